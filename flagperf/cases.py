@@ -1,0 +1,136 @@
+"""Case plug-ins: one folder each, found by walking cases/<family>/<name>/case.yaml.
+
+A base-spec case folder holds:
+  case.yaml          name, family, description, peak key, ``configurations`` and ``parameters``
+  bench.py           ``Config`` (a pydantic model, subclass of casekit.CaseConfig) and
+                     ``run(config, ctx) -> list[Metric]``; timing is done by ``ctx``, never by the case.
+                     Cases that differ only in parameters share a core kernel instead:
+                     ``entry: flagperf.basespec.<kernel>`` (the six GEMM precisions do).
+  vendor/<v>.yaml    the vendor's overrides of ``configurations`` (FlagPerf's rules apply)
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from flagperf.config import (
+    BUILTIN_KERNEL_PREFIX,
+    CaseManifest,
+    MergedConfig,
+    apply_run_overrides,
+    merge_vendor_overrides,
+    pydantic_error_to_config_error,
+)
+from flagperf.errors import ConfigError
+from flagperf.paths import case_roots, display_path
+from flagperf.vendors import import_file
+from flagperf.yamlio import load_yaml_mapping
+
+MANIFEST = "case.yaml"
+
+
+@dataclass(frozen=True)
+class CaseDef:
+    manifest: CaseManifest
+    folder: Path
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+    @property
+    def family(self) -> str:
+        return self.manifest.family
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.folder / MANIFEST
+
+    def vendor_file(self, vendor: str) -> Path:
+        return self.folder / "vendor" / f"{vendor}.yaml"
+
+    @cached_property
+    def module(self) -> ModuleType:
+        entry = self.manifest.entry
+        if entry.startswith(BUILTIN_KERNEL_PREFIX):
+            try:
+                module = importlib.import_module(entry)
+            except ModuleNotFoundError:
+                raise ConfigError(display_path(self.manifest_path), "entry", f"no kernel named {entry!r}") from None
+        else:
+            module = import_file(self.folder / entry, f"flagperf_case_{self.name.replace('-', '_').replace('.', '_')}")
+        for attr in ("Config", "run"):
+            if not hasattr(module, attr):
+                raise ConfigError(display_path(self.manifest_path), "entry", f"{entry} has no {attr!r}")
+        return module
+
+    @property
+    def config_model(self) -> type[BaseModel]:
+        return self.module.Config
+
+
+def available_cases() -> dict[str, Path]:
+    """Case name -> folder, over every case root; a name defined twice is an error."""
+    found: dict[str, Path] = {}
+    for root in case_roots():
+        if not root.is_dir():
+            continue
+        for manifest in sorted(root.glob(f"*/*/{MANIFEST}")):
+            name = manifest.parent.name
+            if name in found:
+                raise ConfigError(display_path(manifest), None,
+                                  f"case {name!r} is also defined in {display_path(found[name])}")
+            found[name] = manifest.parent
+    return found
+
+
+def load_case_manifest(path: Path) -> CaseManifest:
+    source = display_path(path)
+    try:
+        manifest = CaseManifest.model_validate(load_yaml_mapping(path))
+    except ValidationError as exc:
+        raise pydantic_error_to_config_error(exc, source) from None
+    if manifest.name != path.parent.name:
+        raise ConfigError(source, "name", f"must match the folder name ({path.parent.name!r})")
+    if manifest.family != path.parent.parent.name:
+        raise ConfigError(source, "family", f"must match the parent folder ({path.parent.parent.name!r})")
+    if not manifest.entry.startswith(BUILTIN_KERNEL_PREFIX) and not (path.parent / manifest.entry).is_file():
+        raise ConfigError(source, "entry", f"{manifest.entry!r} does not exist in {display_path(path.parent)}")
+    return manifest
+
+
+def load_case(name: str, cases: dict[str, Path] | None = None) -> CaseDef:
+    cases = available_cases() if cases is None else cases
+    if name not in cases:
+        raise ConfigError("cases", name, f"unknown case (known: {', '.join(sorted(cases))})")
+    folder = cases[name]
+    return CaseDef(manifest=load_case_manifest(folder / MANIFEST), folder=folder)
+
+
+def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[str, dict[str, Any]]]
+                        ) -> MergedConfig:
+    """Defaults -> vendor file -> run overrides, then validated by the case's own Config model."""
+    vendor_path = case.vendor_file(vendor)
+    vendor_overrides = load_yaml_mapping(vendor_path) if vendor_path.is_file() else {}
+    merged = merge_vendor_overrides(
+        case.manifest.configurations,
+        case.manifest.parameters,
+        vendor_overrides,
+        defaults_source=display_path(case.manifest_path),
+        vendor_source=display_path(vendor_path),
+    )
+    for source, overrides in run_overrides:
+        apply_run_overrides(merged, overrides, source)
+    try:
+        model = case.config_model.model_validate(merged.values)
+    except ValidationError as exc:
+        raise pydantic_error_to_config_error(exc, display_path(case.manifest_path), merged.origins) from None
+    merged.values = model.model_dump(mode="json")
+    return merged

@@ -1,0 +1,218 @@
+"""Configuration models and FlagPerf's override rules, validated before anything runs.
+
+Three layers make a case's configuration, each value remembering where it came from:
+  1. the case's defaults (``configurations``) and fixed ``parameters`` (case.yaml);
+  2. the vendor's file (``vendor/<vendor>.yaml`` in the case folder), under FlagPerf's rules:
+     a new key warns, a changed key is logged, an override equal to the default is an error,
+     and parameters cannot be overridden at all;
+  3. run-level overrides (a suite's ``overrides`` and ``flagperf run --set``), recorded in provenance.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from flagperf.errors import ConfigError
+from flagperf.paths import NAME_PATTERN, display_path
+from flagperf.yamlio import load_yaml_mapping, parse_yaml_text
+
+log = logging.getLogger("flagperf.config")
+
+BUILTIN_KERNEL_PREFIX = "flagperf.basespec."
+
+
+def check_name(value: str, what: str) -> str:
+    if not NAME_PATTERN.match(value):
+        raise ValueError(
+            f"{what} {value!r} must start with a letter or digit and use only letters, digits, '_', '.', '-'"
+        )
+    return value
+
+
+def pydantic_error_to_config_error(exc: ValidationError, source: str, origins: dict[str, str] | None = None
+                                   ) -> ConfigError:
+    """The first validation error, as one line naming the file the offending key came from."""
+    err = exc.errors()[0]
+    key = ".".join(str(part) for part in err["loc"]) or None
+    top = str(err["loc"][0]) if err["loc"] else ""
+    where = (origins or {}).get(top, source)
+    message = err["msg"]
+    if err["type"] == "extra_forbidden":
+        message = "unknown key"
+    elif err["type"] == "missing":
+        message = "required key is missing"
+    elif "input" in err and err["type"] not in ("missing",):
+        message = f"{message} (got {err['input']!r})"
+    return ConfigError(where, key, message)
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CaseManifest(StrictModel):
+    """case.yaml of a base-spec case."""
+
+    name: str
+    family: Literal["base"]
+    description: str
+    entry: str = "bench.py"
+    peak: str | None = Field(default=None, description="key of the vendor spec table this case is measured against")
+    configurations: dict[str, Any]
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return check_name(value, "case name")
+
+    @field_validator("entry")
+    @classmethod
+    def _entry(cls, value: str) -> str:
+        # A file in the case folder, or one of the core's shared kernels (several cases, one kernel).
+        if value.startswith(BUILTIN_KERNEL_PREFIX):
+            if not re.fullmatch(r"[a-z_][a-z0-9_]*", value.removeprefix(BUILTIN_KERNEL_PREFIX)):
+                raise ValueError(f"must be {BUILTIN_KERNEL_PREFIX}<kernel>")
+            return value
+        if "/" in value or "\\" in value or not value.endswith(".py"):
+            raise ValueError(f"must be a .py file inside the case folder or {BUILTIN_KERNEL_PREFIX}<kernel>")
+        return value
+
+
+class SuiteFile(StrictModel):
+    """deployments/suites/<name>.yaml: which cases, how many rounds, and run-level overrides."""
+
+    name: str
+    description: str = ""
+    cases: list[str] = Field(min_length=1)
+    rounds: int = Field(default=1, ge=1, le=100)
+    overrides: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="case name (or '*' for every case) -> {key: value}"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return check_name(value, "suite name")
+
+    @field_validator("cases")
+    @classmethod
+    def _cases(cls, value: list[str]) -> list[str]:
+        for name in value:
+            check_name(name, "case name")
+        dupes = sorted({n for n in value if value.count(n) > 1})
+        if dupes:
+            raise ValueError(f"listed more than once: {', '.join(dupes)}")
+        return value
+
+
+@dataclass
+class MergedConfig:
+    """A case configuration after all layers, with the origin of every value."""
+
+    values: dict[str, Any]
+    origins: dict[str, str]
+    parameters: frozenset[str]
+    vendor_changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    vendor_new_keys: list[str] = field(default_factory=list)
+    run_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def merge_vendor_overrides(
+    configurations: dict[str, Any],
+    parameters: dict[str, Any],
+    overrides: dict[str, Any],
+    *,
+    defaults_source: str,
+    vendor_source: str,
+) -> MergedConfig:
+    """Apply a vendor file to a case's defaults under FlagPerf's rules (see the module docstring)."""
+    clash = sorted(set(configurations) & set(parameters))
+    if clash:
+        raise ConfigError(defaults_source, clash[0], "defined both as a configuration and as a parameter")
+    values = {**configurations, **parameters}
+    origins = dict.fromkeys(values, defaults_source)
+    merged = MergedConfig(values=values, origins=origins, parameters=frozenset(parameters))
+    for key, value in overrides.items():
+        if key in parameters:
+            raise ConfigError(vendor_source, key, "is a case parameter; parameters are not vendor-overridable")
+        if key not in configurations:
+            log.warning("%s: %s: new key not in the case defaults (%s)", vendor_source, key, defaults_source)
+            merged.vendor_new_keys.append(key)
+        elif _same_value(configurations[key], value):
+            raise ConfigError(
+                vendor_source, key, f"overrides the default with the same value ({value!r}); remove the line"
+            )
+        else:
+            log.info("%s: %s: %r -> %r", vendor_source, key, configurations[key], value)
+            merged.vendor_changes[key] = (configurations[key], value)
+        values[key] = value
+        origins[key] = vendor_source
+    return merged
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    # 1 == 1.0 == True in Python; a vendor writing `true` for a default of 1 did change something.
+    return type(a) is type(b) and a == b
+
+
+def apply_run_overrides(merged: MergedConfig, overrides: dict[str, Any], source: str) -> None:
+    """Run-level overrides (suite or --set): only existing configuration keys, never parameters."""
+    for key, value in overrides.items():
+        if key in merged.parameters:
+            raise ConfigError(source, key, "is a case parameter and cannot be overridden")
+        if key not in merged.values:
+            known = ", ".join(sorted(k for k in merged.values if k not in merged.parameters))
+            raise ConfigError(source, key, f"unknown key (known: {known})")
+        merged.values[key] = value
+        merged.origins[key] = source
+        merged.run_overrides.setdefault(source, {})[key] = value
+
+
+@dataclass(frozen=True)
+class SetOverride:
+    """One ``--set [CASE.]KEY=VALUE``; ``case`` None means every selected case that has the key."""
+
+    case: str | None
+    key: str
+    value: Any
+    text: str
+
+
+def parse_set_override(text: str, case_names: list[str]) -> SetOverride:
+    """Parse ``KEY=VALUE`` or ``CASE.KEY=VALUE``; the value is read as YAML (``2048`` is an int)."""
+    if "=" not in text:
+        raise ConfigError("--set", text, "expected KEY=VALUE or CASE.KEY=VALUE")
+    lhs, raw = text.split("=", 1)
+    lhs = lhs.strip()
+    case: str | None = None
+    key = lhs
+    # Case names may contain dots, so match the longest known case name as the prefix.
+    for name in sorted(case_names, key=len, reverse=True):
+        if lhs.startswith(name + "."):
+            case, key = name, lhs[len(name) + 1:]
+            break
+    if not key or not key.replace("_", "a").isalnum():
+        raise ConfigError("--set", lhs, "the key must be a configuration name such as min_duration_s")
+    value = parse_yaml_text(raw, "--set") if raw.strip() else ""
+    if isinstance(value, dict | list):
+        raise ConfigError("--set", lhs, "the value must be a scalar")
+    return SetOverride(case=case, key=key, value=value, text=text)
+
+
+def load_suite(path: Path) -> SuiteFile:
+    data = load_yaml_mapping(path)
+    source = display_path(path)
+    try:
+        suite = SuiteFile.model_validate(data)
+    except ValidationError as exc:
+        raise pydantic_error_to_config_error(exc, source) from None
+    if suite.name != path.stem:
+        raise ConfigError(source, "name", f"must match the file name ({path.stem!r}), got {suite.name!r}")
+    return suite

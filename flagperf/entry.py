@@ -1,0 +1,97 @@
+"""The in-host (later in-container) entry for one base-spec case round.
+
+    python -m flagperf.entry --job DIR/job.json
+
+Writes DIR/result.json and exits 0 (success), 3 (unsupported) or 2 (user error). A crash exits
+otherwise and writes no result: the controller records it as an infrastructure failure and retries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from flagperf.casekit import CaseContext, TimedCaseConfig
+from flagperf.cases import load_case
+from flagperf.errors import (
+    EXIT_OK,
+    EXIT_UNSUPPORTED,
+    EXIT_USER_ERROR,
+    CaseUserError,
+    ConfigError,
+    Unsupported,
+)
+from flagperf.job import Job
+from flagperf.provenance import engine_info, host_info, library_versions
+from flagperf.results import RESULT_FILE, Failure, Metric, Provenance, RoundResult, write_result
+from flagperf.timing import TimingPlan
+from flagperf.vendors import load_vendor
+
+log = logging.getLogger("flagperf.case")
+
+
+def run_job(job: Job, out_dir: Path) -> int:
+    started = datetime.now(UTC)
+    metrics: list[Metric] = []
+    failure: Failure | None = None
+    device: str | None = None
+    measured = 0.0
+    case = load_case(job.case)
+    vendor = load_vendor(job.vendor)
+    try:
+        config = case.config_model.model_validate(job.config)
+        spec = vendor.spec_table()
+        device = spec.device
+        timing = config.timing if isinstance(config, TimedCaseConfig) else TimingPlan(0, 1.0, 1)
+        ctx = CaseContext(vendor.manifest.torch_device, spec, timing, log)
+        log.info("case %s round %d on %s (%s), attempt %d", job.case, job.round, job.host, device, job.attempt)
+        try:
+            metrics = case.module.run(config, ctx)
+        finally:
+            measured = ctx.measured_seconds
+        status, code = "success", EXIT_OK
+    except Unsupported as exc:
+        failure, status, code = Failure(kind="unsupported", message=str(exc)), "unsupported", EXIT_UNSUPPORTED
+    except (CaseUserError, ConfigError, ValueError) as exc:
+        failure, status, code = Failure(kind="user", message=str(exc)), "failed", EXIT_USER_ERROR
+    finished = datetime.now(UTC)
+    for metric in metrics:
+        ratio = f" = {metric.ratio:.1%} of peak" if metric.ratio is not None else ""
+        log.info("%s: %.6g %s (p50 %s, cv %s)%s", metric.name, metric.value, metric.unit,
+                 f"{metric.p50:.6g}" if metric.p50 is not None else "-",
+                 f"{metric.cv:.2%}" if metric.cv is not None else "-", ratio)
+    if failure:
+        log.warning("%s: %s", status, failure.message)
+    result = RoundResult(
+        run_id=job.run_id, case=job.case, family=case.family, round=job.round, host=job.host,
+        node_rank=job.node_rank, vendor=job.vendor, status=status, failure=failure,
+        started_at=started, finished_at=finished, duration_s=(finished - started).total_seconds(),
+        measured_seconds=measured, device=device, metrics=metrics, config=job.config,
+        provenance=Provenance(
+            **engine_info(), command=job.command, python=sys.version.split()[0],
+            libraries={**job.controller_libraries, **library_versions()}, host=host_info(), image=job.image,
+            config_origins=job.config_origins, run_overrides=job.run_overrides, attempt=job.attempt,
+        ),
+    )
+    write_result(out_dir / RESULT_FILE, result)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flagperf.entry", description=__doc__)
+    parser.add_argument("--job", type=Path, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        job = Job.model_validate_json(args.job.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        print(f"{args.job}: cannot read the job file: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    return run_job(job, args.job.parent)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

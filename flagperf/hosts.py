@@ -1,0 +1,182 @@
+"""Hosts the controller acts on. Every stage (healthcheck, monitors, case run, collection) goes
+through this interface, so the SSH host later is a second implementation, not a second code path."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from flagperf.paths import NAME_PATTERN, PROJECT_ROOT
+
+LineSink = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    argv: list[str]
+    exit_code: int | None  # negative: killed by that signal; None: never started
+    timed_out: bool
+    seconds: float
+
+
+@dataclass
+class BackgroundProcess:
+    argv: list[str]
+    pid: int
+    handle: Any = field(repr=False, default=None)
+
+
+class Host(ABC):
+    """An accelerator host: where cases and monitors run, and where their files are written."""
+
+    name: str
+    project_root: Path  # the deployed project (cases, vendor_images, flagperf)
+    python: str
+    work_root: Path  # scratch space for jobs; collected into the controller's results
+
+    @abstractmethod
+    def run(self, argv: list[str], *, timeout: float, log_path: Path | None = None,
+            on_line: LineSink | None = None, pid_file: Path | None = None) -> CommandResult: ...
+
+    @abstractmethod
+    def spawn(self, argv: list[str], *, log_path: Path) -> BackgroundProcess: ...
+
+    @abstractmethod
+    def terminate(self, proc: BackgroundProcess, grace_s: float = 10.0) -> int | None: ...
+
+    @abstractmethod
+    def is_running(self, proc: BackgroundProcess) -> bool: ...
+
+    @abstractmethod
+    def write_text(self, path: Path, text: str) -> None: ...
+
+    @abstractmethod
+    def fetch_tree(self, remote: Path, local: Path) -> None:
+        """Copy the folder ``remote`` on the host to ``local`` on the controller."""
+
+    @abstractmethod
+    def remove_tree(self, remote: Path) -> None: ...
+
+    @abstractmethod
+    def disk_free(self, path: Path) -> int: ...
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.project_root), env.get("PYTHONPATH")) if p)
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+
+class LocalHost(Host):
+    """The controller machine itself: the embedded default, no SSH and no server."""
+
+    def __init__(self, name: str = "localhost", work_root: Path | None = None) -> None:
+        if not NAME_PATTERN.match(name):
+            raise ValueError(f"host name {name!r} is not a valid name")
+        self.name = name
+        self.project_root = PROJECT_ROOT
+        self.python = sys.executable
+        self.work_root = work_root or Path(os.environ.get("FLAGPERF_WORK_ROOT", "/tmp/flagperf-work"))
+
+    def __repr__(self) -> str:
+        return f"LocalHost({self.name!r})"
+
+    def run(self, argv: list[str], *, timeout: float, log_path: Path | None = None,
+            on_line: LineSink | None = None, pid_file: Path | None = None) -> CommandResult:
+        start = time.monotonic()
+        log: IO[str] | None = None
+        if log_path is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log = log_path.open("a", encoding="utf-8", errors="replace")
+        try:
+            try:
+                proc = subprocess.Popen(argv, cwd=self.project_root, env=self.environment(), stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                        errors="replace", start_new_session=True)
+            except OSError as exc:
+                if log:
+                    log.write(f"cannot start {argv[0]}: {exc}\n")
+                return CommandResult(argv, None, False, time.monotonic() - start)
+            if pid_file is not None:
+                pid_file.write_text(str(proc.pid))
+            reader = threading.Thread(target=_pump, args=(proc.stdout, log, on_line), daemon=True)
+            reader.start()
+            timed_out = False
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _kill_group(proc, grace_s=5.0)
+            reader.join(timeout=10)
+            return CommandResult(argv, proc.returncode, timed_out, time.monotonic() - start)
+        finally:
+            if log:
+                log.close()
+
+    def spawn(self, argv: list[str], *, log_path: Path) -> BackgroundProcess:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("ab") as log:
+            proc = subprocess.Popen(argv, cwd=self.project_root, env=self.environment(), stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return BackgroundProcess(argv=argv, pid=proc.pid, handle=proc)
+
+    def terminate(self, proc: BackgroundProcess, grace_s: float = 10.0) -> int | None:
+        return _kill_group(proc.handle, grace_s)
+
+    def is_running(self, proc: BackgroundProcess) -> bool:
+        return proc.handle.poll() is None
+
+    def write_text(self, path: Path, text: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+
+    def fetch_tree(self, remote: Path, local: Path) -> None:
+        shutil.copytree(remote, local, dirs_exist_ok=True)
+
+    def remove_tree(self, remote: Path) -> None:
+        shutil.rmtree(remote, ignore_errors=True)
+
+    def disk_free(self, path: Path) -> int:
+        probe = path
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        return shutil.disk_usage(probe).free
+
+
+def _pump(stream: IO[str] | None, log: IO[str] | None, on_line: LineSink | None) -> None:
+    if stream is None:
+        return
+    for line in stream:
+        if log:
+            log.write(line)
+            log.flush()
+        if on_line:
+            on_line(line.rstrip("\n"))
+
+
+def _kill_group(proc: subprocess.Popen[Any], grace_s: float) -> int | None:
+    """SIGTERM the process group, then SIGKILL after ``grace_s``: children never outlive a round."""
+    if proc.poll() is not None:
+        return proc.returncode
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            return proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+    return proc.poll()

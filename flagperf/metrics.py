@@ -1,0 +1,93 @@
+"""Metric arithmetic, defined once: work counting conventions and statistics over timed chunks."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+COPY_CONVENTION = (
+    "bytes counted read + write: a copy of N bytes moves 2N bytes through memory "
+    "(CUDA bandwidthTest convention; nvbandwidth counts N)"
+)
+TRANSFER_CONVENTION = "bytes counted once: a transfer of N bytes moves N bytes across the link"
+GEMM_CONVENTION = "2*M*N*K operations per multiply of an MxK by a KxN matrix (one multiply-add = 2)"
+
+
+def gemm_ops(m: int, n: int, k: int) -> int:
+    return 2 * m * n * k
+
+
+def copy_bytes(nbytes: int) -> int:
+    return 2 * nbytes
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One timed window: ``iterations`` steps between two device synchronisations."""
+
+    iterations: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class RateStats:
+    value: float  # total work / total time: the headline, as FlagPerf reports it
+    p50: float
+    p10: float
+    p90: float
+    cv: float | None
+    chunks: int
+    iterations: int
+    seconds: float
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default 'linear' method), q in [0, 100]."""
+    if not values:
+        raise ValueError("percentile of an empty sequence")
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile q must be in [0, 100], got {q}")
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def coefficient_of_variation(values: Sequence[float]) -> float | None:
+    """Sample standard deviation / mean; None with fewer than two values or a zero mean."""
+    if len(values) < 2:
+        return None
+    mean = statistics.fmean(values)
+    if mean == 0:
+        return None
+    return statistics.stdev(values) / mean
+
+
+def rate_stats(chunks: Sequence[Chunk], work_per_iteration: float, scale: float = 1.0) -> RateStats:
+    """Rates in ``work / second / scale`` (scale 1e12 gives TFLOPS for FLOPs)."""
+    timed = [c for c in chunks if c.iterations > 0]
+    if not timed:
+        raise ValueError("no timed chunks")
+    if any(c.seconds <= 0 for c in timed):
+        raise ValueError("a timed chunk has a non-positive duration; the clock is too coarse for this step")
+    rates = [work_per_iteration * c.iterations / c.seconds / scale for c in timed]
+    total_iters = sum(c.iterations for c in timed)
+    total_seconds = sum(c.seconds for c in timed)
+    return RateStats(
+        value=work_per_iteration * total_iters / total_seconds / scale,
+        p50=percentile(rates, 50),
+        p10=percentile(rates, 10),
+        p90=percentile(rates, 90),
+        cv=coefficient_of_variation(rates),
+        chunks=len(timed),
+        iterations=total_iters,
+        seconds=total_seconds,
+    )
+
+
+def ratio(measured: float, peak: float | None) -> float | None:
+    if peak is None or peak <= 0:
+        return None
+    return measured / peak

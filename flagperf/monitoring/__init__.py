@@ -1,0 +1,87 @@
+"""The sampling loop every monitor script shares: timestamped JSON lines at a fixed rate.
+
+File format (monitor.jsonl): the first line is a header
+  {"type": "header", "monitor": NAME, "interval_s": S, "started_at": EPOCH, ...vendor facts...}
+then one line per sample {"type": "sample", "t": EPOCH, ...fields...} and, on a clean stop,
+  {"type": "footer", "samples": N, "stopped_at": EPOCH, "reason": "signal" | "parent-exited" | "max-seconds"}.
+A missing field value is null (unavailable), never 0.
+
+A monitor never outlives its purpose: it stops on SIGTERM/SIGINT, when the process that started it
+goes away, and after --max-seconds in any case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+MAX_RATE_HZ = 10.0
+
+
+def monitor_arguments(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", type=Path, required=True, help="JSON-lines file to write")
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between samples (>= 0.1)")
+    parser.add_argument("--pid-file", type=Path, default=None, help="file holding the case process id")
+    parser.add_argument("--max-seconds", type=float, default=24 * 3600, help="stop after this long regardless")
+    return parser
+
+
+def read_pid(pid_file: Path | None) -> int | None:
+    if pid_file is None:
+        return None
+    try:
+        return int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def run_sampler(name: str, args: argparse.Namespace, header: dict[str, Any],
+                sample: Callable[[], dict[str, Any]]) -> int:
+    if args.interval < 1 / MAX_RATE_HZ:
+        raise SystemExit(f"--interval {args.interval}: must be at least {1 / MAX_RATE_HZ} s")
+    stop_reason: list[str] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop_reason.append("signal")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    parent = os.getppid()
+    started = time.time()
+    deadline = time.monotonic() + args.max_seconds
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    count = 0
+    with args.out.open("w", encoding="utf-8") as out:
+        out.write(json.dumps({"type": "header", "monitor": name, "interval_s": args.interval,
+                              "started_at": started, **header}) + "\n")
+        out.flush()
+        next_tick = time.monotonic()
+        while not stop_reason:
+            record = {"type": "sample", "t": time.time(), **sample()}
+            out.write(json.dumps(record) + "\n")
+            out.flush()
+            count += 1
+            if os.getppid() != parent:
+                stop_reason.append("parent-exited")
+                break
+            next_tick += args.interval
+            now = time.monotonic()
+            if now >= deadline:
+                stop_reason.append("max-seconds")
+                break
+            # Sleep in short steps so a signal or a parent exit is noticed promptly.
+            while not stop_reason and now < next_tick:
+                time.sleep(min(0.1, next_tick - now))
+                now = time.monotonic()
+            if now > next_tick + args.interval:  # fell behind (suspended?): skip, don't burst
+                next_tick = now
+        out.write(json.dumps({"type": "footer", "samples": count, "stopped_at": time.time(),
+                              "reason": stop_reason[0]}) + "\n")
+    return 0

@@ -1,0 +1,37 @@
+"""Where the project's plug-in folders live: cases, vendors and suites are found by folder, not by import."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+PROJECT_ROOT = Path(os.environ.get("FLAGPERF_HOME", Path(__file__).resolve().parents[1]))
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def _search_path(default: Path, env_var: str) -> list[Path]:
+    """The project's own folder first, then extra folders from ``env_var`` (os.pathsep separated)."""
+    extra = [Path(p) for p in os.environ.get(env_var, "").split(os.pathsep) if p]
+    return [default, *extra]
+
+
+def case_roots() -> list[Path]:
+    return _search_path(PROJECT_ROOT / "cases", "FLAGPERF_CASE_PATH")
+
+
+def vendor_roots() -> list[Path]:
+    return _search_path(PROJECT_ROOT / "vendor_images", "FLAGPERF_VENDOR_PATH")
+
+
+def suite_roots() -> list[Path]:
+    return _search_path(PROJECT_ROOT / "deployments" / "suites", "FLAGPERF_SUITE_PATH")
+
+
+def display_path(path: Path) -> str:
+    """A path relative to the project when it lies inside it: shorter error messages, same meaning."""
+    try:
+        return str(path.resolve().relative_to(PROJECT_ROOT.resolve()))
+    except ValueError:
+        return str(path)

@@ -1,0 +1,166 @@
+"""Turn what the user asked for (suite or cases, vendor, rounds, --set) into a validated run plan.
+
+Everything is checked here, before a server starts or a host is touched: unknown names, bad files,
+override rules, value types. The plan is plain data, so the flow and the CLI build the same one.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from flagperf.cases import available_cases, load_case, resolve_case_config
+from flagperf.config import SetOverride, load_suite, parse_set_override
+from flagperf.errors import ConfigError
+from flagperf.paths import NAME_PATTERN, display_path, suite_roots
+from flagperf.vendors import load_vendor
+
+DEFAULT_SUITE = "smoke"
+
+
+class CasePlan(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    family: str
+    description: str
+    config: dict[str, Any]
+    origins: dict[str, str]
+    run_overrides: dict[str, dict[str, Any]]
+    vendor_changes: dict[str, list[Any]] = Field(description="key -> [default, vendor value]")
+    vendor_new_keys: list[str]
+    timeout_s: float
+    max_retries: int
+
+
+class RunPlan(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str
+    suite: str | None
+    vendor: str
+    rounds: int
+    cases: list[CasePlan]
+    results_dir: str
+    set_overrides: list[str]
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.results_dir) / self.run_id
+
+
+def new_run_id() -> str:
+    return f"run{datetime.now(UTC):%Y%m%d%H%M%S}-{secrets.token_hex(2)}"
+
+
+def available_suites() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for root in suite_roots():
+        if root.is_dir():
+            for path in sorted(root.glob("*.yaml")):
+                found.setdefault(path.stem, path)
+    return found
+
+
+def find_suite(name_or_path: str) -> Path:
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return path
+    suites = available_suites()
+    if name_or_path not in suites:
+        raise ConfigError("--suite", None, f"unknown suite {name_or_path!r} (known: {', '.join(sorted(suites))})")
+    return suites[name_or_path]
+
+
+def _spread(overrides: dict[str, Any], source: str, key_prefix: str, selected: dict[str, set[str]]
+            ) -> dict[str, dict[str, Any]]:
+    """An override for every case: applied where the key exists; an error if no selected case has it."""
+    per_case: dict[str, dict[str, Any]] = {}
+    for key, value in overrides.items():
+        targets = [case for case, keys in selected.items() if key in keys]
+        if not targets:
+            raise ConfigError(source, f"{key_prefix}{key}", "no selected case has this key")
+        for case in targets:
+            per_case.setdefault(case, {})[key] = value
+    return per_case
+
+
+def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor: str = "cpu",
+             rounds: int | None = None, sets: list[str] | None = None, results_dir: str | Path = "results",
+             run_id: str | None = None) -> RunPlan:
+    if suite and cases:
+        raise ConfigError("flagperf run", None, "give --suite or --cases, not both")
+    sets = list(sets or [])
+    load_vendor(vendor)  # fails early on an unknown or malformed vendor
+    known = available_cases()
+
+    suite_name: str | None = None
+    suite_overrides: dict[str, dict[str, Any]] = {}
+    suite_source = ""
+    if cases:
+        names = list(cases)
+        for name in names:
+            if not NAME_PATTERN.match(name):
+                raise ConfigError("--cases", name, "not a valid case name")
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ConfigError("--cases", dupes[0], "listed more than once")
+        suite_rounds = 1
+    else:
+        path = find_suite(suite or DEFAULT_SUITE)
+        suite_file = load_suite(path)
+        suite_name, names, suite_rounds = suite_file.name, list(suite_file.cases), suite_file.rounds
+        suite_overrides = dict(suite_file.overrides)
+        suite_source = display_path(path)
+        for case_name in suite_overrides:
+            if case_name != "*" and case_name not in names:
+                raise ConfigError(suite_source, f"overrides.{case_name}", "is not one of the suite's cases")
+
+    if rounds is not None and not 1 <= rounds <= 100:
+        raise ConfigError("--rounds", None, f"must be between 1 and 100, got {rounds}")
+    defs = {name: load_case(name, known) for name in names}
+    for name in names:
+        if suite_name and name not in known:
+            raise ConfigError(suite_source, "cases", f"unknown case {name!r}")
+
+    configurable = {name: set(d.manifest.configurations) for name, d in defs.items()}
+    parsed: list[SetOverride] = [parse_set_override(text, names) for text in sets]
+
+    layers: dict[str, list[tuple[str, dict[str, Any]]]] = {name: [] for name in names}
+    if suite_overrides:
+        for case_name, values in _spread(suite_overrides.get("*", {}), suite_source, "overrides.*.",
+                                         configurable).items():
+            layers[case_name].append((suite_source, values))
+        for case_name, values in suite_overrides.items():
+            if case_name != "*":
+                layers[case_name].append((suite_source, values))
+    general = {o.key: o.value for o in parsed if o.case is None}
+    for case_name, values in _spread(general, "--set", "", configurable).items():
+        layers[case_name].append(("--set", values))
+    for override in parsed:
+        if override.case is not None:
+            layers[override.case].append(("--set", {override.key: override.value}))
+
+    plans = []
+    for name in names:
+        merged = resolve_case_config(defs[name], vendor, layers[name])
+        plans.append(CasePlan(
+            name=name, family=defs[name].family, description=defs[name].manifest.description,
+            config=merged.values, origins=merged.origins, run_overrides=merged.run_overrides,
+            vendor_changes={k: list(v) for k, v in merged.vendor_changes.items()},
+            vendor_new_keys=merged.vendor_new_keys,
+            timeout_s=float(merged.values["timeout_s"]), max_retries=int(merged.values["max_retries"]),
+        ))
+
+    run_id = run_id or new_run_id()
+    if not NAME_PATTERN.match(run_id):
+        raise ConfigError("--run-id", None, f"{run_id!r} is not a valid name")
+    run_dir = Path(results_dir) / run_id
+    if run_dir.exists():
+        raise ConfigError("--results", None, f"{run_dir} already exists; results are never overwritten")
+    return RunPlan(run_id=run_id, suite=suite_name, vendor=vendor, rounds=rounds or suite_rounds, cases=plans,
+                   results_dir=str(results_dir), set_overrides=sets)

@@ -1,0 +1,58 @@
+"""What a host reports about itself at healthcheck: versions, the vendor's device and its peaks.
+
+    python -m flagperf.probe --vendor cpu      (prints one JSON object)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from flagperf import __version__
+from flagperf.errors import FlagperfError
+from flagperf.provenance import host_info, library_versions
+from flagperf.vendors import load_vendor
+
+
+def probe(vendor_name: str) -> dict[str, object]:
+    import torch
+
+    vendor = load_vendor(vendor_name)
+    device_type = vendor.manifest.torch_device
+    if device_type == "cpu":
+        visible, count = True, 1
+    else:
+        module = torch.get_device_module(device_type)
+        visible = bool(module.is_available())
+        count = int(module.device_count()) if visible else 0
+    spec = vendor.spec_table()
+    return {
+        "engine_version": __version__,
+        "python": sys.version.split()[0],
+        "libraries": library_versions(),
+        "host": host_info(),
+        "torch_device": device_type,
+        "device_visible": visible,
+        "device_count": count,
+        "device": spec.device,
+        "peaks": {key: peak.model_dump() for key, peak in spec.peaks.items()},
+        "time": time.time(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flagperf.probe")
+    parser.add_argument("--vendor", required=True)
+    args = parser.parse_args(argv)
+    try:
+        print(json.dumps(probe(args.vendor)))
+    except FlagperfError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,69 @@
+"""How a number was made: engine and library versions, the git revision, and the machine."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import socket
+import subprocess
+from typing import Any
+
+import psutil
+
+from flagperf import __version__
+from flagperf.paths import PROJECT_ROOT
+
+CASE_LIBRARIES = ("torch", "numpy", "pydantic", "PyYAML", "psutil")
+
+
+def git_revision() -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the deployed project, or (None, None) outside a git checkout."""
+    try:
+        rev = subprocess.run(["git", "-C", str(PROJECT_ROOT), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout.strip()
+        status = subprocess.run(["git", "-C", str(PROJECT_ROOT), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    return rev or None, bool(status.strip())
+
+
+def library_versions(names: tuple[str, ...] = CASE_LIBRARIES) -> dict[str, str]:
+    versions = {}
+    for name in names:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def host_info() -> dict[str, Any]:
+    return {
+        "hostname": socket.gethostname(),
+        "os": platform.platform(),
+        "kernel": platform.release(),
+        "machine": platform.machine(),
+        "cpu_model": cpu_model(),
+        "logical_cpus": psutil.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else psutil.cpu_count(),
+        "memory_total_bytes": psutil.virtual_memory().total,
+        "python_executable": platform.python_implementation() + " " + platform.python_version(),
+    }
+
+
+def engine_info() -> dict[str, Any]:
+    revision, dirty = git_revision()
+    return {"engine_version": __version__, "git_revision": revision, "git_dirty": dirty}

@@ -1,0 +1,122 @@
+"""The result schema shared by every case family, and the on-disk layout of a run.
+
+results/<run-id>/<case>/round<N>/<host>_noderank<K>/result.json   (FlagPerf's layout)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+RESULT_FILE = "result.json"
+MONITOR_FILE = "monitor.jsonl"
+CASE_LOG_FILE = "case.log"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Peak(_Model):
+    """One figure of a vendor spec table. ``supported`` False means the device cannot do it at all."""
+
+    value: float | None = Field(description="None when the peak is not known for this device")
+    unit: str
+    source: str = Field(description="datasheet reference or the derivation, with the inputs used")
+    supported: bool = True
+    dense: bool = True
+
+
+class SpecTable(_Model):
+    device: str
+    peaks: dict[str, Peak]
+
+
+class Metric(_Model):
+    name: str
+    value: float = Field(description="headline: total work / total measured time")
+    unit: str
+    p50: float | None = None
+    p10: float | None = None
+    p90: float | None = None
+    cv: float | None = Field(default=None, description="coefficient of variation across timed chunks")
+    chunks: int = 0
+    iterations: int = 0
+    measured_seconds: float = 0.0
+    peak: Peak | None = None
+    ratio: float | None = Field(default=None, description="value / peak.value, when the peak is known")
+    convention: str | None = Field(default=None, description="how work or bytes are counted")
+    note: str | None = None
+
+
+class Failure(_Model):
+    kind: Literal["infrastructure", "user", "unsupported"]
+    message: str
+
+
+class Provenance(_Model):
+    engine_version: str
+    git_revision: str | None
+    git_dirty: bool | None
+    command: str | None = None
+    python: str
+    libraries: dict[str, str]
+    host: dict[str, Any]
+    image: dict[str, Any]
+    config_origins: dict[str, str]
+    run_overrides: dict[str, dict[str, Any]]
+    attempt: int = 1
+
+
+class RoundResult(_Model):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    run_id: str
+    case: str
+    family: str
+    round: int = Field(ge=1)
+    host: str
+    node_rank: int = Field(ge=0)
+    vendor: str
+    status: Literal["success", "unsupported", "failed"]
+    failure: Failure | None = None
+    started_at: datetime
+    finished_at: datetime
+    duration_s: float = Field(ge=0, description="wall time of the case process")
+    measured_seconds: float = Field(ge=0, description="sum of the timed windows inside the case")
+    device: str | None = None
+    metrics: list[Metric] = Field(default_factory=list)
+    config: dict[str, Any]
+    provenance: Provenance | None = None
+
+
+def round_dir(run_dir: Path, case: str, round_no: int, host: str, node_rank: int = 0) -> Path:
+    return run_dir / case / f"round{round_no}" / f"{host}_noderank{node_rank}"
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON so that readers see the old file or the whole new one, never half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2, sort_keys=False, default=str)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_result(path: Path, result: RoundResult) -> None:
+    write_json_atomic(path, result.model_dump(mode="json"))
+
+
+def read_result(path: Path) -> RoundResult:
+    return RoundResult.model_validate_json(path.read_text(encoding="utf-8"))

@@ -1,0 +1,201 @@
+"""Run summary, generated from the result files alone (never hand-edited).
+
+summary.csv   one row per case / round / host / metric (or per non-successful round)
+summary.json  the headline table, round counts and unreadable files
+report.md     the same for a person: measured vs peak with units, then how it was made
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from flagperf.metrics import coefficient_of_variation
+from flagperf.results import RESULT_FILE, RoundResult, read_result, write_json_atomic
+
+SUMMARY_CSV = "summary.csv"
+SUMMARY_JSON = "summary.json"
+REPORT_MD = "report.md"
+
+ROW_COLUMNS = ["case", "round", "host", "node_rank", "status", "metric", "value", "unit", "p50", "cv_chunks",
+               "peak", "peak_unit", "ratio", "convention", "peak_source", "message", "device"]
+
+
+@dataclass
+class RunSummary:
+    run_id: str
+    rows: pd.DataFrame
+    headline: list[dict[str, Any]]
+    not_measured: list[dict[str, Any]]
+    counts: dict[str, int]
+    problems: list[str] = field(default_factory=list)
+    context: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def all_succeeded(self) -> bool:
+        return self.counts["rounds"] > 0 and self.counts["success"] == self.counts["rounds"] and not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "counts": self.counts, "headline": self.headline,
+                "not_measured": self.not_measured, "problems": self.problems, "context": self.context}
+
+
+def load_results(run_dir: Path) -> tuple[list[RoundResult], list[str]]:
+    results, problems = [], []
+    for path in sorted(run_dir.glob(f"*/round*/*_noderank*/{RESULT_FILE}")):
+        try:
+            results.append(read_result(path))
+        except (OSError, ValueError) as exc:
+            problems.append(f"{path.relative_to(run_dir)}: unreadable result ({str(exc).splitlines()[0]})")
+    return results, problems
+
+
+def _rows(results: list[RoundResult]) -> pd.DataFrame:
+    rows: list[dict[str, Any]] = []
+    for r in results:
+        base = {"case": r.case, "round": r.round, "host": r.host, "node_rank": r.node_rank, "status": r.status,
+                "device": r.device, "message": r.failure.message if r.failure else None}
+        if not r.metrics:
+            rows.append(base)
+        for m in r.metrics:
+            rows.append({**base, "metric": m.name, "value": m.value, "unit": m.unit, "p50": m.p50,
+                         "cv_chunks": m.cv, "peak": m.peak.value if m.peak else None,
+                         "peak_unit": m.peak.unit if m.peak else None, "ratio": m.ratio,
+                         "convention": m.convention, "peak_source": m.peak.source if m.peak else None})
+    return pd.DataFrame(rows, columns=ROW_COLUMNS)
+
+
+def _clean(value: Any) -> Any:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return value.item() if hasattr(value, "item") else value
+
+
+def summarize(run_dir: Path) -> RunSummary:
+    results, problems = load_results(run_dir)
+    rows = _rows(results)
+    counts = {"rounds": len(results), "success": 0, "unsupported": 0, "failed": 0}
+    for r in results:
+        counts[r.status] += 1
+
+    headline: list[dict[str, Any]] = []
+    measured = rows[rows["metric"].notna()]
+    for (case, metric), group in measured.groupby(["case", "metric"], sort=False):
+        values = [float(v) for v in group["value"]]
+        mean = sum(values) / len(values)
+        peak = _clean(group["peak"].iloc[0])
+        cv_rounds = coefficient_of_variation(values)
+        cv_chunks = _clean(group["cv_chunks"].iloc[0]) if len(values) == 1 else None
+        ratio = mean / peak if peak and group["unit"].iloc[0] == group["peak_unit"].iloc[0] and \
+            group["ratio"].notna().all() else None
+        headline.append({
+            "case": case, "metric": metric, "value": mean, "unit": group["unit"].iloc[0],
+            "p50": _clean(pd.Series([p for p in group["p50"] if p is not None]).median()),
+            "spread_cv": cv_rounds if cv_rounds is not None else cv_chunks,
+            "spread_over": "rounds" if cv_rounds is not None else ("chunks" if cv_chunks is not None else None),
+            "rounds": len(values), "peak": peak, "peak_unit": _clean(group["peak_unit"].iloc[0]),
+            "ratio": ratio, "above_peak": bool(ratio is not None and ratio > 1.0),
+            "convention": _clean(group["convention"].iloc[0]), "peak_source": _clean(group["peak_source"].iloc[0]),
+        })
+    not_measured = [
+        {"case": r.case, "round": r.round, "host": r.host, "status": r.status,
+         "kind": r.failure.kind if r.failure else None, "message": r.failure.message if r.failure else ""}
+        for r in results if r.status != "success"
+    ]
+    context: dict[str, Any] = {}
+    if results:
+        first = results[0]
+        prov = first.provenance
+        context = {"vendor": first.vendor, "device": next((r.device for r in results if r.device), None),
+                   "hosts": sorted({r.host for r in results})}
+        if prov:
+            context.update({"engine_version": prov.engine_version, "git_revision": prov.git_revision,
+                            "git_dirty": prov.git_dirty, "python": prov.python,
+                            "torch": prov.libraries.get("torch"), "prefect": prov.libraries.get("prefect"),
+                            "command": prov.command, "image": prov.image.get("status")})
+    return RunSummary(run_id=run_dir.name, rows=rows, headline=headline, not_measured=not_measured,
+                      counts=counts, problems=problems, context=context)
+
+
+def fmt(value: Any, digits: int = 4) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def fmt_pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def headline_cells(entry: dict[str, Any]) -> list[str]:
+    spread = f"±{entry['spread_cv']:.1%} ({entry['spread_over']})" if entry["spread_cv"] is not None else "-"
+    ratio = fmt_pct(entry["ratio"]) + (" (above peak!)" if entry["above_peak"] else "")
+    peak = f"{fmt(entry['peak'])} {entry['peak_unit']}" if entry["peak"] is not None else "unknown"
+    return [entry["case"], entry["metric"], fmt(entry["value"]), entry["unit"], fmt(entry["p50"]), spread, peak,
+            ratio, str(entry["rounds"])]
+
+
+HEADLINE_HEADER = ["case", "metric", "measured", "unit", "p50", "spread (CV)", "peak", "measured/peak", "rounds"]
+
+
+def render_markdown(summary: RunSummary) -> str:
+    ctx = summary.context
+    c = summary.counts
+    lines = [f"# FlagPerf evaluation {summary.run_id}", ""]
+    if ctx:
+        git = (ctx.get("git_revision") or "unknown")[:12] + (" (modified)" if ctx.get("git_dirty") else "")
+        lines += [f"- vendor **{ctx['vendor']}**, device {ctx.get('device') or 'unknown'}, "
+                  f"hosts {', '.join(ctx['hosts'])}",
+                  f"- engine {ctx.get('engine_version')} at git {git}; python {ctx.get('python')}, "
+                  f"torch {ctx.get('torch')}, prefect {ctx.get('prefect') or '-'}; image {ctx.get('image')}",
+                  f"- command: `{ctx.get('command') or '-'}`"]
+    lines += [f"- rounds: {c['rounds']} ({c['success']} succeeded, {c['unsupported']} unsupported, "
+              f"{c['failed']} failed)", ""]
+    if summary.headline:
+        lines += ["| " + " | ".join(HEADLINE_HEADER) + " |", "|" + "---|" * len(HEADLINE_HEADER)]
+        lines += ["| " + " | ".join(headline_cells(e)) + " |" for e in summary.headline]
+        lines.append("")
+    if any(e["above_peak"] for e in summary.headline):
+        lines += ["**A measurement above its peak means the peak is wrong for this machine** (for example a "
+                  "CPU that boosts above the clock the spec table could see); see the peak sources below.", ""]
+    if summary.not_measured:
+        lines += ["## Not measured", ""]
+        lines += [f"- {e['case']} round {e['round']} on {e['host']}: **{e['status']}**"
+                  f"{' (' + e['kind'] + ')' if e['kind'] and e['kind'] != e['status'] else ''}: {e['message']}"
+                  for e in summary.not_measured]
+        lines.append("")
+    if summary.problems:
+        lines += ["## Unreadable result files", ""] + [f"- {p}" for p in summary.problems] + [""]
+    if summary.headline:
+        lines += ["## How these numbers were made", "",
+                  "Measured = total work / total timed time over all timed chunks (device synchronised at each "
+                  "chunk boundary); p50 = median chunk rate; spread = coefficient of variation across rounds, "
+                  "or across chunks for a single round.", ""]
+        for e in summary.headline:
+            lines.append(f"- {e['case']} / {e['metric']}: {e['convention'] or 'no counting convention'}; "
+                         f"peak: {e['peak_source'] or 'none in the vendor spec table'}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_summary(run_dir: Path, summary: RunSummary) -> dict[str, Path]:
+    paths = {"csv": run_dir / SUMMARY_CSV, "json": run_dir / SUMMARY_JSON, "markdown": run_dir / REPORT_MD}
+    tmp_csv = paths["csv"].with_name(f".{SUMMARY_CSV}.tmp")
+    summary.rows.to_csv(tmp_csv, index=False)
+    tmp_csv.replace(paths["csv"])
+    write_json_atomic(paths["json"], summary.to_json())
+    tmp_md = paths["markdown"].with_name(f".{REPORT_MD}.tmp")
+    tmp_md.write_text(render_markdown(summary), encoding="utf-8")
+    tmp_md.replace(paths["markdown"])
+    return paths
+
+
+def read_summary_json(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / SUMMARY_JSON).read_text(encoding="utf-8"))

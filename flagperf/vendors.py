@@ -1,0 +1,142 @@
+"""Vendor plug-ins: one folder each under vendor_images/, described by vendor.yaml.
+
+A vendor folder holds:
+  vendor.yaml            this manifest (torch device, monitors, spec module, container options)
+  spec.py                ``spec_table(settings: dict) -> SpecTable``: peaks with their sources
+  <monitor>.py           monitor scripts (``--out FILE --interval S --pid-file F --max-seconds N``)
+  <framework>/Dockerfile the image the cases run in, when a container engine is used
+Adding a vendor is adding a folder; nothing in the engine names a vendor.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from flagperf.config import StrictModel, check_name, pydantic_error_to_config_error
+from flagperf.errors import ConfigError
+from flagperf.paths import display_path, vendor_roots
+from flagperf.results import SpecTable
+from flagperf.yamlio import load_yaml_mapping
+
+MANIFEST = "vendor.yaml"
+
+
+class MonitorEntry(StrictModel):
+    name: str
+    script: str
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return check_name(value, "monitor name")
+
+
+class ContainerOptions(StrictModel):
+    dockerfile: str
+    privileged: bool = False
+    privileged_reason: str | None = None
+    shm_size: str = "1g"
+    visible_devices_env: str | None = None
+
+    @model_validator(mode="after")
+    def _privileged_needs_reason(self) -> ContainerOptions:
+        if self.privileged and not (self.privileged_reason or "").strip():
+            raise ValueError("privileged: true needs privileged_reason saying why")
+        return self
+
+
+class VendorManifest(StrictModel):
+    name: str
+    description: str
+    torch_device: str = Field(description="torch device type the cases run on: cpu, cuda, xpu, ...")
+    spec_module: str = "spec.py"
+    spec_settings: dict[str, Any] = Field(default_factory=dict)
+    monitors: list[MonitorEntry] = Field(default_factory=list)
+    container: ContainerOptions
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return check_name(value, "vendor name")
+
+
+@dataclass(frozen=True)
+class Vendor:
+    manifest: VendorManifest
+    folder: Path
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+    def monitor_script(self, entry: MonitorEntry) -> Path:
+        return self.folder / entry.script
+
+    @cached_property
+    def _spec_module(self) -> ModuleType:
+        return import_file(self.folder / self.manifest.spec_module, f"flagperf_vendor_{self.name}_spec")
+
+    def spec_table(self) -> SpecTable:
+        """Peaks for the machine this runs on (call it on the host, not on the controller)."""
+        table = self._spec_module.spec_table(dict(self.manifest.spec_settings))
+        return SpecTable.model_validate(table)
+
+
+def import_file(path: Path, module_name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(display_path(path), None, "cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_vendor_manifest(path: Path) -> VendorManifest:
+    source = display_path(path)
+    data = load_yaml_mapping(path)
+    try:
+        manifest = VendorManifest.model_validate(data)
+    except ValidationError as exc:
+        raise pydantic_error_to_config_error(exc, source) from None
+    folder = path.parent
+    if manifest.name != folder.name:
+        raise ConfigError(source, "name", f"must match the folder name ({folder.name!r})")
+    for key, rel in [("spec_module", manifest.spec_module), ("container.dockerfile", manifest.container.dockerfile)]:
+        _check_inside(folder, rel, source, key)
+    for i, monitor in enumerate(manifest.monitors):
+        _check_inside(folder, monitor.script, source, f"monitors.{i}.script")
+    return manifest
+
+
+def _check_inside(folder: Path, rel: str, source: str, key: str) -> None:
+    target = (folder / rel).resolve()
+    if not target.is_relative_to(folder.resolve()):
+        raise ConfigError(source, key, f"{rel!r} must stay inside the vendor folder")
+    if not target.is_file():
+        raise ConfigError(source, key, f"{rel!r} does not exist in {display_path(folder)}")
+
+
+def available_vendors() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for root in vendor_roots():
+        if root.is_dir():
+            for manifest in sorted(root.glob(f"*/{MANIFEST}")):
+                found.setdefault(manifest.parent.name, manifest.parent)
+    return found
+
+
+def load_vendor(name: str) -> Vendor:
+    vendors = available_vendors()
+    if name not in vendors:
+        raise ConfigError("--vendor", None, f"unknown vendor {name!r} (known: {', '.join(sorted(vendors))})")
+    folder = vendors[name]
+    return Vendor(manifest=load_vendor_manifest(folder / MANIFEST), folder=folder)

@@ -1,0 +1,86 @@
+"""YAML loading with the checks a config file deserves: duplicate keys are errors, 4.12e9 is a float."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from flagperf.errors import ConfigError
+from flagperf.paths import display_path
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys and reads YAML 1.2 floats such as ``4.12e9``.
+
+    PyYAML follows YAML 1.1, where ``4.12e9`` (no sign in the exponent) is a string; FlagPerf works
+    around that with ``eval``. Here it is simply a float.
+    """
+
+
+_FLOAT_1_2 = re.compile(
+    r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+    |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""",
+    re.X,
+)
+_StrictLoader.yaml_implicit_resolvers = {
+    key: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:float"]
+    for key, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_1_2, list("-+0123456789."))
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    mapping: dict[Any, Any] = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in mapping:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        mapping[key] = loader.construct_object(value_node, deep=deep)
+    return mapping
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def parse_yaml_text(text: str, source: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_StrictLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}" if mark else None
+        raise ConfigError(source, where, f"invalid YAML: {exc.problem or exc.context}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(source, None, f"invalid YAML: {exc}") from None
+
+
+def load_yaml_mapping(path: Path) -> dict[str, Any]:
+    """Read a YAML file whose top level must be a mapping with string keys."""
+    source = display_path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(source, None, "file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(source, None, "is a directory, expected a YAML file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(source, None, "not UTF-8 text") from None
+    except OSError as exc:
+        raise ConfigError(source, None, f"cannot read: {exc.strerror}") from None
+    data = parse_yaml_text(text, source)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(source, None, f"top level must be a mapping, got {type(data).__name__}")
+    for key in data:
+        if not isinstance(key, str):
+            raise ConfigError(source, str(key), "keys must be strings")
+    return data

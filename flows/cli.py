@@ -1,0 +1,188 @@
+"""The `flagperf` command: run an evaluation, validate config files, list what is available.
+
+Exit codes of `flagperf run`: 0 every round succeeded; 1 some round failed; 2 bad input (nothing ran);
+3 nothing failed but some rounds were unsupported on this device.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from flagperf.cases import available_cases, load_case, load_case_manifest, resolve_case_config
+from flagperf.errors import ConfigError, FlagperfError
+from flagperf.paths import display_path
+from flagperf.plan import DEFAULT_SUITE, available_suites, plan_run
+from flagperf.summary import HEADLINE_HEADER, SUMMARY_JSON, fmt, fmt_pct, headline_cells, read_summary_json
+from flagperf.vendors import MANIFEST as VENDOR_MANIFEST
+from flagperf.vendors import available_vendors, load_vendor, load_vendor_manifest
+from flagperf.yamlio import load_yaml_mapping
+
+EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNSUPPORTED_ONLY = 1, 2, 3
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="AI-hardware evaluation engine: FlagPerf's base specs as Prefect flows.")
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def _prepare_prefect_environment() -> None:
+    # A temporary server on a small machine takes 20-30 s to start; Prefect's default gives up sooner.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    # The core's own loggers (config rules, hosts) show in the flow's logs too.
+    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "flagperf")
+
+
+@app.command()
+def run(
+    suite: Annotated[str | None, typer.Option(help=f"suite name or YAML file (default: {DEFAULT_SUITE})")] = None,
+    cases: Annotated[str | None, typer.Option(help="comma-separated case names, instead of a suite")] = None,
+    vendor: Annotated[str, typer.Option(help="vendor folder under vendor_images/")] = "cpu",
+    rounds: Annotated[int | None, typer.Option(help="rounds per case (default: the suite's)")] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="[CASE.]KEY=VALUE: override a case configuration value for this run (repeatable)")] = None,
+    results: Annotated[Path, typer.Option(help="results folder")] = Path("results"),
+    monitor_interval: Annotated[float, typer.Option(help="seconds between monitor samples")] = 1.0,
+) -> None:
+    """Run an evaluation and print measured vs peak. Without a PREFECT_API_URL a temporary server is used."""
+    case_list = [c.strip() for c in cases.split(",") if c.strip()] if cases is not None else None
+    if cases is not None and not case_list:
+        raise _fail("--cases: no case names given")
+    if not 0.1 <= monitor_interval <= 60:
+        raise _fail(f"--monitor-interval: must be between 0.1 and 60 seconds, got {monitor_interval}")
+    try:
+        plan = plan_run(suite=suite, cases=case_list, vendor=vendor, rounds=rounds, sets=set_ or [],
+                        results_dir=results)
+    except FlagperfError as exc:
+        raise _fail(str(exc)) from None
+    console.print(f"[bold]run {plan.run_id}[/]: {len(plan.cases)} cases x {plan.rounds} rounds, vendor "
+                  f"{plan.vendor}" + (f", suite {plan.suite}" if plan.suite else ""))
+    _prepare_prefect_environment()
+    from flows.evaluate import evaluate  # Prefect is imported only once the input is known to be good
+
+    state = evaluate(suite=suite, cases=case_list, vendor=vendor, rounds=rounds, overrides=set_ or [],
+                     results_dir=str(results), run_id=plan.run_id, monitor_interval_s=monitor_interval,
+                     command=shlex.join(["flagperf", *sys.argv[1:]]), return_state=True)
+    run_dir = plan.run_dir
+    if not (run_dir / SUMMARY_JSON).is_file():
+        message = state.message or "the evaluation stopped before its summary"
+        raise _fail(f"{message} (see {run_dir})", EXIT_FAILED)
+    summary = read_summary_json(run_dir)
+    _print_summary(summary, run_dir)
+    counts = summary["counts"]
+    if counts["failed"] or summary["problems"] or state.is_failed():
+        raise typer.Exit(EXIT_FAILED)
+    if counts["unsupported"]:
+        raise typer.Exit(EXIT_UNSUPPORTED_ONLY)
+
+
+def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
+    ctx = summary.get("context") or {}
+    table = Table(title=f"{summary['run_id']}: measured vs peak"
+                  + (f" on {ctx.get('device')}" if ctx.get("device") else ""), title_justify="left")
+    for name in HEADLINE_HEADER:
+        table.add_column(name, justify="right" if name not in ("case", "metric", "unit") else "left")
+    for entry in summary["headline"]:
+        table.add_row(*headline_cells(entry))
+    console.print(table)
+    for entry in summary["not_measured"]:
+        colour = "yellow" if entry["status"] == "unsupported" else "red"
+        console.print(f"[{colour}]{entry['status']}[/] {entry['case']} round {entry['round']} on {entry['host']}: "
+                      f"{entry['message']}", highlight=False, soft_wrap=True)
+    for problem in summary["problems"]:
+        console.print(f"[red]problem[/] {problem}", highlight=False)
+    if any(e["above_peak"] for e in summary["headline"]):
+        console.print("[yellow]a measurement above its peak means the spec table's peak is too low for this "
+                      "machine; see report.md for the peak sources[/]")
+    c = summary["counts"]
+    console.print(f"{c['rounds']} rounds: {c['success']} succeeded, {c['unsupported']} unsupported, "
+                  f"{c['failed']} failed")
+    console.print(f"run directory: [bold]{run_dir}[/] (report.md, summary.csv, summary.json)", highlight=False)
+
+
+def _validate_file(path: Path) -> str:
+    """Validate one config file by what it is; returns its kind."""
+    if path.name == "case.yaml":
+        manifest = load_case_manifest(path)
+        case = load_case(manifest.name, {manifest.name: path.parent})
+        resolve_case_config(case, vendor="", run_overrides=[])  # the defaults alone must be valid
+        return "case"
+    if path.parent.name == "vendor" and (path.parent.parent / "case.yaml").is_file():
+        case_dir = path.parent.parent
+        manifest = load_case_manifest(case_dir / "case.yaml")
+        case = load_case(manifest.name, {manifest.name: case_dir})
+        resolve_case_config(case, vendor=path.stem, run_overrides=[])
+        return f"vendor overrides of {manifest.name}"
+    if path.name == VENDOR_MANIFEST:
+        load_vendor_manifest(path)
+        return "vendor"
+    data = load_yaml_mapping(path)
+    if "cases" in data:
+        plan_run(suite=str(path), results_dir=Path("/nonexistent-results-for-validation"))
+        return "suite"
+    raise ConfigError(display_path(path), None, "not a case.yaml, vendor/<vendor>.yaml, vendor.yaml or suite file")
+
+
+@app.command()
+def validate(files: Annotated[list[Path], typer.Argument(help="config files to check")]) -> None:
+    """Check config files (suites, case.yaml, vendor overrides, vendor.yaml) without running anything."""
+    bad = 0
+    for path in files:
+        try:
+            kind = _validate_file(path)
+        except FlagperfError as exc:
+            bad += 1
+            err_console.print(f"[red]error[/] {exc}", highlight=False, soft_wrap=True)
+        else:
+            console.print(f"[green]ok[/]    {path} ({kind})", highlight=False)
+    if bad:
+        raise typer.Exit(EXIT_BAD_INPUT)
+
+
+@app.command("list")
+def list_(what: Annotated[str, typer.Argument(help="cases, vendors, suites or all")] = "all") -> None:
+    """List cases, vendors and suites."""
+    if what not in ("all", "cases", "vendors", "suites"):
+        raise _fail(f"list {what!r}: choose cases, vendors, suites or all")
+    try:
+        if what in ("all", "cases"):
+            table = Table("case", "family", "peak", "description", title="cases", title_justify="left")
+            for name in sorted(available_cases()):
+                m = load_case(name).manifest
+                table.add_row(name, m.family, m.peak or "-", m.description.strip())
+            console.print(table)
+        if what in ("all", "vendors"):
+            table = Table("vendor", "torch device", "monitors", "description", title="vendors", title_justify="left")
+            for name in sorted(available_vendors()):
+                m = load_vendor(name).manifest
+                table.add_row(name, m.torch_device, ", ".join(e.name for e in m.monitors) or "-", m.description.strip())
+            console.print(table)
+        if what in ("all", "suites"):
+            from flagperf.config import load_suite
+
+            table = Table("suite", "rounds", "cases", "description", title="suites", title_justify="left")
+            for name, path in sorted(available_suites().items()):
+                s = load_suite(path)
+                table.add_row(name, str(s.rounds), ", ".join(s.cases), s.description.strip())
+            console.print(table)
+    except FlagperfError as exc:
+        raise _fail(str(exc)) from None
+
+
+def main() -> None:
+    app()
+
+
+__all__ = ["app", "fmt", "fmt_pct", "main"]

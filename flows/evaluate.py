@@ -1,0 +1,107 @@
+"""One evaluation, as the DAG it is:
+
+healthcheck -> build image -> per case, per round, per host:
+    start monitors -> run case -> stop monitors (always) -> collect logs
+-> analyze
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from flagperf.errors import FlagperfError, InfrastructureFailure, RoundUserFailure
+from flagperf.hosts import Host, LocalHost
+from flagperf.job import Job
+from flagperf.plan import CasePlan, RunPlan, plan_run
+from flagperf.provenance import library_versions
+from flagperf.results import Failure, RoundResult, round_dir, write_json_atomic
+from flagperf.runtime import ProcessRuntime, Runtime
+from tasks.analyze import analyze
+from tasks.collect import collect_logs
+from tasks.container import run_case
+from tasks.healthcheck import healthcheck
+from tasks.image import build_image
+from tasks.monitor import start_monitors, stop_monitors
+
+CONTROLLER_LIBRARIES = ("prefect", "pandas")
+# A monitor outlives the round's worst case by this much at most, whatever happens to the controller.
+MONITOR_SLACK_S = 300
+
+
+class EvaluationFailed(FlagperfError):
+    """Raised at the end of a run in which some round failed (after the summary is written)."""
+
+
+@flow(name="evaluate", log_prints=True, validate_parameters=True)
+def evaluate(
+    suite: str | None = None,
+    cases: list[str] | None = None,
+    vendor: str = "cpu",
+    rounds: int | None = None,
+    overrides: list[str] | None = None,
+    results_dir: str = "results",
+    run_id: str | None = None,
+    monitor_interval_s: float = 1.0,
+    command: str | None = None,
+) -> dict[str, Any]:
+    """Evaluate cases (a suite, or a list) on the hosts, `rounds` times each, and summarise the run.
+
+    overrides: "KEY=VALUE" or "CASE.KEY=VALUE" strings, as `flagperf run --set`.
+    """
+    logger = get_run_logger()
+    plan = plan_run(suite=suite, cases=cases, vendor=vendor, rounds=rounds, sets=overrides,
+                    results_dir=results_dir, run_id=run_id)
+    run_dir = plan.run_dir
+    write_json_atomic(run_dir / "plan.json", plan.model_dump(mode="json"))
+    logger.info("run %s: %d cases x %d rounds on vendor %s -> %s", plan.run_id, len(plan.cases), plan.rounds,
+                plan.vendor, run_dir)
+    hosts: list[Host] = [LocalHost()]
+    runtime: Runtime = ProcessRuntime()
+
+    probes = {host.name: healthcheck(host, plan.vendor, run_dir, plan.run_id).probe for host in hosts}
+    images = {host.name: build_image(host, plan.vendor, runtime) for host in hosts}
+
+    results: list[RoundResult] = []
+    for case in plan.cases:
+        for round_no in range(1, plan.rounds + 1):
+            for host in hosts:
+                results.append(case_round(host, runtime, plan, case, round_no, images[host.name],
+                                          probes[host.name], monitor_interval_s, command))
+
+    summary = analyze(run_dir)
+    failed = [r for r in results if r.status == "failed"]
+    if failed:
+        raise EvaluationFailed(f"{len(failed)} of {len(results)} rounds failed: " + "; ".join(
+            f"{r.case} round {r.round} on {r.host} ({r.failure.kind if r.failure else '?'})" for r in failed))
+    return {"run_id": plan.run_id, "run_dir": str(run_dir), "counts": summary.counts}
+
+
+def case_round(host: Host, runtime: Runtime, plan: RunPlan, case: CasePlan, round_no: int, image: dict[str, Any],
+               probe: dict[str, Any] | None, monitor_interval_s: float, command: str | None) -> RoundResult:
+    """start monitors -> run case (retried on infrastructure failures) -> stop monitors -> collect."""
+    stage_dir = host.work_root / plan.run_id / case.name / f"round{round_no}" / f"{host.name}_noderank0"
+    job = Job(run_id=plan.run_id, case=case.name, round=round_no, host=host.name, vendor=plan.vendor,
+              config=case.config, config_origins=case.origins, run_overrides=case.run_overrides,
+              command=command or shlex.join(sys.argv), image=image,
+              controller_libraries=library_versions(CONTROLLER_LIBRARIES))
+    monitor_budget = case.timeout_s * (case.max_retries + 1) + MONITOR_SLACK_S
+    monitors = start_monitors(host, plan.vendor, stage_dir, monitor_interval_s, monitor_budget)
+    try:
+        state = run_case.with_options(retries=case.max_retries)(
+            host, runtime, job, stage_dir, case.timeout_s, return_state=True)
+    finally:
+        stop_monitors(host, monitors, stage_dir)
+    outcome = state.result(raise_on_failure=False)
+    failure = None
+    if isinstance(outcome, BaseException):
+        kind = "user" if isinstance(outcome, RoundUserFailure) else "infrastructure"
+        if not isinstance(outcome, (RoundUserFailure, InfrastructureFailure)):
+            outcome = f"{type(outcome).__name__}: {outcome}"
+        failure = Failure(kind=kind, message=str(outcome))
+    dest = round_dir(Path(plan.results_dir) / plan.run_id, case.name, round_no, host.name)
+    return collect_logs(host, stage_dir, dest, job, case.family, failure, probe)

@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NONE
+
+from flagperf.summary import HEADLINE_HEADER, RunSummary, headline_cells, render_markdown, summarize, write_summary
+
+
+@task(name="analyze", task_run_name="analyze[{run_dir.name}]", cache_policy=NONE)
+def analyze(run_dir: Path) -> RunSummary:
+    """Summarise the run from its result files and publish the summary as artifacts."""
+    logger = get_run_logger()
+    summary = summarize(run_dir)
+    paths = write_summary(run_dir, summary)
+    for problem in summary.problems:
+        logger.warning(problem)
+    table = [dict(zip(HEADLINE_HEADER, headline_cells(e), strict=True)) for e in summary.headline]
+    table += [{"case": e["case"], "metric": "-", "measured": e["status"], "unit": "", "p50": "", "spread (CV)": "",
+               "peak": "", "measured/peak": e["message"][:200], "rounds": f"round {e['round']}"}
+              for e in summary.not_measured]
+    create_table_artifact(table=table, key="flagperf-summary",
+                          description=f"{summary.run_id}: measured vs peak per case and metric")
+    create_markdown_artifact(markdown=render_markdown(summary), key="flagperf-report",
+                             description=f"{summary.run_id}: the run report ({paths['markdown']})")
+    logger.info("summary written to %s", ", ".join(str(p) for p in paths.values()))
+    return summary

@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import Task, get_run_logger, task
+from prefect.cache_policies import NONE
+from prefect.client.schemas.objects import TaskRun
+from prefect.runtime import task_run as current_task_run
+from prefect.states import State
+
+from flagperf.errors import EXIT_OK, EXIT_UNSUPPORTED, EXIT_USER_ERROR, InfrastructureFailure, RoundUserFailure
+from flagperf.hosts import Host
+from flagperf.job import JOB_FILE, Job
+from flagperf.results import CASE_LOG_FILE, RESULT_FILE, RoundResult, read_result
+from flagperf.runtime import PID_FILE, Runtime
+
+LOG_TAIL_LINES = 15
+
+
+def is_infrastructure_failure(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> bool:
+    """Retry crashes and timeouts; a user error (bad config, bad input) fails the same way every time."""
+    try:
+        state.result(raise_on_failure=True)
+    except InfrastructureFailure:
+        return True
+    except BaseException:
+        return False
+    return False
+
+
+@task(name="run_case", task_run_name="run_case[{job.case}/round{job.round}@{host.name}]", cache_policy=NONE,
+      retry_condition_fn=is_infrastructure_failure, retry_delay_seconds=2)
+def run_case(host: Host, runtime: Runtime, job: Job, stage_dir: Path, timeout_s: float) -> RoundResult:
+    """Run one case round on the host and read back its result; raise on failure (see the exit codes)."""
+    logger = get_run_logger()
+    attempt = current_task_run.run_count or 1
+    job = job.model_copy(update={"attempt": attempt})
+    job_dir = stage_dir / f"attempt{attempt}"
+    host.write_text(job_dir / JOB_FILE, job.model_dump_json(indent=2))
+    logger.info("attempt %d: %s runtime, timeout %.0f s", attempt, runtime.name, timeout_s)
+    outcome = runtime.run_entry(host, job_dir, timeout_s, on_line=logger.info, pid_file=stage_dir / PID_FILE)
+    if outcome.timed_out:
+        raise InfrastructureFailure(f"{job.case} round {job.round} on {host.name}: timed out after {timeout_s:.0f} s "
+                                    f"(timeout_s); the process group was killed")
+    if outcome.exit_code in (EXIT_OK, EXIT_UNSUPPORTED, EXIT_USER_ERROR):
+        try:
+            result = read_result(job_dir / RESULT_FILE)
+        except (OSError, ValueError) as exc:
+            raise InfrastructureFailure(f"{job.case} round {job.round} on {host.name}: exit {outcome.exit_code} "
+                                        f"but no readable {RESULT_FILE}: {str(exc).splitlines()[0]}") from None
+        if outcome.exit_code == EXIT_USER_ERROR:
+            raise RoundUserFailure(f"{job.case} round {job.round} on {host.name}: "
+                                   f"{result.failure.message if result.failure else 'user error'}")
+        return result
+    how = "could not start" if outcome.exit_code is None else (
+        f"killed by signal {-outcome.exit_code}" if outcome.exit_code < 0 else f"exited {outcome.exit_code}")
+    raise InfrastructureFailure(f"{job.case} round {job.round} on {host.name}: {how}; "
+                                f"last lines of {CASE_LOG_FILE}: {_tail(job_dir / CASE_LOG_FILE)}")
+
+
+def _tail(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return " | ".join(line.strip() for line in lines[-LOG_TAIL_LINES:] if line.strip()) or "(empty log)"

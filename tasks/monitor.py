@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NONE
+
+from flagperf.hosts import BackgroundProcess, Host
+from flagperf.runtime import PID_FILE
+from flagperf.vendors import load_vendor
+
+
+@task(name="start_monitors", task_run_name="start_monitors[{host.name}]", cache_policy=NONE)
+def start_monitors(host: Host, vendor: str, stage_dir: Path, interval_s: float, max_seconds: float
+                   ) -> list[tuple[str, BackgroundProcess]]:
+    logger = get_run_logger()
+    loaded = load_vendor(vendor)
+    started = []
+    for entry in loaded.manifest.monitors:
+        argv = [host.python, str(loaded.monitor_script(entry)), "--out", str(stage_dir / f"monitor_{entry.name}.jsonl"),
+                "--interval", str(interval_s), "--pid-file", str(stage_dir / PID_FILE),
+                "--max-seconds", str(int(max_seconds))]
+        proc = host.spawn(argv, log_path=stage_dir / f"monitor_{entry.name}.log")
+        started.append((entry.name, proc))
+        logger.info("monitor %s started (pid %d, every %.1f s)", entry.name, proc.pid, interval_s)
+    return started
+
+
+@task(name="stop_monitors", task_run_name="stop_monitors[{host.name}]", cache_policy=NONE)
+def stop_monitors(host: Host, monitors: list[tuple[str, BackgroundProcess]], stage_dir: Path) -> dict[str, Any]:
+    logger = get_run_logger()
+    stopped: dict[str, Any] = {}
+    for name, proc in monitors:
+        code = host.terminate(proc, grace_s=5.0)
+        samples = _footer_samples(stage_dir / f"monitor_{name}.jsonl")
+        stopped[name] = {"exit_code": code, "samples": samples}
+        logger.info("monitor %s stopped (exit %s, %s samples)", name, code, samples)
+    return stopped
+
+
+def _footer_samples(path: Path) -> int | None:
+    try:
+        last = path.read_text(encoding="utf-8").splitlines()[-1]
+        record = json.loads(last)
+    except (OSError, IndexError, json.JSONDecodeError):
+        return None
+    return record.get("samples") if record.get("type") == "footer" else None
