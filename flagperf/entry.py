@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -31,6 +34,8 @@ from flagperf.timing import TimingPlan
 from flagperf.vendors import load_vendor
 
 log = logging.getLogger("flagperf.case")
+
+EXIT_ORPHANED = 75  # the controller went away mid-round (an infrastructure failure)
 
 
 def run_job(job: Job, out_dir: Path) -> int:
@@ -80,6 +85,20 @@ def run_job(job: Job, out_dir: Path) -> int:
     return code
 
 
+def watch_parent(poll_s: float = 1.0) -> None:
+    """Exit when the process that started us (the controller or its agent) is gone: a case never runs on
+    unobserved. Its own session is not signalled by the controller's Ctrl-C, so this is the backstop."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent:
+                os._exit(EXIT_ORPHANED)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flagperf.entry", description=__doc__)
     parser.add_argument("--job", type=Path, required=True)
@@ -90,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"{args.job}: cannot read the job file: {str(exc).splitlines()[0]}", file=sys.stderr)
         return EXIT_USER_ERROR
+    watch_parent()
     return run_job(job, args.job.parent)
 
 

@@ -108,6 +108,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             json.dump(data, handle, indent=2, sort_keys=False, default=str)
             handle.write("\n")
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are meant to be read by the team
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -29,8 +29,9 @@ EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNSUPPORTED_ONLY = 1, 2, 3
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="AI-hardware evaluation engine: FlagPerf's base specs as Prefect flows.")
-console = Console()
-err_console = Console(stderr=True)
+# Piped or captured output has no terminal width; keep the summary table readable there too.
+console = Console(width=None if Console().is_terminal else 160)
+err_console = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 160)
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:

@@ -14,6 +14,7 @@ from flagperf.hosts import Host
 from flagperf.job import JOB_FILE, Job
 from flagperf.provenance import engine_info, library_versions
 from flagperf.results import RESULT_FILE, Failure, Provenance, RoundResult, read_result, write_result
+from flagperf.runtime import PID_FILE
 
 ATTEMPT_DIR = re.compile(r"^attempt(\d+)$")
 
@@ -42,6 +43,7 @@ def collect_logs(host: Host, stage_dir: Path, dest_dir: Path, job: Job, family: 
             for _, path in earlier:
                 path.replace(partial / "attempts" / path.name)
 
+    (partial / PID_FILE).unlink(missing_ok=True)  # meaningful only while the round ran
     result_path = partial / RESULT_FILE
     result: RoundResult | None = None
     if result_path.is_file():
