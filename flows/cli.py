@@ -44,6 +44,8 @@ def _prepare_prefect_environment() -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     # The core's own loggers (config rules, hosts) show in the flow's logs too.
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "flagperf")
+    # Nothing leaves the machine: no usage telemetry from the temporary server.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
 @app.command()

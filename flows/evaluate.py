@@ -90,12 +90,13 @@ def case_round(host: Host, runtime: Runtime, plan: RunPlan, case: CasePlan, roun
               command=command or shlex.join(sys.argv), image=image,
               controller_libraries=library_versions(CONTROLLER_LIBRARIES))
     monitor_budget = case.timeout_s * (case.max_retries + 1) + MONITOR_SLACK_S
-    monitors = start_monitors(host, plan.vendor, stage_dir, monitor_interval_s, monitor_budget)
+    label = f"{case.name}/round{round_no}@{host.name}"
+    monitors = start_monitors(host, plan.vendor, stage_dir, monitor_interval_s, monitor_budget, label)
     try:
         state = run_case.with_options(retries=case.max_retries)(
             host, runtime, job, stage_dir, case.timeout_s, return_state=True)
     finally:
-        stop_monitors(host, monitors, stage_dir)
+        stop_monitors(host, monitors, stage_dir, label)
     outcome = state.result(raise_on_failure=False)
     failure = None
     if isinstance(outcome, BaseException):

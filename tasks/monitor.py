@@ -12,8 +12,8 @@ from flagperf.runtime import PID_FILE
 from flagperf.vendors import load_vendor
 
 
-@task(name="start_monitors", task_run_name="start_monitors[{host.name}]", cache_policy=NONE)
-def start_monitors(host: Host, vendor: str, stage_dir: Path, interval_s: float, max_seconds: float
+@task(name="start_monitors", task_run_name="start_monitors[{label}]", cache_policy=NONE)
+def start_monitors(host: Host, vendor: str, stage_dir: Path, interval_s: float, max_seconds: float, label: str
                    ) -> list[tuple[str, BackgroundProcess]]:
     logger = get_run_logger()
     loaded = load_vendor(vendor)
@@ -28,8 +28,9 @@ def start_monitors(host: Host, vendor: str, stage_dir: Path, interval_s: float, 
     return started
 
 
-@task(name="stop_monitors", task_run_name="stop_monitors[{host.name}]", cache_policy=NONE)
-def stop_monitors(host: Host, monitors: list[tuple[str, BackgroundProcess]], stage_dir: Path) -> dict[str, Any]:
+@task(name="stop_monitors", task_run_name="stop_monitors[{label}]", cache_policy=NONE)
+def stop_monitors(host: Host, monitors: list[tuple[str, BackgroundProcess]], stage_dir: Path, label: str
+                  ) -> dict[str, Any]:
     logger = get_run_logger()
     stopped: dict[str, Any] = {}
     for name, proc in monitors:

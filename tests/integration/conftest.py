@@ -1,0 +1,30 @@
+"""One real Prefect server for the whole integration session (it takes 20-30 s to start here)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+FIXTURE_CASES = Path(__file__).resolve().parents[1] / "fixtures" / "cases"
+
+
+@pytest.fixture(scope="session")
+def prefect_server() -> Iterator[None]:
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "flagperf")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
+
+
+@pytest.fixture
+def flagperf_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """Test cases on the case path, scratch space for the host, and a results folder, all under tmp_path."""
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(FIXTURE_CASES))
+    monkeypatch.setenv("FLAGPERF_WORK_ROOT", str(tmp_path / "work"))
+    return tmp_path / "results"

@@ -1,0 +1,167 @@
+"""The evaluate flow for real: a real Prefect server, real case processes, real monitors.
+
+Everything is checked through the Prefect API (task runs, retries, logs, artifacts) and the result files.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from uuid import UUID
+
+import psutil
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import (
+    ArtifactFilter,
+    ArtifactFilterFlowRunId,
+    FlowRunFilter,
+    FlowRunFilterId,
+    LogFilter,
+    LogFilterTaskRunId,
+)
+from prefect.client.schemas.objects import TaskRun
+
+from flagperf.results import read_result
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_server")]
+
+FAST = ["min_duration_s=0.3", "warmup_iters=0", "min_iters=2"]
+
+
+def run_evaluate(results: Path, **params: object) -> tuple[object, Path]:
+    from flows.evaluate import evaluate
+
+    run_id = f"run-test-{time.time_ns()}"
+    state = evaluate(results_dir=str(results), run_id=run_id, return_state=True, **params)
+    return state, results / run_id
+
+
+def task_runs(flow_run_id: UUID) -> dict[str, TaskRun]:
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return {run.name: run for run in runs}
+
+
+def task_logs(task_run_id: UUID) -> list[str]:
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(task_run_id=LogFilterTaskRunId(any_=[task_run_id])))
+    return [log.message for log in logs]
+
+
+def monitor_processes(run_dir_name: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if "monitor.py" in cmdline and run_dir_name in cmdline:
+            found.append(proc)
+    return found
+
+
+def test_smoke_suite_runs_through_the_real_flow(flagperf_env: Path) -> None:
+    state, run_dir = run_evaluate(flagperf_env, suite="smoke", overrides=[*FAST, "max_gib=0.25"])
+    assert state.is_completed(), state.message
+    flow_run_id = state.state_details.flow_run_id
+
+    runs = task_runs(flow_run_id)
+    smoke = ["computation-FP32", "computation-FP64", "main_memory-bandwidth", "main_memory-capacity"]
+    expected = {"healthcheck[localhost]", "build_image[localhost]", "analyze[" + run_dir.name + "]"}
+    expected |= {f"run_case[{case}/round1@localhost]" for case in smoke}
+    expected |= {f"collect_logs[{case}/round1@localhost]" for case in smoke}
+    assert expected <= set(runs), sorted(set(runs))
+    starts = [name for name in runs if name.startswith("start_monitors[")]
+    stops = [name for name in runs if name.startswith("stop_monitors")]
+    assert len(starts) == len(stops) == len(smoke)
+    assert all(run.state.is_completed() for run in runs.values())
+
+    # The case's own output is in its task run's logs.
+    logs = task_logs(runs["run_case[computation-FP32/round1@localhost]"].id)
+    assert any("gemm_fp32:" in line and "TFLOPS" in line for line in logs), logs
+
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+    by_key = {a.key: a for a in artifacts}
+    assert by_key["flagperf-summary"].type == "table"
+    assert by_key["flagperf-report"].type == "markdown"
+    table = json.loads(by_key["flagperf-summary"].data) if isinstance(by_key["flagperf-summary"].data, str) \
+        else by_key["flagperf-summary"].data
+    assert {row["case"] for row in table} == set(smoke)
+    assert "measured/peak" in by_key["flagperf-report"].data
+
+    # Files: FlagPerf's layout, one result per round, summary files generated from them.
+    for case in smoke:
+        folder = run_dir / case / "round1" / "localhost_noderank0"
+        result = read_result(folder / "result.json")
+        assert result.status == "success" and result.metrics and result.metrics[0].value > 0
+        assert result.provenance is not None and result.provenance.libraries["prefect"] == "3.8.8"
+        assert result.provenance.image["status"] == "skipped"
+        assert result.provenance.run_overrides["--set"]
+        samples = [json.loads(line) for line in (folder / "monitor_system.jsonl").read_text().splitlines()]
+        assert samples[0]["type"] == "header" and samples[-1]["type"] == "footer"
+        assert any(s["type"] == "sample" for s in samples)
+    fp32 = read_result(run_dir / "computation-FP32" / "round1" / "localhost_noderank0" / "result.json")
+    assert fp32.metrics[0].peak is not None and fp32.metrics[0].ratio is not None
+    assert fp32.config["min_duration_s"] == 0.3
+    assert fp32.provenance.config_origins["min_duration_s"] == "--set"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["counts"] == {"rounds": 4, "success": 4, "unsupported": 0, "failed": 0}
+    assert (run_dir / "summary.csv").read_text().startswith("case,round,host")
+    assert "| computation-FP32 | gemm_fp32 |" in (run_dir / "report.md").read_text()
+    assert not monitor_processes(run_dir.name)
+
+
+def test_failures_are_retried_only_when_the_infrastructure_failed(flagperf_env: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "crashed-once"
+    state, run_dir = run_evaluate(
+        flagperf_env, cases=["crash-once", "user-error", "sleepy", "no-such-dtype"],
+        overrides=[f"crash-once.marker={marker}"])
+    assert state.is_failed()
+    assert "2 of 4 rounds failed" in state.message
+    runs = task_runs(state.state_details.flow_run_id)
+
+    # A crash is retried and the second attempt's numbers are kept, with the crashed attempt's files.
+    crash = runs["run_case[crash-once/round1@localhost]"]
+    assert crash.state.is_completed() and crash.run_count == 2
+    folder = run_dir / "crash-once" / "round1" / "localhost_noderank0"
+    result = read_result(folder / "result.json")
+    assert result.status == "success" and result.provenance.attempt == 2
+    assert "crashing on purpose" in (folder / "attempts" / "attempt1" / "case.log").read_text()
+
+    # A user error fails once, not max_retries + 1 times.
+    user = runs["run_case[user-error/round1@localhost]"]
+    assert user.state.is_failed() and user.run_count == 1
+    result = read_result(run_dir / "user-error" / "round1" / "localhost_noderank0" / "result.json")
+    assert result.status == "failed" and result.failure.kind == "user"
+    assert "not a power of two" in result.failure.message
+
+    # A hang is killed at timeout_s and retried (max_retries: 1); the failure is written by the controller.
+    sleepy = runs["run_case[sleepy/round1@localhost]"]
+    assert sleepy.state.is_failed() and sleepy.run_count == 2
+    folder = run_dir / "sleepy" / "round1" / "localhost_noderank0"
+    result = read_result(folder / "result.json")
+    assert result.status == "failed" and result.failure.kind == "infrastructure"
+    assert "timed out after 3 s" in result.failure.message
+    assert (folder / "attempts" / "attempt1" / "case.log").is_file()
+
+    # Unsupported is a result, not a failure, and is not retried.
+    unsupported = runs["run_case[no-such-dtype/round1@localhost]"]
+    assert unsupported.state.is_completed() and unsupported.run_count == 1
+    result = read_result(run_dir / "no-such-dtype" / "round1" / "localhost_noderank0" / "result.json")
+    assert result.status == "unsupported" and "TF32" in result.failure.message
+
+    # Monitors were stopped after every round, failed ones included.
+    assert all(run.state.is_completed() for name, run in runs.items() if name.startswith("stop_monitors"))
+    assert len([n for n in runs if n.startswith("stop_monitors")]) == 4
+    assert not monitor_processes(run_dir.name)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["counts"] == {"rounds": 4, "success": 1, "unsupported": 1, "failed": 2}
+
+
+def test_bad_config_fails_before_any_task(flagperf_env: Path) -> None:
+    state, run_dir = run_evaluate(flagperf_env, cases=["computation-FP32"], overrides=["m=-5"])
+    assert state.is_failed()
+    assert "--set: m:" in state.message
+    assert task_runs(state.state_details.flow_run_id) == {}
+    assert not run_dir.exists()
