@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from flagperf.casekit import CaseConfig
 from flagperf.config import (
     BUILTIN_KERNEL_PREFIX,
     CaseManifest,
@@ -69,6 +70,9 @@ class CaseDef:
         for attr in ("Config", "run"):
             if not hasattr(module, attr):
                 raise ConfigError(display_path(self.manifest_path), "entry", f"{entry} has no {attr!r}")
+        if not (isinstance(module.Config, type) and issubclass(module.Config, CaseConfig)):
+            raise ConfigError(display_path(self.manifest_path), "entry",
+                              f"{entry}: Config must subclass flagperf.casekit.CaseConfig")
         return module
 
     @property

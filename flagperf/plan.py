@@ -122,10 +122,10 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
 
     if rounds is not None and not 1 <= rounds <= 100:
         raise ConfigError("--rounds", None, f"must be between 1 and 100, got {rounds}")
-    defs = {name: load_case(name, known) for name in names}
     for name in names:
         if suite_name and name not in known:
-            raise ConfigError(suite_source, "cases", f"unknown case {name!r}")
+            raise ConfigError(suite_source, "cases", f"unknown case {name!r} (known: {', '.join(sorted(known))})")
+    defs = {name: load_case(name, known) for name in names}
 
     configurable = {name: set(d.manifest.configurations) for name, d in defs.items()}
     parsed: list[SetOverride] = [parse_set_override(text, names) for text in sets]

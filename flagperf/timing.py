@@ -43,7 +43,7 @@ def measure(step: Callable[[], object], sync: Callable[[], None], plan: TimingPl
     total_iters = 0
     total_seconds = 0.0
     while total_seconds < plan.min_duration_s or total_iters < plan.min_iters:
-        if plan.max_duration_s is not None and total_seconds >= plan.max_duration_s and total_iters > 0:
+        if plan.max_duration_s is not None and total_seconds >= plan.max_duration_s and total_iters >= plan.min_iters:
             break
         iters = chunk_iters
         if total_seconds >= plan.min_duration_s:

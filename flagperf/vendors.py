@@ -96,7 +96,14 @@ def import_file(path: Path, module_name: str) -> ModuleType:
         raise ConfigError(display_path(path), None, "cannot be imported as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # a plug-in's own bug: one line naming the file, not a traceback
+        sys.modules.pop(module_name, None)
+        line = f" line {exc.lineno}" if isinstance(exc, SyntaxError) and exc.lineno else ""
+        detail = str(exc).splitlines()[0] if str(exc) else ""
+        message = f"cannot be imported:{line} {type(exc).__name__}: {detail}"
+        raise ConfigError(display_path(path), None, message) from None
     return module
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ class _StrictLoader(yaml.SafeLoader):
 _FLOAT_1_2 = re.compile(
     r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
     |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-    |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+    |[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?
     |[-+]?\.(?:inf|Inf|INF)
     |\.(?:nan|NaN|NAN))$""",
     re.X,
@@ -40,6 +41,8 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
     mapping: dict[Any, Any] = {}
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=deep)
+        if not isinstance(key, Hashable):
+            raise yaml.constructor.ConstructorError(None, None, "a key must be a scalar", key_node.start_mark)
         if key in mapping:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r}", key_node.start_mark
@@ -58,8 +61,8 @@ def parse_yaml_text(text: str, source: str) -> Any:
         mark = exc.problem_mark or exc.context_mark
         where = f"line {mark.line + 1}" if mark else None
         raise ConfigError(source, where, f"invalid YAML: {exc.problem or exc.context}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(source, None, f"invalid YAML: {exc}") from None
+    except yaml.YAMLError as exc:  # e.g. a ReaderError for a control character: keep it to one line
+        raise ConfigError(source, None, "invalid YAML: " + " ".join(str(exc).split())) from None
 
 
 def load_yaml_mapping(path: Path) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from flagperf.cases import available_cases, load_case, load_case_manifest, resolve_case_config
@@ -35,7 +36,7 @@ err_console = Console(stderr=True, width=None if Console(stderr=True).is_termina
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -103,16 +104,17 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     for entry in summary["not_measured"]:
         colour = "yellow" if entry["status"] == "unsupported" else "red"
         console.print(f"[{colour}]{entry['status']}[/] {entry['case']} round {entry['round']} on {entry['host']}: "
-                      f"{entry['message']}", highlight=False, soft_wrap=True)
+                      f"{escape(entry['message'])}", highlight=False, soft_wrap=True)
     for problem in summary["problems"]:
-        console.print(f"[red]problem[/] {problem}", highlight=False)
+        console.print(f"[red]problem[/] {escape(problem)}", highlight=False)
     if any(e["above_peak"] for e in summary["headline"]):
         console.print("[yellow]a measurement above its peak means the spec table's peak is too low for this "
                       "machine; see report.md for the peak sources[/]")
     c = summary["counts"]
     console.print(f"{c['rounds']} rounds: {c['success']} succeeded, {c['unsupported']} unsupported, "
                   f"{c['failed']} failed")
-    console.print(f"run directory: [bold]{run_dir}[/] (report.md, summary.csv, summary.json)", highlight=False)
+    console.print(f"run directory: [bold]{escape(str(run_dir))}[/] (report.md, summary.csv, summary.json)",
+                  highlight=False)
 
 
 def _validate_file(path: Path) -> str:
@@ -123,6 +125,9 @@ def _validate_file(path: Path) -> str:
         resolve_case_config(case, vendor="", run_overrides=[])  # the defaults alone must be valid
         return "case"
     if path.parent.name == "vendor" and (path.parent.parent / "case.yaml").is_file():
+        if path.suffix != ".yaml":
+            raise ConfigError(display_path(path), None, "vendor override files are named <vendor>.yaml; "
+                                                        "this one would never be read")
         case_dir = path.parent.parent
         manifest = load_case_manifest(case_dir / "case.yaml")
         case = load_case(manifest.name, {manifest.name: case_dir})
@@ -147,9 +152,9 @@ def validate(files: Annotated[list[Path], typer.Argument(help="config files to c
             kind = _validate_file(path)
         except FlagperfError as exc:
             bad += 1
-            err_console.print(f"[red]error[/] {exc}", highlight=False, soft_wrap=True)
+            err_console.print(f"[red]error[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         else:
-            console.print(f"[green]ok[/]    {path} ({kind})", highlight=False)
+            console.print(f"[green]ok[/]    {escape(str(path))} ({kind})", highlight=False)
     if bad:
         raise typer.Exit(EXIT_BAD_INPUT)
 

@@ -1,0 +1,223 @@
+"""flows.cli through typer's CliRunner: `validate`, `list`, and `run` stopping at validation (no Prefect)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flagperf.paths import PROJECT_ROOT
+from flows.cli import app
+
+runner = CliRunner()
+
+REAL_CONFIG_FILES = sorted(
+    [*PROJECT_ROOT.glob("cases/*/*/case.yaml"), *PROJECT_ROOT.glob("cases/*/*/vendor/*.yaml"),
+     *PROJECT_ROOT.glob("deployments/suites/*.yaml"), *PROJECT_ROOT.glob("vendor_images/*/vendor.yaml")]
+)
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def error_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("error")]
+
+
+def assert_clean_failure(result, code: int = 2) -> None:
+    assert result.exit_code == code, result.output
+    assert "Traceback" not in result.output
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
+
+
+def test_real_config_files_are_found() -> None:
+    names = {p.relative_to(PROJECT_ROOT).as_posix() for p in REAL_CONFIG_FILES}
+    assert "deployments/suites/smoke.yaml" in names
+    assert "vendor_images/cpu/vendor.yaml" in names
+    assert "cases/base/computation-FP32/vendor/cpu.yaml" in names
+    assert len([n for n in names if n.endswith("/case.yaml")]) == 10
+
+
+def test_validate_every_real_config_file() -> None:
+    result = invoke("validate", *map(str, REAL_CONFIG_FILES))
+    assert result.exit_code == 0, result.output
+    ok_lines = [line for line in result.output.splitlines() if line.startswith("ok")]
+    assert len(ok_lines) == len(REAL_CONFIG_FILES)
+    assert "(suite)" in result.output and "(vendor)" in result.output and "(case)" in result.output
+    assert "(vendor overrides of computation-FP32)" in result.output
+
+
+def test_validate_and_list_do_not_need_the_flow(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "flows.evaluate", None)  # importing it now raises ImportError
+    assert invoke("validate", str(PROJECT_ROOT / "deployments/suites/smoke.yaml")).exit_code == 0
+    assert invoke("list").exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "expected"),
+    [
+        ("dup.yaml", "name: x\nname: y\n", "line 2: invalid YAML: duplicate key 'name'"),
+        ("broken.yaml", "a: [1\n", "invalid YAML"),
+        ("list.yaml", "- 1\n", "top level must be a mapping"),
+        ("other.yaml", "a: 1\n", "not a case.yaml, vendor/<vendor>.yaml, vendor.yaml or suite file"),
+        ("mine.yaml", "name: notmine\ncases: [computation-FP32]\n", "name: must match the file name"),
+        ("suite0.yaml", "name: suite0\ncases: [computation-FP32]\nrounds: 0\n", "rounds"),
+    ],
+)
+def test_validate_bad_file(tmp_path: Path, name: str, text: str, expected: str) -> None:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    result = invoke("validate", str(path))
+    assert_clean_failure(result)
+    lines = error_lines(result.output)
+    assert len(lines) == 1, result.output
+    assert str(path) in lines[0]
+    assert expected in lines[0]
+
+
+def test_validate_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "nope.yaml"
+    result = invoke("validate", str(path))
+    assert_clean_failure(result)
+    assert error_lines(result.output) == [f"error {path}: file not found"]
+
+
+def test_validate_reports_every_bad_file_and_the_good_ones(tmp_path: Path) -> None:
+    bad1, bad2 = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    bad1.write_text("x: 1\nx: 2\n", encoding="utf-8")
+    bad2.write_text("[", encoding="utf-8")
+    good = PROJECT_ROOT / "vendor_images/cpu/vendor.yaml"
+    result = invoke("validate", str(bad1), str(good), str(bad2))
+    assert_clean_failure(result)
+    assert len(error_lines(result.output)) == 2
+    assert f"ok    {good} (vendor)" in result.output
+
+
+def test_validate_vendor_override_equal_to_default(tmp_path: Path, make_case) -> None:
+    folder = make_case("mycase", vendor="size: 8\n")
+    vendor_file = folder / "vendor" / "cpu.yaml"
+    result = invoke("validate", str(vendor_file))
+    assert_clean_failure(result)
+    assert error_lines(result.output) == [
+        f"error {vendor_file}: size: overrides the default with the same value (8); remove the line"]
+
+
+def test_validate_vendor_override_with_yml_suffix(tmp_path: Path, make_case) -> None:
+    folder = make_case("mycase")
+    vendor_file = folder / "vendor" / "cpu.yml"
+    vendor_file.parent.mkdir()
+    vendor_file.write_text("size: [\n", encoding="utf-8")
+    result = invoke("validate", str(vendor_file))
+    assert_clean_failure(result)
+
+
+def test_validate_case_yaml_with_bad_default(tmp_path: Path, make_case) -> None:
+    folder = make_case("mycase", configurations={"size": -1, "timeout_s": 1, "max_retries": 0})
+    result = invoke("validate", str(folder / "case.yaml"))
+    assert_clean_failure(result)
+    lines = error_lines(result.output)
+    assert len(lines) == 1 and f"{folder / 'case.yaml'}: size:" in lines[0]
+
+
+def test_validate_vendor_manifest(tmp_path: Path) -> None:
+    folder = tmp_path / "acme"
+    folder.mkdir()
+    (folder / "vendor.yaml").write_text("name: acme\ndescription: d\ntorch_device: cpu\ncontainer:\n"
+                                        "  dockerfile: Dockerfile\n  privileged: true\n", encoding="utf-8")
+    (folder / "spec.py").write_text("", encoding="utf-8")
+    (folder / "Dockerfile").write_text("", encoding="utf-8")
+    result = invoke("validate", str(folder / "vendor.yaml"))
+    assert_clean_failure(result)
+    assert "privileged_reason" in error_lines(result.output)[0]
+
+
+def test_validate_error_keeps_brackets_in_file_names(tmp_path: Path) -> None:
+    path = tmp_path / "run[b]" / "x.yaml"
+    result = invoke("validate", str(path))
+    assert_clean_failure(result)
+    assert str(path) in result.output
+
+
+def test_run_error_with_closing_tag_in_message() -> None:
+    result = invoke("run", "--cases", "computation-FP32", "--set", "a[/b]=1")
+    assert_clean_failure(result)
+
+
+def test_validate_case_whose_entry_does_not_import(tmp_path: Path, make_case) -> None:
+    folder = make_case("mycase", bench="def run(:\n")
+    result = invoke("validate", str(folder / "case.yaml"))
+    assert_clean_failure(result)
+
+
+def test_list_shows_every_case_vendor_and_suite() -> None:
+    result = invoke("list")
+    assert result.exit_code == 0, result.output
+    for case in [p.parent.name for p in PROJECT_ROOT.glob("cases/*/*/case.yaml")]:
+        assert case in result.output
+    assert "cpu" in result.output
+    assert "smoke" in result.output and "base" in result.output
+
+
+def test_list_cases_includes_extra_case_root(make_case) -> None:
+    make_case("zz-extra-case")
+    result = invoke("list", "cases")
+    assert result.exit_code == 0, result.output
+    assert "zz-extra-case" in result.output
+    assert "computation-FP32" in result.output
+    assert "vendors" not in result.output
+
+
+def test_list_unknown_kind() -> None:
+    result = invoke("list", "widgets")
+    assert_clean_failure(result)
+    assert len(error_lines(result.output)) == 1
+
+
+def test_list_with_a_broken_case(make_case) -> None:
+    make_case("broken", manifest_extra={"family": "inference"})
+    result = invoke("list", "cases")
+    assert_clean_failure(result)
+    assert "family" in error_lines(result.output)[0]
+
+
+def test_run_unknown_case(tmp_path: Path) -> None:
+    result = invoke("run", "--cases", "nope", "--results", str(tmp_path))
+    assert_clean_failure(result)
+    lines = error_lines(result.output)
+    assert len(lines) == 1
+    assert lines[0].startswith("error: cases: nope: unknown case (known: ")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--rounds", "0"], "--rounds: must be between 1 and 100, got 0"),
+        (["--rounds", "101"], "--rounds"),
+        (["--cases", " , "], "--cases: no case names given"),
+        (["--monitor-interval", "0"], "--monitor-interval"),
+        (["--suite", "smoke", "--cases", "computation-FP32"], "not both"),
+        (["--vendor", "acme"], "unknown vendor 'acme'"),
+        (["--suite", "nope"], "unknown suite 'nope'"),
+        (["--set", "m=abc", "--cases", "computation-FP32"], "--set: m: Input should be a valid integer"),
+        (["--set", "m"], "--set: m: expected KEY=VALUE"),
+        (["--set", "nokey=1"], "--set: nokey: no selected case has this key"),
+    ],
+)
+def test_run_bad_input_stops_before_prefect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str],
+                                           expected: str) -> None:
+    monkeypatch.setitem(sys.modules, "flows.evaluate", None)  # reaching the flow would be an ImportError
+    result = invoke("run", "--results", str(tmp_path), *args)
+    assert_clean_failure(result)
+    lines = error_lines(result.output)
+    assert len(lines) == 1, result.output
+    assert expected in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_no_arguments_shows_help() -> None:
+    result = invoke()
+    assert "run" in result.output and "validate" in result.output and "list" in result.output

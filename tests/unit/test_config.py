@@ -1,0 +1,276 @@
+"""flagperf.config: FlagPerf's vendor override rules, run overrides, --set parsing and suite files."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from flagperf.config import (
+    CaseManifest,
+    apply_run_overrides,
+    load_suite,
+    merge_vendor_overrides,
+    parse_set_override,
+)
+from flagperf.errors import ConfigError
+
+DEFAULTS = "cases/base/c/case.yaml"
+VENDOR = "cases/base/c/vendor/acme.yaml"
+
+
+def merge(configurations: dict, overrides: dict, parameters: dict | None = None):
+    return merge_vendor_overrides(configurations, parameters or {}, overrides,
+                                  defaults_source=DEFAULTS, vendor_source=VENDOR)
+
+
+# --- merge_vendor_overrides -------------------------------------------------------------------------------
+
+
+def test_no_overrides_keeps_defaults_and_their_origin() -> None:
+    merged = merge({"m": 4096, "warmup_iters": 10}, {}, parameters={"precision": "fp32"})
+    assert merged.values == {"m": 4096, "warmup_iters": 10, "precision": "fp32"}
+    assert merged.origins == dict.fromkeys(("m", "warmup_iters", "precision"), DEFAULTS)
+    assert merged.parameters == frozenset({"precision"})
+    assert merged.vendor_changes == {}
+    assert merged.vendor_new_keys == []
+
+
+def test_new_key_warns_and_is_applied(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="flagperf.config"):
+        merged = merge({"m": 1}, {"extra_knob": 7})
+    assert merged.values["extra_knob"] == 7
+    assert merged.origins["extra_knob"] == VENDOR
+    assert merged.vendor_new_keys == ["extra_knob"]
+    assert merged.vendor_changes == {}
+    warnings = [r for r in caplog.records if r.name == "flagperf.config" and r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "extra_knob" in warnings[0].getMessage()
+    assert VENDOR in warnings[0].getMessage()
+
+
+def test_changed_key_is_logged_at_info_and_recorded(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="flagperf.config"):
+        merged = merge({"m": 4096, "n": 4096}, {"m": 2048})
+    assert merged.values == {"m": 2048, "n": 4096}
+    assert merged.origins == {"m": VENDOR, "n": DEFAULTS}
+    assert merged.vendor_changes == {"m": (4096, 2048)}
+    records = [r for r in caplog.records if r.name == "flagperf.config"]
+    assert [r.levelno for r in records] == [logging.INFO]
+    assert "4096 -> 2048" in records[0].getMessage()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_override_equal_to_default_is_an_error() -> None:
+    with pytest.raises(ConfigError) as info:
+        merge({"m": 4096, "n": 1}, {"n": 2, "m": 4096})
+    assert info.value.source == VENDOR
+    assert info.value.key == "m"
+    assert str(info.value).startswith(f"{VENDOR}: m: overrides the default with the same value")
+
+
+@pytest.mark.parametrize(("default", "override"), [(1, 1.0), (1, True), (1.0, True), (0, False), ("1", 1),
+                                                   (None, 0)])
+def test_equality_is_type_strict(default: object, override: object) -> None:
+    merged = merge({"k": default}, {"k": override})
+    assert merged.values["k"] is override or merged.values["k"] == override
+    assert type(merged.values["k"]) is type(override)
+    assert merged.vendor_changes == {"k": (default, override)}
+
+
+@pytest.mark.parametrize("value", [1, 1.5, True, None, "s", [1, 2], {"a": 1}])
+def test_same_type_same_value_is_an_error_for_every_type(value: object) -> None:
+    with pytest.raises(ConfigError, match="same value"):
+        merge({"k": value}, {"k": value})
+
+
+def test_overriding_a_parameter_is_an_error() -> None:
+    with pytest.raises(ConfigError) as info:
+        merge({"m": 1}, {"precision": "fp64"}, parameters={"precision": "fp32"})
+    assert info.value.source == VENDOR
+    assert info.value.key == "precision"
+    assert "parameter" in info.value.message
+
+
+def test_key_in_configurations_and_parameters_is_an_error() -> None:
+    with pytest.raises(ConfigError) as info:
+        merge({"m": 1, "precision": "fp32"}, {}, parameters={"precision": "fp32"})
+    assert info.value.source == DEFAULTS
+    assert info.value.key == "precision"
+
+
+# --- apply_run_overrides ----------------------------------------------------------------------------------
+
+
+def test_run_override_applied_and_origin_recorded() -> None:
+    merged = merge({"m": 4096, "n": 4096}, {"m": 2048})
+    apply_run_overrides(merged, {"m": 64}, "--set")
+    apply_run_overrides(merged, {"n": 32}, "suite.yaml")
+    assert merged.values == {"m": 64, "n": 32}
+    assert merged.origins == {"m": "--set", "n": "suite.yaml"}
+    assert merged.run_overrides == {"--set": {"m": 64}, "suite.yaml": {"n": 32}}
+    assert merged.vendor_changes == {"m": (4096, 2048)}  # the vendor layer is still reported
+
+
+def test_run_override_unknown_key_lists_known_keys() -> None:
+    merged = merge({"m": 1, "k": 2}, {}, parameters={"precision": "fp32"})
+    with pytest.raises(ConfigError) as info:
+        apply_run_overrides(merged, {"q": 1}, "--set")
+    assert info.value.source == "--set"
+    assert info.value.key == "q"
+    assert info.value.message == "unknown key (known: k, m)"  # parameters are not offered
+
+
+def test_run_override_of_vendor_new_key_is_allowed() -> None:
+    merged = merge({"m": 1}, {"extra": 1})
+    apply_run_overrides(merged, {"extra": 2}, "--set")
+    assert merged.values["extra"] == 2
+
+
+def test_run_override_cannot_touch_a_parameter() -> None:
+    merged = merge({"m": 1}, {}, parameters={"precision": "fp32"})
+    with pytest.raises(ConfigError) as info:
+        apply_run_overrides(merged, {"precision": "fp64"}, "suite.yaml")
+    assert info.value.source == "suite.yaml"
+    assert info.value.key == "precision"
+    assert merged.values["precision"] == "fp32"
+
+
+# --- parse_set_override -----------------------------------------------------------------------------------
+
+
+def test_set_plain_key() -> None:
+    o = parse_set_override("m=2048", ["computation-FP32"])
+    assert (o.case, o.key, o.value, o.text) == (None, "m", 2048, "m=2048")
+    assert type(o.value) is int
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("2048", 2048), ("0.5", 0.5), ("4.12e9", 4.12e9), ("true", True),
+                                               ("false", False), ("null", None), ("abc", "abc"), ("'12'", "12"),
+                                               ("a=b", "a=b"), ("", "")])
+def test_set_value_is_typed_as_yaml(raw: str, expected: object) -> None:
+    value = parse_set_override(f"k={raw}", []).value
+    assert value == expected
+    assert type(value) is type(expected)
+
+
+def test_set_case_prefix_with_dots_and_dashes() -> None:
+    names = ["computation-FP32", "my.case", "my.case.v2", "a-b.c"]
+    o = parse_set_override("computation-FP32.m=64", names)
+    assert (o.case, o.key, o.value) == ("computation-FP32", "m", 64)
+    o = parse_set_override("my.case.v2.min_duration_s=0.5", names)  # the longest matching name wins
+    assert (o.case, o.key, o.value) == ("my.case.v2", "min_duration_s", 0.5)
+    o = parse_set_override("my.case.k=1", names)
+    assert (o.case, o.key) == ("my.case", "k")
+    o = parse_set_override("a-b.c.max_gib=2", names)
+    assert (o.case, o.key, o.value) == ("a-b.c", "max_gib", 2)
+
+
+def test_set_whitespace_around_key() -> None:
+    o = parse_set_override(" m = 3", [])
+    assert (o.key, o.value) == ("m", 3)
+
+
+def test_set_missing_equals() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_set_override("m2048", [])
+    assert info.value.source == "--set"
+    assert "KEY=VALUE" in str(info.value)
+
+
+@pytest.mark.parametrize("text", ["=1", "m-n=1", "unknowncase.m=1", "a b=1", "computation-FP32.=1", "m[0]=1"])
+def test_set_bad_key(text: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_set_override(text, ["computation-FP32"])
+    assert info.value.source == "--set"
+    assert "key must be a configuration name" in info.value.message
+
+
+@pytest.mark.parametrize("raw", ["[1, 2]", "{a: 1}", "a: 1"])
+def test_set_non_scalar_value(raw: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_set_override(f"m={raw}", [])
+    assert info.value.key == "m"
+    assert info.value.message == "the value must be a scalar"
+
+
+def test_set_invalid_yaml_value() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_set_override("m=[1", [])
+    assert info.value.source == "--set"
+    assert "\n" not in str(info.value)
+
+
+# --- CaseManifest and suite files -------------------------------------------------------------------------
+
+
+def _manifest(**extra: object) -> dict:
+    return {"name": "c", "family": "base", "description": "d", "configurations": {"m": 1}, **extra}
+
+
+@pytest.mark.parametrize("entry", ["bench.py", "other_kernel.py", "flagperf.basespec.gemm", "flagperf.basespec.my_k"])
+def test_manifest_accepts_entries(entry: str) -> None:
+    assert CaseManifest.model_validate(_manifest(entry=entry)).entry == entry
+
+
+@pytest.mark.parametrize("entry", ["sub/bench.py", "..\\bench.py", "bench.txt", "flagperf.basespec.Gemm",
+                                   "flagperf.basespec.", "flagperf.basespec.a.b"])
+def test_manifest_rejects_entries(entry: str) -> None:
+    with pytest.raises(ValueError):
+        CaseManifest.model_validate(_manifest(entry=entry))
+
+
+@pytest.mark.parametrize("name", ["-x", "a/b", "", "a b", "x" * 129])
+def test_manifest_rejects_names(name: str) -> None:
+    with pytest.raises(ValueError):
+        CaseManifest.model_validate(_manifest(name=name))
+
+
+def test_manifest_rejects_unknown_keys_and_families() -> None:
+    with pytest.raises(ValueError):
+        CaseManifest.model_validate(_manifest(extra=1))
+    with pytest.raises(ValueError):
+        CaseManifest.model_validate({**_manifest(), "family": "training"})
+
+
+def _suite(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_load_suite_ok(tmp_path: Path) -> None:
+    suite = load_suite(_suite(tmp_path, "mine", "name: mine\ncases: [a, b]\nrounds: 2\noverrides: {a: {m: 1}}\n"))
+    assert suite.cases == ["a", "b"]
+    assert suite.rounds == 2
+    assert suite.overrides == {"a": {"m": 1}}
+
+
+def test_load_suite_defaults(tmp_path: Path) -> None:
+    suite = load_suite(_suite(tmp_path, "mine", "name: mine\ncases: [a]\n"))
+    assert (suite.rounds, suite.overrides, suite.description) == (1, {}, "")
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "message"),
+    [
+        ("name: other\ncases: [a]\n", "name", "must match the file name ('mine')"),
+        ("name: mine\ncases: [a]\nround: 2\n", "round", "unknown key"),
+        ("name: mine\ncases: [a]\nrounds: 0\n", "rounds", "greater than or equal to 1"),
+        ("name: mine\ncases: [a]\nrounds: 101\n", "rounds", "less than or equal to 100"),
+        ("name: mine\ncases: []\n", "cases", "at least 1 item"),
+        ("name: mine\ncases: [a, b, a]\n", "cases", "listed more than once: a"),
+        ("name: mine\ncases: ['bad name']\n", "cases", "case name"),
+        ("cases: [a]\n", "name", "required key is missing"),
+        ("name: mine\ncases: [a]\noverrides: {a: 1}\n", "overrides.a", "valid dictionary"),
+    ],
+)
+def test_load_suite_errors(tmp_path: Path, text: str, key: str, message: str) -> None:
+    path = _suite(tmp_path, "mine", text)
+    with pytest.raises(ConfigError) as info:
+        load_suite(path)
+    assert info.value.source == str(path)
+    assert info.value.key == key
+    assert message in info.value.message
+    assert "\n" not in str(info.value)

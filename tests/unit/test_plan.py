@@ -1,0 +1,436 @@
+"""flagperf.plan.plan_run (and the case loading under it): everything is checked before anything runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flagperf.cases import available_cases, load_case
+from flagperf.errors import ConfigError
+from flagperf.paths import NAME_PATTERN
+from flagperf.plan import available_suites, find_suite, new_run_id, plan_run
+
+FP32 = "computation-FP32"
+FP32_CASE = "cases/base/computation-FP32/case.yaml"
+FP32_VENDOR = "cases/base/computation-FP32/vendor/cpu.yaml"
+SMOKE = "deployments/suites/smoke.yaml"
+
+
+def plan(tmp_path: Path, **kwargs):
+    return plan_run(results_dir=tmp_path / "results", **kwargs)
+
+
+def config_error(tmp_path: Path, **kwargs) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        plan(tmp_path, **kwargs)
+    assert "\n" not in str(info.value)
+    return info.value
+
+
+# --- the real project ---------------------------------------------------------------------------------
+
+
+def test_default_suite_is_smoke(tmp_path: Path) -> None:
+    p = plan(tmp_path)
+    assert p.suite == "smoke"
+    assert p.vendor == "cpu"
+    assert p.rounds == 1
+    assert [c.name for c in p.cases] == [FP32, "computation-FP64", "main_memory-bandwidth",
+                                         "main_memory-capacity"]
+    assert p.results_dir == str(tmp_path / "results")
+    assert p.run_dir == tmp_path / "results" / p.run_id
+    assert NAME_PATTERN.match(p.run_id)
+    assert not p.run_dir.exists()  # planning writes nothing
+
+
+def test_smoke_origins_of_every_layer(tmp_path: Path) -> None:
+    p = plan(tmp_path)
+    fp32 = next(c for c in p.cases if c.name == FP32)
+    assert fp32.family == "base"
+    assert fp32.config["precision"] == "fp32"
+    assert fp32.config["m"] == 2048
+    assert fp32.config["min_duration_s"] == 3
+    assert fp32.config["timeout_s"] == 900
+    assert fp32.origins["m"] == FP32_VENDOR
+    assert fp32.origins["warmup_iters"] == FP32_VENDOR
+    assert fp32.origins["min_duration_s"] == SMOKE
+    assert fp32.origins["timeout_s"] == FP32_CASE
+    assert fp32.origins["precision"] == FP32_CASE
+    assert fp32.vendor_changes == {"m": [4096, 2048], "n": [4096, 2048], "k": [4096, 2048],
+                                   "warmup_iters": [10, 2]}
+    assert fp32.vendor_new_keys == []
+    assert fp32.run_overrides == {SMOKE: {"min_duration_s": 3}}
+    assert fp32.timeout_s == 900.0
+    assert fp32.max_retries == 2
+
+    capacity = next(c for c in p.cases if c.name == "main_memory-capacity")
+    # '*' only reaches cases that have the key; the case-specific override is applied too.
+    assert "min_duration_s" not in capacity.config
+    assert capacity.config["max_gib"] == 2
+    assert capacity.run_overrides == {SMOKE: {"max_gib": 2}}
+
+
+def test_base_suite_plans(tmp_path: Path) -> None:
+    p = plan(tmp_path, suite="base")
+    assert p.suite == "base"
+    assert p.rounds == 3
+    assert len(p.cases) == 10
+    d2h = next(c for c in p.cases if c.name == "interconnect-d2h")
+    assert set(d2h.origins.values()) == {"cases/base/interconnect-d2h/case.yaml"}  # no cpu vendor file
+
+
+def test_suite_by_path(tmp_path: Path) -> None:
+    from flagperf.paths import PROJECT_ROOT
+
+    p = plan(tmp_path, suite=str(PROJECT_ROOT / SMOKE))
+    assert p.suite == "smoke"
+
+
+def test_cases_instead_of_suite(tmp_path: Path) -> None:
+    p = plan(tmp_path, cases=[FP32, "computation-FP64"], rounds=2)
+    assert p.suite is None
+    assert p.rounds == 2
+    assert [c.name for c in p.cases] == [FP32, "computation-FP64"]
+    assert p.cases[0].config["min_duration_s"] == 30  # no suite overrides with --cases
+    assert p.cases[0].run_overrides == {}
+
+
+def test_cases_default_to_one_round(tmp_path: Path) -> None:
+    assert plan(tmp_path, cases=[FP32]).rounds == 1
+
+
+def test_rounds_overrides_the_suite(tmp_path: Path) -> None:
+    assert plan(tmp_path, suite="base", rounds=5).rounds == 5
+
+
+def test_suite_and_cases_together(tmp_path: Path) -> None:
+    err = config_error(tmp_path, suite="smoke", cases=[FP32])
+    assert "not both" in str(err)
+
+
+def test_unknown_case(tmp_path: Path) -> None:
+    err = config_error(tmp_path, cases=["nope"])
+    assert err.key == "nope"
+    assert "unknown case" in err.message
+    assert FP32 in err.message  # the known ones are listed
+
+
+def test_invalid_case_name(tmp_path: Path) -> None:
+    err = config_error(tmp_path, cases=["../etc"])
+    assert err.source == "--cases"
+
+
+def test_duplicate_cases(tmp_path: Path) -> None:
+    err = config_error(tmp_path, cases=[FP32, "computation-FP64", FP32])
+    assert err.source == "--cases"
+    assert err.key == FP32
+    assert "more than once" in err.message
+
+
+def test_unknown_vendor(tmp_path: Path) -> None:
+    err = config_error(tmp_path, cases=[FP32], vendor="acme")
+    assert err.source == "--vendor"
+    assert "unknown vendor 'acme'" in err.message
+    assert "cpu" in err.message
+
+
+def test_unknown_suite(tmp_path: Path) -> None:
+    err = config_error(tmp_path, suite="nope")
+    assert err.source == "--suite"
+    assert "unknown suite 'nope'" in err.message
+    assert "smoke" in err.message and "base" in err.message
+
+
+@pytest.mark.parametrize("rounds", [0, -1, 101])
+def test_rounds_bounds(tmp_path: Path, rounds: int) -> None:
+    err = config_error(tmp_path, cases=[FP32], rounds=rounds)
+    assert err.source == "--rounds"
+
+
+@pytest.mark.parametrize("rounds", [1, 100])
+def test_rounds_bounds_inclusive(tmp_path: Path, rounds: int) -> None:
+    assert plan(tmp_path, cases=[FP32], rounds=rounds).rounds == rounds
+
+
+def test_set_applies_to_every_case_having_the_key(tmp_path: Path) -> None:
+    p = plan(tmp_path, sets=["min_duration_s=0.5", "max_gib=1"])
+    for case in p.cases:
+        if case.name == "main_memory-capacity":
+            assert case.config["max_gib"] == 1
+            assert case.origins["max_gib"] == "--set"  # --set comes after the suite's own override
+            assert "min_duration_s" not in case.config
+        else:
+            assert case.config["min_duration_s"] == 0.5
+            assert case.origins["min_duration_s"] == "--set"
+            assert case.run_overrides["--set"] == {"min_duration_s": 0.5}
+            assert case.run_overrides[SMOKE] == {"min_duration_s": 3}
+    assert p.set_overrides == ["min_duration_s=0.5", "max_gib=1"]
+
+
+def test_set_key_no_case_has(tmp_path: Path) -> None:
+    err = config_error(tmp_path, cases=[FP32], sets=["max_gib=1"])
+    assert err.source == "--set"
+    assert err.key == "max_gib"
+    assert "no selected case has this key" in err.message
+
+
+def test_set_case_specific(tmp_path: Path) -> None:
+    p = plan(tmp_path, cases=[FP32, "computation-FP64"], sets=["m=512", f"{FP32}.m=64"])
+    fp32, fp64 = p.cases
+    assert fp32.config["m"] == 64  # the case-specific value wins over the general one
+    assert fp64.config["m"] == 512
+    assert fp32.origins["m"] == "--set"
+    assert fp32.run_overrides == {"--set": {"m": 64}}
+
+
+def test_set_case_specific_parameter(tmp_path: Path) -> None:
+    err = config_error(tmp_path, cases=[FP32], sets=[f"{FP32}.precision=fp64"])
+    assert (err.source, err.key) == ("--set", "precision")
+    assert "parameter" in err.message
+
+
+def test_set_case_specific_unknown_key(tmp_path: Path) -> None:
+    err = config_error(tmp_path, cases=[FP32], sets=[f"{FP32}.nokey=1"])
+    assert (err.source, err.key) == ("--set", "nokey")
+    assert "unknown key (known: " in err.message
+
+
+@pytest.mark.parametrize(("value", "message"), [("abc", "valid integer"), ("-1", "greater than 0"),
+                                                 ("1.5", "valid integer"), ("70000", "less than or equal")])
+def test_set_type_error_names_origin_and_key(tmp_path: Path, value: str, message: str) -> None:
+    err = config_error(tmp_path, cases=[FP32], sets=[f"m={value}"])
+    assert err.source == "--set"
+    assert err.key == "m"
+    assert message in err.message
+    assert str(err).startswith("--set: m: ")
+
+
+def test_existing_run_dir_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "results" / "run1").mkdir(parents=True)
+    err = config_error(tmp_path, cases=[FP32], run_id="run1")
+    assert err.source == "--results"
+    assert "already exists" in err.message
+    assert plan(tmp_path, cases=[FP32], run_id="run2").run_id == "run2"
+
+
+def test_invalid_run_id(tmp_path: Path) -> None:
+    err = config_error(tmp_path, cases=[FP32], run_id="../escape")
+    assert err.source == "--run-id"
+
+
+def test_new_run_ids_are_names_and_differ() -> None:
+    ids = {new_run_id() for _ in range(20)}
+    assert all(NAME_PATTERN.match(i) and i.startswith("run") for i in ids)
+    assert len(ids) > 1
+
+
+def test_plan_round_trips_through_json(tmp_path: Path) -> None:
+    from flagperf.plan import RunPlan
+
+    p = plan(tmp_path)
+    assert RunPlan.model_validate_json(p.model_dump_json()) == p
+
+
+# --- tmp case folders on FLAGPERF_CASE_PATH -------------------------------------------------------------
+
+
+def test_extra_case_root_is_searched(tmp_path: Path, make_case) -> None:
+    folder = make_case("mycase")
+    assert available_cases()["mycase"] == folder
+    assert FP32 in available_cases()  # the project's own cases are still there
+    p = plan(tmp_path, cases=["mycase"], sets=["size=3"])
+    assert p.cases[0].config == {"size": 3, "label": "x", "timeout_s": 60.0, "max_retries": 0}
+    assert p.cases[0].origins["size"] == "--set"
+    assert p.cases[0].origins["label"] == str(folder / "case.yaml")
+
+
+def test_case_path_is_read_at_call_time(tmp_path: Path, make_case, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_case("mycase")
+    assert "mycase" in available_cases()
+    monkeypatch.delenv("FLAGPERF_CASE_PATH")
+    assert "mycase" not in available_cases()
+
+
+def test_vendor_file_changes_are_planned(tmp_path: Path, make_case, caplog: pytest.LogCaptureFixture) -> None:
+    folder = make_case("mycase", vendor={"size": 16, "new_knob": 1})
+    with pytest.raises(ConfigError) as info:  # new_knob reaches the case's Config, which forbids it
+        plan(tmp_path, cases=["mycase"])
+    assert info.value.source == str(folder / "vendor" / "cpu.yaml")
+    assert info.value.key == "new_knob"
+    assert info.value.message == "unknown key"
+    assert any("new_knob" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
+
+
+def test_vendor_change_recorded(tmp_path: Path, make_case) -> None:
+    folder = make_case("mycase", vendor={"size": 16})
+    case = plan(tmp_path, cases=["mycase"]).cases[0]
+    assert case.config["size"] == 16
+    assert case.origins["size"] == str(folder / "vendor" / "cpu.yaml")
+    assert case.vendor_changes == {"size": [8, 16]}
+
+
+def test_vendor_override_equal_to_default(tmp_path: Path, make_case) -> None:
+    folder = make_case("mycase", vendor="# same as the default\nsize: 8\n")
+    err = config_error(tmp_path, cases=["mycase"])
+    assert err.source == str(folder / "vendor" / "cpu.yaml")
+    assert err.key == "size"
+    assert "same value" in err.message
+
+
+def test_vendor_override_of_parameter(tmp_path: Path, make_case) -> None:
+    folder = make_case("mygemm", entry="flagperf.basespec.gemm", parameters={"precision": "fp32"},
+                       configurations={"m": 64, "n": 64, "k": 64, "warmup_iters": 0, "min_duration_s": 0.01,
+                                       "min_iters": 1, "timeout_s": 10, "max_retries": 0},
+                       vendor={"precision": "fp64"})
+    err = config_error(tmp_path, cases=["mygemm"])
+    assert err.source == str(folder / "vendor" / "cpu.yaml")
+    assert err.key == "precision"
+
+
+def test_vendor_type_error_names_vendor_file(tmp_path: Path, make_case) -> None:
+    folder = make_case("mycase", vendor={"size": "big"})
+    err = config_error(tmp_path, cases=["mycase"])
+    assert err.source == str(folder / "vendor" / "cpu.yaml")
+    assert err.key == "size"
+
+
+def test_default_type_error_names_case_yaml(tmp_path: Path, make_case) -> None:
+    folder = make_case("mycase", configurations={"size": 0, "timeout_s": 1, "max_retries": 0})
+    err = config_error(tmp_path, cases=["mycase"])
+    assert err.source == str(folder / "case.yaml")
+    assert err.key == "size"
+    assert "greater than 0" in err.message
+
+
+def test_missing_required_config_key(tmp_path: Path, make_case) -> None:
+    folder = make_case("mycase", configurations={"timeout_s": 1, "max_retries": 0})
+    err = config_error(tmp_path, cases=["mycase"])
+    assert err.source == str(folder / "case.yaml")
+    assert (err.key, err.message) == ("size", "required key is missing")
+
+
+def test_case_name_must_match_folder(tmp_path: Path, make_case) -> None:
+    folder = make_case("mycase", manifest_extra={"name": "othername"})
+    with pytest.raises(ConfigError) as info:
+        load_case("mycase")
+    assert info.value.source == str(folder / "case.yaml")
+    assert info.value.key == "name"
+
+
+def test_case_family_must_match_folder(tmp_path: Path, make_case) -> None:
+    make_case("mycase", family="inference")
+    with pytest.raises(ConfigError) as info:
+        load_case("mycase")
+    assert info.value.key == "family"
+
+
+def test_case_entry_file_must_exist(tmp_path: Path, make_case) -> None:
+    make_case("mycase", entry="kernel.py", bench=None)
+    with pytest.raises(ConfigError) as info:
+        load_case("mycase")
+    assert info.value.key == "entry"
+    assert "'kernel.py' does not exist" in info.value.message
+
+
+def test_case_entry_without_config_or_run(tmp_path: Path, make_case) -> None:
+    make_case("mycase", bench="def run(config, ctx):\n    return []\n")
+    err = config_error(tmp_path, cases=["mycase"])
+    assert err.key == "entry"
+    assert "'Config'" in err.message
+
+
+def test_case_entry_unknown_builtin_kernel(tmp_path: Path, make_case) -> None:
+    make_case("mycase", entry="flagperf.basespec.nosuchkernel")
+    err = config_error(tmp_path, cases=["mycase"])
+    assert err.key == "entry"
+    assert "no kernel named" in err.message
+
+
+def test_case_defined_twice(tmp_path: Path, make_case) -> None:
+    make_case(FP32)
+    with pytest.raises(ConfigError) as info:
+        available_cases()
+    assert "also defined in cases/base/computation-FP32" in info.value.message
+
+
+def test_case_entry_that_does_not_import(tmp_path: Path, make_case) -> None:
+    make_case("mycase", bench="def run(:\n")
+    err = config_error(tmp_path, cases=["mycase"])
+    # The error points at the file with the bug, and at the line.
+    assert err.source.endswith("mycase/bench.py")
+    assert "line 1 SyntaxError" in err.message
+    assert "\n" not in str(err)
+
+
+def test_case_config_not_a_case_config(tmp_path: Path, make_case) -> None:
+    bench = ("from pydantic import BaseModel\n\nclass Config(BaseModel):\n    size: int\n\n"
+             "def run(config, ctx):\n    return []\n")
+    make_case("mycase", configurations={"size": 1}, bench=bench)
+    config_error(tmp_path, cases=["mycase"])
+
+
+# --- suite files on FLAGPERF_SUITE_PATH -------------------------------------------------------------------
+
+
+def test_extra_suite_root(tmp_path: Path, suite_root: Path, yaml_writer) -> None:
+    path = yaml_writer(suite_root / "mine.yaml", {"name": "mine", "cases": [FP32], "rounds": 4,
+                                                  "overrides": {"*": {"m": 128}, FP32: {"n": 64}}})
+    assert available_suites()["mine"] == path
+    assert find_suite("mine") == path
+    p = plan(tmp_path, suite="mine")
+    assert (p.suite, p.rounds) == ("mine", 4)
+    case = p.cases[0]
+    assert (case.config["m"], case.config["n"], case.config["k"]) == (128, 64, 2048)
+    assert case.origins["m"] == case.origins["n"] == str(path)
+    assert case.run_overrides == {str(path): {"m": 128, "n": 64}}
+
+
+def test_suite_case_override_wins_over_star(tmp_path: Path, suite_root: Path, yaml_writer) -> None:
+    yaml_writer(suite_root / "mine.yaml", {"name": "mine", "cases": [FP32, "computation-FP64"],
+                                           "overrides": {"*": {"m": 128}, FP32: {"m": 64}}})
+    fp32, fp64 = plan(tmp_path, suite="mine").cases
+    assert (fp32.config["m"], fp64.config["m"]) == (64, 128)
+    assert plan(tmp_path, suite="mine", sets=["m=32"]).cases[0].config["m"] == 32  # --set wins over the suite
+
+
+def test_project_suite_shadows_extra_suite_of_same_name(tmp_path: Path, suite_root: Path, yaml_writer) -> None:
+    yaml_writer(suite_root / "smoke.yaml", {"name": "smoke", "cases": [FP32]})
+    assert available_suites()["smoke"].parent.name == "suites"
+    assert len(plan(tmp_path).cases) == 4
+
+
+@pytest.mark.parametrize(
+    ("data", "key", "message"),
+    [
+        ({"name": "other", "cases": [FP32]}, "name", "must match the file name"),
+        ({"name": "mine", "cases": [FP32], "extra": 1}, "extra", "unknown key"),
+        ({"name": "mine", "cases": [FP32], "rounds": 0}, "rounds", "greater than or equal to 1"),
+        ({"name": "mine", "cases": []}, "cases", "at least 1 item"),
+        ({"name": "mine", "cases": [FP32], "overrides": {"computation-FP64": {"m": 1}}},
+         "overrides.computation-FP64", "is not one of the suite's cases"),
+        ({"name": "mine", "cases": [FP32], "overrides": {"*": {"max_gib": 1}}},
+         "overrides.*.max_gib", "no selected case has this key"),
+        ({"name": "mine", "cases": [FP32], "overrides": {FP32: {"nokey": 1}}}, "nokey", "unknown key"),
+        ({"name": "mine", "cases": [FP32], "overrides": {FP32: {"precision": "fp64"}}}, "precision", "parameter"),
+    ],
+)
+def test_bad_suite_files(tmp_path: Path, suite_root: Path, yaml_writer, data: dict, key: str,
+                         message: str) -> None:
+    path = yaml_writer(suite_root / "mine.yaml", data)
+    err = config_error(tmp_path, suite="mine")
+    assert err.source == str(path)
+    assert err.key == key
+    assert message in err.message
+
+
+def test_suite_type_error_names_suite_file(tmp_path: Path, suite_root: Path, yaml_writer) -> None:
+    path = yaml_writer(suite_root / "mine.yaml", {"name": "mine", "cases": [FP32], "overrides": {"*": {"m": "x"}}})
+    err = config_error(tmp_path, suite="mine")
+    assert (err.source, err.key) == (str(path), "m")
+
+
+def test_suite_with_unknown_case_names_the_suite(tmp_path: Path, suite_root: Path, yaml_writer) -> None:
+    path = yaml_writer(suite_root / "mine.yaml", {"name": "mine", "cases": [FP32, "nope"]})
+    err = config_error(tmp_path, suite="mine")
+    assert err.source == str(path)

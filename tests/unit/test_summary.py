@@ -1,0 +1,203 @@
+"""flagperf.summary: the run summary built from hand-written result files."""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flagperf.results import Failure, Metric, Peak, Provenance, RoundResult, round_dir, write_result
+from flagperf.summary import (
+    HEADLINE_HEADER,
+    REPORT_MD,
+    ROW_COLUMNS,
+    SUMMARY_CSV,
+    SUMMARY_JSON,
+    read_summary_json,
+    render_markdown,
+    summarize,
+    write_summary,
+)
+
+T0 = datetime(2026, 1, 2, tzinfo=UTC)
+PEAK = Peak(value=2.0, unit="TFLOPS", source="derived: 2 cores x 1 GHz")
+PROV = Provenance(engine_version="0.1.0", git_revision="0123456789abcdef", git_dirty=True, command="flagperf run",
+                  python="3.11.9", libraries={"torch": "2.13.0", "prefect": "3.8.8"}, host={},
+                  image={"status": "none"}, config_origins={}, run_overrides={})
+
+
+def put(run_dir: Path, case: str, round_no: int, status: str = "success", metrics: list[Metric] | None = None,
+        failure: Failure | None = None, host: str = "localhost") -> None:
+    result = RoundResult(run_id=run_dir.name, case=case, family="base", round=round_no, host=host, node_rank=0,
+                         vendor="cpu", status=status, failure=failure, started_at=T0, finished_at=T0,
+                         duration_s=1.0, measured_seconds=1.0, device="Test CPU" if status == "success" else None,
+                         metrics=metrics or [], config={}, provenance=PROV)
+    write_result(round_dir(run_dir, case, round_no, host) / "result.json", result)
+
+
+def gemm(value: float, cv: float = 0.02, peak: Peak | None = PEAK) -> Metric:
+    ratio = value / peak.value if peak and peak.value else None
+    return Metric(name="gemm_fp32", value=value, unit="TFLOPS", p50=value * 0.9, cv=cv, chunks=10, iterations=100,
+                  measured_seconds=1.0, peak=peak, ratio=ratio, convention="2*M*N*K")
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    run = tmp_path / "run42"
+    put(run, "computation-FP32", 1, metrics=[gemm(1.0)])
+    put(run, "computation-FP32", 2, metrics=[gemm(1.5)])
+    put(run, "fast-case", 1, metrics=[gemm(3.0, cv=0.05)])
+    put(run, "computation-BF16", 1, status="unsupported",
+        failure=Failure(kind="unsupported", message="bf16 on Test CPU: no native BF16"))
+    put(run, "user-error", 1, status="failed", failure=Failure(kind="user", message="m must be > 16"))
+    corrupt = round_dir(run, "computation-FP64", 1, "localhost") / "result.json"
+    corrupt.parent.mkdir(parents=True)
+    corrupt.write_text("{not json", encoding="utf-8")
+    (run / "plan.json").write_text("{}", encoding="utf-8")  # not a result: ignored
+    return run
+
+
+def headline(summary, case: str) -> dict[str, Any]:
+    return next(e for e in summary.headline if e["case"] == case)
+
+
+def test_counts_and_problems(run_dir: Path) -> None:
+    s = summarize(run_dir)
+    assert s.run_id == "run42"
+    assert s.counts == {"rounds": 5, "success": 3, "unsupported": 1, "failed": 1}
+    assert len(s.problems) == 1
+    assert s.problems[0].startswith("computation-FP64/round1/localhost_noderank0/result.json: unreadable result")
+    assert "\n" not in s.problems[0]
+    assert not s.all_succeeded
+
+
+def test_mean_and_spread_across_rounds(run_dir: Path) -> None:
+    e = headline(summarize(run_dir), "computation-FP32")
+    assert e["metric"] == "gemm_fp32"
+    assert e["value"] == pytest.approx(1.25)
+    assert e["unit"] == "TFLOPS"
+    assert e["rounds"] == 2
+    assert e["spread_over"] == "rounds"
+    assert e["spread_cv"] == pytest.approx(statistics.stdev([1.0, 1.5]) / statistics.mean([1.0, 1.5]))
+    assert e["p50"] == pytest.approx(statistics.median([0.9, 1.35]))
+    assert e["peak"] == 2.0
+    assert e["peak_unit"] == "TFLOPS"
+    assert e["ratio"] == pytest.approx(1.25 / 2.0)
+    assert e["above_peak"] is False
+    assert e["convention"] == "2*M*N*K"
+    assert e["peak_source"] == PEAK.source
+
+
+def test_single_round_spread_is_over_chunks_and_above_peak_flagged(run_dir: Path) -> None:
+    e = headline(summarize(run_dir), "fast-case")
+    assert e["rounds"] == 1
+    assert e["value"] == 3.0
+    assert e["spread_over"] == "chunks"
+    assert e["spread_cv"] == pytest.approx(0.05)
+    assert e["ratio"] == pytest.approx(1.5)
+    assert e["above_peak"] is True
+
+
+def test_not_measured(run_dir: Path) -> None:
+    s = summarize(run_dir)
+    assert {e["case"] for e in s.headline} == {"computation-FP32", "fast-case"}
+    nm = sorted(s.not_measured, key=lambda e: e["case"])
+    assert nm == [
+        {"case": "computation-BF16", "round": 1, "host": "localhost", "status": "unsupported",
+         "kind": "unsupported", "message": "bf16 on Test CPU: no native BF16"},
+        {"case": "user-error", "round": 1, "host": "localhost", "status": "failed", "kind": "user",
+         "message": "m must be > 16"},
+    ]
+
+
+def test_rows(run_dir: Path) -> None:
+    rows = summarize(run_dir).rows
+    assert list(rows.columns) == ROW_COLUMNS
+    assert len(rows) == 5
+    fp32 = rows[rows["case"] == "computation-FP32"].sort_values("round")
+    assert list(fp32["value"]) == [1.0, 1.5]
+    assert list(fp32["ratio"]) == [0.5, 0.75]
+
+
+def test_context_from_provenance(run_dir: Path) -> None:
+    ctx = summarize(run_dir).context
+    assert ctx["vendor"] == "cpu"
+    assert ctx["device"] == "Test CPU"
+    assert ctx["hosts"] == ["localhost"]
+    assert ctx["torch"] == "2.13.0"
+    assert ctx["prefect"] == "3.8.8"
+    assert ctx["git_revision"] == "0123456789abcdef"
+
+
+def test_write_summary_files(run_dir: Path) -> None:
+    s = summarize(run_dir)
+    paths = write_summary(run_dir, s)
+    assert paths == {"csv": run_dir / SUMMARY_CSV, "json": run_dir / SUMMARY_JSON, "markdown": run_dir / REPORT_MD}
+    assert not [p.name for p in run_dir.iterdir() if p.name.startswith(".")]  # no temp files left
+
+    with (run_dir / SUMMARY_CSV).open(newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    assert list(rows[0]) == ROW_COLUMNS
+    assert len(rows) == 5
+
+    data = read_summary_json(run_dir)
+    assert data == json.loads(json.dumps(s.to_json(), default=str))
+    assert data["counts"] == s.counts
+    assert len(data["problems"]) == 1
+    fp32 = next(e for e in data["headline"] if e["case"] == "computation-FP32")
+    assert isinstance(fp32["value"], float)  # numbers stay numbers, not strings
+    assert isinstance(fp32["p50"], float)
+    assert fp32["value"] == pytest.approx(1.25)
+
+    md = (run_dir / REPORT_MD).read_text(encoding="utf-8")
+    assert md.startswith("# FlagPerf evaluation run42")
+    assert "| " + " | ".join(HEADLINE_HEADER) + " |" in md
+    assert "| computation-FP32 | gemm_fp32 | 1.25 | TFLOPS |" in md
+    assert "62.5%" in md
+    assert "150.0% (above peak!)" in md
+    assert "## Not measured" in md
+    assert "- computation-BF16 round 1 on localhost: **unsupported**: bf16 on Test CPU: no native BF16" in md
+    assert "- user-error round 1 on localhost: **failed** (user): m must be > 16" in md
+    assert "## Unreadable result files" in md
+    assert "computation-FP64/round1/localhost_noderank0/result.json" in md
+    assert "rounds: 5 (3 succeeded, 1 unsupported, 1 failed)" in md
+    assert "0123456789ab (modified)" in md
+    assert "A measurement above its peak" in md
+
+
+def test_ratio_needs_matching_units_and_a_peak(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    other_unit = Peak(value=2.0, unit="GB/s", source="x")
+    put(run, "a", 1, metrics=[Metric(name="m", value=1.0, unit="TFLOPS", peak=other_unit, ratio=None)])
+    put(run, "b", 1, metrics=[gemm(1.0, peak=None)])
+    s = summarize(run)
+    assert headline(s, "a")["ratio"] is None
+    b = headline(s, "b")
+    assert (b["ratio"], b["peak"], b["above_peak"]) == (None, None, False)
+    assert "| b | gemm_fp32 | 1 | TFLOPS |" in render_markdown(s)
+    assert "unknown" in render_markdown(s)
+    assert s.all_succeeded
+
+
+def test_no_cv_anywhere(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    put(run, "a", 1, metrics=[Metric(name="m", value=1.0, unit="GiB")])
+    e = headline(summarize(run), "a")
+    assert (e["spread_cv"], e["spread_over"], e["p50"]) == (None, None, None)
+
+
+def test_empty_run(tmp_path: Path) -> None:
+    run = tmp_path / "empty"
+    run.mkdir()
+    s = summarize(run)
+    assert s.counts == {"rounds": 0, "success": 0, "unsupported": 0, "failed": 0}
+    assert s.headline == [] and s.not_measured == [] and s.problems == []
+    assert not s.all_succeeded
+    write_summary(run, s)
+    assert read_summary_json(run)["counts"]["rounds"] == 0
+    assert "## Not measured" not in (run / REPORT_MD).read_text(encoding="utf-8")

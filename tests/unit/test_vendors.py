@@ -1,0 +1,207 @@
+"""flagperf.vendors: the real cpu vendor and malformed vendor folders on FLAGPERF_VENDOR_PATH."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flagperf.errors import ConfigError
+from flagperf.results import SpecTable
+from flagperf.vendors import available_vendors, load_vendor, load_vendor_manifest
+
+SPEC_PY = """
+def spec_table(settings):
+    return {"device": "acme " + str(settings.get("model")),
+            "peaks": {"fp32": {"value": settings.get("fp32"), "unit": "TFLOPS", "source": "datasheet p. 3"}}}
+"""
+
+
+@pytest.fixture
+def vendor_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "vendors"
+    root.mkdir()
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(root))
+    return root
+
+
+def make_vendor(root: Path, folder: str = "acme", **manifest: Any) -> Path:
+    import yaml
+
+    path = root / folder
+    (path / "pytorch").mkdir(parents=True)
+    (path / "pytorch" / "Dockerfile").write_text("FROM scratch\n", encoding="utf-8")
+    (path / "spec.py").write_text(SPEC_PY, encoding="utf-8")
+    (path / "mon.py").write_text("", encoding="utf-8")
+    data: dict[str, Any] = {"name": folder, "description": "test vendor", "torch_device": "cpu",
+                            "spec_settings": {"model": "X1", "fp32": 12.5},
+                            "monitors": [{"name": "sys", "script": "mon.py"}],
+                            "container": {"dockerfile": "pytorch/Dockerfile"}}
+    for key, value in manifest.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    (path / "vendor.yaml").write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path / "vendor.yaml"
+
+
+# --- the real cpu vendor -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cpu_spec() -> SpecTable:
+    return load_vendor("cpu").spec_table()
+
+
+def test_cpu_vendor_manifest() -> None:
+    vendor = load_vendor("cpu")
+    assert vendor.name == "cpu"
+    assert vendor.manifest.torch_device == "cpu"
+    assert vendor.manifest.container.privileged is False
+    assert [m.name for m in vendor.manifest.monitors] == ["system"]
+    assert vendor.monitor_script(vendor.manifest.monitors[0]).is_file()
+
+
+def test_cpu_spec_table(cpu_spec: SpecTable) -> None:
+    assert isinstance(cpu_spec, SpecTable)
+    assert cpu_spec.device
+    fp32, fp64 = cpu_spec.peaks["fp32"], cpu_spec.peaks["fp64"]
+    assert fp32.supported and fp32.unit == "TFLOPS"
+    assert fp32.source.startswith("derived:")
+    if "no clock found" not in fp32.source:
+        assert fp32.value is not None and fp32.value > 0
+        assert fp64.value is not None
+        assert fp32.value == pytest.approx(2 * fp64.value)  # twice the lanes
+    tf32 = cpu_spec.peaks["tf32"]
+    assert tf32.supported is False
+    assert tf32.value is None
+    for key in ("h2d_bandwidth", "d2h_bandwidth"):
+        assert cpu_spec.peaks[key].supported is False
+    capacity = cpu_spec.peaks["memory_capacity"]
+    assert capacity.unit == "GiB" and capacity.value is not None and capacity.value > 0
+    assert {"fp64", "fp32", "tf32", "fp16", "bf16", "int8", "memory_bandwidth", "memory_capacity"} <= set(
+        cpu_spec.peaks)
+    for peak in cpu_spec.peaks.values():  # every peak says where it comes from
+        assert peak.source
+        if not peak.supported:
+            assert peak.value is None
+
+
+def test_cpu_spec_settings_are_used() -> None:
+    vendor = load_vendor("cpu")
+    module = vendor._spec_module
+    table = SpecTable.model_validate(module.spec_table({"clock_ghz": 2.0, "fma_units_per_core": 2,
+                                                        "memory_channels": 8, "memory_mt_per_s": 3200}))
+    fp32 = table.peaks["fp32"]
+    assert "2.000 GHz (spec_settings.clock_ghz)" in fp32.source
+    assert fp32.value is not None and fp32.value > 0
+    doubled = SpecTable.model_validate(module.spec_table({"clock_ghz": 4.0, "fma_units_per_core": 2}))
+    assert doubled.peaks["fp32"].value == pytest.approx(2 * fp32.value)
+    bandwidth = table.peaks["memory_bandwidth"]
+    assert bandwidth.value == pytest.approx(8 * 3200e6 * 8 / 1e9)
+    assert bandwidth.unit == "GB/s"
+    assert load_vendor("cpu").spec_table().peaks["memory_bandwidth"].value is None  # not set in vendor.yaml
+
+
+# --- vendor folders on FLAGPERF_VENDOR_PATH --------------------------------------------------------------
+
+
+def test_tmp_vendor_loads(vendor_root: Path) -> None:
+    path = make_vendor(vendor_root)
+    assert available_vendors()["acme"] == path.parent
+    assert "cpu" in available_vendors()
+    vendor = load_vendor("acme")
+    table = vendor.spec_table()
+    assert table.device == "acme X1"
+    assert table.peaks["fp32"].value == 12.5
+
+
+def test_spec_table_output_is_validated(vendor_root: Path) -> None:
+    make_vendor(vendor_root, spec_settings={"model": "X", "fp32": "fast"})
+    with pytest.raises(ValueError):
+        load_vendor("acme").spec_table()
+
+
+def test_privileged_needs_a_reason(vendor_root: Path) -> None:
+    path = make_vendor(vendor_root, container={"dockerfile": "pytorch/Dockerfile", "privileged": True})
+    with pytest.raises(ConfigError) as info:
+        load_vendor("acme")
+    assert info.value.source == str(path)
+    assert info.value.key == "container"
+    assert "privileged_reason" in info.value.message
+    assert "\n" not in str(info.value)
+
+
+def test_privileged_blank_reason_is_rejected(vendor_root: Path) -> None:
+    make_vendor(vendor_root, container={"dockerfile": "pytorch/Dockerfile", "privileged": True,
+                                        "privileged_reason": "  "})
+    with pytest.raises(ConfigError, match="privileged_reason"):
+        load_vendor("acme")
+
+
+def test_privileged_with_reason_is_accepted(vendor_root: Path) -> None:
+    make_vendor(vendor_root, container={"dockerfile": "pytorch/Dockerfile", "privileged": True,
+                                        "privileged_reason": "the driver needs /dev/mem"})
+    assert load_vendor("acme").manifest.container.privileged is True
+
+
+def test_monitor_script_escaping_folder(vendor_root: Path) -> None:
+    (vendor_root / "x.py").write_text("", encoding="utf-8")  # it exists: only the location is wrong
+    path = make_vendor(vendor_root, monitors=[{"name": "sys", "script": "../x.py"}])
+    with pytest.raises(ConfigError) as info:
+        load_vendor_manifest(path)
+    assert info.value.source == str(path)
+    assert info.value.key == "monitors.0.script"
+    assert "must stay inside the vendor folder" in info.value.message
+
+
+def test_monitor_script_missing(vendor_root: Path) -> None:
+    path = make_vendor(vendor_root, monitors=[{"name": "sys", "script": "nope.py"}])
+    with pytest.raises(ConfigError) as info:
+        load_vendor_manifest(path)
+    assert info.value.key == "monitors.0.script"
+    assert "does not exist" in info.value.message
+
+
+@pytest.mark.parametrize(("key", "value", "error_key"), [
+    ("spec_module", "/etc/passwd", "spec_module"),
+    ("container", {"dockerfile": "../../Dockerfile"}, "container.dockerfile"),
+])
+def test_other_paths_must_stay_inside(vendor_root: Path, key: str, value: Any, error_key: str) -> None:
+    path = make_vendor(vendor_root, **{key: value})
+    with pytest.raises(ConfigError) as info:
+        load_vendor_manifest(path)
+    assert info.value.key == error_key
+
+
+def test_name_must_match_folder(vendor_root: Path) -> None:
+    path = make_vendor(vendor_root, name="other")
+    with pytest.raises(ConfigError) as info:
+        load_vendor("acme")
+    assert info.value.source == str(path)
+    assert info.value.key == "name"
+    assert "folder name ('acme')" in info.value.message
+
+
+@pytest.mark.parametrize(("key", "value", "error_key", "message"), [
+    ("torch_device", None, "torch_device", "required key is missing"),
+    ("colour", "red", "colour", "unknown key"),
+    ("monitors", [{"name": "bad name", "script": "mon.py"}], "monitors.0.name", "monitor name"),
+])
+def test_manifest_schema_errors(vendor_root: Path, key: str, value: Any, error_key: str, message: str) -> None:
+    path = make_vendor(vendor_root, **{key: value})
+    with pytest.raises(ConfigError) as info:
+        load_vendor_manifest(path)
+    assert info.value.source == str(path)
+    assert info.value.key == error_key
+    assert message in info.value.message
+
+
+def test_unknown_vendor_lists_known(vendor_root: Path) -> None:
+    make_vendor(vendor_root)
+    with pytest.raises(ConfigError) as info:
+        load_vendor("nope")
+    assert info.value.source == "--vendor"
+    assert "acme, cpu" in info.value.message
