@@ -17,6 +17,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import psutil
+
 from flagperf.casekit import CaseContext, TimedCaseConfig
 from flagperf.cases import load_case
 from flagperf.errors import (
@@ -40,6 +42,7 @@ EXIT_ORPHANED = 75  # the controller went away mid-round (an infrastructure fail
 
 def run_job(job: Job, out_dir: Path) -> int:
     started = datetime.now(UTC)
+    startup_s = max(0.0, started.timestamp() - psutil.Process().create_time())
     metrics: list[Metric] = []
     failure: Failure | None = None
     device: str | None = None
@@ -74,7 +77,7 @@ def run_job(job: Job, out_dir: Path) -> int:
         run_id=job.run_id, case=job.case, family=case.family, round=job.round, host=job.host,
         node_rank=job.node_rank, vendor=job.vendor, status=status, failure=failure,
         started_at=started, finished_at=finished, duration_s=(finished - started).total_seconds(),
-        measured_seconds=measured, device=device, metrics=metrics, config=job.config,
+        measured_seconds=measured, startup_s=startup_s, device=device, metrics=metrics, config=job.config,
         provenance=Provenance(
             **engine_info(), command=job.command, python=sys.version.split()[0],
             libraries={**job.controller_libraries, **library_versions()}, host=host_info(), image=job.image,

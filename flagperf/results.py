@@ -90,6 +90,8 @@ class RoundResult(_Model):
     finished_at: datetime
     duration_s: float = Field(ge=0, description="wall time of the case process")
     measured_seconds: float = Field(ge=0, description="sum of the timed windows inside the case")
+    startup_s: float | None = Field(default=None, ge=0,
+                                    description="case process start to case start: interpreter and imports")
     device: str | None = None
     metrics: list[Metric] = Field(default_factory=list)
     config: dict[str, Any]
