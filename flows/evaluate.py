@@ -7,12 +7,14 @@ healthcheck -> build image -> per case, per round, per host:
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.runtime import deployment, flow_run
 
 from flagperf.errors import FlagperfError, InfrastructureFailure, RoundUserFailure
 from flagperf.hosts import Host, LocalHost
@@ -54,6 +56,7 @@ def evaluate(
     overrides: "KEY=VALUE" or "CASE.KEY=VALUE" strings, as `flagperf run --set`.
     """
     logger = get_run_logger()
+    command = command or describe_invocation()
     plan = plan_run(suite=suite, cases=cases, vendor=vendor, rounds=rounds, sets=overrides,
                     results_dir=results_dir, run_id=run_id)
     run_dir = plan.run_dir
@@ -81,13 +84,21 @@ def evaluate(
     return {"run_id": plan.run_id, "run_dir": str(run_dir), "counts": summary.counts}
 
 
+def describe_invocation() -> str:
+    """How this run was started, for provenance: the deployment and flow run, or the command line."""
+    if deployment.get_id():
+        return (f"deployment {deployment.get_name() or deployment.get_id()}, flow run {flow_run.get_name()} "
+                f"({flow_run.get_id()}), parameters {json.dumps(flow_run.get_parameters(), default=str)}")
+    return shlex.join(sys.argv)
+
+
 def case_round(host: Host, runtime: Runtime, plan: RunPlan, case: CasePlan, round_no: int, image: dict[str, Any],
                probe: dict[str, Any] | None, monitor_interval_s: float, command: str | None) -> RoundResult:
     """start monitors -> run case (retried on infrastructure failures) -> stop monitors -> collect."""
     stage_dir = host.work_root / plan.run_id / case.name / f"round{round_no}" / f"{host.name}_noderank0"
     job = Job(run_id=plan.run_id, case=case.name, round=round_no, host=host.name, vendor=plan.vendor,
               config=case.config, config_origins=case.origins, run_overrides=case.run_overrides,
-              command=command or shlex.join(sys.argv), image=image,
+              command=command, image=image,
               controller_libraries=library_versions(CONTROLLER_LIBRARIES))
     monitor_budget = case.timeout_s * (case.max_retries + 1) + MONITOR_SLACK_S
     label = f"{case.name}/round{round_no}@{host.name}"
