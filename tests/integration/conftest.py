@@ -16,6 +16,8 @@ def prefect_server() -> Iterator[None]:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "flagperf")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Unit tests run case code in-process after this session fixture; its loggers have no flow run there.
+    os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=180):
