@@ -26,6 +26,7 @@ from flagperf.config import (
     CaseManifest,
     MergedConfig,
     apply_run_overrides,
+    load_model,
     merge_vendor_overrides,
     pydantic_error_to_config_error,
 )
@@ -97,10 +98,7 @@ def available_cases() -> dict[str, Path]:
 
 def load_case_manifest(path: Path) -> CaseManifest:
     source = display_path(path)
-    try:
-        manifest = CaseManifest.model_validate(load_yaml_mapping(path))
-    except ValidationError as exc:
-        raise pydantic_error_to_config_error(exc, source) from None
+    manifest = load_model(path, CaseManifest)
     if manifest.name != path.parent.name:
         raise ConfigError(source, "name", f"must match the folder name ({path.parent.name!r})")
     if manifest.family != path.parent.parent.name:

@@ -14,7 +14,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -206,13 +206,20 @@ def parse_set_override(text: str, case_names: list[str]) -> SetOverride:
     return SetOverride(case=case, key=key, value=value, text=text)
 
 
-def load_suite(path: Path) -> SuiteFile:
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def load_model(path: Path, model: type[ModelT]) -> ModelT:
+    """A YAML file validated by a pydantic model; any error is one line naming the file and key."""
     data = load_yaml_mapping(path)
-    source = display_path(path)
     try:
-        suite = SuiteFile.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
-        raise pydantic_error_to_config_error(exc, source) from None
+        raise pydantic_error_to_config_error(exc, display_path(path)) from None
+
+
+def load_suite(path: Path) -> SuiteFile:
+    suite = load_model(path, SuiteFile)
     if suite.name != path.stem:
-        raise ConfigError(source, "name", f"must match the file name ({path.stem!r}), got {suite.name!r}")
+        raise ConfigError(display_path(path), "name", f"must match the file name ({path.stem!r}), got {suite.name!r}")
     return suite

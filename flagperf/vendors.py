@@ -18,13 +18,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from flagperf.config import StrictModel, check_name, pydantic_error_to_config_error
+from flagperf.config import StrictModel, check_name, load_model
 from flagperf.errors import ConfigError
 from flagperf.paths import display_path, vendor_roots
 from flagperf.results import SpecTable
-from flagperf.yamlio import load_yaml_mapping
 
 MANIFEST = "vendor.yaml"
 
@@ -109,11 +108,7 @@ def import_file(path: Path, module_name: str) -> ModuleType:
 
 def load_vendor_manifest(path: Path) -> VendorManifest:
     source = display_path(path)
-    data = load_yaml_mapping(path)
-    try:
-        manifest = VendorManifest.model_validate(data)
-    except ValidationError as exc:
-        raise pydantic_error_to_config_error(exc, source) from None
+    manifest = load_model(path, VendorManifest)
     folder = path.parent
     if manifest.name != folder.name:
         raise ConfigError(source, "name", f"must match the folder name ({folder.name!r})")
