@@ -4,6 +4,7 @@ with the vendor's peaks. Cases import only this module (plus torch), never hosts
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -47,6 +48,7 @@ class CaseContext:
         self.timing = timing
         self.log = log
         self.measured_seconds = 0.0
+        self.windows: list[tuple[float, float]] = []  # (start, end) epoch seconds of each timed region
 
     @property
     def has_separate_memory(self) -> bool:
@@ -74,6 +76,10 @@ class CaseContext:
 
     def time(self, step: Callable[[], Any], timing: TimingPlan | None = None) -> list[Chunk]:
         chunks = measure(step, self.synchronize, timing or self.timing)
+        # Place the timed region on the wall clock, so monitor samples (power, utilisation) can be
+        # attributed to the measurement and not to warm-up or set-up.
+        end_counter, end_epoch = time.perf_counter(), time.time()
+        self.windows.append((end_epoch - (end_counter - chunks[0].start), end_epoch))
         self.measured_seconds += sum(c.seconds for c in chunks)
         return chunks
 
@@ -82,6 +88,8 @@ class CaseContext:
         stats = rate_stats(chunks, work_per_iteration, scale)
         peak = self.spec.peaks.get(peak_key) if peak_key else None
         return Metric(
+            window=list(self.windows[-1]) if self.windows else None,
+            work=work_per_iteration * stats.iterations / scale,
             name=name, value=stats.value, unit=unit, p50=stats.p50, p10=stats.p10, p90=stats.p90, cv=stats.cv,
             chunks=stats.chunks, iterations=stats.iterations, measured_seconds=stats.seconds,
             peak=peak, ratio=comparable_ratio(stats.value, unit, peak), convention=convention, note=note,

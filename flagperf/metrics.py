@@ -28,6 +28,7 @@ class Chunk:
 
     iterations: int
     seconds: float
+    start: float = 0.0  # the timing clock's reading when the chunk began (places it in the run)
 
 
 @dataclass(frozen=True)

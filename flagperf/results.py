@@ -54,6 +54,8 @@ class Metric(_Model):
     ratio: float | None = Field(default=None, description="value / peak.value, when the peak is known")
     convention: str | None = Field(default=None, description="how work or bytes are counted")
     note: str | None = None
+    window: list[float] | None = Field(default=None, description="[start, end] epoch seconds of the timed region")
+    work: float | None = Field(default=None, description="total work in the timed region, in unit x seconds")
 
 
 class Failure(_Model):

@@ -54,7 +54,7 @@ def measure(step: Callable[[], object], sync: Callable[[], None], plan: TimingPl
             step()
         sync()
         elapsed = clock() - start
-        chunks.append(Chunk(iterations=iters, seconds=elapsed))
+        chunks.append(Chunk(iterations=iters, seconds=elapsed, start=start))
         total_iters += iters
         total_seconds += elapsed
     return chunks
