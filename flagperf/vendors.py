@@ -11,6 +11,7 @@ Adding a vendor is adding a folder; nothing in the engine names a vendor.
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from dataclasses import dataclass
 from functools import cached_property
@@ -29,13 +30,30 @@ MANIFEST = "vendor.yaml"
 
 
 class MonitorEntry(StrictModel):
+    """A monitor is a core module (``module: flagperf.monitoring.system``, shared by vendors) or a
+    script in the vendor folder (``script: monitor_nvml.py``); both take the same arguments."""
+
     name: str
-    script: str
+    module: str | None = None
+    script: str | None = None
 
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
         return check_name(value, "monitor name")
+
+    @field_validator("module")
+    @classmethod
+    def _module(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"flagperf\.monitoring\.[a-z_][a-z0-9_]*", value):
+            raise ValueError("must be a module under flagperf.monitoring")
+        return value
+
+    @model_validator(mode="after")
+    def _one_of(self) -> MonitorEntry:
+        if (self.module is None) == (self.script is None):
+            raise ValueError("give exactly one of module and script")
+        return self
 
 
 class ContainerOptions(StrictModel):
@@ -76,8 +94,11 @@ class Vendor:
     def name(self) -> str:
         return self.manifest.name
 
-    def monitor_script(self, entry: MonitorEntry) -> Path:
-        return self.folder / entry.script
+    def monitor_command(self, entry: MonitorEntry, python: str) -> list[str]:
+        """The command that starts a monitor (arguments of flagperf.monitoring.monitor_arguments follow)."""
+        if entry.module:
+            return [python, "-m", entry.module]
+        return [python, str(self.folder / str(entry.script))]
 
     @cached_property
     def _spec_module(self) -> ModuleType:
@@ -115,7 +136,10 @@ def load_vendor_manifest(path: Path) -> VendorManifest:
     for key, rel in [("spec_module", manifest.spec_module), ("container.dockerfile", manifest.container.dockerfile)]:
         _check_inside(folder, rel, source, key)
     for i, monitor in enumerate(manifest.monitors):
-        _check_inside(folder, monitor.script, source, f"monitors.{i}.script")
+        if monitor.script is not None:
+            _check_inside(folder, monitor.script, source, f"monitors.{i}.script")
+        elif importlib.util.find_spec(str(monitor.module)) is None:
+            raise ConfigError(source, f"monitors.{i}.module", f"no module named {monitor.module!r}")
     return manifest
 
 

@@ -19,7 +19,7 @@ def start_monitors(host: Host, vendor: str, stage_dir: Path, interval_s: float, 
     loaded = load_vendor(vendor)
     started = []
     for entry in loaded.manifest.monitors:
-        argv = [host.python, str(loaded.monitor_script(entry)), "--out", str(stage_dir / f"monitor_{entry.name}.jsonl"),
+        argv = [*loaded.monitor_command(entry, host.python), "--out", str(stage_dir / f"monitor_{entry.name}.jsonl"),
                 "--interval", str(interval_s), "--pid-file", str(stage_dir / PID_FILE),
                 "--max-seconds", str(int(max_seconds))]
         proc = host.spawn(argv, log_path=stage_dir / f"monitor_{entry.name}.log")

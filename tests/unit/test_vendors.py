@@ -61,7 +61,23 @@ def test_cpu_vendor_manifest() -> None:
     assert vendor.manifest.torch_device == "cpu"
     assert vendor.manifest.container.privileged is False
     assert [m.name for m in vendor.manifest.monitors] == ["system"]
-    assert vendor.monitor_script(vendor.manifest.monitors[0]).is_file()
+    assert vendor.monitor_command(vendor.manifest.monitors[0], "python") == [
+        "python", "-m", "flagperf.monitoring.system"]
+
+
+def test_monitor_entry_needs_exactly_one_of_module_and_script(vendor_root: Path) -> None:
+    both = make_vendor(vendor_root, monitors=[{"name": "sys", "script": "mon.py",
+                                               "module": "flagperf.monitoring.system"}])
+    with pytest.raises(ConfigError, match="exactly one of module and script"):
+        load_vendor_manifest(both)
+
+
+@pytest.mark.parametrize("module", ["os", "flagperf.monitoring.nope", "flagperf.monitoring.system; rm"])
+def test_monitor_module_must_be_an_existing_core_monitor(vendor_root: Path, module: str) -> None:
+    path = make_vendor(vendor_root, monitors=[{"name": "sys", "module": module}])
+    with pytest.raises(ConfigError) as info:
+        load_vendor_manifest(path)
+    assert info.value.key.startswith("monitors.0")
 
 
 def test_cpu_spec_table(cpu_spec: SpecTable) -> None:
