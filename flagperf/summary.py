@@ -15,15 +15,19 @@ from typing import Any
 
 import pandas as pd
 
+from flagperf.analysis import WindowStats, energy_per_work, read_monitors, window_stats, work_unit
 from flagperf.metrics import coefficient_of_variation
-from flagperf.results import RESULT_FILE, RoundResult, read_result, write_json_atomic
+from flagperf.results import RESULT_FILE, Metric, RoundResult, read_result, write_json_atomic
 
 SUMMARY_CSV = "summary.csv"
 SUMMARY_JSON = "summary.json"
 REPORT_MD = "report.md"
 
+MONITOR_COLUMNS = ["power_avg_w", "power_max_w", "energy_j", "energy_source", "energy_per_work",
+                   "energy_per_work_unit", "cpu_percent_mean", "mem_used_bytes_max", "case_rss_bytes_max",
+                   "accel_util_percent_mean", "accel_mem_used_bytes_max"]
 ROW_COLUMNS = ["case", "round", "host", "node_rank", "status", "metric", "value", "unit", "p50", "cv_chunks",
-               "peak", "peak_unit", "ratio", "convention", "peak_source", "message", "device"]
+               "peak", "peak_unit", "ratio", "convention", "peak_source", "message", "device", *MONITOR_COLUMNS]
 
 
 @dataclass
@@ -35,6 +39,7 @@ class RunSummary:
     counts: dict[str, int]
     problems: list[str] = field(default_factory=list)
     context: dict[str, Any] = field(default_factory=dict)
+    monitor_notes: list[str] = field(default_factory=list)
 
     @property
     def all_succeeded(self) -> bool:
@@ -42,31 +47,59 @@ class RunSummary:
 
     def to_json(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "counts": self.counts, "headline": self.headline,
-                "not_measured": self.not_measured, "problems": self.problems, "context": self.context}
+                "not_measured": self.not_measured, "problems": self.problems, "context": self.context,
+                "monitor_notes": self.monitor_notes}
 
 
-def load_results(run_dir: Path) -> tuple[list[RoundResult], list[str]]:
+def load_results(run_dir: Path) -> tuple[list[tuple[Path, RoundResult]], list[str]]:
+    """(round folder, result) for every readable result.json, and a line for each unreadable one."""
     results, problems = [], []
     for path in sorted(run_dir.glob(f"*/round*/*_noderank*/{RESULT_FILE}")):
         try:
-            results.append(read_result(path))
+            results.append((path.parent, read_result(path)))
         except (OSError, ValueError) as exc:
             problems.append(f"{path.relative_to(run_dir)}: unreadable result ({str(exc).splitlines()[0]})")
     return results, problems
 
 
-def _rows(results: list[RoundResult]) -> pd.DataFrame:
+def _monitor_columns(stats: WindowStats, metric: Metric | None) -> dict[str, Any]:
+    v = stats.values
+    accel_util = [x for k, x in v.items() if k.endswith(".util_percent_mean") and isinstance(x, float)]
+    accel_mem = [x for k, x in v.items() if k.endswith(".mem_used_bytes_max") and isinstance(x, float)]
+    energy = v.get("energy_j")
+    return {
+        "power_avg_w": v.get("power_avg_w"), "power_max_w": v.get("power_max_w"), "energy_j": energy,
+        "energy_source": v.get("energy_source"),
+        "energy_per_work": energy_per_work(energy if isinstance(energy, float) else None,
+                                           metric.work if metric else None),
+        "energy_per_work_unit": f"J/{work_unit(metric.unit)}" if metric and energy is not None else None,
+        "cpu_percent_mean": v.get("cpu_percent_mean"), "mem_used_bytes_max": v.get("mem_used_bytes_max"),
+        "case_rss_bytes_max": v.get("case_rss_bytes_max"),
+        "accel_util_percent_mean": sum(accel_util) / len(accel_util) if accel_util else None,
+        "accel_mem_used_bytes_max": max(accel_mem) if accel_mem else None,
+    }
+
+
+def _rows(results: list[tuple[Path, RoundResult]], notes: dict[str, None]) -> pd.DataFrame:
     rows: list[dict[str, Any]] = []
-    for r in results:
+    for folder, r in results:
         base = {"case": r.case, "round": r.round, "host": r.host, "node_rank": r.node_rank, "status": r.status,
                 "device": r.device, "message": r.failure.message if r.failure else None}
+        monitors = read_monitors(folder)
+        if not monitors:
+            notes[f"{r.case} round {r.round} on {r.host}: no monitor file"] = None
         if not r.metrics:
-            rows.append(base)
+            stats = window_stats(monitors, None)
+            rows.append({**base, **_monitor_columns(stats, None)})
         for m in r.metrics:
+            stats = window_stats(monitors, tuple(m.window) if m.window else None)  # type: ignore[arg-type]
             rows.append({**base, "metric": m.name, "value": m.value, "unit": m.unit, "p50": m.p50,
                          "cv_chunks": m.cv, "peak": m.peak.value if m.peak else None,
                          "peak_unit": m.peak.unit if m.peak else None, "ratio": m.ratio,
-                         "convention": m.convention, "peak_source": m.peak.source if m.peak else None})
+                         "convention": m.convention, "peak_source": m.peak.source if m.peak else None,
+                         **_monitor_columns(stats, m)})
+            for note in stats.notes:
+                notes[note] = None
     return pd.DataFrame(rows, columns=ROW_COLUMNS)
 
 
@@ -77,8 +110,10 @@ def _clean(value: Any) -> Any:
 
 
 def summarize(run_dir: Path) -> RunSummary:
-    results, problems = load_results(run_dir)
-    rows = _rows(results)
+    loaded, problems = load_results(run_dir)
+    notes: dict[str, None] = {}  # an ordered set: the same note from every round once
+    rows = _rows(loaded, notes)
+    results = [r for _, r in loaded]
     counts = {"rounds": len(results), "success": 0, "unsupported": 0, "failed": 0}
     for r in results:
         counts[r.status] += 1
@@ -101,6 +136,17 @@ def summarize(run_dir: Path) -> RunSummary:
             "rounds": len(values), "peak": peak, "peak_unit": _clean(group["peak_unit"].iloc[0]),
             "ratio": ratio, "above_peak": bool(ratio is not None and ratio > 1.0),
             "convention": _clean(group["convention"].iloc[0]), "peak_source": _clean(group["peak_source"].iloc[0]),
+            "power_avg_w": _mean(group["power_avg_w"]), "power_max_w": _max(group["power_max_w"]),
+            "energy_source": _clean(group["energy_source"].dropna().iloc[0]) if group["energy_source"].notna().any()
+            else None,
+            "energy_per_work": _mean(group["energy_per_work"]),
+            "energy_per_work_unit": _clean(group["energy_per_work_unit"].dropna().iloc[0])
+            if group["energy_per_work_unit"].notna().any() else None,
+            "cpu_percent_mean": _mean(group["cpu_percent_mean"]),
+            "mem_used_bytes_max": _max(group["mem_used_bytes_max"]),
+            "case_rss_bytes_max": _max(group["case_rss_bytes_max"]),
+            "accel_util_percent_mean": _mean(group["accel_util_percent_mean"]),
+            "accel_mem_used_bytes_max": _max(group["accel_mem_used_bytes_max"]),
         })
     not_measured = [
         {"case": r.case, "round": r.round, "host": r.host, "status": r.status,
@@ -119,7 +165,17 @@ def summarize(run_dir: Path) -> RunSummary:
                             "torch": prov.libraries.get("torch"), "prefect": prov.libraries.get("prefect"),
                             "command": prov.command, "image": prov.image.get("status")})
     return RunSummary(run_id=run_dir.name, rows=rows, headline=headline, not_measured=not_measured,
-                      counts=counts, problems=problems, context=context)
+                      counts=counts, problems=problems, context=context, monitor_notes=list(notes))
+
+
+def _mean(series: pd.Series) -> float | None:
+    values = pd.to_numeric(series, errors="coerce").dropna()
+    return float(values.mean()) if len(values) else None
+
+
+def _max(series: pd.Series) -> float | None:
+    values = pd.to_numeric(series, errors="coerce").dropna()
+    return float(values.max()) if len(values) else None
 
 
 def fmt(value: Any, digits: int = 4) -> str:
@@ -162,6 +218,7 @@ def render_markdown(summary: RunSummary) -> str:
         lines += ["| " + " | ".join(HEADLINE_HEADER) + " |", "|" + "---|" * len(HEADLINE_HEADER)]
         lines += ["| " + " | ".join(headline_cells(e)) + " |" for e in summary.headline]
         lines.append("")
+    lines += render_monitor_section(summary)
     if any(e["above_peak"] for e in summary.headline):
         lines += ["**A measurement above its peak means the peak is wrong for this machine** (for example a "
                   "CPU that boosts above the clock the spec table could see); see the peak sources below.", ""]
@@ -183,6 +240,31 @@ def render_markdown(summary: RunSummary) -> str:
                          f"peak: {e['peak_source'] or 'none in the vendor spec table'}")
         lines.append("")
     return "\n".join(lines)
+
+
+MONITOR_HEADER = ["case", "metric", "avg power W", "max power W", "energy per work", "energy source",
+                  "CPU util %", "peak host memory GiB", "peak case RSS GiB", "accel util %", "peak accel memory GiB"]
+
+
+def _gib(value: float | None) -> str:
+    return "-" if value is None else f"{value / 2**30:.3g}"
+
+
+def monitor_cells(e: dict[str, Any]) -> list[str]:
+    per_work = f"{fmt(e['energy_per_work'])} {e['energy_per_work_unit']}" if e["energy_per_work"] is not None else "-"
+    return [e["case"], e["metric"], fmt(e["power_avg_w"]), fmt(e["power_max_w"]), per_work,
+            e["energy_source"] or "-", fmt(e["cpu_percent_mean"], 3), _gib(e["mem_used_bytes_max"]),
+            _gib(e["case_rss_bytes_max"]), fmt(e["accel_util_percent_mean"], 3), _gib(e["accel_mem_used_bytes_max"])]
+
+
+def render_monitor_section(summary: RunSummary) -> list[str]:
+    lines = ["## Power, energy and memory over each timed region", ""]
+    lines += ["| " + " | ".join(MONITOR_HEADER) + " |", "|" + "---|" * len(MONITOR_HEADER)]
+    lines += ["| " + " | ".join(monitor_cells(e)) + " |" for e in summary.headline]
+    lines.append("")
+    if summary.monitor_notes:
+        lines += [f"- {note}" for note in summary.monitor_notes] + [""]
+    return lines if summary.headline else []
 
 
 def write_summary(run_dir: Path, summary: RunSummary) -> dict[str, Path]:

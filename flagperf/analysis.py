@@ -1,0 +1,192 @@
+"""Monitor samples joined to results: power, energy, utilisation and memory over each timed region.
+
+Monitor files are JSON lines (see flagperf.monitoring). Reading is forgiving: a malformed or truncated
+line is counted and reported, never fatal; a missing file is reported as missing.
+
+Energy over a timed region [t0, t1], by the best source available:
+  1. a cumulative energy counter (NVML total energy, RAPL), read at t0 and t1 by linear interpolation;
+  2. otherwise sampled power integrated with the trapezoid rule over [t0, t1] (edges interpolated).
+Accelerator energy is preferred over the CPU packages' energy, which is preferred over whole-system power.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+MONITOR_GLOB = "monitor_*.jsonl"
+
+
+@dataclass
+class MonitorSeries:
+    name: str
+    path: Path
+    header: dict[str, Any] = field(default_factory=dict)
+    samples: pd.DataFrame = field(default_factory=pd.DataFrame)
+    malformed: int = 0
+    footer: dict[str, Any] | None = None
+
+    def unavailable(self) -> dict[str, str]:
+        """Sources the monitor declared unavailable, with the reason."""
+        return {key: src.get("reason") or "unavailable"
+                for key, src in (self.header.get("sources") or {}).items() if not src.get("available")}
+
+
+def _flatten(record: dict[str, Any]) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    for key, value in record.items():
+        if key == "devices" and isinstance(value, list):
+            for device in value:
+                if isinstance(device, dict):
+                    index = device.get("index", 0)
+                    for dkey, dvalue in device.items():
+                        if dkey != "index" and (dvalue is None or isinstance(dvalue, int | float)):
+                            row[f"dev{index}.{dkey}"] = dvalue
+        elif key != "type" and (value is None or isinstance(value, int | float)) and not isinstance(value, bool):
+            row[key] = value
+    return row
+
+
+def read_monitor(path: Path) -> MonitorSeries:
+    name = path.stem.removeprefix("monitor_")
+    series = MonitorSeries(name=name, path=path)
+    rows: list[dict[str, Any]] = []
+    with path.open(encoding="utf-8", errors="replace") as handle:
+        for line in handle:
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                series.malformed += 1
+                continue
+            kind = record.get("type") if isinstance(record, dict) else None
+            if kind == "sample" and isinstance(record.get("t"), int | float):
+                rows.append(_flatten(record))
+            elif kind == "header":
+                series.header = record
+            elif kind == "footer":
+                series.footer = record
+            else:
+                series.malformed += 1
+    if rows:
+        series.samples = pd.DataFrame(rows).sort_values("t", kind="stable").reset_index(drop=True)
+    return series
+
+
+def read_monitors(folder: Path) -> list[MonitorSeries]:
+    return [read_monitor(p) for p in sorted(folder.glob(MONITOR_GLOB))]
+
+
+def _column(df: pd.DataFrame, name: str) -> pd.Series | None:
+    if name not in df.columns:
+        return None
+    col = pd.to_numeric(df[name], errors="coerce")
+    valid = df["t"].notna() & col.notna()
+    return col[valid] if valid.sum() >= 1 else None
+
+
+def counter_delta(t: np.ndarray, counter: np.ndarray, t0: float, t1: float) -> float | None:
+    """Increase of a cumulative counter between t0 and t1 (linear interpolation between samples)."""
+    if len(t) < 2 or t0 < t[0] or t1 > t[-1] or t1 <= t0:
+        return None
+    return float(np.interp(t1, t, counter) - np.interp(t0, t, counter))
+
+
+def integrate_power(t: np.ndarray, watts: np.ndarray, t0: float, t1: float) -> float | None:
+    """Joules over [t0, t1] from power samples (trapezoid rule, edges interpolated, no extrapolation)."""
+    if len(t) < 2 or t0 < t[0] or t1 > t[-1] or t1 <= t0:
+        return None
+    inside = (t > t0) & (t < t1)
+    ts = np.concatenate([[t0], t[inside], [t1]])
+    ws = np.concatenate([[np.interp(t0, t, watts)], watts[inside], [np.interp(t1, t, watts)]])
+    return float(np.sum((ws[1:] + ws[:-1]) / 2 * np.diff(ts)))
+
+
+@dataclass
+class WindowStats:
+    values: dict[str, float | str | None]
+    notes: list[str]
+
+
+ENERGY_PREFERENCE = ("accelerators", "cpu packages", "whole system")
+
+
+def window_stats(monitors: list[MonitorSeries], window: tuple[float, float] | None) -> WindowStats:
+    """Power, energy, utilisation and memory for one timed region (or the whole round without one)."""
+    values: dict[str, float | str | None] = {}
+    notes: list[str] = []
+    energies: dict[str, float] = {}
+    powers: dict[str, tuple[float, float]] = {}
+    for mon in monitors:
+        df = mon.samples
+        if mon.malformed:
+            notes.append(f"{mon.path.name}: {mon.malformed} malformed line(s) skipped")
+        if df.empty:
+            notes.append(f"{mon.path.name}: no samples")
+            continue
+        t0, t1 = window if window else (float(df["t"].iloc[0]), float(df["t"].iloc[-1]))
+        in_window = df[(df["t"] >= t0) & (df["t"] <= t1)]
+        if window and len(in_window) < 2:
+            notes.append(f"{mon.path.name}: {len(in_window)} sample(s) inside the {t1 - t0:.1f} s timed region; "
+                         "sample faster (--monitor-interval) for power and utilisation over short regions")
+        for name, how in (("cpu_percent", "mean"), ("mem_used_bytes", "max"), ("case_rss_bytes", "max")):
+            col = _column(in_window, name)
+            if col is not None and len(col):
+                values[f"{name}_{how}"] = float(col.mean() if how == "mean" else col.max())
+        device_cols = sorted({c.split(".", 1)[0] for c in df.columns if c.startswith("dev")})
+        for dev in device_cols:
+            for name, how in (("util_percent", "mean"), ("mem_used_bytes", "max"), ("temp_c", "max")):
+                col = _column(in_window, f"{dev}.{name}")
+                if col is not None and len(col):
+                    values[f"{dev}.{name}_{how}"] = float(col.mean() if how == "mean" else col.max())
+        sources = [(f"{dev}.energy_j", f"{dev}.power_w", "accelerators") for dev in device_cols]
+        sources += [("energy_j", None, "cpu packages"), (None, "power_w", "whole system")]
+        t = df["t"].to_numpy(dtype=float)
+        for counter_name, power_name, group in sources:
+            joules = None
+            if counter_name and (col := _column(df, counter_name)) is not None:
+                joules = counter_delta(t[col.index], col.to_numpy(dtype=float), t0, t1)
+            if joules is None and power_name and (col := _column(df, power_name)) is not None:
+                joules = integrate_power(t[col.index], col.to_numpy(dtype=float), t0, t1)
+            if joules is not None:
+                energies[group] = energies.get(group, 0.0) + joules
+            if power_name and (col := _column(in_window, power_name)) is not None and len(col):
+                mean, peak = powers.get(group, (0.0, 0.0))
+                powers[group] = (mean + float(col.mean()), peak + float(col.max()))
+        for key, reason in mon.unavailable().items():
+            notes.append(f"{mon.name} monitor: {key} unavailable: {reason}")
+    for group in ENERGY_PREFERENCE:
+        if group in energies:
+            duration = (window[1] - window[0]) if window else None
+            values["energy_j"] = energies[group]
+            values["energy_source"] = group
+            if duration:
+                values["power_avg_w"] = energies[group] / duration
+            if group in powers:
+                values["power_max_w"] = powers[group][1]
+            break
+    if "energy_j" not in values:
+        notes.append("energy: no power or energy source on this host")
+    return WindowStats(values=values, notes=notes)
+
+
+def work_unit(rate_unit: str) -> str:
+    """The unit of work behind a rate unit: TFLOPS -> TFLOP, GB/s -> GB, samples/s -> samples."""
+    if rate_unit.endswith("/s"):
+        return rate_unit[:-2]
+    if rate_unit.endswith("PS"):
+        return rate_unit[:-1]
+    return f"{rate_unit}*s"
+
+
+def energy_per_work(energy_j: float | None, work: float | None) -> float | None:
+    if energy_j is None or not work or math.isnan(work):
+        return None
+    return energy_j / work
