@@ -201,7 +201,7 @@ def headline_cells(entry: dict[str, Any]) -> list[str]:
 HEADLINE_HEADER = ["case", "metric", "measured", "unit", "p50", "spread (CV)", "peak", "measured/peak", "rounds"]
 
 
-def render_markdown(summary: RunSummary) -> str:
+def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = None) -> str:
     ctx = summary.context
     c = summary.counts
     lines = [f"# FlagPerf evaluation {summary.run_id}", ""]
@@ -239,6 +239,10 @@ def render_markdown(summary: RunSummary) -> str:
             lines.append(f"- {e['case']} / {e['metric']}: {e['convention'] or 'no counting convention'}; "
                          f"peak: {e['peak_source'] or 'none in the vendor spec table'}")
         lines.append("")
+    if plots:
+        lines += ["## Plots", ""]
+        for title, path in plots:
+            lines += [f"### {title}", "", f"![{title}]({path.as_posix()})", ""]
     return "\n".join(lines)
 
 
@@ -267,14 +271,15 @@ def render_monitor_section(summary: RunSummary) -> list[str]:
     return lines if summary.headline else []
 
 
-def write_summary(run_dir: Path, summary: RunSummary) -> dict[str, Path]:
+def write_summary(run_dir: Path, summary: RunSummary, plots: list[tuple[str, Path]] | None = None
+                  ) -> dict[str, Path]:
     paths = {"csv": run_dir / SUMMARY_CSV, "json": run_dir / SUMMARY_JSON, "markdown": run_dir / REPORT_MD}
     tmp_csv = paths["csv"].with_name(f".{SUMMARY_CSV}.tmp")
     summary.rows.to_csv(tmp_csv, index=False)
     tmp_csv.replace(paths["csv"])
     write_json_atomic(paths["json"], summary.to_json())
     tmp_md = paths["markdown"].with_name(f".{REPORT_MD}.tmp")
-    tmp_md.write_text(render_markdown(summary), encoding="utf-8")
+    tmp_md.write_text(render_markdown(summary, plots), encoding="utf-8")
     tmp_md.replace(paths["markdown"])
     return paths
 

@@ -117,6 +117,48 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
                   highlight=False)
 
 
+def _run_folder(path: Path, option: str) -> Path:
+    if not path.is_dir():
+        raise _fail(f"{option} {path}: not a folder")
+    if not any(path.glob("*/round*/*_noderank*/result.json")):
+        raise _fail(f"{option} {path}: no <case>/round<N>/<host>_noderank<K>/result.json inside; not a run folder")
+    return path
+
+
+@app.command()
+def report(run_dir: Annotated[Path, typer.Argument(help="a run folder, results/<run-id>")]) -> None:
+    """Regenerate a run's summary, report (Markdown, HTML) and plots from its files."""
+    from flagperf.report import build_report
+
+    _run_folder(run_dir, "RUN")
+    _, paths = build_report(run_dir)
+    _print_summary(read_summary_json(run_dir), run_dir)
+    console.print(f"report: {escape(str(paths['html']))}, {escape(str(paths['markdown']))}", highlight=False)
+
+
+@app.command()
+def compare(
+    run_a: Annotated[Path, typer.Argument(help="baseline run folder (A)")],
+    run_b: Annotated[Path, typer.Argument(help="run folder to compare with it (B)")],
+    out: Annotated[Path | None, typer.Option(help="also write the comparison as Markdown here")] = None,
+) -> None:
+    """Put two runs side by side: B/A per case and metric, flagged where it exceeds the rounds' spread."""
+    from flagperf.compare import HEADER, compare_runs, render_markdown
+
+    rows, _ = compare_runs(_run_folder(run_a, "RUN_A"), _run_folder(run_b, "RUN_B"))
+    table = Table(*HEADER, title=f"A = {run_a.name}, B = {run_b.name}", title_justify="left")
+    for row in rows:
+        cells = row.cells()
+        style = "red" if row.flagged else None
+        table.add_row(*[escape(c) for c in cells], style=style)
+    console.print(table)
+    flagged = sum(r.flagged for r in rows)
+    console.print(f"{flagged} of {len(rows)} figures differ by more than their spread")
+    if out is not None:
+        out.write_text(render_markdown(run_a, run_b, rows), encoding="utf-8")
+        console.print(f"written to {escape(str(out))}", highlight=False)
+
+
 def _validate_file(path: Path) -> str:
     """Validate one config file by what it is; returns its kind."""
     if path.name == "case.yaml":

@@ -3,20 +3,22 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import get_run_logger, task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NONE
 
-from flagperf.summary import HEADLINE_HEADER, RunSummary, headline_cells, render_markdown, summarize, write_summary
+from flagperf.report import build_report
+from flagperf.summary import HEADLINE_HEADER, RunSummary, headline_cells, render_markdown
 
 
 @task(name="analyze", task_run_name="analyze[{run_dir.name}]", cache_policy=NONE)
 def analyze(run_dir: Path) -> RunSummary:
-    """Summarise the run from its result files and publish the summary as artifacts."""
+    """Summarise the run from its result and monitor files, write the report, publish it as artifacts."""
     logger = get_run_logger()
-    summary = summarize(run_dir)
-    paths = write_summary(run_dir, summary)
+    summary, paths = build_report(run_dir)
     for problem in summary.problems:
         logger.warning(problem)
+    for note in summary.monitor_notes:
+        logger.info("monitors: %s", note)
     table = [dict(zip(HEADLINE_HEADER, headline_cells(e), strict=True)) for e in summary.headline]
     table += [{"case": e["case"], "metric": "-", "measured": e["status"], "unit": "", "p50": "", "spread (CV)": "",
                "peak": "", "measured/peak": e["message"][:200], "rounds": f"round {e['round']}"}
@@ -25,5 +27,7 @@ def analyze(run_dir: Path) -> RunSummary:
                           description=f"{summary.run_id}: measured vs peak per case and metric")
     create_markdown_artifact(markdown=render_markdown(summary), key="flagperf-report",
                              description=f"{summary.run_id}: the run report ({paths['markdown']})")
-    logger.info("summary written to %s", ", ".join(str(p) for p in paths.values()))
+    create_link_artifact(link=paths["html"].resolve().as_uri(), link_text=f"{summary.run_id} report (HTML, plots)",
+                         key="flagperf-report-html", description="the HTML report with plots, on the controller")
+    logger.info("report written to %s", ", ".join(str(p) for p in paths.values()))
     return summary

@@ -1,0 +1,167 @@
+"""The run report, generated from the result and monitor files (never hand-edited):
+summary.csv, summary.json, report.md, report.html and plots/*.png. `flagperf report RUN` rebuilds it."""
+
+from __future__ import annotations
+
+import html
+import re
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import markdown
+import matplotlib.pyplot as plt
+
+from flagperf.analysis import read_monitors
+from flagperf.results import read_result
+from flagperf.summary import REPORT_MD, RunSummary, summarize, write_summary
+
+REPORT_HTML = "report.html"
+PLOTS = "plots"
+MAX_TIMELINES = 24  # per run: enough to see every round of a normal run, bounded for a huge one
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+
+
+def plot_measured_vs_peak(summary: RunSummary, out: Path) -> Path | None:
+    entries = [e for e in summary.headline if e["ratio"] is not None]
+    if not entries:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(entries) + 1.2))
+    labels = [f"{e['case']}\n{e['metric']}" for e in entries]
+    ratios = [100 * e["ratio"] for e in entries]
+    colours = ["tab:red" if r > 100 else "tab:blue" for r in ratios]
+    ax.barh(labels, ratios, color=colours)
+    ax.axvline(100, color="black", linewidth=1)
+    ax.set_xlim(0, max(115.0, max(ratios) * 1.12))
+    for i, r in enumerate(ratios):
+        ax.text(r, i, f" {r:.1f}%", va="center", fontsize=8)
+    ax.set_xlabel("measured / peak (%)")
+    ax.set_title(f"{summary.run_id}: measured vs peak (red: above the spec table's peak)", fontsize=9)
+    ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def plot_per_round(summary: RunSummary, out: Path) -> Path | None:
+    rows = summary.rows[summary.rows["metric"].notna()]
+    groups = list(rows.groupby(["case", "metric"], sort=False))
+    if not groups:
+        return None
+    cols = min(3, len(groups))
+    nrows = (len(groups) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 2.8 * nrows), squeeze=False)
+    for ax, ((case, metric), group) in zip(axes.flat, groups, strict=False):
+        labels = [f"r{r}\n{h}" if group["host"].nunique() > 1 else f"round {r}"
+                  for r, h in zip(group["round"], group["host"], strict=True)]
+        ax.bar(labels, group["value"], color="tab:blue")
+        peak = group["peak"].dropna()
+        if len(peak) and group["unit"].iloc[0] == group["peak_unit"].iloc[0]:
+            ax.axhline(float(peak.iloc[0]), color="black", linestyle="--", linewidth=1, label="peak")
+            ax.legend(fontsize=7)
+        ax.set_title(f"{case} / {metric}", fontsize=8)
+        ax.set_ylabel(str(group["unit"].iloc[0]), fontsize=8)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(groups):]:
+        ax.axis("off")
+    fig.suptitle(f"{summary.run_id}: throughput per round", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def plot_timeline(round_folder: Path, title: str, out: Path) -> Path | None:
+    """Utilisation and power over a round, with the timed regions shaded."""
+    monitors = [m for m in read_monitors(round_folder) if not m.samples.empty]
+    if not monitors:
+        return None
+    try:
+        windows = [m.window for m in read_result(round_folder / "result.json").metrics if m.window]
+    except (OSError, ValueError):
+        windows = []
+    t_zero = min(float(m.samples["t"].iloc[0]) for m in monitors)
+    fig, ax = plt.subplots(figsize=(8, 3))
+    power_ax = None
+    for mon in monitors:
+        df = mon.samples
+        t = df["t"] - t_zero
+        util_cols = [c for c in df.columns if c == "cpu_percent" or c.endswith(".util_percent")]
+        for col in util_cols:
+            ax.plot(t, df[col], label=f"{mon.name}: {col}", linewidth=1)
+        power_cols = [c for c in df.columns if c == "power_w" or c.endswith(".power_w")]
+        for col in power_cols:
+            if df[col].notna().any():
+                power_ax = power_ax or ax.twinx()
+                power_ax.plot(t, df[col], linestyle="--", linewidth=1, label=f"{mon.name}: {col}")
+    for start, end in windows:
+        ax.axvspan(start - t_zero, end - t_zero, color="tab:green", alpha=0.15, label="timed region")
+    ax.set_xlabel("seconds since the first sample")
+    ax.set_ylabel("utilisation (%)")
+    ax.set_ylim(0, 105)
+    if power_ax is not None:
+        power_ax.set_ylabel("power (W)")
+    handles, labels = ax.get_legend_handles_labels()
+    if power_ax is not None:
+        more = power_ax.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    unique = dict(zip(labels, handles, strict=True))
+    ax.legend(unique.values(), unique.keys(), fontsize=7, loc="lower right")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def make_plots(run_dir: Path, summary: RunSummary) -> list[tuple[str, Path]]:
+    plots_dir = run_dir / PLOTS
+    plots_dir.mkdir(exist_ok=True)
+    made: list[tuple[str, Path]] = []
+    for title, fn, name in (("Measured vs peak", plot_measured_vs_peak, "measured_vs_peak.png"),
+                            ("Throughput per round", plot_per_round, "throughput_per_round.png")):
+        path = fn(summary, plots_dir / name)
+        if path:
+            made.append((title, path))
+    folders = sorted(p.parent for p in run_dir.glob("*/round*/*_noderank*/result.json"))
+    for folder in folders[:MAX_TIMELINES]:
+        case, round_name, host = folder.parts[-3], folder.parts[-2], folder.parts[-1]
+        title = f"{case} {round_name} {host}: utilisation and power"
+        path = plot_timeline(folder, title, plots_dir / f"timeline_{_safe(case)}_{round_name}_{_safe(host)}.png")
+        if path:
+            made.append((title, path))
+    return made
+
+
+HTML_PAGE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>{title}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; max-width: 1200px; margin: 2em auto; padding: 0 1em; color: #222; }}
+table {{ border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }}
+th, td {{ border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: right; }}
+th:first-child, td:first-child, th:nth-child(2), td:nth-child(2) {{ text-align: left; }}
+th {{ background: #f3f3f3; }} img {{ max-width: 100%; }} code {{ background: #f6f6f6; }}
+</style></head><body>
+{body}
+</body></html>
+"""
+
+
+def build_report(run_dir: Path) -> tuple[RunSummary, dict[str, Path]]:
+    """Summarise a run folder and write every report file; safe to run again on the same folder."""
+    summary = summarize(run_dir)
+    plots = make_plots(run_dir, summary)
+    paths = write_summary(run_dir, summary, [(title, path.relative_to(run_dir)) for title, path in plots])
+    body = markdown.markdown((run_dir / REPORT_MD).read_text(encoding="utf-8"), extensions=["tables"])
+    html_path = run_dir / REPORT_HTML
+    tmp = html_path.with_name(f".{REPORT_HTML}.tmp")
+    tmp.write_text(HTML_PAGE.format(title=html.escape(f"FlagPerf {summary.run_id}"), body=body), encoding="utf-8")
+    tmp.replace(html_path)
+    paths["html"] = html_path
+    paths["plots"] = run_dir / PLOTS
+    return summary, paths
