@@ -1,0 +1,80 @@
+"""Report files (Markdown, HTML, plots) and run comparison, on synthetic runs with known values."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flagperf.compare import compare_runs
+from flagperf.report import build_report
+from flagperf.results import Metric, Peak, RoundResult, write_result
+from flows.cli import app
+
+T0 = 1_800_000_000.0
+
+
+def make_run(root: Path, name: str, values: list[float], case: str = "computation-FP32") -> Path:
+    run = root / name
+    for rnd, value in enumerate(values, start=1):
+        now = datetime.now(UTC)
+        peak = Peak(value=1.0, unit="TFLOPS", source="test datasheet")
+        metric = Metric(name="gemm_fp32", value=value, unit="TFLOPS", peak=peak, ratio=value,
+                        window=[T0 + 1, T0 + 4], work=value * 3)
+        result = RoundResult(run_id=name, case=case, family="base", round=rnd, host="h1", node_rank=0,
+                             vendor="cpu", status="success", started_at=now, finished_at=now, duration_s=5.0,
+                             measured_seconds=3.0, metrics=[metric], config={})
+        folder = run / case / f"round{rnd}" / "h1_noderank0"
+        write_result(folder / "result.json", result)
+        samples = [{"type": "sample", "t": T0 + i, "cpu_percent": 90.0, "power_w": 200.0} for i in range(6)]
+        (folder / "monitor_system.jsonl").write_text("\n".join(json.dumps(s) for s in samples) + "\n")
+    return run
+
+
+def test_build_report_writes_every_file(tmp_path: Path) -> None:
+    run = make_run(tmp_path, "run-a", [0.50, 0.52, 0.51])
+    summary, paths = build_report(run)
+    plots = sorted(p.name for p in (run / "plots").iterdir())
+    assert plots == ["measured_vs_peak.png", "throughput_per_round.png",
+                     *[f"timeline_computation-FP32_round{i}_h1_noderank0.png" for i in (1, 2, 3)]]
+    for png in (run / "plots").iterdir():
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = paths["html"].read_text()
+    assert "<table>" in page and 'src="plots/measured_vs_peak.png"' in page
+    md = paths["markdown"].read_text()
+    assert "![Measured vs peak](plots/measured_vs_peak.png)" in md
+    assert "| computation-FP32 | gemm_fp32 | 0.51 | TFLOPS |" in md
+    assert summary.headline[0]["power_avg_w"] == pytest.approx(200.0)
+    # Rebuilding gives the same report (generated from files, nothing accumulates).
+    build_report(run)
+    assert paths["markdown"].read_text() == md
+
+
+def test_compare_flags_differences_beyond_the_spread(tmp_path: Path) -> None:
+    base = make_run(tmp_path, "run-a", [1.00, 1.01, 0.99])  # CV 1%
+    noise = make_run(tmp_path, "run-b", [1.005, 0.995, 1.0])
+    drop = make_run(tmp_path, "run-c", [0.95, 0.951, 0.949])  # a real 5% drop
+    (same,), _ = compare_runs(base, noise)
+    assert not same.flagged and same.ratio == pytest.approx(1.0)
+    (worse,), _ = compare_runs(base, drop)
+    assert worse.flagged and worse.ratio == pytest.approx(0.95)
+    assert worse.spread == pytest.approx(0.01, rel=0.01)
+
+
+def test_cli_report_and_compare(tmp_path: Path) -> None:
+    a = make_run(tmp_path, "run-a", [1.00, 1.01, 0.99])
+    c = make_run(tmp_path, "run-c", [0.95, 0.951, 0.949])
+    runner = CliRunner()
+    result = runner.invoke(app, ["report", str(a)])
+    assert result.exit_code == 0, result.output
+    assert (a / "report.html").is_file() and "gemm_fp32" in result.output
+    out = tmp_path / "cmp.md"
+    result = runner.invoke(app, ["compare", str(a), str(c), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "1 of 1 figures differ" in result.output
+    assert "DIFFERENT" in out.read_text()
+    result = runner.invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 2 and "not a run folder" in result.output and "Traceback" not in result.output
