@@ -10,9 +10,9 @@ from typing import Any
 
 import psutil
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from flagperf.errors import Unsupported
+from flagperf.errors import CaseUserError, Unsupported
 from flagperf.metrics import Chunk, rate_stats, ratio
 from flagperf.results import Metric, Peak, SpecTable
 from flagperf.timing import TimingPlan, measure
@@ -21,7 +21,8 @@ from flagperf.timing import TimingPlan, measure
 class CaseConfig(BaseModel):
     """Keys every case has; the values live in case.yaml, not here."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: `true` is not 1 and 1 is not `true`; no inf or nan from `--set timeout_s=.inf`.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     timeout_s: float = Field(gt=0, description="the round is killed (and retried) after this long")
     max_retries: int = Field(ge=0, le=10, description="retries after an infrastructure failure")
@@ -35,14 +36,24 @@ class TimedCaseConfig(CaseConfig):
     min_iters: int = Field(ge=1)
     max_duration_s: float | None = Field(default=None, gt=0)
 
+    @model_validator(mode="after")
+    def _fits_in_timeout(self) -> TimedCaseConfig:
+        if self.min_duration_s >= self.timeout_s:
+            raise ValueError(f"min_duration_s ({self.min_duration_s:g}) must be well below timeout_s "
+                             f"({self.timeout_s:g}), or every round times out")
+        return self
+
     @property
     def timing(self) -> TimingPlan:
         return TimingPlan(self.warmup_iters, self.min_duration_s, self.min_iters, self.max_duration_s)
 
 
 class CaseContext:
-    def __init__(self, device_type: str, spec: SpecTable, timing: TimingPlan, log: logging.Logger) -> None:
+    def __init__(self, device_type: str, spec: SpecTable, timing: TimingPlan, log: logging.Logger, *,
+                 shares_host_memory: bool) -> None:
         self.device_type = device_type
+        self.shares_host_memory = shares_host_memory
+        self.device_module = torch.get_device_module(device_type)
         self.device = torch.device(device_type)
         self.spec = spec
         self.timing = timing
@@ -52,12 +63,11 @@ class CaseContext:
 
     @property
     def has_separate_memory(self) -> bool:
-        """False on the CPU, where 'device memory' is host memory."""
-        return self.device_type != "cpu"
+        """False where the device allocates from host memory (the CPU; unified-memory parts): the vendor says."""
+        return not self.shares_host_memory
 
     def synchronize(self) -> None:
-        if self.device_type != "cpu":
-            torch.get_device_module(self.device_type).synchronize()
+        self.device_module.synchronize()
 
     def require(self, peak_key: str) -> Peak | None:
         """The peak for ``peak_key``; raises Unsupported when the vendor says the device cannot do it."""
@@ -68,11 +78,18 @@ class CaseContext:
 
     def memory_info(self) -> tuple[int, int]:
         """(free, total) bytes of the memory the case allocates from."""
-        if self.device_type == "cpu":
+        if self.shares_host_memory:
             vm = psutil.virtual_memory()
             return vm.available, vm.total
-        free, total = torch.get_device_module(self.device_type).mem_get_info()
+        free, total = self.device_module.mem_get_info()
         return int(free), int(total)
+
+    def check_fits(self, nbytes: int, what: str, share: float = 0.8) -> None:
+        """A user error (not a crash, not retried) when ``nbytes`` exceed ``share`` of the free memory."""
+        free, _ = self.memory_info()
+        if nbytes > share * free:
+            raise CaseUserError(f"{what} needs {nbytes / 2**30:.2f} GiB, more than {share:.0%} of the "
+                                f"{free / 2**30:.2f} GiB free on {self.device}")
 
     def time(self, step: Callable[[], Any], timing: TimingPlan | None = None) -> list[Chunk]:
         chunks = measure(step, self.synchronize, timing or self.timing)
@@ -97,6 +114,7 @@ class CaseContext:
 
 
 def comparable_ratio(value: float, unit: str, peak: Peak | None) -> float | None:
-    if peak is None or not peak.supported or peak.unit != unit:
+    # A sparse (2:4) datasheet figure is twice the dense one: a dense measurement is never divided by it.
+    if peak is None or not peak.supported or peak.unit != unit or not peak.dense:
         return None
     return ratio(value, peak.value)

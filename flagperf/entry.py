@@ -18,9 +18,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
+import torch
+from pydantic import ValidationError
 
 from flagperf.casekit import CaseContext, TimedCaseConfig
 from flagperf.cases import load_case
+from flagperf.config import pydantic_error_to_config_error
 from flagperf.errors import (
     EXIT_OK,
     EXIT_UNSUPPORTED,
@@ -47,24 +50,34 @@ def run_job(job: Job, out_dir: Path) -> int:
     failure: Failure | None = None
     device: str | None = None
     measured = 0.0
-    case = load_case(job.case)
-    vendor = load_vendor(job.vendor)
     try:
+        case = load_case(job.case)
+        vendor = load_vendor(job.vendor)
         config = case.config_model.model_validate(job.config)
         spec = vendor.spec_table()
         device = spec.device
         timing = config.timing if isinstance(config, TimedCaseConfig) else TimingPlan(0, 1.0, 1)
-        ctx = CaseContext(vendor.manifest.torch_device, spec, timing, log)
+        ctx = CaseContext(vendor.manifest.torch_device, spec, timing, log,
+                          shares_host_memory=vendor.manifest.shares_host_memory)
         log.info("case %s round %d on %s (%s), attempt %d", job.case, job.round, job.host, device, job.attempt)
         try:
             metrics = case.module.run(config, ctx)
+        except RuntimeError as exc:
+            classified = classify_runtime_error(exc)
+            if classified is exc:
+                raise
+            raise classified from exc
         finally:
             measured = ctx.measured_seconds
+        if not metrics:
+            raise CaseUserError(f"case {job.case} returned no metrics")
         status, code = "success", EXIT_OK
     except Unsupported as exc:
         failure, status, code = Failure(kind="unsupported", message=str(exc)), "unsupported", EXIT_UNSUPPORTED
-    except (CaseUserError, ConfigError, ValueError) as exc:
-        failure, status, code = Failure(kind="user", message=str(exc)), "failed", EXIT_USER_ERROR
+    except (CaseUserError, ConfigError, ValidationError) as exc:
+        message = str(exc) if not isinstance(exc, ValidationError) else pydantic_error_to_config_error(
+            exc, "job config").message
+        failure, status, code = Failure(kind="user", message=message), "failed", EXIT_USER_ERROR
     finished = datetime.now(UTC)
     for metric in metrics:
         ratio = f" = {metric.ratio:.1%} of peak" if metric.ratio is not None else ""
@@ -74,7 +87,7 @@ def run_job(job: Job, out_dir: Path) -> int:
     if failure:
         log.warning("%s: %s", status, failure.message)
     result = RoundResult(
-        run_id=job.run_id, case=job.case, family=case.family, round=job.round, host=job.host,
+        run_id=job.run_id, case=job.case, family=job.family, round=job.round, host=job.host,
         node_rank=job.node_rank, vendor=job.vendor, status=status, failure=failure,
         started_at=started, finished_at=finished, duration_s=(finished - started).total_seconds(),
         measured_seconds=measured, startup_s=startup_s, device=device, metrics=metrics, config=job.config,
@@ -100,6 +113,18 @@ def watch_parent(poll_s: float = 1.0) -> None:
                 os._exit(EXIT_ORPHANED)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def classify_runtime_error(exc: RuntimeError) -> Exception:
+    """A backend's RuntimeError, sorted: out of memory is the config's fault (retrying cannot help), an
+    unsupported operation is a result; anything else is a crash and propagates (retried)."""
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    text = str(exc).lower().replace("_", " ")
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text:
+        return CaseUserError(f"does not fit in device memory: {first}")
+    if "not supported" in text or "not implemented" in text:
+        return Unsupported(first)
+    return exc
 
 
 def main(argv: list[str] | None = None) -> int:

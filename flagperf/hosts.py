@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -68,6 +70,13 @@ class Host(ABC):
     def remove_tree(self, remote: Path) -> None: ...
 
     @abstractmethod
+    def exists(self, remote: Path) -> bool: ...
+
+    @abstractmethod
+    def controller_pid(self) -> int:
+        """The process on the host whose exit means nobody is watching (monitors stop then)."""
+
+    @abstractmethod
     def disk_free(self, path: Path) -> int: ...
 
     def environment(self) -> dict[str, str]:
@@ -86,7 +95,7 @@ class LocalHost(Host):
         self.name = name
         self.project_root = PROJECT_ROOT
         self.python = sys.executable
-        self.work_root = work_root or Path(os.environ.get("FLAGPERF_WORK_ROOT", "/tmp/flagperf-work"))
+        self.work_root = (work_root or default_work_root()).resolve()
 
     def __repr__(self) -> str:
         return f"LocalHost({self.name!r})"
@@ -107,16 +116,19 @@ class LocalHost(Host):
                 if log:
                     log.write(f"cannot start {argv[0]}: {exc}\n")
                 return CommandResult(argv, None, False, time.monotonic() - start)
-            if pid_file is not None:
-                pid_file.write_text(str(proc.pid))
-            reader = threading.Thread(target=_pump, args=(proc.stdout, log, on_line), daemon=True)
-            reader.start()
             timed_out = False
             try:
+                if pid_file is not None:
+                    pid_file.write_text(str(proc.pid))
+                reader = threading.Thread(target=_pump, args=(proc.stdout, log, on_line), daemon=True)
+                reader.start()
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 timed_out = True
                 _kill_group(proc, grace_s=5.0)
+            except BaseException:  # interrupted, or we failed: the case must not run on unobserved
+                _kill_group(proc, grace_s=5.0)
+                raise
             reader.join(timeout=10)
             return CommandResult(argv, proc.returncode, timed_out, time.monotonic() - start)
         finally:
@@ -148,11 +160,31 @@ class LocalHost(Host):
     def remove_tree(self, remote: Path) -> None:
         shutil.rmtree(remote, ignore_errors=True)
 
+    def exists(self, remote: Path) -> bool:
+        return remote.exists()
+
+    def controller_pid(self) -> int:
+        return os.getpid()
+
     def disk_free(self, path: Path) -> int:
         probe = path
         while not probe.exists() and probe != probe.parent:
             probe = probe.parent
         return shutil.disk_usage(probe).free
+
+
+def default_work_root() -> Path:
+    """FLAGPERF_WORK_ROOT, else a folder of this user's own in the temp dir (0700: jobs and results
+    pass through it, and another user must not be able to plant or read them)."""
+    configured = os.environ.get("FLAGPERF_WORK_ROOT")
+    if configured:
+        return Path(configured)
+    root = Path(tempfile.gettempdir()) / f"flagperf-work-{os.getuid()}"
+    root.mkdir(mode=0o700, exist_ok=True)
+    info = root.lstat()
+    if info.st_uid != os.getuid() or stat.S_ISLNK(info.st_mode) or info.st_mode & 0o077:
+        raise PermissionError(f"{root} is not a private folder of this user; set FLAGPERF_WORK_ROOT")
+    return root
 
 
 def _pump(stream: IO[str] | None, log: IO[str] | None, on_line: LineSink | None) -> None:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from flagperf.provenance import engine_info, library_versions
+from flagperf.results import Failure, Provenance, RoundResult
 
 JOB_FILE = "job.json"
 
@@ -14,6 +19,7 @@ class Job(BaseModel):
 
     run_id: str
     case: str
+    family: str
     round: int = Field(ge=1)
     host: str
     node_rank: int = Field(ge=0, default=0)
@@ -25,3 +31,19 @@ class Job(BaseModel):
     command: str | None = None
     image: dict[str, Any]
     controller_libraries: dict[str, str] = Field(default_factory=dict)
+
+    def failed_result(self, failure: Failure, host_probe: dict[str, Any] | None) -> RoundResult:
+        """The result of a round that left none of its own (a crash, a timeout, a lost host)."""
+        now = datetime.now(UTC)
+        probe = host_probe or {}
+        return RoundResult(
+            run_id=self.run_id, case=self.case, family=self.family, round=self.round, host=self.host,
+            node_rank=self.node_rank, vendor=self.vendor, status="failed", failure=failure, started_at=now,
+            finished_at=now, duration_s=0.0, measured_seconds=0.0, device=probe.get("device"), config=self.config,
+            provenance=Provenance(
+                **engine_info(), command=self.command, python=probe.get("python", sys.version.split()[0]),
+                libraries={**self.controller_libraries, **probe.get("libraries", library_versions())},
+                host=probe.get("host", {}), image=self.image, config_origins=self.config_origins,
+                run_overrides=self.run_overrides, attempt=self.attempt,
+            ),
+        )

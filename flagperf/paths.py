@@ -6,14 +6,15 @@ import os
 import re
 from pathlib import Path
 
-PROJECT_ROOT = Path(os.environ.get("FLAGPERF_HOME", Path(__file__).resolve().parents[1]))
+# Resolved once: case and monitor processes run with the project root as their working directory.
+PROJECT_ROOT = Path(os.environ.get("FLAGPERF_HOME", Path(__file__).resolve().parents[1])).resolve()
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
 def _search_path(default: Path, env_var: str) -> list[Path]:
     """The project's own folder first, then extra folders from ``env_var`` (os.pathsep separated)."""
-    extra = [Path(p) for p in os.environ.get(env_var, "").split(os.pathsep) if p]
+    extra = [Path(p).resolve() for p in os.environ.get(env_var, "").split(os.pathsep) if p]
     return [default, *extra]
 
 

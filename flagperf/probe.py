@@ -21,12 +21,9 @@ def probe(vendor_name: str) -> dict[str, object]:
 
     vendor = load_vendor(vendor_name)
     device_type = vendor.manifest.torch_device
-    if device_type == "cpu":
-        visible, count = True, 1
-    else:
-        module = torch.get_device_module(device_type)
-        visible = bool(module.is_available())
-        count = int(module.device_count()) if visible else 0
+    module = torch.get_device_module(device_type)
+    visible = bool(module.is_available())
+    count = int(module.device_count()) if visible else 0
     spec = vendor.spec_table()
     return {
         "engine_version": __version__,

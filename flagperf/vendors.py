@@ -74,6 +74,9 @@ class VendorManifest(StrictModel):
     name: str
     description: str
     torch_device: str = Field(description="torch device type the cases run on: cpu, cuda, xpu, ...")
+    shares_host_memory: bool = Field(
+        description="the device allocates from host memory (CPU, unified-memory parts): capacity runs are "
+                    "bounded so the host never swaps, and there is no host-to-device link to measure")
     spec_module: str = "spec.py"
     spec_settings: dict[str, Any] = Field(default_factory=dict)
     monitors: list[MonitorEntry] = Field(default_factory=list)

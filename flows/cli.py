@@ -76,9 +76,15 @@ def run(
     _prepare_prefect_environment()
     from flows.evaluate import evaluate  # Prefect is imported only once the input is known to be good
 
-    state = evaluate(suite=suite, cases=case_list, vendor=vendor, rounds=rounds, overrides=set_ or [],
-                     results_dir=str(results), run_id=plan.run_id, monitor_interval_s=monitor_interval,
-                     command=shlex.join(["flagperf", *sys.argv[1:]]), return_state=True)
+    try:
+        state = evaluate(suite=suite, cases=case_list, vendor=vendor, rounds=rounds, overrides=set_ or [],
+                         results_dir=str(results), run_id=plan.run_id, monitor_interval_s=monitor_interval,
+                         command=shlex.join(["flagperf", *sys.argv[1:]]), return_state=True)
+    except KeyboardInterrupt:
+        raise _fail(f"interrupted; what was measured so far is in {plan.run_dir}", EXIT_FAILED) from None
+    except Exception as exc:  # the Prefect API cannot be reached, the temporary server did not start ...
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise _fail(f"the evaluation could not run: {type(exc).__name__}: {first}", EXIT_FAILED) from None
     run_dir = plan.run_dir
     if not (run_dir / SUMMARY_JSON).is_file():
         message = state.message or "the evaluation stopped before its summary"
@@ -155,7 +161,10 @@ def compare(
     flagged = sum(r.flagged for r in rows)
     console.print(f"{flagged} of {len(rows)} figures differ by more than their spread")
     if out is not None:
-        out.write_text(render_markdown(run_a, run_b, rows), encoding="utf-8")
+        try:
+            out.write_text(render_markdown(run_a, run_b, rows), encoding="utf-8")
+        except OSError as exc:
+            raise _fail(f"--out {out}: {exc.strerror or exc}") from None
         console.print(f"written to {escape(str(out))}", highlight=False)
 
 

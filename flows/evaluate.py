@@ -16,12 +16,12 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.runtime import deployment, flow_run
 
-from flagperf.errors import FlagperfError, InfrastructureFailure, RoundUserFailure
+from flagperf.errors import ConfigError, FlagperfError, InfrastructureFailure, RoundUserFailure
 from flagperf.hosts import Host, LocalHost
 from flagperf.job import Job
 from flagperf.plan import CasePlan, RunPlan, plan_run
 from flagperf.provenance import library_versions
-from flagperf.results import Failure, RoundResult, round_dir, write_json_atomic
+from flagperf.results import RESULT_FILE, Failure, RoundResult, round_dir, write_json_atomic, write_result
 from flagperf.runtime import ProcessRuntime, Runtime
 from tasks.analyze import analyze
 from tasks.collect import collect_logs
@@ -33,6 +33,7 @@ from tasks.monitor import start_monitors, stop_monitors
 CONTROLLER_LIBRARIES = ("prefect", "pandas")
 # A monitor outlives the round's worst case by this much at most, whatever happens to the controller.
 MONITOR_SLACK_S = 300
+MIN_MONITOR_INTERVAL_S, MAX_MONITOR_INTERVAL_S = 0.1, 60.0  # 10 Hz at most: the monitor's own limit
 
 
 class EvaluationFailed(FlagperfError):
@@ -56,6 +57,9 @@ def evaluate(
     overrides: "KEY=VALUE" or "CASE.KEY=VALUE" strings, as `flagperf run --set`.
     """
     logger = get_run_logger()
+    if not MIN_MONITOR_INTERVAL_S <= monitor_interval_s <= MAX_MONITOR_INTERVAL_S:
+        raise ConfigError("monitor_interval_s", None, f"must be between {MIN_MONITOR_INTERVAL_S} and "
+                                                      f"{MAX_MONITOR_INTERVAL_S} seconds, got {monitor_interval_s}")
     command = command or describe_invocation()
     plan = plan_run(suite=suite, cases=cases, vendor=vendor, rounds=rounds, sets=overrides,
                     results_dir=results_dir, run_id=run_id)
@@ -70,13 +74,16 @@ def evaluate(
     images = {host.name: build_image(host, plan.vendor, runtime) for host in hosts}
 
     results: list[RoundResult] = []
-    for case in plan.cases:
-        for round_no in range(1, plan.rounds + 1):
-            for host in hosts:
-                results.append(case_round(host, runtime, plan, case, round_no, images[host.name],
-                                          probes[host.name], monitor_interval_s, command))
-
-    summary = analyze(run_dir)
+    try:
+        for case in plan.cases:
+            for round_no in range(1, plan.rounds + 1):
+                for host in hosts:
+                    results.append(case_round(host, runtime, plan, case, round_no, images[host.name],
+                                              probes[host.name], monitor_interval_s, command))
+    finally:
+        for host in hosts:
+            host.remove_tree(host.work_root / plan.run_id)
+        summary = analyze(run_dir)  # also after an interruption: what was measured is reported
     failed = [r for r in results if r.status == "failed"]
     if failed:
         raise EvaluationFailed(f"{len(failed)} of {len(results)} rounds failed: " + "; ".join(
@@ -93,27 +100,46 @@ def describe_invocation() -> str:
 
 
 def case_round(host: Host, runtime: Runtime, plan: RunPlan, case: CasePlan, round_no: int, image: dict[str, Any],
-               probe: dict[str, Any] | None, monitor_interval_s: float, command: str | None) -> RoundResult:
-    """start monitors -> run case (retried on infrastructure failures) -> stop monitors -> collect."""
+               probe: dict[str, Any] | None, monitor_interval_s: float, command: str) -> RoundResult:
+    """start monitors -> run case (retried on infrastructure failures) -> stop monitors -> collect.
+
+    Whatever goes wrong in one round (a monitor that will not start, a host error, a failed collection)
+    becomes that round's failed result; the other rounds and the analysis still run.
+    """
     stage_dir = host.work_root / plan.run_id / case.name / f"round{round_no}" / f"{host.name}_noderank0"
-    job = Job(run_id=plan.run_id, case=case.name, round=round_no, host=host.name, vendor=plan.vendor,
-              config=case.config, config_origins=case.origins, run_overrides=case.run_overrides,
-              command=command, image=image,
-              controller_libraries=library_versions(CONTROLLER_LIBRARIES))
+    job = Job(run_id=plan.run_id, case=case.name, family=case.family, round=round_no, host=host.name,
+              vendor=plan.vendor, config=case.config, config_origins=case.origins, run_overrides=case.run_overrides,
+              command=command, image=image, controller_libraries=library_versions(CONTROLLER_LIBRARIES))
     monitor_budget = case.timeout_s * (case.max_retries + 1) + MONITOR_SLACK_S
     label = f"{case.name}/round{round_no}@{host.name}"
-    monitors = start_monitors(host, plan.vendor, stage_dir, monitor_interval_s, monitor_budget, label)
+    monitors: list[Any] = []
+    failure: Failure | None = None
     try:
+        monitors = start_monitors(host, plan.vendor, stage_dir, monitor_interval_s, monitor_budget, label)
         state = run_case.with_options(retries=case.max_retries)(
             host, runtime, job, stage_dir, case.timeout_s, return_state=True)
+        failure = failure_of(state.result(raise_on_failure=False))
+    except Exception as exc:
+        failure = Failure(kind="infrastructure", message=f"{label}: {type(exc).__name__}: {exc}")
     finally:
-        stop_monitors(host, monitors, stage_dir, label)
-    outcome = state.result(raise_on_failure=False)
-    failure = None
-    if isinstance(outcome, BaseException):
-        kind = "user" if isinstance(outcome, RoundUserFailure) else "infrastructure"
-        if not isinstance(outcome, (RoundUserFailure, InfrastructureFailure)):
-            outcome = f"{type(outcome).__name__}: {outcome}"
-        failure = Failure(kind=kind, message=str(outcome))
+        if monitors:
+            stop_monitors(host, monitors, stage_dir, label, return_state=True)
     dest = round_dir(Path(plan.results_dir) / plan.run_id, case.name, round_no, host.name)
-    return collect_logs(host, stage_dir, dest, job, case.family, failure, probe)
+    collected = collect_logs(host, stage_dir, dest, job, failure, probe, return_state=True)
+    if collected.is_completed():
+        return collected.result()
+    # Even the collection failed: the round still gets a result saying so.
+    message = f"{label}: collecting the round's files failed: {collected.message}"
+    result = job.failed_result(Failure(kind="infrastructure", message=message), probe)
+    if not (dest / RESULT_FILE).exists():
+        write_result(dest / RESULT_FILE, result)
+    return result
+
+
+def failure_of(outcome: object) -> Failure | None:
+    if not isinstance(outcome, BaseException):
+        return None
+    kind = "user" if isinstance(outcome, RoundUserFailure) else "infrastructure"
+    if isinstance(outcome, (RoundUserFailure, InfrastructureFailure)):
+        return Failure(kind=kind, message=str(outcome))
+    return Failure(kind=kind, message=f"{type(outcome).__name__}: {outcome}")

@@ -2,26 +2,24 @@ from __future__ import annotations
 
 import re
 import shutil
-import sys
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NONE
 
+from flagperf.errors import InfrastructureFailure
 from flagperf.hosts import Host
 from flagperf.job import JOB_FILE, Job
-from flagperf.provenance import engine_info, library_versions
-from flagperf.results import RESULT_FILE, Failure, Provenance, RoundResult, read_result, write_result
+from flagperf.results import RESULT_FILE, Failure, RoundResult, read_result, write_result
 from flagperf.runtime import PID_FILE
 
 ATTEMPT_DIR = re.compile(r"^attempt(\d+)$")
 
 
 @task(name="collect_logs", task_run_name="collect_logs[{job.case}/round{job.round}@{host.name}]", cache_policy=NONE)
-def collect_logs(host: Host, stage_dir: Path, dest_dir: Path, job: Job, family: str,
-                 failure: Failure | None, host_probe: dict[str, Any] | None) -> RoundResult:
+def collect_logs(host: Host, stage_dir: Path, dest_dir: Path, job: Job, failure: Failure | None,
+                 host_probe: dict[str, Any] | None) -> RoundResult:
     """Bring a round's files to the controller, in FlagPerf's layout, whatever the round's outcome.
 
     The last attempt's files go to the round folder; earlier attempts (retried crashes) are kept
@@ -31,6 +29,8 @@ def collect_logs(host: Host, stage_dir: Path, dest_dir: Path, job: Job, family: 
     logger = get_run_logger()
     partial = dest_dir.with_name(f".{dest_dir.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
+    if not host.exists(stage_dir):
+        raise InfrastructureFailure(f"host {host.name}: {stage_dir} does not exist; nothing to collect")
     host.fetch_tree(stage_dir, partial)
     attempts = sorted((int(m.group(1)), p) for p in partial.iterdir() if (m := ATTEMPT_DIR.match(p.name)))
     if attempts:
@@ -52,8 +52,10 @@ def collect_logs(host: Host, stage_dir: Path, dest_dir: Path, job: Job, family: 
         except ValueError as exc:
             logger.error("unreadable %s from %s: %s", RESULT_FILE, host.name, str(exc).splitlines()[0])
     if result is None or (failure is not None and result.status == "success"):
-        result = _failed_result(job, family, failure or Failure(kind="infrastructure", message="no result"),
-                                host_probe, partial)
+        job_file = partial / JOB_FILE  # the last attempt's job: it knows which attempt failed
+        last = Job.model_validate_json(job_file.read_text()) if job_file.is_file() else job
+        result = last.failed_result(failure or Failure(kind="infrastructure", message="the case left no result"),
+                                    host_probe)
         write_result(result_path, result)
     if dest_dir.exists():
         raise FileExistsError(f"{dest_dir} already exists; results are never overwritten")
@@ -62,22 +64,3 @@ def collect_logs(host: Host, stage_dir: Path, dest_dir: Path, job: Job, family: 
     host.remove_tree(stage_dir)
     logger.info("collected %s -> %s (%s)", stage_dir, dest_dir, result.status)
     return result
-
-
-def _failed_result(job: Job, family: str, failure: Failure, host_probe: dict[str, Any] | None,
-                   folder: Path) -> RoundResult:
-    now = datetime.now(UTC)
-    job_file = folder / JOB_FILE
-    attempt = Job.model_validate_json(job_file.read_text()).attempt if job_file.is_file() else job.attempt
-    probe = host_probe or {}
-    return RoundResult(
-        run_id=job.run_id, case=job.case, family=family, round=job.round, host=job.host, node_rank=job.node_rank,
-        vendor=job.vendor, status="failed", failure=failure, started_at=now, finished_at=now, duration_s=0.0,
-        measured_seconds=0.0, device=probe.get("device"), config=job.config,
-        provenance=Provenance(
-            **engine_info(), command=job.command, python=probe.get("python", sys.version.split()[0]),
-            libraries={**job.controller_libraries, **probe.get("libraries", library_versions())},
-            host=probe.get("host", {}), image=job.image, config_origins=job.config_origins,
-            run_overrides=job.run_overrides, attempt=attempt,
-        ),
-    )

@@ -17,14 +17,20 @@ def start_monitors(host: Host, vendor: str, stage_dir: Path, interval_s: float, 
                    ) -> list[tuple[str, BackgroundProcess]]:
     logger = get_run_logger()
     loaded = load_vendor(vendor)
-    started = []
-    for entry in loaded.manifest.monitors:
-        argv = [*loaded.monitor_command(entry, host.python), "--out", str(stage_dir / f"monitor_{entry.name}.jsonl"),
-                "--interval", str(interval_s), "--pid-file", str(stage_dir / PID_FILE),
-                "--max-seconds", str(int(max_seconds))]
-        proc = host.spawn(argv, log_path=stage_dir / f"monitor_{entry.name}.log")
-        started.append((entry.name, proc))
-        logger.info("monitor %s started (pid %d, every %.1f s)", entry.name, proc.pid, interval_s)
+    started: list[tuple[str, BackgroundProcess]] = []
+    try:
+        for entry in loaded.manifest.monitors:
+            argv = [*loaded.monitor_command(entry, host.python), "--out",
+                    str(stage_dir / f"monitor_{entry.name}.jsonl"), "--interval", str(interval_s),
+                    "--pid-file", str(stage_dir / PID_FILE), "--max-seconds", str(int(max_seconds)),
+                    "--parent-pid", str(host.controller_pid())]
+            proc = host.spawn(argv, log_path=stage_dir / f"monitor_{entry.name}.log")
+            started.append((entry.name, proc))
+            logger.info("monitor %s started (pid %d, every %.1f s)", entry.name, proc.pid, interval_s)
+    except BaseException:
+        for _, proc in started:  # none of this round's monitors outlives a failed start
+            host.terminate(proc, grace_s=2.0)
+        raise
     return started
 
 

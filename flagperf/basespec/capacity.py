@@ -13,6 +13,7 @@ import torch
 from pydantic import Field
 
 from flagperf.casekit import CaseConfig, CaseContext, comparable_ratio
+from flagperf.errors import CaseUserError
 from flagperf.results import Metric
 
 # Never more than this share of the host's free memory when the device memory is the host's.
@@ -32,7 +33,10 @@ def run(config: Config, ctx: CaseContext) -> list[Metric]:
     fraction = config.max_fraction_of_free
     if not ctx.has_separate_memory:
         fraction = min(fraction, HOST_MEMORY_CEILING)
-    bound = int(free * fraction)
+    # On a device with its own memory and no explicit bound, allocate until the device refuses: the
+    # 'free' figure is itself an estimate, and the point is to find the real limit.
+    unbounded = ctx.has_separate_memory and fraction >= 1.0 and config.max_gib is None
+    bound = total if unbounded else int(free * fraction)
     if config.max_gib is not None:
         bound = min(bound, int(config.max_gib * 2**30))
 
@@ -50,7 +54,9 @@ def run(config: Config, ctx: CaseContext) -> list[Metric]:
         try:
             block = torch.empty(chunk, dtype=torch.uint8, device=ctx.device)
             block.fill_(1)  # touch every page: reserved-but-untouched memory is not capacity
-        except torch.OutOfMemoryError:
+        except RuntimeError as exc:  # torch.OutOfMemoryError on CUDA; a plain RuntimeError on other backends
+            if not isinstance(exc, torch.OutOfMemoryError) and "out of memory" not in str(exc).lower():
+                raise
             stopped_by = "device"
             chunk //= 2
             continue
@@ -61,6 +67,9 @@ def run(config: Config, ctx: CaseContext) -> list[Metric]:
     ctx.measured_seconds += seconds
     blocks = len(held)
     del held
+    if allocated == 0:
+        raise CaseUserError(f"nothing allocated: the bound ({bound / 2**20:.0f} MiB) is smaller than one "
+                            f"{config.chunk_mib} MiB chunk; raise max_gib or lower chunk_mib")
 
     value = allocated / 2**30
     if stopped_by == "device":

@@ -6,7 +6,6 @@ import torch
 from pydantic import Field
 
 from flagperf.casekit import CaseContext, TimedCaseConfig
-from flagperf.errors import CaseUserError
 from flagperf.metrics import COPY_CONVENTION, copy_bytes
 from flagperf.results import Metric
 
@@ -19,10 +18,7 @@ def run(config: Config, ctx: CaseContext) -> list[Metric]:
     peak_key = "memory_bandwidth"
     ctx.require(peak_key)
     nbytes = config.size_mib * 2**20
-    free, _ = ctx.memory_info()
-    if 2 * nbytes > 0.8 * free:
-        raise CaseUserError(f"size_mib={config.size_mib} needs {2 * nbytes / 2**30:.2f} GiB (source and "
-                            f"destination), more than 80% of the {free / 2**30:.2f} GiB free")
+    ctx.check_fits(2 * nbytes, f"size_mib={config.size_mib} (source and destination)")
     src = torch.ones(nbytes // 4, dtype=torch.float32, device=ctx.device)
     dst = torch.empty_like(src)
     chunks = ctx.time(lambda: dst.copy_(src))

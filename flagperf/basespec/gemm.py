@@ -42,7 +42,7 @@ def _operands(config: Config, device: torch.device) -> tuple[torch.Tensor, torch
 
 def _multiply(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
     if a.dtype == torch.int8:
-        out.copy_(torch._int_mm(a, b))  # int8 x int8 -> int32, the tensor-core path on GPUs
+        torch._int_mm(a, b, out=out)  # int8 x int8 -> int32, the tensor-core path on GPUs
     else:
         torch.mm(a, b, out=out)
 
@@ -54,10 +54,7 @@ def run(config: Config, ctx: CaseContext) -> list[Metric]:
     element = torch.empty((), dtype=DTYPES[config.precision]).element_size()
     out_element = 4 if config.precision == "int8" else element
     need = (config.m * config.k + config.k * config.n) * element + config.m * config.n * out_element
-    free, _ = ctx.memory_info()
-    if need > 0.8 * free:
-        raise CaseUserError(f"m={config.m}, n={config.n}, k={config.k} needs {need / 2**30:.2f} GiB, "
-                            f"more than 80% of the {free / 2**30:.2f} GiB free")
+    ctx.check_fits(need, f"m={config.m}, n={config.n}, k={config.k}")
 
     # FP32 must not silently use TF32 (or BF16) arithmetic, and TF32 must be allowed to.
     torch.set_float32_matmul_precision("high" if config.precision == "tf32" else "highest")

@@ -25,6 +25,7 @@ def run(config: Config, ctx: CaseContext) -> list[Metric]:
     if not ctx.has_separate_memory:
         raise Unsupported(f"{ctx.device} has no memory separate from the host's")
     nbytes = config.size_mib * 2**20
+    ctx.check_fits(nbytes, f"size_mib={config.size_mib}")
     host = torch.ones(nbytes, dtype=torch.uint8, pin_memory=config.pinned)
     device = torch.empty(nbytes, dtype=torch.uint8, device=ctx.device)
     if config.direction == "h2d":

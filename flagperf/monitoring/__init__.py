@@ -30,6 +30,9 @@ def monitor_arguments(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between samples (>= 0.1)")
     parser.add_argument("--pid-file", type=Path, default=None, help="file holding the case process id")
     parser.add_argument("--max-seconds", type=float, default=24 * 3600, help="stop after this long regardless")
+    parser.add_argument("--parent-pid", type=int, default=None,
+                        help="stop when this process is no longer our parent (default: the parent at start; "
+                             "pass it explicitly, or a parent that exits before we start is never noticed)")
     return parser
 
 
@@ -53,7 +56,7 @@ def run_sampler(name: str, args: argparse.Namespace, header: dict[str, Any],
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    parent = os.getppid()
+    parent = args.parent_pid if args.parent_pid is not None else os.getppid()
     started = time.time()
     deadline = time.monotonic() + args.max_seconds
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -82,6 +85,9 @@ def run_sampler(name: str, args: argparse.Namespace, header: dict[str, Any],
                 now = time.monotonic()
             if now > next_tick + args.interval:  # fell behind (suspended?): skip, don't burst
                 next_tick = now
+        if stop_reason[0] == "signal":  # one last sample, so the timed region that just ended is covered
+            out.write(json.dumps({"type": "sample", "t": time.time(), **sample()}) + "\n")
+            count += 1
         out.write(json.dumps({"type": "footer", "samples": count, "stopped_at": time.time(),
                               "reason": stop_reason[0]}) + "\n")
     return 0

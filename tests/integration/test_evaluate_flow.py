@@ -54,7 +54,7 @@ def monitor_processes(run_dir_name: str) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
-        if "monitor.py" in cmdline and run_dir_name in cmdline:
+        if "flagperf.monitoring" in cmdline and run_dir_name in cmdline:
             found.append(proc)
     return found
 

@@ -125,7 +125,8 @@ def test_validate_case_yaml_with_bad_default(tmp_path: Path, make_case) -> None:
 def test_validate_vendor_manifest(tmp_path: Path) -> None:
     folder = tmp_path / "acme"
     folder.mkdir()
-    (folder / "vendor.yaml").write_text("name: acme\ndescription: d\ntorch_device: cpu\ncontainer:\n"
+    (folder / "vendor.yaml").write_text("name: acme\ndescription: d\ntorch_device: cpu\nshares_host_memory: true\n"
+                                        "container:\n"
                                         "  dockerfile: Dockerfile\n  privileged: true\n", encoding="utf-8")
     (folder / "spec.py").write_text("", encoding="utf-8")
     (folder / "Dockerfile").write_text("", encoding="utf-8")

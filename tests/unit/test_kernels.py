@@ -33,7 +33,7 @@ def cpu_spec() -> SpecTable:
 
 @pytest.fixture
 def ctx(cpu_spec: SpecTable) -> CaseContext:
-    return CaseContext("cpu", cpu_spec, TINY, LOG)
+    return CaseContext("cpu", cpu_spec, TINY, LOG, shares_host_memory=True)
 
 
 def gemm_config(precision: str, size: int = 64, **extra: Any) -> gemm.Config:
@@ -102,7 +102,7 @@ def test_unsupported_precisions_follow_the_spec(ctx: CaseContext, cpu_spec: Spec
 def test_int8_shape_rules() -> None:
     # A spec table that says int8 is supported reaches the kernel's own input checks.
     spec = SpecTable(device="test", peaks={"int8": Peak(value=1.0, unit="TOPS", source="test")})
-    ctx = CaseContext("cpu", spec, TINY, LOG)
+    ctx = CaseContext("cpu", spec, TINY, LOG, shares_host_memory=True)
     with pytest.raises(CaseUserError, match="int8 GEMM needs"):
         gemm.run(gemm_config("int8", size=16), ctx)
     with pytest.raises(CaseUserError):
@@ -166,7 +166,7 @@ def test_comparable_ratio() -> None:
 def test_context_require() -> None:
     spec = SpecTable(device="dev", peaks={"a": Peak(value=1.0, unit="u", source="s"),
                                          "b": Peak(value=None, unit="u", source="no b here", supported=False)})
-    ctx = CaseContext("cpu", spec, TINY, LOG)
+    ctx = CaseContext("cpu", spec, TINY, LOG, shares_host_memory=True)
     assert ctx.require("a") == spec.peaks["a"]
     assert ctx.require("missing") is None
     with pytest.raises(Unsupported, match="b on dev: no b here"):
@@ -182,8 +182,9 @@ def test_context_require() -> None:
 def make_job(tmp_path: Path, case: str, sets: list[str]) -> Job:
     plan = plan_run(cases=[case], sets=sets, results_dir=tmp_path / "results", run_id="run1")
     cp = plan.cases[0]
-    return Job(run_id=plan.run_id, case=case, round=1, host="localhost", vendor="cpu", config=cp.config,
-               config_origins=cp.origins, run_overrides=cp.run_overrides, command="pytest", image={"status": "none"})
+    return Job(run_id=plan.run_id, case=case, family=cp.family, round=1, host="localhost", vendor="cpu",
+               config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, command="pytest",
+               image={"status": "none"})
 
 
 TINY_GEMM = ["m=64", "n=64", "k=64", "warmup_iters=0", "min_duration_s=0.05", "min_iters=2"]

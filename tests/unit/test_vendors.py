@@ -35,6 +35,7 @@ def make_vendor(root: Path, folder: str = "acme", **manifest: Any) -> Path:
     (path / "spec.py").write_text(SPEC_PY, encoding="utf-8")
     (path / "mon.py").write_text("", encoding="utf-8")
     data: dict[str, Any] = {"name": folder, "description": "test vendor", "torch_device": "cpu",
+                            "shares_host_memory": True,
                             "spec_settings": {"model": "X1", "fp32": 12.5},
                             "monitors": [{"name": "sys", "script": "mon.py"}],
                             "container": {"dockerfile": "pytorch/Dockerfile"}}

@@ -1,0 +1,99 @@
+"""Review findings, pinned down: bad values refused up front, backend errors sorted, monitors that
+cover the end of a timed region and never outlive their parent, a private work folder."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from flagperf.entry import classify_runtime_error
+from flagperf.errors import CaseUserError, ConfigError, Unsupported
+from flagperf.hosts import default_work_root
+from flagperf.paths import PROJECT_ROOT
+from flagperf.plan import plan_run
+
+
+@pytest.mark.parametrize(("setting", "words"), [
+    ("timeout_s=.inf", "finite"),
+    ("min_duration_s=.nan", "finite"),
+    ("m=true", "integer"),
+    ("min_duration_s=1000", "well below timeout_s"),
+])
+def test_values_that_would_waste_or_break_a_run_are_refused(tmp_path: Path, setting: str, words: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        plan_run(cases=["computation-FP32"], sets=[setting], results_dir=tmp_path)
+    assert info.value.source == "--set" or "computation-FP32" in info.value.source
+    assert words in info.value.message
+
+
+def test_backend_runtime_errors_are_sorted() -> None:
+    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB")
+    assert isinstance(classify_runtime_error(oom), CaseUserError)
+    assert isinstance(classify_runtime_error(RuntimeError("HIP out of memory")), CaseUserError)
+    assert isinstance(classify_runtime_error(RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED when calling cublasLt")),
+                      Unsupported)
+    crash = RuntimeError("CUDA error: an illegal memory access was encountered")
+    assert classify_runtime_error(crash) is crash  # a crash stays a crash: retried
+
+
+def _start_monitor(out: Path, interval: float = 1.0, via_parent: bool = False) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "flagperf.monitoring.system", "--out", str(out), "--interval", str(interval)]
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+    if via_parent:  # a short-lived parent that starts the monitor and exits at once
+        code = (f"import os, subprocess; p = subprocess.Popen({argv!r} + ['--parent-pid', str(os.getpid())]); "
+                "print(p.pid, flush=True)")
+        return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE)
+    return subprocess.Popen(argv, env=env)
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_monitor_takes_a_last_sample_when_stopped(tmp_path: Path) -> None:
+    out = tmp_path / "monitor_system.jsonl"
+    proc = _start_monitor(out, interval=5.0)  # slow on purpose: only the stop can cover the end
+    deadline = time.time() + 30
+    while (not out.exists() or '"sample"' not in out.read_text()) and time.time() < deadline:
+        time.sleep(0.1)
+    region_end = time.time()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 0
+    records = _records(out)
+    samples = [r for r in records if r["type"] == "sample"]
+    assert records[-1] == {**records[-1], "type": "footer", "reason": "signal", "samples": len(samples)}
+    assert samples[-1]["t"] >= region_end
+
+
+def test_monitor_exits_when_its_parent_is_gone(tmp_path: Path) -> None:
+    out = tmp_path / "monitor_system.jsonl"
+    parent = _start_monitor(out, interval=0.2, via_parent=True)
+    pid = int(parent.stdout.readline())
+    parent.wait(timeout=30)
+    with contextlib.suppress(psutil.NoSuchProcess):
+        psutil.Process(pid).wait(timeout=30)
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert _records(out)[-1]["reason"] == "parent-exited"
+
+
+def test_default_work_root_is_private(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("FLAGPERF_WORK_ROOT", raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    root = default_work_root()
+    assert root.parent == tmp_path and root.stat().st_mode & 0o777 == 0o700
+    root.chmod(0o777)  # someone opened it up (or made it first): refused, not used
+    with pytest.raises(PermissionError, match="not a private folder"):
+        default_work_root()
