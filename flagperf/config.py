@@ -199,6 +199,9 @@ def parse_set_override(text: str, case_names: list[str]) -> SetOverride:
             case, key = name, lhs[len(name) + 1:]
             break
     if not key or not key.replace("_", "a").isalnum():
+        if "." in lhs and lhs.rsplit(".", 1)[0] not in case_names:
+            raise ConfigError("--set", lhs, f"no selected case is named {lhs.rsplit('.', 1)[0]!r} "
+                                            f"(selected: {', '.join(case_names)})")
         raise ConfigError("--set", lhs, "the key must be a configuration name such as min_duration_s")
     value = parse_yaml_text(raw, "--set") if raw.strip() else ""
     if isinstance(value, dict | list):

@@ -50,7 +50,7 @@ def check_host(host: Host, vendor: str, results_dir: Path, log_path: Path,
         checks.append(Check("reachable", False, f"probe did not answer within {PROBE_TIMEOUT_S:.0f} s"))
     else:
         checks.append(Check("reachable", True, f"{host.python} runs"))
-        log_tail = _tail(log_path)
+        log_tail = next(iter(host.tail(log_path, 1)), "")
         if result.exit_code != 0:
             checks.append(Check("deployed", False, f"flagperf.probe exited {result.exit_code}: {log_tail}"))
         else:
@@ -73,11 +73,3 @@ def check_host(host: Host, vendor: str, results_dir: Path, log_path: Path,
         checks.append(Check(label, free >= min_free_bytes,
                             f"{free / 2**30:.1f} GiB free at {path} (need {min_free_bytes / 2**30:.1f})"))
     return HealthReport(host=host.name, checks=checks, probe=probe)
-
-
-def _tail(path: Path) -> str:
-    try:
-        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
-    except OSError:
-        return ""
-    return lines[-1] if lines else ""

@@ -73,6 +73,17 @@ class Host(ABC):
     def exists(self, remote: Path) -> bool: ...
 
     @abstractmethod
+    def read_text(self, remote: Path) -> str: ...
+
+    def tail(self, remote: Path, lines: int) -> list[str]:
+        """The last non-empty lines of a text file on the host ([] when it cannot be read)."""
+        try:
+            text = self.read_text(remote)
+        except OSError:
+            return []
+        return [line.strip() for line in text.splitlines() if line.strip()][-lines:]
+
+    @abstractmethod
     def controller_pid(self) -> int:
         """The process on the host whose exit means nobody is watching (monitors stop then)."""
 
@@ -162,6 +173,9 @@ class LocalHost(Host):
 
     def exists(self, remote: Path) -> bool:
         return remote.exists()
+
+    def read_text(self, remote: Path) -> str:
+        return remote.read_text(encoding="utf-8", errors="replace")
 
     def controller_pid(self) -> int:
         return os.getpid()

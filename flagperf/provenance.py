@@ -15,6 +15,12 @@ from flagperf import __version__
 from flagperf.paths import PROJECT_ROOT
 
 CASE_LIBRARIES = ("torch", "numpy", "pydantic", "PyYAML", "psutil")
+# Environment variables that change what a number means (threads, visible devices, math modes).
+RELEVANT_ENVIRONMENT = (
+    "CUDA_VISIBLE_DEVICES", "NVIDIA_TF32_OVERRIDE", "CUBLAS_WORKSPACE_CONFIG", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+    "PYTORCH_CUDA_ALLOC_CONF",
+)
 
 
 def git_revision() -> tuple[str | None, bool | None]:
@@ -22,7 +28,8 @@ def git_revision() -> tuple[str | None, bool | None]:
     try:
         rev = subprocess.run(["git", "-C", str(PROJECT_ROOT), "rev-parse", "HEAD"], capture_output=True,
                              text=True, timeout=10, check=True).stdout.strip()
-        status = subprocess.run(["git", "-C", str(PROJECT_ROOT), "status", "--porcelain", "--untracked-files=no"],
+        # Untracked files count: a new case or kernel not yet committed changes what ran.
+        status = subprocess.run(["git", "-C", str(PROJECT_ROOT), "status", "--porcelain"],
                                 capture_output=True, text=True, timeout=10, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return None, None
@@ -61,6 +68,7 @@ def host_info() -> dict[str, Any]:
         "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else psutil.cpu_count(),
         "memory_total_bytes": psutil.virtual_memory().total,
         "python_executable": platform.python_implementation() + " " + platform.python_version(),
+        "environment": {name: os.environ[name] for name in RELEVANT_ENVIRONMENT if name in os.environ},
     }
 
 

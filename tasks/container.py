@@ -56,12 +56,5 @@ def run_case(host: Host, runtime: Runtime, job: Job, stage_dir: Path, timeout_s:
     how = "could not start" if outcome.exit_code is None else (
         f"killed by signal {-outcome.exit_code}" if outcome.exit_code < 0 else f"exited {outcome.exit_code}")
     raise InfrastructureFailure(f"{job.case} round {job.round} on {host.name}: {how}; "
-                                f"last lines of {CASE_LOG_FILE}: {_tail(job_dir / CASE_LOG_FILE)}")
-
-
-def _tail(path: Path) -> str:
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return "(no log)"
-    return " | ".join(line.strip() for line in lines[-LOG_TAIL_LINES:] if line.strip()) or "(empty log)"
+                                f"last lines of {CASE_LOG_FILE}: "
+                                f"{' | '.join(host.tail(job_dir / CASE_LOG_FILE, LOG_TAIL_LINES)) or '(empty)'}")

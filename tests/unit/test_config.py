@@ -179,7 +179,13 @@ def test_set_missing_equals() -> None:
     assert "KEY=VALUE" in str(info.value)
 
 
-@pytest.mark.parametrize("text", ["=1", "m-n=1", "unknowncase.m=1", "a b=1", "computation-FP32.=1", "m[0]=1"])
+def test_set_on_a_case_that_is_not_selected_names_the_selection() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_set_override("unknowncase.m=1", ["computation-FP32"])
+    assert info.value.message == "no selected case is named 'unknowncase' (selected: computation-FP32)"
+
+
+@pytest.mark.parametrize("text", ["=1", "m-n=1", "a b=1", "computation-FP32.=1", "m[0]=1"])
 def test_set_bad_key(text: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_set_override(text, ["computation-FP32"])
