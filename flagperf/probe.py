@@ -24,7 +24,7 @@ def probe(vendor_name: str) -> dict[str, object]:
     module = torch.get_device_module(device_type)
     visible = bool(module.is_available())
     count = int(module.device_count()) if visible else 0
-    spec = vendor.spec_table()
+    spec = vendor.spec_table() if visible else None
     return {
         "engine_version": __version__,
         "python": sys.version.split()[0],
@@ -33,8 +33,8 @@ def probe(vendor_name: str) -> dict[str, object]:
         "torch_device": device_type,
         "device_visible": visible,
         "device_count": count,
-        "device": spec.device,
-        "peaks": {key: peak.model_dump() for key, peak in spec.peaks.items()},
+        "device": spec.device if spec else None,
+        "peaks": {key: peak.model_dump() for key, peak in spec.peaks.items()} if spec else {},
         "time": time.time(),
     }
 

@@ -1,0 +1,91 @@
+"""NVML monitor for the nvidia vendor: per GPU utilisation, memory used and total, power, the
+total-energy counter (relative to start), temperature, SM clock and the active throttle reasons.
+
+Uses nvidia-ml-py (NVML's Python binding), not nvidia-smi's human table. Where NVML cannot be used,
+the header says why and the monitor exits at once (no samples, never zeros).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the project root, for flagperf.monitoring
+
+from flagperf.monitoring import monitor_arguments, run_sampler
+
+THROTTLE_REASONS = {  # NVML clocks-event reason bits (nvml.h)
+    0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
+    0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+
+
+def _call(fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except Exception:  # one unsupported query on one GPU must not stop the others
+        return None
+
+
+def main() -> int:
+    args = monitor_arguments(__doc__ or "").parse_args()
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+    except Exception as exc:  # the package, the driver, or the GPUs are missing
+        reason = f"NVML unavailable: {type(exc).__name__}: {exc}"
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"type": "header", "monitor": "nvml", "interval_s": args.interval,
+                                        "started_at": time.time(), "sources": {
+                                            "devices": {"available": False, "reason": reason}}}) + "\n"
+                            + json.dumps({"type": "footer", "samples": 0, "stopped_at": time.time(),
+                                          "reason": "unavailable"}) + "\n")
+        print(reason, file=sys.stderr)
+        return 0
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    energy_start = [_call(pynvml.nvmlDeviceGetTotalEnergyConsumption, h) for h in handles]
+    header = {
+        "driver": _call(pynvml.nvmlSystemGetDriverVersion),
+        "devices": [{"index": i, "name": _call(pynvml.nvmlDeviceGetName, h), "uuid": _call(pynvml.nvmlDeviceGetUUID, h),
+                     "power_limit_w": (_call(pynvml.nvmlDeviceGetEnforcedPowerLimit, h) or 0) / 1000 or None}
+                    for i, h in enumerate(handles)],
+        "fields": {"util_percent": "%", "mem_used_bytes": "B", "mem_total_bytes": "B", "power_w": "W",
+                   "energy_j": "J since start (NVML total energy)", "temp_c": "C", "sm_clock_mhz": "MHz",
+                   "throttle": "active clocks-event reasons"},
+    }
+
+    def device_sample(i: int, h: Any) -> dict[str, Any]:
+        util = _call(pynvml.nvmlDeviceGetUtilizationRates, h)
+        mem = _call(pynvml.nvmlDeviceGetMemoryInfo, h)
+        power_mw = _call(pynvml.nvmlDeviceGetPowerUsage, h)
+        energy_mj = _call(pynvml.nvmlDeviceGetTotalEnergyConsumption, h)
+        reasons = _call(getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                        or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons, h)
+        return {
+            "index": i,
+            "util_percent": util.gpu if util else None,
+            "mem_used_bytes": mem.used if mem else None,
+            "mem_total_bytes": mem.total if mem else None,
+            "power_w": power_mw / 1000 if power_mw is not None else None,
+            "energy_j": (energy_mj - energy_start[i]) / 1000 if energy_mj is not None and energy_start[i] is not None
+            else None,
+            "temp_c": _call(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU),
+            "sm_clock_mhz": _call(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM),
+            "throttle": [name for bit, name in THROTTLE_REASONS.items() if reasons and reasons & bit],
+        }
+
+    try:
+        return run_sampler("nvml", args, header, lambda: {"devices": [device_sample(i, h)
+                                                                      for i, h in enumerate(handles)]})
+    finally:
+        _call(pynvml.nvmlShutdown)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
