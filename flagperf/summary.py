@@ -26,7 +26,8 @@ REPORT_MD = "report.md"
 MONITOR_COLUMNS = ["power_avg_w", "power_max_w", "energy_j", "energy_source", "energy_per_work",
                    "energy_per_work_unit", "cpu_percent_mean", "mem_used_bytes_max", "case_rss_bytes_max",
                    "accel_util_percent_mean", "accel_mem_used_bytes_max"]
-ROW_COLUMNS = ["case", "round", "host", "node_rank", "status", "metric", "value", "unit", "p50", "cv_chunks",
+ROW_COLUMNS = ["case", "round", "host", "node_rank", "nnodes", "nproc_per_node", "status", "metric", "value",
+               "unit", "p50", "cv_chunks",
                "peak", "peak_unit", "ratio", "convention", "peak_source", "message", "device", *MONITOR_COLUMNS]
 
 
@@ -40,6 +41,7 @@ class RunSummary:
     problems: list[str] = field(default_factory=list)
     context: dict[str, Any] = field(default_factory=dict)
     monitor_notes: list[str] = field(default_factory=list)
+    scaling: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def all_succeeded(self) -> bool:
@@ -48,7 +50,7 @@ class RunSummary:
     def to_json(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "counts": self.counts, "headline": self.headline,
                 "not_measured": self.not_measured, "problems": self.problems, "context": self.context,
-                "monitor_notes": self.monitor_notes}
+                "monitor_notes": self.monitor_notes, "scaling": self.scaling}
 
 
 def load_results(run_dir: Path) -> tuple[list[tuple[Path, RoundResult]], list[str]]:
@@ -83,8 +85,9 @@ def _monitor_columns(stats: WindowStats, metric: Metric | None) -> dict[str, Any
 def _rows(results: list[tuple[Path, RoundResult]], notes: dict[str, None]) -> pd.DataFrame:
     rows: list[dict[str, Any]] = []
     for folder, r in results:
-        base = {"case": r.case, "round": r.round, "host": r.host, "node_rank": r.node_rank, "status": r.status,
-                "device": r.device, "message": r.failure.message if r.failure else None}
+        base = {"case": r.case, "round": r.round, "host": r.host, "node_rank": r.node_rank,
+                "nnodes": int(r.config.get("nnodes", 1)), "nproc_per_node": int(r.config.get("nproc_per_node", 1)),
+                "status": r.status, "device": r.device, "message": r.failure.message if r.failure else None}
         monitors = read_monitors(folder)
         if not monitors:
             notes[f"{r.case} round {r.round} on {r.host}: no monitor file"] = None
@@ -165,7 +168,34 @@ def summarize(run_dir: Path) -> RunSummary:
                             "torch": prov.libraries.get("torch"), "prefect": prov.libraries.get("prefect"),
                             "command": prov.command, "image": prov.image.get("status")})
     return RunSummary(run_id=run_dir.name, rows=rows, headline=headline, not_measured=not_measured,
-                      counts=counts, problems=problems, context=context, monitor_notes=list(notes))
+                      counts=counts, problems=problems, context=context, monitor_notes=list(notes),
+                      scaling=scaling_table(rows))
+
+
+def scaling_table(rows: pd.DataFrame) -> list[dict[str, Any]]:
+    """DLPerf-style scaling (1 -> N devices or nodes) for every case and metric measured at several sizes.
+
+    Throughput at a size is the sum over its node ranks (each rank reports its own share), averaged over
+    rounds; speed-up is against the smallest size measured, efficiency = speed-up / (devices / smallest).
+    """
+    measured = rows[rows["metric"].notna() & (rows["status"] == "success")].copy()
+    if measured.empty:
+        return []
+    measured["devices"] = measured["nnodes"] * measured["nproc_per_node"]
+    table: list[dict[str, Any]] = []
+    for (case, metric), group in measured.groupby(["case", "metric"], sort=False):
+        if group["devices"].nunique() < 2:
+            continue
+        per_round = group.groupby(["devices", "nnodes", "nproc_per_node", "round"])["value"].sum()
+        sizes = per_round.groupby(level=["devices", "nnodes", "nproc_per_node"]).mean().sort_index()
+        (base_devices, _, _), base = sizes.index[0], float(sizes.iloc[0])
+        for (devices, nnodes, nproc), value in sizes.items():
+            speedup = float(value) / base if base else None
+            table.append({"case": case, "metric": metric, "unit": group["unit"].iloc[0], "nnodes": int(nnodes),
+                          "nproc_per_node": int(nproc), "devices": int(devices), "throughput": float(value),
+                          "speedup": speedup,
+                          "efficiency": speedup / (devices / base_devices) if speedup is not None else None})
+    return table
 
 
 def _mean(series: pd.Series) -> float | None:
@@ -219,6 +249,13 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = 
         lines += ["| " + " | ".join(headline_cells(e)) + " |" for e in summary.headline]
         lines.append("")
     lines += render_monitor_section(summary)
+    if summary.scaling:
+        lines += ["## Scaling", "", "| case | metric | nodes | devices per node | devices | throughput | speed-up | "
+                  "efficiency |", "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {s['case']} | {s['metric']} | {s['nnodes']} | {s['nproc_per_node']} | {s['devices']} | "
+                  f"{fmt(s['throughput'])} {s['unit']} | {fmt(s['speedup'], 3)} | {fmt_pct(s['efficiency'])} |"
+                  for s in summary.scaling]
+        lines.append("")
     if any(e["above_peak"] for e in summary.headline):
         lines += ["**A measurement above its peak means the peak is wrong for this machine** (for example a "
                   "CPU that boosts above the clock the spec table could see); see the peak sources below.", ""]

@@ -137,3 +137,24 @@ def test_summary_joins_energy_per_work_and_reports_a_missing_monitor(tmp_path: P
     paths = write_summary(run, summary)
     text = paths["markdown"].read_text()
     assert "25 J/TFLOP" in text and "no monitor file" in text
+
+
+def test_scaling_table_like_dlperf(tmp_path: Path) -> None:
+    """1 -> 8 -> 16 devices: throughput summed over node ranks, speed-up and efficiency against 1 device."""
+    run = tmp_path / "run-s"
+    now = datetime.now(UTC)
+    layouts = {"resnet50-1x1": (1, 1, [100.0]), "resnet50-1x8": (1, 8, [760.0]), "resnet50-2x8": (2, 8, [700.0, 700.0])}
+    for case, (nnodes, nproc, per_node) in layouts.items():
+        for rank, value in enumerate(per_node):
+            result = RoundResult(
+                run_id="run-s", case="resnet50", family="training", round=1, host=f"h{rank}", node_rank=rank,
+                vendor="cpu", status="success", started_at=now, finished_at=now, duration_s=1.0, measured_seconds=1.0,
+                metrics=[Metric(name="throughput", value=value, unit="samples/s")],
+                config={"nnodes": nnodes, "nproc_per_node": nproc})
+            write_result(run / case / "round1" / f"h{rank}_noderank{rank}" / "result.json", result)
+    # Results from different sizes of the same case carry the same case name.
+    scaling = summarize(run).scaling
+    assert [(s["devices"], s["throughput"]) for s in scaling] == [(1, 100.0), (8, 760.0), (16, 1400.0)]
+    assert [s["speedup"] for s in scaling] == pytest.approx([1.0, 7.6, 14.0])
+    assert [s["efficiency"] for s in scaling] == pytest.approx([1.0, 0.95, 0.875])
+    assert "## Scaling" in write_summary(run, summarize(run))["markdown"].read_text()
