@@ -44,7 +44,7 @@ def run(config: Config, ctx: CaseContext) -> list[Metric]:
     allocated = 0
     chunk = config.chunk_mib * 2**20
     stopped_by = "bound"
-    start = time.perf_counter()
+    start, start_epoch = time.perf_counter(), time.time()
     while chunk >= 2**20:
         if allocated + chunk > bound:
             if ctx.has_separate_memory and allocated + 2**20 <= bound:
@@ -81,5 +81,6 @@ def run(config: Config, ctx: CaseContext) -> list[Metric]:
                 + "): a lower bound on capacity, not a limit reached")
         ratio = None
     return [Metric(name="memory_capacity", value=value, unit="GiB", iterations=blocks,
+                   window=[start_epoch, start_epoch + seconds],
                    chunks=1, measured_seconds=seconds, peak=peak, ratio=ratio,
                    convention="GiB = 2^30 bytes, allocated and written", note=note)]
