@@ -136,13 +136,16 @@ def window_stats(monitors: list[MonitorSeries], window: tuple[float, float] | No
         if window and len(in_window) < 2:
             notes.append(f"{mon.path.name}: {len(in_window)} sample(s) inside the {t1 - t0:.1f} s timed region; "
                          "sample faster (--monitor-interval) for power and utilisation over short regions")
+        if isinstance(mon.header.get("mem_total_bytes"), int | float):
+            values["mem_total_bytes"] = float(mon.header["mem_total_bytes"])
         for name, how in (("cpu_percent", "mean"), ("mem_used_bytes", "max"), ("case_rss_bytes", "max")):
             col = _column(in_window, name)
             if col is not None and len(col):
                 values[f"{name}_{how}"] = float(col.mean() if how == "mean" else col.max())
         device_cols = sorted({c.split(".", 1)[0] for c in df.columns if c.startswith("dev")})
         for dev in device_cols:
-            for name, how in (("util_percent", "mean"), ("mem_used_bytes", "max"), ("temp_c", "max")):
+            for name, how in (("util_percent", "mean"), ("mem_used_bytes", "max"), ("mem_total_bytes", "max"),
+                              ("temp_c", "max")):
                 col = _column(in_window, f"{dev}.{name}")
                 if col is not None and len(col):
                     values[f"{dev}.{name}_{how}"] = float(col.mean() if how == "mean" else col.max())

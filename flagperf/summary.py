@@ -24,8 +24,9 @@ SUMMARY_JSON = "summary.json"
 REPORT_MD = "report.md"
 
 MONITOR_COLUMNS = ["power_avg_w", "power_max_w", "energy_j", "energy_source", "energy_per_work",
-                   "energy_per_work_unit", "cpu_percent_mean", "mem_used_bytes_max", "case_rss_bytes_max",
-                   "accel_util_percent_mean", "accel_mem_used_bytes_max"]
+                   "energy_per_work_unit", "cpu_percent_mean", "mem_used_bytes_max", "mem_total_bytes",
+                   "case_rss_bytes_max", "accel_util_percent_mean", "accel_mem_used_bytes_max",
+                   "accel_mem_total_bytes"]
 ROW_COLUMNS = ["case", "round", "host", "node_rank", "nnodes", "nproc_per_node", "status", "metric", "value",
                "unit", "p50", "cv_chunks",
                "peak", "peak_unit", "ratio", "convention", "peak_source", "message", "device", *MONITOR_COLUMNS]
@@ -68,6 +69,7 @@ def _monitor_columns(stats: WindowStats, metric: Metric | None) -> dict[str, Any
     v = stats.values
     accel_util = [x for k, x in v.items() if k.endswith(".util_percent_mean") and isinstance(x, float)]
     accel_mem = [x for k, x in v.items() if k.endswith(".mem_used_bytes_max") and isinstance(x, float)]
+    accel_total = [x for k, x in v.items() if k.endswith(".mem_total_bytes_max") and isinstance(x, float)]
     energy = v.get("energy_j")
     return {
         "power_avg_w": v.get("power_avg_w"), "power_max_w": v.get("power_max_w"), "energy_j": energy,
@@ -76,6 +78,8 @@ def _monitor_columns(stats: WindowStats, metric: Metric | None) -> dict[str, Any
                                            metric.work if metric else None),
         "energy_per_work_unit": f"J/{work_unit(metric.unit)}" if metric and energy is not None else None,
         "cpu_percent_mean": v.get("cpu_percent_mean"), "mem_used_bytes_max": v.get("mem_used_bytes_max"),
+        "mem_total_bytes": v.get("mem_total_bytes"),
+        "accel_mem_total_bytes": max(accel_total) if accel_total else None,
         "case_rss_bytes_max": v.get("case_rss_bytes_max"),
         "accel_util_percent_mean": sum(accel_util) / len(accel_util) if accel_util else None,
         "accel_mem_used_bytes_max": max(accel_mem) if accel_mem else None,
@@ -147,6 +151,8 @@ def summarize(run_dir: Path) -> RunSummary:
             if group["energy_per_work_unit"].notna().any() else None,
             "cpu_percent_mean": _mean(group["cpu_percent_mean"]),
             "mem_used_bytes_max": _max(group["mem_used_bytes_max"]),
+            "mem_total_bytes": _max(group["mem_total_bytes"]),
+            "accel_mem_total_bytes": _max(group["accel_mem_total_bytes"]),
             "case_rss_bytes_max": _max(group["case_rss_bytes_max"]),
             "accel_util_percent_mean": _mean(group["accel_util_percent_mean"]),
             "accel_mem_used_bytes_max": _max(group["accel_mem_used_bytes_max"]),
@@ -284,18 +290,23 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = 
 
 
 MONITOR_HEADER = ["case", "metric", "avg power W", "max power W", "energy per work", "energy source",
-                  "CPU util %", "peak host memory GiB", "peak case RSS GiB", "accel util %", "peak accel memory GiB"]
+                  "CPU util %", "peak host memory GiB (of total)", "peak case RSS GiB", "accel util %",
+                  "peak accel memory GiB (of total)"]
 
 
-def _gib(value: float | None) -> str:
-    return "-" if value is None else f"{value / 2**30:.3g}"
+def _gib(value: float | None, total: float | None = None) -> str:
+    if value is None:
+        return "-"
+    return f"{value / 2**30:.3g}" + (f" ({total / 2**30:.3g})" if total else "")
 
 
 def monitor_cells(e: dict[str, Any]) -> list[str]:
     per_work = f"{fmt(e['energy_per_work'])} {e['energy_per_work_unit']}" if e["energy_per_work"] is not None else "-"
     return [e["case"], e["metric"], fmt(e["power_avg_w"]), fmt(e["power_max_w"]), per_work,
-            e["energy_source"] or "-", fmt(e["cpu_percent_mean"], 3), _gib(e["mem_used_bytes_max"]),
-            _gib(e["case_rss_bytes_max"]), fmt(e["accel_util_percent_mean"], 3), _gib(e["accel_mem_used_bytes_max"])]
+            e["energy_source"] or "-", fmt(e["cpu_percent_mean"], 3),
+            _gib(e["mem_used_bytes_max"], e["mem_total_bytes"]), _gib(e["case_rss_bytes_max"]),
+            fmt(e["accel_util_percent_mean"], 3),
+            _gib(e["accel_mem_used_bytes_max"], e["accel_mem_total_bytes"])]
 
 
 def render_monitor_section(summary: RunSummary) -> list[str]:
