@@ -20,6 +20,7 @@ from flagperf.paths import NAME_PATTERN, display_path, suite_roots
 from flagperf.vendors import load_vendor
 
 DEFAULT_SUITE = "smoke"
+PLAN_FILE = "plan.json"
 
 
 class CasePlan(BaseModel):
@@ -47,14 +48,23 @@ class RunPlan(BaseModel):
     cases: list[CasePlan]
     results_dir: str
     set_overrides: list[str]
+    flow_run_id: str | None = Field(default=None, description="the Prefect flow run that owns this run folder")
 
     @property
     def run_dir(self) -> Path:
         return Path(self.results_dir) / self.run_id
 
 
-def new_run_id() -> str:
-    return f"run{datetime.now(UTC):%Y%m%d%H%M%S}-{secrets.token_hex(2)}"
+def new_run_id(suffix: str | None = None) -> str:
+    return f"run{datetime.now(UTC):%Y%m%d%H%M%S}-{suffix or secrets.token_hex(2)}"
+
+
+def run_id_for_flow_run(results_dir: str | Path, flow_run_id: str) -> str:
+    """The run folder of a flow run: the one it made on an earlier attempt, else a new name ending in the
+    flow run's id, so that `prefect flow-run retry` finds its own results again."""
+    suffix = flow_run_id.replace("-", "")[:12]
+    earlier = sorted(Path(results_dir).glob(f"run*-{suffix}"))
+    return earlier[-1].name if earlier else new_run_id(suffix)
 
 
 def available_suites() -> dict[str, Path]:
@@ -91,7 +101,7 @@ def _spread(overrides: dict[str, Any], source: str, key_prefix: str, selected: d
 
 def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor: str = "cpu",
              rounds: int | None = None, sets: list[str] | None = None, results_dir: str | Path = "results",
-             run_id: str | None = None) -> RunPlan:
+             run_id: str | None = None, flow_run_id: str | None = None) -> RunPlan:
     if suite and cases:
         raise ConfigError("flagperf run", None, "give --suite or --cases, not both")
     sets = list(sets or [])
@@ -160,7 +170,19 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
     if not NAME_PATTERN.match(run_id):
         raise ConfigError("--run-id", None, f"{run_id!r} is not a valid name")
     run_dir = Path(results_dir) / run_id
-    if run_dir.exists():
+    plan = RunPlan(run_id=run_id, suite=suite_name, vendor=vendor, rounds=rounds or suite_rounds, cases=plans,
+                   results_dir=str(results_dir), set_overrides=sets, flow_run_id=flow_run_id)
+    if run_dir.exists() and not _is_resumable(run_dir, plan):
         raise ConfigError("--results", None, f"{run_dir} already exists; results are never overwritten")
-    return RunPlan(run_id=run_id, suite=suite_name, vendor=vendor, rounds=rounds or suite_rounds, cases=plans,
-                   results_dir=str(results_dir), set_overrides=sets)
+    return plan
+
+
+def _is_resumable(run_dir: Path, plan: RunPlan) -> bool:
+    """A retried flow run may continue its own run folder, if it asks for exactly the same work."""
+    if plan.flow_run_id is None:
+        return False
+    try:
+        earlier = RunPlan.model_validate_json((run_dir / PLAN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return earlier.flow_run_id == plan.flow_run_id and earlier.cases == plan.cases and earlier.rounds == plan.rounds

@@ -19,9 +19,17 @@ from prefect.runtime import deployment, flow_run
 from flagperf.errors import ConfigError, FlagperfError, InfrastructureFailure, RoundUserFailure
 from flagperf.hosts import Host, LocalHost
 from flagperf.job import Job
-from flagperf.plan import CasePlan, RunPlan, plan_run
+from flagperf.plan import PLAN_FILE, CasePlan, RunPlan, plan_run, run_id_for_flow_run
 from flagperf.provenance import library_versions
-from flagperf.results import RESULT_FILE, Failure, RoundResult, round_dir, write_json_atomic, write_result
+from flagperf.results import (
+    RESULT_FILE,
+    Failure,
+    RoundResult,
+    read_result,
+    round_dir,
+    write_json_atomic,
+    write_result,
+)
 from flagperf.runtime import ProcessRuntime, Runtime
 from tasks.analyze import analyze
 from tasks.collect import collect_logs
@@ -33,6 +41,7 @@ from tasks.monitor import start_monitors, stop_monitors
 CONTROLLER_LIBRARIES = ("prefect", "pandas")
 # A monitor outlives the round's worst case by this much at most, whatever happens to the controller.
 MONITOR_SLACK_S = 300
+RETRIES_DIR = "retries"  # failed rounds of earlier attempts of the same flow run, kept for inspection
 MIN_MONITOR_INTERVAL_S, MAX_MONITOR_INTERVAL_S = 0.1, 60.0  # 10 Hz at most: the monitor's own limit
 
 
@@ -61,10 +70,15 @@ def evaluate(
         raise ConfigError("monitor_interval_s", None, f"must be between {MIN_MONITOR_INTERVAL_S} and "
                                                       f"{MAX_MONITOR_INTERVAL_S} seconds, got {monitor_interval_s}")
     command = command or describe_invocation()
+    flow_run_id = flow_run.get_id()
+    if run_id is None and flow_run_id:
+        run_id = run_id_for_flow_run(results_dir, flow_run_id)
     plan = plan_run(suite=suite, cases=cases, vendor=vendor, rounds=rounds, sets=overrides,
-                    results_dir=results_dir, run_id=run_id)
+                    results_dir=results_dir, run_id=run_id, flow_run_id=flow_run_id)
     run_dir = plan.run_dir
-    write_json_atomic(run_dir / "plan.json", plan.model_dump(mode="json"))
+    if (run_dir / PLAN_FILE).exists():
+        logger.info("retry of flow run %s: continuing %s; rounds that completed are kept", flow_run_id, run_dir)
+    write_json_atomic(run_dir / PLAN_FILE, plan.model_dump(mode="json"))
     logger.info("run %s: %d cases x %d rounds on vendor %s -> %s", plan.run_id, len(plan.cases), plan.rounds,
                 plan.vendor, run_dir)
     hosts: list[Host] = [LocalHost()]
@@ -78,6 +92,12 @@ def evaluate(
         for case in plan.cases:
             for round_no in range(1, plan.rounds + 1):
                 for host in hosts:
+                    kept = completed_round(plan, case.name, round_no, host.name)
+                    if kept is not None:
+                        logger.info("%s round %d on %s: kept (%s) from an earlier attempt of this flow run",
+                                    case.name, round_no, host.name, kept.status)
+                        results.append(kept)
+                        continue
                     results.append(case_round(host, runtime, plan, case, round_no, images[host.name],
                                               probes[host.name], monitor_interval_s, command))
     finally:
@@ -89,6 +109,29 @@ def evaluate(
         raise EvaluationFailed(f"{len(failed)} of {len(results)} rounds failed: " + "; ".join(
             f"{r.case} round {r.round} on {r.host} ({r.failure.kind if r.failure else '?'})" for r in failed))
     return {"run_id": plan.run_id, "run_dir": str(run_dir), "counts": summary.counts}
+
+
+def completed_round(plan: RunPlan, case: str, round_no: int, host: str) -> RoundResult | None:
+    """A round an earlier attempt of this flow run finished (success or unsupported), else None.
+
+    A failed round's folder is moved aside to retries/attempt<K>/ (kept, not overwritten), so that the
+    round can run again in FlagPerf's layout.
+    """
+    folder = round_dir(plan.run_dir, case, round_no, host)
+    if not folder.exists():
+        return None
+    try:
+        result = read_result(folder / RESULT_FILE)
+    except (OSError, ValueError):
+        result = None
+    if result is not None and result.status in ("success", "unsupported"):
+        return result
+    attempt = 1
+    while (aside := plan.run_dir / RETRIES_DIR / f"attempt{attempt}" / folder.relative_to(plan.run_dir)).exists():
+        attempt += 1
+    aside.parent.mkdir(parents=True, exist_ok=True)
+    folder.replace(aside)
+    return None
 
 
 def describe_invocation() -> str:

@@ -38,10 +38,13 @@ def run_evaluate(results: Path, **params: object) -> tuple[object, Path]:
     return state, results / run_id
 
 
-def task_runs(flow_run_id: UUID) -> dict[str, TaskRun]:
+def all_task_runs(flow_run_id: UUID) -> list[TaskRun]:
     with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-    return {run.name: run for run in runs}
+        return client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+
+
+def task_runs(flow_run_id: UUID) -> dict[str, TaskRun]:
+    return {run.name: run for run in all_task_runs(flow_run_id)}
 
 
 def task_logs(task_run_id: UUID) -> list[str]:
@@ -165,3 +168,46 @@ def test_bad_config_fails_before_any_task(flagperf_env: Path) -> None:
     assert "--set: m:" in state.message
     assert task_runs(state.state_details.flow_run_id) == {}
     assert not run_dir.exists()
+
+
+def test_retrying_a_failed_evaluation_reruns_only_the_failed_rounds(flagperf_env: Path, tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from prefect.settings import PREFECT_API_URL
+
+    marker = tmp_path / "fixed"
+    state, run_dir = run_evaluate(
+        flagperf_env, cases=["computation-FP64", "fails-until-fixed"], rounds=2,
+        overrides=[*FAST, f"fails-until-fixed.marker={marker}"])
+    assert state.is_failed() and "2 of 4 rounds failed" in state.message
+    kept = run_dir / "computation-FP64" / "round1" / "localhost_noderank0" / "result.json"
+    before = kept.read_bytes()
+
+    marker.write_text("fixed\n")  # the user fixes the input, then retries the flow run
+    flow_run_id = str(state.state_details.flow_run_id)
+    root = Path(__file__).resolve().parents[2]
+    retry = subprocess.run(
+        [sys.executable, "-m", "prefect", "flow-run", "retry", flow_run_id, "--entrypoint",
+         "flows/evaluate.py:evaluate"],
+        cwd=root, env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()},
+        capture_output=True, text=True, timeout=600)
+    assert retry.returncode == 0, retry.stdout[-3000:] + retry.stderr[-3000:]
+
+    with get_client(sync_client=True) as client:
+        flow_run = client.read_flow_run(state.state_details.flow_run_id)
+    assert flow_run.state.is_completed(), flow_run.state
+    names = [run.name for run in all_task_runs(state.state_details.flow_run_id)]
+    # The completed FP64 rounds ran once (first attempt); the fixed case's rounds ran in both attempts.
+    assert sum(n.startswith("run_case[computation-FP64/") for n in names) == 2
+    assert sum(n.startswith("run_case[fails-until-fixed/") for n in names) == 4
+    assert names.count("healthcheck[localhost]") == 2
+    assert kept.read_bytes() == before
+    fixed = read_result(run_dir / "fails-until-fixed" / "round1" / "localhost_noderank0" / "result.json")
+    assert fixed.status == "success"
+    earlier = read_result(run_dir / "retries" / "attempt1" / "fails-until-fixed" / "round1" / "localhost_noderank0"
+                          / "result.json")
+    assert earlier.status == "failed" and "input not ready" in earlier.failure.message
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["counts"] == {"rounds": 4, "success": 4, "unsupported": 0, "failed": 0}
