@@ -1,0 +1,157 @@
+"""A history of runs for baselines and regression verdicts.
+
+SQLite by default (FLAGPERF_HISTORY_URL unset: results/history.sqlite); any SQLAlchemy URL otherwise,
+e.g. postgresql+psycopg://user@host/flagperf for a team (needs the `postgres` extra).
+
+Verdict for one figure of a run, against the same case, metric, vendor and device:
+  baseline  = median of the last K earlier runs that measured it (K = baseline_runs)
+  noise     = sqrt(history_cv^2 + run_cv^2): the history's run-to-run spread and this run's own
+              round-to-round spread (coefficient of variation)
+  threshold = max(sigma * noise, floor)
+  change    = value / baseline - 1; a regression when change < -threshold (all figures so far are
+              higher-is-better rates and capacities), an improvement when change > threshold.
+So a metric that is noisy needs a larger drop to raise an alarm, and a steady one flags a real 5 % drop.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from sqlalchemy import (
+    Column,
+    DateTime,
+    Engine,
+    Float,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    delete,
+    insert,
+    select,
+)
+
+from flagperf.summary import summarize
+
+DEFAULT_URL_ENV = "FLAGPERF_HISTORY_URL"
+
+metadata = MetaData()
+runs = Table(
+    "runs", metadata,
+    Column("run_id", String(128), primary_key=True),
+    Column("recorded_at", DateTime(timezone=True), nullable=False),
+    Column("vendor", String(64)),
+    Column("device", String(256)),
+    Column("suite", String(128)),
+    Column("git_revision", String(64)),
+    Column("counts", Text),
+)
+figures = Table(
+    "figures", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(128), ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False, index=True),
+    Column("case", String(128), nullable=False),
+    Column("metric", String(128), nullable=False),
+    Column("unit", String(32)),
+    Column("value", Float, nullable=False),
+    Column("spread_cv", Float),
+    Column("rounds", Integer),
+)
+
+
+def history_engine(url: str | None = None, results_dir: str | Path = "results") -> Engine:
+    url = url or os.environ.get(DEFAULT_URL_ENV) or f"sqlite:///{Path(results_dir).resolve() / 'history.sqlite'}"
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url)
+    metadata.create_all(engine)
+    return engine
+
+
+def record_run(engine: Engine, run_dir: Path, recorded_at: datetime | None = None) -> int:
+    """Store a run's headline figures (recording the same run again replaces it). Returns the count."""
+    summary = summarize(run_dir)
+    plan_file = run_dir / "plan.json"
+    suite = json.loads(plan_file.read_text()).get("suite") if plan_file.is_file() else None
+    ctx = summary.context
+    with engine.begin() as conn:
+        conn.execute(delete(figures).where(figures.c.run_id == summary.run_id))
+        conn.execute(delete(runs).where(runs.c.run_id == summary.run_id))
+        conn.execute(insert(runs).values(
+            run_id=summary.run_id, recorded_at=recorded_at or datetime.now(UTC), vendor=ctx.get("vendor"),
+            device=ctx.get("device"), suite=suite, git_revision=ctx.get("git_revision"),
+            counts=json.dumps(summary.counts)))
+        rows = [{"run_id": summary.run_id, "case": e["case"], "metric": e["metric"], "unit": e["unit"],
+                 "value": e["value"], "spread_cv": e["spread_cv"] if e["spread_over"] == "rounds" else None,
+                 "rounds": e["rounds"]} for e in summary.headline]
+        if rows:
+            conn.execute(insert(figures), rows)
+    return len(rows)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    case: str
+    metric: str
+    unit: str | None
+    value: float
+    baseline: float | None
+    change: float | None
+    threshold: float | None
+    history: int
+    status: Literal["regression", "improvement", "ok", "no-baseline"]
+
+    def line(self) -> str:
+        if self.baseline is None:
+            return f"{self.case} {self.metric}: {self.value:.4g} {self.unit} (no baseline: {self.history} earlier runs)"
+        return (f"{self.case} {self.metric}: {self.value:.4g} {self.unit} vs baseline {self.baseline:.4g} "
+                f"({self.change:+.1%}, threshold ±{self.threshold:.1%} from {self.history} runs): {self.status}")
+
+
+def check_run(engine: Engine, run_id: str, *, baseline_runs: int = 5, min_history: int = 3, sigma: float = 3.0,
+              floor: float = 0.01) -> list[Verdict]:
+    with engine.connect() as conn:
+        run = conn.execute(select(runs).where(runs.c.run_id == run_id)).mappings().first()
+        if run is None:
+            raise KeyError(f"run {run_id} is not in the history")
+        current = conn.execute(select(figures).where(figures.c.run_id == run_id)).mappings().all()
+        verdicts = []
+        for fig in current:
+            earlier = conn.execute(
+                select(figures.c.value)
+                .join(runs, runs.c.run_id == figures.c.run_id)
+                .where(figures.c.case == fig["case"], figures.c.metric == fig["metric"],
+                       runs.c.vendor == run["vendor"], runs.c.device == run["device"],
+                       runs.c.recorded_at < run["recorded_at"])
+                .order_by(runs.c.recorded_at.desc()).limit(baseline_runs)
+            ).scalars().all()
+            verdicts.append(_verdict(fig, list(earlier), min_history, sigma, floor))
+    return verdicts
+
+
+def _verdict(fig: Any, history: list[float], min_history: int, sigma: float, floor: float) -> Verdict:
+    value = float(fig["value"])
+    if len(history) < min_history:
+        return Verdict(fig["case"], fig["metric"], fig["unit"], value, None, None, None, len(history), "no-baseline")
+    baseline = statistics.median(history)
+    history_cv = statistics.stdev(history) / baseline if baseline else 0.0
+    noise = math.hypot(history_cv, fig["spread_cv"] or 0.0)
+    threshold = max(sigma * noise, floor)
+    change = value / baseline - 1 if baseline else 0.0
+    status: Literal["regression", "improvement", "ok"] = (
+        "regression" if change < -threshold else "improvement" if change > threshold else "ok")
+    return Verdict(fig["case"], fig["metric"], fig["unit"], value, baseline, change, threshold, len(history), status)
+
+
+def verdicts_as_rows(verdicts: list[Verdict]) -> list[dict[str, Any]]:
+    return [asdict(v) for v in verdicts]

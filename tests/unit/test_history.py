@@ -1,0 +1,85 @@
+"""Regression verdicts on a seeded history: a true 5 % drop is flagged, noise within the spread is not."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from flagperf.history import check_run, history_engine, record_run
+from flagperf.results import Metric, RoundResult, write_result
+
+START = datetime(2026, 11, 1, 2, 0, tzinfo=UTC)
+
+
+def make_run(root: Path, run_id: str, round_values: list[float], device: str = "X1") -> Path:
+    run = root / run_id
+    for rnd, value in enumerate(round_values, start=1):
+        result = RoundResult(
+            run_id=run_id, case="computation-FP32", family="base", round=rnd, host="h1", node_rank=0, vendor="cpu",
+            status="success", started_at=START, finished_at=START, duration_s=1.0, measured_seconds=1.0,
+            device=device, metrics=[Metric(name="gemm_fp32", value=value, unit="TFLOPS")], config={})
+        write_result(run / "computation-FP32" / f"round{rnd}" / "h1_noderank0" / "result.json", result)
+    return run
+
+
+@pytest.fixture
+def seeded(tmp_path: Path):
+    engine = history_engine(f"sqlite:///{tmp_path / 'history.sqlite'}")
+    nightly = [[100.0, 100.6, 99.4], [100.8, 101.2, 100.5], [99.1, 99.6, 98.9], [100.2, 99.8, 100.4],
+               [99.7, 100.3, 100.0]]
+    for night, values in enumerate(nightly):
+        record_run(engine, make_run(tmp_path, f"run-n{night}", values), recorded_at=START + timedelta(days=night))
+    return engine, tmp_path
+
+
+def verdict_for(engine, tmp_path: Path, run_id: str, values: list[float], **kw):
+    record_run(engine, make_run(tmp_path, run_id, values), recorded_at=START + timedelta(days=30))
+    (verdict,) = check_run(engine, run_id, **kw)
+    return verdict
+
+
+def test_a_true_five_percent_drop_is_a_regression(seeded) -> None:
+    engine, tmp_path = seeded
+    v = verdict_for(engine, tmp_path, "run-drop", [95.1, 94.8, 95.3])
+    assert v.status == "regression"
+    assert v.baseline == pytest.approx(100.0)
+    assert v.change == pytest.approx(-0.0493, abs=1e-3)
+    assert v.threshold < 0.05
+    assert "regression" in v.line()
+
+
+def test_noise_within_the_spread_is_not_flagged(seeded) -> None:
+    engine, tmp_path = seeded
+    v = verdict_for(engine, tmp_path, "run-noise", [99.0, 98.6, 99.5])
+    assert v.status == "ok"
+
+
+def test_a_noisy_metric_needs_a_bigger_drop(seeded) -> None:
+    engine, tmp_path = seeded
+    # The same 5 % lower mean, but this run's own rounds scatter by about 5 %: not an alarm.
+    v = verdict_for(engine, tmp_path, "run-noisy", [90.0, 95.0, 100.0])
+    assert v.status == "ok" and v.threshold > 0.05
+
+
+def test_no_baseline_without_enough_history(tmp_path: Path) -> None:
+    engine = history_engine(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    record_run(engine, make_run(tmp_path, "run-first", [100.0, 101.0, 99.0]))
+    (v,) = check_run(engine, "run-first")
+    assert v.status == "no-baseline" and v.baseline is None
+
+
+def test_other_devices_are_not_a_baseline(seeded) -> None:
+    engine, tmp_path = seeded
+    record_run(engine, make_run(tmp_path, "run-other", [50.0, 50.0, 50.0], device="Y2"),
+               recorded_at=START + timedelta(days=30))
+    (v,) = check_run(engine, "run-other")
+    assert v.status == "no-baseline"
+
+
+def test_recording_a_run_twice_replaces_it(seeded) -> None:
+    engine, tmp_path = seeded
+    assert record_run(engine, tmp_path / "run-n0", recorded_at=START) == 1
+    (v,) = check_run(engine, "run-n4")
+    assert v.history == 4 and v.status == "ok"
