@@ -3,7 +3,9 @@ through this interface, so the SSH host later is a second implementation, not a 
 
 from __future__ import annotations
 
+import logging
 import os
+import shlex
 import shutil
 import signal
 import stat
@@ -21,6 +23,7 @@ from typing import IO, Any
 from flagperf.paths import NAME_PATTERN, PROJECT_ROOT
 
 LineSink = Callable[[str], None]
+logger = logging.getLogger("flagperf.hosts")
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,7 @@ class LocalHost(Host):
     def run(self, argv: list[str], *, timeout: float, log_path: Path | None = None,
             on_line: LineSink | None = None, pid_file: Path | None = None) -> CommandResult:
         start = time.monotonic()
+        logger.info("starting %s (timeout %.0f s)", shlex.join(argv), timeout)
         log: IO[str] | None = None
         if log_path is not None:
             log_path.parent.mkdir(parents=True, exist_ok=True)

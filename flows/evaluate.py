@@ -8,6 +8,7 @@ healthcheck -> build image -> per case, per round, per host:
 from __future__ import annotations
 
 import json
+import logging
 import shlex
 import sys
 from pathlib import Path
@@ -39,6 +40,9 @@ from tasks.image import build_image
 from tasks.monitor import start_monitors, stop_monitors
 
 CONTROLLER_LIBRARIES = ("prefect", "pandas")
+# The core logs at INFO (hosts, config rules); Prefect attaches its handlers to it through
+# PREFECT_LOGGING_EXTRA_LOGGERS=flagperf, but the level is ours to set.
+logging.getLogger("flagperf").setLevel(logging.INFO)
 # A monitor outlives the round's worst case by this much at most, whatever happens to the controller.
 MONITOR_SLACK_S = 300
 RETRIES_DIR = "retries"  # failed rounds of earlier attempts of the same flow run, kept for inspection
