@@ -168,6 +168,33 @@ def compare(
         console.print(f"written to {escape(str(out))}", highlight=False)
 
 
+@app.command()
+def server(
+    database_url: Annotated[str | None, typer.Option(
+        help="postgresql+asyncpg://user@host:port/db (default: $PREFECT_API_DATABASE_CONNECTION_URL)")] = None,
+    host: Annotated[str, typer.Option(help="address the server listens on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port of the API and UI")] = 4200,
+    pool: Annotated[str, typer.Option(help="process work pool to create and serve")] = "flagperf",
+    worker: Annotated[bool, typer.Option(help="also start a worker for the pool")] = True,
+    log_dir: Annotated[Path, typer.Option(help="where the server and worker write their logs")] = Path(
+        "results/server"),
+) -> None:
+    """Start a lasting Prefect server on PostgreSQL, with a process worker: the set-up for a team."""
+    from flows.server import DATABASE_URL_ENV, check_database_url, serve
+
+    try:
+        url = check_database_url(database_url or os.environ.get(DATABASE_URL_ENV))
+    except FlagperfError as exc:
+        raise _fail(str(exc)) from None
+    if not 1 <= port <= 65535:
+        raise _fail(f"--port {port}: not a port number")
+    try:
+        code = serve(url, host, port, pool, worker, log_dir)
+    except RuntimeError as exc:
+        raise _fail(f"{exc} (logs in {log_dir})", EXIT_FAILED) from None
+    raise typer.Exit(code)
+
+
 def _validate_file(path: Path) -> str:
     """Validate one config file by what it is; returns its kind."""
     if path.name == "case.yaml":
@@ -245,3 +272,7 @@ def main() -> None:
 
 
 __all__ = ["app", "fmt", "fmt_pct", "main"]
+
+
+if __name__ == "__main__":
+    main()
