@@ -13,7 +13,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flagperf.errors import CaseUserError, Unsupported
-from flagperf.metrics import Chunk, rate_stats, ratio
+from flagperf.metrics import Chunk, model_flops_utilisation, rate_stats, ratio
 from flagperf.results import Metric, Peak, SpecTable
 from flagperf.timing import TimingPlan, measure
 
@@ -111,6 +111,22 @@ class CaseContext:
             chunks=stats.chunks, iterations=stats.iterations, measured_seconds=stats.seconds,
             peak=peak, ratio=comparable_ratio(stats.value, unit, peak), convention=convention, note=note,
         )
+
+
+    def throughput_metric(self, name: str, chunks: list[Chunk], items_per_iteration: float, item: str,
+                          flops_per_item: float | None = None, precision: str | None = None,
+                          note: str | None = None) -> Metric:
+        """items/s over the timed chunks; with flops per item and the precision used, MFU against that
+        precision's peak in the vendor's spec table."""
+        metric = self.rate_metric(name, chunks, items_per_iteration, f"{item}/s", 1.0, peak_key=None, note=note)
+        if flops_per_item is None or precision is None:
+            return metric
+        peak = self.spec.peaks.get(precision)
+        mfu = model_flops_utilisation(metric.value, flops_per_item, peak.value if peak else None,
+                                      peak.unit if peak else "")
+        return metric.model_copy(update={"mfu": mfu, "mfu_peak_key": precision,
+                                         "convention": f"MFU = {flops_per_item:.4g} FLOP per {item} x {item}/s "
+                                                       f"/ {precision} peak"})
 
 
 def comparable_ratio(value: float, unit: str, peak: Peak | None) -> float | None:

@@ -88,6 +88,17 @@ def rate_stats(chunks: Sequence[Chunk], work_per_iteration: float, scale: float 
     )
 
 
+PEAK_SCALE = {"TFLOPS": 1e12, "TOPS": 1e12}
+
+
+def model_flops_utilisation(items_per_s: float, flops_per_item: float, peak: float | None, peak_unit: str
+                            ) -> float | None:
+    """MFU = flops per item x items per second / peak FLOP/s (FlagPerf's definition, computed once here)."""
+    if peak is None or peak <= 0 or peak_unit not in PEAK_SCALE:
+        return None
+    return flops_per_item * items_per_s / (peak * PEAK_SCALE[peak_unit])
+
+
 def ratio(measured: float, peak: float | None) -> float | None:
     if peak is None or peak <= 0:
         return None

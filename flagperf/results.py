@@ -55,6 +55,9 @@ class Metric(_Model):
     convention: str | None = Field(default=None, description="how work or bytes are counted")
     note: str | None = None
     window: list[float] | None = Field(default=None, description="[start, end] epoch seconds of the timed region")
+    mfu: float | None = Field(default=None, description="model FLOP/s (flops per item x items/s) / peak FLOP/s "
+                                                       "of the precision used")
+    mfu_peak_key: str | None = Field(default=None, description="spec-table key of the peak MFU is taken against")
     work: float | None = Field(default=None, description="total work in the timed region, in unit x seconds")
 
 

@@ -28,7 +28,7 @@ MONITOR_COLUMNS = ["power_avg_w", "power_max_w", "energy_j", "energy_source", "e
                    "case_rss_bytes_max", "accel_util_percent_mean", "accel_mem_used_bytes_max",
                    "accel_mem_total_bytes"]
 ROW_COLUMNS = ["case", "round", "host", "node_rank", "nnodes", "nproc_per_node", "status", "metric", "value",
-               "unit", "p50", "cv_chunks",
+               "unit", "p50", "cv_chunks", "mfu",
                "peak", "peak_unit", "ratio", "convention", "peak_source", "message", "device", *MONITOR_COLUMNS]
 
 
@@ -100,7 +100,7 @@ def _rows(results: list[tuple[Path, RoundResult]], notes: dict[str, None]) -> pd
             rows.append({**base, **_monitor_columns(stats, None)})
         for m in r.metrics:
             stats = window_stats(monitors, tuple(m.window) if m.window else None)  # type: ignore[arg-type]
-            rows.append({**base, "metric": m.name, "value": m.value, "unit": m.unit, "p50": m.p50,
+            rows.append({**base, "metric": m.name, "value": m.value, "unit": m.unit, "p50": m.p50, "mfu": m.mfu,
                          "cv_chunks": m.cv, "peak": m.peak.value if m.peak else None,
                          "peak_unit": m.peak.unit if m.peak else None, "ratio": m.ratio,
                          "convention": m.convention, "peak_source": m.peak.source if m.peak else None,
@@ -143,6 +143,7 @@ def summarize(run_dir: Path) -> RunSummary:
             "rounds": len(values), "peak": peak, "peak_unit": _clean(group["peak_unit"].iloc[0]),
             "ratio": ratio, "above_peak": bool(ratio is not None and ratio > 1.0),
             "convention": _clean(group["convention"].iloc[0]), "peak_source": _clean(group["peak_source"].iloc[0]),
+            "mfu": _mean(group["mfu"]),
             "power_avg_w": _mean(group["power_avg_w"]), "power_max_w": _max(group["power_max_w"]),
             "energy_source": _clean(group["energy_source"].dropna().iloc[0]) if group["energy_source"].notna().any()
             else None,
@@ -231,10 +232,11 @@ def headline_cells(entry: dict[str, Any]) -> list[str]:
     ratio = fmt_pct(entry["ratio"]) + (" (above peak!)" if entry["above_peak"] else "")
     peak = f"{fmt(entry['peak'])} {entry['peak_unit']}" if entry["peak"] is not None else "unknown"
     return [entry["case"], entry["metric"], fmt(entry["value"]), entry["unit"], fmt(entry["p50"]), spread, peak,
-            ratio, str(entry["rounds"])]
+            ratio, fmt_pct(entry.get("mfu")), str(entry["rounds"])]
 
 
-HEADLINE_HEADER = ["case", "metric", "measured", "unit", "p50", "spread (CV)", "peak", "measured/peak", "rounds"]
+HEADLINE_HEADER = ["case", "metric", "measured", "unit", "p50", "spread (CV)", "peak", "measured/peak", "MFU",
+                   "rounds"]
 
 
 def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = None) -> str:

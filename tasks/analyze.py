@@ -21,7 +21,7 @@ def analyze(run_dir: Path) -> RunSummary:
         logger.info("monitors: %s", note)
     table = [dict(zip(HEADLINE_HEADER, headline_cells(e), strict=True)) for e in summary.headline]
     table += [{"case": e["case"], "metric": "-", "measured": e["status"], "unit": "", "p50": "", "spread (CV)": "",
-               "peak": "", "measured/peak": e["message"][:200], "rounds": f"round {e['round']}"}
+               "peak": "", "measured/peak": e["message"][:200], "MFU": "", "rounds": f"round {e['round']}"}
               for e in summary.not_measured]
     create_table_artifact(table=table, key="flagperf-summary",
                           description=f"{summary.run_id}: measured vs peak per case and metric")

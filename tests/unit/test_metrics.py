@@ -118,3 +118,30 @@ def test_ratio() -> None:
     assert ratio(1.0, None) is None
     assert ratio(1.0, 0.0) is None
     assert ratio(1.0, -3.0) is None
+
+
+def test_mfu_reproduces_flagperfs_resnet50_figure() -> None:
+    from flagperf.metrics import model_flops_utilisation
+
+    # FlagPerf's resnet50 README: 4.12e9 FLOP per image, 12698.7 images/s on an A100 (312 TFLOPS fp16): 16.8 %.
+    assert model_flops_utilisation(12698.7, 4.12e9, 312, "TFLOPS") == pytest.approx(0.1677, abs=1e-4)
+    assert model_flops_utilisation(1.0, 1.0, None, "TFLOPS") is None
+    assert model_flops_utilisation(1.0, 1.0, 10.0, "GB/s") is None
+
+
+def test_throughput_metric_carries_mfu_against_the_precision_peak() -> None:
+    import logging
+
+    from flagperf.casekit import CaseContext
+    from flagperf.metrics import Chunk
+    from flagperf.results import SpecTable
+    from flagperf.timing import TimingPlan
+
+    spec = SpecTable(device="X", peaks={"fp16": {"value": 2.0, "unit": "TFLOPS", "source": "test"}})
+    ctx = CaseContext("cpu", spec, TimingPlan(0, 0.1, 1), logging.getLogger("t"), shares_host_memory=True)
+    chunks = [Chunk(iterations=10, seconds=1.0), Chunk(iterations=10, seconds=1.0)]  # 64 items per iteration
+    metric = ctx.throughput_metric("inference_core", chunks, 64, "samples", flops_per_item=1e9, precision="fp16")
+    assert metric.value == pytest.approx(320.0) and metric.unit == "samples/s"
+    assert metric.mfu == pytest.approx(320.0 * 1e9 / 2e12)
+    assert metric.mfu_peak_key == "fp16" and "MFU" in metric.convention
+    assert ctx.throughput_metric("x", chunks, 64, "samples").mfu is None
