@@ -141,7 +141,7 @@ def test_throughput_metric_carries_mfu_against_the_precision_peak() -> None:
     ctx = CaseContext("cpu", spec, TimingPlan(0, 0.1, 1), logging.getLogger("t"), shares_host_memory=True)
     chunks = [Chunk(iterations=10, seconds=1.0), Chunk(iterations=10, seconds=1.0)]  # 64 items per iteration
     metric = ctx.throughput_metric("inference_core", chunks, 64, "samples", flops_per_item=1e9, precision="fp16")
-    assert metric.value == pytest.approx(320.0) and metric.unit == "samples/s"
-    assert metric.mfu == pytest.approx(320.0 * 1e9 / 2e12)
+    assert metric.value == pytest.approx(640.0) and metric.unit == "samples/s"  # 20 x 64 items in 2 s
+    assert metric.mfu == pytest.approx(640.0 * 1e9 / 2e12)
     assert metric.mfu_peak_key == "fp16" and "MFU" in metric.convention
     assert ctx.throughput_metric("x", chunks, 64, "samples").mfu is None
