@@ -127,6 +127,7 @@ def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[st
         vendor_overrides,
         defaults_source=display_path(case.manifest_path),
         vendor_source=display_path(vendor_path),
+        mutable=case.manifest.mutable,
     )
     for source, overrides in run_overrides:
         apply_run_overrides(merged, overrides, source)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from flagperf.errors import ConfigError
 from flagperf.paths import NAME_PATTERN, display_path
@@ -60,12 +60,21 @@ class CaseManifest(StrictModel):
     """case.yaml of a base-spec case."""
 
     name: str
-    family: Literal["base"]
+    family: Literal["base", "training"]
     description: str
     entry: str = "bench.py"
     peak: str | None = Field(default=None, description="key of the vendor spec table this case is measured against")
     configurations: dict[str, Any]
     parameters: dict[str, Any] = Field(default_factory=dict)
+    mutable: list[str] | None = Field(
+        default=None, description="training: the only configurations a vendor may override (enforced)")
+
+    @model_validator(mode="after")
+    def _mutable_are_configurations(self) -> CaseManifest:
+        unknown = sorted(set(self.mutable or []) - set(self.configurations))
+        if unknown:
+            raise ValueError(f"mutable lists keys that are not configurations: {', '.join(unknown)}")
+        return self
 
     @field_validator("name")
     @classmethod
@@ -131,6 +140,7 @@ def merge_vendor_overrides(
     *,
     defaults_source: str,
     vendor_source: str,
+    mutable: list[str] | None = None,
 ) -> MergedConfig:
     """Apply a vendor file to a case's defaults under FlagPerf's rules (see the module docstring)."""
     clash = sorted(set(configurations) & set(parameters))
@@ -142,6 +152,9 @@ def merge_vendor_overrides(
     for key, value in overrides.items():
         if key in parameters:
             raise ConfigError(vendor_source, key, "is a case parameter; parameters are not vendor-overridable")
+        if mutable is not None and key not in mutable:
+            raise ConfigError(vendor_source, key, f"is not in the case's mutable list ({', '.join(mutable)}); "
+                                                  "a vendor may change only those")
         if key not in configurations:
             log.warning("%s: %s: new key not in the case defaults (%s)", vendor_source, key, defaults_source)
             merged.vendor_new_keys.append(key)

@@ -237,7 +237,9 @@ def test_manifest_rejects_unknown_keys_and_families() -> None:
     with pytest.raises(ValueError):
         CaseManifest.model_validate(_manifest(extra=1))
     with pytest.raises(ValueError):
-        CaseManifest.model_validate({**_manifest(), "family": "training"})
+        CaseManifest.model_validate({**_manifest(), "family": "inference"})  # not a family yet
+    with pytest.raises(ValueError, match="not configurations: nope"):
+        CaseManifest.model_validate({**_manifest(), "mutable": ["nope"]})
 
 
 def _suite(tmp_path: Path, name: str, text: str) -> Path:
