@@ -14,6 +14,7 @@ import os
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -21,8 +22,8 @@ import psutil
 import torch
 from pydantic import ValidationError
 
-from flagperf.casekit import CaseContext, TimedCaseConfig
-from flagperf.cases import load_case
+from flagperf.casekit import CaseConfig, CaseContext, TimedCaseConfig
+from flagperf.cases import CaseDef, load_case
 from flagperf.config import pydantic_error_to_config_error
 from flagperf.errors import (
     EXIT_OK,
@@ -34,63 +35,106 @@ from flagperf.errors import (
 )
 from flagperf.job import Job
 from flagperf.provenance import engine_info, host_info, library_versions
-from flagperf.results import RESULT_FILE, Failure, Metric, Provenance, RoundResult, write_result
+from flagperf.results import (
+    RESULT_FILE,
+    Convergence,
+    Failure,
+    Metric,
+    Provenance,
+    RoundResult,
+    SpecTable,
+    write_result,
+)
 from flagperf.timing import TimingPlan
-from flagperf.vendors import load_vendor
+from flagperf.training.driver import TrainingConfig
+from flagperf.training.launch import EXIT_WORKER_FAILED, launch, training_result
+from flagperf.vendors import Vendor, load_vendor
 
 log = logging.getLogger("flagperf.case")
 
 EXIT_ORPHANED = 75  # the controller went away mid-round (an infrastructure failure)
 
 
+@dataclass
+class Outcome:
+    """What one family's runner measured; status and failure are decided by run_job."""
+
+    metrics: list[Metric] = field(default_factory=list)
+    measured: float = 0.0
+    convergence: Convergence | None = None
+    failure: Failure | None = None  # an incomplete run that still has something to say
+    exit_code: int = EXIT_OK
+
+
+def run_base(case: CaseDef, config: CaseConfig, vendor: Vendor, spec: SpecTable) -> Outcome:
+    timing = config.timing if isinstance(config, TimedCaseConfig) else TimingPlan(0, 1.0, 1)
+    ctx = CaseContext(vendor.manifest.torch_device, spec, timing, log,
+                      shares_host_memory=vendor.manifest.shares_host_memory)
+    try:
+        metrics = case.module.run(config, ctx)
+    except RuntimeError as exc:
+        classified = classify_runtime_error(exc)
+        if classified is exc:
+            raise
+        raise classified from exc
+    if not metrics:
+        raise CaseUserError(f"case {case.name} returned no metrics")
+    return Outcome(metrics=metrics, measured=ctx.measured_seconds)
+
+
+def run_training(job: Job, config: TrainingConfig, out_dir: Path) -> Outcome:
+    code = launch(job, out_dir, config.nnodes, config.nproc_per_node, config.master_port)
+    metrics, convergence, problem = training_result(out_dir, first_rank=job.node_rank * config.nproc_per_node)
+    if code != EXIT_OK or problem:
+        # Crashed or incomplete: the result says where it stopped, and the controller retries.
+        return Outcome(failure=Failure(kind="infrastructure", message=problem or f"a training process exited {code}"),
+                       exit_code=code if code != EXIT_OK else EXIT_WORKER_FAILED)
+    measured = next((m.measured_seconds for m in metrics if m.name == "training_throughput"), 0.0)
+    return Outcome(metrics=metrics, measured=measured, convergence=convergence)
+
+
 def run_job(job: Job, out_dir: Path) -> int:
     started = datetime.now(UTC)
     startup_s = max(0.0, started.timestamp() - psutil.Process().create_time())
-    metrics: list[Metric] = []
-    failure: Failure | None = None
+    outcome = Outcome()
     device: str | None = None
-    measured = 0.0
+    status = "failed"
     try:
         case = load_case(job.case)
         vendor = load_vendor(job.vendor)
         config = case.config_model.model_validate(job.config)
         spec = vendor.spec_table()
         device = spec.device
-        timing = config.timing if isinstance(config, TimedCaseConfig) else TimingPlan(0, 1.0, 1)
-        ctx = CaseContext(vendor.manifest.torch_device, spec, timing, log,
-                          shares_host_memory=vendor.manifest.shares_host_memory)
         log.info("case %s round %d on %s (%s), attempt %d", job.case, job.round, job.host, device, job.attempt)
-        try:
-            metrics = case.module.run(config, ctx)
-        except RuntimeError as exc:
-            classified = classify_runtime_error(exc)
-            if classified is exc:
-                raise
-            raise classified from exc
-        finally:
-            measured = ctx.measured_seconds
-        if not metrics:
-            raise CaseUserError(f"case {job.case} returned no metrics")
-        status, code = "success", EXIT_OK
+        if isinstance(config, TrainingConfig):
+            outcome = run_training(job, config, out_dir)
+        else:
+            outcome = run_base(case, config, vendor, spec)
+        status = "failed" if outcome.failure else "success"
     except Unsupported as exc:
-        failure, status, code = Failure(kind="unsupported", message=str(exc)), "unsupported", EXIT_UNSUPPORTED
+        outcome = Outcome(failure=Failure(kind="unsupported", message=str(exc)), exit_code=EXIT_UNSUPPORTED)
+        status = "unsupported"
     except (CaseUserError, ConfigError, ValidationError) as exc:
         message = str(exc) if not isinstance(exc, ValidationError) else pydantic_error_to_config_error(
             exc, "job config").message
-        failure, status, code = Failure(kind="user", message=message), "failed", EXIT_USER_ERROR
+        outcome = Outcome(failure=Failure(kind="user", message=message), exit_code=EXIT_USER_ERROR)
     finished = datetime.now(UTC)
-    for metric in metrics:
+    for metric in outcome.metrics:
         ratio = f" = {metric.ratio:.1%} of peak" if metric.ratio is not None else ""
         log.info("%s: %.6g %s (p50 %s, cv %s)%s", metric.name, metric.value, metric.unit,
                  f"{metric.p50:.6g}" if metric.p50 is not None else "-",
                  f"{metric.cv:.2%}" if metric.cv is not None else "-", ratio)
-    if failure:
-        log.warning("%s: %s", status, failure.message)
+    if outcome.convergence:
+        c = outcome.convergence
+        log.info("converged: %s (%s %s, target %s, %d epochs)", c.converged, c.metric, c.reached, c.target, c.epochs)
+    if outcome.failure:
+        log.warning("%s: %s", status, outcome.failure.message)
     result = RoundResult(
         run_id=job.run_id, case=job.case, family=job.family, round=job.round, host=job.host,
-        node_rank=job.node_rank, vendor=job.vendor, status=status, failure=failure,
+        node_rank=job.node_rank, vendor=job.vendor, status=status, failure=outcome.failure,
         started_at=started, finished_at=finished, duration_s=(finished - started).total_seconds(),
-        measured_seconds=measured, startup_s=startup_s, device=device, metrics=metrics, config=job.config,
+        measured_seconds=outcome.measured, startup_s=startup_s, device=device, metrics=outcome.metrics,
+        convergence=outcome.convergence, config=job.config,
         provenance=Provenance(
             **engine_info(), command=job.command, python=sys.version.split()[0],
             libraries={**job.controller_libraries, **library_versions()}, host=host_info(), image=job.image,
@@ -98,7 +142,7 @@ def run_job(job: Job, out_dir: Path) -> int:
         ),
     )
     write_result(out_dir / RESULT_FILE, result)
-    return code
+    return outcome.exit_code
 
 
 def watch_parent(poll_s: float = 1.0) -> None:

@@ -23,6 +23,7 @@ class Job(BaseModel):
     round: int = Field(ge=1)
     host: str
     node_rank: int = Field(ge=0, default=0)
+    master_addr: str = "127.0.0.1"
     vendor: str
     attempt: int = Field(ge=1, default=1)
     config: dict[str, Any]

@@ -66,6 +66,17 @@ class Failure(_Model):
     message: str
 
 
+class Convergence(_Model):
+    """Training: whether the case's target was reached within its budget (not reaching it is a result)."""
+
+    metric: str
+    target: float
+    reached: float | None
+    converged: bool
+    epochs: int
+    steps: int
+
+
 class Provenance(_Model):
     engine_version: str
     git_revision: str | None
@@ -99,6 +110,7 @@ class RoundResult(_Model):
                                     description="case process start to case start: interpreter and imports")
     device: str | None = None
     metrics: list[Metric] = Field(default_factory=list)
+    convergence: Convergence | None = None
     config: dict[str, Any]
     provenance: Provenance | None = None
 

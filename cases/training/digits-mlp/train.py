@@ -1,0 +1,61 @@
+"""digits-mlp: an MLP trained to a target test accuracy on scikit-learn's bundled digits data set."""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+from sklearn.datasets import load_digits
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+from flagperf.training.driver import TrainingConfig, TrainingContext
+
+
+class Config(TrainingConfig):
+    test_fraction: float = Field(gt=0, lt=1)
+    batch_size: int = Field(ge=1, le=4096, description="per process")
+    lr: float = Field(gt=0)
+    momentum: float = Field(ge=0, lt=1)
+    hidden: int = Field(ge=1, le=4096)
+
+
+def datasets(config: Config) -> tuple[TensorDataset, TensorDataset]:
+    digits = load_digits()
+    x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
+    y = torch.tensor(digits.target, dtype=torch.long)
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(config.seed))
+    n_test = int(len(x) * config.test_fraction)
+    test, train = order[:n_test], order[n_test:]
+    return TensorDataset(x[train], y[train]), TensorDataset(x[test], y[test])
+
+
+@torch.no_grad()
+def accuracy(model: torch.nn.Module, data: TensorDataset, device: torch.device) -> float:
+    model.eval()
+    x, y = data.tensors
+    predicted = model(x.to(device)).argmax(dim=1).cpu()
+    model.train()
+    return float((predicted == y).float().mean())
+
+
+def run(config: Config, ctx: TrainingContext) -> None:
+    train, test = datasets(config)
+    sampler = DistributedSampler(train, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True,
+                                 seed=config.seed) if ctx.world_size > 1 else None
+    loader = DataLoader(train, batch_size=config.batch_size, shuffle=sampler is None, sampler=sampler,
+                        generator=torch.Generator().manual_seed(config.seed))
+    model = ctx.wrap(torch.nn.Sequential(torch.nn.Linear(64, config.hidden), torch.nn.ReLU(),
+                                         torch.nn.Linear(config.hidden, 10)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    ctx.init_done()
+    for epoch in ctx.epochs():
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = loss_fn(model(x.to(ctx.device)), y.to(ctx.device))
+            loss.backward()
+            optimizer.step()
+            ctx.step(len(x), loss=float(loss))
+        ctx.evaluate(accuracy=accuracy(model, test, ctx.device))

@@ -1,0 +1,96 @@
+"""Launch one node's share of a training round, as torchrun would, and turn its PerfLog into a result.
+
+nproc_per_node processes, each with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,
+LOCAL_WORLD_SIZE, NODE_RANK, GROUP_RANK, MASTER_ADDR, MASTER_PORT), output in rank<R>.out.log.
+If one process fails the others are stopped. The node's first process's FINISHED event is the result.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from flagperf.errors import EXIT_OK
+from flagperf.job import JOB_FILE, Job
+from flagperf.perflog import PerfLog, parse_file
+from flagperf.results import Convergence, Metric
+
+EXIT_WORKER_FAILED = 70
+
+
+def rank_log(out_dir: Path, rank: int) -> Path:
+    return out_dir / f"rank{rank}.out.log"
+
+
+def launch(job: Job, out_dir: Path, nnodes: int, nproc: int, master_port: int) -> int:
+    """Start this node's processes and wait; returns 0, or the first failing process's exit code."""
+    world = nnodes * nproc
+    procs: list[subprocess.Popen[bytes]] = []
+    for local_rank in range(nproc):
+        rank = job.node_rank * nproc + local_rank
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
+               "LOCAL_WORLD_SIZE": str(nproc), "NODE_RANK": str(job.node_rank), "GROUP_RANK": str(job.node_rank),
+               "MASTER_ADDR": job.master_addr, "MASTER_PORT": str(master_port)}
+        with rank_log(out_dir, rank).open("wb") as log:
+            procs.append(subprocess.Popen([sys.executable, "-m", "flagperf.training.worker", "--job",
+                                           str(out_dir / JOB_FILE)], env=env, stdout=log, stderr=subprocess.STDOUT))
+    failed: int | None = None
+    while failed is None and any(p.poll() is None for p in procs):
+        failed = next((p.returncode for p in procs if p.returncode not in (None, 0)), None)
+        time.sleep(0.2)
+    failed = failed if failed is not None else next((p.returncode for p in procs if p.returncode), None)
+    if failed:
+        for p in procs:  # one rank died: the others would wait for it forever in a collective
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        print(f"a training process failed (exit {failed}); see rank<R>.out.log", flush=True)
+        return EXIT_WORKER_FAILED
+    return EXIT_OK
+
+
+def where_it_stopped(log: PerfLog) -> str:
+    """A line saying how far a training process got, from its last PerfLog events."""
+    if log.events.empty:
+        return "no PerfLog event was written (it stopped during start-up)"
+    last = log.events.iloc[-1]
+    value = last["value"] if isinstance(last["value"], dict) else {}
+    epochs = log.events[log.events["event"] == "EPOCH_BEGIN"]
+    steps = log.events[log.events["event"] == "STEP_END"]
+    epoch = epochs["value"].iloc[-1].get("epoch") if len(epochs) else None
+    step = steps["value"].iloc[-1].get("step") if len(steps) else None
+    return (f"last PerfLog event {last['event']} (epoch {value.get('epoch', epoch)}, step {value.get('step', step)}"
+            f"; {len(epochs)} epoch(s) begun, last logged step {step})")
+
+
+def training_result(out_dir: Path, first_rank: int) -> tuple[list[Metric], Convergence | None, str | None]:
+    """Metrics and convergence from the node's first process's FINISHED event, or why there is none."""
+    path = rank_log(out_dir, first_rank)
+    if not path.is_file():
+        return [], None, f"{path.name} is missing"
+    log = parse_file(path)
+    finished = log.finished().get(first_rank)
+    if finished is None:
+        return [], None, f"no FINISHED event in {path.name}: {where_it_stopped(log)}"
+    metrics = [
+        Metric(name="training_throughput", value=finished["training_throughput"] or 0.0,
+               unit=finished["throughput_unit"], measured_seconds=finished["raw_train_time"],
+               convention="samples of all processes / time in training steps (evaluation excluded)"),
+        Metric(name="e2e_time", value=finished["e2e_time"], unit="s"),
+        Metric(name="raw_train_time", value=finished["raw_train_time"], unit="s"),
+        Metric(name="init_time", value=finished["init_time"], unit="s"),
+    ]
+    if finished["final_metric"] is not None:
+        metrics.append(Metric(name=f"final_{finished['target_metric']}", value=finished["final_metric"], unit=""))
+    convergence = Convergence(metric=finished["target_metric"], target=finished["target"],
+                              reached=finished["final_metric"], converged=bool(finished["converged"]),
+                              epochs=finished["epochs"], steps=finished["steps"])
+    return metrics, convergence, None

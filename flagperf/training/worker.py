@@ -1,0 +1,58 @@
+"""One training process (started by flagperf.training.launch with torchrun's environment variables).
+
+    RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT
+    python -m flagperf.training.worker --job JOB.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from flagperf.cases import load_case
+from flagperf.job import Job
+from flagperf.training.driver import TrainingContext
+from flagperf.vendors import load_vendor
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flagperf.training.worker")
+    parser.add_argument("--job", type=Path, required=True)
+    args = parser.parse_args(argv)
+    job = Job.model_validate_json(args.job.read_text(encoding="utf-8"))
+    case = load_case(job.case)
+    vendor = load_vendor(job.vendor)
+    config = case.config_model.model_validate(job.config)
+    device_type = vendor.manifest.torch_device
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device(device_type, local_rank) if device_type != "cpu" else torch.device("cpu")
+    if device_type == "cpu":
+        # Processes on one CPU share its cores: each gets its share, not all of them.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+    else:
+        torch.get_device_module(device_type).set_device(local_rank)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size > 1:
+        backend = "gloo" if device_type == "cpu" else "nccl"
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=max(60, int(config.timeout_s))))
+    torch.manual_seed(config.seed)
+    ctx = TrainingContext(config, device=device)
+    ctx.event("INIT_START", {"case": job.case, "world_size": world_size, "device": str(device)})
+    if ctx.rank == 0:
+        ctx.event("SUBMIT_INFO", {"config": job.config})
+    case.module.run(config, ctx)
+    ctx.finish()
+    if world_size > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
