@@ -32,6 +32,7 @@ from flagperf.results import (
     write_result,
 )
 from flagperf.runtime import ProcessRuntime, Runtime
+from flagperf.vendors import load_vendor
 from tasks.analyze import analyze
 from tasks.collect import collect_logs
 from tasks.container import run_case
@@ -89,6 +90,7 @@ def evaluate(
     runtime: Runtime = ProcessRuntime()
 
     probes = {host.name: healthcheck(host, plan.vendor, run_dir, plan.run_id).probe for host in hosts}
+    check_scale(plan, hosts, probes)
     images = {host.name: build_image(host, plan.vendor, runtime) for host in hosts}
 
     results: list[RoundResult] = []
@@ -136,6 +138,25 @@ def completed_round(plan: RunPlan, case: str, round_no: int, host: str) -> Round
     aside.parent.mkdir(parents=True, exist_ok=True)
     folder.replace(aside)
     return None
+
+
+def check_scale(plan: RunPlan, hosts: list[Host], probes: dict[str, dict[str, Any] | None]) -> None:
+    """Before any round: a case may not ask for more nodes than hosts, or more processes per node than a
+    host has devices (cores, where the device is the host's CPU)."""
+    shares_host = load_vendor(plan.vendor).manifest.shares_host_memory
+    for case in plan.cases:
+        nnodes, nproc = int(case.config.get("nnodes", 1)), int(case.config.get("nproc_per_node", 1))
+        if nnodes > len(hosts):
+            raise ConfigError(case.origins.get("nnodes", case.name), "nnodes",
+                              f"{case.name} asks for {nnodes} nodes; the inventory has {len(hosts)} host(s)")
+        for host in hosts:
+            probe = probes.get(host.name) or {}
+            capacity = (probe.get("host") or {}).get("usable_cpus") if shares_host else probe.get("device_count")
+            if capacity is not None and nproc > capacity:
+                what = "usable CPU cores" if shares_host else "visible devices"
+                raise ConfigError(case.origins.get("nproc_per_node", case.name), "nproc_per_node",
+                                  f"{case.name} asks for {nproc} processes per node; host {host.name} has "
+                                  f"{capacity} {what}")
 
 
 def describe_invocation() -> str:

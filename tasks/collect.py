@@ -11,10 +11,18 @@ from prefect.cache_policies import NONE
 from flagperf.errors import InfrastructureFailure
 from flagperf.hosts import Host
 from flagperf.job import JOB_FILE, Job
+from flagperf.perflog import parse_file
 from flagperf.results import RESULT_FILE, Failure, RoundResult, read_result, write_result
 from flagperf.runtime import PID_FILE
+from flagperf.training.launch import where_it_stopped
 
 ATTEMPT_DIR = re.compile(r"^attempt(\d+)$")
+
+
+def training_progress(folder: Path) -> str | None:
+    """How far the first training process of a round got, from its PerfLog (None if not training)."""
+    logs = sorted(folder.glob("rank*.out.log"), key=lambda p: int(p.stem.removeprefix("rank").split(".")[0]))
+    return f"{logs[0].name}: {where_it_stopped(parse_file(logs[0]))}" if logs else None
 
 
 @task(name="collect_logs", task_run_name="collect_logs[{job.case}/round{job.round}@{host.name}]", cache_policy=NONE)
@@ -52,10 +60,13 @@ def collect_logs(host: Host, stage_dir: Path, dest_dir: Path, job: Job, failure:
         except ValueError as exc:
             logger.error("unreadable %s from %s: %s", RESULT_FILE, host.name, str(exc).splitlines()[0])
     if result is None or (failure is not None and result.status == "success"):
+        failure = failure or Failure(kind="infrastructure", message="the case left no result")
+        stopped = training_progress(partial)
+        if stopped:  # a training run killed mid-way: say how far it got
+            failure = failure.model_copy(update={"message": f"{failure.message}; {stopped}"})
         job_file = partial / JOB_FILE  # the last attempt's job: it knows which attempt failed
         last = Job.model_validate_json(job_file.read_text()) if job_file.is_file() else job
-        result = last.failed_result(failure or Failure(kind="infrastructure", message="the case left no result"),
-                                    host_probe)
+        result = last.failed_result(failure, host_probe)
         write_result(result_path, result)
     if dest_dir.exists():
         raise FileExistsError(f"{dest_dir} already exists; results are never overwritten")

@@ -211,3 +211,21 @@ def test_retrying_a_failed_evaluation_reruns_only_the_failed_rounds(flagperf_env
     assert earlier.status == "failed" and "input not ready" in earlier.failure.message
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["counts"] == {"rounds": 4, "success": 4, "unsupported": 0, "failed": 0}
+
+
+def test_training_killed_mid_way_says_where_it_stopped(flagperf_env: Path) -> None:
+    # Never converges (tiny learning rate, endless epochs): the round's timeout kills it mid-training.
+    state, run_dir = run_evaluate(
+        flagperf_env, cases=["digits-mlp"],
+        overrides=["lr=0.000001", "momentum=0.0", "max_epochs=100000", "timeout_s=15", "max_retries=0"])
+    assert state.is_failed()
+    folder = run_dir / "digits-mlp" / "round1" / "localhost_noderank0"
+    result = read_result(folder / "result.json")
+    assert result.status == "failed" and result.failure.kind == "infrastructure"
+    assert "timed out after 15 s" in result.failure.message
+    assert "rank0.out.log: last PerfLog event" in result.failure.message and "epoch(s) begun" in result.failure.message
+    assert (folder / "rank0.out.log").is_file()
+    assert not monitor_processes(run_dir.name)
+    training = [p for p in psutil.process_iter(["cmdline"])
+                if "flagperf.training.worker" in " ".join(p.info["cmdline"] or [])]
+    assert not training, "a training process outlived its round"

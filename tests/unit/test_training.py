@@ -1,0 +1,112 @@
+"""Training: real convergence on real data at 1x1 and 1x2 processes, PerfLog, bad configs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flagperf.config import merge_vendor_overrides
+from flagperf.entry import run_job
+from flagperf.errors import ConfigError
+from flagperf.job import Job
+from flagperf.perflog import format_line, parse_file, parse_text
+from flagperf.plan import plan_run
+from flagperf.results import read_result
+from flagperf.training.driver import FINISHED_KEYS
+from flagperf.training.launch import where_it_stopped
+
+
+def run_digits(tmp_path: Path, *sets: str) -> tuple[int, Path]:
+    plan = plan_run(cases=["digits-mlp"], sets=list(sets), results_dir=tmp_path / "results")
+    cp = plan.cases[0]
+    job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, host="localhost", vendor="cpu",
+              config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={})
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "job.json").write_text(job.model_dump_json())
+    return run_job(job, out), out
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_digits_converges(tmp_path: Path, nproc: int) -> None:
+    code, out = run_digits(tmp_path, f"nproc_per_node={nproc}", f"master_port={29700 + nproc}")
+    assert code == 0
+    result = read_result(out / "result.json")
+    assert result.status == "success" and result.family == "training"
+    assert result.convergence is not None and result.convergence.converged
+    assert result.convergence.reached >= 0.95 and result.convergence.epochs < 30
+    metrics = {m.name: m for m in result.metrics}
+    assert metrics["training_throughput"].unit == "samples/s" and metrics["training_throughput"].value > 0
+    assert metrics["final_accuracy"].value == result.convergence.reached
+    for rank in range(nproc):
+        log = parse_file(out / f"rank{rank}.out.log")
+        events = list(log.events["event"])
+        assert events[0] == "INIT_START" and events[-1] == "FINISHED" and "EVALUATE" in events
+        assert tuple(log.finished()[rank]) == FINISHED_KEYS
+        assert set(log.events["rank"]) == {rank}
+
+
+def test_not_converging_is_a_result_not_a_failure(tmp_path: Path) -> None:
+    code, out = run_digits(tmp_path, "max_epochs=1", "lr=0.0001", "momentum=0.0")
+    result = read_result(out / "result.json")
+    assert code == 0 and result.status == "success"
+    assert result.convergence.converged is False and result.convergence.epochs == 1
+    assert result.convergence.reached < 0.95
+
+
+def test_perflog_round_trip() -> None:
+    value = {"e2e_time": 1.5, "converged": True, "nested": {"a": [1, 2]}}
+    line = format_line("FINISHED", value, file="train.py", lineno=7, time_ms=123, rank=3)
+    assert line.startswith("[PerfLog] {")
+    log = parse_text(f"noise\n{line}\n[PerfLog] {{truncated\n")
+    assert log.malformed == 1 and log.lines == 3
+    assert log.finished() == {3: value}
+    row = log.events.iloc[0]
+    assert (row["event"], row["rank"], row["time_ms"]) == ("FINISHED", 3, 123)
+
+
+def test_where_it_stopped(tmp_path: Path) -> None:
+    lines = [format_line("EPOCH_BEGIN", {"epoch": 1}, file="t.py", lineno=1, time_ms=1, rank=0),
+             format_line("STEP_END", {"step": 10, "epoch": 1}, file="t.py", lineno=1, time_ms=2, rank=0),
+             format_line("EPOCH_BEGIN", {"epoch": 2}, file="t.py", lineno=1, time_ms=3, rank=0),
+             format_line("STEP_END", {"step": 20, "epoch": 2}, file="t.py", lineno=1, time_ms=4, rank=0)]
+    path = tmp_path / "rank0.out.log"
+    path.write_text("\n".join(lines) + "\n[PerfLog] {\"event\": \"STEP_E")  # killed mid-line
+    text = where_it_stopped(parse_file(path))
+    assert "STEP_END (epoch 2, step 20" in text and "2 epoch(s) begun" in text
+    assert where_it_stopped(parse_text("")) == "no PerfLog event was written (it stopped during start-up)"
+
+
+def test_vendor_may_change_only_mutable_keys() -> None:
+    with pytest.raises(ConfigError) as info:
+        merge_vendor_overrides({"hidden": 128, "lr": 0.05}, {}, {"hidden": 256}, defaults_source="case.yaml",
+                               vendor_source="vendor/acme.yaml", mutable=["lr"])
+    assert info.value.source == "vendor/acme.yaml" and info.value.key == "hidden"
+    assert "mutable list (lr)" in info.value.message
+    merged = merge_vendor_overrides({"hidden": 128, "lr": 0.05}, {}, {"lr": 0.1}, defaults_source="case.yaml",
+                                    vendor_source="vendor/acme.yaml", mutable=["lr"])
+    assert merged.values["lr"] == 0.1
+
+
+@pytest.mark.parametrize(("setting", "key"), [("foo=1", "foo"), ("target=0.5", "target"),
+                                              ("nproc_per_node=0", "nproc_per_node")])
+def test_bad_training_settings(tmp_path: Path, setting: str, key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        plan_run(cases=["digits-mlp"], sets=[setting], results_dir=tmp_path)
+    assert info.value.key == key and "\n" not in str(info.value)
+
+
+def test_more_processes_than_the_host_allows_is_refused_before_any_round(tmp_path: Path) -> None:
+    from flagperf.hosts import LocalHost
+    from flows.evaluate import check_scale
+
+    plan = plan_run(cases=["digits-mlp"], sets=["nproc_per_node=64"], results_dir=tmp_path)
+    probe = json.loads(json.dumps({"host": {"usable_cpus": 2}, "device_count": 1}))
+    with pytest.raises(ConfigError) as info:
+        check_scale(plan, [LocalHost()], {"localhost": probe})
+    assert info.value.key == "nproc_per_node" and "has 2 usable CPU cores" in info.value.message
+    plan = plan_run(cases=["digits-mlp"], sets=["nnodes=2"], results_dir=tmp_path)
+    with pytest.raises(ConfigError, match="asks for 2 nodes; the inventory has 1 host"):
+        check_scale(plan, [LocalHost()], {"localhost": probe})
