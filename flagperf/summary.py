@@ -180,12 +180,14 @@ def summarize(run_dir: Path) -> RunSummary:
 
 
 def scaling_table(rows: pd.DataFrame) -> list[dict[str, Any]]:
-    """DLPerf-style scaling (1 -> N devices or nodes) for every case and metric measured at several sizes.
+    """DLPerf-style scaling (1 -> N devices or nodes) for every throughput (a rate: .../s, FLOPS, TOPS)
+    measured at several sizes.
 
     Throughput at a size is the sum over its node ranks (each rank reports its own share), averaged over
     rounds; speed-up is against the smallest size measured, efficiency = speed-up / (devices / smallest).
     """
-    measured = rows[rows["metric"].notna() & (rows["status"] == "success")].copy()
+    is_rate = rows["unit"].fillna("").map(lambda u: u.endswith("/s") or u.endswith("PS"))
+    measured = rows[rows["metric"].notna() & (rows["status"] == "success") & is_rate].copy()
     if measured.empty:
         return []
     measured["devices"] = measured["nnodes"] * measured["nproc_per_node"]
