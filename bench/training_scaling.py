@@ -31,7 +31,7 @@ from flagperf.summary import fmt, fmt_pct, summarize  # noqa: E402
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--epochs", type=int, default=10, help="fixed epochs (no early stop) so sizes do equal work")
+    parser.add_argument("--epochs", type=int, default=10, help="max_epochs (a run stops early at the target)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

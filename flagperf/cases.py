@@ -116,9 +116,43 @@ def load_case(name: str, cases: dict[str, Path] | None = None) -> CaseDef:
     return CaseDef(manifest=load_case_manifest(folder / MANIFEST), folder=folder)
 
 
-def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[str, dict[str, Any]]]
-                        ) -> MergedConfig:
-    """Defaults -> vendor file -> run overrides, then validated by the case's own Config model."""
+def scale_file(case: CaseDef, vendor: str, hardware: str, nnodes: int, nproc: int) -> Path:
+    """A training vendor's settings for one scale, named as FlagPerf names them."""
+    return case.folder / "vendor" / vendor / f"config_{hardware}x{nnodes}x{nproc}.yaml"
+
+
+def _apply_scale_file(case: CaseDef, merged: MergedConfig, vendor: str, hardware: str,
+                      run_overrides: list[tuple[str, dict[str, Any]]]) -> None:
+    """Training: vendor/<vendor>/config_<hw>x<nnodes>x<nproc>.yaml for the scale this run uses, between the
+    vendor's general file and the run overrides; the same mutable-only rule applies."""
+    final = dict(merged.values)
+    for _, overrides in run_overrides:
+        final.update(overrides)
+    nnodes, nproc = final.get("nnodes"), final.get("nproc_per_node")
+    if not isinstance(nnodes, int) or not isinstance(nproc, int):
+        return
+    path = scale_file(case, vendor, hardware, nnodes, nproc)
+    if not path.is_file():
+        return
+    source = display_path(path)
+    for key, value in load_yaml_mapping(path).items():
+        if key in ("nnodes", "nproc_per_node") and value != final[key]:
+            raise ConfigError(source, key, f"{value!r} contradicts the file name ({path.name})")
+        if key in merged.parameters or (case.manifest.mutable is not None and key not in case.manifest.mutable):
+            raise ConfigError(source, key, "is not in the case's mutable list; a vendor may change only those")
+        if key not in merged.values:
+            raise ConfigError(source, key, "unknown key")
+        if type(merged.values[key]) is type(value) and merged.values[key] == value:
+            raise ConfigError(source, key, f"sets the value it already has ({value!r}); remove the line")
+        merged.vendor_changes[key] = (merged.values[key], value)
+        merged.values[key] = value
+        merged.origins[key] = source
+
+
+def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[str, dict[str, Any]]],
+                        hardware: str | None = None) -> MergedConfig:
+    """Defaults -> vendor file -> (training) the vendor's file for this scale -> run overrides, then
+    validated by the case's own Config model."""
     vendor_path = case.vendor_file(vendor)
     vendor_overrides = load_yaml_mapping(vendor_path) if vendor_path.is_file() else {}
     merged = merge_vendor_overrides(
@@ -129,6 +163,8 @@ def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[st
         vendor_source=display_path(vendor_path),
         mutable=case.manifest.mutable,
     )
+    if case.family == "training":
+        _apply_scale_file(case, merged, vendor, hardware or vendor, run_overrides)
     for source, overrides in run_overrides:
         apply_run_overrides(merged, overrides, source)
     try:

@@ -105,7 +105,7 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
     if suite and cases:
         raise ConfigError("flagperf run", None, "give --suite or --cases, not both")
     sets = list(sets or [])
-    load_vendor(vendor)  # fails early on an unknown or malformed vendor
+    hardware = load_vendor(vendor).manifest.hardware  # also fails early on an unknown or malformed vendor
     known = available_cases()
 
     suite_name: str | None = None
@@ -157,7 +157,7 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
 
     plans = []
     for name in names:
-        merged = resolve_case_config(defs[name], vendor, layers[name])
+        merged = resolve_case_config(defs[name], vendor, layers[name], hardware)
         plans.append(CasePlan(
             name=name, family=defs[name].family, description=defs[name].manifest.description,
             config=merged.values, origins=merged.origins, run_overrides=merged.run_overrides,

@@ -77,6 +77,8 @@ class VendorManifest(StrictModel):
     shares_host_memory: bool = Field(
         description="the device allocates from host memory (CPU, unified-memory parts): capacity runs are "
                     "bounded so the host never swaps, and there is no host-to-device link to measure")
+    hardware: str | None = Field(default=None, description="the <hw> of training scale files "
+                                 "(config_<hw>x<nnodes>x<nproc>.yaml); the vendor name when absent")
     spec_module: str = "spec.py"
     spec_settings: dict[str, Any] = Field(default_factory=dict)
     monitors: list[MonitorEntry] = Field(default_factory=list)
@@ -86,6 +88,14 @@ class VendorManifest(StrictModel):
     @classmethod
     def _name(cls, value: str) -> str:
         return check_name(value, "vendor name")
+
+    @model_validator(mode="after")
+    def _default_hardware(self) -> VendorManifest:
+        if self.hardware is None:
+            object.__setattr__(self, "hardware", self.name)  # frozen model: set once, at validation
+        else:
+            check_name(self.hardware, "hardware")
+        return self
 
 
 @dataclass(frozen=True)

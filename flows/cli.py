@@ -7,6 +7,7 @@ Exit codes of `flagperf run`: 0 every round succeeded; 1 some round failed; 2 ba
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -211,6 +212,15 @@ def _validate_file(path: Path) -> str:
         case = load_case(manifest.name, {manifest.name: case_dir})
         resolve_case_config(case, vendor=path.stem, run_overrides=[])
         return f"vendor overrides of {manifest.name}"
+    scale = re.fullmatch(r"config_([A-Za-z0-9_.-]+)x(\d+)x(\d+)\.yaml", path.name)
+    if scale and path.parent.parent.name == "vendor" and (path.parent.parent.parent / "case.yaml").is_file():
+        case_dir = path.parent.parent.parent
+        manifest = load_case_manifest(case_dir / "case.yaml")
+        case = load_case(manifest.name, {manifest.name: case_dir})
+        sizes = {"nnodes": int(scale.group(2)), "nproc_per_node": int(scale.group(3))}
+        resolve_case_config(case, vendor=path.parent.name, run_overrides=[(str(path), sizes)],
+                            hardware=scale.group(1))
+        return f"training scale overrides of {manifest.name}"
     if path.name == VENDOR_MANIFEST:
         load_vendor_manifest(path)
         return "vendor"

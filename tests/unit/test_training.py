@@ -110,3 +110,32 @@ def test_more_processes_than_the_host_allows_is_refused_before_any_round(tmp_pat
     plan = plan_run(cases=["digits-mlp"], sets=["nnodes=2"], results_dir=tmp_path)
     with pytest.raises(ConfigError, match="asks for 2 nodes; the inventory has 1 host"):
         check_scale(plan, [LocalHost()], {"localhost": probe})
+
+
+def test_scale_file_applies_only_at_its_scale(tmp_path: Path) -> None:
+    at_1x2 = plan_run(cases=["digits-mlp"], sets=["nproc_per_node=2"], results_dir=tmp_path).cases[0]
+    assert at_1x2.config["batch_size"] == 48
+    assert at_1x2.origins["batch_size"].endswith("vendor/cpu/config_cpux1x2.yaml")
+    at_1x1 = plan_run(cases=["digits-mlp"], results_dir=tmp_path).cases[0]
+    assert at_1x1.config["batch_size"] == 32
+    # Run overrides still win over the scale file.
+    explicit = plan_run(cases=["digits-mlp"], sets=["nproc_per_node=2", "batch_size=16"], results_dir=tmp_path)
+    assert explicit.cases[0].config["batch_size"] == 16
+
+
+@pytest.mark.parametrize(("text", "words"), [("hidden: 64\n", "mutable list"),
+                                             ("nproc_per_node: 4\n", "contradicts the file name"),
+                                             ("batch_size: 32\n", "already has")])
+def test_bad_scale_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, words: str) -> None:
+    import shutil
+
+    root = tmp_path / "cases"
+    case_dir = root / "training" / "digits-copy"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "cases" / "training" / "digits-mlp", case_dir)
+    manifest = case_dir / "case.yaml"
+    manifest.write_text(manifest.read_text().replace("name: digits-mlp", "name: digits-copy"))
+    (case_dir / "vendor" / "cpu" / "config_cpux1x2.yaml").write_text(text)
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(root))
+    with pytest.raises(ConfigError) as info:
+        plan_run(cases=["digits-copy"], sets=["nproc_per_node=2"], results_dir=tmp_path)
+    assert info.value.source.endswith("config_cpux1x2.yaml") and words in info.value.message
