@@ -28,10 +28,11 @@ import torch.distributed as dist
 from pydantic import Field
 
 from flagperf.casekit import CaseConfig
+from flagperf.metrics import model_flops_utilisation
 from flagperf.perflog import format_line
 
 FINISHED_KEYS = ("e2e_time", "training_throughput", "throughput_unit", "converged", "target_metric",
-                 "target", "final_metric", "raw_train_time", "init_time", "epochs", "steps")
+                 "target", "final_metric", "raw_train_time", "init_time", "epochs", "steps", "extra")
 
 
 class TrainingConfig(CaseConfig):
@@ -46,6 +47,7 @@ class TrainingConfig(CaseConfig):
     target_metric: str = Field(description="the evaluation metric convergence is judged on")
     target: float
     target_mode: Literal["max", "min"] = "max"
+    precision: Literal["fp32", "bf16", "fp16"] = Field(default="fp32", description="the peak MFU is taken against")
 
 
 class TrainingContext:
@@ -65,6 +67,10 @@ class TrainingContext:
         self.epoch = 0
         self.converged = False
         self.final_metric: float | None = None
+        self.extra: dict[str, Any] = {}
+        self.tokens_per_sample: int | None = None
+        self.flops_per_token: float | None = None
+        self.peak: tuple[float | None, str] | None = None  # (peak, unit) of the precision used, for MFU
         self.log = logging.getLogger("flagperf.training")
 
     # -- PerfLog -------------------------------------------------------------------------------------
@@ -126,15 +132,26 @@ class TrainingContext:
         self.event("EVALUATE", {"epoch": self.epoch, **metrics, "target": self.target, "converged": self.converged})
         return self.converged
 
+    def language_model(self, parameters: int, tokens_per_sample: int, synthetic: bool) -> None:
+        """Declare an LLM: tokens/s and MFU = 6 x parameters x tokens/s / peak join the result."""
+        self.tokens_per_sample = tokens_per_sample
+        self.flops_per_token = 6.0 * parameters
+        self.extra.update(parameters=parameters, synthetic_data=synthetic, precision=self.config.precision)
+
     def finish(self) -> dict[str, Any]:
         samples = torch.tensor([self.samples], dtype=torch.float64)
         if self.world_size > 1 and dist.is_initialized():
             dist.all_reduce(samples)
         throughput = float(samples.item()) / self.raw_train_time if self.raw_train_time else None
+        if self.tokens_per_sample and throughput:
+            tokens_per_s = throughput * self.tokens_per_sample
+            self.extra["tokens_per_s"] = tokens_per_s
+            if self.flops_per_token and self.peak:
+                self.extra["mfu"] = model_flops_utilisation(tokens_per_s, self.flops_per_token, *self.peak)
         value = {"e2e_time": time.perf_counter() - self.started, "training_throughput": throughput,
                  "throughput_unit": "samples/s", "converged": self.converged, "target_metric": self.target_metric,
                  "target": self.target, "final_metric": self.final_metric, "raw_train_time": self.raw_train_time,
-                 "init_time": self.init_time, "epochs": self.epoch, "steps": self.steps}
+                 "init_time": self.init_time, "epochs": self.epoch, "steps": self.steps, "extra": self.extra}
         assert tuple(value) == FINISHED_KEYS
         self.event("FINISHED", value)
         return value

@@ -90,6 +90,14 @@ def training_result(out_dir: Path, first_rank: int) -> tuple[list[Metric], Conve
     ]
     if finished["final_metric"] is not None:
         metrics.append(Metric(name=f"final_{finished['target_metric']}", value=finished["final_metric"], unit=""))
+    extra = finished.get("extra") or {}
+    synthetic = " (synthetic tokens)" if extra.get("synthetic_data") else ""
+    if extra.get("tokens_per_s") is not None:
+        metrics.append(Metric(name="tokens_per_s", value=extra["tokens_per_s"], unit="tokens/s",
+                              measured_seconds=finished["raw_train_time"], mfu=extra.get("mfu"),
+                              mfu_peak_key=extra.get("precision"),
+                              convention=f"MFU = 6 x {extra.get('parameters')} parameters x tokens/s / peak"
+                                         f"{synthetic}"))
     convergence = Convergence(metric=finished["target_metric"], target=finished["target"],
                               reached=finished["final_metric"], converged=bool(finished["converged"]),
                               epochs=finished["epochs"], steps=finished["steps"])

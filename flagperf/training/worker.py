@@ -43,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=max(60, int(config.timeout_s))))
     torch.manual_seed(config.seed)
     ctx = TrainingContext(config, device=device)
+    peak = vendor.spec_table().peaks.get(config.precision)
+    ctx.peak = (peak.value, peak.unit) if peak and peak.supported else None
     ctx.event("INIT_START", {"case": job.case, "world_size": world_size, "device": str(device)})
     if ctx.rank == 0:
         ctx.event("SUBMIT_INFO", {"config": job.config})

@@ -9,7 +9,7 @@ import pytest
 
 from flagperf.config import merge_vendor_overrides
 from flagperf.entry import run_job
-from flagperf.errors import ConfigError
+from flagperf.errors import CaseUserError, ConfigError
 from flagperf.job import Job
 from flagperf.perflog import format_line, parse_file, parse_text
 from flagperf.plan import plan_run
@@ -139,3 +139,51 @@ def test_bad_scale_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: 
     with pytest.raises(ConfigError) as info:
         plan_run(cases=["digits-copy"], sets=["nproc_per_node=2"], results_dir=tmp_path)
     assert info.value.source.endswith("config_cpux1x2.yaml") and words in info.value.message
+
+
+def test_llama_pretrain_reports_tokens_per_second_and_mfu(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    plan = plan_run(cases=["llama-pretrain"], sets=["synthetic_sequences=96", "max_epochs=1", "batch_size=8"],
+                    results_dir=tmp_path / "results")
+    cp = plan.cases[0]
+    job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, host="localhost", vendor="cpu",
+              config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={})
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "job.json").write_text(job.model_dump_json())
+    assert run_job(job, out) == 0
+    result = read_result(out / "result.json")
+    metrics = {m.name: m for m in result.metrics}
+    tokens = metrics["tokens_per_s"]
+    assert tokens.unit == "tokens/s"
+    assert tokens.value == pytest.approx(metrics["training_throughput"].value * 64)  # seq_len tokens per sample
+    assert "synthetic tokens" in tokens.convention and tokens.mfu_peak_key == "fp32"
+    finished = parse_file(out / "rank0.out.log").finished()[0]
+    params = finished["extra"]["parameters"]
+    from flagperf.vendors import load_vendor
+
+    peak = load_vendor("cpu").spec_table().peaks["fp32"].value * 1e12
+    assert tokens.mfu == pytest.approx(6 * params * tokens.value / peak)
+    assert result.convergence.metric == "eval_loss" and result.convergence.epochs == 1
+
+
+def test_llama_pretrain_reads_a_local_token_file(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    import numpy as np
+
+    from flagperf.cases import load_case
+
+    module = load_case("llama-pretrain").module
+    tokens = np.arange(1000) % 200
+    np.save(tmp_path / "tokens.npy", tokens)
+    plan = plan_run(cases=["llama-pretrain"], sets=[f"data_path={tmp_path / 'tokens.npy'}"], results_dir=tmp_path)
+    config = module.Config.model_validate(plan.cases[0].config)
+    data, synthetic = module.sequences(config)
+    assert not synthetic and data.shape == (15, 65)
+    assert data[1, 0] == 64 and data[0, -1] == data[1, 0]  # consecutive windows of the file
+    np.save(tmp_path / "bad.npy", np.full(100, 300))
+    bad = module.Config.model_validate({**plan.cases[0].config, "data_path": str(tmp_path / "bad.npy")})
+    with pytest.raises(CaseUserError, match="token ids below 256"):
+        module.sequences(bad)
+    with pytest.raises(ConfigError, match="does not exist"):
+        plan_run(cases=["llama-pretrain"], sets=["data_path=/nonexistent.npy"], results_dir=tmp_path)

@@ -1,0 +1,111 @@
+"""llama-pretrain: a Llama-architecture causal LM trained for next-token prediction.
+
+Data: a local token file (data_path: a .npy array of token ids, read with numpy's memmap) or, without
+one, synthetic sequences with a learnable rule (each sequence counts up from a random start by a random
+stride, modulo the vocabulary), so the loss really falls and convergence means something. The result
+says which (synthetic_data). Weights: random init from the config, or a local checkpoint_path
+(transformers' save_pretrained folder); nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from pydantic import Field, field_validator
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from flagperf.errors import CaseUserError
+from flagperf.training.driver import TrainingConfig, TrainingContext
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class Config(TrainingConfig):
+    vocab_size: int = Field(ge=8, le=1 << 18)
+    hidden_size: int = Field(ge=8)
+    intermediate_size: int = Field(ge=8)
+    num_layers: int = Field(ge=1)
+    num_heads: int = Field(ge=1)
+    seq_len: int = Field(ge=4, le=1 << 16)
+    batch_size: int = Field(ge=1)
+    lr: float = Field(gt=0)
+    synthetic_sequences: int = Field(ge=8)
+    data_path: str | None = None
+    checkpoint_path: str | None = None
+
+    @field_validator("data_path", "checkpoint_path")
+    @classmethod
+    def _exists(cls, value: str | None) -> str | None:
+        if value is not None and not Path(value).exists():
+            raise ValueError(f"{value} does not exist (only local files are read)")
+        return value
+
+
+def sequences(config: Config) -> tuple[torch.Tensor, bool]:
+    """(sequences of seq_len + 1 token ids, synthetic?)."""
+    if config.data_path:
+        tokens = np.load(config.data_path, mmap_mode="r")
+        if tokens.ndim != 1 or tokens.max(initial=0) >= config.vocab_size:
+            raise CaseUserError(f"{config.data_path}: expected a 1-D array of token ids below {config.vocab_size}")
+        n = (len(tokens) - 1) // config.seq_len
+        if n < 2:
+            raise CaseUserError(f"{config.data_path}: fewer than two sequences of {config.seq_len} tokens")
+        data = torch.from_numpy(np.array(tokens[: n * config.seq_len + 1], dtype=np.int64))  # a copy, not the map
+        return torch.stack([data[i * config.seq_len: (i + 1) * config.seq_len + 1] for i in range(n)]), False
+    g = torch.Generator().manual_seed(config.seed)
+    start = torch.randint(0, config.vocab_size, (config.synthetic_sequences, 1), generator=g)
+    stride = torch.randint(1, 5, (config.synthetic_sequences, 1), generator=g)
+    steps = torch.arange(config.seq_len + 1).unsqueeze(0)
+    return (start + stride * steps) % config.vocab_size, True
+
+
+def build_model(config: Config) -> LlamaForCausalLM:
+    if config.checkpoint_path:
+        return LlamaForCausalLM.from_pretrained(config.checkpoint_path, local_files_only=True)
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_heads, max_position_embeddings=config.seq_len))
+
+
+@torch.no_grad()
+def eval_loss(model: torch.nn.Module, data: torch.Tensor, device: torch.device, dtype: torch.dtype) -> float:
+    model.eval()
+    with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+        out = model(input_ids=data[:, :-1].to(device), labels=data[:, :-1].to(device))
+    model.train()
+    return float(out.loss)
+
+
+def run(config: Config, ctx: TrainingContext) -> None:
+    data, synthetic = sequences(config)
+    n_eval = max(1, len(data) // 10)
+    evaluation, train = data[:n_eval], data[n_eval:]
+    dataset = TensorDataset(train)
+    sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank, seed=config.seed) \
+        if ctx.world_size > 1 else None
+    loader = DataLoader(dataset, batch_size=config.batch_size, shuffle=sampler is None, sampler=sampler,
+                        generator=torch.Generator().manual_seed(config.seed), drop_last=True)
+    model = build_model(config)
+    parameters = sum(p.numel() for p in model.parameters())
+    ctx.language_model(parameters, tokens_per_sample=config.seq_len, synthetic=synthetic)
+    model = ctx.wrap(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
+    dtype = DTYPES[config.precision]
+    ctx.init_done()
+    for epoch in ctx.epochs():
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        for (batch,) in loader:
+            batch = batch.to(ctx.device)
+            optimizer.zero_grad()
+            with torch.autocast(ctx.device.type, dtype=dtype, enabled=dtype != torch.float32):
+                loss = model(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss
+            loss.backward()
+            optimizer.step()
+            ctx.step(len(batch), loss=float(loss))
+        ctx.evaluate(eval_loss=eval_loss(model, evaluation, ctx.device, dtype))
