@@ -36,7 +36,8 @@ class PerfLog:
     def finished(self) -> dict[int, dict[str, Any]]:
         """The FINISHED value of each rank."""
         done = self.events[self.events["event"] == "FINISHED"]
-        return {int(r): v for r, v in zip(done["rank"], done["value"], strict=True) if isinstance(v, dict)}
+        return {int(r): v for r, v in zip(done["rank"], done["value"], strict=True)
+                if isinstance(v, dict) and pd.notna(r)}
 
 
 def parse_text(text: str) -> PerfLog:

@@ -62,7 +62,7 @@ def new_run_id(suffix: str | None = None) -> str:
 def run_id_for_flow_run(results_dir: str | Path, flow_run_id: str) -> str:
     """The run folder of a flow run: the one it made on an earlier attempt, else a new name ending in the
     flow run's id, so that `prefect flow-run retry` finds its own results again."""
-    suffix = flow_run_id.replace("-", "")[:12]
+    suffix = flow_run_id.replace("-", "")[-12:]  # UUIDv7: the head is a timestamp, the tail is random
     earlier = sorted(Path(results_dir).glob(f"run*-{suffix}"))
     return earlier[-1].name if earlier else new_run_id(suffix)
 

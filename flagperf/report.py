@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 
 from flagperf.analysis import read_monitors
 from flagperf.results import read_result
-from flagperf.summary import REPORT_MD, RunSummary, summarize, write_summary
+from flagperf.summary import REPORT_MD, ROUND_FOLDER, RunSummary, summarize, write_summary
 
 REPORT_HTML = "report.html"
 PLOTS = "plots"
@@ -128,7 +128,8 @@ def make_plots(run_dir: Path, summary: RunSummary) -> list[tuple[str, Path]]:
         path = fn(summary, plots_dir / name)
         if path:
             made.append((title, path))
-    folders = sorted(p.parent for p in run_dir.glob("*/round*/*_noderank*/result.json"))
+    folders = sorted(p.parent for p in run_dir.glob("*/round*/*_noderank*/result.json")
+                     if ROUND_FOLDER.fullmatch(p.parent.name))
     for folder in folders[:MAX_TIMELINES]:
         case, round_name, host = folder.parts[-3], folder.parts[-2], folder.parts[-1]
         title = f"{case} {round_name} {host}: utilisation and power"
@@ -157,7 +158,9 @@ def build_report(run_dir: Path) -> tuple[RunSummary, dict[str, Path]]:
     summary = summarize(run_dir)
     plots = make_plots(run_dir, summary)
     paths = write_summary(run_dir, summary, [(title, path.relative_to(run_dir)) for title, path in plots])
-    body = markdown.markdown((run_dir / REPORT_MD).read_text(encoding="utf-8"), extensions=["tables"])
+    # The report is text: a '<' in a failure message is shown, never interpreted as HTML.
+    text = html.escape((run_dir / REPORT_MD).read_text(encoding="utf-8"), quote=False)
+    body = markdown.markdown(text, extensions=["tables"])
     html_path = run_dir / REPORT_HTML
     tmp = html_path.with_name(f".{REPORT_HTML}.tmp")
     tmp.write_text(HTML_PAGE.format(title=html.escape(f"FlagPerf {summary.run_id}"), body=body), encoding="utf-8")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from flagperf.metrics import coefficient_of_variation
 from flagperf.results import RESULT_FILE, Metric, RoundResult, read_result, write_json_atomic
 
 SUMMARY_CSV = "summary.csv"
+ROUND_FOLDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*_noderank\d+")
 SUMMARY_JSON = "summary.json"
 REPORT_MD = "report.md"
 
@@ -58,6 +60,8 @@ def load_results(run_dir: Path) -> tuple[list[tuple[Path, RoundResult]], list[st
     """(round folder, result) for every readable result.json, and a line for each unreadable one."""
     results, problems = [], []
     for path in sorted(run_dir.glob(f"*/round*/*_noderank*/{RESULT_FILE}")):
+        if not ROUND_FOLDER.fullmatch(path.parent.name):  # e.g. .<host>_noderank0.partial during collection
+            continue
         try:
             results.append((path.parent, read_result(path)))
         except (OSError, ValueError) as exc:
@@ -251,7 +255,7 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = 
                   f"hosts {', '.join(ctx['hosts'])}",
                   f"- engine {ctx.get('engine_version')} at git {git}; python {ctx.get('python')}, "
                   f"torch {ctx.get('torch')}, prefect {ctx.get('prefect') or '-'}; image {ctx.get('image')}",
-                  f"- command: `{ctx.get('command') or '-'}`"]
+                  f"- command: `{(ctx.get('command') or '-').replace('`', chr(39))}`"]
     lines += [f"- rounds: {c['rounds']} ({c['success']} succeeded, {c['unsupported']} unsupported, "
               f"{c['failed']} failed)", ""]
     if summary.headline:
@@ -272,7 +276,8 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = 
     if summary.not_measured:
         lines += ["## Not measured", ""]
         lines += [f"- {e['case']} round {e['round']} on {e['host']}: **{e['status']}**"
-                  f"{' (' + e['kind'] + ')' if e['kind'] and e['kind'] != e['status'] else ''}: {e['message']}"
+                  f"{' (' + e['kind'] + ')' if e['kind'] and e['kind'] != e['status'] else ''}: "
+                  f"{e['message']}"
                   for e in summary.not_measured]
         lines.append("")
     if summary.problems:

@@ -67,7 +67,8 @@ def run_sampler(name: str, args: argparse.Namespace, header: dict[str, Any],
         out.flush()
         next_tick = time.monotonic()
         while not stop_reason:
-            record = {"type": "sample", "t": time.time(), **sample()}
+            values = sample()  # stamped after reading: counters (energy) are read last, and may lag slow sources
+            record = {"type": "sample", "t": time.time(), **values}
             out.write(json.dumps(record) + "\n")
             out.flush()
             count += 1
@@ -86,7 +87,8 @@ def run_sampler(name: str, args: argparse.Namespace, header: dict[str, Any],
             if now > next_tick + args.interval:  # fell behind (suspended?): skip, don't burst
                 next_tick = now
         if stop_reason[0] == "signal":  # one last sample, so the timed region that just ended is covered
-            out.write(json.dumps({"type": "sample", "t": time.time(), **sample()}) + "\n")
+            values = sample()
+            out.write(json.dumps({"type": "sample", "t": time.time(), **values}) + "\n")
             count += 1
         out.write(json.dumps({"type": "footer", "samples": count, "stopped_at": time.time(),
                               "reason": stop_reason[0]}) + "\n")

@@ -36,6 +36,8 @@ class RaplEnergy:
             if zone.name.count(":") != 1:
                 continue  # sub-domains (core, uncore, dram) are inside the package figure
             try:
+                if not (zone / "name").read_text().strip().startswith("package"):
+                    continue  # 'psys' (whole platform) would count the packages twice
                 int((zone / "energy_uj").read_text())
                 max_range = int((zone / "max_energy_range_uj").read_text())
             except (OSError, ValueError) as exc:
