@@ -8,8 +8,8 @@ Verdict for one figure of a run, against the same case, metric, vendor and devic
   noise     = sqrt(history_cv^2 + run_cv^2): the history's run-to-run spread and this run's own
               round-to-round spread (coefficient of variation)
   threshold = max(sigma * noise, floor)
-  change    = value / baseline - 1; a regression when change < -threshold (all figures so far are
-              higher-is-better rates and capacities), an improvement when change > threshold.
+  change    = (value - baseline) / |baseline|; a regression when the figure moves the wrong way by more
+              than the threshold (rates and capacities should rise, durations and losses fall).
 So a metric that is noisy needs a larger drop to raise an alarm, and a steady one flags a real 5 % drop.
 """
 
@@ -139,17 +139,23 @@ def check_run(engine: Engine, run_id: str, *, baseline_runs: int = 5, min_histor
     return verdicts
 
 
+def higher_is_better(metric: str, unit: str | None) -> bool:
+    """Rates and capacities are better higher; durations (unit s) and losses are better lower."""
+    return not (unit == "s" or "loss" in metric)
+
+
 def _verdict(fig: Any, history: list[float], min_history: int, sigma: float, floor: float) -> Verdict:
     value = float(fig["value"])
-    if len(history) < min_history:
+    if len(history) < max(min_history, 2):  # a spread needs two points
         return Verdict(fig["case"], fig["metric"], fig["unit"], value, None, None, None, len(history), "no-baseline")
     baseline = statistics.median(history)
     history_cv = statistics.stdev(history) / baseline if baseline else 0.0
     noise = math.hypot(history_cv, fig["spread_cv"] or 0.0)
     threshold = max(sigma * noise, floor)
-    change = value / baseline - 1 if baseline else 0.0
+    change = (value - baseline) / abs(baseline) if baseline else 0.0
+    better = change if higher_is_better(fig["metric"], fig["unit"]) else -change
     status: Literal["regression", "improvement", "ok"] = (
-        "regression" if change < -threshold else "improvement" if change > threshold else "ok")
+        "regression" if better < -threshold else "improvement" if better > threshold else "ok")
     return Verdict(fig["case"], fig["metric"], fig["unit"], value, baseline, change, threshold, len(history), status)
 
 

@@ -21,7 +21,8 @@ CASE_LOG_FILE = "case.log"
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # No NaN or infinity: result files stay valid JSON and every figure is a number a report can draw.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class Peak(_Model):

@@ -62,6 +62,8 @@ def nightly_regression(suite: str = "smoke", vendor: str = "cpu", rounds: int = 
     run_dir = Path(results_dir) / run_id
     if not (run_dir / "summary.json").is_file():
         raise FlagperfError(f"the evaluation produced no summary: {state.message}")
+    if state.is_failed():  # a partial run is neither a baseline nor judged against one
+        raise FlagperfError(f"the evaluation failed, nothing recorded in the history: {state.message}")
     record_history(run_dir, history_url, results_dir)
     verdicts = judge_regressions(run_id, history_url, results_dir, baseline_runs, sigma)
     regressions = [v for v in verdicts if v.status == "regression"]
@@ -76,6 +78,4 @@ def nightly_regression(suite: str = "smoke", vendor: str = "cpu", rounds: int = 
     if regressions:
         raise RegressionDetected(f"{len(regressions)} regression(s) in {run_id}: "
                                  + "; ".join(v.line() for v in regressions))
-    if state.is_failed():
-        raise FlagperfError(f"the evaluation failed: {state.message}")
     return {"run_id": run_id, "verdicts": {f"{v.case}/{v.metric}": v.status for v in verdicts}}

@@ -7,6 +7,7 @@ If one process fails the others are stopped. The node's first process's FINISHED
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -88,6 +89,8 @@ def training_result(out_dir: Path, first_rank: int) -> tuple[list[Metric], Conve
         Metric(name="raw_train_time", value=finished["raw_train_time"], unit="s"),
         Metric(name="init_time", value=finished["init_time"], unit="s"),
     ]
+    if finished["final_metric"] is not None and not math.isfinite(finished["final_metric"]):
+        finished = {**finished, "final_metric": None, "converged": False}  # diverged: no number to report
     if finished["final_metric"] is not None:
         metrics.append(Metric(name=f"final_{finished['target_metric']}", value=finished["final_metric"], unit=""))
     extra = finished.get("extra") or {}

@@ -83,3 +83,21 @@ def test_recording_a_run_twice_replaces_it(seeded) -> None:
     assert record_run(engine, tmp_path / "run-n0", recorded_at=START) == 1
     (v,) = check_run(engine, "run-n4")
     assert v.history == 4 and v.status == "ok"
+
+
+def test_durations_and_losses_regress_upwards(tmp_path: Path) -> None:
+    from flagperf.history import _verdict
+
+    history = [10.0, 10.1, 9.9, 10.0, 10.05]
+    slower = _verdict({"case": "c", "metric": "e2e_time", "unit": "s", "value": 12.0, "spread_cv": None},
+                      history, 3, 3.0, 0.01)
+    assert slower.status == "regression"
+    faster = _verdict({"case": "c", "metric": "e2e_time", "unit": "s", "value": 8.0, "spread_cv": None},
+                      history, 3, 3.0, 0.01)
+    assert faster.status == "improvement"
+    loss = _verdict({"case": "c", "metric": "final_eval_loss", "unit": "", "value": 11.0, "spread_cv": None},
+                    history, 3, 3.0, 0.01)
+    assert loss.status == "regression"
+    one_point = _verdict({"case": "c", "metric": "x", "unit": "GB/s", "value": 1.0, "spread_cv": None}, [2.0], 1,
+                         3.0, 0.01)
+    assert one_point.status == "no-baseline"

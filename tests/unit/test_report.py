@@ -78,3 +78,18 @@ def test_cli_report_and_compare(tmp_path: Path) -> None:
     assert "DIFFERENT" in out.read_text()
     result = runner.invoke(app, ["report", str(tmp_path)])
     assert result.exit_code == 2 and "not a run folder" in result.output and "Traceback" not in result.output
+
+
+def test_report_html_shows_messages_as_text(tmp_path: Path) -> None:
+    run = make_run(tmp_path, "run-x", [0.5])
+    now = datetime.now(UTC)
+    bad = RoundResult(run_id="run-x", case="evil", family="base", round=1, host="h1", node_rank=0, vendor="cpu",
+                      status="failed", started_at=now, finished_at=now, duration_s=0.0, measured_seconds=0.0,
+                      config={}, failure={"kind": "user", "message": "<img src=x onerror=alert(1)> <class 'X'>"})
+    write_result(run / "evil" / "round1" / "h1_noderank0" / "result.json", bad)
+    (run / "evil" / "round1" / ".h1_noderank0.partial").mkdir()  # a collection in progress is not a round
+    write_result(run / "evil" / "round1" / ".h1_noderank0.partial" / "result.json", bad)
+    summary, paths = build_report(run)
+    page = paths["html"].read_text()
+    assert "<img src=x" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page and "&lt;class 'X'&gt;" in page
+    assert summary.counts["rounds"] == 2
