@@ -22,6 +22,7 @@ from flagperf.paths import PROJECT_ROOT
 
 DATABASE_URL_ENV = "PREFECT_API_DATABASE_CONNECTION_URL"
 HEALTH_TIMEOUT_S = 180.0
+DATABASE_SECRETS = (DATABASE_URL_ENV, "PGPASSWORD", "PGPASSFILE")
 
 
 def check_database_url(url: str | None) -> str:
@@ -29,15 +30,19 @@ def check_database_url(url: str | None) -> str:
         raise ConfigError("--database-url", None, f"give a PostgreSQL URL (or set {DATABASE_URL_ENV}), e.g. "
                                                   "postgresql+asyncpg://flagperf@127.0.0.1:5432/prefect; keep the "
                                                   "password in ~/.pgpass or PGPASSWORD, not in a file of this project")
-    scheme = urlsplit(url).scheme
-    if scheme != "postgresql+asyncpg":
-        raise ConfigError("--database-url", None, f"scheme {scheme!r}: the server needs postgresql+asyncpg://")
+    parts = urlsplit(url)
+    if parts.scheme != "postgresql+asyncpg":
+        raise ConfigError("--database-url", None, f"scheme {parts.scheme!r}: the server needs postgresql+asyncpg://")
+    if parts.password:
+        raise ConfigError("--database-url", None, "has a password in it, which would show in process lists and "
+                                                  "logs; put it in ~/.pgpass or PGPASSWORD instead")
     return url
 
 
-def wait_healthy(api_url: str, proc: subprocess.Popen[bytes], timeout_s: float = HEALTH_TIMEOUT_S) -> None:
+def wait_healthy(api_url: str, proc: subprocess.Popen[bytes], stopping: list[int],
+                 timeout_s: float = HEALTH_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not stopping:
         if proc.poll() is not None:
             raise RuntimeError(f"the Prefect server exited with code {proc.returncode} (see its log)")
         try:
@@ -48,6 +53,20 @@ def wait_healthy(api_url: str, proc: subprocess.Popen[bytes], timeout_s: float =
             pass
         time.sleep(1)
     raise RuntimeError(f"the Prefect server did not answer {api_url}/health within {timeout_s:.0f} s")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
+        if proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_dir: Path) -> int:
@@ -61,13 +80,18 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
                                   start_new_session=True)
     processes = [server]
     stopping: list[int] = []
-    signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: stopping.append(signum))
     try:
-        wait_healthy(api_url, server)
+        wait_healthy(api_url, server, stopping)
+        if stopping:
+            return 0
         print(f"server: {api_url} (UI at http://{host}:{port}), database {urlsplit(database_url).hostname}",
               flush=True)
-        client_env = {**os.environ, "PREFECT_API_URL": api_url, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                      "PREFECT_LOGGING_EXTRA_LOGGERS": "flagperf"}
+        # The worker, its flow runs and their cases get no database credentials: only the server needs them.
+        client_env = {k: v for k, v in os.environ.items() if k not in DATABASE_SECRETS}
+        client_env.update(PREFECT_API_URL=api_url, PREFECT_SERVER_ANALYTICS_ENABLED="false",
+                          PREFECT_LOGGING_EXTRA_LOGGERS="flagperf")
         created = subprocess.run([sys.executable, "-m", "prefect", "--no-prompt", "work-pool", "create", pool,
                                   "--type", "process", "--overwrite"], env=client_env, capture_output=True,
                                  text=True, timeout=120, check=False)
@@ -84,13 +108,8 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
             time.sleep(1)
         failed = [p for p in processes if p.poll() not in (None, 0)]
         return 1 if failed else 0
-    except KeyboardInterrupt:
-        return 0
     finally:
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the shutdown short
         for proc in reversed(processes):  # the worker first, then the server it talks to
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
+            _stop(proc)

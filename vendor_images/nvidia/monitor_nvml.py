@@ -26,9 +26,19 @@ THROTTLE_REASONS = {  # NVML clocks-event reason bits (nvml.h)
 
 def _call(fn: Any, *args: Any) -> Any:
     try:
-        return fn(*args)
+        value = fn(*args)
     except Exception:  # one unsupported query on one GPU must not stop the others
         return None
+    return value.decode(errors="replace") if isinstance(value, bytes) else value  # old bindings return bytes
+
+
+def _clock_event_reasons(pynvml: Any, handle: Any) -> int | None:
+    """The active clock-event (throttle) reasons; None when the driver cannot say (never 'none active')."""
+    for name in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
+        fn = getattr(pynvml, name, None)
+        if fn is not None and (value := _call(fn, handle)) is not None:
+            return int(value)
+    return None
 
 
 def main() -> int:
@@ -48,7 +58,7 @@ def main() -> int:
                                           "reason": "unavailable"}) + "\n")
         print(reason, file=sys.stderr)
         return 0
-    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    handles = [_call(pynvml.nvmlDeviceGetHandleByIndex, i) for i in range(count)]
     energy_start = [_call(pynvml.nvmlDeviceGetTotalEnergyConsumption, h) for h in handles]
     header = {
         "driver": _call(pynvml.nvmlSystemGetDriverVersion),
@@ -65,8 +75,7 @@ def main() -> int:
         mem = _call(pynvml.nvmlDeviceGetMemoryInfo, h)
         power_mw = _call(pynvml.nvmlDeviceGetPowerUsage, h)
         energy_mj = _call(pynvml.nvmlDeviceGetTotalEnergyConsumption, h)
-        reasons = _call(getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
-                        or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons, h)
+        reasons = _clock_event_reasons(pynvml, h)
         return {
             "index": i,
             "util_percent": util.gpu if util else None,
@@ -77,7 +86,7 @@ def main() -> int:
             else None,
             "temp_c": _call(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU),
             "sm_clock_mhz": _call(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM),
-            "throttle": [name for bit, name in THROTTLE_REASONS.items() if reasons and reasons & bit],
+            "throttle": None if reasons is None else [name for bit, name in THROTTLE_REASONS.items() if reasons & bit],
         }
 
     try:

@@ -17,7 +17,7 @@ MIN_CAPABILITY = {"tf32": (8, 0), "bf16": (8, 0), "fp16": (7, 0), "int8": (7, 5)
 
 def _datasheet(name: str) -> dict[str, Any] | None:
     entries = yaml.safe_load((Path(__file__).parent / "datasheets.yaml").read_text())
-    return next((e for e in entries if e["match"] in name), None)
+    return next((e for e in entries if name in e["names"]), None)
 
 
 def spec_table(settings: dict[str, Any]) -> dict[str, Any]:
