@@ -97,6 +97,9 @@ class Host(ABC):
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.project_root), env.get("PYTHONPATH")) if p)
         env["PYTHONUNBUFFERED"] = "1"
+        # CUDA numbers GPUs fastest-first by default, NVML by PCI bus: make them agree, so a monitor
+        # samples exactly the GPUs in CUDA_VISIBLE_DEVICES.
+        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         return env
 
 

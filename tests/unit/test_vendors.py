@@ -222,3 +222,17 @@ def test_unknown_vendor_lists_known(vendor_root: Path) -> None:
         load_vendor("nope")
     assert info.value.source == "--vendor"
     assert "acme, cpu" in info.value.message
+
+
+def test_nvml_monitor_samples_only_the_cases_gpus() -> None:
+    import importlib.util
+
+    from flagperf.paths import PROJECT_ROOT
+
+    spec = importlib.util.spec_from_file_location("monitor_nvml", PROJECT_ROOT / "vendor_images/nvidia/monitor_nvml.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.visible_indices(None, 4) == [0, 1, 2, 3]
+    assert module.visible_indices("2,0", 4) == [2, 0]
+    assert module.visible_indices("1,7", 4) == [1]  # an index the host does not have is dropped
+    assert module.visible_indices("GPU-8f2c", 4) == [0, 1, 2, 3]  # UUIDs: all, rather than a guess

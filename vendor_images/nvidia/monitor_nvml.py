@@ -8,6 +8,7 @@ the header says why and the monitor exits at once (no samples, never zeros).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -41,8 +42,24 @@ def _clock_event_reasons(pynvml: Any, handle: Any) -> int | None:
     return None
 
 
+def visible_indices(value: str | None, count: int) -> list[int]:
+    """The GPUs the case can use, as NVML indices: CUDA_VISIBLE_DEVICES when it lists indices (the host
+    sets CUDA_DEVICE_ORDER=PCI_BUS_ID, NVML's order), else every GPU. A host's other GPUs (idle, or someone
+    else's job) must not count in this case's power, energy or utilisation."""
+    if value is None or not value.strip():
+        return list(range(count))
+    try:
+        indices = [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:  # UUIDs or MIG names: sample everything rather than guess
+        return list(range(count))
+    return [i for i in indices if 0 <= i < count]
+
+
 def main() -> int:
-    args = monitor_arguments(__doc__ or "").parse_args()
+    parser = monitor_arguments(__doc__ or "")
+    parser.add_argument("--devices", default=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                        help="comma-separated NVML indices (default: CUDA_VISIBLE_DEVICES, else all)")
+    args = parser.parse_args()
     try:
         import pynvml
 
@@ -58,13 +75,15 @@ def main() -> int:
                                           "reason": "unavailable"}) + "\n")
         print(reason, file=sys.stderr)
         return 0
-    handles = [_call(pynvml.nvmlDeviceGetHandleByIndex, i) for i in range(count)]
-    energy_start = [_call(pynvml.nvmlDeviceGetTotalEnergyConsumption, h) for h in handles]
+    indices = visible_indices(args.devices, count)
+    handles = [_call(pynvml.nvmlDeviceGetHandleByIndex, i) for i in indices]
+    energy_start = {i: _call(pynvml.nvmlDeviceGetTotalEnergyConsumption, h) for i, h in zip(indices, handles,
+                                                                                              strict=True)}
     header = {
         "driver": _call(pynvml.nvmlSystemGetDriverVersion),
         "devices": [{"index": i, "name": _call(pynvml.nvmlDeviceGetName, h), "uuid": _call(pynvml.nvmlDeviceGetUUID, h),
                      "power_limit_w": (_call(pynvml.nvmlDeviceGetEnforcedPowerLimit, h) or 0) / 1000 or None}
-                    for i, h in enumerate(handles)],
+                    for i, h in zip(indices, handles, strict=True)],
         "fields": {"util_percent": "%", "mem_used_bytes": "B", "mem_total_bytes": "B", "power_w": "W",
                    "energy_j": "J since start (NVML total energy)", "temp_c": "C", "sm_clock_mhz": "MHz",
                    "throttle": "active clocks-event reasons"},
@@ -75,6 +94,7 @@ def main() -> int:
         mem = _call(pynvml.nvmlDeviceGetMemoryInfo, h)
         power_mw = _call(pynvml.nvmlDeviceGetPowerUsage, h)
         energy_mj = _call(pynvml.nvmlDeviceGetTotalEnergyConsumption, h)
+        start_mj = energy_start.get(i)
         reasons = _clock_event_reasons(pynvml, h)
         return {
             "index": i,
@@ -82,16 +102,15 @@ def main() -> int:
             "mem_used_bytes": mem.used if mem else None,
             "mem_total_bytes": mem.total if mem else None,
             "power_w": power_mw / 1000 if power_mw is not None else None,
-            "energy_j": (energy_mj - energy_start[i]) / 1000 if energy_mj is not None and energy_start[i] is not None
-            else None,
+            "energy_j": (energy_mj - start_mj) / 1000 if energy_mj is not None and start_mj is not None else None,
             "temp_c": _call(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU),
             "sm_clock_mhz": _call(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM),
             "throttle": None if reasons is None else [name for bit, name in THROTTLE_REASONS.items() if reasons & bit],
         }
 
     try:
-        return run_sampler("nvml", args, header, lambda: {"devices": [device_sample(i, h)
-                                                                      for i, h in enumerate(handles)]})
+        return run_sampler("nvml", args, header, lambda: {"devices": [
+            device_sample(i, h) for i, h in zip(indices, handles, strict=True) if h is not None]})
     finally:
         _call(pynvml.nvmlShutdown)
 
