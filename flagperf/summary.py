@@ -190,7 +190,7 @@ def scaling_table(rows: pd.DataFrame) -> list[dict[str, Any]]:
     Throughput at a size is the sum over its node ranks (each rank reports its own share), averaged over
     rounds; speed-up is against the smallest size measured, efficiency = speed-up / (devices / smallest).
     """
-    is_rate = rows["unit"].fillna("").map(lambda u: u.endswith("/s") or u.endswith("PS"))
+    is_rate = rows["unit"].map(lambda u: isinstance(u, str) and (u.endswith("/s") or u.endswith("PS"))).astype(bool)
     measured = rows[rows["metric"].notna() & (rows["status"] == "success") & is_rate].copy()
     if measured.empty:
         return []
