@@ -29,7 +29,7 @@ MONITOR_COLUMNS = ["power_avg_w", "power_max_w", "energy_j", "energy_source", "e
                    "energy_per_work_unit", "cpu_percent_mean", "mem_used_bytes_max", "mem_total_bytes",
                    "case_rss_bytes_max", "accel_util_percent_mean", "accel_mem_used_bytes_max",
                    "accel_mem_total_bytes"]
-ROW_COLUMNS = ["case", "round", "host", "node_rank", "nnodes", "nproc_per_node", "status", "metric", "value",
+ROW_COLUMNS = ["case", "family", "round", "host", "node_rank", "nnodes", "nproc_per_node", "status", "metric", "value",
                "unit", "p50", "cv_chunks", "mfu",
                "peak", "peak_unit", "ratio", "convention", "peak_source", "message", "device", *MONITOR_COLUMNS]
 
@@ -93,7 +93,7 @@ def _monitor_columns(stats: WindowStats, metric: Metric | None) -> dict[str, Any
 def _rows(results: list[tuple[Path, RoundResult]], notes: dict[str, None]) -> pd.DataFrame:
     rows: list[dict[str, Any]] = []
     for folder, r in results:
-        base = {"case": r.case, "round": r.round, "host": r.host, "node_rank": r.node_rank,
+        base = {"case": r.case, "family": r.family, "round": r.round, "host": r.host, "node_rank": r.node_rank,
                 "nnodes": int(r.config.get("nnodes", 1)), "nproc_per_node": int(r.config.get("nproc_per_node", 1)),
                 "status": r.status, "device": r.device, "message": r.failure.message if r.failure else None}
         monitors = read_monitors(folder)
@@ -130,7 +130,7 @@ def summarize(run_dir: Path) -> RunSummary:
         counts[r.status] += 1
 
     headline: list[dict[str, Any]] = []
-    measured = rows[rows["metric"].notna()]
+    measured = one_figure_per_job(rows[rows["metric"].notna()])
     for (case, metric), group in measured.groupby(["case", "metric"], sort=False):
         values = [float(v) for v in group["value"]]
         mean = sum(values) / len(values)
@@ -144,7 +144,7 @@ def summarize(run_dir: Path) -> RunSummary:
             "p50": _clean(pd.Series([p for p in group["p50"] if p is not None]).median()),
             "spread_cv": cv_rounds if cv_rounds is not None else cv_chunks,
             "spread_over": "rounds" if cv_rounds is not None else ("chunks" if cv_chunks is not None else None),
-            "rounds": len(values), "peak": peak, "peak_unit": _clean(group["peak_unit"].iloc[0]),
+            "rounds": int(group["round"].nunique()), "peak": peak, "peak_unit": _clean(group["peak_unit"].iloc[0]),
             "ratio": ratio, "above_peak": bool(ratio is not None and ratio > 1.0),
             "convention": _clean(group["convention"].iloc[0]), "peak_source": _clean(group["peak_source"].iloc[0]),
             "mfu": _mean(group["mfu"]),
@@ -183,15 +183,22 @@ def summarize(run_dir: Path) -> RunSummary:
                       scaling=scaling_table(rows))
 
 
+def one_figure_per_job(rows: pd.DataFrame) -> pd.DataFrame:
+    """Training figures are global (all-reduced) and every node reports them: keep node rank 0's, so a
+    2-node job is one value per round, not two. Base specs are per host and all count."""
+    return rows[(rows["family"] != "training") | (rows["node_rank"] == 0)]
+
+
 def scaling_table(rows: pd.DataFrame) -> list[dict[str, Any]]:
     """DLPerf-style scaling (1 -> N devices or nodes) for every throughput (a rate: .../s, FLOPS, TOPS)
     measured at several sizes.
 
-    Throughput at a size is the sum over its node ranks (each rank reports its own share), averaged over
-    rounds; speed-up is against the smallest size measured, efficiency = speed-up / (devices / smallest).
+    Throughput at a size is the sum over its hosts for base specs (each host measures its own devices) and
+    the job's global figure for training (every node reports the all-reduced total), averaged over rounds;
+    speed-up is against the smallest size measured, efficiency = speed-up / (devices / smallest).
     """
     is_rate = rows["unit"].map(lambda u: isinstance(u, str) and (u.endswith("/s") or u.endswith("PS"))).astype(bool)
-    measured = rows[rows["metric"].notna() & (rows["status"] == "success") & is_rate].copy()
+    measured = one_figure_per_job(rows[rows["metric"].notna() & (rows["status"] == "success") & is_rate]).copy()
     if measured.empty:
         return []
     measured["devices"] = measured["nnodes"] * measured["nproc_per_node"]

@@ -140,10 +140,12 @@ def test_summary_joins_energy_per_work_and_reports_a_missing_monitor(tmp_path: P
 
 
 def test_scaling_table_like_dlperf(tmp_path: Path) -> None:
-    """1 -> 8 -> 16 devices: throughput summed over node ranks, speed-up and efficiency against 1 device."""
+    """1 -> 8 -> 16 devices: speed-up and efficiency against 1 device; a training job's global throughput,
+    reported by each of its nodes, counts once."""
     run = tmp_path / "run-s"
     now = datetime.now(UTC)
-    layouts = {"resnet50-1x1": (1, 1, [100.0]), "resnet50-1x8": (1, 8, [760.0]), "resnet50-2x8": (2, 8, [700.0, 700.0])}
+    layouts = {"resnet50-1x1": (1, 1, [100.0]), "resnet50-1x8": (1, 8, [760.0]),
+               "resnet50-2x8": (2, 8, [1400.0, 1400.0])}
     for case, (nnodes, nproc, per_node) in layouts.items():
         for rank, value in enumerate(per_node):
             result = RoundResult(
