@@ -110,7 +110,7 @@ def test_smoke_suite_runs_through_the_real_flow(flagperf_env: Path) -> None:
     assert fp32.provenance.config_origins["min_duration_s"] == "--set"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["counts"] == {"rounds": 4, "success": 4, "unsupported": 0, "failed": 0}
-    assert (run_dir / "summary.csv").read_text().startswith("case,round,host")
+    assert (run_dir / "summary.csv").read_text().startswith("case,family,round,host")
     assert "| computation-FP32 | gemm_fp32 |" in (run_dir / "report.md").read_text()
     assert not monitor_processes(run_dir.name)
 
