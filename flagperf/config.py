@@ -217,8 +217,8 @@ def parse_set_override(text: str, case_names: list[str]) -> SetOverride:
                                             f"(selected: {', '.join(case_names)})")
         raise ConfigError("--set", lhs, "the key must be a configuration name such as min_duration_s")
     value = parse_yaml_text(raw, "--set") if raw.strip() else ""
-    if isinstance(value, dict | list):
-        raise ConfigError("--set", lhs, "the value must be a scalar")
+    if isinstance(value, dict) or (isinstance(value, list) and any(isinstance(v, dict | list) for v in value)):
+        raise ConfigError("--set", lhs, "the value must be a scalar or a list of scalars")
     return SetOverride(case=case, key=key, value=value, text=text)
 
 

@@ -47,7 +47,7 @@ from flagperf.results import (
 )
 from flagperf.timing import TimingPlan
 from flagperf.training.driver import TrainingConfig
-from flagperf.training.launch import EXIT_WORKER_FAILED, launch, training_result
+from flagperf.training.launch import EXIT_WORKER_FAILED, launch, training_result, user_error
 from flagperf.vendors import Vendor, load_vendor
 
 log = logging.getLogger("flagperf.case")
@@ -84,6 +84,9 @@ def run_base(case: CaseDef, config: CaseConfig, vendor: Vendor, spec: SpecTable)
 
 def run_training(job: Job, config: TrainingConfig, out_dir: Path) -> Outcome:
     code = launch(job, out_dir, config.nnodes, config.nproc_per_node, config.master_port)
+    if code == EXIT_USER_ERROR:
+        message = user_error(out_dir) or "a training process rejected its input"
+        return Outcome(failure=Failure(kind="user", message=message), exit_code=EXIT_USER_ERROR)
     metrics, convergence, problem = training_result(out_dir, first_rank=job.node_rank * config.nproc_per_node)
     if code != EXIT_OK or problem:
         # Crashed or incomplete: the result says where it stopped, and the controller retries.

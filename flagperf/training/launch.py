@@ -15,12 +15,13 @@ import sys
 import time
 from pathlib import Path
 
-from flagperf.errors import EXIT_OK
+from flagperf.errors import EXIT_OK, EXIT_USER_ERROR
 from flagperf.job import JOB_FILE, Job
 from flagperf.perflog import PerfLog, parse_file
 from flagperf.results import Convergence, Metric
 
 EXIT_WORKER_FAILED = 70
+USER_ERROR_PREFIX = "flagperf user error: "  # how a process says its input was wrong (see user_error)
 
 
 def rank_log(out_dir: Path, rank: int) -> Path:
@@ -54,8 +55,17 @@ def launch(job: Job, out_dir: Path, nnodes: int, nproc: int, master_port: int) -
             except subprocess.TimeoutExpired:
                 p.kill()
         print(f"a training process failed (exit {failed}); see rank<R>.out.log", flush=True)
-        return EXIT_WORKER_FAILED
+        return EXIT_USER_ERROR if failed == EXIT_USER_ERROR else EXIT_WORKER_FAILED
     return EXIT_OK
+
+
+def user_error(out_dir: Path) -> str | None:
+    """The first user error a training process reported, if any."""
+    for path in sorted(out_dir.glob("rank*.out.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            if line.startswith(USER_ERROR_PREFIX):
+                return line.removeprefix(USER_ERROR_PREFIX)
+    return None
 
 
 def where_it_stopped(log: PerfLog) -> str:

@@ -16,8 +16,10 @@ import torch
 import torch.distributed as dist
 
 from flagperf.cases import load_case
+from flagperf.errors import EXIT_USER_ERROR, CaseUserError, ConfigError
 from flagperf.job import Job
 from flagperf.training.driver import TrainingContext
+from flagperf.training.launch import USER_ERROR_PREFIX
 from flagperf.vendors import load_vendor
 
 
@@ -48,7 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     ctx.event("INIT_START", {"case": job.case, "world_size": world_size, "device": str(device)})
     if ctx.rank == 0:
         ctx.event("SUBMIT_INFO", {"config": job.config})
-    case.module.run(config, ctx)
+    try:
+        case.module.run(config, ctx)
+    except (CaseUserError, ConfigError) as exc:  # the input's fault: the launcher reports it, nobody retries
+        print(f"{USER_ERROR_PREFIX}{exc}", flush=True)
+        return EXIT_USER_ERROR
     ctx.finish()
     if world_size > 1:
         dist.barrier()

@@ -193,12 +193,16 @@ def test_set_bad_key(text: str) -> None:
     assert "key must be a configuration name" in info.value.message
 
 
-@pytest.mark.parametrize("raw", ["[1, 2]", "{a: 1}", "a: 1"])
+@pytest.mark.parametrize("raw", ["[[1], 2]", "{a: 1}", "a: 1", "[{a: 1}]"])
 def test_set_non_scalar_value(raw: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_set_override(f"m={raw}", [])
     assert info.value.key == "m"
-    assert info.value.message == "the value must be a scalar"
+    assert info.value.message == "the value must be a scalar or a list of scalars"
+
+
+def test_set_a_list_of_scalars() -> None:
+    assert parse_set_override("depths=[1, 2]", []).value == [1, 2]
 
 
 def test_set_invalid_yaml_value() -> None:

@@ -183,7 +183,64 @@ def test_llama_pretrain_reads_a_local_token_file(tmp_path: Path) -> None:
     assert data[1, 0] == 64 and data[0, -1] == data[1, 0]  # consecutive windows of the file
     np.save(tmp_path / "bad.npy", np.full(100, 300))
     bad = module.Config.model_validate({**plan.cases[0].config, "data_path": str(tmp_path / "bad.npy")})
-    with pytest.raises(CaseUserError, match="token ids below 256"):
+    with pytest.raises(CaseUserError, match=r"token ids in \[0, 256\)"):
         module.sequences(bad)
     with pytest.raises(ConfigError, match="does not exist"):
         plan_run(cases=["llama-pretrain"], sets=["data_path=/nonexistent.npy"], results_dir=tmp_path)
+
+
+def _run_case(tmp_path: Path, case: str, *sets: str):
+    plan = plan_run(cases=[case], sets=list(sets), results_dir=tmp_path / "results")
+    cp = plan.cases[0]
+    job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, host="localhost", vendor="cpu",
+              config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={})
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "job.json").write_text(job.model_dump_json())
+    return run_job(job, out), out
+
+
+def test_resnet50_reads_an_imagenet_style_folder(tmp_path: Path) -> None:
+    """A two-class folder of generated images (red and blue, with noise): the real reading and training code,
+    on a ResNet shrunk through its configuration."""
+    pytest.importorskip("transformers")
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 12), ("val", 4)):
+        for label, colour in (("blue", 2), ("red", 0)):
+            folder = tmp_path / "imagenet" / split / label
+            folder.mkdir(parents=True)
+            for i in range(n):
+                pixels = rng.integers(0, 60, (40, 48, 3), dtype=np.uint8)
+                pixels[..., colour] = 220
+                Image.fromarray(pixels).save(folder / f"{i}.png")
+    code, out = _run_case(tmp_path, "resnet50", f"data_dir={tmp_path / 'imagenet'}", "depths=[1, 1]",
+                          "hidden_sizes=[8, 16]", "batch_size=8", "num_workers=0", "max_epochs=3", "lr=0.05",
+                          "log_freq=1")
+    result = read_result(out / "result.json")
+    assert code == 0, result.failure
+    assert result.convergence.metric == "top1" and 0.0 <= result.convergence.reached <= 1.0
+    assert next(m for m in result.metrics if m.name == "training_throughput").value > 0
+
+
+def test_resnet50_without_a_folder_is_a_user_error(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    code, out = _run_case(tmp_path, "resnet50")
+    result = read_result(out / "result.json")
+    assert code == 2 and result.failure.kind == "user" and "set data_dir" in result.failure.message
+    with pytest.raises(ConfigError, match="needs train/<class>/ and val/<class>/"):
+        plan_run(cases=["resnet50"], sets=[f"data_dir={tmp_path}"], results_dir=tmp_path / "r")
+
+
+def test_bert_masked_lm_on_synthetic_tokens(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    code, out = _run_case(tmp_path, "bert", "vocab_size=64", "hidden_size=32", "num_layers=1", "num_heads=2",
+                          "intermediate_size=64", "seq_len=32", "synthetic_sequences=64", "batch_size=8",
+                          "max_epochs=2", "lr=0.003")
+    result = read_result(out / "result.json")
+    assert code == 0, result.failure
+    assert result.convergence.metric == "mlm_accuracy" and result.convergence.epochs <= 2
+    tokens = next(m for m in result.metrics if m.name == "tokens_per_s")
+    assert "synthetic tokens" in tokens.convention and tokens.mfu is not None

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import torch
 from pydantic import Field, field_validator
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from flagperf.errors import CaseUserError
+from flagperf.training.data import counting_sequences, token_windows
 from flagperf.training.driver import TrainingConfig, TrainingContext
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -48,19 +47,8 @@ class Config(TrainingConfig):
 def sequences(config: Config) -> tuple[torch.Tensor, bool]:
     """(sequences of seq_len + 1 token ids, synthetic?)."""
     if config.data_path:
-        tokens = np.load(config.data_path, mmap_mode="r")
-        if tokens.ndim != 1 or tokens.max(initial=0) >= config.vocab_size:
-            raise CaseUserError(f"{config.data_path}: expected a 1-D array of token ids below {config.vocab_size}")
-        n = (len(tokens) - 1) // config.seq_len
-        if n < 2:
-            raise CaseUserError(f"{config.data_path}: fewer than two sequences of {config.seq_len} tokens")
-        data = torch.from_numpy(np.array(tokens[: n * config.seq_len + 1], dtype=np.int64))  # a copy, not the map
-        return torch.stack([data[i * config.seq_len: (i + 1) * config.seq_len + 1] for i in range(n)]), False
-    g = torch.Generator().manual_seed(config.seed)
-    start = torch.randint(0, config.vocab_size, (config.synthetic_sequences, 1), generator=g)
-    stride = torch.randint(1, 5, (config.synthetic_sequences, 1), generator=g)
-    steps = torch.arange(config.seq_len + 1).unsqueeze(0)
-    return (start + stride * steps) % config.vocab_size, True
+        return token_windows(config.data_path, config.seq_len, config.vocab_size), False
+    return counting_sequences(config.synthetic_sequences, config.seq_len, config.vocab_size, config.seed), True
 
 
 def build_model(config: Config) -> LlamaForCausalLM:
