@@ -17,6 +17,7 @@ from flagperf.cases import available_cases, load_case, resolve_case_config
 from flagperf.config import SetOverride, load_suite, parse_set_override
 from flagperf.errors import ConfigError
 from flagperf.paths import NAME_PATTERN, display_path, suite_roots
+from flagperf.provenance import git_revision
 from flagperf.vendors import load_vendor
 
 DEFAULT_SUITE = "smoke"
@@ -49,6 +50,7 @@ class RunPlan(BaseModel):
     results_dir: str
     set_overrides: list[str]
     flow_run_id: str | None = Field(default=None, description="the Prefect flow run that owns this run folder")
+    git_revision: str | None = Field(default=None, description="the engine's commit; a retry must run the same code")
 
     @property
     def run_dir(self) -> Path:
@@ -170,8 +172,10 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
     if not NAME_PATTERN.match(run_id):
         raise ConfigError("--run-id", None, f"{run_id!r} is not a valid name")
     run_dir = Path(results_dir) / run_id
+    revision, dirty = git_revision()
     plan = RunPlan(run_id=run_id, suite=suite_name, vendor=vendor, rounds=rounds or suite_rounds, cases=plans,
-                   results_dir=str(results_dir), set_overrides=sets, flow_run_id=flow_run_id)
+                   results_dir=str(results_dir), set_overrides=sets, flow_run_id=flow_run_id,
+                   git_revision=f"{revision}{'+modified' if dirty else ''}" if revision else None)
     if run_dir.exists() and not _is_resumable(run_dir, plan):
         raise ConfigError("--results", None, f"{run_dir} already exists; results are never overwritten")
     return plan
@@ -185,4 +189,8 @@ def _is_resumable(run_dir: Path, plan: RunPlan) -> bool:
         earlier = RunPlan.model_validate_json((run_dir / PLAN_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
+    if earlier.git_revision != plan.git_revision:
+        raise ConfigError(str(run_dir / PLAN_FILE), "git_revision",
+                          f"this run folder was made by {earlier.git_revision}, the retry runs {plan.git_revision}: "
+                          "kept rounds and new ones would come from different code; start a new run")
     return earlier.flow_run_id == plan.flow_run_id and earlier.cases == plan.cases and earlier.rounds == plan.rounds

@@ -434,3 +434,21 @@ def test_suite_with_unknown_case_names_the_suite(tmp_path: Path, suite_root: Pat
     path = yaml_writer(suite_root / "mine.yaml", {"name": "mine", "cases": [FP32, "nope"]})
     err = config_error(tmp_path, suite="mine")
     assert err.source == str(path)
+
+
+def test_a_retry_resumes_only_its_own_run_with_the_same_code(tmp_path: Path) -> None:
+    from flagperf.plan import PLAN_FILE, RunPlan
+
+    first = plan_run(cases=[FP32], results_dir=tmp_path, run_id="run-a", flow_run_id="f-1")
+    (tmp_path / "run-a").mkdir()
+    (tmp_path / "run-a" / PLAN_FILE).write_text(first.model_dump_json())
+    again = plan_run(cases=[FP32], results_dir=tmp_path, run_id="run-a", flow_run_id="f-1")
+    assert again.run_id == "run-a"  # the same flow run, the same work: resumable
+    with pytest.raises(ConfigError, match="already exists"):
+        plan_run(cases=[FP32], results_dir=tmp_path, run_id="run-a", flow_run_id="f-2")
+    with pytest.raises(ConfigError, match="already exists"):
+        plan_run(cases=[FP32], sets=["m=1024"], results_dir=tmp_path, run_id="run-a", flow_run_id="f-1")
+    other_code = RunPlan.model_validate({**first.model_dump(), "git_revision": "0" * 40})
+    (tmp_path / "run-a" / PLAN_FILE).write_text(other_code.model_dump_json())
+    with pytest.raises(ConfigError, match="different code"):
+        plan_run(cases=[FP32], results_dir=tmp_path, run_id="run-a", flow_run_id="f-1")
