@@ -22,7 +22,7 @@ from flagperf.cases import available_cases, load_case, load_case_manifest, resol
 from flagperf.errors import ConfigError, FlagperfError
 from flagperf.paths import display_path
 from flagperf.plan import DEFAULT_SUITE, available_suites, plan_run
-from flagperf.summary import HEADLINE_HEADER, SUMMARY_JSON, fmt, fmt_pct, headline_cells, read_summary_json
+from flagperf.summary import HEADLINE_HEADER, SUMMARY_JSON, headline_cells, read_summary_json
 from flagperf.vendors import MANIFEST as VENDOR_MANIFEST
 from flagperf.vendors import available_vendors, load_vendor, load_vendor_manifest
 from flagperf.yamlio import load_yaml_mapping
@@ -280,8 +280,6 @@ def list_(what: Annotated[str, typer.Argument(help="cases, vendors, suites or al
 def main() -> None:
     app()
 
-
-__all__ = ["app", "fmt", "fmt_pct", "main"]
 
 
 if __name__ == "__main__":
