@@ -26,6 +26,8 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 from pydantic import Field
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
 
 from flagperf.casekit import CaseConfig
 from flagperf.metrics import model_flops_utilisation
@@ -72,6 +74,7 @@ class TrainingContext:
         self.flops_per_token: float | None = None
         self.peak: tuple[float | None, str] | None = None  # (peak, unit) of the precision used, for MFU
         self.log = logging.getLogger("flagperf.training")
+        self._samplers: list[DistributedSampler[Any]] = []
 
     # -- PerfLog -------------------------------------------------------------------------------------
     def event(self, name: str, value: dict[str, Any] | str | None = None) -> None:
@@ -88,6 +91,18 @@ class TrainingContext:
             model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
         return model
 
+    def loader(self, dataset: Dataset[Any], batch_size: int, *, num_workers: int = 0,
+               drop_last: bool = False) -> DataLoader[Any]:
+        """The training loader: this process's shard (DistributedSampler, reshuffled every epoch) when there
+        are several processes, a seeded shuffle otherwise."""
+        sampler = DistributedSampler(dataset, num_replicas=self.world_size, rank=self.rank, shuffle=True,
+                                     seed=self.config.seed) if self.world_size > 1 else None
+        if sampler is not None:
+            self._samplers.append(sampler)
+        return DataLoader(dataset, batch_size=batch_size, shuffle=sampler is None, sampler=sampler,
+                          num_workers=num_workers, drop_last=drop_last,
+                          generator=torch.Generator().manual_seed(self.config.seed))
+
     def init_done(self) -> None:
         self.init_time = time.perf_counter() - self.started
         self.event("INIT_END", {"init_time": self.init_time})
@@ -98,6 +113,8 @@ class TrainingContext:
         self.event("TRAIN_START")
         for epoch in range(1, self.config.max_epochs + 1):
             self.epoch = epoch
+            for sampler in self._samplers:
+                sampler.set_epoch(epoch)
             self.event("EPOCH_BEGIN", {"epoch": epoch})
             self._epoch_started = time.perf_counter()
             self._in_epoch = True

@@ -19,14 +19,7 @@ from flagperf.training.launch import where_it_stopped
 
 
 def run_digits(tmp_path: Path, *sets: str) -> tuple[int, Path]:
-    plan = plan_run(cases=["digits-mlp"], sets=list(sets), results_dir=tmp_path / "results")
-    cp = plan.cases[0]
-    job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, host="localhost", vendor="cpu",
-              config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={})
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "job.json").write_text(job.model_dump_json())
-    return run_job(job, out), out
+    return _run_case(tmp_path, "digits-mlp", *sets)
 
 
 @pytest.mark.parametrize("nproc", [1, 2])

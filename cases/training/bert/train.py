@@ -6,8 +6,7 @@ from pathlib import Path
 
 import torch
 from pydantic import Field, field_validator
-from torch.utils.data import DataLoader, TensorDataset
-from torch.utils.data.distributed import DistributedSampler
+from torch.utils.data import TensorDataset
 from transformers import BertConfig, BertForMaskedLM
 
 from flagperf.training.data import counting_sequences, token_windows
@@ -65,11 +64,7 @@ def run(config: Config, ctx: TrainingContext) -> None:
                                              config.vocab_size - 1, config.seed), True  # the last id is [MASK]
     n_eval = max(1, len(data) // 10)
     evaluation, train = data[:n_eval], data[n_eval:]
-    dataset = TensorDataset(train)
-    sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank, seed=config.seed) \
-        if ctx.world_size > 1 else None
-    loader = DataLoader(dataset, batch_size=config.batch_size, shuffle=sampler is None, sampler=sampler,
-                        generator=torch.Generator().manual_seed(config.seed), drop_last=True)
+    loader = ctx.loader(TensorDataset(train), config.batch_size, drop_last=True)
     if config.checkpoint_path:
         model = BertForMaskedLM.from_pretrained(config.checkpoint_path, local_files_only=True)
     else:
@@ -84,9 +79,7 @@ def run(config: Config, ctx: TrainingContext) -> None:
     generator = torch.Generator().manual_seed(config.seed + ctx.rank)
     dtype = DTYPES[config.precision]
     ctx.init_done()
-    for epoch in ctx.epochs():
-        if sampler is not None:
-            sampler.set_epoch(epoch)
+    for _epoch in ctx.epochs():
         for (batch,) in loader:
             inputs, labels = mask(batch, config.mask_probability, config.vocab_size - 1, generator)
             optimizer.zero_grad()

@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 from sklearn.datasets import load_digits
-from torch.utils.data import DataLoader, TensorDataset
-from torch.utils.data.distributed import DistributedSampler
+from torch.utils.data import TensorDataset
 
 from flagperf.training.driver import TrainingConfig, TrainingContext
 
@@ -40,18 +39,13 @@ def accuracy(model: torch.nn.Module, data: TensorDataset, device: torch.device) 
 
 def run(config: Config, ctx: TrainingContext) -> None:
     train, test = datasets(config)
-    sampler = DistributedSampler(train, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True,
-                                 seed=config.seed) if ctx.world_size > 1 else None
-    loader = DataLoader(train, batch_size=config.batch_size, shuffle=sampler is None, sampler=sampler,
-                        generator=torch.Generator().manual_seed(config.seed))
+    loader = ctx.loader(train, config.batch_size)
     model = ctx.wrap(torch.nn.Sequential(torch.nn.Linear(64, config.hidden), torch.nn.ReLU(),
                                          torch.nn.Linear(config.hidden, 10)))
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
     loss_fn = torch.nn.CrossEntropyLoss()
     ctx.init_done()
-    for epoch in ctx.epochs():
-        if sampler is not None:
-            sampler.set_epoch(epoch)
+    for _epoch in ctx.epochs():
         for x, y in loader:
             optimizer.zero_grad()
             loss = loss_fn(model(x.to(ctx.device)), y.to(ctx.device))

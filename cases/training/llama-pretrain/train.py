@@ -13,8 +13,7 @@ from pathlib import Path
 
 import torch
 from pydantic import Field, field_validator
-from torch.utils.data import DataLoader, TensorDataset
-from torch.utils.data.distributed import DistributedSampler
+from torch.utils.data import TensorDataset
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from flagperf.training.data import counting_sequences, token_windows
@@ -73,11 +72,7 @@ def run(config: Config, ctx: TrainingContext) -> None:
     data, synthetic = sequences(config)
     n_eval = max(1, len(data) // 10)
     evaluation, train = data[:n_eval], data[n_eval:]
-    dataset = TensorDataset(train)
-    sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank, seed=config.seed) \
-        if ctx.world_size > 1 else None
-    loader = DataLoader(dataset, batch_size=config.batch_size, shuffle=sampler is None, sampler=sampler,
-                        generator=torch.Generator().manual_seed(config.seed), drop_last=True)
+    loader = ctx.loader(TensorDataset(train), config.batch_size, drop_last=True)
     model = build_model(config)
     parameters = sum(p.numel() for p in model.parameters())
     ctx.language_model(parameters, tokens_per_sample=config.seq_len, synthetic=synthetic)
@@ -85,9 +80,7 @@ def run(config: Config, ctx: TrainingContext) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
     dtype = DTYPES[config.precision]
     ctx.init_done()
-    for epoch in ctx.epochs():
-        if sampler is not None:
-            sampler.set_epoch(epoch)
+    for _epoch in ctx.epochs():
         for (batch,) in loader:
             batch = batch.to(ctx.device)
             optimizer.zero_grad()

@@ -7,7 +7,6 @@ from pathlib import Path
 import torch
 from pydantic import Field, field_validator
 from torch.utils.data import DataLoader
-from torch.utils.data.distributed import DistributedSampler
 from transformers import ResNetConfig, ResNetForImageClassification
 
 from flagperf.errors import CaseUserError
@@ -57,11 +56,8 @@ def run(config: Config, ctx: TrainingContext) -> None:
     val = ImageFolder(Path(config.data_dir) / "val", config.resize, config.crop, train=False)
     if val.classes != train.classes:
         raise CaseUserError(f"{config.data_dir}: train/ and val/ have different classes")
-    sampler = DistributedSampler(train, num_replicas=ctx.world_size, rank=ctx.rank, seed=config.seed) \
-        if ctx.world_size > 1 else None
-    loader = DataLoader(train, batch_size=config.batch_size, shuffle=sampler is None, sampler=sampler,
-                        num_workers=config.num_workers, drop_last=len(train) >= config.batch_size * ctx.world_size,
-                        generator=torch.Generator().manual_seed(config.seed))
+    loader = ctx.loader(train, config.batch_size, num_workers=config.num_workers,
+                        drop_last=len(train) >= config.batch_size * ctx.world_size)
     val_loader = DataLoader(val, batch_size=config.batch_size, num_workers=config.num_workers)
     model = ctx.wrap(ResNetForImageClassification(ResNetConfig(
         depths=config.depths, hidden_sizes=config.hidden_sizes, num_labels=len(train.classes))))
@@ -71,9 +67,7 @@ def run(config: Config, ctx: TrainingContext) -> None:
     loss_fn = torch.nn.CrossEntropyLoss()
     dtype = DTYPES[config.precision]
     ctx.init_done()
-    for epoch in ctx.epochs():
-        if sampler is not None:
-            sampler.set_epoch(epoch)
+    for _epoch in ctx.epochs():
         for x, y in loader:
             optimizer.zero_grad()
             with torch.autocast(ctx.device.type, dtype=dtype, enabled=dtype != torch.float32):
