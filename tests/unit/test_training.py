@@ -136,15 +136,8 @@ def test_bad_scale_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: 
 
 def test_llama_pretrain_reports_tokens_per_second_and_mfu(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
-    plan = plan_run(cases=["llama-pretrain"], sets=["synthetic_sequences=96", "max_epochs=1", "batch_size=8"],
-                    results_dir=tmp_path / "results")
-    cp = plan.cases[0]
-    job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, host="localhost", vendor="cpu",
-              config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={})
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "job.json").write_text(job.model_dump_json())
-    assert run_job(job, out) == 0
+    code, out = _run_case(tmp_path, "llama-pretrain", "synthetic_sequences=96", "max_epochs=1", "batch_size=8")
+    assert code == 0
     result = read_result(out / "result.json")
     metrics = {m.name: m for m in result.metrics}
     tokens = metrics["tokens_per_s"]

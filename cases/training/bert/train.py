@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
-from pydantic import Field, field_validator
+from pydantic import Field
 from torch.utils.data import TensorDataset
 from transformers import BertConfig, BertForMaskedLM
 
-from flagperf.training.data import counting_sequences, token_windows
+from flagperf.training.data import LocalPath, counting_sequences, token_windows
 from flagperf.training.driver import TrainingConfig, TrainingContext
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -24,18 +22,11 @@ class Config(TrainingConfig):
     num_heads: int = Field(ge=1)
     intermediate_size: int = Field(ge=8)
     seq_len: int = Field(ge=4)
-    data_path: str | None = None
-    checkpoint_path: str | None = None
+    data_path: LocalPath = None
+    checkpoint_path: LocalPath = None
     synthetic_sequences: int = Field(ge=8)
     batch_size: int = Field(ge=1)
     lr: float = Field(gt=0)
-
-    @field_validator("data_path", "checkpoint_path")
-    @classmethod
-    def _exists(cls, value: str | None) -> str | None:
-        if value is not None and not Path(value).exists():
-            raise ValueError(f"{value} does not exist (only local files are read)")
-        return value
 
 
 def mask(tokens: torch.Tensor, probability: float, mask_id: int, generator: torch.Generator

@@ -9,14 +9,12 @@ says which (synthetic_data). Weights: random init from the config, or a local ch
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
-from pydantic import Field, field_validator
+from pydantic import Field
 from torch.utils.data import TensorDataset
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from flagperf.training.data import counting_sequences, token_windows
+from flagperf.training.data import LocalPath, counting_sequences, token_windows
 from flagperf.training.driver import TrainingConfig, TrainingContext
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -32,15 +30,8 @@ class Config(TrainingConfig):
     batch_size: int = Field(ge=1)
     lr: float = Field(gt=0)
     synthetic_sequences: int = Field(ge=8)
-    data_path: str | None = None
-    checkpoint_path: str | None = None
-
-    @field_validator("data_path", "checkpoint_path")
-    @classmethod
-    def _exists(cls, value: str | None) -> str | None:
-        if value is not None and not Path(value).exists():
-            raise ValueError(f"{value} does not exist (only local files are read)")
-        return value
+    data_path: LocalPath = None
+    checkpoint_path: LocalPath = None
 
 
 def sequences(config: Config) -> tuple[torch.Tensor, bool]:
