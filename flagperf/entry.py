@@ -83,7 +83,7 @@ def run_base(case: CaseDef, config: CaseConfig, vendor: Vendor, spec: SpecTable)
 
 
 def run_training(job: Job, config: TrainingConfig, out_dir: Path) -> Outcome:
-    code = launch(job, out_dir, config.nnodes, config.nproc_per_node, config.master_port)
+    code = launch(job, out_dir, config.nnodes, config.nproc_per_node, job.master_port or config.master_port)
     if code == EXIT_USER_ERROR:
         message = user_error(out_dir) or "a training process rejected its input"
         return Outcome(failure=Failure(kind="user", message=message), exit_code=EXIT_USER_ERROR)

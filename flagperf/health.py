@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flagperf.containers import engine_client
+from flagperf.errors import InfrastructureFailure
 from flagperf.hosts import Host
+from flagperf.inventory import HostSpec
+from flagperf.ssh import SshError, SshHost
 
 MIN_FREE_BYTES = 1 << 30
 MAX_CLOCK_SKEW_S = 2.0
@@ -32,34 +37,60 @@ class HealthReport:
     def ok(self) -> bool:
         return all(c.ok for c in self.checks)
 
+    def as_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "ok": self.ok, "checks": [c.__dict__ for c in self.checks], "probe": self.probe}
+
     def failures(self) -> list[str]:
         return [f"host {self.host}: {c.name}: {c.detail}" for c in self.checks if not c.ok]
 
 
-def check_host(host: Host, vendor: str, results_dir: Path, log_path: Path,
+def health_file(run_dir: Path, host: str) -> Path:
+    return run_dir / "hosts" / f"{host}.health.json"
+
+
+def check_host(host: Host, spec: HostSpec, vendor: str, log_path: Path,
                min_free_bytes: int = MIN_FREE_BYTES) -> HealthReport:
+    """reachable + authenticated (SSH) -> deploy path present -> the probe runs (versions, accelerators
+    visible, clock skew) -> free disk at the host's work root -> container engine reachable (docker hosts).
+    A failed early check skips the ones that depend on it."""
     checks: list[Check] = []
     probe: dict[str, Any] | None = None
+    if isinstance(host, SshHost):
+        try:
+            host.client()
+        except SshError as exc:
+            checks.append(Check("ssh", False, str(exc).removeprefix(f"host {host.name}: ")))
+            return HealthReport(host=host.name, checks=checks, probe=None)
+        checks.append(Check("ssh", True, f"reachable and authenticated as {host.where()} (host key verified)"))
+    try:
+        deployed = host.exists(host.project_root / "flagperf" / "__init__.py")
+    except OSError as exc:
+        checks.append(Check("deployed", False, f"cannot look at {host.project_root}: {exc}"))
+        return HealthReport(host=host.name, checks=checks, probe=None)
+    if not deployed:
+        checks.append(Check("deployed", False, f"deploy path {host.project_root} has no flagperf/ (copy or mount "
+                                               "the project there, or set project_root)"))
+        return HealthReport(host=host.name, checks=checks, probe=None)
     before = time.time()
     result = host.run([host.python, "-m", "flagperf.probe", "--vendor", vendor], timeout=PROBE_TIMEOUT_S,
                       log_path=log_path)
     after = time.time()
-    if result.exit_code is None:
-        checks.append(Check("reachable", False, f"cannot start {host.python}"))
+    if result.exit_code is None and not result.timed_out:
+        checks.append(Check("python", False, f"cannot start {host.python}"))
     elif result.timed_out:
-        checks.append(Check("reachable", False, f"probe did not answer within {PROBE_TIMEOUT_S:.0f} s"))
+        checks.append(Check("python", False, f"probe did not answer within {PROBE_TIMEOUT_S:.0f} s"))
     else:
-        checks.append(Check("reachable", True, f"{host.python} runs"))
         log_tail = next(iter(host.tail(log_path, 1)), "")
         if result.exit_code != 0:
-            checks.append(Check("deployed", False, f"flagperf.probe exited {result.exit_code}: {log_tail}"))
+            checks.append(Check("python", False, f"flagperf.probe exited {result.exit_code}: {log_tail}"))
         else:
             try:
                 probe = json.loads(log_tail)
             except json.JSONDecodeError:
-                checks.append(Check("deployed", False, f"probe printed no JSON: {log_tail[:200]}"))
+                checks.append(Check("python", False, f"probe printed no JSON: {log_tail[:200]}"))
     if probe is not None:
         checks.append(Check("deployed", True, f"flagperf {probe['engine_version']} at {host.project_root}, "
+                                              f"{host.python} {probe['python']}, "
                                               f"torch {probe['libraries'].get('torch')}"))
         checks.append(Check("accelerators", bool(probe["device_visible"]),
                             f"{probe['device_count']} x {probe['device']} ({probe['torch_device']})"
@@ -68,8 +99,32 @@ def check_host(host: Host, vendor: str, results_dir: Path, log_path: Path,
         skew = max(0.0, before - probe["time"], probe["time"] - after)
         checks.append(Check("clock skew", skew <= MAX_CLOCK_SKEW_S,
                             f"{skew:.2f} s against the controller (limit {MAX_CLOCK_SKEW_S:.0f} s)"))
-    for label, path in (("disk at work root", host.work_root), ("disk at results", results_dir)):
-        free = host.disk_free(path)
-        checks.append(Check(label, free >= min_free_bytes,
-                            f"{free / 2**30:.1f} GiB free at {path} (need {min_free_bytes / 2**30:.1f})"))
+    free = host.disk_free(host.work_root)
+    checks.append(Check("disk", free >= min_free_bytes,
+                        f"{free / 2**30:.1f} GiB free at {host.work_root} (need {min_free_bytes / 2**30:.1f})"))
+    if spec.runtime == "docker":
+        checks.append(check_engine(host, spec))
     return HealthReport(host=host.name, checks=checks, probe=probe)
+
+
+def check_engine(host: Host, spec: HostSpec) -> Check:
+    try:
+        client = engine_client(host, spec, timeout=spec.connect_timeout_s + 20)
+        version = client.version()
+    except Exception as exc:  # the SDK raises several types for an unreachable engine; all mean the same here
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return Check("container engine", False, detail.removeprefix(f"host {host.name}: "))
+    where = "the controller's engine" if spec.docker.engine == "local" else "its engine over SSH"
+    return Check("container engine", True, f"docker {version.get('Version')} (API {version.get('ApiVersion')}), "
+                                           f"{where}")
+
+
+def check_results_disk(results_dir: Path, min_free_bytes: int = MIN_FREE_BYTES) -> None:
+    """The controller's results folder (collected rounds land there): checked once, before any round."""
+    probe = results_dir.resolve()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < min_free_bytes:
+        raise InfrastructureFailure(f"controller: {free / 2**30:.1f} GiB free at {results_dir} (need "
+                                    f"{min_free_bytes / 2**30:.1f})")

@@ -23,7 +23,10 @@ class Job(BaseModel):
     round: int = Field(ge=1)
     host: str
     node_rank: int = Field(ge=0, default=0)
+    nnodes: int = Field(ge=1, default=1)
     master_addr: str = "127.0.0.1"
+    master_port: int | None = Field(default=None, ge=1, le=65535,
+                                    description="the inventory's MASTER_PORT for multi-node rounds")
     vendor: str
     attempt: int = Field(ge=1, default=1)
     config: dict[str, Any]

@@ -51,6 +51,7 @@ class RunPlan(BaseModel):
     set_overrides: list[str]
     flow_run_id: str | None = Field(default=None, description="the Prefect flow run that owns this run folder")
     git_revision: str | None = Field(default=None, description="the engine's commit; a retry must run the same code")
+    hosts: list[dict[str, Any]] = Field(default_factory=list, description="the inventory's hosts, as used")
 
     @property
     def run_dir(self) -> Path:
@@ -103,7 +104,8 @@ def _spread(overrides: dict[str, Any], source: str, key_prefix: str, selected: d
 
 def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor: str = "cpu",
              rounds: int | None = None, sets: list[str] | None = None, results_dir: str | Path = "results",
-             run_id: str | None = None, flow_run_id: str | None = None) -> RunPlan:
+             run_id: str | None = None, flow_run_id: str | None = None,
+             hosts: list[dict[str, Any]] | None = None) -> RunPlan:
     if suite and cases:
         raise ConfigError("flagperf run", None, "give --suite or --cases, not both")
     sets = list(sets or [])
@@ -175,7 +177,8 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
     revision, dirty = git_revision()
     plan = RunPlan(run_id=run_id, suite=suite_name, vendor=vendor, rounds=rounds or suite_rounds, cases=plans,
                    results_dir=str(results_dir), set_overrides=sets, flow_run_id=flow_run_id,
-                   git_revision=f"{revision}{'+modified' if dirty else ''}" if revision else None)
+                   git_revision=f"{revision}{'+modified' if dirty else ''}" if revision else None,
+                   hosts=list(hosts or []))
     if run_dir.exists() and not _is_resumable(run_dir, plan):
         raise ConfigError("--results", None, f"{run_dir} already exists; results are never overwritten")
     return plan

@@ -56,12 +56,26 @@ class MonitorEntry(StrictModel):
         return self
 
 
+class DeviceRequestEntry(StrictModel):
+    """docker's device request (what ``--gpus`` becomes), e.g. {driver: nvidia, count: -1, capabilities: [[gpu]]}."""
+
+    driver: str = ""
+    count: int = 0
+    device_ids: list[str] | None = None
+    capabilities: list[list[str]] | None = None
+    options: dict[str, str] | None = None
+
+
 class ContainerOptions(StrictModel):
-    dockerfile: str
+    dockerfile: str = Field(description="the default framework's Dockerfile, e.g. pytorch/Dockerfile")
+    python: str = Field(default="python3", description="the image's Python")
     privileged: bool = False
     privileged_reason: str | None = None
     shm_size: str = "1g"
+    ipc: str | None = Field(default=None, description="docker ipc mode (host, private, shareable)")
     visible_devices_env: str | None = None
+    device_requests: list[DeviceRequestEntry] = Field(default_factory=list)
+    devices: list[str] = Field(default_factory=list, description="device files, e.g. /dev/davinci0")
 
     @model_validator(mode="after")
     def _privileged_needs_reason(self) -> ContainerOptions:

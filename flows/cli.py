@@ -20,6 +20,7 @@ from rich.table import Table
 
 from flagperf.cases import available_cases, load_case, load_case_manifest, resolve_case_config
 from flagperf.errors import ConfigError, FlagperfError
+from flagperf.inventory import load_inventory, local_inventory
 from flagperf.paths import display_path
 from flagperf.plan import DEFAULT_SUITE, available_suites, plan_run
 from flagperf.summary import HEADLINE_HEADER, SUMMARY_JSON, headline_cells, read_summary_json
@@ -54,12 +55,18 @@ def _prepare_prefect_environment() -> None:
 def run(
     suite: Annotated[str | None, typer.Option(help=f"suite name or YAML file (default: {DEFAULT_SUITE})")] = None,
     cases: Annotated[str | None, typer.Option(help="comma-separated case names, instead of a suite")] = None,
-    vendor: Annotated[str, typer.Option(help="vendor folder under vendor_images/")] = "cpu",
+    vendor: Annotated[str | None, typer.Option(
+        help="vendor folder under vendor_images/ (default: the inventory's VENDOR, else cpu)")] = None,
     rounds: Annotated[int | None, typer.Option(help="rounds per case (default: the suite's)")] = None,
     set_: Annotated[list[str] | None, typer.Option(
         "--set", help="[CASE.]KEY=VALUE: override a case configuration value for this run (repeatable)")] = None,
-    results: Annotated[Path, typer.Option(help="results folder")] = Path("results"),
+    results: Annotated[Path | None, typer.Option(
+        help="results folder (default: FLAGPERF_LOG_PATH of a --host-config, else results)")] = None,
     monitor_interval: Annotated[float, typer.Option(help="seconds between monitor samples")] = 1.0,
+    inventory: Annotated[Path | None, typer.Option(
+        help="hosts to run on: a native inventory (YAML); default: this machine")] = None,
+    host_config: Annotated[Path | None, typer.Option(
+        "--host-config", help="hosts to run on, as FlagPerf's host.yaml (HOSTS, VENDOR, CASES ...)")] = None,
 ) -> None:
     """Run an evaluation and print measured vs peak. Without a PREFECT_API_URL a temporary server is used."""
     case_list = [c.strip() for c in cases.split(",") if c.strip()] if cases is not None else None
@@ -67,18 +74,32 @@ def run(
         raise _fail("--cases: no case names given")
     if not 0.1 <= monitor_interval <= 60:
         raise _fail(f"--monitor-interval: must be between 0.1 and 60 seconds, got {monitor_interval}")
+    if inventory and host_config:
+        raise _fail("give --inventory or --host-config, not both")
+    inventory_file = inventory or host_config
     try:
+        inv = load_inventory(inventory_file) if inventory_file else local_inventory()
+        if host_config and "HOSTS" not in load_yaml_mapping(host_config):
+            raise ConfigError(display_path(host_config), "HOSTS", "required key is missing (is this a host.yaml?)")
+        vendor = inv.resolve_vendor(vendor)
+        if not suite and not case_list and inv.cases:
+            case_list = list(inv.cases)
+        results = results or Path(inv.results_dir or "results")
         plan = plan_run(suite=suite, cases=case_list, vendor=vendor, rounds=rounds, sets=set_ or [],
-                        results_dir=results)
+                        results_dir=results, hosts=[spec.model_dump(mode="json") for spec in inv.hosts])
     except FlagperfError as exc:
         raise _fail(str(exc)) from None
+    for note in inv.notes:
+        err_console.print(f"[yellow]note[/] {escape(note)}", highlight=False, soft_wrap=True)
     console.print(f"[bold]run {plan.run_id}[/]: {len(plan.cases)} cases x {plan.rounds} rounds, vendor "
-                  f"{plan.vendor}" + (f", suite {plan.suite}" if plan.suite else ""))
+                  f"{plan.vendor}" + (f", suite {plan.suite}" if plan.suite else "")
+                  + f", {len(inv.hosts)} host(s) from {inv.source}")
     _prepare_prefect_environment()
     from flows.evaluate import evaluate  # Prefect is imported only once the input is known to be good
 
     try:
         state = evaluate(suite=suite, cases=case_list, vendor=vendor, rounds=rounds, overrides=set_ or [],
+                         inventory=str(inventory_file.resolve()) if inventory_file else None,
                          results_dir=str(results), run_id=plan.run_id, monitor_interval_s=monitor_interval,
                          command=shlex.join(["flagperf", *sys.argv[1:]]), return_state=True)
     except KeyboardInterrupt:

@@ -1,8 +1,12 @@
 """One evaluation, as the DAG it is:
 
-healthcheck -> build image -> per case, per round, per host:
-    start monitors -> run case -> stop monitors (always) -> collect logs
+healthcheck (every host, concurrently) -> build images -> per case, per round, on every host at once:
+    host-round: start monitors -> run case -> stop monitors (always) -> collect logs
 -> analyze
+
+Hosts come from an inventory (native, or FlagPerf's host.yaml); without one, the controller machine
+itself runs the cases as plain processes. A host that runs a Prefect worker gets its rounds through the
+host-round deployment on its own work queue; the others are driven from here, over SSH or locally.
 """
 
 from __future__ import annotations
@@ -11,17 +15,23 @@ import json
 import logging
 import shlex
 import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextvars import copy_context
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from prefect import flow, get_run_logger
+from prefect.deployments import run_deployment
 from prefect.runtime import deployment, flow_run
 
-from flagperf.errors import ConfigError, FlagperfError, InfrastructureFailure, RoundUserFailure
-from flagperf.hosts import Host, LocalHost
-from flagperf.job import Job
-from flagperf.plan import PLAN_FILE, CasePlan, RunPlan, plan_run, run_id_for_flow_run
-from flagperf.provenance import library_versions
+from flagperf.errors import ConfigError, FlagperfError, InfrastructureFailure
+from flagperf.fleet import master_address, open_host
+from flagperf.health import check_results_disk, health_file
+from flagperf.hosts import Host
+from flagperf.inventory import HostSpec, load_inventory, local_inventory
+from flagperf.plan import PLAN_FILE, RunPlan, plan_run, run_id_for_flow_run
 from flagperf.results import (
     RESULT_FILE,
     Failure,
@@ -31,23 +41,20 @@ from flagperf.results import (
     write_json_atomic,
     write_result,
 )
-from flagperf.runtime import ProcessRuntime, Runtime
 from flagperf.vendors import load_vendor
+from flows.host_round import host_healthcheck, host_round
 from tasks.analyze import analyze
-from tasks.collect import collect_logs
-from tasks.container import run_case
 from tasks.healthcheck import healthcheck
 from tasks.image import build_image
-from tasks.monitor import start_monitors, stop_monitors
 
-CONTROLLER_LIBRARIES = ("prefect", "pandas")
 # The core logs at INFO (hosts, config rules); Prefect attaches its handlers to it through
 # PREFECT_LOGGING_EXTRA_LOGGERS=flagperf, but the level is ours to set.
 logging.getLogger("flagperf").setLevel(logging.INFO)
-# A monitor outlives the round's worst case by this much at most, whatever happens to the controller.
-MONITOR_SLACK_S = 300
+logging.getLogger("paramiko").setLevel(logging.WARNING)
 RETRIES_DIR = "retries"  # failed rounds of earlier attempts of the same flow run, kept for inspection
 MIN_MONITOR_INTERVAL_S, MAX_MONITOR_INTERVAL_S = 0.1, 60.0  # 10 Hz at most: the monitor's own limit
+MAX_PARALLEL_HOSTS = 64  # threads that drive hosts at once (each mostly waits on its host)
+T = TypeVar("T")
 
 
 class EvaluationFailed(FlagperfError):
@@ -58,16 +65,19 @@ class EvaluationFailed(FlagperfError):
 def evaluate(
     suite: str | None = None,
     cases: list[str] | None = None,
-    vendor: str = "cpu",
+    vendor: str | None = None,
     rounds: int | None = None,
     overrides: list[str] | None = None,
+    inventory: str | None = None,
     results_dir: str = "results",
     run_id: str | None = None,
     monitor_interval_s: float = 1.0,
     command: str | None = None,
 ) -> dict[str, Any]:
-    """Evaluate cases (a suite, or a list) on the hosts, `rounds` times each, and summarise the run.
+    """Evaluate cases (a suite, or a list) on the inventory's hosts, `rounds` times each, and summarise.
 
+    inventory: a native inventory or FlagPerf's host.yaml (path on the controller); none: this machine.
+    vendor: the inventory's VENDOR when not given, else cpu.
     overrides: "KEY=VALUE" or "CASE.KEY=VALUE" strings, as `flagperf run --set`.
     """
     logger = get_run_logger()
@@ -75,40 +85,54 @@ def evaluate(
         raise ConfigError("monitor_interval_s", None, f"must be between {MIN_MONITOR_INTERVAL_S} and "
                                                       f"{MAX_MONITOR_INTERVAL_S} seconds, got {monitor_interval_s}")
     command = command or describe_invocation()
+    inv = load_inventory(Path(inventory)) if inventory else local_inventory()
+    for note in inv.notes:
+        logger.info("%s", note)
+    vendor = inv.resolve_vendor(vendor)
+    if not suite and not cases and inv.cases:
+        cases = list(inv.cases)
     flow_run_id = flow_run.get_id()
     if run_id is None and flow_run_id:
         run_id = run_id_for_flow_run(results_dir, flow_run_id)
     plan = plan_run(suite=suite, cases=cases, vendor=vendor, rounds=rounds, sets=overrides,
-                    results_dir=results_dir, run_id=run_id, flow_run_id=flow_run_id)
-    run_dir = plan.run_dir
+                    results_dir=results_dir, run_id=run_id, flow_run_id=flow_run_id,
+                    hosts=[spec.model_dump(mode="json") for spec in inv.hosts])
+    run_dir = plan.run_dir.resolve()
     if (run_dir / PLAN_FILE).exists():
         logger.info("retry of flow run %s: continuing %s; rounds that completed are kept", flow_run_id, run_dir)
     write_json_atomic(run_dir / PLAN_FILE, plan.model_dump(mode="json"))
-    logger.info("run %s: %d cases x %d rounds on vendor %s -> %s", plan.run_id, len(plan.cases), plan.rounds,
-                plan.vendor, run_dir)
-    hosts: list[Host] = [LocalHost()]
-    runtime: Runtime = ProcessRuntime()
+    logger.info("run %s: %d cases x %d rounds on vendor %s, %d host(s) from %s -> %s", plan.run_id,
+                len(plan.cases), plan.rounds, plan.vendor, len(inv.hosts), inv.source, run_dir)
+    check_results_disk(run_dir)
+    specs = {spec.name: spec for spec in inv.hosts}
+    hosts = {spec.name: open_host(spec) for spec in inv.hosts}
 
-    probes = {host.name: healthcheck(host, plan.vendor, run_dir, plan.run_id).probe for host in hosts}
-    check_scale(plan, hosts, probes)
-    images = {host.name: build_image(host, plan.vendor, runtime) for host in hosts}
+    probes = check_hosts(hosts, specs, plan, run_dir)
+    check_scale(plan, list(hosts), probes)
+    images = build_images(hosts, specs, plan, inv.frameworks)
 
     results: list[RoundResult] = []
     try:
         for case in plan.cases:
+            framework = inv.frameworks.get(case.name)
             for round_no in range(1, plan.rounds + 1):
-                for host in hosts:
-                    kept = completed_round(plan, case.name, round_no, host.name)
-                    if kept is not None:
-                        logger.info("%s round %d on %s: kept (%s) from an earlier attempt of this flow run",
-                                    case.name, round_no, host.name, kept.status)
-                        results.append(kept)
-                        continue
-                    results.append(case_round(host, runtime, plan, case, round_no, images[host.name],
-                                              probes[host.name], monitor_interval_s, command))
+                calls: list[Callable[[], list[RoundResult]]] = []
+                for group in node_groups(case.config, list(specs)):
+                    calls.append(partial(group_round, group, specs, plan, run_dir, case.name, round_no,
+                                         {name: images[(name, framework)] for name in group}, probes,
+                                         monitor_interval_s, command, inv.master_port))
+                for group_results in run_concurrently(calls):
+                    results.extend(group_results)
     finally:
-        for host in hosts:
-            host.remove_tree(host.work_root / plan.run_id)
+        for name, host in hosts.items():
+            if specs[name].agent is None:
+                try:
+                    host.remove_tree(host.work_root / plan.run_id)
+                except OSError as exc:
+                    logger.warning("could not clean %s on %s: %s", host.work_root / plan.run_id, name, exc)
+            close = getattr(host, "close", None)
+            if close is not None:
+                close()
         summary = analyze(run_dir)  # also after an interruption: what was measured is reported
     failed = [r for r in results if r.status == "failed"]
     if failed:
@@ -117,30 +141,169 @@ def evaluate(
     return {"run_id": plan.run_id, "run_dir": str(run_dir), "counts": summary.counts}
 
 
-def completed_round(plan: RunPlan, case: str, round_no: int, host: str) -> RoundResult | None:
-    """A round an earlier attempt of this flow run finished (success or unsupported), else None.
+def run_concurrently(calls: list[Callable[[], T]]) -> list[T]:
+    """Run the calls at once, each in its own copy of the flow's context (so their tasks and subflows
+    belong to this flow run), and return their results in order."""
+    if len(calls) <= 1:
+        return [call() for call in calls]
+    with ThreadPoolExecutor(max_workers=min(len(calls), MAX_PARALLEL_HOSTS), thread_name_prefix="host") as pool:
+        futures = [pool.submit(copy_context().run, call) for call in calls]
+        return [future.result() for future in futures]
 
-    A failed round's folder is moved aside to retries/attempt<K>/ (kept, not overwritten), so that the
-    round can run again in FlagPerf's layout.
-    """
-    folder = round_dir(plan.run_dir, case, round_no, host)
-    if not folder.exists():
-        return None
+
+def check_hosts(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: RunPlan, run_dir: Path
+                ) -> dict[str, dict[str, Any] | None]:
+    """Every host at once; if any fails, the run stops here naming each failed host and check."""
+    def check(name: str) -> tuple[str, dict[str, Any] | None, str | None]:
+        spec = specs[name]
+        try:
+            if spec.agent is not None:
+                dispatch(spec, host_healthcheck, "host-healthcheck/host-healthcheck",
+                         {"host": spec.model_dump(mode="json"), "vendor": plan.vendor, "run_dir": str(run_dir)})
+            else:
+                healthcheck(hosts[name], spec, plan.vendor, run_dir)
+        except Exception as exc:
+            return name, None, str(exc) or type(exc).__name__
+        report = json.loads(health_file(run_dir, name).read_text(encoding="utf-8"))
+        return name, report["probe"], None
+
+    outcomes = run_concurrently([partial(check, name) for name in hosts])
+    problems = [problem for _, _, problem in outcomes if problem]
+    if problems:
+        raise InfrastructureFailure(f"healthcheck failed, nothing was run: {'; '.join(problems)}")
+    return {name: probe for name, probe, _ in outcomes}
+
+
+def build_images(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: RunPlan, frameworks: dict[str, str]
+                 ) -> dict[tuple[str, str | None], dict[str, Any]]:
+    """One image per host and framework the cases use; hosts that share an engine build it once."""
+    wanted = sorted({frameworks.get(case.name) for case in plan.cases}, key=lambda f: f or "")
+    engines: dict[tuple[Any, ...], list[tuple[str, str | None]]] = {}
+    for name, spec in specs.items():
+        for framework in wanted:
+            if spec.agent is not None:
+                engine: tuple[Any, ...] = ("agent", name, framework)  # built by its own host-round
+            elif spec.runtime == "process":
+                engine = ("process", name, framework)
+            elif spec.docker.engine == "local":
+                engine = ("local", spec.docker.base_url, tuple(sorted(spec.docker.build_args.items())), framework)
+            else:
+                engine = ("ssh", spec.address, spec.port, tuple(sorted(spec.docker.build_args.items())), framework)
+            engines.setdefault(engine, []).append((name, framework))
+
+    def build(members: list[tuple[str, str | None]]) -> list[tuple[tuple[str, str | None], dict[str, Any]]]:
+        name, framework = members[0]
+        if specs[name].agent is not None:
+            return [(member, {"framework": framework, "status": "on host"}) for member in members]
+        record = build_image(hosts[name], specs[name], plan.vendor, plan.run_id, framework=framework)
+        return [(member, record) for member in members]
+
+    built = run_concurrently([partial(build, members) for members in engines.values()])
+    return {key: record for group in built for key, record in group}
+
+
+def node_groups(config: dict[str, Any], names: list[str]) -> list[list[str]]:
+    """A single-node case runs on every host on its own; an nnodes-node case on the first nnodes hosts
+    together (FlagPerf: HOSTS[0] is the master)."""
+    nnodes = int(config.get("nnodes", 1))
+    return [names[:nnodes]] if nnodes > 1 else [[name] for name in names]
+
+
+def group_round(group: list[str], specs: dict[str, HostSpec], plan: RunPlan, run_dir: Path, case: str,
+                round_no: int, images: dict[str, dict[str, Any]], probes: dict[str, dict[str, Any] | None],
+                monitor_interval_s: float, command: str, master_port: int) -> list[RoundResult]:
+    """One round of one case on a group of hosts (one host, or the nnodes of a multi-node case), all at once.
+    A multi-node round is kept from an earlier attempt only if every node completed it."""
+    logger = get_run_logger()
+    kept = [completed_round(run_dir, case, round_no, name, rank) for rank, name in enumerate(group)]
+    if all(k is not None for k in kept):
+        for result in kept:
+            assert result is not None
+            logger.info("%s round %d on %s: kept (%s) from an earlier attempt of this flow run",
+                        case, round_no, result.host, result.status)
+        return [k for k in kept if k is not None]
+    for rank, name in enumerate(group):  # a multi-node round reruns whole: set aside what its nodes left
+        set_aside(run_dir, round_dir(run_dir, case, round_no, name, rank))
+    nnodes = len(group)
+    master = specs[group[0]]
+    calls = []
+    for rank, name in enumerate(group):
+        parameters = {"run_dir": str(run_dir), "case": case, "round_no": round_no,
+                      "host": specs[name].model_dump(mode="json"), "node_rank": rank, "nnodes": nnodes,
+                      "master_addr": master_address(master), "master_port": master_port if nnodes > 1 else None,
+                      "image": images[name], "probe": probes.get(name), "monitor_interval_s": monitor_interval_s,
+                      "command": command}
+        calls.append(partial(run_node, specs[name], parameters))
+    return run_concurrently(calls)
+
+
+def run_node(spec: HostSpec, parameters: dict[str, Any]) -> RoundResult:
+    """host-round for one node: as a subflow here, or on the host's worker; the result is read from the
+    round's folder either way (the folder, not a return value, is the record)."""
+    dest = round_dir(Path(parameters["run_dir"]), parameters["case"], parameters["round_no"], spec.name,
+                     parameters["node_rank"])
+    label = f"{parameters['case']} round {parameters['round_no']} on {spec.name}"
+    problem: str | None = None
     try:
-        result = read_result(folder / RESULT_FILE)
+        dispatch(spec, host_round, "host-round/host-round", parameters)
+    except Exception as exc:  # the subflow or the deployment run failed outright
+        problem = f"{label}: host-round failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        get_run_logger().error("%s", problem)
+    try:
+        return read_result(dest / RESULT_FILE)
     except (OSError, ValueError):
-        result = None
-    if result is not None and result.status in ("success", "unsupported"):
+        failure = Failure(kind="infrastructure", message=problem or f"{label}: the round left no {RESULT_FILE}")
+        plan = RunPlan.model_validate_json((Path(parameters["run_dir"]) / PLAN_FILE).read_text())
+        case = next(c for c in plan.cases if c.name == parameters["case"])
+        from flagperf.job import Job
+
+        job = Job(run_id=plan.run_id, case=case.name, family=case.family, round=parameters["round_no"],
+                  host=spec.name, node_rank=parameters["node_rank"], vendor=plan.vendor, config=case.config,
+                  config_origins=case.origins, run_overrides=case.run_overrides, command=parameters["command"],
+                  image=parameters["image"] or {})
+        result = job.failed_result(failure, parameters["probe"])
+        write_result(dest / RESULT_FILE, result)
         return result
-    attempt = 1
-    while (aside := plan.run_dir / RETRIES_DIR / f"attempt{attempt}" / folder.relative_to(plan.run_dir)).exists():
-        attempt += 1
-    aside.parent.mkdir(parents=True, exist_ok=True)
-    folder.replace(aside)
+
+
+def dispatch(spec: HostSpec, subflow: Any, deployment_name: str, parameters: dict[str, Any]) -> Any:
+    """Call a per-host flow: on the host's worker through its deployment (when the inventory says the host
+    runs one), else right here as a subflow. Either way it is nested under this evaluation."""
+    if spec.agent is None:
+        return subflow(**parameters)
+    run = run_deployment(spec.agent.deployment if subflow is host_round else deployment_name,
+                         parameters={**parameters, "on_host": True}, work_queue_name=spec.queue,
+                         timeout=spec.agent.timeout_s, as_subflow=True)
+    if run.state is None or not run.state.is_completed():
+        state = run.state.name if run.state else "unknown"
+        raise InfrastructureFailure(f"host {spec.name}: {deployment_name} run {run.name} ended {state}: "
+                                    f"{run.state.message if run.state else ''}")
     return None
 
 
-def check_scale(plan: RunPlan, hosts: list[Host], probes: dict[str, dict[str, Any] | None]) -> None:
+def completed_round(run_dir: Path, case: str, round_no: int, host: str, node_rank: int = 0) -> RoundResult | None:
+    """A round an earlier attempt of this flow run finished (success or unsupported), else None."""
+    folder = round_dir(run_dir, case, round_no, host, node_rank)
+    try:
+        result = read_result(folder / RESULT_FILE)
+    except (OSError, ValueError):
+        return None
+    return result if result.status in ("success", "unsupported") else None
+
+
+def set_aside(run_dir: Path, folder: Path) -> None:
+    """Move a round's folder to retries/attempt<K>/ (kept, not overwritten), so that the round can run again
+    in FlagPerf's layout."""
+    if not folder.exists():
+        return
+    attempt = 1
+    while (aside := run_dir / RETRIES_DIR / f"attempt{attempt}" / folder.relative_to(run_dir)).exists():
+        attempt += 1
+    aside.parent.mkdir(parents=True, exist_ok=True)
+    folder.replace(aside)
+
+
+def check_scale(plan: RunPlan, hosts: list[str], probes: dict[str, dict[str, Any] | None]) -> None:
     """Before any round: a case may not ask for more nodes than hosts, or more processes per node than a
     host has devices (cores, where the device is the host's CPU)."""
     shares_host = load_vendor(plan.vendor).manifest.shares_host_memory
@@ -150,12 +313,12 @@ def check_scale(plan: RunPlan, hosts: list[Host], probes: dict[str, dict[str, An
             raise ConfigError(case.origins.get("nnodes", case.name), "nnodes",
                               f"{case.name} asks for {nnodes} nodes; the inventory has {len(hosts)} host(s)")
         for host in hosts:
-            probe = probes.get(host.name) or {}
+            probe = probes.get(host) or {}
             capacity = (probe.get("host") or {}).get("usable_cpus") if shares_host else probe.get("device_count")
             if capacity is not None and nproc > capacity:
                 what = "usable CPU cores" if shares_host else "visible devices"
                 raise ConfigError(case.origins.get("nproc_per_node", case.name), "nproc_per_node",
-                                  f"{case.name} asks for {nproc} processes per node; host {host.name} has "
+                                  f"{case.name} asks for {nproc} processes per node; host {host} has "
                                   f"{capacity} {what}")
 
 
@@ -165,49 +328,3 @@ def describe_invocation() -> str:
         return (f"deployment {deployment.get_name() or deployment.get_id()}, flow run {flow_run.get_name()} "
                 f"({flow_run.get_id()}), parameters {json.dumps(flow_run.get_parameters(), default=str)}")
     return shlex.join(sys.argv)
-
-
-def case_round(host: Host, runtime: Runtime, plan: RunPlan, case: CasePlan, round_no: int, image: dict[str, Any],
-               probe: dict[str, Any] | None, monitor_interval_s: float, command: str) -> RoundResult:
-    """start monitors -> run case (retried on infrastructure failures) -> stop monitors -> collect.
-
-    Whatever goes wrong in one round (a monitor that will not start, a host error, a failed collection)
-    becomes that round's failed result; the other rounds and the analysis still run.
-    """
-    stage_dir = host.work_root / plan.run_id / case.name / f"round{round_no}" / f"{host.name}_noderank0"
-    job = Job(run_id=plan.run_id, case=case.name, family=case.family, round=round_no, host=host.name,
-              vendor=plan.vendor, config=case.config, config_origins=case.origins, run_overrides=case.run_overrides,
-              command=command, image=image, controller_libraries=library_versions(CONTROLLER_LIBRARIES))
-    monitor_budget = case.timeout_s * (case.max_retries + 1) + MONITOR_SLACK_S
-    label = f"{case.name}/round{round_no}@{host.name}"
-    monitors: list[Any] = []
-    failure: Failure | None = None
-    try:
-        monitors = start_monitors(host, plan.vendor, stage_dir, monitor_interval_s, monitor_budget, label)
-        state = run_case.with_options(retries=case.max_retries)(
-            host, runtime, job, stage_dir, case.timeout_s, return_state=True)
-        failure = failure_of(state.result(raise_on_failure=False))
-    except Exception as exc:
-        failure = Failure(kind="infrastructure", message=f"{label}: {type(exc).__name__}: {exc}")
-    finally:
-        if monitors:
-            stop_monitors(host, monitors, stage_dir, label, return_state=True)
-    dest = round_dir(Path(plan.results_dir) / plan.run_id, case.name, round_no, host.name)
-    collected = collect_logs(host, stage_dir, dest, job, failure, probe, return_state=True)
-    if collected.is_completed():
-        return collected.result()
-    # Even the collection failed: the round still gets a result saying so.
-    message = f"{label}: collecting the round's files failed: {collected.message}"
-    result = job.failed_result(Failure(kind="infrastructure", message=message), probe)
-    if not (dest / RESULT_FILE).exists():
-        write_result(dest / RESULT_FILE, result)
-    return result
-
-
-def failure_of(outcome: object) -> Failure | None:
-    if not isinstance(outcome, BaseException):
-        return None
-    kind = "user" if isinstance(outcome, RoundUserFailure) else "infrastructure"
-    if isinstance(outcome, (RoundUserFailure, InfrastructureFailure)):
-        return Failure(kind=kind, message=str(outcome))
-    return Failure(kind=kind, message=f"{type(outcome).__name__}: {outcome}")

@@ -6,14 +6,19 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NONE
 
 from flagperf.errors import InfrastructureFailure
-from flagperf.health import HealthReport, check_host
+from flagperf.health import HealthReport, check_host, health_file
 from flagperf.hosts import Host
+from flagperf.inventory import HostSpec
+from flagperf.results import write_json_atomic
 
 
 @task(name="healthcheck", task_run_name="healthcheck[{host.name}]", cache_policy=NONE, retries=0)
-def healthcheck(host: Host, vendor: str, results_dir: Path, run_id: str) -> HealthReport:
+def healthcheck(host: Host, spec: HostSpec, vendor: str, run_dir: Path) -> HealthReport:
+    """Every check of one host, logged one per line and recorded in the run folder (hosts/<name>.health.json);
+    raises naming the host and each failed check."""
     logger = get_run_logger()
-    report = check_host(host, vendor, results_dir, log_path=host.work_root / run_id / "healthcheck.log")
+    report = check_host(host, spec, vendor, log_path=host.work_root / run_dir.name / "healthcheck.log")
+    write_json_atomic(health_file(run_dir, host.name), report.as_dict())
     for check in report.checks:
         (logger.info if check.ok else logger.error)("%s %s: %s", "ok  " if check.ok else "FAIL", check.name,
                                                     check.detail)

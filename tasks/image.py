@@ -1,39 +1,43 @@
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NONE
 
+from flagperf.containers import context_digest, engine_client, ensure_image, image_context, image_tag
 from flagperf.hosts import Host
+from flagperf.inventory import HostSpec
 from flagperf.paths import display_path
-from flagperf.runtime import Runtime
 from flagperf.vendors import load_vendor
 
 
-def context_digest(folder: Path) -> str:
-    """Content hash of a build context: the image tag, so an unchanged image is never rebuilt."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
 @task(name="build_image", task_run_name="build_image[{host.name}]", cache_policy=NONE)
-def build_image(host: Host, vendor: str, runtime: Runtime) -> dict[str, Any]:
-    """Record what image the cases would run in; with the process runtime nothing is built."""
+def build_image(host: Host, spec: HostSpec, vendor: str, run_id: str, framework: str | None = None
+                ) -> dict[str, Any]:
+    """The image the host's cases run in, tagged by the content of its build context: built when that tag is
+    missing on the host's engine, else reused. With the process runtime nothing is built (recorded)."""
     logger = get_run_logger()
-    manifest = load_vendor(vendor)
-    dockerfile = manifest.folder / manifest.manifest.container.dockerfile
+    loaded = load_vendor(vendor)
+    context = image_context(loaded, framework)
+    framework = framework or context.name
+    digest = context_digest(context, spec.docker.build_args)
     record: dict[str, Any] = {
-        "dockerfile": display_path(dockerfile),
-        "context_sha256": context_digest(dockerfile.parent),
-        "runtime": runtime.name,
+        "dockerfile": display_path(context / "Dockerfile"),
+        "framework": framework,
+        "context_sha256": digest,
+        "runtime": spec.runtime,
     }
-    if runtime.name == "process":
+    if spec.runtime == "process":
         record.update(status="skipped", reason=f"host {host.name} runs cases as plain processes (no container "
                                                "engine in use); nothing was built")
         logger.info("skipped: %s", record["reason"])
+        return record
+    tag = image_tag(vendor, framework, digest)
+    client = engine_client(host, spec)
+    status = ensure_image(client, context, tag, spec.docker.build_args, on_line=logger.info)
+    image = client.images.get(tag)
+    record.update(status=status, tag=tag, image_id=image.id, build_args=dict(spec.docker.build_args),
+                  engine="controller" if spec.docker.engine == "local" else f"{host.name} over SSH")
+    logger.info("%s %s (%s) on %s", status, tag, image.id[:19], record["engine"])
     return record

@@ -18,6 +18,7 @@ from prefect.client.schemas.filters import (
     ArtifactFilterFlowRunId,
     FlowRunFilter,
     FlowRunFilterId,
+    FlowRunFilterParentFlowRunId,
     LogFilter,
     LogFilterTaskRunId,
 )
@@ -38,9 +39,24 @@ def run_evaluate(results: Path, **params: object) -> tuple[object, Path]:
     return state, results / run_id
 
 
-def all_task_runs(flow_run_id: UUID) -> list[TaskRun]:
+def flow_run_tree(flow_run_id: UUID) -> list[UUID]:
+    """The flow run and every subflow run under it (host-round runs nest under the evaluation)."""
+    found, frontier = [flow_run_id], [flow_run_id]
     with get_client(sync_client=True) as client:
-        return client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        while frontier:
+            children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=frontier)))
+            frontier = [child.id for child in children if child.id not in found]
+            found.extend(frontier)
+    return found
+
+
+def all_task_runs(flow_run_id: UUID) -> list[TaskRun]:
+    """Task runs of the evaluation and of its subflows, without the subflows' own placeholder task runs."""
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=flow_run_tree(flow_run_id))))
+    return [run for run in runs if not run.name.startswith(("host-round-", "host-healthcheck-"))]
 
 
 def task_runs(flow_run_id: UUID) -> dict[str, TaskRun]:

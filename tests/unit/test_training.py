@@ -92,17 +92,16 @@ def test_bad_training_settings(tmp_path: Path, setting: str, key: str) -> None:
 
 
 def test_more_processes_than_the_host_allows_is_refused_before_any_round(tmp_path: Path) -> None:
-    from flagperf.hosts import LocalHost
     from flows.evaluate import check_scale
 
     plan = plan_run(cases=["digits-mlp"], sets=["nproc_per_node=64"], results_dir=tmp_path)
     probe = json.loads(json.dumps({"host": {"usable_cpus": 2}, "device_count": 1}))
     with pytest.raises(ConfigError) as info:
-        check_scale(plan, [LocalHost()], {"localhost": probe})
+        check_scale(plan, ["localhost"], {"localhost": probe})
     assert info.value.key == "nproc_per_node" and "has 2 usable CPU cores" in info.value.message
     plan = plan_run(cases=["digits-mlp"], sets=["nnodes=2"], results_dir=tmp_path)
     with pytest.raises(ConfigError, match="asks for 2 nodes; the inventory has 1 host"):
-        check_scale(plan, [LocalHost()], {"localhost": probe})
+        check_scale(plan, ["localhost"], {"localhost": probe})
 
 
 def test_scale_file_applies_only_at_its_scale(tmp_path: Path) -> None:

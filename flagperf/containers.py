@@ -1,0 +1,282 @@
+"""Containers through the docker SDK: images built from vendor_images/<vendor>/<framework>/Dockerfile
+(tag from the build context's content, so an unchanged image is never rebuilt) and case rounds run in
+them, on the controller's engine or on a host's own engine through that host's SSH connection.
+
+What a container gets comes from the vendor's folder (vendor.yaml ``container``) and the inventory
+(shm size, visible devices, data mounts, FlagPerf's ACCE_CONTAINER_OPT); it is never privileged unless
+the vendor file says so and why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flagperf.errors import ConfigError
+from flagperf.hosts import CommandResult, Host, LineSink
+from flagperf.inventory import HostSpec, parse_container_options
+from flagperf.job import JOB_FILE
+from flagperf.results import CASE_LOG_FILE
+from flagperf.runtime import Runtime
+from flagperf.vendors import Vendor
+
+logger = logging.getLogger("flagperf.containers")
+BUILD_TIMEOUT_S = 3600
+API_TIMEOUT_S = 120
+LABEL = "org.flagperf"
+
+
+class ContainerEngineError(OSError):
+    """The engine cannot be reached or refused a request: one line naming the host."""
+
+
+def require_docker() -> Any:
+    try:
+        import docker
+    except ImportError:
+        raise ContainerEngineError("the container runtime needs the 'docker' package (pip install docker)") from None
+    return docker
+
+
+def engine_client(host: Host, spec: HostSpec, timeout: float = API_TIMEOUT_S) -> Any:
+    """A docker.DockerClient for the host's engine: the local socket, or the host's engine through the host's
+    own (host-key-verified) SSH connection running ``docker system dial-stdio``."""
+    docker = require_docker()
+    if spec.docker.engine == "local":
+        try:
+            return docker.DockerClient(base_url=spec.docker.base_url or os.environ.get("DOCKER_HOST")
+                                       or "unix:///var/run/docker.sock", timeout=int(timeout))
+        except docker.errors.DockerException as exc:
+            raise ContainerEngineError(f"host {spec.name}: container engine not reachable: {exc}") from None
+    from docker.transport.sshconn import SSHHTTPAdapter
+
+    from flagperf.ssh import SshHost
+
+    if not isinstance(host, SshHost):
+        raise ContainerEngineError(f"host {spec.name}: docker.engine: ssh needs an SSH host")
+    ssh_client = host.client()
+
+    class HostConnectionAdapter(SSHHTTPAdapter):  # type: ignore[misc]
+        """docker-py's SSH adapter on our connection (docker-py's own would use ~/.ssh and system keys)."""
+
+        def _create_paramiko_client(self, base_url: str) -> None:
+            self.ssh_client = ssh_client
+
+        def _connect(self) -> None:
+            host.client()  # reconnects (verifying the host key) if the connection dropped
+
+    api = docker.APIClient(base_url=f"ssh://{spec.ssh_user()}@{spec.address}", version="1.41",
+                           timeout=int(timeout), use_ssh_client=True)
+    adapter = HostConnectionAdapter(api.base_url, timeout=int(timeout))
+    api._custom_adapter = adapter
+    api.mount("http+docker://ssh", adapter)
+    try:
+        api._version = api._retrieve_server_version()
+    except docker.errors.DockerException as exc:
+        raise ContainerEngineError(f"host {spec.name}: container engine not reachable over SSH: "
+                                   f"{str(exc).splitlines()[0]}") from None
+    client = docker.DockerClient.__new__(docker.DockerClient)
+    client.api = api
+    return client
+
+
+# ------------------------------------------------------------------------------------------------ images
+
+def context_digest(folder: Path, build_args: dict[str, str] | None = None) -> str:
+    """Content hash of a build context and its build args: the image tag."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    for key, value in sorted((build_args or {}).items()):
+        digest.update(f"ARG {key}={value}\0".encode())
+    return digest.hexdigest()
+
+
+def image_context(vendor: Vendor, framework: str | None) -> Path:
+    """vendor_images/<vendor>/<framework>/ (the vendor's default framework folder when none is named)."""
+    default = (vendor.folder / vendor.manifest.container.dockerfile).parent
+    folder = default if framework is None else vendor.folder / framework
+    if not (folder / "Dockerfile").is_file():
+        raise ConfigError(f"vendor_images/{vendor.name}", framework or vendor.manifest.container.dockerfile,
+                          f"no Dockerfile in {folder}")
+    return folder
+
+
+def image_tag(vendor: str, framework: str, digest: str) -> str:
+    return f"flagperf/{vendor}-{framework}:{digest[:16]}"
+
+
+def ensure_image(client: Any, context: Path, tag: str, build_args: dict[str, str], on_line: LineSink,
+                 timeout_s: float = BUILD_TIMEOUT_S) -> str:
+    """Build the image unless an image with this content tag exists; returns "present" or "built"."""
+    docker = require_docker()
+    try:
+        client.images.get(tag)
+        return "present"
+    except docker.errors.ImageNotFound:
+        pass
+    started = time.monotonic()
+    try:
+        stream = client.api.build(path=str(context), tag=tag, buildargs=build_args, rm=True, forcerm=True,
+                                  decode=True, network_mode="host", pull=False, timeout=int(timeout_s),
+                                  labels={f"{LABEL}.context_sha256": tag.rsplit(":", 1)[1]})
+        for chunk in stream:
+            if "error" in chunk:
+                raise ContainerEngineError(f"building {tag} failed: {str(chunk['error']).strip()}")
+            text = chunk.get("stream") or chunk.get("status")
+            if text and text.strip():
+                on_line(text.rstrip())
+    except docker.errors.APIError as exc:
+        raise ContainerEngineError(f"building {tag} failed: {exc.explanation or exc}") from None
+    client.images.get(tag)  # the build said it succeeded: the tag must exist
+    on_line(f"built {tag} in {time.monotonic() - started:.0f} s")
+    return "built"
+
+
+# ------------------------------------------------------------------------------------------------ rounds
+
+@dataclass(frozen=True)
+class ContainerSettings:
+    """docker run options for one host and vendor, resolved before any round."""
+
+    image: str
+    python: str
+    shm_size: str
+    privileged: bool
+    env: dict[str, str]
+    device_requests: list[dict[str, Any]]
+    devices: list[str]
+    data_mounts: list[str]
+    extra_mounts: list[str]
+    ipc_mode: str | None
+    group_add: list[str]
+
+
+def container_settings(vendor: Vendor, spec: HostSpec, image: str) -> ContainerSettings:
+    options = vendor.manifest.container
+    extras = parse_container_options(spec.docker.extra_options or "")
+    env = dict(spec.env)
+    env.update(extras.env)
+    visible_env = spec.visible_devices_env or options.visible_devices_env
+    if spec.visible_devices is not None and visible_env:
+        env[visible_env] = spec.visible_devices
+    requests = [r.model_dump(exclude_none=True) for r in options.device_requests]
+    if extras.gpus is not None:  # --gpus all | --gpus 2 | --gpus device=0,1
+        gpus = extras.gpus.strip('"')
+        request: dict[str, Any] = {"driver": "nvidia", "capabilities": [["gpu"]]}
+        if gpus == "all":
+            request["count"] = -1
+        elif gpus.startswith("device="):
+            request["device_ids"] = gpus.removeprefix("device=").split(",")
+        else:
+            request["count"] = int(gpus)
+        requests = [request]
+    return ContainerSettings(
+        image=image, python=options.python, shm_size=spec.shm_size or options.shm_size,
+        privileged=options.privileged, env=env, device_requests=requests,
+        devices=[*options.devices, *extras.devices], data_mounts=list(spec.docker.data_mounts),
+        extra_mounts=extras.mounts, ipc_mode=extras.ipc or options.ipc, group_add=extras.group_add)
+
+
+def exit_code_of(status: int) -> int:
+    """A container's status as a process's: 128+N (killed by signal N) becomes -N, as for LocalHost."""
+    return -(status - 128) if 128 < status < 160 else status
+
+
+class DockerRuntime(Runtime):
+    name = "docker"
+
+    def __init__(self, settings: ContainerSettings, client_factory: Callable[[], Any], user: str | None,
+                 scratch_root: Path) -> None:
+        self.settings = settings
+        self.client_factory = client_factory
+        self.user = user  # uid:gid of the host's user: files in the mounted work root stay theirs
+        self.scratch_root = scratch_root
+
+    def run_entry(self, host: Host, job_dir: Path, timeout_s: float, on_line: LineSink | None,
+                  pid_file: Path) -> CommandResult:
+        docker = require_docker()
+        from docker.types import DeviceRequest, Mount, Ulimit
+
+        s = self.settings
+        argv = [s.python, "-m", "flagperf.entry", "--job", str(job_dir / JOB_FILE)]
+        started = time.monotonic()
+        client = self.client_factory()
+        mounts = [Mount(str(host.project_root), str(host.project_root), type="bind", read_only=True),
+                  Mount(str(self.scratch_root), str(self.scratch_root), type="bind", read_only=False),
+                  *[Mount(p, p, type="bind", read_only=True) for p in s.data_mounts]]
+        volumes = list(s.extra_mounts)
+        env = {**s.env, "PYTHONPATH": str(host.project_root), "PYTHONUNBUFFERED": "1",
+               "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "HOME": "/tmp"}
+        name = "flagperf-" + "-".join(job_dir.relative_to(self.scratch_root.parent).parts)[-200:].replace("_", "-")
+        lines: list[str] = []
+        container = None
+        timed_out = False
+        exit_code: int | None = None
+        try:
+            container = client.containers.create(
+                s.image, argv, name=name, detach=True, init=True, user=self.user, working_dir=str(host.project_root),
+                environment=env, network_mode="host", ipc_mode=s.ipc_mode, shm_size=s.shm_size,
+                privileged=s.privileged, devices=s.devices or None, group_add=s.group_add or None,
+                device_requests=[DeviceRequest(**r) for r in s.device_requests] or None,
+                ulimits=[Ulimit(name="memlock", soft=-1, hard=-1),
+                         Ulimit(name="stack", soft=64 << 20, hard=64 << 20)],
+                mounts=mounts, volumes=volumes or None,
+                labels={f"{LABEL}.job": str(job_dir), f"{LABEL}.host": host.name})
+            container.start()
+            container.reload()
+            host.write_text(pid_file, str(container.attrs["State"]["Pid"]))  # the monitors follow the case
+            logger.info("container %s (%s) started on %s", container.short_id, s.image, host.name)
+            streamer = threading.Thread(target=_stream, args=(container, on_line), daemon=True)
+            streamer.start()
+            try:
+                status = container.wait(timeout=timeout_s)
+                exit_code = exit_code_of(int(status.get("StatusCode", -1)))
+            except Exception as exc:  # the read timed out: the case overran its timeout
+                if not _is_timeout(exc):
+                    raise
+                timed_out = True
+                container.kill()
+                exit_code = exit_code_of(int(container.wait(timeout=60).get("StatusCode", 137)))
+            streamer.join(timeout=5)
+            lines = container.logs(stdout=True, stderr=True).decode("utf-8", "replace").splitlines()
+        except docker.errors.ImageNotFound:
+            raise ContainerEngineError(f"host {host.name}: image {s.image} is not on the engine") from None
+        except docker.errors.APIError as exc:
+            lines.append(f"container engine error: {exc.explanation or exc}")
+            exit_code = None
+        finally:
+            if container is not None:
+                try:
+                    container.remove(force=True)
+                except docker.errors.APIError as exc:
+                    logger.warning("could not remove container %s on %s: %s", container.short_id, host.name, exc)
+            host.write_text(job_dir / CASE_LOG_FILE, "\n".join(lines) + ("\n" if lines else ""))
+        return CommandResult(argv, exit_code, timed_out, time.monotonic() - started)
+
+
+def _stream(container: Any, on_line: LineSink | None) -> None:
+    """Live log lines into the task log; the authoritative log is read in full after the container ends."""
+    if on_line is None:
+        return
+    pending = b""
+    try:
+        for chunk in container.logs(stream=True, follow=True):
+            pending += chunk
+            *done, pending = pending.split(b"\n")
+            for line in done:
+                on_line(line.decode("utf-8", "replace"))
+    except Exception as exc:  # a dropped stream loses live lines only
+        logger.debug("log stream ended: %s", exc)
+
+
+def _is_timeout(exc: Exception) -> bool:
+    text = f"{type(exc).__name__} {exc}".lower()
+    return "timeout" in text or "timed out" in text

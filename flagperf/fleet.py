@@ -1,0 +1,43 @@
+"""From inventory entries to the objects the flows act on: a Host and the Runtime that runs cases on it."""
+
+from __future__ import annotations
+
+import os
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from flagperf.containers import DockerRuntime, container_settings, engine_client
+from flagperf.hosts import Host, LocalHost
+from flagperf.inventory import HostSpec
+from flagperf.runtime import ProcessRuntime, Runtime
+from flagperf.ssh import SshHost
+from flagperf.vendors import load_vendor
+
+
+def open_host(spec: HostSpec, on_host: bool = False) -> Host:
+    """The host as the controller reaches it; ``on_host``: we are running on that host (its agent)."""
+    if spec.transport == "local" or on_host:
+        return LocalHost(name=spec.name, work_root=Path(spec.work_root) if spec.work_root else None)
+    return SshHost(spec)
+
+
+def master_address(spec: HostSpec) -> str:
+    """Where the other nodes reach node 0 (FlagPerf: HOSTS[0])."""
+    return "127.0.0.1" if spec.transport == "local" else spec.address
+
+
+def host_user(host: Host) -> str:
+    """uid:gid of the user the host is driven as: a container writes the round's files as that user."""
+    if isinstance(host, SshHost):
+        info = host.info()
+        return f"{info['uid']}:{info['gid']}"
+    return f"{os.getuid()}:{os.getgid()}"
+
+
+def runtime_for(host: Host, spec: HostSpec, vendor: str, image: dict[str, Any], run_id: str) -> Runtime:
+    if spec.runtime == "process":
+        return ProcessRuntime()
+    settings = container_settings(load_vendor(vendor), spec, image["tag"])
+    return DockerRuntime(settings, client_factory=partial(engine_client, host, spec), user=host_user(host),
+                         scratch_root=host.work_root / run_id)

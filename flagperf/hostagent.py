@@ -1,0 +1,160 @@
+"""The host side of an SSH host: small commands the controller runs over SSH, so that process groups,
+timeouts and logs on a remote host behave exactly as on the local one (they share LocalHost's code).
+
+    python -m flagperf.hostagent run --timeout 60 --log LOG [--pid-file P] -- ARGV...
+        stdout: the command's output (also appended to LOG); stderr, last line: {"exit_code", "timed_out"}.
+        The command is killed when stdin closes: a lost SSH connection never leaves a case running.
+    python -m flagperf.hostagent spawn --log LOG -- ARGV...   -> {"pid": N} (detached, own session)
+    python -m flagperf.hostagent terminate --pid N --grace S   -> {"exit_code": null}
+    python -m flagperf.hostagent alive --pid N                 -> exit 0 if running, 1 if not
+    python -m flagperf.hostagent disk-free PATH                -> {"free": bytes}
+    python -m flagperf.hostagent keepalive                     -> {"pid": N}, then waits for stdin to close
+    python -m flagperf.hostagent info                          -> {"uid", "gid", "time", "hostname"}
+
+Only the standard library and flagperf.hosts are imported: it must start fast (no torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TextIO
+
+STATUS_PREFIX = "flagperf-hostagent-status "
+
+
+def _say(obj: dict[str, object], stream: TextIO | None = None) -> None:
+    stream = stream or sys.stdout
+    stream.write(json.dumps(obj) + "\n")
+    stream.flush()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from flagperf.hosts import LocalHost
+
+    host = LocalHost(work_root=Path(args.log).parent)
+
+    def watch_stdin() -> None:
+        # The controller holds our stdin open for as long as it watches; EOF means it is gone.
+        while sys.stdin.buffer.read(4096):
+            pass
+        os.kill(os.getpid(), signal.SIGINT)
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, interrupt)
+    if not args.ignore_stdin:
+        threading.Thread(target=watch_stdin, daemon=True).start()
+    try:
+        result = host.run(args.argv, timeout=args.timeout, log_path=Path(args.log),
+                          on_line=lambda line: (sys.stdout.write(line + "\n"), sys.stdout.flush()),
+                          pid_file=Path(args.pid_file) if args.pid_file else None)
+    except KeyboardInterrupt:  # LocalHost.run killed the process group before re-raising
+        sys.stderr.write(STATUS_PREFIX + json.dumps({"exit_code": None, "timed_out": False}) + "\n")
+        return 1
+    sys.stderr.write(STATUS_PREFIX + json.dumps({"exit_code": result.exit_code, "timed_out": result.timed_out})
+                     + "\n")
+    sys.stderr.flush()
+    return 0
+
+
+def cmd_spawn(args: argparse.Namespace) -> int:
+    from flagperf.hosts import LocalHost
+
+    proc = LocalHost(work_root=Path(args.log).parent).spawn(args.argv, log_path=Path(args.log))
+    _say({"pid": proc.pid})
+    return 0
+
+
+def cmd_terminate(args: argparse.Namespace) -> int:
+    """SIGTERM the process group, SIGKILL after the grace period (the process is not our child: no exit code)."""
+    for sig, wait in ((signal.SIGTERM, args.grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(args.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            break
+        deadline = time.monotonic() + wait
+        while _alive(args.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not _alive(args.pid):
+            break
+    _say({"exit_code": None, "running": _alive(args.pid)})
+    return 0
+
+
+def cmd_alive(args: argparse.Namespace) -> int:
+    return 0 if _alive(args.pid) else 1
+
+
+def cmd_disk_free(args: argparse.Namespace) -> int:
+    import shutil
+
+    probe = Path(args.path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    _say({"free": shutil.disk_usage(probe).free, "at": str(probe)})
+    return 0
+
+
+def cmd_keepalive(args: argparse.Namespace) -> int:
+    _say({"pid": os.getpid()})
+    while sys.stdin.buffer.read(4096):
+        pass
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    _say({"uid": os.getuid(), "gid": os.getgid(), "time": time.time(), "hostname": socket.gethostname(),
+          "python": sys.executable})
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flagperf.hostagent")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run")
+    run.add_argument("--timeout", type=float, required=True)
+    run.add_argument("--log", required=True)
+    run.add_argument("--pid-file")
+    run.add_argument("--ignore-stdin", action="store_true")
+    run.add_argument("argv", nargs="+")
+    run.set_defaults(func=cmd_run)
+    spawn = sub.add_parser("spawn")
+    spawn.add_argument("--log", required=True)
+    spawn.add_argument("argv", nargs="+")
+    spawn.set_defaults(func=cmd_spawn)
+    term = sub.add_parser("terminate")
+    term.add_argument("--pid", type=int, required=True)
+    term.add_argument("--grace", type=float, default=10.0)
+    term.set_defaults(func=cmd_terminate)
+    alive = sub.add_parser("alive")
+    alive.add_argument("--pid", type=int, required=True)
+    alive.set_defaults(func=cmd_alive)
+    disk = sub.add_parser("disk-free")
+    disk.add_argument("path")
+    disk.set_defaults(func=cmd_disk_free)
+    sub.add_parser("keepalive").set_defaults(func=cmd_keepalive)
+    sub.add_parser("info").set_defaults(func=cmd_info)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,322 @@
+"""A host reached over SSH (paramiko): commands through ``python -m flagperf.hostagent`` on the host, files
+through SFTP. Host keys are verified against known_hosts; a new key is accepted only when the inventory
+says so, a changed key never. Every connect and command has a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+import shlex
+import stat
+import threading
+import time
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import paramiko
+
+from flagperf.hostagent import STATUS_PREFIX
+from flagperf.hosts import BackgroundProcess, CommandResult, Host, LineSink
+from flagperf.inventory import HostSpec
+from flagperf.paths import PROJECT_ROOT
+
+logger = logging.getLogger("flagperf.ssh")
+# A case's own timeout is enforced on the host by the agent; the connection gets this much more before the
+# controller gives up on it (and closing the channel makes the agent kill the case).
+CHANNEL_SLACK_S = 60.0
+DEFAULT_PYTHON = "python3"
+
+
+class SshError(OSError):
+    """The host cannot be reached, authenticated, or did not answer: one line naming the host and cause."""
+
+
+class _RecordNewKey(paramiko.MissingHostKeyPolicy):
+    """accept_new_host_key: trust a key seen for the first time and write it to known_hosts (like
+    OpenSSH's StrictHostKeyChecking=accept-new). A *changed* key is refused by paramiko before this."""
+
+    def __init__(self, known_hosts: Path) -> None:
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
+        with self.known_hosts.open("a", encoding="utf-8") as out:
+            out.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        logger.warning("accepted new host key for %s (%s %s) into %s", hostname, key.get_name(),
+                       key.fingerprint, self.known_hosts)
+
+
+class _RefuseUnknownKey(paramiko.MissingHostKeyPolicy):
+    def __init__(self, known_hosts: Path) -> None:
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        raise SshError(f"unknown host key for {hostname} ({key.get_name()} {key.fingerprint}): not in "
+                       f"{self.known_hosts}; check it and add it (ssh-keyscan), or set accept_new_host_key: true")
+
+
+def known_hosts_name(address: str, port: int) -> str:
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+class SshHost(Host):
+    def __init__(self, spec: HostSpec) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.address = spec.address
+        self.project_root = Path(spec.project_root or PROJECT_ROOT)
+        self.python = spec.python or DEFAULT_PYTHON
+        self.work_root = Path(spec.work_root or f"/tmp/flagperf-work-{spec.ssh_user()}")
+        self._client: paramiko.SSHClient | None = None
+        self._lock = threading.Lock()
+        self._keepalive: tuple[paramiko.Channel, int] | None = None
+
+    def __repr__(self) -> str:
+        return f"SshHost({self.name!r}, {self.spec.ssh_user()}@{self.address}:{self.spec.port})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Prefect hashes and may copy task arguments: a connection is not part of a host's identity.
+        return {"spec": self.spec}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["spec"])  # type: ignore[misc]
+
+    # ------------------------------------------------------------------ connection
+
+    def where(self) -> str:
+        return f"{self.spec.ssh_user()}@{self.address}:{self.spec.port}"
+
+    def client(self) -> paramiko.SSHClient:
+        with self._lock:
+            transport = self._client.get_transport() if self._client else None
+            if self._client is not None and transport is not None and transport.is_active():
+                return self._client
+            self._client = self._connect()
+            return self._client
+
+    def _connect(self) -> paramiko.SSHClient:
+        spec = self.spec
+        known_hosts = spec.known_hosts.expanduser()
+        client = paramiko.SSHClient()
+        if known_hosts.is_file():
+            client.load_host_keys(str(known_hosts))
+        policy = _RecordNewKey(known_hosts) if spec.accept_new_host_key else _RefuseUnknownKey(known_hosts)
+        client.set_missing_host_key_policy(policy)
+        try:
+            client.connect(
+                spec.address, port=spec.port, username=spec.ssh_user(),
+                key_filename=str(spec.key_file) if spec.key_file else None,
+                allow_agent=spec.key_file is None, look_for_keys=spec.key_file is None,
+                timeout=spec.connect_timeout_s, banner_timeout=spec.connect_timeout_s,
+                auth_timeout=spec.connect_timeout_s, channel_timeout=spec.connect_timeout_s,
+            )
+        except SshError as exc:
+            raise SshError(f"host {self.name}: {exc}") from None
+        except paramiko.BadHostKeyException as exc:
+            raise SshError(f"host {self.name}: host key CHANGED for {self.where()} (got {exc.key.get_name()} "
+                           f"{exc.key.fingerprint}, {known_hosts} has {exc.expected_key.fingerprint}); refusing to "
+                           "connect: if the host was reinstalled, remove the old key") from None
+        except paramiko.AuthenticationException as exc:
+            raise SshError(f"host {self.name}: authentication failed for {self.where()}: {exc}") from None
+        except TimeoutError:
+            raise SshError(f"host {self.name}: no answer from {self.where()} within "
+                           f"{spec.connect_timeout_s:.0f} s (connect_timeout_s)") from None
+        except (OSError, paramiko.SSHException) as exc:
+            raise SshError(f"host {self.name}: cannot connect to {self.where()}: {exc}") from None
+        transport = client.get_transport()
+        if transport is not None:
+            transport.set_keepalive(15)
+        logger.info("connected to %s (%s)", self.name, self.where())
+        return client
+
+    def close(self) -> None:
+        with self._lock:
+            if self._keepalive is not None:
+                self._keepalive[0].close()
+                self._keepalive = None
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+    # ------------------------------------------------------------------ commands
+
+    def remote_environment(self) -> dict[str, str]:
+        env = {"PYTHONPATH": str(self.project_root), "PYTHONUNBUFFERED": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+        env.update(self.spec.env)
+        return env
+
+    def command_line(self, argv: list[str]) -> str:
+        """One quoted shell line: every piece from a config goes through shlex.quote."""
+        assignments = [f"{k}={v}" for k, v in self.remote_environment().items()]
+        return f"cd {shlex.quote(str(self.project_root))} && exec " + shlex.join(["env", *assignments, *argv])
+
+    def agent(self, *args: str) -> list[str]:
+        return [self.python, "-m", "flagperf.hostagent", *args]
+
+    def execute(self, argv: list[str], timeout: float | None = None, on_stdout: LineSink | None = None,
+                keep_stdin_open: bool = False) -> tuple[int | None, str, str]:
+        """Run argv on the host; returns (exit status or None on timeout, stdout, stderr)."""
+        limit = timeout if timeout is not None else self.spec.command_timeout_s
+        channel = self.client().get_transport().open_session(timeout=self.spec.connect_timeout_s)  # type: ignore[union-attr]
+        channel.settimeout(1.0)
+        stdout: list[bytes] = []
+        stderr: list[bytes] = []
+        pending = b""
+        try:
+            channel.exec_command(self.command_line(argv))
+            if not keep_stdin_open:
+                channel.shutdown_write()
+            deadline = time.monotonic() + limit
+            while True:
+                if channel.recv_ready():
+                    chunk = channel.recv(65536)
+                    stdout.append(chunk)
+                    if on_stdout is not None:
+                        pending += chunk
+                        *lines, pending = pending.split(b"\n")
+                        for line in lines:
+                            on_stdout(line.decode("utf-8", "replace"))
+                    continue
+                if channel.recv_stderr_ready():
+                    stderr.append(channel.recv_stderr(65536))
+                    continue
+                if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+                    break
+                if time.monotonic() > deadline:
+                    return None, b"".join(stdout).decode("utf-8", "replace"), b"".join(stderr).decode(
+                        "utf-8", "replace")
+                time.sleep(0.02)
+            if on_stdout is not None and pending:
+                on_stdout(pending.decode("utf-8", "replace"))
+            return (channel.recv_exit_status(), b"".join(stdout).decode("utf-8", "replace"),
+                    b"".join(stderr).decode("utf-8", "replace"))
+        finally:
+            channel.close()  # the agent sees stdin close and stops whatever it still runs
+
+    def _agent_json(self, *args: str) -> dict[str, Any]:
+        code, out, err = self.execute(self.agent(*args))
+        if code != 0:
+            detail = (err.strip().splitlines() or out.strip().splitlines() or ["no output"])[-1]
+            how = "timed out" if code is None else f"exited {code}"
+            raise SshError(f"host {self.name}: flagperf.hostagent {args[0]} {how}: {detail}")
+        return json.loads(out.strip().splitlines()[-1])
+
+    def run(self, argv: list[str], *, timeout: float, log_path: Path | None = None,
+            on_line: LineSink | None = None, pid_file: Path | None = None) -> CommandResult:
+        start = time.monotonic()
+        logger.info("starting on %s: %s (timeout %.0f s)", self.name, shlex.join(argv), timeout)
+        log = log_path or self.work_root / "commands.log"
+        args = ["run", "--timeout", str(timeout), "--log", str(log)]
+        if pid_file is not None:
+            args += ["--pid-file", str(pid_file)]
+        try:
+            code, _, err = self.execute(self.agent(*args, "--", *argv), timeout=timeout + CHANNEL_SLACK_S,
+                                        on_stdout=on_line, keep_stdin_open=True)
+        except SshError:
+            raise
+        except (OSError, paramiko.SSHException) as exc:
+            raise SshError(f"host {self.name}: connection lost during {argv[0]}: {exc}") from None
+        seconds = time.monotonic() - start
+        if code is None:  # the host stopped answering: the channel is closed, the agent kills the command
+            return CommandResult(argv, None, True, seconds)
+        status = next((json.loads(line.removeprefix(STATUS_PREFIX)) for line in reversed(err.splitlines())
+                       if line.startswith(STATUS_PREFIX)), None)
+        if status is None:
+            raise SshError(f"host {self.name}: flagperf.hostagent exited {code} without a status: "
+                           f"{(err.strip().splitlines() or ['no output'])[-1]}")
+        return CommandResult(argv, status["exit_code"], bool(status["timed_out"]), seconds)
+
+    def spawn(self, argv: list[str], *, log_path: Path) -> BackgroundProcess:
+        answer = self._agent_json("spawn", "--log", str(log_path), "--", *argv)
+        return BackgroundProcess(argv=argv, pid=int(answer["pid"]))
+
+    def terminate(self, proc: BackgroundProcess, grace_s: float = 10.0) -> int | None:
+        answer = self._agent_json("terminate", "--pid", str(proc.pid), "--grace", str(grace_s))
+        return answer.get("exit_code")
+
+    def is_running(self, proc: BackgroundProcess) -> bool:
+        code, _, _ = self.execute(self.agent("alive", "--pid", str(proc.pid)))
+        return code == 0
+
+    def controller_pid(self) -> int:
+        """A keepalive process on the host, alive as long as this connection: monitors follow it."""
+        with self._lock:
+            if self._keepalive is not None and not self._keepalive[0].closed \
+                    and not self._keepalive[0].exit_status_ready():
+                return self._keepalive[1]
+        channel = self.client().get_transport().open_session(timeout=self.spec.connect_timeout_s)  # type: ignore[union-attr]
+        channel.exec_command(self.command_line(self.agent("keepalive")))
+        channel.settimeout(self.spec.command_timeout_s)
+        line = channel.makefile("r").readline()
+        pid = int(json.loads(line)["pid"])
+        with self._lock:
+            self._keepalive = (channel, pid)
+        return pid
+
+    def disk_free(self, path: Path) -> int:
+        return int(self._agent_json("disk-free", str(path))["free"])
+
+    def info(self) -> dict[str, Any]:
+        return self._agent_json("info")
+
+    # ------------------------------------------------------------------ files (SFTP)
+
+    def _sftp(self) -> paramiko.SFTPClient:
+        sftp = self.client().open_sftp()
+        sftp.get_channel().settimeout(self.spec.command_timeout_s)  # type: ignore[union-attr]
+        return sftp
+
+    def _makedirs(self, sftp: paramiko.SFTPClient, folder: PurePosixPath) -> None:
+        missing: list[PurePosixPath] = []
+        while True:
+            try:
+                sftp.stat(str(folder))
+                break
+            except FileNotFoundError:
+                missing.append(folder)
+                folder = folder.parent
+        for item in reversed(missing):
+            sftp.mkdir(str(item), mode=0o700)
+
+    def write_text(self, path: Path, text: str) -> None:
+        remote = PurePosixPath(path)
+        with self._sftp() as sftp:
+            self._makedirs(sftp, remote.parent)
+            tmp = str(remote.with_name(f".{remote.name}.tmp"))
+            with sftp.open(tmp, "w") as out:
+                out.write(text.encode("utf-8"))
+            sftp.posix_rename(tmp, str(remote))
+
+    def read_text(self, remote: Path) -> str:
+        with self._sftp() as sftp, sftp.open(str(remote), "r") as handle:
+            return handle.read().decode("utf-8", "replace")
+
+    def exists(self, remote: Path) -> bool:
+        with self._sftp() as sftp:
+            try:
+                sftp.stat(str(remote))
+            except FileNotFoundError:
+                return False
+            return True
+
+    def fetch_tree(self, remote: Path, local: Path) -> None:
+        with self._sftp() as sftp:
+            stack = [(str(remote), local)]
+            while stack:
+                folder, target = stack.pop()
+                target.mkdir(parents=True, exist_ok=True)
+                for entry in sftp.listdir_attr(folder):
+                    source = posixpath.join(folder, entry.filename)
+                    mode = entry.st_mode or 0
+                    if stat.S_ISDIR(mode):
+                        stack.append((source, target / entry.filename))
+                    elif stat.S_ISREG(mode):
+                        sftp.get(source, str(target / entry.filename))
+
+    def remove_tree(self, remote: Path) -> None:
+        if str(remote) in ("", "/") or not PurePosixPath(remote).is_relative_to(self.work_root):
+            raise ValueError(f"refusing to remove {remote} on {self.name}: outside the work root {self.work_root}")
+        self.execute(["rm", "-rf", "--", str(remote)])

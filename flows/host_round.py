@@ -1,0 +1,117 @@
+"""One host's part of one case round, as its own flow:
+
+    start monitors -> run case (retried on infrastructure failures) -> stop monitors (always) -> collect
+
+The evaluation calls it as a subflow for hosts it drives over SSH (or locally), and dispatches it with
+run_deployment to the `host-round` deployment on the host's own work queue for hosts that run a worker:
+the same tasks either way, nested under the evaluation in the UI.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from flagperf.errors import InfrastructureFailure, RoundUserFailure
+from flagperf.fleet import open_host, runtime_for
+from flagperf.health import HealthReport
+from flagperf.hosts import Host
+from flagperf.inventory import HostSpec
+from flagperf.job import Job
+from flagperf.plan import PLAN_FILE, CasePlan, RunPlan
+from flagperf.provenance import library_versions
+from flagperf.results import RESULT_FILE, Failure, RoundResult, round_dir, write_result
+from tasks.collect import collect_logs
+from tasks.container import run_case
+from tasks.healthcheck import healthcheck
+from tasks.image import build_image
+from tasks.monitor import start_monitors, stop_monitors
+
+CONTROLLER_LIBRARIES = ("prefect", "pandas")
+# A monitor outlives the round's worst case by this much at most, whatever happens to the controller.
+MONITOR_SLACK_S = 300
+
+
+def read_plan(run_dir: Path) -> RunPlan:
+    return RunPlan.model_validate_json((run_dir / PLAN_FILE).read_text(encoding="utf-8"))
+
+
+@flow(name="host-round", flow_run_name="{case}/round{round_no}@{host[name]}", log_prints=True,
+      validate_parameters=True)
+def host_round(run_dir: str, case: str, round_no: int, host: dict[str, Any], node_rank: int = 0,
+               nnodes: int = 1, master_addr: str = "127.0.0.1", master_port: int | None = None,
+               image: dict[str, Any] | None = None, probe: dict[str, Any] | None = None,
+               monitor_interval_s: float = 1.0, command: str | None = None, on_host: bool = False) -> dict[str, Any]:
+    """Run node ``node_rank`` of ``case`` round ``round_no`` on ``host`` and collect it into ``run_dir``.
+
+    on_host: this flow runs on the host itself (dispatched to its worker), so the host is local here and
+    run_dir must be the shared results folder. Returns the round's result (also in its result.json).
+    """
+    spec = HostSpec.model_validate(host)
+    plan = read_plan(Path(run_dir))
+    case_plan = next(c for c in plan.cases if c.name == case)
+    target = open_host(spec, on_host=on_host)
+    if image is None or on_host:  # dispatched: make sure the image exists on this host's engine
+        image = build_image(target, spec, plan.vendor, plan.run_id, framework=(image or {}).get("framework"))
+    result = node_round(target, spec, plan, Path(run_dir), case_plan, round_no, image, probe, monitor_interval_s,
+                        command, node_rank=node_rank, nnodes=nnodes, master_addr=master_addr,
+                        master_port=master_port)
+    return result.model_dump(mode="json")
+
+
+@flow(name="host-healthcheck", flow_run_name="healthcheck@{host[name]}", log_prints=True)
+def host_healthcheck(host: dict[str, Any], vendor: str, run_dir: str, on_host: bool = False) -> bool:
+    """The healthcheck of one host, run on the host's worker; the report lands in the (shared) run folder."""
+    spec = HostSpec.model_validate(host)
+    report: HealthReport = healthcheck(open_host(spec, on_host=on_host), spec, vendor, Path(run_dir))
+    return report.ok
+
+
+def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: CasePlan, round_no: int,
+               image: dict[str, Any], probe: dict[str, Any] | None, monitor_interval_s: float, command: str | None,
+               *, node_rank: int = 0, nnodes: int = 1, master_addr: str = "127.0.0.1", master_port: int | None = None
+               ) -> RoundResult:
+    """Whatever goes wrong in one round (a monitor that will not start, a host error, a failed collection)
+    becomes that round's failed result; the other rounds and the analysis still run."""
+    stage_dir = host.work_root / plan.run_id / case.name / f"round{round_no}" / f"{host.name}_noderank{node_rank}"
+    job = Job(run_id=plan.run_id, case=case.name, family=case.family, round=round_no, host=host.name,
+              node_rank=node_rank, nnodes=nnodes, master_addr=master_addr, master_port=master_port,
+              vendor=plan.vendor, config=case.config, config_origins=case.origins, run_overrides=case.run_overrides,
+              command=command, image=image, controller_libraries=library_versions(CONTROLLER_LIBRARIES))
+    monitor_budget = case.timeout_s * (case.max_retries + 1) + MONITOR_SLACK_S
+    label = f"{case.name}/round{round_no}@{host.name}" + (f"#node{node_rank}" if nnodes > 1 else "")
+    monitors: list[Any] = []
+    failure: Failure | None = None
+    try:
+        runtime = runtime_for(host, spec, plan.vendor, image, plan.run_id)
+        monitors = start_monitors(host, plan.vendor, stage_dir, monitor_interval_s, monitor_budget, label)
+        state = run_case.with_options(retries=case.max_retries)(
+            host, runtime, job, stage_dir, case.timeout_s, return_state=True)
+        failure = failure_of(state.result(raise_on_failure=False))
+    except Exception as exc:
+        failure = Failure(kind="infrastructure", message=f"{label}: {type(exc).__name__}: {exc}")
+        get_run_logger().error("%s", failure.message)
+    finally:
+        if monitors:
+            stop_monitors(host, monitors, stage_dir, label, return_state=True)
+    dest = round_dir(run_dir, case.name, round_no, host.name, node_rank)
+    collected = collect_logs(host, stage_dir, dest, job, failure, probe, return_state=True)
+    if collected.is_completed():
+        return collected.result()
+    # Even the collection failed: the round still gets a result saying so.
+    message = f"{label}: collecting the round's files failed: {collected.message}"
+    result = job.failed_result(Failure(kind="infrastructure", message=message), probe)
+    if not (dest / RESULT_FILE).exists():
+        write_result(dest / RESULT_FILE, result)
+    return result
+
+
+def failure_of(outcome: object) -> Failure | None:
+    if not isinstance(outcome, BaseException):
+        return None
+    kind = "user" if isinstance(outcome, RoundUserFailure) else "infrastructure"
+    if isinstance(outcome, (RoundUserFailure, InfrastructureFailure)):
+        return Failure(kind=kind, message=str(outcome))
+    return Failure(kind=kind, message=f"{type(outcome).__name__}: {outcome}")
