@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch
@@ -16,6 +17,9 @@ from flagperf.errors import CaseUserError, Unsupported
 from flagperf.metrics import Chunk, model_flops_utilisation, rate_stats, ratio
 from flagperf.results import Metric, Peak, SpecTable
 from flagperf.timing import TimingPlan, measure
+
+if TYPE_CHECKING:
+    from flagperf.job import Job
 
 
 class CaseConfig(BaseModel):
@@ -50,7 +54,9 @@ class TimedCaseConfig(CaseConfig):
 
 class CaseContext:
     def __init__(self, device_type: str, spec: SpecTable, timing: TimingPlan, log: logging.Logger, *,
-                 shares_host_memory: bool) -> None:
+                 shares_host_memory: bool, job: Job | None = None, out_dir: Path | None = None) -> None:
+        self.job = job  # the round (node rank, master address ...) for cases that start processes of their own
+        self.out_dir = out_dir
         self.device_type = device_type
         self.shares_host_memory = shares_host_memory
         self.device_module = torch.get_device_module(device_type)

@@ -66,10 +66,11 @@ class Outcome:
     exit_code: int = EXIT_OK
 
 
-def run_base(case: CaseDef, config: CaseConfig, vendor: Vendor, spec: SpecTable) -> Outcome:
+def run_base(case: CaseDef, config: CaseConfig, vendor: Vendor, spec: SpecTable, job: Job, out_dir: Path
+             ) -> Outcome:
     timing = config.timing if isinstance(config, TimedCaseConfig) else TimingPlan(0, 1.0, 1)
     ctx = CaseContext(vendor.manifest.torch_device, spec, timing, log,
-                      shares_host_memory=vendor.manifest.shares_host_memory)
+                      shares_host_memory=vendor.manifest.shares_host_memory, job=job, out_dir=out_dir)
     try:
         metrics = case.module.run(config, ctx)
     except RuntimeError as exc:
@@ -112,7 +113,7 @@ def run_job(job: Job, out_dir: Path) -> int:
         if isinstance(config, TrainingConfig):
             outcome = run_training(job, config, out_dir)
         else:
-            outcome = run_base(case, config, vendor, spec)
+            outcome = run_base(case, config, vendor, spec, job, out_dir)
         status = "failed" if outcome.failure else "success"
     except Unsupported as exc:
         outcome = Outcome(failure=Failure(kind="unsupported", message=str(exc)), exit_code=EXIT_UNSUPPORTED)

@@ -28,8 +28,10 @@ def rank_log(out_dir: Path, rank: int) -> Path:
     return out_dir / f"rank{rank}.out.log"
 
 
-def launch(job: Job, out_dir: Path, nnodes: int, nproc: int, master_port: int) -> int:
-    """Start this node's processes and wait; returns 0, or the first failing process's exit code."""
+def launch(job: Job, out_dir: Path, nnodes: int, nproc: int, master_port: int,
+           module: str = "flagperf.training.worker") -> int:
+    """Start this node's processes (``python -m <module> --job job.json``) and wait; returns 0, or the first
+    failing process's exit code."""
     world = nnodes * nproc
     procs: list[subprocess.Popen[bytes]] = []
     for local_rank in range(nproc):
@@ -38,7 +40,7 @@ def launch(job: Job, out_dir: Path, nnodes: int, nproc: int, master_port: int) -
                "LOCAL_WORLD_SIZE": str(nproc), "NODE_RANK": str(job.node_rank), "GROUP_RANK": str(job.node_rank),
                "MASTER_ADDR": job.master_addr, "MASTER_PORT": str(master_port)}
         with rank_log(out_dir, rank).open("wb") as log:
-            procs.append(subprocess.Popen([sys.executable, "-m", "flagperf.training.worker", "--job",
+            procs.append(subprocess.Popen([sys.executable, "-m", module, "--job",
                                            str(out_dir / JOB_FILE)], env=env, stdout=log, stderr=subprocess.STDOUT))
     failed: int | None = None
     while failed is None and any(p.poll() is None for p in procs):
@@ -54,7 +56,7 @@ def launch(job: Job, out_dir: Path, nnodes: int, nproc: int, master_port: int) -
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 p.kill()
-        print(f"a training process failed (exit {failed}); see rank<R>.out.log", flush=True)
+        print(f"a process of this node failed (exit {failed}); see rank<R>.out.log", flush=True)
         return EXIT_USER_ERROR if failed == EXIT_USER_ERROR else EXIT_WORKER_FAILED
     return EXIT_OK
 
