@@ -17,7 +17,7 @@ from prefect.events import emit_event
 
 from flagperf.errors import FlagperfError
 from flagperf.history import Verdict, check_run, history_engine, record_run
-from flagperf.plan import new_run_id
+from flagperf.plan import PLAN_FILE, RunPlan, new_run_id
 from flows.evaluate import evaluate
 
 REGRESSION_EVENT = "flagperf.regression.detected"
@@ -52,16 +52,17 @@ def judge_regressions(run_id: str, history_url: str | None, results_dir: str, ba
 
 
 @flow(name="nightly-regression", log_prints=True)
-def nightly_regression(suite: str = "smoke", vendor: str = "cpu", rounds: int = 3,
-                       overrides: list[str] | None = None, results_dir: str = "results",
+def nightly_regression(suite: str = "smoke", vendor: str | None = None, rounds: int = 3,
+                       overrides: list[str] | None = None, inventory: str | None = None, results_dir: str = "results",
                        history_url: str | None = None, baseline_runs: int = 5, sigma: float = 3.0) -> dict[str, Any]:
     """Run the suite, add it to the history and fail (with an event) on a regression."""
     run_id = new_run_id()
-    state = evaluate(suite=suite, vendor=vendor, rounds=rounds, overrides=overrides, results_dir=results_dir,
-                     run_id=run_id, return_state=True)
+    state = evaluate(suite=suite, vendor=vendor, rounds=rounds, overrides=overrides, inventory=inventory,
+                     results_dir=results_dir, run_id=run_id, return_state=True)
     run_dir = Path(results_dir) / run_id
     if not (run_dir / "summary.json").is_file():
         raise FlagperfError(f"the evaluation produced no summary: {state.message}")
+    vendor = RunPlan.model_validate_json((run_dir / PLAN_FILE).read_text(encoding="utf-8")).vendor
     if state.is_failed():  # a partial run is neither a baseline nor judged against one
         raise FlagperfError(f"the evaluation failed, nothing recorded in the history: {state.message}")
     record_history(run_dir, history_url, results_dir)

@@ -1,0 +1,160 @@
+"""Inventories: the native format, FlagPerf's host.yaml with FlagPerf's meaning, and their errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flagperf.containers import container_settings, context_digest, exit_code_of, image_tag
+from flagperf.errors import ConfigError
+from flagperf.inventory import load_inventory, parse_container_options
+from flagperf.vendors import load_vendor
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_native_inventory_merges_defaults_and_expands_paths(tmp_path: Path) -> None:
+    key = write(tmp_path, "id_test", "not a real key")
+    inv = load_inventory(write(tmp_path, "inv.yaml", """
+vendor: cpu
+master_port: 29600
+defaults:
+  user: bench
+  key_file: id_test
+  runtime: docker
+  docker: {build_args: {BASE_IMAGE: local/base:1}}
+hosts:
+  - name: n1
+    address: 10.0.0.1
+  - name: n2
+    address: 10.0.0.2
+    port: 2222
+    docker: {data_mounts: [/data]}
+    agent: {}
+  - name: here
+    address: localhost
+"""))
+    n1, n2, here = inv.hosts
+    assert (n1.transport, n1.user, n1.key_file, n1.runtime) == ("ssh", "bench", key.resolve(), "docker")
+    assert n1.docker.engine == "ssh" and n1.docker.build_args == {"BASE_IMAGE": "local/base:1"}
+    # A host's own docker block is merged into the defaults' one, not replacing it.
+    assert n2.docker.build_args == {"BASE_IMAGE": "local/base:1"} and n2.docker.data_mounts == ["/data"]
+    assert n2.port == 2222 and n2.queue == "host-n2" and n1.queue is None
+    assert here.transport == "local" and here.docker.engine == "local"
+    assert inv.vendor == "cpu" and inv.master_port == 29600
+    assert inv.resolve_vendor(None) == "cpu"
+    with pytest.raises(ConfigError, match="the inventory is for vendor 'cpu', the run asks for 'nvidia'"):
+        inv.resolve_vendor("nvidia")
+
+
+@pytest.mark.parametrize(("body", "key", "message"), [
+    ("hosts: []", "hosts", "at least 1"),
+    ("hosts: [{name: a, address: '-oProxyCommand=x'}]", "hosts.0.address", "not a host name"),
+    ("hosts: [{name: 'a b'}]", "hosts.0.name", "host name"),
+    ("hosts: [{name: a, address: h, password: x}]", "hosts.0.password", "unknown key"),
+    ("hosts: [{name: a, address: h}, {name: a, address: g}]", "hosts", "unique"),
+    ("hosts: [{name: a, address: h, key_file: /nonexistent/key}]", "hosts.0.key_file", "does not exist"),
+    ("hosts: [{name: a, address: h, python: 'python3; rm -rf /'}]", "hosts.0.python", "not a program"),
+    ("hosts: [{name: a, address: h, env: {'A B': x}}]", "hosts.0.env", "not valid"),
+    ("hosts: [{name: a, address: localhost, docker: {engine: ssh}}]", "hosts.0", "needs an SSH host"),
+])
+def test_bad_inventories_name_the_file_and_key(tmp_path: Path, body: str, key: str, message: str) -> None:
+    path = write(tmp_path, "inv.yaml", body)
+    with pytest.raises(ConfigError) as info:
+        load_inventory(path)
+    assert info.value.key == key and message in info.value.message, str(info.value)
+    assert "inv.yaml" in str(info.value)
+
+
+def test_flagperf_host_yaml_keeps_flagperf_meaning(tmp_path: Path) -> None:
+    inv = load_inventory(write(tmp_path, "host.yaml", """
+FLAGPERF_PATH: /home/flagperf
+FLAGPERF_LOG_PATH: result
+VENDOR: cpu
+FLAGPERF_LOG_LEVEL: info
+HOSTS: ["192.168.1.2", "192.168.1.3"]
+SSH_PORT: "22"
+HOSTS_PORTS: ["2222"]
+MASTER_PORT: "29501"
+SHM_SIZE: "32G"
+ACCE_CONTAINER_OPT: " --gpus all"
+PIP_SOURCE: "https://mirror.baidu.com/pypi/simple"
+CLEAR_CACHES: True
+ACCE_VISIBLE_DEVICE_ENV_NAME: "CUDA_VISIBLE_DEVICES"
+CASES:
+  "computation-FP32": "pytorch_2.3"
+  "main_memory-bandwidth:A100": "pytorch"
+"""))
+    assert [h.address for h in inv.hosts] == ["192.168.1.2", "192.168.1.3"]
+    first = inv.hosts[0]
+    assert (first.port, first.runtime, first.shm_size, str(first.project_root)) == (22, "docker", "32g",
+                                                                                     "/home/flagperf")
+    assert first.visible_devices_env == "CUDA_VISIBLE_DEVICES" and first.docker.extra_options == " --gpus all"
+    assert inv.vendor == "cpu" and inv.master_port == 29501 and inv.results_dir == "result"
+    assert inv.cases == ["computation-FP32", "main_memory-bandwidth"]
+    assert inv.frameworks == {"computation-FP32": "pytorch", "main_memory-bandwidth": "pytorch"}
+    # Keys used differently here are accepted and said, not silently dropped.
+    assert any("CLEAR_CACHES is not used" in note for note in inv.notes)
+    assert any("HOSTS_PORTS is not used" in note for note in inv.notes)
+    # ACCE_CONTAINER_OPT's --gpus all becomes a device request, the visible-devices name the host's.
+    settings = container_settings(load_vendor("cpu"), first.model_copy(update={"visible_devices": "0,1"}), "img:1")
+    assert settings.device_requests == [{"driver": "nvidia", "capabilities": [["gpu"]], "count": -1}]
+    assert settings.env["CUDA_VISIBLE_DEVICES"] == "0,1" and settings.shm_size == "32g"
+    assert settings.privileged is False
+
+
+def test_inference_style_cases_mount_their_data(tmp_path: Path) -> None:
+    inv = load_inventory(write(tmp_path, "host.yaml", """
+VENDOR: cpu
+HOSTS: ["10.1.2.155"]
+CASES:
+  "resnet50:pytorch_1.13": "/raid/dataset/ImageNet/imagenet/val"
+"""))
+    assert inv.cases == ["resnet50"] and inv.frameworks == {"resnet50": "pytorch"}
+    assert inv.hosts[0].docker.data_mounts == ["/raid/dataset/ImageNet/imagenet/val"]
+
+
+@pytest.mark.parametrize(("body", "key", "message"), [
+    ("VENDOR: cpu\nHOSTS: []\nCASES: {a: pytorch}", "HOSTS", "non-empty list"),
+    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {a: pytorch}\nSSH_PORT: abc", "SSH_PORT", "port number"),
+    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {a: pytorch}\nACCE_CONTAINER_OPT: ' --privileged'", "ACCE_CONTAINER_OPT",
+     "vendor file declares"),
+    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {a: pytorch}\nACCE_CONTAINER_OPT: ' --cap-add ALL'", "ACCE_CONTAINER_OPT",
+     "unsupported docker option"),
+    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {a: pytorch}\nNO_SUCH_KEY: 1", "NO_SUCH_KEY", "unknown key"),
+    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {'a;b': pytorch}", "CASES.a;b", "case name"),
+])
+def test_bad_host_yaml(tmp_path: Path, body: str, key: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_inventory(write(tmp_path, "host.yaml", body))
+    assert info.value.key == key and message in info.value.message, str(info.value)
+
+
+def test_container_options_are_parsed_never_passed_to_a_shell() -> None:
+    extras = parse_container_options("--gpus=all --device /dev/davinci0 -e A=1 --env B='x y' -v /d:/d:ro "
+                                     "--ipc host --group-add video")
+    assert extras.gpus == "all" and extras.devices == ["/dev/davinci0"]
+    assert extras.env == {"A": "1", "B": "x y"} and extras.mounts == ["/d:/d:ro"]
+    assert extras.ipc == "host" and extras.group_add == ["video"]
+    with pytest.raises(ValueError, match="needs a value"):
+        parse_container_options("--device")
+
+
+def test_image_tag_follows_the_build_context_and_args(tmp_path: Path) -> None:
+    (tmp_path / "Dockerfile").write_text("FROM x\n")
+    first = context_digest(tmp_path)
+    assert context_digest(tmp_path) == first
+    assert context_digest(tmp_path, {"BASE_IMAGE": "y"}) != first
+    (tmp_path / "Dockerfile").write_text("FROM z\n")
+    assert context_digest(tmp_path) != first
+    assert image_tag("cpu", "pytorch", first) == f"flagperf/cpu-pytorch:{first[:16]}"
+
+
+def test_container_exit_status_reads_like_a_process_exit() -> None:
+    assert exit_code_of(0) == 0 and exit_code_of(2) == 2
+    assert exit_code_of(137) == -9 and exit_code_of(143) == -15
