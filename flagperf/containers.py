@@ -113,9 +113,22 @@ def image_tag(vendor: str, framework: str, digest: str) -> str:
     return f"flagperf/{vendor}-{framework}:{digest[:16]}"
 
 
+_build_locks: dict[str, threading.Lock] = {}
+_build_locks_guard = threading.Lock()
+
+
 def ensure_image(client: Any, context: Path, tag: str, build_args: dict[str, str], on_line: LineSink,
                  timeout_s: float = BUILD_TIMEOUT_S) -> str:
-    """Build the image unless an image with this content tag exists; returns "present" or "built"."""
+    """Build the image unless an image with this content tag exists; returns "present" or "built".
+    Hosts that turn out to share an engine build a tag once: the others wait and find it present."""
+    with _build_locks_guard:
+        lock = _build_locks.setdefault(tag, threading.Lock())
+    with lock:
+        return _ensure_image(client, context, tag, build_args, on_line, timeout_s)
+
+
+def _ensure_image(client: Any, context: Path, tag: str, build_args: dict[str, str], on_line: LineSink,
+                  timeout_s: float) -> str:
     docker = require_docker()
     try:
         client.images.get(tag)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import LogFilter, LogFilterTaskRunId
+from prefect_api import all_task_runs
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_server")]
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,9 +58,8 @@ def test_deploy_all_then_run_through_a_worker(flagperf_env: Path, tmp_path: Path
                     break
                 time.sleep(2)
             assert flow_run.state.is_completed(), flow_run.state
-            task_runs = client.read_task_runs()
-            case_task = next(t for t in task_runs if t.flow_run_id == flow_run.id
-                             and t.name.startswith("run_case[computation-FP32/round1"))
+            case_task = next(t for t in all_task_runs(flow_run.id)
+                             if t.name.startswith("run_case[computation-FP32/round1"))
             # Logs are shipped in batches; give the last batch of the finished process time to land.
             messages: list[str] = []
             deadline = time.time() + 30

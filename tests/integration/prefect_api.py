@@ -1,0 +1,57 @@
+"""Reading an evaluation back through the Prefect API, for the integration tests."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from uuid import UUID
+
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterId,
+    FlowRunFilterParentFlowRunId,
+    LogFilter,
+    LogFilterTaskRunId,
+)
+from prefect.client.schemas.objects import TaskRun
+
+
+def run_evaluate(results: Path, **params: object) -> tuple[object, Path]:
+    from flows.evaluate import evaluate
+
+    run_id = f"run-test-{time.time_ns()}"
+    state = evaluate(results_dir=str(results), run_id=run_id, return_state=True, **params)
+    return state, results / run_id
+
+
+def flow_run_tree(flow_run_id: UUID) -> list[UUID]:
+    """The flow run and every subflow run under it (host-round runs nest under the evaluation)."""
+    found, frontier = [flow_run_id], [flow_run_id]
+    with get_client(sync_client=True) as client:
+        while frontier:
+            children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=frontier)))
+            frontier = [child.id for child in children if child.id not in found]
+            found.extend(frontier)
+    return found
+
+
+def all_task_runs(flow_run_id: UUID) -> list[TaskRun]:
+    """Task runs of the evaluation and of its subflows, without the subflows' own placeholder task runs."""
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=flow_run_tree(flow_run_id))))
+    return [run for run in runs if not run.name.startswith(("host-round-", "host-healthcheck-"))]
+
+
+def task_runs(flow_run_id: UUID) -> dict[str, TaskRun]:
+    return {run.name: run for run in all_task_runs(flow_run_id)}
+
+
+def task_logs(task_run_id: UUID) -> list[str]:
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(task_run_id=LogFilterTaskRunId(any_=[task_run_id])))
+    return [log.message for log in logs]
+
+

@@ -1,0 +1,162 @@
+"""Evaluations across hosts with real parts: sshd in network namespaces (tests/testbed/up.sh), paramiko
+with verified host keys, a real Docker engine with a locally built image, a real Prefect server."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prefect_api import all_task_runs, run_evaluate, task_logs
+from tests.testbed.bed import Testbed, testbed_fixture
+
+from flagperf.errors import InfrastructureFailure
+from flagperf.results import read_result
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_server")]
+testbed = testbed_fixture()
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE_CASES = ROOT / "tests" / "fixtures" / "cases"
+FAST = ["min_duration_s=0.3", "warmup_iters=0", "min_iters=2"]
+
+
+def host_entry(bed: Testbed, index: int, **extra: Any) -> dict[str, Any]:
+    host = bed.hosts[index]
+    entry = {"name": host.name, "address": host.address, "port": host.port, "user": host.user,
+             "key_file": str(host.key_file), "known_hosts": str(bed.known_hosts), "python": bed.python,
+             "project_root": str(ROOT), "connect_timeout_s": 5,
+             # The fixture cases must be found on the host (and in its containers) too.
+             "env": {"FLAGPERF_CASE_PATH": str(FIXTURE_CASES)}}
+    entry.update(extra)
+    return entry
+
+
+def docker_options(bed: Testbed, engine: str) -> dict[str, Any]:
+    return {"runtime": "docker", "docker": {"engine": engine, "build_args": {"BASE_IMAGE": bed.base_image}}}
+
+
+def write_inventory(tmp_path: Path, hosts: list[dict[str, Any]], **top: Any) -> str:
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump({**top, "hosts": hosts}))
+    return str(path)
+
+
+def test_two_ssh_hosts_run_their_rounds_in_containers(flagperf_env: Path, tmp_path: Path, testbed: Testbed) -> None:
+    inventory = write_inventory(tmp_path, [host_entry(testbed, i, **docker_options(testbed, "ssh")) for i in (0, 1)])
+    state, run_dir = run_evaluate(flagperf_env, cases=["computation-FP32"], rounds=1, overrides=FAST,
+                                  inventory=inventory)
+    assert state.is_completed(), state.message
+    names = {run.name for run in all_task_runs(state.state_details.flow_run_id)}
+    for host in testbed.hosts[:2]:
+        assert {f"healthcheck[{host.name}]", f"build_image[{host.name}]",
+                f"run_case[computation-FP32/round1@{host.name}]"} <= names, sorted(names)
+        health = json.loads((run_dir / "hosts" / f"{host.name}.health.json").read_text())
+        checks = {c["name"]: c for c in health["checks"]}
+        assert health["ok"] and "host key verified" in checks["ssh"]["detail"]
+        assert "over SSH" in checks["container engine"]["detail"] and checks["clock skew"]["ok"]
+        result = read_result(run_dir / "computation-FP32" / "round1" / f"{host.name}_noderank0" / "result.json")
+        assert result.status == "success" and result.metrics[0].name == "gemm_fp32" and result.metrics[0].value > 0
+        image = result.provenance.image
+        assert image["runtime"] == "docker" and image["tag"].startswith("flagperf/cpu-pytorch:")
+        assert image["status"] in ("built", "present") and image["build_args"] == {"BASE_IMAGE": testbed.base_image}
+        # The case ran inside the image, not on the host: the result says which Python ran it.
+        assert result.provenance.python.startswith("3.11")
+    # No container is left behind, whatever happened.
+    import docker
+
+    assert docker.from_env().containers.list(all=True, filters={"label": "org.flagperf.job"}) == []
+
+
+def test_a_multi_node_all_reduce_across_two_hosts(flagperf_env: Path, tmp_path: Path, testbed: Testbed) -> None:
+    """gloo between two network namespaces: node 0 on h1 is the master, node 1 on h2 connects to it."""
+    inventory = write_inventory(tmp_path, [host_entry(testbed, i) for i in (0, 1)], master_port=29611)
+    state, run_dir = run_evaluate(flagperf_env, cases=["interconnect-MPI_interserver"], rounds=1,
+                                  overrides=["size_mib=4", "min_duration_s=0.5", "warmup_iters=1", "min_iters=5"],
+                                  inventory=inventory)
+    assert state.is_completed(), state.message
+    first, second = testbed.hosts[0], testbed.hosts[1]
+    for rank, host in enumerate((first, second)):
+        folder = run_dir / "interconnect-MPI_interserver" / "round1" / f"{host.name}_noderank{rank}"
+        result = read_result(folder / "result.json")
+        assert result.status == "success" and result.node_rank == rank
+        metrics = {m.name: m for m in result.metrics}
+        busbw = metrics["allreduce_busbw"]
+        assert busbw.value > 0 and "2(n-1)/n with n = 2 ranks" in (busbw.convention or "")
+        job = json.loads((folder / "job.json").read_text())
+        assert (job["master_addr"], job["master_port"], job["nnodes"]) == (first.address, 29611, 2)
+
+
+def test_a_host_down_at_healthcheck_stops_the_run_naming_it(flagperf_env: Path, tmp_path: Path,
+                                                            testbed: Testbed) -> None:
+    down = host_entry(testbed, 0, name="gone", address="10.231.0.250")
+    inventory = write_inventory(tmp_path, [host_entry(testbed, 0), down])
+    state, run_dir = run_evaluate(flagperf_env, cases=["computation-FP32"], rounds=1, overrides=FAST,
+                                  inventory=inventory)
+    assert state.is_failed()
+    with pytest.raises(InfrastructureFailure) as info:
+        state.result()
+    message = str(info.value)
+    assert "host gone:" in message and "no answer from" in message and testbed.hosts[0].name + ":" not in message
+    names = {run.name for run in all_task_runs(state.state_details.flow_run_id)}
+    assert not any(name.startswith(("run_case", "start_monitors", "build_image")) for name in names), names
+    assert not (run_dir / "computation-FP32").exists()
+
+
+def test_an_unknown_host_key_is_refused(flagperf_env: Path, tmp_path: Path, testbed: Testbed) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    inventory = write_inventory(tmp_path, [host_entry(testbed, 0, known_hosts=str(empty))])
+    state, _ = run_evaluate(flagperf_env, cases=["computation-FP32"], rounds=1, overrides=FAST, inventory=inventory)
+    assert state.is_failed()
+    with pytest.raises(InfrastructureFailure, match=r"host h1: ssh: unknown host key for 10\.231\.0\.11 "
+                                                    r"\(ssh-ed25519 SHA256:.*not in .*known_hosts"):
+        state.result()
+    assert empty.read_text() == ""  # nothing was trusted behind the user's back
+
+
+def test_a_container_killed_mid_round_is_retried_and_the_others_kept(flagperf_env: Path, tmp_path: Path,
+                                                                     testbed: Testbed) -> None:
+    import docker
+
+    engine = docker.from_env()
+    run_id = f"run-kill-{time.time_ns()}"
+    host = testbed.hosts[0]
+    marker = f"/tmp/flagperf-work-{host.user}/{run_id}/killed-once.marker"
+    inventory = write_inventory(tmp_path, [host_entry(testbed, 0, **docker_options(testbed, "local"))])
+    killed: list[str] = []
+
+    def kill_first_container() -> None:
+        deadline = time.time() + 240
+        while time.time() < deadline and not killed:
+            for container in engine.containers.list(filters={"label": "org.flagperf.job"}):
+                if "killed-once" in container.labels["org.flagperf.job"] and \
+                        b"waiting to be killed" in container.logs():
+                    container.kill()
+                    killed.append(container.name)
+            time.sleep(0.5)
+
+    killer = threading.Thread(target=kill_first_container, daemon=True)
+    killer.start()
+    from flows.evaluate import evaluate
+
+    state = evaluate(results_dir=str(flagperf_env), run_id=run_id, return_state=True, inventory=inventory,
+                     cases=["killed-once", "computation-FP32"], rounds=1, overrides=[
+                         f"killed-once.marker={marker}", *(f"computation-FP32.{o}" for o in FAST)])
+    killer.join(timeout=1)
+    assert killed, "the first attempt's container never showed up"
+    assert state.is_completed(), state.message
+    run_dir = flagperf_env / run_id
+    folder = run_dir / "killed-once" / "round1" / f"{host.name}_noderank0"
+    result = read_result(folder / "result.json")
+    assert result.status == "success" and result.provenance.attempt == 2
+    assert (folder / "attempts" / "attempt1" / "case.log").read_text().strip().endswith("waiting to be killed")
+    runs = {run.name: run for run in all_task_runs(state.state_details.flow_run_id)}
+    run_case = runs[f"run_case[killed-once/round1@{host.name}]"]
+    assert run_case.run_count == 2
+    assert any("killed by signal 9" in line for line in task_logs(run_case.id))
+    other = read_result(run_dir / "computation-FP32" / "round1" / f"{host.name}_noderank0" / "result.json")
+    assert other.status == "success" and other.provenance.attempt == 1
