@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import LogFilter, LogFilterTaskRunId
-from prefect_api import all_task_runs
+from prefect_api import all_task_runs, flow_run_tree
+
+from flagperf.results import read_result
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_server")]
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,3 +77,55 @@ def test_deploy_all_then_run_through_a_worker(flagperf_env: Path, tmp_path: Path
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
         worker.wait(timeout=30)
+
+
+def test_hosts_with_a_worker_get_their_rounds_through_their_own_queue(flagperf_env: Path, tmp_path: Path) -> None:
+    """Two hosts whose inventory entries say they run a worker: each host's healthcheck and round run on the
+    worker of its own queue (host-<name>), as subflows of the evaluation, and land in the shared run folder."""
+    from prefect.settings import PREFECT_API_URL
+
+    from flows.evaluate import evaluate
+
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PWD": str(ROOT),
+           "PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_LOGGING_EXTRA_LOGGERS": "flagperf"}
+    created = prefect_cli("work-pool", "create", "flagperf", "--type", "process", "--overwrite", env=env)
+    assert created.returncode == 0, created.stdout + created.stderr
+    deployed = prefect_cli("deploy", "--all", env=env)
+    assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(
+        "hosts:\n"
+        f"  - {{name: agent-a, address: localhost, agent: {{}}, work_root: {tmp_path / 'work-a'}}}\n"
+        f"  - {{name: agent-b, address: localhost, agent: {{}}, work_root: {tmp_path / 'work-b'}}}\n")
+    workers = [subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", "flagperf",
+                                 "--work-queue", f"host-{name}"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True) for name in ("agent-a", "agent-b")]
+    try:
+        run_id = f"run-agents-{time.time_ns()}"
+        state = evaluate(cases=["computation-FP32"], rounds=1, inventory=str(inventory), run_id=run_id,
+                         results_dir=str(flagperf_env), overrides=["min_duration_s=0.3", "warmup_iters=0",
+                                                                   "min_iters=2"], return_state=True)
+        assert state.is_completed(), state.message
+        evaluation = state.state_details.flow_run_id
+        with get_client(sync_client=True) as client:
+            subflows = [client.read_flow_run(i) for i in flow_run_tree(evaluation) if i != evaluation]
+        by_name = {run.name: run for run in subflows}
+        for host in ("agent-a", "agent-b"):
+            round_run = by_name[f"computation-FP32/round1@{host}"]
+            check_run = by_name[f"healthcheck@{host}"]
+            for run in (round_run, check_run):
+                # Nested under the evaluation, run by the host's own worker from its queue.
+                assert run.parent_task_run_id is not None and run.work_queue_name == f"host-{host}"
+                assert run.deployment_id is not None and run.state.is_completed()
+            names = {t.name for t in all_task_runs(round_run.id)}
+            assert {f"start_monitors[computation-FP32/round1@{host}]", f"run_case[computation-FP32/round1@{host}]",
+                    f"collect_logs[computation-FP32/round1@{host}]"} <= names, names
+            result = read_result(flagperf_env / run_id / "computation-FP32" / "round1" / f"{host}_noderank0"
+                                 / "result.json")
+            assert result.status == "success" and result.host == host
+            assert (flagperf_env / run_id / "hosts" / f"{host}.health.json").is_file()
+    finally:
+        for worker in workers:
+            os.killpg(worker.pid, signal.SIGTERM)
+        for worker in workers:
+            worker.wait(timeout=30)
