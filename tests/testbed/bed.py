@@ -1,0 +1,107 @@
+"""The test bed that tests/testbed/up.sh builds (real sshd hosts, a real Docker engine, a local base
+image), as seen from the tests: ``load_testbed()`` reads its testbed.json, ``make_testbed_fixture()`` makes a
+pytest fixture that hands it to a test or, when it is missing, skips the test (fails it under CI=true,
+so that CI cannot pass by silently skipping the real-parts tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+DEFAULT_PATH = Path("/tmp/flagperf-testbed/testbed.json")
+UP_COMMAND = "tests/testbed/up.sh"
+
+
+@dataclass(frozen=True)
+class TestbedHost:
+    __test__ = False  # not a pytest test class
+
+    name: str
+    address: str
+    port: int
+    user: str
+    key_file: str
+    netns: str
+    python: str  # an interpreter on the host with the project's pinned torch, numpy, pydantic, ...
+
+    def ssh_argv(self, known_hosts: str, *remote: str) -> list[str]:
+        """``ssh`` as the test bed expects it: this key only, host keys checked strictly, no prompts."""
+        return ["ssh", "-F", "/dev/null", "-i", self.key_file, "-p", str(self.port),
+                "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
+                "-o", f"UserKnownHostsFile={known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
+                "-o", "StrictHostKeyChecking=yes", f"{self.user}@{self.address}", *remote]
+
+
+@dataclass(frozen=True)
+class Testbed:
+    __test__ = False
+
+    hosts: tuple[TestbedHost, ...]
+    known_hosts: str
+    base_image: str
+    docker_host: str
+    bridge_address: str
+
+    def ssh_argv(self, host: TestbedHost, *remote: str) -> list[str]:
+        return host.ssh_argv(self.known_hosts, *remote)
+
+
+def testbed_path() -> Path:
+    """FLAGPERF_TESTBED (a testbed.json), else the one up.sh writes."""
+    return Path(os.environ.get("FLAGPERF_TESTBED") or DEFAULT_PATH)
+
+
+def load_testbed(path: Path | None = None) -> Testbed | None:
+    """The test bed described by ``path`` (default: ``testbed_path()``); None when there is none.
+    A file that is there but malformed raises ValueError: a broken bed is not a missing one."""
+    path = path or testbed_path()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        doc: dict[str, Any] = json.loads(text)
+        hosts = tuple(TestbedHost(**{**h, "port": int(h["port"])}) for h in doc["hosts"])
+        return Testbed(hosts=hosts, known_hosts=doc["known_hosts"], base_image=doc["base_image"],
+                       docker_host=doc["docker_host"], bridge_address=doc["bridge_address"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path} is not a test bed description ({exc!r}); rerun {UP_COMMAND} as root") from exc
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"true", "1", "yes"}
+
+
+def require_testbed(min_hosts: int = 1) -> Testbed:
+    """The test bed, or the current test skipped (failed under CI=true) saying how to make one."""
+    import pytest
+
+    bed = load_testbed()
+    if bed is not None and len(bed.hosts) >= min_hosts:
+        return bed
+    command = UP_COMMAND if min_hosts <= 3 else f"{UP_COMMAND} {min_hosts}"
+    found = "no test bed" if bed is None else f"a test bed of {len(bed.hosts)} hosts, {min_hosts} needed,"
+    reason = f"{found} at {testbed_path()}: run {command} as root"
+    if in_ci():
+        pytest.fail(f"CI=true and {reason} (CI must not skip the real-parts tests)", pytrace=False)
+    pytest.skip(reason)
+
+
+def make_testbed_fixture(min_hosts: int = 1, *,
+                    scope: Literal["session", "package", "module", "class", "function"] = "session",
+                    name: str | None = None) -> Callable[..., Testbed]:
+    """A pytest fixture giving the test bed, for a conftest.py:
+
+        from tests.testbed import make_testbed_fixture
+        testbed = make_testbed_fixture(min_hosts=3)
+    """
+    import pytest
+
+    def _testbed() -> Testbed:
+        return require_testbed(min_hosts)
+
+    return pytest.fixture(scope=scope, name=name)(_testbed)
