@@ -39,9 +39,8 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 FIXTURE_CASES = ROOT / "tests" / "fixtures" / "cases"
 os.environ["FLAGPERF_CASE_PATH"] = str(FIXTURE_CASES)
 
-from tests.testbed.bed import load_testbed  # noqa: E402
-
 from flagperf.results import read_result  # noqa: E402
+from tests.testbed.bed import load_testbed  # noqa: E402
 
 STAGES = ("healthcheck", "start_monitors", "run_case", "stop_monitors", "collect_logs", "analyze")
 
@@ -50,8 +49,8 @@ def inventory(path: Path, count: int) -> str:
     bed = load_testbed()
     if bed is None or len(bed.hosts) < count:
         raise SystemExit(f"the test bed has {len(bed.hosts) if bed else 0} hosts; run tests/testbed/up.sh {count}")
-    hosts = [{"name": h.name, "address": h.address, "port": h.port, "user": h.user, "key_file": str(h.key_file),
-              "known_hosts": str(bed.known_hosts), "python": bed.python, "project_root": str(ROOT),
+    hosts = [{"name": h.name, "address": h.address, "port": h.port, "user": h.user, "key_file": h.key_file,
+              "known_hosts": bed.known_hosts, "python": h.python, "project_root": str(ROOT),
               "env": {"FLAGPERF_CASE_PATH": str(FIXTURE_CASES)}} for h in bed.hosts[:count]]
     path.write_text(yaml.safe_dump({"hosts": hosts}))
     return str(path)

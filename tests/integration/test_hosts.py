@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 import yaml
 from prefect_api import all_task_runs, run_evaluate, task_logs
-from tests.testbed.bed import Testbed, testbed_fixture
 
 from flagperf.errors import InfrastructureFailure
 from flagperf.results import read_result
+from tests.testbed.bed import Testbed, make_testbed_fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_server")]
-testbed = testbed_fixture()
+testbed = make_testbed_fixture(min_hosts=2)
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE_CASES = ROOT / "tests" / "fixtures" / "cases"
 FAST = ["min_duration_s=0.3", "warmup_iters=0", "min_iters=2"]
@@ -27,7 +27,7 @@ FAST = ["min_duration_s=0.3", "warmup_iters=0", "min_iters=2"]
 def host_entry(bed: Testbed, index: int, **extra: Any) -> dict[str, Any]:
     host = bed.hosts[index]
     entry = {"name": host.name, "address": host.address, "port": host.port, "user": host.user,
-             "key_file": str(host.key_file), "known_hosts": str(bed.known_hosts), "python": bed.python,
+             "key_file": host.key_file, "known_hosts": bed.known_hosts, "python": host.python,
              "project_root": str(ROOT), "connect_timeout_s": 5,
              # The fixture cases must be found on the host (and in its containers) too.
              "env": {"FLAGPERF_CASE_PATH": str(FIXTURE_CASES)}}

@@ -78,21 +78,23 @@ step_done dockerd
 # 3. The pinned packages: the engine's in-container code needs exactly the project's pins --------------
 "$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
   || die "$PY is not Python 3.11 (set FLAGPERF_TESTBED_PYTHON to the controller's python 3.11)"
-pins=$("$PY" - "$REPO/pyproject.toml" <<'EOF'
-import re, sys, tomllib
-wanted = ["torch", "numpy", "pydantic", "PyYAML", "psutil", "orjson"]
-deps = tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]
+pins=$("$PY" - "$REPO/vendor_images/cpu/pytorch/requirements.txt" <<'EOF'
+import re, sys
+# The cpu image's own requirements: what the image would install, pinned. torch first (from the local wheel).
 found = {}
-for dep in deps:
-    m = re.fullmatch(r"([A-Za-z0-9_.-]+)==([A-Za-z0-9_.+-]+)", dep.strip())
-    if m and m.group(1) in wanted:
-        found[m.group(1)] = m.group(2)
-missing = [w for w in wanted if w not in found]
-if missing:
-    sys.exit(f"pyproject.toml pins no exact version for {missing}")
-print(",".join(f"{w}=={found[w]}" for w in wanted))
+for line in open(sys.argv[1]):
+    line = line.split("#", 1)[0].strip()
+    if not line or line.startswith("-"):
+        continue
+    m = re.fullmatch(r"([A-Za-z0-9_.-]+)==([A-Za-z0-9_.+-]+)", line)
+    if not m:
+        sys.exit(f"{sys.argv[1]}: {line!r} is not pinned as name==version")
+    found[m.group(1)] = m.group(2)
+if "torch" not in found:
+    sys.exit(f"{sys.argv[1]} pins no torch")
+print(",".join([f"torch=={found.pop('torch')}", *(f"{k}=={v}" for k, v in found.items())]))
 EOF
-) || die "cannot read the pins from $REPO/pyproject.toml"
+) || die "cannot read the pins from $REPO/vendor_images/cpu/pytorch/requirements.txt"
 [ -f "$TORCH_WHEEL" ] || die "no local torch wheel at $TORCH_WHEEL (set FLAGPERF_TESTBED_TORCH_WHEEL; torch is never pulled from an index here)"
 torch_pin=${pins%%,*}; torch_pin=${torch_pin#torch==}
 case "$(basename "$TORCH_WHEEL")" in
