@@ -175,8 +175,12 @@ if [ "$image_pins" != "$pins" ]; then
 fi
 image_id=$(timeout 30 docker image inspect --format '{{.Id}}' "$IMAGE") || die "no image $IMAGE after building it"
 if [ "$(cat "$STATE/image.verified" 2>/dev/null)" != "$image_id" ]; then  # a container costs ~10 s on vfs
-  out=$(timeout 180 docker run --rm --network none "$IMAGE" \
-          python3 -c "import numpy, torch, pydantic, yaml, psutil, orjson; print(torch.__version__)" 2>&1) \
+  out=$(timeout 180 docker run --rm --network none "$IMAGE" python3 -c '
+import sys
+from importlib.metadata import version
+import numpy, torch, pydantic, yaml, psutil, orjson
+bad = [p for p in sys.argv[1].split(",") if version(p.split("==")[0]).split("+")[0] != p.split("==")[1]]
+sys.exit(f"not the pinned versions: {bad}" if bad else print(torch.__version__))' "$pins" 2>&1) \
     || die "the image does not run python with the pinned packages: $out"
   log "image $IMAGE: torch $out"
   printf '%s\n' "$image_id" >"$STATE/image.verified"
