@@ -30,13 +30,15 @@ if [ "$beyond" = 0 ]; then  # up.sh calls --beyond while it holds the lock
   rm -f "$STATE/testbed.json"
 fi
 
+# alive PID: running, not a zombie (this machine's init reaps orphans only after a second or two)
+alive() { awk '$1 == "State:" {exit $2 == "Z"}' "/proc/$1/status" 2>/dev/null; }
 # stop_pids PID...: TERM, up to 5 s, then KILL
 stop_pids() {
   [ "$#" -gt 0 ] || return 0
   kill "$@" 2>/dev/null || true
   for _ in $(seq 50); do
     local alive=0 pid
-    for pid in "$@"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    for pid in "$@"; do alive "$pid" && alive=1; done
     [ "$alive" = 0 ] && return 0
     sleep 0.1
   done
@@ -60,8 +62,9 @@ for i in "${!hosts[@]}"; do
     mapfile -t pids < <(ip netns pids "$ns" 2>/dev/null)
   fi
   stop_pids "${pids[@]}"
+  # the veth first: deleting it is synchronous, while a deleted namespace frees its devices later
+  if ip link show "fpv$i" >/dev/null 2>&1; then ip link delete "fpv$i" 2>/dev/null || true; fi
   if [ -e "/run/netns/$ns" ]; then ip netns delete "$ns" || die "cannot delete namespace $ns"; fi
-  if ip link show "fpv$i" >/dev/null 2>&1; then ip link delete "fpv$i"; fi  # gone with the namespace, normally
   rm -rf "$hdir" "$STATE/checks/h$i.ok" "$STATE/checks/h$i.err"
   removed=$((removed + 1))
 done
@@ -81,8 +84,8 @@ fi
 pid=$(cat "$STATE/dockerd.pid" 2>/dev/null) || pid=
 if [[ "$pid" =~ ^[0-9]+$ ]] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q dockerd; then
   kill "$pid"
-  for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  kill -0 "$pid" 2>/dev/null && die "dockerd ($pid) did not stop within 30 s"
+  for _ in $(seq 300); do alive "$pid" || break; sleep 0.1; done
+  alive "$pid" && die "dockerd ($pid) did not stop within 30 s"
   log "stopped dockerd ($pid)"
 else
   log "no dockerd started by up.sh is running (left any other alone)"

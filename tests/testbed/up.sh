@@ -177,8 +177,12 @@ if [ "$image_pins" != "$pins" ]; then
 fi
 image_id=$(timeout 30 docker image inspect --format '{{.Id}}' "$IMAGE") || die "no image $IMAGE after building it"
 if [ "$(cat "$STATE/image.verified" 2>/dev/null)" != "$image_id" ]; then  # a container costs ~10 s on vfs
-  out=$(timeout 180 docker run --rm --network none "$IMAGE" \
-          python3 -c "import numpy, torch, pydantic, yaml, psutil, orjson; print(torch.__version__)" 2>&1) \
+  out=$(timeout 180 docker run --rm --network none "$IMAGE" python3 -c '
+import sys
+from importlib.metadata import version
+import numpy, torch, pydantic, yaml, psutil, orjson
+bad = [p for p in sys.argv[1].split(",") if version(p.split("==")[0]).split("+")[0] != p.split("==")[1]]
+sys.exit(f"not the pinned versions: {bad}" if bad else print(torch.__version__))' "$pins" 2>&1) \
     || die "the image does not run python with the pinned packages: $out"
   log "image $IMAGE: torch $out"
   printf '%s\n' "$image_id" >"$STATE/image.verified"
@@ -192,17 +196,24 @@ if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
   [ -z "$other" ] || die "$NET_PREFIX.0/24 is already used by interface $other"
   ip link add "$BRIDGE" type bridge
 fi
+# Fixed MAC addresses: a host removed and made again (or a bridge whose ports change) keeps its MAC,
+# so no ARP cache, here or in another namespace, goes stale (stale entries did: connections timed out).
+ip link set "$BRIDGE" address 02:66:70:00:00:01
 ip addr replace "$BRIDGE_ADDR/24" dev "$BRIDGE"
 ip link set "$BRIDGE" up
+ip neigh flush dev "$BRIDGE"
 for i in $(seq "$N"); do
-  ns="fp-h$i"; veth="fpv$i"; addr="$NET_PREFIX.$((10 + i))"
+  ns="fp-h$i"; veth="fpv$i"; addr="$NET_PREFIX.$((10 + i))"; mac=$(printf '%02x' "$i")
   [ -e "/run/netns/$ns" ] || ip netns add "$ns"
   ip link show "$veth" >/dev/null 2>&1 || ip link add "$veth" type veth peer name eth0 netns "$ns"
+  ip link set "$veth" address "02:66:70:00:02:$mac"
   ip link set "$veth" master "$BRIDGE" up
   ip -n "$ns" link set lo up
+  ip -n "$ns" link set eth0 address "02:66:70:00:01:$mac"
   ip -n "$ns" addr replace "$addr/24" dev eth0
   ip -n "$ns" link set eth0 up
   ip -n "$ns" route replace default via "$BRIDGE_ADDR"
+  ip -n "$ns" neigh flush dev eth0
 done
 step_done network
 
