@@ -170,6 +170,7 @@ class ContainerSettings:
     extra_mounts: list[str]
     ipc_mode: str | None
     group_add: list[str]
+    ulimits: dict[str, int]
 
 
 def container_settings(vendor: Vendor, spec: HostSpec, image: str) -> ContainerSettings:
@@ -195,7 +196,8 @@ def container_settings(vendor: Vendor, spec: HostSpec, image: str) -> ContainerS
         image=image, python=options.python, shm_size=spec.shm_size or options.shm_size,
         privileged=options.privileged, env=env, device_requests=requests,
         devices=[*options.devices, *extras.devices], data_mounts=list(spec.docker.data_mounts),
-        extra_mounts=extras.mounts, ipc_mode=extras.ipc or options.ipc, group_add=extras.group_add)
+        extra_mounts=extras.mounts, ipc_mode=extras.ipc or options.ipc, group_add=extras.group_add,
+        ulimits=dict(options.ulimits))
 
 
 def exit_code_of(status: int) -> int:
@@ -239,8 +241,7 @@ class DockerRuntime(Runtime):
                 environment=env, network_mode="host", ipc_mode=s.ipc_mode, shm_size=s.shm_size,
                 privileged=s.privileged, devices=s.devices or None, group_add=s.group_add or None,
                 device_requests=[DeviceRequest(**r) for r in s.device_requests] or None,
-                ulimits=[Ulimit(name="memlock", soft=-1, hard=-1),
-                         Ulimit(name="stack", soft=64 << 20, hard=64 << 20)],
+                ulimits=[Ulimit(name=name, soft=value, hard=value) for name, value in s.ulimits.items()] or None,
                 mounts=mounts, volumes=volumes or None,
                 labels={f"{LABEL}.job": str(job_dir), f"{LABEL}.host": host.name})
             container.start()

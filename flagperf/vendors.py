@@ -76,6 +76,8 @@ class ContainerOptions(StrictModel):
     visible_devices_env: str | None = None
     device_requests: list[DeviceRequestEntry] = Field(default_factory=list)
     devices: list[str] = Field(default_factory=list, description="device files, e.g. /dev/davinci0")
+    ulimits: dict[str, int] = Field(default_factory=dict, description="e.g. memlock: -1 (RDMA registration), "
+                                                                      "stack: 67108864; -1 is unlimited")
 
     @model_validator(mode="after")
     def _privileged_needs_reason(self) -> ContainerOptions:
