@@ -158,3 +158,38 @@ def test_image_tag_follows_the_build_context_and_args(tmp_path: Path) -> None:
 def test_container_exit_status_reads_like_a_process_exit() -> None:
     assert exit_code_of(0) == 0 and exit_code_of(2) == 2
     assert exit_code_of(137) == -9 and exit_code_of(143) == -15
+
+
+def test_single_node_cases_run_on_every_host_multi_node_on_the_first_n() -> None:
+    from flows.evaluate import node_groups
+
+    names = ["a", "b", "c"]
+    assert node_groups({}, names) == [["a"], ["b"], ["c"]]
+    assert node_groups({"nnodes": 2, "nproc_per_node": 4}, names) == [["a", "b"]]
+
+
+def test_a_multi_node_round_is_kept_only_when_every_node_completed(tmp_path: Path) -> None:
+    from flagperf.results import Failure, RoundResult, round_dir, write_result
+    from flows.evaluate import completed_round, set_aside
+
+    def result(host: str, rank: int, status: str) -> None:
+        folder = round_dir(tmp_path, "c", 1, host, rank)
+        folder.mkdir(parents=True)
+        write_result(folder / "result.json", RoundResult.model_validate({
+            "run_id": "r", "case": "c", "family": "base", "round": 1, "host": host, "node_rank": rank,
+            "vendor": "cpu", "status": status, "started_at": "2026-01-01T00:00:00Z",
+            "finished_at": "2026-01-01T00:00:01Z", "duration_s": 1.0, "measured_seconds": 0.5,
+            "failure": Failure(kind="infrastructure", message="x").model_dump() if status == "failed" else None,
+            "config": {}, "provenance": {"engine_version": "0", "git_revision": None, "git_dirty": None,
+                                         "python": "3.11", "libraries": {}, "host": {},
+                                         "image": {}, "config_origins": {}, "run_overrides": {}}}))
+
+    result("a", 0, "success")
+    result("b", 1, "failed")
+    assert completed_round(tmp_path, "c", 1, "a", 0) is not None
+    assert completed_round(tmp_path, "c", 1, "b", 1) is None
+    for rank, host in enumerate(("a", "b")):
+        set_aside(tmp_path, round_dir(tmp_path, "c", 1, host, rank))
+    assert not round_dir(tmp_path, "c", 1, "a", 0).exists()
+    assert (tmp_path / "retries" / "attempt1" / "c" / "round1" / "a_noderank0" / "result.json").is_file()
+    assert (tmp_path / "retries" / "attempt1" / "c" / "round1" / "b_noderank1" / "result.json").is_file()
