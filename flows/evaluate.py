@@ -143,12 +143,21 @@ def evaluate(
 
 def run_concurrently(calls: list[Callable[[], T]]) -> list[T]:
     """Run the calls at once, each in its own copy of the flow's context (so their tasks and subflows
-    belong to this flow run), and return their results in order."""
+    belong to this flow run), and return their results in order.
+
+    If this thread is interrupted (Ctrl-C, a cancelled flow run), it stops waiting at once: the caller's
+    cleanup closes the hosts' connections, which ends the remote commands the threads are waiting on."""
     if len(calls) <= 1:
         return [call() for call in calls]
-    with ThreadPoolExecutor(max_workers=min(len(calls), MAX_PARALLEL_HOSTS), thread_name_prefix="host") as pool:
+    pool = ThreadPoolExecutor(max_workers=min(len(calls), MAX_PARALLEL_HOSTS), thread_name_prefix="host")
+    try:
         futures = [pool.submit(copy_context().run, call) for call in calls]
-        return [future.result() for future in futures]
+        results = [future.result() for future in futures]
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return results
 
 
 def check_hosts(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: RunPlan, run_dir: Path

@@ -28,15 +28,38 @@ def rank_log(out_dir: Path, rank: int) -> Path:
     return out_dir / f"rank{rank}.out.log"
 
 
+def socket_interface_env(master_addr: str, master_port: int) -> dict[str, str]:
+    """GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME: the interface this node reaches the master through.
+
+    Left alone, gloo and NCCL advertise the address the host name resolves to, which is often 127.0.0.1
+    or a management network the other nodes cannot reach. Variables the user set win (they are merged
+    under os.environ)."""
+    import socket
+
+    import psutil
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((master_addr, master_port))  # UDP: chooses the route, sends nothing
+            local = probe.getsockname()[0]
+    except OSError:
+        return {}
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == local for a in addresses):
+            return {"GLOO_SOCKET_IFNAME": name, "NCCL_SOCKET_IFNAME": name}
+    return {}
+
+
 def launch(job: Job, out_dir: Path, nnodes: int, nproc: int, master_port: int,
            module: str = "flagperf.training.worker") -> int:
     """Start this node's processes (``python -m <module> --job job.json``) and wait; returns 0, or the first
     failing process's exit code."""
     world = nnodes * nproc
     procs: list[subprocess.Popen[bytes]] = []
+    network = socket_interface_env(job.master_addr, master_port) if nnodes > 1 else {}
     for local_rank in range(nproc):
         rank = job.node_rank * nproc + local_rank
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
+        env = {**network, **os.environ, "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
                "LOCAL_WORLD_SIZE": str(nproc), "NODE_RANK": str(job.node_rank), "GROUP_RANK": str(job.node_rank),
                "MASTER_ADDR": job.master_addr, "MASTER_PORT": str(master_port)}
         with rank_log(out_dir, rank).open("wb") as log:

@@ -75,7 +75,8 @@ def test_a_multi_node_all_reduce_across_two_hosts(flagperf_env: Path, tmp_path: 
     """gloo between two network namespaces: node 0 on h1 is the master, node 1 on h2 connects to it."""
     inventory = write_inventory(tmp_path, [host_entry(testbed, i) for i in (0, 1)], master_port=29611)
     state, run_dir = run_evaluate(flagperf_env, cases=["interconnect-MPI_interserver"], rounds=1,
-                                  overrides=["size_mib=4", "min_duration_s=0.5", "warmup_iters=1", "min_iters=5"],
+                                  overrides=["size_mib=4", "min_duration_s=0.5", "warmup_iters=1", "min_iters=5",
+                                             "timeout_s=120"],
                                   inventory=inventory)
     assert state.is_completed(), state.message
     first, second = testbed.hosts[0], testbed.hosts[1]
