@@ -161,3 +161,18 @@ def test_a_container_killed_mid_round_is_retried_and_the_others_kept(flagperf_en
     assert any("killed by signal 9" in line for line in task_logs(run_case.id))
     other = read_result(run_dir / "computation-FP32" / "round1" / f"{host.name}_noderank0" / "result.json")
     assert other.status == "success" and other.provenance.attempt == 1
+
+
+def test_training_across_two_hosts_converges(flagperf_env: Path, tmp_path: Path, testbed: Testbed) -> None:
+    """digits-mlp at 2x1 (config_cpux2x1.yaml): DDP across two network namespaces over gloo, real data."""
+    inventory = write_inventory(tmp_path, [host_entry(testbed, i) for i in (0, 1)], master_port=29612)
+    state, run_dir = run_evaluate(flagperf_env, cases=["digits-mlp"], rounds=1, inventory=inventory,
+                                  overrides=["nnodes=2", "timeout_s=300"])
+    assert state.is_completed(), state.message
+    for rank, host in enumerate(testbed.hosts[:2]):
+        folder = run_dir / "digits-mlp" / "round1" / f"{host.name}_noderank{rank}"
+        result = read_result(folder / "result.json")
+        assert result.status == "success" and result.node_rank == rank
+        assert result.config["batch_size"] == 48  # the 2x1 scale file applied
+        assert result.convergence is not None and result.convergence.converged
+        assert (folder / f"rank{rank}.out.log").is_file()
