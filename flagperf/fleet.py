@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -14,12 +15,29 @@ from flagperf.runtime import ProcessRuntime, Runtime
 from flagperf.ssh import SshHost
 from flagperf.vendors import load_vendor
 
+_connections: dict[str, SshHost] = {}
+_connections_lock = threading.Lock()
+
 
 def open_host(spec: HostSpec, on_host: bool = False) -> Host:
-    """The host as the controller reaches it; ``on_host``: we are running on that host (its agent)."""
+    """The host as the controller reaches it; ``on_host``: we are running on that host (its agent).
+    SSH hosts are shared per entry within the process: every round of a run reuses one connection."""
     if spec.transport == "local" or on_host:
         return LocalHost(name=spec.name, work_root=Path(spec.work_root) if spec.work_root else None)
-    return SshHost(spec)
+    key = spec.model_dump_json()
+    with _connections_lock:
+        if key not in _connections:
+            _connections[key] = SshHost(spec)
+        return _connections[key]
+
+
+def close_hosts() -> None:
+    """Close every SSH connection this process opened (the end of an evaluation)."""
+    with _connections_lock:
+        hosts = list(_connections.values())
+        _connections.clear()
+    for host in hosts:
+        host.close()
 
 
 def master_address(spec: HostSpec) -> str:

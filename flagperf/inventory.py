@@ -75,11 +75,13 @@ class HostSpec(StrictModel):
     transport: Literal["local", "ssh"] | None = Field(
         default=None, description="local: the controller itself; ssh: through paramiko (default unless the "
                                   "address is local/localhost/127.0.0.1)")
-    port: int = Field(default=22, ge=1, le=65535)
-    user: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535, description="22 unless ~/.ssh/config says otherwise")
+    user: str | None = Field(default=None, description="yours unless ~/.ssh/config says otherwise")
     key_file: Path | None = Field(default=None, description="private key file; none: the SSH agent and "
                                                             "~/.ssh/id_* keys")
     known_hosts: Path = Field(default=Path("~/.ssh/known_hosts"))
+    ssh_config: Path | None = Field(default=Path("~/.ssh/config"), description="OpenSSH client config read for "
+                                    "User, Port, IdentityFile and HostName where this file leaves them out")
     accept_new_host_key: bool = Field(default=False, description="trust and record a host key seen for the first "
                                                                  "time (a changed key is always refused)")
     connect_timeout_s: float = Field(default=10.0, gt=0)
@@ -165,6 +167,27 @@ class HostSpec(StrictModel):
     def ssh_user(self) -> str:
         return self.user or getpass.getuser()
 
+    def with_ssh_config(self) -> HostSpec:
+        """User, port, key and host name from the OpenSSH client config, where this entry leaves them out
+        (FlagPerf's host.yaml has none of them: it relies on ~/.ssh/config, and so may an inventory)."""
+        import paramiko
+
+        updates: dict[str, Any] = {}
+        path = self.ssh_config.expanduser() if self.ssh_config else None
+        if path is not None and path.is_file():
+            found = paramiko.SSHConfig.from_path(str(path)).lookup(self.address)
+            if self.user is None and found.get("user"):
+                updates["user"] = found["user"]
+            if self.port is None and found.get("port"):
+                updates["port"] = int(found["port"])
+            if self.key_file is None and found.get("identityfile"):
+                updates["key_file"] = Path(found["identityfile"][0]).expanduser()
+            if found.get("hostname") and found["hostname"] != self.address:
+                updates["address"] = found["hostname"]
+        if self.port is None and "port" not in updates:
+            updates["port"] = 22
+        return self.model_copy(update=updates)
+
 
 class InventoryFile(StrictModel):
     vendor: str | None = None
@@ -207,7 +230,7 @@ def local_inventory() -> Inventory:
 def _expand(spec: HostSpec, base: Path) -> HostSpec:
     """~ and relative key/known_hosts paths are taken from the controller's view (relative to the file)."""
     updates: dict[str, Any] = {}
-    for key in ("key_file", "known_hosts"):
+    for key in ("key_file", "known_hosts", "ssh_config"):
         value = getattr(spec, key)
         if value is not None:
             path = Path(value).expanduser()

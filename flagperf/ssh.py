@@ -64,6 +64,7 @@ def known_hosts_name(address: str, port: int) -> str:
 
 class SshHost(Host):
     def __init__(self, spec: HostSpec) -> None:
+        spec = spec.with_ssh_config()
         self.spec = spec
         self.name = spec.name
         self.address = spec.address
@@ -107,7 +108,7 @@ class SshHost(Host):
         client.set_missing_host_key_policy(policy)
         try:
             client.connect(
-                spec.address, port=spec.port, username=spec.ssh_user(),
+                spec.address, port=spec.port or 22, username=spec.ssh_user(),
                 key_filename=str(spec.key_file) if spec.key_file else None,
                 allow_agent=spec.key_file is None, look_for_keys=spec.key_file is None,
                 timeout=spec.connect_timeout_s, banner_timeout=spec.connect_timeout_s,

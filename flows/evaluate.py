@@ -27,7 +27,7 @@ from prefect.deployments import run_deployment
 from prefect.runtime import deployment, flow_run
 
 from flagperf.errors import ConfigError, FlagperfError, InfrastructureFailure
-from flagperf.fleet import master_address, open_host
+from flagperf.fleet import close_hosts, master_address, open_host
 from flagperf.health import check_results_disk, health_file
 from flagperf.hosts import Host
 from flagperf.inventory import HostSpec, load_inventory, local_inventory
@@ -130,9 +130,7 @@ def evaluate(
                     host.remove_tree(host.work_root / plan.run_id)
                 except OSError as exc:
                     logger.warning("could not clean %s on %s: %s", host.work_root / plan.run_id, name, exc)
-            close = getattr(host, "close", None)
-            if close is not None:
-                close()
+        close_hosts()
         summary = analyze(run_dir)  # also after an interruption: what was measured is reported
     failed = [r for r in results if r.status == "failed"]
     if failed:

@@ -42,7 +42,8 @@ def test_deploy_all_then_run_through_a_worker(flagperf_env: Path, tmp_path: Path
     (schedule,) = nightly.schedules
     assert schedule.schedule.cron == "0 2 * * *" and schedule.schedule.timezone == "Asia/Shanghai"
     assert schedule.active
-    assert {"suite", "cases", "vendor", "rounds", "overrides"} <= set(evaluate.parameter_openapi_schema["properties"])
+    assert {"suite", "cases", "vendor", "rounds", "overrides", "inventory"} <= set(
+        evaluate.parameter_openapi_schema["properties"])
 
     worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", "flagperf",
                                "--limit", "1"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,

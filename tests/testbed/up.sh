@@ -231,6 +231,11 @@ fi
 chmod 0600 "$KEY"
 install -d -m 0700 -o "$AGENT" -g "$AGENT" "$home/.ssh"
 install -m 0600 -o "$AGENT" -g "$AGENT" "$KEY.pub" "$home/.ssh/authorized_keys"
+# A host whose plain `python3` has the project's dependencies, as a prepared host has: FlagPerf's host.yaml
+# names no interpreter, so `flagperf run --host-config` uses python3 from the login's PATH.
+printf 'PATH=%s/bin:/usr/local/bin:/usr/bin:/bin\n' "$HOST_VENV" >"$home/.ssh/environment"
+chown "$AGENT:$AGENT" "$home/.ssh/environment"
+chmod 0600 "$home/.ssh/environment"
 install -d -m 0755 /run/sshd
 
 # fpagent must read the repository the tests run from (the hosts share this filesystem).
@@ -271,6 +276,7 @@ PasswordAuthentication no
 KbdInteractiveAuthentication no
 UsePAM no
 AuthorizedKeysFile .ssh/authorized_keys
+PermitUserEnvironment PATH
 StrictModes yes
 X11Forwarding no
 PrintMotd no
