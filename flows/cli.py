@@ -249,7 +249,11 @@ def _validate_file(path: Path) -> str:
     if "cases" in data:
         plan_run(suite=str(path), results_dir=Path("/nonexistent-results-for-validation"))
         return "suite"
-    raise ConfigError(display_path(path), None, "not a case.yaml, vendor/<vendor>.yaml, vendor.yaml or suite file")
+    if "hosts" in data or "HOSTS" in data:
+        inv = load_inventory(path)
+        return f"{'FlagPerf host.yaml' if 'HOSTS' in data else 'inventory'}, {len(inv.hosts)} host(s)"
+    raise ConfigError(display_path(path), None, "not a case.yaml, vendor/<vendor>.yaml, vendor.yaml, suite, "
+                                                "inventory or host.yaml file")
 
 
 @app.command()

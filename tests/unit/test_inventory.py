@@ -193,3 +193,14 @@ def test_a_multi_node_round_is_kept_only_when_every_node_completed(tmp_path: Pat
     assert not round_dir(tmp_path, "c", 1, "a", 0).exists()
     assert (tmp_path / "retries" / "attempt1" / "c" / "round1" / "a_noderank0" / "result.json").is_file()
     assert (tmp_path / "retries" / "attempt1" / "c" / "round1" / "b_noderank1" / "result.json").is_file()
+
+
+def test_the_shipped_example_inventories_validate() -> None:
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    root = Path(__file__).resolve().parents[2] / "deployments" / "inventories"
+    outcome = CliRunner().invoke(app, ["validate", str(root / "example.yaml"), str(root / "flagperf-host.yaml")])
+    assert outcome.exit_code == 0, outcome.output
+    assert "inventory, 3 host(s)" in outcome.output and "FlagPerf host.yaml, 2 host(s)" in outcome.output
