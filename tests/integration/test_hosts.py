@@ -178,3 +178,40 @@ def test_training_across_two_hosts_converges(flagperf_env: Path, tmp_path: Path,
         assert result.config["batch_size"] == 48  # the 2x1 scale file applied
         assert result.convergence is not None and result.convergence.converged
         assert (folder / f"rank{rank}.out.log").is_file()
+
+
+def test_flagperf_host_yaml_runs_through_the_cli(tmp_path: Path, testbed: Testbed) -> None:
+    """`flagperf run --host-config host.yaml` with FlagPerf's own keys: two hosts over SSH (user and key from
+    ~/.ssh/config, as FlagPerf's users have them), containers built from the vendor's Dockerfile."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import docker
+    from prefect.settings import PREFECT_API_URL
+
+    # No registry here: the test bed's base stands in for the Dockerfile's default base image.
+    docker.from_env().images.get(testbed.base_image).tag("python", "3.11-slim-bookworm")
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    shutil.copy(testbed.known_hosts, home / ".ssh" / "known_hosts")
+    first, second = testbed.hosts[0], testbed.hosts[1]
+    (home / ".ssh" / "config").write_text(f"Host 10.231.0.*\n  User {first.user}\n  IdentityFile {first.key_file}\n")
+    host_yaml = tmp_path / "host.yaml"
+    host_yaml.write_text(yaml.safe_dump({
+        "FLAGPERF_PATH": str(ROOT), "FLAGPERF_LOG_PATH": "result", "VENDOR": "cpu", "FLAGPERF_LOG_LEVEL": "INFO",
+        "HOSTS": [first.address, second.address], "SSH_PORT": "22", "HOSTS_PORTS": ["2222"],
+        "MASTER_PORT": "29613", "SHM_SIZE": "1G", "ACCE_CONTAINER_OPT": "", "CLEAR_CACHES": True,
+        "ACCE_VISIBLE_DEVICE_ENV_NAME": "CUDA_VISIBLE_DEVICES", "CASES": {"computation-FP32": "pytorch"}}))
+    env = {**os.environ, "HOME": str(home), "PREFECT_API_URL": PREFECT_API_URL.value()}
+    run = subprocess.run([sys.executable, "-m", "flows.cli", "run", "--host-config", str(host_yaml), "--set",
+                          "min_duration_s=0.3", "--set", "warmup_iters=0", "--set", "min_iters=2"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "CLEAR_CACHES is not used" in run.stderr and "2 host(s)" in run.stdout
+    (run_dir,) = (tmp_path / "result").glob("run*")  # FLAGPERF_LOG_PATH, relative to where it was started
+    for address in (first.address, second.address):
+        result = read_result(run_dir / "computation-FP32" / "round1" / f"{address}_noderank0" / "result.json")
+        assert result.status == "success" and result.provenance.image["runtime"] == "docker"
+        assert result.provenance.image["tag"].startswith("flagperf/cpu-pytorch:")
