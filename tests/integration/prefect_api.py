@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 from uuid import UUID
 
 from prefect.client.orchestration import get_client
@@ -15,6 +17,18 @@ from prefect.client.schemas.filters import (
     LogFilterTaskRunId,
 )
 from prefect.client.schemas.objects import TaskRun
+
+PAGE = 200  # the server's largest page (PREFECT_API_DEFAULT_LIMIT)
+T = TypeVar("T")
+
+
+def _all_pages(read: Callable[[int], list[T]]) -> list[T]:
+    found: list[T] = []
+    while True:
+        page = read(len(found))
+        found.extend(page)
+        if len(page) < PAGE:
+            return found
 
 
 def run_evaluate(results: Path, **params: object) -> tuple[object, Path]:
@@ -30,8 +44,9 @@ def flow_run_tree(flow_run_id: UUID) -> list[UUID]:
     found, frontier = [flow_run_id], [flow_run_id]
     with get_client(sync_client=True) as client:
         while frontier:
-            children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=frontier)))
+            children = _all_pages(lambda offset, parents=frontier: client.read_flow_runs(  # type: ignore[misc]
+                flow_run_filter=FlowRunFilter(
+                    parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=parents)), limit=PAGE, offset=offset))
             frontier = [child.id for child in children if child.id not in found]
             found.extend(frontier)
     return found
@@ -40,8 +55,9 @@ def flow_run_tree(flow_run_id: UUID) -> list[UUID]:
 def all_task_runs(flow_run_id: UUID) -> list[TaskRun]:
     """Task runs of the evaluation and of its subflows, without the subflows' own placeholder task runs."""
     with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=flow_run_tree(flow_run_id))))
+        tree = flow_run_tree(flow_run_id)
+        runs = _all_pages(lambda offset: client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=tree)), limit=PAGE, offset=offset))
     return [run for run in runs if not run.name.startswith(("host-round-", "host-healthcheck-"))]
 
 
