@@ -154,8 +154,9 @@ def engine_folders(vendor: str) -> dict[str, Path]:
 def load_engine(vendor: str, name: str, source: str = "compiler") -> EngineDef:
     engines = engine_folders(vendor)
     if name not in engines:
-        raise ConfigError(source, "compiler", f"unknown compiler {name!r} for vendor {vendor} (engines in "
-                                              f"vendor_images/{vendor}/engines/: {', '.join(sorted(engines)) or 'none'})")
+        known = ", ".join(sorted(engines)) or "none"
+        raise ConfigError(source, "compiler", f"unknown compiler {name!r} for vendor {vendor} "
+                                              f"(engines in vendor_images/{vendor}/engines/: {known})")
     folder = engines[name]
     manifest = load_model(folder / ENGINE_MANIFEST, EngineManifest)
     if manifest.name != name:

@@ -113,8 +113,10 @@ def summarise(scenario: str, detail: dict[str, Any], settings: dict[str, Any], l
     latency: dict[str, float] = {}
     for key, value in result.items():
         if key.endswith("_latency_ns") and isinstance(value, int | float):
-            name = key.removeprefix("result_").removesuffix("_latency_ns")
-            latency[name.replace("_percentile", "").replace(".00", "")] = value / 1e6
+            name = key.removeprefix("result_").removesuffix("_latency_ns")  # 90.00_percentile, mean, min, max
+            if name.endswith("_percentile"):
+                name = f"p{float(name.removesuffix('_percentile')):g}"
+            latency[name] = value / 1e6
     return LoadgenResult(scenario=scenario, mode="PerformanceOnly", valid=validity == "VALID",
                          result_validity=validity, samples_per_s=float(throughput) if throughput is not None else None,
                          latency_ms=latency, settings=settings, summary=result, log_dir=str(log_dir))
@@ -129,7 +131,8 @@ def run_scenario(run: InferenceRun, sut: EngineSUT, scenario: str, expected: dic
     settings.mode = lg.TestMode.PerformanceOnly
     settings.min_duration_ms = int(c.loadgen_min_duration_s * 1000)
     settings.min_query_count = c.loadgen_min_query_count
-    recorded: dict[str, Any] = {"min_duration_ms": settings.min_duration_ms, "min_query_count": c.loadgen_min_query_count,
+    recorded: dict[str, Any] = {"min_duration_ms": settings.min_duration_ms,
+                                "min_query_count": c.loadgen_min_query_count,
                                 "performance_sample_count": len(sut.samples)}
     if scenario == "Offline":
         settings.offline_expected_qps = expected["samples_per_s"]

@@ -92,13 +92,11 @@ def timed_pass(name: str, loader: Iterable[Batch], forward: Forward, evaluator: 
     """Warm-up batches (untimed), then ``config.repeat`` timed passes over the loader."""
     stats: PassStats | None = None
     with torch.inference_mode():
-        warm = 0
-        for inputs, _labels in loader:
+        for warm, (inputs, _labels) in enumerate(loader):
             if warm >= config.warmup_batches:
                 break
             result, _ = forward(to_device(as_inputs(inputs)))
             _consume(result, sync, time.perf_counter())
-            warm += 1
         sync()
         start_epoch, start = time.time(), time.perf_counter()
         for rep in range(config.repeat):
