@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError, field_validator
 
@@ -47,7 +47,10 @@ INFERENCE_FUNCTIONS = ("build_dataloader", "create_model", "evaluator", "model_f
 
 
 class InferenceManifest(CaseManifest):
-    """An inference case's manifest, made from FlagPerf's files (there is no case.yaml to write)."""
+    """An inference case's manifest, made from FlagPerf's files (there is no case.yaml to write, and a case.yaml
+    cannot claim the inference family)."""
+
+    family: Literal["inference"]  # type: ignore[assignment]
 
     @field_validator("entry")
     @classmethod
@@ -236,6 +239,7 @@ def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[st
         from flagperf.inference.engines import check_engine_toggles
 
         check_toggles(model, merged.origins, display_path(case.manifest_path))
-        check_engine_toggles(model, vendor, merged.origins, display_path(case.manifest_path))
+        if vendor:  # `flagperf validate` checks a case's defaults without a vendor, so without its engines
+            check_engine_toggles(model, vendor, merged.origins, display_path(case.manifest_path))
     merged.values = model.model_dump(mode="json")
     return merged

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from flagperf.config import StrictModel, check_name, load_model
 from flagperf.errors import CaseUserError, ConfigError
@@ -102,7 +102,12 @@ class InferenceEngine(ABC):
                  env: EngineEnv, *, engine_path: Path | None = None) -> None:
         """Build from ``onnx_path``/``model``, or load ``engine_path`` (exist_compiler_path) when given."""
         self.config = config
-        self.options = self.Options.model_validate(config.model_dump())
+        try:
+            self.options = self.Options.model_validate(config.model_dump())
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            key = ".".join(str(p) for p in err["loc"])
+            raise CaseUserError(f"engine {config.compiler}: {key}: {err['msg']} (got {err.get('input')!r})") from None
         self.env = env
         self.engine_file: Path | None = None  # what this engine saved, if it saves anything
 

@@ -168,9 +168,23 @@ def _onnx_for_engine(run: InferenceRun) -> Path | None:
 def step_compile(run: InferenceRun) -> None:
     assert run.engine_cls is not None
     started = time.perf_counter()
-    run.engine = run.engine_cls(run.config, _onnx_for_engine(run), run.model, _engine_env(run))
+    try:
+        run.engine = run.engine_cls(run.config, _onnx_for_engine(run), run.model, _engine_env(run))
+    except (CaseUserError, MemoryError):
+        raise
+    except Exception as exc:
+        if run.onnx_path is not None or run.config.exist_onnx_path is None:
+            raise  # our own export failed to compile: a crash, reported with its traceback
+        # The user's ONNX file: a file the engine cannot read is the config's fault, not worth a retry.
+        raise _user_file_error(run, "exist_onnx_path", Path(run.config.exist_onnx_path), exc) from exc
     log.info("compiled in %.2f s (untimed)%s", time.perf_counter() - started,
              f", engine file {run.engine.engine_file}" if run.engine.engine_file else "")
+
+
+def _user_file_error(run: InferenceRun, key: str, path: Path, exc: Exception) -> CaseUserError:
+    where = run.origins.get(key, run.case_name)
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return CaseUserError(f"{where}: {key}: {path} cannot be loaded by engine {run.config.compiler}: {first}")
 
 
 def load_engine_file(run: InferenceRun) -> InferenceEngine:
@@ -182,10 +196,7 @@ def load_engine_file(run: InferenceRun) -> InferenceEngine:
     except (CaseUserError, MemoryError):
         raise
     except Exception as exc:
-        where = run.origins.get("exist_compiler_path", run.case_name)
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CaseUserError(f"{where}: exist_compiler_path: {path} cannot be loaded by engine "
-                            f"{run.config.compiler}: {first}") from exc
+        raise _user_file_error(run, "exist_compiler_path", path, exc) from exc
     log.info("engine loaded from %s (compile step skipped)", path)
     return engine
 
