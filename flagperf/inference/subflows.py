@@ -72,13 +72,17 @@ def _hydrated(context: dict[str, Any]) -> Iterator[None]:
 
 def _api_unreachable() -> str | None:
     from prefect.client.orchestration import get_client
+    from prefect.settings import get_current_settings
 
+    url = get_current_settings().api.url
     try:
         with get_client(sync_client=True) as client:
             problem = client.api_healthcheck()
     except Exception as exc:  # a missing URL, a refused connection: reported, never fatal
-        return f"{type(exc).__name__}: {exc}"
-    return f"{type(problem).__name__}: {problem}" if problem is not None else None
+        problem = exc
+    if problem is None:
+        return None
+    return f"the Prefect API at {url} is unreachable ({type(problem).__name__}: {problem})"
 
 
 def _bridge_logs() -> Callable[[], None]:

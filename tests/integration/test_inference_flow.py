@@ -144,3 +144,23 @@ def test_toggle_matrix_through_the_api(tmp_path: Path) -> None:
             top1 = {m.name: m.value for m in result.metrics}
             assert top1["inference_top1"] == pytest.approx(
                 next(m.value for m in standard.metrics if m.name == "inference_top1")), name
+
+
+@flow
+def capture_context() -> dict[str, Any]:
+    return portable_context()
+
+
+def test_an_unreachable_api_runs_the_steps_as_plain_functions_and_says_why(tmp_path: Path) -> None:
+    context = capture_context()
+    context["settings_context"]["settings"]["api"]["url"] = "http://127.0.0.1:9/api"  # nothing listens there
+    job = _job(tmp_path).model_copy(update={"prefect_context": context})
+    out = tmp_path / "out"
+    out.mkdir()
+    started = time.perf_counter()
+    assert run_job(job, out) == 0
+    result = read_result(out / "result.json")
+    assert result.inference.runner.startswith("plain functions (")
+    assert "the Prefect API at http://127.0.0.1:9/api is unreachable" in result.inference.runner
+    assert set(result.inference.steps.values()) == {"ran"}
+    assert time.perf_counter() - started < 60  # the health check gives up, it does not hang the round
