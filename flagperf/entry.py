@@ -33,6 +33,7 @@ from flagperf.errors import (
     ConfigError,
     Unsupported,
 )
+from flagperf.hosts import default_work_root
 from flagperf.inference.config import InferenceConfig
 from flagperf.job import Job
 from flagperf.provenance import engine_info, host_info, library_versions
@@ -106,9 +107,12 @@ def run_inference(job: Job, case: CaseDef, config: InferenceConfig, vendor: Vend
     from flagperf.inference.subflows import run_inference_steps
 
     device = torch.device(vendor.manifest.torch_device)
+    # Exported models and engines stay on this host, outside the round folder that is copied into the
+    # results (a Llama-7B ONNX file is 27 GB); result.json records where they are, for exist_*_path reuse.
+    artifacts = default_work_root() / "inference-artifacts" / job.run_id / job.case / f"round{job.round}"
     run = InferenceRun(case_name=case.name, module=case.module, config=config, vendor=vendor.name, spec=spec,
                        device=device, shares_host_memory=vendor.manifest.shares_host_memory, out_dir=out_dir,
-                       origins=job.config_origins)
+                       artifact_dir=artifacts / f"attempt{job.attempt}", origins=job.config_origins)
     try:
         run_inference_steps(run, job.prefect_context)
     except RuntimeError as exc:

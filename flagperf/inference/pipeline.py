@@ -59,7 +59,8 @@ class InferenceRun:
     spec: SpecTable
     device: torch.device
     shares_host_memory: bool
-    out_dir: Path
+    out_dir: Path  # the round's folder: small files only, it is collected into the results
+    artifact_dir: Path  # ONNX and engine files (hundreds of MB to GB), kept on the host for reuse
     origins: dict[str, str] = field(default_factory=dict)
     runner: str = "plain functions"
     started: float = field(default_factory=time.perf_counter)
@@ -142,7 +143,8 @@ def step_validation(run: InferenceRun) -> None:
 
 def step_export(run: InferenceRun) -> None:
     assert run.model is not None  # no_validation skips this step
-    path = run.out_dir / f"{run.case_name}_bs{run.config.batch_size}_fp16{run.config.fp16}.onnx"
+    run.artifact_dir.mkdir(parents=True, exist_ok=True)
+    path = run.artifact_dir / f"{run.case_name}_bs{run.config.batch_size}_fp16{run.config.fp16}.onnx"
     # Exported in FP32 on the CPU: an engine builds its own reduced precision from it (TensorRT's FP16 flag),
     # and the export does not depend on the device the validation ran on.
     model = copy.deepcopy(run.model).float().cpu().eval()
@@ -156,7 +158,8 @@ def step_export(run: InferenceRun) -> None:
 
 
 def _engine_env(run: InferenceRun) -> EngineEnv:
-    return EngineEnv(device=run.device, work_dir=run.out_dir, case=run.case_name, log=log)
+    run.artifact_dir.mkdir(parents=True, exist_ok=True)
+    return EngineEnv(device=run.device, work_dir=run.artifact_dir, case=run.case_name, log=log)
 
 
 def _onnx_for_engine(run: InferenceRun) -> Path | None:

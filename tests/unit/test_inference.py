@@ -41,6 +41,12 @@ def run_case(tmp_path: Path, case: str, *sets: str, name: str = "out") -> tuple[
     return code, read_result(out / "result.json"), out
 
 
+@pytest.fixture(autouse=True)
+def _work_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exported models and engines go under the host's work root: here, the test's own folder."""
+    monkeypatch.setenv("FLAGPERF_WORK_ROOT", str(tmp_path / "work"))
+
+
 def metrics(result: RoundResult) -> dict[str, float]:
     return {m.name: m.value for m in result.metrics}
 
@@ -187,7 +193,10 @@ def test_digits_accuracy_through_eager_and_onnxruntime_agree(tmp_path: Path) -> 
     assert report is not None and report.synthetic_data is False and report.accuracy_note is None
     assert report.runner == "plain functions (the job carries no Prefect context)"
     assert set(report.steps.values()) == {"ran"}
-    assert Path(str(report.engine_file)).is_file() and Path(str(report.onnx_path)).parent == out
+    # Models and engines stay on the host, outside the round folder the controller collects.
+    artifacts = tmp_path / "work" / "inference-artifacts" / result.run_id / "digits-infer" / "round1" / "attempt1"
+    assert Path(str(report.onnx_path)).parent == artifacts and Path(str(report.engine_file)).parent == artifacts
+    assert Path(str(report.engine_file)).is_file() and not list(out.glob("*.onnx"))
     for prefix in ("validation", "inference"):
         whole, core, latency = m[f"{prefix}_whole"], m[f"{prefix}_core"], m[f"{prefix}_latency"]
         assert core.value > whole.value > 0  # core leaves out loading and evaluation
