@@ -33,7 +33,6 @@ STEP_TITLES = {
     "inference": "f. engine inference",
     "summary": "g. summary",
 }
-LOADGEN_SCENARIOS = ("Offline", "SingleStream", "Server")
 
 # FlagPerf writes per-item FLOPs as a product such as 2*512*0.33e9 (it eval()s the string). Only a product
 # of plain numbers is accepted here: nothing is evaluated.

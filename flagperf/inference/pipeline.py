@@ -43,8 +43,6 @@ from flagperf.inference.measure import PassStats, pass_metrics, timed_pass
 from flagperf.results import InferenceReport, LoadgenResult, Metric, SpecTable
 from flagperf.timing import TimingPlan
 
-CASE_FUNCTIONS = ("build_dataloader", "create_model", "evaluator", "model_forward", "export_model", "engine_forward")
-
 log = logging.getLogger("flagperf.case.inference")
 
 
