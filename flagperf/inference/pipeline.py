@@ -92,6 +92,13 @@ class InferenceRun:
     def synthetic(self) -> bool:
         return bool(getattr(self.dataset, "synthetic", False))
 
+    @property
+    def evaluator(self) -> Callable[[list[torch.Tensor], Any], float] | None:
+        """The case's evaluator, unless the inputs are synthetic or the case has no accuracy (ACCURACY None)."""
+        if self.synthetic or getattr(self.module, "ACCURACY", "accuracy") is None:
+            return None
+        return self.module.evaluator
+
 
 def step_init(run: InferenceRun) -> None:
     c = run.config
@@ -134,8 +141,8 @@ def step_validation(run: InferenceRun) -> None:
     def forward(inputs: list[torch.Tensor]) -> tuple[Any, float]:
         return run.module.model_forward(model, inputs), 0.0
 
-    run.validation = timed_pass("validation", run.loader, forward, None if run.synthetic else run.module.evaluator,
-                                run.sync, run.config, log, to_device=_to_device(run))
+    run.validation = timed_pass("validation", run.loader, forward, run.evaluator, run.sync, run.config, log,
+                                to_device=_to_device(run))
     _log_pass(run.validation, run.config)
 
 
@@ -210,8 +217,7 @@ def step_inference(run: InferenceRun) -> None:
     def forward(inputs: list[torch.Tensor]) -> tuple[Any, float]:
         return run.module.engine_forward(engine, inputs)
 
-    run.inference = timed_pass("inference", run.loader, forward, None if run.synthetic else run.module.evaluator,
-                               run.sync, run.config, log)
+    run.inference = timed_pass("inference", run.loader, forward, run.evaluator, run.sync, run.config, log)
     _log_pass(run.inference, run.config)
     if run.config.loadgen_scenarios:
         from flagperf.inference.loadgen import run_scenarios  # mlperf_loadgen only when asked for

@@ -312,6 +312,14 @@ def test_llama_decoding_reports_tokens_and_time_to_first_token(tmp_path: Path) -
     assert 0 < ttft.p50 < latency.p50  # the first token comes before the last
     assert "validation_time_to_first_token" in by
     assert result.inference.accuracy_note == "synthetic inputs: throughput only; no accuracy is reported"
+    # Prompts from a token file: real inputs, and still no accuracy (the case has none to give).
+    tokens = tmp_path / "tokens.npy"
+    np.save(tokens, (np.arange(200) % 128).astype(np.int64))
+    code, result, _ = run_case(tmp_path, "llama-decode-infer", *TINY_LLAMA, f"data_path={tokens}", name="file")
+    assert code == 0, result.failure
+    assert result.inference.synthetic_data is False
+    assert result.inference.accuracy_note == "the case has no accuracy metric"
+    assert not any("accuracy" in m.name for m in result.metrics)
 
 
 # LoadGen -------------------------------------------------------------------------------------------------------
