@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("flagperf.case.inference")
 
 DETAIL_LOG = "mlperf_log_detail.txt"
+OFFLINE_MARGIN = 2.0
 MAX_SAMPLES = 1024  # samples held in memory for the QSL; LoadGen reuses them as its performance set
 
 
@@ -147,7 +148,10 @@ def run_scenario(run: InferenceRun, sut: EngineSUT, scenario: str, expected: dic
                                 "min_query_count": c.loadgen_min_query_count,
                                 "performance_sample_count": len(sut.samples)}
     if scenario == "Offline":
-        settings.offline_expected_qps = expected["samples_per_s"]
+        # LoadGen issues one Offline query of expected_qps x min_duration samples; if the SUT then runs faster
+        # than calibrated the test ends early and is INVALID. Twice the calibrated rate keeps it valid (at
+        # worst about twice min_duration long) when the machine gets quieter between calibration and test.
+        settings.offline_expected_qps = OFFLINE_MARGIN * expected["samples_per_s"]
         recorded["offline_expected_qps"] = settings.offline_expected_qps
     elif scenario == "SingleStream":
         settings.single_stream_expected_latency_ns = int(expected["latency_s"] * 1e9)
