@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from flagperf.cases import load_case
 from flagperf.entry import run_job
 from flagperf.errors import CaseUserError, ConfigError
 from flagperf.inference.config import InferenceConfig, parse_flops, skipped_steps
-from flagperf.inference.engines import EngineEnv, load_engine
+from flagperf.inference.engines import EngineEnv, InferenceEngine, load_engine
 from flagperf.job import Job
 from flagperf.plan import plan_run
 from flagperf.results import RoundResult, read_result
@@ -209,12 +210,13 @@ def test_digits_accuracy_through_eager_and_onnxruntime_agree(tmp_path: Path) -> 
                                                     + m["inference_core"].measured_seconds)
 
 
-def _engine(name: str, config: InferenceConfig, onnx: Path | None, model: torch.nn.Module | None, tmp_path: Path):
+def _engine(name: str, config: InferenceConfig, onnx: Path | None, model: torch.nn.Module | None,
+            tmp_path: Path) -> InferenceEngine:
     env = EngineEnv(device=torch.device("cpu"), work_dir=tmp_path, case="t", log=logging.getLogger("t"))
     return load_engine("cpu", name).engine_class()(config, onnx, model, env)
 
 
-def _case_parts(case: str, *sets: str) -> tuple[object, InferenceConfig, torch.nn.Module, list[torch.Tensor]]:
+def _case_parts(case: str, *sets: str) -> tuple[ModuleType, InferenceConfig, torch.nn.Module, list[torch.Tensor]]:
     module = load_case(case).module
     config = module.Config.model_validate(plan_run(cases=[case], sets=list(sets), results_dir="u").cases[0].config)
     model = module.create_model(config).eval()
