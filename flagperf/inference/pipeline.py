@@ -151,8 +151,10 @@ def step_export(run: InferenceRun) -> None:
     run.artifact_dir.mkdir(parents=True, exist_ok=True)
     path = run.artifact_dir / f"{run.case_name}_bs{run.config.batch_size}_fp16{run.config.fp16}.onnx"
     # Exported in FP32 on the CPU: an engine builds its own reduced precision from it (TensorRT's FP16 flag),
-    # and the export does not depend on the device the validation ran on.
-    model = copy.deepcopy(run.model).float().cpu().eval()
+    # and the export does not depend on the device the validation ran on. The copy is made in host memory
+    # (the model visits the CPU and goes back) so a large model never sits twice on the device.
+    model = copy.deepcopy(run.model.cpu()).float().eval()
+    run.model.to(run.device)
     with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
         warnings.simplefilter("ignore")  # torch's exporters warn at length about tracing; the file is checked
         run.module.export_model(model, run.config, path)
