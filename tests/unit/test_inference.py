@@ -379,3 +379,32 @@ def test_a_missing_engine_library_names_the_package(tmp_path: Path, monkeypatch:
     assert result.inference is None  # it stopped in step a, before any data or model was touched
     with pytest.raises(CaseUserError, match=r"fancyrt==1\.2\.3"):
         load_engine("cpu", "fancyrt").engine_class()
+
+
+INFERENCE_CASES = ["digits-infer", "resnet50-infer", "vit-l-16-infer", "bert-large-infer", "llama-decode-infer"]
+
+
+@pytest.mark.parametrize("vendor", ["cpu", "nvidia"])
+def test_every_inference_case_plans_on_every_vendor(vendor: str) -> None:
+    plan = plan_run(cases=INFERENCE_CASES, vendor=vendor, results_dir="unused")
+    compilers = {c.name: c.config["compiler"] for c in plan.cases}
+    if vendor == "nvidia":  # FlagPerf's standard case: TensorRT in FP16
+        assert set(compilers.values()) == {"tensorrt"}
+        assert all(c.config["fp16"] for c in plan.cases if c.name != "digits-infer")  # digits compares accuracy
+    else:
+        assert set(compilers.values()) == {"onnxruntime"}
+        assert not any(c.config["fp16"] for c in plan.cases)
+
+
+def test_nvidia_engines_share_inductor_and_tensorrt_names_its_package() -> None:
+    import ast
+    import importlib.util
+
+    tensorrt = load_engine("nvidia", "tensorrt")
+    assert tensorrt.manifest.needs_onnx and tensorrt.manifest.loads_engine_files
+    ast.parse((tensorrt.folder / "engine.py").read_text())  # written for a GPU host; at least well-formed here
+    if importlib.util.find_spec("tensorrt") is None:
+        with pytest.raises(CaseUserError, match=r"tensorrt-cu12>=10,<11"):
+            tensorrt.engine_class()
+    # One Inductor implementation, pointed at by both vendors' folders.
+    assert load_engine("nvidia", "inductor").engine_class() is load_engine("cpu", "inductor").engine_class()
