@@ -86,14 +86,17 @@ def _api_unreachable() -> str | None:
 
 
 def _bridge_logs() -> Callable[[], None]:
-    """Send flagperf's own loggers to the Prefect run logger unless Prefect already collects them."""
-    from prefect.logging import get_run_logger
-    from prefect.settings import get_current_settings
+    """Send flagperf's own loggers to the step's flow run, unless Prefect already ships them.
 
-    extra = get_current_settings().logging.extra_loggers or []
-    if isinstance(extra, str):
-        extra = [s.strip() for s in extra.split(",")]
-    if "flagperf" in extra:
+    Whether it does is read from the loggers themselves (an APILogHandler on "flagperf", which Prefect adds
+    for PREFECT_LOGGING_EXTRA_LOGGERS at start-up), not from the settings: the settings restored from the
+    controller's context may name extra loggers that this process never set up.
+    """
+    from prefect.logging import get_run_logger
+    from prefect.logging.handlers import APILogHandler
+
+    logger = logging.getLogger("flagperf")
+    if any(isinstance(h, APILogHandler) for h in logger.handlers):
         return lambda: None
     run_logger = get_run_logger()
 
@@ -102,7 +105,6 @@ def _bridge_logs() -> Callable[[], None]:
             run_logger.log(record.levelno, record.getMessage())
 
     handler = Forward()
-    logger = logging.getLogger("flagperf")
     logger.addHandler(handler)
     return lambda: logger.removeHandler(handler)
 

@@ -79,7 +79,7 @@ def test_steps_are_subflows_of_the_evaluation_with_their_own_logs(flagperf_env: 
     assert sorted(steps) == sorted(ALL_STEPS)
     assert all(run.state_name == "Completed" for run in steps.values())
     # Each step's own logs sit on its own flow run.
-    assert any("exported" in line for line in flow_logs(steps["export"].id))
+    assert sum("exported" in line for line in flow_logs(steps["export"].id)) == 1  # once: not duplicated
     assert any("inference: " in line and "batches" in line for line in flow_logs(steps["inference"].id))
     assert not any("exported" in line for line in flow_logs(steps["inference"].id))
     assert any("Finish Info" in line for line in flow_logs(steps["summary"].id))
@@ -164,3 +164,29 @@ def test_an_unreachable_api_runs_the_steps_as_plain_functions_and_says_why(tmp_p
     assert "the Prefect API at http://127.0.0.1:9/api is unreachable" in result.inference.runner
     assert set(result.inference.steps.values()) == {"ran"}
     assert time.perf_counter() - started < 60  # the health check gives up, it does not hang the round
+
+
+def test_step_logs_reach_their_flow_runs_without_extra_loggers_configured(tmp_path: Path) -> None:
+    """A host whose environment does not route flagperf's loggers to Prefect: the steps forward them."""
+    import os
+    import subprocess
+    import sys
+
+    from flagperf.paths import PROJECT_ROOT
+
+    @flow
+    def launch() -> int:
+        job = _job(tmp_path).model_copy(update={"prefect_context": portable_context()})
+        out = tmp_path / "out"
+        out.mkdir()
+        (out / "job.json").write_text(job.model_dump_json())
+        env = {k: v for k, v in os.environ.items() if k != "PREFECT_LOGGING_EXTRA_LOGGERS"}
+        return subprocess.run([sys.executable, "-m", "flagperf.entry", "--job", str(out / "job.json")],
+                              cwd=PROJECT_ROOT, env=env, timeout=300, check=False).returncode
+
+    state = launch(return_state=True)
+    assert state.result() == 0
+    _, steps = step_flow_runs(state.state_details.flow_run_id)
+    assert sorted(steps) == sorted(ALL_STEPS)
+    assert sum("exported" in line for line in flow_logs(steps["export"].id)) == 1
+    assert any("Finish Info" in line for line in flow_logs(steps["summary"].id))
