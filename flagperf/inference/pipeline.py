@@ -123,8 +123,8 @@ def step_dataset_model(run: InferenceRun) -> None:
     model = run.module.create_model(run.config)
     if not isinstance(model, torch.nn.Module):
         raise CaseUserError(f"create_model returned {type(model).__name__}, not a torch.nn.Module")
-    model = model.to(run.device).eval()
-    run.model = model.half() if run.config.fp16 else model
+    # Halved before it moves: a large model never sits on the device in FP32 when FP16 is what runs.
+    run.model = (model.half() if run.config.fp16 else model).to(run.device).eval()
     log.info("model: %s, %.4g parameters", type(model).__name__, sum(p.numel() for p in model.parameters()))
 
 
