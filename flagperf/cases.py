@@ -7,6 +7,10 @@ A base-spec case folder holds:
                      Cases that differ only in parameters share a core kernel instead:
                      ``entry: flagperf.basespec.<kernel>`` (the six GEMM precisions do).
   vendor/<v>.yaml    the vendor's overrides of ``configurations`` (FlagPerf's rules apply)
+
+An inference case folder (cases/inference/<model>/) keeps FlagPerf's files instead of case.yaml:
+  configurations.yaml, parameters.yaml, vendor/<vendor>_configurations.yaml, README.md (first paragraph:
+  the description), pytorch/__init__.py (``Config`` and the six functions, see flagperf.inference.pipeline)
 """
 
 from __future__ import annotations
@@ -16,9 +20,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ValidationError, field_validator
 
 from flagperf.casekit import CaseConfig
 from flagperf.config import (
@@ -36,6 +40,24 @@ from flagperf.vendors import import_file
 from flagperf.yamlio import load_yaml_mapping
 
 MANIFEST = "case.yaml"
+INFERENCE_FILES = ("configurations.yaml", "parameters.yaml")
+INFERENCE_ENTRY = "pytorch/__init__.py"
+INFERENCE_FUNCTIONS = ("build_dataloader", "create_model", "evaluator", "model_forward", "export_model",
+                       "engine_forward")
+
+
+class InferenceManifest(CaseManifest):
+    """An inference case's manifest, made from FlagPerf's files (there is no case.yaml to write, and a case.yaml
+    cannot claim the inference family)."""
+
+    family: Literal["inference"]  # type: ignore[assignment]
+
+    @field_validator("entry")
+    @classmethod
+    def _entry(cls, value: str) -> str:
+        if value != INFERENCE_ENTRY:
+            raise ValueError(f"an inference case's code is {INFERENCE_ENTRY}")
+        return value
 
 
 @dataclass(frozen=True)
@@ -53,9 +75,11 @@ class CaseDef:
 
     @property
     def manifest_path(self) -> Path:
-        return self.folder / MANIFEST
+        return self.folder / (INFERENCE_FILES[0] if self.family == "inference" else MANIFEST)
 
     def vendor_file(self, vendor: str) -> Path:
+        if self.family == "inference":  # FlagPerf's name for an inference vendor's overrides
+            return self.folder / "vendor" / f"{vendor}_configurations.yaml"
         return self.folder / "vendor" / f"{vendor}.yaml"
 
     @cached_property
@@ -68,12 +92,18 @@ class CaseDef:
                 raise ConfigError(display_path(self.manifest_path), "entry", f"no kernel named {entry!r}") from None
         else:
             module = import_file(self.folder / entry, f"flagperf_case_{self.name.replace('-', '_').replace('.', '_')}")
-        for attr in ("Config", "run"):
+        for attr in ("Config", *(INFERENCE_FUNCTIONS if self.family == "inference" else ("run",))):
             if not hasattr(module, attr):
                 raise ConfigError(display_path(self.manifest_path), "entry", f"{entry} has no {attr!r}")
         if not (isinstance(module.Config, type) and issubclass(module.Config, CaseConfig)):
             raise ConfigError(display_path(self.manifest_path), "entry",
                               f"{entry}: Config must subclass flagperf.casekit.CaseConfig")
+        if self.family == "inference":
+            from flagperf.inference.config import InferenceConfig
+
+            if not issubclass(module.Config, InferenceConfig):
+                raise ConfigError(display_path(self.folder / entry), "Config",
+                                  "must subclass flagperf.inference.config.InferenceConfig")
         return module
 
     @property
@@ -93,7 +123,34 @@ def available_cases() -> dict[str, Path]:
                 raise ConfigError(display_path(manifest), None,
                                   f"case {name!r} is also defined in {display_path(found[name])}")
             found[name] = manifest.parent
+        for configurations in sorted(root.glob(f"inference/*/{INFERENCE_FILES[0]}")):
+            name = configurations.parent.name
+            if name in found:
+                raise ConfigError(display_path(configurations), None,
+                                  f"case {name!r} is also defined in {display_path(found[name])}")
+            found[name] = configurations.parent
     return found
+
+
+def load_inference_manifest(folder: Path) -> InferenceManifest:
+    """FlagPerf's configurations.yaml and parameters.yaml, loaded unchanged, as a manifest."""
+    configurations = load_yaml_mapping(folder / INFERENCE_FILES[0])
+    parameters_path = folder / INFERENCE_FILES[1]
+    parameters = load_yaml_mapping(parameters_path) if parameters_path.is_file() else {}
+    readme = folder / "README.md"
+    description = f"inference case {folder.name}"
+    if readme.is_file():
+        paragraphs = [p.strip() for p in readme.read_text(encoding="utf-8").split("\n\n") if p.strip()]
+        text = next((p for p in paragraphs if not p.startswith("#")), "")
+        description = " ".join(text.split()) or description
+    try:
+        manifest = InferenceManifest(name=folder.name, family="inference", description=description,
+                                     entry=INFERENCE_ENTRY, configurations=configurations, parameters=parameters)
+    except ValidationError as exc:
+        raise pydantic_error_to_config_error(exc, display_path(folder / INFERENCE_FILES[0])) from None
+    if not (folder / INFERENCE_ENTRY).is_file():
+        raise ConfigError(display_path(folder), "entry", f"{INFERENCE_ENTRY} does not exist")
+    return manifest
 
 
 def load_case_manifest(path: Path) -> CaseManifest:
@@ -113,6 +170,8 @@ def load_case(name: str, cases: dict[str, Path] | None = None) -> CaseDef:
     if name not in cases:
         raise ConfigError("cases", name, f"unknown case (known: {', '.join(sorted(cases))})")
     folder = cases[name]
+    if not (folder / MANIFEST).is_file() and (folder / INFERENCE_FILES[0]).is_file():
+        return CaseDef(manifest=load_inference_manifest(folder), folder=folder)
     return CaseDef(manifest=load_case_manifest(folder / MANIFEST), folder=folder)
 
 
@@ -165,11 +224,22 @@ def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[st
     )
     if case.family == "training":
         _apply_scale_file(case, merged, vendor, hardware or vendor, run_overrides)
+    if case.family == "inference":  # parameters come from their own file
+        parameters_source = display_path(case.folder / INFERENCE_FILES[1])
+        merged.origins.update(dict.fromkeys(case.manifest.parameters, parameters_source))
     for source, overrides in run_overrides:
         apply_run_overrides(merged, overrides, source)
     try:
         model = case.config_model.model_validate(merged.values)
     except ValidationError as exc:
         raise pydantic_error_to_config_error(exc, display_path(case.manifest_path), merged.origins) from None
+    if case.family == "inference":
+        # The toggles and the engine they name, checked before anything runs (and again in the case process).
+        from flagperf.inference.config import check_toggles
+        from flagperf.inference.engines import check_engine_toggles
+
+        check_toggles(model, merged.origins, display_path(case.manifest_path))
+        if vendor:  # `flagperf validate` checks a case's defaults without a vendor, so without its engines
+            check_engine_toggles(model, vendor, merged.origins, display_path(case.manifest_path))
     merged.values = model.model_dump(mode="json")
     return merged

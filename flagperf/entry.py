@@ -1,4 +1,4 @@
-"""The in-host (later in-container) entry for one base-spec case round.
+"""The in-host (later in-container) entry for one case round: base spec, training or inference.
 
     python -m flagperf.entry --job DIR/job.json
 
@@ -33,12 +33,15 @@ from flagperf.errors import (
     ConfigError,
     Unsupported,
 )
+from flagperf.hosts import default_work_root
+from flagperf.inference.config import InferenceConfig
 from flagperf.job import Job
 from flagperf.provenance import engine_info, host_info, library_versions
 from flagperf.results import (
     RESULT_FILE,
     Convergence,
     Failure,
+    InferenceReport,
     Metric,
     Provenance,
     RoundResult,
@@ -64,6 +67,7 @@ class Outcome:
     convergence: Convergence | None = None
     failure: Failure | None = None  # an incomplete run that still has something to say
     exit_code: int = EXIT_OK
+    inference: InferenceReport | None = None
 
 
 def run_base(case: CaseDef, config: CaseConfig, vendor: Vendor, spec: SpecTable, job: Job, out_dir: Path
@@ -97,6 +101,30 @@ def run_training(job: Job, config: TrainingConfig, out_dir: Path) -> Outcome:
     return Outcome(metrics=metrics, measured=measured, convergence=convergence)
 
 
+def run_inference(job: Job, case: CaseDef, config: InferenceConfig, vendor: Vendor, spec: SpecTable,
+                  out_dir: Path) -> Outcome:
+    """The seven steps (flagperf.inference), as Prefect subflows when the job carries a Prefect context."""
+    from flagperf.inference.pipeline import InferenceRun
+    from flagperf.inference.subflows import run_inference_steps
+
+    device = torch.device(vendor.manifest.torch_device)
+    # Exported models and engines stay on this host, outside the round folder that is copied into the
+    # results (a Llama-7B ONNX file is 27 GB); result.json records where they are, for exist_*_path reuse.
+    artifacts = default_work_root() / "inference-artifacts" / job.run_id / job.case / f"round{job.round}"
+    run = InferenceRun(case_name=case.name, module=case.module, config=config, vendor=vendor.name, spec=spec,
+                       device=device, shares_host_memory=vendor.manifest.shares_host_memory, out_dir=out_dir,
+                       artifact_dir=artifacts / f"attempt{job.attempt}", origins=job.config_origins)
+    try:
+        run_inference_steps(run, job.prefect_context)
+    except RuntimeError as exc:
+        classified = classify_runtime_error(exc)
+        if classified is exc:
+            raise
+        raise classified from exc
+    measured = sum(m.measured_seconds for m in run.metrics if m.name.endswith("_core"))
+    return Outcome(metrics=run.metrics, measured=measured, inference=run.report)
+
+
 def run_job(job: Job, out_dir: Path) -> int:
     started = datetime.now(UTC)
     startup_s = max(0.0, started.timestamp() - psutil.Process().create_time())
@@ -112,6 +140,8 @@ def run_job(job: Job, out_dir: Path) -> int:
         log.info("case %s round %d on %s (%s), attempt %d", job.case, job.round, job.host, device, job.attempt)
         if isinstance(config, TrainingConfig):
             outcome = run_training(job, config, out_dir)
+        elif isinstance(config, InferenceConfig):
+            outcome = run_inference(job, case, config, vendor, spec, out_dir)
         else:
             outcome = run_base(case, config, vendor, spec, job, out_dir)
         status = "failed" if outcome.failure else "success"
@@ -138,7 +168,7 @@ def run_job(job: Job, out_dir: Path) -> int:
         node_rank=job.node_rank, vendor=job.vendor, status=status, failure=outcome.failure,
         started_at=started, finished_at=finished, duration_s=(finished - started).total_seconds(),
         measured_seconds=outcome.measured, startup_s=startup_s, device=device, metrics=outcome.metrics,
-        convergence=outcome.convergence, config=job.config,
+        convergence=outcome.convergence, inference=outcome.inference, config=job.config,
         provenance=Provenance(
             **engine_info(), command=job.command, python=sys.version.split()[0],
             libraries={**job.controller_libraries, **library_versions()}, host=host_info(), image=job.image,

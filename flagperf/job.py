@@ -35,6 +35,8 @@ class Job(BaseModel):
     command: str | None = None
     image: dict[str, Any]
     controller_libraries: dict[str, str] = Field(default_factory=dict)
+    prefect_context: dict[str, Any] | None = Field(
+        default=None, description="the run_case task's Prefect context (JSON form): inference steps nest under it")
 
     def failed_result(self, failure: Failure, host_probe: dict[str, Any] | None) -> RoundResult:
         """The result of a round that left none of its own (a crash, a timeout, a lost host)."""

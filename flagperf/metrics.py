@@ -88,6 +88,24 @@ def rate_stats(chunks: Sequence[Chunk], work_per_iteration: float, scale: float 
     )
 
 
+@dataclass(frozen=True)
+class LatencyStats:
+    """Per-request (per-batch) latencies in seconds: the mean and the tail."""
+
+    mean: float
+    p50: float
+    p90: float
+    p99: float
+    count: int
+
+
+def latency_stats(seconds: Sequence[float]) -> LatencyStats:
+    if not seconds:
+        raise ValueError("no latencies")
+    return LatencyStats(mean=statistics.fmean(seconds), p50=percentile(seconds, 50), p90=percentile(seconds, 90),
+                        p99=percentile(seconds, 99), count=len(seconds))
+
+
 PEAK_SCALE = {"TFLOPS": 1e12, "TOPS": 1e12}
 
 

@@ -47,6 +47,7 @@ class Metric(_Model):
     p50: float | None = None
     p10: float | None = None
     p90: float | None = None
+    p99: float | None = Field(default=None, description="latency metrics: the 99th percentile")
     cv: float | None = Field(default=None, description="coefficient of variation across timed chunks")
     chunks: int = 0
     iterations: int = 0
@@ -76,6 +77,40 @@ class Convergence(_Model):
     converged: bool
     epochs: int
     steps: int
+
+
+class LoadgenResult(_Model):
+    """One MLPerf LoadGen scenario, as LoadGen itself reported it (mlperf_log_detail.txt)."""
+
+    scenario: str
+    mode: str
+    valid: bool = Field(description="LoadGen's own verdict: result_validity == VALID")
+    result_validity: str
+    samples_per_s: float | None = Field(description="LoadGen's throughput figure for the scenario")
+    latency_ms: dict[str, float] = Field(default_factory=dict, description="mean and percentiles, ms")
+    settings: dict[str, Any] = Field(default_factory=dict, description="the test settings we gave LoadGen")
+    summary: dict[str, Any] = Field(default_factory=dict, description="LoadGen's result_* keys, verbatim")
+    log_dir: str
+
+
+class InferenceReport(_Model):
+    """What an inference round did, beside its metrics: the steps, the toggles' effect, the data used."""
+
+    compiler: str | None
+    precision: str
+    batch_size: int
+    flops_per_item: float
+    item: str
+    steps: dict[str, str] = Field(description="step -> 'ran', 'skipped: <why>' or 'failed'")
+    runner: str = Field(description="'prefect subflows' or 'plain functions (<why>)'")
+    synthetic_data: bool
+    data: str = Field(description="the data set read, or what the synthetic inputs were")
+    accuracy_note: str | None = None
+    e2e_time_s: float
+    non_inference_s: float = Field(default=0.0, description="engine-reported non-inference time (foo_time)")
+    onnx_path: str | None = None
+    engine_file: str | None = None
+    loadgen: list[LoadgenResult] = Field(default_factory=list)
 
 
 class Provenance(_Model):
@@ -112,6 +147,7 @@ class RoundResult(_Model):
     device: str | None = None
     metrics: list[Metric] = Field(default_factory=list)
     convergence: Convergence | None = None
+    inference: InferenceReport | None = None
     config: dict[str, Any]
     provenance: Provenance | None = None
 

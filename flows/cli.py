@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from flagperf.cases import available_cases, load_case, load_case_manifest, resolve_case_config
+from flagperf.cases import INFERENCE_FILES, available_cases, load_case, load_case_manifest, resolve_case_config
 from flagperf.errors import ConfigError, FlagperfError
 from flagperf.inventory import load_inventory, local_inventory
 from flagperf.paths import display_path
@@ -224,6 +224,9 @@ def _validate_file(path: Path) -> str:
         case = load_case(manifest.name, {manifest.name: path.parent})
         resolve_case_config(case, vendor="", run_overrides=[])  # the defaults alone must be valid
         return "case"
+    inference = _validate_inference_file(path)
+    if inference:
+        return inference
     if path.parent.name == "vendor" and (path.parent.parent / "case.yaml").is_file():
         if path.suffix != ".yaml":
             raise ConfigError(display_path(path), None, "vendor override files are named <vendor>.yaml; "
@@ -254,6 +257,21 @@ def _validate_file(path: Path) -> str:
         return f"{'FlagPerf host.yaml' if 'HOSTS' in data else 'inventory'}, {len(inv.hosts)} host(s)"
     raise ConfigError(display_path(path), None, "not a case.yaml, vendor/<vendor>.yaml, vendor.yaml, suite, "
                                                 "inventory or host.yaml file")
+
+
+def _validate_inference_file(path: Path) -> str | None:
+    """FlagPerf's inference files: configurations.yaml, parameters.yaml, vendor/<vendor>_configurations.yaml."""
+    if path.name in INFERENCE_FILES and path.parent.parent.name == "inference":
+        case = load_case(path.parent.name, {path.parent.name: path.parent})
+        resolve_case_config(case, vendor="", run_overrides=[])  # the defaults alone must be valid
+        return f"inference case {case.name}"
+    if (path.parent.name == "vendor" and path.name.endswith("_configurations.yaml")
+            and (path.parent.parent / INFERENCE_FILES[0]).is_file()):
+        case_dir = path.parent.parent
+        case = load_case(case_dir.name, {case_dir.name: case_dir})
+        resolve_case_config(case, vendor=path.name.removesuffix("_configurations.yaml"), run_overrides=[])
+        return f"vendor overrides of {case.name}"
+    return None
 
 
 @app.command()

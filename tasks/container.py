@@ -11,6 +11,7 @@ from prefect.states import State
 
 from flagperf.errors import EXIT_OK, EXIT_UNSUPPORTED, EXIT_USER_ERROR, InfrastructureFailure, RoundUserFailure
 from flagperf.hosts import Host
+from flagperf.inference.subflows import portable_context
 from flagperf.job import JOB_FILE, Job
 from flagperf.results import CASE_LOG_FILE, RESULT_FILE, RoundResult, read_result
 from flagperf.runtime import PID_FILE, Runtime
@@ -35,7 +36,8 @@ def run_case(host: Host, runtime: Runtime, job: Job, stage_dir: Path, timeout_s:
     """Run one case round on the host and read back its result; raise on failure (see the exit codes)."""
     logger = get_run_logger()
     attempt = current_task_run.run_count or 1
-    job = job.model_copy(update={"attempt": attempt})
+    job = job.model_copy(update={"attempt": attempt,
+                                 "prefect_context": portable_context() if job.family == "inference" else None})
     job_dir = stage_dir / f"attempt{attempt}"
     host.write_text(job_dir / JOB_FILE, job.model_dump_json(indent=2))
     logger.info("attempt %d: %s runtime, timeout %.0f s", attempt, runtime.name, timeout_s)

@@ -1,0 +1,132 @@
+"""llama-decode-infer: greedy decoding, generated tokens/s and time to first token."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from pydantic import Field
+from torch.utils.data import DataLoader, TensorDataset
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from flagperf.inference.config import InferenceConfig
+from flagperf.inference.data import SyntheticDataset, loader
+from flagperf.inference.engines import InferenceEngine
+from flagperf.inference.hf import Logits, build
+from flagperf.training.data import LocalPath, token_windows
+
+ACCURACY = None  # decoding speed is the figure of merit; see README.md
+
+
+class Config(InferenceConfig):
+    item_name: ClassVar[str] = "tokens"
+    data_path: LocalPath = Field(description="1-D .npy of token ids for the prompts; null: synthetic")
+    checkpoint_path: LocalPath = Field(description="a save_pretrained folder; null: random weights")
+    synthetic_prompts: int = Field(ge=1)
+    prompt_len: int = Field(ge=1)
+    new_tokens: int = Field(ge=1)
+    vocab_size: int = Field(ge=2)
+    hidden_size: int = Field(ge=1)
+    num_hidden_layers: int = Field(ge=1)
+    num_attention_heads: int = Field(ge=1)
+    num_key_value_heads: int = Field(ge=1)
+    intermediate_size: int = Field(ge=1)
+    seed: int
+
+    def items_per_sample(self) -> int:
+        return self.new_tokens  # throughput counts generated tokens
+
+
+class Prompts(TensorDataset):
+    synthetic = False
+
+    def __init__(self, config: Config) -> None:
+        assert config.data_path is not None
+        windows = token_windows(config.data_path, config.prompt_len - 1, config.vocab_size)
+        super().__init__(windows, torch.zeros(len(windows), dtype=torch.long))
+        self.description = f"{config.data_path}: {len(windows)} prompts of {config.prompt_len} tokens"
+
+
+def build_dataloader(config: Config) -> DataLoader:
+    if config.data_path is not None:
+        dataset: Any = Prompts(config)
+    else:
+        dataset = SyntheticDataset(config.synthetic_prompts,
+                                   lambda g: torch.randint(0, config.vocab_size, (config.prompt_len,), generator=g),
+                                   f"{config.prompt_len} random token ids")
+    return loader(dataset, config.batch_size, config.num_workers)
+
+
+def create_model(config: Config) -> torch.nn.Module:
+    hf = LlamaConfig(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+                     num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
+                     num_key_value_heads=config.num_key_value_heads, intermediate_size=config.intermediate_size,
+                     max_position_embeddings=max(2048, config.prompt_len + config.new_tokens),
+                     attn_implementation="eager")
+    return Decoder(build(LlamaForCausalLM, hf, config.checkpoint_path), config.new_tokens)
+
+
+class Decoder(Logits):
+    """Input ids in, logits out (what is exported); it also knows how many tokens to generate."""
+
+    def __init__(self, model: LlamaForCausalLM, new_tokens: int) -> None:
+        super().__init__(model, ("input_ids",))
+        self.new_tokens = new_tokens
+
+
+def evaluator(outputs: list[torch.Tensor], labels: torch.Tensor) -> float:
+    raise NotImplementedError("llama-decode-infer has no accuracy metric")  # ACCURACY is None: never called
+
+
+def model_forward(model: torch.nn.Module, inputs: list[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
+    """Greedy decoding with the KV cache; yields after each generated token (the first yield is TTFT)."""
+    assert isinstance(model, Decoder)
+    ids = inputs[0]
+    out = model.model(input_ids=ids, use_cache=True)
+    cache = out.past_key_values
+    tokens = [out.logits[:, -1].argmax(dim=-1, keepdim=True)]
+    yield tokens
+    for _ in range(model.new_tokens - 1):
+        out = model.model(input_ids=tokens[-1], past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+        tokens.append(out.logits[:, -1].argmax(dim=-1, keepdim=True))
+        yield tokens
+    yield [torch.cat(tokens, dim=1)]
+
+
+def window(config: Config) -> int:
+    """The engine's fixed sequence length: the prompt and every generated token but the last."""
+    return config.prompt_len + config.new_tokens - 1
+
+
+def export_model(model: torch.nn.Module, config: Config, path: Path) -> None:
+    # A fixed sequence length: a traced Llama bakes its length into reshapes, and a fixed shape is what
+    # TensorRT and ONNX Runtime optimise best. Causal attention makes the right padding harmless.
+    example = torch.zeros(config.batch_size, window(config), dtype=torch.long)
+    torch.onnx.export(model, (example,), str(path), input_names=["input_ids"], output_names=["logits"],
+                      dynamic_axes={"input_ids": {0: "batch"}, "logits": {0: "batch"}}, dynamo=False)
+
+
+def engine_forward(engine: InferenceEngine, inputs: list[torch.Tensor]) -> tuple[Iterator[list[torch.Tensor]], float]:
+    """Greedy decoding through the engine's full-window forward (no cache in the exported graph): the prompt
+    sits at the left of a fixed window, each new token is written after it, and the logits at the last
+    filled position give the next token."""
+    config: Config = engine.config  # type: ignore[assignment]
+
+    def decode() -> Iterator[list[torch.Tensor]]:
+        prompt = inputs[0]
+        ids = torch.zeros(prompt.shape[0], window(config), dtype=prompt.dtype)
+        ids[:, :config.prompt_len] = prompt
+        generated: list[torch.Tensor] = []
+        for i in range(config.new_tokens):
+            (logits, *_), _foo = engine([ids])
+            token = logits[:, config.prompt_len - 1 + i].argmax(dim=-1, keepdim=True).cpu().to(ids.dtype)
+            generated.append(token)
+            if i + 1 < config.new_tokens:
+                ids[:, config.prompt_len + i] = token[:, 0]
+            yield generated
+        yield [torch.cat(generated, dim=1)]
+
+    return decode(), 0.0

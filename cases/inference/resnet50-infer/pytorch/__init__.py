@@ -1,0 +1,64 @@
+"""resnet50-infer: ResNet-50 top-1 on an ImageNet-style folder, or synthetic images (throughput only)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from pydantic import Field
+from torch.utils.data import DataLoader
+from transformers import ResNetConfig, ResNetForImageClassification
+
+from flagperf.inference.config import InferenceConfig
+from flagperf.inference.data import ImageFolderDataset, SyntheticDataset, loader, top1
+from flagperf.inference.engines import InferenceEngine
+from flagperf.inference.hf import Logits, build
+from flagperf.training.data import LocalPath
+
+ACCURACY = "top1"
+
+
+class Config(InferenceConfig):
+    item_name: ClassVar[str] = "images"
+    data_dir: LocalPath = Field(description="ImageNet-style folder: <class>/<image>, classes in sorted order")
+    checkpoint_path: LocalPath = Field(description="a save_pretrained folder; null: random weights")
+    synthetic_images: int = Field(ge=1)
+    depths: list[int] = Field(min_length=1)
+    hidden_sizes: list[int] = Field(min_length=1)
+    resize: int = Field(ge=8)
+    crop: int = Field(ge=8)
+    num_labels: int = Field(ge=2)
+
+
+def build_dataloader(config: Config) -> DataLoader:
+    if config.data_dir is not None:
+        dataset: Any = ImageFolderDataset(config.data_dir, config.resize, config.crop)
+    else:
+        dataset = SyntheticDataset(config.synthetic_images, lambda g: torch.randn(3, config.crop, config.crop,
+                                                                                  generator=g),
+                                   f"3x{config.crop}x{config.crop} normal noise")
+    return loader(dataset, config.batch_size, config.num_workers)
+
+
+def create_model(config: Config) -> torch.nn.Module:
+    hf = ResNetConfig(depths=config.depths, hidden_sizes=config.hidden_sizes, num_labels=config.num_labels)
+    return Logits(build(ResNetForImageClassification, hf, config.checkpoint_path), ("pixel_values",))
+
+
+def evaluator(outputs: list[torch.Tensor], labels: torch.Tensor) -> float:
+    return top1(outputs, labels)
+
+
+def model_forward(model: torch.nn.Module, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [model(*inputs)]
+
+
+def export_model(model: torch.nn.Module, config: Config, path: Path) -> None:
+    torch.onnx.export(model, (torch.zeros(config.batch_size, 3, config.crop, config.crop),), str(path),
+                      input_names=["pixel_values"], output_names=["logits"],
+                      dynamic_axes={"pixel_values": {0: "batch"}, "logits": {0: "batch"}}, dynamo=False)
+
+
+def engine_forward(engine: InferenceEngine, inputs: list[torch.Tensor]) -> tuple[Any, float]:
+    return engine(inputs)

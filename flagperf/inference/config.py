@@ -1,0 +1,144 @@
+"""An inference case's configuration: FlagPerf's keys, its four toggles, and which of the seven steps run.
+
+FlagPerf's configurations.yaml keys load unchanged (batch_size, flops, fp16, compiler, num_workers,
+log_freq, repeat, no_validation, exist_onnx_path, exist_compiler_path). The toggles keep FlagPerf's meaning:
+
+  compiler: null             after framework validation, go straight to the summary
+  no_validation: true        no model, no validation, no export; needs exist_onnx_path
+  exist_onnx_path: <path>    no export; the compiler reads that file
+  exist_compiler_path: <p>   no compilation; the engine is loaded from that file
+
+Combinations that cannot run (or would measure nothing) are config errors naming the file and key, raised
+before anything runs (check_toggles).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import ClassVar, Literal
+
+from pydantic import ConfigDict, Field, field_validator
+
+from flagperf.casekit import CaseConfig
+from flagperf.errors import ConfigError
+
+STEPS = ("init", "dataset_model", "validation", "export", "compile", "inference", "summary")
+STEP_TITLES = {
+    "init": "a. init: logger, config",
+    "dataset_model": "b. dataset and model",
+    "validation": "c. framework validation",
+    "export": "d. ONNX export",
+    "compile": "e. compile",
+    "inference": "f. engine inference",
+    "summary": "g. summary",
+}
+
+# FlagPerf writes per-item FLOPs as a product such as 2*512*0.33e9 (it eval()s the string). Only a product
+# of plain numbers is accepted here: nothing is evaluated.
+_NUMBER = r"\s*[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?\s*"
+_PRODUCT = re.compile(rf"^{_NUMBER}(?:\*{_NUMBER})*$")
+
+
+def parse_flops(value: object) -> float:
+    if isinstance(value, bool):
+        raise ValueError("must be a number or a product such as 2*512*0.33e9")
+    if isinstance(value, int | float):
+        result = float(value)
+    elif isinstance(value, str) and _PRODUCT.match(value):
+        result = math.prod(float(part) for part in value.split("*"))
+    else:
+        raise ValueError(f"must be a number or a product such as 2*512*0.33e9 (got {value!r})")
+    if not math.isfinite(result) or result <= 0:
+        raise ValueError(f"must be a positive finite number (got {value!r})")
+    return result
+
+
+class InferenceConfig(CaseConfig):
+    """Keys of every inference case. A case's ``Config`` subclasses it with its parameters.
+
+    Extra keys are allowed (FlagPerf lets a vendor file add keys, with a warning): engines read their own
+    keys from them through their typed options.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True, allow_inf_nan=False)
+
+    # FlagPerf's configurations.yaml has no timeout or retry keys; these defaults make its files load.
+    timeout_s: float = Field(default=86400.0, gt=0, description="FlagPerf's upper bound for a case: 24 h")
+    max_retries: int = Field(default=0, ge=0, le=10)
+
+    batch_size: int = Field(ge=1)
+    flops: float = Field(description="FLOPs per item (an image, a sequence, a token): MFU's numerator")
+    fp16: bool
+    compiler: str | None
+    num_workers: int = Field(ge=0, le=64)
+    log_freq: int = Field(ge=1)
+    repeat: int = Field(ge=1, description="passes over the data set in each of validation and inference")
+    no_validation: bool
+    exist_onnx_path: str | None
+    exist_compiler_path: str | None
+    warmup_batches: int = Field(default=1, ge=0, description="untimed batches before each timed pass "
+                                "(compilation, allocator and cache warm-up are not throughput)")
+    loadgen_scenarios: list[Literal["Offline", "SingleStream", "Server"]] = Field(default_factory=list)
+    loadgen_min_duration_s: float = Field(default=10.0, gt=0)
+    loadgen_min_query_count: int = Field(default=64, ge=1)
+    loadgen_server_target_qps: float | None = Field(default=None, gt=0, description="null: half of what "
+                                                    "SingleStream sustained (run SingleStream first)")
+    loadgen_target_latency_ms: float = Field(default=1000.0, gt=0)
+
+    @field_validator("flops", mode="before")
+    @classmethod
+    def _flops(cls, value: object) -> float:
+        return parse_flops(value)
+
+    @property
+    def precision(self) -> Literal["fp16", "fp32"]:
+        """The spec-table key MFU is taken against."""
+        return "fp16" if self.fp16 else "fp32"
+
+    # What one "item" is, for throughput and MFU; a decoding case counts generated tokens instead.
+    item_name: ClassVar[str] = "samples"
+
+    def items_per_sample(self) -> int:
+        return 1
+
+
+def check_toggles(config: InferenceConfig, origins: dict[str, str], default_source: str) -> None:
+    """The combinations that cannot run, as one-line errors naming the file that set the key."""
+
+    def fail(key: str, message: str) -> ConfigError:
+        return ConfigError(origins.get(key, default_source), key, message)
+
+    if config.no_validation and config.exist_onnx_path is None:
+        raise fail("no_validation", "no_validation: true creates no model, so exist_onnx_path must name an "
+                                    "ONNX file (FlagPerf asserts the same)")
+    if config.compiler is None:
+        if config.no_validation:
+            raise fail("compiler", "compiler: null with no_validation: true runs neither validation nor "
+                                   "inference: nothing would be measured")
+        if config.exist_compiler_path is not None:
+            raise fail("exist_compiler_path", "an engine file needs a compiler to load it; compiler is null")
+        if config.exist_onnx_path is not None:
+            raise fail("exist_onnx_path", "only the compile step reads it, and compiler: null skips that step")
+    if config.loadgen_scenarios and config.compiler is None:
+        raise fail("loadgen_scenarios", "LoadGen drives the compiled engine; compiler is null")
+    if len(set(config.loadgen_scenarios)) != len(config.loadgen_scenarios):
+        raise fail("loadgen_scenarios", "lists a scenario more than once")
+
+
+def skipped_steps(config: InferenceConfig) -> dict[str, str]:
+    """Step -> why it does not run (FlagPerf's semantics); the steps not listed run."""
+    skipped: dict[str, str] = {}
+    if config.no_validation:
+        skipped["validation"] = "no_validation: true"
+        skipped["export"] = "no_validation: true"
+    if config.compiler is None:
+        skipped.setdefault("export", "compiler: null (nothing compiles an ONNX file)")
+        skipped["compile"] = "compiler: null"
+        skipped["inference"] = "compiler: null"
+    if config.exist_onnx_path is not None:
+        skipped.setdefault("export", f"exist_onnx_path: {config.exist_onnx_path}")
+    if config.exist_compiler_path is not None:
+        skipped.setdefault("compile", f"exist_compiler_path: {config.exist_compiler_path} (loaded, not built)")
+    return skipped
+

@@ -1,0 +1,201 @@
+"""Compiler engines as plug-in folders: vendor_images/<vendor>/engines/<engine>/engine.yaml.
+
+One contract for every engine (FlagPerf's InferModel): built once from (config, onnx_path, model), untimed;
+then called once per batch with a list of CPU tensors, returning (outputs, non-inference seconds). An engine
+that can save what it built writes it to ``engine_file`` and can be loaded back from such a file
+(``exist_compiler_path``).
+
+engine.yaml:
+  name: onnxruntime
+  description: ...
+  module: flagperf.inference.inductor   # a shared implementation in the core (several vendors), or
+  file: engine.py                       # a module in the engine folder; either defines ``Engine``
+  requires: [{import: onnxruntime, pip: "onnxruntime==1.31.1"}]
+  needs_model: false    # needs the PyTorch model (so no_validation: true cannot be used)
+  needs_onnx: true      # reads the ONNX file (so exist_onnx_path must exist when it is given)
+  loads_engine_files: true
+
+Nothing in the engine names an engine: adding one is adding a folder.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from flagperf.config import StrictModel, check_name, load_model
+from flagperf.errors import CaseUserError, ConfigError
+from flagperf.inference.config import InferenceConfig
+from flagperf.paths import display_path, vendor_roots
+from flagperf.vendors import import_file
+
+ENGINE_MANIFEST = "engine.yaml"
+ENGINE_PREFIX = "flagperf.inference."
+
+
+class Requirement(StrictModel):
+    import_name: str = Field(alias="import")
+    pip: str
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class EngineManifest(StrictModel):
+    name: str
+    description: str
+    module: str | None = None
+    file: str | None = None
+    requires: list[Requirement] = Field(default_factory=list)
+    needs_model: bool = False
+    needs_onnx: bool = True
+    loads_engine_files: bool = False
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return check_name(value, "engine name")
+
+    @field_validator("module")
+    @classmethod
+    def _module(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(ENGINE_PREFIX):
+            raise ValueError(f"must be a shared engine under {ENGINE_PREFIX}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_of(self) -> EngineManifest:
+        if (self.module is None) == (self.file is None):
+            raise ValueError("give exactly one of module and file")
+        return self
+
+
+class EngineOptions(BaseModel):
+    """An engine's own keys, read from the case config (a vendor file may add them); others are ignored."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+@dataclass(frozen=True)
+class EngineEnv:
+    """Where the engine runs and may write (its engine file goes under work_dir)."""
+
+    device: torch.device
+    work_dir: Path
+    case: str
+    log: logging.Logger
+
+
+class InferenceEngine(ABC):
+    """The compiler contract. Subclasses set ``Options`` to the typed keys they read."""
+
+    Options: ClassVar[type[EngineOptions]] = EngineOptions
+
+    def __init__(self, config: InferenceConfig, onnx_path: Path | None, model: torch.nn.Module | None,
+                 env: EngineEnv, *, engine_path: Path | None = None) -> None:
+        """Build from ``onnx_path``/``model``, or load ``engine_path`` (exist_compiler_path) when given."""
+        self.config = config
+        try:
+            self.options = self.Options.model_validate(config.model_dump())
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            key = ".".join(str(p) for p in err["loc"])
+            raise CaseUserError(f"engine {config.compiler}: {key}: {err['msg']} (got {err.get('input')!r})") from None
+        self.env = env
+        self.engine_file: Path | None = None  # what this engine saved, if it saves anything
+
+    @abstractmethod
+    def __call__(self, inputs: list[torch.Tensor]) -> tuple[list[torch.Tensor], float]:
+        """Outputs for one batch of CPU tensors, and the seconds of that call that were not inference
+        (a JIT compile, for example; FlagPerf reviews any engine where this is not 0)."""
+
+
+@dataclass(frozen=True)
+class EngineDef:
+    manifest: EngineManifest
+    folder: Path
+
+    @property
+    def source(self) -> str:
+        return display_path(self.folder / ENGINE_MANIFEST)
+
+    def missing_packages(self) -> list[Requirement]:
+        return [r for r in self.manifest.requires if importlib.util.find_spec(r.import_name) is None]
+
+    def engine_class(self) -> type[InferenceEngine]:
+        """Import the engine; a missing library is a clear error naming the package to install."""
+        missing = self.missing_packages()
+        if missing:
+            raise CaseUserError(f"engine {self.manifest.name} ({self.source}) needs the Python package(s) "
+                                f"{', '.join(r.pip for r in missing)}: not installed on this host "
+                                f"(import {', '.join(r.import_name for r in missing)} fails)")
+        if self.manifest.module is not None:
+            module = importlib.import_module(self.manifest.module)
+        else:
+            module = import_file(self.folder / str(self.manifest.file),
+                                 f"flagperf_engine_{self.folder.parent.parent.name}_{self.manifest.name}")
+        cls = getattr(module, "Engine", None)
+        if not (isinstance(cls, type) and issubclass(cls, InferenceEngine)):
+            raise ConfigError(self.source, "file" if self.manifest.file else "module",
+                              "must define Engine, a subclass of flagperf.inference.engines.InferenceEngine")
+        return cls
+
+
+def engine_folders(vendor: str) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for root in vendor_roots():
+        for manifest in sorted((root / vendor / "engines").glob(f"*/{ENGINE_MANIFEST}")):
+            found.setdefault(manifest.parent.name, manifest.parent)
+    return found
+
+
+def load_engine(vendor: str, name: str, source: str = "compiler") -> EngineDef:
+    engines = engine_folders(vendor)
+    if name not in engines:
+        known = ", ".join(sorted(engines)) or "none"
+        raise ConfigError(source, "compiler", f"unknown compiler {name!r} for vendor {vendor} "
+                                              f"(engines in vendor_images/{vendor}/engines/: {known})")
+    folder = engines[name]
+    manifest = load_model(folder / ENGINE_MANIFEST, EngineManifest)
+    if manifest.name != name:
+        raise ConfigError(display_path(folder / ENGINE_MANIFEST), "name", f"must match the folder name ({name!r})")
+    if manifest.file is not None and not (folder / manifest.file).is_file():
+        raise ConfigError(display_path(folder / ENGINE_MANIFEST), "file", f"{manifest.file!r} does not exist")
+    if manifest.module is not None and importlib.util.find_spec(manifest.module) is None:
+        raise ConfigError(display_path(folder / ENGINE_MANIFEST), "module", f"no module named {manifest.module!r}")
+    return EngineDef(manifest=manifest, folder=folder)
+
+
+def check_engine_toggles(config: InferenceConfig, vendor: str, origins: dict[str, str], default_source: str
+                         ) -> EngineDef | None:
+    """What the chosen engine needs, against the toggles and the files they name (before anything runs)."""
+    if config.compiler is None:
+        return None
+
+    def where(key: str) -> str:
+        return origins.get(key, default_source)
+
+    engine = load_engine(vendor, config.compiler, where("compiler"))
+    m = engine.manifest
+    if m.needs_model and config.no_validation:
+        raise ConfigError(where("no_validation"), "no_validation",
+                          f"engine {m.name} compiles the PyTorch model, and no_validation: true creates none")
+    if config.exist_compiler_path is not None:
+        if not m.loads_engine_files:
+            raise ConfigError(where("exist_compiler_path"), "exist_compiler_path",
+                              f"engine {m.name} cannot load an engine file")
+        if not Path(config.exist_compiler_path).is_file():
+            raise ConfigError(where("exist_compiler_path"), "exist_compiler_path",
+                              f"{config.exist_compiler_path} is not a file")
+    elif m.needs_onnx and config.exist_onnx_path is not None and not Path(config.exist_onnx_path).is_file():
+        raise ConfigError(where("exist_onnx_path"), "exist_onnx_path",
+                          f"{config.exist_onnx_path} is not a file (engine {m.name} compiles it)")
+    return engine
+

@@ -1,0 +1,31 @@
+"""transformers models for the inference cases: random init from a config, or local weights; never a download."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PretrainedConfig, PreTrainedModel
+
+
+def build(model_class: type[PreTrainedModel], config: PretrainedConfig, checkpoint_path: str | None
+          ) -> PreTrainedModel:
+    """``model_class`` with random weights, or the weights in a local folder (save_pretrained's layout)."""
+    if checkpoint_path is None:
+        torch.manual_seed(0)
+        return model_class(config)
+    return model_class.from_pretrained(Path(checkpoint_path), local_files_only=True)
+
+
+class Logits(torch.nn.Module):
+    """A transformers model as tensors in, logits out: what ONNX export, engines and evaluators need."""
+
+    def __init__(self, model: PreTrainedModel, input_names: tuple[str, ...]) -> None:
+        super().__init__()
+        self.model = model
+        self.input_names = input_names
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        kwargs: dict[str, Any] = dict(zip(self.input_names, inputs, strict=True))
+        return self.model(**kwargs).logits

@@ -1,0 +1,84 @@
+"""Inference on a real NVIDIA GPU (skipped without one; TensorRT tests also skip without tensorrt).
+
+What only a GPU can show: TensorRT builds an FP16 engine from the exported ONNX, saves it, and the saved
+file reloads through exist_compiler_path; its outputs agree with eager FP16 within FP16 tolerance; a corrupt
+.plan file is a user error; Inductor runs on CUDA; MFU is taken against the fp16 datasheet peak."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from flagperf.entry import run_job
+from flagperf.job import Job
+from flagperf.plan import plan_run
+from flagperf.results import RoundResult, read_result
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible to torch")]
+
+TINY_RESNET = ["depths=[1, 1]", "hidden_sizes=[16, 32]", "batch_size=8", "synthetic_images=64", "repeat=2"]
+
+
+def run_case(tmp_path: Path, name: str, *sets: str) -> tuple[int, RoundResult]:
+    plan = plan_run(cases=["resnet50-infer"], vendor="nvidia", sets=list(sets), results_dir=tmp_path / "r")
+    cp = plan.cases[0]
+    job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, host="gpu", vendor="nvidia",
+              config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={})
+    out = tmp_path / name
+    out.mkdir()
+    code = run_job(job, out)
+    return code, read_result(out / "result.json")
+
+
+def test_tensorrt_fp16_builds_saves_and_reloads(tmp_path: Path) -> None:
+    pytest.importorskip("tensorrt")
+    code, result = run_case(tmp_path, "build", *TINY_RESNET)
+    assert code == 0, result.failure
+    plan_file = Path(str(result.inference.engine_file))
+    assert plan_file.suffix == ".plan" and plan_file.stat().st_size > 0
+    core = next(m for m in result.metrics if m.name == "inference_core")
+    assert core.mfu_peak_key == "fp16" and core.mfu is not None and 0 < core.mfu < 1
+    code, again = run_case(tmp_path, "reload", *TINY_RESNET, "no_validation=true", "exist_onnx_path=foo",
+                           f"exist_compiler_path={plan_file}")
+    assert code == 0, again.failure
+    assert again.inference.steps["compile"].startswith("skipped") and again.inference.steps["inference"] == "ran"
+
+
+def test_tensorrt_matches_eager_fp16(tmp_path: Path) -> None:
+    pytest.importorskip("tensorrt")
+    import logging
+
+    from flagperf.cases import load_case
+    from flagperf.inference.engines import EngineEnv, load_engine
+
+    module = load_case("resnet50-infer").module
+    config = module.Config.model_validate(plan_run(cases=["resnet50-infer"], vendor="nvidia", sets=TINY_RESNET,
+                                                   results_dir="u").cases[0].config)
+    model = module.create_model(config).eval()
+    onnx = tmp_path / "m.onnx"
+    module.export_model(model, config, onnx)
+    env = EngineEnv(device=torch.device("cuda"), work_dir=tmp_path, case="t", log=logging.getLogger("t"))
+    engine = load_engine("nvidia", "tensorrt").engine_class()(config, onnx, None, env)
+    x = torch.randn(config.batch_size, 3, config.crop, config.crop)
+    with torch.no_grad():
+        expected = model.cuda().half()(x.cuda().half()).float().cpu()
+    got, foo = engine([x])
+    assert foo == 0.0
+    torch.testing.assert_close(got[0].float().cpu(), expected, rtol=2e-2, atol=2e-2)
+
+
+def test_a_corrupt_plan_file_is_a_user_error(tmp_path: Path) -> None:
+    pytest.importorskip("tensorrt")
+    bad = tmp_path / "bad.plan"
+    bad.write_bytes(b"not an engine")
+    code, result = run_case(tmp_path, "bad", *TINY_RESNET, f"exist_compiler_path={bad}")
+    assert code == 2 and "exist_compiler_path" in result.failure.message
+
+
+def test_inductor_on_cuda(tmp_path: Path) -> None:
+    code, result = run_case(tmp_path, "inductor", *TINY_RESNET, "compiler=inductor")
+    assert code == 0, result.failure
+    assert {"inference_core", "validation_core"} <= {m.name for m in result.metrics}

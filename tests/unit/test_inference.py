@@ -1,0 +1,410 @@
+"""Inference without a Prefect server: FlagPerf's file format and toggles, engines against eager PyTorch,
+the real-accuracy case, LoadGen on the CPU, and bad inputs. Models are shrunk through their configurations
+so every test runs in seconds on 2 cores; the steps run as plain functions here (see
+tests/integration/test_inference_flow.py for the subflows)."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+import torch
+
+from flagperf.cases import load_case
+from flagperf.entry import run_job
+from flagperf.errors import CaseUserError, ConfigError
+from flagperf.inference.config import InferenceConfig, parse_flops, skipped_steps
+from flagperf.inference.engines import EngineEnv, InferenceEngine, load_engine
+from flagperf.job import Job
+from flagperf.plan import plan_run
+from flagperf.results import RoundResult, read_result
+
+FLAGPERF_FORMAT = Path(__file__).resolve().parents[1] / "fixtures" / "flagperf_format"
+TINY_RESNET = ["depths=[1, 1]", "hidden_sizes=[8, 16]", "flops=1.0e6", "batch_size=4", "synthetic_images=8"]
+TINY_BERT = ["vocab_size=200", "hidden_size=32", "num_hidden_layers=1", "num_attention_heads=2",
+             "intermediate_size=64", "seq_len=16", "flops=1.0e6", "batch_size=4", "synthetic_sequences=8"]
+TINY_LLAMA = ["vocab_size=128", "hidden_size=32", "num_hidden_layers=2", "num_attention_heads=4",
+              "num_key_value_heads=2", "intermediate_size=64", "prompt_len=8", "new_tokens=4", "flops=1.0e5"]
+
+
+def run_case(tmp_path: Path, case: str, *sets: str, name: str = "out") -> tuple[int, RoundResult, Path]:
+    plan = plan_run(cases=[case], sets=list(sets), results_dir=tmp_path / "results")
+    cp = plan.cases[0]
+    job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, host="localhost", vendor="cpu",
+              config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={})
+    out = tmp_path / name
+    out.mkdir()
+    code = run_job(job, out)
+    return code, read_result(out / "result.json"), out
+
+
+@pytest.fixture(autouse=True)
+def _work_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exported models and engines go under the host's work root: here, the test's own folder."""
+    monkeypatch.setenv("FLAGPERF_WORK_ROOT", str(tmp_path / "work"))
+
+
+def metrics(result: RoundResult) -> dict[str, float]:
+    return {m.name: m.value for m in result.metrics}
+
+
+def plan_error(*sets: str, case: str = "digits-infer") -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        plan_run(cases=[case], sets=list(sets), results_dir="unused")
+    return info.value
+
+
+# FlagPerf's files and the toggles -----------------------------------------------------------------------------
+
+def test_flops_read_as_flagperf_writes_them() -> None:
+    assert parse_flops(4.12e9) == 4.12e9
+    assert parse_flops("2*512*0.33e9") == pytest.approx(2 * 512 * 0.33e9)
+    assert parse_flops(" 2 * 9472 ") == 18944.0
+    for bad in ("2*abc", "__import__('os')", "2**10", "-5", True, 0, "1e999*1e999"):
+        with pytest.raises(ValueError):
+            parse_flops(bad)
+
+
+def test_flagperf_configurations_load_unchanged(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+                                                ) -> None:
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(FLAGPERF_FORMAT))
+    case = load_case("flagperf-format")
+    assert case.family == "inference" and "FlagPerf's resnet50 file verbatim" in case.manifest.description
+    # The standard case: FlagPerf's file as it is, on the vendor whose engine it names.
+    standard = plan_run(cases=["flagperf-format"], vendor="nvidia", results_dir="unused").cases[0]
+    assert standard.config["flops"] == 4.12e9 and standard.config["compiler"] == "tensorrt"
+    assert standard.config["fp16"] is True and standard.config["exist_onnx_path"] is None
+    assert standard.origins["batch_size"].endswith("flagperf-format/configurations.yaml")
+    assert standard.origins["image_size"].endswith("flagperf-format/parameters.yaml")
+    # The cpu vendor's file overrides it under FlagPerf's rules (each change logged).
+    with caplog.at_level(logging.INFO, logger="flagperf.config"):
+        cpu = plan_run(cases=["flagperf-format"], vendor="cpu", results_dir="unused").cases[0]
+    assert cpu.config["compiler"] == "onnxruntime" and cpu.config["batch_size"] == 4
+    assert cpu.vendor_changes["compiler"] == ["tensorrt", "onnxruntime"]
+    assert cpu.origins["compiler"].endswith("vendor/cpu_configurations.yaml")
+    assert any("compiler: 'tensorrt' -> 'onnxruntime'" in r.getMessage() for r in caplog.records)
+
+
+def _copy_flagperf_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, vendor_yaml: str) -> Path:
+    root = tmp_path / "cases"
+    shutil.copytree(FLAGPERF_FORMAT, root)
+    (root / "inference" / "flagperf-format" / "vendor" / "cpu_configurations.yaml").write_text(vendor_yaml)
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(root))
+    return root
+
+
+@pytest.mark.parametrize(("vendor_yaml", "key", "message"), [
+    ("compiler: onnxruntime\nfp16: true\n", "fp16", "same value"),
+    ("compiler: onnxruntime\nimage_size: 16\n", "image_size", "parameters are not vendor-overridable"),
+    ("compiler: onnxruntime\nflops: 2*x\n", "flops", "product"),
+    ("compiler: onnxruntime\nbatch_size: 0\n", "batch_size", "greater than or equal to 1"),
+])
+def test_bad_vendor_overrides_name_the_file_and_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    vendor_yaml: str, key: str, message: str) -> None:
+    _copy_flagperf_case(tmp_path, monkeypatch, vendor_yaml)
+    with pytest.raises(ConfigError) as info:
+        plan_run(cases=["flagperf-format"], vendor="cpu", results_dir="unused")
+    assert info.value.key == key and message in info.value.message
+    assert info.value.source.endswith("vendor/cpu_configurations.yaml")
+
+
+def _run_flagperf_format(tmp_path: Path, name: str) -> tuple[int, RoundResult]:
+    plan = plan_run(cases=["flagperf-format"], vendor="cpu", results_dir=tmp_path / "results")
+    cp = plan.cases[0]
+    job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, host="localhost", vendor="cpu",
+              config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={})
+    out = tmp_path / name
+    out.mkdir()
+    return run_job(job, out), read_result(out / "result.json")
+
+
+def test_a_vendor_key_for_its_engine_warns_and_is_checked_by_the_engine(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    root = _copy_flagperf_case(tmp_path, monkeypatch, "compiler: onnxruntime\nfp16: false\nbatch_size: 4\n"
+                                                      "ort_intra_op_threads: 1\n")
+    case = plan_run(cases=["flagperf-format"], vendor="cpu", results_dir="unused").cases[0]
+    assert case.vendor_new_keys == ["ort_intra_op_threads"] and case.config["ort_intra_op_threads"] == 1
+    code, result = _run_flagperf_format(tmp_path, "good")
+    assert code == 0, result.failure
+    assert result.inference.steps["inference"] == "ran"
+    (root / "inference" / "flagperf-format" / "vendor" / "cpu_configurations.yaml").write_text(
+        "compiler: onnxruntime\nfp16: false\nbatch_size: 4\nort_intra_op_threads: -1\n")
+    code, result = _run_flagperf_format(tmp_path, "bad")
+    assert code == 2 and "ort_intra_op_threads" in result.failure.message
+    assert "onnxruntime" in result.failure.message
+
+
+@pytest.mark.parametrize(("sets", "key", "message"), [
+    (["no_validation=true"], "no_validation", "exist_onnx_path must name an ONNX file"),
+    (["compiler=null", "no_validation=true", "exist_onnx_path=x.onnx"], "compiler", "nothing would be measured"),
+    (["compiler=null", "exist_compiler_path=x.plan"], "exist_compiler_path", "needs a compiler"),
+    (["compiler=null", "exist_onnx_path=x.onnx"], "exist_onnx_path", "skips that step"),
+    (["exist_onnx_path=/no/such/model.onnx"], "exist_onnx_path", "is not a file"),
+    (["exist_compiler_path=/no/such/engine.ort.onnx"], "exist_compiler_path", "is not a file"),
+    (["compiler=tensorrt"], "compiler", "unknown compiler 'tensorrt' for vendor cpu"),
+    (["compiler=no-such-engine"], "compiler", "engines in vendor_images/cpu/engines/: inductor, onnxruntime"),
+    (["compiler=inductor", "no_validation=true", "exist_onnx_path=x.onnx"], "no_validation", "creates none"),
+    (["compiler=null", "loadgen_scenarios=[Offline]"], "loadgen_scenarios", "compiler is null"),
+    (["loadgen_scenarios=[Offline, Offline]"], "loadgen_scenarios", "more than once"),
+    (["loadgen_scenarios=[Burst]"], "loadgen_scenarios.0", "Offline"),
+    (["flops=2*abc"], "flops", "a product such as"),
+])
+def test_impossible_toggles_fail_before_anything_runs(sets: list[str], key: str, message: str) -> None:
+    error = plan_error(*sets)
+    assert error.key == key and message in error.message, error
+    assert error.source == "--set"  # the layer that set the offending key
+
+
+def test_an_engine_that_cannot_load_files_refuses_exist_compiler_path(tmp_path: Path) -> None:
+    engine = tmp_path / "engine.bin"
+    engine.write_bytes(b"x")
+    error = plan_error("compiler=inductor", f"exist_compiler_path={engine}")
+    assert error.key == "exist_compiler_path" and "cannot load an engine file" in error.message
+
+
+def test_skipped_steps_follow_flagperf() -> None:
+    base = {"batch_size": 1, "flops": 1.0, "fp16": False, "compiler": "onnxruntime", "num_workers": 0, "log_freq": 1,
+            "repeat": 1, "no_validation": False, "exist_onnx_path": None, "exist_compiler_path": None}
+
+    def skipped(**changes: object) -> set[str]:
+        return set(skipped_steps(InferenceConfig.model_validate({**base, **changes})))
+
+    assert skipped() == set()
+    assert skipped(compiler=None) == {"export", "compile", "inference"}
+    assert skipped(no_validation=True, exist_onnx_path="m.onnx") == {"validation", "export"}
+    assert skipped(exist_onnx_path="m.onnx") == {"export"}
+    assert skipped(exist_compiler_path="e.plan") == {"compile"}
+    assert skipped(no_validation=True, exist_onnx_path="foo", exist_compiler_path="e") == {"validation", "export",
+                                                                                            "compile"}
+
+
+# The real-accuracy case, engines against eager -----------------------------------------------------------------
+
+def test_digits_accuracy_through_eager_and_onnxruntime_agree(tmp_path: Path) -> None:
+    code, result, out = run_case(tmp_path, "digits-infer")
+    assert code == 0 and result.status == "success" and result.family == "inference"
+    m = {x.name: x for x in result.metrics}
+    assert m["validation_top1"].value >= 0.95  # trained by the case itself, on real data
+    assert m["inference_top1"].value == m["validation_top1"].value  # same weights, same data, same answers
+    report = result.inference
+    assert report is not None and report.synthetic_data is False and report.accuracy_note is None
+    assert report.runner == "plain functions (the job carries no Prefect context)"
+    assert set(report.steps.values()) == {"ran"}
+    # Models and engines stay on the host, outside the round folder the controller collects.
+    artifacts = tmp_path / "work" / "inference-artifacts" / result.run_id / "digits-infer" / "round1" / "attempt1"
+    assert Path(str(report.onnx_path)).parent == artifacts and Path(str(report.engine_file)).parent == artifacts
+    assert Path(str(report.engine_file)).is_file() and not list(out.glob("*.onnx"))
+    for prefix in ("validation", "inference"):
+        whole, core, latency = m[f"{prefix}_whole"], m[f"{prefix}_core"], m[f"{prefix}_latency"]
+        assert core.value > whole.value > 0  # core leaves out loading and evaluation
+        assert core.iterations == 3 * 11 and whole.iterations == 3 * 11  # repeat 3 x 11 full batches of 32
+        assert core.mfu is not None and core.mfu_peak_key == "fp32" and whole.mfu is None
+        assert core.mfu == pytest.approx(18944 * core.value / (core.peak.value * 1e12) if core.peak else core.mfu)
+        assert latency.unit == "ms" and latency.p50 <= latency.p90 <= latency.p99
+        assert core.window is not None and core.window[0] < core.window[1]
+    assert result.measured_seconds == pytest.approx(m["validation_core"].measured_seconds
+                                                    + m["inference_core"].measured_seconds)
+
+
+def _engine(name: str, config: InferenceConfig, onnx: Path | None, model: torch.nn.Module | None,
+            tmp_path: Path) -> InferenceEngine:
+    env = EngineEnv(device=torch.device("cpu"), work_dir=tmp_path, case="t", log=logging.getLogger("t"))
+    return load_engine("cpu", name).engine_class()(config, onnx, model, env)
+
+
+def _case_parts(case: str, *sets: str) -> tuple[ModuleType, InferenceConfig, torch.nn.Module, list[torch.Tensor]]:
+    module = load_case(case).module
+    config = module.Config.model_validate(plan_run(cases=[case], sets=list(sets), results_dir="u").cases[0].config)
+    model = module.create_model(config).eval()
+    inputs, _ = next(iter(module.build_dataloader(config)))
+    return module, config, model, [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
+
+
+@pytest.mark.parametrize(("case", "sets"), [("resnet50-infer", TINY_RESNET), ("bert-large-infer", TINY_BERT)])
+def test_onnxruntime_matches_eager(tmp_path: Path, case: str, sets: list[str]) -> None:
+    module, config, model, inputs = _case_parts(case, *sets)
+    onnx = tmp_path / "model.onnx"
+    module.export_model(model, config, onnx)
+    engine = _engine("onnxruntime", config, onnx, None, tmp_path)
+    with torch.no_grad():
+        expected = module.model_forward(model, inputs)[0]
+    got, foo = module.engine_forward(engine, inputs)
+    assert foo == 0.0 and got[0].shape == expected.shape
+    torch.testing.assert_close(got[0], expected, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(got[0], torch.zeros_like(got[0]))
+
+
+def test_llama_engine_decodes_the_same_tokens_as_the_kv_cache(tmp_path: Path) -> None:
+    """The engine path (fixed window, no cache) and eager decoding with the KV cache: same greedy tokens."""
+    module, config, model, inputs = _case_parts("llama-decode-infer", *TINY_LLAMA)
+    onnx = tmp_path / "llama.onnx"
+    module.export_model(model, config, onnx)
+    engine = _engine("onnxruntime", config, onnx, None, tmp_path)
+    with torch.no_grad():
+        eager = list(module.model_forward(model, inputs))
+    steps, _ = module.engine_forward(engine, inputs)
+    compiled = list(steps)
+    assert len(eager) == len(compiled) == config.new_tokens + 1  # one yield per token, then the output
+    assert torch.equal(eager[-1][0], compiled[-1][0]) and eager[-1][0].shape == (1, config.new_tokens)
+
+
+def test_inductor_matches_eager_and_reports_its_compile_as_non_inference(tmp_path: Path) -> None:
+    pytest.importorskip("torch._inductor")
+    module, config, model, inputs = _case_parts("digits-infer")
+    engine = _engine("inductor", config, None, model, tmp_path)
+    with torch.no_grad():
+        expected = module.model_forward(model, inputs)[0]
+        first, compile_s = engine(inputs)
+        again, foo = engine(inputs)
+    torch.testing.assert_close(first[0], expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(again[0], expected, rtol=1e-5, atol=1e-5)
+    assert compile_s > 0 and foo == 0.0
+
+
+# The other cases, shrunk ---------------------------------------------------------------------------------------
+
+def test_synthetic_inputs_give_throughput_and_no_accuracy(tmp_path: Path) -> None:
+    code, result, _ = run_case(tmp_path, "resnet50-infer", *TINY_RESNET)
+    assert code == 0, result.failure
+    names = metrics(result)
+    assert {"validation_core", "inference_core", "inference_latency", "e2e_time"} <= set(names)
+    assert not any(name.endswith("top1") for name in names)  # never invented
+    assert result.inference.synthetic_data and "synthetic inputs" in result.inference.accuracy_note
+    assert result.inference.data.startswith("synthetic: 8 x 3x224x224")
+    assert next(m for m in result.metrics if m.name == "inference_core").unit == "images/s"
+
+
+def test_resnet50_reads_an_imagenet_style_folder(tmp_path: Path) -> None:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for label, colour in (("blue", 2), ("red", 0)):
+        (tmp_path / "val" / label).mkdir(parents=True)
+        for i in range(4):
+            pixels = rng.integers(0, 40, (40, 48, 3), dtype=np.uint8)
+            pixels[..., colour] = 220
+            Image.fromarray(pixels).save(tmp_path / "val" / label / f"{i}.png")
+    code, result, _ = run_case(tmp_path, "resnet50-infer", *TINY_RESNET, f"data_dir={tmp_path / 'val'}")
+    assert code == 0, result.failure
+    m = metrics(result)
+    assert 0.0 <= m["validation_top1"] <= 1.0 and m["inference_top1"] == pytest.approx(m["validation_top1"])
+    assert result.inference.synthetic_data is False and "8 images in 2 classes" in result.inference.data
+
+
+def test_bert_masked_lm_accuracy_on_a_token_file(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.npy"
+    np.save(tokens, (np.arange(400) * 7 % 200).astype(np.int64))
+    code, result, _ = run_case(tmp_path, "bert-large-infer", *TINY_BERT, f"data_path={tokens}")
+    assert code == 0, result.failure
+    m = metrics(result)
+    assert m["inference_mlm_accuracy"] == pytest.approx(m["validation_mlm_accuracy"], abs=0.02)
+    assert next(x for x in result.metrics if x.name == "inference_core").unit == "sequences/s"
+
+
+def test_llama_decoding_reports_tokens_and_time_to_first_token(tmp_path: Path) -> None:
+    code, result, _ = run_case(tmp_path, "llama-decode-infer", *TINY_LLAMA)
+    assert code == 0, result.failure
+    by = {m.name: m for m in result.metrics}
+    assert by["inference_core"].unit == "tokens/s" and by["inference_core"].iterations == 4  # 4 prompts
+    ttft, latency = by["inference_time_to_first_token"], by["inference_latency"]
+    assert 0 < ttft.p50 < latency.p50  # the first token comes before the last
+    assert "validation_time_to_first_token" in by
+    assert result.inference.accuracy_note == "synthetic inputs: throughput only; no accuracy is reported"
+    # Prompts from a token file: real inputs, and still no accuracy (the case has none to give).
+    tokens = tmp_path / "tokens.npy"
+    np.save(tokens, (np.arange(200) % 128).astype(np.int64))
+    code, result, _ = run_case(tmp_path, "llama-decode-infer", *TINY_LLAMA, f"data_path={tokens}", name="file")
+    assert code == 0, result.failure
+    assert result.inference.synthetic_data is False
+    assert result.inference.accuracy_note == "the case has no accuracy metric"
+    assert not any("accuracy" in m.name for m in result.metrics)
+
+
+# LoadGen -------------------------------------------------------------------------------------------------------
+
+def test_loadgen_scenarios_on_the_cpu(tmp_path: Path) -> None:
+    pytest.importorskip("mlperf_loadgen")
+    code, result, out = run_case(tmp_path, "digits-infer", "repeat=1", "loadgen_min_duration_s=0.5",
+                                 "loadgen_min_query_count=16", "loadgen_scenarios=[Offline, SingleStream, Server]")
+    assert code == 0, result.failure
+    runs = {r.scenario: r for r in result.inference.loadgen}
+    assert list(runs) == ["Offline", "SingleStream", "Server"]
+    for scenario, run in runs.items():
+        assert run.result_validity in ("VALID", "INVALID") and run.valid == (run.result_validity == "VALID")
+        assert run.samples_per_s is not None and run.samples_per_s > 0, scenario
+        assert run.latency_ms["p50"] <= run.latency_ms["p90"] <= run.latency_ms["p99"], scenario
+        assert (out / "loadgen" / scenario / "mlperf_log_summary.txt").is_file()
+        assert run.summary["result_validity"] == run.result_validity  # LoadGen's own words, verbatim
+    assert runs["Offline"].valid and runs["SingleStream"].valid  # a 2-core CPU meets these easily
+    # Server was aimed at half of what SingleStream sustained.
+    assert runs["Server"].settings["server_target_qps"] == pytest.approx(
+        0.5 * 1e3 / runs["SingleStream"].latency_ms["mean"])
+
+
+# Bad inputs at run time ----------------------------------------------------------------------------------------
+
+def test_a_corrupt_engine_file_is_a_user_error_naming_it(tmp_path: Path) -> None:
+    engine = tmp_path / "broken.ort.onnx"
+    engine.write_bytes(b"this is not a model")
+    code, result, _ = run_case(tmp_path, "digits-infer", "repeat=1", f"exist_compiler_path={engine}")
+    assert code == 2 and result.status == "failed" and result.failure.kind == "user"
+    assert "exist_compiler_path" in result.failure.message and str(engine) in result.failure.message
+    assert "onnxruntime" in result.failure.message
+
+
+def test_a_corrupt_onnx_file_is_refused_when_compiled(tmp_path: Path) -> None:
+    onnx = tmp_path / "broken.onnx"
+    onnx.write_bytes(b"\x00\x01 not onnx")
+    code, result, _ = run_case(tmp_path, "digits-infer", "repeat=1", "no_validation=true", f"exist_onnx_path={onnx}")
+    assert code == 2 and result.failure.kind == "user"
+    assert f"exist_onnx_path: {onnx} cannot be loaded by engine onnxruntime" in result.failure.message
+    assert result.failure.message.startswith("--set: ")  # the layer that named the file
+
+
+def test_a_missing_engine_library_names_the_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine_dir = tmp_path / "vendors" / "cpu" / "engines" / "fancyrt"
+    engine_dir.mkdir(parents=True)
+    (engine_dir / "engine.yaml").write_text(
+        "name: fancyrt\ndescription: an engine whose library is not installed\nfile: engine.py\n"
+        "requires:\n  - {import: fancyrt_not_installed, pip: fancyrt==1.2.3}\n")
+    (engine_dir / "engine.py").write_text("import fancyrt_not_installed\n")
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(tmp_path / "vendors"))
+    code, result, _ = run_case(tmp_path, "digits-infer", "compiler=fancyrt")
+    assert code == 2 and result.failure.kind == "user"
+    assert "fancyrt==1.2.3" in result.failure.message and "engine fancyrt" in result.failure.message
+    assert result.inference is None  # it stopped in step a, before any data or model was touched
+    with pytest.raises(CaseUserError, match=r"fancyrt==1\.2\.3"):
+        load_engine("cpu", "fancyrt").engine_class()
+
+
+INFERENCE_CASES = ["digits-infer", "resnet50-infer", "vit-l-16-infer", "bert-large-infer", "llama-decode-infer"]
+
+
+@pytest.mark.parametrize("vendor", ["cpu", "nvidia"])
+def test_every_inference_case_plans_on_every_vendor(vendor: str) -> None:
+    plan = plan_run(cases=INFERENCE_CASES, vendor=vendor, results_dir="unused")
+    compilers = {c.name: c.config["compiler"] for c in plan.cases}
+    if vendor == "nvidia":  # FlagPerf's standard case: TensorRT in FP16
+        assert set(compilers.values()) == {"tensorrt"}
+        assert all(c.config["fp16"] for c in plan.cases if c.name != "digits-infer")  # digits compares accuracy
+    else:
+        assert set(compilers.values()) == {"onnxruntime"}
+        assert not any(c.config["fp16"] for c in plan.cases)
+
+
+def test_nvidia_engines_share_inductor_and_tensorrt_names_its_package() -> None:
+    import ast
+    import importlib.util
+
+    tensorrt = load_engine("nvidia", "tensorrt")
+    assert tensorrt.manifest.needs_onnx and tensorrt.manifest.loads_engine_files
+    ast.parse((tensorrt.folder / "engine.py").read_text())  # written for a GPU host; at least well-formed here
+    if importlib.util.find_spec("tensorrt") is None:
+        with pytest.raises(CaseUserError, match=r"tensorrt-cu12>=10,<11"):
+            tensorrt.engine_class()
+    # One Inductor implementation, pointed at by both vendors' folders.
+    assert load_engine("nvidia", "inductor").engine_class() is load_engine("cpu", "inductor").engine_class()
