@@ -38,7 +38,7 @@ def test_real_config_files_are_found() -> None:
     assert "deployments/suites/smoke.yaml" in names
     assert "vendor_images/cpu/vendor.yaml" in names
     assert "cases/base/computation-FP32/vendor/cpu.yaml" in names
-    assert len([n for n in names if n.endswith("/case.yaml")]) == 14  # 10 base specs + 4 training cases
+    assert len([n for n in names if n.endswith("/case.yaml")]) == 18  # 14 base specs + 4 training cases
 
 
 def test_validate_every_real_config_file() -> None:
@@ -62,7 +62,7 @@ def test_validate_and_list_do_not_need_the_flow(monkeypatch: pytest.MonkeyPatch)
         ("dup.yaml", "name: x\nname: y\n", "line 2: invalid YAML: duplicate key 'name'"),
         ("broken.yaml", "a: [1\n", "invalid YAML"),
         ("list.yaml", "- 1\n", "top level must be a mapping"),
-        ("other.yaml", "a: 1\n", "not a case.yaml, vendor/<vendor>.yaml, vendor.yaml or suite file"),
+        ("other.yaml", "a: 1\n", "vendor.yaml, suite, inventory or host.yaml file"),
         ("mine.yaml", "name: notmine\ncases: [computation-FP32]\n", "name: must match the file name"),
         ("suite0.yaml", "name: suite0\ncases: [computation-FP32]\nrounds: 0\n", "rounds"),
     ],
