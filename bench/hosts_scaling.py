@@ -43,7 +43,7 @@ FIXTURE_CASES = ROOT / "tests" / "fixtures" / "cases"
 os.environ["FLAGPERF_CASE_PATH"] = str(FIXTURE_CASES)
 
 from flagperf.results import read_result  # noqa: E402
-from tests.testbed.bed import load_testbed  # noqa: E402
+from tests.testbed.bed import deploy_project, load_testbed  # noqa: E402
 
 STAGES = ("healthcheck", "start_monitors", "run_case", "stop_monitors", "collect_logs", "analyze")
 
@@ -52,9 +52,10 @@ def inventory(path: Path, count: int) -> str:
     bed = load_testbed()
     if bed is None or len(bed.hosts) < count:
         raise SystemExit(f"the test bed has {len(bed.hosts) if bed else 0} hosts; run tests/testbed/up.sh {count}")
+    root = deploy_project(ROOT, bed)  # the hosts run a deployed copy, as real hosts do
     hosts = [{"name": h.name, "address": h.address, "port": h.port, "user": h.user, "key_file": h.key_file,
-              "known_hosts": bed.known_hosts, "python": h.python, "project_root": str(ROOT),
-              "env": {"FLAGPERF_CASE_PATH": str(FIXTURE_CASES)}} for h in bed.hosts[:count]]
+              "known_hosts": bed.known_hosts, "python": h.python, "project_root": str(root),
+              "env": {"FLAGPERF_CASE_PATH": str(root / "tests" / "fixtures" / "cases")}} for h in bed.hosts[:count]]
     path.write_text(yaml.safe_dump({"hosts": hosts}))
     return str(path)
 

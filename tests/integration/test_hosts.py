@@ -15,22 +15,27 @@ from prefect_api import all_task_runs, run_evaluate, task_logs
 
 from flagperf.errors import InfrastructureFailure
 from flagperf.results import read_result
-from tests.testbed.bed import Testbed, make_testbed_fixture
+from tests.testbed.bed import Testbed, deploy_project, make_testbed_fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_server")]
 testbed = make_testbed_fixture(min_hosts=2)
 ROOT = Path(__file__).resolve().parents[2]
-FIXTURE_CASES = ROOT / "tests" / "fixtures" / "cases"
+
+
+@pytest.fixture(scope="module")
+def deployed(testbed: Testbed) -> Path:
+    """The project as the test hosts run it: a deployed copy of this checkout (FLAGPERF_PATH)."""
+    return deploy_project(ROOT, testbed)
 FAST = ["min_duration_s=0.3", "warmup_iters=0", "min_iters=2"]
 
 
-def host_entry(bed: Testbed, index: int, **extra: Any) -> dict[str, Any]:
+def host_entry(bed: Testbed, index: int, root: Path, **extra: Any) -> dict[str, Any]:
     host = bed.hosts[index]
     entry = {"name": host.name, "address": host.address, "port": host.port, "user": host.user,
              "key_file": host.key_file, "known_hosts": bed.known_hosts, "python": host.python,
-             "project_root": str(ROOT), "connect_timeout_s": 5,
+             "project_root": str(root), "connect_timeout_s": 5,
              # The fixture cases must be found on the host (and in its containers) too.
-             "env": {"FLAGPERF_CASE_PATH": str(FIXTURE_CASES)}}
+             "env": {"FLAGPERF_CASE_PATH": str(root / "tests" / "fixtures" / "cases")}}
     entry.update(extra)
     return entry
 
@@ -45,8 +50,10 @@ def write_inventory(tmp_path: Path, hosts: list[dict[str, Any]], **top: Any) -> 
     return str(path)
 
 
-def test_two_ssh_hosts_run_their_rounds_in_containers(flagperf_env: Path, tmp_path: Path, testbed: Testbed) -> None:
-    inventory = write_inventory(tmp_path, [host_entry(testbed, i, **docker_options(testbed, "ssh")) for i in (0, 1)])
+def test_two_ssh_hosts_run_their_rounds_in_containers(flagperf_env: Path, tmp_path: Path,
+        testbed: Testbed, deployed: Path) -> None:
+    inventory = write_inventory(tmp_path, [host_entry(testbed, i, deployed, **docker_options(testbed, "ssh"))
+                                           for i in (0, 1)])
     state, run_dir = run_evaluate(flagperf_env, cases=["computation-FP32"], rounds=1, overrides=FAST,
                                   inventory=inventory)
     assert state.is_completed(), state.message
@@ -71,9 +78,10 @@ def test_two_ssh_hosts_run_their_rounds_in_containers(flagperf_env: Path, tmp_pa
     assert docker.from_env().containers.list(all=True, filters={"label": "org.flagperf.job"}) == []
 
 
-def test_a_multi_node_all_reduce_across_two_hosts(flagperf_env: Path, tmp_path: Path, testbed: Testbed) -> None:
+def test_a_multi_node_all_reduce_across_two_hosts(flagperf_env: Path, tmp_path: Path,
+        testbed: Testbed, deployed: Path) -> None:
     """gloo between two network namespaces: node 0 on h1 is the master, node 1 on h2 connects to it."""
-    inventory = write_inventory(tmp_path, [host_entry(testbed, i) for i in (0, 1)], master_port=29611)
+    inventory = write_inventory(tmp_path, [host_entry(testbed, i, deployed) for i in (0, 1)], master_port=29611)
     state, run_dir = run_evaluate(flagperf_env, cases=["interconnect-MPI_interserver"], rounds=1,
                                   overrides=["size_mib=4", "min_duration_s=0.5", "warmup_iters=1", "min_iters=5",
                                              "timeout_s=120"],
@@ -92,9 +100,9 @@ def test_a_multi_node_all_reduce_across_two_hosts(flagperf_env: Path, tmp_path: 
 
 
 def test_a_host_down_at_healthcheck_stops_the_run_naming_it(flagperf_env: Path, tmp_path: Path,
-                                                            testbed: Testbed) -> None:
-    down = host_entry(testbed, 0, name="gone", address="10.231.0.250")
-    inventory = write_inventory(tmp_path, [host_entry(testbed, 0), down])
+                                                            testbed: Testbed, deployed: Path) -> None:
+    down = host_entry(testbed, 0, deployed, name="gone", address="10.231.0.250")
+    inventory = write_inventory(tmp_path, [host_entry(testbed, 0, deployed), down])
     state, run_dir = run_evaluate(flagperf_env, cases=["computation-FP32"], rounds=1, overrides=FAST,
                                   inventory=inventory)
     assert state.is_failed()
@@ -109,10 +117,11 @@ def test_a_host_down_at_healthcheck_stops_the_run_naming_it(flagperf_env: Path, 
     assert not (run_dir / "computation-FP32").exists()
 
 
-def test_an_unknown_host_key_is_refused(flagperf_env: Path, tmp_path: Path, testbed: Testbed) -> None:
+def test_an_unknown_host_key_is_refused(flagperf_env: Path, tmp_path: Path,
+        testbed: Testbed, deployed: Path) -> None:
     empty = tmp_path / "known_hosts"
     empty.write_text("")
-    inventory = write_inventory(tmp_path, [host_entry(testbed, 0, known_hosts=str(empty))])
+    inventory = write_inventory(tmp_path, [host_entry(testbed, 0, deployed, known_hosts=str(empty))])
     state, _ = run_evaluate(flagperf_env, cases=["computation-FP32"], rounds=1, overrides=FAST, inventory=inventory)
     assert state.is_failed()
     with pytest.raises(InfrastructureFailure, match=r"host h1: ssh: unknown host key for 10\.231\.0\.11 "
@@ -122,14 +131,14 @@ def test_an_unknown_host_key_is_refused(flagperf_env: Path, tmp_path: Path, test
 
 
 def test_a_container_killed_mid_round_is_retried_and_the_others_kept(flagperf_env: Path, tmp_path: Path,
-                                                                     testbed: Testbed) -> None:
+                                                                     testbed: Testbed, deployed: Path) -> None:
     import docker
 
     engine = docker.from_env()
     run_id = f"run-kill-{time.time_ns()}"
     host = testbed.hosts[0]
     marker = f"/tmp/flagperf-work-{host.user}/{run_id}/killed-once.marker"
-    inventory = write_inventory(tmp_path, [host_entry(testbed, 0, **docker_options(testbed, "local"))])
+    inventory = write_inventory(tmp_path, [host_entry(testbed, 0, deployed, **docker_options(testbed, "local"))])
     killed: list[str] = []
 
     def kill_first_container() -> None:
@@ -165,9 +174,10 @@ def test_a_container_killed_mid_round_is_retried_and_the_others_kept(flagperf_en
     assert other.status == "success" and other.provenance.attempt == 1
 
 
-def test_training_across_two_hosts_converges(flagperf_env: Path, tmp_path: Path, testbed: Testbed) -> None:
+def test_training_across_two_hosts_converges(flagperf_env: Path, tmp_path: Path,
+        testbed: Testbed, deployed: Path) -> None:
     """digits-mlp at 2x1 (config_cpux2x1.yaml): DDP across two network namespaces over gloo, real data."""
-    inventory = write_inventory(tmp_path, [host_entry(testbed, i) for i in (0, 1)], master_port=29612)
+    inventory = write_inventory(tmp_path, [host_entry(testbed, i, deployed) for i in (0, 1)], master_port=29612)
     state, run_dir = run_evaluate(flagperf_env, cases=["digits-mlp"], rounds=1, inventory=inventory,
                                   overrides=["nnodes=2", "timeout_s=300"])
     assert state.is_completed(), state.message
@@ -180,7 +190,7 @@ def test_training_across_two_hosts_converges(flagperf_env: Path, tmp_path: Path,
         assert (folder / f"rank{rank}.out.log").is_file()
 
 
-def test_flagperf_host_yaml_runs_through_the_cli(tmp_path: Path, testbed: Testbed) -> None:
+def test_flagperf_host_yaml_runs_through_the_cli(tmp_path: Path, testbed: Testbed, deployed: Path) -> None:
     """`flagperf run --host-config host.yaml` with FlagPerf's own keys: two hosts over SSH (user and key from
     ~/.ssh/config, as FlagPerf's users have them), containers built from the vendor's Dockerfile."""
     import os
@@ -200,7 +210,8 @@ def test_flagperf_host_yaml_runs_through_the_cli(tmp_path: Path, testbed: Testbe
     (home / ".ssh" / "config").write_text(f"Host 10.231.0.*\n  User {first.user}\n  IdentityFile {first.key_file}\n")
     host_yaml = tmp_path / "host.yaml"
     host_yaml.write_text(yaml.safe_dump({
-        "FLAGPERF_PATH": str(ROOT), "FLAGPERF_LOG_PATH": "result", "VENDOR": "cpu", "FLAGPERF_LOG_LEVEL": "INFO",
+        "FLAGPERF_PATH": str(deployed), "FLAGPERF_LOG_PATH": "result", "VENDOR": "cpu",
+        "FLAGPERF_LOG_LEVEL": "INFO",
         "HOSTS": [first.address, second.address], "SSH_PORT": "22", "HOSTS_PORTS": ["2222"],
         "MASTER_PORT": "29613", "SHM_SIZE": "1G", "ACCE_CONTAINER_OPT": "", "CLEAR_CACHES": True,
         "ACCE_VISIBLE_DEVICE_ENV_NAME": "CUDA_VISIBLE_DEVICES", "CASES": {"computation-FP32": "pytorch"}}))

@@ -1,6 +1,15 @@
 """The real-parts test bed (sshd hosts in network namespaces, a local Docker engine and base image):
 tests/testbed/up.sh builds it, ``load_testbed``/``make_testbed_fixture`` hand it to the tests."""
 
-from .bed import Testbed, TestbedHost, in_ci, load_testbed, make_testbed_fixture, require_testbed
+from .bed import (
+    Testbed,
+    TestbedHost,
+    deploy_project,
+    in_ci,
+    load_testbed,
+    make_testbed_fixture,
+    require_testbed,
+)
 
-__all__ = ["Testbed", "TestbedHost", "in_ci", "load_testbed", "make_testbed_fixture", "require_testbed"]
+__all__ = ["Testbed", "TestbedHost", "deploy_project", "in_ci", "load_testbed", "make_testbed_fixture",
+           "require_testbed"]

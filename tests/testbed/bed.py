@@ -105,3 +105,33 @@ def make_testbed_fixture(min_hosts: int = 1, *,
         return require_testbed(min_hosts)
 
     return pytest.fixture(scope=scope, name=name)(_testbed)
+
+
+# Folders of a checkout that are not part of the project a host runs.
+NOT_DEPLOYED = {".git", ".venv", "results", "result", "build", "__pycache__", ".pytest_cache", ".ruff_cache"}
+
+
+def deploy_project(source: Path, bed: Testbed) -> Path:
+    """Copy the project to the test hosts' deploy path (FlagPerf's FLAGPERF_PATH), readable by their user,
+    and return it. The hosts run this copy, not the checkout under test: the checkout may sit where the
+    hosts' user cannot read (a CI clone under /root), and a real host has its own deployment too. The
+    copy is replaced whole (a new folder, then a rename), so a host never sees half of it."""
+    import shutil
+
+    target = Path(bed.known_hosts).parent / "deploy" / "flagperf"
+    staging = target.with_name(f".flagperf.{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(source, staging, symlinks=True,
+                    ignore=lambda _, names: [n for n in names if n in NOT_DEPLOYED or n.endswith(".egg-info")])
+    for folder in (staging, *[p for p in staging.rglob("*") if p.is_dir()]):
+        folder.chmod(0o755)
+    for item in staging.rglob("*"):
+        if item.is_file() and not item.is_symlink():
+            item.chmod(item.stat().st_mode | 0o444)
+    staging.parent.chmod(0o755)
+    old = target.with_name(f".flagperf.old.{os.getpid()}")
+    if target.exists():
+        target.rename(old)
+    staging.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+    return target

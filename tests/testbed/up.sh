@@ -238,18 +238,8 @@ chown "$AGENT:$AGENT" "$home/.ssh/environment"
 chmod 0600 "$home/.ssh/environment"
 install -d -m 0755 /run/sshd
 
-# fpagent must read the repository the tests run from (the hosts share this filesystem).
-dir=
-IFS=/ read -ra parts <<<"${REPO#/}"
-for part in "${parts[@]}"; do
-  dir="$dir/$part"
-  runuser -u "$AGENT" -- test -x "$dir" \
-    || die "user $AGENT cannot enter $dir ($(stat -c '%A %U:%G' "$dir")), so the test hosts cannot read the repository $REPO: grant it (e.g. chmod o+x '$dir') or clone the repository under a path every user can read"
-done
-unreadable=$(runuser -u "$AGENT" -- find "$REPO" \( -name .git -o -name .venv -o -name results -o -name build \
-  -o -name __pycache__ -o -name .pytest_cache -o -name .ruff_cache -o -name '*.egg-info' \) -prune \
-  -o ! -readable -print -quit 2>/dev/null) || true
-[ -z "$unreadable" ] || die "user $AGENT cannot read $unreadable ($(stat -c '%A %U:%G' "$unreadable")): make the repository readable to all users (e.g. chmod -R o+rX '$REPO')"
+# The hosts do not read the checkout under test: the tests deploy a copy of it for them
+# (tests/testbed/bed.py deploy_project), as a real host has its own deployment (FLAGPERF_PATH).
 
 sshd_running() {  # $1 host dir, $2 namespace: the pid file names our sshd, in that namespace
   local pid
@@ -309,7 +299,7 @@ step_done sshd
 ssh_opts=(-F /dev/null -i "$KEY" -o IdentitiesOnly=yes -o BatchMode=yes -o ConnectTimeout=5
           -o UserKnownHostsFile="$KNOWN_HOSTS" -o GlobalKnownHostsFile=/dev/null -o StrictHostKeyChecking=yes
           -o LogLevel=ERROR)
-remote_check="docker info >/dev/null && $(printf '%q' "$HOST_PY") -c 'import numpy, torch, pydantic, yaml, psutil, orjson' && test -r $(printf '%q' "$REPO/pyproject.toml") && echo ok"
+remote_check="docker info >/dev/null && $(printf '%q' "$HOST_PY") -c 'import numpy, torch, pydantic, yaml, psutil, orjson' && echo ok"
 # shellcheck disable=SC2016  # the probes' $1 is expanded by the inner bash
 check_host() {  # $1 host index; prints why it failed
   local i=$1 addr="$NET_PREFIX.$(($1 + 10))" next_addr="$NET_PREFIX.$(($1 % N + 11))" out
