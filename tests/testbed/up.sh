@@ -310,7 +310,7 @@ check_host() {  # $1 host index; prints why it failed
   out=$(timeout 60 ssh "${ssh_opts[@]}" "$AGENT@$addr" true 2>&1) \
     || { echo "h$i ($addr): ssh $AGENT@$addr true failed: $out"; return 1; }
   out=$(timeout 120 ssh "${ssh_opts[@]}" "$AGENT@$addr" "$remote_check" 2>&1) \
-    || { echo "h$i ($addr): as $AGENT there, 'docker info', '$HOST_PY -c import torch ...' or reading $REPO failed: $out"; return 1; }
+    || { echo "h$i ($addr): as $AGENT there, 'docker info', '$HOST_PY -c import torch ...' failed: $out"; return 1; }
   ip netns exec "fp-h$i" timeout 5 bash -c 'exec 3<>"/dev/tcp/$1/22"' _ "$next_addr" 2>/dev/null \
     || { echo "h$i ($addr): cannot reach the next host's sshd at $next_addr:22"; return 1; }
 }
