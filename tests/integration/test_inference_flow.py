@@ -44,10 +44,23 @@ def child_flow_runs(flow_run_id: UUID) -> list[FlowRun]:
             parent_task_run_id=FlowRunFilterParentTaskRunId(any_=[t.id for t in tasks])))
 
 
+def descendant_flow_runs(flow_run_id: UUID) -> list[FlowRun]:
+    """Every flow run nested under ``flow_run_id``, at any depth (the evaluation's host-round subflows hold
+    the run_case task the case flow nests under)."""
+    found: list[FlowRun] = []
+    frontier = [flow_run_id]
+    while frontier:
+        children = [run for parent in frontier for run in child_flow_runs(parent)]
+        found.extend(children)
+        frontier = [run.id for run in children]
+    return found
+
+
 def step_flow_runs(outer_flow_run_id: UUID) -> tuple[FlowRun, dict[str, FlowRun]]:
-    """The case flow under ``outer_flow_run_id`` and its step subflows by step name."""
-    cases = [r for r in child_flow_runs(outer_flow_run_id) if r.name.startswith("inference[")]
-    assert len(cases) == 1, [r.name for r in child_flow_runs(outer_flow_run_id)]
+    """The case flow under ``outer_flow_run_id`` (at any depth) and its step subflows by step name."""
+    nested = descendant_flow_runs(outer_flow_run_id)
+    cases = [r for r in nested if r.name.startswith("inference[")]
+    assert len(cases) == 1, [r.name for r in nested]
     steps = {}
     with get_client(sync_client=True) as client:
         for run in child_flow_runs(cases[0].id):
