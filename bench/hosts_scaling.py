@@ -82,15 +82,21 @@ def evaluate_on(inventory_file: str, results: Path, rounds: int, hold: float, ta
 
     controller = psutil.Process()
     cpu_before = sum(controller.cpu_times()[:2])
+    machine_before = psutil.cpu_times()
     start = time.perf_counter()
     state = evaluate(cases=["hold"], rounds=rounds, overrides=[f"hold_s={hold}"], inventory=inventory_file,
                      results_dir=str(results), run_id=run_id, return_state=True, command="bench/hosts_scaling.py")
     wall = time.perf_counter() - start
     controller_cpu = sum(controller.cpu_times()[:2]) - cpu_before  # this process: flow, tasks, SSH, API calls
+    machine_after = psutil.cpu_times()
+    # Every process on the machine (the simulated hosts' cases, monitors, agents, sshd; the server; us).
+    busy = sum(getattr(machine_after, f) - getattr(machine_before, f) for f in
+               ("user", "nice", "system", "irq", "softirq", "steal") if hasattr(machine_after, f))
     if not state.is_completed():
         raise SystemExit(f"evaluation failed: {state.message}")
     rounds_done = [read_result(p) for p in sorted((results / run_id).glob("*/round*/*/result.json"))]
     return {"run_id": run_id, "wall_s": wall, "rounds": len(rounds_done), "controller_cpu_s": controller_cpu,
+            "machine_busy_cpu_s": busy, "machine_cores": psutil.cpu_count(),
             "case_process_s_median": statistics.median(r.duration_s for r in rounds_done),
             "startup_s_median": statistics.median(r.startup_s or 0.0 for r in rounds_done),
             "stages": stage_times(state.state_details.flow_run_id)}
