@@ -29,3 +29,10 @@ class Logits(torch.nn.Module):
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         kwargs: dict[str, Any] = dict(zip(self.input_names, inputs, strict=True))
         return self.model(**kwargs).logits
+
+
+def export_image_classifier(model: torch.nn.Module, batch_size: int, crop: int, path: Path) -> None:
+    """ONNX of a pixel_values -> logits model with a dynamic batch (resnet50-infer, vit-l-16-infer)."""
+    torch.onnx.export(model, (torch.zeros(batch_size, 3, crop, crop),), str(path),
+                      input_names=["pixel_values"], output_names=["logits"],
+                      dynamic_axes={"pixel_values": {0: "batch"}, "logits": {0: "batch"}}, dynamo=False)

@@ -84,3 +84,18 @@ class ImageFolder(torch.utils.data.Dataset):
                 image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
             pixels = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).permute(2, 0, 1)
         return (pixels - IMAGENET_MEAN) / IMAGENET_STD, label
+
+
+def digits_split(seed: int, test_fraction: float) -> tuple[tuple[torch.Tensor, torch.Tensor],
+                                                           tuple[torch.Tensor, torch.Tensor]]:
+    """scikit-learn's bundled digits (8x8, pixels scaled to [0, 1]) as ((x_train, y_train), (x_test, y_test)),
+    shuffled by ``seed``: the same split for the training case and the inference case that reuses it."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
+    y = torch.tensor(digits.target, dtype=torch.long)
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
+    n_test = int(len(x) * test_fraction)
+    test, train = order[:n_test], order[n_test:]
+    return (x[train], y[train]), (x[test], y[test])

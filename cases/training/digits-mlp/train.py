@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 from pydantic import Field
-from sklearn.datasets import load_digits
 from torch.utils.data import TensorDataset
 
+from flagperf.training.data import digits_split
 from flagperf.training.driver import TrainingConfig, TrainingContext
 
 
@@ -19,13 +19,8 @@ class Config(TrainingConfig):
 
 
 def datasets(config: Config) -> tuple[TensorDataset, TensorDataset]:
-    digits = load_digits()
-    x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
-    y = torch.tensor(digits.target, dtype=torch.long)
-    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(config.seed))
-    n_test = int(len(x) * config.test_fraction)
-    test, train = order[:n_test], order[n_test:]
-    return TensorDataset(x[train], y[train]), TensorDataset(x[test], y[test])
+    train, test = digits_split(config.seed, config.test_fraction)
+    return TensorDataset(*train), TensorDataset(*test)
 
 
 @torch.no_grad()

@@ -8,13 +8,12 @@ from typing import Any
 
 import torch
 from pydantic import Field
-from sklearn.datasets import load_digits
 from torch.utils.data import DataLoader, TensorDataset
 
 from flagperf.inference.config import InferenceConfig
 from flagperf.inference.data import loader, top1
 from flagperf.inference.engines import InferenceEngine
-from flagperf.training.data import LocalPath
+from flagperf.training.data import LocalPath, digits_split
 
 ACCURACY = "top1"
 
@@ -37,13 +36,8 @@ class DigitsData(TensorDataset):
 
 
 def split(config: Config) -> tuple[DigitsData, DigitsData]:
-    digits = load_digits()
-    x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
-    y = torch.tensor(digits.target, dtype=torch.long)
-    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(config.seed))
-    n_test = int(len(x) * config.test_fraction)
-    test, train = order[:n_test], order[n_test:]
-    return DigitsData(x[train], y[train], "training split"), DigitsData(x[test], y[test], "held-out split")
+    train, test = digits_split(config.seed, config.test_fraction)
+    return DigitsData(*train, "training split"), DigitsData(*test, "held-out split")
 
 
 def build_dataloader(config: Config) -> DataLoader:

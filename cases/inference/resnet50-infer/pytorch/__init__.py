@@ -13,7 +13,7 @@ from transformers import ResNetConfig, ResNetForImageClassification
 from flagperf.inference.config import InferenceConfig
 from flagperf.inference.data import ImageFolderDataset, SyntheticDataset, loader, top1
 from flagperf.inference.engines import InferenceEngine
-from flagperf.inference.hf import Logits, build
+from flagperf.inference.hf import Logits, build, export_image_classifier
 from flagperf.training.data import LocalPath
 
 ACCURACY = "top1"
@@ -55,9 +55,7 @@ def model_forward(model: torch.nn.Module, inputs: list[torch.Tensor]) -> list[to
 
 
 def export_model(model: torch.nn.Module, config: Config, path: Path) -> None:
-    torch.onnx.export(model, (torch.zeros(config.batch_size, 3, config.crop, config.crop),), str(path),
-                      input_names=["pixel_values"], output_names=["logits"],
-                      dynamic_axes={"pixel_values": {0: "batch"}, "logits": {0: "batch"}}, dynamo=False)
+    export_image_classifier(model, config.batch_size, config.crop, path)
 
 
 def engine_forward(engine: InferenceEngine, inputs: list[torch.Tensor]) -> tuple[Any, float]:
