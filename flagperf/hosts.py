@@ -93,6 +93,10 @@ class Host(ABC):
     @abstractmethod
     def disk_free(self, path: Path) -> int: ...
 
+    def clock(self) -> float:
+        """The host's wall clock (time.time()), read by the cheapest round trip the host allows."""
+        return time.time()
+
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.project_root), env.get("PYTHONPATH")) if p)

@@ -67,6 +67,8 @@ class AgentSpec(StrictModel):
     deployment: str = "host-round/host-round"
     timeout_s: float = Field(default=86400.0, gt=0, description="how long a dispatched round may take, queueing "
                                                                  "included")
+    start_timeout_s: float = Field(default=300.0, gt=0, description="how long a dispatched run may wait for the "
+                                   "host's worker to pick it up; then the host fails (its worker is down)")
 
 
 class HostSpec(StrictModel):
@@ -207,6 +209,8 @@ class Inventory:
     frameworks: dict[str, str] = field(default_factory=dict)
     results_dir: str | None = None
     notes: list[str] = field(default_factory=list)
+    # Settings for every case that has the key (host.yaml's NPROC_PER_NODE -> nproc_per_node).
+    case_overrides: dict[str, Any] = field(default_factory=dict)
 
     def resolve_vendor(self, vendor: str | None) -> str:
         """The run's vendor: as asked, else the inventory's (FlagPerf's VENDOR), else cpu; never two."""
@@ -287,7 +291,6 @@ HOST_YAML_NOT_USED = {
     "PIP_SOURCE": "images are built from the vendor's Dockerfile (set a mirror there or in pip.conf)",
     "CLEAR_CACHES": "page caches are not dropped (it needs root on every host)",
     "BENCHMARKS_OR_TOOLKITS": "a case's entry decides between a PyTorch kernel and a vendor tool",
-    "NPROC_PER_NODE": "processes per node are a case setting (nproc_per_node)",
 }
 
 
@@ -357,10 +360,17 @@ def host_yaml_inventory(data: dict[str, Any], source: str, base: Path) -> Invent
     specs = [{"name": address.replace(":", "_"), "address": address} for address in hosts]
     inventory = build_inventory({"vendor": vendor, "master_port": port("MASTER_PORT", DEFAULT_MASTER_PORT),
                                  "defaults": defaults, "hosts": specs}, source, base)
+    case_overrides: dict[str, Any] = {}
+    if "NPROC_PER_NODE" in data:
+        nproc = data["NPROC_PER_NODE"]
+        if isinstance(nproc, bool) or not isinstance(nproc, int) or not 1 <= nproc <= 1024:
+            raise ConfigError(source, "NPROC_PER_NODE", f"must be a whole number of processes, got {nproc!r}")
+        case_overrides["nproc_per_node"] = nproc  # for the cases that start several processes per host
     notes = [f"{source}: {key} is not used: {why}" for key, why in HOST_YAML_NOT_USED.items() if key in data]
     log_path = data.get("FLAGPERF_LOG_PATH")
     return Inventory(hosts=inventory.hosts, source=source, vendor=vendor, master_port=inventory.master_port,
-                     cases=cases, frameworks=frameworks, notes=notes, results_dir=str(log_path) if log_path else None)
+                     cases=cases, frameworks=frameworks, notes=notes, results_dir=str(log_path) if log_path else None,
+                     case_overrides=case_overrides)
 
 
 # ------------------------------------------------------------------------------------ container options

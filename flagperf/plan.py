@@ -105,7 +105,10 @@ def _spread(overrides: dict[str, Any], source: str, key_prefix: str, selected: d
 def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor: str = "cpu",
              rounds: int | None = None, sets: list[str] | None = None, results_dir: str | Path = "results",
              run_id: str | None = None, flow_run_id: str | None = None,
-             hosts: list[dict[str, Any]] | None = None) -> RunPlan:
+             hosts: list[dict[str, Any]] | None = None, inventory_overrides: dict[str, Any] | None = None,
+             inventory_source: str = "inventory") -> RunPlan:
+    """inventory_overrides: settings an inventory gives every case that has the key (FlagPerf's host.yaml
+    NPROC_PER_NODE); below --set, and no error when no case has the key."""
     if suite and cases:
         raise ConfigError("flagperf run", None, "give --suite or --cases, not both")
     sets = list(sets or [])
@@ -152,6 +155,10 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
         for case_name, values in suite_overrides.items():
             if case_name != "*":
                 layers[case_name].append((suite_source, values))
+    for key, value in (inventory_overrides or {}).items():
+        for case_name in names:
+            if key in configurable[case_name]:
+                layers[case_name].append((inventory_source, {key: value}))
     general = {o.key: o.value for o in parsed if o.case is None}
     for case_name, values in _spread(general, "--set", "", configurable).items():
         layers[case_name].append(("--set", values))

@@ -263,6 +263,9 @@ class SshHost(Host):
     def info(self) -> dict[str, Any]:
         return self._agent_json("info")
 
+    def clock(self) -> float:
+        return float(self.info()["time"])
+
     # ------------------------------------------------------------------ files (SFTP)
 
     def _sftp(self) -> paramiko.SFTPClient:

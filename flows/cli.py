@@ -86,7 +86,8 @@ def run(
             case_list = list(inv.cases)
         results = results or Path(inv.results_dir or "results")
         plan = plan_run(suite=suite, cases=case_list, vendor=vendor, rounds=rounds, sets=set_ or [],
-                        results_dir=results, hosts=[spec.model_dump(mode="json") for spec in inv.hosts])
+                        results_dir=results, hosts=[spec.model_dump(mode="json") for spec in inv.hosts],
+                        inventory_overrides=inv.case_overrides, inventory_source=inv.source)
     except FlagperfError as exc:
         raise _fail(str(exc)) from None
     for note in inv.notes:

@@ -15,16 +15,21 @@ import json
 import logging
 import shlex
 import sys
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import copy_context
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
+from uuid import UUID
 
 from prefect import flow, get_run_logger
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.runtime import deployment, flow_run
+from prefect.states import Cancelled
 
 from flagperf.errors import ConfigError, FlagperfError, InfrastructureFailure
 from flagperf.fleet import close_hosts, master_address, open_host
@@ -96,7 +101,8 @@ def evaluate(
         run_id = run_id_for_flow_run(results_dir, flow_run_id)
     plan = plan_run(suite=suite, cases=cases, vendor=vendor, rounds=rounds, sets=overrides,
                     results_dir=results_dir, run_id=run_id, flow_run_id=flow_run_id,
-                    hosts=[spec.model_dump(mode="json") for spec in inv.hosts])
+                    hosts=[spec.model_dump(mode="json") for spec in inv.hosts],
+                    inventory_overrides=inv.case_overrides, inventory_source=inv.source)
     run_dir = plan.run_dir.resolve()
     if (run_dir / PLAN_FILE).exists():
         logger.info("retry of flow run %s: continuing %s; rounds that completed are kept", flow_run_id, run_dir)
@@ -280,12 +286,44 @@ def dispatch(spec: HostSpec, subflow: Any, deployment_name: str, parameters: dic
         return subflow(**parameters)
     run = run_deployment(spec.agent.deployment if subflow is host_round else deployment_name,
                          parameters={**parameters, "on_host": True}, work_queue_name=spec.queue,
-                         timeout=spec.agent.timeout_s, as_subflow=True)
+                         timeout=0, as_subflow=True)
+    run = wait_for_agent(spec, run.id, deployment_name)
     if run.state is None or not run.state.is_completed():
         state = run.state.name if run.state else "unknown"
         raise InfrastructureFailure(f"host {spec.name}: {deployment_name} run {run.name} ended {state}: "
                                     f"{run.state.message if run.state else ''}")
     return None
+
+
+AGENT_POLL_S = 1.0
+
+
+def wait_for_agent(spec: HostSpec, flow_run_id: UUID, deployment_name: str) -> FlowRun:
+    """Wait for a dispatched run: first for the host's worker to pick it up (``agent.start_timeout_s``: a
+    worker that is down fails the host in minutes, not after the round's whole budget, and the run is
+    cancelled so it cannot start later), then for it to end (``agent.timeout_s``, counted from dispatch)."""
+    assert spec.agent is not None
+    started = time.monotonic()
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(flow_run_id)
+        while run.state is None or run.state.is_scheduled() or run.state.is_pending():
+            waited = time.monotonic() - started
+            if waited > spec.agent.start_timeout_s:
+                client.set_flow_run_state(flow_run_id, Cancelled(message="no worker picked it up"), force=True)
+                raise InfrastructureFailure(
+                    f"host {spec.name}: no worker on work queue {spec.queue} picked up {deployment_name} within "
+                    f"{spec.agent.start_timeout_s:.0f} s (start one on the host: prefect worker start --pool "
+                    f"flagperf --work-queue {spec.queue})")
+            time.sleep(AGENT_POLL_S)
+            run = client.read_flow_run(flow_run_id)
+        while not run.state.is_final():
+            if time.monotonic() - started > spec.agent.timeout_s:
+                client.set_flow_run_state(flow_run_id, Cancelled(message="agent.timeout_s exceeded"), force=True)
+                raise InfrastructureFailure(f"host {spec.name}: {deployment_name} run {run.name} did not end "
+                                            f"within agent.timeout_s = {spec.agent.timeout_s:.0f} s")
+            time.sleep(AGENT_POLL_S)
+            run = client.read_flow_run(flow_run_id)
+    return run
 
 
 def completed_round(run_dir: Path, case: str, round_no: int, host: str, node_rank: int = 0) -> RoundResult | None:

@@ -124,6 +124,11 @@ def check_toggles(config: InferenceConfig, origins: dict[str, str], default_sour
         raise fail("loadgen_scenarios", "LoadGen drives the compiled engine; compiler is null")
     if len(set(config.loadgen_scenarios)) != len(config.loadgen_scenarios):
         raise fail("loadgen_scenarios", "lists a scenario more than once")
+    scenarios = config.loadgen_scenarios
+    if ("Server" in scenarios and config.loadgen_server_target_qps is None
+            and "SingleStream" not in scenarios[:scenarios.index("Server")]):
+        raise fail("loadgen_scenarios", "Server needs loadgen_server_target_qps, or SingleStream listed before "
+                                        "it (its rate sets the Server target)")
 
 
 def skipped_steps(config: InferenceConfig) -> dict[str, str]:

@@ -186,12 +186,16 @@ def run_scenario(run: InferenceRun, sut: EngineSUT, scenario: str, expected: dic
     return result
 
 
-def run_scenarios(run: InferenceRun, engine: InferenceEngine) -> list[LoadgenResult]:
+def require_loadgen() -> None:
     try:
         import mlperf_loadgen  # noqa: F401
     except ImportError:
         raise CaseUserError("loadgen_scenarios needs the Python package mlcommons-loadgen==6.0.17 "
                             "(import mlperf_loadgen fails)") from None
+
+
+def run_scenarios(run: InferenceRun, engine: InferenceEngine) -> list[LoadgenResult]:
+    require_loadgen()
     samples = collect_samples(run.loader, MAX_SAMPLES)
     sut = EngineSUT(run, engine, samples)
     expected = sut.calibrate()

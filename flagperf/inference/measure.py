@@ -27,8 +27,10 @@ from flagperf.results import Metric
 
 Batch = tuple[Any, Any]  # (inputs: a tensor or a list of tensors, labels for the evaluator)
 # One batch through the model or engine: (outputs, or a generator whose last value is the outputs;
-# seconds of the call that were not inference).
-Forward = Callable[[list[torch.Tensor]], tuple[Any, float]]
+# seconds of the call that were not inference). A generator's non-inference time is only known once it is
+# consumed, so it may come as a callable that is read afterwards.
+NonInference = float | Callable[[], float]
+Forward = Callable[[list[torch.Tensor]], tuple[Any, NonInference]]
 Evaluator = Callable[[list[torch.Tensor], Any], float]
 
 
@@ -109,9 +111,10 @@ def timed_pass(name: str, loader: Iterable[Batch], forward: Forward, evaluator: 
                                      "partial batch (drop_last=True), as FlagPerf's do")
                 sync()
                 t0 = time.perf_counter()
-                result, foo = forward(to_device(x))
+                result, non_inference = forward(to_device(x))
                 outputs, first = _consume(result, sync, t0)
                 sync()
+                foo = non_inference() if callable(non_inference) else non_inference
                 core = time.perf_counter() - t0 - foo
                 stats.core_seconds.append(core)
                 stats.non_inference_seconds += foo

@@ -18,7 +18,8 @@ A case module (cases/inference/<model>/pytorch/__init__.py) provides:
   evaluator(outputs, labels) -> float      a batch's score on the CPU (e.g. top-1 accuracy)
   model_forward(model, inputs) -> outputs  one batch, eager (may yield per generated token)
   export_model(model, config, path)        write the ONNX file at path
-  engine_forward(engine, inputs) -> (outputs, non-inference seconds)
+  engine_forward(engine, inputs) -> (outputs, non-inference seconds); a generator's seconds may be a
+                                           callable, read once the generator is consumed
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from flagperf.casekit import CaseContext
 from flagperf.errors import CaseUserError
 from flagperf.inference.config import STEP_TITLES, STEPS, InferenceConfig, check_toggles, skipped_steps
 from flagperf.inference.engines import EngineDef, EngineEnv, InferenceEngine, check_engine_toggles
-from flagperf.inference.measure import PassStats, pass_metrics, timed_pass
+from flagperf.inference.measure import NonInference, PassStats, pass_metrics, timed_pass
 from flagperf.results import InferenceReport, LoadgenResult, Metric, SpecTable
 from flagperf.timing import TimingPlan
 
@@ -111,6 +112,10 @@ def step_init(run: InferenceRun) -> None:
     if run.engine_def is not None:
         run.engine_cls = run.engine_def.engine_class()  # a missing library fails here, before any work
         log.info("engine %s from %s", run.engine_def.manifest.name, run.engine_def.source)
+    if c.loadgen_scenarios:
+        from flagperf.inference.loadgen import require_loadgen
+
+        require_loadgen()  # a missing package fails here, not after validation and compilation
 
 
 def step_dataset_model(run: InferenceRun) -> None:
@@ -216,7 +221,7 @@ def step_inference(run: InferenceRun) -> None:
         run.engine = load_engine_file(run)
     engine = run.engine
 
-    def forward(inputs: list[torch.Tensor]) -> tuple[Any, float]:
+    def forward(inputs: list[torch.Tensor]) -> tuple[Any, NonInference]:
         return run.module.engine_forward(engine, inputs)
 
     run.inference = timed_pass("inference", run.loader, forward, run.evaluator, run.sync, run.config, log)

@@ -8,7 +8,6 @@ from typing import Annotated
 
 import numpy as np
 import torch
-from PIL import Image
 from pydantic import AfterValidator
 
 from flagperf.errors import CaseUserError
@@ -66,6 +65,8 @@ class ImageFolder(torch.utils.data.Dataset):
         return len(self.samples)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        from PIL import Image  # only image cases need Pillow; digits and token cases must not
+
         path, label = self.samples[index]
         with Image.open(path) as image:
             image = image.convert("RGB")

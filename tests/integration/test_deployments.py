@@ -130,3 +130,35 @@ def test_hosts_with_a_worker_get_their_rounds_through_their_own_queue(flagperf_e
             os.killpg(worker.pid, signal.SIGTERM)
         for worker in workers:
             worker.wait(timeout=30)
+
+
+def test_a_host_whose_worker_is_down_fails_healthcheck_in_bounded_time(flagperf_env: Path, tmp_path: Path) -> None:
+    """The inventory says the host runs a worker, but none is polling its queue: the healthcheck fails after
+    agent.start_timeout_s naming the host and the queue, the dispatched run is cancelled (it cannot start
+    later, when someone starts the worker), and no round runs."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+    from prefect.settings import PREFECT_API_URL
+
+    from flows.evaluate import evaluate
+
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PWD": str(ROOT)}
+    created = prefect_cli("work-pool", "create", "flagperf", "--type", "process", "--overwrite", env=env)
+    assert created.returncode == 0, created.stdout + created.stderr
+    deployed = prefect_cli("deploy", "--all", env=env)
+    assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("hosts:\n  - {name: no-worker, address: localhost, agent: {start_timeout_s: 4},"
+                         f" work_root: {tmp_path / 'work'}}}\n")
+    run_id = f"run-no-worker-{time.time_ns()}"
+    started = time.monotonic()
+    state = evaluate(cases=["computation-FP32"], rounds=1, inventory=str(inventory), run_id=run_id,
+                     results_dir=str(flagperf_env), return_state=True)
+    assert state.is_failed() and time.monotonic() - started < 120
+    assert ("host no-worker: no worker on work queue host-no-worker picked up host-healthcheck/host-healthcheck "
+            "within 4 s") in state.message
+    assert not (flagperf_env / run_id / "computation-FP32").exists()  # nothing else started
+    with get_client(sync_client=True) as client:
+        children = client.read_flow_runs(flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(
+            any_=[state.state_details.flow_run_id])))
+    dispatched = [run for run in children if run.name.startswith("healthcheck@") or run.deployment_id]
+    assert dispatched and all(run.state.is_cancelled() for run in dispatched), [(r.name, r.state) for r in children]

@@ -141,6 +141,8 @@ def test_toggle_matrix_through_the_api(tmp_path: Path) -> None:
          ["init", "dataset_model", "compile", "inference", "summary"]),
         ("exist-engine", [f"exist_compiler_path={engine}"],
          ["init", "dataset_model", "validation", "export", "inference", "summary"]),
+        ("exist-onnx-and-engine", [f"exist_onnx_path={onnx}", f"exist_compiler_path={engine}"],
+         ["init", "dataset_model", "validation", "inference", "summary"]),
         ("engine-only", ["no_validation=true", "exist_onnx_path=foo", f"exist_compiler_path={engine}"],
          ["init", "dataset_model", "inference", "summary"]),
     ]

@@ -128,6 +128,8 @@ CASES:
      "unsupported docker option"),
     ("VENDOR: cpu\nHOSTS: [h]\nCASES: {a: pytorch}\nNO_SUCH_KEY: 1", "NO_SUCH_KEY", "unknown key"),
     ("VENDOR: cpu\nHOSTS: [h]\nCASES: {'a;b': pytorch}", "CASES.a;b", "case name"),
+    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {a: pytorch}\nNPROC_PER_NODE: 0", "NPROC_PER_NODE", "whole number"),
+    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {a: pytorch}\nNPROC_PER_NODE: '8'", "NPROC_PER_NODE", "whole number"),
 ])
 def test_bad_host_yaml(tmp_path: Path, body: str, key: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -204,3 +206,28 @@ def test_the_shipped_example_inventories_validate() -> None:
     outcome = CliRunner().invoke(app, ["validate", str(root / "example.yaml"), str(root / "flagperf-host.yaml")])
     assert outcome.exit_code == 0, outcome.output
     assert "inventory, 3 host(s)" in outcome.output and "FlagPerf host.yaml, 2 host(s)" in outcome.output
+
+
+def test_host_yaml_nproc_per_node_reaches_the_cases_that_start_processes(tmp_path: Path) -> None:
+    """FlagPerf's base host.yaml NPROC_PER_NODE: every case with processes per node gets it (recorded with the
+    file as its origin); a case without the key is left alone; --set still wins."""
+    from flagperf.plan import plan_run
+
+    path = write(tmp_path, "host.yaml", """
+VENDOR: cpu
+HOSTS: ["10.1.2.155"]
+NPROC_PER_NODE: 2
+CASES:
+  "interconnect-MPI_intraserver": "pytorch_2.3"
+  "computation-FP32": "pytorch_2.3"
+""")
+    inv = load_inventory(path)
+    assert inv.case_overrides == {"nproc_per_node": 2} and not any("NPROC_PER_NODE" in n for n in inv.notes)
+    plan = plan_run(cases=inv.cases, vendor="cpu", results_dir=tmp_path / "r",
+                    inventory_overrides=inv.case_overrides, inventory_source=inv.source)
+    mpi, gemm = plan.cases
+    assert mpi.config["nproc_per_node"] == 2 and mpi.origins["nproc_per_node"] == inv.source
+    assert "nproc_per_node" not in gemm.config
+    plan = plan_run(cases=inv.cases, vendor="cpu", results_dir=tmp_path / "r", sets=["nproc_per_node=1"],
+                    inventory_overrides=inv.case_overrides, inventory_source=inv.source)
+    assert plan.cases[0].config["nproc_per_node"] == 1 and plan.cases[0].origins["nproc_per_node"] == "--set"

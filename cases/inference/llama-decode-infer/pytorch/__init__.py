@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -109,11 +109,13 @@ def export_model(model: torch.nn.Module, config: Config, path: Path) -> None:
                       dynamic_axes={"input_ids": {0: "batch"}, "logits": {0: "batch"}}, dynamo=False)
 
 
-def engine_forward(engine: InferenceEngine, inputs: list[torch.Tensor]) -> tuple[Iterator[list[torch.Tensor]], float]:
+def engine_forward(engine: InferenceEngine, inputs: list[torch.Tensor]
+                   ) -> tuple[Iterator[list[torch.Tensor]], Callable[[], float]]:
     """Greedy decoding through the engine's full-window forward (no cache in the exported graph): the prompt
     sits at the left of a fixed window, each new token is written after it, and the logits at the last
     filled position give the next token."""
     config: Config = engine.config  # type: ignore[assignment]
+    non_inference = [0.0]  # summed over the engine calls (e.g. Inductor compiling on its first call)
 
     def decode() -> Iterator[list[torch.Tensor]]:
         prompt = inputs[0]
@@ -121,7 +123,8 @@ def engine_forward(engine: InferenceEngine, inputs: list[torch.Tensor]) -> tuple
         ids[:, :config.prompt_len] = prompt
         generated: list[torch.Tensor] = []
         for i in range(config.new_tokens):
-            (logits, *_), _foo = engine([ids])
+            (logits, *_), foo = engine([ids])
+            non_inference[0] += foo
             token = logits[:, config.prompt_len - 1 + i].argmax(dim=-1, keepdim=True).cpu().to(ids.dtype)
             generated.append(token)
             if i + 1 < config.new_tokens:
@@ -129,4 +132,4 @@ def engine_forward(engine: InferenceEngine, inputs: list[torch.Tensor]) -> tuple
             yield generated
         yield [torch.cat(generated, dim=1)]
 
-    return decode(), 0.0
+    return decode(), lambda: non_inference[0]
