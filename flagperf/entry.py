@@ -56,6 +56,7 @@ from flagperf.vendors import Vendor, load_vendor
 log = logging.getLogger("flagperf.case")
 
 EXIT_ORPHANED = 75  # the controller went away mid-round (an infrastructure failure)
+EXIT_OVERRAN = 76  # the case outlived its own timeout with nobody stopping it (an infrastructure failure)
 
 
 @dataclass
@@ -193,6 +194,26 @@ def watch_parent(poll_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+def deadline_grace_s(timeout_s: float) -> float:
+    """How long past its timeout a case may go before it stops itself: the controller's own timeout fires
+    first whenever the controller is there."""
+    return min(60.0, max(5.0, 0.1 * timeout_s))
+
+
+def watch_deadline(timeout_s: float) -> None:
+    """Exit when the round's timeout (plus grace) has passed. In a container the parent watch sees only the
+    container's init, so a controller that vanished would otherwise leave the case running with no limit."""
+    limit = timeout_s + deadline_grace_s(timeout_s)
+
+    def watch() -> None:
+        time.sleep(limit)
+        print(f"flagperf.entry: still running {limit:.0f} s after start (timeout_s {timeout_s:g}) and nobody "
+              "stopped it; exiting", file=sys.stderr, flush=True)
+        os._exit(EXIT_OVERRAN)
+
+    threading.Thread(target=watch, name="deadline-watch", daemon=True).start()
+
+
 def classify_runtime_error(exc: RuntimeError) -> Exception:
     """A backend's RuntimeError, sorted: out of memory is the config's fault (retrying cannot help), an
     unsupported operation is a result; anything else is a crash and propagates (retried)."""
@@ -216,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.job}: cannot read the job file: {str(exc).splitlines()[0]}", file=sys.stderr)
         return EXIT_USER_ERROR
     watch_parent()
+    watch_deadline(float(job.config.get("timeout_s", 86400.0)))
     return run_job(job, args.job.parent)
 
 

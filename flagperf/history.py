@@ -1,7 +1,9 @@
 """A history of runs for baselines and regression verdicts.
 
 SQLite by default (FLAGPERF_HISTORY_URL unset: results/history.sqlite); any SQLAlchemy URL otherwise,
-e.g. postgresql+psycopg://user@host/flagperf for a team (needs the `postgres` extra).
+e.g. postgresql+psycopg://user@host/flagperf for a team (the `postgres` extra; the password from PGPASSWORD
+or ~/.pgpass, never the URL). The server's own postgresql+asyncpg:// URL is accepted and read with psycopg,
+since the history is written synchronously.
 
 Verdict for one figure of a run, against the same case, metric, vendor and device:
   baseline  = median of the last K earlier runs that measured it (K = baseline_runs)
@@ -73,7 +75,9 @@ def history_engine(url: str | None = None, results_dir: str | Path = "results") 
     url = url or os.environ.get(DEFAULT_URL_ENV) or f"sqlite:///{Path(results_dir).resolve() / 'history.sqlite'}"
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url)
+    if url.startswith("postgresql+asyncpg://"):
+        url = "postgresql+psycopg://" + url.removeprefix("postgresql+asyncpg://")
+    engine = create_engine(url, pool_pre_ping=True)
     metadata.create_all(engine)
     return engine
 

@@ -57,10 +57,20 @@ def test_two_ssh_hosts_run_their_rounds_in_containers(flagperf_env: Path, tmp_pa
     state, run_dir = run_evaluate(flagperf_env, cases=["computation-FP32"], rounds=1, overrides=FAST,
                                   inventory=inventory)
     assert state.is_completed(), state.message
-    names = {run.name for run in all_task_runs(state.state_details.flow_run_id)}
+    tasks = {run.name: run for run in all_task_runs(state.state_details.flow_run_id)}
+    names = set(tasks)
     for host in testbed.hosts[:2]:
         assert {f"healthcheck[{host.name}]", f"build_image[{host.name}]",
                 f"run_case[computation-FP32/round1@{host.name}]"} <= names, sorted(names)
+        # The SSH and Docker layers' own loggers land under the task run that used them.
+        health_logs = task_logs(tasks[f"healthcheck[{host.name}]"].id)
+        assert any(line.startswith("ok   ssh: reachable and authenticated") for line in health_logs), health_logs
+        case_logs = task_logs(tasks[f"run_case[computation-FP32/round1@{host.name}]"].id)
+        assert any(line.startswith("container ") and line.endswith(f"started on {host.name}")
+                   for line in case_logs), case_logs
+        image_logs = task_logs(tasks[f"build_image[{host.name}]"].id)
+        assert any(line.startswith(("built flagperf/cpu-pytorch:", "present flagperf/cpu-pytorch:"))
+                   for line in image_logs), image_logs
         health = json.loads((run_dir / "hosts" / f"{host.name}.health.json").read_text())
         checks = {c["name"]: c for c in health["checks"]}
         assert health["ok"] and "host key verified" in checks["ssh"]["detail"]
@@ -76,6 +86,17 @@ def test_two_ssh_hosts_run_their_rounds_in_containers(flagperf_env: Path, tmp_pa
     import docker
 
     assert docker.from_env().containers.list(all=True, filters={"label": "org.flagperf.job"}) == []
+    # The tag is the content hash of the Dockerfile folder and build args; with nothing changed, asking for
+    # the image again builds nothing.
+    from flagperf.containers import context_digest, ensure_image, image_context, image_tag
+    from flagperf.vendors import load_vendor
+
+    context = image_context(load_vendor("cpu"), "pytorch")
+    tag = image_tag("cpu", "pytorch", context_digest(context, image["build_args"]))
+    assert tag == image["tag"]
+    build_lines: list[str] = []
+    assert ensure_image(docker.from_env(), context, tag, image["build_args"], build_lines.append) == "present"
+    assert build_lines == []
 
 
 def test_a_multi_node_all_reduce_across_two_hosts(flagperf_env: Path, tmp_path: Path,
@@ -128,6 +149,44 @@ def test_an_unknown_host_key_is_refused(flagperf_env: Path, tmp_path: Path,
                                                     r"\(ssh-ed25519 SHA256:.*not in .*known_hosts"):
         state.result()
     assert empty.read_text() == ""  # nothing was trusted behind the user's back
+
+
+def test_accept_new_host_key_records_it_and_a_changed_key_is_always_refused(tmp_path: Path,
+        testbed: Testbed, deployed: Path) -> None:
+    """accept_new_host_key trusts a first-seen key and writes it to known_hosts (OpenSSH's accept-new); a key
+    that differs from the recorded one is refused even then, naming both fingerprints."""
+    import subprocess
+
+    from flagperf.inventory import load_inventory
+    from flagperf.ssh import SshError, SshHost
+
+    def host_with(known_hosts: Path, accept_new: bool) -> SshHost:
+        path = write_inventory(tmp_path, [host_entry(testbed, 0, deployed, known_hosts=str(known_hosts),
+                                                     accept_new_host_key=accept_new)])
+        return SshHost(load_inventory(Path(path)).hosts[0])
+
+    fresh = tmp_path / "fresh_known_hosts"
+    first = host_with(fresh, accept_new=True)
+    try:
+        assert first.clock() > 0  # connected and ran the host agent
+    finally:
+        first.close()
+    recorded = fresh.read_text().split()
+    assert recorded[0] == testbed.hosts[0].address and recorded[1] == "ssh-ed25519"
+    again = host_with(fresh, accept_new=False)  # now known: the strict default connects
+    try:
+        assert again.clock() > 0
+    finally:
+        again.close()
+
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "impostor")], check=True)
+    impostor = (tmp_path / "impostor.pub").read_text().split()
+    changed = tmp_path / "changed_known_hosts"
+    changed.write_text(f"{testbed.hosts[0].address} {impostor[0]} {impostor[1]}\n")
+    for accept_new in (False, True):
+        with pytest.raises(SshError, match=r"host h1: host key CHANGED for .*refusing to connect"):
+            host_with(changed, accept_new=accept_new).client()
+    assert changed.read_text().split()[2] == impostor[1]  # the recorded key is left as it was
 
 
 def test_a_container_killed_mid_round_is_retried_and_the_others_kept(flagperf_env: Path, tmp_path: Path,

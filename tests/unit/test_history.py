@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from flagperf.history import check_run, history_engine, record_run
+from flagperf.history import check_run, history_engine, metadata, record_run
 from flagperf.results import Metric, RoundResult, write_result
 
 START = datetime(2026, 11, 1, 2, 0, tzinfo=UTC)
@@ -24,9 +25,34 @@ def make_run(root: Path, run_id: str, round_values: list[float], device: str = "
     return run
 
 
+def _postgres_url() -> str:
+    url = os.environ.get("FLAGPERF_TEST_POSTGRES_URL")
+    if not url:
+        if os.environ.get("CI"):
+            pytest.fail("FLAGPERF_TEST_POSTGRES_URL is not set: .ci/run makes the database "
+                        "(deployments/postgres/test-database.sh)")
+        pytest.skip("no PostgreSQL: eval \"$(bash deployments/postgres/test-database.sh)\" makes one")
+    return url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def history(request: pytest.FixtureRequest, tmp_path: Path):
+    """The same verdicts on SQLite (one person) and on a team's PostgreSQL."""
+    if request.param == "sqlite":
+        yield history_engine(f"sqlite:///{tmp_path / 'history.sqlite'}")
+        return
+    engine = history_engine(_postgres_url())  # the server's asyncpg URL, read with psycopg
+    assert engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg"
+    metadata.drop_all(engine)  # each test starts from an empty history
+    metadata.create_all(engine)
+    yield engine
+    metadata.drop_all(engine)
+    engine.dispose()
+
+
 @pytest.fixture
-def seeded(tmp_path: Path):
-    engine = history_engine(f"sqlite:///{tmp_path / 'history.sqlite'}")
+def seeded(history, tmp_path: Path):
+    engine = history
     nightly = [[100.0, 100.6, 99.4], [100.8, 101.2, 100.5], [99.1, 99.6, 98.9], [100.2, 99.8, 100.4],
                [99.7, 100.3, 100.0]]
     for night, values in enumerate(nightly):

@@ -37,6 +37,13 @@ def test_digits_converges(tmp_path: Path, nproc: int) -> None:
         log = parse_file(out / f"rank{rank}.out.log")
         events = list(log.events["event"])
         assert events[0] == "INIT_START" and events[-1] == "FINISHED" and "EVALUATE" in events
+        assert {"INIT_END", "TRAIN_START", "EPOCH_BEGIN", "EPOCH_END", "TRAIN_END"} <= set(events)
+        assert events.count("EPOCH_BEGIN") == result.convergence.epochs
+        # STEP_END at step 1 and every log_freq (10) steps, FlagPerf's cadence.
+        steps = [value["step"] for event, value in zip(events, log.events["value"], strict=True)
+                 if event == "STEP_END"]
+        assert steps and steps[0] == 1 and all(s == 1 or s % 10 == 0 for s in steps), steps
+        assert steps == sorted(steps) and len(steps) >= 3
         assert tuple(log.finished()[rank]) == FINISHED_KEYS
         assert set(log.events["rank"]) == {rank}
 
