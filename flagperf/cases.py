@@ -209,9 +209,10 @@ def _apply_scale_file(case: CaseDef, merged: MergedConfig, vendor: str, hardware
 
 
 def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[str, dict[str, Any]]],
-                        hardware: str | None = None) -> MergedConfig:
+                        hardware: str | None = None, files_are_local: bool = True) -> MergedConfig:
     """Defaults -> vendor file -> (training) the vendor's file for this scale -> run overrides, then
-    validated by the case's own Config model."""
+    validated by the case's own Config model. files_are_local: the cases run on this machine, so the files
+    a config names (exist_onnx_path ...) can be checked here; on remote hosts the case checks them there."""
     vendor_path = case.vendor_file(vendor)
     vendor_overrides = load_yaml_mapping(vendor_path) if vendor_path.is_file() else {}
     merged = merge_vendor_overrides(
@@ -240,6 +241,7 @@ def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[st
 
         check_toggles(model, merged.origins, display_path(case.manifest_path))
         if vendor:  # `flagperf validate` checks a case's defaults without a vendor, so without its engines
-            check_engine_toggles(model, vendor, merged.origins, display_path(case.manifest_path))
+            check_engine_toggles(model, vendor, merged.origins, display_path(case.manifest_path),
+                                 check_files=files_are_local)
     merged.values = model.model_dump(mode="json")
     return merged

@@ -166,9 +166,11 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
         if override.case is not None:
             layers[override.case].append(("--set", {override.key: override.value}))
 
+    # Files a config names are read where the case runs: checkable here only when every host is this machine.
+    files_are_local = all((h.get("transport") or "local") == "local" for h in hosts or [])
     plans = []
     for name in names:
-        merged = resolve_case_config(defs[name], vendor, layers[name], hardware)
+        merged = resolve_case_config(defs[name], vendor, layers[name], hardware, files_are_local=files_are_local)
         plans.append(CasePlan(
             name=name, family=defs[name].family, description=defs[name].manifest.description,
             config=merged.values, origins=merged.origins, run_overrides=merged.run_overrides,

@@ -173,8 +173,8 @@ def load_engine(vendor: str, name: str, source: str = "compiler") -> EngineDef:
     return EngineDef(manifest=manifest, folder=folder)
 
 
-def check_engine_toggles(config: InferenceConfig, vendor: str, origins: dict[str, str], default_source: str
-                         ) -> EngineDef | None:
+def check_engine_toggles(config: InferenceConfig, vendor: str, origins: dict[str, str], default_source: str,
+                         check_files: bool = True) -> EngineDef | None:
     """What the chosen engine needs, against the toggles and the files they name (before anything runs)."""
     if config.compiler is None:
         return None
@@ -191,10 +191,11 @@ def check_engine_toggles(config: InferenceConfig, vendor: str, origins: dict[str
         if not m.loads_engine_files:
             raise ConfigError(where("exist_compiler_path"), "exist_compiler_path",
                               f"engine {m.name} cannot load an engine file")
-        if not Path(config.exist_compiler_path).is_file():
+        if check_files and not Path(config.exist_compiler_path).is_file():
             raise ConfigError(where("exist_compiler_path"), "exist_compiler_path",
                               f"{config.exist_compiler_path} is not a file")
-    elif m.needs_onnx and config.exist_onnx_path is not None and not Path(config.exist_onnx_path).is_file():
+    elif (check_files and m.needs_onnx and config.exist_onnx_path is not None
+          and not Path(config.exist_onnx_path).is_file()):
         raise ConfigError(where("exist_onnx_path"), "exist_onnx_path",
                           f"{config.exist_onnx_path} is not a file (engine {m.name} compiles it)")
     return engine

@@ -99,23 +99,28 @@ def test_two_ssh_hosts_run_their_rounds_in_containers(flagperf_env: Path, tmp_pa
     assert build_lines == []
 
 
-def test_a_multi_node_all_reduce_across_two_hosts(flagperf_env: Path, tmp_path: Path,
-        testbed: Testbed, deployed: Path) -> None:
+@pytest.mark.parametrize(("case", "metric", "convention"), [
+    ("interconnect-MPI_interserver", "allreduce", "2(n-1)/n with n = 2 ranks"),
+    ("interconnect-P2P_interserver", "p2p", "busbw = algbw: one direction, rank 0 -> rank 1"),
+])
+def test_a_multi_node_collective_across_two_hosts(flagperf_env: Path, tmp_path: Path, testbed: Testbed,
+                                                  deployed: Path, case: str, metric: str, convention: str) -> None:
     """gloo between two network namespaces: node 0 on h1 is the master, node 1 on h2 connects to it."""
     inventory = write_inventory(tmp_path, [host_entry(testbed, i, deployed) for i in (0, 1)], master_port=29611)
-    state, run_dir = run_evaluate(flagperf_env, cases=["interconnect-MPI_interserver"], rounds=1,
+    state, run_dir = run_evaluate(flagperf_env, cases=[case], rounds=1,
                                   overrides=["size_mib=4", "min_duration_s=0.5", "warmup_iters=1", "min_iters=5",
                                              "timeout_s=120"],
                                   inventory=inventory)
     assert state.is_completed(), state.message
     first, second = testbed.hosts[0], testbed.hosts[1]
     for rank, host in enumerate((first, second)):
-        folder = run_dir / "interconnect-MPI_interserver" / "round1" / f"{host.name}_noderank{rank}"
+        folder = run_dir / case / "round1" / f"{host.name}_noderank{rank}"
         result = read_result(folder / "result.json")
         assert result.status == "success" and result.node_rank == rank
         metrics = {m.name: m for m in result.metrics}
-        busbw = metrics["allreduce_busbw"]
-        assert busbw.value > 0 and "2(n-1)/n with n = 2 ranks" in (busbw.convention or "")
+        algbw, busbw = metrics[f"{metric}_algbw"], metrics[f"{metric}_busbw"]
+        assert busbw.value > 0 and algbw.value > 0 and convention in (busbw.convention or "")
+        assert "2 node(s) x 1 ranks, gloo, 4 MiB" in (busbw.note or "")
         job = json.loads((folder / "job.json").read_text())
         assert (job["master_addr"], job["master_port"], job["nnodes"]) == (first.address, 29611, 2)
 
@@ -233,20 +238,24 @@ def test_a_container_killed_mid_round_is_retried_and_the_others_kept(flagperf_en
     assert other.status == "success" and other.provenance.attempt == 1
 
 
-def test_training_across_two_hosts_converges(flagperf_env: Path, tmp_path: Path,
-        testbed: Testbed, deployed: Path) -> None:
-    """digits-mlp at 2x1 (config_cpux2x1.yaml): DDP across two network namespaces over gloo, real data."""
-    inventory = write_inventory(tmp_path, [host_entry(testbed, i, deployed) for i in (0, 1)], master_port=29612)
+@pytest.mark.parametrize(("nproc", "batch_size"), [(1, 48), (2, 32)])
+def test_training_across_two_hosts_converges(flagperf_env: Path, tmp_path: Path, testbed: Testbed,
+                                             deployed: Path, nproc: int, batch_size: int) -> None:
+    """digits-mlp at 2x1 and 2x2 (config_cpux2x<N>.yaml): DDP across two network namespaces over gloo, real
+    data; every rank writes its PerfLog and the job's throughput counts all 2 x nproc processes."""
+    inventory = write_inventory(tmp_path, [host_entry(testbed, i, deployed) for i in (0, 1)],
+                                master_port=29612 + nproc)
     state, run_dir = run_evaluate(flagperf_env, cases=["digits-mlp"], rounds=1, inventory=inventory,
-                                  overrides=["nnodes=2", "timeout_s=300"])
+                                  overrides=["nnodes=2", f"nproc_per_node={nproc}", "timeout_s=300"])
     assert state.is_completed(), state.message
-    for rank, host in enumerate(testbed.hosts[:2]):
-        folder = run_dir / "digits-mlp" / "round1" / f"{host.name}_noderank{rank}"
+    for node, host in enumerate(testbed.hosts[:2]):
+        folder = run_dir / "digits-mlp" / "round1" / f"{host.name}_noderank{node}"
         result = read_result(folder / "result.json")
-        assert result.status == "success" and result.node_rank == rank
-        assert result.config["batch_size"] == 48  # the 2x1 scale file applied
+        assert result.status == "success" and result.node_rank == node
+        assert result.config["batch_size"] == batch_size  # the 2x<nproc> scale file applied
         assert result.convergence is not None and result.convergence.converged
-        assert (folder / f"rank{rank}.out.log").is_file()
+        for rank in range(node * nproc, (node + 1) * nproc):  # global ranks of this node
+            assert (folder / f"rank{rank}.out.log").is_file(), sorted(p.name for p in folder.iterdir())
 
 
 def test_flagperf_host_yaml_runs_through_the_cli(tmp_path: Path, testbed: Testbed, deployed: Path) -> None:

@@ -443,3 +443,15 @@ def test_a_generators_non_inference_time_is_read_once_it_is_consumed() -> None:
     assert stats.batches == 3 and stats.non_inference_seconds == pytest.approx(0.3)
     assert all(core < 0.05 for core in stats.core_seconds)  # 0.1 s of sleeping per batch, all of it left out
     assert stats.whole_seconds < stats.wall_seconds - 0.29
+
+
+def test_files_on_remote_hosts_are_checked_where_the_case_runs() -> None:
+    """exist_onnx_path names a file on the host that runs the case: with SSH hosts the controller cannot see
+    it, so the plan leaves the check to step (a) on the host; with local hosts it is refused up front."""
+    remote = [{"name": "h1", "address": "10.1.2.3", "transport": "ssh"}]
+    plan = plan_run(cases=["digits-infer"], sets=["exist_onnx_path=/data/on/the/host/model.onnx"],
+                    results_dir="unused", hosts=remote)
+    assert plan.cases[0].config["exist_onnx_path"] == "/data/on/the/host/model.onnx"
+    with pytest.raises(ConfigError, match="is not a file"):
+        plan_run(cases=["digits-infer"], sets=["exist_onnx_path=/data/on/the/host/model.onnx"],
+                 results_dir="unused", hosts=[{"name": "localhost", "transport": "local"}])
