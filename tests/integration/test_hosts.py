@@ -236,6 +236,7 @@ def test_a_container_killed_mid_round_is_retried_and_the_others_kept(flagperf_en
     assert any("killed by signal 9" in line for line in task_logs(run_case.id))
     other = read_result(run_dir / "computation-FP32" / "round1" / f"{host.name}_noderank0" / "result.json")
     assert other.status == "success" and other.provenance.attempt == 1
+    assert runs[f"run_case[computation-FP32/round1@{host.name}]"].run_count == 1  # not run again
 
 
 @pytest.mark.parametrize(("nproc", "batch_size"), [(1, 48), (2, 32)])
