@@ -12,7 +12,6 @@ host-round deployment on its own work queue; the others are driven from here, ov
 from __future__ import annotations
 
 import json
-import logging
 import shlex
 import sys
 import time
@@ -48,14 +47,12 @@ from flagperf.results import (
 )
 from flagperf.vendors import load_vendor
 from flows.host_round import host_healthcheck, host_round
+from flows.logs import route_core_logs
 from tasks.analyze import analyze
 from tasks.healthcheck import healthcheck
 from tasks.image import build_image
 
-# The core logs at INFO (hosts, config rules); Prefect attaches its handlers to it through
-# PREFECT_LOGGING_EXTRA_LOGGERS=flagperf, but the level is ours to set.
-logging.getLogger("flagperf").setLevel(logging.INFO)
-logging.getLogger("paramiko").setLevel(logging.WARNING)
+route_core_logs()
 RETRIES_DIR = "retries"  # failed rounds of earlier attempts of the same flow run, kept for inspection
 MIN_MONITOR_INTERVAL_S, MAX_MONITOR_INTERVAL_S = 0.1, 60.0  # 10 Hz at most: the monitor's own limit
 MAX_PARALLEL_HOSTS = 64  # threads that drive hosts at once (each mostly waits on its host)

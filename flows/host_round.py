@@ -23,11 +23,14 @@ from flagperf.job import Job
 from flagperf.plan import PLAN_FILE, CasePlan, RunPlan
 from flagperf.provenance import library_versions
 from flagperf.results import RESULT_FILE, Failure, RoundResult, round_dir, write_result
+from flows.logs import route_core_logs
 from tasks.collect import collect_logs
 from tasks.container import run_case
 from tasks.healthcheck import healthcheck
 from tasks.image import build_image
 from tasks.monitor import start_monitors, stop_monitors
+
+route_core_logs()
 
 CONTROLLER_LIBRARIES = ("prefect", "pandas")
 # A monitor outlives the round's worst case by this much at most, whatever happens to the controller.

@@ -239,7 +239,7 @@ def test_a_container_killed_mid_round_is_retried_and_the_others_kept(flagperf_en
     assert runs[f"run_case[computation-FP32/round1@{host.name}]"].run_count == 1  # not run again
 
 
-@pytest.mark.parametrize(("nproc", "batch_size"), [(1, 48), (2, 32)])
+@pytest.mark.parametrize(("nproc", "batch_size"), [(1, 48), (2, 24)])
 def test_training_across_two_hosts_converges(flagperf_env: Path, tmp_path: Path, testbed: Testbed,
                                              deployed: Path, nproc: int, batch_size: int) -> None:
     """digits-mlp at 2x1 and 2x2 (config_cpux2x<N>.yaml): DDP across two network namespaces over gloo, real
