@@ -217,20 +217,38 @@ class DockerRuntime(Runtime):
 
     def run_entry(self, host: Host, job_dir: Path, timeout_s: float, on_line: LineSink | None,
                   pid_file: Path) -> CommandResult:
+        argv = [self.settings.python, "-m", "flagperf.entry", "--job", str(job_dir / JOB_FILE)]
+        name = "flagperf-" + "-".join(job_dir.relative_to(self.scratch_root.parent).parts)[-200:].replace("_", "-")
+        result, lines = self._run(host, argv, name, {f"{LABEL}.job": str(job_dir)}, timeout_s, on_line,
+                                  pid_file=pid_file, scratch=True, data=True)
+        host.write_text(job_dir / CASE_LOG_FILE, "\n".join(lines) + ("\n" if lines else ""))
+        return result
+
+    def run_probe(self, host: Host, vendor: str, timeout_s: float) -> tuple[CommandResult, list[str]]:
+        """``python -m flagperf.probe`` in the image, with the rounds' devices and options: the accelerators
+        the cases will see (and the host needs no torch of its own)."""
+        argv = [self.settings.python, "-m", "flagperf.probe", "--vendor", vendor]
+        name = f"flagperf-probe-{host.name}-{os.getpid()}-{time.monotonic_ns()}"[:200].replace("_", "-")
+        return self._run(host, argv, name, {f"{LABEL}.probe": host.name}, timeout_s, None)
+
+    def _run(self, host: Host, argv: list[str], name: str, labels: dict[str, str], timeout_s: float,
+             on_line: LineSink | None, pid_file: Path | None = None, scratch: bool = False, data: bool = False
+             ) -> tuple[CommandResult, list[str]]:
+        """One container: created, started, waited for (killed at the timeout), its log read, always removed."""
         docker = require_docker()
         from docker.types import DeviceRequest, Mount, Ulimit
 
         s = self.settings
-        argv = [s.python, "-m", "flagperf.entry", "--job", str(job_dir / JOB_FILE)]
         started = time.monotonic()
         client = self.client_factory()
-        mounts = [Mount(str(host.project_root), str(host.project_root), type="bind", read_only=True),
-                  Mount(str(self.scratch_root), str(self.scratch_root), type="bind", read_only=False),
-                  *[Mount(p, p, type="bind", read_only=True) for p in s.data_mounts]]
+        mounts = [Mount(str(host.project_root), str(host.project_root), type="bind", read_only=True)]
+        if scratch:
+            mounts.append(Mount(str(self.scratch_root), str(self.scratch_root), type="bind", read_only=False))
+        if data:
+            mounts += [Mount(p, p, type="bind", read_only=True) for p in s.data_mounts]
         volumes = list(s.extra_mounts)
         env = {**s.env, "PYTHONPATH": str(host.project_root), "PYTHONUNBUFFERED": "1",
                "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "HOME": "/tmp"}
-        name = "flagperf-" + "-".join(job_dir.relative_to(self.scratch_root.parent).parts)[-200:].replace("_", "-")
         lines: list[str] = []
         container = None
         timed_out = False
@@ -242,11 +260,11 @@ class DockerRuntime(Runtime):
                 privileged=s.privileged, devices=s.devices or None, group_add=s.group_add or None,
                 device_requests=[DeviceRequest(**r) for r in s.device_requests] or None,
                 ulimits=[Ulimit(name=name, soft=value, hard=value) for name, value in s.ulimits.items()] or None,
-                mounts=mounts, volumes=volumes or None,
-                labels={f"{LABEL}.job": str(job_dir), f"{LABEL}.host": host.name})
+                mounts=mounts, volumes=volumes or None, labels={**labels, f"{LABEL}.host": host.name})
             container.start()
             container.reload()
-            host.write_text(pid_file, str(container.attrs["State"]["Pid"]))  # the monitors follow the case
+            if pid_file is not None:
+                host.write_text(pid_file, str(container.attrs["State"]["Pid"]))  # the monitors follow the case
             logger.info("container %s (%s) started on %s", container.short_id, s.image, host.name)
             streamer = threading.Thread(target=_stream, args=(container, on_line), daemon=True)
             streamer.start()
@@ -272,8 +290,7 @@ class DockerRuntime(Runtime):
                     container.remove(force=True)
                 except docker.errors.APIError as exc:
                     logger.warning("could not remove container %s on %s: %s", container.short_id, host.name, exc)
-            host.write_text(job_dir / CASE_LOG_FILE, "\n".join(lines) + ("\n" if lines else ""))
-        return CommandResult(argv, exit_code, timed_out, time.monotonic() - started)
+        return CommandResult(argv, exit_code, timed_out, time.monotonic() - started), lines
 
 
 def _stream(container: Any, on_line: LineSink | None) -> None:

@@ -90,9 +90,18 @@ def check_host(host: Host, spec: HostSpec, vendor: str, log_path: Path,
         checks.append(Check("deployed", True, f"flagperf {probe['engine_version']} at {host.project_root}, "
                                               f"{host.python} {probe['python']}, "
                                               f"torch {probe['libraries'].get('torch')}"))
-        checks.append(Check("accelerators", bool(probe["device_visible"]),
-                            f"{probe['device_count']} x {probe['device']} ({probe['torch_device']})"
-                            if probe["device_visible"] else f"no {probe['torch_device']} device visible to torch"))
+        if probe.get("torch_missing") and spec.runtime == "docker":
+            # Cases run in the vendor's image: that is where torch and the devices must be (probe_image).
+            checks.append(Check("accelerators", True, f"no torch on the host ({probe['torch_missing']}): "
+                                                      "checked in the vendor image before the first round"))
+        elif probe.get("torch_missing"):
+            checks.append(Check("accelerators", False, f"{host.python} cannot import torch "
+                                                       f"({probe['torch_missing']}); cases run as plain processes "
+                                                       "on this host need it"))
+        else:
+            checks.append(Check("accelerators", bool(probe["device_visible"]),
+                                f"{probe['device_count']} x {probe['device']} ({probe['torch_device']})"
+                                if probe["device_visible"] else f"no {probe['torch_device']} device visible to torch"))
         checks.append(check_clock(host))
     free = host.disk_free(host.work_root)
     checks.append(Check("disk", free >= min_free_bytes,
@@ -138,3 +147,27 @@ def check_results_disk(results_dir: Path, min_free_bytes: int = MIN_FREE_BYTES) 
     if free < min_free_bytes:
         raise InfrastructureFailure(f"controller: {free / 2**30:.1f} GiB free at {results_dir} (need "
                                     f"{min_free_bytes / 2**30:.1f})")
+
+
+def image_probe_check(result_lines: list[str], exit_code: int | None, timed_out: bool, image: str
+                      ) -> tuple[Check, dict[str, Any] | None]:
+    """The probe's answer from inside the vendor image: the accelerators the cases will see there."""
+    last = next((line for line in reversed(result_lines) if line.strip()), "")
+    if timed_out:
+        return Check("accelerators in image", False, f"the probe in {image} did not answer within "
+                                                     f"{PROBE_TIMEOUT_S:.0f} s"), None
+    if exit_code != 0:
+        return Check("accelerators in image", False, f"the probe in {image} exited {exit_code}: {last[:300]}"), None
+    try:
+        probe = json.loads(last)
+    except json.JSONDecodeError:
+        return Check("accelerators in image", False, f"the probe in {image} printed no JSON: {last[:200]}"), None
+    if probe.get("torch_missing"):
+        return Check("accelerators in image", False, f"{image} cannot import torch ({probe['torch_missing']})"), probe
+    if not probe["device_visible"]:
+        return Check("accelerators in image", False, f"no {probe['torch_device']} device visible to torch in "
+                                                     f"{image} (device requests, drivers, visible-devices "
+                                                     "variable?)"), probe
+    return Check("accelerators in image", True, f"{probe['device_count']} x {probe['device']} "
+                                                f"({probe['torch_device']}), torch "
+                                                f"{probe['libraries'].get('torch')} in {image}"), probe

@@ -1,6 +1,7 @@
 """One evaluation, as the DAG it is:
 
-healthcheck (every host, concurrently) -> build images -> per case, per round, on every host at once:
+healthcheck (every host, concurrently) -> build images -> probe in each docker host's image (accelerators
+where the cases run) -> per case, per round, on every host at once:
     host-round: start monitors -> run case -> stop monitors (always) -> collect logs
 -> analyze
 
@@ -50,7 +51,7 @@ from flows.host_round import host_healthcheck, host_round
 from flows.logs import route_core_logs
 from tasks.analyze import analyze
 from tasks.healthcheck import healthcheck
-from tasks.image import build_image
+from tasks.image import build_image, probe_image
 
 route_core_logs()
 RETRIES_DIR = "retries"  # failed rounds of earlier attempts of the same flow run, kept for inspection
@@ -113,6 +114,8 @@ def evaluate(
     probes = check_hosts(hosts, specs, plan, run_dir)
     check_scale(plan, list(hosts), probes)
     images = build_images(hosts, specs, plan, inv.frameworks)
+    probes = check_images(hosts, specs, plan, run_dir, images, probes)
+    check_scale(plan, list(hosts), probes)  # again, with the devices the images see
 
     results: list[RoundResult] = []
     try:
@@ -210,6 +213,33 @@ def build_images(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: RunPl
 
     built = run_concurrently([partial(build, members) for members in engines.values()])
     return {key: record for group in built for key, record in group}
+
+
+def check_images(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: RunPlan, run_dir: Path,
+                 images: dict[tuple[str, str | None], dict[str, Any]], probes: dict[str, dict[str, Any] | None]
+                 ) -> dict[str, dict[str, Any] | None]:
+    """Docker hosts: the probe again, inside each host's image (every host at once), so the accelerators are
+    checked where the cases run and a host needs no torch outside its images. Agent hosts build and run
+    their images themselves; process hosts were probed as they run."""
+    wanted = [(name, key) for key, record in images.items() for name in [key[0]]
+              if specs[name].runtime == "docker" and specs[name].agent is None and record.get("tag")]
+
+    def probe(name: str, key: tuple[str, str | None]) -> tuple[str, dict[str, Any] | None, str | None]:
+        try:
+            return name, probe_image(hosts[name], specs[name], plan.vendor, plan.run_id, images[key], run_dir), None
+        except Exception as exc:
+            return name, None, str(exc) or type(exc).__name__
+
+    outcomes = run_concurrently([partial(probe, name, key) for name, key in wanted])
+    problems = [problem for _, _, problem in outcomes if problem]
+    if problems:
+        raise InfrastructureFailure(f"healthcheck failed, nothing was run: {'; '.join(problems)}")
+    merged = dict(probes)
+    for name, image_probe, _ in outcomes:
+        assert image_probe is not None
+        # The host's own facts stay; device, peaks and libraries are what the cases will have.
+        merged[name] = {**(probes.get(name) or {}), **{k: v for k, v in image_probe.items() if k != "host"}}
+    return merged
 
 
 def node_groups(config: dict[str, Any], names: list[str]) -> list[list[str]]:

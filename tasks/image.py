@@ -1,14 +1,27 @@
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NONE
 
-from flagperf.containers import context_digest, engine_client, ensure_image, image_context, image_tag
+from flagperf.containers import (
+    DockerRuntime,
+    context_digest,
+    engine_client,
+    ensure_image,
+    image_context,
+    image_tag,
+)
+from flagperf.errors import InfrastructureFailure
+from flagperf.fleet import runtime_for
+from flagperf.health import PROBE_TIMEOUT_S, health_file, image_probe_check
 from flagperf.hosts import Host
 from flagperf.inventory import HostSpec
 from flagperf.paths import display_path
+from flagperf.results import write_json_atomic
 from flagperf.vendors import load_vendor
 
 
@@ -41,3 +54,27 @@ def build_image(host: Host, spec: HostSpec, vendor: str, run_id: str, framework:
                   engine="controller" if spec.docker.engine == "local" else f"{host.name} over SSH")
     logger.info("%s %s (%s) on %s", status, tag, image.id[:19], record["engine"])
     return record
+
+
+@task(name="probe_image", task_run_name="probe_image[{host.name}]", cache_policy=NONE, retries=0)
+def probe_image(host: Host, spec: HostSpec, vendor: str, run_id: str, image: dict[str, Any], run_dir: Path
+                ) -> dict[str, Any]:
+    """The healthcheck's accelerator check where the cases run: the probe inside the vendor image, with the
+    rounds' device requests and options. Recorded in hosts/<name>.health.json; raises naming the host."""
+    logger = get_run_logger()
+    runtime = runtime_for(host, spec, vendor, image, run_id)
+    assert isinstance(runtime, DockerRuntime)
+    result, lines = runtime.run_probe(host, vendor, timeout_s=PROBE_TIMEOUT_S)
+    check, probe = image_probe_check(lines, result.exit_code, result.timed_out, image["tag"])
+    (logger.info if check.ok else logger.error)("%s %s: %s", "ok  " if check.ok else "FAIL", check.name,
+                                                check.detail)
+    path = health_file(run_dir, host.name)
+    report = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"host": host.name, "checks": []}
+    report["checks"].append(check.__dict__)
+    report["ok"] = all(c["ok"] for c in report["checks"])
+    report["image_probe"] = probe
+    write_json_atomic(path, report)
+    if not check.ok:
+        raise InfrastructureFailure(f"host {host.name}: {check.name}: {check.detail}")
+    assert probe is not None
+    return probe

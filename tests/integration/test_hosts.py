@@ -75,6 +75,10 @@ def test_two_ssh_hosts_run_their_rounds_in_containers(flagperf_env: Path, tmp_pa
         checks = {c["name"]: c for c in health["checks"]}
         assert health["ok"] and "host key verified" in checks["ssh"]["detail"]
         assert "over SSH" in checks["container engine"]["detail"] and checks["clock skew"]["ok"]
+        # The accelerators are checked again where the cases run: in the image, with the rounds' options.
+        assert checks["accelerators in image"]["ok"] and "in flagperf/cpu-pytorch:" in \
+            checks["accelerators in image"]["detail"]
+        assert f"probe_image[{host.name}]" in names
         result = read_result(run_dir / "computation-FP32" / "round1" / f"{host.name}_noderank0" / "result.json")
         assert result.status == "success" and result.metrics[0].name == "gemm_fp32" and result.metrics[0].value > 0
         image = result.provenance.image
@@ -97,6 +101,51 @@ def test_two_ssh_hosts_run_their_rounds_in_containers(flagperf_env: Path, tmp_pa
     build_lines: list[str] = []
     assert ensure_image(docker.from_env(), context, tag, image["build_args"], build_lines.append) == "present"
     assert build_lines == []
+
+
+def torchless_python(bed: Testbed, folder: Path) -> str:
+    """A host interpreter that has the engine's packages but no torch (FlagPerf's hosts keep torch in their
+    images): a venv over the same Python whose site folder links every package of the bed's except torch's."""
+    import shutil
+    import subprocess
+
+    shutil.rmtree(folder, ignore_errors=True)
+    executable = next(line.split("=", 1)[1].strip() for line in
+                      (Path(bed.hosts[0].python).parent.parent / "pyvenv.cfg").read_text().splitlines()
+                      if line.startswith("executable"))
+    subprocess.run([executable, "-m", "venv", "--without-pip", str(folder / "venv")], check=True)
+    shared = Path((Path(bed.hosts[0].python).parent.parent / "lib" / "python3.11" / "site-packages"
+                   / "flagperf-testbed.pth").read_text().strip())
+    site = folder / "site"
+    site.mkdir()
+    for entry in shared.iterdir():
+        if not entry.name.startswith(("torch", "functorch")):
+            (site / entry.name).symlink_to(entry)
+    (folder / "venv" / "lib" / "python3.11" / "site-packages" / "no-torch.pth").write_text(f"{site}\n")
+    for path in (folder, *folder.rglob("*")):
+        if not path.is_symlink():
+            path.chmod(path.stat().st_mode | 0o055)  # the hosts' user reads and runs it
+    return str(folder / "venv" / "bin" / "python3")
+
+
+def test_a_docker_host_without_torch_is_checked_in_its_image(flagperf_env: Path, tmp_path: Path,
+        testbed: Testbed, deployed: Path) -> None:
+    """A host whose own Python has no torch: the host check defers to the image, the probe in the image finds
+    the device, and the round runs in the container."""
+    python = torchless_python(testbed, Path("/tmp/flagperf-testbed/notorch-python"))
+    inventory = write_inventory(tmp_path, [host_entry(testbed, 0, deployed, python=python,
+                                                      **docker_options(testbed, "local"))])
+    state, run_dir = run_evaluate(flagperf_env, cases=["computation-FP32"], rounds=1, overrides=FAST,
+                                  inventory=inventory)
+    assert state.is_completed(), state.message
+    host = testbed.hosts[0]
+    health = json.loads((run_dir / "hosts" / f"{host.name}.health.json").read_text())
+    checks = {c["name"]: c for c in health["checks"]}
+    assert checks["accelerators"]["ok"] and checks["accelerators"]["detail"].startswith("no torch on the host")
+    assert health["probe"]["libraries"]["torch"] == "not installed"
+    assert checks["accelerators in image"]["ok"] and health["image_probe"]["libraries"]["torch"].startswith("2.")
+    result = read_result(run_dir / "computation-FP32" / "round1" / f"{host.name}_noderank0" / "result.json")
+    assert result.status == "success" and result.metrics[0].value > 0
 
 
 @pytest.mark.parametrize(("case", "metric", "convention"), [
