@@ -73,6 +73,11 @@ if ! timeout 20 docker info >/dev/null 2>&1; then
   [ -n "$ready" ] || { tail -n 20 "$STATE/dockerd.log" >&2; die "dockerd not ready after 60 s; see $STATE/dockerd.log"; }
 fi
 [ "$(stat -c %G "$DOCKER_SOCK")" = docker ] || die "$DOCKER_SOCK belongs to group $(stat -c %G "$DOCKER_SOCK"), not docker: fpagent cannot use it (restart dockerd with --group docker)"
+# Containers a killed earlier test run left behind (rounds and probes carry org.flagperf labels): the
+# tests assert that none is left, so they must start from none.
+for label in org.flagperf.job org.flagperf.probe; do
+  docker ps -aq --filter "label=$label" | xargs -r docker rm -f >/dev/null
+done
 step_done dockerd
 
 # 3. The pinned packages: the engine's in-container code needs exactly the project's pins --------------
