@@ -99,9 +99,7 @@ def check_host(host: Host, spec: HostSpec, vendor: str, log_path: Path,
                                                        f"({probe['torch_missing']}); cases run as plain processes "
                                                        "on this host need it"))
         else:
-            checks.append(Check("accelerators", bool(probe["device_visible"]),
-                                f"{probe['device_count']} x {probe['device']} ({probe['torch_device']})"
-                                if probe["device_visible"] else f"no {probe['torch_device']} device visible to torch"))
+            checks.append(device_check("accelerators", probe, ""))
         checks.append(check_clock(host))
     free = host.disk_free(host.work_root)
     checks.append(Check("disk", free >= min_free_bytes,
@@ -164,10 +162,17 @@ def image_probe_check(result_lines: list[str], exit_code: int | None, timed_out:
         return Check("accelerators in image", False, f"the probe in {image} printed no JSON: {last[:200]}"), None
     if probe.get("torch_missing"):
         return Check("accelerators in image", False, f"{image} cannot import torch ({probe['torch_missing']})"), probe
+    return device_check("accelerators in image", probe, f" in {image}"), probe
+
+
+def device_check(name: str, probe: dict[str, Any], where: str) -> Check:
+    """The probe's device verdict: how many of which device torch sees (``where``: e.g. " in <image>")."""
     if not probe["device_visible"]:
-        return Check("accelerators in image", False, f"no {probe['torch_device']} device visible to torch in "
-                                                     f"{image} (device requests, drivers, visible-devices "
-                                                     "variable?)"), probe
-    return Check("accelerators in image", True, f"{probe['device_count']} x {probe['device']} "
-                                                f"({probe['torch_device']}), torch "
-                                                f"{probe['libraries'].get('torch')} in {image}"), probe
+        return Check(name, False, f"no {probe['torch_device']} device visible to torch{where}")
+    return Check(name, True, f"{probe['device_count']} x {probe['device']} ({probe['torch_device']}), torch "
+                             f"{probe['libraries'].get('torch')}{where}")
+
+
+def log_check(log: Any, check: Check) -> None:
+    """One line per check in the task's log: ok, or FAIL at error level."""
+    (log.info if check.ok else log.error)("%s %s: %s", "ok  " if check.ok else "FAIL", check.name, check.detail)

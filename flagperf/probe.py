@@ -19,26 +19,27 @@ from flagperf.vendors import load_vendor
 def probe(vendor_name: str) -> dict[str, object]:
     vendor = load_vendor(vendor_name)
     device_type = vendor.manifest.torch_device
-    try:
-        import torch
-    except ImportError as exc:  # a container host may keep torch in its images only
-        return {
-            "engine_version": __version__, "python": sys.version.split()[0], "libraries": library_versions(),
-            "host": host_info(), "torch_device": device_type, "device_visible": None, "device_count": None,
-            "device": None, "peaks": {}, "time": time.time(), "torch_missing": f"{type(exc).__name__}: {exc}",
-        }
-    module = torch.get_device_module(device_type)
-    visible = bool(module.is_available())
-    count = int(module.device_count()) if visible else 0
-    spec = vendor.spec_table() if visible else None
-    return {
+    answer: dict[str, object] = {
         "engine_version": __version__,
         "python": sys.version.split()[0],
         "libraries": library_versions(),
         "host": host_info(),
         "torch_device": device_type,
+        "device_visible": None,
+        "device_count": None,
+        "device": None,
+        "peaks": {},
+    }
+    try:
+        import torch
+    except ImportError as exc:  # a container host may keep torch in its images only
+        return answer | {"torch_missing": f"{type(exc).__name__}: {exc}", "time": time.time()}
+    module = torch.get_device_module(device_type)
+    visible = bool(module.is_available())
+    spec = vendor.spec_table() if visible else None
+    return answer | {
         "device_visible": visible,
-        "device_count": count,
+        "device_count": int(module.device_count()) if visible else 0,
         "device": spec.device if spec else None,
         "peaks": {key: peak.model_dump() for key, peak in spec.peaks.items()} if spec else {},
         "time": time.time(),

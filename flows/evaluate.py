@@ -221,8 +221,8 @@ def check_images(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: RunPl
     """Docker hosts: the probe again, inside each host's image (every host at once), so the accelerators are
     checked where the cases run and a host needs no torch outside its images. Agent hosts build and run
     their images themselves; process hosts were probed as they run."""
-    wanted = [(name, key) for key, record in images.items() for name in [key[0]]
-              if specs[name].runtime == "docker" and specs[name].agent is None and record.get("tag")]
+    wanted = [(key[0], key) for key, record in images.items()
+              if specs[key[0]].runtime == "docker" and specs[key[0]].agent is None and record.get("tag")]
 
     def probe(name: str, key: tuple[str, str | None]) -> tuple[str, dict[str, Any] | None, str | None]:
         try:

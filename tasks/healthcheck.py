@@ -6,7 +6,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NONE
 
 from flagperf.errors import InfrastructureFailure
-from flagperf.health import HealthReport, check_host, health_file
+from flagperf.health import HealthReport, check_host, health_file, log_check
 from flagperf.hosts import Host
 from flagperf.inventory import HostSpec
 from flagperf.results import write_json_atomic
@@ -20,8 +20,7 @@ def healthcheck(host: Host, spec: HostSpec, vendor: str, run_dir: Path) -> Healt
     report = check_host(host, spec, vendor, log_path=host.work_root / run_dir.name / "healthcheck.log")
     write_json_atomic(health_file(run_dir, host.name), report.as_dict())
     for check in report.checks:
-        (logger.info if check.ok else logger.error)("%s %s: %s", "ok  " if check.ok else "FAIL", check.name,
-                                                    check.detail)
+        log_check(logger, check)
     if not report.ok:
         raise InfrastructureFailure("; ".join(report.failures()))
     return report

@@ -17,7 +17,7 @@ from flagperf.containers import (
 )
 from flagperf.errors import InfrastructureFailure
 from flagperf.fleet import runtime_for
-from flagperf.health import PROBE_TIMEOUT_S, health_file, image_probe_check
+from flagperf.health import PROBE_TIMEOUT_S, health_file, image_probe_check, log_check
 from flagperf.hosts import Host
 from flagperf.inventory import HostSpec
 from flagperf.paths import display_path
@@ -66,8 +66,7 @@ def probe_image(host: Host, spec: HostSpec, vendor: str, run_id: str, image: dic
     assert isinstance(runtime, DockerRuntime)
     result, lines = runtime.run_probe(host, vendor, timeout_s=PROBE_TIMEOUT_S)
     check, probe = image_probe_check(lines, result.exit_code, result.timed_out, image["tag"])
-    (logger.info if check.ok else logger.error)("%s %s: %s", "ok  " if check.ok else "FAIL", check.name,
-                                                check.detail)
+    log_check(logger, check)
     path = health_file(run_dir, host.name)
     report = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"host": host.name, "checks": []}
     report["checks"].append(check.__dict__)
