@@ -33,7 +33,7 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
-from flagperf.results import read_result  # noqa: E402
+from flagperf.results.schema import read_result  # noqa: E402
 
 CASES_A = ["computation-FP32", "computation-FP64", "main_memory-bandwidth"]
 
@@ -72,7 +72,7 @@ def main() -> None:
     args = parser.parse_args()
     windows = [float(w) for w in args.windows.split(",")]
 
-    from flagperf.plan import plan_run
+    from flagperf.config.plan import plan_run
 
     size = plan_run(cases=["computation-FP32"], results_dir=args.results).cases[0].config["m"]
 

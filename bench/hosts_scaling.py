@@ -42,7 +42,7 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 FIXTURE_CASES = ROOT / "tests" / "fixtures" / "cases"
 os.environ["FLAGPERF_CASE_PATH"] = str(FIXTURE_CASES)
 
-from flagperf.results import read_result  # noqa: E402
+from flagperf.results.schema import read_result  # noqa: E402
 from tests.testbed.bed import deploy_project, load_testbed  # noqa: E402
 
 STAGES = ("healthcheck", "start_monitors", "run_case", "stop_monitors", "collect_logs", "analyze")

@@ -4,7 +4,7 @@ the scaling table the analysis makes of it.
     python bench/training_scaling.py [--rounds 3] [--epochs 10] [--out bench/results]
 
 Each size runs `rounds` times through the in-host entry (the same code the flow runs); the round
-results go into one run folder and flagperf.summary's scaling table is computed from those files.
+results go into one run folder and flagperf.results.summary's scaling table is computed from those files.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flagperf.entry import run_job  # noqa: E402
-from flagperf.job import Job  # noqa: E402
-from flagperf.plan import plan_run  # noqa: E402
-from flagperf.results import read_result, round_dir, write_result  # noqa: E402
-from flagperf.summary import fmt, fmt_pct, summarize  # noqa: E402
+from flagperf.config.job import Job  # noqa: E402
+from flagperf.config.plan import plan_run  # noqa: E402
+from flagperf.results.schema import read_result, round_dir, write_result  # noqa: E402
+from flagperf.results.summary import fmt, fmt_pct, summarize  # noqa: E402
 
 
 def main() -> None:
@@ -70,7 +70,7 @@ def main() -> None:
     lines += [f"| 1x{r['nproc']} | {r['batch_per_process']} | {r['round']} | {r['samples_per_s']:.0f} | "
               f"{r['epochs']} | {r['converged']} |"
               for r in rows]
-    lines += ["", "Scaling table (flagperf.summary.scaling_table over the round results):", "",
+    lines += ["", "Scaling table (flagperf.results.summary.scaling_table over the round results):", "",
               "| devices | throughput | speed-up | efficiency |", "|---|---|---|---|"]
     lines += [f"| {s['devices']} | {fmt(s['throughput'])} {s['unit']} | {fmt(s['speedup'], 3)} | "
               f"{fmt_pct(s['efficiency'])} |" for s in scaling]

@@ -22,9 +22,9 @@ import psutil
 import torch
 from pydantic import ValidationError
 
-from flagperf.casekit import CaseConfig, CaseContext, TimedCaseConfig
-from flagperf.cases import CaseDef, load_case
-from flagperf.config import pydantic_error_to_config_error
+from flagperf.measure.casekit import CaseConfig, CaseContext, TimedCaseConfig
+from flagperf.config.cases import CaseDef, load_case
+from flagperf.config.models import pydantic_error_to_config_error
 from flagperf.errors import (
     EXIT_OK,
     EXIT_UNSUPPORTED,
@@ -33,11 +33,11 @@ from flagperf.errors import (
     ConfigError,
     Unsupported,
 )
-from flagperf.hosts import default_work_root
+from flagperf.hosts.local import default_work_root
 from flagperf.inference.config import InferenceConfig
-from flagperf.job import Job
-from flagperf.provenance import engine_info, host_info, library_versions
-from flagperf.results import (
+from flagperf.config.job import Job
+from flagperf.results.provenance import engine_info, host_info, library_versions
+from flagperf.results.schema import (
     RESULT_FILE,
     Convergence,
     Failure,
@@ -48,10 +48,10 @@ from flagperf.results import (
     SpecTable,
     write_result,
 )
-from flagperf.timing import TimingPlan
+from flagperf.measure.timing import TimingPlan
 from flagperf.training.driver import TrainingConfig
 from flagperf.training.launch import EXIT_WORKER_FAILED, launch, training_result, user_error
-from flagperf.vendors import Vendor, load_vendor
+from flagperf.config.vendors import Vendor, load_vendor
 
 log = logging.getLogger("flagperf.case")
 

@@ -18,15 +18,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from flagperf.cases import INFERENCE_FILES, available_cases, load_case, load_case_manifest, resolve_case_config
+from flagperf.config.cases import INFERENCE_FILES, available_cases, load_case, load_case_manifest, resolve_case_config
 from flagperf.errors import ConfigError, FlagperfError
-from flagperf.inventory import load_inventory, local_inventory
+from flagperf.hosts.inventory import load_inventory, local_inventory
 from flagperf.paths import display_path
-from flagperf.plan import DEFAULT_SUITE, available_suites, plan_run
-from flagperf.summary import HEADLINE_HEADER, SUMMARY_JSON, headline_cells, read_summary_json
-from flagperf.vendors import MANIFEST as VENDOR_MANIFEST
-from flagperf.vendors import available_vendors, load_vendor, load_vendor_manifest
-from flagperf.yamlio import load_yaml_mapping
+from flagperf.config.plan import DEFAULT_SUITE, available_suites, plan_run
+from flagperf.results.summary import HEADLINE_HEADER, SUMMARY_JSON, headline_cells, read_summary_json
+from flagperf.config.vendors import MANIFEST as VENDOR_MANIFEST
+from flagperf.config.vendors import available_vendors, load_vendor, load_vendor_manifest
+from flagperf.config.yamlio import load_yaml_mapping
 
 EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNSUPPORTED_ONLY = 1, 2, 3
 
@@ -157,7 +157,7 @@ def _run_folder(path: Path, option: str) -> Path:
 @app.command()
 def report(run_dir: Annotated[Path, typer.Argument(help="a run folder, results/<run-id>")]) -> None:
     """Regenerate a run's summary, report (Markdown, HTML) and plots from its files."""
-    from flagperf.report import build_report
+    from flagperf.results.report import build_report
 
     _run_folder(run_dir, "RUN")
     _, paths = build_report(run_dir)
@@ -172,7 +172,7 @@ def compare(
     out: Annotated[Path | None, typer.Option(help="also write the comparison as Markdown here")] = None,
 ) -> None:
     """Put two runs side by side: B/A per case and metric, flagged where it exceeds the rounds' spread."""
-    from flagperf.compare import HEADER, compare_runs, render_markdown
+    from flagperf.results.compare import HEADER, compare_runs, render_markdown
 
     rows, _ = compare_runs(_run_folder(run_a, "RUN_A"), _run_folder(run_b, "RUN_B"))
     table = Table(*HEADER, title=f"A = {run_a.name}, B = {run_b.name}", title_justify="left")
@@ -310,7 +310,7 @@ def list_(what: Annotated[str, typer.Argument(help="cases, vendors, suites or al
                 table.add_row(name, m.torch_device, ", ".join(e.name for e in m.monitors) or "-", m.description.strip())
             console.print(table)
         if what in ("all", "suites"):
-            from flagperf.config import load_suite
+            from flagperf.config.models import load_suite
 
             table = Table("suite", "rounds", "cases", "description", title="suites", title_justify="left")
             for name, path in sorted(available_suites().items()):

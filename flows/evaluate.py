@@ -32,12 +32,12 @@ from prefect.runtime import deployment, flow_run
 from prefect.states import Cancelled
 
 from flagperf.errors import ConfigError, FlagperfError, InfrastructureFailure
-from flagperf.fleet import close_hosts, master_address, open_host
-from flagperf.health import check_results_disk, health_file
-from flagperf.hosts import Host
-from flagperf.inventory import HostSpec, load_inventory, local_inventory
-from flagperf.plan import PLAN_FILE, RunPlan, plan_run, run_id_for_flow_run
-from flagperf.results import (
+from flagperf.hosts.fleet import close_hosts, master_address, open_host
+from flagperf.hosts.health import check_results_disk, health_file
+from flagperf.hosts.local import Host
+from flagperf.hosts.inventory import HostSpec, load_inventory, local_inventory
+from flagperf.config.plan import PLAN_FILE, RunPlan, plan_run, run_id_for_flow_run
+from flagperf.results.schema import (
     RESULT_FILE,
     Failure,
     RoundResult,
@@ -46,7 +46,7 @@ from flagperf.results import (
     write_json_atomic,
     write_result,
 )
-from flagperf.vendors import load_vendor
+from flagperf.config.vendors import load_vendor
 from flows.host_round import host_healthcheck, host_round
 from flows.logs import route_core_logs
 from tasks.analyze import analyze
@@ -295,7 +295,7 @@ def run_node(spec: HostSpec, parameters: dict[str, Any]) -> RoundResult:
         failure = Failure(kind="infrastructure", message=problem or f"{label}: the round left no {RESULT_FILE}")
         plan = RunPlan.model_validate_json((Path(parameters["run_dir"]) / PLAN_FILE).read_text())
         case = next(c for c in plan.cases if c.name == parameters["case"])
-        from flagperf.job import Job
+        from flagperf.config.job import Job
 
         job = Job(run_id=plan.run_id, case=case.name, family=case.family, round=parameters["round_no"],
                   host=spec.name, node_rank=parameters["node_rank"], vendor=plan.vendor, config=case.config,

@@ -15,14 +15,14 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from flagperf.errors import InfrastructureFailure, RoundUserFailure
-from flagperf.fleet import open_host, runtime_for
-from flagperf.health import HealthReport
-from flagperf.hosts import Host
-from flagperf.inventory import HostSpec
-from flagperf.job import Job
-from flagperf.plan import PLAN_FILE, CasePlan, RunPlan
-from flagperf.provenance import library_versions
-from flagperf.results import RESULT_FILE, Failure, RoundResult, round_dir, write_result
+from flagperf.hosts.fleet import open_host, runtime_for
+from flagperf.hosts.health import HealthReport
+from flagperf.hosts.local import Host
+from flagperf.hosts.inventory import HostSpec
+from flagperf.config.job import Job
+from flagperf.config.plan import PLAN_FILE, CasePlan, RunPlan
+from flagperf.results.provenance import library_versions
+from flagperf.results.schema import RESULT_FILE, Failure, RoundResult, round_dir, write_result
 from flows.logs import route_core_logs
 from tasks.collect import collect_logs
 from tasks.container import run_case

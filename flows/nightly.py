@@ -16,8 +16,8 @@ from prefect.cache_policies import NONE
 from prefect.events import emit_event
 
 from flagperf.errors import FlagperfError
-from flagperf.history import Verdict, check_run, history_engine, record_run
-from flagperf.plan import PLAN_FILE, RunPlan, new_run_id
+from flagperf.results.history import Verdict, check_run, history_engine, record_run
+from flagperf.config.plan import PLAN_FILE, RunPlan, new_run_id
 from flows.evaluate import evaluate
 
 REGRESSION_EVENT = "flagperf.regression.detected"

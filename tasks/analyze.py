@@ -6,8 +6,8 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NONE
 
-from flagperf.report import build_report
-from flagperf.summary import HEADLINE_HEADER, RunSummary, headline_cells, render_markdown
+from flagperf.results.report import build_report
+from flagperf.results.summary import HEADLINE_HEADER, RunSummary, headline_cells, render_markdown
 
 
 @task(name="analyze", task_run_name="analyze[{run_dir.name}]", cache_policy=NONE)

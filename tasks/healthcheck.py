@@ -6,10 +6,10 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NONE
 
 from flagperf.errors import InfrastructureFailure
-from flagperf.health import HealthReport, check_host, health_file, log_check
-from flagperf.hosts import Host
-from flagperf.inventory import HostSpec
-from flagperf.results import write_json_atomic
+from flagperf.hosts.health import HealthReport, check_host, health_file, log_check
+from flagperf.hosts.local import Host
+from flagperf.hosts.inventory import HostSpec
+from flagperf.results.schema import write_json_atomic
 
 
 @task(name="healthcheck", task_run_name="healthcheck[{host.name}]", cache_policy=NONE, retries=0)

@@ -7,7 +7,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NONE
 
-from flagperf.containers import (
+from flagperf.hosts.docker import (
     DockerRuntime,
     context_digest,
     engine_client,
@@ -16,13 +16,13 @@ from flagperf.containers import (
     image_tag,
 )
 from flagperf.errors import InfrastructureFailure
-from flagperf.fleet import runtime_for
-from flagperf.health import PROBE_TIMEOUT_S, health_file, image_probe_check, log_check
-from flagperf.hosts import Host
-from flagperf.inventory import HostSpec
+from flagperf.hosts.fleet import runtime_for
+from flagperf.hosts.health import PROBE_TIMEOUT_S, health_file, image_probe_check, log_check
+from flagperf.hosts.local import Host
+from flagperf.hosts.inventory import HostSpec
 from flagperf.paths import display_path
-from flagperf.results import write_json_atomic
-from flagperf.vendors import load_vendor
+from flagperf.results.schema import write_json_atomic
+from flagperf.config.vendors import load_vendor
 
 
 @task(name="build_image", task_run_name="build_image[{host.name}]", cache_policy=NONE)

@@ -7,9 +7,9 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NONE
 
-from flagperf.hosts import BackgroundProcess, Host
-from flagperf.runtime import PID_FILE
-from flagperf.vendors import load_vendor
+from flagperf.hosts.local import BackgroundProcess, Host
+from flagperf.hosts.runtime import PID_FILE
+from flagperf.config.vendors import load_vendor
 
 
 @task(name="start_monitors", task_run_name="start_monitors[{label}]", cache_policy=NONE)

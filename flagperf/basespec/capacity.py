@@ -12,9 +12,9 @@ import time
 import torch
 from pydantic import Field
 
-from flagperf.casekit import CaseConfig, CaseContext, comparable_ratio
+from flagperf.measure.casekit import CaseConfig, CaseContext, comparable_ratio
 from flagperf.errors import CaseUserError
-from flagperf.results import Metric
+from flagperf.results.schema import Metric
 
 # Never more than this share of the host's free memory when the device memory is the host's.
 HOST_MEMORY_CEILING = 0.8

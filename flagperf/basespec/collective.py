@@ -30,10 +30,10 @@ import torch
 import torch.distributed as dist
 from pydantic import Field
 
-from flagperf.casekit import CaseContext, TimedCaseConfig
+from flagperf.measure.casekit import CaseContext, TimedCaseConfig
 from flagperf.errors import EXIT_USER_ERROR, CaseUserError
-from flagperf.metrics import Chunk
-from flagperf.results import Metric
+from flagperf.results.metrics import Chunk
+from flagperf.results.schema import Metric
 
 METRICS_FILE = "collective.metrics.json"
 ALGBW = "algbw = bytes of one rank's buffer / time of one operation (GB = 1e9 bytes)"
@@ -78,9 +78,9 @@ def _agreed_clock(group: dist.ProcessGroup) -> float:
 
 
 def rank_main(job_path: Path) -> int:
-    from flagperf.job import Job
+    from flagperf.config.job import Job
     from flagperf.training.launch import USER_ERROR_PREFIX
-    from flagperf.vendors import load_vendor
+    from flagperf.config.vendors import load_vendor
 
     job = Job.model_validate_json(job_path.read_text(encoding="utf-8"))
     config = Config.model_validate(job.config)
@@ -119,7 +119,7 @@ def rank_main(job_path: Path) -> int:
             if device_type != "cpu":
                 ctx.synchronize()
 
-        from flagperf.timing import measure
+        from flagperf.measure.timing import measure
 
         started = time.time()
         chunks: list[Chunk] = measure(step, sync, config.timing, clock=lambda: _agreed_clock(clock_group))

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from flagperf.casekit import CaseContext, TimedCaseConfig
-from flagperf.metrics import COPY_CONVENTION, copy_bytes
-from flagperf.results import Metric
+from flagperf.measure.casekit import CaseContext, TimedCaseConfig
+from flagperf.results.metrics import COPY_CONVENTION, copy_bytes
+from flagperf.results.schema import Metric
 
 
 class Config(TimedCaseConfig):

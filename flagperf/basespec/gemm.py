@@ -7,10 +7,10 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from flagperf.casekit import CaseContext, TimedCaseConfig
+from flagperf.measure.casekit import CaseContext, TimedCaseConfig
 from flagperf.errors import CaseUserError, Unsupported
-from flagperf.metrics import GEMM_CONVENTION, gemm_ops
-from flagperf.results import Metric
+from flagperf.results.metrics import GEMM_CONVENTION, gemm_ops
+from flagperf.results.schema import Metric
 
 Precision = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "int8"]
 DTYPES: dict[str, torch.dtype] = {

@@ -7,10 +7,10 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from flagperf.casekit import CaseContext, TimedCaseConfig
+from flagperf.measure.casekit import CaseContext, TimedCaseConfig
 from flagperf.errors import Unsupported
-from flagperf.metrics import TRANSFER_CONVENTION
-from flagperf.results import Metric
+from flagperf.results.metrics import TRANSFER_CONVENTION
+from flagperf.results.schema import Metric
 
 
 class Config(TimedCaseConfig):

@@ -20,7 +20,7 @@ from typing import ClassVar, Literal
 
 from pydantic import ConfigDict, Field, field_validator
 
-from flagperf.casekit import CaseConfig
+from flagperf.measure.casekit import CaseConfig
 from flagperf.errors import ConfigError
 
 STEPS = ("init", "dataset_model", "validation", "export", "compile", "inference", "summary")

@@ -31,11 +31,11 @@ from typing import ClassVar
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from flagperf.config import StrictModel, check_name, load_model
+from flagperf.config.models import StrictModel, check_name, load_model
 from flagperf.errors import CaseUserError, ConfigError
 from flagperf.inference.config import InferenceConfig
 from flagperf.paths import display_path, vendor_roots
-from flagperf.vendors import import_file
+from flagperf.config.vendors import import_file
 
 ENGINE_MANIFEST = "engine.yaml"
 ENGINE_PREFIX = "flagperf.inference."

@@ -21,7 +21,7 @@ import torch
 from flagperf.errors import CaseUserError
 from flagperf.inference.engines import InferenceEngine
 from flagperf.inference.measure import as_inputs
-from flagperf.results import LoadgenResult
+from flagperf.results.schema import LoadgenResult
 
 if TYPE_CHECKING:
     from flagperf.inference.pipeline import InferenceRun

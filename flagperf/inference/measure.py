@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
-from flagperf.casekit import CaseContext
+from flagperf.measure.casekit import CaseContext
 from flagperf.inference.config import InferenceConfig
-from flagperf.metrics import Chunk, latency_stats
-from flagperf.results import Metric
+from flagperf.results.metrics import Chunk, latency_stats
+from flagperf.results.schema import Metric
 
 Batch = tuple[Any, Any]  # (inputs: a tensor or a list of tensors, labels for the evaluator)
 # One batch through the model or engine: (outputs, or a generator whose last value is the outputs;

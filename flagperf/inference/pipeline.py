@@ -36,13 +36,13 @@ from typing import Any
 
 import torch
 
-from flagperf.casekit import CaseContext
+from flagperf.measure.casekit import CaseContext
 from flagperf.errors import CaseUserError
 from flagperf.inference.config import STEP_TITLES, STEPS, InferenceConfig, check_toggles, skipped_steps
 from flagperf.inference.engines import EngineDef, EngineEnv, InferenceEngine, check_engine_toggles
 from flagperf.inference.measure import NonInference, PassStats, pass_metrics, timed_pass
-from flagperf.results import InferenceReport, LoadgenResult, Metric, SpecTable
-from flagperf.timing import TimingPlan
+from flagperf.results.schema import InferenceReport, LoadgenResult, Metric, SpecTable
+from flagperf.measure.timing import TimingPlan
 
 log = logging.getLogger("flagperf.case.inference")
 

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 from flagperf.errors import EXIT_OK, EXIT_USER_ERROR
-from flagperf.job import JOB_FILE, Job
-from flagperf.perflog import PerfLog, parse_file
-from flagperf.results import Convergence, Metric
+from flagperf.config.job import JOB_FILE, Job
+from flagperf.measure.perflog import PerfLog, parse_file
+from flagperf.results.schema import Convergence, Metric
 
 EXIT_WORKER_FAILED = 70
 USER_ERROR_PREFIX = "flagperf user error: "  # how a process says its input was wrong (see user_error)

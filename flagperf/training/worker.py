@@ -15,12 +15,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from flagperf.cases import load_case
+from flagperf.config.cases import load_case
 from flagperf.errors import EXIT_USER_ERROR, CaseUserError, ConfigError
-from flagperf.job import Job
+from flagperf.config.job import Job
 from flagperf.training.driver import TrainingContext
 from flagperf.training.launch import USER_ERROR_PREFIX
-from flagperf.vendors import load_vendor
+from flagperf.config.vendors import load_vendor
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from flagperf.entry import run_job
-from flagperf.job import Job
-from flagperf.plan import plan_run
-from flagperf.results import RoundResult, read_result
+from flagperf.config.job import Job
+from flagperf.config.plan import plan_run
+from flagperf.results.schema import RoundResult, read_result
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible to torch")]
@@ -51,7 +51,7 @@ def test_tensorrt_matches_eager_fp16(tmp_path: Path) -> None:
     pytest.importorskip("tensorrt")
     import logging
 
-    from flagperf.cases import load_case
+    from flagperf.config.cases import load_case
     from flagperf.inference.engines import EngineEnv, load_engine
 
     module = load_case("resnet50-infer").module

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from flagperf.entry import run_job
-from flagperf.job import Job
+from flagperf.config.job import Job
 from flagperf.paths import PROJECT_ROOT
-from flagperf.plan import plan_run
-from flagperf.results import read_result
+from flagperf.config.plan import plan_run
+from flagperf.results.schema import read_result
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible to torch")]

@@ -17,7 +17,7 @@ from prefect.client.schemas.filters import (
 )
 from prefect_api import all_task_runs, run_evaluate, task_logs, task_runs
 
-from flagperf.results import read_result
+from flagperf.results.schema import read_result
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_server")]
 

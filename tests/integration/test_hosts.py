@@ -14,7 +14,7 @@ import yaml
 from prefect_api import all_task_runs, run_evaluate, task_logs
 
 from flagperf.errors import InfrastructureFailure
-from flagperf.results import read_result
+from flagperf.results.schema import read_result
 from tests.testbed.bed import Testbed, deploy_project, make_testbed_fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_server")]
@@ -92,8 +92,8 @@ def test_two_ssh_hosts_run_their_rounds_in_containers(flagperf_env: Path, tmp_pa
     assert docker.from_env().containers.list(all=True, filters={"label": "org.flagperf.job"}) == []
     # The tag is the content hash of the Dockerfile folder and build args; with nothing changed, asking for
     # the image again builds nothing.
-    from flagperf.containers import context_digest, ensure_image, image_context, image_tag
-    from flagperf.vendors import load_vendor
+    from flagperf.hosts.docker import context_digest, ensure_image, image_context, image_tag
+    from flagperf.config.vendors import load_vendor
 
     context = image_context(load_vendor("cpu"), "pytorch")
     tag = image_tag("cpu", "pytorch", context_digest(context, image["build_args"]))
@@ -211,8 +211,8 @@ def test_accept_new_host_key_records_it_and_a_changed_key_is_always_refused(tmp_
     that differs from the recorded one is refused even then, naming both fingerprints."""
     import subprocess
 
-    from flagperf.inventory import load_inventory
-    from flagperf.ssh import SshError, SshHost
+    from flagperf.hosts.inventory import load_inventory
+    from flagperf.hosts.ssh import SshError, SshHost
 
     def host_with(known_hosts: Path, accept_new: bool) -> SshHost:
         path = write_inventory(tmp_path, [host_entry(testbed, 0, deployed, known_hosts=str(known_hosts),

@@ -25,9 +25,9 @@ from prefect.client.schemas.objects import FlowRun
 
 from flagperf.entry import run_job
 from flagperf.inference.subflows import portable_context
-from flagperf.job import Job
-from flagperf.plan import plan_run
-from flagperf.results import read_result
+from flagperf.config.job import Job
+from flagperf.config.plan import plan_run
+from flagperf.results.schema import read_result
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_server")]
 

@@ -18,8 +18,8 @@ BENCH_PY = textwrap.dedent(
     """
     from pydantic import Field
 
-    from flagperf.casekit import CaseConfig
-    from flagperf.results import Metric
+    from flagperf.measure.casekit import CaseConfig
+    from flagperf.results.schema import Metric
 
 
     class Config(CaseConfig):

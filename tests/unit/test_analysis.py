@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
-from flagperf.analysis import (
+from flagperf.results.analysis import (
     counter_delta,
     integrate_power,
     read_monitor,
     window_stats,
     work_unit,
 )
-from flagperf.results import Metric, RoundResult, write_result
-from flagperf.summary import summarize, write_summary
+from flagperf.results.schema import Metric, RoundResult, write_result
+from flagperf.results.summary import summarize, write_summary
 
 T0 = 1_800_000_000.0  # an epoch second; sample times are T0 + 0..10
 

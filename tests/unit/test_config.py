@@ -1,4 +1,4 @@
-"""flagperf.config: FlagPerf's vendor override rules, run overrides, --set parsing and suite files."""
+"""flagperf.config.models: FlagPerf's vendor override rules, run overrides, --set parsing and suite files."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from flagperf.config import (
+from flagperf.config.models import (
     CaseManifest,
     apply_run_overrides,
     load_suite,
@@ -38,25 +38,25 @@ def test_no_overrides_keeps_defaults_and_their_origin() -> None:
 
 
 def test_new_key_warns_and_is_applied(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="flagperf.config"):
+    with caplog.at_level(logging.INFO, logger="flagperf.config.models"):
         merged = merge({"m": 1}, {"extra_knob": 7})
     assert merged.values["extra_knob"] == 7
     assert merged.origins["extra_knob"] == VENDOR
     assert merged.vendor_new_keys == ["extra_knob"]
     assert merged.vendor_changes == {}
-    warnings = [r for r in caplog.records if r.name == "flagperf.config" and r.levelno == logging.WARNING]
+    warnings = [r for r in caplog.records if r.name == "flagperf.config.models" and r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert "extra_knob" in warnings[0].getMessage()
     assert VENDOR in warnings[0].getMessage()
 
 
 def test_changed_key_is_logged_at_info_and_recorded(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="flagperf.config"):
+    with caplog.at_level(logging.INFO, logger="flagperf.config.models"):
         merged = merge({"m": 4096, "n": 4096}, {"m": 2048})
     assert merged.values == {"m": 2048, "n": 4096}
     assert merged.origins == {"m": VENDOR, "n": DEFAULTS}
     assert merged.vendor_changes == {"m": (4096, 2048)}
-    records = [r for r in caplog.records if r.name == "flagperf.config"]
+    records = [r for r in caplog.records if r.name == "flagperf.config.models"]
     assert [r.levelno for r in records] == [logging.INFO]
     assert "4096 -> 2048" in records[0].getMessage()
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

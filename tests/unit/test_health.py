@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from flagperf.health import MAX_CLOCK_SKEW_S, check_clock
-from flagperf.hosts import LocalHost
+from flagperf.hosts.health import MAX_CLOCK_SKEW_S, check_clock
+from flagperf.hosts.local import LocalHost
 
 
 class _SkewedHost(LocalHost):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from flagperf.history import check_run, history_engine, metadata, record_run
-from flagperf.results import Metric, RoundResult, write_result
+from flagperf.results.history import check_run, history_engine, metadata, record_run
+from flagperf.results.schema import Metric, RoundResult, write_result
 
 START = datetime(2026, 11, 1, 2, 0, tzinfo=UTC)
 
@@ -112,7 +112,7 @@ def test_recording_a_run_twice_replaces_it(seeded) -> None:
 
 
 def test_durations_and_losses_regress_upwards(tmp_path: Path) -> None:
-    from flagperf.history import _verdict
+    from flagperf.results.history import _verdict
 
     history = [10.0, 10.1, 9.9, 10.0, 10.05]
     slower = _verdict({"case": "c", "metric": "e2e_time", "unit": "s", "value": 12.0, "spread_cv": None},

@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 import torch
 
-from flagperf.cases import load_case
+from flagperf.config.cases import load_case
 from flagperf.entry import run_job
 from flagperf.errors import CaseUserError, ConfigError
 from flagperf.inference.config import InferenceConfig, parse_flops, skipped_steps
 from flagperf.inference.engines import EngineEnv, InferenceEngine, load_engine
-from flagperf.job import Job
-from flagperf.plan import plan_run
-from flagperf.results import RoundResult, read_result
-from flagperf.vendors import load_vendor
+from flagperf.config.job import Job
+from flagperf.config.plan import plan_run
+from flagperf.results.schema import RoundResult, read_result
+from flagperf.config.vendors import load_vendor
 
 FLAGPERF_FORMAT = Path(__file__).resolve().parents[1] / "fixtures" / "flagperf_format"
 TINY_RESNET = ["depths=[1, 1]", "hidden_sizes=[8, 16]", "flops=1.0e6", "batch_size=4", "synthetic_images=8"]
@@ -85,7 +85,7 @@ def test_flagperf_configurations_load_unchanged(monkeypatch: pytest.MonkeyPatch,
     assert standard.origins["batch_size"].endswith("flagperf-format/configurations.yaml")
     assert standard.origins["image_size"].endswith("flagperf-format/parameters.yaml")
     # The cpu vendor's file overrides it under FlagPerf's rules (each change logged).
-    with caplog.at_level(logging.INFO, logger="flagperf.config"):
+    with caplog.at_level(logging.INFO, logger="flagperf.config.models"):
         cpu = plan_run(cases=["flagperf-format"], vendor="cpu", results_dir="unused").cases[0]
     assert cpu.config["compiler"] == "onnxruntime" and cpu.config["batch_size"] == 4
     assert cpu.vendor_changes["compiler"] == ["tensorrt", "onnxruntime"]

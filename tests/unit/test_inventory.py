@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from flagperf.containers import container_settings, context_digest, exit_code_of, image_tag
+from flagperf.hosts.docker import container_settings, context_digest, exit_code_of, image_tag
 from flagperf.errors import ConfigError
-from flagperf.inventory import load_inventory, parse_container_options
-from flagperf.vendors import load_vendor
+from flagperf.hosts.inventory import load_inventory, parse_container_options
+from flagperf.config.vendors import load_vendor
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -171,7 +171,7 @@ def test_single_node_cases_run_on_every_host_multi_node_on_the_first_n() -> None
 
 
 def test_a_multi_node_round_is_kept_only_when_every_node_completed(tmp_path: Path) -> None:
-    from flagperf.results import Failure, RoundResult, round_dir, write_result
+    from flagperf.results.schema import Failure, RoundResult, round_dir, write_result
     from flows.evaluate import completed_round, set_aside
 
     def result(host: str, rank: int, status: str) -> None:
@@ -211,7 +211,7 @@ def test_the_shipped_example_inventories_validate() -> None:
 def test_host_yaml_nproc_per_node_reaches_the_cases_that_start_processes(tmp_path: Path) -> None:
     """FlagPerf's base host.yaml NPROC_PER_NODE: every case with processes per node gets it (recorded with the
     file as its origin); a case without the key is left alone; --set still wins."""
-    from flagperf.plan import plan_run
+    from flagperf.config.plan import plan_run
 
     path = write(tmp_path, "host.yaml", """
 VENDOR: cpu

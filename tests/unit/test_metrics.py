@@ -1,4 +1,4 @@
-"""flagperf.metrics: counting conventions and statistics over timed chunks."""
+"""flagperf.results.metrics: counting conventions and statistics over timed chunks."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import statistics
 import numpy as np
 import pytest
 
-from flagperf.metrics import Chunk, coefficient_of_variation, copy_bytes, gemm_ops, percentile, rate_stats, ratio
+from flagperf.results.metrics import Chunk, coefficient_of_variation, copy_bytes, gemm_ops, percentile, rate_stats, ratio
 
 
 def test_gemm_ops() -> None:
@@ -121,7 +121,7 @@ def test_ratio() -> None:
 
 
 def test_mfu_reproduces_flagperfs_resnet50_figure() -> None:
-    from flagperf.metrics import model_flops_utilisation
+    from flagperf.results.metrics import model_flops_utilisation
 
     # FlagPerf's resnet50 README: 4.12e9 FLOP per image, 12698.7 images/s on an A100 (312 TFLOPS fp16): 16.8 %.
     assert model_flops_utilisation(12698.7, 4.12e9, 312, "TFLOPS") == pytest.approx(0.1677, abs=1e-4)
@@ -132,10 +132,10 @@ def test_mfu_reproduces_flagperfs_resnet50_figure() -> None:
 def test_throughput_metric_carries_mfu_against_the_precision_peak() -> None:
     import logging
 
-    from flagperf.casekit import CaseContext
-    from flagperf.metrics import Chunk
-    from flagperf.results import SpecTable
-    from flagperf.timing import TimingPlan
+    from flagperf.measure.casekit import CaseContext
+    from flagperf.results.metrics import Chunk
+    from flagperf.results.schema import SpecTable
+    from flagperf.measure.timing import TimingPlan
 
     spec = SpecTable(device="X", peaks={"fp16": {"value": 2.0, "unit": "TFLOPS", "source": "test"}})
     ctx = CaseContext("cpu", spec, TimingPlan(0, 0.1, 1), logging.getLogger("t"), shares_host_memory=True)

@@ -1,4 +1,4 @@
-"""flagperf.plan.plan_run (and the case loading under it): everything is checked before anything runs."""
+"""flagperf.config.plan.plan_run (and the case loading under it): everything is checked before anything runs."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from flagperf.cases import available_cases, load_case
+from flagperf.config.cases import available_cases, load_case
 from flagperf.errors import ConfigError
 from flagperf.paths import NAME_PATTERN
-from flagperf.plan import available_suites, find_suite, new_run_id, plan_run
+from flagperf.config.plan import available_suites, find_suite, new_run_id, plan_run
 
 FP32 = "computation-FP32"
 FP32_CASE = "cases/base/computation-FP32/case.yaml"
@@ -226,7 +226,7 @@ def test_new_run_ids_are_names_and_differ() -> None:
 
 
 def test_plan_round_trips_through_json(tmp_path: Path) -> None:
-    from flagperf.plan import RunPlan
+    from flagperf.config.plan import RunPlan
 
     p = plan(tmp_path)
     assert RunPlan.model_validate_json(p.model_dump_json()) == p
@@ -437,7 +437,7 @@ def test_suite_with_unknown_case_names_the_suite(tmp_path: Path, suite_root: Pat
 
 
 def test_a_retry_resumes_only_its_own_run_with_the_same_code(tmp_path: Path) -> None:
-    from flagperf.plan import PLAN_FILE, RunPlan
+    from flagperf.config.plan import PLAN_FILE, RunPlan
 
     first = plan_run(cases=[FP32], results_dir=tmp_path, run_id="run-a", flow_run_id="f-1")
     (tmp_path / "run-a").mkdir()

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flagperf.compare import compare_runs
-from flagperf.report import build_report
-from flagperf.results import Metric, Peak, RoundResult, write_result
+from flagperf.results.compare import compare_runs
+from flagperf.results.report import build_report
+from flagperf.results.schema import Metric, Peak, RoundResult, write_result
 from flows.cli import app
 
 T0 = 1_800_000_000.0

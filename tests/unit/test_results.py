@@ -1,4 +1,4 @@
-"""flagperf.results: the RoundResult schema, atomic JSON writes and the run layout."""
+"""flagperf.results.schema: the RoundResult schema, atomic JSON writes and the run layout."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from flagperf.results import (
+from flagperf.results.schema import (
     RESULT_FILE,
     Failure,
     Metric,

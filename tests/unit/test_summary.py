@@ -1,4 +1,4 @@
-"""flagperf.summary: the run summary built from hand-written result files."""
+"""flagperf.results.summary: the run summary built from hand-written result files."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from flagperf.results import Failure, Metric, Peak, Provenance, RoundResult, round_dir, write_result
-from flagperf.summary import (
+from flagperf.results.schema import Failure, Metric, Peak, Provenance, RoundResult, round_dir, write_result
+from flagperf.results.summary import (
     HEADLINE_HEADER,
     REPORT_MD,
     ROW_COLUMNS,

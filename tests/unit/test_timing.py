@@ -1,10 +1,10 @@
-"""flagperf.timing.measure, driven by a fake clock that advances only when a step runs."""
+"""flagperf.measure.timing.measure, driven by a fake clock that advances only when a step runs."""
 
 from __future__ import annotations
 
 import pytest
 
-from flagperf.timing import TARGET_CHUNKS, TimingPlan, measure
+from flagperf.measure.timing import TARGET_CHUNKS, TimingPlan, measure
 
 
 class FakeDevice:

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from flagperf.config import merge_vendor_overrides
+from flagperf.config.models import merge_vendor_overrides
 from flagperf.entry import run_job
 from flagperf.errors import CaseUserError, ConfigError
-from flagperf.job import Job
-from flagperf.perflog import format_line, parse_file, parse_text
-from flagperf.plan import plan_run
-from flagperf.results import read_result
+from flagperf.config.job import Job
+from flagperf.measure.perflog import format_line, parse_file, parse_text
+from flagperf.config.plan import plan_run
+from flagperf.results.schema import read_result
 from flagperf.training.driver import FINISHED_KEYS
 from flagperf.training.launch import where_it_stopped
 
@@ -152,7 +152,7 @@ def test_llama_pretrain_reports_tokens_per_second_and_mfu(tmp_path: Path) -> Non
     assert "synthetic tokens" in tokens.convention and tokens.mfu_peak_key == "fp32"
     finished = parse_file(out / "rank0.out.log").finished()[0]
     params = finished["extra"]["parameters"]
-    from flagperf.vendors import load_vendor
+    from flagperf.config.vendors import load_vendor
 
     peak = load_vendor("cpu").spec_table().peaks["fp32"].value * 1e12
     assert tokens.mfu == pytest.approx(6 * params * tokens.value / peak)
@@ -163,7 +163,7 @@ def test_llama_pretrain_reads_a_local_token_file(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     import numpy as np
 
-    from flagperf.cases import load_case
+    from flagperf.config.cases import load_case
 
     module = load_case("llama-pretrain").module
     tokens = np.arange(1000) % 200

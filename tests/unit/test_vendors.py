@@ -1,4 +1,4 @@
-"""flagperf.vendors: the real cpu vendor and malformed vendor folders on FLAGPERF_VENDOR_PATH."""
+"""flagperf.config.vendors: the real cpu vendor and malformed vendor folders on FLAGPERF_VENDOR_PATH."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from flagperf.errors import ConfigError
-from flagperf.results import SpecTable
-from flagperf.vendors import available_vendors, load_vendor, load_vendor_manifest
+from flagperf.results.schema import SpecTable
+from flagperf.config.vendors import available_vendors, load_vendor, load_vendor_manifest
 
 SPEC_PY = """
 def spec_table(settings):

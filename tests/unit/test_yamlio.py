@@ -1,4 +1,4 @@
-"""flagperf.yamlio: strict YAML loading, every error one line naming the file."""
+"""flagperf.config.yamlio: strict YAML loading, every error one line naming the file."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from flagperf.errors import ConfigError
-from flagperf.yamlio import load_yaml_mapping, parse_yaml_text
+from flagperf.config.yamlio import load_yaml_mapping, parse_yaml_text
 
 
 def _one_line_error(path: Path) -> ConfigError:

@@ -20,9 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from flagperf.errors import ConfigError
 from flagperf.paths import NAME_PATTERN, display_path
-from flagperf.yamlio import load_yaml_mapping, parse_yaml_text
+from flagperf.config.yamlio import load_yaml_mapping, parse_yaml_text
 
-log = logging.getLogger("flagperf.config")
+log = logging.getLogger("flagperf.config.models")
 
 BUILTIN_KERNEL_PREFIX = "flagperf.basespec."
 

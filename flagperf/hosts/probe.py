@@ -1,6 +1,6 @@
 """What a host reports about itself at healthcheck: versions, the vendor's device and its peaks.
 
-    python -m flagperf.probe --vendor cpu      (prints one JSON object)
+    python -m flagperf.hosts.probe --vendor cpu      (prints one JSON object)
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import time
 
 from flagperf import __version__
 from flagperf.errors import FlagperfError
-from flagperf.provenance import host_info, library_versions
-from flagperf.vendors import load_vendor
+from flagperf.results.provenance import host_info, library_versions
+from flagperf.config.vendors import load_vendor
 
 
 def probe(vendor_name: str) -> dict[str, object]:
@@ -47,7 +47,7 @@ def probe(vendor_name: str) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flagperf.probe")
+    parser = argparse.ArgumentParser(prog="python -m flagperf.hosts.probe")
     parser.add_argument("--vendor", required=True)
     args = parser.parse_args(argv)
     try:

@@ -21,10 +21,10 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from flagperf.config import StrictModel, check_name, load_model
+from flagperf.config.models import StrictModel, check_name, load_model
 from flagperf.errors import ConfigError
 from flagperf.paths import display_path, vendor_roots
-from flagperf.results import SpecTable
+from flagperf.results.schema import SpecTable
 
 MANIFEST = "vendor.yaml"
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from flagperf.metrics import Chunk
+from flagperf.results.metrics import Chunk
 
 # Aim for about this many chunks in the minimum duration: enough for percentiles, few enough that
 # the per-chunk synchronisation is negligible.

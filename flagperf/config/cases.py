@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError, field_validator
 
-from flagperf.casekit import CaseConfig
-from flagperf.config import (
+from flagperf.measure.casekit import CaseConfig
+from flagperf.config.models import (
     BUILTIN_KERNEL_PREFIX,
     CaseManifest,
     MergedConfig,
@@ -36,8 +36,8 @@ from flagperf.config import (
 )
 from flagperf.errors import ConfigError
 from flagperf.paths import case_roots, display_path
-from flagperf.vendors import import_file
-from flagperf.yamlio import load_yaml_mapping
+from flagperf.config.vendors import import_file
+from flagperf.config.yamlio import load_yaml_mapping
 
 MANIFEST = "case.yaml"
 INFERENCE_FILES = ("configurations.yaml", "parameters.yaml")
@@ -97,7 +97,7 @@ class CaseDef:
                 raise ConfigError(display_path(self.manifest_path), "entry", f"{entry} has no {attr!r}")
         if not (isinstance(module.Config, type) and issubclass(module.Config, CaseConfig)):
             raise ConfigError(display_path(self.manifest_path), "entry",
-                              f"{entry}: Config must subclass flagperf.casekit.CaseConfig")
+                              f"{entry}: Config must subclass flagperf.measure.casekit.CaseConfig")
         if self.family == "inference":
             from flagperf.inference.config import InferenceConfig
 

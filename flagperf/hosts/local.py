@@ -23,7 +23,7 @@ from typing import IO, Any
 from flagperf.paths import NAME_PATTERN, PROJECT_ROOT
 
 LineSink = Callable[[str], None]
-logger = logging.getLogger("flagperf.hosts")
+logger = logging.getLogger("flagperf.hosts.local")
 
 
 @dataclass(frozen=True)

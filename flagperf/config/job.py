@@ -8,8 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flagperf.provenance import engine_info, library_versions
-from flagperf.results import Failure, Provenance, RoundResult
+from flagperf.results.provenance import engine_info, library_versions
+from flagperf.results.schema import Failure, Provenance, RoundResult
 
 JOB_FILE = "job.json"
 

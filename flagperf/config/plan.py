@@ -13,12 +13,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flagperf.cases import available_cases, load_case, resolve_case_config
-from flagperf.config import SetOverride, load_suite, parse_set_override
+from flagperf.config.cases import available_cases, load_case, resolve_case_config
+from flagperf.config.models import SetOverride, load_suite, parse_set_override
 from flagperf.errors import ConfigError
 from flagperf.paths import NAME_PATTERN, display_path, suite_roots
-from flagperf.provenance import git_revision
-from flagperf.vendors import load_vendor
+from flagperf.results.provenance import git_revision
+from flagperf.config.vendors import load_vendor
 
 DEFAULT_SUITE = "smoke"
 PLAN_FILE = "plan.json"

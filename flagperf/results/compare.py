@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flagperf.summary import RunSummary, fmt, summarize
+from flagperf.results.summary import RunSummary, fmt, summarize
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from flagperf.containers import DockerRuntime, container_settings, engine_client
-from flagperf.hosts import Host, LocalHost
-from flagperf.inventory import HostSpec
-from flagperf.runtime import ProcessRuntime, Runtime
-from flagperf.ssh import SshHost
-from flagperf.vendors import load_vendor
+from flagperf.hosts.docker import DockerRuntime, container_settings, engine_client
+from flagperf.hosts.local import Host, LocalHost
+from flagperf.hosts.inventory import HostSpec
+from flagperf.hosts.runtime import ProcessRuntime, Runtime
+from flagperf.hosts.ssh import SshHost
+from flagperf.config.vendors import load_vendor
 
 _connections: dict[str, SshHost] = {}
 _connections_lock = threading.Lock()

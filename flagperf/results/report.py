@@ -13,9 +13,9 @@ matplotlib.use("Agg")  # files only, no display
 import markdown
 import matplotlib.pyplot as plt
 
-from flagperf.analysis import read_monitors
-from flagperf.results import read_result
-from flagperf.summary import REPORT_MD, ROUND_FOLDER, RunSummary, summarize, write_summary
+from flagperf.results.analysis import read_monitors
+from flagperf.results.schema import read_result
+from flagperf.results.summary import REPORT_MD, ROUND_FOLDER, RunSummary, summarize, write_summary
 
 REPORT_HTML = "report.html"
 PLOTS = "plots"

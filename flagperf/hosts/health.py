@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flagperf.containers import engine_client
+from flagperf.hosts.docker import engine_client
 from flagperf.errors import InfrastructureFailure
-from flagperf.hosts import Host
-from flagperf.inventory import HostSpec
-from flagperf.ssh import SshError, SshHost
+from flagperf.hosts.local import Host
+from flagperf.hosts.inventory import HostSpec
+from flagperf.hosts.ssh import SshError, SshHost
 
 MIN_FREE_BYTES = 1 << 30
 MAX_CLOCK_SKEW_S = 2.0
@@ -71,7 +71,7 @@ def check_host(host: Host, spec: HostSpec, vendor: str, log_path: Path,
         checks.append(Check("deployed", False, f"deploy path {host.project_root} has no flagperf/ (copy or mount "
                                                "the project there, or set project_root)"))
         return HealthReport(host=host.name, checks=checks, probe=None)
-    result = host.run([host.python, "-m", "flagperf.probe", "--vendor", vendor], timeout=PROBE_TIMEOUT_S,
+    result = host.run([host.python, "-m", "flagperf.hosts.probe", "--vendor", vendor], timeout=PROBE_TIMEOUT_S,
                       log_path=log_path)
     if result.exit_code is None and not result.timed_out:
         checks.append(Check("python", False, f"cannot start {host.python}"))
@@ -80,7 +80,7 @@ def check_host(host: Host, spec: HostSpec, vendor: str, log_path: Path,
     else:
         log_tail = next(iter(host.tail(log_path, 1)), "")
         if result.exit_code != 0:
-            checks.append(Check("python", False, f"flagperf.probe exited {result.exit_code}: {log_tail}"))
+            checks.append(Check("python", False, f"flagperf.hosts.probe exited {result.exit_code}: {log_tail}"))
         else:
             try:
                 probe = json.loads(log_tail)

@@ -16,9 +16,9 @@ from typing import Any
 
 import pandas as pd
 
-from flagperf.analysis import WindowStats, energy_per_work, read_monitors, window_stats, work_unit
-from flagperf.metrics import coefficient_of_variation
-from flagperf.results import RESULT_FILE, Metric, RoundResult, read_result, write_json_atomic
+from flagperf.results.analysis import WindowStats, energy_per_work, read_monitors, window_stats, work_unit
+from flagperf.results.metrics import coefficient_of_variation
+from flagperf.results.schema import RESULT_FILE, Metric, RoundResult, read_result, write_json_atomic
 
 SUMMARY_CSV = "summary.csv"
 ROUND_FOLDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*_noderank\d+")

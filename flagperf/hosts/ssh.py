@@ -1,4 +1,4 @@
-"""A host reached over SSH (paramiko): commands through ``python -m flagperf.hostagent`` on the host, files
+"""A host reached over SSH (paramiko): commands through ``python -m flagperf.hosts.agent`` on the host, files
 through SFTP. Host keys are verified against known_hosts; a new key is accepted only when the inventory
 says so, a changed key never. Every connect and command has a timeout.
 """
@@ -17,12 +17,12 @@ from typing import Any
 
 import paramiko
 
-from flagperf.hostagent import STATUS_PREFIX
-from flagperf.hosts import BackgroundProcess, CommandResult, Host, LineSink
-from flagperf.inventory import HostSpec
+from flagperf.hosts.agent import STATUS_PREFIX
+from flagperf.hosts.local import BackgroundProcess, CommandResult, Host, LineSink
+from flagperf.hosts.inventory import HostSpec
 from flagperf.paths import PROJECT_ROOT
 
-logger = logging.getLogger("flagperf.ssh")
+logger = logging.getLogger("flagperf.hosts.ssh")
 # A case's own timeout is enforced on the host by the agent; the connection gets this much more before the
 # controller gives up on it (and closing the channel makes the agent kill the case).
 CHANNEL_SLACK_S = 60.0
@@ -155,7 +155,7 @@ class SshHost(Host):
         return f"cd {shlex.quote(str(self.project_root))} && exec " + shlex.join(["env", *assignments, *argv])
 
     def agent(self, *args: str) -> list[str]:
-        return [self.python, "-m", "flagperf.hostagent", *args]
+        return [self.python, "-m", "flagperf.hosts.agent", *args]
 
     def execute(self, argv: list[str], timeout: float | None = None, on_stdout: LineSink | None = None,
                 keep_stdin_open: bool = False) -> tuple[int | None, str, str]:
@@ -202,7 +202,7 @@ class SshHost(Host):
         if code != 0:
             detail = (err.strip().splitlines() or out.strip().splitlines() or ["no output"])[-1]
             how = "timed out" if code is None else f"exited {code}"
-            raise SshError(f"host {self.name}: flagperf.hostagent {args[0]} {how}: {detail}")
+            raise SshError(f"host {self.name}: flagperf.hosts.agent {args[0]} {how}: {detail}")
         return json.loads(out.strip().splitlines()[-1])
 
     def run(self, argv: list[str], *, timeout: float, log_path: Path | None = None,
@@ -226,7 +226,7 @@ class SshHost(Host):
         status = next((json.loads(line.removeprefix(STATUS_PREFIX)) for line in reversed(err.splitlines())
                        if line.startswith(STATUS_PREFIX)), None)
         if status is None:
-            raise SshError(f"host {self.name}: flagperf.hostagent exited {code} without a status: "
+            raise SshError(f"host {self.name}: flagperf.hosts.agent exited {code} without a status: "
                            f"{(err.strip().splitlines() or ['no output'])[-1]}")
         return CommandResult(argv, status["exit_code"], bool(status["timed_out"]), seconds)
 

@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from flagperf.errors import ConfigError
-from flagperf.hosts import CommandResult, Host, LineSink
-from flagperf.inventory import HostSpec, parse_container_options
-from flagperf.job import JOB_FILE
-from flagperf.results import CASE_LOG_FILE
-from flagperf.runtime import Runtime
-from flagperf.vendors import Vendor
+from flagperf.hosts.local import CommandResult, Host, LineSink
+from flagperf.hosts.inventory import HostSpec, parse_container_options
+from flagperf.config.job import JOB_FILE
+from flagperf.results.schema import CASE_LOG_FILE
+from flagperf.hosts.runtime import Runtime
+from flagperf.config.vendors import Vendor
 
-logger = logging.getLogger("flagperf.containers")
+logger = logging.getLogger("flagperf.hosts.docker")
 BUILD_TIMEOUT_S = 3600
 API_TIMEOUT_S = 120
 LABEL = "org.flagperf"
@@ -57,7 +57,7 @@ def engine_client(host: Host, spec: HostSpec, timeout: float = API_TIMEOUT_S) ->
             raise ContainerEngineError(f"host {spec.name}: container engine not reachable: {exc}") from None
     from docker.transport.sshconn import SSHHTTPAdapter
 
-    from flagperf.ssh import SshHost
+    from flagperf.hosts.ssh import SshHost
 
     if not isinstance(host, SshHost):
         raise ContainerEngineError(f"host {spec.name}: docker.engine: ssh needs an SSH host")
@@ -225,9 +225,9 @@ class DockerRuntime(Runtime):
         return result
 
     def run_probe(self, host: Host, vendor: str, timeout_s: float) -> tuple[CommandResult, list[str]]:
-        """``python -m flagperf.probe`` in the image, with the rounds' devices and options: the accelerators
+        """``python -m flagperf.hosts.probe`` in the image, with the rounds' devices and options: the accelerators
         the cases will see (and the host needs no torch of its own)."""
-        argv = [self.settings.python, "-m", "flagperf.probe", "--vendor", vendor]
+        argv = [self.settings.python, "-m", "flagperf.hosts.probe", "--vendor", vendor]
         name = f"flagperf-probe-{host.name}-{os.getpid()}-{time.monotonic_ns()}"[:200].replace("_", "-")
         return self._run(host, argv, name, {f"{LABEL}.probe": host.name}, timeout_s, None)
 

@@ -14,12 +14,12 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flagperf.errors import CaseUserError, Unsupported
-from flagperf.metrics import Chunk, model_flops_utilisation, rate_stats, ratio
-from flagperf.results import Metric, Peak, SpecTable
-from flagperf.timing import TimingPlan, measure
+from flagperf.results.metrics import Chunk, model_flops_utilisation, rate_stats, ratio
+from flagperf.results.schema import Metric, Peak, SpecTable
+from flagperf.measure.timing import TimingPlan, measure
 
 if TYPE_CHECKING:
-    from flagperf.job import Job
+    from flagperf.config.job import Job
 
 
 class CaseConfig(BaseModel):
@@ -33,7 +33,7 @@ class CaseConfig(BaseModel):
 
 
 class TimedCaseConfig(CaseConfig):
-    """Keys of every case that times a repeated step (see flagperf.timing)."""
+    """Keys of every case that times a repeated step (see flagperf.measure.timing)."""
 
     warmup_iters: int = Field(ge=0)
     min_duration_s: float = Field(gt=0)

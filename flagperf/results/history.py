@@ -43,7 +43,7 @@ from sqlalchemy import (
     select,
 )
 
-from flagperf.summary import summarize
+from flagperf.results.summary import summarize
 
 DEFAULT_URL_ENV = "FLAGPERF_HISTORY_URL"
 

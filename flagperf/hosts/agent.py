@@ -1,17 +1,17 @@
 """The host side of an SSH host: small commands the controller runs over SSH, so that process groups,
 timeouts and logs on a remote host behave exactly as on the local one (they share LocalHost's code).
 
-    python -m flagperf.hostagent run --timeout 60 --log LOG [--pid-file P] -- ARGV...
+    python -m flagperf.hosts.agent run --timeout 60 --log LOG [--pid-file P] -- ARGV...
         stdout: the command's output (also appended to LOG); stderr, last line: {"exit_code", "timed_out"}.
         The command is killed when stdin closes: a lost SSH connection never leaves a case running.
-    python -m flagperf.hostagent spawn --log LOG -- ARGV...   -> {"pid": N} (detached, own session)
-    python -m flagperf.hostagent terminate --pid N --grace S   -> {"exit_code": null}
-    python -m flagperf.hostagent alive --pid N                 -> exit 0 if running, 1 if not
-    python -m flagperf.hostagent disk-free PATH                -> {"free": bytes}
-    python -m flagperf.hostagent keepalive                     -> {"pid": N}, then waits for stdin to close
-    python -m flagperf.hostagent info                          -> {"uid", "gid", "time", "hostname"}
+    python -m flagperf.hosts.agent spawn --log LOG -- ARGV...   -> {"pid": N} (detached, own session)
+    python -m flagperf.hosts.agent terminate --pid N --grace S   -> {"exit_code": null}
+    python -m flagperf.hosts.agent alive --pid N                 -> exit 0 if running, 1 if not
+    python -m flagperf.hosts.agent disk-free PATH                -> {"free": bytes}
+    python -m flagperf.hosts.agent keepalive                     -> {"pid": N}, then waits for stdin to close
+    python -m flagperf.hosts.agent info                          -> {"uid", "gid", "time", "hostname"}
 
-Only the standard library and flagperf.hosts are imported: it must start fast (no torch).
+Only the standard library and flagperf.hosts.local are imported: it must start fast (no torch).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def _alive(pid: int) -> bool:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from flagperf.hosts import LocalHost
+    from flagperf.hosts.local import LocalHost
 
     host = LocalHost(work_root=Path(args.log).parent)
 
@@ -76,7 +76,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_spawn(args: argparse.Namespace) -> int:
-    from flagperf.hosts import LocalHost
+    from flagperf.hosts.local import LocalHost
 
     proc = LocalHost(work_root=Path(args.log).parent).spawn(args.argv, log_path=Path(args.log))
     _say({"pid": proc.pid})
@@ -127,7 +127,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flagperf.hostagent")
+    parser = argparse.ArgumentParser(prog="python -m flagperf.hosts.agent")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run")
     run.add_argument("--timeout", type=float, required=True)

@@ -6,9 +6,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from pathlib import Path
 
-from flagperf.hosts import CommandResult, Host, LineSink
-from flagperf.job import JOB_FILE
-from flagperf.results import CASE_LOG_FILE
+from flagperf.hosts.local import CommandResult, Host, LineSink
+from flagperf.config.job import JOB_FILE
+from flagperf.results.schema import CASE_LOG_FILE
 
 PID_FILE = "case.pid"
 

@@ -1,0 +1,1 @@
+"""Hosts: local and SSH hosts, the host agent, runtimes (process, Docker), inventories and FlagPerf host.yaml, healthcheck and probe, the fleet."""

@@ -1,0 +1,1 @@
+"""Measurement: timing, the case kit every case is handed, PerfLog lines."""

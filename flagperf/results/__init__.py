@@ -1,0 +1,1 @@
+"""Results: the result schema, metric arithmetic, provenance, summary, analysis, report, compare, history."""
