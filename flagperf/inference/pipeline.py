@@ -386,7 +386,7 @@ def step_summary(run: InferenceRun) -> None:
                                     flops_per_item=flops)
         if computed is not None:
             metrics += compute_metrics(computed, c, ctx, flops_per_item=flops)
-    metrics += _setup_metrics(run)
+    metrics += _setup_metrics(run) + _loadgen_metrics(run)
     e2e = time.perf_counter() - run.started
     metrics.append(Metric(name="e2e_time", value=e2e, unit="s", note="steps a to g in the case process"))
     run.metrics = metrics
@@ -429,6 +429,21 @@ def _setup_metrics(run: InferenceRun) -> list[Metric]:
         how = "loaded from exist_compiler_path" if run.config.exist_compiler_path else "built (step e)"
         metrics.append(Metric(name="engine_build_time", value=run.compile_s, unit="s", iterations=1,
                               note=f"the engine {how}, untimed in the throughput figures"))
+    return metrics
+
+
+def _loadgen_metrics(run: InferenceRun) -> list[Metric]:
+    """Each LoadGen scenario's figure as a metric, so the report shows it, and an INVALID one loudly."""
+    metrics = []
+    for r in run.loadgen:
+        if r.samples_per_s is None:
+            continue
+        warning = None if r.valid else (f"LoadGen says {r.result_validity} after {r.attempts} attempt(s): "
+                                        f"{r.invalid_reason}; not a valid MLPerf figure")
+        metrics.append(Metric(name=f"loadgen_{r.scenario.lower()}", value=r.samples_per_s,
+                              unit=f"{run.config.item_name}/s", warning=warning,
+                              note=f"MLPerf LoadGen {r.scenario}, {r.result_validity} (its latencies are under "
+                                   f"inference.loadgen; logs in {r.log_dir})"))
     return metrics
 
 
