@@ -121,6 +121,11 @@ def engine_round(case: str, vendor: str, sets: list[str], work: Path) -> dict[st
     return {m.name: m for m in result.metrics}
 
 
+def bare_counts(device: torch.device) -> tuple[int, int]:
+    """Warm-up and timed forwards of the bare loops: the issue's 5 and 40 on a GPU, 1 and 4 for the smoke run."""
+    return (WARMUP, TIMED) if device.type != "cpu" else (1, 4)
+
+
 def bare_rates(case: str, vendor: str, sets: list[str], device: torch.device) -> dict[str, float]:
     """items/s of the case's model, eager and compiled, on inputs made once on the device."""
     module = load_case(case).module
@@ -132,7 +137,7 @@ def bare_rates(case: str, vendor: str, sets: list[str], device: torch.device) ->
     x = [t.to(device, dtype if t.is_floating_point() else t.dtype) for t in batch]
     model = module.create_model(config).to(device, dtype).eval()
 
-    warmup, timed = (WARMUP, TIMED) if device.type != "cpu" else (1, 4)
+    warmup, timed = bare_counts(device)
 
     def sync() -> None:
         if device.type == "cuda":
@@ -218,7 +223,8 @@ def main() -> int:
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     record = {"recorded": datetime.now(UTC).isoformat(timespec="seconds"), "command": command,
               "device": device_name, "torch": torch.__version__, "quick": args.quick, "total_s": total,
-              "warmup": WARMUP, "timed": TIMED, "engine_compute_iterations": COMPUTE_ITERATIONS,
+              "warmup": bare_counts(device)[0], "timed": bare_counts(device)[1],
+              "engine_compute_iterations": 4 if args.quick else COMPUTE_ITERATIONS,
               "gpu_util": util.reason or "torch.cuda.utilization (NVML), 20 Hz", "cases": rows,
               "targets": TARGETS, "util_target_percent": UTIL_TARGET, "missed": missed}
     args.out.mkdir(parents=True, exist_ok=True)
@@ -227,7 +233,8 @@ def main() -> int:
     lines = [f"# Inference through the engine vs bare loops ({'CPU smoke run' if args.quick else device_name})", "",
              f"Recorded {record['recorded']} with `{command}` on {device_name}, torch {torch.__version__}, "
              f"{total:.0f} s in all (compiles included). Bare loops: the case's model, inputs made once on the "
-             f"device, {WARMUP} warm-up and {TIMED} timed forwards, synchronised at each end; compiled with the "
+             f"device, {bare_counts(device)[0]} warm-up and {bare_counts(device)[1]} timed forwards, synchronised "
+             "at each end; compiled with the "
              "engine's Inductor options. Engine: one round through flagperf.entry.run_job, compiler inductor.", "",
              "| case | unit | validation_compute | bare eager | inference_core | inference_compute | bare compiled "
              "| compute / bare | core / bare | val. compute / bare eager | GPU util over compute |",
