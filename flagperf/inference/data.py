@@ -78,7 +78,7 @@ class CastInputs:
         return cast_floating(inputs, self.dtype), labels
 
 
-PREFETCH_FACTOR = 4  # batches each worker keeps ready: loading overlaps the forwards it feeds
+PREFETCH_FACTOR = 2  # batches each worker keeps ready (pinned FP16 ResNet-50 batches of 256 are 77 MB each)
 
 
 def with_data_path(base: Any, device: torch.device, dtype: torch.dtype | None) -> Any:

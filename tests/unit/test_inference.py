@@ -493,10 +493,12 @@ def test_nvidia_engines_share_inductor_and_tensorrt_names_its_package() -> None:
     assert tensorrt.manifest.needs_onnx and tensorrt.manifest.loads_engine_files
     ast.parse((tensorrt.folder / "engine.py").read_text())  # written for a GPU host; at least well-formed here
     if importlib.util.find_spec("tensorrt") is None:
-        with pytest.raises(CaseUserError, match=r"tensorrt-cu12>=10,<11"):
+        # Not installed here (a GPU host's package): the tests in tests/gpu build, save, reload and run it.
+        with pytest.raises(CaseUserError, match=r"tensorrt>=10,<12 \(the 10.x or 11.x Python API\)"):
             tensorrt.engine_class()
-    # One Inductor implementation, pointed at by both vendors' folders.
+    # One Inductor and one ONNX Runtime implementation, pointed at by both vendors' folders.
     assert load_engine("nvidia", "inductor").engine_class() is load_engine("cpu", "inductor").engine_class()
+    assert load_engine("nvidia", "onnxruntime").engine_class() is load_engine("cpu", "onnxruntime").engine_class()
 
 
 def test_a_generators_non_inference_time_is_read_once_it_is_consumed() -> None:
@@ -691,6 +693,37 @@ def test_batches_are_made_in_the_passes_dtype_by_the_workers() -> None:
     base = module.build_dataloader(config)
     half = with_data_path(base, torch.device("cpu"), torch.float16)
     inputs, _labels = next(iter(half))
-    assert inputs.dtype == torch.float16 and half.num_workers == 1 and half.prefetch_factor == 4
+    assert inputs.dtype == torch.float16 and half.num_workers == 1 and half.prefetch_factor == 2
     assert half.dataset is base.dataset and not half.pin_memory  # pinned only for an accelerator
     assert torch.equal(inputs, next(iter(base))[0].half())
+
+
+def test_an_engine_that_builds_strongly_typed_gets_an_fp16_onnx_file(tmp_path: Path) -> None:
+    """TensorRT 11 has no FP16 builder flag: an engine declaring onnx_precision: case gets the file in the
+    case's precision (FP16 inputs and weights); an FP32 engine (ONNX Runtime) keeps FP32."""
+    import onnx
+
+    from flagperf.inference.pipeline import InferenceRun, step_export
+
+    module, config, model, _ = _case_parts("resnet50-infer", *TINY_RESNET)
+    config = config.model_copy(update={"fp16": True})
+    types = {}
+    for vendor, engine in (("nvidia", "tensorrt"), ("cpu", "onnxruntime")):
+        run = InferenceRun(case_name="resnet50-infer", module=module, config=config, vendor=vendor,
+                           spec=load_vendor("cpu").spec_table(), device=torch.device("cpu"), shares_host_memory=True,
+                           out_dir=tmp_path / "out", artifact_dir=tmp_path / engine)
+        run.engine_def, run.model = load_engine(vendor, engine), model.half()
+        step_export(run)
+        graph = onnx.load(str(run.onnx_path)).graph
+        types[engine] = graph.input[0].type.tensor_type.elem_type
+        assert torch.get_default_dtype() == torch.float32  # restored after the export
+    assert types == {"tensorrt": onnx.TensorProto.FLOAT16, "onnxruntime": onnx.TensorProto.FLOAT}
+
+
+def test_the_report_says_which_memory_it_shows() -> None:
+    from flagperf.results.summary import case_memory_cell
+
+    gib = 2**30
+    assert case_memory_cell({"case_pss_bytes_max": 0.5 * gib, "case_uss_bytes_max": 0.25 * gib,
+                             "case_rss_bytes_max": 1.5 * gib}) == "PSS 0.5, USS 0.25"
+    assert case_memory_cell({"case_rss_bytes_max": 1.5 * gib}) == "RSS (summed) 1.5"
