@@ -26,10 +26,10 @@ from pydantic import BaseModel, ValidationError, field_validator
 
 from flagperf.measure.casekit import CaseConfig
 from flagperf.config.models import (
-    BUILTIN_KERNEL_PREFIX,
     CaseManifest,
     MergedConfig,
     apply_run_overrides,
+    is_core_module,
     load_model,
     merge_vendor_overrides,
     pydantic_error_to_config_error,
@@ -85,14 +85,15 @@ class CaseDef:
     @cached_property
     def module(self) -> ModuleType:
         entry = self.manifest.entry
-        if entry.startswith(BUILTIN_KERNEL_PREFIX):
+        if is_core_module(entry):
             try:
                 module = importlib.import_module(entry)
             except ModuleNotFoundError:
                 raise ConfigError(display_path(self.manifest_path), "entry", f"no kernel named {entry!r}") from None
         else:
             module = import_file(self.folder / entry, f"flagperf_case_{self.name.replace('-', '_').replace('.', '_')}")
-        for attr in ("Config", *(INFERENCE_FUNCTIONS if self.family == "inference" else ("run",))):
+        required = {"inference": INFERENCE_FUNCTIONS, "generate": ()}.get(self.family, ("run",))
+        for attr in ("Config", *required):
             if not hasattr(module, attr):
                 raise ConfigError(display_path(self.manifest_path), "entry", f"{entry} has no {attr!r}")
         if not (isinstance(module.Config, type) and issubclass(module.Config, CaseConfig)):
@@ -160,7 +161,7 @@ def load_case_manifest(path: Path) -> CaseManifest:
         raise ConfigError(source, "name", f"must match the folder name ({path.parent.name!r})")
     if manifest.family != path.parent.parent.name:
         raise ConfigError(source, "family", f"must match the parent folder ({path.parent.parent.name!r})")
-    if not manifest.entry.startswith(BUILTIN_KERNEL_PREFIX) and not (path.parent / manifest.entry).is_file():
+    if not is_core_module(manifest.entry) and not (path.parent / manifest.entry).is_file():
         raise ConfigError(source, "entry", f"{manifest.entry!r} does not exist in {display_path(path.parent)}")
     return manifest
 
@@ -243,5 +244,10 @@ def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[st
         if vendor:  # `flagperf validate` checks a case's defaults without a vendor, so without its engines
             check_engine_toggles(model, vendor, merged.origins, display_path(case.manifest_path),
                                  check_files=files_are_local)
+    if case.family == "generate" and vendor:  # the engine folder exists for this vendor (its package: on the host)
+        from flagperf.generate.engines import load_engine
+
+        engine = str(merged.values["engine"])
+        load_engine(vendor, engine, merged.origins.get("engine", display_path(case.manifest_path)))
     merged.values = model.model_dump(mode="json")
     return merged
