@@ -18,6 +18,7 @@ import pandas as pd
 
 from flagperf.results.analysis import WindowStats, energy_per_work, read_monitors, window_stats, work_unit
 from flagperf.results.metrics import coefficient_of_variation
+from flagperf.results.serving import serving_markdown
 from flagperf.results.schema import RESULT_FILE, Metric, RoundResult, read_result, write_json_atomic
 
 SUMMARY_CSV = "summary.csv"
@@ -343,7 +344,8 @@ def write_summary(run_dir: Path, summary: RunSummary, plots: list[tuple[str, Pat
     tmp_csv.replace(paths["csv"])
     write_json_atomic(paths["json"], summary.to_json())
     tmp_md = paths["markdown"].with_name(f".{REPORT_MD}.tmp")
-    tmp_md.write_text(render_markdown(summary, plots), encoding="utf-8")
+    text = render_markdown(summary, plots) + "\n".join(["", *serving_markdown(run_dir, summary.rows)])
+    tmp_md.write_text(text, encoding="utf-8")
     tmp_md.replace(paths["markdown"])
     return paths
 
