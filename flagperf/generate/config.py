@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from flagperf.config.models import CaseConfig
 from flagperf.generate.models import PRESETS
-from flagperf.measure.casekit import CaseConfig
 from flagperf.training.data import LocalPath
 
 
 class GenerateConfig(CaseConfig):
+    family: ClassVar[str] = "generate"
+
     model: str = Field(description="shape preset (flagperf.generate.models.PRESETS)")
     checkpoint_path: LocalPath = Field(default=None, description="a local save_pretrained folder; null: random "
                                                                  "weights in the preset's shape")
@@ -48,3 +50,11 @@ class GenerateConfig(CaseConfig):
         if self.duration_s is not None and self.duration_s >= self.timeout_s:
             raise ValueError(f"duration_s ({self.duration_s:g}) must be well below timeout_s ({self.timeout_s:g})")
         return self
+
+    def check_for_vendor(self, origins: dict[str, str], source: str, vendor: str | None,
+                         files_are_local: bool) -> None:
+        """The engine names a folder of the vendor (its Python package is checked on the host, in the round)."""
+        if vendor:
+            from flagperf.generate.engines import load_engine
+
+            load_engine(vendor, self.engine, origins.get("engine", source))

@@ -23,6 +23,7 @@ import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from pydantic import ConfigDict, Field, field_validator, model_validator
@@ -30,7 +31,6 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from flagperf.config.models import StrictModel, check_name, load_model
 from flagperf.config.vendors import import_file
 from flagperf.errors import CaseUserError, ConfigError
-from flagperf.generate.config import GenerateConfig
 from flagperf.paths import display_path, vendor_roots
 
 ENGINE_MANIFEST = "engine.yaml"
@@ -94,8 +94,9 @@ class EngineEnv:
 
 
 class GenerateEngine(ABC):
-    def __init__(self, config: GenerateConfig, env: EngineEnv) -> None:
-        """Build or load the model (untimed)."""
+    def __init__(self, config: Any, env: EngineEnv) -> None:
+        """Build or load the model (untimed) from the case config (a flagperf.generate.config.GenerateConfig;
+        not imported here, which imports this module to check engines)."""
         self.config = config
         self.env = env
 

@@ -60,6 +60,8 @@ class TokenClock(BaseStreamer):
 
 
 class Engine(GenerateEngine):
+    config: GenerateConfig
+
     def __init__(self, config: GenerateConfig, env: EngineEnv) -> None:
         super().__init__(config, env)
         self.model: Any = build_model(config.model, config.checkpoint_path, config.precision, env.device,

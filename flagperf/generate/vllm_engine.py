@@ -24,6 +24,8 @@ VLLM_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 class Engine(GenerateEngine):
+    config: GenerateConfig
+
     def __init__(self, config: GenerateConfig, env: EngineEnv) -> None:
         super().__init__(config, env)
         from vllm import LLM
