@@ -84,7 +84,7 @@ def serving_markdown(run_dir: Path, rows: pd.DataFrame | None) -> list[str]:
         cells = [e["case"], str(e["concurrency"]), _num(e.get("output_tokens_per_s.value")),
                  _num(e.get("tokens_per_s_per_user.value")), _num(e.get("requests_per_s.value")),
                  _triple(e, "ttft_s"), _triple(e, "tpot_s"), _triple(e, "itl_s"),
-                 "-" if mfu is None else f"{100 * mfu:.2f}%" + (" (above 100 %: check the peak)" if mfu > 1 else ""),
+                 "-" if mfu is None else f"{100 * mfu:.3g}%" + (" (above 100 %: check the peak)" if mfu > 1 else ""),
                  _num(e["energy_per_token_j"]), _num(e.get("rougeL.value"), 1.0, 3), str(e["rounds"])]
         lines.append("| " + " | ".join(cells) + " |")
     return [*lines, ""]

@@ -216,3 +216,44 @@ def test_a_bad_prompt_file_fails_the_round_as_a_user_error(tmp_path: Path) -> No
     result = read_result(tmp_path / "result.json")
     assert result.failure is not None and result.failure.kind == "user"
     assert result.failure.message.startswith(f"{bad}: line 2: not JSON")
+
+
+TINY_LLAMA = ["vocab_size=128", "hidden_size=32", "num_hidden_layers=2", "num_attention_heads=4",
+              "num_key_value_heads=2", "intermediate_size=64", "prompt_len=8", "new_tokens=5", "flops=1.0e5",
+              "batch_size=2"]
+
+
+def test_llama_decode_infer_decodes_with_the_kv_cache_through_an_engine_module(tmp_path: Path) -> None:
+    """An engine that exposes its module (as inductor does, compiled) decodes with the static KV cache: the
+    same greedy tokens as eager decoding, one yield per token; the first batch shape's decode is reported as
+    non-inference (a compile, with a compiler), later ones are not."""
+    from flagperf.inference.engines import EngineEnv as InferenceEnv
+    from flagperf.inference.engines import InferenceEngine
+
+    class ModuleEngine(InferenceEngine):
+        """The contract's module path with no compiler in between: the eager Decoder itself."""
+
+        def __init__(self, config: Any, onnx_path: Path | None, model: torch.nn.Module | None,
+                     env: InferenceEnv, *, engine_path: Path | None = None) -> None:
+            super().__init__(config, onnx_path, model, env, engine_path=engine_path)
+            self.module = model
+
+        def __call__(self, inputs: list[torch.Tensor]) -> tuple[list[torch.Tensor], float]:
+            raise AssertionError("the KV-cache path never calls the full-window forward")
+
+    module = load_case("llama-decode-infer").module
+    cfg = module.Config.model_validate(plan_run(cases=["llama-decode-infer"], sets=TINY_LLAMA,
+                                                results_dir="u").cases[0].config)
+    model = module.create_model(cfg).eval()
+    inputs = [next(iter(module.build_dataloader(cfg)))[0]]
+    engine = ModuleEngine(cfg, None, model, InferenceEnv(CPU, tmp_path, "llama-decode-infer", logging.getLogger()))
+    with torch.no_grad():
+        eager = list(module.model_forward(model, inputs))
+        steps, first_foo = module.engine_forward(engine, inputs)
+        cached = list(steps)
+        again, second_foo = module.engine_forward(engine, inputs)
+        assert torch.equal(list(again)[-1][0], cached[-1][0])
+    assert len(cached) == len(eager) == cfg.new_tokens + 1
+    assert cached[-1][0].shape == (2, cfg.new_tokens) and torch.equal(cached[-1][0], eager[-1][0])
+    assert [len(step) for step in cached[:-1]] == list(range(1, cfg.new_tokens + 1))
+    assert first_foo() > 0 and second_foo() == 0.0
