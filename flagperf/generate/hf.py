@@ -39,7 +39,8 @@ def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tup
 
 
 class TokenClock(BaseStreamer):
-    """Records each step's host-side time and tokens; the first put is the prompt itself."""
+    """Records each step's host-side time and tokens. generate first puts the prompt (batch x length), then
+    one token per request per step (a 1-D tensor): the prompt is told apart by its shape, not its order."""
 
     def __init__(self, traces: list[RequestTrace]) -> None:
         self.traces = traces
@@ -47,9 +48,10 @@ class TokenClock(BaseStreamer):
 
     def put(self, value: torch.Tensor) -> None:
         now = time.perf_counter()
-        if not self.prompt_seen:
+        if not self.prompt_seen and value.dim() == 2:
             self.prompt_seen = True
             return
+        self.prompt_seen = True
         tokens = value.reshape(len(self.traces), -1)[:, -1].tolist()
         for trace, token in zip(self.traces, tokens, strict=True):
             trace.token_times.append(now)
