@@ -74,6 +74,7 @@ def build_model(preset: str, checkpoint_path: str | None, precision: str, device
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.eval()
     model.generation_config.eos_token_id = None
+    model.generation_config.bos_token_id = None  # the prompts are given as ids: generate adds nothing
     return model
 
 

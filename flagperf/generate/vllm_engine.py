@@ -31,8 +31,11 @@ class Engine(GenerateEngine):
         from vllm import LLM
 
         hf_config = model_config(config.model, config.checkpoint_path)
-        with torch.device("meta"):  # the parameter count without allocating the weights
-            self._parameters = parameter_count(AutoModelForCausalLM.from_config(hf_config))
+        with torch.device("meta"):  # the parameter count (and the model class) without allocating the weights
+            skeleton = AutoModelForCausalLM.from_config(hf_config)
+        self._parameters = parameter_count(skeleton)
+        if not hf_config.architectures:  # vLLM picks its model class by this name; a preset's config has none
+            hf_config.architectures = [type(skeleton).__name__]
         self._vocab_size = int(hf_config.vocab_size)
         if config.checkpoint_path is not None:
             folder, load_format = config.checkpoint_path, "auto"
