@@ -46,7 +46,10 @@ class Engine(GenerateEngine):
         self.llm: Any = LLM(model=folder, skip_tokenizer_init=True, load_format=load_format,
                             dtype=VLLM_DTYPE[config.precision], seed=config.seed,
                             max_model_len=config.input_len + config.max_new_tokens,
-                            max_num_seqs=max(config.concurrency), enforce_eager=not config.compile)
+                            max_num_seqs=max(config.concurrency), enforce_eager=not config.compile,
+                            # Levels replay the same prompts: a prefix cache would serve their prefill from
+                            # memory and TTFT would no longer measure it.
+                            enable_prefix_caching=False)
         self._ids = itertools.count()
 
     @property
