@@ -203,10 +203,26 @@ def test_one_round_through_the_entry_and_the_report(tmp_path: Path) -> None:
     names = {m.name for m in result.metrics}
     assert {"output_tokens_per_s@c1", "ttft_s@c2", "tpot_s@c2", "itl_s@c1", "tokens_per_s_per_user@c2"} <= names
     assert result.measured_seconds > 0
+    # A power monitor's file beside the result, as the controller collects it: 100 W throughout, so each
+    # level's energy per output token is 100 W x its timed window / its output tokens.
+    window = [m.window for m in result.metrics if m.window]
+    start, end = min(w[0] for w in window) - 1.0, max(w[1] for w in window) + 1.0
+    steps = int((end - start) / 0.05) + 2
+    samples = [{"type": "sample", "t": start + 0.05 * i, "power_w": 100.0} for i in range(steps)]
+    (out / "monitor_system.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        {"type": "header", "monitor": "system", "interval_s": 0.05}, *samples]) + "\n", encoding="utf-8")
     build_report(run_dir)
     report = (run_dir / "report.md").read_text(encoding="utf-8")
     assert "## LLM serving (generate)" in report and "| tiny-llama-generate | 2 |" in report
     assert (run_dir / "plots" / "serving_tradeoff.png").stat().st_size > 0
+    from flagperf.results.serving import serving_levels
+    from flagperf.results.summary import summarize
+
+    for level in serving_levels(run_dir, summarize(run_dir).rows):
+        tokens = next(m for m in result.metrics if m.name == f"output_tokens_per_s@c{level['concurrency']}")
+        assert tokens.window is not None and tokens.work == 2 * 4
+        expected = 100.0 * (tokens.window[1] - tokens.window[0]) / tokens.work
+        assert level["energy_per_token_j"] == pytest.approx(expected, rel=1e-6)
 
 
 def test_a_bad_prompt_file_fails_the_round_as_a_user_error(tmp_path: Path) -> None:
