@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from flagperf.results.analysis import WindowStats, energy_per_work, read_monitors, window_stats, work_unit
+from flagperf.results.chipstate import CHIP_COLUMNS, chip_state, headline_state, render_chip_section, row_columns
 from flagperf.results.metrics import coefficient_of_variation
 from flagperf.results.schema import RESULT_FILE, Metric, RoundResult, read_result, write_json_atomic
 
@@ -31,7 +32,8 @@ MONITOR_COLUMNS = ["power_avg_w", "power_max_w", "energy_j", "energy_source", "e
                    "accel_mem_total_bytes"]
 ROW_COLUMNS = ["case", "family", "round", "host", "node_rank", "nnodes", "nproc_per_node", "status", "metric", "value",
                "unit", "p50", "cv_chunks", "mfu",
-               "peak", "peak_unit", "ratio", "convention", "peak_source", "message", "device", *MONITOR_COLUMNS]
+               "peak", "peak_unit", "ratio", "convention", "peak_source", "message", "device", *MONITOR_COLUMNS,
+               "note", *CHIP_COLUMNS]
 
 
 @dataclass
@@ -90,6 +92,12 @@ def _monitor_columns(stats: WindowStats, metric: Metric | None) -> dict[str, Any
     }
 
 
+def _chip_columns(monitors: list[Any], metric: Metric) -> dict[str, Any]:
+    """How the chip ran in the metric's timed region (flagperf.results.chipstate), and the metric's note."""
+    window = (metric.window[0], metric.window[1]) if metric.window else None
+    return {"note": metric.note, **row_columns(chip_state(monitors, window))}
+
+
 def _rows(results: list[tuple[Path, RoundResult]], notes: dict[str, None]) -> pd.DataFrame:
     rows: list[dict[str, Any]] = []
     for folder, r in results:
@@ -108,7 +116,7 @@ def _rows(results: list[tuple[Path, RoundResult]], notes: dict[str, None]) -> pd
                          "cv_chunks": m.cv, "peak": m.peak.value if m.peak else None,
                          "peak_unit": m.peak.unit if m.peak else None, "ratio": m.ratio,
                          "convention": m.convention, "peak_source": m.peak.source if m.peak else None,
-                         **_monitor_columns(stats, m)})
+                         **_monitor_columns(stats, m), **_chip_columns(monitors, m)})
             for note in stats.notes:
                 notes[note] = None
     return pd.DataFrame(rows, columns=ROW_COLUMNS)
@@ -161,6 +169,8 @@ def summarize(run_dir: Path) -> RunSummary:
             "case_rss_bytes_max": _max(group["case_rss_bytes_max"]),
             "accel_util_percent_mean": _mean(group["accel_util_percent_mean"]),
             "accel_mem_used_bytes_max": _max(group["accel_mem_used_bytes_max"]),
+            "chip": headline_state(group["chip_state"]),
+            "notes": list(dict.fromkeys(n for n in group["note"] if isinstance(n, str))),
         })
     not_measured = [
         {"case": r.case, "round": r.round, "host": r.host, "status": r.status,
@@ -269,6 +279,8 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = 
         lines += ["| " + " | ".join(HEADLINE_HEADER) + " |", "|" + "---|" * len(HEADLINE_HEADER)]
         lines += ["| " + " | ".join(headline_cells(e)) + " |" for e in summary.headline]
         lines.append("")
+    lines += render_chip_section(summary.headline)
+    lines += render_max_achievable(summary.headline)
     lines += render_monitor_section(summary)
     if summary.scaling:
         lines += ["## Scaling", "", "| case | metric | nodes | devices per node | devices | throughput | speed-up | "
@@ -303,6 +315,24 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = 
         for title, path in plots:
             lines += [f"### {title}", "", f"![{title}]({path.as_posix()})", ""]
     return "\n".join(lines)
+
+
+def render_max_achievable(headline: list[dict[str, Any]]) -> list[str]:
+    """Max-achievable figures (``<metric>_max``, from a shape search) beside their fixed-shape figures."""
+    fixed = {(e["case"], e["metric"]): e for e in headline}
+    pairs = [(fixed.get((e["case"], e["metric"].removesuffix("_max"))), e) for e in headline
+             if e["metric"].endswith("_max") and e.get("notes")]
+    if not pairs:
+        return []
+    lines = ["## Max-achievable (shape search) beside the fixed shape", "",
+             "| case | fixed shape | measured | max-achievable shape | measured | max / fixed |",
+             "|---|---|---|---|---|---|"]
+    for base, best in pairs:
+        base_value = f"{fmt(base['value'])} {base['unit']}" if base else "-"
+        gain = fmt_pct(best["value"] / base["value"]) if base and base["value"] else "-"
+        lines.append(f"| {best['case']} | {'; '.join(base['notes']) if base else '-'} | {base_value} | "
+                     f"{'; '.join(best['notes'])} | {fmt(best['value'])} {best['unit']} | {gain} |")
+    return [*lines, ""]
 
 
 MONITOR_HEADER = ["case", "metric", "avg power W", "max power W", "energy per work", "energy source",
