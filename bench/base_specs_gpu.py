@@ -307,7 +307,8 @@ def render(report: dict[str, Any]) -> str:
     if report["not_measured"]:
         lines += ["", "Not measured:", ""] + [f"- {c}: {s}" for c, s in report["not_measured"].items()]
     if report["checks"]:
-        lines += ["", "Checks (issue 12):", ""] + [f"- {'PASS' if ok else 'FAIL'}: {text}"
+        lines += ["", "Checks (issue 12)" + (" (informational in a --quick CPU run)" if report["quick"] else "") + ":",
+                  ""] + [f"- {'PASS' if ok else 'FAIL'}: {text}"
                                                    for text, ok in report["checks"]]
     return "\n".join(lines) + "\n"
 
@@ -403,7 +404,7 @@ def main() -> int:
         "command": shlex.join(["python", "bench/base_specs_gpu.py", *sys.argv[1:]]), "engine_path": args.engine,
         "seconds": seconds, "sweep_s": sweep_s, "run_dir": str(run_dir), "wall_s": time.perf_counter() - began,
         "engine_s": engine_s, "bare_s": bare_s, "rows": rows, "not_measured": not_measured,
-        "checks": checks, "engine_sets": sets,
+        "checks": checks, "engine_sets": sets, "quick": args.quick,
     }
     name = "base_specs_cpu_quick" if args.quick else "base_specs_gpu"
     args.out.mkdir(parents=True, exist_ok=True)
@@ -411,7 +412,8 @@ def main() -> int:
     text = render(report)
     (args.out / f"{name}.md").write_text(text, encoding="utf-8")
     print(text)
-    failed = [t for t, ok in checks if not ok]
+    # A CPU smoke run checks that the code runs end to end; its figures are a loaded 2-core VM's, not a chip's.
+    failed = [t for t, ok in checks if not ok] if not args.quick else []
     engine_failed = [c for c, s in not_measured.items() if not s.startswith("unsupported")]
     if engine_failed or failed:
         print(f"base_specs_gpu: FAILED: {len(engine_failed)} case(s) not measured ({', '.join(engine_failed)}), "

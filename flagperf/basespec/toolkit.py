@@ -6,7 +6,8 @@ A toolkit is a folder vendor_images/<vendor>/toolkits/<name>/ with toolkit.yaml:
   name, provides (the kind of program a case asks for: ``gemm``), description,
   requires     programs that must be on PATH to build it (a missing one: 'unsupported', with the reason)
   sources      the files whose content keys the build cache
-  build        the build command as a list ({binary} = the output path), run in the folder, no shell
+  build        the build command as a list ({binary} = the output path, {python} = this interpreter), run in
+               the folder, no shell
   precisions   case precision -> the program's name for it ({fp8_format} filled from the config)
 The program prints one JSON line: ``chunks`` [[iterations, seconds], ...] and ``window`` [start, end] epoch
 seconds of its timed region, plus anything else it wants recorded (kept in the metric's note); it exits 3
@@ -20,6 +21,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -95,7 +97,7 @@ def build(folder: Path, manifest: ToolkitManifest, cache: Path | None = None) ->
         return binary
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = out_dir / f".{manifest.name}.{os.getpid()}"  # a concurrent round never runs a half-written file
-    command = [part.replace("{binary}", str(staging)) for part in manifest.build]
+    command = [part.replace("{binary}", str(staging)).replace("{python}", sys.executable) for part in manifest.build]
     try:
         done = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
                               check=False)
