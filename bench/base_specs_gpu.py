@@ -317,17 +317,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="CPU smoke run: vendor cpu, tiny sizes")
     parser.add_argument("--vendor", default=None, help="default: nvidia (cpu with --quick)")
-    parser.add_argument("--seconds", type=float, default=None, help="measuring window per figure (default 4; 0.3 "
+    parser.add_argument("--seconds", type=float, default=None, help="measuring window per figure (default 3; 0.3 "
                         "with --quick)")
-    parser.add_argument("--sweep-seconds", type=float, default=None, help="BF16 shape search budget (default 40)")
+    parser.add_argument("--sweep-seconds", type=float, default=None, help="BF16 shape search budget (default 30)")
     parser.add_argument("--engine", choices=["prefect", "entry"], default="prefect")
     parser.add_argument("--interval", type=float, default=0.2, help="monitor sampling interval, seconds")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--results", type=Path, default=ROOT / "results", help="the engine's run folders")
     args = parser.parse_args()
     vendor = args.vendor or ("cpu" if args.quick else "nvidia")
-    seconds = args.seconds or (0.3 if args.quick else 4.0)
-    sweep_s = args.sweep_seconds or (2.0 if args.quick else 40.0)
+    seconds = args.seconds or (0.3 if args.quick else 3.0)
+    sweep_s = args.sweep_seconds or (2.0 if args.quick else 30.0)
     device = load_vendor(vendor).manifest.torch_device
     if device == "cuda" and not torch.cuda.is_available():
         print("base_specs_gpu: FAILED: vendor nvidia but torch sees no CUDA device", file=sys.stderr)
