@@ -167,6 +167,11 @@ def row_columns(state: ChipState | None) -> dict[str, Any]:
             "chip_state": json.dumps(asdict(state), sort_keys=True)}
 
 
+def window_columns(monitors: list[MonitorSeries], window: list[float] | None) -> dict[str, Any]:
+    """A summary row's chip columns for a metric's timed region ([start, end], or None: the whole round)."""
+    return row_columns(chip_state(monitors, (window[0], window[1]) if window else None))
+
+
 CHIP_COLUMNS = ["sm_clock_mean_mhz", "sm_clock_min_mhz", "sm_clock_max_mhz", "accel_power_mean_w", "power_limit_w",
                 "limiter", "limited", "chip_state"]
 

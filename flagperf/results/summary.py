@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from flagperf.results.analysis import WindowStats, energy_per_work, read_monitors, window_stats, work_unit
-from flagperf.results.chipstate import CHIP_COLUMNS, chip_state, headline_state, render_chip_section, row_columns
+from flagperf.results.chipstate import CHIP_COLUMNS, headline_state, render_chip_section, window_columns
 from flagperf.results.metrics import coefficient_of_variation
 from flagperf.results.schema import RESULT_FILE, Metric, RoundResult, read_result, write_json_atomic
 
@@ -92,12 +92,6 @@ def _monitor_columns(stats: WindowStats, metric: Metric | None) -> dict[str, Any
     }
 
 
-def _chip_columns(monitors: list[Any], metric: Metric) -> dict[str, Any]:
-    """How the chip ran in the metric's timed region (flagperf.results.chipstate), and the metric's note."""
-    window = (metric.window[0], metric.window[1]) if metric.window else None
-    return {"note": metric.note, **row_columns(chip_state(monitors, window))}
-
-
 def _rows(results: list[tuple[Path, RoundResult]], notes: dict[str, None]) -> pd.DataFrame:
     rows: list[dict[str, Any]] = []
     for folder, r in results:
@@ -116,7 +110,8 @@ def _rows(results: list[tuple[Path, RoundResult]], notes: dict[str, None]) -> pd
                          "cv_chunks": m.cv, "peak": m.peak.value if m.peak else None,
                          "peak_unit": m.peak.unit if m.peak else None, "ratio": m.ratio,
                          "convention": m.convention, "peak_source": m.peak.source if m.peak else None,
-                         **_monitor_columns(stats, m), **_chip_columns(monitors, m)})
+                         **_monitor_columns(stats, m), "note": m.note,
+                         **window_columns(monitors, m.window)})
             for note in stats.notes:
                 notes[note] = None
     return pd.DataFrame(rows, columns=ROW_COLUMNS)
