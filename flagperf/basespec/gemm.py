@@ -114,12 +114,12 @@ def operands(config: Config, device: torch.device, shape: Shape | None = None) -
         b = _values((n, k), pattern, FP8_DTYPES["e4m3"], device, generator).t()  # column-major [K, N]
         one = torch.ones((), dtype=torch.float32, device=device)
         out = torch.empty(m, n, dtype=torch.bfloat16, device=device)
-        return Operands(a, b, out, scale_a=one, scale_b=one.clone(), fast_accum=config.fp8_fast_accum)
+        return _tn(Operands(a, b, out, scale_a=one, scale_b=one.clone(), fast_accum=config.fp8_fast_accum))
     dtype = DTYPES[config.precision]
     a = _values((m, k), pattern, dtype, device, generator)
     if config.precision == "int8":
         b = _values((n, k), pattern, dtype, device, generator).t()  # column-major [K, N]
-        out = torch.empty(m, n, dtype=torch.int32, device=device)
+        return _tn(Operands(a, b, torch.empty(m, n, dtype=torch.int32, device=device)))
     else:
         b = _values((k, n), pattern, dtype, device, generator)
         out = torch.empty(m, n, dtype=dtype, device=device)
@@ -128,6 +128,14 @@ def operands(config: Config, device: torch.device, shape: Shape | None = None) -
 
 def is_column_major(t: torch.Tensor) -> bool:
     return t.dim() == 2 and t.stride(0) == 1 and t.stride(1) == t.shape[0]
+
+
+def _tn(ops: Operands) -> Operands:
+    """The layout the int8/fp8 kernels need, checked once: a row-major B would be refused or copied (6.6x)."""
+    if not (ops.a.is_contiguous() and is_column_major(ops.b)):
+        raise AssertionError(f"tensor-core GEMM operands must be A row-major and B column-major; got strides "
+                             f"{ops.a.stride()} and {ops.b.stride()}")
+    return ops
 
 
 def multiply(ops: Operands) -> None:

@@ -62,6 +62,12 @@ def test_int8_operands_are_tn_and_multiply_exactly() -> None:
     assert torch.equal(ops.out, ops.a.to(torch.int32) @ ops.b.to(torch.int32))  # int32 accumulate, exact
 
 
+def test_layout_check_refuses_a_row_major_b() -> None:
+    ops = gemm.operands(config("int8"), CPU)
+    with pytest.raises(AssertionError, match="B column-major"):
+        gemm._tn(gemm.Operands(ops.a, ops.b.contiguous(), ops.out))
+
+
 @pytest.mark.parametrize(("fmt", "a_type"), [("e4m3", torch.float8_e4m3fn), ("e5m2", torch.float8_e5m2)])
 def test_fp8_operands_and_scaled_multiply(fmt: str, a_type: torch.dtype) -> None:
     ops = gemm.operands(config("fp8", m=32, n=48, k=64, fp8_format=fmt), CPU)
