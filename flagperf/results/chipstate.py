@@ -28,7 +28,7 @@ WORDS = {
     "applications_clocks_setting": "held by the application clocks setting",
     "sync_boost": "held down by sync boost (another GPU of the group)",
     "display_clock_setting": "held by the display clock setting",
-    "gpu_idle": "idle",
+    "gpu_idle": "SMs idle",
 }
 
 
@@ -57,8 +57,9 @@ class ChipState:
 
     @property
     def limiters(self) -> list[tuple[str, float]]:
-        """Reasons over FLAG_SHARE, the largest first (idle included: a starved device is worth a flag)."""
-        return sorted(((r, s) for r, s in self.shares.items() if s >= FLAG_SHARE), key=lambda item: -item[1])
+        """Limits on the clock active in FLAG_SHARE of the samples or more, the largest first."""
+        return sorted(((r, s) for r, s in self.shares.items() if s >= FLAG_SHARE and r not in NOT_LIMITS),
+                      key=lambda item: -item[1])
 
     @property
     def flagged(self) -> bool:
@@ -69,9 +70,13 @@ class ChipState:
             return "no accelerator samples in the timed region"
         if not self.reasons_reported:
             return "throttle reasons not reported by the monitor"
+        # Idle SMs are said but not flagged: expected in a host-device transfer, a starved loop in a GEMM.
+        states = [(r, s) for r, s in self.shares.items() if r in NOT_LIMITS and s >= FLAG_SHARE]
+        parts = [f"{WORDS.get(r, r)} {s:.0%} of the timed region".replace("%", " %") for r, s in
+                 [*self.limiters, *states]]
         if not self.limiters:
-            return "not limited (no throttle reason in the timed region)"
-        return "; ".join(f"{WORDS.get(r, r)} {s:.0%} of the timed region".replace("%", " %") for r, s in self.limiters)
+            parts.insert(0, "not limited (no throttle reason in the timed region)")
+        return "; ".join(parts)
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "clock_ratio": self.clock_ratio, "power_ratio": self.power_ratio,

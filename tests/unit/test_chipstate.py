@@ -42,7 +42,8 @@ def test_whole_recording_names_idle_too() -> None:
     state = chip_state([read_monitor(DATA)], None)
     assert state is not None and state.samples == 40
     assert state.shares["gpu_idle"] == pytest.approx(15 / 40)
-    assert state.limiter_text() == "power-capped 60 % of the timed region; idle 38 % of the timed region"
+    assert state.limiter_text() == "power-capped 60 % of the timed region; SMs idle 38 % of the timed region"
+    assert state.limiters == [("sw_power_cap", 0.6)]
 
 
 def test_unlimited_and_unreported(tmp_path: Path) -> None:
@@ -104,7 +105,10 @@ def test_report_names_the_limiter(tmp_path: Path) -> None:
     summary = summarize(run)
     capped, searched = summary.headline
     assert capped["chip"]["limiter"] == "power-capped 96 % of the timed region" and capped["chip"]["flagged"]
-    assert searched["chip"]["limiter"] == "idle 100 % of the timed region"  # after the load: idle samples
+    # After the load: idle samples, said but not flagged (a transfer's SMs are idle too).
+    assert searched["chip"]["limiter"] == ("not limited (no throttle reason in the timed region); SMs idle 100 % of "
+                                           "the timed region")
+    assert not searched["chip"]["flagged"]
     row = summary.rows[summary.rows["metric"] == "gemm_bf16"].iloc[0]
     assert row["limiter"] == "power-capped 96 % of the timed region" and row["power_limit_w"] == 700
     text = render_markdown(summary)
