@@ -335,14 +335,20 @@ def main() -> int:
     began = time.perf_counter()
     run_id = f"base-specs-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}"
     sets = engine_sets(args.quick, seconds, sweep_s)
-    engine = engine_prefect if args.engine == "prefect" else engine_entry
+    engine_path = args.engine
     print(f"engine ({args.engine}): {len(CASES)} cases, vendor {vendor}, window {seconds} s ...", flush=True)
     try:
-        run_dir = engine(args.results, run_id, vendor, sets, args.interval)
-    except Exception as exc:  # the whole point is a table: say why there is none, in one line
-        print(f"base_specs_gpu: FAILED: the engine did not run ({type(exc).__name__}: "
-              f"{str(exc).splitlines()[0] if str(exc) else ''}); try --engine entry", file=sys.stderr)
-        return 1
+        run_dir = (engine_prefect if args.engine == "prefect" else engine_entry)(args.results, run_id, vendor, sets,
+                                                                                 args.interval)
+    except Exception as exc:  # the Prefect server did not start, the API is unreachable ...
+        why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        if args.engine != "prefect":
+            print(f"base_specs_gpu: FAILED: the engine did not run ({why})", file=sys.stderr)
+            return 1
+        print(f"the Prefect path failed ({why}); running each round through the in-host entry instead", flush=True)
+        engine_path = f"entry (the Prefect path failed: {why})"
+        run_id += "-entry"
+        run_dir = engine_entry(args.results, run_id, vendor, sets, args.interval)
     engine_s = time.perf_counter() - began
     summary = summarize(run_dir)
     chips = {(e["case"], e["metric"]): e.get("chip") for e in summary.headline}
@@ -401,7 +407,7 @@ def main() -> int:
     report = {
         "device": summary.context.get("device") or platform.processor(), "host": platform.node(),
         "torch": torch.__version__, "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": shlex.join(["python", "bench/base_specs_gpu.py", *sys.argv[1:]]), "engine_path": args.engine,
+        "command": shlex.join(["python", "bench/base_specs_gpu.py", *sys.argv[1:]]), "engine_path": engine_path,
         "seconds": seconds, "sweep_s": sweep_s, "run_dir": str(run_dir), "wall_s": time.perf_counter() - began,
         "engine_s": engine_s, "bare_s": bare_s, "rows": rows, "not_measured": not_measured,
         "checks": checks, "engine_sets": sets, "quick": args.quick,
