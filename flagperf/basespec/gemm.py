@@ -174,7 +174,7 @@ def _probe(config: Config, device: torch.device) -> None:
     """A tiny multiply first: an operation the backend lacks is 'unsupported', not a crash."""
     try:
         multiply(operands(config, device, Shape(32, 32, 32)))
-    except (RuntimeError, NotImplementedError, TypeError) as exc:
+    except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:  # e5m2 x e5m2: ValueError
         if not refusal(exc):
             raise
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -1,7 +1,9 @@
 """How the chip ran in a timed region (flagperf.results.chipstate), from sample files in the NVML monitor's format.
 
-data/monitor_nvml_h100_power_capped.jsonl holds 40 one-second samples of one H100 with the figures of the
-BF16 run in issue 12 (700 W limit, power-capped through the timed region [T0+5, T0+29], idle around it).
+data/monitor_nvml_h100_power_capped.jsonl holds 40 one-second samples of one H100 in the monitor's format, with
+the figures of the H100 probe's sustained BF16 GEMM (/work/devprobe, 2026-11-23: SM clock 1080-1605 MHz, median
+1395, power 657 W mean / 714 W max against a 700 W limit, SwPowerCap in 98 % of the samples): power-capped through
+the timed region [T0+5, T0+29] after one uncapped sample, idle around it.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ def test_power_capped_region() -> None:
     assert state is not None
     assert state.samples == 25
     assert state.sm_clock_max_mhz == 1980 and state.power_limit_w == 700
-    assert state.sm_clock_min_mhz == 1620
-    assert 1620 < state.sm_clock_mean_mhz < 1700  # type: ignore[operator]
+    assert state.sm_clock_min_mhz == 1080
+    assert 1350 < state.sm_clock_mean_mhz < 1450  # type: ignore[operator]
     assert state.shares["sw_power_cap"] == pytest.approx(24 / 25)
     assert state.shares["gpu_idle"] == 0 and state.shares["hw_thermal_slowdown"] == 0
     assert state.clock_ratio == pytest.approx(state.sm_clock_mean_mhz / 1980)  # type: ignore[operator]

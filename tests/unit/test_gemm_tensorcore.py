@@ -134,6 +134,7 @@ def test_backend_refusals_are_recognised() -> None:
                                      ">= 9.0 or 8.9, or ROCm MI300+"))
     assert gemm.refusal(NotImplementedError("Could not run 'aten::_int_mm' with arguments from the 'XPU' backend"))
     assert gemm.refusal(RuntimeError("_int_mm_out_cuda not implemented for this architecture"))
+    assert gemm.refusal(ValueError("Multiplication of two Float8_e5m2 matrices is not supported"))  # torch 2.11, H100
     assert not gemm.refusal(RuntimeError("CUDA error: an illegal memory access was encountered"))
 
 
