@@ -229,6 +229,8 @@ def bare_transfer(config: dict[str, Any], device: str, seconds: float) -> tuple[
 
 def bare_capacity(config: dict[str, Any], device: str) -> tuple[float, tuple[float, float]]:
     """Allocate and touch chunk_mib blocks (halving on refusal) until the device refuses or max_gib is held."""
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()  # the bare loops' cached blocks back to the device first
     limit = int(config["max_gib"] * 2**30) if config.get("max_gib") else None
     chunk, held, total, epoch = config["chunk_mib"] * 2**20, [], 0, time.time()
     while chunk >= 2**20 and (limit is None or total + chunk <= limit):
