@@ -33,7 +33,7 @@ MONITOR_COLUMNS = ["power_avg_w", "power_max_w", "energy_j", "energy_source", "e
 ROW_COLUMNS = ["case", "family", "round", "host", "node_rank", "nnodes", "nproc_per_node", "status", "metric", "value",
                "unit", "p50", "cv_chunks", "mfu",
                "peak", "peak_unit", "ratio", "convention", "peak_source", "message", "device", *MONITOR_COLUMNS,
-               "note", *CHIP_COLUMNS]
+               "note", "search", *CHIP_COLUMNS]
 
 
 @dataclass
@@ -111,6 +111,7 @@ def _rows(results: list[tuple[Path, RoundResult]], notes: dict[str, None]) -> pd
                          "peak_unit": m.peak.unit if m.peak else None, "ratio": m.ratio,
                          "convention": m.convention, "peak_source": m.peak.source if m.peak else None,
                          **_monitor_columns(stats, m), "note": m.note,
+                         "search": m.search.model_dump_json() if m.search else None,
                          **window_columns(monitors, m.window)})
             for note in stats.notes:
                 notes[note] = None
@@ -166,6 +167,7 @@ def summarize(run_dir: Path) -> RunSummary:
             "accel_mem_used_bytes_max": _max(group["accel_mem_used_bytes_max"]),
             "chip": headline_state(group["chip_state"]),
             "notes": list(dict.fromkeys(n for n in group["note"] if isinstance(n, str))),
+            "search": _best_search(group),
         })
     not_measured = [
         {"case": r.case, "round": r.round, "host": r.host, "status": r.status,
@@ -312,11 +314,18 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = 
     return "\n".join(lines)
 
 
+def _best_search(group: pd.DataFrame) -> dict[str, Any] | None:
+    """The shape search of the round with the highest figure (max-achievable metrics only)."""
+    searched = group[group["search"].notna()]
+    if searched.empty:
+        return None
+    return json.loads(searched.loc[searched["value"].astype(float).idxmax(), "search"])
+
+
 def render_max_achievable(headline: list[dict[str, Any]]) -> list[str]:
-    """Max-achievable figures (``<metric>_max``, from a shape search) beside their fixed-shape figures."""
+    """Max-achievable figures (a shape search's, ``<metric>_max``) beside their fixed-shape figures."""
     fixed = {(e["case"], e["metric"]): e for e in headline}
-    pairs = [(fixed.get((e["case"], e["metric"].removesuffix("_max"))), e) for e in headline
-             if e["metric"].endswith("_max") and e.get("notes")]
+    pairs = [(fixed.get((e["case"], e["metric"].removesuffix("_max"))), e) for e in headline if e.get("search")]
     if not pairs:
         return []
     lines = ["## Max-achievable (shape search) beside the fixed shape", "",

@@ -17,7 +17,7 @@ import pytest
 
 from flagperf.results.analysis import read_monitor
 from flagperf.results.chipstate import ChipState, chip_state, combine, render_chip_section
-from flagperf.results.schema import Metric, Peak, RoundResult, round_dir, write_result
+from flagperf.results.schema import Metric, Peak, RoundResult, ShapeSearch, round_dir, write_result
 from flagperf.results.summary import REPORT_MD, render_markdown, summarize, write_summary
 
 DATA = Path(__file__).parent / "data" / "monitor_nvml_h100_power_capped.jsonl"
@@ -98,7 +98,10 @@ def test_report_names_the_limiter(tmp_path: Path) -> None:
                       ratio=688.6 / 989, window=[WINDOW[0], WINDOW[1]], note="8192x8192 @ 8192x8192, normal data"),
                Metric(name="gemm_bf16_max", value=760.0, unit="TFLOPS", measured_seconds=2.0, peak=peak,
                       ratio=760 / 989, window=[T0 + 30, T0 + 32],
-                      note="best of 90 shapes searched in 60 s: 6144x2816 @ 2816x17920, normal data")]
+                      note="best of 90 shapes searched in 60 s: 6144x2816 @ 2816x17920, normal data",
+                      search=ShapeSearch(shape={"m": 6144, "n": 17920, "k": 2816}, search_value=771.0, shapes_tried=90,
+                                         budget_s=60, spent_s=60.2, stopped="budget",
+                                         ranges={a: [1024, 20480] for a in "mnk"}, step=256))]
     when = datetime(2026, 1, 2, tzinfo=UTC)
     write_result(folder / "result.json", RoundResult(
         run_id="run7", case="computation-BF16", family="base", round=1, host="gpu1", node_rank=0, vendor="nvidia",
@@ -119,6 +122,7 @@ def test_report_names_the_limiter(tmp_path: Path) -> None:
     assert "| 1980 | " not in text and "/ 1980 |" in text
     assert "## Max-achievable (shape search) beside the fixed shape" in text
     assert "6144x2816 @ 2816x17920" in text and "110.4%" in text
+    assert searched["search"]["shape"] == {"m": 6144, "n": 17920, "k": 2816} and capped["search"] is None
     write_summary(run, summary)
     on_disk = json.loads((run / "summary.json").read_text())
     assert on_disk["headline"][0]["chip"]["shares"]["sw_power_cap"] == pytest.approx(0.96)
