@@ -76,7 +76,8 @@ def run_base(case: CaseDef, config: CaseConfig, vendor: Vendor, spec: SpecTable,
              ) -> Outcome:
     timing = config.timing if isinstance(config, TimedCaseConfig) else TimingPlan(0, 1.0, 1)
     ctx = CaseContext(vendor.manifest.torch_device, spec, timing, log,
-                      shares_host_memory=vendor.manifest.shares_host_memory, job=job, out_dir=out_dir)
+                      shares_host_memory=vendor.manifest.shares_host_memory, job=job, out_dir=out_dir,
+                      vendor_folder=vendor.folder)
     try:
         metrics = case.module.run(config, ctx)
     except RuntimeError as exc:
