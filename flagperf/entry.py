@@ -34,8 +34,8 @@ from flagperf.errors import (
     ConfigError,
     Unsupported,
 )
-from flagperf.hosts.local import default_work_root
 from flagperf.generate.config import GenerateConfig
+from flagperf.hosts.local import default_work_root
 from flagperf.inference.config import InferenceConfig
 from flagperf.measure.casekit import CaseConfig, CaseContext, TimedCaseConfig
 from flagperf.measure.timing import TimingPlan

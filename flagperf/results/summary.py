@@ -19,8 +19,8 @@ import pandas as pd
 from flagperf.results.analysis import WindowStats, energy_per_work, read_monitors, window_stats, work_unit
 from flagperf.results.chipstate import CHIP_COLUMNS, headline_state, render_chip_section, window_columns
 from flagperf.results.metrics import coefficient_of_variation
-from flagperf.results.serving import serving_markdown
 from flagperf.results.schema import RESULT_FILE, Metric, RoundResult, read_result, write_json_atomic
+from flagperf.results.serving import serving_markdown
 
 SUMMARY_CSV = "summary.csv"
 ROUND_FOLDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*_noderank\d+")
