@@ -62,3 +62,31 @@ def test_a_generate_round_on_the_gpu_reports_mfu_against_bf16(tmp_path: Path, co
     tokens = next(m for m in result.metrics if m.name == "output_tokens_per_s@c8")
     assert result.status == "success" and tokens.work == 8 * 32
     assert tokens.mfu is not None and 0 < tokens.mfu < 1 and tokens.mfu_peak_key == "bf16"
+
+
+def test_llama_decode_infer_decodes_with_the_kv_cache_through_inductor_on_cuda(tmp_path: Path) -> None:
+    """The inductor engine's compiled module decodes with the static KV cache: the same greedy tokens as eager
+    decoding; the first decode (the compile) is non-inference time, the second is not."""
+    from flagperf.config.cases import load_case
+    from flagperf.inference.engines import EngineEnv as InferenceEnv
+    from flagperf.inference.engines import load_engine
+
+    sets = ["vocab_size=256", "hidden_size=64", "num_hidden_layers=2", "num_attention_heads=4",
+            "num_key_value_heads=2", "intermediate_size=128", "prompt_len=16", "new_tokens=8", "flops=1.0e6",
+            "batch_size=2", "compiler=inductor", "fp16=false"]
+    module = load_case("llama-decode-infer").module
+    cfg = module.Config.model_validate(plan_run(cases=["llama-decode-infer"], vendor="nvidia", sets=sets,
+                                                results_dir="u").cases[0].config)
+    model = module.create_model(cfg).eval().to(CUDA)
+    inputs = [next(iter(module.build_dataloader(cfg)))[0]]
+    env = InferenceEnv(device=CUDA, work_dir=tmp_path, case="llama-decode-infer", log=logging.getLogger("t"))
+    engine = load_engine("nvidia", "inductor").engine_class()(cfg, None, model, env)
+    assert engine.module is not None
+    with torch.no_grad():
+        eager = list(module.model_forward(model, [inputs[0].to(CUDA)]))[-1][0].cpu()
+        steps, first = module.engine_forward(engine, inputs)
+        cached = list(steps)[-1][0]
+        steps, second = module.engine_forward(engine, inputs)
+        again = list(steps)[-1][0]
+    assert torch.equal(cached, eager) and torch.equal(again, eager)
+    assert first() > 0 and second() == 0.0
