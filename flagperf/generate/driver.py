@@ -19,7 +19,14 @@ from flagperf.generate.config import GenerateConfig
 from flagperf.generate.engines import EngineEnv, GenerateEngine, RequestTrace, load_engine
 from flagperf.generate.metrics import level_metrics, level_stats, rouge_metrics
 from flagperf.generate.models import model_config
-from flagperf.generate.prompts import PromptSet, file_prompts, rouge_scores, synthetic_prompts, tokenizer_for
+from flagperf.generate.prompts import (
+    PromptSet,
+    file_prompts,
+    require_rouge,
+    rouge_scores,
+    synthetic_prompts,
+    tokenizer_for,
+)
 from flagperf.results.schema import Metric, SpecTable
 
 Config = GenerateConfig
@@ -45,7 +52,10 @@ def load_prompts(config: GenerateConfig) -> tuple[PromptSet, int]:
                             f"model's {limit} positions")
     tokenizer = tokenizer_for(config.checkpoint_path, int(hf_config.vocab_size))
     if config.prompts_path is not None:
-        return file_prompts(config.prompts_path, tokenizer, config.input_len), tokenizer.pad_id
+        prompts = file_prompts(config.prompts_path, tokenizer, config.input_len)
+        if prompts.has_references:
+            require_rouge()
+        return prompts, tokenizer.pad_id
     count = min(MAX_SYNTHETIC, max(max(config.concurrency), config.requests or 0))
     return synthetic_prompts(count, config.input_len, int(hf_config.vocab_size), config.seed), tokenizer.pad_id
 

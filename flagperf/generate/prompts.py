@@ -5,6 +5,7 @@ for random weights, through a byte tokenizer (one id per UTF-8 byte), so no down
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,13 +145,18 @@ def file_prompts(path: str, tokenizer: Tokenizer, max_len: int) -> PromptSet:
     return PromptSet(prompts, f"{path}: {len(prompts)} prompts of {min(lengths)}-{max(lengths)} tokens")
 
 
+def require_rouge() -> None:
+    """A prompt file with references is scored: without the package that is one line, before any decoding."""
+    if importlib.util.find_spec("rouge_score") is None:
+        raise CaseUserError("the prompt file has references, and ROUGE needs the rouge-score package: "
+                            "pip install 'flagperf-prefect[generate]'")
+
+
 def rouge_scores(predictions: list[str], references: list[str]) -> dict[str, float]:
     """Mean ROUGE-1/2/L F1 (Google's rouge-score package, as FlagPerf's XSum case reports them)."""
-    try:
-        from rouge_score import rouge_scorer
-    except ImportError:
-        raise CaseUserError("ROUGE needs the rouge-score package: pip install 'flagperf-prefect[generate]'"
-                            ) from None
+    require_rouge()
+    from rouge_score import rouge_scorer
+
     scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
     totals = {"rouge1": 0.0, "rouge2": 0.0, "rougeL": 0.0}
     for prediction, reference in zip(predictions, references, strict=True):
