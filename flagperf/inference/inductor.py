@@ -67,6 +67,7 @@ class Engine(InferenceEngine):
             model = ChannelsLast(model.to(memory_format=torch.channels_last))
         self.cuda_graphs = self.options.inductor_mode in CUDA_GRAPH_MODES and env.device.type == "cuda"
         self.compiled = torch.compile(model, backend="inductor", mode=self.options.inductor_mode, dynamic=False)
+        self.module = self.compiled
         self.seen: set[tuple[Any, ...]] = set()
         env.log.info("inductor: mode %s, channels_last %s, CUDA graphs %s", self.options.inductor_mode,
                      channels_last, self.cuda_graphs)
