@@ -13,22 +13,29 @@ from flagperf.training.data import ImageFolder
 
 
 class SyntheticDataset(Dataset[tuple[torch.Tensor | tuple[torch.Tensor, ...], int]]):
-    """Deterministic random inputs (no labels worth scoring): the pipeline reports throughput only."""
+    """Deterministic random inputs (no labels worth scoring): the pipeline reports throughput only.
+
+    A pool of at most ``POOL`` distinct items is made once, here, before any worker forks (the workers share
+    it copy-on-write), and item i is pool item i % POOL: making a 3x224x224 image from a random generator
+    costs milliseconds, and at an accelerator's thousands of images per second the generators, not the
+    engine, would set ``whole``."""
 
     synthetic = True
+    POOL = 64
 
     def __init__(self, count: int, make: Callable[[torch.Generator], torch.Tensor | tuple[torch.Tensor, ...]],
                  description: str, seed: int = 0) -> None:
         self.count = count
-        self.make = make
         self.seed = seed
-        self.description = f"synthetic: {count} x {description} (no data set given)"
+        self.pool = [make(torch.Generator().manual_seed(seed * 1_000_003 + i)) for i in range(min(count, self.POOL))]
+        repeated = f", {len(self.pool)} distinct, repeated" if count > len(self.pool) else ""
+        self.description = f"synthetic: {count} x {description}{repeated} (no data set given)"
 
     def __len__(self) -> int:
         return self.count
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor | tuple[torch.Tensor, ...], int]:
-        return self.make(torch.Generator().manual_seed(self.seed * 1_000_003 + index)), -1
+        return self.pool[index % len(self.pool)], -1
 
 
 class ImageFolderDataset(ImageFolder):

@@ -185,7 +185,7 @@ def resized(scenario: str, expected: dict[str, float], detail: dict[str, Any]) -
     return new
 
 
-def test_settings(c: InferenceConfig, scenario: str, expected: dict[str, float], model_name: str
+def scenario_settings(c: InferenceConfig, scenario: str, expected: dict[str, float], model_name: str
                   ) -> tuple[Any, dict[str, Any]]:
     """LoadGen's TestSettings for a scenario, and what was asked of it (LoadGen logs what it made of it).
     MLPerf's mlperf.conf / a user.conf, when given, are read last: their rules win over ours."""
@@ -232,7 +232,7 @@ def run_scenario(c: InferenceConfig, sut: EngineSUT, scenario: str, expected: di
     relative = Path("loadgen") / scenario  # result.json names the folder inside the round's results
     log_dir = out_dir / relative
     for attempt in range(1, c.loadgen_max_attempts + 1):
-        settings, asked = test_settings(c, scenario, expected, model_name)
+        settings, asked = scenario_settings(c, scenario, expected, model_name)
         log_dir.mkdir(parents=True, exist_ok=True)
         log_settings = lg.LogSettings()
         log_settings.log_output.outdir = str(log_dir)
