@@ -262,7 +262,7 @@ def step_validation(run: InferenceRun) -> None:
 
 
 @contextmanager
-def _export_precision(run: InferenceRun, half: bool) -> Iterator[None]:
+def _export_precision(half: bool) -> Iterator[None]:
     """FP16 export: the model in FP16, and the case's example inputs made in FP16 (they are made with
     torch's default dtype)."""
     if not half:
@@ -288,7 +288,7 @@ def step_export(run: InferenceRun) -> None:
     model = copy.deepcopy(run.model.cpu())
     model = (model.half() if half else model.float()).eval()
     run.model.to(run.device)
-    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad(), _export_precision(run, half):
+    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad(), _export_precision(half):
         warnings.simplefilter("ignore")  # torch's exporters warn at length about tracing; the file is checked
         run.module.export_model(model, run.config, path)
     if not path.is_file() or path.stat().st_size == 0:

@@ -727,3 +727,14 @@ def test_the_report_says_which_memory_it_shows() -> None:
     assert case_memory_cell({"case_pss_bytes_max": 0.5 * gib, "case_uss_bytes_max": 0.25 * gib,
                              "case_rss_bytes_max": 1.5 * gib}) == "PSS 0.5, USS 0.25"
     assert case_memory_cell({"case_rss_bytes_max": 1.5 * gib}) == "RSS (summed) 1.5"
+
+
+def test_the_report_lists_the_figures_warnings() -> None:
+    import pandas as pd
+
+    from flagperf.results.summary import RunSummary, render_warnings
+
+    summary = RunSummary(run_id="r", rows=pd.DataFrame(), not_measured=[], counts={},
+                         headline=[{"case": "digits-infer", "metric": "validation_core", "warnings": ["far"]},
+                                   {"case": "digits-infer", "metric": "inference_core", "warnings": []}])
+    assert render_warnings(summary) == ["## Warnings", "", "- digits-infer / validation_core: far", ""]
