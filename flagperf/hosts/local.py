@@ -66,8 +66,11 @@ class Host(ABC):
     def write_text(self, path: Path, text: str) -> None: ...
 
     @abstractmethod
-    def fetch_tree(self, remote: Path, local: Path) -> None:
-        """Copy the folder ``remote`` on the host to ``local`` on the controller."""
+    def fetch_tree(self, remote: Path, local: Path) -> dict[str, int]:
+        """Copy the regular files under the folder ``remote`` on the host to ``local`` on the controller,
+        flushed to disk; links are neither followed nor copied (a case cannot make the controller copy
+        what it links to). Returns the size of every file it was asked to copy, by relative path, so the
+        caller can read the copy back before deleting the original."""
 
     @abstractmethod
     def remove_tree(self, remote: Path) -> None: ...
@@ -176,8 +179,24 @@ class LocalHost(Host):
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(path)
 
-    def fetch_tree(self, remote: Path, local: Path) -> None:
-        shutil.copytree(remote, local, dirs_exist_ok=True)
+    def fetch_tree(self, remote: Path, local: Path) -> dict[str, int]:
+        sizes: dict[str, int] = {}
+        for folder, dirs, files in os.walk(remote):  # os.walk does not descend into linked folders
+            source_dir = Path(folder)
+            target_dir = local / source_dir.relative_to(remote)
+            target_dir.mkdir(parents=True, exist_ok=True)
+            dirs[:] = [d for d in dirs if not (source_dir / d).is_symlink()]
+            for name in files:
+                source = source_dir / name
+                info = source.lstat()
+                if not stat.S_ISREG(info.st_mode):
+                    continue
+                with source.open("rb") as src, (target_dir / name).open("wb") as dst:
+                    shutil.copyfileobj(src, dst)
+                    dst.flush()
+                    os.fsync(dst.fileno())
+                sizes[str(source.relative_to(remote))] = info.st_size
+        return sizes
 
     def remove_tree(self, remote: Path) -> None:
         shutil.rmtree(remote, ignore_errors=True)

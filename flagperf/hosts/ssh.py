@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import posixpath
 import shlex
 import stat
@@ -306,19 +307,25 @@ class SshHost(Host):
                 return False
             return True
 
-    def fetch_tree(self, remote: Path, local: Path) -> None:
+    def fetch_tree(self, remote: Path, local: Path) -> dict[str, int]:
+        sizes: dict[str, int] = {}
         with self._sftp() as sftp:
             stack = [(str(remote), local)]
             while stack:
                 folder, target = stack.pop()
                 target.mkdir(parents=True, exist_ok=True)
-                for entry in sftp.listdir_attr(folder):
+                for entry in sftp.listdir_attr(folder):  # lstat-like: links are S_ISLNK, never followed
                     source = posixpath.join(folder, entry.filename)
                     mode = entry.st_mode or 0
                     if stat.S_ISDIR(mode):
                         stack.append((source, target / entry.filename))
                     elif stat.S_ISREG(mode):
-                        sftp.get(source, str(target / entry.filename))
+                        with (target / entry.filename).open("wb") as dst:
+                            sftp.getfo(source, dst)
+                            dst.flush()
+                            os.fsync(dst.fileno())
+                        sizes[posixpath.relpath(source, str(remote))] = int(entry.st_size or 0)
+        return sizes
 
     def remove_tree(self, remote: Path) -> None:
         if str(remote) in ("", "/") or not PurePosixPath(remote).is_relative_to(self.work_root):

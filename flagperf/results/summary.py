@@ -18,7 +18,7 @@ import pandas as pd
 
 from flagperf.results.analysis import WindowStats, energy_per_work, read_monitors, window_stats, work_unit
 from flagperf.results.metrics import coefficient_of_variation
-from flagperf.results.schema import RESULT_FILE, Metric, RoundResult, read_result, write_json_atomic
+from flagperf.results.schema import RESULT_FILE, Metric, RoundResult, read_result, write_json_atomic, write_text_atomic
 
 SUMMARY_CSV = "summary.csv"
 ROUND_FOLDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*_noderank\d+")
@@ -338,13 +338,9 @@ def render_monitor_section(summary: RunSummary) -> list[str]:
 def write_summary(run_dir: Path, summary: RunSummary, plots: list[tuple[str, Path]] | None = None
                   ) -> dict[str, Path]:
     paths = {"csv": run_dir / SUMMARY_CSV, "json": run_dir / SUMMARY_JSON, "markdown": run_dir / REPORT_MD}
-    tmp_csv = paths["csv"].with_name(f".{SUMMARY_CSV}.tmp")
-    summary.rows.to_csv(tmp_csv, index=False)
-    tmp_csv.replace(paths["csv"])
+    write_text_atomic(paths["csv"], summary.rows.to_csv(index=False))
     write_json_atomic(paths["json"], summary.to_json())
-    tmp_md = paths["markdown"].with_name(f".{REPORT_MD}.tmp")
-    tmp_md.write_text(render_markdown(summary, plots), encoding="utf-8")
-    tmp_md.replace(paths["markdown"])
+    write_text_atomic(paths["markdown"], render_markdown(summary, plots))
     return paths
 
 
