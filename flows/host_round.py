@@ -18,7 +18,7 @@ from flagperf.errors import InfrastructureFailure, RoundUserFailure
 from flagperf.hosts.fleet import open_host, runtime_for
 from flagperf.hosts.health import HealthReport
 from flagperf.hosts.local import Host
-from flagperf.hosts.inventory import HostSpec
+from flagperf.hosts.inventory import HostSpec, host_spec
 from flagperf.config.job import Job
 from flagperf.config.plan import PLAN_FILE, CasePlan, RunPlan
 from flagperf.results.provenance import library_versions
@@ -52,7 +52,7 @@ def host_round(run_dir: str, case: str, round_no: int, host: dict[str, Any], nod
     on_host: this flow runs on the host itself (dispatched to its worker), so the host is local here and
     run_dir must be the shared results folder. Returns the round's result (also in its result.json).
     """
-    spec = HostSpec.model_validate(host)
+    spec = host_spec(host)  # the real values, when this process loaded them
     plan = read_plan(Path(run_dir))
     case_plan = next(c for c in plan.cases if c.name == case)
     target = open_host(spec, on_host=on_host)
@@ -67,7 +67,7 @@ def host_round(run_dir: str, case: str, round_no: int, host: dict[str, Any], nod
 @flow(name="host-healthcheck", flow_run_name="healthcheck@{host[name]}", log_prints=True)
 def host_healthcheck(host: dict[str, Any], vendor: str, run_dir: str, on_host: bool = False) -> bool:
     """The healthcheck of one host, run on the host's worker; the report lands in the (shared) run folder."""
-    spec = HostSpec.model_validate(host)
+    spec = host_spec(host)  # the real values, when this process loaded them
     report: HealthReport = healthcheck(open_host(spec, on_host=on_host), spec, vendor, Path(run_dir))
     return report.ok
 

@@ -4,7 +4,10 @@ Two formats, one model:
   * the native inventory (YAML, see deployments/inventories/example.yaml): ``defaults`` + ``hosts``;
   * FlagPerf's own host.yaml (HOSTS, SSH_PORT, VENDOR, CASES, SHM_SIZE, ACCE_CONTAINER_OPT,
     ACCE_VISIBLE_DEVICE_ENV_NAME, MASTER_PORT ...), read with FlagPerf's meaning by ``load_host_yaml``.
-No secrets live here: keys are file paths (or the SSH agent), passwords are not accepted.
+No secrets live here: keys are file paths (or the SSH agent), passwords are not accepted. Environment
+values and build args may be ``${NAME}`` references to the controller's (or a host worker's) environment;
+every value given literally is masked wherever a spec is written down (plan.json, Prefect parameters, job
+files), and subflows in this process get the real spec back from ``host_spec``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_serializer, field_validator, model_validator
 
 from flagperf.config.models import StrictModel, check_name, pydantic_error_to_config_error
 from flagperf.errors import ConfigError
@@ -24,6 +27,8 @@ from flagperf.paths import display_path
 from flagperf.config.yamlio import load_yaml_mapping
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")  # ${NAME}: a value taken from the environment
+MASK = "<masked>"  # what a literal value looks like wherever a spec is written down
 # Host names and addresses reach ssh/paramiko and docker labels: no spaces, no option-like leading '-'.
 ADDRESS = re.compile(r"^[A-Za-z0-9_.:\[\]%-]+$")
 DEFAULT_MASTER_PORT = 29501
@@ -51,12 +56,31 @@ class DockerSpec(StrictModel):
                 raise ValueError(f"build arg name {name!r} is not a valid name")
         return value
 
+    @field_validator("extra_options")
+    @classmethod
+    def _options(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_container_options(value)  # refused options are refused where they are written
+        return value
+
+    @field_serializer("build_args", when_used="json")
+    def _mask_args(self, value: dict[str, str]) -> dict[str, str]:
+        return mask_values(value)
+
+    @field_serializer("extra_options", when_used="json")
+    def _mask_options(self, value: str | None) -> str | None:
+        return mask_container_options(value) if value else value
+
+    def runtime_build_args(self, host: str) -> dict[str, str]:
+        return resolve_values(self.build_args, host, "docker.build_args")
+
     @field_validator("data_mounts")
     @classmethod
     def _absolute(cls, value: list[str]) -> list[str]:
         for path in value:
             if not path.startswith("/") or ":" in path:
                 raise ValueError(f"data mount {path!r} must be an absolute path without ':'")
+            check_volume(f"{path}:{path}:ro")
         return value
 
 
@@ -150,6 +174,14 @@ class HostSpec(StrictModel):
                 raise ValueError(f"environment variable name {name!r} is not valid")
         return value
 
+    @field_serializer("env", when_used="json")
+    def _mask_env(self, value: dict[str, str]) -> dict[str, str]:
+        return mask_values(value)
+
+    def runtime_env(self) -> dict[str, str]:
+        """The environment the inventory gives this host's cases, references resolved here."""
+        return resolve_values(self.env, self.name, "env")
+
     @model_validator(mode="after")
     def _defaults(self) -> HostSpec:
         if self.transport is None:
@@ -226,6 +258,48 @@ class Inventory:
         raise KeyError(name)
 
 
+def mask_values(values: dict[str, str]) -> dict[str, str]:
+    """References stay (they name a variable, not its value); literal values are masked."""
+    return {name: value if REFERENCE.match(value) else MASK for name, value in values.items()}
+
+
+def mask_container_options(text: str) -> str:
+    tokens = shlex.split(text)
+    for i, token in enumerate(tokens):
+        option, eq, value = token.partition("=")
+        if option in ("-e", "--env") and eq and "=" in value:  # --env=NAME=VALUE
+            tokens[i] = f"{option}={value.partition('=')[0]}={MASK}"
+        elif token in ("-e", "--env") and i + 1 < len(tokens) and "=" in tokens[i + 1]:
+            tokens[i + 1] = f"{tokens[i + 1].partition('=')[0]}={MASK}"
+    return shlex.join(tokens)
+
+
+def resolve_values(values: dict[str, str], host: str, key: str) -> dict[str, str]:
+    import os
+
+    resolved: dict[str, str] = {}
+    for name, value in values.items():
+        if value == MASK:
+            raise ConfigError(f"host {host}", f"{key}.{name}", "given literally in the inventory, and literal values "
+                              "are never sent to a host's worker: write ${VARIABLE} and set it in its environment")
+        ref = REFERENCE.match(value)
+        if ref and ref.group(1) not in os.environ:
+            raise ConfigError(f"host {host}", f"{key}.{name}", f"refers to ${{{ref.group(1)}}}, which is not set")
+        resolved[name] = os.environ[ref.group(1)] if ref else value
+    return resolved
+
+
+# The specs loaded in this process, by their masked form: a subflow given a masked spec as its parameter
+# gets the real one back (a worker on another machine does not: literal values never leave the controller).
+_LOADED: dict[str, HostSpec] = {}
+
+
+def host_spec(data: dict[str, Any]) -> HostSpec:
+    """A host spec from its written-down (masked) form, with its real values when this process loaded it."""
+    spec = HostSpec.model_validate(data)
+    return _LOADED.get(spec.model_dump_json(), spec)
+
+
 def local_inventory() -> Inventory:
     """The embedded default: the controller machine, plain processes, no SSH."""
     return Inventory(hosts=[HostSpec(name="localhost", transport="local")], source="(embedded default)")
@@ -265,6 +339,13 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
     for i, spec in enumerate(hosts):
         if spec.key_file is not None and not spec.key_file.is_file():
             raise ConfigError(source, f"hosts.{i}.key_file", f"{spec.key_file} does not exist")
+        if spec.agent is None:  # the controller starts this host's cases: its references must resolve here
+            for key, values in (("env", spec.env), ("docker.build_args", spec.docker.build_args)):
+                try:
+                    resolve_values(values, spec.name, key)
+                except ConfigError as exc:
+                    raise ConfigError(source, f"hosts.{i}.{exc.key}", exc.message) from None
+        _LOADED[spec.model_dump_json()] = spec
     return Inventory(hosts=hosts, source=source, vendor=parsed.vendor, master_port=parsed.master_port)
 
 
@@ -411,18 +492,75 @@ def parse_container_options(text: str) -> ContainerExtras:
             value = tokens[i + 1]
             i += 2
         if option == "--gpus":
+            if not GPUS.fullmatch(value.strip('"')):
+                raise ValueError(f"--gpus {value!r}: expected all, a count or device=<ids>")
             extras.gpus = value
         elif option == "--device":
-            extras.devices.append(value)
+            extras.devices.append(check_device(value))
         elif option in ("-e", "--env"):
             name, sep, val = value.partition("=")
             if not sep or not ENV_NAME.match(name):
-                raise ValueError(f"{option} {value!r} must be NAME=VALUE")
+                raise ValueError(f"{option} {name!r} must be NAME=VALUE")
             extras.env[name] = val
         elif option in ("-v", "--volume"):
-            extras.mounts.append(value)
+            extras.mounts.append(check_volume(value))
         elif option == "--ipc":
+            if value not in ("host", "private", "shareable", "none"):
+                raise ValueError(f"--ipc {value!r}: expected host, private, shareable or none")
             extras.ipc = value
         else:
+            if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}", value):
+                raise ValueError(f"--group-add {value!r}: expected a group name or number")
             extras.group_add.append(value)
     return extras
+
+
+GPUS = re.compile(r"all|\d{1,3}|device=[A-Za-z0-9-]+(,[A-Za-z0-9-]+)*")
+# Host paths a container must never get: the container engine's own socket (full control of the host),
+# the host's root, system and kernel folders.
+FORBIDDEN_SOURCES = ("/", "/etc", "/root", "/boot", "/proc", "/sys", "/dev", "/run", "/var/run", "/var/lib/docker",
+                     "/var/lib/containerd", "/usr", "/bin", "/sbin", "/lib", "/home")
+FORBIDDEN_UNDER = ("/proc", "/sys", "/run", "/var/run", "/var/lib/docker", "/var/lib/containerd", "/etc", "/boot")
+VOLUME_OPTIONS = {"ro", "rw", "z", "Z", "shared", "slave", "private", "rshared", "rslave", "rprivate", "nocopy",
+                  "consistent", "cached", "delegated"}
+# Devices that give the container the host's memory or raw disks.
+FORBIDDEN_DEVICES = re.compile(r"/dev/(mem|kmem|port|sd[a-z].*|hd[a-z].*|vd[a-z].*|xvd[a-z].*|nvme\d+n\d+.*|"
+                               r"disk/.*|mapper/.*|dm-\d+|loop.*|md\d+)")
+
+
+def _clean_path(path: str, what: str) -> str:
+    if not path.startswith("/") or any(part == ".." for part in path.split("/")):
+        raise ValueError(f"{what} {path!r} must be an absolute path without '..'")
+    return "/" + "/".join(part for part in path.split("/") if part not in ("", "."))
+
+
+def check_volume(value: str) -> str:
+    """-v SRC:DST[:OPTS] (and data mounts): SRC a host folder, not the engine's socket or a system folder."""
+    parts = value.split(":")
+    if len(parts) not in (2, 3):
+        raise ValueError(f"-v {value!r}: expected HOST_PATH:CONTAINER_PATH[:ro]")
+    source = _clean_path(parts[0], "-v host path")
+    _clean_path(parts[1], "-v container path")
+    if len(parts) == 3 and not set(parts[2].split(",")) <= VOLUME_OPTIONS:
+        raise ValueError(f"-v {value!r}: unknown mount option {parts[2]!r}")
+    if (source in FORBIDDEN_SOURCES or source.endswith(".sock") or "docker.sock" in source
+            or any(source.startswith(f"{folder}/") for folder in FORBIDDEN_UNDER)):
+        raise ValueError(f"-v {parts[0]!r} is refused: a container must not get the host's system folders or its "
+                         "container engine's socket")
+    return value
+
+
+def check_device(value: str) -> str:
+    """--device HOST[:CONTAINER[:PERMS]], HOST a device under /dev that is not memory or a raw disk."""
+    parts = value.split(":")
+    if len(parts) > 3:
+        raise ValueError(f"--device {value!r}: expected HOST_DEVICE[:CONTAINER_DEVICE[:rwm]]")
+    device = _clean_path(parts[0], "--device")
+    if not device.startswith("/dev/") or FORBIDDEN_DEVICES.fullmatch(device):
+        raise ValueError(f"--device {parts[0]!r} is refused: an accelerator device under /dev is expected, not "
+                         "memory or a disk")
+    if len(parts) > 1 and parts[1]:
+        _clean_path(parts[1], "--device container path")
+    if len(parts) == 3 and not re.fullmatch(r"[rwm]{1,3}", parts[2]):
+        raise ValueError(f"--device {value!r}: permissions are some of r, w, m")
+    return value

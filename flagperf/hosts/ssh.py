@@ -72,6 +72,7 @@ class SshHost(Host):
         self.project_root = Path(spec.project_root or PROJECT_ROOT)
         self.python = spec.python or DEFAULT_PYTHON
         self.work_root = Path(spec.work_root or f"/tmp/flagperf-work-{spec.ssh_user()}")
+        self.shared_tmp_work_root = spec.work_root is None  # in /tmp: nobody else may even read it
         self._client: paramiko.SSHClient | None = None
         self._lock = threading.Lock()
         self._keepalive: tuple[paramiko.Channel, int] | None = None
@@ -147,7 +148,7 @@ class SshHost(Host):
 
     def remote_environment(self) -> dict[str, str]:
         env = {"PYTHONPATH": str(self.project_root), "PYTHONUNBUFFERED": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-        env.update(self.spec.env)
+        env.update(self.spec.runtime_env())
         return env
 
     def command_line(self, argv: list[str]) -> str:
@@ -260,6 +261,12 @@ class SshHost(Host):
 
     def disk_free(self, path: Path) -> int:
         return int(self._agent_json("disk-free", str(path))["free"])
+
+    def work_root_problem(self) -> str | None:
+        """Why the work root is not the SSH user's own folder (made 0700 if missing), or None: checked as the
+        local one is, since jobs and results pass through it."""
+        args = ["work-root", str(self.work_root)] + (["--strict"] if self.shared_tmp_work_root else [])
+        return self._agent_json(*args).get("problem")
 
     def info(self) -> dict[str, Any]:
         return self._agent_json("info")
