@@ -52,8 +52,16 @@ def pydantic_error_to_config_error(exc: ValidationError, source: str, origins: d
     return ConfigError(where, key, message)
 
 
+# The keys of a vendor's spec table a case may be measured against (every vendor's spec module uses them).
+PEAK_KEYS = frozenset({"fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8", "memory_bandwidth", "memory_capacity",
+                       "h2d_bandwidth", "d2h_bandwidth", "p2p_bandwidth", "allreduce_bandwidth",
+                       "internode_bandwidth"})
+
+
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a value of the wrong type is an error, never converted ("3" is not a number, 1 is not true);
+    # path fields opt out with Field(strict=False), since a path in YAML is a string.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class CaseManifest(StrictModel):
@@ -80,6 +88,13 @@ class CaseManifest(StrictModel):
     @classmethod
     def _name(cls, value: str) -> str:
         return check_name(value, "case name")
+
+    @field_validator("peak")
+    @classmethod
+    def _peak(cls, value: str | None) -> str | None:
+        if value is not None and value not in PEAK_KEYS:
+            raise ValueError(f"unknown peak {value!r} (spec-table keys: {', '.join(sorted(PEAK_KEYS))})")
+        return value
 
     @field_validator("entry")
     @classmethod

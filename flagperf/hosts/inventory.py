@@ -103,20 +103,20 @@ class HostSpec(StrictModel):
                                   "address is local/localhost/127.0.0.1)")
     port: int | None = Field(default=None, ge=1, le=65535, description="22 unless ~/.ssh/config says otherwise")
     user: str | None = Field(default=None, description="yours unless ~/.ssh/config says otherwise")
-    key_file: Path | None = Field(default=None, description="private key file; none: the SSH agent and "
+    key_file: Path | None = Field(default=None, strict=False, description="private key file; none: the SSH agent and "
                                                             "~/.ssh/id_* keys")
-    known_hosts: Path = Field(default=Path("~/.ssh/known_hosts"))
-    ssh_config: Path | None = Field(default=Path("~/.ssh/config"), description="OpenSSH client config read for "
+    known_hosts: Path = Field(default=Path("~/.ssh/known_hosts"), strict=False)
+    ssh_config: Path | None = Field(default=Path("~/.ssh/config"), strict=False, description="OpenSSH client config read for "
                                     "User, Port, IdentityFile and HostName where this file leaves them out")
     accept_new_host_key: bool = Field(default=False, description="trust and record a host key seen for the first "
                                                                  "time (a changed key is always refused)")
     connect_timeout_s: float = Field(default=10.0, gt=0)
     command_timeout_s: float = Field(default=120.0, gt=0, description="limit for the engine's own small commands")
-    project_root: Path | None = Field(default=None, description="where the project is deployed on the host "
+    project_root: Path | None = Field(default=None, strict=False, description="where the project is deployed on the host "
                                                                 "(FlagPerf's FLAGPERF_PATH); the controller's by "
                                                                 "default")
     python: str | None = Field(default=None, description="the host's Python with the project's dependencies")
-    work_root: Path | None = Field(default=None, description="scratch space on the host")
+    work_root: Path | None = Field(default=None, strict=False, description="scratch space on the host")
     runtime: Literal["process", "docker"] = "process"
     docker: DockerSpec = Field(default_factory=DockerSpec)
     shm_size: str | None = Field(default=None, description="container shared memory; the vendor's by default")
