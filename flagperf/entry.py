@@ -22,9 +22,10 @@ import psutil
 import torch
 from pydantic import ValidationError
 
-from flagperf.measure.casekit import CaseConfig, CaseContext, TimedCaseConfig
 from flagperf.config.cases import CaseDef, load_case
+from flagperf.config.job import Job
 from flagperf.config.models import pydantic_error_to_config_error
+from flagperf.config.vendors import Vendor, load_vendor
 from flagperf.errors import (
     EXIT_OK,
     EXIT_UNSUPPORTED,
@@ -35,7 +36,8 @@ from flagperf.errors import (
 )
 from flagperf.hosts.local import default_work_root
 from flagperf.inference.config import InferenceConfig
-from flagperf.config.job import Job
+from flagperf.measure.casekit import CaseConfig, CaseContext, TimedCaseConfig
+from flagperf.measure.timing import TimingPlan
 from flagperf.results.provenance import engine_info, host_info, library_versions
 from flagperf.results.schema import (
     RESULT_FILE,
@@ -48,10 +50,8 @@ from flagperf.results.schema import (
     SpecTable,
     write_result,
 )
-from flagperf.measure.timing import TimingPlan
 from flagperf.training.driver import TrainingConfig
 from flagperf.training.launch import EXIT_WORKER_FAILED, launch, training_result, user_error
-from flagperf.config.vendors import Vendor, load_vendor
 
 log = logging.getLogger("flagperf.case")
 

@@ -22,9 +22,9 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_serializer, field_validator, model_validator
 
 from flagperf.config.models import StrictModel, check_name, pydantic_error_to_config_error
+from flagperf.config.yamlio import load_yaml_mapping
 from flagperf.errors import ConfigError
 from flagperf.paths import display_path
-from flagperf.config.yamlio import load_yaml_mapping
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")  # ${NAME}: a value taken from the environment
@@ -106,15 +106,16 @@ class HostSpec(StrictModel):
     key_file: Path | None = Field(default=None, strict=False, description="private key file; none: the SSH agent and "
                                                             "~/.ssh/id_* keys")
     known_hosts: Path = Field(default=Path("~/.ssh/known_hosts"), strict=False)
-    ssh_config: Path | None = Field(default=Path("~/.ssh/config"), strict=False, description="OpenSSH client config read for "
-                                    "User, Port, IdentityFile and HostName where this file leaves them out")
+    ssh_config: Path | None = Field(default=Path("~/.ssh/config"), strict=False,
+                                    description="OpenSSH client config read for User, Port, IdentityFile and "
+                                                "HostName where this file leaves them out")
     accept_new_host_key: bool = Field(default=False, description="trust and record a host key seen for the first "
                                                                  "time (a changed key is always refused)")
     connect_timeout_s: float = Field(default=10.0, gt=0)
     command_timeout_s: float = Field(default=120.0, gt=0, description="limit for the engine's own small commands")
-    project_root: Path | None = Field(default=None, strict=False, description="where the project is deployed on the host "
-                                                                "(FlagPerf's FLAGPERF_PATH); the controller's by "
-                                                                "default")
+    project_root: Path | None = Field(default=None, strict=False,
+                                      description="where the project is deployed on the host (FlagPerf's "
+                                                  "FLAGPERF_PATH); the controller's by default")
     python: str | None = Field(default=None, description="the host's Python with the project's dependencies")
     work_root: Path | None = Field(default=None, strict=False, description="scratch space on the host")
     runtime: Literal["process", "docker"] = "process"

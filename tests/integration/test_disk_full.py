@@ -17,7 +17,6 @@ from prefect.settings import PREFECT_API_URL
 from prefect_api import all_task_runs, run_evaluate
 
 from flagperf.paths import PROJECT_ROOT
-
 from flagperf.results.schema import KEPT_ON_HOST, RESULTS_UNWRITABLE, read_result
 from flagperf.results.summary import REPORT_MD, SUMMARY_JSON
 
