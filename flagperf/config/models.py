@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+import reprlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -48,8 +49,18 @@ def pydantic_error_to_config_error(exc: ValidationError, source: str, origins: d
     elif err["type"] == "missing":
         message = "required key is missing"
     elif "input" in err and err["type"] not in ("missing",):
-        message = f"{message} (got {err['input']!r})"
+        message = f"{message} (got {short_repr(err['input'])})"
     return ConfigError(where, key, message)
+
+
+_SHORT = reprlib.Repr()  # (keyword arguments need Python 3.12)
+_SHORT.maxlevel, _SHORT.maxdict, _SHORT.maxlist, _SHORT.maxtuple, _SHORT.maxset = 2, 4, 4, 4, 4
+_SHORT.maxstring = _SHORT.maxother = 60
+
+
+def short_repr(value: object) -> str:
+    """A value as an error line may show it: bounded, however large the value (reprlib stops early)."""
+    return _SHORT.repr(value)
 
 
 # The keys of a vendor's spec table a case may be measured against (every vendor's spec module uses them).

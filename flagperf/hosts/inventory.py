@@ -21,7 +21,9 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_serializer, field_validator, model_validator
 
+from flagperf.config.cases import available_cases, load_case
 from flagperf.config.models import StrictModel, check_name, pydantic_error_to_config_error
+from flagperf.config.vendors import available_vendors
 from flagperf.config.yamlio import load_yaml_mapping
 from flagperf.errors import ConfigError
 from flagperf.paths import display_path
@@ -322,6 +324,8 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
         parsed = InventoryFile.model_validate(data)
     except ValidationError as exc:
         raise pydantic_error_to_config_error(exc, source) from None
+    if parsed.vendor is not None:
+        check_vendor(parsed.vendor, source, "vendor")
     hosts: list[HostSpec] = []
     for i, entry in enumerate(parsed.hosts):
         merged = {**parsed.defaults, **entry}
@@ -360,6 +364,25 @@ def load_inventory(path: Path) -> Inventory:
 
 # ---------------------------------------------------------------------------------------------- host.yaml
 
+def check_vendor(name: str, source: str, key: str) -> None:
+    """The inventory's vendor exists (else the run would blame a --vendor nobody gave)."""
+    known = available_vendors()
+    if name not in known:
+        raise ConfigError(source, key, f"unknown vendor {name!r} (known: {', '.join(sorted(known))})")
+
+
+def inference_case(name: str, known: dict[str, Path], source: str, key: str) -> str:
+    """The inference case a FlagPerf inference host.yaml names: FlagPerf's name (resnet50, bertLarge, vit_l_16)
+    or this project's (resnet50-infer), never a case of another family with the same name."""
+    kebab = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "-", name).replace("_", "-").lower()
+    for candidate in dict.fromkeys((name, f"{name}-infer", kebab, f"{kebab}-infer")):
+        if candidate in known and known[candidate].parent.name == "inference":
+            return candidate
+    inference = sorted(n for n, folder in known.items() if folder.parent.name == "inference")
+    raise ConfigError(source, key, f"no inference case {name!r} (a data folder names an inference case; "
+                                   f"inference cases: {', '.join(inference) or 'none'})")
+
+
 HOST_YAML_KEYS = {
     "FLAGPERF_PATH", "FLAGPERF_LOG_PATH", "VENDOR", "FLAGPERF_LOG_LEVEL", "LOG_CALL_INFORMATION", "HOSTS",
     "SSH_PORT", "HOSTS_PORTS", "MASTER_PORT", "SHM_SIZE", "ACCE_CONTAINER_OPT", "PIP_SOURCE", "CLEAR_CACHES",
@@ -390,6 +413,7 @@ def host_yaml_inventory(data: dict[str, Any], source: str, base: Path) -> Invent
     vendor = data.get("VENDOR")
     if not isinstance(vendor, str):
         raise ConfigError(source, "VENDOR", "must be a vendor name")
+    check_vendor(vendor, source, "VENDOR")
 
     def port(key: str, default: int) -> int:
         value = data.get(key, default)
@@ -410,20 +434,33 @@ def host_yaml_inventory(data: dict[str, Any], source: str, base: Path) -> Invent
             raise ConfigError(source, "ACCE_CONTAINER_OPT", str(exc)) from None
     cases: list[str] = []
     frameworks: dict[str, str] = {}
+    case_overrides: dict[str, Any] = {}
+    notes: list[str] = []
     raw_cases = data.get("CASES") or {}
     if not isinstance(raw_cases, dict) or not raw_cases:
         raise ConfigError(source, "CASES", "must map case names to a framework or a data folder")
+    known = available_cases()
     for key, value in raw_cases.items():
         name, _, suffix = str(key).partition(":")
         if not isinstance(value, str):
             raise ConfigError(source, f"CASES.{key}", "must be a framework name or a data folder")
-        if value.startswith("/"):  # inference style: "<case>:<framework>": data dir
-            framework = suffix.split("_")[0] or "pytorch"
-            docker.setdefault("data_mounts", []).append(value)
-        else:  # base style: "<case>[:<chip>]": framework (pytorch, pytorch_2.3 -> the pytorch image)
-            framework = value.split("_")[0]
         try:
             check_name(name, "case name")
+        except ValueError as exc:
+            raise ConfigError(source, f"CASES.{key}", str(exc)) from None
+        if value.startswith("/"):  # inference style: "<case>:<framework>": data dir, as FlagPerf's inference/
+            framework = suffix.split("_")[0] or "pytorch"
+            name = inference_case(name, known, source, f"CASES.{key}")
+            docker.setdefault("data_mounts", []).append(value)
+            if "data_dir" in load_case(name, known).manifest.configurations:
+                case_overrides[f"{name}.data_dir"] = value  # where FlagPerf's run_inference.py gets --data_dir
+            else:
+                notes.append(f"{source}: CASES.{key}: {name} reads no data_dir; {value} is only mounted")
+        else:  # base style: "<case>[:<chip>]": framework (pytorch, pytorch_2.3 -> the pytorch image)
+            framework = value.split("_")[0]
+            if name not in known:
+                raise ConfigError(source, f"CASES.{key}", f"unknown case {name!r} (known: {', '.join(sorted(known))})")
+        try:
             check_name(framework, "framework")
         except ValueError as exc:
             raise ConfigError(source, f"CASES.{key}", str(exc)) from None
@@ -442,13 +479,12 @@ def host_yaml_inventory(data: dict[str, Any], source: str, base: Path) -> Invent
     specs = [{"name": address.replace(":", "_"), "address": address} for address in hosts]
     inventory = build_inventory({"vendor": vendor, "master_port": port("MASTER_PORT", DEFAULT_MASTER_PORT),
                                  "defaults": defaults, "hosts": specs}, source, base)
-    case_overrides: dict[str, Any] = {}
     if "NPROC_PER_NODE" in data:
         nproc = data["NPROC_PER_NODE"]
         if isinstance(nproc, bool) or not isinstance(nproc, int) or not 1 <= nproc <= 1024:
             raise ConfigError(source, "NPROC_PER_NODE", f"must be a whole number of processes, got {nproc!r}")
         case_overrides["nproc_per_node"] = nproc  # for the cases that start several processes per host
-    notes = [f"{source}: {key} is not used: {why}" for key, why in HOST_YAML_NOT_USED.items() if key in data]
+    notes += [f"{source}: {key} is not used: {why}" for key, why in HOST_YAML_NOT_USED.items() if key in data]
     log_path = data.get("FLAGPERF_LOG_PATH")
     return Inventory(hosts=inventory.hosts, source=source, vendor=vendor, master_port=inventory.master_port,
                      cases=cases, frameworks=frameworks, notes=notes, results_dir=str(log_path) if log_path else None,

@@ -115,21 +115,23 @@ HOSTS: ["10.1.2.155"]
 CASES:
   "resnet50:pytorch_1.13": "/raid/dataset/ImageNet/imagenet/val"
 """))
-    assert inv.cases == ["resnet50"] and inv.frameworks == {"resnet50": "pytorch"}
+    # FlagPerf's meaning: a data folder names an inference case (not the training resnet50), and is its data_dir.
+    assert inv.cases == ["resnet50-infer"] and inv.frameworks == {"resnet50-infer": "pytorch"}
     assert inv.hosts[0].docker.data_mounts == ["/raid/dataset/ImageNet/imagenet/val"]
+    assert inv.case_overrides == {"resnet50-infer.data_dir": "/raid/dataset/ImageNet/imagenet/val"}
 
 
 @pytest.mark.parametrize(("body", "key", "message"), [
-    ("VENDOR: cpu\nHOSTS: []\nCASES: {a: pytorch}", "HOSTS", "non-empty list"),
-    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {a: pytorch}\nSSH_PORT: abc", "SSH_PORT", "port number"),
-    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {a: pytorch}\nACCE_CONTAINER_OPT: ' --privileged'", "ACCE_CONTAINER_OPT",
+    ("VENDOR: cpu\nHOSTS: []\nCASES: {bert: pytorch}", "HOSTS", "non-empty list"),
+    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {bert: pytorch}\nSSH_PORT: abc", "SSH_PORT", "port number"),
+    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {bert: pytorch}\nACCE_CONTAINER_OPT: ' --privileged'", "ACCE_CONTAINER_OPT",
      "vendor file declares"),
-    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {a: pytorch}\nACCE_CONTAINER_OPT: ' --cap-add ALL'", "ACCE_CONTAINER_OPT",
+    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {bert: pytorch}\nACCE_CONTAINER_OPT: ' --cap-add ALL'", "ACCE_CONTAINER_OPT",
      "unsupported docker option"),
-    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {a: pytorch}\nNO_SUCH_KEY: 1", "NO_SUCH_KEY", "unknown key"),
+    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {bert: pytorch}\nNO_SUCH_KEY: 1", "NO_SUCH_KEY", "unknown key"),
     ("VENDOR: cpu\nHOSTS: [h]\nCASES: {'a;b': pytorch}", "CASES.a;b", "case name"),
-    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {a: pytorch}\nNPROC_PER_NODE: 0", "NPROC_PER_NODE", "whole number"),
-    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {a: pytorch}\nNPROC_PER_NODE: '8'", "NPROC_PER_NODE", "whole number"),
+    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {bert: pytorch}\nNPROC_PER_NODE: 0", "NPROC_PER_NODE", "whole number"),
+    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {bert: pytorch}\nNPROC_PER_NODE: '8'", "NPROC_PER_NODE", "whole number"),
 ])
 def test_bad_host_yaml(tmp_path: Path, body: str, key: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
