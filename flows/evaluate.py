@@ -29,7 +29,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.runtime import deployment, flow_run
-from prefect.states import Cancelled
+from prefect.states import Cancelled, Failed, State
 
 from flagperf.config.plan import PLAN_FILE, RunPlan, plan_run, run_id_for_flow_run
 from flagperf.errors import ConfigError, FlagperfError, InfrastructureFailure
@@ -61,6 +61,9 @@ MAX_PARALLEL_HOSTS = 64  # threads that drive hosts at once (each mostly waits o
 T = TypeVar("T")
 
 
+BAD_INPUT = "bad input: "  # a failed state's message starting so means nothing ran: the CLI exits 2
+
+
 class EvaluationFailed(FlagperfError):
     """Raised at the end of a run in which some round failed (after the summary is written)."""
 
@@ -77,13 +80,27 @@ def evaluate(
     run_id: str | None = None,
     monitor_interval_s: float = 1.0,
     command: str | None = None,
-) -> dict[str, Any]:
+) -> dict[str, Any] | State:
     """Evaluate cases (a suite, or a list) on the inventory's hosts, `rounds` times each, and summarise.
 
     inventory: a native inventory or FlagPerf's host.yaml (path on the controller); none: this machine.
     vendor: the inventory's VENDOR when not given, else cpu.
     overrides: "KEY=VALUE" or "CASE.KEY=VALUE" strings, as `flagperf run --set`.
     """
+    try:
+        return run_evaluation(suite, cases, vendor, rounds, overrides, inventory, results_dir, run_id,
+                              monitor_interval_s, command)
+    except ConfigError as exc:  # bad input, found before any round ran: one line, no traceback
+        get_run_logger().error("%s", exc)
+        return Failed(message=f"{BAD_INPUT}{exc}")
+    except (EvaluationFailed, ResultsUnwritable) as exc:  # said in full by the message; the summary is written
+        get_run_logger().error("%s", exc)
+        return Failed(message=str(exc))
+
+
+def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | None, rounds: int | None,
+                   overrides: list[str] | None, inventory: str | None, results_dir: str, run_id: str | None,
+                   monitor_interval_s: float, command: str | None) -> dict[str, Any]:
     logger = get_run_logger()
     if not MIN_MONITOR_INTERVAL_S <= monitor_interval_s <= MAX_MONITOR_INTERVAL_S:
         raise ConfigError("monitor_interval_s", None, f"must be between {MIN_MONITOR_INTERVAL_S} and "

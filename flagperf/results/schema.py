@@ -181,6 +181,19 @@ def atomic_path(path: Path) -> Iterator[Path]:
         raise
 
 
+def folder_problem(folder: Path) -> str | None:
+    """Why results cannot be written to ``folder`` (made if missing), or None: checked by writing a file."""
+    try:
+        if folder.exists() and not folder.is_dir():
+            return "is a file, not a folder"
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        return f"cannot write there: {getattr(exc, 'strerror', None) or exc}"
+    return None
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
