@@ -150,6 +150,8 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
                       f"{escape(entry['message'])}", highlight=False, soft_wrap=True)
     for problem in summary["problems"]:
         console.print(f"[red]problem[/] {escape(problem)}", highlight=False)
+    for fault in summary.get("faults", []):
+        console.print(f"[yellow]fault[/] {escape(fault)}", highlight=False, soft_wrap=True)
     if any(e["above_peak"] for e in summary["headline"]):
         console.print("[yellow]a measurement above its peak means the spec table's peak is too low for this "
                       "machine; see report.md for the peak sources[/]")

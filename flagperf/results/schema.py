@@ -20,6 +20,7 @@ SCHEMA_VERSION = 1
 RESULT_FILE = "result.json"
 MONITOR_FILE = "monitor.jsonl"
 CASE_LOG_FILE = "case.log"
+ATTEMPT_FAILURE_FILE = "failure.txt"  # in an attempt's folder: why that attempt failed (it was then retried)
 # Failure messages the evaluation acts on: it stops when the results folder cannot take more, and keeps the
 # host's copy of a round it could not collect (a retry collects it from there).
 RESULTS_UNWRITABLE = "the results folder cannot be written"

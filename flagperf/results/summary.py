@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from flagperf.results.analysis import WindowStats, energy_per_work, read_monitors, window_stats, work_unit
+from flagperf.results.faults import BOUNDED_NOTE, find_faults
 from flagperf.results.metrics import coefficient_of_variation
 from flagperf.results.schema import RESULT_FILE, Metric, RoundResult, read_result, write_json_atomic, write_text_atomic
 
@@ -31,7 +32,8 @@ MONITOR_COLUMNS = ["power_avg_w", "power_max_w", "energy_j", "energy_source", "e
                    "accel_mem_total_bytes"]
 ROW_COLUMNS = ["case", "family", "round", "host", "node_rank", "nnodes", "nproc_per_node", "status", "metric", "value",
                "unit", "p50", "cv_chunks", "mfu",
-               "peak", "peak_unit", "ratio", "convention", "peak_source", "message", "device", *MONITOR_COLUMNS]
+               "peak", "peak_unit", "ratio", "convention", "peak_source", "note", "message", "device",
+               *MONITOR_COLUMNS]
 
 
 @dataclass
@@ -45,6 +47,7 @@ class RunSummary:
     context: dict[str, Any] = field(default_factory=dict)
     monitor_notes: list[str] = field(default_factory=list)
     scaling: list[dict[str, Any]] = field(default_factory=list)
+    faults: list[str] = field(default_factory=list)  # what went wrong or was bounded (flagperf/results/faults.py)
 
     @property
     def all_succeeded(self) -> bool:
@@ -53,7 +56,7 @@ class RunSummary:
     def to_json(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "counts": self.counts, "headline": self.headline,
                 "not_measured": self.not_measured, "problems": self.problems, "context": self.context,
-                "monitor_notes": self.monitor_notes, "scaling": self.scaling}
+                "monitor_notes": self.monitor_notes, "scaling": self.scaling, "faults": self.faults}
 
 
 def load_results(run_dir: Path) -> tuple[list[tuple[Path, RoundResult]], list[str]]:
@@ -108,7 +111,7 @@ def _rows(results: list[tuple[Path, RoundResult]], notes: dict[str, None]) -> pd
                          "cv_chunks": m.cv, "peak": m.peak.value if m.peak else None,
                          "peak_unit": m.peak.unit if m.peak else None, "ratio": m.ratio,
                          "convention": m.convention, "peak_source": m.peak.source if m.peak else None,
-                         **_monitor_columns(stats, m)})
+                         "note": m.note, **_monitor_columns(stats, m)})
             for note in stats.notes:
                 notes[note] = None
     return pd.DataFrame(rows, columns=ROW_COLUMNS)
@@ -146,6 +149,7 @@ def summarize(run_dir: Path) -> RunSummary:
             "spread_over": "rounds" if cv_rounds is not None else ("chunks" if cv_chunks is not None else None),
             "rounds": int(group["round"].nunique()), "peak": peak, "peak_unit": _clean(group["peak_unit"].iloc[0]),
             "ratio": ratio, "above_peak": bool(ratio is not None and ratio > 1.0),
+            "lower_bound": bool(group["note"].map(lambda n: isinstance(n, str) and BOUNDED_NOTE in n).any()),
             "convention": _clean(group["convention"].iloc[0]), "peak_source": _clean(group["peak_source"].iloc[0]),
             "mfu": _mean(group["mfu"]),
             "power_avg_w": _mean(group["power_avg_w"]), "power_max_w": _max(group["power_max_w"]),
@@ -180,7 +184,7 @@ def summarize(run_dir: Path) -> RunSummary:
                             "command": prov.command, "image": prov.image.get("status")})
     return RunSummary(run_id=run_dir.name, rows=rows, headline=headline, not_measured=not_measured,
                       counts=counts, problems=problems, context=context, monitor_notes=list(notes),
-                      scaling=scaling_table(rows))
+                      scaling=scaling_table(rows), faults=find_faults(run_dir, loaded, headline))
 
 
 def one_figure_per_job(rows: pd.DataFrame) -> pd.DataFrame:
@@ -244,8 +248,11 @@ def headline_cells(entry: dict[str, Any]) -> list[str]:
     spread = f"±{entry['spread_cv']:.1%} ({entry['spread_over']})" if entry["spread_cv"] is not None else "-"
     ratio = fmt_pct(entry["ratio"]) + (" (above peak!)" if entry["above_peak"] else "")
     peak = f"{fmt(entry['peak'])} {entry['peak_unit']}" if entry["peak"] is not None else "unknown"
-    return [entry["case"], entry["metric"], fmt(entry["value"]), entry["unit"], fmt(entry["p50"]), spread, peak,
-            ratio, fmt_pct(entry.get("mfu")), str(entry["rounds"])]
+    measured = ("≥ " if entry.get("lower_bound") else "") + fmt(entry["value"])  # a bound by design, said
+    mfu = entry.get("mfu")
+    mfu_cell = fmt_pct(mfu) + (" (above 100%!)" if mfu is not None and mfu > 1.0 else "")
+    return [entry["case"], entry["metric"], measured, entry["unit"], fmt(entry["p50"]), spread, peak,
+            ratio, mfu_cell, str(entry["rounds"])]
 
 
 HEADLINE_HEADER = ["case", "metric", "measured", "unit", "p50", "spread (CV)", "peak", "measured/peak", "MFU",
@@ -287,6 +294,7 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = 
                   f"{e['message']}"
                   for e in summary.not_measured]
         lines.append("")
+    lines += render_faults(summary)
     if summary.problems:
         lines += ["## Unreadable result files", ""] + [f"- {p}" for p in summary.problems] + [""]
     if summary.headline:
@@ -303,6 +311,12 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = 
         for title, path in plots:
             lines += [f"### {title}", "", f"![{title}]({path.as_posix()})", ""]
     return "\n".join(lines)
+
+
+def render_faults(summary: RunSummary) -> list[str]:
+    if not summary.faults:
+        return []
+    return ["## Faults and bounds", "", *[f"- {fault}" for fault in summary.faults], ""]
 
 
 MONITOR_HEADER = ["case", "metric", "avg power W", "max power W", "energy per work", "energy source",
