@@ -452,7 +452,7 @@ def host_yaml_inventory(data: dict[str, Any], source: str, base: Path) -> Invent
             framework = suffix.split("_")[0] or "pytorch"
             name = inference_case(name, known, source, f"CASES.{key}")
             docker.setdefault("data_mounts", []).append(value)
-            if "data_dir" in load_case(name, known).manifest.configurations:
+            if "data_dir" in load_case(name, known).config_model.model_fields:
                 case_overrides[f"{name}.data_dir"] = value  # where FlagPerf's run_inference.py gets --data_dir
             else:
                 notes.append(f"{source}: CASES.{key}: {name} reads no data_dir; {value} is only mounted")
