@@ -25,11 +25,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError, field_validator
 
 from flagperf.config.models import (
-    BUILTIN_KERNEL_PREFIX,
     CaseConfig,
     CaseManifest,
     MergedConfig,
     apply_run_overrides,
+    is_core_module,
     load_model,
     merge_vendor_overrides,
     pydantic_error_to_config_error,
@@ -85,14 +85,15 @@ class CaseDef:
     @cached_property
     def module(self) -> ModuleType:
         entry = self.manifest.entry
-        if entry.startswith(BUILTIN_KERNEL_PREFIX):
+        if is_core_module(entry):
             try:
                 module = importlib.import_module(entry)
             except ModuleNotFoundError:
                 raise ConfigError(display_path(self.manifest_path), "entry", f"no kernel named {entry!r}") from None
         else:
             module = import_file(self.folder / entry, f"flagperf_case_{self.name.replace('-', '_').replace('.', '_')}")
-        for attr in ("Config", *(INFERENCE_FUNCTIONS if self.family == "inference" else ("run",))):
+        required = {"inference": INFERENCE_FUNCTIONS, "generate": ()}.get(self.family, ("run",))
+        for attr in ("Config", *required):
             if not hasattr(module, attr):
                 raise ConfigError(display_path(self.manifest_path), "entry", f"{entry} has no {attr!r}")
         if not (isinstance(module.Config, type) and issubclass(module.Config, CaseConfig)):
@@ -157,7 +158,7 @@ def load_case_manifest(path: Path) -> CaseManifest:
         raise ConfigError(source, "name", f"must match the folder name ({path.parent.name!r})")
     if manifest.family != path.parent.parent.name:
         raise ConfigError(source, "family", f"must match the parent folder ({path.parent.parent.name!r})")
-    if not manifest.entry.startswith(BUILTIN_KERNEL_PREFIX) and not (path.parent / manifest.entry).is_file():
+    if not is_core_module(manifest.entry) and not (path.parent / manifest.entry).is_file():
         raise ConfigError(source, "entry", f"{manifest.entry!r} does not exist in {display_path(path.parent)}")
     return manifest
 

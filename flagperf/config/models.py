@@ -26,6 +26,13 @@ from flagperf.paths import NAME_PATTERN, display_path
 log = logging.getLogger("flagperf.config.models")
 
 BUILTIN_KERNEL_PREFIX = "flagperf.basespec."
+# Families whose cases are configurations of one shared driver: case.yaml names it (or leaves entry out).
+FAMILY_DRIVERS = {"generate": "flagperf.generate.driver"}
+
+
+def is_core_module(entry: str) -> bool:
+    """A case entry that is a module of the core (a shared kernel or a family's driver), not a file."""
+    return entry.startswith(BUILTIN_KERNEL_PREFIX) or entry in FAMILY_DRIVERS.values()
 
 
 def check_name(value: str, what: str) -> str:
@@ -79,7 +86,7 @@ class CaseManifest(StrictModel):
     """case.yaml of a base-spec case."""
 
     name: str
-    family: Literal["base", "training"]
+    family: Literal["base", "training", "generate"]
     description: str
     entry: str = "bench.py"
     peak: str | None = Field(default=None, description="key of the vendor spec table this case is measured against")
@@ -87,6 +94,15 @@ class CaseManifest(StrictModel):
     parameters: dict[str, Any] = Field(default_factory=dict)
     mutable: list[str] | None = Field(
         default=None, description="training: the only configurations a vendor may override (enforced)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _family_driver(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("family") in FAMILY_DRIVERS:
+            driver = FAMILY_DRIVERS[data["family"]]
+            if data.setdefault("entry", driver) != driver:
+                raise ValueError(f"a {data['family']} case's entry is {driver} (leave it out)")
+        return data
 
     @model_validator(mode="after")
     def _mutable_are_configurations(self) -> CaseManifest:
@@ -111,6 +127,8 @@ class CaseManifest(StrictModel):
     @classmethod
     def _entry(cls, value: str) -> str:
         # A file in the case folder, or one of the core's shared kernels (several cases, one kernel).
+        if value in FAMILY_DRIVERS.values():
+            return value
         if value.startswith(BUILTIN_KERNEL_PREFIX):
             if not re.fullmatch(r"[a-z_][a-z0-9_]*", value.removeprefix(BUILTIN_KERNEL_PREFIX)):
                 raise ValueError(f"must be {BUILTIN_KERNEL_PREFIX}<kernel>")

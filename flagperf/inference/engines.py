@@ -126,6 +126,9 @@ class InferenceEngine(ABC):
             raise CaseUserError(f"engine {config.compiler}: {key}: {err['msg']} (got {err.get('input')!r})") from None
         self.env = env
         self.engine_file: Path | None = None  # what this engine saved, if it saves anything
+        # Engines that compile the PyTorch model set this to the compiled module, so a case can call it with
+        # inputs of its own (llama-decode-infer: a KV cache); the case accounts for first-call compiles.
+        self.module: torch.nn.Module | None = None
 
     @abstractmethod
     def __call__(self, inputs: list[torch.Tensor]) -> tuple[list[torch.Tensor], float]:
