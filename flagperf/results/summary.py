@@ -18,8 +18,16 @@ import pandas as pd
 
 from flagperf.results.analysis import WindowStats, energy_per_work, read_monitors, window_stats, work_unit
 from flagperf.results.chipstate import CHIP_COLUMNS, headline_state, render_chip_section, window_columns
+from flagperf.results.faults import BOUNDED_NOTE, find_faults
 from flagperf.results.metrics import coefficient_of_variation
-from flagperf.results.schema import RESULT_FILE, Metric, RoundResult, read_result, write_json_atomic
+from flagperf.results.schema import (
+    RESULT_FILE,
+    Metric,
+    RoundResult,
+    read_result,
+    write_json_atomic,
+    write_text_atomic,
+)
 from flagperf.results.serving import serving_markdown
 
 SUMMARY_CSV = "summary.csv"
@@ -49,6 +57,7 @@ class RunSummary:
     context: dict[str, Any] = field(default_factory=dict)
     monitor_notes: list[str] = field(default_factory=list)
     scaling: list[dict[str, Any]] = field(default_factory=list)
+    faults: list[str] = field(default_factory=list)  # what went wrong or was bounded (flagperf/results/faults.py)
 
     @property
     def all_succeeded(self) -> bool:
@@ -57,7 +66,7 @@ class RunSummary:
     def to_json(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "counts": self.counts, "headline": self.headline,
                 "not_measured": self.not_measured, "problems": self.problems, "context": self.context,
-                "monitor_notes": self.monitor_notes, "scaling": self.scaling}
+                "monitor_notes": self.monitor_notes, "scaling": self.scaling, "faults": self.faults}
 
 
 def load_results(run_dir: Path) -> tuple[list[tuple[Path, RoundResult]], list[str]]:
@@ -154,6 +163,7 @@ def summarize(run_dir: Path) -> RunSummary:
             "spread_over": "rounds" if cv_rounds is not None else ("chunks" if cv_chunks is not None else None),
             "rounds": int(group["round"].nunique()), "peak": peak, "peak_unit": _clean(group["peak_unit"].iloc[0]),
             "ratio": ratio, "above_peak": bool(ratio is not None and ratio > 1.0),
+            "lower_bound": bool(group["note"].map(lambda n: isinstance(n, str) and BOUNDED_NOTE in n).any()),
             "convention": _clean(group["convention"].iloc[0]), "peak_source": _clean(group["peak_source"].iloc[0]),
             "mfu": _mean(group["mfu"]),
             "warnings": sorted({str(w) for w in group["warning"].dropna()}),
@@ -194,7 +204,7 @@ def summarize(run_dir: Path) -> RunSummary:
                             "command": prov.command, "image": prov.image.get("status")})
     return RunSummary(run_id=run_dir.name, rows=rows, headline=headline, not_measured=not_measured,
                       counts=counts, problems=problems, context=context, monitor_notes=list(notes),
-                      scaling=scaling_table(rows))
+                      scaling=scaling_table(rows), faults=find_faults(run_dir, loaded, headline))
 
 
 def one_figure_per_job(rows: pd.DataFrame) -> pd.DataFrame:
@@ -258,14 +268,16 @@ def headline_cells(entry: dict[str, Any]) -> list[str]:
     spread = f"±{entry['spread_cv']:.1%} ({entry['spread_over']})" if entry["spread_cv"] is not None else "-"
     ratio = fmt_pct(entry["ratio"]) + (" (above peak!)" if entry["above_peak"] else "")
     peak = f"{fmt(entry['peak'])} {entry['peak_unit']}" if entry["peak"] is not None else "unknown"
-    return [entry["case"], entry["metric"], fmt(entry["value"]), entry["unit"], fmt(entry["p50"]), spread, peak,
+    measured = ("≥ " if entry.get("lower_bound") else "") + fmt(entry["value"])  # a bound by design, said
+    return [entry["case"], entry["metric"], measured, entry["unit"], fmt(entry["p50"]), spread, peak,
             ratio, mfu_cell(entry.get("mfu")), str(entry["rounds"])]
 
 
 def mfu_cell(mfu: float | None) -> str:
-    """An MFU above 100 % is an error in the FLOPs per item or the peak, never a figure to read."""
+    """An MFU above 100 % is an error in the FLOPs per item or the peak, shown as one (the faults section
+    says more), never as a plain figure."""
     if mfu is not None and mfu > 1.0:
-        return "**error: above 100 %** (FLOPs per item or peak wrong)"
+        return f"**error**: {fmt_pct(mfu)}, FLOPs per item or peak wrong (above 100%!)"
     return fmt_pct(mfu)
 
 
@@ -317,6 +329,7 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = 
                   f"{e['message']}"
                   for e in summary.not_measured]
         lines.append("")
+    lines += render_faults(summary)
     if summary.problems:
         lines += ["## Unreadable result files", ""] + [f"- {p}" for p in summary.problems] + [""]
     if summary.headline:
@@ -333,6 +346,12 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = 
         for title, path in plots:
             lines += [f"### {title}", "", f"![{title}]({path.as_posix()})", ""]
     return "\n".join(lines)
+
+
+def render_faults(summary: RunSummary) -> list[str]:
+    if not summary.faults:
+        return []
+    return ["## Faults and bounds", "", *[f"- {fault}" for fault in summary.faults], ""]
 
 
 def _best_search(group: pd.DataFrame) -> dict[str, Any] | None:
@@ -404,14 +423,10 @@ def render_monitor_section(summary: RunSummary) -> list[str]:
 def write_summary(run_dir: Path, summary: RunSummary, plots: list[tuple[str, Path]] | None = None
                   ) -> dict[str, Path]:
     paths = {"csv": run_dir / SUMMARY_CSV, "json": run_dir / SUMMARY_JSON, "markdown": run_dir / REPORT_MD}
-    tmp_csv = paths["csv"].with_name(f".{SUMMARY_CSV}.tmp")
-    summary.rows.to_csv(tmp_csv, index=False)
-    tmp_csv.replace(paths["csv"])
+    write_text_atomic(paths["csv"], summary.rows.to_csv(index=False))
     write_json_atomic(paths["json"], summary.to_json())
-    tmp_md = paths["markdown"].with_name(f".{REPORT_MD}.tmp")
     text = render_markdown(summary, plots) + "\n".join(["", *serving_markdown(run_dir, summary.rows)])
-    tmp_md.write_text(text, encoding="utf-8")
-    tmp_md.replace(paths["markdown"])
+    write_text_atomic(paths["markdown"], text)
     return paths
 
 
