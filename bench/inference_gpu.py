@@ -182,6 +182,10 @@ def main() -> int:
         print("FAILED: no CUDA device visible to torch (use --quick for the CPU smoke run)", file=sys.stderr)
         return 1
     shapes = QUICK if args.quick else FULL
+    if args.quick:
+        # One intra-op thread on both sides: on a shared 2-core VM a second thread is descheduled at random
+        # and every forward waits for it, which makes any ratio noise.
+        torch.set_num_threads(1)
     started = time.perf_counter()
     rows: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp, UtilSampler(device) as util:
