@@ -3,11 +3,12 @@
 # as a user would (bench/gpu_install.sh, wheels from bench/gpu_wheels.sh in .whl/), then the engine against
 # a bare loop of the same work, per issue. Each bench has its own time limit so that one hang does not cost
 # the others; everything lands in bench/results/ and, packed, in $OUT (the device tool's return folder).
-#   bash bench/gpu_session.sh base       install, base specs (issue 12), generate (14), GPU tests
+#   bash bench/gpu_session.sh base       base specs (issue 12), LLM serving (14)
 #   bash bench/gpu_session.sh models     inference (13), training (15)
+#   bash bench/gpu_session.sh install    the project installed as a user would, the base suite, tests/gpu (11)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part=${1:?usage: gpu_session.sh base|models}
+part=${1:?usage: gpu_session.sh base|models|install}
 out=${OUT:-bench/results/gpu_session}
 mkdir -p "$out" bench/results
 export PYTHONUNBUFFERED=1
@@ -37,12 +38,13 @@ case $part in
   base)
     step base_specs 240 "$py" bench/base_specs_gpu.py --seconds 2 --sweep-seconds 20
     step generate 200 "$py" bench/generate_gpu.py
-    step install 150 env GPU_TESTS="${GPU_TESTS:-tests/gpu/test_nvidia_base_specs.py tests/gpu/test_nvidia_tensorcore.py}" \
-      bash bench/gpu_install.sh
     ;;
   models)
     step inference 330 "$py" bench/inference_gpu.py
     step training 240 "$py" bench/training_gpu.py
+    ;;
+  install)
+    step install 420 bash bench/gpu_install.sh
     ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac
