@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextvars import copy_context
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 from uuid import UUID
 
 from prefect import flow, get_run_logger
@@ -29,14 +29,17 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.runtime import deployment, flow_run
-from prefect.states import Cancelled
+from prefect.states import Cancelled, State
+from pydantic import Field
 
+from flagperf.config.cases import available_cases
+from flagperf.config.plan import DEFAULT_SUITE, PLAN_FILE, RunPlan, available_suites, plan_run, run_id_for_flow_run
+from flagperf.config.vendors import available_vendors, load_vendor
 from flagperf.errors import ConfigError, FlagperfError, InfrastructureFailure
 from flagperf.hosts.fleet import close_hosts, master_address, open_host
 from flagperf.hosts.health import check_results_disk, health_file
-from flagperf.hosts.local import Host
 from flagperf.hosts.inventory import HostSpec, load_inventory, local_inventory
-from flagperf.config.plan import PLAN_FILE, RunPlan, plan_run, run_id_for_flow_run
+from flagperf.hosts.local import Host
 from flagperf.results.schema import (
     RESULT_FILE,
     Failure,
@@ -46,7 +49,7 @@ from flagperf.results.schema import (
     write_json_atomic,
     write_result,
 )
-from flagperf.config.vendors import load_vendor
+from flagperf.results.summary import INTERRUPTED_FILE, RETRIES_DIR
 from flows.host_round import host_healthcheck, host_round
 from flows.logs import route_core_logs
 from tasks.analyze import analyze
@@ -54,7 +57,6 @@ from tasks.healthcheck import healthcheck
 from tasks.image import build_image, probe_image
 
 route_core_logs()
-RETRIES_DIR = "retries"  # failed rounds of earlier attempts of the same flow run, kept for inspection
 MIN_MONITOR_INTERVAL_S, MAX_MONITOR_INTERVAL_S = 0.1, 60.0  # 10 Hz at most: the monitor's own limit
 MAX_PARALLEL_HOSTS = 64  # threads that drive hosts at once (each mostly waits on its host)
 T = TypeVar("T")
@@ -129,6 +131,13 @@ def evaluate(
                                          monitor_interval_s, command, inv.master_port))
                 for group_results in run_concurrently(calls):
                     results.extend(group_results)
+    except BaseException as exc:
+        if not isinstance(exc, Exception):  # Ctrl-C, SIGTERM, a cancelled flow run: the report must say so
+            reason = str(exc) or type(exc).__name__
+            write_json_atomic(run_dir / INTERRUPTED_FILE, {"reason": reason, "at": time.strftime(
+                "%Y-%m-%d %H:%M:%S %Z"), "rounds_done": len(results)})
+            logger.warning("interrupted (%s): stopping the cases and monitors, then writing the report", reason)
+        raise
     finally:
         for name, host in hosts.items():
             if specs[name].agent is None:
@@ -143,6 +152,50 @@ def evaluate(
         raise EvaluationFailed(f"{len(failed)} of {len(results)} rounds failed: " + "; ".join(
             f"{r.case} round {r.round} on {r.host} ({r.failure.kind if r.failure else '?'})" for r in failed))
     return {"run_id": plan.run_id, "run_dir": str(run_dir), "counts": summary.counts}
+
+
+def _choices(names: list[str]) -> Any:
+    """A text parameter whose form field offers these names (a select), while the Python API still takes
+    any string (a suite may also be a YAML file)."""
+    return Field(json_schema_extra={"enum": sorted(names)})
+
+
+# The form's choices are the plug-in folders found when the deployment is made (`prefect deploy`).
+SuiteName = Annotated[str, _choices(list(available_suites()))]
+CaseName = Annotated[str, _choices(list(available_cases()))]
+VendorName = Annotated[str, _choices(["auto", *available_vendors()])]
+
+
+@flow(name="evaluate", log_prints=True, validate_parameters=True)
+def evaluate_form(
+    suite: SuiteName = DEFAULT_SUITE,
+    cases: list[CaseName] = [],  # noqa: B006 - Prefect's form needs a plain default; it is never changed
+    vendor: VendorName = "auto",
+    rounds: Annotated[int, Field(ge=0)] = 0,
+    overrides: list[str] = [],  # noqa: B006
+    inventory: str = "",
+    results_dir: str = "results",
+    monitor_interval_s: Annotated[float, Field(ge=MIN_MONITOR_INTERVAL_S, le=MAX_MONITOR_INTERVAL_S)] = 1.0,
+) -> dict[str, Any]:
+    """Evaluate a suite (or chosen cases) on the inventory's hosts, N rounds each, and publish the report.
+
+    The same evaluation as `flagperf run`, started from the server: the evaluate deployment's form. A retry
+    of a failed run re-runs only its failed rounds.
+
+    Args:
+        suite: The suite to run (deployments/suites/); ignored when cases are chosen.
+        cases: Run these cases instead of a suite.
+        vendor: The vendor folder under vendor_images/; auto: the inventory's VENDOR, else cpu.
+        rounds: Rounds per case; 0: the suite's own number (1 for chosen cases).
+        overrides: Case configuration values for this run, as KEY=VALUE or CASE.KEY=VALUE (flagperf run --set).
+        inventory: An inventory or FlagPerf host.yaml, as a path on the worker's machine; empty: that machine.
+        results_dir: The results folder on the worker's machine; the run is written to a folder inside it.
+        monitor_interval_s: Seconds between monitor samples (0.1 to 60).
+    """
+    return evaluate.fn(suite=None if cases else suite, cases=list(cases) or None,
+                       vendor=None if vendor == "auto" else vendor, rounds=rounds or None,
+                       overrides=list(overrides), inventory=inventory or None, results_dir=results_dir,
+                       monitor_interval_s=monitor_interval_s)
 
 
 def run_concurrently(calls: list[Callable[[], T]]) -> list[T]:
@@ -171,8 +224,11 @@ def check_hosts(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: RunPla
         spec = specs[name]
         try:
             if spec.agent is not None:
-                dispatch(spec, host_healthcheck, "host-healthcheck/host-healthcheck",
-                         {"host": spec.model_dump(mode="json"), "vendor": plan.vendor, "run_dir": str(run_dir)})
+                state = dispatch(spec, host_healthcheck, "host-healthcheck/host-healthcheck",
+                                 {"host": spec.model_dump(mode="json"), "vendor": plan.vendor, "run_dir": str(run_dir)})
+                if not state.is_completed():
+                    raise InfrastructureFailure(f"host {spec.name}: host-healthcheck ended {state.name}: "
+                                                f"{state.message or ''}")
             else:
                 healthcheck(hosts[name], spec, plan.vendor, run_dir)
         except Exception as exc:
@@ -285,13 +341,18 @@ def run_node(spec: HostSpec, parameters: dict[str, Any]) -> RoundResult:
     label = f"{parameters['case']} round {parameters['round_no']} on {spec.name}"
     problem: str | None = None
     try:
-        dispatch(spec, host_round, "host-round/host-round", parameters)
+        # A round that failed ends its host-round Failed (red in the UI); its result.json says why, so that
+        # alone is no problem here. A host-round that left no result is.
+        state = dispatch(spec, host_round, "host-round/host-round", parameters)
+        if not state.is_completed():
+            problem = f"{label}: host-round ended {state.name}: {(state.message or '').partition(chr(10))[0]}"
     except Exception as exc:  # the subflow or the deployment run failed outright
         problem = f"{label}: host-round failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        get_run_logger().error("%s", problem)
     try:
         return read_result(dest / RESULT_FILE)
     except (OSError, ValueError):
+        if problem:
+            get_run_logger().error("%s", problem)
         failure = Failure(kind="infrastructure", message=problem or f"{label}: the round left no {RESULT_FILE}")
         plan = RunPlan.model_validate_json((Path(parameters["run_dir"]) / PLAN_FILE).read_text())
         case = next(c for c in plan.cases if c.name == parameters["case"])
@@ -306,20 +367,19 @@ def run_node(spec: HostSpec, parameters: dict[str, Any]) -> RoundResult:
         return result
 
 
-def dispatch(spec: HostSpec, subflow: Any, deployment_name: str, parameters: dict[str, Any]) -> Any:
+def dispatch(spec: HostSpec, subflow: Any, deployment_name: str, parameters: dict[str, Any]) -> State[Any]:
     """Call a per-host flow: on the host's worker through its deployment (when the inventory says the host
-    runs one), else right here as a subflow. Either way it is nested under this evaluation."""
+    runs one), else right here as a subflow. Either way it is nested under this evaluation; returns its
+    final state."""
     if spec.agent is None:
-        return subflow(**parameters)
+        return subflow(**parameters, return_state=True)
     run = run_deployment(spec.agent.deployment if subflow is host_round else deployment_name,
                          parameters={**parameters, "on_host": True}, work_queue_name=spec.queue,
                          timeout=0, as_subflow=True)
     run = wait_for_agent(spec, run.id, deployment_name)
-    if run.state is None or not run.state.is_completed():
-        state = run.state.name if run.state else "unknown"
-        raise InfrastructureFailure(f"host {spec.name}: {deployment_name} run {run.name} ended {state}: "
-                                    f"{run.state.message if run.state else ''}")
-    return None
+    if run.state is None:
+        raise InfrastructureFailure(f"host {spec.name}: {deployment_name} run {run.name} has no state")
+    return run.state
 
 
 AGENT_POLL_S = 1.0

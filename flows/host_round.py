@@ -13,14 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.states import Completed, Failed, State
 
+from flagperf.config.job import Job
+from flagperf.config.plan import PLAN_FILE, CasePlan, RunPlan
 from flagperf.errors import InfrastructureFailure, RoundUserFailure
 from flagperf.hosts.fleet import open_host, runtime_for
 from flagperf.hosts.health import HealthReport
-from flagperf.hosts.local import Host
 from flagperf.hosts.inventory import HostSpec
-from flagperf.config.job import Job
-from flagperf.config.plan import PLAN_FILE, CasePlan, RunPlan
+from flagperf.hosts.local import Host
 from flagperf.results.provenance import library_versions
 from flagperf.results.schema import RESULT_FILE, Failure, RoundResult, round_dir, write_result
 from flows.logs import route_core_logs
@@ -46,11 +47,14 @@ def read_plan(run_dir: Path) -> RunPlan:
 def host_round(run_dir: str, case: str, round_no: int, host: dict[str, Any], node_rank: int = 0,
                nnodes: int = 1, master_addr: str = "127.0.0.1", master_port: int | None = None,
                image: dict[str, Any] | None = None, probe: dict[str, Any] | None = None,
-               monitor_interval_s: float = 1.0, command: str | None = None, on_host: bool = False) -> dict[str, Any]:
+               monitor_interval_s: float = 1.0, command: str | None = None, on_host: bool = False
+               ) -> State[dict[str, Any]]:
     """Run node ``node_rank`` of ``case`` round ``round_no`` on ``host`` and collect it into ``run_dir``.
 
     on_host: this flow runs on the host itself (dispatched to its worker), so the host is local here and
-    run_dir must be the shared results folder. Returns the round's result (also in its result.json).
+    run_dir must be the shared results folder. Ends Failed when the round failed (so it shows red in the UI,
+    and a retry of the evaluation runs it again), Completed otherwise; the round's result is the state's
+    data and is in its result.json either way.
     """
     spec = HostSpec.model_validate(host)
     plan = read_plan(Path(run_dir))
@@ -61,7 +65,16 @@ def host_round(run_dir: str, case: str, round_no: int, host: dict[str, Any], nod
     result = node_round(target, spec, plan, Path(run_dir), case_plan, round_no, image, probe, monitor_interval_s,
                         command, node_rank=node_rank, nnodes=nnodes, master_addr=master_addr,
                         master_port=master_port)
-    return result.model_dump(mode="json")
+    return round_state(result)
+
+
+def round_state(result: RoundResult) -> State[dict[str, Any]]:
+    """The final state of a host-round: Failed for a failed round (an unsupported one is a result)."""
+    data = result.model_dump(mode="json")
+    if result.status == "failed":
+        why = result.failure.message if result.failure else "failed"
+        return Failed(message=f"{result.case} round {result.round} on {result.host}: {why}", data=data)
+    return Completed(message=result.status, data=data)
 
 
 @flow(name="host-healthcheck", flow_run_name="healthcheck@{host[name]}", log_prints=True)

@@ -24,6 +24,9 @@ SUMMARY_CSV = "summary.csv"
 ROUND_FOLDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*_noderank\d+")
 SUMMARY_JSON = "summary.json"
 REPORT_MD = "report.md"
+PLAN_JSON = "plan.json"
+INTERRUPTED_FILE = "interrupted.json"  # written by the controller when a run is stopped by a signal
+RETRIES_DIR = "retries"  # failed rounds of earlier attempts of the same flow run, set aside for a retry
 
 MONITOR_COLUMNS = ["power_avg_w", "power_max_w", "energy_j", "energy_source", "energy_per_work",
                    "energy_per_work_unit", "cpu_percent_mean", "mem_used_bytes_max", "mem_total_bytes",
@@ -45,6 +48,8 @@ class RunSummary:
     context: dict[str, Any] = field(default_factory=dict)
     monitor_notes: list[str] = field(default_factory=list)
     scaling: list[dict[str, Any]] = field(default_factory=list)
+    progress: dict[str, Any] = field(default_factory=dict)
+    retried: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def all_succeeded(self) -> bool:
@@ -53,7 +58,8 @@ class RunSummary:
     def to_json(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "counts": self.counts, "headline": self.headline,
                 "not_measured": self.not_measured, "problems": self.problems, "context": self.context,
-                "monitor_notes": self.monitor_notes, "scaling": self.scaling}
+                "monitor_notes": self.monitor_notes, "scaling": self.scaling, "progress": self.progress,
+                "retried": self.retried}
 
 
 def load_results(run_dir: Path) -> tuple[list[tuple[Path, RoundResult]], list[str]]:
@@ -180,7 +186,54 @@ def summarize(run_dir: Path) -> RunSummary:
                             "command": prov.command, "image": prov.image.get("status")})
     return RunSummary(run_id=run_dir.name, rows=rows, headline=headline, not_measured=not_measured,
                       counts=counts, problems=problems, context=context, monitor_notes=list(notes),
-                      scaling=scaling_table(rows))
+                      scaling=scaling_table(rows), progress=run_progress(run_dir, results),
+                      retried=retried_rounds(run_dir, results))
+
+
+def run_progress(run_dir: Path, results: list[RoundResult]) -> dict[str, Any]:
+    """Rounds planned (from plan.json: cases x rounds x hosts, an nnodes case on its first nnodes hosts), done
+    and not started, and the interruption if the run was stopped: a report of a stopped run says what it
+    covers instead of reading as a small complete run."""
+    try:
+        plan = json.loads((run_dir / PLAN_JSON).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    hosts = [h.get("name", "?") for h in plan.get("hosts") or []] or ["local"]
+    planned: list[tuple[str, int, str, int]] = []
+    for case in plan.get("cases", []):
+        nnodes = int((case.get("config") or {}).get("nnodes", 1))
+        groups = [hosts[:nnodes]] if nnodes > 1 else [[h] for h in hosts]
+        for round_no in range(1, int(plan.get("rounds", 1)) + 1):
+            planned += [(case["name"], round_no, host, rank) for group in groups for rank, host in enumerate(group)]
+    done = {(r.case, r.round, r.host, r.node_rank) for r in results}
+    progress: dict[str, Any] = {
+        "planned": len(planned), "done": sum(p in done for p in planned),
+        "not_started": [f"{c} round {n} on {h}" + (f" (node {k})" if k else "")
+                        for c, n, h, k in planned if (c, n, h, k) not in done]}
+    try:
+        progress["interrupted"] = json.loads((run_dir / INTERRUPTED_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        progress["interrupted"] = None
+    return progress
+
+
+def retried_rounds(run_dir: Path, results: list[RoundResult]) -> list[dict[str, Any]]:
+    """Rounds that a retry of the flow run ran again: what each earlier attempt ended as, and what the round
+    is now."""
+    now = {(r.case, r.round, r.host, r.node_rank): r.status for r in results}
+    retried = []
+    for path in sorted((run_dir / RETRIES_DIR).glob(f"attempt*/*/round*/*_noderank*/{RESULT_FILE}")):
+        try:
+            earlier = read_result(path)
+        except (OSError, ValueError):
+            continue
+        attempt = path.relative_to(run_dir / RETRIES_DIR).parts[0]
+        retried.append({"case": earlier.case, "round": earlier.round, "host": earlier.host,
+                        "node_rank": earlier.node_rank, "attempt": attempt, "was": earlier.status,
+                        "message": earlier.failure.message if earlier.failure else "",
+                        "now": now.get((earlier.case, earlier.round, earlier.host, earlier.node_rank), "not run"),
+                        "kept_in": path.parent.relative_to(run_dir).as_posix()})
+    return retried
 
 
 def one_figure_per_job(rows: pd.DataFrame) -> pd.DataFrame:
@@ -263,8 +316,14 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = 
                   f"- engine {ctx.get('engine_version')} at git {git}; python {ctx.get('python')}, "
                   f"torch {ctx.get('torch')}, prefect {ctx.get('prefect') or '-'}; image {ctx.get('image')}",
                   f"- command: `{(ctx.get('command') or '-').replace('`', chr(39))}`"]
-    lines += [f"- rounds: {c['rounds']} ({c['success']} succeeded, {c['unsupported']} unsupported, "
-              f"{c['failed']} failed)", ""]
+    progress = summary.progress
+    stopped = progress.get("interrupted") if progress else None
+    if stopped:
+        lines += [f"- **interrupted** ({stopped.get('reason', 'stopped')}) at {stopped.get('at', '?')}: "
+                  f"{progress['done']} of {progress['planned']} planned rounds done, "
+                  f"{len(progress['not_started'])} not started"]
+    lines += [f"- rounds: {c['rounds']}" + (f" of {progress['planned']} planned" if progress else "")
+              + f" ({c['success']} succeeded, {c['unsupported']} unsupported, {c['failed']} failed)", ""]
     if summary.headline:
         lines += ["| " + " | ".join(HEADLINE_HEADER) + " |", "|" + "---|" * len(HEADLINE_HEADER)]
         lines += ["| " + " | ".join(headline_cells(e)) + " |" for e in summary.headline]
@@ -287,6 +346,15 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = 
                   f"{e['message']}"
                   for e in summary.not_measured]
         lines.append("")
+    if stopped and progress["not_started"]:
+        lines += ["## Not started (the run was interrupted)", ""]
+        lines += [f"- {label}" for label in progress["not_started"]] + [""]
+    if summary.retried:
+        lines += ["## Retried rounds", "", "A retry of the flow run ran these rounds again; the earlier attempt's "
+                  "files are kept.", ""]
+        lines += [f"- {e['case']} round {e['round']} on {e['host']}: {e['attempt']} was **{e['was']}**"
+                  f"{' (' + e['message'] + ')' if e['message'] else ''}; now **{e['now']}** "
+                  f"(earlier files in `{e['kept_in']}`)" for e in summary.retried] + [""]
     if summary.problems:
         lines += ["## Unreadable result files", ""] + [f"- {p}" for p in summary.problems] + [""]
     if summary.headline:
