@@ -147,22 +147,21 @@ def run(
     interrupt = Interrupt()
     interrupt.install()
     _prepare_prefect_environment(verbose)
-    from flows.progress import Progress, full_log, live_view
+    from flows.progress import Progress, RunFolderLog, live_view
     from flows.server import TemporaryServer, configured_api_url
 
-    run_dir.mkdir(parents=True, exist_ok=True)
     server: TemporaryServer | None = None
     outcome: BaseException | None = None
     progress = Progress(plan, [spec.name for spec in inv.hosts], run_dir)
     root = logging.getLogger()
-    handlers = [full_log(run_dir), progress]
+    handlers = [RunFolderLog(run_dir), progress]
     state = None
     try:
         if configured_api_url() is None:
             # Our own temporary server rather than Prefect's: its address is in PREFECT_API_URL for every
             # process of the run (so an inference case's steps nest under this evaluation), and it is
             # stopped here, or by its watcher if this process is killed.
-            server = TemporaryServer(run_dir / "prefect-server.log")
+            server = TemporaryServer()
             os.environ["PREFECT_API_URL"] = server.start(interrupt.signals)
         for handler in handlers:
             root.addHandler(handler)
@@ -185,7 +184,7 @@ def run(
         if "prefect" in sys.modules:
             _drain_prefect()
         if server is not None:
-            server.stop()
+            server.stop(keep_log_in=run_dir)
         for handler in handlers:
             root.removeHandler(handler)
             handler.close()

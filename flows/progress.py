@@ -38,7 +38,7 @@ class Progress(logging.Handler):
         super().__init__(level=logging.DEBUG)
         self.run_dir = run_dir
         self.started = time.monotonic()
-        self.lock = threading.Lock()
+        self._rows_lock = threading.Lock()
         self.phase = "starting Prefect"
         self.rows: dict[tuple[str, int, str], dict[str, Any]] = {}
         for case in plan.cases:
@@ -51,7 +51,7 @@ class Progress(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         name = getattr(record, "task_run_name", None) or ""
-        with self.lock:
+        with self._rows_lock:
             if match := ROUND_TASK.match(name):
                 row = self.rows.get((match["case"], int(match["round"]), match["host"]))
                 if row is not None and row["ended"] is None:
@@ -77,7 +77,7 @@ class Progress(logging.Handler):
                 row["since"] = row["since"] or row["ended"]
 
     def __rich__(self) -> RenderableType:
-        with self.lock:
+        with self._rows_lock:
             self._refresh_done()
             now = time.monotonic()
             table = Table("case", "round", "host", "stage", "elapsed", title_justify="left",
@@ -92,13 +92,36 @@ class Progress(logging.Handler):
         return Group(table, footer)
 
 
-def full_log(run_dir: Path) -> logging.Handler:
-    """Every log line of the run (Prefect's and the core's, INFO and up) into the run folder."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(run_dir / CONTROLLER_LOG, encoding="utf-8")
-    handler.setLevel(logging.INFO)
-    handler.setFormatter(RunFormatter())
-    return handler
+class RunFolderLog(logging.Handler):
+    """Every log line of the run (Prefect's and the core's, INFO and up) into the run folder. The folder is
+    made by the evaluation (which refuses one that exists), so lines wait in memory until it is there."""
+
+    def __init__(self, run_dir: Path) -> None:
+        super().__init__(level=logging.INFO)
+        self.path = run_dir / CONTROLLER_LOG
+        self.pending: list[str] = []
+        self.file: Any = None
+        self.setFormatter(RunFormatter())
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record) + "\n"
+            if self.file is None and self.path.parent.is_dir():
+                self.file = self.path.open("a", encoding="utf-8")
+                self.file.writelines(self.pending)
+                self.pending.clear()
+            if self.file is None:
+                self.pending.append(line)
+            else:
+                self.file.write(line)
+                self.file.flush()
+        except Exception:
+            self.handleError(record)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        super().close()
 
 
 class RunFormatter(logging.Formatter):

@@ -149,9 +149,11 @@ class TemporaryServer:
     at it through PREFECT_API_URL, it is stopped when the run ends, interrupted or not, and its watcher
     stops it if this process is killed outright."""
 
-    def __init__(self, log_path: Path) -> None:
-        self.log_path = log_path
+    LOG = "prefect-server.log"
+
+    def __init__(self) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="flagperf-prefect-"))
+        self.log_path = self.folder / self.LOG
         self.port = free_port()
         self.api_url = f"http://127.0.0.1:{self.port}/api"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -165,7 +167,6 @@ class TemporaryServer:
                "PREFECT__SERVER_FINAL": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                DATABASE_URL_ENV: f"sqlite+aiosqlite:///{self.folder / 'prefect.db'}"}
         env.pop("PREFECT_API_URL", None)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(watched(
                 [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(spec.origin).parent.parent), "--factory",
@@ -176,10 +177,13 @@ class TemporaryServer:
             "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", HEALTH_TIMEOUT_S)))
         return self.api_url
 
-    def stop(self) -> None:
+    def stop(self, keep_log_in: Path | None = None) -> None:
+        """Stop the server and remove its database; its log is kept in ``keep_log_in`` if that folder exists."""
         if self.proc is not None:
             _stop(self.proc, grace_s=8.0)
             self.proc = None
+        if keep_log_in is not None and keep_log_in.is_dir() and self.log_path.is_file():
+            shutil.copyfile(self.log_path, keep_log_in / self.LOG)
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
