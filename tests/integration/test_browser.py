@@ -170,8 +170,19 @@ def test_evaluate_from_the_form_then_logs_report_and_schedule(team_server: Serve
             report.screenshot(path=SHOTS / "5-report.png", full_page=True)
 
             # The nightly deployment's schedule: upcoming runs.
-            page.goto(f"{team_server.ui}/deployments/deployment/{nightly_id}?tab=Upcoming", wait_until="networkidle")
-            expect(page.get_by_text("Scheduled").first).to_be_visible()
+            # The server's scheduler makes them within a minute or so of the deployment (it did so during the
+            # evaluation above, as a rule); the page is reloaded until they show.
+            def upcoming() -> bool:
+                page.goto(f"{team_server.ui}/deployments/deployment/{nightly_id}?tab=Upcoming",
+                          wait_until="networkidle")
+                try:
+                    expect(page.get_by_text("Scheduled for").first).to_be_visible(timeout=10_000)
+                except AssertionError:
+                    return False
+                return True
+
+            wait_until("the nightly deployment's upcoming runs", upcoming, 300, every_s=5)
+            assert "02:00 AM every day" in page.inner_text("body")
             page.screenshot(path=SHOTS / "6-nightly-upcoming.png", full_page=True)
         except BaseException:
             page.screenshot(path=SHOTS / "failure.png", full_page=True)
