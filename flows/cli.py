@@ -181,6 +181,8 @@ def run(
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda signum, _frame: interrupt.signals.append(signum))
+        if not verbose:
+            console.line()  # the live view's last frame ends without one
         if "prefect" in sys.modules:
             _drain_prefect()
         if server is not None:
@@ -191,7 +193,13 @@ def run(
     interrupted = interrupt.signals or (outcome is not None and not isinstance(outcome, Exception))
     if interrupted:
         if (run_dir / SUMMARY_JSON).is_file():
-            _print_summary(read_summary_json(run_dir), run_dir)
+            summary = read_summary_json(run_dir)
+            if summary["headline"]:
+                _print_summary(summary, run_dir)
+            if made := summary.get("progress"):
+                console.print(f"interrupted: {made['done']} of {made['planned']} planned rounds done, "
+                              f"{len(made['stopped'])} stopped while running, {len(made['not_started'])} "
+                              f"not started (report.md)")
         raise _fail(f"interrupted; the report of what was done is in {run_dir}", interrupt.exit_code(outcome))
     if outcome is not None:
         first = str(outcome).splitlines()[0] if str(outcome) else ""

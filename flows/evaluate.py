@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -120,10 +121,12 @@ def evaluate(
     check_scale(plan, list(hosts), probes)  # again, with the devices the images see
 
     results: list[RoundResult] = []
+    running: list[Any] | None = None  # the case round in flight, for the report of an interrupted run
     try:
         for case in plan.cases:
             framework = inv.frameworks.get(case.name)
             for round_no in range(1, plan.rounds + 1):
+                running = [case.name, round_no]
                 calls: list[Callable[[], list[RoundResult]]] = []
                 for group in node_groups(case.config, list(specs)):
                     calls.append(partial(group_round, group, specs, plan, run_dir, case.name, round_no,
@@ -133,9 +136,10 @@ def evaluate(
                     results.extend(group_results)
     except BaseException as exc:
         if not isinstance(exc, Exception):  # Ctrl-C, SIGTERM, a cancelled flow run: the report must say so
-            reason = str(exc) or type(exc).__name__
+            signum = getattr(exc, "signal", None)  # Prefect's TerminationSignal carries the signal
+            reason = signal.Signals(signum).name if signum else (str(exc) or type(exc).__name__)
             write_json_atomic(run_dir / INTERRUPTED_FILE, {"reason": reason, "at": time.strftime(
-                "%Y-%m-%d %H:%M:%S %Z"), "rounds_done": len(results)})
+                "%Y-%m-%d %H:%M:%S %Z"), "running": running})
             logger.warning("interrupted (%s): stopping the cases and monitors, then writing the report", reason)
         raise
     finally:

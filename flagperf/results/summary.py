@@ -206,14 +206,17 @@ def run_progress(run_dir: Path, results: list[RoundResult]) -> dict[str, Any]:
         for round_no in range(1, int(plan.get("rounds", 1)) + 1):
             planned += [(case["name"], round_no, host, rank) for group in groups for rank, host in enumerate(group)]
     done = {(r.case, r.round, r.host, r.node_rank) for r in results}
-    progress: dict[str, Any] = {
-        "planned": len(planned), "done": sum(p in done for p in planned),
-        "not_started": [f"{c} round {n} on {h}" + (f" (node {k})" if k else "")
-                        for c, n, h, k in planned if (c, n, h, k) not in done]}
     try:
-        progress["interrupted"] = json.loads((run_dir / INTERRUPTED_FILE).read_text(encoding="utf-8"))
+        interrupted = json.loads((run_dir / INTERRUPTED_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        progress["interrupted"] = None
+        interrupted = None
+    running = tuple((interrupted or {}).get("running") or ())  # (case, round) in flight when it was stopped
+    progress: dict[str, Any] = {"planned": len(planned), "done": sum(p in done for p in planned),
+                                "stopped": [], "not_started": [], "interrupted": interrupted}
+    for c, n, h, k in planned:
+        if (c, n, h, k) not in done:
+            which = "stopped" if (c, n) == running else "not_started"
+            progress[which].append(f"{c} round {n} on {h}" + (f" (node {k})" if k else ""))
     return progress
 
 
@@ -320,8 +323,8 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = 
     stopped = progress.get("interrupted") if progress else None
     if stopped:
         lines += [f"- **interrupted** ({stopped.get('reason', 'stopped')}) at {stopped.get('at', '?')}: "
-                  f"{progress['done']} of {progress['planned']} planned rounds done, "
-                  f"{len(progress['not_started'])} not started"]
+                  f"{progress['done']} of {progress['planned']} planned rounds done, {len(progress['stopped'])} "
+                  f"stopped while running, {len(progress['not_started'])} not started"]
     lines += [f"- rounds: {c['rounds']}" + (f" of {progress['planned']} planned" if progress else "")
               + f" ({c['success']} succeeded, {c['unsupported']} unsupported, {c['failed']} failed)", ""]
     if summary.headline:
@@ -346,6 +349,9 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = 
                   f"{e['message']}"
                   for e in summary.not_measured]
         lines.append("")
+    if stopped and progress["stopped"]:
+        lines += ["## Stopped while running (the run was interrupted)", ""]
+        lines += [f"- {label}" for label in progress["stopped"]] + [""]
     if stopped and progress["not_started"]:
         lines += ["## Not started (the run was interrupted)", ""]
         lines += [f"- {label}" for label in progress["not_started"]] + [""]
