@@ -141,7 +141,7 @@ def run(
     for note in inv.notes:
         err_console.print(f"[yellow]note[/] {escape(note)}", highlight=False, soft_wrap=True)
     console.print(f"[bold]run {plan.run_id}[/]: {len(plan.cases)} cases x {plan.rounds} rounds, vendor "
-                  f"{plan.vendor}" + (f", suite {plan.suite}" if plan.suite else "")
+                  f"{plan.vendor.name}" + (f", suite {plan.suite}" if plan.suite else "")
                   + f", {len(inv.hosts)} host(s) from {inv.source}")
     run_dir = plan.run_dir
     interrupt = Interrupt()
