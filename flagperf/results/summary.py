@@ -202,17 +202,20 @@ def run_progress(run_dir: Path, results: list[RoundResult]) -> dict[str, Any]:
     """Rounds planned (from plan.json: cases x rounds x hosts, an nnodes case on its first nnodes hosts), done
     and not started, and the interruption if the run was stopped: a report of a stopped run says what it
     covers instead of reading as a small complete run."""
+    planned: list[tuple[str, int, str, int]] = []
     try:
         plan = json.loads((run_dir / PLAN_JSON).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        hosts = [h["name"] for h in plan.get("hosts") or []] or ["local"]
+        for case in plan["cases"]:
+            nnodes = int((case.get("config") or {}).get("nnodes", 1))
+            groups = [hosts[:nnodes]] if nnodes > 1 else [[h] for h in hosts]
+            for round_no in range(1, int(plan["rounds"]) + 1):
+                planned += [(case["name"], round_no, host, rank) for group in groups
+                            for rank, host in enumerate(group)]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # no plan, or not one: counts alone
         return {}
-    hosts = [h.get("name", "?") for h in plan.get("hosts") or []] or ["local"]
-    planned: list[tuple[str, int, str, int]] = []
-    for case in plan.get("cases", []):
-        nnodes = int((case.get("config") or {}).get("nnodes", 1))
-        groups = [hosts[:nnodes]] if nnodes > 1 else [[h] for h in hosts]
-        for round_no in range(1, int(plan.get("rounds", 1)) + 1):
-            planned += [(case["name"], round_no, host, rank) for group in groups for rank, host in enumerate(group)]
+    if not planned:
+        return {}
     done = {(r.case, r.round, r.host, r.node_rank) for r in results}
     try:
         interrupted = json.loads((run_dir / INTERRUPTED_FILE).read_text(encoding="utf-8"))
