@@ -255,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("httpcore").setLevel(logging.WARNING)
     os.environ.setdefault("PREFECT_LOGGING_COLORS", "false")
+    # The core's lines outside the step subflows are case output (case.log), not a warning about a missing run.
+    os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
     try:
         job = Job.model_validate_json(args.job.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:

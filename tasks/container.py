@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from flagperf.inference.subflows import portable_context
 from flagperf.results.schema import CASE_LOG_FILE, RESULT_FILE, RoundResult, read_result
 
 LOG_TAIL_LINES = 15
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # colour codes some libraries print (ONNX Runtime's warnings)
 
 
 def is_infrastructure_failure(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> bool:
@@ -41,7 +43,8 @@ def run_case(host: Host, runtime: Runtime, job: Job, stage_dir: Path, timeout_s:
     job_dir = stage_dir / f"attempt{attempt}"
     host.write_text(job_dir / JOB_FILE, job.model_dump_json(indent=2))
     logger.info("attempt %d: %s runtime, timeout %.0f s", attempt, runtime.name, timeout_s)
-    outcome = runtime.run_entry(host, job_dir, timeout_s, on_line=logger.info, pid_file=stage_dir / PID_FILE)
+    outcome = runtime.run_entry(host, job_dir, timeout_s, on_line=lambda line: logger.info(ANSI_ESCAPE.sub("", line)),
+                                pid_file=stage_dir / PID_FILE)
     if outcome.timed_out:
         raise InfrastructureFailure(f"{job.case} round {job.round} on {host.name}: timed out after {timeout_s:.0f} s "
                                     f"(timeout_s); the process group was killed")
