@@ -41,7 +41,7 @@ def analyze(run_dir: Path) -> RunSummary:
     create_table_artifact(table=table, key="flagperf-summary",
                           description=f"{summary.run_id}: measured vs peak per case and metric")
     url = published_url(run_dir)
-    markdown = render_markdown(summary)
+    markdown = render_markdown(summary, monitor_table=False)  # the UI's artifact page is narrow
     if url:  # plots only where a browser can fetch them: from the results service
         markdown += f"\n## Plots\n\nThe full report: [{url}report.html]({url}report.html)\n"
         for plot in sorted(paths["plots"].glob("*.png")):

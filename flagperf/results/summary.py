@@ -319,7 +319,10 @@ HEADLINE_HEADER = ["case", "metric", "measured", "unit", "p50", "spread (CV)", "
                    "rounds"]
 
 
-def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = None) -> str:
+def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = None, *,
+                    monitor_table: bool = True) -> str:
+    """The report as Markdown. monitor_table=False leaves out the eleven-column power/energy/memory table (for
+    narrow viewers such as the Prefect UI's artifact page; the HTML report and summary.csv keep it)."""
     ctx = summary.context
     c = summary.counts
     lines = [f"# FlagPerf evaluation {summary.run_id}", ""]
@@ -344,7 +347,10 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = 
         lines.append("")
     lines += render_chip_section(summary.headline)
     lines += render_max_achievable(summary.headline)
-    lines += render_monitor_section(summary)
+    if monitor_table:
+        lines += render_monitor_section(summary)
+    elif summary.headline:
+        lines += ["Power, energy and memory over each timed region: in the HTML report and summary.csv.", ""]
     if summary.scaling:
         lines += ["## Scaling", "", "| case | metric | nodes | devices per node | devices | throughput | speed-up | "
                   "efficiency |", "|---|---|---|---|---|---|---|---|"]

@@ -1,6 +1,6 @@
-"""`flagperf run` (the embedded default) stopped from outside: SIGTERM mid-round ends the case, the monitors
-and the temporary server, writes a report that says what was done, and exits 143; SIGKILL leaves no server
-behind (its watcher stops it)."""
+"""`flagperf run` (the embedded default) stopped from outside: SIGTERM or SIGINT mid-round ends the case, the
+monitors and the temporary server, writes a report that says what was done, and exits 128 + the signal;
+SIGKILL leaves no server behind (its watcher stops it)."""
 
 from __future__ import annotations
 
@@ -46,31 +46,32 @@ def gone(processes: list[psutil.Process]) -> list[psutil.Process]:
     return [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
 
 
-def test_sigterm_stops_everything_and_reports_what_was_done(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_stops_everything_and_reports_what_was_done(tmp_path: Path, sig: signal.Signals) -> None:
     proc, results = start_run(tmp_path)
     try:
         started = wait_for_the_case(proc, results)
         assert any("uvicorn" in " ".join(p.cmdline()) for p in started)  # the run's own temporary server
         assert any("--parent-pid" in p.cmdline() for p in started)  # a monitor
         signalled = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         out, _ = proc.communicate(timeout=300)
-        print(f"exited {time.monotonic() - signalled:.1f} s after SIGTERM")  # the issue asks for < 15 s
+        print(f"exited {time.monotonic() - signalled:.1f} s after {sig.name}")  # the issue asks for < 15 s
     finally:
         proc.kill()
-    assert proc.returncode == 128 + signal.SIGTERM, out
+    assert proc.returncode == 128 + sig, out
     assert "interrupted: 0 of 2 planned rounds done, 1 stopped while running, 1 not started" in out, out
     assert not gone(started), "processes of the run outlived it"
     (run_dir,) = results.iterdir()
     report = (run_dir / "report.md").read_text(encoding="utf-8")
-    assert "**interrupted** (SIGTERM)" in report
+    assert f"**interrupted** ({sig.name})" in report
     assert "## Stopped while running" in report and "- computation-FP32 round 1 on" in report
     assert "## Not started" in report and "- computation-FP32 round 2 on" in report
     progress = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))["progress"]
     assert progress["planned"] == 2 and progress["done"] == 0
     # The whole log of the run is in its folder, though the console showed the live view only.
     log = (run_dir / "controller.log").read_text(encoding="utf-8")
-    assert "run_case[computation-FP32/round1@" in log and "interrupted (SIGTERM)" in log
+    assert "run_case[computation-FP32/round1@" in log and f"interrupted ({sig.name})" in log
 
 
 def test_sigkill_leaves_no_server(tmp_path: Path) -> None:

@@ -76,7 +76,7 @@ def test_server_on_postgres_with_a_worker(tmp_path: Path) -> None:
         assert workers and workers[0]["status"] == "ONLINE", workers
         assert pool.json()["type"] == "process"
         # The server really stores in PostgreSQL: the pool is a row there.
-        assert pools_in_postgres() == ["flagperf-test"]
+        assert "flagperf-test" in pools_in_postgres()  # other tests of the session may add their pools
         # The UI in a browser asks this endpoint where the API is: this server, not port 4200.
         settings = httpx.get(f"http://127.0.0.1:{port}/ui-settings", timeout=10).json()
         assert settings["api_url"] == api, settings
