@@ -86,8 +86,8 @@ def team_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
                              str(tmp / "logs")], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        wait_until("the worker", lambda: proc.poll() is None and httpx.post(
-            f"{api}/work_pools/flagperf/workers/filter", json={}, timeout=5).json(), 300)
+        wait_until("the worker", lambda: proc.poll() is None and any(w["status"] == "ONLINE" for w in httpx.post(
+            f"{api}/work_pools/flagperf/workers/filter", json={}, timeout=5).json()), 300)
         deployed = subprocess.run([sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"], cwd=ROOT,
                                   env={**env, "PREFECT_API_URL": api, "PWD": str(ROOT)}, capture_output=True,
                                   text=True, timeout=300)
