@@ -127,11 +127,15 @@ def test_evaluate_from_the_form_then_logs_report_and_schedule(team_server: Serve
             results_field = page.locator(".schema-form-property").filter(has_text="results_dir").locator("textarea")
             results_field.fill(str(team_server.results))
             page.screenshot(path=SHOTS / "1-form.png", full_page=True)
-            page.get_by_role("button", name="Submit").click()
 
-            runs = wait_until("the flow run made by the form", lambda: httpx.post(
-                f"{team_server.api}/flow_runs/filter", json={"deployments": {"id": {"any_": [evaluate_id]}}},
-                timeout=10).json(), 60)
+            def runs_of_evaluate() -> list[dict]:
+                return httpx.post(f"{team_server.api}/flow_runs/filter",
+                                  json={"deployments": {"id": {"any_": [evaluate_id]}}}, timeout=10).json()
+
+            earlier = {r["id"] for r in runs_of_evaluate()}  # none on a fresh database
+            page.get_by_role("button", name="Submit").click()
+            runs = wait_until("the flow run made by the form",
+                              lambda: [r for r in runs_of_evaluate() if r["id"] not in earlier], 60)
             (run,) = runs
             assert run["parameters"]["suite"] == "tiny"
             page.goto(f"{team_server.ui}/runs/flow-run/{run['id']}", wait_until="networkidle")
