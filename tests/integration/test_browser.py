@@ -147,7 +147,8 @@ def test_evaluate_from_the_form_then_logs_report_and_schedule(team_server: Serve
             assert finished["state"]["type"] == "COMPLETED", finished["state"]
 
             # A run_case task's logs: the case's own output, no transport chatter.
-            tasks = httpx.post(f"{team_server.api}/task_runs/filter", json={}, timeout=10).json()
+            tasks = httpx.post(f"{team_server.api}/task_runs/filter", json={"sort": "EXPECTED_START_TIME_DESC"},
+                               timeout=10).json()  # the newest first: this run's
             case_task = next(t for t in tasks if t["name"] == "run_case[computation-FP32/round1@localhost]")
             page.goto(f"{team_server.ui}/runs/task-run/{case_task['id']}", wait_until="networkidle")
             expect(page.get_by_text("gemm_fp32:").first).to_be_visible()
