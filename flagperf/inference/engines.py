@@ -185,8 +185,13 @@ def load_engine(vendor: str, name: str, source: str = "compiler") -> EngineDef:
     manifest = load_model(folder / ENGINE_MANIFEST, EngineManifest)
     if manifest.name != name:
         raise ConfigError(display_path(folder / ENGINE_MANIFEST), "name", f"must match the folder name ({name!r})")
-    if manifest.file is not None and not (folder / manifest.file).is_file():
-        raise ConfigError(display_path(folder / ENGINE_MANIFEST), "file", f"{manifest.file!r} does not exist")
+    if manifest.file is not None:
+        target = (folder / manifest.file).resolve()
+        if not target.is_relative_to(folder.resolve()):  # '../x.py', an absolute path, a link out of the folder
+            raise ConfigError(display_path(folder / ENGINE_MANIFEST), "file",
+                              f"{manifest.file!r} is outside the engine's folder")
+        if not target.is_file():
+            raise ConfigError(display_path(folder / ENGINE_MANIFEST), "file", f"{manifest.file!r} does not exist")
     if manifest.module is not None and importlib.util.find_spec(manifest.module) is None:
         raise ConfigError(display_path(folder / ENGINE_MANIFEST), "module", f"no module named {manifest.module!r}")
     return EngineDef(manifest=manifest, folder=folder)

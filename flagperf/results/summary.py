@@ -18,8 +18,16 @@ import pandas as pd
 
 from flagperf.results.analysis import WindowStats, energy_per_work, read_monitors, window_stats, work_unit
 from flagperf.results.chipstate import CHIP_COLUMNS, headline_state, render_chip_section, window_columns
+from flagperf.results.faults import BOUNDED_NOTE, find_faults
 from flagperf.results.metrics import coefficient_of_variation
-from flagperf.results.schema import RESULT_FILE, Metric, RoundResult, read_result, write_json_atomic
+from flagperf.results.schema import (
+    RESULT_FILE,
+    Metric,
+    RoundResult,
+    read_result,
+    write_json_atomic,
+    write_text_atomic,
+)
 from flagperf.results.serving import serving_markdown
 
 SUMMARY_CSV = "summary.csv"
@@ -53,6 +61,7 @@ class RunSummary:
     scaling: list[dict[str, Any]] = field(default_factory=list)
     progress: dict[str, Any] = field(default_factory=dict)
     retried: list[dict[str, Any]] = field(default_factory=list)
+    faults: list[str] = field(default_factory=list)  # what went wrong or was bounded (flagperf/results/faults.py)
 
     @property
     def all_succeeded(self) -> bool:
@@ -61,8 +70,8 @@ class RunSummary:
     def to_json(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "counts": self.counts, "headline": self.headline,
                 "not_measured": self.not_measured, "problems": self.problems, "context": self.context,
-                "monitor_notes": self.monitor_notes, "scaling": self.scaling, "progress": self.progress,
-                "retried": self.retried}
+                "monitor_notes": self.monitor_notes, "scaling": self.scaling, "faults": self.faults,
+                "progress": self.progress, "retried": self.retried}
 
 
 def load_results(run_dir: Path) -> tuple[list[tuple[Path, RoundResult]], list[str]]:
@@ -157,6 +166,7 @@ def summarize(run_dir: Path) -> RunSummary:
             "spread_over": "rounds" if cv_rounds is not None else ("chunks" if cv_chunks is not None else None),
             "rounds": int(group["round"].nunique()), "peak": peak, "peak_unit": _clean(group["peak_unit"].iloc[0]),
             "ratio": ratio, "above_peak": bool(ratio is not None and ratio > 1.0),
+            "lower_bound": bool(group["note"].map(lambda n: isinstance(n, str) and BOUNDED_NOTE in n).any()),
             "convention": _clean(group["convention"].iloc[0]), "peak_source": _clean(group["peak_source"].iloc[0]),
             "mfu": _mean(group["mfu"]),
             "power_avg_w": _mean(group["power_avg_w"]), "power_max_w": _max(group["power_max_w"]),
@@ -194,7 +204,8 @@ def summarize(run_dir: Path) -> RunSummary:
                             "command": prov.command, "image": prov.image.get("status")})
     return RunSummary(run_id=run_dir.name, rows=rows, headline=headline, not_measured=not_measured,
                       counts=counts, problems=problems, context=context, monitor_notes=list(notes),
-                      scaling=scaling_table(rows), progress=run_progress(run_dir, results),
+                      scaling=scaling_table(rows), faults=find_faults(run_dir, loaded, headline),
+                      progress=run_progress(run_dir, results),
                       retried=retried_rounds(run_dir, results))
 
 
@@ -311,8 +322,11 @@ def headline_cells(entry: dict[str, Any]) -> list[str]:
     spread = f"±{entry['spread_cv']:.1%} ({entry['spread_over']})" if entry["spread_cv"] is not None else "-"
     ratio = fmt_pct(entry["ratio"]) + (" (above peak!)" if entry["above_peak"] else "")
     peak = f"{fmt(entry['peak'])} {entry['peak_unit']}" if entry["peak"] is not None else "unknown"
-    return [entry["case"], entry["metric"], fmt(entry["value"]), entry["unit"], fmt(entry["p50"]), spread, peak,
-            ratio, fmt_pct(entry.get("mfu")), str(entry["rounds"])]
+    measured = ("≥ " if entry.get("lower_bound") else "") + fmt(entry["value"])  # a bound by design, said
+    mfu = entry.get("mfu")
+    mfu_cell = fmt_pct(mfu) + (" (above 100%!)" if mfu is not None and mfu > 1.0 else "")
+    return [entry["case"], entry["metric"], measured, entry["unit"], fmt(entry["p50"]), spread, peak,
+            ratio, mfu_cell, str(entry["rounds"])]
 
 
 HEADLINE_HEADER = ["case", "metric", "measured", "unit", "p50", "spread (CV)", "peak", "measured/peak", "MFU",
@@ -374,12 +388,7 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = 
     if stopped and progress["not_started"]:
         lines += ["## Not started (the run was interrupted)", ""]
         lines += [f"- {label}" for label in progress["not_started"]] + [""]
-    if summary.retried:
-        lines += ["## Retried rounds", "", "A retry of the flow run ran these rounds again; the earlier attempt's "
-                  "files are kept.", ""]
-        lines += [f"- {e['case']} round {e['round']} on {e['host']}: {e['attempt']} was **{e['was']}**"
-                  f"{' (' + e['message'] + ')' if e['message'] else ''}; now **{e['now']}** "
-                  f"(earlier files in `{e['kept_in']}`)" for e in summary.retried] + [""]
+    lines += render_faults(summary)
     if summary.problems:
         lines += ["## Unreadable result files", ""] + [f"- {p}" for p in summary.problems] + [""]
     if summary.headline:
@@ -396,6 +405,12 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = 
         for title, path in plots:
             lines += [f"### {title}", "", f"![{title}]({path.as_posix()})", ""]
     return "\n".join(lines)
+
+
+def render_faults(summary: RunSummary) -> list[str]:
+    if not summary.faults:
+        return []
+    return ["## Faults and bounds", "", *[f"- {fault}" for fault in summary.faults], ""]
 
 
 def _best_search(group: pd.DataFrame) -> dict[str, Any] | None:
@@ -456,14 +471,10 @@ def render_monitor_section(summary: RunSummary) -> list[str]:
 def write_summary(run_dir: Path, summary: RunSummary, plots: list[tuple[str, Path]] | None = None
                   ) -> dict[str, Path]:
     paths = {"csv": run_dir / SUMMARY_CSV, "json": run_dir / SUMMARY_JSON, "markdown": run_dir / REPORT_MD}
-    tmp_csv = paths["csv"].with_name(f".{SUMMARY_CSV}.tmp")
-    summary.rows.to_csv(tmp_csv, index=False)
-    tmp_csv.replace(paths["csv"])
+    write_text_atomic(paths["csv"], summary.rows.to_csv(index=False))
     write_json_atomic(paths["json"], summary.to_json())
-    tmp_md = paths["markdown"].with_name(f".{REPORT_MD}.tmp")
     text = render_markdown(summary, plots) + "\n".join(["", *serving_markdown(run_dir, summary.rows)])
-    tmp_md.write_text(text, encoding="utf-8")
-    tmp_md.replace(paths["markdown"])
+    write_text_atomic(paths["markdown"], text)
     return paths
 
 

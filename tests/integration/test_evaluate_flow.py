@@ -194,7 +194,7 @@ def test_retrying_a_failed_evaluation_reruns_only_the_failed_rounds(flagperf_env
     # The report says which rounds a retry ran again and what they were before.
     assert [(e["case"], e["round"], e["was"], e["now"]) for e in summary["retried"]] == [
         ("fails-until-fixed", 1, "failed", "success"), ("fails-until-fixed", 2, "failed", "success")]
-    assert "## Retried rounds" in (run_dir / "report.md").read_text(encoding="utf-8")
+    assert "run again by a retry of the flow run" in (run_dir / "report.md").read_text(encoding="utf-8")
 
 
 def test_training_killed_mid_way_says_where_it_stopped(flagperf_env: Path) -> None:
