@@ -92,8 +92,8 @@ def test_two_ssh_hosts_run_their_rounds_in_containers(flagperf_env: Path, tmp_pa
     assert docker.from_env().containers.list(all=True, filters={"label": "org.flagperf.job"}) == []
     # The tag is the content hash of the Dockerfile folder and build args; with nothing changed, asking for
     # the image again builds nothing.
-    from flagperf.hosts.docker import context_digest, ensure_image, image_context, image_tag
     from flagperf.config.vendors import load_vendor
+    from flagperf.hosts.docker import context_digest, ensure_image, image_context, image_tag
 
     context = image_context(load_vendor("cpu"), "pytorch")
     tag = image_tag("cpu", "pytorch", context_digest(context, image["build_args"]))
@@ -306,6 +306,32 @@ def test_training_across_two_hosts_converges(flagperf_env: Path, tmp_path: Path,
         assert result.convergence is not None and result.convergence.converged
         for rank in range(node * nproc, (node + 1) * nproc):  # global ranks of this node
             assert (folder / f"rank{rank}.out.log").is_file(), sorted(p.name for p in folder.iterdir())
+
+
+def test_llama_sharded_across_two_hosts(flagperf_env: Path, tmp_path: Path, testbed: Testbed,
+                                       deployed: Path) -> None:
+    """llama-pretrain's tiny preset at 2x1 with FSDP2 (fully_shard over gloo): parameters sharded across two
+    network namespaces; both nodes finish, evaluate the same sharded model and report per-device figures."""
+    import math
+
+    from flagperf.measure.perflog import parse_file
+
+    inventory = write_inventory(tmp_path, [host_entry(testbed, i, deployed) for i in (0, 1)], master_port=29617)
+    state, run_dir = run_evaluate(flagperf_env, cases=["llama-pretrain"], rounds=1, inventory=inventory,
+                                  overrides=["nnodes=2", "parallel=fsdp", "batch_size=8", "synthetic_sequences=128",
+                                             "max_steps=6", "max_epochs=2", "cpu_threads=1", "timeout_s=600"])
+    assert state.is_completed(), state.message
+    finals = []
+    for node, host in enumerate(testbed.hosts[:2]):
+        folder = run_dir / "llama-pretrain" / "round1" / f"{host.name}_noderank{node}"
+        result = read_result(folder / "result.json")
+        assert result.status == "success" and result.node_rank == node
+        extra = parse_file(folder / f"rank{node}.out.log").finished()[node]["extra"]
+        assert extra["parallel"] == "fsdp" and extra["world_size"] == 2 and extra["fsdp_units"] == 2
+        metrics = {m.name: m for m in result.metrics}
+        assert metrics["tokens_per_s_per_device"].value == pytest.approx(metrics["tokens_per_s"].value / 2)
+        finals.append(result.convergence.reached)
+    assert finals[0] == pytest.approx(finals[1], rel=1e-5) and finals[0] < math.log(256) - 0.3
 
 
 def test_flagperf_host_yaml_runs_through_the_cli(tmp_path: Path, testbed: Testbed, deployed: Path) -> None:

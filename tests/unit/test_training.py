@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from flagperf.config.job import Job
 from flagperf.config.models import merge_vendor_overrides
+from flagperf.config.plan import plan_run
 from flagperf.entry import run_job
 from flagperf.errors import CaseUserError, ConfigError
-from flagperf.config.job import Job
 from flagperf.measure.perflog import format_line, parse_file, parse_text
-from flagperf.config.plan import plan_run
 from flagperf.results.schema import read_result
 from flagperf.training.driver import FINISHED_KEYS
 from flagperf.training.launch import where_it_stopped
@@ -269,7 +269,7 @@ def test_model_shapes_are_presets_with_explicit_sizes(tmp_path: Path) -> None:
     assert (one_b.hidden_size, one_b.num_layers, one_b.num_kv_heads, one_b.tie_embeddings) == (2048, 16, 8, True)
     wider, _ = shape("model=llama-3-8b", "num_layers=2")  # an explicit size replaces the preset's, the rest stay
     assert (wider.hidden_size, wider.intermediate_size, wider.num_layers) == (4096, 14336, 2)
-    with pytest.raises(ConfigError, match="unknown model preset 'llama-9'.*known: llama-3-8b, llama-3.2-1b, tiny"):
+    with pytest.raises(ConfigError, match=r"unknown model preset 'llama-9'.*known: llama-3-8b, llama-3\.2-1b, tiny"):
         shape("model=llama-9")
     with pytest.raises(ConfigError, match="must divide evenly"):
         shape("num_heads=3")
@@ -353,7 +353,8 @@ def test_resnet_on_synthetic_images_channels_last(tmp_path: Path) -> None:
     result = read_result(out / "result.json")
     assert code == 0, result.failure
     throughput = next(m for m in result.metrics if m.name == "training_throughput")
-    assert throughput.mfu is not None and throughput.mfu_peak_key == "bf16" and "synthetic data" in throughput.convention
+    assert throughput.mfu is not None and throughput.mfu_peak_key == "bf16"
+    assert "synthetic data" in throughput.convention
     extra = parse_file(out / "rank0.out.log").finished()[0]["extra"]
     assert extra["channels_last"] is True and extra["synthetic_data"] is True
     assert result.convergence.steps == 4  # 32 images in batches of 8

@@ -47,7 +47,7 @@ class Config(TrainingConfig):
 def mask(tokens: torch.Tensor, probability: float, mask_id: int, generator: torch.Generator
          ) -> tuple[torch.Tensor, torch.Tensor]:
     """(inputs with masked positions replaced by mask_id, labels with IGNORE where not masked)."""
-    chosen = torch.rand(tokens.shape, generator=generator) < probability
+    chosen = torch.rand(tokens.shape, generator=generator, device=tokens.device) < probability
     return torch.where(chosen, torch.full_like(tokens, mask_id), tokens), torch.where(chosen, tokens, IGNORE)
 
 
@@ -91,13 +91,14 @@ def run(config: Config, ctx: TrainingContext) -> None:
     ctx.extra["model"] = config.model if not config.checkpoint_path else config.checkpoint_path
     model = ctx.wrap(model)
     optimizer = ctx.optimizer(torch.optim.AdamW, model.parameters(), lr=config.lr)
-    generator = torch.Generator().manual_seed(config.seed + ctx.rank)
+    generator = torch.Generator(device=ctx.device).manual_seed(config.seed + ctx.rank)
     ctx.init_done()
     for _epoch in ctx.epochs():
         for (batch,) in ctx.batches(loader):
-            inputs, labels = mask(batch, config.mask_probability, shape.vocab_size - 1, generator)
+            # Masked on the device: fresh host tensors would be copied from pageable memory, a sync per step.
+            inputs, labels = mask(ctx.to_device(batch), config.mask_probability, shape.vocab_size - 1, generator)
             with ctx.autocast():
-                loss = model(input_ids=ctx.to_device(inputs), labels=ctx.to_device(labels)).loss
+                loss = model(input_ids=inputs, labels=labels).loss
             ctx.backward(loss, optimizer)
             ctx.step(len(batch), loss=loss)
         ctx.evaluate(mlm_accuracy=mlm_accuracy(model, evaluation, config, ctx))

@@ -78,7 +78,7 @@ def eval_loss(model: torch.nn.Module, data: torch.Tensor, ctx: TrainingContext, 
     model.eval()
     total = torch.zeros((), device=ctx.device)
     for chunk in data.split(batch_size):
-        batch = ctx.to_device(chunk[:, :-1])
+        batch = ctx.to_device(chunk)[:, :-1]
         with ctx.autocast():
             total += model(input_ids=batch, labels=batch).loss.float() * len(chunk)
     model.train()
@@ -101,7 +101,9 @@ def run(config: Config, ctx: TrainingContext) -> None:
     ctx.init_done()
     for _epoch in ctx.epochs():
         for (batch,) in ctx.batches(loader):
-            batch = ctx.to_device(batch[:, :-1])
+            # Whole (pinned, contiguous) batch to the device, sliced there: a strided host tensor would be
+            # copied through pageable memory, which waits for the device every step.
+            batch = ctx.to_device(batch)[:, :-1]
             with ctx.autocast():
                 loss = model(input_ids=batch, labels=batch).loss  # labels shift inside the model
             ctx.backward(loss, optimizer)

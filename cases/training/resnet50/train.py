@@ -94,15 +94,16 @@ def top1(model: torch.nn.Module, loader: Iterable[Any], ctx: TrainingContext, ch
 def synthetic_batches(config: Config, ctx: TrainingContext) -> tuple[list[tuple[torch.Tensor, torch.Tensor]],
                                                                        list[tuple[torch.Tensor, torch.Tensor]]]:
     """Random images and labels made on the device, in whole batches (train, val): a throughput run measures
-    the model, not an input pipeline (there is none to measure). Each process draws its own."""
+    the model, not an input pipeline (there is none to measure). Each process draws its own; at most four
+    distinct batches, cycled, so that memory does not grow with synthetic_images."""
     assert config.synthetic_images is not None
     g = torch.Generator(device=ctx.device).manual_seed(config.seed + ctx.rank)
     size, crop = config.batch_size, config.crop
     count = max(1, config.synthetic_images // size)
-    images = torch.randn(count * size, 3, crop, crop, generator=g, device=ctx.device)
-    labels = torch.randint(0, SYNTHETIC_CLASSES, (count * size,), generator=g, device=ctx.device)
-    batches = list(zip(images.split(size), labels.split(size), strict=True))
-    return batches, batches[:1]
+    distinct = [(torch.randn(size, 3, crop, crop, generator=g, device=ctx.device),
+                 torch.randint(0, SYNTHETIC_CLASSES, (size,), generator=g, device=ctx.device))
+                for _ in range(min(count, 4))]
+    return [distinct[i % len(distinct)] for i in range(count)], distinct[:1]
 
 
 def datasets(config: Config) -> tuple[Dataset, Dataset, int]:
