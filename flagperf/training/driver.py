@@ -118,6 +118,7 @@ class TrainingContext:
         self.started = time.perf_counter()
         self.init_time = 0.0
         self.raw_train_time = 0.0
+        self.train_cpu_time = 0.0  # this process's CPU seconds in the timed region (all its threads)
         self.samples = 0  # this process's, all steps
         self.timed_samples = 0  # this process's, in the timed region (after warmup_steps)
         self.steps = 0
@@ -135,7 +136,7 @@ class TrainingContext:
         self.scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
         self._samplers: list[DistributedSampler[Any]] = []
         self._train_started = 0.0
-        self._epoch_started = 0.0
+        self._epoch_started = self._epoch_cpu = 0.0
         self._in_epoch = False
         self._timing = config.warmup_steps == 0
 
@@ -256,7 +257,7 @@ class TrainingContext:
                 sampler.set_epoch(epoch)
             self.event("EPOCH_BEGIN", {"epoch": epoch})
             _synchronize(self.device)
-            self._epoch_started = time.perf_counter()
+            self._epoch_started, self._epoch_cpu = time.perf_counter(), time.process_time()
             self._in_epoch = True
             yield epoch
             if self._in_epoch:  # the case did not evaluate this epoch
@@ -280,7 +281,7 @@ class TrainingContext:
             self.timed_samples += batch_size
         elif self.steps >= self.config.warmup_steps:  # warm-up over: the timed region starts after this step
             _synchronize(self.device)
-            self._epoch_started = time.perf_counter()
+            self._epoch_started, self._epoch_cpu = time.perf_counter(), time.process_time()
             self._timing = True
         if self.steps == 1 or self.steps % self.config.log_freq == 0:
             read = {k: float(v.detach()) if isinstance(v, torch.Tensor) else v for k, v in values.items()}
@@ -292,6 +293,7 @@ class TrainingContext:
         _synchronize(self.device)  # the steps queued on the device are part of training time
         if self._timing:
             self.raw_train_time += time.perf_counter() - self._epoch_started
+            self.train_cpu_time += time.process_time() - self._epoch_cpu
         self._in_epoch = False
 
     def evaluate(self, **metrics: float) -> bool:
@@ -340,6 +342,7 @@ class TrainingContext:
         peak_bytes, peak_what = peak_memory_bytes(self.device)
         self.extra.update(peak_memory_bytes_per_device=self._gather(float(peak_bytes)), peak_memory_kind=peak_what,
                           world_size=self.world_size, warmup_steps=self.config.warmup_steps,
+                          train_cpu_seconds=self.train_cpu_time,
                           time_to_target_s=self.time_to_target)
         if throughput:
             self.extra["samples_per_s_per_device"] = throughput / self.world_size
