@@ -169,6 +169,9 @@ class TrainingContext:
         if config.compile and blocks:
             # Regional compilation: the repeated block is compiled once and reused by every instance (seconds,
             # not minutes, for a 32-layer model), before DDP or FSDP2 wrap it, as torchtitan does.
+            limit = getattr(torch._dynamo.config, "recompile_limit", 8)
+            # Should a block recompile per instance, all of them stay compiled rather than the last falling back.
+            torch._dynamo.config.recompile_limit = max(limit, len(blocks) + 8)
             for block in blocks:
                 block.compile()
             compiled = f"each {type(blocks[0]).__name__} ({len(blocks)})"

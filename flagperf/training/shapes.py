@@ -84,6 +84,21 @@ def resolve_shape(presets: dict[str, S], name: str, explicit: dict[str, Any]) ->
     return type(base).model_validate({**base.model_dump(), **changes})
 
 
+def llama_config_kwargs(shape: LlamaShape, seq_len: int) -> dict[str, Any]:
+    """transformers.LlamaConfig's arguments for a shape, for transformers 4 and 5 (5 moved rope_theta into
+    rope_parameters). SDPA attention (flash on GPUs that have it); no key/value cache, as training keeps none."""
+    import transformers
+
+    major = int(transformers.__version__.split(".")[0])
+    rope = ({"rope_parameters": {"rope_type": "default", "rope_theta": shape.rope_theta}} if major >= 5
+            else {"rope_theta": shape.rope_theta})
+    return {"vocab_size": shape.vocab_size, "hidden_size": shape.hidden_size,
+            "intermediate_size": shape.intermediate_size, "num_hidden_layers": shape.num_layers,
+            "num_attention_heads": shape.num_heads, "num_key_value_heads": shape.num_kv_heads,
+            "tie_word_embeddings": shape.tie_embeddings, "max_position_embeddings": seq_len,
+            "attn_implementation": "sdpa", "use_cache": False, **rope}
+
+
 def matmul_parameters(model: torch.nn.Module) -> int:
     """Parameters that take part in matrix products: every parameter (shared ones once) except the input
     embedding tables, which are looked up, not multiplied; a table tied to the output head is counted, as

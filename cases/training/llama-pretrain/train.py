@@ -17,7 +17,13 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from flagperf.training.data import LocalPath, counting_sequences, token_windows
 from flagperf.training.driver import TrainingConfig, TrainingContext
-from flagperf.training.shapes import LLAMA_PRESETS, LlamaShape, matmul_parameters, resolve_shape
+from flagperf.training.shapes import (
+    LLAMA_PRESETS,
+    LlamaShape,
+    llama_config_kwargs,
+    matmul_parameters,
+    resolve_shape,
+)
 
 SIZE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads")
 
@@ -58,12 +64,7 @@ def sequences(config: Config) -> tuple[torch.Tensor, bool]:
 
 
 def hf_config(shape: LlamaShape, seq_len: int) -> LlamaConfig:
-    # SDPA: flash attention on GPUs that have it (the causal mask is implicit), the math kernel elsewhere.
-    return LlamaConfig(vocab_size=shape.vocab_size, hidden_size=shape.hidden_size,
-                       intermediate_size=shape.intermediate_size, num_hidden_layers=shape.num_layers,
-                       num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_kv_heads,
-                       rope_theta=shape.rope_theta, tie_word_embeddings=shape.tie_embeddings,
-                       max_position_embeddings=seq_len, attn_implementation="sdpa")
+    return LlamaConfig(**llama_config_kwargs(shape, seq_len))
 
 
 def build_model(config: Config, device: torch.device) -> LlamaForCausalLM:
@@ -80,7 +81,7 @@ def eval_loss(model: torch.nn.Module, data: torch.Tensor, ctx: TrainingContext, 
     for chunk in data.split(batch_size):
         batch = ctx.to_device(chunk)[:, :-1]
         with ctx.autocast():
-            total += model(input_ids=batch, labels=batch).loss.float() * len(chunk)
+            total += model(input_ids=batch, labels=batch, use_cache=False).loss.float() * len(chunk)
     model.train()
     return float(total) / len(data)
 
@@ -105,7 +106,7 @@ def run(config: Config, ctx: TrainingContext) -> None:
             # copied through pageable memory, which waits for the device every step.
             batch = ctx.to_device(batch)[:, :-1]
             with ctx.autocast():
-                loss = model(input_ids=batch, labels=batch).loss  # labels shift inside the model
+                loss = model(input_ids=batch, labels=batch, use_cache=False).loss  # labels shift inside the model
             ctx.backward(loss, optimizer)
             ctx.step(len(batch), loss=loss)
         ctx.evaluate(eval_loss=eval_loss(model, evaluation, ctx, config.batch_size))
