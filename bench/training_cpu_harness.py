@@ -7,7 +7,8 @@ Harness: the in-host entry (flagperf.entry.run_job: the launcher starts a worker
 environment, the driver times the training steps), exactly what a round runs. Bare loop: a fresh Python
 process running the same training (the same split, model, SGD, DataLoader, batch and seed; epochs until the
 95 % target) timed the same way (training steps only), with nothing else. Both start as new processes with the
-same torch thread count; rounds interleave so a change in the machine's load hits both alike.
+same torch thread count; rounds interleave, and alternate which goes first, so that a change in the
+machine's load hits both alike.
 """
 
 from __future__ import annotations
@@ -122,8 +123,11 @@ def main() -> int:
                 for rnd in range(1, args.rounds + 1):
                     for threads in (1, 2):
                         load = os.getloadavg()[0]
-                        b = run_bare(threads)
-                        h = run_harness(threads, Path(tmp) / f"{phase.replace(' ', '-')}-{rnd}-{threads}")
+                        work = Path(tmp) / f"{phase.replace(' ', '-')}-{rnd}-{threads}"
+                        if rnd % 2:  # alternate which goes first, so a drift in the machine's load favours neither
+                            b, h = run_bare(threads), run_harness(threads, work)
+                        else:
+                            h, b = run_harness(threads, work), run_bare(threads)
                         rows.append({"phase": phase, "round": rnd, "threads": threads, "load_average_1m": load,
                                      "bare": b["samples_per_s"], "harness": h["samples_per_s"],
                                      "ratio": h["samples_per_s"] / b["samples_per_s"],

@@ -1,4 +1,4 @@
-"""The in-host (later in-container) entry for one case round: base spec, training or inference.
+"""The in-host (later in-container) entry for one case round: base spec, training, inference or generate.
 
     python -m flagperf.entry --job DIR/job.json
 
@@ -22,9 +22,10 @@ import psutil
 import torch
 from pydantic import ValidationError
 
-from flagperf.measure.casekit import CaseConfig, CaseContext, TimedCaseConfig
 from flagperf.config.cases import CaseDef, load_case
+from flagperf.config.job import Job
 from flagperf.config.models import pydantic_error_to_config_error
+from flagperf.config.vendors import Vendor, load_vendor
 from flagperf.errors import (
     EXIT_OK,
     EXIT_UNSUPPORTED,
@@ -33,9 +34,11 @@ from flagperf.errors import (
     ConfigError,
     Unsupported,
 )
+from flagperf.generate.config import GenerateConfig
 from flagperf.hosts.local import default_work_root
 from flagperf.inference.config import InferenceConfig
-from flagperf.config.job import Job
+from flagperf.measure.casekit import CaseConfig, CaseContext, TimedCaseConfig
+from flagperf.measure.timing import TimingPlan
 from flagperf.results.provenance import engine_info, host_info, library_versions
 from flagperf.results.schema import (
     RESULT_FILE,
@@ -48,10 +51,8 @@ from flagperf.results.schema import (
     SpecTable,
     write_result,
 )
-from flagperf.measure.timing import TimingPlan
 from flagperf.training.driver import TrainingConfig
 from flagperf.training.launch import EXIT_WORKER_FAILED, launch, training_result, user_error
-from flagperf.config.vendors import Vendor, load_vendor
 
 log = logging.getLogger("flagperf.case")
 
@@ -75,7 +76,8 @@ def run_base(case: CaseDef, config: CaseConfig, vendor: Vendor, spec: SpecTable,
              ) -> Outcome:
     timing = config.timing if isinstance(config, TimedCaseConfig) else TimingPlan(0, 1.0, 1)
     ctx = CaseContext(vendor.manifest.torch_device, spec, timing, log,
-                      shares_host_memory=vendor.manifest.shares_host_memory, job=job, out_dir=out_dir)
+                      shares_host_memory=vendor.manifest.shares_host_memory, job=job, out_dir=out_dir,
+                      vendor_folder=vendor.folder)
     try:
         metrics = case.module.run(config, ctx)
     except RuntimeError as exc:
@@ -126,6 +128,21 @@ def run_inference(job: Job, case: CaseDef, config: InferenceConfig, vendor: Vend
     return Outcome(metrics=run.metrics, measured=measured, inference=run.report)
 
 
+def run_generate(config: GenerateConfig, vendor: Vendor, spec: SpecTable, out_dir: Path) -> Outcome:
+    """LLM serving (flagperf.generate): every concurrency level of the case, timed per token."""
+    from flagperf.generate.driver import run_generate as drive
+
+    device = torch.device(vendor.manifest.torch_device)
+    try:
+        result = drive(config, vendor.name, spec, device, out_dir)
+    except RuntimeError as exc:
+        classified = classify_runtime_error(exc)
+        if classified is exc:
+            raise
+        raise classified from exc
+    return Outcome(metrics=result.metrics, measured=result.measured_seconds)
+
+
 def run_job(job: Job, out_dir: Path) -> int:
     started = datetime.now(UTC)
     startup_s = max(0.0, started.timestamp() - psutil.Process().create_time())
@@ -143,6 +160,8 @@ def run_job(job: Job, out_dir: Path) -> int:
             outcome = run_training(job, config, out_dir)
         elif isinstance(config, InferenceConfig):
             outcome = run_inference(job, case, config, vendor, spec, out_dir)
+        elif isinstance(config, GenerateConfig):
+            outcome = run_generate(config, vendor, spec, out_dir)
         else:
             outcome = run_base(case, config, vendor, spec, job, out_dir)
         status = "failed" if outcome.failure else "success"

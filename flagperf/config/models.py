@@ -18,13 +18,20 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from flagperf.config.yamlio import load_yaml_mapping, parse_yaml_text
 from flagperf.errors import ConfigError
 from flagperf.paths import NAME_PATTERN, display_path
-from flagperf.config.yamlio import load_yaml_mapping, parse_yaml_text
 
 log = logging.getLogger("flagperf.config.models")
 
 BUILTIN_KERNEL_PREFIX = "flagperf.basespec."
+# Families whose cases are configurations of one shared driver: case.yaml names it (or leaves entry out).
+FAMILY_DRIVERS = {"generate": "flagperf.generate.driver"}
+
+
+def is_core_module(entry: str) -> bool:
+    """A case entry that is a module of the core (a shared kernel or a family's driver), not a file."""
+    return entry.startswith(BUILTIN_KERNEL_PREFIX) or entry in FAMILY_DRIVERS.values()
 
 
 def check_name(value: str, what: str) -> str:
@@ -60,7 +67,7 @@ class CaseManifest(StrictModel):
     """case.yaml of a base-spec case."""
 
     name: str
-    family: Literal["base", "training"]
+    family: Literal["base", "training", "generate"]
     description: str
     entry: str = "bench.py"
     peak: str | None = Field(default=None, description="key of the vendor spec table this case is measured against")
@@ -68,6 +75,15 @@ class CaseManifest(StrictModel):
     parameters: dict[str, Any] = Field(default_factory=dict)
     mutable: list[str] | None = Field(
         default=None, description="training: the only configurations a vendor may override (enforced)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _family_driver(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("family") in FAMILY_DRIVERS:
+            driver = FAMILY_DRIVERS[data["family"]]
+            if data.setdefault("entry", driver) != driver:
+                raise ValueError(f"a {data['family']} case's entry is {driver} (leave it out)")
+        return data
 
     @model_validator(mode="after")
     def _mutable_are_configurations(self) -> CaseManifest:
@@ -85,6 +101,8 @@ class CaseManifest(StrictModel):
     @classmethod
     def _entry(cls, value: str) -> str:
         # A file in the case folder, or one of the core's shared kernels (several cases, one kernel).
+        if value in FAMILY_DRIVERS.values():
+            return value
         if value.startswith(BUILTIN_KERNEL_PREFIX):
             if not re.fullmatch(r"[a-z_][a-z0-9_]*", value.removeprefix(BUILTIN_KERNEL_PREFIX)):
                 raise ValueError(f"must be {BUILTIN_KERNEL_PREFIX}<kernel>")
@@ -239,3 +257,20 @@ def load_suite(path: Path) -> SuiteFile:
     if suite.name != path.stem:
         raise ConfigError(display_path(path), "name", f"must match the file name ({path.stem!r}), got {suite.name!r}")
     return suite
+
+
+class CaseConfig(BaseModel):
+    """Keys every case has; the values live in case.yaml, not here. A family's config base may add checks
+    that need the vendor (``check_for_vendor``), so the plan validates every family without knowing it."""
+
+    # strict: `true` is not 1 and 1 is not `true`; no inf or nan from `--set timeout_s=.inf`.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    timeout_s: float = Field(gt=0, description="the round is killed (and retried) after this long")
+    max_retries: int = Field(ge=0, le=10, description="retries after an infrastructure failure")
+
+    def check_for_vendor(self, origins: dict[str, str], source: str, vendor: str | None,
+                         files_are_local: bool) -> None:
+        """Checks beyond the fields, made by the plan before anything runs; vendor is None when
+        `flagperf validate` checks a case's defaults. Nothing to check here; families override it."""
+        return None

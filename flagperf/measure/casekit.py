@@ -11,25 +11,19 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from flagperf.config.models import CaseConfig
 from flagperf.errors import CaseUserError, Unsupported
+from flagperf.measure.timing import TimingPlan, measure
 from flagperf.results.metrics import Chunk, model_flops_utilisation, rate_stats, ratio
 from flagperf.results.schema import Metric, Peak, SpecTable
-from flagperf.measure.timing import TimingPlan, measure
 
 if TYPE_CHECKING:
     from flagperf.config.job import Job
 
-
-class CaseConfig(BaseModel):
-    """Keys every case has; the values live in case.yaml, not here."""
-
-    # strict: `true` is not 1 and 1 is not `true`; no inf or nan from `--set timeout_s=.inf`.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
-
-    timeout_s: float = Field(gt=0, description="the round is killed (and retried) after this long")
-    max_retries: int = Field(ge=0, le=10, description="retries after an infrastructure failure")
+# The case contract: a case imports its config bases and its context from here.
+__all__ = ["CaseConfig", "CaseContext", "TimedCaseConfig", "comparable_ratio"]
 
 
 class TimedCaseConfig(CaseConfig):
@@ -54,8 +48,10 @@ class TimedCaseConfig(CaseConfig):
 
 class CaseContext:
     def __init__(self, device_type: str, spec: SpecTable, timing: TimingPlan, log: logging.Logger, *,
-                 shares_host_memory: bool, job: Job | None = None, out_dir: Path | None = None) -> None:
+                 shares_host_memory: bool, job: Job | None = None, out_dir: Path | None = None,
+                 vendor_folder: Path | None = None) -> None:
         self.job = job  # the round (node rank, master address ...) for cases that start processes of their own
+        self.vendor_folder = vendor_folder  # the vendor's folder, for cases that run its toolkits
         self.out_dir = out_dir
         self.device_type = device_type
         self.shares_host_memory = shares_host_memory
@@ -105,6 +101,11 @@ class CaseContext:
         self.windows.append((end_epoch - (end_counter - chunks[0].start), end_epoch))
         self.measured_seconds += sum(c.seconds for c in chunks)
         return chunks
+
+    def record_external(self, chunks: list[Chunk], window: tuple[float, float]) -> None:
+        """A timed region measured by a program of its own (a vendor toolkit): counted as ``time`` counts."""
+        self.windows.append(window)
+        self.measured_seconds += sum(c.seconds for c in chunks)
 
     def rate_metric(self, name: str, chunks: list[Chunk], work_per_iteration: float, unit: str, scale: float,
                     peak_key: str | None, convention: str | None = None, note: str | None = None) -> Metric:

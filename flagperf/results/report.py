@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt
 
 from flagperf.results.analysis import read_monitors
 from flagperf.results.schema import read_result
+from flagperf.results.serving import plot_serving_curve
 from flagperf.results.summary import REPORT_MD, ROUND_FOLDER, RunSummary, summarize, write_summary
 
 REPORT_HTML = "report.html"
@@ -128,6 +129,9 @@ def make_plots(run_dir: Path, summary: RunSummary) -> list[tuple[str, Path]]:
         path = fn(summary, plots_dir / name)
         if path:
             made.append((title, path))
+    serving = plot_serving_curve(run_dir, plots_dir / "serving_tradeoff.png", summary.rows)
+    if serving:
+        made.append(("LLM serving: tokens/s per user vs per device", serving))
     folders = sorted(p.parent for p in run_dir.glob("*/round*/*_noderank*/result.json")
                      if ROUND_FOLDER.fullmatch(p.parent.name))
     for folder in folders[:MAX_TIMELINES]:

@@ -40,6 +40,20 @@ class SpecTable(_Model):
     peaks: dict[str, Peak]
 
 
+class ShapeSearch(_Model):
+    """A max-achievable figure's search (flagperf.basespec.shapesearch): where it looked and what it found."""
+
+    shape: dict[str, int] = Field(description="the best shape found, re-measured for this metric's value")
+    search_value: float = Field(description="the best shape's rate during the search (short measurement)")
+    shapes_tried: int
+    budget_s: float
+    spent_s: float
+    stopped: str = Field(description="converged, budget or grid exhausted")
+    ranges: dict[str, list[int]] = Field(description="axis -> [low, high] searched")
+    step: int
+    top: list[dict[str, float]] = Field(default_factory=list, description="the fastest shapes tried, m n k value")
+
+
 class Metric(_Model):
     name: str
     value: float = Field(description="headline: total work / total measured time")
@@ -61,6 +75,7 @@ class Metric(_Model):
                                                        "of the precision used")
     mfu_peak_key: str | None = Field(default=None, description="spec-table key of the peak MFU is taken against")
     work: float | None = Field(default=None, description="total work in the timed region, in unit x seconds")
+    search: ShapeSearch | None = Field(default=None, description="max-achievable figures: the shape search")
 
 
 class Failure(_Model):

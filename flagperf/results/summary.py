@@ -17,8 +17,10 @@ from typing import Any
 import pandas as pd
 
 from flagperf.results.analysis import WindowStats, energy_per_work, read_monitors, window_stats, work_unit
+from flagperf.results.chipstate import CHIP_COLUMNS, headline_state, render_chip_section, window_columns
 from flagperf.results.metrics import coefficient_of_variation
 from flagperf.results.schema import RESULT_FILE, Metric, RoundResult, read_result, write_json_atomic
+from flagperf.results.serving import serving_markdown
 
 SUMMARY_CSV = "summary.csv"
 ROUND_FOLDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*_noderank\d+")
@@ -31,7 +33,8 @@ MONITOR_COLUMNS = ["power_avg_w", "power_max_w", "energy_j", "energy_source", "e
                    "accel_mem_total_bytes"]
 ROW_COLUMNS = ["case", "family", "round", "host", "node_rank", "nnodes", "nproc_per_node", "status", "metric", "value",
                "unit", "p50", "cv_chunks", "mfu",
-               "peak", "peak_unit", "ratio", "convention", "peak_source", "message", "device", *MONITOR_COLUMNS]
+               "peak", "peak_unit", "ratio", "convention", "peak_source", "message", "device", *MONITOR_COLUMNS,
+               "note", "search", *CHIP_COLUMNS]
 
 
 @dataclass
@@ -108,7 +111,9 @@ def _rows(results: list[tuple[Path, RoundResult]], notes: dict[str, None]) -> pd
                          "cv_chunks": m.cv, "peak": m.peak.value if m.peak else None,
                          "peak_unit": m.peak.unit if m.peak else None, "ratio": m.ratio,
                          "convention": m.convention, "peak_source": m.peak.source if m.peak else None,
-                         **_monitor_columns(stats, m)})
+                         **_monitor_columns(stats, m), "note": m.note,
+                         "search": m.search.model_dump_json() if m.search else None,
+                         **window_columns(monitors, m.window)})
             for note in stats.notes:
                 notes[note] = None
     return pd.DataFrame(rows, columns=ROW_COLUMNS)
@@ -161,6 +166,9 @@ def summarize(run_dir: Path) -> RunSummary:
             "case_rss_bytes_max": _max(group["case_rss_bytes_max"]),
             "accel_util_percent_mean": _mean(group["accel_util_percent_mean"]),
             "accel_mem_used_bytes_max": _max(group["accel_mem_used_bytes_max"]),
+            "chip": headline_state(group["chip_state"]),
+            "notes": list(dict.fromkeys(n for n in group["note"] if isinstance(n, str))),
+            "search": _best_search(group),
         })
     not_measured = [
         {"case": r.case, "round": r.round, "host": r.host, "status": r.status,
@@ -269,6 +277,8 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = 
         lines += ["| " + " | ".join(HEADLINE_HEADER) + " |", "|" + "---|" * len(HEADLINE_HEADER)]
         lines += ["| " + " | ".join(headline_cells(e)) + " |" for e in summary.headline]
         lines.append("")
+    lines += render_chip_section(summary.headline)
+    lines += render_max_achievable(summary.headline)
     lines += render_monitor_section(summary)
     if summary.scaling:
         lines += ["## Scaling", "", "| case | metric | nodes | devices per node | devices | throughput | speed-up | "
@@ -303,6 +313,31 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = 
         for title, path in plots:
             lines += [f"### {title}", "", f"![{title}]({path.as_posix()})", ""]
     return "\n".join(lines)
+
+
+def _best_search(group: pd.DataFrame) -> dict[str, Any] | None:
+    """The shape search of the round with the highest figure (max-achievable metrics only)."""
+    searched = group[group["search"].notna()]
+    if searched.empty:
+        return None
+    return json.loads(searched.loc[searched["value"].astype(float).idxmax(), "search"])
+
+
+def render_max_achievable(headline: list[dict[str, Any]]) -> list[str]:
+    """Max-achievable figures (a shape search's, ``<metric>_max``) beside their fixed-shape figures."""
+    fixed = {(e["case"], e["metric"]): e for e in headline}
+    pairs = [(fixed.get((e["case"], e["metric"].removesuffix("_max"))), e) for e in headline if e.get("search")]
+    if not pairs:
+        return []
+    lines = ["## Max-achievable (shape search) beside the fixed shape", "",
+             "| case | fixed shape | measured | max-achievable shape | measured | max / fixed |",
+             "|---|---|---|---|---|---|"]
+    for base, best in pairs:
+        base_value = f"{fmt(base['value'])} {base['unit']}" if base else "-"
+        gain = fmt_pct(best["value"] / base["value"]) if base and base["value"] else "-"
+        lines.append(f"| {best['case']} | {'; '.join(base['notes']) if base else '-'} | {base_value} | "
+                     f"{'; '.join(best['notes'])} | {fmt(best['value'])} {best['unit']} | {gain} |")
+    return [*lines, ""]
 
 
 MONITOR_HEADER = ["case", "metric", "avg power W", "max power W", "energy per work", "energy source",
@@ -343,7 +378,8 @@ def write_summary(run_dir: Path, summary: RunSummary, plots: list[tuple[str, Pat
     tmp_csv.replace(paths["csv"])
     write_json_atomic(paths["json"], summary.to_json())
     tmp_md = paths["markdown"].with_name(f".{REPORT_MD}.tmp")
-    tmp_md.write_text(render_markdown(summary, plots), encoding="utf-8")
+    text = render_markdown(summary, plots) + "\n".join(["", *serving_markdown(run_dir, summary.rows)])
+    tmp_md.write_text(text, encoding="utf-8")
     tmp_md.replace(paths["markdown"])
     return paths
 
