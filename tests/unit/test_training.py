@@ -218,9 +218,11 @@ def test_resnet50_reads_an_imagenet_style_folder(tmp_path: Path) -> None:
                 pixels = rng.integers(0, 60, (40, 48, 3), dtype=np.uint8)
                 pixels[..., colour] = 220
                 Image.fromarray(pixels).save(folder / f"{i}.png")
-    code, out = _run_case(tmp_path, "resnet50", f"data_dir={tmp_path / 'imagenet'}", "depths=[1, 1]",
-                          "hidden_sizes=[8, 16]", "batch_size=8", "num_workers=0", "max_epochs=3", "lr=0.05",
-                          "log_freq=1")
+    # The tiny preset (basic blocks): torch 2.13's CPU channels-last backward crashes on a bottleneck block
+    # squeezed to 2 channels at 224 x 224 (real ResNet-50 widths are fine).
+    code, out = _run_case(tmp_path, "resnet50", f"data_dir={tmp_path / 'imagenet'}", "model=tiny",
+                          "hidden_sizes=[8, 32]", "batch_size=8", "num_workers=0", "max_epochs=3", "lr=0.05",
+                          "log_freq=1", "cpu_threads=1")
     result = read_result(out / "result.json")
     assert code == 0, result.failure
     assert result.convergence.metric == "top1" and 0.0 <= result.convergence.reached <= 1.0
