@@ -47,6 +47,8 @@ def bare_llama(s: dict[str, Any]) -> dict[str, Any]:
     from flagperf.training.shapes import LLAMA_PRESETS, llama_config_kwargs, matmul_parameters
 
     device = torch.device(s["device"])
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # as the harness's cpu_threads=1 in --quick
     shape = LLAMA_PRESETS[s["model"]]
     torch.manual_seed(0)
     with device:
@@ -88,6 +90,8 @@ def bare_resnet(s: dict[str, Any]) -> dict[str, Any]:
     from flagperf.training.shapes import RESNET_PRESETS
 
     device = torch.device(s["device"])
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # as the harness's cpu_threads=1 in --quick
     shape = RESNET_PRESETS[s["model"]]
     torch.manual_seed(0)
     with device:

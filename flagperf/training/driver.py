@@ -271,11 +271,19 @@ class TrainingContext:
         self.event("TRAIN_END", {"epochs": self.epoch, "converged": self.converged})
 
     def batches(self, loader: Iterable[T]) -> Iterator[T]:
-        """The loader's batches, until max_steps steps have been taken."""
-        for batch in loader:
+        """The loader's batches, until max_steps steps have been taken. The training part of the epoch ends
+        with the last batch: what the case does next (evaluation, whose metric is computed before
+        ``evaluate`` is called) is not training time."""
+        try:
             if self.done:
                 return
-            yield batch
+            for batch in loader:
+                yield batch
+                if self.done:  # checked after the step, so the loader is not asked for a batch nobody trains on
+                    return
+        finally:
+            if self._in_epoch:
+                self._end_training_part()
 
     def step(self, batch_size: int, **values: float | torch.Tensor) -> None:
         self.steps += 1
