@@ -261,9 +261,10 @@ def main() -> int:
     if h_llama["extra"]["flops_per_token"] != b_llama["flops_per_token"]:
         problems.append(f"the harness counts {h_llama['extra']['flops_per_token']:.4g} FLOPs per token, the bare "
                         f"loop {b_llama['flops_per_token']:.4g}: not the same model")
-    if llama_ratio < RATIO_MIN:
+    # A few steps on a shared CPU say nothing about the harness's cost: --quick checks that both paths run.
+    if llama_ratio < RATIO_MIN and not args.quick:
         problems.append(f"Llama harness / bare = {llama_ratio:.3f} < {RATIO_MIN}")
-    if resnet_ratio < RATIO_MIN:
+    if resnet_ratio < RATIO_MIN and not args.quick:
         problems.append(f"ResNet-50 harness / bare = {resnet_ratio:.3f} < {RATIO_MIN}")
     if not args.quick and (h_llama["mfu"] or 0) < MFU_MIN:
         problems.append(f"Llama MFU through the harness = {100 * (h_llama['mfu'] or 0):.1f} % < {100 * MFU_MIN:.0f} %")
@@ -291,8 +292,9 @@ def main() -> int:
     lines = [f"# Training on one device: harness against a bare loop{' (CPU smoke run)' if args.quick else ''}", "",
              f"Recorded {report['date']} with `{report['command']}` on {spec.device}, {elapsed:.0f} s in all. "
              f"Peak {precision}: {peak.value if peak else '-'} TFLOPS ({peak.source if peak else 'none'}).", "",
-             f"Llama ({model} shape), sequence {seq}, batch {batch}, {precision} autocast over fp32 weights, fused "
-             f"AdamW, SDPA attention, torch.compile {'of each decoder layer' if compiled else 'off'}"
+             f"Llama ({model} shape), sequence {seq}, batch {batch}, {precision} autocast over fp32 weights, "
+             f"{h_llama['extra'].get('optimizer')}, SDPA attention, "
+             f"torch.compile {'of each decoder layer' if compiled else 'off'}"
              f"{' (the compiled run failed: see compile_failure in the JSON)' if compile_failure else ''}; "
              f"{warmup} warm-up steps, then "
              f"{steps} timed. FLOPs per token: {h_llama['extra'].get('flops_convention')} = "
@@ -301,14 +303,16 @@ def main() -> int:
              f"| harness | {h_tokens:,.0f} | {pct(h_llama['mfu'])} | {gib(h_mem)} |",
              f"| bare loop | {b_tokens:,.0f} | {pct(b_mfu)} | {gib(b_llama['peak_memory_gib'])} |",
              f"| harness / bare | {llama_ratio:.3f} | | |", "",
-             f"ResNet-50 ({resnet_model} shape), batch {r_batch}, channels-last, {precision} autocast, fused SGD, "
+             f"ResNet-50 ({resnet_model} shape), batch {r_batch}, channels-last, {precision} autocast, "
+             f"{h_resnet['extra'].get('optimizer')}, "
              f"synthetic images on the device; {warmup} warm-up steps, then {r_steps} timed.", "",
              "| | images/s | MFU | peak memory (GiB) |", "|---|---|---|---|",
              f"| harness | {h_images:,.0f} | {pct(h_resnet['mfu'])} | "
              f"{gib(h_resnet['metrics'].get('peak_memory'))} |",
              f"| bare loop | {b_images:,.0f} | | {gib(b_resnet['peak_memory_gib'])} |",
              f"| harness / bare | {resnet_ratio:.3f} | | |", "",
-             f"Verdict: {'PASS' if not problems else 'FAIL: ' + '; '.join(problems)}", ""]
+             f"Verdict: {'PASS' if not problems else 'FAIL: ' + '; '.join(problems)}"
+             f"{' (smoke run: both paths ran; ratios and MFU are not judged on a CPU)' if args.quick else ''}", ""]
     (args.out / f"{name}.md").write_text("\n".join(lines))
     print("\n".join(lines))
     if problems:
