@@ -53,6 +53,7 @@ def bare_llama(s: dict[str, Any]) -> dict[str, Any]:
     torch.manual_seed(0)
     with device:
         model = LlamaForCausalLM(LlamaConfig(**llama_config_kwargs(shape, s["seq"])))
+    model.train()
     parameters = matmul_parameters(model)
     fused = {"fused": True} if device.type == "cuda" else {}
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, **fused)
@@ -98,7 +99,7 @@ def bare_resnet(s: dict[str, Any]) -> dict[str, Any]:
         model = ResNetForImageClassification(ResNetConfig(
             embedding_size=shape.embedding_size, depths=list(shape.depths), hidden_sizes=list(shape.hidden_sizes),
             layer_type=shape.layer_type, num_labels=1000))
-    model = model.to(memory_format=torch.channels_last)
+    model = model.to(memory_format=torch.channels_last).train()
     fused = {"fused": True} if device.type == "cuda" else {}
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4, **fused)
     step_fn = model

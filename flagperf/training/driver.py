@@ -161,7 +161,7 @@ class TrainingContext:
             if not hasattr(model, "gradient_checkpointing_enable"):
                 raise CaseUserError(f"activation_checkpointing: {type(model).__name__} has no checkpointing hook")
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model = model.to(self.device)
+        model = model.to(self.device).train()  # whatever mode the model was built in
         if channels_last:
             model = model.to(memory_format=torch.channels_last)
         blocks = repeated_blocks(model)
