@@ -220,13 +220,17 @@ class TrainingContext:
 
     def backward(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
         """Backward and the optimizer step (through the grad scaler for fp16), then the gradients are cleared."""
-        self.scaler.scale(loss).backward()
-        self.scaler.step(optimizer)
-        self.scaler.update()
+        if self.scaler.is_enabled():
+            self.scaler.scale(loss).backward()
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        else:  # the plain calls: a disabled scaler still costs Python calls on every step
+            loss.backward()
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
     def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.to(self.device, non_blocking=True)
+        return tensor if self.device.type == "cpu" else tensor.to(self.device, non_blocking=True)
 
     def loader(self, dataset: Dataset[Any], batch_size: int, *, num_workers: int = 0,
                drop_last: bool = False) -> DataLoader[Any]:
