@@ -32,7 +32,7 @@ def cpu_threads(configured: int | None) -> int:
     the cores it may run on. Processes on one CPU share its cores, so each gets its share, not all of them.
     More threads than free cores is costly: every parallel region waits at its barrier for a thread the
     scheduler has given to someone else (bench/results/training_cpu_harness.md: digits-mlp at 2 threads on 2
-    loaded cores is 10-40x slower than at 1)."""
+    loaded cores is 7-40x slower than at 1)."""
     if configured is not None:
         return configured
     return max(1, usable_cores() // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
