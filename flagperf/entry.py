@@ -238,7 +238,7 @@ def classify_runtime_error(exc: RuntimeError) -> Exception:
     unsupported operation is a result; anything else is a crash and propagates (retried)."""
     first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     text = str(exc).lower().replace("_", " ")
-    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text:
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text:
         return CaseUserError(f"does not fit in device memory: {first}")
     if "not supported" in text or "not implemented" in text:
         return Unsupported(first)

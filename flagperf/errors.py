@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+MAX_LINE = 500  # an error line stays readable, whatever value it quotes
+
 
 class FlagperfError(Exception):
     """Base for errors a user can act on; the CLI prints them as one line, never as a traceback."""
@@ -15,7 +17,8 @@ class ConfigError(FlagperfError):
         self.key = key
         self.message = message
         where = f"{self.source}: {key}" if key else self.source
-        super().__init__(f"{where}: {message}")
+        line = " ".join(f"{where}: {message}".split())  # one line, whatever a message quoted
+        super().__init__(line if len(line) <= MAX_LINE else line[:MAX_LINE - 3] + "...")
 
 
 class CaseUserError(FlagperfError):

@@ -206,6 +206,16 @@ def _apply_scale_file(case: CaseDef, merged: MergedConfig, vendor: str, hardware
         merged.origins[key] = source
 
 
+def _fill_model_defaults(case: CaseDef, merged: MergedConfig) -> None:
+    """FlagPerf's configurations.yaml holds FlagPerf's keys only: the case's own keys (data_dir ...) keep the
+    defaults its Config gives them, and stay settable (a host.yaml's data folder, --set)."""
+    source = f"{display_path(case.folder / INFERENCE_ENTRY)} (Config default)"
+    for name, field in case.config_model.model_fields.items():
+        if name not in merged.values and not field.is_required():
+            merged.values[name] = field.get_default(call_default_factory=True)
+            merged.origins[name] = source
+
+
 def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[str, dict[str, Any]]],
                         hardware: str | None = None, files_are_local: bool = True) -> MergedConfig:
     """Defaults -> vendor file -> (training) the vendor's file for this scale -> run overrides, then
@@ -226,6 +236,7 @@ def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[st
     if case.family == "inference":  # parameters come from their own file
         parameters_source = display_path(case.folder / INFERENCE_FILES[1])
         merged.origins.update(dict.fromkeys(case.manifest.parameters, parameters_source))
+        _fill_model_defaults(case, merged)
     for source, overrides in run_overrides:
         apply_run_overrides(merged, overrides, source)
     try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+import reprlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -55,12 +56,30 @@ def pydantic_error_to_config_error(exc: ValidationError, source: str, origins: d
     elif err["type"] == "missing":
         message = "required key is missing"
     elif "input" in err and err["type"] not in ("missing",):
-        message = f"{message} (got {err['input']!r})"
+        message = f"{message} (got {short_repr(err['input'])})"
     return ConfigError(where, key, message)
 
 
+_SHORT = reprlib.Repr()  # (keyword arguments need Python 3.12)
+_SHORT.maxlevel, _SHORT.maxdict, _SHORT.maxlist, _SHORT.maxtuple, _SHORT.maxset = 2, 4, 4, 4, 4
+_SHORT.maxstring = _SHORT.maxother = 60
+
+
+def short_repr(value: object) -> str:
+    """A value as an error line may show it: bounded, however large the value (reprlib stops early)."""
+    return _SHORT.repr(value)
+
+
+# The keys of a vendor's spec table a case may be measured against (every vendor's spec module uses them).
+PEAK_KEYS = frozenset({"fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8", "memory_bandwidth", "memory_capacity",
+                       "h2d_bandwidth", "d2h_bandwidth", "p2p_bandwidth", "allreduce_bandwidth",
+                       "internode_bandwidth"})
+
+
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a value of the wrong type is an error, never converted ("3" is not a number, 1 is not true);
+    # path fields opt out with Field(strict=False), since a path in YAML is a string.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class CaseManifest(StrictModel):
@@ -96,6 +115,13 @@ class CaseManifest(StrictModel):
     @classmethod
     def _name(cls, value: str) -> str:
         return check_name(value, "case name")
+
+    @field_validator("peak")
+    @classmethod
+    def _peak(cls, value: str | None) -> str | None:
+        if value is not None and value not in PEAK_KEYS:
+            raise ValueError(f"unknown peak {value!r} (spec-table keys: {', '.join(sorted(PEAK_KEYS))})")
+        return value
 
     @field_validator("entry")
     @classmethod

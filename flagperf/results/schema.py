@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +20,11 @@ SCHEMA_VERSION = 1
 RESULT_FILE = "result.json"
 MONITOR_FILE = "monitor.jsonl"
 CASE_LOG_FILE = "case.log"
+ATTEMPT_FAILURE_FILE = "failure.txt"  # in an attempt's folder: why that attempt failed (it was then retried)
+# Failure messages the evaluation acts on: it stops when the results folder cannot take more, and keeps the
+# host's copy of a round it could not collect (a retry collects it from there).
+RESULTS_UNWRITABLE = "the results folder cannot be written"
+KEPT_ON_HOST = "its files are kept on the host at"
 
 
 class _Model(BaseModel):
@@ -61,7 +68,9 @@ class Metric(_Model):
     p50: float | None = None
     p10: float | None = None
     p90: float | None = None
+    p95: float | None = None
     p99: float | None = Field(default=None, description="latency metrics: the 99th percentile")
+    std: float | None = Field(default=None, description="latency metrics: sample standard deviation")
     cv: float | None = Field(default=None, description="coefficient of variation across timed chunks")
     chunks: int = 0
     iterations: int = 0
@@ -75,6 +84,8 @@ class Metric(_Model):
                                                        "of the precision used")
     mfu_peak_key: str | None = Field(default=None, description="spec-table key of the peak MFU is taken against")
     work: float | None = Field(default=None, description="total work in the timed region, in unit x seconds")
+    warning: str | None = Field(default=None, description="why a reader should not take the figure plainly "
+                                                          "(the report shows it beside the figure)")
     search: ShapeSearch | None = Field(default=None, description="max-achievable figures: the shape search")
 
 
@@ -103,9 +114,13 @@ class LoadgenResult(_Model):
     result_validity: str
     samples_per_s: float | None = Field(description="LoadGen's throughput figure for the scenario")
     latency_ms: dict[str, float] = Field(default_factory=dict, description="mean and percentiles, ms")
-    settings: dict[str, Any] = Field(default_factory=dict, description="the test settings we gave LoadGen")
+    settings: dict[str, Any] = Field(default_factory=dict, description="the settings LoadGen ran with, as it "
+                                     "logged them (its effective_* keys)")
+    requested: dict[str, Any] = Field(default_factory=dict, description="what the engine asked of LoadGen")
     summary: dict[str, Any] = Field(default_factory=dict, description="LoadGen's result_* keys, verbatim")
-    log_dir: str
+    log_dir: str = Field(description="LoadGen's logs, relative to the round's folder in the results")
+    attempts: int = Field(default=1, description="runs of the scenario (re-run when it ended early)")
+    invalid_reason: str | None = Field(default=None, description="why LoadGen did not call it VALID")
 
 
 class InferenceReport(_Model):
@@ -126,6 +141,12 @@ class InferenceReport(_Model):
     onnx_path: str | None = None
     engine_file: str | None = None
     loadgen: list[LoadgenResult] = Field(default_factory=list)
+    flops_source: str | None = Field(default=None, description="where flops_per_item came from: counted on the "
+                                     "configured model, or the configured figure and why it was not counted")
+    flops_configured: float | None = Field(default=None, description="the case file's flops (FlagPerf's figure)")
+    artifacts: str | None = Field(default=None, description="what became of the ONNX and engine files")
+    latencies_file: str | None = Field(default=None, description="raw per-batch seconds, in the round's folder")
+    data_path: str | None = Field(default=None, description="how batches reached the device")
 
 
 class Provenance(_Model):
@@ -171,19 +192,46 @@ def round_dir(run_dir: Path, case: str, round_no: int, host: str, node_rank: int
     return run_dir / case / f"round{round_no}" / f"{host}_noderank{node_rank}"
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON so that readers see the old file or the whole new one, never half of it."""
+@contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary name beside ``path`` to write to; on success it is flushed to disk and renamed over
+    ``path`` (readers see the old file or the whole new one), on any failure it is removed: a full disk
+    leaves neither a 0-byte file nor a stray temporary one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2, sort_keys=False, default=str)
-            handle.write("\n")
+        yield Path(tmp)
+        with open(tmp, "rb+") as handle:  # a delayed-allocation file system reports ENOSPC here, not at write
+            os.fsync(handle.fileno())
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are meant to be read by the team
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def folder_problem(folder: Path) -> str | None:
+    """Why results cannot be written to ``folder`` (made if missing), or None: checked by writing a file."""
+    try:
+        if folder.exists() and not folder.is_dir():
+            return "is a file, not a folder"
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        return f"cannot write there: {getattr(exc, 'strerror', None) or exc}"
+    return None
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON so that readers see the old file or the whole new one, never half of it."""
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
 def write_result(path: Path, result: RoundResult) -> None:

@@ -17,7 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from flagperf.results.schema import RESULT_FILE, read_result
+from flagperf.results.schema import RESULT_FILE, atomic_path, read_result
 
 LEVEL_METRIC = re.compile(r"^(?P<what>.+)@c(?P<level>\d+)$")
 FAMILY = "generate"
@@ -110,6 +110,9 @@ def plot_serving_curve(run_dir: Path, out: Path, rows: pd.DataFrame | None = Non
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    try:
+        with atomic_path(out) as tmp:  # a full disk leaves no half-written PNG
+            fig.savefig(tmp, dpi=110, format="png")
+    finally:
+        plt.close(fig)
     return out

@@ -127,8 +127,9 @@ def _run(tmp_path: Path, name: str, *sets: str) -> tuple[Any, dict[str, FlowRun]
 
 def test_toggle_matrix_through_the_api(tmp_path: Path) -> None:
     """Every valid combination of FlagPerf's four toggles; the step subflows that ran are read from the API."""
-    standard, steps, _ = _run(tmp_path, "standard")
-    assert sorted(steps) == sorted(ALL_STEPS)
+    # Kept for the runs below (by default a round's ONNX and engine files are removed when it ends).
+    standard, steps, _ = _run(tmp_path, "standard", "keep_artifacts=true")
+    assert sorted(steps) == sorted(ALL_STEPS) and str(standard.inference.artifacts).startswith("kept in")
     onnx = Path(str(standard.inference.onnx_path))
     engine = Path(str(standard.inference.engine_file))
     assert onnx.is_file() and engine.is_file()
@@ -172,13 +173,11 @@ def test_an_unreachable_api_runs_the_steps_as_plain_functions_and_says_why(tmp_p
     job = _job(tmp_path).model_copy(update={"prefect_context": context})
     out = tmp_path / "out"
     out.mkdir()
-    started = time.perf_counter()
     assert run_job(job, out) == 0
     result = read_result(out / "result.json")
     assert result.inference.runner.startswith("plain functions (")
     assert "the Prefect API at http://127.0.0.1:9/api is unreachable" in result.inference.runner
     assert set(result.inference.steps.values()) == {"ran"}
-    assert time.perf_counter() - started < 60  # the health check gives up, it does not hang the round
 
 
 def test_step_logs_reach_their_flow_runs_without_extra_loggers_configured(tmp_path: Path) -> None:

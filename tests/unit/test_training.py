@@ -143,7 +143,6 @@ def test_bad_scale_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: 
 
 
 def test_llama_pretrain_reports_tokens_per_second_and_mfu(tmp_path: Path) -> None:
-    pytest.importorskip("transformers")
     code, out = _run_case(tmp_path, "llama-pretrain", "synthetic_sequences=96", "max_epochs=1", "batch_size=8",
                           "cpu_threads=1")
     assert code == 0
@@ -170,7 +169,6 @@ def test_llama_pretrain_reports_tokens_per_second_and_mfu(tmp_path: Path) -> Non
 
 
 def test_llama_pretrain_reads_a_local_token_file(tmp_path: Path) -> None:
-    pytest.importorskip("transformers")
     import numpy as np
 
     from flagperf.config.cases import load_case
@@ -205,7 +203,6 @@ def _run_case(tmp_path: Path, case: str, *sets: str):
 def test_resnet50_reads_an_imagenet_style_folder(tmp_path: Path) -> None:
     """A two-class folder of generated images (red and blue, with noise): the real reading and training code,
     on a ResNet shrunk through its configuration."""
-    pytest.importorskip("transformers")
     import numpy as np
     from PIL import Image
 
@@ -230,7 +227,6 @@ def test_resnet50_reads_an_imagenet_style_folder(tmp_path: Path) -> None:
 
 
 def test_resnet50_without_a_folder_is_a_user_error(tmp_path: Path) -> None:
-    pytest.importorskip("transformers")
     code, out = _run_case(tmp_path, "resnet50")
     result = read_result(out / "result.json")
     assert code == 2 and result.failure.kind == "user" and "set data_dir" in result.failure.message
@@ -239,7 +235,6 @@ def test_resnet50_without_a_folder_is_a_user_error(tmp_path: Path) -> None:
 
 
 def test_bert_masked_lm_on_synthetic_tokens_fp16_with_a_grad_scaler(tmp_path: Path) -> None:
-    pytest.importorskip("transformers")
     code, out = _run_case(tmp_path, "bert", "model=tiny", "hidden_size=48", "seq_len=32", "synthetic_sequences=64",
                           "batch_size=8", "max_epochs=2", "lr=0.003", "precision=fp16", "cpu_threads=1")
     result = read_result(out / "result.json")
@@ -256,7 +251,6 @@ def test_bert_masked_lm_on_synthetic_tokens_fp16_with_a_grad_scaler(tmp_path: Pa
 
 
 def test_model_shapes_are_presets_with_explicit_sizes(tmp_path: Path) -> None:
-    pytest.importorskip("transformers")
     from flagperf.config.cases import load_case
 
     module = load_case("llama-pretrain").module
@@ -292,7 +286,6 @@ def test_model_shapes_are_presets_with_explicit_sizes(tmp_path: Path) -> None:
 
 
 def test_matmul_parameters_count_a_tied_table_once() -> None:
-    pytest.importorskip("transformers")
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from flagperf.training.shapes import matmul_parameters
@@ -310,7 +303,6 @@ def test_matmul_parameters_count_a_tied_table_once() -> None:
 def test_llama_across_two_processes_over_gloo(tmp_path: Path, parallel: str) -> None:
     """DDP and FSDP2 (fully_shard) across two processes on the tiny preset: the loss falls, both ranks agree,
     per-device figures are the total's half, and warmup steps are left out of the timed region."""
-    pytest.importorskip("transformers")
     import math
 
     code, out = _run_case(tmp_path, "llama-pretrain", "nproc_per_node=2", f"parallel={parallel}", "batch_size=8",
@@ -349,7 +341,6 @@ def test_cpu_threads_and_oversubscription(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_resnet_on_synthetic_images_channels_last(tmp_path: Path) -> None:
-    pytest.importorskip("transformers")
     code, out = _run_case(tmp_path, "resnet50", "model=tiny", "synthetic_images=32", "batch_size=8",
                           "max_epochs=1", "log_freq=1", "cpu_threads=1", "precision=bf16")
     result = read_result(out / "result.json")
