@@ -85,7 +85,7 @@ def top1(model: torch.nn.Module, loader: Iterable[Any], ctx: TrainingContext, ch
         x = ctx.to_device(x)
         with ctx.autocast():
             logits = model(pixel_values=x.contiguous(memory_format=torch.channels_last) if channels_last else x).logits
-        correct += int((logits.argmax(dim=1).cpu() == y).sum())
+        correct += int((logits.argmax(dim=1) == ctx.to_device(y)).sum())  # synthetic labels live on the device
         total += len(y)
     model.train()
     return correct / total
