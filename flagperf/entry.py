@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import psutil
@@ -33,6 +33,7 @@ from flagperf.errors import (
     ConfigError,
     Unsupported,
 )
+from flagperf.extras import missing_extra
 from flagperf.hosts.local import default_work_root
 from flagperf.inference.config import InferenceConfig
 from flagperf.config.job import Job
@@ -127,7 +128,7 @@ def run_inference(job: Job, case: CaseDef, config: InferenceConfig, vendor: Vend
 
 
 def run_job(job: Job, out_dir: Path) -> int:
-    started = datetime.now(UTC)
+    started = datetime.now(timezone.utc)
     startup_s = max(0.0, started.timestamp() - psutil.Process().create_time())
     outcome = Outcome()
     device: str | None = None
@@ -153,7 +154,12 @@ def run_job(job: Job, out_dir: Path) -> int:
         message = str(exc) if not isinstance(exc, ValidationError) else pydantic_error_to_config_error(
             exc, "job config").message
         outcome = Outcome(failure=Failure(kind="user", message=message), exit_code=EXIT_USER_ERROR)
-    finished = datetime.now(UTC)
+    except ModuleNotFoundError as exc:  # an optional package this case needs: name the extra, do not retry
+        missing = missing_extra(exc, job.family, f"case {job.case}")
+        if missing is None:
+            raise
+        outcome = Outcome(failure=Failure(kind="user", message=str(missing)), exit_code=EXIT_USER_ERROR)
+    finished = datetime.now(timezone.utc)
     for metric in outcome.metrics:
         ratio = f" = {metric.ratio:.1%} of peak" if metric.ratio is not None else ""
         log.info("%s: %.6g %s (p50 %s, cv %s)%s", metric.name, metric.value, metric.unit,

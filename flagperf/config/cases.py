@@ -91,7 +91,8 @@ class CaseDef:
             except ModuleNotFoundError:
                 raise ConfigError(display_path(self.manifest_path), "entry", f"no kernel named {entry!r}") from None
         else:
-            module = import_file(self.folder / entry, f"flagperf_case_{self.name.replace('-', '_').replace('.', '_')}")
+            module = import_file(self.folder / entry, f"flagperf_case_{self.name.replace('-', '_').replace('.', '_')}",
+                                 family=self.family)
         for attr in ("Config", *(INFERENCE_FUNCTIONS if self.family == "inference" else ("run",))):
             if not hasattr(module, attr):
                 raise ConfigError(display_path(self.manifest_path), "entry", f"{entry} has no {attr!r}")

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from flagperf.errors import CaseUserError
+from flagperf.extras import require
 from flagperf.inference.engines import InferenceEngine
 from flagperf.inference.measure import as_inputs
 from flagperf.results.schema import LoadgenResult
@@ -187,11 +188,7 @@ def run_scenario(run: InferenceRun, sut: EngineSUT, scenario: str, expected: dic
 
 
 def require_loadgen() -> None:
-    try:
-        import mlperf_loadgen  # noqa: F401
-    except ImportError:
-        raise CaseUserError("loadgen_scenarios needs the Python package mlcommons-loadgen==6.0.17 "
-                            "(import mlperf_loadgen fails)") from None
+    require("mlperf_loadgen", "inference", "loadgen_scenarios")
 
 
 def run_scenarios(run: InferenceRun, engine: InferenceEngine) -> list[LoadgenResult]:
