@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from prefect_api import assert_schedule_gets_runs
 
 # In CI the database must be there (.ci/run makes it): a skip there would hide a broken set-up.
 pytestmark = [pytest.mark.integration,
@@ -70,6 +71,8 @@ def test_server_on_postgres_with_a_worker(tmp_path: Path) -> None:
         assert pool.json()["type"] == "process"
         # The server really stores in PostgreSQL: the pool is a row there.
         assert pools_in_postgres() == ["flagperf-test"]
+        # Its scheduler works on this database: a deployment with the nightly's schedule gets its runs.
+        assert_schedule_gets_runs(api)
         children = psutil.Process(proc.pid).children(recursive=True)
     finally:
         proc.send_signal(signal.SIGTERM)
