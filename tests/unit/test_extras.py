@@ -95,3 +95,18 @@ def test_a_package_no_extra_provides_stays_a_real_error(monkeypatch: pytest.Monk
     with pytest.raises(ModuleNotFoundError):
         require("json")
     require("yaml")  # present: nothing happens
+
+
+def test_nvml_monitor_without_nvidia_ml_py_names_the_nvidia_extra(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    block(monkeypatch, tmp_path, "pynvml")
+    out = tmp_path / "nvml.jsonl"
+    script = Path(__file__).resolve().parents[2] / "vendor_images" / "nvidia" / "monitor_nvml.py"
+    subprocess.run([sys.executable, str(script), "--out", str(out), "--interval", "1", "--max-seconds", "5"],
+                   check=True, timeout=120)
+    header = json.loads(out.read_text().splitlines()[0])
+    assert header["sources"]["devices"] == {"available": False, "reason": (
+        f"NVML unavailable: needs nvidia-ml-py, which is not installed: {install_command('nvidia')}")}
