@@ -28,13 +28,13 @@ import onnxruntime  # noqa: E402
 import psutil  # noqa: E402
 import torch  # noqa: E402
 
-from flagperf.measure.casekit import CaseContext  # noqa: E402
 from flagperf.config.cases import load_case  # noqa: E402
+from flagperf.config.plan import plan_run  # noqa: E402
+from flagperf.config.vendors import load_vendor  # noqa: E402
 from flagperf.inference.engines import EngineEnv, load_engine  # noqa: E402
 from flagperf.inference.measure import Forward, pass_metrics, timed_pass  # noqa: E402
-from flagperf.config.plan import plan_run  # noqa: E402
+from flagperf.measure.casekit import CaseContext  # noqa: E402
 from flagperf.measure.timing import TimingPlan  # noqa: E402
-from flagperf.config.vendors import load_vendor  # noqa: E402
 
 log = logging.getLogger("bench.inference")
 

@@ -26,8 +26,8 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from flagperf.results.analysis import read_monitor, window_stats  # noqa: E402
 from flagperf.measure.perflog import format_line, parse_file, summarize_steps  # noqa: E402
+from flagperf.results.analysis import read_monitor, window_stats  # noqa: E402
 
 SETTLE_S = 3.0  # let the monitor import and prime its counters before measuring
 

@@ -21,9 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from flagperf.entry import run_job  # noqa: E402
 from flagperf.config.job import Job  # noqa: E402
 from flagperf.config.plan import plan_run  # noqa: E402
+from flagperf.entry import run_job  # noqa: E402
 from flagperf.results.schema import read_result, round_dir, write_result  # noqa: E402
 from flagperf.results.summary import fmt, fmt_pct, summarize  # noqa: E402
 

@@ -22,9 +22,10 @@ import psutil
 import torch
 from pydantic import ValidationError
 
-from flagperf.measure.casekit import CaseConfig, CaseContext, TimedCaseConfig
 from flagperf.config.cases import CaseDef, load_case
+from flagperf.config.job import Job
 from flagperf.config.models import pydantic_error_to_config_error
+from flagperf.config.vendors import Vendor, load_vendor
 from flagperf.errors import (
     EXIT_OK,
     EXIT_UNSUPPORTED,
@@ -32,11 +33,12 @@ from flagperf.errors import (
     CaseUserError,
     ConfigError,
     Unsupported,
+    missing_extra,
 )
-from flagperf.extras import missing_extra
 from flagperf.hosts.local import default_work_root
 from flagperf.inference.config import InferenceConfig
-from flagperf.config.job import Job
+from flagperf.measure.casekit import CaseConfig, CaseContext, TimedCaseConfig
+from flagperf.measure.timing import TimingPlan
 from flagperf.results.provenance import engine_info, host_info, library_versions
 from flagperf.results.schema import (
     RESULT_FILE,
@@ -49,10 +51,8 @@ from flagperf.results.schema import (
     SpecTable,
     write_result,
 )
-from flagperf.measure.timing import TimingPlan
 from flagperf.training.driver import TrainingConfig
 from flagperf.training.launch import EXIT_WORKER_FAILED, launch, training_result, user_error
-from flagperf.config.vendors import Vendor, load_vendor
 
 log = logging.getLogger("flagperf.case")
 

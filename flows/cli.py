@@ -19,14 +19,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from flagperf.config.cases import INFERENCE_FILES, available_cases, load_case, load_case_manifest, resolve_case_config
-from flagperf.errors import ConfigError, FlagperfError
-from flagperf.hosts.inventory import load_inventory, local_inventory
-from flagperf.paths import display_path
 from flagperf.config.plan import DEFAULT_SUITE, available_suites, plan_run
-from flagperf.results.summary import HEADLINE_HEADER, SUMMARY_JSON, headline_cells, read_summary_json
 from flagperf.config.vendors import MANIFEST as VENDOR_MANIFEST
 from flagperf.config.vendors import available_vendors, load_vendor, load_vendor_manifest
 from flagperf.config.yamlio import load_yaml_mapping
+from flagperf.errors import ConfigError, FlagperfError
+from flagperf.hosts.inventory import load_inventory, local_inventory
+from flagperf.paths import display_path
+from flagperf.results.summary import HEADLINE_HEADER, SUMMARY_JSON, headline_cells, read_summary_json
 
 EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNSUPPORTED_ONLY = 1, 2, 3
 
@@ -93,7 +93,7 @@ def run(
     for note in inv.notes:
         err_console.print(f"[yellow]note[/] {escape(note)}", highlight=False, soft_wrap=True)
     console.print(f"[bold]run {plan.run_id}[/]: {len(plan.cases)} cases x {plan.rounds} rounds, vendor "
-                  f"{plan.vendor}" + (f", suite {plan.suite}" if plan.suite else "")
+                  f"{plan.vendor.name}" + (f", suite {plan.suite}" if plan.suite else "")
                   + f", {len(inv.hosts)} host(s) from {inv.source}")
     _prepare_prefect_environment()
     from flows.evaluate import evaluate  # Prefect is imported only once the input is known to be good

@@ -31,12 +31,12 @@ from prefect.deployments import run_deployment
 from prefect.runtime import deployment, flow_run
 from prefect.states import Cancelled
 
+from flagperf.config.plan import PLAN_FILE, RunPlan, plan_run, run_id_for_flow_run
 from flagperf.errors import ConfigError, FlagperfError, InfrastructureFailure
 from flagperf.hosts.fleet import close_hosts, master_address, open_host
 from flagperf.hosts.health import check_results_disk, health_file
-from flagperf.hosts.local import Host
 from flagperf.hosts.inventory import HostSpec, load_inventory, local_inventory
-from flagperf.config.plan import PLAN_FILE, RunPlan, plan_run, run_id_for_flow_run
+from flagperf.hosts.local import Host
 from flagperf.results.schema import (
     RESULT_FILE,
     Failure,
@@ -46,7 +46,6 @@ from flagperf.results.schema import (
     write_json_atomic,
     write_result,
 )
-from flagperf.config.vendors import load_vendor
 from flows.host_round import host_healthcheck, host_round
 from flows.logs import route_core_logs
 from tasks.analyze import analyze
@@ -106,7 +105,7 @@ def evaluate(
         logger.info("retry of flow run %s: continuing %s; rounds that completed are kept", flow_run_id, run_dir)
     write_json_atomic(run_dir / PLAN_FILE, plan.model_dump(mode="json"))
     logger.info("run %s: %d cases x %d rounds on vendor %s, %d host(s) from %s -> %s", plan.run_id,
-                len(plan.cases), plan.rounds, plan.vendor, len(inv.hosts), inv.source, run_dir)
+                len(plan.cases), plan.rounds, plan.vendor.name, len(inv.hosts), inv.source, run_dir)
     check_results_disk(run_dir)
     specs = {spec.name: spec for spec in inv.hosts}
     hosts = {spec.name: open_host(spec) for spec in inv.hosts}
@@ -172,7 +171,8 @@ def check_hosts(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: RunPla
         try:
             if spec.agent is not None:
                 dispatch(spec, host_healthcheck, "host-healthcheck/host-healthcheck",
-                         {"host": spec.model_dump(mode="json"), "vendor": plan.vendor, "run_dir": str(run_dir)})
+                         {"host": spec.model_dump(mode="json"), "vendor": plan.vendor.model_dump(mode="json"),
+                          "run_dir": str(run_dir)})
             else:
                 healthcheck(hosts[name], spec, plan.vendor, run_dir)
         except Exception as exc:
@@ -298,7 +298,7 @@ def run_node(spec: HostSpec, parameters: dict[str, Any]) -> RoundResult:
         from flagperf.config.job import Job
 
         job = Job(run_id=plan.run_id, case=case.name, family=case.family, round=parameters["round_no"],
-                  host=spec.name, node_rank=parameters["node_rank"], vendor=plan.vendor, config=case.config,
+                  host=spec.name, node_rank=parameters["node_rank"], vendor=plan.vendor.name, config=case.config,
                   config_origins=case.origins, run_overrides=case.run_overrides, command=parameters["command"],
                   image=parameters["image"] or {})
         result = job.failed_result(failure, parameters["probe"])
@@ -378,7 +378,7 @@ def set_aside(run_dir: Path, folder: Path) -> None:
 def check_scale(plan: RunPlan, hosts: list[str], probes: dict[str, dict[str, Any] | None]) -> None:
     """Before any round: a case may not ask for more nodes than hosts, or more processes per node than a
     host has devices (cores, where the device is the host's CPU)."""
-    shares_host = load_vendor(plan.vendor).manifest.shares_host_memory
+    shares_host = plan.vendor.manifest.shares_host_memory
     for case in plan.cases:
         nnodes, nproc = int(case.config.get("nnodes", 1)), int(case.config.get("nproc_per_node", 1))
         if nnodes > len(hosts):

@@ -14,13 +14,14 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from flagperf.config.job import Job
+from flagperf.config.plan import PLAN_FILE, CasePlan, RunPlan
+from flagperf.config.vendors import Vendor
 from flagperf.errors import InfrastructureFailure, RoundUserFailure
 from flagperf.hosts.fleet import open_host, runtime_for
 from flagperf.hosts.health import HealthReport
-from flagperf.hosts.local import Host
 from flagperf.hosts.inventory import HostSpec
-from flagperf.config.job import Job
-from flagperf.config.plan import PLAN_FILE, CasePlan, RunPlan
+from flagperf.hosts.local import Host
 from flagperf.results.provenance import library_versions
 from flagperf.results.schema import RESULT_FILE, Failure, RoundResult, round_dir, write_result
 from flows.logs import route_core_logs
@@ -65,10 +66,11 @@ def host_round(run_dir: str, case: str, round_no: int, host: dict[str, Any], nod
 
 
 @flow(name="host-healthcheck", flow_run_name="healthcheck@{host[name]}", log_prints=True)
-def host_healthcheck(host: dict[str, Any], vendor: str, run_dir: str, on_host: bool = False) -> bool:
+def host_healthcheck(host: dict[str, Any], vendor: dict[str, Any], run_dir: str, on_host: bool = False) -> bool:
     """The healthcheck of one host, run on the host's worker; the report lands in the (shared) run folder."""
     spec = HostSpec.model_validate(host)
-    report: HealthReport = healthcheck(open_host(spec, on_host=on_host), spec, vendor, Path(run_dir))
+    report: HealthReport = healthcheck(open_host(spec, on_host=on_host), spec, Vendor.model_validate(vendor),
+                                     Path(run_dir))
     return report.ok
 
 
@@ -81,7 +83,8 @@ def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: C
     stage_dir = host.work_root / plan.run_id / case.name / f"round{round_no}" / f"{host.name}_noderank{node_rank}"
     job = Job(run_id=plan.run_id, case=case.name, family=case.family, round=round_no, host=host.name,
               node_rank=node_rank, nnodes=nnodes, master_addr=master_addr, master_port=master_port,
-              vendor=plan.vendor, config=case.config, config_origins=case.origins, run_overrides=case.run_overrides,
+              vendor=plan.vendor.name, config=case.config, config_origins=case.origins,
+              run_overrides=case.run_overrides,
               command=command, image=image, controller_libraries=library_versions(CONTROLLER_LIBRARIES))
     monitor_budget = case.timeout_s * (case.max_retries + 1) + MONITOR_SLACK_S
     label = f"{case.name}/round{round_no}@{host.name}" + (f"#node{node_rank}" if nnodes > 1 else "")

@@ -15,9 +15,9 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NONE
 from prefect.events import emit_event
 
+from flagperf.config.plan import PLAN_FILE, RunPlan, new_run_id
 from flagperf.errors import FlagperfError
 from flagperf.results.history import Verdict, check_run, history_engine, record_run
-from flagperf.config.plan import PLAN_FILE, RunPlan, new_run_id
 from flows.evaluate import evaluate
 
 REGRESSION_EVENT = "flagperf.regression.detected"
@@ -62,7 +62,7 @@ def nightly_regression(suite: str = "smoke", vendor: str | None = None, rounds: 
     run_dir = Path(results_dir) / run_id
     if not (run_dir / "summary.json").is_file():
         raise FlagperfError(f"the evaluation produced no summary: {state.message}")
-    vendor = RunPlan.model_validate_json((run_dir / PLAN_FILE).read_text(encoding="utf-8")).vendor
+    vendor = RunPlan.model_validate_json((run_dir / PLAN_FILE).read_text(encoding="utf-8")).vendor.name
     if state.is_failed():  # a partial run is neither a baseline nor judged against one
         raise FlagperfError(f"the evaluation failed, nothing recorded in the history: {state.message}")
     record_history(run_dir, history_url, results_dir)

@@ -8,12 +8,12 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NONE
 
+from flagperf.config.job import JOB_FILE, Job
 from flagperf.errors import InfrastructureFailure
 from flagperf.hosts.local import Host
-from flagperf.config.job import JOB_FILE, Job
+from flagperf.hosts.runtime import PID_FILE
 from flagperf.measure.perflog import parse_file
 from flagperf.results.schema import RESULT_FILE, Failure, RoundResult, read_result, write_result
-from flagperf.hosts.runtime import PID_FILE
 from flagperf.training.launch import where_it_stopped
 
 ATTEMPT_DIR = re.compile(r"^attempt(\d+)$")

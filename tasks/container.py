@@ -9,12 +9,12 @@ from prefect.client.schemas.objects import TaskRun
 from prefect.runtime import task_run as current_task_run
 from prefect.states import State
 
+from flagperf.config.job import JOB_FILE, Job
 from flagperf.errors import EXIT_OK, EXIT_UNSUPPORTED, EXIT_USER_ERROR, InfrastructureFailure, RoundUserFailure
 from flagperf.hosts.local import Host
-from flagperf.inference.subflows import portable_context
-from flagperf.config.job import JOB_FILE, Job
-from flagperf.results.schema import CASE_LOG_FILE, RESULT_FILE, RoundResult, read_result
 from flagperf.hosts.runtime import PID_FILE, Runtime
+from flagperf.inference.subflows import portable_context
+from flagperf.results.schema import CASE_LOG_FILE, RESULT_FILE, RoundResult, read_result
 
 LOG_TAIL_LINES = 15
 

@@ -5,15 +5,16 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NONE
 
+from flagperf.config.vendors import Vendor
 from flagperf.errors import InfrastructureFailure
 from flagperf.hosts.health import HealthReport, check_host, health_file, log_check
-from flagperf.hosts.local import Host
 from flagperf.hosts.inventory import HostSpec
+from flagperf.hosts.local import Host
 from flagperf.results.schema import write_json_atomic
 
 
 @task(name="healthcheck", task_run_name="healthcheck[{host.name}]", cache_policy=NONE, retries=0)
-def healthcheck(host: Host, spec: HostSpec, vendor: str, run_dir: Path) -> HealthReport:
+def healthcheck(host: Host, spec: HostSpec, vendor: Vendor, run_dir: Path) -> HealthReport:
     """Every check of one host, logged one per line and recorded in the run folder (hosts/<name>.health.json);
     raises naming the host and each failed check."""
     logger = get_run_logger()

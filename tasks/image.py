@@ -7,6 +7,8 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NONE
 
+from flagperf.config.vendors import Vendor
+from flagperf.errors import InfrastructureFailure
 from flagperf.hosts.docker import (
     DockerRuntime,
     context_digest,
@@ -15,24 +17,21 @@ from flagperf.hosts.docker import (
     image_context,
     image_tag,
 )
-from flagperf.errors import InfrastructureFailure
 from flagperf.hosts.fleet import runtime_for
 from flagperf.hosts.health import PROBE_TIMEOUT_S, health_file, image_probe_check, log_check
-from flagperf.hosts.local import Host
 from flagperf.hosts.inventory import HostSpec
+from flagperf.hosts.local import Host
 from flagperf.paths import display_path
 from flagperf.results.schema import write_json_atomic
-from flagperf.config.vendors import load_vendor
 
 
 @task(name="build_image", task_run_name="build_image[{host.name}]", cache_policy=NONE)
-def build_image(host: Host, spec: HostSpec, vendor: str, run_id: str, framework: str | None = None
+def build_image(host: Host, spec: HostSpec, vendor: Vendor, run_id: str, framework: str | None = None
                 ) -> dict[str, Any]:
     """The image the host's cases run in, tagged by the content of its build context: built when that tag is
     missing on the host's engine, else reused. With the process runtime nothing is built (recorded)."""
     logger = get_run_logger()
-    loaded = load_vendor(vendor)
-    context = image_context(loaded, framework)
+    context = image_context(vendor, framework)
     framework = framework or context.name
     digest = context_digest(context, spec.docker.build_args)
     record: dict[str, Any] = {
@@ -46,7 +45,7 @@ def build_image(host: Host, spec: HostSpec, vendor: str, run_id: str, framework:
                                                "engine in use); nothing was built")
         logger.info("skipped: %s", record["reason"])
         return record
-    tag = image_tag(vendor, framework, digest)
+    tag = image_tag(vendor.name, framework, digest)
     client = engine_client(host, spec)
     status = ensure_image(client, context, tag, spec.docker.build_args, on_line=logger.info)
     image = client.images.get(tag)
@@ -57,14 +56,14 @@ def build_image(host: Host, spec: HostSpec, vendor: str, run_id: str, framework:
 
 
 @task(name="probe_image", task_run_name="probe_image[{host.name}]", cache_policy=NONE, retries=0)
-def probe_image(host: Host, spec: HostSpec, vendor: str, run_id: str, image: dict[str, Any], run_dir: Path
+def probe_image(host: Host, spec: HostSpec, vendor: Vendor, run_id: str, image: dict[str, Any], run_dir: Path
                 ) -> dict[str, Any]:
     """The healthcheck's accelerator check where the cases run: the probe inside the vendor image, with the
     rounds' device requests and options. Recorded in hosts/<name>.health.json; raises naming the host."""
     logger = get_run_logger()
     runtime = runtime_for(host, spec, vendor, image, run_id)
     assert isinstance(runtime, DockerRuntime)
-    result, lines = runtime.run_probe(host, vendor, timeout_s=PROBE_TIMEOUT_S)
+    result, lines = runtime.run_probe(host, vendor.name, timeout_s=PROBE_TIMEOUT_S)
     check, probe = image_probe_check(lines, result.exit_code, result.timed_out, image["tag"])
     log_check(logger, check)
     path = health_file(run_dir, host.name)

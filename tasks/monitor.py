@@ -7,20 +7,19 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NONE
 
+from flagperf.config.vendors import Vendor
 from flagperf.hosts.local import BackgroundProcess, Host
 from flagperf.hosts.runtime import PID_FILE
-from flagperf.config.vendors import load_vendor
 
 
 @task(name="start_monitors", task_run_name="start_monitors[{label}]", cache_policy=NONE)
-def start_monitors(host: Host, vendor: str, stage_dir: Path, interval_s: float, max_seconds: float, label: str
+def start_monitors(host: Host, vendor: Vendor, stage_dir: Path, interval_s: float, max_seconds: float, label: str
                    ) -> list[tuple[str, BackgroundProcess]]:
     logger = get_run_logger()
-    loaded = load_vendor(vendor)
     started: list[tuple[str, BackgroundProcess]] = []
     try:
-        for entry in loaded.manifest.monitors:
-            argv = [*loaded.monitor_command(entry, host.python), "--out",
+        for entry in vendor.manifest.monitors:
+            argv = [*vendor.monitor_command(entry, host.python), "--out",
                     str(stage_dir / f"monitor_{entry.name}.jsonl"), "--interval", str(interval_s),
                     "--pid-file", str(stage_dir / PID_FILE), "--max-seconds", str(int(max_seconds)),
                     "--parent-pid", str(host.controller_pid())]

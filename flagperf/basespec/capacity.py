@@ -12,8 +12,8 @@ import time
 import torch
 from pydantic import Field
 
-from flagperf.measure.casekit import CaseConfig, CaseContext, comparable_ratio
 from flagperf.errors import CaseUserError
+from flagperf.measure.casekit import CaseConfig, CaseContext, comparable_ratio
 from flagperf.results.schema import Metric
 
 # Never more than this share of the host's free memory when the device memory is the host's.

@@ -30,8 +30,8 @@ import torch
 import torch.distributed as dist
 from pydantic import Field
 
-from flagperf.measure.casekit import CaseContext, TimedCaseConfig
 from flagperf.errors import EXIT_USER_ERROR, CaseUserError
+from flagperf.measure.casekit import CaseContext, TimedCaseConfig
 from flagperf.results.metrics import Chunk
 from flagperf.results.schema import Metric
 
@@ -79,8 +79,8 @@ def _agreed_clock(group: dist.ProcessGroup) -> float:
 
 def rank_main(job_path: Path) -> int:
     from flagperf.config.job import Job
-    from flagperf.training.launch import USER_ERROR_PREFIX
     from flagperf.config.vendors import load_vendor
+    from flagperf.training.launch import USER_ERROR_PREFIX
 
     job = Job.model_validate_json(job_path.read_text(encoding="utf-8"))
     config = Config.model_validate(job.config)

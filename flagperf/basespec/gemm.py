@@ -7,8 +7,8 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from flagperf.measure.casekit import CaseContext, TimedCaseConfig
 from flagperf.errors import CaseUserError, Unsupported
+from flagperf.measure.casekit import CaseContext, TimedCaseConfig
 from flagperf.results.metrics import GEMM_CONVENTION, gemm_ops
 from flagperf.results.schema import Metric
 

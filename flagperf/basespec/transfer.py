@@ -7,8 +7,8 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from flagperf.measure.casekit import CaseContext, TimedCaseConfig
 from flagperf.errors import Unsupported
+from flagperf.measure.casekit import CaseContext, TimedCaseConfig
 from flagperf.results.metrics import TRANSFER_CONVENTION
 from flagperf.results.schema import Metric
 

@@ -1,1 +1,2 @@
-"""Configuration: YAML reading, config models and FlagPerf's override rules, suites, case and vendor discovery, the plan, the job."""
+"""Configuration: YAML reading, config models and FlagPerf's override rules, suites, case and vendor
+discovery, the plan (everything resolved once) and the job a host is given."""

@@ -24,9 +24,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError, field_validator
 
-from flagperf.measure.casekit import CaseConfig
 from flagperf.config.models import (
     BUILTIN_KERNEL_PREFIX,
+    CaseConfig,
     CaseManifest,
     MergedConfig,
     apply_run_overrides,
@@ -34,10 +34,10 @@ from flagperf.config.models import (
     merge_vendor_overrides,
     pydantic_error_to_config_error,
 )
-from flagperf.errors import ConfigError
-from flagperf.paths import case_roots, display_path
 from flagperf.config.vendors import import_file
 from flagperf.config.yamlio import load_yaml_mapping
+from flagperf.errors import ConfigError
+from flagperf.paths import case_roots, display_path
 
 MANIFEST = "case.yaml"
 INFERENCE_FILES = ("configurations.yaml", "parameters.yaml")
@@ -99,10 +99,7 @@ class CaseDef:
         if not (isinstance(module.Config, type) and issubclass(module.Config, CaseConfig)):
             raise ConfigError(display_path(self.manifest_path), "entry",
                               f"{entry}: Config must subclass flagperf.measure.casekit.CaseConfig")
-        if self.family == "inference":
-            from flagperf.inference.config import InferenceConfig
-
-            if not issubclass(module.Config, InferenceConfig):
+        if self.family == "inference" and getattr(module.Config, "family", None) != "inference":
                 raise ConfigError(display_path(self.folder / entry), "Config",
                                   "must subclass flagperf.inference.config.InferenceConfig")
         return module
@@ -235,14 +232,6 @@ def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[st
         model = case.config_model.model_validate(merged.values)
     except ValidationError as exc:
         raise pydantic_error_to_config_error(exc, display_path(case.manifest_path), merged.origins) from None
-    if case.family == "inference":
-        # The toggles and the engine they name, checked before anything runs (and again in the case process).
-        from flagperf.inference.config import check_toggles
-        from flagperf.inference.engines import check_engine_toggles
-
-        check_toggles(model, merged.origins, display_path(case.manifest_path))
-        if vendor:  # `flagperf validate` checks a case's defaults without a vendor, so without its engines
-            check_engine_toggles(model, vendor, merged.origins, display_path(case.manifest_path),
-                                 check_files=files_are_local)
+    model.check_for_vendor(merged.origins, display_path(case.manifest_path), vendor or None, files_are_local)
     merged.values = model.model_dump(mode="json")
     return merged

@@ -18,9 +18,9 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from flagperf.config.yamlio import load_yaml_mapping, parse_yaml_text
 from flagperf.errors import ConfigError
 from flagperf.paths import NAME_PATTERN, display_path
-from flagperf.config.yamlio import load_yaml_mapping, parse_yaml_text
 
 log = logging.getLogger("flagperf.config.models")
 
@@ -239,3 +239,20 @@ def load_suite(path: Path) -> SuiteFile:
     if suite.name != path.stem:
         raise ConfigError(display_path(path), "name", f"must match the file name ({path.stem!r}), got {suite.name!r}")
     return suite
+
+
+class CaseConfig(BaseModel):
+    """Keys every case has; the values live in case.yaml, not here. A family's config base may add checks
+    that need the vendor (``check_for_vendor``), so the plan validates every family without knowing it."""
+
+    # strict: `true` is not 1 and 1 is not `true`; no inf or nan from `--set timeout_s=.inf`.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    timeout_s: float = Field(gt=0, description="the round is killed (and retried) after this long")
+    max_retries: int = Field(ge=0, le=10, description="retries after an infrastructure failure")
+
+    def check_for_vendor(self, origins: dict[str, str], source: str, vendor: str | None,
+                         files_are_local: bool) -> None:
+        """Checks beyond the fields, made by the plan before anything runs; vendor is None when
+        `flagperf validate` checks a case's defaults. Nothing to check here; families override it."""
+        return None

@@ -15,10 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from flagperf.config.cases import available_cases, load_case, resolve_case_config
 from flagperf.config.models import SetOverride, load_suite, parse_set_override
+from flagperf.config.vendors import Vendor, load_vendor
 from flagperf.errors import ConfigError
 from flagperf.paths import NAME_PATTERN, display_path, suite_roots
 from flagperf.results.provenance import git_revision
-from flagperf.config.vendors import load_vendor
 
 DEFAULT_SUITE = "smoke"
 PLAN_FILE = "plan.json"
@@ -44,7 +44,7 @@ class RunPlan(BaseModel):
 
     run_id: str
     suite: str | None
-    vendor: str
+    vendor: Vendor = Field(description="resolved once here; tasks receive this object, never a name")
     rounds: int
     cases: list[CasePlan]
     results_dir: str
@@ -112,7 +112,8 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
     if suite and cases:
         raise ConfigError("flagperf run", None, "give --suite or --cases, not both")
     sets = list(sets or [])
-    hardware = load_vendor(vendor).manifest.hardware  # also fails early on an unknown or malformed vendor
+    resolved_vendor = load_vendor(vendor)  # the one lookup of the run: fails early on an unknown or malformed vendor
+    hardware = resolved_vendor.manifest.hardware
     known = available_cases()
 
     suite_name: str | None = None
@@ -184,7 +185,7 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
         raise ConfigError("--run-id", None, f"{run_id!r} is not a valid name")
     run_dir = Path(results_dir) / run_id
     revision, dirty = git_revision()
-    plan = RunPlan(run_id=run_id, suite=suite_name, vendor=vendor, rounds=rounds or suite_rounds, cases=plans,
+    plan = RunPlan(run_id=run_id, suite=suite_name, vendor=resolved_vendor, rounds=rounds or suite_rounds, cases=plans,
                    results_dir=str(results_dir), set_overrides=sets, flow_run_id=flow_run_id,
                    git_revision=f"{revision}{'+modified' if dirty else ''}" if revision else None,
                    hosts=list(hosts or []))

@@ -13,18 +13,16 @@ from __future__ import annotations
 import importlib.util
 import re
 import sys
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from flagperf.config.models import StrictModel, check_name, load_model
-from flagperf.errors import ConfigError
-from flagperf.extras import missing_extra
-from flagperf.paths import display_path, vendor_roots
+from flagperf.errors import ConfigError, missing_extra
+from flagperf.paths import PROJECT_ROOT, display_path, vendor_roots
 from flagperf.results.schema import SpecTable
 
 MANIFEST = "vendor.yaml"
@@ -115,14 +113,23 @@ class VendorManifest(StrictModel):
         return self
 
 
-@dataclass(frozen=True)
-class Vendor:
+class Vendor(BaseModel):
+    """A vendor resolved once (in the plan) and handed to every task: its manifest and its folder."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     manifest: VendorManifest
-    folder: Path
+    location: str = Field(description="the vendor folder, relative to the project root when it lies inside it, "
+                                      "so that a host with its own deployed copy finds its own folder")
 
     @property
     def name(self) -> str:
         return self.manifest.name
+
+    @property
+    def folder(self) -> Path:
+        path = Path(self.location)
+        return path if path.is_absolute() else PROJECT_ROOT / path
 
     def monitor_command(self, entry: MonitorEntry, python: str) -> list[str]:
         """The command that starts a monitor (arguments of flagperf.monitoring.monitor_arguments follow)."""
@@ -200,4 +207,4 @@ def load_vendor(name: str) -> Vendor:
     if name not in vendors:
         raise ConfigError("--vendor", None, f"unknown vendor {name!r} (known: {', '.join(sorted(vendors))})")
     folder = vendors[name]
-    return Vendor(manifest=load_vendor_manifest(folder / MANIFEST), folder=folder)
+    return Vendor(manifest=load_vendor_manifest(folder / MANIFEST), location=display_path(folder))

@@ -1,1 +1,2 @@
-"""Hosts: local and SSH hosts, the host agent, runtimes (process, Docker), inventories and FlagPerf host.yaml, healthcheck and probe, the fleet."""
+"""Hosts: local and SSH hosts, the host agent, runtimes (process, Docker), inventories and FlagPerf's
+host.yaml, healthcheck and probe, the fleet."""

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flagperf.errors import ConfigError
-from flagperf.hosts.local import CommandResult, Host, LineSink
-from flagperf.hosts.inventory import HostSpec, parse_container_options
 from flagperf.config.job import JOB_FILE
-from flagperf.results.schema import CASE_LOG_FILE
-from flagperf.hosts.runtime import Runtime
 from flagperf.config.vendors import Vendor
+from flagperf.errors import ConfigError
+from flagperf.hosts.inventory import HostSpec, parse_container_options
+from flagperf.hosts.local import CommandResult, Host, LineSink
+from flagperf.hosts.runtime import Runtime
+from flagperf.results.schema import CASE_LOG_FILE
 
 logger = logging.getLogger("flagperf.hosts.docker")
 BUILD_TIMEOUT_S = 3600

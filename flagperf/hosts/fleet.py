@@ -8,12 +8,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from flagperf.config.vendors import Vendor
 from flagperf.hosts.docker import DockerRuntime, container_settings, engine_client
-from flagperf.hosts.local import Host, LocalHost
 from flagperf.hosts.inventory import HostSpec
+from flagperf.hosts.local import Host, LocalHost
 from flagperf.hosts.runtime import ProcessRuntime, Runtime
 from flagperf.hosts.ssh import SshHost
-from flagperf.config.vendors import load_vendor
 
 _connections: dict[str, SshHost] = {}
 _connections_lock = threading.Lock()
@@ -53,9 +53,9 @@ def host_user(host: Host) -> str:
     return f"{os.getuid()}:{os.getgid()}"
 
 
-def runtime_for(host: Host, spec: HostSpec, vendor: str, image: dict[str, Any], run_id: str) -> Runtime:
+def runtime_for(host: Host, spec: HostSpec, vendor: Vendor, image: dict[str, Any], run_id: str) -> Runtime:
     if spec.runtime == "process":
         return ProcessRuntime()
-    settings = container_settings(load_vendor(vendor), spec, image["tag"])
+    settings = container_settings(vendor, spec, image["tag"])
     return DockerRuntime(settings, client_factory=partial(engine_client, host, spec), user=host_user(host),
                          scratch_root=host.work_root / run_id)

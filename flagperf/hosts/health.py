@@ -9,10 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flagperf.hosts.docker import engine_client
+from flagperf.config.vendors import Vendor
 from flagperf.errors import InfrastructureFailure
-from flagperf.hosts.local import Host
+from flagperf.hosts.docker import engine_client
 from flagperf.hosts.inventory import HostSpec
+from flagperf.hosts.local import Host
 from flagperf.hosts.ssh import SshError, SshHost
 
 MIN_FREE_BYTES = 1 << 30
@@ -48,7 +49,7 @@ def health_file(run_dir: Path, host: str) -> Path:
     return run_dir / "hosts" / f"{host}.health.json"
 
 
-def check_host(host: Host, spec: HostSpec, vendor: str, log_path: Path,
+def check_host(host: Host, spec: HostSpec, vendor: Vendor, log_path: Path,
                min_free_bytes: int = MIN_FREE_BYTES) -> HealthReport:
     """reachable + authenticated (SSH) -> deploy path present -> the probe runs (versions, accelerators
     visible, clock skew) -> free disk at the host's work root -> container engine reachable (docker hosts).
@@ -71,7 +72,7 @@ def check_host(host: Host, spec: HostSpec, vendor: str, log_path: Path,
         checks.append(Check("deployed", False, f"deploy path {host.project_root} has no flagperf/ (copy or mount "
                                                "the project there, or set project_root)"))
         return HealthReport(host=host.name, checks=checks, probe=None)
-    result = host.run([host.python, "-m", "flagperf.hosts.probe", "--vendor", vendor], timeout=PROBE_TIMEOUT_S,
+    result = host.run([host.python, "-m", "flagperf.hosts.probe", "--vendor", vendor.name], timeout=PROBE_TIMEOUT_S,
                       log_path=log_path)
     if result.exit_code is None and not result.timed_out:
         checks.append(Check("python", False, f"cannot start {host.python}"))

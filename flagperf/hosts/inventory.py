@@ -19,9 +19,9 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from flagperf.config.models import StrictModel, check_name, pydantic_error_to_config_error
+from flagperf.config.yamlio import load_yaml_mapping
 from flagperf.errors import ConfigError
 from flagperf.paths import display_path
-from flagperf.config.yamlio import load_yaml_mapping
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Host names and addresses reach ssh/paramiko and docker labels: no spaces, no option-like leading '-'.

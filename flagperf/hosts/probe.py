@@ -11,9 +11,9 @@ import sys
 import time
 
 from flagperf import __version__
+from flagperf.config.vendors import load_vendor
 from flagperf.errors import FlagperfError
 from flagperf.results.provenance import host_info, library_versions
-from flagperf.config.vendors import load_vendor
 
 
 def probe(vendor_name: str) -> dict[str, object]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from pathlib import Path
 
-from flagperf.hosts.local import CommandResult, Host, LineSink
 from flagperf.config.job import JOB_FILE
+from flagperf.hosts.local import CommandResult, Host, LineSink
 from flagperf.results.schema import CASE_LOG_FILE
 
 PID_FILE = "case.pid"

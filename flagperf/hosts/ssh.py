@@ -18,8 +18,8 @@ from typing import Any
 import paramiko
 
 from flagperf.hosts.agent import STATUS_PREFIX
-from flagperf.hosts.local import BackgroundProcess, CommandResult, Host, LineSink
 from flagperf.hosts.inventory import HostSpec
+from flagperf.hosts.local import BackgroundProcess, CommandResult, Host, LineSink
 from flagperf.paths import PROJECT_ROOT
 
 logger = logging.getLogger("flagperf.hosts.ssh")

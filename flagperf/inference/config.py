@@ -20,8 +20,9 @@ from typing import ClassVar, Literal
 
 from pydantic import ConfigDict, Field, field_validator
 
-from flagperf.measure.casekit import CaseConfig
+from flagperf.config.models import CaseConfig
 from flagperf.errors import ConfigError
+from flagperf.inference.engines import check_engine_toggles
 
 STEPS = ("init", "dataset_model", "validation", "export", "compile", "inference", "summary")
 STEP_TITLES = {
@@ -98,6 +99,16 @@ class InferenceConfig(CaseConfig):
 
     # What one "item" is, for throughput and MFU; a decoding case counts generated tokens instead.
     item_name: ClassVar[str] = "samples"
+    # The case loader checks that an inference case's Config is one of these.
+    family: ClassVar[str] = "inference"
+
+    def check_for_vendor(self, origins: dict[str, str], source: str, vendor: str | None,
+                         files_are_local: bool) -> None:
+        """The toggles and the engine they name, checked before anything runs (again in the case process).
+        Without a vendor (`flagperf validate` on a case's defaults) there are no engines to check."""
+        check_toggles(self, origins, source)
+        if vendor:
+            check_engine_toggles(self, vendor, origins, source, check_files=files_are_local)
 
     def items_per_sample(self) -> int:
         return 1

@@ -26,20 +26,35 @@ import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from flagperf.config.models import StrictModel, check_name, load_model
-from flagperf.errors import CaseUserError, ConfigError
-from flagperf.extras import MissingExtra, extra_for
-from flagperf.inference.config import InferenceConfig
-from flagperf.paths import display_path, vendor_roots
 from flagperf.config.vendors import import_file
+from flagperf.errors import CaseUserError, ConfigError, MissingExtra, extra_for
+from flagperf.paths import display_path, vendor_roots
 
 ENGINE_MANIFEST = "engine.yaml"
 ENGINE_PREFIX = "flagperf.inference."
+
+
+class EngineConfig(Protocol):
+    """What the engine contract reads of an inference case's config (flagperf.inference.config.InferenceConfig
+    satisfies it); a protocol, so that the config module can check engines without an import loop."""
+
+    compiler: str | None
+    fp16: bool
+    batch_size: int
+    no_validation: bool
+    exist_onnx_path: str | None
+    exist_compiler_path: str | None
+
+    @property
+    def precision(self) -> str: ...
+
+    def model_dump(self) -> dict[str, Any]: ...
 
 
 class Requirement(StrictModel):
@@ -99,7 +114,7 @@ class InferenceEngine(ABC):
 
     Options: ClassVar[type[EngineOptions]] = EngineOptions
 
-    def __init__(self, config: InferenceConfig, onnx_path: Path | None, model: torch.nn.Module | None,
+    def __init__(self, config: EngineConfig, onnx_path: Path | None, model: torch.nn.Module | None,
                  env: EngineEnv, *, engine_path: Path | None = None) -> None:
         """Build from ``onnx_path``/``model``, or load ``engine_path`` (exist_compiler_path) when given."""
         self.config = config
@@ -178,7 +193,7 @@ def load_engine(vendor: str, name: str, source: str = "compiler") -> EngineDef:
     return EngineDef(manifest=manifest, folder=folder)
 
 
-def check_engine_toggles(config: InferenceConfig, vendor: str, origins: dict[str, str], default_source: str,
+def check_engine_toggles(config: EngineConfig, vendor: str, origins: dict[str, str], default_source: str,
                          check_files: bool = True) -> EngineDef | None:
     """What the chosen engine needs, against the toggles and the files they name (before anything runs)."""
     if config.compiler is None:

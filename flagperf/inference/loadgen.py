@@ -12,20 +12,19 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from flagperf.errors import CaseUserError
-from flagperf.extras import require
-from flagperf.inference.engines import InferenceEngine
+from flagperf.errors import CaseUserError, require
+from flagperf.inference.config import InferenceConfig
 from flagperf.inference.measure import as_inputs
 from flagperf.results.schema import LoadgenResult
 
-if TYPE_CHECKING:
-    from flagperf.inference.pipeline import InferenceRun
+# The engine's forward as the pipeline runs it: inputs -> (outputs, time spent outside inference).
+Forward = Callable[[list[torch.Tensor]], tuple[Any, Any]]
 
 log = logging.getLogger("flagperf.case.inference")
 
@@ -61,18 +60,18 @@ def _outputs(result: Any) -> Any:
 class EngineSUT:
     """Runs queries through ``engine_forward``; responses carry no data (performance mode)."""
 
-    def __init__(self, run: InferenceRun, engine: InferenceEngine, samples: list[list[torch.Tensor]]) -> None:
-        self.run, self.engine, self.samples = run, engine, samples
-        self.batch_size = run.config.batch_size
+    def __init__(self, forward: Forward, sync: Callable[[], None], batch_size: int,
+                 samples: list[list[torch.Tensor]]) -> None:
+        self.engine_forward, self.sync, self.batch_size, self.samples = forward, sync, batch_size, samples
         self.queries = 0
 
     def forward(self, indices: list[int]) -> None:
         n = len(indices)
         padded = indices + [indices[-1]] * (self.batch_size - n) if 1 < n < self.batch_size else indices
         inputs = [torch.cat([self.samples[i][k] for i in padded]) for k in range(len(self.samples[0]))]
-        outputs, _ = self.run.module.engine_forward(self.engine, inputs)
+        outputs, _ = self.engine_forward(inputs)
         _outputs(outputs)
-        self.run.sync()
+        self.sync()
 
     def issue_queries(self, query_samples: list[Any]) -> None:
         import mlperf_loadgen as lg
@@ -136,10 +135,10 @@ def summarise(scenario: str, detail: dict[str, Any], settings: dict[str, Any], l
                          latency_ms=latency, settings=settings, summary=result, log_dir=str(log_dir))
 
 
-def run_scenario(run: InferenceRun, sut: EngineSUT, scenario: str, expected: dict[str, float]) -> LoadgenResult:
+def run_scenario(c: InferenceConfig, sut: EngineSUT, scenario: str, expected: dict[str, float], out_dir: Path
+                 ) -> LoadgenResult:
     import mlperf_loadgen as lg
 
-    c = run.config
     settings = lg.TestSettings()
     settings.scenario = getattr(lg.TestScenario, scenario)
     settings.mode = lg.TestMode.PerformanceOnly
@@ -164,7 +163,7 @@ def run_scenario(run: InferenceRun, sut: EngineSUT, scenario: str, expected: dic
         settings.server_target_qps = qps
         settings.server_target_latency_ns = int(c.loadgen_target_latency_ms * 1e6)
         recorded |= {"server_target_qps": qps, "server_target_latency_ns": settings.server_target_latency_ns}
-    log_dir = run.out_dir / "loadgen" / scenario
+    log_dir = out_dir / "loadgen" / scenario
     log_dir.mkdir(parents=True, exist_ok=True)
     log_settings = lg.LogSettings()
     log_settings.log_output.outdir = str(log_dir)
@@ -191,14 +190,16 @@ def require_loadgen() -> None:
     require("mlperf_loadgen", "inference", "loadgen_scenarios")
 
 
-def run_scenarios(run: InferenceRun, engine: InferenceEngine) -> list[LoadgenResult]:
+def run_scenarios(config: InferenceConfig, loader: Any, forward: Forward, sync: Callable[[], None], out_dir: Path
+                  ) -> list[LoadgenResult]:
+    """LoadGen's scenarios over the engine's forward (the same path the timed pass measured)."""
     require_loadgen()
-    samples = collect_samples(run.loader, MAX_SAMPLES)
-    sut = EngineSUT(run, engine, samples)
+    samples = collect_samples(loader, MAX_SAMPLES)
+    sut = EngineSUT(forward, sync, config.batch_size, samples)
     expected = sut.calibrate()
     results = []
-    for scenario in run.config.loadgen_scenarios:
-        result = run_scenario(run, sut, scenario, expected)
+    for scenario in config.loadgen_scenarios:
+        result = run_scenario(config, sut, scenario, expected, out_dir)
         if scenario == "SingleStream" and result.latency_ms.get("mean"):
             expected["server_qps"] = 0.5 * 1e3 / result.latency_ms["mean"]
         results.append(result)

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from flagperf.measure.casekit import CaseContext
 from flagperf.inference.config import InferenceConfig
+from flagperf.measure.casekit import CaseContext
 from flagperf.results.metrics import Chunk, latency_stats
 from flagperf.results.schema import Metric
 

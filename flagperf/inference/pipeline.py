@@ -36,13 +36,13 @@ from typing import Any
 
 import torch
 
-from flagperf.measure.casekit import CaseContext
 from flagperf.errors import CaseUserError
 from flagperf.inference.config import STEP_TITLES, STEPS, InferenceConfig, check_toggles, skipped_steps
 from flagperf.inference.engines import EngineDef, EngineEnv, InferenceEngine, check_engine_toggles
 from flagperf.inference.measure import NonInference, PassStats, pass_metrics, timed_pass
-from flagperf.results.schema import InferenceReport, LoadgenResult, Metric, SpecTable
+from flagperf.measure.casekit import CaseContext
 from flagperf.measure.timing import TimingPlan
+from flagperf.results.schema import InferenceReport, LoadgenResult, Metric, SpecTable
 
 log = logging.getLogger("flagperf.case.inference")
 
@@ -229,7 +229,7 @@ def step_inference(run: InferenceRun) -> None:
     if run.config.loadgen_scenarios:
         from flagperf.inference.loadgen import run_scenarios  # mlperf_loadgen only when asked for
 
-        run.loadgen = run_scenarios(run, engine)
+        run.loadgen = run_scenarios(run.config, run.loader, forward, run.sync, run.out_dir)
 
 
 def _log_pass(stats: PassStats, config: InferenceConfig) -> None:

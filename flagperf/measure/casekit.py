@@ -11,25 +11,19 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from flagperf.config.models import CaseConfig
 from flagperf.errors import CaseUserError, Unsupported
+from flagperf.measure.timing import TimingPlan, measure
 from flagperf.results.metrics import Chunk, model_flops_utilisation, rate_stats, ratio
 from flagperf.results.schema import Metric, Peak, SpecTable
-from flagperf.measure.timing import TimingPlan, measure
 
 if TYPE_CHECKING:
     from flagperf.config.job import Job
 
-
-class CaseConfig(BaseModel):
-    """Keys every case has; the values live in case.yaml, not here."""
-
-    # strict: `true` is not 1 and 1 is not `true`; no inf or nan from `--set timeout_s=.inf`.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
-
-    timeout_s: float = Field(gt=0, description="the round is killed (and retried) after this long")
-    max_retries: int = Field(ge=0, le=10, description="retries after an infrastructure failure")
+# The case contract: a case imports its config bases and its context from here.
+__all__ = ["CaseConfig", "CaseContext", "TimedCaseConfig", "comparable_ratio"]
 
 
 class TimedCaseConfig(CaseConfig):

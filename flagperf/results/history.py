@@ -43,7 +43,7 @@ from sqlalchemy import (
     select,
 )
 
-from flagperf.extras import require
+from flagperf.errors import require
 from flagperf.results.summary import summarize
 
 DEFAULT_URL_ENV = "FLAGPERF_HISTORY_URL"

@@ -30,8 +30,8 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
 from flagperf.measure.casekit import CaseConfig
-from flagperf.results.metrics import model_flops_utilisation
 from flagperf.measure.perflog import format_line
+from flagperf.results.metrics import model_flops_utilisation
 
 FINISHED_KEYS = ("e2e_time", "training_throughput", "throughput_unit", "converged", "target_metric",
                  "target", "final_metric", "raw_train_time", "init_time", "epochs", "steps", "extra")

@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from flagperf.errors import EXIT_OK, EXIT_USER_ERROR
 from flagperf.config.job import JOB_FILE, Job
+from flagperf.errors import EXIT_OK, EXIT_USER_ERROR
 from flagperf.measure.perflog import PerfLog, parse_file
 from flagperf.results.schema import Convergence, Metric
 

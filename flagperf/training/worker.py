@@ -16,12 +16,11 @@ import torch
 import torch.distributed as dist
 
 from flagperf.config.cases import load_case
-from flagperf.errors import EXIT_USER_ERROR, CaseUserError, ConfigError
-from flagperf.extras import missing_extra
 from flagperf.config.job import Job
+from flagperf.config.vendors import load_vendor
+from flagperf.errors import EXIT_USER_ERROR, CaseUserError, ConfigError, missing_extra
 from flagperf.training.driver import TrainingContext
 from flagperf.training.launch import USER_ERROR_PREFIX
-from flagperf.config.vendors import load_vendor
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from flagperf.entry import run_job
 from flagperf.config.job import Job
 from flagperf.config.plan import plan_run
+from flagperf.entry import run_job
 from flagperf.results.schema import RoundResult, read_result
 
 pytestmark = [pytest.mark.gpu,

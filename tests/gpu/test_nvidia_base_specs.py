@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from flagperf.entry import run_job
 from flagperf.config.job import Job
-from flagperf.paths import PROJECT_ROOT
 from flagperf.config.plan import plan_run
+from flagperf.entry import run_job
+from flagperf.paths import PROJECT_ROOT
 from flagperf.results.schema import read_result
 
 pytestmark = [pytest.mark.gpu,

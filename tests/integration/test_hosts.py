@@ -92,8 +92,8 @@ def test_two_ssh_hosts_run_their_rounds_in_containers(flagperf_env: Path, tmp_pa
     assert docker.from_env().containers.list(all=True, filters={"label": "org.flagperf.job"}) == []
     # The tag is the content hash of the Dockerfile folder and build args; with nothing changed, asking for
     # the image again builds nothing.
-    from flagperf.hosts.docker import context_digest, ensure_image, image_context, image_tag
     from flagperf.config.vendors import load_vendor
+    from flagperf.hosts.docker import context_digest, ensure_image, image_context, image_tag
 
     context = image_context(load_vendor("cpu"), "pytorch")
     tag = image_tag("cpu", "pytorch", context_digest(context, image["build_args"]))

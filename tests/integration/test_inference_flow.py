@@ -23,10 +23,10 @@ from prefect.client.schemas.filters import (
 )
 from prefect.client.schemas.objects import FlowRun
 
-from flagperf.entry import run_job
-from flagperf.inference.subflows import portable_context
 from flagperf.config.job import Job
 from flagperf.config.plan import plan_run
+from flagperf.entry import run_job
+from flagperf.inference.subflows import portable_context
 from flagperf.results.schema import read_result
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_server")]

@@ -15,9 +15,9 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.events.filters import EventFilter, EventNameFilter
 
+from flagperf.config.vendors import load_vendor
 from flagperf.results.history import history_engine, record_run
 from flagperf.results.schema import Metric, RoundResult, write_result
-from flagperf.config.vendors import load_vendor
 from flows.nightly import REGRESSION_EVENT, nightly_regression
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_server")]

@@ -16,8 +16,7 @@ from flagperf.config.cases import load_case
 from flagperf.config.job import Job
 from flagperf.config.plan import plan_run
 from flagperf.entry import run_job
-from flagperf.errors import EXIT_USER_ERROR
-from flagperf.extras import MissingExtra, install_command, require
+from flagperf.errors import EXIT_USER_ERROR, MissingExtra, install_command, require
 from flagperf.results.history import history_engine
 from flagperf.results.schema import read_result
 

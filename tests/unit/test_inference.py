@@ -16,14 +16,14 @@ import pytest
 import torch
 
 from flagperf.config.cases import load_case
+from flagperf.config.job import Job
+from flagperf.config.plan import plan_run
+from flagperf.config.vendors import load_vendor
 from flagperf.entry import run_job
 from flagperf.errors import CaseUserError, ConfigError
 from flagperf.inference.config import InferenceConfig, parse_flops, skipped_steps
 from flagperf.inference.engines import EngineEnv, InferenceEngine, load_engine
-from flagperf.config.job import Job
-from flagperf.config.plan import plan_run
 from flagperf.results.schema import RoundResult, read_result
-from flagperf.config.vendors import load_vendor
 
 FLAGPERF_FORMAT = Path(__file__).resolve().parents[1] / "fixtures" / "flagperf_format"
 TINY_RESNET = ["depths=[1, 1]", "hidden_sizes=[8, 16]", "flops=1.0e6", "batch_size=4", "synthetic_images=8"]

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from flagperf.hosts.docker import container_settings, context_digest, exit_code_of, image_tag
-from flagperf.errors import ConfigError
-from flagperf.hosts.inventory import load_inventory, parse_container_options
 from flagperf.config.vendors import load_vendor
+from flagperf.errors import ConfigError
+from flagperf.hosts.docker import container_settings, context_digest, exit_code_of, image_tag
+from flagperf.hosts.inventory import load_inventory, parse_container_options
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:

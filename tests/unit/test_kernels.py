@@ -11,16 +11,16 @@ import pytest
 import torch
 
 from flagperf.basespec import capacity, copy, gemm, transfer
-from flagperf.measure.casekit import CaseContext, comparable_ratio
+from flagperf.config.job import Job
+from flagperf.config.plan import plan_run
+from flagperf.config.vendors import load_vendor
 from flagperf.entry import main as entry_main
 from flagperf.entry import run_job
 from flagperf.errors import EXIT_OK, EXIT_UNSUPPORTED, EXIT_USER_ERROR, CaseUserError, Unsupported
-from flagperf.config.job import Job
-from flagperf.results.metrics import COPY_CONVENTION, GEMM_CONVENTION
-from flagperf.config.plan import plan_run
-from flagperf.results.schema import Peak, SpecTable, read_result
+from flagperf.measure.casekit import CaseContext, comparable_ratio
 from flagperf.measure.timing import TimingPlan
-from flagperf.config.vendors import load_vendor
+from flagperf.results.metrics import COPY_CONVENTION, GEMM_CONVENTION
+from flagperf.results.schema import Peak, SpecTable, read_result
 
 TINY = TimingPlan(0, 0.05, 2)
 LOG = logging.getLogger("flagperf.case.test")

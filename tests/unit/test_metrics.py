@@ -8,7 +8,15 @@ import statistics
 import numpy as np
 import pytest
 
-from flagperf.results.metrics import Chunk, coefficient_of_variation, copy_bytes, gemm_ops, percentile, rate_stats, ratio
+from flagperf.results.metrics import (
+    Chunk,
+    coefficient_of_variation,
+    copy_bytes,
+    gemm_ops,
+    percentile,
+    rate_stats,
+    ratio,
+)
 
 
 def test_gemm_ops() -> None:
@@ -133,9 +141,9 @@ def test_throughput_metric_carries_mfu_against_the_precision_peak() -> None:
     import logging
 
     from flagperf.measure.casekit import CaseContext
+    from flagperf.measure.timing import TimingPlan
     from flagperf.results.metrics import Chunk
     from flagperf.results.schema import SpecTable
-    from flagperf.measure.timing import TimingPlan
 
     spec = SpecTable(device="X", peaks={"fp16": {"value": 2.0, "unit": "TFLOPS", "source": "test"}})
     ctx = CaseContext("cpu", spec, TimingPlan(0, 0.1, 1), logging.getLogger("t"), shares_host_memory=True)

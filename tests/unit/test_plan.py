@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from flagperf.config.cases import available_cases, load_case
+from flagperf.config.plan import available_suites, find_suite, new_run_id, plan_run
 from flagperf.errors import ConfigError
 from flagperf.paths import NAME_PATTERN
-from flagperf.config.plan import available_suites, find_suite, new_run_id, plan_run
 
 FP32 = "computation-FP32"
 FP32_CASE = "cases/base/computation-FP32/case.yaml"
@@ -34,7 +34,7 @@ def config_error(tmp_path: Path, **kwargs) -> ConfigError:
 def test_default_suite_is_smoke(tmp_path: Path) -> None:
     p = plan(tmp_path)
     assert p.suite == "smoke"
-    assert p.vendor == "cpu"
+    assert p.vendor.name == "cpu"
     assert p.rounds == 1
     assert [c.name for c in p.cases] == [FP32, "computation-FP64", "main_memory-bandwidth",
                                          "main_memory-capacity"]

@@ -16,11 +16,11 @@ import psutil
 import pytest
 import torch
 
+from flagperf.config.plan import plan_run
 from flagperf.entry import classify_runtime_error
 from flagperf.errors import CaseUserError, ConfigError, Unsupported
 from flagperf.hosts.local import default_work_root
 from flagperf.paths import PROJECT_ROOT
-from flagperf.config.plan import plan_run
 
 
 @pytest.mark.parametrize(("setting", "words"), [
@@ -102,8 +102,8 @@ def test_default_work_root_is_private(monkeypatch: pytest.MonkeyPatch, tmp_path:
 def test_a_case_nobody_stops_stops_itself_after_its_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """In a container the parent watch sees only the container's init: if the controller vanished, the case's
     own deadline (timeout_s plus a grace) ends it, an exit the controller would count as infrastructure."""
-    from flagperf.entry import EXIT_OVERRAN, deadline_grace_s
     from flagperf.config.job import Job
+    from flagperf.entry import EXIT_OVERRAN, deadline_grace_s
 
     fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "cases"
     monkeypatch.setenv("FLAGPERF_CASE_PATH", str(fixtures))

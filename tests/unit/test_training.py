@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from flagperf.config.job import Job
 from flagperf.config.models import merge_vendor_overrides
+from flagperf.config.plan import plan_run
 from flagperf.entry import run_job
 from flagperf.errors import CaseUserError, ConfigError
-from flagperf.config.job import Job
 from flagperf.measure.perflog import format_line, parse_file, parse_text
-from flagperf.config.plan import plan_run
 from flagperf.results.schema import read_result
 from flagperf.training.driver import FINISHED_KEYS
 from flagperf.training.launch import where_it_stopped

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from flagperf.config.vendors import available_vendors, load_vendor, load_vendor_manifest
 from flagperf.errors import ConfigError
 from flagperf.results.schema import SpecTable
-from flagperf.config.vendors import available_vendors, load_vendor, load_vendor_manifest
 
 SPEC_PY = """
 def spec_table(settings):

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from flagperf.errors import ConfigError
 from flagperf.config.yamlio import load_yaml_mapping, parse_yaml_text
+from flagperf.errors import ConfigError
 
 
 def _one_line_error(path: Path) -> ConfigError:

@@ -16,7 +16,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the project root, for flagperf.monitoring
 
-from flagperf.extras import missing_extra
+from flagperf.errors import missing_extra
 from flagperf.monitoring import monitor_arguments, run_sampler
 
 THROTTLE_REASONS = {  # NVML clocks-event reason bits (nvml.h)
