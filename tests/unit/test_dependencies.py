@@ -104,6 +104,7 @@ def test_nvidia_image_defaults_to_a_current_ngc_base_and_installs_only_its_requi
     assert re.search(r"^FROM \$\{BASE_IMAGE\}$", dockerfile, re.M)
     installs = re.findall(r"pip install (.+)$", dockerfile, re.M)
     assert installs == ["-r /opt/flagperf/requirements.txt"]
+    assert not re.search(r"^ENV ", dockerfile, re.M)  # one layer per instruction: see the cpu Dockerfile
 
 
 def image_requirements() -> list[Requirement]:
