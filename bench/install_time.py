@@ -75,10 +75,12 @@ def main() -> int:
     unknown = sorted(set(variants) - set(COMMANDS))
     if unknown:
         parser.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(COMMANDS)}")
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()  # once: every variant measures the same commit
     rows = []
     with tempfile.TemporaryDirectory(prefix="install-time-") as tmp:
         for variant in variants:
-            rev = args.before if variant == "before" else "HEAD"
+            rev = args.before if variant == "before" else head
             row = measure(variant, rev, Path(tmp))
             print(f"{variant}: {row['seconds']} s, {row['packages']} packages, {row['site_packages_mib']} MiB",
                   flush=True)
