@@ -1,4 +1,4 @@
-"""The in-host (later in-container) entry for one case round: base spec, training or inference.
+"""The in-host (later in-container) entry for one case round: base spec, training, inference or generate.
 
     python -m flagperf.entry --job DIR/job.json
 
@@ -35,6 +35,7 @@ from flagperf.errors import (
     Unsupported,
     missing_extra,
 )
+from flagperf.generate.config import GenerateConfig
 from flagperf.hosts.local import default_work_root
 from flagperf.inference.config import InferenceConfig
 from flagperf.measure.casekit import CaseConfig, CaseContext, TimedCaseConfig
@@ -76,7 +77,8 @@ def run_base(case: CaseDef, config: CaseConfig, vendor: Vendor, spec: SpecTable,
              ) -> Outcome:
     timing = config.timing if isinstance(config, TimedCaseConfig) else TimingPlan(0, 1.0, 1)
     ctx = CaseContext(vendor.manifest.torch_device, spec, timing, log,
-                      shares_host_memory=vendor.manifest.shares_host_memory, job=job, out_dir=out_dir)
+                      shares_host_memory=vendor.manifest.shares_host_memory, job=job, out_dir=out_dir,
+                      vendor_folder=vendor.folder)
     try:
         metrics = case.module.run(config, ctx)
     except RuntimeError as exc:
@@ -127,6 +129,21 @@ def run_inference(job: Job, case: CaseDef, config: InferenceConfig, vendor: Vend
     return Outcome(metrics=run.metrics, measured=measured, inference=run.report)
 
 
+def run_generate(config: GenerateConfig, vendor: Vendor, spec: SpecTable, out_dir: Path) -> Outcome:
+    """LLM serving (flagperf.generate): every concurrency level of the case, timed per token."""
+    from flagperf.generate.driver import run_generate as drive
+
+    device = torch.device(vendor.manifest.torch_device)
+    try:
+        result = drive(config, vendor.name, spec, device, out_dir)
+    except RuntimeError as exc:
+        classified = classify_runtime_error(exc)
+        if classified is exc:
+            raise
+        raise classified from exc
+    return Outcome(metrics=result.metrics, measured=result.measured_seconds)
+
+
 def run_job(job: Job, out_dir: Path) -> int:
     started = datetime.now(timezone.utc)
     startup_s = max(0.0, started.timestamp() - psutil.Process().create_time())
@@ -144,6 +161,8 @@ def run_job(job: Job, out_dir: Path) -> int:
             outcome = run_training(job, config, out_dir)
         elif isinstance(config, InferenceConfig):
             outcome = run_inference(job, case, config, vendor, spec, out_dir)
+        elif isinstance(config, GenerateConfig):
+            outcome = run_generate(config, vendor, spec, out_dir)
         else:
             outcome = run_base(case, config, vendor, spec, job, out_dir)
         status = "failed" if outcome.failure else "success"
@@ -225,7 +244,7 @@ def classify_runtime_error(exc: RuntimeError) -> Exception:
     unsupported operation is a result; anything else is a crash and propagates (retried)."""
     first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     text = str(exc).lower().replace("_", " ")
-    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text:
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text:
         return CaseUserError(f"does not fit in device memory: {first}")
     if "not supported" in text or "not implemented" in text:
         return Unsupported(first)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+MAX_LINE = 500  # an error line stays readable, whatever value it quotes
+
 
 class FlagperfError(Exception):
     """Base for errors a user can act on; the CLI prints them as one line, never as a traceback."""
@@ -15,7 +17,8 @@ class ConfigError(FlagperfError):
         self.key = key
         self.message = message
         where = f"{self.source}: {key}" if key else self.source
-        super().__init__(f"{where}: {message}")
+        line = " ".join(f"{where}: {message}".split())  # one line, whatever a message quoted
+        super().__init__(line if len(line) <= MAX_LINE else line[:MAX_LINE - 3] + "...")
 
 
 class CaseUserError(FlagperfError):
@@ -45,7 +48,7 @@ EXIT_UNSUPPORTED = 3
 # with extras, so a missing one must say which extra to install, in one line.
 DISTRIBUTION = "flagperf-prefect"
 
-# import name -> (package, extra). None: the case family's extra (training and inference both carry it).
+# import name -> (package, extra). None: the case family's extra (several families' extras carry it).
 OPTIONAL: dict[str, tuple[str, str | None]] = {
     "sklearn": ("scikit-learn", None),
     "PIL": ("pillow", None),
@@ -55,8 +58,9 @@ OPTIONAL: dict[str, tuple[str, str | None]] = {
     "mlperf_loadgen": ("mlcommons-loadgen", "inference"),
     "psycopg": ("psycopg", "postgres"),
     "pynvml": ("nvidia-ml-py", "nvidia"),
+    "rouge_score": ("rouge-score", "generate"),
 }
-FAMILY_EXTRA = {"training": "training", "inference": "inference"}
+FAMILY_EXTRA = {"training": "training", "inference": "inference", "generate": "generate"}
 DEFAULT_EXTRA = "training"  # a shared package needed outside a training or inference case
 
 

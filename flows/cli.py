@@ -26,6 +26,7 @@ from flagperf.config.yamlio import load_yaml_mapping
 from flagperf.errors import ConfigError, FlagperfError
 from flagperf.hosts.inventory import load_inventory, local_inventory
 from flagperf.paths import display_path
+from flagperf.results.schema import folder_problem
 from flagperf.results.summary import HEADLINE_HEADER, SUMMARY_JSON, headline_cells, read_summary_json
 
 EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNSUPPORTED_ONLY = 1, 2, 3
@@ -84,7 +85,7 @@ def run(
         vendor = inv.resolve_vendor(vendor)
         if not suite and not case_list and inv.cases:
             case_list = list(inv.cases)
-        results = results or Path(inv.results_dir or "results")
+        results = _writable_results(results, inv, host_config)
         plan = plan_run(suite=suite, cases=case_list, vendor=vendor, rounds=rounds, sets=set_ or [],
                         results_dir=results, hosts=[spec.model_dump(mode="json") for spec in inv.hosts],
                         inventory_overrides=inv.case_overrides, inventory_source=inv.source)
@@ -96,7 +97,7 @@ def run(
                   f"{plan.vendor.name}" + (f", suite {plan.suite}" if plan.suite else "")
                   + f", {len(inv.hosts)} host(s) from {inv.source}")
     _prepare_prefect_environment()
-    from flows.evaluate import evaluate  # Prefect is imported only once the input is known to be good
+    from flows.evaluate import BAD_INPUT, evaluate  # Prefect is imported only once the input is known to be good
 
     try:
         state = evaluate(suite=suite, cases=case_list, vendor=vendor, rounds=rounds, overrides=set_ or [],
@@ -111,6 +112,8 @@ def run(
     run_dir = plan.run_dir
     if not (run_dir / SUMMARY_JSON).is_file():
         message = state.message or "the evaluation stopped before its summary"
+        if message.startswith(BAD_INPUT):  # found by the flow before any round ran (e.g. a size that cannot fit)
+            raise _fail(message.removeprefix(BAD_INPUT))
         raise _fail(f"{message} (see {run_dir})", EXIT_FAILED)
     summary = read_summary_json(run_dir)
     _print_summary(summary, run_dir)
@@ -119,6 +122,17 @@ def run(
         raise typer.Exit(EXIT_FAILED)
     if counts["unsupported"]:
         raise typer.Exit(EXIT_UNSUPPORTED_ONLY)
+
+
+def _writable_results(results: Path | None, inv: Any, host_config: Path | None) -> Path:
+    """The results folder, made if missing and checked writable before anything starts (exit 2 otherwise)."""
+    folder = results or Path(inv.results_dir or "results")
+    problem = folder_problem(folder)
+    if problem:
+        source, key = (("--results", None) if results or not inv.results_dir
+                       else (display_path(host_config) if host_config else inv.source, "FLAGPERF_LOG_PATH"))
+        raise ConfigError(source, key, f"{folder}: {problem}")
+    return folder
 
 
 def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
@@ -136,6 +150,8 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
                       f"{escape(entry['message'])}", highlight=False, soft_wrap=True)
     for problem in summary["problems"]:
         console.print(f"[red]problem[/] {escape(problem)}", highlight=False)
+    for fault in summary.get("faults", []):
+        console.print(f"[yellow]fault[/] {escape(fault)}", highlight=False, soft_wrap=True)
     if any(e["above_peak"] for e in summary["headline"]):
         console.print("[yellow]a measurement above its peak means the spec table's peak is too low for this "
                       "machine; see report.md for the peak sources[/]")
@@ -160,7 +176,10 @@ def report(run_dir: Annotated[Path, typer.Argument(help="a run folder, results/<
     from flagperf.results.report import build_report
 
     _run_folder(run_dir, "RUN")
-    _, paths = build_report(run_dir)
+    try:
+        _, paths = build_report(run_dir)
+    except OSError as exc:
+        raise _fail(f"{run_dir}: the report cannot be written: {exc.strerror or exc}", EXIT_FAILED) from None
     _print_summary(read_summary_json(run_dir), run_dir)
     console.print(f"report: {escape(str(paths['html']))}, {escape(str(paths['markdown']))}", highlight=False)
 

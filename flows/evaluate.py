@@ -29,7 +29,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.runtime import deployment, flow_run
-from prefect.states import Cancelled
+from prefect.states import Cancelled, Failed, State
 
 from flagperf.config.plan import PLAN_FILE, RunPlan, plan_run, run_id_for_flow_run
 from flagperf.errors import ConfigError, FlagperfError, InfrastructureFailure
@@ -38,7 +38,9 @@ from flagperf.hosts.health import check_results_disk, health_file
 from flagperf.hosts.inventory import HostSpec, load_inventory, local_inventory
 from flagperf.hosts.local import Host
 from flagperf.results.schema import (
+    KEPT_ON_HOST,
     RESULT_FILE,
+    RESULTS_UNWRITABLE,
     Failure,
     RoundResult,
     read_result,
@@ -59,6 +61,9 @@ MAX_PARALLEL_HOSTS = 64  # threads that drive hosts at once (each mostly waits o
 T = TypeVar("T")
 
 
+BAD_INPUT = "bad input: "  # a failed state's message starting so means nothing ran: the CLI exits 2
+
+
 class EvaluationFailed(FlagperfError):
     """Raised at the end of a run in which some round failed (after the summary is written)."""
 
@@ -75,13 +80,27 @@ def evaluate(
     run_id: str | None = None,
     monitor_interval_s: float = 1.0,
     command: str | None = None,
-) -> dict[str, Any]:
+) -> dict[str, Any] | State:
     """Evaluate cases (a suite, or a list) on the inventory's hosts, `rounds` times each, and summarise.
 
     inventory: a native inventory or FlagPerf's host.yaml (path on the controller); none: this machine.
     vendor: the inventory's VENDOR when not given, else cpu.
     overrides: "KEY=VALUE" or "CASE.KEY=VALUE" strings, as `flagperf run --set`.
     """
+    try:
+        return run_evaluation(suite, cases, vendor, rounds, overrides, inventory, results_dir, run_id,
+                              monitor_interval_s, command)
+    except ConfigError as exc:  # bad input, found before any round ran: one line, no traceback
+        get_run_logger().error("%s", exc)
+        return Failed(message=f"{BAD_INPUT}{exc}")
+    except (EvaluationFailed, ResultsUnwritable) as exc:  # said in full by the message; the summary is written
+        get_run_logger().error("%s", exc)
+        return Failed(message=str(exc))
+
+
+def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | None, rounds: int | None,
+                   overrides: list[str] | None, inventory: str | None, results_dir: str, run_id: str | None,
+                   monitor_interval_s: float, command: str | None) -> dict[str, Any]:
     logger = get_run_logger()
     if not MIN_MONITOR_INTERVAL_S <= monitor_interval_s <= MAX_MONITOR_INTERVAL_S:
         raise ConfigError("monitor_interval_s", None, f"must be between {MIN_MONITOR_INTERVAL_S} and "
@@ -128,20 +147,49 @@ def evaluate(
                                          monitor_interval_s, command, inv.master_port))
                 for group_results in run_concurrently(calls):
                     results.extend(group_results)
+                stop_if_results_unwritable(results, run_dir)
     finally:
-        for name, host in hosts.items():
-            if specs[name].agent is None:
-                try:
-                    host.remove_tree(host.work_root / plan.run_id)
-                except OSError as exc:
-                    logger.warning("could not clean %s on %s: %s", host.work_root / plan.run_id, name, exc)
+        clean_work_roots(hosts, specs, plan.run_id, results)
         close_hosts()
         summary = analyze(run_dir)  # also after an interruption: what was measured is reported
     failed = [r for r in results if r.status == "failed"]
     if failed:
         raise EvaluationFailed(f"{len(failed)} of {len(results)} rounds failed: " + "; ".join(
             f"{r.case} round {r.round} on {r.host} ({r.failure.kind if r.failure else '?'})" for r in failed))
-    return {"run_id": plan.run_id, "run_dir": str(run_dir), "counts": summary.counts}
+    return {"run_id": plan.run_id, "run_dir": str(run_dir), "counts": summary.counts if summary else None}
+
+
+class ResultsUnwritable(FlagperfError):
+    """The results folder stopped taking files (full, read-only): the run stops; nothing measured is lost."""
+
+
+def stop_if_results_unwritable(results: list[RoundResult], run_dir: Path) -> None:
+    """Once the results folder refuses a round, every later round would be measured for nothing: stop, and
+    say how to get back what was measured (a retry of this flow run collects it from the hosts)."""
+    refused = [r for r in results if r.failure and RESULTS_UNWRITABLE in r.failure.message]
+    if refused:
+        raise ResultsUnwritable(
+            f"{refused[0].failure.message if refused[0].failure else ''}; stopped after {len(results)} round(s). "
+            f"Free space, then retry this flow run (uncollected rounds are collected from their hosts, "
+            f"completed ones kept) or `flagperf report {run_dir}`")
+
+
+def clean_work_roots(hosts: dict[str, Host], specs: dict[str, HostSpec], run_id: str,
+                     results: list[RoundResult]) -> None:
+    """Remove the run's folder on every host the controller drives, except where a round's files could not
+    be collected: those stay until a retry collects them."""
+    logger = get_run_logger()
+    keep = {r.host for r in results if r.failure and KEPT_ON_HOST in r.failure.message}
+    for name, host in hosts.items():
+        if specs[name].agent is not None:
+            continue
+        if name in keep:
+            logger.warning("kept %s on %s: it holds rounds not yet collected", host.work_root / run_id, name)
+            continue
+        try:
+            host.remove_tree(host.work_root / run_id)
+        except OSError as exc:
+            logger.warning("could not clean %s on %s: %s", host.work_root / run_id, name, exc)
 
 
 def run_concurrently(calls: list[Callable[[], T]]) -> list[T]:
@@ -284,14 +332,17 @@ def run_node(spec: HostSpec, parameters: dict[str, Any]) -> RoundResult:
                      parameters["node_rank"])
     label = f"{parameters['case']} round {parameters['round_no']} on {spec.name}"
     problem: str | None = None
+    returned: Any = None
     try:
-        dispatch(spec, host_round, "host-round/host-round", parameters)
+        returned = dispatch(spec, host_round, "host-round/host-round", parameters)
     except Exception as exc:  # the subflow or the deployment run failed outright
         problem = f"{label}: host-round failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         get_run_logger().error("%s", problem)
     try:
         return read_result(dest / RESULT_FILE)
     except (OSError, ValueError):
+        if isinstance(returned, dict) and returned.get("failure"):  # a subflow's failed result it could not store
+            return RoundResult.model_validate(returned)
         failure = Failure(kind="infrastructure", message=problem or f"{label}: the round left no {RESULT_FILE}")
         plan = RunPlan.model_validate_json((Path(parameters["run_dir"]) / PLAN_FILE).read_text())
         case = next(c for c in plan.cases if c.name == parameters["case"])
@@ -302,7 +353,10 @@ def run_node(spec: HostSpec, parameters: dict[str, Any]) -> RoundResult:
                   config_origins=case.origins, run_overrides=case.run_overrides, command=parameters["command"],
                   image=parameters["image"] or {})
         result = job.failed_result(failure, parameters["probe"])
-        write_result(dest / RESULT_FILE, result)
+        try:
+            write_result(dest / RESULT_FILE, result)
+        except OSError as exc:
+            get_run_logger().error("%s: cannot write %s: %s", label, dest / RESULT_FILE, exc.strerror or exc)
         return result
 
 

@@ -20,12 +20,12 @@ from flagperf.config.vendors import Vendor
 from flagperf.errors import InfrastructureFailure, RoundUserFailure
 from flagperf.hosts.fleet import open_host, runtime_for
 from flagperf.hosts.health import HealthReport
-from flagperf.hosts.inventory import HostSpec
+from flagperf.hosts.inventory import HostSpec, host_spec
 from flagperf.hosts.local import Host
 from flagperf.results.provenance import library_versions
 from flagperf.results.schema import RESULT_FILE, Failure, RoundResult, round_dir, write_result
 from flows.logs import route_core_logs
-from tasks.collect import collect_logs
+from tasks.collect import collect_logs, leftover_result
 from tasks.container import run_case
 from tasks.healthcheck import healthcheck
 from tasks.image import build_image
@@ -53,7 +53,7 @@ def host_round(run_dir: str, case: str, round_no: int, host: dict[str, Any], nod
     on_host: this flow runs on the host itself (dispatched to its worker), so the host is local here and
     run_dir must be the shared results folder. Returns the round's result (also in its result.json).
     """
-    spec = HostSpec.model_validate(host)
+    spec = host_spec(host)  # the real values, when this process loaded them
     plan = read_plan(Path(run_dir))
     case_plan = next(c for c in plan.cases if c.name == case)
     target = open_host(spec, on_host=on_host)
@@ -68,7 +68,7 @@ def host_round(run_dir: str, case: str, round_no: int, host: dict[str, Any], nod
 @flow(name="host-healthcheck", flow_run_name="healthcheck@{host[name]}", log_prints=True)
 def host_healthcheck(host: dict[str, Any], vendor: dict[str, Any], run_dir: str, on_host: bool = False) -> bool:
     """The healthcheck of one host, run on the host's worker; the report lands in the (shared) run folder."""
-    spec = HostSpec.model_validate(host)
+    spec = host_spec(host)  # the real values, when this process loaded them
     report: HealthReport = healthcheck(open_host(spec, on_host=on_host), spec, Vendor.model_validate(vendor),
                                      Path(run_dir))
     return report.ok
@@ -90,6 +90,13 @@ def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: C
     label = f"{case.name}/round{round_no}@{host.name}" + (f"#node{node_rank}" if nnodes > 1 else "")
     monitors: list[Any] = []
     failure: Failure | None = None
+    if host.exists(stage_dir):
+        leftover = leftover_result(host, stage_dir, case.max_retries + 1)
+        if leftover is not None:  # measured by an earlier attempt of this flow run, never stored: collect it
+            get_run_logger().info("%s: collecting the round an earlier attempt measured (%s) from %s", label,
+                                  leftover.status, stage_dir)
+            return _collect(host, stage_dir, run_dir, case, round_no, node_rank, job, None, probe, label)
+        host.remove_tree(stage_dir)  # a half round an interrupted attempt left: attempt folders would mix
     try:
         runtime = runtime_for(host, spec, plan.vendor, image, plan.run_id)
         monitors = start_monitors(host, plan.vendor, stage_dir, monitor_interval_s, monitor_budget, label)
@@ -102,15 +109,23 @@ def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: C
     finally:
         if monitors:
             stop_monitors(host, monitors, stage_dir, label, return_state=True)
+    return _collect(host, stage_dir, run_dir, case, round_no, node_rank, job, failure, probe, label)
+
+
+def _collect(host: Host, stage_dir: Path, run_dir: Path, case: CasePlan, round_no: int, node_rank: int, job: Job,
+             failure: Failure | None, probe: dict[str, Any] | None, label: str) -> RoundResult:
     dest = round_dir(run_dir, case.name, round_no, host.name, node_rank)
     collected = collect_logs(host, stage_dir, dest, job, failure, probe, return_state=True)
     if collected.is_completed():
         return collected.result()
-    # Even the collection failed: the round still gets a result saying so.
+    # Even the collection failed: the round still gets a result saying so (on disk if the disk takes it).
     message = f"{label}: collecting the round's files failed: {collected.message}"
     result = job.failed_result(Failure(kind="infrastructure", message=message), probe)
-    if not (dest / RESULT_FILE).exists():
-        write_result(dest / RESULT_FILE, result)
+    try:
+        if not (dest / RESULT_FILE).exists():
+            write_result(dest / RESULT_FILE, result)
+    except OSError as exc:
+        get_run_logger().error("%s: cannot write %s: %s", label, dest / RESULT_FILE, exc.strerror or exc)
     return result
 
 

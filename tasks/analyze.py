@@ -11,10 +11,16 @@ from flagperf.results.summary import HEADLINE_HEADER, RunSummary, headline_cells
 
 
 @task(name="analyze", task_run_name="analyze[{run_dir.name}]", cache_policy=NONE)
-def analyze(run_dir: Path) -> RunSummary:
-    """Summarise the run from its result and monitor files, write the report, publish it as artifacts."""
+def analyze(run_dir: Path) -> RunSummary | None:
+    """Summarise the run from its result and monitor files, write the report, publish it as artifacts.
+    None when the report cannot be written (a full disk): one line says so; `flagperf report` makes it later."""
     logger = get_run_logger()
-    summary, paths = build_report(run_dir)
+    try:
+        summary, paths = build_report(run_dir)
+    except OSError as exc:
+        logger.error("the report could not be written to %s: %s; once it can, run `flagperf report %s`",
+                     run_dir, exc.strerror or exc, run_dir)
+        return None
     for problem in summary.problems:
         logger.warning(problem)
     for note in summary.monitor_notes:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import errno
 import re
 import shutil
 from pathlib import Path
@@ -13,10 +14,20 @@ from flagperf.errors import InfrastructureFailure
 from flagperf.hosts.local import Host
 from flagperf.hosts.runtime import PID_FILE
 from flagperf.measure.perflog import parse_file
-from flagperf.results.schema import RESULT_FILE, Failure, RoundResult, read_result, write_result
+from flagperf.results.schema import (
+    KEPT_ON_HOST,
+    RESULT_FILE,
+    RESULTS_UNWRITABLE,
+    Failure,
+    RoundResult,
+    read_result,
+    write_result,
+)
 from flagperf.training.launch import where_it_stopped
 
 ATTEMPT_DIR = re.compile(r"^attempt(\d+)$")
+# Write errors that say the results folder itself cannot take more: every later round would fail the same way.
+STORE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
 
 
 def training_progress(folder: Path) -> str | None:
@@ -25,21 +36,34 @@ def training_progress(folder: Path) -> str | None:
     return f"{logs[0].name}: {where_it_stopped(parse_file(logs[0]))}" if logs else None
 
 
-@task(name="collect_logs", task_run_name="collect_logs[{job.case}/round{job.round}@{host.name}]", cache_policy=NONE)
-def collect_logs(host: Host, stage_dir: Path, dest_dir: Path, job: Job, failure: Failure | None,
-                 host_probe: dict[str, Any] | None) -> RoundResult:
-    """Bring a round's files to the controller, in FlagPerf's layout, whatever the round's outcome.
+def verify_copy(local: Path, sizes: dict[str, int]) -> None:
+    """Read the copy back: every file the host listed is here, whole. Raises OSError otherwise."""
+    for relative, size in sizes.items():
+        copied = local / relative
+        got = copied.stat().st_size if copied.is_file() else None
+        if got != size:
+            raise OSError(errno.EIO, f"copy of {relative} has {got} bytes, the host's has {size}", str(copied))
 
-    The last attempt's files go to the round folder; earlier attempts (retried crashes) are kept
-    under attempts/. If the case left no result (a crash or a timeout), a failed result is written
-    here, so every round has a result.json. The folder appears whole or not at all.
-    """
-    logger = get_run_logger()
-    partial = dest_dir.with_name(f".{dest_dir.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    if not host.exists(stage_dir):
-        raise InfrastructureFailure(f"host {host.name}: {stage_dir} does not exist; nothing to collect")
-    host.fetch_tree(stage_dir, partial)
+
+def leftover_result(host: Host, stage_dir: Path, attempts: int) -> RoundResult | None:
+    """A finished round an earlier attempt of this flow run measured but could not collect (the results
+    disk was full, the controller lost the host ...): its last attempt's result, when it completed."""
+    for attempt in range(attempts, 0, -1):
+        path = stage_dir / f"attempt{attempt}" / RESULT_FILE
+        try:
+            if not host.exists(path):
+                continue
+            result = RoundResult.model_validate_json(host.read_text(path))
+        except (OSError, ValueError):
+            return None
+        return result if result.status in ("success", "unsupported") else None
+    return None
+
+
+def _arrange(partial: Path, job: Job, failure: Failure | None, host_probe: dict[str, Any] | None,
+             logger: Any) -> RoundResult:
+    """FlagPerf's layout in the partial folder: the last attempt on top, earlier ones under attempts/, and
+    a result.json in every case (a failed one written here when the case left none)."""
     attempts = sorted((int(m.group(1)), p) for p in partial.iterdir() if (m := ATTEMPT_DIR.match(p.name)))
     if attempts:
         *earlier, (_, last) = attempts
@@ -58,7 +82,7 @@ def collect_logs(host: Host, stage_dir: Path, dest_dir: Path, job: Job, failure:
         try:
             result = read_result(result_path)
         except ValueError as exc:
-            logger.error("unreadable %s from %s: %s", RESULT_FILE, host.name, str(exc).splitlines()[0])
+            logger.error("unreadable %s from %s: %s", RESULT_FILE, job.host, str(exc).splitlines()[0])
     if result is None or (failure is not None and result.status == "success"):
         failure = failure or Failure(kind="infrastructure", message="the case left no result")
         stopped = training_progress(partial)
@@ -68,10 +92,40 @@ def collect_logs(host: Host, stage_dir: Path, dest_dir: Path, job: Job, failure:
         last = Job.model_validate_json(job_file.read_text()) if job_file.is_file() else job
         result = last.failed_result(failure, host_probe)
         write_result(result_path, result)
+    return result
+
+
+@task(name="collect_logs", task_run_name="collect_logs[{job.case}/round{job.round}@{host.name}]", cache_policy=NONE)
+def collect_logs(host: Host, stage_dir: Path, dest_dir: Path, job: Job, failure: Failure | None,
+                 host_probe: dict[str, Any] | None) -> RoundResult:
+    """Bring a round's files to the controller, in FlagPerf's layout, whatever the round's outcome.
+
+    The last attempt's files go to the round folder; earlier attempts (retried crashes) are kept
+    under attempts/. If the case left no result (a crash or a timeout), a failed result is written
+    here, so every round has a result.json. The folder appears whole or not at all, and the host's copy
+    is deleted only once the controller's copy has been written and read back: when the copy fails (a
+    full results disk, a lost host) the round's result says so, in memory, and the host keeps its files.
+    """
+    logger = get_run_logger()
+    partial = dest_dir.with_name(f".{dest_dir.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    if not host.exists(stage_dir):
+        raise InfrastructureFailure(f"host {host.name}: {stage_dir} does not exist; nothing to collect")
     if dest_dir.exists():
         raise FileExistsError(f"{dest_dir} already exists; results are never overwritten")
-    dest_dir.parent.mkdir(parents=True, exist_ok=True)
-    partial.replace(dest_dir)
+    try:
+        verify_copy(partial, host.fetch_tree(stage_dir, partial))
+        result = _arrange(partial, job, failure, host_probe, logger)
+        dest_dir.parent.mkdir(parents=True, exist_ok=True)
+        partial.replace(dest_dir)
+        read_result(dest_dir / RESULT_FILE)  # read back before the host's copy goes
+    except OSError as exc:
+        shutil.rmtree(partial, ignore_errors=True)  # give back the space a half copy took
+        cause = exc.strerror or str(exc) or type(exc).__name__
+        what = RESULTS_UNWRITABLE if exc.errno in STORE_ERRNOS else "the round's files could not be collected"
+        message = f"{what} ({dest_dir.parent}: {cause}); {KEPT_ON_HOST} {host.name}:{stage_dir}"
+        logger.error("%s round %d on %s: %s", job.case, job.round, host.name, message)
+        return job.failed_result(Failure(kind="infrastructure", message=message), host_probe)
     host.remove_tree(stage_dir)
     logger.info("collected %s -> %s (%s)", stage_dir, dest_dir, result.status)
     return result

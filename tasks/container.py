@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +12,10 @@ from prefect.states import State
 
 from flagperf.config.job import JOB_FILE, Job
 from flagperf.errors import EXIT_OK, EXIT_UNSUPPORTED, EXIT_USER_ERROR, InfrastructureFailure, RoundUserFailure
-from flagperf.hosts.local import Host
+from flagperf.hosts.local import CommandResult, Host
 from flagperf.hosts.runtime import PID_FILE, Runtime
 from flagperf.inference.subflows import portable_context
-from flagperf.results.schema import CASE_LOG_FILE, RESULT_FILE, RoundResult, read_result
+from flagperf.results.schema import ATTEMPT_FAILURE_FILE, CASE_LOG_FILE, RESULT_FILE, RoundResult, read_result
 
 LOG_TAIL_LINES = 15
 
@@ -42,6 +43,16 @@ def run_case(host: Host, runtime: Runtime, job: Job, stage_dir: Path, timeout_s:
     host.write_text(job_dir / JOB_FILE, job.model_dump_json(indent=2))
     logger.info("attempt %d: %s runtime, timeout %.0f s", attempt, runtime.name, timeout_s)
     outcome = runtime.run_entry(host, job_dir, timeout_s, on_line=logger.info, pid_file=stage_dir / PID_FILE)
+    try:
+        return verdict(host, job, job_dir, outcome, timeout_s)
+    except InfrastructureFailure as exc:  # retried: the attempt's folder says why (the report reads it)
+        with contextlib.suppress(Exception):  # best effort: the failure itself is what matters here
+            host.write_text(job_dir / ATTEMPT_FAILURE_FILE, f"{exc}\n")
+        raise
+
+
+def verdict(host: Host, job: Job, job_dir: Path, outcome: CommandResult, timeout_s: float) -> RoundResult:
+    """The attempt's result, or the failure it was: infrastructure (retried) or user (not)."""
     if outcome.timed_out:
         raise InfrastructureFailure(f"{job.case} round {job.round} on {host.name}: timed out after {timeout_s:.0f} s "
                                     f"(timeout_s); the process group was killed")

@@ -19,7 +19,7 @@ from flagperf.hosts.docker import (
 )
 from flagperf.hosts.fleet import runtime_for
 from flagperf.hosts.health import PROBE_TIMEOUT_S, health_file, image_probe_check, log_check
-from flagperf.hosts.inventory import HostSpec
+from flagperf.hosts.inventory import HostSpec, mask_values
 from flagperf.hosts.local import Host
 from flagperf.paths import display_path
 from flagperf.results.schema import write_json_atomic
@@ -33,7 +33,8 @@ def build_image(host: Host, spec: HostSpec, vendor: Vendor, run_id: str, framewo
     logger = get_run_logger()
     context = image_context(vendor, framework)
     framework = framework or context.name
-    digest = context_digest(context, spec.docker.build_args)
+    build_args = spec.docker.runtime_build_args(host.name) if spec.runtime == "docker" else {}
+    digest = context_digest(context, build_args)
     record: dict[str, Any] = {
         "dockerfile": display_path(context / "Dockerfile"),
         "framework": framework,
@@ -47,9 +48,9 @@ def build_image(host: Host, spec: HostSpec, vendor: Vendor, run_id: str, framewo
         return record
     tag = image_tag(vendor.name, framework, digest)
     client = engine_client(host, spec)
-    status = ensure_image(client, context, tag, spec.docker.build_args, on_line=logger.info)
+    status = ensure_image(client, context, tag, build_args, on_line=logger.info)
     image = client.images.get(tag)
-    record.update(status=status, tag=tag, image_id=image.id, build_args=dict(spec.docker.build_args),
+    record.update(status=status, tag=tag, image_id=image.id, build_args=mask_values(spec.docker.build_args),
                   engine="controller" if spec.docker.engine == "local" else f"{host.name} over SSH")
     logger.info("%s %s (%s) on %s", status, tag, image.id[:19], record["engine"])
     return record

@@ -42,7 +42,11 @@ def stop_monitors(host: Host, monitors: list[tuple[str, BackgroundProcess]], sta
         code = host.terminate(proc, grace_s=5.0)
         samples = _footer_samples(stage_dir / f"monitor_{name}.jsonl")
         stopped[name] = {"exit_code": code, "samples": samples}
-        logger.info("monitor %s stopped (exit %s, %s samples)", name, code, samples)
+        if samples is None:  # no footer: it died before it was asked to stop (killed, crashed)
+            logger.warning("monitor %s had died before the round ended (exit %s, no footer): its figures cover only "
+                           "part of the round", name, code)
+        else:
+            logger.info("monitor %s stopped (exit %s, %s samples)", name, code, samples)
     return stopped
 
 

@@ -25,11 +25,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError, field_validator
 
 from flagperf.config.models import (
-    BUILTIN_KERNEL_PREFIX,
     CaseConfig,
     CaseManifest,
     MergedConfig,
     apply_run_overrides,
+    is_core_module,
     load_model,
     merge_vendor_overrides,
     pydantic_error_to_config_error,
@@ -85,7 +85,7 @@ class CaseDef:
     @cached_property
     def module(self) -> ModuleType:
         entry = self.manifest.entry
-        if entry.startswith(BUILTIN_KERNEL_PREFIX):
+        if is_core_module(entry):
             try:
                 module = importlib.import_module(entry)
             except ModuleNotFoundError:
@@ -93,7 +93,8 @@ class CaseDef:
         else:
             module = import_file(self.folder / entry, f"flagperf_case_{self.name.replace('-', '_').replace('.', '_')}",
                                  family=self.family)
-        for attr in ("Config", *(INFERENCE_FUNCTIONS if self.family == "inference" else ("run",))):
+        required = {"inference": INFERENCE_FUNCTIONS, "generate": ()}.get(self.family, ("run",))
+        for attr in ("Config", *required):
             if not hasattr(module, attr):
                 raise ConfigError(display_path(self.manifest_path), "entry", f"{entry} has no {attr!r}")
         if not (isinstance(module.Config, type) and issubclass(module.Config, CaseConfig)):
@@ -158,7 +159,7 @@ def load_case_manifest(path: Path) -> CaseManifest:
         raise ConfigError(source, "name", f"must match the folder name ({path.parent.name!r})")
     if manifest.family != path.parent.parent.name:
         raise ConfigError(source, "family", f"must match the parent folder ({path.parent.parent.name!r})")
-    if not manifest.entry.startswith(BUILTIN_KERNEL_PREFIX) and not (path.parent / manifest.entry).is_file():
+    if not is_core_module(manifest.entry) and not (path.parent / manifest.entry).is_file():
         raise ConfigError(source, "entry", f"{manifest.entry!r} does not exist in {display_path(path.parent)}")
     return manifest
 
@@ -206,6 +207,16 @@ def _apply_scale_file(case: CaseDef, merged: MergedConfig, vendor: str, hardware
         merged.origins[key] = source
 
 
+def _fill_model_defaults(case: CaseDef, merged: MergedConfig) -> None:
+    """FlagPerf's configurations.yaml holds FlagPerf's keys only: the case's own keys (data_dir ...) keep the
+    defaults its Config gives them, and stay settable (a host.yaml's data folder, --set)."""
+    source = f"{display_path(case.folder / INFERENCE_ENTRY)} (Config default)"
+    for name, field in case.config_model.model_fields.items():
+        if name not in merged.values and not field.is_required():
+            merged.values[name] = field.get_default(call_default_factory=True)
+            merged.origins[name] = source
+
+
 def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[str, dict[str, Any]]],
                         hardware: str | None = None, files_are_local: bool = True) -> MergedConfig:
     """Defaults -> vendor file -> (training) the vendor's file for this scale -> run overrides, then
@@ -226,6 +237,7 @@ def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[st
     if case.family == "inference":  # parameters come from their own file
         parameters_source = display_path(case.folder / INFERENCE_FILES[1])
         merged.origins.update(dict.fromkeys(case.manifest.parameters, parameters_source))
+        _fill_model_defaults(case, merged)
     for source, overrides in run_overrides:
         apply_run_overrides(merged, overrides, source)
     try:

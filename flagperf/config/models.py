@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+import reprlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -25,6 +26,13 @@ from flagperf.paths import NAME_PATTERN, display_path
 log = logging.getLogger("flagperf.config.models")
 
 BUILTIN_KERNEL_PREFIX = "flagperf.basespec."
+# Families whose cases are configurations of one shared driver: case.yaml names it (or leaves entry out).
+FAMILY_DRIVERS = {"generate": "flagperf.generate.driver"}
+
+
+def is_core_module(entry: str) -> bool:
+    """A case entry that is a module of the core (a shared kernel or a family's driver), not a file."""
+    return entry.startswith(BUILTIN_KERNEL_PREFIX) or entry in FAMILY_DRIVERS.values()
 
 
 def check_name(value: str, what: str) -> str:
@@ -48,19 +56,37 @@ def pydantic_error_to_config_error(exc: ValidationError, source: str, origins: d
     elif err["type"] == "missing":
         message = "required key is missing"
     elif "input" in err and err["type"] not in ("missing",):
-        message = f"{message} (got {err['input']!r})"
+        message = f"{message} (got {short_repr(err['input'])})"
     return ConfigError(where, key, message)
 
 
+_SHORT = reprlib.Repr()  # (keyword arguments need Python 3.12)
+_SHORT.maxlevel, _SHORT.maxdict, _SHORT.maxlist, _SHORT.maxtuple, _SHORT.maxset = 2, 4, 4, 4, 4
+_SHORT.maxstring = _SHORT.maxother = 60
+
+
+def short_repr(value: object) -> str:
+    """A value as an error line may show it: bounded, however large the value (reprlib stops early)."""
+    return _SHORT.repr(value)
+
+
+# The keys of a vendor's spec table a case may be measured against (every vendor's spec module uses them).
+PEAK_KEYS = frozenset({"fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8", "memory_bandwidth", "memory_capacity",
+                       "h2d_bandwidth", "d2h_bandwidth", "p2p_bandwidth", "allreduce_bandwidth",
+                       "internode_bandwidth"})
+
+
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a value of the wrong type is an error, never converted ("3" is not a number, 1 is not true);
+    # path fields opt out with Field(strict=False), since a path in YAML is a string.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class CaseManifest(StrictModel):
     """case.yaml of a base-spec case."""
 
     name: str
-    family: Literal["base", "training"]
+    family: Literal["base", "training", "generate"]
     description: str
     entry: str = "bench.py"
     peak: str | None = Field(default=None, description="key of the vendor spec table this case is measured against")
@@ -68,6 +94,15 @@ class CaseManifest(StrictModel):
     parameters: dict[str, Any] = Field(default_factory=dict)
     mutable: list[str] | None = Field(
         default=None, description="training: the only configurations a vendor may override (enforced)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _family_driver(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("family") in FAMILY_DRIVERS:
+            driver = FAMILY_DRIVERS[data["family"]]
+            if data.setdefault("entry", driver) != driver:
+                raise ValueError(f"a {data['family']} case's entry is {driver} (leave it out)")
+        return data
 
     @model_validator(mode="after")
     def _mutable_are_configurations(self) -> CaseManifest:
@@ -81,10 +116,19 @@ class CaseManifest(StrictModel):
     def _name(cls, value: str) -> str:
         return check_name(value, "case name")
 
+    @field_validator("peak")
+    @classmethod
+    def _peak(cls, value: str | None) -> str | None:
+        if value is not None and value not in PEAK_KEYS:
+            raise ValueError(f"unknown peak {value!r} (spec-table keys: {', '.join(sorted(PEAK_KEYS))})")
+        return value
+
     @field_validator("entry")
     @classmethod
     def _entry(cls, value: str) -> str:
         # A file in the case folder, or one of the core's shared kernels (several cases, one kernel).
+        if value in FAMILY_DRIVERS.values():
+            return value
         if value.startswith(BUILTIN_KERNEL_PREFIX):
             if not re.fullmatch(r"[a-z_][a-z0-9_]*", value.removeprefix(BUILTIN_KERNEL_PREFIX)):
                 raise ValueError(f"must be {BUILTIN_KERNEL_PREFIX}<kernel>")

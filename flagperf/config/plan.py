@@ -157,9 +157,10 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
             if case_name != "*":
                 layers[case_name].append((suite_source, values))
     for key, value in (inventory_overrides or {}).items():
+        only, _, bare = key.rpartition(".")  # "KEY": every case that has it; "CASE.KEY": that case
         for case_name in names:
-            if key in configurable[case_name]:
-                layers[case_name].append((inventory_source, {key: value}))
+            if only == case_name or (not only and bare in configurable[case_name]):
+                layers[case_name].append((inventory_source, {bare: value}))
     general = {o.key: o.value for o in parsed if o.case is None}
     for case_name, values in _spread(general, "--set", "", configurable).items():
         layers[case_name].append(("--set", values))

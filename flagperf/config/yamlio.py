@@ -53,10 +53,57 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
+# A config file is small: this many values, aliases expanded, is far beyond any real one, and far below what
+# an alias bomb (a dozen lines that expand to billions of values) would cost to read or to print.
+MAX_EXPANDED_VALUES = 100_000
+
+
+class AliasBomb(yaml.YAMLError):
+    def __init__(self, mark: yaml.Mark | None) -> None:
+        super().__init__()
+        self.mark = mark
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """How many values the document holds once every alias is expanded (shared nodes counted each time they
+    are used), without expanding anything: sizes are memoised per node; stops at the limit."""
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node, depth: int = 0) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if depth > 200:
+            raise AliasBomb(node.start_mark)
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            total += sum(size(child, depth + 1) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total += sum(size(k, depth + 1) + size(v, depth + 1) for k, v in node.value)
+        if total > MAX_EXPANDED_VALUES:
+            raise AliasBomb(node.start_mark)
+        sizes[id(node)] = total
+        return total
+
+    return size(root)
+
+
+class _BoundedLoader(_StrictLoader):
+    def get_single_node(self) -> yaml.Node | None:
+        node = super().get_single_node()
+        if node is not None:
+            _expanded_size(node)
+        return node
+
 
 def parse_yaml_text(text: str, source: str) -> Any:
     try:
-        return yaml.load(text, Loader=_StrictLoader)
+        return yaml.load(text, Loader=_BoundedLoader)
+    except RecursionError:
+        raise ConfigError(source, None, "nested too deeply; not read") from None
+    except AliasBomb as exc:
+        where = f"line {exc.mark.line + 1}" if exc.mark else None
+        raise ConfigError(source, where, f"aliases expand to more than {MAX_EXPANDED_VALUES} values (or nest "
+                                         "deeper than 200); not read") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"line {mark.line + 1}" if mark else None

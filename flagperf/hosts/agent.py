@@ -113,6 +113,13 @@ def cmd_disk_free(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_work_root(args: argparse.Namespace) -> int:
+    from flagperf.hosts.local import private_folder_problem
+
+    _say({"problem": private_folder_problem(Path(args.path), strict=args.strict)})
+    return 0
+
+
 def cmd_keepalive(args: argparse.Namespace) -> int:
     _say({"pid": os.getpid()})
     while sys.stdin.buffer.read(4096):
@@ -150,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     disk = sub.add_parser("disk-free")
     disk.add_argument("path")
     disk.set_defaults(func=cmd_disk_free)
+    work = sub.add_parser("work-root")
+    work.add_argument("path")
+    work.add_argument("--strict", action="store_true")
+    work.set_defaults(func=cmd_work_root)
     sub.add_parser("keepalive").set_defaults(func=cmd_keepalive)
     sub.add_parser("info").set_defaults(func=cmd_info)
     args = parser.parse_args(argv)

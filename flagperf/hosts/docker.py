@@ -22,7 +22,7 @@ from typing import Any
 from flagperf.config.job import JOB_FILE
 from flagperf.config.vendors import Vendor
 from flagperf.errors import ConfigError
-from flagperf.hosts.inventory import HostSpec, parse_container_options
+from flagperf.hosts.inventory import HostSpec, parse_container_options, resolve_values
 from flagperf.hosts.local import CommandResult, Host, LineSink
 from flagperf.hosts.runtime import Runtime
 from flagperf.results.schema import CASE_LOG_FILE
@@ -176,8 +176,8 @@ class ContainerSettings:
 def container_settings(vendor: Vendor, spec: HostSpec, image: str) -> ContainerSettings:
     options = vendor.manifest.container
     extras = parse_container_options(spec.docker.extra_options or "")
-    env = dict(spec.env)
-    env.update(extras.env)
+    env = spec.runtime_env()
+    env.update(resolve_values(extras.env, spec.name, "docker.extra_options"))
     visible_env = spec.visible_devices_env or options.visible_devices_env
     if spec.visible_devices is not None and visible_env:
         env[visible_env] = spec.visible_devices

@@ -23,7 +23,8 @@ def open_host(spec: HostSpec, on_host: bool = False) -> Host:
     """The host as the controller reaches it; ``on_host``: we are running on that host (its agent).
     SSH hosts are shared per entry within the process: every round of a run reuses one connection."""
     if spec.transport == "local" or on_host:
-        return LocalHost(name=spec.name, work_root=Path(spec.work_root) if spec.work_root else None)
+        return LocalHost(name=spec.name, work_root=Path(spec.work_root) if spec.work_root else None,
+                         env=spec.runtime_env())
     key = spec.model_dump_json()
     with _connections_lock:
         if key not in _connections:

@@ -72,6 +72,16 @@ def check_host(host: Host, spec: HostSpec, vendor: Vendor, log_path: Path,
         checks.append(Check("deployed", False, f"deploy path {host.project_root} has no flagperf/ (copy or mount "
                                                "the project there, or set project_root)"))
         return HealthReport(host=host.name, checks=checks, probe=None)
+    if isinstance(host, SshHost):
+        try:
+            problem = host.work_root_problem()
+        except SshError as exc:
+            problem = str(exc).removeprefix(f"host {host.name}: ")
+        checks.append(Check("work root", problem is None, f"{host.work_root}: " + (
+            f"not a private folder of {host.spec.ssh_user()} ({problem}); set the host's work_root" if problem
+            else "private")))
+        if problem:  # jobs must not pass through a folder someone else controls
+            return HealthReport(host=host.name, checks=checks, probe=None)
     result = host.run([host.python, "-m", "flagperf.hosts.probe", "--vendor", vendor.name], timeout=PROBE_TIMEOUT_S,
                       log_path=log_path)
     if result.exit_code is None and not result.timed_out:

@@ -4,7 +4,10 @@ Two formats, one model:
   * the native inventory (YAML, see deployments/inventories/example.yaml): ``defaults`` + ``hosts``;
   * FlagPerf's own host.yaml (HOSTS, SSH_PORT, VENDOR, CASES, SHM_SIZE, ACCE_CONTAINER_OPT,
     ACCE_VISIBLE_DEVICE_ENV_NAME, MASTER_PORT ...), read with FlagPerf's meaning by ``load_host_yaml``.
-No secrets live here: keys are file paths (or the SSH agent), passwords are not accepted.
+No secrets live here: keys are file paths (or the SSH agent), passwords are not accepted. Environment
+values and build args may be ``${NAME}`` references to the controller's (or a host worker's) environment;
+every value given literally is masked wherever a spec is written down (plan.json, Prefect parameters, job
+files), and subflows in this process get the real spec back from ``host_spec``.
 """
 
 from __future__ import annotations
@@ -16,14 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_serializer, field_validator, model_validator
 
+from flagperf.config.cases import available_cases, load_case
 from flagperf.config.models import StrictModel, check_name, pydantic_error_to_config_error
+from flagperf.config.vendors import available_vendors
 from flagperf.config.yamlio import load_yaml_mapping
 from flagperf.errors import ConfigError
 from flagperf.paths import display_path
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")  # ${NAME}: a value taken from the environment
+MASK = "<masked>"  # what a literal value looks like wherever a spec is written down
 # Host names and addresses reach ssh/paramiko and docker labels: no spaces, no option-like leading '-'.
 ADDRESS = re.compile(r"^[A-Za-z0-9_.:\[\]%-]+$")
 DEFAULT_MASTER_PORT = 29501
@@ -51,12 +58,31 @@ class DockerSpec(StrictModel):
                 raise ValueError(f"build arg name {name!r} is not a valid name")
         return value
 
+    @field_validator("extra_options")
+    @classmethod
+    def _options(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_container_options(value)  # refused options are refused where they are written
+        return value
+
+    @field_serializer("build_args", when_used="json")
+    def _mask_args(self, value: dict[str, str]) -> dict[str, str]:
+        return mask_values(value)
+
+    @field_serializer("extra_options", when_used="json")
+    def _mask_options(self, value: str | None) -> str | None:
+        return mask_container_options(value) if value else value
+
+    def runtime_build_args(self, host: str) -> dict[str, str]:
+        return resolve_values(self.build_args, host, "docker.build_args")
+
     @field_validator("data_mounts")
     @classmethod
     def _absolute(cls, value: list[str]) -> list[str]:
         for path in value:
             if not path.startswith("/") or ":" in path:
                 raise ValueError(f"data mount {path!r} must be an absolute path without ':'")
+            check_volume(f"{path}:{path}:ro")
         return value
 
 
@@ -79,20 +105,21 @@ class HostSpec(StrictModel):
                                   "address is local/localhost/127.0.0.1)")
     port: int | None = Field(default=None, ge=1, le=65535, description="22 unless ~/.ssh/config says otherwise")
     user: str | None = Field(default=None, description="yours unless ~/.ssh/config says otherwise")
-    key_file: Path | None = Field(default=None, description="private key file; none: the SSH agent and "
+    key_file: Path | None = Field(default=None, strict=False, description="private key file; none: the SSH agent and "
                                                             "~/.ssh/id_* keys")
-    known_hosts: Path = Field(default=Path("~/.ssh/known_hosts"))
-    ssh_config: Path | None = Field(default=Path("~/.ssh/config"), description="OpenSSH client config read for "
-                                    "User, Port, IdentityFile and HostName where this file leaves them out")
+    known_hosts: Path = Field(default=Path("~/.ssh/known_hosts"), strict=False)
+    ssh_config: Path | None = Field(default=Path("~/.ssh/config"), strict=False,
+                                    description="OpenSSH client config read for User, Port, IdentityFile and "
+                                                "HostName where this file leaves them out")
     accept_new_host_key: bool = Field(default=False, description="trust and record a host key seen for the first "
                                                                  "time (a changed key is always refused)")
     connect_timeout_s: float = Field(default=10.0, gt=0)
     command_timeout_s: float = Field(default=120.0, gt=0, description="limit for the engine's own small commands")
-    project_root: Path | None = Field(default=None, description="where the project is deployed on the host "
-                                                                "(FlagPerf's FLAGPERF_PATH); the controller's by "
-                                                                "default")
+    project_root: Path | None = Field(default=None, strict=False,
+                                      description="where the project is deployed on the host (FlagPerf's "
+                                                  "FLAGPERF_PATH); the controller's by default")
     python: str | None = Field(default=None, description="the host's Python with the project's dependencies")
-    work_root: Path | None = Field(default=None, description="scratch space on the host")
+    work_root: Path | None = Field(default=None, strict=False, description="scratch space on the host")
     runtime: Literal["process", "docker"] = "process"
     docker: DockerSpec = Field(default_factory=DockerSpec)
     shm_size: str | None = Field(default=None, description="container shared memory; the vendor's by default")
@@ -149,6 +176,14 @@ class HostSpec(StrictModel):
             if not ENV_NAME.match(name):
                 raise ValueError(f"environment variable name {name!r} is not valid")
         return value
+
+    @field_serializer("env", when_used="json")
+    def _mask_env(self, value: dict[str, str]) -> dict[str, str]:
+        return mask_values(value)
+
+    def runtime_env(self) -> dict[str, str]:
+        """The environment the inventory gives this host's cases, references resolved here."""
+        return resolve_values(self.env, self.name, "env")
 
     @model_validator(mode="after")
     def _defaults(self) -> HostSpec:
@@ -226,6 +261,48 @@ class Inventory:
         raise KeyError(name)
 
 
+def mask_values(values: dict[str, str]) -> dict[str, str]:
+    """References stay (they name a variable, not its value); literal values are masked."""
+    return {name: value if REFERENCE.match(value) else MASK for name, value in values.items()}
+
+
+def mask_container_options(text: str) -> str:
+    tokens = shlex.split(text)
+    for i, token in enumerate(tokens):
+        option, eq, value = token.partition("=")
+        if option in ("-e", "--env") and eq and "=" in value:  # --env=NAME=VALUE
+            tokens[i] = f"{option}={value.partition('=')[0]}={MASK}"
+        elif token in ("-e", "--env") and i + 1 < len(tokens) and "=" in tokens[i + 1]:
+            tokens[i + 1] = f"{tokens[i + 1].partition('=')[0]}={MASK}"
+    return shlex.join(tokens)
+
+
+def resolve_values(values: dict[str, str], host: str, key: str) -> dict[str, str]:
+    import os
+
+    resolved: dict[str, str] = {}
+    for name, value in values.items():
+        if value == MASK:
+            raise ConfigError(f"host {host}", f"{key}.{name}", "given literally in the inventory, and literal values "
+                              "are never sent to a host's worker: write ${VARIABLE} and set it in its environment")
+        ref = REFERENCE.match(value)
+        if ref and ref.group(1) not in os.environ:
+            raise ConfigError(f"host {host}", f"{key}.{name}", f"refers to ${{{ref.group(1)}}}, which is not set")
+        resolved[name] = os.environ[ref.group(1)] if ref else value
+    return resolved
+
+
+# The specs loaded in this process, by their masked form: a subflow given a masked spec as its parameter
+# gets the real one back (a worker on another machine does not: literal values never leave the controller).
+_LOADED: dict[str, HostSpec] = {}
+
+
+def host_spec(data: dict[str, Any]) -> HostSpec:
+    """A host spec from its written-down (masked) form, with its real values when this process loaded it."""
+    spec = HostSpec.model_validate(data)
+    return _LOADED.get(spec.model_dump_json(), spec)
+
+
 def local_inventory() -> Inventory:
     """The embedded default: the controller machine, plain processes, no SSH."""
     return Inventory(hosts=[HostSpec(name="localhost", transport="local")], source="(embedded default)")
@@ -247,6 +324,8 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
         parsed = InventoryFile.model_validate(data)
     except ValidationError as exc:
         raise pydantic_error_to_config_error(exc, source) from None
+    if parsed.vendor is not None:
+        check_vendor(parsed.vendor, source, "vendor")
     hosts: list[HostSpec] = []
     for i, entry in enumerate(parsed.hosts):
         merged = {**parsed.defaults, **entry}
@@ -265,6 +344,13 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
     for i, spec in enumerate(hosts):
         if spec.key_file is not None and not spec.key_file.is_file():
             raise ConfigError(source, f"hosts.{i}.key_file", f"{spec.key_file} does not exist")
+        if spec.agent is None:  # the controller starts this host's cases: its references must resolve here
+            for key, values in (("env", spec.env), ("docker.build_args", spec.docker.build_args)):
+                try:
+                    resolve_values(values, spec.name, key)
+                except ConfigError as exc:
+                    raise ConfigError(source, f"hosts.{i}.{exc.key}", exc.message) from None
+        _LOADED[spec.model_dump_json()] = spec
     return Inventory(hosts=hosts, source=source, vendor=parsed.vendor, master_port=parsed.master_port)
 
 
@@ -277,6 +363,25 @@ def load_inventory(path: Path) -> Inventory:
 
 
 # ---------------------------------------------------------------------------------------------- host.yaml
+
+def check_vendor(name: str, source: str, key: str) -> None:
+    """The inventory's vendor exists (else the run would blame a --vendor nobody gave)."""
+    known = available_vendors()
+    if name not in known:
+        raise ConfigError(source, key, f"unknown vendor {name!r} (known: {', '.join(sorted(known))})")
+
+
+def inference_case(name: str, known: dict[str, Path], source: str, key: str) -> str:
+    """The inference case a FlagPerf inference host.yaml names: FlagPerf's name (resnet50, bertLarge, vit_l_16)
+    or this project's (resnet50-infer), never a case of another family with the same name."""
+    kebab = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "-", name).replace("_", "-").lower()
+    for candidate in dict.fromkeys((name, f"{name}-infer", kebab, f"{kebab}-infer")):
+        if candidate in known and known[candidate].parent.name == "inference":
+            return candidate
+    inference = sorted(n for n, folder in known.items() if folder.parent.name == "inference")
+    raise ConfigError(source, key, f"no inference case {name!r} (a data folder names an inference case; "
+                                   f"inference cases: {', '.join(inference) or 'none'})")
+
 
 HOST_YAML_KEYS = {
     "FLAGPERF_PATH", "FLAGPERF_LOG_PATH", "VENDOR", "FLAGPERF_LOG_LEVEL", "LOG_CALL_INFORMATION", "HOSTS",
@@ -308,6 +413,7 @@ def host_yaml_inventory(data: dict[str, Any], source: str, base: Path) -> Invent
     vendor = data.get("VENDOR")
     if not isinstance(vendor, str):
         raise ConfigError(source, "VENDOR", "must be a vendor name")
+    check_vendor(vendor, source, "VENDOR")
 
     def port(key: str, default: int) -> int:
         value = data.get(key, default)
@@ -328,20 +434,33 @@ def host_yaml_inventory(data: dict[str, Any], source: str, base: Path) -> Invent
             raise ConfigError(source, "ACCE_CONTAINER_OPT", str(exc)) from None
     cases: list[str] = []
     frameworks: dict[str, str] = {}
+    case_overrides: dict[str, Any] = {}
+    notes: list[str] = []
     raw_cases = data.get("CASES") or {}
     if not isinstance(raw_cases, dict) or not raw_cases:
         raise ConfigError(source, "CASES", "must map case names to a framework or a data folder")
+    known = available_cases()
     for key, value in raw_cases.items():
         name, _, suffix = str(key).partition(":")
         if not isinstance(value, str):
             raise ConfigError(source, f"CASES.{key}", "must be a framework name or a data folder")
-        if value.startswith("/"):  # inference style: "<case>:<framework>": data dir
-            framework = suffix.split("_")[0] or "pytorch"
-            docker.setdefault("data_mounts", []).append(value)
-        else:  # base style: "<case>[:<chip>]": framework (pytorch, pytorch_2.3 -> the pytorch image)
-            framework = value.split("_")[0]
         try:
             check_name(name, "case name")
+        except ValueError as exc:
+            raise ConfigError(source, f"CASES.{key}", str(exc)) from None
+        if value.startswith("/"):  # inference style: "<case>:<framework>": data dir, as FlagPerf's inference/
+            framework = suffix.split("_")[0] or "pytorch"
+            name = inference_case(name, known, source, f"CASES.{key}")
+            docker.setdefault("data_mounts", []).append(value)
+            if "data_dir" in load_case(name, known).config_model.model_fields:
+                case_overrides[f"{name}.data_dir"] = value  # where FlagPerf's run_inference.py gets --data_dir
+            else:
+                notes.append(f"{source}: CASES.{key}: {name} reads no data_dir; {value} is only mounted")
+        else:  # base style: "<case>[:<chip>]": framework (pytorch, pytorch_2.3 -> the pytorch image)
+            framework = value.split("_")[0]
+            if name not in known:
+                raise ConfigError(source, f"CASES.{key}", f"unknown case {name!r} (known: {', '.join(sorted(known))})")
+        try:
             check_name(framework, "framework")
         except ValueError as exc:
             raise ConfigError(source, f"CASES.{key}", str(exc)) from None
@@ -360,13 +479,12 @@ def host_yaml_inventory(data: dict[str, Any], source: str, base: Path) -> Invent
     specs = [{"name": address.replace(":", "_"), "address": address} for address in hosts]
     inventory = build_inventory({"vendor": vendor, "master_port": port("MASTER_PORT", DEFAULT_MASTER_PORT),
                                  "defaults": defaults, "hosts": specs}, source, base)
-    case_overrides: dict[str, Any] = {}
     if "NPROC_PER_NODE" in data:
         nproc = data["NPROC_PER_NODE"]
         if isinstance(nproc, bool) or not isinstance(nproc, int) or not 1 <= nproc <= 1024:
             raise ConfigError(source, "NPROC_PER_NODE", f"must be a whole number of processes, got {nproc!r}")
         case_overrides["nproc_per_node"] = nproc  # for the cases that start several processes per host
-    notes = [f"{source}: {key} is not used: {why}" for key, why in HOST_YAML_NOT_USED.items() if key in data]
+    notes += [f"{source}: {key} is not used: {why}" for key, why in HOST_YAML_NOT_USED.items() if key in data]
     log_path = data.get("FLAGPERF_LOG_PATH")
     return Inventory(hosts=inventory.hosts, source=source, vendor=vendor, master_port=inventory.master_port,
                      cases=cases, frameworks=frameworks, notes=notes, results_dir=str(log_path) if log_path else None,
@@ -411,18 +529,75 @@ def parse_container_options(text: str) -> ContainerExtras:
             value = tokens[i + 1]
             i += 2
         if option == "--gpus":
+            if not GPUS.fullmatch(value.strip('"')):
+                raise ValueError(f"--gpus {value!r}: expected all, a count or device=<ids>")
             extras.gpus = value
         elif option == "--device":
-            extras.devices.append(value)
+            extras.devices.append(check_device(value))
         elif option in ("-e", "--env"):
             name, sep, val = value.partition("=")
             if not sep or not ENV_NAME.match(name):
-                raise ValueError(f"{option} {value!r} must be NAME=VALUE")
+                raise ValueError(f"{option} {name!r} must be NAME=VALUE")
             extras.env[name] = val
         elif option in ("-v", "--volume"):
-            extras.mounts.append(value)
+            extras.mounts.append(check_volume(value))
         elif option == "--ipc":
+            if value not in ("host", "private", "shareable", "none"):
+                raise ValueError(f"--ipc {value!r}: expected host, private, shareable or none")
             extras.ipc = value
         else:
+            if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}", value):
+                raise ValueError(f"--group-add {value!r}: expected a group name or number")
             extras.group_add.append(value)
     return extras
+
+
+GPUS = re.compile(r"all|\d{1,3}|device=[A-Za-z0-9-]+(,[A-Za-z0-9-]+)*")
+# Host paths a container must never get: the container engine's own socket (full control of the host),
+# the host's root, system and kernel folders.
+FORBIDDEN_SOURCES = ("/", "/etc", "/root", "/boot", "/proc", "/sys", "/dev", "/run", "/var/run", "/var/lib/docker",
+                     "/var/lib/containerd", "/usr", "/bin", "/sbin", "/lib", "/home")
+FORBIDDEN_UNDER = ("/proc", "/sys", "/run", "/var/run", "/var/lib/docker", "/var/lib/containerd", "/etc", "/boot")
+VOLUME_OPTIONS = {"ro", "rw", "z", "Z", "shared", "slave", "private", "rshared", "rslave", "rprivate", "nocopy",
+                  "consistent", "cached", "delegated"}
+# Devices that give the container the host's memory or raw disks.
+FORBIDDEN_DEVICES = re.compile(r"/dev/(mem|kmem|port|sd[a-z].*|hd[a-z].*|vd[a-z].*|xvd[a-z].*|nvme\d+n\d+.*|"
+                               r"disk/.*|mapper/.*|dm-\d+|loop.*|md\d+)")
+
+
+def _clean_path(path: str, what: str) -> str:
+    if not path.startswith("/") or any(part == ".." for part in path.split("/")):
+        raise ValueError(f"{what} {path!r} must be an absolute path without '..'")
+    return "/" + "/".join(part for part in path.split("/") if part not in ("", "."))
+
+
+def check_volume(value: str) -> str:
+    """-v SRC:DST[:OPTS] (and data mounts): SRC a host folder, not the engine's socket or a system folder."""
+    parts = value.split(":")
+    if len(parts) not in (2, 3):
+        raise ValueError(f"-v {value!r}: expected HOST_PATH:CONTAINER_PATH[:ro]")
+    source = _clean_path(parts[0], "-v host path")
+    _clean_path(parts[1], "-v container path")
+    if len(parts) == 3 and not set(parts[2].split(",")) <= VOLUME_OPTIONS:
+        raise ValueError(f"-v {value!r}: unknown mount option {parts[2]!r}")
+    if (source in FORBIDDEN_SOURCES or source.endswith(".sock") or "docker.sock" in source
+            or any(source.startswith(f"{folder}/") for folder in FORBIDDEN_UNDER)):
+        raise ValueError(f"-v {parts[0]!r} is refused: a container must not get the host's system folders or its "
+                         "container engine's socket")
+    return value
+
+
+def check_device(value: str) -> str:
+    """--device HOST[:CONTAINER[:PERMS]], HOST a device under /dev that is not memory or a raw disk."""
+    parts = value.split(":")
+    if len(parts) > 3:
+        raise ValueError(f"--device {value!r}: expected HOST_DEVICE[:CONTAINER_DEVICE[:rwm]]")
+    device = _clean_path(parts[0], "--device")
+    if not device.startswith("/dev/") or FORBIDDEN_DEVICES.fullmatch(device):
+        raise ValueError(f"--device {parts[0]!r} is refused: an accelerator device under /dev is expected, not "
+                         "memory or a disk")
+    if len(parts) > 1 and parts[1]:
+        _clean_path(parts[1], "--device container path")
+    if len(parts) == 3 and not re.fullmatch(r"[rwm]{1,3}", parts[2]):
+        raise ValueError(f"--device {value!r}: permissions are some of r, w, m")
+    return value

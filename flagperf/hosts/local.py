@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -15,7 +16,7 @@ import tempfile
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -66,8 +67,11 @@ class Host(ABC):
     def write_text(self, path: Path, text: str) -> None: ...
 
     @abstractmethod
-    def fetch_tree(self, remote: Path, local: Path) -> None:
-        """Copy the folder ``remote`` on the host to ``local`` on the controller."""
+    def fetch_tree(self, remote: Path, local: Path) -> dict[str, int]:
+        """Copy the regular files under the folder ``remote`` on the host to ``local`` on the controller,
+        flushed to disk; links are neither followed nor copied (a case cannot make the controller copy
+        what it links to). Returns the size of every file it was asked to copy, by relative path, so the
+        caller can read the copy back before deleting the original."""
 
     @abstractmethod
     def remove_tree(self, remote: Path) -> None: ...
@@ -98,7 +102,7 @@ class Host(ABC):
         return time.time()
 
     def environment(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = {**allowed_environment(os.environ), **getattr(self, "extra_env", {})}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.project_root), env.get("PYTHONPATH")) if p)
         env["PYTHONUNBUFFERED"] = "1"
         # CUDA numbers GPUs fastest-first by default, NVML by PCI bus: make them agree, so a monitor
@@ -110,10 +114,12 @@ class Host(ABC):
 class LocalHost(Host):
     """The controller machine itself: the embedded default, no SSH and no server."""
 
-    def __init__(self, name: str = "localhost", work_root: Path | None = None) -> None:
+    def __init__(self, name: str = "localhost", work_root: Path | None = None,
+                 env: dict[str, str] | None = None) -> None:
         if not NAME_PATTERN.match(name):
             raise ValueError(f"host name {name!r} is not a valid name")
         self.name = name
+        self.extra_env = dict(env or {})  # the inventory's env for this host, as for SSH and Docker hosts
         self.project_root = PROJECT_ROOT
         self.python = sys.executable
         self.work_root = (work_root or default_work_root()).resolve()
@@ -176,8 +182,24 @@ class LocalHost(Host):
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(path)
 
-    def fetch_tree(self, remote: Path, local: Path) -> None:
-        shutil.copytree(remote, local, dirs_exist_ok=True)
+    def fetch_tree(self, remote: Path, local: Path) -> dict[str, int]:
+        sizes: dict[str, int] = {}
+        for folder, dirs, files in os.walk(remote):  # os.walk does not descend into linked folders
+            source_dir = Path(folder)
+            target_dir = local / source_dir.relative_to(remote)
+            target_dir.mkdir(parents=True, exist_ok=True)
+            dirs[:] = [d for d in dirs if not (source_dir / d).is_symlink()]
+            for name in files:
+                source = source_dir / name
+                info = source.lstat()
+                if not stat.S_ISREG(info.st_mode):
+                    continue
+                with source.open("rb") as src, (target_dir / name).open("wb") as dst:
+                    shutil.copyfileobj(src, dst)
+                    dst.flush()
+                    os.fsync(dst.fileno())
+                sizes[str(source.relative_to(remote))] = info.st_size
+        return sizes
 
     def remove_tree(self, remote: Path) -> None:
         shutil.rmtree(remote, ignore_errors=True)
@@ -198,6 +220,25 @@ class LocalHost(Host):
         return shutil.disk_usage(probe).free
 
 
+# What a case or a monitor started here inherits from the controller: what a process needs to run and what
+# steers the accelerator stack and its libraries; never credentials (PGPASSWORD, PREFECT_API_KEY, cloud keys).
+ALLOWED_NAMES = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ", "TMPDIR",
+                           "LD_LIBRARY_PATH", "VIRTUAL_ENV", "CONDA_PREFIX", "PYENV_VERSION", "PYENV_ROOT"})
+ALLOWED_PREFIXES = ("LC_", "PYTHON", "FLAGPERF_", "PREFECT_", "CUDA_", "CUBLAS", "CUDNN_", "NVIDIA_", "NCCL_",
+                    "GLOO_", "TORCH", "PYTORCH_", "TRITON_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "ORT_", "HIP_",
+                    "ROCM_", "ROCR_", "HSA_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "XLA_", "ASCEND_")
+SECRET_WORDS = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|PGPASS|AUTH|CREDENTIAL|DATABASE|POSTGRES|HISTORY_URL|"
+                          r"_DSN", re.I)
+URL_WITH_PASSWORD = re.compile(r"://[^/@\s:]*:[^/@\s]*@")
+
+
+def allowed_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The allow-listed part of an environment (device selectors such as *_VISIBLE_DEVICES included)."""
+    return {name: value for name, value in environ.items()
+            if (name in ALLOWED_NAMES or name.startswith(ALLOWED_PREFIXES) or name.endswith("_VISIBLE_DEVICES"))
+            and not SECRET_WORDS.search(name) and not URL_WITH_PASSWORD.search(value)}
+
+
 def default_work_root() -> Path:
     """FLAGPERF_WORK_ROOT, else a folder of this user's own in the temp dir (0700: jobs and results
     pass through it, and another user must not be able to plant or read them)."""
@@ -205,11 +246,27 @@ def default_work_root() -> Path:
     if configured:
         return Path(configured)
     root = Path(tempfile.gettempdir()) / f"flagperf-work-{os.getuid()}"
-    root.mkdir(mode=0o700, exist_ok=True)
-    info = root.lstat()
-    if info.st_uid != os.getuid() or stat.S_ISLNK(info.st_mode) or info.st_mode & 0o077:
-        raise PermissionError(f"{root} is not a private folder of this user; set FLAGPERF_WORK_ROOT")
+    problem = private_folder_problem(root)
+    if problem:
+        raise PermissionError(f"{root} is not a private folder of this user ({problem}); set FLAGPERF_WORK_ROOT")
     return root
+
+
+def private_folder_problem(root: Path, strict: bool = True) -> str | None:
+    """Make ``root`` (0700) if missing; then why it is not this user's own folder, or None. ``strict``: nobody
+    else may even read it (a folder in a shared temp dir); else nobody else may write to it."""
+    try:
+        root.mkdir(mode=0o700, parents=not strict, exist_ok=True)
+        info = root.lstat()
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        return "not a folder (a link?)"
+    if info.st_uid != os.getuid():
+        return f"owned by uid {info.st_uid}, not {os.getuid()}"
+    if info.st_mode & (0o077 if strict else 0o022):
+        return f"mode {stat.S_IMODE(info.st_mode):o}"
+    return None
 
 
 def _pump(stream: IO[str] | None, log: IO[str] | None, on_line: LineSink | None) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import posixpath
 import shlex
 import stat
@@ -71,6 +72,7 @@ class SshHost(Host):
         self.project_root = Path(spec.project_root or PROJECT_ROOT)
         self.python = spec.python or DEFAULT_PYTHON
         self.work_root = Path(spec.work_root or f"/tmp/flagperf-work-{spec.ssh_user()}")
+        self.shared_tmp_work_root = spec.work_root is None  # in /tmp: nobody else may even read it
         self._client: paramiko.SSHClient | None = None
         self._lock = threading.Lock()
         self._keepalive: tuple[paramiko.Channel, int] | None = None
@@ -146,7 +148,7 @@ class SshHost(Host):
 
     def remote_environment(self) -> dict[str, str]:
         env = {"PYTHONPATH": str(self.project_root), "PYTHONUNBUFFERED": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-        env.update(self.spec.env)
+        env.update(self.spec.runtime_env())
         return env
 
     def command_line(self, argv: list[str]) -> str:
@@ -260,6 +262,12 @@ class SshHost(Host):
     def disk_free(self, path: Path) -> int:
         return int(self._agent_json("disk-free", str(path))["free"])
 
+    def work_root_problem(self) -> str | None:
+        """Why the work root is not the SSH user's own folder (made 0700 if missing), or None: checked as the
+        local one is, since jobs and results pass through it."""
+        args = ["work-root", str(self.work_root)] + (["--strict"] if self.shared_tmp_work_root else [])
+        return self._agent_json(*args).get("problem")
+
     def info(self) -> dict[str, Any]:
         return self._agent_json("info")
 
@@ -306,19 +314,25 @@ class SshHost(Host):
                 return False
             return True
 
-    def fetch_tree(self, remote: Path, local: Path) -> None:
+    def fetch_tree(self, remote: Path, local: Path) -> dict[str, int]:
+        sizes: dict[str, int] = {}
         with self._sftp() as sftp:
             stack = [(str(remote), local)]
             while stack:
                 folder, target = stack.pop()
                 target.mkdir(parents=True, exist_ok=True)
-                for entry in sftp.listdir_attr(folder):
+                for entry in sftp.listdir_attr(folder):  # lstat-like: links are S_ISLNK, never followed
                     source = posixpath.join(folder, entry.filename)
                     mode = entry.st_mode or 0
                     if stat.S_ISDIR(mode):
                         stack.append((source, target / entry.filename))
                     elif stat.S_ISREG(mode):
-                        sftp.get(source, str(target / entry.filename))
+                        with (target / entry.filename).open("wb") as dst:
+                            sftp.getfo(source, dst)
+                            dst.flush()
+                            os.fsync(dst.fileno())
+                        sizes[posixpath.relpath(source, str(remote))] = int(entry.st_size or 0)
+        return sizes
 
     def remove_tree(self, remote: Path) -> None:
         if str(remote) in ("", "/") or not PurePosixPath(remote).is_relative_to(self.work_root):

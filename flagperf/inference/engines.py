@@ -126,6 +126,9 @@ class InferenceEngine(ABC):
             raise CaseUserError(f"engine {config.compiler}: {key}: {err['msg']} (got {err.get('input')!r})") from None
         self.env = env
         self.engine_file: Path | None = None  # what this engine saved, if it saves anything
+        # Engines that compile the PyTorch model set this to the compiled module, so a case can call it with
+        # inputs of its own (llama-decode-infer: a KV cache); the case accounts for first-call compiles.
+        self.module: torch.nn.Module | None = None
 
     @abstractmethod
     def __call__(self, inputs: list[torch.Tensor]) -> tuple[list[torch.Tensor], float]:
@@ -186,8 +189,13 @@ def load_engine(vendor: str, name: str, source: str = "compiler") -> EngineDef:
     manifest = load_model(folder / ENGINE_MANIFEST, EngineManifest)
     if manifest.name != name:
         raise ConfigError(display_path(folder / ENGINE_MANIFEST), "name", f"must match the folder name ({name!r})")
-    if manifest.file is not None and not (folder / manifest.file).is_file():
-        raise ConfigError(display_path(folder / ENGINE_MANIFEST), "file", f"{manifest.file!r} does not exist")
+    if manifest.file is not None:
+        target = (folder / manifest.file).resolve()
+        if not target.is_relative_to(folder.resolve()):  # '../x.py', an absolute path, a link out of the folder
+            raise ConfigError(display_path(folder / ENGINE_MANIFEST), "file",
+                              f"{manifest.file!r} is outside the engine's folder")
+        if not target.is_file():
+            raise ConfigError(display_path(folder / ENGINE_MANIFEST), "file", f"{manifest.file!r} does not exist")
     if manifest.module is not None and importlib.util.find_spec(manifest.module) is None:
         raise ConfigError(display_path(folder / ENGINE_MANIFEST), "module", f"no module named {manifest.module!r}")
     return EngineDef(manifest=manifest, folder=folder)

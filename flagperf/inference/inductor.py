@@ -34,6 +34,7 @@ class Engine(InferenceEngine):
         self.device = env.device
         self.half = config.fp16
         self.compiled = torch.compile(model, backend="inductor", mode=self.options.inductor_mode, dynamic=False)
+        self.module = self.compiled
         self.seen: set[tuple[Any, ...]] = set()
 
     def _sync(self) -> None:

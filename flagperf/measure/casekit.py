@@ -48,8 +48,10 @@ class TimedCaseConfig(CaseConfig):
 
 class CaseContext:
     def __init__(self, device_type: str, spec: SpecTable, timing: TimingPlan, log: logging.Logger, *,
-                 shares_host_memory: bool, job: Job | None = None, out_dir: Path | None = None) -> None:
+                 shares_host_memory: bool, job: Job | None = None, out_dir: Path | None = None,
+                 vendor_folder: Path | None = None) -> None:
         self.job = job  # the round (node rank, master address ...) for cases that start processes of their own
+        self.vendor_folder = vendor_folder  # the vendor's folder, for cases that run its toolkits
         self.out_dir = out_dir
         self.device_type = device_type
         self.shares_host_memory = shares_host_memory
@@ -99,6 +101,11 @@ class CaseContext:
         self.windows.append((end_epoch - (end_counter - chunks[0].start), end_epoch))
         self.measured_seconds += sum(c.seconds for c in chunks)
         return chunks
+
+    def record_external(self, chunks: list[Chunk], window: tuple[float, float]) -> None:
+        """A timed region measured by a program of its own (a vendor toolkit): counted as ``time`` counts."""
+        self.windows.append(window)
+        self.measured_seconds += sum(c.seconds for c in chunks)
 
     def rate_metric(self, name: str, chunks: list[Chunk], work_per_iteration: float, unit: str, scale: float,
                     peak_key: str | None, convention: str | None = None, note: str | None = None) -> Metric:

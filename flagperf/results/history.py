@@ -42,8 +42,10 @@ from sqlalchemy import (
     insert,
     select,
 )
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
-from flagperf.errors import require
+from flagperf.errors import ConfigError, require
 from flagperf.results.summary import summarize
 
 DEFAULT_URL_ENV = "FLAGPERF_HISTORY_URL"
@@ -74,6 +76,13 @@ figures = Table(
 
 def history_engine(url: str | None = None, results_dir: str | Path = "results") -> Engine:
     url = url or os.environ.get(DEFAULT_URL_ENV) or f"sqlite:///{Path(results_dir).resolve() / 'history.sqlite'}"
+    try:
+        has_password = make_url(url).password is not None
+    except ArgumentError:
+        raise ConfigError("history_url", None, "not a database URL (postgresql+psycopg://user@host/db or "
+                                               "sqlite:///path)") from None
+    if has_password:  # a flow parameter is stored by Prefect, and run settings end up in files
+        raise ConfigError("history_url", None, "holds a password: give it through PGPASSWORD or ~/.pgpass instead")
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     if url.startswith("postgresql+asyncpg://"):

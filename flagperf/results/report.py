@@ -12,9 +12,11 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import markdown
 import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 
 from flagperf.results.analysis import read_monitors
-from flagperf.results.schema import read_result
+from flagperf.results.schema import atomic_path, read_result, write_text_atomic
+from flagperf.results.serving import plot_serving_curve
 from flagperf.results.summary import REPORT_MD, ROUND_FOLDER, RunSummary, summarize, write_summary
 
 REPORT_HTML = "report.html"
@@ -24,6 +26,14 @@ MAX_TIMELINES = 24  # per run: enough to see every round of a normal run, bounde
 
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+
+
+def _save(fig: Figure, out: Path) -> None:
+    try:
+        with atomic_path(out) as tmp:  # a full disk leaves no half-written PNG
+            fig.savefig(tmp, dpi=110, format="png")
+    finally:
+        plt.close(fig)
 
 
 def plot_measured_vs_peak(summary: RunSummary, out: Path) -> Path | None:
@@ -43,8 +53,7 @@ def plot_measured_vs_peak(summary: RunSummary, out: Path) -> Path | None:
     ax.set_title(f"{summary.run_id}: measured vs peak (red: above the spec table's peak)", fontsize=9)
     ax.invert_yaxis()
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    _save(fig, out)
     return out
 
 
@@ -71,8 +80,7 @@ def plot_per_round(summary: RunSummary, out: Path) -> Path | None:
         ax.axis("off")
     fig.suptitle(f"{summary.run_id}: throughput per round", fontsize=9)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    _save(fig, out)
     return out
 
 
@@ -114,8 +122,7 @@ def plot_timeline(round_folder: Path, title: str, out: Path) -> Path | None:
     ax.legend(unique.values(), unique.keys(), fontsize=7, loc="lower right")
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    _save(fig, out)
     return out
 
 
@@ -128,6 +135,9 @@ def make_plots(run_dir: Path, summary: RunSummary) -> list[tuple[str, Path]]:
         path = fn(summary, plots_dir / name)
         if path:
             made.append((title, path))
+    serving = plot_serving_curve(run_dir, plots_dir / "serving_tradeoff.png", summary.rows)
+    if serving:
+        made.append(("LLM serving: tokens/s per user vs per device", serving))
     folders = sorted(p.parent for p in run_dir.glob("*/round*/*_noderank*/result.json")
                      if ROUND_FOLDER.fullmatch(p.parent.name))
     for folder in folders[:MAX_TIMELINES]:
@@ -162,9 +172,7 @@ def build_report(run_dir: Path) -> tuple[RunSummary, dict[str, Path]]:
     text = html.escape((run_dir / REPORT_MD).read_text(encoding="utf-8"), quote=False)
     body = markdown.markdown(text, extensions=["tables"])
     html_path = run_dir / REPORT_HTML
-    tmp = html_path.with_name(f".{REPORT_HTML}.tmp")
-    tmp.write_text(HTML_PAGE.format(title=html.escape(f"FlagPerf {summary.run_id}"), body=body), encoding="utf-8")
-    tmp.replace(html_path)
+    write_text_atomic(html_path, HTML_PAGE.format(title=html.escape(f"FlagPerf {summary.run_id}"), body=body))
     paths["html"] = html_path
     paths["plots"] = run_dir / PLOTS
     return summary, paths

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +20,11 @@ SCHEMA_VERSION = 1
 RESULT_FILE = "result.json"
 MONITOR_FILE = "monitor.jsonl"
 CASE_LOG_FILE = "case.log"
+ATTEMPT_FAILURE_FILE = "failure.txt"  # in an attempt's folder: why that attempt failed (it was then retried)
+# Failure messages the evaluation acts on: it stops when the results folder cannot take more, and keeps the
+# host's copy of a round it could not collect (a retry collects it from there).
+RESULTS_UNWRITABLE = "the results folder cannot be written"
+KEPT_ON_HOST = "its files are kept on the host at"
 
 
 class _Model(BaseModel):
@@ -38,6 +45,20 @@ class Peak(_Model):
 class SpecTable(_Model):
     device: str
     peaks: dict[str, Peak]
+
+
+class ShapeSearch(_Model):
+    """A max-achievable figure's search (flagperf.basespec.shapesearch): where it looked and what it found."""
+
+    shape: dict[str, int] = Field(description="the best shape found, re-measured for this metric's value")
+    search_value: float = Field(description="the best shape's rate during the search (short measurement)")
+    shapes_tried: int
+    budget_s: float
+    spent_s: float
+    stopped: str = Field(description="converged, budget or grid exhausted")
+    ranges: dict[str, list[int]] = Field(description="axis -> [low, high] searched")
+    step: int
+    top: list[dict[str, float]] = Field(default_factory=list, description="the fastest shapes tried, m n k value")
 
 
 class Metric(_Model):
@@ -61,6 +82,7 @@ class Metric(_Model):
                                                        "of the precision used")
     mfu_peak_key: str | None = Field(default=None, description="spec-table key of the peak MFU is taken against")
     work: float | None = Field(default=None, description="total work in the timed region, in unit x seconds")
+    search: ShapeSearch | None = Field(default=None, description="max-achievable figures: the shape search")
 
 
 class Failure(_Model):
@@ -156,19 +178,46 @@ def round_dir(run_dir: Path, case: str, round_no: int, host: str, node_rank: int
     return run_dir / case / f"round{round_no}" / f"{host}_noderank{node_rank}"
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON so that readers see the old file or the whole new one, never half of it."""
+@contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary name beside ``path`` to write to; on success it is flushed to disk and renamed over
+    ``path`` (readers see the old file or the whole new one), on any failure it is removed: a full disk
+    leaves neither a 0-byte file nor a stray temporary one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2, sort_keys=False, default=str)
-            handle.write("\n")
+        yield Path(tmp)
+        with open(tmp, "rb+") as handle:  # a delayed-allocation file system reports ENOSPC here, not at write
+            os.fsync(handle.fileno())
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are meant to be read by the team
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def folder_problem(folder: Path) -> str | None:
+    """Why results cannot be written to ``folder`` (made if missing), or None: checked by writing a file."""
+    try:
+        if folder.exists() and not folder.is_dir():
+            return "is a file, not a folder"
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        return f"cannot write there: {getattr(exc, 'strerror', None) or exc}"
+    return None
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON so that readers see the old file or the whole new one, never half of it."""
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
 def write_result(path: Path, result: RoundResult) -> None:

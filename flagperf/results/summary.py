@@ -17,8 +17,18 @@ from typing import Any
 import pandas as pd
 
 from flagperf.results.analysis import WindowStats, energy_per_work, read_monitors, window_stats, work_unit
+from flagperf.results.chipstate import CHIP_COLUMNS, headline_state, render_chip_section, window_columns
+from flagperf.results.faults import BOUNDED_NOTE, find_faults
 from flagperf.results.metrics import coefficient_of_variation
-from flagperf.results.schema import RESULT_FILE, Metric, RoundResult, read_result, write_json_atomic
+from flagperf.results.schema import (
+    RESULT_FILE,
+    Metric,
+    RoundResult,
+    read_result,
+    write_json_atomic,
+    write_text_atomic,
+)
+from flagperf.results.serving import serving_markdown
 
 SUMMARY_CSV = "summary.csv"
 ROUND_FOLDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*_noderank\d+")
@@ -31,7 +41,8 @@ MONITOR_COLUMNS = ["power_avg_w", "power_max_w", "energy_j", "energy_source", "e
                    "accel_mem_total_bytes"]
 ROW_COLUMNS = ["case", "family", "round", "host", "node_rank", "nnodes", "nproc_per_node", "status", "metric", "value",
                "unit", "p50", "cv_chunks", "mfu",
-               "peak", "peak_unit", "ratio", "convention", "peak_source", "message", "device", *MONITOR_COLUMNS]
+               "peak", "peak_unit", "ratio", "convention", "peak_source", "message", "device", *MONITOR_COLUMNS,
+               "note", "search", *CHIP_COLUMNS]
 
 
 @dataclass
@@ -45,6 +56,7 @@ class RunSummary:
     context: dict[str, Any] = field(default_factory=dict)
     monitor_notes: list[str] = field(default_factory=list)
     scaling: list[dict[str, Any]] = field(default_factory=list)
+    faults: list[str] = field(default_factory=list)  # what went wrong or was bounded (flagperf/results/faults.py)
 
     @property
     def all_succeeded(self) -> bool:
@@ -53,7 +65,7 @@ class RunSummary:
     def to_json(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "counts": self.counts, "headline": self.headline,
                 "not_measured": self.not_measured, "problems": self.problems, "context": self.context,
-                "monitor_notes": self.monitor_notes, "scaling": self.scaling}
+                "monitor_notes": self.monitor_notes, "scaling": self.scaling, "faults": self.faults}
 
 
 def load_results(run_dir: Path) -> tuple[list[tuple[Path, RoundResult]], list[str]]:
@@ -108,7 +120,9 @@ def _rows(results: list[tuple[Path, RoundResult]], notes: dict[str, None]) -> pd
                          "cv_chunks": m.cv, "peak": m.peak.value if m.peak else None,
                          "peak_unit": m.peak.unit if m.peak else None, "ratio": m.ratio,
                          "convention": m.convention, "peak_source": m.peak.source if m.peak else None,
-                         **_monitor_columns(stats, m)})
+                         **_monitor_columns(stats, m), "note": m.note,
+                         "search": m.search.model_dump_json() if m.search else None,
+                         **window_columns(monitors, m.window)})
             for note in stats.notes:
                 notes[note] = None
     return pd.DataFrame(rows, columns=ROW_COLUMNS)
@@ -146,6 +160,7 @@ def summarize(run_dir: Path) -> RunSummary:
             "spread_over": "rounds" if cv_rounds is not None else ("chunks" if cv_chunks is not None else None),
             "rounds": int(group["round"].nunique()), "peak": peak, "peak_unit": _clean(group["peak_unit"].iloc[0]),
             "ratio": ratio, "above_peak": bool(ratio is not None and ratio > 1.0),
+            "lower_bound": bool(group["note"].map(lambda n: isinstance(n, str) and BOUNDED_NOTE in n).any()),
             "convention": _clean(group["convention"].iloc[0]), "peak_source": _clean(group["peak_source"].iloc[0]),
             "mfu": _mean(group["mfu"]),
             "power_avg_w": _mean(group["power_avg_w"]), "power_max_w": _max(group["power_max_w"]),
@@ -161,6 +176,9 @@ def summarize(run_dir: Path) -> RunSummary:
             "case_rss_bytes_max": _max(group["case_rss_bytes_max"]),
             "accel_util_percent_mean": _mean(group["accel_util_percent_mean"]),
             "accel_mem_used_bytes_max": _max(group["accel_mem_used_bytes_max"]),
+            "chip": headline_state(group["chip_state"]),
+            "notes": list(dict.fromkeys(n for n in group["note"] if isinstance(n, str))),
+            "search": _best_search(group),
         })
     not_measured = [
         {"case": r.case, "round": r.round, "host": r.host, "status": r.status,
@@ -180,7 +198,7 @@ def summarize(run_dir: Path) -> RunSummary:
                             "command": prov.command, "image": prov.image.get("status")})
     return RunSummary(run_id=run_dir.name, rows=rows, headline=headline, not_measured=not_measured,
                       counts=counts, problems=problems, context=context, monitor_notes=list(notes),
-                      scaling=scaling_table(rows))
+                      scaling=scaling_table(rows), faults=find_faults(run_dir, loaded, headline))
 
 
 def one_figure_per_job(rows: pd.DataFrame) -> pd.DataFrame:
@@ -244,8 +262,11 @@ def headline_cells(entry: dict[str, Any]) -> list[str]:
     spread = f"±{entry['spread_cv']:.1%} ({entry['spread_over']})" if entry["spread_cv"] is not None else "-"
     ratio = fmt_pct(entry["ratio"]) + (" (above peak!)" if entry["above_peak"] else "")
     peak = f"{fmt(entry['peak'])} {entry['peak_unit']}" if entry["peak"] is not None else "unknown"
-    return [entry["case"], entry["metric"], fmt(entry["value"]), entry["unit"], fmt(entry["p50"]), spread, peak,
-            ratio, fmt_pct(entry.get("mfu")), str(entry["rounds"])]
+    measured = ("≥ " if entry.get("lower_bound") else "") + fmt(entry["value"])  # a bound by design, said
+    mfu = entry.get("mfu")
+    mfu_cell = fmt_pct(mfu) + (" (above 100%!)" if mfu is not None and mfu > 1.0 else "")
+    return [entry["case"], entry["metric"], measured, entry["unit"], fmt(entry["p50"]), spread, peak,
+            ratio, mfu_cell, str(entry["rounds"])]
 
 
 HEADLINE_HEADER = ["case", "metric", "measured", "unit", "p50", "spread (CV)", "peak", "measured/peak", "MFU",
@@ -269,6 +290,8 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = 
         lines += ["| " + " | ".join(HEADLINE_HEADER) + " |", "|" + "---|" * len(HEADLINE_HEADER)]
         lines += ["| " + " | ".join(headline_cells(e)) + " |" for e in summary.headline]
         lines.append("")
+    lines += render_chip_section(summary.headline)
+    lines += render_max_achievable(summary.headline)
     lines += render_monitor_section(summary)
     if summary.scaling:
         lines += ["## Scaling", "", "| case | metric | nodes | devices per node | devices | throughput | speed-up | "
@@ -287,6 +310,7 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = 
                   f"{e['message']}"
                   for e in summary.not_measured]
         lines.append("")
+    lines += render_faults(summary)
     if summary.problems:
         lines += ["## Unreadable result files", ""] + [f"- {p}" for p in summary.problems] + [""]
     if summary.headline:
@@ -303,6 +327,37 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = 
         for title, path in plots:
             lines += [f"### {title}", "", f"![{title}]({path.as_posix()})", ""]
     return "\n".join(lines)
+
+
+def render_faults(summary: RunSummary) -> list[str]:
+    if not summary.faults:
+        return []
+    return ["## Faults and bounds", "", *[f"- {fault}" for fault in summary.faults], ""]
+
+
+def _best_search(group: pd.DataFrame) -> dict[str, Any] | None:
+    """The shape search of the round with the highest figure (max-achievable metrics only)."""
+    searched = group[group["search"].notna()]
+    if searched.empty:
+        return None
+    return json.loads(searched.loc[searched["value"].astype(float).idxmax(), "search"])
+
+
+def render_max_achievable(headline: list[dict[str, Any]]) -> list[str]:
+    """Max-achievable figures (a shape search's, ``<metric>_max``) beside their fixed-shape figures."""
+    fixed = {(e["case"], e["metric"]): e for e in headline}
+    pairs = [(fixed.get((e["case"], e["metric"].removesuffix("_max"))), e) for e in headline if e.get("search")]
+    if not pairs:
+        return []
+    lines = ["## Max-achievable (shape search) beside the fixed shape", "",
+             "| case | fixed shape | measured | max-achievable shape | measured | max / fixed |",
+             "|---|---|---|---|---|---|"]
+    for base, best in pairs:
+        base_value = f"{fmt(base['value'])} {base['unit']}" if base else "-"
+        gain = fmt_pct(best["value"] / base["value"]) if base and base["value"] else "-"
+        lines.append(f"| {best['case']} | {'; '.join(base['notes']) if base else '-'} | {base_value} | "
+                     f"{'; '.join(best['notes'])} | {fmt(best['value'])} {best['unit']} | {gain} |")
+    return [*lines, ""]
 
 
 MONITOR_HEADER = ["case", "metric", "avg power W", "max power W", "energy per work", "energy source",
@@ -338,13 +393,10 @@ def render_monitor_section(summary: RunSummary) -> list[str]:
 def write_summary(run_dir: Path, summary: RunSummary, plots: list[tuple[str, Path]] | None = None
                   ) -> dict[str, Path]:
     paths = {"csv": run_dir / SUMMARY_CSV, "json": run_dir / SUMMARY_JSON, "markdown": run_dir / REPORT_MD}
-    tmp_csv = paths["csv"].with_name(f".{SUMMARY_CSV}.tmp")
-    summary.rows.to_csv(tmp_csv, index=False)
-    tmp_csv.replace(paths["csv"])
+    write_text_atomic(paths["csv"], summary.rows.to_csv(index=False))
     write_json_atomic(paths["json"], summary.to_json())
-    tmp_md = paths["markdown"].with_name(f".{REPORT_MD}.tmp")
-    tmp_md.write_text(render_markdown(summary, plots), encoding="utf-8")
-    tmp_md.replace(paths["markdown"])
+    text = render_markdown(summary, plots) + "\n".join(["", *serving_markdown(run_dir, summary.rows)])
+    write_text_atomic(paths["markdown"], text)
     return paths
 
 

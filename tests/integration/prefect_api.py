@@ -34,7 +34,7 @@ def _all_pages(read: Callable[[int], list[T]]) -> list[T]:
 def run_evaluate(results: Path, **params: object) -> tuple[object, Path]:
     from flows.evaluate import evaluate
 
-    run_id = f"run-test-{time.time_ns()}"
+    run_id = params.pop("run_id", None) or f"run-test-{time.time_ns()}"
     state = evaluate(results_dir=str(results), run_id=run_id, return_state=True, **params)
     return state, results / run_id
 

@@ -172,13 +172,11 @@ def test_an_unreachable_api_runs_the_steps_as_plain_functions_and_says_why(tmp_p
     job = _job(tmp_path).model_copy(update={"prefect_context": context})
     out = tmp_path / "out"
     out.mkdir()
-    started = time.perf_counter()
     assert run_job(job, out) == 0
     result = read_result(out / "result.json")
     assert result.inference.runner.startswith("plain functions (")
     assert "the Prefect API at http://127.0.0.1:9/api is unreachable" in result.inference.runner
     assert set(result.inference.steps.values()) == {"ran"}
-    assert time.perf_counter() - started < 60  # the health check gives up, it does not hang the round
 
 
 def test_step_logs_reach_their_flow_runs_without_extra_loggers_configured(tmp_path: Path) -> None:

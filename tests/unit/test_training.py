@@ -141,7 +141,6 @@ def test_bad_scale_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: 
 
 
 def test_llama_pretrain_reports_tokens_per_second_and_mfu(tmp_path: Path) -> None:
-    pytest.importorskip("transformers")
     code, out = _run_case(tmp_path, "llama-pretrain", "synthetic_sequences=96", "max_epochs=1", "batch_size=8")
     assert code == 0
     result = read_result(out / "result.json")
@@ -160,7 +159,6 @@ def test_llama_pretrain_reports_tokens_per_second_and_mfu(tmp_path: Path) -> Non
 
 
 def test_llama_pretrain_reads_a_local_token_file(tmp_path: Path) -> None:
-    pytest.importorskip("transformers")
     import numpy as np
 
     from flagperf.config.cases import load_case
@@ -195,7 +193,6 @@ def _run_case(tmp_path: Path, case: str, *sets: str):
 def test_resnet50_reads_an_imagenet_style_folder(tmp_path: Path) -> None:
     """A two-class folder of generated images (red and blue, with noise): the real reading and training code,
     on a ResNet shrunk through its configuration."""
-    pytest.importorskip("transformers")
     import numpy as np
     from PIL import Image
 
@@ -218,7 +215,6 @@ def test_resnet50_reads_an_imagenet_style_folder(tmp_path: Path) -> None:
 
 
 def test_resnet50_without_a_folder_is_a_user_error(tmp_path: Path) -> None:
-    pytest.importorskip("transformers")
     code, out = _run_case(tmp_path, "resnet50")
     result = read_result(out / "result.json")
     assert code == 2 and result.failure.kind == "user" and "set data_dir" in result.failure.message
@@ -227,7 +223,6 @@ def test_resnet50_without_a_folder_is_a_user_error(tmp_path: Path) -> None:
 
 
 def test_bert_masked_lm_on_synthetic_tokens(tmp_path: Path) -> None:
-    pytest.importorskip("transformers")
     code, out = _run_case(tmp_path, "bert", "vocab_size=64", "hidden_size=32", "num_layers=1", "num_heads=2",
                           "intermediate_size=64", "seq_len=32", "synthetic_sequences=64", "batch_size=8",
                           "max_epochs=2", "lr=0.003")

@@ -112,6 +112,9 @@ def spec_table(settings: dict[str, Any]) -> dict[str, Any]:
         peaks["int8"] = unsupported(TOPS, "no INT8 dot-product instructions (needs avx512_vnni, avx_vnni or "
                                           "amx_int8)")
 
+    # AMX-FP8 is announced for future Xeons only; torch's CPU _scaled_mm upcasts, which measures nothing of FP8.
+    peaks["fp8"] = unsupported(TFLOPS, "no native FP8 arithmetic on this CPU (torch would emulate it in FP32)")
+
     channels, rate = settings.get("memory_channels"), settings.get("memory_mt_per_s")
     if channels and rate:
         peaks["memory_bandwidth"] = {

@@ -86,11 +86,15 @@ def main() -> int:
     header = {
         "driver": _call(pynvml.nvmlSystemGetDriverVersion),
         "devices": [{"index": i, "name": _call(pynvml.nvmlDeviceGetName, h), "uuid": _call(pynvml.nvmlDeviceGetUUID, h),
-                     "power_limit_w": (_call(pynvml.nvmlDeviceGetEnforcedPowerLimit, h) or 0) / 1000 or None}
+                     "power_limit_w": (_call(pynvml.nvmlDeviceGetEnforcedPowerLimit, h) or 0) / 1000 or None,
+                     "max_sm_clock_mhz": _call(pynvml.nvmlDeviceGetMaxClockInfo, h, pynvml.NVML_CLOCK_SM)}
                     for i, h in zip(indices, handles, strict=True)],
         "fields": {"util_percent": "%", "mem_used_bytes": "B", "mem_total_bytes": "B", "power_w": "W",
                    "energy_j": "J since start (NVML total energy)", "temp_c": "C", "sm_clock_mhz": "MHz",
-                   "throttle": "active clocks-event reasons"},
+                   "throttle": "active clocks-event reasons",
+                   "clock_event_bits": "the same as NVML's bitmask (names in throttle_bits)"},
+        # The analysis reads shares of the timed region per reason from the bitmask (flagperf.results.chipstate).
+        "throttle_bits": {str(bit): name for bit, name in THROTTLE_REASONS.items()},
     }
 
     def device_sample(i: int, h: Any) -> dict[str, Any]:
@@ -110,6 +114,7 @@ def main() -> int:
             "temp_c": _call(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU),
             "sm_clock_mhz": _call(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM),
             "throttle": None if reasons is None else [name for bit, name in THROTTLE_REASONS.items() if reasons & bit],
+            "clock_event_bits": reasons,
         }
 
     try:

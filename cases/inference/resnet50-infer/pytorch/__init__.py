@@ -21,11 +21,14 @@ ACCURACY = "top1"
 
 class Config(InferenceConfig):
     item_name: ClassVar[str] = "images"
-    data_dir: LocalPath = Field(description="ImageNet-style folder: <class>/<image>, classes in sorted order")
-    checkpoint_path: LocalPath = Field(description="a save_pretrained folder; null: random weights")
-    synthetic_images: int = Field(ge=1)
-    depths: list[int] = Field(min_length=1)
-    hidden_sizes: list[int] = Field(min_length=1)
+    # Defaults for the keys FlagPerf's configurations.yaml does not have, so FlagPerf's file loads unchanged.
+    data_dir: LocalPath = Field(default=None, description="ImageNet-style folder: <class>/<image>, classes in "
+                                                          "sorted order")
+    checkpoint_path: LocalPath = Field(default=None, description="a save_pretrained folder; null: random "
+                                                                 "weights")
+    synthetic_images: int = Field(default=8192, ge=1)
+    depths: list[int] = Field(default_factory=lambda: [3, 4, 6, 3], min_length=1)
+    hidden_sizes: list[int] = Field(default_factory=lambda: [256, 512, 1024, 2048], min_length=1)
     resize: int = Field(ge=8)
     crop: int = Field(ge=8)
     num_labels: int = Field(ge=2)

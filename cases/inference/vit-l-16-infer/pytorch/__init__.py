@@ -21,13 +21,16 @@ ACCURACY = "top1"
 
 class Config(InferenceConfig):
     item_name: ClassVar[str] = "images"
-    data_dir: LocalPath = Field(description="ImageNet-style folder: <class>/<image>, classes in sorted order")
-    checkpoint_path: LocalPath = Field(description="a save_pretrained folder; null: random weights")
-    synthetic_images: int = Field(ge=1)
-    hidden_size: int = Field(ge=1)
-    num_hidden_layers: int = Field(ge=1)
-    num_attention_heads: int = Field(ge=1)
-    intermediate_size: int = Field(ge=1)
+    # Defaults for the keys FlagPerf's configurations.yaml does not have, so FlagPerf's file loads unchanged.
+    data_dir: LocalPath = Field(default=None, description="ImageNet-style folder: <class>/<image>, classes in "
+                                                          "sorted order")
+    checkpoint_path: LocalPath = Field(default=None, description="a save_pretrained folder; null: random "
+                                                                 "weights")
+    synthetic_images: int = Field(default=2048, ge=1)
+    hidden_size: int = Field(default=1024, ge=1)
+    num_hidden_layers: int = Field(default=24, ge=1)
+    num_attention_heads: int = Field(default=16, ge=1)
+    intermediate_size: int = Field(default=4096, ge=1)
     patch_size: int = Field(ge=1)
     resize: int = Field(ge=8)
     crop: int = Field(ge=8)

@@ -1,0 +1,106 @@
+"""The serving metrics, defined once, from per-request traces of one concurrency level.
+
+  TTFT      first token time - arrival, per request
+  TPOT      (last token time - first token time) / (output tokens - 1), per request (time per output token
+            after the first)
+  ITL       every gap between consecutive tokens of a request, pooled over requests (inter-token latency)
+  output tokens/s        all output tokens / the level's timed wall time (the device's throughput)
+  tokens/s per user      a request's output tokens / (last token time - arrival), over requests
+  requests/s             completed requests / the level's timed wall time
+  MFU       2 x parameters x output tokens/s / the precision's peak FLOP/s (prefill FLOPs are not counted,
+            attention neither: the serving convention, as FlagPerf's generate area counts it)
+Energy per output token follows from the output tokens/s metric's window and work (the monitors' energy over
+that window / output tokens, in the run summary).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flagperf.generate.engines import RequestTrace
+from flagperf.results.metrics import LatencyStats, latency_stats, model_flops_utilisation
+from flagperf.results.schema import Metric, Peak
+
+LEVEL_SEPARATOR = "@c"  # metric names: <what>@c<concurrency>, e.g. ttft_s@c32
+MFU_CONVENTION = "MFU = 2 x parameters FLOP per output token x output tokens/s / {key} peak (prefill not counted)"
+
+
+def level_name(what: str, concurrency: int) -> str:
+    return f"{what}{LEVEL_SEPARATOR}{concurrency}"
+
+
+@dataclass(frozen=True)
+class LevelStats:
+    concurrency: int
+    requests: int
+    output_tokens: int
+    seconds: float
+    ttft: LatencyStats
+    tpot: LatencyStats | None  # None when every request has a single output token
+    itl: LatencyStats | None
+    per_user: LatencyStats  # tokens/s per user over requests (a rate: its p10 is the slow tail)
+    e2e: LatencyStats
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.output_tokens / self.seconds
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.requests / self.seconds
+
+
+def level_stats(concurrency: int, traces: list[RequestTrace], seconds: float) -> LevelStats:
+    if not traces or seconds <= 0:
+        raise ValueError("a level needs requests and a positive duration")
+    done = [t for t in traces if t.token_times]
+    if len(done) != len(traces):
+        raise ValueError(f"{len(traces) - len(done)} request(s) produced no token")
+    ttft = [t.token_times[0] - t.arrival for t in done]
+    e2e = [t.token_times[-1] - t.arrival for t in done]
+    tpot = [(t.token_times[-1] - t.token_times[0]) / (t.output_tokens - 1) for t in done if t.output_tokens > 1]
+    itl = [b - a for t in done for a, b in zip(t.token_times, t.token_times[1:], strict=False)]
+    per_user = [t.output_tokens / latency for t, latency in zip(done, e2e, strict=True) if latency > 0]
+    return LevelStats(concurrency=concurrency, requests=len(done), output_tokens=sum(t.output_tokens for t in done),
+                      seconds=seconds, ttft=latency_stats(ttft), tpot=latency_stats(tpot) if tpot else None,
+                      itl=latency_stats(itl) if itl else None, per_user=latency_stats(per_user or [0.0]),
+                      e2e=latency_stats(e2e))
+
+
+def _latency(name: str, stats: LatencyStats, seconds: float, note: str) -> Metric:
+    return Metric(name=name, value=stats.mean, unit="s", p50=stats.p50, p90=stats.p90, p99=stats.p99,
+                  iterations=stats.count, measured_seconds=seconds, note=note)
+
+
+def level_metrics(stats: LevelStats, window: tuple[float, float], parameters: int, precision: str,
+                  peak: Peak | None) -> list[Metric]:
+    """The level's metrics; output tokens/s carries the window and work, so energy per token follows."""
+    c, seconds = stats.concurrency, stats.seconds
+    mfu = model_flops_utilisation(stats.tokens_per_s, 2.0 * parameters, peak.value if peak else None,
+                                  peak.unit if peak else "")
+    metrics = [
+        Metric(name=level_name("output_tokens_per_s", c), value=stats.tokens_per_s, unit="tokens/s",
+               iterations=stats.output_tokens, measured_seconds=seconds, window=list(window),
+               work=float(stats.output_tokens), mfu=mfu, mfu_peak_key=precision if peak else None,
+               convention=MFU_CONVENTION.format(key=precision),
+               note=f"{stats.requests} requests, {c} at a time, {stats.output_tokens} output tokens"),
+        Metric(name=level_name("tokens_per_s_per_user", c), value=stats.per_user.mean,
+               unit="tokens/s", p50=stats.per_user.p50, p90=stats.per_user.p90, p99=stats.per_user.p99,
+               iterations=stats.requests, measured_seconds=seconds,
+               note="a request's output tokens / (last token - arrival); mean over requests"),
+        Metric(name=level_name("requests_per_s", c), value=stats.requests_per_s, unit="requests/s",
+               iterations=stats.requests, measured_seconds=seconds),
+        _latency(level_name("ttft_s", c), stats.ttft, seconds, "time to first token: first token - arrival"),
+        _latency(level_name("latency_s", c), stats.e2e, seconds, "request latency: last token - arrival"),
+    ]
+    if stats.tpot is not None and stats.itl is not None:
+        metrics += [_latency(level_name("tpot_s", c), stats.tpot, seconds,
+                             "time per output token after the first: (last - first token) / (tokens - 1)"),
+                    _latency(level_name("itl_s", c), stats.itl, seconds, "inter-token latency: every gap, pooled")]
+    return metrics
+
+
+def rouge_metrics(concurrency: int, scores: dict[str, float], count: int) -> list[Metric]:
+    return [Metric(name=level_name(key, concurrency), value=value, unit="F1", iterations=count,
+                   note="rouge-score F1 (stemmed) of the outputs against the file's references, mean")
+            for key, value in scores.items()]

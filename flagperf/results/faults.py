@@ -1,0 +1,97 @@
+"""What went wrong or was bounded in a run, each said in one line of the report, never left to a log:
+monitors that died or never wrote, rounds retried (and why), figures above their peak or above 100 % MFU,
+figures that are bounds by design rather than limits reached."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from flagperf.results.analysis import read_monitors
+from flagperf.results.schema import ATTEMPT_FAILURE_FILE, CASE_LOG_FILE, RESULT_FILE, RoundResult, read_result
+
+BOUNDED_NOTE = "bounded by design"  # how a case says its figure is a bound it chose (capacity: max_gib, a share)
+
+
+def expected_monitors(run_dir: Path) -> set[str]:
+    """The monitors the run's vendor lists (plan.json), or none when the plan cannot be read."""
+    try:
+        plan = json.loads((run_dir / "plan.json").read_text(encoding="utf-8"))
+        return {m["name"] for m in plan["vendor"]["manifest"]["monitors"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+
+
+def monitor_faults(folder: Path, where: str, expected: set[str]) -> list[str]:
+    monitors = read_monitors(folder)
+    found = [f"{where}: monitor {name} left no samples file (it did not start, or its file was lost): "
+             "no figures from it" for name in sorted(expected - {m.name for m in monitors})]
+    for m in monitors:
+        samples = len(m.samples)
+        if m.footer is None:
+            found.append(f"{where}: monitor {m.name} died during the round (no footer, {samples} samples): "
+                         "its figures cover only the part of the round before it stopped")
+        elif samples < 2:
+            found.append(f"{where}: monitor {m.name} took {samples} sample(s): its averages and maxima are "
+                         "one reading, not a profile of the round")
+    return found
+
+
+def attempt_faults(folder: Path, where: str) -> list[str]:
+    """Earlier attempts of a round (kept under attempts/): each was a failure the round was retried after."""
+    found = []
+    attempts = sorted((folder / "attempts").glob("attempt*"), key=lambda p: int(p.name.removeprefix("attempt") or 0))
+    for attempt in attempts:
+        cause_file = attempt / ATTEMPT_FAILURE_FILE
+        if cause_file.is_file():
+            cause = " ".join(cause_file.read_text(encoding="utf-8", errors="replace").split())[:300]
+        else:
+            log = attempt / CASE_LOG_FILE
+            tail = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()][-1:] \
+                if log.is_file() else []
+            cause = "cause not recorded" + (f"; {CASE_LOG_FILE} ends: {tail[0][:200]}" if tail else "")
+        found.append(f"{where}: {attempt.name} failed and the round was retried: {cause}")
+    return found
+
+
+def rerun_faults(run_dir: Path) -> list[str]:
+    """Rounds a retry of the flow run ran again: the failed attempt is kept under retries/attempt<K>/."""
+    found = []
+    for path in sorted((run_dir / "retries").glob(f"attempt*/*/round*/*_noderank*/{RESULT_FILE}")):
+        try:
+            earlier = read_result(path)
+        except (OSError, ValueError):
+            continue
+        attempt = path.relative_to(run_dir / "retries").parts[0]
+        cause = earlier.failure.message if earlier.failure else earlier.status
+        found.append(f"{earlier.case} round {earlier.round} on {earlier.host}: run again by a retry of the flow "
+                     f"run ({attempt} kept under retries/): {' '.join(cause.split())[:300]}")
+    return found
+
+
+def figure_faults(headline: list[dict[str, Any]], results: list[RoundResult]) -> list[str]:
+    found = []
+    for e in headline:
+        label = f"{e['case']} / {e['metric']}"
+        if e.get("above_peak"):
+            found.append(f"{label}: measured {e['ratio']:.1%} of its peak: above the peak means the spec table's "
+                         "peak is wrong for this machine (see the peak source below)")
+        if e.get("mfu") is not None and e["mfu"] > 1.0:
+            found.append(f"{label}: MFU {e['mfu']:.1%} is above 100 %: the case's FLOPs per item do not match "
+                         "the model it ran, or the peak is too low; the figure is not an efficiency")
+    bounds = {(r.case, m.name): m.note for r in results for m in r.metrics if m.note and BOUNDED_NOTE in m.note}
+    found += [f"{case} / {metric}: {note}" for (case, metric), note in bounds.items()]
+    return found
+
+
+def find_faults(run_dir: Path, loaded: list[tuple[Path, RoundResult]], headline: list[dict[str, Any]]) -> list[str]:
+    expected = expected_monitors(run_dir)
+    found: list[str] = []
+    for folder, r in loaded:
+        where = f"{r.case} round {r.round} on {r.host}"
+        found += monitor_faults(folder, where, expected)
+        found += attempt_faults(folder, where)
+    found += rerun_faults(run_dir)
+    found += figure_faults(headline, [r for _, r in loaded])
+    return list(dict.fromkeys(found))

@@ -1,0 +1,164 @@
+"""Bad input of every class the acceptance pass found, through the CLI as a user meets it: exit 2, one line
+that names the file (or option) and the key, no traceback, nothing started. Run without Prefect."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+
+runner = CliRunner()
+HOST_YAML = "VENDOR: cpu\nHOSTS: [10.0.0.9]\nCASES: {computation-FP32: pytorch}\n"
+BOMB = "".join(f"{n}: &{n} [{', '.join([f'*{p}'] * 9 if p else ['x'] * 9)}]\n"
+               for p, n in zip([None, "a", "b", "c", "d", "e", "f", "g", "h"], "abcdefghi", strict=True))
+
+
+@pytest.fixture(autouse=True)
+def _no_prefect(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "flows.evaluate", None)  # bad input must be refused before the flow
+
+
+def fail(*args: str, key: str) -> str:
+    """Run the CLI, expect exit 2 with one short error line containing ``key``; return that line."""
+    result = runner.invoke(app, list(args))
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
+    lines = [line for line in result.output.splitlines() if line.startswith("error")]
+    assert len(lines) == 1 and key in lines[0] and len(lines[0]) <= 520, result.output[:2000]
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(("text", "key"), [
+    (HOST_YAML.replace("cpu", "acme"), "VENDOR: unknown vendor 'acme'"),
+    (HOST_YAML.replace("computation-FP32", "no-such-case"), "CASES.no-such-case: unknown case"),
+    (HOST_YAML.replace("computation-FP32: pytorch", '"nosuchnet:pytorch_1.13": /data'),
+     "CASES.nosuchnet:pytorch_1.13: no inference case"),
+])
+def test_host_yaml_names_are_checked_by_validate_and_run(tmp_path: Path, text: str, key: str) -> None:
+    path = write(tmp_path / "host.yaml", text)
+    assert str(path) in fail("validate", str(path), key=key)
+    fail("run", "--host-config", str(path), key=key)
+
+
+def test_inventory_vendor_is_checked_where_it_is_written(tmp_path: Path) -> None:
+    path = write(tmp_path / "inv.yaml", "vendor: acme\nhosts: [{name: a}]\n")
+    line = fail("validate", str(path), key="vendor: unknown vendor 'acme'")
+    assert "--vendor" not in line
+    fail("run", "--inventory", str(path), key="vendor: unknown vendor")
+
+
+def test_types_are_not_coerced(tmp_path: Path) -> None:
+    suite = write(tmp_path / "s.yaml", 'name: s\ndescription: x\ncases: [computation-FP32]\nrounds: "3"\n')
+    fail("validate", str(suite), key="rounds")
+    fail("run", "--suite", str(suite), key="rounds")
+    inv = write(tmp_path / "inv.yaml", "hosts: [{name: a, connect_timeout_s: '10'}]\n")
+    fail("validate", str(inv), key="hosts.0.connect_timeout_s")
+
+
+def test_an_unknown_peak_is_refused(tmp_path: Path, make_case) -> None:
+    manifest = make_case("odd-peak", manifest_extra={"peak": "fp99"}) / "case.yaml"
+    fail("validate", str(manifest), key="unknown peak 'fp99'")
+
+
+def test_an_alias_bomb_is_refused_quickly_without_echo(tmp_path: Path) -> None:
+    suite = write(tmp_path / "bomb.yaml", BOMB + "cases: [computation-FP32]\n")
+    line = fail("validate", str(suite), key="aliases expand to more than")
+    assert "x" * 3 not in line and "'x'" not in line
+    deep = write(tmp_path / "deep.yaml", "cases: " + "[" * 3000 + "]" * 3000 + "\n")
+    fail("validate", str(deep), key="nested too deeply")
+
+
+def test_a_value_in_an_error_line_is_bounded(tmp_path: Path) -> None:
+    huge = "[" + ", ".join(["[1, 2, 3, 4, 5, 6, 7, 8]"] * 2000) + "]"
+    suite = write(tmp_path / "s.yaml", f"name: s\ndescription: x\ncases: [computation-FP32]\nrounds: {huge}\n")
+    line = fail("validate", str(suite), key="rounds")
+    assert "..." in line
+
+
+@pytest.mark.parametrize(("option", "words"), [
+    ("-v /var/run/docker.sock:/var/run/docker.sock", "docker.sock"),
+    ("-v /:/host", "'/'"),
+    ("--device /dev/mem", "/dev/mem"),
+    ("--device=/dev/sda", "/dev/sda"),
+    ("-v ../etc:/x", "without '..'"),
+    ("--ipc container:x", "--ipc"),
+])
+def test_container_mounts_and_devices_are_validated(tmp_path: Path, option: str, words: str) -> None:
+    inv = write(tmp_path / "inv.yaml", f"hosts: [{{name: a, docker: {{extra_options: '{option}'}}}}]\n")
+    assert words in fail("validate", str(inv), key="hosts.0.docker.extra_options")
+    host_yaml = write(tmp_path / "host.yaml", HOST_YAML + f"ACCE_CONTAINER_OPT: '{option}'\n")
+    fail("validate", str(host_yaml), key="ACCE_CONTAINER_OPT")
+
+
+def test_a_data_mount_of_the_engine_socket_is_refused(tmp_path: Path) -> None:
+    inv = write(tmp_path / "inv.yaml", "hosts: [{name: a, docker: {data_mounts: [/run/docker.sock]}}]\n")
+    fail("validate", str(inv), key="hosts.0.docker.data_mounts")
+
+
+def test_an_unset_environment_reference_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FLAGPERF_TEST_UNSET", raising=False)
+    inv = write(tmp_path / "inv.yaml", "hosts: [{name: a, env: {TOKEN: '${FLAGPERF_TEST_UNSET}'}}]\n")
+    fail("validate", str(inv), key="hosts.0.env.TOKEN: refers to ${FLAGPERF_TEST_UNSET}")
+
+
+def test_results_folder_that_cannot_be_written(tmp_path: Path) -> None:
+    a_file = write(tmp_path / "a-file", "")
+    fail("run", "--cases", "computation-FP32", "--results", str(a_file), key="--results")
+    fail("run", "--cases", "computation-FP32", "--results", "/proc/flagperf/results", key="--results")
+    host_yaml = write(tmp_path / "host.yaml", HOST_YAML + f"FLAGPERF_LOG_PATH: {a_file}\n")
+    assert "is a file" in fail("run", "--host-config", str(host_yaml), key="FLAGPERF_LOG_PATH")
+
+
+@pytest.fixture
+def read_only_folder(tmp_path: Path) -> Iterator[Path]:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a read-only file system needs root")
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)], capture_output=True)
+    if done.returncode:
+        pytest.skip(f"cannot mount here: {done.stderr.decode().strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_results_on_a_read_only_file_system(read_only_folder: Path) -> None:
+    line = fail("run", "--cases", "computation-FP32", "--results", str(read_only_folder / "r"), key="--results")
+    assert "Read-only file system" in line
+
+
+def test_a_history_url_with_a_password_is_refused() -> None:
+    from flagperf.errors import ConfigError
+    from flagperf.results.history import history_engine
+
+    with pytest.raises(ConfigError, match="holds a password") as info:
+        history_engine("postgresql+psycopg://flagperf:hunter2@127.0.0.1/flagperf")
+    assert "hunter2" not in str(info.value)
+
+
+def test_aliases_load_up_to_the_bound() -> None:
+    """The bound counts values as expanded: 9**5 leaves load (shared, not copied); 9**6 do not."""
+    from flagperf.config.yamlio import MAX_EXPANDED_VALUES, parse_yaml_text
+    from flagperf.errors import ConfigError
+
+    five = "".join(BOMB.splitlines(keepends=True)[:5])
+    assert 9 ** 5 < MAX_EXPANDED_VALUES < 9 ** 6
+    data = parse_yaml_text(five, "five.yaml")
+    assert len(data["e"]) == 9 and data["e"][0] is data["d"]
+    with pytest.raises(ConfigError, match="aliases expand"):
+        parse_yaml_text("".join(BOMB.splitlines(keepends=True)[:6]), "six.yaml")

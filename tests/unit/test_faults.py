@@ -1,0 +1,97 @@
+"""The report names every fault it saw and every bound it applied (flagperf/results/faults.py), with a real
+monitor process killed mid-round and result files written through the schema."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from flagperf.paths import PROJECT_ROOT
+from flagperf.results.schema import Failure, Metric, Peak, Provenance, RoundResult, round_dir, write_result
+from flagperf.results.summary import headline_cells, render_markdown, summarize
+
+T0 = datetime(2026, 1, 2, tzinfo=UTC)
+PROV = Provenance(engine_version="0.1.0", git_revision="0123456789abcdef", git_dirty=False, command="flagperf run",
+                  python="3.11.9", libraries={"torch": "2.13.0"}, host={}, image={"status": "none"},
+                  config_origins={}, run_overrides={})
+PEAK = Peak(value=2.0, unit="TFLOPS", source="derived: 2 cores x 1 GHz")
+
+
+def put(run_dir: Path, case: str, metrics: list[Metric], status: str = "success",
+        failure: Failure | None = None, round_no: int = 1) -> Path:
+    result = RoundResult(run_id=run_dir.name, case=case, family="base", round=round_no, host="localhost",
+                         node_rank=0, vendor="cpu", status=status, failure=failure, started_at=T0, finished_at=T0,
+                         duration_s=1.0, measured_seconds=1.0, device="Test CPU", metrics=metrics, config={},
+                         provenance=PROV)
+    folder = round_dir(run_dir, case, round_no, "localhost")
+    write_result(folder / "result.json", result)
+    return folder
+
+
+def killed_monitor(folder: Path) -> None:
+    """A real system monitor, killed with SIGKILL once it has written a sample: no footer, as in the field."""
+    out = folder / "monitor_system.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "flagperf.monitoring.system", "--out", str(out),
+                             "--interval", "0.2"], env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    try:
+        while proc.poll() is None and (not out.exists() or '"sample"' not in out.read_text()):
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert '"footer"' not in out.read_text()
+
+
+def test_every_fault_and_bound_is_named_in_the_report(tmp_path: Path) -> None:
+    run = tmp_path / "run7"
+    run.mkdir()
+    (run / "plan.json").write_text(json.dumps({"vendor": {"manifest": {"monitors": [
+        {"name": "system"}, {"name": "nvml"}]}}}))
+    gemm = put(run, "computation-FP32", [Metric(name="gemm_fp32", value=2.5, unit="TFLOPS", peak=PEAK, ratio=1.25)])
+    killed_monitor(gemm)
+    attempt = gemm / "attempts" / "attempt1"
+    attempt.mkdir(parents=True)
+    (attempt / "failure.txt").write_text("computation-FP32 round 1 on localhost: killed by signal 9\n")
+    put(run, "resnet50-infer", [Metric(name="inference_core", value=100.0, unit="images/s", mfu=8.7)])
+    put(run, "main_memory-capacity", [Metric(name="memory_capacity", value=0.25, unit="GiB", note=(
+        "bounded by design at 0.25 GiB (50% of 12.00 GiB free, max_gib 0.25): a lower bound on capacity, "
+        "not a limit reached"))])
+    earlier = RoundResult(run_id="run7", case="resnet50-infer", family="inference", round=1, host="localhost",
+                          node_rank=0, vendor="cpu", status="failed", started_at=T0, finished_at=T0, duration_s=1.0,
+                          measured_seconds=0.0, config={},
+                          failure=Failure(kind="infrastructure", message="the case left no result"))
+    write_result(run / "retries" / "attempt1" / "resnet50-infer" / "round1" / "localhost_noderank0" / "result.json",
+                 earlier)
+
+    summary = summarize(run)
+    faults = "\n".join(summary.faults)
+    assert "computation-FP32 round 1 on localhost: monitor system died during the round" in faults
+    assert "monitor nvml left no samples file" in faults
+    assert "attempt1 failed and the round was retried: computation-FP32 round 1 on localhost: killed by signal 9" \
+        in faults
+    assert "resnet50-infer round 1 on localhost: run again by a retry of the flow run" in faults
+    assert "the case left no result" in faults
+    assert "resnet50-infer / inference_core: MFU 870.0% is above 100 %" in faults
+    assert "computation-FP32 / gemm_fp32: measured 125.0% of its peak" in faults
+    assert "main_memory-capacity / memory_capacity: bounded by design at 0.25 GiB" in faults
+
+    report = render_markdown(summary)
+    assert "## Faults and bounds" in report and all(f in report for f in summary.faults)
+    cells = {e["case"]: headline_cells(e) for e in summary.headline}
+    assert cells["main_memory-capacity"][2].startswith("≥ ")  # the table says it is a bound
+    assert cells["resnet50-infer"][8].endswith("(above 100%!)")
+    assert cells["computation-FP32"][7].endswith("(above peak!)")
+
+
+def test_a_clean_round_has_no_faults(tmp_path: Path) -> None:
+    run = tmp_path / "run8"
+    put(run, "computation-FP32", [Metric(name="gemm_fp32", value=1.0, unit="TFLOPS", peak=PEAK, ratio=0.5)])
+    summary = summarize(run)
+    assert summary.faults == []
+    assert "Faults and bounds" not in render_markdown(summary)
