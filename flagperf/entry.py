@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 import torch
@@ -35,7 +36,6 @@ from flagperf.errors import (
     Unsupported,
     missing_extra,
 )
-from flagperf.generate.config import GenerateConfig
 from flagperf.hosts.local import default_work_root
 from flagperf.inference.config import InferenceConfig
 from flagperf.measure.casekit import CaseConfig, CaseContext, TimedCaseConfig
@@ -54,6 +54,9 @@ from flagperf.results.schema import (
 )
 from flagperf.training.driver import TrainingConfig
 from flagperf.training.launch import EXIT_WORKER_FAILED, launch, training_result, user_error
+
+if TYPE_CHECKING:  # a run-time import would need transformers (the generate extra) for every round
+    from flagperf.generate.config import GenerateConfig
 
 log = logging.getLogger("flagperf.case")
 
@@ -161,7 +164,7 @@ def run_job(job: Job, out_dir: Path) -> int:
             outcome = run_training(job, config, out_dir)
         elif isinstance(config, InferenceConfig):
             outcome = run_inference(job, case, config, vendor, spec, out_dir)
-        elif isinstance(config, GenerateConfig):
+        elif case.family == "generate":  # its modules need transformers (the generate extra): imported there
             outcome = run_generate(config, vendor, spec, out_dir)
         else:
             outcome = run_base(case, config, vendor, spec, job, out_dir)

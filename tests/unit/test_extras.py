@@ -109,3 +109,28 @@ def test_nvml_monitor_without_nvidia_ml_py_names_the_nvidia_extra(monkeypatch: p
     header = json.loads(out.read_text().splitlines()[0])
     assert header["sources"]["devices"] == {"available": False, "reason": (
         f"NVML unavailable: needs nvidia-ml-py, which is not installed: {install_command('nvidia')}")}
+
+
+EXTRAS_ONLY = ["sklearn", "scipy", "transformers", "onnx", "onnxruntime", "mlperf_loadgen", "psycopg", "rouge_score",
+               "pynvml"]
+
+
+def test_the_default_install_runs_without_any_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # `pip install -e .` then `flagperf run`: the CLI, the flows and tasks, the in-host entry and the smoke suite's
+    # plan must import with no package of an extra (a module-level `import transformers` in a shared module
+    # would fail every round of every case).
+    import subprocess
+
+    block(monkeypatch, tmp_path, *EXTRAS_ONLY)
+    script = ("import importlib, pkgutil, tasks, flows\n"
+              "for pkg in (tasks, flows):\n"
+              "    for m in pkgutil.iter_modules(pkg.__path__):\n"
+              "        importlib.import_module(pkg.__name__ + '.' + m.name)\n"
+              "import flagperf.entry, flagperf.training.worker, flagperf.hosts.agent, flagperf.hosts.probe\n"
+              "from flagperf.config.plan import plan_run\n"
+              f"plan = plan_run(suite='smoke', results_dir={str(tmp_path / 'results')!r})\n"
+              "print(','.join(c.name for c in plan.cases))\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[2],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "computation-FP32" in done.stdout
