@@ -80,12 +80,26 @@ class InferenceConfig(CaseConfig):
     exist_compiler_path: str | None
     warmup_batches: int = Field(default=1, ge=0, description="untimed batches before each timed pass "
                                 "(compilation, allocator and cache warm-up are not throughput)")
+    torch_threads: int | None = Field(default=None, ge=1, le=1024, description="torch's intra-op threads "
+                                      "(torch.set_num_threads); null: torch's default, one per core")
+    compute_batches: int = Field(default=4, ge=1, description="batches held on the device for *_compute")
+    compute_iterations: int | None = Field(default=None, ge=1, description="forwards timed for *_compute; "
+                                           "null: as many batches as the core pass timed")
+    keep_artifacts: bool = Field(default=False, description="keep the exported ONNX and engine files after the "
+                                 "round (for a later exist_onnx_path / exist_compiler_path run); false: removed")
     loadgen_scenarios: list[Literal["Offline", "SingleStream", "Server"]] = Field(default_factory=list)
     loadgen_min_duration_s: float = Field(default=10.0, gt=0)
     loadgen_min_query_count: int = Field(default=64, ge=1)
     loadgen_server_target_qps: float | None = Field(default=None, gt=0, description="null: half of what "
                                                     "SingleStream sustained (run SingleStream first)")
     loadgen_target_latency_ms: float = Field(default=1000.0, gt=0)
+    loadgen_mlperf_conf: str | None = Field(default=None, description="MLPerf's mlperf.conf, read by LoadGen "
+                                            "(submission rules); null: LoadGen's built-in copy")
+    loadgen_user_conf: str | None = Field(default=None, description="a user.conf LoadGen reads over it")
+    loadgen_model_name: str | None = Field(default=None, description="the model's name in those files "
+                                           "(resnet50, bert-99 ...); null: the case name")
+    loadgen_max_attempts: int = Field(default=3, ge=1, le=10, description="re-runs of a scenario that ended "
+                                      "INVALID because it finished early, each sized from the rate it reached")
 
     @field_validator("flops", mode="before")
     @classmethod
@@ -131,6 +145,9 @@ def check_toggles(config: InferenceConfig, origins: dict[str, str], default_sour
             raise fail("exist_compiler_path", "an engine file needs a compiler to load it; compiler is null")
         if config.exist_onnx_path is not None:
             raise fail("exist_onnx_path", "only the compile step reads it, and compiler: null skips that step")
+    for key in ("loadgen_mlperf_conf", "loadgen_user_conf"):
+        if getattr(config, key) is not None and not config.loadgen_scenarios:
+            raise fail(key, "is read by LoadGen, and loadgen_scenarios is empty")
     if config.loadgen_scenarios and config.compiler is None:
         raise fail("loadgen_scenarios", "LoadGen drives the compiled engine; compiler is null")
     if len(set(config.loadgen_scenarios)) != len(config.loadgen_scenarios):
@@ -142,8 +159,12 @@ def check_toggles(config: InferenceConfig, origins: dict[str, str], default_sour
                                         "it (its rate sets the Server target)")
 
 
-def skipped_steps(config: InferenceConfig) -> dict[str, str]:
-    """Step -> why it does not run (FlagPerf's semantics); the steps not listed run."""
+NO_ONNX = "the engine compiles the PyTorch model"
+
+
+def skipped_steps(config: InferenceConfig, engine_reads_onnx: bool = True) -> dict[str, str]:
+    """Step -> why it does not run (FlagPerf's semantics); the steps not listed run. An engine that does not
+    read ONNX (``engine_reads_onnx`` False: Inductor) skips the export: nothing would read the file."""
     skipped: dict[str, str] = {}
     if config.no_validation:
         skipped["validation"] = "no_validation: true"
@@ -154,6 +175,8 @@ def skipped_steps(config: InferenceConfig) -> dict[str, str]:
         skipped["inference"] = "compiler: null"
     if config.exist_onnx_path is not None:
         skipped.setdefault("export", f"exist_onnx_path: {config.exist_onnx_path}")
+    if config.compiler is not None and not engine_reads_onnx:
+        skipped.setdefault("export", NO_ONNX)
     if config.exist_compiler_path is not None:
         skipped.setdefault("compile", f"exist_compiler_path: {config.exist_compiler_path} (loaded, not built)")
     return skipped

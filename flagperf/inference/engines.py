@@ -12,7 +12,9 @@ engine.yaml:
   file: engine.py                       # a module in the engine folder; either defines ``Engine``
   requires: [{import: onnxruntime, pip: "onnxruntime (the inference extra)"}]
   needs_model: false    # needs the PyTorch model (so no_validation: true cannot be used)
-  needs_onnx: true      # reads the ONNX file (so exist_onnx_path must exist when it is given)
+  needs_onnx: true      # reads the ONNX file (false: step d is skipped, the engine compiles the model)
+  onnx_precision: fp32  # fp32: exported in FP32, the engine lowers precision itself; case: exported in the
+                        # case's precision (FP16 I/O and weights), for strongly typed builders (TensorRT 11)
   loads_engine_files: true
 
 Nothing in the engine names an engine: adding one is adding a folder.
@@ -26,7 +28,7 @@ import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -72,7 +74,13 @@ class EngineManifest(StrictModel):
     requires: list[Requirement] = Field(default_factory=list)
     needs_model: bool = False
     needs_onnx: bool = True
+    onnx_precision: Literal["fp32", "case"] = "fp32"
     loads_engine_files: bool = False
+
+    def input_dtype(self, config: EngineConfig) -> torch.dtype:
+        """The dtype of the batches the engine takes: the case's precision, unless it reads an FP32 ONNX file."""
+        half = config.fp16 and (not self.needs_onnx or self.onnx_precision == "case")
+        return torch.float16 if half else torch.float32
 
     @field_validator("name")
     @classmethod
@@ -132,8 +140,11 @@ class InferenceEngine(ABC):
 
     @abstractmethod
     def __call__(self, inputs: list[torch.Tensor]) -> tuple[list[torch.Tensor], float]:
-        """Outputs for one batch of CPU tensors, and the seconds of that call that were not inference
-        (a JIT compile, for example; FlagPerf reviews any engine where this is not 0)."""
+        """Outputs for one batch, and the seconds of that call that were not inference (a JIT compile, for
+        example; FlagPerf reviews any engine where this is not 0). Inputs come as CPU tensors (the engine's
+        copy to the device is part of core, as in FlagPerf) or already on the engine's device (compute);
+        outputs may stay on the device. Work is queued on the device's current stream, so that the caller's
+        synchronisation and timing events see it."""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,12 @@
 """TorchInductor (torch.compile) as an inference engine, shared by every vendor whose torch has it.
 
 The vendor folders point here (engines/inductor/engine.yaml: ``module: flagperf.inference.inductor``), so
-the cpu and nvidia engines are one implementation.
+the cpu and nvidia engines are one implementation. Options (keys of the case config, a vendor file may set
+them):
+  inductor_mode            torch.compile's mode: default, reduce-overhead (CUDA graphs), max-autotune (kernel
+                           search + CUDA graphs), max-autotune-no-cudagraphs
+  inductor_channels_last   channels-last memory format for a model with 2-D convolutions (null: on for such a
+                           model on an accelerator); the input's layout change is compiled into the graph
 """
 
 from __future__ import annotations
@@ -17,10 +22,31 @@ from flagperf.errors import CaseUserError
 from flagperf.inference.config import InferenceConfig
 from flagperf.inference.engines import EngineEnv, EngineOptions, InferenceEngine
 
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
 
 class Options(EngineOptions):
     inductor_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
         default="default", description="torch.compile's mode")
+    inductor_channels_last: bool | None = Field(default=None, description="channels-last convolutions; null: "
+                                                "on for a model with Conv2d layers on an accelerator")
+
+
+def has_conv2d(model: torch.nn.Module) -> bool:
+    return any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+
+
+class ChannelsLast(torch.nn.Module):
+    """4-D inputs in channels-last order, inside the compiled graph: Inductor fuses the layout change into
+    the first kernel instead of leaving a copy outside it."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        return self.model(*(x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x
+                            for x in inputs))
 
 
 class Engine(InferenceEngine):
@@ -33,9 +59,18 @@ class Engine(InferenceEngine):
             raise CaseUserError("the inductor engine compiles the PyTorch model; no_validation: true creates none")
         self.device = env.device
         self.half = config.fp16
+        channels_last = self.options.inductor_channels_last
+        if channels_last is None:
+            channels_last = env.device.type != "cpu" and has_conv2d(model)
+        self.channels_last = channels_last
+        if channels_last:
+            model = ChannelsLast(model.to(memory_format=torch.channels_last))
+        self.cuda_graphs = self.options.inductor_mode in CUDA_GRAPH_MODES and env.device.type == "cuda"
         self.compiled = torch.compile(model, backend="inductor", mode=self.options.inductor_mode, dynamic=False)
         self.module = self.compiled
         self.seen: set[tuple[Any, ...]] = set()
+        env.log.info("inductor: mode %s, channels_last %s, CUDA graphs %s", self.options.inductor_mode,
+                     channels_last, self.cuda_graphs)
 
     def _sync(self) -> None:
         if self.device.type != "cpu":
@@ -44,6 +79,9 @@ class Engine(InferenceEngine):
     def _run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         x = [t.to(self.device, non_blocking=True) for t in inputs]
         x = [t.half() if self.half and t.is_floating_point() else t for t in x]
+        if self.cuda_graphs:
+            # Each call is a new step: the graph's output buffers of the previous call may be reused.
+            torch.compiler.cudagraph_mark_step_begin()
         out = self.compiled(*x)
         return list(out) if isinstance(out, tuple | list) else [out]
 

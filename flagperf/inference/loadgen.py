@@ -3,8 +3,14 @@
 The query sample library (QSL) holds single samples cut from the case's own data loader; the SUT runs
 them through the case's ``engine_forward`` (Offline: in batches of ``batch_size``, the last one padded to
 that size so no new shape appears mid-test; SingleStream and Server: one sample per query). LoadGen writes
-its own logs under ``loadgen/<scenario>/`` in the round's folder; its verdict and figures are read back from
-mlperf_log_detail.txt, verbatim, into result.json. Performance mode only: accuracy is FlagPerf's metric.
+its own logs under ``loadgen/<scenario>/`` in the round's folder; its verdict, its figures and the settings it
+ran with (its ``effective_*`` keys, not what was asked) are read back from mlperf_log_detail.txt into
+result.json. Performance mode only: accuracy is FlagPerf's metric.
+
+Sizing: LoadGen pre-generates its queries from the expected rate (Offline) or latency (SingleStream); a SUT
+faster than expected runs out of queries before min_duration and the test is INVALID. The expectation is
+measured through this SUT (the full path: sample gathering, the engine, synchronisation) with a margin, and
+a scenario that still ends early is run again, sized from the rate LoadGen itself measured.
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ Forward = Callable[[list[torch.Tensor]], tuple[Any, Any]]
 log = logging.getLogger("flagperf.case.inference")
 
 DETAIL_LOG = "mlperf_log_detail.txt"
-OFFLINE_MARGIN = 2.0
+MARGIN = 1.25  # expected rate x this (expected latency / this): a machine a little quicker than calibrated
+CALIBRATION_S = 0.5  # at least this long per calibrated shape, so one slow or fast call does not set the size
 MAX_SAMPLES = 1024  # samples held in memory for the QSL; LoadGen reuses them as its performance set
 
 
@@ -85,22 +92,24 @@ class EngineSUT:
     def flush_queries(self) -> None:
         return None
 
-    def calibrate(self, repeats: int = 3) -> dict[str, float]:
+    def _timed(self, indices: list[int], min_seconds: float, min_repeats: int) -> float:
+        """Seconds per call of this SUT's full path on ``indices``, timed over at least ``min_seconds``."""
+        calls, started = 0, time.perf_counter()
+        while calls < min_repeats or time.perf_counter() - started < min_seconds:
+            self.forward(indices)
+            calls += 1
+        return (time.perf_counter() - started) / calls
+
+    def calibrate(self, min_seconds: float = CALIBRATION_S, min_repeats: int = 3) -> dict[str, float]:
         """Both shapes the test will use, run first (a JIT engine compiles here, not inside LoadGen's clock),
-        then timed through this SUT: LoadGen sizes its tests from these expected figures, and a guess far
-        off makes an Offline test INVALID (too short) or needlessly long."""
+        then timed through this SUT: LoadGen sizes its tests from these expected figures."""
         one = [0]
         full = [i % len(self.samples) for i in range(self.batch_size)]
         self.forward(one)
         self.forward(full)
-        started = time.perf_counter()
-        for _ in range(repeats):
-            self.forward(one)
-        latency = (time.perf_counter() - started) / repeats
-        started = time.perf_counter()
-        for _ in range(repeats):
-            self.forward(full)
-        return {"latency_s": latency, "samples_per_s": repeats * self.batch_size / (time.perf_counter() - started)}
+        latency = self._timed(one, min_seconds, min_repeats)
+        per_batch = self._timed(full, min_seconds, min_repeats)
+        return {"latency_s": latency, "samples_per_s": self.batch_size / per_batch}
 
 
 def read_detail(path: Path) -> dict[str, Any]:
@@ -117,8 +126,13 @@ def read_detail(path: Path) -> dict[str, Any]:
     return values
 
 
-def summarise(scenario: str, detail: dict[str, Any], settings: dict[str, Any], log_dir: Path) -> LoadgenResult:
+def summarise(scenario: str, detail: dict[str, Any], requested: dict[str, Any], log_dir: str,
+              attempts: int = 1) -> LoadgenResult:
+    """One scenario's result from LoadGen's detail log: its verdict, figures and the settings it ran with."""
     result = {k: v for k, v in detail.items() if k.startswith("result_")}
+    for key in ("early_stopping_met", "early_stopping_result"):
+        if key in detail:
+            result[key] = detail[key]
     validity = str(result.get("result_validity", "missing"))
     throughput_key = {"Offline": "result_samples_per_second", "Server": "result_completed_samples_per_sec",
                       "SingleStream": "result_qps_with_loadgen_overhead"}[scenario]
@@ -130,59 +144,125 @@ def summarise(scenario: str, detail: dict[str, Any], settings: dict[str, Any], l
             if name.endswith("_percentile"):
                 name = f"p{float(name.removesuffix('_percentile')):g}"
             latency[name] = value / 1e6
+    # SingleStream's reported metric is the early-stopping estimate of its p90, not the plain p90.
+    early = detail.get("early_stopping_latency_ss")
+    if scenario == "SingleStream" and isinstance(early, int | float) and early > 0:
+        latency["early_stopping_p90"] = early / 1e6
+    effective = {k.removeprefix("effective_"): v for k, v in detail.items() if k.startswith("effective_")}
     return LoadgenResult(scenario=scenario, mode="PerformanceOnly", valid=validity == "VALID",
                          result_validity=validity, samples_per_s=float(throughput) if throughput is not None else None,
-                         latency_ms=latency, settings=settings, summary=result, log_dir=str(log_dir))
+                         latency_ms=latency, settings=effective, requested=requested, summary=result,
+                         log_dir=log_dir, attempts=attempts, invalid_reason=_invalid_reason(detail, validity))
 
 
-def run_scenario(c: InferenceConfig, sut: EngineSUT, scenario: str, expected: dict[str, float], out_dir: Path
-                 ) -> LoadgenResult:
+def _invalid_reason(detail: dict[str, Any], validity: str) -> str | None:
+    if validity == "VALID":
+        return None
+    reasons = [str(detail[k]).strip() for k in ("result_invalid_reason", "error_runtime") if detail.get(k)]
+    unmet = [k.removeprefix("result_").removesuffix("_met").replace("_", " ") for k in
+             ("result_min_duration_met", "result_min_queries_met", "early_stopping_met") if detail.get(k) is False]
+    if unmet:
+        reasons.insert(0, "not met: " + ", ".join(unmet))
+    return "; ".join(reasons) or f"LoadGen said {validity}"
+
+
+def ended_early(detail: dict[str, Any]) -> bool:
+    """INVALID only because the SUT outran the queries LoadGen had generated for min_duration."""
+    return detail.get("result_validity") != "VALID" and detail.get("result_min_duration_met") is False
+
+
+def resized(scenario: str, expected: dict[str, float], detail: dict[str, Any]) -> dict[str, float]:
+    """The expectation for a re-run, from what LoadGen measured in the run that ended early: 1.5 times that
+    rate, but at most 10 times the last guess, since a short run's rate is optimistic (LoadGen's per-sample
+    work grows with the query; a 2 s test sized from a tiny query's rate once ran 44 s)."""
+    new = dict(expected)
+    if scenario == "Offline" and isinstance(detail.get("result_samples_per_second"), int | float):
+        grow = float(detail["result_samples_per_second"]) * 1.5 / expected["samples_per_s"]
+        new["samples_per_s"] = expected["samples_per_s"] * min(max(grow, 1.5), 10.0)
+    elif scenario == "SingleStream" and isinstance(detail.get("result_mean_latency_ns"), int | float):
+        shrink = expected["latency_s"] * 1.5 / (float(detail["result_mean_latency_ns"]) / 1e9)
+        new["latency_s"] = expected["latency_s"] / min(max(shrink, 1.5), 10.0)
+    return new
+
+
+def scenario_settings(c: InferenceConfig, scenario: str, expected: dict[str, float], model_name: str
+                  ) -> tuple[Any, dict[str, Any]]:
+    """LoadGen's TestSettings for a scenario, and what was asked of it (LoadGen logs what it made of it).
+    MLPerf's mlperf.conf / a user.conf, when given, are read last: their rules win over ours."""
     import mlperf_loadgen as lg
 
     settings = lg.TestSettings()
     settings.scenario = getattr(lg.TestScenario, scenario)
     settings.mode = lg.TestMode.PerformanceOnly
-    settings.min_duration_ms = int(c.loadgen_min_duration_s * 1000)
-    settings.min_query_count = c.loadgen_min_query_count
-    recorded: dict[str, Any] = {"min_duration_ms": settings.min_duration_ms,
-                                "min_query_count": c.loadgen_min_query_count,
-                                "performance_sample_count": len(sut.samples)}
+    asked: dict[str, Any] = {}
+    if c.loadgen_mlperf_conf is None and c.loadgen_user_conf is None:
+        settings.min_duration_ms = int(c.loadgen_min_duration_s * 1000)
+        settings.min_query_count = c.loadgen_min_query_count
+        asked |= {"min_duration_ms": settings.min_duration_ms, "min_query_count": c.loadgen_min_query_count}
     if scenario == "Offline":
-        # LoadGen issues one Offline query of expected_qps x min_duration samples; if the SUT then runs faster
-        # than calibrated the test ends early and is INVALID. Twice the calibrated rate keeps it valid (at
-        # worst about twice min_duration long) when the machine gets quieter between calibration and test.
-        settings.offline_expected_qps = OFFLINE_MARGIN * expected["samples_per_s"]
-        recorded["offline_expected_qps"] = settings.offline_expected_qps
+        settings.offline_expected_qps = MARGIN * expected["samples_per_s"]
+        asked["offline_expected_qps"] = settings.offline_expected_qps
     elif scenario == "SingleStream":
-        settings.single_stream_expected_latency_ns = int(expected["latency_s"] * 1e9)
-        recorded["single_stream_expected_latency_ns"] = settings.single_stream_expected_latency_ns
+        settings.single_stream_expected_latency_ns = max(1, int(expected["latency_s"] / MARGIN * 1e9))
+        asked["single_stream_expected_latency_ns"] = settings.single_stream_expected_latency_ns
     else:
         qps = c.loadgen_server_target_qps or expected.get("server_qps")
         if qps is None:
             raise CaseUserError("LoadGen Server needs loadgen_server_target_qps, or SingleStream listed before it")
         settings.server_target_qps = qps
         settings.server_target_latency_ns = int(c.loadgen_target_latency_ms * 1e6)
-        recorded |= {"server_target_qps": qps, "server_target_latency_ns": settings.server_target_latency_ns}
-    log_dir = out_dir / "loadgen" / scenario
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_settings = lg.LogSettings()
-    log_settings.log_output.outdir = str(log_dir)
-    log_settings.log_output.copy_summary_to_stdout = False
-    log_settings.enable_trace = False
-    sut_handle = lg.ConstructSUT(sut.issue_queries, sut.flush_queries)
-    qsl_handle = lg.ConstructQSL(len(sut.samples), len(sut.samples), lambda _s: None, lambda _s: None)
-    started = time.perf_counter()
-    try:
-        lg.StartTestWithLogSettings(sut_handle, qsl_handle, settings, log_settings)
-    finally:
-        lg.DestroyQSL(qsl_handle)
-        lg.DestroySUT(sut_handle)
-    if not (log_dir / DETAIL_LOG).is_file():
-        raise RuntimeError(f"LoadGen wrote no {DETAIL_LOG} in {log_dir}")
-    result = summarise(scenario, read_detail(log_dir / DETAIL_LOG), recorded, log_dir)
-    log.info("LoadGen %s: %s, %s samples/s, latency %s ms (%.1f s)", scenario, result.result_validity,
-             f"{result.samples_per_s:.4g}" if result.samples_per_s is not None else "-",
-             {k: round(v, 3) for k, v in result.latency_ms.items()}, time.perf_counter() - started)
+        asked |= {"server_target_qps": qps, "server_target_latency_ns": settings.server_target_latency_ns}
+    for key, conf_type in (("loadgen_mlperf_conf", 0), ("loadgen_user_conf", 1)):
+        path = getattr(c, key)
+        if path is None:
+            continue
+        if not Path(path).is_file():
+            raise CaseUserError(f"{key}: {path} is not a file")
+        if settings.FromConfig(str(path), model_name, scenario, conf_type) != 0:
+            raise CaseUserError(f"{key}: LoadGen could not read {path} for model {model_name!r}, {scenario}")
+        asked[key] = str(path)
+    return settings, asked
+
+
+def run_scenario(c: InferenceConfig, sut: EngineSUT, scenario: str, expected: dict[str, float], out_dir: Path,
+                 model_name: str = "") -> LoadgenResult:
+    """One scenario; run again (up to loadgen_max_attempts) when it ended early, sized from LoadGen's own rate."""
+    import mlperf_loadgen as lg
+
+    relative = Path("loadgen") / scenario  # result.json names the folder inside the round's results
+    log_dir = out_dir / relative
+    for attempt in range(1, c.loadgen_max_attempts + 1):
+        settings, asked = scenario_settings(c, scenario, expected, model_name)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        log_settings = lg.LogSettings()
+        log_settings.log_output.outdir = str(log_dir)
+        log_settings.log_output.copy_summary_to_stdout = False
+        log_settings.enable_trace = False
+        sut_handle = lg.ConstructSUT(sut.issue_queries, sut.flush_queries)
+        qsl_handle = lg.ConstructQSL(len(sut.samples), len(sut.samples), lambda _s: None, lambda _s: None)
+        started = time.perf_counter()
+        try:
+            lg.StartTestWithLogSettings(sut_handle, qsl_handle, settings, log_settings)
+        finally:
+            lg.DestroyQSL(qsl_handle)
+            lg.DestroySUT(sut_handle)
+        if not (log_dir / DETAIL_LOG).is_file():
+            raise RuntimeError(f"LoadGen wrote no {DETAIL_LOG} in {log_dir}")
+        detail = read_detail(log_dir / DETAIL_LOG)
+        if ended_early(detail) and attempt < c.loadgen_max_attempts:
+            log.info("LoadGen %s ended early (attempt %d, %.1f s): sized again from the rate it measured",
+                     scenario, attempt, time.perf_counter() - started)
+            expected = resized(scenario, expected, detail)
+            continue
+        break
+    result = summarise(scenario, detail, asked, relative.as_posix(), attempts=attempt)
+    figures = (f"{result.samples_per_s:.4g} samples/s" if result.samples_per_s is not None else "-",
+               {k: round(v, 3) for k, v in result.latency_ms.items()})
+    if result.valid:
+        log.info("LoadGen %s: VALID, %s, latency %s ms (%.1f s)", scenario, *figures, time.perf_counter() - started)
+    else:
+        log.warning("LoadGen %s: %s after %d attempt(s): %s (figures not valid: %s, latency %s ms)", scenario,
+                    result.result_validity, attempt, result.invalid_reason, *figures)
     return result
 
 
@@ -190,16 +270,17 @@ def require_loadgen() -> None:
     require("mlperf_loadgen", "inference", "loadgen_scenarios")
 
 
-def run_scenarios(config: InferenceConfig, loader: Any, forward: Forward, sync: Callable[[], None], out_dir: Path
-                  ) -> list[LoadgenResult]:
+def run_scenarios(config: InferenceConfig, loader: Any, forward: Forward, sync: Callable[[], None], out_dir: Path,
+                  model_name: str = "") -> list[LoadgenResult]:
     """LoadGen's scenarios over the engine's forward (the same path the timed pass measured)."""
     require_loadgen()
     samples = collect_samples(loader, MAX_SAMPLES)
     sut = EngineSUT(forward, sync, config.batch_size, samples)
     expected = sut.calibrate()
     results = []
+    model_name = config.loadgen_model_name or model_name
     for scenario in config.loadgen_scenarios:
-        result = run_scenario(config, sut, scenario, expected, out_dir)
+        result = run_scenario(config, sut, scenario, expected, out_dir, model_name)
         if scenario == "SingleStream" and result.latency_ms.get("mean"):
             expected["server_qps"] = 0.5 * 1e3 / result.latency_ms["mean"]
         results.append(result)

@@ -1,4 +1,4 @@
-"""The one timed loop of inference (validation and engine inference both use it), so cases write no timers.
+"""The timed loops of inference (validation and engine inference both use them), so cases write no timers.
 
 FlagPerf's definitions, per pass (``repeat`` times over the data loader):
   whole = items / (wall time of all batches - non-inference time): data loading, host-device copies,
@@ -6,23 +6,33 @@ FlagPerf's definitions, per pass (``repeat`` times over the data loader):
   core  = items / sum over batches of (synchronised forward time - non-inference time): the device is
           synchronised before and after each batch, the copy of the inputs to the device is inside (as
           in FlagPerf), loading and evaluation are outside.
-Per-batch core times give the latency percentiles. A case whose forward yields (a decoding loop yields
-after every generated token) also gets its time to the first yield: the time to first token.
+And one of ours:
+  compute = items / time of back-to-back forwards on inputs already resident on the device, timed with the
+          device's own events (host clock on the CPU): what the chip does, with no copy and no host wait.
+Per-batch times give the latency percentiles (p50/p90/p95/p99, std); the raw lists are kept. A case whose
+forward yields (a decoding loop yields after every generated token) also gets its time to the first yield.
+
+Python's garbage collector is paused inside every timed region (collected just before, as timeit does): a
+collection of the model's set-up garbage costs tens of milliseconds and lands on whichever batch triggers
+it, which on a small model is hundreds of batches' worth of time in one sample.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from itertools import pairwise
+from typing import Any, Protocol
 
 import torch
 
 from flagperf.inference.config import InferenceConfig
 from flagperf.measure.casekit import CaseContext
-from flagperf.results.metrics import Chunk, latency_stats
+from flagperf.results.metrics import Chunk, latency_stats, mean_median_disagreement
 from flagperf.results.schema import Metric
 
 Batch = tuple[Any, Any]  # (inputs: a tensor or a list of tensors, labels for the evaluator)
@@ -48,6 +58,8 @@ class PassStats:
     score_weighted: float = 0.0
     scored_items: int = 0
     window: tuple[float, float] = (0.0, 0.0)
+    cold_start_seconds: float | None = None  # the first warm-up batch: a fresh model's or engine's first call
+    cold_start_non_inference: float = 0.0
 
     @property
     def items(self) -> int:
@@ -74,7 +86,8 @@ def outputs_to_cpu(outputs: Any) -> list[torch.Tensor]:
     return [o.detach().cpu() if isinstance(o, torch.Tensor) else o for o in as_inputs(outputs)]
 
 
-def _consume(result: Any, sync: Callable[[], None], started: float) -> tuple[Any, float | None]:
+def _consume(result: Any, sync: Callable[[], None], started: float,
+             now: Callable[[], float] = time.perf_counter) -> tuple[Any, float | None]:
     """The outputs of a forward, and for a generator the time to its first value (synchronised)."""
     if not isinstance(result, Iterator):
         return result, None
@@ -83,77 +96,226 @@ def _consume(result: Any, sync: Callable[[], None], started: float) -> tuple[Any
     for value in result:
         if first is None:
             sync()
-            first = time.perf_counter() - started
+            first = now() - started
         last = value
     return last, first
 
 
 def timed_pass(name: str, loader: Iterable[Batch], forward: Forward, evaluator: Evaluator | None,
                sync: Callable[[], None], config: InferenceConfig, log: logging.Logger,
-               to_device: Callable[[list[torch.Tensor]], list[torch.Tensor]] = lambda x: x) -> PassStats:
-    """Warm-up batches (untimed), then ``config.repeat`` timed passes over the loader."""
-    stats: PassStats | None = None
+               to_device: Callable[[list[torch.Tensor]], list[torch.Tensor]] = lambda x: x,
+               now: Callable[[], float] = time.perf_counter) -> PassStats:
+    """Warm-up batches (untimed; the first one is the cold start), then ``config.repeat`` timed passes over
+    the loader. ``now`` is the host clock (a test gives a fake one)."""
+    cold: tuple[float, float] | None = None
     with torch.inference_mode():
         for warm, (inputs, _labels) in enumerate(loader):
             if warm >= config.warmup_batches:
                 break
-            result, _ = forward(to_device(as_inputs(inputs)))
-            _consume(result, sync, time.perf_counter())
+            x = to_device(as_inputs(inputs))
+            sync()
+            t0 = now()
+            result, non_inference = forward(x)
+            _consume(result, sync, t0, now)
+            sync()
+            if cold is None:
+                cold = (now() - t0, non_inference() if callable(non_inference) else non_inference)
         sync()
-        start_epoch, start = time.time(), time.perf_counter()
-        for rep in range(config.repeat):
-            for inputs, labels in loader:
-                x = as_inputs(inputs)
-                if stats is None:
-                    stats = PassStats(name, items_per_batch=x[0].shape[0] * config.items_per_sample())
-                elif x[0].shape[0] * config.items_per_sample() != stats.items_per_batch:
-                    raise ValueError(f"{name}: batches differ in size; the data loader must drop the last "
-                                     "partial batch (drop_last=True), as FlagPerf's do")
-                sync()
-                t0 = time.perf_counter()
-                result, non_inference = forward(to_device(x))
-                outputs, first = _consume(result, sync, t0)
-                sync()
-                foo = non_inference() if callable(non_inference) else non_inference
-                core = time.perf_counter() - t0 - foo
-                stats.core_seconds.append(core)
-                stats.non_inference_seconds += foo
-                if first is not None:
-                    stats.first_item_seconds.append(first)
-                stats.batches += 1
-                if evaluator is not None:
-                    stats.score_weighted += float(evaluator(outputs_to_cpu(outputs), labels)) * x[0].shape[0]
-                    stats.scored_items += x[0].shape[0]
-                if stats.batches % config.log_freq == 0:
-                    log.info("%s: repeat %d/%d, batch %d, %.2f ms core", name, rep + 1, config.repeat,
-                             stats.batches, core * 1e3)
-        sync()
-        if stats is None:
-            raise ValueError(f"{name}: the data loader yielded no batches")
-        stats.wall_seconds = time.perf_counter() - start
-        stats.window = (start_epoch, start_epoch + stats.wall_seconds)
+        with _gc_paused():
+            start_epoch, start = time.time(), now()
+            stats = _timed_batches(name, loader, forward, evaluator, sync, config, log, to_device, now)
+            sync()
+            stats.wall_seconds = now() - start
+    stats.window = (start_epoch, start_epoch + stats.wall_seconds)
+    if cold is not None:
+        stats.cold_start_seconds, stats.cold_start_non_inference = cold
     return stats
 
 
+def _timed_batches(name: str, loader: Iterable[Batch], forward: Forward, evaluator: Evaluator | None,
+                   sync: Callable[[], None], config: InferenceConfig, log: logging.Logger,
+                   to_device: Callable[[list[torch.Tensor]], list[torch.Tensor]], now: Callable[[], float]
+                   ) -> PassStats:
+    stats: PassStats | None = None
+    for rep in range(config.repeat):
+        for inputs, labels in loader:
+            x = as_inputs(inputs)
+            if stats is None:
+                stats = PassStats(name, items_per_batch=x[0].shape[0] * config.items_per_sample())
+            elif x[0].shape[0] * config.items_per_sample() != stats.items_per_batch:
+                raise ValueError(f"{name}: batches differ in size; the data loader must drop the last "
+                                 "partial batch (drop_last=True), as FlagPerf's do")
+            sync()
+            t0 = now()
+            result, non_inference = forward(to_device(x))
+            outputs, first = _consume(result, sync, t0, now)
+            sync()
+            foo = non_inference() if callable(non_inference) else non_inference
+            core = now() - t0 - foo
+            stats.core_seconds.append(core)
+            stats.non_inference_seconds += foo
+            if first is not None:
+                stats.first_item_seconds.append(first)
+            stats.batches += 1
+            if evaluator is not None:
+                stats.score_weighted += float(evaluator(outputs_to_cpu(outputs), labels)) * x[0].shape[0]
+                stats.scored_items += x[0].shape[0]
+            if stats.batches % config.log_freq == 0:
+                log.info("%s: repeat %d/%d, batch %d, %.2f ms core", name, rep + 1, config.repeat,
+                         stats.batches, core * 1e3)
+    if stats is None:
+        raise ValueError(f"{name}: the data loader yielded no batches")
+    return stats
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+class Clock(Protocol):
+    """Marks placed between forwards; ``seconds`` between two marks is valid once the device is synchronised."""
+
+    name: str
+
+    def mark(self) -> Any: ...
+
+    def seconds(self, start: Any, end: Any) -> float: ...
+
+
+class HostClock:
+    name = "host clock (time.perf_counter)"
+
+    def mark(self) -> float:
+        return time.perf_counter()
+
+    def seconds(self, start: float, end: float) -> float:
+        return end - start
+
+
+class EventClock:
+    """Timing events recorded on the device's current stream: the time the device spent between two marks,
+    not the time the host waited for it (the host may run ahead, queueing the next forwards)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.module = torch.get_device_module(device.type)
+        self.name = f"{device.type} events ({self.module.__name__}.Event, current stream)"
+
+    def mark(self) -> Any:
+        event = self.module.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start: Any, end: Any) -> float:
+        return float(start.elapsed_time(end)) / 1e3  # elapsed_time is in milliseconds
+
+
+def device_clock(device: torch.device) -> Clock:
+    """Device events where the device's torch module has them (CUDA, XPU, NPU ...); the host clock otherwise."""
+    if device.type != "cpu" and hasattr(torch.get_device_module(device.type), "Event"):
+        return EventClock(device)
+    return HostClock()
+
+
+@dataclass
+class ComputeStats:
+    """Back-to-back forwards on device-resident inputs: one duration per forward, by the device's clock."""
+
+    name: str
+    items_per_batch: int
+    seconds: list[float]
+    clock: str
+    resident_batches: int
+    window: tuple[float, float] = (0.0, 0.0)
+    non_inference_seconds: float = 0.0
+
+
+def resident_batches(loader: Iterable[Batch], to_device: Callable[[list[torch.Tensor]], list[torch.Tensor]],
+                     count: int) -> list[list[torch.Tensor]]:
+    """Up to ``count`` batches from the loader, already on the device in the dtype the forward takes."""
+    batches: list[list[torch.Tensor]] = []
+    with torch.inference_mode():
+        for inputs, _labels in loader:
+            batches.append(to_device(as_inputs(inputs)))
+            if len(batches) >= count:
+                break
+    if not batches:
+        raise ValueError("the data loader yielded no batches")
+    return batches
+
+
+def _drain(result: Any) -> Any:
+    if isinstance(result, Iterator):
+        last = None
+        for last in result:  # noqa: B007 - a decoding loop's last value is its output
+            pass
+        return last
+    return result
+
+
+def compute_pass(name: str, batches: Sequence[list[torch.Tensor]], forward: Forward, clock: Clock,
+                 sync: Callable[[], None], iterations: int, warmup: int, items_per_sample: int = 1) -> ComputeStats:
+    """``iterations`` forwards over ``batches`` (cycled), with a clock mark between consecutive forwards and no
+    synchronisation inside: forward i took mark[i+1] - mark[i] of the device's time. Outputs stay where the
+    forward left them (never copied back)."""
+    if iterations < 1:
+        raise ValueError(f"{name}: compute needs at least one iteration")
+    non_inference = 0.0
+    with torch.inference_mode():
+        for i in range(warmup):
+            _drain(forward(batches[i % len(batches)])[0])
+        sync()
+        with _gc_paused():
+            start_epoch, start = time.time(), time.perf_counter()
+            marks = [clock.mark()]
+            for i in range(iterations):
+                result, foo = forward(batches[i % len(batches)])
+                _drain(result)
+                non_inference += foo() if callable(foo) else foo
+                marks.append(clock.mark())
+            sync()
+            wall = time.perf_counter() - start
+    seconds = [clock.seconds(a, b) for a, b in pairwise(marks)]
+    return ComputeStats(name=name, items_per_batch=batches[0][0].shape[0] * items_per_sample, seconds=seconds,
+                        clock=clock.name, resident_batches=len(batches), window=(start_epoch, start_epoch + wall),
+                        non_inference_seconds=non_inference)
+
+
 def pass_metrics(stats: PassStats, config: InferenceConfig, ctx: CaseContext, *, synthetic: bool,
-                 accuracy_name: str | None) -> list[Metric]:
-    """FlagPerf's whole and core throughput (MFU on core), latency percentiles, time to first item,
-    and the evaluator's accuracy (never on synthetic inputs)."""
+                 accuracy_name: str | None, flops_per_item: float | None = None) -> list[Metric]:
+    """FlagPerf's whole and core throughput (MFU on core), latency percentiles, time to first item, the cold
+    start, and the evaluator's accuracy (never on synthetic inputs). ``flops_per_item``: MFU's numerator
+    (the configured ``flops`` when not given)."""
     item = config.item_name
+    flops = config.flops if flops_per_item is None else flops_per_item
     ctx.windows.append(stats.window)
     whole = ctx.throughput_metric(
         f"{stats.name}_whole", [Chunk(stats.batches, stats.whole_seconds)], stats.items_per_batch, item,
         note="FlagPerf's whole: data loading, copies, forward and evaluation, minus engine non-inference time")
-    # Only core carries MFU: it is the compute rate FlagPerf divides by the peak.
-    core = ctx.throughput_metric(
+    # Only core and compute carry MFU: they are the compute rates FlagPerf divides by the peak.
+    core = _checked(ctx.throughput_metric(
         f"{stats.name}_core", [Chunk(1, s) for s in stats.core_seconds], stats.items_per_batch, item,
-        flops_per_item=config.flops, precision=config.precision,
-        note="FlagPerf's core: synchronised input copy + forward per batch")
+        flops_per_item=flops, precision=config.precision,
+        note="FlagPerf's core: synchronised input copy + forward per batch"))
     metrics = [whole, core, _latency_metric(f"{stats.name}_latency", stats.core_seconds, stats.window,
-                                            f"per batch of {config.batch_size}, synchronised")]
+                                            f"per batch of {config.batch_size}, synchronised, input copy inside")]
     if stats.first_item_seconds:
         metrics.append(_latency_metric(f"{stats.name}_time_to_first_token", stats.first_item_seconds, stats.window,
                                        "prefill to the first generated token, per batch"))
+    if stats.cold_start_seconds is not None:
+        extra = (f"; {stats.cold_start_non_inference:.3g} s of it the engine's non-inference work (a JIT compile)"
+                 if stats.cold_start_non_inference else "")
+        metrics.append(Metric(name=f"{stats.name}_cold_start_latency", value=stats.cold_start_seconds * 1e3,
+                              unit="ms", iterations=1, chunks=1,
+                              note=f"the first batch of {config.batch_size} through the freshly built model or "
+                                   f"engine, synchronised, before warm-up (one-time work inside){extra}"))
     if stats.accuracy is not None and not synthetic and accuracy_name:
         metrics.append(Metric(name=f"{stats.name}_{accuracy_name}", value=stats.accuracy, unit="fraction",
                               iterations=stats.scored_items, window=list(stats.window),
@@ -161,8 +323,35 @@ def pass_metrics(stats: PassStats, config: InferenceConfig, ctx: CaseContext, *,
     return metrics
 
 
+def compute_metrics(stats: ComputeStats, config: InferenceConfig, ctx: CaseContext,
+                    flops_per_item: float | None = None) -> list[Metric]:
+    """``<pass>_compute`` throughput (with MFU) and its per-forward latency, from a compute pass."""
+    flops = config.flops if flops_per_item is None else flops_per_item
+    ctx.windows.append(stats.window)
+    what = (f"inputs resident on the device ({stats.resident_batches} batches cycled), forwards back to back, "
+            f"timed by {stats.clock}")
+    throughput = _checked(ctx.throughput_metric(
+        f"{stats.name}_compute", [Chunk(1, s) for s in stats.seconds], stats.items_per_batch, config.item_name,
+        flops_per_item=flops, precision=config.precision, note=f"compute: {what}"))
+    latency = _latency_metric(f"{stats.name}_compute_latency", stats.seconds, stats.window,
+                              f"per batch of {config.batch_size}; {what}")
+    return [throughput, latency]
+
+
+def _checked(metric: Metric) -> Metric:
+    """A headline far from its median, or an MFU above 100 %, carries a warning the report shows."""
+    warnings = []
+    if metric.p10 is not None and metric.p50 is not None and metric.p90 is not None:
+        disagreement = mean_median_disagreement(metric.value, metric.p10, metric.p50, metric.p90)
+        if disagreement:
+            warnings.append(disagreement)
+    if metric.mfu is not None and metric.mfu > 1.0:
+        warnings.append(f"MFU {metric.mfu:.1%} is above 100 %: the FLOPs per item or the peak is wrong")
+    return metric.model_copy(update={"warning": "; ".join(warnings)}) if warnings else metric
+
+
 def _latency_metric(name: str, seconds: Sequence[float], window: tuple[float, float], note: str) -> Metric:
     lat = latency_stats(seconds)
     return Metric(name=name, value=lat.mean * 1e3, unit="ms", p50=lat.p50 * 1e3, p90=lat.p90 * 1e3,
-                  p99=lat.p99 * 1e3, iterations=lat.count, chunks=lat.count, measured_seconds=sum(seconds),
-                  window=list(window), note=f"mean; {note}")
+                  p95=lat.p95 * 1e3, p99=lat.p99 * 1e3, std=lat.std * 1e3, iterations=lat.count, chunks=lat.count,
+                  measured_seconds=sum(seconds), window=list(window), note=f"mean; {note}")

@@ -2,11 +2,16 @@
 
     a. init            config, toggles, the engine's library
     b. dataset_model   build_dataloader(config); create_model(config) unless no_validation
-    c. validation      the eager model over the data (validation_whole/core)
-    d. export          export_model(model, config, path) to ONNX
+    c. validation      the eager model over the data (validation_whole/core/compute), FLOPs counted
+    d. export          export_model(model, config, path) to ONNX (skipped for an engine that reads no ONNX)
     e. compile         the vendor's engine, built once from (config, onnx_path, model), untimed
-    f. inference       engine_forward over the data (inference_whole/core), then the LoadGen scenarios
-    g. summary         metrics (computed here, once) and the report
+    f. inference       engine_forward over the data (inference_whole/core/compute), then LoadGen's scenarios
+    g. summary         metrics (computed here, once), raw latencies and the report
+After the steps, the round's ONNX and engine files are removed unless keep_artifacts (finish_round).
+
+The data path is the pipeline's, not the case's: the case's loader is rebuilt (flagperf.inference.data.
+with_data_path) so that batches are made by its workers in the dtype each pass takes, prefetched, and pinned
+on an accelerator so that the copy inside core is an asynchronous DMA.
 
 Which steps run is decided by the toggles (flagperf.inference.config.skipped_steps). ``run_steps`` takes a
 runner, so the same functions run as Prefect subflows or as plain calls (flagperf.inference.subflows).
@@ -25,10 +30,13 @@ A case module (cases/inference/<model>/pytorch/__init__.py) provides:
 from __future__ import annotations
 
 import copy
+import json
 import logging
+import shutil
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -38,13 +46,27 @@ import torch
 
 from flagperf.errors import CaseUserError
 from flagperf.inference.config import STEP_TITLES, STEPS, InferenceConfig, check_toggles, skipped_steps
+from flagperf.inference.data import with_data_path
 from flagperf.inference.engines import EngineDef, EngineEnv, InferenceEngine, check_engine_toggles
-from flagperf.inference.measure import NonInference, PassStats, pass_metrics, timed_pass
+from flagperf.inference.measure import (
+    ComputeStats,
+    Forward,
+    NonInference,
+    PassStats,
+    compute_metrics,
+    compute_pass,
+    device_clock,
+    pass_metrics,
+    resident_batches,
+    timed_pass,
+)
 from flagperf.measure.casekit import CaseContext
 from flagperf.measure.timing import TimingPlan
 from flagperf.results.schema import InferenceReport, LoadgenResult, Metric, SpecTable
 
 log = logging.getLogger("flagperf.case.inference")
+LATENCIES_FILE = "latencies.json"
+ARTIFACTS_FOLDER = "inference-artifacts"  # under the host's work root; see finish_round
 
 
 @dataclass
@@ -65,12 +87,18 @@ class InferenceRun:
     started: float = field(default_factory=time.perf_counter)
     engine_def: EngineDef | None = None
     engine_cls: type[InferenceEngine] | None = None
-    loader: Any = None
+    loader: Any = None  # the case's own loader (never iterated: each pass rebuilds it for its dtype)
     model: torch.nn.Module | None = None
     onnx_path: Path | None = None
     engine: InferenceEngine | None = None
     validation: PassStats | None = None
     inference: PassStats | None = None
+    validation_compute: ComputeStats | None = None
+    inference_compute: ComputeStats | None = None
+    flops_per_item: float | None = None  # counted on the configured model (step c)
+    flops_source: str | None = None
+    model_load_s: float | None = None
+    compile_s: float | None = None
     loadgen: list[LoadgenResult] = field(default_factory=list)
     steps: dict[str, str] = field(default_factory=dict)
     metrics: list[Metric] = field(default_factory=list)
@@ -104,6 +132,8 @@ class InferenceRun:
 def step_init(run: InferenceRun) -> None:
     c = run.config
     check_toggles(c, run.origins, run.case_name)
+    if c.torch_threads is not None:
+        torch.set_num_threads(c.torch_threads)
     log.info("case %s on %s (%s): compiler %s, %s, batch %d, %.4g FLOP per %s, repeat %d", run.case_name,
              run.vendor, run.spec.device, c.compiler, c.precision, c.batch_size, c.flops, c.item_name, c.repeat)
     log.info("toggles: no_validation %s, exist_onnx_path %s, exist_compiler_path %s", c.no_validation,
@@ -116,6 +146,10 @@ def step_init(run: InferenceRun) -> None:
         from flagperf.inference.loadgen import require_loadgen
 
         require_loadgen()  # a missing package fails here, not after validation and compilation
+        for key in ("loadgen_mlperf_conf", "loadgen_user_conf"):
+            path = getattr(c, key)
+            if path is not None and not Path(path).is_file():
+                raise CaseUserError(f"{run.origins.get(key, run.case_name)}: {key}: {path} is not a file")
 
 
 def step_dataset_model(run: InferenceRun) -> None:
@@ -125,19 +159,91 @@ def step_dataset_model(run: InferenceRun) -> None:
     if run.config.no_validation:
         log.info("no_validation: true: no model is created")
         return
+    run.sync()
+    started = time.perf_counter()
     model = run.module.create_model(run.config)
     if not isinstance(model, torch.nn.Module):
         raise CaseUserError(f"create_model returned {type(model).__name__}, not a torch.nn.Module")
     # Halved before it moves: a large model never sits on the device in FP32 when FP16 is what runs.
     run.model = (model.half() if run.config.fp16 else model).to(run.device).eval()
-    log.info("model: %s, %.4g parameters", type(model).__name__, sum(p.numel() for p in model.parameters()))
+    run.sync()
+    run.model_load_s = time.perf_counter() - started
+    log.info("model: %s, %.4g parameters, built and on %s in %.2f s", type(model).__name__,
+             sum(p.numel() for p in model.parameters()), run.device, run.model_load_s)
+
+
+def _model_dtype(run: InferenceRun) -> torch.dtype:
+    return torch.float16 if run.config.fp16 else torch.float32
+
+
+def _pass_loader(run: InferenceRun, dtype: torch.dtype) -> Any:
+    return with_data_path(run.loader, run.device, dtype)
+
+
+def data_path_note(run: InferenceRun) -> str:
+    workers = getattr(run.loader, "num_workers", 0)
+    pinned = "pinned host memory, asynchronous copies" if run.device.type != "cpu" else "host memory (CPU device)"
+    return (f"batches made in each pass's input dtype by {workers} worker(s)"
+            f"{' with prefetch' if workers else ' in the main process'}; {pinned}")
 
 
 def _to_device(run: InferenceRun) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
     def move(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        # The loader already made the batch in the model's dtype; the cast is a no-op kept for a case whose
+        # own loader the pipeline could not rebuild.
         moved = [x.to(run.device, non_blocking=True) for x in inputs]
         return [x.half() if run.config.fp16 and x.is_floating_point() else x for x in moved]
     return move
+
+
+def _on_device(run: InferenceRun) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+    return lambda inputs: [x.to(run.device, non_blocking=True) for x in inputs]
+
+
+def _compute(run: InferenceRun, name: str, loader: Any, forward: Forward, stats: PassStats,
+             to_device: Callable[[list[torch.Tensor]], list[torch.Tensor]]) -> ComputeStats:
+    """The pass again on inputs already on the device, forwards back to back, timed by the device's events."""
+    c = run.config
+    batches = resident_batches(loader, to_device, c.compute_batches)
+    computed = compute_pass(name, batches, forward, device_clock(run.device), run.sync,
+                            iterations=c.compute_iterations or stats.batches, warmup=max(1, c.warmup_batches),
+                            items_per_sample=c.items_per_sample())
+    log.info("%s compute: %d forwards, %.2f ms per batch (%s)", name, len(computed.seconds),
+             1e3 * sum(computed.seconds) / len(computed.seconds), computed.clock)
+    return computed
+
+
+def count_flops(run: InferenceRun, batch: list[torch.Tensor]) -> float | None:
+    """FLOPs per item of the configured model on one real batch (torch's FlopCounterMode: matmuls,
+    convolutions, attention), so MFU follows the model's shape whatever the overrides."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    assert run.model is not None
+    counter = FlopCounterMode(display=False)
+    with torch.inference_mode(), counter:
+        result = run.module.model_forward(run.model, batch)
+        if isinstance(result, Iterator):
+            for _ in result:
+                pass
+    total = counter.get_total_flops()
+    items = batch[0].shape[0] * run.config.items_per_sample()
+    return total / items if total > 0 and items > 0 else None
+
+
+def _set_flops(run: InferenceRun, batch: list[torch.Tensor] | None) -> None:
+    c = run.config
+    counted = count_flops(run, batch) if batch is not None and run.model is not None else None
+    if counted is None:
+        why = "no_validation: true, no model to count" if run.model is None else "the counter saw no FLOPs"
+        run.flops_per_item, run.flops_source = c.flops, f"configured flops ({why})"
+        return
+    run.flops_per_item = counted
+    run.flops_source = (f"counted on the configured model (torch FlopCounterMode, one batch of {c.batch_size}); "
+                        f"configured flops {c.flops:.4g}")
+    if abs(counted - c.flops) > 0.25 * c.flops:
+        log.warning("FLOPs per %s: counted %.4g on the configured model, the config says %.4g (MFU uses the "
+                    "count; a config figure that does not follow the model's shape would mislead)",
+                    c.item_name.rstrip("s"), counted, c.flops)
 
 
 def step_validation(run: InferenceRun) -> None:
@@ -146,21 +252,43 @@ def step_validation(run: InferenceRun) -> None:
     def forward(inputs: list[torch.Tensor]) -> tuple[Any, float]:
         return run.module.model_forward(model, inputs), 0.0
 
-    run.validation = timed_pass("validation", run.loader, forward, run.evaluator, run.sync, run.config, log,
+    loader = _pass_loader(run, _model_dtype(run))
+    run.validation = timed_pass("validation", loader, forward, run.evaluator, run.sync, run.config, log,
                                 to_device=_to_device(run))
     _log_pass(run.validation, run.config)
+    run.validation_compute = _compute(run, "validation", loader, forward, run.validation, _to_device(run))
+    _set_flops(run, resident_batches(loader, _to_device(run), 1)[0])
+    del loader  # its workers end here, before the engine's pass starts its own
+
+
+@contextmanager
+def _export_precision(half: bool) -> Iterator[None]:
+    """FP16 export: the model in FP16, and the case's example inputs made in FP16 (they are made with
+    torch's default dtype)."""
+    if not half:
+        yield
+        return
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float16)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
 
 
 def step_export(run: InferenceRun) -> None:
     assert run.model is not None  # no_validation skips this step
     run.artifact_dir.mkdir(parents=True, exist_ok=True)
     path = run.artifact_dir / f"{run.case_name}_bs{run.config.batch_size}_fp16{run.config.fp16}.onnx"
-    # Exported in FP32 on the CPU: an engine builds its own reduced precision from it (TensorRT's FP16 flag),
-    # and the export does not depend on the device the validation ran on. The copy is made in host memory
-    # (the model visits the CPU and goes back) so a large model never sits twice on the device.
-    model = copy.deepcopy(run.model.cpu()).float().eval()
+    # Exported on the CPU, in FP32 unless the engine builds strongly typed networks from the case's precision
+    # (TensorRT 11 has no FP16 builder flag): an FP32 file's engine lowers precision itself. The copy is made
+    # in host memory (the model visits the CPU and goes back) so a large model never sits twice on the device.
+    half = (run.config.fp16 and run.engine_def is not None
+            and run.engine_def.manifest.onnx_precision == "case")
+    model = copy.deepcopy(run.model.cpu())
+    model = (model.half() if half else model.float()).eval()
     run.model.to(run.device)
-    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
+    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad(), _export_precision(half):
         warnings.simplefilter("ignore")  # torch's exporters warn at length about tracing; the file is checked
         run.module.export_model(model, run.config, path)
     if not path.is_file() or path.stat().st_size == 0:
@@ -192,7 +320,8 @@ def step_compile(run: InferenceRun) -> None:
             raise  # our own export failed to compile: a crash, reported with its traceback
         # The user's ONNX file: a file the engine cannot read is the config's fault, not worth a retry.
         raise _user_file_error(run, "exist_onnx_path", Path(run.config.exist_onnx_path), exc) from exc
-    log.info("compiled in %.2f s (untimed)%s", time.perf_counter() - started,
+    run.compile_s = time.perf_counter() - started
+    log.info("compiled in %.2f s (untimed)%s", run.compile_s,
              f", engine file {run.engine.engine_file}" if run.engine.engine_file else "")
 
 
@@ -218,18 +347,25 @@ def load_engine_file(run: InferenceRun) -> InferenceEngine:
 
 def step_inference(run: InferenceRun) -> None:
     if run.engine is None:
+        started = time.perf_counter()
         run.engine = load_engine_file(run)
+        run.compile_s = time.perf_counter() - started
     engine = run.engine
 
     def forward(inputs: list[torch.Tensor]) -> tuple[Any, NonInference]:
         return run.module.engine_forward(engine, inputs)
 
-    run.inference = timed_pass("inference", run.loader, forward, run.evaluator, run.sync, run.config, log)
+    assert run.engine_def is not None
+    loader = _pass_loader(run, run.engine_def.manifest.input_dtype(run.config))
+    run.inference = timed_pass("inference", loader, forward, run.evaluator, run.sync, run.config, log)
     _log_pass(run.inference, run.config)
+    run.inference_compute = _compute(run, "inference", loader, forward, run.inference, _on_device(run))
+    if run.flops_per_item is None:
+        _set_flops(run, None)
     if run.config.loadgen_scenarios:
         from flagperf.inference.loadgen import run_scenarios  # mlperf_loadgen only when asked for
 
-        run.loadgen = run_scenarios(run.config, run.loader, forward, run.sync, run.out_dir)
+        run.loadgen = run_scenarios(run.config, loader, forward, run.sync, run.out_dir, run.case_name)
 
 
 def _log_pass(stats: PassStats, config: InferenceConfig) -> None:
@@ -242,10 +378,15 @@ def step_summary(run: InferenceRun) -> None:
     c = run.config
     ctx = run.ctx
     accuracy_name = getattr(run.module, "ACCURACY", "accuracy")
+    flops = run.flops_per_item if run.flops_per_item is not None else c.flops
     metrics: list[Metric] = []
-    for stats in (run.validation, run.inference):
+    for stats, computed in ((run.validation, run.validation_compute), (run.inference, run.inference_compute)):
         if stats is not None:
-            metrics += pass_metrics(stats, c, ctx, synthetic=run.synthetic, accuracy_name=accuracy_name)
+            metrics += pass_metrics(stats, c, ctx, synthetic=run.synthetic, accuracy_name=accuracy_name,
+                                    flops_per_item=flops)
+        if computed is not None:
+            metrics += compute_metrics(computed, c, ctx, flops_per_item=flops)
+    metrics += _setup_metrics(run) + _loadgen_metrics(run)
     e2e = time.perf_counter() - run.started
     metrics.append(Metric(name="e2e_time", value=e2e, unit="s", note="steps a to g in the case process"))
     run.metrics = metrics
@@ -257,21 +398,97 @@ def step_summary(run: InferenceRun) -> None:
     elif getattr(run.module, "ACCURACY", None) is None:
         note = "the case has no accuracy metric"
     run.report = InferenceReport(
-        compiler=c.compiler, precision=c.precision, batch_size=c.batch_size, flops_per_item=c.flops,
+        compiler=c.compiler, precision=c.precision, batch_size=c.batch_size, flops_per_item=flops,
         item=c.item_name, steps=steps, runner=run.runner, synthetic_data=run.synthetic,
         data=str(getattr(run.dataset, "description", type(run.dataset).__name__)), accuracy_note=note,
         e2e_time_s=e2e, non_inference_s=run.inference.non_inference_seconds if run.inference else 0.0,
         onnx_path=str(_onnx_for_engine(run)) if _onnx_for_engine(run) else None,
         engine_file=str(run.engine.engine_file) if run.engine and run.engine.engine_file else None,
-        loadgen=run.loadgen,
+        loadgen=run.loadgen, flops_source=run.flops_source or "configured flops", flops_configured=c.flops,
+        latencies_file=write_latencies(run), data_path=data_path_note(run),
     )
     by_name = {m.name: m for m in metrics}
     # FlagPerf's closing line, with its names, so a FlagPerf reader finds the figures where they expect.
     log.info("Finish Info: vendor %s, compiler %s, precision %s, batchsize %d, flops %.4g, e2e_time %.2f s, "
              "p_validation_whole %s, p_validation_core %s, p_inference_whole %s, *p_inference_core %s",
-             run.vendor, c.compiler, c.precision, c.batch_size, c.flops, e2e,
+             run.vendor, c.compiler, c.precision, c.batch_size, flops, e2e,
              *(f"{by_name[n].value:.4g}" if n in by_name else "None"
                for n in ("validation_whole", "validation_core", "inference_whole", "inference_core")))
+    for m in metrics:
+        if m.warning:
+            log.warning("%s: %s", m.name, m.warning)
+
+
+def _setup_metrics(run: InferenceRun) -> list[Metric]:
+    """Model load and engine build: the one-time costs a deployment pays before the first answer."""
+    metrics = []
+    if run.model_load_s is not None:
+        metrics.append(Metric(name="model_load_time", value=run.model_load_s, unit="s", iterations=1,
+                              note="create_model (weights built or read) and the move to the device, synchronised"))
+    if run.compile_s is not None:
+        how = "loaded from exist_compiler_path" if run.config.exist_compiler_path else "built (step e)"
+        metrics.append(Metric(name="engine_build_time", value=run.compile_s, unit="s", iterations=1,
+                              note=f"the engine {how}, untimed in the throughput figures"))
+    return metrics
+
+
+def _loadgen_metrics(run: InferenceRun) -> list[Metric]:
+    """Each LoadGen scenario's figure as a metric, so the report shows it, and an INVALID one loudly."""
+    metrics = []
+    for r in run.loadgen:
+        if r.samples_per_s is None:
+            continue
+        warning = None if r.valid else (f"LoadGen says {r.result_validity} after {r.attempts} attempt(s): "
+                                        f"{r.invalid_reason}; not a valid MLPerf figure")
+        metrics.append(Metric(name=f"loadgen_{r.scenario.lower()}", value=r.samples_per_s,
+                              unit=f"{run.config.item_name}/s", warning=warning,
+                              note=f"MLPerf LoadGen {r.scenario}, {r.result_validity} (its latencies are under "
+                                   f"inference.loadgen; logs in {r.log_dir})"))
+    return metrics
+
+
+def write_latencies(run: InferenceRun) -> str | None:
+    """Every timed batch's seconds, kept beside result.json (the metrics hold only their statistics)."""
+    passes: dict[str, Any] = {}
+    for stats, computed in ((run.validation, run.validation_compute), (run.inference, run.inference_compute)):
+        if stats is not None:
+            passes[stats.name] = {"core_s": stats.core_seconds, "cold_start_s": stats.cold_start_seconds,
+                                  "batch_items": stats.items_per_batch}
+            if stats.first_item_seconds:
+                passes[stats.name]["first_item_s"] = stats.first_item_seconds
+        if computed is not None:
+            passes.setdefault(computed.name, {})["compute_s"] = computed.seconds
+            passes[computed.name]["compute_clock"] = computed.clock
+    if not passes:
+        return None
+    run.out_dir.mkdir(parents=True, exist_ok=True)
+    (run.out_dir / LATENCIES_FILE).write_text(json.dumps(passes) + "\n", encoding="utf-8")
+    return LATENCIES_FILE
+
+
+def finish_round(run: InferenceRun) -> str:
+    """Remove the round's ONNX and engine files unless keep_artifacts (they are hundreds of MB to GB a round),
+    with the folders left empty up to the work root's inference-artifacts folder; say what was done."""
+    folder = run.artifact_dir
+    if not folder.exists():
+        outcome = "none written"
+    elif run.config.keep_artifacts:
+        outcome = f"kept in {folder} (keep_artifacts: true; for exist_onnx_path / exist_compiler_path)"
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
+        outcome = f"removed at the end of the round ({folder}; keep_artifacts: false)"
+        if ARTIFACTS_FOLDER in folder.parts:
+            for parent in folder.parents:
+                try:
+                    parent.rmdir()  # only an empty folder goes
+                except OSError:
+                    break
+                if parent.name == ARTIFACTS_FOLDER:
+                    break
+    if run.report is not None:
+        run.report.artifacts = outcome
+    log.info("artifacts: %s", outcome)
+    return outcome
 
 
 STEP_FUNCTIONS: dict[str, Callable[[InferenceRun], None]] = {
@@ -288,9 +505,11 @@ def plain_runner(name: str, fn: Callable[[InferenceRun], None], run: InferenceRu
 
 
 def run_steps(run: InferenceRun, runner: StepRunner = plain_runner) -> None:
-    """The seven steps in order; the toggles skip some (recorded with the reason)."""
-    skipped = skipped_steps(run.config)
+    """The seven steps in order; the toggles skip some (recorded with the reason), and so does an engine that
+    reads no ONNX (known once step a has loaded it)."""
     for name in STEPS:
+        reads_onnx = run.engine_def.manifest.needs_onnx if run.engine_def is not None else True
+        skipped = skipped_steps(run.config, reads_onnx)
         if name in skipped:
             run.steps[name] = f"skipped: {skipped[name]}"
             log.info("step %s: skipped (%s)", STEP_TITLES[name], skipped[name])

@@ -16,7 +16,7 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from flagperf.inference.config import STEP_TITLES
-from flagperf.inference.pipeline import InferenceRun, StepRunner, run_steps
+from flagperf.inference.pipeline import InferenceRun, StepRunner, finish_round, run_steps
 
 log = logging.getLogger("flagperf.case.inference")
 
@@ -129,7 +129,15 @@ def _prefect_step_runner() -> StepRunner:
 
 
 def run_inference_steps(run: InferenceRun, prefect_context: dict[str, Any] | None) -> None:
-    """Run the steps as subflows of one case flow when Prefect can be used, else as plain functions."""
+    """Run the steps as subflows of one case flow when Prefect can be used, else as plain functions; the
+    round's artifacts are cleaned afterwards, whatever happened (finish_round)."""
+    try:
+        _run_inference_steps(run, prefect_context)
+    finally:
+        finish_round(run)
+
+
+def _run_inference_steps(run: InferenceRun, prefect_context: dict[str, Any] | None) -> None:
     why = _prefect_unusable(prefect_context)
     if why is None:
         assert prefect_context is not None

@@ -1,4 +1,5 @@
-"""System monitor, shared by every vendor: CPU (overall and per core), memory, the case process tree,
+"""System monitor, shared by every vendor: CPU (overall and per core), memory, the case process tree's memory
+(PSS and USS: shared pages counted once, not once per forked worker as summed RSS would),
 disk and network I/O, and host power: RAPL package energy and/or ipmitool's DCMI power reading where
 the machine has them (recorded as unavailable, with the reason, otherwise; never as 0).
 
@@ -109,13 +110,21 @@ class IpmiPower:
         return None
 
 
-def process_tree_rss(pid: int | None) -> int | None:
+def _tree(pid: int | None) -> list[psutil.Process]:
     if pid is None:
-        return None
+        return []
     try:
         proc = psutil.Process(pid)
-        procs = [proc, *proc.children(recursive=True)]
+        return [proc, *proc.children(recursive=True)]
     except psutil.Error:
+        return []
+
+
+def process_tree_rss(pid: int | None) -> int | None:
+    """Summed RSS of the tree: a page shared by N processes (a forked DataLoader worker's copy of the
+    parent's memory) counts N times. Kept for comparison; case_pss_bytes is the figure to read."""
+    procs = _tree(pid)
+    if not procs:
         return None
     total = 0
     for p in procs:
@@ -124,6 +133,27 @@ def process_tree_rss(pid: int | None) -> int | None:
         except psutil.Error:
             continue
     return total
+
+
+def process_tree_memory(pid: int | None) -> dict[str, int | None]:
+    """The tree's proportional set size (each shared page split between its sharers, so the sum is the
+    memory the tree really holds) and unique set size (pages no other process maps), from psutil's
+    memory_full_info (Linux: /proc/<pid>/smaps_rollup). PSS is None where the OS does not give it."""
+    procs = _tree(pid)
+    if not procs:
+        return {"case_pss_bytes": None, "case_uss_bytes": None}
+    pss: int | None = 0
+    uss: int | None = 0
+    for p in procs:
+        try:
+            full = p.memory_full_info()
+        except psutil.AccessDenied:
+            return {"case_pss_bytes": None, "case_uss_bytes": None}
+        except psutil.Error:
+            continue  # exited between listing and reading
+        pss = pss + full.pss if pss is not None and hasattr(full, "pss") else None
+        uss = uss + full.uss if uss is not None and hasattr(full, "uss") else None
+    return {"case_pss_bytes": pss, "case_uss_bytes": uss}
 
 
 class IoCounters:
@@ -145,7 +175,10 @@ class IoCounters:
 
 FIELDS = {
     "cpu_percent": "%", "cpu_percent_per_core": "%", "mem_used_bytes": "B", "mem_percent": "%",
-    "swap_used_bytes": "B", "case_rss_bytes": "B", "disk_read_bytes": "B (cumulative)",
+    "swap_used_bytes": "B", "case_rss_bytes": "B (summed RSS: shared pages counted per process)",
+    "case_pss_bytes": "B (proportional set size of the case's process tree, psutil memory_full_info)",
+    "case_uss_bytes": "B (unique set size of the case's process tree, psutil memory_full_info)",
+    "disk_read_bytes": "B (cumulative)",
     "disk_write_bytes": "B (cumulative)", "net_sent_bytes": "B (cumulative)", "net_recv_bytes": "B (cumulative)",
     "power_w": "W (whole system, BMC)", "energy_j": "J (CPU packages, RAPL, cumulative)",
 }
@@ -168,13 +201,15 @@ def main() -> int:
     def sample() -> dict[str, Any]:
         per_core = psutil.cpu_percent(percpu=True)
         vm = psutil.virtual_memory()
+        pid = read_pid(args.pid_file)
         return {
             "cpu_percent": sum(per_core) / len(per_core) if per_core else None,
             "cpu_percent_per_core": per_core,
             "mem_used_bytes": vm.total - vm.available,
             "mem_percent": vm.percent,
             "swap_used_bytes": psutil.swap_memory().used,
-            "case_rss_bytes": process_tree_rss(read_pid(args.pid_file)),
+            "case_rss_bytes": process_tree_rss(pid),
+            **process_tree_memory(pid),
             **io.sample(),
             "power_w": ipmi.watts() if ipmi.available else None,
             "energy_j": rapl.joules(),

@@ -138,7 +138,8 @@ def window_stats(monitors: list[MonitorSeries], window: tuple[float, float] | No
                          "sample faster (--monitor-interval) for power and utilisation over short regions")
         if isinstance(mon.header.get("mem_total_bytes"), int | float):
             values["mem_total_bytes"] = float(mon.header["mem_total_bytes"])
-        for name, how in (("cpu_percent", "mean"), ("mem_used_bytes", "max"), ("case_rss_bytes", "max")):
+        for name, how in (("cpu_percent", "mean"), ("mem_used_bytes", "max"), ("case_rss_bytes", "max"),
+                          ("case_pss_bytes", "max"), ("case_uss_bytes", "max")):
             col = _column(in_window, name)
             if col is not None and len(col):
                 values[f"{name}_{how}"] = float(col.mean() if how == "mean" else col.max())

@@ -97,13 +97,32 @@ class LatencyStats:
     p90: float
     p99: float
     count: int
+    p95: float = 0.0
+    std: float = 0.0  # sample standard deviation; 0 for a single value
 
 
 def latency_stats(seconds: Sequence[float]) -> LatencyStats:
     if not seconds:
         raise ValueError("no latencies")
     return LatencyStats(mean=statistics.fmean(seconds), p50=percentile(seconds, 50), p90=percentile(seconds, 90),
-                        p99=percentile(seconds, 99), count=len(seconds))
+                        p99=percentile(seconds, 99), count=len(seconds), p95=percentile(seconds, 95),
+                        std=statistics.stdev(seconds) if len(seconds) > 1 else 0.0)
+
+
+def mean_median_disagreement(value: float, p10: float, p50: float, p90: float, floor: float = 0.05) -> str | None:
+    """Why a headline (total work / total time) is not what a typical chunk did, or None when it is.
+
+    The robust spread is half the p10-p90 range relative to the median (a few outliers cannot widen it, as
+    they widen the coefficient of variation); a headline further from the median than that spread, or than
+    ``floor``, says a few slow or fast chunks dominate the total."""
+    if p50 <= 0:
+        return None
+    spread = max((p90 - p10) / 2 / p50, floor)
+    gap = abs(value - p50) / p50
+    if gap <= spread:
+        return None
+    return (f"headline {value:.4g} and median {p50:.4g} differ by {gap:.0%}, beyond the chunks' spread "
+            f"(±{spread:.0%} of the median, from p10-p90): a few outlying chunks dominate the total")
 
 
 PEAK_SCALE = {"TFLOPS": 1e12, "TOPS": 1e12}

@@ -68,7 +68,9 @@ class Metric(_Model):
     p50: float | None = None
     p10: float | None = None
     p90: float | None = None
+    p95: float | None = None
     p99: float | None = Field(default=None, description="latency metrics: the 99th percentile")
+    std: float | None = Field(default=None, description="latency metrics: sample standard deviation")
     cv: float | None = Field(default=None, description="coefficient of variation across timed chunks")
     chunks: int = 0
     iterations: int = 0
@@ -82,6 +84,8 @@ class Metric(_Model):
                                                        "of the precision used")
     mfu_peak_key: str | None = Field(default=None, description="spec-table key of the peak MFU is taken against")
     work: float | None = Field(default=None, description="total work in the timed region, in unit x seconds")
+    warning: str | None = Field(default=None, description="why a reader should not take the figure plainly "
+                                                          "(the report shows it beside the figure)")
     search: ShapeSearch | None = Field(default=None, description="max-achievable figures: the shape search")
 
 
@@ -110,9 +114,13 @@ class LoadgenResult(_Model):
     result_validity: str
     samples_per_s: float | None = Field(description="LoadGen's throughput figure for the scenario")
     latency_ms: dict[str, float] = Field(default_factory=dict, description="mean and percentiles, ms")
-    settings: dict[str, Any] = Field(default_factory=dict, description="the test settings we gave LoadGen")
+    settings: dict[str, Any] = Field(default_factory=dict, description="the settings LoadGen ran with, as it "
+                                     "logged them (its effective_* keys)")
+    requested: dict[str, Any] = Field(default_factory=dict, description="what the engine asked of LoadGen")
     summary: dict[str, Any] = Field(default_factory=dict, description="LoadGen's result_* keys, verbatim")
-    log_dir: str
+    log_dir: str = Field(description="LoadGen's logs, relative to the round's folder in the results")
+    attempts: int = Field(default=1, description="runs of the scenario (re-run when it ended early)")
+    invalid_reason: str | None = Field(default=None, description="why LoadGen did not call it VALID")
 
 
 class InferenceReport(_Model):
@@ -133,6 +141,12 @@ class InferenceReport(_Model):
     onnx_path: str | None = None
     engine_file: str | None = None
     loadgen: list[LoadgenResult] = Field(default_factory=list)
+    flops_source: str | None = Field(default=None, description="where flops_per_item came from: counted on the "
+                                     "configured model, or the configured figure and why it was not counted")
+    flops_configured: float | None = Field(default=None, description="the case file's flops (FlagPerf's figure)")
+    artifacts: str | None = Field(default=None, description="what became of the ONNX and engine files")
+    latencies_file: str | None = Field(default=None, description="raw per-batch seconds, in the round's folder")
+    data_path: str | None = Field(default=None, description="how batches reached the device")
 
 
 class Provenance(_Model):

@@ -37,10 +37,11 @@ REPORT_MD = "report.md"
 
 MONITOR_COLUMNS = ["power_avg_w", "power_max_w", "energy_j", "energy_source", "energy_per_work",
                    "energy_per_work_unit", "cpu_percent_mean", "mem_used_bytes_max", "mem_total_bytes",
-                   "case_rss_bytes_max", "accel_util_percent_mean", "accel_mem_used_bytes_max",
+                   "case_rss_bytes_max", "case_pss_bytes_max", "case_uss_bytes_max",
+                   "accel_util_percent_mean", "accel_mem_used_bytes_max",
                    "accel_mem_total_bytes"]
 ROW_COLUMNS = ["case", "family", "round", "host", "node_rank", "nnodes", "nproc_per_node", "status", "metric", "value",
-               "unit", "p50", "cv_chunks", "mfu",
+               "unit", "p50", "cv_chunks", "mfu", "warning",
                "peak", "peak_unit", "ratio", "convention", "peak_source", "message", "device", *MONITOR_COLUMNS,
                "note", "search", *CHIP_COLUMNS]
 
@@ -97,6 +98,7 @@ def _monitor_columns(stats: WindowStats, metric: Metric | None) -> dict[str, Any
         "mem_total_bytes": v.get("mem_total_bytes"),
         "accel_mem_total_bytes": max(accel_total) if accel_total else None,
         "case_rss_bytes_max": v.get("case_rss_bytes_max"),
+        "case_pss_bytes_max": v.get("case_pss_bytes_max"), "case_uss_bytes_max": v.get("case_uss_bytes_max"),
         "accel_util_percent_mean": sum(accel_util) / len(accel_util) if accel_util else None,
         "accel_mem_used_bytes_max": max(accel_mem) if accel_mem else None,
     }
@@ -120,6 +122,7 @@ def _rows(results: list[tuple[Path, RoundResult]], notes: dict[str, None]) -> pd
                          "cv_chunks": m.cv, "peak": m.peak.value if m.peak else None,
                          "peak_unit": m.peak.unit if m.peak else None, "ratio": m.ratio,
                          "convention": m.convention, "peak_source": m.peak.source if m.peak else None,
+                         "warning": m.warning,
                          **_monitor_columns(stats, m), "note": m.note,
                          "search": m.search.model_dump_json() if m.search else None,
                          **window_columns(monitors, m.window)})
@@ -163,6 +166,7 @@ def summarize(run_dir: Path) -> RunSummary:
             "lower_bound": bool(group["note"].map(lambda n: isinstance(n, str) and BOUNDED_NOTE in n).any()),
             "convention": _clean(group["convention"].iloc[0]), "peak_source": _clean(group["peak_source"].iloc[0]),
             "mfu": _mean(group["mfu"]),
+            "warnings": sorted({str(w) for w in group["warning"].dropna()}),
             "power_avg_w": _mean(group["power_avg_w"]), "power_max_w": _max(group["power_max_w"]),
             "energy_source": _clean(group["energy_source"].dropna().iloc[0]) if group["energy_source"].notna().any()
             else None,
@@ -174,6 +178,8 @@ def summarize(run_dir: Path) -> RunSummary:
             "mem_total_bytes": _max(group["mem_total_bytes"]),
             "accel_mem_total_bytes": _max(group["accel_mem_total_bytes"]),
             "case_rss_bytes_max": _max(group["case_rss_bytes_max"]),
+            "case_pss_bytes_max": _max(group["case_pss_bytes_max"]),
+            "case_uss_bytes_max": _max(group["case_uss_bytes_max"]),
             "accel_util_percent_mean": _mean(group["accel_util_percent_mean"]),
             "accel_mem_used_bytes_max": _max(group["accel_mem_used_bytes_max"]),
             "chip": headline_state(group["chip_state"]),
@@ -263,10 +269,22 @@ def headline_cells(entry: dict[str, Any]) -> list[str]:
     ratio = fmt_pct(entry["ratio"]) + (" (above peak!)" if entry["above_peak"] else "")
     peak = f"{fmt(entry['peak'])} {entry['peak_unit']}" if entry["peak"] is not None else "unknown"
     measured = ("≥ " if entry.get("lower_bound") else "") + fmt(entry["value"])  # a bound by design, said
-    mfu = entry.get("mfu")
-    mfu_cell = fmt_pct(mfu) + (" (above 100%!)" if mfu is not None and mfu > 1.0 else "")
     return [entry["case"], entry["metric"], measured, entry["unit"], fmt(entry["p50"]), spread, peak,
-            ratio, mfu_cell, str(entry["rounds"])]
+            ratio, mfu_cell(entry.get("mfu")), str(entry["rounds"])]
+
+
+def mfu_cell(mfu: float | None) -> str:
+    """An MFU above 100 % is an error in the FLOPs per item or the peak, shown as one (the faults section
+    says more), never as a plain figure."""
+    if mfu is not None and mfu > 1.0:
+        return f"**error**: {fmt_pct(mfu)}, FLOPs per item or peak wrong (above 100%!)"
+    return fmt_pct(mfu)
+
+
+def render_warnings(summary: RunSummary) -> list[str]:
+    """Figures a reader should not take plainly (the case said why: headline far from the median, MFU)."""
+    lines = [f"- {e['case']} / {e['metric']}: {w}" for e in summary.headline for w in e.get("warnings", [])]
+    return ["## Warnings", "", *lines, ""] if lines else []
 
 
 HEADLINE_HEADER = ["case", "metric", "measured", "unit", "p50", "spread (CV)", "peak", "measured/peak", "MFU",
@@ -290,6 +308,7 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = 
         lines += ["| " + " | ".join(HEADLINE_HEADER) + " |", "|" + "---|" * len(HEADLINE_HEADER)]
         lines += ["| " + " | ".join(headline_cells(e)) + " |" for e in summary.headline]
         lines.append("")
+    lines += render_warnings(summary)
     lines += render_chip_section(summary.headline)
     lines += render_max_achievable(summary.headline)
     lines += render_monitor_section(summary)
@@ -361,7 +380,7 @@ def render_max_achievable(headline: list[dict[str, Any]]) -> list[str]:
 
 
 MONITOR_HEADER = ["case", "metric", "avg power W", "max power W", "energy per work", "energy source",
-                  "CPU util %", "peak host memory GiB (of total)", "peak case RSS GiB", "accel util %",
+                  "CPU util %", "peak host memory GiB (of total)", "peak case memory GiB", "accel util %",
                   "peak accel memory GiB (of total)"]
 
 
@@ -375,9 +394,20 @@ def monitor_cells(e: dict[str, Any]) -> list[str]:
     per_work = f"{fmt(e['energy_per_work'])} {e['energy_per_work_unit']}" if e["energy_per_work"] is not None else "-"
     return [e["case"], e["metric"], fmt(e["power_avg_w"]), fmt(e["power_max_w"]), per_work,
             e["energy_source"] or "-", fmt(e["cpu_percent_mean"], 3),
-            _gib(e["mem_used_bytes_max"], e["mem_total_bytes"]), _gib(e["case_rss_bytes_max"]),
+            _gib(e["mem_used_bytes_max"], e["mem_total_bytes"]), case_memory_cell(e),
             fmt(e["accel_util_percent_mean"], 3),
             _gib(e["accel_mem_used_bytes_max"], e["accel_mem_total_bytes"])]
+
+
+def case_memory_cell(e: dict[str, Any]) -> str:
+    """The case's peak memory, saying which measure: PSS (shared pages split between the processes that map
+    them) where the monitor had it, else summed RSS (which counts a forked worker's shared pages again)."""
+    if e.get("case_pss_bytes_max") is not None:
+        uss = f", USS {_gib(e['case_uss_bytes_max'])}" if e.get("case_uss_bytes_max") is not None else ""
+        return f"PSS {_gib(e['case_pss_bytes_max'])}{uss}"
+    if e.get("case_rss_bytes_max") is not None:
+        return f"RSS (summed) {_gib(e['case_rss_bytes_max'])}"
+    return "-"
 
 
 def render_monitor_section(summary: RunSummary) -> list[str]:

@@ -35,8 +35,9 @@ def run_case(tmp_path: Path, name: str, *sets: str) -> tuple[int, RoundResult]:
 
 def test_tensorrt_fp16_builds_saves_and_reloads(tmp_path: Path) -> None:
     pytest.importorskip("tensorrt")
-    code, result = run_case(tmp_path, "build", *TINY_RESNET)
+    code, result = run_case(tmp_path, "build", *TINY_RESNET, "keep_artifacts=true")
     assert code == 0, result.failure
+    assert result.inference.artifacts.startswith("kept")
     plan_file = Path(str(result.inference.engine_file))
     assert plan_file.suffix == ".plan" and plan_file.stat().st_size > 0
     core = next(m for m in result.metrics if m.name == "inference_core")
@@ -57,17 +58,41 @@ def test_tensorrt_matches_eager_fp16(tmp_path: Path) -> None:
     module = load_case("resnet50-infer").module
     config = module.Config.model_validate(plan_run(cases=["resnet50-infer"], vendor="nvidia", sets=TINY_RESNET,
                                                    results_dir="u").cases[0].config)
-    model = module.create_model(config).eval()
+    model = module.create_model(config).eval().half()
     onnx = tmp_path / "m.onnx"
-    module.export_model(model, config, onnx)
+    # What step d does for an engine with onnx_precision: case (strongly typed FP16, TensorRT 10 and 11).
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float16)
+    try:
+        module.export_model(model, config, onnx)
+    finally:
+        torch.set_default_dtype(previous)
     env = EngineEnv(device=torch.device("cuda"), work_dir=tmp_path, case="t", log=logging.getLogger("t"))
-    engine = load_engine("nvidia", "tensorrt").engine_class()(config, onnx, None, env)
-    x = torch.randn(config.batch_size, 3, config.crop, config.crop)
+    tensorrt = load_engine("nvidia", "tensorrt").engine_class()
+    engine = tensorrt(config, onnx, None, env)
+    x = torch.randn(config.batch_size, 3, config.crop, config.crop).half()
     with torch.no_grad():
-        expected = model.cuda().half()(x.cuda().half()).float().cpu()
+        expected = model.cuda()(x.cuda()).float().cpu()
     got, foo = engine([x])
-    assert foo == 0.0
+    torch.cuda.synchronize()
+    assert foo == 0.0 and got[0].dtype == torch.float16
     torch.testing.assert_close(got[0].float().cpu(), expected, rtol=2e-2, atol=2e-2)
+    # The saved file reloads (exist_compiler_path) and runs on a batch already on the device.
+    assert engine.engine_file is not None
+    reloaded = tensorrt(config, None, None, env, engine_path=engine.engine_file)
+    again, _ = reloaded([x.cuda()])
+    torch.cuda.synchronize()
+    torch.testing.assert_close(again[0].float().cpu(), expected, rtol=2e-2, atol=2e-2)
+
+
+def test_onnxruntime_cuda_matches_eager(tmp_path: Path) -> None:
+    ort = pytest.importorskip("onnxruntime")
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("onnxruntime has no CUDA execution provider (onnxruntime-gpu is not installed)")
+    code, result = run_case(tmp_path, "ort", *TINY_RESNET, "compiler=onnxruntime", "fp16=false")
+    assert code == 0, result.failure
+    names = {m.name for m in result.metrics}
+    assert {"inference_core", "inference_compute"} <= names
 
 
 def test_a_corrupt_plan_file_is_a_user_error(tmp_path: Path) -> None:
@@ -81,4 +106,8 @@ def test_a_corrupt_plan_file_is_a_user_error(tmp_path: Path) -> None:
 def test_inductor_on_cuda(tmp_path: Path) -> None:
     code, result = run_case(tmp_path, "inductor", *TINY_RESNET, "compiler=inductor")
     assert code == 0, result.failure
-    assert {"inference_core", "validation_core"} <= {m.name for m in result.metrics}
+    m = {x.name: x for x in result.metrics}
+    assert {"inference_core", "validation_core", "inference_compute", "validation_compute"} <= set(m)
+    assert result.inference.steps["export"] == "skipped: the engine compiles the PyTorch model"
+    assert "cuda events" in str(m["inference_compute"].note)
+    assert m["inference_compute_latency"].p50 > 0 and m["inference_compute"].mfu is not None

@@ -5,13 +5,17 @@ tests/integration/test_inference_flow.py for the subflows)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
+import psutil
 import pytest
 import torch
 
@@ -23,6 +27,9 @@ from flagperf.entry import run_job
 from flagperf.errors import CaseUserError, ConfigError
 from flagperf.inference.config import InferenceConfig, parse_flops, skipped_steps
 from flagperf.inference.engines import EngineEnv, InferenceEngine, load_engine
+from flagperf.measure.casekit import CaseContext
+from flagperf.measure.timing import TimingPlan
+from flagperf.results.metrics import percentile
 from flagperf.results.schema import RoundResult, read_result
 
 FLAGPERF_FORMAT = Path(__file__).resolve().parents[1] / "fixtures" / "flagperf_format"
@@ -199,10 +206,25 @@ def test_digits_accuracy_through_eager_and_onnxruntime_agree(tmp_path: Path) -> 
     assert report is not None and report.synthetic_data is False and report.accuracy_note is None
     assert report.runner == "plain functions (the job carries no Prefect context)"
     assert set(report.steps.values()) == {"ran"}
-    # Models and engines stay on the host, outside the round folder the controller collects.
+    # Models and engines were made on the host, outside the round folder the controller collects, and removed
+    # at the end of the round: nothing is left in the work root.
     artifacts = tmp_path / "work" / "inference-artifacts" / result.run_id / "digits-infer" / "round1" / "attempt1"
     assert Path(str(report.onnx_path)).parent == artifacts and Path(str(report.engine_file)).parent == artifacts
-    assert Path(str(report.engine_file)).is_file() and not list(out.glob("*.onnx"))
+    assert report.artifacts is not None and report.artifacts.startswith("removed at the end of the round")
+    assert not list(out.glob("*.onnx")) and not [p for p in (tmp_path / "work").rglob("*") if p.is_file()]
+    # FLOPs counted on the configured model: 2 x (64x128 + 128x10) per image, the case file's figure too.
+    assert report.flops_per_item == 18944 and report.flops_source.startswith("counted on the configured model")
+    # One-time costs and raw latencies.
+    assert m["model_load_time"].value > 0 and m["engine_build_time"].value > 0
+    raw = json.loads((out / str(report.latencies_file)).read_text())
+    for prefix in ("validation", "inference"):
+        assert len(raw[prefix]["core_s"]) == 33 and len(raw[prefix]["compute_s"]) == 33
+        assert m[f"{prefix}_latency"].p50 == pytest.approx(1e3 * percentile(raw[prefix]["core_s"], 50))
+        assert m[f"{prefix}_cold_start_latency"].value == pytest.approx(1e3 * raw[prefix]["cold_start_s"])
+        compute, compute_latency = m[f"{prefix}_compute"], m[f"{prefix}_compute_latency"]
+        assert compute.iterations == 33 and compute.mfu is not None and "host clock" in str(compute.note)
+        assert compute_latency.p50 <= compute_latency.p90 <= compute_latency.p95 <= compute_latency.p99
+        assert compute_latency.std is not None
     for prefix in ("validation", "inference"):
         whole, core, latency = m[f"{prefix}_whole"], m[f"{prefix}_core"], m[f"{prefix}_latency"]
         assert core.value > whole.value > 0  # core leaves out loading and evaluation
@@ -348,8 +370,67 @@ def test_loadgen_scenarios_on_the_cpu(tmp_path: Path) -> None:
         assert run.summary["result_validity"] == run.result_validity  # LoadGen's own words, verbatim
     assert runs["Offline"].valid and runs["SingleStream"].valid  # a 2-core CPU meets these easily
     # Server was aimed at half of what SingleStream sustained.
-    assert runs["Server"].settings["server_target_qps"] == pytest.approx(
+    assert runs["Server"].requested["server_target_qps"] == pytest.approx(
         0.5 * 1e3 / runs["SingleStream"].latency_ms["mean"])
+    asked = runs["Server"].requested["server_target_qps"]
+    assert runs["Server"].settings["target_qps"] == pytest.approx(asked, rel=1e-4)  # logged to 2 decimals
+    # The settings are LoadGen's as it logged them: Offline is one query, whatever min_query_count was asked.
+    offline = runs["Offline"]
+    assert offline.requested["min_query_count"] == 16 and offline.settings["min_query_count"] == 1
+    assert offline.settings["min_duration_ms"] == 500 and offline.settings["scenario"] == "Offline"
+    # SingleStream's reported figure: the early-stopping estimate of its p90, beside the plain p90.
+    assert runs["SingleStream"].latency_ms["early_stopping_p90"] >= runs["SingleStream"].latency_ms["p90"]
+    for scenario, run in runs.items():  # the copy in the round's folder, not a scratch path
+        assert run.log_dir == f"loadgen/{scenario}" and (out / run.log_dir / "mlperf_log_detail.txt").is_file()
+
+
+@pytest.fixture
+def one_thread() -> object:
+    """digits-infer's torch_threads: 1, as its round sets it (its training step waits on a second thread
+    whenever another process holds that core)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _digits_sut(tmp_path: Path) -> tuple[InferenceConfig, object]:
+    from flagperf.inference.loadgen import EngineSUT, collect_samples
+
+    module, config, model, _ = _case_parts("digits-infer", "loadgen_min_duration_s=0.3", "loadgen_min_query_count=8",
+                                           "loadgen_scenarios=[Offline]")
+    config = config.model_copy(update={"loadgen_max_attempts": 6})
+    samples = collect_samples(module.build_dataloader(config), 64)
+    return config, EngineSUT(lambda x: (module.model_forward(model, x), 0.0), lambda: None, config.batch_size,
+                             samples)
+
+
+def test_an_offline_test_that_ended_early_is_run_again_sized_from_loadgens_rate(tmp_path: Path,
+                                                                                one_thread: object) -> None:
+    """Told the SUT does 10 samples/s (it does tens of thousands), LoadGen generates too few samples and the
+    test ends before min_duration: INVALID. The re-run is sized from the rate LoadGen measured."""
+    from flagperf.inference.loadgen import run_scenario
+
+    config, sut = _digits_sut(tmp_path)
+    with torch.inference_mode():
+        result = run_scenario(config, sut, "Offline", {"samples_per_s": 100.0, "latency_s": 1.0}, tmp_path)
+    assert result.attempts >= 2 and result.valid, result.invalid_reason
+    assert result.requested["offline_expected_qps"] > 100.0 * 1.25  # not the first, wrong guess
+    assert result.settings["target_qps"] == pytest.approx(result.requested["offline_expected_qps"], rel=1e-4)
+
+
+def test_a_user_conf_is_read_by_loadgen(tmp_path: Path, one_thread: object) -> None:
+    from flagperf.inference.loadgen import run_scenario
+
+    user_conf = tmp_path / "user.conf"
+    user_conf.write_text("*.Offline.min_duration = 700\n*.Offline.min_query_count = 1\n*.Offline.target_qps = 2000\n")
+    config, sut = _digits_sut(tmp_path)
+    config = config.model_copy(update={"loadgen_user_conf": str(user_conf)})
+    with torch.inference_mode():
+        result = run_scenario(config, sut, "Offline", {"samples_per_s": 5000.0, "latency_s": 1e-3}, tmp_path,
+                              "digits")
+    assert result.settings["min_duration_ms"] == 700  # as LoadGen logged it: the file won over the case
+    assert result.requested["loadgen_user_conf"] == str(user_conf)
 
 
 # Bad inputs at run time ----------------------------------------------------------------------------------------
@@ -411,10 +492,12 @@ def test_nvidia_engines_share_inductor_and_tensorrt_names_its_package() -> None:
     assert tensorrt.manifest.needs_onnx and tensorrt.manifest.loads_engine_files
     ast.parse((tensorrt.folder / "engine.py").read_text())  # written for a GPU host; at least well-formed here
     if importlib.util.find_spec("tensorrt") is None:
-        with pytest.raises(CaseUserError, match=r"tensorrt-cu12>=10,<11"):
+        # Not installed here (a GPU host's package): the tests in tests/gpu build, save, reload and run it.
+        with pytest.raises(CaseUserError, match=r"tensorrt>=10,<12 \(the 10.x or 11.x Python API\)"):
             tensorrt.engine_class()
-    # One Inductor implementation, pointed at by both vendors' folders.
+    # One Inductor and one ONNX Runtime implementation, pointed at by both vendors' folders.
     assert load_engine("nvidia", "inductor").engine_class() is load_engine("cpu", "inductor").engine_class()
+    assert load_engine("nvidia", "onnxruntime").engine_class() is load_engine("cpu", "onnxruntime").engine_class()
 
 
 def test_a_generators_non_inference_time_is_read_once_it_is_consumed() -> None:
@@ -452,3 +535,203 @@ def test_files_on_remote_hosts_are_checked_where_the_case_runs() -> None:
     with pytest.raises(ConfigError, match="is not a file"):
         plan_run(cases=["digits-infer"], sets=["exist_onnx_path=/data/on/the/host/model.onnx"],
                  results_dir="unused", hosts=[{"name": "localhost", "transport": "local"}])
+
+
+# Timing with exact answers: a fake device clock -----------------------------------------------------------------
+
+class FakeDevice:
+    """A device whose forwards take programmed times: marks read its clock, as device events would."""
+
+    name = "fake device events"
+
+    def __init__(self, durations: list[float]) -> None:
+        self.now, self.durations, self.calls = 0.0, durations, 0
+
+    def mark(self) -> float:
+        return self.now
+
+    def seconds(self, start: float, end: float) -> float:
+        return end - start
+
+    def forward(self, inputs: list[torch.Tensor]) -> tuple[list[torch.Tensor], float]:
+        self.now += self.durations[self.calls % len(self.durations)]
+        self.calls += 1
+        return inputs, 0.0
+
+
+def _config(**over: object) -> InferenceConfig:
+    keys = dict(batch_size=2, flops=1.0e6, fp16=False, compiler="x", num_workers=0, log_freq=100, repeat=1,
+                no_validation=False, exist_onnx_path=None, exist_compiler_path=None, warmup_batches=0)
+    return InferenceConfig(**(keys | over))
+
+
+def _ctx() -> CaseContext:
+    return CaseContext("cpu", load_vendor("cpu").spec_table(), TimingPlan(0, 1.0, 1), logging.getLogger("t"),
+                       shares_host_memory=True)
+
+
+def test_compute_metrics_on_a_fake_device_clock_are_exact() -> None:
+    from flagperf.inference.measure import compute_metrics, compute_pass
+
+    device = FakeDevice([0.010, 0.020, 0.030, 0.040])
+    batches = [[torch.zeros(2, 3)], [torch.ones(2, 3)]]
+    # Warm-up forwards run first (and advance the clock) but fall before the first mark.
+    device.durations = [5.0, 0.010, 0.020, 0.030, 0.040]
+    stats = compute_pass("inference", batches, device.forward, device, lambda: None, iterations=4, warmup=1)
+    assert stats.seconds == pytest.approx([0.010, 0.020, 0.030, 0.040]) and stats.clock == "fake device events"
+    throughput, latency = compute_metrics(stats, _config(), _ctx(), flops_per_item=1.0e6)
+    assert throughput.name == "inference_compute" and throughput.value == pytest.approx(8 / 0.1)  # 4 x 2 items
+    assert throughput.p50 == pytest.approx((100 + 200 / 3) / 2)  # median of 200, 100, 66.7, 50 items/s
+    peak = load_vendor("cpu").spec_table().peaks["fp32"]
+    assert throughput.mfu == pytest.approx(1.0e6 * 80 / (peak.value * 1e12))
+    assert latency.value == pytest.approx(25.0) and latency.p50 == pytest.approx(25.0)
+    assert latency.p90 == pytest.approx(37.0) and latency.p95 == pytest.approx(38.5)  # linear interpolation
+    assert latency.p99 == pytest.approx(39.7) and latency.std == pytest.approx(12.909944487358056)
+    assert throughput.warning is None  # the headline is within the chunks' spread
+
+
+def test_a_headline_far_from_its_median_is_flagged_and_the_collector_is_paused() -> None:
+    """Nine 1 ms batches and one of 91 ms: the total says 100 ms for 10 batches, a typical batch took 1 ms."""
+    import gc
+
+    from flagperf.inference.measure import pass_metrics, timed_pass
+
+    clock = FakeDevice([0.001] * 9 + [0.091])
+    collector: list[bool] = []
+
+    def forward(inputs: list[torch.Tensor]) -> tuple[list[torch.Tensor], float]:
+        collector.append(gc.isenabled())
+        return clock.forward(inputs)
+
+    batches = [(torch.zeros(2, 3), None)] * 10
+    stats = timed_pass("validation", batches, forward, None, lambda: None, _config(), logging.getLogger("t"),
+                       now=clock.mark)
+    assert stats.core_seconds == pytest.approx([0.001] * 9 + [0.091]) and collector == [False] * 10
+    assert gc.isenabled()  # restored after the timed region
+    m = {x.name: x for x in pass_metrics(stats, _config(), _ctx(), synthetic=True, accuracy_name=None)}
+    assert m["validation_core"].value == pytest.approx(20 / 0.1) and m["validation_core"].p50 == pytest.approx(2000)
+    assert "differ by 90%" in str(m["validation_core"].warning)
+    assert m["validation_latency"].value == pytest.approx(10.0) and m["validation_latency"].p50 == pytest.approx(1.0)
+
+
+def test_an_mfu_above_100_percent_is_an_error_in_the_report() -> None:
+    from flagperf.results.summary import mfu_cell
+
+    assert mfu_cell(2.998).startswith("**error**: 299.8%") and mfu_cell(0.5) == "50.0%"
+
+
+def test_flops_follow_the_models_shape(tmp_path: Path) -> None:
+    """bert-large-infer --set seq_len=32 kept the case file's flops for 512 tokens (MFU 300 %); the count
+    follows the configured shape: every matmul of one layer, attention included, and the MLM head."""
+    def bert(seq: int, hidden: int = 32, inter: int = 64, vocab: int = 200) -> int:
+        layer = 4 * 2 * seq * hidden * hidden + 2 * 2 * seq * seq * hidden + 2 * 2 * seq * hidden * inter
+        return layer + 2 * seq * hidden * hidden + 2 * seq * hidden * vocab
+
+    for seq in (16, 32):
+        sets = [s for s in TINY_BERT if not s.startswith("seq_len")] + [f"seq_len={seq}", "repeat=1"]
+        code, result, _ = run_case(tmp_path, "bert-large-infer", *sets, name=f"seq{seq}")
+        assert code == 0, result.failure
+        assert result.inference.flops_per_item == bert(seq) and result.inference.flops_configured == 1.0e6
+        core = next(m for m in result.metrics if m.name == "inference_core")
+        assert core.mfu == pytest.approx(bert(seq) * core.value / (load_vendor("cpu").spec_table().peaks["fp32"].value
+                                                                   * 1e12))
+
+
+def test_pss_counts_forked_workers_shared_pages_once() -> None:
+    from flagperf.monitoring.system import process_tree_memory, process_tree_rss
+
+    held = 64 * 2**20
+    script = ("import os, sys, time\n"
+              f"buf = bytearray({held})\n"
+              "for i in range(0, len(buf), 4096): buf[i] = 1\n"  # touched: resident, shared after fork
+              "kids = [os.fork() for _ in range(2)]\n"  # first fork: 2 children; the second: 4 processes in all
+              "sys.stdout.write('ready\\n'); sys.stdout.flush()\n"
+              "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert [proc.stdout.readline() for _ in range(4)] == ["ready\n"] * 4  # every process has forked
+        rss = process_tree_rss(proc.pid)
+        memory = process_tree_memory(proc.pid)
+        pss, uss = memory["case_pss_bytes"], memory["case_uss_bytes"]
+        assert rss is not None and pss is not None and uss is not None
+        assert rss > 4 * held  # four processes, each counting the shared buffer
+        assert held <= pss < rss - 2 * held  # the buffer counted about once
+        assert uss < pss
+    finally:
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            child.kill()
+        proc.kill()
+        proc.wait()
+
+
+def test_artifacts_are_kept_when_asked(tmp_path: Path) -> None:
+    code, result, _ = run_case(tmp_path, "digits-infer", "repeat=1", "keep_artifacts=true")
+    assert code == 0, result.failure
+    assert result.inference.artifacts.startswith("kept in") and Path(str(result.inference.engine_file)).is_file()
+
+
+def test_an_engine_that_reads_no_onnx_skips_the_export() -> None:
+    from flagperf.inference.config import NO_ONNX
+
+    config = _config()
+    assert skipped_steps(config, engine_reads_onnx=False) == {"export": NO_ONNX}
+    assert skipped_steps(config) == {}
+    assert load_engine("cpu", "inductor").manifest.needs_onnx is False
+    assert load_engine("nvidia", "tensorrt").manifest.onnx_precision == "case"
+    assert load_engine("nvidia", "tensorrt").manifest.input_dtype(_config(fp16=True)) == torch.float16
+    assert load_engine("cpu", "onnxruntime").manifest.input_dtype(_config(fp16=True)) == torch.float32
+
+
+def test_batches_are_made_in_the_passes_dtype_by_the_workers() -> None:
+    from flagperf.inference.data import with_data_path
+
+    module, config, _, _ = _case_parts("resnet50-infer", *TINY_RESNET, "num_workers=1")
+    base = module.build_dataloader(config)
+    half = with_data_path(base, torch.device("cpu"), torch.float16)
+    inputs, _labels = next(iter(half))
+    assert inputs.dtype == torch.float16 and half.num_workers == 1 and half.prefetch_factor == 2
+    assert half.dataset is base.dataset and not half.pin_memory  # pinned only for an accelerator
+    assert torch.equal(inputs, next(iter(base))[0].half())
+
+
+def test_an_engine_that_builds_strongly_typed_gets_an_fp16_onnx_file(tmp_path: Path) -> None:
+    """TensorRT 11 has no FP16 builder flag: an engine declaring onnx_precision: case gets the file in the
+    case's precision (FP16 inputs and weights); an FP32 engine (ONNX Runtime) keeps FP32."""
+    import onnx
+
+    from flagperf.inference.pipeline import InferenceRun, step_export
+
+    module, config, model, _ = _case_parts("resnet50-infer", *TINY_RESNET)
+    config = config.model_copy(update={"fp16": True})
+    types = {}
+    for vendor, engine in (("nvidia", "tensorrt"), ("cpu", "onnxruntime")):
+        run = InferenceRun(case_name="resnet50-infer", module=module, config=config, vendor=vendor,
+                           spec=load_vendor("cpu").spec_table(), device=torch.device("cpu"), shares_host_memory=True,
+                           out_dir=tmp_path / "out", artifact_dir=tmp_path / engine)
+        run.engine_def, run.model = load_engine(vendor, engine), model.half()
+        step_export(run)
+        graph = onnx.load(str(run.onnx_path)).graph
+        types[engine] = graph.input[0].type.tensor_type.elem_type
+        assert torch.get_default_dtype() == torch.float32  # restored after the export
+    assert types == {"tensorrt": onnx.TensorProto.FLOAT16, "onnxruntime": onnx.TensorProto.FLOAT}
+
+
+def test_the_report_says_which_memory_it_shows() -> None:
+    from flagperf.results.summary import case_memory_cell
+
+    gib = 2**30
+    assert case_memory_cell({"case_pss_bytes_max": 0.5 * gib, "case_uss_bytes_max": 0.25 * gib,
+                             "case_rss_bytes_max": 1.5 * gib}) == "PSS 0.5, USS 0.25"
+    assert case_memory_cell({"case_rss_bytes_max": 1.5 * gib}) == "RSS (summed) 1.5"
+
+
+def test_the_report_lists_the_figures_warnings() -> None:
+    import pandas as pd
+
+    from flagperf.results.summary import RunSummary, render_warnings
+
+    summary = RunSummary(run_id="r", rows=pd.DataFrame(), not_measured=[], counts={},
+                         headline=[{"case": "digits-infer", "metric": "validation_core", "warnings": ["far"]},
+                                   {"case": "digits-infer", "metric": "inference_core", "warnings": []}])
+    assert render_warnings(summary) == ["## Warnings", "", "- digits-infer / validation_core: far", ""]

@@ -1,7 +1,11 @@
-"""TensorRT: build from ONNX with the tensorrt Python API, save the engine file, reload it, run it.
+"""TensorRT: build from ONNX with the tensorrt Python API (10.x and 11.x), save the engine file, reload it,
+run it with explicit tensor addresses (set_tensor_address + execute_async_v3) on torch's current stream.
 
-Buffers are torch CUDA tensors (no pycuda): inputs are copied to the device inside the call, as FlagPerf
-counts that copy in core time; outputs stay on the device and the pipeline moves them for evaluation.
+Precision is strongly typed, as TensorRT 11 requires (it has no FP16 builder flag): the ONNX file is exported
+in the case's precision (engine.yaml: onnx_precision: case), and the network takes its types from it; the
+same build runs on TensorRT 10 (STRONGLY_TYPED network flag). Buffers are torch CUDA tensors (no pycuda):
+a CPU batch is copied to the device inside the call, as FlagPerf counts that copy in core time; a batch
+already on the device is used in place (compute); outputs stay on the device.
 """
 
 from __future__ import annotations
@@ -22,6 +26,12 @@ DTYPES = {
     trt.DataType.INT64: torch.int64, trt.DataType.BOOL: torch.bool, trt.DataType.INT8: torch.int8,
     trt.DataType.BF16: torch.bfloat16,
 }
+
+
+def network_flags() -> int:
+    """Strongly typed: a flag on TensorRT 10, the only mode (and maybe no flag) on 11."""
+    flag = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
+    return 1 << int(flag) if flag is not None else 0
 
 
 class Options(EngineOptions):
@@ -57,19 +67,19 @@ class Engine(InferenceEngine):
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         self.outputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
-        self.stream = torch.cuda.Stream(device=env.device)
+        self.dtypes = {n: DTYPES[self.engine.get_tensor_dtype(n)] for n in names}
 
     def _build(self, onnx_path: Path, config: InferenceConfig) -> bytes:
         builder = trt.Builder(self.logger)
-        network = builder.create_network(0)  # explicit batch: the only mode TensorRT 10 has
+        network = builder.create_network(network_flags())  # explicit batch: the only mode since TensorRT 10
         parser = trt.OnnxParser(network, self.logger)
         if not parser.parse_from_file(str(onnx_path)):
             errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
             raise CaseUserError(f"{onnx_path}: TensorRT's ONNX parser refused it: {errors}")
         build = builder.create_builder_config()
         build.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(self.options.trt_workspace_gib * 2**30))
-        if config.fp16:
-            build.set_flag(trt.BuilderFlag.FP16)
+        # No FP16 flag: the network is strongly typed, its precision is the ONNX file's (TensorRT 11 removed
+        # the flag; on 10 it is refused for a strongly typed network).
         profile = builder.create_optimization_profile()
         dynamic = False
         for i in range(network.num_inputs):
@@ -94,20 +104,22 @@ class Engine(InferenceEngine):
     def __call__(self, inputs: list[torch.Tensor]) -> tuple[list[torch.Tensor], float]:
         if len(inputs) != len(self.inputs):
             raise CaseUserError(f"the engine takes {len(self.inputs)} inputs, the batch has {len(inputs)}")
-        with torch.cuda.stream(self.stream):
-            device_inputs = []
-            for name, x in zip(self.inputs, inputs, strict=True):
-                t = x.to(self.env.device, DTYPES[self.engine.get_tensor_dtype(name)], non_blocking=True).contiguous()
-                self.context.set_input_shape(name, tuple(t.shape))
-                self.context.set_tensor_address(name, t.data_ptr())
-                device_inputs.append(t)  # kept alive until the engine has run
-            outputs = []
-            for name in self.outputs:
-                shape = tuple(self.context.get_tensor_shape(name))
-                out = torch.empty(shape, dtype=DTYPES[self.engine.get_tensor_dtype(name)], device=self.env.device)
-                self.context.set_tensor_address(name, out.data_ptr())
-                outputs.append(out)
-            if not self.context.execute_async_v3(self.stream.cuda_stream):
-                raise RuntimeError("TensorRT execute_async_v3 failed")
-        self.stream.synchronize()
+        stream = torch.cuda.current_stream(self.env.device)
+        device_inputs = []
+        for name, x in zip(self.inputs, inputs, strict=True):
+            # A no-op for a batch already on the device in the engine's type; otherwise the copy FlagPerf
+            # counts in core, asynchronous from pinned memory.
+            t = x.to(self.env.device, self.dtypes[name], non_blocking=True).contiguous()
+            self.context.set_input_shape(name, tuple(t.shape))
+            self.context.set_tensor_address(name, t.data_ptr())
+            device_inputs.append(t)  # alive until the engine has run (stream-ordered reuse by torch)
+        outputs = []
+        for name in self.outputs:
+            shape = tuple(self.context.get_tensor_shape(name))
+            out = torch.empty(shape, dtype=self.dtypes[name], device=self.env.device)
+            self.context.set_tensor_address(name, out.data_ptr())
+            outputs.append(out)
+        # Queued on torch's stream, not a private one: the caller's synchronisation and device events see it.
+        if not self.context.execute_async_v3(stream.cuda_stream):
+            raise RuntimeError("TensorRT execute_async_v3 failed")
         return outputs, 0.0
