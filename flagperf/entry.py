@@ -259,6 +259,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job", type=Path, required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(levelname)s %(message)s")
+    # case.log (and the run_case task's log, which repeats it) holds the case's output, not the transport's:
+    # no line per HTTP request to the Prefect API, no colour codes from Prefect's console handler.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("httpcore").setLevel(logging.WARNING)
+    os.environ.setdefault("PREFECT_LOGGING_COLORS", "false")
+    # The core's lines outside the step subflows are case output (case.log), not a warning about a missing run.
+    os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
     try:
         job = Job.model_validate_json(args.job.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:

@@ -9,6 +9,10 @@ from pathlib import Path
 # Resolved once: case and monitor processes run with the project root as their working directory.
 PROJECT_ROOT = Path(os.environ.get("FLAGPERF_HOME", Path(__file__).resolve().parents[1])).resolve()
 
+# Set by `flagperf server` for its worker: the results folder it serves read-only over HTTP, and its address,
+# so that a run's report is linked from the Prefect UI.
+RESULTS_URL_ENV, RESULTS_ROOT_ENV = "FLAGPERF_RESULTS_URL", "FLAGPERF_RESULTS_ROOT"
+
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 

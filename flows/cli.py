@@ -1,15 +1,19 @@
-"""The `flagperf` command: run an evaluation, validate config files, list what is available.
+"""The `flagperf` command: run an evaluation, validate config files, list what is available, start a server.
 
 Exit codes of `flagperf run`: 0 every round succeeded; 1 some round failed; 2 bad input (nothing ran);
-3 nothing failed but some rounds were unsupported on this device.
+3 nothing failed but some rounds were unsupported on this device; 128 + the signal (130 for Ctrl-C, 143 for
+SIGTERM) when it was interrupted (the report of what was done is still written).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shlex
+import signal
 import sys
+from contextlib import nullcontext, suppress
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -32,7 +36,9 @@ from flagperf.results.summary import HEADLINE_HEADER, SUMMARY_JSON, headline_cel
 EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNSUPPORTED_ONLY = 1, 2, 3
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="AI-hardware evaluation engine: FlagPerf's base specs as Prefect flows.")
+                  help="AI-hardware evaluation engine (FlagPerf's base specs, inference and training cases) as "
+                       "Prefect workflows: run it here or on an inventory of hosts, read measured vs peak with "
+                       "power, energy and provenance, compare runs, serve it to a team.")
 # Piped or captured output has no terminal width; keep the summary table readable there too.
 console = Console(width=None if Console().is_terminal else 160)
 err_console = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 160)
@@ -43,13 +49,50 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _prepare_prefect_environment() -> None:
+def _prepare_prefect_environment(verbose: bool) -> None:
+    """Before prefect is imported: it reads these once."""
     # A temporary server on a small machine takes 20-30 s to start; Prefect's default gives up sooner.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     # The core's own loggers (config rules, hosts) show in the flow's logs too.
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "flagperf")
     # Nothing leaves the machine: no usage telemetry from the temporary server.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    if not verbose:  # the live view replaces the log scroll; the full log goes to the run folder and the UI
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+
+
+class Interrupt:
+    """SIGINT and SIGTERM stop the run the same way: the first raises KeyboardInterrupt where the controller
+    is (Prefect turns a SIGTERM inside a flow run into its own TerminationSignal first), so the cases'
+    process groups and the monitors are stopped by the code that started them, the report is written and
+    the temporary server is stopped; later signals are noted and ignored, so that clean-up is not cut short."""
+
+    def __init__(self) -> None:
+        self.signals: list[int] = []
+
+    def install(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        self.signals.append(signum)
+        if len(self.signals) == 1:
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    def exit_code(self, exc: BaseException | None = None) -> int:
+        signum = self.signals[0] if self.signals else getattr(exc, "signal", signal.SIGINT)
+        return 128 + int(signum)
+
+
+def _drain_prefect() -> None:
+    """Send the last logs and events while the server is still there (otherwise Prefect retries them
+    against a stopped server for a minute at exit)."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for service in (APILogWorker, EventsWorker):
+        with suppress(Exception):  # best effort: the run's outcome is already decided and on disk
+            service.drain_all(timeout=5)
 
 
 @app.command()
@@ -68,8 +111,13 @@ def run(
         help="hosts to run on: a native inventory (YAML); default: this machine")] = None,
     host_config: Annotated[Path | None, typer.Option(
         "--host-config", help="hosts to run on, as FlagPerf's host.yaml (HOSTS, VENDOR, CASES ...)")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="the full log on the console instead of the "
+                                                                   "live view")] = False,
 ) -> None:
-    """Run an evaluation and print measured vs peak. Without a PREFECT_API_URL a temporary server is used."""
+    """Run an evaluation and print measured vs peak. Without a PREFECT_API_URL a temporary server is used.
+
+    The console shows a live view of the rounds; the full log is in the run folder (controller.log), in the
+    Prefect UI when a server is used, and on the console with -v."""
     case_list = [c.strip() for c in cases.split(",") if c.strip()] if cases is not None else None
     if cases is not None and not case_list:
         raise _fail("--cases: no case names given")
@@ -96,20 +144,68 @@ def run(
     console.print(f"[bold]run {plan.run_id}[/]: {len(plan.cases)} cases x {plan.rounds} rounds, vendor "
                   f"{plan.vendor.name}" + (f", suite {plan.suite}" if plan.suite else "")
                   + f", {len(inv.hosts)} host(s) from {inv.source}")
-    _prepare_prefect_environment()
-    from flows.evaluate import BAD_INPUT, evaluate  # Prefect is imported only once the input is known to be good
-
-    try:
-        state = evaluate(suite=suite, cases=case_list, vendor=vendor, rounds=rounds, overrides=set_ or [],
-                         inventory=str(inventory_file.resolve()) if inventory_file else None,
-                         results_dir=str(results), run_id=plan.run_id, monitor_interval_s=monitor_interval,
-                         command=shlex.join(["flagperf", *sys.argv[1:]]), return_state=True)
-    except KeyboardInterrupt:
-        raise _fail(f"interrupted; what was measured so far is in {plan.run_dir}", EXIT_FAILED) from None
-    except Exception as exc:  # the Prefect API cannot be reached, the temporary server did not start ...
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        raise _fail(f"the evaluation could not run: {type(exc).__name__}: {first}", EXIT_FAILED) from None
     run_dir = plan.run_dir
+    interrupt = Interrupt()
+    interrupt.install()
+    _prepare_prefect_environment(verbose)
+    from flows.progress import Progress, RunFolderLog, live_view
+    from flows.server import TemporaryServer, configured_api_url
+
+    server: TemporaryServer | None = None
+    outcome: BaseException | None = None
+    progress = Progress(plan, [spec.name for spec in inv.hosts], run_dir)
+    root = logging.getLogger()
+    handlers = [RunFolderLog(run_dir), progress]
+    state = None
+    try:
+        if configured_api_url() is None:
+            # Our own temporary server rather than Prefect's: its address is in PREFECT_API_URL for every
+            # process of the run (so an inference case's steps nest under this evaluation), and it is
+            # stopped here, or by its watcher if this process is killed.
+            server = TemporaryServer()
+            os.environ["PREFECT_API_URL"] = server.start(interrupt.signals)
+        for handler in handlers:
+            root.addHandler(handler)
+        from flows.evaluate import BAD_INPUT, evaluate  # Prefect is imported once the input is known to be good
+
+        with live_view(progress, console) if not verbose else nullcontext():
+            state = evaluate(suite=suite, cases=case_list, vendor=vendor, rounds=rounds, overrides=set_ or [],
+                             inventory=str(inventory_file.resolve()) if inventory_file else None,
+                             results_dir=str(results), run_id=plan.run_id, monitor_interval_s=monitor_interval,
+                             command=shlex.join(["flagperf", *sys.argv[1:]]), return_state=True)
+    except (KeyboardInterrupt, Exception) as exc:  # Exception: the API cannot be reached, the server did not start
+        outcome = exc
+    except BaseException as exc:  # Prefect's TerminationSignal (a SIGTERM inside the flow run)
+        if not hasattr(exc, "signal"):
+            raise
+        outcome = exc
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda signum, _frame: interrupt.signals.append(signum))
+        if not verbose:
+            console.line()  # the live view's last frame ends without one
+        if "prefect" in sys.modules:
+            _drain_prefect()
+        if server is not None:
+            server.stop(keep_log_in=run_dir)
+        for handler in handlers:
+            root.removeHandler(handler)
+            handler.close()
+    interrupted = interrupt.signals or (outcome is not None and not isinstance(outcome, Exception))
+    if interrupted:
+        if (run_dir / SUMMARY_JSON).is_file():
+            summary = read_summary_json(run_dir)
+            if summary["headline"]:
+                _print_summary(summary, run_dir)
+            if made := summary.get("progress"):
+                console.print(f"interrupted: {made['done']} of {made['planned']} planned rounds done, "
+                              f"{len(made['stopped'])} stopped while running, {len(made['not_started'])} "
+                              f"not started (report.md)")
+        raise _fail(f"interrupted; the report of what was done is in {run_dir}", interrupt.exit_code(outcome))
+    if outcome is not None:
+        first = str(outcome).splitlines()[0] if str(outcome) else ""
+        raise _fail(f"the evaluation could not run: {type(outcome).__name__}: {first}", EXIT_FAILED)
+    assert state is not None
     if not (run_dir / SUMMARY_JSON).is_file():
         message = state.message or "the evaluation stopped before its summary"
         if message.startswith(BAD_INPUT):  # found by the flow before any round ran (e.g. a size that cannot fit)
@@ -214,24 +310,36 @@ def compare(
 def server(
     database_url: Annotated[str | None, typer.Option(
         help="postgresql+asyncpg://user@host:port/db (default: $PREFECT_API_DATABASE_CONNECTION_URL)")] = None,
-    host: Annotated[str, typer.Option(help="address the server listens on")] = "127.0.0.1",
+    host: Annotated[str, typer.Option(help="address the server listens on (0.0.0.0: every interface)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port of the API and UI")] = 4200,
+    public_url: Annotated[str | None, typer.Option(
+        help="the address browsers use, e.g. http://perf-lab:4200 (default: from --host and --port)")] = None,
+    results: Annotated[Path, typer.Option(help="results folder the worker's runs write to, served read-only "
+                                               "over HTTP so reports open from the UI")] = Path("results"),
+    results_port: Annotated[int | None, typer.Option(help="port of the results folder (default: --port + 1)")] = None,
     pool: Annotated[str, typer.Option(help="process work pool to create and serve")] = "flagperf",
     worker: Annotated[bool, typer.Option(help="also start a worker for the pool")] = True,
     log_dir: Annotated[Path, typer.Option(help="where the server and worker write their logs")] = Path(
         "results/server"),
 ) -> None:
-    """Start a lasting Prefect server on PostgreSQL, with a process worker: the set-up for a team."""
+    """Start a lasting Prefect server on PostgreSQL, with a process worker and the results folder over HTTP:
+    the set-up for a team."""
     from flows.server import DATABASE_URL_ENV, check_database_url, serve
 
     try:
         url = check_database_url(database_url or os.environ.get(DATABASE_URL_ENV))
     except FlagperfError as exc:
         raise _fail(str(exc)) from None
-    if not 1 <= port <= 65535:
-        raise _fail(f"--port {port}: not a port number")
+    for option, value in (("--port", port), ("--results-port", results_port)):
+        if value is not None and not 1 <= value <= 65535:
+            raise _fail(f"{option} {value}: not a port number")
+    if results_port == port:
+        raise _fail(f"--results-port {results_port}: the server already uses it")
+    if public_url is not None and not re.fullmatch(r"https?://[^/\s]+/?", public_url):
+        raise _fail(f"--public-url {public_url}: give scheme, host and port only, e.g. http://perf-lab:4200")
     try:
-        code = serve(url, host, port, pool, worker, log_dir)
+        code = serve(url, host, port, pool, worker, log_dir, results_dir=results, results_port=results_port,
+                     public_url=public_url)
     except RuntimeError as exc:
         raise _fail(f"{exc} (logs in {log_dir})", EXIT_FAILED) from None
     raise typer.Exit(code)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextvars import copy_context
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 from uuid import UUID
 
 from prefect import flow, get_run_logger
@@ -30,8 +31,11 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.runtime import deployment, flow_run
 from prefect.states import Cancelled, Failed, State
+from pydantic import Field
 
-from flagperf.config.plan import PLAN_FILE, RunPlan, plan_run, run_id_for_flow_run
+from flagperf.config.cases import available_cases
+from flagperf.config.plan import DEFAULT_SUITE, PLAN_FILE, RunPlan, available_suites, plan_run, run_id_for_flow_run
+from flagperf.config.vendors import available_vendors
 from flagperf.errors import ConfigError, FlagperfError, InfrastructureFailure
 from flagperf.hosts.fleet import close_hosts, master_address, open_host
 from flagperf.hosts.health import check_results_disk, health_file
@@ -48,6 +52,7 @@ from flagperf.results.schema import (
     write_json_atomic,
     write_result,
 )
+from flagperf.results.summary import INTERRUPTED_FILE, RETRIES_DIR
 from flows.host_round import host_healthcheck, host_round
 from flows.logs import route_core_logs
 from tasks.analyze import analyze
@@ -55,7 +60,6 @@ from tasks.healthcheck import healthcheck
 from tasks.image import build_image, probe_image
 
 route_core_logs()
-RETRIES_DIR = "retries"  # failed rounds of earlier attempts of the same flow run, kept for inspection
 MIN_MONITOR_INTERVAL_S, MAX_MONITOR_INTERVAL_S = 0.1, 60.0  # 10 Hz at most: the monitor's own limit
 MAX_PARALLEL_HOSTS = 64  # threads that drive hosts at once (each mostly waits on its host)
 T = TypeVar("T")
@@ -136,10 +140,12 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
     check_scale(plan, list(hosts), probes)  # again, with the devices the images see
 
     results: list[RoundResult] = []
+    running: list[Any] | None = None  # the case round in flight, for the report of an interrupted run
     try:
         for case in plan.cases:
             framework = inv.frameworks.get(case.name)
             for round_no in range(1, plan.rounds + 1):
+                running = [case.name, round_no]
                 calls: list[Callable[[], list[RoundResult]]] = []
                 for group in node_groups(case.config, list(specs)):
                     calls.append(partial(group_round, group, specs, plan, run_dir, case.name, round_no,
@@ -148,6 +154,14 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
                 for group_results in run_concurrently(calls):
                     results.extend(group_results)
                 stop_if_results_unwritable(results, run_dir)
+    except BaseException as exc:
+        if not isinstance(exc, Exception):  # Ctrl-C, SIGTERM, a cancelled flow run: the report must say so
+            signum = getattr(exc, "signal", None)  # Prefect's TerminationSignal carries the signal
+            reason = signal.Signals(signum).name if signum else (str(exc) or type(exc).__name__)
+            write_json_atomic(run_dir / INTERRUPTED_FILE, {"reason": reason, "at": time.strftime(
+                "%Y-%m-%d %H:%M:%S %Z"), "running": running})
+            logger.warning("interrupted (%s): stopping the cases and monitors, then writing the report", reason)
+        raise
     finally:
         clean_work_roots(hosts, specs, plan.run_id, results)
         close_hosts()
@@ -192,6 +206,50 @@ def clean_work_roots(hosts: dict[str, Host], specs: dict[str, HostSpec], run_id:
             logger.warning("could not clean %s on %s: %s", host.work_root / run_id, name, exc)
 
 
+def _choices(names: list[str]) -> Any:
+    """A text parameter whose form field offers these names (a select), while the Python API still takes
+    any string (a suite may also be a YAML file)."""
+    return Field(json_schema_extra={"enum": sorted(names)})
+
+
+# The form's choices are the plug-in folders found when the deployment is made (`prefect deploy`).
+SuiteName = Annotated[str, _choices(list(available_suites()))]
+CaseName = Annotated[str, _choices(list(available_cases()))]
+VendorName = Annotated[str, _choices(["auto", *available_vendors()])]
+
+
+@flow(name="evaluate", log_prints=True, validate_parameters=True)
+def evaluate_form(
+    suite: SuiteName = DEFAULT_SUITE,
+    cases: list[CaseName] = [],  # noqa: B006 - Prefect's form needs a plain default; it is never changed
+    vendor: VendorName = "auto",
+    rounds: Annotated[int, Field(ge=0)] = 0,
+    overrides: list[str] = [],  # noqa: B006
+    inventory: str = "",
+    results_dir: str = "results",
+    monitor_interval_s: Annotated[float, Field(ge=MIN_MONITOR_INTERVAL_S, le=MAX_MONITOR_INTERVAL_S)] = 1.0,
+) -> dict[str, Any]:
+    """Evaluate a suite (or chosen cases) on the inventory's hosts, N rounds each, and publish the report.
+
+    The same evaluation as `flagperf run`, started from the server: the evaluate deployment's form. A retry
+    of a failed run re-runs only its failed rounds.
+
+    Args:
+        suite: The suite to run (deployments/suites/); ignored when cases are chosen.
+        cases: Run these cases instead of a suite.
+        vendor: The vendor folder under vendor_images/; auto: the inventory's VENDOR, else cpu.
+        rounds: Rounds per case; 0: the suite's own number (1 for chosen cases).
+        overrides: Case configuration values for this run, as KEY=VALUE or CASE.KEY=VALUE (flagperf run --set).
+        inventory: An inventory or FlagPerf host.yaml, as a path on the worker's machine; empty: that machine.
+        results_dir: The results folder on the worker's machine; the run is written to a folder inside it.
+        monitor_interval_s: Seconds between monitor samples (0.1 to 60).
+    """
+    return evaluate.fn(suite=None if cases else suite, cases=list(cases) or None,
+                       vendor=None if vendor == "auto" else vendor, rounds=rounds or None,
+                       overrides=list(overrides), inventory=inventory or None, results_dir=results_dir,
+                       monitor_interval_s=monitor_interval_s)
+
+
 def run_concurrently(calls: list[Callable[[], T]]) -> list[T]:
     """Run the calls at once, each in its own copy of the flow's context (so their tasks and subflows
     belong to this flow run), and return their results in order.
@@ -218,9 +276,12 @@ def check_hosts(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: RunPla
         spec = specs[name]
         try:
             if spec.agent is not None:
-                dispatch(spec, host_healthcheck, "host-healthcheck/host-healthcheck",
-                         {"host": spec.model_dump(mode="json"), "vendor": plan.vendor.model_dump(mode="json"),
-                          "run_dir": str(run_dir)})
+                state = dispatch(spec, host_healthcheck, "host-healthcheck/host-healthcheck",
+                                 {"host": spec.model_dump(mode="json"), "vendor": plan.vendor.model_dump(mode="json"),
+                                  "run_dir": str(run_dir)})
+                if not state.is_completed():
+                    raise InfrastructureFailure(f"host {spec.name}: host-healthcheck ended {state.name}: "
+                                                f"{state.message or ''}")
             else:
                 healthcheck(hosts[name], spec, plan.vendor, run_dir)
         except Exception as exc:
@@ -334,15 +395,21 @@ def run_node(spec: HostSpec, parameters: dict[str, Any]) -> RoundResult:
     problem: str | None = None
     returned: Any = None
     try:
-        returned = dispatch(spec, host_round, "host-round/host-round", parameters)
+        # A round that failed ends its host-round Failed (red in the UI); its result.json says why, so that
+        # alone is no problem here. A host-round that left no result is.
+        state = dispatch(spec, host_round, "host-round/host-round", parameters)
+        returned = state_data(state)
+        if not state.is_completed():
+            problem = f"{label}: host-round ended {state.name}: {(state.message or '').partition(chr(10))[0]}"
     except Exception as exc:  # the subflow or the deployment run failed outright
         problem = f"{label}: host-round failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        get_run_logger().error("%s", problem)
     try:
         return read_result(dest / RESULT_FILE)
     except (OSError, ValueError):
         if isinstance(returned, dict) and returned.get("failure"):  # a subflow's failed result it could not store
             return RoundResult.model_validate(returned)
+        if problem:
+            get_run_logger().error("%s", problem)
         failure = Failure(kind="infrastructure", message=problem or f"{label}: the round left no {RESULT_FILE}")
         plan = RunPlan.model_validate_json((Path(parameters["run_dir"]) / PLAN_FILE).read_text())
         case = next(c for c in plan.cases if c.name == parameters["case"])
@@ -360,20 +427,27 @@ def run_node(spec: HostSpec, parameters: dict[str, Any]) -> RoundResult:
         return result
 
 
-def dispatch(spec: HostSpec, subflow: Any, deployment_name: str, parameters: dict[str, Any]) -> Any:
+def state_data(state: State[Any]) -> Any:
+    """What a finished host-round returned (its result as a dict), failed or not; None if unreadable."""
+    try:
+        return state.result(raise_on_failure=False)
+    except Exception:  # a result that was not persisted, a crash: the round's folder is the record anyway
+        return None
+
+
+def dispatch(spec: HostSpec, subflow: Any, deployment_name: str, parameters: dict[str, Any]) -> State[Any]:
     """Call a per-host flow: on the host's worker through its deployment (when the inventory says the host
-    runs one), else right here as a subflow. Either way it is nested under this evaluation."""
+    runs one), else right here as a subflow. Either way it is nested under this evaluation; returns its
+    final state."""
     if spec.agent is None:
-        return subflow(**parameters)
+        return subflow(**parameters, return_state=True)
     run = run_deployment(spec.agent.deployment if subflow is host_round else deployment_name,
                          parameters={**parameters, "on_host": True}, work_queue_name=spec.queue,
                          timeout=0, as_subflow=True)
     run = wait_for_agent(spec, run.id, deployment_name)
-    if run.state is None or not run.state.is_completed():
-        state = run.state.name if run.state else "unknown"
-        raise InfrastructureFailure(f"host {spec.name}: {deployment_name} run {run.name} ended {state}: "
-                                    f"{run.state.message if run.state else ''}")
-    return None
+    if run.state is None:
+        raise InfrastructureFailure(f"host {spec.name}: {deployment_name} run {run.name} has no state")
+    return run.state
 
 
 AGENT_POLL_S = 1.0

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.states import Completed, Failed, State
 
 from flagperf.config.job import Job
 from flagperf.config.plan import PLAN_FILE, CasePlan, RunPlan
@@ -47,11 +48,14 @@ def read_plan(run_dir: Path) -> RunPlan:
 def host_round(run_dir: str, case: str, round_no: int, host: dict[str, Any], node_rank: int = 0,
                nnodes: int = 1, master_addr: str = "127.0.0.1", master_port: int | None = None,
                image: dict[str, Any] | None = None, probe: dict[str, Any] | None = None,
-               monitor_interval_s: float = 1.0, command: str | None = None, on_host: bool = False) -> dict[str, Any]:
+               monitor_interval_s: float = 1.0, command: str | None = None, on_host: bool = False
+               ) -> State[dict[str, Any]]:
     """Run node ``node_rank`` of ``case`` round ``round_no`` on ``host`` and collect it into ``run_dir``.
 
     on_host: this flow runs on the host itself (dispatched to its worker), so the host is local here and
-    run_dir must be the shared results folder. Returns the round's result (also in its result.json).
+    run_dir must be the shared results folder. Ends Failed when the round failed (so it shows red in the UI,
+    and a retry of the evaluation runs it again), Completed otherwise; the round's result is the state's
+    data and is in its result.json either way.
     """
     spec = host_spec(host)  # the real values, when this process loaded them
     plan = read_plan(Path(run_dir))
@@ -62,7 +66,16 @@ def host_round(run_dir: str, case: str, round_no: int, host: dict[str, Any], nod
     result = node_round(target, spec, plan, Path(run_dir), case_plan, round_no, image, probe, monitor_interval_s,
                         command, node_rank=node_rank, nnodes=nnodes, master_addr=master_addr,
                         master_port=master_port)
-    return result.model_dump(mode="json")
+    return round_state(result)
+
+
+def round_state(result: RoundResult) -> State[dict[str, Any]]:
+    """The final state of a host-round: Failed for a failed round (an unsupported one is a result)."""
+    data = result.model_dump(mode="json")
+    if result.status == "failed":
+        why = result.failure.message if result.failure else "failed"
+        return Failed(message=f"{result.case} round {result.round} on {result.host}: {why}", data=data)
+    return Completed(message=result.status, data=data)
 
 
 @flow(name="host-healthcheck", flow_run_name="healthcheck@{host[name]}", log_prints=True)

@@ -28,5 +28,7 @@ def route_core_logs() -> None:
     logger = logging.getLogger(CORE_LOGGER)
     logger.setLevel(logging.INFO)  # the core logs at INFO; Prefect attaches handlers but leaves the level
     logging.getLogger("paramiko").setLevel(logging.WARNING)
+    # One INFO line per request to the Prefect API is transport chatter, not a run's log.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     if not any(isinstance(handler, APILogHandler) for handler in logger.handlers):
         logger.addHandler(RunLogHandler())

@@ -1,28 +1,47 @@
-"""`flagperf server`: a Prefect server on PostgreSQL plus a process worker, for a team.
+"""Prefect servers for the engine: the lasting one of `flagperf server` (PostgreSQL, a process worker, the
+results folder over HTTP) and the temporary one `flagperf run` starts for a single evaluation.
 
 The embedded default (a temporary server per `flagperf run`) suits one person. A team that wants the
 UI, schedules, retries from the dashboard and one history of runs needs a lasting server, and under
 several concurrent flow runs SQLite locks ("database is locked"): PostgreSQL does not.
+
+Every server process runs under a watcher (``python -m flows.server --watch-parent PID -- command``) that
+ends it when the process that started it is gone, even after a SIGKILL: no server outlives its owner.
 """
 
 from __future__ import annotations
 
+import argparse
+import functools
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 from urllib.error import URLError
 from urllib.parse import urlsplit
 from urllib.request import urlopen
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser as the tomli package (a dependency there)
+    import tomli as tomllib
+
 from flagperf.errors import ConfigError
-from flagperf.paths import PROJECT_ROOT
+from flagperf.paths import PROJECT_ROOT, RESULTS_ROOT_ENV, RESULTS_URL_ENV
 
 DATABASE_URL_ENV = "PREFECT_API_DATABASE_CONNECTION_URL"
 HEALTH_TIMEOUT_S = 180.0
 DATABASE_SECRETS = (DATABASE_URL_ENV, "PGPASSWORD", "PGPASSFILE")
+WATCH_POLL_S = 0.5
+WATCH_GRACE_S = 10.0
 
 
 def check_database_url(url: str | None) -> str:
@@ -39,6 +58,42 @@ def check_database_url(url: str | None) -> str:
     return url
 
 
+def public_base(host: str, port: int, public_url: str | None = None) -> str:
+    """The address browsers use: --public-url, else the listening address (a wildcard one becomes this
+    machine's name, which teammates can resolve; 127.0.0.1 could only ever mean their own machine)."""
+    if public_url:
+        return public_url.rstrip("/")
+    name = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
+    return f"http://{f'[{name}]' if ':' in name else name}:{port}"
+
+
+def watched(argv: list[str]) -> list[str]:
+    """``argv`` run under a watcher that ends it (its whole process group) once this process is gone."""
+    return [sys.executable, "-m", "flows.server", "--watch-parent", str(os.getpid()), "--", *argv]
+
+
+def watch_parent(parent: int, argv: list[str]) -> int:
+    """Run ``argv`` and wait; if ``parent`` goes away (killed, even with SIGKILL), stop ``argv`` and whatever it
+    started: SIGTERM to the process group, then SIGKILL after a grace. A signal to the watcher is passed on.
+    The watcher is started as a group leader (start_new_session), so the group is its own and the command's."""
+    child = subprocess.Popen(argv)  # same group: a signal to the group (see _stop) reaches both
+    stopping: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda signum, _frame: stopping.append(signum))
+    while child.poll() is None and not stopping and os.getppid() == parent:
+        time.sleep(WATCH_POLL_S)
+    own_group = os.getpgid(0) == os.getpid()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if child.poll() is not None:
+            break
+        try:
+            os.killpg(os.getpid(), sig) if own_group else child.send_signal(sig)
+            child.wait(timeout=WATCH_GRACE_S)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            continue
+    return child.returncode if child.returncode is not None else 1
+
+
 def wait_healthy(api_url: str, proc: subprocess.Popen[bytes], stopping: list[int],
                  timeout_s: float = HEALTH_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout_s
@@ -51,12 +106,13 @@ def wait_healthy(api_url: str, proc: subprocess.Popen[bytes], stopping: list[int
                     return
         except (URLError, OSError):
             pass
-        time.sleep(1)
-    raise RuntimeError(f"the Prefect server did not answer {api_url}/health within {timeout_s:.0f} s")
+        time.sleep(0.5)
+    if not stopping:
+        raise RuntimeError(f"the Prefect server did not answer {api_url}/health within {timeout_s:.0f} s")
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
+def _stop(proc: subprocess.Popen[bytes], grace_s: float = 30.0) -> None:
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
         if proc.poll() is not None:
             return
         try:
@@ -69,29 +125,126 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             continue
 
 
-def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_dir: Path) -> int:
-    """Start the server (and a worker), wait until interrupted, stop both. Returns an exit code."""
-    api_url = f"http://{host}:{port}/api"
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def configured_api_url() -> str | None:
+    """PREFECT_API_URL from the environment or the active Prefect profile, read without importing prefect
+    (once prefect is imported, its settings no longer follow the environment)."""
+    if os.environ.get("PREFECT_API_URL"):
+        return os.environ["PREFECT_API_URL"]
+    home = Path(os.environ.get("PREFECT_HOME", "~/.prefect")).expanduser()
+    path = Path(os.environ.get("PREFECT_PROFILES_PATH", home / "profiles.toml")).expanduser()
+    try:
+        profiles = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    active = os.environ.get("PREFECT_PROFILE") or profiles.get("active") or "ephemeral"
+    value = (profiles.get("profiles", {}).get(active) or {}).get("PREFECT_API_URL")
+    return str(value) if value else None
+
+
+class TemporaryServer:
+    """Prefect's API on a private SQLite file for one `flagperf run`, as Prefect's own temporary server
+    runs it (uvicorn, no UI), but owned here: every process of the run (the case processes too) is pointed
+    at it through PREFECT_API_URL, it is stopped when the run ends, interrupted or not, and its watcher
+    stops it if this process is killed outright."""
+
+    LOG = "prefect-server.log"
+
+    def __init__(self) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="flagperf-prefect-"))
+        self.log_path = self.folder / self.LOG
+        self.port = free_port()
+        self.api_url = f"http://127.0.0.1:{self.port}/api"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, stopping: list[int]) -> str:
+        import importlib.util
+
+        spec = importlib.util.find_spec("prefect")  # where prefect is, without importing it
+        assert spec is not None and spec.origin is not None
+        env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
+               "PREFECT__SERVER_FINAL": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+               DATABASE_URL_ENV: f"sqlite+aiosqlite:///{self.folder / 'prefect.db'}"}
+        env.pop("PREFECT_API_URL", None)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(watched(
+                [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(spec.origin).parent.parent), "--factory",
+                 "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+                 "--log-level", "error", "--lifespan", "on", "--timeout-graceful-shutdown", "3"]),
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        wait_healthy(self.api_url, self.proc, stopping, float(os.environ.get(
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", HEALTH_TIMEOUT_S)))
+        return self.api_url
+
+    def stop(self, keep_log_in: Path | None = None) -> None:
+        """Stop the server and remove its database; its log is kept in ``keep_log_in`` if that folder exists."""
+        if self.proc is not None:
+            _stop(self.proc, grace_s=8.0)
+            self.proc = None
+        if keep_log_in is not None and keep_log_in.is_dir() and self.log_path.is_file():
+            shutil.copyfile(self.log_path, keep_log_in / self.LOG)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class _ResultsHandler(SimpleHTTPRequestHandler):
+    """GET and HEAD only (the base class has no other methods): the folder is served read-only."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return None  # one line per plot request would drown the server's log
+
+
+def serve_results(root: Path, host: str, port: int) -> ThreadingHTTPServer:
+    """The results folder over HTTP, read-only, in a thread of this process (it ends with it)."""
+    root.mkdir(parents=True, exist_ok=True)
+    httpd = ThreadingHTTPServer((host, port), functools.partial(_ResultsHandler, directory=str(root)))
+    threading.Thread(target=httpd.serve_forever, name="results-http", daemon=True).start()
+    return httpd
+
+
+def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_dir: Path, *,
+          results_dir: Path = Path("results"), results_port: int | None = None,
+          public_url: str | None = None) -> int:
+    """Start the server (and a worker) and the results folder over HTTP, wait until interrupted, stop all.
+    Returns an exit code."""
+    api_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}/api"
+    base = public_base(host, port, public_url)
+    results_root = (results_dir if results_dir.is_absolute() else PROJECT_ROOT / results_dir).resolve()
+    if results_port is None:
+        results_port = port + 1 if port < 65535 else port - 1
+    results_base = f"{urlsplit(base).scheme}://{urlsplit(base).hostname}:{results_port}"
     log_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, DATABASE_URL_ENV: database_url, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    with (log_dir / "server.log").open("ab") as server_log:
-        server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", host,
-                                   "--port", str(port)], env=env, stdout=server_log, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
-    processes = [server]
+    # The UI asks /ui-settings where the API is; without this it would point every browser at port 4200.
+    env = {**os.environ, DATABASE_URL_ENV: database_url, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_UI_API_URL": f"{base}/api", "PREFECT_UI_URL": base}
     stopping: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: stopping.append(signum))
     try:
+        httpd = serve_results(results_root, host, results_port)
+    except OSError as exc:
+        raise RuntimeError(f"cannot serve the results folder on {host}:{results_port}: {exc.strerror or exc} "
+                           f"(choose another --results-port)") from None
+    with (log_dir / "server.log").open("ab") as server_log:
+        server = subprocess.Popen(watched([sys.executable, "-m", "prefect", "server", "start", "--host", host,
+                                           "--port", str(port)]), env=env, stdout=server_log,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    processes = [server]
+    try:
         wait_healthy(api_url, server, stopping)
         if stopping:
             return 0
-        print(f"server: {api_url} (UI at http://{host}:{port}), database {urlsplit(database_url).hostname}",
-              flush=True)
+        print(f"server: UI at {base} (API {base}/api), database {urlsplit(database_url).hostname}", flush=True)
+        print(f"results: {results_root} served read-only at {results_base}/", flush=True)
         # The worker, its flow runs and their cases get no database credentials: only the server needs them.
         client_env = {k: v for k, v in os.environ.items() if k not in DATABASE_SECRETS}
         client_env.update(PREFECT_API_URL=api_url, PREFECT_SERVER_ANALYTICS_ENABLED="false",
-                          PREFECT_LOGGING_EXTRA_LOGGERS="flagperf")
+                          PREFECT_LOGGING_EXTRA_LOGGERS="flagperf", PREFECT_UI_URL=base,
+                          **{RESULTS_URL_ENV: results_base, RESULTS_ROOT_ENV: str(results_root)})
         created = subprocess.run([sys.executable, "-m", "prefect", "--no-prompt", "work-pool", "create", pool,
                                   "--type", "process", "--overwrite"], env=client_env, capture_output=True,
                                  text=True, timeout=120, check=False)
@@ -100,10 +253,10 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
         if worker:
             with (log_dir / "worker.log").open("ab") as worker_log:
                 processes.append(subprocess.Popen(
-                    [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool], cwd=PROJECT_ROOT,
+                    watched([sys.executable, "-m", "prefect", "worker", "start", "--pool", pool]), cwd=PROJECT_ROOT,
                     env=client_env, stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True))
             print(f"worker: pool {pool!r}, running flows from {PROJECT_ROOT}", flush=True)
-        print(f"logs in {log_dir}; export PREFECT_API_URL={api_url} to use it; Ctrl-C stops both", flush=True)
+        print(f"logs in {log_dir}; export PREFECT_API_URL={base}/api to use it; Ctrl-C stops all", flush=True)
         while not stopping and all(p.poll() is None for p in processes):
             time.sleep(1)
         failed = [p for p in processes if p.poll() not in (None, 0)]
@@ -113,3 +266,20 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
             signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the shutdown short
         for proc in reversed(processes):  # the worker first, then the server it talks to
             _stop(proc)
+        httpd.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.server",
+                                     description="run COMMAND until PID (its owner) is gone")
+    parser.add_argument("--watch-parent", type=int, required=True, metavar="PID")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command given")
+    return watch_parent(args.watch_parent, command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

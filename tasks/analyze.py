@@ -1,13 +1,28 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from urllib.parse import quote
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NONE
 
+from flagperf.paths import RESULTS_ROOT_ENV, RESULTS_URL_ENV
 from flagperf.results.report import build_report
 from flagperf.results.summary import HEADLINE_HEADER, RunSummary, headline_cells, render_markdown
+
+
+def published_url(run_dir: Path) -> str | None:
+    """The run folder's address on the server's results HTTP service, if it serves this folder."""
+    base, root = os.environ.get(RESULTS_URL_ENV), os.environ.get(RESULTS_ROOT_ENV)
+    if not base or not root:
+        return None
+    try:
+        relative = run_dir.resolve().relative_to(Path(root).resolve())
+    except ValueError:  # a results_dir outside the served folder: nobody else can open it
+        return None
+    return f"{base.rstrip('/')}/{quote(relative.as_posix())}/"
 
 
 @task(name="analyze", task_run_name="analyze[{run_dir.name}]", cache_policy=NONE)
@@ -31,9 +46,20 @@ def analyze(run_dir: Path) -> RunSummary | None:
               for e in summary.not_measured]
     create_table_artifact(table=table, key="flagperf-summary",
                           description=f"{summary.run_id}: measured vs peak per case and metric")
-    create_markdown_artifact(markdown=render_markdown(summary), key="flagperf-report",
+    url = published_url(run_dir)
+    markdown = render_markdown(summary, monitor_table=False)  # the UI's artifact page is narrow
+    if url:  # plots only where a browser can fetch them: from the results service
+        markdown += f"\n## Plots\n\nThe full report: [{url}report.html]({url}report.html)\n"
+        for plot in sorted(paths["plots"].glob("*.png")):
+            markdown += f"\n![{plot.stem.replace('_', ' ')}]({url}plots/{quote(plot.name)})\n"
+    create_markdown_artifact(markdown=markdown, key="flagperf-report",
                              description=f"{summary.run_id}: the run report ({paths['markdown']})")
-    create_link_artifact(link=paths["html"].resolve().as_uri(), link_text=f"{summary.run_id} report (HTML, plots)",
-                         key="flagperf-report-html", description="the HTML report with plots, on the controller")
+    if url:
+        create_link_artifact(link=f"{url}report.html", link_text=f"{summary.run_id} report (HTML, plots)",
+                             key="flagperf-report-html", description="the HTML report with plots, served by "
+                                                                     "flagperf server from the results folder")
+    else:
+        logger.info("the HTML report is at %s on this machine (`flagperf server` serves the results folder "
+                    "over HTTP and links it here)", paths["html"])
     logger.info("report written to %s", ", ".join(str(p) for p in paths.values()))
     return summary

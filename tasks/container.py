@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from flagperf.inference.subflows import portable_context
 from flagperf.results.schema import ATTEMPT_FAILURE_FILE, CASE_LOG_FILE, RESULT_FILE, RoundResult, read_result
 
 LOG_TAIL_LINES = 15
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # colour codes some libraries print (ONNX Runtime's warnings)
 
 
 def is_infrastructure_failure(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> bool:
@@ -42,7 +44,8 @@ def run_case(host: Host, runtime: Runtime, job: Job, stage_dir: Path, timeout_s:
     job_dir = stage_dir / f"attempt{attempt}"
     host.write_text(job_dir / JOB_FILE, job.model_dump_json(indent=2))
     logger.info("attempt %d: %s runtime, timeout %.0f s", attempt, runtime.name, timeout_s)
-    outcome = runtime.run_entry(host, job_dir, timeout_s, on_line=logger.info, pid_file=stage_dir / PID_FILE)
+    outcome = runtime.run_entry(host, job_dir, timeout_s, on_line=lambda line: logger.info(ANSI_ESCAPE.sub("", line)),
+                                pid_file=stage_dir / PID_FILE)
     try:
         return verdict(host, job, job_dir, outcome, timeout_s)
     except InfrastructureFailure as exc:  # retried: the attempt's folder says why (the report reads it)

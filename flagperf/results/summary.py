@@ -34,6 +34,9 @@ SUMMARY_CSV = "summary.csv"
 ROUND_FOLDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*_noderank\d+")
 SUMMARY_JSON = "summary.json"
 REPORT_MD = "report.md"
+PLAN_JSON = "plan.json"
+INTERRUPTED_FILE = "interrupted.json"  # written by the controller when a run is stopped by a signal
+RETRIES_DIR = "retries"  # failed rounds of earlier attempts of the same flow run, set aside for a retry
 
 MONITOR_COLUMNS = ["power_avg_w", "power_max_w", "energy_j", "energy_source", "energy_per_work",
                    "energy_per_work_unit", "cpu_percent_mean", "mem_used_bytes_max", "mem_total_bytes",
@@ -57,6 +60,8 @@ class RunSummary:
     context: dict[str, Any] = field(default_factory=dict)
     monitor_notes: list[str] = field(default_factory=list)
     scaling: list[dict[str, Any]] = field(default_factory=list)
+    progress: dict[str, Any] = field(default_factory=dict)
+    retried: list[dict[str, Any]] = field(default_factory=list)
     faults: list[str] = field(default_factory=list)  # what went wrong or was bounded (flagperf/results/faults.py)
 
     @property
@@ -66,7 +71,8 @@ class RunSummary:
     def to_json(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "counts": self.counts, "headline": self.headline,
                 "not_measured": self.not_measured, "problems": self.problems, "context": self.context,
-                "monitor_notes": self.monitor_notes, "scaling": self.scaling, "faults": self.faults}
+                "monitor_notes": self.monitor_notes, "scaling": self.scaling, "faults": self.faults,
+                "progress": self.progress, "retried": self.retried}
 
 
 def load_results(run_dir: Path) -> tuple[list[tuple[Path, RoundResult]], list[str]]:
@@ -204,7 +210,61 @@ def summarize(run_dir: Path) -> RunSummary:
                             "command": prov.command, "image": prov.image.get("status")})
     return RunSummary(run_id=run_dir.name, rows=rows, headline=headline, not_measured=not_measured,
                       counts=counts, problems=problems, context=context, monitor_notes=list(notes),
-                      scaling=scaling_table(rows), faults=find_faults(run_dir, loaded, headline))
+                      scaling=scaling_table(rows), faults=find_faults(run_dir, loaded, headline),
+                      progress=run_progress(run_dir, results),
+                      retried=retried_rounds(run_dir, results))
+
+
+def run_progress(run_dir: Path, results: list[RoundResult]) -> dict[str, Any]:
+    """Rounds planned (from plan.json: cases x rounds x hosts, an nnodes case on its first nnodes hosts), done
+    and not started, and the interruption if the run was stopped: a report of a stopped run says what it
+    covers instead of reading as a small complete run."""
+    planned: list[tuple[str, int, str, int]] = []
+    try:
+        plan = json.loads((run_dir / PLAN_JSON).read_text(encoding="utf-8"))
+        hosts = [h["name"] for h in plan.get("hosts") or []] or ["local"]
+        for case in plan["cases"]:
+            nnodes = int((case.get("config") or {}).get("nnodes", 1))
+            groups = [hosts[:nnodes]] if nnodes > 1 else [[h] for h in hosts]
+            for round_no in range(1, int(plan["rounds"]) + 1):
+                planned += [(case["name"], round_no, host, rank) for group in groups
+                            for rank, host in enumerate(group)]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # no plan, or not one: counts alone
+        return {}
+    if not planned:
+        return {}
+    done = {(r.case, r.round, r.host, r.node_rank) for r in results}
+    try:
+        interrupted = json.loads((run_dir / INTERRUPTED_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        interrupted = None
+    running = tuple((interrupted or {}).get("running") or ())  # (case, round) in flight when it was stopped
+    progress: dict[str, Any] = {"planned": len(planned), "done": sum(p in done for p in planned),
+                                "stopped": [], "not_started": [], "interrupted": interrupted}
+    for c, n, h, k in planned:
+        if (c, n, h, k) not in done:
+            which = "stopped" if (c, n) == running else "not_started"
+            progress[which].append(f"{c} round {n} on {h}" + (f" (node {k})" if k else ""))
+    return progress
+
+
+def retried_rounds(run_dir: Path, results: list[RoundResult]) -> list[dict[str, Any]]:
+    """Rounds that a retry of the flow run ran again: what each earlier attempt ended as, and what the round
+    is now."""
+    now = {(r.case, r.round, r.host, r.node_rank): r.status for r in results}
+    retried = []
+    for path in sorted((run_dir / RETRIES_DIR).glob(f"attempt*/*/round*/*_noderank*/{RESULT_FILE}")):
+        try:
+            earlier = read_result(path)
+        except (OSError, ValueError):
+            continue
+        attempt = path.relative_to(run_dir / RETRIES_DIR).parts[0]
+        retried.append({"case": earlier.case, "round": earlier.round, "host": earlier.host,
+                        "node_rank": earlier.node_rank, "attempt": attempt, "was": earlier.status,
+                        "message": earlier.failure.message if earlier.failure else "",
+                        "now": now.get((earlier.case, earlier.round, earlier.host, earlier.node_rank), "not run"),
+                        "kept_in": path.parent.relative_to(run_dir).as_posix()})
+    return retried
 
 
 def one_figure_per_job(rows: pd.DataFrame) -> pd.DataFrame:
@@ -291,7 +351,10 @@ HEADLINE_HEADER = ["case", "metric", "measured", "unit", "p50", "spread (CV)", "
                    "rounds"]
 
 
-def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = None) -> str:
+def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = None, *,
+                    monitor_table: bool = True) -> str:
+    """The report as Markdown. monitor_table=False leaves out the eleven-column power/energy/memory table (for
+    narrow viewers such as the Prefect UI's artifact page; the HTML report and summary.csv keep it)."""
     ctx = summary.context
     c = summary.counts
     lines = [f"# FlagPerf evaluation {summary.run_id}", ""]
@@ -302,8 +365,14 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = 
                   f"- engine {ctx.get('engine_version')} at git {git}; python {ctx.get('python')}, "
                   f"torch {ctx.get('torch')}, prefect {ctx.get('prefect') or '-'}; image {ctx.get('image')}",
                   f"- command: `{(ctx.get('command') or '-').replace('`', chr(39))}`"]
-    lines += [f"- rounds: {c['rounds']} ({c['success']} succeeded, {c['unsupported']} unsupported, "
-              f"{c['failed']} failed)", ""]
+    progress = summary.progress
+    stopped = progress.get("interrupted") if progress else None
+    if stopped:
+        lines += [f"- **interrupted** ({stopped.get('reason', 'stopped')}) at {stopped.get('at', '?')}: "
+                  f"{progress['done']} of {progress['planned']} planned rounds done, {len(progress['stopped'])} "
+                  f"stopped while running, {len(progress['not_started'])} not started"]
+    lines += [f"- rounds: {c['rounds']}" + (f" of {progress['planned']} planned" if progress else "")
+              + f" ({c['success']} succeeded, {c['unsupported']} unsupported, {c['failed']} failed)", ""]
     if summary.headline:
         lines += ["| " + " | ".join(HEADLINE_HEADER) + " |", "|" + "---|" * len(HEADLINE_HEADER)]
         lines += ["| " + " | ".join(headline_cells(e)) + " |" for e in summary.headline]
@@ -311,7 +380,10 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = 
     lines += render_warnings(summary)
     lines += render_chip_section(summary.headline)
     lines += render_max_achievable(summary.headline)
-    lines += render_monitor_section(summary)
+    if monitor_table:
+        lines += render_monitor_section(summary)
+    elif summary.headline:
+        lines += ["Power, energy and memory over each timed region: in the HTML report and summary.csv.", ""]
     if summary.scaling:
         lines += ["## Scaling", "", "| case | metric | nodes | devices per node | devices | throughput | speed-up | "
                   "efficiency |", "|---|---|---|---|---|---|---|---|"]
@@ -329,6 +401,12 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = 
                   f"{e['message']}"
                   for e in summary.not_measured]
         lines.append("")
+    if stopped and progress["stopped"]:
+        lines += ["## Stopped while running (the run was interrupted)", ""]
+        lines += [f"- {label}" for label in progress["stopped"]] + [""]
+    if stopped and progress["not_started"]:
+        lines += ["## Not started (the run was interrupted)", ""]
+        lines += [f"- {label}" for label in progress["not_started"]] + [""]
     lines += render_faults(summary)
     if summary.problems:
         lines += ["## Unreadable result files", ""] + [f"- {p}" for p in summary.problems] + [""]

@@ -129,13 +129,39 @@ def training_result(out_dir: Path, first_rank: int) -> tuple[list[Metric], Conve
     if finished["final_metric"] is not None:
         metrics.append(Metric(name=f"final_{finished['target_metric']}", value=finished["final_metric"], unit=""))
     extra = finished.get("extra") or {}
-    synthetic = " (synthetic tokens)" if extra.get("synthetic_data") else ""
+    world = extra.get("world_size") or 1
+    if extra.get("cpu_oversubscribed"):
+        metrics[0] = metrics[0].model_copy(update={"note": extra["cpu_oversubscribed"]})
+    if extra.get("samples_per_s_per_device") is not None:
+        metrics.append(Metric(name="samples_per_s_per_device", value=extra["samples_per_s_per_device"],
+                              unit=finished["throughput_unit"], measured_seconds=finished["raw_train_time"],
+                              convention=f"training_throughput / {world} processes"))
+    synthetic = " (synthetic data)" if extra.get("synthetic_data") else ""
+    flops = extra.get("flops_convention")
     if extra.get("tokens_per_s") is not None:
         metrics.append(Metric(name="tokens_per_s", value=extra["tokens_per_s"], unit="tokens/s",
                               measured_seconds=finished["raw_train_time"], mfu=extra.get("mfu"),
                               mfu_peak_key=extra.get("precision"),
-                              convention=f"MFU = 6 x {extra.get('parameters')} parameters x tokens/s / peak"
-                                         f"{synthetic}"))
+                              convention=f"MFU = FLOPs per token x tokens/s per device / one device's peak; "
+                                         f"FLOPs: {flops}; {extra.get('parameters')} parameters{synthetic}"))
+        metrics.append(Metric(name="tokens_per_s_per_device", value=extra["tokens_per_s_per_device"],
+                              unit="tokens/s", measured_seconds=finished["raw_train_time"],
+                              convention=f"tokens_per_s / {world} processes"))
+    elif extra.get("mfu") is not None:  # a model that declared FLOPs per sample (convolutional ones)
+        metrics[0] = metrics[0].model_copy(update={
+            "mfu": extra["mfu"], "mfu_peak_key": extra.get("precision"),
+            "convention": f"{metrics[0].convention}; MFU = FLOPs per sample x samples/s per device / one "
+                          f"device's peak; FLOPs: {flops}{synthetic}"})
+    peaks = extra.get("peak_memory_bytes_per_device")
+    if peaks:
+        metrics.append(Metric(name="peak_memory", value=max(peaks) / 2**30, unit="GiB",
+                              convention=f"the largest over {len(peaks)} processes of the "
+                                         f"{extra.get('peak_memory_kind')}; per process (GiB): "
+                                         + ", ".join(f"{p / 2**30:.3g}" for p in peaks)))
+    if extra.get("time_to_target_s") is not None:
+        metrics.append(Metric(name="time_to_target", value=extra["time_to_target_s"], unit="s",
+                              convention="from the first training step to the evaluation that reached the target "
+                                         "(evaluations included)"))
     convergence = Convergence(metric=finished["target_metric"], target=finished["target"],
                               reached=finished["final_metric"], converged=bool(finished["converged"]),
                               epochs=finished["epochs"], steps=finished["steps"])

@@ -23,6 +23,33 @@ from flagperf.training.driver import TrainingContext
 from flagperf.training.launch import USER_ERROR_PREFIX
 
 
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def cpu_threads(configured: int | None) -> int:
+    """Torch threads for one process on the cpu vendor: the configured number, else this process's share of
+    the cores it may run on. Processes on one CPU share its cores, so each gets its share, not all of them.
+    More threads than free cores is costly: every parallel region waits at its barrier for a thread the
+    scheduler has given to someone else (bench/results/training_cpu_harness.md: digits-mlp at 2 threads on 2
+    loaded cores is 7-40x slower than at 1)."""
+    if configured is not None:
+        return configured
+    return max(1, usable_cores() // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def oversubscribed(load_average: float, threads: int) -> str | None:
+    """Why this process's threads will wait for cores, or None: the host's load before training started plus
+    this node's torch threads exceed its usable cores."""
+    usable = usable_cores()
+    wanted = threads * int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if load_average + wanted <= usable + 0.5:
+        return None
+    return (f"load average {load_average:.1f} on {usable} usable cores before {wanted} torch thread(s) started: "
+            f"threads will wait for cores others hold, and the figure measures that contention (set cpu_threads "
+            f"lower, or use a quiet host)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flagperf.training.worker")
     parser.add_argument("--job", type=Path, required=True)
@@ -35,8 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device(device_type, local_rank) if device_type != "cpu" else torch.device("cpu")
     if device_type == "cpu":
-        # Processes on one CPU share its cores: each gets its share, not all of them.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+        torch.set_num_threads(cpu_threads(config.cpu_threads))
     else:
         torch.get_device_module(device_type).set_device(local_rank)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -47,6 +73,13 @@ def main(argv: list[str] | None = None) -> int:
     ctx = TrainingContext(config, device=device)
     peak = vendor.spec_table().peaks.get(config.precision)
     ctx.peak = (peak.value, peak.unit) if peak and peak.supported else None
+    ctx.extra["torch_threads"] = torch.get_num_threads()
+    ctx.extra["load_average_1m"] = os.getloadavg()[0]  # other work on the host at the start (a shared machine)
+    if device_type == "cpu":
+        busy = oversubscribed(ctx.extra["load_average_1m"], torch.get_num_threads())
+        if busy:
+            ctx.extra["cpu_oversubscribed"] = busy
+            print(f"warning: {busy}", file=sys.stderr, flush=True)
     ctx.event("INIT_START", {"case": job.case, "world_size": world_size, "device": str(device)})
     if ctx.rank == 0:
         ctx.event("SUBMIT_INFO", {"config": job.config})

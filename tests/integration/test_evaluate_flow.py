@@ -15,7 +15,7 @@ from prefect.client.schemas.filters import (
     ArtifactFilter,
     ArtifactFilterFlowRunId,
 )
-from prefect_api import all_task_runs, run_evaluate, task_logs, task_runs
+from prefect_api import all_task_runs, flow_run_tree, run_evaluate, task_logs, task_runs
 
 from flagperf.results.schema import read_result
 
@@ -153,6 +153,15 @@ def test_retrying_a_failed_evaluation_reruns_only_the_failed_rounds(flagperf_env
         flagperf_env, cases=["computation-FP64", "fails-until-fixed"], rounds=2,
         overrides=[*FAST, f"fails-until-fixed.marker={marker}"])
     assert state.is_failed() and "2 of 4 rounds failed" in state.message
+    # Each failed round's host-round subflow is Failed (red in the UI), the others Completed.
+    evaluation = state.state_details.flow_run_id
+    with get_client(sync_client=True) as client:
+        rounds = {run.name: run.state for run in (client.read_flow_run(i) for i in flow_run_tree(evaluation))
+                  if run.id != evaluation}
+    assert {name: s.type.value for name, s in rounds.items()} == {
+        "computation-FP64/round1@localhost": "COMPLETED", "computation-FP64/round2@localhost": "COMPLETED",
+        "fails-until-fixed/round1@localhost": "FAILED", "fails-until-fixed/round2@localhost": "FAILED"}
+    assert "input not ready" in rounds["fails-until-fixed/round1@localhost"].message
     kept = run_dir / "computation-FP64" / "round1" / "localhost_noderank0" / "result.json"
     before = kept.read_bytes()
 
@@ -182,6 +191,10 @@ def test_retrying_a_failed_evaluation_reruns_only_the_failed_rounds(flagperf_env
     assert earlier.status == "failed" and "input not ready" in earlier.failure.message
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["counts"] == {"rounds": 4, "success": 4, "unsupported": 0, "failed": 0}
+    # The report says which rounds a retry ran again and what they were before.
+    assert [(e["case"], e["round"], e["was"], e["now"]) for e in summary["retried"]] == [
+        ("fails-until-fixed", 1, "failed", "success"), ("fails-until-fixed", 2, "failed", "success")]
+    assert "run again by a retry of the flow run" in (run_dir / "report.md").read_text(encoding="utf-8")
 
 
 def test_training_killed_mid_way_says_where_it_stopped(flagperf_env: Path) -> None:

@@ -308,6 +308,32 @@ def test_training_across_two_hosts_converges(flagperf_env: Path, tmp_path: Path,
             assert (folder / f"rank{rank}.out.log").is_file(), sorted(p.name for p in folder.iterdir())
 
 
+def test_llama_sharded_across_two_hosts(flagperf_env: Path, tmp_path: Path, testbed: Testbed,
+                                       deployed: Path) -> None:
+    """llama-pretrain's tiny preset at 2x1 with FSDP2 (fully_shard over gloo): parameters sharded across two
+    network namespaces; both nodes finish, evaluate the same sharded model and report per-device figures."""
+    import math
+
+    from flagperf.measure.perflog import parse_file
+
+    inventory = write_inventory(tmp_path, [host_entry(testbed, i, deployed) for i in (0, 1)], master_port=29617)
+    state, run_dir = run_evaluate(flagperf_env, cases=["llama-pretrain"], rounds=1, inventory=inventory,
+                                  overrides=["nnodes=2", "parallel=fsdp", "batch_size=8", "synthetic_sequences=128",
+                                             "max_steps=6", "max_epochs=2", "cpu_threads=1", "timeout_s=600"])
+    assert state.is_completed(), state.message
+    finals = []
+    for node, host in enumerate(testbed.hosts[:2]):
+        folder = run_dir / "llama-pretrain" / "round1" / f"{host.name}_noderank{node}"
+        result = read_result(folder / "result.json")
+        assert result.status == "success" and result.node_rank == node
+        extra = parse_file(folder / f"rank{node}.out.log").finished()[node]["extra"]
+        assert extra["parallel"] == "fsdp" and extra["world_size"] == 2 and extra["fsdp_units"] == 2
+        metrics = {m.name: m for m in result.metrics}
+        assert metrics["tokens_per_s_per_device"].value == pytest.approx(metrics["tokens_per_s"].value / 2)
+        finals.append(result.convergence.reached)
+    assert finals[0] == pytest.approx(finals[1], rel=1e-5) and finals[0] < math.log(256) - 0.3
+
+
 def test_flagperf_host_yaml_runs_through_the_cli(tmp_path: Path, testbed: Testbed, deployed: Path) -> None:
     """`flagperf run --host-config host.yaml` with FlagPerf's own keys: two hosts over SSH (user and key from
     ~/.ssh/config, as FlagPerf's users have them), containers built from the vendor's Dockerfile."""

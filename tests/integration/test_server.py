@@ -48,11 +48,18 @@ def pools_in_postgres() -> list[str]:
 
 
 def test_server_on_postgres_with_a_worker(tmp_path: Path) -> None:
+    """On a port other than Prefect's 4200: the UI is told that port (its settings endpoint), the results
+    folder is served read-only beside it, and SIGTERM stops everything it started."""
     port = free_port()
+    results_port = free_port()
     api = f"http://127.0.0.1:{port}/api"
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    results = tmp_path / "results"
+    (results / "run-x").mkdir(parents=True)
+    (results / "run-x" / "report.html").write_text("<p>the report</p>", encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_UI_API_URL")}
     proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "server", "--database-url",
                              os.environ["FLAGPERF_TEST_POSTGRES_URL"], "--port", str(port), "--pool", "flagperf-test",
+                             "--results", str(results), "--results-port", str(results_port),
                              "--log-dir", str(tmp_path / "logs")], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
@@ -62,15 +69,23 @@ def test_server_on_postgres_with_a_worker(tmp_path: Path) -> None:
             assert proc.poll() is None, proc.stdout.read()
             try:
                 pool = httpx.get(f"{api}/work_pools/flagperf-test", timeout=5)
-                if pool.status_code == 200:
-                    workers = httpx.post(f"{api}/work_pools/flagperf-test/workers/filter", json={}, timeout=5).json()
+                if pool.status_code == 200:  # a worker of an earlier server on the same database stays OFFLINE
+                    workers = [w for w in httpx.post(f"{api}/work_pools/flagperf-test/workers/filter", json={},
+                                                     timeout=5).json() if w["status"] == "ONLINE"]
             except httpx.HTTPError:
                 pass
             time.sleep(2)
-        assert workers and workers[0]["status"] == "ONLINE", workers
+        assert workers, "no worker came online"
         assert pool.json()["type"] == "process"
         # The server really stores in PostgreSQL: the pool is a row there.
-        assert pools_in_postgres() == ["flagperf-test"]
+        assert "flagperf-test" in pools_in_postgres()  # other tests of the session may add their pools
+        # The UI in a browser asks this endpoint where the API is: this server, not port 4200.
+        settings = httpx.get(f"http://127.0.0.1:{port}/ui-settings", timeout=10).json()
+        assert settings["api_url"] == api, settings
+        page = httpx.get(f"http://127.0.0.1:{results_port}/run-x/report.html", timeout=10)
+        assert page.status_code == 200 and page.text == "<p>the report</p>"
+        assert httpx.put(f"http://127.0.0.1:{results_port}/run-x/report.html", content=b"x",
+                         timeout=10).status_code == 501
         # Its scheduler works on this database: a deployment with the nightly's schedule gets its runs.
         assert_schedule_gets_runs(api)
         children = psutil.Process(proc.pid).children(recursive=True)
@@ -79,4 +94,33 @@ def test_server_on_postgres_with_a_worker(tmp_path: Path) -> None:
         out, _ = proc.communicate(timeout=90)
     assert proc.returncode == 0, out
     assert "worker: pool 'flagperf-test'" in out
+    assert f"UI at http://127.0.0.1:{port}" in out and f"served read-only at http://127.0.0.1:{results_port}/" in out
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_killed_server_command_leaves_no_server(tmp_path: Path) -> None:
+    """SIGKILL gives `flagperf server` no chance to stop anything: its watchers stop the server and worker."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "server", "--database-url",
+                             os.environ["FLAGPERF_TEST_POSTGRES_URL"], "--port", str(port), "--no-worker",
+                             "--pool", "flagperf-kill", "--results", str(tmp_path / "results"),
+                             "--results-port", str(free_port()), "--log-dir", str(tmp_path / "logs")],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            assert proc.poll() is None
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(2)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert children
+    finally:
+        proc.kill()
+        proc.wait()
+    _gone, alive = psutil.wait_procs(children, timeout=60)
+    assert not [c for c in alive if c.status() != psutil.STATUS_ZOMBIE], alive

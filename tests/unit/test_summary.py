@@ -201,3 +201,23 @@ def test_empty_run(tmp_path: Path) -> None:
     write_summary(run, s)
     assert read_summary_json(run)["counts"]["rounds"] == 0
     assert "## Not measured" not in (run / REPORT_MD).read_text(encoding="utf-8")
+
+
+def test_interrupted_run_says_what_was_planned_stopped_and_not_started(tmp_path: Path) -> None:
+    from flagperf.results.summary import run_progress
+
+    run = tmp_path / "run-stopped"
+    run.mkdir()
+    plan = {"rounds": 2, "hosts": [{"name": "a"}, {"name": "b"}],
+            "cases": [{"name": "gemm", "config": {}}, {"name": "train", "config": {"nnodes": 2}}]}
+    (run / "plan.json").write_text(json.dumps(plan), encoding="utf-8")
+    assert run_progress(run, [])["planned"] == 8  # gemm on each host, train on both nodes, twice each
+    (run / "interrupted.json").write_text(json.dumps({"reason": "SIGTERM", "at": "now", "running": ["gemm", 2]}),
+                                          encoding="utf-8")
+    progress = run_progress(run, [])
+    assert progress["done"] == 0 and progress["interrupted"]["reason"] == "SIGTERM"
+    assert progress["stopped"] == ["gemm round 2 on a", "gemm round 2 on b"]
+    assert "train round 1 on b (node 1)" in progress["not_started"] and len(progress["not_started"]) == 6
+    md = render_markdown(summarize(run))
+    assert "**interrupted** (SIGTERM) at now: 0 of 8 planned rounds done, 2 stopped while running, 6 not started" in md
+    assert "## Stopped while running" in md and "## Not started" in md

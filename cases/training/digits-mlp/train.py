@@ -37,14 +37,13 @@ def run(config: Config, ctx: TrainingContext) -> None:
     loader = ctx.loader(train, config.batch_size)
     model = ctx.wrap(torch.nn.Sequential(torch.nn.Linear(64, config.hidden), torch.nn.ReLU(),
                                          torch.nn.Linear(config.hidden, 10)))
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+    optimizer = ctx.optimizer(torch.optim.SGD, model.parameters(), lr=config.lr, momentum=config.momentum)
     loss_fn = torch.nn.CrossEntropyLoss()
     ctx.init_done()
     for _epoch in ctx.epochs():
-        for x, y in loader:
-            optimizer.zero_grad()
-            loss = loss_fn(model(x.to(ctx.device)), y.to(ctx.device))
-            loss.backward()
-            optimizer.step()
-            ctx.step(len(x), loss=float(loss))
+        for x, y in ctx.batches(loader):
+            with ctx.autocast():
+                loss = loss_fn(model(ctx.to_device(x)), ctx.to_device(y))
+            ctx.backward(loss, optimizer)
+            ctx.step(len(x), loss=loss)
         ctx.evaluate(accuracy=accuracy(model, test, ctx.device))

@@ -1,0 +1,89 @@
+"""`flagperf run` (the embedded default) stopped from outside: SIGTERM or SIGINT mid-round ends the case, the
+monitors and the temporary server, writes a report that says what was done, and exits 128 + the signal;
+SIGKILL leaves no server behind (its watcher stops it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+LONG_ROUND = ["--cases", "computation-FP32", "--rounds", "2", "--set", "min_duration_s=300", "--set", "warmup_iters=0"]
+
+
+def start_run(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(FLAGPERF_WORK_ROOT=str(tmp_path / "work"), PREFECT_HOME=str(tmp_path / "prefect-home"))
+    results = tmp_path / "results"
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", *LONG_ROUND, "--results", str(results)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, results
+
+
+def wait_for_the_case(proc: subprocess.Popen[str], results: Path) -> list[psutil.Process]:
+    """Until round 1's case process runs; returns every process the run has started by then."""
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+        if any("flagperf.entry" in " ".join(p.cmdline()) for p in descendants if p.is_running()):
+            return descendants
+        time.sleep(1)
+    raise AssertionError("round 1's case process never started")
+
+
+def gone(processes: list[psutil.Process]) -> list[psutil.Process]:
+    _, alive = psutil.wait_procs(processes, timeout=60)
+    return [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_stops_everything_and_reports_what_was_done(tmp_path: Path, sig: signal.Signals) -> None:
+    proc, results = start_run(tmp_path)
+    try:
+        started = wait_for_the_case(proc, results)
+        assert any("uvicorn" in " ".join(p.cmdline()) for p in started)  # the run's own temporary server
+        assert any("--parent-pid" in p.cmdline() for p in started)  # a monitor
+        signalled = time.monotonic()
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=300)
+        print(f"exited {time.monotonic() - signalled:.1f} s after {sig.name}")  # the issue asks for < 15 s
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + sig, out
+    assert "interrupted: 0 of 2 planned rounds done, 1 stopped while running, 1 not started" in out, out
+    assert not gone(started), "processes of the run outlived it"
+    (run_dir,) = results.iterdir()
+    report = (run_dir / "report.md").read_text(encoding="utf-8")
+    assert f"**interrupted** ({sig.name})" in report
+    assert "## Stopped while running" in report and "- computation-FP32 round 1 on" in report
+    assert "## Not started" in report and "- computation-FP32 round 2 on" in report
+    progress = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))["progress"]
+    assert progress["planned"] == 2 and progress["done"] == 0
+    # The whole log of the run is in its folder, though the console showed the live view only.
+    log = (run_dir / "controller.log").read_text(encoding="utf-8")
+    assert "run_case[computation-FP32/round1@" in log and f"interrupted ({sig.name})" in log
+
+
+def test_sigkill_leaves_no_server(tmp_path: Path) -> None:
+    proc, results = start_run(tmp_path)
+    try:
+        started = wait_for_the_case(proc, results)
+    finally:
+        proc.kill()
+        proc.wait()
+    server = [p for p in started if "uvicorn" in " ".join(p.cmdline())]
+    assert server
+    assert not gone(server), "the temporary server outlived the killed controller"
+    for proc in started:  # the case and monitors have their own parent watches; this test is about the server
+        if proc.is_running():
+            proc.kill()

@@ -1,0 +1,125 @@
+"""flows/server.py without a Prefect server: the parent watcher, the results folder over HTTP, the UI address,
+and the profile look-up; and the evaluate form's parameter schema as Prefect builds it for a deployment."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from flagperf.paths import PROJECT_ROOT
+from flows.server import configured_api_url, free_port, public_base, serve_results
+
+
+def wait_for(predicate, what: str, limit_s: float = 60.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"gave up waiting for {what}")
+
+
+def test_a_watched_command_ends_when_its_owner_is_killed_outright(tmp_path: Path) -> None:
+    """The owner (a stand-in for `flagperf run`) starts a watched sleeper and is then SIGKILLed: the sleeper,
+    a grandchild that no signal of the owner's reaches, must go too."""
+    pid_file = tmp_path / "sleeper.pid"
+    sleeper_py = tmp_path / "sleeper.py"
+    sleeper_py.write_text(f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n")
+    owner_code = (
+        "import subprocess, sys, time\n"
+        "from flows.server import watched\n"
+        f"subprocess.Popen(watched([sys.executable, {str(sleeper_py)!r}]), start_new_session=True)\n"
+        "time.sleep(600)\n")
+    owner = subprocess.Popen([sys.executable, "-c", owner_code], cwd=PROJECT_ROOT)
+    try:
+        wait_for(lambda: pid_file.is_file() and pid_file.read_text().strip(), "the sleeper to start")
+        sleeper = psutil.Process(int(pid_file.read_text()))
+        assert sleeper.is_running()
+        owner.kill()
+        owner.wait()
+        wait_for(lambda: not sleeper.is_running() or sleeper.status() == psutil.STATUS_ZOMBIE,
+                 "the sleeper to be stopped by its watcher")
+    finally:
+        owner.kill()
+
+
+def test_a_signal_to_the_watcher_reaches_the_command(tmp_path: Path) -> None:
+    marker = tmp_path / "got-term"
+    code = ("import signal, sys, time\n"
+            f"signal.signal(signal.SIGTERM, lambda *a: (open({str(marker)!r}, 'w').close(), sys.exit(0)))\n"
+            "time.sleep(600)\n")
+    watcher = subprocess.Popen([sys.executable, "-m", "flows.server", "--watch-parent", str(os.getpid()), "--",
+                                sys.executable, "-c", code], cwd=PROJECT_ROOT, start_new_session=True)
+    time.sleep(2)  # the command installs its handler
+    watcher.send_signal(signal.SIGTERM)
+    assert watcher.wait(timeout=60) == 0
+    assert marker.exists()
+
+
+def test_results_are_served_read_only(tmp_path: Path) -> None:
+    (tmp_path / "run1" / "plots").mkdir(parents=True)
+    (tmp_path / "run1" / "report.html").write_text("<h1>report</h1>", encoding="utf-8")
+    port = free_port()
+    httpd = serve_results(tmp_path, "127.0.0.1", port)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        page = httpx.get(f"{base}/run1/report.html", timeout=10)
+        assert page.status_code == 200 and page.text == "<h1>report</h1>"
+        assert page.headers["content-type"].startswith("text/html")
+        for method in ("PUT", "POST", "DELETE"):
+            assert httpx.request(method, f"{base}/run1/report.html", content=b"x", timeout=10).status_code == 501
+        assert httpx.get(f"{base}/../../etc/passwd", timeout=10).status_code == 404
+        assert (tmp_path / "run1" / "report.html").read_text(encoding="utf-8") == "<h1>report</h1>"
+    finally:
+        httpd.shutdown()
+
+
+def test_public_base() -> None:
+    assert public_base("127.0.0.1", 4310) == "http://127.0.0.1:4310"
+    assert public_base("0.0.0.0", 4310).endswith(":4310") and "0.0.0.0" not in public_base("0.0.0.0", 4310)
+    assert public_base("0.0.0.0", 4310, "http://perf-lab:80/") == "http://perf-lab:80"
+
+
+def test_configured_api_url_reads_the_environment_then_the_active_profile(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.delenv("PREFECT_PROFILE", raising=False)
+    profiles = tmp_path / "profiles.toml"
+    monkeypatch.setenv("PREFECT_PROFILES_PATH", str(profiles))
+    assert configured_api_url() is None
+    profiles.write_text('active = "team"\n[profiles.team]\nPREFECT_API_URL = "http://perf-lab:4200/api"\n'
+                        '[profiles.ephemeral]\n', encoding="utf-8")
+    assert configured_api_url() == "http://perf-lab:4200/api"
+    monkeypatch.setenv("PREFECT_PROFILE", "ephemeral")
+    assert configured_api_url() is None
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
+    assert configured_api_url() == "http://127.0.0.1:9/api"
+
+
+def test_the_form_explains_itself_and_offers_the_folders() -> None:
+    """What `prefect deploy` puts in the evaluate deployment's form: every parameter described, no internal
+    ones, choices from the folders, no optional (None) fields."""
+    from prefect.utilities.callables import parameter_schema_from_entrypoint
+
+    from flagperf.config.cases import available_cases
+    from flagperf.config.plan import available_suites
+    from flagperf.config.vendors import available_vendors
+
+    schema = parameter_schema_from_entrypoint(f"{PROJECT_ROOT / 'flows' / 'evaluate.py'}:evaluate_form").model_dump()
+    props = schema["properties"]
+    assert set(props) == {"suite", "cases", "vendor", "rounds", "overrides", "inventory", "results_dir",
+                          "monitor_interval_s"}
+    assert all(p.get("description") for p in props.values()), props
+    assert all("anyOf" not in p and p.get("type") != "null" for p in props.values()), props
+    assert schema["required"] == []
+    assert set(props["suite"]["enum"]) == set(available_suites())
+    assert set(props["cases"]["items"]["enum"]) == set(available_cases())
+    assert set(props["vendor"]["enum"]) == {"auto", *available_vendors()}
