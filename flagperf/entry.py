@@ -15,8 +15,9 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 import torch
@@ -33,8 +34,8 @@ from flagperf.errors import (
     CaseUserError,
     ConfigError,
     Unsupported,
+    missing_extra,
 )
-from flagperf.generate.config import GenerateConfig
 from flagperf.hosts.local import default_work_root
 from flagperf.inference.config import InferenceConfig
 from flagperf.measure.casekit import CaseConfig, CaseContext, TimedCaseConfig
@@ -53,6 +54,9 @@ from flagperf.results.schema import (
 )
 from flagperf.training.driver import TrainingConfig
 from flagperf.training.launch import EXIT_WORKER_FAILED, launch, training_result, user_error
+
+if TYPE_CHECKING:  # a run-time import would need transformers (the generate extra) for every round
+    from flagperf.generate.config import GenerateConfig
 
 log = logging.getLogger("flagperf.case")
 
@@ -144,7 +148,7 @@ def run_generate(config: GenerateConfig, vendor: Vendor, spec: SpecTable, out_di
 
 
 def run_job(job: Job, out_dir: Path) -> int:
-    started = datetime.now(UTC)
+    started = datetime.now(timezone.utc)
     startup_s = max(0.0, started.timestamp() - psutil.Process().create_time())
     outcome = Outcome()
     device: str | None = None
@@ -160,7 +164,7 @@ def run_job(job: Job, out_dir: Path) -> int:
             outcome = run_training(job, config, out_dir)
         elif isinstance(config, InferenceConfig):
             outcome = run_inference(job, case, config, vendor, spec, out_dir)
-        elif isinstance(config, GenerateConfig):
+        elif case.family == "generate":  # its modules need transformers (the generate extra): imported there
             outcome = run_generate(config, vendor, spec, out_dir)
         else:
             outcome = run_base(case, config, vendor, spec, job, out_dir)
@@ -172,7 +176,12 @@ def run_job(job: Job, out_dir: Path) -> int:
         message = str(exc) if not isinstance(exc, ValidationError) else pydantic_error_to_config_error(
             exc, "job config").message
         outcome = Outcome(failure=Failure(kind="user", message=message), exit_code=EXIT_USER_ERROR)
-    finished = datetime.now(UTC)
+    except ModuleNotFoundError as exc:  # an optional package this case needs: name the extra, do not retry
+        missing = missing_extra(exc, job.family, f"case {job.case}")
+        if missing is None:
+            raise
+        outcome = Outcome(failure=Failure(kind="user", message=str(missing)), exit_code=EXIT_USER_ERROR)
+    finished = datetime.now(timezone.utc)
     for metric in outcome.metrics:
         ratio = f" = {metric.ratio:.1%} of peak" if metric.ratio is not None else ""
         log.info("%s: %.6g %s (p50 %s, cv %s)%s", metric.name, metric.value, metric.unit,

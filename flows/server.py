@@ -22,13 +22,17 @@ import sys
 import tempfile
 import threading
 import time
-import tomllib
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.error import URLError
 from urllib.parse import urlsplit
 from urllib.request import urlopen
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser as the tomli package (a dependency there)
+    import tomli as tomllib
 
 from flagperf.errors import ConfigError
 from flagperf.paths import PROJECT_ROOT, RESULTS_ROOT_ENV, RESULTS_URL_ENV

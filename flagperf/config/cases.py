@@ -36,7 +36,7 @@ from flagperf.config.models import (
 )
 from flagperf.config.vendors import import_file
 from flagperf.config.yamlio import load_yaml_mapping
-from flagperf.errors import ConfigError
+from flagperf.errors import ConfigError, missing_extra
 from flagperf.paths import case_roots, display_path
 
 MANIFEST = "case.yaml"
@@ -88,10 +88,14 @@ class CaseDef:
         if is_core_module(entry):
             try:
                 module = importlib.import_module(entry)
-            except ModuleNotFoundError:
+            except ModuleNotFoundError as exc:
+                missing = missing_extra(exc, self.family, f"case {self.name}")  # the kernel's package, not the kernel
+                if missing is not None:
+                    raise missing from None
                 raise ConfigError(display_path(self.manifest_path), "entry", f"no kernel named {entry!r}") from None
         else:
-            module = import_file(self.folder / entry, f"flagperf_case_{self.name.replace('-', '_').replace('.', '_')}")
+            module = import_file(self.folder / entry, f"flagperf_case_{self.name.replace('-', '_').replace('.', '_')}",
+                                 family=self.family)
         required = {"inference": INFERENCE_FUNCTIONS, "generate": ()}.get(self.family, ("run",))
         for attr in ("Config", *required):
             if not hasattr(module, attr):

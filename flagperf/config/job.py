@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -40,7 +40,7 @@ class Job(BaseModel):
 
     def failed_result(self, failure: Failure, host_probe: dict[str, Any] | None) -> RoundResult:
         """The result of a round that left none of its own (a crash, a timeout, a lost host)."""
-        now = datetime.now(UTC)
+        now = datetime.now(timezone.utc)
         probe = host_probe or {}
         return RoundResult(
             run_id=self.run_id, case=self.case, family=self.family, round=self.round, host=self.host,

@@ -7,7 +7,7 @@ override rules, value types. The plan is plain data, so the flow and the CLI bui
 from __future__ import annotations
 
 import secrets
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +59,7 @@ class RunPlan(BaseModel):
 
 
 def new_run_id(suffix: str | None = None) -> str:
-    return f"run{datetime.now(UTC):%Y%m%d%H%M%S}-{suffix or secrets.token_hex(2)}"
+    return f"run{datetime.now(timezone.utc):%Y%m%d%H%M%S}-{suffix or secrets.token_hex(2)}"
 
 
 def run_id_for_flow_run(results_dir: str | Path, flow_run_id: str) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from flagperf.config.models import StrictModel, check_name, load_model
-from flagperf.errors import ConfigError
+from flagperf.errors import ConfigError, missing_extra
 from flagperf.paths import PROJECT_ROOT, display_path, vendor_roots
 from flagperf.results.schema import SpecTable
 
@@ -147,7 +147,9 @@ class Vendor(BaseModel):
         return SpecTable.model_validate(table)
 
 
-def import_file(path: Path, module_name: str) -> ModuleType:
+def import_file(path: Path, module_name: str, family: str | None = None) -> ModuleType:
+    """Import a plug-in's file. A package of one of the project's extras that is missing is one line naming
+    the extra (for a case, its family's: training or inference)."""
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise ConfigError(display_path(path), None, "cannot be imported as a Python module")
@@ -157,6 +159,9 @@ def import_file(path: Path, module_name: str) -> ModuleType:
         spec.loader.exec_module(module)
     except Exception as exc:  # a plug-in's own bug: one line naming the file, not a traceback
         sys.modules.pop(module_name, None)
+        missing = missing_extra(exc, family, display_path(path)) if isinstance(exc, ImportError) else None
+        if missing is not None:
+            raise missing from None
         line = f" line {exc.lineno}" if isinstance(exc, SyntaxError) and exc.lineno else ""
         detail = str(exc).splitlines()[0] if str(exc) else ""
         message = f"cannot be imported:{line} {type(exc).__name__}: {detail}"

@@ -30,7 +30,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from flagperf.config.models import StrictModel, check_name, load_model
 from flagperf.config.vendors import import_file
-from flagperf.errors import CaseUserError, ConfigError
+from flagperf.errors import CaseUserError, ConfigError, MissingExtra, extra_for
 from flagperf.paths import display_path, vendor_roots
 
 ENGINE_MANIFEST = "engine.yaml"
@@ -126,6 +126,10 @@ class EngineDef:
     def engine_class(self) -> type[GenerateEngine]:
         """Import the engine; a missing library is one line naming the package to install."""
         missing = [r for r in self.manifest.requires if importlib.util.find_spec(r.import_name) is None]
+        for requirement in missing:  # a package one of this project's extras installs: name the extra
+            found = extra_for(requirement.import_name, "generate")
+            if found:
+                raise MissingExtra(*found, f"engine {self.manifest.name} ({self.source})")
         if missing:
             raise CaseUserError(f"engine {self.manifest.name} ({self.source}) needs the Python package(s) "
                                 f"{', '.join(r.pip for r in missing)}: not installed on this host")

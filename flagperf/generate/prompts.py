@@ -13,7 +13,7 @@ from typing import Protocol
 
 import torch
 
-from flagperf.errors import CaseUserError
+from flagperf.errors import CaseUserError, install_command
 
 BYTE_OFFSET = 3  # ids 0, 1, 2: pad, bos, eos (the tiny preset's), then one id per byte value
 
@@ -148,8 +148,8 @@ def file_prompts(path: str, tokenizer: Tokenizer, max_len: int) -> PromptSet:
 def require_rouge() -> None:
     """A prompt file with references is scored: without the package that is one line, before any decoding."""
     if importlib.util.find_spec("rouge_score") is None:
-        raise CaseUserError("the prompt file has references, and ROUGE needs the rouge-score package: "
-                            "pip install 'flagperf-prefect[generate]'")
+        raise CaseUserError(f"the prompt file has references, and ROUGE needs the rouge-score package: "
+                            f"{install_command('generate')}")
 
 
 def rouge_scores(predictions: list[str], references: list[str]) -> dict[str, float]:

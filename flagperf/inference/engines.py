@@ -10,7 +10,7 @@ engine.yaml:
   description: ...
   module: flagperf.inference.inductor   # a shared implementation in the core (several vendors), or
   file: engine.py                       # a module in the engine folder; either defines ``Engine``
-  requires: [{import: onnxruntime, pip: "onnxruntime==1.31.1"}]
+  requires: [{import: onnxruntime, pip: "onnxruntime (the inference extra)"}]
   needs_model: false    # needs the PyTorch model (so no_validation: true cannot be used)
   needs_onnx: true      # reads the ONNX file (false: step d is skipped, the engine compiles the model)
   onnx_precision: fp32  # fp32: exported in FP32, the engine lowers precision itself; case: exported in the
@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from flagperf.config.models import StrictModel, check_name, load_model
 from flagperf.config.vendors import import_file
-from flagperf.errors import CaseUserError, ConfigError
+from flagperf.errors import CaseUserError, ConfigError, MissingExtra, extra_for
 from flagperf.paths import display_path, vendor_roots
 
 ENGINE_MANIFEST = "engine.yaml"
@@ -162,6 +162,10 @@ class EngineDef:
     def engine_class(self) -> type[InferenceEngine]:
         """Import the engine; a missing library is a clear error naming the package to install."""
         missing = self.missing_packages()
+        for requirement in missing:  # a package one of this project's extras installs: name the extra
+            found = extra_for(requirement.import_name, "inference")
+            if found:
+                raise MissingExtra(*found, f"engine {self.manifest.name} ({self.source})")
         if missing:
             raise CaseUserError(f"engine {self.manifest.name} ({self.source}) needs the Python package(s) "
                                 f"{', '.join(r.pip for r in missing)}: not installed on this host "

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from flagperf.errors import CaseUserError
+from flagperf.errors import CaseUserError, require
 from flagperf.inference.config import InferenceConfig
 from flagperf.inference.measure import as_inputs
 from flagperf.results.schema import LoadgenResult
@@ -267,11 +267,7 @@ def run_scenario(c: InferenceConfig, sut: EngineSUT, scenario: str, expected: di
 
 
 def require_loadgen() -> None:
-    try:
-        import mlperf_loadgen  # noqa: F401
-    except ImportError:
-        raise CaseUserError("loadgen_scenarios needs the Python package mlcommons-loadgen==6.0.17 "
-                            "(import mlperf_loadgen fails)") from None
+    require("mlperf_loadgen", "inference", "loadgen_scenarios")
 
 
 def run_scenarios(config: InferenceConfig, loader: Any, forward: Forward, sync: Callable[[], None], out_dir: Path,

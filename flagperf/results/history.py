@@ -22,7 +22,7 @@ import math
 import os
 import statistics
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,7 +45,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from flagperf.errors import ConfigError
+from flagperf.errors import ConfigError, require
 from flagperf.results.summary import summarize
 
 DEFAULT_URL_ENV = "FLAGPERF_HISTORY_URL"
@@ -87,6 +87,8 @@ def history_engine(url: str | None = None, results_dir: str | Path = "results") 
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     if url.startswith("postgresql+asyncpg://"):
         url = "postgresql+psycopg://" + url.removeprefix("postgresql+asyncpg://")
+    if url.startswith("postgresql+psycopg"):
+        require("psycopg", needed_by="a history on PostgreSQL")
     engine = create_engine(url, pool_pre_ping=True)
     metadata.create_all(engine)
     return engine
@@ -102,7 +104,7 @@ def record_run(engine: Engine, run_dir: Path, recorded_at: datetime | None = Non
         conn.execute(delete(figures).where(figures.c.run_id == summary.run_id))
         conn.execute(delete(runs).where(runs.c.run_id == summary.run_id))
         conn.execute(insert(runs).values(
-            run_id=summary.run_id, recorded_at=recorded_at or datetime.now(UTC), vendor=ctx.get("vendor"),
+            run_id=summary.run_id, recorded_at=recorded_at or datetime.now(timezone.utc), vendor=ctx.get("vendor"),
             device=ctx.get("device"), suite=suite, git_revision=ctx.get("git_revision"),
             counts=json.dumps(summary.counts)))
         rows = [{"run_id": summary.run_id, "case": e["case"], "metric": e["metric"], "unit": e["unit"],

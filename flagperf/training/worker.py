@@ -18,7 +18,7 @@ import torch.distributed as dist
 from flagperf.config.cases import load_case
 from flagperf.config.job import Job
 from flagperf.config.vendors import load_vendor
-from flagperf.errors import EXIT_USER_ERROR, CaseUserError, ConfigError
+from flagperf.errors import EXIT_USER_ERROR, CaseUserError, ConfigError, missing_extra
 from flagperf.training.driver import TrainingContext
 from flagperf.training.launch import USER_ERROR_PREFIX
 
@@ -87,6 +87,12 @@ def main(argv: list[str] | None = None) -> int:
         case.module.run(config, ctx)
     except (CaseUserError, ConfigError) as exc:  # the input's fault: the launcher reports it, nobody retries
         print(f"{USER_ERROR_PREFIX}{exc}", flush=True)
+        return EXIT_USER_ERROR
+    except ModuleNotFoundError as exc:  # a data reader's package (scikit-learn, Pillow): name the extra
+        missing = missing_extra(exc, job.family, f"case {job.case}")
+        if missing is None:
+            raise
+        print(f"{USER_ERROR_PREFIX}{missing}", flush=True)
         return EXIT_USER_ERROR
     ctx.finish()
     if world_size > 1:

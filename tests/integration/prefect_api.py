@@ -71,3 +71,43 @@ def task_logs(task_run_id: UUID) -> list[str]:
     return [log.message for log in logs]
 
 
+
+
+def nightly_schedule() -> dict[str, str]:
+    """The nightly deployment's schedule as prefect.yaml declares it."""
+    import yaml
+
+    project = yaml.safe_load((Path(__file__).resolve().parents[2] / "prefect.yaml").read_text())
+    (nightly,) = [d for d in project["deployments"] if d["name"] == "nightly"]
+    (schedule,) = nightly["schedules"]
+    return {"cron": schedule["cron"], "timezone": schedule["timezone"]}
+
+
+def assert_schedule_gets_runs(api: str, timeout_s: float = 180) -> list[dict]:
+    """Deploy a flow with the nightly's schedule on the server at ``api`` and wait for its scheduler to create
+    the upcoming runs. A deployment that shows "Active" and never gets a run (prefect 3.8's scheduler on
+    SQLAlchemy 2.1) fails here. Returns the scheduled runs."""
+    import httpx
+
+    schedule = nightly_schedule()
+    with httpx.Client(base_url=api, timeout=30) as http:
+        flow = http.post("/flows/", json={"name": f"schedule-check-{time.time_ns()}"})
+        flow.raise_for_status()
+        created = http.post("/deployments/", json={
+            "name": "nightly", "flow_id": flow.json()["id"],
+            "schedules": [{"schedule": schedule, "active": True}]})
+        created.raise_for_status()
+        deployment = created.json()
+        assert deployment["schedules"] and deployment["schedules"][0]["active"], deployment
+        runs: list[dict] = []
+        deadline = time.time() + timeout_s
+        while time.time() < deadline and not runs:
+            found = http.post("/flow_runs/filter", json={
+                "deployments": {"id": {"any_": [deployment["id"]]}},
+                "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}}})
+            found.raise_for_status()
+            runs = found.json()
+            if not runs:
+                time.sleep(2)
+    assert runs, f"no run scheduled {timeout_s:.0f} s after deploying a schedule ({schedule})"
+    return runs

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,6 +22,11 @@ from flagperf.results.schema import read_result
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_server")]
 ROOT = Path(__file__).resolve().parents[2]
 
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def stop_workers(workers: list[subprocess.Popen[bytes]], grace_s: float = 30.0) -> None:
@@ -172,3 +178,45 @@ def test_a_host_whose_worker_is_down_fails_healthcheck_in_bounded_time(flagperf_
             any_=[state.state_details.flow_run_id])))
     dispatched = [run for run in children if run.name.startswith("healthcheck@") or run.deployment_id]
     assert dispatched and all(run.state.is_cancelled() for run in dispatched), [(r.name, r.state) for r in children]
+
+
+def test_a_lasting_server_schedules_the_nightly(tmp_path: Path) -> None:
+    """The scheduler runs only in a lasting server (`prefect server start`, as `flagperf server` starts it),
+    not in the tests' temporary one: start one on SQLite and check the nightly's schedule produces runs."""
+    from datetime import datetime, timezone
+    from zoneinfo import ZoneInfo
+
+    import httpx
+    from prefect_api import assert_schedule_gets_runs, nightly_schedule
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PREFECT_UI_ENABLED="false",
+               PREFECT_SERVER_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}")
+    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                               "--port", str(port)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    api = f"http://127.0.0.1:{port}/api"
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            assert server.poll() is None, server.stdout.read() if server.stdout else ""
+            try:
+                if httpx.get(f"{api}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(2)
+        runs = assert_schedule_gets_runs(api)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        out, _ = server.communicate(timeout=60)
+    # Upcoming nightly runs: in the future, at the cron's hour in the schedule's time zone.
+    schedule = nightly_schedule()
+    hour = int(schedule["cron"].split()[1])
+    for run in runs:
+        start = datetime.fromisoformat(run["expected_start_time"].replace("Z", "+00:00"))
+        assert start > datetime.now(timezone.utc)
+        assert start.astimezone(ZoneInfo(schedule["timezone"])).hour == hour, run["expected_start_time"]
+    assert "bulk DML" not in out, out[-3000:]

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from prefect_api import assert_schedule_gets_runs
 
 # In CI the database must be there (.ci/run makes it): a skip there would hide a broken set-up.
 pytestmark = [pytest.mark.integration,
@@ -85,6 +86,8 @@ def test_server_on_postgres_with_a_worker(tmp_path: Path) -> None:
         assert page.status_code == 200 and page.text == "<p>the report</p>"
         assert httpx.put(f"http://127.0.0.1:{results_port}/run-x/report.html", content=b"x",
                          timeout=10).status_code == 501
+        # Its scheduler works on this database: a deployment with the nightly's schedule gets its runs.
+        assert_schedule_gets_runs(api)
         children = psutil.Process(proc.pid).children(recursive=True)
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -108,7 +108,9 @@ def make_testbed_fixture(min_hosts: int = 1, *,
 
 
 # Folders of a checkout that are not part of the project a host runs.
-NOT_DEPLOYED = {".git", ".venv", "results", "result", "build", "__pycache__", ".pytest_cache", ".ruff_cache"}
+# At the project root only (flagperf/results is code, results/ is run output), and caches anywhere.
+NOT_DEPLOYED_AT_ROOT = {".git", ".venv", "results", "result", "build", ".whl", ".pydeps"}
+NOT_DEPLOYED = {"__pycache__", ".pytest_cache", ".ruff_cache"}
 
 
 def deploy_project(source: Path, bed: Testbed) -> Path:
@@ -122,7 +124,9 @@ def deploy_project(source: Path, bed: Testbed) -> Path:
     staging = target.with_name(f".flagperf.{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(source, staging, symlinks=True,
-                    ignore=lambda _, names: [n for n in names if n in NOT_DEPLOYED or n.endswith(".egg-info")])
+                    ignore=lambda folder, names: [
+                        n for n in names if n in NOT_DEPLOYED or n.endswith(".egg-info")
+                        or (n in NOT_DEPLOYED_AT_ROOT and Path(folder) == source)])
     for folder in (staging, *[p for p in staging.rglob("*") if p.is_dir()]):
         folder.chmod(0o755)
     for item in staging.rglob("*"):

@@ -181,8 +181,8 @@ if [ "$image_pins" != "$pins" ]; then
   rm -rf --one-file-system "$build"
 fi
 image_id=$(timeout 30 docker image inspect --format '{{.Id}}' "$IMAGE") || die "no image $IMAGE after building it"
-if [ "$(cat "$STATE/image.verified" 2>/dev/null)" != "$image_id" ]; then  # a container costs ~10 s on vfs
-  out=$(timeout 180 docker run --rm --network none "$IMAGE" python3 -c '
+if [ "$(cat "$STATE/image.verified" 2>/dev/null)" != "$image_id" ]; then  # a container costs ~10 s on vfs, minutes on a loaded machine
+  out=$(timeout 600 docker run --rm --network none "$IMAGE" python3 -c '
 import sys
 from importlib.metadata import version
 import numpy, torch, pydantic, yaml, psutil, orjson

@@ -16,6 +16,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the project root, for flagperf.monitoring
 
+from flagperf.errors import missing_extra
 from flagperf.monitoring import monitor_arguments, run_sampler
 
 THROTTLE_REASONS = {  # NVML clocks-event reason bits (nvml.h)
@@ -67,6 +68,9 @@ def main() -> int:
         count = pynvml.nvmlDeviceGetCount()
     except Exception as exc:  # the package, the driver, or the GPUs are missing
         reason = f"NVML unavailable: {type(exc).__name__}: {exc}"
+        missing = missing_extra(exc) if isinstance(exc, ImportError) else None
+        if missing is not None:  # the package, not the driver: say how to install it
+            reason = f"NVML unavailable: {missing}"
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"type": "header", "monitor": "nvml", "interval_s": args.interval,
                                         "started_at": time.time(), "sources": {

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Downloads into .whl/ the wheels a GPU host (Python 3.12, Linux x86_64, no internet) needs to install this
+# project as a user would (bench/gpu_install.sh), at the lock's versions: the default install plus the
+# nvidia extra and pytest (for tests/gpu), without what an NGC-style GPU image already carries (torch and its CUDA libraries, numpy,
+# pandas, transformers, onnx, onnxruntime, matplotlib, Pillow, scikit-learn, scipy) and without what only
+# those need. Run here, where the package index is reachable; carry .whl/ to the GPU host.
+#   bash bench/gpu_wheels.sh [DIR]   (default .whl)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dest=${1:-.whl}
+python=3.12
+command -v uv >/dev/null || python3 -m pip install -q uv
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# The resolution for the GPU host's Python and platform, inside the lock.
+echo pytest > "$work/tests.in"  # to run tests/gpu there
+uv pip compile pyproject.toml "$work/tests.in" --extra nvidia -c constraints.txt --python-version "$python" \
+  --python-platform x86_64-manylinux_2_28 --annotation-style line --no-header -q -o "$work/resolved.txt"
+
+# Keep a package when something kept needs it (the project itself first); the image's own are dropped
+# together with whatever only they need.
+python3 - "$work/resolved.txt" > "$work/wanted.txt" <<'EOF'
+import re
+import sys
+
+IN_IMAGE = re.compile(r"^(torch|numpy|pandas|transformers|onnx|onnxruntime|matplotlib|pillow|scikit-learn|scipy"
+                      r"|triton|nvidia-(?!ml-py).*)$")
+pins: dict[str, str] = {}
+parents: dict[str, set[str]] = {}
+for line in open(sys.argv[1]):
+    requirement, _, via = line.partition("# via ")
+    requirement = requirement.split(";")[0].strip()
+    if "==" not in requirement:
+        continue
+    name, version = requirement.split("==")
+    name = name.lower()
+    pins[name] = version
+    # "via prefect, -r tests.in, flagperf-prefect (pyproject.toml)": the project and tests.in are roots.
+    parents[name] = {"<root>" if "pyproject.toml" in p or "tests.in" in p else p.strip().split(" ")[0].lower()
+                     for p in via.split(",") if p.strip()}
+kept: set[str] = set()
+changed = True
+while changed:
+    changed = False
+    for name, via in parents.items():
+        if name in kept or IN_IMAGE.match(name):
+            continue
+        if "<root>" in via or via & kept:
+            kept.add(name)
+            changed = True
+for name in sorted(kept):
+    print(f"{name}=={pins[name]}")
+# To build the project offline (the image's own setuptools may be older than pyproject's build-system asks).
+print("setuptools>=68")
+print("wheel")
+EOF
+
+mkdir -p "$dest"
+# Binary wheels for the host's Python and platform; a package published only as a source archive is built
+# here into a wheel (those are pure Python), so nothing is compiled on the host.
+if ! python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$python" --implementation cp \
+    --abi "cp${python/./}" --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 -d "$dest" -r "$work/wanted.txt" 2> "$work/download.err"; then
+  echo "some packages have no binary wheel; building those here" >&2
+  while read -r requirement; do
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$python" --implementation cp \
+      --abi "cp${python/./}" --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+      --platform manylinux2014_x86_64 -d "$dest" "$requirement" 2>/dev/null \
+      || python3 -m pip wheel -q --no-deps -w "$dest" "$requirement"
+  done < "$work/wanted.txt"
+fi
+count=$(ls "$dest"/*.whl | wc -l)
+size=$(du -sh "$dest" | cut -f1)
+echo "$count wheels, $size in $dest (Python $python, x86_64); not carried: the GPU image's own packages"

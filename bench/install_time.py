@@ -1,0 +1,114 @@
+"""How long the README's first command takes to set up, on this machine, in a fresh virtual environment.
+
+    python bench/install_time.py [--variants lock,nolock,before] [--before REV]
+
+Each variant: a fresh venv from this interpreter, the project exported from git (HEAD, or REV for
+``before``) into a fresh folder, pip's cache off (a new machine has none), then the timed install:
+
+- lock:   ``pip install -c constraints.txt -e .`` (the README's command)
+- nolock: ``pip install -e .`` (the newest releases in range)
+- before: ``pip install -e .`` at REV (default: the commit before this issue's change), for comparison
+
+The machine's own pip configuration (its package indexes) is used as it is. Writes
+bench/results/install_time.json and .md; exits 1 naming the variant whose install failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+DEFAULT_BEFORE = "03d47b6"  # main before issue 11: exact pins, training readers and models in the default
+COMMANDS = {"lock": ["-c", "constraints.txt", "-e", "."], "nolock": ["-e", "."], "before": ["-e", "."]}
+
+
+def export(rev: str, dest: Path) -> None:
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True, check=True).stdout
+    dest.mkdir(parents=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+
+
+def folder_mib(path: Path) -> float:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink()) / 2**20
+
+
+def measure(variant: str, rev: str, work: Path) -> dict[str, object]:
+    project, venv = work / f"{variant}-project", work / f"{variant}-venv"
+    export(rev, project)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip"]
+    env = {**os.environ, "PIP_NO_CACHE_DIR": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    command = [*pip, "install", "--quiet", *COMMANDS[variant]]
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        print(done.stdout[-2000:] + done.stderr[-3000:], file=sys.stderr)
+        raise SystemExit(f"install_time: the {variant} install failed (exit {done.returncode})")
+    freeze = subprocess.run([*pip, "freeze", "--exclude-editable"], capture_output=True, text=True, check=True)
+    packages = [line for line in freeze.stdout.splitlines() if "==" in line]
+    versions = dict(line.split("==", 1) for line in packages)
+    site = next((venv / "lib").glob("python*/site-packages"))
+    return {"variant": variant, "revision": rev, "command": "pip install " + shlex.join(COMMANDS[variant]),
+            "seconds": round(seconds, 1), "packages": len(packages), "site_packages_mib": round(folder_mib(site)),
+            "torch": versions.get("torch"), "prefect": versions.get("prefect"),
+            "sqlalchemy": versions.get("SQLAlchemy") or versions.get("sqlalchemy")}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--variants", default="lock,nolock,before")
+    parser.add_argument("--before", default=DEFAULT_BEFORE, help="git revision of the 'before' variant")
+    args = parser.parse_args()
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(variants) - set(COMMANDS))
+    if unknown:
+        parser.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(COMMANDS)}")
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()  # once: every variant measures the same commit
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="install-time-") as tmp:
+        for variant in variants:
+            rev = args.before if variant == "before" else head
+            row = measure(variant, rev, Path(tmp))
+            print(f"{variant}: {row['seconds']} s, {row['packages']} packages, {row['site_packages_mib']} MiB",
+                  flush=True)
+            rows.append(row)
+    load = os.getloadavg()
+    report = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "command": shlex.join(["python", "bench/install_time.py", *sys.argv[1:]]),
+              "python": platform.python_version(), "cpus": os.cpu_count(),
+              "load_average_after": [round(x, 2) for x in load], "rows": rows}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "install_time.json").write_text(json.dumps(report, indent=2) + "\n")
+    lines = [
+        "# Install time of the README's first command",
+        "",
+        f"`{report['command']}` on {report['date']}: Python {report['python']}, {report['cpus']} CPUs, load "
+        f"average {report['load_average_after'][0]} when it ended (the machine is shared; figures vary with load). "
+        "Fresh venv and project copy each, pip cache off; this machine's package indexes (PyPI plus local "
+        "mirrors, torch from a local CPU wheel). Setup only: `flagperf run` itself is not included.",
+        "",
+        "| variant | command | seconds | packages | site-packages MiB | torch | prefect | SQLAlchemy |",
+        "|---|---|---:|---:|---:|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['variant']} ({r['revision']}) | `{r['command']}` | {r['seconds']} | {r['packages']} | "
+                     f"{r['site_packages_mib']} | {r['torch']} | {r['prefect']} | {r['sqlalchemy']} |")
+    (RESULTS / "install_time.md").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
