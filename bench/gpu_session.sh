@@ -42,6 +42,10 @@ case $part in
     step inference 300 "$py" bench/inference_gpu.py
     step training 230 "$py" bench/training_gpu.py
     ;;
+  last)
+    step training 200 "$py" bench/training_gpu.py
+    step base_specs 290 "$py" bench/base_specs_gpu.py --seconds 1 --sweep-seconds 10
+    ;;
   install)
     step install 420 bash bench/gpu_install.sh
     ;;
