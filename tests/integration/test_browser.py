@@ -86,8 +86,13 @@ def team_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
                              str(tmp / "logs")], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        wait_until("the worker", lambda: proc.poll() is None and any(w["status"] == "ONLINE" for w in httpx.post(
-            f"{api}/work_pools/flagperf/workers/filter", json={}, timeout=5).json()), 300)
+        def worker_online() -> bool:
+            assert proc.poll() is None, "flagperf server exited"
+            # Before the worker has made its pool, the API answers 404 with a {"detail": ...} object.
+            answer = httpx.post(f"{api}/work_pools/flagperf/workers/filter", json={}, timeout=5)
+            return answer.status_code == 200 and any(w["status"] == "ONLINE" for w in answer.json())
+
+        wait_until("the worker", worker_online, 300)
         deployed = subprocess.run([sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"], cwd=ROOT,
                                   env={**env, "PREFECT_API_URL": api, "PWD": str(ROOT)}, capture_output=True,
                                   text=True, timeout=300)
