@@ -360,6 +360,10 @@ def main() -> int:
     missing = [c for c in CASES if c not in results]
     not_measured.update({c: "no result (see the run folder)" for c in missing})
 
+    # The engine's figures first, so that a bench stopped during its bare loops still leaves them in its log.
+    for case, result in results.items():
+        for metric in result.metrics:
+            print(f"engine {case}: {metric.name} {metric.value:.6g} {metric.unit}", flush=True)
     print("bare loops ...", flush=True)
     bare_began = time.perf_counter()
     sampler = Sampler(vendor, args.results / run_id / "bare", args.interval)

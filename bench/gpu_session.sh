@@ -35,7 +35,7 @@ export PYTHONPATH="$deps:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 case $part in
   base)
-    step base_specs 240 "$py" bench/base_specs_gpu.py --seconds 2 --sweep-seconds 20
+    step base_specs 420 "$py" bench/base_specs_gpu.py --seconds 2 --sweep-seconds 20
     step generate 200 "$py" bench/generate_gpu.py
     ;;
   models)
