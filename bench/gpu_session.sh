@@ -3,12 +3,14 @@
 # as a user would (bench/gpu_install.sh, wheels from bench/gpu_wheels.sh in .whl/), then the engine against
 # a bare loop of the same work, per issue. Each bench has its own time limit so that one hang does not cost
 # the others; everything lands in bench/results/ and, packed, in $OUT (the device tool's return folder).
-#   bash bench/gpu_session.sh base       base specs (issue 12), LLM serving (14)
+#   bash bench/gpu_session.sh base       base specs (issue 12): the engine's 12 cases, then a bare loop of each
 #   bash bench/gpu_session.sh models     inference (13), training (15)
-#   bash bench/gpu_session.sh install    the project installed as a user would, the base suite, tests/gpu (11)
+#   bash bench/gpu_session.sh serving    LLM serving (14); the project installed as a user would, the base
+#                                        suite and tests/gpu (11)
+# Each part fits one device command (10 minutes); .whl/ (bench/gpu_wheels.sh) is carried.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part=${1:?usage: gpu_session.sh base|models|install}
+part=${1:?usage: gpu_session.sh base|models|serving}
 out=${OUT:-bench/results/gpu_session}
 mkdir -p "$out" bench/results
 export PYTHONUNBUFFERED=1
@@ -35,19 +37,15 @@ export PYTHONPATH="$deps:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 case $part in
   base)
-    step base_specs 420 "$py" bench/base_specs_gpu.py --seconds 2 --sweep-seconds 20
-    step generate 200 "$py" bench/generate_gpu.py
+    step base_specs 540 "$py" bench/base_specs_gpu.py --seconds 2 --sweep-seconds 20
     ;;
   models)
     step inference 300 "$py" bench/inference_gpu.py
     step training 230 "$py" bench/training_gpu.py
     ;;
-  last)
-    step training 200 "$py" bench/training_gpu.py
-    step base_specs 290 "$py" bench/base_specs_gpu.py --seconds 1 --sweep-seconds 10
-    ;;
-  install)
-    step install 420 bash bench/gpu_install.sh
+  serving)
+    step generate 200 "$py" bench/generate_gpu.py
+    step install 330 bash bench/gpu_install.sh
     ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac
