@@ -17,58 +17,29 @@ Adding an engine is adding a folder; nothing in the core names one.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
-from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from flagperf.config.models import StrictModel, check_name, load_model
-from flagperf.config.vendors import import_file
-from flagperf.errors import CaseUserError, ConfigError, MissingExtra, extra_for
-from flagperf.paths import display_path, vendor_roots
+from flagperf.config.engines import (
+    ENGINE_MANIFEST,
+    import_engine,
+    load_engine_manifest,
+)
+from flagperf.config.engines import EngineManifest as BaseEngineManifest
+from flagperf.paths import display_path
 
-ENGINE_MANIFEST = "engine.yaml"
-ENGINES_FOLDER = "generate"
-ENGINE_PREFIX = "flagperf.generate."
-
-
-class Requirement(StrictModel):
-    import_name: str = Field(alias="import")
-    pip: str
-
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+ENGINES_FOLDER = "generate"  # vendor_images/<vendor>/generate/<engine>/
 
 
-class EngineManifest(StrictModel):
-    name: str
-    description: str
-    module: str | None = None
-    file: str | None = None
-    requires: list[Requirement] = Field(default_factory=list)
+class EngineManifest(BaseEngineManifest):
+    """engine.yaml of a generate engine: the shared keys."""
 
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        return check_name(value, "engine name")
-
-    @field_validator("module")
-    @classmethod
-    def _module(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(ENGINE_PREFIX):
-            raise ValueError(f"must be a shared engine under {ENGINE_PREFIX}")
-        return value
-
-    @model_validator(mode="after")
-    def _one_of(self) -> EngineManifest:
-        if (self.module is None) == (self.file is None):
-            raise ValueError("give exactly one of module and file")
-        return self
+    module_prefix: ClassVar[str] = "flagperf.generate."
 
 
 @dataclass
@@ -125,44 +96,9 @@ class EngineDef:
 
     def engine_class(self) -> type[GenerateEngine]:
         """Import the engine; a missing library is one line naming the package to install."""
-        missing = [r for r in self.manifest.requires if importlib.util.find_spec(r.import_name) is None]
-        for requirement in missing:  # a package one of this project's extras installs: name the extra
-            found = extra_for(requirement.import_name, "generate")
-            if found:
-                raise MissingExtra(*found, f"engine {self.manifest.name} ({self.source})")
-        if missing:
-            raise CaseUserError(f"engine {self.manifest.name} ({self.source}) needs the Python package(s) "
-                                f"{', '.join(r.pip for r in missing)}: not installed on this host")
-        if self.manifest.module is not None:
-            module = importlib.import_module(self.manifest.module)
-        else:
-            module = import_file(self.folder / str(self.manifest.file),
-                                 f"flagperf_generate_{self.folder.parent.parent.name}_{self.manifest.name}")
-        cls = getattr(module, "Engine", None)
-        if not (isinstance(cls, type) and issubclass(cls, GenerateEngine)):
-            raise ConfigError(self.source, "file" if self.manifest.file else "module",
-                              "must define Engine, a subclass of flagperf.generate.engines.GenerateEngine")
-        return cls
-
-
-def engine_folders(vendor: str) -> dict[str, Path]:
-    found: dict[str, Path] = {}
-    for root in vendor_roots():
-        for manifest in sorted((root / vendor / ENGINES_FOLDER).glob(f"*/{ENGINE_MANIFEST}")):
-            found.setdefault(manifest.parent.name, manifest.parent)
-    return found
+        return import_engine(self.manifest, self.folder, GenerateEngine, "generate")
 
 
 def load_engine(vendor: str, name: str, source: str = "engine") -> EngineDef:
-    engines = engine_folders(vendor)
-    if name not in engines:
-        known = ", ".join(sorted(engines)) or "none"
-        raise ConfigError(source, "engine", f"unknown engine {name!r} for vendor {vendor} "
-                                            f"(vendor_images/{vendor}/{ENGINES_FOLDER}/: {known})")
-    folder = engines[name]
-    manifest = load_model(folder / ENGINE_MANIFEST, EngineManifest)
-    if manifest.name != name:
-        raise ConfigError(display_path(folder / ENGINE_MANIFEST), "name", f"must match the folder name ({name!r})")
-    if manifest.file is not None and not (folder / manifest.file).is_file():
-        raise ConfigError(display_path(folder / ENGINE_MANIFEST), "file", f"{manifest.file!r} does not exist")
+    manifest, folder = load_engine_manifest(vendor, name, ENGINES_FOLDER, EngineManifest, source, "engine")
     return EngineDef(manifest=manifest, folder=folder)

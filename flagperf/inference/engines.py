@@ -22,8 +22,6 @@ Nothing in the engine names an engine: adding one is adding a folder.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -31,15 +29,20 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-from flagperf.config.models import StrictModel, check_name, load_model
-from flagperf.config.vendors import import_file
-from flagperf.errors import CaseUserError, ConfigError, MissingExtra, extra_for
-from flagperf.paths import display_path, vendor_roots
+from flagperf.config.engines import (
+    ENGINE_MANIFEST,
+    Requirement,
+    import_engine,
+    load_engine_manifest,
+    missing_requirements,
+)
+from flagperf.config.engines import EngineManifest as BaseEngineManifest
+from flagperf.errors import CaseUserError, ConfigError
+from flagperf.paths import display_path
 
-ENGINE_MANIFEST = "engine.yaml"
-ENGINE_PREFIX = "flagperf.inference."
+ENGINES_FOLDER = "engines"  # vendor_images/<vendor>/engines/<compiler>/
 
 
 class EngineConfig(Protocol):
@@ -59,19 +62,11 @@ class EngineConfig(Protocol):
     def model_dump(self) -> dict[str, Any]: ...
 
 
-class Requirement(StrictModel):
-    import_name: str = Field(alias="import")
-    pip: str
+class EngineManifest(BaseEngineManifest):
+    """engine.yaml of an inference engine: the shared keys, and what the engine consumes."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    module_prefix: ClassVar[str] = "flagperf.inference."
 
-
-class EngineManifest(StrictModel):
-    name: str
-    description: str
-    module: str | None = None
-    file: str | None = None
-    requires: list[Requirement] = Field(default_factory=list)
     needs_model: bool = False
     needs_onnx: bool = True
     onnx_precision: Literal["fp32", "case"] = "fp32"
@@ -82,23 +77,8 @@ class EngineManifest(StrictModel):
         half = config.fp16 and (not self.needs_onnx or self.onnx_precision == "case")
         return torch.float16 if half else torch.float32
 
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        return check_name(value, "engine name")
 
-    @field_validator("module")
-    @classmethod
-    def _module(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(ENGINE_PREFIX):
-            raise ValueError(f"must be a shared engine under {ENGINE_PREFIX}")
-        return value
 
-    @model_validator(mode="after")
-    def _one_of(self) -> EngineManifest:
-        if (self.module is None) == (self.file is None):
-            raise ValueError("give exactly one of module and file")
-        return self
 
 
 class EngineOptions(BaseModel):
@@ -157,58 +137,15 @@ class EngineDef:
         return display_path(self.folder / ENGINE_MANIFEST)
 
     def missing_packages(self) -> list[Requirement]:
-        return [r for r in self.manifest.requires if importlib.util.find_spec(r.import_name) is None]
+        return missing_requirements(self.manifest)
 
     def engine_class(self) -> type[InferenceEngine]:
         """Import the engine; a missing library is a clear error naming the package to install."""
-        missing = self.missing_packages()
-        for requirement in missing:  # a package one of this project's extras installs: name the extra
-            found = extra_for(requirement.import_name, "inference")
-            if found:
-                raise MissingExtra(*found, f"engine {self.manifest.name} ({self.source})")
-        if missing:
-            raise CaseUserError(f"engine {self.manifest.name} ({self.source}) needs the Python package(s) "
-                                f"{', '.join(r.pip for r in missing)}: not installed on this host "
-                                f"(import {', '.join(r.import_name for r in missing)} fails)")
-        if self.manifest.module is not None:
-            module = importlib.import_module(self.manifest.module)
-        else:
-            module = import_file(self.folder / str(self.manifest.file),
-                                 f"flagperf_engine_{self.folder.parent.parent.name}_{self.manifest.name}")
-        cls = getattr(module, "Engine", None)
-        if not (isinstance(cls, type) and issubclass(cls, InferenceEngine)):
-            raise ConfigError(self.source, "file" if self.manifest.file else "module",
-                              "must define Engine, a subclass of flagperf.inference.engines.InferenceEngine")
-        return cls
-
-
-def engine_folders(vendor: str) -> dict[str, Path]:
-    found: dict[str, Path] = {}
-    for root in vendor_roots():
-        for manifest in sorted((root / vendor / "engines").glob(f"*/{ENGINE_MANIFEST}")):
-            found.setdefault(manifest.parent.name, manifest.parent)
-    return found
+        return import_engine(self.manifest, self.folder, InferenceEngine, "inference")
 
 
 def load_engine(vendor: str, name: str, source: str = "compiler") -> EngineDef:
-    engines = engine_folders(vendor)
-    if name not in engines:
-        known = ", ".join(sorted(engines)) or "none"
-        raise ConfigError(source, "compiler", f"unknown compiler {name!r} for vendor {vendor} "
-                                              f"(engines in vendor_images/{vendor}/engines/: {known})")
-    folder = engines[name]
-    manifest = load_model(folder / ENGINE_MANIFEST, EngineManifest)
-    if manifest.name != name:
-        raise ConfigError(display_path(folder / ENGINE_MANIFEST), "name", f"must match the folder name ({name!r})")
-    if manifest.file is not None:
-        target = (folder / manifest.file).resolve()
-        if not target.is_relative_to(folder.resolve()):  # '../x.py', an absolute path, a link out of the folder
-            raise ConfigError(display_path(folder / ENGINE_MANIFEST), "file",
-                              f"{manifest.file!r} is outside the engine's folder")
-        if not target.is_file():
-            raise ConfigError(display_path(folder / ENGINE_MANIFEST), "file", f"{manifest.file!r} does not exist")
-    if manifest.module is not None and importlib.util.find_spec(manifest.module) is None:
-        raise ConfigError(display_path(folder / ENGINE_MANIFEST), "module", f"no module named {manifest.module!r}")
+    manifest, folder = load_engine_manifest(vendor, name, ENGINES_FOLDER, EngineManifest, source, "compiler")
     return EngineDef(manifest=manifest, folder=folder)
 
 

@@ -1,0 +1,123 @@
+"""Engine plug-ins, for every family that has them (inference compilers, generate engines): one folder each,
+vendor_images/<vendor>/<family folder>/<engine>/, holding engine.yaml (the manifest below, which a family
+may extend with its own keys) and the engine's code: a ``file:`` inside the folder, or a shared ``module:``
+of the family. The family owns its contract class; this module finds, checks and imports engines."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from pathlib import Path
+from typing import ClassVar, TypeVar
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from flagperf.config.models import StrictModel, check_name, load_model
+from flagperf.config.vendors import import_file
+from flagperf.errors import CaseUserError, ConfigError, MissingExtra, extra_for
+from flagperf.paths import display_path, vendor_roots
+
+ENGINE_MANIFEST = "engine.yaml"
+
+
+class Requirement(StrictModel):
+    import_name: str = Field(alias="import")
+    pip: str
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class EngineManifest(StrictModel):
+    """The keys of every engine.yaml; a family's subclass sets module_prefix (where its shared engines live)."""
+
+    module_prefix: ClassVar[str] = "flagperf."
+
+    name: str
+    description: str
+    module: str | None = None
+    file: str | None = None
+    requires: list[Requirement] = Field(default_factory=list)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return check_name(value, "engine name")
+
+    @field_validator("module")
+    @classmethod
+    def _module(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(cls.module_prefix):
+            raise ValueError(f"must be a shared engine under {cls.module_prefix}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_of(self) -> EngineManifest:
+        if (self.module is None) == (self.file is None):
+            raise ValueError("give exactly one of module and file")
+        return self
+
+
+ManifestT = TypeVar("ManifestT", bound=EngineManifest)
+ContractT = TypeVar("ContractT", bound=type)
+
+
+def engine_folders(vendor: str, family_folder: str) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for root in vendor_roots():
+        for manifest in sorted((root / vendor / family_folder).glob(f"*/{ENGINE_MANIFEST}")):
+            found.setdefault(manifest.parent.name, manifest.parent)
+    return found
+
+
+def load_engine_manifest(vendor: str, name: str, family_folder: str, model: type[ManifestT], source: str,
+                         key: str) -> tuple[ManifestT, Path]:
+    """The engine ``name`` of ``vendor``, its manifest checked: the folder's name, a ``file:`` that stays
+    inside the folder and exists, a ``module:`` that can be found. ``key`` names the config key that chose it."""
+    engines = engine_folders(vendor, family_folder)
+    if name not in engines:
+        known = ", ".join(sorted(engines)) or "none"
+        raise ConfigError(source, key, f"unknown {key} {name!r} for vendor {vendor} "
+                                       f"(engines in vendor_images/{vendor}/{family_folder}/: {known})")
+    folder = engines[name]
+    manifest_source = display_path(folder / ENGINE_MANIFEST)
+    manifest = load_model(folder / ENGINE_MANIFEST, model)
+    if manifest.name != name:
+        raise ConfigError(manifest_source, "name", f"must match the folder name ({name!r})")
+    if manifest.file is not None:
+        target = (folder / manifest.file).resolve()
+        if not target.is_relative_to(folder.resolve()):  # '../x.py', an absolute path, a link out of the folder
+            raise ConfigError(manifest_source, "file", f"{manifest.file!r} is outside the engine's folder")
+        if not target.is_file():
+            raise ConfigError(manifest_source, "file", f"{manifest.file!r} does not exist")
+    if manifest.module is not None and importlib.util.find_spec(manifest.module) is None:
+        raise ConfigError(manifest_source, "module", f"no module named {manifest.module!r}")
+    return manifest, folder
+
+
+def missing_requirements(manifest: EngineManifest) -> list[Requirement]:
+    return [r for r in manifest.requires if importlib.util.find_spec(r.import_name) is None]
+
+
+def import_engine(manifest: EngineManifest, folder: Path, contract: ContractT, extra: str) -> ContractT:
+    """The engine's ``Engine`` class, a subclass of the family's ``contract``; a missing library is one line
+    naming the package (and the project's extra that installs it, where one does)."""
+    source = display_path(folder / ENGINE_MANIFEST)
+    missing = missing_requirements(manifest)
+    for requirement in missing:
+        found = extra_for(requirement.import_name, extra)
+        if found:
+            raise MissingExtra(*found, f"engine {manifest.name} ({source})")
+    if missing:
+        raise CaseUserError(f"engine {manifest.name} ({source}) needs the Python package(s) "
+                            f"{', '.join(r.pip for r in missing)}: not installed on this host "
+                            f"(import {', '.join(r.import_name for r in missing)} fails)")
+    if manifest.module is not None:
+        module = importlib.import_module(manifest.module)
+    else:
+        module = import_file(folder / str(manifest.file),
+                             f"flagperf_{extra}_engine_{folder.parent.parent.name}_{manifest.name}")
+    cls = getattr(module, "Engine", None)
+    if not (isinstance(cls, type) and issubclass(cls, contract)):
+        raise ConfigError(source, "file" if manifest.file else "module",
+                          f"must define Engine, a subclass of {contract.__module__}.{contract.__qualname__}")
+    return cls
