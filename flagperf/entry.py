@@ -36,7 +36,7 @@ from flagperf.errors import (
     Unsupported,
     missing_extra,
 )
-from flagperf.hosts.local import default_work_root
+from flagperf.hosts.local import PARENT_PID_ENV, default_work_root
 from flagperf.inference.config import InferenceConfig
 from flagperf.measure.casekit import CaseConfig, CaseContext, TimedCaseConfig
 from flagperf.measure.timing import TimingPlan
@@ -212,6 +212,11 @@ def watch_parent(poll_s: float = 1.0) -> None:
     """Exit when the process that started us (the controller or its agent) is gone: a case never runs on
     unobserved. Its own session is not signalled by the controller's Ctrl-C, so this is the backstop."""
     parent = os.getppid()
+    started_by = os.environ.get(PARENT_PID_ENV, "")
+    if started_by.isdigit() and int(started_by) != parent:
+        print(f"flagperf.entry: the process that started this case ({started_by}) is gone; exiting",
+              file=sys.stderr, flush=True)
+        os._exit(EXIT_ORPHANED)
 
     def watch() -> None:
         while True:

@@ -25,6 +25,7 @@ from flagperf.paths import NAME_PATTERN, PROJECT_ROOT
 
 LineSink = Callable[[str], None]
 logger = logging.getLogger("flagperf.hosts.local")
+PARENT_PID_ENV = "FLAGPERF_PARENT_PID"  # the pid of the process that started a case or monitor
 
 
 @dataclass(frozen=True)
@@ -105,10 +106,14 @@ class Host(ABC):
         env = {**allowed_environment(os.environ), **getattr(self, "extra_env", {})}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.project_root), env.get("PYTHONPATH")) if p)
         env["PYTHONUNBUFFERED"] = "1"
+        # Who started the process: a case that finds another parent when it starts (the launcher died while it
+        # imported torch) is orphaned already, which its parent watch alone cannot tell (flagperf.entry).
+        env[PARENT_PID_ENV] = str(os.getpid())
         # CUDA numbers GPUs fastest-first by default, NVML by PCI bus: make them agree, so a monitor
         # samples exactly the GPUs in CUDA_VISIBLE_DEVICES.
         env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         return env
+
 
 
 class LocalHost(Host):

@@ -1,6 +1,6 @@
 """`flagperf run` (the embedded default) stopped from outside: SIGTERM or SIGINT mid-round ends the case, the
 monitors and the temporary server, writes a report that says what was done, and exits 128 + the signal;
-SIGKILL leaves no server behind (its watcher stops it)."""
+SIGKILL leaves no server and no case behind (the server's watcher and the case's parent watch stop them)."""
 
 from __future__ import annotations
 
@@ -82,8 +82,14 @@ def test_sigkill_leaves_no_server(tmp_path: Path) -> None:
         proc.kill()
         proc.wait()
     server = [p for p in started if "uvicorn" in " ".join(p.cmdline())]
-    assert server
-    assert not gone(server), "the temporary server outlived the killed controller"
-    for proc in started:  # the case and monitors have their own parent watches; this test is about the server
-        if proc.is_running():
-            proc.kill()
+    case = [p for p in started if "flagperf.entry" in " ".join(p.cmdline())]
+    assert server and case
+    try:
+        assert not gone(server), "the temporary server outlived the killed controller"
+        # The case was caught starting (the controller killed while it may still import torch): its parent
+        # watch, with the launcher's pid it was given, ends it too.
+        assert not gone(case), "the case outlived the killed controller"
+    finally:
+        for leftover in started:
+            if leftover.is_running():
+                leftover.kill()
