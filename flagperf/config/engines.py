@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
@@ -96,6 +97,21 @@ def load_engine_manifest(vendor: str, name: str, family_folder: str, model: type
 
 def missing_requirements(manifest: EngineManifest) -> list[Requirement]:
     return [r for r in manifest.requires if importlib.util.find_spec(r.import_name) is None]
+
+
+@dataclass(frozen=True)
+class EngineDef:
+    """A found engine: its checked manifest and folder; a family's subclass adds ``engine_class``."""
+
+    manifest: EngineManifest
+    folder: Path
+
+    @property
+    def source(self) -> str:
+        return display_path(self.folder / ENGINE_MANIFEST)
+
+    def missing_packages(self) -> list[Requirement]:
+        return missing_requirements(self.manifest)
 
 
 def import_engine(manifest: EngineManifest, folder: Path, contract: ContractT, extra: str) -> ContractT:

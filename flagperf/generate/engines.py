@@ -25,13 +25,12 @@ from typing import Any, ClassVar
 
 import torch
 
+from flagperf.config.engines import EngineDef as BaseEngineDef
+from flagperf.config.engines import EngineManifest as BaseEngineManifest
 from flagperf.config.engines import (
-    ENGINE_MANIFEST,
     import_engine,
     load_engine_manifest,
 )
-from flagperf.config.engines import EngineManifest as BaseEngineManifest
-from flagperf.paths import display_path
 
 ENGINES_FOLDER = "generate"  # vendor_images/<vendor>/generate/<engine>/
 
@@ -86,13 +85,8 @@ class GenerateEngine(ABC):
 
 
 @dataclass(frozen=True)
-class EngineDef:
+class EngineDef(BaseEngineDef):
     manifest: EngineManifest
-    folder: Path
-
-    @property
-    def source(self) -> str:
-        return display_path(self.folder / ENGINE_MANIFEST)
 
     def engine_class(self) -> type[GenerateEngine]:
         """Import the engine; a missing library is one line naming the package to install."""

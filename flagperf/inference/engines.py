@@ -31,16 +31,13 @@ from typing import Any, ClassVar, Literal, Protocol
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from flagperf.config.engines import EngineDef as BaseEngineDef
+from flagperf.config.engines import EngineManifest as BaseEngineManifest
 from flagperf.config.engines import (
-    ENGINE_MANIFEST,
-    Requirement,
     import_engine,
     load_engine_manifest,
-    missing_requirements,
 )
-from flagperf.config.engines import EngineManifest as BaseEngineManifest
 from flagperf.errors import CaseUserError, ConfigError
-from flagperf.paths import display_path
 
 ENGINES_FOLDER = "engines"  # vendor_images/<vendor>/engines/<compiler>/
 
@@ -128,16 +125,8 @@ class InferenceEngine(ABC):
 
 
 @dataclass(frozen=True)
-class EngineDef:
+class EngineDef(BaseEngineDef):
     manifest: EngineManifest
-    folder: Path
-
-    @property
-    def source(self) -> str:
-        return display_path(self.folder / ENGINE_MANIFEST)
-
-    def missing_packages(self) -> list[Requirement]:
-        return missing_requirements(self.manifest)
 
     def engine_class(self) -> type[InferenceEngine]:
         """Import the engine; a missing library is a clear error naming the package to install."""

@@ -108,3 +108,4 @@ def make_case(case_root: Path) -> MakeCase:
         return folder
 
     return make
+

@@ -3,13 +3,12 @@ that names the file (or option) and the key, no traceback, nothing started. Run 
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from mounts import mounted_tmpfs
 from typer.testing import CliRunner
 
 from flows.cli import app
@@ -124,17 +123,8 @@ def test_results_folder_that_cannot_be_written(tmp_path: Path) -> None:
 
 @pytest.fixture
 def read_only_folder(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a read-only file system needs root")
-    folder = tmp_path / "ro"
-    folder.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)], capture_output=True)
-    if done.returncode:
-        pytest.skip(f"cannot mount here: {done.stderr.decode().strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "ro", "ro,size=1m") as folder:
         yield folder
-    finally:
-        subprocess.run(["umount", str(folder)], check=True)
 
 
 def test_results_on_a_read_only_file_system(read_only_folder: Path) -> None:

@@ -5,13 +5,13 @@ work roots, engine files inside their folder."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from mounts import mounted_tmpfs
 
 from flagperf.errors import ConfigError
 from flagperf.hosts.inventory import MASK, HostSpec, host_spec, load_inventory
@@ -24,17 +24,8 @@ from tasks.collect import verify_copy
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs: a real ENOSPC, no faking."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    folder = tmp_path / "tiny"
-    folder.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)], capture_output=True)
-    if done.returncode:
-        pytest.skip(f"cannot mount here: {done.stderr.decode().strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "tiny", "size=1m") as folder:
         yield folder
-    finally:
-        subprocess.run(["umount", str(folder)], check=True)
 
 
 def test_a_write_that_does_not_fit_leaves_the_old_file_and_no_debris(tiny_disk: Path) -> None:

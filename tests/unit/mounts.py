@@ -1,0 +1,27 @@
+"""Real file systems for fault tests (a full disk, a read-only mount), shared by the unit tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+
+@contextmanager
+def mounted_tmpfs(folder: Path, options: str) -> Iterator[Path]:
+    """A real tmpfs at ``folder`` (e.g. "size=1m", "ro,size=1m"): real ENOSPC and EROFS, no faking.
+    Skips where this process cannot mount (not root, or no mount permission)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    folder.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True)
+    if done.returncode:
+        pytest.skip(f"cannot mount here: {done.stderr.decode().strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
