@@ -52,7 +52,7 @@ TARGETS = {"inference_compute / bare compiled": 0.95, "inference_core / bare com
 UTIL_TARGET = 90.0
 
 FULL = {
-    "resnet50-infer": ["fp16=true", "batch_size=256", "synthetic_images=4096", "repeat=2", "num_workers=8"],
+    "resnet50-infer": ["fp16=true", "batch_size=256", "synthetic_images=8192", "repeat=2", "num_workers=8"],
     "bert-large-infer": ["fp16=true", "batch_size=32", "seq_len=512", "synthetic_sequences=256", "repeat=2",
                          "num_workers=4"],
 }

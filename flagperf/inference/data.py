@@ -74,14 +74,19 @@ def cast_floating(inputs: Any, dtype: torch.dtype) -> Any:
 
 class CastInputs:
     """A collate function that makes each batch's inputs in the dtype the model or engine takes, in the
-    loader's workers: the batch is built once, at its final size (half the bytes to pin and copy for FP16),
-    and nothing converts it inside a timed region. A class, not a closure, so spawned workers can pickle it."""
+    loader's workers: the items are cast before they are stacked, so the batch is written once, at its final
+    size, straight into the shared memory a worker hands back (half the bytes to stack, pin and copy for FP16,
+    and no second copy of a cast batch), and nothing converts it inside a timed region. A class, not a
+    closure, so spawned workers can pickle it."""
 
     def __init__(self, collate: Callable[[list[Any]], Any], dtype: torch.dtype) -> None:
         self.collate, self.dtype = collate, dtype
 
     def __call__(self, items: list[Any]) -> Any:
+        if all(isinstance(item, tuple) and len(item) == 2 for item in items):
+            items = [(cast_floating(inputs, self.dtype), label) for inputs, label in items]
         inputs, labels = self.collate(items)
+        # A case's own collate may still make floating inputs in its dtype: cast the batch (a no-op otherwise).
         return cast_floating(inputs, self.dtype), labels
 
 
@@ -102,3 +107,25 @@ def with_data_path(base: Any, device: torch.device, dtype: torch.dtype | None) -
                       pin_memory=device.type != "cpu", timeout=base.timeout, worker_init_fn=base.worker_init_fn,
                       multiprocessing_context=base.multiprocessing_context, generator=base.generator,
                       prefetch_factor=PREFETCH_FACTOR if workers > 0 else None, persistent_workers=workers > 0)
+
+
+def in_flight_batches(loader: Any) -> int:
+    """How many pinned batches a loader can hold at once: each worker's prefetched batches, plus the one in
+    use. Page-locked memory is allocated (cudaHostAlloc: pages locked, the driver's lock held, other CUDA
+    calls of the process waiting) the first time each of these is made, then reused by torch's caching host
+    allocator, so the warm-up must pass through this many batches for a timed pass to start in the steady
+    state. 0 for a loader that does not pin."""
+    if not isinstance(loader, DataLoader) or not loader.pin_memory:
+        return 0
+    workers = loader.num_workers
+    return (workers * (loader.prefetch_factor or 0) if workers > 0 else 0) + 1
+
+
+def in_main_process(base: Any) -> Any:
+    """The same batches (dataset, sampler, collate), made in the calling process, unpinned: for taking a few
+    batches once. A worker loader would go on making and pinning its prefetched batches in the background,
+    in the timed region that follows. A loader that is not a map-style torch DataLoader is returned as is."""
+    if not isinstance(base, DataLoader) or isinstance(base.dataset, IterableDataset):
+        return base
+    return DataLoader(base.dataset, batch_sampler=base.batch_sampler, num_workers=0, collate_fn=base.collate_fn,
+                      generator=base.generator)

@@ -104,13 +104,16 @@ def _consume(result: Any, sync: Callable[[], None], started: float,
 def timed_pass(name: str, loader: Iterable[Batch], forward: Forward, evaluator: Evaluator | None,
                sync: Callable[[], None], config: InferenceConfig, log: logging.Logger,
                to_device: Callable[[list[torch.Tensor]], list[torch.Tensor]] = lambda x: x,
-               now: Callable[[], float] = time.perf_counter) -> PassStats:
+               now: Callable[[], float] = time.perf_counter, min_warmup: int = 0) -> PassStats:
     """Warm-up batches (untimed; the first one is the cold start), then ``config.repeat`` timed passes over
-    the loader. ``now`` is the host clock (a test gives a fake one)."""
+    the loader. The warm-up is ``config.warmup_batches``, or ``min_warmup`` if more: the batches a loader
+    holds at once (flagperf.inference.data.in_flight_batches), whose first making is start-up work. ``now``
+    is the host clock (a test gives a fake one)."""
     cold: tuple[float, float] | None = None
+    warmup = max(config.warmup_batches, min_warmup)
     with torch.inference_mode():
         for warm, (inputs, _labels) in enumerate(loader):
-            if warm >= config.warmup_batches:
+            if warm >= warmup:
                 break
             x = to_device(as_inputs(inputs))
             sync()

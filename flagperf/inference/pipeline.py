@@ -46,7 +46,7 @@ import torch
 
 from flagperf.errors import CaseUserError
 from flagperf.inference.config import STEP_TITLES, STEPS, InferenceConfig, check_toggles, skipped_steps
-from flagperf.inference.data import with_data_path
+from flagperf.inference.data import in_flight_batches, in_main_process, with_data_path
 from flagperf.inference.engines import EngineDef, EngineEnv, InferenceEngine, check_engine_toggles
 from flagperf.inference.measure import (
     ComputeStats,
@@ -182,9 +182,15 @@ def _pass_loader(run: InferenceRun, dtype: torch.dtype) -> Any:
 
 def data_path_note(run: InferenceRun) -> str:
     workers = getattr(run.loader, "num_workers", 0)
-    pinned = "pinned host memory, asynchronous copies" if run.device.type != "cpu" else "host memory (CPU device)"
+    pinned = "host memory (CPU device)"
+    if run.device.type != "cpu":
+        held = in_flight_batches(with_data_path(run.loader, run.device, None))
+        pinned = "pinned host memory, asynchronous copies" + (
+            f"; warm-up of at least {held} batches, so each pinned buffer the loader holds is allocated before "
+            "the timed pass" if held else "")
     return (f"batches made in each pass's input dtype by {workers} worker(s)"
-            f"{' with prefetch' if workers else ' in the main process'}; {pinned}")
+            f"{' with prefetch' if workers else ' in the main process'}; {pinned}; compute-pass batches made "
+            "in the main process")
 
 
 def _to_device(run: InferenceRun) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
@@ -196,15 +202,22 @@ def _to_device(run: InferenceRun) -> Callable[[list[torch.Tensor]], list[torch.T
     return move
 
 
+def _resident(run: InferenceRun, dtype: torch.dtype,
+              to_device: Callable[[list[torch.Tensor]], list[torch.Tensor]]) -> list[list[torch.Tensor]]:
+    """The compute pass's batches, made in this process and left on the device: a pass loader's workers
+    would go on making (and pinning) their prefetched batches in the background while the compute pass is
+    timed, and a host busy with that falls behind a fast device (the device's events then time its idling)."""
+    return resident_batches(in_main_process(_pass_loader(run, dtype)), to_device, run.config.compute_batches)
+
+
 def _on_device(run: InferenceRun) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
     return lambda inputs: [x.to(run.device, non_blocking=True) for x in inputs]
 
 
-def _compute(run: InferenceRun, name: str, loader: Any, forward: Forward, stats: PassStats,
-             to_device: Callable[[list[torch.Tensor]], list[torch.Tensor]]) -> ComputeStats:
+def _compute(run: InferenceRun, name: str, batches: list[list[torch.Tensor]], forward: Forward,
+             stats: PassStats) -> ComputeStats:
     """The pass again on inputs already on the device, forwards back to back, timed by the device's events."""
     c = run.config
-    batches = resident_batches(loader, to_device, c.compute_batches)
     computed = compute_pass(name, batches, forward, device_clock(run.device), run.sync,
                             iterations=c.compute_iterations or stats.batches, warmup=max(1, c.warmup_batches),
                             items_per_sample=c.items_per_sample())
@@ -254,11 +267,12 @@ def step_validation(run: InferenceRun) -> None:
 
     loader = _pass_loader(run, _model_dtype(run))
     run.validation = timed_pass("validation", loader, forward, run.evaluator, run.sync, run.config, log,
-                                to_device=_to_device(run))
+                                to_device=_to_device(run), min_warmup=in_flight_batches(loader))
     _log_pass(run.validation, run.config)
-    run.validation_compute = _compute(run, "validation", loader, forward, run.validation, _to_device(run))
-    _set_flops(run, resident_batches(loader, _to_device(run), 1)[0])
-    del loader  # its workers end here, before the engine's pass starts its own
+    del loader  # its workers end here, before the compute pass and the engine's pass
+    batches = _resident(run, _model_dtype(run), _to_device(run))
+    run.validation_compute = _compute(run, "validation", batches, forward, run.validation)
+    _set_flops(run, batches[0])
 
 
 @contextmanager
@@ -357,9 +371,11 @@ def step_inference(run: InferenceRun) -> None:
 
     assert run.engine_def is not None
     loader = _pass_loader(run, run.engine_def.manifest.input_dtype(run.config))
-    run.inference = timed_pass("inference", loader, forward, run.evaluator, run.sync, run.config, log)
+    run.inference = timed_pass("inference", loader, forward, run.evaluator, run.sync, run.config, log,
+                               min_warmup=in_flight_batches(loader))
     _log_pass(run.inference, run.config)
-    run.inference_compute = _compute(run, "inference", loader, forward, run.inference, _on_device(run))
+    batches = _resident(run, run.engine_def.manifest.input_dtype(run.config), _on_device(run))
+    run.inference_compute = _compute(run, "inference", batches, forward, run.inference)
     if run.flops_per_item is None:
         _set_flops(run, None)
     if run.config.loadgen_scenarios:

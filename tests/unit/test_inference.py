@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -693,6 +694,112 @@ def test_batches_are_made_in_the_passes_dtype_by_the_workers() -> None:
     assert inputs.dtype == torch.float16 and half.num_workers == 1 and half.prefetch_factor == 2
     assert half.dataset is base.dataset and not half.pin_memory  # pinned only for an accelerator
     assert torch.equal(inputs, next(iter(base))[0].half())
+
+
+def test_items_are_cast_before_they_are_stacked() -> None:
+    """The stacked batch is written once, in the pass's dtype (no FP32 batch made and then halved)."""
+    from flagperf.inference.data import CastInputs
+
+    seen: list[torch.dtype] = []
+
+    def collate(items: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        seen.extend(x.dtype for x, _ in items)
+        return torch.stack([x for x, _ in items]), torch.tensor([label for _, label in items])
+
+    items = [(torch.randn(3, 4), 1), (torch.randn(3, 4), 2)]
+    inputs, labels = CastInputs(collate, torch.float16)(items)
+    assert seen == [torch.float16, torch.float16] and inputs.dtype == torch.float16
+    assert torch.equal(inputs, torch.stack([x for x, _ in items]).half()) and labels.tolist() == [1, 2]
+    ids, _ = CastInputs(collate, torch.float16)([(torch.arange(4), 0), (torch.arange(4), 1)])
+    assert ids.dtype == torch.int64  # token ids are never cast
+
+
+def test_warm_up_passes_through_every_batch_a_pinning_loader_holds() -> None:
+    """Page-locked buffers are allocated the first time each in-flight batch is made: that is start-up work,
+    so the warm-up covers the workers' prefetched batches plus the one in use before any batch is timed."""
+    from torch.utils.data import DataLoader
+
+    from flagperf.inference.data import in_flight_batches
+    from flagperf.inference.measure import timed_pass
+
+    data = [(torch.full((2,), float(i)), i) for i in range(40)]
+    pinned = DataLoader(data, batch_size=2, num_workers=2, prefetch_factor=3, pin_memory=False)
+    pinned.pin_memory = True  # what with_data_path sets on an accelerator (this torch has none to pin for)
+    assert in_flight_batches(pinned) == 2 * 3 + 1
+    assert in_flight_batches(DataLoader(data, batch_size=2, num_workers=2, prefetch_factor=3)) == 0
+    unpinned_main = DataLoader(data, batch_size=2)
+    assert in_flight_batches(unpinned_main) == 0
+    unpinned_main.pin_memory = True
+    assert in_flight_batches(unpinned_main) == 1
+
+    calls: list[float] = []
+
+    def forward(inputs: list[torch.Tensor]) -> tuple[list[torch.Tensor], float]:
+        calls.append(float(inputs[0][0, 0]))
+        return inputs, 0.0
+
+    stats = timed_pass("inference", DataLoader(data, batch_size=2), forward, None, lambda: None,
+                       _config(warmup_batches=1), logging.getLogger("t"), min_warmup=7)
+    assert calls[:7] == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0] and stats.batches == 20 and len(calls) == 27
+    stats = timed_pass("inference", DataLoader(data, batch_size=2), forward, None, lambda: None,
+                       _config(warmup_batches=3), logging.getLogger("t"), min_warmup=1)
+    assert len(calls) == 27 + 3 + 20  # the config's warm-up when it asks for more
+
+
+class _RecordingItems(torch.utils.data.Dataset):
+    """Synthetic items that append (process id, time) to a file as each is made, from any process."""
+
+    synthetic = True
+
+    def __init__(self, path: Path, count: int) -> None:
+        self.path, self.count = path, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        time.sleep(0.02)  # a batch of 4 takes a worker 80 ms: its prefetched batches outlast a short pause
+        with open(self.path, "a", encoding="utf-8") as out:
+            out.write(f"{os.getpid()} {time.time()}\n")
+        return torch.full((8,), float(index)), -1
+
+
+def test_no_worker_makes_batches_while_the_compute_pass_is_timed(tmp_path: Path) -> None:
+    """The compute pass's resident batches are made in the case process: before, they were taken from the
+    pass's worker loader, whose workers then went on making their prefetched batches during the timed
+    compute region (on an H100 the host fell behind ResNet-50 and the device's events timed its idling)."""
+    import types
+
+    from torch.utils.data import DataLoader
+
+    from flagperf.inference.pipeline import InferenceRun, step_dataset_model, step_validation
+
+    record = tmp_path / "items.txt"
+    module = types.ModuleType("recording_case")
+    module.build_dataloader = lambda config: DataLoader(  # type: ignore[attr-defined]
+        _RecordingItems(record, 100), batch_size=4, drop_last=True, num_workers=2, persistent_workers=True)
+    module.create_model = lambda config: torch.nn.Linear(8, 2)  # type: ignore[attr-defined]
+
+    def model_forward(model: torch.nn.Module, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        time.sleep(0.003)  # a forward long enough for background workers to show up in the window
+        return [model(*inputs)]
+
+    module.model_forward = model_forward  # type: ignore[attr-defined]
+    config = _config(batch_size=4, num_workers=2, compute_batches=4, compute_iterations=60, warmup_batches=1)
+    run = InferenceRun(case_name="recording", module=module, config=config, vendor="cpu",
+                       spec=load_vendor("cpu").spec_table(), device=torch.device("cpu"), shares_host_memory=True,
+                       out_dir=tmp_path / "out", artifact_dir=tmp_path / "artifacts")
+    step_dataset_model(run)
+    step_validation(run)
+    assert run.validation is not None and run.validation.batches == 25
+    assert run.validation_compute is not None and len(run.validation_compute.seconds) == 60
+    start, end = run.validation_compute.window
+    made = [(int(pid), float(at)) for pid, at in (line.split() for line in record.read_text().splitlines())]
+    workers = {pid for pid, _ in made if pid != os.getpid()}
+    assert len(workers) == 2  # the timed pass's batches came from its workers
+    assert [at for pid, at in made if pid == os.getpid()]  # the resident batches were made here
+    assert not [(pid, at) for pid, at in made if start <= at <= end], "items made inside the compute window"
+    assert run.flops_per_item is not None  # counted on a resident batch
 
 
 def test_an_engine_that_builds_strongly_typed_gets_an_fp16_onnx_file(tmp_path: Path) -> None:
