@@ -215,6 +215,9 @@ def main() -> int:
                 "validation_compute / bare eager": row["validation_compute"] / bare["bare_eager"],
             }
             row["warnings"] = {name: x.warning for name, x in m.items() if x.warning}
+            # How each figure was made, as the engine wrote it (data path, clocks, the host's issue time).
+            row["notes"] = {name: m[name].note for name in ("inference_core", "inference_compute",
+                                                            "validation_compute") if name in m}
             rows[case] = row
             log.info("%s: %s", case, {k: round(v, 3) for k, v in row["ratios"].items()})
     total = time.perf_counter() - started

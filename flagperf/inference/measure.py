@@ -238,6 +238,26 @@ class ComputeStats:
     resident_batches: int
     window: tuple[float, float] = (0.0, 0.0)
     non_inference_seconds: float = 0.0
+    issue_seconds: float | None = None  # the host's time to issue one forward onto an idle device queue
+
+    def host_bound(self) -> str | None:
+        """Why the figure may be the host's, not the device's: issuing one forward costs the host about as
+        long as the device takes to run it, so back to back the device waits for work between kernels and its
+        events time that idling too. (Issue time is measured on an empty queue: once the queue is full, the
+        host waits for the device, and the two can no longer be told apart.)"""
+        if self.issue_seconds is None or not self.seconds:
+            return None
+        device = sorted(self.seconds)[len(self.seconds) // 2]
+        if self.issue_seconds < HOST_BOUND_SHARE * device:
+            return None
+        return (f"host-bound: issuing one forward takes the host {self.issue_seconds * 1e3:.3g} ms, running it "
+                f"takes the device {device * 1e3:.3g} ms (median), so the device waits for the host between kernels or "
+                "forwards (launch overhead, or an engine that synchronises in each call); not the chip's rate "
+                "(CUDA graphs, e.g. inductor_mode: reduce-overhead, cut the host's share)")
+
+
+# The host's issue time at this share of the device's time or more: the device is starved of work.
+HOST_BOUND_SHARE = 0.9
 
 
 def resident_batches(loader: Iterable[Batch], to_device: Callable[[list[torch.Tensor]], list[torch.Tensor]],
@@ -264,19 +284,28 @@ def _drain(result: Any) -> Any:
 
 
 def compute_pass(name: str, batches: Sequence[list[torch.Tensor]], forward: Forward, clock: Clock,
-                 sync: Callable[[], None], iterations: int, warmup: int, items_per_sample: int = 1) -> ComputeStats:
+                 sync: Callable[[], None], iterations: int, warmup: int, items_per_sample: int = 1,
+                 now: Callable[[], float] = time.perf_counter) -> ComputeStats:
     """``iterations`` forwards over ``batches`` (cycled), with a clock mark between consecutive forwards and no
     synchronisation inside: forward i took mark[i+1] - mark[i] of the device's time. Outputs stay where the
-    forward left them (never copied back)."""
+    forward left them (never copied back). With a device clock, the last warm-up forward is issued onto an
+    idle device and the host's time for that (``now``) is kept, to tell a host-bound figure from the
+    device's."""
     if iterations < 1:
         raise ValueError(f"{name}: compute needs at least one iteration")
     non_inference = 0.0
+    issue: float | None = None
     with torch.inference_mode():
         for i in range(warmup):
-            _drain(forward(batches[i % len(batches)])[0])
+            sync()
+            issued_at = now()
+            result, foo = forward(batches[i % len(batches)])
+            decoding = isinstance(result, Iterator)  # a decoding loop waits for its tokens: not judged
+            _drain(result)
+            issue = None if decoding else now() - issued_at - (foo() if callable(foo) else foo)
         sync()
         with _gc_paused():
-            start_epoch, start = time.time(), time.perf_counter()
+            start_epoch, start = time.time(), now()
             marks = [clock.mark()]
             for i in range(iterations):
                 result, foo = forward(batches[i % len(batches)])
@@ -284,11 +313,13 @@ def compute_pass(name: str, batches: Sequence[list[torch.Tensor]], forward: Forw
                 non_inference += foo() if callable(foo) else foo
                 marks.append(clock.mark())
             sync()
-            wall = time.perf_counter() - start
+            wall = now() - start
     seconds = [clock.seconds(a, b) for a, b in pairwise(marks)]
+    # A host clock times the host itself: there is no separate device time to compare with.
     return ComputeStats(name=name, items_per_batch=batches[0][0].shape[0] * items_per_sample, seconds=seconds,
                         clock=clock.name, resident_batches=len(batches), window=(start_epoch, start_epoch + wall),
-                        non_inference_seconds=non_inference)
+                        non_inference_seconds=non_inference,
+                        issue_seconds=None if isinstance(clock, HostClock) else issue)
 
 
 def pass_metrics(stats: PassStats, config: InferenceConfig, ctx: CaseContext, *, synthetic: bool,
@@ -333,17 +364,20 @@ def compute_metrics(stats: ComputeStats, config: InferenceConfig, ctx: CaseConte
     ctx.windows.append(stats.window)
     what = (f"inputs resident on the device ({stats.resident_batches} batches cycled), forwards back to back, "
             f"timed by {stats.clock}")
+    if stats.issue_seconds is not None:
+        what += f"; issuing one forward takes the host {stats.issue_seconds * 1e3:.3g} ms"
     throughput = _checked(ctx.throughput_metric(
         f"{stats.name}_compute", [Chunk(1, s) for s in stats.seconds], stats.items_per_batch, config.item_name,
-        flops_per_item=flops, precision=config.precision, note=f"compute: {what}"))
+        flops_per_item=flops, precision=config.precision, note=f"compute: {what}"), stats.host_bound())
     latency = _latency_metric(f"{stats.name}_compute_latency", stats.seconds, stats.window,
                               f"per batch of {config.batch_size}; {what}")
     return [throughput, latency]
 
 
-def _checked(metric: Metric) -> Metric:
-    """A headline far from its median, or an MFU above 100 %, carries a warning the report shows."""
-    warnings = []
+def _checked(metric: Metric, *known: str | None) -> Metric:
+    """A headline far from its median, or an MFU above 100 %, carries a warning the report shows (after any
+    ``known`` one)."""
+    warnings = [w for w in known if w]
     if metric.p10 is not None and metric.p50 is not None and metric.p90 is not None:
         disagreement = mean_median_disagreement(metric.value, metric.p10, metric.p50, metric.p90)
         if disagreement:

@@ -591,6 +591,35 @@ def test_compute_metrics_on_a_fake_device_clock_are_exact() -> None:
     assert throughput.warning is None  # the headline is within the chunks' spread
 
 
+def test_a_compute_figure_the_host_cannot_feed_is_flagged_host_bound() -> None:
+    """Issuing one forward onto an idle device (the last warm-up) is timed by the host: when that takes about
+    as long as the device's median forward, the device waited for the host and the figure says so."""
+    from flagperf.inference.measure import HostClock, compute_metrics, compute_pass
+
+    def run(host_cost: float, clock: object | None = None, decoding: bool = False) -> object:
+        device, host = FakeDevice([0.010]), [0.0]
+
+        def forward(inputs: list[torch.Tensor]) -> tuple[object, float]:
+            host[0] += host_cost + 0.5  # half a second of it the engine's non-inference work (a compile)
+            outputs, _ = device.forward(inputs)
+            return (iter([outputs]) if decoding else outputs), 0.5
+
+        return compute_pass("inference", [[torch.zeros(2, 3)]], forward, clock or device, lambda: None,
+                            iterations=5, warmup=2, now=lambda: host[0])
+
+    fed = run(0.001)
+    assert fed.issue_seconds == pytest.approx(0.001) and fed.host_bound() is None
+    throughput, _ = compute_metrics(fed, _config(), _ctx())
+    assert throughput.warning is None and "issuing one forward takes the host 1 ms" in str(throughput.note)
+    starved = run(0.0095)
+    assert starved.issue_seconds == pytest.approx(0.0095)
+    throughput, _ = compute_metrics(starved, _config(), _ctx())
+    assert str(throughput.warning).startswith("host-bound: issuing one forward takes the host 9.5 ms, running it "
+                                              "takes the device 10 ms (median)")
+    assert run(0.05, clock=HostClock()).issue_seconds is None  # the host clock has no device time to compare
+    assert run(0.05, decoding=True).issue_seconds is None  # a decoding loop waits for its tokens
+
+
 def test_a_headline_far_from_its_median_is_flagged_and_the_collector_is_paused() -> None:
     """Nine 1 ms batches and one of 91 ms: the total says 100 ms for 10 batches, a typical batch took 1 ms."""
     import gc
