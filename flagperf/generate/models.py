@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from transformers import AutoConfig, LlamaConfig, PretrainedConfig, Qwen2Config
 
+from flagperf.training.shapes import LLAMA_PRESETS, llama_config_kwargs, rope_kwargs
+
 DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -20,19 +22,21 @@ class Preset:
     note: str
 
 
-_LLAMA3 = {"vocab_size": 128256, "rope_theta": 500000.0, "max_position_embeddings": 8192,
-           "num_key_value_heads": 8, "bos_token_id": 128000, "eos_token_id": 128001}
+# Llama-3's shapes come from the one table of them (flagperf.training.shapes), with a decoder's settings: its
+# context of 8K positions, the key/value cache, Llama-3's special tokens.
+_LLAMA3_TOKENS = {"bos_token_id": 128000, "eos_token_id": 128001}
+
+
+def _llama3(name: str) -> dict[str, Any]:
+    return {**llama_config_kwargs(LLAMA_PRESETS[name], 8192, use_cache=True), **_LLAMA3_TOKENS}
+
+
 PRESETS: dict[str, Preset] = {
-    "llama-3-8b": Preset(LlamaConfig, {**_LLAMA3, "hidden_size": 4096, "num_hidden_layers": 32,
-                                       "num_attention_heads": 32, "intermediate_size": 14336},
-                         "Meta-Llama-3-8B shape (8.0e9 parameters)"),
-    "llama-3.2-1b": Preset(LlamaConfig, {**_LLAMA3, "hidden_size": 2048, "num_hidden_layers": 16,
-                                         "num_attention_heads": 32, "intermediate_size": 8192,
-                                         "tie_word_embeddings": True},
-                           "Llama-3.2-1B shape (1.2e9 parameters)"),
+    "llama-3-8b": Preset(LlamaConfig, _llama3("llama-3-8b"), "Meta-Llama-3-8B shape (8.0e9 parameters)"),
+    "llama-3.2-1b": Preset(LlamaConfig, _llama3("llama-3.2-1b"), "Llama-3.2-1B shape (1.2e9 parameters)"),
     "qwen2.5-7b": Preset(Qwen2Config, {"vocab_size": 152064, "hidden_size": 3584, "num_hidden_layers": 28,
                                        "num_attention_heads": 28, "num_key_value_heads": 4,
-                                       "intermediate_size": 18944, "rope_theta": 1000000.0,
+                                       "intermediate_size": 18944, **rope_kwargs(1000000.0),
                                        "max_position_embeddings": 32768, "bos_token_id": 151643,
                                        "eos_token_id": 151643},
                          "Qwen2.5-7B shape (7.6e9 parameters)"),

@@ -44,7 +44,8 @@ class ResNetShape(Shape):
     layer_type: str
 
 
-# Meta's published configurations (config.json of meta-llama/Meta-Llama-3-8B and Llama-3.2-1B).
+# Meta's published configurations (config.json of meta-llama/Meta-Llama-3-8B and Llama-3.2-1B); the one table
+# of Llama shapes: training's cases and the generate family's presets (flagperf.generate.models) read it.
 LLAMA_PRESETS: dict[str, LlamaShape] = {
     "llama-3-8b": LlamaShape(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
                              num_heads=32, num_kv_heads=8, rope_theta=500000.0, tie_embeddings=False),
@@ -84,19 +85,23 @@ def resolve_shape(presets: dict[str, S], name: str, explicit: dict[str, Any]) ->
     return type(base).model_validate({**base.model_dump(), **changes})
 
 
-def llama_config_kwargs(shape: LlamaShape, seq_len: int) -> dict[str, Any]:
-    """transformers.LlamaConfig's arguments for a shape, for transformers 4 and 5 (5 moved rope_theta into
-    rope_parameters). SDPA attention (flash on GPUs that have it); no key/value cache, as training keeps none."""
+def rope_kwargs(theta: float) -> dict[str, Any]:
+    """A transformers config's RoPE base, for transformers 4 and 5 (5 moved rope_theta into rope_parameters)."""
     import transformers
 
     major = int(transformers.__version__.split(".")[0])
-    rope = ({"rope_parameters": {"rope_type": "default", "rope_theta": shape.rope_theta}} if major >= 5
-            else {"rope_theta": shape.rope_theta})
+    return ({"rope_parameters": {"rope_type": "default", "rope_theta": theta}} if major >= 5
+            else {"rope_theta": theta})
+
+
+def llama_config_kwargs(shape: LlamaShape, seq_len: int, *, use_cache: bool = False) -> dict[str, Any]:
+    """transformers.LlamaConfig's arguments for a shape, with SDPA attention (flash on GPUs that have it) and
+    ``seq_len`` positions; no key/value cache unless asked for (training keeps none, decoding needs one)."""
     return {"vocab_size": shape.vocab_size, "hidden_size": shape.hidden_size,
             "intermediate_size": shape.intermediate_size, "num_hidden_layers": shape.num_layers,
             "num_attention_heads": shape.num_heads, "num_key_value_heads": shape.num_kv_heads,
             "tie_word_embeddings": shape.tie_embeddings, "max_position_embeddings": seq_len,
-            "attn_implementation": "sdpa", "use_cache": False, **rope}
+            "attn_implementation": "sdpa", "use_cache": use_cache, **rope_kwargs(shape.rope_theta)}
 
 
 def matmul_parameters(model: torch.nn.Module) -> int:

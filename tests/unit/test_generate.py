@@ -161,6 +161,27 @@ def test_config_rules() -> None:
         config(prompts_path="/no/such/file.jsonl")
 
 
+@pytest.mark.parametrize(("preset", "parameters"), [("llama-3-8b", 8_030_261_248), ("llama-3.2-1b", 1_235_814_400),
+                                                    ("qwen2.5-7b", 7_615_616_512)])
+def test_presets_have_the_published_parameter_counts(preset: str, parameters: int) -> None:
+    """Built on the meta device (no memory): the published counts of Meta-Llama-3-8B, Llama-3.2-1B (tied
+    embeddings) and Qwen2.5-7B. Llama's shapes are training's table (flagperf.training.shapes), not a copy."""
+    from transformers import AutoModelForCausalLM
+
+    from flagperf.generate.models import model_config
+    from flagperf.training.shapes import LLAMA_PRESETS
+
+    config = model_config(preset, None)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    assert sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()) == parameters
+    assert config.use_cache and config.max_position_embeddings >= 8192
+    if preset in LLAMA_PRESETS:
+        shape = LLAMA_PRESETS[preset]
+        assert (config.hidden_size, config.num_hidden_layers, config.num_key_value_heads) == (
+            shape.hidden_size, shape.num_layers, shape.num_kv_heads)
+
+
 def test_cases_are_discovered_by_folder_with_vendor_overrides() -> None:
     names = [n for n in available_cases() if load_case(n).family == "generate"]
     assert {"llama3-8b-generate", "qwen2.5-7b-generate", "llama3.2-1b-generate", "tiny-llama-generate"} <= set(names)
