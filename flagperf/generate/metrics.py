@@ -81,7 +81,7 @@ def level_metrics(stats: LevelStats, window: tuple[float, float], parameters: in
     metrics = [
         Metric(name=level_name("output_tokens_per_s", c), value=stats.tokens_per_s, unit="tokens/s",
                iterations=stats.output_tokens, measured_seconds=seconds, window=list(window),
-               work=float(stats.output_tokens), mfu=mfu, mfu_peak_key=precision if peak else None,
+               work=float(stats.output_tokens), mfu=mfu, mfu_peak_key=precision if peak else None, mfu_peak=peak,
                convention=MFU_CONVENTION.format(key=precision),
                note=f"{stats.requests} requests, {c} at a time, {stats.output_tokens} output tokens"),
         Metric(name=level_name("tokens_per_s_per_user", c), value=stats.per_user.mean,

@@ -83,6 +83,8 @@ class Metric(_Model):
     mfu: float | None = Field(default=None, description="model FLOP/s (flops per item x items/s) / peak FLOP/s "
                                                        "of the precision used")
     mfu_peak_key: str | None = Field(default=None, description="spec-table key of the peak MFU is taken against")
+    mfu_peak: Peak | None = Field(default=None, description="that peak: value, unit and source (the report shows "
+                                                            "it beside the MFU)")
     work: float | None = Field(default=None, description="total work in the timed region, in unit x seconds")
     warning: str | None = Field(default=None, description="why a reader should not take the figure plainly "
                                                           "(the report shows it beside the figure)")

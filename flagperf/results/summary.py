@@ -45,7 +45,8 @@ MONITOR_COLUMNS = ["power_avg_w", "power_max_w", "energy_j", "energy_source", "e
                    "accel_mem_total_bytes"]
 ROW_COLUMNS = ["case", "family", "round", "host", "node_rank", "nnodes", "nproc_per_node", "status", "metric", "value",
                "unit", "p50", "cv_chunks", "mfu", "warning",
-               "peak", "peak_unit", "ratio", "convention", "peak_source", "message", "device", *MONITOR_COLUMNS,
+               "peak", "peak_unit", "ratio", "convention", "peak_source", "mfu_peak", "message", "device",
+               *MONITOR_COLUMNS,
                "note", "search", *CHIP_COLUMNS]
 
 
@@ -128,13 +129,21 @@ def _rows(results: list[tuple[Path, RoundResult]], notes: dict[str, None]) -> pd
                          "cv_chunks": m.cv, "peak": m.peak.value if m.peak else None,
                          "peak_unit": m.peak.unit if m.peak else None, "ratio": m.ratio,
                          "convention": m.convention, "peak_source": m.peak.source if m.peak else None,
-                         "warning": m.warning,
+                         "mfu_peak": _mfu_peak(m), "warning": m.warning,
                          **_monitor_columns(stats, m), "note": m.note,
                          "search": m.search.model_dump_json() if m.search else None,
                          **window_columns(monitors, m.window)})
             for note in stats.notes:
                 notes[note] = None
     return pd.DataFrame(rows, columns=ROW_COLUMNS)
+
+
+def _mfu_peak(metric: Metric) -> str | None:
+    """The peak an MFU is taken against, in words, for the report's line on how the figure was made."""
+    peak = metric.mfu_peak
+    if metric.mfu is None or peak is None or peak.value is None:
+        return None
+    return f"the {metric.mfu_peak_key} peak, {peak.value:.4g} {peak.unit} ({peak.source})"
 
 
 def _clean(value: Any) -> Any:
@@ -171,7 +180,8 @@ def summarize(run_dir: Path) -> RunSummary:
             "ratio": ratio, "above_peak": bool(ratio is not None and ratio > 1.0),
             "lower_bound": bool(group["note"].map(lambda n: isinstance(n, str) and BOUNDED_NOTE in n).any()),
             "convention": _clean(group["convention"].iloc[0]), "peak_source": _clean(group["peak_source"].iloc[0]),
-            "mfu": _mean(group["mfu"]),
+            "mfu": _mean(group["mfu"]), "mfu_peak": _clean(group["mfu_peak"].dropna().iloc[0])
+            if group["mfu_peak"].notna().any() else None,
             "warnings": sorted({str(w) for w in group["warning"].dropna()}),
             "power_avg_w": _mean(group["power_avg_w"]), "power_max_w": _max(group["power_max_w"]),
             "energy_source": _clean(group["energy_source"].dropna().iloc[0]) if group["energy_source"].notna().any()
@@ -416,8 +426,10 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = 
                   "chunk boundary); p50 = median chunk rate; spread = coefficient of variation across rounds, "
                   "or across chunks for a single round.", ""]
         for e in summary.headline:
+            peak = e["peak_source"] or f"none in {e['unit']}"
+            mfu = f"; MFU against {e['mfu_peak']}" if e.get("mfu_peak") else ""
             lines.append(f"- {e['case']} / {e['metric']}: {e['convention'] or 'no counting convention'}; "
-                         f"peak: {e['peak_source'] or 'none in the vendor spec table'}")
+                         f"peak: {peak}{mfu}")
         lines.append("")
     if plots:
         lines += ["## Plots", ""]

@@ -18,7 +18,7 @@ from pathlib import Path
 from flagperf.config.job import JOB_FILE, Job
 from flagperf.errors import EXIT_OK, EXIT_USER_ERROR
 from flagperf.measure.perflog import PerfLog, parse_file
-from flagperf.results.schema import Convergence, Metric
+from flagperf.results.schema import Convergence, Metric, Peak
 
 EXIT_WORKER_FAILED = 70
 USER_ERROR_PREFIX = "flagperf user error: "  # how a process says its input was wrong (see user_error)
@@ -138,10 +138,12 @@ def training_result(out_dir: Path, first_rank: int) -> tuple[list[Metric], Conve
                               convention=f"training_throughput / {world} processes"))
     synthetic = " (synthetic data)" if extra.get("synthetic_data") else ""
     flops = extra.get("flops_convention")
+    mfu_peak = Peak.model_validate(extra["mfu_peak"]) if extra.get("mfu") is not None and extra.get("mfu_peak") \
+        else None
     if extra.get("tokens_per_s") is not None:
         metrics.append(Metric(name="tokens_per_s", value=extra["tokens_per_s"], unit="tokens/s",
                               measured_seconds=finished["raw_train_time"], mfu=extra.get("mfu"),
-                              mfu_peak_key=extra.get("precision"),
+                              mfu_peak_key=extra.get("precision"), mfu_peak=mfu_peak,
                               convention=f"MFU = FLOPs per token x tokens/s per device / one device's peak; "
                                          f"FLOPs: {flops}; {extra.get('parameters')} parameters{synthetic}"))
         metrics.append(Metric(name="tokens_per_s_per_device", value=extra["tokens_per_s_per_device"],
@@ -149,7 +151,7 @@ def training_result(out_dir: Path, first_rank: int) -> tuple[list[Metric], Conve
                               convention=f"tokens_per_s / {world} processes"))
     elif extra.get("mfu") is not None:  # a model that declared FLOPs per sample (convolutional ones)
         metrics[0] = metrics[0].model_copy(update={
-            "mfu": extra["mfu"], "mfu_peak_key": extra.get("precision"),
+            "mfu": extra["mfu"], "mfu_peak_key": extra.get("precision"), "mfu_peak": mfu_peak,
             "convention": f"{metrics[0].convention}; MFU = FLOPs per sample x samples/s per device / one "
                           f"device's peak; FLOPs: {flops}{synthetic}"})
     peaks = extra.get("peak_memory_bytes_per_device")

@@ -73,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     ctx = TrainingContext(config, device=device)
     peak = vendor.spec_table().peaks.get(config.precision)
     ctx.peak = (peak.value, peak.unit) if peak and peak.supported else None
+    if ctx.peak:
+        ctx.extra["mfu_peak"] = peak.model_dump()  # shown beside the MFU in the report
     ctx.extra["torch_threads"] = torch.get_num_threads()
     ctx.extra["load_average_1m"] = os.getloadavg()[0]  # other work on the host at the start (a shared machine)
     if device_type == "cpu":

@@ -221,3 +221,18 @@ def test_interrupted_run_says_what_was_planned_stopped_and_not_started(tmp_path:
     md = render_markdown(summarize(run))
     assert "**interrupted** (SIGTERM) at now: 0 of 8 planned rounds done, 2 stopped while running, 6 not started" in md
     assert "## Stopped while running" in md and "## Not started" in md
+
+
+def test_the_report_names_the_peak_an_mfu_is_taken_against(tmp_path: Path) -> None:
+    """A throughput in items/s has no peak of its own, but its MFU has one: the report says which, with its
+    value and source (it said "peak: none in the vendor spec table" beside an MFU of 1.9 %)."""
+    run = tmp_path / "run7"
+    rate = Metric(name="inference_core", value=1000.0, unit="images/s", iterations=10, measured_seconds=1.0,
+                  mfu=0.25, mfu_peak_key="fp32", mfu_peak=PEAK, convention="MFU = 5e8 FLOP per image x images/s")
+    put(run, "resnet50-infer", 1, metrics=[rate, gemm(1.0)])
+    s = summarize(run)
+    assert headline(s, "resnet50-infer")["mfu_peak"] == "the fp32 peak, 2 TFLOPS (derived: 2 cores x 1 GHz)"
+    text = render_markdown(s)
+    assert ("- resnet50-infer / inference_core: MFU = 5e8 FLOP per image x images/s; peak: none in images/s; "
+            "MFU against the fp32 peak, 2 TFLOPS (derived: 2 cores x 1 GHz)") in text
+    assert "- resnet50-infer / gemm_fp32: 2*M*N*K; peak: derived: 2 cores x 1 GHz\n" in text
