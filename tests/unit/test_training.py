@@ -25,7 +25,9 @@ def run_digits(tmp_path: Path, *sets: str) -> tuple[int, Path]:
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_digits_converges(tmp_path: Path, nproc: int) -> None:
     code, out = run_digits(tmp_path, f"nproc_per_node={nproc}", f"master_port={29700 + nproc}")
-    assert code == 0
+    # A failure names its cause: the round's failure and the end of each rank's output.
+    assert code == 0, (read_result(out / "result.json").failure, {
+        log.name: log.read_text(errors="replace")[-1500:] for log in sorted(out.glob("rank*.out.log"))})
     result = read_result(out / "result.json")
     assert result.status == "success" and result.family == "training"
     assert result.convergence is not None and result.convergence.converged
