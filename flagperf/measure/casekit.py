@@ -131,8 +131,9 @@ class CaseContext:
         peak = self.spec.peaks.get(precision)
         mfu = model_flops_utilisation(metric.value, flops_per_item, peak.value if peak else None,
                                       peak.unit if peak else "")
+        per = item.removesuffix("s")  # "FLOP per image x images/s"
         return metric.model_copy(update={"mfu": mfu, "mfu_peak_key": precision, "mfu_peak": peak,
-                                         "convention": f"MFU = {flops_per_item:.4g} FLOP per {item.removesuffix('s')} x {item}/s "
+                                         "convention": f"MFU = {flops_per_item:.4g} FLOP per {per} x {item}/s "
                                                        f"/ {precision} peak"})
 
 
