@@ -9,8 +9,7 @@ Options (case config keys; a vendor file may set them):
 
 On an accelerator, inputs and outputs are bound to torch tensors on the device (I/O binding) and the
 provider runs on torch's current stream, so the copy of a CPU batch is inside the call (FlagPerf's core),
-a batch already on the device is not copied (compute), and device timing events see the work; ORT's own
-synchronisation after each run is off there, so forwards queue back to back as they do in torch.
+a batch already on the device is not copied (compute), and device timing events see the work.
 """
 
 from __future__ import annotations
@@ -86,14 +85,6 @@ class Engine(InferenceEngine):
         self.outputs = self.session.get_outputs()
         self.output_names = [o.name for o in self.outputs]
         self.bound = env.device.type == "cuda"
-        # ORT synchronises the device at the end of every run by default: forwards could then never be queued
-        # back to back, and the compute pass would time the host's gaps between them. Where every kernel runs
-        # on torch's stream (the CUDA provider given user_compute_stream), the caller's own synchronisation
-        # suffices, so ORT's is switched off.
-        self.unsynchronised: ort.RunOptions | None = None
-        if self.bound and self.session.get_providers()[0] == "CUDAExecutionProvider":
-            self.unsynchronised = ort.RunOptions()
-            self.unsynchronised.add_run_config_entry("disable_synchronize_execution_providers", "1")
         env.log.info("onnxruntime %s on %s: inputs %s, outputs %s", ort.__version__,
                      self.session.get_providers(), self.input_names, self.output_names)
 
@@ -128,8 +119,7 @@ class Engine(InferenceEngine):
             t = torch.empty(shape, dtype=ORT_TYPES[out.type], device=self.device)
             binding.bind_output(out.name, "cuda", index, NUMPY[t.dtype], tuple(t.shape), t.data_ptr())
             outputs.append(t)
+        self.session.run_with_iobinding(binding)
         if len(outputs) == len(self.outputs):
-            self.session.run_with_iobinding(binding, self.unsynchronised)
             return outputs
-        self.session.run_with_iobinding(binding)  # an output ORT copies to the host: its copy must be complete
         return [torch.from_numpy(o) for o in binding.copy_outputs_to_cpu()]
