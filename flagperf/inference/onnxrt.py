@@ -7,9 +7,14 @@ Options (case config keys; a vendor file may set them):
   ort_providers          execution providers in order of preference; null: the device's default
                          (CPUExecutionProvider on the CPU, CUDAExecutionProvider on CUDA)
 
-On an accelerator, inputs and outputs are bound to torch tensors on the device (I/O binding) and the
-provider runs on torch's current stream, so the copy of a CPU batch is inside the call (FlagPerf's core),
-a batch already on the device is not copied (compute), and device timing events see the work.
+On an accelerator, inputs and outputs are bound to torch tensors on the device (I/O binding): the copy
+of a CPU batch is inside the call (FlagPerf's core; waited for before ORT reads it), and a batch already on
+the device is not copied (compute). ORT synchronises its own stream at the end of every run (its default,
+kept), so the work is done when the call returns and the caller's device events after it see it finished.
+Its kernels do not run on torch's default stream, so turning that synchronisation off would let those
+events (and torch's allocator) run ahead of ORT's work. Queuing ORT's runs back to back needs a stream of
+its own ordered against torch's (wait_stream, record_stream): not done, as it cannot be checked without a
+GPU.
 """
 
 from __future__ import annotations
@@ -44,9 +49,11 @@ def provider_options(name: str, device: torch.device) -> dict[str, str]:
     if device.type != "cuda" or name not in ("CUDAExecutionProvider", "TensorrtExecutionProvider"):
         return {}
     options = {"device_id": str(device.index or 0)}
-    if name == "CUDAExecutionProvider":
-        # ORT's kernels on torch's stream: the caller's synchronisation and timing events include them.
-        options["user_compute_stream"] = str(torch.cuda.current_stream(device).cuda_stream)
+    stream = torch.cuda.current_stream(device).cuda_stream
+    if name == "CUDAExecutionProvider" and stream:
+        # A stream torch's caller made current: ORT's kernels go on it. The default stream's handle is 0,
+        # which ORT reads as "none given" (it then makes its own stream).
+        options["user_compute_stream"] = str(stream)
     return options
 
 
@@ -119,6 +126,9 @@ class Engine(InferenceEngine):
             t = torch.empty(shape, dtype=ORT_TYPES[out.type], device=self.device)
             binding.bind_output(out.name, "cuda", index, NUMPY[t.dtype], tuple(t.shape), t.data_ptr())
             outputs.append(t)
+        # ORT's Run does not wait for the inputs (its IOBinding leaves that to the caller), and its kernels run
+        # on its own stream: the asynchronous copy above, on torch's stream, must be done before ORT reads it.
+        torch.cuda.current_stream(self.device).synchronize()
         self.session.run_with_iobinding(binding)
         if len(outputs) == len(self.outputs):
             return outputs
