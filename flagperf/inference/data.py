@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
 from flagperf.training.data import ImageFolder
 
@@ -74,20 +74,21 @@ def cast_floating(inputs: Any, dtype: torch.dtype) -> Any:
 
 class CastInputs:
     """A collate function that makes each batch's inputs in the dtype the model or engine takes, in the
-    loader's workers: the items are cast before they are stacked, so the batch is written once, at its final
-    size, straight into the shared memory a worker hands back (half the bytes to stack, pin and copy for FP16,
-    and no second copy of a cast batch), and nothing converts it inside a timed region. A class, not a
-    closure, so spawned workers can pickle it."""
+    loader's workers, so nothing converts it inside a timed region. With torch's default collate the items
+    are cast before they are stacked: the batch is written once, at its final size, straight into the shared
+    memory a worker hands back (half the bytes to stack, pin and copy for FP16, and no second copy of a cast
+    batch). A class, not a closure, so spawned workers can pickle it."""
 
     def __init__(self, collate: Callable[[list[Any]], Any], dtype: torch.dtype) -> None:
         self.collate, self.dtype = collate, dtype
 
     def __call__(self, items: list[Any]) -> Any:
-        if all(isinstance(item, tuple) and len(item) == 2 for item in items):
+        # Only torch's own collate is handed cast items: a case's collate may compute in the items' dtype or
+        # read fields of its own item type, so its batch is cast afterwards.
+        if self.collate is default_collate and all(type(item) is tuple and len(item) == 2 for item in items):
             items = [(cast_floating(inputs, self.dtype), label) for inputs, label in items]
         inputs, labels = self.collate(items)
-        # A case's own collate may still make floating inputs in its dtype: cast the batch (a no-op otherwise).
-        return cast_floating(inputs, self.dtype), labels
+        return cast_floating(inputs, self.dtype), labels  # a no-op when the items were cast
 
 
 PREFETCH_FACTOR = 2  # batches each worker keeps ready (pinned FP16 ResNet-50 batches of 256 are 77 MB each)
@@ -102,7 +103,7 @@ def with_data_path(base: Any, device: torch.device, dtype: torch.dtype | None) -
     if not isinstance(base, DataLoader) or isinstance(base.dataset, IterableDataset):
         return base
     workers = base.num_workers
-    return DataLoader(base.dataset, batch_sampler=base.batch_sampler, num_workers=workers,
+    return DataLoader(base.dataset, **_batching(base), num_workers=workers,
                       collate_fn=CastInputs(base.collate_fn, dtype) if dtype is not None else base.collate_fn,
                       pin_memory=device.type != "cpu", timeout=base.timeout, worker_init_fn=base.worker_init_fn,
                       multiprocessing_context=base.multiprocessing_context, generator=base.generator,
@@ -124,8 +125,17 @@ def in_flight_batches(loader: Any) -> int:
 def in_main_process(base: Any) -> Any:
     """The same batches (dataset, sampler, collate), made in the calling process, unpinned: for taking a few
     batches once. A worker loader would go on making and pinning its prefetched batches in the background,
-    in the timed region that follows. A loader that is not a map-style torch DataLoader is returned as is."""
-    if not isinstance(base, DataLoader) or isinstance(base.dataset, IterableDataset):
+    in the timed region that follows. A loader that is not a torch DataLoader is returned as is."""
+    if not isinstance(base, DataLoader):
         return base
-    return DataLoader(base.dataset, batch_sampler=base.batch_sampler, num_workers=0, collate_fn=base.collate_fn,
-                      generator=base.generator)
+    return DataLoader(base.dataset, num_workers=0, collate_fn=base.collate_fn, generator=base.generator,
+                      **_batching(base))
+
+
+def _batching(base: DataLoader) -> dict[str, Any]:
+    """How a rebuilt loader batches as ``base`` does."""
+    if isinstance(base.dataset, IterableDataset):
+        return {"batch_size": base.batch_size, "drop_last": base.drop_last}
+    if base.batch_sampler is None:  # batch_size=None: the dataset's items are the batches
+        return {"batch_size": None, "sampler": base.sampler}
+    return {"batch_sampler": base.batch_sampler}

@@ -124,9 +124,13 @@ def timed_pass(name: str, loader: Iterable[Batch], forward: Forward, evaluator: 
             if cold is None:
                 cold = (now() - t0, non_inference() if callable(non_inference) else non_inference)
         sync()
+        # The first timed epoch's iterator is made before the clock starts: a persistent-worker loader that the
+        # warm-up left mid-epoch drains (and discards) the batches its workers prefetched when it restarts, and
+        # that leftover of the warm-up is not the pass's data loading.
+        first_epoch = iter(loader)
         with _gc_paused():
             start_epoch, start = time.time(), now()
-            stats = _timed_batches(name, loader, forward, evaluator, sync, config, log, to_device, now)
+            stats = _timed_batches(name, loader, first_epoch, forward, evaluator, sync, config, log, to_device, now)
             sync()
             stats.wall_seconds = now() - start
     stats.window = (start_epoch, start_epoch + stats.wall_seconds)
@@ -135,13 +139,13 @@ def timed_pass(name: str, loader: Iterable[Batch], forward: Forward, evaluator: 
     return stats
 
 
-def _timed_batches(name: str, loader: Iterable[Batch], forward: Forward, evaluator: Evaluator | None,
-                   sync: Callable[[], None], config: InferenceConfig, log: logging.Logger,
-                   to_device: Callable[[list[torch.Tensor]], list[torch.Tensor]], now: Callable[[], float]
-                   ) -> PassStats:
+def _timed_batches(name: str, loader: Iterable[Batch], first_epoch: Iterator[Batch], forward: Forward,
+                   evaluator: Evaluator | None, sync: Callable[[], None], config: InferenceConfig,
+                   log: logging.Logger, to_device: Callable[[list[torch.Tensor]], list[torch.Tensor]],
+                   now: Callable[[], float]) -> PassStats:
     stats: PassStats | None = None
     for rep in range(config.repeat):
-        for inputs, labels in loader:
+        for inputs, labels in first_epoch if rep == 0 else loader:
             x = as_inputs(inputs)
             if stats is None:
                 stats = PassStats(name, items_per_batch=x[0].shape[0] * config.items_per_sample())
@@ -288,23 +292,17 @@ def compute_pass(name: str, batches: Sequence[list[torch.Tensor]], forward: Forw
                  now: Callable[[], float] = time.perf_counter) -> ComputeStats:
     """``iterations`` forwards over ``batches`` (cycled), with a clock mark between consecutive forwards and no
     synchronisation inside: forward i took mark[i+1] - mark[i] of the device's time. Outputs stay where the
-    forward left them (never copied back). With a device clock, the last warm-up forward is issued onto an
-    idle device and the host's time for that (``now``) is kept, to tell a host-bound figure from the
-    device's."""
+    forward left them (never copied back). With a device clock, the host's time (``now``) to issue one forward
+    onto an idle device is kept too, to tell a host-bound figure from the device's."""
     if iterations < 1:
         raise ValueError(f"{name}: compute needs at least one iteration")
     non_inference = 0.0
-    issue: float | None = None
     with torch.inference_mode():
         for i in range(warmup):
-            sync()
-            issued_at = now()
-            result, foo = forward(batches[i % len(batches)])
-            decoding = isinstance(result, Iterator)  # a decoding loop waits for its tokens: not judged
-            _drain(result)
-            issue = None if decoding else now() - issued_at - (foo() if callable(foo) else foo)
+            _drain(forward(batches[i % len(batches)])[0])
         sync()
         with _gc_paused():
+            issue = None if isinstance(clock, HostClock) else _issue_seconds(batches[0], forward, sync, now)
             start_epoch, start = time.time(), now()
             marks = [clock.mark()]
             for i in range(iterations):
@@ -318,8 +316,28 @@ def compute_pass(name: str, batches: Sequence[list[torch.Tensor]], forward: Forw
     # A host clock times the host itself: there is no separate device time to compare with.
     return ComputeStats(name=name, items_per_batch=batches[0][0].shape[0] * items_per_sample, seconds=seconds,
                         clock=clock.name, resident_batches=len(batches), window=(start_epoch, start_epoch + wall),
-                        non_inference_seconds=non_inference,
-                        issue_seconds=None if isinstance(clock, HostClock) else issue)
+                        non_inference_seconds=non_inference, issue_seconds=issue)
+
+
+ISSUE_SAMPLES = 3  # forwards issued onto an idle device; the fastest is kept (one sample may catch a hiccup)
+
+
+def _issue_seconds(batch: list[torch.Tensor], forward: Forward, sync: Callable[[], None],
+                   now: Callable[[], float]) -> float | None:
+    """The host's time to issue one forward onto an idle device (synchronised before each), the least of
+    ISSUE_SAMPLES; None for a forward that yields (a decoding loop waits for its tokens: not judged)."""
+    fastest: float | None = None
+    for _ in range(ISSUE_SAMPLES):
+        sync()
+        issued_at = now()
+        result, foo = forward(batch)
+        if isinstance(result, Iterator):
+            _drain(result)
+            return None
+        seconds = now() - issued_at - (foo() if callable(foo) else foo)
+        fastest = seconds if fastest is None else min(fastest, seconds)
+    sync()
+    return fastest
 
 
 def pass_metrics(stats: PassStats, config: InferenceConfig, ctx: CaseContext, *, synthetic: bool,

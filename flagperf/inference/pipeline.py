@@ -43,6 +43,7 @@ from types import ModuleType
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader
 
 from flagperf.errors import CaseUserError
 from flagperf.inference.config import STEP_TITLES, STEPS, InferenceConfig, check_toggles, skipped_steps
@@ -182,12 +183,14 @@ def _pass_loader(run: InferenceRun, dtype: torch.dtype) -> Any:
 
 def data_path_note(run: InferenceRun) -> str:
     workers = getattr(run.loader, "num_workers", 0)
+    if not isinstance(run.loader, DataLoader):
+        return f"the case's own loader ({type(run.loader).__name__}), used as it is"
     pinned = "host memory (CPU device)"
     if run.device.type != "cpu":
         held = in_flight_batches(with_data_path(run.loader, run.device, None))
         pinned = "pinned host memory, asynchronous copies" + (
-            f"; warm-up of at least {held} batches, so each pinned buffer the loader holds is allocated before "
-            "the timed pass" if held else "")
+            f"; a warm-up of at least {held} batch{'es' if held != 1 else ''}, so each pinned buffer the loader "
+            "holds is allocated before the timed pass" if held else "")
     return (f"batches made in each pass's input dtype by {workers} worker(s)"
             f"{' with prefetch' if workers else ' in the main process'}; {pinned}; compute-pass batches made "
             "in the main process")

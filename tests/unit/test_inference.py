@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -576,8 +577,9 @@ def test_compute_metrics_on_a_fake_device_clock_are_exact() -> None:
 
     device = FakeDevice([0.010, 0.020, 0.030, 0.040])
     batches = [[torch.zeros(2, 3)], [torch.ones(2, 3)]]
-    # Warm-up forwards run first (and advance the clock) but fall before the first mark.
-    device.durations = [5.0, 0.010, 0.020, 0.030, 0.040]
+    # The warm-up forward and the three that time the host's issuing run first (and advance the clock), but
+    # fall before the first mark.
+    device.durations = [5.0, 1.0, 1.0, 1.0, 0.010, 0.020, 0.030, 0.040]
     stats = compute_pass("inference", batches, device.forward, device, lambda: None, iterations=4, warmup=1)
     assert stats.seconds == pytest.approx([0.010, 0.020, 0.030, 0.040]) and stats.clock == "fake device events"
     throughput, latency = compute_metrics(stats, _config(), _ctx(), flops_per_item=1.0e6)
@@ -725,22 +727,52 @@ def test_batches_are_made_in_the_passes_dtype_by_the_workers() -> None:
     assert torch.equal(inputs, next(iter(base))[0].half())
 
 
-def test_items_are_cast_before_they_are_stacked() -> None:
-    """The stacked batch is written once, in the pass's dtype (no FP32 batch made and then halved)."""
+def test_restarting_a_loader_the_warm_up_left_mid_epoch_is_not_timed() -> None:
+    """A persistent-worker loader drains the batches its workers prefetched when a new epoch starts: for the
+    first timed epoch that leftover of the warm-up falls before the clock starts; later epochs' starts are
+    the pass's own data loading, as in FlagPerf."""
+    from flagperf.inference.measure import timed_pass
+
+    clock = [0.0]
+
+    class RestartingLoader:
+        def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+            clock[0] += 1.0  # the drain and restart of an epoch
+            return iter([(torch.zeros(2, 3), torch.zeros(2)) for _ in range(3)])
+
+    def forward(inputs: list[torch.Tensor]) -> tuple[list[torch.Tensor], float]:
+        clock[0] += 0.01
+        return inputs, 0.0
+
+    stats = timed_pass("inference", RestartingLoader(), forward, None, lambda: None,
+                       _config(warmup_batches=1, repeat=2), logging.getLogger("t"), now=lambda: clock[0])
+    assert stats.batches == 6 and stats.core_seconds == pytest.approx([0.01] * 6)
+    assert stats.wall_seconds == pytest.approx(6 * 0.01 + 1.0)  # the second epoch's start only
+
+
+def test_items_are_cast_before_torchs_collate_stacks_them_and_after_a_cases_own() -> None:
+    """With torch's default collate the batch is written once, in the pass's dtype (no FP32 batch made and
+    then halved); a case's own collate gets its items as the dataset made them, and its batch is cast after."""
+    from torch.utils.data import default_collate
+
     from flagperf.inference.data import CastInputs
+
+    items = [(torch.randn(3, 4), 1), (torch.randn(3, 4), 2)]
+    inputs, labels = CastInputs(default_collate, torch.float16)(items)
+    assert inputs.dtype == torch.float16 and labels.tolist() == [1, 2]
+    assert torch.equal(inputs, torch.stack([x for x, _ in items]).half())
+    ids, _ = CastInputs(default_collate, torch.float16)([(torch.arange(4), 0), (torch.arange(4), 1)])
+    assert ids.dtype == torch.int64  # token ids are never cast
 
     seen: list[torch.dtype] = []
 
-    def collate(items: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        seen.extend(x.dtype for x, _ in items)
-        return torch.stack([x for x, _ in items]), torch.tensor([label for _, label in items])
+    def own(batch: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        seen.extend(x.dtype for x, _ in batch)
+        return torch.stack([x * 2 for x, _ in batch]), torch.tensor([label for _, label in batch])
 
-    items = [(torch.randn(3, 4), 1), (torch.randn(3, 4), 2)]
-    inputs, labels = CastInputs(collate, torch.float16)(items)
-    assert seen == [torch.float16, torch.float16] and inputs.dtype == torch.float16
-    assert torch.equal(inputs, torch.stack([x for x, _ in items]).half()) and labels.tolist() == [1, 2]
-    ids, _ = CastInputs(collate, torch.float16)([(torch.arange(4), 0), (torch.arange(4), 1)])
-    assert ids.dtype == torch.int64  # token ids are never cast
+    inputs, _ = CastInputs(own, torch.float16)(items)
+    assert seen == [torch.float32, torch.float32] and inputs.dtype == torch.float16
+    assert torch.equal(inputs, (torch.stack([x for x, _ in items]) * 2).half())
 
 
 def test_warm_up_passes_through_every_batch_a_pinning_loader_holds() -> None:
@@ -773,6 +805,32 @@ def test_warm_up_passes_through_every_batch_a_pinning_loader_holds() -> None:
     stats = timed_pass("inference", DataLoader(data, batch_size=2), forward, None, lambda: None,
                        _config(warmup_batches=3), logging.getLogger("t"), min_warmup=1)
     assert len(calls) == 27 + 3 + 20  # the config's warm-up when it asks for more
+
+
+def test_main_process_batches_match_the_loaders_own_for_every_kind_of_loader() -> None:
+    """in_main_process batches as the case's loader does: a batch sampler, an iterable data set, or a map-style
+    one whose items are already batches (batch_size=None); a loader of the case's own kind is left as is."""
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from flagperf.inference.data import in_main_process, with_data_path
+
+    class Stream(IterableDataset):
+        def __iter__(self) -> Iterator[tuple[torch.Tensor, int]]:
+            return iter([(torch.full((2,), float(i)), i) for i in range(5)])
+
+    loaders = [DataLoader([(torch.full((2,), float(i)), i) for i in range(5)], batch_size=2, drop_last=True,
+                          num_workers=1),
+               DataLoader(Stream(), batch_size=2, drop_last=True, num_workers=1),
+               DataLoader([(torch.zeros(3, 2), torch.zeros(3))] * 2, batch_size=None, num_workers=1)]
+    for base in loaders:
+        main = in_main_process(base)
+        assert main.num_workers == 0 and not main.pin_memory
+        for ours, theirs in zip(main, base, strict=True):
+            assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])
+    none_batched = with_data_path(loaders[2], torch.device("cpu"), torch.float16)
+    assert next(iter(none_batched))[0].shape == (3, 2)  # no batch axis added
+    own = [(torch.zeros(1, 2), torch.zeros(1))]
+    assert in_main_process(own) is own
 
 
 class _RecordingItems(torch.utils.data.Dataset):
