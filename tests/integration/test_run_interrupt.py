@@ -29,13 +29,23 @@ def start_run(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
     return proc, results
 
 
-def wait_for_the_case(proc: subprocess.Popen[str], results: Path) -> list[psutil.Process]:
-    """Until round 1's case process runs; returns every process the run has started by then."""
+def command_line(process: psutil.Process) -> str:
+    """A process's command line, or "" once it has ended (a short-lived child, such as git for the provenance,
+    can be a zombie between two calls)."""
+    try:
+        return " ".join(process.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):  # ZombieProcess is a NoSuchProcess
+        return ""
+
+
+def wait_for_the_case(proc: subprocess.Popen[str], results: Path) -> dict[psutil.Process, str]:
+    """Until round 1's case process runs; returns every process the run has started by then, with its
+    command line read at that moment."""
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        descendants = psutil.Process(proc.pid).children(recursive=True)
-        if any("flagperf.entry" in " ".join(p.cmdline()) for p in descendants if p.is_running()):
+        descendants = {p: command_line(p) for p in psutil.Process(proc.pid).children(recursive=True)}
+        if any("flagperf.entry" in command for command in descendants.values()):
             return descendants
         time.sleep(1)
     raise AssertionError("round 1's case process never started")
@@ -51,8 +61,8 @@ def test_a_signal_stops_everything_and_reports_what_was_done(tmp_path: Path, sig
     proc, results = start_run(tmp_path)
     try:
         started = wait_for_the_case(proc, results)
-        assert any("uvicorn" in " ".join(p.cmdline()) for p in started)  # the run's own temporary server
-        assert any("--parent-pid" in p.cmdline() for p in started)  # a monitor
+        assert any("uvicorn" in command for command in started.values())  # the run's own temporary server
+        assert any("--parent-pid" in command.split() for command in started.values())  # a monitor
         signalled = time.monotonic()
         proc.send_signal(sig)
         out, _ = proc.communicate(timeout=300)
@@ -61,7 +71,7 @@ def test_a_signal_stops_everything_and_reports_what_was_done(tmp_path: Path, sig
         proc.kill()
     assert proc.returncode == 128 + sig, out
     assert "interrupted: 0 of 2 planned rounds done, 1 stopped while running, 1 not started" in out, out
-    assert not gone(started), "processes of the run outlived it"
+    assert not gone(list(started)), "processes of the run outlived it"
     (run_dir,) = results.iterdir()
     report = (run_dir / "report.md").read_text(encoding="utf-8")
     assert f"**interrupted** ({sig.name})" in report
@@ -81,8 +91,8 @@ def test_sigkill_leaves_no_server(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
-    server = [p for p in started if "uvicorn" in " ".join(p.cmdline())]
-    case = [p for p in started if "flagperf.entry" in " ".join(p.cmdline())]
+    server = [p for p, command in started.items() if "uvicorn" in command]
+    case = [p for p, command in started.items() if "flagperf.entry" in command]
     assert server and case
     try:
         assert not gone(server), "the temporary server outlived the killed controller"

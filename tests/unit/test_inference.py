@@ -822,13 +822,20 @@ def test_main_process_batches_match_the_loaders_own_for_every_kind_of_loader() -
                           num_workers=1),
                DataLoader(Stream(), batch_size=2, drop_last=True, num_workers=1),
                DataLoader([(torch.zeros(3, 2), torch.zeros(3))] * 2, batch_size=None, num_workers=1)]
-    for base in loaders:
+    pairs = [(torch.tensor([[0.0, 0.0], [1.0, 1.0]]), [0, 1]), (torch.tensor([[2.0, 2.0], [3.0, 3.0]]), [2, 3])]
+    expected = [pairs, pairs, [(torch.zeros(3, 2), [0.0, 0.0, 0.0])] * 2]
+    # The worker loaders are not iterated here: a worker of another test that died would be reported by
+    # torch's process-wide SIGCHLD handler inside this one.
+    for base, batches in zip(loaders, expected, strict=True):
         main = in_main_process(base)
         assert main.num_workers == 0 and not main.pin_memory
-        for ours, theirs in zip(main, base, strict=True):
-            assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])
+        got = [(inputs, labels.tolist()) for inputs, labels in main]
+        assert len(got) == len(batches)
+        for (inputs, labels), (want, want_labels) in zip(got, batches, strict=True):
+            assert torch.equal(inputs, want) and labels == want_labels
     none_batched = with_data_path(loaders[2], torch.device("cpu"), torch.float16)
-    assert next(iter(none_batched))[0].shape == (3, 2)  # no batch axis added
+    assert none_batched.batch_size is None and none_batched.batch_sampler is None  # no batch axis added
+    assert next(iter(in_main_process(none_batched)))[0].shape == (3, 2)
     own = [(torch.zeros(1, 2), torch.zeros(1))]
     assert in_main_process(own) is own
 
