@@ -11,11 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from rounds import run_local_round
 
 from flagperf.config.cases import load_case
-from flagperf.config.job import Job
 from flagperf.config.plan import plan_run
-from flagperf.entry import run_job
 from flagperf.errors import EXIT_USER_ERROR, MissingExtra, install_command, require
 from flagperf.results.history import history_engine
 from flagperf.results.schema import read_result
@@ -35,14 +34,7 @@ def block(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *modules: str) -> Non
 
 
 def run_round(tmp_path: Path, case: str, *sets: str) -> tuple[int, str]:
-    plan = plan_run(cases=[case], sets=list(sets), results_dir=tmp_path / "results")
-    cp = plan.cases[0]
-    job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, host="localhost", vendor="cpu",
-              config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={})
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "job.json").write_text(job.model_dump_json())
-    code = run_job(job, out)
+    code, out = run_local_round(tmp_path, case, *sets)
     result = read_result(out / "result.json")
     assert result.failure is not None and result.failure.kind == "user"
     return code, result.failure.message

@@ -6,11 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+from rounds import run_local_round
 
-from flagperf.config.job import Job
 from flagperf.config.models import merge_vendor_overrides
 from flagperf.config.plan import plan_run
-from flagperf.entry import run_job
 from flagperf.errors import CaseUserError, ConfigError
 from flagperf.measure.perflog import format_line, parse_file, parse_text
 from flagperf.results.schema import read_result
@@ -191,15 +190,7 @@ def test_llama_pretrain_reads_a_local_token_file(tmp_path: Path) -> None:
         plan_run(cases=["llama-pretrain"], sets=["data_path=/nonexistent.npy"], results_dir=tmp_path)
 
 
-def _run_case(tmp_path: Path, case: str, *sets: str):
-    plan = plan_run(cases=[case], sets=list(sets), results_dir=tmp_path / "results")
-    cp = plan.cases[0]
-    job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, host="localhost", vendor="cpu",
-              config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={})
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "job.json").write_text(job.model_dump_json())
-    return run_job(job, out), out
+_run_case = run_local_round
 
 
 def test_resnet50_reads_an_imagenet_style_folder(tmp_path: Path) -> None:
