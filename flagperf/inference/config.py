@@ -98,8 +98,10 @@ class InferenceConfig(CaseConfig):
     loadgen_user_conf: str | None = Field(default=None, description="a user.conf LoadGen reads over it")
     loadgen_model_name: str | None = Field(default=None, description="the model's name in those files "
                                            "(resnet50, bert-99 ...); null: the case name")
-    loadgen_max_attempts: int = Field(default=3, ge=1, le=10, description="re-runs of a scenario that ended "
-                                      "INVALID because it finished early, each sized from the rate it reached")
+    loadgen_max_attempts: int = Field(default=3, ge=1, le=10, description="runs of a scenario that ends "
+                                      "INVALID because it finished early (each sized from the rate it reached) "
+                                      "or, for Server at a derived target QPS, missed its latency bound (each "
+                                      "aimed lower)")
 
     @field_validator("flops", mode="before")
     @classmethod

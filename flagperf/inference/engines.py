@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
@@ -114,6 +115,9 @@ class InferenceEngine(ABC):
         # Engines that compile the PyTorch model set this to the compiled module, so a case can call it with
         # inputs of its own (llama-decode-infer: a KV cache); the case accounts for first-call compiles.
         self.module: torch.nn.Module | None = None
+        # The precision the built engine really runs in ("fp16", "fp32"), where its file says so (its tensors'
+        # types): it wins over the manifest's guess (an FP32 ONNX file given to an FP16 case, for example).
+        self.precision: str | None = None
 
     @abstractmethod
     def __call__(self, inputs: list[torch.Tensor]) -> tuple[list[torch.Tensor], float]:
@@ -122,6 +126,15 @@ class InferenceEngine(ABC):
         copy to the device is part of core, as in FlagPerf) or already on the engine's device (compute);
         outputs may stay on the device. Work is queued on the device's current stream, so that the caller's
         synchronisation and timing events see it."""
+
+
+def precision_of(dtypes: Iterable[torch.dtype]) -> str | None:
+    """An engine's precision from its input and output tensors' types: FP16 if any is, else FP32 if any is,
+    else unknown (integer tensors only)."""
+    seen = set(dtypes)
+    if torch.float16 in seen:
+        return "fp16"
+    return "fp32" if torch.float32 in seen else None
 
 
 @dataclass(frozen=True)

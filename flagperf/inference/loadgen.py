@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ import torch
 
 from flagperf.errors import CaseUserError, require
 from flagperf.inference.config import InferenceConfig
-from flagperf.inference.measure import as_inputs
+from flagperf.inference.measure import as_inputs, drain
 from flagperf.results.schema import LoadgenResult
 
 # The engine's forward as the pipeline runs it: inputs -> (outputs, time spent outside inference).
@@ -54,16 +54,6 @@ def collect_samples(loader: Any, limit: int) -> list[list[torch.Tensor]]:
     return samples
 
 
-def _outputs(result: Any) -> Any:
-    """A forward's outputs; a generator (a decoding loop) is run to its end."""
-    if isinstance(result, Iterator):
-        last = None
-        for last in result:  # noqa: B007 - the last value yielded is the output
-            pass
-        return last
-    return result
-
-
 class EngineSUT:
     """Runs queries through ``engine_forward``; responses carry no data (performance mode)."""
 
@@ -77,7 +67,7 @@ class EngineSUT:
         padded = indices + [indices[-1]] * (self.batch_size - n) if 1 < n < self.batch_size else indices
         inputs = [torch.cat([self.samples[i][k] for i in padded]) for k in range(len(self.samples[0]))]
         outputs, _ = self.engine_forward(inputs)
-        _outputs(outputs)
+        drain(outputs)
         self.sync()
 
     def issue_queries(self, query_samples: list[Any]) -> None:
@@ -160,7 +150,8 @@ def _invalid_reason(detail: dict[str, Any], validity: str) -> str | None:
         return None
     reasons = [str(detail[k]).strip() for k in ("result_invalid_reason", "error_runtime") if detail.get(k)]
     unmet = [k.removeprefix("result_").removesuffix("_met").replace("_", " ") for k in
-             ("result_min_duration_met", "result_min_queries_met", "early_stopping_met") if detail.get(k) is False]
+             ("result_perf_constraints_met", "result_min_duration_met", "result_min_queries_met",
+              "early_stopping_met") if detail.get(k) is False]
     if unmet:
         reasons.insert(0, "not met: " + ", ".join(unmet))
     return "; ".join(reasons) or f"LoadGen said {validity}"
@@ -171,11 +162,29 @@ def ended_early(detail: dict[str, Any]) -> bool:
     return detail.get("result_validity") != "VALID" and detail.get("result_min_duration_met") is False
 
 
+def overloaded(scenario: str, detail: dict[str, Any]) -> bool:
+    """A Server test INVALID because its latency bound was missed: the target QPS was more than the system
+    sustains within that bound."""
+    return scenario == "Server" and detail.get("result_perf_constraints_met") is False
+
+
+SERVER_BACKOFF = 0.6  # a re-run's target QPS, as a share of the last one's at most
+
+
 def resized(scenario: str, expected: dict[str, float], detail: dict[str, Any]) -> dict[str, float]:
     """The expectation for a re-run, from what LoadGen measured in the run that ended early: 1.5 times that
     rate, but at most 10 times the last guess, since a short run's rate is optimistic (LoadGen's per-sample
-    work grows with the query; a 2 s test sized from a tiny query's rate once ran 44 s)."""
+    work grows with the query; a 2 s test sized from a tiny query's rate once ran 44 s). A Server test that
+    missed its latency bound is aimed lower: at most SERVER_BACKOFF of its last target, and at most 0.8 of
+    the rate it completed."""
     new = dict(expected)
+    if overloaded(scenario, detail) and "server_qps" in expected:
+        target = SERVER_BACKOFF * expected["server_qps"]
+        completed = detail.get("result_completed_samples_per_sec")
+        if isinstance(completed, int | float) and completed > 0:
+            target = min(target, 0.8 * float(completed))
+        new["server_qps"] = target
+        return new
     if scenario == "Offline" and isinstance(detail.get("result_samples_per_second"), int | float):
         grow = float(detail["result_samples_per_second"]) * 1.5 / expected["samples_per_s"]
         new["samples_per_s"] = expected["samples_per_s"] * min(max(grow, 1.5), 10.0)
@@ -224,6 +233,12 @@ def scenario_settings(c: InferenceConfig, scenario: str, expected: dict[str, flo
     return settings, asked
 
 
+def _ran_at(detail: dict[str, Any], qps: float | None) -> bool:
+    """Whether LoadGen ran at the target QPS we asked for (it logs two decimals)."""
+    ran = detail.get("effective_target_qps")
+    return qps is not None and isinstance(ran, int | float) and abs(ran - qps) <= 0.01 * qps
+
+
 def run_scenario(c: InferenceConfig, sut: EngineSUT, scenario: str, expected: dict[str, float], out_dir: Path,
                  model_name: str = "") -> LoadgenResult:
     """One scenario; run again (up to loadgen_max_attempts) when it ended early, sized from LoadGen's own rate."""
@@ -253,6 +268,14 @@ def run_scenario(c: InferenceConfig, sut: EngineSUT, scenario: str, expected: di
             log.info("LoadGen %s ended early (attempt %d, %.1f s): sized again from the rate it measured",
                      scenario, attempt, time.perf_counter() - started)
             expected = resized(scenario, expected, detail)
+            continue
+        # A target QPS the case derived that missed the latency bound: lower it. Not the user's own figure, nor
+        # one a conf file set (LoadGen reads those last: the lowered value would not be what ran).
+        derived = c.loadgen_server_target_qps is None and _ran_at(detail, asked.get("server_target_qps"))
+        if overloaded(scenario, detail) and derived and attempt < c.loadgen_max_attempts:
+            expected = resized(scenario, expected, detail)
+            log.info("LoadGen Server missed its latency bound at %.4g QPS (attempt %d): run again at %.4g QPS",
+                     asked.get("server_target_qps", 0.0), attempt, expected["server_qps"])
             continue
         break
     result = summarise(scenario, detail, asked, relative.as_posix(), attempts=attempt)

@@ -32,7 +32,7 @@ import torch
 
 from flagperf.inference.config import InferenceConfig
 from flagperf.measure.casekit import CaseContext
-from flagperf.results.metrics import Chunk, latency_stats, mean_median_disagreement
+from flagperf.results.metrics import Chunk, latency_stats, mean_median_disagreement, percentile
 from flagperf.results.schema import Metric
 
 Batch = tuple[Any, Any]  # (inputs: a tensor or a list of tensors, labels for the evaluator)
@@ -278,7 +278,8 @@ def resident_batches(loader: Iterable[Batch], to_device: Callable[[list[torch.Te
     return batches
 
 
-def _drain(result: Any) -> Any:
+def drain(result: Any) -> Any:
+    """A forward's outputs; a generator (a decoding loop) is run to its end and its last value is the output."""
     if isinstance(result, Iterator):
         last = None
         for last in result:  # noqa: B007 - a decoding loop's last value is its output
@@ -299,7 +300,7 @@ def compute_pass(name: str, batches: Sequence[list[torch.Tensor]], forward: Forw
     non_inference = 0.0
     with torch.inference_mode():
         for i in range(warmup):
-            _drain(forward(batches[i % len(batches)])[0])
+            drain(forward(batches[i % len(batches)])[0])
         sync()
         with _gc_paused():
             issue = None if isinstance(clock, HostClock) else _issue_seconds(batches[0], forward, sync, now)
@@ -307,7 +308,7 @@ def compute_pass(name: str, batches: Sequence[list[torch.Tensor]], forward: Forw
             marks = [clock.mark()]
             for i in range(iterations):
                 result, foo = forward(batches[i % len(batches)])
-                _drain(result)
+                drain(result)
                 non_inference += foo() if callable(foo) else foo
                 marks.append(clock.mark())
             sync()
@@ -332,7 +333,7 @@ def _issue_seconds(batch: list[torch.Tensor], forward: Forward, sync: Callable[[
         issued_at = now()
         result, foo = forward(batch)
         if isinstance(result, Iterator):
-            _drain(result)
+            drain(result)
             return None
         seconds = now() - issued_at - (foo() if callable(foo) else foo)
         fastest = seconds if fastest is None else min(fastest, seconds)
@@ -341,12 +342,15 @@ def _issue_seconds(batch: list[torch.Tensor], forward: Forward, sync: Callable[[
 
 
 def pass_metrics(stats: PassStats, config: InferenceConfig, ctx: CaseContext, *, synthetic: bool,
-                 accuracy_name: str | None, flops_per_item: float | None = None) -> list[Metric]:
+                 accuracy_name: str | None, flops_per_item: float | None = None,
+                 precision: str | None = None) -> list[Metric]:
     """FlagPerf's whole and core throughput (MFU on core), latency percentiles, time to first item, the cold
     start, and the evaluator's accuracy (never on synthetic inputs). ``flops_per_item``: MFU's numerator
-    (the configured ``flops`` when not given)."""
+    (the configured ``flops`` when not given); ``precision``: the spec-table key of what the pass ran in (the
+    case's when not given)."""
     item = config.item_name
     flops = config.flops if flops_per_item is None else flops_per_item
+    precision = precision or config.precision
     ctx.windows.append(stats.window)
     whole = ctx.throughput_metric(
         f"{stats.name}_whole", [Chunk(stats.batches, stats.whole_seconds)], stats.items_per_batch, item,
@@ -354,7 +358,7 @@ def pass_metrics(stats: PassStats, config: InferenceConfig, ctx: CaseContext, *,
     # Only core and compute carry MFU: they are the compute rates FlagPerf divides by the peak.
     core = _checked(ctx.throughput_metric(
         f"{stats.name}_core", [Chunk(1, s) for s in stats.core_seconds], stats.items_per_batch, item,
-        flops_per_item=flops, precision=config.precision,
+        flops_per_item=flops, precision=precision,
         note="FlagPerf's core: synchronised input copy + forward per batch"))
     metrics = [whole, core, _latency_metric(f"{stats.name}_latency", stats.core_seconds, stats.window,
                                             f"per batch of {config.batch_size}, synchronised, input copy inside")]
@@ -376,9 +380,10 @@ def pass_metrics(stats: PassStats, config: InferenceConfig, ctx: CaseContext, *,
 
 
 def compute_metrics(stats: ComputeStats, config: InferenceConfig, ctx: CaseContext,
-                    flops_per_item: float | None = None) -> list[Metric]:
+                    flops_per_item: float | None = None, precision: str | None = None) -> list[Metric]:
     """``<pass>_compute`` throughput (with MFU) and its per-forward latency, from a compute pass."""
     flops = config.flops if flops_per_item is None else flops_per_item
+    precision = precision or config.precision
     ctx.windows.append(stats.window)
     what = (f"inputs resident on the device ({stats.resident_batches} batches cycled), forwards back to back, "
             f"timed by {stats.clock}")
@@ -386,7 +391,7 @@ def compute_metrics(stats: ComputeStats, config: InferenceConfig, ctx: CaseConte
         what += f"; issuing one forward takes the host {stats.issue_seconds * 1e3:.3g} ms"
     throughput = _checked(ctx.throughput_metric(
         f"{stats.name}_compute", [Chunk(1, s) for s in stats.seconds], stats.items_per_batch, config.item_name,
-        flops_per_item=flops, precision=config.precision, note=f"compute: {what}"), stats.host_bound())
+        flops_per_item=flops, precision=precision, note=f"compute: {what}"), stats.host_bound())
     latency = _latency_metric(f"{stats.name}_compute_latency", stats.seconds, stats.window,
                               f"per batch of {config.batch_size}; {what}")
     return [throughput, latency]
@@ -406,7 +411,11 @@ def _checked(metric: Metric, *known: str | None) -> Metric:
 
 
 def _latency_metric(name: str, seconds: Sequence[float], window: tuple[float, float], note: str) -> Metric:
+    """The mean latency (the headline), its percentiles, and a warning when the mean is far from the median
+    (a few slow batches, as for a throughput headline)."""
     lat = latency_stats(seconds)
+    warning = mean_median_disagreement(lat.mean * 1e3, percentile(seconds, 10) * 1e3, lat.p50 * 1e3, lat.p90 * 1e3)
     return Metric(name=name, value=lat.mean * 1e3, unit="ms", p50=lat.p50 * 1e3, p90=lat.p90 * 1e3,
                   p95=lat.p95 * 1e3, p99=lat.p99 * 1e3, std=lat.std * 1e3, iterations=lat.count, chunks=lat.count,
-                  measured_seconds=sum(seconds), window=list(window), note=f"mean; {note}")
+                  measured_seconds=sum(seconds), window=list(window), note=f"mean; {note}",
+                  warning=warning.replace("headline", "mean (ms)", 1) if warning else None)

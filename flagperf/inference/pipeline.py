@@ -11,7 +11,8 @@ After the steps, the round's ONNX and engine files are removed unless keep_artif
 
 The data path is the pipeline's, not the case's: the case's loader is rebuilt (flagperf.inference.data.
 with_data_path) so that batches are made by its workers in the dtype each pass takes, prefetched, and pinned
-on an accelerator so that the copy inside core is an asynchronous DMA.
+on an accelerator so that the copy inside core is an asynchronous DMA; a synthetic data set's few distinct
+batches are made once per pass instead (loading a synthetic batch is not work the chip is judged by).
 
 Which steps run is decided by the toggles (flagperf.inference.config.skipped_steps). ``run_steps`` takes a
 runner, so the same functions run as Prefect subflows or as plain calls (flagperf.inference.subflows).
@@ -47,7 +48,13 @@ from torch.utils.data import DataLoader
 
 from flagperf.errors import CaseUserError
 from flagperf.inference.config import STEP_TITLES, STEPS, InferenceConfig, check_toggles, skipped_steps
-from flagperf.inference.data import in_flight_batches, in_main_process, with_data_path
+from flagperf.inference.data import (
+    SyntheticBatches,
+    in_flight_batches,
+    in_main_process,
+    makes_batches_once,
+    with_data_path,
+)
 from flagperf.inference.engines import EngineDef, EngineEnv, InferenceEngine, check_engine_toggles
 from flagperf.inference.measure import (
     ComputeStats,
@@ -57,6 +64,7 @@ from flagperf.inference.measure import (
     compute_metrics,
     compute_pass,
     device_clock,
+    drain,
     pass_metrics,
     resident_batches,
     timed_pass,
@@ -104,6 +112,22 @@ class InferenceRun:
     steps: dict[str, str] = field(default_factory=dict)
     metrics: list[Metric] = field(default_factory=list)
     report: InferenceReport | None = None
+    stream: Any = None  # the round's own device stream (on_stream)
+
+    @contextmanager
+    def on_stream(self) -> Iterator[None]:
+        """The round's own stream as the current one, in whichever thread runs this (a stream is current per
+        thread). Never the legacy default stream: TensorRT synchronises after every enqueue on it, ONNX Runtime
+        reads its handle 0 as "none given" and runs on a stream of its own, and it serialises with every other
+        stream. Models, copies, engines and the device's events all use torch's current stream."""
+        module = torch.get_device_module(self.device.type) if self.device.type != "cpu" else None
+        if module is None or not hasattr(module, "Stream") or not hasattr(module, "stream"):
+            yield
+            return
+        if self.stream is None:
+            self.stream = module.Stream(self.device)
+        with module.stream(self.stream):
+            yield
 
     @property
     def ctx(self) -> CaseContext:
@@ -143,6 +167,9 @@ def step_init(run: InferenceRun) -> None:
     if run.engine_def is not None:
         run.engine_cls = run.engine_def.engine_class()  # a missing library fails here, before any work
         log.info("engine %s from %s", run.engine_def.manifest.name, run.engine_def.source)
+        if engine_precision(run) != c.precision:
+            log.warning("fp16: true, but engine %s reads an FP32 ONNX file: its inference figures are FP32 ones "
+                        "(MFU against the fp32 peak); validation runs the model in FP16", c.compiler)
     if c.loadgen_scenarios:
         from flagperf.inference.loadgen import require_loadgen
 
@@ -173,6 +200,17 @@ def step_dataset_model(run: InferenceRun) -> None:
              sum(p.numel() for p in model.parameters()), run.device, run.model_load_s)
 
 
+def engine_precision(run: InferenceRun) -> str:
+    """The spec-table key of what the engine runs: what the built engine says (its tensors' types), else the
+    case's, unless an FP16 case's engine reads an FP32 ONNX file (its figures are FP32 ones, and MFU is taken
+    against the FP32 peak)."""
+    if run.engine is not None and run.engine.precision is not None:
+        return run.engine.precision
+    if run.engine_def is None or not run.config.fp16:
+        return run.config.precision
+    return "fp16" if run.engine_def.manifest.input_dtype(run.config) == torch.float16 else "fp32"
+
+
 def _model_dtype(run: InferenceRun) -> torch.dtype:
     return torch.float16 if run.config.fp16 else torch.float32
 
@@ -185,14 +223,17 @@ def data_path_note(run: InferenceRun) -> str:
     workers = getattr(run.loader, "num_workers", 0)
     if not isinstance(run.loader, DataLoader):
         return f"the case's own loader ({type(run.loader).__name__}), used as it is"
-    pinned = "host memory (CPU device)"
+    copies = ("pinned host memory, asynchronous copies" if run.device.type != "cpu"
+              else "host memory (CPU device)")
+    if makes_batches_once(run.loader):
+        return (f"synthetic: each pass's batches made once in its input dtype, before it is timed, and reused "
+                f"(no loading inside whole; the copy to the device stays inside whole and core); {copies}")
     if run.device.type != "cpu":
         held = in_flight_batches(with_data_path(run.loader, run.device, None))
-        pinned = "pinned host memory, asynchronous copies" + (
-            f"; a warm-up of at least {held} batch{'es' if held != 1 else ''}, so each pinned buffer the loader "
-            "holds is allocated before the timed pass" if held else "")
+        copies += (f"; a warm-up of at least {held} batch{'es' if held != 1 else ''}, so each pinned buffer the "
+                   "loader holds is allocated before the timed pass" if held else "")
     return (f"batches made in each pass's input dtype by {workers} worker(s)"
-            f"{' with prefetch' if workers else ' in the main process'}; {pinned}; compute-pass batches made "
+            f"{' with prefetch' if workers else ' in the main process'}; {copies}; compute-pass batches made "
             "in the main process")
 
 
@@ -205,12 +246,14 @@ def _to_device(run: InferenceRun) -> Callable[[list[torch.Tensor]], list[torch.T
     return move
 
 
-def _resident(run: InferenceRun, dtype: torch.dtype,
-              to_device: Callable[[list[torch.Tensor]], list[torch.Tensor]]) -> list[list[torch.Tensor]]:
+def _resident(run: InferenceRun, dtype: torch.dtype, to_device: Callable[[list[torch.Tensor]], list[torch.Tensor]],
+              timed: Any) -> list[list[torch.Tensor]]:
     """The compute pass's batches, made in this process and left on the device: a pass loader's workers
     would go on making (and pinning) their prefetched batches in the background while the compute pass is
-    timed, and a host busy with that falls behind a fast device (the device's events then time its idling)."""
-    return resident_batches(in_main_process(_pass_loader(run, dtype)), to_device, run.config.compute_batches)
+    timed, and a host busy with that falls behind a fast device (the device's events then time its idling).
+    Synthetic batches the timed pass made once (``timed``) are taken from it, not made again."""
+    source = timed if isinstance(timed, SyntheticBatches) else in_main_process(_pass_loader(run, dtype))
+    return resident_batches(source, to_device, run.config.compute_batches)
 
 
 def _on_device(run: InferenceRun) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
@@ -272,8 +315,8 @@ def step_validation(run: InferenceRun) -> None:
     run.validation = timed_pass("validation", loader, forward, run.evaluator, run.sync, run.config, log,
                                 to_device=_to_device(run), min_warmup=in_flight_batches(loader))
     _log_pass(run.validation, run.config)
+    batches = _resident(run, _model_dtype(run), _to_device(run), loader)
     del loader  # its workers end here, before the compute pass and the engine's pass
-    batches = _resident(run, _model_dtype(run), _to_device(run))
     run.validation_compute = _compute(run, "validation", batches, forward, run.validation)
     _set_flops(run, batches[0])
 
@@ -297,9 +340,10 @@ def step_export(run: InferenceRun) -> None:
     assert run.model is not None  # no_validation skips this step
     run.artifact_dir.mkdir(parents=True, exist_ok=True)
     path = run.artifact_dir / f"{run.case_name}_bs{run.config.batch_size}_fp16{run.config.fp16}.onnx"
-    # Exported on the CPU, in FP32 unless the engine builds strongly typed networks from the case's precision
-    # (TensorRT 11 has no FP16 builder flag): an FP32 file's engine lowers precision itself. The copy is made
-    # in host memory (the model visits the CPU and goes back) so a large model never sits twice on the device.
+    # Exported on the CPU, in FP32 unless the engine takes the case's precision (onnx_precision: case: TensorRT
+    # builds strongly typed networks, 11 has no FP16 builder flag; ORT's CUDA provider runs the graph's types).
+    # The copy is made in host memory (the model visits the CPU and goes back) so a large model never sits twice
+    # on the device.
     half = (run.config.fp16 and run.engine_def is not None
             and run.engine_def.manifest.onnx_precision == "case")
     model = copy.deepcopy(run.model.cpu())
@@ -377,14 +421,19 @@ def step_inference(run: InferenceRun) -> None:
     run.inference = timed_pass("inference", loader, forward, run.evaluator, run.sync, run.config, log,
                                min_warmup=in_flight_batches(loader))
     _log_pass(run.inference, run.config)
-    batches = _resident(run, run.engine_def.manifest.input_dtype(run.config), _on_device(run))
+    batches = _resident(run, run.engine_def.manifest.input_dtype(run.config), _on_device(run), loader)
     run.inference_compute = _compute(run, "inference", batches, forward, run.inference)
     if run.flops_per_item is None:
         _set_flops(run, None)
     if run.config.loadgen_scenarios:
         from flagperf.inference.loadgen import run_scenarios  # mlperf_loadgen only when asked for
 
-        run.loadgen = run_scenarios(run.config, loader, forward, run.sync, run.out_dir, run.case_name)
+        def forward_on_stream(inputs: list[torch.Tensor]) -> tuple[Any, NonInference]:
+            with run.on_stream():  # LoadGen issues queries from threads of its own
+                result, non_inference = forward(inputs)
+                return drain(result), non_inference  # a decoding loop runs here, on the round's stream
+
+        run.loadgen = run_scenarios(run.config, loader, forward_on_stream, run.sync, run.out_dir, run.case_name)
 
 
 def _log_pass(stats: PassStats, config: InferenceConfig) -> None:
@@ -399,12 +448,14 @@ def step_summary(run: InferenceRun) -> None:
     accuracy_name = getattr(run.module, "ACCURACY", "accuracy")
     flops = run.flops_per_item if run.flops_per_item is not None else c.flops
     metrics: list[Metric] = []
-    for stats, computed in ((run.validation, run.validation_compute), (run.inference, run.inference_compute)):
+    passes = ((run.validation, run.validation_compute, c.precision),
+              (run.inference, run.inference_compute, engine_precision(run)))
+    for stats, computed, precision in passes:
         if stats is not None:
             metrics += pass_metrics(stats, c, ctx, synthetic=run.synthetic, accuracy_name=accuracy_name,
-                                    flops_per_item=flops)
+                                    flops_per_item=flops, precision=precision)
         if computed is not None:
-            metrics += compute_metrics(computed, c, ctx, flops_per_item=flops)
+            metrics += compute_metrics(computed, c, ctx, flops_per_item=flops, precision=precision)
     metrics += _setup_metrics(run) + _loadgen_metrics(run)
     e2e = time.perf_counter() - run.started
     metrics.append(Metric(name="e2e_time", value=e2e, unit="s", note="steps a to g in the case process"))
@@ -523,6 +574,13 @@ def plain_runner(name: str, fn: Callable[[InferenceRun], None], run: InferenceRu
     fn(run)
 
 
+def _on_round_stream(fn: Callable[[InferenceRun], None]) -> Callable[[InferenceRun], None]:
+    def step(run: InferenceRun) -> None:
+        with run.on_stream():
+            fn(run)
+    return step
+
+
 def run_steps(run: InferenceRun, runner: StepRunner = plain_runner) -> None:
     """The seven steps in order; the toggles skip some (recorded with the reason), and so does an engine that
     reads no ONNX (known once step a has loaded it)."""
@@ -534,7 +592,7 @@ def run_steps(run: InferenceRun, runner: StepRunner = plain_runner) -> None:
             log.info("step %s: skipped (%s)", STEP_TITLES[name], skipped[name])
             continue
         try:
-            runner(name, STEP_FUNCTIONS[name], run)
+            runner(name, _on_round_stream(STEP_FUNCTIONS[name]), run)
         except BaseException:
             run.steps[name] = "failed"
             raise

@@ -93,6 +93,63 @@ def test_onnxruntime_cuda_matches_eager(tmp_path: Path) -> None:
     assert code == 0, result.failure
     names = {m.name for m in result.metrics}
     assert {"inference_core", "inference_compute"} <= names
+    # Parity, on the engine's own stream as a round runs it: FP16 file (onnx_precision: case), CUDA provider.
+    import logging
+    import types
+
+    from flagperf.config.cases import load_case
+    from flagperf.config.vendors import load_vendor
+    from flagperf.inference.engines import EngineEnv, load_engine
+    from flagperf.inference.pipeline import InferenceRun
+
+    module = load_case("resnet50-infer").module
+    config = module.Config.model_validate(plan_run(cases=["resnet50-infer"], vendor="nvidia", sets=TINY_RESNET,
+                                                   results_dir="u").cases[0].config)
+    model = module.create_model(config).eval().half()
+    onnx = tmp_path / "m.onnx"
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float16)
+    try:
+        module.export_model(model, config, onnx)
+    finally:
+        torch.set_default_dtype(previous)
+    run = InferenceRun(case_name="t", module=types.ModuleType("t"), config=config, vendor="nvidia",
+                       spec=load_vendor("nvidia").spec_table(), device=torch.device("cuda"),
+                       shares_host_memory=False, out_dir=tmp_path, artifact_dir=tmp_path)
+    x = torch.randn(config.batch_size, 3, config.crop, config.crop).half()
+    with torch.no_grad():
+        expected = model.cuda()(x.cuda()).float().cpu()
+    env = EngineEnv(device=run.device, work_dir=tmp_path, case="t", log=logging.getLogger("t"))
+    with run.on_stream():
+        engine = load_engine("nvidia", "onnxruntime").engine_class()(config, onnx, None, env)
+        got, _ = engine([x.pin_memory()])  # the core path: an asynchronous copy, then ORT on the same stream
+        resident, _ = engine([x.cuda(non_blocking=True)])  # the compute path
+    torch.cuda.synchronize()
+    for out in (got, resident):
+        torch.testing.assert_close(out[0].float().cpu(), expected, rtol=2e-2, atol=2e-2)
+
+
+def test_a_round_runs_on_a_stream_of_its_own_given_to_onnxruntime(tmp_path: Path) -> None:
+    """Never the legacy default stream: TensorRT synchronises after each enqueue on it, and ONNX Runtime
+    reads its handle 0 as none given."""
+    pytest.importorskip("onnxruntime")
+    import types
+
+    from flagperf.config.vendors import load_vendor
+    from flagperf.inference.onnxrt import provider_options
+    from flagperf.inference.pipeline import InferenceRun
+
+    run = InferenceRun(case_name="t", module=types.ModuleType("t"), config=None, vendor="nvidia",  # type: ignore[arg-type]
+                       spec=load_vendor("nvidia").spec_table(), device=torch.device("cuda"),
+                       shares_host_memory=False, out_dir=tmp_path, artifact_dir=tmp_path)
+    with run.on_stream():
+        stream = torch.cuda.current_stream()
+        assert stream.cuda_stream != 0 and stream == run.stream
+        options = provider_options("CUDAExecutionProvider", run.device)
+        assert options["user_compute_stream"] == str(stream.cuda_stream)
+        trt_options = provider_options("TensorrtExecutionProvider", run.device, fp16=True, cache_dir=tmp_path)
+        assert trt_options["trt_fp16_enable"] == "True" and trt_options["trt_engine_cache_path"] == str(tmp_path)
+    assert torch.cuda.current_stream().cuda_stream == 0
 
 
 def test_a_corrupt_plan_file_is_a_user_error(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """TensorRT: build from ONNX with the tensorrt Python API (10.x and 11.x), save the engine file, reload it,
-run it with explicit tensor addresses (set_tensor_address + execute_async_v3) on torch's current stream.
+run it with explicit tensor addresses (set_tensor_address + execute_async_v3) on torch's current stream (the
+pipeline's round stream, never the legacy default stream, on which TensorRT synchronises after each enqueue).
 
 Precision is strongly typed, as TensorRT 11 requires (it has no FP16 builder flag): the ONNX file is exported
 in the case's precision (engine.yaml: onnx_precision: case), and the network takes its types from it; the
@@ -18,7 +19,7 @@ from pydantic import Field
 
 from flagperf.errors import CaseUserError
 from flagperf.inference.config import InferenceConfig
-from flagperf.inference.engines import EngineEnv, EngineOptions, InferenceEngine
+from flagperf.inference.engines import EngineEnv, EngineOptions, InferenceEngine, precision_of
 
 # TensorRT tensor types -> torch dtypes (the engine decides each binding's type, e.g. FP32 I/O around FP16).
 DTYPES = {
@@ -68,6 +69,7 @@ class Engine(InferenceEngine):
         self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         self.outputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
         self.dtypes = {n: DTYPES[self.engine.get_tensor_dtype(n)] for n in names}
+        self.precision = precision_of(self.dtypes.values())
 
     def _build(self, onnx_path: Path, config: InferenceConfig) -> bytes:
         builder = trt.Builder(self.logger)
@@ -110,7 +112,9 @@ class Engine(InferenceEngine):
             # A no-op for a batch already on the device in the engine's type; otherwise the copy FlagPerf
             # counts in core, asynchronous from pinned memory.
             t = x.to(self.env.device, self.dtypes[name], non_blocking=True).contiguous()
-            self.context.set_input_shape(name, tuple(t.shape))
+            if not self.context.set_input_shape(name, tuple(t.shape)):
+                raise CaseUserError(f"TensorRT refused input {name} of shape {tuple(t.shape)}: outside the "
+                                    "engine's optimisation profile (built for another batch size?)")
             self.context.set_tensor_address(name, t.data_ptr())
             device_inputs.append(t)  # alive until the engine has run (stream-ordered reuse by torch)
         outputs = []
