@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError, field_validator
 
+from flagperf.config.engines import INFERENCE_ENGINES, declared_options
 from flagperf.config.models import (
     CaseConfig,
     CaseManifest,
@@ -220,6 +221,36 @@ def _fill_model_defaults(case: CaseDef, merged: MergedConfig) -> None:
             merged.origins[name] = source
 
 
+def engine_option_keys(case: CaseDef, vendor: str) -> dict[str, set[str]]:
+    """The keys each of the vendor's engines reads from an inference case's config (engine.yaml options)."""
+    return declared_options(vendor, INFERENCE_ENGINES) if case.family == "inference" else {}
+
+
+def settable_keys(case: CaseDef, vendor: str) -> set[str]:
+    """What a run override may set for this case: its configurations, and its engines' options."""
+    return set(case.manifest.configurations).union(*engine_option_keys(case, vendor).values())
+
+
+def _apply_run_overrides(case: CaseDef, vendor: str, merged: MergedConfig,
+                         run_overrides: list[tuple[str, dict[str, Any]]]) -> None:
+    """Run overrides in order. An engine's option (inductor_mode ...) that is not already a key of the case is
+    set once the compiler is known, and only if that compiler reads it."""
+    by_engine = engine_option_keys(case, vendor)
+    engine_keys = set().union(*by_engine.values()) - set(merged.values)
+    deferred: list[tuple[str, str, Any]] = []
+    for source, overrides in run_overrides:
+        apply_run_overrides(merged, {k: v for k, v in overrides.items() if k not in engine_keys}, source)
+        deferred += [(source, k, v) for k, v in overrides.items() if k in engine_keys]
+    compiler = merged.values.get("compiler")
+    for source, key, value in deferred:
+        if key not in by_engine.get(str(compiler), set()):
+            readers = ", ".join(sorted(name for name, keys in by_engine.items() if key in keys))
+            raise ConfigError(source, key, f"an option of engine {readers}, not read by compiler {compiler}")
+        merged.values[key] = value
+        merged.origins[key] = source
+        merged.run_overrides.setdefault(source, {})[key] = value
+
+
 def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[str, dict[str, Any]]],
                         hardware: str | None = None, files_are_local: bool = True) -> MergedConfig:
     """Defaults -> vendor file -> (training) the vendor's file for this scale -> run overrides, then
@@ -241,8 +272,7 @@ def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[st
         parameters_source = display_path(case.folder / INFERENCE_FILES[1])
         merged.origins.update(dict.fromkeys(case.manifest.parameters, parameters_source))
         _fill_model_defaults(case, merged)
-    for source, overrides in run_overrides:
-        apply_run_overrides(merged, overrides, source)
+    _apply_run_overrides(case, vendor, merged, run_overrides)
     try:
         model = case.config_model.model_validate(merged.values)
     except ValidationError as exc:

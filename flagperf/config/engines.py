@@ -15,10 +15,12 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from flagperf.config.models import StrictModel, check_name, load_model
 from flagperf.config.vendors import import_file
+from flagperf.config.yamlio import load_yaml_mapping
 from flagperf.errors import CaseUserError, ConfigError, MissingExtra, extra_for
 from flagperf.paths import display_path, vendor_roots
 
 ENGINE_MANIFEST = "engine.yaml"
+INFERENCE_ENGINES = "engines"  # vendor_images/<vendor>/engines/<compiler>/: the inference family's compilers
 
 
 class Requirement(StrictModel):
@@ -38,6 +40,9 @@ class EngineManifest(StrictModel):
     module: str | None = None
     file: str | None = None
     requires: list[Requirement] = Field(default_factory=list)
+    # The case-config keys the engine reads (its Options): a vendor file or a run override (--set) may give
+    # them for a case that runs this engine.
+    options: list[str] = Field(default_factory=list)
 
     @field_validator("name")
     @classmethod
@@ -67,6 +72,16 @@ def engine_folders(vendor: str, family_folder: str) -> dict[str, Path]:
     for root in vendor_roots():
         for manifest in sorted((root / vendor / family_folder).glob(f"*/{ENGINE_MANIFEST}")):
             found.setdefault(manifest.parent.name, manifest.parent)
+    return found
+
+
+def declared_options(vendor: str, family_folder: str) -> dict[str, set[str]]:
+    """Each of the vendor's engines' ``options`` (engine.yaml), read without importing the engine (its
+    library may not be installed on the controller); the manifest is checked when the engine loads."""
+    found: dict[str, set[str]] = {}
+    for name, folder in engine_folders(vendor, family_folder).items():
+        options = load_yaml_mapping(folder / ENGINE_MANIFEST).get("options") or []
+        found[name] = {str(key) for key in options} if isinstance(options, list) else set()
     return found
 
 

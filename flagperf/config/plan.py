@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flagperf.config.cases import available_cases, load_case, resolve_case_config
+from flagperf.config.cases import available_cases, load_case, resolve_case_config, settable_keys
 from flagperf.config.models import SetOverride, load_suite, parse_set_override
 from flagperf.config.vendors import Vendor, load_vendor
 from flagperf.errors import ConfigError
@@ -145,7 +145,7 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
             raise ConfigError(suite_source, "cases", f"unknown case {name!r} (known: {', '.join(sorted(known))})")
     defs = {name: load_case(name, known) for name in names}
 
-    configurable = {name: set(d.manifest.configurations) for name, d in defs.items()}
+    configurable = {name: settable_keys(d, vendor) for name, d in defs.items()}
     parsed: list[SetOverride] = [parse_set_override(text, names) for text in sets]
 
     layers: dict[str, list[tuple[str, dict[str, Any]]]] = {name: [] for name in names}

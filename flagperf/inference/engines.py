@@ -16,6 +16,7 @@ engine.yaml:
   onnx_precision: fp32  # fp32: exported in FP32, the engine lowers precision itself; case: exported in the
                         # case's precision (FP16 I/O and weights), for strongly typed builders (TensorRT 11)
   loads_engine_files: true
+  options: [ort_intra_op_threads, ort_providers]  # the case-config keys its Options read (vendor file, --set)
 
 Nothing in the engine names an engine: adding one is adding a folder.
 """
@@ -32,15 +33,16 @@ from typing import Any, ClassVar, Literal, Protocol
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from flagperf.config.engines import EngineDef as BaseEngineDef
-from flagperf.config.engines import EngineManifest as BaseEngineManifest
 from flagperf.config.engines import (
+    INFERENCE_ENGINES,
     import_engine,
     load_engine_manifest,
 )
+from flagperf.config.engines import EngineDef as BaseEngineDef
+from flagperf.config.engines import EngineManifest as BaseEngineManifest
 from flagperf.errors import CaseUserError, ConfigError
 
-ENGINES_FOLDER = "engines"  # vendor_images/<vendor>/engines/<compiler>/
+ENGINES_FOLDER = INFERENCE_ENGINES  # vendor_images/<vendor>/engines/<compiler>/
 
 
 class EngineConfig(Protocol):

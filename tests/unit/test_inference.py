@@ -507,6 +507,45 @@ def test_every_inference_case_plans_on_every_vendor(vendor: str) -> None:
         assert not any(c.config["fp16"] for c in plan.cases)
 
 
+def test_every_engine_declares_the_config_keys_its_options_read() -> None:
+    """engine.yaml's options list the engine's Options fields (a plan reads the list without importing the
+    engine, whose library may be missing there): the class itself, or its source for TensorRT, which is not
+    installed here."""
+    import ast
+
+    from flagperf.config.engines import INFERENCE_ENGINES, engine_folders
+
+    for vendor in ("cpu", "nvidia"):
+        for name in engine_folders(vendor, INFERENCE_ENGINES):
+            engine = load_engine(vendor, name)
+            if engine.manifest.file is None:
+                fields = set(engine.engine_class().Options.model_fields)
+            else:
+                tree = ast.parse((engine.folder / engine.manifest.file).read_text())
+                options = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "Options")
+                fields = {n.target.id for n in options.body
+                          if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+            assert fields and set(engine.manifest.options) == fields, (vendor, name)
+
+
+def test_an_engines_option_is_set_from_the_command_line_for_the_compiler_that_reads_it(tmp_path: Path) -> None:
+    plan = plan_run(cases=["resnet50-infer"], sets=["compiler=inductor", "inductor_mode=reduce-overhead",
+                                                    "inductor_channels_last=true"], results_dir="unused")
+    config = plan.cases[0].config
+    assert config["inductor_mode"] == "reduce-overhead" and config["inductor_channels_last"] is True
+    assert plan.cases[0].origins["inductor_mode"] == "--set"
+    module, _, model, _ = _case_parts("resnet50-infer", *TINY_RESNET)
+    engine = _engine("inductor", module.Config.model_validate(config), None, model, tmp_path)
+    assert engine.options.inductor_mode == "reduce-overhead" and engine.channels_last and not engine.cuda_graphs
+    # The default compiler on the CPU is onnxruntime, which does not read it; an unknown key is still refused.
+    assert str(plan_error("inductor_mode=max-autotune", case="resnet50-infer")) == (
+        "--set: inductor_mode: an option of engine inductor, not read by compiler onnxruntime")
+    assert "no selected case has this key" in str(plan_error("inductor_mod=default", case="resnet50-infer"))
+    with pytest.raises(CaseUserError, match="inductor_mode"):
+        _engine("inductor", module.Config.model_validate({**config, "inductor_mode": "fastest"}), None, model,
+                tmp_path)
+
+
 def test_nvidia_engines_share_inductor_and_tensorrt_names_its_package() -> None:
     import ast
     import importlib.util
@@ -778,6 +817,7 @@ def test_batches_are_made_in_the_passes_dtype_by_the_workers() -> None:
     # below); iterating a worker loader here lets torch's SIGCHLD handler report another test's dead worker.
     assert isinstance(half, DataLoader) and half.num_workers == 1 and half.prefetch_factor == 2
     assert half.dataset is base.dataset and not half.pin_memory  # pinned only for an accelerator
+    assert with_data_path(base, torch.device("cuda"), torch.float16).pin_memory  # not iterated: no CUDA here
     inputs, labels = half.collate_fn(images[:4])
     assert inputs.dtype == torch.float16 and labels.tolist() == [0, 1, 2, 3]
     assert torch.equal(inputs, torch.stack([x for x, _ in images[:4]]).half())
