@@ -215,6 +215,7 @@ def main() -> int:
         batch, seq, steps, warmup = args.batch, args.seq, args.steps, args.warmup
         r_batch, r_steps = args.resnet_batch, args.resnet_steps
     from flagperf.config.vendors import load_vendor
+    from flagperf.results.provenance import code_identity
 
     spec = load_vendor(vendor).spec_table()
     peak = spec.peaks.get(precision)
@@ -271,6 +272,7 @@ def main() -> int:
         problems.append(f"Llama MFU through the harness = {100 * (h_llama['mfu'] or 0):.1f} % < {100 * MFU_MIN:.0f} %")
     elapsed = time.perf_counter() - started
     report = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "command": shlex.join(["python", *sys.argv]),
+              "code": code_identity(),
               "device": spec.device, "peak": {"key": precision, "tflops": peak.value if peak else None,
                                               "source": peak.source if peak else None},
               "settings": {**settings, "resnet_model": resnet_model, "resnet_batch": r_batch,
@@ -291,7 +293,8 @@ def main() -> int:
 
     h_mem = h_llama["metrics"].get("peak_memory")
     lines = [f"# Training on one device: harness against a bare loop{' (CPU smoke run)' if args.quick else ''}", "",
-             f"Recorded {report['date']} with `{report['command']}` on {spec.device}, {elapsed:.0f} s in all. "
+             f"Recorded {report['date']} with `{report['command']}` on {spec.device} ({report['code']}), "
+             f"{elapsed:.0f} s in all. "
              f"Peak {precision}: {peak.value if peak else '-'} TFLOPS ({peak.source if peak else 'none'}).", "",
              f"Llama ({model} shape), sequence {seq}, batch {batch}, {precision} autocast over fp32 weights, "
              f"{h_llama['extra'].get('optimizer')}, SDPA attention, "

@@ -18,7 +18,7 @@ from flagperf.config.models import SetOverride, load_suite, parse_set_override
 from flagperf.config.vendors import Vendor, load_vendor
 from flagperf.errors import ConfigError
 from flagperf.paths import NAME_PATTERN, display_path, suite_roots
-from flagperf.results.provenance import git_revision
+from flagperf.results.provenance import git_revision, source_digest
 
 DEFAULT_SUITE = "smoke"
 PLAN_FILE = "plan.json"
@@ -51,6 +51,8 @@ class RunPlan(BaseModel):
     set_overrides: list[str]
     flow_run_id: str | None = Field(default=None, description="the Prefect flow run that owns this run folder")
     git_revision: str | None = Field(default=None, description="the engine's commit; a retry must run the same code")
+    source_digest: str | None = Field(default=None, description="sha256 of the engine's code (also without git); "
+                                      "a retry must run the same")
     hosts: list[dict[str, Any]] = Field(default_factory=list, description="the inventory's hosts, as used")
 
     @property
@@ -189,7 +191,7 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
     plan = RunPlan(run_id=run_id, suite=suite_name, vendor=resolved_vendor, rounds=rounds or suite_rounds, cases=plans,
                    results_dir=str(results_dir), set_overrides=sets, flow_run_id=flow_run_id,
                    git_revision=f"{revision}{'+modified' if dirty else ''}" if revision else None,
-                   hosts=list(hosts or []))
+                   source_digest=source_digest(), hosts=list(hosts or []))
     if run_dir.exists() and not _is_resumable(run_dir, plan):
         raise ConfigError("--results", None, f"{run_dir} already exists; results are never overwritten")
     return plan
@@ -207,4 +209,10 @@ def _is_resumable(run_dir: Path, plan: RunPlan) -> bool:
         raise ConfigError(str(run_dir / PLAN_FILE), "git_revision",
                           f"this run folder was made by {earlier.git_revision}, the retry runs {plan.git_revision}: "
                           "kept rounds and new ones would come from different code; start a new run")
+    # The same commit with other local changes, or a copy without git: the code's own digest tells.
+    if earlier.source_digest and plan.source_digest and earlier.source_digest != plan.source_digest:
+        raise ConfigError(str(run_dir / PLAN_FILE), "source_digest",
+                          f"this run folder was made by code {earlier.source_digest}, the retry runs "
+                          f"{plan.source_digest}: kept rounds and new ones would come from different code; start a "
+                          "new run")
     return earlier.flow_run_id == plan.flow_run_id and earlier.cases == plan.cases and earlier.rounds == plan.rounds

@@ -148,7 +148,7 @@ def summarise(scenario: str, detail: dict[str, Any], requested: dict[str, Any], 
 def _invalid_reason(detail: dict[str, Any], validity: str) -> str | None:
     if validity == "VALID":
         return None
-    reasons = [str(detail[k]).strip() for k in ("result_invalid_reason", "error_runtime") if detail.get(k)]
+    reasons = [str(detail[k]).strip().rstrip(".") for k in ("result_invalid_reason", "error_runtime") if detail.get(k)]
     unmet = [k.removeprefix("result_").removesuffix("_met").replace("_", " ") for k in
              ("result_perf_constraints_met", "result_min_duration_met", "result_min_queries_met",
               "early_stopping_met") if detail.get(k) is False]

@@ -1,12 +1,16 @@
-"""How a number was made: engine and library versions, the git revision, and the machine."""
+"""How a number was made: engine and library versions, the git revision, the source's digest, and the
+machine."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib.metadata
 import os
 import platform
 import socket
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -34,6 +38,37 @@ def git_revision() -> tuple[str | None, bool | None]:
     except (OSError, subprocess.SubprocessError):
         return None, None
     return rev or None, bool(status.strip())
+
+
+# What decides a figure: the engine, its flows, the cases and the vendor plug-ins (not docs, tests or bench).
+SOURCE_FOLDERS = ("flagperf", "flows", "cases", "vendor_images")
+SKIPPED_SUFFIXES = (".pyc", ".pyo", ".so", ".o")
+
+
+@functools.cache
+def source_digest(root: Path = PROJECT_ROOT) -> str:
+    """sha256 of the code that ran (every file of SOURCE_FOLDERS: path and bytes, in path order), first 16 hex
+    digits. A copy deployed without git (a host's copy, an unpacked tree) is identified by it too, and two
+    trees with the same commit but different local changes are told apart: compute it in a checkout with
+    ``python -c "from flagperf.results.provenance import source_digest; print(source_digest())"``."""
+    digest = hashlib.sha256()
+    for folder in SOURCE_FOLDERS:
+        files = sorted(path for path in (root / folder).rglob("*") if path.is_file()
+                       and not path.name.endswith(SKIPPED_SUFFIXES)
+                       and not any(part.startswith(".") or part == "__pycache__"
+                                   for part in path.relative_to(root).parts))
+        for path in files:
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+    return f"sha256:{digest.hexdigest()[:16]}"
+
+
+def code_identity() -> str:
+    """The code that ran, in one phrase for a record: its commit (and whether it was modified) and its
+    source digest, which also names a copy without git."""
+    revision, dirty = git_revision()
+    git = f"git {revision[:12]}{' (modified)' if dirty else ''}" if revision else "no git checkout"
+    return f"{git}, source {source_digest()}"
 
 
 def library_versions(names: tuple[str, ...] = CASE_LIBRARIES) -> dict[str, str]:
@@ -74,4 +109,5 @@ def host_info() -> dict[str, Any]:
 
 def engine_info() -> dict[str, Any]:
     revision, dirty = git_revision()
-    return {"engine_version": __version__, "git_revision": revision, "git_dirty": dirty}
+    return {"engine_version": __version__, "git_revision": revision, "git_dirty": dirty,
+            "source_digest": source_digest()}

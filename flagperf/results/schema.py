@@ -155,6 +155,8 @@ class Provenance(_Model):
     engine_version: str
     git_revision: str | None
     git_dirty: bool | None
+    source_digest: str | None = Field(default=None, description="sha256 of the code that ran "
+                                      "(flagperf.results.provenance.source_digest), with or without git")
     command: str | None = None
     python: str
     libraries: dict[str, str]

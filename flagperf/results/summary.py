@@ -215,7 +215,7 @@ def summarize(run_dir: Path) -> RunSummary:
                    "hosts": sorted({r.host for r in results})}
         if prov:
             context.update({"engine_version": prov.engine_version, "git_revision": prov.git_revision,
-                            "git_dirty": prov.git_dirty, "python": prov.python,
+                            "git_dirty": prov.git_dirty, "source_digest": prov.source_digest, "python": prov.python,
                             "torch": prov.libraries.get("torch"), "prefect": prov.libraries.get("prefect"),
                             "command": prov.command, "image": prov.image.get("status")})
     return RunSummary(run_id=run_dir.name, rows=rows, headline=headline, not_measured=not_measured,
@@ -370,6 +370,8 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = 
     lines = [f"# FlagPerf evaluation {summary.run_id}", ""]
     if ctx:
         git = (ctx.get("git_revision") or "unknown")[:12] + (" (modified)" if ctx.get("git_dirty") else "")
+        if ctx.get("source_digest"):
+            git += f", source {ctx['source_digest']}"
         lines += [f"- vendor **{ctx['vendor']}**, device {ctx.get('device') or 'unknown'}, "
                   f"hosts {', '.join(ctx['hosts'])}",
                   f"- engine {ctx.get('engine_version')} at git {git}; python {ctx.get('python')}, "

@@ -442,6 +442,28 @@ def test_a_server_test_that_missed_its_latency_bound_is_run_again_at_a_lower_qps
     assert derived.settings["target_qps"] == pytest.approx(derived.requested["server_target_qps"], rel=1e-4)
 
 
+def test_an_invalid_scenario_is_a_warning_beside_its_figure() -> None:
+    """LoadGen's INVALID verdict reaches the report: the figure is kept, with LoadGen's reasons beside it."""
+    import types
+
+    from flagperf.inference.loadgen import summarise
+    from flagperf.inference.pipeline import InferenceRun, _loadgen_metrics
+
+    detail = {"result_validity": "INVALID", "result_perf_constraints_met": False, "result_min_duration_met": True,
+              "result_invalid_reason": "Reduce target QPS to improve latency.",
+              "result_completed_samples_per_sec": 321.0, "result_99.00_percentile_latency_ns": 4e6}
+    result = summarise("Server", detail, {"server_target_qps": 360.0}, "loadgen/Server", attempts=3)
+    assert not result.valid and result.samples_per_s == 321.0 and result.latency_ms["p99"] == 4.0
+    assert result.invalid_reason == "not met: perf constraints; Reduce target QPS to improve latency"
+    run = InferenceRun(case_name="c", module=types.ModuleType("c"), config=_config(), vendor="cpu",
+                       spec=load_vendor("cpu").spec_table(), device=torch.device("cpu"), shares_host_memory=True,
+                       out_dir=Path("o"), artifact_dir=Path("a"), loadgen=[result])
+    (metric,) = _loadgen_metrics(run)
+    assert metric.name == "loadgen_server" and metric.value == 321.0
+    assert metric.warning == ("LoadGen says INVALID after 3 attempt(s): not met: perf constraints; Reduce target "
+                              "QPS to improve latency; not a valid MLPerf figure")
+
+
 def test_a_user_conf_is_read_by_loadgen(tmp_path: Path, one_thread: object) -> None:
     from flagperf.inference.loadgen import run_scenario
 

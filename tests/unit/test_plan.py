@@ -453,3 +453,39 @@ def test_a_retry_resumes_only_its_own_run_with_the_same_code(tmp_path: Path) -> 
     (tmp_path / "run-a" / PLAN_FILE).write_text(other_code.model_dump_json())
     with pytest.raises(ConfigError, match="different code"):
         plan_run(cases=[FP32], results_dir=tmp_path, run_id="run-a", flow_run_id="f-1")
+    # The same commit (or no git at all) with other code: the source digest tells.
+    assert first.source_digest and first.source_digest.startswith("sha256:")
+    edited = RunPlan.model_validate({**first.model_dump(), "source_digest": "sha256:0000000000000000"})
+    (tmp_path / "run-a" / PLAN_FILE).write_text(edited.model_dump_json())
+    with pytest.raises(ConfigError, match=r"source_digest: .*sha256:0000000000000000.*different code"):
+        plan_run(cases=[FP32], results_dir=tmp_path, run_id="run-a", flow_run_id="f-1")
+
+
+def test_the_source_digest_follows_the_code_and_nothing_else(tmp_path: Path) -> None:
+    """A copy deployed without git is identified by its code: any file of the code folders changes it,
+    caches, hidden folders and other folders do not."""
+    from flagperf.results.provenance import SOURCE_FOLDERS, source_digest
+
+    for folder in SOURCE_FOLDERS:
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "a.py").write_text(f"# {folder}\n")
+    (tmp_path / "cases" / "x").mkdir()
+    (tmp_path / "cases" / "x" / "case.yaml").write_text("name: x\n")
+    first = source_digest(tmp_path)
+    assert first.startswith("sha256:") and len(first) == len("sha256:") + 16
+    (tmp_path / "flagperf" / "__pycache__").mkdir()
+    (tmp_path / "flagperf" / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"\0")
+    (tmp_path / "flagperf" / ".cache").mkdir()
+    (tmp_path / "flagperf" / ".cache" / "x").write_text("x")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("x")
+    source_digest.cache_clear()
+    assert source_digest(tmp_path) == first
+    (tmp_path / "cases" / "x" / "case.yaml").write_text("name: y\n")
+    source_digest.cache_clear()
+    changed = source_digest(tmp_path)
+    assert changed != first
+    (tmp_path / "cases" / "x" / "case.yaml").rename(tmp_path / "cases" / "x" / "other.yaml")  # a rename too
+    source_digest.cache_clear()
+    assert source_digest(tmp_path) not in (first, changed)
+    source_digest.cache_clear()

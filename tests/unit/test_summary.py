@@ -26,7 +26,8 @@ from flagperf.results.summary import (
 
 T0 = datetime(2026, 1, 2, tzinfo=UTC)
 PEAK = Peak(value=2.0, unit="TFLOPS", source="derived: 2 cores x 1 GHz")
-PROV = Provenance(engine_version="0.1.0", git_revision="0123456789abcdef", git_dirty=True, command="flagperf run",
+PROV = Provenance(engine_version="0.1.0", git_revision="0123456789abcdef", git_dirty=True,
+                  source_digest="sha256:00112233aabbccdd", command="flagperf run",
                   python="3.11.9", libraries={"torch": "2.13.0", "prefect": "3.8.8"}, host={},
                   image={"status": "none"}, config_origins={}, run_overrides={})
 
@@ -132,6 +133,7 @@ def test_context_from_provenance(run_dir: Path) -> None:
     assert ctx["torch"] == "2.13.0"
     assert ctx["prefect"] == "3.8.8"
     assert ctx["git_revision"] == "0123456789abcdef"
+    assert "at git 0123456789ab (modified), source sha256:00112233aabbccdd;" in render_markdown(summarize(run_dir))
 
 
 def test_write_summary_files(run_dir: Path) -> None:
