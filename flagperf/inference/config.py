@@ -175,10 +175,10 @@ def skipped_steps(config: InferenceConfig, engine_reads_onnx: bool = True) -> di
         skipped.setdefault("export", "compiler: null (nothing compiles an ONNX file)")
         skipped["compile"] = "compiler: null"
         skipped["inference"] = "compiler: null"
+    if config.compiler is not None and not engine_reads_onnx:
+        skipped.setdefault("export", NO_ONNX)  # an exist_onnx_path is not read either
     if config.exist_onnx_path is not None:
         skipped.setdefault("export", f"exist_onnx_path: {config.exist_onnx_path}")
-    if config.compiler is not None and not engine_reads_onnx:
-        skipped.setdefault("export", NO_ONNX)
     if config.exist_compiler_path is not None:
         skipped.setdefault("compile", f"exist_compiler_path: {config.exist_compiler_path} (loaded, not built)")
     return skipped

@@ -284,6 +284,17 @@ def test_llama_engine_decodes_the_same_tokens_as_the_kv_cache(tmp_path: Path) ->
     assert torch.equal(eager[-1][0], compiled[-1][0]) and eager[-1][0].shape == (1, config.new_tokens)
 
 
+def test_an_inductor_round_records_why_it_exported_nothing(tmp_path: Path) -> None:
+    from flagperf.inference.config import NO_ONNX
+
+    code, result, _ = run_case(tmp_path, "digits-infer", "repeat=1", "compiler=inductor")
+    assert code == 0, result.failure
+    assert result.inference.steps["export"] == f"skipped: {NO_ONNX}" == "skipped: the engine compiles the PyTorch model"
+    assert result.inference.steps["compile"] == result.inference.steps["inference"] == "ran"
+    assert result.inference.onnx_path is None
+    assert {"inference_core", "inference_compute", "inference_compute_latency"} <= {m.name for m in result.metrics}
+
+
 def test_inductor_matches_eager_and_reports_its_compile_as_non_inference(tmp_path: Path) -> None:
     module, config, model, inputs = _case_parts("digits-infer")
     engine = _engine("inductor", config, None, model, tmp_path)
@@ -796,6 +807,9 @@ def test_an_engine_that_reads_no_onnx_skips_the_export() -> None:
 
     config = _config()
     assert skipped_steps(config, engine_reads_onnx=False) == {"export": NO_ONNX}
+    given = _config(exist_onnx_path="m.onnx")
+    assert skipped_steps(given, engine_reads_onnx=False) == {"export": NO_ONNX}  # the file is not read either
+    assert skipped_steps(given) == {"export": "exist_onnx_path: m.onnx"}
     assert skipped_steps(config) == {}
     assert load_engine("cpu", "inductor").manifest.needs_onnx is False
     assert load_engine("nvidia", "tensorrt").manifest.onnx_precision == "case"
