@@ -7,6 +7,7 @@ file reloads through exist_compiler_path; its outputs agree with eager FP16 with
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -48,25 +49,32 @@ def test_tensorrt_fp16_builds_saves_and_reloads(tmp_path: Path) -> None:
     assert again.inference.steps["compile"].startswith("skipped") and again.inference.steps["inference"] == "ran"
 
 
-def test_tensorrt_matches_eager_fp16(tmp_path: Path) -> None:
-    pytest.importorskip("tensorrt")
-    import logging
-
+def fp16_resnet_onnx(tmp_path: Path) -> tuple[Any, Any, torch.nn.Module, Path]:
+    """The tiny ResNet's case module, config, FP16 model, and its ONNX file exported as step d does for an
+    engine with onnx_precision: case (FP16 weights and inputs)."""
     from flagperf.config.cases import load_case
-    from flagperf.inference.engines import EngineEnv, load_engine
 
     module = load_case("resnet50-infer").module
     config = module.Config.model_validate(plan_run(cases=["resnet50-infer"], vendor="nvidia", sets=TINY_RESNET,
                                                    results_dir="u").cases[0].config)
     model = module.create_model(config).eval().half()
     onnx = tmp_path / "m.onnx"
-    # What step d does for an engine with onnx_precision: case (strongly typed FP16, TensorRT 10 and 11).
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float16)
     try:
         module.export_model(model, config, onnx)
     finally:
         torch.set_default_dtype(previous)
+    return module, config, model, onnx
+
+
+def test_tensorrt_matches_eager_fp16(tmp_path: Path) -> None:
+    pytest.importorskip("tensorrt")
+    import logging
+
+    from flagperf.inference.engines import EngineEnv, load_engine
+
+    _, config, model, onnx = fp16_resnet_onnx(tmp_path)  # strongly typed FP16, TensorRT 10 and 11
     env = EngineEnv(device=torch.device("cuda"), work_dir=tmp_path, case="t", log=logging.getLogger("t"))
     tensorrt = load_engine("nvidia", "tensorrt").engine_class()
     engine = tensorrt(config, onnx, None, env)
@@ -97,22 +105,11 @@ def test_onnxruntime_cuda_matches_eager(tmp_path: Path) -> None:
     import logging
     import types
 
-    from flagperf.config.cases import load_case
     from flagperf.config.vendors import load_vendor
     from flagperf.inference.engines import EngineEnv, load_engine
     from flagperf.inference.pipeline import InferenceRun
 
-    module = load_case("resnet50-infer").module
-    config = module.Config.model_validate(plan_run(cases=["resnet50-infer"], vendor="nvidia", sets=TINY_RESNET,
-                                                   results_dir="u").cases[0].config)
-    model = module.create_model(config).eval().half()
-    onnx = tmp_path / "m.onnx"
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float16)
-    try:
-        module.export_model(model, config, onnx)
-    finally:
-        torch.set_default_dtype(previous)
+    _, config, model, onnx = fp16_resnet_onnx(tmp_path)
     run = InferenceRun(case_name="t", module=types.ModuleType("t"), config=config, vendor="nvidia",
                        spec=load_vendor("nvidia").spec_table(), device=torch.device("cuda"),
                        shares_host_memory=False, out_dir=tmp_path, artifact_dir=tmp_path)
