@@ -161,7 +161,7 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
     for key, value in (inventory_overrides or {}).items():
         only, _, bare = key.rpartition(".")  # "KEY": every case that has it; "CASE.KEY": that case
         for case_name in names:
-            if only == case_name or (not only and bare in configurable[case_name]):
+            if only == case_name or (not only and bare in defs[case_name].manifest.configurations):
                 layers[case_name].append((inventory_source, {bare: value}))
     general = {o.key: o.value for o in parsed if o.case is None}
     for case_name, values in _spread(general, "--set", "", configurable).items():

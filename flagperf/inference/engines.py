@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
@@ -178,5 +178,22 @@ def check_engine_toggles(config: EngineConfig, vendor: str, origins: dict[str, s
           and not Path(config.exist_onnx_path).is_file()):
         raise ConfigError(where("exist_onnx_path"), "exist_onnx_path",
                           f"{config.exist_onnx_path} is not a file (engine {m.name} compiles it)")
+    _check_options(engine, config, where)
     return engine
+
+
+def _check_options(engine: EngineDef, config: EngineConfig, where: Callable[[str], str]) -> None:
+    """The engine's own keys (inductor_mode ...), checked by its Options where the engine can be imported;
+    where its library is missing (TensorRT on a controller) the engine checks them on the host."""
+    try:
+        options = engine.engine_class().Options
+    except CaseUserError:
+        return
+    try:
+        options.model_validate(config.model_dump())
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(p) for p in err["loc"])
+        raise ConfigError(where(key.split(".")[0]), key,
+                          f"engine {engine.manifest.name}: {err['msg']} (got {err.get('input')!r})") from None
 

@@ -363,7 +363,14 @@ def _engine_env(run: InferenceRun) -> EngineEnv:
     return EngineEnv(device=run.device, work_dir=run.artifact_dir, case=run.case_name, log=log)
 
 
+def _reads_onnx(run: InferenceRun) -> bool:
+    return run.engine_def is not None and run.engine_def.manifest.needs_onnx
+
+
 def _onnx_for_engine(run: InferenceRun) -> Path | None:
+    """The ONNX file the engine compiles: none for an engine that reads none (an exist_onnx_path is ignored)."""
+    if not _reads_onnx(run):
+        return None
     if run.onnx_path is not None:
         return run.onnx_path
     return Path(run.config.exist_onnx_path) if run.config.exist_onnx_path else None
@@ -377,8 +384,8 @@ def step_compile(run: InferenceRun) -> None:
     except (CaseUserError, MemoryError):
         raise
     except Exception as exc:
-        if run.onnx_path is not None or run.config.exist_onnx_path is None:
-            raise  # our own export failed to compile: a crash, reported with its traceback
+        if run.onnx_path is not None or run.config.exist_onnx_path is None or not _reads_onnx(run):
+            raise  # our own export (or the model) failed to compile: a crash, reported with its traceback
         # The user's ONNX file: a file the engine cannot read is the config's fault, not worth a retry.
         raise _user_file_error(run, "exist_onnx_path", Path(run.config.exist_onnx_path), exc) from exc
     run.compile_s = time.perf_counter() - started

@@ -16,7 +16,7 @@ from typing import Any
 import psutil
 
 from flagperf import __version__
-from flagperf.paths import PROJECT_ROOT
+from flagperf.paths import PROJECT_ROOT, case_roots, vendor_roots
 
 CASE_LIBRARIES = ("torch", "numpy", "pydantic", "PyYAML", "psutil")
 # Environment variables that change what a number means (threads, visible devices, math modes).
@@ -45,21 +45,34 @@ SOURCE_FOLDERS = ("flagperf", "flows", "cases", "vendor_images")
 SKIPPED_SUFFIXES = (".pyc", ".pyo", ".so", ".o")
 
 
+SKIPPED_NAMES = ("~", ".swp")  # editors' backups and swap files
+
+
 @functools.cache
-def source_digest(root: Path = PROJECT_ROOT) -> str:
-    """sha256 of the code that ran (every file of SOURCE_FOLDERS: path and bytes, in path order), first 16 hex
-    digits. A copy deployed without git (a host's copy, an unpacked tree) is identified by it too, and two
-    trees with the same commit but different local changes are told apart: compute it in a checkout with
-    ``python -c "from flagperf.results.provenance import source_digest; print(source_digest())"``."""
+def source_digest(root: Path = PROJECT_ROOT) -> str | None:
+    """sha256 of the code that ran (every file of SOURCE_FOLDERS, and of the case and vendor folders named by
+    FLAGPERF_CASE_PATH / FLAGPERF_VENDOR_PATH: path and bytes, in path order), first 16 hex digits; None if a
+    file cannot be read (the figure is never lost over its label). A copy deployed without git (a host's
+    copy, an unpacked tree) is identified by it too, and two trees with the same commit but different local
+    changes are told apart: compute it in a checkout with
+    ``python -c "from flagperf.results.provenance import source_digest; print(source_digest())"``.
+    Build outputs (.so, .o) and Python's caches are left out."""
     digest = hashlib.sha256()
-    for folder in SOURCE_FOLDERS:
-        files = sorted(path for path in (root / folder).rglob("*") if path.is_file()
-                       and not path.name.endswith(SKIPPED_SUFFIXES)
-                       and not any(part.startswith(".") or part == "__pycache__"
-                                   for part in path.relative_to(root).parts))
-        for path in files:
-            digest.update(path.relative_to(root).as_posix().encode() + b"\0")
-            digest.update(path.read_bytes() + b"\0")
+    folders = [(root / folder, folder) for folder in SOURCE_FOLDERS]
+    if root == PROJECT_ROOT:
+        folders += [(path, str(path)) for path in (*case_roots(), *vendor_roots())
+                    if not path.resolve().is_relative_to(root.resolve())]
+    try:
+        for folder, label in folders:
+            files = sorted(path for path in folder.rglob("*") if path.is_file()
+                           and not path.name.endswith(SKIPPED_SUFFIXES + SKIPPED_NAMES)
+                           and not any(part.startswith(".") or part == "__pycache__"
+                                       for part in path.relative_to(folder).parts))
+            for path in files:
+                digest.update(f"{label}/{path.relative_to(folder).as_posix()}".encode() + b"\0")
+                digest.update(path.read_bytes() + b"\0")
+    except OSError:
+        return None
     return f"sha256:{digest.hexdigest()[:16]}"
 
 
@@ -68,7 +81,7 @@ def code_identity() -> str:
     source digest, which also names a copy without git."""
     revision, dirty = git_revision()
     git = f"git {revision[:12]}{' (modified)' if dirty else ''}" if revision else "no git checkout"
-    return f"{git}, source {source_digest()}"
+    return f"{git}, source {source_digest() or 'unreadable'}"
 
 
 def library_versions(names: tuple[str, ...] = CASE_LIBRARIES) -> dict[str, str]:

@@ -144,11 +144,21 @@ def test_a_vendor_key_for_its_engine_warns_and_is_checked_by_the_engine(tmp_path
     code, result = _run_flagperf_format(tmp_path, "good")
     assert code == 0, result.failure
     assert result.inference.steps["inference"] == "ran"
-    (root / "inference" / "flagperf-format" / "vendor" / "cpu_configurations.yaml").write_text(
-        "compiler: onnxruntime\nfp16: false\nbatch_size: 4\nort_intra_op_threads: -1\n")
-    code, result = _run_flagperf_format(tmp_path, "bad")
-    assert code == 2 and "ort_intra_op_threads" in result.failure.message
-    assert "onnxruntime" in result.failure.message
+    vendor_file = root / "inference" / "flagperf-format" / "vendor" / "cpu_configurations.yaml"
+    vendor_file.write_text("compiler: onnxruntime\nfp16: false\nbatch_size: 4\nort_intra_op_threads: -1\n")
+    # Checked by the engine's Options when the run is planned: one line naming the file and key.
+    with pytest.raises(ConfigError) as info:
+        plan_run(cases=["flagperf-format"], vendor="cpu", results_dir="unused")
+    assert str(info.value) == (f"{vendor_file}: ort_intra_op_threads: engine onnxruntime: Input should be greater "
+                               "than or equal to 0 (got -1)")
+    # And again in the case process (a plan made where the engine's library is missing): a user error.
+    job = Job(run_id="r", case="flagperf-format", family="inference", round=1, host="localhost", vendor="cpu",
+              config={**case.config, "ort_intra_op_threads": -1}, config_origins=case.origins, run_overrides={},
+              image={})
+    (tmp_path / "bad").mkdir()
+    code = run_job(job, tmp_path / "bad")
+    failure = read_result(tmp_path / "bad" / "result.json").failure
+    assert code == 2 and "ort_intra_op_threads" in failure.message and "onnxruntime" in failure.message
 
 
 @pytest.mark.parametrize(("sets", "key", "message"), [
@@ -287,7 +297,9 @@ def test_llama_engine_decodes_the_same_tokens_as_the_kv_cache(tmp_path: Path) ->
 def test_an_inductor_round_records_why_it_exported_nothing(tmp_path: Path) -> None:
     from flagperf.inference.config import NO_ONNX
 
-    code, result, _ = run_case(tmp_path, "digits-infer", "repeat=1", "compiler=inductor")
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"not read")  # an exist_onnx_path that an engine reading no ONNX never opens
+    code, result, _ = run_case(tmp_path, "digits-infer", "repeat=1", "compiler=inductor", f"exist_onnx_path={junk}")
     assert code == 0, result.failure
     assert result.inference.steps["export"] == f"skipped: {NO_ONNX}" == "skipped: the engine compiles the PyTorch model"
     assert result.inference.steps["compile"] == result.inference.steps["inference"] == "ran"
@@ -577,6 +589,9 @@ def test_an_engines_option_is_set_from_the_command_line_for_the_compiler_that_re
     with pytest.raises(CaseUserError, match="inductor_mode"):
         _engine("inductor", module.Config.model_validate({**config, "inductor_mode": "fastest"}), None, model,
                 tmp_path)
+    # A value the engine's Options refuse is refused when the run is planned, not after validation ran.
+    assert str(plan_error("compiler=inductor", "inductor_mode=fastest", case="resnet50-infer")).startswith(
+        "--set: inductor_mode: engine inductor: Input should be 'default', 'reduce-overhead'")
 
 
 def test_nvidia_engines_share_inductor_and_tensorrt_names_its_package() -> None:

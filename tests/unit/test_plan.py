@@ -461,7 +461,8 @@ def test_a_retry_resumes_only_its_own_run_with_the_same_code(tmp_path: Path) -> 
         plan_run(cases=[FP32], results_dir=tmp_path, run_id="run-a", flow_run_id="f-1")
 
 
-def test_the_source_digest_follows_the_code_and_nothing_else(tmp_path: Path) -> None:
+def test_the_source_digest_follows_the_code_and_nothing_else(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """A copy deployed without git is identified by its code: any file of the code folders changes it,
     caches, hidden folders and other folders do not."""
     from flagperf.results.provenance import SOURCE_FOLDERS, source_digest
@@ -488,4 +489,22 @@ def test_the_source_digest_follows_the_code_and_nothing_else(tmp_path: Path) -> 
     (tmp_path / "cases" / "x" / "case.yaml").rename(tmp_path / "cases" / "x" / "other.yaml")  # a rename too
     source_digest.cache_clear()
     assert source_digest(tmp_path) not in (first, changed)
+    (tmp_path / "cases" / "x" / "other.yaml~").write_text("an editor's backup")
+    source_digest.cache_clear()
+    renamed = source_digest(tmp_path)
+    (tmp_path / "cases" / "x" / "other.yaml~").unlink()
+    source_digest.cache_clear()
+    assert source_digest(tmp_path) == renamed
+    # A file that cannot be read (deleted during the walk, another user's): no digest, and no error.
+    read_bytes = Path.read_bytes
+
+    def unreadable(path: Path) -> bytes:
+        if path.name == "other.yaml":
+            raise PermissionError(13, "Permission denied", str(path))
+        return read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", unreadable)
+    source_digest.cache_clear()
+    assert source_digest(tmp_path) is None
+    monkeypatch.undo()
     source_digest.cache_clear()
