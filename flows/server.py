@@ -12,6 +12,7 @@ ends it when the process that started it is gone, even after a SIGKILL: no serve
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import shutil
@@ -28,6 +29,8 @@ from typing import Any
 from urllib.error import URLError
 from urllib.parse import urlsplit
 from urllib.request import urlopen
+
+import psutil
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -82,16 +85,45 @@ def watch_parent(parent: int, argv: list[str]) -> int:
         signal.signal(sig, lambda signum, _frame: stopping.append(signum))
     while child.poll() is None and not stopping and os.getppid() == parent:
         time.sleep(WATCH_POLL_S)
+    # The command's processes, listed before any is signalled: one that moved to a group or session of its own
+    # is not reached by the group's signal, and once its parent is gone it is no longer in the tree.
+    tree = _descendants(child.pid)
     own_group = os.getpgid(0) == os.getpid()
     for sig in (signal.SIGTERM, signal.SIGKILL):
         if child.poll() is not None:
             break
+        if sig == signal.SIGKILL:
+            _kill(tree)  # first: the group's SIGKILL ends this watcher too
         try:
             os.killpg(os.getpid(), sig) if own_group else child.send_signal(sig)
             child.wait(timeout=WATCH_GRACE_S)
         except (ProcessLookupError, subprocess.TimeoutExpired):
             continue
+    _end(tree)  # the command ended: any of its processes that outlived it are ended too
     return child.returncode if child.returncode is not None else 1
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _kill(processes: list[psutil.Process]) -> None:
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            process.kill()  # psutil checks the pid still names the process it listed
+
+
+def _end(processes: list[psutil.Process]) -> None:
+    """SIGTERM to those still running, SIGKILL after the grace to those that are left."""
+    running = [p for p in processes if p.is_running()]
+    for process in running:
+        with contextlib.suppress(psutil.Error):
+            process.terminate()
+    _gone, alive = psutil.wait_procs(running, timeout=WATCH_GRACE_S)
+    _kill(alive)
 
 
 def wait_healthy(api_url: str, proc: subprocess.Popen[bytes], stopping: list[int],
@@ -245,9 +277,10 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
         client_env.update(PREFECT_API_URL=api_url, PREFECT_SERVER_ANALYTICS_ENABLED="false",
                           PREFECT_LOGGING_EXTRA_LOGGERS="flagperf", PREFECT_UI_URL=base,
                           **{RESULTS_URL_ENV: results_base, RESULTS_ROOT_ENV: str(results_root)})
-        created = subprocess.run([sys.executable, "-m", "prefect", "--no-prompt", "work-pool", "create", pool,
-                                  "--type", "process", "--overwrite"], env=client_env, capture_output=True,
-                                 text=True, timeout=120, check=False)
+        # Watched too: killed meanwhile, this command would leave it retrying a server that is gone.
+        created = subprocess.run(watched([sys.executable, "-m", "prefect", "--no-prompt", "work-pool", "create", pool,
+                                          "--type", "process", "--overwrite"]), env=client_env, capture_output=True,
+                                 text=True, timeout=120, check=False, start_new_session=True)
         if created.returncode != 0:
             raise RuntimeError(f"creating work pool {pool!r} failed: {created.stderr.strip()[-300:]}")
         if worker:
