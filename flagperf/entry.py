@@ -53,7 +53,13 @@ from flagperf.results.schema import (
     write_result,
 )
 from flagperf.training.driver import TrainingConfig
-from flagperf.training.launch import EXIT_WORKER_FAILED, launch, training_result, user_error
+from flagperf.training.launch import (
+    EXIT_WORKER_FAILED,
+    launch,
+    training_result,
+    user_error,
+    with_teardown_note,
+)
 
 if TYPE_CHECKING:  # a run-time import would need transformers (the generate extra) for every round
     from flagperf.generate.config import GenerateConfig
@@ -95,15 +101,18 @@ def run_base(case: CaseDef, config: CaseConfig, vendor: Vendor, spec: SpecTable,
 
 
 def run_training(job: Job, config: TrainingConfig, out_dir: Path) -> Outcome:
-    code = launch(job, out_dir, config.nnodes, config.nproc_per_node, job.master_port or config.master_port)
+    node = launch(job, out_dir, config.nnodes, config.nproc_per_node, job.master_port or config.master_port)
+    code = node.code
     if code == EXIT_USER_ERROR:
         message = user_error(out_dir) or "a training process rejected its input"
         return Outcome(failure=Failure(kind="user", message=message), exit_code=EXIT_USER_ERROR)
     metrics, convergence, problem = training_result(out_dir, first_rank=job.node_rank * config.nproc_per_node)
     if code != EXIT_OK or problem:
         # Crashed or incomplete: the result says where it stopped, and the controller retries.
-        return Outcome(failure=Failure(kind="infrastructure", message=problem or f"a training process exited {code}"),
+        message = node.failure or problem or f"a training process exited {code}"
+        return Outcome(failure=Failure(kind="infrastructure", message=message),
                        exit_code=code if code != EXIT_OK else EXIT_WORKER_FAILED)
+    metrics[0] = with_teardown_note(metrics[0], node.teardown_faults)  # training_throughput
     measured = next((m.measured_seconds for m in metrics if m.name == "training_throughput"), 0.0)
     return Outcome(metrics=metrics, measured=measured, convergence=convergence)
 

@@ -50,24 +50,24 @@ class Config(TimedCaseConfig):
 
 def run(config: Config, ctx: CaseContext) -> list[Metric]:
     """The node's share: start nproc_per_node ranks, wait, report the node's first rank's figures."""
-    from flagperf.training.launch import USER_ERROR_PREFIX, launch, user_error
+    from flagperf.training.launch import USER_ERROR_PREFIX, launch, user_error, with_teardown_note
 
     if ctx.job is None or ctx.out_dir is None:
         raise CaseUserError("the collective case runs from a job (python -m flagperf.entry)")
     world = config.nnodes * config.nproc_per_node
     if world < 2:
         raise CaseUserError(f"{config.operation} needs at least 2 ranks; nnodes x nproc_per_node = {world}")
-    code = launch(ctx.job, ctx.out_dir, config.nnodes, config.nproc_per_node,
+    node = launch(ctx.job, ctx.out_dir, config.nnodes, config.nproc_per_node,
                   ctx.job.master_port or config.master_port, module="flagperf.basespec.collective")
     problem = user_error(ctx.out_dir)
     if problem:
         raise CaseUserError(problem.removeprefix(USER_ERROR_PREFIX))
-    if code != 0:
-        raise RuntimeError(f"a rank failed (exit {code}); see rank<R>.out.log")
+    if node.code != 0:
+        raise RuntimeError(f"a rank failed (exit {node.code}); see rank<R>.out.log")
     data = json.loads((ctx.out_dir / METRICS_FILE).read_text(encoding="utf-8"))
     ctx.windows.append(tuple(data["window"]))  # type: ignore[arg-type]
     ctx.measured_seconds += data["seconds"]
-    return [Metric.model_validate(m) for m in data["metrics"]]
+    return [with_teardown_note(Metric.model_validate(m), node.teardown_faults) for m in data["metrics"]]
 
 
 def _agreed_clock(group: dist.ProcessGroup) -> float:
@@ -80,7 +80,7 @@ def _agreed_clock(group: dist.ProcessGroup) -> float:
 def rank_main(job_path: Path) -> int:
     from flagperf.config.job import Job
     from flagperf.config.vendors import load_vendor
-    from flagperf.training.launch import USER_ERROR_PREFIX
+    from flagperf.training.launch import USER_ERROR_PREFIX, leave_process_group
 
     job = Job.model_validate_json(job_path.read_text(encoding="utf-8"))
     config = Config.model_validate(job.config)
@@ -143,9 +143,10 @@ def rank_main(job_path: Path) -> int:
             out = job_path.parent / METRICS_FILE
             out.write_text(json.dumps({"window": window, "seconds": seconds,
                                        "metrics": [algbw.model_dump(mode="json"), busbw.model_dump(mode="json")]}))
-        dist.barrier(group=clock_group)
+        leave_process_group(clock_group)
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():  # left early (an error): destroy without the final barrier
+            dist.destroy_process_group()
     return 0
 
 

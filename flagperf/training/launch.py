@@ -3,6 +3,8 @@
 nproc_per_node processes, each with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,
 LOCAL_WORLD_SIZE, NODE_RANK, GROUP_RANK, MASTER_ADDR, MASTER_PORT), output in rank<R>.out.log.
 If one process fails the others are stopped. The node's first process's FINISHED event is the result.
+A crash after every process passed the final barrier (leave_process_group) does not fail the round: it is
+reported beside the figures.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from flagperf.config.job import JOB_FILE, Job
 from flagperf.errors import EXIT_OK, EXIT_USER_ERROR
@@ -22,6 +26,7 @@ from flagperf.results.schema import Convergence, Metric, Peak
 
 EXIT_WORKER_FAILED = 70
 USER_ERROR_PREFIX = "flagperf user error: "  # how a process says its input was wrong (see user_error)
+TEARDOWN_MARKER = "flagperf: every rank has finished; leaving the process group"
 
 
 def rank_log(out_dir: Path, rank: int) -> Path:
@@ -50,38 +55,111 @@ def socket_interface_env(master_addr: str, master_port: int) -> dict[str, str]:
     return {}
 
 
+@dataclass(frozen=True)
+class NodeExit:
+    """How a node's processes ended: ``code`` (EXIT_OK, EXIT_USER_ERROR or EXIT_WORKER_FAILED) and, on EXIT_OK,
+    each process that crashed after every process of the job had finished (``teardown_faults``)."""
+
+    code: int
+    teardown_faults: tuple[str, ...] = ()
+    failure: str | None = None  # which process failed the node, and how
+
+
+def leave_process_group(group: Any = None) -> None:
+    """The end of a distributed process: wait for every rank, say so, then destroy the process group.
+
+    After the barrier every rank has written what it measured, so a crash in what follows (gloo's and the
+    store's sockets closing at different times on each rank) is the library's teardown, not a failed round:
+    the launcher reports it beside the figures instead of failing the round."""
+    import torch.distributed as dist
+
+    dist.barrier(group=group)
+    print(TEARDOWN_MARKER, flush=True)
+    dist.destroy_process_group()
+
+
+def finished_before_crash(log: Path) -> bool:
+    """Whether a process's output says it passed the final barrier (leave_process_group)."""
+    try:
+        return TEARDOWN_MARKER in log.read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def output_tail(log: Path, lines: int = 20) -> str:
+    """The last lines of a process's output, indented, for the node's own log."""
+    try:
+        text = log.read_text(errors="replace").rstrip().splitlines()[-lines:]
+    except OSError as exc:
+        return f"    ({log.name} cannot be read: {exc.strerror})"
+    return "\n".join(f"    {line}" for line in text) if text else f"    ({log.name} is empty)"
+
+
 def launch(job: Job, out_dir: Path, nnodes: int, nproc: int, master_port: int,
-           module: str = "flagperf.training.worker") -> int:
-    """Start this node's processes (``python -m <module> --job job.json``) and wait; returns 0, or the first
-    failing process's exit code."""
+           module: str = "flagperf.training.worker") -> NodeExit:
+    """Start this node's processes (``python -m <module> --job job.json``) and wait for them.
+
+    A process that fails before the final barrier fails the node: the others are stopped (they would wait
+    for it in a collective) and its last lines are printed. One that crashes after it is a teardown fault."""
     world = nnodes * nproc
+    first_rank = job.node_rank * nproc
     procs: list[subprocess.Popen[bytes]] = []
     network = socket_interface_env(job.master_addr, master_port) if nnodes > 1 else {}
     for local_rank in range(nproc):
-        rank = job.node_rank * nproc + local_rank
+        rank = first_rank + local_rank
         env = {**network, **os.environ, "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
                "LOCAL_WORLD_SIZE": str(nproc), "NODE_RANK": str(job.node_rank), "GROUP_RANK": str(job.node_rank),
                "MASTER_ADDR": job.master_addr, "MASTER_PORT": str(master_port)}
         with rank_log(out_dir, rank).open("wb") as log:
-            procs.append(subprocess.Popen([sys.executable, "-m", module, "--job",
+            # -X faulthandler: a process killed by a signal (SIGABRT from a C++ library) leaves every thread's
+            # Python stack in its log.
+            procs.append(subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", module, "--job",
                                            str(out_dir / JOB_FILE)], env=env, stdout=log, stderr=subprocess.STDOUT))
-    failed: int | None = None
-    while failed is None and any(p.poll() is None for p in procs):
-        failed = next((p.returncode for p in procs if p.returncode not in (None, 0)), None)
-        time.sleep(0.2)
-    failed = failed if failed is not None else next((p.returncode for p in procs if p.returncode), None)
-    if failed:
-        for p in procs:  # one rank died: the others would wait for it forever in a collective
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        print(f"a process of this node failed (exit {failed}); see rank<R>.out.log", flush=True)
-        return EXIT_USER_ERROR if failed == EXIT_USER_ERROR else EXIT_WORKER_FAILED
-    return EXIT_OK
+    running = set(range(nproc))
+    failed: tuple[int, int] | None = None  # (rank, exit code) of the first process that failed the node
+    teardown: list[str] = []
+    while running and failed is None:
+        for local_rank in sorted(running):
+            code = procs[local_rank].poll()
+            if code is None:
+                continue
+            running.discard(local_rank)
+            rank = first_rank + local_rank
+            if code == 0:
+                continue
+            if finished_before_crash(rank_log(out_dir, rank)):
+                teardown.append(f"rank {rank} exited {code} while leaving the process group, after every rank "
+                                f"had finished (see {rank_log(out_dir, rank).name})")
+                print(f"warning: {teardown[-1]}; the end of its output:\n"
+                      f"{output_tail(rank_log(out_dir, rank))}", flush=True)
+                continue
+            failed = (rank, code)
+            break
+        if running and failed is None:
+            time.sleep(0.2)
+    if failed is None:
+        return NodeExit(EXIT_OK, tuple(teardown))
+    for p in procs:  # one rank died: the others would wait for it forever in a collective
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    rank, code = failed
+    failure = f"rank {rank} exited {code} before the final barrier (see {rank_log(out_dir, rank).name})"
+    print(f"a process of this node failed: rank {rank} exited {code}; the end of "
+          f"{rank_log(out_dir, rank).name}:\n{output_tail(rank_log(out_dir, rank))}", flush=True)
+    return NodeExit(EXIT_USER_ERROR if code == EXIT_USER_ERROR else EXIT_WORKER_FAILED, failure=failure)
+
+
+def with_teardown_note(metric: Metric, faults: tuple[str, ...]) -> Metric:
+    """The metric, its note naming the processes that crashed after the measurement was complete."""
+    if not faults:
+        return metric
+    said = "; ".join(faults) + " (the figures were complete: every rank had passed the final barrier)"
+    return metric.model_copy(update={"note": f"{metric.note}; {said}" if metric.note else said})
 
 
 def user_error(out_dir: Path) -> str | None:

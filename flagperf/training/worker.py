@@ -20,7 +20,7 @@ from flagperf.config.job import Job
 from flagperf.config.vendors import load_vendor
 from flagperf.errors import EXIT_USER_ERROR, CaseUserError, ConfigError, missing_extra
 from flagperf.training.driver import TrainingContext
-from flagperf.training.launch import USER_ERROR_PREFIX
+from flagperf.training.launch import USER_ERROR_PREFIX, leave_process_group
 
 
 def usable_cores() -> int:
@@ -98,8 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USER_ERROR
     ctx.finish()
     if world_size > 1:
-        dist.barrier()
-        dist.destroy_process_group()
+        leave_process_group()
     return 0
 
 

@@ -14,7 +14,7 @@ from flagperf.errors import CaseUserError, ConfigError
 from flagperf.measure.perflog import format_line, parse_file, parse_text
 from flagperf.results.schema import read_result
 from flagperf.training.driver import FINISHED_KEYS
-from flagperf.training.launch import where_it_stopped
+from flagperf.training.launch import TEARDOWN_MARKER, where_it_stopped
 
 
 def run_digits(tmp_path: Path, *sets: str) -> tuple[int, Path]:
@@ -49,6 +49,66 @@ def test_digits_converges(tmp_path: Path, nproc: int) -> None:
         assert steps == sorted(steps) and len(steps) >= 3
         assert tuple(log.finished()[rank]) == FINISHED_KEYS
         assert set(log.events["rank"]) == {rank}
+        assert (TEARDOWN_MARKER in (out / f"rank{rank}.out.log").read_text()) is (nproc > 1)
+
+
+# digits-mlp's own training, with rank 1 aborted (SIGABRT, as a C++ library's std::terminate does) at one of two
+# moments: when its interpreter exits, after the final barrier, or right after training, before it.
+CRASHING_DIGITS = '''
+import atexit
+import os
+
+from flagperf.config.cases import load_case
+
+_digits = load_case("digits-mlp").module
+Config = _digits.Config
+
+
+def run(config, ctx):
+    if ctx.rank == 1 and os.environ["CRASH_AT"] == "exit":
+        atexit.register(os.abort)
+    _digits.run(config, ctx)
+    if ctx.rank == 1 and os.environ["CRASH_AT"] == "end":
+        os.abort()
+'''
+
+
+def crashing_digits_case(case_root: Path) -> None:
+    folder = case_root / "training" / "digits-crash"
+    folder.mkdir(parents=True)
+    definition = (Path(__file__).parents[2] / "cases/training/digits-mlp/case.yaml").read_text()
+    (folder / "case.yaml").write_text(definition.replace("name: digits-mlp", "name: digits-crash"))
+    (folder / "train.py").write_text(CRASHING_DIGITS)
+
+
+def test_a_crash_after_the_final_barrier_keeps_the_figures_and_says_so(
+        tmp_path: Path, case_root: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    crashing_digits_case(case_root)
+    monkeypatch.setenv("CRASH_AT", "exit")
+    code, out = run_local_round(tmp_path, "digits-crash", "nproc_per_node=2", "master_port=29705")
+    result = read_result(out / "result.json")
+    assert code == 0 and result.status == "success", result.failure
+    assert result.convergence is not None and result.convergence.converged
+    throughput = next(m for m in result.metrics if m.name == "training_throughput")
+    assert throughput.value > 0 and "rank 1 exited -6 while leaving the process group" in throughput.note
+    printed = capfd.readouterr().out
+    assert "warning: rank 1 exited -6" in printed and "Fatal Python error: Aborted" in printed
+
+
+def test_a_crash_before_the_final_barrier_fails_the_round_and_shows_the_rank_output(
+        tmp_path: Path, case_root: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    crashing_digits_case(case_root)
+    monkeypatch.setenv("CRASH_AT", "end")
+    code, out = run_local_round(tmp_path, "digits-crash", "nproc_per_node=2", "master_port=29706")
+    result = read_result(out / "result.json")
+    assert code != 0 and result.status != "success"
+    assert result.failure is not None and result.failure.kind == "infrastructure"
+    assert result.failure.message == "rank 1 exited -6 before the final barrier (see rank1.out.log)"
+    printed = capfd.readouterr().out
+    assert "a process of this node failed: rank 1 exited -6; the end of rank1.out.log:" in printed
+    # faulthandler's stack of the aborting thread, in the lines shown
+    assert "Fatal Python error: Aborted" in printed and "in run" in printed
+    assert TEARDOWN_MARKER not in (out / "rank1.out.log").read_text()
 
 
 def test_not_converging_is_a_result_not_a_failure(tmp_path: Path) -> None:
