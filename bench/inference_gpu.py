@@ -41,6 +41,7 @@ from flagperf.config.job import Job  # noqa: E402
 from flagperf.config.plan import plan_run  # noqa: E402
 from flagperf.entry import run_job  # noqa: E402
 from flagperf.inference.inductor import ChannelsLast, has_conv2d  # noqa: E402
+from flagperf.measure.hostmemory import keep_freed_host_memory  # noqa: E402
 from flagperf.results.provenance import code_identity  # noqa: E402
 from flagperf.results.schema import Metric, read_result  # noqa: E402
 
@@ -124,16 +125,17 @@ def engine_round(case: str, vendor: str, sets: list[str], work: Path) -> dict[st
     return {m.name: m for m in result.metrics}
 
 
-# The smoke run's tiny BERT takes a fraction of a millisecond per forward: with 4 timed forwards its ratios
-# were noise (0.4), with 400 both sides agreed (1.00 eager, 1.06 compiled). 100 keeps the tiny ResNet (63 ms
-# per eager forward on 2 cores) within a minute.
-QUICK_WARMUP, QUICK_TIMED = 10, 100
+# The smoke run's tiny BERT takes 0.2 ms per forward: at 100 timed forwards (20 ms) one descheduling moved its
+# ratios by a tenth either way, so it times 1,000. The tiny ResNet (40 ms per eager forward on one thread) times
+# 100, which keeps it within a minute.
+QUICK_WARMUP = 10
+QUICK_TIMED = {"resnet50-infer": 100, "bert-large-infer": 1000}
 
 
-def bare_counts(device: torch.device) -> tuple[int, int]:
-    """Warm-up and timed forwards of the bare loops: the issue's 5 and 40 on a GPU, more for the smoke run's
-    tiny models."""
-    return (WARMUP, TIMED) if device.type != "cpu" else (QUICK_WARMUP, QUICK_TIMED)
+def timed_forwards(case: str, device: torch.device) -> tuple[int, int]:
+    """Warm-up and timed forwards, of the bare loops and of the engine's compute pass alike: the issue's 5 and
+    40 on a GPU (the engine's compute pass runs COMPUTE_ITERATIONS), more for the smoke run's tiny models."""
+    return (WARMUP, TIMED) if device.type != "cpu" else (QUICK_WARMUP, QUICK_TIMED[case])
 
 
 def bare_rates(case: str, vendor: str, sets: list[str], device: torch.device) -> dict[str, float]:
@@ -147,7 +149,7 @@ def bare_rates(case: str, vendor: str, sets: list[str], device: torch.device) ->
     x = [t.to(device, dtype if t.is_floating_point() else t.dtype) for t in batch]
     model = module.create_model(config).to(device, dtype).eval()
 
-    warmup, timed = bare_counts(device)
+    warmup, timed = timed_forwards(case, device)
 
     def sync() -> None:
         if device.type == "cuda":
@@ -196,11 +198,14 @@ def main() -> int:
         # One intra-op thread on both sides: on a shared 2-core VM a second thread is descheduled at random
         # and every forward waits for it, which makes any ratio noise.
         torch.set_num_threads(1)
+    # The engine's case process keeps freed host memory for reuse (flagperf.measure.hostmemory): the bare loops
+    # run under the same setting, made here before either side runs.
+    allocator = keep_freed_host_memory()
     started = time.perf_counter()
     rows: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp, UtilSampler(device) as util:
         for case in args.cases:
-            iterations = QUICK_TIMED if args.quick else COMPUTE_ITERATIONS
+            iterations = timed_forwards(case, device)[1] if args.quick else COMPUTE_ITERATIONS
             sets = [*shapes[case], "compiler=inductor", f"compute_iterations={iterations}"]
             case_started = time.perf_counter()
             m = engine_round(case, vendor, sets, Path(tmp) / case)
@@ -240,9 +245,12 @@ def main() -> int:
     command = shlex.join(["python", "bench/inference_gpu.py", *sys.argv[1:]])
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     record = {"recorded": datetime.now(UTC).isoformat(timespec="seconds"), "command": command, "code": code_identity(),
-              "device": device_name, "torch": torch.__version__, "quick": args.quick, "total_s": total,
-              "warmup": bare_counts(device)[0], "timed": bare_counts(device)[1],
-              "engine_compute_iterations": QUICK_TIMED if args.quick else COMPUTE_ITERATIONS,
+              "device": device_name, "torch": torch.__version__, "host_allocator": allocator, "quick": args.quick,
+              "total_s": total,
+              "warmup": QUICK_WARMUP if args.quick else WARMUP,
+              "timed": {case: timed_forwards(case, device)[1] for case in rows},
+              "engine_compute_iterations": {case: timed_forwards(case, device)[1] if args.quick
+                                            else COMPUTE_ITERATIONS for case in rows},
               "gpu_util": util.reason or "torch.cuda.utilization (NVML), 20 Hz", "cases": rows,
               "targets": TARGETS, "util_target_percent": UTIL_TARGET, "missed": missed}
     args.out.mkdir(parents=True, exist_ok=True)
@@ -252,9 +260,12 @@ def main() -> int:
              f"Recorded {record['recorded']} with `{command}` on {device_name} ({record['code']}), torch "
              f"{torch.__version__}, "
              f"{total:.0f} s in all (compiles included). Bare loops: the case's model, inputs made once on the "
-             f"device, {bare_counts(device)[0]} warm-up and {bare_counts(device)[1]} timed forwards, synchronised "
+             f"device, {record['warmup']} warm-up and "
+             f"{', '.join(f'{n} timed ({c})' for c, n in record['timed'].items())} forwards (the engine's compute "
+             f"pass: {', '.join(str(n) for n in record['engine_compute_iterations'].values())}), synchronised "
              "at each end; compiled with the "
-             "engine's Inductor options. Engine: one round through flagperf.entry.run_job, compiler inductor.", "",
+             "engine's Inductor options. Engine: one round through flagperf.entry.run_job, compiler inductor. "
+             f"Host allocator, both sides: {allocator}.", "",
              "| case | unit | validation_compute | bare eager | inference_core | inference_compute | bare compiled "
              "| compute / bare | core / bare | val. compute / bare eager | whole / core | GPU util over compute |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -202,6 +202,9 @@ def main() -> int:
     parser.add_argument("--bare", nargs=2, help=argparse.SUPPRESS)  # internal: KIND SETTINGS_JSON
     args = parser.parse_args()
     if args.bare:
+        from flagperf.measure.hostmemory import keep_freed_host_memory
+
+        keep_freed_host_memory()  # as the harness's training processes do
         kind, settings = args.bare[0], json.loads(args.bare[1])
         print(json.dumps(bare_llama(settings) if kind == "llama" else bare_resnet(settings)))
         return 0

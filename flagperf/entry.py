@@ -39,6 +39,7 @@ from flagperf.errors import (
 from flagperf.hosts.local import PARENT_PID_ENV, default_work_root
 from flagperf.inference.config import InferenceConfig
 from flagperf.measure.casekit import CaseConfig, CaseContext, TimedCaseConfig
+from flagperf.measure.hostmemory import keep_freed_host_memory
 from flagperf.measure.timing import TimingPlan
 from flagperf.results.provenance import engine_info, host_info, library_versions
 from flagperf.results.schema import (
@@ -162,6 +163,7 @@ def run_job(job: Job, out_dir: Path) -> int:
     outcome = Outcome()
     device: str | None = None
     status = "failed"
+    allocator = keep_freed_host_memory()  # before anything is measured: every figure runs on reused pages
     try:
         case = load_case(job.case)
         vendor = load_vendor(job.vendor)
@@ -169,6 +171,7 @@ def run_job(job: Job, out_dir: Path) -> int:
         spec = vendor.spec_table()
         device = spec.device
         log.info("case %s round %d on %s (%s), attempt %d", job.case, job.round, job.host, device, job.attempt)
+        log.info("host allocator: %s", allocator)
         if isinstance(config, TrainingConfig):
             outcome = run_training(job, config, out_dir)
         elif isinstance(config, InferenceConfig):
@@ -209,7 +212,8 @@ def run_job(job: Job, out_dir: Path) -> int:
         convergence=outcome.convergence, inference=outcome.inference, config=job.config,
         provenance=Provenance(
             **engine_info(), command=job.command, python=sys.version.split()[0],
-            libraries={**job.controller_libraries, **library_versions()}, host=host_info(), image=job.image,
+            libraries={**job.controller_libraries, **library_versions()},
+            host={**host_info(), "allocator": allocator}, image=job.image,
             config_origins=job.config_origins, run_overrides=job.run_overrides, attempt=job.attempt,
         ),
     )

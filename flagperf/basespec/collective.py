@@ -32,6 +32,7 @@ from pydantic import Field
 
 from flagperf.errors import EXIT_USER_ERROR, CaseUserError
 from flagperf.measure.casekit import CaseContext, TimedCaseConfig
+from flagperf.measure.hostmemory import keep_freed_host_memory
 from flagperf.results.metrics import Chunk
 from flagperf.results.schema import Metric
 
@@ -82,6 +83,7 @@ def rank_main(job_path: Path) -> int:
     from flagperf.config.vendors import load_vendor
     from flagperf.training.launch import USER_ERROR_PREFIX, leave_process_group
 
+    keep_freed_host_memory()  # as the entry does for every case process (it records the setting)
     job = Job.model_validate_json(job_path.read_text(encoding="utf-8"))
     config = Config.model_validate(job.config)
     vendor = load_vendor(job.vendor)

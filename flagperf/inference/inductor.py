@@ -68,7 +68,8 @@ class Engine(InferenceEngine):
         self.cuda_graphs = self.options.inductor_mode in CUDA_GRAPH_MODES and env.device.type == "cuda"
         self.compiled = torch.compile(model, backend="inductor", mode=self.options.inductor_mode, dynamic=False)
         self.module = self.compiled
-        self.seen: set[tuple[Any, ...]] = set()
+        self.compiled_shapes: set[tuple[Any, ...]] = set()  # (shape, dtype) of each input the model was run on
+        self.signatures: dict[tuple[Any, ...], bool] = {}  # inputs' (shape, dtype, device) -> ready as they are
         env.log.info("inductor: mode %s, channels_last %s, CUDA graphs %s", self.options.inductor_mode,
                      channels_last, self.cuda_graphs)
 
@@ -76,9 +77,16 @@ class Engine(InferenceEngine):
         if self.device.type != "cpu":
             torch.get_device_module(self.device.type).synchronize()
 
-    def _run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    def _prepare(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         x = [t.to(self.device, non_blocking=True) for t in inputs]
-        x = [t.half() if self.half and t.is_floating_point() else t for t in x]
+        return [t.half() if self.half and t.is_floating_point() else t for t in x]
+
+    def _ready(self, t: torch.Tensor) -> bool:
+        """Whether an input is already where and what the compiled model takes (no copy, no cast)."""
+        on_device = t.device.type == self.device.type and self.device.index in (None, t.device.index)
+        return on_device and not (self.half and t.is_floating_point() and t.dtype != torch.float16)
+
+    def _run(self, x: list[torch.Tensor]) -> list[torch.Tensor]:
         if self.cuda_graphs:
             # Each call is a new step: the graph's output buffers of the previous call may be reused.
             torch.compiler.cudagraph_mark_step_begin()
@@ -86,15 +94,24 @@ class Engine(InferenceEngine):
         return list(out) if isinstance(out, tuple | list) else [out]
 
     def __call__(self, inputs: list[torch.Tensor]) -> tuple[list[torch.Tensor], float]:
-        shapes = tuple((tuple(t.shape), t.dtype) for t in inputs)
+        # Inputs of a signature seen before go straight to the compiled model when they need no copy or cast
+        # (the compute pass's resident batches): the wrapper adds a microsecond, not a copy's worth.
+        signature = tuple((t.shape, t.dtype, t.device) for t in inputs)
+        ready = self.signatures.get(signature)
+        if ready is not None:
+            return self._run(inputs if ready else self._prepare(inputs)), 0.0
+        ready = all(self._ready(t) for t in inputs)
+        x = inputs if ready else self._prepare(inputs)
+        shapes = tuple((tuple(t.shape), t.dtype) for t in x)
         compile_s = 0.0
-        if shapes not in self.seen:
+        if shapes not in self.compiled_shapes:
             # A new shape compiles: that call is not inference. Time it, then run the batch again for real.
             self._sync()
             started = time.perf_counter()
-            self._run(inputs)
+            self._run(x)
             self._sync()
             compile_s = time.perf_counter() - started
-            self.seen.add(shapes)
+            self.compiled_shapes.add(shapes)
             self.env.log.info("inductor compiled for input shapes %s in %.1f s", [s for s, _ in shapes], compile_s)
-        return self._run(inputs), compile_s
+        self.signatures[signature] = ready
+        return self._run(x), compile_s

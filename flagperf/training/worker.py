@@ -19,6 +19,7 @@ from flagperf.config.cases import load_case
 from flagperf.config.job import Job
 from flagperf.config.vendors import load_vendor
 from flagperf.errors import EXIT_USER_ERROR, CaseUserError, ConfigError, missing_extra
+from flagperf.measure.hostmemory import keep_freed_host_memory
 from flagperf.training.driver import TrainingContext
 from flagperf.training.launch import USER_ERROR_PREFIX, leave_process_group
 
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flagperf.training.worker")
     parser.add_argument("--job", type=Path, required=True)
     args = parser.parse_args(argv)
+    keep_freed_host_memory()  # as the entry does for every case process (it records the setting)
     job = Job.model_validate_json(args.job.read_text(encoding="utf-8"))
     case = load_case(job.case)
     vendor = load_vendor(job.vendor)

@@ -319,6 +319,23 @@ def test_inductor_matches_eager_and_reports_its_compile_as_non_inference(tmp_pat
     assert compile_s > 0 and foo == 0.0
 
 
+def test_inductor_casts_only_inputs_that_need_it_and_compiles_each_shape_once(tmp_path: Path) -> None:
+    module, config, model, inputs = _case_parts("digits-infer")
+    config = config.model_copy(update={"fp16": True})
+    engine = _engine("inductor", config, None, model.half(), tmp_path)
+    halves = [x.half() if x.is_floating_point() else x for x in inputs]
+    with torch.no_grad():
+        expected = module.model_forward(model, halves)[0]
+        cast, compile_s = engine(inputs)  # FP32 batch from a loader: cast by the engine
+        resident, again = engine(halves)  # already FP16: the same compiled graph, nothing compiled again
+    assert compile_s > 0 and again == 0.0
+    assert cast[0].dtype == resident[0].dtype == torch.float16
+    torch.testing.assert_close(cast[0], expected, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(resident[0], cast[0])
+    assert engine.signatures == {tuple((x.shape, x.dtype, x.device) for x in inputs): False,
+                                 tuple((x.shape, x.dtype, x.device) for x in halves): True}
+
+
 # The other cases, shrunk ---------------------------------------------------------------------------------------
 
 def test_synthetic_inputs_give_throughput_and_no_accuracy(tmp_path: Path) -> None:

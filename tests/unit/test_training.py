@@ -31,6 +31,7 @@ def test_digits_converges(tmp_path: Path, nproc: int) -> None:
     assert result.status == "success" and result.family == "training"
     assert result.convergence is not None and result.convergence.converged
     assert result.convergence.reached >= 0.95 and result.convergence.epochs < 30
+    assert "freed memory kept for reuse" in result.provenance.host["allocator"]
     metrics = {m.name: m for m in result.metrics}
     assert metrics["training_throughput"].unit == "samples/s" and metrics["training_throughput"].value > 0
     assert metrics["final_accuracy"].value == result.convergence.reached
