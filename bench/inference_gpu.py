@@ -198,8 +198,8 @@ def main() -> int:
         # One intra-op thread on both sides: on a shared 2-core VM a second thread is descheduled at random
         # and every forward waits for it, which makes any ratio noise.
         torch.set_num_threads(1)
-    # The engine's case process keeps freed host memory for reuse (flagperf.measure.hostmemory): the bare loops
-    # run under the same setting, made here before either side runs.
+    # A case process keeps freed host memory for reuse (flagperf.measure.hostmemory): this process runs the
+    # engine's round (run_job) and the bare loops, both under that setting, made here before either runs.
     allocator = keep_freed_host_memory()
     started = time.perf_counter()
     rows: dict[str, dict[str, Any]] = {}

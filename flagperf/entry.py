@@ -39,7 +39,7 @@ from flagperf.errors import (
 from flagperf.hosts.local import PARENT_PID_ENV, default_work_root
 from flagperf.inference.config import InferenceConfig
 from flagperf.measure.casekit import CaseConfig, CaseContext, TimedCaseConfig
-from flagperf.measure.hostmemory import keep_freed_host_memory
+from flagperf.measure.hostmemory import host_allocator, keep_freed_host_memory
 from flagperf.measure.timing import TimingPlan
 from flagperf.results.provenance import engine_info, host_info, library_versions
 from flagperf.results.schema import (
@@ -163,7 +163,7 @@ def run_job(job: Job, out_dir: Path) -> int:
     outcome = Outcome()
     device: str | None = None
     status = "failed"
-    allocator = keep_freed_host_memory()  # before anything is measured: every figure runs on reused pages
+    allocator = host_allocator()  # set by main (a case process), not by a test session that calls run_job
     try:
         case = load_case(job.case)
         vendor = load_vendor(job.vendor)
@@ -291,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USER_ERROR
     watch_parent()
     watch_deadline(float(job.config.get("timeout_s", 86400.0)))
+    keep_freed_host_memory()  # before anything is measured: forwards reuse freed pages
     return run_job(job, args.job.parent)
 
 

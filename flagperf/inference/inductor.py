@@ -57,7 +57,9 @@ class Engine(InferenceEngine):
         super().__init__(config, onnx_path, model, env, engine_path=engine_path)
         if model is None:
             raise CaseUserError("the inductor engine compiles the PyTorch model; no_validation: true creates none")
-        self.device = env.device
+        # With its index: an input on another accelerator of the host is not "ready" for this one.
+        self.device = env.device if env.device.type == "cpu" or env.device.index is not None else torch.device(
+            env.device.type, torch.get_device_module(env.device.type).current_device())
         self.half = config.fp16
         channels_last = self.options.inductor_channels_last
         if channels_last is None:
@@ -83,8 +85,7 @@ class Engine(InferenceEngine):
 
     def _ready(self, t: torch.Tensor) -> bool:
         """Whether an input is already where and what the compiled model takes (no copy, no cast)."""
-        on_device = t.device.type == self.device.type and self.device.index in (None, t.device.index)
-        return on_device and not (self.half and t.is_floating_point() and t.dtype != torch.float16)
+        return t.device == self.device and not (self.half and t.is_floating_point() and t.dtype != torch.float16)
 
     def _run(self, x: list[torch.Tensor]) -> list[torch.Tensor]:
         if self.cuda_graphs:

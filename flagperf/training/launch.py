@@ -27,6 +27,7 @@ from flagperf.results.schema import Convergence, Metric, Peak
 EXIT_WORKER_FAILED = 70
 USER_ERROR_PREFIX = "flagperf user error: "  # how a process says its input was wrong (see user_error)
 TEARDOWN_MARKER = "flagperf: every rank has finished; leaving the process group"
+TEARDOWN_GRACE_S = 30.0  # how long the others may take to leave the group once one has crashed in it
 
 
 def rank_log(out_dir: Path, rank: int) -> Path:
@@ -86,7 +87,7 @@ def finished_before_crash(log: Path) -> bool:
         return False
 
 
-def output_tail(log: Path, lines: int = 20) -> str:
+def output_tail(log: Path, lines: int = 40) -> str:
     """The last lines of a process's output, indented, for the node's own log."""
     try:
         text = log.read_text(errors="replace").rstrip().splitlines()[-lines:]
@@ -99,8 +100,9 @@ def launch(job: Job, out_dir: Path, nnodes: int, nproc: int, master_port: int,
            module: str = "flagperf.training.worker") -> NodeExit:
     """Start this node's processes (``python -m <module> --job job.json``) and wait for them.
 
-    A process that fails before the final barrier fails the node: the others are stopped (they would wait
-    for it in a collective) and its last lines are printed. One that crashes after it is a teardown fault."""
+    A process that fails before any process of the node passed the final barrier fails the node: the others
+    are stopped (they would wait for it in a collective) and its last lines are printed. A failure after that
+    is a teardown fault: the figures are complete; the others get TEARDOWN_GRACE_S to end, then are stopped."""
     world = nnodes * nproc
     first_rank = job.node_rank * nproc
     procs: list[subprocess.Popen[bytes]] = []
@@ -115,31 +117,50 @@ def launch(job: Job, out_dir: Path, nnodes: int, nproc: int, master_port: int,
             # Python stack in its log.
             procs.append(subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", module, "--job",
                                            str(out_dir / JOB_FILE)], env=env, stdout=log, stderr=subprocess.STDOUT))
-    running = set(range(nproc))
-    failed: tuple[int, int] | None = None  # (rank, exit code) of the first process that failed the node
-    teardown: list[str] = []
-    while running and failed is None:
-        for local_rank in sorted(running):
-            code = procs[local_rank].poll()
-            if code is None:
-                continue
-            running.discard(local_rank)
-            rank = first_rank + local_rank
-            if code == 0:
-                continue
-            if finished_before_crash(rank_log(out_dir, rank)):
-                teardown.append(f"rank {rank} exited {code} while leaving the process group, after every rank "
-                                f"had finished (see {rank_log(out_dir, rank).name})")
-                print(f"warning: {teardown[-1]}; the end of its output:\n"
-                      f"{output_tail(rank_log(out_dir, rank))}", flush=True)
-                continue
-            failed = (rank, code)
-            break
-        if running and failed is None:
+    logs = [rank_log(out_dir, first_rank + local_rank) for local_rank in range(nproc)]
+    codes: dict[int, int] = {}  # local rank -> exit code, of the processes that have ended
+    complete_since: float | None = None  # a process failed after the node's figures were complete, at this time
+    failing: dict[int, int] = {}
+    while len(codes) < nproc:
+        ended = {i: code for i in range(nproc) if i not in codes and (code := procs[i].poll()) is not None}
+        codes.update(ended)
+        if any(ended.values()):
+            # Once one process has passed the final barrier, every process has written its figures: a failure
+            # from then on (its own crash, or a peer's closed socket) is the library's teardown.
+            if any(finished_before_crash(log) for log in logs):
+                complete_since = complete_since or time.monotonic()
+            else:
+                failing = {i: code for i, code in ended.items() if code}
+                break
+        if complete_since is not None and time.monotonic() - complete_since > TEARDOWN_GRACE_S:
+            break  # NCCL's destroy can hang when a peer died in it: the others are stopped below
+        if len(codes) < nproc:
             time.sleep(0.2)
-    if failed is None:
-        return NodeExit(EXIT_OK, tuple(teardown))
-    for p in procs:  # one rank died: the others would wait for it forever in a collective
+    still_running = [i for i in range(nproc) if i not in codes]
+    _stop([procs[i] for i in still_running])  # one rank died: the others would wait for it in a collective
+    if failing:
+        # The one killed by a signal is the cause (a peer it left exits 1, "connection closed", a moment later),
+        # then one that says its input was wrong.
+        blamed = min(failing, key=lambda i: (failing[i] >= 0, failing[i] != EXIT_USER_ERROR, i))
+        rank, code = first_rank + blamed, failing[blamed]
+        others = "".join(f"; rank {first_rank + i} exited {c}" for i, c in sorted(failing.items()) if i != blamed)
+        failure = f"rank {rank} exited {code} before the final barrier (see {logs[blamed].name}){others}"
+        print(f"a process of this node failed: rank {rank} exited {code}; the end of {logs[blamed].name}:\n"
+              f"{output_tail(logs[blamed])}", flush=True)
+        return NodeExit(EXIT_USER_ERROR if code == EXIT_USER_ERROR else EXIT_WORKER_FAILED, failure=failure)
+    how = {i: f"exited {code} while" for i, code in codes.items() if code}
+    how |= {i: f"was stopped after {TEARDOWN_GRACE_S:.0f} s still" for i in still_running}
+    teardown = []
+    for i in sorted(how):
+        fault = (f"rank {first_rank + i} {how[i]} leaving the process group, after every rank had finished "
+                 f"(see {logs[i].name})")
+        print(f"warning: {fault}; the end of its output:\n{output_tail(logs[i])}", flush=True)
+        teardown.append(fault)
+    return NodeExit(EXIT_OK, tuple(teardown))
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
     for p in procs:
@@ -147,11 +168,7 @@ def launch(job: Job, out_dir: Path, nnodes: int, nproc: int, master_port: int,
             p.wait(timeout=10)
         except subprocess.TimeoutExpired:
             p.kill()
-    rank, code = failed
-    failure = f"rank {rank} exited {code} before the final barrier (see {rank_log(out_dir, rank).name})"
-    print(f"a process of this node failed: rank {rank} exited {code}; the end of "
-          f"{rank_log(out_dir, rank).name}:\n{output_tail(rank_log(out_dir, rank))}", flush=True)
-    return NodeExit(EXIT_USER_ERROR if code == EXIT_USER_ERROR else EXIT_WORKER_FAILED, failure=failure)
+            p.wait()
 
 
 def with_teardown_note(metric: Metric, faults: tuple[str, ...]) -> Metric:

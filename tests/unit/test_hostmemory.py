@@ -11,9 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from flagperf.measure.hostmemory import keep_freed_host_memory
+from flagperf.config.job import Job
+from flagperf.config.plan import plan_run
+from flagperf.measure.hostmemory import environment_allocator, host_allocator
+from flagperf.results.schema import read_result
 
 ROOT = Path(__file__).resolve().parents[2]
+GLIBC = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator thresholds")
 
 # The tiny ResNet of bench's CPU smoke run (the case's own model), forwards on one thread, page faults counted.
 FORWARDS = """
@@ -43,30 +47,60 @@ print(json.dumps({"said": said, "faults_per_forward": (after - before) / 10}))
 """
 
 
+def glibc_defaults_env() -> dict[str, str]:
+    """This environment without anything that chooses the allocator."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith("MALLOC_") and k not in ("LD_PRELOAD", "GLIBC_TUNABLES")}
+
+
 def forwards(tmp_path: Path, mode: str) -> dict[str, object]:
     script = tmp_path / "forwards.py"
     script.write_text(FORWARDS)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    out = subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, cwd=ROOT, env=env,
-                         timeout=300, check=True)
+    out = subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, cwd=ROOT,
+                         env=glibc_defaults_env(), timeout=300, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator thresholds")
+@GLIBC
 def test_forwards_reuse_freed_host_memory(tmp_path: Path) -> None:
-    # glibc's own thresholds: the forward's activations are given back and faulted in again each time (6,240
-    # page faults per forward on the machine this was found on), which is what made the engine's figure lower
-    # than a bare loop's in another process state.
-    unset = forwards(tmp_path, "none")
-    assert unset["faults_per_forward"] > 1000, f"glibc no longer trims here: {unset}"
     kept = forwards(tmp_path, "keep")
     assert str(kept["said"]).startswith("glibc") and "M_TRIM_THRESHOLD 1 GiB" in str(kept["said"])
     assert kept["faults_per_forward"] < 50, kept
+    # glibc's own thresholds, for comparison: the activations are given back and faulted in again at every
+    # forward (6,240 page faults per forward where this was found). Only a glibc that no longer does so here
+    # makes the comparison empty; the assertion above stands either way.
+    unset = forwards(tmp_path, "none")
+    if unset["faults_per_forward"] <= 1000:
+        pytest.skip(f"glibc's own thresholds no longer fault at every forward here: {unset}")
 
 
-@pytest.mark.parametrize(("name", "value"), [("MALLOC_TRIM_THRESHOLD_", "0"),
-                                             ("LD_PRELOAD", "/usr/lib/libjemalloc.so.2")])
-def test_an_allocator_the_environment_chose_is_left_alone(monkeypatch: pytest.MonkeyPatch, name: str,
-                                                          value: str) -> None:
+@GLIBC
+def test_a_case_process_sets_it_and_records_it(tmp_path: Path) -> None:
+    plan = plan_run(cases=["digits-mlp"], sets=["max_epochs=1"], results_dir=tmp_path / "results")
+    cp = plan.cases[0]
+    job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, host="localhost", vendor="cpu",
+              config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={})
+    (tmp_path / "job.json").write_text(job.model_dump_json())
+    done = subprocess.run([sys.executable, "-m", "flagperf.entry", "--job", str(tmp_path / "job.json")],
+                          capture_output=True, text=True, cwd=ROOT, env=glibc_defaults_env(), timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    allocator = read_result(tmp_path / "result.json").provenance.host["allocator"]
+    assert allocator.startswith("glibc") and "freed memory kept for reuse" in allocator
+    assert f"host allocator: {allocator}" in done.stdout
+    # This test process only called run_job's neighbours: it keeps glibc's own thresholds.
+    assert host_allocator().endswith("its own moving thresholds") or environment_allocator()
+
+
+@pytest.mark.parametrize(("name", "value", "chosen"), [
+    ("MALLOC_TRIM_THRESHOLD_", "0", True),
+    ("LD_PRELOAD", "/usr/lib/libjemalloc.so.2", True),
+    ("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=0", True),
+    ("GLIBC_TUNABLES", "glibc.rtld.optional_static_tls=2000000", False),  # not the allocator's
+])
+def test_an_allocator_the_environment_chose_is_left_alone(monkeypatch: pytest.MonkeyPatch, name: str, value: str,
+                                                          chosen: bool) -> None:
+    for other in ("MALLOC_TRIM_THRESHOLD_", "LD_PRELOAD", "GLIBC_TUNABLES"):
+        monkeypatch.delenv(other, raising=False)
     monkeypatch.setenv(name, value)
-    assert keep_freed_host_memory() == f"as the environment sets it ({name}={value})"
+    assert environment_allocator() == (f"{name}={value}" if chosen else None)
+    assert (host_allocator() == f"as the environment sets it ({name}={value})") is chosen
