@@ -13,7 +13,7 @@ from flagperf.config.models import merge_vendor_overrides
 from flagperf.config.plan import plan_run
 from flagperf.errors import CaseUserError, ConfigError
 from flagperf.measure.perflog import format_line, parse_file, parse_text
-from flagperf.results.schema import read_result
+from flagperf.results.schema import RoundResult, read_result
 from flagperf.training import launch
 from flagperf.training.driver import FINISHED_KEYS
 from flagperf.training.launch import TEARDOWN_MARKER, where_it_stopped
@@ -78,20 +78,22 @@ def run(config, ctx):
 '''
 
 
-def crashing_digits_case(case_root: Path) -> None:
+def crashing_round(tmp_path: Path, case_root: Path, monkeypatch: pytest.MonkeyPatch, crash_at: str,
+                   master_port: int) -> tuple[int, Path, RoundResult]:
+    """One round of digits-mlp at 1x2 with rank 1 crashing at ``crash_at``: exit code, folder, result."""
     folder = case_root / "training" / "digits-crash"
     folder.mkdir(parents=True)
     definition = (Path(__file__).parents[2] / "cases/training/digits-mlp/case.yaml").read_text()
     (folder / "case.yaml").write_text(definition.replace("name: digits-mlp", "name: digits-crash"))
     (folder / "train.py").write_text(CRASHING_DIGITS)
+    monkeypatch.setenv("CRASH_AT", crash_at)
+    code, out = run_local_round(tmp_path, "digits-crash", "nproc_per_node=2", f"master_port={master_port}")
+    return code, out, read_result(out / "result.json")
 
 
 def test_a_crash_after_the_final_barrier_keeps_the_figures_and_says_so(
         tmp_path: Path, case_root: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
-    crashing_digits_case(case_root)
-    monkeypatch.setenv("CRASH_AT", "exit")
-    code, out = run_local_round(tmp_path, "digits-crash", "nproc_per_node=2", "master_port=29705")
-    result = read_result(out / "result.json")
+    code, _, result = crashing_round(tmp_path, case_root, monkeypatch, "exit", 29705)
     assert code == 0 and result.status == "success", result.failure
     assert result.convergence is not None and result.convergence.converged
     throughput = next(m for m in result.metrics if m.name == "training_throughput")
@@ -102,12 +104,9 @@ def test_a_crash_after_the_final_barrier_keeps_the_figures_and_says_so(
 
 def test_a_peer_that_does_not_end_after_a_teardown_crash_is_stopped(
         tmp_path: Path, case_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    crashing_digits_case(case_root)
-    monkeypatch.setenv("CRASH_AT", "exit-hang")
     monkeypatch.setattr(launch, "TEARDOWN_GRACE_S", 3.0)
     started = time.monotonic()
-    code, out = run_local_round(tmp_path, "digits-crash", "nproc_per_node=2", "master_port=29707")
-    result = read_result(out / "result.json")
+    code, _, result = crashing_round(tmp_path, case_root, monkeypatch, "exit-hang", 29707)
     assert code == 0 and result.status == "success", result.failure
     assert time.monotonic() - started < 120  # not the 600 s rank 0 would have slept
     note = next(m for m in result.metrics if m.name == "training_throughput").note
@@ -117,10 +116,7 @@ def test_a_peer_that_does_not_end_after_a_teardown_crash_is_stopped(
 
 def test_a_crash_before_the_final_barrier_fails_the_round_and_shows_the_rank_output(
         tmp_path: Path, case_root: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
-    crashing_digits_case(case_root)
-    monkeypatch.setenv("CRASH_AT", "end")
-    code, out = run_local_round(tmp_path, "digits-crash", "nproc_per_node=2", "master_port=29706")
-    result = read_result(out / "result.json")
+    code, out, result = crashing_round(tmp_path, case_root, monkeypatch, "end", 29706)
     assert code != 0 and result.status != "success"
     assert result.failure is not None and result.failure.kind == "infrastructure"
     assert result.failure.message.startswith("rank 1 exited -6 before the final barrier (see rank1.out.log)")
