@@ -40,6 +40,7 @@ from flagperf.config.cases import load_case  # noqa: E402
 from flagperf.config.job import Job  # noqa: E402
 from flagperf.config.plan import plan_run  # noqa: E402
 from flagperf.entry import run_job  # noqa: E402
+from flagperf.inference.data import in_main_process  # noqa: E402
 from flagperf.inference.inductor import ChannelsLast, has_conv2d  # noqa: E402
 from flagperf.measure.hostmemory import keep_freed_host_memory  # noqa: E402
 from flagperf.results.provenance import code_identity  # noqa: E402
@@ -143,7 +144,8 @@ def bare_rates(case: str, vendor: str, sets: list[str], device: torch.device) ->
     module = load_case(case).module
     config = module.Config.model_validate(plan_run(cases=[case], vendor=vendor, sets=sets,
                                                    results_dir="unused").cases[0].config)
-    inputs, _ = next(iter(module.build_dataloader(config)))
+    # One batch, made in this process: a worker loader's workers would go on making batches beside the loops.
+    inputs, _ = next(iter(in_main_process(module.build_dataloader(config))))
     batch = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
     dtype = torch.float16 if config.fp16 else torch.float32
     x = [t.to(device, dtype if t.is_floating_point() else t.dtype) for t in batch]

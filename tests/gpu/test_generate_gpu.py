@@ -19,6 +19,7 @@ from flagperf.generate.engines import EngineEnv
 from flagperf.generate.hf import Engine, generation_config, left_pad
 from flagperf.generate.metrics import level_stats
 from flagperf.generate.prompts import synthetic_prompts
+from flagperf.inference.data import in_main_process
 from flagperf.results.schema import read_result
 
 pytestmark = [pytest.mark.gpu,
@@ -78,7 +79,7 @@ def test_llama_decode_infer_decodes_with_the_kv_cache_through_inductor_on_cuda(t
     cfg = module.Config.model_validate(plan_run(cases=["llama-decode-infer"], vendor="nvidia", sets=sets,
                                                 results_dir="u").cases[0].config)
     model = module.create_model(cfg).eval().to(CUDA)
-    inputs = [next(iter(module.build_dataloader(cfg)))[0]]
+    inputs = [next(iter(in_main_process(module.build_dataloader(cfg))))[0]]
     env = InferenceEnv(device=CUDA, work_dir=tmp_path, case="llama-decode-infer", log=logging.getLogger("t"))
     engine = load_engine("nvidia", "inductor").engine_class()(cfg, None, model, env)
     assert engine.module is not None

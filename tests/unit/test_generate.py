@@ -25,6 +25,7 @@ from flagperf.generate.engines import EngineEnv, RequestTrace, load_engine
 from flagperf.generate.hf import Engine, generation_config, left_pad
 from flagperf.generate.metrics import level_metrics, level_stats
 from flagperf.generate.prompts import ByteTokenizer, read_prompt_file, rouge_scores, synthetic_prompts
+from flagperf.inference.data import in_main_process
 from flagperf.results.report import build_report
 from flagperf.results.schema import read_result
 
@@ -283,7 +284,7 @@ def test_llama_decode_infer_decodes_with_the_kv_cache_through_an_engine_module(t
     cfg = module.Config.model_validate(plan_run(cases=["llama-decode-infer"], sets=TINY_LLAMA,
                                                 results_dir="u").cases[0].config)
     model = module.create_model(cfg).eval()
-    inputs = [next(iter(module.build_dataloader(cfg)))[0]]
+    inputs = [next(iter(in_main_process(module.build_dataloader(cfg))))[0]]
     engine = ModuleEngine(cfg, None, model, InferenceEnv(CPU, tmp_path, "llama-decode-infer", logging.getLogger()))
     with torch.no_grad():
         eager = list(module.model_forward(model, inputs))

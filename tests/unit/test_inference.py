@@ -28,6 +28,7 @@ from flagperf.config.vendors import load_vendor
 from flagperf.entry import run_job
 from flagperf.errors import CaseUserError, ConfigError
 from flagperf.inference.config import InferenceConfig, parse_flops, skipped_steps
+from flagperf.inference.data import in_main_process
 from flagperf.inference.engines import EngineEnv, InferenceEngine, load_engine
 from flagperf.measure.casekit import CaseContext
 from flagperf.measure.timing import TimingPlan
@@ -261,7 +262,9 @@ def _case_parts(case: str, *sets: str) -> tuple[ModuleType, InferenceConfig, tor
     module = load_case(case).module
     config = module.Config.model_validate(plan_run(cases=[case], sets=list(sets), results_dir="u").cases[0].config)
     model = module.create_model(config).eval()
-    inputs, _ = next(iter(module.build_dataloader(config)))
+    # One batch in this process: a worker loader's iterator, left to the garbage collector, had its workers
+    # terminated later, in another test ("DataLoader worker exited unexpectedly").
+    inputs, _ = next(iter(in_main_process(module.build_dataloader(config))))
     return module, config, model, [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
 
 
@@ -899,7 +902,7 @@ def test_a_synthetic_data_sets_batches_are_made_once_and_come_in_the_loaders_ord
     loader gives, with no item made again and no worker."""
     from torch.utils.data import DataLoader
 
-    from flagperf.inference.data import SyntheticBatches, SyntheticDataset, in_main_process, loader, with_data_path
+    from flagperf.inference.data import SyntheticBatches, SyntheticDataset, loader, with_data_path
 
     dataset = SyntheticDataset(96, lambda g: torch.randn(3, generator=g), "3 random floats")
     dataset.pool = dataset.pool[:8]  # 8 distinct items: batch k and k + 8 / gcd(batch_size, 8) are equal
@@ -1022,7 +1025,7 @@ def test_main_process_batches_match_the_loaders_own_for_every_kind_of_loader() -
     one whose items are already batches (batch_size=None); a loader of the case's own kind is left as is."""
     from torch.utils.data import DataLoader, IterableDataset
 
-    from flagperf.inference.data import in_main_process, with_data_path
+    from flagperf.inference.data import with_data_path
 
     class Stream(IterableDataset):
         def __iter__(self) -> Iterator[tuple[torch.Tensor, int]]:
