@@ -139,6 +139,11 @@ def timed_forwards(case: str, device: torch.device) -> tuple[int, int]:
     return (WARMUP, TIMED) if device.type != "cpu" else (QUICK_WARMUP, QUICK_TIMED[case])
 
 
+def engine_compute_iterations(case: str, device: torch.device) -> int:
+    """The engine's compute pass: COMPUTE_ITERATIONS on a GPU, the bare loops' count in the smoke run."""
+    return COMPUTE_ITERATIONS if device.type != "cpu" else QUICK_TIMED[case]
+
+
 def bare_rates(case: str, vendor: str, sets: list[str], device: torch.device) -> dict[str, float]:
     """items/s of the case's model, eager and compiled, on inputs made once on the device."""
     module = load_case(case).module
@@ -207,7 +212,7 @@ def main() -> int:
     rows: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp, UtilSampler(device) as util:
         for case in args.cases:
-            iterations = timed_forwards(case, device)[1] if args.quick else COMPUTE_ITERATIONS
+            iterations = engine_compute_iterations(case, device)
             sets = [*shapes[case], "compiler=inductor", f"compute_iterations={iterations}"]
             case_started = time.perf_counter()
             m = engine_round(case, vendor, sets, Path(tmp) / case)
@@ -251,8 +256,7 @@ def main() -> int:
               "total_s": total,
               "warmup": QUICK_WARMUP if args.quick else WARMUP,
               "timed": {case: timed_forwards(case, device)[1] for case in rows},
-              "engine_compute_iterations": {case: timed_forwards(case, device)[1] if args.quick
-                                            else COMPUTE_ITERATIONS for case in rows},
+              "engine_compute_iterations": {case: engine_compute_iterations(case, device) for case in rows},
               "gpu_util": util.reason or "torch.cuda.utilization (NVML), 20 Hz", "cases": rows,
               "targets": TARGETS, "util_target_percent": UTIL_TARGET, "missed": missed}
     args.out.mkdir(parents=True, exist_ok=True)

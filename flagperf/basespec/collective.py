@@ -64,7 +64,7 @@ def run(config: Config, ctx: CaseContext) -> list[Metric]:
     if problem:
         raise CaseUserError(problem.removeprefix(USER_ERROR_PREFIX))
     if node.code != 0:
-        raise RuntimeError(f"a rank failed (exit {node.code}); see rank<R>.out.log")
+        raise RuntimeError(node.failure or f"a rank failed (exit {node.code}); see rank<R>.out.log")
     data = json.loads((ctx.out_dir / METRICS_FILE).read_text(encoding="utf-8"))
     ctx.windows.append(tuple(data["window"]))  # type: ignore[arg-type]
     ctx.measured_seconds += data["seconds"]
