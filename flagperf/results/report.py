@@ -6,15 +6,12 @@ from __future__ import annotations
 import html
 import re
 from pathlib import Path
+from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only, no display
 import markdown
-import matplotlib.pyplot as plt
-from matplotlib.figure import Figure
 
 from flagperf.results.analysis import read_monitors
+from flagperf.results.plotting import NOT_DRAWN, pyplot
 from flagperf.results.schema import atomic_path, read_result, write_text_atomic
 from flagperf.results.serving import plot_serving_curve
 from flagperf.results.summary import REPORT_MD, ROUND_FOLDER, RunSummary, summarize, write_summary
@@ -28,7 +25,7 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
-def _save(fig: Figure, out: Path) -> None:
+def _save(plt: Any, fig: Any, out: Path) -> None:
     try:
         with atomic_path(out) as tmp:  # a full disk leaves no half-written PNG
             fig.savefig(tmp, dpi=110, format="png")
@@ -36,7 +33,7 @@ def _save(fig: Figure, out: Path) -> None:
         plt.close(fig)
 
 
-def plot_measured_vs_peak(summary: RunSummary, out: Path) -> Path | None:
+def plot_measured_vs_peak(plt: Any, summary: RunSummary, out: Path) -> Path | None:
     entries = [e for e in summary.headline if e["ratio"] is not None]
     if not entries:
         return None
@@ -53,11 +50,11 @@ def plot_measured_vs_peak(summary: RunSummary, out: Path) -> Path | None:
     ax.set_title(f"{summary.run_id}: measured vs peak (red: above the spec table's peak)", fontsize=9)
     ax.invert_yaxis()
     fig.tight_layout()
-    _save(fig, out)
+    _save(plt, fig, out)
     return out
 
 
-def plot_per_round(summary: RunSummary, out: Path) -> Path | None:
+def plot_per_round(plt: Any, summary: RunSummary, out: Path) -> Path | None:
     rows = summary.rows[summary.rows["metric"].notna()]
     groups = list(rows.groupby(["case", "metric"], sort=False))
     if not groups:
@@ -80,11 +77,11 @@ def plot_per_round(summary: RunSummary, out: Path) -> Path | None:
         ax.axis("off")
     fig.suptitle(f"{summary.run_id}: throughput per round", fontsize=9)
     fig.tight_layout()
-    _save(fig, out)
+    _save(plt, fig, out)
     return out
 
 
-def plot_timeline(round_folder: Path, title: str, out: Path) -> Path | None:
+def plot_timeline(plt: Any, round_folder: Path, title: str, out: Path) -> Path | None:
     """Utilisation and power over a round, with the timed regions shaded."""
     monitors = [m for m in read_monitors(round_folder) if not m.samples.empty]
     if not monitors:
@@ -122,20 +119,24 @@ def plot_timeline(round_folder: Path, title: str, out: Path) -> Path | None:
     ax.legend(unique.values(), unique.keys(), fontsize=7, loc="lower right")
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    _save(fig, out)
+    _save(plt, fig, out)
     return out
 
 
-def make_plots(run_dir: Path, summary: RunSummary) -> list[tuple[str, Path]]:
+def make_plots(run_dir: Path, summary: RunSummary) -> list[tuple[str, Path]] | None:
+    """The report's plots; None where matplotlib is not installed."""
+    plt = pyplot()
+    if plt is None:
+        return None
     plots_dir = run_dir / PLOTS
     plots_dir.mkdir(exist_ok=True)
     made: list[tuple[str, Path]] = []
     for title, fn, name in (("Measured vs peak", plot_measured_vs_peak, "measured_vs_peak.png"),
                             ("Throughput per round", plot_per_round, "throughput_per_round.png")):
-        path = fn(summary, plots_dir / name)
+        path = fn(plt, summary, plots_dir / name)
         if path:
             made.append((title, path))
-    serving = plot_serving_curve(run_dir, plots_dir / "serving_tradeoff.png", summary.rows)
+    serving = plot_serving_curve(plt, run_dir, plots_dir / "serving_tradeoff.png", summary.rows)
     if serving:
         made.append(("LLM serving: tokens/s per user vs per device", serving))
     folders = sorted(p.parent for p in run_dir.glob("*/round*/*_noderank*/result.json")
@@ -143,7 +144,7 @@ def make_plots(run_dir: Path, summary: RunSummary) -> list[tuple[str, Path]]:
     for folder in folders[:MAX_TIMELINES]:
         case, round_name, host = folder.parts[-3], folder.parts[-2], folder.parts[-1]
         title = f"{case} {round_name} {host}: utilisation and power"
-        path = plot_timeline(folder, title, plots_dir / f"timeline_{_safe(case)}_{round_name}_{_safe(host)}.png")
+        path = plot_timeline(plt, folder, title, plots_dir / f"timeline_{_safe(case)}_{round_name}_{_safe(host)}.png")
         if path:
             made.append((title, path))
     return made
@@ -167,7 +168,8 @@ def build_report(run_dir: Path) -> tuple[RunSummary, dict[str, Path]]:
     """Summarise a run folder and write every report file; safe to run again on the same folder."""
     summary = summarize(run_dir)
     plots = make_plots(run_dir, summary)
-    paths = write_summary(run_dir, summary, [(title, path.relative_to(run_dir)) for title, path in plots])
+    paths = write_summary(run_dir, summary, NOT_DRAWN if plots is None
+                          else [(title, path.relative_to(run_dir)) for title, path in plots])
     # The report is text: a '<' in a failure message is shown, never interpreted as HTML.
     text = html.escape((run_dir / REPORT_MD).read_text(encoding="utf-8"), quote=False)
     body = markdown.markdown(text, extensions=["tables"])

@@ -11,10 +11,6 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import pandas as pd
 
 from flagperf.results.schema import RESULT_FILE, atomic_path, read_result
@@ -90,7 +86,7 @@ def serving_markdown(run_dir: Path, rows: pd.DataFrame | None) -> list[str]:
     return [*lines, ""]
 
 
-def plot_serving_curve(run_dir: Path, out: Path, rows: pd.DataFrame | None = None) -> Path | None:
+def plot_serving_curve(plt: Any, run_dir: Path, out: Path, rows: pd.DataFrame | None = None) -> Path | None:
     """Tokens/s per user (interactivity) against tokens/s per device (throughput), a line per case."""
     levels = [e for e in serving_levels(run_dir, rows) if e.get("output_tokens_per_s.value") is not None
               and e.get("tokens_per_s_per_user.value") is not None]

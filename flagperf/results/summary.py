@@ -361,10 +361,11 @@ HEADLINE_HEADER = ["case", "metric", "measured", "unit", "p50", "spread (CV)", "
                    "rounds"]
 
 
-def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = None, *,
+def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | str | None = None, *,
                     monitor_table: bool = True) -> str:
     """The report as Markdown. monitor_table=False leaves out the eleven-column power/energy/memory table (for
-    narrow viewers such as the Prefect UI's artifact page; the HTML report and summary.csv keep it)."""
+    narrow viewers such as the Prefect UI's artifact page; the HTML report and summary.csv keep it). ``plots``
+    is the drawn plots, or a line saying why none was drawn."""
     ctx = summary.context
     c = summary.counts
     lines = [f"# FlagPerf evaluation {summary.run_id}", ""]
@@ -433,7 +434,9 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | None = 
             lines.append(f"- {e['case']} / {e['metric']}: {e['convention'] or 'no counting convention'}; "
                          f"peak: {peak}{mfu}")
         lines.append("")
-    if plots:
+    if isinstance(plots, str):
+        lines += ["## Plots", "", plots, ""]
+    elif plots:
         lines += ["## Plots", ""]
         for title, path in plots:
             lines += [f"### {title}", "", f"![{title}]({path.as_posix()})", ""]
@@ -512,7 +515,7 @@ def render_monitor_section(summary: RunSummary) -> list[str]:
     return lines if summary.headline else []
 
 
-def write_summary(run_dir: Path, summary: RunSummary, plots: list[tuple[str, Path]] | None = None
+def write_summary(run_dir: Path, summary: RunSummary, plots: list[tuple[str, Path]] | str | None = None
                   ) -> dict[str, Path]:
     paths = {"csv": run_dir / SUMMARY_CSV, "json": run_dir / SUMMARY_JSON, "markdown": run_dir / REPORT_MD}
     write_text_atomic(paths["csv"], summary.rows.to_csv(index=False))

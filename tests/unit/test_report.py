@@ -93,3 +93,23 @@ def test_report_html_shows_messages_as_text(tmp_path: Path) -> None:
     page = paths["html"].read_text()
     assert "<img src=x" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page and "&lt;class 'X'&gt;" in page
     assert summary.counts["rounds"] == 2
+
+
+def test_a_host_without_matplotlib_gets_its_report_without_plots(tmp_path: Path) -> None:
+    """A lean GPU image may lack matplotlib: the figures and the report are still written, and the report says
+    why it has no plots. Run in a fresh interpreter in which `import matplotlib` fails."""
+    import subprocess
+    import sys
+
+    run = make_run(tmp_path, "run-lean", [0.50, 0.52])
+    script = ("import sys; sys.modules['matplotlib'] = None\n"  # a None entry makes the import raise ImportError
+              "from flagperf.results.report import build_report\n"
+              f"build_report(__import__('pathlib').Path({str(run)!r}))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    md = (run / "report.md").read_text()
+    assert "| computation-FP32 | gemm_fp32 |" in md
+    assert "plots not drawn: matplotlib is not installed" in md
+    assert not (run / "plots").exists()
+    assert (run / "report.html").is_file()
