@@ -1,20 +1,29 @@
-"""Every base spec through the engine against a bare loop of the same operation, in one command.
+"""Base specs through the engine against bare loops of the same operation, interleaved, in one command.
 
-    python bench/base_specs_gpu.py                 # a GPU host: vendor nvidia, the base suite (about 4 minutes)
+    python bench/base_specs_gpu.py                 # a GPU host: vendor nvidia (about 6 minutes)
     python bench/base_specs_gpu.py --quick         # a CPU smoke run of the same code (vendor cpu, tiny sizes)
 
-1. The engine: the base suite (GEMMs incl. INT8, FP8 and BF16 max-achievable, memory copy and capacity, H2D,
-   D2H, the cuBLASLt vendor toolkit), one round each with a short measuring window, through the Prefect flow
-   (a temporary server unless PREFECT_API_URL is set); `--engine entry` runs each round as the engine's
-   in-host entry process with the vendor's monitors instead (no Prefect), for a host where the server
-   will not start.
-2. Bare loops of the same operations at the same sizes in this process (plain torch, none of the engine's
-   code), with the vendor's NVML monitor sampling them too; the toolkit's bare figure is its program run
-   directly.
-3. One table: engine figure, bare figure, ratio, peak, and how the chip ran (SM clock mean/min/max, power
-   mean/limit, limiter in words) beside each, written to bench/results/base_specs_gpu.{json,md}
-   (`--quick`: base_specs_cpu_quick.*). On a GPU the issue's targets are checked and printed; the exit
-   status is 1 if one is missed or the engine failed, 0 otherwise.
+For each case, --pairs times (default 3): an engine round, then a bare loop of the same work (A B A B ...;
+pair 1 of every case first, so that a run cut short by --budget-s still has every case).
+Both sides are a fresh process started the same way after the same idle (--idle-s), so neither side gets a
+cooler chip or a warmer cache than the other:
+  engine  `python -m flagperf.entry` for one round of the case, with the vendor's monitors around it (what a
+          host runs for every round of `flagperf run`; the Prefect flow around it times nothing);
+  bare    this file's own loop of the same operation at the same size and operand layout, the same warm-up
+          and the same number of timed iterations as that engine round, timed the same way (host clock
+          between device synchronisations), with none of the engine's code; the toolkit's bare figure is
+          its program run directly with the same arguments.
+The headline of a figure is the median of its pair ratios (each pair adjacent in time, so drift in clock and
+power cancels); each side's median rate and spread are beside it. A ratio above 1.03 is flagged as
+suspicious: the bare loop does less than the engine claims to, or the comparison is unfair.
+
+A max-achievable reference (MAMF-style, after ml-engineering's mamf-finder): BF16 and FP8 GEMM shapes
+scanned, each shape timed matmul by matmul with device events and the L2 cache flushed between them; the
+best and the median over shapes. The engine's BF16 max-achievable figure is reported as a ratio of it.
+
+Everything goes to --out as it is made (base_specs_gpu.{json,md}; --quick: base_specs_cpu_quick.*): a run
+stopped at its time limit keeps every finished pair. Exit 1 when the engine failed or a target is missed
+on a GPU, 0 otherwise.
 """
 
 from __future__ import annotations
@@ -25,39 +34,36 @@ import os
 import platform
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-
-import torch  # noqa: E402
 
 from flagperf.config.job import Job  # noqa: E402
 from flagperf.config.plan import plan_run  # noqa: E402
 from flagperf.config.vendors import load_vendor  # noqa: E402
 from flagperf.results.analysis import read_monitor  # noqa: E402
-from flagperf.results.chipstate import ChipState, chip_state  # noqa: E402
+from flagperf.results.chipstate import chip_state  # noqa: E402
+from flagperf.results.provenance import code_identity  # noqa: E402
 from flagperf.results.schema import RoundResult, read_result, round_dir  # noqa: E402
-from flagperf.results.summary import summarize, write_summary  # noqa: E402
 
-CASES = ["computation-FP64", "computation-FP32", "computation-TF32", "computation-FP16", "computation-BF16",
-         "computation-INT8", "computation-FP8", "main_memory-bandwidth", "main_memory-capacity", "interconnect-h2d",
-         "interconnect-d2h", "toolkit-gemm"]
-TARGETS = {  # issue 12, on an H100
-    ("computation-INT8", "gemm_int8"): 850.0,
-    ("computation-FP8", "gemm_fp8"): 1200.0,
-    ("computation-BF16", "gemm_bf16_max"): 750.0,
-}
+ALL_CASES = ["computation-FP64", "computation-FP32", "computation-TF32", "computation-FP16", "computation-BF16",
+             "computation-INT8", "computation-FP8", "main_memory-bandwidth", "main_memory-capacity",
+             "interconnect-h2d", "interconnect-d2h", "toolkit-gemm"]
+# The figures still pending on a GPU (issue 25); the four plain GEMMs are in `flagperf run --suite base`.
+PENDING = ["computation-BF16", "computation-INT8", "computation-FP8", "toolkit-gemm", "main_memory-bandwidth",
+           "main_memory-capacity", "interconnect-h2d", "interconnect-d2h"]
 MIN_RATIO = 0.97
+SUSPICIOUS = 1.03
+MAMF_MIN_SHARE = 0.95  # the engine's BF16 max-achievable against the MAMF-style best
+# Engine targets by device (TFLOPS / TOPS), issue 25.
+TARGETS = {"H100": {"gemm_int8": 850.0, "gemm_fp8": 1300.0}, "H200": {"gemm_int8": 850.0, "gemm_fp8": 1400.0}}
 
 
 def engine_sets(quick: bool, seconds: float, sweep_s: float) -> list[str]:
@@ -72,103 +78,136 @@ def engine_sets(quick: bool, seconds: float, sweep_s: float) -> list[str]:
     return sets
 
 
-# --- 1. the engine ---------------------------------------------------------------------------------------
+# --- the two sides, each a fresh process -------------------------------------------------------------------
 
 
-def engine_prefect(results: Path, run_id: str, vendor: str, sets: list[str], interval: float) -> Path:
-    from flows.evaluate import evaluate
-
-    evaluate(cases=CASES, vendor=vendor, rounds=1, overrides=sets, results_dir=str(results), run_id=run_id,
-             monitor_interval_s=interval, command="bench/base_specs_gpu.py", return_state=True)
-    return results / run_id
-
-
-def engine_entry(results: Path, run_id: str, vendor: str, sets: list[str], interval: float) -> Path:
-    """Each round as the engine runs it on a host: the vendor's monitors around `python -m flagperf.entry`."""
-    plan = plan_run(cases=CASES, vendor=vendor, rounds=1, sets=sets, results_dir=results, run_id=run_id)
+def start_monitors(vendor: str, folder: Path, interval: float) -> list[subprocess.Popen[bytes]]:
     loaded = load_vendor(vendor)
-    for case in plan.cases:
-        folder = round_dir(plan.run_dir, case.name, 1, "localhost")
-        folder.mkdir(parents=True, exist_ok=True)
-        job = Job(run_id=run_id, case=case.name, family=case.family, round=1, host="localhost", vendor=vendor,
-                  config=case.config, config_origins=case.origins, run_overrides=case.run_overrides,
-                  command="bench/base_specs_gpu.py --engine entry", image={"status": "none"})
-        (folder / "job.json").write_text(job.model_dump_json(), encoding="utf-8")
-        monitors = [subprocess.Popen([*loaded.monitor_command(m, sys.executable), "--out",
-                                      str(folder / f"monitor_{m.name}.jsonl"), "--interval", str(interval),
-                                      "--parent-pid", str(os.getpid())],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                    for m in loaded.manifest.monitors]
+    folder.mkdir(parents=True, exist_ok=True)
+    return [subprocess.Popen([*loaded.monitor_command(m, sys.executable), "--out",
+                              str(folder / f"monitor_{m.name}.jsonl"), "--interval", str(interval),
+                              "--parent-pid", str(os.getpid())], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for m in loaded.manifest.monitors]
+
+
+def stop_monitors(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
         try:
-            time.sleep(2 * interval)
-            with (folder / "case.log").open("w") as log:
-                subprocess.run([sys.executable, "-m", "flagperf.entry", "--job", str(folder / "job.json")],
-                               stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, check=False,
-                               timeout=float(case.config.get("timeout_s", 900)))
-        finally:
-            for proc in monitors:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(timeout=10)
-    write_summary(plan.run_dir, summarize(plan.run_dir))
-    return plan.run_dir
-
-
-# --- 2. bare loops -----------------------------------------------------------------------------------------
-
-
-class Sampler:
-    """The vendor's monitors, sampling the bare loops as they sample the engine's rounds."""
-
-    def __init__(self, vendor: str, folder: Path, interval: float) -> None:
-        loaded = load_vendor(vendor)
-        folder.mkdir(parents=True, exist_ok=True)
-        self.paths = [folder / f"monitor_{m.name}.jsonl" for m in loaded.manifest.monitors]
-        self.procs = [subprocess.Popen([*loaded.monitor_command(m, sys.executable), "--out", str(path), "--interval",
-                                        str(interval), "--parent-pid", str(os.getpid())],
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                      for m, path in zip(loaded.manifest.monitors, self.paths, strict=True)]
-        time.sleep(max(1.0, 3 * interval))  # the first samples before the first loop
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=10)
-
-    def state(self, window: tuple[float, float]) -> ChipState | None:
-        return chip_state([read_monitor(p) for p in self.paths if p.is_file()], window)
-
-
-Window = tuple[float, float]
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
-def timed(step: Callable[[], object], sync: Callable[[], None], seconds: float, warmup: int
-          ) -> tuple[int, float, Window]:
-    for _ in range(warmup):
-        step()
-    sync()
-    start, epoch = time.perf_counter(), time.time()
-    iterations = 0
-    batch = 1
-    while time.perf_counter() - start < seconds:
-        for _ in range(batch):
+def engine_round(plan: Any, case: Any, pair: int, vendor: str, interval: float) -> tuple[RoundResult | None, Path]:
+    """One round as the engine runs it on a host: the vendor's monitors around `python -m flagperf.entry`."""
+    folder = round_dir(plan.run_dir, case.name, pair, "localhost")
+    folder.mkdir(parents=True, exist_ok=True)
+    job = Job(run_id=plan.run_id, case=case.name, family=case.family, round=pair, host="localhost", vendor=vendor,
+              config=case.config, config_origins=case.origins, run_overrides=case.run_overrides,
+              command="bench/base_specs_gpu.py", image={"status": "none"})
+    (folder / "job.json").write_text(job.model_dump_json(), encoding="utf-8")
+    monitors = start_monitors(vendor, folder, interval)
+    try:
+        with (folder / "case.log").open("w") as log:
+            subprocess.run([sys.executable, "-m", "flagperf.entry", "--job", str(folder / "job.json")],
+                           stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, check=False,
+                           timeout=float(case.config.get("timeout_s", 900)))
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        stop_monitors(monitors)
+    try:
+        return read_result(folder / "result.json"), folder
+    except (OSError, ValueError):
+        return None, folder
+
+
+def bare_round(work: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """The bare loop in a fresh process (this file with --bare), started as the engine's round is."""
+    done = subprocess.run([sys.executable, __file__, "--bare", json.dumps(work)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=timeout, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        return {"error": f"exit {done.returncode}: {' | '.join(tail)}"}
+    return json.loads(lines[-1])
+
+
+def bare_work(result: RoundResult, device: str) -> dict[str, Any]:
+    """What the bare process must do to repeat the engine round: per metric, the shape, the warm-up and the
+    number of timed iterations the engine timed (in as many chunks)."""
+    metrics = [{"name": m.name, "shape": m.search.shape if m.search else None, "iterations": m.iterations,
+                "chunks": max(m.chunks, 1)} for m in result.metrics]
+    return {"case": result.case, "config": result.config, "device": device, "metrics": metrics}
+
+
+# --- inside the bare process (plain torch, none of the engine's code) ---------------------------------------
+
+
+def run_bare(work: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    device, config, case = work["device"], work["config"], work["case"]
+
+    def sync() -> None:
+        if device != "cpu":
+            torch.cuda.synchronize()
+
+    def timed(step: Any, warmup: int, iterations: int, chunks: int) -> tuple[float, list[float]]:
+        """Warm-up, one untimed calibration step (the engine's timing loop makes one), then `iterations` steps
+        in `chunks` chunks, the host clock read between device synchronisations."""
+        for _ in range(warmup + 1):
             step()
-        iterations += batch
         sync()
-        batch = min(batch * 2, 64)
-    sync()
-    elapsed = time.perf_counter() - start
-    return iterations, elapsed, (epoch, epoch + elapsed)
+        per_chunk = [iterations // chunks + (1 if i < iterations % chunks else 0) for i in range(chunks)]
+        seconds, epoch = 0.0, time.time()
+        for count in per_chunk:
+            start = time.perf_counter()
+            for _ in range(count):
+                step()
+            sync()
+            seconds += time.perf_counter() - start
+        return seconds, [epoch, time.time()]
+
+    figures: dict[str, Any] = {}
+    warmup = int(config.get("warmup_iters", 10))
+    for metric in work["metrics"]:
+        name, n_iter, n_chunks = metric["name"], int(metric["iterations"]), int(metric["chunks"])
+        if case.startswith("computation-"):
+            step, work_per_iter = gemm_step(torch, config, metric["shape"], device)
+            seconds, window = timed(step, warmup, n_iter, n_chunks)
+            figures[name] = [work_per_iter * n_iter / seconds / 1e12, window]
+        elif case == "main_memory-bandwidth":
+            nbytes = config["size_mib"] * 2**20
+            src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+            dst = torch.empty_like(src)
+            seconds, window = timed(lambda dst=dst, src=src: dst.copy_(src), warmup, n_iter, n_chunks)
+            figures[name] = [2 * nbytes * n_iter / seconds / 1e9, window]  # read + write, as the engine counts
+        elif case.startswith("interconnect-"):
+            nbytes = config["size_mib"] * 2**20
+            host = torch.ones(nbytes, dtype=torch.uint8, pin_memory=config["pinned"])
+            dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            dst, src = (dev, host) if config["direction"] == "h2d" else (host, dev)
+            seconds, window = timed(lambda dst=dst, src=src, pinned=bool(config["pinned"]): dst.copy_(
+                src, non_blocking=pinned), warmup, n_iter, n_chunks)
+            figures[name] = [nbytes * n_iter / seconds / 1e9, window]
+        elif case == "main_memory-capacity":
+            figures[name] = list(bare_capacity(torch, config, device))
+        elif case == "toolkit-gemm":
+            figures.update(bare_toolkit(config, work.get("vendor", "nvidia"), [name]))
+    return {"figures": figures}
 
 
-def bare_gemm(config: dict[str, Any], shape: dict[str, int] | None, device: str, seconds: float
-              ) -> tuple[float, tuple[float, float]]:
-    """torch.mm / _int_mm / _scaled_mm written out again here, at the engine's size and operand layout."""
+def gemm_step(torch: Any, config: dict[str, Any], shape: dict[str, int] | None, device: str) -> tuple[Any, float]:
+    """torch.mm / _int_mm / _scaled_mm written out again, at the engine's size and operand layout."""
     precision = config["precision"]
     m, n, k = (shape["m"], shape["n"], shape["k"]) if shape else (config["m"], config["n"], config["k"])
     torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
     pattern = config.get("data_pattern", "normal")
 
-    def values(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+    def values(rows: int, cols: int, dtype: Any) -> Any:
         if pattern == "zeros":
             return torch.zeros(rows, cols, dtype=dtype, device=device)
         if dtype == torch.int8:
@@ -183,54 +222,24 @@ def bare_gemm(config: dict[str, Any], shape: dict[str, int] | None, device: str,
     if precision == "int8":
         a, b = values(m, k, torch.int8), values(n, k, torch.int8).t()
         out = torch.empty(m, n, dtype=torch.int32, device=device)
-        def step() -> object:
-            return torch._int_mm(a, b, out=out)
-    elif precision == "fp8":
+        return (lambda: torch._int_mm(a, b, out=out)), 2.0 * m * n * k
+    if precision == "fp8":
         a_type = torch.float8_e5m2 if config.get("fp8_format") == "e5m2" else torch.float8_e4m3fn
         a, b = values(m, k, a_type), values(n, k, torch.float8_e4m3fn).t()
         one = torch.tensor(1.0, device=device)
         out = torch.empty(m, n, dtype=torch.bfloat16, device=device)
         fast = bool(config.get("fp8_fast_accum", False))
-        def step() -> object:
-            return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16, use_fast_accum=fast,
-                                    out=out)
-    else:
-        dtype = {"fp64": torch.float64, "fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16,
-                 "bf16": torch.bfloat16}[precision]
-        a, b = values(m, k, dtype), values(k, n, dtype)
-        out = torch.empty(m, n, dtype=dtype, device=device)
-        def step() -> object:
-            return torch.mm(a, b, out=out)
-    iterations, elapsed, window = timed(step, sync_for(device), seconds, warmup=int(config.get("warmup_iters", 10)))
-    return 2 * m * n * k * iterations / elapsed / 1e12, window
+        return (lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
+                                         use_fast_accum=fast, out=out)), 2.0 * m * n * k
+    dtype = {"fp64": torch.float64, "fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16,
+             "bf16": torch.bfloat16}[precision]
+    a, b = values(m, k, dtype), values(k, n, dtype)
+    out = torch.empty(m, n, dtype=dtype, device=device)
+    return (lambda: torch.mm(a, b, out=out)), 2.0 * m * n * k
 
 
-def bare_copy(config: dict[str, Any], device: str, seconds: float) -> tuple[float, tuple[float, float]]:
-    nbytes = config["size_mib"] * 2**20
-    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    iterations, elapsed, window = timed(lambda: dst.copy_(src), sync_for(device), seconds, warmup=10)
-    return 2 * nbytes * iterations / elapsed / 1e9, window
-
-
-def bare_transfer(config: dict[str, Any], device: str, seconds: float) -> tuple[float, tuple[float, float]]:
-    nbytes = config["size_mib"] * 2**20
-    host = torch.ones(nbytes, dtype=torch.uint8, pin_memory=config["pinned"])
-    dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    if config["direction"] == "h2d":
-        def step() -> object:
-            return dev.copy_(host, non_blocking=config["pinned"])
-    else:
-        def step() -> object:
-            return host.copy_(dev, non_blocking=config["pinned"])
-    iterations, elapsed, window = timed(step, sync_for(device), seconds, warmup=10)
-    return nbytes * iterations / elapsed / 1e9, window
-
-
-def bare_capacity(config: dict[str, Any], device: str) -> tuple[float, tuple[float, float]]:
+def bare_capacity(torch: Any, config: dict[str, Any], device: str) -> tuple[float, list[float]]:
     """Allocate and touch chunk_mib blocks (halving on refusal) until the device refuses or max_gib is held."""
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()  # the bare loops' cached blocks back to the device first
     limit = int(config["max_gib"] * 2**30) if config.get("max_gib") else None
     chunk, held, total, epoch = config["chunk_mib"] * 2**20, [], 0, time.time()
     while chunk >= 2**20 and (limit is None or total + chunk <= limit):
@@ -242,40 +251,91 @@ def bare_capacity(config: dict[str, Any], device: str) -> tuple[float, tuple[flo
             continue
         held.append(block)
         total += chunk
-    sync_for(device)()
-    window = (epoch, time.time())
-    del held
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
-    return total / 2**30, window
+    if device != "cpu":
+        torch.cuda.synchronize()
+    return total / 2**30, [epoch, time.time()]
 
 
-def bare_toolkit(result: RoundResult) -> dict[str, tuple[float, tuple[float, float]]]:
-    """The vendor program run directly (no engine): the same binary the case built, the same arguments."""
-    from flagperf.basespec import toolkit
+def bare_toolkit(config: dict[str, Any], vendor: str, names: list[str]) -> dict[str, list[Any]]:
+    """The vendor program run directly (no engine): the binary the case built, the same arguments."""
+    from flagperf.basespec import toolkit  # finds and builds the program only; no timing code of the engine's
 
-    config = toolkit.Config.model_validate(result.config)
-    vendor = load_vendor(result.vendor)
-    folder, manifest = toolkit.find_toolkit(vendor.folder, config.provides)
+    cfg = toolkit.Config.model_validate(config)
+    folder, manifest = toolkit.find_toolkit(load_vendor(vendor).folder, cfg.provides)
     binary = toolkit.build(folder, manifest)  # cached by the engine's round: no second build
-    figures: dict[str, tuple[float, tuple[float, float]]] = {}
-    for metric in result.metrics:
-        precision = metric.name.removeprefix("toolkit_gemm_")
-        done = subprocess.run([str(binary), *toolkit.program_arguments(config, manifest, precision)],
-                              capture_output=True, text=True, timeout=config.timeout_s, check=True)
+    figures: dict[str, list[Any]] = {}
+    for name in names:
+        precision = name.removeprefix("toolkit_gemm_")
+        done = subprocess.run([str(binary), *toolkit.program_arguments(cfg, manifest, precision)],
+                              capture_output=True, text=True, timeout=cfg.timeout_s, check=True)
         data = toolkit.parse_output(done.stdout, manifest.name)
         iterations = sum(c[0] for c in data["chunks"])
         seconds = sum(c[1] for c in data["chunks"])
-        figures[metric.name] = (2 * config.m * config.n * config.k * iterations / seconds / 1e12,
-                                (data["window"][0], data["window"][1]))
+        figures[name] = [2 * cfg.m * cfg.n * cfg.k * iterations / seconds / 1e12, list(data["window"][:2])]
     return figures
 
 
-def sync_for(device: str) -> Callable[[], None]:
-    return torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+def run_mamf(work: dict[str, Any]) -> dict[str, Any]:
+    """MAMF-style maximum achievable matmul FLOPS: shapes scanned (large first) within a time budget; per shape
+    a warm-up, then matmul by matmul, each between two device events, with the L2 cache flushed (a buffer
+    larger than it rewritten) before each; a shape's figure is from its median matmul time."""
+    import torch
+
+    device, dtype_name, budget = work["device"], work["dtype"], float(work["seconds"])
+    sizes, ks, per_shape = work["sizes"], work["ks"], int(work["iterations"])
+    on_gpu = device != "cpu"
+    flush = torch.empty(int(work.get("flush_mib", 256)) * 2**20, dtype=torch.uint8, device=device)
+    shapes = sorted(((m, n, k) for m in sizes for n in sizes for k in ks), key=lambda s: -s[0] * s[1] * s[2])
+    began, tried = time.perf_counter(), []
+    for m, n, k in shapes:
+        if time.perf_counter() - began > budget:
+            break
+        step = mamf_step(torch, dtype_name, m, n, k, device)
+        for _ in range(3):
+            step()
+        times = []
+        for _ in range(per_shape):
+            flush.zero_()
+            if on_gpu:
+                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                step()
+                stop.record()
+                stop.synchronize()
+                times.append(start.elapsed_time(stop) / 1e3)
+            else:
+                t0 = time.perf_counter()
+                step()
+                times.append(time.perf_counter() - t0)
+        tried.append({"m": m, "n": n, "k": k, "tflops": 2 * m * n * k / statistics.median(times) / 1e12})
+        del step
+    rates = [t["tflops"] for t in tried]
+    best = max(tried, key=lambda t: t["tflops"]) if tried else None
+    return {"dtype": dtype_name, "shapes": len(tried), "best": best, "median_tflops": statistics.median(rates)
+            if rates else None, "spent_s": time.perf_counter() - began, "per_shape_matmuls": per_shape,
+            "method": "MAMF-style: per matmul device events (host clock on a CPU), L2 flushed before each, "
+                      "median matmul time per shape, best and median over shapes"}
 
 
-# --- 3. the table ------------------------------------------------------------------------------------------
+def mamf_step(torch: Any, dtype_name: str, m: int, n: int, k: int, device: str) -> Any:
+    if dtype_name == "fp8":
+        a = torch.randn(m, k, device=device).to(torch.float8_e4m3fn)
+        b = torch.randn(n, k, device=device).to(torch.float8_e4m3fn).t()  # column-major, as cuBLASLt wants
+        one = torch.tensor(1.0, device=device)
+        return lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    dtype = torch.bfloat16 if device != "cpu" else torch.float32  # a CPU smoke run: bf16 matmul is emulated there
+    a = torch.randn(m, k, dtype=dtype, device=device)
+    b = torch.randn(k, n, dtype=dtype, device=device)
+    return lambda: torch.mm(a, b)
+
+
+# --- the record ---------------------------------------------------------------------------------------------
+
+
+def spread(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{min(values):.4g}-{max(values):.4g}"
 
 
 def chip_cells(state: dict[str, Any] | None) -> str:
@@ -283,155 +343,225 @@ def chip_cells(state: dict[str, Any] | None) -> str:
         return "-"
     def num(value: float | None) -> str:
         return "-" if value is None else f"{value:.0f}"
-    flag = "**" if state.get("flagged") else ""
-    return (f"{num(state['sm_clock_mean_mhz'])}/{num(state['sm_clock_min_mhz'])}/{num(state['sm_clock_max_mhz'])} "
-            f"MHz, {num(state['power_mean_w'])}/{num(state['power_limit_w'])} W, {flag}{state['limiter']}{flag}")
+    return (f"{num(state['sm_clock_mean_mhz'])} MHz, {num(state['power_mean_w'])}/{num(state['power_limit_w'])} W, "
+            f"{state['limiter']}")
 
 
-def render(report: dict[str, Any]) -> str:
-    lines = [f"# Base specs: engine against bare loops ({report['device']})", "",
-             f"- command: `{report['command']}`", f"- when: {report['when']}, host {report['host']}, "
-             f"torch {report['torch']}, engine path: {report['engine_path']}, measuring window "
-             f"{report['seconds']} s per figure, BF16 shape search {report['sweep_s']} s",
-             f"- engine run folder: {report['run_dir']}; wall time {report['wall_s']:.0f} s "
-             f"(engine {report['engine_s']:.0f} s, bare loops {report['bare_s']:.0f} s)", "",
-             "| case | metric | engine | bare | engine/bare | peak | engine/peak | chip in the engine's region "
-             "(SM clock mean/min/max, power mean/limit, limiter) | chip in the bare loop's region | note |",
+def summarise(record: dict[str, Any]) -> None:
+    """Rows from the pairs: each side's median and spread, the pair ratios and their median (the headline)."""
+    rows = []
+    for key, pairs in record["pairs"].items():
+        case, metric = key.split(" / ")
+        done = [p for p in pairs if p.get("engine") is not None and p.get("bare") is not None]
+        engine = [p["engine"] for p in pairs if p.get("engine") is not None]
+        bare = [p["bare"] for p in pairs if p.get("bare") is not None]
+        ratios = [p["engine"] / p["bare"] for p in done if p["bare"]]
+        ratio = statistics.median(ratios) if ratios else None
+        last = pairs[-1]
+        rows.append({
+            "case": case, "metric": metric, "unit": last.get("unit"), "pairs": len(done),
+            "engine_median": statistics.median(engine) if engine else None, "engine_spread": spread(engine),
+            "bare_median": statistics.median(bare) if bare else None, "bare_spread": spread(bare),
+            "pair_ratios": ratios, "ratio": ratio, "suspicious": ratio is not None and ratio > SUSPICIOUS,
+            "peak": last.get("peak"), "engine_chip": last.get("engine_chip"), "bare_chip": last.get("bare_chip"),
+            "note": last.get("note")})
+    record["rows"] = rows
+    checks: list[tuple[str, bool]] = []
+    for row in rows:
+        if row["ratio"] is not None and row["metric"] != "memory_capacity":
+            checks.append((f"{row['case']} {row['metric']}: engine/bare {row['ratio']:.3f} >= {MIN_RATIO}",
+                           row["ratio"] >= MIN_RATIO))
+        if row["suspicious"]:
+            checks.append((f"{row['case']} {row['metric']}: engine/bare {row['ratio']:.3f} > {SUSPICIOUS} is "
+                           "suspicious (the comparison, not the engine)", False))
+    targets = next((t for chip, t in TARGETS.items() if chip in record["device"]), {})
+    for metric, target in targets.items():
+        got = next((r["engine_median"] for r in rows if r["metric"] == metric), None)
+        checks.append((f"{metric} {got if got is None else round(got, 1)} >= {target:g} on {record['device']}",
+                       got is not None and got >= target))
+    mamf = record["mamf"].get("bf16") or {}
+    best_max = next((r["engine_median"] for r in rows if r["metric"] == "gemm_bf16_max"), None)
+    if mamf.get("best") and best_max is not None:
+        share = best_max / mamf["best"]["tflops"]
+        record["bf16_max_of_mamf"] = share
+        checks.append((f"gemm_bf16_max {best_max:.1f} is {share:.3f} of the MAMF-style best "
+                       f"{mamf['best']['tflops']:.1f} TFLOPS (>= {MAMF_MIN_SHARE})", share >= MAMF_MIN_SHARE))
+    record["checks"] = checks
+
+
+def render(record: dict[str, Any]) -> str:
+    def fig(value: float | None, unit: str | None) -> str:
+        return "-" if value is None else f"{value:.4g} {unit or ''}".strip()
+    lines = [f"# Base specs: engine against bare loops, interleaved ({record['device']})", "",
+             f"- command: `{record['command']}`", f"- code: {record['code']}",
+             f"- when: {record['when']}, host {record['host']}, torch {record['torch']}; "
+             f"{record['state']}, wall time {record['wall_s']:.0f} s",
+             f"- method: per case {record['pairs_asked']} pairs (engine round, then bare loop), each side a fresh "
+             f"process after {record['idle_s']} s idle; the bare loop repeats the engine round's warm-up and timed "
+             f"iterations, same timer (host clock between device synchronisations); measuring window "
+             f"{record['seconds']} s; headline = median of the pair ratios; > {SUSPICIOUS} flagged", "",
+             "| case | metric | pairs | engine median (spread) | bare median (spread) | engine/bare (pairs) | "
+             "peak | chip, last engine round | chip, last bare loop | note |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for row in report["rows"]:
-        def fig(value: float | None, unit: str = row["unit"]) -> str:
-            return "-" if value is None else f"{value:.4g} {unit}"
-        ratio = "-" if row["ratio"] is None else f"{row['ratio']:.3f}"
-        of_peak = "-" if row["of_peak"] is None else f"{row['of_peak']:.1%}"
-        lines.append(f"| {row['case']} | {row['metric']} | {fig(row['engine'])} | {fig(row['bare'])} | {ratio} | "
-                     f"{fig(row['peak'], row['peak_unit'] or '')} | {of_peak} | {chip_cells(row['engine_chip'])} | "
+    for row in record["rows"]:
+        ratio = "-" if row["ratio"] is None else f"**{row['ratio']:.3f}**" + (" SUSPICIOUS" if row["suspicious"]
+                                                                               else "")
+        pairs = ", ".join(f"{r:.3f}" for r in row["pair_ratios"])
+        lines.append(f"| {row['case']} | {row['metric']} | {row['pairs']} | {fig(row['engine_median'], row['unit'])} "
+                     f"({row['engine_spread']}) | {fig(row['bare_median'], row['unit'])} ({row['bare_spread']}) | "
+                     f"{ratio} ({pairs}) | {row['peak'] or '-'} | {chip_cells(row['engine_chip'])} | "
                      f"{chip_cells(row['bare_chip'])} | {row['note'] or ''} |")
-    if report["not_measured"]:
-        lines += ["", "Not measured:", ""] + [f"- {c}: {s}" for c, s in report["not_measured"].items()]
-    if report["checks"]:
-        lines += ["", "Checks (issue 12)" + (" (informational in a --quick CPU run)" if report["quick"] else "") + ":",
-                  ""] + [f"- {'PASS' if ok else 'FAIL'}: {text}"
-                                                   for text, ok in report["checks"]]
+    if record["mamf"]:
+        lines += ["", "Max-achievable reference (MAMF-style):", ""]
+        for name, m in record["mamf"].items():
+            if m.get("best"):
+                b = m["best"]
+                lines.append(f"- {name}: best {b['tflops']:.1f} TFLOPS at {b['m']}x{b['k']} @ {b['k']}x{b['n']}, "
+                             f"median {m['median_tflops']:.1f} over {m['shapes']} shapes ({m['spent_s']:.0f} s; "
+                             f"{m['method']})")
+            else:
+                lines.append(f"- {name}: {m.get('error') or m.get('skipped') or 'no shape measured'}")
+    if record["not_measured"]:
+        lines += ["", "Not measured:", ""] + [f"- {c}: {s}" for c, s in record["not_measured"].items()]
+    if record["checks"]:
+        lines += ["", "Checks" + (" (informational in a --quick CPU run)" if record["quick"] else "") + ":", ""]
+        lines += [f"- {'PASS' if ok else 'FAIL'}: {text}" for text, ok in record["checks"]]
     return "\n".join(lines) + "\n"
+
+
+def write(record: dict[str, Any], out: Path, name: str, began: float) -> None:
+    record["wall_s"] = time.perf_counter() - began
+    summarise(record)
+    out.mkdir(parents=True, exist_ok=True)
+    for suffix, text in (("json", json.dumps(record, indent=2, default=str) + "\n"), ("md", render(record))):
+        tmp = out / f".{name}.{suffix}.tmp"
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(out / f"{name}.{suffix}")
+
+
+def device_name(device: str) -> str:
+    if device == "cpu":
+        return platform.processor() or "cpu"
+    done = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                          capture_output=True, text=True, check=False)
+    return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else device
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="CPU smoke run: vendor cpu, tiny sizes")
     parser.add_argument("--vendor", default=None, help="default: nvidia (cpu with --quick)")
-    parser.add_argument("--seconds", type=float, default=None, help="measuring window per figure (default 3; 0.3 "
-                        "with --quick)")
-    parser.add_argument("--sweep-seconds", type=float, default=None, help="BF16 shape search budget (default 30)")
-    parser.add_argument("--engine", choices=["prefect", "entry"], default="prefect")
+    parser.add_argument("--cases", default=None, help=f"comma-separated (default: {','.join(PENDING)}; 'all': "
+                        "every base spec)")
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=None, help="measuring window per figure (default 2; "
+                        "0.3 with --quick)")
+    parser.add_argument("--sweep-seconds", type=float, default=None, help="BF16 shape search budget (default 10)")
+    parser.add_argument("--idle-s", type=float, default=None, help="idle before each side (default 2; 0 --quick)")
+    parser.add_argument("--mamf-seconds", type=float, default=None, help="MAMF-style scan per dtype (default 25)")
+    parser.add_argument("--budget-s", type=float, default=420, help="stop starting pairs after this many seconds")
     parser.add_argument("--interval", type=float, default=0.2, help="monitor sampling interval, seconds")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--results", type=Path, default=ROOT / "results", help="the engine's run folders")
+    parser.add_argument("--bare", help=argparse.SUPPRESS)  # inside the bare process: the work, as JSON
     args = parser.parse_args()
-    vendor = args.vendor or ("cpu" if args.quick else "nvidia")
-    seconds = args.seconds or (0.3 if args.quick else 3.0)
-    sweep_s = args.sweep_seconds or (2.0 if args.quick else 30.0)
-    device = load_vendor(vendor).manifest.torch_device
-    if device == "cuda" and not torch.cuda.is_available():
-        print("base_specs_gpu: FAILED: vendor nvidia but torch sees no CUDA device", file=sys.stderr)
-        return 1
+    if args.bare:
+        work = json.loads(args.bare)
+        print(json.dumps(run_mamf(work) if work.get("mamf") else run_bare(work)))
+        return 0
+
     began = time.perf_counter()
+    vendor = args.vendor or ("cpu" if args.quick else "nvidia")
+    seconds = args.seconds or (0.3 if args.quick else 2.0)
+    sweep_s = args.sweep_seconds or (2.0 if args.quick else 10.0)
+    idle_s = args.idle_s if args.idle_s is not None else (0.0 if args.quick else 2.0)
+    mamf_s = args.mamf_seconds if args.mamf_seconds is not None else (1.0 if args.quick else 25.0)
+    cases = ALL_CASES if args.cases == "all" else (args.cases.split(",") if args.cases else PENDING)
+    device = load_vendor(vendor).manifest.torch_device
+    name = "base_specs_cpu_quick" if args.quick else "base_specs_gpu"
     run_id = f"base-specs-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}"
     sets = engine_sets(args.quick, seconds, sweep_s)
-    engine_path = args.engine
-    print(f"engine ({args.engine}): {len(CASES)} cases, vendor {vendor}, window {seconds} s ...", flush=True)
-    try:
-        run_dir = (engine_prefect if args.engine == "prefect" else engine_entry)(args.results, run_id, vendor, sets,
-                                                                                 args.interval)
-    except Exception as exc:  # the Prefect server did not start, the API is unreachable ...
-        why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        if args.engine != "prefect":
-            print(f"base_specs_gpu: FAILED: the engine did not run ({why})", file=sys.stderr)
-            return 1
-        print(f"the Prefect path failed ({why}); running each round through the in-host entry instead", flush=True)
-        engine_path = f"entry (the Prefect path failed: {why})"
-        run_id += "-entry"
-        run_dir = engine_entry(args.results, run_id, vendor, sets, args.interval)
-    engine_s = time.perf_counter() - began
-    summary = summarize(run_dir)
-    chips = {(e["case"], e["metric"]): e.get("chip") for e in summary.headline}
-    results = {r.case: r for r in (read_result(p) for p in sorted(run_dir.glob("*/round1/*/result.json")))}
-    not_measured = {case: f"{r.status}: {r.failure.message if r.failure else ''}"
-                    for case, r in results.items() if r.status != "success"}
-    missing = [c for c in CASES if c not in results]
-    not_measured.update({c: "no result (see the run folder)" for c in missing})
+    plan = plan_run(cases=cases, vendor=vendor, rounds=args.pairs, sets=sets, results_dir=args.results,
+                    run_id=run_id)
+    import torch  # the version only: this process never touches the device (the capacity rounds need it all)
 
-    # The engine's figures first, so that a bench stopped during its bare loops still leaves them in its log.
-    for case, result in results.items():
-        for metric in result.metrics:
-            print(f"engine {case}: {metric.name} {metric.value:.6g} {metric.unit}", flush=True)
-    print("bare loops ...", flush=True)
-    bare_began = time.perf_counter()
-    sampler = Sampler(vendor, args.results / run_id / "bare", args.interval)
-    rows: list[dict[str, Any]] = []
+    record: dict[str, Any] = {
+        "device": device_name(device), "host": platform.node(), "torch": torch.__version__, "code": code_identity(),
+        "when": datetime.now(UTC).isoformat(timespec="seconds"), "quick": args.quick,
+        "command": shlex.join(["python", "bench/base_specs_gpu.py", *sys.argv[1:]]), "seconds": seconds,
+        "sweep_s": sweep_s, "idle_s": idle_s, "pairs_asked": args.pairs, "engine_sets": sets,
+        "run_dir": str(plan.run_dir), "state": "running", "pairs": {}, "mamf": {}, "not_measured": {},
+        "rows": [], "checks": []}
+    write(record, args.out, name, began)
+
+    # The max-achievable reference first: its figure must not depend on how long the pairs ran.
+    mamf_shapes = {"sizes": [128, 256], "ks": [128, 256], "iterations": 3} if args.quick else \
+        {"sizes": [4096, 6144, 8192, 12288, 16384], "ks": [4096, 8192, 16384], "iterations": 20}
+    for dtype in ("bf16", "fp8"):
+        if dtype == "fp8" and device == "cpu":
+            record["mamf"][dtype] = {"skipped": "no FP8 matmul on a CPU"}
+            continue
+        time.sleep(idle_s)
+        outcome = bare_round({"mamf": True, "device": device, "dtype": dtype, "seconds": mamf_s, **mamf_shapes},
+                             timeout=mamf_s + 120)
+        record["mamf"][dtype] = outcome
+        print(f"MAMF-style {dtype}: {outcome.get('best') or outcome.get('error')}", flush=True)
+        write(record, args.out, name, began)
+
+    bare_monitors = start_monitors(vendor, plan.run_dir / "bare", args.interval)
+    bare_samples = [plan.run_dir / "bare" / f"monitor_{m.name}.jsonl" for m in load_vendor(vendor).manifest.monitors]
+    failed_cases: set[str] = set()
     try:
-        for case in CASES:
-            result = results.get(case)
-            if result is None or result.status != "success":
-                continue
-            bare: dict[str, tuple[float, tuple[float, float]]] = {}
-            if case.startswith("computation-"):
+        # Pair-major (pair 1 of every case, then pair 2 ...): a run cut short by its budget still has every case.
+        for pair in range(1, args.pairs + 1):
+            for case in plan.cases:
+                if case.name in failed_cases:
+                    continue
+                if time.perf_counter() - began > args.budget_s:
+                    record["not_measured"][f"{case.name} pair {pair}"] = f"time budget {args.budget_s:g} s spent"
+                    continue
+                time.sleep(idle_s)
+                result, folder = engine_round(plan, case, pair, vendor, args.interval)
+                if result is None or result.status != "success":
+                    why = "no result" if result is None else f"{result.status}: " \
+                        f"{result.failure.message if result.failure else ''}"
+                    record["not_measured"][case.name] = f"{why} (see {folder})"
+                    failed_cases.add(case.name)
+                    write(record, args.out, name, began)
+                    continue
+                engine_chip = {m.name: chip_state([read_monitor(p) for p in folder.glob("monitor_*.jsonl")],
+                                                  tuple(m.window)) for m in result.metrics if m.window}
+                time.sleep(idle_s)
+                work = bare_work(result, device) | {"vendor": vendor}
+                bare = bare_round(work, timeout=float(case.config.get("timeout_s", 900)))
                 for metric in result.metrics:
-                    shape = metric.search.shape if metric.search else None
-                    bare[metric.name] = bare_gemm(result.config, shape, device, seconds)
-            elif case == "main_memory-bandwidth":
-                bare["memory_copy_bandwidth"] = bare_copy(result.config, device, seconds)
-            elif case == "main_memory-capacity":
-                bare["memory_capacity"] = bare_capacity(result.config, device)
-            elif case.startswith("interconnect-"):
-                bare[f"{result.config['direction']}_bandwidth"] = bare_transfer(result.config, device, seconds)
-            elif case == "toolkit-gemm":
-                bare = bare_toolkit(result)
-            for metric in result.metrics:
-                value, window = bare.get(metric.name, (None, None))
-                state = sampler.state(window) if window and device != "cpu" else None
-                rows.append({
-                    "case": case, "metric": metric.name, "unit": metric.unit, "engine": metric.value, "bare": value,
-                    "ratio": metric.value / value if value else None,
-                    "peak": metric.peak.value if metric.peak else None,
-                    "peak_unit": metric.peak.unit if metric.peak else None, "of_peak": metric.ratio,
-                    "engine_chip": chips.get((case, metric.name)), "bare_chip": state.as_dict() if state else None,
-                    "note": metric.note, "search": metric.search.model_dump() if metric.search else None})
+                    value, window = (bare.get("figures", {}).get(metric.name) or [None, None])
+                    bare_chip = chip_state([read_monitor(p) for p in bare_samples if p.is_file()], tuple(window)) \
+                        if window and device != "cpu" else None
+                    state = engine_chip.get(metric.name) if device != "cpu" else None
+                    record["pairs"].setdefault(f"{case.name} / {metric.name}", []).append({
+                        "pair": pair, "engine": metric.value, "bare": value, "unit": metric.unit,
+                        "iterations": metric.iterations, "error": bare.get("error"),
+                        "peak": f"{metric.peak.value:g} {metric.peak.unit}" if metric.peak and metric.peak.value
+                        else None,
+                        "engine_chip": state.as_dict() if state else None,
+                        "bare_chip": bare_chip.as_dict() if bare_chip else None, "note": metric.note})
+                    print(f"{case.name} {metric.name} pair {pair}: engine {metric.value:.5g}, bare "
+                          f"{value if value is None else f'{value:.5g}'} {metric.unit}"
+                          f"{' (' + bare['error'] + ')' if bare.get('error') else ''}", flush=True)
+                write(record, args.out, name, began)
     finally:
-        sampler.stop()
-    bare_s = time.perf_counter() - bare_began
-
-    checks: list[tuple[str, bool]] = []
-    for row in rows:
-        if row["ratio"] is not None and row["metric"] != "memory_capacity":
-            checks.append((f"{row['case']} {row['metric']} engine/bare {row['ratio']:.3f} >= {MIN_RATIO}",
-                           row["ratio"] >= MIN_RATIO))
-    if not args.quick:
-        for (case, metric), target in TARGETS.items():
-            got = next((r["engine"] for r in rows if (r["case"], r["metric"]) == (case, metric)), None)
-            checks.append((f"{case} {metric} {got if got is None else round(got, 1)} >= {target:g}",
-                           got is not None and got >= target))
-    report = {
-        "device": summary.context.get("device") or platform.processor(), "host": platform.node(),
-        "torch": torch.__version__, "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": shlex.join(["python", "bench/base_specs_gpu.py", *sys.argv[1:]]), "engine_path": engine_path,
-        "seconds": seconds, "sweep_s": sweep_s, "run_dir": str(run_dir), "wall_s": time.perf_counter() - began,
-        "engine_s": engine_s, "bare_s": bare_s, "rows": rows, "not_measured": not_measured,
-        "checks": checks, "engine_sets": sets, "quick": args.quick,
-    }
-    name = "base_specs_cpu_quick" if args.quick else "base_specs_gpu"
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{name}.json").write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
-    text = render(report)
-    (args.out / f"{name}.md").write_text(text, encoding="utf-8")
-    print(text)
-    # A CPU smoke run checks that the code runs end to end; its figures are a loaded 2-core VM's, not a chip's.
-    failed = [t for t, ok in checks if not ok] if not args.quick else []
-    engine_failed = [c for c, s in not_measured.items() if not s.startswith("unsupported")]
+        stop_monitors(bare_monitors)
+    record["state"] = "finished"
+    write(record, args.out, name, began)
+    print(render(record))
+    failed = [text for text, ok in record["checks"] if not ok] if not args.quick else []
+    engine_failed = [c for c, s in record["not_measured"].items() if not s.startswith(("unsupported", "time budget"))]
     if engine_failed or failed:
         print(f"base_specs_gpu: FAILED: {len(engine_failed)} case(s) not measured ({', '.join(engine_failed)}), "
               f"{len(failed)} check(s) missed: {'; '.join(failed)}", file=sys.stderr)
         return 1
-    print(f"base_specs_gpu: ok in {report['wall_s']:.0f} s; {args.out / name}.md")
+    print(f"base_specs_gpu: ok in {record['wall_s']:.0f} s; {args.out / name}.md")
     return 0
 
 

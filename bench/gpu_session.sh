@@ -1,53 +1,74 @@
 #!/usr/bin/env bash
-# One lent GPU session in few, full commands (each start of a machine costs minutes): the project installed
-# as a user would (bench/gpu_install.sh, wheels from bench/gpu_wheels.sh in .whl/), then the engine against
-# a bare loop of the same work, per issue. Each bench has its own time limit so that one hang does not cost
-# the others; everything lands in bench/results/ and, packed, in $OUT (the device tool's return folder).
-#   bash bench/gpu_session.sh base       base specs (issue 12): the engine's 12 cases, then a bare loop of each
-#   bash bench/gpu_session.sh models     inference (13), training (15)
-#   bash bench/gpu_session.sh serving    LLM serving (14); the project installed as a user would, the base
-#                                        suite and tests/gpu (11)
-# Each part fits one device command (10 minutes); .whl/ (bench/gpu_wheels.sh) is carried.
+# One lent GPU session in few, full commands (a machine's start costs time; a command may run 10 minutes,
+# a session 30). Each part is about 7 minutes of work, every bench under its own time limit so that one hang
+# costs only itself, and every bench writes its records into the output folder as it makes them ($OUT on
+# the device machine, whose files come back even when the command is stopped; at most 8 files a part), so
+# a part stopped at its limit keeps what it finished. Each log starts with the code (git revision, source
+# digest) and the machine.
+#   bash bench/gpu_session.sh base       base specs, interleaved with bare loops, and the MAMF-style reference
+#   bash bench/gpu_session.sh models     inference (resnet50-infer, bert-large-infer), training
+#   bash bench/gpu_session.sh serving    tests/gpu, then the generate family against a bare generate loop
+#   bash bench/gpu_session.sh install    the project installed as a user would, a short base run, tests/gpu
+#   bash bench/gpu_session.sh PART --quick   a dry run of the same part on this CPU (tested in CI)
+# .whl/ (bench/gpu_wheels.sh) is carried to the device machine: `run` with carry [".whl"].
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part=${1:?usage: gpu_session.sh base|models|serving}
+part=${1:?usage: gpu_session.sh base|models|serving|install [--quick]}
+quick=0; [ "${2:-}" = --quick ] && quick=1
 out=${OUT:-bench/results/gpu_session}
-mkdir -p "$out" bench/results
+mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 status=0
+q=(); [ $quick = 1 ] && q=(--quick)
 
-step() {  # step NAME SECONDS COMMAND...: runs it with a limit, output to bench/results/gpu_<NAME>.log
+step() {  # step NAME SECONDS COMMAND...: runs it with a limit, its output straight into $out/NAME.log
   local name=$1 limit=$2; shift 2
   local started=$SECONDS code
   echo "=== $name (limit ${limit} s): $*"
-  timeout --kill-after=10 "$limit" "$@" > "bench/results/gpu_$name.log" 2>&1
+  timeout --kill-after=10 "$limit" "$@" > "$out/$name.log" 2>&1
   code=$?
-  tail -25 "bench/results/gpu_$name.log"
-  echo "=== $name: exit $code after $(( SECONDS - started )) s"
+  tail -15 "$out/$name.log"
+  echo "=== $name: exit $code after $(( SECONDS - started )) s$([ "$code" = 124 ] && echo ' (time limit)')"
   [ "$code" = 0 ] || status=1
 }
 
-nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv,noheader
-deps=$(mktemp -d /tmp/pydeps.XXXX)  # fresh each time: a warm machine keeps ignored folders between commands
-if ! "$py" -c "import prefect" 2>/dev/null; then
-  "$py" -m pip install -q --no-index --no-deps --target "$deps" .whl/*.whl || exit 1
+if [ $quick = 0 ]; then
+  nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv,noheader
+  deps=$(mktemp -d /tmp/pydeps.XXXX)  # fresh each time: a warm machine keeps ignored folders between commands
+  if ! "$py" -c "import pydantic, yaml, psutil, orjson, typer" 2>/dev/null || [ -d .whl ]; then
+    "$py" -m pip install -q --no-index --no-deps --target "$deps" .whl/*.whl || exit 1
+  fi
+  export PYTHONPATH="$deps:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
-export PYTHONPATH="$deps:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+"$py" -c "from flagperf.results.provenance import code_identity; print('code:', code_identity())"
 
 case $part in
   base)
-    step base_specs 540 "$py" bench/base_specs_gpu.py --seconds 2 --sweep-seconds 20
+    if [ $quick = 1 ]; then
+      step base_specs 300 "$py" bench/base_specs_gpu.py --quick --pairs 2 --out "$out" --results /tmp/gpu_session_runs \
+        --cases computation-BF16,main_memory-capacity,interconnect-h2d
+    else
+      step base_specs 470 "$py" bench/base_specs_gpu.py --pairs 3 --budget-s 380 --out "$out" \
+        --results /tmp/gpu_session_runs
+    fi
     ;;
   models)
-    step inference 300 "$py" bench/inference_gpu.py
-    step training 230 "$py" bench/training_gpu.py
+    step inference 260 "$py" bench/inference_gpu.py "${q[@]}" --budget-s 220 --out "$out"
+    step training 200 "$py" bench/training_gpu.py "${q[@]}" --budget-s 160 --out "$out"
     ;;
   serving)
-    step generate 200 "$py" bench/generate_gpu.py
-    step install 330 bash bench/gpu_install.sh
+    if [ $quick = 1 ]; then
+      step tests_gpu 120 "$py" -m pytest tests/gpu -q -p no:cacheprovider --co
+    else  # -v: each test's verdict is in the log as it ends, also when the limit stops the run
+      step tests_gpu 250 "$py" -m pytest tests/gpu -v -p no:cacheprovider -rfs --tb=short --durations=10
+    fi
+    step generate 190 "$py" bench/generate_gpu.py "${q[@]}" --budget-s 160 --out "$out"
+    ;;
+  install)
+    step install 540 bash bench/gpu_install.sh "${q[@]}"
     ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac
-tar czf "$out/gpu_$part.tgz" bench/results 2>/dev/null
+ls -la "$out"
 exit $status
