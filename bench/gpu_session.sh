@@ -49,7 +49,8 @@ case $part in
       step base_specs 300 "$py" bench/base_specs_gpu.py --quick --pairs 2 --out "$out" --results /tmp/gpu_session_runs \
         --cases computation-BF16,main_memory-capacity,interconnect-h2d
     else
-      step base_specs 470 "$py" bench/base_specs_gpu.py --pairs 3 --budget-s 380 --out "$out" \
+      budget=${BASE_BUDGET_S:-380}  # a session with less device time left asks for less
+      step base_specs $(( budget + 90 )) "$py" bench/base_specs_gpu.py --pairs 3 --budget-s "$budget" --out "$out" \
         --results /tmp/gpu_session_runs
     fi
     ;;
