@@ -24,6 +24,8 @@ from flagperf.config.models import CaseConfig
 from flagperf.errors import ConfigError
 from flagperf.inference.engines import check_engine_toggles
 
+NOT_APPLICABLE = "not applicable"  # the attention key of a model without attention
+
 STEPS = ("init", "dataset_model", "validation", "export", "compile", "inference", "summary")
 STEP_TITLES = {
     "init": "a. init: logger, config",
@@ -98,6 +100,9 @@ class InferenceConfig(CaseConfig):
     loadgen_user_conf: str | None = Field(default=None, description="a user.conf LoadGen reads over it")
     loadgen_model_name: str | None = Field(default=None, description="the model's name in those files "
                                            "(resnet50, bert-99 ...); null: the case name")
+    attention: str | None = Field(default=None, description=(
+        "the attention implementation the model runs: transformers' attn_implementation (sdpa, eager ...), or "
+        f"'{NOT_APPLICABLE}' for a model without attention; stated in the result's throughput notes"))
     loadgen_max_attempts: int = Field(default=3, ge=1, le=10, description="runs of a scenario that ends "
                                       "INVALID because it finished early (each sized from the rate it reached) "
                                       "or, for Server at a derived target QPS, missed its latency bound (each "
@@ -128,6 +133,18 @@ class InferenceConfig(CaseConfig):
 
     def items_per_sample(self) -> int:
         return 1
+
+    def flops_scope(self) -> str | None:
+        """What one item's FLOPs cover where the item leaves a choice (padded positions counted or not), for
+        MFU's convention; None where it leaves none."""
+        return None
+
+    def attention_statement(self) -> str:
+        if self.attention is None:
+            return "attention: not stated by the case"
+        if self.attention == NOT_APPLICABLE:
+            return f"attention: {NOT_APPLICABLE} (the model has none)"
+        return f"attention: {self.attention} (transformers attn_implementation)"
 
 
 def check_toggles(config: InferenceConfig, origins: dict[str, str], default_source: str) -> None:
