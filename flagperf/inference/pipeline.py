@@ -301,18 +301,27 @@ def _compute(run: InferenceRun, name: str, batches: list[list[torch.Tensor]], fo
     return computed
 
 
-def _sdpa_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any) -> int:
-    from torch.utils.flop_counter import sdpa_flop_count
+def attention_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any) -> int:
+    """A fused attention kernel's FLOPs: query x key-transposed and scores x value, for every query head (grouped
+    key/value heads broadcast to them), every position of the shapes counted (padded or causally masked ones
+    too, as torch counts them). Shapes are (batch, heads, positions, head size)."""
+    batch, heads, queries, head_size = query_shape
+    keys, value_size = key_shape[-2], value_shape[-1]
+    return 2 * batch * heads * queries * keys * (head_size + value_size)
 
-    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+# torch's fused attention kernels, forward: torch's FlopCounterMode has no formula for the CPU's (SDPA's FLOPs would
+# go uncounted there, and the same model count fewer FLOPs on a CPU than on a GPU), and its own formula for the
+# others refuses grouped key/value heads in some versions.
+FUSED_ATTENTION_KERNELS = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+                           "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+                           "_scaled_dot_product_fused_attention_overrideable")
 
 
-def _attention_kernels_torch_does_not_count() -> dict[Any, Any]:
-    """Fused attention kernels torch's FlopCounterMode has no formula for, each counted as the two matmuls of
-    the attention it computes (as it counts CUDA's flash and memory-efficient kernels): without them SDPA's
-    FLOPs on the CPU would be left out, and the same model would count fewer FLOPs there than on a GPU."""
-    names = ("_scaled_dot_product_flash_attention_for_cpu",)
-    return {getattr(torch.ops.aten, name): _sdpa_flops for name in names if hasattr(torch.ops.aten, name)}
+def attention_flop_formulas() -> dict[Any, Any]:
+    """FlopCounterMode's custom_mapping: attention_flops for each fused attention kernel this torch has."""
+    return {getattr(torch.ops.aten, name): attention_flops for name in FUSED_ATTENTION_KERNELS
+            if hasattr(torch.ops.aten, name)}
 
 
 def count_flops(run: InferenceRun, batch: list[torch.Tensor]) -> float | None:
@@ -322,7 +331,7 @@ def count_flops(run: InferenceRun, batch: list[torch.Tensor]) -> float | None:
     from torch.utils.flop_counter import FlopCounterMode
 
     assert run.model is not None
-    counter = FlopCounterMode(display=False, custom_mapping=_attention_kernels_torch_does_not_count())
+    counter = FlopCounterMode(display=False, custom_mapping=attention_flop_formulas())
     with torch.inference_mode(), counter:
         result = run.module.model_forward(run.model, batch)
         if isinstance(result, Iterator):

@@ -845,6 +845,33 @@ def test_flops_follow_the_models_shape(tmp_path: Path) -> None:
                                                                    * 1e12))
 
 
+def test_fused_attention_counts_as_the_matmuls_it_replaces() -> None:
+    """SDPA's fused kernel (the CPU's too, which torch's counter has no formula for) counts what the eager
+    matmul-softmax-matmul counts, grouped key/value heads included."""
+    from torch.nn.functional import scaled_dot_product_attention
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from flagperf.inference.pipeline import attention_flop_formulas
+
+    q, k, v = torch.randn(2, 4, 16, 8), torch.randn(2, 2, 16, 8), torch.randn(2, 2, 16, 8)
+    mask = torch.ones(2, 1, 16, 16, dtype=torch.bool).tril()
+
+    def count(attention: object) -> int:
+        counter = FlopCounterMode(display=False, custom_mapping=attention_flop_formulas())
+        with torch.inference_mode(), counter:
+            attention()  # type: ignore[operator]
+        return counter.get_total_flops()
+
+    def eager() -> torch.Tensor:
+        keys, values = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+        scores = (q @ keys.transpose(-1, -2)).masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        return scores @ values
+
+    expected = 2 * (2 * 4 * 16 * 16 * 8) * 2  # two matmuls of batch x heads x 16 x 16 x 8, 2 FLOPs each
+    assert count(eager) == expected
+    assert count(lambda: scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)) == expected
+
+
 def test_pss_counts_forked_workers_shared_pages_once() -> None:
     from flagperf.monitoring.system import process_tree_memory, process_tree_rss
 
