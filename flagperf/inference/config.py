@@ -89,6 +89,9 @@ class InferenceConfig(CaseConfig):
                                            "null: as many batches as the core pass timed")
     keep_artifacts: bool = Field(default=False, description="keep the exported ONNX and engine files after the "
                                  "round (for a later exist_onnx_path / exist_compiler_path run); false: removed")
+    attention: str | None = Field(default=None, description=(
+        "the attention implementation the model runs: transformers' attn_implementation (sdpa, eager ...), or "
+        f"'{NOT_APPLICABLE}' for a model without attention; stated in the result's throughput notes"))
     loadgen_scenarios: list[Literal["Offline", "SingleStream", "Server"]] = Field(default_factory=list)
     loadgen_min_duration_s: float = Field(default=10.0, gt=0)
     loadgen_min_query_count: int = Field(default=64, ge=1)
@@ -100,9 +103,6 @@ class InferenceConfig(CaseConfig):
     loadgen_user_conf: str | None = Field(default=None, description="a user.conf LoadGen reads over it")
     loadgen_model_name: str | None = Field(default=None, description="the model's name in those files "
                                            "(resnet50, bert-99 ...); null: the case name")
-    attention: str | None = Field(default=None, description=(
-        "the attention implementation the model runs: transformers' attn_implementation (sdpa, eager ...), or "
-        f"'{NOT_APPLICABLE}' for a model without attention; stated in the result's throughput notes"))
     loadgen_max_attempts: int = Field(default=3, ge=1, le=10, description="runs of a scenario that ends "
                                       "INVALID because it finished early (each sized from the rate it reached) "
                                       "or, for Server at a derived target QPS, missed its latency bound (each "
