@@ -24,6 +24,8 @@ from flagperf.config.models import CaseConfig
 from flagperf.errors import ConfigError
 from flagperf.inference.engines import check_engine_toggles
 
+NOT_APPLICABLE = "not applicable"  # the attention key of a model without attention
+
 STEPS = ("init", "dataset_model", "validation", "export", "compile", "inference", "summary")
 STEP_TITLES = {
     "init": "a. init: logger, config",
@@ -87,6 +89,9 @@ class InferenceConfig(CaseConfig):
                                            "null: as many batches as the core pass timed")
     keep_artifacts: bool = Field(default=False, description="keep the exported ONNX and engine files after the "
                                  "round (for a later exist_onnx_path / exist_compiler_path run); false: removed")
+    attention: str | None = Field(default=None, description=(
+        "the attention implementation the model runs: transformers' attn_implementation (sdpa, eager ...), or "
+        f"'{NOT_APPLICABLE}' for a model without attention; stated in the result's throughput notes"))
     loadgen_scenarios: list[Literal["Offline", "SingleStream", "Server"]] = Field(default_factory=list)
     loadgen_min_duration_s: float = Field(default=10.0, gt=0)
     loadgen_min_query_count: int = Field(default=64, ge=1)
@@ -128,6 +133,18 @@ class InferenceConfig(CaseConfig):
 
     def items_per_sample(self) -> int:
         return 1
+
+    def flops_scope(self) -> str | None:
+        """What one item's FLOPs cover where the item leaves a choice (padded positions counted or not), for
+        MFU's convention; None where it leaves none."""
+        return None
+
+    def attention_statement(self) -> str:
+        if self.attention is None:
+            return "attention: not stated by the case"
+        if self.attention == NOT_APPLICABLE:
+            return f"attention: {NOT_APPLICABLE} (the model has none)"
+        return f"attention: {self.attention} (transformers attn_implementation)"
 
 
 def check_toggles(config: InferenceConfig, origins: dict[str, str], default_source: str) -> None:

@@ -11,11 +11,13 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 def build(model_class: type[PreTrainedModel], config: PretrainedConfig, checkpoint_path: str | None
           ) -> PreTrainedModel:
-    """``model_class`` with random weights, or the weights in a local folder (save_pretrained's layout)."""
+    """``model_class`` with random weights, or the weights in a local folder (save_pretrained's layout). The
+    attention implementation ``config`` names holds for both (from_pretrained would pick its own default)."""
     if checkpoint_path is None:
         torch.manual_seed(0)
         return model_class(config)
-    return model_class.from_pretrained(Path(checkpoint_path), local_files_only=True)
+    return model_class.from_pretrained(Path(checkpoint_path), local_files_only=True,
+                                       attn_implementation=config._attn_implementation)
 
 
 class Logits(torch.nn.Module):

@@ -21,6 +21,7 @@ from pydantic import Field
 from flagperf.errors import CaseUserError
 from flagperf.inference.config import InferenceConfig
 from flagperf.inference.engines import EngineEnv, EngineOptions, InferenceEngine
+from flagperf.measure.device import synchronize
 
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
@@ -75,10 +76,6 @@ class Engine(InferenceEngine):
         env.log.info("inductor: mode %s, channels_last %s, CUDA graphs %s", self.options.inductor_mode,
                      channels_last, self.cuda_graphs)
 
-    def _sync(self) -> None:
-        if self.device.type != "cpu":
-            torch.get_device_module(self.device.type).synchronize()
-
     def _prepare(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         x = [t.to(self.device, non_blocking=True) for t in inputs]
         return [t.half() if self.half and t.is_floating_point() else t for t in x]
@@ -107,10 +104,10 @@ class Engine(InferenceEngine):
         compile_s = 0.0
         if shapes not in self.compiled_shapes:
             # A new shape compiles: that call is not inference. Time it, then run the batch again for real.
-            self._sync()
+            synchronize(self.device)
             started = time.perf_counter()
             self._run(x)
-            self._sync()
+            synchronize(self.device)
             compile_s = time.perf_counter() - started
             self.compiled_shapes.add(shapes)
             self.env.log.info("inductor compiled for input shapes %s in %.1f s", [s for s, _ in shapes], compile_s)

@@ -26,12 +26,13 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from flagperf.inference.config import InferenceConfig
 from flagperf.measure.casekit import CaseContext
+from flagperf.measure.device import Clock, HostClock
 from flagperf.results.metrics import Chunk, latency_stats, mean_median_disagreement, percentile
 from flagperf.results.schema import Metric
 
@@ -187,50 +188,6 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-class Clock(Protocol):
-    """Marks placed between forwards; ``seconds`` between two marks is valid once the device is synchronised."""
-
-    name: str
-
-    def mark(self) -> Any: ...
-
-    def seconds(self, start: Any, end: Any) -> float: ...
-
-
-class HostClock:
-    name = "host clock (time.perf_counter)"
-
-    def mark(self) -> float:
-        return time.perf_counter()
-
-    def seconds(self, start: float, end: float) -> float:
-        return end - start
-
-
-class EventClock:
-    """Timing events recorded on the device's current stream: the time the device spent between two marks,
-    not the time the host waited for it (the host may run ahead, queueing the next forwards)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.module = torch.get_device_module(device.type)
-        self.name = f"{device.type} events ({self.module.__name__}.Event, current stream)"
-
-    def mark(self) -> Any:
-        event = self.module.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def seconds(self, start: Any, end: Any) -> float:
-        return float(start.elapsed_time(end)) / 1e3  # elapsed_time is in milliseconds
-
-
-def device_clock(device: torch.device) -> Clock:
-    """Device events where the device's torch module has them (CUDA, XPU, NPU ...); the host clock otherwise."""
-    if device.type != "cpu" and hasattr(torch.get_device_module(device.type), "Event"):
-        return EventClock(device)
-    return HostClock()
-
-
 @dataclass
 class ComputeStats:
     """Back-to-back forwards on device-resident inputs: one duration per forward, by the device's clock."""
@@ -352,14 +309,16 @@ def pass_metrics(stats: PassStats, config: InferenceConfig, ctx: CaseContext, *,
     flops = config.flops if flops_per_item is None else flops_per_item
     precision = precision or config.precision
     ctx.windows.append(stats.window)
+    attention = config.attention_statement()
     whole = ctx.throughput_metric(
         f"{stats.name}_whole", [Chunk(stats.batches, stats.whole_seconds)], stats.items_per_batch, item,
-        note="FlagPerf's whole: data loading, copies, forward and evaluation, minus engine non-inference time")
+        note=f"FlagPerf's whole: data loading, copies, forward and evaluation, minus engine non-inference time; "
+             f"{attention}")
     # Only core and compute carry MFU: they are the compute rates FlagPerf divides by the peak.
     core = _checked(ctx.throughput_metric(
         f"{stats.name}_core", [Chunk(1, s) for s in stats.core_seconds], stats.items_per_batch, item,
-        flops_per_item=flops, precision=precision,
-        note="FlagPerf's core: synchronised input copy + forward per batch"))
+        flops_per_item=flops, precision=precision, flops_scope=config.flops_scope(),
+        note=f"FlagPerf's core: synchronised input copy + forward per batch; {attention}"))
     metrics = [whole, core, _latency_metric(f"{stats.name}_latency", stats.core_seconds, stats.window,
                                             f"per batch of {config.batch_size}, synchronised, input copy inside")]
     if stats.first_item_seconds:
@@ -391,7 +350,8 @@ def compute_metrics(stats: ComputeStats, config: InferenceConfig, ctx: CaseConte
         what += f"; issuing one forward takes the host {stats.issue_seconds * 1e3:.3g} ms"
     throughput = _checked(ctx.throughput_metric(
         f"{stats.name}_compute", [Chunk(1, s) for s in stats.seconds], stats.items_per_batch, config.item_name,
-        flops_per_item=flops, precision=precision, note=f"compute: {what}"), stats.host_bound())
+        flops_per_item=flops, precision=precision, flops_scope=config.flops_scope(),
+        note=f"compute: {what}; {config.attention_statement()}"), stats.host_bound())
     latency = _latency_metric(f"{stats.name}_compute_latency", stats.seconds, stats.window,
                               f"per batch of {config.batch_size}; {what}")
     return [throughput, latency]

@@ -32,6 +32,7 @@ from pydantic import Field
 from flagperf.errors import CaseUserError
 from flagperf.inference.config import InferenceConfig
 from flagperf.inference.engines import EngineEnv, EngineOptions, InferenceEngine, precision_of
+from flagperf.measure.device import current_stream, synchronize
 
 DEFAULT_PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider"]}
 NUMPY = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.int32: np.int32,
@@ -162,8 +163,9 @@ class Engine(InferenceEngine):
             binding.bind_output(out.name, "cuda", index, NUMPY[t.dtype], tuple(t.shape), t.data_ptr())
             outputs.append(t)
         # ORT's Run does not wait for the inputs (its IOBinding leaves that to the caller), and its kernels run
-        # on its own stream: the asynchronous copy above, on torch's stream, must be done before ORT reads it.
-        torch.cuda.current_stream(self.device).synchronize()
+        # on its own stream: the asynchronous copy above, on torch's current stream (the round's own), must be done
+        # before ORT reads it. Only that stream is waited for, not the whole device.
+        synchronize(self.device, current_stream(self.device))
         self.session.run_with_iobinding(binding)
         if len(outputs) == len(self.outputs):
             return outputs

@@ -47,7 +47,14 @@ import torch
 from torch.utils.data import DataLoader
 
 from flagperf.errors import CaseUserError
-from flagperf.inference.config import STEP_TITLES, STEPS, InferenceConfig, check_toggles, skipped_steps
+from flagperf.inference.config import (
+    NOT_APPLICABLE,
+    STEP_TITLES,
+    STEPS,
+    InferenceConfig,
+    check_toggles,
+    skipped_steps,
+)
 from flagperf.inference.data import (
     SyntheticBatches,
     in_flight_batches,
@@ -63,13 +70,13 @@ from flagperf.inference.measure import (
     PassStats,
     compute_metrics,
     compute_pass,
-    device_clock,
     drain,
     pass_metrics,
     resident_batches,
     timed_pass,
 )
 from flagperf.measure.casekit import CaseContext
+from flagperf.measure.device import device_clock, device_module, synchronize
 from flagperf.measure.timing import TimingPlan
 from flagperf.results.schema import InferenceReport, LoadgenResult, Metric, SpecTable
 
@@ -120,7 +127,7 @@ class InferenceRun:
         thread). Never the legacy default stream: TensorRT synchronises after every enqueue on it, ONNX Runtime
         reads its handle 0 as "none given" and runs on a stream of its own, and it serialises with every other
         stream. Models, copies, engines and the device's events all use torch's current stream."""
-        module = torch.get_device_module(self.device.type) if self.device.type != "cpu" else None
+        module = device_module(self.device)
         if module is None or not hasattr(module, "Stream") or not hasattr(module, "stream"):
             yield
             return
@@ -135,8 +142,7 @@ class InferenceRun:
                            shares_host_memory=self.shares_host_memory)
 
     def sync(self) -> None:
-        if self.device.type != "cpu":
-            torch.get_device_module(self.device.type).synchronize()
+        synchronize(self.device)
 
     @property
     def dataset(self) -> Any:
@@ -192,12 +198,35 @@ def step_dataset_model(run: InferenceRun) -> None:
     model = run.module.create_model(run.config)
     if not isinstance(model, torch.nn.Module):
         raise CaseUserError(f"create_model returned {type(model).__name__}, not a torch.nn.Module")
+    check_attention(run.config, model)
     # Halved before it moves: a large model never sits on the device in FP32 when FP16 is what runs.
     run.model = (model.half() if run.config.fp16 else model).to(run.device).eval()
     run.sync()
     run.model_load_s = time.perf_counter() - started
-    log.info("model: %s, %.4g parameters, built and on %s in %.2f s", type(model).__name__,
-             sum(p.numel() for p in model.parameters()), run.device, run.model_load_s)
+    log.info("model: %s, %.4g parameters, built and on %s in %.2f s; %s", type(model).__name__,
+             sum(p.numel() for p in model.parameters()), run.device, run.model_load_s,
+             run.config.attention_statement())
+
+
+def attention_of(model: torch.nn.Module) -> str | None:
+    """transformers' attn_implementation of the first transformers model inside ``model`` (read off its config,
+    so transformers is not imported for a model without one); None for other models."""
+    for module in model.modules():
+        implementation = getattr(getattr(module, "config", None), "_attn_implementation", None)
+        if isinstance(implementation, str):
+            return implementation
+    return None
+
+
+def check_attention(config: InferenceConfig, model: torch.nn.Module) -> None:
+    """The attention the result states is the one the model runs: a transformers model built with another one
+    (a checkpoint's loader picking its own) is an error, not a mislabelled figure."""
+    stated = config.attention
+    runs = attention_of(model)
+    if stated is None or stated == NOT_APPLICABLE or runs is None:
+        return
+    if runs != stated:
+        raise CaseUserError(f"attention: {stated} is configured, but create_model built a model that runs {runs}")
 
 
 def engine_precision(run: InferenceRun) -> str:
@@ -272,13 +301,37 @@ def _compute(run: InferenceRun, name: str, batches: list[list[torch.Tensor]], fo
     return computed
 
 
+def attention_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any) -> int:
+    """A fused attention kernel's FLOPs: query x key-transposed and scores x value, for every query head (grouped
+    key/value heads broadcast to them), every position of the shapes counted (padded or causally masked ones
+    too, as torch counts them). Shapes are (batch, heads, positions, head size)."""
+    batch, heads, queries, head_size = query_shape
+    keys, value_size = key_shape[-2], value_shape[-1]
+    return 2 * batch * heads * queries * keys * (head_size + value_size)
+
+
+# torch's fused attention kernels, forward: torch's FlopCounterMode has no formula for the CPU's (SDPA's FLOPs would
+# go uncounted there, and the same model count fewer FLOPs on a CPU than on a GPU), and its own formula for the
+# others refuses grouped key/value heads in some versions.
+FUSED_ATTENTION_KERNELS = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+                           "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+                           "_scaled_dot_product_fused_attention_overrideable")
+
+
+def attention_flop_formulas() -> dict[Any, Any]:
+    """FlopCounterMode's custom_mapping: attention_flops for each fused attention kernel this torch has."""
+    return {getattr(torch.ops.aten, name): attention_flops for name in FUSED_ATTENTION_KERNELS
+            if hasattr(torch.ops.aten, name)}
+
+
 def count_flops(run: InferenceRun, batch: list[torch.Tensor]) -> float | None:
     """FLOPs per item of the configured model on one real batch (torch's FlopCounterMode: matmuls,
-    convolutions, attention), so MFU follows the model's shape whatever the overrides."""
+    convolutions, attention), so MFU follows the model's shape whatever the overrides. Every position of the
+    batch's shape is counted, padded ones included: they are computed (the case's flops_scope says so)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     assert run.model is not None
-    counter = FlopCounterMode(display=False)
+    counter = FlopCounterMode(display=False, custom_mapping=attention_flop_formulas())
     with torch.inference_mode(), counter:
         result = run.module.model_forward(run.model, batch)
         if isinstance(result, Iterator):

@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 
 from flagperf.config.models import CaseConfig
 from flagperf.errors import CaseUserError, Unsupported
+from flagperf.measure.device import synchronize
 from flagperf.measure.timing import TimingPlan, measure
 from flagperf.results.metrics import Chunk, model_flops_utilisation, rate_stats, ratio
 from flagperf.results.schema import Metric, Peak, SpecTable
@@ -69,7 +70,7 @@ class CaseContext:
         return not self.shares_host_memory
 
     def synchronize(self) -> None:
-        self.device_module.synchronize()
+        synchronize(self.device)
 
     def require(self, peak_key: str) -> Peak | None:
         """The peak for ``peak_key``; raises Unsupported when the vendor says the device cannot do it."""
@@ -122,9 +123,10 @@ class CaseContext:
 
     def throughput_metric(self, name: str, chunks: list[Chunk], items_per_iteration: float, item: str,
                           flops_per_item: float | None = None, precision: str | None = None,
-                          note: str | None = None) -> Metric:
+                          note: str | None = None, flops_scope: str | None = None) -> Metric:
         """items/s over the timed chunks; with flops per item and the precision used, MFU against that
-        precision's peak in the vendor's spec table."""
+        precision's peak in the vendor's spec table. ``flops_scope``: what an item's FLOPs cover (padded
+        positions counted or not), said in the convention."""
         metric = self.rate_metric(name, chunks, items_per_iteration, f"{item}/s", 1.0, peak_key=None, note=note)
         if flops_per_item is None or precision is None:
             return metric
@@ -132,9 +134,10 @@ class CaseContext:
         mfu = model_flops_utilisation(metric.value, flops_per_item, peak.value if peak else None,
                                       peak.unit if peak else "")
         per = item.removesuffix("s")  # "FLOP per image x images/s"
+        scope = f" ({flops_scope})" if flops_scope else ""
         return metric.model_copy(update={"mfu": mfu, "mfu_peak_key": precision, "mfu_peak": peak,
-                                         "convention": f"MFU = {flops_per_item:.4g} FLOP per {per} x {item}/s "
-                                                       f"/ {precision} peak"})
+                                         "convention": f"MFU = {flops_per_item:.4g} FLOP per {per}{scope} x "
+                                                       f"{item}/s / {precision} peak"})
 
 
 def comparable_ratio(value: float, unit: str, peak: Peak | None) -> float | None:

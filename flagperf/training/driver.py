@@ -39,6 +39,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from flagperf.errors import CaseUserError
 from flagperf.measure.casekit import CaseConfig
+from flagperf.measure.device import device_module, synchronize
 from flagperf.measure.perflog import format_line
 from flagperf.results.metrics import model_flops_utilisation
 
@@ -79,14 +80,9 @@ class TrainingConfig(CaseConfig):
         "torch threads per process on the cpu vendor; null = this process's share of the usable cores"))
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type != "cpu":
-        torch.get_device_module(device.type).synchronize(device)
-
-
 def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
     """(bytes, what was measured): the device allocator's peak, or the process's peak RSS on a CPU."""
-    module = torch.get_device_module(device.type) if device.type != "cpu" else None
+    module = device_module(device)
     if module is not None and hasattr(module, "max_memory_allocated"):
         return int(module.max_memory_allocated(device)), f"{device.type} allocator peak (max_memory_allocated)"
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "peak RSS of the process"
@@ -263,7 +259,7 @@ class TrainingContext:
             for sampler in self._samplers:
                 sampler.set_epoch(epoch)
             self.event("EPOCH_BEGIN", {"epoch": epoch})
-            _synchronize(self.device)
+            synchronize(self.device)
             self._epoch_started, self._epoch_cpu = time.perf_counter(), time.process_time()
             self._in_epoch = True
             yield epoch
@@ -295,7 +291,7 @@ class TrainingContext:
         if self._timing:
             self.timed_samples += batch_size
         elif self.steps >= self.config.warmup_steps:  # warm-up over: the timed region starts after this step
-            _synchronize(self.device)
+            synchronize(self.device)
             self._epoch_started, self._epoch_cpu = time.perf_counter(), time.process_time()
             self._timing = True
         if self.steps == 1 or self.steps % self.config.log_freq == 0:
@@ -305,7 +301,7 @@ class TrainingContext:
             self.event("STEP_END", {"step": self.steps, "epoch": self.epoch, "samples_per_s": rate, **read})
 
     def _end_training_part(self) -> None:
-        _synchronize(self.device)  # the steps queued on the device are part of training time
+        synchronize(self.device)  # the steps queued on the device are part of training time
         if self._timing:
             self.raw_train_time += time.perf_counter() - self._epoch_started
             self.train_cpu_time += time.process_time() - self._epoch_cpu

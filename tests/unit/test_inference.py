@@ -349,7 +349,8 @@ def test_synthetic_inputs_give_throughput_and_no_accuracy(tmp_path: Path) -> Non
     assert not any(name.endswith("top1") for name in names)  # never invented
     assert result.inference.synthetic_data and "synthetic inputs" in result.inference.accuracy_note
     assert result.inference.data.startswith("synthetic: 8 x 3x224x224")
-    assert next(m for m in result.metrics if m.name == "inference_core").unit == "images/s"
+    core = next(m for m in result.metrics if m.name == "inference_core")
+    assert core.unit == "images/s" and core.note.endswith("attention: not applicable (the model has none)")
 
 
 def test_resnet50_reads_an_imagenet_style_folder(tmp_path: Path) -> None:
@@ -377,6 +378,40 @@ def test_bert_masked_lm_accuracy_on_a_token_file(tmp_path: Path) -> None:
     m = metrics(result)
     assert m["inference_mlm_accuracy"] == pytest.approx(m["validation_mlm_accuracy"], abs=0.02)
     assert next(x for x in result.metrics if x.name == "inference_core").unit == "sequences/s"
+
+
+def test_bert_runs_sdpa_attention_on_padded_sequences() -> None:
+    """A lab's BERT: SDPA attention, and synthetic sequences padded as real batches are (lengths spread between the
+    minimum and seq_len, [PAD] after the real tokens, mask 0 there), the same from one build to the next."""
+    from flagperf.inference.pipeline import attention_of
+
+    module, config, model, (ids, mask) = _case_parts("bert-large-infer", *TINY_BERT, "synthetic_sequences=64",
+                                                     "batch_size=16")
+    assert config.attention == "sdpa" and attention_of(model) == "sdpa"
+    lengths = mask.sum(dim=1)
+    assert (mask == 0).any() and lengths.min() >= config.min_length() == 4 and lengths.max() <= config.seq_len
+    assert len(set(lengths.tolist())) > 1  # lengths vary, not one padded length for all
+    assert torch.equal(mask, (torch.arange(config.seq_len) < lengths[:, None]).long())  # padding on the right
+    assert bool((ids[mask == 0] == module.PAD_ID).all())
+    again = next(iter(in_main_process(module.build_dataloader(config))))[0]
+    assert torch.equal(again[0], ids) and torch.equal(again[1], mask)  # deterministic, from the seed
+    with torch.inference_mode(), torch.profiler.profile() as profile:
+        logits = module.model_forward(model, [ids, mask])[0]
+    assert any(e.key == "aten::scaled_dot_product_attention" for e in profile.key_averages())
+    # The mask is honoured: a padded sequence's real positions come out as the sequence alone would.
+    short = int(lengths.argmin())
+    alone = module.model_forward(model, [ids[short:short + 1, :lengths[short]], mask[short:short + 1, :lengths[short]]])
+    torch.testing.assert_close(logits[short, :lengths[short]], alone[0][0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_model_that_runs_another_attention_than_configured_is_refused() -> None:
+    from flagperf.inference.pipeline import check_attention
+
+    _module, config, model, _inputs = _case_parts("bert-large-infer", *TINY_BERT)
+    check_attention(config, model)  # sdpa configured, sdpa built
+    with pytest.raises(CaseUserError, match="attention: eager is configured, but create_model built a model that "
+                                            "runs sdpa"):
+        check_attention(config.model_copy(update={"attention": "eager"}), model)
 
 
 def test_llama_decoding_reports_tokens_and_time_to_first_token(tmp_path: Path) -> None:
@@ -724,7 +759,8 @@ def test_compute_metrics_on_a_fake_device_clock_are_exact() -> None:
 def test_a_compute_figure_the_host_cannot_feed_is_flagged_host_bound() -> None:
     """Issuing one forward onto an idle device (the last warm-up) is timed by the host: when that takes about
     as long as the device's median forward, the device waited for the host and the figure says so."""
-    from flagperf.inference.measure import HostClock, compute_metrics, compute_pass
+    from flagperf.inference.measure import compute_metrics, compute_pass
+    from flagperf.measure.device import HostClock
 
     def run(host_cost: float, clock: object | None = None, decoding: bool = False) -> object:
         device, host = FakeDevice([0.010]), [0.0]
@@ -799,8 +835,41 @@ def test_flops_follow_the_models_shape(tmp_path: Path) -> None:
         assert code == 0, result.failure
         assert result.inference.flops_per_item == bert(seq) and result.inference.flops_configured == 1.0e6
         core = next(m for m in result.metrics if m.name == "inference_core")
+        # What runs is stated: the attention, and that padded positions are counted (they are computed).
+        assert core.note.endswith("attention: sdpa (transformers attn_implementation)")
+        assert core.convention.startswith(f"MFU = {bert(seq):.4g} FLOP per sequence (all {seq} positions of a "
+                                          "sequence, padded positions included: they are computed (masked out of "
+                                          "attention), not skipped) x sequences/s / fp32 peak")
+        assert "attention: sdpa" in next(m for m in result.metrics if m.name == "validation_compute").note
         assert core.mfu == pytest.approx(bert(seq) * core.value / (load_vendor("cpu").spec_table().peaks["fp32"].value
                                                                    * 1e12))
+
+
+def test_fused_attention_counts_as_the_matmuls_it_replaces() -> None:
+    """SDPA's fused kernel (the CPU's too, which torch's counter has no formula for) counts what the eager
+    matmul-softmax-matmul counts, grouped key/value heads included."""
+    from torch.nn.functional import scaled_dot_product_attention
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from flagperf.inference.pipeline import attention_flop_formulas
+
+    q, k, v = torch.randn(2, 4, 16, 8), torch.randn(2, 2, 16, 8), torch.randn(2, 2, 16, 8)
+    mask = torch.ones(2, 1, 16, 16, dtype=torch.bool).tril()
+
+    def count(attention: object) -> int:
+        counter = FlopCounterMode(display=False, custom_mapping=attention_flop_formulas())
+        with torch.inference_mode(), counter:
+            attention()  # type: ignore[operator]
+        return counter.get_total_flops()
+
+    def eager() -> torch.Tensor:
+        keys, values = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+        scores = (q @ keys.transpose(-1, -2)).masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        return scores @ values
+
+    expected = 2 * (2 * 4 * 16 * 16 * 8) * 2  # two matmuls of batch x heads x 16 x 16 x 8, 2 FLOPs each
+    assert count(eager) == expected
+    assert count(lambda: scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)) == expected
 
 
 def test_pss_counts_forked_workers_shared_pages_once() -> None:

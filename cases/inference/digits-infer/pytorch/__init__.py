@@ -4,7 +4,7 @@ through the compiled engine; real top-1 accuracy on the held-out fifth."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
@@ -25,6 +25,7 @@ class Config(InferenceConfig):
     epochs: int = Field(ge=1, le=1000)
     lr: float = Field(gt=0)
     checkpoint_path: LocalPath = Field(description="saved state_dict (torch.save); null: train here")
+    attention: Literal["not applicable"] = Field(description="a multilayer perceptron has no attention")
 
 
 class DigitsData(TensorDataset):

@@ -10,7 +10,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -39,6 +39,7 @@ class Config(InferenceConfig):
     num_attention_heads: int = Field(ge=1)
     num_key_value_heads: int = Field(ge=1)
     intermediate_size: int = Field(ge=1)
+    attention: Literal["sdpa", "eager"] = Field(description="transformers' attn_implementation of the model")
     seed: int
 
     def items_per_sample(self) -> int:
@@ -70,7 +71,7 @@ def create_model(config: Config) -> torch.nn.Module:
                      num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
                      num_key_value_heads=config.num_key_value_heads, intermediate_size=config.intermediate_size,
                      max_position_embeddings=max(2048, config.prompt_len + config.new_tokens),
-                     attn_implementation="eager")
+                     attn_implementation=config.attention)
     return Decoder(build(LlamaForCausalLM, hf, config.checkpoint_path), config.new_tokens)
 
 

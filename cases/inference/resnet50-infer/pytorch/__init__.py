@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -32,6 +32,8 @@ class Config(InferenceConfig):
     resize: int = Field(ge=8)
     crop: int = Field(ge=8)
     num_labels: int = Field(ge=2)
+    attention: Literal["not applicable"] = Field(default="not applicable", description="a convolutional network "
+                                                                                       "has no attention")
 
 
 def build_dataloader(config: Config) -> DataLoader:

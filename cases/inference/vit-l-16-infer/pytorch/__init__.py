@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -35,6 +35,8 @@ class Config(InferenceConfig):
     resize: int = Field(ge=8)
     crop: int = Field(ge=8)
     num_labels: int = Field(ge=2)
+    attention: Literal["sdpa", "eager"] = Field(default="sdpa", description="transformers' attn_implementation "
+                                                                            "of the model")
 
 
 def build_dataloader(config: Config) -> DataLoader:
@@ -51,7 +53,7 @@ def create_model(config: Config) -> torch.nn.Module:
     hf = ViTConfig(hidden_size=config.hidden_size, num_hidden_layers=config.num_hidden_layers,
                    num_attention_heads=config.num_attention_heads, intermediate_size=config.intermediate_size,
                    image_size=config.crop, patch_size=config.patch_size, num_labels=config.num_labels,
-                   attn_implementation="eager")  # eager attention exports to ONNX as plain MatMul/Softmax
+                   attn_implementation=config.attention)
     return Logits(build(ViTForImageClassification, hf, config.checkpoint_path), ("pixel_values",))
 
 
