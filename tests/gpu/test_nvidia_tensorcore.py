@@ -30,7 +30,7 @@ def run_case(tmp_path: Path, case: str, *sets: str, expect: int = EXIT_OK) -> Ro
     job = Job(run_id=plan.run_id, case=case, family=cp.family, round=1, host="gpu", vendor="nvidia",
               config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={})
     out = tmp_path / case
-    out.mkdir()
+    out.mkdir(parents=True)  # test_fp8 runs a second round under tmp_path / 'e5m2'
     assert run_job(job, out) == expect
     return read_result(out / "result.json")
 
