@@ -56,6 +56,7 @@ from flagperf.results.summary import INTERRUPTED_FILE, RETRIES_DIR
 from flows.host_round import host_healthcheck, host_round
 from flows.logs import route_core_logs
 from tasks.analyze import analyze
+from tasks.collect import holds_result, stage_folder
 from tasks.healthcheck import healthcheck
 from tasks.image import build_image, probe_image
 
@@ -163,7 +164,7 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
             logger.warning("interrupted (%s): stopping the cases and monitors, then writing the report", reason)
         raise
     finally:
-        clean_work_roots(hosts, specs, plan.run_id, results)
+        clean_work_roots(hosts, specs, plan, results)
         close_hosts()
         summary = analyze(run_dir)  # also after an interruption: what was measured is reported
     failed = [r for r in results if r.status == "failed"]
@@ -188,22 +189,40 @@ def stop_if_results_unwritable(results: list[RoundResult], run_dir: Path) -> Non
             f"completed ones kept) or `flagperf report {run_dir}`")
 
 
-def clean_work_roots(hosts: dict[str, Host], specs: dict[str, HostSpec], run_id: str,
+def clean_work_roots(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: RunPlan,
                      results: list[RoundResult]) -> None:
-    """Remove the run's folder on every host the controller drives, except where a round's files could not
-    be collected: those stay until a retry collects them."""
+    """Remove the run's folder on every host the controller drives, except where a round's files were not
+    stored here: a collection that failed said so, and a round folder that still holds a result was never
+    read back (collecting removes it), whatever stopped it (a crashed subflow, an interrupt). Those stay
+    until a retry collects them."""
     logger = get_run_logger()
-    keep = {r.host for r in results if r.failure and KEPT_ON_HOST in r.failure.message}
+    failed_collections = {r.host for r in results if r.failure and KEPT_ON_HOST in r.failure.message}
     for name, host in hosts.items():
         if specs[name].agent is not None:
             continue
-        if name in keep:
-            logger.warning("kept %s on %s: it holds rounds not yet collected", host.work_root / run_id, name)
-            continue
+        run_root = host.work_root / plan.run_id
         try:
-            host.remove_tree(host.work_root / run_id)
+            kept = uncollected_rounds(host, name, plan, list(specs))
+            if name in failed_collections or kept:
+                logger.warning("kept %s on %s: it holds rounds not yet collected%s", run_root, name,
+                               f" ({', '.join(str(k.relative_to(run_root)) for k in kept)})" if kept else "")
+                continue
+            host.remove_tree(run_root)
         except OSError as exc:
-            logger.warning("could not clean %s on %s: %s", host.work_root / run_id, name, exc)
+            logger.warning("could not clean %s on %s: %s", run_root, name, exc)
+
+
+def uncollected_rounds(host: Host, name: str, plan: RunPlan, names: list[str]) -> list[Path]:
+    """The round folders on ``host`` that hold a result the controller has not stored."""
+    found = []
+    for case in plan.cases:
+        ranks = [group.index(name) for group in node_groups(case.config, names) if name in group]
+        for round_no in range(1, plan.rounds + 1):
+            for rank in ranks:
+                stage = stage_folder(host.work_root, plan.run_id, case.name, round_no, name, rank)
+                if holds_result(host, stage, case.max_retries + 1):
+                    found.append(stage)
+    return found
 
 
 def _choices(names: list[str]) -> Any:
