@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import sys
 import threading
@@ -123,6 +124,8 @@ class RunFolderLog(logging.Handler):
             if self.file is None and self.path.parent.is_dir():
                 self.file = self.path.open("ab", buffering=0)  # unbuffered: nothing left to fail at close
                 self.pending, waiting = [], self.pending
+                if self._ends_mid_line():  # a retry's log after the line a full disk cut short
+                    waiting.insert(0, b"\n")
                 for earlier in waiting:
                     self._write(earlier)
             if self.file is None:
@@ -136,6 +139,14 @@ class RunFolderLog(logging.Handler):
                              f"{type(exc).__name__}: {exc}\n")
         finally:
             self._inside.active = False
+
+    def _ends_mid_line(self) -> bool:
+        size = os.fstat(self.file.fileno()).st_size
+        if size == 0:
+            return False
+        with self.path.open("rb") as earlier:
+            earlier.seek(size - 1)
+            return earlier.read(1) != b"\n"
 
     def _write(self, data: bytes) -> None:
         view = memoryview(data)
