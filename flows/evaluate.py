@@ -227,7 +227,7 @@ def clean_work_roots(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: R
                                f" ({', '.join(str(k.relative_to(run_root)) for k in kept)})" if kept else "")
                 continue
             host.remove_tree(run_root)
-        except OSError as exc:
+        except Exception as exc:  # a host gone mid-run: clean-up must not hide why the run ended
             logger.warning("could not clean %s on %s: %s", run_root, name, exc)
 
 
