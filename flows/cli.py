@@ -23,7 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from flagperf.config.cases import INFERENCE_FILES, available_cases, load_case, load_case_manifest, resolve_case_config
-from flagperf.config.plan import DEFAULT_SUITE, available_suites, plan_run
+from flagperf.config.plan import DEFAULT_SUITE, PLAN_FILE, available_suites, plan_run
 from flagperf.config.vendors import MANIFEST as VENDOR_MANIFEST
 from flagperf.config.vendors import available_vendors, load_vendor, load_vendor_manifest
 from flagperf.config.yamlio import load_yaml_mapping
@@ -113,6 +113,9 @@ def run(
         "--host-config", help="hosts to run on, as FlagPerf's host.yaml (HOSTS, VENDOR, CASES ...)")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="the full log on the console instead of the "
                                                                    "live view")] = False,
+    retry: Annotated[Path | None, typer.Option(
+        help="continue this run folder (with the options it was started with) after it stopped, e.g. on a full "
+             "results disk: rounds kept on the hosts are collected, completed ones kept, the rest run")] = None,
 ) -> None:
     """Run an evaluation and print measured vs peak. Without a PREFECT_API_URL a temporary server is used.
 
@@ -133,10 +136,13 @@ def run(
         vendor = inv.resolve_vendor(vendor)
         if not suite and not case_list and inv.cases:
             case_list = list(inv.cases)
-        results = _writable_results(results, inv, host_config)
+        results = _writable_results(results or (retry.parent if retry else None), inv, host_config)
+        if retry and (results.resolve() != retry.parent.resolve() or not (retry / PLAN_FILE).is_file()):
+            raise ConfigError("--retry", None, f"{retry}: not a run folder of {results} (no {PLAN_FILE} there)")
         plan = plan_run(suite=suite, cases=case_list, vendor=vendor, rounds=rounds, sets=set_ or [],
                         results_dir=results, hosts=[spec.model_dump(mode="json") for spec in inv.hosts],
-                        inventory_overrides=inv.case_overrides, inventory_source=inv.source)
+                        inventory_overrides=inv.case_overrides, inventory_source=inv.source,
+                        run_id=retry.name if retry else None, resume=retry is not None)
     except FlagperfError as exc:
         raise _fail(str(exc)) from None
     for note in inv.notes:
@@ -172,7 +178,8 @@ def run(
             state = evaluate(suite=suite, cases=case_list, vendor=vendor, rounds=rounds, overrides=set_ or [],
                              inventory=str(inventory_file.resolve()) if inventory_file else None,
                              results_dir=str(results), run_id=plan.run_id, monitor_interval_s=monitor_interval,
-                             command=shlex.join(["flagperf", *sys.argv[1:]]), return_state=True)
+                             command=shlex.join(["flagperf", *sys.argv[1:]]), resume=retry is not None,
+                             return_state=True)
     except (KeyboardInterrupt, Exception) as exc:  # Exception: the API cannot be reached, the server did not start
         outcome = exc
     except BaseException as exc:  # Prefect's TerminationSignal (a SIGTERM inside the flow run)

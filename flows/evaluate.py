@@ -56,6 +56,7 @@ from flagperf.results.summary import INTERRUPTED_FILE, RETRIES_DIR
 from flows.host_round import host_healthcheck, host_round
 from flows.logs import route_core_logs
 from tasks.analyze import analyze
+from tasks.collect import STORE_ERRNOS, holds_result, stage_folder
 from tasks.healthcheck import healthcheck
 from tasks.image import build_image, probe_image
 
@@ -84,27 +85,35 @@ def evaluate(
     run_id: str | None = None,
     monitor_interval_s: float = 1.0,
     command: str | None = None,
+    resume: bool = False,
 ) -> dict[str, Any] | State:
     """Evaluate cases (a suite, or a list) on the inventory's hosts, `rounds` times each, and summarise.
 
     inventory: a native inventory or FlagPerf's host.yaml (path on the controller); none: this machine.
     vendor: the inventory's VENDOR when not given, else cpu.
     overrides: "KEY=VALUE" or "CASE.KEY=VALUE" strings, as `flagperf run --set`.
+    resume: continue the run folder ``run_id`` that another flow run left (`flagperf run --retry`).
     """
     try:
         return run_evaluation(suite, cases, vendor, rounds, overrides, inventory, results_dir, run_id,
-                              monitor_interval_s, command)
+                              monitor_interval_s, command, resume)
     except ConfigError as exc:  # bad input, found before any round ran: one line, no traceback
         get_run_logger().error("%s", exc)
         return Failed(message=f"{BAD_INPUT}{exc}")
     except (EvaluationFailed, ResultsUnwritable) as exc:  # said in full by the message; the summary is written
         get_run_logger().error("%s", exc)
         return Failed(message=str(exc))
+    except OSError as exc:  # the results disk (or a host's) refused a file outside any round: one line
+        if exc.errno not in STORE_ERRNOS:
+            raise
+        message = f"cannot write {exc.filename or results_dir}: {exc.strerror}"
+        get_run_logger().error("%s", message)
+        return Failed(message=message)
 
 
 def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | None, rounds: int | None,
                    overrides: list[str] | None, inventory: str | None, results_dir: str, run_id: str | None,
-                   monitor_interval_s: float, command: str | None) -> dict[str, Any]:
+                   monitor_interval_s: float, command: str | None, resume: bool = False) -> dict[str, Any]:
     logger = get_run_logger()
     if not MIN_MONITOR_INTERVAL_S <= monitor_interval_s <= MAX_MONITOR_INTERVAL_S:
         raise ConfigError("monitor_interval_s", None, f"must be between {MIN_MONITOR_INTERVAL_S} and "
@@ -122,7 +131,7 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
     plan = plan_run(suite=suite, cases=cases, vendor=vendor, rounds=rounds, sets=overrides,
                     results_dir=results_dir, run_id=run_id, flow_run_id=flow_run_id,
                     hosts=[spec.model_dump(mode="json") for spec in inv.hosts],
-                    inventory_overrides=inv.case_overrides, inventory_source=inv.source)
+                    inventory_overrides=inv.case_overrides, inventory_source=inv.source, resume=resume)
     run_dir = plan.run_dir.resolve()
     if (run_dir / PLAN_FILE).exists():
         logger.info("retry of flow run %s: continuing %s; rounds that completed are kept", flow_run_id, run_dir)
@@ -153,7 +162,7 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
                                          monitor_interval_s, command, inv.master_port))
                 for group_results in run_concurrently(calls):
                     results.extend(group_results)
-                stop_if_results_unwritable(results, run_dir)
+                stop_if_results_unwritable(results, run_dir, command)
     except BaseException as exc:
         if not isinstance(exc, Exception):  # Ctrl-C, SIGTERM, a cancelled flow run: the report must say so
             signum = getattr(exc, "signal", None)  # Prefect's TerminationSignal carries the signal
@@ -163,7 +172,7 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
             logger.warning("interrupted (%s): stopping the cases and monitors, then writing the report", reason)
         raise
     finally:
-        clean_work_roots(hosts, specs, plan.run_id, results)
+        clean_work_roots(hosts, specs, plan, results)
         close_hosts()
         summary = analyze(run_dir)  # also after an interruption: what was measured is reported
     failed = [r for r in results if r.status == "failed"]
@@ -177,33 +186,62 @@ class ResultsUnwritable(FlagperfError):
     """The results folder stopped taking files (full, read-only): the run stops; nothing measured is lost."""
 
 
-def stop_if_results_unwritable(results: list[RoundResult], run_dir: Path) -> None:
+def stop_if_results_unwritable(results: list[RoundResult], run_dir: Path, command: str | None = None) -> None:
     """Once the results folder refuses a round, every later round would be measured for nothing: stop, and
-    say how to get back what was measured (a retry of this flow run collects it from the hosts)."""
+    say how to get back what was measured (a retry collects it from the hosts)."""
     refused = [r for r in results if r.failure and RESULTS_UNWRITABLE in r.failure.message]
     if refused:
         raise ResultsUnwritable(
             f"{refused[0].failure.message if refused[0].failure else ''}; stopped after {len(results)} round(s). "
-            f"Free space, then retry this flow run (uncollected rounds are collected from their hosts, "
-            f"completed ones kept) or `flagperf report {run_dir}`")
+            f"Free space, then {how_to_retry(command, run_dir)}: rounds kept on the hosts are collected, not run "
+            f"again, completed ones kept, the rest run (`flagperf report {run_dir}` rebuilds the report alone)")
 
 
-def clean_work_roots(hosts: dict[str, Host], specs: dict[str, HostSpec], run_id: str,
+def how_to_retry(command: str | None, run_dir: Path) -> str:
+    """The command that continues this run: the `flagperf run` it was started with, plus --retry; a run
+    started from the server is retried there."""
+    words = shlex.split(command) if command else []
+    if words[:2] != ["flagperf", "run"]:
+        return "retry this flow run (`prefect flow-run retry` or the UI)"
+    if "--retry" not in words and not any(w.startswith("--retry=") for w in words):
+        words += ["--retry", str(run_dir)]
+    return f"`{shlex.join(words)}`"
+
+
+def clean_work_roots(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: RunPlan,
                      results: list[RoundResult]) -> None:
-    """Remove the run's folder on every host the controller drives, except where a round's files could not
-    be collected: those stay until a retry collects them."""
+    """Remove the run's folder on every host the controller drives, except where a round's files were not
+    stored here: a collection that failed said so, and a round folder that still holds a result was never
+    read back (collecting removes it), whatever stopped it (a crashed subflow, an interrupt). Those stay
+    until a retry collects them."""
     logger = get_run_logger()
-    keep = {r.host for r in results if r.failure and KEPT_ON_HOST in r.failure.message}
+    failed_collections = {r.host for r in results if r.failure and KEPT_ON_HOST in r.failure.message}
     for name, host in hosts.items():
         if specs[name].agent is not None:
             continue
-        if name in keep:
-            logger.warning("kept %s on %s: it holds rounds not yet collected", host.work_root / run_id, name)
-            continue
+        run_root = host.work_root / plan.run_id
         try:
-            host.remove_tree(host.work_root / run_id)
-        except OSError as exc:
-            logger.warning("could not clean %s on %s: %s", host.work_root / run_id, name, exc)
+            kept = uncollected_rounds(host, name, plan, list(specs))
+            if name in failed_collections or kept:
+                logger.warning("kept %s on %s: it holds rounds not yet collected%s", run_root, name,
+                               f" ({', '.join(str(k.relative_to(run_root)) for k in kept)})" if kept else "")
+                continue
+            host.remove_tree(run_root)
+        except Exception as exc:  # a host gone mid-run: clean-up must not hide why the run ended
+            logger.warning("could not clean %s on %s: %s", run_root, name, exc)
+
+
+def uncollected_rounds(host: Host, name: str, plan: RunPlan, names: list[str]) -> list[Path]:
+    """The round folders on ``host`` that hold a result the controller has not stored."""
+    found = []
+    for case in plan.cases:
+        ranks = [group.index(name) for group in node_groups(case.config, names) if name in group]
+        for round_no in range(1, plan.rounds + 1):
+            for rank in ranks:
+                stage = stage_folder(host.work_root, plan.run_id, case.name, round_no, name, rank)
+                if holds_result(host, stage, case.max_retries + 1):
+                    found.append(stage)
+    return found
 
 
 def _choices(names: list[str]) -> Any:

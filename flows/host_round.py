@@ -26,7 +26,7 @@ from flagperf.hosts.local import Host
 from flagperf.results.provenance import library_versions
 from flagperf.results.schema import RESULT_FILE, Failure, RoundResult, round_dir, write_result
 from flows.logs import route_core_logs
-from tasks.collect import collect_logs, leftover_result
+from tasks.collect import collect_logs, leftover_result, stage_folder
 from tasks.container import run_case
 from tasks.healthcheck import healthcheck
 from tasks.image import build_image
@@ -93,7 +93,7 @@ def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: C
                ) -> RoundResult:
     """Whatever goes wrong in one round (a monitor that will not start, a host error, a failed collection)
     becomes that round's failed result; the other rounds and the analysis still run."""
-    stage_dir = host.work_root / plan.run_id / case.name / f"round{round_no}" / f"{host.name}_noderank{node_rank}"
+    stage_dir = stage_folder(host.work_root, plan.run_id, case.name, round_no, host.name, node_rank)
     job = Job(run_id=plan.run_id, case=case.name, family=case.family, round=round_no, host=host.name,
               node_rank=node_rank, nnodes=nnodes, master_addr=master_addr, master_port=master_port,
               vendor=plan.vendor.name, config=case.config, config_origins=case.origins,

@@ -8,8 +8,11 @@ of the server.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import re
+import sys
 import threading
 import time
 from pathlib import Path
@@ -94,33 +97,83 @@ class Progress(logging.Handler):
 
 class RunFolderLog(logging.Handler):
     """Every log line of the run (Prefect's and the core's, INFO and up) into the run folder. The folder is
-    made by the evaluation (which refuses one that exists), so lines wait in memory until it is there."""
+    made by the evaluation (which refuses one that exists), so lines wait in memory until it is there.
+
+    When the file cannot be written (a full or read-only results disk), the handler says so once on stderr
+    and stops writing it: the console and the Prefect server still have the log, and the run goes on. It
+    never reports through ``handleError``: inside a flow run Prefect turns ``print`` into log records, so a
+    traceback printed for each failed record would come back here, record after record, until Python's
+    recursion limit."""
 
     def __init__(self, run_dir: Path) -> None:
         super().__init__(level=logging.INFO)
         self.path = run_dir / CONTROLLER_LOG
-        self.pending: list[str] = []
+        self.pending: list[bytes] = []
         self.file: Any = None
+        self.written = 0  # bytes of this handler in the file: a file that got none is removed on failure
+        self.broken: str | None = None  # why the file cannot be written, once it could not
+        self._inside = threading.local()  # a record logged while this thread writes one is dropped
         self.setFormatter(RunFormatter())
 
     def emit(self, record: logging.LogRecord) -> None:
+        if self.broken or getattr(self._inside, "active", False):
+            return
+        self._inside.active = True
         try:
-            line = self.format(record) + "\n"
+            line = (self.format(record) + "\n").encode("utf-8", "replace")
             if self.file is None and self.path.parent.is_dir():
-                self.file = self.path.open("a", encoding="utf-8")
-                self.file.writelines(self.pending)
-                self.pending.clear()
+                self.file = self.path.open("ab", buffering=0)  # unbuffered: nothing left to fail at close
+                self.pending, waiting = [], self.pending
+                if self._ends_mid_line():  # a retry's log after the line a full disk cut short
+                    waiting.insert(0, b"\n")
+                for earlier in waiting:
+                    self._write(earlier)
             if self.file is None:
                 self.pending.append(line)
             else:
-                self.file.write(line)
-                self.file.flush()
-        except Exception:
-            self.handleError(record)
+                self._write(line)
+        except OSError as exc:
+            self._give_up(exc)
+        except Exception as exc:  # a record that cannot be formatted: say so in one line, keep going
+            sys.stderr.write(f"warning: a log record could not be written to {self.path}: "
+                             f"{type(exc).__name__}: {exc}\n")
+        finally:
+            self._inside.active = False
+
+    def _ends_mid_line(self) -> bool:
+        size = os.fstat(self.file.fileno()).st_size
+        if size == 0:
+            return False
+        with self.path.open("rb") as earlier:
+            earlier.seek(size - 1)
+            return earlier.read(1) != b"\n"
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:  # a raw write may take part of the line (the last blocks of a disk) before it fails
+            done = self.file.write(view)
+            self.written += done
+            view = view[done:]
+
+    def _give_up(self, exc: OSError) -> None:
+        self.broken = exc.strerror or str(exc) or type(exc).__name__
+        self.pending.clear()
+        self._close_file()
+        with contextlib.suppress(OSError):
+            if self.written == 0 and self.path.is_file() and self.path.stat().st_size == 0:
+                self.path.unlink()  # no empty controller.log left behind
+        sys.stderr.write(f"warning: cannot write the run's log to {self.path} ({self.broken}); it goes on "
+                         "without it (the console and the Prefect server still have the log)\n")
+        sys.stderr.flush()
+
+    def _close_file(self) -> None:
+        if self.file is not None:
+            with contextlib.suppress(OSError):
+                self.file.close()
+            self.file = None
 
     def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
+        self._close_file()
         super().close()
 
 

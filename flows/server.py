@@ -39,6 +39,7 @@ else:  # Python 3.10: the same parser as the tomli package (a dependency there)
 
 from flagperf.errors import ConfigError
 from flagperf.paths import PROJECT_ROOT, RESULTS_ROOT_ENV, RESULTS_URL_ENV
+from flagperf.results.schema import atomic_path
 
 DATABASE_URL_ENV = "PREFECT_API_DATABASE_CONNECTION_URL"
 HEALTH_TIMEOUT_S = 180.0
@@ -214,12 +215,16 @@ class TemporaryServer:
         return self.api_url
 
     def stop(self, keep_log_in: Path | None = None) -> None:
-        """Stop the server and remove its database; its log is kept in ``keep_log_in`` if that folder exists."""
+        """Stop the server and remove its database; its log, unless empty, is kept in ``keep_log_in`` if that
+        folder exists."""
         if self.proc is not None:
             _stop(self.proc, grace_s=8.0)
             self.proc = None
-        if keep_log_in is not None and keep_log_in.is_dir() and self.log_path.is_file():
-            shutil.copyfile(self.log_path, keep_log_in / self.LOG)
+        said_something = self.log_path.is_file() and self.log_path.stat().st_size > 0
+        if keep_log_in is not None and keep_log_in.is_dir() and said_something:
+            # Whole or not at all: a results disk that is full is reported by the run itself.
+            with contextlib.suppress(OSError), atomic_path(keep_log_in / self.LOG) as partial:
+                shutil.copyfile(self.log_path, partial)
         shutil.rmtree(self.folder, ignore_errors=True)
 
 

@@ -45,6 +45,18 @@ def verify_copy(local: Path, sizes: dict[str, int]) -> None:
             raise OSError(errno.EIO, f"copy of {relative} has {got} bytes, the host's has {size}", str(copied))
 
 
+def stage_folder(work_root: Path, run_id: str, case: str, round_no: int, host: str, node_rank: int = 0) -> Path:
+    """Where a round's files are on its host until the controller has stored them."""
+    return work_root / run_id / case / f"round{round_no}" / f"{host}_noderank{node_rank}"
+
+
+def holds_result(host: Host, stage: Path, attempts: int) -> bool:
+    """A round folder on the host with a result of some attempt: measured (or its failure recorded) and not
+    stored by the controller, since collecting removes the folder only once its copy was read back."""
+    return host.exists(stage) and any(host.exists(stage / f"attempt{attempt}" / RESULT_FILE)
+                                      for attempt in range(1, attempts + 1))
+
+
 def leftover_result(host: Host, stage_dir: Path, attempts: int) -> RoundResult | None:
     """A finished round an earlier attempt of this flow run measured but could not collect (the results
     disk was full, the controller lost the host ...): its last attempt's result, when it completed."""

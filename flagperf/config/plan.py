@@ -108,9 +108,10 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
              rounds: int | None = None, sets: list[str] | None = None, results_dir: str | Path = "results",
              run_id: str | None = None, flow_run_id: str | None = None,
              hosts: list[dict[str, Any]] | None = None, inventory_overrides: dict[str, Any] | None = None,
-             inventory_source: str = "inventory") -> RunPlan:
+             inventory_source: str = "inventory", resume: bool = False) -> RunPlan:
     """inventory_overrides: settings an inventory gives every case that has the key (FlagPerf's host.yaml
-    NPROC_PER_NODE); below --set, and no error when no case has the key."""
+    NPROC_PER_NODE); below --set, and no error when no case has the key. resume: continue the run folder
+    ``run_id`` of another flow run (`flagperf run --retry`), which must have planned the same work."""
     if suite and cases:
         raise ConfigError("flagperf run", None, "give --suite or --cases, not both")
     sets = list(sets or [])
@@ -192,14 +193,14 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
                    results_dir=str(results_dir), set_overrides=sets, flow_run_id=flow_run_id,
                    git_revision=f"{revision}{'+modified' if dirty else ''}" if revision else None,
                    source_digest=source_digest(), hosts=list(hosts or []))
-    if run_dir.exists() and not _is_resumable(run_dir, plan):
+    if run_dir.exists() and not _is_resumable(run_dir, plan, resume):
         raise ConfigError("--results", None, f"{run_dir} already exists; results are never overwritten")
     return plan
 
 
-def _is_resumable(run_dir: Path, plan: RunPlan) -> bool:
+def _is_resumable(run_dir: Path, plan: RunPlan, resume: bool = False) -> bool:
     """A retried flow run may continue its own run folder, if it asks for exactly the same work."""
-    if plan.flow_run_id is None:
+    if plan.flow_run_id is None and not resume:
         return False
     try:
         earlier = RunPlan.model_validate_json((run_dir / PLAN_FILE).read_text(encoding="utf-8"))
@@ -215,4 +216,9 @@ def _is_resumable(run_dir: Path, plan: RunPlan) -> bool:
                           f"this run folder was made by code {earlier.source_digest}, the retry runs "
                           f"{plan.source_digest}: kept rounds and new ones would come from different code; start a "
                           "new run")
-    return earlier.flow_run_id == plan.flow_run_id and earlier.cases == plan.cases and earlier.rounds == plan.rounds
+    same_work = (earlier.cases == plan.cases and earlier.rounds == plan.rounds
+                 and [h.get("name") for h in earlier.hosts] == [h.get("name") for h in plan.hosts])
+    if resume and not same_work:
+        raise ConfigError(str(run_dir / PLAN_FILE), None, "this run folder planned other work (cases, rounds, "
+                          "settings or hosts): retry with the options it was started with")
+    return (resume or earlier.flow_run_id == plan.flow_run_id) and same_work

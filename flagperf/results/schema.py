@@ -216,13 +216,16 @@ def atomic_path(path: Path) -> Iterator[Path]:
 
 
 def folder_problem(folder: Path) -> str | None:
-    """Why results cannot be written to ``folder`` (made if missing), or None: checked by writing a file."""
+    """Why results cannot be written to ``folder`` (made if missing), or None: checked by writing a file
+    with data in it (an empty one fits on a full disk) and flushing it (where the disk reports a full one)."""
     try:
         if folder.exists() and not folder.is_dir():
             return "is a file, not a folder"
         folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
+        with tempfile.TemporaryFile(dir=folder) as probe:
+            probe.write(b"flagperf")
+            probe.flush()
+            os.fsync(probe.fileno())
     except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
         return f"cannot write there: {getattr(exc, 'strerror', None) or exc}"
     return None

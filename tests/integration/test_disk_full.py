@@ -1,11 +1,13 @@
 """A results disk that fills mid-run: nothing measured is lost, the run stops with one line, a retry recovers.
 
-The results folder is a real, small ext4 file system (a loop mount); a fixture case fills it to the last
-block while its round runs, as another job on the machine would."""
+The results folder is a real, small file system (an ext4 loop mount for the flow, a tmpfs for `flagperf
+run`); a fixture case fills it to the last block while its round runs, as another job on the machine would,
+so the disk is full exactly while a measured round waits to be stored."""
 
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,8 +21,11 @@ from prefect_api import all_task_runs, run_evaluate
 from flagperf.paths import PROJECT_ROOT
 from flagperf.results.schema import KEPT_ON_HOST, RESULTS_UNWRITABLE, read_result
 from flagperf.results.summary import REPORT_MD, SUMMARY_JSON
+from flows.progress import CONTROLLER_LOG
+from tests.unit.mounts import fill_to_the_last_block, mounted_tmpfs
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_server")]
+pytestmark = pytest.mark.integration
+FIXTURE_CASES = Path(__file__).resolve().parents[1] / "fixtures" / "cases"
 
 
 @pytest.fixture
@@ -46,6 +51,12 @@ def _files(folder: Path) -> list[Path]:
     return [p for p in folder.rglob("*") if p.is_file()]
 
 
+def _debris(folder: Path) -> list[Path]:
+    """What a write that did not fit could leave: temporary or partial names, 0-byte files."""
+    return [p for p in folder.rglob("*") if p.name.startswith(".") or (p.is_file() and p.stat().st_size == 0)]
+
+
+@pytest.mark.usefixtures("prefect_server")
 def test_a_full_results_disk_loses_nothing_and_a_retry_recovers(
         flagperf_env: Path, small_disk: Path, tmp_path: Path) -> None:
     results = small_disk / "results"
@@ -88,3 +99,73 @@ def test_a_full_results_disk_loses_nothing_and_a_retry_recovers(
     assert second.status == "success"
     assert (run_dir / SUMMARY_JSON).is_file() and (run_dir / REPORT_MD).is_file()
     assert not (work / run_dir.name).exists()  # everything collected: the host's copy is gone
+
+
+def flagperf_run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """`flagperf run` as a user starts it: its own temporary Prefect server, the fixture cases on the case
+    path, the host's work root under tmp_path."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(FLAGPERF_CASE_PATH=str(FIXTURE_CASES), FLAGPERF_WORK_ROOT=str(tmp_path / "work"),
+               PREFECT_HOME=str(tmp_path / "prefect-home"))
+    return subprocess.run([sys.executable, "-m", "flows.cli", "run", *args], cwd=PROJECT_ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+
+
+def _lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def test_flagperf_run_stops_with_one_line_on_a_disk_that_fills_and_its_retry_collects_the_round(
+        tmp_path: Path) -> None:
+    """The issue's run: a tmpfs results folder filled while round 1 runs. The round stays on the host, the
+    controller says so in one line (and once that it cannot write its log), exits 1; `--retry` after space
+    is freed stores that very round and runs round 2."""
+    with mounted_tmpfs(tmp_path / "disk", "size=1100m") as disk:  # just above the run's 1 GiB check
+        results = disk / "results"
+        args = ["--cases", "fills-disk", "--rounds", "2", "--set", f"fills-disk.fill_dir={disk}",
+                "--set", f"fills-disk.marker={tmp_path / 'filled'}", "--results", str(results)]
+        stopped = flagperf_run(args, tmp_path)
+
+        assert stopped.returncode == 1, stopped.stdout[-3000:] + stopped.stderr[-3000:]
+        errors = _lines(stopped.stderr)
+        assert "Traceback" not in stopped.stderr + stopped.stdout and len(errors) <= 3, stopped.stderr[-5000:]
+        assert any(CONTROLLER_LOG in line and "No space left on device" in line for line in errors)
+        (run_dir,) = results.iterdir()
+        stage = tmp_path / "work" / run_dir.name / "fills-disk" / "round1" / "localhost_noderank0"
+        last = errors[-1]
+        assert last.startswith("error: ") and RESULTS_UNWRITABLE in last and f"{KEPT_ON_HOST} localhost:{stage}" in last
+        # The measured round is on the host, whole; nothing of it (and nothing empty) is on the full disk.
+        kept = stage / "attempt1" / "result.json"
+        measured = read_result(kept)
+        assert measured.status == "success" and measured.metrics[0].value > 0
+        kept_bytes = kept.read_bytes()
+        assert _debris(disk) == [] and _files(run_dir / "fills-disk") == []
+        assert not (tmp_path / "work" / run_dir.name / "fills-disk" / "round2").exists()  # nothing measured for nothing
+
+        # The line says how to go on: the same command with --retry.
+        retry_command = shlex.split(last.split("`")[1])
+        assert retry_command[:2] == ["flagperf", "run"] and retry_command[-2:] == ["--retry", str(run_dir)]
+        (disk / "ballast").unlink()  # space is back
+        retried = flagperf_run(retry_command[2:], tmp_path)
+
+        assert retried.returncode == 0, retried.stdout[-3000:] + retried.stderr[-3000:]
+        assert "Traceback" not in retried.stderr + retried.stdout and _lines(retried.stderr) == []
+        stored = run_dir / "fills-disk" / "round1" / "localhost_noderank0" / "result.json"
+        assert stored.read_bytes() == kept_bytes  # collected as measured, not measured again
+        assert read_result(run_dir / "fills-disk" / "round2" / "localhost_noderank0" / "result.json").status == \
+            "success"
+        assert (run_dir / SUMMARY_JSON).is_file() and (run_dir / REPORT_MD).is_file()
+        assert "collecting the round an earlier attempt measured" in (run_dir / CONTROLLER_LOG).read_text()
+        assert not (tmp_path / "work" / run_dir.name).exists()  # everything stored: the host's copy is gone
+        assert [p for p in disk.rglob(".*")] == []  # no temporary or partial file (a monitor's log may be empty)
+
+
+def test_flagperf_run_on_a_full_results_disk_refuses_in_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    with mounted_tmpfs(tmp_path / "disk", "size=4m") as disk:
+        ballast = fill_to_the_last_block(disk)
+        done = flagperf_run(["--cases", "computation-FP32", "--results", str(disk / "results")], tmp_path)
+        assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+        assert _lines(done.stderr) == [f"error: --results: {disk / 'results'}: cannot write there: No space left on "
+                                       "device"]
+        assert "Traceback" not in done.stdout
+        assert [p for p in disk.rglob("*") if p.is_file()] == [ballast]  # no run folder, no 0-byte file

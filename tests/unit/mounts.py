@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 from collections.abc import Iterator
@@ -25,3 +26,20 @@ def mounted_tmpfs(folder: Path, options: str) -> Iterator[Path]:
         yield folder
     finally:
         subprocess.run(["umount", str(folder)], check=True)
+
+
+def fill_to_the_last_block(folder: Path) -> Path:
+    """Take every free block of ``folder``'s file system with one file (fallocate: nothing is written), as
+    another job on the machine would; returns the file, whose removal gives the space back."""
+    ballast = folder / "ballast"
+    with ballast.open("ab") as handle:
+        size, chunk = 0, 1 << 30
+        while chunk >= 512:
+            try:
+                os.posix_fallocate(handle.fileno(), size, chunk)
+                size += chunk
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                chunk //= 2
+    return ballast
