@@ -3,14 +3,22 @@ that names the file (or option) and the key, no traceback, nothing started. Run 
 
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from mounts import mounted_tmpfs
 from typer.testing import CliRunner
 
+from flagperf.paths import PROJECT_ROOT
 from flows.cli import app
 
 runner = CliRunner()
@@ -152,3 +160,84 @@ def test_aliases_load_up_to_the_bound() -> None:
     assert len(data["e"]) == 9 and data["e"][0] is data["d"]
     with pytest.raises(ConfigError, match="aliases expand"):
         parse_yaml_text("".join(BOMB.splitlines(keepends=True)[:6]), "six.yaml")
+
+
+HOSTILE = Path(__file__).resolve().parents[1] / "fixtures" / "hostile"  # format: its README.md
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    """Every path under folder with its kind and content (links by target); nothing but regular files is opened."""
+    found: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(folder):  # links to folders are listed, not followed
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                kind = f"link -> {os.readlink(path)}"
+            elif stat.S_ISREG(mode):
+                kind = "file " + hashlib.sha256(path.read_bytes()).hexdigest()
+            else:
+                kind = stat.filemode(mode)[0]
+            found[str(path.relative_to(folder))] = kind
+    return found
+
+
+def _make(copy: Path, items: list[dict[str, Any]]) -> None:
+    for item in items:
+        (what, rel), *rest = item.items()
+        path = copy / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if what == "symlink":
+            path.symlink_to(dict(rest)["to"])
+        elif what == "fifo":
+            os.mkfifo(path)
+        elif what == "dir":
+            path.mkdir()
+        elif what == "write":
+            with path.open("w", encoding="utf-8") as out:
+                for text, times in dict(rest)["parts"]:
+                    out.write(text * times)
+        else:
+            raise AssertionError(f"expect.yaml: make: unknown item {what!r}")
+
+
+def _as_list(value: str | list[str] | None) -> list[str]:
+    return [value] if isinstance(value, str) else list(value or [])
+
+
+@pytest.mark.parametrize("name", sorted(p.parent.name for p in HOSTILE.glob("*/expect.yaml")))
+def test_hostile_input(name: str, tmp_path: Path) -> None:
+    """One folder of tests/fixtures/hostile through the real CLI; the checks are those of its README."""
+    expect = yaml.safe_load((HOSTILE / name / "expect.yaml").read_text(encoding="utf-8"))
+    copy = tmp_path / name
+    shutil.copytree(HOSTILE / name, copy, symlinks=True)
+    (copy / "expect.yaml").unlink()
+    _make(copy, expect.get("make") or [])
+    before = _snapshot(copy)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]),
+           "FLAGPERF_CASE_PATH": str(copy / "cases"), "FLAGPERF_SUITE_PATH": str(copy / "suites"),
+           "FLAGPERF_VENDOR_PATH": str(copy / "vendor_images"), "PREFECT_HOME": str(tmp_path / "prefect"),
+           "PREFECT_API_URL": "http://127.0.0.1:1/api"}  # a run wrongly accepted fails fast, starts no server
+    for run in expect["runs"]:
+        args = [str(a) for a in run["args"]]
+        try:
+            done = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=copy, env=env,
+                                  capture_output=True, text=True, timeout=expect.get("timeout_s", 300),
+                                  stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{name}: flagperf {' '.join(args)} did not finish in {expect.get('timeout_s', 300)} s")
+        said = f"{name}: flagperf {' '.join(args)}\nstdout: {done.stdout[-2000:]}\nstderr: {done.stderr[-2000:]}"
+        assert done.returncode == run.get("exit", 2), said
+        assert "Traceback" not in done.stdout + done.stderr, said
+        errors = done.stderr.splitlines()
+        if done.returncode == 2:
+            assert len(errors) == 1, said
+            for part in _as_list(run.get("error")):
+                assert part in errors[0], f"{part!r} not in the error line; {said}"
+        else:
+            assert errors == [], said
+        for part in _as_list(run.get("out")):
+            assert part in done.stdout, f"{part!r} not in stdout; {said}"
+        after = _snapshot(copy)
+        assert after == before, f"{said}\nleft behind or changed: " + ", ".join(
+            sorted(k for k in after.keys() | before.keys() if after.get(k) != before.get(k)))
