@@ -89,7 +89,7 @@ def test_an_alias_bomb_is_refused_quickly_without_echo(tmp_path: Path) -> None:
 
 
 def test_a_value_in_an_error_line_is_bounded(tmp_path: Path) -> None:
-    huge = "[" + ", ".join(["[1, 2, 3, 4, 5, 6, 7, 8]"] * 2000) + "]"
+    huge = "[" + ",\n  ".join(["[1, 2, 3, 4, 5, 6, 7, 8]"] * 2000) + "]"  # short lines: read, then refused
     suite = write(tmp_path / "s.yaml", f"name: s\ndescription: x\ncases: [computation-FP32]\nrounds: {huge}\n")
     line = fail("validate", str(suite), key="rounds")
     assert "..." in line
@@ -241,3 +241,59 @@ def test_hostile_input(name: str, tmp_path: Path) -> None:
         after = _snapshot(copy)
         assert after == before, f"{said}\nleft behind or changed: " + ", ".join(
             sorted(k for k in after.keys() | before.keys() if after.get(k) != before.get(k)))
+
+
+def test_the_marker_of_the_hostile_case_modules_is_live(tmp_path: Path) -> None:
+    """The hostile inputs' case code does write its marker when imported: their 'nothing left behind' check can
+    fail (what `flagperf run` does with a case's module is what validate must not do)."""
+    from flagperf.config.vendors import import_file
+
+    module = tmp_path / "bench.py"
+    shutil.copy(HOSTILE / "case-code-runs-at-import" / "cases" / "base" / "side-effect" / "bench.py", module)
+    import_file(module, "flagperf_test_hostile_marker")
+    sys.modules.pop("flagperf_test_hostile_marker", None)
+    assert (tmp_path / "executed").is_file()
+
+
+MARKER = "from pathlib import Path\nPath(__file__).with_name('executed').write_text('x')\n"
+
+
+@pytest.mark.parametrize(("bench", "key"), [
+    ("def run(config, ctx):\n    return []\n", "bench.py has no 'Config'"),
+    ("from flagperf.measure.casekit import CaseConfig\nclass Config(CaseConfig):\n    size: int\n", "has no 'run'"),
+    ("from pydantic import BaseModel\nclass Config(BaseModel):\n    size: int\ndef run(c, x):\n    return []\n",
+     "must subclass flagperf.measure.casekit.CaseConfig"),
+    ("from helpers import Base\nclass Config(Base):\n    size: int\ndef run(c, x):\n    return []\n",
+     "cannot be checked without running the case"),
+    ("def run(config, ctx:\n    return []\n", "invalid Python"),
+    ("from flagperf.measure.casekit import CaseConfig\nclass Config(CaseConfig):\n    size: int\n"
+     "    colour: str\ndef run(c, x):\n    return []\n", "colour: required key is missing"),
+])
+def test_validate_reads_a_case_module_without_running_it(make_case, bench: str, key: str) -> None:
+    folder = make_case("static", bench=MARKER + bench, configurations={"size": 8, "timeout_s": 60, "max_retries": 0})
+    fail("validate", str(folder / "case.yaml"), key=key)
+    assert not (folder / "executed").exists()
+
+
+def test_validate_types_a_case_config_from_its_source(make_case) -> None:
+    """Annotations and Field(...) made of literals and the core's names are checked as the case's Config would."""
+    bench = MARKER + (
+        "from typing import Literal\nfrom pydantic import Field\nfrom flagperf.measure.casekit import CaseConfig\n"
+        "LIMIT = 2 ** 4\nclass Config(CaseConfig):\n    size: int = Field(gt=0, le=LIMIT + 1)\n"
+        "    mode: Literal['a', 'b'] = 'a'\n    tags: list[str] = Field(default_factory=list)\n"
+        "def run(c, x):\n    return []\n")
+    good = {"size": 17, "mode": "b", "tags": ["x"], "timeout_s": 60, "max_retries": 0}
+    folder = make_case("typed", bench=bench, configurations=good)
+    assert runner.invoke(app, ["validate", str(folder / "case.yaml")]).exit_code == 0
+    for name, (key, value) in enumerate([("size", 18), ("mode", "c"), ("tags", "x"), ("size", "8")]):
+        folder = make_case(f"typed{name}", bench=bench, configurations={**good, key: value})
+        fail("validate", str(folder / "case.yaml"), key=key)
+        assert not (folder / "executed").exists()
+
+
+def test_a_long_string_is_refused_by_its_key(tmp_path: Path) -> None:
+    folded = "\n".join(["  " + "y" * 100] * 50)  # 5000 characters over short lines: parsed, then bounded
+    suite = write(tmp_path / "s.yaml", f"name: s\ndescription: >-\n{folded}\ncases: [computation-FP32]\n")
+    assert "at most 4096" in fail("validate", str(suite), key="description")
+    inv = write(tmp_path / "inv.yaml", "hosts: [{name: a, env: {TOKEN: '" + "z" * 5000 + "'}}]\n")
+    fail("validate", str(inv), key="hosts.0.env.TOKEN")
