@@ -297,3 +297,27 @@ def test_a_long_string_is_refused_by_its_key(tmp_path: Path) -> None:
     assert "at most 4096" in fail("validate", str(suite), key="description")
     inv = write(tmp_path / "inv.yaml", "hosts: [{name: a, env: {TOKEN: '" + "z" * 5000 + "'}}]\n")
     fail("validate", str(inv), key="hosts.0.env.TOKEN")
+
+
+@pytest.mark.parametrize("link", ["source", "folder"])
+def test_a_toolkit_that_leads_out_of_the_vendor_folder_is_refused(tmp_path: Path, link: str) -> None:
+    from flagperf.basespec.toolkit import find_toolkit
+    from flagperf.errors import ConfigError
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "prog.py").write_text("print('built from outside')\n", encoding="utf-8")
+    toolkits = tmp_path / "vendor" / "toolkits"
+    folder = (outside if link == "folder" else toolkits / "t")
+    folder.mkdir(parents=True, exist_ok=True)
+    write(folder / "toolkit.yaml", "name: t\nprovides: gemm\ndescription: x\nsources: [prog.py]\n"
+                                   "build: [cp, prog.py, '{binary}']\nprecisions: {bf16: bf16}\n")
+    if link == "folder":
+        toolkits.mkdir(parents=True)
+        (toolkits / "t").symlink_to(outside)
+        expected = "is outside the vendor folder"
+    else:
+        (folder / "prog.py").symlink_to(outside / "prog.py")
+        expected = "sources.0: 'prog.py' is outside the toolkit folder"
+    with pytest.raises(ConfigError, match=expected):
+        find_toolkit(tmp_path / "vendor", "gemm")
