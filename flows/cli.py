@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from flagperf.config.casecode import case_code_not_run
 from flagperf.config.cases import INFERENCE_FILES, available_cases, load_case, load_case_manifest, resolve_case_config
 from flagperf.config.plan import DEFAULT_SUITE, PLAN_FILE, available_suites, plan_run
 from flagperf.config.vendors import MANIFEST as VENDOR_MANIFEST
@@ -411,11 +412,14 @@ def _validate_inference_file(path: Path) -> str | None:
 
 @app.command()
 def validate(files: Annotated[list[Path], typer.Argument(help="config files to check")]) -> None:
-    """Check config files (suites, case.yaml, vendor overrides, vendor.yaml) without running anything."""
+    """Check config files (suites, case.yaml, vendor overrides, vendor.yaml, inventories) without running
+    anything: a case's module is read, not imported (its Config is rebuilt from the source; the case's own
+    validators run when it runs), and only regular files inside their folders are read."""
     bad = 0
     for path in files:
         try:
-            kind = _validate_file(path)
+            with case_code_not_run():
+                kind = _validate_file(path)
         except FlagperfError as exc:
             bad += 1
             err_console.print(f"[red]error[/] {escape(str(exc))}", highlight=False, soft_wrap=True)

@@ -27,8 +27,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from flagperf.config.files import given_name, inside, regular_file
+from flagperf.config.yamlio import load_yaml_mapping
 from flagperf.errors import CaseUserError, ConfigError, Unsupported
 from flagperf.measure.casekit import CaseContext, TimedCaseConfig
+from flagperf.paths import display_path
 from flagperf.results.metrics import GEMM_CONVENTION, Chunk, gemm_ops
 from flagperf.results.schema import Metric
 
@@ -61,17 +64,18 @@ class ToolkitManifest(BaseModel):
 
 
 def find_toolkit(vendor_folder: Path | None, provides: str) -> tuple[Path, ToolkitManifest]:
-    import yaml  # a dependency of the engine; imported here so the case module loads fast
-
     if vendor_folder is None:
         raise Unsupported(f"no vendor folder is known to this case, so no toolkit providing {provides!r}")
     for path in sorted((vendor_folder / "toolkits").glob(f"*/{TOOLKIT_FILE}")):
+        # Read as any config file (a regular file, no link out of the vendor folder); what it builds stays inside.
+        inside(vendor_folder, path.relative_to(vendor_folder), given_name(path), None, "the vendor folder")
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-            manifest = ToolkitManifest.model_validate(data)
-        except (OSError, yaml.YAMLError, ValidationError) as exc:
+            manifest = ToolkitManifest.model_validate(load_yaml_mapping(path))
+        except ValidationError as exc:
             first = str(exc).splitlines()[0]
             raise ConfigError(path, None, f"not a valid toolkit manifest: {first}") from None
+        for index, source in enumerate(manifest.sources):
+            regular_file(path.parent, source, display_path(path), f"sources.{index}", "the toolkit folder")
         if manifest.provides == provides:
             return path.parent, manifest
     raise Unsupported(f"vendor {vendor_folder.name} has no toolkit providing {provides!r} "

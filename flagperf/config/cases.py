@@ -24,7 +24,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError, field_validator
 
+from flagperf.config.casecode import code_runs, read_case_module
 from flagperf.config.engines import INFERENCE_ENGINES, declared_options
+from flagperf.config.files import given_name, inside, is_present, read_config_text, regular_file
 from flagperf.config.models import (
     CaseConfig,
     CaseManifest,
@@ -109,9 +111,35 @@ class CaseDef:
                                   "must subclass flagperf.inference.config.InferenceConfig")
         return module
 
+    @cached_property
+    def _config_read(self) -> type[BaseModel]:
+        required = {"inference": INFERENCE_FUNCTIONS, "generate": ()}.get(self.family, ("run",))
+        model = read_case_module(self.folder / self.manifest.entry, self.family, required,
+                                 display_path(self.manifest_path), self.manifest.entry)
+        if self.family == "inference" and getattr(model, "family", None) != "inference":
+            raise ConfigError(display_path(self.folder / self.manifest.entry), "Config",
+                              "must subclass flagperf.inference.config.InferenceConfig")
+        return model
+
     @property
     def config_model(self) -> type[BaseModel]:
+        """The case's Config: imported with the case's module, or, where case code is not run (`flagperf
+        validate`), rebuilt from its source without running it (flagperf.config.casecode)."""
+        if not code_runs() and not is_core_module(self.manifest.entry):
+            return self._config_read
         return self.module.Config
+
+
+def check_case_folder(folder: Path) -> None:
+    """A case folder is <root>/<family>/<name>: a link (of the folder or its family) that leads out of the root
+    is refused, so that no file outside the case roots is read or run as a case."""
+    inside(folder.parent.parent, Path(folder.parent.name, folder.name), given_name(folder), None, "the case root")
+
+
+def _case_file(case_folder: Path, name: str) -> Path:
+    """A file of the case folder, which a link must not lead out of."""
+    inside(case_folder, name, given_name(case_folder / name), None, "the case folder")
+    return case_folder / name
 
 
 def available_cases() -> dict[str, Path]:
@@ -137,13 +165,14 @@ def available_cases() -> dict[str, Path]:
 
 def load_inference_manifest(folder: Path) -> InferenceManifest:
     """FlagPerf's configurations.yaml and parameters.yaml, loaded unchanged, as a manifest."""
-    configurations = load_yaml_mapping(folder / INFERENCE_FILES[0])
-    parameters_path = folder / INFERENCE_FILES[1]
-    parameters = load_yaml_mapping(parameters_path) if parameters_path.is_file() else {}
-    readme = folder / "README.md"
+    check_case_folder(folder)
+    configurations = load_yaml_mapping(_case_file(folder, INFERENCE_FILES[0]))
+    parameters_path = _case_file(folder, INFERENCE_FILES[1])
+    parameters = load_yaml_mapping(parameters_path) if is_present(parameters_path) else {}
+    readme = _case_file(folder, "README.md")
     description = f"inference case {folder.name}"
-    if readme.is_file():
-        paragraphs = [p.strip() for p in readme.read_text(encoding="utf-8").split("\n\n") if p.strip()]
+    if is_present(readme):
+        paragraphs = [p.strip() for p in read_config_text(readme).split("\n\n") if p.strip()]
         text = next((p for p in paragraphs if not p.startswith("#")), "")
         description = " ".join(text.split()) or description
     try:
@@ -151,20 +180,22 @@ def load_inference_manifest(folder: Path) -> InferenceManifest:
                                      entry=INFERENCE_ENTRY, configurations=configurations, parameters=parameters)
     except ValidationError as exc:
         raise pydantic_error_to_config_error(exc, display_path(folder / INFERENCE_FILES[0])) from None
-    if not (folder / INFERENCE_ENTRY).is_file():
+    if not is_present(folder / INFERENCE_ENTRY):
         raise ConfigError(display_path(folder), "entry", f"{INFERENCE_ENTRY} does not exist")
+    regular_file(folder, INFERENCE_ENTRY, display_path(folder), "entry", "the case folder")
     return manifest
 
 
 def load_case_manifest(path: Path) -> CaseManifest:
-    source = display_path(path)
+    check_case_folder(path.parent)
+    source = display_path(_case_file(path.parent, path.name))
     manifest = load_model(path, CaseManifest)
     if manifest.name != path.parent.name:
         raise ConfigError(source, "name", f"must match the folder name ({path.parent.name!r})")
     if manifest.family != path.parent.parent.name:
         raise ConfigError(source, "family", f"must match the parent folder ({path.parent.parent.name!r})")
-    if not is_core_module(manifest.entry) and not (path.parent / manifest.entry).is_file():
-        raise ConfigError(source, "entry", f"{manifest.entry!r} does not exist in {display_path(path.parent)}")
+    if not is_core_module(manifest.entry):  # inside the folder, also through links: it is the code run
+        regular_file(path.parent, manifest.entry, source, "entry", "the case folder")
     return manifest
 
 
@@ -173,7 +204,7 @@ def load_case(name: str, cases: dict[str, Path] | None = None) -> CaseDef:
     if name not in cases:
         raise ConfigError("cases", name, f"unknown case (known: {', '.join(sorted(cases))})")
     folder = cases[name]
-    if not (folder / MANIFEST).is_file() and (folder / INFERENCE_FILES[0]).is_file():
+    if not is_present(folder / MANIFEST) and is_present(folder / INFERENCE_FILES[0]):
         return CaseDef(manifest=load_inference_manifest(folder), folder=folder)
     return CaseDef(manifest=load_case_manifest(folder / MANIFEST), folder=folder)
 
@@ -194,8 +225,9 @@ def _apply_scale_file(case: CaseDef, merged: MergedConfig, vendor: str, hardware
     if not isinstance(nnodes, int) or not isinstance(nproc, int):
         return
     path = scale_file(case, vendor, hardware, nnodes, nproc)
-    if not path.is_file():
+    if not is_present(path):
         return
+    _case_file(case.folder, str(path.relative_to(case.folder)))
     source = display_path(path)
     for key, value in load_yaml_mapping(path).items():
         if key in ("nnodes", "nproc_per_node") and value != final[key]:
@@ -257,7 +289,10 @@ def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[st
     validated by the case's own Config model. files_are_local: the cases run on this machine, so the files
     a config names (exist_onnx_path ...) can be checked here; on remote hosts the case checks them there."""
     vendor_path = case.vendor_file(vendor)
-    vendor_overrides = load_yaml_mapping(vendor_path) if vendor_path.is_file() else {}
+    present = bool(vendor) and is_present(vendor_path)
+    if present:
+        _case_file(case.folder, str(vendor_path.relative_to(case.folder)))
+    vendor_overrides = load_yaml_mapping(vendor_path) if present else {}
     merged = merge_vendor_overrides(
         case.manifest.configurations,
         case.manifest.parameters,

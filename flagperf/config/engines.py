@@ -13,6 +13,8 @@ from typing import ClassVar, TypeVar
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from flagperf.config.casecode import CodeNotRun, code_runs
+from flagperf.config.files import given_name, inside, regular_file
 from flagperf.config.models import StrictModel, check_name, load_model
 from flagperf.config.vendors import import_file
 from flagperf.config.yamlio import load_yaml_mapping
@@ -80,6 +82,7 @@ def declared_options(vendor: str, family_folder: str) -> dict[str, set[str]]:
     library may not be installed on the controller); the manifest is checked when the engine loads."""
     found: dict[str, set[str]] = {}
     for name, folder in engine_folders(vendor, family_folder).items():
+        _check_engine_folder(folder)
         options = load_yaml_mapping(folder / ENGINE_MANIFEST).get("options") or []
         found[name] = {str(key) for key in options} if isinstance(options, list) else set()
     return found
@@ -95,19 +98,23 @@ def load_engine_manifest(vendor: str, name: str, family_folder: str, model: type
         raise ConfigError(source, key, f"unknown {key} {name!r} for vendor {vendor} "
                                        f"(engines in vendor_images/{vendor}/{family_folder}/: {known})")
     folder = engines[name]
+    _check_engine_folder(folder)
     manifest_source = display_path(folder / ENGINE_MANIFEST)
     manifest = load_model(folder / ENGINE_MANIFEST, model)
     if manifest.name != name:
         raise ConfigError(manifest_source, "name", f"must match the folder name ({name!r})")
-    if manifest.file is not None:
-        target = (folder / manifest.file).resolve()
-        if not target.is_relative_to(folder.resolve()):  # '../x.py', an absolute path, a link out of the folder
-            raise ConfigError(manifest_source, "file", f"{manifest.file!r} is outside the engine's folder")
-        if not target.is_file():
-            raise ConfigError(manifest_source, "file", f"{manifest.file!r} does not exist")
+    if manifest.file is not None:  # '../x.py', an absolute path, a link out of the folder: refused
+        regular_file(folder, manifest.file, manifest_source, "file", "the engine's folder")
     if manifest.module is not None and importlib.util.find_spec(manifest.module) is None:
         raise ConfigError(manifest_source, "module", f"no module named {manifest.module!r}")
     return manifest, folder
+
+
+def _check_engine_folder(folder: Path) -> None:
+    """<vendor root>/<vendor>/<family folder>/<engine>/engine.yaml: no link leads out of the vendor root."""
+    root = folder.parents[2]
+    inside(root, folder.relative_to(root), given_name(folder), None, "the vendor root")
+    inside(folder, ENGINE_MANIFEST, given_name(folder / ENGINE_MANIFEST), None, "the engine's folder")
 
 
 def missing_requirements(manifest: EngineManifest) -> list[Requirement]:
@@ -142,6 +149,8 @@ def import_engine(manifest: EngineManifest, folder: Path, contract: ContractT, e
         raise CaseUserError(f"engine {manifest.name} ({source}) needs the Python package(s) "
                             f"{', '.join(r.pip for r in missing)}: not installed on this host "
                             f"(import {', '.join(r.import_name for r in missing)} fails)")
+    if manifest.file is not None and not code_runs():
+        raise CodeNotRun(f"engine {manifest.name} ({source}) is not imported: flagperf validate runs no plug-in code")
     if manifest.module is not None:
         module = importlib.import_module(manifest.module)
     else:

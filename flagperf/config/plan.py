@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from flagperf.config.cases import available_cases, load_case, resolve_case_config, settable_keys
+from flagperf.config.files import is_present
 from flagperf.config.models import SetOverride, load_suite, parse_set_override
 from flagperf.config.vendors import Vendor, load_vendor
 from flagperf.errors import ConfigError
@@ -83,7 +84,7 @@ def available_suites() -> dict[str, Path]:
 
 def find_suite(name_or_path: str) -> Path:
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") and path.is_file():
+    if path.suffix in (".yaml", ".yml") and is_present(path):  # read as a file, which says if it is not one
         return path
     suites = available_suites()
     if name_or_path not in suites:

@@ -20,6 +20,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from flagperf.config.casecode import CodeNotRun, code_runs
+from flagperf.config.files import given_name, inside, regular_file
 from flagperf.config.models import StrictModel, check_name, load_model
 from flagperf.errors import ConfigError, missing_extra
 from flagperf.paths import PROJECT_ROOT, display_path, vendor_roots
@@ -149,7 +151,10 @@ class Vendor(BaseModel):
 
 def import_file(path: Path, module_name: str, family: str | None = None) -> ModuleType:
     """Import a plug-in's file. A package of one of the project's extras that is missing is one line naming
-    the extra (for a case, its family's: training or inference)."""
+    the extra (for a case, its family's: training or inference). Refused while `flagperf validate` checks
+    files (flagperf.config.casecode): checking a file never runs it."""
+    if not code_runs():
+        raise CodeNotRun(f"{display_path(path)} is not imported: flagperf validate runs no plug-in code")
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise ConfigError(display_path(path), None, "cannot be imported as a Python module")
@@ -170,9 +175,12 @@ def import_file(path: Path, module_name: str, family: str | None = None) -> Modu
 
 
 def load_vendor_manifest(path: Path) -> VendorManifest:
+    folder = path.parent
+    # vendor_images/<vendor>/vendor.yaml: no link out of the vendor root, nor out of the vendor's folder.
+    inside(folder.parent, folder.name, given_name(folder), None, "the vendor root")
+    inside(folder, path.name, given_name(path), None, "the vendor folder")
     source = display_path(path)
     manifest = load_model(path, VendorManifest)
-    folder = path.parent
     if manifest.name != folder.name:
         raise ConfigError(source, "name", f"must match the folder name ({folder.name!r})")
     for key, rel in [("spec_module", manifest.spec_module), ("container.dockerfile", manifest.container.dockerfile)]:
@@ -186,11 +194,7 @@ def load_vendor_manifest(path: Path) -> VendorManifest:
 
 
 def _check_inside(folder: Path, rel: str, source: str, key: str) -> None:
-    target = (folder / rel).resolve()
-    if not target.is_relative_to(folder.resolve()):
-        raise ConfigError(source, key, f"{rel!r} must stay inside the vendor folder")
-    if not target.is_file():
-        raise ConfigError(source, key, f"{rel!r} does not exist in {display_path(folder)}")
+    regular_file(folder, rel, source, key, "the vendor folder")
 
 
 def available_vendors() -> dict[str, Path]:

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from flagperf.config.files import read_config_text
 from flagperf.errors import ConfigError
 from flagperf.paths import display_path
 
@@ -95,9 +96,48 @@ class _BoundedLoader(_StrictLoader):
         return node
 
 
+# Text in a config file is short: a description is a paragraph, a name a word. Longer values are refused with
+# their key (a 10 MB description would otherwise be carried into every plan, log line and report).
+MAX_TEXT = 4096
+MAX_KEY = 256
+# A line this long cannot hold a valid value; refused before parsing, which would take seconds per megabyte.
+MAX_LINE = 4 * MAX_TEXT
+_LONG_LINE = re.compile(rf"[^\n]{{{MAX_LINE + 1}}}")
+_LINE_KEY = re.compile(r"\s*(?:-\s+)*['\"]?([^'\"\s:#][^:#\n]{0,80}?)['\"]?\s*:(?:\s|$)")
+
+
+def _long_line(text: str, source: str) -> None:
+    found = _LONG_LINE.search(text)
+    if found is None:
+        return
+    start = text.rfind("\n", 0, found.start()) + 1
+    line = text.count("\n", 0, start) + 1
+    key = _LINE_KEY.match(text, start, start + 200)
+    where = f"{key.group(1).strip()} (line {line})" if key else f"line {line}"
+    raise ConfigError(source, where, f"a line longer than {MAX_LINE} characters; a config value is at most "
+                                     f"{MAX_TEXT}; not read")
+
+
+def _check_lengths(data: Any, source: str, path: str = "") -> None:
+    """Every string (value or key) within its bound, the offending one named by its dotted key."""
+    if isinstance(data, str):
+        if len(data) > MAX_TEXT:
+            raise ConfigError(source, path or None, f"{len(data)} characters; a config value is at most {MAX_TEXT}")
+    elif isinstance(data, dict):
+        for key, value in data.items():
+            if isinstance(key, str) and len(key) > MAX_KEY:
+                raise ConfigError(source, f"{path}.{key[:40]}..." if path else f"{key[:40]}...",
+                                  f"a key of {len(key)} characters; a key is at most {MAX_KEY}")
+            _check_lengths(value, source, f"{path}.{key}" if path else str(key))
+    elif isinstance(data, list):
+        for index, value in enumerate(data):
+            _check_lengths(value, source, f"{path}.{index}" if path else str(index))
+
+
 def parse_yaml_text(text: str, source: str) -> Any:
+    _long_line(text, source)
     try:
-        return yaml.load(text, Loader=_BoundedLoader)
+        data = yaml.load(text, Loader=_BoundedLoader)
     except RecursionError:
         raise ConfigError(source, None, "nested too deeply; not read") from None
     except AliasBomb as exc:
@@ -110,22 +150,15 @@ def parse_yaml_text(text: str, source: str) -> Any:
         raise ConfigError(source, where, f"invalid YAML: {exc.problem or exc.context}") from None
     except yaml.YAMLError as exc:  # e.g. a ReaderError for a control character: keep it to one line
         raise ConfigError(source, None, "invalid YAML: " + " ".join(str(exc).split())) from None
+    _check_lengths(data, source)
+    return data
 
 
 def load_yaml_mapping(path: Path) -> dict[str, Any]:
-    """Read a YAML file whose top level must be a mapping with string keys."""
+    """Read a YAML file whose top level must be a mapping with string keys. Only a regular file is read
+    (flagperf.config.files): a FIFO, a device or a folder is one error line, never a hang."""
     source = display_path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(source, None, "file not found") from None
-    except IsADirectoryError:
-        raise ConfigError(source, None, "is a directory, expected a YAML file") from None
-    except UnicodeDecodeError:
-        raise ConfigError(source, None, "not UTF-8 text") from None
-    except OSError as exc:
-        raise ConfigError(source, None, f"cannot read: {exc.strerror}") from None
-    data = parse_yaml_text(text, source)
+    data = parse_yaml_text(read_config_text(path, source), source)
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -3,14 +3,22 @@ that names the file (or option) and the key, no traceback, nothing started. Run 
 
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from mounts import mounted_tmpfs
 from typer.testing import CliRunner
 
+from flagperf.paths import PROJECT_ROOT
 from flows.cli import app
 
 runner = CliRunner()
@@ -81,7 +89,7 @@ def test_an_alias_bomb_is_refused_quickly_without_echo(tmp_path: Path) -> None:
 
 
 def test_a_value_in_an_error_line_is_bounded(tmp_path: Path) -> None:
-    huge = "[" + ", ".join(["[1, 2, 3, 4, 5, 6, 7, 8]"] * 2000) + "]"
+    huge = "[" + ",\n  ".join(["[1, 2, 3, 4, 5, 6, 7, 8]"] * 2000) + "]"  # short lines: read, then refused
     suite = write(tmp_path / "s.yaml", f"name: s\ndescription: x\ncases: [computation-FP32]\nrounds: {huge}\n")
     line = fail("validate", str(suite), key="rounds")
     assert "..." in line
@@ -152,3 +160,164 @@ def test_aliases_load_up_to_the_bound() -> None:
     assert len(data["e"]) == 9 and data["e"][0] is data["d"]
     with pytest.raises(ConfigError, match="aliases expand"):
         parse_yaml_text("".join(BOMB.splitlines(keepends=True)[:6]), "six.yaml")
+
+
+HOSTILE = Path(__file__).resolve().parents[1] / "fixtures" / "hostile"  # format: its README.md
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    """Every path under folder with its kind and content (links by target); nothing but regular files is opened."""
+    found: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(folder):  # links to folders are listed, not followed
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                kind = f"link -> {os.readlink(path)}"
+            elif stat.S_ISREG(mode):
+                kind = "file " + hashlib.sha256(path.read_bytes()).hexdigest()
+            else:
+                kind = stat.filemode(mode)[0]
+            found[str(path.relative_to(folder))] = kind
+    return found
+
+
+def _make(copy: Path, items: list[dict[str, Any]]) -> None:
+    for item in items:
+        (what, rel), *rest = item.items()
+        path = copy / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if what == "symlink":
+            path.symlink_to(dict(rest)["to"])
+        elif what == "fifo":
+            os.mkfifo(path)
+        elif what == "dir":
+            path.mkdir()
+        elif what == "write":
+            with path.open("w", encoding="utf-8") as out:
+                for text, times in dict(rest)["parts"]:
+                    out.write(text * times)
+        else:
+            raise AssertionError(f"expect.yaml: make: unknown item {what!r}")
+
+
+def _as_list(value: str | list[str] | None) -> list[str]:
+    return [value] if isinstance(value, str) else list(value or [])
+
+
+@pytest.mark.parametrize("name", sorted(p.parent.name for p in HOSTILE.glob("*/expect.yaml")))
+def test_hostile_input(name: str, tmp_path: Path) -> None:
+    """One folder of tests/fixtures/hostile through the real CLI; the checks are those of its README."""
+    expect = yaml.safe_load((HOSTILE / name / "expect.yaml").read_text(encoding="utf-8"))
+    copy = tmp_path / name
+    shutil.copytree(HOSTILE / name, copy, symlinks=True)
+    (copy / "expect.yaml").unlink()
+    _make(copy, expect.get("make") or [])
+    before = _snapshot(copy)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]),
+           "FLAGPERF_CASE_PATH": str(copy / "cases"), "FLAGPERF_SUITE_PATH": str(copy / "suites"),
+           "FLAGPERF_VENDOR_PATH": str(copy / "vendor_images"), "PREFECT_HOME": str(tmp_path / "prefect"),
+           "PREFECT_API_URL": "http://127.0.0.1:1/api"}  # a run wrongly accepted fails fast, starts no server
+    for run in expect["runs"]:
+        args = [str(a) for a in run["args"]]
+        try:
+            done = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=copy, env=env,
+                                  capture_output=True, text=True, timeout=expect.get("timeout_s", 300),
+                                  stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{name}: flagperf {' '.join(args)} did not finish in {expect.get('timeout_s', 300)} s")
+        said = f"{name}: flagperf {' '.join(args)}\nstdout: {done.stdout[-2000:]}\nstderr: {done.stderr[-2000:]}"
+        assert done.returncode == run.get("exit", 2), said
+        assert "Traceback" not in done.stdout + done.stderr, said
+        errors = done.stderr.splitlines()
+        if done.returncode == 2:
+            assert len(errors) == 1, said
+            for part in _as_list(run.get("error")):
+                assert part in errors[0], f"{part!r} not in the error line; {said}"
+        else:
+            assert errors == [], said
+        for part in _as_list(run.get("out")):
+            assert part in done.stdout, f"{part!r} not in stdout; {said}"
+        after = _snapshot(copy)
+        assert after == before, f"{said}\nleft behind or changed: " + ", ".join(
+            sorted(k for k in after.keys() | before.keys() if after.get(k) != before.get(k)))
+
+
+def test_the_marker_of_the_hostile_case_modules_is_live(tmp_path: Path) -> None:
+    """The hostile inputs' case code does write its marker when imported: their 'nothing left behind' check can
+    fail (what `flagperf run` does with a case's module is what validate must not do)."""
+    from flagperf.config.vendors import import_file
+
+    module = tmp_path / "bench.py"
+    shutil.copy(HOSTILE / "case-code-runs-at-import" / "cases" / "base" / "side-effect" / "bench.py", module)
+    import_file(module, "flagperf_test_hostile_marker")
+    sys.modules.pop("flagperf_test_hostile_marker", None)
+    assert (tmp_path / "executed").is_file()
+
+
+MARKER = "from pathlib import Path\nPath(__file__).with_name('executed').write_text('x')\n"
+
+
+@pytest.mark.parametrize(("bench", "key"), [
+    ("def run(config, ctx):\n    return []\n", "bench.py has no 'Config'"),
+    ("from flagperf.measure.casekit import CaseConfig\nclass Config(CaseConfig):\n    size: int\n", "has no 'run'"),
+    ("from pydantic import BaseModel\nclass Config(BaseModel):\n    size: int\ndef run(c, x):\n    return []\n",
+     "must subclass flagperf.measure.casekit.CaseConfig"),
+    ("from helpers import Base\nclass Config(Base):\n    size: int\ndef run(c, x):\n    return []\n",
+     "cannot be checked without running the case"),
+    ("def run(config, ctx:\n    return []\n", "invalid Python"),
+    ("from flagperf.measure.casekit import CaseConfig\nclass Config(CaseConfig):\n    size: int\n"
+     "    colour: str\ndef run(c, x):\n    return []\n", "colour: required key is missing"),
+])
+def test_validate_reads_a_case_module_without_running_it(make_case, bench: str, key: str) -> None:
+    folder = make_case("static", bench=MARKER + bench, configurations={"size": 8, "timeout_s": 60, "max_retries": 0})
+    fail("validate", str(folder / "case.yaml"), key=key)
+    assert not (folder / "executed").exists()
+
+
+def test_validate_types_a_case_config_from_its_source(make_case) -> None:
+    """Annotations and Field(...) made of literals and the core's names are checked as the case's Config would."""
+    bench = MARKER + (
+        "from typing import Literal\nfrom pydantic import Field\nfrom flagperf.measure.casekit import CaseConfig\n"
+        "LIMIT = 2 ** 4\nclass Config(CaseConfig):\n    size: int = Field(gt=0, le=LIMIT + 1)\n"
+        "    mode: Literal['a', 'b'] = 'a'\n    tags: list[str] = Field(default_factory=list)\n"
+        "def run(c, x):\n    return []\n")
+    good = {"size": 17, "mode": "b", "tags": ["x"], "timeout_s": 60, "max_retries": 0}
+    folder = make_case("typed", bench=bench, configurations=good)
+    assert runner.invoke(app, ["validate", str(folder / "case.yaml")]).exit_code == 0
+    for name, (key, value) in enumerate([("size", 18), ("mode", "c"), ("tags", "x"), ("size", "8")]):
+        folder = make_case(f"typed{name}", bench=bench, configurations={**good, key: value})
+        fail("validate", str(folder / "case.yaml"), key=key)
+        assert not (folder / "executed").exists()
+
+
+def test_a_long_string_is_refused_by_its_key(tmp_path: Path) -> None:
+    folded = "\n".join(["  " + "y" * 100] * 50)  # 5000 characters over short lines: parsed, then bounded
+    suite = write(tmp_path / "s.yaml", f"name: s\ndescription: >-\n{folded}\ncases: [computation-FP32]\n")
+    assert "at most 4096" in fail("validate", str(suite), key="description")
+    inv = write(tmp_path / "inv.yaml", "hosts: [{name: a, env: {TOKEN: '" + "z" * 5000 + "'}}]\n")
+    fail("validate", str(inv), key="hosts.0.env.TOKEN")
+
+
+@pytest.mark.parametrize("link", ["source", "folder"])
+def test_a_toolkit_that_leads_out_of_the_vendor_folder_is_refused(tmp_path: Path, link: str) -> None:
+    from flagperf.basespec.toolkit import find_toolkit
+    from flagperf.errors import ConfigError
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "prog.py").write_text("print('built from outside')\n", encoding="utf-8")
+    toolkits = tmp_path / "vendor" / "toolkits"
+    folder = (outside if link == "folder" else toolkits / "t")
+    folder.mkdir(parents=True, exist_ok=True)
+    write(folder / "toolkit.yaml", "name: t\nprovides: gemm\ndescription: x\nsources: [prog.py]\n"
+                                   "build: [cp, prog.py, '{binary}']\nprecisions: {bf16: bf16}\n")
+    if link == "folder":
+        toolkits.mkdir(parents=True)
+        (toolkits / "t").symlink_to(outside)
+        expected = "is outside the vendor folder"
+    else:
+        (folder / "prog.py").symlink_to(outside / "prog.py")
+        expected = "sources.0: 'prog.py' is outside the toolkit folder"
+    with pytest.raises(ConfigError, match=expected):
+        find_toolkit(tmp_path / "vendor", "gemm")
