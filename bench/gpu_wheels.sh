@@ -8,8 +8,10 @@
 # read by image cases only, scikit-learn by digits-mlp only; gpu_install.sh's pip check names what is absent.
 # Run here, where the package index is reachable; carry .whl/ to the GPU host.
 #   bash bench/gpu_wheels.sh [DIR]   (default .whl)
+#   bash bench/gpu_wheels.sh --resolve-only   prints the pins it would download, downloads nothing (tested in CI)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+resolve_only=0; [ "${1:-}" = --resolve-only ] && { resolve_only=1; shift; }
 dest=${1:-.whl}
 python=3.12
 command -v uv >/dev/null || python3 -m pip install -q uv
@@ -59,6 +61,7 @@ print("setuptools>=68")
 print("wheel")
 EOF
 
+if [ $resolve_only = 1 ]; then cat "$work/wanted.txt"; exit 0; fi
 mkdir -p "$dest"
 # Binary wheels for the host's Python and platform; a package published only as a source archive is built
 # here into a wheel (those are pure Python), so nothing is compiled on the host.
