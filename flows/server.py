@@ -79,10 +79,10 @@ def watch_parent(parent: int, argv: list[str]) -> int:
     """Run ``argv`` and wait; if ``parent`` goes away (killed, even with SIGKILL), stop ``argv`` and whatever it
     started: SIGTERM to the process group, then SIGKILL after a grace. A signal to the watcher is passed on.
     The watcher is started as a group leader (start_new_session), so the group is its own and the command's."""
-    child = subprocess.Popen(argv)  # same group: a signal to the group (see _stop) reaches both
     stopping: list[int] = []
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # before the command exists: none is lost
         signal.signal(sig, lambda signum, _frame: stopping.append(signum))
+    child = subprocess.Popen(argv)  # same group: a signal to the group (see _stop) reaches both
     while child.poll() is None and not stopping and os.getppid() == parent:
         time.sleep(WATCH_POLL_S)
     # The command's processes, listed before any is signalled: one that moved to a group or session of its own
