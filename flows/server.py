@@ -71,19 +71,21 @@ def public_base(host: str, port: int, public_url: str | None = None) -> str:
     return f"http://{f'[{name}]' if ':' in name else name}:{port}"
 
 
-def watched(argv: list[str]) -> list[str]:
-    """``argv`` run under a watcher that ends it (its whole process group) once this process is gone."""
-    return [sys.executable, "-m", "flows.server", "--watch-parent", str(os.getpid()), "--", *argv]
+def watched(argv: list[str], pass_fds: tuple[int, ...] = ()) -> list[str]:
+    """``argv`` run under a watcher that ends it (its whole process group) once this process is gone. The file
+    descriptors in ``pass_fds`` (which the watcher must be given too) are handed on to ``argv``."""
+    passed = [arg for fd in pass_fds for arg in ("--pass-fd", str(fd))]
+    return [sys.executable, "-m", "flows.server", "--watch-parent", str(os.getpid()), *passed, "--", *argv]
 
 
-def watch_parent(parent: int, argv: list[str]) -> int:
+def watch_parent(parent: int, argv: list[str], pass_fds: tuple[int, ...] = ()) -> int:
     """Run ``argv`` and wait; if ``parent`` goes away (killed, even with SIGKILL), stop ``argv`` and whatever it
     started: SIGTERM to the process group, then SIGKILL after a grace. A signal to the watcher is passed on.
     The watcher is started as a group leader (start_new_session), so the group is its own and the command's."""
-    child = subprocess.Popen(argv)  # same group: a signal to the group (see _stop) reaches both
     stopping: list[int] = []
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # before the command exists: none is lost
         signal.signal(sig, lambda signum, _frame: stopping.append(signum))
+    child = subprocess.Popen(argv, pass_fds=pass_fds)  # same group: a signal to the group (see _stop) reaches both
     while child.poll() is None and not stopping and os.getppid() == parent:
         time.sleep(WATCH_POLL_S)
     # The command's processes, listed before any is signalled: one that moved to a group or session of its own
@@ -158,12 +160,6 @@ def _stop(proc: subprocess.Popen[bytes], grace_s: float = 30.0) -> None:
             continue
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def configured_api_url() -> str | None:
     """PREFECT_API_URL from the environment or the active Prefect profile, read without importing prefect
     (once prefect is imported, its settings no longer follow the environment)."""
@@ -191,7 +187,10 @@ class TemporaryServer:
     def __init__(self) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="flagperf-prefect-"))
         self.log_path = self.folder / self.LOG
-        self.port = free_port()
+        # Bound here, on a port the OS chooses as it binds, and handed to uvicorn (--fd): a port found free and
+        # bound later by the server could be taken meanwhile, and /health then answered by someone else's.
+        self.socket = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.socket.getsockname()[1])
         self.api_url = f"http://127.0.0.1:{self.port}/api"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -205,11 +204,12 @@ class TemporaryServer:
                DATABASE_URL_ENV: f"sqlite+aiosqlite:///{self.folder / 'prefect.db'}"}
         env.pop("PREFECT_API_URL", None)
         with self.log_path.open("ab") as log:
+            fd = self.socket.fileno()
             self.proc = subprocess.Popen(watched(
                 [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(spec.origin).parent.parent), "--factory",
-                 "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
-                 "--log-level", "error", "--lifespan", "on", "--timeout-graceful-shutdown", "3"]),
-                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                 "prefect.server.api.server:create_app", "--fd", str(fd),
+                 "--log-level", "error", "--lifespan", "on", "--timeout-graceful-shutdown", "3"], pass_fds=(fd,)),
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(fd,))
         wait_healthy(self.api_url, self.proc, stopping, float(os.environ.get(
             "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", HEALTH_TIMEOUT_S)))
         return self.api_url
@@ -220,6 +220,7 @@ class TemporaryServer:
         if self.proc is not None:
             _stop(self.proc, grace_s=8.0)
             self.proc = None
+        self.socket.close()
         said_something = self.log_path.is_file() and self.log_path.stat().st_size > 0
         if keep_log_in is not None and keep_log_in.is_dir() and said_something:
             # Whole or not at all: a results disk that is full is reported by the run itself.
@@ -311,12 +312,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.server",
                                      description="run COMMAND until PID (its owner) is gone")
     parser.add_argument("--watch-parent", type=int, required=True, metavar="PID")
+    parser.add_argument("--pass-fd", type=int, action="append", default=[], metavar="FD",
+                        help="a file descriptor the command inherits (a listening socket)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command given")
-    return watch_parent(args.watch_parent, command)
+    return watch_parent(args.watch_parent, command, tuple(args.pass_fd))
 
 
 if __name__ == "__main__":

@@ -482,6 +482,10 @@ def step_inference(run: InferenceRun) -> None:
                                min_warmup=in_flight_batches(loader))
     _log_pass(run.inference, run.config)
     batches = _resident(run, run.engine_def.manifest.input_dtype(run.config), _on_device(run), loader)
+    # LoadGen's samples are made in this process: taking a few from the pass loader would leave its workers
+    # mid-epoch, alive with their prefetched batches until the loader is collected.
+    samples_from = in_main_process(loader)
+    del loader  # its workers end here, before the compute pass and LoadGen
     run.inference_compute = _compute(run, "inference", batches, forward, run.inference)
     if run.flops_per_item is None:
         _set_flops(run, None)
@@ -493,7 +497,8 @@ def step_inference(run: InferenceRun) -> None:
                 result, non_inference = forward(inputs)
                 return drain(result), non_inference  # a decoding loop runs here, on the round's stream
 
-        run.loadgen = run_scenarios(run.config, loader, forward_on_stream, run.sync, run.out_dir, run.case_name)
+        run.loadgen = run_scenarios(run.config, samples_from, forward_on_stream, run.sync, run.out_dir,
+                                    run.case_name)
 
 
 def _log_pass(stats: PassStats, config: InferenceConfig) -> None:

@@ -98,7 +98,8 @@ def output_tail(log: Path, lines: int = 40) -> str:
 
 def launch(job: Job, out_dir: Path, nnodes: int, nproc: int, master_port: int,
            module: str = "flagperf.training.worker") -> NodeExit:
-    """Start this node's processes (``python -m <module> --job job.json``) and wait for them.
+    """Start this node's processes (``python -m <module> --job job.json``) and wait for them. Several nodes meet
+    at ``master_port`` on the master; the processes of a single node at a store this launcher holds.
 
     A process that fails before any process of the node passed the final barrier fails the node: the others
     are stopped (they would wait for it in a collective) and its last lines are printed. A failure after that
@@ -107,11 +108,20 @@ def launch(job: Job, out_dir: Path, nnodes: int, nproc: int, master_port: int,
     first_rank = job.node_rank * nproc
     procs: list[subprocess.Popen[bytes]] = []
     network = socket_interface_env(job.master_addr, master_port) if nnodes > 1 else {}
+    master = {"MASTER_ADDR": job.master_addr, "MASTER_PORT": str(master_port)}
+    store = None
+    if nnodes == 1 and nproc > 1:
+        # One node: the processes meet at a store held here, on a port the OS gives as it binds (as torchrun
+        # --standalone does), not at master_port, which another round or program on this host may hold.
+        from torch.distributed import TCPStore
+
+        store = TCPStore("127.0.0.1", 0, world_size=world, is_master=True, wait_for_workers=False)
+        master = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
     for local_rank in range(nproc):
         rank = first_rank + local_rank
         env = {**network, **os.environ, "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
                "LOCAL_WORLD_SIZE": str(nproc), "NODE_RANK": str(job.node_rank), "GROUP_RANK": str(job.node_rank),
-               "MASTER_ADDR": job.master_addr, "MASTER_PORT": str(master_port)}
+               **master}
         with rank_log(out_dir, rank).open("wb") as log:
             # -X faulthandler: a process killed by a signal (SIGABRT from a C++ library) leaves every thread's
             # Python stack in its log.
@@ -138,6 +148,7 @@ def launch(job: Job, out_dir: Path, nnodes: int, nproc: int, master_port: int,
             time.sleep(0.2)
     still_running = [i for i in range(nproc) if i not in codes]
     _stop([procs[i] for i in still_running])  # one rank died: the others would wait for it in a collective
+    del store  # the processes have ended: the store's port is closed
     if failing:
         # The one killed by a signal is the cause (a peer it left exits 1, "connection closed", a moment later),
         # then one that says its input was wrong.

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from server_ports import start_on_os_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -47,12 +47,6 @@ pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(_missing() is not None and not os.environ.get("CI"), reason=str(_missing()))]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @dataclass
 class Server:
     ui: str
@@ -76,15 +70,24 @@ def wait_until(what: str, check, limit_s: float, every_s: float = 2.0):
 @pytest.fixture(scope="module")
 def team_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("team")
-    port, results_port = free_port(), free_port()
-    ui, api = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}/api"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(FLAGPERF_SUITE_PATH=str(ROOT / "tests" / "fixtures" / "suites"), FLAGPERF_WORK_ROOT=str(tmp / "work"))
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "server", "--database-url",
-                             os.environ["FLAGPERF_TEST_POSTGRES_URL"], "--port", str(port), "--results",
-                             str(tmp / "results"), "--results-port", str(results_port), "--log-dir",
-                             str(tmp / "logs")], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    env.update(FLAGPERF_SUITE_PATH=str(ROOT / "tests" / "fixtures" / "suites"), FLAGPERF_WORK_ROOT=str(tmp / "work"),
+               PREFECT_HOME=str(tmp / "prefect-home"))
+
+    def start_server(port: int, results_port: int) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-m", "flows.cli", "server", "--database-url",
+                                 os.environ["FLAGPERF_TEST_POSTGRES_URL"], "--port", str(port), "--results",
+                                 str(tmp / "results"), "--results-port", str(results_port), "--log-dir",
+                                 str(tmp / f"logs-{port}")], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+    def said(proc: subprocess.Popen[bytes]) -> str:  # the command's words and its Prefect server's log
+        log = Path(proc.args[proc.args.index("--log-dir") + 1]) / "server.log"
+        return (proc.stdout.read().decode(errors="replace") if proc.stdout else "") + (
+            log.read_text(errors="replace") if log.is_file() else "")
+
+    proc, port, _ = start_on_os_ports(start_server, tmp / "prefect-home", said)
+    ui, api = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}/api"
     try:
         def worker_online() -> bool:
             assert proc.poll() is None, "flagperf server exited"

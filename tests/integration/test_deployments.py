@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,17 +15,12 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import LogFilter, LogFilterTaskRunId
 from prefect_api import all_task_runs, flow_run_tree
+from server_ports import start_on_os_ports
 
 from flagperf.results.schema import read_result
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_server")]
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def stop_workers(workers: list[subprocess.Popen[bytes]], grace_s: float = 30.0) -> None:
@@ -186,28 +180,22 @@ def test_a_lasting_server_schedules_the_nightly(tmp_path: Path) -> None:
     from datetime import datetime, timezone
     from zoneinfo import ZoneInfo
 
-    import httpx
     from prefect_api import assert_schedule_gets_runs, nightly_schedule
 
-    port = free_port()
+    home = tmp_path / "prefect-home"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
+    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false",
                PREFECT_UI_ENABLED="false",
                PREFECT_SERVER_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}")
-    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                               "--port", str(port)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+    def start_server(port: int, _unused: int) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                                 "--port", str(port)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+    server, port, _ = start_on_os_ports(start_server, home, lambda proc: proc.stdout.read())
     api = f"http://127.0.0.1:{port}/api"
     try:
-        deadline = time.time() + 240
-        while time.time() < deadline:
-            assert server.poll() is None, server.stdout.read() if server.stdout else ""
-            try:
-                if httpx.get(f"{api}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(2)
         runs = assert_schedule_gets_runs(api)
     finally:
         os.killpg(server.pid, signal.SIGTERM)

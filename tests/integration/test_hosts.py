@@ -4,8 +4,11 @@ with verified host keys, a real Docker engine with a locally built image, a real
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +51,28 @@ def write_inventory(tmp_path: Path, hosts: list[dict[str, Any]], **top: Any) -> 
     path = tmp_path / "inventory.yaml"
     path.write_text(yaml.safe_dump({**top, "hosts": hosts}))
     return str(path)
+
+
+def master_port_on(bed: Testbed) -> int:
+    """A port the OS of the master host (h1's network namespace) gave a moment ago: another session's round on
+    the same test bed gets another, and with_master_port handles the rare one that took it meanwhile."""
+    master = bed.hosts[0]
+    code = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+    found = subprocess.run(bed.ssh_argv(master, shlex.join([master.python, "-c", code])), capture_output=True,
+                           text=True, timeout=60, check=True)
+    return int(found.stdout.strip())
+
+
+def with_master_port(bed: Testbed, run: Callable[[int], tuple[Any, Path]]) -> tuple[Any, Path, int]:
+    """``run(master_port)`` across hosts that must agree on the port before any binds it: run again on another
+    port when the master's rank 0 found it taken (EADDRINUSE in its output) by the time it listened."""
+    for _ in range(3):
+        port = master_port_on(bed)
+        state, run_dir = run(port)
+        if state.is_completed() or not any("EADDRINUSE" in log.read_text(errors="replace")
+                                           for log in run_dir.rglob("rank*.out.log")):
+            break
+    return state, run_dir, port
 
 
 def test_two_ssh_hosts_run_their_rounds_in_containers(flagperf_env: Path, tmp_path: Path,
@@ -157,11 +182,14 @@ def test_a_docker_host_without_torch_is_checked_in_its_image(flagperf_env: Path,
 def test_a_multi_node_collective_across_two_hosts(flagperf_env: Path, tmp_path: Path, testbed: Testbed,
                                                   deployed: Path, case: str, metric: str, convention: str) -> None:
     """gloo between two network namespaces: node 0 on h1 is the master, node 1 on h2 connects to it."""
-    inventory = write_inventory(tmp_path, [host_entry(testbed, i, deployed) for i in (0, 1)], master_port=29611)
-    state, run_dir = run_evaluate(flagperf_env, cases=[case], rounds=1,
-                                  overrides=["size_mib=4", "min_duration_s=0.5", "warmup_iters=1", "min_iters=5",
-                                             "timeout_s=120"],
-                                  inventory=inventory)
+    def run(master_port: int) -> tuple[Any, Path]:
+        inventory = write_inventory(tmp_path, [host_entry(testbed, i, deployed) for i in (0, 1)],
+                                    master_port=master_port)
+        return run_evaluate(flagperf_env, cases=[case], rounds=1, inventory=inventory,
+                            overrides=["size_mib=4", "min_duration_s=0.5", "warmup_iters=1", "min_iters=5",
+                                       "timeout_s=120"])
+
+    state, run_dir, master_port = with_master_port(testbed, run)
     assert state.is_completed(), state.message
     first, second = testbed.hosts[0], testbed.hosts[1]
     for rank, host in enumerate((first, second)):
@@ -173,7 +201,7 @@ def test_a_multi_node_collective_across_two_hosts(flagperf_env: Path, tmp_path: 
         assert busbw.value > 0 and algbw.value > 0 and convention in (busbw.convention or "")
         assert "2 node(s) x 1 ranks, gloo, 4 MiB" in (busbw.note or "")
         job = json.loads((folder / "job.json").read_text())
-        assert (job["master_addr"], job["master_port"], job["nnodes"]) == (first.address, 29611, 2)
+        assert (job["master_addr"], job["master_port"], job["nnodes"]) == (first.address, master_port, 2)
 
 
 def test_a_host_down_at_healthcheck_stops_the_run_naming_it(flagperf_env: Path, tmp_path: Path,
@@ -295,10 +323,13 @@ def test_training_across_two_hosts_converges(flagperf_env: Path, tmp_path: Path,
                                              deployed: Path, nproc: int, batch_size: int) -> None:
     """digits-mlp at 2x1 and 2x2 (config_cpux2x<N>.yaml): DDP across two network namespaces over gloo, real
     data; every rank writes its PerfLog and the job's throughput counts all 2 x nproc processes."""
-    inventory = write_inventory(tmp_path, [host_entry(testbed, i, deployed) for i in (0, 1)],
-                                master_port=29612 + nproc)
-    state, run_dir = run_evaluate(flagperf_env, cases=["digits-mlp"], rounds=1, inventory=inventory,
-                                  overrides=["nnodes=2", f"nproc_per_node={nproc}", "timeout_s=300"])
+    def run(master_port: int) -> tuple[Any, Path]:
+        inventory = write_inventory(tmp_path, [host_entry(testbed, i, deployed) for i in (0, 1)],
+                                    master_port=master_port)
+        return run_evaluate(flagperf_env, cases=["digits-mlp"], rounds=1, inventory=inventory,
+                            overrides=["nnodes=2", f"nproc_per_node={nproc}", "timeout_s=300"])
+
+    state, run_dir, _ = with_master_port(testbed, run)
     assert state.is_completed(), state.message
     for node, host in enumerate(testbed.hosts[:2]):
         folder = run_dir / "digits-mlp" / "round1" / f"{host.name}_noderank{node}"
@@ -318,10 +349,14 @@ def test_llama_sharded_across_two_hosts(flagperf_env: Path, tmp_path: Path, test
 
     from flagperf.measure.perflog import parse_file
 
-    inventory = write_inventory(tmp_path, [host_entry(testbed, i, deployed) for i in (0, 1)], master_port=29617)
-    state, run_dir = run_evaluate(flagperf_env, cases=["llama-pretrain"], rounds=1, inventory=inventory,
-                                  overrides=["nnodes=2", "parallel=fsdp", "batch_size=8", "synthetic_sequences=128",
-                                             "max_steps=6", "max_epochs=2", "cpu_threads=1", "timeout_s=600"])
+    def run(master_port: int) -> tuple[Any, Path]:
+        inventory = write_inventory(tmp_path, [host_entry(testbed, i, deployed) for i in (0, 1)],
+                                    master_port=master_port)
+        return run_evaluate(flagperf_env, cases=["llama-pretrain"], rounds=1, inventory=inventory,
+                            overrides=["nnodes=2", "parallel=fsdp", "batch_size=8", "synthetic_sequences=128",
+                                       "max_steps=6", "max_epochs=2", "cpu_threads=1", "timeout_s=600"])
+
+    state, run_dir, _ = with_master_port(testbed, run)
     assert state.is_completed(), state.message
     finals = []
     for node, host in enumerate(testbed.hosts[:2]):
@@ -359,6 +394,7 @@ def test_flagperf_host_yaml_runs_through_the_cli(tmp_path: Path, testbed: Testbe
         "FLAGPERF_PATH": str(deployed), "FLAGPERF_LOG_PATH": "result", "VENDOR": "cpu",
         "FLAGPERF_LOG_LEVEL": "INFO",
         "HOSTS": [first.address, second.address], "SSH_PORT": "22", "HOSTS_PORTS": ["2222"],
+        # MASTER_PORT is never bound: computation-FP32 is a single-node case.
         "MASTER_PORT": "29613", "SHM_SIZE": "1G", "ACCE_CONTAINER_OPT": "", "CLEAR_CACHES": True,
         "ACCE_VISIBLE_DEVICE_ENV_NAME": "CUDA_VISIBLE_DEVICES", "CASES": {"computation-FP32": "pytorch"}}))
     env = {**os.environ, "HOME": str(home), "PREFECT_API_URL": PREFECT_API_URL.value()}

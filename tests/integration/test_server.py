@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import httpx
 import psutil
 import pytest
 from prefect_api import assert_schedule_gets_runs
+from server_ports import start_on_os_ports
 
 # In CI the database must be there (.ci/run makes it): a skip there would hide a broken set-up.
 pytestmark = [pytest.mark.integration,
@@ -26,10 +26,10 @@ pytestmark = [pytest.mark.integration,
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def said_with_server_log(proc: subprocess.Popen[str]) -> str:
+    """What an exited `flagperf server` printed, and its Prefect server's log (a port taken shows in either)."""
+    log = Path(proc.args[proc.args.index("--log-dir") + 1]) / "server.log"
+    return (proc.stdout.read() if proc.stdout else "") + (log.read_text(errors="replace") if log.is_file() else "")
 
 
 def pools_in_postgres() -> list[str]:
@@ -51,18 +51,21 @@ def pools_in_postgres() -> list[str]:
 def test_server_on_postgres_with_a_worker(tmp_path: Path) -> None:
     """On a port other than Prefect's 4200: the UI is told that port (its settings endpoint), the results
     folder is served read-only beside it, and SIGTERM stops everything it started."""
-    port = free_port()
-    results_port = free_port()
-    api = f"http://127.0.0.1:{port}/api"
     results = tmp_path / "results"
     (results / "run-x").mkdir(parents=True)
     (results / "run-x" / "report.html").write_text("<p>the report</p>", encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_UI_API_URL")}
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "server", "--database-url",
-                             os.environ["FLAGPERF_TEST_POSTGRES_URL"], "--port", str(port), "--pool", "flagperf-test",
-                             "--results", str(results), "--results-port", str(results_port),
-                             "--log-dir", str(tmp_path / "logs")], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+
+    def start_server(port: int, results_port: int) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "flows.cli", "server", "--database-url",
+                                 os.environ["FLAGPERF_TEST_POSTGRES_URL"], "--port", str(port), "--pool",
+                                 "flagperf-test", "--results", str(results), "--results-port", str(results_port),
+                                 "--log-dir", str(tmp_path / f"logs-{port}")], cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    proc, port, results_port = start_on_os_ports(start_server, tmp_path / "prefect-home", said_with_server_log)
+    api = f"http://127.0.0.1:{port}/api"
     try:
         workers: list[dict] = []
         deadline = time.time() + 240
@@ -75,7 +78,8 @@ def test_server_on_postgres_with_a_worker(tmp_path: Path) -> None:
                                                      timeout=5).json() if w["status"] == "ONLINE"]
             except httpx.HTTPError:
                 pass
-            time.sleep(2)
+            if not workers:
+                time.sleep(2)
         assert workers, "no worker came online"
         assert pool.json()["type"] == "process"
         # The server really stores in PostgreSQL: the pool is a row there.
@@ -101,23 +105,18 @@ def test_server_on_postgres_with_a_worker(tmp_path: Path) -> None:
 
 def test_a_killed_server_command_leaves_no_server(tmp_path: Path) -> None:
     """SIGKILL gives `flagperf server` no chance to stop anything: its watchers stop the server and worker."""
-    port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "server", "--database-url",
-                             os.environ["FLAGPERF_TEST_POSTGRES_URL"], "--port", str(port), "--no-worker",
-                             "--pool", "flagperf-kill", "--results", str(tmp_path / "results"),
-                             "--results-port", str(free_port()), "--log-dir", str(tmp_path / "logs")],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+
+    def start_server(port: int, results_port: int) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "flows.cli", "server", "--database-url",
+                                 os.environ["FLAGPERF_TEST_POSTGRES_URL"], "--port", str(port), "--no-worker",
+                                 "--pool", "flagperf-kill", "--results", str(tmp_path / "results"),
+                                 "--results-port", str(results_port), "--log-dir", str(tmp_path / f"logs-{port}")],
+                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    proc, _, _ = start_on_os_ports(start_server, tmp_path / "prefect-home", said_with_server_log)
     try:
-        deadline = time.time() + 240
-        while time.time() < deadline:
-            assert proc.poll() is None
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(2)
         children = psutil.Process(proc.pid).children(recursive=True)
         assert children
     finally:

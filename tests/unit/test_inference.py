@@ -436,6 +436,9 @@ def test_llama_decoding_reports_tokens_and_time_to_first_token(tmp_path: Path) -
 # LoadGen -------------------------------------------------------------------------------------------------------
 
 def test_loadgen_scenarios_on_the_cpu(tmp_path: Path) -> None:
+    """Offline and SingleStream VALID: LoadGen's tests are sized from this machine's own measured rate (run again
+    when one ends early), so any machine gets there unless a digits query takes milliseconds (a 2-core CPU
+    answers one in well under 1 ms), too few for SingleStream's early-stopping estimate in 0.5 s."""
     import mlperf_loadgen  # noqa: F401  (installed with the test extra: a missing package fails the test)
     code, result, out = run_case(tmp_path, "digits-infer", "repeat=1", "loadgen_min_duration_s=0.5",
                                  "loadgen_min_query_count=16", "loadgen_scenarios=[Offline, SingleStream, Server]")
@@ -474,49 +477,64 @@ def one_thread() -> object:
     torch.set_num_threads(before)
 
 
-def _digits_sut(tmp_path: Path) -> tuple[InferenceConfig, object]:
+def _digits_sut(tmp_path: Path, at_least_s: float = 0.0) -> tuple[InferenceConfig, object]:
+    """digits-infer's model as LoadGen's system under test; with ``at_least_s``, no query is answered sooner than
+    that after it was issued, however fast the machine (a floor by construction, not a measured figure)."""
     from flagperf.inference.loadgen import EngineSUT, collect_samples
 
     module, config, model, _ = _case_parts("digits-infer", "loadgen_min_duration_s=0.3", "loadgen_min_query_count=8",
                                            "loadgen_scenarios=[Offline]")
     config = config.model_copy(update={"loadgen_max_attempts": 6})
-    samples = collect_samples(module.build_dataloader(config), 64)
-    return config, EngineSUT(lambda x: (module.model_forward(model, x), 0.0), lambda: None, config.batch_size,
-                             samples)
+    samples = collect_samples(in_main_process(module.build_dataloader(config)), 64)
+
+    def forward(inputs: list[torch.Tensor]) -> tuple[object, float]:
+        answer_at = time.perf_counter() + at_least_s
+        outputs = module.model_forward(model, inputs)
+        while (left := answer_at - time.perf_counter()) > 0:
+            time.sleep(left)  # a lower bound on the answer's time: sleep may overrun, never fall short
+        return outputs, 0.0
+
+    return config, EngineSUT(forward, lambda: None, config.batch_size, samples)
 
 
 def test_an_offline_test_that_ended_early_is_run_again_sized_from_loadgens_rate(tmp_path: Path,
                                                                                 one_thread: object) -> None:
-    """Told the SUT does 10 samples/s (it does tens of thousands), LoadGen generates too few samples and the
-    test ends before min_duration: INVALID. The re-run is sized from the rate LoadGen measured."""
-    from flagperf.inference.loadgen import run_scenario
+    """Told the SUT does a fiftieth of the rate it was just measured at, LoadGen generates too few samples and
+    the test ends before min_duration: INVALID. The re-run is sized from the rate LoadGen measured. The rate is
+    this machine's own, measured here: the first test ends early unless the SUT ran 40 times slower under
+    LoadGen than a moment before."""
+    from flagperf.inference.loadgen import MARGIN, run_scenario
 
     config, sut = _digits_sut(tmp_path)
     with torch.inference_mode():
-        result = run_scenario(config, sut, "Offline", {"samples_per_s": 100.0, "latency_s": 1.0}, tmp_path)
+        first_guess = sut.calibrate(min_seconds=0.2)["samples_per_s"] / 50
+        result = run_scenario(config, sut, "Offline", {"samples_per_s": first_guess, "latency_s": 1.0}, tmp_path)
     assert result.attempts >= 2 and result.valid, result.invalid_reason
-    assert result.requested["offline_expected_qps"] > 100.0 * 1.25  # not the first, wrong guess
+    assert result.requested["offline_expected_qps"] > first_guess * MARGIN  # not the first, wrong guess
     assert result.settings["target_qps"] == pytest.approx(result.requested["offline_expected_qps"], rel=1e-4)
 
 
 def test_a_server_test_that_missed_its_latency_bound_is_run_again_at_a_lower_qps(tmp_path: Path,
                                                                                   one_thread: object) -> None:
-    """Aimed at 50,000 queries/s with a 2 ms bound (one sample per query on a 2-core CPU does a few
-    thousand), the Server test misses its latency bound; a target the case derived is lowered and run again,
-    a target the user gave is their test, reported INVALID as it is."""
+    """A SUT that answers no query sooner than 10 ms after it was issued, held to a 2 ms latency bound, misses it
+    on any machine: a target QPS the case derived is lowered and run again until the attempts are spent, a
+    target the user gave is their test, reported INVALID as it is."""
     from flagperf.inference.loadgen import SERVER_BACKOFF, run_scenario
 
-    config, sut = _digits_sut(tmp_path)
+    config, sut = _digits_sut(tmp_path, at_least_s=0.010)
     config = config.model_copy(update={"loadgen_target_latency_ms": 2.0, "loadgen_max_attempts": 3})
-    expected = {"samples_per_s": 1.0, "latency_s": 1.0, "server_qps": 50_000.0}
+    target = 200.0  # twice what a 10 ms SUT completes: a short test, whose queries all miss the bound
+    expected = {"samples_per_s": 1.0, "latency_s": 1.0, "server_qps": target}
     with torch.inference_mode():
         derived = run_scenario(config, sut, "Server", expected, tmp_path / "derived")
-        given = run_scenario(config.model_copy(update={"loadgen_server_target_qps": 50_000.0}), sut, "Server",
+        given = run_scenario(config.model_copy(update={"loadgen_server_target_qps": target}), sut, "Server",
                              expected, tmp_path / "given")
     assert not given.valid and given.attempts == 1 and given.summary["result_perf_constraints_met"] is False
     assert given.invalid_reason.startswith("not met: perf constraints")
-    assert derived.attempts >= 2
-    assert derived.requested["server_target_qps"] <= SERVER_BACKOFF * 50_000.0
+    assert given.latency_ms["min"] >= 10.0 and given.requested["server_target_qps"] == target
+    assert derived.attempts == 3 and not derived.valid  # lowered twice, and missed at every target
+    assert derived.summary["result_perf_constraints_met"] is False and derived.latency_ms["min"] >= 10.0
+    assert derived.requested["server_target_qps"] <= SERVER_BACKOFF ** 2 * target
     assert derived.settings["target_qps"] == pytest.approx(derived.requested["server_target_qps"], rel=1e-4)
 
 

@@ -84,6 +84,7 @@ def test_gemm_multiply_is_correct() -> None:
 
 
 def test_bf16_unsupported_when_the_spec_says_so(ctx: CaseContext, cpu_spec: SpecTable) -> None:
+    """Proves something on CPUs without native BF16 arithmetic (per the cpu spec table); skips on others."""
     if cpu_spec.peaks["bf16"].supported:
         pytest.skip("this CPU has native BF16 arithmetic")
     with pytest.raises(Unsupported, match="bf16"):
@@ -93,6 +94,7 @@ def test_bf16_unsupported_when_the_spec_says_so(ctx: CaseContext, cpu_spec: Spec
 
 @pytest.mark.parametrize("precision", ["fp16", "int8", "tf32"])
 def test_unsupported_precisions_follow_the_spec(ctx: CaseContext, cpu_spec: SpecTable, precision: str) -> None:
+    """Proves something for each precision the cpu spec table says this CPU lacks; skips the others."""
     if cpu_spec.peaks[precision].supported:
         pytest.skip(f"this CPU supports {precision}")
     with pytest.raises(Unsupported, match=cpu_spec.peaks[precision].source[:20]):
@@ -110,6 +112,8 @@ def test_int8_shape_rules() -> None:
 
 
 def test_gemm_too_big_for_memory(ctx: CaseContext) -> None:
+    """Proves something on hosts where three 65536^2 fp64 matrices (96 GiB) exceed 80 % of the memory available;
+    skips on larger ones rather than allocating that much."""
     need = 3 * 65536**2 * 8
     if need <= 0.8 * ctx.memory_info()[0]:
         pytest.skip("this host could hold a 65536^3 fp64 GEMM; not running it")
@@ -214,6 +218,7 @@ def test_run_job_success(tmp_path: Path) -> None:
 
 
 def test_run_job_unsupported(tmp_path: Path, cpu_spec: SpecTable) -> None:
+    """Proves something on CPUs the cpu spec table gives no TF32; skips where it gives one."""
     if cpu_spec.peaks["tf32"].supported:
         pytest.skip("tf32 supported here")
     job = make_job(tmp_path, "computation-TF32", TINY_GEMM)

@@ -1,0 +1,58 @@
+"""Servers the integration tests start by command (`prefect server start`, `flagperf server`), which take a port
+number, not a bound socket: a port the OS gave a moment ago can be taken by someone else (another test session,
+any program) before the server binds it. So each start is checked to be this test's server (its PREFECT_HOME,
+as the server reports it) and is made again on fresh ports when a port was taken."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+TAKEN = "already in use"  # uvicorn's, `prefect server start`'s and `flagperf server`'s words, lower-cased
+
+
+def os_port() -> int:
+    """A port the OS gave now: free at this moment only (see start_on_os_ports)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def serves_home(api: str, home: Path) -> bool:
+    """Whether the Prefect server answering at ``api`` is the one started with PREFECT_HOME ``home``."""
+    try:
+        answer = httpx.get(f"{api}/admin/settings", timeout=5)
+    except httpx.HTTPError:
+        return False
+    return answer.status_code == 200 and Path(answer.json().get("home", "")) == home
+
+
+def start_on_os_ports(start: Callable[[int, int], subprocess.Popen], home: Path,
+                      output: Callable[[subprocess.Popen], str], limit_s: float = 240.0,
+                      tries: int = 3) -> tuple[subprocess.Popen, int, int]:
+    """``start(port, second_port)`` (a Prefect API on ``port``, started with PREFECT_HOME ``home``), until its
+    API answers as this server; started again on other ports when it exited and ``output(process)`` (its
+    output, read once it has exited) says a port was taken. Returns the process and its two ports."""
+    for _ in range(tries):
+        port, second = os_port(), os_port()
+        while second == port:
+            second = os_port()
+        proc = start(port, second)
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline and proc.poll() is None:
+            if serves_home(f"http://127.0.0.1:{port}/api", home):
+                return proc, port, second
+            time.sleep(1)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+            raise AssertionError(f"the server did not answer on port {port} within {limit_s:.0f} s")
+        said = output(proc)
+        if TAKEN not in said.lower():
+            raise AssertionError(f"the server exited with code {proc.returncode}: {said[-3000:]}")
+    raise AssertionError(f"ports taken at each of {tries} starts: {said[-3000:]}")
