@@ -178,6 +178,8 @@ def run(
         made = _make_results_folder(results, *results_source)
     except FlagperfError as exc:
         raise _fail(str(exc)) from None
+    except KeyboardInterrupt:  # Ctrl-C while the input is checked (the probe takes seconds): nothing started
+        raise _fail("interrupted before anything started", 128 + signal.SIGINT) from None
     for note in [*inv.notes, *warnings]:
         err_console.print(f"[yellow]note[/] {escape(note)}", highlight=False, soft_wrap=True)
     console.print(f"[bold]run {plan.run_id}[/]: {len(plan.cases)} cases x {plan.rounds} rounds, vendor "
