@@ -224,5 +224,6 @@ def test_validate_and_run_agree(name: str, command: str, args: list[str], expect
         for part in [expectation["error"]] if isinstance(expectation.get("error"), str) else expectation.get(
                 "error") or []:
             assert part in line, f"{command}: {part!r} not in {line!r}"
+        assert not (copy / "results").exists(), f"{command}: a refused run left its results folder"
     else:
         assert done.returncode != 2, f"{command}: refused what the other command accepts: {done.stderr[-2000:]}"
