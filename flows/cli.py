@@ -39,8 +39,6 @@ from flagperf.results.summary import HEADLINE_HEADER, SUMMARY_JSON, headline_cel
 
 EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNSUPPORTED_ONLY = 1, 2, 3
 
-
-
 # The click that typer runs on (its own copy from typer 0.2x, the click package before): its usage errors.
 _CLICK_ERRORS = sys.modules[typer.BadParameter.__module__]
 _HELP_ERRORS = tuple(getattr(_CLICK_ERRORS, name) for name in ("NoArgsIsHelpError",) if hasattr(_CLICK_ERRORS, name))

@@ -348,6 +348,13 @@ def _ip_address(host: str, version: int, value: str) -> None:
         raise ValueError(f"{_within(host, value)} is not an IPv{version} address") from None
 
 
+def _port_in(address: object) -> bool:
+    try:
+        return isinstance(address, str) and split_address(address)[1] is not None
+    except ValueError:
+        return False  # refused with the host's other keys
+
+
 def _within(host: str, value: str) -> str:
     return repr(host) if host == value else f"{host!r} in {value!r}"
 
@@ -384,6 +391,8 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
     hosts: list[HostSpec] = []
     for i, entry in enumerate(parsed.hosts):
         merged = {**parsed.defaults, **entry}
+        if "port" not in entry and _port_in(entry.get("address")):
+            merged.pop("port", None)  # a port written in the host's own address wins over the defaults'
         if "docker" in parsed.defaults and "docker" in entry:
             merged["docker"] = {**parsed.defaults["docker"], **entry["docker"]}
         try:

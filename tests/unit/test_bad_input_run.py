@@ -18,7 +18,7 @@ from flagperf.config.memory import USABLE_SHARE
 from flagperf.config.plan import plan_run
 from flagperf.errors import ConfigError
 from flagperf.hosts.capacity import check_capacity
-from flagperf.hosts.inventory import split_address
+from flagperf.hosts.inventory import load_inventory, split_address
 from flagperf.hosts.probe import host_memory_bytes
 from flagperf.paths import PROJECT_ROOT
 from flows.cli import app
@@ -109,6 +109,20 @@ def test_addresses_are_host_and_port(address: str, host: str, port: int | None) 
 def test_bad_addresses_say_what_is_wrong(address: str, words: str) -> None:
     with pytest.raises(ValueError, match=words.replace("(", r"\(")):
         split_address(address)
+
+
+def test_a_port_in_the_address_is_the_hosts_port(tmp_path: Path) -> None:
+    """Over the inventory's defaults, and over host.yaml's SSH_PORT; the address alone is written down."""
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text("defaults: {port: 2200}\nhosts:\n  - {name: a, address: '10.0.0.1:2222'}\n"
+                         "  - {name: b, address: '[::1]:2201'}\n  - {name: c, address: 10.0.0.3}\n", encoding="utf-8")
+    assert [(h.address, h.port) for h in load_inventory(inventory).hosts] == [
+        ("10.0.0.1", 2222), ("::1", 2201), ("10.0.0.3", 2200)]
+    host_yaml = tmp_path / "host.yaml"
+    host_yaml.write_text("VENDOR: cpu\nSSH_PORT: 2200\nHOSTS: ['10.0.0.1:2222', 10.0.0.2]\n"
+                         "CASES: {computation-FP32: pytorch}\n", encoding="utf-8")
+    assert [(h.name, h.address, h.port) for h in load_inventory(host_yaml).hosts] == [
+        ("10.0.0.1_2222", "10.0.0.1", 2222), ("10.0.0.2", "10.0.0.2", 2200)]
 
 
 def test_a_usage_error_is_one_line_in_process() -> None:
