@@ -11,9 +11,11 @@ import logging
 import os
 import re
 import shlex
+import shutil
 import signal
 import sys
-from contextlib import nullcontext, suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,6 +23,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup
 
 from flagperf.config.casecode import case_code_not_run
 from flagperf.config.cases import INFERENCE_FILES, available_cases, load_case, load_case_manifest, resolve_case_config
@@ -29,14 +32,44 @@ from flagperf.config.vendors import MANIFEST as VENDOR_MANIFEST
 from flagperf.config.vendors import available_vendors, load_vendor, load_vendor_manifest
 from flagperf.config.yamlio import load_yaml_mapping
 from flagperf.errors import ConfigError, FlagperfError
-from flagperf.hosts.inventory import load_inventory, local_inventory
+from flagperf.hosts.capacity import check_capacity_here
+from flagperf.hosts.inventory import Inventory, load_inventory, local_inventory
 from flagperf.paths import display_path
 from flagperf.results.schema import folder_problem
 from flagperf.results.summary import HEADLINE_HEADER, SUMMARY_JSON, headline_cells, read_summary_json
 
 EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNSUPPORTED_ONLY = 1, 2, 3
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+# The click that typer runs on (its own copy from typer 0.2x, the click package before): its usage errors.
+_CLICK_ERRORS = sys.modules[typer.BadParameter.__module__]
+_HELP_ERRORS = tuple(getattr(_CLICK_ERRORS, name) for name in ("NoArgsIsHelpError",) if hasattr(_CLICK_ERRORS, name))
+
+
+@contextmanager
+def _one_line_usage_errors() -> Iterator[None]:
+    """A mistyped option or argument is bad input like any other: one line and exit 2, not a usage box."""
+    try:
+        yield
+    except _HELP_ERRORS:
+        raise  # `flagperf` alone: the help is the answer
+    except _CLICK_ERRORS.UsageError as exc:
+        where = f" (see {exc.ctx.command_path} --help)" if exc.ctx is not None else ""
+        raise _fail(" ".join(exc.format_message().split()) + where) from None
+
+
+class _OneLineErrors(TyperGroup):
+    """Click reports bad options while making a command's context and choosing the command."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        with _one_line_usage_errors():
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx: Any) -> Any:
+        with _one_line_usage_errors():
+            return super().invoke(ctx)
+
+
+app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="AI-hardware evaluation engine (FlagPerf's base specs, inference and training cases) as "
                        "Prefect workflows: run it here or on an inventory of hosts, read measured vs peak with "
                        "power, energy and provenance, compare runs, serve it to a team.")
@@ -130,23 +163,29 @@ def run(
     if inventory and host_config:
         raise _fail("give --inventory or --host-config, not both")
     inventory_file = inventory or host_config
+    # Everything is checked before anything is made: the results folder only once the input is good.
     try:
-        inv = load_inventory(inventory_file) if inventory_file else local_inventory()
-        if host_config and "HOSTS" not in load_yaml_mapping(host_config):
-            raise ConfigError(display_path(host_config), "HOSTS", "required key is missing (is this a host.yaml?)")
-        vendor = inv.resolve_vendor(vendor)
-        if not suite and not case_list and inv.cases:
-            case_list = list(inv.cases)
-        results = _writable_results(results or (retry.parent if retry else None), inv, host_config)
-        if retry and (results.resolve() != retry.parent.resolve() or not (retry / PLAN_FILE).is_file()):
-            raise ConfigError("--retry", None, f"{retry}: not a run folder of {results} (no {PLAN_FILE} there)")
-        plan = plan_run(suite=suite, cases=case_list, vendor=vendor, rounds=rounds, sets=set_ or [],
-                        results_dir=results, hosts=[spec.model_dump(mode="json") for spec in inv.hosts],
-                        inventory_overrides=inv.case_overrides, inventory_source=inv.source,
-                        run_id=retry.name if retry else None, resume=retry is not None)
+        with _held_core_warnings() as warnings:
+            inv = load_inventory(inventory_file) if inventory_file else local_inventory()
+            if host_config and "HOSTS" not in load_yaml_mapping(host_config):
+                raise ConfigError(display_path(host_config), "HOSTS", "required key is missing (is this a host.yaml?)")
+            vendor = inv.resolve_vendor(vendor)
+            if not suite and not case_list and inv.cases:
+                case_list = list(inv.cases)
+            results, results_source = _results_folder(results or (retry.parent if retry else None), inv, host_config)
+            if retry and (results.resolve() != retry.parent.resolve() or not (retry / PLAN_FILE).is_file()):
+                raise ConfigError("--retry", None, f"{retry}: not a run folder of {results} (no {PLAN_FILE} there)")
+            plan = plan_run(suite=suite, cases=case_list, vendor=vendor, rounds=rounds, sets=set_ or [],
+                            results_dir=results, hosts=[spec.model_dump(mode="json") for spec in inv.hosts],
+                            inventory_overrides=inv.case_overrides, inventory_source=inv.source,
+                            run_id=retry.name if retry else None, resume=retry is not None)
+            check_capacity_here(plan, inv.hosts)  # before any server starts
+        made = _make_results_folder(results, *results_source)
     except FlagperfError as exc:
         raise _fail(str(exc)) from None
-    for note in inv.notes:
+    except KeyboardInterrupt:  # Ctrl-C while the input is checked (the probe takes seconds): nothing started
+        raise _fail("interrupted before anything started", 128 + signal.SIGINT) from None
+    for note in [*inv.notes, *warnings]:
         err_console.print(f"[yellow]note[/] {escape(note)}", highlight=False, soft_wrap=True)
     console.print(f"[bold]run {plan.run_id}[/]: {len(plan.cases)} cases x {plan.rounds} rounds, vendor "
                   f"{plan.vendor.name}" + (f", suite {plan.suite}" if plan.suite else "")
@@ -217,6 +256,7 @@ def run(
     if not (run_dir / SUMMARY_JSON).is_file():
         message = state.message or "the evaluation stopped before its summary"
         if message.startswith(BAD_INPUT):  # found by the flow before any round ran (e.g. a size that cannot fit)
+            _remove_rejected_run(run_dir, results, made)
             raise _fail(message.removeprefix(BAD_INPUT))
         raise _fail(f"{message} (see {run_dir})", EXIT_FAILED)
     summary = read_summary_json(run_dir)
@@ -228,15 +268,72 @@ def run(
         raise typer.Exit(EXIT_UNSUPPORTED_ONLY)
 
 
-def _writable_results(results: Path | None, inv: Any, host_config: Path | None) -> Path:
-    """The results folder, made if missing and checked writable before anything starts (exit 2 otherwise)."""
-    folder = results or Path(inv.results_dir or "results")
+@contextmanager
+def _held_core_warnings() -> Iterator[list[str]]:
+    """The core's warnings while the input is checked, held back: notes once the input is good, dropped
+    when it is not (the error is one line; a warning that led to it would be a second)."""
+    held: list[str] = []
+
+    class Hold(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            held.append(record.getMessage())
+
+    logger = logging.getLogger("flagperf")
+    handler = Hold(logging.WARNING)
+    logger.addHandler(handler)
+    try:
+        yield held
+    finally:
+        logger.removeHandler(handler)
+
+
+def _results_folder(results: Path | None, inv: Inventory, host_config: Path | None
+                    ) -> tuple[Path, tuple[str, str | None]]:
+    """The results folder and where it was given (source, key), for an error about it."""
+    if results or not inv.results_dir:
+        return results or Path("results"), ("--results", None)
+    return Path(inv.results_dir), (display_path(host_config) if host_config else inv.source, "FLAGPERF_LOG_PATH")
+
+
+def _make_results_folder(folder: Path, source: str, key: str | None) -> Path | None:
+    """Make the results folder if missing and check it by writing to it (exit 2 otherwise); returns the
+    outermost folder this made (None: it was there), so that a run refused later leaves nothing behind."""
+    made = _outermost_missing(folder)
     problem = folder_problem(folder)
     if problem:
-        source, key = (("--results", None) if results or not inv.results_dir
-                       else (display_path(host_config) if host_config else inv.source, "FLAGPERF_LOG_PATH"))
+        _remove_made(folder, made)
         raise ConfigError(source, key, f"{folder}: {problem}")
-    return folder
+    return made
+
+
+def _outermost_missing(folder: Path) -> Path | None:
+    missing = None
+    with suppress(OSError, ValueError):  # ValueError: a NUL in the path (folder_problem says so)
+        for candidate in (folder.absolute(), *folder.absolute().parents):
+            if candidate.exists() or candidate.is_symlink():
+                break
+            missing = candidate
+    return missing
+
+
+def _remove_made(folder: Path, made: Path | None) -> None:
+    """Remove the folders that were made for this run, innermost first, while they are empty."""
+    if made is None:
+        return
+    for candidate in (folder.absolute(), *folder.absolute().parents):
+        try:
+            candidate.rmdir()
+        except OSError:
+            return
+        if candidate == made:
+            return
+
+
+def _remove_rejected_run(run_dir: Path, results: Path, made: Path | None) -> None:
+    """A run refused as bad input by the flow (a size no host can hold) leaves no run folder behind: it holds
+    nothing measured (its name was new to this invocation), only the plan and the healthcheck."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    _remove_made(results, made)
 
 
 def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
@@ -354,7 +451,16 @@ def server(
 
 
 def _validate_file(path: Path) -> str:
-    """Validate one config file by what it is; returns its kind."""
+    """Validate one config file by what it is; returns its kind. The core's warnings about it are notes when
+    the file is good, and dropped when it is not (the error is its one line)."""
+    with _held_core_warnings() as warnings:
+        kind = _check_file(path)
+    for note in warnings:
+        err_console.print(f"[yellow]note[/] {escape(note)}", highlight=False, soft_wrap=True)
+    return kind
+
+
+def _check_file(path: Path) -> str:
     if path.name == "case.yaml":
         manifest = load_case_manifest(path)
         case = load_case(manifest.name, {manifest.name: path.parent})
@@ -390,6 +496,9 @@ def _validate_file(path: Path) -> str:
         return "suite"
     if "hosts" in data or "HOSTS" in data:
         inv = load_inventory(path)
+        if inv.results_dir:  # checked as run checks it, by writing there; what this made is removed again
+            folder = Path(inv.results_dir)
+            _remove_made(folder, _make_results_folder(folder, display_path(path), "FLAGPERF_LOG_PATH"))
         return f"{'FlagPerf host.yaml' if 'HOSTS' in data else 'inventory'}, {len(inv.hosts)} host(s)"
     raise ConfigError(display_path(path), None, "not a case.yaml, vendor/<vendor>.yaml, vendor.yaml, suite, "
                                                 "inventory or host.yaml file")

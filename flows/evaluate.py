@@ -37,6 +37,7 @@ from flagperf.config.cases import available_cases
 from flagperf.config.plan import DEFAULT_SUITE, PLAN_FILE, RunPlan, available_suites, plan_run, run_id_for_flow_run
 from flagperf.config.vendors import available_vendors
 from flagperf.errors import ConfigError, FlagperfError, InfrastructureFailure
+from flagperf.hosts.capacity import check_capacity
 from flagperf.hosts.fleet import close_hosts, master_address, open_host
 from flagperf.hosts.health import check_results_disk, health_file
 from flagperf.hosts.inventory import HostSpec, load_inventory, local_inventory
@@ -143,10 +144,10 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
     hosts = {spec.name: open_host(spec) for spec in inv.hosts}
 
     probes = check_hosts(hosts, specs, plan, run_dir)
-    check_scale(plan, list(hosts), probes)
+    check_capacity(plan, list(hosts), probes)
     images = build_images(hosts, specs, plan, inv.frameworks)
     probes = check_images(hosts, specs, plan, run_dir, images, probes)
-    check_scale(plan, list(hosts), probes)  # again, with the devices the images see
+    check_capacity(plan, list(hosts), probes)  # again, with the devices the images see
 
     results: list[RoundResult] = []
     running: list[Any] | None = None  # the case round in flight, for the report of an interrupted run
@@ -539,25 +540,6 @@ def set_aside(run_dir: Path, folder: Path) -> None:
         attempt += 1
     aside.parent.mkdir(parents=True, exist_ok=True)
     folder.replace(aside)
-
-
-def check_scale(plan: RunPlan, hosts: list[str], probes: dict[str, dict[str, Any] | None]) -> None:
-    """Before any round: a case may not ask for more nodes than hosts, or more processes per node than a
-    host has devices (cores, where the device is the host's CPU)."""
-    shares_host = plan.vendor.manifest.shares_host_memory
-    for case in plan.cases:
-        nnodes, nproc = int(case.config.get("nnodes", 1)), int(case.config.get("nproc_per_node", 1))
-        if nnodes > len(hosts):
-            raise ConfigError(case.origins.get("nnodes", case.name), "nnodes",
-                              f"{case.name} asks for {nnodes} nodes; the inventory has {len(hosts)} host(s)")
-        for host in hosts:
-            probe = probes.get(host) or {}
-            capacity = (probe.get("host") or {}).get("usable_cpus") if shares_host else probe.get("device_count")
-            if capacity is not None and nproc > capacity:
-                what = "usable CPU cores" if shares_host else "visible devices"
-                raise ConfigError(case.origins.get("nproc_per_node", case.name), "nproc_per_node",
-                                  f"{case.name} asks for {nproc} processes per node; host {host} has "
-                                  f"{capacity} {what}")
 
 
 def describe_invocation() -> str:

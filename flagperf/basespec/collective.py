@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from pydantic import Field
 
+from flagperf.config.memory import MemoryNeed
 from flagperf.errors import EXIT_USER_ERROR, CaseUserError
 from flagperf.measure.casekit import CaseContext, TimedCaseConfig
 from flagperf.measure.hostmemory import keep_freed_host_memory
@@ -47,6 +48,11 @@ class Config(TimedCaseConfig):
     nproc_per_node: int = Field(default=2, ge=1, le=64)
     master_port: int = Field(default=29511, ge=1024, le=65535)
     backend: Literal["auto", "gloo", "nccl"] = "auto"
+
+    def memory_need(self) -> MemoryNeed:
+        """One rank's buffers (all_reduce keeps a second one)."""
+        copies = 2 if self.operation == "all_reduce" else 1
+        return MemoryNeed(copies * self.size_mib * 2**20, f"size_mib={self.size_mib}", ("size_mib",))
 
 
 def run(config: Config, ctx: CaseContext) -> list[Metric]:
@@ -102,7 +108,8 @@ def rank_main(job_path: Path) -> int:
                           shares_host_memory=vendor.manifest.shares_host_memory)
         nbytes = config.size_mib * 2**20
         try:
-            ctx.check_fits(nbytes * (2 if config.operation == "all_reduce" else 1), f"size_mib={config.size_mib}")
+            need = config.memory_need()
+            ctx.check_fits(need.bytes, need.what)
         except CaseUserError as exc:
             print(USER_ERROR_PREFIX + str(exc), flush=True)
             return EXIT_USER_ERROR

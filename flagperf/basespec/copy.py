@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+from flagperf.config.memory import MemoryNeed
 from flagperf.measure.casekit import CaseContext, TimedCaseConfig
 from flagperf.results.metrics import COPY_CONVENTION, copy_bytes
 from flagperf.results.schema import Metric
@@ -13,12 +14,17 @@ from flagperf.results.schema import Metric
 class Config(TimedCaseConfig):
     size_mib: int = Field(gt=0, le=1 << 20, description="bytes per copy, in MiB")
 
+    def memory_need(self) -> MemoryNeed:
+        return MemoryNeed(2 * self.size_mib * 2**20, f"size_mib={self.size_mib} (source and destination)",
+                          ("size_mib",))
+
 
 def run(config: Config, ctx: CaseContext) -> list[Metric]:
     peak_key = "memory_bandwidth"
     ctx.require(peak_key)
     nbytes = config.size_mib * 2**20
-    ctx.check_fits(2 * nbytes, f"size_mib={config.size_mib} (source and destination)")
+    need = config.memory_need()
+    ctx.check_fits(need.bytes, need.what)
     src = torch.ones(nbytes // 4, dtype=torch.float32, device=ctx.device)
     dst = torch.empty_like(src)
     chunks = ctx.time(lambda: dst.copy_(src))

@@ -20,6 +20,7 @@ import torch
 from pydantic import Field, field_validator, model_validator
 
 from flagperf.basespec.shapesearch import AXES, SearchOutcome, Shape, axis_values, search
+from flagperf.config.memory import MemoryNeed
 from flagperf.errors import CaseUserError, Unsupported
 from flagperf.measure.casekit import CaseContext, TimedCaseConfig
 from flagperf.measure.timing import TimingPlan, measure
@@ -70,6 +71,11 @@ class Config(TimedCaseConfig):
                 low, high = getattr(self, f"sweep_{axis}")
                 axis_values(low, high, self.sweep_step)  # raises ValueError: no multiple of the step in range
         return self
+
+    def memory_need(self) -> MemoryNeed:
+        """The fixed shape's operands (a searched shape that does not fit is skipped, not refused)."""
+        return MemoryNeed(_operand_bytes(self, self.m, self.n, self.k), f"m={self.m}, n={self.n}, k={self.k}",
+                          ("m", "n", "k"))
 
 
 @dataclass
@@ -197,7 +203,8 @@ def describe(config: Config, m: int, n: int, k: int) -> str:
 def run(config: Config, ctx: CaseContext) -> list[Metric]:
     ctx.require(config.precision)
     _check_shape(config, config.m, config.n, config.k)
-    ctx.check_fits(_operand_bytes(config, config.m, config.n, config.k), f"m={config.m}, n={config.n}, k={config.k}")
+    need = config.memory_need()
+    ctx.check_fits(need.bytes, need.what)
 
     # FP32 must not silently use TF32 (or BF16) arithmetic, and TF32 must be allowed to.
     torch.set_float32_matmul_precision("high" if config.precision == "tf32" else "highest")

@@ -7,6 +7,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
+from flagperf.config.memory import MemoryNeed
 from flagperf.errors import Unsupported
 from flagperf.measure.casekit import CaseContext, TimedCaseConfig
 from flagperf.results.metrics import TRANSFER_CONVENTION
@@ -18,6 +19,9 @@ class Config(TimedCaseConfig):
     size_mib: int = Field(gt=0, le=1 << 20)
     pinned: bool = Field(description="page-locked host buffer (what DMA engines reach at full speed)")
 
+    def memory_need(self) -> MemoryNeed:
+        return MemoryNeed(self.size_mib * 2**20, f"size_mib={self.size_mib}", ("size_mib",))
+
 
 def run(config: Config, ctx: CaseContext) -> list[Metric]:
     peak_key = f"{config.direction}_bandwidth"
@@ -25,7 +29,8 @@ def run(config: Config, ctx: CaseContext) -> list[Metric]:
     if not ctx.has_separate_memory:
         raise Unsupported(f"{ctx.device} has no memory separate from the host's")
     nbytes = config.size_mib * 2**20
-    ctx.check_fits(nbytes, f"size_mib={config.size_mib}")
+    need = config.memory_need()
+    ctx.check_fits(need.bytes, need.what)
     host = torch.ones(nbytes, dtype=torch.uint8, pin_memory=config.pinned)
     device = torch.empty(nbytes, dtype=torch.uint8, device=ctx.device)
     if config.direction == "h2d":

@@ -13,13 +13,14 @@ files), and subflows in this process get the real spec back from ``host_spec``.
 from __future__ import annotations
 
 import getpass
+import ipaddress
 import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_serializer, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_serializer, field_validator, model_validator
 
 from flagperf.config.cases import available_cases, load_case
 from flagperf.config.models import StrictModel, check_name, pydantic_error_to_config_error
@@ -31,8 +32,12 @@ from flagperf.paths import display_path
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")  # ${NAME}: a value taken from the environment
 MASK = "<masked>"  # what a literal value looks like wherever a spec is written down
-# Host names and addresses reach ssh/paramiko and docker labels: no spaces, no option-like leading '-'.
-ADDRESS = re.compile(r"^[A-Za-z0-9_.:\[\]%-]+$")
+# Host names reach ssh/paramiko and docker labels: labels of letters, digits, '-' and '_' (an ~/.ssh/config
+# alias may have one), never a leading '-' (an option).
+HOST_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+MAX_HOST_NAME = 253
+ADDRESS_CHARACTERS = re.compile(r"[A-Za-z0-9_.:\[\]%-]+")  # no spaces or quotes, whatever else is wrong
+IPV4_LIKE = re.compile(r"[0-9.]+")  # digits and dots only: an IPv4 address or nothing
 DEFAULT_MASTER_PORT = 29501
 LOCAL_ADDRESSES = ("local", "localhost", "127.0.0.1")
 
@@ -137,8 +142,16 @@ class HostSpec(StrictModel):
     @field_validator("address")
     @classmethod
     def _address(cls, value: str) -> str:
-        if not ADDRESS.match(value) or value.startswith("-"):
-            raise ValueError(f"{value!r} is not a host name or address")
+        split_address(value)  # raises ValueError naming what is wrong; split in _defaults, after every field
+        return value
+
+    @field_validator("port")
+    @classmethod
+    def _port(cls, value: int | None, info: ValidationInfo) -> int | None:
+        address = info.data.get("address")  # absent when it was refused
+        in_address = split_address(address)[1] if address else None
+        if value is not None and in_address is not None and value != in_address:
+            raise ValueError(f"the address {address} gives port {in_address}")
         return value
 
     @field_validator("user")
@@ -187,6 +200,10 @@ class HostSpec(StrictModel):
 
     @model_validator(mode="after")
     def _defaults(self) -> HostSpec:
+        host, port = split_address(self.address)  # a port in the address and port agree (_port)
+        object.__setattr__(self, "address", host)
+        if port is not None:
+            object.__setattr__(self, "port", port)
         if self.transport is None:
             object.__setattr__(self, "transport", "local" if self.address in LOCAL_ADDRESSES else "ssh")
         if self.docker.engine is None:
@@ -297,6 +314,51 @@ def resolve_values(values: dict[str, str], host: str, key: str) -> dict[str, str
 _LOADED: dict[str, HostSpec] = {}
 
 
+def split_address(value: str) -> tuple[str, int | None]:
+    """A host's address as (host, port): a host name, an IPv4 or IPv6 address (bare or in brackets), each
+    with an optional :port (an IPv6 address in brackets then). ValueError names what is wrong, so that a
+    bad one is refused with the inventory, not after a server started and the healthcheck timed out."""
+    if not ADDRESS_CHARACTERS.fullmatch(value):
+        raise ValueError(f"{value!r} is not a host name or IP address")
+    bracketed = re.fullmatch(r"\[([^\]]*)\](?::([^:]*))?", value)
+    if bracketed:
+        host, port = bracketed.group(1), bracketed.group(2)
+        _ip_address(host, 6, value)
+    elif value.count(":") > 1:  # a bare IPv6 address: no port without brackets
+        host, port = value, None
+        _ip_address(host, 6, value)
+    else:
+        host, colon, port_text = value.partition(":")
+        port = port_text if colon else None
+        if IPV4_LIKE.fullmatch(host):
+            _ip_address(host, 4, value)
+        elif len(host) > MAX_HOST_NAME or not all(HOST_LABEL.fullmatch(label) for label in host.split(".")):
+            raise ValueError(f"{_within(host, value)} is not a host name or IP address")
+    if port is None:
+        return host, None
+    if not re.fullmatch(r"[0-9]{1,5}", port) or not 1 <= int(port) <= 65535:
+        raise ValueError(f"port {port!r} in {value!r} is not a port number (1 to 65535)")
+    return host, int(port)
+
+
+def _ip_address(host: str, version: int, value: str) -> None:
+    try:
+        (ipaddress.IPv6Address if version == 6 else ipaddress.IPv4Address)(host)
+    except ValueError:
+        raise ValueError(f"{_within(host, value)} is not an IPv{version} address") from None
+
+
+def _port_in(address: object) -> bool:
+    try:
+        return isinstance(address, str) and split_address(address)[1] is not None
+    except ValueError:
+        return False  # refused with the host's other keys
+
+
+def _within(host: str, value: str) -> str:
+    return repr(host) if host == value else f"{host!r} in {value!r}"
+
+
 def host_spec(data: dict[str, Any]) -> HostSpec:
     """A host spec from its written-down (masked) form, with its real values when this process loaded it."""
     spec = HostSpec.model_validate(data)
@@ -329,6 +391,8 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
     hosts: list[HostSpec] = []
     for i, entry in enumerate(parsed.hosts):
         merged = {**parsed.defaults, **entry}
+        if "port" not in entry and _port_in(entry.get("address")):
+            merged.pop("port", None)  # a port written in the host's own address wins over the defaults'
         if "docker" in parsed.defaults and "docker" in entry:
             merged["docker"] = {**parsed.defaults["docker"], **entry["docker"]}
         try:
@@ -476,7 +540,15 @@ def host_yaml_inventory(data: dict[str, Any], source: str, base: Path) -> Invent
         defaults["shm_size"] = str(data["SHM_SIZE"]).lower()
     if data.get("FLAGPERF_PATH"):
         defaults["project_root"] = str(data["FLAGPERF_PATH"])
-    specs = [{"name": address.replace(":", "_"), "address": address} for address in hosts]
+    specs = []
+    for i, address in enumerate(hosts):
+        try:
+            host, host_port = split_address(address)
+        except ValueError as exc:
+            raise ConfigError(source, f"HOSTS.{i}", str(exc)) from None
+        # FlagPerf names a host by its address; a port in it (not FlagPerf's form) is that host's SSH_PORT.
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", address).strip("_.-") or f"host{i}"
+        specs.append({"name": name, "address": host, **({"port": host_port} if host_port is not None else {})})
     inventory = build_inventory({"vendor": vendor, "master_port": port("MASTER_PORT", DEFAULT_MASTER_PORT),
                                  "defaults": defaults, "hosts": specs}, source, base)
     if "NPROC_PER_NODE" in data:

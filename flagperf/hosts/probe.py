@@ -9,11 +9,18 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
+from typing import Any
+
+import psutil
 
 from flagperf import __version__
 from flagperf.config.vendors import load_vendor
 from flagperf.errors import FlagperfError
 from flagperf.results.provenance import host_info, library_versions
+
+# cgroup v2, then v1 ("max" or a huge number when there is no limit)
+CGROUP_MEMORY_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
 
 
 def probe(vendor_name: str) -> dict[str, object]:
@@ -27,6 +34,7 @@ def probe(vendor_name: str) -> dict[str, object]:
         "torch_device": device_type,
         "device_visible": None,
         "device_count": None,
+        "device_memory_bytes": None,
         "device": None,
         "peaks": {},
     }
@@ -37,13 +45,38 @@ def probe(vendor_name: str) -> dict[str, object]:
     module = torch.get_device_module(device_type)
     visible = bool(module.is_available())
     spec = vendor.spec_table() if visible else None
+    count = int(module.device_count()) if visible else 0
     return answer | {
         "device_visible": visible,
-        "device_count": int(module.device_count()) if visible else 0,
+        "device_count": count,
+        "device_memory_bytes": (host_memory_bytes() if vendor.manifest.shares_host_memory
+                                else device_memory_bytes(module, count)),
         "device": spec.device if spec else None,
         "peaks": {key: peak.model_dump() for key, peak in spec.peaks.items()} if spec else {},
         "time": time.time(),
     }
+
+
+def host_memory_bytes() -> int:
+    """The host's memory, or less where this process's control group is limited to less (a container)."""
+    total = int(psutil.virtual_memory().total)
+    for limit_file in CGROUP_MEMORY_LIMITS:
+        try:
+            text = limit_file.read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
+
+
+def device_memory_bytes(module: Any, count: int) -> int | None:
+    """The smallest device's memory (a rank may land on any of them), or None where torch cannot tell."""
+    try:
+        sizes = [int(module.get_device_properties(index).total_memory) for index in range(count)]
+    except (AttributeError, RuntimeError, AssertionError):  # a device module without properties
+        return None
+    return min(sizes) if sizes else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,7 @@ import psutil
 import torch
 from pydantic import Field, model_validator
 
+from flagperf.config.memory import USABLE_SHARE
 from flagperf.config.models import CaseConfig
 from flagperf.errors import CaseUserError, Unsupported
 from flagperf.measure.device import synchronize
@@ -87,7 +88,7 @@ class CaseContext:
         free, total = self.device_module.mem_get_info()
         return int(free), int(total)
 
-    def check_fits(self, nbytes: int, what: str, share: float = 0.8) -> None:
+    def check_fits(self, nbytes: int, what: str, share: float = USABLE_SHARE) -> None:
         """A user error (not a crash, not retried) when ``nbytes`` exceed ``share`` of the free memory."""
         free, _ = self.memory_info()
         if nbytes > share * free:

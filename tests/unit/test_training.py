@@ -182,7 +182,7 @@ def test_bad_training_settings(tmp_path: Path, setting: str, key: str) -> None:
 
 
 def test_more_processes_than_the_host_allows_is_refused_before_any_round(tmp_path: Path) -> None:
-    from flows.evaluate import check_scale
+    from flagperf.hosts.capacity import check_scale
 
     plan = plan_run(cases=["digits-mlp"], sets=["nproc_per_node=64"], results_dir=tmp_path)
     probe = json.loads(json.dumps({"host": {"usable_cpus": 2}, "device_count": 1}))
