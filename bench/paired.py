@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 PARITY = 0.97  # every engine figure against its bare loop (issue 25)
+MIN_PAIRS = 3  # fewer (a budget cut the series short) are recorded, and said to be fewer
 SUSPICIOUS = 1.03  # an engine figure this far above its bare loop is flagged, not celebrated
 
 
@@ -56,6 +57,15 @@ def verdict(c: dict[str, Any]) -> str:
     if c["suspicious"]:
         words.append(f"**SUSPICIOUS** (> {SUSPICIOUS}: the sides were not measured alike)")
     return ", ".join(words) or "-"
+
+
+def outcome_lines(rec: dict[str, Any]) -> list[str]:
+    """The Markdown's verdict: each target missed, or that none was (so far, or on fewer pairs than asked)."""
+    if rec["missed"]:
+        return [f"**Missed**: {x}" for x in rec["missed"]]
+    if not rec["finished"]:
+        return ["No target missed so far."]
+    return ["All targets met, on fewer pairs than asked." if rec.get("too_few_pairs") else "All targets met."]
 
 
 def rate_cell(s: dict[str, Any]) -> str:
@@ -95,6 +105,13 @@ class Budget:
     def fits(self, estimate_s: float) -> bool:
         left = self.left()
         return left is None or estimate_s <= left - self.margin_s
+
+
+def too_few(name: str, done: int, asked: int) -> str | None:
+    """A series that ended with fewer pairs than MIN_PAIRS, in words (None when it has enough)."""
+    if done >= min(MIN_PAIRS, asked):
+        return None
+    return f"{name}: {done} pair{'s' if done != 1 else ''} (fewer than {min(MIN_PAIRS, asked)}): its medians are weak"
 
 
 def budget_phrase(limit_s: float | None) -> str:

@@ -1,6 +1,7 @@
 """Training on one GPU through the harness against a bare loop of the same model and settings, in interleaved pairs.
 
-    python bench/training_gpu.py [--budget-s 160] [--pairs 3] [--eager] [--out bench/results]   # GPU host
+    python bench/training_gpu.py [--budget-s 200] [--pairs 3] [--eager] [--out bench/results]   # GPU host
+    (three pairs of both models: about 190 s on an H200, most of it the harness's process start per round)
     python bench/training_gpu.py --quick                                                        # CPU smoke run
 
 1. Llama-3.2-1B's shape (llama-pretrain, model=llama-3.2-1b), bf16 autocast over fp32 weights, fused AdamW,
@@ -50,9 +51,11 @@ from bench.paired import (  # noqa: E402
     command_line,
     compare,
     machine,
+    outcome_lines,
     rate_cell,
     ratio_cell,
     spread,
+    too_few,
     verdict,
     write_record,
 )
@@ -419,11 +422,13 @@ def markdown(rec: dict[str, Any]) -> str:
                   f"{gib(su['bare_peak_memory_gib']['median'])} |",
                   f"| harness / bare | {ratio_cell(r)} | | |", "",
                   f"Verdict (harness / bare >= {PARITY}): {verdict(r)}", ""]
-    lines += [f"**Missed**: {x}" for x in rec["missed"]] or [
-        "Smoke run: both paths ran the same model; ratios and MFU are not judged on a shared CPU." if rec["quick"]
-        else "All targets met." if rec["finished"] else "No target missed so far."]
+    if rec["quick"] and not rec["missed"]:
+        lines.append("Smoke run: both paths ran the same model; ratios and MFU are not judged on a shared CPU.")
+    else:
+        lines += outcome_lines(rec)
     lines += [""] + [f"**Suspicious** (harness above its bare loop): {x}" for x in rec["suspicious"]]
     lines += [f"**Failed**: {x}" for x in rec["failed"]]
+    lines += [f"**Too few pairs**: {x}" for x in rec.get("too_few_pairs", [])]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -516,7 +521,8 @@ def main() -> int:
             entries[m.name] = entry
         rec = {**header, "machine": machine_info, "recorded": datetime.now(UTC).isoformat(timespec="seconds"),
                "finished": finished, "elapsed_s": budget.elapsed(), "models": entries, "missed": missed,
-               "suspicious": suspicious, "failed": [f"{m.name}: {m.failed}" for m in models if m.failed]}
+               "suspicious": suspicious, "failed": [f"{m.name}: {m.failed}" for m in models if m.failed],
+               "too_few_pairs": [x for m in models if finished and (x := too_few(m.name, len(m.pairs), args.pairs))]}
         write_record(args.out, name, rec, markdown(rec))
         return rec
 
