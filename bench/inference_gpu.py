@@ -455,7 +455,10 @@ def run_pair(series: Series, number: int, vendor: str, sets: list[str], device: 
             raise RoundFailed(f"{variant.name}: the engine kept no ONNX file for the bare loop")
         series.onnx = work / engine.onnx_path.name
         shutil.copyfile(engine.onnx_path, series.onnx)
-        series.loops = ort_loops(variant, vendor, sets, device, series.onnx)
+        try:
+            series.loops = ort_loops(variant, vendor, sets, device, series.onnx)
+        except Exception as exc:  # ONNX Runtime's own errors: the series fails, the others go on
+            raise RoundFailed(f"{variant.name}: the bare ONNX Runtime loop: {type(exc).__name__}: {exc}") from exc
         setup_s = series.loops.setup_s
     if engine.onnx_path is not None:
         remove_artifacts(engine.onnx_path.parent)

@@ -185,8 +185,10 @@ def bare_server(kind: str, settings: dict[str, Any]) -> int:
     """Build the model once, warm it (compiles), say READY, then answer one segment per line of stdin."""
     import torch
 
+    from flagperf.entry import watch_parent
     from flagperf.measure.hostmemory import keep_freed_host_memory
 
+    watch_parent()  # a bench stopped midway (its time limit) leaves no bare loop running on the device
     keep_freed_host_memory()  # as the harness's training processes do
     if settings["device"] == "cpu":
         torch.set_num_threads(1)  # as the harness's cpu_threads=1 in --quick
