@@ -114,7 +114,7 @@ def declared_deployments() -> dict[str, str]:
     return {d["name"]: d["entrypoint"] for d in project["deployments"]}
 
 
-def check_deployed(output: str, env: dict[str, str]) -> dict[str, str]:
+def check_deployed(output: str) -> dict[str, str]:
     """Every deployment of prefect.yaml was reported by deploy and is on the server; returns name -> full name."""
     from prefect.client.orchestration import get_client
 
@@ -187,7 +187,7 @@ def smoke(folder: Path) -> None:
         print(f"server: {api_url}", flush=True)
         prefect("work-pool create", "work-pool", "create", "flagperf", "--type", "process", "--overwrite", env=env)
         started = time.monotonic()
-        deployed = check_deployed(prefect("deploy --all", "deploy", "--all", env=env), env)
+        deployed = check_deployed(prefect("deploy --all", "deploy", "--all", env=env))
         print(f"deploy --all: {', '.join(sorted(deployed.values()))} ({time.monotonic() - started:.0f} s)",
               flush=True)
         with worker_log.open("wb") as out:
