@@ -144,7 +144,7 @@ QUICK = [
 
 def device_timer(device: torch.device) -> Any:
     """The engine's own clock for its compute passes: device events on an accelerator, the host's otherwise."""
-    from flagperf.inference.measure import device_clock
+    from flagperf.measure.device import device_clock
 
     return device_clock(device)
 
