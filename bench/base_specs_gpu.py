@@ -66,19 +66,24 @@ MAMF_MIN_SHARE = 0.95  # the engine's BF16 max-achievable against the MAMF-style
 TARGETS = {"H100": {"gemm_int8": 850.0, "gemm_fp8": 1300.0}, "H200": {"gemm_int8": 850.0, "gemm_fp8": 1400.0}}
 
 
-def engine_sets(quick: bool, seconds: float, sweep_s: float) -> list[str]:
+def engine_sets(quick: bool, seconds: float, sweep_s: float, cases: list[str]) -> list[str]:
+    """The engine's --set list; a case-scoped setting only for a case that is run (the plan refuses others)."""
     # The max-achievable search on every tensor-core precision the targets name: on the H200 the MAMF-style
     # scan found FP8 at 1,420 TFLOPS on 4096x16384x16384 where the fixed 8192^3 shape gave 1,232.
     sets = [f"min_duration_s={seconds}", "min_iters=5",
             *(f"computation-{p}.sweep_budget_s={sweep_s}" for p in ("BF16", "FP8", "INT8"))]
-    if quick:  # a CPU: shapes it multiplies in milliseconds, a bounded capacity check
-        sets += ["m=256", "n=256", "k=256", "warmup_iters=2", "size_mib=64", "main_memory-capacity.max_gib=0.25",
-                 "computation-BF16.sweep_m=[128, 512]", "computation-BF16.sweep_n=[128, 512]",
-                 "computation-BF16.sweep_k=[128, 512]", "computation-BF16.sweep_step=128",
-                 "computation-BF16.sweep_shape_s=0.02"]
+    if quick:  # a CPU: shapes it multiplies in milliseconds, small buffers, a bounded capacity check
+        for case in cases:
+            if case.startswith("computation-"):
+                sets += [f"{case}.{key}" for key in ("m=256", "n=256", "k=256", "warmup_iters=2")]
+            elif case.startswith(("main_memory-bandwidth", "interconnect-")):
+                sets.append(f"{case}.size_mib=64")
+        sets += ["main_memory-capacity.max_gib=0.25", "computation-BF16.sweep_m=[128, 512]",
+                 "computation-BF16.sweep_n=[128, 512]", "computation-BF16.sweep_k=[128, 512]",
+                 "computation-BF16.sweep_step=128", "computation-BF16.sweep_shape_s=0.02"]
     else:
         sets += ["computation-BF16.sweep_shape_s=0.05", "toolkit-gemm.warmup_iters=20"]
-    return sets
+    return [s for s in sets if "." not in s.split("=", 1)[0] or s.split(".", 1)[0] in cases]
 
 
 # --- the two sides, each a fresh process -------------------------------------------------------------------
@@ -485,7 +490,7 @@ def main() -> int:
     device = load_vendor(vendor).manifest.torch_device
     name = "base_specs_cpu_quick" if args.quick else "base_specs_gpu"
     run_id = f"base-specs-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}"
-    sets = engine_sets(args.quick, seconds, sweep_s)
+    sets = engine_sets(args.quick, seconds, sweep_s, cases)
     plan = plan_run(cases=cases, vendor=vendor, rounds=args.pairs, sets=sets, results_dir=args.results,
                     run_id=run_id)
     import torch  # the version only: this process never touches the device (the capacity rounds need it all)
