@@ -22,6 +22,7 @@ from flagperf.hosts.inventory import load_inventory, split_address
 from flagperf.hosts.probe import host_memory_bytes
 from flagperf.paths import PROJECT_ROOT
 from flows.cli import app
+from tests.unit.test_bad_input import _make  # the `make` list of tests/fixtures/hostile/README.md
 
 HOSTILE = Path(__file__).resolve().parents[1] / "fixtures" / "hostile"  # format: its README.md
 CLOSED_API = "http://127.0.0.1:1/api"  # a run wrongly accepted fails fast instead of starting a server
@@ -191,26 +192,6 @@ def _file_of_run(folder: Path, args: list[str]) -> str | None:
             name = args[args.index(option) + 1]
             return name if (folder / name).exists() or (folder / name).is_symlink() else None
     return None
-
-
-def _make(copy: Path, items: list[dict[str, Any]]) -> None:
-    """The input's `make` list, as tests/fixtures/hostile/README.md defines it."""
-    for item in items:
-        (what, rel), *rest = item.items()
-        path = copy / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if what == "symlink":
-            path.symlink_to(dict(rest)["to"])
-        elif what == "fifo":
-            os.mkfifo(path)
-        elif what == "dir":
-            path.mkdir()
-        elif what == "write":
-            with path.open("w", encoding="utf-8") as out:
-                for text, times in dict(rest)["parts"]:
-                    out.write(text * times)
-        else:
-            raise AssertionError(f"expect.yaml: make: unknown item {what!r}")
 
 
 AGREEMENT = [pytest.param(folder.name, " ".join(args), args, expectation, id=f"{folder.name}: {' '.join(args)}")
