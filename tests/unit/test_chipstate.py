@@ -1,9 +1,9 @@
 """How the chip ran in a timed region (flagperf.results.chipstate), from sample files in the NVML monitor's format.
 
 data/monitor_nvml_h100_power_capped.jsonl holds 40 one-second samples of one H100 in the monitor's format, with
-the figures of the H100 probe's sustained BF16 GEMM (/work/devprobe, 2026-11-23: SM clock 1080-1605 MHz, median
-1395, power 657 W mean / 714 W max against a 700 W limit, SwPowerCap in 98 % of the samples): power-capped through
-the timed region [T0+5, T0+29] after one uncapped sample, idle around it.
+the figures of the H100 probe's sustained BF16 GEMM (bench/results/h100_probe.md, 2026-11-23: SM clock
+1080-1605 MHz, median 1395, power 657 W mean / 714 W max against a 700 W limit, SwPowerCap in 98 % of the
+samples): power-capped through the timed region [T0+5, T0+29] after one uncapped sample, idle around it.
 """
 
 from __future__ import annotations
