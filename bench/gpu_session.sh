@@ -21,10 +21,13 @@ export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 status=0
 q=(); [ $quick = 1 ] && q=(--quick)
-short() { [ $quick = 1 ] && echo "${QUICK_BUDGET_S:-20}" || echo "$1"; }  # a dry run: one pair is enough
+# A dry run takes one pair of each model whatever this machine's speed (a budget would make that depend on it).
+short() { [ $quick = 1 ] && echo 600 || echo "$1"; }
+qm=(); [ $quick = 1 ] && qm=(--quick --pairs 1)
 
 step() {  # step NAME SECONDS COMMAND...: runs it with a limit, its output straight into $out/NAME.log
   local name=$1 limit=$2; shift 2
+  [ $quick = 1 ] && limit=$(( limit * 3 ))  # a dry run's limits only catch a hang, on any machine's speed
   local started=$SECONDS code
   echo "=== $name (limit ${limit} s): $*"
   timeout --kill-after=10 "$limit" "$@" > "$out/$name.log" 2>&1
@@ -57,8 +60,8 @@ case $part in
     ;;
   models)
     # Three pairs each: ~195 s and ~190 s on an H200 (a training harness round is a fresh process of 15-37 s).
-    step inference 235 "$py" bench/inference_gpu.py "${q[@]}" --budget-s "$(short 200)" --out "$out"
-    step training 230 "$py" bench/training_gpu.py "${q[@]}" --budget-s "$(short 200)" --out "$out"
+    step inference 235 "$py" bench/inference_gpu.py "${qm[@]}" --budget-s "$(short 200)" --out "$out"
+    step training 230 "$py" bench/training_gpu.py "${qm[@]}" --budget-s "$(short 200)" --out "$out"
     ;;
   serving)
     if [ $quick = 1 ]; then
@@ -66,7 +69,8 @@ case $part in
     else  # -v: each test's verdict is in the log as it ends, also when the limit stops the run
       step tests_gpu 250 "$py" -m pytest tests/gpu -v -p no:cacheprovider -rfs --tb=short --durations=10
     fi
-    step generate 190 "$py" bench/generate_gpu.py "${q[@]}" --budget-s "$(short 160)" --out "$out"
+    # generate runs 3 pairs whatever its budget; the budget only bounds extra pairs (up to 9)
+    step generate 190 "$py" bench/generate_gpu.py "${q[@]}" --budget-s "$([ $quick = 1 ] && echo 20 || echo 160)" --out "$out"
     ;;
   install)
     step install 540 bash bench/gpu_install.sh "${q[@]}"

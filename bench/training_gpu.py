@@ -79,6 +79,9 @@ class Setup:
         raise NotImplementedError
 
 
+BARE_SETUP_LIMIT_S = 900.0  # imports, model, compile of a bare loop's process
+
+
 class LlamaSetup(Setup):
     def __init__(self, s: dict[str, Any]) -> None:
         import torch
@@ -536,7 +539,9 @@ def main() -> int:
 
         def ready(m: Model) -> None:
             assert m.bare is not None
-            info = m.bare.wait_ready(budget.left() or 1800.0)
+            # A hang guard, not the budget: the budget decides which pairs start, never whether setup may end
+            # (a budget shorter than one compile used to fail the run with a negative wait).
+            info = m.bare.wait_ready(BARE_SETUP_LIMIT_S)
             machine_info.update(info.get("machine", {}))
             print(f"{m.name}: bare loop ready ({info['setup_s']:.1f} s, compile included)", flush=True)
 
