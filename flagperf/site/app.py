@@ -26,9 +26,10 @@ from flagperf.results.compare import HEADER as COMPARE_HEADER
 from flagperf.results.compare import compare_runs
 from flagperf.results.history import figure_trend, list_series
 from flagperf.results.summary import HEADLINE_HEADER, headline_cells
+from flagperf.site import trends as drawing
 from flagperf.site.auth import Credentials
 from flagperf.site.runs import PLOT_TYPES, PLOTS, RUN_FILES, list_runs, plot_names, read_served, run_folder, run_info
-from flagperf.site.trends import NO_MATPLOTLIB, matplotlib_figure, open_history, trend_png
+from flagperf.site.trends import NO_MATPLOTLIB, open_history, trend_png
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 REALM = 'Basic realm="flagperf", charset="UTF-8"'
@@ -149,7 +150,7 @@ def create_app(root: Path, credentials: Credentials | None, history_url: str | N
             return not_found("no such figure in the history")
         key, points = found
         return page("figure.html", title=f"{key['case']} {key['metric']}", key=key, points=points,
-                    query=request.url.query, can_draw=NO_MATPLOTLIB if matplotlib_figure() is None else None)
+                    query=request.url.query, can_draw=NO_MATPLOTLIB if drawing.matplotlib_figure() is None else None)
 
     def figure_plot(request: Request) -> Response:
         found = _figure(request)
