@@ -282,11 +282,16 @@ def server_credentials(host: str, auth_file: Path | None) -> Credentials | None:
     return credentials
 
 
-def deployments_in_project() -> list[dict[str, Any]]:
+def deployments_in_project(pool: str | None = None) -> dict[str, Any]:
+    """prefect.yaml, its deployments on ``pool`` (the server's own pool when it is not the file's)."""
     import yaml
 
     project = yaml.safe_load((PROJECT_ROOT / "prefect.yaml").read_text(encoding="utf-8"))
-    return list(project.get("deployments") or [])
+    for spec in project.get("deployments") or []:
+        if pool is not None and isinstance(spec.get("work_pool"), dict):
+            spec["work_pool"] = {**spec["work_pool"], "name": pool}
+    project.pop("definitions", None)  # anchors, already merged in by the loader
+    return project
 
 
 def deploy_command(api_url: str, results_root: Path) -> str:
@@ -295,25 +300,32 @@ def deploy_command(api_url: str, results_root: Path) -> str:
             f"{RESULTS_DIR_ENV}={shlex.quote(str(results_root))} prefect --no-prompt deploy --all")
 
 
-def create_deployments(api_url: str, client_env: dict[str, str], results_root: Path,
-                       credentials: Credentials | None) -> tuple[list[str], list[str]]:
-    """The deployments of prefect.yaml, made as `prefect deploy --all` makes them (its form schemas read with
-    the results folder's default in the environment); then the user-facing ones get the served results folder
-    in their job variables, so a worker elsewhere runs them with it too. Returns (user-facing, internal) names."""
+def create_deployments(api_url: str, client_env: dict[str, str], results_root: Path, pool: str,
+                       credentials: Credentials | None, log_dir: Path) -> tuple[list[str], list[str]]:
+    """The deployments of prefect.yaml on the server's pool, made as `prefect deploy --all` makes them (its form
+    schemas read with the results folder's default in the environment); then the user-facing ones get the served
+    results folder in their job variables, so a worker elsewhere runs them with it too. Its output goes to
+    deploy.log. Returns (user-facing, internal) names."""
     import httpx
+    import yaml
 
-    made = subprocess.run(watched([sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"]),
-                          cwd=PROJECT_ROOT, env={**client_env, "PWD": str(PROJECT_ROOT)}, capture_output=True,
-                          text=True, timeout=600, check=False, start_new_session=True)
+    project = deployments_in_project(pool)
+    with tempfile.TemporaryDirectory(prefix="flagperf-deploy-") as folder:
+        prefect_file = Path(folder) / "prefect.yaml"
+        prefect_file.write_text(yaml.safe_dump(project, sort_keys=False), encoding="utf-8")
+        with (log_dir / "deploy.log").open("ab") as deploy_log:
+            made = subprocess.run(watched([sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all",
+                                           "--prefect-file", str(prefect_file)]),
+                                  cwd=PROJECT_ROOT, env={**client_env, "PWD": str(PROJECT_ROOT)}, stdout=deploy_log,
+                                  stderr=subprocess.STDOUT, timeout=600, check=False, start_new_session=True)
     if made.returncode != 0:
-        said = (made.stdout + made.stderr).strip().splitlines()
-        raise RuntimeError(f"creating the deployments failed ({said[-1][-300:] if said else made.returncode}); "
-                           f"by hand: {deploy_command(api_url, results_root)}")
+        raise RuntimeError(f"creating the deployments failed (see deploy.log); by hand: "
+                           f"{deploy_command(api_url, results_root)}")
     user, internal = [], []
     auth = {"Authorization": f"Basic {base64.b64encode(credentials.auth_string.encode()).decode()}"} \
         if credentials else {}
     with httpx.Client(base_url=api_url, headers=auth, timeout=30) as http:
-        for spec in deployments_in_project():
+        for spec in project["deployments"]:
             if "internal" in (spec.get("tags") or []):
                 internal.append(spec["name"])
                 continue
@@ -401,7 +413,7 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
                     env=client_env, stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True))
             print(f"worker: pool {pool!r}, running flows from {PROJECT_ROOT}", flush=True)
         if deploy:
-            user, internal = create_deployments(api_url, client_env, results_root, credentials)
+            user, internal = create_deployments(api_url, client_env, results_root, pool, credentials, log_dir)
             print(f"deployments: {', '.join(user)} (start these); internal, tagged so: {', '.join(internal)} "
                   f"(dispatched by evaluate)", flush=True)
         else:
