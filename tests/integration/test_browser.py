@@ -235,6 +235,8 @@ def test_sign_in_evaluate_from_the_form_fail_retry_report_site_trend_and_schedul
             page.screenshot(path=SHOTS / "6-failed.png", full_page=True)
             marker.write_text("fixed\n", encoding="utf-8")
             page.get_by_role("button", name="Retry").click()
+            expect(page.get_by_text(f"This will retry flow run {first['name']}")).to_be_visible()
+            page.get_by_role("button", name="Retry").last.click()  # the confirmation's, shown above the page
             retried = wait_until("the retry to finish", lambda: (r := finished(team_server, failing["id"])) and r[
                 "run_count"] > first["run_count"] and r, 900, every_s=5)
             page.reload(wait_until="networkidle")
