@@ -214,6 +214,7 @@ class TemporaryServer:
                "PREFECT__SERVER_FINAL": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                DATABASE_URL_ENV: f"sqlite+aiosqlite:///{self.folder / 'prefect.db'}"}
         env.pop("PREFECT_API_URL", None)
+        env.pop(SERVER_AUTH_ENV, None)  # a team server's sign-in, exported in this shell, is not this one's
         with self.log_path.open("ab") as log:
             fd = self.socket.fileno()
             self.proc = subprocess.Popen(watched(
