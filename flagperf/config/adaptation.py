@@ -70,7 +70,7 @@ FORBIDDEN_CALLS = {("torch", "load"): "torch.load loads weights: the initial che
 RESERVED_ENV = re.compile(r"^(FLAGPERF_.*|PYTHONPATH|PYTHONHOME|PYTHONUNBUFFERED)$")
 _ASSIGNMENT = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _REFERENCE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
-_UNQUOTED_UNSAFE = set(" \t;&|<>()`\\'\"*?[]{}~#!")
+_UNQUOTED_UNSAFE = set(" \t;&|<>()`\\'\"*?[]~#!")
 
 
 @dataclass(frozen=True)
