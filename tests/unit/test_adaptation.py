@@ -141,3 +141,23 @@ def test_the_step_hook_sees_every_step(tmp_path: Path) -> None:
         ctx.step(4, loss=1.0)
     assert seen == [1, 2, 3]
     assert os.path.getsize(tmp_path / "perf.log") > 0
+
+
+def test_inference_hooks_wrap_the_cases_own_forward() -> None:
+    import types
+
+    from flagperf.entry import hooked_module
+
+    case = types.ModuleType("case")
+    case.model_forward = lambda model, inputs: [model * x for x in inputs]  # type: ignore[attr-defined]
+    case.engine_forward = lambda engine, inputs: (inputs, 0.0)  # type: ignore[attr-defined]
+    calls: list[str] = []
+
+    def model_forward(standard: object, model: object, inputs: object) -> object:
+        calls.append("model_forward")
+        return standard(model, inputs)  # type: ignore[operator]
+
+    hooked = hooked_module(case, {"model_forward": model_forward})
+    assert hooked.model_forward(2, [1, 3]) == [2, 6] and calls == ["model_forward"]
+    assert hooked.engine_forward is case.engine_forward  # type: ignore[attr-defined]
+    assert hooked_module(case, {}) is case
