@@ -291,7 +291,7 @@ class PointRunner:
                     return
                 with impl.scope():
                     timed = time_call(call, self.device, self.options, self.flush)
-        except Exception as exc:  # noqa: BLE001 - an implementation's error fails its point, not the round
+        except Exception as exc:  # an implementation's error fails its point, not the round
             _free(self.device)
             status = "skipped" if _is_oom(exc) else "failed"
             self._record(point, name, status, ("does not fit in memory: " if _is_oom(exc) else "") + _first_line(exc),
