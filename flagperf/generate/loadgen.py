@@ -307,3 +307,23 @@ async def run_phase(target: Target, load: Load, prompts: Sequence[ServingPrompt]
             await asyncio.gather(*tasks)
     seconds = time.perf_counter() - start
     return PhaseRun(records=records, started_at=epoch0, ended_at=epoch0 + seconds, seconds=seconds)
+
+
+def first_answer(target: Target, prompt: ServingPrompt, timeout_s: float) -> str | None:
+    """Send one 1-token request at a time until one succeeds (None) or ``timeout_s`` passes (the last error):
+    the readiness of a server that loads its model at the first request."""
+    one = ServingPrompt(prompt.index, prompt.text, prompt.prompt_tokens, 1)
+    deadline = time.monotonic() + timeout_s
+
+    async def attempts() -> str | None:
+        error = "no attempt"
+        async with httpx.AsyncClient(timeout=max(1.0, timeout_s)) as client:
+            while time.monotonic() < deadline:
+                record = await send_request(client, target, one, "ready", "ready", 0, None)
+                if record.ok:
+                    return None
+                error = record.error or error
+                await asyncio.sleep(0.2)
+        return error
+
+    return asyncio.run(attempts())

@@ -44,6 +44,7 @@ from flagperf.generate.loadgen import (
     ServingPrompt,
     Target,
     TokenCounter,
+    first_answer,
     run_phase,
 )
 from flagperf.generate.models import DTYPE, PRESETS, WORD_PREFIX, model_config, random_checkpoint
@@ -263,6 +264,13 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
         target = Target(base_url=base_url, model=model, api=config.api, headers=headers,
                         exact_fields=spec.exact_output_fields if config.exact_output else None,
                         request_timeout_s=config.request_timeout_s)
+        if server is not None and spec.ready_request:
+            error = first_answer(target, prompts[0], config.ready_timeout_s)
+            if error is not None:
+                if server.exited() is not None:
+                    raise CaseUserError(server.failure("before its first answer"))
+                raise CaseUserError(f"the server answered no request within {config.ready_timeout_s:g} s "
+                                    f"(ready_timeout_s; server.ready_request): {error}")
         return _run_points(config, spec, target, server, prompts, references, tokens, out_dir, described, summary)
     finally:
         if server is not None:

@@ -10,6 +10,8 @@ engine.yaml of a server engine (vendor_images/<vendor>/generate/<engine>/engine.
               --tensor-parallel-size, "{tensor_parallel}"]
     dtypes: {bf16: bfloat16, fp16: float16, fp32: float32}   # the case's precision -> {dtype}
     ready_path: /health          # GET answers 200 once the server takes requests
+    ready_request: false         # true: then one 1-token request must succeed too (a server that loads
+                                 # the model at its first request, and cannot take several then)
     metrics_path: /metrics       # Prometheus text, scraped before and after each point (optional)
     apis: [chat, completions]    # which OpenAI endpoints it serves
     request_model: "{model_dir}" # the `model` field of each request
@@ -92,6 +94,7 @@ class ServerSpec(StrictModel):
     dtypes: dict[Literal["bf16", "fp16", "fp32"], str] = Field(
         default_factory=lambda: {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"})
     ready_path: str = "/health"
+    ready_request: bool = False
     metrics_path: str | None = None
     apis: list[Literal["chat", "completions"]] = Field(default_factory=lambda: ["chat", "completions"],
                                                        min_length=1)
