@@ -174,7 +174,8 @@ def hooked_module(module: ModuleType, hooks: dict[str, Any]) -> ModuleType:
 
 
 def run_generate(config: GenerateConfig, vendor: Vendor, spec: SpecTable, out_dir: Path) -> Outcome:
-    """LLM serving (flagperf.generate): every concurrency level of the case, timed per token."""
+    """LLM serving (flagperf.generate): every point of the case (a batch engine's concurrency levels, or a
+    server's concurrency levels and request rates), timed per token."""
     from flagperf.generate.driver import run_generate as drive
 
     device = torch.device(vendor.manifest.torch_device)
@@ -185,6 +186,11 @@ def run_generate(config: GenerateConfig, vendor: Vendor, spec: SpecTable, out_di
         if classified is exc:
             raise
         raise classified from exc
+    if result.failure is not None:  # a server that died under load: the finished points are kept, retried
+        from flagperf.generate.server import EXIT_SERVER_FAILED
+
+        return Outcome(metrics=result.metrics, measured=result.measured_seconds, failure=result.failure,
+                       exit_code=EXIT_SERVER_FAILED)
     return Outcome(metrics=result.metrics, measured=result.measured_seconds)
 
 
