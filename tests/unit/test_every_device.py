@@ -122,3 +122,37 @@ def test_a_device_that_fails_fails_the_round_naming_it_and_keeps_the_others(spli
     assert "1 of 2 devices did not measure: device 1 failed" in outcome.failure.message
     assert outcome.exit_code == EXIT_WORKER_FAILED and [m.device for m in outcome.metrics] == [0]
     assert json.loads((out / "device0" / "result.json").read_text())["status"] == "success"
+
+
+def test_the_summary_keeps_a_row_per_device_with_its_own_monitor_figures(tmp_path: Path) -> None:
+    """Hand-made: two GPUs of one host, a vendor monitor that samples both; each device's row has its own UUID
+    and power, and the report's every-device section names the lowest device."""
+    from datetime import datetime, timezone
+
+    from flagperf.results.schema import RoundResult, round_dir, write_result
+    from flagperf.results.summary import render_markdown, summarize
+
+    run = tmp_path / "run1"
+    folder = round_dir(run, "computation-BF16", 1, "h1")
+    t0 = datetime(2026, 1, 2, tzinfo=timezone.utc)
+    metrics = [Metric(name="gemm_bf16", value=v, unit="TFLOPS", device=i, window=[100.0, 110.0])
+               for i, v in enumerate([700.0, 640.0])]
+    write_result(folder / "result.json", RoundResult(
+        run_id="run1", case="computation-BF16", family="base", round=1, host="h1", node_rank=0, vendor="nvidia",
+        status="success", started_at=t0, finished_at=t0, duration_s=1.0, measured_seconds=20.0, metrics=metrics,
+        config={}, device_spread=device_spread(metrics)))
+    lines = [{"type": "header", "monitor": "nvml", "interval_s": 1.0, "started_at": 99.0,
+              "devices": [{"index": 0, "uuid": "GPU-aaaa"}, {"index": 1, "uuid": "GPU-bbbb"}]}]
+    lines += [{"type": "sample", "t": t, "devices": [{"index": 0, "power_w": 500.0}, {"index": 1, "power_w": 300.0}]}
+              for t in (99.0, 105.0, 111.0)]
+    (folder / "monitor_nvml.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    summary = summarize(run)
+    rows = summary.rows.set_index("device_index")
+    assert rows.loc[0, "device_uuid"] == "GPU-aaaa" and rows.loc[1, "device_uuid"] == "GPU-bbbb"
+    assert rows.loc[0, "power_avg_w"] == pytest.approx(500.0) and rows.loc[1, "power_avg_w"] == pytest.approx(300.0)
+    (spread,) = summary.device_spread
+    assert (spread["min"], spread["median"], spread["max"], spread["min_device"]) == (640.0, 670.0, 700.0, 1)
+    assert spread["min_device_uuid"] == "GPU-bbbb" and spread["per_device"] == {0: 700.0, 1: 640.0}
+    report = render_markdown(summary)
+    assert "## Every device" in report
+    assert "| computation-BF16 | gemm_bf16 | 1 | h1 | 2 | 640 (device 1, GPU-bbbb) | 670 | 700 TFLOPS |" in report
