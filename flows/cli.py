@@ -439,7 +439,7 @@ def diagnose(
         raise _fail(str(exc)) from None
     except OSError as exc:
         raise _fail(f"{run_dir}: the diagnosis cannot be written: {exc.strerror or exc}", EXIT_FAILED) from None
-    console.print(render_markdown(found), markup=False, highlight=False)
+    console.print(render_markdown(found), markup=False, highlight=False, soft_wrap=True)
     if found.failed_hosts:
         raise typer.Exit(EXIT_HOST_FAILED)
 
