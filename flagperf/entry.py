@@ -26,7 +26,7 @@ import torch
 from pydantic import ValidationError
 
 from flagperf.config.cases import CaseDef, load_case
-from flagperf.config.job import Job
+from flagperf.config.job import JOB_FILE, Job
 from flagperf.config.models import pydantic_error_to_config_error
 from flagperf.config.vendors import Vendor, load_vendor
 from flagperf.errors import (
@@ -290,8 +290,10 @@ def run_job(job: Job, out_dir: Path, slot: DeviceSlot | None = None, job_file: P
         if slots is not None:  # this process only starts and waits: the device processes measure
             assert isinstance(config, EveryDevice)
             log.info("case %s round %d on %s, attempt %d", job.case, job.round, job.host, job.attempt)
-            outcome = run_every_device(job, job_file or out_dir / "job.json", vendor, slots,
-                                       config.device_order == "sequential", out_dir)
+            job_file = job_file or out_dir / JOB_FILE
+            if not job_file.exists():  # run_job called in-process (tests): the device processes read it there
+                job_file.write_text(job.model_dump_json(), encoding="utf-8")
+            outcome = run_every_device(job, job_file, vendor, slots, config.device_order == "sequential", out_dir)
             device = outcome.device
         else:
             spec = vendor.spec_table()
