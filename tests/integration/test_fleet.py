@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prefect_api import run_evaluate
@@ -108,6 +109,18 @@ def cpu_quota(marker: str, share: float) -> Iterator[None]:
     assert sorted(set(moved.values())) == [0, 1], f"the slow host's device processes moved into the quota: {moved}"
 
 
+def flow_artifact(flow_run_id: Any, key: str) -> str:
+    """The text of the flow run's artifact ``key`` (its latest version)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=[key]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+    assert found, f"no artifact {key} on flow run {flow_run_id}"
+    return str(found[-1].data)
+
+
 def test_the_slow_host_of_a_fleet_is_named(flagperf_env: Path, tmp_path: Path, testbed: Testbed,
                                            monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
     # A deploy folder of its own: the shared one may be replaced by another session's checkout meanwhile.
@@ -144,6 +157,7 @@ def test_the_slow_host_of_a_fleet_is_named(flagperf_env: Path, tmp_path: Path, t
     diagnosis = json.loads((run_dir / "diagnosis.json").read_text())
     assert slow in diagnosis["failed_hosts"], diagnosis
     assert "## Fleet diagnosis" in (run_dir / "report.md").read_text()
+    assert slow in flow_artifact(state.state_details.flow_run_id, "flagperf-diagnosis")
     assert (run_dir / "summary.csv").read_text().count(",gemm_fp32,") == 6  # a row per device
     # The command, with rules for this bed: exit 4, the slow host named with the rule and each device's figure.
     rules = tmp_path / "rules.yaml"
