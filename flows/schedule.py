@@ -8,6 +8,7 @@ Only the standard library: the build step may run under any Python 3 of the mach
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -26,14 +27,10 @@ def machine_timezone(environ: dict[str, str] | None = None, etc: Path = Path("/e
     if chosen and chosen not in known:
         raise ValueError(f"{TIMEZONE_ENV}: {chosen!r} is not an IANA time zone name (e.g. Asia/Shanghai, UTC)")
     candidates = [chosen, environ.get("TZ", "").removeprefix(":")]
-    try:
+    with contextlib.suppress(OSError, UnicodeDecodeError):
         candidates.append((etc / "timezone").read_text(encoding="utf-8").strip())
-    except (OSError, UnicodeDecodeError):
-        pass
-    try:
+    with contextlib.suppress(OSError):
         candidates.append(os.readlink(etc / "localtime").partition("zoneinfo/")[2])
-    except OSError:
-        pass
     return next((name for name in candidates if name in known), FALLBACK)
 
 
