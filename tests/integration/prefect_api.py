@@ -96,13 +96,18 @@ def task_logs(task_run_id: UUID) -> list[str]:
 
 
 def nightly_schedule() -> dict[str, str]:
-    """The nightly deployment's schedule as prefect.yaml declares it."""
+    """The nightly deployment's schedule as `prefect deploy` makes it from prefect.yaml on this machine: its time
+    zone is what the build step (flows/schedule.py) prints."""
     import yaml
+
+    from flows.schedule import machine_timezone
 
     project = yaml.safe_load((Path(__file__).resolve().parents[2] / "prefect.yaml").read_text())
     (nightly,) = [d for d in project["deployments"] if d["name"] == "nightly"]
     (schedule,) = nightly["schedules"]
-    return {"cron": schedule["cron"], "timezone": schedule["timezone"]}
+    (step,) = [s["prefect.deployments.steps.run_shell_script"] for s in nightly["build"]]
+    assert step["script"] == "python3 -m flows.schedule" and schedule["timezone"] == f"{{{{ {step['id']}.stdout }}}}"
+    return {"cron": schedule["cron"], "timezone": machine_timezone()}
 
 
 def assert_schedule_gets_runs(api: str, timeout_s: float = 180) -> list[dict]:
