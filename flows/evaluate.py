@@ -176,7 +176,7 @@ def evaluation_state(suite: str | None, cases: list[str] | None, vendor: str | N
         return Failed(message=f"{BAD_INPUT}{message}")
     except FlagperfError as exc:  # said in full by the message (a failed round, a host, a full disk)
         logger.error("%s", exc)
-        return Failed(message=str(exc))
+        return Failed(message=str(exc), data=exc)  # state.result() raises it, as when it was raised
     except OSError as exc:  # the results disk (or a host's) refused a file outside any round: one line
         if exc.errno not in STORE_ERRNOS:
             raise
