@@ -120,9 +120,16 @@ def form_message(exc: ConfigError, inventory: str | None) -> str:
     error in the inventory file says it is the inventory's."""
     if exc.source in FORM_FIELDS:
         return str(ConfigError(FORM_FIELDS[exc.source], exc.key, exc.message))
-    if inventory and Path(exc.source).resolve() == Path(inventory).resolve():
+    if inventory and same_file(exc.source, inventory):
         return f"inventory: {exc}"
     return str(exc)
+
+
+def same_file(a: str, b: str) -> bool:
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except (OSError, ValueError):  # not a path at all (a NUL, a loop of links): not the same file
+        return False
 
 
 def in_form_terms(message: str) -> str:
