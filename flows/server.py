@@ -38,7 +38,7 @@ else:  # Python 3.10: the same parser as the tomli package (a dependency there)
     import tomli as tomllib
 
 from flagperf.errors import ConfigError
-from flagperf.paths import PROJECT_ROOT, RESULTS_ROOT_ENV, RESULTS_URL_ENV
+from flagperf.paths import PROJECT_ROOT, RESULTS_DIR_ENV, RESULTS_ROOT_ENV, RESULTS_URL_ENV
 from flagperf.results.schema import atomic_path
 from flagperf.site.auth import (
     CLIENT_AUTH_ENV,
@@ -56,7 +56,6 @@ WATCH_POLL_S = 0.5
 WATCH_GRACE_S = 10.0
 # The results folder `flagperf server` serves, in its worker's and deployments' environment: the evaluate and
 # nightly forms default their results folder to it, so a run started from the UI gets its report on the site.
-RESULTS_DIR_ENV = "FLAGPERF_RESULTS_DIR"
 
 
 def check_database_url(url: str | None) -> str:

@@ -207,7 +207,8 @@ def merge_vendor_overrides(
                 vendor_source, key, f"overrides the default with the same value ({value!r}); remove the line"
             )
         else:
-            log.info("%s: %s: %r -> %r", vendor_source, key, configurations[key], value)
+            # One per changed key: DEBUG; the plan logs one summary line, and plan.json keeps each change.
+            log.debug("%s: %s: %r -> %r", vendor_source, key, configurations[key], value)
             merged.vendor_changes[key] = (configurations[key], value)
         values[key] = value
         origins[key] = vendor_source
