@@ -72,7 +72,8 @@ def serving_markdown(run_dir: Path, rows: pd.DataFrame | None) -> list[str]:
     lines = ["## LLM serving (generate)", "",
              "Per concurrency level: output tokens/s of the device, tokens/s each user saw (output tokens / "
              "request latency, mean), time to first token, time per output token after the first, every "
-             "inter-token gap; MFU = 2 x parameters x output tokens/s / peak; energy per output token from the "
+             "inter-token gap; MFU = the level's model FLOPs (prefill and decode, the convention of every family) "
+             "/ its time / peak; energy per output token from the "
              "monitors over the level's window.", "",
              "| " + " | ".join(SERVING_HEADER) + " |", "|" + "---|" * len(SERVING_HEADER)]
     for e in levels:

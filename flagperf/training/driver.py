@@ -41,14 +41,11 @@ from flagperf.errors import CaseUserError
 from flagperf.measure.casekit import CaseConfig
 from flagperf.measure.device import device_module, synchronize
 from flagperf.measure.perflog import format_line
-from flagperf.results.metrics import model_flops_utilisation
+from flagperf.results.metrics import TransformerFlops, model_flops_utilisation
 
 FINISHED_KEYS = ("e2e_time", "training_throughput", "throughput_unit", "converged", "target_metric",
                  "target", "final_metric", "raw_train_time", "init_time", "epochs", "steps", "extra")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-LM_FLOPS_CONVENTION = ("6 x N x tokens (N: parameters in matrix products, input embedding tables excluded "
-                       "unless tied to the output head) + 12 x layers x hidden x seq_len per token for attention "
-                       "(PaLM's appendix B count, full not causal)")
 T = TypeVar("T")
 
 
@@ -321,13 +318,13 @@ class TrainingContext:
 
     def language_model(self, parameters: int, tokens_per_sample: int, synthetic: bool, *,
                        layers: int | None = None, hidden: int | None = None) -> None:
-        """Declare an LLM: tokens/s and MFU join the result. FLOPs per token = 6 x parameters, plus
-        12 x layers x hidden x tokens_per_sample for attention when layers and hidden are given."""
+        """Declare an LLM: tokens/s and MFU join the result, FLOPs counted as every family counts them
+        (flagperf.results.metrics.TransformerFlops: 6 x parameters + 12 x layers x hidden x tokens_per_sample per
+        token; the attention term only when layers and hidden are given)."""
         self.tokens_per_sample = tokens_per_sample
-        attention = 12.0 * layers * hidden * tokens_per_sample if layers and hidden else 0.0
-        self.flops_per_sample = (6.0 * parameters + attention) * tokens_per_sample
-        self.flops_convention = LM_FLOPS_CONVENTION if attention else \
-            "6 x N x tokens (N: parameters in matrix products), attention not counted"
+        counted = TransformerFlops(parameters, layers, hidden)
+        self.flops_per_sample = counted.training_per_token(tokens_per_sample) * tokens_per_sample
+        self.flops_convention = counted.convention
         self.extra.update(parameters=parameters, synthetic_data=synthetic, precision=self.config.precision,
                           flops_per_token=self.flops_per_sample / tokens_per_sample)
 

@@ -83,14 +83,14 @@ def nightly_schedule() -> dict[str, str]:
     return {"cron": schedule["cron"], "timezone": schedule["timezone"]}
 
 
-def assert_schedule_gets_runs(api: str, timeout_s: float = 180) -> list[dict]:
+def assert_schedule_gets_runs(api: str, timeout_s: float = 180, headers: dict[str, str] | None = None) -> list[dict]:
     """Deploy a flow with the nightly's schedule on the server at ``api`` and wait for its scheduler to create
     the upcoming runs. A deployment that shows "Active" and never gets a run (prefect 3.8's scheduler on
-    SQLAlchemy 2.1) fails here. Returns the scheduled runs."""
+    SQLAlchemy 2.1) fails here. ``headers``: the server's sign-in, if it has one. Returns the scheduled runs."""
     import httpx
 
     schedule = nightly_schedule()
-    with httpx.Client(base_url=api, timeout=30) as http:
+    with httpx.Client(base_url=api, headers=headers, timeout=30) as http:
         flow = http.post("/flows/", json={"name": f"schedule-check-{time.time_ns()}"})
         flow.raise_for_status()
         created = http.post("/deployments/", json={
