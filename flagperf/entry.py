@@ -9,6 +9,7 @@ otherwise and writes no result: the controller records it as an infrastructure f
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
@@ -17,12 +18,14 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch
 from pydantic import ValidationError
 
+from flagperf.config.adaptation import load_hooks, read_adaptation
 from flagperf.config.cases import CaseDef, load_case
 from flagperf.config.job import Job
 from flagperf.config.models import pydantic_error_to_config_error
@@ -36,10 +39,12 @@ from flagperf.errors import (
     Unsupported,
     missing_extra,
 )
+from flagperf.hosts.adaptation import apply_adaptation, cache_root
 from flagperf.hosts.local import PARENT_PID_ENV, default_work_root
 from flagperf.inference.config import InferenceConfig
 from flagperf.measure.casekit import CaseConfig, CaseContext, TimedCaseConfig
 from flagperf.measure.hostmemory import host_allocator, keep_freed_host_memory
+from flagperf.measure.perflog import parse_file
 from flagperf.measure.timing import TimingPlan
 from flagperf.results.provenance import engine_info, host_info, library_versions
 from flagperf.results.schema import (
@@ -57,6 +62,7 @@ from flagperf.training.driver import TrainingConfig
 from flagperf.training.launch import (
     EXIT_WORKER_FAILED,
     launch,
+    rank_log,
     training_result,
     user_error,
     with_teardown_note,
@@ -118,6 +124,13 @@ def run_training(job: Job, config: TrainingConfig, out_dir: Path) -> Outcome:
     return Outcome(metrics=metrics, measured=measured, convergence=convergence)
 
 
+def hooks_called(out_dir: Path, first_rank: int) -> list[str]:
+    """The extern hooks the node's first training process called (its FINISHED event says)."""
+    path = rank_log(out_dir, first_rank)
+    finished = parse_file(path).finished().get(first_rank, {}) if path.is_file() else {}
+    return list((finished.get("extra") or {}).get("vendor_hooks") or [])
+
+
 def run_inference(job: Job, case: CaseDef, config: InferenceConfig, vendor: Vendor, spec: SpecTable,
                   out_dir: Path) -> Outcome:
     """The seven steps (flagperf.inference), as Prefect subflows when the job carries a Prefect context."""
@@ -128,8 +141,10 @@ def run_inference(job: Job, case: CaseDef, config: InferenceConfig, vendor: Vend
     # Exported models and engines stay on this host, outside the round folder that is copied into the
     # results (a Llama-7B ONNX file is 27 GB); result.json records where they are, for exist_*_path reuse.
     artifacts = default_work_root() / "inference-artifacts" / job.run_id / job.case / f"round{job.round}"
-    run = InferenceRun(case_name=case.name, module=case.module, config=config, vendor=vendor.name, spec=spec,
-                       device=device, shares_host_memory=vendor.manifest.shares_host_memory, out_dir=out_dir,
+    hooks = load_hooks(read_adaptation(case.folder, case.name, case.family, vendor.name))
+    run = InferenceRun(case_name=case.name, module=hooked_module(case.module, hooks), config=config,
+                       vendor=vendor.name, spec=spec, device=device,
+                       shares_host_memory=vendor.manifest.shares_host_memory, out_dir=out_dir,
                        artifact_dir=artifacts / f"attempt{job.attempt}", origins=job.config_origins)
     try:
         run_inference_steps(run, job.prefect_context)
@@ -140,6 +155,19 @@ def run_inference(job: Job, case: CaseDef, config: InferenceConfig, vendor: Vend
         raise classified from exc
     measured = sum(m.measured_seconds for m in run.metrics if m.name.endswith("_core"))
     return Outcome(metrics=run.metrics, measured=measured, inference=run.report)
+
+
+def hooked_module(module: ModuleType, hooks: dict[str, Any]) -> ModuleType:
+    """The case's module with the vendor's extern hooks around its forward functions (each hook gets the
+    standard function first); the module itself when there are none."""
+    if not hooks:
+        return module
+    hooked = ModuleType(module.__name__, module.__doc__)
+    hooked.__dict__.update({k: v for k, v in module.__dict__.items() if k not in ("__name__", "__doc__")})
+    for name, hook in hooks.items():
+        standard = getattr(module, name)
+        setattr(hooked, name, functools.partial(hook, standard))
+    return hooked
 
 
 def run_generate(config: GenerateConfig, vendor: Vendor, spec: SpecTable, out_dir: Path) -> Outcome:
@@ -161,6 +189,7 @@ def run_job(job: Job, out_dir: Path) -> int:
     started = datetime.now(timezone.utc)
     startup_s = max(0.0, started.timestamp() - psutil.Process().create_time())
     outcome = Outcome()
+    adapted: dict[str, Any] | None = None
     device: str | None = None
     status = "failed"
     allocator = host_allocator()  # set by main (a case process), not by a test session that calls run_job
@@ -172,8 +201,20 @@ def run_job(job: Job, out_dir: Path) -> int:
         device = spec.device
         log.info("case %s round %d on %s (%s), attempt %d", job.case, job.round, job.host, device, job.attempt)
         log.info("host allocator: %s", allocator)
+        adaptation = read_adaptation(case.folder, case.name, case.family, vendor.name)
+        if adaptation is not None:  # the vendor guide's adaptation points, applied before the case starts
+            adapted = adaptation.summary()  # recorded also when applying it fails
+            applied = apply_adaptation(adaptation, out_dir, cache_root(out_dir), image_id=job.image.get("image_id"))
+            adapted = applied.record()
+            log.info("vendor adaptation %s: env %s, installs %s, hooks %s", adapted["folder"],
+                     sorted(applied.env) or "-", {k: v["status"] for k, v in applied.installs.items()} or "-",
+                     list(adaptation.hooks) or "-")
+            if case.family == "training":  # imported here first: a hook file that cannot load is the input's fault
+                load_hooks(adaptation)
         if isinstance(config, TrainingConfig):
             outcome = run_training(job, config, out_dir)
+            if adapted is not None:
+                adapted["hooks_called"] = hooks_called(out_dir, job.node_rank * config.nproc_per_node)
         elif isinstance(config, InferenceConfig):
             outcome = run_inference(job, case, config, vendor, spec, out_dir)
         elif case.family == "generate":  # its modules need transformers (the generate extra): imported there
@@ -215,6 +256,7 @@ def run_job(job: Job, out_dir: Path) -> int:
             libraries={**job.controller_libraries, **library_versions()},
             host={**host_info(), "allocator": allocator}, image=job.image,
             config_origins=job.config_origins, run_overrides=job.run_overrides, attempt=job.attempt,
+            adaptation=adapted,
         ),
     )
     write_result(out_dir / RESULT_FILE, result)

@@ -588,6 +588,28 @@ def list_(what: Annotated[str, typer.Argument(help="cases, vendors, suites or al
         raise _fail(str(exc)) from None
 
 
+vendor_app = typer.Typer(help="Check a vendor folder (FlagPerf's vendor guide).", no_args_is_help=True)
+app.add_typer(vendor_app, name="vendor")
+
+
+@vendor_app.command("check")
+def vendor_check(folder: Annotated[Path, typer.Argument(help="a vendor folder, e.g. vendor_images/amd")]) -> None:
+    """Check a vendor folder: manifest, Dockerfile and install step, each monitor run for a few seconds (or
+    reported not checkable here), the peak table and its sources, and every case adaptation's forbidden
+    changes. One line per finding; exit 1 when there is a problem."""
+    from flagperf.hosts.vendorcheck import check_vendor_folder, summary_lines
+
+    try:
+        found = check_vendor_folder(folder)
+    except FlagperfError as exc:
+        raise _fail(str(exc)) from None
+    colours = {"ok": "green", "not checkable here": "yellow", "problem": "red"}
+    for kind, line in summary_lines(found):
+        console.print(f"[{colours[kind]}]{kind}[/] {escape(line)}", highlight=False, soft_wrap=True)
+    if found.problems:
+        raise typer.Exit(EXIT_FAILED)
+
+
 def main() -> None:
     app()
 

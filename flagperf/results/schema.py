@@ -165,6 +165,9 @@ class Provenance(_Model):
     config_origins: dict[str, str]
     run_overrides: dict[str, dict[str, Any]]
     attempt: int = 1
+    adaptation: dict[str, Any] | None = Field(
+        default=None, description="the vendor's adaptation of the case that was applied (cases/<family>/<case>/"
+                                  "vendor/<vendor>/: environment file, requirements, csrc build, extern hooks used)")
 
 
 class RoundResult(_Model):
