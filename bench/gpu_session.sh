@@ -9,11 +9,12 @@
 #   bash bench/gpu_session.sh models     inference (resnet50-infer, bert-large-infer), training
 #   bash bench/gpu_session.sh serving    tests/gpu, then the generate family against a bare generate loop
 #   bash bench/gpu_session.sh install    the project installed as a user would, a short base run, tests/gpu
+#   bash bench/gpu_session.sh operators  native torch against FlagGems (carried in .whl/) on every operator
 #   bash bench/gpu_session.sh PART --quick   a dry run of the same part on this CPU (tested in CI)
 # .whl/ (bench/gpu_wheels.sh) is carried to the device machine: `run` with carry [".whl"].
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part=${1:?usage: gpu_session.sh base|models|serving|install [--quick]}
+part=${1:?usage: gpu_session.sh base|models|serving|install|operators [--quick]}
 quick=0; [ "${2:-}" = --quick ] && quick=1
 out=${OUT:-bench/results/gpu_session}
 mkdir -p "$out"
@@ -74,6 +75,12 @@ case $part in
     ;;
   install)
     step install 540 bash bench/gpu_install.sh "${q[@]}"
+    ;;
+  operators)
+    # Operator by operator until the budget (a dry run takes every operator, whatever this machine's speed);
+    # Triton compiles each FlagGems kernel on its first call (the correctness check, untimed).
+    step operators 480 "$py" bench/operation_gpu.py "${q[@]}" --budget-s "$([ $quick = 1 ] && echo 1200 || echo 420)" \
+      --out "$out"
     ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac

@@ -1,4 +1,5 @@
-"""The in-host (later in-container) entry for one case round: base spec, training, inference or generate.
+"""The in-host (later in-container) entry for one case round: base spec, training, inference, generate or
+operation.
 
     python -m flagperf.entry --job DIR/job.json
 
@@ -53,6 +54,7 @@ from flagperf.results.schema import (
     Failure,
     InferenceReport,
     Metric,
+    OperationReport,
     Provenance,
     RoundResult,
     SpecTable,
@@ -87,6 +89,7 @@ class Outcome:
     failure: Failure | None = None  # an incomplete run that still has something to say
     exit_code: int = EXIT_OK
     inference: InferenceReport | None = None
+    operation: OperationReport | None = None
 
 
 def run_base(case: CaseDef, config: CaseConfig, vendor: Vendor, spec: SpecTable, job: Job, out_dir: Path
@@ -171,7 +174,8 @@ def hooked_module(module: ModuleType, hooks: dict[str, Any]) -> ModuleType:
 
 
 def run_generate(config: GenerateConfig, vendor: Vendor, spec: SpecTable, out_dir: Path) -> Outcome:
-    """LLM serving (flagperf.generate): every concurrency level of the case, timed per token."""
+    """LLM serving (flagperf.generate): every point of the case (a batch engine's concurrency levels, or a
+    server's concurrency levels and request rates), timed per token."""
     from flagperf.generate.driver import run_generate as drive
 
     device = torch.device(vendor.manifest.torch_device)
@@ -182,7 +186,22 @@ def run_generate(config: GenerateConfig, vendor: Vendor, spec: SpecTable, out_di
         if classified is exc:
             raise
         raise classified from exc
+    if result.failure is not None:  # a server that died under load: the finished points are kept, retried
+        from flagperf.generate.server import EXIT_SERVER_FAILED
+
+        return Outcome(metrics=result.metrics, measured=result.measured_seconds, failure=result.failure,
+                       exit_code=EXIT_SERVER_FAILED)
     return Outcome(metrics=result.metrics, measured=result.measured_seconds)
+
+
+def run_operation(config: CaseConfig, vendor: Vendor, spec: SpecTable) -> Outcome:
+    """Operators x dtypes x shapes (flagperf.operation), each implementation checked before it is timed."""
+    from flagperf.operation.driver import run_operation as drive
+
+    result = drive(config, vendor.name, spec, torch.device(vendor.manifest.torch_device))  # type: ignore[arg-type]
+    failure = Failure(kind="user", message=result.failure) if result.failure else None
+    return Outcome(metrics=result.metrics, measured=result.measured_seconds, operation=result.report,
+                   failure=failure, exit_code=EXIT_USER_ERROR if failure else EXIT_OK)
 
 
 def run_job(job: Job, out_dir: Path) -> int:
@@ -219,6 +238,8 @@ def run_job(job: Job, out_dir: Path) -> int:
             outcome = run_inference(job, case, config, vendor, spec, out_dir)
         elif case.family == "generate":  # its modules need transformers (the generate extra): imported there
             outcome = run_generate(config, vendor, spec, out_dir)
+        elif case.family == "operation":
+            outcome = run_operation(config, vendor, spec)
         else:
             outcome = run_base(case, config, vendor, spec, job, out_dir)
         status = "failed" if outcome.failure else "success"
@@ -250,7 +271,8 @@ def run_job(job: Job, out_dir: Path) -> int:
         node_rank=job.node_rank, vendor=job.vendor, status=status, failure=outcome.failure,
         started_at=started, finished_at=finished, duration_s=(finished - started).total_seconds(),
         measured_seconds=outcome.measured, startup_s=startup_s, device=device, metrics=outcome.metrics,
-        convergence=outcome.convergence, inference=outcome.inference, config=job.config,
+        convergence=outcome.convergence, inference=outcome.inference, operation=outcome.operation,
+        config=job.config,
         provenance=Provenance(
             **engine_info(), command=job.command, python=sys.version.split()[0],
             libraries={**job.controller_libraries, **library_versions()},

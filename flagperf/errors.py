@@ -59,6 +59,8 @@ OPTIONAL: dict[str, tuple[str, str | None]] = {
     "psycopg": ("psycopg", "postgres"),
     "pynvml": ("nvidia-ml-py", "nvidia"),
     "rouge_score": ("rouge-score", "generate"),
+    "openai": ("openai", "generate"),  # transformers serve's request types
+    "accelerate": ("accelerate", "generate"),  # transformers serve loads with device_map
 }
 FAMILY_EXTRA = {"training": "training", "inference": "inference", "generate": "generate"}
 DEFAULT_EXTRA = "training"  # a shared package needed outside a training or inference case

@@ -27,7 +27,7 @@ log = logging.getLogger("flagperf.config.models")
 
 BUILTIN_KERNEL_PREFIX = "flagperf.basespec."
 # Families whose cases are configurations of one shared driver: case.yaml names it (or leaves entry out).
-FAMILY_DRIVERS = {"generate": "flagperf.generate.driver"}
+FAMILY_DRIVERS = {"generate": "flagperf.generate.driver", "operation": "flagperf.operation.driver"}
 
 
 def is_core_module(entry: str) -> bool:
@@ -86,7 +86,7 @@ class CaseManifest(StrictModel):
     """case.yaml of a base-spec case."""
 
     name: str
-    family: Literal["base", "training", "generate"]
+    family: Literal["base", "training", "generate", "operation"]
     description: str
     entry: str = "bench.py"
     peak: str | None = Field(default=None, description="key of the vendor spec table this case is measured against")

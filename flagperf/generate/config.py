@@ -1,14 +1,60 @@
-"""The generate case config (cases/generate/<model>/case.yaml ``configurations``, vendor/<vendor>.yaml overrides)."""
+"""The generate case config (cases/generate/<model>/case.yaml ``configurations``, vendor/<vendor>.yaml overrides).
+
+Batch engines (``hf``, ``vllm``: a ``module``/``file`` engine folder) read the first block of keys; serving
+engines (a ``server:`` engine folder, or an ``endpoint``) read them too, plus the serving block (points,
+load, SLOs, the server's arguments). docs/serving.md explains every key."""
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from flagperf.config.models import CaseConfig
+from flagperf.errors import ConfigError
 from flagperf.generate.models import PRESETS
 from flagperf.training.data import LocalPath
+
+REFERENCE = re.compile(r"^\$\{[A-Za-z_][A-Za-z0-9_]*\}$")  # ${NAME}: read from the environment where the load runs
+
+
+class _Keys(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+class Slo(_Keys):
+    """Service-level objectives per request (vLLM's goodput): a request is good when it succeeded and its
+    TTFT, TPOT (and E2EL, when given) are within these bounds. Default: MLPerf Inference's Server bounds
+    (p99 TTFT <= 2 s, p99 TPOT <= 100 ms), also used for the point's p99 check."""
+
+    ttft_s: float = Field(default=2.0, gt=0)
+    tpot_s: float = Field(default=0.1, gt=0)
+    e2el_s: float | None = Field(default=None, gt=0)
+
+
+class Endpoint(_Keys):
+    """A server that is already running (the round starts none): OpenAI-compatible base URL."""
+
+    base_url: str = Field(description="e.g. http://10.0.0.5:8000 (the /v1/... paths are added)")
+    model: str = Field(min_length=1, description="the `model` field of each request")
+    api_key: str | None = Field(default=None, description="${NAME}: a variable of the environment the load "
+                                                          "runs in (a host's inventory env may set it)")
+    devices: int = Field(default=1, ge=1, description="accelerators behind the endpoint (per-device figures)")
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not re.fullmatch(r"https?://[^\s/]+(/[^\s]*)?", value):
+            raise ValueError("must be an http:// or https:// URL")
+        return value.rstrip("/")
+
+    @field_validator("api_key")
+    @classmethod
+    def _key(cls, value: str | None) -> str | None:
+        if value is not None and not REFERENCE.match(value):
+            raise ValueError("must be a ${NAME} reference to an environment variable, never the key itself")
+        return value
 
 
 class GenerateConfig(CaseConfig):
@@ -24,12 +70,36 @@ class GenerateConfig(CaseConfig):
                                                               "null: synthetic prompts of input_len tokens")
     input_len: int = Field(ge=1, description="synthetic prompt length; a file's prompts are cut to it")
     max_new_tokens: int = Field(ge=1, description="output tokens per request (no early stop: counts are exact)")
-    concurrency: list[int] = Field(min_length=1, description="simultaneous requests per level")
-    requests: int | None = Field(default=None, ge=1, description="requests per level (rounded up to whole "
-                                                                  "batches of the level's concurrency)")
-    duration_s: float | None = Field(default=None, gt=0, description="or: issue batches for this long per level")
-    warmup_batches: int = Field(default=1, ge=0, description="untimed batches per level (cache, compile)")
+    concurrency: list[int] = Field(default_factory=list, description="closed-loop points: requests in flight "
+                                                                     "(batch engines: the batch size)")
+    requests: int | None = Field(default=None, ge=1, description="requests per point (batch engines: rounded "
+                                                                  "up to whole batches of the level's concurrency)")
+    duration_s: float | None = Field(default=None, gt=0, description="or: send requests for this long per point")
+    warmup_batches: int = Field(default=1, ge=0, description="batch engines: untimed batches per level")
     seed: int = 0
+    # Serving engines (engine folder with `server:`, or `endpoint`): see flagperf.generate.serve.
+    request_rates: list[float] = Field(default_factory=list, description="open-loop points: requests/s")
+    burstiness: float = Field(default=1.0, gt=0, description="gamma shape of the inter-arrival times "
+                                                              "(1: Poisson; below 1 burstier)")
+    max_concurrency: int | None = Field(default=None, ge=1, description="open loop: at most this many in flight")
+    warmup_requests: int | None = Field(default=None, ge=0, description="untimed requests before each point; "
+                                                                         "null: 2 x its concurrency")
+    api: Literal["chat", "completions"] = Field(default="chat", description="/v1/chat/completions or "
+                                                                              "/v1/completions")
+    exact_output: bool = Field(default=True, description="ask for exactly max_new_tokens (ignore end of "
+                                                          "sequence) where the engine can")
+    sharegpt_path: LocalPath = Field(default=None, description="ShareGPT-style JSON: first human turn the "
+                                                               "prompt, first reply's length the output length")
+    slo: Slo = Field(default_factory=Slo)
+    tensor_parallel: int = Field(default=1, ge=1, description="{tensor_parallel} of the server command")
+    nodes: int = Field(default=1, ge=1, description="hosts the server spans (devices = tensor_parallel x nodes)")
+    server_args: list[str] = Field(default_factory=list, description="appended to the engine's command")
+    server_env: dict[str, str] = Field(default_factory=dict, description="added to the server's environment; "
+                                                                          "a value may be ${NAME}")
+    ready_timeout_s: float = Field(default=600.0, gt=0, description="the server must answer its ready path "
+                                                                     "within this long")
+    request_timeout_s: float = Field(default=600.0, gt=0, description="one request's limit")
+    endpoint: Endpoint | None = Field(default=None, description="a running server instead of starting one")
 
     @field_validator("concurrency")
     @classmethod
@@ -40,11 +110,37 @@ class GenerateConfig(CaseConfig):
             raise ValueError("a concurrency level is listed twice")
         return value
 
+    @field_validator("request_rates")
+    @classmethod
+    def _rates(cls, value: list[float]) -> list[float]:
+        if any(r <= 0 for r in value):
+            raise ValueError("every request rate must be > 0 requests/s")
+        if len({f"{r:g}" for r in value}) != len(value):
+            raise ValueError("a request rate is listed twice")
+        return value
+
+    @field_validator("server_env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+        return value
+
+    @property
+    def devices(self) -> int:
+        """Accelerators serving the model: per-device figures divide by this."""
+        return self.endpoint.devices if self.endpoint is not None else self.tensor_parallel * self.nodes
+
     @model_validator(mode="after")
     def _requests_or_duration(self) -> GenerateConfig:
         if self.checkpoint_path is None and self.model not in PRESETS:
             raise ValueError(f"model {self.model!r} is not a preset ({', '.join(PRESETS)}) and no checkpoint_path "
                              "is given")
+        if not self.concurrency and not self.request_rates:
+            raise ValueError("give at least one point: concurrency levels or request_rates")
+        if self.prompts_path is not None and self.sharegpt_path is not None:
+            raise ValueError("give at most one of prompts_path and sharegpt_path")
         if (self.requests is None) == (self.duration_s is None):
             raise ValueError("give exactly one of requests and duration_s")
         if self.duration_s is not None and self.duration_s >= self.timeout_s:
@@ -53,8 +149,34 @@ class GenerateConfig(CaseConfig):
 
     def check_for_vendor(self, origins: dict[str, str], source: str, vendor: str | None,
                          files_are_local: bool) -> None:
-        """The engine names a folder of the vendor (its Python package is checked on the host, in the round)."""
+        """The engine names a folder of the vendor (its Python package is checked on the host, in the round);
+        the serving keys need a serving engine, and its API."""
         if vendor:
             from flagperf.generate.engines import load_engine
 
-            load_engine(vendor, self.engine, origins.get("engine", source))
+            engine = load_engine(vendor, self.engine, origins.get("engine", source))
+            self.check_engine(engine.manifest, origins, source)
+
+    def check_engine(self, manifest: object, origins: dict[str, str], source: str) -> None:
+        """Keys that only a serving engine reads are refused for a batch engine, and the other way round."""
+        server = getattr(manifest, "server", None)
+        name = getattr(manifest, "name", self.engine)
+        if server is None:
+            serving_only = {"request_rates": self.request_rates, "endpoint": self.endpoint,
+                            "sharegpt_path": self.sharegpt_path, "server_args": self.server_args,
+                            "server_env": self.server_env, "max_concurrency": self.max_concurrency,
+                            "warmup_requests": self.warmup_requests}
+            for key, value in serving_only.items():
+                if value not in (None, [], {}):
+                    raise ConfigError(origins.get(key, source), key, f"engine {name} runs batches in the case "
+                                      "process; this key needs a serving engine (an engine folder with `server:`)")
+            if not self.concurrency:
+                raise ConfigError(origins.get("concurrency", source), "concurrency",
+                                  f"engine {name} runs batches: give at least one concurrency level")
+            return
+        if self.api not in server.apis:
+            raise ConfigError(origins.get("api", source), "api", f"engine {name} serves {', '.join(server.apis)} "
+                              f"only (its engine.yaml server.apis)")
+        if self.compile:
+            raise ConfigError(origins.get("compile", source), "compile", f"engine {name} is a server: its own "
+                              "arguments (server_args) choose compilation")

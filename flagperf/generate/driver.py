@@ -1,6 +1,7 @@
-"""One round of a generate case: for each concurrency level, warm-up batches, then timed batches of that many
-simultaneous requests (a request count or a duration), each request traced per token by the engine; the
-level's metrics (flagperf.generate.metrics) and, where the prompts carry references, ROUGE.
+"""One round of a generate case. A batch engine (hf, vllm): for each concurrency level, warm-up batches,
+then timed batches of that many simultaneous requests (a request count or a duration), each request traced
+per token by the engine; the level's metrics (flagperf.generate.metrics) and, where the prompts carry
+references, ROUGE. A serving engine (engine.yaml ``server:``) or an endpoint: flagperf.generate.serve.
 
 Cases (cases/generate/<model>/case.yaml) name this module as their entry; ``Config`` is their config model.
 """
@@ -28,7 +29,7 @@ from flagperf.generate.prompts import (
     tokenizer_for,
 )
 from flagperf.results.metrics import TransformerFlops
-from flagperf.results.schema import Metric, SpecTable
+from flagperf.results.schema import Failure, Metric, SpecTable
 
 Config = GenerateConfig
 MAX_SYNTHETIC = 4096
@@ -42,6 +43,7 @@ class GenerateOutcome:
     measured_seconds: float
     prompts: str
     outputs: dict[int, list[str]]  # concurrency -> decoded outputs of the timed requests, in order
+    failure: Failure | None = None  # a serving round that stopped part way (its finished points are kept)
 
 
 def load_prompts(config: GenerateConfig) -> tuple[PromptSet, int]:
@@ -108,6 +110,13 @@ def run_level(engine: GenerateEngine, config: GenerateConfig, prompts: PromptSet
 def run_generate(config: GenerateConfig, vendor: str, spec: SpecTable, device: torch.device, work_dir: Path
                  ) -> GenerateOutcome:
     engine_def = load_engine(vendor, config.engine)
+    config.check_engine(engine_def.manifest, {}, engine_def.source)
+    if engine_def.server is not None:
+        from flagperf.generate.serve import run_serving
+
+        served = run_serving(config, engine_def, device, work_dir)
+        return GenerateOutcome(metrics=served.metrics, measured_seconds=served.measured_seconds,
+                               prompts=served.prompts, outputs={}, failure=served.failure)
     engine_cls = engine_def.engine_class()  # a missing package fails here, before any work
     prompts, pad_id = load_prompts(config)
     log.info("engine %s (%s), model %s%s, %s, %s; %d new tokens; levels %s", config.engine, engine_def.source,

@@ -9,7 +9,9 @@ engine.yaml:
   name: hf
   description: ...
   module: flagperf.generate.hf     # a shared implementation in the core, or
-  file: engine.py                  # a module in the engine folder; either defines ``Engine``
+  file: engine.py                  # a module in the engine folder; either defines ``Engine``, or
+  server: {command: [...], ...}    # a serving engine: a server process the round starts and loads over
+                                   # the OpenAI HTTP API (flagperf.generate.server, flagperf.generate.serve)
   requires: [{import: vllm, pip: vllm}]
 
 Adding an engine is adding a folder; nothing in the core names one.
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
+from pydantic import model_validator
 
 from flagperf.config.engines import EngineDef as BaseEngineDef
 from flagperf.config.engines import EngineManifest as BaseEngineManifest
@@ -31,14 +34,23 @@ from flagperf.config.engines import (
     import_engine,
     load_engine_manifest,
 )
+from flagperf.generate.server import ServerSpec
 
 ENGINES_FOLDER = "generate"  # vendor_images/<vendor>/generate/<engine>/
 
 
 class EngineManifest(BaseEngineManifest):
-    """engine.yaml of a generate engine: the shared keys."""
+    """engine.yaml of a generate engine: the shared keys, and ``server`` for a serving engine."""
 
     module_prefix: ClassVar[str] = "flagperf.generate."
+
+    server: ServerSpec | None = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> EngineManifest:  # replaces the shared rule: a server engine has no module or file
+        if sum(x is not None for x in (self.module, self.file, self.server)) != 1:
+            raise ValueError("give exactly one of module, file and server")
+        return self
 
 
 @dataclass
@@ -89,8 +101,14 @@ class GenerateEngine(ABC):
 class EngineDef(BaseEngineDef):
     manifest: EngineManifest
 
+    @property
+    def server(self) -> ServerSpec | None:
+        return self.manifest.server
+
     def engine_class(self) -> type[GenerateEngine]:
         """Import the engine; a missing library is one line naming the package to install."""
+        if self.manifest.server is not None:
+            raise TypeError(f"engine {self.manifest.name} is a server, not a batch engine class")
         return import_engine(self.manifest, self.folder, GenerateEngine, "generate")
 
 

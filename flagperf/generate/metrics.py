@@ -98,7 +98,7 @@ def level_metrics(stats: LevelStats, window: tuple[float, float], flops: Transfo
         Metric(name=level_name("requests_per_s", c), value=stats.requests_per_s, unit="requests/s",
                iterations=stats.requests, measured_seconds=seconds),
         _latency(level_name("ttft_s", c), stats.ttft, seconds, "time to first token: first token - arrival"),
-        _latency(level_name("latency_s", c), stats.e2e, seconds, "request latency: last token - arrival"),
+        _latency(level_name("e2el_s", c), stats.e2e, seconds, "end-to-end latency: last token - arrival"),
     ]
     if stats.tpot is not None and stats.itl is not None:
         metrics += [_latency(level_name("tpot_s", c), stats.tpot, seconds,

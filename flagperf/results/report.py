@@ -11,6 +11,7 @@ from typing import Any
 import markdown
 
 from flagperf.results.analysis import read_monitors
+from flagperf.results.operators import plot_speedups
 from flagperf.results.plotting import NOT_DRAWN, pyplot
 from flagperf.results.schema import atomic_path, read_result, write_text_atomic
 from flagperf.results.serving import plot_serving_curve
@@ -139,6 +140,9 @@ def make_plots(run_dir: Path, summary: RunSummary) -> list[tuple[str, Path]] | N
     serving = plot_serving_curve(plt, run_dir, plots_dir / "serving_tradeoff.png", summary.rows)
     if serving:
         made.append(("LLM serving: tokens/s per user vs per device", serving))
+    speedups = plot_speedups(plt, run_dir, plots_dir / "operator_speedups.png")
+    if speedups:
+        made.append(("Operators: speed-up against native", speedups))
     folders = sorted(p.parent for p in run_dir.glob("*/round*/*_noderank*/result.json")
                      if ROUND_FOLDER.fullmatch(p.parent.name))
     for folder in folders[:MAX_TIMELINES]:

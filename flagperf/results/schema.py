@@ -151,6 +151,49 @@ class InferenceReport(_Model):
     data_path: str | None = Field(default=None, description="how batches reached the device")
 
 
+class OperatorPoint(_Model):
+    """One operator x dtype x shape x implementation of an operation round (flagperf.operation). A point that
+    failed its correctness check has the error and no figure; a skipped one says why it did not run."""
+
+    operator: str
+    group: str
+    dtype: str
+    shape: dict[str, int]
+    source: str = Field(description="where the shape came from: '<model preset> b<batch> s<seq>' or 'given'")
+    implementation: str
+    status: Literal["passed", "failed", "skipped"]
+    error: str | None = Field(default=None, description="failed: the wrong result or the exception; skipped: why")
+    metric: str | None = Field(default=None, description="the name of this point's figure among the metrics")
+    latency_s: float | None = Field(default=None, description="median over the timed iterations")
+    latency_p10_s: float | None = None
+    latency_p90_s: float | None = None
+    iterations: int = 0
+    flops: float | None = Field(default=None, description="FLOPs of one call (compute-bound operators)")
+    bytes: float | None = Field(default=None, description="bytes of one call: inputs read once, outputs written once")
+    value: float | None = Field(default=None, description="TFLOPS or GB/s at the median latency")
+    unit: str | None = None
+    roofline: float | None = Field(default=None, description="roofline time / measured time: max(FLOPs / peak "
+                                                             "FLOP/s, bytes / peak bandwidth) over the median")
+    roofline_basis: str | None = None
+    reference: str | None = Field(default=None, description="how the reference was computed (dtype, device)")
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+    tolerance: dict[str, float] | None = Field(default=None, description="rtol, atol (atol scaled for the shape)")
+    aten_ops: list[str] = Field(default_factory=list, description="the aten operators the native call dispatches")
+
+
+class OperationReport(_Model):
+    """What an operation round measured, point by point, and how."""
+
+    timing: str = Field(description="the clock, warm-up, iterations and statistics")
+    flush: str = Field(description="what was done between iterations to empty the cache, or why nothing was")
+    graphs: str = Field(description="CUDA-graph replay, or why not")
+    counting: dict[str, str] = Field(description="operator -> FLOP and byte counting formulas")
+    tolerances: dict[str, dict[str, float]] = Field(description="dtype -> rtol, atol (before the shape's scale)")
+    implementations: dict[str, str] = Field(default_factory=dict, description="name -> engine folder, or why absent")
+    points: list[OperatorPoint] = Field(default_factory=list)
+
+
 class Provenance(_Model):
     engine_version: str
     git_revision: str | None
@@ -191,6 +234,7 @@ class RoundResult(_Model):
     metrics: list[Metric] = Field(default_factory=list)
     convergence: Convergence | None = None
     inference: InferenceReport | None = None
+    operation: OperationReport | None = None
     config: dict[str, Any]
     provenance: Provenance | None = None
 

@@ -20,6 +20,7 @@ from flagperf.results.analysis import WindowStats, energy_per_work, read_monitor
 from flagperf.results.chipstate import CHIP_COLUMNS, headline_state, render_chip_section, window_columns
 from flagperf.results.faults import BOUNDED_NOTE, find_faults
 from flagperf.results.metrics import coefficient_of_variation
+from flagperf.results.operators import operation_markdown
 from flagperf.results.schema import (
     RESULT_FILE,
     Metric,
@@ -520,7 +521,8 @@ def write_summary(run_dir: Path, summary: RunSummary, plots: list[tuple[str, Pat
     paths = {"csv": run_dir / SUMMARY_CSV, "json": run_dir / SUMMARY_JSON, "markdown": run_dir / REPORT_MD}
     write_text_atomic(paths["csv"], summary.rows.to_csv(index=False))
     write_json_atomic(paths["json"], summary.to_json())
-    text = render_markdown(summary, plots) + "\n".join(["", *serving_markdown(run_dir, summary.rows)])
+    text = render_markdown(summary, plots) + "\n".join(["", *serving_markdown(run_dir, summary.rows),
+                                                         *operation_markdown(run_dir, summary.rows)])
     write_text_atomic(paths["markdown"], text)
     return paths
 

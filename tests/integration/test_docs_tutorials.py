@@ -7,10 +7,13 @@ The one command not run here is the project's own install, which CI runs first (
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +23,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 TUTORIALS = sorted((ROOT / "docs" / "tutorials").glob("*.md"))
 INSTALL = re.compile(r"^pip install -c constraints\.txt -e \S+$")
-MODE = re.compile(r"<!-- docs-test: (shell( testbed)?|covered-by (?P<file>\S+)) -->")
+MODE = re.compile(r"<!-- docs-test: (shell( testbed| server)?|covered-by (?P<file>\S+)) -->")
+TUTORIAL_PORTS = ("4200", "4201")  # a server tutorial's ports: the test puts its own in their place
 
 pytestmark = pytest.mark.integration
 
@@ -49,6 +53,47 @@ def _checkout_copy(folder: Path) -> Path:
             (folder / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, folder / name)
     return folder
+
+
+def _os_ports(count: int) -> list[str]:
+    """Ports the OS gave a moment ago; a collision by the time the server binds is retried by the caller."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [str(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _run_server_tutorial(script: str, folder: Path, env: dict[str, str], tmp_path: Path
+                         ) -> subprocess.CompletedProcess[str]:
+    """A server tutorial: its own home (the sign-in file), the test database, and this test's ports in place of
+    the page's, again on other ports when one was taken meanwhile. Whatever it started is stopped after."""
+    url = os.environ.get("FLAGPERF_TEST_POSTGRES_URL")
+    if not url:
+        if os.environ.get("CI", "").lower() in {"true", "1", "yes"}:
+            pytest.fail("CI=true and no FLAGPERF_TEST_POSTGRES_URL (.ci/run makes one)", pytrace=False)
+        pytest.skip("no PostgreSQL: eval \"$(bash deployments/postgres/test-database.sh)\"")
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    env = {**env, "HOME": str(home), "DATABASE_URL": url}
+    for _ in range(3):
+        ported = script
+        for page_port, port in zip(TUTORIAL_PORTS, _os_ports(len(TUTORIAL_PORTS)), strict=True):
+            ported = ported.replace(page_port, port)
+        process = subprocess.Popen(["bash", "-c", ported], cwd=folder, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            stdout, stderr = process.communicate(timeout=1200)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+        said = stdout + stderr + ((folder / "server.out").read_text() if (folder / "server.out").exists() else "")
+        if process.returncode == 0 or "address already in use" not in said.lower():
+            break
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
 def test_every_tutorial_says_how_it_is_tested() -> None:
@@ -86,8 +131,11 @@ def test_shell_tutorial_runs(page: Path, prefect_server: None, tmp_path: Path) -
            "PYTHONPATH": os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")])),
            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
     env.pop("FLAGPERF_CASE_PATH", None)
-    script = "set -euo pipefail\n" + _script(page.read_text())
-    done = subprocess.run(["bash", "-c", script], cwd=folder, env=env, capture_output=True, text=True,
-                          timeout=1200)
+    script = "set -euxo pipefail\n" + _script(page.read_text())  # -x: a failure shows its command
+    if "docs-test: shell server" in page.read_text():
+        done = _run_server_tutorial(script, folder, env, tmp_path)
+    else:
+        done = subprocess.run(["bash", "-c", script], cwd=folder, env=env, capture_output=True, text=True,
+                              timeout=1200)
     assert done.returncode == 0, \
         f"{page.name} failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"

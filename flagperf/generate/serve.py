@@ -1,0 +1,344 @@
+"""One round of a generate case on a serving engine: the vendor's server (or a running endpoint) loaded over
+the OpenAI HTTP API, point by point.
+
+  1. the model folder: ``checkpoint_path``, or the preset with random weights saved once to a local folder
+     (flagperf.generate.models.random_checkpoint) with a word tokenizer
+  2. the prompts as text: synthetic (``input_len`` random tokens, ``max_new_tokens`` out), a prompts file
+     (jsonl/csv, optional references), or a ShareGPT-style JSON file
+  3. the server from the engine folder's command (flagperf.generate.server), its log kept as server.log in
+     the round folder; or the case's ``endpoint``
+  4. per point (each concurrency, then each request rate): warm-up requests, the server's Prometheus text
+     before, the timed requests, the Prometheus text after (server_metrics/<label>.{before,after}.prom),
+     the point's metrics (flagperf.generate.points); every request in requests.jsonl as it ends
+  5. the server stopped (its whole process group), also on failure
+
+Files in the round folder: requests.jsonl, server.log, server_metrics/, serving.json (the points: label,
+kind, level, window, counts, the SLO, the server's command). A server that dies during the load fails the
+round as an infrastructure failure (retried) with the metrics of the points it finished; a server that
+exits before it is ready, or is not ready within ``ready_timeout_s``, is a user error with its log's tail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from flagperf.config.engines import missing_requirements
+from flagperf.errors import CaseUserError, MissingExtra, extra_for
+from flagperf.generate.config import GenerateConfig
+from flagperf.generate.engines import EngineDef
+from flagperf.generate.loadgen import (
+    REQUESTS_FILE,
+    Load,
+    RecordWriter,
+    ServingPrompt,
+    Target,
+    TokenCounter,
+    first_answer,
+    run_phase,
+)
+from flagperf.generate.models import DTYPE, PRESETS, WORD_PREFIX, model_config, random_checkpoint
+from flagperf.generate.points import point_label, point_metrics, point_stats, quality_metrics
+from flagperf.generate.prompts import read_prompt_file, require_rouge
+from flagperf.generate.server import (
+    SERVER_LOG,
+    ServerFailed,
+    ServerProcess,
+    ServerSpec,
+    scrape_metrics,
+    start_server,
+)
+from flagperf.results.schema import Failure, Metric, atomic_path
+
+SERVING_FILE = "serving.json"
+SERVER_METRICS = "server_metrics"
+MAX_SYNTHETIC = 4096
+SHAREGPT_MIN_TOKENS = 4  # vLLM's filter: shorter prompts or replies are left out
+ENV_REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+
+log = logging.getLogger("flagperf.case.generate")
+
+
+@dataclass
+class ServingOutcome:
+    metrics: list[Metric]
+    measured_seconds: float
+    prompts: str
+    failure: Failure | None = None
+    points: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Tokens:
+    """The model folder's tokenizer for making and counting text, or none (an endpoint with no local
+    folder: prompts are words of the word tokenizer and output tokens are counted as content chunks)."""
+
+    def __init__(self, folder: Path | None) -> None:
+        self.tokenizer: Any = None
+        if folder is not None and any((folder / name).is_file() for name in
+                                      ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+
+    def count(self, text: str) -> int:
+        if self.tokenizer is None:
+            return len(text.split())
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def counter(self) -> TokenCounter | None:
+        return self.count if self.tokenizer is not None else None
+
+    def text(self, ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return " ".join(f"{WORD_PREFIX}{i}" for i in ids)
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+
+def synthetic_serving_prompts(config: GenerateConfig, tokens: Tokens, vocab_size: int, count: int
+                              ) -> list[ServingPrompt]:
+    """Random ids decoded to text, re-encoded and cut to ``input_len`` (a real tokenizer may merge across
+    the cut); the client's count of each prompt is recorded as it is."""
+    g = torch.Generator().manual_seed(config.seed)
+    special = set(getattr(tokens.tokenizer, "all_special_ids", []) or [])
+    prompts = []
+    for index in range(count):
+        ids = [i for i in torch.randint(0, vocab_size, (config.input_len * 2,), generator=g).tolist()
+               if i not in special][:config.input_len]
+        text = tokens.text(ids)
+        if tokens.tokenizer is not None:
+            text = tokens.text(tokens.tokenizer.encode(text, add_special_tokens=False)[:config.input_len])
+        prompts.append(ServingPrompt(index, text, tokens.count(text), config.max_new_tokens))
+    return prompts
+
+
+def file_serving_prompts(config: GenerateConfig, tokens: Tokens) -> list[ServingPrompt]:
+    assert config.prompts_path is not None
+    rows = read_prompt_file(config.prompts_path)
+    if any(reference is not None for _, reference in rows):
+        require_rouge()
+    return [ServingPrompt(i, text, tokens.count(text), config.max_new_tokens, reference)
+            for i, (text, reference) in enumerate(rows)]
+
+
+def sharegpt_prompts(path: str, tokens: Tokens, max_input: int, max_output: int) -> list[ServingPrompt]:
+    """ShareGPT-style JSON (a list of {"conversations": [{"from": "human", "value": ...}, {"from": "gpt",
+    ...}]}): the first human turn is the prompt, the length of the reply after it the output length;
+    prompts longer than ``max_input`` tokens are left out, outputs capped at ``max_output``."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CaseUserError(f"{path}: sharegpt_path: cannot read it as JSON: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, list):
+        raise CaseUserError(f"{path}: sharegpt_path: expected a JSON list of conversations")
+    prompts: list[ServingPrompt] = []
+    for number, item in enumerate(data):
+        turns = item.get("conversations") if isinstance(item, dict) else None
+        if not isinstance(turns, list) or len(turns) < 2:
+            continue
+        first, reply = turns[0], turns[1]
+        if not (isinstance(first, dict) and isinstance(reply, dict) and first.get("from") == "human"
+                and isinstance(first.get("value"), str) and isinstance(reply.get("value"), str)):
+            raise CaseUserError(f"{path}: [{number}].conversations: expected a human turn then a reply, each "
+                                "with a text 'value'")
+        prompt_len, output_len = tokens.count(first["value"]), tokens.count(reply["value"])
+        if prompt_len < SHAREGPT_MIN_TOKENS or output_len < SHAREGPT_MIN_TOKENS or prompt_len > max_input:
+            continue
+        prompts.append(ServingPrompt(len(prompts), first["value"], prompt_len, min(output_len, max_output)))
+    if not prompts:
+        raise CaseUserError(f"{path}: sharegpt_path: no conversation with a prompt of {SHAREGPT_MIN_TOKENS}-"
+                            f"{max_input} tokens and a reply of at least {SHAREGPT_MIN_TOKENS}")
+    return prompts
+
+
+def model_folder(config: GenerateConfig, device: torch.device) -> Path:
+    """The folder a server loads: the checkpoint, or the preset saved once with random weights."""
+    if config.checkpoint_path is not None:
+        return Path(config.checkpoint_path).resolve()
+    from flagperf.hosts.local import default_work_root
+
+    folder = random_checkpoint(config.model, config.precision, config.seed, default_work_root() / "generate-models",
+                               device)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return folder
+
+
+def resolve_env(values: dict[str, str], key: str) -> dict[str, str]:
+    resolved = {}
+    for name, value in values.items():
+        ref = ENV_REFERENCE.match(value)
+        if ref and ref[1] not in os.environ:
+            raise CaseUserError(f"{key}.{name}: refers to ${{{ref[1]}}}, which is not set on this host")
+        resolved[name] = os.environ[ref[1]] if ref else value
+    return resolved
+
+
+def check_requirements(engine: EngineDef) -> None:
+    """The packages the engine's server needs, as a one-line error naming the extra or the package."""
+    missing = missing_requirements(engine.manifest)
+    for requirement in missing:
+        found = extra_for(requirement.import_name, "generate")
+        if found:
+            raise MissingExtra(*found, f"engine {engine.manifest.name} ({engine.source})")
+    if missing:
+        raise CaseUserError(f"engine {engine.manifest.name} ({engine.source}) needs the Python package(s) "
+                            f"{', '.join(r.pip for r in missing)}: not installed on this host")
+
+
+def points(config: GenerateConfig) -> list[Load]:
+    loads = [Load(point_label(concurrency=c), concurrency=c, seed=config.seed) for c in config.concurrency]
+    loads += [Load(point_label(rate=r), rate=r, burstiness=config.burstiness, max_concurrency=config.max_concurrency,
+                   seed=config.seed) for r in config.request_rates]
+    return loads
+
+
+def warmup_count(config: GenerateConfig, load: Load) -> int:
+    """InferenceX's 2 x C warm-up requests; a rate point: 2 x its in-flight limit, else 2 x ceil(rate)."""
+    if config.warmup_requests is not None:
+        return config.warmup_requests
+    level = load.in_flight_limit or math.ceil(load.rate or 1.0)
+    return 2 * level
+
+
+def write_json(path: Path, data: Any) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device, out_dir: Path) -> ServingOutcome:
+    spec = engine.server
+    assert spec is not None
+    if config.endpoint is None:
+        check_requirements(engine)
+    folder = model_folder(config, device) if config.endpoint is None or config.checkpoint_path else None
+    tokens = Tokens(folder)
+    vocab = int(model_config(config.model, config.checkpoint_path).vocab_size) if (
+        config.checkpoint_path or config.model in PRESETS) else 0
+    if config.sharegpt_path is not None:
+        prompts = sharegpt_prompts(config.sharegpt_path, tokens, config.input_len, config.max_new_tokens)
+        described = f"{config.sharegpt_path}: {len(prompts)} conversations"
+    elif config.prompts_path is not None:
+        prompts = file_serving_prompts(config, tokens)
+        described = f"{config.prompts_path}: {len(prompts)} prompts"
+    else:
+        prompts = synthetic_serving_prompts(config, tokens, vocab, min(MAX_SYNTHETIC, config.requests or 256))
+        described = f"{len(prompts)} synthetic prompts of {config.input_len} tokens, {config.max_new_tokens} out"
+    references = {p.index: p.reference for p in prompts if p.reference is not None}
+    server: ServerProcess | None = None
+    summary: dict[str, Any] = {"engine": engine.manifest.name, "api": config.api, "devices": config.devices,
+                               "slo": config.slo.model_dump(), "prompts": described, "points": []}
+    try:
+        if config.endpoint is None:
+            assert folder is not None
+            fields = {"model_dir": str(folder), "dtype": spec.dtypes.get(config.precision, config.precision),
+                      "tensor_parallel": config.tensor_parallel}
+            log.info("starting the %s server for %s (%s)", engine.manifest.name, folder, DTYPE[config.precision])
+            try:
+                server = start_server(spec, fields, config.server_args, resolve_env(config.server_env, "server_env"),
+                                      out_dir / SERVER_LOG, config.ready_timeout_s)
+            except ServerFailed as exc:
+                if exc.user:
+                    raise CaseUserError(str(exc)) from None
+                return ServingOutcome([], 0.0, described, Failure(kind="infrastructure", message=str(exc)))
+            log.info("server ready at %s: %s", server.base_url, " ".join(server.argv))
+            summary["server"] = {"argv": server.argv, "base_url": server.base_url}
+            base_url, model = server.base_url, _render_model(spec, fields)
+            headers: dict[str, str] = {}
+        else:
+            base_url, model = config.endpoint.base_url, config.endpoint.model
+            headers = {}
+            if config.endpoint.api_key is not None:
+                key = resolve_env({"api_key": config.endpoint.api_key}, "endpoint")["api_key"]
+                headers = {"Authorization": f"Bearer {key}"}
+            summary["endpoint"] = {"base_url": base_url, "model": model}
+        target = Target(base_url=base_url, model=model, api=config.api, headers=headers,
+                        exact_fields=spec.exact_output_fields if config.exact_output else None,
+                        request_timeout_s=config.request_timeout_s)
+        if server is not None and spec.ready_request:
+            error = first_answer(target, prompts[0], config.ready_timeout_s)
+            if error is not None:
+                if server.exited() is not None:
+                    raise CaseUserError(server.failure("before its first answer"))
+                raise CaseUserError(f"the server answered no request within {config.ready_timeout_s:g} s "
+                                    f"(ready_timeout_s; server.ready_request): {error}")
+        return _run_points(config, spec, target, server, prompts, references, tokens, out_dir, described, summary)
+    finally:
+        if server is not None:
+            server.stop()
+            log.info("server stopped (exit %s); its log: %s", server.process.returncode, SERVER_LOG)
+
+
+def _render_model(spec: ServerSpec, fields: dict[str, Any]) -> str:
+    from flagperf.generate.server import render
+
+    return str(render(spec.request_model, {**fields, "host": "", "port": 0, "python": ""}))
+
+
+def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server: ServerProcess | None,
+                prompts: list[ServingPrompt], references: dict[int, str], tokens: Tokens, out_dir: Path,
+                described: str, summary: dict[str, Any]) -> ServingOutcome:
+    metrics: list[Metric] = []
+    measured = 0.0
+    writer = RecordWriter(out_dir / REQUESTS_FILE)
+    scrape_dir = out_dir / SERVER_METRICS
+    alive = (lambda: server.exited() is None) if server is not None else (lambda: True)
+    try:
+        with httpx.Client() as scraper:
+            for load in points(config):
+                warmups = warmup_count(config, load)
+                if warmups:
+                    asyncio.run(run_phase(target, load, prompts, "warmup", requests=warmups, duration_s=None,
+                                          writer=writer, count_tokens=tokens.counter(), keep_going=alive))
+                _save_scrape(scraper, target.base_url, spec.metrics_path, scrape_dir, f"{load.label}.before.prom")
+                run = asyncio.run(run_phase(target, load, prompts, "timed", requests=config.requests,
+                                            duration_s=config.duration_s, writer=writer,
+                                            count_tokens=tokens.counter(), keep_going=alive))
+                if server is not None and server.exited() is not None:
+                    message = f"point {load.label}: {server.failure('during the load')}"
+                    log.error("%s", message)
+                    summary["failed_point"] = load.label
+                    write_json(out_dir / SERVING_FILE, summary)
+                    return ServingOutcome(metrics, measured, described, Failure(kind="infrastructure",
+                                                                                message=message))
+                _save_scrape(scraper, target.base_url, spec.metrics_path, scrape_dir, f"{load.label}.after.prom")
+                measured += run.seconds
+                stats = point_stats(load.label, run.records, run.seconds, config.slo)
+                note = (f"closed loop, {load.concurrency} in flight" if load.concurrency is not None else
+                        f"open loop, {load.rate:g} requests/s, burstiness {load.burstiness:g}"
+                        + (f", at most {load.max_concurrency} in flight" if load.max_concurrency else ""))
+                metrics += point_metrics(stats, (run.started_at, run.ended_at), config.devices, config.slo, note)
+                metrics += quality_metrics(load.label, run.records, references)
+                summary["points"].append({
+                    "label": load.label, "kind": "concurrency" if load.concurrency is not None else "rate",
+                    "level": load.concurrency if load.concurrency is not None else load.rate,
+                    "burstiness": load.burstiness if load.rate is not None else None,
+                    "max_concurrency": load.max_concurrency, "warmup_requests": warmups,
+                    "window": [run.started_at, run.ended_at], "seconds": run.seconds, "requests": stats.requests,
+                    "failed": stats.failed, "truncated": stats.truncated, "empty": stats.empty,
+                    "output_tokens": stats.output_tokens, "good": stats.good})
+                ttft = f"{stats.ttft.p50 * 1e3:.1f} ms" if stats.ttft else "-"
+                tpot = f"{stats.tpot.p50 * 1e3:.2f} ms" if stats.tpot else "-"
+                log.info("point %s: %d requests (%d failed, %d truncated) in %.2f s, %.1f output tokens/s, TTFT p50 "
+                         "%s, TPOT p50 %s, goodput %d/%d", load.label, stats.requests, stats.failed, stats.truncated,
+                         run.seconds, stats.output_tokens / run.seconds, ttft, tpot, stats.good, stats.requests)
+    finally:
+        writer.close()
+    write_json(out_dir / SERVING_FILE, summary)
+    return ServingOutcome(metrics, measured, described, points=summary["points"])
+
+
+def _save_scrape(client: httpx.Client, base_url: str, path: str | None, folder: Path, name: str) -> None:
+    text = scrape_metrics(client, base_url, path)
+    if text is not None:
+        folder.mkdir(exist_ok=True)
+        (folder / name).write_text(text, encoding="utf-8")

@@ -1,0 +1,374 @@
+"""Serving engines of the generate family, for real on the CPU: `transformers serve` with a tiny random Llama
+saved to a local folder (one server for the module), our load generator against it (closed and open loop,
+client counts against the exact lengths asked), a server killed mid-point and one that never gets ready
+through the case entry, ports taken again when the server loses its port, the engine folders' exact command
+lines, goodput on hand-made traces, and the serving keys' one-line errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from flagperf.config.job import Job
+from flagperf.config.plan import plan_run
+from flagperf.entry import run_job
+from flagperf.errors import EXIT_USER_ERROR, ConfigError
+from flagperf.generate.engines import load_engine
+from flagperf.generate.loadgen import (
+    REQUESTS_FILE,
+    Load,
+    RecordWriter,
+    RequestRecord,
+    ServingPrompt,
+    Target,
+    first_answer,
+    read_records,
+    run_phase,
+)
+from flagperf.generate.models import random_checkpoint
+from flagperf.generate.points import meets_slo, point_metrics, point_stats
+from flagperf.generate.serve import SERVING_FILE, Tokens, synthetic_serving_prompts
+from flagperf.generate.server import (
+    EXIT_SERVER_FAILED,
+    SERVER_LOG,
+    ServerFailed,
+    ServerProcess,
+    ServerSpec,
+    start_server,
+)
+from flagperf.results.schema import read_result
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+# ---- goodput and the point's figures on hand-made traces -------------------------------------------------
+
+class Bounds:
+    ttft_s = 0.5
+    tpot_s = 0.1
+    e2el_s: float | None = None
+
+
+def trace(ttft: float, gap: float, tokens: int, error: str | None = None, requested: int | None = None,
+          usage: int | None = None) -> RequestRecord:
+    chunks = [ttft + gap * i for i in range(tokens)]
+    return RequestRecord(point="c2", phase="timed", seq=0, prompt_index=0, sent_at=100.0,
+                         requested_output=requested or tokens, exact=True, ttft_s=ttft if tokens else None,
+                         chunk_times_s=chunks, e2el_s=chunks[-1] if chunks else 0.3, output_tokens_client=tokens,
+                         output_tokens_usage=usage, finish_reason="stop", error=error)
+
+
+def test_goodput_counts_a_request_only_when_every_slo_holds() -> None:
+    records = [
+        trace(0.2, 0.05, 11),   # TTFT 0.2, TPOT 0.05: good
+        trace(0.6, 0.05, 11),   # TTFT over
+        trace(0.2, 0.15, 11),   # TPOT over
+        trace(0.5, 0.1, 11),    # both exactly at the bounds: good
+        trace(0.1, 0.0, 0, error="HTTP 500: boom"),  # failed
+        trace(0.2, 0.05, 6, requested=11),  # truncated, but fast: good by the SLO rule
+    ]
+    assert [meets_slo(r, Bounds) for r in records] == [True, False, False, True, False, True]
+    seconds = 4.0
+    stats = point_stats("c2", records, seconds, Bounds)
+    assert (stats.requests, stats.succeeded, stats.failed, stats.truncated, stats.good) == (6, 5, 1, 1, 3)
+    assert stats.output_tokens == 4 * 11 + 6
+    m = {x.name: x for x in point_metrics(stats, (100.0, 104.0), 2, Bounds, "closed loop")}
+    assert m["goodput_requests_per_s@c2"].value == pytest.approx(3 / seconds)
+    assert m["goodput_fraction@c2"].value == pytest.approx(3 / 6)
+    assert m["failed_requests@c2"].value == 1 and m["truncated_requests@c2"].value == 1
+    assert m["slo_p99_met@c2"].value == 0.0  # a failed request (and p99 over the bounds)
+    assert m["output_tokens_per_s@c2"].value == pytest.approx(50 / seconds)
+    assert m["output_tokens_per_s@c2"].work == 50 and m["output_tokens_per_s@c2"].window == [100.0, 104.0]
+    assert m["output_tokens_per_s_per_device@c2"].value == pytest.approx(50 / seconds / 2)
+    assert "1 failed, 1 truncated" in (m["output_tokens_per_s@c2"].warning or "")
+    assert m["ttft_s@c2"].p50 == pytest.approx(0.2)
+    tpots = sorted([0.05, 0.05, 0.15, 0.1, 0.05])
+    assert m["tpot_s@c2"].value == pytest.approx(sum(tpots) / 5)
+    assert m["interactivity@c2"].value == pytest.approx(5 / sum(tpots))
+    gaps = [0.05] * 10 + [0.05] * 10 + [0.15] * 10 + [0.1] * 10 + [0.05] * 5
+    assert m["itl_s@c2"].value == pytest.approx(sum(gaps) / len(gaps))
+    # All good and within the p99 bounds: the point meets its SLO.
+    fast = point_stats("r1.5", [trace(0.2, 0.05, 11), trace(0.3, 0.08, 11)], 2.0, Bounds)
+    metrics = {x.name: x.value for x in point_metrics(fast, (0.0, 2.0), 1, Bounds, "open loop")}
+    assert metrics["slo_p99_met@r1.5"] == 1.0 and metrics["goodput_fraction@r1.5"] == 1.0
+
+
+def test_an_e2el_bound_and_a_usage_mismatch_are_counted() -> None:
+    class WithE2el(Bounds):
+        e2el_s = 0.6
+
+    records = [trace(0.2, 0.05, 11), trace(0.1, 0.01, 11, usage=12)]  # E2EL 0.7 and 0.2
+    assert [meets_slo(r, WithE2el) for r in records] == [False, True]
+    stats = point_stats("c1", records, 1.0, WithE2el)
+    assert stats.mismatched == 1 and stats.output_tokens == 11 + 12  # the server's usage counts
+
+
+# ---- engine folders: the exact command lines ----------------------------------------------------------------
+
+FIELDS = {"model_dir": "/models/llama", "dtype": "bfloat16", "tensor_parallel": 2, "host": "127.0.0.1",
+          "port": 8123, "python": "/usr/bin/python3"}
+
+
+def test_engine_folders_render_the_command_lines_they_would_start() -> None:
+    vllm = load_engine("nvidia", "vllm-serve").server
+    sglang = load_engine("nvidia", "sglang").server
+    hf_gpu = load_engine("nvidia", "transformers-serve").server
+    hf_cpu = load_engine("cpu", "transformers-serve").server
+    assert vllm and sglang and hf_gpu and hf_cpu
+    assert vllm.argv(FIELDS, ["--max-model-len", "4096"]) == [
+        "vllm", "serve", "/models/llama", "--host", "127.0.0.1", "--port", "8123", "--dtype", "bfloat16",
+        "--tensor-parallel-size", "2", "--disable-log-requests", "--max-model-len", "4096"]
+    assert vllm.exact_output_fields(128) == {"ignore_eos": True, "min_tokens": 128}
+    assert vllm.metrics_path == "/metrics" and vllm.apis == ["chat", "completions"]
+    assert sglang.argv(FIELDS, []) == [
+        "/usr/bin/python3", "-m", "sglang.launch_server", "--model-path", "/models/llama", "--host", "127.0.0.1",
+        "--port", "8123", "--dtype", "bfloat16", "--tp-size", "2", "--enable-metrics"]
+    assert hf_gpu.argv(FIELDS, []) == ["transformers", "serve", "--host", "127.0.0.1", "--port", "8123", "--dtype",
+                                       "bfloat16", "--device", "cuda", "--log_level", "info"]
+    assert hf_cpu.argv(FIELDS, [])[-3:] == ["cpu", "--log_level", "info"]
+    assert json.loads(hf_cpu.exact_output_fields(7)["generation_config"]) == {
+        "min_new_tokens": 7, "max_new_tokens": 7, "do_sample": False}
+    assert hf_cpu.apis == ["chat"]
+
+
+def test_a_command_placeholder_that_does_not_exist_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown placeholder"):
+        ServerSpec.model_validate({"command": ["srv", "--port", "{prot}"]})
+    with pytest.raises(ValueError, match="unknown placeholder"):
+        ServerSpec.model_validate({"command": ["srv"], "exact_output": {"min_tokens": "{len}"}})
+
+
+# ---- the serving keys: one line naming file and key ----------------------------------------------------------
+
+@pytest.mark.parametrize(("changes", "key", "message"), [
+    ({"request_rates": [0.0]}, "request_rates", "every request rate must be > 0"),
+    ({"endpoint": {"base_url": "http://h:1", "model": "m", "api_key": "sk-literal"}}, "endpoint.api_key",
+     "${NAME} reference"),
+    ({"endpoint": {"base_url": "ftp://h", "model": "m"}}, "endpoint.base_url", "http:// or https://"),
+    ({"slo": {"ttft_s": -1.0}}, "slo.ttft_s", "greater than 0"),
+    ({"slo": {"ttft": 1.0}}, "slo.ttft", "unknown key"),
+    ({"server_env": {"1BAD": "x"}}, "server_env", "not an environment variable name"),
+    ({"api": "completions"}, "api", "serves chat only"),
+    ({"engine": "hf"}, "request_rates", "needs a serving engine"),
+    ({"concurrency": [], "request_rates": []}, None, "at least one point"),
+])
+def test_serving_keys_are_checked_with_one_line_naming_file_and_key(
+        changes: dict[str, object], key: str | None, message: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A case file with one bad serving key: refused by the plan, before anything runs."""
+    import yaml
+
+    from flagperf.config.cases import load_case
+
+    manifest = yaml.safe_load(load_case("tiny-llama-serve").folder.joinpath("case.yaml").read_text())
+    manifest["name"] = "bad-serve"
+    manifest["configurations"].update(changes)
+    case_file = tmp_path / "cases" / "generate" / "bad-serve" / "case.yaml"
+    case_file.parent.mkdir(parents=True)
+    case_file.write_text(yaml.safe_dump(manifest), encoding="utf-8")
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(tmp_path / "cases"))
+    with pytest.raises(ConfigError) as err:
+        plan_run(cases=["bad-serve"], sets=[], results_dir=tmp_path / "results")
+    text = str(err.value)
+    assert "\n" not in text and message in text and "bad-serve" in text and "case.yaml" in text
+    if key:
+        assert f": {key}" in text
+
+
+# ---- a server process: readiness, its log, ports --------------------------------------------------------------
+
+def test_a_server_that_never_gets_ready_fails_within_its_timeout(tmp_path: Path) -> None:
+    """A real HTTP server that answers 404 on the ready path: refused after ready_timeout_s, then stopped."""
+    spec = ServerSpec(command=["{python}", "-m", "http.server", "{port}", "--bind", "{host}"], ready_path="/health")
+    started = time.monotonic()
+    with pytest.raises(ServerFailed, match=r"not ready within 2 s .*GET /health") as err:
+        start_server(spec, {}, [], {}, tmp_path / SERVER_LOG, ready_timeout_s=2.0)
+    waited = time.monotonic() - started
+    assert err.value.user and waited >= 2.0
+    assert "\n" not in str(err.value) and '"GET /health HTTP/1.1" 404' in str(err.value)  # the log's tail
+    assert not [p for p in psutil.process_iter(["cmdline"]) if "http.server" in " ".join(p.info["cmdline"] or [])
+                and str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+
+
+def test_a_server_that_exits_before_ready_fails_with_its_log_tail(tmp_path: Path) -> None:
+    spec = ServerSpec(command=["{python}", "-c", "import sys; print('no such model: {model_dir}'); sys.exit(3)"])
+    with pytest.raises(ServerFailed, match=r"exited 3 before it was ready.*no such model: /m") as err:
+        start_server(spec, {"model_dir": "/m"}, [], {}, tmp_path / SERVER_LOG, ready_timeout_s=600.0)
+    assert err.value.user
+
+
+SERVER_LOSES_ITS_PORT = """
+import http.server, pathlib, sys
+marker = pathlib.Path(sys.argv[1])
+if not marker.exists():  # the first start: another process took the port meanwhile
+    marker.write_text("x")
+    print("OSError: [Errno 98] Address already in use", flush=True)
+    sys.exit(1)
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[2])), http.server.SimpleHTTPRequestHandler).serve_forever()
+"""
+
+
+def test_a_server_that_lost_its_port_is_started_again_on_another(tmp_path: Path) -> None:
+    script = tmp_path / "server.py"
+    script.write_text(SERVER_LOSES_ITS_PORT, encoding="utf-8")
+    spec = ServerSpec(command=["{python}", str(script), str(tmp_path / "marker"), "{port}"], ready_path="/")
+    server = start_server(spec, {}, [], {}, tmp_path / SERVER_LOG, ready_timeout_s=600.0)
+    try:
+        log = (tmp_path / SERVER_LOG).read_text(encoding="utf-8")
+        assert "# flagperf: attempt 1:" in log and "# flagperf: attempt 2:" in log
+        assert server.exited() is None
+    finally:
+        server.stop()
+    assert server.exited() is not None
+
+
+# ---- transformers serve, for real --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return random_checkpoint("tiny", "fp32", 0, tmp_path_factory.mktemp("models"), torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def served(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One `transformers serve` for the module's client tests."""
+    spec = load_engine("cpu", "transformers-serve").server
+    assert spec is not None
+    log = tmp_path_factory.mktemp("server") / SERVER_LOG
+    server = start_server(spec, {"model_dir": str(model_dir), "dtype": "float32", "tensor_parallel": 1}, [], {},
+                          log, ready_timeout_s=600.0)
+    target = Target(server.base_url, str(model_dir), "chat")
+    assert first_answer(target, ServingPrompt(0, "t1 t2", 2, 1), 600.0) is None  # it loads the model now
+    yield server
+    server.stop()
+
+
+def test_the_client_counts_equal_the_exact_lengths_the_server_made(served: ServerProcess, model_dir: Path,
+                                                                   tmp_path: Path) -> None:
+    """Closed loop at 2 and open loop at 20 requests/s: every request succeeds with exactly the tokens asked
+    (the server's generation_config min = max), one content chunk per token, in order, recorded to the file
+    as it ends and read back the same."""
+    from flagperf.generate.config import GenerateConfig
+
+    spec = load_engine("cpu", "transformers-serve").server
+    assert spec is not None
+    config = GenerateConfig.model_validate({"model": "tiny", "precision": "fp32", "engine": "transformers-serve",
+                                            "input_len": 6, "max_new_tokens": 5, "concurrency": [2],
+                                            "requests": 4, "timeout_s": 600.0, "max_retries": 0})
+    tokens = Tokens(model_dir)
+    prompts = synthetic_serving_prompts(config, tokens, 512, 4)
+    assert [p.prompt_tokens for p in prompts] == [6] * 4
+    target = Target(served.base_url, str(model_dir), "chat", exact_fields=spec.exact_output_fields)
+    writer = RecordWriter(tmp_path / REQUESTS_FILE)
+    closed = asyncio.run(run_phase(target, Load("c2", concurrency=2), prompts, "timed", requests=4, duration_s=None,
+                                   writer=writer, count_tokens=tokens.counter()))
+    opened = asyncio.run(run_phase(target, Load("r20", rate=20.0, seed=1), prompts, "timed", requests=3,
+                                   duration_s=None, writer=writer, count_tokens=tokens.counter()))
+    writer.close()
+    records = closed.records + opened.records
+    assert all(r.ok for r in records), [r.error for r in records]
+    assert [r.output_tokens_client for r in records] == [5] * 7
+    assert all(len(r.chunk_times_s) == 5 == len(r.output_text.split()) for r in records)
+    assert all(r.ttft_s is not None and r.e2el_s is not None and r.ttft_s <= r.e2el_s for r in records)
+    assert all(r.chunk_times_s == sorted(r.chunk_times_s) for r in records)
+    assert sorted(r.prompt_index for r in closed.records) == [0, 1, 2, 3]
+    saved = read_records(tmp_path / REQUESTS_FILE)
+    assert [(r.point, r.seq, r.output_text) for r in saved] == [(r.point, r.seq, r.output_text) for r in records]
+    stats = point_stats("c2", closed.records, closed.seconds, Bounds)
+    assert stats.truncated == 0 and stats.failed == 0 and stats.output_tokens == 20
+
+
+def test_an_http_error_is_recorded_as_a_failed_request(served: ServerProcess) -> None:
+    target = Target(served.base_url, "/no/such/model", "chat", exact_fields=None)
+    run = asyncio.run(run_phase(target, Load("c1", concurrency=1), [ServingPrompt(0, "t1 t2", 2, 3)], "timed",
+                                requests=1, duration_s=None, writer=None, count_tokens=None))
+    assert len(run.records) == 1 and not run.records[0].ok
+    assert served.exited() is None  # the server outlived the bad request
+
+
+def _job(tmp_path: Path, *sets: str) -> Job:
+    plan = plan_run(cases=["tiny-llama-serve"], sets=list(sets), results_dir=tmp_path / "results")
+    cp = plan.cases[0]
+    return Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, host="localhost", vendor="cpu",
+               config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={})
+
+
+def _kill_server_when(out: Path, point: str, done: threading.Event) -> None:
+    """Wait until the point's first timed request is recorded, then SIGKILL the server the round started."""
+    requests = out / REQUESTS_FILE
+    while not done.is_set():
+        lines = requests.read_text(encoding="utf-8").splitlines() if requests.exists() else []
+        if any(json.loads(line)["point"] == point and json.loads(line)["phase"] == "timed" for line in lines):
+            first = (out / SERVER_LOG).read_text(encoding="utf-8").splitlines()[0]
+            port = first.split("--port ")[1].split()[0]
+            for p in psutil.process_iter(["cmdline"]):
+                if f"--port {port}" in " ".join(p.info["cmdline"] or []) and "serve" in (p.info["cmdline"] or []):
+                    p.kill()
+            return
+        done.wait(0.05)
+
+
+def test_a_server_killed_mid_point_fails_the_round_with_its_log_kept(model_dir: Path, tmp_path: Path) -> None:
+    """Point c2 loses its server: the round fails as an infrastructure failure (retried), c1's metrics stay,
+    server.log and requests.jsonl stay in the round folder."""
+    job = _job(tmp_path, f"checkpoint_path={model_dir}", "input_len=4", "max_new_tokens=2", "concurrency=[1, 2]",
+               "request_rates=[]", "requests=40", "warmup_requests=1")
+    out = tmp_path / "round"
+    out.mkdir()
+    done = threading.Event()
+    killer = threading.Thread(target=_kill_server_when, args=(out, "c2", done), daemon=True)
+    killer.start()
+    try:
+        code = run_job(job, out)
+    finally:
+        done.set()
+        killer.join()
+    assert code == EXIT_SERVER_FAILED
+    result = read_result(out / "result.json")
+    assert result.status == "failed" and result.failure is not None and result.failure.kind == "infrastructure"
+    assert result.failure.message.startswith("point c2: the server exited -9 during the load; last lines of "
+                                             "server.log: ")
+    names = {m.name for m in result.metrics}
+    assert "output_tokens_per_s@c1" in names and not any(n.endswith("@c2") for n in names)
+    assert (out / SERVER_LOG).stat().st_size > 0 and (out / REQUESTS_FILE).is_file()
+    assert json.loads((out / SERVING_FILE).read_text(encoding="utf-8"))["failed_point"] == "c2"
+
+
+NEVER_READY_ENGINE = """name: never-ready
+description: a real HTTP server whose ready path never answers 200
+server:
+  command: ["{python}", -m, http.server, "{port}", --bind, "{host}"]
+  ready_path: /health
+  apis: [chat]
+"""
+
+
+def test_a_server_that_never_gets_ready_fails_the_round_as_a_user_error(model_dir: Path, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = tmp_path / "vendors" / "cpu" / "generate" / "never-ready"
+    engine.mkdir(parents=True)
+    (engine / "engine.yaml").write_text(NEVER_READY_ENGINE, encoding="utf-8")
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(tmp_path / "vendors"))
+    job = _job(tmp_path, "engine=never-ready", f"checkpoint_path={model_dir}", "ready_timeout_s=2.0")
+    out = tmp_path / "round"
+    out.mkdir()
+    assert run_job(job, out) == EXIT_USER_ERROR
+    result = read_result(out / "result.json")
+    assert result.failure is not None and result.failure.kind == "user"
+    assert "not ready within 2 s (ready_timeout_s" in result.failure.message
+    assert (out / SERVER_LOG).is_file()
+
+
+def test_python_is_the_running_one() -> None:  # the {python} placeholder: the case process's interpreter
+    spec = ServerSpec(command=["{python}", "-V"])
+    assert spec.argv({"python": sys.executable}, []) == [sys.executable, "-V"]
+
