@@ -385,8 +385,10 @@ def report(run_dir: Annotated[Path, typer.Argument(help="a run folder, results/<
     from flagperf.results.report import build_report
 
     _run_folder(run_dir, "RUN")
+    from flagperf.config.diagnose import report_section
+
     try:
-        _, paths = build_report(run_dir)
+        _, paths = build_report(run_dir, report_section)
     except OSError as exc:
         raise _fail(f"{run_dir}: the report cannot be written: {exc.strerror or exc}", EXIT_FAILED) from None
     _print_summary(read_summary_json(run_dir), run_dir)
@@ -417,6 +419,37 @@ def compare(
         except OSError as exc:
             raise _fail(f"--out {out}: {exc.strerror or exc}") from None
         console.print(f"written to {escape(str(out))}", highlight=False)
+
+
+EXIT_HOST_FAILED = 4  # flagperf diagnose: some host failed a rule
+
+
+@app.command()
+def diagnose(
+    run_dir: Annotated[Path, typer.Argument(help="a run folder, results/<run-id>")],
+    baseline: Annotated[Path | None, typer.Option(help="a run folder to hold every figure against")] = None,
+    history: Annotated[bool, typer.Option("--history", help="hold figures against the history's baseline "
+                                                            "(median of the last runs of this vendor and device)")
+                       ] = False,
+    rules: Annotated[Path | None, typer.Option(help="the rules file (default deployments/diagnosis/rules.yaml)")
+                     ] = None,
+) -> None:
+    """Name the outlier devices and hosts: each figure against the fleet median (robust spread: MAD) and a
+    baseline, by the rules file. Writes diagnosis.json and diagnosis.md into the run folder. Exit 0: every
+    host passed; 4: some host failed a rule; 2: bad input."""
+    from flagperf.config.diagnose import diagnose_run
+    from flagperf.results.diagnosis import render_markdown, write_diagnosis
+
+    try:
+        found = diagnose_run(run_dir, rules, baseline, history)
+        write_diagnosis(run_dir, found)
+    except FlagperfError as exc:
+        raise _fail(str(exc)) from None
+    except OSError as exc:
+        raise _fail(f"{run_dir}: the diagnosis cannot be written: {exc.strerror or exc}", EXIT_FAILED) from None
+    console.print(render_markdown(found), markup=False, highlight=False, soft_wrap=True)
+    if found.failed_hosts:
+        raise typer.Exit(EXIT_HOST_FAILED)
 
 
 @app.command()

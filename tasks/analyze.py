@@ -8,7 +8,10 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NONE
 
+from flagperf.config.diagnose import report_section
 from flagperf.paths import RESULTS_ROOT_ENV, RESULTS_URL_ENV
+from flagperf.results.diagnosis import Diagnosis
+from flagperf.results.diagnosis import render_markdown as render_diagnosis
 from flagperf.results.report import build_report
 from flagperf.results.summary import HEADLINE_HEADER, RunSummary, headline_cells, render_markdown
 
@@ -30,8 +33,9 @@ def analyze(run_dir: Path) -> RunSummary | None:
     """Summarise the run from its result and monitor files, write the report, publish it as artifacts.
     None when the report cannot be written (a full disk): one line says so; `flagperf report` makes it later."""
     logger = get_run_logger()
+    diagnosed: list[Diagnosis] = []
     try:
-        summary, paths = build_report(run_dir)
+        summary, paths = build_report(run_dir, lambda folder, made: report_section(folder, made, diagnosed))
     except OSError as exc:
         logger.error("the report could not be written to %s: %s; once it can, run `flagperf report %s`",
                      run_dir, exc.strerror or exc, run_dir)
@@ -62,4 +66,19 @@ def analyze(run_dir: Path) -> RunSummary | None:
         logger.info("the HTML report is at %s on this machine (`flagperf server` serves the results folder "
                     "over HTTP and links it here)", paths["html"])
     logger.info("report written to %s", ", ".join(str(p) for p in paths.values()))
+    for diagnosis in diagnosed:  # several hosts or devices: the fleet diagnosis beside the report
+        publish_diagnosis(diagnosis)
     return summary
+
+
+def publish_diagnosis(diagnosis: Diagnosis) -> None:
+    """The fleet diagnosis as an artifact of the flow run, and one warning per failing host naming why."""
+    logger = get_run_logger()
+    create_markdown_artifact(markdown=render_diagnosis(diagnosis), key="flagperf-diagnosis",
+                             description=f"{diagnosis.run_id}: every device and host against the fleet median "
+                                         "(deployments/diagnosis/rules.yaml)")
+    for host in diagnosis.failed_hosts:
+        logger.warning("fleet diagnosis: host %s fails: %s", host.host, "; ".join(c.line() for c in host.failed))
+    if not diagnosis.failed_hosts:
+        logger.info("fleet diagnosis: no host fails the rules (%d hosts, %d devices)", len(diagnosis.hosts),
+                    len(diagnosis.devices))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -168,12 +169,17 @@ th {{ background: #f3f3f3; }} img {{ max-width: 100%; }} code {{ background: #f6
 """
 
 
-def build_report(run_dir: Path) -> tuple[RunSummary, dict[str, Path]]:
-    """Summarise a run folder and write every report file; safe to run again on the same folder."""
+def build_report(run_dir: Path, section: Callable[[Path, RunSummary], str] | None = None
+                 ) -> tuple[RunSummary, dict[str, Path]]:
+    """Summarise a run folder and write every report file; safe to run again on the same folder. section: a
+    further Markdown section from a layer above (the fleet diagnosis, which reads a rules file)."""
     summary = summarize(run_dir)
     plots = make_plots(run_dir, summary)
     paths = write_summary(run_dir, summary, NOT_DRAWN if plots is None
                           else [(title, path.relative_to(run_dir)) for title, path in plots])
+    extra = section(run_dir, summary) if section is not None else ""
+    if extra:
+        write_text_atomic(paths["markdown"], paths["markdown"].read_text(encoding="utf-8") + "\n" + extra)
     # The report is text: a '<' in a failure message is shown, never interpreted as HTML.
     text = html.escape((run_dir / REPORT_MD).read_text(encoding="utf-8"), quote=False)
     body = markdown.markdown(text, extensions=["tables"])

@@ -89,6 +89,8 @@ class Metric(_Model):
     warning: str | None = Field(default=None, description="why a reader should not take the figure plainly "
                                                           "(the report shows it beside the figure)")
     search: ShapeSearch | None = Field(default=None, description="max-achievable figures: the shape search")
+    device: int | None = Field(default=None, description="the host's device this figure is of, where the round "
+                                                         "measured every device (None: the round's one device)")
 
 
 class Failure(_Model):
@@ -194,6 +196,31 @@ class OperationReport(_Model):
     points: list[OperatorPoint] = Field(default_factory=list)
 
 
+class DeviceRun(_Model):
+    """One device of a round that measured every device of its host (one process per device)."""
+
+    index: int = Field(ge=0, description="the host's device index (the vendor's numbering; a CPU slice's number)")
+    visible: str | None = Field(default=None, description="what the device's process was narrowed to: the "
+                                "visible-devices value, or the CPU cores of a slice")
+    device: str | None = Field(default=None, description="the device's name as its process saw it")
+    status: Literal["success", "unsupported", "failed"]
+    failure: Failure | None = None
+    duration_s: float = Field(ge=0)
+    measured_seconds: float = Field(ge=0)
+
+
+class DeviceSpread(_Model):
+    """One metric over a host's devices: the host's min, median and max, and which device was lowest."""
+
+    metric: str
+    unit: str
+    devices: int = Field(ge=1)
+    min: float
+    median: float
+    max: float
+    min_device: int = Field(description="the device index with the lowest figure")
+
+
 class Provenance(_Model):
     engine_version: str
     git_revision: str | None
@@ -237,6 +264,10 @@ class RoundResult(_Model):
     operation: OperationReport | None = None
     config: dict[str, Any]
     provenance: Provenance | None = None
+    devices: list[DeviceRun] = Field(default_factory=list, description="every device of the host, where the "
+                                     "round measured each (its metrics carry the device index)")
+    device_spread: list[DeviceSpread] = Field(default_factory=list, description="per metric: the host's "
+                                              "min, median and max over its devices")
 
 
 def round_dir(run_dir: Path, case: str, round_no: int, host: str, node_rank: int = 0) -> Path:
