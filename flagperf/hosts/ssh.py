@@ -159,6 +159,12 @@ class SshHost(Host):
     def agent(self, *args: str) -> list[str]:
         return [self.python, "-m", "flagperf.hosts.agent", *args]
 
+    def inventory_env_option(self) -> list[str]:
+        """The agent option naming the inventory's variables (names only: their values travel in the command's
+        environment), so that they reach the case as on a local host instead of being filtered out there."""
+        names = sorted(self.spec.env)
+        return ["--inventory-env", ",".join(names)] if names else []
+
     def execute(self, argv: list[str], timeout: float | None = None, on_stdout: LineSink | None = None,
                 keep_stdin_open: bool = False) -> tuple[int | None, str, str]:
         """Run argv on the host; returns (exit status or None on timeout, stdout, stderr)."""
@@ -212,7 +218,7 @@ class SshHost(Host):
         start = time.monotonic()
         logger.info("starting on %s: %s (timeout %.0f s)", self.name, shlex.join(argv), timeout)
         log = log_path or self.work_root / "commands.log"
-        args = ["run", "--timeout", str(timeout), "--log", str(log)]
+        args = ["run", "--timeout", str(timeout), "--log", str(log), *self.inventory_env_option()]
         if pid_file is not None:
             args += ["--pid-file", str(pid_file)]
         try:
@@ -233,7 +239,7 @@ class SshHost(Host):
         return CommandResult(argv, status["exit_code"], bool(status["timed_out"]), seconds)
 
     def spawn(self, argv: list[str], *, log_path: Path) -> BackgroundProcess:
-        answer = self._agent_json("spawn", "--log", str(log_path), "--", *argv)
+        answer = self._agent_json("spawn", "--log", str(log_path), *self.inventory_env_option(), "--", *argv)
         return BackgroundProcess(argv=argv, pid=int(answer["pid"]))
 
     def terminate(self, proc: BackgroundProcess, grace_s: float = 10.0) -> int | None:

@@ -3,11 +3,13 @@ with verified host keys, a real Docker engine with a locally built image, a real
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -220,6 +222,34 @@ def test_a_host_down_at_healthcheck_stops_the_run_naming_it(flagperf_env: Path, 
     names = {run.name for run in all_task_runs(state.state_details.flow_run_id)}
     assert not any(name.startswith(("run_case", "start_monitors", "build_image")) for name in names), names
     assert not (run_dir / "computation-FP32").exists()
+
+
+def test_an_ssh_hosts_case_gets_the_inventorys_env_and_no_file_gets_its_values(
+        flagperf_env: Path, tmp_path: Path, testbed: Testbed, deployed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process runtime on an SSH host: a literal value and a ${NAME} reference reach the case under names
+    outside the agent's allow-list (as on a local or Docker host), and neither value is written to a file."""
+    literal, referenced = f"literal-{uuid.uuid4().hex}", f"referenced-{uuid.uuid4().hex}"
+    monkeypatch.setenv("SSH_ENV_TEST_REFERENCE", referenced)
+    entry = host_entry(testbed, 0, deployed)
+    entry["env"].update({"MY_VAR": literal, "REF_VALUE": "${SSH_ENV_TEST_REFERENCE}"})
+    digests = ",".join(hashlib.sha256(value.encode()).hexdigest() for value in (literal, referenced))
+    state, run_dir = run_evaluate(
+        flagperf_env, cases=["env-check"], inventory=write_inventory(tmp_path, [entry]),
+        overrides=[f"env-check.expect_sha256={digests}", "env-check.expect_name=MY_VAR,REF_VALUE",
+                   "env-check.absent=SSH_ENV_TEST_REFERENCE"])
+    assert state.is_completed(), state.message
+    host = testbed.hosts[0].name
+    result = read_result(run_dir / "env-check" / "round1" / f"{host}_noderank0" / "result.json")
+    assert {m.name: m.value for m in result.metrics} == {"inventory_env_arrived": 1.0,
+                                                         "controller_secrets_leaked": 0.0}
+    files = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert any(p.name == "job.json" for p in files) and any(p.name == "case.log" for p in files)
+    for path in files:
+        data = path.read_bytes()
+        assert literal.encode() not in data and referenced.encode() not in data, path
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["hosts"][0]["env"]["MY_VAR"] == "<masked>"
+    assert plan["hosts"][0]["env"]["REF_VALUE"] == "${SSH_ENV_TEST_REFERENCE}"
 
 
 def test_an_unknown_host_key_is_refused(flagperf_env: Path, tmp_path: Path,
