@@ -10,6 +10,7 @@ timeouts and logs on a remote host behave exactly as on the local one (they shar
     python -m flagperf.hosts.agent disk-free PATH                -> {"free": bytes}
     python -m flagperf.hosts.agent keepalive                     -> {"pid": N}, then waits for stdin to close
     python -m flagperf.hosts.agent info                          -> {"uid", "gid", "time", "hostname"}
+    python -m flagperf.hosts.agent describe-paths -- PATH...     -> {"paths": {PATH: {"path": resolved, "kind"}}}
 
 --inventory-env names the variables the inventory gives the host's cases (their values come in this agent's
 own environment, set by the controller's command line): they reach the command as they are, like a local
@@ -143,6 +144,13 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_describe_paths(args: argparse.Namespace) -> int:
+    from flagperf.hosts.local import describe_paths
+
+    _say({"paths": describe_paths(args.paths)})
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flagperf.hosts.agent")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -175,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     work.set_defaults(func=cmd_work_root)
     sub.add_parser("keepalive").set_defaults(func=cmd_keepalive)
     sub.add_parser("info").set_defaults(func=cmd_info)
+    described = sub.add_parser("describe-paths")
+    described.add_argument("paths", nargs="*")
+    described.set_defaults(func=cmd_describe_paths)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

@@ -14,17 +14,28 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from flagperf.config.job import JOB_FILE
 from flagperf.config.vendors import Vendor
 from flagperf.errors import ConfigError
-from flagperf.hosts.inventory import HostSpec, parse_container_options, resolve_values
+from flagperf.hosts.container_policy import (
+    Mount,
+    PathFacts,
+    PolicyError,
+    device_host_path,
+    parse_container_options,
+    parse_data_mount,
+    resolved_device,
+    resolved_mount,
+)
+from flagperf.hosts.inventory import HostSpec, resolve_values, spec_origin
 from flagperf.hosts.local import CommandResult, Host, LineSink
 from flagperf.hosts.runtime import Runtime
+from flagperf.paths import display_path
 from flagperf.results.schema import CASE_LOG_FILE
 
 logger = logging.getLogger("flagperf.hosts.docker")
@@ -166,16 +177,60 @@ class ContainerSettings:
     env: dict[str, str]
     device_requests: list[dict[str, Any]]
     devices: list[str]
-    data_mounts: list[str]
-    extra_mounts: list[str]
+    data_mounts: list[Mount]  # for case rounds only
+    extra_mounts: list[Mount]  # from docker.extra_options: every container, the probe's too
     ipc_mode: str | None
     group_add: list[str]
     ulimits: dict[str, int]
+    data_roots: tuple[str, ...] = ()
+    device_patterns: tuple[str, ...] = ()
+    vendor_devices: tuple[str, ...] = ()  # the first of ``devices``: from the vendor file (the rest: extra options)
+    vendor_file: str = "vendor.yaml"
+
+    def host_paths(self) -> list[str]:
+        """The host paths the container policy checks on the host: mount sources, data roots, devices."""
+        return sorted({*(m.source for m in (*self.data_mounts, *self.extra_mounts)), *self.data_roots,
+                       *(device_host_path(d) for d in self.devices)})
+
+    def resolved(self, facts: Mapping[str, PathFacts]) -> ContainerSettings:
+        """These settings with every mount source and device resolved on the host (``facts``: its answer for
+        host_paths()) and checked again by the container policy; PolicyError says which, why and its key."""
+        def keyed(key: str, check: Callable[[], Any], source: str | None = None) -> Any:
+            try:
+                return check()
+            except PolicyError as exc:
+                raise PolicyError(str(exc), key, source) from None
+
+        data = [keyed(f"docker.data_mounts.{i}", lambda m=m: resolved_mount(m, facts, self.data_roots, "data mount"))
+                for i, m in enumerate(self.data_mounts)]
+        extra = [keyed("docker.extra_options", lambda m=m: resolved_mount(m, facts, self.data_roots, "-v host path"))
+                 for m in self.extra_mounts]
+        devices = [keyed("docker.extra_options", lambda d=d: resolved_device(d, facts, self.device_patterns,
+                                                                            "--device"))
+                   if i >= len(self.vendor_devices) else
+                   keyed(f"container.devices.{i}", lambda d=d: resolved_device(d, facts, self.device_patterns,
+                                                                            "device"), self.vendor_file)
+                   for i, d in enumerate(self.devices)]
+        return replace(self, data_mounts=data, extra_mounts=extra, devices=devices)
 
 
 def container_settings(vendor: Vendor, spec: HostSpec, image: str) -> ContainerSettings:
+    """The container a host's rounds run in, as the inventory and the vendor file ask, checked by the container
+    policy as written (ConfigError naming the file and key); ``resolved`` checks it again on the host."""
     options = vendor.manifest.container
-    extras = parse_container_options(spec.docker.extra_options or "")
+    roots = spec.docker.allowed_roots()
+    patterns = tuple(options.device_patterns)
+    source, prefix = spec_origin(spec)
+    try:
+        extras = parse_container_options(spec.docker.extra_options or "", roots, patterns)
+    except PolicyError as exc:
+        raise ConfigError(source, f"{prefix}docker.extra_options", str(exc)) from None
+    data_mounts = []
+    for i, entry in enumerate(spec.docker.data_mounts):
+        try:
+            data_mounts.append(parse_data_mount(entry, roots))
+        except PolicyError as exc:
+            raise ConfigError(source, f"{prefix}docker.data_mounts.{i}", str(exc)) from None
     env = spec.runtime_env()
     env.update(resolve_values(extras.env, spec.name, "docker.extra_options"))
     visible_env = spec.visible_devices_env or options.visible_devices_env
@@ -195,9 +250,10 @@ def container_settings(vendor: Vendor, spec: HostSpec, image: str) -> ContainerS
     return ContainerSettings(
         image=image, python=options.python, shm_size=spec.shm_size or options.shm_size,
         privileged=options.privileged, env=env, device_requests=requests,
-        devices=[*options.devices, *extras.devices], data_mounts=list(spec.docker.data_mounts),
+        devices=[*options.devices, *extras.devices], data_mounts=data_mounts,
         extra_mounts=extras.mounts, ipc_mode=extras.ipc or options.ipc, group_add=extras.group_add,
-        ulimits=dict(options.ulimits))
+        ulimits=dict(options.ulimits), data_roots=roots, device_patterns=patterns,
+        vendor_devices=tuple(options.devices), vendor_file=display_path(vendor.folder / "vendor.yaml"))
 
 
 def exit_code_of(status: int) -> int:
@@ -236,17 +292,18 @@ class DockerRuntime(Runtime):
              ) -> tuple[CommandResult, list[str]]:
         """One container: created, started, waited for (killed at the timeout), its log read, always removed."""
         docker = require_docker()
-        from docker.types import DeviceRequest, Mount, Ulimit
+        from docker.types import DeviceRequest, Ulimit
+        from docker.types import Mount as DockerMount
 
         s = self.settings
         started = time.monotonic()
         client = self.client_factory()
-        mounts = [Mount(str(host.project_root), str(host.project_root), type="bind", read_only=True)]
+        mounts = [DockerMount(str(host.project_root), str(host.project_root), type="bind", read_only=True)]
         if scratch:
-            mounts.append(Mount(str(self.scratch_root), str(self.scratch_root), type="bind", read_only=False))
+            mounts.append(DockerMount(str(self.scratch_root), str(self.scratch_root), type="bind", read_only=False))
         if data:
-            mounts += [Mount(p, p, type="bind", read_only=True) for p in s.data_mounts]
-        volumes = list(s.extra_mounts)
+            mounts += [DockerMount(m.target, m.source, type="bind", read_only=m.read_only) for m in s.data_mounts]
+        volumes = [m.volume() for m in s.extra_mounts]  # -v form: keeps options such as z or rshared
         env = {**s.env, "PYTHONPATH": str(host.project_root), "PYTHONUNBUFFERED": "1",
                "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "HOME": "/tmp"}
         lines: list[str] = []

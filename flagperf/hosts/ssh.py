@@ -277,6 +277,9 @@ class SshHost(Host):
     def info(self) -> dict[str, Any]:
         return self._agent_json("info")
 
+    def describe_paths(self, paths: list[str]) -> dict[str, dict[str, str]]:
+        return dict(self._agent_json("describe-paths", "--", *paths)["paths"])
+
     def clock(self) -> float:
         return float(self.info()["time"])
 

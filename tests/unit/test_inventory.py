@@ -8,8 +8,9 @@ import pytest
 
 from flagperf.config.vendors import load_vendor
 from flagperf.errors import ConfigError
+from flagperf.hosts.container_policy import parse_container_options
 from flagperf.hosts.docker import container_settings, context_digest, exit_code_of, image_tag
-from flagperf.hosts.inventory import load_inventory, parse_container_options
+from flagperf.hosts.inventory import load_inventory
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -140,10 +141,10 @@ def test_bad_host_yaml(tmp_path: Path, body: str, key: str, message: str) -> Non
 
 
 def test_container_options_are_parsed_never_passed_to_a_shell() -> None:
-    extras = parse_container_options("--gpus=all --device /dev/davinci0 -e A=1 --env B='x y' -v /d:/d:ro "
+    extras = parse_container_options("--gpus=all --device /dev/davinci0 -e A=1 --env B='x y' -v /data/d:/d:ro "
                                      "--ipc host --group-add video")
     assert extras.gpus == "all" and extras.devices == ["/dev/davinci0"]
-    assert extras.env == {"A": "1", "B": "x y"} and extras.mounts == ["/d:/d:ro"]
+    assert extras.env == {"A": "1", "B": "x y"} and [m.volume() for m in extras.mounts] == ["/data/d:/d:ro"]
     assert extras.ipc == "host" and extras.group_add == ["video"]
     with pytest.raises(ValueError, match="needs a value"):
         parse_container_options("--device")
@@ -263,6 +264,13 @@ def test_flagperf_inference_files_load_unchanged_with_data_from_the_host_file(
                     ignore=shutil.ignore_patterns("vendor", "__pycache__"))
     (root / "inference" / "fpresnet" / "configurations.yaml").write_text(FLAGPERF_RESNET50_CONFIGURATIONS)
     monkeypatch.setenv("FLAGPERF_CASE_PATH", str(root))
+    from flagperf.hosts import container_policy
+
+    # The data folder is the test's own, in the shared temp dir: a data root for this test only (a host.yaml
+    # has no key for data roots).
+    monkeypatch.setattr(container_policy, "DATA_ROOTS", (*container_policy.DATA_ROOTS, str(tmp_path)))
+    monkeypatch.setattr(container_policy, "SYSTEM_FOLDERS",
+                        tuple(f for f in container_policy.SYSTEM_FOLDERS if f != "/tmp"))
     data = tmp_path / "imagenet" / "val"
     data.mkdir(parents=True)
     inv = load_inventory(write(tmp_path, "host.yaml", f"""
