@@ -1,5 +1,6 @@
 """Containers through the docker SDK: images built from vendor_images/<vendor>/<framework>/Dockerfile
-(tag from the build context's content, so an unchanged image is never rebuilt) and case rounds run in
+(tag from the build context's content and a keyed hash of its build args, so an unchanged image is never
+rebuilt and a secret build arg cannot be read back from a tag) and case rounds run in
 them, on the controller's engine or on a host's own engine through that host's SSH connection.
 
 What a container gets comes from the vendor's folder (vendor.yaml ``container``) and the inventory
@@ -9,7 +10,9 @@ the vendor file says so and why.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import hmac
 import logging
 import os
 import threading
@@ -100,14 +103,63 @@ def engine_client(host: Host, spec: HostSpec, timeout: float = API_TIMEOUT_S) ->
 
 # ------------------------------------------------------------------------------------------------ images
 
-def context_digest(folder: Path, build_args: dict[str, str] | None = None) -> str:
-    """Content hash of a build context and its build args: the image tag."""
+def context_digest(folder: Path) -> str:
+    """Content hash of a build context's files (recorded: it says which Dockerfile folder an image came from)."""
     digest = hashlib.sha256()
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    for key, value in sorted((build_args or {}).items()):
-        digest.update(f"ARG {key}={value}\0".encode())
     return digest.hexdigest()
+
+
+def build_args_key_file() -> Path:
+    """This machine's key for build-arg digests: FLAGPERF_DIGEST_KEY_FILE, else flagperf/digest.key in the user's
+    config folder (XDG_CONFIG_HOME, ~/.config); outside the project, never copied into a run."""
+    configured = os.environ.get("FLAGPERF_DIGEST_KEY_FILE")
+    if configured:
+        return Path(configured).expanduser()
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "flagperf" / "digest.key"
+
+
+def build_args_key() -> bytes:
+    """The key (32 random bytes, mode 0600), made on first use; processes racing to make it agree on one."""
+    path = build_args_key_file()
+    try:
+        key = path.read_bytes()
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(os.urandom(32))
+                out.flush()
+                os.fsync(out.fileno())
+            with contextlib.suppress(FileExistsError):  # never replaces a key another process made meanwhile
+                os.link(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        key = path.read_bytes()
+    if len(key) < 16:
+        raise ConfigError(str(path), None, "the build-arg digest key is shorter than 16 bytes: remove the file to "
+                                           "make a new one")
+    return key
+
+
+def build_args_digest(build_args: dict[str, str]) -> str:
+    """A keyed hash (HMAC-SHA256, this machine's key) of the build args: the image tag changes with them, and
+    a build arg that is a secret cannot be guessed offline from a tag (a plain hash of a weak one could)."""
+    if not build_args:
+        return ""
+    text = "".join(f"ARG {key}={value}\0" for key, value in sorted(build_args.items()))
+    return hmac.new(build_args_key(), text.encode(), hashlib.sha256).hexdigest()
+
+
+def image_digest(folder: Path, build_args: dict[str, str] | None = None) -> str:
+    """What an image tag is made of: the build context's files and (keyed) its build args."""
+    files = context_digest(folder)
+    if not build_args:
+        return files
+    return hashlib.sha256(f"{files}\0{build_args_digest(build_args)}".encode()).hexdigest()
 
 
 def image_context(vendor: Vendor, framework: str | None) -> Path:
@@ -150,7 +202,7 @@ def _ensure_image(client: Any, context: Path, tag: str, build_args: dict[str, st
     try:
         stream = client.api.build(path=str(context), tag=tag, buildargs=build_args, rm=True, forcerm=True,
                                   decode=True, network_mode="host", pull=False, timeout=int(timeout_s),
-                                  labels={f"{LABEL}.context_sha256": tag.rsplit(":", 1)[1]})
+                                  labels={f"{LABEL}.tag_digest": tag.rsplit(":", 1)[1]})
         for chunk in stream:
             if "error" in chunk:
                 raise ContainerEngineError(f"building {tag} failed: {str(chunk['error']).strip()}")

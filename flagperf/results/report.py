@@ -8,9 +8,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-import markdown
-
 from flagperf.results.analysis import read_monitors
+from flagperf.results.markup import markdown_to_html
 from flagperf.results.plotting import NOT_DRAWN, pyplot
 from flagperf.results.schema import atomic_path, read_result, write_text_atomic
 from flagperf.results.serving import plot_serving_curve
@@ -170,9 +169,8 @@ def build_report(run_dir: Path) -> tuple[RunSummary, dict[str, Path]]:
     plots = make_plots(run_dir, summary)
     paths = write_summary(run_dir, summary, NOT_DRAWN if plots is None
                           else [(title, path.relative_to(run_dir)) for title, path in plots])
-    # The report is text: a '<' in a failure message is shown, never interpreted as HTML.
-    text = html.escape((run_dir / REPORT_MD).read_text(encoding="utf-8"), quote=False)
-    body = markdown.markdown(text, extensions=["tables"])
+    # The report is text: a '<' or a link in a failure message is shown, never interpreted (markup.py).
+    body = markdown_to_html((run_dir / REPORT_MD).read_text(encoding="utf-8"))
     html_path = run_dir / REPORT_HTML
     write_text_atomic(html_path, HTML_PAGE.format(title=html.escape(f"FlagPerf {summary.run_id}"), body=body))
     paths["html"] = html_path

@@ -118,14 +118,14 @@ def test_two_ssh_hosts_run_their_rounds_in_containers(flagperf_env: Path, tmp_pa
     import docker
 
     assert docker.from_env().containers.list(all=True, filters={"label": "org.flagperf.job"}) == []
-    # The tag is the content hash of the Dockerfile folder and build args; with nothing changed, asking for
-    # the image again builds nothing.
+    # The tag is the content hash of the Dockerfile folder and (keyed) its build args; with nothing changed,
+    # asking for the image again builds nothing.
     from flagperf.config.vendors import load_vendor
-    from flagperf.hosts.docker import context_digest, ensure_image, image_context, image_tag
+    from flagperf.hosts.docker import ensure_image, image_context, image_digest, image_tag
 
     context = image_context(load_vendor("cpu"), "pytorch")
     build_args = {"BASE_IMAGE": testbed.base_image}
-    tag = image_tag("cpu", "pytorch", context_digest(context, build_args))
+    tag = image_tag("cpu", "pytorch", image_digest(context, build_args))
     assert tag == image["tag"]
     build_lines: list[str] = []
     assert ensure_image(docker.from_env(), context, tag, build_args, build_lines.append) == "present"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 from pathlib import Path
 
 import pytest
@@ -9,7 +11,14 @@ import pytest
 from flagperf.config.vendors import load_vendor
 from flagperf.errors import ConfigError
 from flagperf.hosts.container_policy import parse_container_options
-from flagperf.hosts.docker import container_settings, context_digest, exit_code_of, image_tag
+from flagperf.hosts.docker import (
+    build_args_digest,
+    container_settings,
+    context_digest,
+    exit_code_of,
+    image_digest,
+    image_tag,
+)
 from flagperf.hosts.inventory import load_inventory
 
 
@@ -150,14 +159,29 @@ def test_container_options_are_parsed_never_passed_to_a_shell() -> None:
         parse_container_options("--device")
 
 
-def test_image_tag_follows_the_build_context_and_args(tmp_path: Path) -> None:
-    (tmp_path / "Dockerfile").write_text("FROM x\n")
-    first = context_digest(tmp_path)
-    assert context_digest(tmp_path) == first
-    assert context_digest(tmp_path, {"BASE_IMAGE": "y"}) != first
-    (tmp_path / "Dockerfile").write_text("FROM z\n")
-    assert context_digest(tmp_path) != first
+def test_image_tag_follows_the_build_context_and_args(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    key_file = tmp_path / "config" / "digest.key"
+    monkeypatch.setenv("FLAGPERF_DIGEST_KEY_FILE", str(key_file))
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "Dockerfile").write_text("FROM x\n")
+    first = image_digest(context)
+    assert first == context_digest(context) and image_digest(context) == first
+    with_arg = image_digest(context, {"BASE_IMAGE": "y"})
+    assert with_arg != first and image_digest(context, {"BASE_IMAGE": "y"}) == with_arg
+    assert image_digest(context, {"BASE_IMAGE": "z"}) != with_arg
+    (context / "Dockerfile").write_text("FROM z\n")
+    assert context_digest(context) != first
     assert image_tag("cpu", "pytorch", first) == f"flagperf/cpu-pytorch:{first[:16]}"
+    # The build args are hashed with this machine's key (made on first use, private), not plainly: a tag
+    # made from a weak secret cannot be matched against the plain hashes of guesses.
+    assert key_file.stat().st_mode & 0o777 == 0o600 and len(key_file.read_bytes()) == 32
+    weak = {"TOKEN": "hunter2"}
+    keyed = image_digest(context, weak)
+    plain = hashlib.sha256(f"{context_digest(context)}\0ARG TOKEN=hunter2\0".encode()).hexdigest()
+    assert keyed != plain and build_args_digest(weak) != hashlib.sha256(b"ARG TOKEN=hunter2\0").hexdigest()
+    key_file.write_bytes(os.urandom(32))  # another machine's key: another tag for the same args
+    assert image_digest(context, weak) != keyed
 
 
 def test_container_exit_status_reads_like_a_process_exit() -> None:
