@@ -252,6 +252,44 @@ def test_an_ssh_hosts_case_gets_the_inventorys_env_and_no_file_gets_its_values(
     assert plan["hosts"][0]["env"]["REF_VALUE"] == "${SSH_ENV_TEST_REFERENCE}"
 
 
+def test_a_rounds_output_is_streamed_over_ssh_not_held(tmp_path: Path, testbed: Testbed, deployed: Path) -> None:
+    """Tens of MB printed on an SSH host: every line reaches the controller's line sink and the round's log
+    file on the host, while what the controller's Python allocates stays a small part of that output (the
+    transport kept all of it before)."""
+    import tracemalloc
+
+    from flagperf.hosts.inventory import HostSpec
+    from flagperf.hosts.ssh import SshHost
+
+    entry = host_entry(testbed, 0, deployed)
+    host = SshHost(HostSpec.model_validate({**entry, "key_file": Path(entry["key_file"]),
+                                            "known_hosts": Path(entry["known_hosts"]), "project_root": deployed}))
+    lines, line_bytes = 300_000, 100  # 30 MB
+    program = f"import sys\nline = 'x' * {line_bytes - 1} + '\\n'\nfor _ in range({lines}): sys.stdout.write(line)\n"
+    log = host.work_root / f"stream-{uuid.uuid4().hex}" / "case.log"
+    received = [0, 0]
+
+    def sink(line: str) -> None:
+        received[0] += 1
+        received[1] += len(line) + 1
+
+    try:
+        host.client()  # connected before measuring: the connection's own buffers are not the output's
+        tracemalloc.start()
+        result = host.run([testbed.hosts[0].python, "-c", program], timeout=300, log_path=log, on_line=sink)
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert result.exit_code == 0 and not result.timed_out
+        assert received == [lines, lines * line_bytes]
+        code, out, _ = host.execute(["stat", "-c", "%s", str(log)])
+        assert code == 0 and int(out) == lines * line_bytes  # the round's log file on the host has all of it
+        assert peak < lines * line_bytes / 10, f"controller allocated {peak} bytes for {lines * line_bytes}"
+    finally:
+        tracemalloc.stop()
+        host.remove_tree(log.parent)
+        host.close()
+
+
 def test_an_unknown_host_key_is_refused(flagperf_env: Path, tmp_path: Path,
         testbed: Testbed, deployed: Path) -> None:
     empty = tmp_path / "known_hosts"
