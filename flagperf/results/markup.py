@@ -13,17 +13,19 @@ import markdown
 from markdown.extensions import Extension
 from markdown.treeprocessors import Treeprocessor
 
-# Markdown's punctuation that makes links and images ([ ]), code, emphasis, raw HTML, headings or table cells;
-# '_' is left alone (within a word, as in metric names, it is no emphasis), and so are ( ) ! without [ ].
-MARKDOWN_SPECIAL = re.compile(r"([\\`*\[\]<>#|])")
+# Markdown's punctuation that makes links and images ([ ]), code, emphasis, raw HTML or table cells. md_text's
+# text never starts a line, so '#' and '>' make no heading or quote there; '_' within a word (metric names) is
+# no emphasis; ( ) ! make nothing without [ ].
+MARKDOWN_SPECIAL = re.compile(r"([\\`*\[\]|])")
 SAFE_SCHEMES = ("http", "https")
 SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
 IGNORED_IN_URLS = re.compile(r"[\x00-\x20\x7f]")  # browsers drop these inside a URL ("java\tscript:")
 
 
 def md_text(value: object) -> str:
-    """``value`` as Markdown that shows exactly that text, on one line."""
-    return MARKDOWN_SPECIAL.sub(r"\\\1", " ".join(str(value).splitlines()))
+    """``value`` as Markdown that shows exactly that text, on one line. '<' becomes an entity, which every
+    Markdown renderer shows as '<' (a backslash before it is no escape in Python-Markdown)."""
+    return MARKDOWN_SPECIAL.sub(r"\\\1", " ".join(str(value).splitlines())).replace("<", "&lt;")
 
 
 def safe_url(url: str) -> bool:
@@ -58,7 +60,6 @@ class _SafeMarkdown(Extension):
     def extendMarkdown(self, md: markdown.Markdown) -> None:
         md.preprocessors.deregister("html_block")  # raw HTML is text, escaped on output
         md.inlinePatterns.deregister("html")
-        md.ESCAPED_CHARS.append("<")  # md_text's \< shows a '<'
         md.treeprocessors.register(_InertLinks(md), "inert_links", -10)  # last: after links are unescaped
 
 
