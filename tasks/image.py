@@ -15,6 +15,7 @@ from flagperf.hosts.docker import (
     engine_client,
     ensure_image,
     image_context,
+    image_digest,
     image_tag,
 )
 from flagperf.hosts.fleet import runtime_for
@@ -34,11 +35,10 @@ def build_image(host: Host, spec: HostSpec, vendor: Vendor, run_id: str, framewo
     context = image_context(vendor, framework)
     framework = framework or context.name
     build_args = spec.docker.runtime_build_args(host.name) if spec.runtime == "docker" else {}
-    digest = context_digest(context, build_args)
     record: dict[str, Any] = {
         "dockerfile": display_path(context / "Dockerfile"),
         "framework": framework,
-        "context_sha256": digest,
+        "context_sha256": context_digest(context),  # the files only: build args never enter a record
         "runtime": spec.runtime,
     }
     if spec.runtime == "process":
@@ -46,7 +46,7 @@ def build_image(host: Host, spec: HostSpec, vendor: Vendor, run_id: str, framewo
                                                "engine in use); nothing was built")
         logger.info("skipped: %s", record["reason"])
         return record
-    tag = image_tag(vendor.name, framework, digest)
+    tag = image_tag(vendor.name, framework, image_digest(context, build_args))
     client = engine_client(host, spec)
     status = ensure_image(client, context, tag, build_args, on_line=logger.info)
     image = client.images.get(tag)

@@ -77,8 +77,20 @@ class ContainerOptions(StrictModel):
     visible_devices_env: str | None = None
     device_requests: list[DeviceRequestEntry] = Field(default_factory=list)
     devices: list[str] = Field(default_factory=list, description="device files, e.g. /dev/davinci0")
+    device_patterns: list[str] = Field(
+        default_factory=list, description="device files this vendor's containers may get besides the built-in "
+                                          "NVIDIA, AMD and RDMA ones, e.g. /dev/davinci*; * stays within a folder")
     ulimits: dict[str, int] = Field(default_factory=dict, description="e.g. memlock: -1 (RDMA registration), "
                                                                       "stack: 67108864; -1 is unlimited")
+
+    @field_validator("device_patterns")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            if not re.fullmatch(r"/dev/[A-Za-z0-9_.*?\[\]-]+(/[A-Za-z0-9_.*?\[\]-]+)*", pattern) \
+                    or ".." in pattern.split("/"):
+                raise ValueError(f"device pattern {pattern!r} must name files under /dev (wildcards * ? [...])")
+        return value
 
     @model_validator(mode="after")
     def _privileged_needs_reason(self) -> ContainerOptions:

@@ -1,15 +1,20 @@
 """The host side of an SSH host: small commands the controller runs over SSH, so that process groups,
 timeouts and logs on a remote host behave exactly as on the local one (they share LocalHost's code).
 
-    python -m flagperf.hosts.agent run --timeout 60 --log LOG [--pid-file P] -- ARGV...
+    python -m flagperf.hosts.agent run --timeout 60 --log LOG [--pid-file P] [--inventory-env A,B] -- ARGV...
         stdout: the command's output (also appended to LOG); stderr, last line: {"exit_code", "timed_out"}.
         The command is killed when stdin closes: a lost SSH connection never leaves a case running.
-    python -m flagperf.hosts.agent spawn --log LOG -- ARGV...   -> {"pid": N} (detached, own session)
+    python -m flagperf.hosts.agent spawn --log LOG [--inventory-env A,B] -- ARGV...   -> {"pid": N} (detached)
     python -m flagperf.hosts.agent terminate --pid N --grace S   -> {"exit_code": null}
     python -m flagperf.hosts.agent alive --pid N                 -> exit 0 if running, 1 if not
     python -m flagperf.hosts.agent disk-free PATH                -> {"free": bytes}
     python -m flagperf.hosts.agent keepalive                     -> {"pid": N}, then waits for stdin to close
     python -m flagperf.hosts.agent info                          -> {"uid", "gid", "time", "hostname"}
+    python -m flagperf.hosts.agent describe-paths -- PATH...     -> {"paths": {PATH: {"path": resolved, "kind"}}}
+
+--inventory-env names the variables the inventory gives the host's cases (their values come in this agent's
+own environment, set by the controller's command line): they reach the command as they are, like a local
+host's, not through the allow-list that keeps the rest of the agent's environment from the case.
 
 Only the standard library and flagperf.hosts.local are imported: it must start fast (no torch).
 """
@@ -44,10 +49,15 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def inventory_env(names: str) -> dict[str, str]:
+    """The inventory's variables, by the names the controller listed, from this agent's environment."""
+    return {name: os.environ[name] for name in names.split(",") if name and name in os.environ}
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from flagperf.hosts.local import LocalHost
 
-    host = LocalHost(work_root=Path(args.log).parent)
+    host = LocalHost(work_root=Path(args.log).parent, env=inventory_env(args.inventory_env))
 
     def watch_stdin() -> None:
         # The controller holds our stdin open for as long as it watches; EOF means it is gone.
@@ -78,7 +88,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_spawn(args: argparse.Namespace) -> int:
     from flagperf.hosts.local import LocalHost
 
-    proc = LocalHost(work_root=Path(args.log).parent).spawn(args.argv, log_path=Path(args.log))
+    host = LocalHost(work_root=Path(args.log).parent, env=inventory_env(args.inventory_env))
+    proc = host.spawn(args.argv, log_path=Path(args.log))
     _say({"pid": proc.pid})
     return 0
 
@@ -133,6 +144,13 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_describe_paths(args: argparse.Namespace) -> int:
+    from flagperf.hosts.local import describe_paths
+
+    _say({"paths": describe_paths(args.paths)})
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flagperf.hosts.agent")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -141,10 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--log", required=True)
     run.add_argument("--pid-file")
     run.add_argument("--ignore-stdin", action="store_true")
+    run.add_argument("--inventory-env", default="", help="comma-separated names of the inventory's variables")
     run.add_argument("argv", nargs="+")
     run.set_defaults(func=cmd_run)
     spawn = sub.add_parser("spawn")
     spawn.add_argument("--log", required=True)
+    spawn.add_argument("--inventory-env", default="", help="comma-separated names of the inventory's variables")
     spawn.add_argument("argv", nargs="+")
     spawn.set_defaults(func=cmd_spawn)
     term = sub.add_parser("terminate")
@@ -163,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     work.set_defaults(func=cmd_work_root)
     sub.add_parser("keepalive").set_defaults(func=cmd_keepalive)
     sub.add_parser("info").set_defaults(func=cmd_info)
+    described = sub.add_parser("describe-paths")
+    described.add_argument("paths", nargs="*")
+    described.set_defaults(func=cmd_describe_paths)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

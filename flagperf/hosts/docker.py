@@ -1,5 +1,6 @@
 """Containers through the docker SDK: images built from vendor_images/<vendor>/<framework>/Dockerfile
-(tag from the build context's content, so an unchanged image is never rebuilt) and case rounds run in
+(tag from the build context's content and a keyed hash of its build args, so an unchanged image is never
+rebuilt and a secret build arg cannot be read back from a tag) and case rounds run in
 them, on the controller's engine or on a host's own engine through that host's SSH connection.
 
 What a container gets comes from the vendor's folder (vendor.yaml ``container``) and the inventory
@@ -9,13 +10,15 @@ the vendor file says so and why.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import hmac
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +26,20 @@ from flagperf.config.job import JOB_FILE
 from flagperf.config.vendors import Vendor
 from flagperf.errors import ConfigError
 from flagperf.hosts.adaptation import CACHE_FOLDER as ADAPTATION_CACHE
-from flagperf.hosts.inventory import HostSpec, parse_container_options, resolve_values
+from flagperf.hosts.container_policy import (
+    Mount,
+    PathFacts,
+    PolicyError,
+    device_host_path,
+    parse_container_options,
+    parse_data_mount,
+    resolved_device,
+    resolved_mount,
+)
+from flagperf.hosts.inventory import HostSpec, resolve_values, spec_origin
 from flagperf.hosts.local import CommandResult, Host, LineSink
 from flagperf.hosts.runtime import Runtime
+from flagperf.paths import display_path
 from flagperf.results.schema import CASE_LOG_FILE
 
 logger = logging.getLogger("flagperf.hosts.docker")
@@ -90,14 +104,63 @@ def engine_client(host: Host, spec: HostSpec, timeout: float = API_TIMEOUT_S) ->
 
 # ------------------------------------------------------------------------------------------------ images
 
-def context_digest(folder: Path, build_args: dict[str, str] | None = None) -> str:
-    """Content hash of a build context and its build args: the image tag."""
+def context_digest(folder: Path) -> str:
+    """Content hash of a build context's files (recorded: it says which Dockerfile folder an image came from)."""
     digest = hashlib.sha256()
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    for key, value in sorted((build_args or {}).items()):
-        digest.update(f"ARG {key}={value}\0".encode())
     return digest.hexdigest()
+
+
+def build_args_key_file() -> Path:
+    """This machine's key for build-arg digests: FLAGPERF_DIGEST_KEY_FILE, else flagperf/digest.key in the user's
+    config folder (XDG_CONFIG_HOME, ~/.config); outside the project, never copied into a run."""
+    configured = os.environ.get("FLAGPERF_DIGEST_KEY_FILE")
+    if configured:
+        return Path(configured).expanduser()
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "flagperf" / "digest.key"
+
+
+def build_args_key() -> bytes:
+    """The key (32 random bytes, mode 0600), made on first use; processes racing to make it agree on one."""
+    path = build_args_key_file()
+    try:
+        key = path.read_bytes()
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(os.urandom(32))
+                out.flush()
+                os.fsync(out.fileno())
+            with contextlib.suppress(FileExistsError):  # never replaces a key another process made meanwhile
+                os.link(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        key = path.read_bytes()
+    if len(key) < 16:
+        raise ConfigError(str(path), None, "the build-arg digest key is shorter than 16 bytes: remove the file to "
+                                           "make a new one")
+    return key
+
+
+def build_args_digest(build_args: dict[str, str]) -> str:
+    """A keyed hash (HMAC-SHA256, this machine's key) of the build args: the image tag changes with them, and
+    a build arg that is a secret cannot be guessed offline from a tag (a plain hash of a weak one could)."""
+    if not build_args:
+        return ""
+    text = "".join(f"ARG {key}={value}\0" for key, value in sorted(build_args.items()))
+    return hmac.new(build_args_key(), text.encode(), hashlib.sha256).hexdigest()
+
+
+def image_digest(folder: Path, build_args: dict[str, str] | None = None) -> str:
+    """What an image tag is made of: the build context's files and (keyed) its build args."""
+    files = context_digest(folder)
+    if not build_args:
+        return files
+    return hashlib.sha256(f"{files}\0{build_args_digest(build_args)}".encode()).hexdigest()
 
 
 def image_context(vendor: Vendor, framework: str | None) -> Path:
@@ -140,7 +203,7 @@ def _ensure_image(client: Any, context: Path, tag: str, build_args: dict[str, st
     try:
         stream = client.api.build(path=str(context), tag=tag, buildargs=build_args, rm=True, forcerm=True,
                                   decode=True, network_mode="host", pull=False, timeout=int(timeout_s),
-                                  labels={f"{LABEL}.context_sha256": tag.rsplit(":", 1)[1]})
+                                  labels={f"{LABEL}.tag_digest": tag.rsplit(":", 1)[1]})
         for chunk in stream:
             if "error" in chunk:
                 raise ContainerEngineError(f"building {tag} failed: {str(chunk['error']).strip()}")
@@ -167,16 +230,60 @@ class ContainerSettings:
     env: dict[str, str]
     device_requests: list[dict[str, Any]]
     devices: list[str]
-    data_mounts: list[str]
-    extra_mounts: list[str]
+    data_mounts: list[Mount]  # for case rounds only
+    extra_mounts: list[Mount]  # from docker.extra_options: every container, the probe's too
     ipc_mode: str | None
     group_add: list[str]
     ulimits: dict[str, int]
+    data_roots: tuple[str, ...] = ()
+    device_patterns: tuple[str, ...] = ()
+    vendor_devices: tuple[str, ...] = ()  # the first of ``devices``: from the vendor file (the rest: extra options)
+    vendor_file: str = "vendor.yaml"
+
+    def host_paths(self) -> list[str]:
+        """The host paths the container policy checks on the host: mount sources, data roots, devices."""
+        return sorted({*(m.source for m in (*self.data_mounts, *self.extra_mounts)), *self.data_roots,
+                       *(device_host_path(d) for d in self.devices)})
+
+    def resolved(self, facts: Mapping[str, PathFacts]) -> ContainerSettings:
+        """These settings with every mount source and device resolved on the host (``facts``: its answer for
+        host_paths()) and checked again by the container policy; PolicyError says which, why and its key."""
+        def keyed(key: str, check: Callable[[], Any], source: str | None = None) -> Any:
+            try:
+                return check()
+            except PolicyError as exc:
+                raise PolicyError(str(exc), key, source) from None
+
+        data = [keyed(f"docker.data_mounts.{i}", lambda m=m: resolved_mount(m, facts, self.data_roots, "data mount"))
+                for i, m in enumerate(self.data_mounts)]
+        extra = [keyed("docker.extra_options", lambda m=m: resolved_mount(m, facts, self.data_roots, "-v host path"))
+                 for m in self.extra_mounts]
+        devices = [keyed("docker.extra_options", lambda d=d: resolved_device(d, facts, self.device_patterns,
+                                                                            "--device"))
+                   if i >= len(self.vendor_devices) else
+                   keyed(f"container.devices.{i}", lambda d=d: resolved_device(d, facts, self.device_patterns,
+                                                                            "device"), self.vendor_file)
+                   for i, d in enumerate(self.devices)]
+        return replace(self, data_mounts=data, extra_mounts=extra, devices=devices)
 
 
 def container_settings(vendor: Vendor, spec: HostSpec, image: str) -> ContainerSettings:
+    """The container a host's rounds run in, as the inventory and the vendor file ask, checked by the container
+    policy as written (ConfigError naming the file and key); ``resolved`` checks it again on the host."""
     options = vendor.manifest.container
-    extras = parse_container_options(spec.docker.extra_options or "")
+    roots = spec.docker.allowed_roots()
+    patterns = tuple(options.device_patterns)
+    source, prefix = spec_origin(spec)
+    try:
+        extras = parse_container_options(spec.docker.extra_options or "", roots, patterns)
+    except PolicyError as exc:
+        raise ConfigError(source, f"{prefix}docker.extra_options", str(exc)) from None
+    data_mounts = []
+    for i, entry in enumerate(spec.docker.data_mounts):
+        try:
+            data_mounts.append(parse_data_mount(entry, roots))
+        except PolicyError as exc:
+            raise ConfigError(source, f"{prefix}docker.data_mounts.{i}", str(exc)) from None
     env = spec.runtime_env()
     env.update(resolve_values(extras.env, spec.name, "docker.extra_options"))
     visible_env = spec.visible_devices_env or options.visible_devices_env
@@ -196,9 +303,10 @@ def container_settings(vendor: Vendor, spec: HostSpec, image: str) -> ContainerS
     return ContainerSettings(
         image=image, python=options.python, shm_size=spec.shm_size or options.shm_size,
         privileged=options.privileged, env=env, device_requests=requests,
-        devices=[*options.devices, *extras.devices], data_mounts=list(spec.docker.data_mounts),
+        devices=[*options.devices, *extras.devices], data_mounts=data_mounts,
         extra_mounts=extras.mounts, ipc_mode=extras.ipc or options.ipc, group_add=extras.group_add,
-        ulimits=dict(options.ulimits))
+        ulimits=dict(options.ulimits), data_roots=roots, device_patterns=patterns,
+        vendor_devices=tuple(options.devices), vendor_file=display_path(vendor.folder / "vendor.yaml"))
 
 
 def exit_code_of(status: int) -> int:
@@ -237,22 +345,23 @@ class DockerRuntime(Runtime):
              ) -> tuple[CommandResult, list[str]]:
         """One container: created, started, waited for (killed at the timeout), its log read, always removed."""
         docker = require_docker()
-        from docker.types import DeviceRequest, Mount, Ulimit
+        from docker.types import DeviceRequest, Ulimit
+        from docker.types import Mount as DockerMount
 
         s = self.settings
         started = time.monotonic()
         client = self.client_factory()
-        mounts = [Mount(str(host.project_root), str(host.project_root), type="bind", read_only=True)]
+        mounts = [DockerMount(str(host.project_root), str(host.project_root), type="bind", read_only=True)]
         if scratch:
-            mounts.append(Mount(str(self.scratch_root), str(self.scratch_root), type="bind", read_only=False))
+            mounts.append(DockerMount(str(self.scratch_root), str(self.scratch_root), type="bind", read_only=False))
             # Vendor adaptations' installs and builds, kept across rounds and runs on this host (one per content).
             cache = self.scratch_root.parent / ADAPTATION_CACHE
             if not host.exists(cache):
                 host.write_text(cache / ".keep", "")
-            mounts.append(Mount(str(cache), str(cache), type="bind", read_only=False))
+            mounts.append(DockerMount(str(cache), str(cache), type="bind", read_only=False))
         if data:
-            mounts += [Mount(p, p, type="bind", read_only=True) for p in s.data_mounts]
-        volumes = list(s.extra_mounts)
+            mounts += [DockerMount(m.target, m.source, type="bind", read_only=m.read_only) for m in s.data_mounts]
+        volumes = [m.volume() for m in s.extra_mounts]  # -v form: keeps options such as z or rshared
         env = {**s.env, "PYTHONPATH": str(host.project_root), "PYTHONUNBUFFERED": "1",
                "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "HOME": "/tmp"}
         lines: list[str] = []

@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from flagperf.config.vendors import Vendor
-from flagperf.hosts.docker import DockerRuntime, container_settings, engine_client
-from flagperf.hosts.inventory import HostSpec
-from flagperf.hosts.local import Host, LocalHost
+from flagperf.errors import ConfigError
+from flagperf.hosts.container_policy import PathFacts, PolicyError
+from flagperf.hosts.docker import ContainerSettings, DockerRuntime, container_settings, engine_client
+from flagperf.hosts.inventory import HostSpec, spec_origin
+from flagperf.hosts.local import Host, LocalHost, describe_paths
 from flagperf.hosts.runtime import ProcessRuntime, Runtime
 from flagperf.hosts.ssh import SshHost
 
@@ -57,6 +59,25 @@ def host_user(host: Host) -> str:
 def runtime_for(host: Host, spec: HostSpec, vendor: Vendor, image: dict[str, Any], run_id: str) -> Runtime:
     if spec.runtime == "process":
         return ProcessRuntime()
-    settings = container_settings(vendor, spec, image["tag"])
+    settings = checked_on_host(container_settings(vendor, spec, image["tag"]), host, spec)
     return DockerRuntime(settings, client_factory=partial(engine_client, host, spec), user=host_user(host),
                          scratch_root=host.work_root / run_id)
+
+
+def checked_on_host(settings: ContainerSettings, host: Host, spec: HostSpec) -> ContainerSettings:
+    """The container policy's second look: mounts and devices with their symlinks resolved where the engine
+    mounts them (the host's own engine: on the host; the controller's engine: here). ConfigError names the
+    inventory file and key."""
+    paths = settings.host_paths()
+    if not paths:
+        return settings
+    where = describe_paths(paths) if spec.docker.engine == "local" else host.describe_paths(paths)
+    facts = {path: PathFacts(path=found["path"], kind=found["kind"]) for path, found in where.items()}
+    try:
+        return settings.resolved(facts)
+    except PolicyError as exc:
+        source, prefix = spec_origin(spec)
+        if exc.source is not None:
+            source, prefix = exc.source, ""
+        raise ConfigError(source, f"{prefix}{exc.key}" if exc.key else prefix.rstrip(".") or None,
+                          f"on host {spec.name}: {exc}") from None

@@ -24,12 +24,20 @@ from pydantic import Field, ValidationError, ValidationInfo, field_serializer, f
 
 from flagperf.config.cases import available_cases, load_case
 from flagperf.config.models import StrictModel, check_name, pydantic_error_to_config_error
-from flagperf.config.vendors import available_vendors
+from flagperf.config.vendors import Vendor, available_vendors, load_vendor
 from flagperf.config.yamlio import load_yaml_mapping
 from flagperf.errors import ConfigError
+from flagperf.hosts.container_policy import (
+    ENV_NAME,
+    PolicyError,
+    allowed_roots,
+    check_data_roots,
+    check_device,
+    parse_container_options,
+    parse_data_mount,
+)
 from flagperf.paths import display_path
 
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")  # ${NAME}: a value taken from the environment
 MASK = "<masked>"  # what a literal value looks like wherever a spec is written down
 # Host names reach ssh/paramiko and docker labels: labels of letters, digits, '-' and '_' (an ~/.ssh/config
@@ -51,8 +59,11 @@ class DockerSpec(StrictModel):
                                   "hosts, local for the local host")
     base_url: str | None = Field(default=None, description="engine URL for engine: local (unix:///..., tcp://...)")
     build_args: dict[str, str] = Field(default_factory=dict, description="e.g. BASE_IMAGE for a local base image")
-    data_mounts: list[str] = Field(default_factory=list, description="host folders mounted read-only at the "
-                                                                     "same path (datasets, weights)")
+    # Declared before the mounts: their checks read it (container_policy.py has the rules).
+    data_roots: list[str] = Field(default_factory=list, description="folders besides the built-in data roots "
+                                  "(/data, /datasets, /mnt, /raid, ...) that mounts may come from")
+    data_mounts: list[str] = Field(default_factory=list, description="host folders under a data root mounted at the "
+                                   "same path, read-only; PATH:rw for a folder the case writes to")
     extra_options: str | None = Field(default=None, description="FlagPerf's ACCE_CONTAINER_OPT, e.g. ' --gpus all'")
 
     @field_validator("build_args")
@@ -63,11 +74,17 @@ class DockerSpec(StrictModel):
                 raise ValueError(f"build arg name {name!r} is not a valid name")
         return value
 
+    @field_validator("data_roots")
+    @classmethod
+    def _roots(cls, value: list[str]) -> list[str]:
+        check_data_roots(value)
+        return value
+
     @field_validator("extra_options")
     @classmethod
-    def _options(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_container_options(value)  # refused options are refused where they are written
+    def _options(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None:  # refused options are refused where they are written (devices: for any vendor)
+            parse_container_options(value, roots=_roots_of(info), device_patterns=any_vendors_device_patterns())
         return value
 
     @field_serializer("build_args", when_used="json")
@@ -83,12 +100,30 @@ class DockerSpec(StrictModel):
 
     @field_validator("data_mounts")
     @classmethod
-    def _absolute(cls, value: list[str]) -> list[str]:
-        for path in value:
-            if not path.startswith("/") or ":" in path:
-                raise ValueError(f"data mount {path!r} must be an absolute path without ':'")
-            check_volume(f"{path}:{path}:ro")
+    def _mounts(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        for entry in value:
+            parse_data_mount(entry, _roots_of(info))
         return value
+
+    def allowed_roots(self) -> tuple[str, ...]:
+        return allowed_roots(self.data_roots)
+
+
+def any_vendors_device_patterns() -> list[str]:
+    """The device patterns some vendor folder declares: an inventory read before its vendor is known may name
+    only devices that one of them allows (the run checks them again against its own vendor's)."""
+    patterns: list[str] = []
+    for name in available_vendors():
+        try:
+            patterns += load_vendor(name).manifest.container.device_patterns
+        except ConfigError:
+            continue  # a broken vendor folder is reported when it is used, not against this inventory
+    return sorted(set(patterns))
+
+
+def _roots_of(info: ValidationInfo) -> tuple[str, ...]:
+    """The data roots a DockerSpec being validated allows (none of its own when its data_roots was refused)."""
+    return allowed_roots(info.data.get("data_roots") or ())
 
 
 class AgentSpec(StrictModel):
@@ -265,11 +300,17 @@ class Inventory:
     case_overrides: dict[str, Any] = field(default_factory=dict)
 
     def resolve_vendor(self, vendor: str | None) -> str:
-        """The run's vendor: as asked, else the inventory's (FlagPerf's VENDOR), else cpu; never two."""
+        """The run's vendor: as asked, else the inventory's (FlagPerf's VENDOR), else cpu; never two. The hosts'
+        container options are checked against that vendor's device patterns here, before anything runs."""
         if vendor and self.vendor and vendor != self.vendor:
             raise ConfigError(self.source, "VENDOR" if self.cases else "vendor",
                               f"the inventory is for vendor {self.vendor!r}, the run asks for {vendor!r}")
-        return vendor or self.vendor or "cpu"
+        name = vendor or self.vendor or "cpu"
+        if any(spec.runtime == "docker" or spec.docker.extra_options for spec in self.hosts):
+            resolved = load_vendor(name)
+            for spec in self.hosts:
+                check_container_policy(spec, resolved)
+        return name
 
     def host(self, name: str) -> HostSpec:
         for spec in self.hosts:
@@ -312,6 +353,29 @@ def resolve_values(values: dict[str, str], host: str, key: str) -> dict[str, str
 # The specs loaded in this process, by their masked form: a subflow given a masked spec as its parameter
 # gets the real one back (a worker on another machine does not: literal values never leave the controller).
 _LOADED: dict[str, HostSpec] = {}
+# Where each of those specs was written: (inventory file, key prefix), for errors found later (on the host).
+_ORIGINS: dict[str, tuple[str, str]] = {}
+
+
+def spec_origin(spec: HostSpec) -> tuple[str, str]:
+    """(the inventory file, "hosts.<i>.") a spec was loaded from; (host <name>, "") when not in this process."""
+    return _ORIGINS.get(spec.model_dump_json(), (f"host {spec.name}", ""))
+
+
+def check_container_policy(spec: HostSpec, vendor: Vendor) -> None:
+    """A host's container options against the run vendor's device patterns (--device in docker.extra_options,
+    the vendor's own devices): ConfigError naming the file and key, before anything runs."""
+    patterns = list(vendor.manifest.container.device_patterns)
+    source, prefix = spec_origin(spec)
+    try:
+        parse_container_options(spec.docker.extra_options or "", spec.docker.allowed_roots(), patterns)
+    except PolicyError as exc:
+        raise ConfigError(source, f"{prefix}docker.extra_options", str(exc)) from None
+    for i, device in enumerate(vendor.manifest.container.devices if spec.runtime == "docker" else []):
+        try:
+            check_device(device, patterns)
+        except PolicyError as exc:
+            raise ConfigError(display_path(vendor.folder / "vendor.yaml"), f"container.devices.{i}", str(exc)) from None
 
 
 def split_address(value: str) -> tuple[str, int | None]:
@@ -415,6 +479,7 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
                 except ConfigError as exc:
                     raise ConfigError(source, f"hosts.{i}.{exc.key}", exc.message) from None
         _LOADED[spec.model_dump_json()] = spec
+        _ORIGINS[spec.model_dump_json()] = (source, f"hosts.{i}.")
     return Inventory(hosts=hosts, source=source, vendor=parsed.vendor, master_port=parsed.master_port)
 
 
@@ -492,8 +557,9 @@ def host_yaml_inventory(data: dict[str, Any], source: str, base: Path) -> Invent
     docker: dict[str, Any] = {}
     if data.get("ACCE_CONTAINER_OPT"):
         docker["extra_options"] = str(data["ACCE_CONTAINER_OPT"])
+        patterns = list(load_vendor(vendor).manifest.container.device_patterns)
         try:
-            parse_container_options(docker["extra_options"])
+            parse_container_options(docker["extra_options"], allowed_roots(), patterns)
         except ValueError as exc:
             raise ConfigError(source, "ACCE_CONTAINER_OPT", str(exc)) from None
     cases: list[str] = []
@@ -515,6 +581,10 @@ def host_yaml_inventory(data: dict[str, Any], source: str, base: Path) -> Invent
         if value.startswith("/"):  # inference style: "<case>:<framework>": data dir, as FlagPerf's inference/
             framework = suffix.split("_")[0] or "pytorch"
             name = inference_case(name, known, source, f"CASES.{key}")
+            try:
+                parse_data_mount(value, allowed_roots())
+            except PolicyError as exc:
+                raise ConfigError(source, f"CASES.{key}", str(exc)) from None
             docker.setdefault("data_mounts", []).append(value)
             if "data_dir" in load_case(name, known).config_model.model_fields:
                 case_overrides[f"{name}.data_dir"] = value  # where FlagPerf's run_inference.py gets --data_dir
@@ -561,115 +631,3 @@ def host_yaml_inventory(data: dict[str, Any], source: str, base: Path) -> Invent
     return Inventory(hosts=inventory.hosts, source=source, vendor=vendor, master_port=inventory.master_port,
                      cases=cases, frameworks=frameworks, notes=notes, results_dir=str(log_path) if log_path else None,
                      case_overrides=case_overrides)
-
-
-# ------------------------------------------------------------------------------------ container options
-
-@dataclass
-class ContainerExtras:
-    """docker run options from FlagPerf's ACCE_CONTAINER_OPT, parsed (never passed to a shell)."""
-
-    gpus: str | None = None
-    devices: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    mounts: list[str] = field(default_factory=list)
-    ipc: str | None = None
-    group_add: list[str] = field(default_factory=list)
-
-
-def parse_container_options(text: str) -> ContainerExtras:
-    """The docker-run options FlagPerf's vendors use in ACCE_CONTAINER_OPT; anything else is refused by name."""
-    extras = ContainerExtras()
-    tokens = shlex.split(text)
-    i = 0
-    while i < len(tokens):
-        token = tokens[i]
-        option, eq, inline = token.partition("=")
-        takes_value = option in ("--gpus", "--device", "-e", "--env", "-v", "--volume", "--ipc", "--group-add")
-        if option == "--privileged":
-            raise ValueError("--privileged is refused here: a vendor file declares a privileged container, with "
-                             "privileged_reason saying why")
-        if not takes_value:
-            raise ValueError(f"unsupported docker option {token!r} (supported: --gpus, --device, -e/--env, "
-                             "-v/--volume, --ipc, --group-add)")
-        if eq:
-            value = inline
-            i += 1
-        else:
-            if i + 1 >= len(tokens):
-                raise ValueError(f"{option} needs a value")
-            value = tokens[i + 1]
-            i += 2
-        if option == "--gpus":
-            if not GPUS.fullmatch(value.strip('"')):
-                raise ValueError(f"--gpus {value!r}: expected all, a count or device=<ids>")
-            extras.gpus = value
-        elif option == "--device":
-            extras.devices.append(check_device(value))
-        elif option in ("-e", "--env"):
-            name, sep, val = value.partition("=")
-            if not sep or not ENV_NAME.match(name):
-                raise ValueError(f"{option} {name!r} must be NAME=VALUE")
-            extras.env[name] = val
-        elif option in ("-v", "--volume"):
-            extras.mounts.append(check_volume(value))
-        elif option == "--ipc":
-            if value not in ("host", "private", "shareable", "none"):
-                raise ValueError(f"--ipc {value!r}: expected host, private, shareable or none")
-            extras.ipc = value
-        else:
-            if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}", value):
-                raise ValueError(f"--group-add {value!r}: expected a group name or number")
-            extras.group_add.append(value)
-    return extras
-
-
-GPUS = re.compile(r"all|\d{1,3}|device=[A-Za-z0-9-]+(,[A-Za-z0-9-]+)*")
-# Host paths a container must never get: the container engine's own socket (full control of the host),
-# the host's root, system and kernel folders.
-FORBIDDEN_SOURCES = ("/", "/etc", "/root", "/boot", "/proc", "/sys", "/dev", "/run", "/var/run", "/var/lib/docker",
-                     "/var/lib/containerd", "/usr", "/bin", "/sbin", "/lib", "/home")
-FORBIDDEN_UNDER = ("/proc", "/sys", "/run", "/var/run", "/var/lib/docker", "/var/lib/containerd", "/etc", "/boot")
-VOLUME_OPTIONS = {"ro", "rw", "z", "Z", "shared", "slave", "private", "rshared", "rslave", "rprivate", "nocopy",
-                  "consistent", "cached", "delegated"}
-# Devices that give the container the host's memory or raw disks.
-FORBIDDEN_DEVICES = re.compile(r"/dev/(mem|kmem|port|sd[a-z].*|hd[a-z].*|vd[a-z].*|xvd[a-z].*|nvme\d+n\d+.*|"
-                               r"disk/.*|mapper/.*|dm-\d+|loop.*|md\d+)")
-
-
-def _clean_path(path: str, what: str) -> str:
-    if not path.startswith("/") or any(part == ".." for part in path.split("/")):
-        raise ValueError(f"{what} {path!r} must be an absolute path without '..'")
-    return "/" + "/".join(part for part in path.split("/") if part not in ("", "."))
-
-
-def check_volume(value: str) -> str:
-    """-v SRC:DST[:OPTS] (and data mounts): SRC a host folder, not the engine's socket or a system folder."""
-    parts = value.split(":")
-    if len(parts) not in (2, 3):
-        raise ValueError(f"-v {value!r}: expected HOST_PATH:CONTAINER_PATH[:ro]")
-    source = _clean_path(parts[0], "-v host path")
-    _clean_path(parts[1], "-v container path")
-    if len(parts) == 3 and not set(parts[2].split(",")) <= VOLUME_OPTIONS:
-        raise ValueError(f"-v {value!r}: unknown mount option {parts[2]!r}")
-    if (source in FORBIDDEN_SOURCES or source.endswith(".sock") or "docker.sock" in source
-            or any(source.startswith(f"{folder}/") for folder in FORBIDDEN_UNDER)):
-        raise ValueError(f"-v {parts[0]!r} is refused: a container must not get the host's system folders or its "
-                         "container engine's socket")
-    return value
-
-
-def check_device(value: str) -> str:
-    """--device HOST[:CONTAINER[:PERMS]], HOST a device under /dev that is not memory or a raw disk."""
-    parts = value.split(":")
-    if len(parts) > 3:
-        raise ValueError(f"--device {value!r}: expected HOST_DEVICE[:CONTAINER_DEVICE[:rwm]]")
-    device = _clean_path(parts[0], "--device")
-    if not device.startswith("/dev/") or FORBIDDEN_DEVICES.fullmatch(device):
-        raise ValueError(f"--device {parts[0]!r} is refused: an accelerator device under /dev is expected, not "
-                         "memory or a disk")
-    if len(parts) > 1 and parts[1]:
-        _clean_path(parts[1], "--device container path")
-    if len(parts) == 3 and not re.fullmatch(r"[rwm]{1,3}", parts[2]):
-        raise ValueError(f"--device {value!r}: permissions are some of r, w, m")
-    return value

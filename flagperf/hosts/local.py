@@ -3,6 +3,7 @@ through this interface, so the SSH host later is a second implementation, not a 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -101,6 +102,15 @@ class Host(ABC):
     def clock(self) -> float:
         """The host's wall clock (time.time()), read by the cheapest round trip the host allows."""
         return time.time()
+
+    def describe_paths(self, paths: list[str]) -> dict[str, dict[str, str]]:
+        """Each path as this host sees it (``describe_paths`` below), through the host agent by default."""
+        lines: list[str] = []
+        argv = [self.python, "-m", "flagperf.hosts.agent", "describe-paths", "--", *paths]
+        result = self.run(argv, timeout=120, log_path=self.work_root / "commands.log", on_line=lines.append)
+        if result.exit_code != 0 or not lines:
+            raise OSError(f"host {self.name}: cannot look at {', '.join(paths)} (agent exited {result.exit_code})")
+        return dict(json.loads(lines[-1])["paths"])
 
     def environment(self) -> dict[str, str]:
         env = {**allowed_environment(os.environ), **getattr(self, "extra_env", {})}
@@ -218,6 +228,9 @@ class LocalHost(Host):
     def controller_pid(self) -> int:
         return os.getpid()
 
+    def describe_paths(self, paths: list[str]) -> dict[str, dict[str, str]]:
+        return describe_paths(paths)
+
     def disk_free(self, path: Path) -> int:
         probe = path
         while not probe.exists() and probe != probe.parent:
@@ -242,6 +255,25 @@ def allowed_environment(environ: Mapping[str, str]) -> dict[str, str]:
     return {name: value for name, value in environ.items()
             if (name in ALLOWED_NAMES or name.startswith(ALLOWED_PREFIXES) or name.endswith("_VISIBLE_DEVICES"))
             and not SECRET_WORDS.search(name) and not URL_WITH_PASSWORD.search(value)}
+
+
+def describe_paths(paths: list[str]) -> dict[str, dict[str, str]]:
+    """Each path with every symlink resolved, and what it then is: folder, file, char-device, socket, other,
+    missing or inaccessible (the container policy checks what a mount or device really is on its host)."""
+    described: dict[str, dict[str, str]] = {}
+    for path in paths:
+        real = os.path.realpath(path)
+        try:
+            mode = os.stat(real).st_mode
+        except FileNotFoundError:
+            kind = "missing"
+        except OSError:
+            kind = "inaccessible"
+        else:
+            kind = ("folder" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else
+                    "char-device" if stat.S_ISCHR(mode) else "socket" if stat.S_ISSOCK(mode) else "other")
+        described[path] = {"path": real, "kind": kind}
+    return described
 
 
 def default_work_root() -> Path:

@@ -27,6 +27,10 @@ logger = logging.getLogger("flagperf.hosts.ssh")
 # A case's own timeout is enforced on the host by the agent; the connection gets this much more before the
 # controller gives up on it (and closing the channel makes the agent kill the case).
 CHANNEL_SLACK_S = 60.0
+# What the controller holds of a command's output at most: a line handed on (longer lines go in pieces), and
+# the tail of stderr (where the agent's status line is).
+MAX_LINE_BYTES = 1 << 20
+STDERR_TAIL = 1 << 16
 DEFAULT_PYTHON = "python3"
 
 
@@ -159,15 +163,27 @@ class SshHost(Host):
     def agent(self, *args: str) -> list[str]:
         return [self.python, "-m", "flagperf.hosts.agent", *args]
 
+    def inventory_env_option(self) -> list[str]:
+        """The agent option naming the inventory's variables (names only: their values travel in the command's
+        environment), so that they reach the case as on a local host instead of being filtered out there."""
+        names = sorted(self.spec.env)
+        return ["--inventory-env", ",".join(names)] if names else []
+
     def execute(self, argv: list[str], timeout: float | None = None, on_stdout: LineSink | None = None,
                 keep_stdin_open: bool = False) -> tuple[int | None, str, str]:
-        """Run argv on the host; returns (exit status or None on timeout, stdout, stderr)."""
+        """Run argv on the host; returns (exit status or None on timeout, stdout, stderr). With ``on_stdout``
+        the output is handed on line by line as it arrives and not kept (a round's output may be any size:
+        the host agent writes it to the round's log file there); stderr keeps its last STDERR_TAIL bytes."""
         limit = timeout if timeout is not None else self.spec.command_timeout_s
         channel = self.client().get_transport().open_session(timeout=self.spec.connect_timeout_s)  # type: ignore[union-attr]
         channel.settimeout(1.0)
-        stdout: list[bytes] = []
-        stderr: list[bytes] = []
-        pending = b""
+        stdout = bytearray()
+        stderr = bytearray()
+        pending = bytearray()
+
+        def text(data: bytearray) -> str:
+            return data.decode("utf-8", "replace")
+
         try:
             channel.exec_command(self.command_line(argv))
             if not keep_stdin_open:
@@ -176,26 +192,30 @@ class SshHost(Host):
             while True:
                 if channel.recv_ready():
                     chunk = channel.recv(65536)
-                    stdout.append(chunk)
-                    if on_stdout is not None:
-                        pending += chunk
-                        *lines, pending = pending.split(b"\n")
-                        for line in lines:
-                            on_stdout(line.decode("utf-8", "replace"))
+                    if on_stdout is None:
+                        stdout += chunk
+                        continue
+                    pending += chunk
+                    *lines, rest = pending.split(b"\n")
+                    pending = bytearray(rest)
+                    for line in lines:
+                        on_stdout(line.decode("utf-8", "replace"))
+                    while len(pending) > MAX_LINE_BYTES:  # a line without end: handed on in pieces
+                        on_stdout(pending[:MAX_LINE_BYTES].decode("utf-8", "replace"))
+                        del pending[:MAX_LINE_BYTES]
                     continue
                 if channel.recv_stderr_ready():
-                    stderr.append(channel.recv_stderr(65536))
+                    stderr += channel.recv_stderr(65536)
+                    del stderr[:-STDERR_TAIL]  # the agent's status is its last line
                     continue
                 if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
                     break
                 if time.monotonic() > deadline:
-                    return None, b"".join(stdout).decode("utf-8", "replace"), b"".join(stderr).decode(
-                        "utf-8", "replace")
+                    return None, text(stdout), text(stderr)
                 time.sleep(0.02)
             if on_stdout is not None and pending:
                 on_stdout(pending.decode("utf-8", "replace"))
-            return (channel.recv_exit_status(), b"".join(stdout).decode("utf-8", "replace"),
-                    b"".join(stderr).decode("utf-8", "replace"))
+            return channel.recv_exit_status(), text(stdout), text(stderr)
         finally:
             channel.close()  # the agent sees stdin close and stops whatever it still runs
 
@@ -212,7 +232,7 @@ class SshHost(Host):
         start = time.monotonic()
         logger.info("starting on %s: %s (timeout %.0f s)", self.name, shlex.join(argv), timeout)
         log = log_path or self.work_root / "commands.log"
-        args = ["run", "--timeout", str(timeout), "--log", str(log)]
+        args = ["run", "--timeout", str(timeout), "--log", str(log), *self.inventory_env_option()]
         if pid_file is not None:
             args += ["--pid-file", str(pid_file)]
         try:
@@ -233,7 +253,7 @@ class SshHost(Host):
         return CommandResult(argv, status["exit_code"], bool(status["timed_out"]), seconds)
 
     def spawn(self, argv: list[str], *, log_path: Path) -> BackgroundProcess:
-        answer = self._agent_json("spawn", "--log", str(log_path), "--", *argv)
+        answer = self._agent_json("spawn", "--log", str(log_path), *self.inventory_env_option(), "--", *argv)
         return BackgroundProcess(argv=argv, pid=int(answer["pid"]))
 
     def terminate(self, proc: BackgroundProcess, grace_s: float = 10.0) -> int | None:
@@ -270,6 +290,9 @@ class SshHost(Host):
 
     def info(self) -> dict[str, Any]:
         return self._agent_json("info")
+
+    def describe_paths(self, paths: list[str]) -> dict[str, dict[str, str]]:
+        return dict(self._agent_json("describe-paths", "--", *paths)["paths"])
 
     def clock(self) -> float:
         return float(self.info()["time"])

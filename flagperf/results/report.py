@@ -9,9 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import markdown
-
 from flagperf.results.analysis import read_monitors
+from flagperf.results.markup import markdown_to_html
 from flagperf.results.operators import plot_speedups
 from flagperf.results.plotting import NOT_DRAWN, pyplot
 from flagperf.results.schema import atomic_path, read_result, write_text_atomic
@@ -180,9 +179,8 @@ def build_report(run_dir: Path, section: Callable[[Path, RunSummary], str] | Non
     extra = section(run_dir, summary) if section is not None else ""
     if extra:
         write_text_atomic(paths["markdown"], paths["markdown"].read_text(encoding="utf-8") + "\n" + extra)
-    # The report is text: a '<' in a failure message is shown, never interpreted as HTML.
-    text = html.escape((run_dir / REPORT_MD).read_text(encoding="utf-8"), quote=False)
-    body = markdown.markdown(text, extensions=["tables"])
+    # The report is text: a '<' or a link in a failure message is shown, never interpreted (markup.py).
+    body = markdown_to_html((run_dir / REPORT_MD).read_text(encoding="utf-8"))
     html_path = run_dir / REPORT_HTML
     write_text_atomic(html_path, HTML_PAGE.format(title=html.escape(f"FlagPerf {summary.run_id}"), body=body))
     paths["html"] = html_path

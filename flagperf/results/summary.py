@@ -26,6 +26,7 @@ from flagperf.results.analysis import (
 )
 from flagperf.results.chipstate import CHIP_COLUMNS, headline_state, render_chip_section, window_columns
 from flagperf.results.faults import BOUNDED_NOTE, find_faults
+from flagperf.results.markup import md_text
 from flagperf.results.metrics import coefficient_of_variation
 from flagperf.results.operators import operation_markdown
 from flagperf.results.schema import (
@@ -394,7 +395,7 @@ def headline_cells(entry: dict[str, Any]) -> list[str]:
     ratio = fmt_pct(entry["ratio"]) + (" (above peak!)" if entry["above_peak"] else "")
     peak = f"{fmt(entry['peak'])} {entry['peak_unit']}" if entry["peak"] is not None else "unknown"
     measured = ("≥ " if entry.get("lower_bound") else "") + fmt(entry["value"])  # a bound by design, said
-    return [entry["case"], entry["metric"], measured, entry["unit"], fmt(entry["p50"]), spread, peak,
+    return [entry["case"], md_text(entry["metric"]), measured, md_text(entry["unit"]), fmt(entry["p50"]), spread, peak,
             ratio, mfu_cell(entry.get("mfu")), str(entry["rounds"])]
 
 
@@ -408,7 +409,8 @@ def mfu_cell(mfu: float | None) -> str:
 
 def render_warnings(summary: RunSummary) -> list[str]:
     """Figures a reader should not take plainly (the case said why: headline far from the median, MFU)."""
-    lines = [f"- {e['case']} / {e['metric']}: {w}" for e in summary.headline for w in e.get("warnings", [])]
+    lines = [f"- {e['case']} / {md_text(e['metric'])}: {md_text(w)}" for e in summary.headline
+             for w in e.get("warnings", [])]
     return ["## Warnings", "", *lines, ""] if lines else []
 
 
@@ -467,7 +469,7 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | str | N
         lines += ["## Not measured", ""]
         lines += [f"- {e['case']} round {e['round']} on {e['host']}: **{e['status']}**"
                   f"{' (' + e['kind'] + ')' if e['kind'] and e['kind'] != e['status'] else ''}: "
-                  f"{e['message']}"
+                  f"{md_text(e['message'])}"
                   for e in summary.not_measured]
         lines.append("")
     if stopped and progress["stopped"]:
@@ -518,7 +520,7 @@ def render_devices(spread: list[dict[str, Any]]) -> list[str]:
 def render_faults(summary: RunSummary) -> list[str]:
     if not summary.faults:
         return []
-    return ["## Faults and bounds", "", *[f"- {fault}" for fault in summary.faults], ""]
+    return ["## Faults and bounds", "", *[f"- {md_text(fault)}" for fault in summary.faults], ""]
 
 
 def _best_search(group: pd.DataFrame) -> dict[str, Any] | None:

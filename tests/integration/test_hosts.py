@@ -3,11 +3,13 @@ with verified host keys, a real Docker engine with a locally built image, a real
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -116,14 +118,14 @@ def test_two_ssh_hosts_run_their_rounds_in_containers(flagperf_env: Path, tmp_pa
     import docker
 
     assert docker.from_env().containers.list(all=True, filters={"label": "org.flagperf.job"}) == []
-    # The tag is the content hash of the Dockerfile folder and build args; with nothing changed, asking for
-    # the image again builds nothing.
+    # The tag is the content hash of the Dockerfile folder and (keyed) its build args; with nothing changed,
+    # asking for the image again builds nothing.
     from flagperf.config.vendors import load_vendor
-    from flagperf.hosts.docker import context_digest, ensure_image, image_context, image_tag
+    from flagperf.hosts.docker import ensure_image, image_context, image_digest, image_tag
 
     context = image_context(load_vendor("cpu"), "pytorch")
     build_args = {"BASE_IMAGE": testbed.base_image}
-    tag = image_tag("cpu", "pytorch", context_digest(context, build_args))
+    tag = image_tag("cpu", "pytorch", image_digest(context, build_args))
     assert tag == image["tag"]
     build_lines: list[str] = []
     assert ensure_image(docker.from_env(), context, tag, build_args, build_lines.append) == "present"
@@ -220,6 +222,72 @@ def test_a_host_down_at_healthcheck_stops_the_run_naming_it(flagperf_env: Path, 
     names = {run.name for run in all_task_runs(state.state_details.flow_run_id)}
     assert not any(name.startswith(("run_case", "start_monitors", "build_image")) for name in names), names
     assert not (run_dir / "computation-FP32").exists()
+
+
+def test_an_ssh_hosts_case_gets_the_inventorys_env_and_no_file_gets_its_values(
+        flagperf_env: Path, tmp_path: Path, testbed: Testbed, deployed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process runtime on an SSH host: a literal value and a ${NAME} reference reach the case under names
+    outside the agent's allow-list (as on a local or Docker host), and neither value is written to a file."""
+    literal, referenced = f"literal-{uuid.uuid4().hex}", f"referenced-{uuid.uuid4().hex}"
+    monkeypatch.setenv("SSH_ENV_TEST_REFERENCE", referenced)
+    entry = host_entry(testbed, 0, deployed)
+    entry["env"].update({"MY_VAR": literal, "REF_VALUE": "${SSH_ENV_TEST_REFERENCE}"})
+    digests = ",".join(hashlib.sha256(value.encode()).hexdigest() for value in (literal, referenced))
+    state, run_dir = run_evaluate(
+        flagperf_env, cases=["env-check"], inventory=write_inventory(tmp_path, [entry]),
+        overrides=[f"env-check.expect_sha256={digests}", "env-check.expect_name=MY_VAR,REF_VALUE",
+                   "env-check.absent=SSH_ENV_TEST_REFERENCE"])
+    assert state.is_completed(), state.message
+    host = testbed.hosts[0].name
+    result = read_result(run_dir / "env-check" / "round1" / f"{host}_noderank0" / "result.json")
+    assert {m.name: m.value for m in result.metrics} == {"inventory_env_arrived": 1.0,
+                                                         "controller_secrets_leaked": 0.0}
+    files = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert any(p.name == "job.json" for p in files) and any(p.name == "case.log" for p in files)
+    for path in files:
+        data = path.read_bytes()
+        assert literal.encode() not in data and referenced.encode() not in data, path
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["hosts"][0]["env"]["MY_VAR"] == "<masked>"
+    assert plan["hosts"][0]["env"]["REF_VALUE"] == "${SSH_ENV_TEST_REFERENCE}"
+
+
+def test_a_rounds_output_is_streamed_over_ssh_not_held(tmp_path: Path, testbed: Testbed, deployed: Path) -> None:
+    """Tens of MB printed on an SSH host: every line reaches the controller's line sink and the round's log
+    file on the host, while what the controller's Python allocates stays a small part of that output (the
+    transport kept all of it before)."""
+    import tracemalloc
+
+    from flagperf.hosts.inventory import HostSpec
+    from flagperf.hosts.ssh import SshHost
+
+    entry = host_entry(testbed, 0, deployed)
+    host = SshHost(HostSpec.model_validate({**entry, "key_file": Path(entry["key_file"]),
+                                            "known_hosts": Path(entry["known_hosts"]), "project_root": deployed}))
+    lines, line_bytes = 300_000, 100  # 30 MB
+    program = f"import sys\nline = 'x' * {line_bytes - 1} + '\\n'\nfor _ in range({lines}): sys.stdout.write(line)\n"
+    log = host.work_root / f"stream-{uuid.uuid4().hex}" / "case.log"
+    received = [0, 0]
+
+    def sink(line: str) -> None:
+        received[0] += 1
+        received[1] += len(line) + 1
+
+    try:
+        host.client()  # connected before measuring: the connection's own buffers are not the output's
+        tracemalloc.start()
+        result = host.run([testbed.hosts[0].python, "-c", program], timeout=300, log_path=log, on_line=sink)
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert result.exit_code == 0 and not result.timed_out
+        assert received == [lines, lines * line_bytes]
+        code, out, _ = host.execute(["stat", "-c", "%s", str(log)])
+        assert code == 0 and int(out) == lines * line_bytes  # the round's log file on the host has all of it
+        assert peak < lines * line_bytes / 10, f"controller allocated {peak} bytes for {lines * line_bytes}"
+    finally:
+        tracemalloc.stop()
+        host.remove_tree(log.parent)
+        host.close()
 
 
 def test_an_unknown_host_key_is_refused(flagperf_env: Path, tmp_path: Path,

@@ -15,6 +15,7 @@ from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 from prefect_api import flow_run_tree, run_evaluate
 
 from flagperf.results.schema import read_result
+from tests.testbed.bed import Testbed, make_testbed_fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_server")]
 
@@ -63,3 +64,59 @@ def test_planted_secrets_are_used_but_never_written_down(flagperf_env: Path, tmp
     for text in stored + logs:
         for name, secret in secrets.items():
             assert secret not in text, f"{name} found in a stored parameter or log line"
+
+
+testbed = make_testbed_fixture(min_hosts=0)
+
+
+def test_a_weak_build_arg_secret_cannot_be_read_back_from_tags_records_or_logs(
+        flagperf_env: Path, tmp_path: Path, testbed: Testbed, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A guessable build-arg value: not in any file of the run, its tag or its logs, plainly or as the plain hash
+    a guess could be checked against offline; the tag still follows the build args, through this machine's key
+    (kept outside the project and the run)."""
+    from flagperf.config.vendors import load_vendor
+    from flagperf.hosts.docker import build_args_key_file, context_digest, image_context
+
+    # A key of the test's own (fixed: the image built with it is found again by the next test session).
+    key_file = tmp_path / "config" / "digest.key"
+    key_file.parent.mkdir()
+    key_file.write_bytes(hashlib.sha256(b"flagperf test digest key").digest())
+    monkeypatch.setenv("FLAGPERF_DIGEST_KEY_FILE", str(key_file))
+    weak = "hunter2"
+    build_args = {"BASE_IMAGE": testbed.base_image, "TOKEN": weak}
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump({"hosts": [{
+        "name": "localhost", "transport": "local", "runtime": "docker",
+        "docker": {"engine": "local", "build_args": build_args}}]}))
+    state, run_dir = run_evaluate(flagperf_env, cases=["computation-FP32"], inventory=str(inventory),
+                                  overrides=["min_duration_s=0.3", "warmup_iters=0", "min_iters=2"])
+    assert state.is_completed(), state.message
+
+    context = image_context(load_vendor("cpu"), "pytorch")
+    files_digest = context_digest(context)
+    # What the old tag was made of: a plain hash of the context and the args, checkable against guesses.
+    plain = hashlib.sha256()
+    plain.update(b"".join(p.relative_to(context).as_posix().encode() + b"\0" + p.read_bytes() + b"\0"
+                          for p in sorted(q for q in context.rglob("*") if q.is_file())))
+    for key, value in sorted(build_args.items()):
+        plain.update(f"ARG {key}={value}\0".encode())
+    guessable = {weak, plain.hexdigest()[:16], hashlib.sha256(weak.encode()).hexdigest()[:16]}
+
+    result = read_result(run_dir / "computation-FP32" / "round1" / "localhost_noderank0" / "result.json")
+    image = result.provenance.image
+    tag = image["tag"]
+    assert image["context_sha256"] == files_digest and image["build_args"] == {"BASE_IMAGE": "<masked>",
+                                                                                  "TOKEN": "<masked>"}
+    assert tag.startswith("flagperf/cpu-pytorch:") and tag.rsplit(":", 1)[1] != files_digest[:16]
+    files = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert any(p.name == "job.json" for p in files) and any(p.name == "result.json" for p in files)
+    with get_client(sync_client=True) as client:
+        tree = flow_run_tree(state.state_details.flow_run_id)
+        logs = [log.message for log in client.read_logs(
+            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=tree)))]
+    assert any(tag in line for line in logs)
+    for text, where in ([(p.read_bytes().decode("utf-8", "replace"), str(p)) for p in files]
+                        + [(line, "a log line") for line in logs] + [(tag, "the tag")]):
+        for secret in guessable:
+            assert secret not in text, f"{secret} in {where}"
+    assert not build_args_key_file().is_relative_to(run_dir)

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 from pathlib import Path
 
 import pytest
 
 from flagperf.config.vendors import load_vendor
 from flagperf.errors import ConfigError
-from flagperf.hosts.docker import container_settings, context_digest, exit_code_of, image_tag
-from flagperf.hosts.inventory import load_inventory, parse_container_options
+from flagperf.hosts.container_policy import parse_container_options
+from flagperf.hosts.docker import (
+    build_args_digest,
+    container_settings,
+    context_digest,
+    exit_code_of,
+    image_digest,
+    image_tag,
+)
+from flagperf.hosts.inventory import load_inventory
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -140,23 +150,38 @@ def test_bad_host_yaml(tmp_path: Path, body: str, key: str, message: str) -> Non
 
 
 def test_container_options_are_parsed_never_passed_to_a_shell() -> None:
-    extras = parse_container_options("--gpus=all --device /dev/davinci0 -e A=1 --env B='x y' -v /d:/d:ro "
+    extras = parse_container_options("--gpus=all --device /dev/davinci0 -e A=1 --env B='x y' -v /data/d:/d:ro "
                                      "--ipc host --group-add video")
     assert extras.gpus == "all" and extras.devices == ["/dev/davinci0"]
-    assert extras.env == {"A": "1", "B": "x y"} and extras.mounts == ["/d:/d:ro"]
+    assert extras.env == {"A": "1", "B": "x y"} and [m.volume() for m in extras.mounts] == ["/data/d:/d:ro"]
     assert extras.ipc == "host" and extras.group_add == ["video"]
     with pytest.raises(ValueError, match="needs a value"):
         parse_container_options("--device")
 
 
-def test_image_tag_follows_the_build_context_and_args(tmp_path: Path) -> None:
-    (tmp_path / "Dockerfile").write_text("FROM x\n")
-    first = context_digest(tmp_path)
-    assert context_digest(tmp_path) == first
-    assert context_digest(tmp_path, {"BASE_IMAGE": "y"}) != first
-    (tmp_path / "Dockerfile").write_text("FROM z\n")
-    assert context_digest(tmp_path) != first
+def test_image_tag_follows_the_build_context_and_args(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    key_file = tmp_path / "config" / "digest.key"
+    monkeypatch.setenv("FLAGPERF_DIGEST_KEY_FILE", str(key_file))
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "Dockerfile").write_text("FROM x\n")
+    first = image_digest(context)
+    assert first == context_digest(context) and image_digest(context) == first
+    with_arg = image_digest(context, {"BASE_IMAGE": "y"})
+    assert with_arg != first and image_digest(context, {"BASE_IMAGE": "y"}) == with_arg
+    assert image_digest(context, {"BASE_IMAGE": "z"}) != with_arg
+    (context / "Dockerfile").write_text("FROM z\n")
+    assert context_digest(context) != first
     assert image_tag("cpu", "pytorch", first) == f"flagperf/cpu-pytorch:{first[:16]}"
+    # The build args are hashed with this machine's key (made on first use, private), not plainly: a tag
+    # made from a weak secret cannot be matched against the plain hashes of guesses.
+    assert key_file.stat().st_mode & 0o777 == 0o600 and len(key_file.read_bytes()) == 32
+    weak = {"TOKEN": "hunter2"}
+    keyed = image_digest(context, weak)
+    plain = hashlib.sha256(f"{context_digest(context)}\0ARG TOKEN=hunter2\0".encode()).hexdigest()
+    assert keyed != plain and build_args_digest(weak) != hashlib.sha256(b"ARG TOKEN=hunter2\0").hexdigest()
+    key_file.write_bytes(os.urandom(32))  # another machine's key: another tag for the same args
+    assert image_digest(context, weak) != keyed
 
 
 def test_container_exit_status_reads_like_a_process_exit() -> None:
@@ -263,6 +288,13 @@ def test_flagperf_inference_files_load_unchanged_with_data_from_the_host_file(
                     ignore=shutil.ignore_patterns("vendor", "__pycache__"))
     (root / "inference" / "fpresnet" / "configurations.yaml").write_text(FLAGPERF_RESNET50_CONFIGURATIONS)
     monkeypatch.setenv("FLAGPERF_CASE_PATH", str(root))
+    from flagperf.hosts import container_policy
+
+    # The data folder is the test's own, in the shared temp dir: a data root for this test only (a host.yaml
+    # has no key for data roots).
+    monkeypatch.setattr(container_policy, "DATA_ROOTS", (*container_policy.DATA_ROOTS, str(tmp_path)))
+    monkeypatch.setattr(container_policy, "SYSTEM_FOLDERS",
+                        tuple(f for f in container_policy.SYSTEM_FOLDERS if f != "/tmp"))
     data = tmp_path / "imagenet" / "val"
     data.mkdir(parents=True)
     inv = load_inventory(write(tmp_path, "host.yaml", f"""

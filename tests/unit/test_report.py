@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -93,6 +94,41 @@ def test_report_html_shows_messages_as_text(tmp_path: Path) -> None:
     page = paths["html"].read_text()
     assert "<img src=x" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page and "&lt;class 'X'&gt;" in page
     assert summary.counts["rounds"] == 2
+
+
+HOSTILE_LINKS = ["[a](javascript:alert(1))", "[b](JaVaScRiPt:alert(2))", "[c]( java\tscript:alert(3) )",
+                 "[d](&#106;avascript:alert(4))", "[e](data:text/html;base64,PHNjcmlwdD4=)", "[f](vbscript:msgbox(6))",
+                 "![g](javascript:alert(7))", "[h][r]\n\n[r]: javascript:alert(8)", "[i](//evil.example/)",
+                 '<a href="javascript:alert(9)">j</a>']
+
+
+@pytest.mark.parametrize("link", HOSTILE_LINKS)
+def test_links_in_case_text_are_inert_in_the_report_and_its_artifact(tmp_path: Path, link: str) -> None:
+    """A failure message, a warning and a metric name are the case's text: whatever link syntax they hold is
+    shown as text in report.md (and so in the Prefect artifact made from it) and is no live link in
+    report.html."""
+    import markdown
+
+    from flagperf.results.markup import markdown_to_html, md_text
+    from flagperf.results.summary import render_markdown
+
+    run = make_run(tmp_path, "run-x", [0.5])
+    now = datetime.now(UTC)
+    bad = RoundResult(run_id="run-x", case="evil", family="base", round=1, host="h1", node_rank=0, vendor="cpu",
+                      status="failed", started_at=now, finished_at=now, duration_s=0.0, measured_seconds=0.0,
+                      config={}, failure={"kind": "user", "message": f"see {link} for details"})
+    write_result(run / "evil" / "round1" / "h1_noderank0" / "result.json", bad)
+    summary, paths = build_report(run)
+    page = paths["html"].read_text()
+    targets = re.findall(r'<(?:a|img)\b[^>]*?(?:href|src)="([^"]*)"', page)
+    assert targets and all(t.startswith("plots/") for t in targets), targets  # the report's own plots only
+    # The Markdown itself holds no link syntax from the case: any renderer (Prefect's UI too) shows text.
+    artifact = render_markdown(summary, monitor_table=False)
+    assert md_text(" ".join(link.splitlines())) in artifact
+    assert "<a " not in markdown.markdown(artifact.split("## Plots")[0], extensions=["tables"])
+    # The renderer keeps what a report needs: http(s) links and relative images.
+    assert markdown_to_html("[ok](https://example.org/x) ![p](plots/a.png)") == (
+        '<p><a href="https://example.org/x">ok</a> <img alt="p" src="plots/a.png" /></p>')
 
 
 def test_a_host_without_matplotlib_gets_its_report_without_plots(tmp_path: Path) -> None:

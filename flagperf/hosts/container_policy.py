@@ -1,0 +1,297 @@
+"""What a benchmark container may get from its host: an allow-list of what a benchmark needs, not a deny-list
+of what it must not have (docs/hosts-and-containers.md says the same for users).
+
+Mounts (an inventory's docker.data_mounts, -v in docker.extra_options or FlagPerf's ACCE_CONTAINER_OPT):
+  * an absolute host path without '..', under a data root: one of DATA_ROOTS, or one the inventory adds in
+    docker.data_roots. A data root is never the file system's root, a system folder (SYSTEM_FOLDERS) or a
+    folder under one, /home or a home folder itself; no part of a mount or a root is a credentials folder
+    (.ssh, .gnupg, ...). So /root/.ssh, /home/<user>/.ssh, /usr/bin, /var/lib/kubelet are not allowed.
+  * checked as written when the inventory is loaded, and again before a container starts with every symlink
+    resolved on the host whose engine mounts it (a link in /data to /etc is refused); the resolved path is
+    what is mounted, and it must be a folder or a regular file (never a socket or a device).
+  * read-only, unless the inventory writes ``rw`` for that mount (PATH:rw, -v SRC:DST:rw).
+Devices (--device, vendor.yaml container.devices): accelerator and RDMA device files by pattern
+(DEVICE_PATTERNS: NVIDIA, AMD, InfiniBand/RoCE), plus the patterns a vendor folder declares in vendor.yaml
+container.device_patterns; checked as written and again resolved on the host (a character device, or one
+of the device folders the patterns name).
+docker-run options: only those FlagPerf's vendors use (--gpus, --device, -e, -v, --ipc, --group-add);
+--privileged only from a vendor file that says why.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Where benchmark data, weights and results folders usually live on accelerator hosts.
+DATA_ROOTS = ("/data", "/datasets", "/dataset", "/models", "/mnt", "/raid", "/scratch", "/nfs", "/share")
+# Never a data root, nor any folder under them: the OS, its state and sockets, root's home, shared temp space.
+SYSTEM_FOLDERS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/root", "/run",
+                  "/sbin", "/snap", "/sys", "/tmp", "/usr", "/var")
+HOMES = "/home"  # /home/<user>/<folder> may be a data root; /home and /home/<user> may not
+# Folder (and file) names that hold credentials: no mount or data root has one in its path.
+CREDENTIAL_NAMES = frozenset({".ssh", ".gnupg", ".aws", ".azure", ".kube", ".docker", ".config", ".gcloud",
+                              ".netrc", ".pgpass", ".git-credentials", ".password-store", ".vault-token"})
+# Device files a benchmark needs, whatever the vendor: a segment's * never crosses a '/'.
+DEVICE_PATTERNS = (
+    "/dev/nvidia*", "/dev/nvidia-caps", "/dev/nvidia-caps/*",  # NVIDIA GPUs, nvidiactl, nvidia-uvm, MIG caps
+    "/dev/kfd", "/dev/dri", "/dev/dri/*",  # AMD ROCm (and DRM render nodes)
+    "/dev/infiniband", "/dev/infiniband/*",  # RDMA: InfiniBand / RoCE verbs
+)
+GPUS = re.compile(r"all|\d{1,3}|device=[A-Za-z0-9-]+(,[A-Za-z0-9-]+)*")
+VOLUME_OPTIONS = {"ro", "rw", "z", "Z", "shared", "slave", "private", "rshared", "rslave", "rprivate", "nocopy",
+                  "consistent", "cached", "delegated"}
+
+
+class PolicyError(ValueError):
+    """A mount, device or option the policy does not allow: the message is one line saying which and why;
+    ``key`` the setting it came from, where the raiser knows it (docker.data_mounts.0, ...), and ``source`` the
+    file when it is not the inventory (a vendor.yaml)."""
+
+    def __init__(self, message: str, key: str | None = None, source: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.source = source
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A bind mount as the container gets it."""
+
+    source: str
+    target: str
+    read_only: bool
+    options: tuple[str, ...] = ()  # docker volume options besides ro/rw (z, rshared, ...)
+
+    def volume(self) -> str:
+        """docker's -v form, with the access mode always explicit."""
+        return f"{self.source}:{self.target}:{','.join(('ro' if self.read_only else 'rw', *self.options))}"
+
+
+@dataclass
+class ContainerExtras:
+    """docker run options from FlagPerf's ACCE_CONTAINER_OPT, parsed (never passed to a shell)."""
+
+    gpus: str | None = None
+    devices: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    mounts: list[Mount] = field(default_factory=list)
+    ipc: str | None = None
+    group_add: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PathFacts:
+    """A host path as the host sees it: every symlink resolved, and what it is there."""
+
+    path: str
+    kind: str  # folder, file, char-device, socket, other, missing
+
+
+# ------------------------------------------------------------------------------------------------ paths
+
+def clean_path(path: str, what: str) -> str:
+    """An absolute path without '..', with '.' parts and repeated slashes dropped."""
+    if not path.startswith("/") or any(part == ".." for part in path.split("/")):
+        raise PolicyError(f"{what} {path!r} must be an absolute path without '..'")
+    return "/" + "/".join(part for part in path.split("/") if part not in ("", "."))
+
+
+def _under(path: str, folder: str) -> bool:
+    return folder == "/" or path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _credentials_in(path: str) -> str | None:
+    return next((part for part in path.split("/") if part in CREDENTIAL_NAMES), None)
+
+
+def data_root_problem(root: str) -> str | None:
+    """Why a folder cannot be a data root, or None."""
+    if root == "/":
+        return "the file system's root"
+    system = next((folder for folder in SYSTEM_FOLDERS if _under(root, folder)), None)
+    if system is not None:
+        return f"under the system folder {system}" if root != system else "a system folder"
+    if root == HOMES or (_under(root, HOMES) and root.count("/") == 2):
+        return "/home or a home folder itself (name a folder inside it)"
+    credentials = _credentials_in(root)
+    if credentials is not None:
+        return f"a credentials folder ({credentials})"
+    return None
+
+
+def check_data_roots(roots: Iterable[str]) -> list[str]:
+    """An inventory's docker.data_roots: each an absolute folder that may be a data root."""
+    checked = []
+    for root in roots:
+        path = clean_path(root, "data root")
+        problem = data_root_problem(path)
+        if problem:
+            raise PolicyError(f"data root {root!r} is refused: {problem}")
+        checked.append(path)
+    return checked
+
+
+def allowed_roots(extra: Iterable[str] = ()) -> tuple[str, ...]:
+    return (*DATA_ROOTS, *extra)
+
+
+def mount_source_problem(source: str, roots: Iterable[str]) -> str | None:
+    """Why a (clean) host path may not be mounted, or None."""
+    credentials = _credentials_in(source)
+    if credentials is not None:
+        return f"it is in a credentials folder ({credentials})"
+    if not any(_under(source, root) and data_root_problem(root) is None for root in roots):
+        return (f"it is outside the data roots ({', '.join(roots)}; an inventory adds one in "
+                "docker.data_roots)")
+    return None
+
+
+def check_mount_source(source: str, roots: Iterable[str], what: str) -> str:
+    path = clean_path(source, what)
+    problem = mount_source_problem(path, tuple(roots))
+    if problem:
+        raise PolicyError(f"{what} {source!r} is refused: {problem}")
+    return path
+
+
+def parse_data_mount(entry: str, roots: Iterable[str]) -> Mount:
+    """A docker.data_mounts entry: PATH (read-only) or PATH:ro / PATH:rw, mounted at the same path."""
+    path, colon, mode = entry.partition(":")
+    if colon and mode not in ("ro", "rw"):
+        raise PolicyError(f"data mount {entry!r}: expected PATH, PATH:ro or PATH:rw")
+    source = check_mount_source(path, roots, "data mount")
+    return Mount(source, source, read_only=mode != "rw")
+
+
+def parse_volume(value: str, roots: Iterable[str]) -> Mount:
+    """-v SRC:DST[:OPTS]: SRC under a data root, read-only unless OPTS has rw."""
+    parts = value.split(":")
+    if len(parts) not in (2, 3):
+        raise PolicyError(f"-v {value!r}: expected HOST_PATH:CONTAINER_PATH[:ro|rw]")
+    source = check_mount_source(parts[0], roots, "-v host path")
+    target = clean_path(parts[1], "-v container path")
+    options = parts[2].split(",") if len(parts) == 3 else []
+    if not set(options) <= VOLUME_OPTIONS:
+        raise PolicyError(f"-v {value!r}: unknown mount option {parts[2]!r}")
+    if "ro" in options and "rw" in options:
+        raise PolicyError(f"-v {value!r}: ro and rw both given")
+    return Mount(source, target, read_only="rw" not in options,
+                 options=tuple(o for o in options if o not in ("ro", "rw")))
+
+
+# ---------------------------------------------------------------------------------------------- devices
+
+def device_allowed(path: str, patterns: Iterable[str]) -> bool:
+    return any(PurePosixPath(path).match(pattern) for pattern in (*DEVICE_PATTERNS, *patterns))
+
+
+def check_device(value: str, patterns: Iterable[str] | None = None) -> str:
+    """--device HOST[:CONTAINER[:PERMS]]. With ``patterns`` (the vendor's), HOST must match a device pattern;
+    without (an inventory read before its vendor is known) only the form is checked."""
+    parts = value.split(":")
+    if len(parts) > 3:
+        raise PolicyError(f"--device {value!r}: expected HOST_DEVICE[:CONTAINER_DEVICE[:rwm]]")
+    device = clean_path(parts[0], "--device")
+    if not device.startswith("/dev/"):
+        raise PolicyError(f"--device {parts[0]!r} is refused: a device file under /dev is expected")
+    if patterns is not None and not device_allowed(device, patterns):
+        raise PolicyError(f"--device {parts[0]!r} is refused: not an accelerator or RDMA device (allowed: "
+                          f"{', '.join((*DEVICE_PATTERNS, *patterns))}; a vendor adds patterns in vendor.yaml "
+                          "container.device_patterns)")
+    if len(parts) > 1 and parts[1]:
+        clean_path(parts[1], "--device container path")
+    if len(parts) == 3 and not re.fullmatch(r"[rwm]{1,3}", parts[2]):
+        raise PolicyError(f"--device {value!r}: permissions are some of r, w, m")
+    return value
+
+
+def device_host_path(value: str) -> str:
+    return clean_path(value.split(":")[0], "--device")
+
+
+# ---------------------------------------------------------------------------------------------- options
+
+def parse_container_options(text: str, roots: Iterable[str] = DATA_ROOTS,
+                            device_patterns: Iterable[str] | None = None) -> ContainerExtras:
+    """The docker-run options FlagPerf's vendors use in ACCE_CONTAINER_OPT; anything else is refused by name."""
+    roots = tuple(roots)
+    extras = ContainerExtras()
+    tokens = shlex.split(text)
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        option, eq, inline = token.partition("=")
+        takes_value = option in ("--gpus", "--device", "-e", "--env", "-v", "--volume", "--ipc", "--group-add")
+        if option == "--privileged":
+            raise PolicyError("--privileged is refused here: a vendor file declares a privileged container, with "
+                              "privileged_reason saying why")
+        if not takes_value:
+            raise PolicyError(f"unsupported docker option {token!r} (supported: --gpus, --device, -e/--env, "
+                              "-v/--volume, --ipc, --group-add)")
+        if eq:
+            value = inline
+            i += 1
+        else:
+            if i + 1 >= len(tokens):
+                raise PolicyError(f"{option} needs a value")
+            value = tokens[i + 1]
+            i += 2
+        if option == "--gpus":
+            if not GPUS.fullmatch(value.strip('"')):
+                raise PolicyError(f"--gpus {value!r}: expected all, a count or device=<ids>")
+            extras.gpus = value
+        elif option == "--device":
+            extras.devices.append(check_device(value, device_patterns))
+        elif option in ("-e", "--env"):
+            name, sep, val = value.partition("=")
+            if not sep or not ENV_NAME.match(name):
+                raise PolicyError(f"{option} {name!r} must be NAME=VALUE")
+            extras.env[name] = val
+        elif option in ("-v", "--volume"):
+            extras.mounts.append(parse_volume(value, roots))
+        elif option == "--ipc":
+            if value not in ("host", "private", "shareable", "none"):
+                raise PolicyError(f"--ipc {value!r}: expected host, private, shareable or none")
+            extras.ipc = value
+        else:
+            if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}", value):
+                raise PolicyError(f"--group-add {value!r}: expected a group name or number")
+            extras.group_add.append(value)
+    return extras
+
+
+# ------------------------------------------------------------------------------ checks on the host itself
+
+def resolved_mount(mount: Mount, facts: Mapping[str, PathFacts], roots: Iterable[str], what: str) -> Mount:
+    """The mount with its source resolved on the host, checked again: under a data root that is itself one when
+    resolved, a folder or a regular file. ``facts``: the host's answer for the source and every root."""
+    found = facts[mount.source]
+    resolved_roots = tuple(facts[root].path for root in roots if root in facts)
+    if found.kind == "missing":
+        raise PolicyError(f"{what} {mount.source!r} does not exist on the host")
+    problem = mount_source_problem(found.path, resolved_roots)
+    if problem:
+        via = f" (it resolves to {found.path})" if found.path != mount.source else ""
+        raise PolicyError(f"{what} {mount.source!r}{via} is refused: {problem}")
+    if found.kind not in ("folder", "file"):
+        raise PolicyError(f"{what} {mount.source!r} is refused: it is a {found.kind}, not a folder or file")
+    return Mount(found.path, mount.target, mount.read_only, mount.options)
+
+
+def resolved_device(value: str, facts: Mapping[str, PathFacts], patterns: Iterable[str], what: str) -> str:
+    """--device with its host path resolved on the host, matching a device pattern, a character device (or a
+    device folder a pattern names, such as /dev/dri)."""
+    host_path = device_host_path(value)
+    found = facts[host_path]
+    if found.kind == "missing":
+        raise PolicyError(f"{what} {host_path!r} does not exist on the host")
+    if not device_allowed(found.path, patterns) or found.kind not in ("char-device", "folder"):
+        via = f" (it resolves to {found.path}, a {found.kind})" if found.path != host_path else f" (a {found.kind})"
+        raise PolicyError(f"{what} {host_path!r}{via} is refused: not an accelerator or RDMA device")
+    rest = value.split(":")[1:]
+    return ":".join([found.path, *(rest or [host_path])]) if found.path != host_path else value

@@ -1,0 +1,68 @@
+"""Text a case controls (a failure message, a warning, a metric's name) in the reports: shown as it is, never
+as markup. ``md_text`` escapes it where it is put into Markdown (report.md, the Prefect artifacts), and
+``markdown_to_html`` renders Markdown with no raw HTML and links only to http(s) and relative paths, so that
+a ``javascript:``, ``data:`` or ``vbscript:`` link, however spelt, is shown inert."""
+
+from __future__ import annotations
+
+import html
+import re
+import xml.etree.ElementTree as ET
+
+import markdown
+from markdown.extensions import Extension
+from markdown.treeprocessors import Treeprocessor
+
+# Markdown's punctuation that makes links and images ([ ]), code, emphasis, raw HTML or table cells. md_text's
+# text never starts a line, so '#' and '>' make no heading or quote there; '_' within a word (metric names) is
+# no emphasis; ( ) ! make nothing without [ ].
+MARKDOWN_SPECIAL = re.compile(r"([\\`*\[\]|])")
+SAFE_SCHEMES = ("http", "https")
+SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+IGNORED_IN_URLS = re.compile(r"[\x00-\x20\x7f]")  # browsers drop these inside a URL ("java\tscript:")
+
+
+def md_text(value: object) -> str:
+    """``value`` as Markdown that shows exactly that text, on one line. '<' becomes an entity, which every
+    Markdown renderer shows as '<' (a backslash before it is no escape in Python-Markdown)."""
+    return MARKDOWN_SPECIAL.sub(r"\\\1", " ".join(str(value).splitlines())).replace("<", "&lt;")
+
+
+def safe_url(url: str) -> bool:
+    """An http(s) URL or a relative path; anything else (another scheme, entities hiding one, a
+    protocol-relative //host) is not."""
+    text = url
+    for _ in range(3):  # &amp;#106; -> &#106; -> j
+        text = html.unescape(text)
+    text = IGNORED_IN_URLS.sub("", text).replace("\\", "/")
+    scheme = SCHEME.match(text)
+    if scheme:
+        return scheme.group(1).lower() in SAFE_SCHEMES
+    return not text.startswith("//")
+
+
+class _InertLinks(Treeprocessor):
+    """A link or image whose target is not a safe URL becomes its plain text."""
+
+    def run(self, root: ET.Element) -> None:
+        for element in root.iter():
+            attribute = {"a": "href", "img": "src"}.get(element.tag)
+            if attribute is None or safe_url(element.get(attribute, "")):
+                continue
+            text = element.get("alt", "") if element.tag == "img" else None
+            element.attrib.clear()
+            element.tag = "span"
+            if text is not None:
+                element.text = text
+
+
+class _SafeMarkdown(Extension):
+    def extendMarkdown(self, md: markdown.Markdown) -> None:
+        md.preprocessors.deregister("html_block")  # raw HTML is text, escaped on output
+        md.inlinePatterns.deregister("html")
+        md.treeprocessors.register(_InertLinks(md), "inert_links", -10)  # last: after links are unescaped
+
+
+def markdown_to_html(text: str) -> str:
+    """Markdown (tables included) as an HTML fragment, safe for text a case controlled."""
+    return markdown.markdown(text, extensions=["tables", _SafeMarkdown()])

@@ -1,0 +1,154 @@
+"""The container policy is an allow-list: mounts from data roots (resolved on the host, read-only unless asked),
+accelerator and RDMA devices by pattern plus a vendor's own. Each hole the old deny-list had is a case here."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flagperf.config.vendors import load_vendor
+from flagperf.errors import ConfigError
+from flagperf.hosts import container_policy
+from flagperf.hosts.container_policy import PathFacts, PolicyError, parse_container_options
+from flagperf.hosts.docker import container_settings
+from flagperf.hosts.fleet import checked_on_host
+from flagperf.hosts.inventory import load_inventory
+from flagperf.hosts.local import LocalHost, describe_paths
+
+
+def inventory(tmp_path: Path, docker: dict[str, object], vendor: str | None = None) -> Path:
+    path = tmp_path / "inv.yaml"
+    body: dict[str, object] = {"hosts": [{"name": "a", "address": "h", "runtime": "docker", "docker": docker}]}
+    if vendor:
+        body["vendor"] = vendor
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+def refused(path: Path, key: str, *words: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_inventory(path).resolve_vendor(None)
+    assert info.value.key == key, str(info.value)
+    assert str(info.value).startswith(f"{path}: {key}: ") and "\n" not in str(info.value)
+    assert all(word in info.value.message for word in words), str(info.value)
+
+
+@pytest.mark.parametrize("source", ["/root/.ssh", "/home/bench/.ssh", "/usr/bin", "/var", "/var/lib/kubelet",
+                                    "/", "/etc", "/var/run/docker.sock", "/run/containerd", "/proc", "/tmp",
+                                    "/data/../etc", "/data/team/.ssh", "relative/data"])
+def test_mounts_outside_the_data_roots_are_refused(tmp_path: Path, source: str) -> None:
+    refused(inventory(tmp_path, {"data_mounts": [source]}), "hosts.0.docker.data_mounts")
+    refused(inventory(tmp_path, {"extra_options": f"-v {source}:/in:ro"}), "hosts.0.docker.extra_options")
+
+
+@pytest.mark.parametrize("root", ["/", "/home", "/home/bench", "/etc", "/var/lib", "/usr/share/data", "/tmp/x",
+                                  "/root/data", "/srv/team/.aws"])
+def test_a_data_root_cannot_open_a_system_or_home_folder(tmp_path: Path, root: str) -> None:
+    refused(inventory(tmp_path, {"data_roots": [root]}), "hosts.0.docker.data_roots", "data root")
+
+
+def test_data_roots_allow_what_a_benchmark_needs_read_only_unless_rw(tmp_path: Path) -> None:
+    spec = load_inventory(inventory(tmp_path, {
+        "data_roots": ["/home/bench/datasets", "/srv/weights"],
+        "data_mounts": ["/data/imagenet", "/home/bench/datasets/coco", "/mnt/results:rw"],
+        "extra_options": "-v /srv/weights/llama:/weights -v /raid/out:/out:rw,z"}, vendor="cpu")).hosts[0]
+    settings = container_settings(load_vendor("cpu"), spec, "img:1")
+    assert [(m.source, m.read_only) for m in settings.data_mounts] == [
+        ("/data/imagenet", True), ("/home/bench/datasets/coco", True), ("/mnt/results", False)]
+    assert [m.volume() for m in settings.extra_mounts] == ["/srv/weights/llama:/weights:ro", "/raid/out:/out:rw,z"]
+    # A home's credentials stay out even when a folder of that home is a data root.
+    refused(inventory(tmp_path, {"data_roots": ["/home/bench/work"], "data_mounts": ["/home/bench/work/.ssh"]}),
+            "hosts.0.docker.data_mounts", "credentials")
+
+
+@pytest.mark.parametrize("device", ["/dev/sg0", "/dev/mmcblk0", "/dev/nbd0", "/dev/root", "/dev/kvm", "/dev/sda",
+                                    "/dev/mem", "/dev/nvme0n1", "/dev/dri/../sda", "/dev/davinci0"])
+def test_devices_outside_the_patterns_are_refused(tmp_path: Path, device: str) -> None:
+    refused(inventory(tmp_path, {"extra_options": f"--device {device}"}, vendor="cpu"),
+            "hosts.0.docker.extra_options", device.split("/..")[0])
+
+
+@pytest.mark.parametrize("device", ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-caps/nvidia-cap1",
+                                    "/dev/kfd", "/dev/dri", "/dev/dri/renderD128", "/dev/infiniband/uverbs0"])
+def test_accelerator_and_rdma_devices_are_allowed(tmp_path: Path, device: str) -> None:
+    load_inventory(inventory(tmp_path, {"extra_options": f"--device {device}:{device}:rw"}, vendor="cpu")
+                   ).resolve_vendor(None)
+
+
+def test_a_vendor_folder_declares_its_own_device_patterns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "vendors" / "npu"
+    (folder / "pytorch").mkdir(parents=True)
+    (folder / "pytorch" / "Dockerfile").write_text("FROM scratch\n")
+    (folder / "spec.py").write_text((load_vendor("cpu").folder / "spec.py").read_text())
+    (folder / "vendor.yaml").write_text(yaml.safe_dump({
+        "name": "npu", "description": "a vendor with its own device files", "torch_device": "cpu",
+        "shares_host_memory": True, "container": {"dockerfile": "pytorch/Dockerfile", "devices": ["/dev/davinci0"],
+                                                  "device_patterns": ["/dev/davinci*", "/dev/devmm_svm"]}}))
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(tmp_path / "vendors"))
+    options = {"extra_options": "--device /dev/davinci1 --device /dev/devmm_svm"}
+    load_inventory(inventory(tmp_path, options)).resolve_vendor("npu")
+    # The same options for another vendor: its patterns are its own.
+    refused(inventory(tmp_path, options, vendor="cpu"), "hosts.0.docker.extra_options", "/dev/davinci1")
+    # FlagPerf's host.yaml names its vendor: checked as it is read, under its own key.
+    host_yaml = tmp_path / "host.yaml"
+    host_yaml.write_text("VENDOR: cpu\nHOSTS: [h]\nCASES: {computation-FP32: pytorch}\n"
+                         "ACCE_CONTAINER_OPT: ' --device /dev/kvm'\n")
+    with pytest.raises(ConfigError) as info:
+        load_inventory(host_yaml)
+    assert info.value.key == "ACCE_CONTAINER_OPT" and "/dev/kvm" in info.value.message
+    # A pattern that reaches beyond /dev is refused where the vendor file is read.
+    manifest = yaml.safe_load((folder / "vendor.yaml").read_text())
+    manifest["container"]["device_patterns"] = ["/dev/../etc/*"]
+    (folder / "vendor.yaml").write_text(yaml.safe_dump(manifest))
+    with pytest.raises(ConfigError) as info:
+        load_vendor("npu")
+    assert info.value.key == "container.device_patterns" and "must name files under /dev" in info.value.message
+
+
+def test_a_link_in_a_data_root_is_resolved_before_the_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The test's folders live in the shared temp dir, which is no data root: let it be one for this test only.
+    monkeypatch.setattr(container_policy, "SYSTEM_FOLDERS",
+                        tuple(f for f in container_policy.SYSTEM_FOLDERS if f != "/tmp"))
+    root = tmp_path / "data"
+    (root / "real").mkdir(parents=True)
+    (root / "to-etc").symlink_to("/etc")
+    (root / "to-real").symlink_to(root / "real")
+    os.mkfifo(root / "pipe")
+    spec = load_inventory(inventory(tmp_path, {"data_roots": [str(root)], "data_mounts": [
+        str(root / "to-real"), str(root / "real")]}, vendor="cpu")).hosts[0]
+    settings = checked_on_host(container_settings(load_vendor("cpu"), spec, "img:1"), LocalHost(), spec)
+    # What is mounted is the resolved folder: a link swapped after the check cannot redirect it.
+    assert [m.source for m in settings.data_mounts] == [str(root / "real")] * 2
+    for name, words in (("to-etc", ("resolves to /etc", "outside the data roots")), ("pipe", ("other",)),
+                        ("missing", ("does not exist",))):
+        path = inventory(tmp_path, {"data_roots": [str(root)], "data_mounts": [str(root / name)]}, vendor="cpu")
+        spec = load_inventory(path).hosts[0]
+        with pytest.raises(ConfigError) as info:
+            checked_on_host(container_settings(load_vendor("cpu"), spec, "img:1"), LocalHost(), spec)
+        assert info.value.key == "hosts.0.docker.data_mounts.0" and str(path) in str(info.value)
+        assert all(word in info.value.message for word in words), str(info.value)
+
+
+def test_a_device_link_is_resolved_and_must_be_a_device() -> None:
+    settings_facts = {"/dev/nvidia0": PathFacts("/dev/sda", "other"), "/dev/dri/by-path/card": PathFacts(
+        "/dev/dri/card0", "char-device")}
+    assert container_policy.resolved_device("/dev/dri/by-path/card", settings_facts, (), "--device") == \
+        "/dev/dri/card0:/dev/dri/by-path/card"
+    with pytest.raises(PolicyError, match="resolves to /dev/sda"):
+        container_policy.resolved_device("/dev/nvidia0", settings_facts, (), "--device")
+    # What describe_paths says about real files here: a character device, a folder, a missing path.
+    found = describe_paths(["/dev/null", "/dev", "/dev/no-such-device"])
+    assert [found[p]["kind"] for p in ("/dev/null", "/dev", "/dev/no-such-device")] == [
+        "char-device", "folder", "missing"]
+
+
+def test_options_beyond_the_allow_list_are_refused_by_name() -> None:
+    with pytest.raises(PolicyError, match="unsupported docker option '--cap-add'"):
+        parse_container_options("--cap-add ALL")
+    with pytest.raises(PolicyError, match="vendor file declares"):
+        parse_container_options("--privileged")
+    with pytest.raises(PolicyError, match="ro and rw"):
+        parse_container_options("-v /data/a:/a:ro,rw")
