@@ -626,7 +626,7 @@ app.add_typer(vendor_app, name="vendor")
 
 
 @vendor_app.command("check")
-def vendor_check(folder: Annotated[Path, typer.Argument(help="a vendor folder, e.g. vendor_images/amd")]) -> None:
+def vendor_check(folder: Annotated[Path, typer.Argument(help="a vendor folder, e.g. vendor_images/<vendor>")]) -> None:
     """Check a vendor folder: manifest, Dockerfile and install step, each monitor run for a few seconds (or
     reported not checkable here), the peak table and its sources, and every case adaptation's forbidden
     changes. One line per finding; exit 1 when there is a problem."""

@@ -79,7 +79,7 @@ class ContainerOptions(StrictModel):
     devices: list[str] = Field(default_factory=list, description="device files, e.g. /dev/davinci0")
     device_patterns: list[str] = Field(
         default_factory=list, description="device files this vendor's containers may get besides the built-in "
-                                          "NVIDIA, AMD and RDMA ones, e.g. /dev/davinci*; * stays within a folder")
+                                          "RDMA ones, e.g. /dev/nvidia*; * stays within a folder")
     ulimits: dict[str, int] = Field(default_factory=dict, description="e.g. memlock: -1 (RDMA registration), "
                                                                       "stack: 67108864; -1 is unlimited")
 

@@ -11,9 +11,10 @@ Mounts (an inventory's docker.data_mounts, -v in docker.extra_options or FlagPer
     what is mounted, and it must be a folder or a regular file (never a socket or a device).
   * read-only, unless the inventory writes ``rw`` for that mount (PATH:rw, -v SRC:DST:rw).
 Devices (--device, vendor.yaml container.devices): accelerator and RDMA device files by pattern
-(DEVICE_PATTERNS: NVIDIA, AMD, InfiniBand/RoCE), plus the patterns a vendor folder declares in vendor.yaml
-container.device_patterns; checked as written and again resolved on the host (a character device, or one
-of the device folders the patterns name).
+(DEVICE_PATTERNS: InfiniBand/RoCE, which no vendor owns) plus the patterns the vendor folders declare in
+vendor.yaml container.device_patterns (an accelerator's own files: the nvidia folder's /dev/nvidia*, ...);
+checked as written and again resolved on the host (a character device, or one of the device folders the
+patterns name).
 docker-run options: only those FlagPerf's vendors use (--gpus, --device, -e, -v, --ipc, --group-add);
 --privileged only from a vendor file that says why.
 """
@@ -36,10 +37,9 @@ HOMES = "/home"  # /home/<user>/<folder> may be a data root; /home and /home/<us
 # Folder (and file) names that hold credentials: no mount or data root has one in its path.
 CREDENTIAL_NAMES = frozenset({".ssh", ".gnupg", ".aws", ".azure", ".kube", ".docker", ".config", ".gcloud",
                               ".netrc", ".pgpass", ".git-credentials", ".password-store", ".vault-token"})
-# Device files a benchmark needs, whatever the vendor: a segment's * never crosses a '/'.
+# Device files a benchmark needs whatever the accelerator: a segment's * never crosses a '/'. An accelerator's
+# own device files are its vendor folder's to declare (vendor.yaml container.device_patterns), not the core's.
 DEVICE_PATTERNS = (
-    "/dev/nvidia*", "/dev/nvidia-caps", "/dev/nvidia-caps/*",  # NVIDIA GPUs, nvidiactl, nvidia-uvm, MIG caps
-    "/dev/kfd", "/dev/dri", "/dev/dri/*",  # AMD ROCm (and DRM render nodes)
     "/dev/infiniband", "/dev/infiniband/*",  # RDMA: InfiniBand / RoCE verbs
 )
 GPUS = re.compile(r"all|\d{1,3}|device=[A-Za-z0-9-]+(,[A-Za-z0-9-]+)*")

@@ -17,7 +17,7 @@ import pytest
 
 from flagperf.basespec.toolkit import find_toolkit
 from flagperf.config.vendors import import_file, load_vendor
-from flagperf.hosts.docker import container_settings, context_digest, image_context, image_tag
+from flagperf.hosts.docker import container_settings, context_digest, image_context, image_digest, image_tag
 from flagperf.hosts.inventory import HostSpec
 from flagperf.paths import PROJECT_ROOT
 
@@ -70,16 +70,18 @@ def test_the_manifest_loads_with_rocm_devices_and_no_cuda_request() -> None:
     assert settings.env["HIP_VISIBLE_DEVICES"] == "0,1" and "CUDA_VISIBLE_DEVICES" not in settings.env
 
 
-def test_the_image_is_built_from_its_folder_by_content_hash_like_nvidias(tmp_path: Path) -> None:
+def test_the_image_is_built_from_its_folder_by_content_hash_like_nvidias(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLAGPERF_DIGEST_KEY_FILE", str(tmp_path / "digest.key"))  # build args are keyed per host
     vendor = load_vendor("amd")
     context = image_context(vendor, None)
     assert context == AMD / "pytorch"
     assert {p.name for p in context.iterdir()} >= {"Dockerfile", "pytorch_install.sh", "requirements.txt"}
     text = (context / "Dockerfile").read_text()
     assert "FROM ${BASE_IMAGE}" in text and "ARG BASE_IMAGE=rocm/pytorch:" in text
-    digest = context_digest(context, {"BASE_IMAGE": "rocm/pytorch:latest"})
+    digest = image_digest(context, {"BASE_IMAGE": "rocm/pytorch:latest"})
     assert image_tag("amd", "pytorch", digest) == f"flagperf/amd-pytorch:{digest[:16]}"
-    assert digest != context_digest(context)  # the build args are part of the tag
+    assert digest != context_digest(context) == image_digest(context)  # the build args are part of the tag
     # Every file the Dockerfile copies is in the build context.
     for line in text.splitlines():
         if line.startswith("COPY"):

@@ -71,11 +71,20 @@ def test_devices_outside_the_patterns_are_refused(tmp_path: Path, device: str) -
             "hosts.0.docker.extra_options", device.split("/..")[0])
 
 
-@pytest.mark.parametrize("device", ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-caps/nvidia-cap1",
-                                    "/dev/kfd", "/dev/dri", "/dev/dri/renderD128", "/dev/infiniband/uverbs0"])
-def test_accelerator_and_rdma_devices_are_allowed(tmp_path: Path, device: str) -> None:
-    load_inventory(inventory(tmp_path, {"extra_options": f"--device {device}:{device}:rw"}, vendor="cpu")
+@pytest.mark.parametrize(("device", "vendor"), [
+    ("/dev/nvidia0", "nvidia"), ("/dev/nvidiactl", "nvidia"), ("/dev/nvidia-uvm", "nvidia"),
+    ("/dev/nvidia-caps/nvidia-cap1", "nvidia"), ("/dev/kfd", "amd"), ("/dev/dri", "amd"),
+    ("/dev/dri/renderD128", "amd"), ("/dev/infiniband/uverbs0", "cpu")])
+def test_accelerator_and_rdma_devices_are_allowed(tmp_path: Path, device: str, vendor: str) -> None:
+    """RDMA devices for every vendor; an accelerator's own device files as its vendor folder declares them."""
+    load_inventory(inventory(tmp_path, {"extra_options": f"--device {device}:{device}:rw"}, vendor=vendor)
                    ).resolve_vendor(None)
+
+
+def test_an_accelerators_devices_are_its_vendors_not_every_vendors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="/dev/kfd"):
+        load_inventory(inventory(tmp_path, {"extra_options": "--device /dev/kfd:/dev/kfd:rw"}, vendor="nvidia")
+                       ).resolve_vendor(None)
 
 
 def test_a_vendor_folder_declares_its_own_device_patterns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -135,10 +144,11 @@ def test_a_link_in_a_data_root_is_resolved_before_the_check(tmp_path: Path, monk
 def test_a_device_link_is_resolved_and_must_be_a_device() -> None:
     settings_facts = {"/dev/nvidia0": PathFacts("/dev/sda", "other"), "/dev/dri/by-path/card": PathFacts(
         "/dev/dri/card0", "char-device")}
-    assert container_policy.resolved_device("/dev/dri/by-path/card", settings_facts, (), "--device") == \
+    patterns = ("/dev/dri", "/dev/dri/*", "/dev/nvidia*")  # as the amd and nvidia folders declare them
+    assert container_policy.resolved_device("/dev/dri/by-path/card", settings_facts, patterns, "--device") == \
         "/dev/dri/card0:/dev/dri/by-path/card"
     with pytest.raises(PolicyError, match="resolves to /dev/sda"):
-        container_policy.resolved_device("/dev/nvidia0", settings_facts, (), "--device")
+        container_policy.resolved_device("/dev/nvidia0", settings_facts, patterns, "--device")
     # What describe_paths says about real files here: a character device, a folder, a missing path.
     found = describe_paths(["/dev/null", "/dev", "/dev/no-such-device"])
     assert [found[p]["kind"] for p in ("/dev/null", "/dev", "/dev/no-such-device")] == [
