@@ -13,7 +13,7 @@ import markdown
 from flagperf.results.analysis import read_monitors
 from flagperf.results.plotting import NOT_DRAWN, pyplot
 from flagperf.results.schema import atomic_path, read_result, write_text_atomic
-from flagperf.results.serving import plot_serving_curve
+from flagperf.results.serving import serving_plots
 from flagperf.results.summary import REPORT_MD, ROUND_FOLDER, RunSummary, summarize, write_summary
 
 REPORT_HTML = "report.html"
@@ -136,9 +136,7 @@ def make_plots(run_dir: Path, summary: RunSummary) -> list[tuple[str, Path]] | N
         path = fn(plt, summary, plots_dir / name)
         if path:
             made.append((title, path))
-    serving = plot_serving_curve(plt, run_dir, plots_dir / "serving_tradeoff.png", summary.rows)
-    if serving:
-        made.append(("LLM serving: tokens/s per user vs per device", serving))
+    made += serving_plots(plt, run_dir, plots_dir, summary.rows)
     folders = sorted(p.parent for p in run_dir.glob("*/round*/*_noderank*/result.json")
                      if ROUND_FOLDER.fullmatch(p.parent.name))
     for folder in folders[:MAX_TIMELINES]:
