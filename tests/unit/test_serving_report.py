@@ -256,3 +256,23 @@ def test_cli_compare_prints_and_writes_the_serving_curves(tmp_path: Path) -> Non
     assert "### serve-case: A serve-case (vllm-serve, bf16), B serve-case (vllm-serve, bf16)" in text
     assert "| 40 | 400 | 700 | 1.750 |" in text
     assert "| serve-case | interactivity@c1 | tokens/s | 40 | 50 | 1.250 |" in text  # the per-metric table stays
+
+
+def test_the_gpu_bench_redraws_its_plots_from_its_record(serving_run: Path, tmp_path: Path) -> None:
+    """bench/serving_gpu.py --plot: a lean GPU host records the points; a machine with matplotlib draws them."""
+    import subprocess
+    import sys
+    from dataclasses import asdict
+
+    record = tmp_path / "serving_gpu.json"
+    record.write_text(json.dumps({"work": "test", "serving_points": [asdict(p) for p in serving_points(serving_run)]}))
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "bench/serving_gpu.py", "--plot", str(record), "--out", str(tmp_path)],
+                          cwd=root, capture_output=True, text=True, check=False, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for name in ("serving_gpu_pareto.png", "serving_gpu_latency.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    record.write_text("{}")
+    done = subprocess.run([sys.executable, "bench/serving_gpu.py", "--plot", str(record), "--out", str(tmp_path)],
+                          cwd=root, capture_output=True, text=True, check=False, timeout=600)
+    assert done.returncode == 2 and "not a serving_gpu record" in done.stderr and "Traceback" not in done.stderr
