@@ -11,11 +11,12 @@
 #   bash bench/gpu_session.sh serving    `transformers serve` swept over concurrency 1-64, its Pareto plot, and
 #                                        the same server through GuideLLM where it is installed
 #   bash bench/gpu_session.sh install    the project installed as a user would, a short base run, tests/gpu
+#   bash bench/gpu_session.sh operators  native torch against FlagGems (carried in .whl/) on every operator
 #   bash bench/gpu_session.sh PART --quick   a dry run of the same part on this CPU (tested in CI)
 # .whl/ (bench/gpu_wheels.sh) is carried to the device machine: `run` with carry [".whl"].
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part=${1:?usage: gpu_session.sh base|models|generate|serving|install [--quick]}
+part=${1:?usage: gpu_session.sh base|models|generate|serving|install|operators [--quick]}
 quick=0; [ "${2:-}" = --quick ] && quick=1
 out=${OUT:-bench/results/gpu_session}
 mkdir -p "$out"
@@ -81,6 +82,12 @@ case $part in
     ;;
   install)
     step install 540 bash bench/gpu_install.sh "${q[@]}"
+    ;;
+  operators)
+    # Operator by operator until the budget (a dry run takes every operator, whatever this machine's speed);
+    # Triton compiles each FlagGems kernel on its first call (the correctness check, untimed).
+    step operators 480 "$py" bench/operation_gpu.py "${q[@]}" --budget-s "$([ $quick = 1 ] && echo 1200 || echo 420)" \
+      --out "$out"
     ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac

@@ -1,4 +1,5 @@
-"""The in-host (later in-container) entry for one case round: base spec, training, inference or generate.
+"""The in-host (later in-container) entry for one case round: base spec, training, inference, generate or
+operation.
 
     python -m flagperf.entry --job DIR/job.json
 
@@ -9,22 +10,27 @@ otherwise and writes no result: the controller records it as an infrastructure f
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import logging
 import os
+import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch
 from pydantic import ValidationError
 
+from flagperf.config.adaptation import load_hooks, read_adaptation
 from flagperf.config.cases import CaseDef, load_case
-from flagperf.config.job import Job
+from flagperf.config.job import JOB_FILE, Job
 from flagperf.config.models import pydantic_error_to_config_error
 from flagperf.config.vendors import Vendor, load_vendor
 from flagperf.errors import (
@@ -36,18 +42,24 @@ from flagperf.errors import (
     Unsupported,
     missing_extra,
 )
+from flagperf.hosts.adaptation import apply_adaptation, cache_root
 from flagperf.hosts.local import PARENT_PID_ENV, default_work_root
 from flagperf.inference.config import InferenceConfig
-from flagperf.measure.casekit import CaseConfig, CaseContext, TimedCaseConfig
+from flagperf.measure.casekit import CaseConfig, CaseContext, EveryDevice, TimedCaseConfig
+from flagperf.measure.fanout import DeviceSlot, device_spread, enter_device, host_devices, narrow_environment
 from flagperf.measure.hostmemory import host_allocator, keep_freed_host_memory
+from flagperf.measure.perflog import parse_file
 from flagperf.measure.timing import TimingPlan
 from flagperf.results.provenance import engine_info, host_info, library_versions
 from flagperf.results.schema import (
     RESULT_FILE,
     Convergence,
+    DeviceRun,
+    DeviceSpread,
     Failure,
     InferenceReport,
     Metric,
+    OperationReport,
     Provenance,
     RoundResult,
     SpecTable,
@@ -57,6 +69,7 @@ from flagperf.training.driver import TrainingConfig
 from flagperf.training.launch import (
     EXIT_WORKER_FAILED,
     launch,
+    rank_log,
     training_result,
     user_error,
     with_teardown_note,
@@ -81,6 +94,10 @@ class Outcome:
     failure: Failure | None = None  # an incomplete run that still has something to say
     exit_code: int = EXIT_OK
     inference: InferenceReport | None = None
+    operation: OperationReport | None = None
+    devices: list[DeviceRun] = field(default_factory=list)
+    spread: list[DeviceSpread] = field(default_factory=list)
+    device: str | None = None
 
 
 def run_base(case: CaseDef, config: CaseConfig, vendor: Vendor, spec: SpecTable, job: Job, out_dir: Path
@@ -118,6 +135,13 @@ def run_training(job: Job, config: TrainingConfig, out_dir: Path) -> Outcome:
     return Outcome(metrics=metrics, measured=measured, convergence=convergence)
 
 
+def hooks_called(out_dir: Path, first_rank: int) -> list[str]:
+    """The extern hooks the node's first training process called (its FINISHED event says)."""
+    path = rank_log(out_dir, first_rank)
+    finished = parse_file(path).finished().get(first_rank, {}) if path.is_file() else {}
+    return list((finished.get("extra") or {}).get("vendor_hooks") or [])
+
+
 def run_inference(job: Job, case: CaseDef, config: InferenceConfig, vendor: Vendor, spec: SpecTable,
                   out_dir: Path) -> Outcome:
     """The seven steps (flagperf.inference), as Prefect subflows when the job carries a Prefect context."""
@@ -128,8 +152,10 @@ def run_inference(job: Job, case: CaseDef, config: InferenceConfig, vendor: Vend
     # Exported models and engines stay on this host, outside the round folder that is copied into the
     # results (a Llama-7B ONNX file is 27 GB); result.json records where they are, for exist_*_path reuse.
     artifacts = default_work_root() / "inference-artifacts" / job.run_id / job.case / f"round{job.round}"
-    run = InferenceRun(case_name=case.name, module=case.module, config=config, vendor=vendor.name, spec=spec,
-                       device=device, shares_host_memory=vendor.manifest.shares_host_memory, out_dir=out_dir,
+    hooks = load_hooks(read_adaptation(case.folder, case.name, case.family, vendor.name))
+    run = InferenceRun(case_name=case.name, module=hooked_module(case.module, hooks), config=config,
+                       vendor=vendor.name, spec=spec, device=device,
+                       shares_host_memory=vendor.manifest.shares_host_memory, out_dir=out_dir,
                        artifact_dir=artifacts / f"attempt{job.attempt}", origins=job.config_origins)
     try:
         run_inference_steps(run, job.prefect_context)
@@ -140,6 +166,19 @@ def run_inference(job: Job, case: CaseDef, config: InferenceConfig, vendor: Vend
         raise classified from exc
     measured = sum(m.measured_seconds for m in run.metrics if m.name.endswith("_core"))
     return Outcome(metrics=run.metrics, measured=measured, inference=run.report)
+
+
+def hooked_module(module: ModuleType, hooks: dict[str, Any]) -> ModuleType:
+    """The case's module with the vendor's extern hooks around its forward functions (each hook gets the
+    standard function first); the module itself when there are none."""
+    if not hooks:
+        return module
+    hooked = ModuleType(module.__name__, module.__doc__)
+    hooked.__dict__.update({k: v for k, v in module.__dict__.items() if k not in ("__name__", "__doc__")})
+    for name, hook in hooks.items():
+        standard = getattr(module, name)
+        setattr(hooked, name, functools.partial(hook, standard))
+    return hooked
 
 
 def run_generate(config: GenerateConfig, vendor: Vendor, spec: SpecTable, out_dir: Path) -> Outcome:
@@ -163,10 +202,131 @@ def run_generate(config: GenerateConfig, vendor: Vendor, spec: SpecTable, out_di
     return Outcome(metrics=result.metrics, measured=result.measured_seconds)
 
 
-def run_job(job: Job, out_dir: Path) -> int:
+def run_operation(config: CaseConfig, vendor: Vendor, spec: SpecTable) -> Outcome:
+    """Operators x dtypes x shapes (flagperf.operation), each implementation checked before it is timed."""
+    from flagperf.operation.driver import run_operation as drive
+
+    result = drive(config, vendor.name, spec, torch.device(vendor.manifest.torch_device))  # type: ignore[arg-type]
+    failure = Failure(kind="user", message=result.failure) if result.failure else None
+    return Outcome(metrics=result.metrics, measured=result.measured_seconds, operation=result.report,
+                   failure=failure, exit_code=EXIT_USER_ERROR if failure else EXIT_OK)
+
+
+def every_device(config: object, vendor: Vendor, job: Job) -> list[DeviceSlot] | None:
+    """The devices a base-spec round measures one process each; None: this process measures its one device."""
+    if not isinstance(config, EveryDevice) or config.devices == "one" or job.nnodes > 1:
+        return None
+    slots = host_devices(vendor.manifest)
+    return slots if len(slots) > 1 else None
+
+
+DEVICE_DIR = "device{index}"  # a device's own folder in the round's: its result.json and files
+
+
+def run_every_device(job: Job, job_file: Path, vendor: Vendor, slots: list[DeviceSlot], sequential: bool,
+                     out_dir: Path) -> Outcome:
+    """One process per device (this entry again, with --device-slot), all at once or one after another; each
+    writes its result to its own folder; their figures are merged into this round's, device by device."""
+    log.info("every device of the host: %d devices, %s (%s)", len(slots), "one after another" if sequential
+             else "all at once", "; ".join(f"{s.index}: {s.label}" for s in slots))
+    env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}
+    running: list[tuple[DeviceSlot, subprocess.Popen[str], threading.Thread]] = []
+    codes: dict[int, int] = {}
+
+    def start(slot: DeviceSlot) -> None:
+        folder = out_dir / DEVICE_DIR.format(index=slot.index)
+        folder.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "flagperf.entry", "--job", str(job_file), "--out", str(folder),
+                "--device-slot", json.dumps({"index": slot.index, "visible": slot.visible,
+                                             "cpus": list(slot.cpus) if slot.cpus is not None else None})]
+        proc = subprocess.Popen(argv, env=narrow_environment(vendor.manifest, slot, env), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, errors="replace")
+
+        def forward() -> None:  # the device's lines in this round's log, each saying which device
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                print(f"[device {slot.index}] {line.rstrip()}", flush=True)
+
+        thread = threading.Thread(target=forward, name=f"device-{slot.index}", daemon=True)
+        thread.start()
+        running.append((slot, proc, thread))
+
+    def wait(slot: DeviceSlot, proc: subprocess.Popen[str], thread: threading.Thread) -> None:
+        codes[slot.index] = proc.wait()
+        thread.join()
+
+    for slot in slots:
+        start(slot)
+        if sequential:
+            wait(*running[-1])
+    if not sequential:
+        for item in running:
+            wait(*item)
+    return merge_devices(slots, codes, out_dir)
+
+
+def crash_code(code: int | None) -> int:
+    """The round's exit code for a device process that crashed: its own, unless that would read as a result
+    (0, unsupported, user error) or is a signal; then the worker-failed code (retried as a crash)."""
+    return code if code is not None and code > 0 and code not in (EXIT_UNSUPPORTED, EXIT_USER_ERROR) \
+        else EXIT_WORKER_FAILED
+
+
+def merge_devices(slots: list[DeviceSlot], codes: dict[int, int], out_dir: Path) -> Outcome:
+    """The round's outcome from its devices' results: every device's figures (tagged with its index), the
+    host's min/median/max per metric, and a failure naming each device that did not measure."""
+    outcome = Outcome()
+    problems: list[tuple[int, Failure, int]] = []
+    statuses = []
+    for slot in slots:
+        code = codes.get(slot.index)
+        try:
+            result = RoundResult.model_validate_json(
+                (out_dir / DEVICE_DIR.format(index=slot.index) / RESULT_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            failure = Failure(kind="infrastructure", message=f"device {slot.index} ({slot.label}): exited {code} "
+                                                             f"and left no {RESULT_FILE}")
+            outcome.devices.append(DeviceRun(index=slot.index, visible=slot.visible or slot.label, status="failed",
+                                             failure=failure, duration_s=0.0, measured_seconds=0.0))
+            problems.append((slot.index, failure, crash_code(code)))
+            statuses.append("failed")
+            continue
+        outcome.device = outcome.device or result.device
+        outcome.metrics += [m.model_copy(update={"device": slot.index}) for m in result.metrics]
+        outcome.measured += result.measured_seconds
+        outcome.devices.append(DeviceRun(index=slot.index, visible=slot.visible or slot.label, device=result.device,
+                                         status=result.status, failure=result.failure,
+                                         duration_s=result.duration_s, measured_seconds=result.measured_seconds))
+        statuses.append(result.status)
+        if result.status == "failed" and result.failure:
+            problems.append((slot.index, result.failure, crash_code(code)))
+    outcome.spread = device_spread(outcome.metrics)
+    for spread in outcome.spread:
+        log.info("%s over %d devices: min %.6g (device %d), median %.6g, max %.6g %s", spread.metric,
+                 spread.devices, spread.min, spread.min_device, spread.median, spread.max, spread.unit)
+    if all(status == "unsupported" for status in statuses):
+        first = next((d.failure for d in outcome.devices if d.failure), None)
+        outcome.failure = first or Failure(kind="unsupported", message="unsupported on every device")
+        outcome.exit_code = EXIT_UNSUPPORTED
+    elif problems or any(status != "success" for status in statuses):
+        odd = [d for d in outcome.devices if d.status != "success"]
+        kind = "user" if problems and all(f.kind == "user" for _, f, _ in problems) else "infrastructure"
+        message = f"{len(odd)} of {len(slots)} devices did not measure: " + "; ".join(
+            f"device {d.index} {d.status}: {d.failure.message if d.failure else '?'}" for d in odd)
+        outcome.failure = Failure(kind=kind, message=message)
+        infra_codes = [c for _, f, c in problems if f.kind != "user"]
+        outcome.exit_code = EXIT_USER_ERROR if kind == "user" else (infra_codes[0] if infra_codes
+                                                                     else EXIT_WORKER_FAILED)
+    return outcome
+
+
+def run_job(job: Job, out_dir: Path, slot: DeviceSlot | None = None, job_file: Path | None = None) -> int:
+    """slot: this process measures that one device of the host (started by a round that measures every
+    device); job_file: where the job is, for those processes."""
     started = datetime.now(timezone.utc)
     startup_s = max(0.0, started.timestamp() - psutil.Process().create_time())
     outcome = Outcome()
+    adapted: dict[str, Any] | None = None
     device: str | None = None
     status = "failed"
     allocator = host_allocator()  # set by main (a case process), not by a test session that calls run_job
@@ -174,19 +334,48 @@ def run_job(job: Job, out_dir: Path) -> int:
         case = load_case(job.case)
         vendor = load_vendor(job.vendor)
         config = case.config_model.model_validate(job.config)
-        spec = vendor.spec_table()
-        device = spec.device
-        log.info("case %s round %d on %s (%s), attempt %d", job.case, job.round, job.host, device, job.attempt)
-        log.info("host allocator: %s", allocator)
-        if isinstance(config, TrainingConfig):
-            outcome = run_training(job, config, out_dir)
-        elif isinstance(config, InferenceConfig):
-            outcome = run_inference(job, case, config, vendor, spec, out_dir)
-        elif case.family == "generate":  # its modules need transformers (the generate extra): imported there
-            outcome = run_generate(config, vendor, spec, out_dir)
+        slots = every_device(config, vendor, job) if slot is None else None
+        if slots is not None:  # this process only starts and waits: the device processes measure
+            assert isinstance(config, EveryDevice)
+            log.info("case %s round %d on %s, attempt %d", job.case, job.round, job.host, job.attempt)
+            job_file = job_file or out_dir / JOB_FILE
+            if not job_file.exists():  # run_job called in-process (tests): the device processes read it there
+                job_file.write_text(job.model_dump_json(), encoding="utf-8")
+            outcome = run_every_device(job, job_file, vendor, slots, config.device_order == "sequential", out_dir)
+            device = outcome.device
         else:
-            outcome = run_base(case, config, vendor, spec, job, out_dir)
-        status = "failed" if outcome.failure else "success"
+            spec = vendor.spec_table()
+            device = spec.device
+            on = f"{device}, device {slot.index}: {slot.label}" if slot is not None else device
+            log.info("case %s round %d on %s (%s), attempt %d", job.case, job.round, job.host, on, job.attempt)
+            log.info("host allocator: %s", allocator)
+            adaptation = read_adaptation(case.folder, case.name, case.family, vendor.name)
+            if adaptation is not None:  # the vendor guide's adaptation points, applied before the case starts
+                adapted = adaptation.summary()  # recorded also when applying it fails
+                applied = apply_adaptation(adaptation, out_dir, cache_root(out_dir),
+                                           image_id=job.image.get("image_id"))
+                adapted = applied.record()
+                log.info("vendor adaptation %s: env %s, installs %s, hooks %s", adapted["folder"],
+                         sorted(applied.env) or "-", {k: v["status"] for k, v in applied.installs.items()} or "-",
+                         list(adaptation.hooks) or "-")
+                if case.family == "training":  # imported here first: a hook file that cannot load is the input's
+                    load_hooks(adaptation)
+            if isinstance(config, TrainingConfig):
+                outcome = run_training(job, config, out_dir)
+                if adapted is not None:
+                    adapted["hooks_called"] = hooks_called(out_dir, job.node_rank * config.nproc_per_node)
+            elif isinstance(config, InferenceConfig):
+                outcome = run_inference(job, case, config, vendor, spec, out_dir)
+            elif case.family == "generate":  # its modules need transformers (the generate extra): imported there
+                outcome = run_generate(config, vendor, spec, out_dir)
+            elif case.family == "operation":
+                outcome = run_operation(config, vendor, spec)
+            else:
+                outcome = run_base(case, config, vendor, spec, job, out_dir)
+            if slot is not None:
+                outcome.metrics = [m.model_copy(update={"device": slot.index}) for m in outcome.metrics]
+        status = "unsupported" if outcome.exit_code == EXIT_UNSUPPORTED else (
+            "failed" if outcome.failure else "success")
     except Unsupported as exc:
         outcome = Outcome(failure=Failure(kind="unsupported", message=str(exc)), exit_code=EXIT_UNSUPPORTED)
         status = "unsupported"
@@ -215,12 +404,14 @@ def run_job(job: Job, out_dir: Path) -> int:
         node_rank=job.node_rank, vendor=job.vendor, status=status, failure=outcome.failure,
         started_at=started, finished_at=finished, duration_s=(finished - started).total_seconds(),
         measured_seconds=outcome.measured, startup_s=startup_s, device=device, metrics=outcome.metrics,
-        convergence=outcome.convergence, inference=outcome.inference, config=job.config,
+        convergence=outcome.convergence, inference=outcome.inference, operation=outcome.operation,
+        config=job.config, devices=outcome.devices, device_spread=outcome.spread,
         provenance=Provenance(
             **engine_info(), command=job.command, python=sys.version.split()[0],
             libraries={**job.controller_libraries, **library_versions()},
             host={**host_info(), "allocator": allocator}, image=job.image,
             config_origins=job.config_origins, run_overrides=job.run_overrides, attempt=job.attempt,
+            adaptation=adapted,
         ),
     )
     write_result(out_dir / RESULT_FILE, result)
@@ -281,6 +472,9 @@ def classify_runtime_error(exc: RuntimeError) -> Exception:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flagperf.entry", description=__doc__)
     parser.add_argument("--job", type=Path, required=True)
+    parser.add_argument("--out", type=Path, default=None, help="the folder to write to (default: the job's)")
+    parser.add_argument("--device-slot", default=None, help="JSON {index, visible, cpus}: measure this one device "
+                                                            "of the host (a round that measures every device)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(levelname)s %(message)s")
     # case.log (and the run_case task's log, which repeats it) holds the case's output, not the transport's:
@@ -297,8 +491,14 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USER_ERROR
     watch_parent()
     watch_deadline(float(job.config.get("timeout_s", 86400.0)))
+    slot: DeviceSlot | None = None
+    if args.device_slot is not None:
+        given = json.loads(args.device_slot)
+        slot = DeviceSlot(int(given["index"]), given.get("visible"),
+                          tuple(given["cpus"]) if given.get("cpus") is not None else None)
+        enter_device(load_vendor(job.vendor).manifest, slot)
     keep_freed_host_memory()  # before anything is measured: forwards reuse freed pages
-    return run_job(job, args.job.parent)
+    return run_job(job, args.out or args.job.parent, slot=slot, job_file=args.job)
 
 
 if __name__ == "__main__":

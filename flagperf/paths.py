@@ -12,6 +12,7 @@ PROJECT_ROOT = Path(os.environ.get("FLAGPERF_HOME", Path(__file__).resolve().par
 # Set by `flagperf server` for its worker: the results folder it serves read-only over HTTP, and its address,
 # so that a run's report is linked from the Prefect UI.
 RESULTS_URL_ENV, RESULTS_ROOT_ENV = "FLAGPERF_RESULTS_URL", "FLAGPERF_RESULTS_ROOT"
+RESULTS_DIR_ENV = "FLAGPERF_RESULTS_DIR"  # the folder runs started from a server write to (its site serves it)
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 

@@ -197,6 +197,14 @@ def run(
     from flows.progress import Progress, RunFolderLog, live_view
     from flows.server import TemporaryServer, configured_api_url
 
+    if configured_api_url() is not None:  # a team server: its sign-in from the credentials file, if not set
+        from flagperf.site.auth import use_client_credentials
+
+        try:
+            use_client_credentials()
+        except FlagperfError as exc:
+            raise _fail(str(exc)) from None
+
     server: TemporaryServer | None = None
     outcome: BaseException | None = None
     progress = Progress(plan, [spec.name for spec in inv.hosts], run_dir)
@@ -377,8 +385,10 @@ def report(run_dir: Annotated[Path, typer.Argument(help="a run folder, results/<
     from flagperf.results.report import build_report
 
     _run_folder(run_dir, "RUN")
+    from flagperf.config.diagnose import report_section
+
     try:
-        _, paths = build_report(run_dir)
+        _, paths = build_report(run_dir, report_section)
     except OSError as exc:
         raise _fail(f"{run_dir}: the report cannot be written: {exc.strerror or exc}", EXIT_FAILED) from None
     _print_summary(read_summary_json(run_dir), run_dir)
@@ -421,28 +431,69 @@ def compare(
         console.print(f"written to {escape(str(out))}", highlight=False)
 
 
+EXIT_HOST_FAILED = 4  # flagperf diagnose: some host failed a rule
+
+
+@app.command()
+def diagnose(
+    run_dir: Annotated[Path, typer.Argument(help="a run folder, results/<run-id>")],
+    baseline: Annotated[Path | None, typer.Option(help="a run folder to hold every figure against")] = None,
+    history: Annotated[bool, typer.Option("--history", help="hold figures against the history's baseline "
+                                                            "(median of the last runs of this vendor and device)")
+                       ] = False,
+    rules: Annotated[Path | None, typer.Option(help="the rules file (default deployments/diagnosis/rules.yaml)")
+                     ] = None,
+) -> None:
+    """Name the outlier devices and hosts: each figure against the fleet median (robust spread: MAD) and a
+    baseline, by the rules file. Writes diagnosis.json and diagnosis.md into the run folder. Exit 0: every
+    host passed; 4: some host failed a rule; 2: bad input."""
+    from flagperf.config.diagnose import diagnose_run
+    from flagperf.results.diagnosis import render_markdown, write_diagnosis
+
+    try:
+        found = diagnose_run(run_dir, rules, baseline, history)
+        write_diagnosis(run_dir, found)
+    except FlagperfError as exc:
+        raise _fail(str(exc)) from None
+    except OSError as exc:
+        raise _fail(f"{run_dir}: the diagnosis cannot be written: {exc.strerror or exc}", EXIT_FAILED) from None
+    console.print(render_markdown(found), markup=False, highlight=False, soft_wrap=True)
+    if found.failed_hosts:
+        raise typer.Exit(EXIT_HOST_FAILED)
+
+
 @app.command()
 def server(
     database_url: Annotated[str | None, typer.Option(
         help="postgresql+asyncpg://user@host:port/db (default: $PREFECT_API_DATABASE_CONNECTION_URL)")] = None,
-    host: Annotated[str, typer.Option(help="address the server listens on (0.0.0.0: every interface)")] = "127.0.0.1",
+    host: Annotated[str, typer.Option(help="address the server listens on (0.0.0.0: every interface, which "
+                                           "needs a sign-in: see --auth-file)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port of the API and UI")] = 4200,
     public_url: Annotated[str | None, typer.Option(
         help="the address browsers use, e.g. http://perf-lab:4200 (default: from --host and --port)")] = None,
-    results: Annotated[Path, typer.Option(help="results folder the worker's runs write to, served read-only "
-                                               "over HTTP so reports open from the UI")] = Path("results"),
-    results_port: Annotated[int | None, typer.Option(help="port of the results folder (default: --port + 1)")] = None,
+    results: Annotated[Path, typer.Option(help="results folder the worker's runs write to, shown on the results "
+                                               "site so reports open from the UI")] = Path("results"),
+    results_port: Annotated[int | None, typer.Option(help="port of the results site (default: --port + 1)")] = None,
+    results_public_url: Annotated[str | None, typer.Option(
+        help="the address browsers use for the results site, e.g. https://results.perf-lab (default: the "
+             "public URL's host with --results-port)")] = None,
+    auth_file: Annotated[Path | None, typer.Option(
+        help="file holding user:password for the sign-in (mode 600, outside the project; default: "
+             "$FLAGPERF_AUTH_FILE, $PREFECT_SERVER_API_AUTH_STRING, then ~/.config/flagperf/server-auth)")] = None,
     pool: Annotated[str, typer.Option(help="process work pool to create and serve")] = "flagperf",
     worker: Annotated[bool, typer.Option(help="also start a worker for the pool")] = True,
+    deploy: Annotated[bool, typer.Option(help="create the deployments of prefect.yaml (else the banner prints "
+                                              "the command)")] = True,
     log_dir: Annotated[Path, typer.Option(help="where the server and worker write their logs")] = Path(
         "results/server"),
 ) -> None:
-    """Start a lasting Prefect server on PostgreSQL, with a process worker and the results folder over HTTP:
-    the set-up for a team."""
-    from flows.server import DATABASE_URL_ENV, check_database_url, serve
+    """Start a lasting Prefect server on PostgreSQL with a process worker, the deployments and the results site,
+    behind one sign-in: the set-up for a team (docs/team-server.md)."""
+    from flows.server import DATABASE_URL_ENV, check_database_url, serve, server_credentials
 
     try:
         url = check_database_url(database_url or os.environ.get(DATABASE_URL_ENV))
+        credentials = server_credentials(host, auth_file)
     except FlagperfError as exc:
         raise _fail(str(exc)) from None
     for option, value in (("--port", port), ("--results-port", results_port)):
@@ -450,11 +501,13 @@ def server(
             raise _fail(f"{option} {value}: not a port number")
     if results_port == port:
         raise _fail(f"--results-port {results_port}: the server already uses it")
-    if public_url is not None and not re.fullmatch(r"https?://[^/\s]+/?", public_url):
-        raise _fail(f"--public-url {public_url}: give scheme, host and port only, e.g. http://perf-lab:4200")
+    for option, address in (("--public-url", public_url), ("--results-public-url", results_public_url)):
+        if address is not None and not re.fullmatch(r"https?://[^/\s]+/?", address):
+            raise _fail(f"{option} {address}: give scheme, host and port only, e.g. http://perf-lab:4200")
     try:
         code = serve(url, host, port, pool, worker, log_dir, results_dir=results, results_port=results_port,
-                     public_url=public_url)
+                     public_url=public_url, results_public_url=results_public_url, credentials=credentials,
+                     deploy=deploy)
     except RuntimeError as exc:
         raise _fail(f"{exc} (logs in {log_dir})", EXIT_FAILED) from None
     raise typer.Exit(code)
@@ -576,6 +629,28 @@ def list_(what: Annotated[str, typer.Argument(help="cases, vendors, suites or al
             console.print(table)
     except FlagperfError as exc:
         raise _fail(str(exc)) from None
+
+
+vendor_app = typer.Typer(help="Check a vendor folder (FlagPerf's vendor guide).", no_args_is_help=True)
+app.add_typer(vendor_app, name="vendor")
+
+
+@vendor_app.command("check")
+def vendor_check(folder: Annotated[Path, typer.Argument(help="a vendor folder, e.g. vendor_images/amd")]) -> None:
+    """Check a vendor folder: manifest, Dockerfile and install step, each monitor run for a few seconds (or
+    reported not checkable here), the peak table and its sources, and every case adaptation's forbidden
+    changes. One line per finding; exit 1 when there is a problem."""
+    from flagperf.hosts.vendorcheck import check_vendor_folder, summary_lines
+
+    try:
+        found = check_vendor_folder(folder)
+    except FlagperfError as exc:
+        raise _fail(str(exc)) from None
+    colours = {"ok": "green", "not checkable here": "yellow", "problem": "red"}
+    for kind, line in summary_lines(found):
+        console.print(f"[{colours[kind]}]{kind}[/] {escape(line)}", highlight=False, soft_wrap=True)
+    if found.problems:
+        raise typer.Exit(EXIT_FAILED)
 
 
 def main() -> None:

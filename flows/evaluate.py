@@ -13,6 +13,7 @@ host-round deployment on its own work queue; the others are driven from here, ov
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import signal
 import sys
@@ -30,7 +31,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.runtime import deployment, flow_run
-from prefect.states import Cancelled, Failed, State
+from prefect.states import Cancelled, Completed, Failed, State
 from pydantic import Field
 
 from flagperf.config.cases import available_cases
@@ -42,6 +43,7 @@ from flagperf.hosts.fleet import close_hosts, master_address, open_host
 from flagperf.hosts.health import check_results_disk, health_file
 from flagperf.hosts.inventory import HostSpec, load_inventory, local_inventory
 from flagperf.hosts.local import Host
+from flagperf.paths import RESULTS_DIR_ENV, RESULTS_ROOT_ENV
 from flagperf.results.schema import (
     KEPT_ON_HOST,
     RESULT_FILE,
@@ -54,7 +56,7 @@ from flagperf.results.schema import (
     write_result,
 )
 from flagperf.results.summary import INTERRUPTED_FILE, RETRIES_DIR
-from flows.host_round import host_healthcheck, host_round
+from flows.host_round import host_healthcheck, host_round, round_outcome
 from flows.logs import route_core_logs
 from tasks.analyze import analyze
 from tasks.collect import STORE_ERRNOS, holds_result, stage_folder
@@ -68,10 +70,74 @@ T = TypeVar("T")
 
 
 BAD_INPUT = "bad input: "  # a failed state's message starting so means nothing ran: the CLI exits 2
+# The final state of a run in which nothing failed but some rounds were unsupported (the CLI exits 3): a
+# Completed state with its own name, so the UI shows it apart from a plain success, with the reason.
+UNSUPPORTED_STATE, PARTLY_UNSUPPORTED_STATE = "Unsupported", "Partly unsupported"
+LISTED_ROUNDS = 5  # rounds named in the final line; the report lists all
+MAX_REASON = 200  # characters of one round's reason in that line (its result.json and the report have all)
+# `flagperf server` sets this (the folder its results site serves) for its worker and deployments: a run
+# started from the server writes there unless its form says otherwise.
+# The names the core's errors give the inputs (the CLI's options), and the form's fields that hold them.
+FORM_FIELDS = {"--set": "overrides", "--cases": "cases", "--suite": "suite", "--vendor": "vendor",
+               "--rounds": "rounds", "--results": "results_dir", "--inventory": "inventory",
+               "monitor_interval_s": "monitor_interval_s"}
 
 
 class EvaluationFailed(FlagperfError):
     """Raised at the end of a run in which some round failed (after the summary is written)."""
+
+
+def default_results_dir() -> str:
+    """The results folder of a run whose form leaves it empty: the one the server serves (``FLAGPERF_RESULTS_DIR``;
+    ``FLAGPERF_RESULTS_ROOT`` from a server that predates it), else `results` in the worker's folder."""
+    return os.environ.get(RESULTS_DIR_ENV) or os.environ.get(RESULTS_ROOT_ENV) or "results"
+
+
+def rounds_line(rounds: list[RoundResult]) -> str:
+    """Each round's label and why, once, "; "-separated: at most LISTED_ROUNDS of them."""
+    listed = [round_outcome(r)[:MAX_REASON] for r in rounds[:LISTED_ROUNDS]]
+    if len(rounds) > LISTED_ROUNDS:
+        listed.append(f"and {len(rounds) - LISTED_ROUNDS} more (report.md)")
+    return "; ".join(listed)
+
+
+def unsupported_state(results: list[RoundResult], data: dict[str, Any]) -> State | None:
+    """The final state of a run with unsupported rounds and no failed one, None for a plain success."""
+    unsupported = [r for r in results if r.status == "unsupported"]
+    if not unsupported:
+        return None
+    if len(unsupported) == len(results):
+        name, head = UNSUPPORTED_STATE, f"nothing measured: all {len(results)} rounds were unsupported"
+    else:
+        name, head = PARTLY_UNSUPPORTED_STATE, (f"{len(unsupported)} of {len(results)} rounds were unsupported "
+                                                "(the others measured)")
+    return Completed(name=name, message=f"{head}: {rounds_line(unsupported)}", data=data)
+
+
+def form_message(exc: ConfigError, inventory: str | None) -> str:
+    """A bad-input line that names the form's field: the CLI's option names become the fields' names, and an
+    error in the inventory file says it is the inventory's."""
+    if exc.source in FORM_FIELDS:
+        return str(ConfigError(FORM_FIELDS[exc.source], exc.key, exc.message))
+    if inventory and same_file(exc.source, inventory):
+        return f"inventory: {exc}"
+    return str(exc)
+
+
+def same_file(a: str, b: str) -> bool:
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except (OSError, ValueError):  # not a path at all (a NUL, a loop of links): not the same file
+        return False
+
+
+def in_form_terms(message: str) -> str:
+    """An evaluation's bad-input message (which names the CLI's option) as a form's: naming the field."""
+    body = message.removeprefix(BAD_INPUT)
+    for option, field in FORM_FIELDS.items():
+        if body.startswith(f"{option}:"):
+            return f"{message[:len(message) - len(body)]}{field}{body[len(option):]}"
+    return message
 
 
 @flow(name="evaluate", log_prints=True, validate_parameters=True)
@@ -95,26 +161,39 @@ def evaluate(
     overrides: "KEY=VALUE" or "CASE.KEY=VALUE" strings, as `flagperf run --set`.
     resume: continue the run folder ``run_id`` that another flow run left (`flagperf run --retry`).
     """
+    return evaluation_state(suite, cases, vendor, rounds, overrides, inventory, results_dir, run_id,
+                            monitor_interval_s, command, resume, form=False)
+
+
+def evaluation_state(suite: str | None, cases: list[str] | None, vendor: str | None, rounds: int | None,
+                     overrides: list[str] | None, inventory: str | None, results_dir: str, run_id: str | None,
+                     monitor_interval_s: float, command: str | None, resume: bool, *, form: bool
+                     ) -> dict[str, Any] | State:
+    """Run the evaluation and end it the way the UI and the CLI read it: a failure ends in a Failed state whose
+    message is the one ERROR line of the run (no traceback: returned, not raised), bad input naming the
+    option (form: the form's field) that is wrong; unsupported rounds end in a named Completed state."""
+    logger = get_run_logger()
     try:
         return run_evaluation(suite, cases, vendor, rounds, overrides, inventory, results_dir, run_id,
                               monitor_interval_s, command, resume)
     except ConfigError as exc:  # bad input, found before any round ran: one line, no traceback
-        get_run_logger().error("%s", exc)
-        return Failed(message=f"{BAD_INPUT}{exc}")
-    except (EvaluationFailed, ResultsUnwritable) as exc:  # said in full by the message; the summary is written
-        get_run_logger().error("%s", exc)
-        return Failed(message=str(exc))
+        message = form_message(exc, inventory) if form else str(exc)
+        logger.error("%s", message)
+        return Failed(message=f"{BAD_INPUT}{message}")
+    except FlagperfError as exc:  # said in full by the message (a failed round, a host, a full disk)
+        logger.error("%s", exc)
+        return Failed(message=str(exc), data=exc)  # state.result() raises it, as when it was raised
     except OSError as exc:  # the results disk (or a host's) refused a file outside any round: one line
         if exc.errno not in STORE_ERRNOS:
             raise
         message = f"cannot write {exc.filename or results_dir}: {exc.strerror}"
-        get_run_logger().error("%s", message)
+        logger.error("%s", message)
         return Failed(message=message)
 
 
 def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | None, rounds: int | None,
                    overrides: list[str] | None, inventory: str | None, results_dir: str, run_id: str | None,
-                   monitor_interval_s: float, command: str | None, resume: bool = False) -> dict[str, Any]:
+                   monitor_interval_s: float, command: str | None, resume: bool = False) -> dict[str, Any] | State:
     logger = get_run_logger()
     if not MIN_MONITOR_INTERVAL_S <= monitor_interval_s <= MAX_MONITOR_INTERVAL_S:
         raise ConfigError("monitor_interval_s", None, f"must be between {MIN_MONITOR_INTERVAL_S} and "
@@ -178,9 +257,13 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
         summary = analyze(run_dir)  # also after an interruption: what was measured is reported
     failed = [r for r in results if r.status == "failed"]
     if failed:
-        raise EvaluationFailed(f"{len(failed)} of {len(results)} rounds failed: " + "; ".join(
-            f"{r.case} round {r.round} on {r.host} ({r.failure.kind if r.failure else '?'})" for r in failed))
-    return {"run_id": plan.run_id, "run_dir": str(run_dir), "counts": summary.counts if summary else None}
+        raise EvaluationFailed(f"{len(failed)} of {len(results)} rounds failed: {rounds_line(failed)}")
+    data = {"run_id": plan.run_id, "run_dir": str(run_dir), "counts": summary.counts if summary else None}
+    state = unsupported_state(results, data)
+    if state is not None:
+        logger.warning("%s", state.message)
+        return state
+    return data
 
 
 class ResultsUnwritable(FlagperfError):
@@ -265,13 +348,15 @@ def evaluate_form(
     rounds: Annotated[int, Field(ge=0)] = 0,
     overrides: list[str] = [],  # noqa: B006
     inventory: str = "",
-    results_dir: str = "results",
+    results_dir: str = "",
     monitor_interval_s: Annotated[float, Field(ge=MIN_MONITOR_INTERVAL_S, le=MAX_MONITOR_INTERVAL_S)] = 1.0,
-) -> dict[str, Any]:
+) -> dict[str, Any] | State:
     """Evaluate a suite (or chosen cases) on the inventory's hosts, N rounds each, and publish the report.
 
     The same evaluation as `flagperf run`, started from the server: the evaluate deployment's form. A retry
-    of a failed run re-runs only its failed rounds.
+    of a failed run re-runs only its failed rounds. It ends Completed; Unsupported (nothing measured) or
+    Partly unsupported when rounds were unsupported; Failed with one line naming the failed rounds and why,
+    or the form field that is wrong.
 
     Args:
         suite: The suite to run (deployments/suites/); ignored when cases are chosen.
@@ -281,12 +366,13 @@ def evaluate_form(
         overrides: Case configuration values for this run, as KEY=VALUE or CASE.KEY=VALUE (flagperf run --set).
         inventory: An inventory or FlagPerf host.yaml, as a path on the worker's machine; empty: that machine.
         results_dir: The results folder on the worker's machine; the run is written to a folder inside it.
+            Empty: the folder the server's results site serves (FLAGPERF_RESULTS_DIR, set by `flagperf server`),
+            else `results` in the worker's folder.
         monitor_interval_s: Seconds between monitor samples (0.1 to 60).
     """
-    return evaluate.fn(suite=None if cases else suite, cases=list(cases) or None,
-                       vendor=None if vendor == "auto" else vendor, rounds=rounds or None,
-                       overrides=list(overrides), inventory=inventory or None, results_dir=results_dir,
-                       monitor_interval_s=monitor_interval_s)
+    return evaluation_state(None if cases else suite, list(cases) or None, None if vendor == "auto" else vendor,
+                            rounds or None, list(overrides) or None, inventory or None,
+                            results_dir or default_results_dir(), None, monitor_interval_s, None, False, form=True)
 
 
 def run_concurrently(calls: list[Callable[[], T]]) -> list[T]:
@@ -439,7 +525,8 @@ def run_node(spec: HostSpec, parameters: dict[str, Any]) -> RoundResult:
         state = dispatch(spec, host_round, "host-round/host-round", parameters)
         returned = state_data(state)
         if not state.is_completed():
-            problem = f"{label}: host-round ended {state.name}: {(state.message or '').partition(chr(10))[0]}"
+            said = (state.message or "").partition("\n")[0].removeprefix(f"{label}: ")
+            problem = f"{label}: host-round ended {state.name}: {said}"
     except Exception as exc:  # the subflow or the deployment run failed outright
         problem = f"{label}: host-round failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     try:

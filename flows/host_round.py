@@ -69,12 +69,23 @@ def host_round(run_dir: str, case: str, round_no: int, host: dict[str, Any], nod
     return round_state(result)
 
 
+def round_label(case: str, round_no: int, host: str) -> str:
+    return f"{case} round {round_no} on {host}"
+
+
+def round_outcome(result: RoundResult) -> str:
+    """"CASE round N on HOST: why", one line, the label said once (the failure messages of the case task
+    already start with it)."""
+    label = round_label(result.case, result.round, result.host)
+    why = " ".join((result.failure.message if result.failure else result.status).split())
+    return f"{label}: {why.removeprefix(label).removeprefix(':').strip() or result.status}"
+
+
 def round_state(result: RoundResult) -> State[dict[str, Any]]:
     """The final state of a host-round: Failed for a failed round (an unsupported one is a result)."""
     data = result.model_dump(mode="json")
     if result.status == "failed":
-        why = result.failure.message if result.failure else "failed"
-        return Failed(message=f"{result.case} round {result.round} on {result.host}: {why}", data=data)
+        return Failed(message=round_outcome(result), data=data)
     return Completed(message=result.status, data=data)
 
 
@@ -117,7 +128,8 @@ def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: C
             host, runtime, job, stage_dir, case.timeout_s, return_state=True)
         failure = failure_of(state.result(raise_on_failure=False))
     except Exception as exc:
-        failure = Failure(kind="infrastructure", message=f"{label}: {type(exc).__name__}: {exc}")
+        failure = Failure(kind="infrastructure", message=f"{round_label(case.name, round_no, host.name)}: "
+                                                         f"{type(exc).__name__}: {exc}")
         get_run_logger().error("%s", failure.message)
     finally:
         if monitors:
@@ -132,7 +144,7 @@ def _collect(host: Host, stage_dir: Path, run_dir: Path, case: CasePlan, round_n
     if collected.is_completed():
         return collected.result()
     # Even the collection failed: the round still gets a result saying so (on disk if the disk takes it).
-    message = f"{label}: collecting the round's files failed: {collected.message}"
+    message = f"{round_label(case.name, round_no, host.name)}: collecting the round's files failed: {collected.message}"
     result = job.failed_result(Failure(kind="infrastructure", message=message), probe)
     try:
         if not (dest / RESULT_FILE).exists():

@@ -1,5 +1,5 @@
-"""Prefect servers for the engine: the lasting one of `flagperf server` (PostgreSQL, a process worker, the
-results folder over HTTP) and the temporary one `flagperf run` starts for a single evaluation.
+"""Prefect servers for the engine: the lasting one of `flagperf server` (PostgreSQL, a process worker, its
+deployments, the results site, one sign-in for all) and the temporary one `flagperf run` starts for a single evaluation.
 
 The embedded default (a temporary server per `flagperf run`) suits one person. A team that wants the
 UI, schedules, retries from the dashboard and one history of runs needs a lasting server, and under
@@ -12,9 +12,10 @@ ends it when the process that started it is gone, even after a SIGKILL: no serve
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
-import functools
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -23,7 +24,6 @@ import sys
 import tempfile
 import threading
 import time
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.error import URLError
@@ -38,14 +38,24 @@ else:  # Python 3.10: the same parser as the tomli package (a dependency there)
     import tomli as tomllib
 
 from flagperf.errors import ConfigError
-from flagperf.paths import PROJECT_ROOT, RESULTS_ROOT_ENV, RESULTS_URL_ENV
+from flagperf.paths import PROJECT_ROOT, RESULTS_DIR_ENV, RESULTS_ROOT_ENV, RESULTS_URL_ENV
 from flagperf.results.schema import atomic_path
+from flagperf.site.auth import (
+    CLIENT_AUTH_ENV,
+    SERVER_AUTH_ENV,
+    Credentials,
+    find_credentials,
+    how_to_set,
+    is_loopback,
+)
 
 DATABASE_URL_ENV = "PREFECT_API_DATABASE_CONNECTION_URL"
 HEALTH_TIMEOUT_S = 180.0
 DATABASE_SECRETS = (DATABASE_URL_ENV, "PGPASSWORD", "PGPASSFILE")
 WATCH_POLL_S = 0.5
 WATCH_GRACE_S = 10.0
+# The results folder `flagperf server` serves, in its worker's and deployments' environment: the evaluate and
+# nightly forms default their results folder to it, so a run started from the UI gets its report on the site.
 
 
 def check_database_url(url: str | None) -> str:
@@ -203,6 +213,7 @@ class TemporaryServer:
                "PREFECT__SERVER_FINAL": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                DATABASE_URL_ENV: f"sqlite+aiosqlite:///{self.folder / 'prefect.db'}"}
         env.pop("PREFECT_API_URL", None)
+        env.pop(SERVER_AUTH_ENV, None)  # a team server's sign-in, exported in this shell, is not this one's
         with self.log_path.open("ab") as log:
             fd = self.socket.fileno()
             self.proc = subprocess.Popen(watched(
@@ -229,43 +240,139 @@ class TemporaryServer:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-class _ResultsHandler(SimpleHTTPRequestHandler):
-    """GET and HEAD only (the base class has no other methods): the folder is served read-only."""
+class SiteServer:
+    """The results site (flagperf/site) on uvicorn, in a thread of this process (it ends with it). The socket is
+    bound here, before the thread starts: a port that is taken fails the start at once, with the port named."""
 
-    def log_message(self, format: str, *args: Any) -> None:
-        return None  # one line per plot request would drown the server's log
+    def __init__(self, app: Any, host: str, port: int) -> None:
+        import uvicorn
+
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.socket = socket.create_server((host, port), family=family)
+        self.port = int(self.socket.getsockname()[1])
+        # log_config None: uvicorn leaves this process's logging alone; no access log (a line per plot).
+        self.server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",
+                                                    log_level="warning", timeout_graceful_shutdown=3))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]},
+                                       name="results-site", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+        self.socket.close()
 
 
-def serve_results(root: Path, host: str, port: int) -> ThreadingHTTPServer:
-    """The results folder over HTTP, read-only, in a thread of this process (it ends with it)."""
+def serve_site(root: Path, host: str, port: int, credentials: Credentials | None,
+               history_url: str | None = None) -> SiteServer:
+    """The results site for ``root``: GET and HEAD only, behind ``credentials`` when given."""
+    from flagperf.site.app import create_app
+
     root.mkdir(parents=True, exist_ok=True)
-    httpd = ThreadingHTTPServer((host, port), functools.partial(_ResultsHandler, directory=str(root)))
-    threading.Thread(target=httpd.serve_forever, name="results-http", daemon=True).start()
-    return httpd
+    return SiteServer(create_app(root, credentials, history_url), host, port)
+
+
+def server_credentials(host: str, auth_file: Path | None) -> Credentials | None:
+    """The sign-in for a server on ``host``: required beyond loopback (anyone who reaches the port could start
+    any deployment, that is run code on the worker), optional on loopback (one person on this machine)."""
+    credentials = find_credentials(auth_file)
+    if credentials is None and not is_loopback(host):
+        raise ConfigError("--host", None, f"{host} opens the server beyond this machine, which needs a sign-in: "
+                                          f"{how_to_set()}")
+    return credentials
+
+
+def deployments_in_project(pool: str | None = None) -> dict[str, Any]:
+    """prefect.yaml, its deployments on ``pool`` (the server's own pool when it is not the file's)."""
+    import yaml
+
+    project = yaml.safe_load((PROJECT_ROOT / "prefect.yaml").read_text(encoding="utf-8"))
+    for spec in project.get("deployments") or []:
+        if pool is not None and isinstance(spec.get("work_pool"), dict):
+            spec["work_pool"] = {**spec["work_pool"], "name": pool}
+    project.pop("definitions", None)  # anchors, already merged in by the loader
+    return project
+
+
+def deploy_command(api_url: str, results_root: Path) -> str:
+    """The one command that creates the deployments by hand (what `--no-deploy` leaves to the admin)."""
+    return (f"cd {shlex.quote(str(PROJECT_ROOT))} && PREFECT_API_URL={api_url} "
+            f"{RESULTS_DIR_ENV}={shlex.quote(str(results_root))} prefect --no-prompt deploy --all")
+
+
+def create_deployments(api_url: str, client_env: dict[str, str], results_root: Path, pool: str,
+                       credentials: Credentials | None, log_dir: Path) -> tuple[list[str], list[str]]:
+    """The deployments of prefect.yaml on the server's pool, made as `prefect deploy --all` makes them (its form
+    schemas read with the results folder's default in the environment); then the user-facing ones get the served
+    results folder in their job variables, so a worker elsewhere runs them with it too. Its output goes to
+    deploy.log. Returns (user-facing, internal) names."""
+    import httpx
+    import yaml
+
+    project = deployments_in_project(pool)
+    with tempfile.TemporaryDirectory(prefix="flagperf-deploy-") as folder:
+        prefect_file = Path(folder) / "prefect.yaml"
+        prefect_file.write_text(yaml.safe_dump(project, sort_keys=False), encoding="utf-8")
+        with (log_dir / "deploy.log").open("ab") as deploy_log:
+            made = subprocess.run(watched([sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all",
+                                           "--prefect-file", str(prefect_file)]),
+                                  cwd=PROJECT_ROOT, env={**client_env, "PWD": str(PROJECT_ROOT)}, stdout=deploy_log,
+                                  stderr=subprocess.STDOUT, timeout=600, check=False, start_new_session=True)
+    if made.returncode != 0:
+        raise RuntimeError(f"creating the deployments failed (see deploy.log); by hand: "
+                           f"{deploy_command(api_url, results_root)}")
+    user, internal = [], []
+    auth = {"Authorization": f"Basic {base64.b64encode(credentials.auth_string.encode()).decode()}"} \
+        if credentials else {}
+    with httpx.Client(base_url=api_url, headers=auth, timeout=30) as http:
+        for spec in project["deployments"]:
+            if "internal" in (spec.get("tags") or []):
+                internal.append(spec["name"])
+                continue
+            user.append(spec["name"])
+            found = http.post("/deployments/filter", json={"deployments": {"name": {"any_": [spec["name"]]}}})
+            found.raise_for_status()
+            for deployment in found.json():
+                if deployment.get("entrypoint") != spec.get("entrypoint"):
+                    continue
+                variables = dict(deployment.get("job_variables") or {})
+                variables["env"] = {**(variables.get("env") or {}), RESULTS_DIR_ENV: str(results_root)}
+                http.patch(f"/deployments/{deployment['id']}", json={"job_variables": variables}).raise_for_status()
+    return user, internal
 
 
 def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_dir: Path, *,
           results_dir: Path = Path("results"), results_port: int | None = None,
-          public_url: str | None = None) -> int:
-    """Start the server (and a worker) and the results folder over HTTP, wait until interrupted, stop all.
-    Returns an exit code."""
+          public_url: str | None = None, results_public_url: str | None = None,
+          credentials: Credentials | None = None, deploy: bool = True) -> int:
+    """Start the server (and a worker), the deployments and the results site, wait until interrupted, stop all.
+    ``credentials`` None only on a loopback ``host`` (see server_credentials). Returns an exit code."""
+    if credentials is None and not is_loopback(host):
+        raise ConfigError("--host", None, f"{host} needs a sign-in: {how_to_set()}")
     api_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}/api"
     base = public_base(host, port, public_url)
     results_root = (results_dir if results_dir.is_absolute() else PROJECT_ROOT / results_dir).resolve()
     if results_port is None:
         results_port = port + 1 if port < 65535 else port - 1
-    results_base = f"{urlsplit(base).scheme}://{urlsplit(base).hostname}:{results_port}"
+    results_base = (results_public_url.rstrip("/") if results_public_url
+                    else f"{urlsplit(base).scheme}://{urlsplit(base).hostname}:{results_port}")
     log_dir.mkdir(parents=True, exist_ok=True)
     # The UI asks /ui-settings where the API is; without this it would point every browser at port 4200.
-    env = {**os.environ, DATABASE_URL_ENV: database_url, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_UI_API_URL": f"{base}/api", "PREFECT_UI_URL": base}
+    env = {k: v for k, v in os.environ.items() if k != CLIENT_AUTH_ENV}
+    env.update({DATABASE_URL_ENV: database_url, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                "PREFECT_UI_API_URL": f"{base}/api", "PREFECT_UI_URL": base})
+    env.pop(SERVER_AUTH_ENV, None)
+    if credentials is not None:  # the environment only: a command line shows in every process list
+        env[SERVER_AUTH_ENV] = credentials.auth_string
     stopping: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: stopping.append(signum))
+    from flagperf.results.history import DEFAULT_URL_ENV as HISTORY_URL_ENV  # pandas: only where the site runs
+
     try:
-        httpd = serve_results(results_root, host, results_port)
+        site = serve_site(results_root, host, results_port, credentials, os.environ.get(HISTORY_URL_ENV))
     except OSError as exc:
-        raise RuntimeError(f"cannot serve the results folder on {host}:{results_port}: {exc.strerror or exc} "
+        raise RuntimeError(f"cannot serve the results site on {host}:{results_port}: {exc.strerror or exc} "
                            f"(choose another --results-port)") from None
     with (log_dir / "server.log").open("ab") as server_log:
         server = subprocess.Popen(watched([sys.executable, "-m", "prefect", "server", "start", "--host", host,
@@ -277,12 +384,22 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
         if stopping:
             return 0
         print(f"server: UI at {base} (API {base}/api), database {urlsplit(database_url).hostname}", flush=True)
-        print(f"results: {results_root} served read-only at {results_base}/", flush=True)
+        if credentials is not None:
+            print(f"sign-in: on, user {credentials.user!r} (from {credentials.source}); the results site asks the "
+                  f"same", flush=True)
+        else:
+            print(f"sign-in: off, for one person on this machine only ({host} is loopback); beyond it the server "
+                  f"needs one: {how_to_set()}", flush=True)
+        print(f"results: {results_root} at {results_base}/ (runs, reports, compare, trends; read-only)", flush=True)
         # The worker, its flow runs and their cases get no database credentials: only the server needs them.
-        client_env = {k: v for k, v in os.environ.items() if k not in DATABASE_SECRETS}
+        client_env = {k: v for k, v in os.environ.items() if k not in (*DATABASE_SECRETS, SERVER_AUTH_ENV)}
         client_env.update(PREFECT_API_URL=api_url, PREFECT_SERVER_ANALYTICS_ENABLED="false",
                           PREFECT_LOGGING_EXTRA_LOGGERS="flagperf", PREFECT_UI_URL=base,
-                          **{RESULTS_URL_ENV: results_base, RESULTS_ROOT_ENV: str(results_root)})
+                          **{RESULTS_URL_ENV: f"{results_base}/runs", RESULTS_ROOT_ENV: str(results_root),
+                             RESULTS_DIR_ENV: str(results_root)})
+        client_env.pop(CLIENT_AUTH_ENV, None)
+        if credentials is not None:
+            client_env[CLIENT_AUTH_ENV] = credentials.auth_string
         # Watched too: killed meanwhile, this command would leave it retrying a server that is gone.
         created = subprocess.run(watched([sys.executable, "-m", "prefect", "--no-prompt", "work-pool", "create", pool,
                                           "--type", "process", "--overwrite"]), env=client_env, capture_output=True,
@@ -295,7 +412,16 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
                     watched([sys.executable, "-m", "prefect", "worker", "start", "--pool", pool]), cwd=PROJECT_ROOT,
                     env=client_env, stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True))
             print(f"worker: pool {pool!r}, running flows from {PROJECT_ROOT}", flush=True)
-        print(f"logs in {log_dir}; export PREFECT_API_URL={base}/api to use it; Ctrl-C stops all", flush=True)
+        if deploy:
+            user, internal = create_deployments(api_url, client_env, results_root, pool, credentials, log_dir)
+            print(f"deployments: {', '.join(user)} (start these); internal, tagged so: {', '.join(internal)} "
+                  f"(dispatched by evaluate)", flush=True)
+        else:
+            print(f"deployments: not created (--no-deploy); to create them: {deploy_command(api_url, results_root)}",
+                  flush=True)
+        auth_hint = f" and {CLIENT_AUTH_ENV}=user:password" if credentials is not None else ""
+        print(f"logs in {log_dir}; export PREFECT_API_URL={base}/api{auth_hint} to use it; Ctrl-C stops all",
+              flush=True)
         while not stopping and all(p.poll() is None for p in processes):
             time.sleep(1)
         failed = [p for p in processes if p.poll() not in (None, 0)]
@@ -305,7 +431,7 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
             signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the shutdown short
         for proc in reversed(processes):  # the worker first, then the server it talks to
             _stop(proc)
-        httpd.shutdown()
+        site.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,14 +13,14 @@ import torch
 from pydantic import Field
 
 from flagperf.errors import CaseUserError
-from flagperf.measure.casekit import CaseConfig, CaseContext, comparable_ratio
+from flagperf.measure.casekit import CaseContext, EveryDevice, comparable_ratio
 from flagperf.results.schema import Metric
 
 # Never more than this share of the host's free memory when the device memory is the host's.
 HOST_MEMORY_CEILING = 0.8
 
 
-class Config(CaseConfig):
+class Config(EveryDevice):
     chunk_mib: int = Field(gt=0, le=1 << 20)
     max_fraction_of_free: float = Field(gt=0, le=1)
     max_gib: float | None = Field(default=None, gt=0, description="stop after this much, whatever is free")

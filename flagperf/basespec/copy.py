@@ -6,12 +6,12 @@ import torch
 from pydantic import Field
 
 from flagperf.config.memory import MemoryNeed
-from flagperf.measure.casekit import CaseContext, TimedCaseConfig
+from flagperf.measure.casekit import CaseContext, EveryDevice, TimedCaseConfig
 from flagperf.results.metrics import COPY_CONVENTION, copy_bytes
 from flagperf.results.schema import Metric
 
 
-class Config(TimedCaseConfig):
+class Config(TimedCaseConfig, EveryDevice):
     size_mib: int = Field(gt=0, le=1 << 20, description="bytes per copy, in MiB")
 
     def memory_need(self) -> MemoryNeed:

@@ -22,7 +22,7 @@ from pydantic import Field, field_validator, model_validator
 from flagperf.basespec.shapesearch import AXES, SearchOutcome, Shape, axis_values, search
 from flagperf.config.memory import MemoryNeed
 from flagperf.errors import CaseUserError, Unsupported
-from flagperf.measure.casekit import CaseContext, TimedCaseConfig
+from flagperf.measure.casekit import CaseContext, EveryDevice, TimedCaseConfig
 from flagperf.measure.timing import TimingPlan, measure
 from flagperf.results.metrics import GEMM_CONVENTION, Chunk, gemm_ops, rate_stats
 from flagperf.results.schema import Metric, ShapeSearch
@@ -38,7 +38,7 @@ FP8_DTYPES: dict[str, torch.dtype] = {"e4m3": torch.float8_e4m3fn, "e5m2": torch
 TENSOR_CORE_INTEGER = ("int8", "fp8")
 
 
-class Config(TimedCaseConfig):
+class Config(TimedCaseConfig, EveryDevice):
     precision: Precision
     m: int = Field(gt=0, le=65536)
     n: int = Field(gt=0, le=65536)

@@ -9,12 +9,12 @@ from pydantic import Field
 
 from flagperf.config.memory import MemoryNeed
 from flagperf.errors import Unsupported
-from flagperf.measure.casekit import CaseContext, TimedCaseConfig
+from flagperf.measure.casekit import CaseContext, EveryDevice, TimedCaseConfig
 from flagperf.results.metrics import TRANSFER_CONVENTION
 from flagperf.results.schema import Metric
 
 
-class Config(TimedCaseConfig):
+class Config(TimedCaseConfig, EveryDevice):
     direction: Literal["h2d", "d2h"]
     size_mib: int = Field(gt=0, le=1 << 20)
     pinned: bool = Field(description="page-locked host buffer (what DMA engines reach at full speed)")

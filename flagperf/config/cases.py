@@ -99,7 +99,7 @@ class CaseDef:
         else:
             module = import_file(self.folder / entry, f"flagperf_case_{self.name.replace('-', '_').replace('.', '_')}",
                                  family=self.family)
-        required = {"inference": INFERENCE_FUNCTIONS, "generate": ()}.get(self.family, ("run",))
+        required = {"inference": INFERENCE_FUNCTIONS, "generate": (), "operation": ()}.get(self.family, ("run",))
         for attr in ("Config", *required):
             if not hasattr(module, attr):
                 raise ConfigError(display_path(self.manifest_path), "entry", f"{entry} has no {attr!r}")
@@ -113,7 +113,7 @@ class CaseDef:
 
     @cached_property
     def _config_read(self) -> type[BaseModel]:
-        required = {"inference": INFERENCE_FUNCTIONS, "generate": ()}.get(self.family, ("run",))
+        required = {"inference": INFERENCE_FUNCTIONS, "generate": (), "operation": ()}.get(self.family, ("run",))
         model = read_case_module(self.folder / self.manifest.entry, self.family, required,
                                  display_path(self.manifest_path), self.manifest.entry)
         if self.family == "inference" and getattr(model, "family", None) != "inference":

@@ -136,9 +136,11 @@ class EngineDef:
         return missing_requirements(self.manifest)
 
 
-def import_engine(manifest: EngineManifest, folder: Path, contract: ContractT, extra: str) -> ContractT:
-    """The engine's ``Engine`` class, a subclass of the family's ``contract``; a missing library is one line
-    naming the package (and the project's extra that installs it, where one does)."""
+def import_engine(manifest: EngineManifest, folder: Path, contract: ContractT, extra: str,
+                  attribute: str = "Engine") -> ContractT:
+    """The engine's class (``attribute``, ``Engine`` unless the family names it otherwise), a subclass of the
+    family's ``contract``; a missing library is one line naming the package (and the project's extra that
+    installs it, where one does)."""
     source = display_path(folder / ENGINE_MANIFEST)
     missing = missing_requirements(manifest)
     for requirement in missing:
@@ -156,8 +158,8 @@ def import_engine(manifest: EngineManifest, folder: Path, contract: ContractT, e
     else:
         module = import_file(folder / str(manifest.file),
                              f"flagperf_{extra}_engine_{folder.parent.parent.name}_{manifest.name}")
-    cls = getattr(module, "Engine", None)
+    cls = getattr(module, attribute, None)
     if not (isinstance(cls, type) and issubclass(cls, contract)):
         raise ConfigError(source, "file" if manifest.file else "module",
-                          f"must define Engine, a subclass of {contract.__module__}.{contract.__qualname__}")
+                          f"must define {attribute}, a subclass of {contract.__module__}.{contract.__qualname__}")
     return cls

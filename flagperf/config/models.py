@@ -27,7 +27,7 @@ log = logging.getLogger("flagperf.config.models")
 
 BUILTIN_KERNEL_PREFIX = "flagperf.basespec."
 # Families whose cases are configurations of one shared driver: case.yaml names it (or leaves entry out).
-FAMILY_DRIVERS = {"generate": "flagperf.generate.driver"}
+FAMILY_DRIVERS = {"generate": "flagperf.generate.driver", "operation": "flagperf.operation.driver"}
 
 
 def is_core_module(entry: str) -> bool:
@@ -86,7 +86,7 @@ class CaseManifest(StrictModel):
     """case.yaml of a base-spec case."""
 
     name: str
-    family: Literal["base", "training", "generate"]
+    family: Literal["base", "training", "generate", "operation"]
     description: str
     entry: str = "bench.py"
     peak: str | None = Field(default=None, description="key of the vendor spec table this case is measured against")
@@ -207,7 +207,8 @@ def merge_vendor_overrides(
                 vendor_source, key, f"overrides the default with the same value ({value!r}); remove the line"
             )
         else:
-            log.info("%s: %s: %r -> %r", vendor_source, key, configurations[key], value)
+            # One per changed key: DEBUG; the plan logs one summary line, and plan.json keeps each change.
+            log.debug("%s: %s: %r -> %r", vendor_source, key, configurations[key], value)
             merged.vendor_changes[key] = (configurations[key], value)
         values[key] = value
         origins[key] = vendor_source

@@ -6,6 +6,7 @@ override rules, value types. The plan is plain data, so the flow and the CLI bui
 
 from __future__ import annotations
 
+import logging
 import secrets
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,6 +24,7 @@ from flagperf.results.provenance import git_revision, source_digest
 
 DEFAULT_SUITE = "smoke"
 PLAN_FILE = "plan.json"
+log = logging.getLogger("flagperf.config.plan")
 
 
 class CasePlan(BaseModel):
@@ -185,6 +187,7 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
             timeout_s=float(merged.values["timeout_s"]), max_retries=int(merged.values["max_retries"]),
         ))
 
+    log_vendor_changes(resolved_vendor.name, plans)
     run_id = run_id or new_run_id()
     if not NAME_PATTERN.match(run_id):
         raise ConfigError("--run-id", None, f"{run_id!r} is not a valid name")
@@ -197,6 +200,15 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
     if run_dir.exists() and not _is_resumable(run_dir, plan, resume):
         raise ConfigError("--results", None, f"{run_dir} already exists; results are never overwritten")
     return plan
+
+
+def log_vendor_changes(vendor: str, plans: list[CasePlan]) -> None:
+    """One INFO line for every default the vendor's files change (each change: DEBUG where it is made, and in
+    plan.json's vendor_changes and origins)."""
+    changed = {p.name: len(p.vendor_changes) for p in plans if p.vendor_changes}
+    if changed:
+        log.info("vendor %s changes %d case default(s) in %d case(s) (%s); each change is in plan.json", vendor,
+                 sum(changed.values()), len(changed), ", ".join(f"{name}: {n}" for name, n in changed.items()))
 
 
 def _is_resumable(run_dir: Path, plan: RunPlan, resume: bool = False) -> bool:

@@ -98,6 +98,10 @@ class VendorManifest(StrictModel):
                                  "(config_<hw>x<nnodes>x<nproc>.yaml); the vendor name when absent")
     spec_module: str = "spec.py"
     spec_settings: dict[str, Any] = Field(default_factory=dict)
+    logical_devices: int | None = Field(
+        default=None, ge=1, le=1024, description="the host's CPUs split into this many logical devices, each "
+        "process pinned to its share of the cores (a CPU setting that gives the every-device path N devices); "
+        "None: the devices torch counts for torch_device")
     monitors: list[MonitorEntry] = Field(default_factory=list)
     container: ContainerOptions
 

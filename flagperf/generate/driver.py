@@ -29,6 +29,7 @@ from flagperf.generate.prompts import (
     synthetic_prompts,
     tokenizer_for,
 )
+from flagperf.results.metrics import TransformerFlops
 from flagperf.results.schema import Failure, Metric, SpecTable
 
 Config = GenerateConfig
@@ -127,6 +128,9 @@ def run_generate(config: GenerateConfig, vendor: str, spec: SpecTable, device: t
     engine = engine_cls(config, EngineEnv(device=device, work_dir=work_dir, log=log))
     peak = spec.peaks.get(config.precision)
     peak = peak if peak is not None and peak.supported else None
+    shape = model_config(config.model, config.checkpoint_path)
+    flops = TransformerFlops(engine.parameters, getattr(shape, "num_hidden_layers", None),
+                             getattr(shape, "hidden_size", None))
     tokenizer = tokenizer_for(config.checkpoint_path, engine.vocab_size)
     metrics: list[Metric] = []
     outputs: dict[int, list[str]] = {}
@@ -135,7 +139,7 @@ def run_generate(config: GenerateConfig, vendor: str, spec: SpecTable, device: t
         traces, served, seconds, window = run_level(engine, config, prompts, pad_id, concurrency)
         measured += seconds
         stats = level_stats(concurrency, traces, seconds)
-        metrics += level_metrics(stats, window, engine.parameters, config.precision, peak)
+        metrics += level_metrics(stats, window, flops, config.precision, peak)
         texts = [tokenizer.decode(t.output_ids) for t in traces]
         outputs[concurrency] = texts
         scored = [(text, prompts.prompts[i].reference) for text, i in zip(texts, served, strict=True)

@@ -85,7 +85,8 @@ class GenerateEngine(ABC):
     @property
     @abstractmethod
     def parameters(self) -> int:
-        """The model's parameter count (MFU counts 2 FLOP per parameter per token)."""
+        """The model's parameters in matrix products (flagperf.training.shapes.matmul_parameters: input
+        embedding tables excluded unless tied to the output head), for the FLOPs of every family's MFU."""
 
     @property
     @abstractmethod

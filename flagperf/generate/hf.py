@@ -17,7 +17,8 @@ from transformers.generation.streamers import BaseStreamer
 
 from flagperf.generate.config import GenerateConfig
 from flagperf.generate.engines import EngineEnv, GenerateEngine, RequestTrace
-from flagperf.generate.models import build_model, parameter_count
+from flagperf.generate.models import build_model
+from flagperf.training.shapes import matmul_parameters
 
 
 def generation_config(max_new_tokens: int, pad_id: int, compile: bool) -> GenerationConfig:
@@ -68,7 +69,7 @@ class Engine(GenerateEngine):
         super().__init__(config, env)
         self.model: Any = build_model(config.model, config.checkpoint_path, config.precision, env.device,
                                       config.seed)
-        self._parameters = parameter_count(self.model)
+        self._parameters = matmul_parameters(self.model)
 
     @property
     def parameters(self) -> int:

@@ -7,8 +7,9 @@
   output tokens/s        all output tokens / the level's timed wall time (the device's throughput)
   tokens/s per user      a request's output tokens / (last token time - arrival), over requests
   requests/s             completed requests / the level's timed wall time
-  MFU       2 x parameters x output tokens/s / the precision's peak FLOP/s (prefill FLOPs are not counted,
-            attention neither: the serving convention, as FlagPerf's generate area counts it)
+  MFU       the level's model FLOPs / its timed wall time / the precision's peak FLOP/s, FLOPs counted as in
+            every family (flagperf.results.metrics.TransformerFlops): each request's prefill and every decode
+            step, 2 x matrix-product parameters per token plus the attention term over its context
 Energy per output token follows from the output tokens/s metric's window and work (the monitors' energy over
 that window / output tokens, in the run summary).
 """
@@ -18,11 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flagperf.generate.engines import RequestTrace
-from flagperf.results.metrics import LatencyStats, latency_stats, model_flops_utilisation
+from flagperf.results.metrics import LatencyStats, TransformerFlops, latency_stats, model_flops_utilisation
 from flagperf.results.schema import Metric, Peak
 
 LEVEL_SEPARATOR = "@c"  # metric names: <what>@c<concurrency>, e.g. ttft_s@c32
-MFU_CONVENTION = "MFU = 2 x parameters FLOP per output token x output tokens/s / {key} peak (prefill not counted)"
+MFU_CONVENTION = "MFU = model FLOPs of the level (prefill and decode) / timed seconds / {key} peak; FLOPs {flops}"
 
 
 def level_name(what: str, concurrency: int) -> str:
@@ -40,6 +41,10 @@ class LevelStats:
     itl: LatencyStats | None
     per_user: LatencyStats  # tokens/s per user over requests (a rate: its p10 is the slow tail)
     e2e: LatencyStats
+    request_tokens: tuple[tuple[int, int], ...] = ()  # (prompt, output) tokens of each request
+
+    def model_flops(self, flops: TransformerFlops) -> float:
+        return sum(flops.generation(prompt, output) for prompt, output in self.request_tokens)
 
     @property
     def tokens_per_s(self) -> float:
@@ -64,7 +69,8 @@ def level_stats(concurrency: int, traces: list[RequestTrace], seconds: float) ->
     return LevelStats(concurrency=concurrency, requests=len(done), output_tokens=sum(t.output_tokens for t in done),
                       seconds=seconds, ttft=latency_stats(ttft), tpot=latency_stats(tpot) if tpot else None,
                       itl=latency_stats(itl) if itl else None, per_user=latency_stats(per_user or [0.0]),
-                      e2e=latency_stats(e2e))
+                      e2e=latency_stats(e2e),
+                      request_tokens=tuple((t.prompt_tokens, t.output_tokens) for t in done))
 
 
 def _latency(name: str, stats: LatencyStats, seconds: float, note: str) -> Metric:
@@ -72,17 +78,18 @@ def _latency(name: str, stats: LatencyStats, seconds: float, note: str) -> Metri
                   iterations=stats.count, measured_seconds=seconds, note=note)
 
 
-def level_metrics(stats: LevelStats, window: tuple[float, float], parameters: int, precision: str,
+def level_metrics(stats: LevelStats, window: tuple[float, float], flops: TransformerFlops, precision: str,
                   peak: Peak | None) -> list[Metric]:
     """The level's metrics; output tokens/s carries the window and work, so energy per token follows."""
     c, seconds = stats.concurrency, stats.seconds
-    mfu = model_flops_utilisation(stats.tokens_per_s, 2.0 * parameters, peak.value if peak else None,
+    per_output_token = stats.model_flops(flops) / stats.output_tokens  # prefill included: MFU is all the work
+    mfu = model_flops_utilisation(stats.tokens_per_s, per_output_token, peak.value if peak else None,
                                   peak.unit if peak else "")
     metrics = [
         Metric(name=level_name("output_tokens_per_s", c), value=stats.tokens_per_s, unit="tokens/s",
                iterations=stats.output_tokens, measured_seconds=seconds, window=list(window),
                work=float(stats.output_tokens), mfu=mfu, mfu_peak_key=precision if peak else None, mfu_peak=peak,
-               convention=MFU_CONVENTION.format(key=precision),
+               convention=MFU_CONVENTION.format(key=precision, flops=flops.convention),
                note=f"{stats.requests} requests, {c} at a time, {stats.output_tokens} output tokens"),
         Metric(name=level_name("tokens_per_s_per_user", c), value=stats.per_user.mean,
                unit="tokens/s", p50=stats.per_user.p50, p90=stats.per_user.p90, p99=stats.per_user.p99,

@@ -22,7 +22,8 @@ from transformers import AutoModelForCausalLM
 from flagperf.generate.config import GenerateConfig
 from flagperf.generate.continuous import ContinuousEngine, NextPrompt
 from flagperf.generate.engines import EngineEnv, RequestTrace
-from flagperf.generate.models import model_config, parameter_count
+from flagperf.generate.models import model_config
+from flagperf.training.shapes import matmul_parameters
 
 VLLM_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
@@ -37,7 +38,7 @@ class Engine(ContinuousEngine):
         hf_config = model_config(config.model, config.checkpoint_path)
         with torch.device("meta"):  # the parameter count (and the model class) without allocating the weights
             skeleton = AutoModelForCausalLM.from_config(hf_config)
-        self._parameters = parameter_count(skeleton)
+        self._parameters = matmul_parameters(skeleton)
         if not hf_config.architectures:  # vLLM picks its model class by this name; a preset's config has none
             hf_config.architectures = [type(skeleton).__name__]
         self._vocab_size = int(hf_config.vocab_size)

@@ -22,6 +22,7 @@ from typing import Any
 from flagperf.config.job import JOB_FILE
 from flagperf.config.vendors import Vendor
 from flagperf.errors import ConfigError
+from flagperf.hosts.adaptation import CACHE_FOLDER as ADAPTATION_CACHE
 from flagperf.hosts.inventory import HostSpec, parse_container_options, resolve_values
 from flagperf.hosts.local import CommandResult, Host, LineSink
 from flagperf.hosts.runtime import Runtime
@@ -244,6 +245,11 @@ class DockerRuntime(Runtime):
         mounts = [Mount(str(host.project_root), str(host.project_root), type="bind", read_only=True)]
         if scratch:
             mounts.append(Mount(str(self.scratch_root), str(self.scratch_root), type="bind", read_only=False))
+            # Vendor adaptations' installs and builds, kept across rounds and runs on this host (one per content).
+            cache = self.scratch_root.parent / ADAPTATION_CACHE
+            if not host.exists(cache):
+                host.write_text(cache / ".keep", "")
+            mounts.append(Mount(str(cache), str(cache), type="bind", read_only=False))
         if data:
             mounts += [Mount(p, p, type="bind", read_only=True) for p in s.data_mounts]
         volumes = list(s.extra_mounts)

@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import psutil
 import torch
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from flagperf.config.job import Job
 
 # The case contract: a case imports its config bases and its context from here.
-__all__ = ["CaseConfig", "CaseContext", "TimedCaseConfig", "comparable_ratio"]
+__all__ = ["CaseConfig", "CaseContext", "EveryDevice", "TimedCaseConfig", "comparable_ratio"]
 
 
 class TimedCaseConfig(CaseConfig):
@@ -46,6 +46,18 @@ class TimedCaseConfig(CaseConfig):
     @property
     def timing(self) -> TimingPlan:
         return TimingPlan(self.warmup_iters, self.min_duration_s, self.min_iters, self.max_duration_s)
+
+
+class EveryDevice(CaseConfig):
+    """Keys of a case that measures one device and is run on every device of its host (flagperf.measure.fanout):
+    one process per device, all at once or one after another."""
+
+    devices: Literal["all", "one"] = Field(
+        default="all", description="all: every device of the host, one process each (per-device figures and the "
+        "host's min, median and max); one: the host's first device only")
+    device_order: Literal["parallel", "sequential"] = Field(
+        default="parallel", description="parallel: every device at once; sequential: one after another, where "
+        "devices share a limit (power, host memory) that would mix their figures")
 
 
 class CaseContext:

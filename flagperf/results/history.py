@@ -177,3 +177,57 @@ def _verdict(fig: Any, history: list[float], min_history: int, sigma: float, flo
 
 def verdicts_as_rows(verdicts: list[Verdict]) -> list[dict[str, Any]]:
     return [asdict(v) for v in verdicts]
+
+
+@dataclass(frozen=True)
+class Series:
+    """One figure's course: a case's metric on one vendor and device."""
+
+    case: str
+    metric: str
+    unit: str | None
+    vendor: str | None
+    device: str | None
+    points: int
+
+
+@dataclass(frozen=True)
+class TrendPoint:
+    run_id: str
+    recorded_at: datetime
+    verdict: Verdict  # judged against the runs before it, as check_run judged it that night
+
+
+def list_series(engine: Engine) -> list[Series]:
+    """Every figure the history holds, per vendor and device, with how many runs measured it."""
+    from sqlalchemy import func
+
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(figures.c.case, figures.c.metric, func.max(figures.c.unit), runs.c.vendor, runs.c.device,
+                   func.count())
+            .join(runs, runs.c.run_id == figures.c.run_id)
+            .group_by(figures.c.case, figures.c.metric, runs.c.vendor, runs.c.device)
+            .order_by(runs.c.vendor, runs.c.device, figures.c.case, figures.c.metric)).all()
+    return [Series(*row) for row in rows]
+
+
+def figure_trend(engine: Engine, case: str, metric: str, vendor: str | None, device: str | None, *,
+                 baseline_runs: int = 5, min_history: int = 3, sigma: float = 3.0, floor: float = 0.01
+                 ) -> list[TrendPoint]:
+    """The figure's value in each run, oldest first, each with the verdict against the runs before it (the
+    baseline band is baseline ± threshold; a regression is a point below it for a rate, above for a duration)."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(figures, runs.c.recorded_at)
+            .join(runs, runs.c.run_id == figures.c.run_id)
+            .where(figures.c.case == case, figures.c.metric == metric,
+                   runs.c.vendor.is_(None) if vendor is None else runs.c.vendor == vendor,
+                   runs.c.device.is_(None) if device is None else runs.c.device == device)
+            .order_by(runs.c.recorded_at)).mappings().all()
+    points = []
+    for i, row in enumerate(rows):
+        earlier = [float(r["value"]) for r in reversed(rows[max(0, i - baseline_runs):i])]
+        points.append(TrendPoint(row["run_id"], row["recorded_at"],
+                                 _verdict(row, earlier, min_history, sigma, floor)))
+    return points

@@ -127,6 +127,48 @@ def mean_median_disagreement(value: float, p10: float, p50: float, p90: float, f
 
 PEAK_SCALE = {"TFLOPS": 1e12, "TOPS": 1e12}
 
+# One FLOPs convention for transformer models in every family (training, inference, generate): stated in each
+# result that uses it, so an MFU reads the same wherever it is shown.
+TRANSFORMER_FLOPS_CONVENTION = (
+    "per token processed (prefill and decode alike): 2 x N for the forward pass (N: parameters in matrix "
+    "products; input embedding tables, which are looked up, excluded unless tied to the output head) + "
+    "4 x layers x hidden x context for attention (QK^T and AV; context: the whole sequence for a prompt or a "
+    "training sequence (PaLM's count, full not causal), the tokens before it for a decoded token); training "
+    "is 3 x forward: 6 x N + 12 x layers x hidden x seq_len")
+NO_ATTENTION_NOTE = "; attention not counted here (the model's layers and hidden size were not given)"
+
+
+@dataclass(frozen=True)
+class TransformerFlops:
+    """A transformer's FLOPs under TRANSFORMER_FLOPS_CONVENTION. Without layers and hidden size the
+    attention term is 0, and the convention says so."""
+
+    matmul_parameters: int
+    layers: int | None = None
+    hidden: int | None = None
+
+    @property
+    def convention(self) -> str:
+        return TRANSFORMER_FLOPS_CONVENTION + ("" if self.layers and self.hidden else NO_ATTENTION_NOTE)
+
+    def _attention(self, context: float) -> float:
+        return 4.0 * self.layers * self.hidden * context if self.layers and self.hidden else 0.0
+
+    def forward_per_token(self, context: float) -> float:
+        return 2.0 * self.matmul_parameters + self._attention(context)
+
+    def training_per_token(self, seq_len: int) -> float:
+        """Forward and backward (twice the forward) of one token of a seq_len-long training sequence."""
+        return 3.0 * self.forward_per_token(seq_len)
+
+    def generation(self, prompt_tokens: int, output_tokens: int) -> float:
+        """One request: the prefill of its prompt (every prompt token over the whole prompt, which also yields
+        the first output token), then output_tokens - 1 decode steps, step i over prompt + i tokens."""
+        prefill = prompt_tokens * self.forward_per_token(prompt_tokens)
+        steps = max(output_tokens - 1, 0)
+        contexts = steps * prompt_tokens + steps * (steps + 1) / 2
+        return prefill + steps * 2.0 * self.matmul_parameters + self._attention(contexts)
+
 
 def model_flops_utilisation(items_per_s: float, flops_per_item: float, peak: float | None, peak_unit: str
                             ) -> float | None:

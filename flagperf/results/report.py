@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import html
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import markdown
 
 from flagperf.results.analysis import read_monitors
+from flagperf.results.operators import plot_speedups
 from flagperf.results.plotting import NOT_DRAWN, pyplot
 from flagperf.results.schema import atomic_path, read_result, write_text_atomic
 from flagperf.results.serving import serving_plots
@@ -137,6 +139,9 @@ def make_plots(run_dir: Path, summary: RunSummary) -> list[tuple[str, Path]] | N
         if path:
             made.append((title, path))
     made += serving_plots(plt, run_dir, plots_dir, summary.rows)
+    speedups = plot_speedups(plt, run_dir, plots_dir / "operator_speedups.png")
+    if speedups:
+        made.append(("Operators: speed-up against native", speedups))
     folders = sorted(p.parent for p in run_dir.glob("*/round*/*_noderank*/result.json")
                      if ROUND_FOLDER.fullmatch(p.parent.name))
     for folder in folders[:MAX_TIMELINES]:
@@ -162,12 +167,17 @@ th {{ background: #f3f3f3; }} img {{ max-width: 100%; }} code {{ background: #f6
 """
 
 
-def build_report(run_dir: Path) -> tuple[RunSummary, dict[str, Path]]:
-    """Summarise a run folder and write every report file; safe to run again on the same folder."""
+def build_report(run_dir: Path, section: Callable[[Path, RunSummary], str] | None = None
+                 ) -> tuple[RunSummary, dict[str, Path]]:
+    """Summarise a run folder and write every report file; safe to run again on the same folder. section: a
+    further Markdown section from a layer above (the fleet diagnosis, which reads a rules file)."""
     summary = summarize(run_dir)
     plots = make_plots(run_dir, summary)
     paths = write_summary(run_dir, summary, NOT_DRAWN if plots is None
                           else [(title, path.relative_to(run_dir)) for title, path in plots])
+    extra = section(run_dir, summary) if section is not None else ""
+    if extra:
+        write_text_atomic(paths["markdown"], paths["markdown"].read_text(encoding="utf-8") + "\n" + extra)
     # The report is text: a '<' in a failure message is shown, never interpreted as HTML.
     text = html.escape((run_dir / REPORT_MD).read_text(encoding="utf-8"), quote=False)
     body = markdown.markdown(text, extensions=["tables"])

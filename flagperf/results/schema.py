@@ -89,6 +89,8 @@ class Metric(_Model):
     warning: str | None = Field(default=None, description="why a reader should not take the figure plainly "
                                                           "(the report shows it beside the figure)")
     search: ShapeSearch | None = Field(default=None, description="max-achievable figures: the shape search")
+    device: int | None = Field(default=None, description="the host's device this figure is of, where the round "
+                                                         "measured every device (None: the round's one device)")
 
 
 class Failure(_Model):
@@ -151,6 +153,74 @@ class InferenceReport(_Model):
     data_path: str | None = Field(default=None, description="how batches reached the device")
 
 
+class OperatorPoint(_Model):
+    """One operator x dtype x shape x implementation of an operation round (flagperf.operation). A point that
+    failed its correctness check has the error and no figure; a skipped one says why it did not run."""
+
+    operator: str
+    group: str
+    dtype: str
+    shape: dict[str, int]
+    source: str = Field(description="where the shape came from: '<model preset> b<batch> s<seq>' or 'given'")
+    implementation: str
+    status: Literal["passed", "failed", "skipped"]
+    error: str | None = Field(default=None, description="failed: the wrong result or the exception; skipped: why")
+    metric: str | None = Field(default=None, description="the name of this point's figure among the metrics")
+    latency_s: float | None = Field(default=None, description="median over the timed iterations")
+    latency_p10_s: float | None = None
+    latency_p90_s: float | None = None
+    iterations: int = 0
+    flops: float | None = Field(default=None, description="FLOPs of one call (compute-bound operators)")
+    bytes: float | None = Field(default=None, description="bytes of one call: inputs read once, outputs written once")
+    value: float | None = Field(default=None, description="TFLOPS or GB/s at the median latency")
+    unit: str | None = None
+    roofline: float | None = Field(default=None, description="roofline time / measured time: max(FLOPs / peak "
+                                                             "FLOP/s, bytes / peak bandwidth) over the median")
+    roofline_basis: str | None = None
+    reference: str | None = Field(default=None, description="how the reference was computed (dtype, device)")
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+    tolerance: dict[str, float] | None = Field(default=None, description="rtol, atol (atol scaled for the shape)")
+    aten_ops: list[str] = Field(default_factory=list, description="the aten operators the native call dispatches")
+
+
+class OperationReport(_Model):
+    """What an operation round measured, point by point, and how."""
+
+    timing: str = Field(description="the clock, warm-up, iterations and statistics")
+    flush: str = Field(description="what was done between iterations to empty the cache, or why nothing was")
+    graphs: str = Field(description="CUDA-graph replay, or why not")
+    counting: dict[str, str] = Field(description="operator -> FLOP and byte counting formulas")
+    tolerances: dict[str, dict[str, float]] = Field(description="dtype -> rtol, atol (before the shape's scale)")
+    implementations: dict[str, str] = Field(default_factory=dict, description="name -> engine folder, or why absent")
+    points: list[OperatorPoint] = Field(default_factory=list)
+
+
+class DeviceRun(_Model):
+    """One device of a round that measured every device of its host (one process per device)."""
+
+    index: int = Field(ge=0, description="the host's device index (the vendor's numbering; a CPU slice's number)")
+    visible: str | None = Field(default=None, description="what the device's process was narrowed to: the "
+                                "visible-devices value, or the CPU cores of a slice")
+    device: str | None = Field(default=None, description="the device's name as its process saw it")
+    status: Literal["success", "unsupported", "failed"]
+    failure: Failure | None = None
+    duration_s: float = Field(ge=0)
+    measured_seconds: float = Field(ge=0)
+
+
+class DeviceSpread(_Model):
+    """One metric over a host's devices: the host's min, median and max, and which device was lowest."""
+
+    metric: str
+    unit: str
+    devices: int = Field(ge=1)
+    min: float
+    median: float
+    max: float
+    min_device: int = Field(description="the device index with the lowest figure")
+
+
 class Provenance(_Model):
     engine_version: str
     git_revision: str | None
@@ -165,6 +235,9 @@ class Provenance(_Model):
     config_origins: dict[str, str]
     run_overrides: dict[str, dict[str, Any]]
     attempt: int = 1
+    adaptation: dict[str, Any] | None = Field(
+        default=None, description="the vendor's adaptation of the case that was applied (cases/<family>/<case>/"
+                                  "vendor/<vendor>/: environment file, requirements, csrc build, extern hooks used)")
 
 
 class RoundResult(_Model):
@@ -188,8 +261,13 @@ class RoundResult(_Model):
     metrics: list[Metric] = Field(default_factory=list)
     convergence: Convergence | None = None
     inference: InferenceReport | None = None
+    operation: OperationReport | None = None
     config: dict[str, Any]
     provenance: Provenance | None = None
+    devices: list[DeviceRun] = Field(default_factory=list, description="every device of the host, where the "
+                                     "round measured each (its metrics carry the device index)")
+    device_spread: list[DeviceSpread] = Field(default_factory=list, description="per metric: the host's "
+                                              "min, median and max over its devices")
 
 
 def round_dir(run_dir: Path, case: str, round_no: int, host: str, node_rank: int = 0) -> Path:

@@ -346,7 +346,9 @@ def serving_markdown(run_dir: Path, rows: pd.DataFrame | None) -> list[str]:
              "server in all and per device, tokens/s each user saw (output tokens / E2EL, mean), interactivity "
              "(1 / mean TPOT), goodput (requests meeting every SLO per second, and their fraction of all "
              "requests), the SLO verdict on p99 TTFT/TPOT with no failed request, energy per output token from "
-             "the monitors over the point's window. Figures are means over rounds; request counts are sums.", ""]
+             "the monitors over the point's window; MFU (batch engines) = the level's model FLOPs (prefill and "
+             "decode, the convention of every family) / its time / peak. Figures are means over rounds; request "
+             "counts are sums.", ""]
     for case, mine in series_of(points).items():
         first = mine[0]
         frontier = slo_frontier(mine)

@@ -10,16 +10,24 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from flagperf.results.analysis import WindowStats, energy_per_work, read_monitors, window_stats, work_unit
+from flagperf.results.analysis import (
+    MonitorSeries,
+    WindowStats,
+    energy_per_work,
+    read_monitors,
+    window_stats,
+    work_unit,
+)
 from flagperf.results.chipstate import CHIP_COLUMNS, headline_state, render_chip_section, window_columns
 from flagperf.results.faults import BOUNDED_NOTE, find_faults
 from flagperf.results.metrics import coefficient_of_variation
+from flagperf.results.operators import operation_markdown
 from flagperf.results.schema import (
     RESULT_FILE,
     Metric,
@@ -43,7 +51,8 @@ MONITOR_COLUMNS = ["power_avg_w", "power_max_w", "energy_j", "energy_source", "e
                    "case_rss_bytes_max", "case_pss_bytes_max", "case_uss_bytes_max",
                    "accel_util_percent_mean", "accel_mem_used_bytes_max",
                    "accel_mem_total_bytes"]
-ROW_COLUMNS = ["case", "family", "round", "host", "node_rank", "nnodes", "nproc_per_node", "status", "metric", "value",
+ROW_COLUMNS = ["case", "family", "round", "host", "node_rank", "device_index", "device_uuid", "nnodes",
+               "nproc_per_node", "status", "metric", "value",
                "unit", "p50", "cv_chunks", "mfu", "warning",
                "peak", "peak_unit", "ratio", "convention", "peak_source", "mfu_peak", "message", "device",
                *MONITOR_COLUMNS,
@@ -64,6 +73,7 @@ class RunSummary:
     progress: dict[str, Any] = field(default_factory=dict)
     retried: list[dict[str, Any]] = field(default_factory=list)
     faults: list[str] = field(default_factory=list)  # what went wrong or was bounded (flagperf/results/faults.py)
+    device_spread: list[dict[str, Any]] = field(default_factory=list)  # per host: min, median, max over devices
 
     @property
     def all_succeeded(self) -> bool:
@@ -73,7 +83,7 @@ class RunSummary:
         return {"run_id": self.run_id, "counts": self.counts, "headline": self.headline,
                 "not_measured": self.not_measured, "problems": self.problems, "context": self.context,
                 "monitor_notes": self.monitor_notes, "scaling": self.scaling, "faults": self.faults,
-                "progress": self.progress, "retried": self.retried}
+                "progress": self.progress, "retried": self.retried, "device_spread": self.device_spread}
 
 
 def load_results(run_dir: Path) -> tuple[list[tuple[Path, RoundResult]], list[str]]:
@@ -124,18 +134,63 @@ def _rows(results: list[tuple[Path, RoundResult]], notes: dict[str, None]) -> pd
             stats = window_stats(monitors, None)
             rows.append({**base, **_monitor_columns(stats, None)})
         for m in r.metrics:
-            stats = window_stats(monitors, tuple(m.window) if m.window else None)  # type: ignore[arg-type]
-            rows.append({**base, "metric": m.name, "value": m.value, "unit": m.unit, "p50": m.p50, "mfu": m.mfu,
+            seen = monitors if m.device is None else for_device(monitors, m.device)
+            stats = window_stats(seen, tuple(m.window) if m.window else None)  # type: ignore[arg-type]
+            rows.append({**base, "device_index": m.device, "device_uuid": device_uuid(monitors, m.device),
+                         "metric": m.name, "value": m.value, "unit": m.unit, "p50": m.p50, "mfu": m.mfu,
                          "cv_chunks": m.cv, "peak": m.peak.value if m.peak else None,
                          "peak_unit": m.peak.unit if m.peak else None, "ratio": m.ratio,
                          "convention": m.convention, "peak_source": m.peak.source if m.peak else None,
                          "mfu_peak": _mfu_peak(m), "warning": m.warning,
                          **_monitor_columns(stats, m), "note": m.note,
                          "search": m.search.model_dump_json() if m.search else None,
-                         **window_columns(monitors, m.window)})
+                         **window_columns(seen, m.window)})
             for note in stats.notes:
                 notes[note] = None
-    return pd.DataFrame(rows, columns=ROW_COLUMNS)
+    frame = pd.DataFrame(rows, columns=ROW_COLUMNS)
+    frame["device_index"] = frame["device_index"].astype("Int64")  # an index, not a float; empty where one device
+    return frame
+
+
+def for_device(monitors: list[MonitorSeries], index: int) -> list[MonitorSeries]:
+    """The monitors as one device's row sees them: host-wide figures, and of the per-device ones only its own
+    (a vendor monitor samples every device of the host; another device's power is not this one's)."""
+    seen = []
+    for series in monitors:
+        others = [c for c in series.samples.columns if c.startswith("dev") and not c.startswith(f"dev{index}.")]
+        header = dict(series.header)
+        if isinstance(header.get("devices"), list):
+            header["devices"] = [d for d in header["devices"] if isinstance(d, dict) and d.get("index") == index]
+        seen.append(replace(series, header=header, samples=series.samples.drop(columns=others)))
+    return seen
+
+
+def device_uuid(monitors: list[MonitorSeries], index: int | None) -> str | None:
+    """The device's UUID or serial number, where a vendor monitor's header gives it."""
+    if index is None:
+        return None
+    for series in monitors:
+        for device in series.header.get("devices") or []:
+            if isinstance(device, dict) and device.get("index") == index:
+                found = device.get("uuid") or device.get("serial")
+                if isinstance(found, str) and found:
+                    return found
+    return None
+
+
+def spread_over_devices(rows: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per case, metric, round and host measured on several devices: the host's min, median and max."""
+    measured = rows[rows["metric"].notna() & rows["device_index"].notna() & (rows["status"] == "success")]
+    table: list[dict[str, Any]] = []
+    for (case, metric, round_no, host), group in measured.groupby(["case", "metric", "round", "host"], sort=False):
+        values = group["value"].astype(float)
+        lowest = group.loc[values.idxmin()]
+        table.append({"case": case, "metric": metric, "round": int(round_no), "host": host,
+                      "unit": group["unit"].iloc[0], "devices": len(group), "min": float(values.min()),
+                      "median": float(values.median()), "max": float(values.max()),
+                      "min_device": int(lowest["device_index"]), "min_device_uuid": _clean(lowest["device_uuid"]),
+                      "per_device": {int(d): float(v) for d, v in zip(group["device_index"], values, strict=True)}})
+    return table
 
 
 def _mfu_peak(metric: Metric) -> str | None:
@@ -222,7 +277,7 @@ def summarize(run_dir: Path) -> RunSummary:
                       counts=counts, problems=problems, context=context, monitor_notes=list(notes),
                       scaling=scaling_table(rows), faults=find_faults(run_dir, loaded, headline),
                       progress=run_progress(run_dir, results),
-                      retried=retried_rounds(run_dir, results))
+                      retried=retried_rounds(run_dir, results), device_spread=spread_over_devices(rows))
 
 
 def run_progress(run_dir: Path, results: list[RoundResult]) -> dict[str, Any]:
@@ -404,6 +459,7 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | str | N
                   f"{fmt(s['throughput'])} {s['unit']} | {fmt(s['speedup'], 3)} | {fmt_pct(s['efficiency'])} |"
                   for s in summary.scaling]
         lines.append("")
+    lines += render_devices(summary.device_spread)
     if any(e["above_peak"] for e in summary.headline):
         lines += ["**A measurement above its peak means the peak is wrong for this machine** (for example a "
                   "CPU that boosts above the clock the spec table could see); see the peak sources below.", ""]
@@ -441,6 +497,22 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | str | N
         for title, path in plots:
             lines += [f"### {title}", "", f"![{title}]({path.as_posix()})", ""]
     return "\n".join(lines)
+
+
+def render_devices(spread: list[dict[str, Any]]) -> list[str]:
+    """Every device of every host: the host's min, median and max per metric, and each device's figure."""
+    if not spread:
+        return []
+    lines = ["## Every device", "", "Each host's devices measured one process each; min names the lowest device.",
+             "", "| case | metric | round | host | devices | min (device) | median | max | per device |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for e in spread:
+        uuid = f", {e['min_device_uuid']}" if e["min_device_uuid"] else ""
+        lowest = f"{fmt(e['min'])} (device {e['min_device']}{uuid})"
+        each = ", ".join(f"{d}: {fmt(v)}" for d, v in sorted(e["per_device"].items()))
+        lines.append(f"| {e['case']} | {e['metric']} | {e['round']} | {e['host']} | {e['devices']} | {lowest} | "
+                     f"{fmt(e['median'])} | {fmt(e['max'])} {e['unit']} | {each} |")
+    return [*lines, ""]
 
 
 def render_faults(summary: RunSummary) -> list[str]:
@@ -520,7 +592,8 @@ def write_summary(run_dir: Path, summary: RunSummary, plots: list[tuple[str, Pat
     paths = {"csv": run_dir / SUMMARY_CSV, "json": run_dir / SUMMARY_JSON, "markdown": run_dir / REPORT_MD}
     write_text_atomic(paths["csv"], summary.rows.to_csv(index=False))
     write_json_atomic(paths["json"], summary.to_json())
-    text = render_markdown(summary, plots) + "\n".join(["", *serving_markdown(run_dir, summary.rows)])
+    text = render_markdown(summary, plots) + "\n".join(["", *serving_markdown(run_dir, summary.rows),
+                                                         *operation_markdown(run_dir, summary.rows)])
     write_text_atomic(paths["markdown"], text)
     return paths
 

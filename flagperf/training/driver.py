@@ -41,14 +41,11 @@ from flagperf.errors import CaseUserError
 from flagperf.measure.casekit import CaseConfig
 from flagperf.measure.device import device_module, synchronize
 from flagperf.measure.perflog import format_line
-from flagperf.results.metrics import model_flops_utilisation
+from flagperf.results.metrics import TransformerFlops, model_flops_utilisation
 
 FINISHED_KEYS = ("e2e_time", "training_throughput", "throughput_unit", "converged", "target_metric",
                  "target", "final_metric", "raw_train_time", "init_time", "epochs", "steps", "extra")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-LM_FLOPS_CONVENTION = ("6 x N x tokens (N: parameters in matrix products, input embedding tables excluded "
-                       "unless tied to the output head) + 12 x layers x hidden x seq_len per token for attention "
-                       "(PaLM's appendix B count, full not causal)")
 T = TypeVar("T")
 
 
@@ -88,6 +85,14 @@ def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "peak RSS of the process"
 
 
+def weights_fingerprint(model: torch.nn.Module) -> list[tuple[tuple[int, ...], tuple[float, float]]]:
+    """Each parameter's shape and two sums of its values (in registration order): equal before and after a
+    hook means the same structure, size and weights, whatever the hook renamed."""
+    with torch.no_grad():
+        return [(tuple(p.shape), (float(p.detach().double().sum()), float(p.detach().double().abs().sum())))
+                for p in model.parameters()]
+
+
 def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The model's repeated blocks: the longest ModuleList of two or more modules of one class with the same
     parameter shapes (Llama's decoder layers, BERT's encoder layers); [] when there is none (ResNet's stages
@@ -103,8 +108,12 @@ def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 class TrainingContext:
-    def __init__(self, config: TrainingConfig, *, device: torch.device, stream: Any = None) -> None:
+    def __init__(self, config: TrainingConfig, *, device: torch.device, stream: Any = None,
+                 hooks: dict[str, Callable[..., Any]] | None = None) -> None:
         self.config = config
+        # The vendor's extern hooks (flagperf.config.adaptation.EXTERN_HOOKS["training"]), checked where used.
+        self.hooks = dict(hooks or {})
+        self.hooks_used: list[str] = []
         self.target_metric, self.target, self.mode = config.target_metric, config.target, config.target_mode
         self.device = device
         self.rank = int(os.environ.get("RANK", "0"))
@@ -153,6 +162,8 @@ class TrainingContext:
         """Onto the device (channels-last for convolutional models), activation checkpointing, DDP or FSDP2
         across processes, then torch.compile, as the config says."""
         config = self.config
+        if "wrap_model" in self.hooks:
+            model = self._vendor_wrap(model)
         if config.activation_checkpointing:
             if not hasattr(model, "gradient_checkpointing_enable"):
                 raise CaseUserError(f"activation_checkpointing: {type(model).__name__} has no checkpointing hook")
@@ -183,6 +194,31 @@ class TrainingContext:
                           activation_checkpointing=config.activation_checkpointing, channels_last=channels_last)
         return model
 
+    def _use(self, hook: str) -> Callable[..., Any]:
+        if hook not in self.hooks_used:
+            self.hooks_used.append(hook)
+            self.extra["vendor_hooks"] = list(self.hooks_used)
+        return self.hooks[hook]
+
+    def _vendor_wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The vendor's wrap_model hook, held to the guide: the model's structure and size (parameter count
+        and shapes) and its initial weights (the checkpoint) come out as they went in."""
+        before = weights_fingerprint(model)
+        wrapped = self._use("wrap_model")(model, self)
+        if not isinstance(wrapped, torch.nn.Module):
+            raise CaseUserError(f"extern hook wrap_model returned {type(wrapped).__name__}, not a torch module")
+        after = weights_fingerprint(wrapped)
+        if [shape for shape, _ in after] != [shape for shape, _ in before]:
+            count = sum(torch.Size(s).numel() for s, _ in after) - sum(torch.Size(s).numel() for s, _ in before)
+            raise CaseUserError(f"extern hook wrap_model changed the model's parameters ({len(before)} -> "
+                                f"{len(after)} tensors, {count:+d} values): the model's structure and size are "
+                                "not the vendor's to change")
+        if not all(torch.allclose(torch.tensor(a), torch.tensor(b), rtol=1e-6, atol=1e-6)
+                   for (_, a), (_, b) in zip(after, before, strict=True)):
+            raise CaseUserError("extern hook wrap_model changed the model's weights: the initial checkpoint is not "
+                                "the vendor's to change")
+        return wrapped
+
     def _fully_shard(self, model: torch.nn.Module, blocks: list[torch.nn.Module]) -> torch.nn.Module:
         """FSDP2: each repeated block (else every direct child holding parameters) is its own shard group, then
         the root; parameters compute in the autocast dtype, gradients are reduced in fp32."""
@@ -203,10 +239,27 @@ class TrainingContext:
                   ) -> torch.optim.Optimizer:
         """``cls(params, **kwargs)``, fused (one kernel for all parameters) where torch has it for the device."""
         params = list(params)
+        if "make_optimizer" in self.hooks:
+            return self._vendor_optimizer(cls, params, kwargs)
         if self.device.type == "cuda" and cls in (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD):
             kwargs.setdefault("fused", True)
         optimizer = cls(params, **kwargs)
         self.extra["optimizer"] = f"{cls.__name__}{' fused' if kwargs.get('fused') else ''}"
+        return optimizer
+
+    def _vendor_optimizer(self, cls: Callable[..., torch.optim.Optimizer], params: list[Any], kwargs: dict[str, Any]
+                          ) -> torch.optim.Optimizer:
+        """The vendor's make_optimizer hook: an instance of exactly the class the case asked for, over exactly
+        the case's parameters (the optimizer type is not the vendor's to change)."""
+        optimizer = self._use("make_optimizer")(cls, params, dict(kwargs), self)
+        if type(optimizer) is not cls:
+            raise CaseUserError(f"extern hook make_optimizer returned {type(optimizer).__name__}, the case asks for "
+                                f"{getattr(cls, '__name__', cls)}: the optimizer type is not the vendor's to change")
+        given = {id(p) for p in params if isinstance(p, torch.Tensor)}
+        held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        if given and held != given:
+            raise CaseUserError("extern hook make_optimizer's optimizer does not hold exactly the case's parameters")
+        self.extra["optimizer"] = f"{type(optimizer).__name__} (extern make_optimizer)"
         return optimizer
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -287,6 +340,8 @@ class TrainingContext:
 
     def step(self, batch_size: int, **values: float | torch.Tensor) -> None:
         self.steps += 1
+        if "on_step" in self.hooks:
+            self._use("on_step")(self, self.steps)
         self.samples += batch_size
         if self._timing:
             self.timed_samples += batch_size
@@ -321,13 +376,13 @@ class TrainingContext:
 
     def language_model(self, parameters: int, tokens_per_sample: int, synthetic: bool, *,
                        layers: int | None = None, hidden: int | None = None) -> None:
-        """Declare an LLM: tokens/s and MFU join the result. FLOPs per token = 6 x parameters, plus
-        12 x layers x hidden x tokens_per_sample for attention when layers and hidden are given."""
+        """Declare an LLM: tokens/s and MFU join the result, FLOPs counted as every family counts them
+        (flagperf.results.metrics.TransformerFlops: 6 x parameters + 12 x layers x hidden x tokens_per_sample per
+        token; the attention term only when layers and hidden are given)."""
         self.tokens_per_sample = tokens_per_sample
-        attention = 12.0 * layers * hidden * tokens_per_sample if layers and hidden else 0.0
-        self.flops_per_sample = (6.0 * parameters + attention) * tokens_per_sample
-        self.flops_convention = LM_FLOPS_CONVENTION if attention else \
-            "6 x N x tokens (N: parameters in matrix products), attention not counted"
+        counted = TransformerFlops(parameters, layers, hidden)
+        self.flops_per_sample = counted.training_per_token(tokens_per_sample) * tokens_per_sample
+        self.flops_convention = counted.convention
         self.extra.update(parameters=parameters, synthetic_data=synthetic, precision=self.config.precision,
                           flops_per_token=self.flops_per_sample / tokens_per_sample)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from flagperf.config.adaptation import load_hooks, read_adaptation
 from flagperf.config.cases import load_case
 from flagperf.config.job import Job
 from flagperf.config.vendors import load_vendor
@@ -68,11 +69,18 @@ def main(argv: list[str] | None = None) -> int:
     else:
         torch.get_device_module(device_type).set_device(local_rank)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    hooks = load_hooks(read_adaptation(case.folder, case.name, case.family, vendor.name))
+    backend = "gloo" if device_type == "cpu" else "nccl"
+    if "setup_distributed" in hooks:  # the vendor's collective library (the backend's name only)
+        backend = str(hooks["setup_distributed"](device_type, backend))
     if world_size > 1:
-        backend = "gloo" if device_type == "cpu" else "nccl"
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=max(60, int(config.timeout_s))))
     torch.manual_seed(config.seed)
-    ctx = TrainingContext(config, device=device)
+    ctx = TrainingContext(config, device=device, hooks={k: v for k, v in hooks.items() if k != "setup_distributed"})
+    if "setup_distributed" in hooks:
+        ctx.extra["vendor_hooks"] = ["setup_distributed"]
+        ctx.hooks_used.append("setup_distributed")
+        ctx.extra["distributed_backend"] = backend
     peak = vendor.spec_table().peaks.get(config.precision)
     ctx.peak = (peak.value, peak.unit) if peak and peak.supported else None
     if ctx.peak:

@@ -14,9 +14,11 @@ from prefect.client.schemas.filters import (
     FlowRunFilterId,
     FlowRunFilterParentFlowRunId,
     LogFilter,
+    LogFilterFlowRunId,
     LogFilterTaskRunId,
 )
 from prefect.client.schemas.objects import TaskRun
+from prefect.client.schemas.sorting import LogSort
 
 PAGE = 200  # the server's largest page (PREFECT_API_DEFAULT_LIMIT)
 T = TypeVar("T")
@@ -65,6 +67,26 @@ def task_runs(flow_run_id: UUID) -> dict[str, TaskRun]:
     return {run.name: run for run in all_task_runs(flow_run_id)}
 
 
+def flow_run_logs(flow_run_id: UUID) -> list[tuple[int, str]]:
+    """(level, message) of each line in the flow run's own log (its task runs' too, not its subflows'), oldest
+    first, once the lines this process still holds have reached the server."""
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=60)
+    with get_client(sync_client=True) as client:
+        logs = _all_pages(lambda offset: client.read_logs(
+            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), limit=PAGE, offset=offset,
+            sort=LogSort.TIMESTAMP_ASC))
+    return [(log.level, log.message) for log in logs]
+
+
+def error_lines(flow_run_id: UUID) -> list[str]:
+    """The flow run's ERROR (and worse) lines; asserts that none of its lines carries a traceback."""
+    logs = flow_run_logs(flow_run_id)
+    assert not [m for _, m in logs if "Traceback (most recent call last)" in m], logs
+    return [m for level, m in logs if level >= 40]
+
+
 def task_logs(task_run_id: UUID) -> list[str]:
     with get_client(sync_client=True) as client:
         logs = client.read_logs(log_filter=LogFilter(task_run_id=LogFilterTaskRunId(any_=[task_run_id])))
@@ -74,23 +96,28 @@ def task_logs(task_run_id: UUID) -> list[str]:
 
 
 def nightly_schedule() -> dict[str, str]:
-    """The nightly deployment's schedule as prefect.yaml declares it."""
+    """The nightly deployment's schedule as `prefect deploy` makes it from prefect.yaml on this machine: its time
+    zone is what the build step (flows/schedule.py) prints."""
     import yaml
+
+    from flows.schedule import machine_timezone
 
     project = yaml.safe_load((Path(__file__).resolve().parents[2] / "prefect.yaml").read_text())
     (nightly,) = [d for d in project["deployments"] if d["name"] == "nightly"]
     (schedule,) = nightly["schedules"]
-    return {"cron": schedule["cron"], "timezone": schedule["timezone"]}
+    (step,) = [s["prefect.deployments.steps.run_shell_script"] for s in nightly["build"]]
+    assert step["script"] == "python3 -m flows.schedule" and schedule["timezone"] == f"{{{{ {step['id']}.stdout }}}}"
+    return {"cron": schedule["cron"], "timezone": machine_timezone()}
 
 
-def assert_schedule_gets_runs(api: str, timeout_s: float = 180) -> list[dict]:
+def assert_schedule_gets_runs(api: str, timeout_s: float = 180, headers: dict[str, str] | None = None) -> list[dict]:
     """Deploy a flow with the nightly's schedule on the server at ``api`` and wait for its scheduler to create
     the upcoming runs. A deployment that shows "Active" and never gets a run (prefect 3.8's scheduler on
-    SQLAlchemy 2.1) fails here. Returns the scheduled runs."""
+    SQLAlchemy 2.1) fails here. ``headers``: the server's sign-in, if it has one. Returns the scheduled runs."""
     import httpx
 
     schedule = nightly_schedule()
-    with httpx.Client(base_url=api, timeout=30) as http:
+    with httpx.Client(base_url=api, headers=headers, timeout=30) as http:
         flow = http.post("/flows/", json={"name": f"schedule-check-{time.time_ns()}"})
         flow.raise_for_status()
         created = http.post("/deployments/", json={

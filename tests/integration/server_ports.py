@@ -23,10 +23,11 @@ def os_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def serves_home(api: str, home: Path) -> bool:
-    """Whether the Prefect server answering at ``api`` is the one started with PREFECT_HOME ``home``."""
+def serves_home(api: str, home: Path, headers: dict[str, str] | None = None) -> bool:
+    """Whether the Prefect server answering at ``api`` is the one started with PREFECT_HOME ``home`` (``headers``:
+    its sign-in, if it has one)."""
     try:
-        answer = httpx.get(f"{api}/admin/settings", timeout=5)
+        answer = httpx.get(f"{api}/admin/settings", headers=headers, timeout=5)
     except httpx.HTTPError:
         return False
     return answer.status_code == 200 and Path(answer.json().get("home", "")) == home
@@ -34,7 +35,7 @@ def serves_home(api: str, home: Path) -> bool:
 
 def start_on_os_ports(start: Callable[[int, int], subprocess.Popen], home: Path,
                       output: Callable[[subprocess.Popen], str], limit_s: float = 240.0,
-                      tries: int = 3) -> tuple[subprocess.Popen, int, int]:
+                      tries: int = 3, headers: dict[str, str] | None = None) -> tuple[subprocess.Popen, int, int]:
     """``start(port, second_port)`` (a Prefect API on ``port``, started with PREFECT_HOME ``home``), until its
     API answers as this server; started again on other ports when it exited and ``output(process)`` (its
     output, read once it has exited) says a port was taken. Returns the process and its two ports."""
@@ -45,7 +46,7 @@ def start_on_os_ports(start: Callable[[int, int], subprocess.Popen], home: Path,
         proc = start(port, second)
         deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline and proc.poll() is None:
-            if serves_home(f"http://127.0.0.1:{port}/api", home):
+            if serves_home(f"http://127.0.0.1:{port}/api", home, headers):
                 return proc, port, second
             time.sleep(1)
         if proc.poll() is None:

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import LogFilter, LogFilterTaskRunId
-from prefect_api import all_task_runs, flow_run_tree
+from prefect.client.schemas.objects import FlowRun
+from prefect_api import all_task_runs, error_lines, flow_run_tree
 from server_ports import start_on_os_ports
 
 from flagperf.results.schema import read_result
@@ -41,11 +42,29 @@ def prefect_cli(*args: str, env: dict[str, str], timeout: float = 180) -> subpro
                           capture_output=True, text=True, timeout=timeout)
 
 
+def wait_final(flow_run_id: object, timeout_s: float = 420) -> FlowRun:
+    deadline = time.time() + timeout_s
+    with get_client(sync_client=True) as client:
+        while True:
+            flow_run = client.read_flow_run(flow_run_id)
+            if (flow_run.state and flow_run.state.is_final()) or time.time() > deadline:
+                return flow_run
+            time.sleep(1)
+
+
 def test_deploy_all_then_run_through_a_worker(flagperf_env: Path, tmp_path: Path) -> None:
+    """What a user of the server gets: the forms (descriptions, choices, the results folder the server serves),
+    the internal deployments marked so, the nightly in this machine's time zone, and runs started from the
+    evaluate form on a real worker ending in one line each: a failed round, bad input (naming the form's
+    field), a good run with the case's log under its task run."""
     from prefect.settings import PREFECT_API_URL
 
+    from flows.evaluate import BAD_INPUT, RESULTS_DIR_ENV
+    from flows.schedule import machine_timezone
+
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PWD": str(ROOT),
-           "FLAGPERF_SUITE_PATH": str(ROOT / "tests" / "fixtures" / "suites")}
+           "FLAGPERF_SUITE_PATH": str(ROOT / "tests" / "fixtures" / "suites"), "PREFECT_WORKER_QUERY_SECONDS": "2",
+           RESULTS_DIR_ENV: str(flagperf_env)}  # as `flagperf server` sets it for its worker
     created = prefect_cli("work-pool", "create", "flagperf", "--type", "process", "--overwrite", env=env)
     assert created.returncode == 0, created.stdout + created.stderr
     deployed = prefect_cli("deploy", "--all", env=env)
@@ -54,11 +73,22 @@ def test_deploy_all_then_run_through_a_worker(flagperf_env: Path, tmp_path: Path
     with get_client(sync_client=True) as client:
         nightly = client.read_deployment_by_name("nightly-regression/nightly")
         evaluate = client.read_deployment_by_name("evaluate/evaluate")
+        internal = [client.read_deployment_by_name(name) for name in ("host-round/host-round",
+                                                                      "host-healthcheck/host-healthcheck")]
     (schedule,) = nightly.schedules
-    assert schedule.schedule.cron == "0 2 * * *" and schedule.schedule.timezone == "Asia/Shanghai"
+    assert schedule.schedule.cron == "0 2 * * *" and schedule.schedule.timezone == machine_timezone()
     assert schedule.active
-    assert {"suite", "cases", "vendor", "rounds", "overrides", "inventory"} <= set(
-        evaluate.parameter_openapi_schema["properties"])
+    form = evaluate.parameter_openapi_schema["properties"]
+    assert {"suite", "cases", "vendor", "rounds", "overrides", "inventory"} <= set(form)
+    assert form["results_dir"]["default"] == "" and RESULTS_DIR_ENV in form["results_dir"]["description"]
+    # The nightly's form is as finished as evaluate's: every field described, choices, no "x | None" fields.
+    nightly_form = nightly.parameter_openapi_schema["properties"]
+    assert all(field.get("description") for field in nightly_form.values()), nightly_form
+    assert "tiny" in nightly_form["suite"]["enum"] and "cpu" in nightly_form["vendor"]["enum"]
+    assert not [name for name, field in nightly_form.items() if "anyOf" in field], nightly_form
+    assert nightly_form["results_dir"]["default"] == "" and "results_dir" not in (nightly.parameters or {})
+    for deployment in internal:
+        assert deployment.description.startswith("Internal") and "internal" in deployment.tags
 
     worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", "flagperf",
                                "--limit", "1"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
@@ -66,16 +96,25 @@ def test_deploy_all_then_run_through_a_worker(flagperf_env: Path, tmp_path: Path
     try:
         from prefect.deployments import run_deployment
 
-        flow_run = run_deployment("evaluate/evaluate", timeout=0, parameters={
-            "suite": "tiny", "rounds": 1, "results_dir": str(flagperf_env)})
-        deadline = time.time() + 420
+        # One run at a time (--limit 1): when a run starts, the one before has exited and its log is complete.
+        failing = wait_final(run_deployment("evaluate/evaluate", timeout=0, parameters={
+            "cases": ["user-error"]}).id)
+        bad = wait_final(run_deployment("evaluate/evaluate", timeout=0, parameters={
+            "cases": ["computation-FP32"], "overrides": ["m=-5"]}).id)
+        flow_run = wait_final(run_deployment("evaluate/evaluate", timeout=0, parameters={
+            "suite": "tiny", "rounds": 1}).id)
+        assert flow_run.state.is_completed(), flow_run.state
+
+        # A failed round: one ERROR line naming it and why, no engine traceback (the run's log is complete).
+        assert failing.state.is_failed() and failing.state.message.startswith(
+            "1 of 1 rounds failed: user-error round 1 on localhost: "), failing.state
+        assert "user-error round 1 on localhost" not in failing.state.message.partition("localhost: ")[2]
+        assert error_lines(failing.id) == [failing.state.message]
+        # Bad input: the form's field, in one line.
+        assert bad.state.is_failed() and bad.state.message.startswith(f"{BAD_INPUT}overrides: m: "), bad.state
+        assert error_lines(bad.id) == [bad.state.message.removeprefix(BAD_INPUT)]
+
         with get_client(sync_client=True) as client:
-            while time.time() < deadline:
-                flow_run = client.read_flow_run(flow_run.id)
-                if flow_run.state and flow_run.state.is_final():
-                    break
-                time.sleep(2)
-            assert flow_run.state.is_completed(), flow_run.state
             case_task = next(t for t in all_task_runs(flow_run.id)
                              if t.name.startswith("run_case[computation-FP32/round1"))
             # Logs are shipped in batches; give the last batch of the finished process time to land.
@@ -88,8 +127,9 @@ def test_deploy_all_then_run_through_a_worker(flagperf_env: Path, tmp_path: Path
         assert any("gemm_fp32:" in m for m in messages), messages
         # The core's own logger, routed to the task run by PREFECT_LOGGING_EXTRA_LOGGERS from prefect.yaml.
         assert any(m.startswith("starting ") and "flagperf.entry" in m for m in messages), messages
-        run_dirs = list(flagperf_env.glob("run*"))
-        assert len(run_dirs) == 1 and (run_dirs[0] / "summary.json").is_file()
+        # Both runs that measured landed in the folder the server serves, without the form naming it.
+        summaries = sorted(run.name for run in flagperf_env.glob("run*") if (run / "summary.json").is_file())
+        assert len(summaries) == 2, list(flagperf_env.iterdir())
     finally:
         stop_workers([worker])
 

@@ -15,9 +15,10 @@ from prefect.client.schemas.filters import (
     ArtifactFilter,
     ArtifactFilterFlowRunId,
 )
-from prefect_api import all_task_runs, flow_run_tree, run_evaluate, task_logs, task_runs
+from prefect_api import all_task_runs, error_lines, flow_run_logs, flow_run_tree, run_evaluate, task_logs, task_runs
 
 from flagperf.results.schema import read_result
+from flows.evaluate import BAD_INPUT
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_server")]
 
@@ -52,6 +53,10 @@ def test_smoke_suite_runs_through_the_real_flow(flagperf_env: Path) -> None:
     # The case's own output is in its task run's logs.
     logs = task_logs(runs["run_case[computation-FP32/round1@localhost]"].id)
     assert any("gemm_fp32:" in line and "TFLOPS" in line for line in logs), logs
+    # The cpu vendor's changes to the cases' defaults: one line in the run's log, not one per key.
+    lines = [message for _, message in flow_run_logs(flow_run_id)]
+    assert len([m for m in lines if m.startswith("vendor cpu changes ")]) == 1, lines
+    assert not [m for m in lines if "vendor/cpu.yaml: " in m], lines
 
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(
@@ -92,7 +97,11 @@ def test_failures_are_retried_only_when_the_infrastructure_failed(flagperf_env: 
         flagperf_env, cases=["crash-once", "user-error", "sleepy", "no-such-dtype"],
         overrides=[f"crash-once.marker={marker}"])
     assert state.is_failed()
-    assert "2 of 4 rounds failed" in state.message
+    # One line names each failed round (once) and why; it is the run's only ERROR line, with no traceback.
+    assert state.message.startswith("2 of 4 rounds failed: user-error round 1 on localhost: "), state.message
+    assert "; sleepy round 1 on localhost: timed out after 3 s" in state.message
+    assert state.message.count(" round 1 on localhost") == 2
+    assert error_lines(state.state_details.flow_run_id) == [state.message]
     runs = task_runs(state.state_details.flow_run_id)
 
     # A crash is retried and the second attempt's numbers are kept, with the crashed attempt's files.
@@ -136,7 +145,8 @@ def test_failures_are_retried_only_when_the_infrastructure_failed(flagperf_env: 
 def test_bad_config_fails_before_any_task(flagperf_env: Path) -> None:
     state, run_dir = run_evaluate(flagperf_env, cases=["computation-FP32"], overrides=["m=-5"])
     assert state.is_failed()
-    assert "--set: m:" in state.message
+    assert state.message.startswith(f"{BAD_INPUT}--set: m:")  # the form names its field: test_deployments.py
+    assert error_lines(state.state_details.flow_run_id) == [state.message.removeprefix(BAD_INPUT)]
     assert task_runs(state.state_details.flow_run_id) == {}
     assert not run_dir.exists()
 
@@ -164,6 +174,8 @@ def test_retrying_a_failed_evaluation_reruns_only_the_failed_rounds(flagperf_env
     assert "input not ready" in rounds["fails-until-fixed/round1@localhost"].message
     kept = run_dir / "computation-FP64" / "round1" / "localhost_noderank0" / "result.json"
     before = kept.read_bytes()
+    first_artifacts = run_artifacts(state.state_details.flow_run_id)
+    assert sorted(a.key for a in first_artifacts) == ["flagperf-report", "flagperf-summary"]
 
     marker.write_text("fixed\n")  # the user fixes the input, then retries the flow run
     flow_run_id = str(state.state_details.flow_run_id)
@@ -195,6 +207,45 @@ def test_retrying_a_failed_evaluation_reruns_only_the_failed_rounds(flagperf_env
     assert [(e["case"], e["round"], e["was"], e["now"]) for e in summary["retried"]] == [
         ("fails-until-fixed", 1, "failed", "success"), ("fails-until-fixed", 2, "failed", "success")]
     assert "run again by a retry of the flow run" in (run_dir / "report.md").read_text(encoding="utf-8")
+    # The retry's artifacts replace the first attempt's: one set, the latest.
+    artifacts = run_artifacts(state.state_details.flow_run_id)
+    assert sorted(a.key for a in artifacts) == ["flagperf-report", "flagperf-summary"]
+    assert not {a.id for a in artifacts} & {a.id for a in first_artifacts}
+    report = next(a for a in artifacts if a.key == "flagperf-report")
+    assert "run again by a retry of the flow run" in report.data
+
+
+def test_a_run_that_measured_nothing_is_not_a_plain_success(flagperf_env: Path) -> None:
+    """Every round unsupported: `flagperf run` exits 3, and the flow run it made ends in a Completed state named
+    Unsupported (not plain Completed) whose message says why."""
+    import os
+    import subprocess
+    import sys
+
+    from prefect.settings import PREFECT_API_URL
+
+    from flagperf.config.plan import PLAN_FILE, RunPlan
+    from flows.evaluate import UNSUPPORTED_STATE
+
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "run", "--cases", "no-such-dtype", "--results",
+                           str(flagperf_env)], cwd=Path(__file__).resolve().parents[2],
+                          env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()},
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-3000:]
+    (run_dir,) = flagperf_env.iterdir()
+    plan = RunPlan.model_validate_json((run_dir / PLAN_FILE).read_text())
+    with get_client(sync_client=True) as client:
+        flow_run = client.read_flow_run(plan.flow_run_id)
+    assert flow_run.state.is_completed() and flow_run.state.name == UNSUPPORTED_STATE
+    assert flow_run.state.message.startswith(
+        "nothing measured: all 1 rounds were unsupported: no-such-dtype round 1 on localhost: "), flow_run.state
+    assert "TF32" in flow_run.state.message
+
+
+def run_artifacts(flow_run_id: object) -> list:
+    with get_client(sync_client=True) as client:
+        return client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
 
 
 def test_training_killed_mid_way_says_where_it_stopped(flagperf_env: Path) -> None:

@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.events.filters import EventFilter, EventNameFilter
+from prefect_api import error_lines
 
 from flagperf.config.vendors import load_vendor
 from flagperf.results.history import history_engine, record_run
 from flagperf.results.schema import Metric, RoundResult, write_result
+from flows.evaluate import BAD_INPUT, RESULTS_DIR_ENV
 from flows.nightly import REGRESSION_EVENT, nightly_regression
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_server")]
@@ -45,13 +47,17 @@ def test_nightly_flags_a_regression_and_emits_an_event(flagperf_env: Path, tmp_p
     """The seeded baseline, 50 TFLOPS of FP32 GEMM, is beyond any 2-core CPU (2 cores x 5 GHz x 64 FLOP per
     cycle is 0.64 TFLOPS): the tiny suite's figure is a regression on every machine CI runs on."""
     monkeypatch.setenv("FLAGPERF_SUITE_PATH", str(ROOT / "tests" / "fixtures" / "suites"))
+    monkeypatch.setenv(RESULTS_DIR_ENV, str(flagperf_env))  # as `flagperf server` sets it: the form's default
     url = f"sqlite:///{tmp_path / 'history.sqlite'}"
     seed_history(url, tmp_path / "seed", value=50.0)  # 50 TFLOPS: no 2-core CPU gets near it
     started = datetime.now(UTC)
-    state = nightly_regression(suite="tiny", rounds=2, results_dir=str(flagperf_env), history_url=url,
-                               return_state=True)
+    state = nightly_regression(suite="tiny", rounds=2, history_url=url, return_state=True)
     assert state.is_failed()
     assert "1 regression(s)" in state.message and "computation-FP32 gemm_fp32" in state.message
+    # The run's one ERROR line is that message (each verdict is a warning), with no traceback.
+    assert error_lines(state.state_details.flow_run_id) == [state.message]
+    (run_dir,) = flagperf_env.glob("run*")
+    assert run_dir.name in state.message and (run_dir / "summary.json").is_file()
     with get_client(sync_client=True) as client:
         deadline = time.time() + 30
         events = []
@@ -62,6 +68,14 @@ def test_nightly_flags_a_regression_and_emits_an_event(flagperf_env: Path, tmp_p
     assert events, "no regression event reached the server"
     assert events[0].payload["case"] == "computation-FP32" and events[0].payload["baseline"] == pytest.approx(
         50.0, rel=0.01)
+
+
+def test_a_bad_history_url_is_said_before_a_night_of_measuring(flagperf_env: Path) -> None:
+    state = nightly_regression(suite="smoke", history_url="not a url", results_dir=str(flagperf_env),
+                               return_state=True)
+    assert state.is_failed() and state.message.startswith(f"{BAD_INPUT}history_url: not a database URL"), state
+    assert error_lines(state.state_details.flow_run_id) == [state.message]
+    assert not flagperf_env.exists()  # nothing ran
 
 
 def test_the_automation_template_is_accepted(tmp_path: Path) -> None:

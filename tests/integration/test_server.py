@@ -1,4 +1,5 @@
-"""`flagperf server` for real: a Prefect server on PostgreSQL with a process worker, stopped cleanly.
+"""`flagperf server` for real: a Prefect server on PostgreSQL with a process worker, its deployments and the
+results site behind one sign-in, stopped cleanly.
 
 Needs a PostgreSQL database: FLAGPERF_TEST_POSTGRES_URL (and PGPASSWORD), as
 deployments/postgres/test-database.sh prints them; .ci/run sets them up."""
@@ -18,6 +19,7 @@ import psutil
 import pytest
 from prefect_api import assert_schedule_gets_runs
 from server_ports import start_on_os_ports
+from site_probe import basic, plant, probe
 
 # In CI the database must be there (.ci/run makes it): a skip there would hide a broken set-up.
 pytestmark = [pytest.mark.integration,
@@ -48,23 +50,35 @@ def pools_in_postgres() -> list[str]:
     return asyncio.run(query())
 
 
-def test_server_on_postgres_with_a_worker(tmp_path: Path) -> None:
-    """On a port other than Prefect's 4200: the UI is told that port (its settings endpoint), the results
-    folder is served read-only beside it, and SIGTERM stops everything it started."""
+def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path: Path) -> None:
+    """On a port other than Prefect's 4200, with a sign-in from a 0600 file: the API, the UI's settings and the
+    results site answer 401 without it and 200 with it; the worker signs in (it comes online); the deployments
+    are made by the server, the internal ones tagged so, the user-facing ones with the served results folder in
+    their environment; the site gives nothing away (the probe); SIGTERM stops everything it started; the
+    password appears in no output or log."""
     results = tmp_path / "results"
-    (results / "run-x").mkdir(parents=True)
-    (results / "run-x" / "report.html").write_text("<p>the report</p>", encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_UI_API_URL")}
+    results.mkdir()
+    planted = plant(results)
+    password = f"pw-{os.getpid()}-not-guessable-{time.time_ns()}"
+    auth_file = tmp_path / "secrets" / "server-auth"
+    auth_file.parent.mkdir()
+    auth_file.write_text(f"lab:{password}\n", encoding="utf-8")
+    auth_file.chmod(0o600)
+    signed_in = basic(f"lab:{password}")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PREFECT_API_URL", "PREFECT_UI_API_URL", "PREFECT_API_AUTH_STRING",
+                        "PREFECT_SERVER_API_AUTH_STRING", "FLAGPERF_AUTH_FILE")}
     env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
 
     def start_server(port: int, results_port: int) -> subprocess.Popen[str]:
         return subprocess.Popen([sys.executable, "-m", "flows.cli", "server", "--database-url",
                                  os.environ["FLAGPERF_TEST_POSTGRES_URL"], "--port", str(port), "--pool",
                                  "flagperf-test", "--results", str(results), "--results-port", str(results_port),
-                                 "--log-dir", str(tmp_path / f"logs-{port}")], cwd=ROOT, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                 "--auth-file", str(auth_file), "--log-dir", str(tmp_path / f"logs-{port}")],
+                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
-    proc, port, results_port = start_on_os_ports(start_server, tmp_path / "prefect-home", said_with_server_log)
+    proc, port, results_port = start_on_os_ports(start_server, tmp_path / "prefect-home", said_with_server_log,
+                                                 headers=signed_in)
     api = f"http://127.0.0.1:{port}/api"
     try:
         workers: list[dict] = []
@@ -72,35 +86,60 @@ def test_server_on_postgres_with_a_worker(tmp_path: Path) -> None:
         while time.time() < deadline and not workers:
             assert proc.poll() is None, proc.stdout.read()
             try:
-                pool = httpx.get(f"{api}/work_pools/flagperf-test", timeout=5)
+                pool = httpx.get(f"{api}/work_pools/flagperf-test", headers=signed_in, timeout=5)
                 if pool.status_code == 200:  # a worker of an earlier server on the same database stays OFFLINE
                     workers = [w for w in httpx.post(f"{api}/work_pools/flagperf-test/workers/filter", json={},
-                                                     timeout=5).json() if w["status"] == "ONLINE"]
+                                                     headers=signed_in, timeout=5).json() if w["status"] == "ONLINE"]
             except httpx.HTTPError:
                 pass
             if not workers:
                 time.sleep(2)
         assert workers, "no worker came online"
         assert pool.json()["type"] == "process"
+        # Signed in or not: the API and the site.
+        assert httpx.post(f"{api}/flow_runs/filter", json={}, timeout=10).status_code == 401
+        assert httpx.post(f"{api}/flow_runs/filter", json={}, headers=basic("lab:wrong-password-123"),
+                          timeout=10).status_code == 401
+        assert httpx.post(f"{api}/flow_runs/filter", json={}, headers=signed_in, timeout=10).status_code == 200
+        site = f"http://127.0.0.1:{results_port}"
+        assert httpx.get(f"{site}/", timeout=10).status_code == 401
+        assert httpx.get(f"{site}/", headers=signed_in, timeout=10).status_code == 200
         # The server really stores in PostgreSQL: the pool is a row there.
         assert "flagperf-test" in pools_in_postgres()  # other tests of the session may add their pools
-        # The UI in a browser asks this endpoint where the API is: this server, not port 4200.
+        # The UI in a browser asks this endpoint where the API is (this server, not port 4200) and whether to
+        # show its login page.
         settings = httpx.get(f"http://127.0.0.1:{port}/ui-settings", timeout=10).json()
-        assert settings["api_url"] == api, settings
-        page = httpx.get(f"http://127.0.0.1:{results_port}/run-x/report.html", timeout=10)
-        assert page.status_code == 200 and page.text == "<p>the report</p>"
-        assert httpx.put(f"http://127.0.0.1:{results_port}/run-x/report.html", content=b"x",
-                         timeout=10).status_code == 501
+        assert settings["api_url"] == api and settings["auth"] == "BASIC", settings
+        # The deployments, made by the server: the banner's line comes once they are there.
+        said = ""
+        while "deployments:" not in said:
+            line = proc.stdout.readline()
+            assert line, f"flagperf server ended: {said}"
+            said += line
+        deployments = {d["name"]: d for d in httpx.post(f"{api}/deployments/filter", json={}, headers=signed_in,
+                                                         timeout=10).json()}
+        assert {"evaluate", "nightly", "host-round", "host-healthcheck"} <= set(deployments)
+        for name in ("host-round", "host-healthcheck"):
+            assert "internal" in deployments[name]["tags"] and deployments[name]["description"].startswith("Internal")
+        for name in ("evaluate", "nightly"):
+            assert "internal" not in deployments[name]["tags"]
+            assert deployments[name]["job_variables"]["env"]["FLAGPERF_RESULTS_DIR"] == str(results.resolve())
+        assert "deployments: evaluate, nightly (start these)" in said
+        assert probe(results_port, planted, signed_in) == []
         # Its scheduler works on this database: a deployment with the nightly's schedule gets its runs.
-        assert_schedule_gets_runs(api)
+        assert_schedule_gets_runs(api, headers=signed_in)
         children = psutil.Process(proc.pid).children(recursive=True)
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=90)
+    out = said + out
     assert proc.returncode == 0, out
     assert "worker: pool 'flagperf-test'" in out
-    assert f"UI at http://127.0.0.1:{port}" in out and f"served read-only at http://127.0.0.1:{results_port}/" in out
+    assert f"UI at http://127.0.0.1:{port}" in out and f"at http://127.0.0.1:{results_port}/ (runs" in out
+    assert f"sign-in: on, user 'lab' (from {auth_file})" in out
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    logs = [p.read_text(errors="replace") for p in tmp_path.glob("logs-*/*.log")]
+    assert logs and not [text for text in [out, *logs] if password in text]
 
 
 def test_a_killed_server_command_leaves_no_server(tmp_path: Path) -> None:

@@ -113,15 +113,16 @@ NOT_DEPLOYED_AT_ROOT = {".git", ".venv", "results", "result", "build", ".whl", "
 NOT_DEPLOYED = {"__pycache__", ".pytest_cache", ".ruff_cache"}
 
 
-def deploy_project(source: Path, bed: Testbed) -> Path:
+def deploy_project(source: Path, bed: Testbed, name: str = "flagperf") -> Path:
     """Copy the project to the test hosts' deploy path (FlagPerf's FLAGPERF_PATH), readable by their user,
     and return it. The hosts run this copy, not the checkout under test: the checkout may sit where the
     hosts' user cannot read (a CI clone under /root), and a real host has its own deployment too. The
-    copy is replaced whole (a new folder, then a rename), so a host never sees half of it."""
+    copy is replaced whole (a new folder, then a rename), so a host never sees half of it. name: another
+    deploy folder, for a test whose rounds must run this checkout while other sessions deploy theirs."""
     import shutil
 
-    target = Path(bed.known_hosts).parent / "deploy" / "flagperf"
-    staging = target.with_name(f".flagperf.{os.getpid()}")
+    target = Path(bed.known_hosts).parent / "deploy" / name
+    staging = target.with_name(f".{name}.{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(source, staging, symlinks=True,
                     ignore=lambda folder, names: [
@@ -133,7 +134,7 @@ def deploy_project(source: Path, bed: Testbed) -> Path:
         if item.is_file() and not item.is_symlink():
             item.chmod(item.stat().st_mode | 0o444)
     staging.parent.chmod(0o755)
-    old = target.with_name(f".flagperf.old.{os.getpid()}")
+    old = target.with_name(f".{name}.old.{os.getpid()}")
     if target.exists():
         target.rename(old)
     staging.rename(target)

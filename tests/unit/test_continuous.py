@@ -18,9 +18,10 @@ from flagperf.generate.config import GenerateConfig
 from flagperf.generate.driver import run_level
 from flagperf.generate.engines import EngineEnv, GenerateEngine
 from flagperf.generate.metrics import level_stats
-from flagperf.generate.models import build_model, parameter_count
+from flagperf.generate.models import build_model
 from flagperf.generate.prompts import synthetic_prompts
 from flagperf.generate.vllm_engine import Engine as VllmEngine
+from flagperf.training.shapes import matmul_parameters
 
 NEW_TOKENS = 4
 
@@ -66,7 +67,7 @@ class VllmOnHf(VllmEngine):
     def __init__(self, config: GenerateConfig, env: EngineEnv, tokens_short: int = 0) -> None:
         GenerateEngine.__init__(self, config, env)
         self.model = build_model(config.model, None, config.precision, env.device, config.seed)
-        self._parameters, self._vocab_size = parameter_count(self.model), int(self.model.config.vocab_size)
+        self._parameters, self._vocab_size = matmul_parameters(self.model), int(self.model.config.vocab_size)
         self.core = StepperOnHf(self.model)
         self._ids = itertools.count()
         self.tokens_short = tokens_short

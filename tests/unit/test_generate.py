@@ -26,6 +26,7 @@ from flagperf.generate.hf import Engine, generation_config, left_pad
 from flagperf.generate.metrics import level_metrics, level_stats
 from flagperf.generate.prompts import ByteTokenizer, read_prompt_file, rouge_scores, synthetic_prompts
 from flagperf.inference.data import in_main_process
+from flagperf.results.metrics import TransformerFlops
 from flagperf.results.report import build_report
 from flagperf.results.schema import read_result
 
@@ -57,7 +58,7 @@ def test_every_request_gets_exactly_max_new_tokens(levels: dict[int, Any]) -> No
         assert [t.output_tokens for t in traces] == [6] * 8
         assert all(len(t.output_ids) == 6 for t in traces)
         stats = level_stats(concurrency, traces, seconds)
-        metric = {m.name: m for m in level_metrics(stats, (0.0, seconds), 1000, "fp32", None)}
+        metric = {m.name: m for m in level_metrics(stats, (0.0, seconds), TransformerFlops(1000), "fp32", None)}
         assert metric[f"output_tokens_per_s@c{concurrency}"].work == 48
         assert metric[f"output_tokens_per_s@c{concurrency}"].value == pytest.approx(48 / seconds)
         assert metric[f"requests_per_s@c{concurrency}"].value == pytest.approx(8 / seconds)
@@ -99,8 +100,12 @@ def test_metric_definitions_on_known_timestamps() -> None:
     from flagperf.results.schema import Peak
 
     peak = Peak(value=1.0, unit="TFLOPS", source="test")
-    tokens = next(m for m in level_metrics(stats, (10.0, 12.0), 10**9, "bf16", peak) if m.name.startswith("output"))
-    assert tokens.mfu == pytest.approx(2 * 10**9 * 4.0 / 1e12) and tokens.window == [10.0, 12.0]
+    flops = TransformerFlops(10**9, layers=2, hidden=8)
+    tokens = next(m for m in level_metrics(stats, (10.0, 12.0), flops, "bf16", peak) if m.name.startswith("output"))
+    # Each request: prefill of 4 tokens over 4 (2e9 + 4*2*8*4 each), then 3 decode steps over 5, 6, 7 tokens.
+    per_request = 4 * (2e9 + 4 * 2 * 8 * 4) + 3 * 2e9 + 4 * 2 * 8 * (5 + 6 + 7)
+    assert tokens.mfu == pytest.approx(2 * per_request / 2.0 / 1e12) and tokens.window == [10.0, 12.0]
+    assert "prefill and decode" in tokens.convention and "4 x layers x hidden x context" in tokens.convention
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:

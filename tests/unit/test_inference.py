@@ -94,13 +94,17 @@ def test_flagperf_configurations_load_unchanged(monkeypatch: pytest.MonkeyPatch,
     assert standard.config["fp16"] is True and standard.config["exist_onnx_path"] is None
     assert standard.origins["batch_size"].endswith("flagperf-format/configurations.yaml")
     assert standard.origins["image_size"].endswith("flagperf-format/parameters.yaml")
-    # The cpu vendor's file overrides it under FlagPerf's rules (each change logged).
-    with caplog.at_level(logging.INFO, logger="flagperf.config.models"):
+    # The cpu vendor's file overrides it under FlagPerf's rules (each change logged at DEBUG, one INFO summary).
+    with caplog.at_level(logging.DEBUG, logger="flagperf.config"):
         cpu = plan_run(cases=["flagperf-format"], vendor="cpu", results_dir="unused").cases[0]
     assert cpu.config["compiler"] == "onnxruntime" and cpu.config["batch_size"] == 4
     assert cpu.vendor_changes["compiler"] == ["tensorrt", "onnxruntime"]
     assert cpu.origins["compiler"].endswith("vendor/cpu_configurations.yaml")
-    assert any("compiler: 'tensorrt' -> 'onnxruntime'" in r.getMessage() for r in caplog.records)
+    assert any("compiler: 'tensorrt' -> 'onnxruntime'" in r.getMessage() for r in caplog.records
+               if r.levelno == logging.DEBUG)
+    (summary,) = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert summary.startswith(f"vendor cpu changes {len(cpu.vendor_changes)} case default(s) in 1 case(s) "
+                              f"(flagperf-format: {len(cpu.vendor_changes)})"), summary
 
 
 def _copy_flagperf_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, vendor_yaml: str) -> Path:

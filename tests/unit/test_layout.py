@@ -1,8 +1,8 @@
 """The layout is a rule, not a picture: imports point down the layers and no module imports itself back.
 
 Layers, bottom to top (a module may import its own layer's wing or anything below):
-  0 flagperf (root: errors, paths, the package)     1 results, monitoring      2 config
-  3 measure, hosts                                  4 families: basespec, inference, training, generate
+  0 flagperf (root: errors, paths, the package)     1 results, monitoring      2 config, site (the results site)
+  3 measure, hosts                                  4 families: basespec, inference, training, generate, operation
   5 entry                                           6 tasks                    7 flows
 Every import counts: module level, inside functions, and under TYPE_CHECKING.
 """
@@ -14,9 +14,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("flagperf", "tasks", "flows")
-FAMILIES = ("basespec", "inference", "training", "generate")
+FAMILIES = ("basespec", "inference", "training", "generate", "operation")
 RANKS = {"flagperf": 0, "flagperf.errors": 0, "flagperf.paths": 0, "flagperf.results": 1, "flagperf.monitoring": 1,
-         "flagperf.config": 2, "flagperf.measure": 3, "flagperf.hosts": 3, "flagperf.entry": 5, "tasks": 6, "flows": 7,
+         "flagperf.config": 2, "flagperf.site": 2,
+         "flagperf.measure": 3, "flagperf.hosts": 3, "flagperf.entry": 5, "tasks": 6, "flows": 7,
          **{f"flagperf.{family}": 4 for family in FAMILIES}}
 
 

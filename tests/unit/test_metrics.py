@@ -153,3 +153,18 @@ def test_throughput_metric_carries_mfu_against_the_precision_peak() -> None:
     assert metric.mfu == pytest.approx(640.0 * 1e9 / 2e12)
     assert metric.mfu_peak_key == "fp16" and "MFU" in metric.convention
     assert ctx.throughput_metric("x", chunks, 64, "samples").mfu is None
+
+
+def test_one_transformer_flops_convention_for_training_and_generation() -> None:
+    from flagperf.results.metrics import TransformerFlops
+
+    llama = TransformerFlops(matmul_parameters=1_000, layers=2, hidden=16)
+    # Training: 6N + 12 x layers x hidden x seq_len per token (PaLM's count), i.e. 3 x the forward.
+    assert llama.training_per_token(128) == 6 * 1_000 + 12 * 2 * 16 * 128
+    assert llama.training_per_token(128) == 3 * llama.forward_per_token(128)
+    # Generation: a 3-token prompt (3 tokens over 3) then 2 decode steps over 4 and 5 tokens.
+    assert llama.generation(3, 3) == 3 * (2_000 + 4 * 2 * 16 * 3) + 2 * 2_000 + 4 * 2 * 16 * (4 + 5)
+    assert llama.generation(3, 1) == 3 * llama.forward_per_token(3)  # the first output token is the prefill's
+    assert "not counted" not in llama.convention
+    bare = TransformerFlops(matmul_parameters=1_000)
+    assert bare.training_per_token(128) == 6_000 and "attention not counted" in bare.convention

@@ -1,10 +1,10 @@
-"""flows/server.py without a Prefect server: the parent watcher, the results folder over HTTP, the UI address,
+"""flows/server.py without a Prefect server: the parent watcher, the UI address (the results site is tested in
+tests/integration/test_results_site.py),
 and the profile look-up; and the evaluate form's parameter schema as Prefect builds it for a deployment."""
 
 from __future__ import annotations
 
 import contextlib
-import http.client
 import os
 import signal
 import subprocess
@@ -12,12 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 
 from flagperf.paths import PROJECT_ROOT
-from flows.server import configured_api_url, public_base, serve_results
+from flows.server import configured_api_url, public_base
 
 
 def wait_for(predicate, what: str, limit_s: float = 60.0) -> None:
@@ -70,44 +69,6 @@ def test_a_signal_to_the_watcher_reaches_the_command(tmp_path: Path) -> None:
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(watcher.pid, signal.SIGKILL)
-
-
-def raw_get(port: int, target: str) -> tuple[int, bytes]:
-    """GET with the request target sent byte for byte: httpx (as browsers) resolves '..' before sending, so a
-    traversal test through it would never reach the server with one."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("GET", target)
-        response = conn.getresponse()
-        return response.status, response.read()
-    finally:
-        conn.close()
-
-
-def test_results_are_served_read_only(tmp_path: Path) -> None:
-    served = tmp_path / "results"
-    (served / "run1" / "plots").mkdir(parents=True)
-    (served / "run1" / "report.html").write_text("<h1>report</h1>", encoding="utf-8")
-    (tmp_path / "secret.txt").write_text("not to be served", encoding="utf-8")  # beside the folder, not in it
-    httpd = serve_results(served, "127.0.0.1", 0)  # the OS gives the port as it binds
-    try:
-        port = httpd.server_address[1]
-        base = f"http://127.0.0.1:{port}"
-        page = httpx.get(f"{base}/run1/report.html", timeout=10)
-        assert page.status_code == 200 and page.text == "<h1>report</h1>"
-        assert page.headers["content-type"].startswith("text/html")
-        for method in ("PUT", "POST", "DELETE"):
-            assert httpx.request(method, f"{base}/run1/report.html", content=b"x", timeout=10).status_code == 501
-        assert raw_get(port, "/run1/report.html") == (200, b"<h1>report</h1>")  # the raw client works
-        for target in ("/../secret.txt", "/run1/../../secret.txt", "/run1/plots/../../../secret.txt",
-                       "/%2e%2e/secret.txt", "/%2E%2E%2Fsecret.txt", "/run1/..%2f..%2fsecret.txt",
-                       "/..%5csecret.txt", "//../secret.txt"):
-            status, body = raw_get(port, target)
-            assert status == 404 and b"not to be served" not in body, (target, status)
-        assert (served / "run1" / "report.html").read_text(encoding="utf-8") == "<h1>report</h1>"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
 
 
 def test_public_base() -> None:

@@ -23,6 +23,7 @@ from flagperf.results.compare import (
     pareto_frontier,
     serving_comparison_markdown,
 )
+from flagperf.results.metrics import TransformerFlops
 from flagperf.results.report import build_report
 from flagperf.results.schema import Metric, RoundResult, write_result
 from flagperf.results.serving import serving_points
@@ -106,7 +107,7 @@ def serving_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # A batch engine's level: 2 requests of 4 tokens, 50 ms apart after a first token at 100 ms, in 0.5 s.
     traces = [RequestTrace(arrival=0.0, prompt_tokens=8, token_times=[0.1, 0.15, 0.2, 0.25], output_ids=[1] * 4)
               for _ in range(2)]
-    hf = level_metrics(level_stats(2, traces, 0.5), (T0, T0 + 0.5), 1000, "fp32", None)
+    hf = level_metrics(level_stats(2, traces, 0.5), (T0, T0 + 0.5), TransformerFlops(1000), "fp32", None)
     write_round(run, "batch-case", hf, {"engine": "hf", "precision": "fp32"})
     return run
 

@@ -221,7 +221,7 @@ def test_unknown_vendor_lists_known(vendor_root: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_vendor("nope")
     assert info.value.source == "--vendor"
-    assert "acme, cpu" in info.value.message
+    assert "(known: acme, " in info.value.message and ", cpu" in info.value.message
 
 
 def test_nvml_monitor_samples_only_the_cases_gpus() -> None:

@@ -1,5 +1,8 @@
 """NVML monitor for the nvidia vendor: per GPU utilisation, memory used and total, power, the
-total-energy counter (relative to start), temperature, SM clock and the active throttle reasons.
+total-energy counter (relative to start), temperature, SM clock and the active throttle reasons; and the health
+facts the fleet diagnosis reads (flagperf.results.diagnosis): uncorrected ECC errors (volatile: since the
+driver loaded), XID critical-error events seen while it runs, and page retirement or row remapping pending.
+A figure a GPU or driver does not report is null, never 0.
 
 Uses nvidia-ml-py (NVML's Python binding), not nvidia-smi's human table. Where NVML cannot be used,
 the header says why and the monitor exits at once (no samples, never zeros).
@@ -41,6 +44,51 @@ def _clock_event_reasons(pynvml: Any, handle: Any) -> int | None:
         if fn is not None and (value := _call(fn, handle)) is not None:
             return int(value)
     return None
+
+
+def retirement_pending(pynvml: Any, handle: Any) -> int | None:
+    """1 when retired pages (pre-Ampere) or remapped rows (Ampere and later) wait for a GPU reset, or a row
+    remapping failed; 0 when the GPU says none; None when it reports neither."""
+    rows = _call(pynvml.nvmlDeviceGetRemappedRows, handle) if hasattr(pynvml, "nvmlDeviceGetRemappedRows") else None
+    if rows is not None:
+        _, _, pending, failed = rows
+        return int(bool(pending) or bool(failed))
+    pages = _call(pynvml.nvmlDeviceGetRetiredPagesPendingStatus, handle) \
+        if hasattr(pynvml, "nvmlDeviceGetRetiredPagesPendingStatus") else None
+    return None if pages is None else int(bool(pages))
+
+
+class XidEvents:
+    """XID critical-error events per GPU index, counted from the monitor's start (an NVML event set polled
+    without waiting at each sample); None for a GPU whose events cannot be registered."""
+
+    def __init__(self, pynvml: Any, handles: dict[int, Any]) -> None:
+        self.pynvml = pynvml
+        self.counts: dict[int, int | None] = {i: None for i in handles}
+        self.events = _call(pynvml.nvmlEventSetCreate)
+        if self.events is None:
+            return
+        for index, handle in handles.items():
+            try:
+                pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, self.events)
+                self.counts[index] = 0
+            except Exception:  # not supported on this GPU (or not as this user): unknown, not 0
+                continue
+
+    def poll(self, most: int = 1000) -> dict[int, int | None]:
+        for _ in range(most if self.events is not None else 0):  # a storm of events cannot stall the sampling
+            try:
+                data = self.pynvml.nvmlEventSetWait_v2(self.events, 0)
+            except Exception:  # NVML_ERROR_TIMEOUT: no event waiting
+                break
+            index = _call(self.pynvml.nvmlDeviceGetIndex, data.device)
+            if index in self.counts and self.counts[index] is not None:
+                self.counts[index] = int(self.counts[index] or 0) + 1
+        return self.counts
+
+    def close(self) -> None:
+        if self.events is not None:
+            _call(self.pynvml.nvmlEventSetFree, self.events)
 
 
 def visible_indices(value: str | None, count: int) -> list[int]:
@@ -86,18 +134,24 @@ def main() -> int:
     header = {
         "driver": _call(pynvml.nvmlSystemGetDriverVersion),
         "devices": [{"index": i, "name": _call(pynvml.nvmlDeviceGetName, h), "uuid": _call(pynvml.nvmlDeviceGetUUID, h),
+                     "serial": _call(pynvml.nvmlDeviceGetSerial, h),
                      "power_limit_w": (_call(pynvml.nvmlDeviceGetEnforcedPowerLimit, h) or 0) / 1000 or None,
                      "max_sm_clock_mhz": _call(pynvml.nvmlDeviceGetMaxClockInfo, h, pynvml.NVML_CLOCK_SM)}
                     for i, h in zip(indices, handles, strict=True)],
         "fields": {"util_percent": "%", "mem_used_bytes": "B", "mem_total_bytes": "B", "power_w": "W",
                    "energy_j": "J since start (NVML total energy)", "temp_c": "C", "sm_clock_mhz": "MHz",
                    "throttle": "active clocks-event reasons",
-                   "clock_event_bits": "the same as NVML's bitmask (names in throttle_bits)"},
+                   "clock_event_bits": "the same as NVML's bitmask (names in throttle_bits)",
+                   "ecc_uncorrected": "uncorrected ECC errors since the driver loaded (volatile)",
+                   "xid_events": "XID critical-error events since the monitor started",
+                   "retirement_pending": "1: retired pages or remapped rows wait for a reset (or remapping failed)"},
         # The analysis reads shares of the timed region per reason from the bitmask (flagperf.results.chipstate).
         "throttle_bits": {str(bit): name for bit, name in THROTTLE_REASONS.items()},
     }
 
-    def device_sample(i: int, h: Any) -> dict[str, Any]:
+    xid = XidEvents(pynvml, {i: h for i, h in zip(indices, handles, strict=True) if h is not None})
+
+    def device_sample(i: int, h: Any, xids: dict[int, int | None]) -> dict[str, Any]:
         util = _call(pynvml.nvmlDeviceGetUtilizationRates, h)
         mem = _call(pynvml.nvmlDeviceGetMemoryInfo, h)
         power_mw = _call(pynvml.nvmlDeviceGetPowerUsage, h)
@@ -115,12 +169,21 @@ def main() -> int:
             "sm_clock_mhz": _call(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM),
             "throttle": None if reasons is None else [name for bit, name in THROTTLE_REASONS.items() if reasons & bit],
             "clock_event_bits": reasons,
+            "ecc_uncorrected": _call(pynvml.nvmlDeviceGetTotalEccErrors, h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                                     pynvml.NVML_VOLATILE_ECC),
+            "xid_events": xids.get(i),
+            "retirement_pending": retirement_pending(pynvml, h),
         }
 
+    def sample() -> dict[str, Any]:
+        xids = xid.poll()
+        return {"devices": [device_sample(i, h, xids) for i, h in zip(indices, handles, strict=True)
+                            if h is not None]}
+
     try:
-        return run_sampler("nvml", args, header, lambda: {"devices": [
-            device_sample(i, h) for i, h in zip(indices, handles, strict=True) if h is not None]})
+        return run_sampler("nvml", args, header, sample)
     finally:
+        xid.close()
         _call(pynvml.nvmlShutdown)
 
 

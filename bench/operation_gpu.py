@@ -1,0 +1,183 @@
+"""Native torch against FlagGems on every operator of the operation family (22: the 20 that LLM training and
+inference spend most time in, and log_softmax and exp), each checked against a higher-precision reference
+before it is timed, through the family's own driver (flagperf.operation.driver.run_operation).
+
+    python bench/operation_gpu.py               # GPU host: nvidia's native and flaggems, Llama-3-8B shapes at
+                                                # batch 1 x seq 2048, bf16, fp16, fp32 (and fp8 for mm)
+    python bench/operation_gpu.py --quick       # CPU dry run: the same plumbing at the tiny model's shapes,
+                                                # fp32; flaggems is skipped there, saying why
+    options: --out DIR (where the records go), --budget-s S (no new operator once S have passed),
+             --dtypes bf16,fp16 (a subset), --with-compile (torch.compile as a third implementation)
+
+Operator by operator (one run_operation call each), the records (operation_gpu[_quick].json and .md in --out)
+are rewritten after every operator, so a run stopped by its time limit keeps what it measured. Each record
+names the code (git revision, source digest), the machine, torch, Triton and FlagGems versions. Exit 1 when a
+point failed (a wrong result or an error) on a GPU; 0 otherwise (the dry run's figures are a CPU's, recorded
+but not judged).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+STARTED = time.perf_counter()
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from flagperf.config.vendors import load_vendor  # noqa: E402
+from flagperf.operation.config import OperationConfig  # noqa: E402
+from flagperf.operation.driver import run_operation  # noqa: E402
+from flagperf.operation.operators import OPERATORS  # noqa: E402
+from flagperf.results.provenance import code_identity, host_info  # noqa: E402
+
+
+def version(name: str) -> str:
+    if importlib.util.find_spec(name) is None:
+        return "not installed"
+    try:
+        return str(getattr(__import__(name), "__version__", "?"))
+    except Exception as exc:  # a library that fails to import is a finding, not a crash of the bench
+        return f"fails to import: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def settings(quick: bool, dtypes: list[str], implementations: list[str], operator: str) -> OperationConfig:
+    shape = {"models": ["tiny"], "batch_sizes": [1], "seq_lens": [32]} if quick else \
+        {"models": ["llama-3-8b"], "batch_sizes": [1], "seq_lens": [2048]}
+    wanted = [d for d in dtypes if d in OPERATORS[operator].dtypes]
+    return OperationConfig.model_validate({
+        "operators": [operator], "dtypes": wanted, **shape, "implementations": implementations,
+        "warmup_s": 0.01 if quick else 0.05, "rep_s": 0.01 if quick else 0.1,
+        "min_iters": 3 if quick else 10, "max_iters": 10 if quick else 1000,
+        "flush_cache": not quick, "cuda_graphs": False, "reference_cpu_max_elements": 1 << 20,
+        "timeout_s": 600.0, "max_retries": 0})
+
+
+def geomeans(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    native = {(p["operator"], p["dtype"], json.dumps(p["shape"])): p for p in points
+              if p["implementation"] == "native" and p["status"] == "passed"}
+    groups: dict[tuple[str, str], list[float]] = {}
+    for p in points:
+        base = native.get((p["operator"], p["dtype"], json.dumps(p["shape"])))
+        if p["implementation"] != "native" and p["status"] == "passed" and base:
+            groups.setdefault((p["dtype"], p["implementation"]), []).append(base["latency_s"] / p["latency_s"])
+    return [{"dtype": d, "implementation": i, "points": len(v),
+             "geomean": math.exp(statistics.fmean(math.log(x) for x in v))} for (d, i), v in sorted(groups.items())]
+
+
+def markdown(record: dict[str, Any]) -> str:
+    m = record["machine"]
+    lines = [f"# operation: native torch against {', '.join(record['implementations'][1:])} on every operator", "",
+             f"- state: **{record['state']}**; {record['total_s']:.0f} s (budget {record['budget_s']:.0f} s); "
+             f"recorded {record['recorded']}",
+             f"- code: {record['code']}",
+             f"- machine: {m['device']} on {m['host'].get('hostname')}; python {m['python']}, torch {m['torch']}, "
+             f"triton {m['triton']}, flag_gems {m['flag_gems']}",
+             f"- shapes: {record['shapes']}; dtypes {', '.join(record['dtypes'])}",
+             f"- timing: {record.get('timing', '-')}", f"- cache: {record.get('flush', '-')}",
+             "- implementations: " + "; ".join(f"{k}: {v}" for k, v in record.get("described", {}).items()), ""]
+    if record["geomeans"]:
+        lines += ["| dtype | implementation | geomean speed-up against native | points |", "|---|---|---|---|"]
+        lines += [f"| {g['dtype']} | {g['implementation']} | {g['geomean']:.3f} | {g['points']} |"
+                  for g in record["geomeans"]]
+        lines.append("")
+    lines += ["| operator | dtype | shape | implementation | status | latency ms | figure | % of peak | "
+              "% of roofline | error |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for p in record["points"]:
+        latency = "-" if p["latency_s"] is None else f"{p['latency_s'] * 1e3:.4g}"
+        figure = "-" if p["value"] is None else f"{p['value']:.4g} {p['unit']}"
+        ratio = "-" if p.get("ratio") is None else f"{100 * p['ratio']:.1f}%"
+        roof = "-" if p["roofline"] is None else f"{100 * p['roofline']:.1f}%"
+        shape = "x".join(f"{k}{v}" for k, v in p["shape"].items())
+        error = (p["error"] or "").replace("|", "\\|")
+        lines.append(f"| {p['operator']} | {p['dtype']} | {shape} | {p['implementation']} | {p['status']} | "
+                     f"{latency} | {figure} | {ratio} | {roof} | {error} |")
+    if record.get("error"):
+        lines += ["", f"**Stopped**: {record['error']}"]
+    return "\n".join(lines) + "\n"
+
+
+def write(folder: Path, record: dict[str, Any]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = "operation_gpu_quick" if record["quick"] else "operation_gpu"
+    for suffix, text in ((".json", json.dumps(record, indent=2) + "\n"), (".md", markdown(record))):
+        path = folder / f"{stem}{suffix}"
+        temporary = path.with_name(f".{path.name}.tmp")
+        temporary.write_text(text, encoding="utf-8")
+        os.replace(temporary, path)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--budget-s", type=float, default=420.0)
+    parser.add_argument("--dtypes", default=None)
+    parser.add_argument("--with-compile", action="store_true")
+    args = parser.parse_args()
+    cuda = torch.cuda.is_available() and not args.quick
+    vendor = "nvidia"  # its operation folder holds native, compile and flaggems
+    device = torch.device("cuda" if cuda else "cpu")
+    spec = load_vendor("nvidia" if cuda else "cpu").spec_table()
+    dtypes = args.dtypes.split(",") if args.dtypes else (["fp32"] if args.quick else ["bf16", "fp16", "fp32", "fp8"])
+    implementations = ["native", "flaggems", *(["compile"] if args.with_compile else [])]
+    record: dict[str, Any] = {
+        "quick": args.quick, "state": "running", "budget_s": args.budget_s, "total_s": 0.0,
+        "recorded": datetime.now(timezone.utc).isoformat(timespec="seconds"), "code": code_identity(),
+        "command": " ".join(sys.argv),
+        "machine": {"device": spec.device, "host": host_info(), "python": platform.python_version(),
+                    "torch": torch.__version__, "triton": version("triton"), "flag_gems": version("flag_gems")},
+        "shapes": "tiny b1 s32 (CPU dry run)" if args.quick else "llama-3-8b b1 s2048",
+        "dtypes": dtypes, "implementations": implementations, "points": [], "geomeans": []}
+    write(args.out, record)
+    failed = 0
+    for operator in OPERATORS:
+        if time.perf_counter() - STARTED > args.budget_s:
+            record["error"] = f"budget of {args.budget_s:.0f} s spent before {operator}"
+            break
+        config = settings(args.quick, dtypes, implementations, operator)
+        if not config.dtypes:
+            continue
+        try:
+            outcome = run_operation(config, vendor, spec, device)
+        except Exception as exc:  # one operator's crash is recorded; the others still run
+            record["points"].append({"operator": operator, "dtype": ",".join(config.dtypes), "shape": {},
+                                     "implementation": "-", "status": "failed", "latency_s": None, "value": None,
+                                     "unit": None, "roofline": None, "error": f"{type(exc).__name__}: {exc}"})
+            failed += 1
+            continue
+        ratios = {m.name: m.ratio for m in outcome.metrics}
+        for p in outcome.report.points:
+            record["points"].append({**p.model_dump(mode="json"), "ratio": ratios.get(p.metric or "")})
+            failed += p.status == "failed"
+        record.update(timing=outcome.report.timing, flush=outcome.report.flush,
+                      described=outcome.report.implementations)
+        record["geomeans"] = geomeans(record["points"])
+        record["total_s"] = time.perf_counter() - STARTED
+        write(args.out, record)
+        print(f"{operator}: " + ", ".join(f"{p.implementation} {p.dtype} {p.status}"
+                                          + (f" {p.latency_s * 1e3:.3g} ms" if p.latency_s else "")
+                                          for p in outcome.report.points), flush=True)
+    record["state"] = "finished" if "error" not in record else "stopped"
+    record["total_s"] = time.perf_counter() - STARTED
+    write(args.out, record)
+    for g in record["geomeans"]:
+        print(f"geomean speed-up {g['implementation']} {g['dtype']}: {g['geomean']:.3f} over {g['points']} points")
+    print(f"{failed} failed point(s); records in {args.out}")
+    return 1 if (failed and cuda) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,167 @@
+"""A vendor's case adaptation applied where the case runs (the container, or the host's process), before the
+case starts: the environment file's values, requirements.txt installed and csrc/ built.
+
+Installs and builds go to a cache on the host, one folder per content hash (the files, the Python, the image),
+so that the same content is built once per image and host, not once per round: concurrent rounds wait on a
+file lock, and a folder is made complete by one rename. Each round's folder keeps the log of the build it used.
+A failed install or build is the round's failure, naming the file and the log (an input error: not retried).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flagperf.config.adaptation import CSRC_SETUP, Adaptation, expand_env, tree_digest
+from flagperf.errors import CaseUserError
+from flagperf.paths import display_path
+
+CACHE_FOLDER = "adaptations"  # under the host's work root, beside the runs' folders
+CACHE_ENV = "FLAGPERF_ADAPTATION_CACHE"  # set by a container runtime: the cache's path inside the container
+REQUIREMENTS_LOG = "adaptation_requirements.log"
+CSRC_LOG = "adaptation_csrc_build.log"
+COMPLETE = ".complete"
+INSTALL_TIMEOUT_S = 3600
+
+
+@dataclass
+class Applied:
+    """What was applied, for result.json's provenance."""
+
+    adaptation: Adaptation
+    env: dict[str, str] = field(default_factory=dict)
+    installs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    paths: list[str] = field(default_factory=list)
+
+    def record(self) -> dict[str, Any]:
+        return {**self.adaptation.summary(), "env_applied": dict(self.env), "installs": self.installs}
+
+
+def cache_root(job_dir: Path) -> Path:
+    """The host's adaptation cache: the container runtime's mount, else beside the runs in the host's work root
+    (a job lies at <work root>/<run>/<case>/round<N>/<host>_noderank<K>/attempt<M>/)."""
+    configured = os.environ.get(CACHE_ENV)
+    if configured:
+        return Path(configured)
+    return job_dir.resolve().parents[4] / CACHE_FOLDER
+
+
+def runtime_key() -> str:
+    """What a build depends on besides its sources and the image: this Python and its platform."""
+    return f"{sys.executable}|{sys.version}|{sys.platform}|{os.uname().machine}"
+
+
+def apply_adaptation(adaptation: Adaptation, round_dir: Path, cache: Path, image_id: str | None = None) -> Applied:
+    """Apply the environment file, then requirements.txt, then csrc/ (it may need the requirements), to this
+    process's environment and sys.path; the case's own processes inherit both."""
+    applied = Applied(adaptation)
+    applied.env = expand_env(adaptation.env, os.environ)
+    os.environ.update(applied.env)
+    key = f"{runtime_key()}|{image_id or ''}"
+    if adaptation.requirements is not None:
+        folder = adaptation.requirements.parent
+        digest = tree_digest(adaptation.requirements, *_local_files(folder), key)
+        target, record = _cached(cache, "requirements", digest, round_dir / REQUIREMENTS_LOG,
+                                 lambda out, log: _pip_install_requirements(adaptation.requirements, folder, out, log),
+                                 display_path(adaptation.requirements))
+        applied.installs["requirements"] = record
+        _add_path(applied, target)
+    if adaptation.csrc is not None:
+        digest = tree_digest(adaptation.csrc, key, applied.installs.get("requirements", {}).get("key", ""))
+        target, record = _cached(cache, "csrc", digest, round_dir / CSRC_LOG,
+                                 lambda out, log: _build_csrc(adaptation.csrc, out, log),
+                                 display_path(adaptation.csrc / CSRC_SETUP))
+        applied.installs["csrc"] = record
+        _add_path(applied, target)
+    return applied
+
+
+def _local_files(folder: Path) -> list[Path]:
+    """Files beside requirements.txt that it may name (wheels, constraints): part of its cache key."""
+    return [p for p in sorted(folder.iterdir()) if p.name not in ("extern", "csrc") and (p.is_dir() or p.suffix in (
+        ".whl", ".txt", ".tar.gz", ".zip"))]
+
+
+def _add_path(applied: Applied, target: Path) -> None:
+    """Importable here and in every process the case starts (training's workers)."""
+    sys.path.insert(0, str(target))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(target), os.environ.get("PYTHONPATH")) if p)
+    applied.paths.append(str(target))
+
+
+def _cached(cache: Path, kind: str, digest: str, round_log: Path, build: Any, what: str) -> tuple[Path, dict[str, Any]]:
+    """The cache folder for ``digest``, built by ``build(folder, log)`` unless complete; the build's log is
+    copied to the round folder either way."""
+    cache.mkdir(parents=True, exist_ok=True)
+    target = cache / f"{kind}-{digest[:24]}"
+    log = cache / f"{kind}-{digest[:24]}.log"
+    record: dict[str, Any] = {"key": digest, "path": str(target), "log": round_log.name}
+    with open(cache / f"{kind}-{digest[:24]}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another round on this host builds the same content: wait for it
+        if (target / COMPLETE).is_file():
+            record["status"] = "cached"
+        else:
+            staging = Path(tempfile.mkdtemp(prefix=f".{kind}-", dir=cache))
+            started = time.monotonic()
+            try:
+                with open(log, "w", encoding="utf-8") as out:
+                    code = build(staging, out)
+                if code != 0:
+                    shutil.copyfile(log, round_log)
+                    last = _last_line(log)
+                    raise CaseUserError(f"{what}: {'install' if kind == 'requirements' else 'build'} failed (exit "
+                                        f"{code}); log {round_log.name}: {last}")
+                (staging / COMPLETE).write_text(digest + "\n", encoding="utf-8")
+                if target.exists():  # an incomplete folder of an interrupted build
+                    shutil.rmtree(target)
+                staging.rename(target)
+            finally:
+                if staging.exists():
+                    shutil.rmtree(staging, ignore_errors=True)
+            record["status"] = "built"
+            record["seconds"] = round(time.monotonic() - started, 1)
+    if log.is_file():
+        shutil.copyfile(log, round_log)
+    return target, record
+
+
+def _last_line(log: Path) -> str:
+    lines = [line.strip() for line in log.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "(empty)"
+
+
+def _run(argv: list[str], cwd: Path, log: Any) -> int:
+    log.write("$ " + " ".join(argv) + "\n")
+    log.flush()
+    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
+    try:
+        return subprocess.run(argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL,
+                              timeout=INSTALL_TIMEOUT_S, check=False).returncode
+    except subprocess.TimeoutExpired:
+        log.write(f"timed out after {INSTALL_TIMEOUT_S} s\n")
+        return 124
+
+
+def _pip_install_requirements(requirements: Path, folder: Path, target: Path, log: Any) -> int:
+    """pip install -r requirements.txt into ``target``, run in the requirements' folder so that relative
+    paths in it (``--find-links wheels``, ``./pkg.whl``) mean the vendor's folder."""
+    return _run([sys.executable, "-m", "pip", "install", "--target", str(target), "--no-warn-script-location",
+                 "-r", str(requirements)], folder, log)
+
+
+def _build_csrc(csrc: Path, target: Path, log: Any) -> int:
+    """csrc/setup.py built with the host's (or image's) compiler and installed into ``target``. The sources are
+    copied first: the project is mounted read-only in a container, and a build writes beside them."""
+    with tempfile.TemporaryDirectory(prefix="flagperf-csrc-") as scratch:
+        source = Path(scratch) / "csrc"
+        shutil.copytree(csrc, source, symlinks=False)
+        return _run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
+                     "--target", str(target), "--no-warn-script-location", str(source)], source, log)

@@ -1,0 +1,43 @@
+"""The operator through torch.compile (TorchInductor by default): one compiled function per operator, so the
+points of a round share its compiled code where the shapes allow; a compile happens in the correctness call."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from flagperf.operation.impls import ImplEnv, OperatorImplementation
+from flagperf.operation.operators import Operator
+
+# Every point is a new shape or dtype, so a round recompiles its operators many times: dynamo's default limit
+# (8) would silently fall back to eager, and the figure would be native's under this implementation's name.
+RECOMPILE_LIMIT = 4096
+
+
+def _raise_recompile_limit() -> None:
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                 "accumulated_cache_size_limit"):
+        if hasattr(config, name):
+            setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
+    if hasattr(config, "fail_on_recompile_limit_hit"):
+        config.fail_on_recompile_limit_hit = True  # never a silent fallback to eager
+
+
+class Implementation(OperatorImplementation):
+    """torch.compile (TorchInductor), static shapes"""
+
+    def __init__(self, env: ImplEnv) -> None:
+        super().__init__(env)
+        _raise_recompile_limit()
+        self.compiled: dict[Callable[..., Any], Callable[..., Any]] = {}
+
+    def prepare(self, op: Operator, dtype: str, native: Callable[..., Any]) -> Callable[..., Any]:
+        if native not in self.compiled:
+            self.compiled[native] = torch.compile(native, dynamic=False, fullgraph=True)
+        return self.compiled[native]
+
+    def describe(self) -> str:
+        return f"torch.compile (TorchInductor, static shapes, fullgraph), torch {torch.__version__}"

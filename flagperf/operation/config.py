@@ -1,0 +1,149 @@
+"""The operation case config (cases/operation/<group>/case.yaml ``configurations``, vendor/<vendor>.yaml overrides)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from flagperf.config.models import CaseConfig
+from flagperf.operation.operators import FP8, OPERATORS, ModelShape
+from flagperf.training.shapes import BERT_PRESETS, LLAMA_PRESETS
+
+# The model shapes operators are sized from: the project's one table of Llama and BERT shapes.
+MODEL_SHAPES: dict[str, ModelShape] = {
+    **{name: ModelShape(name, s.hidden_size, s.intermediate_size, s.num_heads, s.num_kv_heads, s.vocab_size)
+       for name, s in LLAMA_PRESETS.items()},
+    **{name: ModelShape(name, s.hidden_size, s.intermediate_size, s.num_heads, s.num_heads, s.vocab_size)
+       for name, s in BERT_PRESETS.items() if name != "tiny"},
+}
+
+# Per dtype: rtol, and atol before the operator's scale for the shape (sqrt of a GEMM's K, say). Outputs in
+# half precision are rounded to 11 (fp16) or 8 (bf16) significant bits, which bounds what rtol can ask.
+DEFAULT_TOLERANCES: dict[str, dict[str, float]] = {
+    "fp32": {"rtol": 1e-5, "atol": 1e-5},
+    "fp16": {"rtol": 1e-3, "atol": 1e-3},
+    "bf16": {"rtol": 1.6e-2, "atol": 1e-2},
+    FP8: {"rtol": 1.6e-2, "atol": 1e-2},  # fp8 inputs are exact in the reference; the output is bf16
+}
+
+
+class Tolerance(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    rtol: float = Field(ge=0)
+    atol: float = Field(ge=0)
+
+
+class OperationConfig(CaseConfig):
+    family: ClassVar[str] = "operation"
+
+    operators: list[str] = Field(min_length=1, description="operators of flagperf.operation.operators")
+    dtypes: list[Literal["fp32", "fp16", "bf16", "fp8"]] = Field(min_length=1)
+    models: list[str] = Field(default_factory=list, description="model shape presets the shapes are taken from")
+    batch_sizes: list[int] = Field(default_factory=lambda: [1], description="with seq_lens: the token grid")
+    seq_lens: list[int] = Field(default_factory=lambda: [128])
+    shapes: dict[str, list[dict[str, Any]]] = Field(
+        default_factory=dict, description="operator -> shapes given by the user ({dimension: size})")
+    implementations: list[str] | None = Field(
+        default=None, description="engine folders of vendor_images/<vendor>/operation/ to compare (native first); "
+                                  "null: every one the vendor has")
+    warmup_s: float = Field(gt=0, description="warm-up per point and implementation, by time")
+    rep_s: float = Field(gt=0, description="timed time per point and implementation (iterations = rep_s / one)")
+    min_iters: int = Field(ge=1)
+    max_iters: int = Field(ge=1)
+    flush_cache: bool = Field(description="write a buffer twice the last-level cache between timed iterations")
+    cuda_graphs: bool = Field(description="time graph replays of the call where the device has graphs")
+    reference_cpu_max_elements: int = Field(
+        ge=0, description="points with at most this many input elements get a float64 reference on the host CPU; "
+                          "larger ones a float32 (float64 for fp32 points) reference on the device")
+    tolerances: dict[str, Tolerance] = Field(default_factory=dict, description="dtype -> rtol/atol overrides")
+    seed: int = 0
+
+    @field_validator("operators")
+    @classmethod
+    def _operators(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if name not in OPERATORS:
+                raise ValueError(f"unknown operator {name!r} (known: {', '.join(OPERATORS)})")
+        if len(set(value)) != len(value):
+            raise ValueError("an operator is listed twice")
+        return value
+
+    @field_validator("models")
+    @classmethod
+    def _models(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if name not in MODEL_SHAPES:
+                raise ValueError(f"unknown model shape {name!r} (known: {', '.join(MODEL_SHAPES)})")
+        return value
+
+    @field_validator("batch_sizes", "seq_lens")
+    @classmethod
+    def _sizes(cls, value: list[int]) -> list[int]:
+        if any(v < 1 for v in value):
+            raise ValueError("every size must be >= 1")
+        return value
+
+    @field_validator("dtypes")
+    @classmethod
+    def _dtypes(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("a dtype is listed twice")
+        operators = info.data.get("operators") or []
+        for dtype in value:
+            if operators and not any(dtype in OPERATORS[o].dtypes for o in operators):
+                has = [o.name for o in OPERATORS.values() if dtype in o.dtypes]
+                raise ValueError(f"none of the operators has a {dtype} form (those that do: {', '.join(has)})")
+        return value
+
+    @field_validator("shapes")
+    @classmethod
+    def _shapes(cls, value: dict[str, list[dict[str, Any]]], info: ValidationInfo) -> dict[str, list[dict[str, Any]]]:
+        operators = info.data.get("operators") or []
+        for name, shapes in value.items():
+            if name not in operators:
+                raise ValueError(f"{name}: not among this case's operators ({', '.join(operators)})")
+            for i, dims in enumerate(shapes):
+                problem = OPERATORS[name].check_dims(dims)
+                if problem:
+                    raise ValueError(f"{name}[{i}]: {problem}")
+        return value
+
+    @field_validator("tolerances")
+    @classmethod
+    def _tolerances(cls, value: dict[str, Tolerance]) -> dict[str, Tolerance]:
+        unknown = sorted(set(value) - set(DEFAULT_TOLERANCES))
+        if unknown:
+            raise ValueError(f"unknown dtype {unknown[0]!r} (dtypes: {', '.join(DEFAULT_TOLERANCES)})")
+        return value
+
+    @field_validator("implementations")
+    @classmethod
+    def _implementations(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and (not value or len(set(value)) != len(value)):
+            raise ValueError("list each implementation once (or null for all of the vendor's)")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> OperationConfig:
+        if self.max_iters < self.min_iters:
+            raise ValueError(f"max_iters ({self.max_iters}) must be at least min_iters ({self.min_iters})")
+        if not self.models and not self.shapes:
+            raise ValueError("give model shapes (models) or shapes of your own (shapes): there is nothing to measure")
+        if self.warmup_s + self.rep_s >= self.timeout_s:
+            raise ValueError(f"warmup_s + rep_s must be well below timeout_s ({self.timeout_s:g})")
+        return self
+
+    def tolerance(self, dtype: str) -> dict[str, float]:
+        given = self.tolerances.get(dtype)
+        return given.model_dump() if given else dict(DEFAULT_TOLERANCES[dtype])
+
+    def check_for_vendor(self, origins: dict[str, str], source: str, vendor: str | None,
+                         files_are_local: bool) -> None:
+        """Each implementation named is a folder of the vendor (its packages are checked on the host)."""
+        if vendor and self.implementations is not None:
+            from flagperf.operation.impls import load_implementation
+
+            for name in self.implementations:
+                load_implementation(vendor, name, origins.get("implementations", source))

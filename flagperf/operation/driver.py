@@ -1,0 +1,343 @@
+"""One round of an operation case: every operator x dtype x shape of the case, for each implementation checked
+against a higher-precision reference first (a wrong result is a failed point with the error, never a figure),
+then timed (flagperf.operation.timer). A figure is TFLOPS for compute-bound operators and GB/s for
+memory-bound ones at the median latency, with its counting formula, its share of the vendor's peak and of
+the roofline (max of FLOPs / peak FLOP/s and bytes / peak bandwidth).
+
+Cases (cases/operation/<group>/case.yaml) name this module as their entry; ``Config`` is their config model.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from flagperf.errors import CaseUserError
+from flagperf.measure.casekit import comparable_ratio
+from flagperf.measure.device import synchronize
+from flagperf.operation.check import REFERENCE_CPU, Reference, compare, compute_reference, reference_dtype
+from flagperf.operation.config import MODEL_SHAPES, OperationConfig
+from flagperf.operation.impls import (
+    ImplEnv,
+    OperatorImplementation,
+    load_implementation,
+    vendor_implementations,
+)
+from flagperf.operation.operators import (
+    FP8,
+    OPERATORS,
+    Dims,
+    Operator,
+    counted,
+    fp8_dtype,
+    make_inputs,
+    native_for,
+    reference_for,
+    shape_label,
+)
+from flagperf.operation.timer import CacheFlush, TimingOptions, graph_support, time_call
+from flagperf.results.metrics import coefficient_of_variation
+from flagperf.results.schema import Metric, OperationReport, OperatorPoint, Peak, SpecTable
+
+Config = OperationConfig
+SCALE = {"TFLOPS": 1e12, "GB/s": 1e9}
+
+log = logging.getLogger("flagperf.case.operation")
+
+
+@dataclass(frozen=True)
+class PlannedPoint:
+    op: Operator
+    dtype: str
+    dims: Dims
+    source: str
+
+
+@dataclass
+class OperationOutcome:
+    metrics: list[Metric]
+    report: OperationReport
+    measured_seconds: float
+    failure: str | None = None  # nothing passed: why
+
+
+@dataclass
+class Implementations:
+    ready: dict[str, OperatorImplementation] = field(default_factory=dict)
+    absent: dict[str, str] = field(default_factory=dict)  # name -> why its points are skipped
+    described: dict[str, str] = field(default_factory=dict)
+
+
+def plan_points(config: OperationConfig) -> list[PlannedPoint]:
+    """Operators x dtypes x shapes: from the model shapes x batch sizes x sequence lengths, then the user's;
+    a shape met twice is measured once (the first source is kept)."""
+    planned: list[PlannedPoint] = []
+    seen: set[tuple[str, str, tuple[tuple[str, int], ...]]] = set()
+    for name in config.operators:
+        op = OPERATORS[name]
+        shapes: list[tuple[Dims, str]] = [
+            (op.from_model(MODEL_SHAPES[model], b, s), f"{model} b{b} s{s}")
+            for model in config.models for b in config.batch_sizes for s in config.seq_lens]
+        shapes += [({d: int(dims[d]) for d in op.dims}, "given") for dims in config.shapes.get(name, [])]
+        for dtype in config.dtypes:
+            if dtype not in op.dtypes:
+                continue
+            for dims, source in shapes:
+                key = (name, dtype, tuple(dims.items()))
+                if key not in seen:
+                    seen.add(key)
+                    planned.append(PlannedPoint(op, dtype, dims, source))
+    return planned
+
+
+def load_implementations(config: OperationConfig, vendor: str, device: torch.device) -> Implementations:
+    """The implementations to compare; one whose packages are missing on this host is absent, saying why."""
+    found = Implementations()
+    env = ImplEnv(device=device, log=log)
+    for name in config.implementations or vendor_implementations(vendor):
+        definition = load_implementation(vendor, name)
+        try:
+            cls = definition.implementation_class()
+        except CaseUserError as exc:  # its library is not installed here (MissingExtra included)
+            found.absent[name] = str(exc)
+            found.described[name] = f"not available: {exc}"
+            continue
+        found.ready[name] = cls(env)
+        found.described[name] = f"{found.ready[name].describe()} ({definition.source})"
+    if not found.ready:
+        raise CaseUserError("no implementation can run here: " + "; ".join(found.absent.values()))
+    return found
+
+
+class _AtenRecorder(TorchDispatchMode):
+    """The aten operators a call dispatches, in order (``mm``, ``add.Tensor``, ``_softmax``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        schema = func._schema
+        name = schema.name.removeprefix("aten::") + (f".{schema.overload_name}" if schema.overload_name else "")
+        if name not in self.names:
+            self.names.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def aten_ops(fn: Callable[..., Any], inputs: list[Any]) -> list[str]:
+    recorder = _AtenRecorder()
+    with recorder:
+        fn(*inputs)
+    return recorder.names
+
+
+def _peak(spec: SpecTable, key: str) -> Peak | None:
+    peak = spec.peaks.get(key)
+    return peak if peak is not None and peak.supported and peak.value and peak.dense else None
+
+
+def roofline(spec: SpecTable, op: Operator, dtype: str, flops: int | None, nbytes: int, latency: float
+             ) -> tuple[float | None, str]:
+    """Roofline time / measured time, and the basis: the roofline time is the larger of FLOPs / the dtype's
+    peak and bytes / the peak bandwidth, of those the spec table knows (the operator's own bound must be one)."""
+    compute = _peak(spec, dtype) if flops else None
+    memory = _peak(spec, "memory_bandwidth")
+    if (op.bound == "compute" and compute is None) or (op.bound == "memory" and memory is None):
+        missing = dtype if op.bound == "compute" else "memory_bandwidth"
+        return None, f"no {missing} peak in the spec table of {spec.device}"
+    terms: list[float] = []
+    basis: list[str] = []
+    if compute is not None and compute.unit in ("TFLOPS", "TOPS"):
+        terms.append(flops / (compute.value * 1e12))  # type: ignore[operator]
+        basis.append(f"{dtype} {compute.value:g} {compute.unit}")
+    if memory is not None and memory.unit == "GB/s":
+        terms.append(nbytes / (memory.value * 1e9))  # type: ignore[operator]
+        basis.append(f"memory {memory.value:g} GB/s")
+    if not terms:
+        return None, "no peak in a unit the roofline takes"
+    return max(terms) / latency, "max over " + ", ".join(basis)
+
+
+def point_metric(name: str, point: PlannedPoint, spec: SpecTable, latencies: list[float], median: float,
+                 p10: float, p90: float, window: tuple[float, float]) -> tuple[Metric, float, str]:
+    flops, nbytes = counted(point.op, point.dims, point.dtype)
+    compute = point.op.bound == "compute"
+    work, unit = (float(flops or 0), "TFLOPS") if compute else (float(nbytes), "GB/s")
+    scale = SCALE[unit]
+    peak = spec.peaks.get(point.dtype if compute else "memory_bandwidth")
+    value = work / median / scale
+    metric = Metric(
+        name=name, value=value, unit=unit, p50=value, p10=work / p90 / scale, p90=work / p10 / scale,
+        cv=coefficient_of_variation(latencies), chunks=len(latencies), iterations=len(latencies),
+        measured_seconds=sum(latencies), peak=peak, ratio=comparable_ratio(value, unit, peak),
+        convention=f"{point.op.name}: {point.op.formula()}; figure = work / median latency",
+        note=f"latency median {median * 1e3:.4g} ms (p10 {p10 * 1e3:.4g}, p90 {p90 * 1e3:.4g}) over "
+             f"{len(latencies)} iterations; shape {shape_label(point.dims)} ({point.source})",
+        window=list(window), work=work * len(latencies) / scale)
+    return metric, work, unit
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    line = text[0] if text else ""
+    line = f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+    return line if len(line) <= 400 else line[:397] + "..."
+
+
+def _is_oom(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
+
+
+def _free(device: torch.device) -> None:
+    module = torch.get_device_module(device.type) if device.type != "cpu" else None
+    if module is not None and hasattr(module, "empty_cache"):
+        module.empty_cache()
+
+
+class PointRunner:
+    """Runs the points of a round, one point's inputs and reference at a time."""
+
+    def __init__(self, config: OperationConfig, spec: SpecTable, device: torch.device, impls: Implementations
+                 ) -> None:
+        self.config = config
+        self.spec = spec
+        self.device = device
+        self.impls = impls
+        self.options = TimingOptions(config.warmup_s, config.rep_s, config.min_iters, config.max_iters,
+                                     config.flush_cache, config.cuda_graphs)
+        self.flush = CacheFlush(device) if config.flush_cache else None
+        fp64 = spec.peaks.get("fp64")
+        self.device_has_fp64 = fp64 is None or fp64.supported
+        self.points: list[OperatorPoint] = []
+        self.metrics: list[Metric] = []
+        self.measured = 0.0
+
+    def _record(self, point: PlannedPoint, impl: str, status: str, error: str | None = None, **extra: Any) -> None:
+        self.points.append(OperatorPoint(operator=point.op.name, group=point.op.group, dtype=point.dtype,
+                                         shape=point.dims, source=point.source, implementation=impl,
+                                         status=status, error=error, **extra))  # type: ignore[arg-type]
+        if status != "passed":
+            log.log(logging.WARNING if status == "failed" else logging.INFO, "%s %s %s @%s: %s: %s", point.op.name,
+                    point.dtype, shape_label(point.dims), impl, status, error)
+
+    def _skip_all(self, point: PlannedPoint, why: str) -> None:
+        for name in [*self.impls.ready, *self.impls.absent]:
+            self._record(point, name, "skipped", why)
+
+    def fp8_problem(self) -> str | None:
+        if fp8_dtype() is None:
+            return f"torch {torch.__version__} has no float8_e4m3fn"
+        peak = self.spec.peaks.get(FP8)
+        if peak is not None and not peak.supported:
+            return f"fp8 on {self.spec.device}: {peak.source}"
+        return None
+
+    def run(self, point: PlannedPoint) -> None:
+        if point.dtype == FP8 and (problem := self.fp8_problem()):
+            self._skip_all(point, problem)
+            return
+        try:
+            inputs = make_inputs(point.op, point.dims, point.dtype, self.device, self.config.seed)
+            native = native_for(point.op, point.dtype)
+            with torch.no_grad():
+                recorded = aten_ops(native, inputs)
+            small = sum(t.numel() for t in inputs) <= self.config.reference_cpu_max_elements
+            ref_device = REFERENCE_CPU if small else self.device
+            ref_dtype = reference_dtype(point.dtype, ref_device.type == "cpu", self.device_has_fp64)
+            reference = compute_reference(reference_for(point.op, point.dtype), inputs, ref_dtype, ref_device)
+        except RuntimeError as exc:  # out of memory included: said, and the round goes on
+            _free(self.device)
+            self._skip_all(point, ("does not fit in memory: " if _is_oom(exc) else "cannot be set up: ")
+                           + _first_line(exc))
+            return
+        tolerance = self.config.tolerance(point.dtype)
+        tolerance["atol"] *= point.op.error_scale(point.dims)
+        for name, impl in self.impls.ready.items():
+            self._run_one(point, name, impl, inputs, native, recorded, reference, tolerance)
+        for name, why in self.impls.absent.items():
+            self._record(point, name, "skipped", why)
+        del inputs, reference
+        _free(self.device)
+
+    def _run_one(self, point: PlannedPoint, name: str, impl: OperatorImplementation, inputs: list[Any],
+                 native: Callable[..., Any], recorded: list[str], reference: Reference, tolerance: dict[str, float]
+                 ) -> None:
+        common: dict[str, Any] = {"reference": reference.description, "tolerance": tolerance, "aten_ops": recorded}
+        why = impl.unavailable(point.op, point.dtype, recorded)
+        if why:
+            self._record(point, name, "skipped", why, **common)
+            return
+        try:
+            with torch.no_grad():
+                fn = impl.prepare(point.op, point.dtype, native)
+
+                def call() -> Any:
+                    return fn(*inputs)
+
+                with impl.scope():
+                    output = call()
+                    synchronize(self.device)
+                verdict = compare(output, reference, tolerance["rtol"], tolerance["atol"])
+                del output
+                common.update(max_abs_error=verdict.max_abs_error, max_rel_error=verdict.max_rel_error)
+                if verdict.error:
+                    self._record(point, name, "failed", verdict.error, **common)
+                    return
+                with impl.scope():
+                    timed = time_call(call, self.device, self.options, self.flush)
+        except Exception as exc:  # an implementation's error fails its point, not the round
+            _free(self.device)
+            status = "skipped" if _is_oom(exc) else "failed"
+            self._record(point, name, status, ("does not fit in memory: " if _is_oom(exc) else "") + _first_line(exc),
+                         **common)
+            return
+        metric_name = f"{point.op.name}:{point.dtype}:{shape_label(point.dims)}@{name}"
+        median, p10, p90 = timed.median, timed.p10, timed.p90
+        metric, _, unit = point_metric(metric_name, point, self.spec, timed.latencies, median, p10, p90,
+                                       timed.window)
+        flops, nbytes = counted(point.op, point.dims, point.dtype)
+        share, basis = roofline(self.spec, point.op, point.dtype, flops, nbytes, median)
+        self.metrics.append(metric)
+        self.measured += metric.measured_seconds
+        self._record(point, name, "passed", metric=metric_name, latency_s=median, latency_p10_s=p10,
+                     latency_p90_s=p90, iterations=len(timed.latencies), flops=flops, bytes=nbytes,
+                     value=metric.value, unit=unit, roofline=share, roofline_basis=basis, **common)
+        log.info("%s %s %s @%s: %.4g ms, %.4g %s%s", point.op.name, point.dtype, shape_label(point.dims), name,
+                 median * 1e3, metric.value, unit, f", {share:.1%} of roofline" if share is not None else "")
+
+
+def run_operation(config: OperationConfig, vendor: str, spec: SpecTable, device: torch.device) -> OperationOutcome:
+    impls = load_implementations(config, vendor, device)
+    planned = plan_points(config)
+    log.info("%d points (operators x dtypes x shapes) x implementations %s", len(planned), ", ".join(impls.ready))
+    runner = PointRunner(config, spec, device, impls)
+    for point in planned:
+        runner.run(point)
+    graphs = ("off (cuda_graphs: false)" if not config.cuda_graphs
+              else graph_support(device) or "each timed call replayed from a device graph captured once")
+    report = OperationReport(
+        timing=(f"{'device events' if device.type != 'cpu' else 'host clock (the CPU is the device)'}: warm-up "
+                f"{config.warmup_s:g} s by time (each call waited for), then rep_s {config.rep_s:g} s worth of "
+                f"iterations ({config.min_iters} to {config.max_iters}), each timed alone; the figure is at the "
+                "median latency, p10 and p90 over the iterations"),
+        flush=runner.flush.description if runner.flush else "off (flush_cache: false)",
+        graphs=graphs,
+        counting={name: OPERATORS[name].formula() for name in config.operators},
+        tolerances={dtype: config.tolerance(dtype) for dtype in config.dtypes},
+        implementations=impls.described,
+        points=runner.points)
+    passed = sum(p.status == "passed" for p in runner.points)
+    failed = [p for p in runner.points if p.status == "failed"]
+    log.info("%d points passed, %d failed, %d skipped", passed, len(failed),
+             len(runner.points) - passed - len(failed))
+    failure = None
+    if not passed and failed:
+        failure = f"no point passed; {len(failed)} failed, first: {failed[0].operator} {failed[0].dtype} " \
+                  f"@{failed[0].implementation}: {failed[0].error}"
+    return OperationOutcome(metrics=runner.metrics, report=report, measured_seconds=runner.measured, failure=failure)

@@ -1,0 +1,430 @@
+"""Fleet diagnosis: every device and every host held against the fleet's median and a baseline, by rules.
+
+Figures, from a run's summary rows (one per case, round, host, device and metric):
+  device figure = the median of the device's rounds; host figure = the median of its devices' figures.
+  fleet median  = the median over every device (for hosts: over every host's figure);
+  spread        = the median absolute deviation (MAD) around it; a figure's robust distance is
+                  (figure - median) / (1.4826 x MAD): standard deviations, were the figures normal, yet not
+                  moved by the few bad devices it is there to find (a mean and standard deviation would be).
+A rule names a figure (metric, optionally case) and its limits: a share of the fleet median, a robust distance,
+a share of the baseline; or a monitor fact of each device: throttle reasons' share of the timed region, or a
+per-device monitor field (ECC errors, XID events, retired pages) that must stay at or below a limit. A device
+fails when it breaks a rule; a host fails when one of its devices does, or when its own figure does.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from flagperf.results.analysis import read_monitors
+from flagperf.results.schema import RESULT_FILE, read_result, write_json_atomic, write_text_atomic
+
+MAD_TO_SIGMA = 1.4826  # MAD x this = the standard deviation, for normally distributed figures
+DIAGNOSIS_JSON, DIAGNOSIS_MD = "diagnosis.json", "diagnosis.md"
+Status = Literal["pass", "fail", "unknown"]
+FIGURE_LIMITS = ("min_fleet_ratio", "max_fleet_ratio", "max_robust_z", "min_baseline_ratio", "max_baseline_ratio")
+
+
+class Rule(BaseModel):
+    """One rule of the rules file: a figure rule (metric), a throttle rule or a monitor-field rule."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    name: str = Field(min_length=1, max_length=80)
+    description: str = ""
+    metric: str | None = Field(default=None, description="a metric name, or a pattern (fnmatch: gemm_*)")
+    case: str | None = Field(default=None, description="only this case (or pattern); every case by default")
+    min_fleet_ratio: float | None = Field(default=None, gt=0, description="figure / fleet median at least this")
+    max_fleet_ratio: float | None = Field(default=None, gt=0, description="figure / fleet median at most this")
+    max_robust_z: float | None = Field(default=None, gt=0, description="at most this many robust standard "
+                                       "deviations (1.4826 x MAD) from the fleet median, either side")
+    min_baseline_ratio: float | None = Field(default=None, gt=0, description="figure / baseline at least this")
+    max_baseline_ratio: float | None = Field(default=None, gt=0, description="figure / baseline at most this")
+    throttle: list[str] | None = Field(default=None, min_length=1, description="throttle (clock-event) reasons, "
+                                       "as the vendor monitor names them")
+    max_share: float | None = Field(default=None, ge=0, le=1, description="share of the timed region's samples "
+                                    "under any of those reasons, at most")
+    monitor_field: str | None = Field(default=None, description="a per-device field of the vendor monitor's "
+                                      "samples (ecc_uncorrected, xid_events, retired_pages ...)")
+    max: float | None = Field(default=None, description="the field's largest value in the round, at most")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not value.replace("-", "").replace("_", "").replace(".", "").isalnum():
+            raise ValueError("letters, digits, '-', '_' and '.' only")
+        return value
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Rule:
+        kinds = [k for k in ("metric", "throttle", "monitor_field") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError("give exactly one of metric, throttle and monitor_field")
+        limits = [k for k in FIGURE_LIMITS if getattr(self, k) is not None]
+        if self.metric is not None and not limits:
+            raise ValueError(f"a metric rule needs a limit: one of {', '.join(FIGURE_LIMITS)}")
+        if self.metric is None and (limits or self.case is not None):
+            raise ValueError(f"{', '.join(limits) or 'case'}: only for a metric rule")
+        if (self.throttle is None) != (self.max_share is None):
+            raise ValueError("throttle and max_share go together")
+        if (self.monitor_field is None) != (self.max is None):
+            raise ValueError("monitor_field and max go together")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return "metric" if self.metric else "throttle" if self.throttle else "monitor"
+
+    def applies(self, case: str, metric: str) -> bool:
+        return bool(self.metric and fnmatch.fnmatchcase(metric, self.metric)
+                    and (self.case is None or fnmatch.fnmatchcase(case, self.case)))
+
+
+class Rules(BaseModel):
+    """The rules file (deployments/diagnosis/rules.yaml)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    min_fleet: int = Field(default=3, ge=2, description="fewer figures than this (devices, or hosts): no fleet "
+                                                        "verdict, since a median of so few says little")
+    rules: list[Rule] = Field(min_length=1)
+
+    @field_validator("rules")
+    @classmethod
+    def _unique(cls, value: list[Rule]) -> list[Rule]:
+        names = [r.name for r in value]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"rule {twice[0]!r} is given twice")
+        return value
+
+
+@dataclass(frozen=True)
+class Check:
+    """One rule applied to one figure."""
+
+    rule: str
+    what: str  # the figure, in words: "gemm_bf16 (computation-BF16)", "throttle hw_slowdown"
+    value: float | None
+    reference: float | None  # the fleet median, the baseline, or the limit
+    ratio: float | None
+    limit: str  # the limit in words: ">= 0.95 x fleet median"
+    status: Status
+
+    def line(self) -> str:
+        value = "-" if self.value is None else f"{self.value:.4g}"
+        ratio = f" = {self.ratio:.3f}" if self.ratio is not None else ""
+        ref = f" of {self.reference:.4g}" if self.reference is not None and self.ratio is not None else ""
+        return f"{self.rule}: {self.what} {value}{ratio}{ref}, needs {self.limit}: {self.status}"
+
+
+@dataclass
+class Verdict:
+    """A device's (device set) or a host's (device None) verdict: every check, and the status they give."""
+
+    host: str
+    device: int | None
+    uuid: str | None = None
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def status(self) -> Status:
+        if any(c.status == "fail" for c in self.checks):
+            return "fail"
+        return "pass" if any(c.status == "pass" for c in self.checks) else "unknown"
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if c.status == "fail"]
+
+    @property
+    def label(self) -> str:
+        """The host, or one of its devices (a round that measured one device: the host's name alone)."""
+        if self.device is None or self.device < 0:
+            return self.host
+        return f"{self.host} device {self.device}" + (f" ({self.uuid})" if self.uuid else "")
+
+
+@dataclass
+class Diagnosis:
+    run_id: str
+    baseline: str | None
+    devices: list[Verdict]
+    hosts: list[Verdict]
+    fleet: list[dict[str, Any]]  # per case and metric: median, MAD, devices, hosts
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def failed_hosts(self) -> list[Verdict]:
+        return [h for h in self.hosts if h.status == "fail"]
+
+    def to_json(self) -> dict[str, Any]:
+        def verdict(v: Verdict) -> dict[str, Any]:
+            device = None if v.device is None or v.device < 0 else v.device
+            return {"host": v.host, "device": device, "uuid": v.uuid, "status": v.status,
+                    "checks": [c.__dict__ for c in v.checks]}
+        return {"run_id": self.run_id, "baseline": self.baseline, "failed_hosts": [h.host for h in self.failed_hosts],
+                "hosts": [verdict(v) for v in self.hosts], "devices": [verdict(v) for v in self.devices],
+                "fleet": self.fleet, "notes": self.notes}
+
+
+def median_absolute_deviation(values: list[float]) -> float:
+    """The median of |x - median(x)|: a spread that the outliers themselves cannot inflate."""
+    centre = statistics.median(values)
+    return statistics.median([abs(v - centre) for v in values])
+
+
+def robust_z(value: float, centre: float, mad: float) -> float | None:
+    """(value - centre) / (1.4826 x MAD); None when the MAD is 0 (half the fleet agrees exactly)."""
+    return (value - centre) / (MAD_TO_SIGMA * mad) if mad > 0 else None
+
+
+def _ratio(value: float, reference: float | None) -> float | None:
+    return value / reference if reference else None
+
+
+def figure_checks(rule: Rule, what: str, value: float, fleet: list[float] | None, baseline: float | None,
+                  min_fleet: int) -> list[Check]:
+    """A figure rule on one figure, against the fleet's figures (None or too few: no fleet verdict) and the
+    baseline (None: none)."""
+    checks: list[Check] = []
+    enough = fleet is not None and len(fleet) >= min_fleet
+    centre = statistics.median(fleet) if enough and fleet else None
+    mad = median_absolute_deviation(fleet) if enough and fleet else None
+
+    def limit_check(limit: float | None, reference: float | None, above: bool, against: str) -> None:
+        if limit is None:
+            return
+        words = f"{'<=' if above else '>='} {limit:g} x {against}"
+        if reference is None:
+            checks.append(Check(rule.name, what, value, None, None, words, "unknown"))
+            return
+        ratio = _ratio(value, reference)
+        ok = ratio is not None and (ratio <= limit if above else ratio >= limit)
+        checks.append(Check(rule.name, what, value, reference, ratio, words, "pass" if ok else "fail"))
+
+    limit_check(rule.min_fleet_ratio, centre, False, "fleet median")
+    limit_check(rule.max_fleet_ratio, centre, True, "fleet median")
+    limit_check(rule.min_baseline_ratio, baseline, False, "baseline")
+    limit_check(rule.max_baseline_ratio, baseline, True, "baseline")
+    if rule.max_robust_z is not None:
+        words = f"|robust z| <= {rule.max_robust_z:g}"
+        z = robust_z(value, centre, mad) if centre is not None and mad is not None else None
+        if centre is None:
+            status: Status = "unknown"
+        elif z is None:  # MAD 0: any figure off the common value is as far out as can be
+            status = "pass" if value == centre else "fail"
+        else:
+            status = "pass" if abs(z) <= rule.max_robust_z else "fail"
+        checks.append(Check(rule.name, f"{what} robust z", z, centre, None, words, status))
+    return checks
+
+
+def device_figures(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per case, metric, host and device: the median over rounds (the device of a one-device round is -1)."""
+    measured = rows[rows["metric"].notna() & (rows["status"] == "success")].copy()
+    if measured.empty:
+        return pd.DataFrame(columns=["case", "metric", "unit", "host", "device", "uuid", "value"])
+    measured["device"] = measured["device_index"].astype("Int64").fillna(-1).astype(int)
+    measured["value"] = measured["value"].astype(float)
+    grouped = measured.groupby(["case", "metric", "host", "device"], sort=True)
+    figures = grouped.agg(unit=("unit", "first"), value=("value", "median"),
+                          uuid=("device_uuid", lambda s: next((v for v in s if isinstance(v, str)), None)))
+    return figures.reset_index()
+
+
+def monitor_facts(run_dir: Path, fields: set[str]) -> dict[tuple[str, int], dict[str, float]]:
+    """Per host and device: the largest value each named per-device monitor field took in the run's rounds
+    (a device of a one-device round is -1 and gets the monitor's only device)."""
+    facts: dict[tuple[str, int], dict[str, float]] = {}
+    if not fields:
+        return facts
+    for path in sorted(run_dir.glob(f"*/round*/*_noderank*/{RESULT_FILE}")):
+        try:
+            result = read_result(path)
+        except (OSError, ValueError):
+            continue
+        devices = sorted({m.device for m in result.metrics if m.device is not None}) or [-1]
+        for series in read_monitors(path.parent):
+            for device in devices:
+                prefix = "dev0." if device == -1 else f"dev{device}."
+                for name in fields:
+                    column = f"{prefix}{name}"
+                    if column in series.samples.columns:
+                        values = pd.to_numeric(series.samples[column], errors="coerce").dropna()
+                        if len(values):
+                            slot = facts.setdefault((result.host, device), {})
+                            slot[name] = max(slot.get(name, -math.inf), float(values.max()))
+    return facts
+
+
+def throttle_shares(rows: pd.DataFrame) -> dict[tuple[str, int], dict[str, float]]:
+    """Per host and device: each throttle reason's largest share of a timed region (the rows' chip state)."""
+    shares: dict[tuple[str, int], dict[str, float]] = {}
+    for _, row in rows[rows["chip_state"].notna()].iterrows():
+        try:
+            state = json.loads(row["chip_state"])
+        except (TypeError, ValueError):
+            continue
+        if not state.get("reasons_reported"):
+            continue
+        device = -1 if pd.isna(row["device_index"]) else int(row["device_index"])
+        slot = shares.setdefault((row["host"], device), {})
+        for reason, share in (state.get("shares") or {}).items():
+            slot[reason] = max(slot.get(reason, 0.0), float(share))
+    return shares
+
+
+def diagnose(run_dir: Path, rows: pd.DataFrame, rules: Rules, *, baseline_rows: pd.DataFrame | None = None,
+             baseline_medians: dict[tuple[str, str], float] | None = None, baseline_name: str | None = None
+             ) -> Diagnosis:
+    """Every device's and host's verdict. baseline_rows: another run's summary rows (a device's own figure
+    there when it has one, else that run's fleet median); baseline_medians: (case, metric) -> the history's."""
+    figures = device_figures(rows)
+    base_figures = device_figures(baseline_rows) if baseline_rows is not None else None
+    notes: list[str] = []
+    verdicts: dict[tuple[str, int], Verdict] = {}
+    hosts: dict[str, Verdict] = {h: Verdict(h, None) for h in sorted(set(rows["host"].dropna()))}
+    fleet_table: list[dict[str, Any]] = []
+    for (case, metric), group in figures.groupby(["case", "metric"], sort=True):
+        rules_here = [r for r in rules.rules if r.applies(str(case), str(metric))]
+        values = [float(v) for v in group["value"]]
+        host_values = group.groupby("host")["value"].median()
+        fleet_table.append({"case": case, "metric": metric, "unit": group["unit"].iloc[0], "devices": len(values),
+                            "median": statistics.median(values), "mad": median_absolute_deviation(values),
+                            "hosts": len(host_values), "host_median": float(host_values.median()),
+                            "host_mad": median_absolute_deviation([float(v) for v in host_values]),
+                            "rules": [r.name for r in rules_here]})
+        if not rules_here:
+            continue
+        if len(values) < rules.min_fleet:
+            notes.append(f"{case} / {metric}: {len(values)} device figure(s), fewer than min_fleet = "
+                         f"{rules.min_fleet}: no fleet verdict for devices")
+        if len(host_values) < rules.min_fleet and len(host_values) > 1:
+            notes.append(f"{case} / {metric}: {len(host_values)} hosts, fewer than min_fleet = {rules.min_fleet}: "
+                         "no fleet verdict for hosts")
+        base_here = _baseline_lookup(base_figures, baseline_medians, str(case), str(metric))
+        what = f"{metric} ({case}, {group['unit'].iloc[0]})"
+        for _, row in group.iterrows():
+            key = (str(row["host"]), int(row["device"]))
+            verdict = verdicts.setdefault(key, Verdict(key[0], key[1], row["uuid"]))
+            for rule in rules_here:
+                verdict.checks += figure_checks(rule, what, float(row["value"]), values, base_here(key),
+                                                rules.min_fleet)
+        host_list = [float(v) for v in host_values]
+        for host, value in host_values.items():
+            for rule in rules_here:
+                hosts[str(host)].checks += figure_checks(rule, f"host median {what}", float(value), host_list,
+                                                         base_here((str(host), None)), rules.min_fleet)
+    _fact_checks(run_dir, rows, rules, verdicts)
+    devices = [verdicts[k] for k in sorted(verdicts)]
+    figure_rules = {r.name for r in rules.rules if r.metric}
+    for verdict in devices:  # a host with a failing device fails, naming the device, the rule and the figure
+        host = hosts.setdefault(verdict.host, Verdict(verdict.host, None))
+        for check in verdict.failed:
+            if verdict.device == -1 and check.rule in figure_rules:
+                continue  # a one-device host: its own figure is the device's, checked above already
+            host.checks.append(Check(check.rule, f"{verdict.label}: {check.what}", check.value, check.reference,
+                                     check.ratio, check.limit, "fail"))
+    return Diagnosis(run_id=run_dir.name, baseline=baseline_name, devices=devices,
+                     hosts=[hosts[h] for h in sorted(hosts)], fleet=fleet_table, notes=notes)
+
+
+def _baseline_lookup(base_figures: pd.DataFrame | None, medians: dict[tuple[str, str], float] | None,
+                     case: str, metric: str) -> Any:
+    """key (host, device; device None for the host's figure) -> the baseline figure, or None."""
+    if medians is not None:
+        value = medians.get((case, metric))
+        return lambda key: value
+    if base_figures is None:
+        return lambda key: None
+    mine = base_figures[(base_figures["case"] == case) & (base_figures["metric"] == metric)]
+    if mine.empty:
+        return lambda key: None
+    own = {(str(h), int(d)): float(v) for h, d, v in zip(mine["host"], mine["device"], mine["value"], strict=True)}
+    host_own = {str(h): float(v) for h, v in mine.groupby("host")["value"].median().items()}
+    fleet = statistics.median([float(v) for v in mine["value"]])
+
+    def lookup(key: tuple[str, int | None]) -> float:
+        if key[1] is None:
+            return host_own.get(key[0], fleet)
+        return own.get((key[0], key[1]), fleet)
+    return lookup
+
+
+def _fact_checks(run_dir: Path, rows: pd.DataFrame, rules: Rules, verdicts: dict[tuple[str, int], Verdict]) -> None:
+    fields = {r.monitor_field for r in rules.rules if r.monitor_field}
+    facts = monitor_facts(run_dir, {f for f in fields if f})
+    shares = throttle_shares(rows)
+    measured = rows[rows["metric"].notna() & (rows["status"] == "success")]
+    uuids: dict[tuple[str, int], str | None] = {}
+    for host, device, uuid in zip(measured["host"], measured["device_index"], measured["device_uuid"], strict=True):
+        key = (str(host), -1 if pd.isna(device) else int(device))
+        uuids[key] = uuids.get(key) or (uuid if isinstance(uuid, str) else None)
+    for key in sorted(uuids):
+        verdict = verdicts.setdefault(key, Verdict(key[0], key[1], uuids[key]))
+        for rule in rules.rules:
+            if rule.throttle is not None and rule.max_share is not None:
+                seen = shares.get(key)
+                share = max((seen.get(r, 0.0) for r in rule.throttle), default=0.0) if seen is not None else None
+                words = f"<= {rule.max_share:.0%} of the timed region"
+                status: Status = "unknown" if share is None else ("pass" if share <= rule.max_share else "fail")
+                verdict.checks.append(Check(rule.name, f"throttle {'/'.join(rule.throttle)} share", share, None,
+                                            None, words, status))
+            elif rule.monitor_field is not None and rule.max is not None:
+                value = facts.get(key, {}).get(rule.monitor_field)
+                status = "unknown" if value is None else ("pass" if value <= rule.max else "fail")
+                verdict.checks.append(Check(rule.name, f"monitor {rule.monitor_field}", value, None, None,
+                                            f"<= {rule.max:g}", status))
+
+
+def render_markdown(diagnosis: Diagnosis, heading: str = "#") -> str:
+    """The diagnosis for a person: hosts first (failing ones named with the rule and figure), then devices."""
+    sub = heading + "#"
+    failed = diagnosis.failed_hosts
+    lines = [f"{heading} Fleet diagnosis", "",
+             f"- run {diagnosis.run_id}; baseline: {diagnosis.baseline or 'none'}",
+             f"- hosts: {len(diagnosis.hosts)}, {len(failed)} failing" + (
+                 f" (**{', '.join(h.host for h in failed)}**)" if failed else ""), ""]
+    if diagnosis.fleet:
+        lines += [f"{sub} Fleet", "", "| case | metric | devices | median | MAD | hosts | host median | rules |",
+                  "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {f['case']} | {f['metric']} | {f['devices']} | {f['median']:.4g} {f['unit']} | {f['mad']:.3g} | "
+                  f"{f['hosts']} | {f['host_median']:.4g} | {', '.join(f['rules']) or '-'} |" for f in diagnosis.fleet]
+        lines.append("")
+    lines += [f"{sub} Hosts", "", "| host | verdict | why |", "|---|---|---|"]
+    for host in diagnosis.hosts:
+        why = "; ".join(c.line() for c in host.failed) or (
+            "every rule passed" if host.status == "pass" else "no rule applied")
+        lines.append(f"| {host.host} | **{host.status}** | {why} |" if host.status == "fail"
+                     else f"| {host.host} | {host.status} | {why} |")
+    lines += ["", f"{sub} Devices", "", "| host | device | verdict | checks |", "|---|---|---|---|"]
+    for device in diagnosis.devices:
+        checks = "; ".join(c.line() for c in (device.failed or device.checks)) or "-"
+        index = "-" if device.device == -1 else f"{device.device}" + (f" ({device.uuid})" if device.uuid else "")
+        lines.append(f"| {device.host} | {index} | {device.status} | {checks} |")
+    if diagnosis.notes:
+        lines += ["", *[f"- {note}" for note in diagnosis.notes]]
+    return "\n".join(lines) + "\n"
+
+
+def write_diagnosis(run_dir: Path, diagnosis: Diagnosis) -> dict[str, Path]:
+    paths = {"json": run_dir / DIAGNOSIS_JSON, "markdown": run_dir / DIAGNOSIS_MD}
+    write_json_atomic(paths["json"], diagnosis.to_json())
+    write_text_atomic(paths["markdown"], render_markdown(diagnosis))
+    return paths
+
+
+def is_fleet(rows: pd.DataFrame) -> bool:
+    """A run worth a diagnosis in its report: several hosts, or several devices of one."""
+    measured = rows[rows["metric"].notna()]
+    return measured["host"].nunique() > 1 or measured["device_index"].nunique() > 1

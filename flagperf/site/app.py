@@ -1,0 +1,182 @@
+"""The results site, a Starlette app: GET and HEAD only, HTML from jinja2 templates with autoescape, behind the
+team server's basic auth when it has credentials (see flagperf/site/auth.py).
+
+  /                              the runs, newest first: vendor, device, suite, outcome, headline figures
+  /runs/RUN/                     one run: its figures, what was not measured, its plots, its files
+  /runs/RUN/report.html|.md      the run's report files; summary.csv; /runs/RUN/plots/NAME.png its plots
+  /compare?a=RUN&b=RUN           two runs side by side (flagperf compare), picked in the page
+  /trends                        every figure of the history per vendor and device
+  /trends/figure?case=..&metric=..&vendor=..&device=..   one figure over time (plot.png: its picture)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from flagperf.errors import FlagperfError
+from flagperf.results.compare import HEADER as COMPARE_HEADER
+from flagperf.results.compare import compare_runs
+from flagperf.results.history import figure_trend, list_series
+from flagperf.results.summary import HEADLINE_HEADER, headline_cells
+from flagperf.site import trends as drawing
+from flagperf.site.auth import Credentials
+from flagperf.site.runs import PLOT_TYPES, PLOTS, RUN_FILES, list_runs, plot_names, read_served, run_folder, run_info
+from flagperf.site.trends import NO_MATPLOTLIB, open_history, trend_png
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+REALM = 'Basic realm="flagperf", charset="UTF-8"'
+# No script anywhere: a javascript: link in a report is inert; styles inline only, images from the site itself.
+SECURITY_HEADERS = [
+    (b"content-security-policy", b"default-src 'none'; img-src 'self'; style-src 'unsafe-inline'; "
+                                 b"form-action 'self'; base-uri 'none'; frame-ancestors 'none'"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),
+    (b"cache-control", b"no-store"),
+]
+
+Scope = MutableMapping[str, Any]
+ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
+
+
+class Guard:
+    """Outermost layer: every answer gets the security headers; without the credentials, 401 and a Basic
+    challenge (the browser asks for user and password, as the reverse proxy of a team would)."""
+
+    def __init__(self, app: ASGIApp, credentials: Credentials | None) -> None:
+        self.app, self.credentials = app, credentials
+
+    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Any]],
+                       send: Callable[[Any], Awaitable[None]]) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+            await send(message)
+
+        if self.credentials is not None:
+            given = dict(scope.get("headers") or []).get(b"authorization")
+            if not self.credentials.matches(given.decode("latin-1") if given else None):
+                answer = PlainTextResponse("sign in to see the results\n", status_code=401,
+                                           headers={"WWW-Authenticate": REALM})
+                await answer(scope, receive, send_with_headers)
+                return
+        await self.app(scope, receive, send_with_headers)
+
+
+def create_app(root: Path, credentials: Credentials | None, history_url: str | None = None) -> ASGIApp:
+    """The site for the results folder ``root``; ``credentials`` None only on a loopback address."""
+    root = root.resolve()
+    env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True, trim_blocks=True, lstrip_blocks=True)
+
+    def page(template: str, status_code: int = 200, **values: Any) -> HTMLResponse:
+        return HTMLResponse(env.get_template(template).render(root=root, **values), status_code=status_code)
+
+    def not_found(what: str) -> HTMLResponse:
+        return page("message.html", 404, title="Not found", message=what)
+
+    def runs(request: Request) -> Response:
+        return page("runs.html", title="Runs", runs=list_runs(root))
+
+    def run(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        folder = run_folder(root, run_id)
+        if folder is None:
+            return not_found(f"no run {run_id}")
+        info = run_info(folder)
+        headline = [headline_cells(e) for e in info.summary.get("headline") or []]
+        files = [name for name in RUN_FILES if read_served(root, run_id, name) is not None]
+        return page("run.html", title=run_id, run=info, header=HEADLINE_HEADER, headline=headline,
+                    not_measured=info.summary.get("not_measured") or [], plots=plot_names(folder), files=files)
+
+    def run_file(request: Request) -> Response:
+        run_id, name = request.path_params["run_id"], request.path_params["name"]
+        body = read_served(root, run_id, name)
+        if body is None:
+            return not_found(f"{run_id} has no {name} here")
+        return Response(body, media_type=RUN_FILES[name])
+
+    def plot(request: Request) -> Response:
+        run_id, name = request.path_params["run_id"], request.path_params["name"]
+        body = read_served(root, run_id, PLOTS, name)
+        if body is None:
+            return not_found(f"{run_id} has no plot {name}")
+        return Response(body, media_type=PLOT_TYPES[Path(name).suffix])
+
+    def compare(request: Request) -> Response:
+        choices = [r.run_id for r in list_runs(root) if r.summary]
+        a, b = request.query_params.get("a"), request.query_params.get("b")
+        rows, error = None, None
+        if a and b:
+            folder_a, folder_b = run_folder(root, a), run_folder(root, b)
+            if folder_a is None or folder_b is None:
+                error = f"no run {a if folder_a is None else b}"
+            else:
+                try:
+                    compared, _context = compare_runs(folder_a, folder_b)
+                    rows = [(c.cells(), c.flagged) for c in compared]
+                except (OSError, ValueError, FlagperfError) as exc:
+                    error = f"cannot compare {a} and {b}: {exc}"
+        return page("compare.html", 404 if error and error.startswith("no run") else 200, title="Compare",
+                    choices=choices, a=a, b=b, header=COMPARE_HEADER, rows=rows, error=error)
+
+    def trends(request: Request) -> Response:
+        engine = open_history(root, history_url)
+        series = list_series(engine) if engine is not None else []
+        return page("trends.html", title="Trends", series=series, has_history=engine is not None)
+
+    def _figure(request: Request) -> tuple[dict[str, str | None], list[Any]] | None:
+        query = request.query_params
+        key: dict[str, str | None] = {name: query.get(name) or None for name in ("case", "metric", "vendor", "device")}
+        engine = open_history(root, history_url)
+        if engine is None or not key["case"] or not key["metric"]:
+            return None
+        points = figure_trend(engine, key["case"], key["metric"], key["vendor"], key["device"])  # type: ignore[arg-type]
+        return (key, points) if points else None
+
+    def figure(request: Request) -> Response:
+        found = _figure(request)
+        if found is None:
+            return not_found("no such figure in the history")
+        key, points = found
+        return page("figure.html", title=f"{key['case']} {key['metric']}", key=key, points=points,
+                    query=request.url.query, can_draw=NO_MATPLOTLIB if drawing.matplotlib_figure() is None else None)
+
+    def figure_plot(request: Request) -> Response:
+        found = _figure(request)
+        if found is None:
+            return PlainTextResponse("no such figure in the history\n", status_code=404)
+        key, points = found
+        title = f"{key['case']} {key['metric']} ({key['vendor'] or '?'}, {key['device'] or '?'})"
+        png = trend_png(points, title)
+        if png is None:
+            return PlainTextResponse(NO_MATPLOTLIB + "\n", status_code=404)
+        return Response(png, media_type="image/png")
+
+    get = ["GET"]  # Starlette answers HEAD for GET routes, and 405 to every other method
+    app = Starlette(routes=[
+        Route("/", runs, methods=get),
+        Route("/runs/{run_id}/", run, methods=get),
+        Route("/runs/{run_id}/plots/{name}", plot, methods=get),
+        Route("/runs/{run_id}/{name}", run_file, methods=get),
+        Route("/compare", compare, methods=get),
+        Route("/trends", trends, methods=get),
+        Route("/trends/figure", figure, methods=get),
+        Route("/trends/plot.png", figure_plot, methods=get),
+    ])
+
+    async def missing(request: Request, exc: Exception) -> Response:
+        return not_found("nothing here")
+
+    app.add_exception_handler(404, missing)
+    return Guard(app, credentials)

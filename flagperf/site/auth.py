@@ -1,0 +1,148 @@
+"""The team server's one sign-in: Prefect's basic auth (a shared ``user:password``), used by the Prefect server
+(PREFECT_SERVER_API_AUTH_STRING), its workers and clients (PREFECT_API_AUTH_STRING) and the results site.
+
+Where the credentials come from, first found wins:
+  1. the file given by --auth-file or FLAGPERF_AUTH_FILE,
+  2. PREFECT_SERVER_API_AUTH_STRING (the server) or PREFECT_API_AUTH_STRING (the server and clients),
+  3. the default file, ~/.config/flagperf/server-auth ($XDG_CONFIG_HOME respected), if it exists.
+A file holds one line ``user:password``, is readable by its owner only (mode 600) and lies outside the project
+(a file there could be committed). The value is never printed or logged: messages name the file, not its text.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from flagperf.errors import ConfigError
+from flagperf.paths import PROJECT_ROOT
+
+AUTH_FILE_ENV = "FLAGPERF_AUTH_FILE"
+SERVER_AUTH_ENV = "PREFECT_SERVER_API_AUTH_STRING"
+CLIENT_AUTH_ENV = "PREFECT_API_AUTH_STRING"
+MIN_PASSWORD = 12
+HOW_TO_SET = (f"put user:password in {{default}} (chmod 600), or export {SERVER_AUTH_ENV}=user:password "
+              f"(see docs/team-server.md)")
+
+
+def default_auth_file() -> Path:
+    config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    return config / "flagperf" / "server-auth"
+
+
+def how_to_set() -> str:
+    return HOW_TO_SET.format(default=default_auth_file())
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """``user:password``, and where it came from (a file or an environment variable: never the value)."""
+
+    auth_string: str
+    source: str
+
+    @property
+    def user(self) -> str:
+        return self.auth_string.split(":", 1)[0]
+
+    def __repr__(self) -> str:  # a traceback or a debug print shows where, never what
+        return f"Credentials(user={self.user!r}, source={self.source!r})"
+
+    def matches(self, authorization: str | None) -> bool:
+        """Whether an ``Authorization: Basic ...`` header carries these credentials (constant-time compare)."""
+        if not authorization:
+            return False
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "basic":
+            return False
+        try:
+            given = base64.b64decode(token.strip(), validate=True)
+        except (binascii.Error, ValueError):
+            return False
+        return hmac.compare_digest(given, self.auth_string.encode("utf-8"))
+
+
+def check_auth_string(value: str, source: str) -> str:
+    """A ``user:password`` value, checked: one line, a user name, a password long enough to resist guessing
+    from the network."""
+    value = value.strip("\r\n")
+    user, colon, password = value.partition(":")
+    if not colon or not user or any(c.isspace() for c in user):
+        raise ConfigError(source, None, "must hold one line user:password (a user name without spaces, a colon, "
+                                        "a password)")
+    if "\n" in value or "\r" in value:
+        raise ConfigError(source, None, "must hold one line user:password, and nothing else")
+    if len(password) < MIN_PASSWORD:
+        raise ConfigError(source, None, f"the password is shorter than {MIN_PASSWORD} characters; make a long one, "
+                                        "e.g. python -c 'import secrets; print(secrets.token_urlsafe(24))'")
+    return value
+
+
+def read_auth_file(path: Path) -> Credentials:
+    """The credentials in ``path``, after checking that only its owner can read it and that it is no file of this
+    project. Checking reads it, never runs it."""
+    where = str(path)
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise ConfigError(where, None, f"no such file; {how_to_set()}") from None
+    except OSError as exc:
+        raise ConfigError(where, None, f"cannot be read: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ConfigError(where, None, "is not a regular file")
+    if info.st_mode & 0o077:
+        raise ConfigError(where, None, f"mode {stat.S_IMODE(info.st_mode):04o} lets others read it; chmod 600 {path}")
+    if info.st_uid != os.geteuid():
+        raise ConfigError(where, None, "belongs to another user; the server's own user must own it (chmod 600)")
+    resolved = path.resolve()
+    if resolved.is_relative_to(PROJECT_ROOT):
+        raise ConfigError(where, None, f"lies inside the project ({PROJECT_ROOT}), where it could be committed or "
+                                       f"served; keep it elsewhere, e.g. {default_auth_file()}")
+    try:
+        text = resolved.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(where, None, f"cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
+    return Credentials(check_auth_string(text.rstrip("\r\n"), where), where)
+
+
+def find_credentials(auth_file: Path | None = None, *, server: bool = True) -> Credentials | None:
+    """The credentials from the first source that has them (see the module's text), or None when none does.
+    A source that is there but wrong (a readable-by-all file, a short password) is an error, never skipped."""
+    named = auth_file or (Path(os.environ[AUTH_FILE_ENV]).expanduser() if os.environ.get(AUTH_FILE_ENV) else None)
+    if named is not None:
+        return read_auth_file(named)
+    for env in ((SERVER_AUTH_ENV, CLIENT_AUTH_ENV) if server else (CLIENT_AUTH_ENV,)):
+        if os.environ.get(env):
+            return Credentials(check_auth_string(os.environ[env], env), env)
+    default = default_auth_file()
+    if default.exists() or default.is_symlink():
+        return read_auth_file(default)
+    return None
+
+
+def use_client_credentials() -> Credentials | None:
+    """For a client of a team server (`flagperf run` with PREFECT_API_URL): PREFECT_API_AUTH_STRING from the
+    credentials file when it is not set already. Call before prefect is imported (it reads settings once)."""
+    if os.environ.get(CLIENT_AUTH_ENV):
+        return None
+    found = find_credentials(server=False)
+    if found is not None:
+        os.environ[CLIENT_AUTH_ENV] = found.auth_string
+    return found
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a --host value) is reachable from this machine only."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to any interface

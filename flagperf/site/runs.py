@@ -1,0 +1,169 @@
+"""The runs of a results folder as the site shows them, and the few files of a run it serves.
+
+A run is a folder directly under the results root, named like a run id, not a link, holding plan.json or
+summary.json. Of a run, only these are served: report.html, report.md, summary.csv and plots/<name>.png|svg,
+each a regular file reached without following a link and lying inside the root once resolved. Nothing else
+(result.json, job.json, case.log, controller.log, history.sqlite, server logs) is reachable by any address.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from flagperf.paths import NAME_PATTERN
+from flagperf.results.summary import INTERRUPTED_FILE, PLAN_JSON, SUMMARY_JSON, fmt
+
+RUN_FILES = {"report.html": "text/html; charset=utf-8", "report.md": "text/markdown; charset=utf-8",
+             "summary.csv": "text/csv; charset=utf-8"}
+PLOTS = "plots"
+PLOT_TYPES = {".png": "image/png", ".svg": "image/svg+xml"}
+PLOT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}\.(png|svg)$")
+MAX_RUNS = 2000  # listed, newest first: a folder of years of nightlies stays one page the browser can show
+HEADLINE_FIGURES = 3  # per run in the list
+
+
+@dataclass
+class RunInfo:
+    run_id: str
+    started: datetime
+    outcome: str
+    tone: str  # ok, warn, bad, none: the outcome's colour
+    vendor: str = ""
+    device: str = ""
+    suite: str = ""
+    figures: list[str] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    has_report: bool = False
+
+
+def _no_link_stat(path: Path) -> os.stat_result | None:
+    try:
+        return path.lstat()
+    except OSError:
+        return None
+
+
+def run_folder(root: Path, run_id: str) -> Path | None:
+    """The run folder of ``run_id`` under ``root``, or None when there is no such run (a bad name, a link,
+    a folder that is no run)."""
+    if not NAME_PATTERN.fullmatch(run_id) or run_id.startswith("."):
+        return None
+    folder = root / run_id
+    info = _no_link_stat(folder)
+    if info is None or not stat.S_ISDIR(info.st_mode):
+        return None
+    marks = [_no_link_stat(folder / name) for name in (PLAN_JSON, SUMMARY_JSON)]
+    if not any(m is not None and stat.S_ISREG(m.st_mode) for m in marks):
+        return None
+    return folder
+
+
+def read_served(root: Path, run_id: str, *parts: str) -> bytes | None:
+    """A file of a run that the site serves, read without following any link; None when it is not one."""
+    folder = run_folder(root, run_id)
+    if folder is None:
+        return None
+    if parts in ((name,) for name in RUN_FILES) or (len(parts) == 2 and parts[0] == PLOTS
+                                                     and PLOT_NAME.fullmatch(parts[1])):
+        path = folder.joinpath(*parts)
+    else:
+        return None
+    for step in (folder / parts[0], path):
+        info = _no_link_stat(step)
+        if info is None or stat.S_ISLNK(info.st_mode):
+            return None
+    if not path.resolve().is_relative_to(root.resolve()):
+        return None
+    try:  # O_NOFOLLOW: a link put in its place after the checks is refused too
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            return None
+        return handle.read()
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    info = _no_link_stat(path)
+    if info is None or not stat.S_ISREG(info.st_mode):
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def outcome_of(summary: dict[str, Any], interrupted: bool) -> tuple[str, str]:
+    """The run's outcome in a few words, and its tone."""
+    counts = summary.get("counts") or {}
+    rounds, success = int(counts.get("rounds", 0)), int(counts.get("success", 0))
+    failed, unsupported = int(counts.get("failed", 0)), int(counts.get("unsupported", 0))
+    if not summary:
+        return ("interrupted, no report" if interrupted else "no report yet"), "none"
+    if interrupted:
+        return f"interrupted ({success} of {rounds} rounds measured)", "bad"
+    if failed:
+        return f"failed ({failed} of {rounds} rounds)", "bad"
+    if rounds == 0:
+        return "nothing ran", "warn"
+    if success == 0:
+        return f"nothing measured ({unsupported} rounds unsupported)", "warn"
+    if unsupported or summary.get("problems"):
+        return f"succeeded with gaps ({unsupported} unsupported, {len(summary.get('problems') or [])} problems)", \
+            "warn"
+    return f"succeeded ({rounds} rounds)", "ok"
+
+
+def figure_text(entry: dict[str, Any]) -> str:
+    return f"{entry.get('case')} {entry.get('metric')}: {fmt(entry.get('value'))} {entry.get('unit') or ''}".strip()
+
+
+def run_info(folder: Path) -> RunInfo:
+    summary = _read_json(folder / SUMMARY_JSON)
+    plan = _read_json(folder / PLAN_JSON)
+    stamps = [info.st_mtime for info in (_no_link_stat(folder / PLAN_JSON), _no_link_stat(folder / SUMMARY_JSON))
+              if info is not None]
+    interrupted = _no_link_stat(folder / INTERRUPTED_FILE) is not None
+    outcome, tone = outcome_of(summary, interrupted)
+    context = summary.get("context") or {}
+    vendor = context.get("vendor") or plan.get("vendor") or ""
+    if isinstance(vendor, dict):  # the plan keeps the resolved vendor as an object
+        vendor = vendor.get("name", "")
+    report = _no_link_stat(folder / "report.html")
+    return RunInfo(
+        run_id=folder.name, started=datetime.fromtimestamp(min(stamps), timezone.utc), outcome=outcome, tone=tone,
+        vendor=str(vendor), device=str(context.get("device") or ""), suite=str(plan.get("suite") or ""),
+        figures=[figure_text(e) for e in (summary.get("headline") or [])[:HEADLINE_FIGURES] if isinstance(e, dict)],
+        summary=summary, has_report=report is not None and stat.S_ISREG(report.st_mode))
+
+
+def list_runs(root: Path) -> list[RunInfo]:
+    """The runs under ``root``, newest first."""
+    try:
+        names = [entry.name for entry in os.scandir(root)]
+    except OSError:
+        return []
+    folders = [f for f in (run_folder(root, name) for name in names) if f is not None]
+    return sorted((run_info(f) for f in folders), key=lambda r: (r.started, r.run_id), reverse=True)[:MAX_RUNS]
+
+
+def plot_names(folder: Path) -> list[str]:
+    """The run's plots that read_served would serve, by name."""
+    plots = folder / PLOTS
+    info = _no_link_stat(plots)
+    if info is None or not stat.S_ISDIR(info.st_mode):
+        return []
+    names = []
+    for entry in sorted(os.scandir(plots), key=lambda e: e.name):
+        if PLOT_NAME.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+            names.append(entry.name)
+    return names

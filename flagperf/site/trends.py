@@ -1,0 +1,71 @@
+"""Each figure's course over time, drawn from the history: the values, the baseline band (baseline ± the
+verdict's threshold) and the regression and improvement markers, as check_run judged each night.
+
+Drawn with matplotlib's object API (no pyplot: the site draws in several threads at once); where matplotlib
+is not installed the page says so and shows the table alone."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine
+
+from flagperf.results.history import TrendPoint, history_engine
+
+HISTORY_FILE = "history.sqlite"
+NO_MATPLOTLIB = "plot not drawn: matplotlib is not installed on the server (pip install matplotlib)"
+
+
+def open_history(root: Path, url: str | None) -> Engine | None:
+    """The history the nightly writes: ``url`` (a team's database) or the results folder's SQLite file, opened
+    read-only; None when there is none yet."""
+    if url:
+        return history_engine(url)
+    path = root / HISTORY_FILE
+    if path.is_symlink() or not path.is_file():
+        return None
+    return create_engine(f"sqlite:///file:{path.resolve()}?mode=ro&uri=true")
+
+
+def matplotlib_figure() -> type | None:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    return Figure
+
+
+def trend_png(points: list[TrendPoint], title: str) -> bytes | None:
+    """The plot as PNG bytes; None where matplotlib is not installed."""
+    figure_class = matplotlib_figure()
+    if figure_class is None:
+        return None
+    fig = figure_class(figsize=(9, 3.6))
+    ax = fig.add_subplot()
+    times = [p.recorded_at for p in points]
+    values = [p.verdict.value for p in points]
+    ax.plot(times, values, color="tab:blue", linewidth=1.2, marker="o", markersize=4, label="value")
+    banded = [p for p in points if p.verdict.baseline is not None and p.verdict.threshold is not None]
+    if banded:
+        low = [p.verdict.baseline * (1 - p.verdict.threshold) for p in banded]  # type: ignore[operator]
+        high = [p.verdict.baseline * (1 + p.verdict.threshold) for p in banded]  # type: ignore[operator]
+        ax.fill_between([p.recorded_at for p in banded], low, high, color="tab:gray", alpha=0.25, step="mid",
+                        label="baseline ± threshold")
+        ax.plot([p.recorded_at for p in banded], [p.verdict.baseline for p in banded], color="tab:gray",
+                linewidth=1, linestyle="--", label="baseline")
+    for status, colour, marker in (("regression", "tab:red", "v"), ("improvement", "tab:green", "^")):
+        marked = [p for p in points if p.verdict.status == status]
+        if marked:
+            ax.scatter([p.recorded_at for p in marked], [p.verdict.value for p in marked], color=colour,
+                       marker=marker, s=90, zorder=3, label=status)
+    unit = points[0].verdict.unit if points else None
+    ax.set_ylabel(unit or "value")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="best")
+    ax.grid(alpha=0.3)
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    out = io.BytesIO()
+    fig.savefig(out, format="png", dpi=100)
+    return out.getvalue()

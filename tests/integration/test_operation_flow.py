@@ -1,0 +1,41 @@
+"""An operation case through the real flow: evaluate on a real Prefect server -> run_case -> `python -m
+flagperf.entry` in a new process -> every operator of the group native and through a planted wrong library
+(a test vendor folder on FLAGPERF_VENDOR_PATH) -> result.json's points -> the report's operator table, the
+failed points and the speed-up plot."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from flagperf.results.schema import read_result
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_server")]
+
+FIXTURE_VENDORS = Path(__file__).resolve().parents[1] / "fixtures" / "vendors"
+
+
+def test_an_operation_case_runs_through_the_evaluation(flagperf_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flows.evaluate import evaluate
+
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(FIXTURE_VENDORS))
+    run_id = f"run-operation-{time.time_ns()}"
+    state = evaluate(cases=["op-norm"], overrides=["dtypes=[fp32, bf16]", "implementations=[native, planted-wrong]",
+                                                   "seq_lens=[16]", "rep_s=0.001", "min_iters=2", "max_iters=3",
+                                                   "flush_cache=false"],
+                     results_dir=str(flagperf_env), run_id=run_id, return_state=True)
+    assert state.is_completed(), state.message
+    run_dir = flagperf_env / run_id
+    result = read_result(run_dir / "op-norm" / "round1" / "localhost_noderank0" / "result.json")
+    assert result.status == "success" and result.family == "operation" and result.operation is not None
+    by_impl = {impl: [p for p in result.operation.points if p.implementation == impl]
+               for impl in ("native", "planted-wrong")}
+    assert [p.status for p in by_impl["native"]] == ["passed"] * 4  # layer_norm, rms_norm x fp32, bf16
+    assert all(p.status == "failed" and "wrong result" in (p.error or "") for p in by_impl["planted-wrong"])
+    assert sorted(m.name for m in result.metrics) == sorted(p.metric for p in by_impl["native"])
+    report = (run_dir / "report.md").read_text(encoding="utf-8")
+    assert "## Operators (operation)" in report and "| op-norm | rms_norm | bf16 | R16xC128 | native | yes |" in report
+    assert "### Failed points (wrong result or error: no figure)" in report
+    assert "@planted-wrong: wrong result:" in report

@@ -1,0 +1,163 @@
+"""A vendor's case adaptation read without running it, and the guide's forbidden changes refused in one line."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from flagperf.config.adaptation import check_extern, expand_env, parse_env_file, read_adaptation
+from flagperf.errors import CaseUserError, ConfigError
+from flagperf.training.driver import TrainingConfig, TrainingContext
+
+FIXTURE_CASE = Path(__file__).resolve().parents[1] / "fixtures" / "vendor_adaptation" / "cases" / "training" / \
+    "adapted-mlp"
+
+
+def env_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "environment_variables.sh"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_the_environment_file_is_read_as_data(tmp_path: Path) -> None:
+    path = env_file(tmp_path, "# comment\n\nexport A=1\nB='$HOME literal'\nC=\"x:${A}:$MISSING\"\nexport D=$A/lib\n")
+    values = parse_env_file(path)
+    assert expand_env(values, {"HOME": "/root"}) == {"A": "1", "B": "$HOME literal", "C": "x:1:", "D": "1/lib"}
+
+
+@pytest.mark.parametrize(("line", "why"), [
+    ("source /opt/vendor/env.sh", "not an assignment"),
+    ("export A=$(cat /etc/passwd)", "shell syntax"),
+    ("A=`id`", "shell syntax"),
+    ('A="$(id)"', "nothing is run"),
+    ("A=x; rm -rf /", "shell syntax"),
+    ("A=${B:-x}", "only $NAME and ${NAME}"),
+    ("PYTHONPATH=/x", "set by the engine"),
+    ("f() { echo; }", "not an assignment"),
+])
+def test_anything_but_an_assignment_is_refused_naming_file_and_line(tmp_path: Path, line: str, why: str) -> None:
+    path = env_file(tmp_path, f"export OK=1\n{line}\n")
+    with pytest.raises(ConfigError) as info:
+        parse_env_file(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: line 2:") and why in message and "\n" not in message
+
+
+def test_the_fixture_adaptation_is_read_with_every_point() -> None:
+    adaptation = read_adaptation(FIXTURE_CASE, "adapted-mlp", "training", "testvendor")
+    assert adaptation is not None
+    assert adaptation.env == {"TESTVENDOR_MODE": "fast", "TESTVENDOR_PATHS": "/opt/testvendor/lib:${TESTVENDOR_MODE}"}
+    assert adaptation.requirements is not None and adaptation.csrc is not None
+    assert adaptation.hooks == ("wrap_model", "make_optimizer", "setup_distributed", "on_step")
+    assert read_adaptation(FIXTURE_CASE, "adapted-mlp", "training", "nobody") is None
+
+
+@pytest.mark.parametrize(("code", "why"), [
+    ("import torch\ndef wrap_model(model, ctx):\n    model.load_state_dict(torch.load('w.pt'))\n    return model\n",
+     "line 3: load_state_dict: loads weights"),
+    ("import torch\ndef wrap_model(model, ctx):\n    torch.load('w.pt')\n    return model\n", "line 3: torch.load"),
+    ("from torch.utils.data import DataLoader\ndef on_step(ctx, step):\n    pass\n", "line 1: DataLoader"),
+    ("def build_dataset(config):\n    return None\n", "line 1: build_dataset is not an extension point"),
+    ("def _helper():\n    pass\n", "defines no hook"),
+    ("def wrap_model(model, ctx)\n    return model\n", "invalid Python"),
+])
+def test_extern_code_that_would_change_what_is_forbidden_is_refused(tmp_path: Path, code: str, why: str) -> None:
+    extern = tmp_path / "extern"
+    extern.mkdir()
+    (extern / "hooks.py").write_text(code, encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        check_extern(extern, "training")
+    assert why in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+
+def test_extern_of_a_family_without_extension_points_is_refused(tmp_path: Path) -> None:
+    extern = tmp_path / "extern"
+    extern.mkdir()
+    (extern / "hooks.py").write_text("def on_step(ctx, step):\n    pass\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="the base family has no extension points"):
+        check_extern(extern, "base")
+
+
+def training_context(tmp_path: Path, **hooks: object) -> TrainingContext:
+    config = TrainingConfig(nnodes=1, nproc_per_node=1, max_epochs=1, log_freq=1, master_port=29500, seed=0,
+                            target_metric="accuracy", target=0.0, timeout_s=60, max_retries=0)
+    stream = (tmp_path / "perf.log").open("w")
+    return TrainingContext(config, device=torch.device("cpu"), stream=stream, hooks=hooks)  # type: ignore[arg-type]
+
+
+def small_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+
+def test_a_wrap_hook_that_keeps_the_model_is_used_and_listed(tmp_path: Path) -> None:
+    class Fused(torch.nn.Module):  # a vendor's module swap: other names, the same parameters
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.inner(x)
+
+    ctx = training_context(tmp_path, wrap_model=lambda model, ctx: Fused(model))
+    wrapped = ctx.wrap(small_model())
+    assert isinstance(wrapped, Fused) and ctx.extra["vendor_hooks"] == ["wrap_model"]
+
+
+@pytest.mark.parametrize(("hook", "why"), [
+    (lambda model, ctx: torch.nn.Sequential(*model, torch.nn.Linear(2, 2)), "structure and size are not"),
+    (lambda model, ctx: torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)),
+     "initial checkpoint is not"),
+    (lambda model, ctx: "not a module", "not a torch module"),
+])
+def test_a_wrap_hook_that_changes_the_model_is_refused(tmp_path: Path, hook: object, why: str) -> None:
+    ctx = training_context(tmp_path, wrap_model=hook)
+    with pytest.raises(CaseUserError, match=why) as info:
+        ctx.wrap(small_model())
+    assert "\n" not in str(info.value)
+
+
+def test_the_optimizer_hook_must_build_the_class_the_case_asked_for(tmp_path: Path) -> None:
+    model = small_model()
+    ctx = training_context(tmp_path, make_optimizer=lambda cls, params, kwargs, ctx: cls(params, **kwargs))
+    optimizer = ctx.optimizer(torch.optim.SGD, model.parameters(), lr=0.1)
+    assert type(optimizer) is torch.optim.SGD and ctx.extra["vendor_hooks"] == ["make_optimizer"]
+
+    other = training_context(tmp_path, make_optimizer=lambda cls, params, kwargs, ctx: torch.optim.Adam(params))
+    with pytest.raises(CaseUserError, match="returned Adam, the case asks for SGD: the optimizer type is not"):
+        other.optimizer(torch.optim.SGD, model.parameters(), lr=0.1)
+    fewer = training_context(tmp_path, make_optimizer=lambda cls, params, kwargs, ctx: cls(params[:1], **kwargs))
+    with pytest.raises(CaseUserError, match="does not hold exactly the case's parameters"):
+        fewer.optimizer(torch.optim.SGD, model.parameters(), lr=0.1)
+
+
+def test_the_step_hook_sees_every_step(tmp_path: Path) -> None:
+    seen: list[int] = []
+    ctx = training_context(tmp_path, on_step=lambda ctx, step: seen.append(step))
+    for _ in range(3):
+        ctx.step(4, loss=1.0)
+    assert seen == [1, 2, 3]
+    assert os.path.getsize(tmp_path / "perf.log") > 0
+
+
+def test_inference_hooks_wrap_the_cases_own_forward() -> None:
+    import types
+
+    from flagperf.entry import hooked_module
+
+    case = types.ModuleType("case")
+    case.model_forward = lambda model, inputs: [model * x for x in inputs]  # type: ignore[attr-defined]
+    case.engine_forward = lambda engine, inputs: (inputs, 0.0)  # type: ignore[attr-defined]
+    calls: list[str] = []
+
+    def model_forward(standard: object, model: object, inputs: object) -> object:
+        calls.append("model_forward")
+        return standard(model, inputs)  # type: ignore[operator]
+
+    hooked = hooked_module(case, {"model_forward": model_forward})
+    assert hooked.model_forward(2, [1, 3]) == [2, 6] and calls == ["model_forward"]
+    assert hooked.engine_forward is case.engine_forward  # type: ignore[attr-defined]
+    assert hooked_module(case, {}) is case

@@ -1,0 +1,262 @@
+"""The operation family on this CPU: every operator through native torch and torch.compile (checked against a
+float64 reference, then timed), a planted wrong implementation failing its points, the counting formulas with
+exact answers, the config's one-line errors, and the report's table and geometric means."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from flagperf.config.models import pydantic_error_to_config_error
+from flagperf.config.vendors import load_vendor
+from flagperf.errors import ConfigError
+from flagperf.operation.check import compare, compute_reference
+from flagperf.operation.config import OperationConfig
+from flagperf.operation.driver import plan_points, roofline, run_operation
+from flagperf.operation.impls import load_implementation
+from flagperf.operation.operators import OPERATORS, counted, make_inputs
+from flagperf.operation.timer import CacheFlush, TimingOptions, graph_support, time_call
+from flagperf.results.operators import collect_points, geomean_speedups, operation_markdown
+from flagperf.results.schema import (
+    Metric,
+    OperationReport,
+    OperatorPoint,
+    Peak,
+    RoundResult,
+    SpecTable,
+    round_dir,
+    write_result,
+)
+
+FIXTURE_VENDORS = Path(__file__).resolve().parents[1] / "fixtures" / "vendors"
+CPU = torch.device("cpu")
+
+
+def config(**changes: Any) -> OperationConfig:
+    values: dict[str, Any] = dict(operators=list(OPERATORS), dtypes=["fp32"], models=["tiny"], batch_sizes=[1],
+                                  seq_lens=[16], implementations=["native"], warmup_s=0.001, rep_s=0.001,
+                                  min_iters=2, max_iters=3, flush_cache=False, cuda_graphs=False,
+                                  reference_cpu_max_elements=1 << 22, timeout_s=600, max_retries=0)
+    values.update(changes)
+    return OperationConfig.model_validate(values)
+
+
+@pytest.fixture(scope="module")
+def cpu_spec() -> SpecTable:
+    return load_vendor("cpu").spec_table()
+
+
+@pytest.fixture(scope="module")
+def native_and_compile(cpu_spec: SpecTable) -> Any:
+    """Every operator at the tiny model's shapes in fp32, native and torch.compile: one compile per operator,
+    shared by the tests that read it (about half a minute on two cores)."""
+    return run_operation(config(implementations=["native", "compile"]), "cpu", cpu_spec, CPU)
+
+
+def test_every_operator_passes_natively_and_through_torch_compile(native_and_compile: Any) -> None:
+    points = native_and_compile.report.points
+    assert {p.operator for p in points} == set(OPERATORS)
+    assert len(OPERATORS) >= 20
+    failed = [(p.operator, p.implementation, p.error) for p in points if p.status != "passed"]
+    assert not failed
+    for impl in ("native", "compile"):
+        assert {p.operator for p in points if p.implementation == impl} == set(OPERATORS)
+    # Every passed point is a figure with its formula; its reference was float64 on the CPU.
+    names = {m.name: m for m in native_and_compile.metrics}
+    for p in points:
+        metric = names[p.metric]
+        assert metric.unit == ("TFLOPS" if OPERATORS[p.operator].bound == "compute" else "GB/s")
+        assert p.operator in metric.convention and "bytes =" in metric.convention
+        assert p.reference == "float64 on cpu" and p.iterations in (2, 3)
+        assert p.latency_p10_s <= p.latency_s <= p.latency_p90_s
+    assert native_and_compile.report.implementations["compile"].startswith("torch.compile")
+    assert "no device graphs" in native_and_compile.report.graphs or "off" in native_and_compile.report.graphs
+
+
+def test_native_passes_in_half_precisions_against_the_float64_reference(cpu_spec: SpecTable) -> None:
+    outcome = run_operation(config(dtypes=["fp16", "bf16"]), "cpu", cpu_spec, CPU)
+    bad = [(p.operator, p.dtype, p.error) for p in outcome.report.points if p.status != "passed"]
+    assert not bad
+    assert len(outcome.metrics) == 2 * len(OPERATORS)
+
+
+def test_a_planted_wrong_implementation_fails_correctness_and_is_never_a_figure(
+        monkeypatch: pytest.MonkeyPatch, cpu_spec: SpecTable) -> None:
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(FIXTURE_VENDORS))
+    outcome = run_operation(config(operators=["mm", "softmax", "rotary"], implementations=["native", "planted-wrong"]),
+                            "cpu", cpu_spec, CPU)
+    wrong = [p for p in outcome.report.points if p.implementation == "planted-wrong"]
+    assert len(wrong) == 3 and all(p.status == "failed" for p in wrong)
+    for p in wrong:
+        assert p.error.startswith("wrong result: ") and "1 of " in p.error and "expected" in p.error, p.error
+        assert p.metric is None and p.latency_s is None and p.max_abs_error == pytest.approx(1.0, abs=1e-3)
+    assert not [m for m in outcome.metrics if m.name.endswith("@planted-wrong")]
+    assert all(p.status == "passed" for p in outcome.report.points if p.implementation == "native")
+    assert outcome.failure is None  # native passed: the round has figures
+
+    only_wrong = run_operation(config(operators=["mm"], implementations=["planted-wrong"]), "cpu", cpu_spec, CPU)
+    assert only_wrong.failure and "no point passed" in only_wrong.failure and "wrong result" in only_wrong.failure
+
+
+def test_flaggems_without_its_package_skips_its_points_saying_so(cpu_spec: SpecTable) -> None:
+    if load_implementation("nvidia", "flaggems").missing_packages() == []:
+        pytest.skip("flag_gems is installed here")
+    outcome = run_operation(config(operators=["add"], implementations=["native", "flaggems"]), "nvidia", cpu_spec,
+                            CPU)
+    (skipped,) = [p for p in outcome.report.points if p.implementation == "flaggems"]
+    assert skipped.status == "skipped" and "flag-gems" in skipped.error
+    assert "not available" in outcome.report.implementations["flaggems"]
+
+
+def test_fp8_on_this_cpu_is_skipped_with_the_spec_tables_reason(cpu_spec: SpecTable) -> None:
+    outcome = run_operation(config(operators=["mm", "add"], dtypes=["fp32", "fp8"]), "cpu", cpu_spec, CPU)
+    fp8 = [p for p in outcome.report.points if p.dtype == "fp8"]
+    assert [p.operator for p in fp8] == ["mm"]  # add has no fp8 form: not planned at all
+    assert fp8[0].status == "skipped" and "fp8" in fp8[0].error
+
+
+def test_counting_formulas_have_exact_answers() -> None:
+    assert counted(OPERATORS["mm"], {"M": 2, "N": 3, "K": 4}, "fp16") == (48, 2 * (8 + 12) + 2 * 6)
+    assert counted(OPERATORS["mm"], {"M": 2, "N": 3, "K": 4}, "fp8") == (48, 8 + 12 + 2 * 6)  # bf16 out
+    assert counted(OPERATORS["bmm"], {"B": 2, "M": 2, "N": 3, "K": 4}, "fp32") == (96, 4 * 2 * (8 + 12 + 6))
+    assert counted(OPERATORS["addmm"], {"M": 2, "N": 3, "K": 4}, "bf16") == (48 + 6, 2 * (3 + 8 + 12 + 6))
+    assert counted(OPERATORS["linear"], {"M": 2, "N": 3, "K": 4}, "fp32")[0] == 48
+    # Causal attention: 4*B*H*D over the S*(S+1)/2 pairs of the triangle.
+    assert counted(OPERATORS["scaled_dot_product_attention"], {"B": 1, "H": 2, "S": 3, "D": 4}, "fp16") == (
+        4 * 1 * 2 * 4 * 6, 2 * 4 * 1 * 2 * 3 * 4)
+    assert counted(OPERATORS["softmax"], {"R": 5, "C": 7}, "fp32") == (None, 4 * 2 * 35)
+    assert counted(OPERATORS["layer_norm"], {"R": 5, "C": 7}, "fp16") == (None, 2 * (70 + 14))
+    assert counted(OPERATORS["rms_norm"], {"R": 5, "C": 7}, "fp16") == (None, 2 * (70 + 7))
+    assert counted(OPERATORS["sum"], {"R": 5, "C": 7}, "fp32") == (None, 4 * 40)
+    assert counted(OPERATORS["add"], {"R": 5, "C": 7}, "bf16") == (None, 2 * 105)
+    assert counted(OPERATORS["embedding"], {"V": 100, "C": 8, "T": 3}, "fp32") == (None, 8 * 3 + 4 * 2 * 24)
+    assert counted(OPERATORS["gather"], {"R": 2, "C": 9, "G": 3}, "fp16") == (None, 8 * 6 + 2 * 2 * 6)
+    assert counted(OPERATORS["cat"], {"R": 2, "C": 3}, "fp32") == (None, 4 * 4 * 6)
+    assert counted(OPERATORS["cross_entropy"], {"R": 4, "V": 10}, "fp16") == (None, 2 * 40 + 8 * 4 + 2)
+    assert counted(OPERATORS["rotary"], {"T": 3, "H": 2, "KVH": 1, "D": 4, "S": 5}, "bf16") == (
+        None, 2 * 2 * 3 * 4 * 3 + 2 * 5 * 4 + 8 * 3)
+
+
+def test_the_roofline_is_the_slower_of_compute_and_memory() -> None:
+    spec = SpecTable(device="test", peaks={
+        "bf16": Peak(value=100.0, unit="TFLOPS", source="test"),
+        "memory_bandwidth": Peak(value=1000.0, unit="GB/s", source="test")})
+    mm = OPERATORS["mm"]
+    # 2e12 FLOPs at 100 TFLOPS = 20 ms; 1e9 bytes at 1000 GB/s = 1 ms: compute-bound, 40 ms measured = 50 %.
+    share, basis = roofline(spec, mm, "bf16", 2 * 10**12, 10**9, 0.040)
+    assert share == pytest.approx(0.5) and "bf16 100 TFLOPS" in basis and "memory 1000 GB/s" in basis
+    share, _ = roofline(spec, OPERATORS["add"], "bf16", None, 4 * 10**9, 0.008)  # 4 ms of 8 ms
+    assert share == pytest.approx(0.5)
+    share, basis = roofline(spec, mm, "fp16", 2 * 10**12, 10**9, 0.040)
+    assert share is None and "no fp16 peak" in basis
+
+
+def test_the_check_names_the_worst_element_and_catches_nan_and_shape() -> None:
+    inputs = make_inputs(OPERATORS["add"], {"R": 4, "C": 5}, "fp32", CPU, seed=0)
+    reference = compute_reference(OPERATORS["add"].native, inputs, torch.float64, CPU)
+    good = inputs[0] + inputs[1]
+    assert compare(good, reference, 1e-5, 1e-5).error is None
+    wrong = good.clone()
+    wrong[2, 3] += 0.5
+    verdict = compare(wrong, reference, 1e-5, 1e-5)
+    assert verdict.error.startswith("wrong result: 1 of 20 elements") and "worst at [2, 3]" in verdict.error
+    assert verdict.max_abs_error == pytest.approx(0.5, rel=1e-5)
+    wrong[0, 0] = float("nan")
+    assert "2 of 20" in compare(wrong, reference, 1e-5, 1e-5).error
+    assert "shape (5, 4)" in compare(good.t(), reference, 1e-5, 1e-5).error
+
+
+def test_shapes_come_from_the_models_grid_and_the_users_list_once_each() -> None:
+    cfg = config(operators=["mm", "add"], models=["tiny", "llama-3-8b"], batch_sizes=[1, 2], seq_lens=[8, 16],
+                 shapes={"mm": [{"M": 16, "N": 344, "K": 128}, {"M": 3, "N": 5, "K": 7}]})
+    planned = plan_points(cfg)
+    mm = [(p.dims["M"], p.dims["N"], p.dims["K"], p.source) for p in planned if p.op.name == "mm"]
+    # tiny: tokens 8, 16 (b1 s16 and b2 s8 share 16), 32; llama-3-8b: the same tokens at its sizes; the given
+    # 16x344x128 is tiny's b1 s16 again and is not measured twice.
+    assert mm == [(8, 344, 128, "tiny b1 s8"), (16, 344, 128, "tiny b1 s16"), (32, 344, 128, "tiny b2 s16"),
+                  (8, 14336, 4096, "llama-3-8b b1 s8"), (16, 14336, 4096, "llama-3-8b b1 s16"),
+                  (32, 14336, 4096, "llama-3-8b b2 s16"), (3, 5, 7, "given")]
+
+
+@pytest.mark.parametrize(("changes", "key", "message"), [
+    ({"operators": ["mm", "matmul"]}, "operators", "unknown operator 'matmul'"),
+    ({"shapes": {"mm": [{"M": 1, "N": 2}]}}, "shapes", "mm[0]: missing K"),
+    ({"shapes": {"mm": [{"M": 1, "N": 2, "K": 0}]}}, "shapes", "K must be a whole number >= 1"),
+    ({"shapes": {"softmax": [{"R": 1, "C": 2}]}}, "shapes", "softmax: not among this case's operators"),
+    ({"operators": ["add"], "dtypes": ["fp8"]}, "dtypes", "none of the operators has a fp8 form (those that do: mm)"),
+    ({"models": ["gpt-5"]}, "models", "unknown model shape 'gpt-5'"),
+    ({"max_iters": 1, "min_iters": 2}, None, "max_iters (1) must be at least min_iters (2)"),
+    ({"tolerances": {"fp64": {"rtol": 1.0, "atol": 1.0}}}, "tolerances", "unknown dtype 'fp64'"),
+])
+def test_a_bad_config_is_one_line_naming_the_file_and_key(changes: dict[str, Any], key: str | None,
+                                                           message: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        config(**{"operators": ["mm"], **changes})
+    error = pydantic_error_to_config_error(caught.value, "cases/operation/op-gemm/case.yaml")
+    line = str(error)
+    assert "\n" not in line and line.startswith("cases/operation/op-gemm/case.yaml") and message in line, line
+    if key:
+        assert error.key is not None and error.key.startswith(key), line
+
+
+def test_an_implementation_the_vendor_lacks_is_a_config_error() -> None:
+    with pytest.raises(ConfigError) as caught:
+        config(implementations=["native", "nope"]).check_for_vendor({}, "case.yaml", "cpu", True)
+    assert "unknown implementations 'nope' for vendor cpu" in str(caught.value) and "compile" in str(caught.value)
+
+
+def test_the_timer_times_each_iteration_and_flushes_between(monkeypatch: pytest.MonkeyPatch) -> None:
+    flush = CacheFlush(CPU)
+    assert flush.buffer.numel() >= 2 * 2**20 and "twice the last-level cache" in flush.description
+    writes = []
+    real = flush.__call__
+    monkeypatch.setattr(CacheFlush, "__call__", lambda self: (writes.append(1), real()))
+    x = torch.randn(64, 64)
+    timed = time_call(lambda: x @ x, CPU, TimingOptions(0.001, 10.0, 4, 4, True, True), flush)
+    assert len(timed.latencies) == 4 and len(writes) == 4 and all(t > 0 for t in timed.latencies)
+    assert not timed.graphs and graph_support(CPU) is not None
+    assert timed.p10 <= timed.median <= timed.p90
+
+
+def _point(impl: str, shape: dict[str, int], latency: float | None, status: str = "passed",
+           error: str | None = None) -> OperatorPoint:
+    name = f"add:fp16:R{shape['R']}xC{shape['C']}@{impl}" if status == "passed" else None
+    return OperatorPoint(operator="add", group="elementwise", dtype="fp16", shape=shape, source="given",
+                         implementation=impl, status=status, error=error, metric=name, latency_s=latency,
+                         latency_p10_s=latency, latency_p90_s=latency, iterations=10 if latency else 0,
+                         bytes=6 * shape["R"] * shape["C"], value=1.0 if latency else None,
+                         unit="GB/s" if latency else None, roofline=0.25 if latency else None)
+
+
+def test_the_report_has_the_table_the_geomean_and_the_failed_points(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run-ops"
+    small, large = {"R": 4, "C": 8}, {"R": 8, "C": 8}
+    points = [_point("native", small, 2e-3), _point("fast", small, 1e-3), _point("native", large, 2e-3),
+              _point("fast", large, 4e-3),
+              _point("wrong", small, None, "failed", "wrong result: 1 of 32 elements | off")]
+    now = datetime.now(timezone.utc)
+    metrics = [Metric(name=p.metric, value=1.0, unit="GB/s",
+                      peak=Peak(value=4.0, unit="GB/s", source="test"), ratio=0.25) for p in points if p.metric]
+    result = RoundResult(
+        run_id="run-ops", case="op-elementwise", family="operation", round=1, host="h", node_rank=0, vendor="cpu",
+        status="success", started_at=now, finished_at=now, duration_s=1.0, measured_seconds=1.0, metrics=metrics,
+        operation=OperationReport(timing="t", flush="f", graphs="g", counting={}, tolerances={}, points=points),
+        config={})
+    write_result(round_dir(run_dir, "op-elementwise", 1, "h") / "result.json", result)
+    lines = operation_markdown(run_dir)
+    text = "\n".join(lines)
+    # fast: 2 ms -> 1 ms (2x) and 2 ms -> 4 ms (0.5x): geomean exactly 1.
+    (row,) = [r for r in geomean_speedups(collect_points(run_dir)) if r["implementation"] == "fast"]
+    assert row["geomean"] == pytest.approx(1.0) and row["points"] == 2 and row["min"] == pytest.approx(0.5)
+    assert "| fp16 | fast | 1 | 0.5 | 2 | 2 | 0 | 0 |" in text
+    assert "| op-elementwise | add | fp16 | R4xC8 | fast | yes | 1 | 2 | 1 GB/s | 25.0% | 25.0% | - |" in text
+    assert "| op-elementwise | add | fp16 | R4xC8 | wrong | **no** | - | - | - |" in text
+    assert "wrong result: 1 of 32 elements \\| off" in text  # a '|' in an error cannot break the table
+    assert math.isclose(json.loads(result.model_dump_json())["operation"]["points"][0]["latency_s"], 2e-3)

@@ -1,0 +1,67 @@
+"""`flagperf vendor check FOLDER`: one line per finding, exit 0 / 1 (problems) / 2 (not a vendor folder)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flagperf.hosts.vendorcheck import check_vendor_folder
+from flagperf.paths import PROJECT_ROOT
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "vendor_adaptation"
+
+
+def flagperf(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, timeout=300,
+                          cwd=PROJECT_ROOT)
+
+
+def test_the_amd_folder_passes_with_what_this_machine_cannot_check_said() -> None:
+    found = check_vendor_folder(PROJECT_ROOT / "vendor_images" / "amd", monitor_seconds=1)
+    assert found.problems == []
+    assert any(line.startswith("monitor amdsmi: ") and "amd-smi unavailable" in line for line in found.not_checkable)
+    assert any(line.startswith("peaks: ") for line in found.not_checkable)
+    assert any(line.startswith("monitor system: ") for line in found.passed)
+
+
+@pytest.fixture
+def broken_vendor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The test vendor with a Dockerfile that copies a missing file, a monitor that crashes, a datasheet entry
+    without a source, and a case adaptation whose extern hook loads a checkpoint."""
+    vendor = tmp_path / "vendors" / "testvendor"
+    shutil.copytree(FIXTURE / "vendors" / "testvendor", vendor)
+    (vendor / "pytorch" / "Dockerfile").write_text("FROM scratch\nCOPY missing.txt /x\nRUN sh install.sh\n")
+    (vendor / "crash.py").write_text("raise SystemExit('no device tool')\n")
+    manifest = (vendor / "vendor.yaml").read_text().replace(
+        "    module: flagperf.monitoring.system\n", "    module: flagperf.monitoring.system\n  - name: crash\n"
+                                                   "    script: crash.py\n")
+    (vendor / "vendor.yaml").write_text(manifest)
+    (vendor / "datasheets.yaml").write_text("- names: [X1]\n  fp32: 1.0\n")
+    cases = tmp_path / "cases"
+    shutil.copytree(FIXTURE / "cases", cases)
+    hooks = cases / "training" / "adapted-mlp" / "vendor" / "testvendor" / "extern" / "hooks.py"
+    hooks.write_text("import torch\n\ndef wrap_model(model, ctx):\n    model.load_state_dict(torch.load('x.pt'))\n"
+                     "    return model\n")
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(cases))
+    return vendor
+
+
+def test_problems_are_one_line_each(broken_vendor: Path) -> None:
+    found = check_vendor_folder(broken_vendor, monitor_seconds=1)
+    problems = "\n".join(found.problems)
+    assert "line 2: copies missing.txt" in problems
+    assert "monitor crash: exited 1: no device tool" in problems
+    assert "datasheets.yaml: entry 0: no source" in problems
+    assert "extern/hooks.py: line 4: load_state_dict: loads weights" in problems
+    assert len(found.problems) == 4 and all("\n" not in p for p in found.problems)
+
+
+def test_exit_codes(broken_vendor: Path, tmp_path: Path) -> None:
+    bad = flagperf("vendor", "check", str(broken_vendor))
+    assert bad.returncode == 1 and bad.stdout.count("problem ") == 4, bad.stdout + bad.stderr
+    missing = flagperf("vendor", "check", str(tmp_path / "nowhere"))
+    assert missing.returncode == 2 and "not a vendor folder" in missing.stderr
