@@ -88,18 +88,19 @@ class Setup:
     levels: list[int]
     check_levels: list[int]
     budget_s: float
+    min_requests: int
 
     def requests(self, concurrency: int) -> int:
-        """Timed requests of a point: every slot refilled at least twice, and no fewer than 8 (quick) or 32."""
-        return max(2 * concurrency, 8 if self.vendor == "cpu" else 32)
+        """Timed requests of a point: every slot refilled at least twice, and no fewer than min_requests."""
+        return max(2 * concurrency, self.min_requests)
 
 
 def setup(quick: bool, budget_s: float | None) -> Setup:
     if quick:
-        return Setup("cpu", "tiny", "fp32", 16, 16, [1, 2, 4], [2], budget_s or 240.0)
+        return Setup("cpu", "tiny", "fp32", 16, 16, [1, 2, 4], [2], budget_s or 240.0, 8)
     # 128/128 tokens keep the sweep within a device command: c64 is 128 timed requests after 64 warm-ups.
     return Setup("nvidia", "llama-3.2-1b", "bf16", 128, 128, [1, 2, 4, 8, 16, 32, 64], [1, 16, 64],
-                 budget_s or 360.0)
+                 budget_s or 360.0, 32)
 
 
 def point_config(base: dict[str, Any], s: Setup, folder: Path, server: ServerProcess, concurrency: int
