@@ -7,14 +7,16 @@
 # digest) and the machine.
 #   bash bench/gpu_session.sh base       base specs, interleaved with bare loops, and the MAMF-style reference
 #   bash bench/gpu_session.sh models     inference (resnet50-infer, bert-large-infer), training
-#   bash bench/gpu_session.sh serving    tests/gpu, then the generate family against a bare generate loop
+#   bash bench/gpu_session.sh generate   tests/gpu, then the generate family against a bare generate loop
+#   bash bench/gpu_session.sh serving    `transformers serve` swept over concurrency 1-64, its Pareto plot, and
+#                                        the same server through GuideLLM where it is installed
 #   bash bench/gpu_session.sh install    the project installed as a user would, a short base run, tests/gpu
 #   bash bench/gpu_session.sh operators  native torch against FlagGems (carried in .whl/) on every operator
 #   bash bench/gpu_session.sh PART --quick   a dry run of the same part on this CPU (tested in CI)
 # .whl/ (bench/gpu_wheels.sh) is carried to the device machine: `run` with carry [".whl"].
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part=${1:?usage: gpu_session.sh base|models|serving|install|operators [--quick]}
+part=${1:?usage: gpu_session.sh base|models|generate|serving|install|operators [--quick]}
 quick=0; [ "${2:-}" = --quick ] && quick=1
 out=${OUT:-bench/results/gpu_session}
 mkdir -p "$out"
@@ -64,7 +66,7 @@ case $part in
     step inference 235 "$py" bench/inference_gpu.py "${qm[@]}" --budget-s "$(short 200)" --out "$out"
     step training 230 "$py" bench/training_gpu.py "${qm[@]}" --budget-s "$(short 200)" --out "$out"
     ;;
-  serving)
+  generate)
     if [ $quick = 1 ]; then
       step tests_gpu 120 "$py" -m pytest tests/gpu -q -p no:cacheprovider --co
     else  # -v: each test's verdict is in the log as it ends, also when the limit stops the run
@@ -72,6 +74,11 @@ case $part in
     fi
     # generate runs 3 pairs whatever its budget; the budget only bounds extra pairs (up to 9)
     step generate 190 "$py" bench/generate_gpu.py "${q[@]}" --budget-s "$([ $quick = 1 ] && echo 20 || echo 160)" --out "$out"
+    ;;
+  serving)
+    # The sweep stops starting points at its budget (360 s on a GPU); the limit leaves room for the last one,
+    # the server's start (saving the random weights first) and its stop.
+    step serving 420 "$py" bench/serving_gpu.py "${q[@]}" --out "$out"
     ;;
   install)
     step install 540 bash bench/gpu_install.sh "${q[@]}"

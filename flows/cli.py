@@ -401,10 +401,18 @@ def compare(
     run_b: Annotated[Path, typer.Argument(help="run folder to compare with it (B)")],
     out: Annotated[Path | None, typer.Option(help="also write the comparison as Markdown here")] = None,
 ) -> None:
-    """Put two runs side by side: B/A per case and metric, flagged where it exceeds the rounds' spread."""
-    from flagperf.results.compare import HEADER, compare_runs, render_markdown
+    """Put two runs side by side: B/A per case and metric, flagged where it exceeds the rounds' spread; serving
+    cases also at equal interactivity, with their goodput at the SLO."""
+    from flagperf.results.compare import (
+        HEADER,
+        compare_runs,
+        compare_serving_runs,
+        render_markdown,
+        serving_comparison_markdown,
+    )
 
     rows, _ = compare_runs(_run_folder(run_a, "RUN_A"), _run_folder(run_b, "RUN_B"))
+    serving = compare_serving_runs(run_a, run_b)
     table = Table(*HEADER, title=f"A = {run_a.name}, B = {run_b.name}", title_justify="left")
     for row in rows:
         cells = row.cells()
@@ -413,9 +421,11 @@ def compare(
     console.print(table)
     flagged = sum(r.flagged for r in rows)
     console.print(f"{flagged} of {len(rows)} figures differ by more than their spread")
+    if serving:
+        console.print(escape("\n".join(["", *serving_comparison_markdown(serving)])), highlight=False)
     if out is not None:
         try:
-            out.write_text(render_markdown(run_a, run_b, rows), encoding="utf-8")
+            out.write_text(render_markdown(run_a, run_b, rows, serving), encoding="utf-8")
         except OSError as exc:
             raise _fail(f"--out {out}: {exc.strerror or exc}") from None
         console.print(f"written to {escape(str(out))}", highlight=False)

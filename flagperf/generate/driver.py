@@ -17,6 +17,7 @@ import torch
 
 from flagperf.errors import CaseUserError
 from flagperf.generate.config import GenerateConfig
+from flagperf.generate.continuous import ContinuousEngine, run_level_continuous
 from flagperf.generate.engines import EngineEnv, GenerateEngine, RequestTrace, load_engine
 from flagperf.generate.metrics import level_metrics, level_stats, rouge_metrics
 from flagperf.generate.models import model_config
@@ -78,6 +79,8 @@ class Batches:
 
 def run_level(engine: GenerateEngine, config: GenerateConfig, prompts: PromptSet, pad_id: int, concurrency: int
               ) -> tuple[list[RequestTrace], list[int], float, tuple[float, float]]:
+    if isinstance(engine, ContinuousEngine):  # a closed loop: a new request the moment one ends
+        return run_level_continuous(engine, config, [p.ids for p in prompts.prompts], concurrency)
     batches = Batches(prompts)
 
     def serve(indices: list[int]) -> list[RequestTrace]:

@@ -1,12 +1,15 @@
-"""Two runs side by side: ratios per case and metric, flagged where the difference exceeds the spread."""
+"""Two runs side by side: ratios per case and metric, flagged where the difference exceeds the spread; for
+serving cases also their curves at equal interactivity and their goodput at the SLO (docs/serving-report.md)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flagperf.results.serving import ServingPoint, serving_points, slo_text
 from flagperf.results.summary import RunSummary, fmt, summarize
 
 
@@ -55,15 +58,161 @@ def compare(a: RunSummary, b: RunSummary) -> list[Comparison]:
     return out
 
 
-def render_markdown(a_dir: Path, b_dir: Path, rows: list[Comparison]) -> str:
+def render_markdown(a_dir: Path, b_dir: Path, rows: list[Comparison],
+                    serving: list[CurveComparison] | None = None) -> str:
     lines = [f"# Comparison: A = {a_dir.name}, B = {b_dir.name}", "",
              "A difference is flagged when |B/A - 1| exceeds the larger spread (coefficient of variation across "
              "rounds, or across timed chunks for single-round runs) of the two runs.", "",
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(r.cells()) + " |" for r in rows]
+    if serving:
+        lines += ["", *serving_comparison_markdown(serving)]
     return "\n".join(lines) + "\n"
 
 
 def compare_runs(a_dir: Path, b_dir: Path) -> tuple[list[Comparison], dict[str, Any]]:
     a, b = summarize(a_dir), summarize(b_dir)
     return compare(a, b), {"a": a.context, "b": b.context}
+
+
+# --- serving curves ---------------------------------------------------------------------------------------
+
+
+def pareto_frontier(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The points (interactivity, throughput per device) no other point beats on both axes, by interactivity:
+    a point of a sweep that a neighbour dominates (past saturation) is not part of the curve."""
+    frontier: list[tuple[float, float]] = []
+    for x, y in sorted(points, key=lambda p: (-p[0], -p[1])):  # at equal interactivity the higher one first
+        if not frontier or y > frontier[-1][1]:
+            frontier.append((x, y))
+    return frontier[::-1]
+
+
+def interpolate(frontier: list[tuple[float, float]], x: float) -> float | None:
+    """Throughput at interactivity ``x``: linear between the frontier's neighbours, None outside it."""
+    if not frontier or not frontier[0][0] <= x <= frontier[-1][0]:
+        return None
+    for (x0, y0), (x1, y1) in itertools.pairwise(frontier):
+        if x0 <= x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return frontier[0][1]  # a single point, at exactly its interactivity
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    interactivity: float
+    a: float
+    b: float
+
+    @property
+    def ratio(self) -> float:
+        return self.b / self.a
+
+
+@dataclass(frozen=True)
+class CurveComparison:
+    """One serving case in both runs: throughput per device at equal interactivity, goodput at the SLO."""
+
+    case: str
+    a_series: str
+    b_series: str
+    a_range: tuple[float, float] | None  # interactivity each curve covers
+    b_range: tuple[float, float] | None
+    rows: list[CurvePoint]
+    a_best: ServingPoint | None  # the best goodput among the points meeting the SLO
+    b_best: ServingPoint | None
+    a_slo: str
+    b_slo: str
+
+    @property
+    def goodput_ratio(self) -> float | None:
+        if self.a_best is None or self.b_best is None or not self.a_best.goodput or self.b_best.goodput is None:
+            return None
+        return self.b_best.goodput / self.a_best.goodput
+
+    @property
+    def geomean_ratio(self) -> float | None:
+        if not self.rows or any(r.a <= 0 or r.b <= 0 for r in self.rows):
+            return None
+        return math.exp(sum(math.log(r.ratio) for r in self.rows) / len(self.rows))
+
+
+def best_goodput(points: list[ServingPoint]) -> ServingPoint | None:
+    met = [p for p in points if p.slo_met and p.goodput is not None]
+    return max(met, key=lambda p: p.goodput or 0.0) if met else None
+
+
+def _curve(points: list[ServingPoint]) -> list[tuple[float, float]]:
+    return pareto_frontier([(p.interactivity, p.per_device) for p in points
+                            if p.interactivity is not None and p.per_device is not None])
+
+
+def compare_serving(a: list[ServingPoint], b: list[ServingPoint]) -> list[CurveComparison]:
+    """Per serving case in both runs: B's and A's throughput per device at every interactivity either curve
+    has a point at, within the range both cover (never extrapolated), and B's best goodput meeting the SLO
+    over A's."""
+    by_case_a: dict[str, list[ServingPoint]] = {}
+    by_case_b: dict[str, list[ServingPoint]] = {}
+    for p in a:
+        by_case_a.setdefault(p.case, []).append(p)
+    for p in b:
+        by_case_b.setdefault(p.case, []).append(p)
+    out = []
+    for case in [c for c in by_case_a if c in by_case_b]:
+        pa, pb = by_case_a[case], by_case_b[case]
+        ca, cb = _curve(pa), _curve(pb)
+        rows: list[CurvePoint] = []
+        if ca and cb:
+            low, high = max(ca[0][0], cb[0][0]), min(ca[-1][0], cb[-1][0])
+            for x in sorted({x for x, _ in ca + cb if low <= x <= high}):
+                ya, yb = interpolate(ca, x), interpolate(cb, x)
+                if ya is not None and yb is not None and ya > 0:
+                    rows.append(CurvePoint(x, ya, yb))
+        out.append(CurveComparison(
+            case=case, a_series=pa[0].series, b_series=pb[0].series,
+            a_range=(ca[0][0], ca[-1][0]) if ca else None, b_range=(cb[0][0], cb[-1][0]) if cb else None,
+            rows=rows, a_best=best_goodput(pa), b_best=best_goodput(pb), a_slo=slo_text(pa[0].slo),
+            b_slo=slo_text(pb[0].slo)))
+    return out
+
+
+def compare_serving_runs(a_dir: Path, b_dir: Path) -> list[CurveComparison]:
+    return compare_serving(serving_points(a_dir), serving_points(b_dir))
+
+
+def _range(r: tuple[float, float] | None) -> str:
+    return "no point with both figures" if r is None else f"{r[0]:.4g}-{r[1]:.4g}"
+
+
+def _goodput_line(c: CurveComparison) -> str:
+    def best(point: ServingPoint | None) -> str:
+        return "no point met the SLO" if point is None else f"{point.goodput:.4g} requests/s at {point.label}"
+
+    line = f"goodput at the SLO (the best among the points meeting it): A {best(c.a_best)}, B {best(c.b_best)}"
+    ratio = c.goodput_ratio
+    line += f"; **B/A = {ratio:.3f}**" if ratio is not None else "; no ratio"
+    if c.a_slo != c.b_slo:
+        line += f" (the SLOs differ: A {c.a_slo}; B {c.b_slo})"
+    return line
+
+
+def serving_comparison_markdown(comparisons: list[CurveComparison]) -> list[str]:
+    lines = ["## Serving curves at equal interactivity", "",
+             "Output tokens/s per device of each run's Pareto curve (points no other point beats on both axes), "
+             "linear between its points, at every interactivity (1 / mean TPOT) where either run has a point "
+             "inside the range both cover; nothing is extrapolated."]
+    for c in comparisons:
+        lines += ["", f"### {c.case}: A {c.a_series}, B {c.b_series}", "",
+                  f"- interactivity covered: A {_range(c.a_range)}, B {_range(c.b_range)} tokens/s per user",
+                  f"- {_goodput_line(c)}"]
+        if not c.rows:
+            lines.append("- the curves share no interactivity: no throughput ratio")
+            continue
+        geomean = c.geomean_ratio
+        if geomean is not None:
+            lines.append(f"- throughput per device B/A over the shared range: geometric mean {geomean:.3f}, "
+                         f"from {min(r.ratio for r in c.rows):.3f} to {max(r.ratio for r in c.rows):.3f}")
+        lines += ["", "| interactivity (tokens/s per user) | A tokens/s per device | B tokens/s per device | B/A |",
+                  "|---|---|---|---|"]
+        lines += [f"| {r.interactivity:.4g} | {r.a:.4g} | {r.b:.4g} | {r.ratio:.3f} |" for r in c.rows]
+    return lines

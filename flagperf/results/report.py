@@ -14,7 +14,7 @@ from flagperf.results.markup import markdown_to_html
 from flagperf.results.operators import plot_speedups
 from flagperf.results.plotting import NOT_DRAWN, pyplot
 from flagperf.results.schema import atomic_path, read_result, write_text_atomic
-from flagperf.results.serving import plot_serving_curve
+from flagperf.results.serving import serving_plots
 from flagperf.results.summary import REPORT_MD, ROUND_FOLDER, RunSummary, summarize, write_summary
 
 REPORT_HTML = "report.html"
@@ -137,9 +137,7 @@ def make_plots(run_dir: Path, summary: RunSummary) -> list[tuple[str, Path]] | N
         path = fn(plt, summary, plots_dir / name)
         if path:
             made.append((title, path))
-    serving = plot_serving_curve(plt, run_dir, plots_dir / "serving_tradeoff.png", summary.rows)
-    if serving:
-        made.append(("LLM serving: tokens/s per user vs per device", serving))
+    made += serving_plots(plt, run_dir, plots_dir, summary.rows)
     speedups = plot_speedups(plt, run_dir, plots_dir / "operator_speedups.png")
     if speedups:
         made.append(("Operators: speed-up against native", speedups))

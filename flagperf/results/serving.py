@@ -1,13 +1,27 @@
-"""The generate family in the run report: a table per concurrency level and the serving trade-off curve
-(output tokens/s per user against output tokens/s per device, one point per level).
+"""The generate family in the run report: the per-point tables, the Pareto plot (output tokens/s per device
+against tokens/s per user) and the latency-against-throughput plots. docs/serving-report.md explains them.
 
-Reads the rounds' result.json files (metrics named <what>@c<concurrency>, see flagperf.generate.metrics) and
-the summary rows (energy per output token, from the monitors over each level's window)."""
+A point is a closed-loop concurrency (metrics ``<what>@c<C>``) or an open-loop request rate (``<what>@r<R>``);
+the names are flagperf.generate.points' (serving engines) and flagperf.generate.metrics' (the batch engines
+hf and vllm, ``@c<level>`` only). Per point, each figure is the mean over the rounds (and hosts) that measured
+it; request counts (failed, truncated, empty, count mismatches) are summed, never averaged away; the SLO
+verdict is met only where every round met it. Energy per output token comes from the summary rows (the
+monitors' energy over the point's window / its output tokens). The server's own Prometheus figures are the
+differences between the text scraped before and after the point (server_metrics/<label>.{before,after}.prom
+in the round folder), where the engine exposes them.
+
+A series is one case of one run (its engine and precision named beside it): one line in the plots.
+Interactivity is 1 / mean TPOT (InferenceX's axis), taken from the ``interactivity`` metric, or computed from
+``tpot_s`` for the batch engines; throughput per device is ``output_tokens_per_s_per_device``, or
+``output_tokens_per_s`` for the batch engines (one device per case process).
+"""
 
 from __future__ import annotations
 
 import re
 import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,97 +29,358 @@ import pandas as pd
 
 from flagperf.results.schema import RESULT_FILE, atomic_path, read_result
 
-LEVEL_METRIC = re.compile(r"^(?P<what>.+)@c(?P<level>\d+)$")
+POINT_METRIC = re.compile(r"^(?P<what>.+)@(?P<kind>[cr])(?P<level>[0-9][0-9.e+-]*)$")
 FAMILY = "generate"
+SERVER_METRICS = "server_metrics"  # flagperf.generate.serve writes the scrapes there (not imported: no torch here)
+COUNTS = ("failed_requests", "truncated_requests", "empty_outputs", "token_count_mismatches")
+QUALITY = (("rougeL", "ROUGE-L"), ("exact_match", "exact match"))
+# The server's figures, by the part of a Prometheus sample's name after its engine prefix (vllm:, sglang:).
+SERVER_COUNTERS = {"output_tokens": ("generation_tokens_total",), "prompt_tokens": ("prompt_tokens_total",),
+                   "requests": ("request_success_total", "num_requests_total")}
+SERVER_MEANS = {"ttft_s": ("time_to_first_token_seconds",),
+                "tpot_s": ("request_time_per_output_token_seconds", "time_per_output_token_seconds",
+                           "inter_token_latency_seconds"),
+                "e2el_s": ("e2e_request_latency_seconds",)}
 
 
-def serving_levels(run_dir: Path, rows: pd.DataFrame | None = None) -> list[dict[str, Any]]:
-    """One entry per (case, concurrency): each metric's value and percentiles, averaged over the rounds."""
-    figures: dict[tuple[str, int], dict[str, list[tuple[float | None, ...]]]] = {}
+@dataclass
+class ServingPoint:
+    """One point of one case, over the rounds that measured it."""
+
+    case: str
+    kind: str  # "concurrency" or "rate"
+    level: float
+    label: str
+    engine: str
+    precision: str
+    rounds: int = 0
+    failed_rounds: int = 0  # rounds that stopped later (their finished points are kept) and say so
+    figures: dict[str, dict[str, float | None]] = field(default_factory=dict)  # what -> value/p50/p90/p99/mfu
+    counts: dict[str, int] = field(default_factory=dict)  # summed over rounds
+    requests: int | None = None  # timed requests, summed over rounds
+    output_tokens: int | None = None  # output tokens of the successful timed requests, summed over rounds
+    slo_met_rounds: int = 0
+    slo_rounds: int = 0  # rounds that gave a verdict (serving engines)
+    slo: dict[str, Any] | None = None
+    energy_per_token_j: float | None = None
+    server: dict[str, float] = field(default_factory=dict)  # the server's Prometheus figures, mean over rounds
+
+    def figure(self, what: str, key: str = "value") -> float | None:
+        return self.figures.get(what, {}).get(key)
+
+    @property
+    def series(self) -> str:
+        return f"{self.case} ({self.engine}, {self.precision})"
+
+    @property
+    def per_device(self) -> float | None:
+        value = self.figure("output_tokens_per_s_per_device")
+        return value if value is not None else self.figure("output_tokens_per_s")
+
+    @property
+    def interactivity(self) -> float | None:
+        value = self.figure("interactivity")
+        if value is not None:
+            return value
+        tpot = self.figure("tpot_s")
+        return 1.0 / tpot if tpot else None
+
+    @property
+    def slo_met(self) -> bool | None:
+        """Every round's p99 check met (None: no verdict recorded, e.g. a batch engine)."""
+        return None if not self.slo_rounds else self.slo_met_rounds == self.slo_rounds
+
+    @property
+    def goodput(self) -> float | None:
+        return self.figure("goodput_requests_per_s")
+
+
+def parse_label(label: str) -> tuple[str, float]:
+    kind, level = label[0], float(label[1:])
+    return ("concurrency" if kind == "c" else "rate"), level
+
+
+def _round_folders(run_dir: Path) -> Iterable[tuple[Path, Any]]:
     for path in sorted(run_dir.glob(f"*/round*/*_noderank*/{RESULT_FILE}")):
         try:
             result = read_result(path)
         except (OSError, ValueError):
             continue  # the summary lists unreadable files already
-        if result.family != FAMILY or result.status != "success":
-            continue
+        if result.family == FAMILY:
+            yield path.parent, result
+
+
+def serving_points(run_dir: Path, rows: pd.DataFrame | None = None) -> list[ServingPoint]:
+    """Every point of the run's generate cases, ordered by case, then concurrency points, then rates."""
+    points: dict[tuple[str, str], ServingPoint] = {}
+    values: dict[tuple[str, str], dict[str, list[tuple[float | None, ...]]]] = {}
+    servers: dict[tuple[str, str], list[dict[str, float]]] = {}
+    for folder, result in _round_folders(run_dir):
+        per_label: dict[str, list[Any]] = {}
         for m in result.metrics:
-            match = LEVEL_METRIC.match(m.name)
+            match = POINT_METRIC.match(m.name)
             if match:
-                level = figures.setdefault((result.case, int(match["level"])), {})
-                level.setdefault(match["what"], []).append((m.value, m.p50, m.p90, m.p99, m.mfu))
-    levels = []
-    for (case, concurrency), metrics in sorted(figures.items()):
-        entry: dict[str, Any] = {"case": case, "concurrency": concurrency, "rounds": 0}
-        for what, values in metrics.items():
-            entry["rounds"] = max(entry["rounds"], len(values))
-            for i, key in enumerate(("value", "p50", "p90", "p99", "mfu")):
-                present = [v[i] for v in values if v[i] is not None]
-                entry[f"{what}.{key}"] = statistics.fmean(present) if present else None
-        entry["energy_per_token_j"] = None
+                per_label.setdefault(f"{match['kind']}{match['level']}", []).append((match["what"], m))
+        for label, metrics in per_label.items():
+            kind, level = parse_label(label)
+            key = (result.case, label)
+            point = points.setdefault(key, ServingPoint(
+                case=result.case, kind=kind, level=level, label=label,
+                engine=str(result.config.get("engine", "?")), precision=str(result.config.get("precision", "?")),
+                slo=result.config.get("slo") if isinstance(result.config.get("slo"), dict) else None))
+            point.rounds += 1
+            point.failed_rounds += result.status != "success"
+            figures = values.setdefault(key, {})
+            for what, m in metrics:
+                figures.setdefault(what, []).append((m.value, m.p50, m.p90, m.p99, m.mfu))
+                if what == "output_tokens_per_s":
+                    point.output_tokens = (point.output_tokens or 0) + m.iterations
+                if what in COUNTS:
+                    point.counts[what] = point.counts.get(what, 0) + int(m.value)
+                elif what == "goodput_fraction":  # its iterations are all timed requests
+                    point.requests = (point.requests or 0) + m.iterations
+                elif what == "slo_p99_met":
+                    point.slo_rounds += 1
+                    point.slo_met_rounds += m.value >= 1.0
+            if "goodput_fraction" not in {w for w, _ in metrics}:  # a batch engine: every request succeeded
+                served = next((m.iterations for w, m in metrics if w == "requests_per_s"), None)
+                if served is not None:
+                    point.requests = (point.requests or 0) + served
+            figures_of_server = server_figures(folder / SERVER_METRICS, label)
+            if figures_of_server:
+                servers.setdefault(key, []).append(figures_of_server)
+    for key, point in points.items():
+        for what, samples in values[key].items():
+            point.figures[what] = {name: _mean(s[i] for s in samples)
+                                   for i, name in enumerate(("value", "p50", "p90", "p99", "mfu"))}
+        for scrape in servers.get(key, []):
+            for name in scrape:
+                point.server[name] = statistics.fmean(s[name] for s in servers[key] if name in s)
         if rows is not None and not rows.empty:
-            mine = rows[(rows["case"] == case) & (rows["metric"] == f"output_tokens_per_s@c{concurrency}")]
+            mine = rows[(rows["case"] == point.case) & (rows["metric"] == f"output_tokens_per_s@{point.label}")]
             energy = pd.to_numeric(mine["energy_per_work"], errors="coerce").dropna()
-            entry["energy_per_token_j"] = float(energy.mean()) if len(energy) else None
-        levels.append(entry)
-    return levels
+            point.energy_per_token_j = float(energy.mean()) if len(energy) else None
+    return sorted(points.values(), key=lambda p: (p.case, p.kind, p.level))
+
+
+def serving_levels(run_dir: Path, rows: pd.DataFrame | None = None) -> list[dict[str, Any]]:
+    """The concurrency points as plain dicts (case, concurrency, energy_per_token_j, figures by
+    ``<what>.<value|p50|p90|p99|mfu>``), for callers that read them as data."""
+    out = []
+    for p in serving_points(run_dir, rows):
+        if p.kind == "concurrency":
+            entry: dict[str, Any] = {"case": p.case, "concurrency": int(p.level), "rounds": p.rounds,
+                                     "energy_per_token_j": p.energy_per_token_j}
+            entry.update({f"{what}.{k}": v for what, fig in p.figures.items() for k, v in fig.items()})
+            out.append(entry)
+    return out
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.fmean(present) if present else None
+
+
+# --- the server's own figures (Prometheus text) ---------------------------------------------------------------
+
+
+def prometheus_totals(text: str) -> dict[str, float]:
+    """Counter totals and histogram/summary sums and counts, summed over labels, by sample name without the
+    engine's prefix (``vllm:generation_tokens_total`` -> ``generation_tokens_total``); gauges are left out
+    (a value at one moment says nothing about the point)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.type not in ("counter", "histogram", "summary"):
+            continue
+        for sample in family.samples:
+            if sample.name.endswith(("_total", "_sum", "_count")):
+                name = sample.name.rsplit(":", 1)[-1]
+                totals[name] = totals.get(name, 0.0) + float(sample.value)
+    return totals
+
+
+def server_figures(folder: Path, label: str) -> dict[str, float]:
+    """The server's figures over one point: counter increases and histogram means between the scrapes taken
+    before and after it. Nothing where the scrapes are missing or not Prometheus text."""
+    try:
+        before = prometheus_totals((folder / f"{label}.before.prom").read_text(encoding="utf-8"))
+        after = prometheus_totals((folder / f"{label}.after.prom").read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
+    out: dict[str, float] = {}
+
+    def delta(name: str) -> float | None:
+        return after[name] - before.get(name, 0.0) if name in after else None
+
+    for figure, names in SERVER_COUNTERS.items():
+        found = next((d for d in (delta(n) for n in names) if d is not None), None)
+        if found is not None:
+            out[figure] = found
+    for figure, names in SERVER_MEANS.items():
+        for name in names:
+            total, count = delta(f"{name}_sum"), delta(f"{name}_count")
+            if total is not None and count:
+                out[figure] = total / count
+                break
+    return out
+
+
+# --- the SLO frontier -------------------------------------------------------------------------------------
+
+
+def series_of(points: list[ServingPoint]) -> dict[str, list[ServingPoint]]:
+    out: dict[str, list[ServingPoint]] = {}
+    for p in points:
+        out.setdefault(p.case, []).append(p)
+    return out
+
+
+def slo_frontier(points: list[ServingPoint]) -> ServingPoint | None:
+    """The point of highest throughput per device among those meeting the SLO (every round's p99 check)."""
+    met = [p for p in points if p.slo_met and p.per_device is not None]
+    return max(met, key=lambda p: p.per_device or 0.0) if met else None
+
+
+def slo_text(slo: dict[str, Any] | None) -> str:
+    if not slo:
+        return "no SLO recorded"
+    text = f"p99 TTFT <= {slo.get('ttft_s'):g} s, p99 TPOT <= {slo.get('tpot_s'):g} s"
+    if slo.get("e2el_s") is not None:
+        text += f", p99 E2EL <= {slo['e2el_s']:g} s"
+    return text + ", no failed request"
+
+
+# --- the report section -----------------------------------------------------------------------------------
 
 
 def _num(value: float | None, scale: float = 1.0, digits: int = 4) -> str:
     return "-" if value is None else f"{value * scale:.{digits}g}"
 
 
-def _triple(entry: dict[str, Any], what: str) -> str:
-    return " / ".join(_num(entry.get(f"{what}.{p}"), 1e3, 3) for p in ("p50", "p90", "p99"))
+def _triple(point: ServingPoint, what: str) -> str:
+    return " / ".join(_num(point.figure(what, p), 1e3, 3) for p in ("p50", "p90", "p99"))
 
 
-SERVING_HEADER = ["case", "concurrency", "output tokens/s", "tokens/s per user", "requests/s",
-                  "TTFT ms p50/p90/p99", "TPOT ms p50/p90/p99", "ITL ms p50/p90/p99", "MFU", "J per token",
-                  "ROUGE-L", "rounds"]
+def _where(point: ServingPoint) -> list[str]:
+    return [point.case, f"{point.level:g}" if point.kind == "concurrency" else "-",
+            f"{point.level:g}" if point.kind == "rate" else "-"]
+
+
+def _requests(point: ServingPoint) -> str:
+    base = "-" if point.requests is None else str(point.requests)
+    problems = [f"{point.counts[k]} {word}" for k, word in (("failed_requests", "failed"),
+                                                            ("truncated_requests", "truncated"),
+                                                            ("empty_outputs", "empty"),
+                                                            ("token_count_mismatches", "count mismatch"))
+                if k in point.counts]
+    if not problems:
+        return base
+    flagged = any(point.counts.get(k) for k in COUNTS)
+    return f"{base} ({', '.join(problems)})" + (" **flagged**" if flagged else "")
+
+
+def _verdict(point: ServingPoint) -> str:
+    if point.slo_met is None:
+        return "-"
+    word = "met" if point.slo_met else "**missed**"
+    return word if point.slo_rounds == 1 else f"{word} ({point.slo_met_rounds}/{point.slo_rounds} rounds)"
+
+
+def _goodput(point: ServingPoint) -> str:
+    if point.goodput is None:
+        return "-"
+    fraction = point.figure("goodput_fraction")
+    return f"{point.goodput:.4g}" + (f" ({100 * fraction:.3g} %)" if fraction is not None else "")
+
+
+def _quality(point: ServingPoint) -> str:
+    parts = [f"{word} {point.figure(what):.3g}" for what, word in QUALITY if point.figure(what) is not None]
+    return ", ".join(parts) or "-"
+
+
+def _mfu(point: ServingPoint) -> str:
+    mfu = point.figure("output_tokens_per_s", "mfu")
+    return "-" if mfu is None else f"{100 * mfu:.3g}%" + (" (above 100 %: check the peak)" if mfu > 1 else "")
+
+
+def _rounds(point: ServingPoint) -> str:
+    return str(point.rounds) + (f" ({point.failed_rounds} from a failed round)" if point.failed_rounds else "")
+
+
+THROUGHPUT_HEADER = ["case", "concurrency", "rate/s", "requests (failed, truncated, empty, mismatched)",
+                     "output tokens/s", "per device", "per user", "interactivity", "requests/s",
+                     "goodput req/s (fraction)", "SLO p99", "MFU", "J per token", "quality", "rounds"]
+LATENCY_HEADER = ["case", "concurrency", "rate/s", "TTFT ms p50/p90/p99", "TPOT ms p50/p90/p99",
+                  "ITL ms p50/p90/p99", "E2EL ms p50/p90/p99"]
+SERVER_HEADER = ["case", "concurrency", "rate/s", "output tokens: server (client)", "requests: server (client)",
+                 "TTFT ms mean: server (client)", "TPOT ms mean: server (client)", "E2EL ms mean: server (client)"]
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def _server_cells(p: ServingPoint) -> list[str]:
+    """The server's figures beside the client's, per round (the server's are means over the rounds)."""
+    def pair(server: float | None, client: float | None, scale: float = 1.0) -> str:
+        return f"{_num(server, scale)} ({_num(client, scale)})"
+
+    def per_round(total: int | None) -> float | None:
+        return None if total is None or not p.rounds else total / p.rounds
+
+    return [pair(p.server.get("output_tokens"), per_round(p.output_tokens)),
+            pair(p.server.get("requests"), per_round(p.requests)),
+            *(pair(p.server.get(what), p.figure(what), 1e3) for what in ("ttft_s", "tpot_s", "e2el_s"))]
 
 
 def serving_markdown(run_dir: Path, rows: pd.DataFrame | None) -> list[str]:
     """The report section for generate cases; nothing when the run has none."""
-    levels = serving_levels(run_dir, rows)
-    if not levels:
+    points = serving_points(run_dir, rows)
+    if not points:
         return []
     lines = ["## LLM serving (generate)", "",
-             "Per concurrency level: output tokens/s of the device, tokens/s each user saw (output tokens / "
-             "request latency, mean), time to first token, time per output token after the first, every "
-             "inter-token gap; MFU = the level's model FLOPs (prefill and decode, the convention of every family) "
-             "/ its time / peak; energy per output token from the "
-             "monitors over the level's window.", "",
-             "| " + " | ".join(SERVING_HEADER) + " |", "|" + "---|" * len(SERVING_HEADER)]
-    for e in levels:
-        mfu = e.get("output_tokens_per_s.mfu")
-        cells = [e["case"], str(e["concurrency"]), _num(e.get("output_tokens_per_s.value")),
-                 _num(e.get("tokens_per_s_per_user.value")), _num(e.get("requests_per_s.value")),
-                 _triple(e, "ttft_s"), _triple(e, "tpot_s"), _triple(e, "itl_s"),
-                 "-" if mfu is None else f"{100 * mfu:.3g}%" + (" (above 100 %: check the peak)" if mfu > 1 else ""),
-                 _num(e["energy_per_token_j"]), _num(e.get("rougeL.value"), 1.0, 3), str(e["rounds"])]
-        lines.append("| " + " | ".join(cells) + " |")
+             "Per point (a closed-loop concurrency, or an open-loop request rate): output tokens/s of the "
+             "server in all and per device, tokens/s each user saw (output tokens / E2EL, mean), interactivity "
+             "(1 / mean TPOT), goodput (requests meeting every SLO per second, and their fraction of all "
+             "requests), the SLO verdict on p99 TTFT/TPOT with no failed request, energy per output token from "
+             "the monitors over the point's window; MFU (batch engines) = the level's model FLOPs (prefill and "
+             "decode, the convention of every family) / its time / peak. Figures are means over rounds; request "
+             "counts are sums.", ""]
+    for case, mine in series_of(points).items():
+        first = mine[0]
+        frontier = slo_frontier(mine)
+        line = f"- **{case}**: engine {first.engine}, {first.precision}; SLO: {slo_text(first.slo)}"
+        if frontier is not None:
+            line += (f"; SLO frontier: {frontier.label}, {frontier.per_device:.4g} output tokens/s per device at "
+                     f"{_num(frontier.interactivity)} tokens/s per user")
+        elif any(p.slo_met is not None for p in mine):
+            line += "; no point met the SLO"
+        lines.append(line)
+    flagged = [p for p in points if any(p.counts.get(k) for k in COUNTS)]
+    if flagged:
+        lines += ["", "Points with failed, truncated, empty or miscounted requests (their figures count the "
+                      "successful requests only): " + ", ".join(f"{p.case} {p.label}" for p in flagged) + "."]
+    lines += ["", *_table(THROUGHPUT_HEADER, [
+        [*_where(p), _requests(p), _num(p.figure("output_tokens_per_s")), _num(p.per_device),
+         _num(p.figure("tokens_per_s_per_user")), _num(p.interactivity), _num(p.figure("requests_per_s")),
+         _goodput(p), _verdict(p), _mfu(p), _num(p.energy_per_token_j), _quality(p), _rounds(p)] for p in points])]
+    lines += ["", *_table(LATENCY_HEADER, [[*_where(p), _triple(p, "ttft_s"), _triple(p, "tpot_s"),
+                                            _triple(p, "itl_s"), _triple(p, "e2el_s")] for p in points])]
+    scraped = [p for p in points if p.server]
+    if scraped:
+        lines += ["", "The server's own figures (its Prometheus counters and histograms, after the point minus "
+                      "before, per round) beside the client's:", "",
+                  *_table(SERVER_HEADER, [[*_where(p), *_server_cells(p)] for p in scraped])]
     return [*lines, ""]
 
 
-def plot_serving_curve(plt: Any, run_dir: Path, out: Path, rows: pd.DataFrame | None = None) -> Path | None:
-    """Tokens/s per user (interactivity) against tokens/s per device (throughput), a line per case."""
-    levels = [e for e in serving_levels(run_dir, rows) if e.get("output_tokens_per_s.value") is not None
-              and e.get("tokens_per_s_per_user.value") is not None]
-    if not levels:
-        return None
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for case in dict.fromkeys(e["case"] for e in levels):
-        points = [e for e in levels if e["case"] == case]
-        xs = [e["output_tokens_per_s.value"] for e in points]
-        ys = [e["tokens_per_s_per_user.value"] for e in points]
-        ax.plot(xs, ys, marker="o", label=case)
-        for e, x, y in zip(points, xs, ys, strict=True):
-            ax.annotate(f"c{e['concurrency']}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    ax.set_xlabel("output tokens/s per device")
-    ax.set_ylabel("output tokens/s per user")
-    ax.set_title("serving trade-off: each point a concurrency level", fontsize=9)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+# --- plots --------------------------------------------------------------------------------------------------
+
+
+def _save(plt: Any, fig: Any, out: Path) -> Path:
     fig.tight_layout()
     try:
         with atomic_path(out) as tmp:  # a full disk leaves no half-written PNG
@@ -113,3 +388,79 @@ def plot_serving_curve(plt: Any, run_dir: Path, out: Path, rows: pd.DataFrame | 
     finally:
         plt.close(fig)
     return out
+
+
+def plot_pareto(plt: Any, points: list[ServingPoint], out: Path, title: str = "") -> Path | None:
+    """Output tokens/s per device against interactivity, a line per series; filled markers meet the SLO,
+    hollow ones miss it, a star marks the SLO frontier; a dotted line at each SLO's 1 / TPOT bound."""
+    drawn = [p for p in points if p.per_device is not None and p.interactivity is not None]
+    if not drawn:
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for number, (name, mine) in enumerate(series_of(drawn).items()):
+        mine = sorted(mine, key=lambda p: p.interactivity or 0.0)
+        color = f"C{number % 10}"
+        ax.plot([p.interactivity for p in mine], [p.per_device for p in mine], color=color, linewidth=1.2,
+                label=mine[0].series)
+        for p in mine:
+            hollow = p.slo_met is False
+            ax.plot(p.interactivity, p.per_device, marker="o", color=color,
+                    markerfacecolor="white" if hollow else color, markersize=6)
+            ax.annotate(p.label, (p.interactivity, p.per_device), textcoords="offset points", xytext=(4, 4),
+                        fontsize=7)
+        frontier = slo_frontier(mine)
+        if frontier is not None:
+            ax.plot(frontier.interactivity, frontier.per_device, marker="*", color=color, markersize=15,
+                    markeredgecolor="black", linestyle="none", label=f"{name}: SLO frontier ({frontier.label})")
+    bounds = sorted({p.slo["tpot_s"] for p in drawn if p.slo and p.slo.get("tpot_s")})
+    for bound in bounds:
+        ax.axvline(1.0 / bound, color="grey", linestyle=":", linewidth=1)
+        ax.annotate(f"TPOT SLO {bound * 1e3:g} ms", (1.0 / bound, ax.get_ylim()[1]), fontsize=7, color="grey",
+                    rotation=90, va="top", ha="right")
+    ax.set_xlabel("interactivity: output tokens/s per user (1 / mean TPOT)")
+    ax.set_ylabel("output tokens/s per device")
+    ax.set_title(title or "serving Pareto: filled = SLO met, hollow = missed, star = SLO frontier", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(plt, fig, out)
+
+
+def plot_latency(plt: Any, points: list[ServingPoint], out: Path) -> Path | None:
+    """TTFT and TPOT (p50 solid, p99 dashed) against output tokens/s per device, the SLO bounds dotted."""
+    drawn = [p for p in points if p.per_device is not None and p.figure("ttft_s", "p50") is not None]
+    if not drawn:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    for ax, what, title, bound in ((axes[0], "ttft_s", "TTFT", "ttft_s"), (axes[1], "tpot_s", "TPOT", "tpot_s")):
+        for number, mine in enumerate(series_of(drawn).values()):
+            mine = sorted(mine, key=lambda p: p.per_device or 0.0)
+            color = f"C{number % 10}"
+            for key, style in (("p50", "-"), ("p99", "--")):
+                shown = [p for p in mine if p.figure(what, key) is not None]
+                if shown:
+                    ax.plot([p.per_device for p in shown], [1e3 * (p.figure(what, key) or 0.0) for p in shown],
+                            linestyle=style, marker="o", markersize=4, color=color,
+                            label=f"{mine[0].series} {key}")
+        for limit in sorted({p.slo[bound] for p in drawn if p.slo and p.slo.get(bound)}):
+            ax.axhline(1e3 * limit, color="grey", linestyle=":", linewidth=1)
+        ax.set_xlabel("output tokens/s per device")
+        ax.set_ylabel(f"{title} ms")
+        ax.set_title(f"{title} against throughput (dotted: the SLO)", fontsize=9)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=6)
+    return _save(plt, fig, out)
+
+
+def serving_plots(plt: Any, run_dir: Path, plots_dir: Path, rows: pd.DataFrame | None = None
+                  ) -> list[tuple[str, Path]]:
+    """The report's serving plots (title, file); none when the run has no generate point."""
+    points = serving_points(run_dir, rows)
+    made = []
+    for title, path in (
+            ("LLM serving: output tokens/s per device against tokens/s per user (Pareto)",
+             plot_pareto(plt, points, plots_dir / "serving_tradeoff.png")),
+            ("LLM serving: TTFT and TPOT against throughput", plot_latency(plt, points,
+                                                                            plots_dir / "serving_latency.png"))):
+        if path is not None:
+            made.append((title, path))
+    return made

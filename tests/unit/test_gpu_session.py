@@ -22,7 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PARTS = {
     "base": ["base_specs.log", "base_specs_cpu_quick.json", "base_specs_cpu_quick.md"],
     "models": ["inference.log", "training.log", "inference_gpu_quick.json", "training_gpu_quick.json"],
-    "serving": ["tests_gpu.log", "generate.log", "generate_gpu_quick.json"],
+    "generate": ["tests_gpu.log", "generate.log", "generate_gpu_quick.json"],
+    "serving": ["serving.log", "serving_gpu_quick.json", "serving_gpu_quick.md", "serving_gpu_pareto.png",
+                "serving_gpu_latency.png", "serving_gpu_server.log"],
     "install": ["install.log"],
     "operators": ["operators.log", "operation_gpu_quick.json", "operation_gpu_quick.md"],
 }
