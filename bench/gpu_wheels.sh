@@ -19,7 +19,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 # The resolution for the GPU host's Python and platform, inside the lock.
-echo pytest > "$work/tests.in"  # to run tests/gpu there
+# pytest to run tests/gpu there; openai and accelerate for `transformers serve` (the serving bench's server)
+printf 'pytest\nopenai\naccelerate\n' > "$work/tests.in"
 uv pip compile pyproject.toml "$work/tests.in" --extra nvidia -c constraints.txt --python-version "$python" \
   --python-platform x86_64-manylinux_2_28 --annotation-style line --no-header -q -o "$work/resolved.txt"
 
