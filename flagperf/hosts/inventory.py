@@ -27,6 +27,7 @@ from flagperf.config.models import StrictModel, check_name, pydantic_error_to_co
 from flagperf.config.vendors import available_vendors
 from flagperf.config.yamlio import load_yaml_mapping
 from flagperf.errors import ConfigError
+from flagperf.hosts.slurm_spec import SlurmSpec, slurm_slots
 from flagperf.paths import display_path
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -105,9 +106,10 @@ class AgentSpec(StrictModel):
 class HostSpec(StrictModel):
     name: str
     address: str = "localhost"
-    transport: Literal["local", "ssh"] | None = Field(
+    transport: Literal["local", "ssh", "slurm"] | None = Field(
         default=None, description="local: the controller itself; ssh: through paramiko (default unless the "
-                                  "address is local/localhost/127.0.0.1)")
+                                  "address is local/localhost/127.0.0.1); slurm: jobs on a Slurm cluster (set by "
+                                  "a slurm: section)")
     port: int | None = Field(default=None, ge=1, le=65535, description="22 unless ~/.ssh/config says otherwise")
     user: str | None = Field(default=None, description="yours unless ~/.ssh/config says otherwise")
     key_file: Path | None = Field(default=None, strict=False, description="private key file; none: the SSH agent and "
@@ -133,6 +135,7 @@ class HostSpec(StrictModel):
                                                                       "default (ACCE_VISIBLE_DEVICE_ENV_NAME)")
     env: dict[str, str] = Field(default_factory=dict)
     agent: AgentSpec | None = None
+    slurm: SlurmSpec | None = Field(default=None, description="run each round as a Slurm job (flagperf.hosts.slurm)")
 
     @field_validator("name")
     @classmethod
@@ -204,6 +207,11 @@ class HostSpec(StrictModel):
         object.__setattr__(self, "address", host)
         if port is not None:
             object.__setattr__(self, "port", port)
+        if self.slurm is not None or self.transport == "slurm":
+            if self.slurm is None or self.transport not in (None, "slurm") or self.runtime != "process" or self.agent:
+                raise ValueError("a Slurm entry needs a slurm: section, and runs its jobs itself (no transport, "
+                                 "runtime: docker or agent; slurm.container_image runs cases in a container)")
+            object.__setattr__(self, "transport", "slurm")
         if self.transport is None:
             object.__setattr__(self, "transport", "local" if self.address in LOCAL_ADDRESSES else "ssh")
         if self.docker.engine is None:
@@ -397,10 +405,11 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
             merged["docker"] = {**parsed.defaults["docker"], **entry["docker"]}
         try:
             spec = HostSpec.model_validate(merged)
+            slots = [HostSpec.model_validate(slot.model_dump()) for slot in slurm_slots(spec)]  # a Slurm entry's nodes
         except ValidationError as exc:
             error = pydantic_error_to_config_error(exc, source)
             raise ConfigError(source, f"hosts.{i}.{error.key}" if error.key else f"hosts.{i}", error.message) from None
-        hosts.append(_expand(spec, base))
+        hosts.extend(_expand(slot, base) for slot in slots)
     names = [h.name for h in hosts]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
