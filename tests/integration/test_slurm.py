@@ -59,16 +59,22 @@ def queued(prefix: str) -> list[str]:
     return [line for line in out.splitlines() if line.split()[1].startswith(prefix)]
 
 
-def test_a_single_node_case_runs_as_a_job_on_each_node(flagperf_env: Path, tmp_path: Path, prefect_server: None,
-                                                       cluster: tuple[Testbed, SlurmBed], deployed: Path) -> None:
+def test_a_case_on_each_node_and_a_two_node_case_in_one_job(flagperf_env: Path, tmp_path: Path,
+                                                             prefect_server: None, cluster: tuple[Testbed, SlurmBed],
+                                                             deployed: Path) -> None:
+    """One evaluation on a two-node entry: computation-FP32 as a job on each node, then digits-mlp at 2x1 as one
+    job across both (DDP over gloo between two slurmds' namespaces; rank, master address and port from Slurm's
+    variables inside the job)."""
     bed, slurm = cluster
     nodes = slurm.node_names[:2]
-    state, run_dir = run_evaluate(flagperf_env, cases=["computation-FP32"], rounds=1, overrides=FAST,
-                                  inventory=inventory(tmp_path, bed, deployed, "one", nodelist=nodes))
+    state, run_dir = run_evaluate(flagperf_env, cases=["computation-FP32", "digits-mlp"], rounds=1,
+                                  overrides=[*(f"computation-FP32.{o}" for o in FAST), "digits-mlp.nnodes=2",
+                                             "digits-mlp.nproc_per_node=1", "digits-mlp.timeout_s=300"],
+                                  inventory=inventory(tmp_path, bed, deployed, "pair", nodelist=nodes))
     assert state.is_completed(), state.message
     runs = task_runs(state.state_details.flow_run_id)
     for node in nodes:
-        slot = f"one-{node}"
+        slot = f"pair-{node}"
         folder = run_dir / "computation-FP32" / "round1" / f"{slot}_noderank0"
         result = read_result(folder / "result.json")
         assert result.status == "success" and result.metrics[0].value > 0
@@ -83,24 +89,11 @@ def test_a_single_node_case_runs_as_a_job_on_each_node(flagperf_env: Path, tmp_p
         assert checks["partition"]["detail"].startswith(f"{slurm.partition}: State=UP")
         # The job's output is the round's task log, line by line.
         logs = task_logs(runs[f"run_case[computation-FP32/round1@{slot}]"].id)
-        assert any(line.startswith("gemm_fp32:") or "gemm_fp32: " in line for line in logs), logs[-10:]
-    assert queued("flagperf-one-") == []
-    assert not (tmp_path / "shared" / run_dir.name).exists()  # collected, then cleaned from the shared folder
+        assert any("gemm_fp32: " in line for line in logs), logs[-10:]
 
-
-def test_a_two_node_case_is_one_job_across_two_nodes(flagperf_env: Path, tmp_path: Path, prefect_server: None,
-                                                     cluster: tuple[Testbed, SlurmBed], deployed: Path) -> None:
-    """digits-mlp at 2x1: DDP over gloo between two slurmds' namespaces; rank, master address and port come
-    from Slurm's variables inside the one job."""
-    bed, slurm = cluster
-    nodes = slurm.node_names[:2]
-    state, run_dir = run_evaluate(flagperf_env, cases=["digits-mlp"], rounds=1,
-                                  overrides=["nnodes=2", "nproc_per_node=1", "timeout_s=300"],
-                                  inventory=inventory(tmp_path, bed, deployed, "two", nodelist=nodes))
-    assert state.is_completed(), state.message
     job_ids = set()
     for rank, node in enumerate(nodes):
-        folder = run_dir / "digits-mlp" / "round1" / f"two-{node}_noderank{rank}"
+        folder = run_dir / "digits-mlp" / "round1" / f"pair-{node}_noderank{rank}"
         result = read_result(folder / "result.json")
         assert result.status == "success" and result.node_rank == rank
         assert result.convergence is not None and result.convergence.converged
@@ -112,7 +105,8 @@ def test_a_two_node_case_is_one_job_across_two_nodes(flagperf_env: Path, tmp_pat
         assert job["master_port"] == 20000 + int(started["job_id"]) % 5000
         assert (folder / f"rank{rank}.out.log").is_file()
     assert len(job_ids) == 1  # one job, not one per node
-    assert queued("flagperf-two-") == []
+    assert queued("flagperf-pair-") == []
+    assert not (tmp_path / "shared" / run_dir.name).exists()  # collected, then cleaned from the shared folder
 
 
 def test_a_drained_node_fails_the_healthcheck_naming_it(flagperf_env: Path, tmp_path: Path, prefect_server: None,
