@@ -443,7 +443,7 @@ timeout 5 scontrol ping 2>/dev/null | grep -q UP || die "slurmctld does not answ
 for i in $(seq "$SLURM_NODES"); do
   install -d -m 0755 "$SLURM_STATE/spool/h$i"
   if ! slurm_running "$SLURM_STATE/slurmd-h$i.pid" slurmd "fp-h$i"; then
-    ip netns exec "fp-h$i" slurmd -N "h$i" 9>&- || die "slurmd of h$i did not start; see $SLURM_STATE/slurmd-h$i.log"
+    nsenter --net="/run/netns/fp-h$i" slurmd -N "h$i" 9>&- || die "slurmd of h$i did not start; see $SLURM_STATE/slurmd-h$i.log"
   fi
 done
 # Jobs a killed test left, nodes a killed test left drained: the tests start from an idle cluster.
