@@ -51,7 +51,7 @@ def inventories(folder: Path, bed: Testbed, root: Path, count: int, poll_s: floa
             "known_hosts": bed.known_hosts, "python": h.python, "project_root": str(root), "env": env}
            for h in bed.hosts[:count]]
     shared = folder / "shared"
-    shared.mkdir(mode=0o700, exist_ok=True)
+    shared.mkdir(mode=0o700, exist_ok=True)  # the Slurm jobs run as this user
     slurm = [{"name": "bed", "python": bed.hosts[0].python, "project_root": str(root), "env": env,
               "slurm": {"partition": bed.slurm.partition, "nodelist": bed.slurm.node_names[:count],
                         "shared_dir": str(shared), "poll_s": poll_s}}]
@@ -104,9 +104,9 @@ def main() -> None:
     if bed is None or bed.slurm is None:
         raise SystemExit("no test bed with a Slurm cluster: run tests/testbed/up.sh as root")
     sizes = sorted({1, min(2, len(bed.slurm.nodes)), len(bed.slurm.nodes)})
-    root = deploy_project(ROOT, bed)
     scratch = Path(os.environ.get("TMPDIR", "/tmp")) / f"flagperf-bench-slurm-{os.getpid()}"
-    scratch.mkdir(mode=0o700, parents=True)
+    scratch.mkdir(mode=0o755, parents=True)  # the SSH hosts' user reads the deployed copy in it
+    root = deploy_project(ROOT, bed, scratch / "deploy" / "flagperf")  # its own: no other checkout replaces it
     measured: dict[str, dict[str, Any]] = {}
     with prefect_test_harness(server_startup_timeout=180):
         warm = inventories(scratch, bed, root, 1, args.poll)

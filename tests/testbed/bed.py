@@ -148,14 +148,15 @@ NOT_DEPLOYED_AT_ROOT = {".git", ".venv", "results", "result", "build", ".whl", "
 NOT_DEPLOYED = {"__pycache__", ".pytest_cache", ".ruff_cache"}
 
 
-def deploy_project(source: Path, bed: Testbed) -> Path:
+def deploy_project(source: Path, bed: Testbed, target: Path | None = None) -> Path:
     """Copy the project to the test hosts' deploy path (FlagPerf's FLAGPERF_PATH), readable by their user,
-    and return it. The hosts run this copy, not the checkout under test: the checkout may sit where the
-    hosts' user cannot read (a CI clone under /root), and a real host has its own deployment too. The
+    and return it (``target``: another place than the bed's shared one, for a run that must not see another
+    checkout's deployment replace it). The hosts run this copy, not the checkout under test: the checkout may
+    sit where the hosts' user cannot read (a CI clone under /root), and a real host has its own deployment too. The
     copy is replaced whole (a new folder, then a rename), so a host never sees half of it."""
     import shutil
 
-    target = Path(bed.known_hosts).parent / "deploy" / "flagperf"
+    target = target or Path(bed.known_hosts).parent / "deploy" / "flagperf"
     staging = target.with_name(f".flagperf.{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(source, staging, symlinks=True,
