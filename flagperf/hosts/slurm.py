@@ -244,7 +244,7 @@ class SlurmJob:
                 break
             pending_too_long = self.started is None and now - self.submitted > spec.pending_timeout_s
             if pending_too_long or now >= next_state:
-                next_state = now + (spec.poll_s if self.started is None else spec.state_poll_s)
+                next_state = now + spec.state_poll_s  # the files say more, sooner; squeue is the safety net
                 state, reason = self.state()
                 if state in NOT_STARTED:
                     if pending_too_long:
