@@ -96,3 +96,14 @@ def test_a_node_finds_its_rank_by_name_when_pinned_else_by_node_id(monkeypatch: 
     monkeypatch.setenv("SLURMD_NODENAME", "n9")
     with pytest.raises(SystemExit, match="node 'n9' is not in the plan's nodes"):
         my_rank(pinned)
+
+
+def test_the_shipped_slurm_inventory_validates() -> None:
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    path = Path(__file__).resolve().parents[2] / "deployments" / "inventories" / "slurm.yaml"
+    outcome = CliRunner().invoke(app, ["validate", str(path)])
+    assert outcome.exit_code == 0, outcome.output
+    assert "inventory, 2 host(s)" in outcome.output
