@@ -18,6 +18,7 @@ so does ``cancel_jobs`` at the end of every evaluation: nothing is left queued.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -47,7 +48,7 @@ from flagperf.hosts.runtime import Runtime
 from flagperf.hosts.slurm_node import EXIT_FILE, MONITOR_EXIT, START_FILE
 from flagperf.hosts.slurm_spec import SlurmSpec
 from flagperf.paths import PROJECT_ROOT
-from flagperf.results.schema import CASE_LOG_FILE
+from flagperf.results.schema import ATTEMPT_FAILURE_FILE, CASE_LOG_FILE
 
 logger = logging.getLogger("flagperf.hosts.slurm")
 JOB_PREFIX = "flagperf"
@@ -501,13 +502,18 @@ class SlurmRuntime(Runtime):
             slurm_job.cancel("the controller was interrupted")
             slurm_job.finish("cancelled: the controller was interrupted")
             raise
+        failure: FlagperfError | None = None
         if slurm_job.never_started:
-            raise SlurmJobNeverStarted(f"{job['case']} round {job['round']} on {host.name}: {slurm_job.end}")
+            failure = SlurmJobNeverStarted(f"{job['case']} round {job['round']} on {host.name}: {slurm_job.end}")
+        elif record is None and not slurm_job.timed_out:
+            failure = SlurmError(f"{job['case']} round {job['round']} on {host.name}: "
+                                 f"{slurm_job.end or 'the node wrote no exit record'}")
+        if failure is not None:
+            with contextlib.suppress(OSError):  # the attempt's folder says why (the report reads it)
+                host.write_text(job_dir / ATTEMPT_FAILURE_FILE, f"{failure}\n")
+            raise failure
         if record is None:
-            if slurm_job.timed_out:
-                return CommandResult(entry, None, True, time.monotonic() - start)
-            raise SlurmError(f"{job['case']} round {job['round']} on {host.name}: "
-                             f"{slurm_job.end or 'the node wrote no exit record'}")
+            return CommandResult(entry, None, True, time.monotonic() - start)
         return CommandResult(entry, int(record["exit_code"]), slurm_job.timed_out, time.monotonic() - start)
 
     def _meet(self, key: tuple[Any, ...], nnodes: int, own: Rank, host: SlurmHost, label: str,

@@ -35,8 +35,10 @@ def cluster() -> tuple[Testbed, SlurmBed]:
 
 
 @pytest.fixture(scope="module")
-def deployed(cluster: tuple[Testbed, SlurmBed]) -> Path:
-    return deploy_project(ROOT, cluster[0])
+def deployed(cluster: tuple[Testbed, SlurmBed], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project as the nodes run it: a copy of this checkout of the module's own (the jobs run as this user;
+    the bed's shared deploy path may be replaced by another checkout's test run meanwhile)."""
+    return deploy_project(ROOT, cluster[0], tmp_path_factory.mktemp("slurm-deploy") / "flagperf")
 
 
 def inventory(tmp_path: Path, bed: Testbed, root: Path, name: str, **slurm: Any) -> str:
