@@ -43,6 +43,7 @@ from flagperf.hosts.fleet import close_hosts, master_address, open_host
 from flagperf.hosts.health import check_results_disk, health_file
 from flagperf.hosts.inventory import HostSpec, load_inventory, local_inventory
 from flagperf.hosts.local import Host
+from flagperf.hosts.slurm import cancel_jobs
 from flagperf.paths import RESULTS_DIR_ENV, RESULTS_ROOT_ENV
 from flagperf.results.schema import (
     KEPT_ON_HOST,
@@ -252,6 +253,7 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
             logger.warning("interrupted (%s): stopping the cases and monitors, then writing the report", reason)
         raise
     finally:
+        cancel_jobs()  # Slurm jobs still running (an interrupt) stop before their folders are cleaned
         clean_work_roots(hosts, specs, plan, results)
         close_hosts()
         summary = analyze(run_dir)  # also after an interruption: what was measured is reported

@@ -41,6 +41,13 @@ def build_image(host: Host, spec: HostSpec, vendor: Vendor, run_id: str, framewo
         "context_sha256": context_digest(context),  # the files only: build args never enter a record
         "runtime": spec.runtime,
     }
+    if spec.slurm is not None:  # the nodes run the case: their python, or pyxis pulls the entry's image
+        image = spec.slurm.container_image
+        record.update(runtime="slurm", status="skipped", container_image=image, reason=(
+            f"host {host.name} runs cases in Slurm jobs, " + (f"in {image} through pyxis" if image else
+                                                             "with the nodes' own python") + "; nothing was built"))
+        logger.info("skipped: %s", record["reason"])
+        return record
     if spec.runtime == "process":
         record.update(status="skipped", reason=f"host {host.name} runs cases as plain processes (no container "
                                                "engine in use); nothing was built")

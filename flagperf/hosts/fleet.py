@@ -15,6 +15,7 @@ from flagperf.hosts.docker import ContainerSettings, DockerRuntime, container_se
 from flagperf.hosts.inventory import HostSpec, spec_origin
 from flagperf.hosts.local import Host, LocalHost, describe_paths
 from flagperf.hosts.runtime import ProcessRuntime, Runtime
+from flagperf.hosts.slurm import SlurmHost, SlurmRuntime, cancel_jobs
 from flagperf.hosts.ssh import SshHost
 
 _connections: dict[str, SshHost] = {}
@@ -24,6 +25,8 @@ _connections_lock = threading.Lock()
 def open_host(spec: HostSpec, on_host: bool = False) -> Host:
     """The host as the controller reaches it; ``on_host``: we are running on that host (its agent).
     SSH hosts are shared per entry within the process: every round of a run reuses one connection."""
+    if spec.slurm is not None and not on_host:  # jobs on a cluster; files on its shared folder
+        return SlurmHost(spec)
     if spec.transport == "local" or on_host:
         return LocalHost(name=spec.name, work_root=Path(spec.work_root) if spec.work_root else None,
                          env=spec.runtime_env())
@@ -35,7 +38,9 @@ def open_host(spec: HostSpec, on_host: bool = False) -> Host:
 
 
 def close_hosts() -> None:
-    """Close every SSH connection this process opened (the end of an evaluation)."""
+    """Close every SSH connection this process opened and cancel every Slurm job it left (the end of an
+    evaluation, also an interrupted one)."""
+    cancel_jobs()
     with _connections_lock:
         hosts = list(_connections.values())
         _connections.clear()
@@ -57,6 +62,8 @@ def host_user(host: Host) -> str:
 
 
 def runtime_for(host: Host, spec: HostSpec, vendor: Vendor, image: dict[str, Any], run_id: str) -> Runtime:
+    if spec.slurm is not None:
+        return SlurmRuntime()
     if spec.runtime == "process":
         return ProcessRuntime()
     settings = checked_on_host(container_settings(vendor, spec, image["tag"]), host, spec)

@@ -14,6 +14,7 @@ from flagperf.errors import InfrastructureFailure
 from flagperf.hosts.docker import engine_client
 from flagperf.hosts.inventory import HostSpec
 from flagperf.hosts.local import Host
+from flagperf.hosts.slurm import SlurmHost, check_cluster
 from flagperf.hosts.ssh import SshError, SshHost
 
 MIN_FREE_BYTES = 1 << 30
@@ -56,6 +57,10 @@ def check_host(host: Host, spec: HostSpec, vendor: Vendor, log_path: Path,
     A failed early check skips the ones that depend on it."""
     checks: list[Check] = []
     probe: dict[str, Any] | None = None
+    if isinstance(host, SlurmHost):  # the cluster first: a probe job on a drained node would only wait
+        checks += [Check(c.name, c.ok, c.detail) for c in check_cluster(host)]
+        if not all(c.ok for c in checks):
+            return HealthReport(host=host.name, checks=checks, probe=None)
     if isinstance(host, SshHost):
         try:
             host.client()

@@ -36,6 +36,7 @@ from flagperf.hosts.container_policy import (
     parse_container_options,
     parse_data_mount,
 )
+from flagperf.hosts.slurm_spec import SlurmSpec, slurm_slots
 from flagperf.paths import display_path
 
 REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")  # ${NAME}: a value taken from the environment
@@ -140,9 +141,10 @@ class AgentSpec(StrictModel):
 class HostSpec(StrictModel):
     name: str
     address: str = "localhost"
-    transport: Literal["local", "ssh"] | None = Field(
+    transport: Literal["local", "ssh", "slurm"] | None = Field(
         default=None, description="local: the controller itself; ssh: through paramiko (default unless the "
-                                  "address is local/localhost/127.0.0.1)")
+                                  "address is local/localhost/127.0.0.1); slurm: jobs on a Slurm cluster (set by "
+                                  "a slurm: section)")
     port: int | None = Field(default=None, ge=1, le=65535, description="22 unless ~/.ssh/config says otherwise")
     user: str | None = Field(default=None, description="yours unless ~/.ssh/config says otherwise")
     key_file: Path | None = Field(default=None, strict=False, description="private key file; none: the SSH agent and "
@@ -168,6 +170,7 @@ class HostSpec(StrictModel):
                                                                       "default (ACCE_VISIBLE_DEVICE_ENV_NAME)")
     env: dict[str, str] = Field(default_factory=dict)
     agent: AgentSpec | None = None
+    slurm: SlurmSpec | None = Field(default=None, description="run each round as a Slurm job (flagperf.hosts.slurm)")
 
     @field_validator("name")
     @classmethod
@@ -239,6 +242,11 @@ class HostSpec(StrictModel):
         object.__setattr__(self, "address", host)
         if port is not None:
             object.__setattr__(self, "port", port)
+        if self.slurm is not None or self.transport == "slurm":
+            if self.slurm is None or self.transport not in (None, "slurm") or self.runtime != "process" or self.agent:
+                raise ValueError("a Slurm entry needs a slurm: section, and runs its jobs itself (no transport, "
+                                 "runtime: docker or agent; slurm.container_image runs cases in a container)")
+            object.__setattr__(self, "transport", "slurm")
         if self.transport is None:
             object.__setattr__(self, "transport", "local" if self.address in LOCAL_ADDRESSES else "ssh")
         if self.docker.engine is None:
@@ -461,10 +469,11 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
             merged["docker"] = {**parsed.defaults["docker"], **entry["docker"]}
         try:
             spec = HostSpec.model_validate(merged)
+            slots = [HostSpec.model_validate(slot.model_dump()) for slot in slurm_slots(spec)]  # a Slurm entry's nodes
         except ValidationError as exc:
             error = pydantic_error_to_config_error(exc, source)
             raise ConfigError(source, f"hosts.{i}.{error.key}" if error.key else f"hosts.{i}", error.message) from None
-        hosts.append(_expand(spec, base))
+        hosts.extend(_expand(slot, base) for slot in slots)
     names = [h.name for h in hosts]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:

@@ -37,6 +37,22 @@ class TestbedHost:
 
 
 @dataclass(frozen=True)
+class SlurmBed:
+    """The test bed's Slurm cluster: slurmctld on this machine, one slurmd per node in a host's namespace."""
+
+    __test__ = False
+
+    partition: str
+    shared_dir: str  # a folder every node sees (they share this machine's filesystem)
+    conf: str  # slurm.conf, where every Slurm tool finds it
+    nodes: tuple[tuple[str, str], ...]  # (node name, NodeAddr)
+
+    @property
+    def node_names(self) -> list[str]:
+        return [name for name, _ in self.nodes]
+
+
+@dataclass(frozen=True)
 class Testbed:
     __test__ = False
 
@@ -45,6 +61,7 @@ class Testbed:
     base_image: str
     docker_host: str
     bridge_address: str
+    slurm: SlurmBed | None = None
 
     def ssh_argv(self, host: TestbedHost, *remote: str) -> list[str]:
         return host.ssh_argv(self.known_hosts, *remote)
@@ -66,8 +83,12 @@ def load_testbed(path: Path | None = None) -> Testbed | None:
     try:
         doc: dict[str, Any] = json.loads(text)
         hosts = tuple(TestbedHost(**{**h, "port": int(h["port"])}) for h in doc["hosts"])
+        slurm = doc.get("slurm")
         return Testbed(hosts=hosts, known_hosts=doc["known_hosts"], base_image=doc["base_image"],
-                       docker_host=doc["docker_host"], bridge_address=doc["bridge_address"])
+                       docker_host=doc["docker_host"], bridge_address=doc["bridge_address"],
+                       slurm=SlurmBed(partition=slurm["partition"], shared_dir=slurm["shared_dir"], conf=slurm["conf"],
+                                      nodes=tuple((n["name"], n["address"]) for n in slurm["nodes"]))
+                       if slurm else None)
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{path} is not a test bed description ({exc!r}); rerun {UP_COMMAND} as root") from exc
 
@@ -86,6 +107,20 @@ def require_testbed(min_hosts: int = 1) -> Testbed:
     command = UP_COMMAND if min_hosts <= 3 else f"{UP_COMMAND} {min_hosts}"
     found = "no test bed" if bed is None else f"a test bed of {len(bed.hosts)} hosts, {min_hosts} needed,"
     reason = f"{found} at {testbed_path()}: run {command} as root"
+    if in_ci():
+        pytest.fail(f"CI=true and {reason} (CI must not skip the real-parts tests)", pytrace=False)
+    pytest.skip(reason)
+
+
+def require_slurm(min_nodes: int = 2) -> tuple[Testbed, SlurmBed]:
+    """The test bed with its Slurm cluster, or the current test skipped (failed under CI=true)."""
+    import pytest
+
+    bed = require_testbed(1)
+    if bed.slurm is not None and len(bed.slurm.nodes) >= min_nodes:
+        return bed, bed.slurm
+    found = "no Slurm cluster" if bed.slurm is None else f"{len(bed.slurm.nodes)} Slurm nodes, {min_nodes} needed,"
+    reason = f"{found} in the test bed at {testbed_path()}: run {UP_COMMAND} as root"
     if in_ci():
         pytest.fail(f"CI=true and {reason} (CI must not skip the real-parts tests)", pytrace=False)
     pytest.skip(reason)
@@ -113,16 +148,16 @@ NOT_DEPLOYED_AT_ROOT = {".git", ".venv", "results", "result", "build", ".whl", "
 NOT_DEPLOYED = {"__pycache__", ".pytest_cache", ".ruff_cache"}
 
 
-def deploy_project(source: Path, bed: Testbed, name: str = "flagperf") -> Path:
+def deploy_project(source: Path, bed: Testbed, name: str = "flagperf", target: Path | None = None) -> Path:
     """Copy the project to the test hosts' deploy path (FlagPerf's FLAGPERF_PATH), readable by their user,
     and return it. The hosts run this copy, not the checkout under test: the checkout may sit where the
     hosts' user cannot read (a CI clone under /root), and a real host has its own deployment too. The
-    copy is replaced whole (a new folder, then a rename), so a host never sees half of it. name: another
-    deploy folder, for a test whose rounds must run this checkout while other sessions deploy theirs."""
+    copy is replaced whole (a new folder, then a rename), so a host never sees half of it. name, or target: a
+    deploy folder of its own, for a test whose rounds must run this checkout while other sessions deploy theirs."""
     import shutil
 
-    target = Path(bed.known_hosts).parent / "deploy" / name
-    staging = target.with_name(f".{name}.{os.getpid()}")
+    target = target or Path(bed.known_hosts).parent / "deploy" / name
+    staging = target.with_name(f".{target.name}.{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(source, staging, symlinks=True,
                     ignore=lambda folder, names: [
@@ -134,7 +169,7 @@ def deploy_project(source: Path, bed: Testbed, name: str = "flagperf") -> Path:
         if item.is_file() and not item.is_symlink():
             item.chmod(item.stat().st_mode | 0o444)
     staging.parent.chmod(0o755)
-    old = target.with_name(f".{name}.old.{os.getpid()}")
+    old = target.with_name(f".{target.name}.old.{os.getpid()}")
     if target.exists():
         target.rename(old)
     staging.rename(target)

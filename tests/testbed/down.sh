@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Takes the test bed of tests/testbed/up.sh down. Run as root:
-#   bash tests/testbed/down.sh            # sshds, namespaces, veths, bridge, testbed.json
-#   bash tests/testbed/down.sh --all      # also the base image, the dockerd up.sh started, the
+#   bash tests/testbed/down.sh            # sshds, slurmd/slurmctld, namespaces, veths, bridge, testbed.json
+#   bash tests/testbed/down.sh --all      # also the base image, the dockerd up.sh started, munged and the
+#                                         # slurm.conf up.sh wrote, the
 #                                         # package cache, the key and the user fpagent
 #   bash tests/testbed/down.sh --beyond K # only hosts numbered above K (up.sh uses it to shrink a bed)
 set -euo pipefail
@@ -71,6 +72,12 @@ done
 [ "$removed" = 0 ] || log "removed $removed hosts"
 [ "$beyond" = 0 ] || exit 0
 
+# The Slurm controller (its slurmds lived in the namespaces, stopped with them above)
+pid=$(cat "$STATE/slurm/slurmctld.pid" 2>/dev/null) || pid=
+if [[ "$pid" =~ ^[0-9]+$ ]] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q slurmctld; then
+  stop_pids "$pid"
+  log "stopped slurmctld ($pid)"
+fi
 if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link delete "$BRIDGE"; log "removed bridge $BRIDGE"; fi
 rm -f "$STATE/known_hosts"
 [ -n "$all" ] || { log "kept dockerd and $IMAGE (down.sh --all removes them)"; exit 0; }
@@ -90,6 +97,12 @@ if [[ "$pid" =~ ^[0-9]+$ ]] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | g
 else
   log "no dockerd started by up.sh is running (left any other alone)"
 fi
+if grep -qF flagperf-testbed-slurm /etc/slurm/slurm.conf 2>/dev/null; then  # only the one up.sh wrote
+  rm -f /etc/slurm/slurm.conf
+  log "removed /etc/slurm/slurm.conf"
+fi
+mapfile -t munged_pids < <(pgrep -x munged || true)
+if [ "${#munged_pids[@]}" -gt 0 ]; then stop_pids "${munged_pids[@]}"; log "stopped munged"; fi
 if id "$AGENT" >/dev/null 2>&1; then
   userdel --remove "$AGENT" 2>/dev/null || userdel "$AGENT"
   log "removed user $AGENT"

@@ -19,6 +19,12 @@ readonly SITE="$STATE/site"            # the pinned packages, shared by the imag
 readonly HOST_VENV="$STATE/python"     # the hosts' interpreter: a venv that sees $SITE
 readonly HOST_PY="$HOST_VENV/bin/python3"
 readonly DOCKER_SOCK=/var/run/docker.sock
+readonly SLURM_CONF=/etc/slurm/slurm.conf   # Debian's default place: every Slurm tool finds it there
+readonly SLURM_MARK=flagperf-testbed-slurm
+readonly SLURM_STATE="$STATE/slurm"
+readonly SLURM_SHARED="$STATE/slurm-shared"   # the cluster's shared folder (every node sees this filesystem)
+readonly SLURM_PARTITION=fp
+readonly SLURM_MAX_NODES="${FLAGPERF_TESTBED_SLURM_NODES:-3}"
 readonly TORCH_WHEEL="${FLAGPERF_TESTBED_TORCH_WHEEL:-/opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl}"
 readonly DEBIAN_MIRROR="${FLAGPERF_TESTBED_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 readonly PY="${FLAGPERF_TESTBED_PYTHON:-python3}"  # the controller's python: its pip builds $SITE
@@ -28,6 +34,7 @@ N="${1:-3}"
 die() { echo "up.sh: error: $*" >&2; exit 1; }
 log() { echo "up.sh: $*" >&2; }
 [[ "$N" =~ ^[1-9][0-9]{0,2}$ && "$N" -le 200 ]] || die "N_HOSTS must be an integer from 1 to 200, got '$N'"
+[[ "$SLURM_MAX_NODES" =~ ^[1-9][0-9]?$ ]] || die "FLAGPERF_TESTBED_SLURM_NODES must be an integer from 1 to 99, got '$SLURM_MAX_NODES'"
 [ "$(id -u)" = 0 ] || die "run as root (it installs packages, starts dockerd and sshds, creates namespaces)"
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 REPO=$(cd "$HERE/../.." && pwd -P)
@@ -334,11 +341,137 @@ done
 [ "$failed" = 0 ] || die "$failed of $N hosts failed their check (sshd logs: $STATE/hosts/h*/sshd.log)"
 step_done checks
 
-# 8. Advertise the bed ---------------------------------------------------------------------------------
+# 8. Slurm: munged, slurmctld on the bridge address, one slurmd in each of the first hosts' namespaces ------
+# Debian's Slurm 22.05 with no cgroups (proctrack/linuxproc, task/none), select/cons_tres, no accounting
+# database. Every node shares this machine's filesystem, so any folder is the cluster's shared folder.
+SLURM_NODES=$(( N < SLURM_MAX_NODES ? N : SLURM_MAX_NODES ))
+slurm_missing=()
+command -v slurmctld >/dev/null || slurm_missing+=(slurmctld)
+command -v slurmd >/dev/null || slurm_missing+=(slurmd)
+command -v sbatch >/dev/null || slurm_missing+=(slurm-client)
+command -v munged >/dev/null || slurm_missing+=(munge)
+if [ "${#slurm_missing[@]}" -gt 0 ]; then
+  log "installing ${slurm_missing[*]}"
+  timeout 300 apt-get update -qq || die "apt-get update failed or took over 300 s"
+  DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -qq --no-install-recommends "${slurm_missing[@]}" \
+    >"$STATE/apt-slurm.log" 2>&1 || die "apt-get install ${slurm_missing[*]} failed or took over 900 s; see $STATE/apt-slurm.log"
+fi
+[ "$(slurmctld -V | awk '{print $2}' | cut -d. -f1)" -ge 22 ] || die "Slurm $(slurmctld -V) is older than 22.05"
+install -d -m 0755 "$SLURM_STATE" "$SLURM_STATE/ctld" "$SLURM_STATE/spool"
+install -d -m 1777 "$SLURM_SHARED"   # like /tmp: every user makes their own folder in it
+# munge: the key the package made (or a new one), munged as its own user
+if [ ! -s /etc/munge/munge.key ]; then
+  (umask 077; dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none)
+  chown munge:munge /etc/munge/munge.key
+fi
+install -d -m 0755 -o munge -g munge /run/munge
+install -d -m 0700 -o munge -g munge /var/log/munge /var/lib/munge
+if ! timeout 10 bash -c 'munge -n | unmunge' >/dev/null 2>&1; then
+  log "starting munged"
+  runuser -u munge -- /usr/sbin/munged 9>&- || die "munged did not start; see /var/log/munge/munged.log"
+  for _ in $(seq 50); do timeout 5 bash -c 'munge -n | unmunge' >/dev/null 2>&1 && break; sleep 0.1; done
+  timeout 10 bash -c 'munge -n | unmunge' >/dev/null 2>&1 || die "munge does not answer after starting munged"
+fi
+{
+  echo "# flagperf test bed: written by tests/testbed/up.sh ($SLURM_MARK)"
+  echo "ClusterName=flagperf"
+  echo "SlurmctldHost=$(hostname -s)($BRIDGE_ADDR)"
+  echo "SlurmUser=root"
+  echo "AuthType=auth/munge"
+  echo "CredType=cred/munge"
+  echo "ProctrackType=proctrack/linuxproc"
+  echo "TaskPlugin=task/none"
+  echo "SelectType=select/cons_tres"
+  echo "SelectTypeParameters=CR_Core"
+  echo "SchedulerType=sched/backfill"
+  echo "SlurmdParameters=config_overrides"  # nodes as declared here, whatever this machine has
+  echo "JobAcctGatherType=jobacct_gather/none"
+  echo "AccountingStorageType=accounting_storage/none"
+  echo "JobCompType=jobcomp/none"
+  echo "MpiDefault=none"
+  echo "ReturnToService=2"
+  echo "KillWait=5"
+  echo "MinJobAge=300"
+  echo "InactiveLimit=0"
+  echo "SlurmctldPort=6817"
+  echo "SlurmdPort=6818"
+  echo "StateSaveLocation=$SLURM_STATE/ctld"
+  echo "SlurmdSpoolDir=$SLURM_STATE/spool/%n"
+  echo "SlurmctldPidFile=$SLURM_STATE/slurmctld.pid"
+  echo "SlurmdPidFile=$SLURM_STATE/slurmd-%n.pid"
+  echo "SlurmctldLogFile=$SLURM_STATE/slurmctld.log"
+  echo "SlurmdLogFile=$SLURM_STATE/slurmd-%n.log"
+  for i in $(seq "$SLURM_NODES"); do
+    echo "NodeName=h$i NodeAddr=$NET_PREFIX.$((10 + i)) CPUs=2 RealMemory=1024 State=UNKNOWN"
+  done
+  echo "PartitionName=$SLURM_PARTITION Nodes=$(seq -s, -f 'h%g' "$SLURM_NODES") Default=YES MaxTime=INFINITE State=UP"
+} >"$SLURM_STATE/slurm.conf.new"
+if [ -e "$SLURM_CONF" ] && ! grep -qF "$SLURM_MARK" "$SLURM_CONF"; then
+  die "$SLURM_CONF exists and was not written by up.sh: this machine has a Slurm of its own (not touched)"
+fi
+slurm_running() {  # $1 pid file, $2 program, $3 namespace ("" for this machine's own)
+  local pid
+  pid=$(cat "$1" 2>/dev/null) || return 1
+  [[ "$pid" =~ ^[0-9]+$ ]] && alive "$pid" || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "$2" || return 1
+  [ "$(ip netns identify "$pid" 2>/dev/null)" = "$3" ]
+}
+alive() { awk '$1 == "State:" {exit $2 == "Z"}' "/proc/$1/status" 2>/dev/null; }
+stop_daemon() {  # $1 pid file: TERM, then KILL after 10 s
+  local pid
+  pid=$(cat "$1" 2>/dev/null) || return 0
+  [[ "$pid" =~ ^[0-9]+$ ]] || return 0
+  kill "$pid" 2>/dev/null || return 0
+  for _ in $(seq 100); do alive "$pid" || return 0; sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null || true
+}
+if ! cmp -s "$SLURM_STATE/slurm.conf.new" "$SLURM_CONF" 2>/dev/null; then
+  log "writing $SLURM_CONF ($SLURM_NODES nodes); restarting the Slurm daemons"
+  for pidfile in "$SLURM_STATE"/slurmd-*.pid "$SLURM_STATE/slurmctld.pid"; do stop_daemon "$pidfile"; done
+  install -d -m 0755 "$(dirname "$SLURM_CONF")"
+  mv "$SLURM_STATE/slurm.conf.new" "$SLURM_CONF"
+  chmod 0644 "$SLURM_CONF"
+else
+  rm -f "$SLURM_STATE/slurm.conf.new"
+fi
+if ! slurm_running "$SLURM_STATE/slurmctld.pid" slurmctld ""; then
+  log "starting slurmctld (log: $SLURM_STATE/slurmctld.log)"
+  slurmctld 9>&- || die "slurmctld did not start; see $SLURM_STATE/slurmctld.log"
+fi
+for _ in $(seq 100); do timeout 5 scontrol ping 2>/dev/null | grep -q UP && break; sleep 0.2; done
+timeout 5 scontrol ping 2>/dev/null | grep -q UP || die "slurmctld does not answer scontrol ping; see $SLURM_STATE/slurmctld.log"
+for i in $(seq "$SLURM_NODES"); do
+  install -d -m 0755 "$SLURM_STATE/spool/h$i"
+  if ! slurm_running "$SLURM_STATE/slurmd-h$i.pid" slurmd "fp-h$i"; then
+    nsenter --net="/run/netns/fp-h$i" slurmd -N "h$i" 9>&- || die "slurmd of h$i did not start; see $SLURM_STATE/slurmd-h$i.log"
+  fi
+done
+# Jobs a killed test left, nodes a killed test left drained: the tests start from an idle cluster.
+timeout 30 scancel --partition "$SLURM_PARTITION" 2>/dev/null || true
+for i in $(seq "$SLURM_NODES"); do
+  if timeout 10 sinfo -h -n "h$i" -o '%T' | grep -qE 'drain|down|fail'; then
+    timeout 10 scontrol update NodeName="h$i" State=RESUME 2>/dev/null || true
+  fi
+done
+idle=
+for _ in $(seq 150); do  # slurmd registers within seconds of starting
+  states=$(timeout 10 sinfo -h -N -p "$SLURM_PARTITION" -o '%N %T' 2>/dev/null | sort -u) || states=
+  if [ "$(grep -c ' idle$' <<<"$states")" = "$SLURM_NODES" ]; then idle=1; break; fi
+  sleep 0.2
+done
+[ -n "$idle" ] || die "Slurm nodes not idle after 30 s: $(tr '\n' ';' <<<"$states") (logs: $SLURM_STATE/slurmd-h*.log)"
+out=$(timeout 120 srun -p "$SLURM_PARTITION" -N "$SLURM_NODES" --ntasks-per-node=1 --chdir=/ -t 2 \
+      bash -c 'echo "$SLURMD_NODENAME $SLURM_NODEID"' 2>&1) \
+  || die "srun across the $SLURM_NODES Slurm nodes failed: $out"
+[ "$(wc -l <<<"$out")" = "$SLURM_NODES" ] || die "srun across $SLURM_NODES nodes answered: $out"
+step_done slurm
+
+# 9. Advertise the bed ---------------------------------------------------------------------------------
 "$PY" - "$STATE/testbed.json" "$N" "$NET_PREFIX" "$AGENT" "$KEY" "$KNOWN_HOSTS" "$IMAGE" "$DOCKER_HOST" \
-    "$BRIDGE_ADDR" "$HOST_PY" <<'EOF'
+    "$BRIDGE_ADDR" "$HOST_PY" "$SLURM_NODES" "$SLURM_PARTITION" "$SLURM_SHARED" "$SLURM_CONF" <<'EOF'
 import json, os, sys
-path, n, prefix, user, key, known_hosts, image, docker_host, bridge, python = sys.argv[1:]
+(path, n, prefix, user, key, known_hosts, image, docker_host, bridge, python, slurm_nodes, partition, shared,
+ slurm_conf) = sys.argv[1:]
 doc = {
     "hosts": [{"name": f"h{i}", "address": f"{prefix}.{10 + i}", "port": 22, "user": user, "key_file": key,
                "netns": f"fp-h{i}", "python": python} for i in range(1, int(n) + 1)],
@@ -346,6 +479,8 @@ doc = {
     "base_image": image,
     "docker_host": docker_host,
     "bridge_address": bridge,
+    "slurm": {"partition": partition, "shared_dir": shared, "conf": slurm_conf,
+              "nodes": [{"name": f"h{i}", "address": f"{prefix}.{10 + i}"} for i in range(1, int(slurm_nodes) + 1)]},
 }
 tmp = path + ".tmp"
 with open(tmp, "w", encoding="utf-8") as f:

@@ -1,0 +1,700 @@
+"""A Slurm cluster as a place to run rounds, behind the same host contract as SSH and local hosts.
+
+Each slot of a Slurm inventory entry (flagperf/hosts/slurm_spec.py) is a ``SlurmHost``: its files live on the
+cluster's shared folder, which the controller sees too (so reading, writing and collecting are local file
+operations), and everything that runs on a node runs inside a Slurm job submitted with sbatch:
+
+* a round: ``SlurmRuntime.run_entry`` writes a plan and a batch script (every word quoted with shlex) and submits
+  one job; its srun step runs flagperf.hosts.slurm_node on each node, which starts the round's monitors, runs the
+  case entry and writes the node's exit record. The nodes of a multi-node round meet here first (one thread per
+  node, as the evaluation runs them) and go in one job of nnodes nodes;
+* anything else (the healthcheck's probe): ``SlurmHost.run``, a one-node job.
+
+The controller then watches files on the shared folder (every ``poll_s``) and asks squeue now and then (every
+``state_poll_s``): a job pending past ``pending_timeout_s`` is cancelled and the round fails naming squeue's
+reason; a job that outlives the case's timeout, or a controller that is interrupted, cancels it (scancel), and
+so does ``cancel_jobs`` at the end of every evaluation: nothing is left queued.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flagperf.config.job import JOB_FILE
+from flagperf.errors import FlagperfError, InfrastructureFailure
+from flagperf.hosts.inventory import HostSpec
+from flagperf.hosts.local import (
+    BackgroundProcess,
+    CommandResult,
+    LineSink,
+    LocalHost,
+    private_folder_problem,
+)
+from flagperf.hosts.runtime import Runtime
+from flagperf.hosts.slurm_node import EXIT_FILE, MONITOR_EXIT, START_FILE
+from flagperf.hosts.slurm_spec import SlurmSpec
+from flagperf.paths import PROJECT_ROOT
+from flagperf.results.schema import ATTEMPT_FAILURE_FILE, CASE_LOG_FILE
+
+logger = logging.getLogger("flagperf.hosts.slurm")
+JOB_PREFIX = "flagperf"
+PLAN_FILE = "slurm-job.json"
+SCRIPT_FILE = "slurm-job.sh"
+ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING",
+          "STAGE_OUT", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "STOPPED"}
+NOT_STARTED = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
+END_WAIT_S = 60.0  # after the nodes wrote their exit records, how long the job may take to leave the queue
+
+
+class SlurmError(InfrastructureFailure):
+    """A Slurm tool failed or a job ended without its nodes' records (retried like any crash)."""
+
+
+class SlurmJobNeverStarted(FlagperfError):
+    """The job was still pending at pending_timeout_s (not retried: it would wait the same way again)."""
+
+
+def slurm_env() -> dict[str, str]:
+    """The environment of the Slurm tools themselves (their SLURM_CONF): the controller's, without Slurm's job
+    variables (the controller may itself run inside an allocation) or its S*_ option variables."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "SQUEUE_", "SINFO_")) or k == "SLURM_CONF"}
+
+
+def slurm_tool(argv: list[str], timeout_s: float, env: dict[str, str] | None = None) -> str:
+    """One Slurm command's output; SlurmError naming it and its first line of complaint."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env or slurm_env(),
+                              stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise SlurmError(f"{argv[0]} not found on the controller's PATH (install Slurm's client tools)") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"{shlex.join(argv)} did not answer within {timeout_s:.0f} s") from None
+    if done.returncode != 0:
+        why = (done.stderr.strip() or done.stdout.strip()).splitlines()
+        raise SlurmError(f"{shlex.join(argv)} exited {done.returncode}: {why[0] if why else ''}")
+    return done.stdout
+
+
+# ------------------------------------------------------------------------------------------------- jobs
+
+_live_jobs: set[SlurmJob] = set()
+_live_lock = threading.Lock()
+
+
+def cancel_jobs() -> list[str]:
+    """scancel every job this process submitted that has not ended (the end of an evaluation, an interrupt):
+    nothing is left queued or running, and every thread still waiting on one (or on a multi-node round's other
+    nodes) stops waiting. Returns their ids."""
+    with _live_lock:
+        jobs = list(_live_jobs)
+    for job in jobs:
+        job.cancel("the evaluation ended")
+        job.finish("cancelled: the evaluation ended")
+    with _meetings_lock:
+        meetings = list(_meetings.values())
+        _meetings.clear()
+    for meeting in meetings:
+        with meeting.done:
+            meeting.error = meeting.error or SlurmError("the evaluation ended")
+            meeting.done.notify_all()
+    return [job.job_id for job in jobs if job.job_id]
+
+
+@dataclass
+class Rank:
+    """One node's part of a job: where its start and exit records appear, and who follows its output."""
+
+    rank: int
+    node: str | None
+    job_dir: Path
+    stage_dir: Path
+    entry: list[str]
+    monitors: list[dict[str, Any]]
+    log: Path | None = None  # its case.log
+
+
+@dataclass(eq=False)
+class SlurmJob:
+    """A submitted job and what the controller knows of it; one thread watches it (``watch``) while the others
+    (the other nodes of a multi-node round) wait for their own node's record or the job's end."""
+
+    spec: SlurmSpec
+    name: str
+    ranks: list[Rank]
+    output: Path
+    timeout_s: float
+    job_id: str = ""
+    submitted: float = 0.0
+    started: float | None = None
+    ended: threading.Event = field(default_factory=threading.Event)
+    end: str | None = None  # why it ended without every node's record
+    never_started: bool = False
+    timed_out: bool = False
+    cancelled: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def submit(self, script: Path, env: dict[str, str], chdir: Path, nodelist: list[str] | None) -> None:
+        spec = self.spec
+        minutes = max(1, math.ceil((self.timeout_s + spec.time_slack_s) / 60))
+        argv = ["sbatch", "--parsable", f"--job-name={self.name}", f"--nodes={len(self.ranks)}",
+                "--ntasks-per-node=1", f"--time={minutes}", f"--output={self.output}", f"--chdir={chdir}",
+                "--export=ALL"]
+        for option, value in (("partition", spec.partition), ("account", spec.account), ("qos", spec.qos),
+                              ("gres", spec.gres), ("constraint", spec.constraint)):
+            if value:
+                argv.append(f"--{option}={value}")
+        if nodelist:
+            argv.append(f"--nodelist={','.join(nodelist)}")
+        if spec.exclusive:
+            argv.append("--exclusive")
+        argv.append(str(script))
+        with _live_lock:
+            _live_jobs.add(self)
+        try:
+            out = slurm_tool(argv, spec.command_timeout_s, env={**env, **_slurm_conf()})
+        except BaseException:
+            with _live_lock:
+                _live_jobs.discard(self)
+            raise
+        self.job_id = out.strip().split(";")[0]
+        self.submitted = time.monotonic()
+        logger.info("submitted Slurm job %s (%s, %d node(s))", self.job_id, self.name, len(self.ranks))
+
+    def state(self) -> tuple[str | None, str]:
+        """squeue's state and reason for the job; (None, "") once Slurm has forgotten it."""
+        try:
+            out = slurm_tool(["squeue", "-h", "-j", self.job_id, "--states=all", "-o", "%T|%r"],
+                             self.spec.command_timeout_s)
+        except SlurmError as exc:
+            if "Invalid job id" in str(exc):
+                return None, ""
+            raise
+        line = out.strip().splitlines()[0] if out.strip() else ""
+        if not line:
+            return None, ""
+        state, _, reason = line.partition("|")
+        return state.strip(), reason.strip()
+
+    def cancel(self, why: str) -> None:
+        with self._lock:
+            if self.cancelled or not self.job_id:
+                self._forget()
+                return
+            self.cancelled = True
+        try:
+            slurm_tool(["scancel", self.job_id], self.spec.command_timeout_s)
+            logger.warning("cancelled Slurm job %s (%s): %s", self.job_id, self.name, why)
+        except SlurmError as exc:
+            logger.error("could not cancel Slurm job %s: %s", self.job_id, exc)
+        finally:
+            self._forget()
+
+    def _forget(self) -> None:
+        with _live_lock:
+            _live_jobs.discard(self)
+
+    def finish(self, end: str | None = None) -> None:
+        if end and self.end is None:
+            self.end = end
+        self._forget()
+        self.ended.set()
+
+    def details(self) -> str:
+        """How Slurm says the job ended, for a failure message (best effort)."""
+        try:
+            text = slurm_tool(["scontrol", "show", "job", "-o", self.job_id], self.spec.command_timeout_s)
+        except SlurmError:
+            return "Slurm no longer knows the job"
+        found = dict(re.findall(r"(JobState|Reason|ExitCode)=(\S+)", text))
+        return ", ".join(f"{k} {v}" for k, v in found.items()) or "no state"
+
+    def watch(self, own: Rank, on_line: LineSink | None, readers: dict[Path, int]) -> None:
+        """The watching thread's loop: files every poll_s, squeue every state_poll_s, until every node wrote its
+        exit record or the job ended without one; then until the job left the queue."""
+        spec = self.spec
+        next_state = 0.0
+        while not self.ended.is_set():
+            now = time.monotonic()
+            follow(own.log, on_line, readers)
+            follow(self.output, on_line, readers, prefix="slurm: ")
+            if self.started is None and any((r.job_dir / START_FILE).exists() for r in self.ranks):
+                self.started = now
+            if all((r.job_dir / EXIT_FILE).exists() for r in self.ranks):
+                self._wait_gone()
+                self.finish()
+                break
+            if self.started is not None and now - self.started > self.timeout_s:
+                self.timed_out = True
+                self.cancel(f"still running after timeout_s = {self.timeout_s:.0f} s")
+                self.finish(f"timed out after {self.timeout_s:.0f} s (timeout_s); Slurm job {self.job_id} cancelled")
+                break
+            pending_too_long = self.started is None and now - self.submitted > spec.pending_timeout_s
+            if pending_too_long or now >= next_state:
+                next_state = now + spec.state_poll_s  # the files say more, sooner; squeue is the safety net
+                state, reason = self.state()
+                if state in NOT_STARTED:
+                    if pending_too_long:
+                        self.never_started = True
+                        self.cancel("pending too long")
+                        self.finish(f"Slurm job {self.job_id} still {state} after {spec.pending_timeout_s:.0f} s "
+                                    f"(slurm.pending_timeout_s; squeue reason: {reason or 'none'}); cancelled")
+                        break
+                elif state in ACTIVE:
+                    if self.started is None:
+                        self.started = now  # running (a container may take a while before the nodes start)
+                elif not all((r.job_dir / EXIT_FILE).exists() for r in self.ranks):
+                    follow(self.output, on_line, readers, prefix="slurm: ")
+                    missing = [str(r.rank) for r in self.ranks if not (r.job_dir / EXIT_FILE).exists()]
+                    self.finish(f"Slurm job {self.job_id} ended ({self.details()}) before node(s) "
+                                f"{', '.join(missing)} wrote their exit record; last lines of {self.output.name}: "
+                                f"{' | '.join(tail(self.output, 8)) or '(empty)'}")
+                    break
+            self.ended.wait(spec.poll_s)
+
+    def _wait_gone(self) -> None:
+        """The nodes are done: let the job leave the queue (its output complete, its nodes free for the next
+        round); cancel it if it lingers."""
+        deadline = time.monotonic() + END_WAIT_S
+        while time.monotonic() < deadline:
+            state, _ = self.state()
+            if state not in ACTIVE:
+                self._forget()
+                return
+            time.sleep(self.spec.poll_s)
+        self.cancel(f"still {state} {END_WAIT_S:.0f} s after its nodes finished")
+
+    def wait_rank(self, own: Rank, on_line: LineSink | None, readers: dict[Path, int]) -> dict[str, Any] | None:
+        """A non-watching node's wait: its own exit record, or the job's end."""
+        while True:
+            follow(own.log, on_line, readers)
+            record = read_record(own.job_dir / EXIT_FILE)
+            if record is not None:
+                return record
+            if self.ended.wait(self.spec.poll_s):
+                return read_record(own.job_dir / EXIT_FILE)
+
+
+def _slurm_conf() -> dict[str, str]:
+    return {"SLURM_CONF": os.environ["SLURM_CONF"]} if "SLURM_CONF" in os.environ else {}
+
+
+def read_record(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def follow(path: Path | None, on_line: LineSink | None, readers: dict[Path, int], prefix: str = "") -> None:
+    """Hand the lines added to ``path`` since the last call to ``on_line`` (whole lines only)."""
+    if path is None or on_line is None:
+        return
+    offset = readers.get(path, 0)
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except OSError:
+        return
+    end = data.rfind(b"\n")
+    if end < 0:
+        return
+    readers[path] = offset + end + 1
+    for line in data[:end].decode("utf-8", errors="replace").split("\n"):
+        on_line(prefix + line)
+
+
+def tail(path: Path, lines: int) -> list[str]:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    return [line.strip() for line in text.splitlines() if line.strip()][-lines:]
+
+
+# ------------------------------------------------------------------------------------------------ hosts
+
+@dataclass
+class DeferredProcess:
+    """A monitor asked for before the round's job exists: it starts inside the job on the node."""
+
+    name: str
+    argv: list[str]
+    log: Path
+
+
+class SlurmHost(LocalHost):
+    """One slot of a Slurm entry. Files: the shared folder, seen by the controller and the nodes alike.
+    Processes: Slurm jobs (monitors are started by the round's job, beside the case)."""
+
+    def __init__(self, spec: HostSpec) -> None:
+        assert spec.slurm is not None
+        super().__init__(name=spec.name, work_root=spec.slurm.shared_dir, env=spec.runtime_env())
+        self.spec = spec
+        self.slurm = spec.slurm
+        self.project_root = spec.project_root or PROJECT_ROOT
+        self.python = spec.python or "python3"
+        self.work_root = spec.slurm.shared_dir
+        self._monitors: dict[Path, list[DeferredProcess]] = {}
+
+    def __repr__(self) -> str:
+        return f"SlurmHost({self.name!r})"
+
+    def job_environment(self) -> dict[str, str]:
+        """What a job gets (sbatch --export=ALL of this): the allow-listed environment, the entry's env."""
+        return self.environment()
+
+    def container_options(self) -> list[str]:
+        spec = self.slurm
+        if not spec.container_image:
+            return []
+        mounts = [f"{spec.shared_dir}:{spec.shared_dir}", f"{self.project_root}:{self.project_root}:ro",
+                  *spec.container_mounts]
+        return [f"--container-image={spec.container_image}", f"--container-mounts={','.join(mounts)}",
+                f"--container-workdir={self.project_root}"]
+
+    def job_name(self, what: str) -> str:
+        return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{JOB_PREFIX}-{what}")[:120]
+
+    def run(self, argv: list[str], *, timeout: float, log_path: Path | None = None,
+            on_line: LineSink | None = None, pid_file: Path | None = None) -> CommandResult:
+        """``argv`` as a one-node job on this slot's node (inside the container where there is one); its output
+        goes to ``log_path`` and ``on_line`` once it ended."""
+        start = time.monotonic()
+        folder = self.work_root / ".jobs" / uuid.uuid4().hex
+        self._private_work_root()
+        folder.mkdir(parents=True)
+        try:
+            exit_file = folder / EXIT_FILE
+            step = ["srun", "--nodes=1", "--ntasks=1", *self.container_options(), *argv]
+            script = "\n".join([
+                "#!/bin/bash",
+                f"# flagperf: {shlex.join(argv)[:200]} on {self.name}",
+                shlex.join(["touch", str(folder / START_FILE)]),
+                shlex.join(step),
+                "code=$?",
+                f"printf '{{\"exit_code\": %d}}\\n' \"$code\" > {shlex.quote(str(folder / '.exit.tmp'))}",
+                shlex.join(["mv", str(folder / ".exit.tmp"), str(exit_file)]),
+                "exit \"$code\"", ""])
+            (folder / SCRIPT_FILE).write_text(script, encoding="utf-8")
+            rank = Rank(0, self.slurm.node, folder, folder, argv, [])
+            job = SlurmJob(self.slurm, self.job_name(f"{self.name}-{Path(argv[-1]).name}"), [rank],
+                           folder / "output.log", timeout)
+            try:
+                job.submit(folder / SCRIPT_FILE, self.job_environment(), self.project_root,
+                           [self.slurm.node] if self.slurm.node else None)
+                job.watch(rank, None, {})
+            except BaseException:
+                job.cancel("interrupted")
+                raise
+            lines = (folder / "output.log").read_text(encoding="utf-8", errors="replace").splitlines() \
+                if (folder / "output.log").exists() else []
+            if log_path is not None:
+                log_path.parent.mkdir(parents=True, exist_ok=True)
+                with log_path.open("a", encoding="utf-8") as log:
+                    log.writelines(f"{line}\n" for line in lines)
+                    if job.end:
+                        log.write(f"{job.end}\n")
+            for line in lines:
+                if on_line:
+                    on_line(line)
+            if job.never_started:
+                raise SlurmJobNeverStarted(f"host {self.name}: {job.end}")
+            record = read_record(exit_file)
+            return CommandResult(argv, record["exit_code"] if record else None, job.timed_out,
+                                 time.monotonic() - start)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _private_work_root(self) -> None:
+        problem = private_folder_problem(self.work_root, strict=False)
+        if problem:
+            raise SlurmError(f"host {self.name}: slurm.shared_dir {self.work_root} is not a folder of this user's "
+                             f"that only it can write to ({problem})")
+
+    def spawn(self, argv: list[str], *, log_path: Path) -> BackgroundProcess:
+        """A monitor: recorded, and started by the round's job on the node (stage folder = the log's folder)."""
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        name = log_path.stem.removeprefix("monitor_")
+        deferred = DeferredProcess(name, list(argv), log_path)
+        self._monitors.setdefault(log_path.parent, []).append(deferred)
+        return BackgroundProcess(argv=argv, pid=0, handle=deferred)
+
+    def deferred_monitors(self, stage_dir: Path) -> list[DeferredProcess]:
+        return list(self._monitors.get(stage_dir, []))
+
+    def terminate(self, proc: BackgroundProcess, grace_s: float = 10.0) -> int | None:
+        """The monitor stopped with its job; its exit code as the node recorded it (None: it never ran)."""
+        deferred: DeferredProcess = proc.handle
+        self._monitors.pop(deferred.log.parent, None)
+        try:
+            return int((deferred.log.parent / MONITOR_EXIT.format(name=deferred.name)).read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def is_running(self, proc: BackgroundProcess) -> bool:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------- rounds
+
+@dataclass
+class _Meeting:
+    """The nodes of one multi-node round, gathering before their one job is submitted."""
+
+    size: int
+    ranks: dict[int, tuple[Rank, SlurmHost]] = field(default_factory=dict)
+    job: SlurmJob | None = None
+    error: BaseException | None = None
+    done: threading.Condition = field(default_factory=threading.Condition)
+
+
+_meetings: dict[tuple[Any, ...], _Meeting] = {}
+_meetings_lock = threading.Lock()
+
+
+class SlurmRuntime(Runtime):
+    """Rounds as Slurm jobs: one job per round and node group (flagperf.hosts.slurm_node on each node)."""
+
+    name = "slurm"
+
+    def run_entry(self, host: Any, job_dir: Path, timeout_s: float, on_line: LineSink | None,
+                  pid_file: Path) -> CommandResult:
+        assert isinstance(host, SlurmHost)
+        start = time.monotonic()
+        job = json.loads((job_dir / JOB_FILE).read_text(encoding="utf-8"))
+        stage_dir = pid_file.parent
+        entry = [host.python, "-m", "flagperf.entry", "--job", str(job_dir / JOB_FILE)]
+        monitors = [{"name": m.name, "argv": m.argv, "log": str(m.log)} for m in host.deferred_monitors(stage_dir)]
+        own = Rank(int(job["node_rank"]), host.slurm.node, job_dir, stage_dir, entry, monitors,
+                   log=job_dir / CASE_LOG_FILE)
+        label = f"{job['run_id']}-{job['case']}-r{job['round']}-a{job['attempt']}"
+        nnodes = int(job["nnodes"])
+        if nnodes == 1:
+            slurm_job = self._submit(host, [(own, host)], label, timeout_s)
+        else:
+            key = (host.slurm.group, job["run_id"], job["case"], job["round"], job["attempt"])
+            slurm_job = self._meet(key, nnodes, own, host, label, timeout_s)
+        readers: dict[Path, int] = {}
+        try:
+            if slurm_job.ranks[0].rank == own.rank and slurm_job.ranks[0].job_dir == own.job_dir:
+                slurm_job.watch(own, on_line, readers)
+                record = read_record(own.job_dir / EXIT_FILE)
+            else:
+                record = slurm_job.wait_rank(own, on_line, readers)
+            follow(own.log, on_line, readers)
+        except BaseException:
+            slurm_job.cancel("the controller was interrupted")
+            slurm_job.finish("cancelled: the controller was interrupted")
+            raise
+        failure: FlagperfError | None = None
+        if slurm_job.never_started:
+            failure = SlurmJobNeverStarted(f"{job['case']} round {job['round']} on {host.name}: {slurm_job.end}")
+        elif record is None and not slurm_job.timed_out:
+            failure = SlurmError(f"{job['case']} round {job['round']} on {host.name}: "
+                                 f"{slurm_job.end or 'the node wrote no exit record'}")
+        if failure is not None:
+            with contextlib.suppress(OSError):  # the attempt's folder says why (the report reads it)
+                host.write_text(job_dir / ATTEMPT_FAILURE_FILE, f"{failure}\n")
+            raise failure
+        if record is None:
+            return CommandResult(entry, None, True, time.monotonic() - start)
+        return CommandResult(entry, int(record["exit_code"]), slurm_job.timed_out, time.monotonic() - start)
+
+    def _meet(self, key: tuple[Any, ...], nnodes: int, own: Rank, host: SlurmHost, label: str,
+              timeout_s: float) -> SlurmJob:
+        """Wait for the round's other nodes (threads of this evaluation); the last to come submits the job."""
+        with _meetings_lock:
+            meeting = _meetings.setdefault(key, _Meeting(nnodes))
+        with meeting.done:
+            meeting.ranks[own.rank] = (own, host)
+            if len(meeting.ranks) == nnodes:
+                with _meetings_lock:
+                    _meetings.pop(key, None)
+                try:
+                    members = [meeting.ranks[rank] for rank in sorted(meeting.ranks)]
+                    meeting.job = self._submit(members[0][1], members, label, timeout_s)
+                except BaseException as exc:
+                    meeting.error = exc
+                    raise
+                finally:
+                    meeting.done.notify_all()
+                return meeting.job
+            deadline = time.monotonic() + host.slurm.pending_timeout_s
+            while meeting.job is None and meeting.error is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    with _meetings_lock:
+                        _meetings.pop(key, None)
+                    raise SlurmError(f"host {host.name}: node {own.rank} of a {nnodes}-node round waited "
+                                     f"{host.slurm.pending_timeout_s:.0f} s for the others (all nodes of a multi-node "
+                                     f"case must be slots of one Slurm entry, attempt by attempt)")
+                meeting.done.wait(left)
+            if meeting.error is not None:
+                raise SlurmError(f"host {host.name}: the round's job was not submitted: {meeting.error}")
+            assert meeting.job is not None
+            return meeting.job
+
+    def _submit(self, host: SlurmHost, members: list[tuple[Rank, SlurmHost]], label: str,
+                timeout_s: float) -> SlurmJob:
+        """Write the plan and the batch script into rank 0's job folder and submit them."""
+        ranks = [rank for rank, _ in members]
+        if [r.rank for r in ranks] != list(range(len(ranks))):
+            raise SlurmError(f"host {host.name}: a round's nodes must be ranks 0..{len(ranks) - 1}, got "
+                             f"{[r.rank for r in ranks]}")
+        host._private_work_root()
+        folder = ranks[0].job_dir
+        plan = {"ranks": [{"rank": r.rank, "node": r.node, "job_dir": str(r.job_dir), "stage_dir": str(r.stage_dir),
+                           "entry": r.entry, "monitors": r.monitors} for r in ranks],
+                "master_port_base": host.slurm.master_port_base}
+        host.write_text(folder / PLAN_FILE, json.dumps(plan, indent=2))
+        step = ["srun", f"--nodes={len(ranks)}", f"--ntasks={len(ranks)}", "--ntasks-per-node=1",
+                *host.container_options(), host.python, "-m", "flagperf.hosts.slurm_node", str(folder / PLAN_FILE)]
+        names = ", ".join(f"{h.name} (node {r.rank})" for r, h in members)
+        host.write_text(folder / SCRIPT_FILE, "\n".join([
+            "#!/bin/bash", f"# flagperf: {label} on {names}; written by the controller", shlex.join(step), ""]))
+        nodes = [r.node for r in ranks]
+        job = SlurmJob(host.slurm, host.job_name(f"{host.name}-{label}"), ranks,
+                       folder / "slurm-%j.out", timeout_s)
+        job.submit(folder / SCRIPT_FILE, host.job_environment(), host.project_root,
+                   [n for n in nodes if n] if any(nodes) else None)
+        job.output = folder / f"slurm-{job.job_id}.out"
+        return job
+
+
+# ------------------------------------------------------------------------------------------- healthcheck
+
+@dataclass(frozen=True)
+class SlurmCheck:
+    name: str
+    ok: bool
+    detail: str
+
+
+BAD_NODE_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWERED_DOWN", "POWERING_DOWN", "REBOOT", "INVAL",
+                   "MAINT", "FUTURE", "UNKNOWN")
+
+
+def parse_gres(text: str) -> dict[tuple[str, str | None], int]:
+    """Gres as Slurm writes it (gpu:h100:8(S:0-1),gpu:2) or as asked (gpu:8): {(name, type): count}."""
+    found: dict[tuple[str, str | None], int] = {}
+    for item in re.sub(r"\([^)]*\)", "", text).split(","):
+        parts = [p for p in item.strip().split(":") if p]
+        if not parts or parts[0] == "(null)":
+            continue
+        count = int(parts[-1]) if len(parts) > 1 and parts[-1].isdigit() else 1
+        kind = parts[1] if len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()) else None
+        found[(parts[0], kind)] = found.get((parts[0], kind), 0) + count
+    return found
+
+
+def gres_missing(asked: str, has: str) -> str | None:
+    """What of ``asked`` the node's gres ``has`` lacks, or None."""
+    offered = parse_gres(has)
+    for (name, kind), count in parse_gres(asked).items():
+        got = sum(n for (o_name, o_kind), n in offered.items() if o_name == name and (kind is None or o_kind == kind))
+        if got < count:
+            return f"{name}{':' + kind if kind else ''}:{count} asked, the node has {got}"
+    return None
+
+
+def node_facts(node_text: str) -> dict[str, str]:
+    return dict(re.findall(r"(?:^|\s)(\w+)=(\S*)", node_text))
+
+
+def check_cluster(host: SlurmHost) -> list[SlurmCheck]:
+    """The cluster as this slot needs it, from sinfo/scontrol: the controller answers, the partition is up,
+    the node (or enough nodes of the partition) is not drained or down and has the gres asked for, pyxis is
+    there when an image is asked for, and the shared folder is this user's."""
+    spec = host.slurm
+    timeout = spec.command_timeout_s
+    checks: list[SlurmCheck] = []
+    try:
+        ping = slurm_tool(["scontrol", "ping"], timeout).strip()
+    except SlurmError as exc:
+        return [SlurmCheck("slurm", False, str(exc))]
+    if "UP" not in ping:
+        return [SlurmCheck("slurm", False, f"scontrol ping: {ping.splitlines()[0] if ping else 'no answer'}")]
+    checks.append(SlurmCheck("slurm", True, ping.splitlines()[0]))
+    partition = spec.partition
+    try:
+        if partition is None:
+            default = [p for p in slurm_tool(["sinfo", "-h", "-o", "%P"], timeout).split() if p.endswith("*")]
+            if not default:
+                return [*checks, SlurmCheck("partition", False, "no partition given and the cluster has no default")]
+            partition = default[0].rstrip("*")
+        facts = node_facts(slurm_tool(["scontrol", "show", "partition", "-o", partition], timeout))
+    except SlurmError as exc:
+        return [*checks, SlurmCheck("partition", False, str(exc))]
+    up = facts.get("State") == "UP"
+    checks.append(SlurmCheck("partition", up, f"{partition}: State={facts.get('State')}, "
+                                              f"Nodes={facts.get('Nodes')}"))
+    if not up:
+        return checks
+    try:
+        if spec.node:
+            nodes = [spec.node]
+        else:
+            nodes = slurm_tool(["sinfo", "-h", "-N", "-p", partition, "-o", "%N"], timeout).split()
+        states = {}
+        for node in dict.fromkeys(nodes):
+            states[node] = node_facts(slurm_tool(["scontrol", "show", "node", "-o", node], timeout))
+    except SlurmError as exc:
+        return [*checks, SlurmCheck("nodes", False, str(exc))]
+    usable = [n for n, f in states.items() if not any(bad in f.get("State", "") for bad in BAD_NODE_STATES)]
+    if spec.node:
+        f = states[spec.node]
+        if spec.node not in usable:
+            checks.append(SlurmCheck("node", False, f"{spec.node} is {f.get('State')} (Reason: "
+                                     f"{f.get('Reason') or 'none'}); resume it (scontrol update NodeName={spec.node} "
+                                     f"State=RESUME) or leave it out of slurm.nodelist"))
+            return checks
+        checks.append(SlurmCheck("node", True, f"{spec.node} is {f.get('State')}, in partition {partition}"))
+    else:
+        ok = bool(usable)
+        checks.append(SlurmCheck("nodes", ok, f"{len(usable)} of {len(states)} nodes of {partition} usable"
+                                              + ("" if ok else ": " + "; ".join(
+                                                  f"{n} {f.get('State')}" for n, f in states.items()
+                                                  if n not in usable))))
+        if not ok:
+            return checks
+    if spec.gres:
+        lacking = {n: gres_missing(spec.gres, states[n].get("Gres", "")) for n in usable}
+        having = [n for n, why in lacking.items() if why is None]
+        ok = bool(having)
+        checks.append(SlurmCheck("gres", ok, f"{spec.gres} on {', '.join(having) or 'no usable node'}" if ok else
+                                 "; ".join(f"{n}: {why}" for n, why in lacking.items() if why)))
+        if not ok:
+            return checks
+    if spec.container_image:
+        try:
+            helped = subprocess.run(["srun", "--help"], capture_output=True, text=True, timeout=timeout,
+                                    env=slurm_env()).stdout
+        except (OSError, subprocess.SubprocessError) as exc:
+            helped = str(exc)
+        ok = "--container-image" in helped
+        checks.append(SlurmCheck("pyxis", ok, f"srun knows --container-image ({spec.container_image})" if ok else
+                                 "srun has no --container-image: install pyxis/enroot, or leave slurm.container_image "
+                                 "unset to use the nodes' own python"))
+        if not ok:
+            return checks
+    problem = private_folder_problem(host.work_root, strict=False)
+    checks.append(SlurmCheck("shared folder", problem is None, f"{host.work_root}: " + (
+        f"not a folder only this user can write to ({problem})" if problem else
+        "this user's; the probe job below writes into it from the node")))
+    return checks

@@ -1,0 +1,219 @@
+"""Rounds on a real Slurm cluster (tests/testbed/up.sh: munged, slurmctld, one slurmd per host namespace), through
+the evaluate flow: a single-node case on each node, a two-node case in one job across two nodes, a run stopped
+mid-round (its job cancelled, nothing left in squeue), a drained node and a job that cannot start (one-line
+failures naming what Slurm says)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+from prefect_api import run_evaluate, task_logs, task_runs
+
+from flagperf.errors import InfrastructureFailure
+from flagperf.results.schema import read_result
+from tests.testbed.bed import SlurmBed, Testbed, deploy_project, require_slurm
+
+pytestmark = [pytest.mark.integration]
+ROOT = Path(__file__).resolve().parents[2]
+FAST = ["min_duration_s=0.3", "warmup_iters=0", "min_iters=2"]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> tuple[Testbed, SlurmBed]:
+    return require_slurm(min_nodes=2)
+
+
+@pytest.fixture(scope="module")
+def deployed(cluster: tuple[Testbed, SlurmBed], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project as the nodes run it: a copy of this checkout of the module's own (the jobs run as this user;
+    the bed's shared deploy path may be replaced by another checkout's test run meanwhile)."""
+    return deploy_project(ROOT, cluster[0], tmp_path_factory.mktemp("slurm-deploy") / "flagperf")
+
+
+def inventory(tmp_path: Path, bed: Testbed, root: Path, name: str, **slurm: Any) -> str:
+    """One Slurm entry on the test bed's partition; its shared folder is under tmp_path (every node sees it)."""
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o700, exist_ok=True)
+    assert bed.slurm is not None
+    entry = {"name": name, "python": bed.hosts[0].python, "project_root": str(root),
+             "env": {"FLAGPERF_CASE_PATH": str(root / "tests" / "fixtures" / "cases")},
+             "slurm": {"partition": bed.slurm.partition, "shared_dir": str(shared), "poll_s": 0.5, **slurm}}
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump({"vendor": "cpu", "hosts": [entry]}))
+    return str(path)
+
+
+def queued(prefix: str) -> list[str]:
+    """Jobs squeue lists by default (pending, running, completing) whose name starts with ``prefix``."""
+    out = subprocess.run(["squeue", "-h", "-o", "%i %j %T"], capture_output=True, text=True, timeout=60,
+                         check=True).stdout
+    return [line for line in out.splitlines() if line.split()[1].startswith(prefix)]
+
+
+def test_a_case_on_each_node_and_a_two_node_case_in_one_job(flagperf_env: Path, tmp_path: Path,
+                                                             prefect_server: None, cluster: tuple[Testbed, SlurmBed],
+                                                             deployed: Path) -> None:
+    """One evaluation on a two-node entry: computation-FP32 as a job on each node, then digits-mlp at 2x1 as one
+    job across both (DDP over gloo between two slurmds' namespaces; rank, master address and port from Slurm's
+    variables inside the job)."""
+    bed, slurm = cluster
+    nodes = slurm.node_names[:2]
+    state, run_dir = run_evaluate(flagperf_env, cases=["computation-FP32", "digits-mlp"], rounds=1,
+                                  overrides=[*(f"computation-FP32.{o}" for o in FAST), "digits-mlp.nnodes=2",
+                                             "digits-mlp.nproc_per_node=1", "digits-mlp.timeout_s=300"],
+                                  inventory=inventory(tmp_path, bed, deployed, "pair", nodelist=nodes))
+    assert state.is_completed(), state.message
+    runs = task_runs(state.state_details.flow_run_id)
+    for node in nodes:
+        slot = f"pair-{node}"
+        folder = run_dir / "computation-FP32" / "round1" / f"{slot}_noderank0"
+        result = read_result(folder / "result.json")
+        assert result.status == "success" and result.metrics[0].value > 0
+        started = json.loads((folder / "slurm-node.started.json").read_text())
+        assert started["node"] == node  # the job ran on the slot's own node
+        # The monitors ran inside the job, on the node, beside the case.
+        footer = json.loads((folder / "monitor_system.jsonl").read_text().splitlines()[-1])
+        assert footer["type"] == "footer" and footer["samples"] >= 1 and footer["reason"] == "signal"
+        health = json.loads((run_dir / "hosts" / f"{slot}.health.json").read_text())
+        checks = {c["name"]: c for c in health["checks"]}
+        assert health["ok"] and checks["node"]["detail"].startswith(f"{node} is ")
+        assert checks["partition"]["detail"].startswith(f"{slurm.partition}: State=UP")
+        # The job's output is the round's task log, line by line.
+        logs = task_logs(runs[f"run_case[computation-FP32/round1@{slot}]"].id)
+        assert any("gemm_fp32: " in line for line in logs), logs[-10:]
+
+    job_ids = set()
+    for rank, node in enumerate(nodes):
+        folder = run_dir / "digits-mlp" / "round1" / f"pair-{node}_noderank{rank}"
+        result = read_result(folder / "result.json")
+        assert result.status == "success" and result.node_rank == rank
+        assert result.convergence is not None and result.convergence.converged
+        started = json.loads((folder / "slurm-node.started.json").read_text())
+        assert (started["node"], started["rank"]) == (node, rank)
+        job_ids.add(started["job_id"])
+        job = json.loads((folder / "job.json").read_text())
+        assert job["master_addr"] == dict(slurm.nodes)[nodes[0]] and job["nnodes"] == 2
+        assert job["master_port"] == 20000 + int(started["job_id"]) % 5000
+        assert (folder / f"rank{rank}.out.log").is_file()
+    assert len(job_ids) == 1  # one job, not one per node
+    assert queued("flagperf-pair-") == []
+    assert not (tmp_path / "shared" / run_dir.name).exists()  # collected, then cleaned from the shared folder
+
+
+def test_a_drained_node_fails_the_healthcheck_naming_it(flagperf_env: Path, tmp_path: Path, prefect_server: None,
+                                                        cluster: tuple[Testbed, SlurmBed], deployed: Path) -> None:
+    bed, slurm = cluster
+    node = slurm.node_names[1]
+    subprocess.run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=flagperf_test_drain"],
+                   check=True, timeout=60)
+    try:
+        state, run_dir = run_evaluate(flagperf_env, cases=["computation-FP32"], rounds=1, overrides=FAST,
+                                      inventory=inventory(tmp_path, bed, deployed, "drained",
+                                                          nodelist=slurm.node_names[:2]))
+    finally:
+        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=True, timeout=60)
+    assert state.is_failed()
+    with pytest.raises(InfrastructureFailure) as info:
+        state.result()
+    message = str(info.value)
+    assert "\n" not in message
+    assert f"host drained-{node}: node: {node} is " in message and "DRAIN" in message, message
+    assert "flagperf_test_drain" in message and "State=RESUME" in message, message
+    assert f"host drained-{slurm.node_names[0]}:" not in message
+    assert not (run_dir / "computation-FP32").exists()
+    assert queued("flagperf-drained-") == []
+
+
+@pytest.fixture
+def node_taken(cluster: tuple[Testbed, SlurmBed]) -> Iterator[str]:
+    """The last node held by a job of its own (exclusive) for the length of a test."""
+    _, slurm = cluster
+    node = slurm.node_names[-1]
+    job = subprocess.run(["sbatch", "--parsable", "--exclusive", f"--nodelist={node}", "--job-name=flagperf-blocker",
+                          f"--partition={slurm.partition}", "--output=/dev/null", "--wrap", "sleep 600"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    try:
+        deadline = time.monotonic() + 120
+        while "RUNNING" not in subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
+                                              text=True, timeout=60).stdout:
+            assert time.monotonic() < deadline, "the blocking job never ran"
+            time.sleep(0.2)
+        yield node
+    finally:
+        subprocess.run(["scancel", job], timeout=60)
+
+
+def test_a_job_that_cannot_start_fails_naming_squeues_reason(flagperf_env: Path, tmp_path: Path,
+                                                             prefect_server: None, cluster: tuple[Testbed, SlurmBed],
+                                                             deployed: Path, node_taken: str) -> None:
+    bed, _ = cluster
+    state, _ = run_evaluate(flagperf_env, cases=["computation-FP32"], rounds=1, overrides=FAST,
+                            inventory=inventory(tmp_path, bed, deployed, "waits", nodelist=[node_taken],
+                                                pending_timeout_s=3))
+    assert state.is_failed()
+    with pytest.raises(InfrastructureFailure) as info:
+        state.result()
+    message = str(info.value)
+    assert "still PENDING after 3 s (slurm.pending_timeout_s; squeue reason: Resources); cancelled" in message, \
+        message
+    assert queued("flagperf-waits") == []
+
+
+def test_a_run_stopped_mid_round_cancels_its_job(tmp_path: Path, cluster: tuple[Testbed, SlurmBed],
+                                                 deployed: Path) -> None:
+    """SIGTERM to `flagperf run` while the round's job runs: the job is cancelled (gone from squeue), nothing of
+    it is left running on the node, and the run exits 128 + 15 with a report."""
+    bed, slurm = cluster
+    path = inventory(tmp_path, bed, deployed, "stopped", nodelist=slurm.node_names[:1])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(FLAGPERF_WORK_ROOT=str(tmp_path / "work"), PREFECT_HOME=str(tmp_path / "prefect-home"),
+               FLAGPERF_CASE_PATH=str(deployed / "tests" / "fixtures" / "cases"))
+    results = tmp_path / "results"
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", "--inventory", path, "--cases",
+                             "computation-FP32", "--set", "min_duration_s=300", "--set", "warmup_iters=0",
+                             "--results", str(results)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        started: list[Path] = []
+        while not started:  # the case runs on the node: its job wrote the node's start record
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            assert time.monotonic() < deadline, "the round's job never started"
+            started = list((tmp_path / "shared").glob("run*/computation-FP32/round1/*/attempt1/slurm-node.started"
+                                                      ".json"))
+            time.sleep(0.5)
+        job_id = json.loads(started[0].read_text())["job_id"]
+        assert [line.split()[0] for line in queued("flagperf-stopped-")] == [job_id]
+        on_node = [p for p in psutil.process_iter() if str(tmp_path / "shared") in " ".join(_cmdline(p))]
+        assert any("flagperf.entry" in " ".join(_cmdline(p)) for p in on_node)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    assert queued("flagperf-stopped-") == [], out
+    state = subprocess.run(["squeue", "-h", "-j", job_id, "--states=all", "-o", "%T"], capture_output=True,
+                           text=True, timeout=60).stdout.strip()
+    assert state in ("CANCELLED", ""), state
+    _, alive = psutil.wait_procs(on_node, timeout=60)
+    assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == [], "the job's processes outlived it"
+    (run_dir,) = results.iterdir()
+    assert "**interrupted** (SIGTERM)" in (run_dir / "report.md").read_text(encoding="utf-8")
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []

@@ -1,0 +1,109 @@
+"""Slurm inventory entries: validation (one line naming the key), slots per node, gres parsing, and how a node
+of a job finds its rank (flagperf/hosts/slurm_spec.py, slurm.py, slurm_node.py; the real cluster is in
+tests/integration/test_slurm.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from flagperf.errors import ConfigError
+from flagperf.hosts.inventory import load_inventory
+from flagperf.hosts.slurm import SlurmHost, gres_missing, parse_gres
+from flagperf.hosts.slurm_node import my_rank
+
+
+def write(tmp_path: Path, **slurm: Any) -> Path:
+    path = tmp_path / "inventory.yaml"
+    entry = {"name": "gpu", "slurm": {"shared_dir": str(tmp_path / "shared"), **slurm}}
+    path.write_text(yaml.safe_dump({"hosts": [entry]}))
+    return path
+
+
+def test_a_nodelist_becomes_one_pinned_slot_per_node(tmp_path: Path) -> None:
+    hosts = load_inventory(write(tmp_path, partition="batch", nodelist=["n1", "n2"], gres="gpu:8")).hosts
+    assert [h.name for h in hosts] == ["gpu-n1", "gpu-n2"]
+    assert [h.slurm.node for h in hosts if h.slurm] == ["n1", "n2"]
+    assert {h.transport for h in hosts} == {"slurm"} and {h.slurm.group for h in hosts if h.slurm} == {"gpu"}
+
+
+def test_a_node_count_becomes_numbered_slots_and_one_node_keeps_the_name(tmp_path: Path) -> None:
+    hosts = load_inventory(write(tmp_path, nodes=3)).hosts
+    assert [h.name for h in hosts] == ["gpu-1", "gpu-2", "gpu-3"]
+    assert all(h.slurm is not None and h.slurm.node is None for h in hosts)
+    (single,) = load_inventory(write(tmp_path, nodelist=["n7"])).hosts
+    assert single.name == "gpu" and single.slurm is not None and single.slurm.node == "n7"
+
+
+@pytest.mark.parametrize(("slurm", "key", "words"), [
+    ({"partition": "a b"}, "hosts.0.slurm.partition", "not a Slurm name"),
+    ({"account": "--wrap=rm"}, "hosts.0.slurm.account", "not a Slurm name"),
+    ({"nodelist": ["n[1-4]"]}, "hosts.0.slurm.nodelist", "not a node name"),
+    ({"nodes": 3, "nodelist": ["a", "b"]}, "hosts.0.slurm", "nodes is 3 but nodelist names 2"),
+    ({"gres": "gpu:8;reboot"}, "hosts.0.slurm.gres", "not a gres request"),
+    ({"shared_dir": "relative/dir"}, "hosts.0.slurm.shared_dir", "absolute path"),
+    ({"container_mounts": ["/a:/b,/etc:/etc"]}, "hosts.0.slurm.container_mounts", "expected /SRC:/DST"),
+    ({"pending_timeout_s": 0}, "hosts.0.slurm.pending_timeout_s", "greater than 0"),
+])
+def test_a_bad_value_is_refused_in_one_line_naming_the_key(tmp_path: Path, slurm: dict[str, Any], key: str,
+                                                           words: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_inventory(write(tmp_path, **slurm))
+    assert info.value.key == key and words in info.value.message and "\n" not in str(info.value)
+
+
+def test_a_slurm_entry_runs_its_own_jobs(tmp_path: Path) -> None:
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump({"hosts": [{"name": "x", "runtime": "docker", "slurm": {
+        "shared_dir": str(tmp_path)}}]}))
+    with pytest.raises(ConfigError, match=r"hosts\.0: .*slurm\.container_image runs cases in a container"):
+        load_inventory(path)
+
+
+def test_gres_as_slurm_writes_it_against_what_is_asked() -> None:
+    assert parse_gres("gpu:h100:8(S:0-1),nic:2") == {("gpu", "h100"): 8, ("nic", None): 2}
+    assert parse_gres("(null)") == {}
+    assert gres_missing("gpu:8", "gpu:h100:8(S:0-1)") is None
+    assert gres_missing("gpu:h100:4", "gpu:h100:8(S:0-1)") is None
+    assert gres_missing("gpu:a100:1", "gpu:h100:8") == "gpu:a100:1 asked, the node has 0"
+    assert gres_missing("gpu:8", "gpu:4") == "gpu:8 asked, the node has 4"
+
+
+def test_a_container_image_mounts_the_shared_folder_and_the_project(tmp_path: Path) -> None:
+    (spec,) = load_inventory(write(tmp_path, container_image="nvcr.io#nvidia/pytorch:24.05-py3",
+                                   container_mounts=["/data:/data:ro"])).hosts
+    host = SlurmHost(spec)
+    shared = tmp_path / "shared"
+    assert host.container_options() == [
+        "--container-image=nvcr.io#nvidia/pytorch:24.05-py3",
+        f"--container-mounts={shared}:{shared},{host.project_root}:{host.project_root}:ro,/data:/data:ro",
+        f"--container-workdir={host.project_root}"]
+    (plain,) = load_inventory(write(tmp_path)).hosts
+    assert SlurmHost(plain).container_options() == []
+
+
+def test_a_node_finds_its_rank_by_name_when_pinned_else_by_node_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    pinned = {"ranks": [{"rank": 0, "node": "n2"}, {"rank": 1, "node": "n1"}]}
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    monkeypatch.setenv("SLURM_NODEID", "0")  # Slurm's own order need not be the round's
+    assert my_rank(pinned)["rank"] == 1
+    loose = {"ranks": [{"rank": 0, "node": None}, {"rank": 1, "node": None}]}
+    monkeypatch.setenv("SLURM_NODEID", "1")
+    assert my_rank(loose)["rank"] == 1
+    monkeypatch.setenv("SLURMD_NODENAME", "n9")
+    with pytest.raises(SystemExit, match="node 'n9' is not in the plan's nodes"):
+        my_rank(pinned)
+
+
+def test_the_shipped_slurm_inventory_validates() -> None:
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    path = Path(__file__).resolve().parents[2] / "deployments" / "inventories" / "slurm.yaml"
+    outcome = CliRunner().invoke(app, ["validate", str(path)])
+    assert outcome.exit_code == 0, outcome.output
+    assert "inventory, 2 host(s)" in outcome.output
