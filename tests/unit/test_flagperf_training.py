@@ -233,7 +233,7 @@ def test_open_inventory_picks_the_format(tmp_path: Path) -> None:
     assert [h.address for h in open_inventory(str(test_conf), str(other)).hosts] == ["10.9.9.9"]
     assert open_inventory(None).hosts[0].transport == "local"
     (tmp_path / "a" / "cluster_conf.py").unlink()
-    with pytest.raises(ConfigError, match="cluster_conf.py: file not found .*give --cluster-conf"):
+    with pytest.raises(ConfigError, match=r"cluster_conf\.py: file not found .*give --cluster-conf"):
         open_inventory(str(test_conf))
 
 
