@@ -33,7 +33,7 @@ from flagperf.config.vendors import available_vendors, load_vendor, load_vendor_
 from flagperf.config.yamlio import load_yaml_mapping
 from flagperf.errors import ConfigError, FlagperfError
 from flagperf.hosts.capacity import check_capacity_here
-from flagperf.hosts.flagperf_training import default_cluster_conf, open_inventory
+from flagperf.hosts.flagperf_training import CLUSTER_CONF, default_cluster_conf, load_training_conf, open_inventory
 from flagperf.hosts.inventory import Inventory, load_inventory, local_inventory
 from flagperf.paths import display_path
 from flagperf.results.schema import folder_problem
@@ -512,7 +512,7 @@ def _check_file(path: Path) -> str:
         case = load_case(manifest.name, {manifest.name: case_dir})
         resolve_case_config(case, vendor=path.stem, run_overrides=[])
         return f"vendor overrides of {manifest.name}"
-    scale = re.fullmatch(r"config_([A-Za-z0-9_.-]+)x(\d+)x(\d+)\.yaml", path.name)
+    scale = re.fullmatch(r"config_([A-Za-z0-9_.-]+)x(\d+)x(\d+)\.(yaml|py)", path.name)
     if scale and path.parent.parent.name == "vendor" and (path.parent.parent.parent / "case.yaml").is_file():
         case_dir = path.parent.parent.parent
         manifest = load_case_manifest(case_dir / "case.yaml")
@@ -524,6 +524,13 @@ def _check_file(path: Path) -> str:
     if path.name == VENDOR_MANIFEST:
         load_vendor_manifest(path)
         return "vendor"
+    if path.suffix == ".py":  # FlagPerf training's test_conf.py, or its cluster_conf.py: checked together
+        test_conf = path.with_name("test_conf.py") if path.name == CLUSTER_CONF else path
+        inv = load_training_conf(test_conf)
+        if inv.results_dir:  # checked as run checks it, by writing there; what this made is removed again
+            folder = Path(inv.results_dir)
+            _remove_made(folder, _make_results_folder(folder, display_path(test_conf), "FLAGPERF_LOG_PATH"))
+        return f"FlagPerf training test_conf.py + cluster_conf.py, {len(inv.hosts)} host(s)"
     data = load_yaml_mapping(path)
     if "cases" in data:
         plan_run(suite=str(path), results_dir=Path("/nonexistent-results-for-validation"))

@@ -258,3 +258,21 @@ def test_cli_refuses_in_one_line_with_exit_2(tmp_path: Path, monkeypatch: pytest
 def test_cli_cluster_conf_needs_a_test_conf(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["run", "--cluster-conf", str(tmp_path / "cluster_conf.py")])
     assert result.exit_code == 2 and "--cluster-conf goes with --test-conf" in result.output
+
+
+def test_validate_reads_the_python_files_without_running_them(tmp_path: Path, make_case) -> None:
+    test_conf = write_confs(tmp_path / "config", '{"digits-mlp:pytorch:cpu:1:1:1": "/d"}')
+    result = CliRunner().invoke(app, ["validate", str(test_conf), str(test_conf.with_name("cluster_conf.py"))])
+    assert result.exit_code == 0 and " ".join(result.output.split()).count("test_conf.py + cluster_conf.py") == 2
+    assert not Path("/opt/fp/result").exists()  # FLAGPERF_LOG_PATH checked by writing there, nothing left
+    folder = make_case("pyscale", family="training", configurations=SCALE_CASE, bench=SCALE_BENCH,
+                       manifest_extra={"family": "training", "mutable": ["nnodes", "nproc_per_node", "batch_size"]})
+    scale = folder / "vendor" / "cpu" / "config_cpux1x2.py"
+    scale.parent.mkdir(parents=True)
+    scale.write_text("batch_size = 16\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["validate", str(scale)])
+    assert result.exit_code == 0 and "training scale overrides of pyscale" in " ".join(result.output.split())
+    scale.write_text("import os\nbatch_size = 16\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["validate", str(scale)])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and "config_cpux1x2.py:1: an import of os" in lines[0]
