@@ -33,6 +33,7 @@ from flagperf.config.vendors import available_vendors, load_vendor, load_vendor_
 from flagperf.config.yamlio import load_yaml_mapping
 from flagperf.errors import ConfigError, FlagperfError
 from flagperf.hosts.capacity import check_capacity_here
+from flagperf.hosts.flagperf_training import CLUSTER_CONF, default_cluster_conf, load_training_conf, open_inventory
 from flagperf.hosts.inventory import Inventory, load_inventory, local_inventory
 from flagperf.paths import display_path
 from flagperf.results.schema import folder_problem
@@ -145,6 +146,11 @@ def run(
         help="hosts to run on: a native inventory (YAML); default: this machine")] = None,
     host_config: Annotated[Path | None, typer.Option(
         "--host-config", help="hosts to run on, as FlagPerf's host.yaml (HOSTS, VENDOR, CASES ...)")] = None,
+    test_conf: Annotated[Path | None, typer.Option(
+        "--test-conf", help="FlagPerf training's test_conf.py (VENDOR, CASES ...; read, never run)")] = None,
+    cluster_conf: Annotated[Path | None, typer.Option(
+        "--cluster-conf", help="FlagPerf training's cluster_conf.py (HOSTS ...); default: the one beside "
+                               "--test-conf")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="the full log on the console instead of the "
                                                                    "live view")] = False,
     retry: Annotated[Path | None, typer.Option(
@@ -160,19 +166,26 @@ def run(
         raise _fail("--cases: no case names given")
     if not 0.1 <= monitor_interval <= 60:
         raise _fail(f"--monitor-interval: must be between 0.1 and 60 seconds, got {monitor_interval}")
-    if inventory and host_config:
-        raise _fail("give --inventory or --host-config, not both")
-    inventory_file = inventory or host_config
+    if sum(option is not None for option in (inventory, host_config, test_conf)) > 1:
+        raise _fail("give one of --inventory, --host-config and --test-conf")
+    if cluster_conf and not test_conf:
+        raise _fail("--cluster-conf goes with --test-conf")
+    inventory_file = inventory or host_config or test_conf
+    if test_conf and not cluster_conf:
+        cluster_conf = default_cluster_conf(test_conf)
     # Everything is checked before anything is made: the results folder only once the input is good.
     try:
         with _held_core_warnings() as warnings:
-            inv = load_inventory(inventory_file) if inventory_file else local_inventory()
+            inv = open_inventory(inventory_file, cluster_conf) if test_conf else (
+                load_inventory(inventory_file) if inventory_file else local_inventory())
+            rounds = rounds if rounds is not None else inv.rounds
             if host_config and "HOSTS" not in load_yaml_mapping(host_config):
                 raise ConfigError(display_path(host_config), "HOSTS", "required key is missing (is this a host.yaml?)")
             vendor = inv.resolve_vendor(vendor)
             if not suite and not case_list and inv.cases:
                 case_list = list(inv.cases)
-            results, results_source = _results_folder(results or (retry.parent if retry else None), inv, host_config)
+            results, results_source = _results_folder(results or (retry.parent if retry else None), inv,
+                                                      host_config or test_conf)
             if retry and (results.resolve() != retry.parent.resolve() or not (retry / PLAN_FILE).is_file()):
                 raise ConfigError("--retry", None, f"{retry}: not a run folder of {results} (no {PLAN_FILE} there)")
             plan = plan_run(suite=suite, cases=case_list, vendor=vendor, rounds=rounds, sets=set_ or [],
@@ -225,6 +238,7 @@ def run(
         with live_view(progress, console) if not verbose else nullcontext():
             state = evaluate(suite=suite, cases=case_list, vendor=vendor, rounds=rounds, overrides=set_ or [],
                              inventory=str(inventory_file.resolve()) if inventory_file else None,
+                             cluster_conf=str(cluster_conf.resolve()) if cluster_conf else None,
                              results_dir=str(results), run_id=plan.run_id, monitor_interval_s=monitor_interval,
                              command=shlex.join(["flagperf", *sys.argv[1:]]), resume=retry is not None,
                              return_state=True)
@@ -541,7 +555,7 @@ def _check_file(path: Path) -> str:
         case = load_case(manifest.name, {manifest.name: case_dir})
         resolve_case_config(case, vendor=path.stem, run_overrides=[])
         return f"vendor overrides of {manifest.name}"
-    scale = re.fullmatch(r"config_([A-Za-z0-9_.-]+)x(\d+)x(\d+)\.yaml", path.name)
+    scale = re.fullmatch(r"config_([A-Za-z0-9_.-]+)x(\d+)x(\d+)\.(yaml|py)", path.name)
     if scale and path.parent.parent.name == "vendor" and (path.parent.parent.parent / "case.yaml").is_file():
         case_dir = path.parent.parent.parent
         manifest = load_case_manifest(case_dir / "case.yaml")
@@ -553,6 +567,13 @@ def _check_file(path: Path) -> str:
     if path.name == VENDOR_MANIFEST:
         load_vendor_manifest(path)
         return "vendor"
+    if path.suffix == ".py":  # FlagPerf training's test_conf.py, or its cluster_conf.py: checked together
+        test_conf = path.with_name("test_conf.py") if path.name == CLUSTER_CONF else path
+        inv = load_training_conf(test_conf)
+        if inv.results_dir:  # checked as run checks it, by writing there; what this made is removed again
+            folder = Path(inv.results_dir)
+            _remove_made(folder, _make_results_folder(folder, display_path(test_conf), "FLAGPERF_LOG_PATH"))
+        return f"FlagPerf training test_conf.py + cluster_conf.py, {len(inv.hosts)} host(s)"
     data = load_yaml_mapping(path)
     if "cases" in data:
         plan_run(suite=str(path), results_dir=Path("/nonexistent-results-for-validation"))

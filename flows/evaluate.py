@@ -39,9 +39,10 @@ from flagperf.config.plan import DEFAULT_SUITE, PLAN_FILE, RunPlan, available_su
 from flagperf.config.vendors import available_vendors
 from flagperf.errors import ConfigError, FlagperfError, InfrastructureFailure
 from flagperf.hosts.capacity import check_capacity
+from flagperf.hosts.flagperf_training import open_inventory
 from flagperf.hosts.fleet import close_hosts, master_address, open_host
 from flagperf.hosts.health import check_results_disk, health_file
-from flagperf.hosts.inventory import HostSpec, load_inventory, local_inventory
+from flagperf.hosts.inventory import HostSpec
 from flagperf.hosts.local import Host
 from flagperf.hosts.slurm import cancel_jobs
 from flagperf.paths import RESULTS_DIR_ENV, RESULTS_ROOT_ENV
@@ -154,29 +155,32 @@ def evaluate(
     monitor_interval_s: float = 1.0,
     command: str | None = None,
     resume: bool = False,
+    cluster_conf: str | None = None,
 ) -> dict[str, Any] | State:
     """Evaluate cases (a suite, or a list) on the inventory's hosts, `rounds` times each, and summarise.
 
-    inventory: a native inventory or FlagPerf's host.yaml (path on the controller); none: this machine.
+    inventory: a native inventory, FlagPerf's host.yaml or FlagPerf training's test_conf.py (path on the
+        controller); none: this machine.
+    cluster_conf: FlagPerf training's cluster_conf.py for a test_conf.py; none: the one beside it.
     vendor: the inventory's VENDOR when not given, else cpu.
     overrides: "KEY=VALUE" or "CASE.KEY=VALUE" strings, as `flagperf run --set`.
     resume: continue the run folder ``run_id`` that another flow run left (`flagperf run --retry`).
     """
     return evaluation_state(suite, cases, vendor, rounds, overrides, inventory, results_dir, run_id,
-                            monitor_interval_s, command, resume, form=False)
+                            monitor_interval_s, command, resume, form=False, cluster_conf=cluster_conf)
 
 
 def evaluation_state(suite: str | None, cases: list[str] | None, vendor: str | None, rounds: int | None,
                      overrides: list[str] | None, inventory: str | None, results_dir: str, run_id: str | None,
-                     monitor_interval_s: float, command: str | None, resume: bool, *, form: bool
-                     ) -> dict[str, Any] | State:
+                     monitor_interval_s: float, command: str | None, resume: bool, *, form: bool,
+                     cluster_conf: str | None = None) -> dict[str, Any] | State:
     """Run the evaluation and end it the way the UI and the CLI read it: a failure ends in a Failed state whose
     message is the one ERROR line of the run (no traceback: returned, not raised), bad input naming the
     option (form: the form's field) that is wrong; unsupported rounds end in a named Completed state."""
     logger = get_run_logger()
     try:
         return run_evaluation(suite, cases, vendor, rounds, overrides, inventory, results_dir, run_id,
-                              monitor_interval_s, command, resume)
+                              monitor_interval_s, command, resume, cluster_conf=cluster_conf)
     except ConfigError as exc:  # bad input, found before any round ran: one line, no traceback
         message = form_message(exc, inventory) if form else str(exc)
         logger.error("%s", message)
@@ -194,16 +198,18 @@ def evaluation_state(suite: str | None, cases: list[str] | None, vendor: str | N
 
 def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | None, rounds: int | None,
                    overrides: list[str] | None, inventory: str | None, results_dir: str, run_id: str | None,
-                   monitor_interval_s: float, command: str | None, resume: bool = False) -> dict[str, Any] | State:
+                   monitor_interval_s: float, command: str | None, resume: bool = False,
+                   cluster_conf: str | None = None) -> dict[str, Any] | State:
     logger = get_run_logger()
     if not MIN_MONITOR_INTERVAL_S <= monitor_interval_s <= MAX_MONITOR_INTERVAL_S:
         raise ConfigError("monitor_interval_s", None, f"must be between {MIN_MONITOR_INTERVAL_S} and "
                                                       f"{MAX_MONITOR_INTERVAL_S} seconds, got {monitor_interval_s}")
     command = command or describe_invocation()
-    inv = load_inventory(Path(inventory)) if inventory else local_inventory()
+    inv = open_inventory(inventory, cluster_conf)
     for note in inv.notes:
         logger.info("%s", note)
     vendor = inv.resolve_vendor(vendor)
+    rounds = rounds if rounds is not None else inv.rounds
     if not suite and not cases and inv.cases:
         cases = list(inv.cases)
     flow_run_id = flow_run.get_id()
@@ -366,7 +372,8 @@ def evaluate_form(
         vendor: The vendor folder under vendor_images/; auto: the inventory's VENDOR, else cpu.
         rounds: Rounds per case; 0: the suite's own number (1 for chosen cases).
         overrides: Case configuration values for this run, as KEY=VALUE or CASE.KEY=VALUE (flagperf run --set).
-        inventory: An inventory or FlagPerf host.yaml, as a path on the worker's machine; empty: that machine.
+        inventory: An inventory, FlagPerf host.yaml or FlagPerf training test_conf.py (its cluster_conf.py
+            beside it), as a path on the worker's machine; empty: that machine.
         results_dir: The results folder on the worker's machine; the run is written to a folder inside it.
             Empty: the folder the server's results site serves (FLAGPERF_RESULTS_DIR, set by `flagperf server`),
             else `results` in the worker's folder.

@@ -37,6 +37,7 @@ from flagperf.config.models import (
     merge_vendor_overrides,
     pydantic_error_to_config_error,
 )
+from flagperf.config.pyliterals import read_literal_assignments
 from flagperf.config.vendors import import_file
 from flagperf.config.yamlio import load_yaml_mapping
 from flagperf.errors import ConfigError, missing_extra
@@ -216,8 +217,9 @@ def scale_file(case: CaseDef, vendor: str, hardware: str, nnodes: int, nproc: in
 
 def _apply_scale_file(case: CaseDef, merged: MergedConfig, vendor: str, hardware: str,
                       run_overrides: list[tuple[str, dict[str, Any]]]) -> None:
-    """Training: vendor/<vendor>/config_<hw>x<nnodes>x<nproc>.yaml for the scale this run uses, between the
-    vendor's general file and the run overrides; the same mutable-only rule applies."""
+    """Training: vendor/<vendor>/config_<hw>x<nnodes>x<nproc>.yaml (or FlagPerf's .py form of it, literal
+    assignments only) for the scale this run uses, between the vendor's general file and the run overrides;
+    the same mutable-only rule applies."""
     final = dict(merged.values)
     for _, overrides in run_overrides:
         final.update(overrides)
@@ -225,11 +227,17 @@ def _apply_scale_file(case: CaseDef, merged: MergedConfig, vendor: str, hardware
     if not isinstance(nnodes, int) or not isinstance(nproc, int):
         return
     path = scale_file(case, vendor, hardware, nnodes, nproc)
-    if not is_present(path):
+    python_form = path.with_suffix(".py")  # FlagPerf's own form of the file, read without running it
+    if is_present(python_form):
+        if is_present(path):
+            raise ConfigError(display_path(python_form), None, f"{path.name} is there too: keep one of the two")
+        path = python_form
+    elif not is_present(path):
         return
     _case_file(case.folder, str(path.relative_to(case.folder)))
     source = display_path(path)
-    for key, value in load_yaml_mapping(path).items():
+    values = read_literal_assignments(path) if path.suffix == ".py" else load_yaml_mapping(path)
+    for key, value in values.items():
         if key in ("nnodes", "nproc_per_node") and value != final[key]:
             raise ConfigError(source, key, f"{value!r} contradicts the file name ({path.name})")
         if key in merged.parameters or (case.manifest.mutable is not None and key not in case.manifest.mutable):

@@ -306,6 +306,8 @@ class Inventory:
     notes: list[str] = field(default_factory=list)
     # Settings for every case that has the key (host.yaml's NPROC_PER_NODE -> nproc_per_node).
     case_overrides: dict[str, Any] = field(default_factory=dict)
+    # Rounds per case where the file says (FlagPerf training's CASES repeat); --rounds wins.
+    rounds: int | None = None
 
     def resolve_vendor(self, vendor: str | None) -> str:
         """The run's vendor: as asked, else the inventory's (FlagPerf's VENDOR), else cpu; never two. The hosts'
