@@ -191,6 +191,7 @@ def run(
             plan = plan_run(suite=suite, cases=case_list, vendor=vendor, rounds=rounds, sets=set_ or [],
                             results_dir=results, hosts=[spec.model_dump(mode="json") for spec in inv.hosts],
                             inventory_overrides=inv.case_overrides, inventory_source=inv.source,
+                            inventory_endpoints=inv.endpoints,
                             run_id=retry.name if retry else None, resume=retry is not None)
             check_capacity_here(plan, inv.hosts)  # before any server starts
         made = _make_results_folder(results, *results_source)

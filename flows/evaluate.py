@@ -218,7 +218,8 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
     plan = plan_run(suite=suite, cases=cases, vendor=vendor, rounds=rounds, sets=overrides,
                     results_dir=results_dir, run_id=run_id, flow_run_id=flow_run_id,
                     hosts=[spec.model_dump(mode="json") for spec in inv.hosts],
-                    inventory_overrides=inv.case_overrides, inventory_source=inv.source, resume=resume)
+                    inventory_overrides=inv.case_overrides, inventory_source=inv.source,
+                    inventory_endpoints=inv.endpoints, resume=resume)
     run_dir = plan.run_dir.resolve()
     if (run_dir / PLAN_FILE).exists():
         logger.info("retry of flow run %s: continuing %s; rounds that completed are kept", flow_run_id, run_dir)

@@ -111,9 +111,12 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
              rounds: int | None = None, sets: list[str] | None = None, results_dir: str | Path = "results",
              run_id: str | None = None, flow_run_id: str | None = None,
              hosts: list[dict[str, Any]] | None = None, inventory_overrides: dict[str, Any] | None = None,
-             inventory_source: str = "inventory", resume: bool = False) -> RunPlan:
+             inventory_source: str = "inventory", resume: bool = False,
+             inventory_endpoints: dict[str, dict[str, Any]] | None = None) -> RunPlan:
     """inventory_overrides: settings an inventory gives every case that has the key (FlagPerf's host.yaml
-    NPROC_PER_NODE); below --set, and no error when no case has the key. resume: continue the run folder
+    NPROC_PER_NODE); below --set, and no error when no case has the key. inventory_endpoints: the running
+    servers the inventory names; a case's ``endpoint: NAME`` becomes that entry here, once. resume: continue
+    the run folder
     ``run_id`` of another flow run (`flagperf run --retry`), which must have planned the same work."""
     if suite and cases:
         raise ConfigError("flagperf run", None, "give --suite or --cases, not both")
@@ -174,6 +177,9 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
         if override.case is not None:
             layers[override.case].append(("--set", {override.key: override.value}))
 
+    for case_name in names:
+        _name_endpoint(case_name, defs[case_name], layers[case_name], inventory_endpoints or {}, inventory_source)
+
     # Files a config names are read where the case runs: checkable here only when every host is this machine.
     files_are_local = all((h.get("transport") or "local") == "local" for h in hosts or [])
     plans = []
@@ -200,6 +206,23 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
     if run_dir.exists() and not _is_resumable(run_dir, plan, resume):
         raise ConfigError("--results", None, f"{run_dir} already exists; results are never overwritten")
     return plan
+
+
+def _name_endpoint(case_name: str, case: Any, layers: list[tuple[str, dict[str, Any]]],
+                   endpoints: dict[str, dict[str, Any]], inventory_source: str) -> None:
+    """A case's ``endpoint: NAME`` (the last layer that sets it, else its default) names a running server of the
+    inventory: that entry is its value from here on, with the inventory as its origin."""
+    source, value = "case.yaml", case.manifest.configurations.get("endpoint")
+    for layer_source, values in layers:
+        if "endpoint" in values:
+            source, value = layer_source, values["endpoint"]
+    if not isinstance(value, str):
+        return
+    if value not in endpoints:
+        known = ", ".join(sorted(endpoints)) or "none"
+        raise ConfigError(source, f"{case_name}.endpoint" if source == "--set" else "endpoint",
+                          f"{value!r} names no endpoint of the inventory ({inventory_source}: {known})")
+    layers.append((f"{inventory_source} endpoints.{value}", {"endpoint": dict(endpoints[value])}))
 
 
 def log_vendor_changes(vendor: str, plans: list[CasePlan]) -> None:

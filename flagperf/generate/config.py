@@ -99,7 +99,15 @@ class GenerateConfig(CaseConfig):
     ready_timeout_s: float = Field(default=600.0, gt=0, description="the server must answer its ready path "
                                                                      "within this long")
     request_timeout_s: float = Field(default=600.0, gt=0, description="one request's limit")
-    endpoint: Endpoint | None = Field(default=None, description="a running server instead of starting one")
+    endpoint: Endpoint | str | None = Field(default=None, description="a running server instead of starting one: "
+                                            "its settings, or the name of one the inventory's endpoints list")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint_name(cls, value: Endpoint | str | None) -> Endpoint | str | None:
+        if isinstance(value, str) and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", value):
+            raise ValueError("must be the settings of an endpoint, or the name of one the inventory lists")
+        return value
 
     @field_validator("concurrency")
     @classmethod
@@ -130,7 +138,7 @@ class GenerateConfig(CaseConfig):
     @property
     def devices(self) -> int:
         """Accelerators serving the model: per-device figures divide by this."""
-        return self.endpoint.devices if self.endpoint is not None else self.tensor_parallel * self.nodes
+        return self.endpoint.devices if isinstance(self.endpoint, Endpoint) else self.tensor_parallel * self.nodes
 
     @model_validator(mode="after")
     def _requests_or_duration(self) -> GenerateConfig:

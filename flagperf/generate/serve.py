@@ -218,6 +218,9 @@ def write_json(path: Path, data: Any) -> None:
 def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device, out_dir: Path) -> ServingOutcome:
     spec = engine.server
     assert spec is not None
+    if isinstance(config.endpoint, str):  # the plan puts the inventory's entry in its place; a job without it
+        raise CaseUserError(f"endpoint {config.endpoint!r}: no inventory named it (run with the inventory that "
+                            "lists it under endpoints)")
     if config.endpoint is None:
         check_requirements(engine)
     folder = model_folder(config, device) if config.endpoint is None or config.checkpoint_path else None

@@ -291,6 +291,9 @@ class InventoryFile(StrictModel):
     master_port: int = Field(default=DEFAULT_MASTER_PORT, ge=1, le=65535)
     defaults: dict[str, Any] = Field(default_factory=dict)
     hosts: list[dict[str, Any]] = Field(min_length=1)
+    endpoints: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="running OpenAI-compatible servers a serving case names (endpoint: NAME): "
+                                          "base_url, model, api_key (a ${NAME} reference only), devices")
 
 
 @dataclass(frozen=True)
@@ -308,6 +311,8 @@ class Inventory:
     case_overrides: dict[str, Any] = field(default_factory=dict)
     # Rounds per case where the file says (FlagPerf training's CASES repeat); --rounds wins.
     rounds: int | None = None
+    # Running servers a serving case may name (its endpoint: NAME), checked by the case's config in the plan.
+    endpoints: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def resolve_vendor(self, vendor: str | None) -> str:
         """The run's vendor: as asked, else the inventory's (FlagPerf's VENDOR), else cpu; never two. The hosts'
@@ -491,7 +496,13 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
                     raise ConfigError(source, f"hosts.{i}.{exc.key}", exc.message) from None
         _LOADED[spec.model_dump_json()] = spec
         _ORIGINS[spec.model_dump_json()] = (source, f"hosts.{i}.")
-    return Inventory(hosts=hosts, source=source, vendor=parsed.vendor, master_port=parsed.master_port)
+    for name in parsed.endpoints:
+        try:
+            check_name(name, "endpoint name")
+        except ValueError as exc:
+            raise ConfigError(source, f"endpoints.{name}", str(exc)) from None
+    return Inventory(hosts=hosts, source=source, vendor=parsed.vendor, master_port=parsed.master_port,
+                     endpoints=dict(parsed.endpoints))
 
 
 def load_inventory(path: Path) -> Inventory:

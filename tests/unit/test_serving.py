@@ -372,3 +372,42 @@ def test_python_is_the_running_one() -> None:  # the {python} placeholder: the c
     spec = ServerSpec(command=["{python}", "-V"])
     assert spec.argv({"python": sys.executable}, []) == [sys.executable, "-V"]
 
+
+
+def test_a_case_measures_an_endpoint_the_inventory_names(served: ServerProcess, model_dir: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """`endpoint: NAME` in the case, the server's address, model and key reference in the inventory's endpoints:
+    the plan puts the inventory's entry in the config once (its origin says so), and the round loads that running
+    server, starting none. A name the inventory does not list is one line naming the key and what it lists."""
+    from flagperf.hosts.inventory import load_inventory
+
+    monkeypatch.setenv("LAB_SERVING_KEY", "not-a-real-key")
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(json.dumps({"hosts": [{"name": "localhost"}], "endpoints": {"lab": {
+        "base_url": served.base_url, "model": str(model_dir), "api_key": "${LAB_SERVING_KEY}", "devices": 2}}}))
+    inv = load_inventory(inventory)
+    sets = ["endpoint=lab", "concurrency=[1]", "request_rates=[]", "requests=2", "max_new_tokens=4"]
+    plan = plan_run(cases=["tiny-llama-serve"], sets=sets, results_dir=tmp_path / "results",
+                    inventory_endpoints=inv.endpoints, inventory_source=inv.source)
+    cp = plan.cases[0]
+    assert cp.config["endpoint"]["base_url"] == served.base_url and cp.config["endpoint"]["api_key"] == \
+        "${LAB_SERVING_KEY}"  # the reference travels, never the key
+    assert cp.origins["endpoint"].endswith("endpoints.lab")
+    job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, host="localhost", vendor="cpu",
+              config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={})
+    out = tmp_path / "round"
+    out.mkdir()
+    assert run_job(job, out) == 0, (out / "case.log").read_text() if (out / "case.log").exists() else ""
+    result = read_result(out / "result.json")
+    metrics = {m.name: m for m in result.metrics}
+    assert metrics["output_tokens_per_s@c1"].work == 8  # two requests of exactly 4 tokens
+    per_device = metrics["output_tokens_per_s_per_device@c1"].value
+    assert per_device == pytest.approx(metrics["output_tokens_per_s@c1"].value / 2)  # the inventory's devices
+    serving = json.loads((out / SERVING_FILE).read_text())
+    assert serving["endpoint"]["base_url"] == served.base_url and "server" not in serving
+    assert not (out / SERVER_LOG).exists()  # no server was started
+    assert "not-a-real-key" not in (out / "result.json").read_text() + (out / SERVING_FILE).read_text()
+    with pytest.raises(ConfigError, match=r"'elsewhere' names no endpoint of the inventory .*: lab\)") as refused:
+        plan_run(cases=["tiny-llama-serve"], sets=["endpoint=elsewhere"], results_dir=tmp_path / "results",
+                 inventory_endpoints=inv.endpoints, inventory_source=inv.source)
+    assert refused.value.key == "tiny-llama-serve.endpoint" and "\n" not in str(refused.value)
