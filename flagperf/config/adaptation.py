@@ -226,6 +226,8 @@ def read_adaptation(case_folder: Path, case: str, family: str, vendor: str) -> A
     if csrc.exists():
         regular_file(csrc, CSRC_SETUP, display_path(csrc), None, "the csrc folder")
     extern = folder / EXTERN_FOLDER
+    if not (env or is_present(env_path) or is_present(requirements) or csrc.exists() or extern.exists()):
+        return None  # a folder of scale files alone (config_<hw>x<n>x<p>.yaml) adapts nothing
     hooks = check_extern(extern, family) if extern.exists() else ()
     return Adaptation(case=case, family=family, vendor=vendor, folder=folder, env=env,
                       requirements=requirements if is_present(requirements) else None,

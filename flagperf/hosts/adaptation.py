@@ -51,7 +51,12 @@ def cache_root(job_dir: Path) -> Path:
     configured = os.environ.get(CACHE_ENV)
     if configured:
         return Path(configured)
-    return job_dir.resolve().parents[4] / CACHE_FOLDER
+    parents = job_dir.resolve().parents
+    if len(parents) > 5:
+        return parents[4] / CACHE_FOLDER
+    from flagperf.hosts.local import default_work_root  # a job run elsewhere (by hand, a test): the host's default
+
+    return default_work_root() / CACHE_FOLDER
 
 
 def runtime_key() -> str:

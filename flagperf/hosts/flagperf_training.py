@@ -27,6 +27,7 @@ from flagperf.config.models import check_name
 from flagperf.config.pyliterals import LiteralFile, read_literal_file
 from flagperf.config.vendors import load_vendor
 from flagperf.errors import ConfigError
+from flagperf.hosts.container_policy import PolicyError, allowed_roots, parse_data_mount
 from flagperf.hosts.inventory import (
     DEFAULT_MASTER_PORT,
     ENV_NAME,
@@ -238,6 +239,10 @@ def _cases(test: LiteralFile, vendor: str, host_count: int) -> list[_CaseEntry]:
         repeat = _whole(repeat_text, "repeat", where, key, MAX_ROUNDS)
         if not isinstance(data_dir, str) or not data_dir.startswith("/"):
             raise ConfigError(where, f"CASES.{key}", f"the data dir must be an absolute path, got {data_dir!r}")
+        try:  # mounted into the case's containers: a data folder by the container policy, as host.yaml's
+            parse_data_mount(data_dir, allowed_roots())
+        except PolicyError as exc:
+            raise ConfigError(where, f"CASES.{key}", str(exc)) from None
         mapped = TRAINING_MODELS.get(model)
         if mapped is None and model in training:
             has_data_dir = "data_dir" in load_case(model, known).manifest.configurations

@@ -13,10 +13,14 @@ import importlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import flag_gems
-
 from flagperf.operation.impls import ImplEnv, OperatorImplementation
 from flagperf.operation.operators import Operator
+
+
+def _flag_gems() -> Any:
+    """FlagGems, imported where it is used: the module loads (and is checked) on hosts without it, and the engine
+    folder's `requires` names the package to install when it is missing."""
+    return importlib.import_module("flag_gems")
 
 # Operators FlagGems has a function of its own for, called directly (with the native call's arguments).
 DIRECT = {
@@ -30,7 +34,7 @@ DIRECT = {
 def registered_names() -> set[str] | None:
     """The aten operator names (``mm``, ``add.Tensor``) FlagGems registers, or None where this version does
     not list them where we look."""
-    config = getattr(flag_gems, "_FULL_CONFIG", None)
+    config = getattr(_flag_gems(), "_FULL_CONFIG", None)
     if not config:
         return None
     return {str(item[0]) for item in config if item}
@@ -49,7 +53,7 @@ class Implementation(OperatorImplementation):
         if self.registered is None or not aten_ops:  # not listed where we look: nothing to check against
             return None
         if not set(aten_ops) & self.registered:
-            return f"FlagGems {flag_gems.__version__} registers none of {', '.join(aten_ops)} ({op.name}, {dtype})"
+            return f"FlagGems {_flag_gems().__version__} registers none of {', '.join(aten_ops)} ({op.name}, {dtype})"
         return None
 
     def prepare(self, op: Operator, dtype: str, native: Callable[..., Any]) -> Callable[..., Any]:
@@ -60,8 +64,9 @@ class Implementation(OperatorImplementation):
 
     @contextlib.contextmanager
     def scope(self) -> Iterator[None]:
-        with flag_gems.use_gems():
+        with _flag_gems().use_gems():
             yield
 
     def describe(self) -> str:
-        return f"FlagGems {getattr(flag_gems, '__version__', '?')} (flag_gems.use_gems(); direct: {', '.join(DIRECT)})"
+        version = getattr(_flag_gems(), "__version__", "?")
+        return f"FlagGems {version} (flag_gems.use_gems(); direct: {', '.join(DIRECT)})"

@@ -13,6 +13,7 @@ import pytest
 
 from flagperf.results.schema import read_result
 from tests.testbed.bed import Testbed, make_testbed_fixture
+from tests.unit.mounts import data_folder
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_server")]
 testbed = make_testbed_fixture(min_hosts=1)  # its Docker engine and base image
@@ -21,12 +22,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_flagperf_training_confs_run_through_the_cli(tmp_path: Path, testbed: Testbed) -> None:
     import docker
-    from prefect.settings import PREFECT_API_URL
 
     # No registry here: the test bed's base stands in for the Dockerfile's default base image.
     docker.from_env().images.get(testbed.base_image).tag("python", "3.11-slim-bookworm")
-    data = tmp_path / "data"
-    data.mkdir()
+    with data_folder() as data:  # mounted into the case's container: a real folder under a data root
+        _run_through_the_cli(tmp_path, data)
+
+
+def _run_through_the_cli(tmp_path: Path, data: Path) -> None:
+    from prefect.settings import PREFECT_API_URL
+
     config = tmp_path / "run_benchmarks" / "config"
     config.mkdir(parents=True)
     (config / "cluster_conf.py").write_text("'''Cluster configs'''\nHOSTS = [\"localhost\"]\nSSH_PORT = \"22\"\n"

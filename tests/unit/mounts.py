@@ -43,3 +43,23 @@ def fill_to_the_last_block(folder: Path) -> Path:
                     raise
                 chunk //= 2
     return ballast
+
+
+@contextmanager
+def data_folder() -> Iterator[Path]:
+    """A real folder under a data root of the container policy (/mnt), as a host's dataset would be, removed after.
+    tmp_path lies under /tmp, which the policy never mounts. Skips where /mnt is not writable (CI runs as root)."""
+    import shutil
+    import tempfile
+
+    try:
+        folder = Path(tempfile.mkdtemp(prefix="flagperf-test-", dir="/mnt"))
+    except OSError as exc:
+        if os.environ.get("CI", "").lower() in {"true", "1", "yes"}:
+            pytest.fail(f"CI=true and /mnt is not writable ({exc.strerror}): a data root is needed", pytrace=False)
+        pytest.skip(f"/mnt is not writable here ({exc.strerror}); a data folder must lie under a data root")
+    folder.chmod(0o755)  # a test host's user reads it, as a dataset
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

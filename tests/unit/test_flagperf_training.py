@@ -16,6 +16,7 @@ from flagperf.errors import ConfigError
 from flagperf.hosts.flagperf_training import TRAINING_MODELS, load_training_conf, open_inventory
 from flagperf.paths import PROJECT_ROOT
 from flows.cli import app
+from tests.unit.mounts import data_folder
 
 FIXTURE = PROJECT_ROOT / "tests" / "fixtures" / "flagperf_format" / "training" / "run_benchmarks" / "config"
 CLUSTER = 'HOSTS = ["10.1.2.2", "10.1.2.3"]\nSSH_PORT = "2222"\nMASTER_PORT = "29600"\n'
@@ -59,8 +60,12 @@ def test_flagperf_files_load_with_their_meaning() -> None:
 
 def test_cases_become_the_plans_scale_rounds_and_data_dir(tmp_path: Path) -> None:
     """digits-mlp at 1x2 reads the cpu vendor's config_cpux1x2.yaml; repeat 3 is three rounds; a resnet50 data
-    dir is the case's data_dir."""
-    data = tmp_path / "imagenet"
+    dir (a real folder under a data root: resnet50 checks it) is the case's data_dir."""
+    with data_folder() as root:
+        _plans_scale_rounds_and_data_dir(tmp_path, root / "imagenet")
+
+
+def _plans_scale_rounds_and_data_dir(tmp_path: Path, data: Path) -> None:
     for split in ("train", "val"):
         (data / split / "n01440764").mkdir(parents=True)
     test_conf = write_confs(tmp_path / "config", f'{{"digits-mlp:pytorch:cpu:1:2:3": "/data/none",\n'
@@ -159,27 +164,28 @@ def test_literals_and_concatenation_are_read(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("cases", "extra", "expected"), [
-    ('{"glm:pytorch_1.8:A100:1:8:1": "/d"}', "",
+    ('{"glm:pytorch_1.8:A100:1:8:1": "/mnt"}', "",
      "test_conf.py:4: CASES.glm:pytorch_1.8:A100:1:8:1: no training case for model 'glm' (FlagPerf models mapped "
      "here: bert, llama3_8B, resnet50; training cases: bert, digits-mlp, llama-pretrain, resnet50)"),
-    ('{"digits-mlp:pytorch:cpu:1:8": "/d"}', "", "expected model:framework:hardware:nnodes:nproc:repeat (5 fields"),
-    ('{"digits-mlp:pytorch:cpu:3:1:1": "/d"}', "", "nnodes 3 is more than the 2 HOSTS"),
-    ('{"digits-mlp:pytorch:cpu:1:0:1": "/d"}', "", "nproc must be a whole number from 1 to 1024, got '0'"),
-    ('{"digits-mlp:pytorch:cpu:1:1:101": "/d"}', "", "repeat must be a whole number from 1 to 100"),
+    ('{"digits-mlp:pytorch:cpu:1:8": "/mnt"}', "", "expected model:framework:hardware:nnodes:nproc:repeat (5 fields"),
+    ('{"digits-mlp:pytorch:cpu:3:1:1": "/mnt"}', "", "nnodes 3 is more than the 2 HOSTS"),
+    ('{"digits-mlp:pytorch:cpu:1:0:1": "/mnt"}', "", "nproc must be a whole number from 1 to 1024, got '0'"),
+    ('{"digits-mlp:pytorch:cpu:1:1:101": "/mnt"}', "", "repeat must be a whole number from 1 to 100"),
     ('{"digits-mlp:pytorch:cpu:1:1:1": "data"}', "", "the data dir must be an absolute path"),
-    ('{"digits-mlp:pytorch:cpu:1:1:1": "/d", "digits-mlp:pytorch:cpu:1:2:1": "/d"}', "", "digits-mlp is listed twice"),
-    ('{"digits-mlp:pytorch:cpu:1:1:1": "/d", "resnet50:pytorch:cpu:1:1:2": "/d"}', "",
+    ('{"digits-mlp:pytorch:cpu:1:1:1": "/mnt", "digits-mlp:pytorch:cpu:1:2:1": "/mnt"}', "",
+     "digits-mlp is listed twice"),
+    ('{"digits-mlp:pytorch:cpu:1:1:1": "/mnt", "resnet50:pytorch:cpu:1:1:2": "/mnt"}', "",
      "every case runs the same number of rounds here (digits-mlp:pytorch:cpu:1:1:1 repeats 1, "
      "resnet50:pytorch:cpu:1:1:2 repeats 2)"),
     ('["BERT_PADDLE_DEMO_A100_1X8"]', "", "a list of case names is FlagPerf's first format"),
-    ('{"digits-mlp:pytorch:cpu:1:1:1": "/d"}', "HOSTS = ['h']\n",
+    ('{"digits-mlp:pytorch:cpu:1:1:1": "/mnt"}', "HOSTS = ['h']\n",
      "test_conf.py:4: HOSTS: it belongs in the other file"),
-    ('{"digits-mlp:pytorch:cpu:1:1:1": "/d"}', "TEST_TYPE = 'default'\n", "test_conf.py:4: TEST_TYPE: unknown name"),
-    ('{"digits-mlp:pytorch:cpu:1:1:1": "/d"}', "ACCE_CONTAINER_OPT = ' --privileged'\n",
+    ('{"digits-mlp:pytorch:cpu:1:1:1": "/mnt"}', "TEST_TYPE = 'default'\n", "test_conf.py:4: TEST_TYPE: unknown name"),
+    ('{"digits-mlp:pytorch:cpu:1:1:1": "/mnt"}', "ACCE_CONTAINER_OPT = ' --privileged'\n",
      "test_conf.py:4: ACCE_CONTAINER_OPT: --privileged is refused here"),
-    ('{"digits-mlp:pytorch:cpu:1:1:1": "/d"}', "ACCE_CONTAINER_OPT = ' -v /var/run/docker.sock:/s'\n",
-     "ACCE_CONTAINER_OPT: -v '/var/run/docker.sock' is refused"),
-    ('{"digits-mlp:pytorch:cpu:1:1:1": "/d"}', "ACCE_VISIBLE_DEVICE_ENV_NAME = 'A B'\n", "is not a variable name"),
+    ('{"digits-mlp:pytorch:cpu:1:1:1": "/mnt"}', "ACCE_CONTAINER_OPT = ' -v /var/run/docker.sock:/s'\n",
+     "ACCE_CONTAINER_OPT: -v host path '/var/run/docker.sock' is refused"),
+    ('{"digits-mlp:pytorch:cpu:1:1:1": "/mnt"}', "ACCE_VISIBLE_DEVICE_ENV_NAME = 'A B'\n", "is not a variable name"),
 ])
 def test_bad_training_confs_are_refused_in_one_line(tmp_path: Path, cases: str, extra: str, expected: str) -> None:
     test_conf = write_confs(tmp_path, cases, test_extra=extra)
@@ -196,7 +202,7 @@ def test_bad_training_confs_are_refused_in_one_line(tmp_path: Path, cases: str, 
     ("HOSTS = ['h']\nVENDOR = 'cpu'\n", "cluster_conf.py:2: VENDOR: it belongs in the other file"),
 ])
 def test_bad_cluster_confs_are_refused_in_one_line(tmp_path: Path, cluster: str, expected: str) -> None:
-    test_conf = write_confs(tmp_path, '{"digits-mlp:pytorch:cpu:1:1:1": "/d"}', cluster=cluster)
+    test_conf = write_confs(tmp_path, '{"digits-mlp:pytorch:cpu:1:1:1": "/mnt"}', cluster=cluster)
     with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(".", r"\.")):
         load_training_conf(test_conf)
 
@@ -206,7 +212,7 @@ def test_a_hardware_whose_scale_file_would_be_skipped_is_refused(tmp_path: Path,
                        manifest_extra={"family": "training"})
     (folder / "vendor" / "cpu").mkdir(parents=True)
     (folder / "vendor" / "cpu" / "config_A100x1x2.py").write_text("batch_size = 4\n", encoding="utf-8")
-    test_conf = write_confs(tmp_path, '{"hwcase:pytorch:A100:1:2:1": "/d"}')
+    test_conf = write_confs(tmp_path, '{"hwcase:pytorch:A100:1:2:1": "/mnt"}')
     with pytest.raises(ConfigError, match=r"config_A100x1x2\.py would not be read: vendor cpu's scale files are "
                                           r"config_cpux<nnodes>x<nproc>"):
         load_training_conf(test_conf)
@@ -225,7 +231,7 @@ def test_every_mapped_model_names_a_training_case() -> None:
 
 
 def test_open_inventory_picks_the_format(tmp_path: Path) -> None:
-    test_conf = write_confs(tmp_path / "a", '{"digits-mlp:pytorch:cpu:1:1:1": "/d"}')
+    test_conf = write_confs(tmp_path / "a", '{"digits-mlp:pytorch:cpu:1:1:1": "/mnt"}')
     other = tmp_path / "b" / "cluster.py"
     other.parent.mkdir()
     other.write_text("HOSTS = ['10.9.9.9']\n", encoding="utf-8")
@@ -246,7 +252,7 @@ def test_open_inventory_picks_the_format(tmp_path: Path) -> None:
 def test_cli_refuses_in_one_line_with_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str,
                                              args: list[str], expected: str) -> None:
     monkeypatch.setitem(sys.modules, "flows.evaluate", None)  # reaching the flow would be an ImportError
-    test_conf = write_confs(tmp_path / "config", '{"digits-mlp:pytorch:cpu:1:1:1": "/d"}', test_extra=body)
+    test_conf = write_confs(tmp_path / "config", '{"digits-mlp:pytorch:cpu:1:1:1": "/mnt"}', test_extra=body)
     results = tmp_path / "results"
     result = CliRunner().invoke(app, ["run", "--test-conf", str(test_conf), "--results", str(results), *args])
     assert result.exit_code == 2, result.output
@@ -261,7 +267,7 @@ def test_cli_cluster_conf_needs_a_test_conf(tmp_path: Path) -> None:
 
 
 def test_validate_reads_the_python_files_without_running_them(tmp_path: Path, make_case) -> None:
-    test_conf = write_confs(tmp_path / "config", '{"digits-mlp:pytorch:cpu:1:1:1": "/d"}')
+    test_conf = write_confs(tmp_path / "config", '{"digits-mlp:pytorch:cpu:1:1:1": "/mnt"}')
     result = CliRunner().invoke(app, ["validate", str(test_conf), str(test_conf.with_name("cluster_conf.py"))])
     assert result.exit_code == 0 and " ".join(result.output.split()).count("test_conf.py + cluster_conf.py") == 2
     assert not Path("/opt/fp/result").exists()  # FLAGPERF_LOG_PATH checked by writing there, nothing left
