@@ -7,9 +7,9 @@ load, SLOs, the server's arguments). docs/serving.md explains every key."""
 from __future__ import annotations
 
 import re
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidatorFunctionWrapHandler, field_validator, model_validator
 
 from flagperf.config.models import CaseConfig
 from flagperf.errors import ConfigError
@@ -99,15 +99,20 @@ class GenerateConfig(CaseConfig):
     ready_timeout_s: float = Field(default=600.0, gt=0, description="the server must answer its ready path "
                                                                      "within this long")
     request_timeout_s: float = Field(default=600.0, gt=0, description="one request's limit")
-    endpoint: Endpoint | str | None = Field(default=None, description="a running server instead of starting one: "
-                                            "its settings, or the name of one the inventory's endpoints list")
+    # A name (str) is allowed too, by _endpoint_name: kept out of the annotation so that an error in the settings
+    # is reported at endpoint.<key>, not under a union member's tag.
+    endpoint: Endpoint | None = Field(default=None, description="a running server instead of starting one: its "
+                                      "settings, or the name of one the inventory's endpoints list")
 
-    @field_validator("endpoint")
+    @field_validator("endpoint", mode="wrap")
     @classmethod
-    def _endpoint_name(cls, value: Endpoint | str | None) -> Endpoint | str | None:
-        if isinstance(value, str) and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", value):
-            raise ValueError("must be the settings of an endpoint, or the name of one the inventory lists")
-        return value
+    def _endpoint_name(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Endpoint | str | None:
+        """The name of an endpoint the inventory lists (the plan puts its settings here), or the settings."""
+        if isinstance(value, str):
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", value):
+                raise ValueError("must be the settings of an endpoint, or the name of one the inventory lists")
+            return value
+        return handler(value)
 
     @field_validator("concurrency")
     @classmethod
