@@ -1,9 +1,10 @@
 """Every command of every tutorial (docs/tutorials/*.md) is run by a test.
 
-A page says how, in an HTML comment: `<!-- docs-test: shell -->` runs its ```bash blocks here, in order, in
-one bash (`set -euo pipefail`) in an empty folder, against the session's Prefect server; `<!-- docs-test:
-covered-by tests/...py -->` names the test file that runs them, and each command must appear there verbatim.
-The one command not run here is the project's own install, which CI runs first (.ci/run)."""
+Each page says so in an HTML comment, `<!-- docs-test: shell -->`: its ```bash blocks run here, in order, in one
+bash (`set -euxo pipefail`) in a fresh copy of the checkout (where a reader types them), against the session's
+Prefect server. `shell testbed` pages also get the project deployed on the test bed's hosts; `shell server`
+pages get a home of their own, the test database, and this test's own ports in place of the page's. The one
+command not run here is the project's own install, which CI runs first (.ci/run)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 TUTORIALS = sorted((ROOT / "docs" / "tutorials").glob("*.md"))
 INSTALL = re.compile(r"^pip install -c constraints\.txt -e \S+$")
-MODE = re.compile(r"<!-- docs-test: (shell( testbed| server)?|covered-by (?P<file>\S+)) -->")
+MODE = re.compile(r"<!-- docs-test: shell( testbed| server)? -->")
 TUTORIAL_PORTS = ("4200", "4201")  # a server tutorial's ports: the test puts its own in their place
 
 pytestmark = pytest.mark.integration
@@ -102,18 +103,6 @@ def test_every_tutorial_says_how_it_is_tested() -> None:
         text = page.read_text()
         assert MODE.search(text), f"{page.name}: no <!-- docs-test: ... --> line"
         assert _hooks().commands_in(text), f"{page.name}: a tutorial without a command"
-
-
-@pytest.mark.parametrize("page", [p for p in TUTORIALS if "covered-by" in p.read_text()], ids=lambda p: p.stem)
-def test_covered_commands_appear_in_their_test(page: Path) -> None:
-    text = page.read_text()
-    covering = ROOT / MODE.search(text)["file"]
-    assert covering.is_file(), f"{page.name} names {covering}, which does not exist"
-    source = " ".join(covering.read_text().split())
-    for command in _hooks().commands_in(text):
-        if INSTALL.match(command):
-            continue
-        assert " ".join(command.split()) in source, f"{page.name}: `{command}` is not run by {covering.name}"
 
 
 @pytest.mark.parametrize("page", [p for p in TUTORIALS if "docs-test: shell" in p.read_text()],
