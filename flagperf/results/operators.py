@@ -16,7 +16,8 @@ from typing import Any
 
 import pandas as pd
 
-from flagperf.results.schema import RESULT_FILE, atomic_path, read_result
+from flagperf.results.plotting import save_png
+from flagperf.results.schema import RESULT_FILE, read_result
 
 FAMILY = "operation"
 BASELINE = "native"
@@ -246,10 +247,4 @@ def plot_speedups(plt: Any, run_dir: Path, out: Path) -> Path | None:
     ax.set_ylabel("speed-up against native (geomean over shapes)")
     ax.set_title("operators: speed-up against native (above 1: faster)", fontsize=9)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    try:
-        with atomic_path(out) as tmp:  # a full disk leaves no half-written PNG
-            fig.savefig(tmp, dpi=110, format="png")
-    finally:
-        plt.close(fig)
-    return out
+    return save_png(plt, fig, out)

@@ -3,7 +3,9 @@ its results and its report, which then says that no plot was drawn and why."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 NOT_DRAWN = "plots not drawn: matplotlib is not installed (pip install matplotlib, then `flagperf report RUN`)"
 
@@ -18,3 +20,16 @@ def pyplot() -> ModuleType | None:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_png(plt: Any, fig: Any, out: Path) -> Path:
+    """Write the figure as out (laid out, 110 dpi) and close it; a full disk leaves no half-written PNG."""
+    from flagperf.results.schema import atomic_path
+
+    fig.tight_layout()
+    try:
+        with atomic_path(out) as tmp:
+            fig.savefig(tmp, dpi=110, format="png")
+    finally:
+        plt.close(fig)
+    return out

@@ -12,8 +12,8 @@ from typing import Any
 from flagperf.results.analysis import read_monitors
 from flagperf.results.markup import markdown_to_html
 from flagperf.results.operators import plot_speedups
-from flagperf.results.plotting import NOT_DRAWN, pyplot
-from flagperf.results.schema import atomic_path, read_result, write_text_atomic
+from flagperf.results.plotting import NOT_DRAWN, pyplot, save_png
+from flagperf.results.schema import read_result, write_text_atomic
 from flagperf.results.serving import serving_plots
 from flagperf.results.summary import REPORT_MD, ROUND_FOLDER, RunSummary, summarize, write_summary
 
@@ -24,14 +24,6 @@ MAX_TIMELINES = 24  # per run: enough to see every round of a normal run, bounde
 
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
-
-
-def _save(plt: Any, fig: Any, out: Path) -> None:
-    try:
-        with atomic_path(out) as tmp:  # a full disk leaves no half-written PNG
-            fig.savefig(tmp, dpi=110, format="png")
-    finally:
-        plt.close(fig)
 
 
 def plot_measured_vs_peak(plt: Any, summary: RunSummary, out: Path) -> Path | None:
@@ -50,8 +42,7 @@ def plot_measured_vs_peak(plt: Any, summary: RunSummary, out: Path) -> Path | No
     ax.set_xlabel("measured / peak (%)")
     ax.set_title(f"{summary.run_id}: measured vs peak (red: above the spec table's peak)", fontsize=9)
     ax.invert_yaxis()
-    fig.tight_layout()
-    _save(plt, fig, out)
+    save_png(plt, fig, out)
     return out
 
 
@@ -77,8 +68,7 @@ def plot_per_round(plt: Any, summary: RunSummary, out: Path) -> Path | None:
     for ax in list(axes.flat)[len(groups):]:
         ax.axis("off")
     fig.suptitle(f"{summary.run_id}: throughput per round", fontsize=9)
-    fig.tight_layout()
-    _save(plt, fig, out)
+    save_png(plt, fig, out)
     return out
 
 
@@ -119,8 +109,7 @@ def plot_timeline(plt: Any, round_folder: Path, title: str, out: Path) -> Path |
     unique = dict(zip(labels, handles, strict=True))
     ax.legend(unique.values(), unique.keys(), fontsize=7, loc="lower right")
     ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    _save(plt, fig, out)
+    save_png(plt, fig, out)
     return out
 
 

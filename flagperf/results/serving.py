@@ -27,7 +27,8 @@ from typing import Any
 
 import pandas as pd
 
-from flagperf.results.schema import RESULT_FILE, atomic_path, read_result
+from flagperf.results.plotting import save_png
+from flagperf.results.schema import RESULT_FILE, read_result
 
 POINT_METRIC = re.compile(r"^(?P<what>.+)@(?P<kind>[cr])(?P<level>[0-9][0-9.e+-]*)$")
 FAMILY = "generate"
@@ -380,16 +381,6 @@ def serving_markdown(run_dir: Path, rows: pd.DataFrame | None) -> list[str]:
 # --- plots --------------------------------------------------------------------------------------------------
 
 
-def _save(plt: Any, fig: Any, out: Path) -> Path:
-    fig.tight_layout()
-    try:
-        with atomic_path(out) as tmp:  # a full disk leaves no half-written PNG
-            fig.savefig(tmp, dpi=110, format="png")
-    finally:
-        plt.close(fig)
-    return out
-
-
 def plot_pareto(plt: Any, points: list[ServingPoint], out: Path, title: str = "") -> Path | None:
     """Output tokens/s per device against interactivity, a line per series; filled markers meet the SLO,
     hollow ones miss it, a star marks the SLO frontier; a dotted line at each SLO's 1 / TPOT bound."""
@@ -422,7 +413,7 @@ def plot_pareto(plt: Any, points: list[ServingPoint], out: Path, title: str = ""
     ax.set_title(title or "serving Pareto: filled = SLO met, hollow = missed, star = SLO frontier", fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
-    return _save(plt, fig, out)
+    return save_png(plt, fig, out)
 
 
 def plot_latency(plt: Any, points: list[ServingPoint], out: Path) -> Path | None:
@@ -448,7 +439,7 @@ def plot_latency(plt: Any, points: list[ServingPoint], out: Path) -> Path | None
         ax.set_title(f"{title} against throughput (dotted: the SLO)", fontsize=9)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=6)
-    return _save(plt, fig, out)
+    return save_png(plt, fig, out)
 
 
 def serving_plots(plt: Any, run_dir: Path, plots_dir: Path, rows: pd.DataFrame | None = None
