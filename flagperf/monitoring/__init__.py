@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +35,19 @@ def monitor_arguments(description: str) -> argparse.ArgumentParser:
                         help="stop when this process is no longer our parent (default: the parent at start; "
                              "pass it explicitly, or a parent that exits before we start is never noticed)")
     return parser
+
+
+def write_unavailable(name: str, args: argparse.Namespace, reason: str) -> int:
+    """A device monitor whose tool or library is missing here: a header saying why (sources.devices.available
+    false) and a footer, so the analysis reports the reason instead of a monitor that never wrote; exit 0."""
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"type": "header", "monitor": name, "interval_s": args.interval,
+                                    "started_at": time.time(), "sources": {
+                                        "devices": {"available": False, "reason": reason}}}) + "\n"
+                        + json.dumps({"type": "footer", "samples": 0, "stopped_at": time.time(),
+                                      "reason": "unavailable"}) + "\n")
+    print(reason, file=sys.stderr)
+    return 0
 
 
 def read_pid(pid_file: Path | None) -> int | None:

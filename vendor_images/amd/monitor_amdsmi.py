@@ -20,13 +20,12 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the project root, for flagperf.monitoring
 
-from flagperf.monitoring import monitor_arguments, run_sampler
+from flagperf.monitoring import monitor_arguments, run_sampler, write_unavailable
 
 AMD_SMI = "amd-smi"
 CALL_TIMEOUT_S = 20.0
@@ -147,14 +146,7 @@ def amd_smi(*args: str) -> Any:
 
 
 def unavailable(args: Any, reason: str) -> int:
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"type": "header", "monitor": "amdsmi", "interval_s": args.interval,
-                                    "started_at": time.time(), "sources": {
-                                        "devices": {"available": False, "reason": reason}}}) + "\n"
-                        + json.dumps({"type": "footer", "samples": 0, "stopped_at": time.time(),
-                                      "reason": "unavailable"}) + "\n")
-    print(reason, file=sys.stderr)
-    return 0
+    return write_unavailable("amdsmi", args, reason)
 
 
 def main() -> int:

@@ -10,17 +10,15 @@ the header says why and the monitor exits at once (no samples, never zeros).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the project root, for flagperf.monitoring
 
 from flagperf.errors import missing_extra
-from flagperf.monitoring import monitor_arguments, run_sampler
+from flagperf.monitoring import monitor_arguments, run_sampler, write_unavailable
 
 THROTTLE_REASONS = {  # NVML clocks-event reason bits (nvml.h)
     0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
@@ -119,14 +117,7 @@ def main() -> int:
         missing = missing_extra(exc) if isinstance(exc, ImportError) else None
         if missing is not None:  # the package, not the driver: say how to install it
             reason = f"NVML unavailable: {missing}"
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"type": "header", "monitor": "nvml", "interval_s": args.interval,
-                                        "started_at": time.time(), "sources": {
-                                            "devices": {"available": False, "reason": reason}}}) + "\n"
-                            + json.dumps({"type": "footer", "samples": 0, "stopped_at": time.time(),
-                                          "reason": "unavailable"}) + "\n")
-        print(reason, file=sys.stderr)
-        return 0
+        return write_unavailable("nvml", args, reason)
     indices = visible_indices(args.devices, count)
     handles = [_call(pynvml.nvmlDeviceGetHandleByIndex, i) for i in indices]
     energy_start = {i: _call(pynvml.nvmlDeviceGetTotalEnergyConsumption, h) for i, h in zip(indices, handles,
