@@ -53,6 +53,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
+from bench.paired import write_record  # noqa: E402
 from flagperf.config.job import Job  # noqa: E402
 from flagperf.config.plan import CasePlan, plan_run  # noqa: E402
 from flagperf.config.vendors import load_vendor  # noqa: E402
@@ -351,17 +352,8 @@ def optional_packages(cuda: bool) -> dict[str, str]:
     }
 
 
-def atomic_write(path: Path, text: str) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text, encoding="utf-8")
-    os.replace(temporary, path)
-
-
 def write(folder: Path, record: dict[str, Any]) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    stem = "generate_gpu_quick" if record["quick"] else "generate_gpu"
-    atomic_write(folder / f"{stem}.json", json.dumps(record, indent=2) + "\n")
-    atomic_write(folder / f"{stem}.md", markdown(record))
+    write_record(folder, "generate_gpu_quick" if record["quick"] else "generate_gpu", record, markdown(record))
 
 
 def markdown(record: dict[str, Any]) -> str:

@@ -22,7 +22,6 @@ import argparse
 import importlib.util
 import json
 import math
-import os
 import platform
 import statistics
 import sys
@@ -37,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from bench.paired import write_record  # noqa: E402
 from flagperf.config.vendors import load_vendor  # noqa: E402
 from flagperf.operation.config import OperationConfig  # noqa: E402
 from flagperf.operation.driver import run_operation  # noqa: E402
@@ -110,13 +110,7 @@ def markdown(record: dict[str, Any]) -> str:
 
 
 def write(folder: Path, record: dict[str, Any]) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    stem = "operation_gpu_quick" if record["quick"] else "operation_gpu"
-    for suffix, text in ((".json", json.dumps(record, indent=2) + "\n"), (".md", markdown(record))):
-        path = folder / f"{stem}{suffix}"
-        temporary = path.with_name(f".{path.name}.tmp")
-        temporary.write_text(text, encoding="utf-8")
-        os.replace(temporary, path)
+    write_record(folder, "operation_gpu_quick" if record["quick"] else "operation_gpu", record, markdown(record))
 
 
 def main() -> int:

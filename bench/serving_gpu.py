@@ -5,7 +5,9 @@ maintained client where one is installed, and the Pareto plot.
     python bench/serving_gpu.py --quick      # CPU dry run: the tiny preset, fp32; c1, c2, c4
     options: --out DIR (records), --budget-s S (no new point or check past S), --guidellm PATH (the maintained
              client; default: `guidellm` on PATH; --quick runs it only when given), --server-arg ARG (added
-             to the server's command, repeatable: e.g. --server-arg=--continuous_batching)
+             to the server's command, repeatable: e.g. --server-arg=--continuous_batching), --no-plots (keep
+             the plots out of --out, as when the command shares the device tool's 8 returned files: the record
+             holds the points, and --plot RECORD draws them here)
 
 1. The preset with random weights is saved to a local folder first (flagperf.generate.models.random_checkpoint,
    with its word tokenizer); the vendor's `transformers-serve` engine folder starts the server on it once
@@ -54,7 +56,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from bench.generate_gpu import Monitors, Stopped, atomic_write, stop_on_sigterm  # noqa: E402
+from bench.generate_gpu import Monitors, Stopped, stop_on_sigterm  # noqa: E402
+from bench.paired import write_record  # noqa: E402
 from flagperf.config.job import Job  # noqa: E402
 from flagperf.config.plan import plan_run  # noqa: E402
 from flagperf.config.vendors import load_vendor  # noqa: E402
@@ -190,11 +193,8 @@ def elapsed() -> float:
 
 
 def write(folder: Path, record: dict[str, Any]) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    stem = "serving_gpu_quick" if record["quick"] else "serving_gpu"
     record["total_s"] = elapsed()
-    atomic_write(folder / f"{stem}.json", json.dumps(record, indent=2, default=str) + "\n")
-    atomic_write(folder / f"{stem}.md", markdown(record))
+    write_record(folder, "serving_gpu_quick" if record["quick"] else "serving_gpu", record, markdown(record))
 
 
 def _cell(value: Any, digits: int = 4) -> str:
@@ -258,6 +258,7 @@ def main() -> int:
     parser.add_argument("--guidellm", default=None, help="the guidellm command (default: on PATH, not for --quick)")
     parser.add_argument("--server-arg", action="append", default=[], help="added to the server's command")
     parser.add_argument("--plot", type=Path, default=None, help="only draw the plots of this record into --out")
+    parser.add_argument("--no-plots", action="store_true", help="copy no plot into --out (--plot redraws them)")
     args = parser.parse_args()
     if args.plot is not None:
         return redraw(args.plot, args.out)
@@ -321,7 +322,7 @@ def main() -> int:
             config = point_config(case_plan.config, s, folder, server, concurrency)
             rounds.append(sweep_point(s, case_plan, plan.run_id, config, number, run_dir))
             record["rounds"] = rounds
-            report(run_dir, args.out, record)
+            report(run_dir, args.out, record, plots=not args.no_plots)
             write(args.out, record)
         record["state"] = "checking the client" if guidellm_binary else record["state"]
         client_check(s, guidellm_binary, server, folder, spec.exact_output_fields, work, s.check_levels, record,
@@ -345,8 +346,9 @@ def main() -> int:
     return code
 
 
-def report(run_dir: Path, out: Path, record: dict[str, Any]) -> None:
-    """The run's report (the same code as `flagperf report`): its points, the SLO frontier and the plots."""
+def report(run_dir: Path, out: Path, record: dict[str, Any], plots: bool = True) -> None:
+    """The run's report (the same code as `flagperf report`): its points, the SLO frontier and, with plots, the
+    plots copied beside the record."""
     build_report(run_dir)
     points = serving_points(run_dir)
     record["points"] = [point_row(p) for p in points]
@@ -358,11 +360,12 @@ def report(run_dir: Path, out: Path, record: dict[str, Any]) -> None:
     record["plots"] = []
     for name, copy in (("serving_tradeoff.png", "serving_gpu_pareto.png"),
                        ("serving_latency.png", "serving_gpu_latency.png")):
-        if (run_dir / "plots" / name).is_file():
+        if plots and (run_dir / "plots" / name).is_file():
             shutil.copyfile(run_dir / "plots" / name, out / copy)
             record["plots"].append(copy)
     if not record["plots"]:
-        record["plots_note"] = ("plots not drawn: matplotlib is not installed here; draw them elsewhere with "
+        why = "matplotlib is not installed here" if plots else "--no-plots"
+        record["plots_note"] = (f"plots not copied ({why}); draw them elsewhere with "
                                 "python bench/serving_gpu.py --plot RECORD.json --out DIR")
 
 

@@ -28,26 +28,66 @@ PARTS = {
     "install": ["install.log"],
     "operators": ["operators.log", "operation_gpu_quick.json", "operation_gpu_quick.md"],
 }
+SHARED = ("serving", "operators")  # the plan's shared command; serving copies no plots there
+PLOTS = {"serving_gpu_pareto.png", "serving_gpu_latency.png"}
+# Each part dry-runs once: alone, or (serving and operators) as the plan's one command for both.
+COMMANDS = [[part] for part in PARTS if part not in SHARED] + [[*SHARED, "--budget-s", "570"]]
 
 
-@pytest.mark.parametrize("part", list(PARTS))
-def test_each_part_of_the_gpu_session_dry_runs_here(tmp_path: Path, part: str) -> None:
+def plan(seconds: int | None = None) -> list[str]:
+    done = subprocess.run(["bash", "bench/gpu_session.sh", "plan", *([str(seconds)] if seconds else [])], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return [line.split("#")[0].split("gpu_session.sh", 1)[1].split() for line in done.stdout.splitlines()
+            if line.startswith("bash bench/gpu_session.sh")]
+
+
+def test_the_session_plan_fits_half_an_hour_and_runs_what_is_pending_first() -> None:
+    """A lent half hour: every command within a device command's 10 minutes, all of them and the machine's
+    start within 30; the parts never measured on a GPU planned, those an H200 already measured left for later."""
+    script = (ROOT / "bench" / "gpu_session.sh").read_text()
+    start_up = int(re.search(r"^START_UP_S=(\d+)", script, re.M).group(1))
+    commands = plan()
+    budgets = [int(words[words.index("--budget-s") + 1]) for words in commands]
+    assert all(b <= 570 for b in budgets) and start_up + sum(budgets) <= 1800, (commands, start_up)
+    planned = [w for words in commands for w in words if not w.startswith("--") and not w.isdigit()]
+    assert planned == ["base", "generate", "serving", "operators"], planned
+    assert [w for words in plan(1200) for w in words if w in PARTS] == ["base", "generate"]  # less time, fewer
+
+
+def test_a_shared_command_gives_each_part_its_share_and_refuses_too_little() -> None:
+    # Too little for two parts: refused before anything runs, naming the part and what it needs.
+    done = subprocess.run(["bash", "bench/gpu_session.sh", "serving", "operators", "--budget-s", "400"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2 and "leaves serving" in done.stderr and "at least 240" in done.stderr, done.stderr
+    for args in (["nope"], ["base", "--budget-s", "601"], ["base", "--budget-s", "x"], []):
+        done = subprocess.run(["bash", "bench/gpu_session.sh", *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=60, check=False)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, (args, done.stderr)
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: "+".join(w for w in c if w in PARTS))
+def test_each_part_of_the_gpu_session_dry_runs_here(tmp_path: Path, command: list[str]) -> None:
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
-    done = subprocess.run(["bash", "bench/gpu_session.sh", part, "--quick"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=1800, check=False)  # a hang guard
+    done = subprocess.run(["bash", "bench/gpu_session.sh", *command, "--quick"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=2400, check=False)  # a hang guard
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     made = sorted(p.name for p in tmp_path.iterdir())
-    for name in PARTS[part]:
+    parts = [w for w in command if w in PARTS]
+    expected = [name for part in parts for name in PARTS[part] if len(parts) == 1 or name not in PLOTS]
+    for name in expected:
         assert name in made, (name, made, done.stdout[-2000:])
+    if len(parts) > 1:
+        assert not PLOTS & set(made), made
     # The device tool returns at most 8 files a command, two folders down at most.
     assert len([p for p in tmp_path.iterdir() if p.is_file()]) <= 8, made
     # Every record names the code that made it, also without git (the source digest).
     assert re.search(r"code: .*source sha256:[0-9a-f]{16}", done.stdout), done.stdout[:500]
-    if part == "models":  # one pair of every model was measured, on any machine
+    if parts == ["models"]:  # one pair of every model was measured, on any machine
         for name in ("inference_gpu_quick.md", "training_gpu_quick.md"):
             text = (tmp_path / name).read_text()
             assert "1 of 1 pairs" in text and "0 of " not in text, text[:2000]
-    for name in PARTS[part]:
+    for name in expected:
         if name.endswith(".json"):
             record = json.loads((tmp_path / name).read_text())
             assert "sha256:" in json.dumps(record), name
@@ -68,8 +108,11 @@ def test_the_base_record_has_every_pair_and_the_mamf_reference(tmp_path: Path) -
     assert all(p["engine"] > 0 and p["bare"] > 0 and p["iterations"] >= 5 for p in pairs)
     assert row["ratio"] == pytest.approx(statistics.median(p["engine"] / p["bare"] for p in pairs))
     assert record["mamf"]["bf16"]["best"]["tflops"] > 0 and record["mamf"]["fp8"]["skipped"]
+    # The best shape once more, back to back for an engine window: the clock the chip holds, beside its bursts.
+    held = record["mamf"]["bf16"]["best_sustained"]
+    assert held["tflops"] > 0 and held["seconds"] >= 0.5 and held["matmuls"] >= 10 and held["matmuls"] % 10 == 0
     md = (tmp_path / "base_specs_cpu_quick.md").read_text()
-    assert "memory_copy_bandwidth" in md and "MAMF-style" in md
+    assert "memory_copy_bandwidth" in md and "MAMF-style" in md and "the best shape sustained" in md
 
 
 def test_the_wheel_list_resolves_for_the_gpu_hosts_python() -> None:
@@ -87,3 +130,27 @@ def test_the_wheel_list_resolves_for_the_gpu_hosts_python() -> None:
         assert pins[name] == lock.get(name, pins[name]).split(";")[0], name
     # The image's own heavy packages are never carried (they would not fit the 64 MiB a command takes).
     assert not {"torch", "numpy", "triton", "matplotlib"} & set(pins)
+
+
+def test_the_engines_max_is_split_into_shape_choice_and_power_state() -> None:
+    """A gap between the engine's max-achievable and the MAMF-style best, read apart: against the best shape held
+    back to back (shape choice and harness), and that held figure against its flushed bursts (power state)."""
+    sys.path.insert(0, str(ROOT))
+    from bench.base_specs_gpu import render, summarise
+
+    pairs = [{"engine": e, "bare": b, "unit": "TFLOPS"} for e, b in ((690.0, 694.0), (698.0, 697.0), (695.0, 699.0))]
+    record = {"device": "NVIDIA H200", "quick": False, "pairs": {"computation-BF16 / gemm_bf16_max": pairs},
+              "mamf": {"bf16": {"best": {"m": 4096, "n": 16384, "k": 16384, "tflops": 742.0}, "median_tflops": 697.0,
+                                "shapes": 75, "spent_s": 25.0, "method": "m",
+                                "best_sustained": {"tflops": 701.0, "seconds": 5.0, "matmuls": 420, "method": "s"}}}}
+    summarise(record)
+    engine = statistics.median([690.0, 698.0, 695.0])
+    assert record["bf16_max_of_mamf"] == pytest.approx(engine / 742.0)
+    assert record["bf16_max_of_mamf_sustained"] == pytest.approx(engine / 701.0)
+    (mamf_check,) = [ok for text, ok in record["checks"] if "MAMF-style best" in text]
+    assert mamf_check is False  # 0.937 of the best: the issue's 0.95 is missed, whatever the split says
+    note = record["notes"]["bf16_mamf_split"]
+    assert f"{engine / 701.0:.3f}" in note and f"{701.0 / 742.0:.3f}" in note
+    record.update({key: "-" for key in ("code", "when", "host", "torch", "command", "state", "pairs_asked", "idle_s",
+                                        "seconds")}, wall_s=0.0, not_measured={})
+    assert note in render(record)
