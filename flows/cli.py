@@ -380,7 +380,8 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     if summary.get("operators"):  # operation cases: a row per operator, not per point (report.md has them all)
         operators = Table(*OPERATOR_HEADER, title=OPERATORS_INTRO, title_justify="left")
         for entry in summary["operators"]:
-            operators.add_row(*[escape(c) for c in operator_cells(entry)], style="red" if entry["failed"] else None)
+            operators.add_row(*[escape(c.replace("**", "")) for c in operator_cells(entry)],
+                              style="red" if entry["failed"] else None)
         console.print(operators)
     for entry in summary["not_measured"]:
         colour = "yellow" if entry["status"] == "unsupported" else "red"

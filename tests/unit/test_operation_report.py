@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from typer.testing import CliRunner
 
 from flagperf.config.yamlio import load_yaml_mapping
 from flagperf.operation.config import OperationConfig
@@ -26,6 +27,7 @@ from flagperf.results.operators import CONVENTION
 from flagperf.results.report import build_report
 from flagperf.results.schema import Metric, OperationReport, Peak, RoundResult, SpecTable, round_dir, write_result
 from flagperf.results.summary import OPERATORS_INTRO
+from flows.cli import app
 from flows.server import serve_site
 
 CASES = sorted((PROJECT_ROOT / "cases" / "operation").glob("op-*/case.yaml"))
@@ -276,3 +278,12 @@ def test_compare_gives_one_ratio_per_operator_and_implementation(full_run: tuple
     assert unchanged and all(not r.flagged and r.ratio == pytest.approx(1.0) for r in unchanged)
     text = render_markdown(run_a, run_b, rows)
     assert text.count("\n| ") == len(rows) + 1 and "Operation cases: one row per operator" in text
+
+
+def test_the_cli_prints_a_row_per_operator(full_run: tuple[Path, dict[str, int]]) -> None:
+    run_dir, _ = full_run
+    shown = CliRunner().invoke(app, ["report", str(run_dir)], env={"COLUMNS": "400"})
+    assert shown.exit_code == 0, shown.output
+    assert "@native" not in shown.output and "gemm_fp32" in shown.output
+    rows = [line for line in shown.output.splitlines() if re.match(r"^│ op-", line)]
+    assert len(rows) == len(OPERATORS) and shown.output.count("FAILED") == 2 and "**" not in shown.output
