@@ -201,7 +201,7 @@ def operator_summaries(collected: list[PointFigures]) -> list[dict[str, Any]]:
         best = max((p for p in points if p.rooflines and p.status == "passed"),
                    key=lambda p: _mean(p.rooflines) or 0.0, default=None)
         entries.append({
-            "case": case, "operator": operator, "family": FAMILY,
+            "case": case, "operator": operator,
             "unit": next((p.bound_unit for p in points if p.bound_unit), None),
             "implementations": impls, "dtypes": list(dict.fromkeys(p.dtype for p in points)),
             "shapes": len({(p.dtype, p.shape) for p in points}),
@@ -333,12 +333,11 @@ def operator_section(case: str, operator: str, points: list[PointFigures], index
     return lines
 
 
-def operation_markdown(run_dir: Path, rows: pd.DataFrame | None = None,
-                       collected: list[PointFigures] | None = None) -> list[str]:
+def operation_markdown(run_dir: Path, rows: pd.DataFrame | None = None) -> list[str]:
     """The report section for operation cases (nothing when the run has none): how the figures are made
     (once), the geometric-mean speed-up per dtype and implementation, a section per operator with every
     point, and the skipped points' reasons."""
-    collected = collect_points(run_dir) if collected is None else collected
+    collected = collect_points(run_dir)
     if not collected:
         return []
     index = point_index(collected)
