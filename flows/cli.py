@@ -36,8 +36,16 @@ from flagperf.hosts.capacity import check_capacity_here
 from flagperf.hosts.flagperf_training import CLUSTER_CONF, default_cluster_conf, load_training_conf, open_inventory
 from flagperf.hosts.inventory import Inventory, load_inventory, local_inventory
 from flagperf.paths import display_path
+from flagperf.results.operators import OPERATOR_HEADER, operator_cells
 from flagperf.results.schema import folder_problem
-from flagperf.results.summary import HEADLINE_HEADER, SUMMARY_JSON, headline_cells, read_summary_json
+from flagperf.results.summary import (
+    HEADLINE_HEADER,
+    OPERATORS_INTRO,
+    SUMMARY_JSON,
+    headline_cells,
+    headline_figures,
+    read_summary_json,
+)
 
 EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNSUPPORTED_ONLY = 1, 2, 3
 
@@ -365,9 +373,16 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
                   + (f" on {ctx.get('device')}" if ctx.get("device") else ""), title_justify="left")
     for name in HEADLINE_HEADER:
         table.add_column(name, justify="right" if name not in ("case", "metric", "unit") else "left")
-    for entry in summary["headline"]:
+    for entry in headline_figures(summary["headline"]):
         table.add_row(*headline_cells(entry))
-    console.print(table)
+    if table.rows or not summary.get("operators"):
+        console.print(table)
+    if summary.get("operators"):  # operation cases: a row per operator, not per point (report.md has them all)
+        operators = Table(*OPERATOR_HEADER, title=OPERATORS_INTRO, title_justify="left")
+        for entry in summary["operators"]:
+            operators.add_row(*[escape(c.replace("**", "")) for c in operator_cells(entry)],
+                              style="red" if entry["failed"] else None)
+        console.print(operators)
     for entry in summary["not_measured"]:
         colour = "yellow" if entry["status"] == "unsupported" else "red"
         console.print(f"[{colour}]{entry['status']}[/] {entry['case']} round {entry['round']} on {entry['host']}: "

@@ -1,16 +1,20 @@
 """Two runs side by side: ratios per case and metric, flagged where the difference exceeds the spread; for
-serving cases also their curves at equal interactivity and their goodput at the SLO (docs/serving-report.md)."""
+operation cases one ratio per operator and implementation (the geometric mean over its points) instead of one
+per point; for serving cases also their curves at equal interactivity and their goodput at the SLO
+(docs/serving-report.md)."""
 
 from __future__ import annotations
 
 import itertools
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flagperf.results.operators import PointFigures, collect_points, geomean
 from flagperf.results.serving import ServingPoint, serving_points, slo_text
-from flagperf.results.summary import RunSummary, fmt, summarize
+from flagperf.results.summary import RunSummary, fmt, headline_figures, summarize
 
 
 @dataclass(frozen=True)
@@ -24,23 +28,32 @@ class Comparison:
     spread: float | None  # the larger coefficient of variation of the two runs
     spread_over: str | None
     flagged: bool
+    note: str | None = None  # operation rows: points failing in one run only, points in one run only
+    per_operator: bool = False  # an operation row: an operator and implementation over its points
 
     def cells(self) -> list[str]:
         ratio = f"{self.ratio:.3f}" if self.ratio is not None else "-"
         spread = f"±{self.spread:.1%} ({self.spread_over})" if self.spread is not None else "unknown"
         if self.a is None or self.b is None:
-            verdict = "only in " + ("B" if self.a is None else "A")
+            verdict = self.note or "only in " + ("B" if self.a is None else "A")
         else:
-            verdict = "DIFFERENT" if self.flagged else "within spread"
+            verdict = ("DIFFERENT" if self.flagged else "within spread") + (f"; {self.note}" if self.note else "")
         return [self.case, self.metric, self.unit, fmt(self.a), fmt(self.b), ratio, spread, verdict]
 
 
 HEADER = ["case", "metric", "unit", "A", "B", "B/A", "spread (larger)", "verdict"]
+SPREAD_NOTE = ("A difference is flagged when |B/A - 1| exceeds the larger spread (coefficient of variation across "
+               "rounds, or across timed chunks for single-round runs) of the two runs.")
+OPERATION_NOTE = ("Operation cases: one row per operator and implementation; A and B are the geometric means of "
+                  "the figure over the dtype x shape points both runs passed, so B/A is the geometric mean of the "
+                  "points' ratios; its spread is the larger of the runs' median point spread; a point that passed "
+                  "in one run and failed in the other is flagged.")
 
 
 def compare(a: RunSummary, b: RunSummary) -> list[Comparison]:
-    index_a = {(e["case"], e["metric"]): e for e in a.headline}
-    index_b = {(e["case"], e["metric"]): e for e in b.headline}
+    """Per case and metric of the headline; operation points are compared per operator (compare_operations)."""
+    index_a = {(e["case"], e["metric"]): e for e in headline_figures(a.headline)}
+    index_b = {(e["case"], e["metric"]): e for e in headline_figures(b.headline)}
     out = []
     for key in [*index_a, *(k for k in index_b if k not in index_a)]:
         ea, eb = index_a.get(key), index_b.get(key)
@@ -58,12 +71,67 @@ def compare(a: RunSummary, b: RunSummary) -> list[Comparison]:
     return out
 
 
+def _operator_points(points: list[PointFigures]) -> dict[tuple[str, str, str], dict[tuple[str, str], PointFigures]]:
+    """(case, operator, implementation) -> (dtype, shape) -> the point."""
+    grouped: dict[tuple[str, str, str], dict[tuple[str, str], PointFigures]] = {}
+    for p in points:
+        grouped.setdefault((p.case, p.operator, p.implementation), {})[(p.dtype, p.shape)] = p
+    return grouped
+
+
+def _median_spread(points: list[PointFigures]) -> float | None:
+    spreads = [s for p in points if (s := p.spread) is not None]
+    return statistics.median(spreads) if spreads else None
+
+
+def compare_operations(a: list[PointFigures], b: list[PointFigures]) -> list[Comparison]:
+    """Per case, operator and implementation of either run: B/A of the geometric mean of the figure over the
+    dtype x shape points both runs passed, flagged where it exceeds the larger of the runs' median point
+    spread, or where a point passed in one run and failed in the other."""
+    groups_a, groups_b = _operator_points(a), _operator_points(b)
+    out = []
+    for key in [*groups_a, *(k for k in groups_b if k not in groups_a)]:
+        case, operator, impl = key
+        pa, pb = groups_a.get(key, {}), groups_b.get(key, {})
+        both = [k for k in pa if k in pb]
+        shared = [k for k in both if (pa[k].value or 0) > 0 and (pb[k].value or 0) > 0]
+        unit = next((p.bound_unit for p in [*pa.values(), *pb.values()] if p.bound_unit), None) or "-"
+        fail_in_b = sum(pa[k].status == "passed" and pb[k].status == "failed" for k in both)
+        fail_in_a = sum(pa[k].status == "failed" and pb[k].status == "passed" for k in both)
+        notes = [f"{n} point{'s' if n > 1 else ''} failing only in {run}"
+                 for n, run in ((fail_in_b, "B"), (fail_in_a, "A")) if n]
+        notes += [f"{n} point{'s' if n > 1 else ''} only in {run}"
+                  for n, run in ((len(pa) - len(both), "A"), (len(pb) - len(both), "B")) if n and pa and pb]
+        metric = f"{operator} @{impl}: geomean over {len(shared)} of {len(set(pa) | set(pb))} points"
+        if not pa or not pb or not shared:
+            if pa and pb:
+                notes.insert(0, "no point passed in both")
+            out.append(Comparison(case, metric, unit, None, None, None, None, None, bool(fail_in_a or fail_in_b),
+                                  "; ".join(notes) or None, per_operator=True))
+            continue
+        va = geomean([pa[k].value for k in shared])  # type: ignore[misc]
+        vb = geomean([pb[k].value for k in shared])  # type: ignore[misc]
+        ratio = vb / va if va and vb is not None else None
+        spreads = [s for s in (_median_spread([pa[k] for k in shared]), _median_spread([pb[k] for k in shared]))
+                   if s is not None]
+        spread = max(spreads) if spreads else None
+        if ratio is None:
+            differs = False
+        elif spread is None:
+            differs = not math.isclose(ratio, 1.0)
+        else:
+            differs = abs(ratio - 1) > spread
+        out.append(Comparison(case, metric, unit, va, vb, ratio, spread, "median over points" if spreads else None,
+                              differs or bool(fail_in_a or fail_in_b), "; ".join(notes) or None, per_operator=True))
+    return out
+
+
 def render_markdown(a_dir: Path, b_dir: Path, rows: list[Comparison],
                     serving: list[CurveComparison] | None = None) -> str:
-    lines = [f"# Comparison: A = {a_dir.name}, B = {b_dir.name}", "",
-             "A difference is flagged when |B/A - 1| exceeds the larger spread (coefficient of variation across "
-             "rounds, or across timed chunks for single-round runs) of the two runs.", "",
-             "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines = [f"# Comparison: A = {a_dir.name}, B = {b_dir.name}", "", SPREAD_NOTE, ""]
+    if any(r.per_operator for r in rows):
+        lines += [OPERATION_NOTE, ""]
+    lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(r.cells()) + " |" for r in rows]
     if serving:
         lines += ["", *serving_comparison_markdown(serving)]
@@ -72,7 +140,8 @@ def render_markdown(a_dir: Path, b_dir: Path, rows: list[Comparison],
 
 def compare_runs(a_dir: Path, b_dir: Path) -> tuple[list[Comparison], dict[str, Any]]:
     a, b = summarize(a_dir), summarize(b_dir)
-    return compare(a, b), {"a": a.context, "b": b.context}
+    rows = compare(a, b) + compare_operations(collect_points(a_dir), collect_points(b_dir))
+    return rows, {"a": a.context, "b": b.context}
 
 
 # --- serving curves ---------------------------------------------------------------------------------------

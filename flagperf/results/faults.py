@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from flagperf.results.analysis import read_monitors
+from flagperf.results.operators import is_operation
 from flagperf.results.schema import ATTEMPT_FAILURE_FILE, CASE_LOG_FILE, RESULT_FILE, RoundResult, read_result
 
 BOUNDED_NOTE = "bounded by design"  # how a case says its figure is a bound it chose (capacity: max_gib, a share)
@@ -72,14 +73,22 @@ def rerun_faults(run_dir: Path) -> list[str]:
 
 def figure_faults(headline: list[dict[str, Any]], results: list[RoundResult]) -> list[str]:
     found = []
+    above_by_operator: dict[tuple[str, str], list[dict[str, Any]]] = {}  # operation points: a line per operator
     for e in headline:
         label = f"{e['case']} / {e['metric']}"
-        if e.get("above_peak"):
+        if e.get("above_peak") and is_operation(e):
+            above_by_operator.setdefault((e["case"], e["metric"].split(":")[0]), []).append(e)
+        elif e.get("above_peak"):
             found.append(f"{label}: measured {e['ratio']:.1%} of its peak: above the peak means the spec table's "
                          "peak is wrong for this machine (see the peak source below)")
         if e.get("mfu") is not None and e["mfu"] > 1.0:
             found.append(f"{label}: MFU {e['mfu']:.1%} is above 100 %: the case's FLOPs per item do not match "
                          "the model it ran, or the peak is too low; the figure is not an efficiency")
+    for (case, operator), entries in above_by_operator.items():
+        worst = max(entries, key=lambda e: e["ratio"])
+        found.append(f"{case} / {operator}: {len(entries)} figure{'s' if len(entries) > 1 else ''} above the peak, "
+                     f"up to {worst['ratio']:.1%} ({worst['metric']}): above the peak means the spec table's peak "
+                     "is wrong for this machine (see its source in summary.csv)")
     bounds = {(r.case, m.name): m.note for r in results for m in r.metrics if m.note and BOUNDED_NOTE in m.note}
     found += [f"{case} / {metric}: {note}" for (case, metric), note in bounds.items()]
     return found

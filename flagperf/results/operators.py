@@ -1,7 +1,10 @@
-"""The operation family in the run report: an operator x dtype x shape x implementation table (latency, speed-up
-against native, TFLOPS or GB/s, share of the peak, of the roofline and of the measured base spec where the run
-has one, correctness), the geometric-mean speed-up per dtype and implementation, the failed points with their
-errors, and a plot of the speed-ups.
+"""The operation family in the run report, grouped by operator as operator benchmarks read (TritonBench,
+FlagGems' reports): one headline row per operator (implementations compared, points correct, geometric-mean
+speed-up against native per implementation, best share of the roofline), then a section per operator with a
+dtype x shape by implementation table (TFLOPS or GB/s, latency, share of the roofline and of the measured base
+spec where the run has one, speed-up; a failed point is FAILED with its error, never a figure), the
+geometric-mean speed-up per dtype and implementation, the skipped points with their reasons, and a plot of the
+speed-ups.
 
 Reads the rounds' result.json files (RoundResult.operation, written by flagperf.operation.driver); a figure of
 several rounds is their mean."""
@@ -10,14 +13,17 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from flagperf.results.markup import md_text
+from flagperf.results.metrics import coefficient_of_variation
 from flagperf.results.plotting import save_png
-from flagperf.results.schema import RESULT_FILE, read_result
+from flagperf.results.schema import RESULT_FILE, RoundResult, read_result
 
 FAMILY = "operation"
 BASELINE = "native"
@@ -43,8 +49,10 @@ class PointFigures:
     rooflines: list[float] = field(default_factory=list)
     statuses: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    cvs: list[float] = field(default_factory=list)  # each passed round's spread over its timed iterations
     max_abs_error: float | None = None
     reference: str | None = None
+    formula: str | None = None  # the operator's FLOP and byte counting, as the round stated it
 
     @property
     def status(self) -> str:
@@ -61,25 +69,43 @@ class PointFigures:
     def value(self) -> float | None:
         return statistics.fmean(self.values) if self.values and self.status == "passed" else None
 
+    @property
+    def spread(self) -> float | None:
+        """Coefficient of variation of the figure across rounds, or across the timed iterations of one round."""
+        if self.value is None:
+            return None
+        across_rounds = coefficient_of_variation(self.values)
+        return across_rounds if across_rounds is not None else _mean(self.cvs)
+
 
 def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
 def collect_points(run_dir: Path) -> list[PointFigures]:
-    figures: dict[tuple[str, ...], PointFigures] = {}
+    results = []
     for path in sorted(run_dir.glob(f"*/round*/*_noderank*/{RESULT_FILE}")):
         try:
-            result = read_result(path)
+            results.append(read_result(path))
         except (OSError, ValueError):
             continue  # the summary lists unreadable files already
+    return points_of(results)
+
+
+def points_of(results: Iterable[RoundResult]) -> list[PointFigures]:
+    """The operation points of these rounds, one entry per case / operator / dtype / shape / implementation."""
+    figures: dict[tuple[str, ...], PointFigures] = {}
+    for result in results:
         if result.family != FAMILY or result.operation is None:
             continue
         ratios = {m.name: m.ratio for m in result.metrics}
+        cvs = {m.name: m.cv for m in result.metrics}
+        counting = result.operation.counting
         for p in result.operation.points:
             shape = "x".join(f"{k}{v}" for k, v in p.shape.items())
             key = (result.case, p.operator, p.dtype, shape, p.implementation)
             entry = figures.setdefault(key, PointFigures(*key, source=p.source))
+            entry.formula = entry.formula or counting.get(p.operator)
             entry.statuses.append(p.status)
             if p.error:
                 entry.errors.append(p.error)
@@ -89,12 +115,18 @@ def collect_points(run_dir: Path) -> list[PointFigures]:
                 entry.bound_unit = p.unit
                 if p.metric and ratios.get(p.metric) is not None:
                     entry.ratios.append(float(ratios[p.metric]))  # type: ignore[arg-type]
+                if p.metric and cvs.get(p.metric) is not None:
+                    entry.cvs.append(float(cvs[p.metric]))  # type: ignore[arg-type]
                 if p.roofline is not None:
                     entry.rooflines.append(p.roofline)
             if p.max_abs_error is not None:
                 entry.max_abs_error = max(entry.max_abs_error or 0.0, p.max_abs_error)
             entry.reference = p.reference or entry.reference
     return list(figures.values())
+
+
+def point_index(collected: list[PointFigures]) -> dict[tuple[str, ...], PointFigures]:
+    return {(p.case, p.operator, p.dtype, p.shape, p.implementation): p for p in collected}
 
 
 def speedup(point: PointFigures, points: dict[tuple[str, ...], PointFigures]) -> float | None:
@@ -105,10 +137,16 @@ def speedup(point: PointFigures, points: dict[tuple[str, ...], PointFigures]) ->
     return base.latency / point.latency
 
 
+def geomean(values: list[float]) -> float | None:
+    """The geometric mean of positive values; None when there is none."""
+    positive = [v for v in values if v > 0]
+    return math.exp(statistics.fmean(math.log(v) for v in positive)) if positive else None
+
+
 def geomean_speedups(collected: list[PointFigures]) -> list[dict[str, Any]]:
     """Per dtype and implementation (native excluded): the geometric mean of the speed-ups over the points
     both passed, with how many points that is and how many of the implementation's failed."""
-    index = {(p.case, p.operator, p.dtype, p.shape, p.implementation): p for p in collected}
+    index = point_index(collected)
     groups: dict[tuple[str, str], dict[str, Any]] = {}
     for p in collected:
         if p.implementation == BASELINE:
@@ -125,11 +163,84 @@ def geomean_speedups(collected: list[PointFigures]) -> list[dict[str, Any]]:
     rows = []
     for (dtype, impl), entry in sorted(groups.items()):
         values = entry["speedups"]
-        rows.append({"dtype": dtype, "implementation": impl, "points": len(values),
-                     "geomean": math.exp(statistics.fmean(math.log(v) for v in values)) if values else None,
+        rows.append({"dtype": dtype, "implementation": impl, "points": len(values), "geomean": geomean(values),
                      "min": min(values) if values else None, "max": max(values) if values else None,
                      "failed": entry["failed"], "skipped": entry["skipped"]})
     return rows
+
+
+def by_operator(collected: list[PointFigures]) -> dict[tuple[str, str], list[PointFigures]]:
+    """(case, operator) -> its points, in the order the rounds measured them."""
+    grouped: dict[tuple[str, str], list[PointFigures]] = {}
+    for p in collected:
+        grouped.setdefault((p.case, p.operator), []).append(p)
+    return grouped
+
+
+def implementations_of(points: list[PointFigures]) -> list[str]:
+    """The implementations among ``points``: native first, then as measured."""
+    names = list(dict.fromkeys(p.implementation for p in points))
+    return sorted(names, key=lambda name: name != BASELINE)
+
+
+def operator_summaries(collected: list[PointFigures]) -> list[dict[str, Any]]:
+    """One entry per case and operator, for the headline: the implementations compared, the dtype x shape
+    points, how many point x implementation pairs passed, failed and were skipped, the geometric-mean
+    speed-up against native per implementation (over the points both passed) and the best share of the
+    roofline any implementation reached."""
+    index = point_index(collected)
+    entries = []
+    for (case, operator), points in by_operator(collected).items():
+        impls = implementations_of(points)
+        speedups: dict[str, dict[str, Any]] = {}
+        for impl in impls:
+            if impl == BASELINE:
+                continue
+            found = [s for p in points if p.implementation == impl and (s := speedup(p, index)) is not None]
+            speedups[impl] = {"geomean": geomean(found), "points": len(found)}
+        best = max((p for p in points if p.rooflines and p.status == "passed"),
+                   key=lambda p: _mean(p.rooflines) or 0.0, default=None)
+        entries.append({
+            "case": case, "operator": operator,
+            "unit": next((p.bound_unit for p in points if p.bound_unit), None),
+            "implementations": impls, "dtypes": list(dict.fromkeys(p.dtype for p in points)),
+            "shapes": len({(p.dtype, p.shape) for p in points}),
+            "passed": sum(p.status == "passed" for p in points), "failed": sum(p.status == "failed" for p in points),
+            "skipped": sum(p.status == "skipped" for p in points), "speedups": speedups,
+            "best_roofline": _mean(best.rooflines) if best else None,
+            "best_roofline_at": f"{best.implementation} {best.dtype} {best.shape}" if best else None})
+    return entries
+
+
+OPERATOR_HEADER = ["case", "operator", "unit", "implementations", "dtype x shape", "correct",
+                   "geomean speed-up vs native", "best % of roofline"]
+
+
+def operator_cells(entry: dict[str, Any]) -> list[str]:
+    """One operator's headline row (an entry of operator_summaries, also as summary.json keeps it)."""
+    ran = entry["passed"] + entry["failed"]
+    correct = f"{entry['passed']} of {ran}" + (f"; **{entry['failed']} FAILED**" if entry["failed"] else "") \
+        + (f"; {entry['skipped']} skipped" if entry["skipped"] else "")
+    speedups = ", ".join(f"{md_text(impl)} " + ("-" if s["geomean"] is None else f"{s['geomean']:.3g}x")
+                         + f" ({s['points']})" for impl, s in entry["speedups"].items()) or "-"
+    best = "-" if entry["best_roofline"] is None else \
+        f"{_pct(entry['best_roofline'])} ({md_text(entry['best_roofline_at'])})"
+    return [md_text(entry["case"]), md_text(entry["operator"]), entry["unit"] or "-",
+            md_text(", ".join(entry["implementations"])), f"{entry['shapes']} ({', '.join(entry['dtypes'])})",
+            correct, speedups, best]
+
+
+def operator_table(entries: list[dict[str, Any]]) -> list[str]:
+    """The headline's operator table: one row per operator, Markdown."""
+    if not entries:
+        return []
+    return ["| " + " | ".join(OPERATOR_HEADER) + " |", "|" + "---|" * len(OPERATOR_HEADER),
+            *["| " + " | ".join(operator_cells(e)) + " |" for e in entries], ""]
+
+
+def is_operation(entry: dict[str, Any]) -> bool:
+    """A headline entry of an operation point (grouped by operator in the reports, not a row each)."""
+    return entry.get("family") == FAMILY
 
 
 def measured_base(rows: pd.DataFrame | None) -> dict[str, tuple[str, float]]:
@@ -163,60 +274,93 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+CONVENTION = ("Each implementation's output is checked against the operator computed in higher precision before "
+              "it is timed: a wrong result is a FAILED point, never a figure. Latency is the median over the "
+              "timed iterations (mean over rounds); speed-up = native's latency / the implementation's; the "
+              "figure is TFLOPS for compute-bound operators and GB/s for memory-bound ones, counted as each "
+              "round's result.json states; % of roofline = max(FLOPs / peak FLOP/s, bytes / peak bandwidth) / "
+              "latency; % of measured = against the same run's base spec (GEMM max-achievable or copy "
+              "bandwidth); % of peak per point is in summary.csv (ratio).")
 
 
-TABLE_HEADER = ["case", "operator", "dtype", "shape", "implementation", "correct", "latency ms", "speed-up",
-                "figure", "% of peak", "% of roofline", "% of measured", "max abs error"]
+def point_cell(point: PointFigures | None, base: dict[str, tuple[str, float]]) -> str:
+    """One implementation's figure at one dtype and shape: the figure with its unit, latency and shares."""
+    if point is None:
+        return "-"
+    if point.status == "failed":
+        return "**FAILED**"
+    if point.status == "skipped" or point.value is None or point.latency is None:
+        return "skipped"
+    parts = [f"{point.value:.4g} {point.bound_unit}", f"{point.latency * 1e3:.4g} ms"]
+    if point.rooflines:
+        parts.append(f"{_pct(_mean(point.rooflines))} roofline")
+    measured = share_of_measured(point, base)
+    if measured is not None:
+        parts.append(f"{_pct(measured[0])} of measured")
+    return " · ".join(parts)
+
+
+def operator_section(case: str, operator: str, points: list[PointFigures], index: dict[tuple[str, ...], PointFigures],
+                     base: dict[str, tuple[str, float]]) -> list[str]:
+    """A table per operator: a row per dtype and shape, a column per implementation (and its speed-up), the
+    failed points' errors under it."""
+    impls = implementations_of(points)
+    unit = next((p.bound_unit for p in points if p.bound_unit), None)
+    lines = [f"### {md_text(case)} / {md_text(operator)}" + (f" ({unit})" if unit else ""), ""]
+    formula = next((p.formula for p in points if p.formula), None)
+    if formula:
+        lines += [f"Counting: {md_text(formula)}", ""]
+    header = ["dtype", "shape (from)"]
+    for impl in impls:
+        header += [md_text(impl)] if impl == BASELINE else [md_text(impl), f"{md_text(impl)} vs native"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = list(dict.fromkeys((p.dtype, p.shape, p.source) for p in points))
+    for dtype, shape, source in rows:
+        cells = [dtype, f"{shape} ({md_text(source)})"]
+        for impl in impls:
+            point = index.get((case, operator, dtype, shape, impl))
+            cells.append(point_cell(point, base))
+            if impl != BASELINE:
+                ratio = speedup(point, index) if point is not None else None
+                cells.append("-" if ratio is None else f"{ratio:.3g}x")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    failed = [p for p in points if p.status == "failed"]
+    if failed:
+        lines += [f"- **FAILED** {p.dtype} {p.shape} @{md_text(p.implementation)}: "
+                  f"{md_text(p.errors[0] if p.errors else 'no error recorded')}" for p in failed]
+        lines.append("")
+    return lines
 
 
 def operation_markdown(run_dir: Path, rows: pd.DataFrame | None = None) -> list[str]:
-    """The report section for operation cases; nothing when the run has none."""
+    """The report section for operation cases (nothing when the run has none): how the figures are made
+    (once), the geometric-mean speed-up per dtype and implementation, a section per operator with every
+    point, and the skipped points' reasons."""
     collected = collect_points(run_dir)
     if not collected:
         return []
-    index = {(p.case, p.operator, p.dtype, p.shape, p.implementation): p for p in collected}
+    index = point_index(collected)
     base = measured_base(rows)
-    lines = ["## Operators (operation)", "",
-             "Each implementation's output is checked against the operator computed in higher precision before it "
-             "is timed: a wrong result is a failed point, never a figure. Latency is the median over the timed "
-             "iterations (mean over rounds); speed-up = native's latency / the implementation's; the figure is "
-             "TFLOPS for compute-bound operators and GB/s for memory-bound ones, counted as each round's "
-             "result.json states; % of roofline = max(FLOPs / peak FLOP/s, bytes / peak bandwidth) / latency; "
-             "% of measured = against the same run's base spec (GEMM max-achievable or copy bandwidth).", ""]
+    lines = ["## Operators (operation)", "", CONVENTION, ""]
     summary = geomean_speedups(collected)
     if summary:
-        lines += ["### Geometric-mean speed-up against native", "",
+        lines += ["### Geometric-mean speed-up against native, over every operator", "",
                   "| dtype | implementation | geomean | min | max | points | failed | skipped |",
                   "|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {s['dtype']} | {s['implementation']} | {_num(s['geomean'], 3)} | {_num(s['min'], 3)} | "
-                  f"{_num(s['max'], 3)} | {s['points']} | {s['failed']} | {s['skipped']} |" for s in summary]
+        lines += [f"| {s['dtype']} | {md_text(s['implementation'])} | {_num(s['geomean'], 3)} | "
+                  f"{_num(s['min'], 3)} | {_num(s['max'], 3)} | {s['points']} | {s['failed']} | {s['skipped']} |"
+                  for s in summary]
         lines.append("")
-    lines += ["| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
-    for p in collected:
-        measured = share_of_measured(p, base)
-        correct = {"passed": "yes", "failed": "**no**", "skipped": "skipped"}[p.status]
-        latency = "-" if p.latency is None else f"{p.latency * 1e3:.4g}"
-        figure = "-" if p.value is None else f"{p.value:.4g} {p.bound_unit}"
-        cells = [p.case, p.operator, p.dtype, p.shape, p.implementation, correct, latency,
-                 _num(speedup(p, index), 3), figure, _pct(_mean(p.ratios)), _pct(_mean(p.rooflines)),
-                 "-" if measured is None else f"{_pct(measured[0])} of {measured[1]}", _num(p.max_abs_error, 3)]
-        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
-    lines.append("")
-    failed = [p for p in collected if p.status == "failed"]
-    if failed:
-        lines += ["### Failed points (wrong result or error: no figure)", ""]
-        lines += [f"- {p.case} / {p.operator} {p.dtype} {p.shape} @{p.implementation}: {_cell(p.errors[0])}"
-                  for p in failed]
-        lines.append("")
+    for (case, operator), points in by_operator(collected).items():
+        lines += operator_section(case, operator, points, index, base)
     reasons: dict[tuple[str, str], int] = {}
     for p in collected:
         if p.status == "skipped" and p.errors:
             reasons[(p.implementation, p.errors[0])] = reasons.get((p.implementation, p.errors[0]), 0) + 1
     if reasons:
         lines += ["### Skipped (not run, and why)", ""]
-        lines += [f"- @{impl}: {_cell(why)} ({count} point{'s' if count > 1 else ''})"
+        lines += [f"- @{md_text(impl)}: {md_text(why)} ({count} point{'s' if count > 1 else ''})"
                   for (impl, why), count in sorted(reasons.items())]
         lines.append("")
     return lines
@@ -225,7 +369,7 @@ def operation_markdown(run_dir: Path, rows: pd.DataFrame | None = None) -> list[
 def plot_speedups(plt: Any, run_dir: Path, out: Path) -> Path | None:
     """Speed-up against native per operator and dtype (geometric mean over shapes), a bar per implementation."""
     collected = collect_points(run_dir)
-    index = {(p.case, p.operator, p.dtype, p.shape, p.implementation): p for p in collected}
+    index = point_index(collected)
     bars: dict[tuple[str, str], dict[str, list[float]]] = {}
     for p in collected:
         s = speedup(p, index)

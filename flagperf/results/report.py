@@ -11,11 +11,19 @@ from typing import Any
 
 from flagperf.results.analysis import read_monitors
 from flagperf.results.markup import markdown_to_html
+from flagperf.results.operators import FAMILY as OPERATION
 from flagperf.results.operators import plot_speedups
 from flagperf.results.plotting import NOT_DRAWN, pyplot, save_png
 from flagperf.results.schema import read_result, write_text_atomic
 from flagperf.results.serving import serving_plots
-from flagperf.results.summary import REPORT_MD, ROUND_FOLDER, RunSummary, summarize, write_summary
+from flagperf.results.summary import (
+    REPORT_MD,
+    ROUND_FOLDER,
+    RunSummary,
+    headline_figures,
+    summarize,
+    write_summary,
+)
 
 REPORT_HTML = "report.html"
 PLOTS = "plots"
@@ -27,7 +35,8 @@ def _safe(name: str) -> str:
 
 
 def plot_measured_vs_peak(plt: Any, summary: RunSummary, out: Path) -> Path | None:
-    entries = [e for e in summary.headline if e["ratio"] is not None]
+    """A bar per headline figure; operation points have their own plot (a bar per operator and dtype)."""
+    entries = [e for e in headline_figures(summary.headline) if e["ratio"] is not None]
     if not entries:
         return None
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(entries) + 1.2))
@@ -47,7 +56,7 @@ def plot_measured_vs_peak(plt: Any, summary: RunSummary, out: Path) -> Path | No
 
 
 def plot_per_round(plt: Any, summary: RunSummary, out: Path) -> Path | None:
-    rows = summary.rows[summary.rows["metric"].notna()]
+    rows = summary.rows[summary.rows["metric"].notna() & (summary.rows["family"] != OPERATION)]
     groups = list(rows.groupby(["case", "metric"], sort=False))
     if not groups:
         return None

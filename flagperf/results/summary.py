@@ -28,7 +28,13 @@ from flagperf.results.chipstate import CHIP_COLUMNS, headline_state, render_chip
 from flagperf.results.faults import BOUNDED_NOTE, find_faults
 from flagperf.results.markup import md_text
 from flagperf.results.metrics import coefficient_of_variation
-from flagperf.results.operators import operation_markdown
+from flagperf.results.operators import (
+    is_operation,
+    operation_markdown,
+    operator_summaries,
+    operator_table,
+    points_of,
+)
 from flagperf.results.schema import (
     RESULT_FILE,
     Metric,
@@ -75,6 +81,8 @@ class RunSummary:
     retried: list[dict[str, Any]] = field(default_factory=list)
     faults: list[str] = field(default_factory=list)  # what went wrong or was bounded (flagperf/results/faults.py)
     device_spread: list[dict[str, Any]] = field(default_factory=list)  # per host: min, median, max over devices
+    # operation cases: one entry per operator (flagperf/results/operators.py), shown instead of a row per point
+    operators: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def all_succeeded(self) -> bool:
@@ -84,7 +92,8 @@ class RunSummary:
         return {"run_id": self.run_id, "counts": self.counts, "headline": self.headline,
                 "not_measured": self.not_measured, "problems": self.problems, "context": self.context,
                 "monitor_notes": self.monitor_notes, "scaling": self.scaling, "faults": self.faults,
-                "progress": self.progress, "retried": self.retried, "device_spread": self.device_spread}
+                "progress": self.progress, "retried": self.retried, "device_spread": self.device_spread,
+                "operators": self.operators}
 
 
 def load_results(run_dir: Path) -> tuple[list[tuple[Path, RoundResult]], list[str]]:
@@ -228,7 +237,8 @@ def summarize(run_dir: Path) -> RunSummary:
         ratio = mean / peak if peak and group["unit"].iloc[0] == group["peak_unit"].iloc[0] and \
             group["ratio"].notna().all() else None
         headline.append({
-            "case": case, "metric": metric, "value": mean, "unit": group["unit"].iloc[0],
+            "case": case, "metric": metric, "family": group["family"].iloc[0], "value": mean,
+            "unit": group["unit"].iloc[0],
             "p50": _clean(pd.Series([p for p in group["p50"] if p is not None]).median()),
             "spread_cv": cv_rounds if cv_rounds is not None else cv_chunks,
             "spread_over": "rounds" if cv_rounds is not None else ("chunks" if cv_chunks is not None else None),
@@ -278,7 +288,8 @@ def summarize(run_dir: Path) -> RunSummary:
                       counts=counts, problems=problems, context=context, monitor_notes=list(notes),
                       scaling=scaling_table(rows), faults=find_faults(run_dir, loaded, headline),
                       progress=run_progress(run_dir, results),
-                      retried=retried_rounds(run_dir, results), device_spread=spread_over_devices(rows))
+                      retried=retried_rounds(run_dir, results), device_spread=spread_over_devices(rows),
+                      operators=operator_summaries(points_of(results)))
 
 
 def run_progress(run_dir: Path, results: list[RoundResult]) -> dict[str, Any]:
@@ -416,6 +427,44 @@ def render_warnings(summary: RunSummary) -> list[str]:
 
 HEADLINE_HEADER = ["case", "metric", "measured", "unit", "p50", "spread (CV)", "peak", "measured/peak", "MFU",
                    "rounds"]
+OPERATORS_INTRO = ("Operators (operation cases), one row each; correct = points that passed the correctness check "
+                   "of those run; every point is in the report's Operators section.")
+
+
+def headline_figures(headline: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The headline entries shown a row each: every family's but the operation points, which the reports show
+    a row per operator (RunSummary.operators) and a table per operator."""
+    return [e for e in headline if not is_operation(e)]
+
+
+def operation_monitor_entries(headline: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Power, energy and memory of the operation cases: one entry per case over all its operator figures
+    (mean of the means, largest of the maxima); energy per work is per figure, so not combined."""
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for e in headline:
+        if is_operation(e):
+            grouped.setdefault(e["case"], []).append(e)
+    combined = []
+    for case, entries in grouped.items():
+        def mean(key: str, entries: list[dict[str, Any]] = entries) -> float | None:
+            values = [e[key] for e in entries if e.get(key) is not None]
+            return sum(values) / len(values) if values else None
+
+        def largest(key: str, entries: list[dict[str, Any]] = entries) -> float | None:
+            values = [e[key] for e in entries if e.get(key) is not None]
+            return max(values) if values else None
+
+        combined.append({
+            "case": case, "metric": f"all {len(entries)} operator figures", "power_avg_w": mean("power_avg_w"),
+            "power_max_w": largest("power_max_w"), "energy_per_work": None, "energy_per_work_unit": None,
+            "energy_source": next((e["energy_source"] for e in entries if e.get("energy_source")), None),
+            "cpu_percent_mean": mean("cpu_percent_mean"), "mem_used_bytes_max": largest("mem_used_bytes_max"),
+            "mem_total_bytes": largest("mem_total_bytes"), "case_rss_bytes_max": largest("case_rss_bytes_max"),
+            "case_pss_bytes_max": largest("case_pss_bytes_max"), "case_uss_bytes_max": largest("case_uss_bytes_max"),
+            "accel_util_percent_mean": mean("accel_util_percent_mean"),
+            "accel_mem_used_bytes_max": largest("accel_mem_used_bytes_max"),
+            "accel_mem_total_bytes": largest("accel_mem_total_bytes")})
+    return combined
 
 
 def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | str | None = None, *,
@@ -443,12 +492,16 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | str | N
                   f"stopped while running, {len(progress['not_started'])} not started"]
     lines += [f"- rounds: {c['rounds']}" + (f" of {progress['planned']} planned" if progress else "")
               + f" ({c['success']} succeeded, {c['unsupported']} unsupported, {c['failed']} failed)", ""]
-    if summary.headline:
+    figures = headline_figures(summary.headline)
+    if figures:
         lines += ["| " + " | ".join(HEADLINE_HEADER) + " |", "|" + "---|" * len(HEADLINE_HEADER)]
-        lines += ["| " + " | ".join(headline_cells(e)) + " |" for e in summary.headline]
+        lines += ["| " + " | ".join(headline_cells(e)) + " |" for e in figures]
         lines.append("")
+    if summary.operators:
+        lines += [OPERATORS_INTRO, "", *operator_table(summary.operators)]
     lines += render_warnings(summary)
-    lines += render_chip_section(summary.headline)
+    lines += render_chip_section([e for e in summary.headline
+                                  if not is_operation(e) or (e.get("chip") or {}).get("flagged")])
     lines += render_max_achievable(summary.headline)
     if monitor_table:
         lines += render_monitor_section(summary)
@@ -462,7 +515,7 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | str | N
                   for s in summary.scaling]
         lines.append("")
     lines += render_devices(summary.device_spread)
-    if any(e["above_peak"] for e in summary.headline):
+    if any(e["above_peak"] for e in figures):  # operation points: a line per operator in the faults
         lines += ["**A measurement above its peak means the peak is wrong for this machine** (for example a "
                   "CPU that boosts above the clock the spec table could see); see the peak sources below.", ""]
     if summary.not_measured:
@@ -481,12 +534,12 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | str | N
     lines += render_faults(summary)
     if summary.problems:
         lines += ["## Unreadable result files", ""] + [f"- {p}" for p in summary.problems] + [""]
-    if summary.headline:
+    if figures:
         lines += ["## How these numbers were made", "",
                   "Measured = total work / total timed time over all timed chunks (device synchronised at each "
                   "chunk boundary); p50 = median chunk rate; spread = coefficient of variation across rounds, "
                   "or across chunks for a single round.", ""]
-        for e in summary.headline:
+        for e in figures:
             peak = e["peak_source"] or f"none in {e['unit']}"
             mfu = f"; MFU against {e['mfu_peak']}" if e.get("mfu_peak") else ""
             lines.append(f"- {e['case']} / {e['metric']}: {e['convention'] or 'no counting convention'}; "
@@ -582,7 +635,8 @@ def case_memory_cell(e: dict[str, Any]) -> str:
 def render_monitor_section(summary: RunSummary) -> list[str]:
     lines = ["## Power, energy and memory over each timed region", ""]
     lines += ["| " + " | ".join(MONITOR_HEADER) + " |", "|" + "---|" * len(MONITOR_HEADER)]
-    lines += ["| " + " | ".join(monitor_cells(e)) + " |" for e in summary.headline]
+    lines += ["| " + " | ".join(monitor_cells(e)) + " |"
+              for e in [*headline_figures(summary.headline), *operation_monitor_entries(summary.headline)]]
     lines.append("")
     if summary.monitor_notes:
         lines += [f"- {note}" for note in summary.monitor_notes] + [""]

@@ -23,9 +23,10 @@ from starlette.routing import Route
 
 from flagperf.errors import FlagperfError
 from flagperf.results.compare import HEADER as COMPARE_HEADER
-from flagperf.results.compare import compare_runs
+from flagperf.results.compare import OPERATION_NOTE, SPREAD_NOTE, compare_runs
 from flagperf.results.history import figure_trend, list_series
-from flagperf.results.summary import HEADLINE_HEADER, headline_cells
+from flagperf.results.operators import OPERATOR_HEADER, is_operation, operator_cells
+from flagperf.results.summary import HEADLINE_HEADER, OPERATORS_INTRO, headline_cells
 from flagperf.site import trends as drawing
 from flagperf.site.auth import Credentials
 from flagperf.site.runs import PLOT_TYPES, PLOTS, RUN_FILES, list_runs, plot_names, read_served, run_folder, run_info
@@ -94,9 +95,12 @@ def create_app(root: Path, credentials: Credentials | None, history_url: str | N
         if folder is None:
             return not_found(f"no run {run_id}")
         info = run_info(folder)
-        headline = [headline_cells(e) for e in info.summary.get("headline") or []]
+        # The same grouping as report.md: a row per figure, but a row per operator for operation cases.
+        headline = [headline_cells(e) for e in info.summary.get("headline") or [] if not is_operation(e)]
+        operators = [(operator_cells(e), bool(e.get("failed"))) for e in info.summary.get("operators") or []]
         files = [name for name in RUN_FILES if read_served(root, run_id, name) is not None]
         return page("run.html", title=run_id, run=info, header=HEADLINE_HEADER, headline=headline,
+                    operator_header=OPERATOR_HEADER, operators=operators, operators_intro=OPERATORS_INTRO,
                     not_measured=info.summary.get("not_measured") or [], plots=plot_names(folder), files=files)
 
     def run_file(request: Request) -> Response:
@@ -116,7 +120,7 @@ def create_app(root: Path, credentials: Credentials | None, history_url: str | N
     def compare(request: Request) -> Response:
         choices = [r.run_id for r in list_runs(root) if r.summary]
         a, b = request.query_params.get("a"), request.query_params.get("b")
-        rows, error = None, None
+        rows, error, per_operator = None, None, False
         if a and b:
             folder_a, folder_b = run_folder(root, a), run_folder(root, b)
             if folder_a is None or folder_b is None:
@@ -125,10 +129,12 @@ def create_app(root: Path, credentials: Credentials | None, history_url: str | N
                 try:
                     compared, _context = compare_runs(folder_a, folder_b)
                     rows = [(c.cells(), c.flagged) for c in compared]
+                    per_operator = any(c.per_operator for c in compared)
                 except (OSError, ValueError, FlagperfError) as exc:
                     error = f"cannot compare {a} and {b}: {exc}"
         return page("compare.html", 404 if error and error.startswith("no run") else 200, title="Compare",
-                    choices=choices, a=a, b=b, header=COMPARE_HEADER, rows=rows, error=error)
+                    choices=choices, a=a, b=b, header=COMPARE_HEADER, rows=rows, error=error,
+                    notes=[SPREAD_NOTE, *([OPERATION_NOTE] if per_operator else [])])
 
     def trends(request: Request) -> Response:
         engine = open_history(root, history_url)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from flagperf.paths import NAME_PATTERN
+from flagperf.results.operators import is_operation
 from flagperf.results.summary import INTERRUPTED_FILE, PLAN_JSON, SUMMARY_JSON, fmt
 
 RUN_FILES = {"report.html": "text/html; charset=utf-8", "report.md": "text/markdown; charset=utf-8",
@@ -127,6 +128,25 @@ def figure_text(entry: dict[str, Any]) -> str:
     return f"{entry.get('case')} {entry.get('metric')}: {fmt(entry.get('value'))} {entry.get('unit') or ''}".strip()
 
 
+def operator_text(entry: dict[str, Any]) -> str:
+    """An operator of an operation case in a few words: its implementations' geomean speed-ups against native,
+    else how many of its points were correct."""
+    speedups = [f"{impl} {s['geomean']:.3g}x" for impl, s in (entry.get("speedups") or {}).items()
+                if isinstance(s, dict) and isinstance(s.get("geomean"), (int, float))]
+    ran = int(entry.get("passed") or 0) + int(entry.get("failed") or 0)
+    said = ", ".join(speedups) + " vs native" if speedups else f"{entry.get('passed') or 0} of {ran} points correct"
+    failed = f", {entry['failed']} FAILED" if speedups and entry.get("failed") else ""
+    return f"{entry.get('case')} {entry.get('operator')}: {said}{failed}"
+
+
+def headline_texts(summary: dict[str, Any]) -> list[str]:
+    """The run's first headline figures for the list of runs: a figure each, then an operator each (an
+    operation run's points are summed up per operator, not listed)."""
+    figures = [figure_text(e) for e in summary.get("headline") or [] if isinstance(e, dict) and not is_operation(e)]
+    operators = [operator_text(e) for e in summary.get("operators") or [] if isinstance(e, dict)]
+    return [*figures, *operators][:HEADLINE_FIGURES]
+
+
 def run_info(folder: Path) -> RunInfo:
     summary = _read_json(folder / SUMMARY_JSON)
     plan = _read_json(folder / PLAN_JSON)
@@ -142,7 +162,7 @@ def run_info(folder: Path) -> RunInfo:
     return RunInfo(
         run_id=folder.name, started=datetime.fromtimestamp(min(stamps), timezone.utc), outcome=outcome, tone=tone,
         vendor=str(vendor), device=str(context.get("device") or ""), suite=str(plan.get("suite") or ""),
-        figures=[figure_text(e) for e in (summary.get("headline") or [])[:HEADLINE_FIGURES] if isinstance(e, dict)],
+        figures=headline_texts(summary),
         summary=summary, has_report=report is not None and stat.S_ISREG(report.st_mode))
 
 

@@ -1,7 +1,7 @@
 """An operation case through the real flow: evaluate on a real Prefect server -> run_case -> `python -m
 flagperf.entry` in a new process -> every operator of the group native and through a planted wrong library
-(a test vendor folder on FLAGPERF_VENDOR_PATH) -> result.json's points -> the report's operator table, the
-failed points and the speed-up plot."""
+(a test vendor folder on FLAGPERF_VENDOR_PATH) -> result.json's points -> the report's row per operator, its
+table per operator with the failed points and the speed-up plot."""
 
 from __future__ import annotations
 
@@ -36,6 +36,10 @@ def test_an_operation_case_runs_through_the_evaluation(flagperf_env: Path, monke
     assert all(p.status == "failed" and "wrong result" in (p.error or "") for p in by_impl["planted-wrong"])
     assert sorted(m.name for m in result.metrics) == sorted(p.metric for p in by_impl["native"])
     report = (run_dir / "report.md").read_text(encoding="utf-8")
-    assert "## Operators (operation)" in report and "| op-norm | rms_norm | bf16 | R16xC128 | native | yes |" in report
-    assert "### Failed points (wrong result or error: no figure)" in report
-    assert "@planted-wrong: wrong result:" in report
+    # The headline: a row per operator; every point in its operator's table, the failed ones FAILED.
+    assert "| op-norm | rms_norm | GB/s | native, planted-wrong | 2 (fp32, bf16) | 2 of 4; **2 FAILED** | " \
+           "planted-wrong - (0) |" in report
+    section = report[report.index("### op-norm / rms_norm (GB/s)"):]
+    assert "## Operators (operation)" in report and "| bf16 | R16xC128 (" in section
+    assert "| native | planted-wrong | planted-wrong vs native |" in section and "| **FAILED** | - |" in section
+    assert "@planted-wrong: wrong result:" in section

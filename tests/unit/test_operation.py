@@ -256,7 +256,12 @@ def test_the_report_has_the_table_the_geomean_and_the_failed_points(tmp_path: Pa
     (row,) = [r for r in geomean_speedups(collect_points(run_dir)) if r["implementation"] == "fast"]
     assert row["geomean"] == pytest.approx(1.0) and row["points"] == 2 and row["min"] == pytest.approx(0.5)
     assert "| fp16 | fast | 1 | 0.5 | 2 | 2 | 0 | 0 |" in text
-    assert "| op-elementwise | add | fp16 | R4xC8 | fast | yes | 1 | 2 | 1 GB/s | 25.0% | 25.0% | - |" in text
-    assert "| op-elementwise | add | fp16 | R4xC8 | wrong | **no** | - | - | - |" in text
-    assert "wrong result: 1 of 32 elements \\| off" in text  # a '|' in an error cannot break the table
+    # The operator's table: a row per dtype and shape, a column per implementation (native first) and speed-up.
+    assert "| dtype | shape (from) | native | fast | fast vs native | wrong | wrong vs native |" in text
+    assert ("| fp16 | R4xC8 (given) | 1 GB/s · 2 ms · 25.0% roofline | 1 GB/s · 1 ms · 25.0% roofline | 2x | "
+            "**FAILED** | - |") in text
+    assert "| fp16 | R8xC8 (given) | 1 GB/s · 2 ms · 25.0% roofline | 1 GB/s · 4 ms · 25.0% roofline | 0.5x | - | - |" \
+        in text
+    # a '|' in an error cannot break the table
+    assert "- **FAILED** fp16 R4xC8 @wrong: wrong result: 1 of 32 elements \\| off" in text
     assert math.isclose(json.loads(result.model_dump_json())["operation"]["points"][0]["latency_s"], 2e-3)
