@@ -11,11 +11,13 @@ team server's basic auth when it has credentials (see flagperf/site/auth.py).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment, FileSystemLoader
+from markupsafe import Markup, escape
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
@@ -79,6 +81,7 @@ def create_app(root: Path, credentials: Credentials | None, history_url: str | N
     """The site for the results folder ``root``; ``credentials`` None only on a loopback address."""
     root = root.resolve()
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True, trim_blocks=True, lstrip_blocks=True)
+    env.filters["cell"] = table_cell
 
     def page(template: str, status_code: int = 200, **values: Any) -> HTMLResponse:
         return HTMLResponse(env.get_template(template).render(root=root, **values), status_code=status_code)
@@ -186,3 +189,11 @@ def create_app(root: Path, credentials: Credentials | None, history_url: str | N
 
     app.add_exception_handler(404, missing)
     return Guard(app, credentials)
+
+
+BOLD = re.compile(r"\*\*(.+?)\*\*")
+
+
+def table_cell(text: object) -> Markup:
+    """A report table's cell: escaped, with the report's Markdown bold (an error, a FAILED count) shown bold."""
+    return Markup(BOLD.sub(r"<strong>\1</strong>", str(escape(text))))
