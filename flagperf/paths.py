@@ -14,7 +14,7 @@ PROJECT_ROOT = Path(os.environ.get("FLAGPERF_HOME", Path(__file__).resolve().par
 RESULTS_URL_ENV, RESULTS_ROOT_ENV = "FLAGPERF_RESULTS_URL", "FLAGPERF_RESULTS_ROOT"
 RESULTS_DIR_ENV = "FLAGPERF_RESULTS_DIR"  # the folder runs started from a server write to (its site serves it)
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")  # \Z: "$" would let a trailing newline through
 
 
 def _search_path(default: Path, env_var: str) -> list[Path]:

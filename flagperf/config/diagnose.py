@@ -34,6 +34,16 @@ def run_folder(path: Path, option: str) -> Path:
     return path
 
 
+def all_readable(summary: RunSummary, run_dir: Path, option: str) -> RunSummary:
+    """The summary of a run whose every result.json was read: a host whose result is unreadable would drop out
+    of the fleet unnoticed (and the others be judged without it), so the diagnosis is refused, naming the file."""
+    if summary.problems:
+        more = f" ({len(summary.problems) - 1} more)" if len(summary.problems) > 1 else ""
+        raise ConfigError(option, None, f"{run_dir}: {summary.problems[0]}{more}; repair or remove it to diagnose "
+                                        "the run")
+    return summary
+
+
 def history_medians(summary: RunSummary, results_dir: Path, url: str | None = None) -> dict[tuple[str, str], float]:
     """(case, metric) -> the median of the last runs in the history with this run's vendor and device
     (this run itself left out)."""
@@ -60,10 +70,11 @@ def diagnose_run(run_dir: Path, rules_file: Path | None = None, baseline: Path |
         raise ConfigError("flagperf diagnose", None, "give --baseline or --history, not both")
     run_folder(run_dir, "RUN")
     rules = load_rules(rules_file)
-    summary = summary or summarize(run_dir)
+    summary = all_readable(summary or summarize(run_dir), run_dir, "RUN")
     if baseline is not None:
         run_folder(baseline, "--baseline")
-        return diagnose(run_dir, summary.rows, rules, baseline_rows=summarize(baseline).rows,
+        return diagnose(run_dir, summary.rows, rules, baseline_rows=all_readable(summarize(baseline), baseline,
+                                                                                 "--baseline").rows,
                         baseline_name=f"run {baseline.name}")
     if history:
         medians = history_medians(summary, run_dir.parent, history_url)

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")  # \Z: "$" would let a trailing newline through
 # Where benchmark data, weights and results folders usually live on accelerator hosts.
 DATA_ROOTS = ("/data", "/datasets", "/dataset", "/models", "/mnt", "/raid", "/scratch", "/nfs", "/share")
 # Never a data root, nor any folder under them: the OS, its state and sockets, root's home, shared temp space.

@@ -36,7 +36,7 @@ from flagperf.hosts.container_policy import (
     parse_container_options,
     parse_data_mount,
 )
-from flagperf.hosts.slurm_spec import SlurmSpec, slurm_slots
+from flagperf.hosts.slurm_spec import SlurmSpec, slurm_entry_problem, slurm_slots
 from flagperf.paths import display_path
 
 REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")  # ${NAME}: a value taken from the environment
@@ -47,6 +47,7 @@ HOST_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 MAX_HOST_NAME = 253
 ADDRESS_CHARACTERS = re.compile(r"[A-Za-z0-9_.:\[\]%-]+")  # no spaces or quotes, whatever else is wrong
 IPV4_LIKE = re.compile(r"[0-9.]+")  # digits and dots only: an IPv4 address or nothing
+VISIBLE_DEVICE = re.compile(r"-?[A-Za-z0-9_][A-Za-z0-9_./:-]{0,127}")  # 0, -1, GPU-<uuid>, MIG-GPU-<uuid>/1/0
 DEFAULT_MASTER_PORT = 29501
 LOCAL_ADDRESSES = ("local", "localhost", "127.0.0.1")
 
@@ -211,6 +212,16 @@ class HostSpec(StrictModel):
     def _shm(cls, value: str | None) -> str | None:
         if value is not None and not re.fullmatch(r"\d+[bkmgBKMG]?", value):
             raise ValueError(f"{value!r} is not a size such as 32g")
+        return value
+
+    @field_validator("visible_devices")
+    @classmethod
+    def _visible(cls, value: str | None) -> str | None:
+        ids = value.split(",") if value else []
+        if not all(VISIBLE_DEVICE.fullmatch(i) for i in ids):
+            raise ValueError(f"{value!r} is not a comma-separated list of device indices or UUIDs")
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"{value!r} names a device twice")
         return value
 
     @field_validator("visible_devices_env")
@@ -468,6 +479,7 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
     if parsed.vendor is not None:
         check_vendor(parsed.vendor, source, "vendor")
     hosts: list[HostSpec] = []
+    entries: list[int] = []  # each host's entry in the file (a Slurm entry stands for several hosts)
     for i, entry in enumerate(parsed.hosts):
         merged = {**parsed.defaults, **entry}
         if "port" not in entry and _port_in(entry.get("address")):
@@ -480,12 +492,16 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
         except ValidationError as exc:
             error = pydantic_error_to_config_error(exc, source)
             raise ConfigError(source, f"hosts.{i}.{error.key}" if error.key else f"hosts.{i}", error.message) from None
+        problem = slurm_entry_problem(spec.env, spec.project_root) if spec.slurm is not None else None
+        if problem:
+            raise ConfigError(source, f"hosts.{i}.{problem[0]}", problem[1])
         hosts.extend(_expand(slot, base) for slot in slots)
+        entries += [i] * len(slots)
     names = [h.name for h in hosts]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ConfigError(source, "hosts", f"host names must be unique: {', '.join(duplicates)}")
-    for i, spec in enumerate(hosts):
+    for i, spec in zip(entries, hosts, strict=True):
         if spec.key_file is not None and not spec.key_file.is_file():
             raise ConfigError(source, f"hosts.{i}.key_file", f"{spec.key_file} does not exist")
         if spec.agent is None:  # the controller starts this host's cases: its references must resolve here

@@ -68,6 +68,13 @@ class SlurmJobNeverStarted(FlagperfError):
     """The job was still pending at pending_timeout_s (not retried: it would wait the same way again)."""
 
 
+def batch_script(comment: str, commands: list[str]) -> str:
+    """A job script: bash, one comment line, then ``commands`` (each already quoted with shlex). The comment is made
+    of names and paths; anything but printable ASCII becomes '?', so no newline in one can end the comment and
+    start a command or an #SBATCH directive (sbatch reads those up to the first command)."""
+    return "\n".join(["#!/bin/bash", "# " + re.sub(r"[^\x20-\x7e]", "?", comment), *commands, ""])
+
+
 def slurm_env() -> dict[str, str]:
     """The environment of the Slurm tools themselves (their SLURM_CONF): the controller's, without Slurm's job
     variables (the controller may itself run inside an allocation) or its S*_ option variables."""
@@ -382,15 +389,13 @@ class SlurmHost(LocalHost):
         try:
             exit_file = folder / EXIT_FILE
             step = ["srun", "--nodes=1", "--ntasks=1", *self.container_options(), *argv]
-            script = "\n".join([
-                "#!/bin/bash",
-                f"# flagperf: {shlex.join(argv)[:200]} on {self.name}",
+            script = batch_script(f"flagperf: {shlex.join(argv)[:200]} on {self.name}", [
                 shlex.join(["touch", str(folder / START_FILE)]),
                 shlex.join(step),
                 "code=$?",
                 f"printf '{{\"exit_code\": %d}}\\n' \"$code\" > {shlex.quote(str(folder / '.exit.tmp'))}",
                 shlex.join(["mv", str(folder / ".exit.tmp"), str(exit_file)]),
-                "exit \"$code\"", ""])
+                "exit \"$code\""])
             (folder / SCRIPT_FILE).write_text(script, encoding="utf-8")
             rank = Rank(0, self.slurm.node, folder, folder, argv, [])
             job = SlurmJob(self.slurm, self.job_name(f"{self.name}-{Path(argv[-1]).name}"), [rank],
@@ -566,8 +571,8 @@ class SlurmRuntime(Runtime):
         step = ["srun", f"--nodes={len(ranks)}", f"--ntasks={len(ranks)}", "--ntasks-per-node=1",
                 *host.container_options(), host.python, "-m", "flagperf.hosts.slurm_node", str(folder / PLAN_FILE)]
         names = ", ".join(f"{h.name} (node {r.rank})" for r, h in members)
-        host.write_text(folder / SCRIPT_FILE, "\n".join([
-            "#!/bin/bash", f"# flagperf: {label} on {names}; written by the controller", shlex.join(step), ""]))
+        host.write_text(folder / SCRIPT_FILE, batch_script(f"flagperf: {label} on {names}; written by the controller",
+                                                           [shlex.join(step)]))
         nodes = [r.node for r in ranks]
         job = SlurmJob(host.slurm, host.job_name(f"{host.name}-{label}"), ranks,
                        folder / "slurm-%j.out", timeout_s)

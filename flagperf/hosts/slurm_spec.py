@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from flagperf.config.models import StrictModel
 
@@ -21,10 +21,38 @@ SLURM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 GRES = re.compile(r"[A-Za-z0-9_]+(:[A-Za-z0-9_.-]+)?(:[0-9]+)?(,[A-Za-z0-9_]+(:[A-Za-z0-9_.-]+)?(:[0-9]+)?)*")
 CONSTRAINT = re.compile(r"[A-Za-z0-9_.&|,()\[\]*:!-]{1,256}")
 IMAGE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./:@#+-]{0,511}")  # docker://-less pyxis names, sqsh files
+# Paths that reach sbatch/srun options (--output, --chdir, --container-mounts' SRC:DST[:ro],... list): absolute,
+# and none of the separators of those lists, Slurm's %-patterns or control characters (a newline in a job
+# script could start an #SBATCH line).
+PATH_REFUSED = re.compile(r"[,:%\x00-\x1f\x7f]")
+# Environment variables that sbatch and srun read as their own options (SBATCH_PARTITION, SRUN_CPUS_PER_TASK ...)
+# or that point them at another cluster (SLURM_CONF): an entry's env would bypass the checks of its slurm: keys.
+SLURM_OPTION_ENV = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")
+
+
+def slurm_path_problem(value: Path) -> str | None:
+    """Why ``value`` may not be a path of a Slurm entry (shared_dir, project_root), or None."""
+    if not value.is_absolute() or ".." in value.parts or PATH_REFUSED.search(str(value)):
+        return f"{str(value)!r} must be an absolute path without '..', ',', ':', '%' or control characters"
+    return None
+
+
+def slurm_entry_problem(env: dict[str, str], project_root: Path | None) -> tuple[str, str] | None:
+    """(key, why) for what a Slurm entry's other keys may not hold, or None: the variables sbatch and srun read
+    as options, and a project_root that would break the job's options (it is mounted into the container)."""
+    for name in env:
+        if name.startswith(SLURM_OPTION_ENV):
+            return f"env.{name}", ("sbatch and srun read this variable as an option of theirs; set it with the "
+                                   "entry's slurm: keys")
+    problem = slurm_path_problem(project_root) if project_root is not None else None
+    return ("project_root", problem) if problem else None
 
 
 class SlurmSpec(StrictModel):
     """Where and how each round of this entry runs as a Slurm job."""
+
+    # no inf or nan: a time limit of .inf would only fail when the job's --time is computed, mid-run
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     partition: str | None = Field(default=None, description="sbatch --partition; the cluster's default if unset")
     account: str | None = Field(default=None, description="sbatch --account")
@@ -100,15 +128,16 @@ class SlurmSpec(StrictModel):
         for mount in value:
             parts = mount.split(":")
             if len(parts) not in (2, 3) or not all(p.startswith("/") for p in parts[:2]) or "," in mount \
-                    or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+                    or (len(parts) == 3 and parts[2] not in ("ro", "rw")) or re.search(r"[\s\x00-\x1f\x7f]", mount):
                 raise ValueError(f"{mount!r}: expected /SRC:/DST[:ro|rw]")
         return value
 
     @field_validator("shared_dir")
     @classmethod
     def _shared(cls, value: Path) -> Path:
-        if not value.is_absolute() or ".." in value.parts or any(c in str(value) for c in ",:%\n"):
-            raise ValueError(f"{value} must be an absolute path without '..', ',', ':' or '%'")
+        problem = slurm_path_problem(value)
+        if problem:
+            raise ValueError(problem)
         return value
 
     @model_validator(mode="after")

@@ -59,11 +59,15 @@ def host_devices(manifest: VendorManifest, environ: dict[str, str] | None = None
                                                                                usable_cpus()))]
     visible_env = manifest.container.visible_devices_env
     listed = [part.strip() for part in env.get(visible_env, "").split(",") if part.strip()] if visible_env else []
+    listed = list(dict.fromkeys(listed))  # a device named twice is measured once
     module = torch.get_device_module(manifest.torch_device)
     count = int(module.device_count()) if module.is_available() else 0
     if listed:  # the host (or the inventory) already narrowed the devices: those are the host's devices here
         count = min(count, len(listed)) if count else len(listed)
-        return [DeviceSlot(int(v) if v.isdigit() else i, visible=v) for i, v in enumerate(listed[:count])]
+        indices = [int(v) if v.isdigit() else i for i, v in enumerate(listed[:count])]
+        if len(set(indices)) != len(indices):  # "1,GPU-..." would give two devices index 1 (one folder, one figure)
+            indices = list(range(len(indices)))
+        return [DeviceSlot(index, visible=v) for index, v in zip(indices, listed[:count], strict=True)]
     if visible_env:
         return [DeviceSlot(i, visible=str(i)) for i in range(max(count, 1))]
     return [DeviceSlot(i) for i in range(max(count, 1))]

@@ -18,6 +18,7 @@ import fnmatch
 import json
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -26,6 +27,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from flagperf.results.analysis import read_monitors
+from flagperf.results.markup import md_text
 from flagperf.results.schema import RESULT_FILE, read_result, write_json_atomic, write_text_atomic
 
 MAD_TO_SIGMA = 1.4826  # MAD x this = the standard deviation, for normally distributed figures
@@ -120,11 +122,12 @@ class Check:
     limit: str  # the limit in words: ">= 0.95 x fleet median"
     status: Status
 
-    def line(self) -> str:
+    def line(self, text: Callable[[str], str] = str) -> str:
+        """In words; ``text`` renders the figure's names (a case's metric and unit: md_text in Markdown)."""
         value = "-" if self.value is None else f"{self.value:.4g}"
         ratio = f" = {self.ratio:.3f}" if self.ratio is not None else ""
         ref = f" of {self.reference:.4g}" if self.reference is not None and self.ratio is not None else ""
-        return f"{self.rule}: {self.what} {value}{ratio}{ref}, needs {self.limit}: {self.status}"
+        return f"{self.rule}: {text(self.what)} {value}{ratio}{ref}, needs {self.limit}: {self.status}"
 
 
 @dataclass
@@ -398,22 +401,24 @@ def render_markdown(diagnosis: Diagnosis, heading: str = "#") -> str:
     if diagnosis.fleet:
         lines += [f"{sub} Fleet", "", "| case | metric | devices | median | MAD | hosts | host median | rules |",
                   "|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {f['case']} | {f['metric']} | {f['devices']} | {f['median']:.4g} {f['unit']} | {f['mad']:.3g} | "
-                  f"{f['hosts']} | {f['host_median']:.4g} | {', '.join(f['rules']) or '-'} |" for f in diagnosis.fleet]
+        lines += [f"| {f['case']} | {md_text(f['metric'])} | {f['devices']} | {f['median']:.4g} {md_text(f['unit'])} "
+                  f"| {f['mad']:.3g} | {f['hosts']} | {f['host_median']:.4g} | {', '.join(f['rules']) or '-'} |"
+                  for f in diagnosis.fleet]
         lines.append("")
     lines += [f"{sub} Hosts", "", "| host | verdict | why |", "|---|---|---|"]
     for host in diagnosis.hosts:
-        why = "; ".join(c.line() for c in host.failed) or (
+        why = "; ".join(c.line(md_text) for c in host.failed) or (
             "every rule passed" if host.status == "pass" else "no rule applied")
         lines.append(f"| {host.host} | **{host.status}** | {why} |" if host.status == "fail"
                      else f"| {host.host} | {host.status} | {why} |")
     lines += ["", f"{sub} Devices", "", "| host | device | verdict | checks |", "|---|---|---|---|"]
     for device in diagnosis.devices:
-        checks = "; ".join(c.line() for c in (device.failed or device.checks)) or "-"
-        index = "-" if device.device == -1 else f"{device.device}" + (f" ({device.uuid})" if device.uuid else "")
+        checks = "; ".join(c.line(md_text) for c in (device.failed or device.checks)) or "-"
+        uuid = f" ({md_text(device.uuid)})" if device.uuid else ""  # from the monitor's file, as the host wrote it
+        index = "-" if device.device == -1 else f"{device.device}{uuid}"
         lines.append(f"| {device.host} | {index} | {device.status} | {checks} |")
     if diagnosis.notes:
-        lines += ["", *[f"- {note}" for note in diagnosis.notes]]
+        lines += ["", *[f"- {md_text(note)}" for note in diagnosis.notes]]
     return "\n".join(lines) + "\n"
 
 

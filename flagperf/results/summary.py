@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from pydantic import ValidationError
 
 from flagperf.results.analysis import (
     MonitorSeries,
@@ -102,8 +103,16 @@ def load_results(run_dir: Path) -> tuple[list[tuple[Path, RoundResult]], list[st
     for path in sorted(run_dir.glob(f"*/round*/*_noderank*/{RESULT_FILE}")):
         if not ROUND_FOLDER.fullmatch(path.parent.name):  # e.g. .<host>_noderank0.partial during collection
             continue
+        if not path.is_file():  # a FIFO would block the read, /dev/zero never end it
+            problems.append(f"{path.relative_to(run_dir)}: unreadable result (not a regular file)")
+            continue
         try:
             results.append((path.parent, read_result(path)))
+        except ValidationError as exc:  # which key, not "1 validation error for RoundResult"
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            problems.append(f"{path.relative_to(run_dir)}: unreadable result ({where + ': ' if where else ''}"
+                            f"{first['msg']})")
         except (OSError, ValueError) as exc:
             problems.append(f"{path.relative_to(run_dir)}: unreadable result ({str(exc).splitlines()[0]})")
     return results, problems

@@ -217,3 +217,32 @@ def _cmdline(process: psutil.Process) -> list[str]:
         return process.cmdline()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return []
+
+
+def test_hostile_words_reach_no_sbatch_directive_and_a_refused_entry_submits_nothing(
+        tmp_path: Path, cluster: tuple[Testbed, SlurmBed]) -> None:
+    """A newline and '#SBATCH --error=FILE' in the words of a job (its script's comment line quotes them): the
+    real sbatch reads no directive from them (no FILE appears) and the job runs them as one word. An entry whose
+    partition holds such text is refused before anything is submitted."""
+    from flagperf.hosts.inventory import load_inventory
+    from flagperf.hosts.slurm import SlurmHost
+
+    bed, slurm = cluster
+    injected = tmp_path / "injected.err"  # created by slurmd at the job's start if the directive were read
+    path = Path(inventory(tmp_path, bed, ROOT, "inert", nodelist=slurm.node_names[:1]))
+    (spec,) = load_inventory(path).hosts
+    result = SlurmHost(spec).run(["true", f"x\n#SBATCH --error={injected}\n"], timeout=120)
+    assert not injected.exists()
+    assert (result.exit_code, result.timed_out) == (0, False)
+    assert queued("flagperf-inert") == []
+
+    entry = yaml.safe_load(path.read_text())
+    entry["hosts"][0]["slurm"]["partition"] = f"{slurm.partition}\n#SBATCH --error={injected}"
+    path.write_text(yaml.safe_dump(entry))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_API_URL="http://127.0.0.1:1/api")
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "run", "--inventory", str(path), "--cases",
+                           "computation-FP32", "--results", str(tmp_path / "results")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2 and "hosts.0.slurm.partition: " in done.stderr, done.stderr
+    assert queued("flagperf-inert") == [] and not injected.exists() and not (tmp_path / "results").exists()

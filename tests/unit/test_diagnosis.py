@@ -18,6 +18,7 @@ from flagperf.results.diagnosis import (
     diagnose,
     figure_checks,
     median_absolute_deviation,
+    render_markdown,
     robust_z,
 )
 from flagperf.results.schema import Metric, RoundResult, round_dir, write_result
@@ -218,3 +219,16 @@ def test_diagnose_run_reads_the_history_baseline(tmp_path: Path) -> None:
     assert sorted(h.host for h in found.failed_hosts) == ["h1", "h2", "h3", "h4"]
     check = found.hosts[0].checks[0]
     assert check.reference == pytest.approx(98.75 * 1.25)
+
+
+def test_a_cases_names_in_the_diagnosis_stay_text(tmp_path: Path) -> None:
+    """A metric name and unit come from a case's code: in diagnosis.md (and the report's section) a '|' or a
+    newline in them opens no table cell and breaks no row, and '<' starts no HTML."""
+    run = tmp_path / "run1"
+    for host, values in FLEET.items():
+        put_round(run, host, values, metric="gemm_bf16|x\n<b>")
+    text = render_markdown(diagnose(run, summarize(run).rows, rules(GEMM_RULE)))
+    for section in text.split("\n## ")[1:]:  # each table's rows have its header's cells, and no row is cut
+        rows = [line.replace("\\|", "") for line in section.splitlines()[1:] if line.strip()]
+        assert rows and all(row.startswith("|") and row.count("|") == rows[0].count("|") for row in rows), section
+    assert "<b>" not in text and "gemm\\_bf16" not in text and "gemm_bf16\\|x &lt;b>" in text

@@ -46,6 +46,11 @@ def test_the_devices_of_a_vendor(split_vendor: str) -> None:
     listed = host_devices(nvidia, {"CUDA_VISIBLE_DEVICES": "2,5"})
     assert [(s.index, s.visible) for s in listed] == [(2, "2"), (5, "5")]
     assert narrow_environment(nvidia, listed[1], {"CUDA_VISIBLE_DEVICES": "2,5"})["CUDA_VISIBLE_DEVICES"] == "5"
+    # A device listed twice is measured once; ids that would give two devices one index are numbered instead.
+    twice = host_devices(nvidia, {"CUDA_VISIBLE_DEVICES": "2,5,2"})
+    assert [(s.index, s.visible) for s in twice] == [(2, "2"), (5, "5")]
+    mixed = host_devices(nvidia, {"CUDA_VISIBLE_DEVICES": "1,GPU-a1b2"})
+    assert [(s.index, s.visible) for s in mixed] == [(0, "1"), (1, "GPU-a1b2")]
 
 
 def test_the_host_spread_is_min_median_max_with_the_lowest_device() -> None:

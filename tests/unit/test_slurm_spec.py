@@ -4,6 +4,9 @@ tests/integration/test_slurm.py)."""
 
 from __future__ import annotations
 
+import itertools
+import shlex
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +15,7 @@ import yaml
 
 from flagperf.errors import ConfigError
 from flagperf.hosts.inventory import load_inventory
-from flagperf.hosts.slurm import SlurmHost, gres_missing, parse_gres
+from flagperf.hosts.slurm import SlurmHost, batch_script, gres_missing, parse_gres
 from flagperf.hosts.slurm_node import my_rank
 
 
@@ -47,12 +50,50 @@ def test_a_node_count_becomes_numbered_slots_and_one_node_keeps_the_name(tmp_pat
     ({"shared_dir": "relative/dir"}, "hosts.0.slurm.shared_dir", "absolute path"),
     ({"container_mounts": ["/a:/b,/etc:/etc"]}, "hosts.0.slurm.container_mounts", "expected /SRC:/DST"),
     ({"pending_timeout_s": 0}, "hosts.0.slurm.pending_timeout_s", "greater than 0"),
+    ({"partition": "p1\n#SBATCH --uid=0"}, "hosts.0.slurm.partition", "not a Slurm name"),
+    ({"qos": "$(touch marker)"}, "hosts.0.slurm.qos", "not a Slurm name"),
+    ({"container_mounts": ["/a\n#SBATCH --uid=0:/b"]}, "hosts.0.slurm.container_mounts", "expected /SRC:/DST"),
+    ({"shared_dir": "/tmp/s\r#SBATCH --uid=0"}, "hosts.0.slurm.shared_dir", "control characters"),
+    ({"time_slack_s": float("inf")}, "hosts.0.slurm.time_slack_s", "finite number"),
 ])
 def test_a_bad_value_is_refused_in_one_line_naming_the_key(tmp_path: Path, slurm: dict[str, Any], key: str,
                                                            words: str) -> None:
     with pytest.raises(ConfigError) as info:
         load_inventory(write(tmp_path, **slurm))
     assert info.value.key == key and words in info.value.message and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("entry", "key", "words"), [
+    ({"env": {"SBATCH_PARTITION": "other"}}, "hosts.0.env.SBATCH_PARTITION", "sbatch and srun read this variable"),
+    ({"env": {"SRUN_CONTAINER": "x"}}, "hosts.0.env.SRUN_CONTAINER", "sbatch and srun read this variable"),
+    ({"env": {"SLURM_CONF": "/tmp/other.conf"}}, "hosts.0.env.SLURM_CONF", "sbatch and srun read this variable"),
+    ({"project_root": "/opt/flagperf,/:/host"}, "hosts.0.project_root", "without '..', ',', ':'"),
+    ({"project_root": "/opt/flagperf\n#SBATCH --uid=0"}, "hosts.0.project_root", "control characters"),
+])
+def test_an_entry_cannot_reach_sbatch_options_around_its_slurm_keys(tmp_path: Path, entry: dict[str, Any],
+                                                                    key: str, words: str) -> None:
+    """sbatch and srun read SBATCH_*/SRUN_*/SLURM_* variables as options, and project_root is one item of the
+    container's comma-separated SRC:DST mounts: either would bypass the checks of the slurm: keys."""
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump({"hosts": [{"name": "gpu", **entry, "slurm": {"shared_dir": str(tmp_path)}}]}))
+    with pytest.raises(ConfigError) as info:
+        load_inventory(path)
+    assert info.value.key == key and words in info.value.message and "\n" not in str(info.value)
+
+
+def test_a_job_scripts_comment_cannot_end_early(tmp_path: Path) -> None:
+    """Names and paths in the comment line of a job script, and quoted words of its commands, with newlines,
+    #SBATCH and $(...): sbatch reads no directive from them (those come before the first command) and bash runs
+    each word as the one word it is."""
+    hostile = "x\n#SBATCH --uid=0\n$(touch marker)\n"
+    script = batch_script(f"flagperf: {hostile} on gpu", [shlex.join(["printf", "%s", hostile])])
+    header = list(itertools.takewhile(lambda line: line.startswith("#") or not line.strip(),
+                                      script.splitlines()[1:]))
+    assert len(header) == 1 and not any(line.startswith("#SBATCH") for line in header), script
+    (tmp_path / "job.sh").write_text(script)
+    done = subprocess.run(["bash", "job.sh"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (0, hostile, "")
+    assert not (tmp_path / "marker").exists()
 
 
 def test_a_slurm_entry_runs_its_own_jobs(tmp_path: Path) -> None:
