@@ -20,7 +20,9 @@ from flagperf.config.models import StrictModel
 SLURM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 GRES = re.compile(r"[A-Za-z0-9_]+(:[A-Za-z0-9_.-]+)?(:[0-9]+)?(,[A-Za-z0-9_]+(:[A-Za-z0-9_.-]+)?(:[0-9]+)?)*")
 CONSTRAINT = re.compile(r"[A-Za-z0-9_.&|,()\[\]*:!-]{1,256}")
-IMAGE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./:@#+-]{0,511}")  # docker://-less pyxis names, sqsh files
+IMAGE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./:@#+-]{0,511}")  # docker://-less pyxis names, relative sqsh files
+# An absolute squash file (enroot import's output): no segment starts with '.', so none is '..'.
+SQUASH_FILE = re.compile(r"(/[A-Za-z0-9_][A-Za-z0-9_.+-]{0,255})+\.sqsh")
 # Paths that reach sbatch/srun options (--output, --chdir, --container-mounts' SRC:DST[:ro],... list): absolute,
 # and none of the separators of those lists, Slurm's %-patterns or control characters (a newline in a job
 # script could start an #SBATCH line).
@@ -118,8 +120,8 @@ class SlurmSpec(StrictModel):
     @field_validator("container_image")
     @classmethod
     def _image(cls, value: str | None) -> str | None:
-        if value is not None and not IMAGE.fullmatch(value):
-            raise ValueError(f"{value!r} is not an image name or path")
+        if value is not None and not (IMAGE.fullmatch(value) or SQUASH_FILE.fullmatch(value)):
+            raise ValueError(f"{value!r} is not an image name or an absolute .sqsh path")
         return value
 
     @field_validator("container_mounts")

@@ -124,6 +124,12 @@ def test_a_container_image_mounts_the_shared_folder_and_the_project(tmp_path: Pa
         f"--container-workdir={host.project_root}"]
     (plain,) = load_inventory(write(tmp_path)).hosts
     assert SlurmHost(plain).container_options() == []
+    # A squash file enroot made is named by its absolute path, as pyxis takes it; one that climbs out is refused.
+    (squash,) = load_inventory(write(tmp_path, container_image="/shared/images/pytorch+24.05.sqsh")).hosts
+    assert SlurmHost(squash).container_options()[0] == "--container-image=/shared/images/pytorch+24.05.sqsh"
+    for bad in ("/shared/../etc/x.sqsh", "/shared/images/x.tar", "/shared/a b.sqsh"):
+        with pytest.raises(ConfigError, match=r"slurm\.container_image"):
+            load_inventory(write(tmp_path, container_image=bad))
 
 
 def test_a_node_finds_its_rank_by_name_when_pinned_else_by_node_id(monkeypatch: pytest.MonkeyPatch) -> None:
