@@ -59,6 +59,15 @@ class Target:
     exact_fields: Callable[[int], dict[str, Any]] | None = None  # output_len -> fields (None: not exact)
     request_timeout_s: float = 600.0
 
+    def redact(self, text: str) -> str:
+        """``text`` with the headers' values (the endpoint's key) masked: an error that quotes what was sent (a
+        proxy's 401 page, a protocol error) must not carry the key into requests.jsonl or a log."""
+        for value in self.headers.values():
+            for secret in {value, value.split(" ", 1)[-1]}:
+                if len(secret) >= 4:
+                    text = text.replace(secret, "***")
+        return text
+
     @property
     def url(self) -> str:
         return f"{self.base_url}/v1/{'chat/completions' if self.api == 'chat' else 'completions'}"
@@ -164,7 +173,7 @@ async def send_request(client: httpx.AsyncClient, target: Target, prompt: Servin
         async with client.stream("POST", target.url, json=target.body(prompt), headers=target.headers,
                                  timeout=target.request_timeout_s) as response:
             if response.status_code != 200:
-                text = (await response.aread()).decode("utf-8", "replace")
+                text = target.redact((await response.aread()).decode("utf-8", "replace"))
                 record.error = f"HTTP {response.status_code}: {' '.join(text.split())[:ERROR_TEXT_LIMIT]}"
             else:
                 async for line in response.aiter_lines():
@@ -174,11 +183,12 @@ async def send_request(client: httpx.AsyncClient, target: Target, prompt: Servin
                     data = line[5:].strip()
                     if data == "[DONE]":
                         break
-                    _read_event(data, now - start, record, parts, target.api)
+                    _read_event(target.redact(data) if target.headers else data, now - start, record, parts,
+                                target.api)
                     if record.error is not None:
                         break
     except (httpx.HTTPError, OSError) as exc:
-        record.error = f"{type(exc).__name__}: {str(exc) or 'no detail'}"[:ERROR_TEXT_LIMIT]
+        record.error = f"{type(exc).__name__}: {target.redact(str(exc)) or 'no detail'}"[:ERROR_TEXT_LIMIT]
     record.e2el_s = time.perf_counter() - start
     record.output_text = "".join(parts)
     if record.ok:

@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, ValidationInfo, field_serializer, field_validator, model_validator
 
 from flagperf.config.cases import available_cases, load_case
+from flagperf.config.endpoints import Endpoint
 from flagperf.config.models import StrictModel, check_name, pydantic_error_to_config_error
 from flagperf.config.vendors import Vendor, available_vendors, load_vendor
 from flagperf.config.yamlio import load_yaml_mapping
@@ -496,11 +497,17 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
                     raise ConfigError(source, f"hosts.{i}.{exc.key}", exc.message) from None
         _LOADED[spec.model_dump_json()] = spec
         _ORIGINS[spec.model_dump_json()] = (source, f"hosts.{i}.")
-    for name in parsed.endpoints:
+    for name, entry in parsed.endpoints.items():
         try:
             check_name(name, "endpoint name")
         except ValueError as exc:
             raise ConfigError(source, f"endpoints.{name}", str(exc)) from None
+        try:  # here, not only when a case names it: a literal key must not sit in an inventory unnoticed
+            Endpoint.model_validate(entry)
+        except ValidationError as exc:
+            error = pydantic_error_to_config_error(exc, source)
+            raise ConfigError(source, f"endpoints.{name}.{error.key}" if error.key else f"endpoints.{name}",
+                              error.message) from None
     return Inventory(hosts=hosts, source=source, vendor=parsed.vendor, master_port=parsed.master_port,
                      endpoints=dict(parsed.endpoints))
 

@@ -200,7 +200,8 @@ def test_a_server_that_never_gets_ready_fails_within_its_timeout(tmp_path: Path)
 
 
 def test_a_server_that_exits_before_ready_fails_with_its_log_tail(tmp_path: Path) -> None:
-    spec = ServerSpec(command=["{python}", "-c", "import sys; print('no such model: {model_dir}'); sys.exit(3)"])
+    spec = ServerSpec(command=["{python}", "-c", "import sys; print('no such model: ' + sys.argv[1]); sys.exit(3)",
+                               "{model_dir}"])
     with pytest.raises(ServerFailed, match=r"exited 3 before it was ready.*no such model: /m") as err:
         start_server(spec, {"model_dir": "/m"}, [], {}, tmp_path / SERVER_LOG, ready_timeout_s=600.0)
     assert err.value.user
