@@ -7,12 +7,14 @@ lines, goodput on hand-made traces, and the serving keys' one-line errors."""
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import psutil
 import pytest
@@ -375,29 +377,46 @@ def test_python_is_the_running_one() -> None:  # the {python} placeholder: the c
 
 
 
-def test_a_case_measures_an_endpoint_the_inventory_names(served: ServerProcess, model_dir: Path, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """`endpoint: NAME` in the case, the server's address, model and key reference in the inventory's endpoints:
-    the plan puts the inventory's entry in the config once (its origin says so), and the round loads that running
-    server, starting none. A name the inventory does not list is one line naming the key and what it lists."""
+SECRET = "sk-flagperf-canary-7f3e9c2a51d84b06"  # distinctive: found only if the key itself leaked
+
+
+def _files_holding(secret: str, folder: Path) -> list[str]:
+    """Every file under folder (records, logs, metrics, plots) whose bytes hold the secret."""
+    return [str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+
+
+def _endpoint_job(tmp_path: Path, base_url: str, model: str, *sets: str) -> tuple[Job, Path]:
+    """The plan of tiny-llama-serve on the inventory's endpoint `lab` (its key: ${LAB_SERVING_KEY}) as the flow
+    would make it, and an empty round folder."""
     from flagperf.hosts.inventory import load_inventory
 
-    monkeypatch.setenv("LAB_SERVING_KEY", "not-a-real-key")
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(json.dumps({"hosts": [{"name": "localhost"}], "endpoints": {"lab": {
-        "base_url": served.base_url, "model": str(model_dir), "api_key": "${LAB_SERVING_KEY}", "devices": 2}}}))
+        "base_url": base_url, "model": model, "api_key": "${LAB_SERVING_KEY}", "devices": 2}}}))
     inv = load_inventory(inventory)
-    sets = ["endpoint=lab", "concurrency=[1]", "request_rates=[]", "requests=2", "max_new_tokens=4"]
-    plan = plan_run(cases=["tiny-llama-serve"], sets=sets, results_dir=tmp_path / "results",
+    plan = plan_run(cases=["tiny-llama-serve"], sets=["endpoint=lab", *sets], results_dir=tmp_path / "results",
                     inventory_endpoints=inv.endpoints, inventory_source=inv.source)
     cp = plan.cases[0]
-    assert cp.config["endpoint"]["base_url"] == served.base_url and cp.config["endpoint"]["api_key"] == \
-        "${LAB_SERVING_KEY}"  # the reference travels, never the key
+    assert cp.config["endpoint"]["api_key"] == "${LAB_SERVING_KEY}"  # the reference travels, never the key
     assert cp.origins["endpoint"].endswith("endpoints.lab")
-    job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, host="localhost", vendor="cpu",
-              config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={})
+    assert SECRET not in plan.model_dump_json()
     out = tmp_path / "round"
     out.mkdir()
+    return Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, host="localhost", vendor="cpu",
+               config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={}), out
+
+
+def test_a_case_measures_an_endpoint_the_inventory_names(served: ServerProcess, model_dir: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """`endpoint: NAME` in the case, the server's address, model and key reference in the inventory's endpoints:
+    the plan puts the inventory's entry in the config once (its origin says so), and the round loads that running
+    server, starting none; the key is in no file of the round and in no log line. A name the inventory does not
+    list is one line naming the key and what it lists."""
+    monkeypatch.setenv("LAB_SERVING_KEY", SECRET)
+    caplog.set_level("DEBUG")
+    job, out = _endpoint_job(tmp_path, served.base_url, str(model_dir), "concurrency=[1]", "request_rates=[]",
+                             "requests=2", "max_new_tokens=4")
     assert run_job(job, out) == 0, (out / "case.log").read_text() if (out / "case.log").exists() else ""
     result = read_result(out / "result.json")
     metrics = {m.name: m for m in result.metrics}
@@ -407,8 +426,57 @@ def test_a_case_measures_an_endpoint_the_inventory_names(served: ServerProcess, 
     serving = json.loads((out / SERVING_FILE).read_text())
     assert serving["endpoint"]["base_url"] == served.base_url and "server" not in serving
     assert not (out / SERVER_LOG).exists()  # no server was started
-    assert "not-a-real-key" not in (out / "result.json").read_text() + (out / SERVING_FILE).read_text()
+    assert {"result.json", REQUESTS_FILE, SERVING_FILE} <= {p.name for p in out.rglob("*")}
+    assert _files_holding(SECRET, out) == [] and SECRET not in caplog.text
     with pytest.raises(ConfigError, match=r"'elsewhere' names no endpoint of the inventory .*: lab\)") as refused:
         plan_run(cases=["tiny-llama-serve"], sets=["endpoint=elsewhere"], results_dir=tmp_path / "results",
-                 inventory_endpoints=inv.endpoints, inventory_source=inv.source)
+                 inventory_endpoints={"lab": job.config["endpoint"]}, inventory_source="inventory.yaml")
     assert refused.value.key == "tiny-llama-serve.endpoint" and "\n" not in str(refused.value)
+
+
+class EchoingProxy(http.server.BaseHTTPRequestHandler):
+    """An endpoint that refuses every request and quotes the Authorization header it got in its 401 page, as
+    some gateways do; it remembers what it was sent."""
+
+    received: ClassVar[list[str]] = []
+
+    def do_POST(self) -> None:  # http.server calls it by this name
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        said = self.headers.get("Authorization", "")
+        self.received.append(said)
+        body = f"invalid credentials: Authorization: {said}".encode()
+        self.send_response(401)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def echoing_proxy() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), EchoingProxy)  # the port from the OS
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    EchoingProxy.received.clear()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    thread.join()
+
+
+def test_an_endpoint_that_quotes_the_key_back_leaves_it_in_no_record(echoing_proxy: str, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """The key is sent (the endpoint got it), every request fails with the endpoint's 401 page, and that page,
+    which quotes the key, is recorded with the key masked: in no file of the round, in no log line."""
+    monkeypatch.setenv("LAB_SERVING_KEY", SECRET)
+    caplog.set_level("DEBUG")
+    job, out = _endpoint_job(tmp_path, echoing_proxy, "m", "concurrency=[1]", "request_rates=[]", "requests=2",
+                             "warmup_requests=0", "max_new_tokens=4")
+    run_job(job, out)
+    assert EchoingProxy.received and set(EchoingProxy.received) == {f"Bearer {SECRET}"}
+    records = read_records(out / REQUESTS_FILE)
+    assert records and all((r.error or "").startswith("HTTP 401: invalid credentials") for r in records)
+    assert all("Bearer ***" in (r.error or "") for r in records)
+    assert _files_holding(SECRET, out) == [] and SECRET not in caplog.text
