@@ -63,7 +63,7 @@ class Target:
         """``text`` with the headers' values (the endpoint's key) masked: an error that quotes what was sent (a
         proxy's 401 page, a protocol error) must not carry the key into requests.jsonl or a log."""
         for value in self.headers.values():
-            for secret in {value, value.split(" ", 1)[-1]}:
+            for secret in (value, value.split(" ", 1)[-1]):  # the whole value first, then the key after "Bearer"
                 if len(secret) >= 4:
                     text = text.replace(secret, "***")
         return text

@@ -478,5 +478,5 @@ def test_an_endpoint_that_quotes_the_key_back_leaves_it_in_no_record(echoing_pro
     assert EchoingProxy.received and set(EchoingProxy.received) == {f"Bearer {SECRET}"}
     records = read_records(out / REQUESTS_FILE)
     assert records and all((r.error or "").startswith("HTTP 401: invalid credentials") for r in records)
-    assert all("Bearer ***" in (r.error or "") for r in records)
+    assert all("Authorization: ***" in (r.error or "") for r in records)
     assert _files_holding(SECRET, out) == [] and SECRET not in caplog.text
