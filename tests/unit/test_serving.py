@@ -209,6 +209,58 @@ def test_a_server_that_exits_before_ready_fails_with_its_log_tail(tmp_path: Path
     assert err.value.user
 
 
+def test_config_values_reach_the_server_as_words_no_shell_reads(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model folder and server_args full of shell syntax arrive as the server's argv words, as written; no
+    shell runs them (nothing is touched)."""
+    monkeypatch.chdir(tmp_path)
+    said = tmp_path / "argv.json"
+    spec = ServerSpec(command=["{python}", "-c", "import json, sys; open(sys.argv[1], 'w').write(json.dumps("
+                               "sys.argv[2:])); sys.exit(3)", str(said), "{model_dir}"])
+    model = "m; touch marker1 && $(touch marker2) `touch marker3`"
+    extra = ["--x=$(touch marker4)", "| touch marker5", "{model_dir}"]
+    with pytest.raises(ServerFailed, match="exited 3 before it was ready"):
+        start_server(spec, {"model_dir": model}, extra, {}, tmp_path / SERVER_LOG, ready_timeout_s=600.0)
+    assert json.loads(said.read_text(encoding="utf-8")) == [model, *extra]  # server_args are not rendered
+    assert not list(tmp_path.glob("marker*"))
+
+
+def test_data_files_are_read_only_when_regular_bounded_and_parsable(tmp_path: Path) -> None:
+    """What a round reads from prompts_path and sharegpt_path: a FIFO is refused on the opened file (never
+    blocks), a file over the bound by its size (a sparse file: no disk used), JSON too deep for the parser and
+    broken JSON as one line naming the file."""
+    import os
+
+    from flagperf.errors import CaseUserError
+    from flagperf.generate.config import MAX_DATA_FILE_BYTES, GenerateConfig
+    from flagperf.generate.prompts import read_prompt_file
+    from flagperf.generate.serve import sharegpt_prompts
+
+    tokens = Tokens(None)
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 200_000 + "]" * 200_000, encoding="utf-8")
+    with pytest.raises(CaseUserError, match=r"deep.json: sharegpt_path: not read: JSON nested too deeply"):
+        sharegpt_prompts(str(deep), tokens, 16, 16)
+    broken = tmp_path / "broken.json"
+    broken.write_text('[{"conversations": [', encoding="utf-8")
+    with pytest.raises(CaseUserError, match=r"broken.json: sharegpt_path: not JSON \(.*line 1"):
+        sharegpt_prompts(str(broken), tokens, 16, 16)
+    pipe = tmp_path / "prompts.jsonl"
+    os.mkfifo(pipe)
+    with pytest.raises(ConfigError, match=r"prompts.jsonl: prompts_path: not a regular file but a named pipe"):
+        read_prompt_file(str(pipe))
+    huge = tmp_path / "huge.json"
+    with huge.open("wb") as handle:
+        handle.truncate(MAX_DATA_FILE_BYTES + 1)
+    with pytest.raises(ConfigError, match=r"huge.json: sharegpt_path: .* is at most 1073741824 bytes; not read"):
+        sharegpt_prompts(str(huge), tokens, 16, 16)
+    base = {"model": "tiny", "precision": "fp32", "engine": "transformers-serve", "input_len": 6,
+            "max_new_tokens": 5, "concurrency": [1], "requests": 4, "timeout_s": 600.0, "max_retries": 0}
+    for path, words in ((huge, "is at most"), (pipe, "named pipe"), (tmp_path, "is a directory")):
+        with pytest.raises(ValueError, match=words):
+            GenerateConfig.model_validate({**base, "sharegpt_path": str(path)})
+
+
 SERVER_LOSES_ITS_PORT = """
 import http.server, pathlib, sys
 marker = pathlib.Path(sys.argv[1])
