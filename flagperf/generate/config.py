@@ -43,6 +43,8 @@ def _data_file(value: str | None) -> str | None:
     is no file) of at most MAX_DATA_FILE_BYTES; only its metadata is read here, the round reads it again so."""
     if value is not None:
         problem = regular_file_problem(Path(value), MAX_DATA_FILE_BYTES, "a prompts or ShareGPT file")
+        if problem == "file not found":
+            raise ValueError(f"{value} does not exist (only local files are read)")
         if problem:
             raise ValueError(f"{value}: {problem}")
     return value
