@@ -20,10 +20,11 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
-from flagperf.config.endpoints import Endpoint
+from flagperf.config.endpoints import REFERENCE, Endpoint
 from flagperf.config.files import regular_file_problem
-from flagperf.config.models import CaseConfig
+from flagperf.config.models import HIDDEN_INPUT, CaseConfig
 from flagperf.errors import ConfigError
 from flagperf.generate.models import PRESETS
 from flagperf.training.data import LocalPath
@@ -36,6 +37,8 @@ MAX_IN_FLIGHT = 65536
 # Requests per point (and warm-up requests): far beyond any benchmark's; a longer soak is a duration_s.
 MAX_REQUESTS = 1_000_000
 MAX_RATE = 1e6  # requests/s: far beyond what one client process sends
+# server_env names that hold secrets by convention (HF_TOKEN, VLLM_API_KEY, AWS_SECRET_ACCESS_KEY, ...).
+SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 
 
 def _data_file(value: str | None) -> str | None:
@@ -152,9 +155,14 @@ class GenerateConfig(CaseConfig):
     @field_validator("server_env")
     @classmethod
     def _env(cls, value: dict[str, str]) -> dict[str, str]:
-        for name in value:
+        """Names of variables; a variable named like a secret (HF_TOKEN, VLLM_API_KEY) takes a ${NAME} only. Its
+        errors never quote the values (any may be a secret)."""
+        for name, text in value.items():
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-                raise ValueError(f"{name!r} is not an environment variable name")
+                raise PydanticCustomError(HIDDEN_INPUT, f"{name[:64]!r} is not an environment variable name")
+            if SECRET_NAME.search(name) and not REFERENCE.match(text):
+                raise PydanticCustomError(HIDDEN_INPUT, f"{name}: a secret's variable takes a ${{NAME}} reference "
+                                          "(set where the server runs), never the value itself; not shown")
         return value
 
     @property
