@@ -37,6 +37,7 @@ MAX_IN_FLIGHT = 65536
 # Requests per point (and warm-up requests): far beyond any benchmark's; a longer soak is a duration_s.
 MAX_REQUESTS = 1_000_000
 MAX_RATE = 1e6  # requests/s: far beyond what one client process sends
+MAX_TOKENS = 1 << 20  # tokens in a prompt or an output: beyond every model's context window
 # server_env names that hold secrets by convention (HF_TOKEN, VLLM_API_KEY, AWS_SECRET_ACCESS_KEY, ...).
 SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 
@@ -81,8 +82,10 @@ class GenerateConfig(CaseConfig):
     compile: bool = Field(default=False, description="hf: let generate torch.compile the decoding step")
     prompts_path: DataFile = Field(default=None, description="jsonl or csv with prompt and optional reference; "
                                                               "null: synthetic prompts of input_len tokens")
-    input_len: int = Field(ge=1, description="synthetic prompt length; a file's prompts are cut to it")
-    max_new_tokens: int = Field(ge=1, description="output tokens per request (no early stop: counts are exact)")
+    input_len: int = Field(ge=1, le=MAX_TOKENS, description="synthetic prompt length; a file's prompts are cut to "
+                                                            "it")
+    max_new_tokens: int = Field(ge=1, le=MAX_TOKENS, description="output tokens per request (no early stop: counts "
+                                                                 "are exact)")
     concurrency: list[int] = Field(default_factory=list, description="closed-loop points: requests in flight "
                                                                      "(batch engines: the batch size)")
     requests: int | None = Field(default=None, ge=1, le=MAX_REQUESTS,
@@ -90,7 +93,7 @@ class GenerateConfig(CaseConfig):
                                              "the level's concurrency)")
     duration_s: float | None = Field(default=None, gt=0, description="or: send requests for this long per point")
     warmup_batches: int = Field(default=1, ge=0, description="batch engines: untimed batches per level")
-    seed: int = 0
+    seed: int = Field(default=0, ge=-(2 ** 63), le=2 ** 64 - 1, description="torch's seed range")
     # Serving engines (engine folder with `server:`, or `endpoint`): see flagperf.generate.serve.
     request_rates: list[float] = Field(default_factory=list, description="open-loop points: requests/s")
     burstiness: float = Field(default=1.0, gt=0, le=1000, description="gamma shape of the inter-arrival times "
@@ -179,6 +182,8 @@ class GenerateConfig(CaseConfig):
             raise ValueError("give at least one point: concurrency levels or request_rates")
         if self.prompts_path is not None and self.sharegpt_path is not None:
             raise ValueError("give at most one of prompts_path and sharegpt_path")
+        if self.prompts_path is not None and Path(self.prompts_path).suffix not in (".jsonl", ".csv"):
+            raise ValueError(f"prompts_path {self.prompts_path!r} must be a .jsonl or .csv file")
         if (self.requests is None) == (self.duration_s is None):
             raise ValueError("give exactly one of requests and duration_s")
         if self.duration_s is not None and self.duration_s >= self.timeout_s:

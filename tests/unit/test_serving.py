@@ -162,6 +162,26 @@ def test_a_command_placeholder_that_does_not_exist_is_refused() -> None:
     ({"api": "completions"}, "api", "serves chat only"),
     ({"engine": "hf"}, "request_rates", "needs a serving engine"),
     ({"concurrency": [], "request_rates": []}, None, "at least one point"),
+    ({"concurrency": [-1]}, "concurrency", "must be 1 to 65536"),
+    ({"concurrency": [65537]}, "concurrency", "must be 1 to 65536"),
+    ({"max_concurrency": 0}, "max_concurrency", "greater than or equal to 1"),
+    ({"request_rates": [float("inf")]}, "request_rates.0", "finite number"),
+    ({"request_rates": [2e6]}, "request_rates", "at most 1e+06 requests/s"),
+    ({"request_rates": [0.001]}, "request_rates", "8 requests at 0.001 requests/s take about 8000 s, beyond "
+                                                  "timeout_s (900)"),
+    ({"requests": 0}, "requests", "greater than or equal to 1"),
+    ({"warmup_requests": 10 ** 7}, "warmup_requests", "less than or equal to 1000000"),
+    ({"burstiness": float("nan")}, "burstiness", "finite number"),
+    ({"burstiness": 1e9}, "burstiness", "less than or equal to 1000"),
+    ({"ready_timeout_s": float("inf")}, "ready_timeout_s", "finite number"),
+    ({"request_timeout_s": 0.0}, "request_timeout_s", "greater than 0"),
+    ({"input_len": 10 ** 9}, "input_len", "less than or equal to 1048576"),
+    ({"max_new_tokens": 0}, "max_new_tokens", "greater than or equal to 1"),
+    ({"seed": 2 ** 64}, "seed", "less than or equal to"),
+    ({"slo": {"e2el_s": float("nan")}}, "slo.e2el_s", "finite number"),
+    ({"prompts_path": __file__}, None, "must be a .jsonl or .csv file"),
+    ({"endpoint": {"base_url": "http://u:pw-0042@h:1", "model": "m"}}, "endpoint.base_url", "credentials"),
+    ({"endpoint": {"base_url": "http://h:1", "model": "m", "devices": 0}}, "endpoint.devices", "greater than"),
 ])
 def test_serving_keys_are_checked_with_one_line_naming_file_and_key(
         changes: dict[str, object], key: str | None, message: str, tmp_path: Path,
@@ -182,6 +202,7 @@ def test_serving_keys_are_checked_with_one_line_naming_file_and_key(
         plan_run(cases=["bad-serve"], sets=[], results_dir=tmp_path / "results")
     text = str(err.value)
     assert "\n" not in text and message in text and "bad-serve" in text and "case.yaml" in text
+    assert "sk-literal" not in text and "pw-0042" not in text  # a secret is never quoted
     if key:
         assert f": {key}" in text
 
