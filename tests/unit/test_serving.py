@@ -7,6 +7,7 @@ lines, goodput on hand-made traces, and the serving keys' one-line errors."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.server
 import json
 import sys
@@ -553,3 +554,62 @@ def test_an_endpoint_that_quotes_the_key_back_leaves_it_in_no_record(echoing_pro
     assert records and all((r.error or "").startswith("HTTP 401: invalid credentials") for r in records)
     assert all("Authorization: ***" in (r.error or "") for r in records)
     assert _files_holding(SECRET, out) == [] and SECRET not in caplog.text
+
+
+HOSTILE_EVENTS = {  # what a broken or hostile endpoint streams, by path: each is the request's error, never a crash
+    "/choices-text": ['{"choices": "abc"}'],
+    "/delta-text": ['{"choices": [{"delta": "abc"}]}'],
+    "/content-number": ['{"choices": [{"delta": {"content": 7}}]}'],
+    "/usage-text": ['{"choices": [], "usage": {"prompt_tokens": "many", "completion_tokens": 1}}'],
+    "/deep": ["[" * 100_000 + "]" * 100_000],
+}
+
+
+class HostileEndpoint(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:  # http.server calls it by this name
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        prefix = self.path.removesuffix("/v1/chat/completions")
+        if prefix == "/endless":  # a 500 page that never ends: the client reads a bounded part of it
+            self.send_response(500)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            chunk = b"x" * 65536
+            with contextlib.suppress(OSError):
+                while True:
+                    self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+            return
+        body = "".join(f"data: {event}\n\n" for event in HOSTILE_EVENTS[prefix]).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_hostile_endpoints_answers_are_request_errors(tmp_path: Path) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), HostileEndpoint)  # the port from the OS
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        errors = {}
+        for prefix in [*HOSTILE_EVENTS, "/endless"]:
+            target = Target(f"http://127.0.0.1:{server.server_address[1]}{prefix}", "m", "chat",
+                            request_timeout_s=60.0)
+            run = asyncio.run(run_phase(target, Load("c1", concurrency=1), [ServingPrompt(0, "t1 t2", 2, 3)],
+                                        "timed", requests=1, duration_s=None, writer=None, count_tokens=None))
+            errors[prefix] = run.records[0].error or ""
+    finally:
+        server.shutdown()
+        thread.join()
+    assert errors["/choices-text"].startswith("unexpected choices")
+    assert errors["/delta-text"].startswith("unexpected choices")
+    assert errors["/content-number"].startswith("unexpected content")
+    assert errors["/usage-text"].startswith("unexpected usage")
+    assert errors["/deep"].startswith("not JSON in the stream")
+    assert errors["/endless"].startswith("HTTP 500: xxx") and len(errors["/endless"]) < 400
