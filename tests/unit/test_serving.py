@@ -556,6 +556,18 @@ def test_an_endpoint_that_quotes_the_key_back_leaves_it_in_no_record(echoing_pro
     assert _files_holding(SECRET, out) == [] and SECRET not in caplog.text
 
 
+def test_a_key_a_header_cannot_carry_is_refused_by_its_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key with a line end (a file read with its newline) would make httpx's error quote it: refused before any
+    request, naming the variable, never the value."""
+    monkeypatch.setenv("LAB_SERVING_KEY", SECRET + "\n")
+    job, out = _endpoint_job(tmp_path, "http://127.0.0.1:9", "m", "concurrency=[1]", "request_rates=[]")
+    assert run_job(job, out) == EXIT_USER_ERROR
+    result = read_result(out / "result.json")
+    assert result.failure is not None and "endpoint.api_key: ${LAB_SERVING_KEY} is empty or holds spaces, line " \
+        "ends" in result.failure.message
+    assert _files_holding(SECRET, out) == [] and not (out / REQUESTS_FILE).exists()
+
+
 HOSTILE_EVENTS = {  # what a broken or hostile endpoint streams, by path: each is the request's error, never a crash
     "/choices-text": ['{"choices": "abc"}'],
     "/delta-text": ['{"choices": [{"delta": "abc"}]}'],
