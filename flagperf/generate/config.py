@@ -130,6 +130,9 @@ class GenerateConfig(CaseConfig):
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", value):
                 raise ValueError("must be the settings of an endpoint, or the name of one the inventory lists")
             return value
+        if value is not None and not isinstance(value, dict | Endpoint):  # not quoted: it may hold a secret
+            raise PydanticCustomError(HIDDEN_INPUT, "must be the settings of an endpoint (base_url, model, api_key, "
+                                      "devices), or the name of one the inventory lists")
         return handler(value)
 
     @field_validator("concurrency")

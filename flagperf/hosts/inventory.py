@@ -292,7 +292,7 @@ class InventoryFile(StrictModel):
     master_port: int = Field(default=DEFAULT_MASTER_PORT, ge=1, le=65535)
     defaults: dict[str, Any] = Field(default_factory=dict)
     hosts: list[dict[str, Any]] = Field(min_length=1)
-    endpoints: dict[str, dict[str, Any]] = Field(
+    endpoints: dict[str, Any] = Field(
         default_factory=dict, description="running OpenAI-compatible servers a serving case names (endpoint: NAME): "
                                           "base_url, model, api_key (a ${NAME} reference only), devices")
 
@@ -502,6 +502,8 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
             check_name(name, "endpoint name")
         except ValueError as exc:
             raise ConfigError(source, f"endpoints.{name}", str(exc)) from None
+        if not isinstance(entry, dict):  # not quoted: a URL with a password written in its place is still one
+            raise ConfigError(source, f"endpoints.{name}", "must be a mapping (base_url, model, api_key, devices)")
         try:  # here, not only when a case names it: a literal key must not sit in an inventory unnoticed
             Endpoint.model_validate(entry)
         except ValidationError as exc:
