@@ -81,7 +81,7 @@ class GenerateConfig(CaseConfig):
     engine: str = Field(description="an engine folder of the vendor: vendor_images/<vendor>/generate/<engine>/")
     compile: bool = Field(default=False, description="hf: let generate torch.compile the decoding step")
     prompts_path: DataFile = Field(default=None, description="jsonl or csv with prompt and optional reference; "
-                                                              "null: synthetic prompts of input_len tokens")
+                                                             "null: synthetic prompts of input_len tokens")
     input_len: int = Field(ge=1, le=MAX_TOKENS, description="synthetic prompt length; a file's prompts are cut to "
                                                             "it")
     max_new_tokens: int = Field(ge=1, le=MAX_TOKENS, description="output tokens per request (no early stop: counts "
@@ -107,7 +107,7 @@ class GenerateConfig(CaseConfig):
     exact_output: bool = Field(default=True, description="ask for exactly max_new_tokens (ignore end of "
                                                           "sequence) where the engine can")
     sharegpt_path: DataFile = Field(default=None, description="ShareGPT-style JSON: first human turn the "
-                                                               "prompt, first reply's length the output length")
+                                                              "prompt, first reply's length the output length")
     slo: Slo = Field(default_factory=Slo)
     tensor_parallel: int = Field(default=1, ge=1, description="{tensor_parallel} of the server command")
     nodes: int = Field(default=1, ge=1, description="hosts the server spans (devices = tensor_parallel x nodes)")
