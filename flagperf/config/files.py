@@ -29,8 +29,8 @@ def _not_regular(mode: int) -> str:
     return f"not a regular file but {kind}; not read"
 
 
-def regular_file_problem(path: Path) -> str | None:
-    """Why ``path`` cannot be read as a config file, or None; nothing is opened."""
+def regular_file_problem(path: Path, max_bytes: int = MAX_FILE_BYTES, what: str = "a config file") -> str | None:
+    """Why ``path`` cannot be read as a config file (``what``, at most ``max_bytes``), or None; nothing is opened."""
     try:
         info = path.stat()
     except FileNotFoundError:
@@ -39,16 +39,17 @@ def regular_file_problem(path: Path) -> str | None:
         return f"cannot read: {exc.strerror}"
     if not stat.S_ISREG(info.st_mode):
         return _not_regular(info.st_mode)
-    if info.st_size > MAX_FILE_BYTES:
-        return f"{info.st_size} bytes; a config file is at most {MAX_FILE_BYTES} bytes; not read"
+    if info.st_size > max_bytes:
+        return f"{info.st_size} bytes; {what} is at most {max_bytes} bytes; not read"
     return None
 
 
-def read_config_text(path: Path, source: str | None = None, key: str | None = None) -> str:
-    """The UTF-8 text of a regular file of at most MAX_FILE_BYTES; anything else is one ConfigError line naming
-    ``source`` (default: the file) and ``key``."""
+def read_config_text(path: Path, source: str | None = None, key: str | None = None, max_bytes: int = MAX_FILE_BYTES,
+                     what: str = "a config file") -> str:
+    """The UTF-8 text of a regular file of at most ``max_bytes``; anything else is one ConfigError line naming
+    ``source`` (default: the file) and ``key``. ``what`` names the kind of file in the error."""
     source = source or display_path(path)
-    problem = regular_file_problem(path)
+    problem = regular_file_problem(path, max_bytes, what)
     if problem:
         raise ConfigError(source, key, problem)
     try:
@@ -60,9 +61,9 @@ def read_config_text(path: Path, source: str | None = None, key: str | None = No
         mode = os.fstat(handle.fileno()).st_mode
         if not stat.S_ISREG(mode):
             raise ConfigError(source, key, _not_regular(mode))
-        data = handle.read(MAX_FILE_BYTES + 1)
-    if len(data) > MAX_FILE_BYTES:
-        raise ConfigError(source, key, f"more than {MAX_FILE_BYTES} bytes; a config file is small; not read")
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ConfigError(source, key, f"more than {max_bytes} bytes; {what} is at most that; not read")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:

@@ -28,6 +28,9 @@ log = logging.getLogger("flagperf.config.models")
 BUILTIN_KERNEL_PREFIX = "flagperf.basespec."
 # Families whose cases are configurations of one shared driver: case.yaml names it (or leaves entry out).
 FAMILY_DRIVERS = {"generate": "flagperf.generate.driver", "operation": "flagperf.operation.driver"}
+# The type of a validator's error (pydantic_core.PydanticCustomError) whose value may be a secret: its line
+# names the file and the key, never the value.
+HIDDEN_INPUT = "hidden_input"
 
 
 def is_core_module(entry: str) -> bool:
@@ -55,7 +58,7 @@ def pydantic_error_to_config_error(exc: ValidationError, source: str, origins: d
         message = "unknown key"
     elif err["type"] == "missing":
         message = "required key is missing"
-    elif "input" in err and err["type"] not in ("missing",):
+    elif "input" in err and err["type"] != HIDDEN_INPUT:
         message = f"{message} (got {short_repr(err['input'])})"
     return ConfigError(where, key, message)
 

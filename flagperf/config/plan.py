@@ -212,7 +212,7 @@ def _name_endpoint(case_name: str, case: Any, layers: list[tuple[str, dict[str, 
                    endpoints: dict[str, dict[str, Any]], inventory_source: str) -> None:
     """A case's ``endpoint: NAME`` (the last layer that sets it, else its default) names a running server of the
     inventory: that entry is its value from here on, with the inventory as its origin."""
-    source, value = "case.yaml", case.manifest.configurations.get("endpoint")
+    source, value = display_path(case.manifest_path), case.manifest.configurations.get("endpoint")
     for layer_source, values in layers:
         if "endpoint" in values:
             source, value = layer_source, values["endpoint"]

@@ -7,16 +7,54 @@ load, SLOs, the server's arguments). docs/serving.md explains every key."""
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar, Literal
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidatorFunctionWrapHandler, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidatorFunctionWrapHandler,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
-from flagperf.config.models import CaseConfig
+from flagperf.config.endpoints import REFERENCE, Endpoint
+from flagperf.config.files import regular_file_problem
+from flagperf.config.models import HIDDEN_INPUT, CaseConfig
 from flagperf.errors import ConfigError
 from flagperf.generate.models import PRESETS
 from flagperf.training.data import LocalPath
 
-REFERENCE = re.compile(r"^\$\{[A-Za-z_][A-Za-z0-9_]*\}$")  # ${NAME}: read from the environment where the load runs
+# A prompts or ShareGPT file is read whole: ShareGPT V3 (the usual serving set) is 642 MiB; far beyond that is
+# not a data set but a mistake that would fill the host's memory.
+MAX_DATA_FILE_BYTES = 1 << 30
+# One connection per request in flight: beyond this a single client process runs out of descriptors and ports.
+MAX_IN_FLIGHT = 65536
+# Requests per point (and warm-up requests): far beyond any benchmark's; a longer soak is a duration_s.
+MAX_REQUESTS = 1_000_000
+MAX_RATE = 1e6  # requests/s: far beyond what one client process sends
+MAX_TOKENS = 1 << 20  # tokens in a prompt or an output: beyond every model's context window
+# server_env names that hold secrets by convention (HF_TOKEN, VLLM_API_KEY, AWS_SECRET_ACCESS_KEY, ...).
+SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+
+
+def _data_file(value: str | None) -> str | None:
+    """A prompts or ShareGPT file: a regular file (a FIFO would block the round, a device never ends, a folder
+    is no file) of at most MAX_DATA_FILE_BYTES; only its metadata is read here, the round reads it again so."""
+    if value is not None:
+        problem = regular_file_problem(Path(value), MAX_DATA_FILE_BYTES, "a prompts or ShareGPT file")
+        if problem == "file not found":
+            raise ValueError(f"{value} does not exist (only local files are read)")
+        if problem:
+            raise ValueError(f"{value}: {problem}")
+    return value
+
+
+DataFile = Annotated[str | None, AfterValidator(_data_file)]
 
 
 class _Keys(BaseModel):
@@ -33,30 +71,6 @@ class Slo(_Keys):
     e2el_s: float | None = Field(default=None, gt=0)
 
 
-class Endpoint(_Keys):
-    """A server that is already running (the round starts none): OpenAI-compatible base URL."""
-
-    base_url: str = Field(description="e.g. http://10.0.0.5:8000 (the /v1/... paths are added)")
-    model: str = Field(min_length=1, description="the `model` field of each request")
-    api_key: str | None = Field(default=None, description="${NAME}: a variable of the environment the load "
-                                                          "runs in (a host's inventory env may set it)")
-    devices: int = Field(default=1, ge=1, description="accelerators behind the endpoint (per-device figures)")
-
-    @field_validator("base_url")
-    @classmethod
-    def _url(cls, value: str) -> str:
-        if not re.fullmatch(r"https?://[^\s/]+(/[^\s]*)?", value):
-            raise ValueError("must be an http:// or https:// URL")
-        return value.rstrip("/")
-
-    @field_validator("api_key")
-    @classmethod
-    def _key(cls, value: str | None) -> str | None:
-        if value is not None and not REFERENCE.match(value):
-            raise ValueError("must be a ${NAME} reference to an environment variable, never the key itself")
-        return value
-
-
 class GenerateConfig(CaseConfig):
     family: ClassVar[str] = "generate"
 
@@ -66,30 +80,34 @@ class GenerateConfig(CaseConfig):
     precision: Literal["bf16", "fp16", "fp32"]
     engine: str = Field(description="an engine folder of the vendor: vendor_images/<vendor>/generate/<engine>/")
     compile: bool = Field(default=False, description="hf: let generate torch.compile the decoding step")
-    prompts_path: LocalPath = Field(default=None, description="jsonl or csv with prompt and optional reference; "
-                                                              "null: synthetic prompts of input_len tokens")
-    input_len: int = Field(ge=1, description="synthetic prompt length; a file's prompts are cut to it")
-    max_new_tokens: int = Field(ge=1, description="output tokens per request (no early stop: counts are exact)")
+    prompts_path: DataFile = Field(default=None, description="jsonl or csv with prompt and optional reference; "
+                                                             "null: synthetic prompts of input_len tokens")
+    input_len: int = Field(ge=1, le=MAX_TOKENS, description="synthetic prompt length; a file's prompts are cut to "
+                                                            "it")
+    max_new_tokens: int = Field(ge=1, le=MAX_TOKENS, description="output tokens per request (no early stop: counts "
+                                                                 "are exact)")
     concurrency: list[int] = Field(default_factory=list, description="closed-loop points: requests in flight "
                                                                      "(batch engines: the batch size)")
-    requests: int | None = Field(default=None, ge=1, description="requests per point (batch engines: rounded "
-                                                                  "up to whole batches of the level's concurrency)")
+    requests: int | None = Field(default=None, ge=1, le=MAX_REQUESTS,
+                                 description="requests per point (batch engines: rounded up to whole batches of "
+                                             "the level's concurrency)")
     duration_s: float | None = Field(default=None, gt=0, description="or: send requests for this long per point")
     warmup_batches: int = Field(default=1, ge=0, description="batch engines: untimed batches per level")
-    seed: int = 0
+    seed: int = Field(default=0, ge=-(2 ** 63), le=2 ** 64 - 1, description="torch's seed range")
     # Serving engines (engine folder with `server:`, or `endpoint`): see flagperf.generate.serve.
     request_rates: list[float] = Field(default_factory=list, description="open-loop points: requests/s")
-    burstiness: float = Field(default=1.0, gt=0, description="gamma shape of the inter-arrival times "
-                                                              "(1: Poisson; below 1 burstier)")
-    max_concurrency: int | None = Field(default=None, ge=1, description="open loop: at most this many in flight")
-    warmup_requests: int | None = Field(default=None, ge=0, description="untimed requests before each point; "
-                                                                         "null: 2 x its concurrency")
+    burstiness: float = Field(default=1.0, gt=0, le=1000, description="gamma shape of the inter-arrival times "
+                                                                      "(1: Poisson; below 1 burstier)")
+    max_concurrency: int | None = Field(default=None, ge=1, le=MAX_IN_FLIGHT,
+                                        description="open loop: at most this many in flight")
+    warmup_requests: int | None = Field(default=None, ge=0, le=MAX_REQUESTS,
+                                        description="untimed requests before each point; null: 2 x its concurrency")
     api: Literal["chat", "completions"] = Field(default="chat", description="/v1/chat/completions or "
                                                                               "/v1/completions")
     exact_output: bool = Field(default=True, description="ask for exactly max_new_tokens (ignore end of "
                                                           "sequence) where the engine can")
-    sharegpt_path: LocalPath = Field(default=None, description="ShareGPT-style JSON: first human turn the "
-                                                               "prompt, first reply's length the output length")
+    sharegpt_path: DataFile = Field(default=None, description="ShareGPT-style JSON: first human turn the "
+                                                              "prompt, first reply's length the output length")
     slo: Slo = Field(default_factory=Slo)
     tensor_parallel: int = Field(default=1, ge=1, description="{tensor_parallel} of the server command")
     nodes: int = Field(default=1, ge=1, description="hosts the server spans (devices = tensor_parallel x nodes)")
@@ -112,22 +130,30 @@ class GenerateConfig(CaseConfig):
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", value):
                 raise ValueError("must be the settings of an endpoint, or the name of one the inventory lists")
             return value
+        if value is not None and not isinstance(value, dict | Endpoint):  # not quoted: it may hold a secret
+            raise PydanticCustomError(HIDDEN_INPUT, "must be the settings of an endpoint (base_url, model, api_key, "
+                                      "devices), or the name of one the inventory lists")
         return handler(value)
 
     @field_validator("concurrency")
     @classmethod
     def _levels(cls, value: list[int]) -> list[int]:
-        if any(c < 1 for c in value):
-            raise ValueError("every concurrency level must be >= 1")
+        if any(c < 1 or c > MAX_IN_FLIGHT for c in value):
+            raise ValueError(f"every concurrency level must be 1 to {MAX_IN_FLIGHT}")
         if len(set(value)) != len(value):
             raise ValueError("a concurrency level is listed twice")
         return value
 
+    @field_serializer("endpoint")
+    def _endpoint_out(self, value: Endpoint | str | None) -> dict[str, Any] | str | None:
+        """An inventory's name (before the plan puts its settings here) is written as it is."""
+        return value.model_dump() if isinstance(value, Endpoint) else value
+
     @field_validator("request_rates")
     @classmethod
     def _rates(cls, value: list[float]) -> list[float]:
-        if any(r <= 0 for r in value):
-            raise ValueError("every request rate must be > 0 requests/s")
+        if any(r <= 0 or r > MAX_RATE for r in value):
+            raise ValueError(f"every request rate must be > 0 and at most {MAX_RATE:g} requests/s")
         if len({f"{r:g}" for r in value}) != len(value):
             raise ValueError("a request rate is listed twice")
         return value
@@ -135,9 +161,14 @@ class GenerateConfig(CaseConfig):
     @field_validator("server_env")
     @classmethod
     def _env(cls, value: dict[str, str]) -> dict[str, str]:
-        for name in value:
+        """Names of variables; a variable named like a secret (HF_TOKEN, VLLM_API_KEY) takes a ${NAME} only. Its
+        errors never quote the values (any may be a secret)."""
+        for name, text in value.items():
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-                raise ValueError(f"{name!r} is not an environment variable name")
+                raise PydanticCustomError(HIDDEN_INPUT, f"{name[:64]!r} is not an environment variable name")
+            if SECRET_NAME.search(name) and not REFERENCE.match(text):
+                raise PydanticCustomError(HIDDEN_INPUT, f"{name}: a secret's variable takes a ${{NAME}} reference "
+                                          "(set where the server runs), never the value itself; not shown")
         return value
 
     @property
@@ -154,6 +185,8 @@ class GenerateConfig(CaseConfig):
             raise ValueError("give at least one point: concurrency levels or request_rates")
         if self.prompts_path is not None and self.sharegpt_path is not None:
             raise ValueError("give at most one of prompts_path and sharegpt_path")
+        if self.prompts_path is not None and Path(self.prompts_path).suffix not in (".jsonl", ".csv"):
+            raise ValueError(f"prompts_path {self.prompts_path!r} must be a .jsonl or .csv file")
         if (self.requests is None) == (self.duration_s is None):
             raise ValueError("give exactly one of requests and duration_s")
         if self.duration_s is not None and self.duration_s >= self.timeout_s:
@@ -164,6 +197,11 @@ class GenerateConfig(CaseConfig):
                          files_are_local: bool) -> None:
         """The engine names a folder of the vendor (its Python package is checked on the host, in the round);
         the serving keys need a serving engine, and its API."""
+        slowest = min(self.request_rates, default=None)
+        if self.requests is not None and slowest is not None and self.requests / slowest >= self.timeout_s:
+            raise ConfigError(origins.get("request_rates", source), "request_rates",
+                              f"{self.requests} requests at {slowest:g} requests/s take about "
+                              f"{self.requests / slowest:g} s, beyond timeout_s ({self.timeout_s:g})")
         if vendor:
             from flagperf.generate.engines import load_engine
 

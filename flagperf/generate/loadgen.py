@@ -34,6 +34,7 @@ import httpx
 
 REQUESTS_FILE = "requests.jsonl"
 ERROR_TEXT_LIMIT = 300
+ERROR_PAGE_BYTES = 64 * 1024  # of a refused request's page: what the error quotes, with room to mask the key in
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,15 @@ class Target:
     headers: dict[str, str] = field(default_factory=dict)
     exact_fields: Callable[[int], dict[str, Any]] | None = None  # output_len -> fields (None: not exact)
     request_timeout_s: float = 600.0
+
+    def redact(self, text: str) -> str:
+        """``text`` with the headers' values (the endpoint's key) masked: an error that quotes what was sent (a
+        proxy's 401 page, a protocol error) must not carry the key into requests.jsonl or a log."""
+        for value in self.headers.values():
+            for secret in (value, value.split(" ", 1)[-1]):  # the whole value first, then the key after "Bearer"
+                if len(secret) >= 4:
+                    text = text.replace(secret, "***")
+        return text
 
     @property
     def url(self) -> str:
@@ -164,7 +174,13 @@ async def send_request(client: httpx.AsyncClient, target: Target, prompt: Servin
         async with client.stream("POST", target.url, json=target.body(prompt), headers=target.headers,
                                  timeout=target.request_timeout_s) as response:
             if response.status_code != 200:
-                text = (await response.aread()).decode("utf-8", "replace")
+                page, cut = b"", False
+                async for part in response.aiter_bytes():  # a hostile endpoint's page may never end
+                    page += part
+                    if cut := len(page) > ERROR_PAGE_BYTES:
+                        break
+                text = target.redact(page.decode("utf-8", "replace"))
+                text = text[:-1024] if cut else text  # masked first; a key the cut split lies in the last KiB
                 record.error = f"HTTP {response.status_code}: {' '.join(text.split())[:ERROR_TEXT_LIMIT]}"
             else:
                 async for line in response.aiter_lines():
@@ -174,11 +190,12 @@ async def send_request(client: httpx.AsyncClient, target: Target, prompt: Servin
                     data = line[5:].strip()
                     if data == "[DONE]":
                         break
-                    _read_event(data, now - start, record, parts, target.api)
+                    _read_event(target.redact(data) if target.headers else data, now - start, record, parts,
+                                target.api)
                     if record.error is not None:
                         break
     except (httpx.HTTPError, OSError) as exc:
-        record.error = f"{type(exc).__name__}: {str(exc) or 'no detail'}"[:ERROR_TEXT_LIMIT]
+        record.error = f"{type(exc).__name__}: {target.redact(str(exc)) or 'no detail'}"[:ERROR_TEXT_LIMIT]
     record.e2el_s = time.perf_counter() - start
     record.output_text = "".join(parts)
     if record.ok:
@@ -190,9 +207,11 @@ async def send_request(client: httpx.AsyncClient, target: Target, prompt: Servin
 
 
 def _read_event(data: str, elapsed: float, record: RequestRecord, parts: list[str], api: str) -> None:
+    """One server-sent event into the record; an event of another shape than the API's is the request's error
+    (a server's answer is input too: it never raises out of the load)."""
     try:
         event = json.loads(data)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         record.error = f"not JSON in the stream: {data[:ERROR_TEXT_LIMIT]}"
         return
     if not isinstance(event, dict):
@@ -203,17 +222,28 @@ def _read_event(data: str, elapsed: float, record: RequestRecord, parts: list[st
         return
     usage = event.get("usage")
     if isinstance(usage, dict):
-        record.prompt_tokens_usage = usage.get("prompt_tokens")
-        record.output_tokens_usage = usage.get("completion_tokens")
-    for choice in event.get("choices") or []:
+        counts = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if not all(c is None or (isinstance(c, int) and not isinstance(c, bool) and c >= 0) for c in counts):
+            record.error = f"unexpected usage: {data[:ERROR_TEXT_LIMIT]}"
+            return
+        record.prompt_tokens_usage, record.output_tokens_usage = counts
+    choices = event.get("choices") or []
+    if not isinstance(choices, list) or not all(isinstance(c, dict) and isinstance(c.get("delta") or {}, dict)
+                                                for c in choices):
+        record.error = f"unexpected choices: {data[:ERROR_TEXT_LIMIT]}"
+        return
+    for choice in choices:
         text = (choice.get("delta") or {}).get("content") if api == "chat" else choice.get("text")
+        if text is not None and not isinstance(text, str):
+            record.error = f"unexpected content: {data[:ERROR_TEXT_LIMIT]}"
+            return
         if text:
             if record.ttft_s is None:
                 record.ttft_s = elapsed
             record.chunk_times_s.append(elapsed)
             parts.append(text)
         if choice.get("finish_reason"):
-            record.finish_reason = choice["finish_reason"]
+            record.finish_reason = str(choice["finish_reason"])[:ERROR_TEXT_LIMIT]
 
 
 @dataclass(frozen=True)

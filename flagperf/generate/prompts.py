@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,9 @@ from typing import Protocol
 
 import torch
 
+from flagperf.config.files import read_config_text
 from flagperf.errors import CaseUserError, install_command
+from flagperf.generate.config import MAX_DATA_FILE_BYTES
 
 BYTE_OFFSET = 3  # ids 0, 1, 2: pad, bos, eos (the tiny preset's), then one id per byte value
 
@@ -91,33 +94,39 @@ def synthetic_prompts(count: int, length: int, vocab_size: int, seed: int) -> Pr
     return PromptSet(prompts, f"{count} synthetic prompts of {length} random token ids")
 
 
+def read_data_text(path: str, key: str) -> str:
+    """A prompts or ShareGPT file's text, read as config files are: only a regular file (never a FIFO, a device
+    or a folder; checked on the open file too) of at most MAX_DATA_FILE_BYTES; else one line naming it and key."""
+    return read_config_text(Path(path), path, key, MAX_DATA_FILE_BYTES, "a prompts or ShareGPT file")
+
+
+def load_json(text: str, where: str) -> object:
+    """JSON text, or one CaseUserError line (also for nesting too deep for the parser)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CaseUserError(f"{where}: not JSON ({exc.msg}, line {exc.lineno} column {exc.colno})") from None
+    except RecursionError:
+        raise CaseUserError(f"{where}: not read: JSON nested too deeply") from None
+
+
 def read_prompt_file(path: str) -> list[tuple[str, str | None]]:
     """(prompt, reference) rows of a jsonl or csv file; any problem is one line naming the file and the key."""
     file = Path(path)
     rows: list[tuple[str, str | None]] = []
     if file.suffix == ".jsonl":
-        try:
-            lines = file.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise CaseUserError(f"{path}: cannot read: {exc}") from None
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise CaseUserError(f"{path}: line {number}: not JSON ({exc.msg})") from None
-            rows.append(_row(record, f"{path}: line {number}"))
+        for number, line in enumerate(read_data_text(path, "prompts_path").splitlines(), 1):
+            if line.strip():
+                rows.append(_row(load_json(line, f"{path}: line {number}"), f"{path}: line {number}"))
     elif file.suffix == ".csv":
         try:
-            with file.open(encoding="utf-8", newline="") as handle:
-                reader = csv.DictReader(handle)
-                if reader.fieldnames is None or "prompt" not in reader.fieldnames:
-                    raise CaseUserError(f"{path}: prompt: the header has no 'prompt' column "
-                                        f"(columns: {', '.join(reader.fieldnames or []) or 'none'})")
-                for number, record in enumerate(reader, 2):
-                    rows.append(_row(record, f"{path}: line {number}"))
-        except (OSError, UnicodeDecodeError, csv.Error) as exc:
+            reader = csv.DictReader(io.StringIO(read_data_text(path, "prompts_path"), newline=""))
+            if reader.fieldnames is None or "prompt" not in reader.fieldnames:
+                raise CaseUserError(f"{path}: prompt: the header has no 'prompt' column "
+                                    f"(columns: {', '.join(reader.fieldnames or []) or 'none'})")
+            for number, record in enumerate(reader, 2):
+                rows.append(_row(record, f"{path}: line {number}"))
+        except csv.Error as exc:
             raise CaseUserError(f"{path}: cannot read: {exc}") from None
     else:
         raise CaseUserError(f"{path}: prompts_path must be a .jsonl or .csv file")

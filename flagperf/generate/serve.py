@@ -49,7 +49,7 @@ from flagperf.generate.loadgen import (
 )
 from flagperf.generate.models import DTYPE, PRESETS, WORD_PREFIX, model_config, random_checkpoint
 from flagperf.generate.points import point_label, point_metrics, point_stats, quality_metrics
-from flagperf.generate.prompts import read_prompt_file, require_rouge
+from flagperf.generate.prompts import load_json, read_data_text, read_prompt_file, require_rouge
 from flagperf.generate.server import (
     SERVER_LOG,
     ServerFailed,
@@ -134,10 +134,7 @@ def sharegpt_prompts(path: str, tokens: Tokens, max_input: int, max_output: int)
     """ShareGPT-style JSON (a list of {"conversations": [{"from": "human", "value": ...}, {"from": "gpt",
     ...}]}): the first human turn is the prompt, the length of the reply after it the output length;
     prompts longer than ``max_input`` tokens are left out, outputs capped at ``max_output``."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CaseUserError(f"{path}: sharegpt_path: cannot read it as JSON: {str(exc).splitlines()[0]}") from None
+    data = load_json(read_data_text(path, "sharegpt_path"), f"{path}: sharegpt_path")
     if not isinstance(data, list):
         raise CaseUserError(f"{path}: sharegpt_path: expected a JSON list of conversations")
     prompts: list[ServingPrompt] = []
@@ -262,6 +259,9 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
             headers = {}
             if config.endpoint.api_key is not None:
                 key = resolve_env({"api_key": config.endpoint.api_key}, "endpoint")["api_key"]
+                if not key or not key.isascii() or not key.isprintable() or any(c.isspace() for c in key):
+                    raise CaseUserError(f"endpoint.api_key: {config.endpoint.api_key} is empty or holds spaces, "
+                                        "line ends or other characters an HTTP header cannot carry (not shown)")
                 headers = {"Authorization": f"Bearer {key}"}
             summary["endpoint"] = {"base_url": base_url, "model": model}
         target = Target(base_url=base_url, model=model, api=config.api, headers=headers,

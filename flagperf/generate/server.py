@@ -22,7 +22,10 @@ engine.yaml of a server engine (vendor_images/<vendor>/generate/<engine>/engine.
 
 Placeholders: {model_dir} {dtype} {tensor_parallel} {host} {port} {python} in ``command`` and
 ``request_model``; {output_len} in ``exact_output``. A string that is exactly one placeholder of a number
-becomes that number. The case's ``server_args`` are appended to the command. The first word of the command
+becomes that number. In ``command`` a placeholder is a whole word, or the value of an ``--option={...}`` word:
+the command runs without a shell, and a value from the config (the model folder is the case's checkpoint_path)
+must never become part of code a shell or an interpreter reads (``[sh, -c, "serve {model_dir}"]`` is refused).
+The case's ``server_args`` are appended to the command. The first word of the command
 is looked up beside the running Python first (its virtual environment), then on PATH.
 """
 
@@ -59,6 +62,7 @@ ADDRESS_IN_USE = re.compile(r"address already in use|errno 98|eaddrinuse", re.IG
 PORT_ATTEMPTS = 5
 STOP_GRACE_S = 15.0
 LOG_TAIL_LINES = 20
+WHOLE_WORD = re.compile(r"(--?[A-Za-z0-9][A-Za-z0-9_.-]*=)?\{\w+\}")  # {x} or --option={x}
 
 
 def placeholders(text: str) -> set[str]:
@@ -110,6 +114,15 @@ class ServerSpec(StrictModel):
         if unknown:
             raise ValueError(f"unknown placeholder(s) {', '.join(sorted(unknown))} "
                              f"(known: {', '.join(sorted(COMMAND_FIELDS))})")
+        return value
+
+    @field_validator("command")
+    @classmethod
+    def _whole_words(cls, value: list[str]) -> list[str]:
+        for index, word in enumerate(value):
+            if placeholders(word) and not WHOLE_WORD.fullmatch(word):
+                raise ValueError(f"word {index} ({word[:80]!r}): a placeholder must be the whole word or the value "
+                                 "of an --option={...} word, never inside text a shell or an interpreter reads")
         return value
 
     @field_validator("exact_output")

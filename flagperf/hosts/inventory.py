@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, ValidationInfo, field_serializer, field_validator, model_validator
 
 from flagperf.config.cases import available_cases, load_case
+from flagperf.config.endpoints import Endpoint
 from flagperf.config.models import StrictModel, check_name, pydantic_error_to_config_error
 from flagperf.config.vendors import Vendor, available_vendors, load_vendor
 from flagperf.config.yamlio import load_yaml_mapping
@@ -302,7 +303,7 @@ class InventoryFile(StrictModel):
     master_port: int = Field(default=DEFAULT_MASTER_PORT, ge=1, le=65535)
     defaults: dict[str, Any] = Field(default_factory=dict)
     hosts: list[dict[str, Any]] = Field(min_length=1)
-    endpoints: dict[str, dict[str, Any]] = Field(
+    endpoints: dict[str, Any] = Field(
         default_factory=dict, description="running OpenAI-compatible servers a serving case names (endpoint: NAME): "
                                           "base_url, model, api_key (a ${NAME} reference only), devices")
 
@@ -512,11 +513,19 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
                     raise ConfigError(source, f"hosts.{i}.{exc.key}", exc.message) from None
         _LOADED[spec.model_dump_json()] = spec
         _ORIGINS[spec.model_dump_json()] = (source, f"hosts.{i}.")
-    for name in parsed.endpoints:
+    for name, entry in parsed.endpoints.items():
         try:
             check_name(name, "endpoint name")
         except ValueError as exc:
             raise ConfigError(source, f"endpoints.{name}", str(exc)) from None
+        if not isinstance(entry, dict):  # not quoted: a URL with a password written in its place is still one
+            raise ConfigError(source, f"endpoints.{name}", "must be a mapping (base_url, model, api_key, devices)")
+        try:  # here, not only when a case names it: a literal key must not sit in an inventory unnoticed
+            Endpoint.model_validate(entry)
+        except ValidationError as exc:
+            error = pydantic_error_to_config_error(exc, source)
+            raise ConfigError(source, f"endpoints.{name}.{error.key}" if error.key else f"endpoints.{name}",
+                              error.message) from None
     return Inventory(hosts=hosts, source=source, vendor=parsed.vendor, master_port=parsed.master_port,
                      endpoints=dict(parsed.endpoints))
 

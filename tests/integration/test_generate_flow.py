@@ -4,8 +4,12 @@ table and trade-off plot, with energy per output token where the host has a powe
 
 from __future__ import annotations
 
+import http.server
+import logging
+import threading
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -75,3 +79,80 @@ def test_a_serving_case_sweeps_concurrency_and_rate_through_transformers_serve(f
     points = json.loads((round_dir / "serving.json").read_text())["points"]
     assert [(p["label"], p["kind"], p["level"]) for p in points] == [("c1", "concurrency", 1),
                                                                       ("c2", "concurrency", 2), ("r4", "rate", 4.0)]
+
+
+CANARY = "sk-flagperf-flow-canary-4b1d92e07c36a5f8"  # an endpoint key no file or log line may hold
+
+
+class QuotingEndpoint(http.server.BaseHTTPRequestHandler):
+    """An endpoint that refuses every request with a 401 page quoting the Authorization header it got (as some
+    gateways do), and remembers what it got."""
+
+    received: ClassVar[list[str]] = []
+
+    def do_POST(self) -> None:  # http.server calls it by this name
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.received.append(self.headers.get("Authorization", ""))
+        body = f"invalid credentials: Authorization: {self.received[-1]}".encode()
+        self.send_response(401)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+async def _all_prefect_logs() -> str:
+    from prefect.client.orchestration import get_client
+
+    lines: list[str] = []
+    async with get_client() as client:
+        while page := await client.read_logs(limit=200, offset=len(lines)):
+            lines += [log.message for log in page]
+    return "\n".join(lines)
+
+
+def test_an_endpoint_key_is_in_no_record_and_no_log_of_the_flow(flagperf_env: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """evaluate -> run_case -> the entry loads the inventory's endpoint `lab`, whose key is ${NAME} in the
+    inventory and a canary in the controller's environment, passed to the host by its inventory env: the endpoint
+    gets the key, quotes it back in its 401 pages, and the canary is in no file of the run folder (records,
+    result.json, serving.json, the controller log), none of the host's work folder, and no log line the Prefect
+    server holds."""
+    import asyncio
+    import json
+
+    from flows.evaluate import evaluate
+    from flows.progress import RunFolderLog
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), QuotingEndpoint)  # the port from the OS
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv("FLAGPERF_TEST_ENDPOINT_KEY", CANARY)
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(json.dumps({"hosts": [{"name": "localhost", "env": {  # the host's env carries the key
+        "FLAGPERF_TEST_ENDPOINT_KEY": "${FLAGPERF_TEST_ENDPOINT_KEY}"}}], "endpoints": {"lab": {
+        "base_url": f"http://127.0.0.1:{server.server_address[1]}", "model": "m",
+        "api_key": "${FLAGPERF_TEST_ENDPOINT_KEY}"}}}), encoding="utf-8")
+    run_id = f"run-endpoint-key-{time.time_ns()}"
+    controller_log = RunFolderLog(flagperf_env / run_id)  # what `flagperf run` adds: the run's controller.log
+    logging.getLogger().addHandler(controller_log)
+    try:
+        evaluate(cases=["tiny-llama-serve"], inventory=str(inventory), results_dir=str(flagperf_env), run_id=run_id,
+                 overrides=["endpoint=lab", "concurrency=[1]", "request_rates=[]", "requests=2", "warmup_requests=0",
+                            "max_new_tokens=4"], return_state=True)
+    finally:
+        logging.getLogger().removeHandler(controller_log)
+        controller_log.close()
+        server.shutdown()
+        thread.join()
+    assert QuotingEndpoint.received and set(QuotingEndpoint.received) == {f"Bearer {CANARY}"}
+    run_dir = flagperf_env / run_id
+    requests = list(run_dir.rglob("requests.jsonl"))
+    assert requests and "Authorization: ***" in requests[0].read_text(encoding="utf-8")  # the 401 pages were recorded
+    assert "tiny-llama-serve" in (run_dir / "controller.log").read_text(encoding="utf-8")
+    searched = [p for folder in (run_dir, tmp_path / "work") for p in folder.rglob("*") if p.is_file()]
+    assert [str(p) for p in searched if CANARY.encode() in p.read_bytes()] == []
+    logs = asyncio.run(_all_prefect_logs())
+    assert "tiny-llama-serve" in logs and CANARY not in logs

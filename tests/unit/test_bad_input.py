@@ -238,6 +238,8 @@ def test_hostile_input(name: str, tmp_path: Path) -> None:
             assert errors == [], said
         for part in _as_list(run.get("out")):
             assert part in done.stdout, f"{part!r} not in stdout; {said}"
+        for part in _as_list(expect.get("absent")):
+            assert part not in done.stdout + done.stderr, f"{part!r} (a secret) was printed; {said}"
         after = _snapshot(copy)
         assert after == before, f"{said}\nleft behind or changed: " + ", ".join(
             sorted(k for k in after.keys() | before.keys() if after.get(k) != before.get(k)))

@@ -7,12 +7,15 @@ lines, goodput on hand-made traces, and the serving keys' one-line errors."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import http.server
 import json
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import psutil
 import pytest
@@ -160,6 +163,26 @@ def test_a_command_placeholder_that_does_not_exist_is_refused() -> None:
     ({"api": "completions"}, "api", "serves chat only"),
     ({"engine": "hf"}, "request_rates", "needs a serving engine"),
     ({"concurrency": [], "request_rates": []}, None, "at least one point"),
+    ({"concurrency": [-1]}, "concurrency", "must be 1 to 65536"),
+    ({"concurrency": [65537]}, "concurrency", "must be 1 to 65536"),
+    ({"max_concurrency": 0}, "max_concurrency", "greater than or equal to 1"),
+    ({"request_rates": [float("inf")]}, "request_rates.0", "finite number"),
+    ({"request_rates": [2e6]}, "request_rates", "at most 1e+06 requests/s"),
+    ({"request_rates": [0.001]}, "request_rates", "8 requests at 0.001 requests/s take about 8000 s, beyond "
+                                                  "timeout_s (900)"),
+    ({"requests": 0}, "requests", "greater than or equal to 1"),
+    ({"warmup_requests": 10 ** 7}, "warmup_requests", "less than or equal to 1000000"),
+    ({"burstiness": float("nan")}, "burstiness", "finite number"),
+    ({"burstiness": 1e9}, "burstiness", "less than or equal to 1000"),
+    ({"ready_timeout_s": float("inf")}, "ready_timeout_s", "finite number"),
+    ({"request_timeout_s": 0.0}, "request_timeout_s", "greater than 0"),
+    ({"input_len": 10 ** 9}, "input_len", "less than or equal to 1048576"),
+    ({"max_new_tokens": 0}, "max_new_tokens", "greater than or equal to 1"),
+    ({"seed": 2 ** 64}, "seed", "less than or equal to"),
+    ({"slo": {"e2el_s": float("nan")}}, "slo.e2el_s", "finite number"),
+    ({"prompts_path": __file__}, None, "must be a .jsonl or .csv file"),
+    ({"endpoint": {"base_url": "http://u:pw-0042@h:1", "model": "m"}}, "endpoint.base_url", "credentials"),
+    ({"endpoint": {"base_url": "http://h:1", "model": "m", "devices": 0}}, "endpoint.devices", "greater than"),
 ])
 def test_serving_keys_are_checked_with_one_line_naming_file_and_key(
         changes: dict[str, object], key: str | None, message: str, tmp_path: Path,
@@ -180,6 +203,7 @@ def test_serving_keys_are_checked_with_one_line_naming_file_and_key(
         plan_run(cases=["bad-serve"], sets=[], results_dir=tmp_path / "results")
     text = str(err.value)
     assert "\n" not in text and message in text and "bad-serve" in text and "case.yaml" in text
+    assert "sk-literal" not in text and "pw-0042" not in text  # a secret is never quoted
     if key:
         assert f": {key}" in text
 
@@ -200,10 +224,63 @@ def test_a_server_that_never_gets_ready_fails_within_its_timeout(tmp_path: Path)
 
 
 def test_a_server_that_exits_before_ready_fails_with_its_log_tail(tmp_path: Path) -> None:
-    spec = ServerSpec(command=["{python}", "-c", "import sys; print('no such model: {model_dir}'); sys.exit(3)"])
+    spec = ServerSpec(command=["{python}", "-c", "import sys; print('no such model: ' + sys.argv[1]); sys.exit(3)",
+                               "{model_dir}"])
     with pytest.raises(ServerFailed, match=r"exited 3 before it was ready.*no such model: /m") as err:
         start_server(spec, {"model_dir": "/m"}, [], {}, tmp_path / SERVER_LOG, ready_timeout_s=600.0)
     assert err.value.user
+
+
+def test_config_values_reach_the_server_as_words_no_shell_reads(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model folder and server_args full of shell syntax arrive as the server's argv words, as written; no
+    shell runs them (nothing is touched)."""
+    monkeypatch.chdir(tmp_path)
+    said = tmp_path / "argv.json"
+    spec = ServerSpec(command=["{python}", "-c", "import json, sys; open(sys.argv[1], 'w').write(json.dumps("
+                               "sys.argv[2:])); sys.exit(3)", str(said), "{model_dir}"])
+    model = "m; touch marker1 && $(touch marker2) `touch marker3`"
+    extra = ["--x=$(touch marker4)", "| touch marker5", "{model_dir}"]
+    with pytest.raises(ServerFailed, match="exited 3 before it was ready"):
+        start_server(spec, {"model_dir": model}, extra, {}, tmp_path / SERVER_LOG, ready_timeout_s=600.0)
+    assert json.loads(said.read_text(encoding="utf-8")) == [model, *extra]  # server_args are not rendered
+    assert not list(tmp_path.glob("marker*"))
+
+
+def test_data_files_are_read_only_when_regular_bounded_and_parsable(tmp_path: Path) -> None:
+    """What a round reads from prompts_path and sharegpt_path: a FIFO is refused on the opened file (never
+    blocks), a file over the bound by its size (a sparse file: no disk used), JSON too deep for the parser and
+    broken JSON as one line naming the file."""
+    import os
+
+    from flagperf.errors import CaseUserError
+    from flagperf.generate.config import MAX_DATA_FILE_BYTES, GenerateConfig
+    from flagperf.generate.prompts import read_prompt_file
+    from flagperf.generate.serve import sharegpt_prompts
+
+    tokens = Tokens(None)
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 200_000 + "]" * 200_000, encoding="utf-8")
+    with pytest.raises(CaseUserError, match=r"deep.json: sharegpt_path: not read: JSON nested too deeply"):
+        sharegpt_prompts(str(deep), tokens, 16, 16)
+    broken = tmp_path / "broken.json"
+    broken.write_text('[{"conversations": [', encoding="utf-8")
+    with pytest.raises(CaseUserError, match=r"broken.json: sharegpt_path: not JSON \(.*line 1"):
+        sharegpt_prompts(str(broken), tokens, 16, 16)
+    pipe = tmp_path / "prompts.jsonl"
+    os.mkfifo(pipe)
+    with pytest.raises(ConfigError, match=r"prompts.jsonl: prompts_path: not a regular file but a named pipe"):
+        read_prompt_file(str(pipe))
+    huge = tmp_path / "huge.json"
+    with huge.open("wb") as handle:
+        handle.truncate(MAX_DATA_FILE_BYTES + 1)
+    with pytest.raises(ConfigError, match=r"huge.json: sharegpt_path: .* is at most 1073741824 bytes; not read"):
+        sharegpt_prompts(str(huge), tokens, 16, 16)
+    base = {"model": "tiny", "precision": "fp32", "engine": "transformers-serve", "input_len": 6,
+            "max_new_tokens": 5, "concurrency": [1], "requests": 4, "timeout_s": 600.0, "max_retries": 0}
+    for path, words in ((huge, "is at most"), (pipe, "named pipe"), (tmp_path, "is a directory")):
+        with pytest.raises(ValueError, match=words):
+            GenerateConfig.model_validate({**base, "sharegpt_path": str(path)})
 
 
 SERVER_LOSES_ITS_PORT = """
@@ -374,29 +451,46 @@ def test_python_is_the_running_one() -> None:  # the {python} placeholder: the c
 
 
 
-def test_a_case_measures_an_endpoint_the_inventory_names(served: ServerProcess, model_dir: Path, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """`endpoint: NAME` in the case, the server's address, model and key reference in the inventory's endpoints:
-    the plan puts the inventory's entry in the config once (its origin says so), and the round loads that running
-    server, starting none. A name the inventory does not list is one line naming the key and what it lists."""
+SECRET = "sk-flagperf-canary-7f3e9c2a51d84b06"  # distinctive: found only if the key itself leaked
+
+
+def _files_holding(secret: str, folder: Path) -> list[str]:
+    """Every file under folder (records, logs, metrics, plots) whose bytes hold the secret."""
+    return [str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+
+
+def _endpoint_job(tmp_path: Path, base_url: str, model: str, *sets: str) -> tuple[Job, Path]:
+    """The plan of tiny-llama-serve on the inventory's endpoint `lab` (its key: ${LAB_SERVING_KEY}) as the flow
+    would make it, and an empty round folder."""
     from flagperf.hosts.inventory import load_inventory
 
-    monkeypatch.setenv("LAB_SERVING_KEY", "not-a-real-key")
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(json.dumps({"hosts": [{"name": "localhost"}], "endpoints": {"lab": {
-        "base_url": served.base_url, "model": str(model_dir), "api_key": "${LAB_SERVING_KEY}", "devices": 2}}}))
+        "base_url": base_url, "model": model, "api_key": "${LAB_SERVING_KEY}", "devices": 2}}}))
     inv = load_inventory(inventory)
-    sets = ["endpoint=lab", "concurrency=[1]", "request_rates=[]", "requests=2", "max_new_tokens=4"]
-    plan = plan_run(cases=["tiny-llama-serve"], sets=sets, results_dir=tmp_path / "results",
+    plan = plan_run(cases=["tiny-llama-serve"], sets=["endpoint=lab", *sets], results_dir=tmp_path / "results",
                     inventory_endpoints=inv.endpoints, inventory_source=inv.source)
     cp = plan.cases[0]
-    assert cp.config["endpoint"]["base_url"] == served.base_url and cp.config["endpoint"]["api_key"] == \
-        "${LAB_SERVING_KEY}"  # the reference travels, never the key
+    assert cp.config["endpoint"]["api_key"] == "${LAB_SERVING_KEY}"  # the reference travels, never the key
     assert cp.origins["endpoint"].endswith("endpoints.lab")
-    job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, host="localhost", vendor="cpu",
-              config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={})
+    assert SECRET not in plan.model_dump_json()
     out = tmp_path / "round"
     out.mkdir()
+    return Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, host="localhost", vendor="cpu",
+               config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={}), out
+
+
+def test_a_case_measures_an_endpoint_the_inventory_names(served: ServerProcess, model_dir: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """`endpoint: NAME` in the case, the server's address, model and key reference in the inventory's endpoints:
+    the plan puts the inventory's entry in the config once (its origin says so), and the round loads that running
+    server, starting none; the key is in no file of the round and in no log line. A name the inventory does not
+    list is one line naming the key and what it lists."""
+    monkeypatch.setenv("LAB_SERVING_KEY", SECRET)
+    caplog.set_level("DEBUG")
+    job, out = _endpoint_job(tmp_path, served.base_url, str(model_dir), "concurrency=[1]", "request_rates=[]",
+                             "requests=2", "max_new_tokens=4")
     assert run_job(job, out) == 0, (out / "case.log").read_text() if (out / "case.log").exists() else ""
     result = read_result(out / "result.json")
     metrics = {m.name: m for m in result.metrics}
@@ -406,8 +500,128 @@ def test_a_case_measures_an_endpoint_the_inventory_names(served: ServerProcess, 
     serving = json.loads((out / SERVING_FILE).read_text())
     assert serving["endpoint"]["base_url"] == served.base_url and "server" not in serving
     assert not (out / SERVER_LOG).exists()  # no server was started
-    assert "not-a-real-key" not in (out / "result.json").read_text() + (out / SERVING_FILE).read_text()
+    assert {"result.json", REQUESTS_FILE, SERVING_FILE} <= {p.name for p in out.rglob("*")}
+    assert _files_holding(SECRET, out) == [] and SECRET not in caplog.text
     with pytest.raises(ConfigError, match=r"'elsewhere' names no endpoint of the inventory .*: lab\)") as refused:
         plan_run(cases=["tiny-llama-serve"], sets=["endpoint=elsewhere"], results_dir=tmp_path / "results",
-                 inventory_endpoints=inv.endpoints, inventory_source=inv.source)
+                 inventory_endpoints={"lab": job.config["endpoint"]}, inventory_source="inventory.yaml")
     assert refused.value.key == "tiny-llama-serve.endpoint" and "\n" not in str(refused.value)
+
+
+class EchoingProxy(http.server.BaseHTTPRequestHandler):
+    """An endpoint that refuses every request and quotes the Authorization header it got in its 401 page, as
+    some gateways do; it remembers what it was sent."""
+
+    received: ClassVar[list[str]] = []
+
+    def do_POST(self) -> None:  # http.server calls it by this name
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        said = self.headers.get("Authorization", "")
+        self.received.append(said)
+        body = f"invalid credentials: Authorization: {said}".encode()
+        self.send_response(401)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def echoing_proxy() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), EchoingProxy)  # the port from the OS
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    EchoingProxy.received.clear()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    thread.join()
+
+
+def test_an_endpoint_that_quotes_the_key_back_leaves_it_in_no_record(echoing_proxy: str, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """The key is sent (the endpoint got it), every request fails with the endpoint's 401 page, and that page,
+    which quotes the key, is recorded with the key masked: in no file of the round, in no log line."""
+    monkeypatch.setenv("LAB_SERVING_KEY", SECRET)
+    caplog.set_level("DEBUG")
+    job, out = _endpoint_job(tmp_path, echoing_proxy, "m", "concurrency=[1]", "request_rates=[]", "requests=2",
+                             "warmup_requests=0", "max_new_tokens=4")
+    run_job(job, out)
+    assert EchoingProxy.received and set(EchoingProxy.received) == {f"Bearer {SECRET}"}
+    records = read_records(out / REQUESTS_FILE)
+    assert records and all((r.error or "").startswith("HTTP 401: invalid credentials") for r in records)
+    assert all("Authorization: ***" in (r.error or "") for r in records)
+    assert _files_holding(SECRET, out) == [] and SECRET not in caplog.text
+
+
+def test_a_key_a_header_cannot_carry_is_refused_by_its_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key with a line end (a file read with its newline) would make httpx's error quote it: refused before any
+    request, naming the variable, never the value."""
+    monkeypatch.setenv("LAB_SERVING_KEY", SECRET + "\n")
+    job, out = _endpoint_job(tmp_path, "http://127.0.0.1:9", "m", "concurrency=[1]", "request_rates=[]")
+    assert run_job(job, out) == EXIT_USER_ERROR
+    result = read_result(out / "result.json")
+    assert result.failure is not None and "endpoint.api_key: ${LAB_SERVING_KEY} is empty or holds spaces, line " \
+        "ends" in result.failure.message
+    assert _files_holding(SECRET, out) == [] and not (out / REQUESTS_FILE).exists()
+
+
+HOSTILE_EVENTS = {  # what a broken or hostile endpoint streams, by path: each is the request's error, never a crash
+    "/choices-text": ['{"choices": "abc"}'],
+    "/delta-text": ['{"choices": [{"delta": "abc"}]}'],
+    "/content-number": ['{"choices": [{"delta": {"content": 7}}]}'],
+    "/usage-text": ['{"choices": [], "usage": {"prompt_tokens": "many", "completion_tokens": 1}}'],
+    "/deep": ["[" * 100_000 + "]" * 100_000],
+}
+
+
+class HostileEndpoint(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:  # http.server calls it by this name
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        prefix = self.path.removesuffix("/v1/chat/completions")
+        if prefix == "/endless":  # a 500 page that never ends: the client reads a bounded part of it
+            self.send_response(500)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            chunk = b"x" * 65536
+            with contextlib.suppress(OSError):
+                while True:
+                    self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+            return
+        body = "".join(f"data: {event}\n\n" for event in HOSTILE_EVENTS[prefix]).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_hostile_endpoints_answers_are_request_errors(tmp_path: Path) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), HostileEndpoint)  # the port from the OS
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        errors = {}
+        for prefix in [*HOSTILE_EVENTS, "/endless"]:
+            target = Target(f"http://127.0.0.1:{server.server_address[1]}{prefix}", "m", "chat",
+                            request_timeout_s=60.0)
+            run = asyncio.run(run_phase(target, Load("c1", concurrency=1), [ServingPrompt(0, "t1 t2", 2, 3)],
+                                        "timed", requests=1, duration_s=None, writer=None, count_tokens=None))
+            errors[prefix] = run.records[0].error or ""
+    finally:
+        server.shutdown()
+        thread.join()
+    assert errors["/choices-text"].startswith("unexpected choices")
+    assert errors["/delta-text"].startswith("unexpected choices")
+    assert errors["/content-number"].startswith("unexpected content")
+    assert errors["/usage-text"].startswith("unexpected usage")
+    assert errors["/deep"].startswith("not JSON in the stream")
+    assert errors["/endless"].startswith("HTTP 500: xxx") and len(errors["/endless"]) < 400
