@@ -346,7 +346,7 @@ def _remove_made(folder: Path, made: Path | None) -> None:
     for candidate in (folder.absolute(), *folder.absolute().parents):
         try:
             candidate.rmdir()
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a NUL in the path (folder_problem said so)
             return
         if candidate == made:
             return
