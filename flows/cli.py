@@ -25,6 +25,7 @@ from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperGroup
 
+from flagperf.config.adaptation import read_adaptation
 from flagperf.config.casecode import case_code_not_run
 from flagperf.config.cases import INFERENCE_FILES, available_cases, load_case, load_case_manifest, resolve_case_config
 from flagperf.config.plan import DEFAULT_SUITE, PLAN_FILE, available_suites, plan_run
@@ -543,6 +544,10 @@ def _check_file(path: Path) -> str:
         manifest = load_case_manifest(path)
         case = load_case(manifest.name, {manifest.name: path.parent})
         resolve_case_config(case, vendor="", run_overrides=[])  # the defaults alone must be valid
+        vendors = path.parent / "vendor"
+        for folder in sorted(vendors.iterdir()) if vendors.is_dir() else []:  # each vendor's adaptation, read
+            if folder.is_dir() or folder.is_symlink():
+                read_adaptation(case.folder, case.name, case.family, folder.name)
         return "case"
     inference = _validate_inference_file(path)
     if inference:
