@@ -191,8 +191,8 @@ _FILE_OPTIONS = {"-r": "requirement", "--requirement": "requirement", "-c": "con
 _FLAG_OPTIONS = {"--no-index", "--pre", "--prefer-binary", "--require-hashes"}
 _VALUE_OPTIONS = {"--only-binary", "--no-binary"}
 _REMOTE = {"-i": "another index", "--index-url": "another index", "--extra-index-url": "another index",
-           "--trusted-host": "a host without TLS checks", "-e": "an editable install", "--editable":
-           "an editable install"}
+           "--trusted-host": "a host without TLS checks", "-e": "an editable install from a checkout or a path",
+           "--editable": "an editable install from a checkout or a path"}
 MAX_REQUIREMENT_FILES = 16  # -r / -c nesting
 
 
@@ -233,9 +233,9 @@ def _check_requirement_line(line: str, where: str, source: str, folder: Path, se
     if head.startswith("-"):
         option, eq, attached = head.partition("=")
         if option in _REMOTE:
-            raise ConfigError(source, where, f"{option} installs from {_REMOTE[option]}: a vendor's requirements "
-                                             "come from the host's configured index (pip.conf, PIP_INDEX_URL) or "
-                                             "from files in its folder")
+            raise ConfigError(source, where, f"{option} ({_REMOTE[option]}) is not read here: a vendor's "
+                                             "requirements come from the host's configured index (pip.conf, "
+                                             "PIP_INDEX_URL) or from files in its folder")
         values = ([attached] if eq else []) + tokens[1:]
         if option in _FLAG_OPTIONS and not values:
             return
@@ -251,20 +251,21 @@ def _check_requirement_line(line: str, where: str, source: str, folder: Path, se
             return
         raise ConfigError(source, where, f"{head}: not an option read here (read: "
                                          f"{', '.join(sorted([*_FLAG_OPTIONS, *_VALUE_OPTIONS, *_FILE_OPTIONS]))})")
-    spec, *options = tokens
-    for option in options:
+    after = re.search(r"\s--", line)  # pip's per-requirement options follow the requirement
+    for option in line[after.start():].split() if after else []:
         if not option.startswith("--hash="):
             raise ConfigError(source, where, f"{option}: only --hash=... may follow a requirement")
-    if "://" in spec or re.match(r"(git|hg|svn|bzr)\+", spec) or "@" in line.partition(";")[0]:
-        raise ConfigError(source, where, f"{spec}: a URL or VCS requirement installs from elsewhere: a vendor's "
-                                         "requirements come from the host's configured index or from files in "
-                                         "its folder")
-    if "/" in spec or spec.startswith(".") or _ARCHIVE.match(spec):
-        _local_path(spec, where, source, folder, "a file requirement")
+    name_part = line[:after.start() if after else None].partition(";")[0].strip()  # before the markers
+    if "://" in name_part or re.match(r"(git|hg|svn|bzr)\+", name_part) or "@" in name_part:
+        raise ConfigError(source, where, f"{name_part}: a URL or VCS requirement installs from elsewhere: a "
+                                         "vendor's requirements come from the host's configured index or from "
+                                         "files in its folder")
+    if "/" in name_part or name_part.startswith(".") or _ARCHIVE.match(name_part):
+        _local_path(name_part, where, source, folder, "a file requirement")
         return
-    if not _REQUIREMENT.fullmatch(line.partition(";")[0].split(" --hash=")[0].strip()):
-        raise ConfigError(source, where, f"{spec!r} is not a requirement (name, extras and version specifiers), "
-                                         "a wheel or archive in the folder, or an option read here")
+    if not _REQUIREMENT.fullmatch(name_part):
+        raise ConfigError(source, where, f"{name_part!r} is not a requirement (name, extras and version "
+                                         "specifiers), a wheel or archive in the folder, or an option read here")
 
 
 def _local_path(value: str, where: str, source: str, folder: Path, what: str) -> Path:
