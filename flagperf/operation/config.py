@@ -6,8 +6,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from flagperf.config.memory import MemoryNeed
 from flagperf.config.models import CaseConfig
-from flagperf.operation.operators import FP8, OPERATORS, ModelShape
+from flagperf.operation.operators import ELEMENT_BYTES, FP8, MAX_DIM, OPERATORS, ModelShape, shape_label
 from flagperf.training.shapes import BERT_PRESETS, LLAMA_PRESETS
 
 # The model shapes operators are sized from: the project's one table of Llama and BERT shapes.
@@ -17,6 +18,9 @@ MODEL_SHAPES: dict[str, ModelShape] = {
     **{name: ModelShape(name, s.hidden_size, s.intermediate_size, s.num_heads, s.num_heads, s.vocab_size)
        for name, s in BERT_PRESETS.items() if name != "tiny"},
 }
+
+# Models, batch sizes and sequence lengths multiply into points, each timed for a while: a grid is a few dozen.
+MAX_LIST = 64
 
 # Per dtype: rtol, and atol before the operator's scale for the shape (sqrt of a GEMM's K, say). Outputs in
 # half precision are rounded to 11 (fp16) or 8 (bf16) significant bits, which bounds what rtol can ask.
@@ -40,9 +44,11 @@ class OperationConfig(CaseConfig):
 
     operators: list[str] = Field(min_length=1, description="operators of flagperf.operation.operators")
     dtypes: list[Literal["fp32", "fp16", "bf16", "fp8"]] = Field(min_length=1)
-    models: list[str] = Field(default_factory=list, description="model shape presets the shapes are taken from")
-    batch_sizes: list[int] = Field(default_factory=lambda: [1], description="with seq_lens: the token grid")
-    seq_lens: list[int] = Field(default_factory=lambda: [128])
+    models: list[str] = Field(default_factory=list, max_length=MAX_LIST,
+                              description="model shape presets the shapes are taken from")
+    batch_sizes: list[int] = Field(default_factory=lambda: [1], max_length=MAX_LIST,
+                                   description="with seq_lens: the token grid")
+    seq_lens: list[int] = Field(default_factory=lambda: [128], max_length=MAX_LIST)
     shapes: dict[str, list[dict[str, Any]]] = Field(
         default_factory=dict, description="operator -> shapes given by the user ({dimension: size})")
     implementations: list[str] | None = Field(
@@ -81,8 +87,8 @@ class OperationConfig(CaseConfig):
     @field_validator("batch_sizes", "seq_lens")
     @classmethod
     def _sizes(cls, value: list[int]) -> list[int]:
-        if any(v < 1 for v in value):
-            raise ValueError("every size must be >= 1")
+        if any(v < 1 or v > MAX_DIM for v in value):
+            raise ValueError(f"every size must be from 1 to {MAX_DIM}")
         return value
 
     @field_validator("dtypes")
@@ -134,6 +140,22 @@ class OperationConfig(CaseConfig):
         if self.warmup_s + self.rep_s >= self.timeout_s:
             raise ValueError(f"warmup_s + rep_s must be well below timeout_s ({self.timeout_s:g})")
         return self
+
+    def memory_need(self) -> MemoryNeed | None:
+        """The largest point's inputs and output in its dtype: a lower bound on what its round allocates (the
+        reference and an implementation's work space come on top), so that a shape no host can hold is refused
+        with the plan (flagperf.hosts.capacity), not met by a failed allocation or, where the device is the
+        host's memory, by a host that swaps."""
+        from flagperf.operation.driver import plan_points  # the driver imports this module
+
+        points = plan_points(self)
+        if not points:
+            return None
+        worst = max(points, key=lambda p: p.op.count_bytes(p.dims, ELEMENT_BYTES[p.dtype]))
+        keys = ("shapes",) if worst.source == "given" else ("batch_sizes", "seq_lens", "models")
+        return MemoryNeed(worst.op.count_bytes(worst.dims, ELEMENT_BYTES[worst.dtype]),
+                          f"{worst.op.name} {shape_label(worst.dims)} in {worst.dtype} ({worst.source}; its inputs "
+                          "and output alone)", keys)
 
     def tolerance(self, dtype: str) -> dict[str, float]:
         given = self.tolerances.get(dtype)
