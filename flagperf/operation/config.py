@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from flagperf.config.memory import MemoryNeed
 from flagperf.config.models import CaseConfig
-from flagperf.operation.operators import ELEMENT_BYTES, FP8, MAX_DIM, OPERATORS, ModelShape, shape_label
+from flagperf.operation.operators import ELEMENT_BYTES, FP8, MAX_DIM, OPERATORS, Dims, ModelShape, Operator, shape_label
 from flagperf.training.shapes import BERT_PRESETS, LLAMA_PRESETS
 
 # The model shapes operators are sized from: the project's one table of Llama and BERT shapes.
@@ -30,6 +31,14 @@ DEFAULT_TOLERANCES: dict[str, dict[str, float]] = {
     "bf16": {"rtol": 1.6e-2, "atol": 1e-2},
     FP8: {"rtol": 1.6e-2, "atol": 1e-2},  # fp8 inputs are exact in the reference; the output is bf16
 }
+
+
+@dataclass(frozen=True)
+class PlannedPoint:
+    op: Operator
+    dtype: str
+    dims: Dims
+    source: str
 
 
 class Tolerance(BaseModel):
@@ -146,8 +155,6 @@ class OperationConfig(CaseConfig):
         reference and an implementation's work space come on top), so that a shape no host can hold is refused
         with the plan (flagperf.hosts.capacity), not met by a failed allocation or, where the device is the
         host's memory, by a host that swaps."""
-        from flagperf.operation.driver import plan_points  # the driver imports this module
-
         points = plan_points(self)
         if not points:
             return None
@@ -169,3 +176,25 @@ class OperationConfig(CaseConfig):
 
             for name in self.implementations:
                 load_implementation(vendor, name, origins.get("implementations", source))
+
+
+def plan_points(config: OperationConfig) -> list[PlannedPoint]:
+    """Operators x dtypes x shapes: from the model shapes x batch sizes x sequence lengths, then the user's;
+    a shape met twice is measured once (the first source is kept)."""
+    planned: list[PlannedPoint] = []
+    seen: set[tuple[str, str, tuple[tuple[str, int], ...]]] = set()
+    for name in config.operators:
+        op = OPERATORS[name]
+        shapes: list[tuple[Dims, str]] = [
+            (op.from_model(MODEL_SHAPES[model], b, s), f"{model} b{b} s{s}")
+            for model in config.models for b in config.batch_sizes for s in config.seq_lens]
+        shapes += [({d: int(dims[d]) for d in op.dims}, "given") for dims in config.shapes.get(name, [])]
+        for dtype in config.dtypes:
+            if dtype not in op.dtypes:
+                continue
+            for dims, source in shapes:
+                key = (name, dtype, tuple(dims.items()))
+                if key not in seen:
+                    seen.add(key)
+                    planned.append(PlannedPoint(op, dtype, dims, source))
+    return planned
