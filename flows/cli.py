@@ -576,6 +576,11 @@ def _check_file(path: Path) -> str:
     if path.suffix == ".py":  # FlagPerf training's test_conf.py, or its cluster_conf.py: checked together
         test_conf = path.with_name("test_conf.py") if path.name == CLUSTER_CONF else path
         inv = load_training_conf(test_conf)
+        # Planned as run plans it: the cases' scale files (config_<hw>x<n>x<p>.py) and adaptations are read too.
+        plan_run(cases=list(inv.cases), vendor=inv.resolve_vendor(None), rounds=inv.rounds,
+                 results_dir=Path("/nonexistent-results-for-validation"),
+                 hosts=[spec.model_dump(mode="json") for spec in inv.hosts], inventory_overrides=inv.case_overrides,
+                 inventory_source=inv.source, inventory_endpoints=inv.endpoints)
         if inv.results_dir:  # checked as run checks it, by writing there; what this made is removed again
             folder = Path(inv.results_dir)
             _remove_made(folder, _make_results_folder(folder, display_path(test_conf), "FLAGPERF_LOG_PATH"))
