@@ -25,7 +25,7 @@ from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperGroup
 
-from flagperf.config.adaptation import read_adaptation
+from flagperf.config.adaptation import CSRC_SETUP, ENV_FILE, EXTERN_HOOKS_FILE, REQUIREMENTS_FILE, read_adaptation
 from flagperf.config.casecode import case_code_not_run
 from flagperf.config.cases import INFERENCE_FILES, available_cases, load_case, load_case_manifest, resolve_case_config
 from flagperf.config.plan import DEFAULT_SUITE, PLAN_FILE, available_suites, plan_run
@@ -570,6 +570,13 @@ def _check_file(path: Path) -> str:
         resolve_case_config(case, vendor=path.parent.name, run_overrides=[(str(path), sizes)],
                             hardware=scale.group(1))
         return f"training scale overrides of {manifest.name}"
+    adapted = next((parent for parent in path.parents[:3] if parent.parent.name == "vendor"
+                    and (parent.parent.parent / "case.yaml").is_file()), None)
+    if adapted is not None and path.name in (ENV_FILE, REQUIREMENTS_FILE, EXTERN_HOOKS_FILE, CSRC_SETUP):
+        case_dir = adapted.parent.parent  # a file of a vendor's adaptation: the whole folder is read
+        manifest = load_case_manifest(case_dir / "case.yaml")
+        read_adaptation(case_dir, manifest.name, manifest.family, adapted.name)
+        return f"vendor {adapted.name}'s adaptation of {manifest.name}"
     if path.name == VENDOR_MANIFEST:
         load_vendor_manifest(path)
         return "vendor"
