@@ -42,7 +42,7 @@ from flagperf.errors import (
     Unsupported,
     missing_extra,
 )
-from flagperf.hosts.adaptation import apply_adaptation, cache_root
+from flagperf.hosts.adaptation import Applied, apply_adaptation, cache_root
 from flagperf.hosts.local import PARENT_PID_ENV, default_work_root
 from flagperf.inference.config import InferenceConfig
 from flagperf.measure.casekit import CaseConfig, CaseContext, EveryDevice, TimedCaseConfig
@@ -351,7 +351,7 @@ def run_job(job: Job, out_dir: Path, slot: DeviceSlot | None = None, job_file: P
             log.info("host allocator: %s", allocator)
             adaptation = read_adaptation(case.folder, case.name, case.family, vendor.name)
             if adaptation is not None:  # the vendor guide's adaptation points, applied before the case starts
-                adapted = adaptation.summary()  # recorded also when applying it fails
+                adapted = Applied(adaptation).record()  # recorded also when applying it fails (masked)
                 applied = apply_adaptation(adaptation, out_dir, cache_root(out_dir),
                                            image_id=job.image.get("image_id"))
                 adapted = applied.record()

@@ -25,6 +25,7 @@ from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperGroup
 
+from flagperf.config.adaptation import CSRC_SETUP, ENV_FILE, EXTERN_HOOKS_FILE, REQUIREMENTS_FILE, read_adaptation
 from flagperf.config.casecode import case_code_not_run
 from flagperf.config.cases import INFERENCE_FILES, available_cases, load_case, load_case_manifest, resolve_case_config
 from flagperf.config.plan import DEFAULT_SUITE, PLAN_FILE, available_suites, plan_run
@@ -354,7 +355,7 @@ def _remove_made(folder: Path, made: Path | None) -> None:
     for candidate in (folder.absolute(), *folder.absolute().parents):
         try:
             candidate.rmdir()
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a NUL in the path (folder_problem said so)
             return
         if candidate == made:
             return
@@ -558,6 +559,10 @@ def _check_file(path: Path) -> str:
         manifest = load_case_manifest(path)
         case = load_case(manifest.name, {manifest.name: path.parent})
         resolve_case_config(case, vendor="", run_overrides=[])  # the defaults alone must be valid
+        vendors = path.parent / "vendor"
+        for folder in sorted(vendors.iterdir()) if vendors.is_dir() else []:  # each vendor's adaptation, read
+            if folder.is_dir() or folder.is_symlink():
+                read_adaptation(case.folder, case.name, case.family, folder.name)
         return "case"
     inference = _validate_inference_file(path)
     if inference:
@@ -580,12 +585,24 @@ def _check_file(path: Path) -> str:
         resolve_case_config(case, vendor=path.parent.name, run_overrides=[(str(path), sizes)],
                             hardware=scale.group(1))
         return f"training scale overrides of {manifest.name}"
+    adapted = next((parent for parent in path.parents[:3] if parent.parent.name == "vendor"
+                    and (parent.parent.parent / "case.yaml").is_file()), None)
+    if adapted is not None and path.name in (ENV_FILE, REQUIREMENTS_FILE, EXTERN_HOOKS_FILE, CSRC_SETUP):
+        case_dir = adapted.parent.parent  # a file of a vendor's adaptation: the whole folder is read
+        manifest = load_case_manifest(case_dir / "case.yaml")
+        read_adaptation(case_dir, manifest.name, manifest.family, adapted.name)
+        return f"vendor {adapted.name}'s adaptation of {manifest.name}"
     if path.name == VENDOR_MANIFEST:
         load_vendor_manifest(path)
         return "vendor"
     if path.suffix == ".py":  # FlagPerf training's test_conf.py, or its cluster_conf.py: checked together
         test_conf = path.with_name("test_conf.py") if path.name == CLUSTER_CONF else path
         inv = load_training_conf(test_conf)
+        # Planned as run plans it: the cases' scale files (config_<hw>x<n>x<p>.py) and adaptations are read too.
+        plan_run(cases=list(inv.cases), vendor=inv.resolve_vendor(None), rounds=inv.rounds,
+                 results_dir=Path("/nonexistent-results-for-validation"),
+                 hosts=[spec.model_dump(mode="json") for spec in inv.hosts], inventory_overrides=inv.case_overrides,
+                 inventory_source=inv.source, inventory_endpoints=inv.endpoints)
         if inv.results_dir:  # checked as run checks it, by writing there; what this made is removed again
             folder = Path(inv.results_dir)
             _remove_made(folder, _make_results_folder(folder, display_path(test_conf), "FLAGPERF_LOG_PATH"))

@@ -18,13 +18,16 @@ from __future__ import annotations
 import ast
 import hashlib
 import re
+import shlex
+import stat
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flagperf.config.files import is_present, read_config_text, regular_file
+from flagperf.config.files import given_name, inside, is_present, read_config_text, regular_file
+from flagperf.config.yamlio import MAX_KEY, MAX_TEXT
 from flagperf.errors import ConfigError
 from flagperf.paths import display_path
 
@@ -67,9 +70,11 @@ FORBIDDEN_CALLS = {("torch", "load"): "torch.load loads weights: the initial che
                                       "change"}
 
 # The engine sets these for the case process; an environment file must not move them.
-RESERVED_ENV = re.compile(r"^(FLAGPERF_.*|PYTHONPATH|PYTHONHOME|PYTHONUNBUFFERED)$")
+# PREFECT_*: a case's own flow runs report to the run's server with its key, which a vendor may not redirect.
+RESERVED_ENV = re.compile(r"^(FLAGPERF_.*|PREFECT_.*|PYTHONPATH|PYTHONHOME|PYTHONUNBUFFERED)$")
+MAX_ENV_NAMES = 512  # far above any vendor's; an environment of millions of names would not start a process
 _ASSIGNMENT = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
-_REFERENCE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+ENV_REFERENCE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 _UNQUOTED_UNSAFE = set(" \t;&|<>()`\\'\"*?[]~#!")
 
 
@@ -109,10 +114,14 @@ def parse_env_file(path: Path) -> dict[str, str]:
     and expanded when applied). Anything else (a command, a substitution, a function) is refused by line."""
     source = display_path(path)
     values: dict[str, str] = {}
-    for number, raw in enumerate(read_config_text(path).splitlines(), start=1):
+    # Lines end at \n alone, as in the shell (str.splitlines also ends them at \r, \f, \x1c ...).
+    for number, raw in enumerate(read_config_text(path).split("\n"), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
+        control = next((c for c in line if (ord(c) < 32 and c != "\t") or ord(c) == 127), None)
+        if control is not None:  # a NUL cannot be in an environment; an escape sequence would rewrite a log
+            raise ConfigError(source, f"line {number}", f"holds the control character {control!r}")
         match = _ASSIGNMENT.match(line)
         if match is None:
             raise ConfigError(source, f"line {number}", "not an assignment (only `export NAME=value` or "
@@ -120,7 +129,12 @@ def parse_env_file(path: Path) -> dict[str, str]:
         name, value = match.group(1), _value(match.group(2).strip(), source, number)
         if RESERVED_ENV.match(name):
             raise ConfigError(source, f"line {number}", f"{name} is set by the engine, not by a vendor")
+        if len(name) > MAX_KEY or len(value) > MAX_TEXT:
+            raise ConfigError(source, f"line {number}", f"a name of at most {MAX_KEY} characters and a value of at "
+                                                        f"most {MAX_TEXT}")
         values[name] = value
+        if len(values) > MAX_ENV_NAMES:
+            raise ConfigError(source, f"line {number}", f"more than {MAX_ENV_NAMES} variables")
     return values
 
 
@@ -140,7 +154,7 @@ def _value(text: str, source: str, number: int) -> str:
         return inner
     bad = sorted({c for c in text if c in _UNQUOTED_UNSAFE})
     if bad or "$(" in text:
-        shown = " ".join(bad) or "$("
+        shown = " ".join("space" if c == " " else "tab" if c == "\t" else c for c in bad) or "$("
         raise ConfigError(source, where, f"an unquoted value with shell syntax ({shown}): quote it, or set a plain "
                                          "value (the file is never run)")
     _check_references(text, source, where)
@@ -148,7 +162,7 @@ def _value(text: str, source: str, number: int) -> str:
 
 
 def _check_references(text: str, source: str, where: str) -> None:
-    stripped = _REFERENCE.sub("", text.replace("$$", ""))
+    stripped = ENV_REFERENCE.sub("", text.replace("$$", ""))
     if "$" in stripped:
         raise ConfigError(source, where, "only $NAME and ${NAME} references are expanded (no ${NAME:-x}, $1, $?)")
 
@@ -160,9 +174,126 @@ def expand_env(values: Mapping[str, str], environment: Mapping[str, str]) -> dic
     expanded: dict[str, str] = {}
     for name, value in values.items():
         parts = value.split("$$")
-        result = "$".join(_REFERENCE.sub(lambda m: current.get(m.group(1) or m.group(2), ""), part) for part in parts)
+        result = "$".join(ENV_REFERENCE.sub(lambda m: current.get(m.group(1) or m.group(2), ""), part)
+                          for part in parts)
         current[name] = expanded[name] = result
     return expanded
+
+
+# requirements.txt: what pip reads there, limited to what installs from the index the host is configured with
+# (pip.conf, PIP_INDEX_URL) or from files of the vendor's folder. Options that fetch from elsewhere (another
+# index, a URL, a VCS checkout) or name files outside the folder are refused by line.
+_REQUIREMENT = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?\s*(?:\[[A-Za-z0-9._,\s-]*\])?\s*"
+                          r"(?:\(?\s*(?:(?:===|~=|==|!=|<=|>=|<|>)\s*[A-Za-z0-9.*+!_-]+\s*,?\s*)+\)?)?")
+_ARCHIVE = re.compile(r".*\.(whl|tar\.gz|tar\.bz2|zip|tgz)$")
+_FILE_OPTIONS = {"-r": "requirement", "--requirement": "requirement", "-c": "constraint", "--constraint": "constraint",
+                 "-f": "find-links", "--find-links": "find-links"}
+_FLAG_OPTIONS = {"--no-index", "--pre", "--prefer-binary", "--require-hashes"}
+_VALUE_OPTIONS = {"--only-binary", "--no-binary"}
+_REMOTE = {"-i": "another index", "--index-url": "another index", "--extra-index-url": "another index",
+           "--trusted-host": "a host without TLS checks", "-e": "an editable install from a checkout or a path",
+           "--editable": "an editable install from a checkout or a path"}
+MAX_REQUIREMENT_FILES = 16  # -r / -c nesting
+
+
+def check_requirements(path: Path, folder: Path, seen: tuple[Path, ...] = ()) -> None:
+    """requirements.txt read as pip reads it (comments, continued lines, options), every line checked: a
+    requirement by name and version, a wheel or archive inside the vendor's folder, or one of the options
+    that keep pip to the host's index and the folder (--no-index, --find-links DIR, -r/-c FILE inside);
+    files named by -r/-c are checked the same way. Nothing is installed here."""
+    source = display_path(path)
+    if len(seen) >= MAX_REQUIREMENT_FILES:
+        raise ConfigError(source, None, f"-r/-c nested more than {MAX_REQUIREMENT_FILES} files deep")
+    seen = (*seen, path.resolve())
+    text = read_config_text(path)
+    start, pending = 1, ""
+    for number, raw in enumerate(text.split("\n"), start=1):
+        if not pending:
+            start = number
+        if raw.endswith("\\"):
+            pending += raw[:-1]
+            continue
+        line, pending = re.sub(r"(^|\s)#.*$", "", pending + raw).strip(), ""
+        if line:
+            _check_requirement_line(line, f"line {start}", source, folder, seen)
+
+
+def _check_requirement_line(line: str, where: str, source: str, folder: Path, seen: tuple[Path, ...]) -> None:
+    if len(line) > MAX_TEXT:
+        raise ConfigError(source, where, f"a line of {len(line)} characters; at most {MAX_TEXT}")
+    if any((ord(c) < 32 and c != "\t") or ord(c) == 127 for c in line):
+        raise ConfigError(source, where, "holds a control character")
+    if "$" in line:  # pip expands ${NAME} from its environment: a path or URL the file does not show
+        raise ConfigError(source, where, "holds $: pip would expand ${NAME} from the host's environment")
+    try:
+        tokens = shlex.split(line)
+    except ValueError as exc:
+        raise ConfigError(source, where, f"cannot be split into words: {exc}") from None
+    head = tokens[0]
+    if head.startswith("-"):
+        option, eq, attached = head.partition("=")
+        if option in _REMOTE:
+            raise ConfigError(source, where, f"{option} ({_REMOTE[option]}) is not read here: a vendor's "
+                                             "requirements come from the host's configured index (pip.conf, "
+                                             "PIP_INDEX_URL) or from files in its folder")
+        values = ([attached] if eq else []) + tokens[1:]
+        if option in _FLAG_OPTIONS and not values:
+            return
+        if option in _VALUE_OPTIONS and len(values) == 1 and re.fullmatch(r"[A-Za-z0-9._,:-]+", values[0]):
+            return
+        if option in _FILE_OPTIONS and len(values) == 1:
+            target = _local_path(values[0], where, source, folder, option)
+            if _FILE_OPTIONS[option] != "find-links":
+                if target in seen:
+                    raise ConfigError(source, where, f"{option} {values[0]}: includes a file that includes it")
+                regular_file(folder, target.relative_to(folder.resolve()), source, where, "the vendor's case folder")
+                check_requirements(target, folder, seen)
+            return
+        raise ConfigError(source, where, f"{head}: not an option read here (read: "
+                                         f"{', '.join(sorted([*_FLAG_OPTIONS, *_VALUE_OPTIONS, *_FILE_OPTIONS]))})")
+    after = re.search(r"\s--", line)  # pip's per-requirement options follow the requirement
+    for option in line[after.start():].split() if after else []:
+        if not option.startswith("--hash="):
+            raise ConfigError(source, where, f"{option}: only --hash=... may follow a requirement")
+    name_part = line[:after.start() if after else None].partition(";")[0].strip()  # before the markers
+    if "://" in name_part or re.match(r"(git|hg|svn|bzr)\+", name_part) or "@" in name_part:
+        raise ConfigError(source, where, f"{name_part}: a URL or VCS requirement installs from elsewhere: a "
+                                         "vendor's requirements come from the host's configured index or from "
+                                         "files in its folder")
+    if "/" in name_part or name_part.startswith(".") or _ARCHIVE.match(name_part):
+        _local_path(name_part, where, source, folder, "a file requirement")
+        return
+    if not _REQUIREMENT.fullmatch(name_part):
+        raise ConfigError(source, where, f"{name_part!r} is not a requirement (name, extras and version "
+                                         "specifiers), a wheel or archive in the folder, or an option read here")
+
+
+def _local_path(value: str, where: str, source: str, folder: Path, what: str) -> Path:
+    """A path pip reads (relative to the folder, where pip runs), inside the folder."""
+    if "://" in value or value.startswith("file:"):
+        raise ConfigError(source, where, f"{what} {value}: a URL: only files in the vendor's folder are read")
+    if value.startswith("/"):
+        raise ConfigError(source, where, f"{what} {value}: an absolute path: only files in the vendor's folder "
+                                         "are read (a path relative to it)")
+    return inside(folder, value, source, where, "the vendor's case folder")
+
+
+def _check_tree(folder: Path, root: Path, what: str) -> None:
+    """A folder of the adaptation (csrc/, extern/): a real folder inside the vendor's case folder, holding
+    folders and regular files only, and links only to those inside it (a build copies what links point to)."""
+    source = given_name(folder)
+    inside(root, folder.relative_to(root), source, None, "the vendor's case folder")
+    if not folder.is_dir():
+        raise ConfigError(source, None, f"{what} must be a folder")
+    for path in folder.rglob("*"):
+        if path.is_symlink():
+            inside(folder, path.relative_to(folder), given_name(path), None, f"the {what} folder")
+        try:
+            mode = path.stat().st_mode
+        except OSError as exc:
+            raise ConfigError(given_name(path), None, f"cannot read: {exc.strerror}") from None
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise ConfigError(given_name(path), None, f"not a regular file or folder in the {what} folder")
 
 
 def _python_files(folder: Path) -> Iterator[Path]:
@@ -173,22 +304,17 @@ def check_extern(folder: Path, family: str) -> tuple[str, ...]:
     """extern/'s hooks (the public functions of hooks.py), checked without running anything: each is a named
     extension point of the family, and no file of extern/ names what loads weights or builds data."""
     known = EXTERN_HOOKS.get(family)
-    hooks_file = folder / EXTERN_HOOKS_FILE
     if known is None:
         raise ConfigError(display_path(folder), None, f"the {family} family has no extension points "
                                                       f"(extern/ is for: {', '.join(sorted(EXTERN_HOOKS))})")
-    regular_file(folder, EXTERN_HOOKS_FILE, display_path(folder), None, "the extern folder")
-    for path in _python_files(folder):
-        source = display_path(path)
-        try:
-            tree = ast.parse(read_config_text(path), filename=str(path))
-        except SyntaxError as exc:
-            raise ConfigError(source, f"line {exc.lineno}", f"invalid Python: {exc.msg}") from None
+    hooks_file = regular_file(folder, EXTERN_HOOKS_FILE, display_path(folder), None, "the extern folder")
+    trees = {path.resolve(): _parse(path) for path in _python_files(folder)}
+    for path, tree in trees.items():
         for node in ast.walk(tree):
             problem = _forbidden(node)
             if problem:
-                raise ConfigError(source, f"line {getattr(node, 'lineno', '?')}", problem)
-    tree = ast.parse(read_config_text(hooks_file))
+                raise ConfigError(display_path(path), f"line {getattr(node, 'lineno', '?')}", problem)
+    tree = trees.get(hooks_file) or _parse(hooks_file)
     hooks = []
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and not node.name.startswith("_"):
@@ -200,6 +326,17 @@ def check_extern(folder: Path, family: str) -> tuple[str, ...]:
     if not hooks:
         raise ConfigError(display_path(hooks_file), None, f"defines no hook (known: {', '.join(sorted(known))})")
     return tuple(hooks)
+
+
+def _parse(path: Path) -> ast.Module:
+    """A file of extern/, parsed (never imported); input the parser cannot take is one line too."""
+    source = display_path(path)
+    try:
+        return ast.parse(read_config_text(path), filename=str(path))
+    except SyntaxError as exc:
+        raise ConfigError(source, f"line {exc.lineno}" if exc.lineno else None, f"invalid Python: {exc.msg}") from None
+    except (RecursionError, MemoryError, ValueError):
+        raise ConfigError(source, None, "cannot be parsed as Python (nested too deeply)") from None
 
 
 def _forbidden(node: ast.AST) -> str | None:
@@ -216,22 +353,32 @@ def _forbidden(node: ast.AST) -> str | None:
 def read_adaptation(case_folder: Path, case: str, family: str, vendor: str) -> Adaptation | None:
     """The vendor's adaptation of the case, checked; None when the vendor has none."""
     folder = adaptation_folder(case_folder, vendor)
-    if not folder.is_dir():
-        return None
+    if not is_present(folder) or not (folder.is_dir() or folder.is_symlink()):
+        return None  # no folder (vendor/<vendor>.yaml is the vendor's overrides file, not an adaptation)
+    inside(case_folder, folder.relative_to(case_folder), given_name(folder), None, "the case folder")
     env_path, requirements = folder / ENV_FILE, folder / REQUIREMENTS_FILE
-    env = parse_env_file(env_path) if is_present(env_path) else {}
+    env = {}
+    if is_present(env_path):
+        env = parse_env_file(regular_file(folder, ENV_FILE, given_name(folder), None, "the vendor's case folder"))
     if is_present(requirements):
-        regular_file(folder, REQUIREMENTS_FILE, display_path(folder), None, "the vendor's case folder")
-    csrc = folder / CSRC_FOLDER
-    if csrc.exists():
-        regular_file(csrc, CSRC_SETUP, display_path(csrc), None, "the csrc folder")
-    extern = folder / EXTERN_FOLDER
-    if not (env or is_present(env_path) or is_present(requirements) or csrc.exists() or extern.exists()):
+        check_requirements(regular_file(folder, REQUIREMENTS_FILE, given_name(folder), None,
+                                        "the vendor's case folder"), folder)
+        for local in sorted(folder.iterdir()):  # what requirements.txt may name: hashed into its cache key
+            if local.is_symlink():
+                inside(folder, local.name, given_name(local), None, "the vendor's case folder")
+    csrc, extern = folder / CSRC_FOLDER, folder / EXTERN_FOLDER
+    if is_present(csrc):
+        _check_tree(csrc, folder, "csrc")
+        regular_file(csrc, CSRC_SETUP, given_name(csrc), None, "the csrc folder")
+    if not (env or is_present(env_path) or is_present(requirements) or is_present(csrc) or is_present(extern)):
         return None  # a folder of scale files alone (config_<hw>x<n>x<p>.yaml) adapts nothing
-    hooks = check_extern(extern, family) if extern.exists() else ()
+    if is_present(extern):
+        _check_tree(extern, folder, "extern")
+    hooks = check_extern(extern, family) if is_present(extern) else ()
     return Adaptation(case=case, family=family, vendor=vendor, folder=folder, env=env,
                       requirements=requirements if is_present(requirements) else None,
-                      csrc=csrc if csrc.exists() else None, extern=extern if extern.exists() else None, hooks=hooks)
+                      csrc=csrc if is_present(csrc) else None, extern=extern if is_present(extern) else None,
+                      hooks=hooks)
 
 
 def tree_digest(*parts: Path | str) -> str:

@@ -79,8 +79,11 @@ def is_present(path: Path) -> bool:
 def inside(folder: Path, relative: str | Path, source: str, key: str | None, what: str) -> Path:
     """``folder / relative`` resolved (links followed), refused when it leaves ``folder``; ``what`` names the
     folder in the error ("the case folder")."""
-    target = (folder / relative).resolve()
-    if not target.is_relative_to(folder.resolve()):
+    try:
+        target, root = (folder / relative).resolve(), folder.resolve()
+    except (RuntimeError, OSError):  # a link loop: RuntimeError before Python 3.13, OSError (ELOOP) after
+        raise ConfigError(source, key, f"{str(relative)!r}: a link that leads back to itself (a loop)") from None
+    if not target.is_relative_to(root):
         link = any(p.is_symlink() for p in _within(folder, relative))
         how = f"a link to {target}" if link else f"resolves to {target}"
         raise ConfigError(source, key, f"{str(relative)!r} is outside {what} ({how}): it must stay inside {what}")

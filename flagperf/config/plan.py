@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from flagperf.config.adaptation import read_adaptation
 from flagperf.config.cases import available_cases, load_case, resolve_case_config, settable_keys
 from flagperf.config.files import is_present
 from flagperf.config.models import SetOverride, load_suite, parse_set_override
@@ -153,6 +154,8 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
         if suite_name and name not in known:
             raise ConfigError(suite_source, "cases", f"unknown case {name!r} (known: {', '.join(sorted(known))})")
     defs = {name: load_case(name, known) for name in names}
+    for name, case in defs.items():  # the vendor's adaptation of each case, read (never run) before anything starts
+        read_adaptation(case.folder, name, case.family, resolved_vendor.name)
 
     configurable = {name: settable_keys(d, vendor) for name, d in defs.items()}
     parsed: list[SetOverride] = [parse_set_override(text, names) for text in sets]

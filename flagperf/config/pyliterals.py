@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from flagperf.config.files import read_config_text
+from flagperf.config.yamlio import MAX_TEXT
 from flagperf.errors import ConfigError
 from flagperf.paths import display_path
 
@@ -31,50 +32,116 @@ _STATEMENTS: dict[type[ast.stmt], str] = {
 }
 
 
+# FlagPerf's files nest a few brackets and join a few strings; far more is no configuration.
+MAX_DEPTH = 100
+# FlagPerf's largest configuration file is a few KiB; parsing takes seconds per MiB on a small machine.
+MAX_PYTHON_BYTES = 256 * 1024
+# A value with the earlier names it uses written out, in items and characters: far above any configuration.
+MAX_EXPANDED = 1 << 20
+
+
 class _NotLiteral(Exception):
     """The expression is not a literal, a known name or a + of those; the message says what it is."""
 
 
 def _describe(node: ast.expr) -> str:
     if isinstance(node, ast.Call):
-        return f"a call to {ast.unparse(node.func)}()"
+        return f"a call to {_shown(node.func)}()"
     if isinstance(node, ast.Name):
         return f"the name {node.id}, which no earlier line of the file assigns"
     if isinstance(node, ast.JoinedStr):
         return "an f-string"
     if isinstance(node, ast.Attribute):
-        return f"the attribute {ast.unparse(node)}"
+        return f"the attribute {_shown(node)}"
     if isinstance(node, ast.Lambda):
         return "a lambda"
     if isinstance(node, ast.ListComp | ast.DictComp | ast.SetComp | ast.GeneratorExp):
         return "a comprehension (a loop)"
     if isinstance(node, ast.BinOp):
-        return f"the operation {ast.unparse(node)} (only + of literals and earlier names is read)"
-    return f"the expression {ast.unparse(node)}"
+        return f"the operation {_shown(node)} (only + of literals and earlier names is read)"
+    return f"the expression {_shown(node)}"
 
 
-def _value(node: ast.expr, known: dict[str, Any]) -> Any:
+def _value(node: ast.expr, known: dict[str, Any], sizes: dict[str, int], depth: int = 0) -> tuple[Any, int]:
+    """The node's value and its size with every earlier name it uses written out (a string counts its length,
+    any other item 1): ``A = A + A`` twice a line, or a list of a list of ... of earlier names, would otherwise
+    fill memory from a small file."""
+    if depth > MAX_DEPTH:
+        raise _NotLiteral(f"brackets or + nested more than {MAX_DEPTH} deep")
     if isinstance(node, ast.Name) and node.id in known:
-        return known[node.id]
+        return known[node.id], sizes[node.id]
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        left, right = _value(node.left, known), _value(node.right, known)
+        (left, left_size), (right, right_size) = (_value(node.left, known, sizes, depth + 1),
+                                                  _value(node.right, known, sizes, depth + 1))
+        _bounded(left_size + right_size)  # before the sum is made
         try:
-            return left + right
+            return _short(left + right), left_size + right_size
         except TypeError:
-            raise _NotLiteral(f"{ast.unparse(node)} adds values of types {type(left).__name__} and "
+            raise _NotLiteral(f"{_shown(node)} adds values of types {type(left).__name__} and "
                               f"{type(right).__name__}") from None
     if isinstance(node, ast.List | ast.Tuple | ast.Set):
-        items = [_value(item, known) for item in node.elts]
-        return items if isinstance(node, ast.List) else tuple(items) if isinstance(node, ast.Tuple) else set(items)
+        read = [_value(item, known, sizes, depth + 1) for item in node.elts]
+        items, size = [item for item, _ in read], _bounded(1 + sum(s for _, s in read))
+        if isinstance(node, ast.Set):
+            return _hashed(set, items), size
+        return (items if isinstance(node, ast.List) else tuple(items)), size
     if isinstance(node, ast.Dict):
         if any(key is None for key in node.keys):
             raise _NotLiteral("a ** expansion in a dict")
-        return {_value(key, known): _value(value, known) for key, value in zip(node.keys, node.values, strict=True)
-                if key is not None}
+        keys = [_value(key, known, sizes, depth + 1) for key in node.keys if key is not None]
+        values = [_value(value, known, sizes, depth + 1) for value in node.values]
+        size = _bounded(1 + sum(s for _, s in keys + values))
+        return _hashed(dict, list(zip([k for k, _ in keys], [v for v, _ in values], strict=True))), size
     try:
-        return ast.literal_eval(node)  # constants, -1, 1e3
-    except ValueError:
+        value = ast.literal_eval(node)  # constants, -1, 1e3
+    except (RecursionError, MemoryError):
+        raise _NotLiteral(f"an expression nested more than {MAX_DEPTH} deep") from None
+    except (ValueError, TypeError, SyntaxError):
         raise _NotLiteral(_describe(node)) from None
+    return _short(value), _bounded(len(value) if isinstance(value, str | bytes) else 1)
+
+
+def _short(value: Any) -> Any:
+    """Text in a configuration is short, as in the YAML files (flagperf.config.yamlio.MAX_TEXT)."""
+    if isinstance(value, str | bytes) and len(value) > MAX_TEXT:
+        raise _NotLiteral(f"a string of {len(value)} characters; a config value is at most {MAX_TEXT}")
+    return value
+
+
+def _bounded(size: int) -> int:
+    if size > MAX_EXPANDED:
+        raise _NotLiteral(f"a value of more than {MAX_EXPANDED} items or characters with its names written out")
+    return size
+
+
+def _hashed(kind: type, items: list[Any]) -> Any:
+    """set(items) or dict(items), where an unhashable member (a list as a key) is the file's error."""
+    try:
+        return kind(items)
+    except TypeError as exc:
+        raise _NotLiteral(f"a set member or dict key that cannot be one ({exc})") from None
+
+
+def _shown(node: ast.expr) -> str:
+    """The expression as written, for an error line (bounded there; deep nesting is refused before this)."""
+    try:
+        return ast.unparse(node)
+    except RecursionError:
+        return "(nested too deeply to show)"
+
+
+def parse_python(text: str, source: str) -> ast.Module:
+    """The file's syntax tree, or one ConfigError line: invalid Python, and input the parser cannot take
+    (nesting thousands deep raises RecursionError or MemoryError inside ``ast.parse``)."""
+    try:
+        return ast.parse(text, filename=source)
+    except SyntaxError as exc:
+        raise ConfigError(f"{source}:{exc.lineno}" if exc.lineno else source, None, f"not valid Python: {exc.msg}"
+                          ) from None
+    except (RecursionError, MemoryError):
+        raise ConfigError(source, None, "nested too deeply to be read as Python (this file is never run)") from None
+    except ValueError as exc:  # a NUL byte, on Pythons that do not call it a SyntaxError
+        raise ConfigError(source, None, f"not valid Python: {exc}") from None
 
 
 @dataclass
@@ -100,12 +167,13 @@ def read_literal_file(path: Path) -> LiteralFile:
     """read_literal_assignments, with the line of every name."""
     source = display_path(path)
     text = read_config_text(path)
-    try:
-        tree = ast.parse(text, filename=source)
-    except SyntaxError as exc:
-        raise ConfigError(f"{source}:{exc.lineno}", None, f"not valid Python: {exc.msg}") from None
+    if len(text) > MAX_PYTHON_BYTES:
+        raise ConfigError(source, None, f"{len(text)} characters; a Python configuration file is at most "
+                                        f"{MAX_PYTHON_BYTES}; not read")
+    tree = parse_python(text, source)
     read = LiteralFile(source)
     values = read.values
+    sizes: dict[str, int] = {}
     for node in tree.body:
         where = f"{source}:{node.lineno}"
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
@@ -114,15 +182,15 @@ def read_literal_file(path: Path) -> LiteralFile:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names = [target.id for target in targets if isinstance(target, ast.Name)]
             if len(names) != len(targets) or node.value is None:
-                raise ConfigError(where, ast.unparse(targets[0]), "only NAME = value is read (this file is "
+                raise ConfigError(where, _shown(targets[0]), "only NAME = value is read (this file is "
                                                                   "never run)")
             try:
-                value = _value(node.value, values)
+                value, size = _value(node.value, values, sizes)
             except _NotLiteral as exc:
                 raise ConfigError(where, names[0], f"{exc}: only literals, earlier names and + of those are "
                                                    "read (this file is never run)") from None
             for name in names:
-                values[name] = value
+                values[name], sizes[name] = value, size
                 read.lines[name] = node.lineno
             continue
         if isinstance(node, ast.Expr):

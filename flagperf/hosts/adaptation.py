@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flagperf.config.adaptation import CSRC_SETUP, Adaptation, expand_env, tree_digest
+from flagperf.config.adaptation import CSRC_SETUP, ENV_REFERENCE, Adaptation, expand_env, tree_digest
 from flagperf.errors import CaseUserError
+from flagperf.hosts.inventory import MASK
+from flagperf.hosts.local import SECRET_WORDS, URL_WITH_PASSWORD
 from flagperf.paths import display_path
 
 CACHE_FOLDER = "adaptations"  # under the host's work root, beside the runs' folders
@@ -42,7 +44,23 @@ class Applied:
     paths: list[str] = field(default_factory=list)
 
     def record(self) -> dict[str, Any]:
-        return {**self.adaptation.summary(), "env_applied": dict(self.env), "installs": self.installs}
+        """The summary with secrets masked: a value whose name says it is one (HF_TOKEN, *_PASSWORD), a URL
+        with a password, and an applied value taken from such a variable of the host ($HF_TOKEN)."""
+        written = self.adaptation.env
+        secret = {name for name, value in written.items() if _is_secret(name, value)
+                  or any(_is_secret(ref, self.env.get(ref, "")) for ref in _references(value))}
+        return {**self.adaptation.summary(),
+                "env": {name: MASK if name in secret else value for name, value in written.items()},
+                "env_applied": {name: MASK if name in secret else value for name, value in self.env.items()},
+                "installs": self.installs}
+
+
+def _is_secret(name: str, value: str) -> bool:
+    return bool(SECRET_WORDS.search(name) or URL_WITH_PASSWORD.search(value))
+
+
+def _references(value: str) -> list[str]:
+    return [m.group(1) or m.group(2) for m in ENV_REFERENCE.finditer(value)]
 
 
 def cache_root(job_dir: Path) -> Path:

@@ -95,7 +95,9 @@ class PathFacts:
 # ------------------------------------------------------------------------------------------------ paths
 
 def clean_path(path: str, what: str) -> str:
-    """An absolute path without '..', with '.' parts and repeated slashes dropped."""
+    """An absolute path without '..' or control characters, with '.' parts and repeated slashes dropped."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in path):  # a NUL or a newline: no path a mount can name
+        raise PolicyError(f"{what} {path!r} holds a control character")
     if not path.startswith("/") or any(part == ".." for part in path.split("/")):
         raise PolicyError(f"{what} {path!r} must be an absolute path without '..'")
     return "/" + "/".join(part for part in path.split("/") if part not in ("", "."))

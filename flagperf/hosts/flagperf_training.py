@@ -133,10 +133,14 @@ def load_training_conf(test_conf: Path, cluster_conf: Path | None = None) -> Inv
         if value is not None and value != "":
             if not isinstance(value, str):
                 raise ConfigError(test.where(key), key, f"must be a string, got {value!r}")
+            if key == "FLAGPERF_PATH":
+                _check_path(value, test.where(key), key, absolute=True)
             defaults[target] = value.lower() if key == "SHM_SIZE" else value
     log_path = test.values.get("FLAGPERF_LOG_PATH")
     if log_path is not None and (not isinstance(log_path, str) or not log_path):
         raise ConfigError(test.where("FLAGPERF_LOG_PATH"), "FLAGPERF_LOG_PATH", "must be a folder")
+    if log_path:
+        _check_path(log_path, test.where("FLAGPERF_LOG_PATH"), "FLAGPERF_LOG_PATH", absolute=False)
 
     cases = _cases(test, vendor, len(hosts))
     for entry in cases:
@@ -198,6 +202,16 @@ def _hosts(cluster: LiteralFile) -> list[str]:
         except ValueError as exc:
             raise ConfigError(cluster.where("HOSTS"), f"HOSTS.{i}", str(exc)) from None
     return hosts
+
+
+def _check_path(value: str, where: str, key: str, absolute: bool) -> None:
+    """A folder's path as a path: no control characters (a NUL, a newline), and FLAGPERF_PATH, the project's
+    folder on every host, absolute and without '..' (it is the hosts' working folder and a container mount)."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ConfigError(where, key, f"{value!r} holds a control character")
+    if absolute and (not value.startswith("/") or ".." in value.split("/")):
+        raise ConfigError(where, key, f"{value!r} must be an absolute path without '..' (the project's folder on "
+                                      "the hosts)")
 
 
 def _port(read: LiteralFile, key: str, default: int) -> int:

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from flagperf.config.adaptation import read_adaptation
 from flagperf.config.cases import available_cases, load_case
+from flagperf.config.files import is_present, read_config_text, regular_file
 from flagperf.config.vendors import MANIFEST, Vendor, load_vendor_manifest
+from flagperf.config.yamlio import parse_yaml_text
 from flagperf.errors import ConfigError, FlagperfError
 from flagperf.paths import display_path
 
@@ -140,12 +140,13 @@ def _check_monitor(vendor: Vendor, name: str, command: list[str], seconds: float
 
 def _check_peaks(vendor: Vendor, found: Findings) -> None:
     sheets = vendor.folder / "datasheets.yaml"
-    if sheets.is_file():
+    entries: Any = []
+    if is_present(sheets):  # read as every config file is: inside the folder, regular, bounded, nesting bounded
         try:
-            entries = yaml.safe_load(sheets.read_text(encoding="utf-8")) or []
-        except yaml.YAMLError as exc:
-            found.problem(display_path(sheets), f"not YAML: {str(exc).splitlines()[0]}")
-            entries = []
+            path = regular_file(vendor.folder, sheets.name, display_path(vendor.folder), None, "the vendor folder")
+            entries = parse_yaml_text(read_config_text(path), display_path(sheets)) or []
+        except ConfigError as exc:
+            found.problems.append(str(exc))
         for i, entry in enumerate(entries if isinstance(entries, list) else []):
             if not isinstance(entry, dict) or not str(entry.get("source") or "").strip():
                 found.problem(display_path(sheets), f"entry {i}: no source (where each figure comes from)")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from flagperf.config.memory import MemoryNeed
 from flagperf.config.models import CaseConfig
-from flagperf.operation.operators import FP8, OPERATORS, ModelShape
+from flagperf.operation.operators import ELEMENT_BYTES, FP8, MAX_DIM, OPERATORS, Dims, ModelShape, Operator, shape_label
 from flagperf.training.shapes import BERT_PRESETS, LLAMA_PRESETS
 
 # The model shapes operators are sized from: the project's one table of Llama and BERT shapes.
@@ -18,6 +20,9 @@ MODEL_SHAPES: dict[str, ModelShape] = {
        for name, s in BERT_PRESETS.items() if name != "tiny"},
 }
 
+# Models, batch sizes and sequence lengths multiply into points, each timed for a while: a grid is a few dozen.
+MAX_LIST = 64
+
 # Per dtype: rtol, and atol before the operator's scale for the shape (sqrt of a GEMM's K, say). Outputs in
 # half precision are rounded to 11 (fp16) or 8 (bf16) significant bits, which bounds what rtol can ask.
 DEFAULT_TOLERANCES: dict[str, dict[str, float]] = {
@@ -26,6 +31,14 @@ DEFAULT_TOLERANCES: dict[str, dict[str, float]] = {
     "bf16": {"rtol": 1.6e-2, "atol": 1e-2},
     FP8: {"rtol": 1.6e-2, "atol": 1e-2},  # fp8 inputs are exact in the reference; the output is bf16
 }
+
+
+@dataclass(frozen=True)
+class PlannedPoint:
+    op: Operator
+    dtype: str
+    dims: Dims
+    source: str
 
 
 class Tolerance(BaseModel):
@@ -40,9 +53,11 @@ class OperationConfig(CaseConfig):
 
     operators: list[str] = Field(min_length=1, description="operators of flagperf.operation.operators")
     dtypes: list[Literal["fp32", "fp16", "bf16", "fp8"]] = Field(min_length=1)
-    models: list[str] = Field(default_factory=list, description="model shape presets the shapes are taken from")
-    batch_sizes: list[int] = Field(default_factory=lambda: [1], description="with seq_lens: the token grid")
-    seq_lens: list[int] = Field(default_factory=lambda: [128])
+    models: list[str] = Field(default_factory=list, max_length=MAX_LIST,
+                              description="model shape presets the shapes are taken from")
+    batch_sizes: list[int] = Field(default_factory=lambda: [1], max_length=MAX_LIST,
+                                   description="with seq_lens: the token grid")
+    seq_lens: list[int] = Field(default_factory=lambda: [128], max_length=MAX_LIST)
     shapes: dict[str, list[dict[str, Any]]] = Field(
         default_factory=dict, description="operator -> shapes given by the user ({dimension: size})")
     implementations: list[str] | None = Field(
@@ -81,8 +96,8 @@ class OperationConfig(CaseConfig):
     @field_validator("batch_sizes", "seq_lens")
     @classmethod
     def _sizes(cls, value: list[int]) -> list[int]:
-        if any(v < 1 for v in value):
-            raise ValueError("every size must be >= 1")
+        if any(v < 1 or v > MAX_DIM for v in value):
+            raise ValueError(f"every size must be from 1 to {MAX_DIM}")
         return value
 
     @field_validator("dtypes")
@@ -135,6 +150,20 @@ class OperationConfig(CaseConfig):
             raise ValueError(f"warmup_s + rep_s must be well below timeout_s ({self.timeout_s:g})")
         return self
 
+    def memory_need(self) -> MemoryNeed | None:
+        """The largest point's inputs and output in its dtype: a lower bound on what its round allocates (the
+        reference and an implementation's work space come on top), so that a shape no host can hold is refused
+        with the plan (flagperf.hosts.capacity), not met by a failed allocation or, where the device is the
+        host's memory, by a host that swaps."""
+        points = plan_points(self)
+        if not points:
+            return None
+        worst = max(points, key=lambda p: p.op.count_bytes(p.dims, ELEMENT_BYTES[p.dtype]))
+        keys = ("shapes",) if worst.source == "given" else ("batch_sizes", "seq_lens", "models")
+        return MemoryNeed(worst.op.count_bytes(worst.dims, ELEMENT_BYTES[worst.dtype]),
+                          f"{worst.op.name} {shape_label(worst.dims)} in {worst.dtype} ({worst.source}; its inputs "
+                          "and output alone)", keys)
+
     def tolerance(self, dtype: str) -> dict[str, float]:
         given = self.tolerances.get(dtype)
         return given.model_dump() if given else dict(DEFAULT_TOLERANCES[dtype])
@@ -147,3 +176,25 @@ class OperationConfig(CaseConfig):
 
             for name in self.implementations:
                 load_implementation(vendor, name, origins.get("implementations", source))
+
+
+def plan_points(config: OperationConfig) -> list[PlannedPoint]:
+    """Operators x dtypes x shapes: from the model shapes x batch sizes x sequence lengths, then the user's;
+    a shape met twice is measured once (the first source is kept)."""
+    planned: list[PlannedPoint] = []
+    seen: set[tuple[str, str, tuple[tuple[str, int], ...]]] = set()
+    for name in config.operators:
+        op = OPERATORS[name]
+        shapes: list[tuple[Dims, str]] = [
+            (op.from_model(MODEL_SHAPES[model], b, s), f"{model} b{b} s{s}")
+            for model in config.models for b in config.batch_sizes for s in config.seq_lens]
+        shapes += [({d: int(dims[d]) for d in op.dims}, "given") for dims in config.shapes.get(name, [])]
+        for dtype in config.dtypes:
+            if dtype not in op.dtypes:
+                continue
+            for dims, source in shapes:
+                key = (name, dtype, tuple(dims.items()))
+                if key not in seen:
+                    seen.add(key)
+                    planned.append(PlannedPoint(op, dtype, dims, source))
+    return planned

@@ -21,7 +21,7 @@ from flagperf.errors import CaseUserError
 from flagperf.measure.casekit import comparable_ratio
 from flagperf.measure.device import synchronize
 from flagperf.operation.check import REFERENCE_CPU, Reference, compare, compute_reference, reference_dtype
-from flagperf.operation.config import MODEL_SHAPES, OperationConfig
+from flagperf.operation.config import OperationConfig, PlannedPoint, plan_points
 from flagperf.operation.impls import (
     ImplEnv,
     OperatorImplementation,
@@ -31,7 +31,6 @@ from flagperf.operation.impls import (
 from flagperf.operation.operators import (
     FP8,
     OPERATORS,
-    Dims,
     Operator,
     counted,
     fp8_dtype,
@@ -50,14 +49,6 @@ SCALE = {"TFLOPS": 1e12, "GB/s": 1e9}
 log = logging.getLogger("flagperf.case.operation")
 
 
-@dataclass(frozen=True)
-class PlannedPoint:
-    op: Operator
-    dtype: str
-    dims: Dims
-    source: str
-
-
 @dataclass
 class OperationOutcome:
     metrics: list[Metric]
@@ -71,28 +62,6 @@ class Implementations:
     ready: dict[str, OperatorImplementation] = field(default_factory=dict)
     absent: dict[str, str] = field(default_factory=dict)  # name -> why its points are skipped
     described: dict[str, str] = field(default_factory=dict)
-
-
-def plan_points(config: OperationConfig) -> list[PlannedPoint]:
-    """Operators x dtypes x shapes: from the model shapes x batch sizes x sequence lengths, then the user's;
-    a shape met twice is measured once (the first source is kept)."""
-    planned: list[PlannedPoint] = []
-    seen: set[tuple[str, str, tuple[tuple[str, int], ...]]] = set()
-    for name in config.operators:
-        op = OPERATORS[name]
-        shapes: list[tuple[Dims, str]] = [
-            (op.from_model(MODEL_SHAPES[model], b, s), f"{model} b{b} s{s}")
-            for model in config.models for b in config.batch_sizes for s in config.seq_lens]
-        shapes += [({d: int(dims[d]) for d in op.dims}, "given") for dims in config.shapes.get(name, [])]
-        for dtype in config.dtypes:
-            if dtype not in op.dtypes:
-                continue
-            for dims, source in shapes:
-                key = (name, dtype, tuple(dims.items()))
-                if key not in seen:
-                    seen.add(key)
-                    planned.append(PlannedPoint(op, dtype, dims, source))
-    return planned
 
 
 def load_implementations(config: OperationConfig, vendor: str, device: torch.device) -> Implementations:

@@ -24,6 +24,7 @@ FP8 = "fp8"
 ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, FP8: 1}
 INDEX_BYTES = 8  # int64 indices and targets
 FLOATING = ("fp32", "fp16", "bf16")
+MAX_DIM = 2**31 - 1  # one dimension of a shape; the memory a shape needs is checked against the hosts
 
 
 def fp8_dtype() -> torch.dtype | None:
@@ -77,9 +78,9 @@ class Operator:
         if missing or extra:
             what = f"missing {', '.join(missing)}" if missing else f"unknown {', '.join(extra)}"
             return f"{what} (the dimensions of {self.name} are {', '.join(self.dims)})"
-        bad = [d for d in self.dims if type(dims[d]) is not int or dims[d] < 1]
+        bad = [d for d in self.dims if type(dims[d]) is not int or not 1 <= dims[d] <= MAX_DIM]
         if bad:
-            return f"{bad[0]} must be a whole number >= 1 (got {dims[bad[0]]!r})"
+            return f"{bad[0]} must be a whole number from 1 to {MAX_DIM} (got {dims[bad[0]]!r})"
         return self.extra_check(dims)
 
     def extra_check(self, dims: Dims) -> str | None:

@@ -161,3 +161,32 @@ def test_inference_hooks_wrap_the_cases_own_forward() -> None:
     assert hooked.model_forward(2, [1, 3]) == [2, 6] and calls == ["model_forward"]
     assert hooked.engine_forward is case.engine_forward  # type: ignore[attr-defined]
     assert hooked_module(case, {}) is case
+
+
+@pytest.mark.parametrize(("line", "why"), [
+    ("A=a\x00b", "control character '\\x00'"),
+    ('A="red\x1b[31m"', "control character '\\x1b'"),
+    ("PREFECT_API_URL=http://elsewhere/api", "set by the engine"),
+    ("A=" + "x" * 5000, "a value of at most 4096"),
+])
+def test_values_no_process_or_log_can_take_are_refused(tmp_path: Path, line: str, why: str) -> None:
+    path = env_file(tmp_path, f"export OK=1\n{line}\n")
+    with pytest.raises(ConfigError, match="line 2: ") as info:
+        parse_env_file(path)
+    assert why in str(info.value)
+
+
+def test_secrets_are_masked_in_the_record(tmp_path: Path) -> None:
+    """A token written in the file, and a value taken from a secret of the host, never reach result.json."""
+    from flagperf.config.adaptation import Adaptation
+    from flagperf.hosts.adaptation import Applied
+    from flagperf.hosts.inventory import MASK
+
+    values = parse_env_file(env_file(tmp_path, "HF_TOKEN=hf_written\nMIRROR=https://u:pw@mirror/x\n"
+                                               "COPIED=$SERVICE_API_KEY\nMODE=fast\n"))
+    applied = Applied(Adaptation("c", "training", "v", tmp_path, env=values),
+                      env=expand_env(values, {"SERVICE_API_KEY": "from-the-host"}))
+    record = applied.record()
+    assert record["env"] == {"HF_TOKEN": MASK, "MIRROR": MASK, "COPIED": MASK, "MODE": "fast"}
+    assert record["env_applied"] == {"HF_TOKEN": MASK, "MIRROR": MASK, "COPIED": MASK, "MODE": "fast"}
+    assert "from-the-host" not in str(record) and "hf_written" not in str(record)
