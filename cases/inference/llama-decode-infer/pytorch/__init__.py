@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import torch
+import transformers
 from pydantic import Field
 from torch.utils.data import DataLoader, TensorDataset
 from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
@@ -24,6 +25,11 @@ from flagperf.inference.hf import Logits, build
 from flagperf.training.data import LocalPath, token_windows
 
 ACCURACY = None  # decoding speed is the figure of merit; see README.md
+# The ONNX export (TorchScript tracing) of transformers 5: without a padding mask it leaves causality to SDPA's
+# is_causal and asks SDPA for enable_gqa where KV heads are shared, which the exporter cannot convert; a mask
+# of ones makes it build the causal mask and repeat the KV heads, as 4.x does while tracing (same logits).
+# 4.x must not get that mask: tracing its mask builder fails (unordered_map::at).
+MASK_FOR_EXPORT = int(transformers.__version__.split(".")[0]) >= 5
 
 
 class Config(InferenceConfig):
@@ -86,6 +92,8 @@ class Decoder(Logits):
                 cache_position: torch.Tensor | None = None) -> torch.Tensor:
         """Logits of the whole window (what is exported), or of the new positions against the KV cache."""
         if past_key_values is None:
+            if MASK_FOR_EXPORT and torch.jit.is_tracing():
+                return self.model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids)).logits
             return super().forward(input_ids)
         return self.model(input_ids=input_ids, past_key_values=past_key_values, cache_position=cache_position,
                           use_cache=True).logits
