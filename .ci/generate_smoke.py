@@ -8,6 +8,7 @@ sends usage) counts tokens otherwise than the client.
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -55,6 +56,9 @@ def main() -> int:
     import transformers
 
     with tempfile.TemporaryDirectory(prefix="flagperf-generate-smoke-") as folder:
+        # Its own work root: the served random-weight model is saved there by this transformers, not reused
+        # from one an older transformers saved in the default work root.
+        os.environ["FLAGPERF_WORK_ROOT"] = str(Path(folder) / "work")
         for case, sets in ROUNDS.items():
             print(f"  {run_round(case, sets, Path(folder))} (transformers {transformers.__version__})", flush=True)
     return 0
