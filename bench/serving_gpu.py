@@ -5,7 +5,7 @@ maintained client where one is installed, and the Pareto plot.
     python bench/serving_gpu.py --quick      # CPU dry run: the tiny preset, fp32; c1, c2, c4
     options: --out DIR (records), --budget-s S (no new point or check past S), --guidellm PATH (the maintained
              client; default: `guidellm` on PATH; --quick runs it only when given), --server-arg ARG (added
-             to the server's command, repeatable: e.g. --server-arg=--continuous_batching), --no-plots (keep
+             to the server's command, repeatable: e.g. --server-arg=--continuous-batching), --no-plots (keep
              the plots out of --out, as when the command shares the device tool's 8 returned files: the record
              holds the points, and --plot RECORD draws them here)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,12 @@ def build(model_class: type[PreTrainedModel], config: PretrainedConfig, checkpoi
         return model_class(config)
     return model_class.from_pretrained(Path(checkpoint_path), local_files_only=True,
                                        attn_implementation=config._attn_implementation)
+
+
+def kv_cache_name(model: PreTrainedModel) -> str:
+    """The name of ``model``'s KV cache, as its forward's argument and in its output: transformers 5 renamed
+    past_key_values to cache (the old name warns, and goes in 5.40); 4.x knows only past_key_values."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 class Logits(torch.nn.Module):

@@ -21,6 +21,7 @@ from flagperf.generate.metrics import level_stats
 from flagperf.generate.models import build_model
 from flagperf.generate.prompts import synthetic_prompts
 from flagperf.generate.vllm_engine import Engine as VllmEngine
+from flagperf.inference.hf import kv_cache_name
 from flagperf.training.shapes import matmul_parameters
 
 NEW_TOKENS = 4
@@ -33,6 +34,7 @@ class StepperOnHf:
 
     def __init__(self, model: Any) -> None:
         self.model = model
+        self.cache_name = kv_cache_name(model)
         self.running: dict[str, dict[str, Any]] = {}
         self.log: list[tuple[str, int]] = []
 
@@ -50,8 +52,8 @@ class StepperOnHf:
         outputs = []
         for request_id, r in list(self.running.items()):
             ids = r["ids"] if r["cache"] is None else [r["out"][-1]]
-            out = self.model(input_ids=torch.tensor([ids]), past_key_values=r["cache"], use_cache=True)
-            r["cache"] = out.past_key_values
+            out = self.model(input_ids=torch.tensor([ids]), **{self.cache_name: r["cache"]}, use_cache=True)
+            r["cache"] = getattr(out, self.cache_name)
             r["out"].append(int(out.logits[0, -1].argmax()))
             finished = len(r["out"]) >= r["max"]
             outputs.append(SimpleNamespace(request_id=request_id, finished=finished,

@@ -119,6 +119,9 @@ def test_ci_runs_the_readme_tests_with_the_lock_and_the_server_path_with_the_new
     assert re.search(r"grep -E '\^torch==' constraints\.txt", newest)
     assert "-u PIP_CONSTRAINT" in newest
     assert re.search(r'^if ! "\$venv/bin/python" \.ci/server_smoke\.py; then$', newest, re.M)
+    # The generate extra too, so the newest transformers in range is installed and run (`transformers serve`).
+    assert '-e ".[generate]"' in newest
+    assert re.search(r'^if ! "\$venv/bin/python" \.ci/generate_smoke\.py; then$', newest, re.M)
 
 
 def test_ci_and_readme_install_with_the_lock() -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import torch
+import transformers
 from pydantic import Field
 from torch.utils.data import DataLoader, TensorDataset
 from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
@@ -20,10 +21,15 @@ from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
 from flagperf.inference.config import InferenceConfig
 from flagperf.inference.data import SyntheticDataset, loader
 from flagperf.inference.engines import InferenceEngine
-from flagperf.inference.hf import Logits, build
+from flagperf.inference.hf import Logits, build, kv_cache_name
 from flagperf.training.data import LocalPath, token_windows
 
 ACCURACY = None  # decoding speed is the figure of merit; see README.md
+# The ONNX export (TorchScript tracing) of transformers 5: without a padding mask it leaves causality to SDPA's
+# is_causal and asks SDPA for enable_gqa where KV heads are shared, which the exporter cannot convert; a mask
+# of ones makes it build the causal mask and repeat the KV heads, as 4.x does while tracing (same logits).
+# 4.x must not get that mask: tracing its mask builder fails (unordered_map::at).
+MASK_FOR_EXPORT = int(transformers.__version__.split(".")[0]) >= 5
 
 
 class Config(InferenceConfig):
@@ -81,13 +87,16 @@ class Decoder(Logits):
     def __init__(self, model: LlamaForCausalLM, new_tokens: int) -> None:
         super().__init__(model, ("input_ids",))
         self.new_tokens = new_tokens
+        self.cache_name = kv_cache_name(model)  # looked up here: a compiled forward must not inspect
 
     def forward(self, input_ids: torch.Tensor, past_key_values: StaticCache | None = None,  # type: ignore[override]
                 cache_position: torch.Tensor | None = None) -> torch.Tensor:
         """Logits of the whole window (what is exported), or of the new positions against the KV cache."""
         if past_key_values is None:
+            if MASK_FOR_EXPORT and torch.jit.is_tracing():
+                return self.model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids)).logits
             return super().forward(input_ids)
-        return self.model(input_ids=input_ids, past_key_values=past_key_values, cache_position=cache_position,
+        return self.model(input_ids=input_ids, **{self.cache_name: past_key_values}, cache_position=cache_position,
                           use_cache=True).logits
 
 
@@ -100,12 +109,12 @@ def model_forward(model: torch.nn.Module, inputs: list[torch.Tensor]) -> Iterato
     assert isinstance(model, Decoder)
     ids = inputs[0]
     out = model.model(input_ids=ids, use_cache=True)
-    cache = out.past_key_values
+    cache = getattr(out, model.cache_name)
     tokens = [out.logits[:, -1].argmax(dim=-1, keepdim=True)]
     yield tokens
     for _ in range(model.new_tokens - 1):
-        out = model.model(input_ids=tokens[-1], past_key_values=cache, use_cache=True)
-        cache = out.past_key_values
+        out = model.model(input_ids=tokens[-1], **{model.cache_name: cache}, use_cache=True)
+        cache = getattr(out, model.cache_name)
         tokens.append(out.logits[:, -1].argmax(dim=-1, keepdim=True))
         yield tokens
     yield [torch.cat(tokens, dim=1)]
