@@ -171,7 +171,12 @@ def _run_form(folder: Path, name: str) -> list[str] | None:
     path = folder / name
     if not path.is_file() or path.is_symlink():
         return None  # not a regular file: what it is cannot be read; hostile inputs of that kind list both
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if path.suffix not in (".yaml", ".yml"):
+        return None  # FlagPerf's Python configuration: run takes it with its cluster file (the input lists both)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError:
+        return None  # not YAML at all: both commands refuse it as such, and the input lists what it runs
     if not isinstance(data, dict):
         return None
     if "HOSTS" in data:
