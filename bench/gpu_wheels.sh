@@ -2,8 +2,8 @@
 # Downloads into .whl/ the wheels a GPU host (Python 3.12, Linux x86_64, no internet) needs to install this
 # project as a user would (bench/gpu_install.sh), at the lock's versions: the default install plus the
 # nvidia extra and pytest (for tests/gpu), without what a GPU image carries (torch and its CUDA libraries, numpy,
-# pandas, transformers, onnx, onnxruntime, triton) and without what only those need. matplotlib, Pillow,
-# scikit-learn and scipy are left out too, to stay inside the 64 MiB a device command carries (with them it
+# pandas, transformers with huggingface-hub, tokenizers and safetensors, onnx, onnxruntime, triton) and without
+# what only those need. matplotlib, Pillow, scikit-learn and scipy are left out too, to stay inside the 64 MiB a device command carries (with them it
 # is 64 MB): a host without matplotlib measures and reports without plots (the report says so), Pillow is
 # read by image cases only, scikit-learn by digits-mlp only; gpu_install.sh's pip check names what is absent.
 # Run here, where the package index is reachable; carry .whl/ to the GPU host.
@@ -30,8 +30,10 @@ python3 - "$work/resolved.txt" > "$work/wanted.txt" <<'EOF'
 import re
 import sys
 
-IN_IMAGE = re.compile(r"^(torch|numpy|pandas|transformers|onnx|onnxruntime|matplotlib|pillow|scikit-learn|scipy"
-                      r"|triton|nvidia-(?!ml-py).*)$")
+# transformers' own libraries go with the image's transformers: it checks their versions at import, so a carried
+# huggingface-hub of the lock's (2.x) put ahead of the image's would break the image's transformers (5.17 wants <2).
+IN_IMAGE = re.compile(r"^(torch|numpy|pandas|transformers|huggingface-hub|tokenizers|safetensors|hf-xet|onnx"
+                      r"|onnxruntime|matplotlib|pillow|scikit-learn|scipy|triton|nvidia-(?!ml-py).*)$")
 pins: dict[str, str] = {}
 parents: dict[str, set[str]] = {}
 for line in open(sys.argv[1]):

@@ -130,6 +130,8 @@ def test_the_wheel_list_resolves_for_the_gpu_hosts_python() -> None:
         assert pins[name] == lock.get(name, pins[name]).split(";")[0], name
     # The image's own heavy packages are never carried (they would not fit the 64 MiB a command takes).
     assert not {"torch", "numpy", "triton", "matplotlib"} & set(pins)
+    # Nor transformers' own libraries: the image's transformers checks their versions when it is imported.
+    assert not {"transformers", "huggingface-hub", "tokenizers", "safetensors"} & set(pins)
 
 
 def test_the_engines_max_is_split_into_shape_choice_and_power_state() -> None:
