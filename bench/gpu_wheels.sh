@@ -4,8 +4,9 @@
 # nvidia extra and pytest (for tests/gpu), without what a GPU image carries (torch and its CUDA libraries, numpy,
 # pandas, transformers with huggingface-hub, tokenizers and safetensors, onnx, onnxruntime, triton) and without
 # what only those need. matplotlib, Pillow, scikit-learn and scipy are left out too, to stay inside the 64 MiB a
-# device command carries (with them it is 64 MB): a host without matplotlib measures and reports without plots (the report says so), Pillow is
-# read by image cases only, scikit-learn by digits-mlp only; gpu_install.sh's pip check names what is absent.
+# device command carries (with them it is 64 MB): a host without matplotlib measures and reports without plots
+# (the report says so), Pillow is read by image cases only, scikit-learn by digits-mlp only; gpu_install.sh's
+# pip check names what is absent.
 # Run here, where the package index is reachable; carry .whl/ to the GPU host.
 #   bash bench/gpu_wheels.sh [DIR]   (default .whl)
 #   bash bench/gpu_wheels.sh --resolve-only   prints the pins it would download, downloads nothing (tested in CI)
