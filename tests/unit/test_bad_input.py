@@ -193,6 +193,10 @@ def _make(copy: Path, items: list[dict[str, Any]]) -> None:
             os.mkfifo(path)
         elif what == "dir":
             path.mkdir()
+        elif what == "copy":  # a file shared by many inputs, from tests/fixtures (e.g. a case's module)
+            source = (HOSTILE.parent / dict(rest)["from"]).resolve()
+            assert source.is_relative_to(HOSTILE.parent.resolve()) and source.is_file(), source
+            shutil.copyfile(source, path)
         elif what == "write":
             with path.open("w", encoding="utf-8") as out:
                 for text, times in dict(rest)["parts"]:
