@@ -9,11 +9,11 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import ClassVar
 
 import pytest
 
 from flagperf.results.schema import read_result
+from tests.unit.quoting_endpoint import QuotingEndpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_server")]
 
@@ -84,25 +84,6 @@ def test_a_serving_case_sweeps_concurrency_and_rate_through_transformers_serve(f
 CANARY = "sk-flagperf-flow-canary-4b1d92e07c36a5f8"  # an endpoint key no file or log line may hold
 
 
-class QuotingEndpoint(http.server.BaseHTTPRequestHandler):
-    """An endpoint that refuses every request with a 401 page quoting the Authorization header it got (as some
-    gateways do), and remembers what it got."""
-
-    received: ClassVar[list[str]] = []
-
-    def do_POST(self) -> None:  # http.server calls it by this name
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self.received.append(self.headers.get("Authorization", ""))
-        body = f"invalid credentials: Authorization: {self.received[-1]}".encode()
-        self.send_response(401)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 async def _all_prefect_logs() -> str:
     from prefect.client.orchestration import get_client
 
@@ -126,6 +107,7 @@ def test_an_endpoint_key_is_in_no_record_and_no_log_of_the_flow(flagperf_env: Pa
     from flows.evaluate import evaluate
     from flows.progress import RunFolderLog
 
+    QuotingEndpoint.received.clear()  # shared with the unit tests' use in one session
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), QuotingEndpoint)  # the port from the OS
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

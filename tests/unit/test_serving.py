@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import ClassVar
 
 import psutil
 import pytest
@@ -51,6 +50,7 @@ from flagperf.generate.server import (
     start_server,
 )
 from flagperf.results.schema import read_result
+from tests.unit.quoting_endpoint import QuotingEndpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -543,32 +543,12 @@ def test_a_case_measures_an_endpoint_the_inventory_names(served: ServerProcess, 
     assert refused.value.key == "tiny-llama-serve.endpoint" and "\n" not in str(refused.value)
 
 
-class EchoingProxy(http.server.BaseHTTPRequestHandler):
-    """An endpoint that refuses every request and quotes the Authorization header it got in its 401 page, as
-    some gateways do; it remembers what it was sent."""
-
-    received: ClassVar[list[str]] = []
-
-    def do_POST(self) -> None:  # http.server calls it by this name
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        said = self.headers.get("Authorization", "")
-        self.received.append(said)
-        body = f"invalid credentials: Authorization: {said}".encode()
-        self.send_response(401)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def echoing_proxy() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), EchoingProxy)  # the port from the OS
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), QuotingEndpoint)  # the port from the OS
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    EchoingProxy.received.clear()
+    QuotingEndpoint.received.clear()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     thread.join()
@@ -584,7 +564,7 @@ def test_an_endpoint_that_quotes_the_key_back_leaves_it_in_no_record(echoing_pro
     job, out = _endpoint_job(tmp_path, echoing_proxy, "m", "concurrency=[1]", "request_rates=[]", "requests=2",
                              "warmup_requests=0", "max_new_tokens=4")
     run_job(job, out)
-    assert EchoingProxy.received and set(EchoingProxy.received) == {f"Bearer {SECRET}"}
+    assert QuotingEndpoint.received and set(QuotingEndpoint.received) == {f"Bearer {SECRET}"}
     records = read_records(out / REQUESTS_FILE)
     assert records and all((r.error or "").startswith("HTTP 401: invalid credentials") for r in records)
     assert all("Authorization: ***" in (r.error or "") for r in records)
