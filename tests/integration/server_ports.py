@@ -5,6 +5,7 @@ as the server reports it) and is made again on fresh ports when a port was taken
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
@@ -57,3 +58,10 @@ def start_on_os_ports(start: Callable[[int, int], subprocess.Popen], home: Path,
         if TAKEN not in said.lower():
             raise AssertionError(f"the server exited with code {proc.returncode}: {said[-3000:]}")
     raise AssertionError(f"ports taken at each of {tries} starts: {said[-3000:]}")
+
+
+def session_pool(prefix: str) -> str:
+    """A work pool of this test session only. The servers of a session share one database with those of earlier
+    sessions; a worker an earlier, killed session left behind polls its own pool, so it cannot take this
+    session's flow runs."""
+    return f"{prefix}-{os.getpid()}"

@@ -22,8 +22,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_ports import start_on_os_ports
+from server_ports import session_pool, start_on_os_ports
 from site_probe import basic, make_run
+
+from flows.server import watched
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -90,10 +92,12 @@ def team_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
                FLAGPERF_CASE_PATH=str(ROOT / "tests" / "fixtures" / "cases"), PREFECT_HOME=str(tmp / "prefect-home"))
 
     def start_server(port: int, results_port: int) -> subprocess.Popen[bytes]:
-        return subprocess.Popen([sys.executable, "-m", "flows.cli", "server", "--database-url",
-                                 os.environ["FLAGPERF_TEST_POSTGRES_URL"], "--port", str(port), "--results",
-                                 str(tmp / "results"), "--results-port", str(results_port), "--auth-file",
-                                 str(auth_file), "--log-dir", str(tmp / f"logs-{port}")], cwd=ROOT, env=env,
+        # Watched: a killed pytest takes it along (a stale worker would take a later session's runs).
+        return subprocess.Popen(watched([sys.executable, "-m", "flows.cli", "server", "--database-url",
+                                         os.environ["FLAGPERF_TEST_POSTGRES_URL"], "--port", str(port), "--pool",
+                                         pool, "--results", str(tmp / "results"), "--results-port",
+                                         str(results_port), "--auth-file", str(auth_file), "--log-dir",
+                                         str(tmp / f"logs-{port}")]), cwd=ROOT, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
 
     def said(proc: subprocess.Popen[bytes]) -> str:  # the command's words and its Prefect server's log
@@ -102,6 +106,7 @@ def team_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             log.read_text(errors="replace") if log.is_file() else "")
 
     signed_in = basic(f"lab:{password}")
+    pool = session_pool("flagperf-browser")
     proc, port, results_port = start_on_os_ports(start_server, tmp / "prefect-home", said, headers=signed_in)
     server = Server(ui=f"http://127.0.0.1:{port}", api=f"http://127.0.0.1:{port}/api",
                     site=f"http://127.0.0.1:{results_port}", results=tmp / "results", user="lab", password=password)
@@ -109,7 +114,7 @@ def team_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         def worker_online() -> bool:
             assert proc.poll() is None, "flagperf server exited"
             # Before the worker has made its pool, the API answers 404 with a {"detail": ...} object.
-            answer = httpx.post(f"{server.api}/work_pools/flagperf/workers/filter", json={}, headers=signed_in,
+            answer = httpx.post(f"{server.api}/work_pools/{pool}/workers/filter", json={}, headers=signed_in,
                                 timeout=5)
             return answer.status_code == 200 and any(w["status"] == "ONLINE" for w in answer.json())
 

@@ -19,6 +19,7 @@ from prefect_api import all_task_runs, error_lines, flow_run_tree
 from server_ports import start_on_os_ports
 
 from flagperf.results.schema import read_result
+from flows.server import watched
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_server")]
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,8 +91,8 @@ def test_deploy_all_then_run_through_a_worker(flagperf_env: Path, tmp_path: Path
     for deployment in internal:
         assert deployment.description.startswith("Internal") and "internal" in deployment.tags
 
-    worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", "flagperf",
-                               "--limit", "1"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+    worker = subprocess.Popen(watched([sys.executable, "-m", "prefect", "worker", "start", "--pool", "flagperf",
+                                       "--limit", "1"]), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         from prefect.deployments import run_deployment
@@ -152,8 +153,8 @@ def test_hosts_with_a_worker_get_their_rounds_through_their_own_queue(flagperf_e
         "hosts:\n"
         f"  - {{name: agent-a, address: localhost, agent: {{}}, work_root: {tmp_path / 'work-a'}}}\n"
         f"  - {{name: agent-b, address: localhost, agent: {{}}, work_root: {tmp_path / 'work-b'}}}\n")
-    workers = [subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", "flagperf",
-                                 "--work-queue", f"host-{name}"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+    workers = [subprocess.Popen(watched([sys.executable, "-m", "prefect", "worker", "start", "--pool", "flagperf",
+                                         "--work-queue", f"host-{name}"]), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True) for name in ("agent-a", "agent-b")]
     try:
         run_id = f"run-agents-{time.time_ns()}"
@@ -229,8 +230,8 @@ def test_a_lasting_server_schedules_the_nightly(tmp_path: Path) -> None:
                PREFECT_SERVER_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}")
 
     def start_server(port: int, _unused: int) -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                                 "--port", str(port)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+        return subprocess.Popen(watched([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                                         "--port", str(port)]), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
     server, port, _ = start_on_os_ports(start_server, home, lambda proc: proc.stdout.read())

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from flows.server import watched
+
 ROOT = Path(__file__).resolve().parents[2]
 TUTORIALS = sorted((ROOT / "docs" / "tutorials").glob("*.md"))
 INSTALL = re.compile(r"^pip install -c constraints\.txt -e \S+$")
@@ -84,7 +86,8 @@ def _run_server_tutorial(script: str, folder: Path, env: dict[str, str], tmp_pat
         ported = script
         for page_port, port in zip(TUTORIAL_PORTS, _os_ports(len(TUTORIAL_PORTS)), strict=True):
             ported = ported.replace(page_port, port)
-        process = subprocess.Popen(["bash", "-c", ported], cwd=folder, env=env, stdout=subprocess.PIPE,
+        # Watched: a killed pytest takes the tutorial's server along (it would keep the test database busy).
+        process = subprocess.Popen(watched(["bash", "-c", ported]), cwd=folder, env=env, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             stdout, stderr = process.communicate(timeout=1200)

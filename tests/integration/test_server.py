@@ -18,7 +18,7 @@ import httpx
 import psutil
 import pytest
 from prefect_api import assert_schedule_gets_runs
-from server_ports import start_on_os_ports
+from server_ports import session_pool, start_on_os_ports
 from site_probe import basic, plant, probe
 
 # In CI the database must be there (.ci/run makes it): a skip there would hide a broken set-up.
@@ -69,11 +69,12 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
            if k not in ("PREFECT_API_URL", "PREFECT_UI_API_URL", "PREFECT_API_AUTH_STRING",
                         "PREFECT_SERVER_API_AUTH_STRING", "FLAGPERF_AUTH_FILE")}
     env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    pool = session_pool("flagperf-test")
 
     def start_server(port: int, results_port: int) -> subprocess.Popen[str]:
         return subprocess.Popen([sys.executable, "-m", "flows.cli", "server", "--database-url",
                                  os.environ["FLAGPERF_TEST_POSTGRES_URL"], "--port", str(port), "--pool",
-                                 "flagperf-test", "--results", str(results), "--results-port", str(results_port),
+                                 pool, "--results", str(results), "--results-port", str(results_port),
                                  "--auth-file", str(auth_file), "--log-dir", str(tmp_path / f"logs-{port}")],
                                 cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -86,16 +87,16 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
         while time.time() < deadline and not workers:
             assert proc.poll() is None, proc.stdout.read()
             try:
-                pool = httpx.get(f"{api}/work_pools/flagperf-test", headers=signed_in, timeout=5)
-                if pool.status_code == 200:  # a worker of an earlier server on the same database stays OFFLINE
-                    workers = [w for w in httpx.post(f"{api}/work_pools/flagperf-test/workers/filter", json={},
+                answer = httpx.get(f"{api}/work_pools/{pool}", headers=signed_in, timeout=5)
+                if answer.status_code == 200:  # a worker of an earlier server on the same database stays OFFLINE
+                    workers = [w for w in httpx.post(f"{api}/work_pools/{pool}/workers/filter", json={},
                                                      headers=signed_in, timeout=5).json() if w["status"] == "ONLINE"]
             except httpx.HTTPError:
                 pass
             if not workers:
                 time.sleep(2)
         assert workers, "no worker came online"
-        assert pool.json()["type"] == "process"
+        assert answer.json()["type"] == "process"
         # Signed in or not: the API and the site.
         assert httpx.post(f"{api}/flow_runs/filter", json={}, timeout=10).status_code == 401
         assert httpx.post(f"{api}/flow_runs/filter", json={}, headers=basic("lab:wrong-password-123"),
@@ -105,7 +106,7 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
         assert httpx.get(f"{site}/", timeout=10).status_code == 401
         assert httpx.get(f"{site}/", headers=signed_in, timeout=10).status_code == 200
         # The server really stores in PostgreSQL: the pool is a row there.
-        assert "flagperf-test" in pools_in_postgres()  # other tests of the session may add their pools
+        assert pool in pools_in_postgres()  # other tests of the session may add their pools
         # The UI in a browser asks this endpoint where the API is (this server, not port 4200) and whether to
         # show its login page.
         settings = httpx.get(f"http://127.0.0.1:{port}/ui-settings", timeout=10).json()
@@ -134,7 +135,7 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
         out, _ = proc.communicate(timeout=90)
     out = said + out
     assert proc.returncode == 0, out
-    assert "worker: pool 'flagperf-test'" in out
+    assert f"worker: pool '{pool}'" in out
     assert f"UI at http://127.0.0.1:{port}" in out and f"at http://127.0.0.1:{results_port}/ (runs" in out
     assert f"sign-in: on, user 'lab' (from {auth_file})" in out
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
@@ -150,7 +151,7 @@ def test_a_killed_server_command_leaves_no_server(tmp_path: Path) -> None:
     def start_server(port: int, results_port: int) -> subprocess.Popen[str]:
         return subprocess.Popen([sys.executable, "-m", "flows.cli", "server", "--database-url",
                                  os.environ["FLAGPERF_TEST_POSTGRES_URL"], "--port", str(port), "--no-worker",
-                                 "--pool", "flagperf-kill", "--results", str(tmp_path / "results"),
+                                 "--pool", session_pool("flagperf-kill"), "--results", str(tmp_path / "results"),
                                  "--results-port", str(results_port), "--log-dir", str(tmp_path / f"logs-{port}")],
                                 cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
