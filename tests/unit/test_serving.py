@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import psutil
 import pytest
@@ -28,7 +29,10 @@ from flagperf.entry import run_job
 from flagperf.errors import EXIT_USER_ERROR, ConfigError
 from flagperf.generate.engines import load_engine
 from flagperf.generate.loadgen import (
+    MAX_LINE_BYTES,
     REQUESTS_FILE,
+    LineSplitter,
+    LineTooLong,
     Load,
     RecordWriter,
     RequestRecord,
@@ -592,12 +596,33 @@ HOSTILE_EVENTS = {  # what a broken or hostile endpoint streams, by path: each i
 }
 
 
+ENDLESS_LINE_CAP = 16 * MAX_LINE_BYTES  # what /endless-line sends at most: far past the client's bound
+
+
 class HostileEndpoint(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    endless_line_sent: ClassVar[list[int]] = []  # bytes /endless-line wrote before the client hung up (or the cap)
+    endless_line_done = threading.Event()
 
     def do_POST(self) -> None:  # http.server calls it by this name
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         prefix = self.path.removesuffix("/v1/chat/completions")
+        if prefix == "/endless-line":  # an event stream whose one line never ends (up to the cap)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            chunk, sent = b"data: " + b"x" * 65530, 0
+            try:
+                with contextlib.suppress(OSError):
+                    while sent < ENDLESS_LINE_CAP:
+                        self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+                        sent += len(chunk)
+                    self.wfile.write(b"0\r\n\r\n")
+            finally:
+                self.endless_line_sent.append(sent)
+                self.endless_line_done.set()
+            return
         if prefix == "/endless":  # a 500 page that never ends: the client reads a bounded part of it
             self.send_response(500)
             self.send_header("Transfer-Encoding", "chunked")
@@ -618,6 +643,20 @@ class HostileEndpoint(http.server.BaseHTTPRequestHandler):
         pass
 
 
+def test_the_event_stream_is_split_at_every_line_end_whatever_the_parts() -> None:
+    """CR LF, LF and CR each end a line (server-sent events), also when a CR LF is cut between two parts; the
+    stream's last line is kept without its end; a line over the bound stops, whole or still growing."""
+    splitter = LineSplitter(limit=12)
+    lines = [line for part in (b"data: a\r", b"\ndata: b\n\nx", b"y\rz") for line in splitter.feed(part)]
+    assert [*lines, *splitter.end()] == ["data: a", "data: b", "", "xy", "z"]
+    with pytest.raises(LineTooLong):
+        LineSplitter(limit=12).feed(b"data: 0123456789\n")
+    growing = LineSplitter(limit=12)
+    growing.feed(b"data: 012345")
+    with pytest.raises(LineTooLong):
+        growing.feed(b"6")
+
+
 def test_a_hostile_endpoints_answers_are_request_errors(tmp_path: Path) -> None:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), HostileEndpoint)  # the port from the OS
     server.daemon_threads = True
@@ -625,7 +664,7 @@ def test_a_hostile_endpoints_answers_are_request_errors(tmp_path: Path) -> None:
     thread.start()
     try:
         errors = {}
-        for prefix in [*HOSTILE_EVENTS, "/endless"]:
+        for prefix in [*HOSTILE_EVENTS, "/endless", "/endless-line"]:
             target = Target(f"http://127.0.0.1:{server.server_address[1]}{prefix}", "m", "chat",
                             request_timeout_s=60.0)
             run = asyncio.run(run_phase(target, Load("c1", concurrency=1), [ServingPrompt(0, "t1 t2", 2, 3)],
@@ -640,3 +679,9 @@ def test_a_hostile_endpoints_answers_are_request_errors(tmp_path: Path) -> None:
     assert errors["/usage-text"].startswith("unexpected usage")
     assert errors["/deep"].startswith("not JSON in the stream")
     assert errors["/endless"].startswith("HTTP 500: xxx") and len(errors["/endless"]) < 400
+    # One line that never ends: the request's error once the line passes the bound, the connection closed then
+    # (the server could not send all it had), not a line held in memory until the stream or the timeout ends.
+    assert errors["/endless-line"] == (f"a line of the event stream is longer than {MAX_LINE_BYTES} bytes "
+                                       "(MAX_LINE_BYTES); the request was stopped")
+    assert HostileEndpoint.endless_line_done.wait(60)
+    assert HostileEndpoint.endless_line_sent and HostileEndpoint.endless_line_sent[0] < ENDLESS_LINE_CAP
