@@ -158,6 +158,17 @@ class GenerateConfig(CaseConfig):
             raise ValueError("a request rate is listed twice")
         return value
 
+    @field_validator("server_args")
+    @classmethod
+    def _args(cls, value: list[str]) -> list[str]:
+        """No key on the command line: it would be in plan.json, serving.json, server.log and the host's process
+        list. The server gets its key from its environment (the engine's api_key_env), which the client reads."""
+        if any(re.match(r"--api[-_]key(=|\Z)", word) for word in value):
+            raise PydanticCustomError(HIDDEN_INPUT, "--api-key: a key on the server's command line would be written "
+                                      "to plan.json, serving.json and server.log (not shown); give it as ${NAME} "
+                                      "in server_env under the engine's key variable (its api_key_env)")
+        return value
+
     @field_validator("server_env")
     @classmethod
     def _env(cls, value: dict[str, str]) -> dict[str, str]:

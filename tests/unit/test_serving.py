@@ -166,6 +166,8 @@ def test_a_command_placeholder_that_does_not_exist_is_refused() -> None:
     ({"slo": {"ttft_s": -1.0}}, "slo.ttft_s", "greater than 0"),
     ({"slo": {"ttft": 1.0}}, "slo.ttft", "unknown key"),
     ({"server_env": {"1BAD": "x"}}, "server_env", "not an environment variable name"),
+    ({"server_args": ["--api-key=sk-literal"]}, "server_args", "a key on the server's command line"),
+    ({"server_args": ["--api-key", "sk-literal"]}, "server_args", "give it as ${NAME} in server_env"),
     ({"api": "completions"}, "api", "serves chat only"),
     ({"engine": "hf"}, "request_rates", "needs a serving engine"),
     ({"concurrency": [], "request_rates": []}, None, "at least one point"),
@@ -585,6 +587,94 @@ def test_a_key_a_header_cannot_carry_is_refused_by_its_name(tmp_path: Path, monk
     assert result.failure is not None and "endpoint.api_key: ${LAB_SERVING_KEY} is empty or holds spaces, line " \
         "ends" in result.failure.message
     assert _files_holding(SECRET, out) == [] and not (out / REQUESTS_FILE).exists()
+
+
+KEYED_ENGINE = """name: keyed
+description: a real OpenAI-style server that answers only requests carrying the key of its environment
+server:
+  command: ["{python}", %s, "{port}", "{host}", KEYED_SERVER_KEY]
+  ready_path: /health
+  apis: [chat]
+  request_model: "{model_dir}"
+%s"""
+
+
+def _keyed_round(tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch, declared: bool,
+                 server_env: dict[str, str] | None = None) -> tuple[int, Path]:
+    """One round of a copy of tiny-llama-serve (with ``server_env``) on the engine `keyed`
+    (tests/unit/keyed_endpoint.py, started by the round from its command), which declares its key variable when
+    ``declared``."""
+    import yaml
+
+    from flagperf.config.cases import load_case
+
+    engine = tmp_path / "vendors" / "cpu" / "generate" / "keyed"
+    engine.mkdir(parents=True)
+    script = json.dumps(str(Path(__file__).with_name("keyed_endpoint.py")))
+    (engine / "engine.yaml").write_text(KEYED_ENGINE % (script, "  api_key_env: KEYED_SERVER_KEY\n" if declared
+                                                        else ""), encoding="utf-8")
+    manifest = yaml.safe_load(load_case("tiny-llama-serve").folder.joinpath("case.yaml").read_text())
+    manifest["name"] = "keyed-serve"
+    manifest["configurations"].update(server_env=server_env or {})
+    case_file = tmp_path / "cases" / "generate" / "keyed-serve" / "case.yaml"
+    case_file.parent.mkdir(parents=True)
+    case_file.write_text(yaml.safe_dump(manifest), encoding="utf-8")
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(tmp_path / "cases"))
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(tmp_path / "vendors"))
+    plan = plan_run(cases=["keyed-serve"], sets=["engine=keyed", f"checkpoint_path={model_dir}", "concurrency=[1]",
+                                                 "request_rates=[]", "requests=2", "warmup_requests=0",
+                                                 "max_new_tokens=3"], results_dir=tmp_path / "results")
+    cp = plan.cases[0]
+    job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, host="localhost", vendor="cpu",
+              config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={})
+    assert SECRET not in plan.model_dump_json()  # the plan holds the ${NAME} reference only
+    out = tmp_path / "round"
+    out.mkdir()
+    return run_job(job, out), out
+
+
+@pytest.mark.parametrize("given", ["server_env", "host environment"])
+def test_a_server_started_with_a_key_gets_it_from_every_request(given: str, model_dir: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """A server the round starts with a key (vLLM's VLLM_API_KEY) refuses every request without it. The key is
+    given once, to the server's environment (the case's server_env as ${NAME}, or the host's own variable); the
+    engine's api_key_env names the variable, and the client sends its value: every request succeeds, and the
+    key is in no file of the round and in no log line."""
+    caplog.set_level("DEBUG")
+    if given == "server_env":
+        monkeypatch.setenv("LAB_SERVER_KEY", SECRET)
+        monkeypatch.delenv("KEYED_SERVER_KEY", raising=False)
+        server_env = {"KEYED_SERVER_KEY": "${LAB_SERVER_KEY}"}
+    else:
+        monkeypatch.setenv("KEYED_SERVER_KEY", SECRET)
+        server_env = {}
+    code, out = _keyed_round(tmp_path, model_dir, monkeypatch, True, server_env)
+    assert code == 0, read_result(out / "result.json").failure
+    records = read_records(out / REQUESTS_FILE)
+    assert len(records) == 2 and all(r.ok and r.output_text == "t1 t2 t3" for r in records), records
+    assert _files_holding(SECRET, out) == [] and SECRET not in caplog.text
+
+
+def test_a_key_server_refuses_a_client_without_its_key(model_dir: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same server with its key, the engine not saying where the key is: every request is the server's 401
+    (what every round against a keyed vLLM got before engines named their key variable)."""
+    monkeypatch.setenv("KEYED_SERVER_KEY", SECRET)
+    _, out = _keyed_round(tmp_path, model_dir, monkeypatch, False)
+    records = read_records(out / REQUESTS_FILE)
+    assert records and all((r.error or "").startswith("HTTP 401") for r in records), records
+
+
+def test_a_server_key_a_header_cannot_carry_is_refused_before_the_server_starts(
+        model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KEYED_SERVER_KEY", SECRET + "\n")
+    code, out = _keyed_round(tmp_path, model_dir, monkeypatch, True)
+    assert code == EXIT_USER_ERROR
+    failure = read_result(out / "result.json").failure
+    assert failure is not None and "the server's key variable KEYED_SERVER_KEY is empty or holds spaces" in \
+        failure.message
+    assert not (out / SERVER_LOG).exists() and _files_holding(SECRET, out) == []
 
 
 HOSTILE_EVENTS = {  # what a broken or hostile endpoint streams, by path: each is the request's error, never a crash
