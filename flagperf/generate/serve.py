@@ -123,7 +123,7 @@ def synthetic_serving_prompts(config: GenerateConfig, tokens: Tokens, vocab_size
 
 def file_serving_prompts(config: GenerateConfig, tokens: Tokens) -> list[ServingPrompt]:
     assert config.prompts_path is not None
-    rows = read_prompt_file(config.prompts_path)
+    rows = read_prompt_file(str(config.data_file("prompts_path")))
     if any(reference is not None for _, reference in rows):
         require_rouge()
     return [ServingPrompt(i, text, tokens.count(text), config.max_new_tokens, reference)
@@ -246,7 +246,8 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
     vocab = int(model_config(config.model, config.checkpoint_path).vocab_size) if (
         config.checkpoint_path or config.model in PRESETS) else 0
     if config.sharegpt_path is not None:
-        prompts = sharegpt_prompts(config.sharegpt_path, tokens, config.input_len, config.max_new_tokens)
+        prompts = sharegpt_prompts(str(config.data_file("sharegpt_path")), tokens, config.input_len,
+                                   config.max_new_tokens)
         described = f"{config.sharegpt_path}: {len(prompts)} conversations"
     elif config.prompts_path is not None:
         prompts = file_serving_prompts(config, tokens)

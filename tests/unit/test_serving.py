@@ -24,6 +24,7 @@ import transformers
 from packaging.version import Version
 
 from flagperf.config.job import Job
+from flagperf.config.models import CASE_FOLDER
 from flagperf.config.plan import plan_run
 from flagperf.entry import run_job
 from flagperf.errors import EXIT_USER_ERROR, ConfigError
@@ -188,7 +189,13 @@ def test_a_command_placeholder_that_does_not_exist_is_refused() -> None:
     ({"max_new_tokens": 0}, "max_new_tokens", "greater than or equal to 1"),
     ({"seed": 2 ** 64}, "seed", "less than or equal to"),
     ({"slo": {"e2el_s": float("nan")}}, "slo.e2el_s", "finite number"),
-    ({"prompts_path": __file__}, None, "must be a .jsonl or .csv file"),
+    ({"prompts_path": "case.yaml"}, None, "must be a .jsonl or .csv file"),
+    # a data file stays in its root: the case's folder (relative), a data root (absolute), never a credentials folder
+    ({"sharegpt_path": "/etc/hostname"}, "sharegpt_path", "'/etc/hostname' is outside the data roots (/data, "),
+    ({"prompts_path": "../../../../outside.jsonl"}, "prompts_path", "is outside the case's folder"),
+    ({"prompts_path": "/data/../etc/x.jsonl"}, "prompts_path", "an absolute path must not hold '..'"),
+    ({"sharegpt_path": "/data/u/.ssh/id_rsa"}, "sharegpt_path", "is in a credentials folder (.ssh)"),
+    ({"sharegpt_path": "/data/none.json"}, "sharegpt_path", "/data/none.json does not exist"),
     ({"endpoint": {"base_url": "http://u:pw-0042@h:1", "model": "m"}}, "endpoint.base_url", "credentials"),
     ({"endpoint": {"base_url": "http://h:1", "model": "m", "devices": 0}}, "endpoint.devices", "greater than"),
 ])
@@ -286,9 +293,32 @@ def test_data_files_are_read_only_when_regular_bounded_and_parsable(tmp_path: Pa
         sharegpt_prompts(str(huge), tokens, 16, 16)
     base = {"model": "tiny", "precision": "fp32", "engine": "transformers-serve", "input_len": 6,
             "max_new_tokens": 5, "concurrency": [1], "requests": 4, "timeout_s": 600.0, "max_retries": 0}
-    for path, words in ((huge, "is at most"), (pipe, "named pipe"), (tmp_path, "is a directory")):
+    for name, words in (("huge.json", "is at most"), ("prompts.jsonl", "named pipe"), (".", "is a directory")):
         with pytest.raises(ValueError, match=words):
-            GenerateConfig.model_validate({**base, "sharegpt_path": str(path)})
+            GenerateConfig.model_validate({**base, "sharegpt_path": name}, context={CASE_FOLDER: tmp_path})
+
+
+def test_a_data_file_is_resolved_in_its_root_again_when_the_round_reads_it(tmp_path: Path) -> None:
+    """A relative data file is the case folder's (the round's own copy of the project, wherever it lies); a link
+    put in its place after the plan, leading out, is refused when the round reads it, by key, not read."""
+    from flagperf.errors import CaseUserError
+    from flagperf.generate.config import GenerateConfig
+
+    (tmp_path / "conversations.json").write_text("[]", encoding="utf-8")
+    values = {"model": "tiny", "precision": "fp32", "engine": "transformers-serve", "input_len": 6,
+              "max_new_tokens": 5, "concurrency": [1], "requests": 4, "timeout_s": 600.0, "max_retries": 0,
+              "sharegpt_path": "conversations.json"}
+    config = GenerateConfig.model_validate(values, context={CASE_FOLDER: tmp_path})
+    assert config.data_file("sharegpt_path") == (tmp_path / "conversations.json").resolve()
+    assert config.model_dump()["sharegpt_path"] == "conversations.json"  # the plan keeps it as written
+    (tmp_path / "conversations.json").unlink()
+    (tmp_path / "conversations.json").symlink_to("/etc/hostname")
+    with pytest.raises(CaseUserError, match=r"^sharegpt_path: 'conversations.json' is outside the case's folder "
+                                            r"\(a link to /etc/hostname\)"):
+        config.data_file("sharegpt_path")
+    unplaced = GenerateConfig.model_validate({**values, "sharegpt_path": "elsewhere.json"})  # no case folder given
+    with pytest.raises(CaseUserError, match="relative to the case's folder, and this round was given none"):
+        unplaced.data_file("sharegpt_path")
 
 
 SERVER_LOSES_ITS_PORT = """
