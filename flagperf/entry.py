@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from flagperf.config.adaptation import load_hooks, read_adaptation
 from flagperf.config.cases import CaseDef, load_case
 from flagperf.config.job import JOB_FILE, Job
-from flagperf.config.models import pydantic_error_to_config_error
+from flagperf.config.models import CASE_FOLDER, pydantic_error_to_config_error
 from flagperf.config.vendors import Vendor, load_vendor
 from flagperf.errors import (
     EXIT_OK,
@@ -333,7 +333,7 @@ def run_job(job: Job, out_dir: Path, slot: DeviceSlot | None = None, job_file: P
     try:
         case = load_case(job.case)
         vendor = load_vendor(job.vendor)
-        config = case.config_model.model_validate(job.config)
+        config = case.config_model.model_validate(job.config, context={CASE_FOLDER: case.folder})
         slots = every_device(config, vendor, job) if slot is None else None
         if slots is not None:  # this process only starts and waits: the device processes measure
             assert isinstance(config, EveryDevice)

@@ -28,6 +28,7 @@ from flagperf.config.casecode import code_runs, read_case_module
 from flagperf.config.engines import INFERENCE_ENGINES, declared_options
 from flagperf.config.files import given_name, inside, is_present, read_config_text, regular_file
 from flagperf.config.models import (
+    CASE_FOLDER,
     CaseConfig,
     CaseManifest,
     MergedConfig,
@@ -317,7 +318,7 @@ def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[st
         _fill_model_defaults(case, merged)
     _apply_run_overrides(case, vendor, merged, run_overrides)
     try:
-        model = case.config_model.model_validate(merged.values)
+        model = case.config_model.model_validate(merged.values, context={CASE_FOLDER: case.folder})
     except ValidationError as exc:
         raise pydantic_error_to_config_error(exc, display_path(case.manifest_path), merged.origins) from None
     model.check_for_vendor(merged.origins, display_path(case.manifest_path), vendor or None, files_are_local)

@@ -31,6 +31,9 @@ FAMILY_DRIVERS = {"generate": "flagperf.generate.driver", "operation": "flagperf
 # The type of a validator's error (pydantic_core.PydanticCustomError) whose value may be a secret: its line
 # names the file and the key, never the value.
 HIDDEN_INPUT = "hidden_input"
+# The validation context's key for the case's folder (resolve_case_config, the round's entry): a family's config
+# resolves paths a case names relative to it (a serving case's prompts file).
+CASE_FOLDER = "case_folder"
 
 
 def is_core_module(entry: str) -> bool:

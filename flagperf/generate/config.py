@@ -6,8 +6,9 @@ load, SLOs, the server's arguments). docs/serving.md explains every key."""
 
 from __future__ import annotations
 
+import os
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -15,6 +16,8 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
+    ValidationInfo,
     ValidatorFunctionWrapHandler,
     field_serializer,
     field_validator,
@@ -23,10 +26,11 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from flagperf.config.endpoints import REFERENCE, Endpoint
-from flagperf.config.files import regular_file_problem
-from flagperf.config.models import HIDDEN_INPUT, CaseConfig
-from flagperf.errors import ConfigError
+from flagperf.config.files import inside, regular_file_problem
+from flagperf.config.models import CASE_FOLDER, HIDDEN_INPUT, CaseConfig
+from flagperf.errors import CaseUserError, ConfigError
 from flagperf.generate.models import PRESETS
+from flagperf.hosts.container_policy import CREDENTIAL_NAMES, DATA_ROOTS
 from flagperf.training.data import LocalPath
 
 # A prompts or ShareGPT file is read whole: ShareGPT V3 (the usual serving set) is 642 MiB; far beyond that is
@@ -42,11 +46,57 @@ MAX_TOKENS = 1 << 20  # tokens in a prompt or an output: beyond every model's co
 SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 
 
-def _data_file(value: str | None) -> str | None:
-    """A prompts or ShareGPT file: a regular file (a FIFO would block the round, a device never ends, a folder
-    is no file) of at most MAX_DATA_FILE_BYTES; only its metadata is read here, the round reads it again so."""
-    if value is not None:
-        problem = regular_file_problem(Path(value), MAX_DATA_FILE_BYTES, "a prompts or ShareGPT file")
+def data_path(value: str, case_folder: Path | None) -> Path | None:
+    """Where a prompts or ShareGPT file named ``value`` is, kept inside its root as the other files a config names
+    are: a relative path inside the case's folder (a prompt set shipped with the case), an absolute one under a
+    data root (DATA_ROOTS, the roots container mounts use: /data, /datasets, ...) and in no credentials folder;
+    links are followed and the resolved path must stay there too. None: relative, with no case folder given
+    (checked where it is). Any other path is a ValueError: a config must not make the round read, and send to
+    an endpoint, whatever file of the host it names."""
+    if not value or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ValueError("must be a file name or path without control characters")
+    if not value.startswith("/"):
+        if case_folder is None:
+            return None
+        try:
+            return inside(case_folder, value, "", None, "the case's folder")
+        except ConfigError as exc:
+            raise ValueError(f"{exc.message}; {DATA_FILE_PLACES}") from None
+    if any(part == ".." for part in value.split("/")):
+        raise ValueError(f"{value!r}: an absolute path must not hold '..'; {DATA_FILE_PLACES}")
+    written = PurePosixPath(os.path.normpath(value))
+    try:
+        resolved = Path(written).resolve()
+        roots = [Path(root).resolve() for root in DATA_ROOTS]
+    except (RuntimeError, OSError):  # a link loop: RuntimeError before Python 3.13, OSError (ELOOP) after
+        raise ValueError(f"{value!r}: a link that leads back to itself (a loop)") from None
+    for path, allowed in ((written, [PurePosixPath(r) for r in DATA_ROOTS]), (resolved, roots)):
+        via = f" (it resolves to {resolved})" if path is resolved and resolved != Path(written) else ""
+        credentials = next((part for part in path.parts if part in CREDENTIAL_NAMES), None)
+        if credentials is not None:
+            raise ValueError(f"{value!r}{via} is in a credentials folder ({credentials}); not read")
+        if not any(path.is_relative_to(root) for root in allowed):
+            raise ValueError(f"{value!r}{via} is outside the data roots ({', '.join(DATA_ROOTS)}); "
+                             f"{DATA_FILE_PLACES}")
+    return resolved
+
+
+DATA_FILE_PLACES = ("a prompts or ShareGPT file is a path inside the case's folder, or an absolute path under a "
+                    "data root")
+
+
+def _data_file(value: str | None, info: ValidationInfo) -> str | None:
+    """A prompts or ShareGPT file: inside its root (data_path), and a regular file (a FIFO would block the round, a
+    device never ends, a folder is no file) of at most MAX_DATA_FILE_BYTES; only its metadata is read here, the
+    round reads it again so. The value is kept as written (the plan's hosts resolve it in their own folders)."""
+    if value is None:
+        return None
+    try:  # the message names the path already: not quoted again (HIDDEN_INPUT)
+        path = data_path(value, (info.context or {}).get(CASE_FOLDER))
+    except ValueError as exc:
+        raise PydanticCustomError(HIDDEN_INPUT, str(exc)) from None
+    if path is not None:
+        problem = regular_file_problem(path, MAX_DATA_FILE_BYTES, "a prompts or ShareGPT file")
         if problem == "file not found":
             raise ValueError(f"{value} does not exist (only local files are read)")
         if problem:
@@ -122,6 +172,28 @@ class GenerateConfig(CaseConfig):
     endpoint: Endpoint | None = Field(default=None, description="a running server instead of starting one: its "
                                       "settings, or the name of one the inventory's endpoints list")
 
+    _case_folder: Path | None = PrivateAttr(default=None)  # from the validation context: where relative data
+                                                           # files are
+
+    @model_validator(mode="after")
+    def _remember_case_folder(self, info: ValidationInfo) -> GenerateConfig:
+        folder = (info.context or {}).get(CASE_FOLDER)
+        self._case_folder = Path(folder) if folder is not None else None
+        return self
+
+    def data_file(self, key: Literal["prompts_path", "sharegpt_path"]) -> Path:
+        """The file ``key`` names, as the round reads it: resolved inside its root again (a link may have changed
+        since the plan), or one line naming the key."""
+        value = getattr(self, key)
+        assert value is not None
+        try:
+            path = data_path(value, self._case_folder)
+        except ValueError as exc:
+            raise CaseUserError(f"{key}: {exc}") from None
+        if path is None:
+            raise CaseUserError(f"{key}: {value!r} is relative to the case's folder, and this round was given none")
+        return path
+
     @field_validator("endpoint", mode="wrap")
     @classmethod
     def _endpoint_name(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Endpoint | str | None:
@@ -156,6 +228,17 @@ class GenerateConfig(CaseConfig):
             raise ValueError(f"every request rate must be > 0 and at most {MAX_RATE:g} requests/s")
         if len({f"{r:g}" for r in value}) != len(value):
             raise ValueError("a request rate is listed twice")
+        return value
+
+    @field_validator("server_args")
+    @classmethod
+    def _args(cls, value: list[str]) -> list[str]:
+        """No key on the command line: it would be in plan.json, serving.json, server.log and the host's process
+        list. The server gets its key from its environment (the engine's api_key_env), which the client reads."""
+        if any(re.match(r"--api[-_]key(=|\Z)", word) for word in value):
+            raise PydanticCustomError(HIDDEN_INPUT, "--api-key: a key on the server's command line would be written "
+                                      "to plan.json, serving.json and server.log (not shown); give it as ${NAME} "
+                                      "in server_env under the engine's key variable (its api_key_env)")
         return value
 
     @field_validator("server_env")

@@ -56,7 +56,7 @@ def load_prompts(config: GenerateConfig) -> tuple[PromptSet, int]:
                             f"model's {limit} positions")
     tokenizer = tokenizer_for(config.checkpoint_path, int(hf_config.vocab_size))
     if config.prompts_path is not None:
-        prompts = file_prompts(config.prompts_path, tokenizer, config.input_len)
+        prompts = file_prompts(str(config.data_file("prompts_path")), tokenizer, config.input_len)
         if prompts.has_references:
             require_rouge()
         return prompts, tokenizer.pad_id

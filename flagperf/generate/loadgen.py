@@ -24,8 +24,9 @@ import asyncio
 import json
 import os
 import random
+import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -35,6 +36,10 @@ import httpx
 REQUESTS_FILE = "requests.jsonl"
 ERROR_TEXT_LIMIT = 300
 ERROR_PAGE_BYTES = 64 * 1024  # of a refused request's page: what the error quotes, with room to mask the key in
+# One line of the event stream: a streamed chunk is a few hundred bytes (a usage event, a long chunk of text, a
+# few KiB); far above any real one, and a bound on what an endpoint that never sends a line end makes us hold.
+MAX_LINE_BYTES = 4 * 1024 * 1024
+LINE_END = re.compile(rb"\r\n|\r|\n")  # the server-sent events line ends
 
 
 @dataclass(frozen=True)
@@ -162,6 +167,50 @@ def read_records(path: Path) -> list[RequestRecord]:
 TokenCounter = Callable[[str], int]
 
 
+class LineTooLong(Exception):
+    """A line of the event stream passed MAX_LINE_BYTES without a line end."""
+
+
+class LineSplitter:
+    """The event stream's bytes as lines (CR LF, LF or CR ends one), each at most ``limit`` bytes: httpx's
+    aiter_lines holds a line until its end comes, so a stream that never sends one would grow without bound."""
+
+    def __init__(self, limit: int = MAX_LINE_BYTES) -> None:
+        self.limit = limit
+        self.pending = bytearray()
+        self.after_cr = False  # the last part ended with CR: a LF that starts the next belongs to it
+
+    def feed(self, data: bytes) -> list[str]:
+        if self.after_cr and data.startswith(b"\n"):
+            data = data[1:]
+        if data:
+            self.after_cr = data.endswith(b"\r")
+        parts = LINE_END.split(data)
+        self.pending += parts[0]
+        lines = []
+        if len(parts) > 1:
+            lines = [bytes(self.pending), *parts[1:-1]]
+            self.pending = bytearray(parts[-1])
+        if len(self.pending) > self.limit or any(len(line) > self.limit for line in lines):
+            raise LineTooLong(f"a line of the event stream is longer than {self.limit} bytes (MAX_LINE_BYTES); "
+                              "the request was stopped")
+        return [line.decode("utf-8", "replace") for line in lines]
+
+    def end(self) -> list[str]:
+        """The last line, where the stream ended without a line end."""
+        rest, self.pending = bytes(self.pending), bytearray()
+        return [rest.decode("utf-8", "replace")] if rest else []
+
+
+async def _stream_lines(response: httpx.Response) -> AsyncIterator[str]:
+    splitter = LineSplitter()
+    async for part in response.aiter_bytes():
+        for line in splitter.feed(part):
+            yield line
+    for line in splitter.end():
+        yield line
+
+
 async def send_request(client: httpx.AsyncClient, target: Target, prompt: ServingPrompt, point: str, phase: str,
                        seq: int, count_tokens: TokenCounter | None) -> RequestRecord:
     """One streamed request, timed chunk by chunk; every failure is recorded, never raised."""
@@ -183,7 +232,7 @@ async def send_request(client: httpx.AsyncClient, target: Target, prompt: Servin
                 text = text[:-1024] if cut else text  # masked first; a key the cut split lies in the last KiB
                 record.error = f"HTTP {response.status_code}: {' '.join(text.split())[:ERROR_TEXT_LIMIT]}"
             else:
-                async for line in response.aiter_lines():
+                async for line in _stream_lines(response):
                     now = time.perf_counter()
                     if not line.startswith("data:"):
                         continue
@@ -196,6 +245,8 @@ async def send_request(client: httpx.AsyncClient, target: Target, prompt: Servin
                         break
     except (httpx.HTTPError, OSError) as exc:
         record.error = f"{type(exc).__name__}: {target.redact(str(exc)) or 'no detail'}"[:ERROR_TEXT_LIMIT]
+    except LineTooLong as exc:
+        record.error = str(exc)
     record.e2el_s = time.perf_counter() - start
     record.output_text = "".join(parts)
     if record.ok:

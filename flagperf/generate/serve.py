@@ -123,7 +123,7 @@ def synthetic_serving_prompts(config: GenerateConfig, tokens: Tokens, vocab_size
 
 def file_serving_prompts(config: GenerateConfig, tokens: Tokens) -> list[ServingPrompt]:
     assert config.prompts_path is not None
-    rows = read_prompt_file(config.prompts_path)
+    rows = read_prompt_file(str(config.data_file("prompts_path")))
     if any(reference is not None for _, reference in rows):
         require_rouge()
     return [ServingPrompt(i, text, tokens.count(text), config.max_new_tokens, reference)
@@ -180,6 +180,27 @@ def resolve_env(values: dict[str, str], key: str) -> dict[str, str]:
     return resolved
 
 
+def bearer_headers(key: str, name: str) -> dict[str, str]:
+    """The Authorization header of every request; a key an HTTP header cannot carry is refused by ``name`` (the
+    variable or the key that gave it), never by its value."""
+    if not key or not key.isascii() or not key.isprintable() or any(c.isspace() for c in key):
+        raise CaseUserError(f"{name} is empty or holds spaces, line ends or other characters an HTTP header "
+                            "cannot carry (not shown)")
+    return {"Authorization": f"Bearer {key}"}
+
+
+def server_key_headers(spec: ServerSpec, server_env: dict[str, str]) -> dict[str, str]:
+    """What the client sends to a server the round starts: the key the server reads from its ``api_key_env``
+    variable, in the environment it is started with (this process's, the engine's env, the case's server_env),
+    given once and used by both sides; no header where the server gets none (an empty value sets none)."""
+    if spec.api_key_env is None:
+        return {}
+    key = {**os.environ, **spec.env, **server_env}.get(spec.api_key_env, "")
+    if not key:
+        return {}
+    return bearer_headers(key, f"the server's key variable {spec.api_key_env}")
+
+
 def check_requirements(engine: EngineDef) -> None:
     """The packages the engine's server needs, as a one-line error naming the extra or the package."""
     missing = missing_requirements(engine.manifest)
@@ -225,7 +246,8 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
     vocab = int(model_config(config.model, config.checkpoint_path).vocab_size) if (
         config.checkpoint_path or config.model in PRESETS) else 0
     if config.sharegpt_path is not None:
-        prompts = sharegpt_prompts(config.sharegpt_path, tokens, config.input_len, config.max_new_tokens)
+        prompts = sharegpt_prompts(str(config.data_file("sharegpt_path")), tokens, config.input_len,
+                                   config.max_new_tokens)
         described = f"{config.sharegpt_path}: {len(prompts)} conversations"
     elif config.prompts_path is not None:
         prompts = file_serving_prompts(config, tokens)
@@ -242,10 +264,12 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
             assert folder is not None
             fields = {"model_dir": str(folder), "dtype": spec.dtypes.get(config.precision, config.precision),
                       "tensor_parallel": config.tensor_parallel}
+            server_env = resolve_env(config.server_env, "server_env")
+            headers = server_key_headers(spec, server_env)  # checked before the server starts
             log.info("starting the %s server for %s (%s)", engine.manifest.name, folder, DTYPE[config.precision])
             try:
-                server = start_server(spec, fields, config.server_args, resolve_env(config.server_env, "server_env"),
-                                      out_dir / SERVER_LOG, config.ready_timeout_s)
+                server = start_server(spec, fields, config.server_args, server_env, out_dir / SERVER_LOG,
+                                      config.ready_timeout_s)
             except ServerFailed as exc:
                 if exc.user:
                     raise CaseUserError(str(exc)) from None
@@ -253,16 +277,12 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
             log.info("server ready at %s: %s", server.base_url, " ".join(server.argv))
             summary["server"] = {"argv": server.argv, "base_url": server.base_url}
             base_url, model = server.base_url, _render_model(spec, fields)
-            headers: dict[str, str] = {}
         else:
             base_url, model = config.endpoint.base_url, config.endpoint.model
             headers = {}
             if config.endpoint.api_key is not None:
                 key = resolve_env({"api_key": config.endpoint.api_key}, "endpoint")["api_key"]
-                if not key or not key.isascii() or not key.isprintable() or any(c.isspace() for c in key):
-                    raise CaseUserError(f"endpoint.api_key: {config.endpoint.api_key} is empty or holds spaces, "
-                                        "line ends or other characters an HTTP header cannot carry (not shown)")
-                headers = {"Authorization": f"Bearer {key}"}
+                headers = bearer_headers(key, f"endpoint.api_key: {config.endpoint.api_key}")
             summary["endpoint"] = {"base_url": base_url, "model": model}
         target = Target(base_url=base_url, model=model, api=config.api, headers=headers,
                         exact_fields=spec.exact_output_fields if config.exact_output else None,

@@ -18,6 +18,8 @@ engine.yaml of a server engine (vendor_images/<vendor>/generate/<engine>/engine.
     exact_output: {ignore_eos: true, min_tokens: "{output_len}"}  # fields that make it emit exactly max_tokens
     json_fields: []              # exact_output fields the server wants as a JSON-encoded string
     env: {}                      # added to the server's environment
+    api_key_env: VLLM_API_KEY    # the variable the server reads its API key from (optional): where the server's
+                                 # environment has it, every request carries it (Authorization: Bearer)
   requires: [{import: vllm, pip: vllm}]
 
 Placeholders: {model_dir} {dtype} {tensor_parallel} {host} {port} {python} in ``command`` and
@@ -106,6 +108,8 @@ class ServerSpec(StrictModel):
     exact_output: dict[str, Any] = Field(default_factory=dict)
     json_fields: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                                    description="the environment variable the server reads its API key from")
 
     @field_validator("command", "request_model")
     @classmethod

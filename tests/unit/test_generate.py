@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from flagperf.config.cases import available_cases, load_case, resolve_case_config
 from flagperf.config.job import Job
+from flagperf.config.models import CASE_FOLDER
 from flagperf.config.plan import plan_run
 from flagperf.config.vendors import load_vendor
 from flagperf.entry import run_job
@@ -119,7 +120,8 @@ def test_rouge_is_computed_against_the_file_references(tmp_path: Path) -> None:
         {"prompt": "Summarise: the cat sat on the mat.", "reference": "a cat sat"},
         {"prompt": "Summarise: rain fell all day.", "reference": "it rained"},
         {"prompt": "No reference here."}])
-    cfg = config(prompts_path=str(prompts), input_len=32, concurrency=[3], requests=3, max_new_tokens=4)
+    cfg = GenerateConfig.model_validate({**BASE, "prompts_path": prompts.name, "input_len": 32, "concurrency": [3],
+                                         "requests": 3, "max_new_tokens": 4}, context={CASE_FOLDER: tmp_path})
     outcome = run_generate(cfg, "cpu", load_vendor("cpu").spec_table(), CPU, tmp_path)
     metric = {m.name: m for m in outcome.metrics}
     texts = outcome.outputs[3]
@@ -164,6 +166,8 @@ def test_config_rules() -> None:
     with pytest.raises(ValidationError, match="listed twice"):
         config(concurrency=[1, 1])
     with pytest.raises(ValidationError, match="does not exist"):
+        config(prompts_path="/data/no/such/file.jsonl")
+    with pytest.raises(ValidationError, match="is outside the data roots"):
         config(prompts_path="/no/such/file.jsonl")
 
 
@@ -252,14 +256,28 @@ def test_one_round_through_the_entry_and_the_report(tmp_path: Path) -> None:
         assert level["energy_per_token_j"] == pytest.approx(expected, rel=1e-6)
 
 
-def test_a_bad_prompt_file_fails_the_round_as_a_user_error(tmp_path: Path) -> None:
-    bad = tmp_path / "bad.jsonl"
+def test_a_bad_prompt_file_fails_the_round_as_a_user_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prompts file of a case, in the case's folder (a copy of tiny-llama-generate): a bad line fails the
+    round as a user error naming the file."""
+    import yaml
+
+    manifest = yaml.safe_load(load_case("tiny-llama-generate").manifest_path.read_text(encoding="utf-8"))
+    manifest["name"] = "bad-prompts-generate"
+    folder = tmp_path / "cases" / "generate" / "bad-prompts-generate"
+    folder.mkdir(parents=True)
+    (folder / "case.yaml").write_text(yaml.safe_dump(manifest), encoding="utf-8")
+    bad = folder / "bad.jsonl"
     bad.write_text('{"prompt": "ok"}\nnot json\n', encoding="utf-8")
-    job = _job(tmp_path, f"prompts_path={bad}")
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(tmp_path / "cases"))
+    plan = plan_run(cases=["bad-prompts-generate"], sets=["prompts_path=bad.jsonl"], results_dir=tmp_path / "results")
+    cp = plan.cases[0]
+    assert cp.config["prompts_path"] == "bad.jsonl"
+    job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, host="localhost", vendor="cpu",
+              config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={})
     assert run_job(job, tmp_path) == EXIT_USER_ERROR
     result = read_result(tmp_path / "result.json")
     assert result.failure is not None and result.failure.kind == "user"
-    assert result.failure.message.startswith(f"{bad}: line 2: not JSON")
+    assert result.failure.message.startswith(f"{bad.resolve()}: line 2: not JSON")
 
 
 TINY_LLAMA = ["vocab_size=128", "hidden_size=32", "num_hidden_layers=2", "num_attention_heads=4",

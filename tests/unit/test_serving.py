@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import psutil
 import pytest
@@ -23,12 +24,16 @@ import transformers
 from packaging.version import Version
 
 from flagperf.config.job import Job
+from flagperf.config.models import CASE_FOLDER
 from flagperf.config.plan import plan_run
 from flagperf.entry import run_job
 from flagperf.errors import EXIT_USER_ERROR, ConfigError
 from flagperf.generate.engines import load_engine
 from flagperf.generate.loadgen import (
+    MAX_LINE_BYTES,
     REQUESTS_FILE,
+    LineSplitter,
+    LineTooLong,
     Load,
     RecordWriter,
     RequestRecord,
@@ -162,6 +167,8 @@ def test_a_command_placeholder_that_does_not_exist_is_refused() -> None:
     ({"slo": {"ttft_s": -1.0}}, "slo.ttft_s", "greater than 0"),
     ({"slo": {"ttft": 1.0}}, "slo.ttft", "unknown key"),
     ({"server_env": {"1BAD": "x"}}, "server_env", "not an environment variable name"),
+    ({"server_args": ["--api-key=sk-literal"]}, "server_args", "a key on the server's command line"),
+    ({"server_args": ["--api-key", "sk-literal"]}, "server_args", "give it as ${NAME} in server_env"),
     ({"api": "completions"}, "api", "serves chat only"),
     ({"engine": "hf"}, "request_rates", "needs a serving engine"),
     ({"concurrency": [], "request_rates": []}, None, "at least one point"),
@@ -182,7 +189,13 @@ def test_a_command_placeholder_that_does_not_exist_is_refused() -> None:
     ({"max_new_tokens": 0}, "max_new_tokens", "greater than or equal to 1"),
     ({"seed": 2 ** 64}, "seed", "less than or equal to"),
     ({"slo": {"e2el_s": float("nan")}}, "slo.e2el_s", "finite number"),
-    ({"prompts_path": __file__}, None, "must be a .jsonl or .csv file"),
+    ({"prompts_path": "case.yaml"}, None, "must be a .jsonl or .csv file"),
+    # a data file stays in its root: the case's folder (relative), a data root (absolute), never a credentials folder
+    ({"sharegpt_path": "/etc/hostname"}, "sharegpt_path", "'/etc/hostname' is outside the data roots (/data, "),
+    ({"prompts_path": "../../../../outside.jsonl"}, "prompts_path", "is outside the case's folder"),
+    ({"prompts_path": "/data/../etc/x.jsonl"}, "prompts_path", "an absolute path must not hold '..'"),
+    ({"sharegpt_path": "/data/u/.ssh/id_rsa"}, "sharegpt_path", "is in a credentials folder (.ssh)"),
+    ({"sharegpt_path": "/data/none.json"}, "sharegpt_path", "/data/none.json does not exist"),
     ({"endpoint": {"base_url": "http://u:pw-0042@h:1", "model": "m"}}, "endpoint.base_url", "credentials"),
     ({"endpoint": {"base_url": "http://h:1", "model": "m", "devices": 0}}, "endpoint.devices", "greater than"),
 ])
@@ -280,9 +293,32 @@ def test_data_files_are_read_only_when_regular_bounded_and_parsable(tmp_path: Pa
         sharegpt_prompts(str(huge), tokens, 16, 16)
     base = {"model": "tiny", "precision": "fp32", "engine": "transformers-serve", "input_len": 6,
             "max_new_tokens": 5, "concurrency": [1], "requests": 4, "timeout_s": 600.0, "max_retries": 0}
-    for path, words in ((huge, "is at most"), (pipe, "named pipe"), (tmp_path, "is a directory")):
+    for name, words in (("huge.json", "is at most"), ("prompts.jsonl", "named pipe"), (".", "is a directory")):
         with pytest.raises(ValueError, match=words):
-            GenerateConfig.model_validate({**base, "sharegpt_path": str(path)})
+            GenerateConfig.model_validate({**base, "sharegpt_path": name}, context={CASE_FOLDER: tmp_path})
+
+
+def test_a_data_file_is_resolved_in_its_root_again_when_the_round_reads_it(tmp_path: Path) -> None:
+    """A relative data file is the case folder's (the round's own copy of the project, wherever it lies); a link
+    put in its place after the plan, leading out, is refused when the round reads it, by key, not read."""
+    from flagperf.errors import CaseUserError
+    from flagperf.generate.config import GenerateConfig
+
+    (tmp_path / "conversations.json").write_text("[]", encoding="utf-8")
+    values = {"model": "tiny", "precision": "fp32", "engine": "transformers-serve", "input_len": 6,
+              "max_new_tokens": 5, "concurrency": [1], "requests": 4, "timeout_s": 600.0, "max_retries": 0,
+              "sharegpt_path": "conversations.json"}
+    config = GenerateConfig.model_validate(values, context={CASE_FOLDER: tmp_path})
+    assert config.data_file("sharegpt_path") == (tmp_path / "conversations.json").resolve()
+    assert config.model_dump()["sharegpt_path"] == "conversations.json"  # the plan keeps it as written
+    (tmp_path / "conversations.json").unlink()
+    (tmp_path / "conversations.json").symlink_to("/etc/hostname")
+    with pytest.raises(CaseUserError, match=r"^sharegpt_path: 'conversations.json' is outside the case's folder "
+                                            r"\(a link to /etc/hostname\)"):
+        config.data_file("sharegpt_path")
+    unplaced = GenerateConfig.model_validate({**values, "sharegpt_path": "elsewhere.json"})  # no case folder given
+    with pytest.raises(CaseUserError, match="relative to the case's folder, and this round was given none"):
+        unplaced.data_file("sharegpt_path")
 
 
 SERVER_LOSES_ITS_PORT = """
@@ -583,6 +619,94 @@ def test_a_key_a_header_cannot_carry_is_refused_by_its_name(tmp_path: Path, monk
     assert _files_holding(SECRET, out) == [] and not (out / REQUESTS_FILE).exists()
 
 
+KEYED_ENGINE = """name: keyed
+description: a real OpenAI-style server that answers only requests carrying the key of its environment
+server:
+  command: ["{python}", %s, "{port}", "{host}", KEYED_SERVER_KEY]
+  ready_path: /health
+  apis: [chat]
+  request_model: "{model_dir}"
+%s"""
+
+
+def _keyed_round(tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch, declared: bool,
+                 server_env: dict[str, str] | None = None) -> tuple[int, Path]:
+    """One round of a copy of tiny-llama-serve (with ``server_env``) on the engine `keyed`
+    (tests/unit/keyed_endpoint.py, started by the round from its command), which declares its key variable when
+    ``declared``."""
+    import yaml
+
+    from flagperf.config.cases import load_case
+
+    engine = tmp_path / "vendors" / "cpu" / "generate" / "keyed"
+    engine.mkdir(parents=True)
+    script = json.dumps(str(Path(__file__).with_name("keyed_endpoint.py")))
+    (engine / "engine.yaml").write_text(KEYED_ENGINE % (script, "  api_key_env: KEYED_SERVER_KEY\n" if declared
+                                                        else ""), encoding="utf-8")
+    manifest = yaml.safe_load(load_case("tiny-llama-serve").folder.joinpath("case.yaml").read_text())
+    manifest["name"] = "keyed-serve"
+    manifest["configurations"].update(server_env=server_env or {})
+    case_file = tmp_path / "cases" / "generate" / "keyed-serve" / "case.yaml"
+    case_file.parent.mkdir(parents=True)
+    case_file.write_text(yaml.safe_dump(manifest), encoding="utf-8")
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(tmp_path / "cases"))
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(tmp_path / "vendors"))
+    plan = plan_run(cases=["keyed-serve"], sets=["engine=keyed", f"checkpoint_path={model_dir}", "concurrency=[1]",
+                                                 "request_rates=[]", "requests=2", "warmup_requests=0",
+                                                 "max_new_tokens=3"], results_dir=tmp_path / "results")
+    cp = plan.cases[0]
+    job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, host="localhost", vendor="cpu",
+              config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={})
+    assert SECRET not in plan.model_dump_json()  # the plan holds the ${NAME} reference only
+    out = tmp_path / "round"
+    out.mkdir()
+    return run_job(job, out), out
+
+
+@pytest.mark.parametrize("given", ["server_env", "host environment"])
+def test_a_server_started_with_a_key_gets_it_from_every_request(given: str, model_dir: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """A server the round starts with a key (vLLM's VLLM_API_KEY) refuses every request without it. The key is
+    given once, to the server's environment (the case's server_env as ${NAME}, or the host's own variable); the
+    engine's api_key_env names the variable, and the client sends its value: every request succeeds, and the
+    key is in no file of the round and in no log line."""
+    caplog.set_level("DEBUG")
+    if given == "server_env":
+        monkeypatch.setenv("LAB_SERVER_KEY", SECRET)
+        monkeypatch.delenv("KEYED_SERVER_KEY", raising=False)
+        server_env = {"KEYED_SERVER_KEY": "${LAB_SERVER_KEY}"}
+    else:
+        monkeypatch.setenv("KEYED_SERVER_KEY", SECRET)
+        server_env = {}
+    code, out = _keyed_round(tmp_path, model_dir, monkeypatch, True, server_env)
+    assert code == 0, read_result(out / "result.json").failure
+    records = read_records(out / REQUESTS_FILE)
+    assert len(records) == 2 and all(r.ok and r.output_text == "t1 t2 t3" for r in records), records
+    assert _files_holding(SECRET, out) == [] and SECRET not in caplog.text
+
+
+def test_a_key_server_refuses_a_client_without_its_key(model_dir: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same server with its key, the engine not saying where the key is: every request is the server's 401
+    (what every round against a keyed vLLM got before engines named their key variable)."""
+    monkeypatch.setenv("KEYED_SERVER_KEY", SECRET)
+    _, out = _keyed_round(tmp_path, model_dir, monkeypatch, False)
+    records = read_records(out / REQUESTS_FILE)
+    assert records and all((r.error or "").startswith("HTTP 401") for r in records), records
+
+
+def test_a_server_key_a_header_cannot_carry_is_refused_before_the_server_starts(
+        model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KEYED_SERVER_KEY", SECRET + "\n")
+    code, out = _keyed_round(tmp_path, model_dir, monkeypatch, True)
+    assert code == EXIT_USER_ERROR
+    failure = read_result(out / "result.json").failure
+    assert failure is not None and "the server's key variable KEYED_SERVER_KEY is empty or holds spaces" in \
+        failure.message
+    assert not (out / SERVER_LOG).exists() and _files_holding(SECRET, out) == []
+
+
 HOSTILE_EVENTS = {  # what a broken or hostile endpoint streams, by path: each is the request's error, never a crash
     "/choices-text": ['{"choices": "abc"}'],
     "/delta-text": ['{"choices": [{"delta": "abc"}]}'],
@@ -592,12 +716,33 @@ HOSTILE_EVENTS = {  # what a broken or hostile endpoint streams, by path: each i
 }
 
 
+ENDLESS_LINE_CAP = 16 * MAX_LINE_BYTES  # what /endless-line sends at most: far past the client's bound
+
+
 class HostileEndpoint(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    endless_line_sent: ClassVar[list[int]] = []  # bytes /endless-line wrote before the client hung up (or the cap)
+    endless_line_done = threading.Event()
 
     def do_POST(self) -> None:  # http.server calls it by this name
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         prefix = self.path.removesuffix("/v1/chat/completions")
+        if prefix == "/endless-line":  # an event stream whose one line never ends (up to the cap)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            chunk, sent = b"data: " + b"x" * 65530, 0
+            try:
+                with contextlib.suppress(OSError):
+                    while sent < ENDLESS_LINE_CAP:
+                        self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+                        sent += len(chunk)
+                    self.wfile.write(b"0\r\n\r\n")
+            finally:
+                self.endless_line_sent.append(sent)
+                self.endless_line_done.set()
+            return
         if prefix == "/endless":  # a 500 page that never ends: the client reads a bounded part of it
             self.send_response(500)
             self.send_header("Transfer-Encoding", "chunked")
@@ -618,6 +763,20 @@ class HostileEndpoint(http.server.BaseHTTPRequestHandler):
         pass
 
 
+def test_the_event_stream_is_split_at_every_line_end_whatever_the_parts() -> None:
+    """CR LF, LF and CR each end a line (server-sent events), also when a CR LF is cut between two parts; the
+    stream's last line is kept without its end; a line over the bound stops, whole or still growing."""
+    splitter = LineSplitter(limit=12)
+    lines = [line for part in (b"data: a\r", b"\ndata: b\n\nx", b"y\rz") for line in splitter.feed(part)]
+    assert [*lines, *splitter.end()] == ["data: a", "data: b", "", "xy", "z"]
+    with pytest.raises(LineTooLong):
+        LineSplitter(limit=12).feed(b"data: 0123456789\n")
+    growing = LineSplitter(limit=12)
+    growing.feed(b"data: 012345")
+    with pytest.raises(LineTooLong):
+        growing.feed(b"6")
+
+
 def test_a_hostile_endpoints_answers_are_request_errors(tmp_path: Path) -> None:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), HostileEndpoint)  # the port from the OS
     server.daemon_threads = True
@@ -625,7 +784,7 @@ def test_a_hostile_endpoints_answers_are_request_errors(tmp_path: Path) -> None:
     thread.start()
     try:
         errors = {}
-        for prefix in [*HOSTILE_EVENTS, "/endless"]:
+        for prefix in [*HOSTILE_EVENTS, "/endless", "/endless-line"]:
             target = Target(f"http://127.0.0.1:{server.server_address[1]}{prefix}", "m", "chat",
                             request_timeout_s=60.0)
             run = asyncio.run(run_phase(target, Load("c1", concurrency=1), [ServingPrompt(0, "t1 t2", 2, 3)],
@@ -640,3 +799,9 @@ def test_a_hostile_endpoints_answers_are_request_errors(tmp_path: Path) -> None:
     assert errors["/usage-text"].startswith("unexpected usage")
     assert errors["/deep"].startswith("not JSON in the stream")
     assert errors["/endless"].startswith("HTTP 500: xxx") and len(errors["/endless"]) < 400
+    # One line that never ends: the request's error once the line passes the bound, the connection closed then
+    # (the server could not send all it had), not a line held in memory until the stream or the timeout ends.
+    assert errors["/endless-line"] == (f"a line of the event stream is longer than {MAX_LINE_BYTES} bytes "
+                                       "(MAX_LINE_BYTES); the request was stopped")
+    assert HostileEndpoint.endless_line_done.wait(60)
+    assert HostileEndpoint.endless_line_sent and HostileEndpoint.endless_line_sent[0] < ENDLESS_LINE_CAP
