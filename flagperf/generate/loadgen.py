@@ -39,6 +39,9 @@ ERROR_PAGE_BYTES = 64 * 1024  # of a refused request's page: what the error quot
 # One line of the event stream: a streamed chunk is a few hundred bytes (a usage event, a long chunk of text, a
 # few KiB); far above any real one, and a bound on what an endpoint that never sends a line end makes us hold.
 MAX_LINE_BYTES = 4 * 1024 * 1024
+# Text pieces a stream may carry per token asked (max_tokens), plus a few: a server sends at most one piece per
+# token it makes; one sending more ignores max_tokens, and its pieces would grow the client's memory.
+PIECES_PER_TOKEN, PIECES_SLACK = 2, 16
 LINE_END = re.compile(rb"\r\n|\r|\n")  # the server-sent events line ends
 
 
@@ -232,8 +235,14 @@ async def send_request(client: httpx.AsyncClient, target: Target, prompt: Servin
                 text = text[:-1024] if cut else text  # masked first; a key the cut split lies in the last KiB
                 record.error = f"HTTP {response.status_code}: {' '.join(text.split())[:ERROR_TEXT_LIMIT]}"
             else:
+                pieces_allowed = PIECES_PER_TOKEN * prompt.output_len + PIECES_SLACK
                 async for line in _stream_lines(response):
                     now = time.perf_counter()
+                    # httpx's timeout is per read: events that never stop would hold the request (and the round).
+                    if now - start > target.request_timeout_s:
+                        record.error = (f"the request ran past request_timeout_s ({target.request_timeout_s:g} "
+                                        "s) while the server kept streaming; it was stopped")
+                        break
                     if not line.startswith("data:"):
                         continue
                     data = line[5:].strip()
@@ -241,6 +250,9 @@ async def send_request(client: httpx.AsyncClient, target: Target, prompt: Servin
                         break
                     _read_event(target.redact(data) if target.headers else data, now - start, record, parts,
                                 target.api)
+                    if record.error is None and len(record.chunk_times_s) > pieces_allowed:
+                        record.error = (f"the server streamed more than {pieces_allowed} text pieces for "
+                                        f"max_tokens {prompt.output_len}; the request was stopped")
                     if record.error is not None:
                         break
     except (httpx.HTTPError, OSError) as exc:

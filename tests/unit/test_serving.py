@@ -716,6 +716,10 @@ HOSTILE_EVENTS = {  # what a broken or hostile endpoint streams, by path: each i
 }
 
 
+# Streams of well-formed events that never end: text pieces past any max_tokens, or pieces without text (no
+# piece to count: only the request's whole limit stops it).
+ENDLESS_EVENTS = {"/endless-text": '{"choices": [{"delta": {"content": "t"}}]}',
+                  "/endless-empty": '{"choices": [{"delta": {"content": ""}}]}'}
 ENDLESS_LINE_CAP = 16 * MAX_LINE_BYTES  # what /endless-line sends at most: far past the client's bound
 
 
@@ -742,6 +746,16 @@ class HostileEndpoint(http.server.BaseHTTPRequestHandler):
             finally:
                 self.endless_line_sent.append(sent)
                 self.endless_line_done.set()
+            return
+        if prefix in ENDLESS_EVENTS:  # well-formed events until the client hangs up
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            event = f"data: {ENDLESS_EVENTS[prefix]}\n\n".encode()
+            with contextlib.suppress(OSError):
+                while True:
+                    self.wfile.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
             return
         if prefix == "/endless":  # a 500 page that never ends: the client reads a bounded part of it
             self.send_response(500)
@@ -784,9 +798,10 @@ def test_a_hostile_endpoints_answers_are_request_errors(tmp_path: Path) -> None:
     thread.start()
     try:
         errors = {}
-        for prefix in [*HOSTILE_EVENTS, "/endless", "/endless-line"]:
+        for prefix in [*HOSTILE_EVENTS, *ENDLESS_EVENTS, "/endless", "/endless-line"]:
+            # The whole-request limit is what ends /endless-empty; for the others it is far off.
             target = Target(f"http://127.0.0.1:{server.server_address[1]}{prefix}", "m", "chat",
-                            request_timeout_s=60.0)
+                            request_timeout_s=1.0 if prefix == "/endless-empty" else 600.0)
             run = asyncio.run(run_phase(target, Load("c1", concurrency=1), [ServingPrompt(0, "t1 t2", 2, 3)],
                                         "timed", requests=1, duration_s=None, writer=None, count_tokens=None))
             errors[prefix] = run.records[0].error or ""
@@ -799,6 +814,11 @@ def test_a_hostile_endpoints_answers_are_request_errors(tmp_path: Path) -> None:
     assert errors["/usage-text"].startswith("unexpected usage")
     assert errors["/deep"].startswith("not JSON in the stream")
     assert errors["/endless"].startswith("HTTP 500: xxx") and len(errors["/endless"]) < 400
+    # Events that never end: more text pieces than max_tokens (3) allows, or none and past the request's limit.
+    assert errors["/endless-text"] == ("the server streamed more than 22 text pieces for max_tokens 3; the request "
+                                       "was stopped")
+    assert errors["/endless-empty"] == ("the request ran past request_timeout_s (1 s) while the server kept "
+                                        "streaming; it was stopped")
     # One line that never ends: the request's error once the line passes the bound, the connection closed then
     # (the server could not send all it had), not a line held in memory until the stream or the timeout ends.
     assert errors["/endless-line"] == (f"a line of the event stream is longer than {MAX_LINE_BYTES} bytes "
