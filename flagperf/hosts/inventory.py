@@ -17,7 +17,7 @@ import ipaddress
 import re
 import shlex
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, field_serializer, field_validator, model_validator
@@ -37,7 +37,7 @@ from flagperf.hosts.container_policy import (
     parse_container_options,
     parse_data_mount,
 )
-from flagperf.hosts.slurm_spec import SlurmSpec, slurm_entry_problem, slurm_slots
+from flagperf.hosts.slurm_spec import PATH_REFUSED, SlurmSpec, slurm_entry_problem, slurm_slots
 from flagperf.paths import display_path
 
 REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")  # ${NAME}: a value taken from the environment
@@ -51,6 +51,19 @@ IPV4_LIKE = re.compile(r"[0-9.]+")  # digits and dots only: an IPv4 address or n
 VISIBLE_DEVICE = re.compile(r"-?[A-Za-z0-9_][A-Za-z0-9_./:-]{0,127}")  # 0, -1, GPU-<uuid>, MIG-GPU-<uuid>/1/0
 DEFAULT_MASTER_PORT = 29501
 LOCAL_ADDRESSES = ("local", "localhost", "127.0.0.1")
+
+
+def project_root_problem(value: str | PurePath) -> str | None:
+    """Why ``value`` may not be a host's project_root (FlagPerf's FLAGPERF_PATH), or None. One rule wherever it is
+    written (an inventory, host.yaml, test_conf.py), for every transport: it is the hosts' working folder (cd), a
+    container mount (Docker's, and an item of Slurm's --container-mounts SRC:DST[:ro],... list), PYTHONPATH
+    (':'-separated) and a word of job scripts, so no '..', no list separators, no %-patterns, no control characters."""
+    text = str(value)
+    path = PurePath(text)
+    if not path.is_absolute() or ".." in path.parts or path == PurePath("/") or PATH_REFUSED.search(text):
+        return (f"{text!r} must be an absolute path without '..', ',', ':', '%' or control characters, and not '/' "
+                "(the project's folder on the hosts: their working folder, a container mount and PYTHONPATH)")
+    return None
 
 
 class DockerSpec(StrictModel):
@@ -199,6 +212,14 @@ class HostSpec(StrictModel):
     def _user(cls, value: str | None) -> str | None:
         if value is not None and not re.fullmatch(r"[a-z_][a-z0-9_.-]{0,31}", value):
             raise ValueError(f"{value!r} is not a user name")
+        return value
+
+    @field_validator("project_root")
+    @classmethod
+    def _project_root(cls, value: Path | None) -> Path | None:
+        problem = project_root_problem(value) if value is not None else None
+        if problem:
+            raise ValueError(problem)
         return value
 
     @field_validator("python")
@@ -493,7 +514,7 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
         except ValidationError as exc:
             error = pydantic_error_to_config_error(exc, source)
             raise ConfigError(source, f"hosts.{i}.{error.key}" if error.key else f"hosts.{i}", error.message) from None
-        problem = slurm_entry_problem(spec.env, spec.project_root) if spec.slurm is not None else None
+        problem = slurm_entry_problem(spec.env) if spec.slurm is not None else None
         if problem:
             raise ConfigError(source, f"hosts.{i}.{problem[0]}", problem[1])
         hosts.extend(_expand(slot, base) for slot in slots)
@@ -656,7 +677,11 @@ def host_yaml_inventory(data: dict[str, Any], source: str, base: Path) -> Invent
     if data.get("SHM_SIZE"):
         defaults["shm_size"] = str(data["SHM_SIZE"]).lower()
     if data.get("FLAGPERF_PATH"):
-        defaults["project_root"] = str(data["FLAGPERF_PATH"])
+        project_root = data["FLAGPERF_PATH"]
+        problem = project_root_problem(project_root) if isinstance(project_root, str) else "must be a folder's path"
+        if problem:  # named as written here, not as the hosts' project_root it becomes
+            raise ConfigError(source, "FLAGPERF_PATH", problem)
+        defaults["project_root"] = project_root
     specs = []
     for i, address in enumerate(hosts):
         try:

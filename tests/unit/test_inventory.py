@@ -81,6 +81,34 @@ def test_bad_inventories_name_the_file_and_key(tmp_path: Path, body: str, key: s
     assert "inv.yaml" in str(info.value)
 
 
+@pytest.mark.parametrize("project_root", [
+    "opt/flagperf", "~/flagperf", "/opt/../etc", "/opt/flagperf,/:/host", "/opt/flag:perf", "/opt/flag%jperf",
+    "/opt/flagperf\n#SBATCH --uid=0", "/opt/flag\0perf", "/", "",
+])
+def test_project_root_is_one_folder_every_transport_can_use(tmp_path: Path, project_root: str) -> None:
+    """project_root is the hosts' working folder, a container mount (Docker's, Slurm's --container-mounts list)
+    and PYTHONPATH: an SSH/Docker host's is held to the same rule as a Slurm entry's, and as FlagPerf's
+    FLAGPERF_PATH in a host.yaml, each error naming the key as written."""
+    quoted = '"' + project_root.replace("\\", "\\\\").replace("\n", "\\n").replace("\0", "\\0") + '"'
+    for body, key in ((f"hosts: [{{name: a, address: h, runtime: docker, project_root: {quoted}}}]",
+                       "hosts.0.project_root"),
+                      (f"defaults: {{project_root: {quoted}}}\nhosts: [{{name: a, address: h}}]",
+                       "hosts.0.project_root"),
+                      (f"VENDOR: cpu\nHOSTS: [h]\nCASES: {{computation-FP32: pytorch}}\nFLAGPERF_PATH: {quoted}",
+                       "FLAGPERF_PATH")):
+        if key == "FLAGPERF_PATH" and not project_root:
+            continue  # an empty FLAGPERF_PATH is FlagPerf's "not set": the controller's project
+        with pytest.raises(ConfigError) as info:
+            load_inventory(write(tmp_path, "inv.yaml", body))
+        assert info.value.key == key and "must be an absolute path without '..'" in info.value.message, str(info.value)
+        assert "inv.yaml" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_project_root_is_kept_normalised(tmp_path: Path) -> None:
+    inv = load_inventory(write(tmp_path, "inv.yaml", "hosts: [{name: a, address: h, project_root: /opt//fp/./x/}]"))
+    assert str(inv.hosts[0].project_root) == "/opt/fp/x"
+
+
 def test_flagperf_host_yaml_keeps_flagperf_meaning(tmp_path: Path) -> None:
     inv = load_inventory(write(tmp_path, "host.yaml", """
 FLAGPERF_PATH: /home/flagperf
