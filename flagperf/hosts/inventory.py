@@ -24,6 +24,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_serializer, f
 
 from flagperf.config.cases import available_cases, load_case
 from flagperf.config.endpoints import Endpoint
+from flagperf.config.files import is_present, read_config_text, regular_file_problem
 from flagperf.config.models import StrictModel, check_name, pydantic_error_to_config_error
 from flagperf.config.vendors import Vendor, available_vendors, load_vendor
 from flagperf.config.yamlio import load_yaml_mapping
@@ -304,8 +305,10 @@ class HostSpec(StrictModel):
 
         updates: dict[str, Any] = {}
         path = self.ssh_config.expanduser() if self.ssh_config else None
-        if path is not None and path.is_file():
-            found = paramiko.SSHConfig.from_path(str(path)).lookup(self.address)
+        if path is not None and is_present(path):  # read bounded and never blocking (a FIFO), as any config file
+            source, prefix = spec_origin(self)
+            text = read_config_text(path, source, f"{prefix}ssh_config", what="an SSH client config")
+            found = paramiko.SSHConfig.from_text(text).lookup(self.address)
             if self.user is None and found.get("user"):
                 updates["user"] = found["user"]
             if self.port is None and found.get("port"):
@@ -493,6 +496,23 @@ def _expand(spec: HostSpec, base: Path) -> HostSpec:
     return spec.model_copy(update=updates)
 
 
+def _check_ssh_files(spec: HostSpec, source: str, prefix: str) -> None:
+    """The files paramiko reads for an SSH host (its key, known_hosts, the client config), and its key wherever
+    given: regular files of a config file's size where present, so that a FIFO, a device or a huge file is refused
+    here in one line instead of blocking or filling memory when the host is reached."""
+    optional = ("known_hosts", "ssh_config") if spec.transport == "ssh" else ()
+    for key in ("key_file", *optional):
+        value = getattr(spec, key)
+        path = value.expanduser() if value is not None else None
+        if path is None or (key in optional and not is_present(path)):
+            continue  # no known_hosts yet (accept_new_host_key makes it), or no client config: nothing read
+        problem = regular_file_problem(path, what="an SSH file")
+        if problem == "file not found":
+            raise ConfigError(source, f"{prefix}{key}", f"{path} does not exist")
+        if problem:
+            raise ConfigError(source, f"{prefix}{key}", f"{path}: {problem}")
+
+
 def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
     try:
         parsed = InventoryFile.model_validate(data)
@@ -524,8 +544,7 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
     if duplicates:
         raise ConfigError(source, "hosts", f"host names must be unique: {', '.join(duplicates)}")
     for i, spec in zip(entries, hosts, strict=True):
-        if spec.key_file is not None and not spec.key_file.is_file():
-            raise ConfigError(source, f"hosts.{i}.key_file", f"{spec.key_file} does not exist")
+        _check_ssh_files(spec, source, f"hosts.{i}.")
         if spec.agent is None:  # the controller starts this host's cases: its references must resolve here
             for key, values in (("env", spec.env), ("docker.build_args", spec.docker.build_args)):
                 try:
