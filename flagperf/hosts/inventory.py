@@ -175,7 +175,8 @@ class HostSpec(StrictModel):
     command_timeout_s: float = Field(default=120.0, gt=0, description="limit for the engine's own small commands")
     project_root: Path | None = Field(default=None, strict=False,
                                       description="where the project is deployed on the host (FlagPerf's "
-                                                  "FLAGPERF_PATH); the controller's by default")
+                                                  "FLAGPERF_PATH): absolute, without '..', ',', ':', '%'; the "
+                                                  "controller's by default")
     python: str | None = Field(default=None, description="the host's Python with the project's dependencies")
     work_root: Path | None = Field(default=None, strict=False, description="scratch space on the host")
     runtime: Literal["process", "docker"] = "process"
