@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import os
 import re
 import shlex
 import stat
@@ -37,6 +38,12 @@ CSRC_FOLDER = "csrc"
 CSRC_SETUP = "setup.py"
 EXTERN_FOLDER = "extern"
 EXTERN_HOOKS_FILE = "hooks.py"
+# What csrc/ and extern/ may hold: (files and folders, bytes of their files), links followed as the build's copy
+# follows them. Both are walked at every plan and hashed at every round; csrc/ is copied and built on every host,
+# extern/'s Python files are each parsed (at most flagperf.config.files.MAX_FILE_BYTES each). A vendor's operator
+# sources, even with a vendored kernel library's headers (a few thousand files, tens of MiB), fit far below them;
+# a tree above them would take minutes to hash and copy every round, or fill a host's disk.
+TREE_LIMITS: dict[str, tuple[int, int]] = {CSRC_FOLDER: (20_000, 1024 << 20), EXTERN_FOLDER: (2_000, 64 << 20)}
 
 # The named extension points per family, and what each may do. A hook receives the standard case's own
 # object and returns its replacement; the driver checks the replacement (see the family's driver).
@@ -280,20 +287,52 @@ def _local_path(value: str, where: str, source: str, folder: Path, what: str) ->
 
 def _check_tree(folder: Path, root: Path, what: str) -> None:
     """A folder of the adaptation (csrc/, extern/): a real folder inside the vendor's case folder, holding
-    folders and regular files only, and links only to those inside it (a build copies what links point to)."""
+    folders and regular files only, links only to those inside it, and no link to a folder that holds it (a build
+    copies what links point to), within TREE_LIMITS: the walk stops at the first entry past a limit."""
     source = given_name(folder)
     inside(root, folder.relative_to(root), source, None, "the vendor's case folder")
     if not folder.is_dir():
         raise ConfigError(source, None, f"{what} must be a folder")
-    for path in folder.rglob("*"):
-        if path.is_symlink():
-            inside(folder, path.relative_to(folder), given_name(path), None, f"the {what} folder")
+    max_entries, max_bytes = TREE_LIMITS[what]
+    entries = total = 0
+    pending = [(folder, (_identity(folder.stat()),))]  # a folder to list, and the folders that hold it
+    while pending:
+        current, holders = pending.pop()
         try:
-            mode = path.stat().st_mode
+            with os.scandir(current) as listing:
+                for entry in listing:
+                    entries += 1
+                    if entries > max_entries:
+                        raise ConfigError(source, None, f"more than {max_entries} files and folders; {what}/ may "
+                                                        f"hold at most {max_entries} (it is hashed every round and "
+                                                        "copied to every host)")
+                    path = Path(entry.path)
+                    if entry.is_symlink():
+                        inside(folder, path.relative_to(folder), given_name(path), None, f"the {what} folder")
+                    try:
+                        info = path.stat()  # links followed, as the build's copy follows them
+                    except OSError as exc:
+                        raise ConfigError(given_name(path), None, f"cannot read: {exc.strerror}") from None
+                    if stat.S_ISDIR(info.st_mode):
+                        if _identity(info) in holders:
+                            raise ConfigError(given_name(path), None, f"a link to a folder that holds it (a loop): "
+                                                                      f"a copy of the {what} folder would never end")
+                        pending.append((path, (*holders, _identity(info))))
+                    elif stat.S_ISREG(info.st_mode):
+                        total += info.st_size
+                        if total > max_bytes:
+                            raise ConfigError(source, None, f"its files hold more than {max_bytes >> 20} MiB (past it "
+                                              f"at {given_name(path)}, {info.st_size} bytes); {what}/ may hold "
+                                              f"at most {max_bytes >> 20} MiB (it is hashed every round and copied to "
+                                              "every host)")
+                    else:
+                        raise ConfigError(given_name(path), None, f"not a regular file or folder in the {what} folder")
         except OSError as exc:
-            raise ConfigError(given_name(path), None, f"cannot read: {exc.strerror}") from None
-        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-            raise ConfigError(given_name(path), None, f"not a regular file or folder in the {what} folder")
+            raise ConfigError(given_name(current), None, f"cannot read: {exc.strerror}") from None
+
+
+def _identity(info: os.stat_result) -> tuple[int, int]:
+    return info.st_dev, info.st_ino
 
 
 def _python_files(folder: Path) -> Iterator[Path]:
@@ -392,7 +431,11 @@ def tree_digest(*parts: Path | str) -> str:
         files = [part] if part.is_file() else sorted(p for p in part.rglob("*") if p.is_file() and not p.is_symlink())
         for path in files:
             rel = path.name if path == part else path.relative_to(part).as_posix()
-            digest.update(b"F" + rel.encode() + b"\0" + path.read_bytes() + b"\0")
+            digest.update(b"F" + rel.encode() + b"\0")
+            with path.open("rb") as handle:  # in pieces: a wheel beside requirements.txt may be large
+                for piece in iter(lambda handle=handle: handle.read(1 << 20), b""):
+                    digest.update(piece)
+            digest.update(b"\0")
     return digest.hexdigest()
 
 

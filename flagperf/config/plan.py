@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from flagperf.config.adaptation import read_adaptation
 from flagperf.config.cases import available_cases, load_case, resolve_case_config, settable_keys
-from flagperf.config.files import is_present
+from flagperf.config.files import MAX_FILE_BYTES, is_present, read_config_text
 from flagperf.config.models import SetOverride, load_suite, parse_set_override
 from flagperf.config.vendors import Vendor, load_vendor
 from flagperf.errors import ConfigError
@@ -241,9 +241,15 @@ def _is_resumable(run_dir: Path, plan: RunPlan, resume: bool = False) -> bool:
     """A retried flow run may continue its own run folder, if it asks for exactly the same work."""
     if plan.flow_run_id is None and not resume:
         return False
+    path = run_dir / PLAN_FILE
+    if not is_present(path):
+        return False
+    # Read as a config file is (a FIFO or a device there is refused, never read); a plan lists every host and case
+    # with its settings, so it may be larger than one.
+    text = read_config_text(path, max_bytes=4 * MAX_FILE_BYTES, what="a run's plan")
     try:
-        earlier = RunPlan.model_validate_json((run_dir / PLAN_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        earlier = RunPlan.model_validate_json(text)
+    except ValueError:
         return False
     if earlier.git_revision != plan.git_revision:
         raise ConfigError(str(run_dir / PLAN_FILE), "git_revision",

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from flagperf.config.files import regular_file_problem
 from flagperf.config.job import JOB_FILE
 from flagperf.config.vendors import Vendor
 from flagperf.errors import ConfigError
@@ -108,7 +109,11 @@ def context_digest(folder: Path) -> str:
     """Content hash of a build context's files (recorded: it says which Dockerfile folder an image came from)."""
     digest = hashlib.sha256()
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+        digest.update(path.relative_to(folder).as_posix().encode() + b"\0")
+        with path.open("rb") as handle:  # in pieces: a context may hold large files (wheels, archives)
+            for piece in iter(lambda handle=handle: handle.read(1 << 20), b""):
+                digest.update(piece)
+        digest.update(b"\0")
     return digest.hexdigest()
 
 
@@ -124,6 +129,9 @@ def build_args_key_file() -> Path:
 def build_args_key() -> bytes:
     """The key (32 random bytes, mode 0600), made on first use; processes racing to make it agree on one."""
     path = build_args_key_file()
+    problem = regular_file_problem(path, what="the build-arg digest key")  # a FIFO or /dev/zero: never read
+    if problem and problem != "file not found":
+        raise ConfigError(str(path), None, problem)
     try:
         key = path.read_bytes()
     except FileNotFoundError:

@@ -38,6 +38,7 @@ from flagperf.hosts.inventory import (
     load_inventory,
     local_inventory,
     parse_container_options,
+    project_root_problem,
     split_address,
 )
 from flagperf.paths import display_path
@@ -206,12 +207,12 @@ def _hosts(cluster: LiteralFile) -> list[str]:
 
 def _check_path(value: str, where: str, key: str, absolute: bool) -> None:
     """A folder's path as a path: no control characters (a NUL, a newline), and FLAGPERF_PATH, the project's
-    folder on every host, absolute and without '..' (it is the hosts' working folder and a container mount)."""
+    folder on every host, by the inventory's rule for project_root (flagperf.hosts.inventory)."""
     if any(ord(c) < 32 or ord(c) == 127 for c in value):
         raise ConfigError(where, key, f"{value!r} holds a control character")
-    if absolute and (not value.startswith("/") or ".." in value.split("/")):
-        raise ConfigError(where, key, f"{value!r} must be an absolute path without '..' (the project's folder on "
-                                      "the hosts)")
+    problem = project_root_problem(value) if absolute else None
+    if problem:
+        raise ConfigError(where, key, problem)
 
 
 def _port(read: LiteralFile, key: str, default: int) -> int:

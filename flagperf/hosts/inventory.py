@@ -17,13 +17,14 @@ import ipaddress
 import re
 import shlex
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, field_serializer, field_validator, model_validator
 
 from flagperf.config.cases import available_cases, load_case
 from flagperf.config.endpoints import Endpoint
+from flagperf.config.files import is_present, read_config_text, regular_file_problem
 from flagperf.config.models import StrictModel, check_name, pydantic_error_to_config_error
 from flagperf.config.vendors import Vendor, available_vendors, load_vendor
 from flagperf.config.yamlio import load_yaml_mapping
@@ -37,7 +38,7 @@ from flagperf.hosts.container_policy import (
     parse_container_options,
     parse_data_mount,
 )
-from flagperf.hosts.slurm_spec import SlurmSpec, slurm_entry_problem, slurm_slots
+from flagperf.hosts.slurm_spec import PATH_REFUSED, SlurmSpec, slurm_entry_problem, slurm_slots
 from flagperf.paths import display_path
 
 REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")  # ${NAME}: a value taken from the environment
@@ -51,6 +52,19 @@ IPV4_LIKE = re.compile(r"[0-9.]+")  # digits and dots only: an IPv4 address or n
 VISIBLE_DEVICE = re.compile(r"-?[A-Za-z0-9_][A-Za-z0-9_./:-]{0,127}")  # 0, -1, GPU-<uuid>, MIG-GPU-<uuid>/1/0
 DEFAULT_MASTER_PORT = 29501
 LOCAL_ADDRESSES = ("local", "localhost", "127.0.0.1")
+
+
+def project_root_problem(value: str | PurePath) -> str | None:
+    """Why ``value`` may not be a host's project_root (FlagPerf's FLAGPERF_PATH), or None. One rule wherever it is
+    written (an inventory, host.yaml, test_conf.py), for every transport: it is the hosts' working folder (cd), a
+    container mount (Docker's, and an item of Slurm's --container-mounts SRC:DST[:ro],... list), PYTHONPATH
+    (':'-separated) and a word of job scripts, so no '..', no list separators, no %-patterns, no control characters."""
+    text = str(value)
+    path = PurePath(text)
+    if not path.is_absolute() or ".." in path.parts or path == PurePath("/") or PATH_REFUSED.search(text):
+        return (f"{text!r} must be an absolute path without '..', ',', ':', '%' or control characters, and not '/' "
+                "(the project's folder on the hosts: their working folder, a container mount and PYTHONPATH)")
+    return None
 
 
 class DockerSpec(StrictModel):
@@ -161,7 +175,8 @@ class HostSpec(StrictModel):
     command_timeout_s: float = Field(default=120.0, gt=0, description="limit for the engine's own small commands")
     project_root: Path | None = Field(default=None, strict=False,
                                       description="where the project is deployed on the host (FlagPerf's "
-                                                  "FLAGPERF_PATH); the controller's by default")
+                                                  "FLAGPERF_PATH): absolute, without '..', ',', ':', '%'; the "
+                                                  "controller's by default")
     python: str | None = Field(default=None, description="the host's Python with the project's dependencies")
     work_root: Path | None = Field(default=None, strict=False, description="scratch space on the host")
     runtime: Literal["process", "docker"] = "process"
@@ -199,6 +214,14 @@ class HostSpec(StrictModel):
     def _user(cls, value: str | None) -> str | None:
         if value is not None and not re.fullmatch(r"[a-z_][a-z0-9_.-]{0,31}", value):
             raise ValueError(f"{value!r} is not a user name")
+        return value
+
+    @field_validator("project_root")
+    @classmethod
+    def _project_root(cls, value: Path | None) -> Path | None:
+        problem = project_root_problem(value) if value is not None else None
+        if problem:
+            raise ValueError(problem)
         return value
 
     @field_validator("python")
@@ -283,8 +306,10 @@ class HostSpec(StrictModel):
 
         updates: dict[str, Any] = {}
         path = self.ssh_config.expanduser() if self.ssh_config else None
-        if path is not None and path.is_file():
-            found = paramiko.SSHConfig.from_path(str(path)).lookup(self.address)
+        if path is not None and is_present(path):  # read bounded and never blocking (a FIFO), as any config file
+            source, prefix = spec_origin(self)
+            text = read_config_text(path, source, f"{prefix}ssh_config", what="an SSH client config")
+            found = paramiko.SSHConfig.from_text(text).lookup(self.address)
             if self.user is None and found.get("user"):
                 updates["user"] = found["user"]
             if self.port is None and found.get("port"):
@@ -472,6 +497,23 @@ def _expand(spec: HostSpec, base: Path) -> HostSpec:
     return spec.model_copy(update=updates)
 
 
+def _check_ssh_files(spec: HostSpec, source: str, prefix: str) -> None:
+    """The files paramiko reads for an SSH host (its key, known_hosts, the client config), and its key wherever
+    given: regular files of a config file's size where present, so that a FIFO, a device or a huge file is refused
+    here in one line instead of blocking or filling memory when the host is reached."""
+    optional = ("known_hosts", "ssh_config") if spec.transport == "ssh" else ()
+    for key in ("key_file", *optional):
+        value = getattr(spec, key)
+        path = value.expanduser() if value is not None else None
+        if path is None or (key in optional and not is_present(path)):
+            continue  # no known_hosts yet (accept_new_host_key makes it), or no client config: nothing read
+        problem = regular_file_problem(path, what="an SSH file")
+        if problem == "file not found":
+            raise ConfigError(source, f"{prefix}{key}", f"{path} does not exist")
+        if problem:
+            raise ConfigError(source, f"{prefix}{key}", f"{path}: {problem}")
+
+
 def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
     try:
         parsed = InventoryFile.model_validate(data)
@@ -493,7 +535,7 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
         except ValidationError as exc:
             error = pydantic_error_to_config_error(exc, source)
             raise ConfigError(source, f"hosts.{i}.{error.key}" if error.key else f"hosts.{i}", error.message) from None
-        problem = slurm_entry_problem(spec.env, spec.project_root) if spec.slurm is not None else None
+        problem = slurm_entry_problem(spec.env) if spec.slurm is not None else None
         if problem:
             raise ConfigError(source, f"hosts.{i}.{problem[0]}", problem[1])
         hosts.extend(_expand(slot, base) for slot in slots)
@@ -503,8 +545,7 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
     if duplicates:
         raise ConfigError(source, "hosts", f"host names must be unique: {', '.join(duplicates)}")
     for i, spec in zip(entries, hosts, strict=True):
-        if spec.key_file is not None and not spec.key_file.is_file():
-            raise ConfigError(source, f"hosts.{i}.key_file", f"{spec.key_file} does not exist")
+        _check_ssh_files(spec, source, f"hosts.{i}.")
         if spec.agent is None:  # the controller starts this host's cases: its references must resolve here
             for key, values in (("env", spec.env), ("docker.build_args", spec.docker.build_args)):
                 try:
@@ -656,7 +697,11 @@ def host_yaml_inventory(data: dict[str, Any], source: str, base: Path) -> Invent
     if data.get("SHM_SIZE"):
         defaults["shm_size"] = str(data["SHM_SIZE"]).lower()
     if data.get("FLAGPERF_PATH"):
-        defaults["project_root"] = str(data["FLAGPERF_PATH"])
+        project_root = data["FLAGPERF_PATH"]
+        problem = project_root_problem(project_root) if isinstance(project_root, str) else "must be a folder's path"
+        if problem:  # named as written here, not as the hosts' project_root it becomes
+            raise ConfigError(source, "FLAGPERF_PATH", problem)
+        defaults["project_root"] = project_root
     specs = []
     for i, address in enumerate(hosts):
         try:

@@ -39,15 +39,14 @@ def slurm_path_problem(value: Path) -> str | None:
     return None
 
 
-def slurm_entry_problem(env: dict[str, str], project_root: Path | None) -> tuple[str, str] | None:
+def slurm_entry_problem(env: dict[str, str]) -> tuple[str, str] | None:
     """(key, why) for what a Slurm entry's other keys may not hold, or None: the variables sbatch and srun read
-    as options, and a project_root that would break the job's options (it is mounted into the container)."""
+    as options. (Its project_root, an item of the container's mounts, is checked for every host by the inventory.)"""
     for name in env:
         if name.startswith(SLURM_OPTION_ENV):
             return f"env.{name}", ("sbatch and srun read this variable as an option of theirs; set it with the "
                                    "entry's slurm: keys")
-    problem = slurm_path_problem(project_root) if project_root is not None else None
-    return ("project_root", problem) if problem else None
+    return None
 
 
 class SlurmSpec(StrictModel):

@@ -70,7 +70,11 @@ def check_vendor_folder(folder: Path, monitor_seconds: float = MONITOR_SECONDS) 
 def _check_image(vendor: Vendor, found: Findings) -> None:
     dockerfile = vendor.folder / vendor.manifest.container.dockerfile
     where = display_path(dockerfile)
-    text = dockerfile.read_text(encoding="utf-8", errors="replace")
+    try:  # a regular file when the manifest was read; bounded and never blocking if it changed since
+        text = read_config_text(dockerfile, what="a Dockerfile")
+    except ConfigError as exc:
+        found.problem(where, exc.message)
+        return
     context = dockerfile.parent
     scripts = sorted(p.name for p in context.glob("*install*.sh"))
     if not re.search(r"^\s*RUN\s", text, re.M) and not scripts:

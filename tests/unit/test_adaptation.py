@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
 import pytest
 import torch
 
-from flagperf.config.adaptation import check_extern, expand_env, parse_env_file, read_adaptation
+from flagperf.config.adaptation import (
+    TREE_LIMITS,
+    check_extern,
+    expand_env,
+    parse_env_file,
+    read_adaptation,
+    tree_digest,
+)
 from flagperf.errors import CaseUserError, ConfigError
 from flagperf.training.driver import TrainingConfig, TrainingContext
 
@@ -53,6 +61,85 @@ def test_the_fixture_adaptation_is_read_with_every_point() -> None:
     assert adaptation.requirements is not None and adaptation.csrc is not None
     assert adaptation.hooks == ("wrap_model", "make_optimizer", "setup_distributed", "on_step")
     assert read_adaptation(FIXTURE_CASE, "adapted-mlp", "training", "nobody") is None
+
+
+def adapted_case(tmp_path: Path) -> Path:
+    """A case folder whose vendor "v" adapts it with csrc/setup.py and extern/hooks.py; returns the case folder."""
+    folder = tmp_path / "case" / "vendor" / "v"
+    (folder / "csrc").mkdir(parents=True)
+    (folder / "csrc" / "setup.py").write_text("from setuptools import setup\nsetup(name='x')\n", encoding="utf-8")
+    (folder / "extern").mkdir()
+    (folder / "extern" / "hooks.py").write_text("def on_step(ctx, step):\n    return None\n", encoding="utf-8")
+    return tmp_path / "case"
+
+
+def refusal(case: Path) -> str:
+    with pytest.raises(ConfigError) as info:
+        read_adaptation(case, "c", "training", "v")
+    assert "\n" not in str(info.value)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("what", ["csrc", "extern"])
+def test_a_huge_file_in_an_adaptation_folder_is_refused_unread(tmp_path: Path, what: str) -> None:
+    """A file past the folder's byte limit (a hole: no disk used, and never read) is refused naming the folder and
+    the file; one byte less in all is read."""
+    case = adapted_case(tmp_path)
+    folder = case / "vendor" / "v" / what
+    _, max_bytes = TREE_LIMITS[what]
+    used = sum(p.stat().st_size for p in folder.iterdir())
+    huge = folder / "blob.bin"
+    with huge.open("wb") as out:
+        out.truncate(max_bytes - used)
+    assert read_adaptation(case, "c", "training", "v") is not None
+    with huge.open("ab") as out:
+        out.truncate(max_bytes - used + 1)
+    message = refusal(case)
+    assert message.startswith(f"{folder}: ") and f"more than {max_bytes >> 20} MiB" in message and "blob.bin" in message
+
+
+def test_an_adaptation_folder_of_too_many_files_is_refused(tmp_path: Path) -> None:
+    case = adapted_case(tmp_path)
+    folder = case / "vendor" / "v" / "extern"
+    max_entries, _ = TREE_LIMITS["extern"]
+    for i in range(max_entries - 1):  # with hooks.py: exactly the limit
+        (folder / f"f{i}.txt").touch()
+    assert read_adaptation(case, "c", "training", "v") is not None
+    (folder / "one-more.txt").touch()
+    assert f"more than {max_entries} files and folders" in refusal(case)
+
+
+def test_links_count_as_the_copy_follows_them(tmp_path: Path) -> None:
+    """A build copies what links point to: a few links that expand to many copies count as those copies, and a
+    link to a folder that holds it (a copy that would never end) is refused by name."""
+    case = adapted_case(tmp_path)
+    csrc = case / "vendor" / "v" / "csrc"
+    (csrc / "d0").mkdir()
+    (csrc / "d0" / "x.c").touch()
+    for level in range(1, 16):  # 30 links, 2**15 copies of x.c
+        (csrc / f"d{level}").mkdir()
+        for name in ("a", "b"):
+            (csrc / f"d{level}" / name).symlink_to(f"../d{level - 1}")
+    assert f"more than {TREE_LIMITS['csrc'][0]} files and folders" in refusal(case)
+    for level in range(2, 16):
+        for name in ("a", "b"):
+            (csrc / f"d{level}" / name).unlink()
+    assert read_adaptation(case, "c", "training", "v") is not None  # d1's two links to d0: allowed
+    (csrc / "d0" / "up").symlink_to("..")
+    message = refusal(case)  # found as d0/up or as d1/a/up, whichever the listing gives first
+    assert message.startswith(f"{csrc}/d") and "/up: a link to a folder that holds it (a loop)" in message
+
+
+def test_the_content_key_reads_files_in_pieces_with_the_same_digest(tmp_path: Path) -> None:
+    folder = tmp_path / "csrc"
+    folder.mkdir()
+    (folder / "big.bin").write_bytes(os.urandom(3 << 20))
+    (folder / "setup.py").write_text("x", encoding="utf-8")
+    whole = hashlib.sha256()
+    for name in ("big.bin", "setup.py"):  # the key's form: F name NUL content NUL, by relative path
+        whole.update(b"F" + name.encode() + b"\0" + (folder / name).read_bytes() + b"\0")
+    whole.update(b"Skey\0")
+    assert tree_digest(folder, "key") == whole.hexdigest()
 
 
 @pytest.mark.parametrize(("code", "why"), [

@@ -186,6 +186,10 @@ def test_literals_and_concatenation_are_read(tmp_path: Path) -> None:
     ('{"digits-mlp:pytorch:cpu:1:1:1": "/mnt"}', "ACCE_CONTAINER_OPT = ' -v /var/run/docker.sock:/s'\n",
      "ACCE_CONTAINER_OPT: -v host path '/var/run/docker.sock' is refused"),
     ('{"digits-mlp:pytorch:cpu:1:1:1": "/mnt"}', "ACCE_VISIBLE_DEVICE_ENV_NAME = 'A B'\n", "is not a variable name"),
+    # FLAGPERF_PATH is the hosts' project_root: mounted (a ',' or ':' splits a mount list) and on PYTHONPATH
+    ('{"digits-mlp:pytorch:cpu:1:1:1": "/mnt"}', "FLAGPERF_PATH = '/opt/fp,/:/host'\n",
+     "test_conf.py:4: FLAGPERF_PATH: '/opt/fp,/:/host' must be an absolute path without '..', ',', ':'"),
+    ('{"digits-mlp:pytorch:cpu:1:1:1": "/mnt"}', "FLAGPERF_PATH = '/'\n", "FLAGPERF_PATH: '/' must be an absolute"),
 ])
 def test_bad_training_confs_are_refused_in_one_line(tmp_path: Path, cases: str, extra: str, expected: str) -> None:
     test_conf = write_confs(tmp_path, cases, test_extra=extra)

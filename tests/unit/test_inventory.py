@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from flagperf.config.files import MAX_FILE_BYTES
 from flagperf.config.vendors import load_vendor
 from flagperf.errors import ConfigError
 from flagperf.hosts.container_policy import parse_container_options
@@ -79,6 +80,82 @@ def test_bad_inventories_name_the_file_and_key(tmp_path: Path, body: str, key: s
         load_inventory(path)
     assert info.value.key == key and message in info.value.message, str(info.value)
     assert "inv.yaml" in str(info.value)
+
+
+@pytest.mark.parametrize("project_root", [
+    "opt/flagperf", "~/flagperf", "/opt/../etc", "/opt/flagperf,/:/host", "/opt/flag:perf", "/opt/flag%jperf",
+    "/opt/flagperf\n#SBATCH --uid=0", "/opt/flag\0perf", "/", "",
+])
+def test_project_root_is_one_folder_every_transport_can_use(tmp_path: Path, project_root: str) -> None:
+    """project_root is the hosts' working folder, a container mount (Docker's, Slurm's --container-mounts list)
+    and PYTHONPATH: an SSH/Docker host's is held to the same rule as a Slurm entry's, and as FlagPerf's
+    FLAGPERF_PATH in a host.yaml, each error naming the key as written."""
+    quoted = '"' + project_root.replace("\\", "\\\\").replace("\n", "\\n").replace("\0", "\\0") + '"'
+    for body, key in ((f"hosts: [{{name: a, address: h, runtime: docker, project_root: {quoted}}}]",
+                       "hosts.0.project_root"),
+                      (f"defaults: {{project_root: {quoted}}}\nhosts: [{{name: a, address: h}}]",
+                       "hosts.0.project_root"),
+                      (f"VENDOR: cpu\nHOSTS: [h]\nCASES: {{computation-FP32: pytorch}}\nFLAGPERF_PATH: {quoted}",
+                       "FLAGPERF_PATH")):
+        if key == "FLAGPERF_PATH" and not project_root:
+            continue  # an empty FLAGPERF_PATH is FlagPerf's "not set": the controller's project
+        with pytest.raises(ConfigError) as info:
+            load_inventory(write(tmp_path, "inv.yaml", body))
+        assert info.value.key == key and "must be an absolute path without '..'" in info.value.message, str(info.value)
+        assert "inv.yaml" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_project_root_is_kept_normalised(tmp_path: Path) -> None:
+    inv = load_inventory(write(tmp_path, "inv.yaml", "hosts: [{name: a, address: h, project_root: /opt//fp/./x/}]"))
+    assert str(inv.hosts[0].project_root) == "/opt/fp/x"
+
+
+@pytest.mark.parametrize("key", ["key_file", "known_hosts", "ssh_config"])
+@pytest.mark.parametrize("kind", ["fifo", "folder", "huge"])
+def test_the_files_paramiko_reads_are_regular_and_bounded(tmp_path: Path, key: str, kind: str) -> None:
+    """An SSH host's key, known_hosts and client config are read when the host is reached: a FIFO there would
+    block, /dev/zero or a huge file fill memory. Each is refused with the inventory, naming its key."""
+    path = tmp_path / "file"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        with path.open("wb") as out:  # a hole: no disk used, never read
+            out.truncate(MAX_FILE_BYTES + 1)
+    with pytest.raises(ConfigError) as info:
+        load_inventory(write(tmp_path, "inv.yaml", f"hosts: [{{name: a, address: h, {key}: {path}}}]"))
+    why = {"fifo": "named pipe (FIFO)", "folder": "is a directory", "huge": f"at most {MAX_FILE_BYTES} bytes"}[kind]
+    assert info.value.key == f"hosts.0.{key}" and why in info.value.message, str(info.value)
+
+
+def test_the_ssh_client_config_is_read_bounded_when_the_host_is_reached(tmp_path: Path) -> None:
+    config = write(tmp_path, "ssh_config", "Host gpu1\n  User bench\n  Port 2200\n  HostName 10.0.0.9\n")
+    inv = load_inventory(write(tmp_path, "inv.yaml", f"hosts: [{{name: a, address: gpu1, ssh_config: {config}}}]"))
+    spec = inv.hosts[0].with_ssh_config()
+    assert (spec.user, spec.port, spec.address) == ("bench", 2200, "10.0.0.9")
+    config.unlink()
+    os.mkfifo(config)  # made a FIFO after the inventory was read: refused, not read (reading would block)
+    with pytest.raises(ConfigError) as info:
+        inv.hosts[0].with_ssh_config()
+    assert info.value.key == "hosts.0.ssh_config" and "named pipe" in info.value.message
+
+
+def test_the_digest_key_file_is_never_read_unless_regular(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    key_file = tmp_path / "digest.key"
+    os.mkfifo(key_file)
+    monkeypatch.setenv("FLAGPERF_DIGEST_KEY_FILE", str(key_file))
+    with pytest.raises(ConfigError, match="named pipe"):
+        build_args_digest({"BASE_IMAGE": "x"})
+
+
+def test_the_context_digest_reads_files_in_pieces_with_the_same_digest(tmp_path: Path) -> None:
+    (tmp_path / "Dockerfile").write_text("FROM x\n")
+    (tmp_path / "big.whl").write_bytes(os.urandom(3 << 20))
+    whole = hashlib.sha256()
+    for name in ("Dockerfile", "big.whl"):
+        whole.update(name.encode() + b"\0" + (tmp_path / name).read_bytes() + b"\0")
+    assert context_digest(tmp_path) == whole.hexdigest()
 
 
 def test_flagperf_host_yaml_keeps_flagperf_meaning(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ never deletes a host's round that holds a result the controller has not stored."
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,15 @@ def test_a_retry_continues_a_run_folder_of_another_flow_run_only_for_the_same_wo
     assert info.value.source == str(tmp_path / "run-a" / PLAN_FILE)
     with pytest.raises(ConfigError, match="planned other work"):
         plan_run(cases=[FP32], rounds=2, sets=["m=1024"], results_dir=tmp_path, run_id="run-a", resume=True)
+
+
+def test_a_retry_never_reads_a_plan_that_is_not_a_regular_file(tmp_path: Path) -> None:
+    """A FIFO where the run folder's plan.json was would block the retry forever: refused in one line."""
+    (tmp_path / "run-a").mkdir()
+    os.mkfifo(tmp_path / "run-a" / PLAN_FILE)
+    with pytest.raises(ConfigError, match="named pipe") as info:
+        plan_run(cases=[FP32], rounds=2, results_dir=tmp_path, run_id="run-a", resume=True)
+    assert f"run-a/{PLAN_FILE}" in str(info.value)
 
 
 def test_the_stop_line_gives_the_command_that_continues_the_run(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -9,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from flagperf.hosts.vendorcheck import check_vendor_folder
-from flagperf.paths import PROJECT_ROOT
+from flagperf.config.vendors import MANIFEST, Vendor, load_vendor_manifest
+from flagperf.hosts.vendorcheck import Findings, _check_image, check_vendor_folder
+from flagperf.paths import PROJECT_ROOT, display_path
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "vendor_adaptation"
 
@@ -65,3 +67,17 @@ def test_exit_codes(broken_vendor: Path, tmp_path: Path) -> None:
     assert bad.returncode == 1 and bad.stdout.count("problem ") == 4, bad.stdout + bad.stderr
     missing = flagperf("vendor", "check", str(tmp_path / "nowhere"))
     assert missing.returncode == 2 and "not a vendor folder" in missing.stderr
+
+
+def test_a_dockerfile_that_is_no_longer_a_file_is_a_problem_not_a_hang(tmp_path: Path) -> None:
+    """The Dockerfile was a regular file when the manifest was read; made a FIFO since, it is not read (reading a
+    FIFO blocks until a writer comes)."""
+    folder = tmp_path / "testvendor"
+    shutil.copytree(FIXTURE / "vendors" / "testvendor", folder)
+    manifest = load_vendor_manifest(folder / MANIFEST)
+    dockerfile = folder / manifest.container.dockerfile
+    dockerfile.unlink()
+    os.mkfifo(dockerfile)
+    found = Findings()
+    _check_image(Vendor(manifest=manifest, location=str(folder)), found)
+    assert found.problems == [f"{display_path(dockerfile)}: not a regular file but a named pipe (FIFO); not read"]
