@@ -65,6 +65,19 @@ print("setuptools>=68")
 print("wheel")
 EOF
 
+# The carried folder goes ahead of the image's packages (gpu_session.sh's PYTHONPATH), so every carried pin must
+# also accept the image's own transformers, huggingface-hub and torch, not only the lock's: a carried package
+# needing hub 2 or a newer transformers would break the image's at import. GPU_IMAGE_PINS: another image's.
+image_pins=${GPU_IMAGE_PINS:-"transformers==5.17.* huggingface-hub==1.33.* torch==2.11.*"}
+printf '%s\n' $image_pins > "$work/image.in"
+if ! uv pip compile "$work/wanted.txt" "$work/image.in" --python-version "$python" \
+    --python-platform x86_64-manylinux_2_28 --no-header -q -o "$work/with_image.txt" 2> "$work/with_image.err"; then
+  grep -v '^\s*$' "$work/with_image.err" | tail -15 >&2
+  echo "gpu_wheels.sh: the carried wheels conflict with the GPU image's $image_pins (above)" >&2
+  exit 1
+fi
+echo "gpu_wheels.sh: the carried wheels resolve with the GPU image's $image_pins" >&2
+
 # FlagGems for the operators part (bench/operation_gpu.py), without its dependencies (installed --no-deps like
 # every carried wheel): it pins numpy and SQLAlchemy exactly where the image and the lock have their own, and
 # its Triton comes with the image's torch. 2.2 MB: with it .whl/ is about 44 MB of the 64 MiB a command carries.

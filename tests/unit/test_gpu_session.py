@@ -132,6 +132,20 @@ def test_the_wheel_list_resolves_for_the_gpu_hosts_python() -> None:
     assert not {"torch", "numpy", "triton", "matplotlib"} & set(pins)
     # Nor transformers' own libraries: the image's transformers checks their versions when it is imported.
     assert not {"transformers", "huggingface-hub", "tokenizers", "safetensors"} & set(pins)
+    # What is carried goes ahead of the image's packages, so it must accept the image's transformers and hub 1.x.
+    assert "resolve with the GPU image's transformers==5.17.* huggingface-hub==1.33.*" in done.stderr, done.stderr
+
+
+def test_the_wheel_list_is_refused_where_it_conflicts_with_the_gpu_images_packages() -> None:
+    """An image whose packages a carried pin does not accept (here an older pydantic than the carried one, as a
+    carried package needing huggingface-hub 2 would be against the image's 1.x): refused, naming the image's pins."""
+    env = {**os.environ, "GPU_IMAGE_PINS": "pydantic<2 huggingface-hub==1.33.*"}
+    done = subprocess.run(["bash", "bench/gpu_wheels.sh", "--resolve-only"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert done.returncode == 1 and done.stdout == "", done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == ("gpu_wheels.sh: the carried wheels conflict with the GPU image's "
+                                                    "pydantic<2 huggingface-hub==1.33.* (above)"), done.stderr
+    assert "pydantic" in done.stderr.split("gpu_wheels.sh:")[0]  # the resolver's reason comes first
 
 
 def test_the_engines_max_is_split_into_shape_choice_and_power_state() -> None:
