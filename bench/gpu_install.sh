@@ -38,7 +38,8 @@ elif "$py" -m pip install --no-index --find-links .whl -e . > "$out/pip.log" 2>&
 else
   tail -5 "$out/pip.log" | sed 's/^/    /' >> "$out/summary.md"
   how="pip install --no-index --no-deps --target .pydeps .whl/*.whl (the editable install failed: pip.log)"
-  "$py" -m pip install --no-index --no-deps --target .pydeps .whl/*.whl >> "$out/pip.log" 2>&1 \
+  "$py" -m pip install --no-index --no-deps --target .pydeps \
+    $(ls .whl/*.whl | grep -Ev '/(setuptools|wheel)-[0-9]') >> "$out/pip.log" 2>&1 \
     || fail "installing the wheels into .pydeps (pip.log)"
   export PYTHONPATH="$PWD/.pydeps:$PWD${PYTHONPATH:+:$PYTHONPATH}"
   run=("$py" -m flows.cli)

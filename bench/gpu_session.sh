@@ -121,7 +121,10 @@ if [ $quick = 0 ]; then
   nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv,noheader
   deps=$(mktemp -d /tmp/pydeps.XXXX)  # fresh each time: a warm machine keeps ignored folders between commands
   if ! "$py" -c "import pydantic, yaml, psutil, orjson, typer" 2>/dev/null || [ -d .whl ]; then
-    "$py" -m pip install -q --no-index --no-deps --target "$deps" .whl/*.whl || exit 1
+    # Not the build tools (setuptools, wheel): on PYTHONPATH a newer setuptools (no pkg_resources from 81)
+    # would shadow the image's for everything it runs; the project's build takes them from .whl itself.
+    "$py" -m pip install -q --no-index --no-deps --target "$deps" \
+      $(ls .whl/*.whl | grep -Ev '/(setuptools|wheel)-[0-9]') || exit 1
   fi
   export PYTHONPATH="$deps:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
