@@ -185,7 +185,7 @@ class LineSplitter:
 
     def feed(self, data: bytes) -> list[str]:
         if self.after_cr and data.startswith(b"\n"):
-            data = data[1:]
+            data, self.after_cr = data[1:], False  # that LF is spent: a LF after it ends a line of its own
         if data:
             self.after_cr = data.endswith(b"\r")
         parts = LINE_END.split(data)
@@ -214,6 +214,42 @@ async def _stream_lines(response: httpx.Response) -> AsyncIterator[str]:
         yield line
 
 
+async def _exchange(client: httpx.AsyncClient, target: Target, prompt: ServingPrompt, record: RequestRecord,
+                    parts: list[str], start: float) -> None:
+    """The request and its stream into ``record`` and ``parts``; leaving (the end, an error, a cancel) closes the
+    response, and with it a connection whose stream was not read to its end."""
+    async with client.stream("POST", target.url, json=target.body(prompt), headers=target.headers,
+                             timeout=target.request_timeout_s) as response:
+        if response.status_code != 200:
+            page, cut = b"", False
+            async for part in response.aiter_bytes():  # a hostile endpoint's page may never end
+                page += part
+                if cut := len(page) > ERROR_PAGE_BYTES:
+                    break
+            text = target.redact(page.decode("utf-8", "replace"))
+            text = text[:-1024] if cut else text  # masked first; a key the cut split lies in the last KiB
+            record.error = f"HTTP {response.status_code}: {' '.join(text.split())[:ERROR_TEXT_LIMIT]}"
+            return
+        pieces_allowed = PIECES_PER_TOKEN * prompt.output_len + PIECES_SLACK
+        lines = _stream_lines(response)
+        try:
+            async for line in lines:
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                _read_event(target.redact(data) if target.headers else data, time.perf_counter() - start, record,
+                            parts, target.api)
+                if record.error is None and len(record.chunk_times_s) > pieces_allowed:
+                    record.error = (f"the server streamed more than {pieces_allowed} text pieces for "
+                                    f"max_tokens {prompt.output_len}; the request was stopped")
+                if record.error is not None:
+                    break
+        finally:
+            await lines.aclose()  # now, not when the collector finds it: its read of the response ends here
+
+
 async def send_request(client: httpx.AsyncClient, target: Target, prompt: ServingPrompt, point: str, phase: str,
                        seq: int, count_tokens: TokenCounter | None) -> RequestRecord:
     """One streamed request, timed chunk by chunk; every failure is recorded, never raised."""
@@ -223,38 +259,15 @@ async def send_request(client: httpx.AsyncClient, target: Target, prompt: Servin
     parts: list[str] = []
     start = time.perf_counter()
     try:
-        async with client.stream("POST", target.url, json=target.body(prompt), headers=target.headers,
-                                 timeout=target.request_timeout_s) as response:
-            if response.status_code != 200:
-                page, cut = b"", False
-                async for part in response.aiter_bytes():  # a hostile endpoint's page may never end
-                    page += part
-                    if cut := len(page) > ERROR_PAGE_BYTES:
-                        break
-                text = target.redact(page.decode("utf-8", "replace"))
-                text = text[:-1024] if cut else text  # masked first; a key the cut split lies in the last KiB
-                record.error = f"HTTP {response.status_code}: {' '.join(text.split())[:ERROR_TEXT_LIMIT]}"
-            else:
-                pieces_allowed = PIECES_PER_TOKEN * prompt.output_len + PIECES_SLACK
-                async for line in _stream_lines(response):
-                    now = time.perf_counter()
-                    # httpx's timeout is per read: events that never stop would hold the request (and the round).
-                    if now - start > target.request_timeout_s:
-                        record.error = (f"the request ran past request_timeout_s ({target.request_timeout_s:g} "
-                                        "s) while the server kept streaming; it was stopped")
-                        break
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        break
-                    _read_event(target.redact(data) if target.headers else data, now - start, record, parts,
-                                target.api)
-                    if record.error is None and len(record.chunk_times_s) > pieces_allowed:
-                        record.error = (f"the server streamed more than {pieces_allowed} text pieces for "
-                                        f"max_tokens {prompt.output_len}; the request was stopped")
-                    if record.error is not None:
-                        break
+        # httpx's timeout is per read: a server that keeps sending (events, or bytes without a line end) would hold
+        # the request, and the round, without end; the whole exchange is bounded here, from the send.
+        await asyncio.wait_for(_exchange(client, target, prompt, record, parts, start), target.request_timeout_s)
+    except (asyncio.TimeoutError, httpx.TimeoutException) as exc:
+        # Either limit: httpx's per-read (connect, pool) limits are request_timeout_s too, each started after the
+        # send, so one that fires first also means the request ran past its limit (one verdict, whichever fires).
+        waited = f": {type(exc).__name__}" if isinstance(exc, httpx.TimeoutException) else ""
+        record.error = (f"the request ran past request_timeout_s ({target.request_timeout_s:g} s){waited}; it was "
+                        "stopped")
     except (httpx.HTTPError, OSError) as exc:
         record.error = f"{type(exc).__name__}: {target.redact(str(exc)) or 'no detail'}"[:ERROR_TEXT_LIMIT]
     except LineTooLong as exc:

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
 
+import httpx
 import psutil
 import pytest
 import torch
@@ -42,6 +43,7 @@ from flagperf.generate.loadgen import (
     first_answer,
     read_records,
     run_phase,
+    send_request,
 )
 from flagperf.generate.models import random_checkpoint
 from flagperf.generate.points import meets_slo, point_metrics, point_stats
@@ -721,12 +723,17 @@ HOSTILE_EVENTS = {  # what a broken or hostile endpoint streams, by path: each i
 ENDLESS_EVENTS = {"/endless-text": '{"choices": [{"delta": {"content": "t"}}]}',
                   "/endless-empty": '{"choices": [{"delta": {"content": ""}}]}'}
 ENDLESS_LINE_CAP = 16 * MAX_LINE_BYTES  # what /endless-line sends at most: far past the client's bound
+# /trickle: a line that grows a byte at a time, each read far within the request's limit (1 s in the test), for at
+# most this many bytes (30 s at 10 ms each, far past the limit), then ended as a well-formed stream.
+TRICKLE_BYTES = 3000
 
 
 class HostileEndpoint(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     endless_line_sent: ClassVar[list[int]] = []  # bytes /endless-line wrote before the client hung up (or the cap)
     endless_line_done = threading.Event()
+    # Set when the client hung up on a stream it stopped (the server's write failed), before its cap, if any.
+    hung_up: ClassVar[dict[str, threading.Event]] = {"/endless-empty": threading.Event(), "/trickle": threading.Event()}
 
     def do_POST(self) -> None:  # http.server calls it by this name
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
@@ -753,9 +760,25 @@ class HostileEndpoint(http.server.BaseHTTPRequestHandler):
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             event = f"data: {ENDLESS_EVENTS[prefix]}\n\n".encode()
-            with contextlib.suppress(OSError):
+            try:
                 while True:
                     self.wfile.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
+            except OSError:
+                if prefix in self.hung_up:
+                    self.hung_up[prefix].set()
+            return
+        if prefix == "/trickle":  # "data: x...", a byte at a time (up to TRICKLE_BYTES), then ended well
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            try:
+                for piece in [b"data: ", *[b"x"] * TRICKLE_BYTES, b"\n\ndata: [DONE]\n\n", b""]:
+                    self.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+                    self.wfile.flush()
+                    time.sleep(0.01)  # the hostile server's pace, not a wait of the test
+            except OSError:
+                self.hung_up[prefix].set()
             return
         if prefix == "/endless":  # a 500 page that never ends: the client reads a bounded part of it
             self.send_response(500)
@@ -783,6 +806,9 @@ def test_the_event_stream_is_split_at_every_line_end_whatever_the_parts() -> Non
     splitter = LineSplitter(limit=12)
     lines = [line for part in (b"data: a\r", b"\ndata: b\n\nx", b"y\rz") for line in splitter.feed(part)]
     assert [*lines, *splitter.end()] == ["data: a", "data: b", "", "xy", "z"]
+    # A CR, then parts of one LF each: the first LF ends nothing (the CR's), the second ends an empty line.
+    splitter = LineSplitter(limit=12)
+    assert [line for part in (b"a\r", b"\n", b"\n", b"b\n") for line in splitter.feed(part)] == ["a", "", "b"]
     with pytest.raises(LineTooLong):
         LineSplitter(limit=12).feed(b"data: 0123456789\n")
     growing = LineSplitter(limit=12)
@@ -798,10 +824,10 @@ def test_a_hostile_endpoints_answers_are_request_errors(tmp_path: Path) -> None:
     thread.start()
     try:
         errors = {}
-        for prefix in [*HOSTILE_EVENTS, *ENDLESS_EVENTS, "/endless", "/endless-line"]:
-            # The whole-request limit is what ends /endless-empty; for the others it is far off.
+        for prefix in [*HOSTILE_EVENTS, "/endless-text", "/endless", "/endless-line"]:
+            # The whole-request limit is far off: these end by their own bounds (the request's limit: below).
             target = Target(f"http://127.0.0.1:{server.server_address[1]}{prefix}", "m", "chat",
-                            request_timeout_s=1.0 if prefix == "/endless-empty" else 600.0)
+                            request_timeout_s=600.0)
             run = asyncio.run(run_phase(target, Load("c1", concurrency=1), [ServingPrompt(0, "t1 t2", 2, 3)],
                                         "timed", requests=1, duration_s=None, writer=None, count_tokens=None))
             errors[prefix] = run.records[0].error or ""
@@ -814,14 +840,39 @@ def test_a_hostile_endpoints_answers_are_request_errors(tmp_path: Path) -> None:
     assert errors["/usage-text"].startswith("unexpected usage")
     assert errors["/deep"].startswith("not JSON in the stream")
     assert errors["/endless"].startswith("HTTP 500: xxx") and len(errors["/endless"]) < 400
-    # Events that never end: more text pieces than max_tokens (3) allows, or none and past the request's limit.
+    # Events that never end: more text pieces than max_tokens (3) allows.
     assert errors["/endless-text"] == ("the server streamed more than 22 text pieces for max_tokens 3; the request "
                                        "was stopped")
-    assert errors["/endless-empty"] == ("the request ran past request_timeout_s (1 s) while the server kept "
-                                        "streaming; it was stopped")
     # One line that never ends: the request's error once the line passes the bound, the connection closed then
     # (the server could not send all it had), not a line held in memory until the stream or the timeout ends.
     assert errors["/endless-line"] == (f"a line of the event stream is longer than {MAX_LINE_BYTES} bytes "
                                        "(MAX_LINE_BYTES); the request was stopped")
     assert HostileEndpoint.endless_line_done.wait(60)
     assert HostileEndpoint.endless_line_sent and HostileEndpoint.endless_line_sent[0] < ENDLESS_LINE_CAP
+
+
+@pytest.mark.parametrize("prefix", ["/endless-empty", "/trickle"])
+def test_a_request_past_its_limit_is_stopped_and_its_connection_closed(prefix: str) -> None:
+    """request_timeout_s bounds the whole request from the send, not each read: a server streaming events without
+    text (no piece to count) or a line a byte at a time (each read far within the limit) is stopped at the limit,
+    whichever of the client's limits sees it first (one verdict, whatever the machine's speed), and the connection
+    is closed then, while the client is still open (the server sees the hang-up, before its cap)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), HostileEndpoint)  # the port from the OS
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    target = Target(f"http://127.0.0.1:{server.server_address[1]}{prefix}", "m", "chat", request_timeout_s=1.0)
+
+    async def stopped_request() -> tuple[RequestRecord, bool]:
+        async with httpx.AsyncClient() as client:
+            record = await send_request(client, target, ServingPrompt(0, "t1 t2", 2, 3), "c1", "timed", 0, None)
+            return record, await asyncio.to_thread(HostileEndpoint.hung_up[prefix].wait, 60)
+
+    try:
+        record, hung_up = asyncio.run(stopped_request())
+    finally:
+        server.shutdown()
+        thread.join()
+    assert (record.error or "").startswith("the request ran past request_timeout_s (1 s)"), record.error
+    assert record.error.endswith("; it was stopped")
+    assert hung_up
