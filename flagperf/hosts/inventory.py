@@ -315,7 +315,13 @@ class HostSpec(StrictModel):
             if self.port is None and found.get("port"):
                 updates["port"] = int(found["port"])
             if self.key_file is None and found.get("identityfile"):
-                updates["key_file"] = Path(found["identityfile"][0]).expanduser()
+                key_file = Path(found["identityfile"][0]).expanduser()
+                # The key paramiko reads, as the inventory's key_file is checked (a missing one: the connection
+                # says so, as for ssh's own default keys).
+                problem = regular_file_problem(key_file, what="an SSH file")
+                if problem and problem != "file not found":
+                    raise ConfigError(source, f"{prefix}ssh_config", f"IdentityFile {key_file}: {problem}")
+                updates["key_file"] = key_file
             if found.get("hostname") and found["hostname"] != self.address:
                 updates["address"] = found["hostname"]
         if self.port is None and "port" not in updates:

@@ -141,6 +141,22 @@ def test_the_ssh_client_config_is_read_bounded_when_the_host_is_reached(tmp_path
     assert info.value.key == "hosts.0.ssh_config" and "named pipe" in info.value.message
 
 
+def test_the_key_the_ssh_client_config_names_is_regular_too(tmp_path: Path) -> None:
+    """The IdentityFile of the client config is the key paramiko reads when the inventory names none: a FIFO there
+    is refused in one line naming ssh_config, never read (reading would block the connection)."""
+    key = tmp_path / "id_fifo"
+    os.mkfifo(key)
+    config = write(tmp_path, "ssh_config", f"Host gpu1\n  IdentityFile {key}\n")
+    inv = load_inventory(write(tmp_path, "inv.yaml", f"hosts: [{{name: a, address: gpu1, ssh_config: {config}}}]"))
+    with pytest.raises(ConfigError) as info:
+        inv.hosts[0].with_ssh_config()
+    assert info.value.key == "hosts.0.ssh_config" and f"IdentityFile {key}: " in info.value.message
+    assert "named pipe" in info.value.message
+    key.unlink()
+    key.write_text("not read here\n")
+    assert inv.hosts[0].with_ssh_config().key_file == key
+
+
 def test_the_digest_key_file_is_never_read_unless_regular(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     key_file = tmp_path / "digest.key"
     os.mkfifo(key_file)
