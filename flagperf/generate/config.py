@@ -166,7 +166,8 @@ class GenerateConfig(CaseConfig):
                                                                           "a value may be ${NAME}")
     ready_timeout_s: float = Field(default=600.0, gt=0, description="the server must answer its ready path "
                                                                      "within this long")
-    request_timeout_s: float = Field(default=600.0, gt=0, description="one request's limit, first byte to last")
+    request_timeout_s: float = Field(default=600.0, gt=0, description="one request's limit, from the send to the "
+                                                                       "stream's end")
     # A name (str) is allowed too, by _endpoint_name: kept out of the annotation so that an error in the settings
     # is reported at endpoint.<key>, not under a union member's tag.
     endpoint: Endpoint | None = Field(default=None, description="a running server instead of starting one: its "
