@@ -84,7 +84,10 @@ def inside(folder: Path, relative: str | Path, source: str, key: str | None, wha
     except (RuntimeError, OSError):  # a link loop: RuntimeError before Python 3.13, OSError (ELOOP) after
         raise ConfigError(source, key, f"{str(relative)!r}: a link that leads back to itself (a loop)") from None
     if not target.is_relative_to(root):
-        link = any(p.is_symlink() for p in _within(folder, relative))
+        try:
+            link = any(p.is_symlink() for p in _within(folder, relative))
+        except OSError:  # a name too long to look up (ENAMETOOLONG): no link there, and outside all the same
+            link = False
         how = f"a link to {target}" if link else f"resolves to {target}"
         raise ConfigError(source, key, f"{str(relative)!r} is outside {what} ({how}): it must stay inside {what}")
     return target

@@ -195,6 +195,7 @@ def test_a_command_placeholder_that_does_not_exist_is_refused() -> None:
     # a data file stays in its root: the case's folder (relative), a data root (absolute), never a credentials folder
     ({"sharegpt_path": "/etc/hostname"}, "sharegpt_path", "'/etc/hostname' is outside the data roots (/data, "),
     ({"prompts_path": "../../../../outside.jsonl"}, "prompts_path", "is outside the case's folder"),
+    ({"prompts_path": "../" + "a" * 300 + ".jsonl"}, "prompts_path", "is outside the case's folder"),  # no such name
     ({"prompts_path": "/data/../etc/x.jsonl"}, "prompts_path", "an absolute path must not hold '..'"),
     ({"sharegpt_path": "/data/u/.ssh/id_rsa"}, "sharegpt_path", "is in a credentials folder (.ssh)"),
     ({"sharegpt_path": "/data/none.json"}, "sharegpt_path", "/data/none.json does not exist"),
