@@ -835,6 +835,7 @@ def test_a_hostile_endpoints_answers_are_request_errors(tmp_path: Path) -> None:
     finally:
         server.shutdown()
         thread.join()
+        server.server_close()
     assert errors["/choices-text"].startswith("unexpected choices")
     assert errors["/delta-text"].startswith("unexpected choices")
     assert errors["/content-number"].startswith("unexpected content")
@@ -874,6 +875,7 @@ def test_a_request_past_its_limit_is_stopped_and_its_connection_closed(prefix: s
     finally:
         server.shutdown()
         thread.join()
+        server.server_close()
     assert (record.error or "").startswith("the request ran past request_timeout_s (1 s)"), record.error
     assert record.error.endswith("; it was stopped")
     assert hung_up
