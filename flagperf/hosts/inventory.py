@@ -39,7 +39,7 @@ from flagperf.hosts.container_policy import (
     parse_data_mount,
 )
 from flagperf.hosts.slurm_spec import PATH_REFUSED, SlurmSpec, slurm_entry_problem, slurm_slots
-from flagperf.paths import display_path
+from flagperf.paths import PROJECT_ROOT, display_path
 
 REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")  # ${NAME}: a value taken from the environment
 MASK = "<masked>"  # what a literal value looks like wherever a spec is written down
@@ -544,6 +544,12 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
         problem = slurm_entry_problem(spec.env) if spec.slurm is not None else None
         if problem:
             raise ConfigError(source, f"hosts.{i}.{problem[0]}", problem[1])
+        # A remote host left without project_root uses the controller's own folder, which holds to the same rule.
+        default_problem = (project_root_problem(PROJECT_ROOT)
+                           if spec.project_root is None and spec.transport != "local" else None)
+        if default_problem:
+            raise ConfigError(source, f"hosts.{i}.project_root", "not given, and the default, this project's folder "
+                              f"on the controller, cannot be a host's: {default_problem}; give project_root")
         hosts.extend(_expand(slot, base) for slot in slots)
         entries += [i] * len(slots)
     names = [h.name for h in hosts]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -403,3 +405,25 @@ CASES:
     assert case.family == "inference" and case.config["batch_size"] == 256 and case.config["flops"] == 4.12e9
     assert case.config["data_dir"] == str(data) and case.origins["data_dir"] == inv.source
     assert case.config["synthetic_images"] == 8192  # the case's own default, where FlagPerf's file is silent
+
+
+def test_a_remote_host_without_project_root_needs_a_usable_default(tmp_path: Path) -> None:
+    """A remote host left without project_root uses the controller's own project folder: a clone in a folder
+    named with ':' (PYTHONPATH's separator) or ',' (a mount list's) is refused by the inventory, naming the key
+    to set; a local host, or a remote one given project_root, is not concerned."""
+    home = tmp_path / "flag:perf"
+    home.mkdir()
+    env = {**os.environ, "FLAGPERF_HOME": str(home)}
+    code = "import sys; from flagperf.hosts.inventory import load_inventory; from pathlib import Path; load_inventory(Path(sys.argv[1]))"
+
+    def load(body: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", code, str(write(tmp_path, "inv.yaml", body))], env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    refused = load("hosts: [{name: b, address: localhost}, {name: a, address: h}]")
+    assert refused.returncode != 0
+    assert "hosts.1.project_root: not given, and the default" in refused.stderr and str(home) in refused.stderr
+    for body in ("hosts: [{name: b, address: localhost}]",
+                 "hosts: [{name: a, address: h, project_root: /opt/flagperf}]"):
+        loaded = load(body)
+        assert loaded.returncode == 0, loaded.stderr
