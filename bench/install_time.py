@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from flagperf.results.provenance import code_identity, host_info  # noqa: E402
+from flagperf.results.provenance import code_identity, host_info, source_digest  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 DEFAULT_BEFORE = "03d47b6"  # main before issue 11: exact pins, training readers and models in the default
@@ -92,7 +92,8 @@ def measure(variant: str, rev: str, work: Path, with_run: bool) -> dict[str, obj
             "sqlalchemy": versions.get("SQLAlchemy") or versions.get("sqlalchemy"),
             "transformers": versions.get("transformers"), "huggingface_hub": versions.get("huggingface-hub"),
             "click": versions.get("click"), "run_seconds": None if run_seconds is None else round(run_seconds, 1),
-            "copy_to_report_seconds": None if total is None else round(total, 1), "run_folder": run_folder}
+            "copy_to_report_seconds": None if total is None else round(total, 1), "run_folder": run_folder,
+            "source_digest": source_digest(project)}  # of the copy measured, whatever the checkout holds now
 
 
 def main() -> int:
@@ -107,6 +108,7 @@ def main() -> int:
         parser.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(COMMANDS)}")
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                           check=True).stdout.strip()  # once: every variant measures the same commit
+    code = code_identity()  # the checkout this ran from, before any variant (the rows name what each measured)
     rows = []
     with tempfile.TemporaryDirectory(prefix="install-time-") as tmp:
         for variant in variants:
@@ -120,7 +122,7 @@ def main() -> int:
     load = os.getloadavg()
     report = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "command": shlex.join(["python", "bench/install_time.py", *sys.argv[1:]]),
-              "python": platform.python_version(), "cpus": os.cpu_count(), "code": code_identity(),
+              "python": platform.python_version(), "cpus": os.cpu_count(), "code": code,
               "machine": host_info(), "load_average_after": [round(x, 2) for x in load], "rows": rows}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "install_time.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -137,7 +139,8 @@ def main() -> int:
         "",
         f"Machine: {report['machine']['cpu_model']}, {report['machine']['usable_cpus']} usable CPUs, "
         f"{report['machine']['memory_total_bytes'] / 2**30:.1f} GiB, {report['machine']['os']}. "
-        f"Code: {report['code']}.",
+        f"Run from: {report['code']}; each row's copy: "
+        + ", ".join(f"{r['variant']} {r['revision']} source {r['source_digest']}" for r in rows) + ".",
         "",
         "| variant | command | install s | flagperf run s | copy to report s | packages | site-packages MiB | torch "
         "| prefect | SQLAlchemy | transformers | huggingface-hub | click |",

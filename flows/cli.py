@@ -293,6 +293,9 @@ def run(
         raise _fail(f"{message} (see {run_dir})", EXIT_FAILED)
     summary = read_summary_json(run_dir)
     _print_summary(summary, run_dir)
+    console.print(f"next: open {escape(str(run_dir / 'report.html'))}; change one thing (--set KEY=VALUE) and "
+                  f"run again, then `flagperf compare {escape(str(run_dir))} <new run>`", highlight=False,
+                  soft_wrap=True)
     counts = summary["counts"]
     if counts["failed"] or summary["problems"] or state.is_failed():
         raise typer.Exit(EXIT_FAILED)
@@ -398,7 +401,8 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     c = summary["counts"]
     console.print(f"{c['rounds']} rounds: {c['success']} succeeded, {c['unsupported']} unsupported, "
                   f"{c['failed']} failed")
-    console.print(f"run directory: [bold]{escape(str(run_dir))}[/] (report.md, summary.csv, summary.json)",
+    console.print(f"run directory: [bold]{escape(str(run_dir))}[/] (report.html, report.md, summary.csv, "
+                  "summary.json)",
                   highlight=False)
 
 
