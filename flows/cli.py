@@ -410,6 +410,10 @@ def _run_folder(path: Path, option: str) -> Path:
     if not path.is_dir():
         raise _fail(f"{option} {path}: not a folder")
     if not any(path.glob("*/round*/*_noderank*/result.json")):
+        runs = sorted(p for p in path.glob("*/*/round*/*_noderank*/result.json"))  # results/ rather than a run in it
+        if runs:
+            raise _fail(f"{option} {path}: not a run folder but a folder of runs; give one of them, e.g. "
+                        f"{runs[-1].parents[3]}")
         raise _fail(f"{option} {path}: no <case>/round<N>/<host>_noderank<K>/result.json inside; not a run folder")
     return path
 
