@@ -26,7 +26,7 @@ class ConfigError(FlagperfError):
 
 
 def nearest(name: str, names: Iterable[str]) -> list[str]:
-    """The names a typo of ``name`` most likely meant, best first: the one that differs only in case alone."""
+    """The names a typo of ``name`` most likely meant, best first; a name differing only in letter case alone."""
     folded = {known.casefold(): known for known in names}
     if name.casefold() in folded:
         return [folded[name.casefold()]]

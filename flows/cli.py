@@ -293,11 +293,14 @@ def run(
         raise _fail(f"{message} (see {run_dir})", EXIT_FAILED)
     summary = read_summary_json(run_dir)
     _print_summary(summary, run_dir)
-    console.print(f"next: open {escape(str(run_dir / 'report.html'))}; change one thing (--set KEY=VALUE) and "
-                  f"run again, then `flagperf compare {escape(str(run_dir))} <new run>`", highlight=False,
-                  soft_wrap=True)
     counts = summary["counts"]
-    if counts["failed"] or summary["problems"] or state.is_failed():
+    failed = bool(counts["failed"] or summary["problems"] or state.is_failed())
+    report_html, folder = escape(str(run_dir / "report.html")), escape(str(run_dir))
+    console.print(f"next: {report_html}'s Faults and bounds says why each failed round failed; the same command "
+                  f"with --retry {folder} runs only what did not complete" if failed else
+                  f"next: open {report_html}; change one thing (--set KEY=VALUE) and run again, then "
+                  f"`flagperf compare {folder} <new run>`", highlight=False, soft_wrap=True)
+    if failed:
         raise typer.Exit(EXIT_FAILED)
     if counts["unsupported"]:
         raise typer.Exit(EXIT_UNSUPPORTED_ONLY)
