@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 MAX_LINE = 500  # an error line stays readable, whatever value it quotes
+LISTED_IN_FULL = 12  # more known names than this: the error says which command lists them (the line would be cut)
 
 
 class FlagperfError(Exception):
@@ -19,6 +23,25 @@ class ConfigError(FlagperfError):
         where = f"{self.source}: {key}" if key else self.source
         line = " ".join(f"{where}: {message}".split())  # one line, whatever a message quoted
         super().__init__(line if len(line) <= MAX_LINE else line[:MAX_LINE - 3] + "...")
+
+
+def nearest(name: str, names: Iterable[str]) -> list[str]:
+    """The names a typo of ``name`` most likely meant, best first; a name differing only in letter case alone."""
+    folded = {known.casefold(): known for known in names}
+    if name.casefold() in folded:
+        return [folded[name.casefold()]]
+    return [folded[match] for match in difflib.get_close_matches(name.casefold(), list(folded), n=3, cutoff=0.6)]
+
+
+def unknown_name(kind: str, name: str, known: Iterable[str], listed_by: str | None = None) -> str:
+    """The message for a ``name`` that is not one of ``known``: the closest names first (a typo is the usual
+    cause), then the known ones, or, when they are too many for one line, the command that lists them."""
+    names = sorted(set(known))
+    close = nearest(name, names)
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    if listed_by and len(names) > LISTED_IN_FULL:
+        return f"unknown {kind} {name!r} ({hint}{len(names)} known: `{listed_by}` lists them)"
+    return f"unknown {kind} {name!r} ({hint}known: {', '.join(names)})"
 
 
 class CaseUserError(FlagperfError):

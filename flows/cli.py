@@ -294,7 +294,13 @@ def run(
     summary = read_summary_json(run_dir)
     _print_summary(summary, run_dir)
     counts = summary["counts"]
-    if counts["failed"] or summary["problems"] or state.is_failed():
+    failed = bool(counts["failed"] or summary["problems"] or state.is_failed())
+    report_html, folder = escape(str(run_dir / "report.html")), escape(str(run_dir))
+    console.print(f"next: {report_html}'s Faults and bounds says why each failed round failed; the same command "
+                  f"with --retry {folder} runs only what did not complete" if failed else
+                  f"next: open {report_html}; change one thing (--set KEY=VALUE) and run again, then "
+                  f"`flagperf compare {folder} <new run>`", highlight=False, soft_wrap=True)
+    if failed:
         raise typer.Exit(EXIT_FAILED)
     if counts["unsupported"]:
         raise typer.Exit(EXIT_UNSUPPORTED_ONLY)
@@ -398,7 +404,8 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     c = summary["counts"]
     console.print(f"{c['rounds']} rounds: {c['success']} succeeded, {c['unsupported']} unsupported, "
                   f"{c['failed']} failed")
-    console.print(f"run directory: [bold]{escape(str(run_dir))}[/] (report.md, summary.csv, summary.json)",
+    console.print(f"run directory: [bold]{escape(str(run_dir))}[/] (report.html, report.md, summary.csv, "
+                  "summary.json)",
                   highlight=False)
 
 
@@ -406,6 +413,10 @@ def _run_folder(path: Path, option: str) -> Path:
     if not path.is_dir():
         raise _fail(f"{option} {path}: not a folder")
     if not any(path.glob("*/round*/*_noderank*/result.json")):
+        runs = sorted(p for p in path.glob("*/*/round*/*_noderank*/result.json"))  # results/ rather than a run in it
+        if runs:
+            raise _fail(f"{option} {path}: not a run folder but a folder of runs; give one of them, e.g. "
+                        f"{runs[-1].parents[3]}")
         raise _fail(f"{option} {path}: no <case>/round<N>/<host>_noderank<K>/result.json inside; not a run folder")
     return path
 

@@ -41,7 +41,7 @@ from flagperf.config.models import (
 from flagperf.config.pyliterals import read_literal_assignments
 from flagperf.config.vendors import import_file
 from flagperf.config.yamlio import load_yaml_mapping
-from flagperf.errors import ConfigError, missing_extra
+from flagperf.errors import ConfigError, missing_extra, unknown_name
 from flagperf.paths import case_roots, display_path
 
 MANIFEST = "case.yaml"
@@ -204,7 +204,7 @@ def load_case_manifest(path: Path) -> CaseManifest:
 def load_case(name: str, cases: dict[str, Path] | None = None) -> CaseDef:
     cases = available_cases() if cases is None else cases
     if name not in cases:
-        raise ConfigError("cases", name, f"unknown case (known: {', '.join(sorted(cases))})")
+        raise ConfigError("cases", None, unknown_name("case", name, cases, "flagperf list cases"))
     folder = cases[name]
     if not is_present(folder / MANIFEST) and is_present(folder / INFERENCE_FILES[0]):
         return CaseDef(manifest=load_inference_manifest(folder), folder=folder)

@@ -19,7 +19,7 @@ from flagperf.config.cases import available_cases, load_case, resolve_case_confi
 from flagperf.config.files import MAX_FILE_BYTES, is_present, read_config_text
 from flagperf.config.models import SetOverride, load_suite, parse_set_override
 from flagperf.config.vendors import Vendor, load_vendor
-from flagperf.errors import ConfigError
+from flagperf.errors import ConfigError, nearest, unknown_name
 from flagperf.paths import NAME_PATTERN, display_path, suite_roots
 from flagperf.results.provenance import git_revision, source_digest
 
@@ -91,7 +91,7 @@ def find_suite(name_or_path: str) -> Path:
         return path
     suites = available_suites()
     if name_or_path not in suites:
-        raise ConfigError("--suite", None, f"unknown suite {name_or_path!r} (known: {', '.join(sorted(suites))})")
+        raise ConfigError("--suite", None, unknown_name("suite", name_or_path, suites, "flagperf list suites"))
     return suites[name_or_path]
 
 
@@ -102,7 +102,11 @@ def _spread(overrides: dict[str, Any], source: str, key_prefix: str, selected: d
     for key, value in overrides.items():
         targets = [case for case, keys in selected.items() if key in keys]
         if not targets:
-            raise ConfigError(source, f"{key_prefix}{key}", "no selected case has this key")
+            keys = sorted(set().union(*selected.values()))
+            close = nearest(key, keys)
+            raise ConfigError(source, f"{key_prefix}{key}", "no selected case has this key ("
+                              + (f"did you mean {' or '.join(close)}? " if close else "")
+                              + f"the selected cases have: {', '.join(keys)})")
         for case in targets:
             per_case.setdefault(case, {})[key] = value
     return per_case
@@ -134,6 +138,8 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
         for name in names:
             if not NAME_PATTERN.match(name):
                 raise ConfigError("--cases", name, "not a valid case name")
+            if name not in known:
+                raise ConfigError("--cases", None, unknown_name("case", name, known, "flagperf list cases"))
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ConfigError("--cases", dupes[0], "listed more than once")
@@ -152,7 +158,7 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
         raise ConfigError("--rounds", None, f"must be between 1 and 100, got {rounds}")
     for name in names:
         if suite_name and name not in known:
-            raise ConfigError(suite_source, "cases", f"unknown case {name!r} (known: {', '.join(sorted(known))})")
+            raise ConfigError(suite_source, "cases", unknown_name("case", name, known, "flagperf list cases"))
     defs = {name: load_case(name, known) for name in names}
     for name, case in defs.items():  # the vendor's adaptation of each case, read (never run) before anything starts
         read_adaptation(case.folder, name, case.family, resolved_vendor.name)

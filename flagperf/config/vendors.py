@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from flagperf.config.casecode import CodeNotRun, code_runs
 from flagperf.config.files import given_name, inside, regular_file
 from flagperf.config.models import StrictModel, check_name, load_model
-from flagperf.errors import ConfigError, missing_extra
+from flagperf.errors import ConfigError, missing_extra, unknown_name
 from flagperf.paths import PROJECT_ROOT, display_path, vendor_roots
 from flagperf.results.schema import SpecTable
 
@@ -225,6 +225,6 @@ def available_vendors() -> dict[str, Path]:
 def load_vendor(name: str) -> Vendor:
     vendors = available_vendors()
     if name not in vendors:
-        raise ConfigError("--vendor", None, f"unknown vendor {name!r} (known: {', '.join(sorted(vendors))})")
+        raise ConfigError("--vendor", None, unknown_name("vendor", name, vendors, "flagperf list vendors"))
     folder = vendors[name]
     return Vendor(manifest=load_vendor_manifest(folder / MANIFEST), location=display_path(folder))

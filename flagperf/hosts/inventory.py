@@ -28,7 +28,7 @@ from flagperf.config.files import is_present, read_config_text, regular_file_pro
 from flagperf.config.models import StrictModel, check_name, pydantic_error_to_config_error
 from flagperf.config.vendors import Vendor, available_vendors, load_vendor
 from flagperf.config.yamlio import load_yaml_mapping
-from flagperf.errors import ConfigError
+from flagperf.errors import ConfigError, unknown_name
 from flagperf.hosts.container_policy import (
     ENV_NAME,
     PolicyError,
@@ -597,7 +597,7 @@ def check_vendor(name: str, source: str, key: str) -> None:
     """The inventory's vendor exists (else the run would blame a --vendor nobody gave)."""
     known = available_vendors()
     if name not in known:
-        raise ConfigError(source, key, f"unknown vendor {name!r} (known: {', '.join(sorted(known))})")
+        raise ConfigError(source, key, unknown_name("vendor", name, known, "flagperf list vendors"))
 
 
 def inference_case(name: str, known: dict[str, Path], source: str, key: str) -> str:
@@ -693,7 +693,7 @@ def host_yaml_inventory(data: dict[str, Any], source: str, base: Path) -> Invent
         else:  # base style: "<case>[:<chip>]": framework (pytorch, pytorch_2.3 -> the pytorch image)
             framework = value.split("_")[0]
             if name not in known:
-                raise ConfigError(source, f"CASES.{key}", f"unknown case {name!r} (known: {', '.join(sorted(known))})")
+                raise ConfigError(source, f"CASES.{key}", unknown_name("case", name, known, "flagperf list cases"))
         try:
             check_name(framework, "framework")
         except ValueError as exc:

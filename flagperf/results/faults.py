@@ -80,7 +80,7 @@ def figure_faults(headline: list[dict[str, Any]], results: list[RoundResult]) ->
             above_by_operator.setdefault((e["case"], e["metric"].split(":")[0]), []).append(e)
         elif e.get("above_peak"):
             found.append(f"{label}: measured {e['ratio']:.1%} of its peak: above the peak means the spec table's "
-                         "peak is wrong for this machine (see the peak source below)")
+                         "peak is wrong for this machine (its source: report.md, 'How these numbers were made')")
         if e.get("mfu") is not None and e["mfu"] > 1.0:
             found.append(f"{label}: MFU {e['mfu']:.1%} is above 100 %: the case's FLOPs per item do not match "
                          "the model it ran, or the peak is too low; the figure is not an efficiency")

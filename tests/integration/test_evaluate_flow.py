@@ -233,6 +233,9 @@ def test_a_run_that_measured_nothing_is_not_a_plain_success(flagperf_env: Path) 
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-3000:]
     (run_dir,) = flagperf_env.iterdir()
+    # The console ends with what to open and what to do next, naming this run's folder.
+    assert f"next: open {run_dir / 'report.html'}; " in done.stdout, done.stdout[-2000:]
+    assert f"`flagperf compare {run_dir} <new run>`" in done.stdout
     plan = RunPlan.model_validate_json((run_dir / PLAN_FILE).read_text())
     with get_client(sync_client=True) as client:
         flow_run = client.read_flow_run(plan.flow_run_id)

@@ -190,7 +190,8 @@ def test_run_unknown_case(tmp_path: Path) -> None:
     assert_clean_failure(result)
     lines = error_lines(result.output)
     assert len(lines) == 1
-    assert lines[0].startswith("error: cases: nope: unknown case (known: ")
+    assert lines[0].startswith("error: --cases: unknown case 'nope' (")
+    assert "`flagperf list cases` lists them" in lines[0]  # not a list cut off at the line's length
     assert list(tmp_path.iterdir()) == []
 
 
@@ -207,6 +208,11 @@ def test_run_unknown_case(tmp_path: Path) -> None:
         (["--set", "m=abc", "--cases", "computation-FP32"], "--set: m: Input should be a valid integer"),
         (["--set", "m"], "--set: m: expected KEY=VALUE"),
         (["--set", "nokey=1"], "--set: nokey: no selected case has this key"),
+        # A newcomer's typos: the nearest name is offered first.
+        (["--cases", "computation-FP23"], "--cases: unknown case 'computation-FP23' (did you mean computation-FP32"),
+        (["--cases", "computation-FP32", "--set", "min_duraton_s=2"], "did you mean min_duration_s"),
+        (["--vendor", "nvidai"], "unknown vendor 'nvidai' (did you mean nvidia? known: "),
+        (["--suite", "smok"], "unknown suite 'smok' (did you mean smoke? known: "),
     ],
 )
 def test_run_bad_input_stops_before_prefect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str],

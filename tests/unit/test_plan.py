@@ -112,9 +112,15 @@ def test_suite_and_cases_together(tmp_path: Path) -> None:
 
 def test_unknown_case(tmp_path: Path) -> None:
     err = config_error(tmp_path, cases=["nope"])
-    assert err.key == "nope"
-    assert "unknown case" in err.message
-    assert FP32 in err.message  # the known ones are listed
+    assert err.source == "--cases"
+    assert "unknown case 'nope'" in err.message
+    assert "did you mean" not in err.message  # nothing is close to it
+    assert "`flagperf list cases` lists them" in err.message  # too many to list on one line
+
+
+def test_unknown_case_offers_the_nearest(tmp_path: Path) -> None:
+    err = config_error(tmp_path, cases=["computation-fp32"])
+    assert f"did you mean {FP32}?" in err.message  # differs only in case: offered alone
 
 
 def test_invalid_case_name(tmp_path: Path) -> None:
@@ -174,6 +180,12 @@ def test_set_key_no_case_has(tmp_path: Path) -> None:
     assert err.source == "--set"
     assert err.key == "max_gib"
     assert "no selected case has this key" in err.message
+    assert "min_duration_s" in err.message  # the keys the selected cases have
+
+
+def test_set_key_typo_offers_the_nearest(tmp_path: Path) -> None:
+    err = config_error(tmp_path, cases=[FP32], sets=["min_duraton_s=1"])
+    assert "did you mean min_duration_s" in err.message
 
 
 def test_set_case_specific(tmp_path: Path) -> None:

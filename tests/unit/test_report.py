@@ -79,6 +79,9 @@ def test_cli_report_and_compare(tmp_path: Path) -> None:
     assert "DIFFERENT" in out.read_text()
     result = runner.invoke(app, ["report", str(tmp_path)])
     assert result.exit_code == 2 and "not a run folder" in result.output and "Traceback" not in result.output
+    assert f"a folder of runs; give one of them, e.g. {c}" in " ".join(result.output.split())  # the newest by name
+    result = runner.invoke(app, ["report", str(a / "computation-FP32")])  # a case folder: no run below it either
+    assert result.exit_code == 2 and "no <case>/round<N>" in result.output
 
 
 def test_report_html_shows_messages_as_text(tmp_path: Path) -> None:

@@ -124,7 +124,8 @@ def spec_table(settings: dict[str, Any]) -> dict[str, Any]:
     else:
         peaks["memory_bandwidth"] = {
             "value": None, "unit": "GB/s",
-            "source": "unknown: set spec_settings.memory_channels and memory_mt_per_s (DIMMs are not visible here)",
+            "source": "unknown: set spec_settings.memory_channels and memory_mt_per_s in the cpu vendor's "
+                      "vendor.yaml (the DIMMs are not visible here)",
         }
     total = psutil.virtual_memory().total
     peaks["memory_capacity"] = {"value": total / 2**30, "unit": "GiB", "source": "psutil.virtual_memory().total"}
