@@ -414,7 +414,8 @@ def test_a_remote_host_without_project_root_needs_a_usable_default(tmp_path: Pat
     home = tmp_path / "flag:perf"
     home.mkdir()
     env = {**os.environ, "FLAGPERF_HOME": str(home)}
-    code = "import sys; from flagperf.hosts.inventory import load_inventory; from pathlib import Path; load_inventory(Path(sys.argv[1]))"
+    code = ("import sys; from pathlib import Path; from flagperf.hosts.inventory import load_inventory; "
+            "load_inventory(Path(sys.argv[1]))")
 
     def load(body: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-c", code, str(write(tmp_path, "inv.yaml", body))], env=env,
