@@ -6,9 +6,8 @@ load, SLOs, the server's arguments). docs/serving.md explains every key."""
 
 from __future__ import annotations
 
-import os
 import re
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -30,7 +29,7 @@ from flagperf.config.files import inside, regular_file_problem
 from flagperf.config.models import CASE_FOLDER, HIDDEN_INPUT, CaseConfig
 from flagperf.errors import CaseUserError, ConfigError
 from flagperf.generate.models import PRESETS
-from flagperf.hosts.container_policy import CREDENTIAL_NAMES, DATA_ROOTS
+from flagperf.hosts.container_policy import DATA_ROOTS, PolicyError, clean_path, credentials_in, is_under
 from flagperf.training.data import LocalPath
 
 # A prompts or ShareGPT file is read whole: ShareGPT V3 (the usual serving set) is 642 MiB; far beyond that is
@@ -62,20 +61,21 @@ def data_path(value: str, case_folder: Path | None) -> Path | None:
             return inside(case_folder, value, "", None, "the case's folder")
         except ConfigError as exc:
             raise ValueError(f"{exc.message}; {DATA_FILE_PLACES}") from None
-    if any(part == ".." for part in value.split("/")):
-        raise ValueError(f"{value!r}: an absolute path must not hold '..'; {DATA_FILE_PLACES}")
-    written = PurePosixPath(os.path.normpath(value))
+    try:  # the rules of a container's host paths (container_policy): one for every file a config names
+        written = clean_path(value, "the file")
+    except PolicyError as exc:
+        raise ValueError(f"{exc}; {DATA_FILE_PLACES}") from None
     try:
         resolved = Path(written).resolve()
-        roots = [Path(root).resolve() for root in DATA_ROOTS]
+        roots = [str(Path(root).resolve()) for root in DATA_ROOTS]
     except (RuntimeError, OSError):  # a link loop: RuntimeError before Python 3.13, OSError (ELOOP) after
         raise ValueError(f"{value!r}: a link that leads back to itself (a loop)") from None
-    for path, allowed in ((written, [PurePosixPath(r) for r in DATA_ROOTS]), (resolved, roots)):
-        via = f" (it resolves to {resolved})" if path is resolved and resolved != Path(written) else ""
-        credentials = next((part for part in path.parts if part in CREDENTIAL_NAMES), None)
+    for path, allowed in ((written, DATA_ROOTS), (str(resolved), roots)):
+        via = f" (it resolves to {resolved})" if path != written else ""
+        credentials = credentials_in(path)
         if credentials is not None:
             raise ValueError(f"{value!r}{via} is in a credentials folder ({credentials}); not read")
-        if not any(path.is_relative_to(root) for root in allowed):
+        if not any(is_under(path, root) for root in allowed):
             raise ValueError(f"{value!r}{via} is outside the data roots ({', '.join(DATA_ROOTS)}); "
                              f"{DATA_FILE_PLACES}")
     return resolved

@@ -103,11 +103,11 @@ def clean_path(path: str, what: str) -> str:
     return "/" + "/".join(part for part in path.split("/") if part not in ("", "."))
 
 
-def _under(path: str, folder: str) -> bool:
+def is_under(path: str, folder: str) -> bool:
     return folder == "/" or path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
-def _credentials_in(path: str) -> str | None:
+def credentials_in(path: str) -> str | None:
     return next((part for part in path.split("/") if part in CREDENTIAL_NAMES), None)
 
 
@@ -115,12 +115,12 @@ def data_root_problem(root: str) -> str | None:
     """Why a folder cannot be a data root, or None."""
     if root == "/":
         return "the file system's root"
-    system = next((folder for folder in SYSTEM_FOLDERS if _under(root, folder)), None)
+    system = next((folder for folder in SYSTEM_FOLDERS if is_under(root, folder)), None)
     if system is not None:
         return f"under the system folder {system}" if root != system else "a system folder"
-    if root == HOMES or (_under(root, HOMES) and root.count("/") == 2):
+    if root == HOMES or (is_under(root, HOMES) and root.count("/") == 2):
         return "/home or a home folder itself (name a folder inside it)"
-    credentials = _credentials_in(root)
+    credentials = credentials_in(root)
     if credentials is not None:
         return f"a credentials folder ({credentials})"
     return None
@@ -144,10 +144,10 @@ def allowed_roots(extra: Iterable[str] = ()) -> tuple[str, ...]:
 
 def mount_source_problem(source: str, roots: Iterable[str]) -> str | None:
     """Why a (clean) host path may not be mounted, or None."""
-    credentials = _credentials_in(source)
+    credentials = credentials_in(source)
     if credentials is not None:
         return f"it is in a credentials folder ({credentials})"
-    if not any(_under(source, root) and data_root_problem(root) is None for root in roots):
+    if not any(is_under(source, root) and data_root_problem(root) is None for root in roots):
         return (f"it is outside the data roots ({', '.join(roots)}; an inventory adds one in "
                 "docker.data_roots)")
     return None

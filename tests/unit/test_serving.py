@@ -196,7 +196,8 @@ def test_a_command_placeholder_that_does_not_exist_is_refused() -> None:
     ({"sharegpt_path": "/etc/hostname"}, "sharegpt_path", "'/etc/hostname' is outside the data roots (/data, "),
     ({"prompts_path": "../../../../outside.jsonl"}, "prompts_path", "is outside the case's folder"),
     ({"prompts_path": "../" + "a" * 300 + ".jsonl"}, "prompts_path", "is outside the case's folder"),  # no such name
-    ({"prompts_path": "/data/../etc/x.jsonl"}, "prompts_path", "an absolute path must not hold '..'"),
+    ({"prompts_path": "/data/../etc/x.jsonl"}, "prompts_path",
+     "the file '/data/../etc/x.jsonl' must be an absolute path without '..'"),
     ({"sharegpt_path": "/data/u/.ssh/id_rsa"}, "sharegpt_path", "is in a credentials folder (.ssh)"),
     ({"sharegpt_path": "/data/none.json"}, "sharegpt_path", "/data/none.json does not exist"),
     ({"endpoint": {"base_url": "http://u:pw-0042@h:1", "model": "m"}}, "endpoint.base_url", "credentials"),
