@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flagperf.config.files import given_name, inside, is_present, read_config_text, regular_file
+from flagperf.config.files import given_name, hash_file, inside, is_present, read_config_text, regular_file
 from flagperf.config.yamlio import MAX_KEY, MAX_TEXT
 from flagperf.errors import ConfigError
 from flagperf.paths import display_path
@@ -432,9 +432,7 @@ def tree_digest(*parts: Path | str) -> str:
         for path in files:
             rel = path.name if path == part else path.relative_to(part).as_posix()
             digest.update(b"F" + rel.encode() + b"\0")
-            with path.open("rb") as handle:  # in pieces: a wheel beside requirements.txt may be large
-                for piece in iter(lambda handle=handle: handle.read(1 << 20), b""):
-                    digest.update(piece)
+            hash_file(digest, path)  # in pieces: a wheel beside requirements.txt may be large
             digest.update(b"\0")
     return digest.hexdigest()
 

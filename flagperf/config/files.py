@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 from flagperf.errors import ConfigError
 from flagperf.paths import PROJECT_ROOT, display_path
@@ -122,3 +123,11 @@ def regular_file(folder: Path, relative: str | Path, source: str, key: str | Non
     if problem:
         raise ConfigError(source, key, f"{str(relative)!r}: {problem}")
     return target
+
+
+def hash_file(digest: Any, path: Path) -> None:
+    """``path``'s bytes into ``digest`` (a hashlib object), read in 1 MiB pieces: a tree hashed for a content key
+    may hold large files (wheels, archives), never read whole into memory."""
+    with path.open("rb") as handle:
+        for piece in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(piece)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from flagperf.config.files import regular_file_problem
+from flagperf.config.files import hash_file, regular_file_problem
 from flagperf.config.job import JOB_FILE
 from flagperf.config.vendors import Vendor
 from flagperf.errors import ConfigError
@@ -110,9 +110,7 @@ def context_digest(folder: Path) -> str:
     digest = hashlib.sha256()
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         digest.update(path.relative_to(folder).as_posix().encode() + b"\0")
-        with path.open("rb") as handle:  # in pieces: a context may hold large files (wheels, archives)
-            for piece in iter(lambda handle=handle: handle.read(1 << 20), b""):
-                digest.update(piece)
+        hash_file(digest, path)
         digest.update(b"\0")
     return digest.hexdigest()
 
