@@ -39,7 +39,7 @@ import statistics
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -525,7 +525,7 @@ def main() -> int:
     cases = ALL_CASES if args.cases == "all" else (args.cases.split(",") if args.cases else PENDING)
     device = load_vendor(vendor).manifest.torch_device
     name = "base_specs_cpu_quick" if args.quick else "base_specs_gpu"
-    run_id = f"base-specs-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}"
+    run_id = f"base-specs-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}"
     sets = engine_sets(args.quick, seconds, sweep_s, cases)
     plan = plan_run(cases=cases, vendor=vendor, rounds=args.pairs, sets=sets, results_dir=args.results,
                     run_id=run_id)
@@ -533,7 +533,7 @@ def main() -> int:
 
     record: dict[str, Any] = {
         "device": device_name(device), "host": platform.node(), "torch": torch.__version__, "code": code_identity(),
-        "when": datetime.now(UTC).isoformat(timespec="seconds"), "quick": args.quick,
+        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"), "quick": args.quick,
         "command": shlex.join(["python", "bench/base_specs_gpu.py", *sys.argv[1:]]), "seconds": seconds,
         "sweep_s": sweep_s, "idle_s": idle_s, "pairs_asked": args.pairs, "engine_sets": sets,
         "run_dir": str(plan.run_dir), "state": "running", "pairs": {}, "mamf": {}, "not_measured": {},

@@ -22,7 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +98,7 @@ def main() -> None:
     ratios = [p["harness_tflops"] / p["bare_tflops"] for p in part_b]
 
     report = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join([sys.executable.rsplit("/", 1)[-1], *sys.argv]),
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                     "python": platform.python_version()},

@@ -27,7 +27,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -126,7 +126,7 @@ def main() -> None:
         fleet = evaluate_on(many, scratch / "results", args.rounds, args.hold, str(args.hosts))
     record = {
         "command": shlex.join([sys.executable, *sys.argv]),
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
         "hosts": args.hosts, "rounds": args.rounds, "hold_s": args.hold,
         "prefect_api": "PREFECT_API_URL (" + os.environ["PREFECT_API_URL"] + ")" if os.environ.get("PREFECT_API_URL")

@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -558,7 +558,7 @@ def record(all_series: list[Series], device: torch.device, budget: Budget,
             entry["summary"] = summarise(s, device)
         entry["pairs"], entry["notes"] = s.pairs, s.notes
         cases[s.variant.name] = entry
-    rec = {**header, "recorded": datetime.now(UTC).isoformat(timespec="seconds"), "finished": finished,
+    rec = {**header, "recorded": datetime.now(timezone.utc).isoformat(timespec="seconds"), "finished": finished,
            "elapsed_s": budget.elapsed(), "cases": cases, "missed": missed, "suspicious": suspicious,
            "failed": [f"{s.variant.name}: {s.failed}" for s in all_series if s.failed],
            "too_few_pairs": [x for s in all_series if finished and not s.skipped

@@ -18,7 +18,7 @@ import shlex
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,7 +112,7 @@ def main() -> None:
               for name in ("onnxruntime", "inductor")}
     command = shlex.join(["python", "bench/inference_resnet50.py", *sys.argv[1:]])
     record = {
-        "recorded": datetime.now(UTC).isoformat(timespec="seconds"), "command": command,
+        "recorded": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": command,
         "machine": {"cpu": platform.processor() or spec.device, "device": spec.device,
                     "usable_cpus": len(psutil.Process().cpu_affinity() or []),
                     "torch": torch.__version__, "onnxruntime": onnxruntime.__version__,

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import psutil
@@ -95,7 +95,7 @@ def main() -> None:
         overhead = [monitor_overhead(i, args.seconds, folder) for i in (1.0, 0.1)]
         perflog = perflog_speed(args.lines, folder)
         analysis = monitor_analysis_speed(folder)
-    report = {"date": datetime.now(UTC).isoformat(timespec="seconds"),
+    report = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "command": shlex.join(["python", *sys.argv]), "cores": os.cpu_count(),
               "monitor_overhead": overhead, "perflog": perflog, "monitor_analysis": analysis}
     args.out.mkdir(parents=True, exist_ok=True)

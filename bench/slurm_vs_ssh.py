@@ -24,7 +24,7 @@ import shlex
 import statistics
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +121,7 @@ def main() -> None:
                                                if isinstance(v, float)}), flush=True)
     record = {
         "command": shlex.join([sys.executable, *sys.argv]),
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
         "rounds": args.rounds, "hold_s": args.hold, "slurm_poll_s": args.poll, "sizes": sizes,
         "runs": measured,

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -150,7 +150,8 @@ def main() -> int:
                             "harness_median": statistics.median(float(r["harness"]) for r in sel),
                             "ratio_median": statistics.median(float(r["ratio"]) for r in sel),
                             "cpu_ratio_median": statistics.median(float(r["cpu_ratio"]) for r in sel)})
-    report = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "command": shlex.join(["python", *sys.argv]),
+    report = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "command": shlex.join(["python", *sys.argv]),
               "cores": len(os.sched_getaffinity(0)), "contend": args.contend, "rows": rows, "summary": summary}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "training_cpu_harness.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -35,7 +35,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
 
@@ -524,7 +524,7 @@ def main() -> int:
             if m.pairs:
                 entry["summary"] = summary(m, peak_flops, not args.quick)
             entries[m.name] = entry
-        rec = {**header, "machine": machine_info, "recorded": datetime.now(UTC).isoformat(timespec="seconds"),
+        rec = {**header, "machine": machine_info, "recorded": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                "finished": finished, "elapsed_s": budget.elapsed(), "models": entries, "missed": missed,
                "suspicious": suspicious, "failed": [f"{m.name}: {m.failed}" for m in models if m.failed],
                "too_few_pairs": [x for m in models if finished and (x := too_few(m.name, len(m.pairs), args.pairs))]}

@@ -15,7 +15,7 @@ import os
 import shlex
 import sys
 import tempfile
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +56,8 @@ def main() -> None:
                              "batch_per_process": result.config["batch_size"],
                              "epochs": result.convergence.epochs, "converged": result.convergence.converged})
         scaling = summarize(run).scaling
-    report = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "command": shlex.join(["python", *sys.argv]),
+    report = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "command": shlex.join(["python", *sys.argv]),
               "cores": os.cpu_count(), "rounds": rows, "scaling": scaling}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "training_scaling.json").write_text(json.dumps(report, indent=2) + "\n")

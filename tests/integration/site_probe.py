@@ -11,7 +11,7 @@ import http.client
 import os
 import sqlite3
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from flagperf.results.history import history_engine, record_run
@@ -35,7 +35,8 @@ def make_run(root: Path, run_id: str, value: float) -> Path:
     for rnd in (1, 2):
         result = RoundResult(
             run_id=run_id, case="computation-FP32", family="base", round=rnd, host="h1", node_rank=0, vendor="cpu",
-            status="success", started_at=datetime(2026, 1, 1, tzinfo=UTC), finished_at=datetime(2026, 1, 1, tzinfo=UTC),
+            status="success", started_at=datetime(2026, 1, 1, tzinfo=timezone.utc),
+            finished_at=datetime(2026, 1, 1, tzinfo=timezone.utc),
             duration_s=1.0, measured_seconds=1.0, device="X1",
             metrics=[Metric(name="gemm_fp32", value=value + rnd * 0.1, unit="TFLOPS")], config={})
         write_result(run / "computation-FP32" / f"round{rnd}" / "h1_noderank0" / "result.json", result)

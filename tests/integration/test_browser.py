@@ -259,14 +259,14 @@ def test_sign_in_evaluate_from_the_form_fail_retry_report_site_trend_and_schedul
             site.screenshot(path=SHOTS / "8-site-runs.png", full_page=True)
 
             # A figure's trend: nights recorded in the history (as the nightly records them), one with a drop.
-            from datetime import UTC, datetime, timedelta
+            from datetime import datetime, timedelta, timezone
 
             from flagperf.results.history import history_engine, record_run
 
             history = history_engine(results_dir=team_server.results)
             for night, value in enumerate([50.0, 50.3, 49.8, 50.1, 45.0]):
                 record_run(history, make_run(team_server.results.parent / "nights", f"night{night}", value),
-                           recorded_at=datetime(2026, 3, 1, 2, tzinfo=UTC) + timedelta(days=night))
+                           recorded_at=datetime(2026, 3, 1, 2, tzinfo=timezone.utc) + timedelta(days=night))
             history.dispose()
             site.goto(f"{team_server.site}/trends", wait_until="networkidle")
             site.locator("#series tr").filter(has_text="X1").get_by_role("link").first.click()

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def seed_history(url: str, folder: Path, value: float) -> None:
     device = load_vendor("cpu").spec_table().device
     engine = history_engine(url)
-    start = datetime.now(UTC) - timedelta(days=10)
+    start = datetime.now(timezone.utc) - timedelta(days=10)
     for night in range(5):
         run = folder / f"run-seed{night}"
         for rnd in (1, 2):
@@ -50,7 +50,7 @@ def test_nightly_flags_a_regression_and_emits_an_event(flagperf_env: Path, tmp_p
     monkeypatch.setenv(RESULTS_DIR_ENV, str(flagperf_env))  # as `flagperf server` sets it: the form's default
     url = f"sqlite:///{tmp_path / 'history.sqlite'}"
     seed_history(url, tmp_path / "seed", value=50.0)  # 50 TFLOPS: no 2-core CPU gets near it
-    started = datetime.now(UTC)
+    started = datetime.now(timezone.utc)
     state = nightly_regression(suite="tiny", rounds=2, history_url=url, return_state=True)
     assert state.is_failed()
     assert "1 regression(s)" in state.message and "computation-FP32 gemm_fp32" in state.message

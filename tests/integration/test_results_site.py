@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -88,7 +88,7 @@ def test_the_probe_catches_a_plain_file_server(tmp_path: Path) -> None:
 def test_pages_runs_report_compare_and_trends(site: tuple[SiteServer, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     server, root = site
     engine = history_engine(results_dir=root)
-    start = datetime(2026, 3, 1, 2, 0, tzinfo=UTC)
+    start = datetime(2026, 3, 1, 2, 0, tzinfo=timezone.utc)
     values = [100.0, 100.4, 99.8, 100.1, 99.9, 90.0]  # steady nights, then a 10 % drop
     for night, value in enumerate(values):
         run = make_run(root, f"run-night{night}", value)

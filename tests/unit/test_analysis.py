@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +112,7 @@ def test_work_unit(rate: str, work: str) -> None:
 
 
 def _result(case: str, rnd: int, value: float, window: list[float] | None, work: float | None) -> RoundResult:
-    now = datetime.now(UTC)
+    now = datetime.now(timezone.utc)
     metric = Metric(name="gemm_fp32", value=value, unit="TFLOPS", window=window, work=work)
     return RoundResult(run_id="run-x", case=case, family="base", round=rnd, host="h1", node_rank=0, vendor="cpu",
                        status="success", started_at=now, finished_at=now, duration_s=1.0, measured_seconds=5.0,
@@ -143,7 +143,7 @@ def test_scaling_table_like_dlperf(tmp_path: Path) -> None:
     """1 -> 8 -> 16 devices: speed-up and efficiency against 1 device; a training job's global throughput,
     reported by each of its nodes, counts once."""
     run = tmp_path / "run-s"
-    now = datetime.now(UTC)
+    now = datetime.now(timezone.utc)
     layouts = {"resnet50-1x1": (1, 1, [100.0]), "resnet50-1x8": (1, 8, [760.0]),
                "resnet50-2x8": (2, 8, [1400.0, 1400.0])}
     for case, (nnodes, nproc, per_node) in layouts.items():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -102,7 +102,7 @@ def test_report_names_the_limiter(tmp_path: Path) -> None:
                       search=ShapeSearch(shape={"m": 6144, "n": 17920, "k": 2816}, search_value=771.0, shapes_tried=90,
                                          budget_s=60, spent_s=60.2, stopped="budget",
                                          ranges={a: [1024, 20480] for a in "mnk"}, step=256))]
-    when = datetime(2026, 1, 2, tzinfo=UTC)
+    when = datetime(2026, 1, 2, tzinfo=timezone.utc)
     write_result(folder / "result.json", RoundResult(
         run_id="run7", case="computation-BF16", family="base", round=1, host="gpu1", node_rank=0, vendor="nvidia",
         status="success", started_at=when, finished_at=when, duration_s=40, measured_seconds=26, device="H100",

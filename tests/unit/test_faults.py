@@ -9,14 +9,14 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from flagperf.paths import PROJECT_ROOT
 from flagperf.results.schema import Failure, Metric, Peak, Provenance, RoundResult, round_dir, write_result
 from flagperf.results.summary import headline_cells, render_markdown, summarize
 
-T0 = datetime(2026, 1, 2, tzinfo=UTC)
+T0 = datetime(2026, 1, 2, tzinfo=timezone.utc)
 PROV = Provenance(engine_version="0.1.0", git_revision="0123456789abcdef", git_dirty=False, command="flagperf run",
                   python="3.11.9", libraries={"torch": "2.13.0"}, host={}, image={"status": "none"},
                   config_origins={}, run_overrides={})

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -11,7 +11,7 @@ import pytest
 from flagperf.results.history import check_run, history_engine, metadata, record_run
 from flagperf.results.schema import Metric, RoundResult, write_result
 
-START = datetime(2026, 11, 1, 2, 0, tzinfo=UTC)
+START = datetime(2026, 11, 1, 2, 0, tzinfo=timezone.utc)
 
 
 def make_run(root: Path, run_id: str, round_values: list[float], device: str = "X1") -> Path:

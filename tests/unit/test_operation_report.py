@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
@@ -75,7 +75,7 @@ def write_operation_run(run_dir: Path, spec: SpecTable, slower: str | None = Non
     flaggems takes twice as long; ``newly_wrong``: an operator whose flaggems fails its first point. Returns
     the counts of points, passed, failed and skipped (point x implementation)."""
     counts = {"points": 0, "passed": 0, "failed": 0, "skipped": 0}
-    now = datetime.now(UTC)
+    now = datetime.now(timezone.utc)
     for planned in planned_cases():
         runner = PointRunner(planned.config, spec, torch.device("cpu"), Implementations())
         first_of: set[tuple[str, str, str]] = set()
@@ -112,7 +112,7 @@ def write_operation_run(run_dir: Path, spec: SpecTable, slower: str | None = Non
 
 
 def write_base_round(run_dir: Path) -> None:
-    now = datetime.now(UTC)
+    now = datetime.now(timezone.utc)
     metric = Metric(name="gemm_fp32", value=0.5, unit="TFLOPS", peak=Peak(value=1.0, unit="TFLOPS", source="test"),
                     ratio=0.5, window=[T0, T0 + 3], work=1.5, convention="2*M*N*K per GEMM")
     write_result(round_dir(run_dir, "computation-FP32", 1, "h1") / "result.json", RoundResult(

@@ -25,8 +25,9 @@ else:  # pytest brings tomli on 3.10
 
 ROOT = Path(__file__).resolve().parents[2]
 OLDEST = (3, 10)
-# Code that runs where the cases run (in-host, in-container) and on the controller.
-CHECKED = ["flagperf", "cases", "vendor_images", "flows", "tasks"]
+# Code that runs where the cases run (in-host, in-container) and on the controller; the benches run on the
+# GPU host's own Python (an NGC image may carry 3.10), and the tests on any supported controller Python.
+CHECKED = ["flagperf", "cases", "vendor_images", "flows", "tasks", "bench", "tests"]
 IN_HOST_PACKAGES = ["flagperf"]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -21,7 +21,7 @@ T0 = 1_800_000_000.0
 def make_run(root: Path, name: str, values: list[float], case: str = "computation-FP32") -> Path:
     run = root / name
     for rnd, value in enumerate(values, start=1):
-        now = datetime.now(UTC)
+        now = datetime.now(timezone.utc)
         peak = Peak(value=1.0, unit="TFLOPS", source="test datasheet")
         metric = Metric(name="gemm_fp32", value=value, unit="TFLOPS", peak=peak, ratio=value,
                         window=[T0 + 1, T0 + 4], work=value * 3)
@@ -86,7 +86,7 @@ def test_cli_report_and_compare(tmp_path: Path) -> None:
 
 def test_report_html_shows_messages_as_text(tmp_path: Path) -> None:
     run = make_run(tmp_path, "run-x", [0.5])
-    now = datetime.now(UTC)
+    now = datetime.now(timezone.utc)
     bad = RoundResult(run_id="run-x", case="evil", family="base", round=1, host="h1", node_rank=0, vendor="cpu",
                       status="failed", started_at=now, finished_at=now, duration_s=0.0, measured_seconds=0.0,
                       config={}, failure={"kind": "user", "message": "<img src=x onerror=alert(1)> <class 'X'>"})
@@ -116,7 +116,7 @@ def test_links_in_case_text_are_inert_in_the_report_and_its_artifact(tmp_path: P
     from flagperf.results.summary import render_markdown
 
     run = make_run(tmp_path, "run-x", [0.5])
-    now = datetime.now(UTC)
+    now = datetime.now(timezone.utc)
     bad = RoundResult(run_id="run-x", case="evil", family="base", round=1, host="h1", node_rank=0, vendor="cpu",
                       status="failed", started_at=now, finished_at=now, duration_s=0.0, measured_seconds=0.0,
                       config={}, failure={"kind": "user", "message": f"see {link} for details"})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import stat
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from flagperf.results.schema import (
     write_result,
 )
 
-T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 
 
 def make_result(**overrides: Any) -> RoundResult:

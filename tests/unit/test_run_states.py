@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -34,7 +34,7 @@ from flows.schedule import TIMEZONE_ENV, machine_timezone
 
 
 def result(case: str, status: str, message: str | None = None, round_no: int = 1) -> RoundResult:
-    now = datetime.now(UTC)
+    now = datetime.now(timezone.utc)
     kind = {"failed": "infrastructure", "unsupported": "unsupported"}.get(status)
     return RoundResult(run_id="run-a", case=case, family="base", round=round_no, host="localhost", node_rank=0,
                        vendor="cpu", status=status, started_at=now, finished_at=now, duration_s=1.0,
@@ -117,13 +117,13 @@ def test_a_failure_the_project_said_is_one_line_in_the_runs_log() -> None:
 def test_the_nightly_schedule_is_in_the_machines_time_zone(tmp_path: Path) -> None:
     etc = tmp_path / "etc"
     etc.mkdir()
-    assert machine_timezone({}, etc) == "UTC"  # nothing to go by
+    assert machine_timezone({}, etc) == "timezone.utc"  # nothing to go by
     (etc / "localtime").symlink_to("/usr/share/zoneinfo/Europe/Berlin")
     assert machine_timezone({}, etc) == "Europe/Berlin"
     (etc / "timezone").write_text("Asia/Shanghai\n")
     assert machine_timezone({}, etc) == "Asia/Shanghai"
     assert machine_timezone({"TZ": ":America/New_York"}, etc) == "America/New_York"
     assert machine_timezone({"TZ": "CST-8"}, etc) == "Asia/Shanghai"  # a POSIX rule is no zone name
-    assert machine_timezone({TIMEZONE_ENV: "Europe/Paris", "TZ": "UTC"}, etc) == "Europe/Paris"
+    assert machine_timezone({TIMEZONE_ENV: "Europe/Paris", "TZ": "timezone.utc"}, etc) == "Europe/Paris"
     with pytest.raises(ValueError, match=f"{TIMEZONE_ENV}: 'Mars/Olympus' is not an IANA time zone name"):
         machine_timezone({TIMEZONE_ENV: "Mars/Olympus"}, etc)

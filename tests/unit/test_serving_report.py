@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -35,7 +35,7 @@ SLO = {"ttft_s": 2.0, "tpot_s": 0.1, "e2el_s": None}
 
 def write_round(run: Path, case: str, metrics: list[Metric], config: dict[str, object], round_no: int = 1,
                 status: str = "success") -> Path:
-    now = datetime.now(UTC)
+    now = datetime.now(timezone.utc)
     result = RoundResult(run_id=run.name, case=case, family="generate", round=round_no, host="h1", node_rank=0,
                          vendor="cpu", status=status, started_at=now, finished_at=now, duration_s=10.0,
                          measured_seconds=5.0, metrics=metrics, config=config)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import statistics
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from flagperf.results.summary import (
     write_summary,
 )
 
-T0 = datetime(2026, 1, 2, tzinfo=UTC)
+T0 = datetime(2026, 1, 2, tzinfo=timezone.utc)
 PEAK = Peak(value=2.0, unit="TFLOPS", source="derived: 2 cores x 1 GHz")
 PROV = Provenance(engine_version="0.1.0", git_revision="0123456789abcdef", git_dirty=True,
                   source_digest="sha256:00112233aabbccdd", command="flagperf run",
