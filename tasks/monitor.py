@@ -10,6 +10,7 @@ from prefect.cache_policies import NONE
 from flagperf.config.vendors import Vendor
 from flagperf.hosts.local import BackgroundProcess, Host
 from flagperf.hosts.runtime import PID_FILE
+from flagperf.results.bounded import read_end
 
 
 @task(name="start_monitors", task_run_name="start_monitors[{label}]", cache_policy=NONE)
@@ -51,9 +52,10 @@ def stop_monitors(host: Host, monitors: list[tuple[str, BackgroundProcess]], sta
 
 
 def _footer_samples(path: Path) -> int | None:
+    """The footer's sample count, from the file's end alone: a day's samples are a hundred MiB."""
+    lines = (read_end(path, 64 * 1024) or "").splitlines()
     try:
-        last = path.read_text(encoding="utf-8").splitlines()[-1]
-        record = json.loads(last)
-    except (OSError, IndexError, json.JSONDecodeError):
+        record = json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
         return None
-    return record.get("samples") if record.get("type") == "footer" else None
+    return record.get("samples") if isinstance(record, dict) and record.get("type") == "footer" else None

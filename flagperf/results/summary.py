@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 from pydantic import ValidationError
 
+from flagperf.errors import FlagperfError
 from flagperf.results.analysis import (
     MonitorSeries,
     WindowStats,
@@ -25,6 +26,7 @@ from flagperf.results.analysis import (
     window_stats,
     work_unit,
 )
+from flagperf.results.bounded import read_json_file
 from flagperf.results.chipstate import CHIP_COLUMNS, headline_state, render_chip_section, window_columns
 from flagperf.results.faults import BOUNDED_NOTE, find_faults
 from flagperf.results.markup import md_text
@@ -307,7 +309,7 @@ def run_progress(run_dir: Path, results: list[RoundResult]) -> dict[str, Any]:
     covers instead of reading as a small complete run."""
     planned: list[tuple[str, int, str, int]] = []
     try:
-        plan = json.loads((run_dir / PLAN_JSON).read_text(encoding="utf-8"))
+        plan = read_json_file(run_dir / PLAN_JSON, what="a run's plan")  # bounded; a FIFO is refused, not read
         hosts = [h["name"] for h in plan.get("hosts") or []] or ["local"]
         for case in plan["cases"]:
             nnodes = int((case.get("config") or {}).get("nnodes", 1))
@@ -315,14 +317,14 @@ def run_progress(run_dir: Path, results: list[RoundResult]) -> dict[str, Any]:
             for round_no in range(1, int(plan["rounds"]) + 1):
                 planned += [(case["name"], round_no, host, rank) for group in groups
                             for rank, host in enumerate(group)]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # no plan, or not one: counts alone
+    except (FlagperfError, KeyError, TypeError, ValueError, AttributeError):  # no plan, or not one: counts alone
         return {}
     if not planned:
         return {}
     done = {(r.case, r.round, r.host, r.node_rank) for r in results}
     try:
-        interrupted = json.loads((run_dir / INTERRUPTED_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        interrupted = read_json_file(run_dir / INTERRUPTED_FILE, what="a run's interruption record")
+    except FlagperfError:
         interrupted = None
     running = tuple((interrupted or {}).get("running") or ())  # (case, round) in flight when it was stopped
     progress: dict[str, Any] = {"planned": len(planned), "done": sum(p in done for p in planned),
@@ -664,4 +666,4 @@ def write_summary(run_dir: Path, summary: RunSummary, plots: list[tuple[str, Pat
 
 
 def read_summary_json(run_dir: Path) -> dict[str, Any]:
-    return json.loads((run_dir / SUMMARY_JSON).read_text(encoding="utf-8"))
+    return read_json_file(run_dir / SUMMARY_JSON, what="a run's summary")
