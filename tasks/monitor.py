@@ -26,7 +26,7 @@ def start_monitors(host: Host, vendor: Vendor, stage_dir: Path, interval_s: floa
                     "--parent-pid", str(host.controller_pid())]
             proc = host.spawn(argv, log_path=stage_dir / f"monitor_{entry.name}.log")
             started.append((entry.name, proc))
-            logger.info("monitor %s started (pid %d, every %.1f s)", entry.name, proc.pid, interval_s)
+            logger.info("%s: monitor %s started (pid %d, every %.1f s)", label, entry.name, proc.pid, interval_s)
     except BaseException:
         for _, proc in started:  # none of this round's monitors outlives a failed start
             host.terminate(proc, grace_s=2.0)
@@ -44,10 +44,10 @@ def stop_monitors(host: Host, monitors: list[tuple[str, BackgroundProcess]], sta
         samples = _footer_samples(stage_dir / f"monitor_{name}.jsonl")
         stopped[name] = {"exit_code": code, "samples": samples}
         if samples is None:  # no footer: it died before it was asked to stop (killed, crashed)
-            logger.warning("monitor %s had died before the round ended (exit %s, no footer): its figures cover only "
-                           "part of the round", name, code)
+            logger.warning("%s: monitor %s had died before the round ended (exit %s, no footer): its figures cover "
+                           "only part of the round", label, name, code)
         else:
-            logger.info("monitor %s stopped (exit %s, %s samples)", name, code, samples)
+            logger.info("%s: monitor %s stopped (exit %s, %s samples)", label, name, code, samples)
     return stopped
 
 
