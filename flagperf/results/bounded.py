@@ -124,3 +124,18 @@ def read_start(path: Path, max_bytes: int) -> str | None:
         return None
     with handle:
         return handle.read(max_bytes).decode("utf-8", errors="replace")
+
+
+def read_bounded(path: Path, max_bytes: int = MAX_RECORD_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes``, for readers that tell a missing file (OSError, as
+    open raises it) from one that is no record (ValueError, one line naming the file: not a regular file, or
+    larger); a FIFO is never waited on."""
+    handle = os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)), "rb")
+    with handle:
+        mode = os.fstat(handle.fileno()).st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"{display_path(path)}: {_not_regular(mode)}")
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"{display_path(path)}: more than {max_bytes} bytes; not read")
+    return data

@@ -111,3 +111,24 @@ def test_the_ends_of_a_file_are_read_alone(tmp_path: Path) -> None:
     with fifo_offering(tmp_path / "pipe", "x"):
         assert read_end(tmp_path / "pipe", 16) is None and read_start(tmp_path / "pipe", 16) is None
     assert read_end(tmp_path / "missing", 16) is None
+
+
+def test_a_round_result_that_is_a_fifo_or_too_large_is_no_result(tmp_path: Path) -> None:
+    """result.json is read by the summary, the faults, the report, the progress and the collection: a FIFO there
+    is refused unread (ValueError, as any result that is not one), a missing file stays an OSError."""
+    from flagperf.results.faults import rerun_faults
+    from flagperf.results.schema import RESULT_FILE, read_result
+
+    rerun = tmp_path / "run-a" / "retries" / "attempt1" / FP32 / "round1" / "h1_noderank0"
+    rerun.mkdir(parents=True)
+    with fifo_offering(rerun / RESULT_FILE, "{}"):
+        with pytest.raises(ValueError, match="named pipe"):
+            read_result(rerun / RESULT_FILE)
+        assert rerun_faults(tmp_path / "run-a") == []
+    large = tmp_path / RESULT_FILE
+    with open(large, "wb") as out:
+        out.truncate(MAX_RECORD_BYTES + 1)
+    with pytest.raises(ValueError, match=f"more than {MAX_RECORD_BYTES} bytes"):
+        read_result(large)
+    with pytest.raises(FileNotFoundError):
+        read_result(tmp_path / "missing" / RESULT_FILE)
