@@ -35,7 +35,15 @@ from prefect.states import Cancelled, Completed, Failed, State
 from pydantic import Field
 
 from flagperf.config.cases import available_cases
-from flagperf.config.plan import DEFAULT_SUITE, PLAN_FILE, RunPlan, available_suites, plan_run, run_id_for_flow_run
+from flagperf.config.plan import (
+    DEFAULT_SUITE,
+    PLAN_FILE,
+    RunPlan,
+    available_suites,
+    plan_run,
+    read_plan,
+    run_id_for_flow_run,
+)
 from flagperf.config.vendors import available_vendors
 from flagperf.errors import ConfigError, FlagperfError, InfrastructureFailure
 from flagperf.hosts.capacity import check_capacity
@@ -547,7 +555,7 @@ def run_node(spec: HostSpec, parameters: dict[str, Any]) -> RoundResult:
         if problem:
             get_run_logger().error("%s", problem)
         failure = Failure(kind="infrastructure", message=problem or f"{label}: the round left no {RESULT_FILE}")
-        plan = RunPlan.model_validate_json((Path(parameters["run_dir"]) / PLAN_FILE).read_text())
+        plan = read_plan(Path(parameters["run_dir"]))
         case = next(c for c in plan.cases if c.name == parameters["case"])
         from flagperf.config.job import Job
 

@@ -16,7 +16,7 @@ from prefect import flow, get_run_logger
 from prefect.states import Completed, Failed, State
 
 from flagperf.config.job import Job
-from flagperf.config.plan import PLAN_FILE, CasePlan, RunPlan
+from flagperf.config.plan import CasePlan, RunPlan, read_plan
 from flagperf.config.vendors import Vendor
 from flagperf.errors import InfrastructureFailure, RoundUserFailure
 from flagperf.hosts.fleet import open_host, runtime_for
@@ -37,10 +37,6 @@ route_core_logs()
 CONTROLLER_LIBRARIES = ("prefect", "pandas")
 # A monitor outlives the round's worst case by this much at most, whatever happens to the controller.
 MONITOR_SLACK_S = 300
-
-
-def read_plan(run_dir: Path) -> RunPlan:
-    return RunPlan.model_validate_json((run_dir / PLAN_FILE).read_text(encoding="utf-8"))
 
 
 @flow(name="host-round", flow_run_name="{case}/round{round_no}@{host[name]}", log_prints=True,

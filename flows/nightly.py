@@ -17,7 +17,7 @@ from prefect.events import emit_event
 from prefect.states import Completed, Failed, State
 from pydantic import Field
 
-from flagperf.config.plan import PLAN_FILE, RunPlan, new_run_id
+from flagperf.config.plan import new_run_id, read_plan
 from flagperf.errors import ConfigError, FlagperfError
 from flagperf.results.history import Verdict, check_run, history_engine, record_run
 from flows.evaluate import (
@@ -114,7 +114,10 @@ def nightly_regression(
         return failed(in_form_terms(state.message or ""))
     if not (run_dir / "summary.json").is_file():
         return failed(f"the evaluation produced no summary: {state.message}")
-    vendor_name = RunPlan.model_validate_json((run_dir / PLAN_FILE).read_text(encoding="utf-8")).vendor.name
+    try:
+        vendor_name = read_plan(run_dir).vendor.name
+    except ConfigError as exc:
+        return failed(f"the run's plan cannot be read: {exc}")
     if state.is_failed():  # a partial run is neither a baseline nor judged against one
         return failed(f"the evaluation failed, nothing recorded in the history: {state.message}")
     try:

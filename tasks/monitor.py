@@ -10,6 +10,7 @@ from prefect.cache_policies import NONE
 from flagperf.config.vendors import Vendor
 from flagperf.hosts.local import BackgroundProcess, Host
 from flagperf.hosts.runtime import PID_FILE
+from flagperf.results.bounded import read_end
 
 
 @task(name="start_monitors", task_run_name="start_monitors[{label}]", cache_policy=NONE)
@@ -25,7 +26,7 @@ def start_monitors(host: Host, vendor: Vendor, stage_dir: Path, interval_s: floa
                     "--parent-pid", str(host.controller_pid())]
             proc = host.spawn(argv, log_path=stage_dir / f"monitor_{entry.name}.log")
             started.append((entry.name, proc))
-            logger.info("monitor %s started (pid %d, every %.1f s)", entry.name, proc.pid, interval_s)
+            logger.info("%s: monitor %s started (pid %d, every %.1f s)", label, entry.name, proc.pid, interval_s)
     except BaseException:
         for _, proc in started:  # none of this round's monitors outlives a failed start
             host.terminate(proc, grace_s=2.0)
@@ -43,17 +44,18 @@ def stop_monitors(host: Host, monitors: list[tuple[str, BackgroundProcess]], sta
         samples = _footer_samples(stage_dir / f"monitor_{name}.jsonl")
         stopped[name] = {"exit_code": code, "samples": samples}
         if samples is None:  # no footer: it died before it was asked to stop (killed, crashed)
-            logger.warning("monitor %s had died before the round ended (exit %s, no footer): its figures cover only "
-                           "part of the round", name, code)
+            logger.warning("%s: monitor %s had died before the round ended (exit %s, no footer): its figures cover "
+                           "only part of the round", label, name, code)
         else:
-            logger.info("monitor %s stopped (exit %s, %s samples)", name, code, samples)
+            logger.info("%s: monitor %s stopped (exit %s, %s samples)", label, name, code, samples)
     return stopped
 
 
 def _footer_samples(path: Path) -> int | None:
+    """The footer's sample count, from the file's end alone: a day's samples are a hundred MiB."""
+    lines = (read_end(path, 64 * 1024) or "").splitlines()
     try:
-        last = path.read_text(encoding="utf-8").splitlines()[-1]
-        record = json.loads(last)
-    except (OSError, IndexError, json.JSONDecodeError):
+        record = json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
         return None
-    return record.get("samples") if record.get("type") == "footer" else None
+    return record.get("samples") if isinstance(record, dict) and record.get("type") == "footer" else None

@@ -43,7 +43,21 @@ EXTERN_HOOKS_FILE = "hooks.py"
 # extern/'s Python files are each parsed (at most flagperf.config.files.MAX_FILE_BYTES each). A vendor's operator
 # sources, even with a vendored kernel library's headers (a few thousand files, tens of MiB), fit far below them;
 # a tree above them would take minutes to hash and copy every round, or fill a host's disk.
-TREE_LIMITS: dict[str, tuple[int, int]] = {CSRC_FOLDER: (20_000, 1024 << 20), EXTERN_FOLDER: (2_000, 64 << 20)}
+# The files beside requirements.txt that it may name (wheels, archives, constraints, folders of them such as a
+# --find-links wheelhouse) are hashed at every round for the install's cache key and read by pip on every host:
+# a torch wheel is about 900 MiB, a vendor's stack (its torch, its vLLM fork, triton, flash-attn) 2 to 3 GiB, a
+# wheelhouse a few hundred files. 4 GiB takes seconds to hash; a folder past it would fill a host's disk.
+REQUIREMENTS_FILES = "requirements"
+TREE_LIMITS: dict[str, tuple[int, int]] = {CSRC_FOLDER: (20_000, 1024 << 20), EXTERN_FOLDER: (2_000, 64 << 20),
+                                           REQUIREMENTS_FILES: (2_000, 4096 << 20)}
+# How an error names what holds too much, and why it matters.
+_TREE_WORDS = {CSRC_FOLDER: ("the csrc folder", "csrc/ may hold", "it is hashed every round and copied to every host"),
+               EXTERN_FOLDER: ("the extern folder", "extern/ may hold",
+                               "it is hashed every round and copied to every host"),
+               REQUIREMENTS_FILES: ("the vendor's case folder",
+                                    "the wheels, archives and folders beside requirements.txt may hold",
+                                    "they are hashed every round and installed on every host")}
+_REQUIREMENT_SUFFIXES = (".whl", ".txt", ".tar.gz", ".tar.bz2", ".tgz", ".zip")
 
 # The named extension points per family, and what each may do. A hook receives the standard case's own
 # object and returns its replacement; the driver checks the replacement (see the family's driver).
@@ -285,15 +299,25 @@ def _local_path(value: str, where: str, source: str, folder: Path, what: str) ->
     return inside(folder, value, source, where, "the vendor's case folder")
 
 
-def _check_tree(folder: Path, root: Path, what: str) -> None:
-    """A folder of the adaptation (csrc/, extern/): a real folder inside the vendor's case folder, holding
-    folders and regular files only, links only to those inside it, and no link to a folder that holds it (a build
-    copies what links point to), within TREE_LIMITS: the walk stops at the first entry past a limit."""
+def requirement_files(folder: Path) -> list[Path]:
+    """What requirements.txt in ``folder`` may name beside it: wheels, archives, constraints and folders (a
+    --find-links wheelhouse), csrc/ and extern/ aside. Hashed into its install's cache key; bounded by TREE_LIMITS."""
+    return [p for p in sorted(folder.iterdir()) if p.name not in (CSRC_FOLDER, EXTERN_FOLDER)
+            and (p.is_dir() or p.name.endswith(_REQUIREMENT_SUFFIXES))]
+
+
+def _check_tree(folder: Path, root: Path, what: str, top: list[Path] | None = None) -> None:
+    """A folder of the adaptation (csrc/, extern/; or ``top``, the entries of the vendor's folder that
+    requirements.txt may name): a real folder inside the vendor's case folder, holding folders and regular files
+    only, links only to those inside it, and no link to a folder that holds it (a build copies what links point
+    to), within TREE_LIMITS: the walk stops at the first entry past a limit."""
     source = given_name(folder)
     inside(root, folder.relative_to(root), source, None, "the vendor's case folder")
     if not folder.is_dir():
         raise ConfigError(source, None, f"{what} must be a folder")
     max_entries, max_bytes = TREE_LIMITS[what]
+    name, subject, why = _TREE_WORDS[what]
+    chosen = None if top is None else {p.name for p in top}
     entries = total = 0
     pending = [(folder, (_identity(folder.stat()),))]  # a folder to list, and the folders that hold it
     while pending:
@@ -301,14 +325,15 @@ def _check_tree(folder: Path, root: Path, what: str) -> None:
         try:
             with os.scandir(current) as listing:
                 for entry in listing:
+                    if chosen is not None and current == folder and entry.name not in chosen:
+                        continue
                     entries += 1
                     if entries > max_entries:
-                        raise ConfigError(source, None, f"more than {max_entries} files and folders; {what}/ may "
-                                                        f"hold at most {max_entries} (it is hashed every round and "
-                                                        "copied to every host)")
+                        raise ConfigError(source, None, f"more than {max_entries} files and folders; {subject} at "
+                                                        f"most {max_entries} ({why})")
                     path = Path(entry.path)
                     if entry.is_symlink():
-                        inside(folder, path.relative_to(folder), given_name(path), None, f"the {what} folder")
+                        inside(folder, path.relative_to(folder), given_name(path), None, name)
                     try:
                         info = path.stat()  # links followed, as the build's copy follows them
                     except OSError as exc:
@@ -316,17 +341,16 @@ def _check_tree(folder: Path, root: Path, what: str) -> None:
                     if stat.S_ISDIR(info.st_mode):
                         if _identity(info) in holders:
                             raise ConfigError(given_name(path), None, f"a link to a folder that holds it (a loop): "
-                                                                      f"a copy of the {what} folder would never end")
+                                                                      f"a copy of {name} would never end")
                         pending.append((path, (*holders, _identity(info))))
                     elif stat.S_ISREG(info.st_mode):
                         total += info.st_size
                         if total > max_bytes:
                             raise ConfigError(source, None, f"its files hold more than {max_bytes >> 20} MiB (past it "
-                                              f"at {given_name(path)}, {info.st_size} bytes); {what}/ may hold "
-                                              f"at most {max_bytes >> 20} MiB (it is hashed every round and copied to "
-                                              "every host)")
+                                              f"at {given_name(path)}, {info.st_size} bytes); {subject} at most "
+                                              f"{max_bytes >> 20} MiB ({why})")
                     else:
-                        raise ConfigError(given_name(path), None, f"not a regular file or folder in the {what} folder")
+                        raise ConfigError(given_name(path), None, f"not a regular file or folder in {name}")
         except OSError as exc:
             raise ConfigError(given_name(current), None, f"cannot read: {exc.strerror}") from None
 
@@ -405,6 +429,7 @@ def read_adaptation(case_folder: Path, case: str, family: str, vendor: str) -> A
         for local in sorted(folder.iterdir()):  # what requirements.txt may name: hashed into its cache key
             if local.is_symlink():
                 inside(folder, local.name, given_name(local), None, "the vendor's case folder")
+        _check_tree(folder, folder, REQUIREMENTS_FILES, requirement_files(folder))
     csrc, extern = folder / CSRC_FOLDER, folder / EXTERN_FOLDER
     if is_present(csrc):
         _check_tree(csrc, folder, "csrc")

@@ -8,67 +8,14 @@ the folder it must stay in (``../x``, an absolute path, a symbolic link pointing
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 from typing import Any
 
 from flagperf.errors import ConfigError
-from flagperf.paths import PROJECT_ROOT, display_path
-
-# A config file is small (the project's largest is a few KiB): far above any real one, far below what would
-# take minutes to parse or fill memory.
-MAX_FILE_BYTES = 16 * 1024 * 1024
-
-_KINDS = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
-def _not_regular(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "is a directory, expected a file"
-    kind = next((name for test, name in _KINDS if test(mode)), "something else")
-    return f"not a regular file but {kind}; not read"
-
-
-def regular_file_problem(path: Path, max_bytes: int = MAX_FILE_BYTES, what: str = "a config file") -> str | None:
-    """Why ``path`` cannot be read as a config file (``what``, at most ``max_bytes``), or None; nothing is opened."""
-    try:
-        info = path.stat()
-    except FileNotFoundError:
-        return "file not found" if not path.is_symlink() else "a link to nothing (file not found)"
-    except OSError as exc:
-        return f"cannot read: {exc.strerror}"
-    if not stat.S_ISREG(info.st_mode):
-        return _not_regular(info.st_mode)
-    if info.st_size > max_bytes:
-        return f"{info.st_size} bytes; {what} is at most {max_bytes} bytes; not read"
-    return None
-
-
-def read_config_text(path: Path, source: str | None = None, key: str | None = None, max_bytes: int = MAX_FILE_BYTES,
-                     what: str = "a config file") -> str:
-    """The UTF-8 text of a regular file of at most ``max_bytes``; anything else is one ConfigError line naming
-    ``source`` (default: the file) and ``key``. ``what`` names the kind of file in the error."""
-    source = source or display_path(path)
-    problem = regular_file_problem(path, max_bytes, what)
-    if problem:
-        raise ConfigError(source, key, problem)
-    try:
-        # Non-blocking and checked again on the open file: the path may have become a FIFO since the stat.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise ConfigError(source, key, f"cannot read: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as handle:
-        mode = os.fstat(handle.fileno()).st_mode
-        if not stat.S_ISREG(mode):
-            raise ConfigError(source, key, _not_regular(mode))
-        data = handle.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise ConfigError(source, key, f"more than {max_bytes} bytes; {what} is at most that; not read")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(source, key, "not UTF-8 text") from None
+from flagperf.paths import PROJECT_ROOT
+from flagperf.results.bounded import MAX_FILE_BYTES as MAX_FILE_BYTES
+from flagperf.results.bounded import read_config_text as read_config_text
+from flagperf.results.bounded import regular_file_problem
 
 
 def is_present(path: Path) -> bool:

@@ -12,15 +12,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from flagperf.config.adaptation import read_adaptation
 from flagperf.config.cases import available_cases, load_case, resolve_case_config, settable_keys
-from flagperf.config.files import MAX_FILE_BYTES, is_present, read_config_text
+from flagperf.config.files import is_present, read_config_text
 from flagperf.config.models import SetOverride, load_suite, parse_set_override
 from flagperf.config.vendors import Vendor, load_vendor
 from flagperf.errors import ConfigError, nearest, unknown_name
 from flagperf.paths import NAME_PATTERN, display_path, suite_roots
+from flagperf.results.bounded import MAX_RECORD_BYTES
 from flagperf.results.provenance import git_revision, source_digest
 
 DEFAULT_SUITE = "smoke"
@@ -243,6 +244,24 @@ def log_vendor_changes(vendor: str, plans: list[CasePlan]) -> None:
                  sum(changed.values()), len(changed), ", ".join(f"{name}: {n}" for name, n in changed.items()))
 
 
+NOT_A_PLAN = "not a run's plan"
+
+
+def read_plan(run_dir: Path) -> RunPlan:
+    """The run folder's plan.json, read as a config file is (a FIFO or a device there is refused, never read) and
+    at most MAX_RECORD_BYTES (a plan lists every host and case with its settings, so it may be larger than a config
+    file); too large, not regular, not JSON or not a plan: one ConfigError line naming the file."""
+    path = run_dir / PLAN_FILE
+    text = read_config_text(path, max_bytes=MAX_RECORD_BYTES, what="a run's plan")
+    try:
+        return RunPlan.model_validate_json(text)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise ConfigError(display_path(path), None, f"{NOT_A_PLAN} ({exc.error_count()} problem(s); first: "
+                          f"{where + ': ' if where else ''}{first['msg']})") from None
+
+
 def _is_resumable(run_dir: Path, plan: RunPlan, resume: bool = False) -> bool:
     """A retried flow run may continue its own run folder, if it asks for exactly the same work."""
     if plan.flow_run_id is None and not resume:
@@ -250,13 +269,12 @@ def _is_resumable(run_dir: Path, plan: RunPlan, resume: bool = False) -> bool:
     path = run_dir / PLAN_FILE
     if not is_present(path):
         return False
-    # Read as a config file is (a FIFO or a device there is refused, never read); a plan lists every host and case
-    # with its settings, so it may be larger than one.
-    text = read_config_text(path, max_bytes=4 * MAX_FILE_BYTES, what="a run's plan")
     try:
-        earlier = RunPlan.model_validate_json(text)
-    except ValueError:
-        return False
+        earlier = read_plan(run_dir)
+    except ConfigError as exc:
+        if exc.message.startswith(NOT_A_PLAN):  # an earlier version's plan, or a torn one: a new run, not a retry
+            return False
+        raise
     if earlier.git_revision != plan.git_revision:
         raise ConfigError(str(run_dir / PLAN_FILE), "git_revision",
                           f"this run folder was made by {earlier.git_revision}, the retry runs {plan.git_revision}: "

@@ -20,7 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flagperf.config.adaptation import CSRC_SETUP, ENV_REFERENCE, Adaptation, expand_env, tree_digest
+from flagperf.config.adaptation import (
+    CSRC_SETUP,
+    ENV_REFERENCE,
+    Adaptation,
+    expand_env,
+    requirement_files,
+    tree_digest,
+)
 from flagperf.errors import CaseUserError
 from flagperf.hosts.inventory import MASK
 from flagperf.hosts.local import SECRET_WORDS, URL_WITH_PASSWORD
@@ -91,7 +98,7 @@ def apply_adaptation(adaptation: Adaptation, round_dir: Path, cache: Path, image
     key = f"{runtime_key()}|{image_id or ''}"
     if adaptation.requirements is not None:
         folder = adaptation.requirements.parent
-        digest = tree_digest(adaptation.requirements, *_local_files(folder), key)
+        digest = tree_digest(adaptation.requirements, *requirement_files(folder), key)
         target, record = _cached(cache, "requirements", digest, round_dir / REQUIREMENTS_LOG,
                                  lambda out, log: _pip_install_requirements(adaptation.requirements, folder, out, log),
                                  display_path(adaptation.requirements))
@@ -105,12 +112,6 @@ def apply_adaptation(adaptation: Adaptation, round_dir: Path, cache: Path, image
         applied.installs["csrc"] = record
         _add_path(applied, target)
     return applied
-
-
-def _local_files(folder: Path) -> list[Path]:
-    """Files beside requirements.txt that it may name (wheels, constraints): part of its cache key."""
-    return [p for p in sorted(folder.iterdir()) if p.name not in ("extern", "csrc") and (p.is_dir() or p.suffix in (
-        ".whl", ".txt", ".tar.gz", ".zip"))]
 
 
 def _add_path(applied: Applied, target: Path) -> None:

@@ -4,11 +4,12 @@ figures that are bounds by design rather than limits reached."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from flagperf.errors import FlagperfError
 from flagperf.results.analysis import read_monitors
+from flagperf.results.bounded import read_end, read_json_file, read_start
 from flagperf.results.operators import is_operation
 from flagperf.results.schema import ATTEMPT_FAILURE_FILE, CASE_LOG_FILE, RESULT_FILE, RoundResult, read_result
 
@@ -17,10 +18,10 @@ BOUNDED_NOTE = "bounded by design"  # how a case says its figure is a bound it c
 
 def expected_monitors(run_dir: Path) -> set[str]:
     """The monitors the run's vendor lists (plan.json), or none when the plan cannot be read."""
-    try:
-        plan = json.loads((run_dir / "plan.json").read_text(encoding="utf-8"))
+    try:  # bounded, and a FIFO in its place is refused, not waited on
+        plan = read_json_file(run_dir / "plan.json", what="a run's plan")
         return {m["name"] for m in plan["vendor"]["manifest"]["monitors"]}
-    except (OSError, ValueError, KeyError, TypeError):
+    except (FlagperfError, KeyError, TypeError):
         return set()
 
 
@@ -44,13 +45,13 @@ def attempt_faults(folder: Path, where: str) -> list[str]:
     found = []
     attempts = sorted((folder / "attempts").glob("attempt*"), key=lambda p: int(p.name.removeprefix("attempt") or 0))
     for attempt in attempts:
-        cause_file = attempt / ATTEMPT_FAILURE_FILE
-        if cause_file.is_file():
-            cause = " ".join(cause_file.read_text(encoding="utf-8", errors="replace").split())[:300]
+        # Only what the line shows is read: a case's log may have grown to gigabytes.
+        written = read_start(attempt / ATTEMPT_FAILURE_FILE, 4096)
+        if written is not None:
+            cause = " ".join(written.split())[:300]
         else:
-            log = attempt / CASE_LOG_FILE
-            tail = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()][-1:] \
-                if log.is_file() else []
+            end = read_end(attempt / CASE_LOG_FILE, 64 * 1024) or ""
+            tail = [line.strip() for line in end.splitlines() if line.strip()][-1:]
             cause = "cause not recorded" + (f"; {CASE_LOG_FILE} ends: {tail[0][:200]}" if tail else "")
         found.append(f"{where}: {attempt.name} failed and the round was retried: {cause}")
     return found

@@ -46,6 +46,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from flagperf.errors import ConfigError, require
+from flagperf.results.bounded import read_json_file
 from flagperf.results.summary import summarize
 
 DEFAULT_URL_ENV = "FLAGPERF_HISTORY_URL"
@@ -98,7 +99,8 @@ def record_run(engine: Engine, run_dir: Path, recorded_at: datetime | None = Non
     """Store a run's headline figures (recording the same run again replaces it). Returns the count."""
     summary = summarize(run_dir)
     plan_file = run_dir / "plan.json"
-    suite = json.loads(plan_file.read_text()).get("suite") if plan_file.is_file() else None
+    plan = read_json_file(plan_file, what="a run's plan") if plan_file.exists() or plan_file.is_symlink() else {}
+    suite = plan.get("suite") if isinstance(plan, dict) else None
     ctx = summary.context
     with engine.begin() as conn:
         conn.execute(delete(figures).where(figures.c.run_id == summary.run_id))

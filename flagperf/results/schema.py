@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from flagperf.results.bounded import read_bounded
+
 SCHEMA_VERSION = 1
 RESULT_FILE = "result.json"
 MONITOR_FILE = "monitor.jsonl"
@@ -324,4 +326,6 @@ def write_result(path: Path, result: RoundResult) -> None:
 
 
 def read_result(path: Path) -> RoundResult:
-    return RoundResult.model_validate_json(path.read_text(encoding="utf-8"))
+    """A round's result.json; OSError when it cannot be opened, ValueError when it is no result (a FIFO, never
+    waited on; larger than MAX_RECORD_BYTES, never read whole; not valid)."""
+    return RoundResult.model_validate_json(read_bounded(path))

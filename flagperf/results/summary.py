@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 from pydantic import ValidationError
 
+from flagperf.errors import FlagperfError
 from flagperf.results.analysis import (
     MonitorSeries,
     WindowStats,
@@ -25,6 +26,7 @@ from flagperf.results.analysis import (
     window_stats,
     work_unit,
 )
+from flagperf.results.bounded import read_json_file
 from flagperf.results.chipstate import CHIP_COLUMNS, headline_state, render_chip_section, window_columns
 from flagperf.results.faults import BOUNDED_NOTE, find_faults
 from flagperf.results.markup import md_text
@@ -140,7 +142,26 @@ def _monitor_columns(stats: WindowStats, metric: Metric | None) -> dict[str, Any
     }
 
 
-def _rows(results: list[tuple[Path, RoundResult]], notes: dict[str, None]) -> pd.DataFrame:
+# A monitor's note, and the rounds it came from: (case, host) -> round numbers, each in the order first seen.
+MonitorNotes = dict[str, dict[tuple[str, str], dict[int, None]]]
+
+
+def _note(notes: MonitorNotes, note: str, r: RoundResult) -> None:
+    notes.setdefault(note, {}).setdefault((r.case, r.host), {})[r.round] = None
+
+
+def placed_notes(notes: MonitorNotes) -> list[str]:
+    """Each note once, said with where it came from ("c1 rounds 1, 2 on h1; c2 round 1 on h2: ..."): a lab that
+    reads that a monitor had no samples or a figure unavailable knows which rounds and hosts to look at."""
+    placed = []
+    for note, where in notes.items():
+        rounds = [f"{case} round{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))} on {host}"
+                  for (case, host), numbers in where.items()]
+        placed.append(f"{'; '.join(rounds)}: {note}")
+    return placed
+
+
+def _rows(results: list[tuple[Path, RoundResult]], notes: MonitorNotes) -> pd.DataFrame:
     rows: list[dict[str, Any]] = []
     for folder, r in results:
         base = {"case": r.case, "family": r.family, "round": r.round, "host": r.host, "node_rank": r.node_rank,
@@ -148,7 +169,7 @@ def _rows(results: list[tuple[Path, RoundResult]], notes: dict[str, None]) -> pd
                 "status": r.status, "device": r.device, "message": r.failure.message if r.failure else None}
         monitors = read_monitors(folder)
         if not monitors:
-            notes[f"{r.case} round {r.round} on {r.host}: no monitor file"] = None
+            _note(notes, "no monitor file", r)
         if not r.metrics:
             stats = window_stats(monitors, None)
             rows.append({**base, **_monitor_columns(stats, None)})
@@ -165,7 +186,7 @@ def _rows(results: list[tuple[Path, RoundResult]], notes: dict[str, None]) -> pd
                          "search": m.search.model_dump_json() if m.search else None,
                          **window_columns(seen, m.window)})
             for note in stats.notes:
-                notes[note] = None
+                _note(notes, note, r)
     frame = pd.DataFrame(rows, columns=ROW_COLUMNS)
     frame["device_index"] = frame["device_index"].astype("Int64")  # an index, not a float; empty where one device
     return frame
@@ -228,7 +249,7 @@ def _clean(value: Any) -> Any:
 
 def summarize(run_dir: Path) -> RunSummary:
     loaded, problems = load_results(run_dir)
-    notes: dict[str, None] = {}  # an ordered set: the same note from every round once
+    notes: MonitorNotes = {}  # the same note from every round once, with the rounds it came from
     rows = _rows(loaded, notes)
     results = [r for _, r in loaded]
     counts = {"rounds": len(results), "success": 0, "unsupported": 0, "failed": 0}
@@ -294,7 +315,7 @@ def summarize(run_dir: Path) -> RunSummary:
                             "torch": prov.libraries.get("torch"), "prefect": prov.libraries.get("prefect"),
                             "command": prov.command, "image": prov.image.get("status")})
     return RunSummary(run_id=run_dir.name, rows=rows, headline=headline, not_measured=not_measured,
-                      counts=counts, problems=problems, context=context, monitor_notes=list(notes),
+                      counts=counts, problems=problems, context=context, monitor_notes=placed_notes(notes),
                       scaling=scaling_table(rows), faults=find_faults(run_dir, loaded, headline),
                       progress=run_progress(run_dir, results),
                       retried=retried_rounds(run_dir, results), device_spread=spread_over_devices(rows),
@@ -307,7 +328,7 @@ def run_progress(run_dir: Path, results: list[RoundResult]) -> dict[str, Any]:
     covers instead of reading as a small complete run."""
     planned: list[tuple[str, int, str, int]] = []
     try:
-        plan = json.loads((run_dir / PLAN_JSON).read_text(encoding="utf-8"))
+        plan = read_json_file(run_dir / PLAN_JSON, what="a run's plan")  # bounded; a FIFO is refused, not read
         hosts = [h["name"] for h in plan.get("hosts") or []] or ["local"]
         for case in plan["cases"]:
             nnodes = int((case.get("config") or {}).get("nnodes", 1))
@@ -315,14 +336,14 @@ def run_progress(run_dir: Path, results: list[RoundResult]) -> dict[str, Any]:
             for round_no in range(1, int(plan["rounds"]) + 1):
                 planned += [(case["name"], round_no, host, rank) for group in groups
                             for rank, host in enumerate(group)]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # no plan, or not one: counts alone
+    except (FlagperfError, KeyError, TypeError, ValueError, AttributeError):  # no plan, or not one: counts alone
         return {}
     if not planned:
         return {}
     done = {(r.case, r.round, r.host, r.node_rank) for r in results}
     try:
-        interrupted = json.loads((run_dir / INTERRUPTED_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        interrupted = read_json_file(run_dir / INTERRUPTED_FILE, what="a run's interruption record")
+    except FlagperfError:
         interrupted = None
     running = tuple((interrupted or {}).get("running") or ())  # (case, round) in flight when it was stopped
     progress: dict[str, Any] = {"planned": len(planned), "done": sum(p in done for p in planned),
@@ -664,4 +685,4 @@ def write_summary(run_dir: Path, summary: RunSummary, plots: list[tuple[str, Pat
 
 
 def read_summary_json(run_dir: Path) -> dict[str, Any]:
-    return json.loads((run_dir / SUMMARY_JSON).read_text(encoding="utf-8"))
+    return read_json_file(run_dir / SUMMARY_JSON, what="a run's summary")

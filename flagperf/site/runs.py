@@ -8,7 +8,6 @@ each a regular file reached without following a link and lying inside the root o
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import stat
@@ -17,13 +16,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from flagperf.errors import ConfigError
 from flagperf.paths import NAME_PATTERN
+from flagperf.results.bounded import read_json_file
 from flagperf.results.operators import is_operation
 from flagperf.results.summary import INTERRUPTED_FILE, PLAN_JSON, SUMMARY_JSON, fmt
 
 RUN_FILES = {"report.html": "text/html; charset=utf-8", "report.md": "text/markdown; charset=utf-8",
              "summary.csv": "text/csv; charset=utf-8"}
 PLOTS = "plots"
+# A served file is read whole into memory: one larger than this (no report or plot is) is not served.
+MAX_SERVED_BYTES = 256 << 20
 PLOT_TYPES = {".png": "image/png", ".svg": "image/svg+xml"}
 PLOT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}\.(png|svg)$")
 MAX_RUNS = 2000  # listed, newest first: a folder of years of nightlies stays one page the browser can show
@@ -89,16 +92,17 @@ def read_served(root: Path, run_id: str, *parts: str) -> bytes | None:
     with os.fdopen(fd, "rb") as handle:
         if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
             return None
-        return handle.read()
+        body = handle.read(MAX_SERVED_BYTES + 1)
+    return body if len(body) <= MAX_SERVED_BYTES else None
 
 
 def _read_json(path: Path) -> dict[str, Any]:
     info = _no_link_stat(path)
     if info is None or not stat.S_ISREG(info.st_mode):
         return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    try:  # bounded: a run folder's file may be anything a results root was given
+        data = read_json_file(path)
+    except ConfigError:
         return {}
     return data if isinstance(data, dict) else {}
 

@@ -10,11 +10,13 @@ import pytest
 import torch
 
 from flagperf.config.adaptation import (
+    REQUIREMENTS_FILES,
     TREE_LIMITS,
     check_extern,
     expand_env,
     parse_env_file,
     read_adaptation,
+    requirement_files,
     tree_digest,
 )
 from flagperf.errors import CaseUserError, ConfigError
@@ -96,6 +98,34 @@ def test_a_huge_file_in_an_adaptation_folder_is_refused_unread(tmp_path: Path, w
         out.truncate(max_bytes - used + 1)
     message = refusal(case)
     assert message.startswith(f"{folder}: ") and f"more than {max_bytes >> 20} MiB" in message and "blob.bin" in message
+
+
+def test_the_wheels_beside_requirements_are_bounded_as_a_folder(tmp_path: Path) -> None:
+    """What requirements.txt may name beside it (a wheel, a wheelhouse folder) is hashed every round and installed
+    on every host: bounded as csrc/ is, the wheel a hole (no disk used, never read). Files it cannot name (notes,
+    csrc/, extern/) do not count; an sdist (.tar.gz) does, and is in the install's cache key."""
+    case = adapted_case(tmp_path)
+    folder = case / "vendor" / "v"
+    (folder / "requirements.txt").write_text("--no-index\n--find-links wheels\nvendor-kernels==1.0\n")
+    (folder / "wheels").mkdir()
+    (folder / "wheels" / "vendor_kernels-1.0.tar.gz").write_bytes(b"sdist")
+    (folder / "README.md").write_bytes(b"x" * 4096)  # not a file pip may be named: not counted
+    _, max_bytes = TREE_LIMITS[REQUIREMENTS_FILES]
+    used = (folder / "requirements.txt").stat().st_size + 5
+    wheel = folder / "torch-2.9.0-cp311-cp311-linux_x86_64.whl"
+    with wheel.open("wb") as out:
+        out.truncate(max_bytes - used)
+    assert read_adaptation(case, "c", "training", "v") is not None
+    assert requirement_files(folder) == [folder / "requirements.txt", wheel, folder / "wheels"]
+    with wheel.open("ab") as out:
+        out.truncate(max_bytes - used + 1)
+    message = refusal(case)
+    assert message.startswith(f"{folder}: ") and f"more than {max_bytes >> 20} MiB" in message
+    assert "past it at" in message and "beside requirements.txt" in message  # at the file walked last
+    wheel.unlink()
+    before = tree_digest(*requirement_files(folder))
+    (folder / "wheels" / "vendor_kernels-1.0.tar.gz").write_bytes(b"sdist, changed")
+    assert tree_digest(*requirement_files(folder)) != before
 
 
 def test_an_adaptation_folder_of_too_many_files_is_refused(tmp_path: Path) -> None:
