@@ -720,7 +720,7 @@ def list_(what: Annotated[str, typer.Argument(help="cases, vendors, suites or al
         raise _fail(str(exc)) from None
 
 
-vendor_app = typer.Typer(help="Check a vendor folder (FlagPerf's vendor guide).", no_args_is_help=True)
+vendor_app = typer.Typer(help="Start and check a vendor folder (FlagPerf's vendor guide).", no_args_is_help=True)
 app.add_typer(vendor_app, name="vendor")
 
 
@@ -740,6 +740,24 @@ def vendor_check(folder: Annotated[Path, typer.Argument(help="a vendor folder, e
         console.print(f"[{colours[kind]}]{kind}[/] {escape(line)}", highlight=False, soft_wrap=True)
     if found.problems:
         raise typer.Exit(EXIT_FAILED)
+
+
+@vendor_app.command("new")
+def vendor_new(name: Annotated[str, typer.Argument(help="the vendor's name (its folder's, and --vendor's)")],
+               torch_device: Annotated[str, typer.Option(help="torch's device type for the chip")] = "cpu",
+               into: Annotated[Path | None, typer.Option(help="the folder to write <name>/ in (default: the "
+                                                               "project's vendor_images/)")] = None) -> None:
+    """Write a commented vendor folder (vendor.yaml, spec.py, a monitor, pytorch/Dockerfile with its install
+    script, README.md) that passes `flagperf vendor check`; fill in what is marked TODO."""
+    from flagperf.hosts.vendorscaffold import write_vendor_folder
+    from flagperf.paths import PROJECT_ROOT
+
+    try:
+        folder = write_vendor_folder(into if into is not None else PROJECT_ROOT / "vendor_images", name, torch_device)
+    except FlagperfError as exc:
+        raise _fail(str(exc)) from None
+    console.print(f"wrote {escape(display_path(folder))}; next: fill in what is marked TODO, then "
+                  f"`flagperf vendor check {escape(display_path(folder))}` (docs/vendor-guide.md)", highlight=False)
 
 
 def main() -> None:

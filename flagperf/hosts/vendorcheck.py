@@ -198,7 +198,8 @@ def _check_monitor(vendor: Vendor, name: str, command: list[str], seconds: float
     with tempfile.TemporaryDirectory(prefix="flagperf-vendor-check-") as scratch:
         out = Path(scratch) / f"monitor_{name}.jsonl"
         argv = [*command, "--out", str(out), "--interval", "1", "--max-seconds", str(seconds)]
-        shown = " ".join([Path(command[0]).name, *command[1:], "--out FILE --interval 1 --max-seconds", f"{seconds:g}"])
+        program = [display_path(Path(part)) if part.endswith(".py") else part for part in command[1:]]
+        shown = " ".join(["python", *program, "--out FILE --interval 1 --max-seconds", f"{seconds:g}"])
         try:
             completed = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60, check=False,
                                        cwd=PROJECT_ROOT, env=env)
