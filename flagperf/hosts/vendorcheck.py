@@ -369,10 +369,9 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
         except FlagperfError as exc:
             found.problems.append(str(exc))
     folder = adaptation_folder(case.folder, vendor.name)
-    if not folder.is_dir():
-        return used
     hardware = str(vendor.manifest.hardware)
-    for entry in sorted(folder.iterdir()):
+    # A link as the folder is read_adaptation's to judge (it must stay inside the case); its entries are not listed.
+    for entry in sorted(folder.iterdir()) if folder.is_dir() and not folder.is_symlink() else []:
         problem = (scale_file_problem(entry.name, case.family, vendor.name, hardware)
                    or stray_entry_problem(entry, case.family, vendor.name))
         if problem:
