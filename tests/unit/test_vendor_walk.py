@@ -185,3 +185,13 @@ def test_the_engine_folders_are_the_families_own() -> None:
 
     assert ENGINE_FOLDERS == {"inference": INFERENCE_ENGINES, "operation": IMPLEMENTATIONS_FOLDER,
                               "generate": ENGINES_FOLDER}
+
+
+def test_an_inference_case_without_the_vendors_engine_names_the_vendors_own_folder(walk: Path) -> None:
+    vendor = walk / "vendors" / "acme"
+    shutil.rmtree(vendor / "engines")
+    write(walk / "cases" / "inference" / "walk-infer" / "vendor" / "acme_configurations.yaml", "batch_size: 64\n")
+    found = check_vendor_folder(vendor, monitor_seconds=1)
+    assert any(f"unknown compiler 'onnxruntime' for vendor acme (engines in {vendor / 'engines'}/: none)" in p
+               for p in found.problems), found.problems
+    assert any(note.startswith("no inference engines") for note in found.notes)
