@@ -579,6 +579,12 @@ def _check_file(path: Path) -> str:
     if inference:
         return inference
     if path.parent.name == "vendor" and (path.parent.parent / "case.yaml").is_file():
+        from flagperf.config.vendorlayout import misnamed_overrides, overrides_vendor
+
+        case_yaml = load_case_manifest(path.parent.parent / "case.yaml")
+        misnamed = dict(misnamed_overrides(path.parent.parent, case_yaml.family, overrides_vendor(path.name)))
+        if path in misnamed:
+            raise ConfigError(display_path(path), None, misnamed[path])
         if path.suffix != ".yaml":
             raise ConfigError(display_path(path), None, "vendor override files are named <vendor>.yaml; "
                                                         "this one would never be read")
@@ -593,12 +599,24 @@ def _check_file(path: Path) -> str:
         manifest = load_case_manifest(case_dir / "case.yaml")
         case = load_case(manifest.name, {manifest.name: case_dir})
         sizes = {"nnodes": int(scale.group(2)), "nproc_per_node": int(scale.group(3))}
+        if path.parent.name in available_vendors():  # a scale file of another <hw> than the vendor's is never read
+            from flagperf.config.vendorlayout import scale_file_problem
+
+            hardware = str(load_vendor(path.parent.name).manifest.hardware)
+            problem = scale_file_problem(path.name, manifest.family, path.parent.name, hardware)
+            if problem:
+                raise ConfigError(display_path(path), None, problem)
         resolve_case_config(case, vendor=path.parent.name, run_overrides=[(str(path), sizes)],
                             hardware=scale.group(1))
         return f"training scale overrides of {manifest.name}"
     adapted = next((parent for parent in path.parents[:3] if parent.parent.name == "vendor"
                     and (parent.parent.parent / "case.yaml").is_file()), None)
     if adapted is not None and path.name in (ENV_FILE, REQUIREMENTS_FILE, EXTERN_HOOKS_FILE, CSRC_SETUP):
+        from flagperf.config.vendorlayout import misplaced_adaptation_file
+
+        misplaced = misplaced_adaptation_file(path, adapted)
+        if misplaced:
+            raise ConfigError(display_path(path), None, misplaced)
         case_dir = adapted.parent.parent  # a file of a vendor's adaptation: the whole folder is read
         manifest = load_case_manifest(case_dir / "case.yaml")
         read_adaptation(case_dir, manifest.name, manifest.family, adapted.name)
@@ -638,6 +656,12 @@ def _validate_inference_file(path: Path) -> str | None:
         case = load_case(path.parent.name, {path.parent.name: path.parent})
         resolve_case_config(case, vendor="", run_overrides=[])  # the defaults alone must be valid
         return f"inference case {case.name}"
+    if path.parent.name == "vendor" and (path.parent.parent / INFERENCE_FILES[0]).is_file() \
+            and not path.name.endswith("_configurations.yaml"):
+        from flagperf.config.vendorlayout import overrides_name
+
+        raise ConfigError(display_path(path), None, "never read: the vendor overrides of inference cases are "
+                          f"vendor/{overrides_name('inference', '<vendor>')}")
     if (path.parent.name == "vendor" and path.name.endswith("_configurations.yaml")
             and (path.parent.parent / INFERENCE_FILES[0]).is_file()):
         case_dir = path.parent.parent
@@ -696,7 +720,7 @@ def list_(what: Annotated[str, typer.Argument(help="cases, vendors, suites or al
         raise _fail(str(exc)) from None
 
 
-vendor_app = typer.Typer(help="Check a vendor folder (FlagPerf's vendor guide).", no_args_is_help=True)
+vendor_app = typer.Typer(help="Start and check a vendor folder (FlagPerf's vendor guide).", no_args_is_help=True)
 app.add_typer(vendor_app, name="vendor")
 
 
@@ -711,11 +735,29 @@ def vendor_check(folder: Annotated[Path, typer.Argument(help="a vendor folder, e
         found = check_vendor_folder(folder)
     except FlagperfError as exc:
         raise _fail(str(exc)) from None
-    colours = {"ok": "green", "not checkable here": "yellow", "problem": "red"}
+    colours = {"ok": "green", "not checkable here": "yellow", "note": "yellow", "problem": "red"}
     for kind, line in summary_lines(found):
         console.print(f"[{colours[kind]}]{kind}[/] {escape(line)}", highlight=False, soft_wrap=True)
     if found.problems:
         raise typer.Exit(EXIT_FAILED)
+
+
+@vendor_app.command("new")
+def vendor_new(name: Annotated[str, typer.Argument(help="the vendor's name (its folder's, and --vendor's)")],
+               torch_device: Annotated[str, typer.Option(help="torch's device type for the chip")] = "cpu",
+               into: Annotated[Path | None, typer.Option(help="the folder to write <name>/ in (default: the "
+                                                               "project's vendor_images/)")] = None) -> None:
+    """Write a commented vendor folder (vendor.yaml, spec.py, a monitor, pytorch/Dockerfile with its install
+    script, README.md) that passes `flagperf vendor check`; fill in what is marked TODO."""
+    from flagperf.hosts.vendorscaffold import write_vendor_folder
+    from flagperf.paths import PROJECT_ROOT
+
+    try:
+        folder = write_vendor_folder(into if into is not None else PROJECT_ROOT / "vendor_images", name, torch_device)
+    except FlagperfError as exc:
+        raise _fail(str(exc)) from None
+    console.print(f"wrote {escape(display_path(folder))}; next: fill in what is marked TODO, then "
+                  f"`flagperf vendor check {escape(display_path(folder))}` (docs/vendor-guide.md)", highlight=False)
 
 
 def main() -> None:

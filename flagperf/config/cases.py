@@ -320,7 +320,8 @@ def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[st
     try:
         model = case.config_model.model_validate(merged.values, context={CASE_FOLDER: case.folder})
     except ValidationError as exc:
-        raise pydantic_error_to_config_error(exc, display_path(case.manifest_path), merged.origins) from None
+        raise pydantic_error_to_config_error(exc, display_path(case.manifest_path), merged.origins,
+                                             model=case.config_model) from None
     model.check_for_vendor(merged.origins, display_path(case.manifest_path), vendor or None, files_are_local)
     merged.values = model.model_dump(mode="json")
     return merged

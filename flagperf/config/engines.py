@@ -95,8 +95,9 @@ def load_engine_manifest(vendor: str, name: str, family_folder: str, model: type
     engines = engine_folders(vendor, family_folder)
     if name not in engines:
         known = ", ".join(sorted(engines)) or "none"
-        raise ConfigError(source, key, f"unknown {key} {name!r} for vendor {vendor} "
-                                       f"(engines in vendor_images/{vendor}/{family_folder}/: {known})")
+        home = next((root / vendor for root in vendor_roots() if (root / vendor).is_dir()), None)  # maybe not ours
+        where = display_path(home / family_folder) if home else f"vendor_images/{vendor}/{family_folder}"
+        raise ConfigError(source, key, f"unknown {key} {name!r} for vendor {vendor} (engines in {where}/: {known})")
     folder = engines[name]
     _check_engine_folder(folder)
     manifest_source = display_path(folder / ENGINE_MANIFEST)

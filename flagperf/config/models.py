@@ -15,12 +15,12 @@ import re
 import reprlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from flagperf.config.yamlio import load_yaml_mapping, parse_yaml_text
-from flagperf.errors import ConfigError
+from flagperf.errors import ConfigError, nearest
 from flagperf.paths import NAME_PATTERN, display_path
 
 log = logging.getLogger("flagperf.config.models")
@@ -49,21 +49,40 @@ def check_name(value: str, what: str) -> str:
     return value
 
 
-def pydantic_error_to_config_error(exc: ValidationError, source: str, origins: dict[str, str] | None = None
-                                   ) -> ConfigError:
-    """The first validation error, as one line naming the file the offending key came from."""
+def pydantic_error_to_config_error(exc: ValidationError, source: str, origins: dict[str, str] | None = None,
+                                   model: type[BaseModel] | None = None) -> ConfigError:
+    """The first validation error, as one line naming the file the offending key came from; with ``model``, an
+    unknown key names the accepted keys nearest to it (a misspelling)."""
     err = exc.errors()[0]
     key = ".".join(str(part) for part in err["loc"]) or None
     top = str(err["loc"][0]) if err["loc"] else ""
     where = (origins or {}).get(top, source)
     message = err["msg"]
     if err["type"] == "extra_forbidden":
-        message = "unknown key"
+        close = nearest(str(err["loc"][-1]), _accepted_keys(model, err["loc"])) if model and err["loc"] else []
+        message = "unknown key" + (f" (did you mean {' or '.join(close)}?)" if close else "")
     elif err["type"] == "missing":
         message = "required key is missing"
     elif "input" in err and err["type"] != HIDDEN_INPUT:
         message = f"{message} (got {short_repr(err['input'])})"
     return ConfigError(where, key, message)
+
+
+def _accepted_keys(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    """The keys accepted where ``loc`` ends, following nested models (a list's or an optional's too)."""
+    current: type[BaseModel] = model
+    for part in loc[:-1]:
+        if isinstance(part, int):  # an item of a list: the list's model was taken at its key
+            continue
+        field = current.model_fields.get(str(part))
+        if field is None:
+            return []
+        candidates = [field.annotation, *get_args(field.annotation)]
+        nested = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if nested is None:
+            return []
+        current = nested
+    return list(current.model_fields)
 
 
 _SHORT = reprlib.Repr()  # (keyword arguments need Python 3.12)
@@ -206,7 +225,9 @@ def merge_vendor_overrides(
             raise ConfigError(vendor_source, key, f"is not in the case's mutable list ({', '.join(mutable)}); "
                                                   "a vendor may change only those")
         if key not in configurations:
-            log.warning("%s: %s: new key not in the case defaults (%s)", vendor_source, key, defaults_source)
+            close = nearest(key, configurations)
+            log.warning("%s: %s: new key not in the case defaults (%s)%s", vendor_source, key, defaults_source,
+                        f"; did you mean {' or '.join(close)}?" if close else "")
             merged.vendor_new_keys.append(key)
         elif _same_value(configurations[key], value):
             raise ConfigError(
@@ -282,7 +303,7 @@ def load_model(path: Path, model: type[ModelT]) -> ModelT:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise pydantic_error_to_config_error(exc, display_path(path)) from None
+        raise pydantic_error_to_config_error(exc, display_path(path), model=model) from None
 
 
 def load_suite(path: Path) -> SuiteFile:

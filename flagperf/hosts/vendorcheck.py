@@ -1,40 +1,69 @@
 """`flagperf vendor check FOLDER`: what FlagPerf's vendor guide asks of a first-time vendor, checked on one
 folder, one line per finding.
 
-  manifest       vendor.yaml loads (the same model `flagperf run` uses)
+  manifest       vendor.yaml loads (the same model `flagperf run` uses); every file it names that is missing, at once;
+                 whether `--vendor <name>` finds this folder
+  device         torch knows torch_device and, where the device is present, has what the cases call
   image          the Dockerfile, an install step (a RUN line or FlagPerf's <framework>_install.sh) and every file
                  the Dockerfile copies are there
-  monitors       each is run for a few seconds here: a header, samples with a timestamp, utilisation and memory
-                 (power and temperature recommended), a footer; a monitor whose tool is missing says why and is
-                 reported as not checkable here
-  peaks          the spec table: built here when the device is present (every figure with a source), else not
-                 checkable here; datasheets.yaml entries (the convention of the shipped vendors) each with a source
-  adaptations    every case's vendor/<vendor>/ folder read with the forbidden-change checks
-                 (flagperf.config.adaptation)
+  monitors       each is run for a few seconds here, as a round runs it: a header, samples with a timestamp, a
+                 vendor script's per-device figures in a `devices` list (utilisation and memory; power and
+                 temperature recommended), a footer; a monitor whose tool is missing says why and is reported as
+                 not checkable here
+  peaks          the spec table: built here when the device is present (every figure with a source, every key one
+                 a case reads), else not checkable here; a table of the wrong form is a problem wherever it is
+                 built; datasheets.yaml entries (the convention of the shipped vendors) each with a source
+  engines        the families whose cases need an engine folder of the vendor (inference, operation, generate)
+  adaptations    every case's files of this vendor, read as a run reads them: the overrides file, the training
+                 scale files, the vendor/<vendor>/ folder with the forbidden-change checks
+                 (flagperf.config.adaptation); files a run would never read (FlagPerf's config/ folder, a scale
+                 file of another <hw>, an overrides file of the wrong name) are problems
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flagperf.config.adaptation import read_adaptation
-from flagperf.config.cases import available_cases, load_case
+from pydantic import ValidationError
+
+from flagperf.config.adaptation import adaptation_folder, read_adaptation
+from flagperf.config.casecode import case_code_not_run
+from flagperf.config.cases import CaseDef, available_cases, load_case, resolve_case_config
+from flagperf.config.engines import ENGINE_MANIFEST, INFERENCE_ENGINES
 from flagperf.config.files import is_present, read_config_text, regular_file
-from flagperf.config.vendors import MANIFEST, Vendor, load_vendor_manifest
+from flagperf.config.models import PEAK_KEYS, load_model, pydantic_error_to_config_error
+from flagperf.config.vendorlayout import SCALE_FILE, misnamed_overrides, scale_file_problem, stray_entry_problem
+from flagperf.config.vendors import (
+    MANIFEST,
+    Vendor,
+    VendorManifest,
+    available_vendors,
+    import_file,
+    load_vendor_manifest,
+)
 from flagperf.config.yamlio import parse_yaml_text
 from flagperf.errors import ConfigError, FlagperfError
-from flagperf.paths import display_path
+from flagperf.paths import PROJECT_ROOT, display_path
+from flagperf.results.schema import SpecTable
 
 MONITOR_SECONDS = 3.0
 REQUIRED_FIELDS = ("util_percent", "mem_used_bytes")
 RECOMMENDED_FIELDS = ("power_w", "temp_c")
+# The engine folders a family's cases choose from (the families' own constants: flagperf.inference.engines'
+# INFERENCE_ENGINES, flagperf.operation.impls.IMPLEMENTATIONS_FOLDER, flagperf.generate.engines.ENGINES_FOLDER;
+# tests/unit/test_vendor_check.py holds them equal).
+ENGINE_FOLDERS = {"inference": INFERENCE_ENGINES, "operation": "operation", "generate": "generate"}
 
 
 @dataclass
@@ -42,6 +71,7 @@ class Findings:
     problems: list[str] = field(default_factory=list)
     not_checkable: list[str] = field(default_factory=list)
     passed: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def problem(self, where: str, what: str) -> None:
         self.problems.append(f"{where}: {what}")
@@ -56,16 +86,83 @@ def check_vendor_folder(folder: Path, monitor_seconds: float = MONITOR_SECONDS) 
         manifest = load_vendor_manifest(folder / MANIFEST)
     except FlagperfError as exc:
         found.problems.append(str(exc))
+        found.problems.extend(_other_missing_files(folder, str(exc)))
         return found
     found.passed.append(f"manifest {display_path(folder / MANIFEST)}")
     vendor = Vendor(manifest=manifest, location=str(folder.resolve()))
+    _check_found_by_name(vendor, found)
+    _check_device(vendor, found)
     _check_image(vendor, found)
     for entry in manifest.monitors:
-        _check_monitor(vendor, entry.name, vendor.monitor_command(entry, sys.executable), monitor_seconds, found)
+        _check_monitor(vendor, entry.name, vendor.monitor_command(entry, sys.executable), monitor_seconds, found,
+                       device_monitor=entry.script is not None)
     _check_peaks(vendor, found)
     _check_adaptations(vendor, found)
     return found
 
+
+def _other_missing_files(folder: Path, first: str) -> list[str]:
+    """Every file vendor.yaml names that is not there, not only the first: a new vendor fixes them in one go."""
+    try:
+        manifest = load_model(folder / MANIFEST, VendorManifest)
+    except FlagperfError:
+        return []
+    named = [("spec_module", manifest.spec_module), ("container.dockerfile", manifest.container.dockerfile)]
+    named += [(f"monitors.{i}.script", m.script) for i, m in enumerate(manifest.monitors) if m.script is not None]
+    missing = []
+    for key, rel in named:
+        try:
+            regular_file(folder, rel, display_path(folder / MANIFEST), key, "the vendor folder")
+        except ConfigError as exc:
+            if str(exc) != first:
+                missing.append(str(exc))
+    return missing
+
+
+def _check_found_by_name(vendor: Vendor, found: Findings) -> None:
+    """`--vendor <name>` finds vendor_images/<name> and FLAGPERF_VENDOR_PATH's folders, the first of a name."""
+    known = available_vendors().get(vendor.name)
+    if known is None:
+        found.notes.append(f"--vendor {vendor.name} does not find this folder: add {vendor.folder.parent} to "
+                           "FLAGPERF_VENDOR_PATH (or put the folder under vendor_images/)")
+    elif known.resolve() != vendor.folder.resolve():
+        found.problems.append(f"--vendor {vendor.name} finds {display_path(known)}, not this folder: the name is "
+                              "taken (vendor_images/ comes first, then FLAGPERF_VENDOR_PATH in order)")
+
+
+def _check_device(vendor: Vendor, found: Findings) -> None:
+    """What the cases call on the device's torch module (flagperf.measure.device, casekit): checkable where the
+    vendor's torch and device are present."""
+    manifest = vendor.manifest
+    where = f"torch_device {manifest.torch_device}"
+    try:
+        import torch
+    except ImportError:
+        found.not_checkable.append(f"{where}: torch is not installed here")
+        return
+    try:
+        module = torch.get_device_module(manifest.torch_device)
+    except (RuntimeError, ValueError, AttributeError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        found.not_checkable.append(f"{where}: torch {torch.__version__} here does not know it (is the vendor's "
+                                   f"torch plug-in installed?): {first[:200]}")
+        return
+    name = module.__name__
+    if manifest.torch_device != "cpu":
+        available = getattr(module, "is_available", None)
+        if not callable(available) or not available():
+            found.not_checkable.append(f"{where}: no device visible to {name} here")
+            return
+        missing = [f for f in ("device_count", "synchronize") if not callable(getattr(module, f, None))]
+        if missing:
+            found.problem(where, f"{name} has no {' or '.join(missing)}, which every case calls")
+    if not manifest.shares_host_memory and not callable(getattr(module, "mem_get_info", None)):
+        found.problem(f"{display_path(vendor.folder / MANIFEST)}: shares_host_memory",
+                      f"false, but {name} has no mem_get_info(): cases size their buffers from the device's free "
+                      "memory; set it true if the device allocates from host memory")
+        return
+    count = module.device_count() if callable(getattr(module, "device_count", None)) else 1
+    found.passed.append(f"{where}: {count} device(s) visible to {name}")
 
 def _check_image(vendor: Vendor, found: Findings) -> None:
     dockerfile = vendor.folder / vendor.manifest.container.dockerfile
@@ -92,28 +189,47 @@ def _check_image(vendor: Vendor, found: Findings) -> None:
         found.passed.append(f"image {where}" + (f" with {', '.join(scripts)}" if scripts else ""))
 
 
-def _check_monitor(vendor: Vendor, name: str, command: list[str], seconds: float, found: Findings) -> None:
+def _check_monitor(vendor: Vendor, name: str, command: list[str], seconds: float, found: Findings, *,
+                   device_monitor: bool = False) -> None:
     where = f"monitor {name}"
+    # As a round starts it: the project on PYTHONPATH (for flagperf.monitoring's helpers), in the project root.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH"))
+                                                       if p)}
     with tempfile.TemporaryDirectory(prefix="flagperf-vendor-check-") as scratch:
         out = Path(scratch) / f"monitor_{name}.jsonl"
         argv = [*command, "--out", str(out), "--interval", "1", "--max-seconds", str(seconds)]
+        program = [display_path(Path(part)) if part.endswith(".py") else part for part in command[1:]]
+        shown = " ".join(["python", *program, "--out FILE --interval 1 --max-seconds", f"{seconds:g}"])
         try:
             completed = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60, check=False,
-                                       cwd=vendor.folder)
+                                       cwd=PROJECT_ROOT, env=env)
         except subprocess.TimeoutExpired:
             found.problem(where, f"did not stop within {seconds + 60:.0f} s of --max-seconds {seconds:g}")
             return
         if completed.returncode != 0:
             last = (completed.stderr.strip().splitlines() or ["no output"])[-1]
-            found.problem(where, f"exited {completed.returncode}: {last}")
+            found.problem(where, f"exited {completed.returncode} when run as `{shown}`: {last[:300]}")
             return
         try:
-            records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines() if line.strip()]
-        except (OSError, ValueError) as exc:
-            found.problem(where, f"its output is not JSON lines: {exc}")
+            lines = out.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            found.problem(where, f"wrote nothing to --out when run as `{shown}`")
             return
+        records = []
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = None
+            if not isinstance(record, dict):
+                found.problem(where, f"line {number} of its --out file is not a JSON object ({line.strip()[:60]!r}): "
+                                     "each line is one, a header, samples, a footer (flagperf.monitoring)")
+                return
+            records.append(record)
     if not records or records[0].get("type") != "header":
-        found.problem(where, "the first line is not a header")
+        found.problem(where, 'the first line is not a header ({"type": "header", ...})')
         return
     sources = records[0].get("sources") or {}
     unavailable = [f"{k}: {v.get('reason')}" for k, v in sources.items() if isinstance(v, dict)
@@ -130,6 +246,13 @@ def _check_monitor(vendor: Vendor, name: str, command: list[str], seconds: float
     if any(not isinstance(s.get("t"), int | float) for s in samples):
         found.problem(where, "a sample without its timestamp t")
     devices = [d for s in samples for d in (s.get("devices") or []) if isinstance(d, dict)]
+    if device_monitor and not devices:
+        top = [k for k in (*REQUIRED_FIELDS, *RECOMMENDED_FIELDS) if any(k in s for s in samples)]
+        found.problem(where, "no sample has a devices list: a device's figures go in "
+                             '{"devices": [{"index": 0, "util_percent": ..., "mem_used_bytes": ...}]}'
+                      + (f"; {', '.join(top)} at a sample's top level are read as the host's" if top else ""))
+    if any(not isinstance(d.get("index"), int) for d in devices):
+        found.problem(where, "a device entry without its integer index (the analysis keeps devices apart by it)")
     if devices:
         for key in REQUIRED_FIELDS:
             if all(d.get(key) is None for d in devices):
@@ -154,16 +277,56 @@ def _check_peaks(vendor: Vendor, found: Findings) -> None:
         for i, entry in enumerate(entries if isinstance(entries, list) else []):
             if not isinstance(entry, dict) or not str(entry.get("source") or "").strip():
                 found.problem(display_path(sheets), f"entry {i}: no source (where each figure comes from)")
+    spec = vendor.folder / vendor.manifest.spec_module
+    where = display_path(spec)
     try:
-        table = vendor.spec_table()
+        module = import_file(spec, f"flagperf_vendor_check_{vendor.name.replace('-', '_').replace('.', '_')}")
+    except ConfigError as exc:
+        if isinstance(exc.__context__, ImportError):  # the vendor's library is not installed here
+            found.not_checkable.append(f"peaks: {exc}")
+        else:
+            found.problems.append(str(exc))
+        return
+    builder = getattr(module, "spec_table", None)
+    if not callable(builder):
+        found.problem(where, "has no spec_table(settings) function")
+        return
+    try:
+        raw = builder(dict(vendor.manifest.spec_settings))
     except Exception as exc:  # the vendor's code on a machine without its device: say so, do not fail
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         found.not_checkable.append(f"peaks: {vendor.manifest.spec_module} cannot build a table here: {detail}")
         return
+    try:
+        table = SpecTable.model_validate(raw)
+    except ValidationError as exc:
+        error = pydantic_error_to_config_error(exc, f"{where} spec_table()")
+        found.problems.append(f"{error} (a table is {{'device': str, 'peaks': {{key: {{'value', 'unit', "
+                              "'source'}}}}}})")
+        return
     for key, peak in table.peaks.items():
-        if peak.value is not None and not (peak.source or "").strip():
+        if key not in PEAK_KEYS:
+            found.problem(f"{where} peaks.{key}", f"not a key any case reads (known: {', '.join(sorted(PEAK_KEYS))})")
+        elif peak.value is not None and not (peak.source or "").strip():
             found.problem(f"peaks.{key}", f"{peak.value} {peak.unit} without a source")
     found.passed.append(f"peaks: {len(table.peaks)} figures for {table.device}")
+
+
+@contextmanager
+def _held_warnings() -> Iterator[list[str]]:
+    """The core's warnings while the case files are read (a vendor file's new key ...): notes of the check."""
+    held: list[str] = []
+
+    class Hold(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            held.append(record.getMessage())
+
+    logger, handler = logging.getLogger("flagperf"), Hold(logging.WARNING)
+    logger.addHandler(handler)
+    try:
+        yield held
+    finally:
+        logger.removeHandler(handler)
 
 
 def _check_adaptations(vendor: Vendor, found: Findings) -> None:
@@ -172,24 +335,72 @@ def _check_adaptations(vendor: Vendor, found: Findings) -> None:
     except FlagperfError as exc:
         found.problems.append(str(exc))
         return
-    for name in sorted(cases):
+    families: set[str] = set()
+    with case_code_not_run(), _held_warnings() as warnings:  # the vendor's case files are read, never run
+        for name in sorted(cases):
+            try:
+                case = load_case(name, cases)
+            except FlagperfError as exc:
+                found.problems.append(str(exc))
+                continue
+            families.add(case.family)
+            used = _check_case(vendor, case, found)
+            if used:
+                found.passed.append(f"adaptation of {name}: {'; '.join(used)}")
+    for note in dict.fromkeys(warnings):  # a new key's warning, when that key is also a problem, is said once
+        file_and_key = ": ".join(note.split(": ")[:2]) + ":"
+        if not any(problem.startswith(file_and_key) for problem in found.problems):
+            found.notes.append(note)
+    for family, sub in sorted(ENGINE_FOLDERS.items()):
+        if family in families and not any((vendor.folder / sub).glob(f"*/{ENGINE_MANIFEST}")):
+            found.notes.append(f"no {family} engines ({display_path(vendor.folder / sub)}/<engine>/{ENGINE_MANIFEST}):"
+                               f" {family} cases cannot run with this vendor (start from vendor_images/cpu/{sub}/)")
+
+
+def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
+    """This vendor's files of one case, each read as a run of the vendor reads it; what was read."""
+    used: list[str] = []
+    for path, message in misnamed_overrides(case.folder, case.family, vendor.name):
+        found.problem(display_path(path), message)
+    if is_present(case.vendor_file(vendor.name)):
         try:
-            case = load_case(name, cases)
-            adaptation = read_adaptation(case.folder, name, case.family, vendor.name)
+            resolve_case_config(case, vendor=vendor.name, run_overrides=[], hardware=vendor.manifest.hardware)
+            used.append(f"overrides {case.vendor_file(vendor.name).name}")
         except FlagperfError as exc:
             found.problems.append(str(exc))
+    folder = adaptation_folder(case.folder, vendor.name)
+    hardware = str(vendor.manifest.hardware)
+    # A link as the folder is read_adaptation's to judge (it must stay inside the case); its entries are not listed.
+    for entry in sorted(folder.iterdir()) if folder.is_dir() and not folder.is_symlink() else []:
+        problem = (scale_file_problem(entry.name, case.family, vendor.name, hardware)
+                   or stray_entry_problem(entry, case.family, vendor.name))
+        if problem:
+            found.problem(display_path(entry), problem)
             continue
-        if adaptation is not None and not adaptation.empty:
-            points = [p for p, used in (("environment file", adaptation.env), ("requirements", adaptation.requirements),
-                                        ("csrc", adaptation.csrc), ("extern " + ",".join(adaptation.hooks),
-                                                                    adaptation.extern)) if used]
-            found.passed.append(f"adaptation of {name}: {'; '.join(points)}")
+        scale = SCALE_FILE.fullmatch(entry.name)
+        if scale:
+            sizes = {"nnodes": int(scale.group(2)), "nproc_per_node": int(scale.group(3))}
+            try:
+                resolve_case_config(case, vendor=vendor.name, run_overrides=[(str(entry), sizes)], hardware=hardware)
+                used.append(f"scale {entry.name}")
+            except FlagperfError as exc:
+                found.problems.append(str(exc))
+    try:
+        adaptation = read_adaptation(case.folder, case.name, case.family, vendor.name)
+    except FlagperfError as exc:
+        found.problems.append(str(exc))
+        return used
+    if adaptation is not None and not adaptation.empty:
+        used += [p for p, present in (("environment file", adaptation.env), ("requirements", adaptation.requirements),
+                                      ("csrc", adaptation.csrc), ("extern " + ",".join(adaptation.hooks),
+                                                                  adaptation.extern)) if present]
+    return used
 
 
 def summary_lines(found: Findings) -> list[tuple[str, str]]:
     return ([("ok", line) for line in found.passed] + [("not checkable here", line) for line in found.not_checkable]
-            + [("problem", line) for line in found.problems])
+            + [("note", line) for line in found.notes] + [("problem", line) for line in found.problems])
 
 
 def as_json(found: Findings) -> dict[str, Any]:
-    return {"problems": found.problems, "not_checkable": found.not_checkable, "ok": found.passed}
+    return {"problems": found.problems, "not_checkable": found.not_checkable, "notes": found.notes, "ok": found.passed}

@@ -56,7 +56,8 @@ def test_problems_are_one_line_each(broken_vendor: Path) -> None:
     found = check_vendor_folder(broken_vendor, monitor_seconds=1)
     problems = "\n".join(found.problems)
     assert "line 2: copies missing.txt" in problems
-    assert "monitor crash: exited 1: no device tool" in problems
+    assert "monitor crash: exited 1 when run as `python " in problems and "crash.py --out FILE" in problems
+    assert "--max-seconds 1`: no device tool" in problems
     assert "datasheets.yaml: entry 0: no source" in problems
     assert "extern/hooks.py: line 4: load_state_dict: loads weights" in problems
     assert len(found.problems) == 4 and all("\n" not in p for p in found.problems)

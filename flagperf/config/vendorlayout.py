@@ -1,0 +1,88 @@
+"""Where a vendor's files of a case go, and what a misplaced one is told: files in the wrong place are never
+read, so a vendor who copied FlagPerf's layout (``<model>-<framework>/config/...``) would otherwise see a run
+that silently ignores them. Used by `flagperf vendor check` and `flagperf validate`; reads names only.
+
+    cases/<family>/<case>/vendor/<vendor>.yaml                 overrides (base, training, operation, generate)
+    cases/inference/<case>/vendor/<vendor>_configurations.yaml overrides (inference: FlagPerf's name)
+    cases/<family>/<case>/vendor/<vendor>/                     the adaptation (flagperf.config.adaptation)
+      config_<hw>x<nnodes>x<nproc>.yaml|.py                    training only; <hw> is vendor.yaml's hardware
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from flagperf.config.adaptation import (
+    CSRC_FOLDER,
+    CSRC_SETUP,
+    ENV_FILE,
+    EXTERN_FOLDER,
+    EXTERN_HOOKS_FILE,
+    REQUIREMENTS_FILE,
+)
+
+SCALE_FILE = re.compile(r"config_([A-Za-z0-9_.-]+)x(\d+)x(\d+)\.(yaml|py)")
+ADAPTATION_ENTRIES = (ENV_FILE, REQUIREMENTS_FILE, CSRC_FOLDER, EXTERN_FOLDER)
+FLAGPERF_CONFIG_FOLDER = "config"  # FlagPerf's <vendor>/<model>-<framework>/config/: its files go one level up here
+
+
+def overrides_name(family: str, vendor: str) -> str:
+    """The vendor's overrides file of a case of ``family`` (flagperf.config.cases.CaseDef.vendor_file)."""
+    return f"{vendor}_configurations.yaml" if family == "inference" else f"{vendor}.yaml"
+
+
+def overrides_vendor(file_name: str) -> str:
+    """The vendor an overrides file of vendor/ is for, by its name (acme.yaml, acme_configurations.yaml: acme)."""
+    stem = file_name.rsplit(".", 1)[0] if file_name.endswith((".yaml", ".yml")) else file_name
+    return stem.removesuffix("_configurations")
+
+
+def misnamed_overrides(case_folder: Path, family: str, vendor: str) -> list[tuple[Path, str]]:
+    """Files of vendor/ that look like this vendor's overrides but are not the name a run reads."""
+    right = overrides_name(family, vendor)
+    found = []
+    for name in (f"{vendor}.yaml", f"{vendor}.yml", f"{vendor}_configurations.yaml", f"{vendor}_configurations.yml"):
+        path = case_folder / "vendor" / name
+        if name != right and (path.is_file() or path.is_symlink()):
+            found.append((path, f"never read: the vendor overrides of {family} cases are vendor/{right}"))
+    return found
+
+
+def scale_file_problem(name: str, family: str, vendor: str, hardware: str) -> str | None:
+    """What is wrong with a scale file's name in vendor/<vendor>/ (None: a run of this vendor reads it)."""
+    match = SCALE_FILE.fullmatch(name)
+    if match is None:
+        return None
+    if family != "training":
+        return (f"never read: only training cases read scale files; the settings of {family} cases go in "
+                f"vendor/{overrides_name(family, vendor)}")
+    if match.group(1) != hardware:
+        return (f"never read: <hw> {match.group(1)!r} is not vendor {vendor}'s hardware {hardware!r} (vendor.yaml "
+                f"hardware, the vendor name when absent), so a run reads config_{hardware}x{match.group(2)}x"
+                f"{match.group(3)}.{match.group(4)}")
+    return None
+
+
+def stray_entry_problem(entry: Path, family: str, vendor: str) -> str | None:
+    """An entry of vendor/<vendor>/ that no run reads, when it looks like one a vendor meant to be read."""
+    if entry.name == FLAGPERF_CONFIG_FOLDER and entry.is_dir():
+        return (f"never read: FlagPerf's config/ folder is not used here; {ENV_FILE}, {REQUIREMENTS_FILE} and "
+                f"config_<hw>x<nnodes>x<nproc>.yaml go directly in vendor/{vendor}/")
+    if entry.name in (f"{vendor}_requirements.txt", "requirements.sh", "env.sh", "environment_variables.txt"):
+        return f"never read: the names read here are {ENV_FILE} and {REQUIREMENTS_FILE}"
+    if entry.name in (CSRC_SETUP, EXTERN_HOOKS_FILE):
+        home = CSRC_FOLDER if entry.name == CSRC_SETUP else EXTERN_FOLDER
+        return f"never read: {entry.name} goes in vendor/{vendor}/{home}/"
+    return None
+
+
+def misplaced_adaptation_file(path: Path, adaptation: Path) -> str | None:
+    """A file `flagperf validate` was given inside a vendor's case folder, but not where a run reads it."""
+    expected = {ENV_FILE: adaptation / ENV_FILE, REQUIREMENTS_FILE: adaptation / REQUIREMENTS_FILE,
+                CSRC_SETUP: adaptation / CSRC_FOLDER / CSRC_SETUP,
+                EXTERN_HOOKS_FILE: adaptation / EXTERN_FOLDER / EXTERN_HOOKS_FILE}.get(path.name)
+    if expected is None or path.parent.resolve() == expected.parent.resolve():
+        return None
+    where = expected.relative_to(adaptation.parent)
+    return f"never read: a run reads vendor/{where} (FlagPerf's config/ folder is not used here)"

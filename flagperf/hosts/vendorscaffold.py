@@ -1,0 +1,159 @@
+"""`flagperf vendor new NAME`: a commented vendor folder that passes `flagperf vendor check` as written, with
+every place a vendor fills in marked TODO (docs/vendor-guide.md walks through each file)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from flagperf.config.models import check_name
+from flagperf.config.vendors import MANIFEST
+from flagperf.errors import ConfigError
+from flagperf.paths import display_path
+
+VENDOR_YAML = """\
+# The manifest of vendor {name} (docs/vendor-guide.md lists every key). Check with: flagperf vendor check {folder}
+name: {name}                   # the folder's name; what --vendor and FlagPerf's VENDOR give
+description: >-
+  TODO: the chip, its software stack (driver, torch plug-in) and how it is monitored.
+torch_device: {device}          # torch's device type for the chip (cuda, xpu, npu, ...: what torch.device() takes)
+# true where the device allocates from host memory (a CPU, unified memory); false needs torch.<device>.mem_get_info()
+shares_host_memory: {shares}
+# hardware: {name}             # the <hw> of training scale files config_<hw>x<nnodes>x<nproc>.yaml (default: the name)
+spec_module: spec.py           # spec_table(settings) -> the peak table, every figure with its source
+spec_settings: {{}}              # handed to spec_table (e.g. a clock the device cannot report)
+monitors:
+  - name: system               # the host's CPU, memory, power (shared by every vendor)
+    module: flagperf.monitoring.system
+  - name: {name}
+    script: monitor_{name}.py
+container:
+  dockerfile: pytorch/Dockerfile
+  shm_size: 16g
+  # visible_devices_env: {env}   # the variable that narrows the devices of a round
+  # devices: [/dev/{name}0]        # device files passed into the container
+  # device_patterns: ["/dev/{name}*"]  # device files an inventory may pass for this vendor (ACCE_CONTAINER_OPT)
+  # device_requests: []            # docker's --gpus equivalent, where the vendor has a device plug-in
+  # ulimits: {{memlock: -1}}          # RDMA registration, as FlagPerf's docker run sets it
+"""
+
+SPEC_PY = '''\
+"""Peaks of vendor {name}'s chip: datasheet figures, each with its source (flagperf vendor check holds each
+figure to one). value None is an unknown figure; supported False is a precision the chip cannot do at all."""
+
+from __future__ import annotations
+
+from typing import Any
+
+DATASHEET = "TODO: the datasheet's title, revision and table (dense figures, not 2:4-sparse ones)"
+# key -> (value or None, unit). The keys are the ones cases read; a figure not known yet stays None.
+FIGURES: dict[str, tuple[float | None, str]] = {{
+    "fp64": (None, "TFLOPS"), "fp32": (None, "TFLOPS"), "tf32": (None, "TFLOPS"), "bf16": (None, "TFLOPS"),
+    "fp16": (None, "TFLOPS"), "fp8": (None, "TFLOPS"), "int8": (None, "TOPS"),
+    "memory_bandwidth": (None, "GB/s"), "memory_capacity": (None, "GiB"),
+    "h2d_bandwidth": (None, "GB/s"), "d2h_bandwidth": (None, "GB/s"),
+}}
+UNSUPPORTED: dict[str, str] = {{}}  # key -> why the chip cannot do it, e.g. "tf32": "no TF32 matrix unit"
+
+
+def spec_table(settings: dict[str, Any]) -> dict[str, Any]:
+    peaks: dict[str, Any] = {{}}
+    for key, (value, unit) in FIGURES.items():
+        if key in UNSUPPORTED:
+            peaks[key] = {{"value": None, "unit": unit, "supported": False, "source": UNSUPPORTED[key]}}
+        else:
+            peaks[key] = {{"value": value, "unit": unit, "source": DATASHEET if value is not None else
+                          "TODO: not filled in from the datasheet yet"}}
+    return {{"device": "TODO: the device name as the driver reports it", "peaks": peaks}}
+'''
+
+MONITOR_PY = '''\
+"""Monitor of vendor {name}'s devices: per device utilisation and memory (required), power and temperature
+(recommended), as JSON lines (flagperf.monitoring). A round starts it with the project on PYTHONPATH.
+Until read_devices() is filled in from the vendor's tool or library, it says so and exits (no samples)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flagperf.monitoring import monitor_arguments, run_sampler, write_unavailable
+
+
+def read_devices() -> list[dict[str, Any]]:
+    """One entry per device: index (int), util_percent, mem_used_bytes, mem_total_bytes, power_w, temp_c; a
+    figure the tool cannot read is None, never 0."""
+    raise NotImplementedError("monitor_{name}.py: read_devices() is still the template's; fill it in from the "
+                              "vendor's tool or library")
+
+
+def main() -> int:
+    args = monitor_arguments(__doc__ or "").parse_args()
+    try:
+        first = read_devices()
+    except Exception as exc:  # the tool or library is missing here: the header says why
+        return write_unavailable("{name}", args, str(exc) or type(exc).__name__)
+    header = {{"devices": [{{"index": d["index"]}} for d in first],
+              "fields": {{"util_percent": "%", "mem_used_bytes": "B", "mem_total_bytes": "B", "power_w": "W",
+                         "temp_c": "C"}}}}
+    return run_sampler("{name}", args, header, lambda: {{"devices": read_devices()}})
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+'''
+
+DOCKERFILE = """\
+# The image vendor {name}'s cases run in (tagged by the content hash of this folder, built only when it changed).
+# TODO: the vendor's PyTorch image (its torch and torch plug-in for the chip).
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+FROM ${{BASE_IMAGE}}
+COPY pytorch_install.sh /opt/flagperf/pytorch_install.sh
+RUN bash /opt/flagperf/pytorch_install.sh
+# The project is mounted read-only and put on PYTHONPATH at run time; the entry is
+# `python3 -m flagperf.entry --job <job.json>`.
+"""
+
+INSTALL_SH = """\
+#!/bin/bash
+# FlagPerf's <framework>_install.sh: what the cases need on top of the base image.
+set -euo pipefail
+PIP_NO_CACHE_DIR=1 PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install numpy pyyaml pydantic psutil
+"""
+
+README = """\
+# Vendor {name}
+
+TODO (FlagPerf asks each vendor for a README): the chip and its software (driver, firmware, torch plug-in
+versions), how the image is built, and the monitor's fields. Results are the run folders of `flagperf run
+--vendor {name}` (report.md, summary.csv): link the runs of each case at 1x1, 1x8 and 2x8.
+"""
+
+
+def write_vendor_folder(root: Path, name: str, torch_device: str = "cpu") -> Path:
+    """Writes root/<name>/ (refused when it exists: nothing is overwritten); returns the folder."""
+    try:
+        check_name(name, "vendor name")
+        check_name(torch_device, "torch device")
+    except ValueError as exc:
+        raise ConfigError("vendor new", None, str(exc)) from None
+    folder = root / name
+    if folder.exists() or folder.is_symlink():
+        raise ConfigError(display_path(folder), None, "already exists; nothing was written")
+    values = {"name": name, "device": torch_device, "folder": display_path(folder),
+              "shares": "true" if torch_device == "cpu" else "false", "env": f"{name.upper()}_VISIBLE_DEVICES"}
+    files = {MANIFEST: VENDOR_YAML, "spec.py": SPEC_PY, f"monitor_{name}.py": MONITOR_PY,
+             "pytorch/Dockerfile": DOCKERFILE, "pytorch/pytorch_install.sh": INSTALL_SH, "README.md": README}
+    staging = root / f".{name}.new-{os.getpid()}"  # renamed into place whole: never a half-written folder
+    try:
+        for rel, template in files.items():
+            path = staging / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(template.format(**values), encoding="utf-8")
+        staging.rename(folder)
+    except BaseException:
+        for path in sorted(staging.rglob("*"), reverse=True) if staging.exists() else []:
+            path.rmdir() if path.is_dir() else path.unlink()
+        if staging.exists():
+            staging.rmdir()
+        raise
+    return folder

@@ -1,0 +1,197 @@
+"""A new vendor's path through docs/vendor-guide.md: `flagperf vendor new` writes a folder that passes `vendor
+check` and `validate` as written; the adaptations of a base, an inference and a training case are read as a run
+reads them; and the mistakes a vendor coming from FlagPerf makes are each one problem line naming the file."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flagperf.config.vendors import MANIFEST, load_vendor_manifest
+from flagperf.errors import ConfigError
+from flagperf.hosts.vendorcheck import ENGINE_FOLDERS, check_vendor_folder
+from flagperf.hosts.vendorscaffold import write_vendor_folder
+from flagperf.paths import PROJECT_ROOT
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+NAIVE_MONITOR = """\
+import argparse, json, time
+p = argparse.ArgumentParser()
+for flag in ("--out", "--pid-file"):
+    p.add_argument(flag)
+for flag in ("--interval", "--max-seconds", "--parent-pid"):
+    p.add_argument(flag, type=float)
+a = p.parse_args()
+with open(a.out, "w") as f:
+    f.write(json.dumps({"type": "header", "monitor": "acme"}) + "\\n")
+    f.write(json.dumps({"type": "sample", "t": time.time(), "util_percent": 5.0, "mem_used_bytes": 1}) + "\\n")
+    f.write(json.dumps({"type": "footer", "samples": 1}) + "\\n")
+"""
+
+
+@pytest.fixture
+def walk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A scaffolded vendor `acme` (the host CPU as its device, an ONNX Runtime engine) on FLAGPERF_VENDOR_PATH,
+    and a base, an inference and a training case of their own on FLAGPERF_CASE_PATH, not yet adapted."""
+    vendor = write_vendor_folder(tmp_path / "vendors", "acme")
+    shutil.copytree(PROJECT_ROOT / "vendor_images" / "cpu" / "engines" / "onnxruntime",
+                    vendor / "engines" / "onnxruntime")
+    cases = tmp_path / "cases"
+    gemm = cases / "base" / "walk-gemm"
+    gemm.mkdir(parents=True)
+    text = (PROJECT_ROOT / "cases" / "base" / "computation-FP32" / "case.yaml").read_text()
+    (gemm / "case.yaml").write_text(text.replace("name: computation-FP32", "name: walk-gemm"))
+    shutil.copytree(PROJECT_ROOT / "cases" / "inference" / "digits-infer", cases / "inference" / "walk-infer",
+                    ignore=shutil.ignore_patterns("vendor", "__pycache__"))
+    mlp = cases / "training" / "walk-mlp"
+    shutil.copytree(FIXTURES / "vendor_adaptation" / "cases" / "training" / "adapted-mlp", mlp,
+                    ignore=shutil.ignore_patterns("vendor", "__pycache__"))
+    (mlp / "case.yaml").write_text((mlp / "case.yaml").read_text().replace("name: adapted-mlp", "name: walk-mlp"))
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(tmp_path / "vendors"))
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(cases))
+    return tmp_path
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def flagperf(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, timeout=300,
+                          cwd=PROJECT_ROOT, env={**os.environ, **(env or {})})
+
+
+def test_the_scaffold_passes_vendor_check_and_validate_as_written(tmp_path: Path) -> None:
+    made = flagperf("vendor", "new", "acme", "--into", str(tmp_path))
+    assert made.returncode == 0, made.stderr
+    folder = tmp_path / "acme"
+    found = check_vendor_folder(folder, monitor_seconds=1)
+    assert found.problems == []
+    assert any(line.startswith("image ") and "pytorch_install.sh" in line for line in found.passed)
+    assert any(line.startswith("peaks: 11 figures") for line in found.passed)
+    # The template monitor says what is left to do rather than writing made-up figures.
+    assert any("read_devices() is still the template's" in line for line in found.not_checkable)
+    checked = flagperf("validate", str(folder / MANIFEST))
+    assert checked.returncode == 0 and "(vendor)" in checked.stdout, checked.stderr
+    again = flagperf("vendor", "new", "acme", "--into", str(tmp_path))
+    assert again.returncode == 2 and "already exists; nothing was written" in again.stderr
+
+
+def test_a_base_an_inference_and_a_training_adaptation_are_read_as_a_run_reads_them(walk: Path) -> None:
+    cases = walk / "cases"
+    write(cases / "base" / "walk-gemm" / "vendor" / "acme.yaml", "m: 1024\nn: 1024\nk: 1024\n")
+    write(cases / "inference" / "walk-infer" / "vendor" / "acme_configurations.yaml", "batch_size: 64\n")
+    adapted = cases / "training" / "walk-mlp" / "vendor" / "acme"
+    write(adapted / "config_acmex1x1.yaml", "lr: 0.08\n")
+    write(adapted / "environment_variables.sh", "export ACME_LAUNCH_BLOCKING=0\n")
+    found = check_vendor_folder(walk / "vendors" / "acme", monitor_seconds=1)
+    assert found.problems == []
+    assert "adaptation of walk-gemm: overrides acme.yaml" in found.passed
+    assert "adaptation of walk-infer: overrides acme_configurations.yaml" in found.passed
+    assert "adaptation of walk-mlp: scale config_acmex1x1.yaml; environment file" in found.passed
+    assert not any("no inference engines" in note for note in found.notes)
+
+
+def test_each_typical_mistake_is_one_problem_line(walk: Path) -> None:
+    vendor, cases = walk / "vendors" / "acme", walk / "cases"
+    manifest = vendor / MANIFEST
+    manifest.write_text(manifest.read_text().replace("shares_host_memory: true", "shares_host_memory: false"))
+    (vendor / "monitor_acme.py").write_text(NAIVE_MONITOR)
+    spec = vendor / "spec.py"
+    spec.write_text(spec.read_text().replace('"fp64": (None, "TFLOPS")', '"fp64_tflops": (None, "TFLOPS")'))
+    write(cases / "base" / "walk-gemm" / "vendor" / "acme.yaml", "M: 1024\n")
+    write(cases / "inference" / "walk-infer" / "vendor" / "acme.yaml", "batch_size: 64\n")
+    write(cases / "inference" / "walk-infer" / "vendor" / "acme_configurations.yaml", "hidden: 64\n")
+    adapted = cases / "training" / "walk-mlp" / "vendor" / "acme"
+    write(adapted / "config" / "environment_variables.sh", "export ACME_LAUNCH_BLOCKING=0\n")
+    write(adapted / "config_AX1x1x1.yaml", "lr: 0.08\n")
+    found = check_vendor_folder(vendor, monitor_seconds=1)
+    expected = [
+        "vendor.yaml: shares_host_memory: false, but torch.cpu has no mem_get_info()",
+        "monitor acme: no sample has a devices list",
+        "spec.py peaks.fp64_tflops: not a key any case reads",
+        "walk-gemm/vendor/acme.yaml: M: unknown key (did you mean m?)",
+        "walk-infer/vendor/acme.yaml: never read: the vendor overrides of inference cases are "
+        "vendor/acme_configurations.yaml",
+        "walk-infer/vendor/acme_configurations.yaml: hidden: is a case parameter",
+        "walk-mlp/vendor/acme/config: never read: FlagPerf's config/ folder is not used here",
+        "walk-mlp/vendor/acme/config_AX1x1x1.yaml: never read: <hw> 'AX1' is not vendor acme's hardware 'acme'",
+    ]
+    for line in expected:
+        assert sum(line in problem for problem in found.problems) == 1, (line, found.problems)
+    assert len(found.problems) == len(expected), found.problems
+    assert all("\n" not in problem for problem in found.problems)
+
+
+def test_garbage_from_a_monitor_a_spec_table_of_the_wrong_form_and_a_default_repeated(walk: Path) -> None:
+    vendor = walk / "vendors" / "acme"
+    (vendor / "monitor_acme.py").write_text("import sys\nopen(sys.argv[sys.argv.index('--out') + 1], 'w')"
+                                           ".write('ACME-SMI v1.2\\nGPU0 34C 58W 1234MiB 0%\\n')\n")
+    spec = vendor / "spec.py"
+    spec.write_text(spec.read_text().replace('"value": value, "unit": unit,', '"value": value,'))
+    write(walk / "cases" / "base" / "walk-gemm" / "vendor" / "acme.yaml", "m: 4096\n")
+    problems = check_vendor_folder(vendor, monitor_seconds=1).problems
+    assert any("monitor acme: line 1 of its --out file is not a JSON object ('ACME-SMI v1.2')" in p for p in problems)
+    assert any("spec.py spec_table(): peaks.fp64.unit: required key is missing" in p for p in problems)
+    assert any("walk-gemm/vendor/acme.yaml: m: overrides the default with the same value (4096)" in p
+               for p in problems)
+    assert len(problems) == 3, problems
+
+
+def test_every_missing_file_of_the_manifest_is_named_at_once(walk: Path) -> None:
+    vendor = walk / "vendors" / "acme"
+    (vendor / "pytorch" / "Dockerfile").unlink()
+    (vendor / "spec.py").unlink()
+    problems = check_vendor_folder(vendor, monitor_seconds=1).problems
+    assert len(problems) == 2 and "spec_module: 'spec.py' does not exist" in problems[0]
+    assert "container.dockerfile: 'pytorch/Dockerfile' does not exist" in problems[1]
+
+
+def test_an_unknown_manifest_key_names_the_nearest_one(walk: Path) -> None:
+    manifest = walk / "vendors" / "acme" / MANIFEST
+    manifest.write_text(manifest.read_text().replace("  shm_size: 16g", "  shm_size: 16g\n  visible_devices: X"))
+    with pytest.raises(ConfigError, match=r"container\.visible_devices: unknown key \(did you mean "
+                                          r"visible_devices_env"):
+        load_vendor_manifest(manifest)
+
+
+def test_validate_refuses_a_file_a_run_would_never_read(walk: Path) -> None:
+    cases = walk / "cases"
+    adapted = cases / "training" / "walk-mlp" / "vendor" / "acme"
+    files = [write(adapted / "config" / "environment_variables.sh", "export A=1\n"),
+             write(adapted / "config_AX1x1x1.yaml", "lr: 0.08\n"),
+             write(cases / "inference" / "walk-infer" / "vendor" / "acme.yaml", "batch_size: 64\n"),
+             write(cases / "base" / "walk-gemm" / "vendor" / "acme_configurations.yaml", "m: 1024\n")]
+    env = {"FLAGPERF_VENDOR_PATH": str(walk / "vendors"), "FLAGPERF_CASE_PATH": str(cases)}
+    checked = flagperf("validate", *map(str, files), env=env)
+    assert checked.returncode == 2
+    errors = checked.stderr.splitlines()
+    assert len(errors) == 4 and all("never read: " in line for line in errors), checked.stderr
+    assert "a run reads vendor/acme/environment_variables.sh" in errors[0]
+    assert "so a run reads config_acmex1x1.yaml" in errors[1]
+
+
+def test_the_engine_folders_are_the_families_own() -> None:
+    from flagperf.generate.engines import ENGINES_FOLDER
+    from flagperf.inference.engines import INFERENCE_ENGINES
+    from flagperf.operation.impls import IMPLEMENTATIONS_FOLDER
+
+    assert ENGINE_FOLDERS == {"inference": INFERENCE_ENGINES, "operation": IMPLEMENTATIONS_FOLDER,
+                              "generate": ENGINES_FOLDER}
+
+
+def test_an_inference_case_without_the_vendors_engine_names_the_vendors_own_folder(walk: Path) -> None:
+    vendor = walk / "vendors" / "acme"
+    shutil.rmtree(vendor / "engines")
+    write(walk / "cases" / "inference" / "walk-infer" / "vendor" / "acme_configurations.yaml", "batch_size: 64\n")
+    found = check_vendor_folder(vendor, monitor_seconds=1)
+    assert any(f"unknown compiler 'onnxruntime' for vendor acme (engines in {vendor / 'engines'}/: none)" in p
+               for p in found.problems), found.problems
+    assert any(note.startswith("no inference engines") for note in found.notes)
