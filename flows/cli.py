@@ -725,14 +725,15 @@ app.add_typer(vendor_app, name="vendor")
 
 
 @vendor_app.command("check")
-def vendor_check(folder: Annotated[Path, typer.Argument(help="a vendor folder, e.g. vendor_images/<vendor>")]) -> None:
+def vendor_check(folder: Annotated[Path, typer.Argument(help="a vendor folder, e.g. vendor_images/<vendor>, or a "
+                                                         "vendor's name as --vendor takes it")]) -> None:
     """Check a vendor folder: manifest, Dockerfile and install step, each monitor run for a few seconds (or
     reported not checkable here), the peak table and its sources, and every case adaptation's forbidden
     changes. One line per finding; exit 1 when there is a problem."""
-    from flagperf.hosts.vendorcheck import check_vendor_folder, summary_lines
+    from flagperf.hosts.vendorcheck import check_vendor_folder, resolve_vendor_argument, summary_lines
 
     try:
-        found = check_vendor_folder(folder)
+        found = check_vendor_folder(resolve_vendor_argument(folder))
     except FlagperfError as exc:
         raise _fail(str(exc)) from None
     colours = {"ok": "green", "not checkable here": "yellow", "note": "yellow", "problem": "red"}

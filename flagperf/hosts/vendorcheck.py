@@ -53,7 +53,7 @@ from flagperf.config.vendors import (
     load_vendor_manifest,
 )
 from flagperf.config.yamlio import parse_yaml_text
-from flagperf.errors import ConfigError, FlagperfError
+from flagperf.errors import ConfigError, FlagperfError, unknown_name
 from flagperf.paths import PROJECT_ROOT, display_path
 from flagperf.results.schema import SpecTable
 
@@ -75,6 +75,20 @@ class Findings:
 
     def problem(self, where: str, what: str) -> None:
         self.problems.append(f"{where}: {what}")
+
+
+def resolve_vendor_argument(given: Path) -> Path:
+    """A folder as given; a bare name that is no folder here is the vendor --vendor would find by that name
+    (vendor_images/, FLAGPERF_VENDOR_PATH), so `flagperf vendor check acme` checks what a run would use."""
+    if (given / MANIFEST).exists() or len(given.parts) != 1:
+        return given
+    vendors = available_vendors()
+    if given.name in vendors:
+        return vendors[given.name]
+    if not given.exists():
+        raise ConfigError(str(given), None, "no such folder, nor a vendor of that name: "
+                          + unknown_name("vendor", given.name, vendors, "flagperf list vendors"))
+    return given
 
 
 def check_vendor_folder(folder: Path, monitor_seconds: float = MONITOR_SECONDS) -> Findings:

@@ -195,3 +195,14 @@ def test_an_inference_case_without_the_vendors_engine_names_the_vendors_own_fold
     assert any(f"unknown compiler 'onnxruntime' for vendor acme (engines in {vendor / 'engines'}/: none)" in p
                for p in found.problems), found.problems
     assert any(note.startswith("no inference engines") for note in found.notes)
+
+
+def test_vendor_check_takes_a_vendors_name_as_run_finds_it(tmp_path: Path) -> None:
+    """`flagperf vendor check acme` checks the folder `--vendor acme` would use (on FLAGPERF_VENDOR_PATH); a
+    name that is neither a folder nor a vendor is one line with the nearest vendor."""
+    assert flagperf("vendor", "new", "acme", "--into", str(tmp_path)).returncode == 0
+    by_name = flagperf("vendor", "check", "acme", env={"FLAGPERF_VENDOR_PATH": str(tmp_path)})
+    assert f"ok manifest {tmp_path / 'acme' / MANIFEST}" in by_name.stdout, by_name.stdout + by_name.stderr
+    wrong = flagperf("vendor", "check", "acmee", env={"FLAGPERF_VENDOR_PATH": str(tmp_path)})
+    assert wrong.returncode == 2 and "did you mean acme?" in wrong.stderr, wrong.stderr
+    assert len(wrong.stderr.strip().splitlines()) == 1
