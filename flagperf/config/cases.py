@@ -16,6 +16,7 @@ An inference case folder (cases/inference/<model>/) keeps FlagPerf's files inste
 from __future__ import annotations
 
 import importlib
+import sys
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -97,6 +98,11 @@ class CaseDef:
                 missing = missing_extra(exc, self.family, f"case {self.name}")  # the kernel's package, not the kernel
                 if missing is not None:
                     raise missing from None
+                if exc.name and not (entry == exc.name or entry.startswith(f"{exc.name}.")):
+                    # the kernel is there; a package it imports is not (torch missing or broken on this host)
+                    raise ConfigError(display_path(self.manifest_path), "entry",
+                                      f"{entry} needs {exc.name!r}, which this Python ({sys.executable}) "
+                                      "cannot import") from None
                 raise ConfigError(display_path(self.manifest_path), "entry", f"no kernel named {entry!r}") from None
         else:
             module = import_file(self.folder / entry, f"flagperf_case_{self.name.replace('-', '_').replace('.', '_')}",

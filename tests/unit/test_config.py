@@ -287,3 +287,17 @@ def test_load_suite_errors(tmp_path: Path, text: str, key: str, message: str) ->
     assert info.value.key == key
     assert message in info.value.message
     assert "\n" not in str(info.value)
+
+
+def test_a_kernel_whose_package_is_missing_names_the_package_not_the_kernel(monkeypatch) -> None:
+    """torch missing or broken on a host: the shared kernel is there, so 'no kernel named' would mislead."""
+    import sys
+
+    from flagperf.config.cases import load_case
+
+    monkeypatch.delitem(sys.modules, "flagperf.basespec.gemm", raising=False)
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ModuleNotFoundError(name='torch')
+    with pytest.raises(ConfigError) as raised:
+        _ = load_case("computation-FP32").module
+    assert "flagperf.basespec.gemm needs 'torch'" in str(raised.value)
+    assert "no kernel named" not in str(raised.value)
