@@ -403,12 +403,7 @@ class Inventory:
             resolved = load_vendor(name)
             for spec in self.hosts:
                 check_container_policy(spec, resolved)
-        given = [spec for spec in self.hosts if spec.spec_settings]
-        if given:  # keys the vendor's spec module reads (its vendor.yaml declares them), before anything runs
-            manifest = load_vendor(name).manifest
-            for spec in given:
-                source, prefix = spec_origin(spec)
-                check_host_spec_settings(manifest, spec.spec_settings, source, f"{prefix}spec_settings")
+        check_spec_settings_keys(self.hosts, name)
         return name
 
     def host(self, name: str) -> HostSpec:
@@ -416,6 +411,17 @@ class Inventory:
             if spec.name == name:
                 return spec
         raise KeyError(name)
+
+
+def check_spec_settings_keys(hosts: list[HostSpec], vendor: str) -> None:
+    """The hosts' spec_settings name keys the vendor's spec module reads (its vendor.yaml declares them): checked
+    before anything runs, without importing the vendor's code."""
+    given = [spec for spec in hosts if spec.spec_settings]
+    if given:
+        manifest = load_vendor(vendor).manifest
+        for spec in given:
+            source, prefix = spec_origin(spec)
+            check_host_spec_settings(manifest, spec.spec_settings, source, f"{prefix}spec_settings")
 
 
 def mask_values(values: dict[str, str]) -> dict[str, str]:
@@ -627,6 +633,8 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
             error = pydantic_error_to_config_error(exc, source)
             raise ConfigError(source, f"endpoints.{name}.{error.key}" if error.key else f"endpoints.{name}",
                               error.message) from None
+    if parsed.vendor is not None:  # also where the file is only validated (flagperf validate)
+        check_spec_settings_keys(hosts, parsed.vendor)
     return Inventory(hosts=hosts, source=source, vendor=parsed.vendor, master_port=parsed.master_port,
                      endpoints=dict(parsed.endpoints))
 
