@@ -471,7 +471,8 @@ def estimated_peak_lines(figures: list[dict[str, Any]]) -> list[str]:
     if not reasons and not any(e.get("mfu_estimated") and e.get("mfu") is not None for e in figures):
         return []
     lines = [ESTIMATED_PEAK_LEGEND, ""]
-    lines += [f"- estimated peak ({md_text(reason)}): {md_text(', '.join(names))}" for reason, names in reasons.items()]
+    lines += [f"- {md_text(', '.join(names))}: the peak is an estimate, a lower bound ({md_text(reason)})"
+              for reason, names in reasons.items()]
     return [*lines, ""] if reasons else lines
 
 

@@ -28,7 +28,7 @@ SETTINGS: dict[str, tuple[float, float, bool, str]] = {
     "memory_mt_per_s": (100.0, 20000.0, False, "MT/s"),
 }
 BASE_CLOCK = "base clock from the model name; the cores may boost above it"
-CURRENT_CLOCK = "current clock from /proc/cpuinfo, no cpufreq maximum visible (a VM); the cores may boost above it"
+CURRENT_CLOCK = "current clock from /proc/cpuinfo, no cpufreq maximum being visible; the cores may boost above it"
 
 
 def checked_settings(settings: dict[str, Any]) -> dict[str, float | int | None]:
