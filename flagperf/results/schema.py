@@ -61,6 +61,13 @@ class Peak(_Model):
         return self.bound == "lower"
 
 
+# How a share of an estimated peak (bound: lower) is written wherever one is shown: the real share is at most that.
+UPPER_ESTIMATE = "≤ "
+ESTIMATED_PEAK_LEGEND = ("≤: measured against an estimated peak, a lower bound of this machine's real peak, so the "
+                         "ratio or MFU is an upper estimate (the real share is at most that); a figure above such a "
+                         "peak means the estimate is low, not that the figure is wrong.")
+
+
 class SpecTable(_Model):
     device: str
     peaks: dict[str, Peak]
@@ -196,6 +203,8 @@ class OperatorPoint(_Model):
     roofline: float | None = Field(default=None, description="roofline time / measured time: max(FLOPs / peak "
                                                              "FLOP/s, bytes / peak bandwidth) over the median")
     roofline_basis: str | None = None
+    roofline_estimated: bool = Field(default=False, description="the roofline uses a peak that is an estimate (a "
+                                     "lower bound of the real one): the share is an upper estimate")
     reference: str | None = Field(default=None, description="how the reference was computed (dtype, device)")
     max_abs_error: float | None = None
     max_rel_error: float | None = None

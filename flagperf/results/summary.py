@@ -37,7 +37,9 @@ from flagperf.results.operators import (
     points_of,
 )
 from flagperf.results.schema import (
+    ESTIMATED_PEAK_LEGEND,
     RESULT_FILE,
+    UPPER_ESTIMATE,
     Metric,
     RoundResult,
     read_result,
@@ -422,12 +424,6 @@ def fmt_pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.1%}"
 
 
-UPPER_ESTIMATE = "≤ "  # before a ratio or MFU against an estimated peak (a lower bound): the real one is at most that
-ESTIMATED_PEAK_LEGEND = ("≤: measured against an estimated peak, a lower bound of this machine's real peak, so the "
-                         "ratio or MFU is an upper estimate (the real share is at most that); a figure above such a "
-                         "peak means the estimate is low, not that the figure is wrong.")
-
-
 def headline_cells(entry: dict[str, Any]) -> list[str]:
     spread = f"±{entry['spread_cv']:.1%} ({entry['spread_over']})" if entry["spread_cv"] is not None else "-"
     peak = f"{fmt(entry['peak'])} {entry['peak_unit']}" if entry["peak"] is not None else "unknown"
@@ -558,6 +554,8 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | str | N
         lines += estimated_peak_lines(figures)
     if summary.operators:
         lines += [OPERATORS_INTRO, "", *operator_table(summary.operators)]
+        if any(e.get("best_roofline_estimated") for e in summary.operators):
+            lines += [ESTIMATED_PEAK_LEGEND, ""]
     lines += render_warnings(summary)
     lines += render_chip_section([e for e in summary.headline
                                   if not is_operation(e) or (e.get("chip") or {}).get("flagged")])
