@@ -153,6 +153,15 @@ def spec_setting_problem(key: str, value: Any) -> str | None:
     return f"must be a number, a text, true/false or null, not a {type(value).__name__}"
 
 
+def spec_settings_problem(values: dict[str, Any]) -> tuple[str, str] | None:
+    """(key, why) for the first value that cannot be a spec setting, or None."""
+    for key, value in values.items():
+        problem = spec_setting_problem(key, value)
+        if problem:
+            return key, problem
+    return None
+
+
 class HostSpecSettings(StrictModel):
     """A host's own spec_settings (its clock, its DIMM population), given by the inventory for that host and
     laid over the vendor's key by key; the vendor folder, and so the source digest, stays as it is."""
@@ -163,10 +172,9 @@ class HostSpecSettings(StrictModel):
 
     @model_validator(mode="after")
     def _scalars(self) -> HostSpecSettings:
-        for name, value in self.values.items():
-            problem = spec_setting_problem(name, value)
-            if problem:
-                raise ValueError(f"{name}: {problem}")
+        problem = spec_settings_problem(self.values)
+        if problem:
+            raise ValueError(f"{problem[0]}: {problem[1]}")
         return self
 
 

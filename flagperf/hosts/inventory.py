@@ -32,7 +32,7 @@ from flagperf.config.vendors import (
     available_vendors,
     check_host_spec_settings,
     load_vendor,
-    spec_setting_problem,
+    spec_settings_problem,
 )
 from flagperf.config.yamlio import load_yaml_mapping
 from flagperf.errors import ConfigError, unknown_name
@@ -353,15 +353,6 @@ class HostSpec(StrictModel):
         if self.port is None and "port" not in updates:
             updates["port"] = 22
         return self.model_copy(update=updates)
-
-
-def spec_settings_problem(values: dict[str, Any]) -> tuple[str, str] | None:
-    """(key, why) for the first value that cannot be a spec setting (flagperf.config.vendors), or None."""
-    for key, value in values.items():
-        problem = spec_setting_problem(key, value)
-        if problem:
-            return key, problem
-    return None
 
 
 class InventoryFile(StrictModel):
