@@ -330,9 +330,12 @@ def run_job(job: Job, out_dir: Path, slot: DeviceSlot | None = None, job_file: P
     device: str | None = None
     status = "failed"
     allocator = host_allocator()  # set by main (a case process), not by a test session that calls run_job
+    settings: dict[str, Any] = {}  # the spec settings the vendor's spec module read, and where each came from
+    settings_origins: dict[str, str] = {}
     try:
         case = load_case(job.case)
-        vendor = load_vendor(job.vendor)
+        vendor = job.host_vendor()
+        settings, settings_origins = vendor.spec_settings()
         config = case.config_model.model_validate(job.config, context={CASE_FOLDER: case.folder})
         slots = every_device(config, vendor, job) if slot is None else None
         if slots is not None:  # this process only starts and waits: the device processes measure
@@ -411,7 +414,7 @@ def run_job(job: Job, out_dir: Path, slot: DeviceSlot | None = None, job_file: P
             libraries={**job.controller_libraries, **library_versions()},
             host={**host_info(), "allocator": allocator}, image=job.image,
             config_origins=job.config_origins, run_overrides=job.run_overrides, attempt=job.attempt,
-            adaptation=adapted,
+            adaptation=adapted, spec_settings=settings, spec_settings_origins=settings_origins,
         ),
     )
     write_result(out_dir / RESULT_FILE, result)

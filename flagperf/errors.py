@@ -52,6 +52,16 @@ class Unsupported(FlagperfError):
     """The device cannot do what the case asks (for example a precision it has no arithmetic for)."""
 
 
+class SpecSettingError(ValueError):
+    """Raised by a vendor's spec module for one spec_settings value it cannot use; the engine says which file
+    and key gave it (the vendor's vendor.yaml, or the inventory for this host)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key = key
+        self.message = message
+        super().__init__(f"spec_settings.{key}: {message}")
+
+
 class InfrastructureFailure(FlagperfError):
     """A crash, a timeout or a lost result: worth retrying, the case itself may be fine."""
 

@@ -40,6 +40,7 @@ from flagperf.paths import display_path
 from flagperf.results.operators import OPERATOR_HEADER, operator_cells
 from flagperf.results.schema import folder_problem
 from flagperf.results.summary import (
+    ESTIMATED_PEAK_LEGEND,
     HEADLINE_HEADER,
     OPERATORS_INTRO,
     SUMMARY_JSON,
@@ -401,6 +402,10 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     if any(e["above_peak"] for e in summary["headline"]):
         console.print("[yellow]a measurement above its peak means the spec table's peak is too low for this "
                       "machine; see report.md for the peak sources[/]")
+    if any(e.get("peak_bound") == "lower" or e.get("mfu_estimated") for e in headline_figures(summary["headline"])) \
+            or any(e.get("best_roofline_estimated") for e in summary.get("operators") or []):
+        console.print(escape(ESTIMATED_PEAK_LEGEND) + " Why each peak is an estimate: report.md.", highlight=False,
+                      soft_wrap=True)
     c = summary["counts"]
     console.print(f"{c['rounds']} rounds: {c['success']} succeeded, {c['unsupported']} unsupported, "
                   f"{c['failed']} failed")

@@ -105,7 +105,8 @@ def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: C
               node_rank=node_rank, nnodes=nnodes, master_addr=master_addr, master_port=master_port,
               vendor=plan.vendor.name, config=case.config, config_origins=case.origins,
               run_overrides=case.run_overrides,
-              command=command, image=image, controller_libraries=library_versions(CONTROLLER_LIBRARIES))
+              command=command, image=image, controller_libraries=library_versions(CONTROLLER_LIBRARIES),
+              spec_settings=spec.host_spec_settings())
     monitor_budget = case.timeout_s * (case.max_retries + 1) + MONITOR_SLACK_S
     label = f"{case.name}/round{round_no}@{host.name}" + (f"#node{node_rank}" if nnodes > 1 else "")
     monitors: list[Any] = []

@@ -86,13 +86,12 @@ def _agreed_clock(group: dist.ProcessGroup) -> float:
 
 def rank_main(job_path: Path) -> int:
     from flagperf.config.job import Job
-    from flagperf.config.vendors import load_vendor
     from flagperf.training.launch import USER_ERROR_PREFIX, leave_process_group
 
     keep_freed_host_memory()  # as the entry does for every case process (it records the setting)
     job = Job.model_validate_json(job_path.read_text(encoding="utf-8"))
     config = Config.model_validate(job.config)
-    vendor = load_vendor(job.vendor)
+    vendor = job.host_vendor()  # with this host's spec_settings
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])
     device_type = vendor.manifest.torch_device

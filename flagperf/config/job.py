@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from flagperf.config.vendors import HostSpecSettings, Vendor, load_vendor
 from flagperf.results.provenance import engine_info, library_versions
 from flagperf.results.schema import Failure, Provenance, RoundResult
 
@@ -37,6 +38,14 @@ class Job(BaseModel):
     controller_libraries: dict[str, str] = Field(default_factory=dict)
     prefect_context: dict[str, Any] | None = Field(
         default=None, description="the run_case task's Prefect context (JSON form): inference steps nest under it")
+    spec_settings: HostSpecSettings | None = Field(
+        default=None, description="the inventory's spec_settings for this host (its clock, its memory), laid over the "
+                                  "vendor's when the host builds its spec table")
+
+    def host_vendor(self) -> Vendor:
+        """The job's vendor as this host sees it: the host's vendor folder, with the inventory's spec_settings for
+        this host over the vendor's."""
+        return load_vendor(self.vendor).with_host_settings(self.spec_settings)
 
     def failed_result(self, failure: Failure, host_probe: dict[str, Any] | None) -> RoundResult:
         """The result of a round that left none of its own (a crash, a timeout, a lost host)."""

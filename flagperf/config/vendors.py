@@ -11,6 +11,7 @@ Adding a vendor is adding a folder; nothing in the engine names a vendor.
 from __future__ import annotations
 
 import importlib.util
+import math
 import re
 import sys
 from functools import cached_property
@@ -23,11 +24,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from flagperf.config.casecode import CodeNotRun, code_runs
 from flagperf.config.files import given_name, inside, regular_file
 from flagperf.config.models import StrictModel, check_name, load_model
-from flagperf.errors import ConfigError, missing_extra, unknown_name
+from flagperf.errors import ConfigError, SpecSettingError, missing_extra, unknown_name
 from flagperf.paths import PROJECT_ROOT, display_path, vendor_roots
 from flagperf.results.schema import SpecTable
 
 MANIFEST = "vendor.yaml"
+SETTING_NAME = re.compile(r"[a-z_][a-z0-9_]{0,63}")
+MAX_SETTING_TEXT = 200
+MAX_SETTING_NUMBER = 1e12  # far above any clock, channel count or transfer rate; a typo's exponent is refused
 
 
 class MonitorEntry(StrictModel):
@@ -131,6 +135,64 @@ class VendorManifest(StrictModel):
         return self
 
 
+def spec_setting_problem(key: str, value: Any) -> str | None:
+    """Why ``value`` cannot be a spec setting (a scalar: a number, a short one-line text, true/false, or null for
+    the vendor's default), or None. What a value means is the vendor's spec module's to check, on the host."""
+    if not SETTING_NAME.fullmatch(key):
+        return "is not a setting name (lower-case letters, digits and _)"
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        if not math.isfinite(value) or abs(value) > MAX_SETTING_NUMBER:
+            return f"{value!r} is not a finite number of at most {MAX_SETTING_NUMBER:g}"
+        return None
+    if isinstance(value, str):
+        if len(value) > MAX_SETTING_TEXT or not value.isprintable():
+            return f"must be one line of at most {MAX_SETTING_TEXT} characters"
+        return None
+    return f"must be a number, a text, true/false or null, not a {type(value).__name__}"
+
+
+def spec_settings_problem(values: dict[str, Any]) -> tuple[str, str] | None:
+    """(key, why) for the first value that cannot be a spec setting, or None."""
+    for key, value in values.items():
+        problem = spec_setting_problem(key, value)
+        if problem:
+            return key, problem
+    return None
+
+
+class HostSpecSettings(StrictModel):
+    """A host's own spec_settings (its clock, its DIMM population), given by the inventory for that host and
+    laid over the vendor's key by key; the vendor folder, and so the source digest, stays as it is."""
+
+    values: dict[str, Any]
+    source: str = Field(description="the inventory file that gave them")
+    key: str = Field(description="their key in that file, e.g. hosts.0.spec_settings")
+
+    @model_validator(mode="after")
+    def _scalars(self) -> HostSpecSettings:
+        problem = spec_settings_problem(self.values)
+        if problem:
+            raise ValueError(f"{problem[0]}: {problem[1]}")
+        return self
+
+
+def check_host_spec_settings(manifest: VendorManifest, values: dict[str, Any], source: str, key: str) -> None:
+    """The inventory's settings for a host name keys the vendor's vendor.yaml declares under spec_settings (a
+    vendor declares every setting its spec module reads, null where the machine is read): checked on the
+    controller without importing the vendor's code."""
+    declared = manifest.spec_settings
+    for name, value in values.items():
+        problem = spec_setting_problem(name, value)
+        if problem is None and name not in declared:
+            problem = (unknown_name("spec setting", name, declared) + f" (the settings vendor {manifest.name}'s "
+                       "vendor.yaml declares)") if declared else \
+                f"vendor {manifest.name} reads no spec_settings (its vendor.yaml declares none)"
+        if problem:
+            raise ConfigError(source, f"{key}.{name}", problem)
+
+
 class Vendor(BaseModel):
     """A vendor resolved once (in the plan) and handed to every task: its manifest and its folder."""
 
@@ -139,6 +201,9 @@ class Vendor(BaseModel):
     manifest: VendorManifest
     location: str = Field(description="the vendor folder, relative to the project root when it lies inside it, "
                                       "so that a host with its own deployed copy finds its own folder")
+    host_settings: HostSpecSettings | None = Field(
+        default=None, description="the inventory's spec_settings for the host this runs on (set on the host, from "
+                                  "its job: with_host_settings), laid over the manifest's")
 
     @property
     def name(self) -> str:
@@ -159,9 +224,33 @@ class Vendor(BaseModel):
     def _spec_module(self) -> ModuleType:
         return import_file(self.folder / self.manifest.spec_module, f"flagperf_vendor_{self.name}_spec")
 
+    def with_host_settings(self, settings: HostSpecSettings | None) -> Vendor:
+        """This vendor as one host sees it: the inventory's spec_settings for the host over the manifest's."""
+        return self if settings is None else Vendor(manifest=self.manifest, location=self.location,
+                                                    host_settings=settings)
+
+    def spec_settings(self) -> tuple[dict[str, Any], dict[str, str]]:
+        """(the settings the spec module gets, key -> where its value came from)."""
+        manifest_file = display_path(self.folder / MANIFEST)
+        settings = dict(self.manifest.spec_settings)
+        origins = dict.fromkeys(settings, manifest_file)
+        if self.host_settings is not None:
+            settings.update(self.host_settings.values)
+            origins.update({name: f"{self.host_settings.source}: {self.host_settings.key}.{name}"
+                            for name in self.host_settings.values})
+        return settings, origins
+
     def spec_table(self) -> SpecTable:
-        """Peaks for the machine this runs on (call it on the host, not on the controller)."""
-        table = self._spec_module.spec_table(dict(self.manifest.spec_settings))
+        """Peaks for the machine this runs on (call it on the host, not on the controller). A setting the spec
+        module refuses is one line naming the file and key that gave it."""
+        settings, _ = self.spec_settings()
+        try:
+            table = self._spec_module.spec_table(settings)
+        except SpecSettingError as exc:
+            given = self.host_settings
+            if given is not None and exc.key in given.values:
+                raise ConfigError(given.source, f"{given.key}.{exc.key}", exc.message) from None
+            raise ConfigError(display_path(self.folder / MANIFEST), f"spec_settings.{exc.key}", exc.message) from None
         return SpecTable.model_validate(table)
 
 

@@ -87,8 +87,10 @@ def check_host(host: Host, spec: HostSpec, vendor: Vendor, log_path: Path,
             else "private")))
         if problem:  # jobs must not pass through a folder someone else controls
             return HealthReport(host=host.name, checks=checks, probe=None)
-    result = host.run([host.python, "-m", "flagperf.hosts.probe", "--vendor", vendor.name], timeout=PROBE_TIMEOUT_S,
-                      log_path=log_path)
+    settings = spec.host_spec_settings()  # the host's own: a value its spec module refuses fails here, not each round
+    argv = [host.python, "-m", "flagperf.hosts.probe", "--vendor", vendor.name,
+            *(["--spec-settings", settings.model_dump_json()] if settings is not None else [])]
+    result = host.run(argv, timeout=PROBE_TIMEOUT_S, log_path=log_path)
     if result.exit_code is None and not result.timed_out:
         checks.append(Check("python", False, f"cannot start {host.python}"))
     elif result.timed_out:

@@ -26,7 +26,14 @@ from flagperf.config.cases import available_cases, load_case
 from flagperf.config.endpoints import Endpoint
 from flagperf.config.files import is_present, read_config_text, regular_file_problem
 from flagperf.config.models import StrictModel, check_name, pydantic_error_to_config_error
-from flagperf.config.vendors import Vendor, available_vendors, load_vendor
+from flagperf.config.vendors import (
+    HostSpecSettings,
+    Vendor,
+    available_vendors,
+    check_host_spec_settings,
+    load_vendor,
+    spec_settings_problem,
+)
 from flagperf.config.yamlio import load_yaml_mapping
 from flagperf.errors import ConfigError, unknown_name
 from flagperf.hosts.container_policy import (
@@ -188,6 +195,10 @@ class HostSpec(StrictModel):
     env: dict[str, str] = Field(default_factory=dict)
     agent: AgentSpec | None = None
     slurm: SlurmSpec | None = Field(default=None, description="run each round as a Slurm job (flagperf.hosts.slurm)")
+    spec_settings: dict[str, Any] = Field(
+        default_factory=dict, description="this host's hardware facts for the vendor's spec module (cpu: clock_ghz, "
+        "memory_channels, memory_mt_per_s, fma_units_per_core), over the vendor.yaml's key by key; keys the "
+        "vendor.yaml declares, scalar values")
 
     @field_validator("name")
     @classmethod
@@ -266,6 +277,21 @@ class HostSpec(StrictModel):
     @field_serializer("env", when_used="json")
     def _mask_env(self, value: dict[str, str]) -> dict[str, str]:
         return mask_values(value)
+
+    @field_validator("spec_settings")
+    @classmethod
+    def _spec_settings(cls, value: dict[str, Any]) -> dict[str, Any]:
+        problem = spec_settings_problem(value)
+        if problem:
+            raise ValueError(f"{problem[0]}: {problem[1]}")
+        return value
+
+    def host_spec_settings(self) -> HostSpecSettings | None:
+        """The settings for the job of a round on this host, with the file and key that gave them."""
+        if not self.spec_settings:
+            return None
+        source, prefix = spec_origin(self)
+        return HostSpecSettings(values=self.spec_settings, source=source, key=f"{prefix}spec_settings")
 
     def runtime_env(self) -> dict[str, str]:
         """The environment the inventory gives this host's cases, references resolved here."""
@@ -368,6 +394,7 @@ class Inventory:
             resolved = load_vendor(name)
             for spec in self.hosts:
                 check_container_policy(spec, resolved)
+        check_spec_settings_keys(self.hosts, name)
         return name
 
     def host(self, name: str) -> HostSpec:
@@ -375,6 +402,17 @@ class Inventory:
             if spec.name == name:
                 return spec
         raise KeyError(name)
+
+
+def check_spec_settings_keys(hosts: list[HostSpec], vendor: str) -> None:
+    """The hosts' spec_settings name keys the vendor's spec module reads (its vendor.yaml declares them): checked
+    before anything runs, without importing the vendor's code."""
+    given = [spec for spec in hosts if spec.spec_settings]
+    if given:
+        manifest = load_vendor(vendor).manifest
+        for spec in given:
+            source, prefix = spec_origin(spec)
+            check_host_spec_settings(manifest, spec.spec_settings, source, f"{prefix}spec_settings")
 
 
 def mask_values(values: dict[str, str]) -> dict[str, str]:
@@ -533,8 +571,15 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
         merged = {**parsed.defaults, **entry}
         if "port" not in entry and _port_in(entry.get("address")):
             merged.pop("port", None)  # a port written in the host's own address wins over the defaults'
-        if "docker" in parsed.defaults and "docker" in entry:
-            merged["docker"] = {**parsed.defaults["docker"], **entry["docker"]}
+        for section in ("docker", "spec_settings"):  # merged key by key: a host sets what differs from the defaults
+            if isinstance(parsed.defaults.get(section), dict) and isinstance(entry.get(section), dict):
+                merged[section] = {**parsed.defaults[section], **entry[section]}
+        settings = merged.get("spec_settings")
+        problem = spec_settings_problem(settings) if isinstance(settings, dict) else None
+        if problem:  # here, where the key is known: the model's own check names only spec_settings
+            key = f"hosts.{i}.spec_settings" if problem[0] in (entry.get("spec_settings") or {}) \
+                else "defaults.spec_settings"
+            raise ConfigError(source, f"{key}.{problem[0]}", problem[1])
         try:
             spec = HostSpec.model_validate(merged)
             slots = [HostSpec.model_validate(slot.model_dump()) for slot in slurm_slots(spec)]  # a Slurm entry's nodes
@@ -579,6 +624,8 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
             error = pydantic_error_to_config_error(exc, source)
             raise ConfigError(source, f"endpoints.{name}.{error.key}" if error.key else f"endpoints.{name}",
                               error.message) from None
+    if parsed.vendor is not None:  # also where the file is only validated (flagperf validate)
+        check_spec_settings_keys(hosts, parsed.vendor)
     return Inventory(hosts=hosts, source=source, vendor=parsed.vendor, master_port=parsed.master_port,
                      endpoints=dict(parsed.endpoints))
 

@@ -1,6 +1,6 @@
 """What a host reports about itself at healthcheck: versions, the vendor's device and its peaks.
 
-    python -m flagperf.hosts.probe --vendor cpu      (prints one JSON object)
+    python -m flagperf.hosts.probe --vendor cpu [--spec-settings JSON]     (prints one JSON object)
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from pydantic import ValidationError
 
 from flagperf import __version__
-from flagperf.config.vendors import load_vendor
+from flagperf.config.vendors import HostSpecSettings, load_vendor
 from flagperf.errors import FlagperfError
 from flagperf.results.provenance import host_info, library_versions
 
@@ -23,8 +24,9 @@ from flagperf.results.provenance import host_info, library_versions
 CGROUP_MEMORY_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
 
 
-def probe(vendor_name: str) -> dict[str, object]:
-    vendor = load_vendor(vendor_name)
+def probe(vendor_name: str, settings: HostSpecSettings | None = None) -> dict[str, object]:
+    """settings: the inventory's spec_settings for this host, over the vendor's (as a round's job gives them)."""
+    vendor = load_vendor(vendor_name).with_host_settings(settings)
     device_type = vendor.manifest.torch_device
     answer: dict[str, object] = {
         "engine_version": __version__,
@@ -82,11 +84,16 @@ def device_memory_bytes(module: Any, count: int) -> int | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flagperf.hosts.probe")
     parser.add_argument("--vendor", required=True)
+    parser.add_argument("--spec-settings", help="this host's spec_settings from the inventory (HostSpecSettings JSON)")
     args = parser.parse_args(argv)
     try:
-        print(json.dumps(probe(args.vendor)))
+        settings = HostSpecSettings.model_validate_json(args.spec_settings) if args.spec_settings else None
+        print(json.dumps(probe(args.vendor, settings)))
     except FlagperfError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ValidationError as exc:
+        print(f"error: --spec-settings: {exc.errors()[0]['msg']}", file=sys.stderr)
         return 2
     return 0
 

@@ -132,6 +132,12 @@ def roofline(spec: SpecTable, op: Operator, dtype: str, flops: int | None, nbyte
     return max(terms) / latency, "max over " + ", ".join(basis)
 
 
+def roofline_is_estimate(spec: SpecTable, dtype: str, flops: int | None) -> bool:
+    """The roofline takes a peak that is only a lower bound of the real one: its share is an upper estimate."""
+    used = [_peak(spec, dtype) if flops else None, _peak(spec, "memory_bandwidth")]
+    return any(peak is not None and peak.estimated for peak in used)
+
+
 def point_metric(name: str, point: PlannedPoint, spec: SpecTable, latencies: list[float], median: float,
                  p10: float, p90: float, window: tuple[float, float]) -> tuple[Metric, float, str]:
     flops, nbytes = counted(point.op, point.dims, point.dtype)
@@ -276,7 +282,9 @@ class PointRunner:
         self.measured += metric.measured_seconds
         self._record(point, name, "passed", metric=metric_name, latency_s=median, latency_p10_s=p10,
                      latency_p90_s=p90, iterations=len(timed.latencies), flops=flops, bytes=nbytes,
-                     value=metric.value, unit=unit, roofline=share, roofline_basis=basis, **common)
+                     value=metric.value, unit=unit, roofline=share, roofline_basis=basis,
+                     roofline_estimated=share is not None and roofline_is_estimate(self.spec, point.dtype, flops),
+                     **common)
         log.info("%s %s %s @%s: %.4g ms, %.4g %s%s", point.op.name, point.dtype, shape_label(point.dims), name,
                  median * 1e3, metric.value, unit, f", {share:.1%} of roofline" if share is not None else "")
 

@@ -23,7 +23,7 @@ import pandas as pd
 from flagperf.results.markup import md_text
 from flagperf.results.metrics import coefficient_of_variation
 from flagperf.results.plotting import save_png
-from flagperf.results.schema import RESULT_FILE, RoundResult, read_result
+from flagperf.results.schema import RESULT_FILE, UPPER_ESTIMATE, RoundResult, read_result
 
 FAMILY = "operation"
 BASELINE = "native"
@@ -47,6 +47,7 @@ class PointFigures:
     values: list[float] = field(default_factory=list)
     ratios: list[float] = field(default_factory=list)
     rooflines: list[float] = field(default_factory=list)
+    roofline_estimated: bool = False  # against a peak that is a lower bound: the share is an upper estimate
     statuses: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     cvs: list[float] = field(default_factory=list)  # each passed round's spread over its timed iterations
@@ -119,6 +120,7 @@ def points_of(results: Iterable[RoundResult]) -> list[PointFigures]:
                     entry.cvs.append(float(cvs[p.metric]))  # type: ignore[arg-type]
                 if p.roofline is not None:
                     entry.rooflines.append(p.roofline)
+                    entry.roofline_estimated = entry.roofline_estimated or p.roofline_estimated
             if p.max_abs_error is not None:
                 entry.max_abs_error = max(entry.max_abs_error or 0.0, p.max_abs_error)
             entry.reference = p.reference or entry.reference
@@ -208,7 +210,8 @@ def operator_summaries(collected: list[PointFigures]) -> list[dict[str, Any]]:
             "passed": sum(p.status == "passed" for p in points), "failed": sum(p.status == "failed" for p in points),
             "skipped": sum(p.status == "skipped" for p in points), "speedups": speedups,
             "best_roofline": _mean(best.rooflines) if best else None,
-            "best_roofline_at": f"{best.implementation} {best.dtype} {best.shape}" if best else None})
+            "best_roofline_at": f"{best.implementation} {best.dtype} {best.shape}" if best else None,
+            "best_roofline_estimated": bool(best and best.roofline_estimated)})
     return entries
 
 
@@ -224,7 +227,8 @@ def operator_cells(entry: dict[str, Any]) -> list[str]:
     speedups = ", ".join(f"{md_text(impl)} " + ("-" if s["geomean"] is None else f"{s['geomean']:.3g}x")
                          + f" ({s['points']})" for impl, s in entry["speedups"].items()) or "-"
     best = "-" if entry["best_roofline"] is None else \
-        f"{_pct(entry['best_roofline'])} ({md_text(entry['best_roofline_at'])})"
+        f"{_estimate(entry.get('best_roofline_estimated'))}{_pct(entry['best_roofline'])} " \
+        f"({md_text(entry['best_roofline_at'])})"
     return [md_text(entry["case"]), md_text(entry["operator"]), entry["unit"] or "-",
             md_text(", ".join(entry["implementations"])), f"{entry['shapes']} ({', '.join(entry['dtypes'])})",
             correct, speedups, best]
@@ -274,6 +278,11 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
 
 
+def _estimate(estimated: bool | None) -> str:
+    """The mark of a share of an estimated peak (a lower bound of the real one): an upper estimate."""
+    return UPPER_ESTIMATE if estimated else ""
+
+
 CONVENTION = ("Each implementation's output is checked against the operator computed in higher precision before "
               "it is timed: a wrong result is a FAILED point, never a figure. Latency is the median over the "
               "timed iterations (mean over rounds); speed-up = native's latency / the implementation's; the "
@@ -293,7 +302,7 @@ def point_cell(point: PointFigures | None, base: dict[str, tuple[str, float]]) -
         return "skipped"
     parts = [f"{point.value:.4g} {point.bound_unit}", f"{point.latency * 1e3:.4g} ms"]
     if point.rooflines:
-        parts.append(f"{_pct(_mean(point.rooflines))} roofline")
+        parts.append(f"{_estimate(point.roofline_estimated)}{_pct(_mean(point.rooflines))} roofline")
     measured = share_of_measured(point, base)
     if measured is not None:
         parts.append(f"{_pct(measured[0])} of measured")

@@ -42,14 +42,18 @@ def plot_measured_vs_peak(plt: Any, summary: RunSummary, out: Path) -> Path | No
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(entries) + 1.2))
     labels = [f"{e['case']}\n{e['metric']}" for e in entries]
     ratios = [100 * e["ratio"] for e in entries]
-    colours = ["tab:red" if r > 100 else "tab:blue" for r in ratios]
+    estimated = [e.get("peak_bound") == "lower" for e in entries]  # an upper estimate: drawn apart, labelled ≤
+    colours = ["tab:orange" if est else "tab:red" if r > 100 else "tab:blue" for r, est in zip(ratios, estimated,
+                                                                                                  strict=True)]
     ax.barh(labels, ratios, color=colours)
     ax.axvline(100, color="black", linewidth=1)
     ax.set_xlim(0, max(115.0, max(ratios) * 1.12))
-    for i, r in enumerate(ratios):
-        ax.text(r, i, f" {r:.1f}%", va="center", fontsize=8)
+    for i, (r, est) in enumerate(zip(ratios, estimated, strict=True)):
+        ax.text(r, i, f" {'≤ ' if est else ''}{r:.1f}%", va="center", fontsize=8)
     ax.set_xlabel("measured / peak (%)")
-    ax.set_title(f"{summary.run_id}: measured vs peak (red: above the spec table's peak)", fontsize=9)
+    legend = "red: above the spec table's peak" + ("; orange: against an estimated peak (a lower bound), an upper "
+                                                     "estimate" if any(estimated) else "")
+    ax.set_title(f"{summary.run_id}: measured vs peak ({legend})", fontsize=9)
     ax.invert_yaxis()
     save_png(plt, fig, out)
     return out

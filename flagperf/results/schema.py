@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flagperf.results.bounded import read_bounded
 
@@ -42,6 +42,32 @@ class Peak(_Model):
     source: str = Field(description="datasheet reference or the derivation, with the inputs used")
     supported: bool = True
     dense: bool = True
+    bound: Literal["exact", "lower"] = Field(
+        default="exact", description="exact: a datasheet figure, or one derived from the device's maximum clock; "
+        "lower: a lower bound of the real peak (derived from a base or current clock the device may run above), "
+        "so a ratio or MFU against it is an upper estimate and a figure above it is no fault")
+    bound_reason: str | None = Field(default=None, max_length=300, description="bound: lower: why the figure is "
+                                     "only a lower bound, in a few words (the report shows it)")
+
+    @model_validator(mode="after")
+    def _bound_says_why(self) -> Peak:
+        if self.bound == "lower" and not (self.bound_reason or "").strip():
+            raise ValueError("bound: lower needs bound_reason saying why the peak is only a lower bound")
+        if self.bound == "exact" and self.bound_reason is not None:
+            raise ValueError("bound_reason goes with bound: lower (an exact peak needs no reason)")
+        return self
+
+    @property
+    def estimated(self) -> bool:
+        """A lower bound of the real peak: ratios and MFU against it are upper estimates."""
+        return self.bound == "lower"
+
+
+# How a share of an estimated peak (bound: lower) is written wherever one is shown: the real share is at most that.
+UPPER_ESTIMATE = "≤ "
+ESTIMATED_PEAK_LEGEND = ("≤: measured against an estimated peak, a lower bound of this machine's real peak, so the "
+                         "ratio or MFU is an upper estimate (the real share is at most that); a figure above such a "
+                         "peak means the estimate is low, not that the figure is wrong.")
 
 
 class SpecTable(_Model):
@@ -179,6 +205,8 @@ class OperatorPoint(_Model):
     roofline: float | None = Field(default=None, description="roofline time / measured time: max(FLOPs / peak "
                                                              "FLOP/s, bytes / peak bandwidth) over the median")
     roofline_basis: str | None = None
+    roofline_estimated: bool = Field(default=False, description="the roofline uses a peak that is an estimate (a "
+                                     "lower bound of the real one): the share is an upper estimate")
     reference: str | None = Field(default=None, description="how the reference was computed (dtype, device)")
     max_abs_error: float | None = None
     max_rel_error: float | None = None
@@ -240,6 +268,12 @@ class Provenance(_Model):
     adaptation: dict[str, Any] | None = Field(
         default=None, description="the vendor's adaptation of the case that was applied (cases/<family>/<case>/"
                                   "vendor/<vendor>/: environment file, requirements, csrc build, extern hooks used)")
+    spec_settings: dict[str, Any] = Field(
+        default_factory=dict, description="the settings the vendor's spec module read (vendor.yaml's spec_settings "
+                                          "with the inventory's for this host over them)")
+    spec_settings_origins: dict[str, str] = Field(
+        default_factory=dict, description="spec_settings key -> where its value came from: the vendor's vendor.yaml, "
+                                          "or the inventory file and key that set it for this host")
 
 
 class RoundResult(_Model):

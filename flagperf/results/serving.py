@@ -28,7 +28,7 @@ from typing import Any
 import pandas as pd
 
 from flagperf.results.plotting import save_png
-from flagperf.results.schema import RESULT_FILE, read_result
+from flagperf.results.schema import RESULT_FILE, UPPER_ESTIMATE, read_result
 
 POINT_METRIC = re.compile(r"^(?P<what>.+)@(?P<kind>[cr])(?P<level>[0-9][0-9.e+-]*)$")
 FAMILY = "generate"
@@ -65,6 +65,7 @@ class ServingPoint:
     slo: dict[str, Any] | None = None
     energy_per_token_j: float | None = None
     server: dict[str, float] = field(default_factory=dict)  # the server's Prometheus figures, mean over rounds
+    mfu_estimated: bool = False  # the MFU is against a peak that is a lower bound: an upper estimate
 
     def figure(self, what: str, key: str = "value") -> float | None:
         return self.figures.get(what, {}).get(key)
@@ -134,6 +135,8 @@ def serving_points(run_dir: Path, rows: pd.DataFrame | None = None) -> list[Serv
             figures = values.setdefault(key, {})
             for what, m in metrics:
                 figures.setdefault(what, []).append((m.value, m.p50, m.p90, m.p99, m.mfu))
+                point.mfu_estimated = point.mfu_estimated or bool(m.mfu is not None and m.mfu_peak is not None
+                                                                  and m.mfu_peak.estimated)
                 if what == "output_tokens_per_s":
                     point.output_tokens = (point.output_tokens or 0) + m.iterations
                 if what in COUNTS:
@@ -303,6 +306,9 @@ def _quality(point: ServingPoint) -> str:
 
 def _mfu(point: ServingPoint) -> str:
     mfu = point.figure("output_tokens_per_s", "mfu")
+    if mfu is not None and point.mfu_estimated:  # against an estimated peak (a lower bound): an upper estimate
+        return f"{UPPER_ESTIMATE}{100 * mfu:.3g}%" + (" (above 100 % of the estimated peak, a lower bound)"
+                                                       if mfu > 1 else "")
     return "-" if mfu is None else f"{100 * mfu:.3g}%" + (" (above 100 %: check the peak)" if mfu > 1 else "")
 
 

@@ -39,7 +39,9 @@ from flagperf.results.operators import (
     points_of,
 )
 from flagperf.results.schema import (
+    ESTIMATED_PEAK_LEGEND,
     RESULT_FILE,
+    UPPER_ESTIMATE,
     Metric,
     RoundResult,
     read_result,
@@ -64,7 +66,8 @@ MONITOR_COLUMNS = ["power_avg_w", "power_max_w", "energy_j", "energy_source", "e
 ROW_COLUMNS = ["case", "family", "round", "host", "node_rank", "device_index", "device_uuid", "nnodes",
                "nproc_per_node", "status", "metric", "value",
                "unit", "p50", "cv_chunks", "mfu", "warning",
-               "peak", "peak_unit", "ratio", "convention", "peak_source", "mfu_peak", "message", "device",
+               "peak", "peak_unit", "ratio", "convention", "peak_source", "peak_bound", "peak_bound_reason",
+               "mfu_peak", "mfu_peak_bound", "message", "device",
                *MONITOR_COLUMNS,
                "note", "search", *CHIP_COLUMNS]
 
@@ -181,7 +184,10 @@ def _rows(results: list[tuple[Path, RoundResult]], notes: MonitorNotes) -> pd.Da
                          "cv_chunks": m.cv, "peak": m.peak.value if m.peak else None,
                          "peak_unit": m.peak.unit if m.peak else None, "ratio": m.ratio,
                          "convention": m.convention, "peak_source": m.peak.source if m.peak else None,
-                         "mfu_peak": _mfu_peak(m), "warning": m.warning,
+                         "peak_bound": m.peak.bound if m.peak else None,
+                         "peak_bound_reason": m.peak.bound_reason if m.peak else None,
+                         "mfu_peak": _mfu_peak(m), "mfu_peak_bound": m.mfu_peak.bound if m.mfu_peak else None,
+                         "warning": m.warning,
                          **_monitor_columns(stats, m), "note": m.note,
                          "search": m.search.model_dump_json() if m.search else None,
                          **window_columns(seen, m.window)})
@@ -238,7 +244,8 @@ def _mfu_peak(metric: Metric) -> str | None:
     peak = metric.mfu_peak
     if metric.mfu is None or peak is None or peak.value is None:
         return None
-    return f"the {metric.mfu_peak_key} peak, {peak.value:.4g} {peak.unit} ({peak.source})"
+    estimated = f"; a lower bound: {peak.bound_reason}" if peak.estimated else ""
+    return f"the {metric.mfu_peak_key} peak, {peak.value:.4g} {peak.unit} ({peak.source}{estimated})"
 
 
 def _clean(value: Any) -> Any:
@@ -266,6 +273,9 @@ def summarize(run_dir: Path) -> RunSummary:
         cv_chunks = _clean(group["cv_chunks"].iloc[0]) if len(values) == 1 else None
         ratio = mean / peak if peak and group["unit"].iloc[0] == group["peak_unit"].iloc[0] and \
             group["ratio"].notna().all() else None
+        # A peak that is a lower bound of the real one (a clock the device may exceed): the ratio is an upper
+        # estimate, and above 1 it says the estimate is low, not that the figure or the peak's source is wrong.
+        estimated = bool(group["peak_bound"].eq("lower").any())
         headline.append({
             "case": case, "metric": metric, "family": group["family"].iloc[0], "value": mean,
             "unit": group["unit"].iloc[0],
@@ -273,7 +283,11 @@ def summarize(run_dir: Path) -> RunSummary:
             "spread_cv": cv_rounds if cv_rounds is not None else cv_chunks,
             "spread_over": "rounds" if cv_rounds is not None else ("chunks" if cv_chunks is not None else None),
             "rounds": int(group["round"].nunique()), "peak": peak, "peak_unit": _clean(group["peak_unit"].iloc[0]),
-            "ratio": ratio, "above_peak": bool(ratio is not None and ratio > 1.0),
+            "ratio": ratio, "above_peak": bool(ratio is not None and ratio > 1.0 and not estimated),
+            "above_estimated_peak": bool(ratio is not None and ratio > 1.0 and estimated),
+            "peak_bound": "lower" if estimated else ("exact" if peak is not None else None),
+            "peak_bound_reason": _clean(group["peak_bound_reason"].dropna().iloc[0]) if estimated else None,
+            "mfu_estimated": bool(group["mfu_peak_bound"].eq("lower").any()),
             "lower_bound": bool(group["note"].map(lambda n: isinstance(n, str) and BOUNDED_NOTE in n).any()),
             "convention": _clean(group["convention"].iloc[0]), "peak_source": _clean(group["peak_source"].iloc[0]),
             "mfu": _mean(group["mfu"]), "mfu_peak": _clean(group["mfu_peak"].dropna().iloc[0])
@@ -433,19 +447,50 @@ def fmt_pct(value: float | None) -> str:
 
 def headline_cells(entry: dict[str, Any]) -> list[str]:
     spread = f"±{entry['spread_cv']:.1%} ({entry['spread_over']})" if entry["spread_cv"] is not None else "-"
-    ratio = fmt_pct(entry["ratio"]) + (" (above peak!)" if entry["above_peak"] else "")
     peak = f"{fmt(entry['peak'])} {entry['peak_unit']}" if entry["peak"] is not None else "unknown"
     measured = ("≥ " if entry.get("lower_bound") else "") + fmt(entry["value"])  # a bound by design, said
     return [entry["case"], md_text(entry["metric"]), measured, md_text(entry["unit"]), fmt(entry["p50"]), spread, peak,
-            ratio, mfu_cell(entry.get("mfu")), str(entry["rounds"])]
+            ratio_cell(entry), mfu_cell(entry.get("mfu"), estimated=bool(entry.get("mfu_estimated"))),
+            str(entry["rounds"])]
 
 
-def mfu_cell(mfu: float | None) -> str:
-    """An MFU above 100 % is an error in the FLOPs per item or the peak, shown as one (the faults section
-    says more), never as a plain figure."""
+def ratio_cell(entry: dict[str, Any]) -> str:
+    """measured / peak: against an exact peak above 100 % is flagged (the peak is wrong); against an estimated
+    one (a lower bound) the ratio is an upper estimate, and above 100 % says the estimate is low, and why."""
+    if entry["ratio"] is None:
+        return "-"
+    if entry.get("peak_bound") == "lower":
+        above = (f" (above the estimated peak; a lower bound: {md_text(entry.get('peak_bound_reason') or '')})"
+                 if entry.get("above_estimated_peak") else "")
+        return UPPER_ESTIMATE + fmt_pct(entry["ratio"]) + above
+    return fmt_pct(entry["ratio"]) + (" (above peak!)" if entry["above_peak"] else "")
+
+
+def mfu_cell(mfu: float | None, *, estimated: bool = False) -> str:
+    """An MFU above 100 % of an exact peak is an error in the FLOPs per item or the peak, shown as one (the faults
+    section says more), never as a plain figure. Against an estimated peak (a lower bound) the MFU is an upper
+    estimate, marked as the ratio is."""
+    if mfu is not None and estimated:
+        return UPPER_ESTIMATE + fmt_pct(mfu) + (" (above 100 % of the estimated peak, a lower bound)"
+                                                 if mfu > 1.0 else "")
     if mfu is not None and mfu > 1.0:
         return f"**error**: {fmt_pct(mfu)}, FLOPs per item or peak wrong (above 100%!)"
     return fmt_pct(mfu)
+
+
+def estimated_peak_lines(figures: list[dict[str, Any]]) -> list[str]:
+    """Under the headline table where a ratio or MFU is against an estimated peak: what ≤ means, and why each
+    peak is only an estimate (one line per reason, naming its figures)."""
+    reasons: dict[str, list[str]] = {}
+    for e in figures:
+        if e.get("peak_bound") == "lower" and e.get("ratio") is not None:
+            reasons.setdefault(e.get("peak_bound_reason") or "not said", []).append(f"{e['case']} / {e['metric']}")
+    if not reasons and not any(e.get("mfu_estimated") and e.get("mfu") is not None for e in figures):
+        return []
+    lines = [ESTIMATED_PEAK_LEGEND, ""]
+    lines += [f"- {md_text(', '.join(names))}: the peak is an estimate, a lower bound ({md_text(reason)})"
+              for reason, names in reasons.items()]
+    return [*lines, ""] if reasons else lines
 
 
 def render_warnings(summary: RunSummary) -> list[str]:
@@ -527,8 +572,11 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | str | N
         lines += ["| " + " | ".join(HEADLINE_HEADER) + " |", "|" + "---|" * len(HEADLINE_HEADER)]
         lines += ["| " + " | ".join(headline_cells(e)) + " |" for e in figures]
         lines.append("")
+        lines += estimated_peak_lines(figures)
     if summary.operators:
         lines += [OPERATORS_INTRO, "", *operator_table(summary.operators)]
+        if any(e.get("best_roofline_estimated") for e in summary.operators):
+            lines += [ESTIMATED_PEAK_LEGEND, ""]
     lines += render_warnings(summary)
     lines += render_chip_section([e for e in summary.headline
                                   if not is_operation(e) or (e.get("chip") or {}).get("flagged")])
@@ -571,6 +619,8 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | str | N
                   "or across chunks for a single round.", ""]
         for e in figures:
             peak = e["peak_source"] or f"none in {e['unit']}"
+            if e.get("peak_bound") == "lower":
+                peak += f"; an estimate, a lower bound of the real peak: {e['peak_bound_reason']}"
             mfu = f"; MFU against {e['mfu_peak']}" if e.get("mfu_peak") else ""
             lines.append(f"- {e['case']} / {e['metric']}: {e['convention'] or 'no counting convention'}; "
                          f"peak: {peak}{mfu}")

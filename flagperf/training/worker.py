@@ -18,7 +18,6 @@ import torch.distributed as dist
 from flagperf.config.adaptation import load_hooks, read_adaptation
 from flagperf.config.cases import load_case
 from flagperf.config.job import Job
-from flagperf.config.vendors import load_vendor
 from flagperf.errors import EXIT_USER_ERROR, CaseUserError, ConfigError, missing_extra
 from flagperf.measure.hostmemory import keep_freed_host_memory
 from flagperf.training.driver import TrainingContext
@@ -59,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_host_memory()  # as the entry does for every case process (it records the setting)
     job = Job.model_validate_json(args.job.read_text(encoding="utf-8"))
     case = load_case(job.case)
-    vendor = load_vendor(job.vendor)
+    vendor = job.host_vendor()  # with this host's spec_settings
     config = case.config_model.model_validate(job.config)
     device_type = vendor.manifest.torch_device
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -12,6 +12,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pytest
+from pydantic import ValidationError
+
 from flagperf.paths import PROJECT_ROOT
 from flagperf.results.schema import Failure, Metric, Peak, Provenance, RoundResult, round_dir, write_result
 from flagperf.results.summary import headline_cells, render_markdown, summarize
@@ -95,3 +98,60 @@ def test_a_clean_round_has_no_faults(tmp_path: Path) -> None:
     summary = summarize(run)
     assert summary.faults == []
     assert "Faults and bounds" not in render_markdown(summary)
+
+
+BASE_CLOCK = "base clock from the model name; the cores may boost above it"
+ESTIMATED = Peak(value=2.0, unit="TFLOPS", source="derived: 2 cores x 1 GHz (model name)", bound="lower",
+                 bound_reason=BASE_CLOCK)
+
+
+def test_above_an_estimated_peak_is_an_upper_estimate_not_a_fault(tmp_path: Path) -> None:
+    """A peak from a clock the cores may exceed is a lower bound: 125 % of it is 'at most 125 %' of the real peak,
+    said with the reason, never 'above peak!' nor a fault; the same figure against an exact peak still is one."""
+    run = tmp_path / "run9"
+    put(run, "computation-FP32", [Metric(name="gemm_fp32", value=2.5, unit="TFLOPS", peak=ESTIMATED, ratio=1.25)])
+    put(run, "computation-FP64", [Metric(name="gemm_fp64", value=1.0, unit="TFLOPS", peak=ESTIMATED, ratio=0.5)])
+    put(run, "digits", [Metric(name="train_samples_per_s", value=10.0, unit="samples/s", mfu=1.3,
+                               mfu_peak_key="fp32", mfu_peak=ESTIMATED)])
+    put(run, "computation-INT8", [Metric(name="gemm_int8", value=2.5, unit="TFLOPS", peak=PEAK, ratio=1.25)])
+
+    summary = summarize(run)
+    by_case = {e["case"]: e for e in summary.headline}
+    fp32 = by_case["computation-FP32"]
+    assert (fp32["above_peak"], fp32["above_estimated_peak"], fp32["peak_bound"]) == (False, True, "lower")
+    assert fp32["peak_bound_reason"] == BASE_CLOCK
+    assert by_case["computation-INT8"]["above_peak"] is True  # an exact peak: as before
+    assert summary.faults == ["computation-INT8 / gemm_int8: measured 125.0% of its peak: above the peak means the "
+                              "spec table's peak is wrong for this machine (its source: report.md, 'How these "
+                              "numbers were made')"]
+
+    cells = {e["case"]: headline_cells(e) for e in summary.headline}
+    assert cells["computation-FP32"][7] == f"≤ 125.0% (above the estimated peak; a lower bound: {BASE_CLOCK})"
+    assert cells["computation-FP64"][7] == "≤ 50.0%"  # an upper estimate below 100 % too
+    assert cells["digits"][8] == "≤ 130.0% (above 100 % of the estimated peak, a lower bound)"
+    assert cells["computation-INT8"][7] == "125.0% (above peak!)"
+    report = render_markdown(summary)
+    assert "≤: measured against an estimated peak, a lower bound of this machine's real peak" in report
+    assert (f"- computation-FP32 / gemm_fp32, computation-FP64 / gemm_fp64: the peak is an estimate, a lower bound "
+            f"({BASE_CLOCK})") in report
+    assert f"peak: {ESTIMATED.source}; an estimate, a lower bound of the real peak: {BASE_CLOCK}" in report
+    assert f"MFU against the fp32 peak, 2 TFLOPS ({ESTIMATED.source}; a lower bound: {BASE_CLOCK})" in report
+
+
+def test_a_run_with_only_estimated_peaks_has_no_peak_fault(tmp_path: Path) -> None:
+    run = tmp_path / "run10"
+    put(run, "computation-FP32", [Metric(name="gemm_fp32", value=2.5, unit="TFLOPS", peak=ESTIMATED, ratio=1.25)])
+    summary = summarize(run)
+    report = render_markdown(summary)
+    assert summary.faults == [] and "Faults and bounds" not in report
+    assert "above peak!" not in report and "A measurement above its peak" not in report
+
+
+def test_a_peak_says_why_it_is_only_a_lower_bound() -> None:
+    with pytest.raises(ValidationError, match="bound: lower needs bound_reason"):
+        Peak(value=2.0, unit="TFLOPS", source="derived", bound="lower")
+    with pytest.raises(ValidationError, match="bound_reason goes with bound: lower"):
+        Peak(value=2.0, unit="TFLOPS", source="datasheet", bound_reason="why")
+    with pytest.raises(ValidationError, match="bound"):
+        Peak(value=2.0, unit="TFLOPS", source="datasheet", bound="upper")
+    assert Peak(value=2.0, unit="TFLOPS", source="datasheet").bound == "exact"  # result files of before read so

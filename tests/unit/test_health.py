@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
-from flagperf.hosts.health import MAX_CLOCK_SKEW_S, check_clock
+from flagperf.config.vendors import load_vendor
+from flagperf.hosts.fleet import open_host
+from flagperf.hosts.health import MAX_CLOCK_SKEW_S, check_clock, check_host
+from flagperf.hosts.inventory import load_inventory
 from flagperf.hosts.local import LocalHost
+from flagperf.paths import display_path
 
 
 class _SkewedHost(LocalHost):
@@ -34,3 +39,25 @@ def test_an_unreadable_clock_is_a_failed_check_not_a_crash() -> None:
 
     check = check_clock(_Broken())
     assert not check.ok and check.detail == "cannot read the host's clock: connection reset"
+
+
+def test_the_healthcheck_probe_builds_the_peaks_with_the_host_s_spec_settings(tmp_path: Path) -> None:
+    """The probe runs with the inventory's spec_settings for the host: its peaks use them, and a value the spec
+    module refuses fails the healthcheck in one line naming the inventory and key, before any round runs."""
+    good = tmp_path / "good.yaml"
+    good.write_text("hosts: [{name: here, address: localhost, spec_settings: {clock_ghz: 3.0}}]")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("hosts: [{name: here, address: localhost, spec_settings: {memory_channels: 0}}]")
+    vendor = load_vendor("cpu")
+    for inventory in (good, bad):
+        spec = load_inventory(inventory).hosts[0]
+        report = check_host(open_host(spec), spec, vendor, tmp_path / f"{inventory.stem}.log")
+        if inventory is good:
+            assert all(c.ok for c in report.checks), report.checks
+            assert report.probe is not None and "3.000 GHz (spec_settings.clock_ghz)" in \
+                report.probe["peaks"]["fp32"]["source"]
+        else:
+            python = next(c for c in report.checks if c.name == "python")
+            assert not python.ok and python.detail == (
+                f"flagperf.hosts.probe exited 2: error: {display_path(bad)}: hosts.0.spec_settings.memory_channels: "
+                "0 is outside 1 to 128 channels"), python.detail

@@ -23,6 +23,7 @@ from flagperf.hosts.docker import (
     image_tag,
 )
 from flagperf.hosts.inventory import load_inventory
+from flagperf.paths import display_path
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -428,3 +429,108 @@ def test_a_remote_host_without_project_root_needs_a_usable_default(tmp_path: Pat
                  "hosts: [{name: a, address: h, project_root: /opt/flagperf}]"):
         loaded = load(body)
         assert loaded.returncode == 0, loaded.stderr
+
+
+# --- a host's own spec_settings ---------------------------------------------------------------------------------
+
+
+def test_a_host_s_spec_settings_reach_its_spec_table_and_provenance(tmp_path: Path) -> None:
+    """The inventory gives one host its clock and memory (merged over the defaults key by key); a real round on
+    that host builds its spec table with them and records which came from the inventory; the other host and the
+    vendor folder keep the vendor's."""
+    from flagperf.config.job import Job
+    from flagperf.config.plan import plan_run
+    from flagperf.entry import run_job
+    from flagperf.results.provenance import source_digest
+    from flagperf.results.schema import read_result
+
+    digest = source_digest()
+    lab = write(tmp_path, "lab.yaml", """
+vendor: cpu
+defaults:
+  spec_settings: {memory_channels: 2, memory_mt_per_s: 3200}
+hosts:
+  - name: here
+    address: localhost
+    spec_settings: {clock_ghz: 3.0, memory_channels: 4}
+  - name: other
+    address: localhost
+""")
+    inv = load_inventory(lab)
+    here, other = inv.hosts
+    assert here.spec_settings == {"memory_channels": 4, "memory_mt_per_s": 3200, "clock_ghz": 3.0}
+    assert other.spec_settings == {"memory_channels": 2, "memory_mt_per_s": 3200}
+    plan = plan_run(cases=["computation-FP32"], sets=["m=64", "n=64", "k=64", "warmup_iters=0",
+                                                      "min_duration_s=0.05", "min_iters=2", "devices=one"],
+                    results_dir=tmp_path / "results", hosts=[h.model_dump(mode="json") for h in inv.hosts])
+    assert plan.hosts[0]["spec_settings"]["clock_ghz"] == 3.0  # the plan records the settings as used
+    cp = plan.cases[0]
+    job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, host=here.name, vendor="cpu",
+              config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={},
+              spec_settings=here.host_spec_settings())
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "job.json").write_text(job.model_dump_json())  # as the host reads it
+    assert run_job(Job.model_validate_json((out / "job.json").read_text()), out) == 0
+    result = read_result(out / "result.json")
+    peak = result.metrics[0].peak
+    assert peak is not None and "3.000 GHz (spec_settings.clock_ghz)" in peak.source and peak.bound == "exact"
+    assert result.provenance is not None
+    assert result.provenance.spec_settings == {"fma_units_per_core": 2, "clock_ghz": 3.0, "memory_channels": 4,
+                                               "memory_mt_per_s": 3200}
+    assert result.provenance.spec_settings_origins == {
+        "fma_units_per_core": "vendor_images/cpu/vendor.yaml",
+        "clock_ghz": f"{display_path(lab)}: hosts.0.spec_settings.clock_ghz",
+        "memory_channels": f"{display_path(lab)}: hosts.0.spec_settings.memory_channels",
+        "memory_mt_per_s": f"{display_path(lab)}: hosts.0.spec_settings.memory_mt_per_s"}
+    assert source_digest() == digest  # the vendor folder is not edited: the code that ran is the same
+
+
+def test_a_bad_spec_setting_value_fails_the_round_in_one_line_naming_the_inventory(tmp_path: Path) -> None:
+    from flagperf.config.job import Job
+    from flagperf.config.plan import plan_run
+    from flagperf.entry import run_job
+    from flagperf.results.schema import read_result
+
+    lab = write(tmp_path, "lab.yaml", "hosts: [{name: here, address: localhost, spec_settings: {clock_ghz: 3500}}]")
+    inv = load_inventory(lab)
+    plan = plan_run(cases=["computation-FP32"], sets=["devices=one"], results_dir=tmp_path / "results")
+    cp = plan.cases[0]
+    job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, host="here", vendor="cpu",
+              config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={},
+              spec_settings=inv.hosts[0].host_spec_settings())
+    assert run_job(job, tmp_path) == 2
+    failure = read_result(tmp_path / "result.json").failure
+    assert failure is not None and failure.kind == "user"
+    assert failure.message == f"{display_path(lab)}: hosts.0.spec_settings.clock_ghz: 3500 is outside 0.1 to 10 GHz"
+
+
+@pytest.mark.parametrize(("body", "key", "message"), [
+    ("vendor: cpu\nhosts: [{name: a, address: h, spec_settings: {clock_ghzz: 3}}]", "hosts.0.spec_settings.clock_ghzz",
+     "unknown spec setting 'clock_ghzz' (did you mean clock_ghz?"),
+    ("vendor: nvidia\nhosts: [{name: a, address: h, spec_settings: {clock_ghz: 3}}]", "hosts.0.spec_settings.clock_ghz",
+     "vendor nvidia reads no spec_settings"),
+    ("hosts: [{name: a, address: h, spec_settings: {clock_ghz: [3, 4]}}]", "hosts.0.spec_settings.clock_ghz",
+     "must be a number, a text, true/false or null, not a list"),
+    ("hosts: [{name: a, address: h, spec_settings: {clock_ghz: .inf}}]", "hosts.0.spec_settings.clock_ghz",
+     "is not a finite number"),
+    ("defaults: {spec_settings: {memory_channels: {a: 1}}}\nhosts: [{name: a, address: h}]",
+     "defaults.spec_settings.memory_channels", "not a dict"),
+    ("hosts: [{name: a, address: h, spec_settings: {'Clock GHz': 3}}]", "hosts.0.spec_settings.Clock GHz",
+     "is not a setting name"),
+    ("hosts: [{name: a, address: h, spec_settings: [clock_ghz]}]", "hosts.0.spec_settings", "valid dictionary"),
+])
+def test_bad_spec_settings_name_the_inventory_and_key(tmp_path: Path, body: str, key: str, message: str) -> None:
+    path = write(tmp_path, "inv.yaml", body)
+    with pytest.raises(ConfigError) as info:
+        load_inventory(path)
+    assert info.value.key == key and message in info.value.message, str(info.value)
+    assert str(info.value).startswith(f"{display_path(path)}: {key}: ")
+    assert "\n" not in str(info.value)
+
+
+def test_the_run_vendor_checks_spec_settings_an_inventory_without_vendor_gave(tmp_path: Path) -> None:
+    inv = load_inventory(write(tmp_path, "inv.yaml", "hosts: [{name: a, address: h, spec_settings: {clock_ghz: 3}}]"))
+    assert inv.resolve_vendor("cpu") == "cpu"
+    with pytest.raises(ConfigError, match=r"inv.yaml: hosts.0.spec_settings.clock_ghz: vendor nvidia reads no "):
+        inv.resolve_vendor("nvidia")

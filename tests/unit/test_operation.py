@@ -265,3 +265,26 @@ def test_the_report_has_the_table_the_geomean_and_the_failed_points(tmp_path: Pa
     # a '|' in an error cannot break the table
     assert "- **FAILED** fp16 R4xC8 @wrong: wrong result: 1 of 32 elements \\| off" in text
     assert math.isclose(json.loads(result.model_dump_json())["operation"]["points"][0]["latency_s"], 2e-3)
+
+
+def test_a_roofline_on_an_estimated_peak_is_marked_an_upper_estimate() -> None:
+    """A roofline that takes a peak the spec table calls a lower bound is an upper estimate: the point says so
+    and the operator table writes its share as ≤ x %; on exact peaks it is plain."""
+    from flagperf.results.operators import operator_cells, operator_summaries, points_of
+
+    exact = Peak(value=1.0, unit="TFLOPS", source="test")
+    lower = Peak(value=1.0, unit="TFLOPS", source="test", bound="lower", bound_reason="base clock")
+    cells = {}
+    for name, peak in (("exact", exact), ("lower", lower)):
+        spec = SpecTable(device="test", peaks={"fp32": peak})
+        outcome = run_operation(config(operators=["mm"]), "cpu", spec, CPU)
+        (point,) = outcome.report.points
+        assert point.status == "passed" and point.roofline is not None
+        assert point.roofline_estimated is (name == "lower")
+        result = RoundResult(run_id="r", case="op", family="operation", round=1, host="h", node_rank=0,
+                             vendor="cpu", status="success", started_at=datetime.now(timezone.utc),
+                             finished_at=datetime.now(timezone.utc), duration_s=1.0, measured_seconds=1.0,
+                             metrics=outcome.metrics, config={}, operation=outcome.report)
+        (entry,) = operator_summaries(points_of([result]))
+        cells[name] = operator_cells(entry)[-1]
+    assert cells["lower"].startswith("≤ ") and not cells["exact"].startswith("≤")

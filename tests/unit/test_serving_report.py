@@ -277,3 +277,24 @@ def test_the_gpu_bench_redraws_its_plots_from_its_record(serving_run: Path, tmp_
     done = subprocess.run([sys.executable, "bench/serving_gpu.py", "--plot", str(record), "--out", str(tmp_path)],
                           cwd=root, capture_output=True, text=True, check=False, timeout=600)
     assert done.returncode == 2 and "not a serving_gpu record" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_an_mfu_against_an_estimated_peak_is_an_upper_estimate(tmp_path: Path) -> None:
+    from flagperf.results.schema import Peak
+    from flagperf.results.serving import _mfu
+
+    lower = Peak(value=1.0, unit="TFLOPS", source="derived", bound="lower", bound_reason="base clock")
+    exact = Peak(value=1.0, unit="TFLOPS", source="datasheet")
+    cells = {}
+    for name, peak in (("lower", lower), ("exact", exact)):
+        run = tmp_path / name
+        metrics = [m.model_copy(update={"mfu": 1.2, "mfu_peak_key": "bf16", "mfu_peak": peak})
+                   if m.name == "output_tokens_per_s@c1" else m
+                   for m in serving_metrics("c1", [request(i, "c1", 0.1, 0.05) for i in range(2)], T0, 1.0)]
+        assert any(m.mfu is not None for m in metrics)
+        write_round(run, "serve-case", metrics, {"engine": "e", "precision": "bf16", "slo": SLO})
+        (point,) = serving_points(run)
+        assert point.mfu_estimated is (name == "lower")
+        cells[name] = _mfu(point)
+    assert cells == {"lower": "≤ 120% (above 100 % of the estimated peak, a lower bound)",
+                     "exact": "120% (above 100 %: check the peak)"}

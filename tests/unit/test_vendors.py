@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from flagperf.config.vendors import available_vendors, load_vendor, load_vendor_manifest
+from flagperf.config.vendors import HostSpecSettings, available_vendors, load_vendor, load_vendor_manifest
 from flagperf.errors import ConfigError
+from flagperf.paths import PROJECT_ROOT
 from flagperf.results.schema import SpecTable
 
 SPEC_PY = """
@@ -236,3 +237,60 @@ def test_nvml_monitor_samples_only_the_cases_gpus() -> None:
     assert module.visible_indices("2,0", 4) == [2, 0]
     assert module.visible_indices("1,7", 4) == [1]  # an index the host does not have is dropped
     assert module.visible_indices("GPU-8f2c", 4) == [0, 1, 2, 3]  # UUIDs: all, rather than a guess
+
+
+# --- how exact a peak is, and a host's own spec_settings ------------------------------------------------------
+
+
+def test_cpu_peaks_from_a_clock_the_cores_may_exceed_are_lower_bounds(cpu_spec: SpecTable) -> None:
+    """cpufreq's maximum (or a clock the lab gives) is the peak clock; the model name's base clock or the
+    current clock of /proc/cpuinfo (a VM) is not: peaks derived from those say they are lower bounds."""
+    fp32 = cpu_spec.peaks["fp32"]
+    read_from_base_or_current = "(model name)" in fp32.source or "'cpu MHz'" in fp32.source
+    assert fp32.bound == ("lower" if read_from_base_or_current else "exact"), fp32.source
+    assert (fp32.bound_reason is not None) == read_from_base_or_current
+    assert cpu_spec.peaks["memory_capacity"].bound == "exact"
+    given = SpecTable.model_validate(load_vendor("cpu")._spec_module.spec_table({"clock_ghz": 3.0}))
+    assert all(p.bound == "exact" for p in given.peaks.values())  # the lab's clock is the peak clock
+
+
+def test_a_host_s_spec_settings_lie_over_the_vendor_s() -> None:
+    settings = HostSpecSettings(values={"clock_ghz": 3.0, "memory_channels": 2, "memory_mt_per_s": 3200},
+                                source="lab.yaml", key="hosts.1.spec_settings")
+    vendor = load_vendor("cpu").with_host_settings(settings)
+    table = vendor.spec_table()
+    assert "3.000 GHz (spec_settings.clock_ghz)" in table.peaks["fp32"].source
+    assert table.peaks["memory_bandwidth"].value == pytest.approx(2 * 3200e6 * 8 / 1e9)
+    values, origins = vendor.spec_settings()
+    assert values == {"fma_units_per_core": 2, "clock_ghz": 3.0, "memory_channels": 2, "memory_mt_per_s": 3200}
+    assert origins == {"fma_units_per_core": "vendor_images/cpu/vendor.yaml",
+                       "clock_ghz": "lab.yaml: hosts.1.spec_settings.clock_ghz",
+                       "memory_channels": "lab.yaml: hosts.1.spec_settings.memory_channels",
+                       "memory_mt_per_s": "lab.yaml: hosts.1.spec_settings.memory_mt_per_s"}
+    assert load_vendor("cpu").spec_settings()[0]["clock_ghz"] is None  # the vendor folder itself is untouched
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("clock_ghz", 3500, "3500 is outside 0.1 to 10 GHz"),
+    ("clock_ghz", -2.0, "-2.0 is outside 0.1 to 10 GHz"),
+    ("clock_ghz", "fast", "'fast' is not a number of GHz"),
+    ("memory_channels", 2.5, "2.5 is not a whole number of channels"),
+    ("memory_channels", 0, "0 is outside 1 to 128 channels"),
+    ("memory_mt_per_s", 3.2, "3.2 is outside 100 to 20000 MT/s"),
+    ("fma_units_per_core", True, "True is not a whole number of FMA units"),
+    ("fma_unit_per_core", 2, "not a setting of the cpu spec module (it reads clock_ghz"),
+])
+def test_cpu_spec_settings_are_checked_in_one_line_naming_file_and_key(key: str, value: Any, message: str) -> None:
+    settings = HostSpecSettings(values={key: value}, source="lab.yaml", key="hosts.0.spec_settings")
+    with pytest.raises(ConfigError) as info:
+        load_vendor("cpu").with_host_settings(settings).spec_table()
+    assert str(info.value).startswith(f"lab.yaml: hosts.0.spec_settings.{key}: {message}"), str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_a_bad_setting_in_vendor_yaml_names_vendor_yaml(vendor_root: Path) -> None:
+    make_vendor(vendor_root, "lab", spec_settings={"clock_ghz": 0})
+    spec = vendor_root / "lab" / "spec.py"
+    spec.write_text((PROJECT_ROOT / "vendor_images" / "cpu" / "spec.py").read_text(encoding="utf-8"))
+    with pytest.raises(ConfigError, match=r"lab/vendor.yaml: spec_settings.clock_ghz: 0 is outside 0.1 to 10 GHz$"):
+        load_vendor("lab").spec_table()

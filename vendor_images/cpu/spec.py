@@ -6,6 +6,7 @@ FMA units x lanes (vector bits / element bits) x 2 (a fused multiply-add is two 
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import re
@@ -14,8 +15,38 @@ from typing import Any
 
 import psutil
 
+from flagperf.errors import SpecSettingError
+
 TFLOPS = "TFLOPS"
 TOPS = "TOPS"
+# The settings this module reads, each with the range a real machine's value lies in (whole numbers where
+# the value counts something): a value outside is a typo (3500 for GHz, 2.1 for MT/s), refused in one line.
+SETTINGS: dict[str, tuple[float, float, bool, str]] = {
+    "clock_ghz": (0.1, 10.0, False, "GHz"),
+    "fma_units_per_core": (1, 8, True, "FMA units"),
+    "memory_channels": (1, 128, True, "channels"),
+    "memory_mt_per_s": (100.0, 20000.0, False, "MT/s"),
+}
+BASE_CLOCK = "base clock from the model name; the cores may boost above it"
+CURRENT_CLOCK = "current clock from /proc/cpuinfo, no cpufreq maximum being visible; the cores may boost above it"
+
+
+def checked_settings(settings: dict[str, Any]) -> dict[str, float | int | None]:
+    """The settings as numbers within their ranges, None where not given; SpecSettingError names the key."""
+    checked: dict[str, float | int | None] = {}
+    for key, value in settings.items():
+        if key not in SETTINGS:
+            raise SpecSettingError(key, f"not a setting of the cpu spec module (it reads {', '.join(SETTINGS)})")
+        low, high, whole, unit = SETTINGS[key]
+        if value is None:
+            checked[key] = None
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or (whole and not isinstance(value, int)):
+            raise SpecSettingError(key, f"{value!r} is not a {'whole ' if whole else ''}number of {unit}")
+        if not math.isfinite(value) or not low <= value <= high:
+            raise SpecSettingError(key, f"{value!r} is outside {low:g} to {high:g} {unit}")
+        checked[key] = value
+    return checked
 
 
 def _cpuinfo() -> dict[str, str]:
@@ -32,21 +63,23 @@ def _cpuinfo() -> dict[str, str]:
     return info
 
 
-def _clock_ghz(info: dict[str, str], override: float | None) -> tuple[float | None, str]:
+def _clock_ghz(info: dict[str, str], override: float | None) -> tuple[float | None, str, str | None]:
+    """(clock, where it was read, why it is only a lower bound of the peak clock or None when it is the peak)."""
     if override:
-        return float(override), "spec_settings.clock_ghz"
+        return float(override), "spec_settings.clock_ghz", None
     max_freq = Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
     try:
-        return int(max_freq.read_text()) / 1e6, str(max_freq)
+        return int(max_freq.read_text()) / 1e6, str(max_freq), None
     except (OSError, ValueError):
         pass
     model = info.get("model name", "")
     match = re.search(r"@\s*([\d.]+)\s*GHz", model)
     if match:
-        return float(match.group(1)), "model name"
+        return float(match.group(1)), "model name", BASE_CLOCK
     if "cpu MHz" in info:
-        return float(info["cpu MHz"]) / 1000, "/proc/cpuinfo 'cpu MHz' (current clock; no cpufreq max exposed)"
-    return None, "no clock found"
+        return (float(info["cpu MHz"]) / 1000, "/proc/cpuinfo 'cpu MHz' (current clock; no cpufreq max exposed)",
+                CURRENT_CLOCK)
+    return None, "no clock found", None
 
 
 def _cores() -> tuple[int, str]:
@@ -66,19 +99,24 @@ def _vector_bits(flags: set[str]) -> tuple[int, str]:
 
 
 def spec_table(settings: dict[str, Any]) -> dict[str, Any]:
+    settings = checked_settings(settings)
     info = _cpuinfo()
     flags = set((info.get("flags") or info.get("Features") or "").split())
     model = info.get("model name") or platform.processor() or platform.machine()
     cores, cores_src = _cores()
-    clock, clock_src = _clock_ghz(info, settings.get("clock_ghz"))
+    clock, clock_src, lower_because = _clock_ghz(info, settings.get("clock_ghz"))
     bits, bits_src = _vector_bits(flags)
     fma_units = int(settings.get("fma_units_per_core") or 2) if "fma" in flags or "asimd" in flags else 1
     fp64_per_cycle = fma_units * (bits // 64) * 2
     base = (f"{cores_src} x {clock:.3f} GHz ({clock_src}) x " if clock else f"{cores_src} x ? GHz ({clock_src}) x ")
+    # A peak from a clock the cores may exceed is a lower bound of the real one: said, so that a figure above it
+    # reads as the estimate being low, not as a wrong measurement.
+    bound = {"bound": "lower", "bound_reason": lower_because} if clock and lower_because else {}
 
     def compute(per_cycle: float, how: str, unit: str = TFLOPS) -> dict[str, Any]:
         value = cores * clock * 1e9 * per_cycle / 1e12 if clock else None
-        return {"value": value, "unit": unit, "source": f"derived: {base}{per_cycle:g} per cycle per core ({how})"}
+        return {"value": value, "unit": unit, "source": f"derived: {base}{per_cycle:g} per cycle per core ({how})",
+                **bound}
 
     def unsupported(unit: str, why: str) -> dict[str, Any]:
         return {"value": None, "unit": unit, "supported": False, "source": why}
@@ -124,8 +162,8 @@ def spec_table(settings: dict[str, Any]) -> dict[str, Any]:
     else:
         peaks["memory_bandwidth"] = {
             "value": None, "unit": "GB/s",
-            "source": "unknown: set spec_settings.memory_channels and memory_mt_per_s in the cpu vendor's "
-                      "vendor.yaml (the DIMMs are not visible here)",
+            "source": "unknown: set spec_settings memory_channels and memory_mt_per_s for this host in the "
+                      "inventory (the DIMMs are not visible here)",
         }
     total = psutil.virtual_memory().total
     peaks["memory_capacity"] = {"value": total / 2**30, "unit": "GiB", "source": "psutil.virtual_memory().total"}
