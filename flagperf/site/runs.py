@@ -26,6 +26,9 @@ RUN_FILES = {"report.html": "text/html; charset=utf-8", "report.md": "text/markd
 PLOTS = "plots"
 PLOT_TYPES = {".png": "image/png", ".svg": "image/svg+xml"}
 PLOT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}\.(png|svg)$")
+# The start time a generated run id carries (flagperf/config/plan.py: run%Y%m%d%H%M%S-suffix, UTC): a retry
+# rewrites plan.json and summary.json, so their times are the retry's, not the run's.
+RUN_ID_TIME = re.compile(r"^run(\d{14})-")
 MAX_RUNS = 2000  # listed, newest first: a folder of years of nightlies stays one page the browser can show
 HEADLINE_FIGURES = 3  # per run in the list
 
@@ -118,10 +121,23 @@ def outcome_of(summary: dict[str, Any], interrupted: bool) -> tuple[str, str]:
         return "nothing ran", "warn"
     if success == 0:
         return f"nothing measured ({unsupported} rounds unsupported)", "warn"
+    retried = len(summary.get("retried") or [])
+    again = f"; {retried} ran again in a retry" if retried else ""  # the report says which and why
     if unsupported or summary.get("problems"):
-        return f"succeeded with gaps ({unsupported} unsupported, {len(summary.get('problems') or [])} problems)", \
-            "warn"
-    return f"succeeded ({rounds} rounds)", "ok"
+        return f"succeeded with gaps ({unsupported} unsupported, {len(summary.get('problems') or [])} problems" \
+               f"{again})", "warn"
+    return f"succeeded ({rounds} rounds{again})", "ok"
+
+
+def started_at(run_id: str, stamps: list[float]) -> datetime:
+    """When the run started: the time in its id where it has one, else its oldest file's."""
+    found = RUN_ID_TIME.match(run_id)
+    if found:
+        try:
+            return datetime.strptime(found.group(1), "%Y%m%d%H%M%S").replace(tzinfo=timezone.utc)
+        except ValueError:  # digits that are no date: a name of someone's own
+            pass
+    return datetime.fromtimestamp(min(stamps), timezone.utc)
 
 
 def figure_text(entry: dict[str, Any]) -> str:
@@ -160,7 +176,7 @@ def run_info(folder: Path) -> RunInfo:
         vendor = vendor.get("name", "")
     report = _no_link_stat(folder / "report.html")
     return RunInfo(
-        run_id=folder.name, started=datetime.fromtimestamp(min(stamps), timezone.utc), outcome=outcome, tone=tone,
+        run_id=folder.name, started=started_at(folder.name, stamps), outcome=outcome, tone=tone,
         vendor=str(vendor), device=str(context.get("device") or ""), suite=str(plan.get("suite") or ""),
         figures=headline_texts(summary),
         summary=summary, has_report=report is not None and stat.S_ISREG(report.st_mode))
