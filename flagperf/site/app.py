@@ -77,6 +77,16 @@ class Guard:
         await self.app(scope, receive, send_with_headers)
 
 
+def preselected(choices: list[str], a: str | None, b: str | None) -> tuple[str | None, str | None]:
+    """The runs the compare page's two lists show chosen: those asked for; a side not given gets the newest run
+    that is not the other side's (neither given: B the newest, A the one before), never a run against itself."""
+    if not b:
+        b = next((c for c in choices if c != a), None)
+    if not a:
+        a = next((c for c in choices if c != b), None)
+    return a, b
+
+
 def create_app(root: Path, credentials: Credentials | None, history_url: str | None = None) -> ASGIApp:
     """The site for the results folder ``root``; ``credentials`` None only on a loopback address."""
     root = root.resolve()
@@ -135,6 +145,7 @@ def create_app(root: Path, credentials: Credentials | None, history_url: str | N
                     per_operator = any(c.per_operator for c in compared)
                 except (OSError, ValueError, FlagperfError) as exc:
                     error = f"cannot compare {a} and {b}: {exc}"
+        a, b = preselected(choices, a, b)
         return page("compare.html", 404 if error and error.startswith("no run") else 200, title="Compare",
                     choices=choices, a=a, b=b, header=COMPARE_HEADER, rows=rows, error=error,
                     notes=[SPREAD_NOTE, *([OPERATION_NOTE] if per_operator else [])])

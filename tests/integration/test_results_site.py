@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -127,6 +128,11 @@ def test_pages_runs_report_compare_and_trends(site: tuple[SiteServer, Path], mon
 
         picker = http.get("/compare")
         assert '<option value="run-night0"' in picker.text and '<option value="run-night5"' in picker.text
+        # Chosen at first: B the newest run, A the one before; from a run's "compare with another run" link
+        # (a=RUN), B is the newest other run: never a run against itself.
+        assert re.findall(r'<option value="([^"]+)" selected>', picker.text) == ["run-night5", "run-broken"]
+        from_run = http.get("/compare", params={"a": "run-broken"})
+        assert re.findall(r'<option value="([^"]+)" selected>', from_run.text) == ["run-broken", "run-night5"]
         compared = http.get("/compare", params={"a": "run-night0", "b": "run-night5"})
         assert compared.status_code == 200 and "DIFFERENT" in compared.text and "0.90" in compared.text
         assert http.get("/compare", params={"a": "run-night0", "b": "run-nope"}).status_code == 404
