@@ -212,6 +212,13 @@ def test_retrying_a_failed_evaluation_reruns_only_the_failed_rounds(flagperf_env
     assert [(e["case"], e["round"], e["was"], e["now"]) for e in summary["retried"]] == [
         ("fails-until-fixed", 1, "failed", "success"), ("fails-until-fixed", 2, "failed", "success")]
     assert "run again by a retry of the flow run" in (run_dir / "report.md").read_text(encoding="utf-8")
+    # The retry's log: each round kept, and each round run again with what its earlier attempt ended as.
+    lines = [message for _, message in flow_run_logs(state.state_details.flow_run_id)]
+    assert "computation-FP64 round 1 on localhost: kept (success) from an earlier attempt of this flow run" in lines
+    again = [m for m in lines if m.startswith("fails-until-fixed round 1 on localhost: runs again (")]
+    assert again == [f"fails-until-fixed round 1 on localhost: runs again (the earlier attempt: failed: "
+                     f"{earlier.failure.message}; kept in retries/attempt1/fails-until-fixed/round1/"
+                     f"localhost_noderank0)"], lines
     # The retry's artifacts replace the first attempt's: one set, the latest.
     artifacts = run_artifacts(state.state_details.flow_run_id)
     assert sorted(a.key for a in artifacts) == ["flagperf-report", "flagperf-summary"]
