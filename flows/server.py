@@ -264,12 +264,13 @@ class SiteServer:
 
 
 def serve_site(root: Path, host: str, port: int, credentials: Credentials | None,
-               history_url: str | None = None) -> SiteServer:
-    """The results site for ``root``: GET and HEAD only, behind ``credentials`` when given."""
+               history_url: str | None = None, ui_url: str | None = None) -> SiteServer:
+    """The results site for ``root``: GET and HEAD only, behind ``credentials`` when given; its run pages link
+    their flow runs in the Prefect UI at ``ui_url``."""
     from flagperf.site.app import create_app
 
     root.mkdir(parents=True, exist_ok=True)
-    return SiteServer(create_app(root, credentials, history_url), host, port)
+    return SiteServer(create_app(root, credentials, history_url, ui_url), host, port)
 
 
 def server_credentials(host: str, auth_file: Path | None) -> Credentials | None:
@@ -417,7 +418,7 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
     from flagperf.results.history import DEFAULT_URL_ENV as HISTORY_URL_ENV  # pandas: only where the site runs
 
     try:
-        site = serve_site(results_root, host, results_port, credentials, os.environ.get(HISTORY_URL_ENV))
+        site = serve_site(results_root, host, results_port, credentials, os.environ.get(HISTORY_URL_ENV), base)
     except OSError as exc:
         raise RuntimeError(f"cannot serve the results site on {host}:{results_port}: {exc.strerror or exc} "
                            f"(choose another --results-port)") from None

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 from flagperf.paths import NAME_PATTERN
 from flagperf.results.operators import is_operation
@@ -45,6 +46,7 @@ class RunInfo:
     figures: list[str] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     has_report: bool = False
+    flow_run_id: str = ""  # the Prefect flow run that made it (plan.json), where one did
 
 
 def _no_link_stat(path: Path) -> os.stat_result | None:
@@ -179,7 +181,16 @@ def run_info(folder: Path) -> RunInfo:
         run_id=folder.name, started=started_at(folder.name, stamps), outcome=outcome, tone=tone,
         vendor=str(vendor), device=str(context.get("device") or ""), suite=str(plan.get("suite") or ""),
         figures=headline_texts(summary),
-        summary=summary, has_report=report is not None and stat.S_ISREG(report.st_mode))
+        summary=summary, has_report=report is not None and stat.S_ISREG(report.st_mode),
+        flow_run_id=flow_run_of(plan))
+
+
+def flow_run_of(plan: dict[str, Any]) -> str:
+    """The flow run id plan.json names, if it is one (it becomes part of an address)."""
+    try:
+        return str(UUID(str(plan.get("flow_run_id"))))
+    except ValueError:
+        return ""
 
 
 def list_runs(root: Path) -> list[RunInfo]:
