@@ -515,7 +515,12 @@ def group_round(group: list[str], specs: dict[str, HostSpec], plan: RunPlan, run
                         case, round_no, result.host, result.status)
         return [k for k in kept if k is not None]
     for rank, name in enumerate(group):  # a multi-node round reruns whole: set aside what its nodes left
-        set_aside(run_dir, round_dir(run_dir, case, round_no, name, rank))
+        folder = round_dir(run_dir, case, round_no, name, rank)
+        earlier = earlier_outcome(folder)
+        aside = set_aside(run_dir, folder)
+        if aside is not None:  # a retry: the log says which rounds it runs again, beside the kept ones
+            logger.info("%s round %d on %s: runs again (the earlier attempt: %s; kept in %s)", case, round_no, name,
+                        earlier, aside.relative_to(run_dir))
     nnodes = len(group)
     master = specs[group[0]]
     calls = []
@@ -635,16 +640,27 @@ def completed_round(run_dir: Path, case: str, round_no: int, host: str, node_ran
     return result if result.status in ("success", "unsupported") else None
 
 
-def set_aside(run_dir: Path, folder: Path) -> None:
+def earlier_outcome(folder: Path) -> str:
+    """What an earlier attempt left of a round, in a few words: its status and why (cut at 200 characters)."""
+    try:
+        result = read_result(folder / RESULT_FILE)
+    except (OSError, ValueError):
+        return "no result"
+    why = result.failure.message if result.failure is not None else ""
+    return f"{result.status}: {why[:200]}" if why else result.status
+
+
+def set_aside(run_dir: Path, folder: Path) -> Path | None:
     """Move a round's folder to retries/attempt<K>/ (kept, not overwritten), so that the round can run again
-    in FlagPerf's layout."""
+    in FlagPerf's layout. Returns where it went, None when there was nothing to move."""
     if not folder.exists():
-        return
+        return None
     attempt = 1
     while (aside := run_dir / RETRIES_DIR / f"attempt{attempt}" / folder.relative_to(run_dir)).exists():
         attempt += 1
     aside.parent.mkdir(parents=True, exist_ok=True)
     folder.replace(aside)
+    return aside
 
 
 def describe_invocation() -> str:

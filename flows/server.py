@@ -264,12 +264,13 @@ class SiteServer:
 
 
 def serve_site(root: Path, host: str, port: int, credentials: Credentials | None,
-               history_url: str | None = None) -> SiteServer:
-    """The results site for ``root``: GET and HEAD only, behind ``credentials`` when given."""
+               history_url: str | None = None, ui_url: str | None = None) -> SiteServer:
+    """The results site for ``root``: GET and HEAD only, behind ``credentials`` when given; its run pages link
+    their flow runs in the Prefect UI at ``ui_url``."""
     from flagperf.site.app import create_app
 
     root.mkdir(parents=True, exist_ok=True)
-    return SiteServer(create_app(root, credentials, history_url), host, port)
+    return SiteServer(create_app(root, credentials, history_url, ui_url), host, port)
 
 
 def server_credentials(host: str, auth_file: Path | None) -> Credentials | None:
@@ -300,16 +301,71 @@ def deploy_command(api_url: str, results_root: Path) -> str:
             f"{RESULTS_DIR_ENV}={shlex.quote(str(results_root))} prefect --no-prompt deploy --all")
 
 
+# What a user sets on a deployment in the UI (its schedules: time, zone, on/off, parameter overrides; pausing it),
+# which `prefect deploy` would put back to prefect.yaml's on every start of the server.
+SCHEDULE_FIELDS = ("schedule", "active", "parameters", "slug", "max_scheduled_runs")
+
+
+def _deployments_named(http: Any, spec: dict[str, Any]) -> list[dict[str, Any]]:
+    found = http.post("/deployments/filter", json={"deployments": {"name": {"any_": [spec["name"]]}}})
+    found.raise_for_status()
+    return [d for d in found.json() if d.get("entrypoint") == spec.get("entrypoint")]
+
+
+def _schedules(deployment: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{k: s.get(k) for k in SCHEDULE_FIELDS} for s in deployment.get("schedules") or []]
+
+
+def describe_schedules(schedules: list[dict[str, Any]]) -> str:
+    said = [f"{s['schedule'].get('cron') or s['schedule'].get('interval') or s['schedule'].get('rrule')} "
+            f"{s['schedule'].get('timezone') or 'UTC'}{'' if s.get('active') else ' (off)'}" for s in schedules]
+    return ", ".join(said) or "none"
+
+
+def set_by_users(http: Any, specs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The schedules and pause of the user-facing deployments that exist already, by deployment id."""
+    return {d["id"]: {"name": spec["name"], "schedules": _schedules(d), "paused": bool(d.get("paused"))}
+            for spec in specs for d in _deployments_named(http, spec)}
+
+
+def restore_set_by_users(http: Any, before: dict[str, dict[str, Any]]) -> list[str]:
+    """Put back what users had set (see set_by_users) where making the deployments again changed it; one line per
+    deployment whose schedule prefect.yaml would have changed."""
+    notes = []
+    for deployment_id, kept in before.items():
+        answer = http.get(f"/deployments/{deployment_id}")
+        if answer.status_code == 404:
+            continue
+        answer.raise_for_status()
+        now = answer.json()
+        if _schedules(now) != kept["schedules"]:
+            for schedule in now.get("schedules") or []:
+                http.delete(f"/deployments/{deployment_id}/schedules/{schedule['id']}").raise_for_status()
+            if kept["schedules"]:
+                http.post(f"/deployments/{deployment_id}/schedules", json=kept["schedules"]).raise_for_status()
+            notes.append(f"{kept['name']}: kept the schedule set in the UI ({describe_schedules(kept['schedules'])}),"
+                         f" not prefect.yaml's ({describe_schedules(_schedules(now))})")
+        if bool(now.get("paused")) != kept["paused"]:
+            http.patch(f"/deployments/{deployment_id}", json={"paused": kept["paused"]}).raise_for_status()
+    return notes
+
+
 def create_deployments(api_url: str, client_env: dict[str, str], results_root: Path, pool: str,
-                       credentials: Credentials | None, log_dir: Path) -> tuple[list[str], list[str]]:
+                       credentials: Credentials | None, log_dir: Path) -> tuple[list[str], list[str], list[str]]:
     """The deployments of prefect.yaml on the server's pool, made as `prefect deploy --all` makes them (its form
     schemas read with the results folder's default in the environment); then the user-facing ones get the served
-    results folder in their job variables, so a worker elsewhere runs them with it too. Its output goes to
-    deploy.log. Returns (user-facing, internal) names."""
+    results folder in their job variables, so a worker elsewhere runs them with it too. A deployment that existed
+    keeps the schedules and pause its users set in the UI: prefect.yaml's schedule is the new deployment's. Its
+    output goes to deploy.log. Returns (user-facing, internal) names and a line per schedule kept."""
     import httpx
     import yaml
 
     project = deployments_in_project(pool)
+    auth = {"Authorization": f"Basic {base64.b64encode(credentials.auth_string.encode()).decode()}"} \
+        if credentials else {}
+    user_specs = [spec for spec in project["deployments"] if "internal" not in (spec.get("tags") or [])]
+    with httpx.Client(base_url=api_url, headers=auth, timeout=30) as http:
+        before = set_by_users(http, user_specs)
     with tempfile.TemporaryDirectory(prefix="flagperf-deploy-") as folder:
         prefect_file = Path(folder) / "prefect.yaml"
         prefect_file.write_text(yaml.safe_dump(project, sort_keys=False), encoding="utf-8")
@@ -321,24 +377,16 @@ def create_deployments(api_url: str, client_env: dict[str, str], results_root: P
     if made.returncode != 0:
         raise RuntimeError(f"creating the deployments failed (see deploy.log); by hand: "
                            f"{deploy_command(api_url, results_root)}")
-    user, internal = [], []
-    auth = {"Authorization": f"Basic {base64.b64encode(credentials.auth_string.encode()).decode()}"} \
-        if credentials else {}
+    user = [spec["name"] for spec in user_specs]
+    internal = [spec["name"] for spec in project["deployments"] if spec not in user_specs]
     with httpx.Client(base_url=api_url, headers=auth, timeout=30) as http:
-        for spec in project["deployments"]:
-            if "internal" in (spec.get("tags") or []):
-                internal.append(spec["name"])
-                continue
-            user.append(spec["name"])
-            found = http.post("/deployments/filter", json={"deployments": {"name": {"any_": [spec["name"]]}}})
-            found.raise_for_status()
-            for deployment in found.json():
-                if deployment.get("entrypoint") != spec.get("entrypoint"):
-                    continue
+        for spec in user_specs:
+            for deployment in _deployments_named(http, spec):
                 variables = dict(deployment.get("job_variables") or {})
                 variables["env"] = {**(variables.get("env") or {}), RESULTS_DIR_ENV: str(results_root)}
                 http.patch(f"/deployments/{deployment['id']}", json={"job_variables": variables}).raise_for_status()
-    return user, internal
+        kept = restore_set_by_users(http, before)
+    return user, internal, kept
 
 
 def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_dir: Path, *,
@@ -370,7 +418,7 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
     from flagperf.results.history import DEFAULT_URL_ENV as HISTORY_URL_ENV  # pandas: only where the site runs
 
     try:
-        site = serve_site(results_root, host, results_port, credentials, os.environ.get(HISTORY_URL_ENV))
+        site = serve_site(results_root, host, results_port, credentials, os.environ.get(HISTORY_URL_ENV), base)
     except OSError as exc:
         raise RuntimeError(f"cannot serve the results site on {host}:{results_port}: {exc.strerror or exc} "
                            f"(choose another --results-port)") from None
@@ -413,9 +461,11 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
                     env=client_env, stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True))
             print(f"worker: pool {pool!r}, running flows from {PROJECT_ROOT}", flush=True)
         if deploy:
-            user, internal = create_deployments(api_url, client_env, results_root, pool, credentials, log_dir)
+            user, internal, kept = create_deployments(api_url, client_env, results_root, pool, credentials, log_dir)
             print(f"deployments: {', '.join(user)} (start these); internal, tagged so: {', '.join(internal)} "
                   f"(dispatched by evaluate)", flush=True)
+            for line in kept:
+                print(f"schedules: {line}", flush=True)
         else:
             print(f"deployments: not created (--no-deploy); to create them: {deploy_command(api_url, results_root)}",
                   flush=True)

@@ -94,7 +94,9 @@ def analyze(run_dir: Path) -> RunSummary | None:
             link=f"{url}report.html", link_text=f"{summary.run_id} report (HTML, plots)", key="flagperf-report-html",
             description="the HTML report with plots, served by flagperf server from the results folder"))
     replace_earlier_artifacts(REPORT_ARTIFACTS, published)
-    if not url:
+    if url:  # the address the team opens, not a path on the worker's disk
+        logger.info("report on the results site: %sreport.html", url)
+    else:
         logger.info("the HTML report is at %s on this machine (`flagperf server` serves the results folder "
                     "over HTTP and links it here)", paths["html"])
     logger.info("report written to %s", ", ".join(str(p) for p in paths.values()))

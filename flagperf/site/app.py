@@ -77,8 +77,20 @@ class Guard:
         await self.app(scope, receive, send_with_headers)
 
 
-def create_app(root: Path, credentials: Credentials | None, history_url: str | None = None) -> ASGIApp:
-    """The site for the results folder ``root``; ``credentials`` None only on a loopback address."""
+def preselected(choices: list[str], a: str | None, b: str | None) -> tuple[str | None, str | None]:
+    """The runs the compare page's two lists show chosen: those asked for; a side not given gets the newest run
+    that is not the other side's (neither given: B the newest, A the one before), never a run against itself."""
+    if not b:
+        b = next((c for c in choices if c != a), None)
+    if not a:
+        a = next((c for c in choices if c != b), None)
+    return a, b
+
+
+def create_app(root: Path, credentials: Credentials | None, history_url: str | None = None,
+               ui_url: str | None = None) -> ASGIApp:
+    """The site for the results folder ``root``; ``credentials`` None only on a loopback address. ``ui_url``: the
+    Prefect UI's address, where a run page links the flow run that made the run (its logs)."""
     root = root.resolve()
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True, trim_blocks=True, lstrip_blocks=True)
     env.filters["cell"] = table_cell
@@ -102,7 +114,8 @@ def create_app(root: Path, credentials: Credentials | None, history_url: str | N
         headline = [headline_cells(e) for e in info.summary.get("headline") or [] if not is_operation(e)]
         operators = [(operator_cells(e), bool(e.get("failed"))) for e in info.summary.get("operators") or []]
         files = [name for name in RUN_FILES if read_served(root, run_id, name) is not None]
-        return page("run.html", title=run_id, run=info, header=HEADLINE_HEADER, headline=headline,
+        logs = f"{ui_url.rstrip('/')}/runs/flow-run/{info.flow_run_id}" if ui_url and info.flow_run_id else None
+        return page("run.html", title=run_id, run=info, logs=logs, header=HEADLINE_HEADER, headline=headline,
                     operator_header=OPERATOR_HEADER, operators=operators, operators_intro=OPERATORS_INTRO,
                     not_measured=info.summary.get("not_measured") or [], plots=plot_names(folder), files=files)
 
@@ -135,6 +148,7 @@ def create_app(root: Path, credentials: Credentials | None, history_url: str | N
                     per_operator = any(c.per_operator for c in compared)
                 except (OSError, ValueError, FlagperfError) as exc:
                     error = f"cannot compare {a} and {b}: {exc}"
+        a, b = preselected(choices, a, b)
         return page("compare.html", 404 if error and error.startswith("no run") else 200, title="Compare",
                     choices=choices, a=a, b=b, header=COMPARE_HEADER, rows=rows, error=error,
                     notes=[SPREAD_NOTE, *([OPERATION_NOTE] if per_operator else [])])

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 from flagperf.errors import ConfigError
 from flagperf.paths import NAME_PATTERN
@@ -29,6 +30,9 @@ PLOTS = "plots"
 MAX_SERVED_BYTES = 256 << 20
 PLOT_TYPES = {".png": "image/png", ".svg": "image/svg+xml"}
 PLOT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}\.(png|svg)$")
+# The start time a generated run id carries (flagperf/config/plan.py: run%Y%m%d%H%M%S-suffix, UTC): a retry
+# rewrites plan.json and summary.json, so their times are the retry's, not the run's.
+RUN_ID_TIME = re.compile(r"^run(\d{14})-")
 MAX_RUNS = 2000  # listed, newest first: a folder of years of nightlies stays one page the browser can show
 HEADLINE_FIGURES = 3  # per run in the list
 
@@ -45,6 +49,7 @@ class RunInfo:
     figures: list[str] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     has_report: bool = False
+    flow_run_id: str = ""  # the Prefect flow run that made it (plan.json), where one did
 
 
 def _no_link_stat(path: Path) -> os.stat_result | None:
@@ -122,10 +127,23 @@ def outcome_of(summary: dict[str, Any], interrupted: bool) -> tuple[str, str]:
         return "nothing ran", "warn"
     if success == 0:
         return f"nothing measured ({unsupported} rounds unsupported)", "warn"
+    retried = len(summary.get("retried") or [])
+    again = f"; {retried} ran again in a retry" if retried else ""  # the report says which and why
     if unsupported or summary.get("problems"):
-        return f"succeeded with gaps ({unsupported} unsupported, {len(summary.get('problems') or [])} problems)", \
-            "warn"
-    return f"succeeded ({rounds} rounds)", "ok"
+        return f"succeeded with gaps ({unsupported} unsupported, {len(summary.get('problems') or [])} problems" \
+               f"{again})", "warn"
+    return f"succeeded ({rounds} rounds{again})", "ok"
+
+
+def started_at(run_id: str, stamps: list[float]) -> datetime:
+    """When the run started: the time in its id where it has one, else its oldest file's."""
+    found = RUN_ID_TIME.match(run_id)
+    if found:
+        try:
+            return datetime.strptime(found.group(1), "%Y%m%d%H%M%S").replace(tzinfo=timezone.utc)
+        except ValueError:  # digits that are no date: a name of someone's own
+            pass
+    return datetime.fromtimestamp(min(stamps), timezone.utc)
 
 
 def figure_text(entry: dict[str, Any]) -> str:
@@ -164,10 +182,19 @@ def run_info(folder: Path) -> RunInfo:
         vendor = vendor.get("name", "")
     report = _no_link_stat(folder / "report.html")
     return RunInfo(
-        run_id=folder.name, started=datetime.fromtimestamp(min(stamps), timezone.utc), outcome=outcome, tone=tone,
+        run_id=folder.name, started=started_at(folder.name, stamps), outcome=outcome, tone=tone,
         vendor=str(vendor), device=str(context.get("device") or ""), suite=str(plan.get("suite") or ""),
         figures=headline_texts(summary),
-        summary=summary, has_report=report is not None and stat.S_ISREG(report.st_mode))
+        summary=summary, has_report=report is not None and stat.S_ISREG(report.st_mode),
+        flow_run_id=flow_run_of(plan))
+
+
+def flow_run_of(plan: dict[str, Any]) -> str:
+    """The flow run id plan.json names, if it is one (it becomes part of an address)."""
+    try:
+        return str(UUID(str(plan.get("flow_run_id"))))
+    except ValueError:
+        return ""
 
 
 def list_runs(root: Path) -> list[RunInfo]:

@@ -249,3 +249,45 @@ def test_a_lasting_server_schedules_the_nightly(tmp_path: Path) -> None:
         assert start > datetime.now(timezone.utc)
         assert start.astimezone(ZoneInfo(schedule["timezone"])).hour == hour, run["expected_start_time"]
     assert "bulk DML" not in out, out[-3000:]
+
+
+def test_what_users_set_on_the_nightly_in_the_ui_survives_a_restart_of_the_server(tmp_path: Path) -> None:
+    """`flagperf server` makes the deployments on every start: a nightly moved to 03:30 Berlin with other
+    parameters, one schedule switched off, the deployment paused (as the UI does them) stay so, and the banner's
+    line says prefect.yaml's schedule was not applied. (`prefect deploy` alone would put 02:00 back, unpaused.)"""
+    from prefect.client.schemas.schedules import CronSchedule
+    from prefect.settings import PREFECT_API_URL
+
+    from flows.server import create_deployments
+
+    api = PREFECT_API_URL.value()
+    env = {**os.environ, "PREFECT_API_URL": api, "PWD": str(ROOT)}
+    created = prefect_cli("work-pool", "create", "flagperf", "--type", "process", "--overwrite", env=env)
+    assert created.returncode == 0, created.stdout + created.stderr
+
+    def deploy() -> list[str]:
+        _user, _internal, kept = create_deployments(api, env, tmp_path / "results", "flagperf", None, tmp_path)
+        return kept
+
+    deploy()
+    with get_client(sync_client=True) as client:
+        nightly = client.read_deployment_by_name("nightly-regression/nightly")
+        (schedule,) = nightly.schedules
+        client.update_deployment_schedule(nightly.id, schedule.id, schedule=CronSchedule(
+            cron="30 3 * * *", timezone="Europe/Berlin"), parameters={"rounds": 5})
+        client.create_deployment_schedules(nightly.id, [(CronSchedule(cron="0 12 * * 6", timezone="UTC"), False)])
+        client.pause_deployment(nightly.id)
+        set_in_ui = sorted((s.schedule.cron, s.schedule.timezone, s.active, s.parameters)
+                           for s in client.read_deployment_schedules(nightly.id))
+    assert len(set_in_ui) == 2
+
+    kept = deploy()
+    with get_client(sync_client=True) as client:
+        nightly = client.read_deployment_by_name("nightly-regression/nightly")
+        after = sorted((s.schedule.cron, s.schedule.timezone, s.active, s.parameters) for s in nightly.schedules)
+        assert after == set_in_ui
+        assert nightly.paused
+        client.resume_deployment(nightly.id)  # the shared server's nightly, as it was
+    (line,) = kept
+    assert line.startswith("nightly: kept the schedule set in the UI (") and "30 3 * * * Europe/Berlin" in line
+    assert "0 12 * * 6 UTC (off)" in line and "not prefect.yaml's (0 2 * * *" in line, line

@@ -17,6 +17,7 @@ from prefect.client.schemas.filters import (
 )
 from prefect_api import all_task_runs, error_lines, flow_run_logs, flow_run_tree, run_evaluate, task_logs, task_runs
 
+from flagperf.paths import RESULTS_ROOT_ENV, RESULTS_URL_ENV
 from flagperf.results.schema import read_result
 from flows.evaluate import BAD_INPUT
 
@@ -34,7 +35,10 @@ def monitor_processes(run_dir_name: str) -> list[psutil.Process]:
     return found
 
 
-def test_smoke_suite_runs_through_the_real_flow(flagperf_env: Path) -> None:
+def test_smoke_suite_runs_through_the_real_flow(flagperf_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The results folder as `flagperf server` serves it: the log names the report's address on the site.
+    monkeypatch.setenv(RESULTS_URL_ENV, "http://perf-lab:4201/runs")
+    monkeypatch.setenv(RESULTS_ROOT_ENV, str(flagperf_env))
     state, run_dir = run_evaluate(flagperf_env, suite="smoke", overrides=[*FAST, "max_gib=0.25"])
     assert state.is_completed(), state.message
     flow_run_id = state.state_details.flow_run_id
@@ -57,6 +61,7 @@ def test_smoke_suite_runs_through_the_real_flow(flagperf_env: Path) -> None:
     lines = [message for _, message in flow_run_logs(flow_run_id)]
     assert len([m for m in lines if m.startswith("vendor cpu changes ")]) == 1, lines
     assert not [m for m in lines if "vendor/cpu.yaml: " in m], lines
+    assert f"report on the results site: http://perf-lab:4201/runs/{run_dir.name}/report.html" in lines, lines
 
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(
@@ -207,6 +212,13 @@ def test_retrying_a_failed_evaluation_reruns_only_the_failed_rounds(flagperf_env
     assert [(e["case"], e["round"], e["was"], e["now"]) for e in summary["retried"]] == [
         ("fails-until-fixed", 1, "failed", "success"), ("fails-until-fixed", 2, "failed", "success")]
     assert "run again by a retry of the flow run" in (run_dir / "report.md").read_text(encoding="utf-8")
+    # The retry's log: each round kept, and each round run again with what its earlier attempt ended as.
+    lines = [message for _, message in flow_run_logs(state.state_details.flow_run_id)]
+    assert "computation-FP64 round 1 on localhost: kept (success) from an earlier attempt of this flow run" in lines
+    again = [m for m in lines if m.startswith("fails-until-fixed round 1 on localhost: runs again (")]
+    assert again == [f"fails-until-fixed round 1 on localhost: runs again (the earlier attempt: failed: "
+                     f"{earlier.failure.message}; kept in retries/attempt1/fails-until-fixed/round1/"
+                     f"localhost_noderank0)"], lines
     # The retry's artifacts replace the first attempt's: one set, the latest.
     artifacts = run_artifacts(state.state_details.flow_run_id)
     assert sorted(a.key for a in artifacts) == ["flagperf-report", "flagperf-summary"]

@@ -6,7 +6,9 @@ file outside the project or the environment, none beyond loopback refused)."""
 from __future__ import annotations
 
 import functools
+import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -43,7 +45,8 @@ def no_credentials_around(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Pa
 def site(tmp_path: Path) -> Iterator[tuple[SiteServer, Path]]:
     root = tmp_path / "results"
     root.mkdir()
-    server = serve_site(root, "127.0.0.1", 0, Credentials(AUTH, "test"))  # the OS gives the port as it binds
+    # The OS gives the port as it binds; run pages link their flow runs in the Prefect UI at this address.
+    server = serve_site(root, "127.0.0.1", 0, Credentials(AUTH, "test"), ui_url="http://perf-lab:4200")
     try:
         yield server, root
     finally:
@@ -104,6 +107,9 @@ def test_pages_runs_report_compare_and_trends(site: tuple[SiteServer, Path], mon
 
     build_report(broken)
     os.utime(broken / "summary.json", (2e9, 2e9))
+    flow_run = "0d24e7a6-3ee4-4a32-a86a-dc14a6b5c5d6"  # plan.json names the flow run that made a run
+    (root / "run-night5" / "plan.json").write_text(json.dumps({"flow_run_id": flow_run}), encoding="utf-8")
+    (root / "run-night4" / "plan.json").write_text(json.dumps({"flow_run_id": "x/../../admin"}), encoding="utf-8")
     with httpx.Client(base_url=f"http://127.0.0.1:{server.port}", headers=basic(AUTH), timeout=60) as http:
         index = http.get("/")
         assert index.status_code == 200
@@ -117,6 +123,8 @@ def test_pages_runs_report_compare_and_trends(site: tuple[SiteServer, Path], mon
         failed = http.get("/runs/run-broken/")
         assert "&lt;script&gt;" in failed.text and "<script>" not in failed.text  # autoescape
         night = http.get("/runs/run-night5/")
+        assert f'<a href="http://perf-lab:4200/runs/flow-run/{flow_run}">its flow run and logs' in night.text
+        assert "perf-lab:4200" not in http.get("/runs/run-night4/").text + failed.text  # no flow run, or no id
         plots = [p for p in (root / "run-night5" / "plots").iterdir()]
         assert plots and all(f'src="plots/{p.name}"' in night.text for p in plots)
         png = http.get(f"/runs/run-night5/plots/{plots[0].name}")
@@ -127,6 +135,11 @@ def test_pages_runs_report_compare_and_trends(site: tuple[SiteServer, Path], mon
 
         picker = http.get("/compare")
         assert '<option value="run-night0"' in picker.text and '<option value="run-night5"' in picker.text
+        # Chosen at first: B the newest run, A the one before; from a run's "compare with another run" link
+        # (a=RUN), B is the newest other run: never a run against itself.
+        assert re.findall(r'<option value="([^"]+)" selected>', picker.text) == ["run-night5", "run-broken"]
+        from_run = http.get("/compare", params={"a": "run-broken"})
+        assert re.findall(r'<option value="([^"]+)" selected>', from_run.text) == ["run-broken", "run-night5"]
         compared = http.get("/compare", params={"a": "run-night0", "b": "run-night5"})
         assert compared.status_code == 200 and "DIFFERENT" in compared.text and "0.90" in compared.text
         assert http.get("/compare", params={"a": "run-night0", "b": "run-nope"}).status_code == 404
