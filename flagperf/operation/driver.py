@@ -300,9 +300,10 @@ def run_operation(config: OperationConfig, vendor: str, spec: SpecTable, device:
               else graph_support(device) or "each timed call replayed from a device graph captured once")
     report = OperationReport(
         timing=(f"{'device events' if device.type != 'cpu' else 'host clock (the CPU is the device)'}: warm-up "
-                f"{config.warmup_s:g} s by time (each call waited for), then rep_s {config.rep_s:g} s worth of "
-                f"iterations ({config.min_iters} to {config.max_iters}), each timed alone; the figure is at the "
-                "median latency, p10 and p90 over the iterations"),
+                f"{config.warmup_s:g} s by time (each call waited for{', after a cache flush' if config.flush_cache else ''}"
+                f"), then rep_s {config.rep_s:g} s worth of iterations ({config.min_iters} to {config.max_iters}; "
+                "one iteration as estimated in the warm-up), each call timed alone; the figure is at the median "
+                "latency, p10 and p90 over the iterations"),
         flush=runner.flush.description if runner.flush else "off (flush_cache: false)",
         graphs=graphs,
         counting={name: OPERATORS[name].formula() for name in config.operators},

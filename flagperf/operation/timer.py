@@ -110,13 +110,18 @@ def _graphed(call: Callable[[], Any], device: torch.device) -> Callable[[], Any]
     return graph.replay
 
 
-def time_call(call: Callable[[], Any], device: torch.device, options: TimingOptions, flush: CacheFlush | None
-              ) -> Timed:
+def time_call(call: Callable[[], Any], device: torch.device, options: TimingOptions,
+              flush: Callable[[], None] | None) -> Timed:
     """Warm ``call`` up for options.warmup_s (each call waited for, so the estimate is the device's time), then
-    time rep_s worth of iterations (between min_iters and max_iters), each between two clock marks."""
+    time rep_s worth of iterations (between min_iters and max_iters), each between two clock marks. With a
+    flush, the warm-up flushes before each call too (as Triton's do_bench estimates), so that the estimate is
+    of an iteration as timed and rep_s bounds the timed loop's wall time: a flush far longer than the call
+    would otherwise multiply it by up to max_iters."""
     started = time.perf_counter()
     calls = 0
     while calls == 0 or time.perf_counter() - started < options.warmup_s:
+        if flush is not None:
+            flush()
         call()
         synchronize(device)
         calls += 1

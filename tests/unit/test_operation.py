@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -220,9 +221,29 @@ def test_the_timer_times_each_iteration_and_flushes_between(monkeypatch: pytest.
     monkeypatch.setattr(CacheFlush, "__call__", lambda self: (writes.append(1), real()))
     x = torch.randn(64, 64)
     timed = time_call(lambda: x @ x, CPU, TimingOptions(0.001, 10.0, 4, 4, True, True), flush)
-    assert len(timed.latencies) == 4 and len(writes) == 4 and all(t > 0 for t in timed.latencies)
+    # one flush before each timed iteration, and before each warm-up call (at least one)
+    assert len(timed.latencies) == 4 and len(writes) >= 5 and all(t > 0 for t in timed.latencies)
     assert not timed.graphs and graph_support(CPU) is not None
     assert timed.p10 <= timed.median <= timed.p90
+
+
+def test_rep_s_bounds_the_timed_loop_when_the_flush_outlasts_the_call() -> None:
+    """The estimate of one iteration includes its flush (as do_bench's): a 20 ms flush before a call of
+    microseconds gives about rep_s / 20 ms iterations, not max_iters of them (a CPU's 520 MiB flush made a
+    rep_s of 0.1 s take minutes)."""
+    spin_s, rep_s = 0.02, 0.1
+    flushes = []
+
+    def slow_flush() -> None:  # at least spin_s, however loaded the machine
+        flushes.append(1)
+        end = time.perf_counter() + spin_s
+        while time.perf_counter() < end:
+            pass
+
+    x = torch.ones(4)
+    timed = time_call(lambda: x + 1, CPU, TimingOptions(0.001, rep_s, 1, 200, True, False), slow_flush)
+    assert 1 <= len(timed.latencies) <= math.ceil(rep_s / spin_s)
+    assert len(flushes) > len(timed.latencies)  # the warm-up flushed too
 
 
 def _point(impl: str, shape: dict[str, int], latency: float | None, status: str = "passed",
