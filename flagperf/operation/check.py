@@ -81,7 +81,8 @@ def compare(output: Any, reference: Reference, rtol: float, atol: float) -> Verd
             index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(ref.shape)))
             return Verdict(
                 f"wrong result: {which}{count} of {ref.numel()} elements outside |out - ref| <= atol + rtol*|ref| "
-                f"(rtol {rtol:.3g}, atol {atol:.3g}); worst at {list(index)}: got {float(got.flatten()[flat]):.6g}, "
-                f"expected {float(ref.flatten()[flat]):.6g} (reference {reference.description})",
+                f"(rtol {rtol:.3g}, atol {atol:.3g}); worst at {list(index)}: got {float(got.flatten()[flat]):.9g}, "
+                f"expected {float(ref.flatten()[flat]):.9g} (|out - ref| {float(diff.flatten()[flat]):.3g}, "
+                f"allowed {float(allowed.flatten()[flat]):.3g}; reference {reference.description})",
                 worst_abs, worst_rel)
     return Verdict(None, worst_abs, worst_rel)

@@ -172,6 +172,13 @@ def test_the_check_names_the_worst_element_and_catches_nan_and_shape() -> None:
     wrong[0, 0] = float("nan")
     assert "2 of 20" in compare(wrong, reference, 1e-5, 1e-5).error
     assert "shape (5, 4)" in compare(good.t(), reference, 1e-5, 1e-5).error
+    # a tolerance of 0 against the float64 reference: the values differ in digits past the sixth, and the line
+    # shows them and the difference rather than two equal-looking numbers
+    x = torch.tensor([2.98507333], dtype=torch.float32)
+    exact = compute_reference(OPERATORS["exp"].native, [x], torch.float64, CPU)
+    error = compare(torch.exp(x), exact, 0.0, 0.0).error
+    got, expected = float(torch.exp(x)), float(exact.outputs[0])
+    assert f"got {got:.9g}, expected {expected:.9g} (|out - ref| {abs(got - expected):.3g}, allowed 0;" in error
 
 
 def test_shapes_come_from_the_models_grid_and_the_users_list_once_each() -> None:
