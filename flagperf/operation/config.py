@@ -42,10 +42,18 @@ class PlannedPoint:
 
 
 class Tolerance(BaseModel):
+    """An override of the dtype's default rtol, atol or both (the one not given keeps its default)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
-    rtol: float = Field(ge=0)
-    atol: float = Field(ge=0)
+    rtol: float | None = Field(default=None, ge=0)
+    atol: float | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _something(self) -> Tolerance:
+        if self.rtol is None and self.atol is None:
+            raise ValueError("give rtol, atol or both")
+        return self
 
 
 class OperationConfig(CaseConfig):
@@ -72,7 +80,7 @@ class OperationConfig(CaseConfig):
     reference_cpu_max_elements: int = Field(
         ge=0, description="points with at most this many input elements get a float64 reference on the host CPU; "
                           "larger ones a float32 (float64 for fp32 points) reference on the device")
-    tolerances: dict[str, Tolerance] = Field(default_factory=dict, description="dtype -> rtol/atol overrides")
+    tolerances: dict[str, Tolerance] = Field(default_factory=dict, description="dtype -> rtol and/or atol overrides (one not given keeps the dtype's default)")
     seed: int = 0
 
     @field_validator("operators")
@@ -166,7 +174,8 @@ class OperationConfig(CaseConfig):
 
     def tolerance(self, dtype: str) -> dict[str, float]:
         given = self.tolerances.get(dtype)
-        return given.model_dump() if given else dict(DEFAULT_TOLERANCES[dtype])
+        overrides = given.model_dump(exclude_none=True) if given else {}
+        return {**DEFAULT_TOLERANCES[dtype], **overrides}
 
     def check_for_vendor(self, origins: dict[str, str], source: str, vendor: str | None,
                          files_are_local: bool) -> None:

@@ -202,6 +202,8 @@ def test_shapes_come_from_the_models_grid_and_the_users_list_once_each() -> None
     ({"models": ["gpt-5"]}, "models", "unknown model shape 'gpt-5'"),
     ({"max_iters": 1, "min_iters": 2}, None, "max_iters (1) must be at least min_iters (2)"),
     ({"tolerances": {"fp64": {"rtol": 1.0, "atol": 1.0}}}, "tolerances", "unknown dtype 'fp64'"),
+    ({"tolerances": {"fp32": {}}}, "tolerances.fp32", "give rtol, atol or both"),
+    ({"tolerances": {"fp32": {"rtol": -1.0}}}, "tolerances.fp32.rtol", "greater than or equal to 0"),
 ])
 def test_a_bad_config_is_one_line_naming_the_file_and_key(changes: dict[str, Any], key: str | None,
                                                            message: str) -> None:
@@ -212,6 +214,12 @@ def test_a_bad_config_is_one_line_naming_the_file_and_key(changes: dict[str, Any
     assert "\n" not in line and line.startswith("cases/operation/op-gemm/case.yaml") and message in line, line
     if key:
         assert error.key is not None and error.key.startswith(key), line
+
+
+def test_a_tolerance_override_may_give_rtol_or_atol_alone() -> None:
+    cfg = config(operators=["mm"], dtypes=["fp32", "bf16"], tolerances={"bf16": {"atol": 0.05}})
+    assert cfg.tolerance("bf16") == {"rtol": 1.6e-2, "atol": 0.05}
+    assert cfg.tolerance("fp32") == {"rtol": 1e-5, "atol": 1e-5}
 
 
 def test_an_implementation_the_vendor_lacks_is_a_config_error() -> None:
