@@ -290,7 +290,8 @@ def parse_set_override(text: str, case_names: list[str]) -> SetOverride:
         raise ConfigError("--set", lhs, "the key must be a configuration name such as min_duration_s")
     value = parse_yaml_text(raw, "--set") if raw.strip() else ""
     if isinstance(value, dict) or (isinstance(value, list) and any(isinstance(v, dict | list) for v in value)):
-        raise ConfigError("--set", lhs, "the value must be a scalar or a list of scalars")
+        raise ConfigError("--set", lhs, "the value must be a scalar or a list of scalars (a mapping, such as an "
+                                        "operation case's shapes, goes in a suite file's overrides: --suite FILE)")
     return SetOverride(case=case, key=key, value=value, text=text)
 
 

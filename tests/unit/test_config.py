@@ -199,7 +199,8 @@ def test_set_non_scalar_value(raw: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_set_override(f"m={raw}", [])
     assert info.value.key == "m"
-    assert info.value.message == "the value must be a scalar or a list of scalars"
+    assert info.value.message.startswith("the value must be a scalar or a list of scalars (a mapping")
+    assert "goes in a suite file's overrides: --suite FILE" in info.value.message
 
 
 def test_set_a_list_of_scalars() -> None:
