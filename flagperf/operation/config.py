@@ -80,7 +80,9 @@ class OperationConfig(CaseConfig):
     reference_cpu_max_elements: int = Field(
         ge=0, description="points with at most this many input elements get a float64 reference on the host CPU; "
                           "larger ones a float32 (float64 for fp32 points) reference on the device")
-    tolerances: dict[str, Tolerance] = Field(default_factory=dict, description="dtype -> rtol and/or atol overrides (one not given keeps the dtype's default)")
+    tolerances: dict[str, Tolerance] = Field(
+        default_factory=dict, description="dtype -> rtol and/or atol overrides (one not given keeps the dtype's "
+                                          "default)")
     seed: int = 0
 
     @field_validator("operators")

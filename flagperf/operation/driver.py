@@ -118,7 +118,9 @@ def roofline(spec: SpecTable, op: Operator, dtype: str, flops: int | None, nbyte
     memory = _peak(spec, "memory_bandwidth")
     if (op.bound == "compute" and compute is None) or (op.bound == "memory" and memory is None):
         missing = dtype if op.bound == "compute" else "memory_bandwidth"
-        return None, f"no {missing} peak in the spec table of {spec.device}"
+        known = spec.peaks.get(missing)
+        why = f" ({known.source})" if known is not None and known.source else ""  # what would give it a value
+        return None, f"no {missing} peak in the spec table of {spec.device}{why}"
     terms: list[float] = []
     basis: list[str] = []
     if compute is not None and compute.unit in ("TFLOPS", "TOPS"):
@@ -150,7 +152,8 @@ def point_metric(name: str, point: PlannedPoint, spec: SpecTable, latencies: lis
         name=name, value=value, unit=unit, p50=value, p10=work / p90 / scale, p90=work / p10 / scale,
         cv=coefficient_of_variation(latencies), chunks=len(latencies), iterations=len(latencies),
         measured_seconds=sum(latencies), peak=peak, ratio=comparable_ratio(value, unit, peak),
-        convention=f"{point.op.name}: {point.op.formula()}; figure = work / median latency",
+        convention=f"{point.op.name}: {point.op.formula()}; {unit} = "
+                   f"{'FLOPs / 1e12' if compute else 'bytes / 1e9'} / median latency in seconds",
         note=f"latency median {median * 1e3:.4g} ms (p10 {p10 * 1e3:.4g}, p90 {p90 * 1e3:.4g}) over "
              f"{len(latencies)} iterations; shape {shape_label(point.dims)} ({point.source})",
         window=list(window), work=work * len(latencies) / scale)
@@ -300,10 +303,11 @@ def run_operation(config: OperationConfig, vendor: str, spec: SpecTable, device:
               else graph_support(device) or "each timed call replayed from a device graph captured once")
     report = OperationReport(
         timing=(f"{'device events' if device.type != 'cpu' else 'host clock (the CPU is the device)'}: warm-up "
-                f"{config.warmup_s:g} s by time (each call waited for{', after a cache flush' if config.flush_cache else ''}"
-                f"), then rep_s {config.rep_s:g} s worth of iterations ({config.min_iters} to {config.max_iters}; "
-                "one iteration as estimated in the warm-up), each call timed alone; the figure is at the median "
-                "latency, p10 and p90 over the iterations"),
+                f"{config.warmup_s:g} s by time (each call waited for"
+                f"{', after a cache flush' if config.flush_cache else ''}), then rep_s {config.rep_s:g} s worth "
+                f"of iterations ({config.min_iters} to {config.max_iters}; one iteration as estimated in the "
+                "warm-up), each call timed alone; the figure is at the median latency, p10 and p90 over the "
+                "iterations"),
         flush=runner.flush.description if runner.flush else "off (flush_cache: false)",
         graphs=graphs,
         counting={name: OPERATORS[name].formula() for name in config.operators},

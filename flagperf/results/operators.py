@@ -83,14 +83,46 @@ def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def collect_points(run_dir: Path) -> list[PointFigures]:
+def read_results(run_dir: Path) -> list[RoundResult]:
     results = []
     for path in sorted(run_dir.glob(f"*/round*/*_noderank*/{RESULT_FILE}")):
         try:
             results.append(read_result(path))
         except (OSError, ValueError):
             continue  # the summary lists unreadable files already
-    return points_of(results)
+    return results
+
+
+def collect_points(run_dir: Path) -> list[PointFigures]:
+    return points_of(read_results(run_dir))
+
+
+def method_lines(results: Iterable[RoundResult]) -> list[str]:
+    """How each operation case was measured, as its rounds' result.json state it: the clock, warm-up and
+    iterations, the cache flush, device graphs, each implementation (with its library's version), and why
+    points have no share of the roofline. Rounds that state something differently (hosts with other caches)
+    each add their wording."""
+    cases: dict[str, dict[str, dict[str, None]]] = {}
+    for result in results:
+        if result.family != FAMILY or result.operation is None:
+            continue
+        op = result.operation
+        found = cases.setdefault(result.case, {"timing": {}, "flush": {}, "graphs": {}, "impls": {}, "roofline": {}})
+        found["timing"][op.timing] = None
+        found["flush"][op.flush] = None
+        found["graphs"][op.graphs] = None
+        for name, text in op.implementations.items():
+            found["impls"][f"{name}: {text}"] = None
+        for point in op.points:
+            if point.status == "passed" and point.roofline is None and point.roofline_basis:
+                found["roofline"][point.roofline_basis] = None
+    lines = []
+    for case, found in cases.items():
+        lines.append(f"- **{md_text(case)}**: timing: {md_text('; '.join(found['timing']))}; cache flush: "
+                     f"{md_text('; '.join(found['flush']))}; device graphs: {md_text('; '.join(found['graphs']))}")
+        lines += [f"  - {md_text(impl)}" for impl in found["impls"]]
+        lines += [f"  - % of roofline not computed: {md_text(why)}" for why in found["roofline"]]
+    return [*lines, ""] if lines else []
 
 
 def points_of(results: Iterable[RoundResult]) -> list[PointFigures]:
@@ -286,10 +318,11 @@ def _estimate(estimated: bool | None) -> str:
 CONVENTION = ("Each implementation's output is checked against the operator computed in higher precision before "
               "it is timed: a wrong result is a FAILED point, never a figure. Latency is the median over the "
               "timed iterations (mean over rounds); speed-up = native's latency / the implementation's; the "
-              "figure is TFLOPS for compute-bound operators and GB/s for memory-bound ones, counted as each "
-              "round's result.json states; % of roofline = max(FLOPs / peak FLOP/s, bytes / peak bandwidth) / "
-              "latency; % of measured = against the same run's base spec (GEMM max-achievable or copy "
-              "bandwidth); % of peak per point is in summary.csv (ratio).")
+              "figure is TFLOPS (1e12 FLOP/s) for compute-bound operators and GB/s (1e9 bytes/s; each input "
+              "read once and each output written once, as the base specs' memory_copy_bandwidth counts a copy's "
+              "read and write) for memory-bound ones, counted as each operator's table states; % of roofline = "
+              "max(FLOPs / peak FLOP/s, bytes / peak bandwidth) / latency; % of measured = against the same "
+              "run's base spec (GEMM max-achievable or copy bandwidth); % of peak per point is in summary.csv (ratio).")
 
 
 def point_cell(point: PointFigures | None, base: dict[str, tuple[str, float]]) -> str:
@@ -346,12 +379,13 @@ def operation_markdown(run_dir: Path, rows: pd.DataFrame | None = None) -> list[
     """The report section for operation cases (nothing when the run has none): how the figures are made
     (once), the geometric-mean speed-up per dtype and implementation, a section per operator with every
     point, and the skipped points' reasons."""
-    collected = collect_points(run_dir)
+    results = read_results(run_dir)
+    collected = points_of(results)
     if not collected:
         return []
     index = point_index(collected)
     base = measured_base(rows)
-    lines = ["## Operators (operation)", "", CONVENTION, ""]
+    lines = ["## Operators (operation)", "", CONVENTION, "", *method_lines(results)]
     summary = geomean_speedups(collected)
     if summary:
         lines += ["### Geometric-mean speed-up against native, over every operator", "",

@@ -157,6 +157,12 @@ def test_the_roofline_is_the_slower_of_compute_and_memory() -> None:
     assert share == pytest.approx(0.5)
     share, basis = roofline(spec, mm, "fp16", 2 * 10**12, 10**9, 0.040)
     assert share is None and "no fp16 peak" in basis
+    # a peak the table lists without a value: its source says how to give it one
+    unknown = SpecTable(device="test", peaks={"memory_bandwidth": Peak(
+        value=None, unit="GB/s", source="unknown: set spec_settings memory_channels in the inventory")})
+    share, basis = roofline(unknown, OPERATORS["add"], "bf16", None, 10**9, 0.01)
+    assert share is None and basis == ("no memory_bandwidth peak in the spec table of test (unknown: set "
+                                       "spec_settings memory_channels in the inventory)")
 
 
 def test_the_check_names_the_worst_element_and_catches_nan_and_shape() -> None:
@@ -301,6 +307,28 @@ def test_the_report_has_the_table_the_geomean_and_the_failed_points(tmp_path: Pa
     # a '|' in an error cannot break the table
     assert "- **FAILED** fp16 R4xC8 @wrong: wrong result: 1 of 32 elements \\| off" in text
     assert math.isclose(json.loads(result.model_dump_json())["operation"]["points"][0]["latency_s"], 2e-3)
+
+
+def test_the_report_says_how_each_case_was_timed_and_why_a_roofline_is_missing(tmp_path: Path) -> None:
+    """What result.json's operation block says of the clock, the flush, graphs and the implementations (with
+    versions) is in the report once per case, as is why points have no share of the roofline."""
+    run_dir = tmp_path / "run-ops"
+    point = _point("native", {"R": 4, "C": 8}, 2e-3).model_copy(update={
+        "roofline": None, "roofline_basis": "no memory_bandwidth peak in the spec table of cpu (set it)"})
+    now = datetime.now(timezone.utc)
+    result = RoundResult(
+        run_id="run-ops", case="op-elementwise", family="operation", round=1, host="h", node_rank=0, vendor="cpu",
+        status="success", started_at=now, finished_at=now, duration_s=1.0, measured_seconds=1.0, metrics=[],
+        operation=OperationReport(timing="host clock, warm-up 0.05 s", flush="a 64 MiB buffer", graphs="off",
+                                  counting={}, tolerances={}, points=[point],
+                                  implementations={"native": "torch 2.9's own operators"}),
+        config={})
+    write_result(round_dir(run_dir, "op-elementwise", 1, "h") / "result.json", result)
+    text = "\n".join(operation_markdown(run_dir))
+    assert ("- **op-elementwise**: timing: host clock, warm-up 0.05 s; cache flush: a 64 MiB buffer; device "
+            "graphs: off\n  - native: torch 2.9's own operators\n  - % of roofline not computed: no "
+            "memory_bandwidth peak in the spec table of cpu (set it)") in text
+    assert "GB/s (1e9 bytes/s" in text
 
 
 def test_a_roofline_on_an_estimated_peak_is_marked_an_upper_estimate() -> None:
