@@ -119,7 +119,8 @@ class OperationConfig(CaseConfig):
         for dtype in value:
             if operators and not any(dtype in OPERATORS[o].dtypes for o in operators):
                 has = [o.name for o in OPERATORS.values() if dtype in o.dtypes]
-                raise ValueError(f"none of the operators has a {dtype} form (those that do: {', '.join(has)})")
+                raise ValueError(f"none of the operators ({', '.join(operators)}) has a {dtype} form (those that "
+                                 f"do: {', '.join(has)})")
         return value
 
     @field_validator("shapes")
