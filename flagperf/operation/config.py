@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from flagperf.config.memory import MemoryNeed
 from flagperf.config.models import CaseConfig
@@ -41,6 +41,37 @@ class PlannedPoint:
     source: str
 
 
+class ModelSizes(BaseModel):
+    """A model of the lab's own, by the sizes a preset gives (``models: [{name: qwen2-7b, hidden: 3584, ...}]``):
+    the operators' shapes are derived from it as from a preset."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    hidden: int = Field(ge=1, le=MAX_DIM)
+    intermediate: int = Field(ge=1, le=MAX_DIM)
+    heads: int = Field(ge=1, le=MAX_DIM)
+    kv_heads: int | None = Field(default=None, ge=1, le=MAX_DIM, description="default: heads")
+    vocab: int = Field(ge=1, le=MAX_DIM)
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelSizes:
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads}): head_dim = "
+                             "hidden / heads")
+        if self.heads % (self.kv_heads or self.heads):
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        return self
+
+    def shape(self) -> ModelShape:
+        return ModelShape(self.name, self.hidden, self.intermediate, self.heads, self.kv_heads or self.heads,
+                          self.vocab)
+
+
+def model_shape(model: str | ModelSizes) -> ModelShape:
+    return model.shape() if isinstance(model, ModelSizes) else MODEL_SHAPES[model]
+
+
 class Tolerance(BaseModel):
     """An override of the dtype's default rtol, atol or both (the one not given keeps its default)."""
 
@@ -61,8 +92,10 @@ class OperationConfig(CaseConfig):
 
     operators: list[str] = Field(min_length=1, description="operators of flagperf.operation.operators")
     dtypes: list[Literal["fp32", "fp16", "bf16", "fp8"]] = Field(min_length=1)
-    models: list[str] = Field(default_factory=list, max_length=MAX_LIST,
-                              description="model shape presets the shapes are taken from")
+    models: list[str | ModelSizes] = Field(
+        default_factory=list, max_length=MAX_LIST,
+        description="model shape presets the shapes are taken from, or a model's sizes ({name, hidden, "
+                    "intermediate, heads, kv_heads, vocab})")
     batch_sizes: list[int] = Field(default_factory=lambda: [1], max_length=MAX_LIST,
                                    description="with seq_lens: the token grid")
     seq_lens: list[int] = Field(default_factory=lambda: [128], max_length=MAX_LIST)
@@ -95,13 +128,30 @@ class OperationConfig(CaseConfig):
             raise ValueError("an operator is listed twice")
         return value
 
-    @field_validator("models")
+    @field_validator("models", mode="before")
     @classmethod
-    def _models(cls, value: list[str]) -> list[str]:
-        for name in value:
-            if name not in MODEL_SHAPES:
-                raise ValueError(f"unknown model shape {name!r} (known: {', '.join(MODEL_SHAPES)})")
-        return value
+    def _models(cls, value: Any) -> Any:
+        if not isinstance(value, list):
+            return value  # the field's own check says what it should be
+        models: list[Any] = []
+        for i, entry in enumerate(value):
+            if isinstance(entry, dict):
+                try:
+                    entry = ModelSizes.model_validate(entry)
+                except ValidationError as exc:
+                    first = exc.errors()[0]
+                    where = ".".join(str(part) for part in first["loc"])
+                    message = str(first["msg"]).removeprefix("Value error, ")
+                    raise ValueError(f"[{i}]{'.' + where if where else ''}: {message} (a model's sizes: "
+                                     f"{', '.join(ModelSizes.model_fields)})") from None
+            elif isinstance(entry, str) and entry not in MODEL_SHAPES:
+                raise ValueError(f"unknown model shape {entry!r} (known: {', '.join(MODEL_SHAPES)}; or give its "
+                                 "sizes: {name, hidden, intermediate, heads, kv_heads, vocab})")
+            models.append(entry)
+        names = [m.name if isinstance(m, ModelSizes) else m for m in models]
+        if len(set(names)) != len(names):
+            raise ValueError("a model is listed twice")
+        return models
 
     @field_validator("batch_sizes", "seq_lens")
     @classmethod
@@ -198,8 +248,8 @@ def plan_points(config: OperationConfig) -> list[PlannedPoint]:
     for name in config.operators:
         op = OPERATORS[name]
         shapes: list[tuple[Dims, str]] = [
-            (op.from_model(MODEL_SHAPES[model], b, s), f"{model} b{b} s{s}")
-            for model in config.models for b in config.batch_sizes for s in config.seq_lens]
+            (op.from_model(shape, b, s), f"{shape.name} b{b} s{s}")
+            for shape in map(model_shape, config.models) for b in config.batch_sizes for s in config.seq_lens]
         shapes += [({d: int(dims[d]) for d in op.dims}, "given") for dims in config.shapes.get(name, [])]
         for dtype in config.dtypes:
             if dtype not in op.dtypes:

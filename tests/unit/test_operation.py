@@ -199,6 +199,17 @@ def test_shapes_come_from_the_models_grid_and_the_users_list_once_each() -> None
                   (32, 14336, 4096, "llama-3-8b b2 s16"), (3, 5, 7, "given")]
 
 
+def test_a_model_of_the_labs_own_gives_shapes_as_a_preset_does() -> None:
+    qwen = {"name": "qwen2-7b", "hidden": 3584, "intermediate": 18944, "heads": 28, "kv_heads": 4, "vocab": 152064}
+    cfg = config(operators=["mm", "rotary"], models=["tiny", qwen], batch_sizes=[2], seq_lens=[8])
+    planned = [(p.op.name, p.dims, p.source) for p in plan_points(cfg)]
+    assert ("mm", {"M": 16, "N": 18944, "K": 3584}, "qwen2-7b b2 s8") in planned
+    assert ("rotary", {"T": 16, "H": 28, "KVH": 4, "D": 128, "S": 8}, "qwen2-7b b2 s8") in planned
+    assert ("mm", {"M": 16, "N": 344, "K": 128}, "tiny b2 s8") in planned
+    # as plan.json and result.json keep it, and as a host reads it back
+    assert OperationConfig.model_validate(cfg.model_dump()).models == cfg.models
+
+
 @pytest.mark.parametrize(("changes", "key", "message"), [
     ({"operators": ["mm", "matmul"]}, "operators", "unknown operator 'matmul'"),
     ({"shapes": {"mm": [{"M": 1, "N": 2}]}}, "shapes", "mm[0]: missing K"),
@@ -207,6 +218,10 @@ def test_shapes_come_from_the_models_grid_and_the_users_list_once_each() -> None
     ({"operators": ["add"], "dtypes": ["fp8"]}, "dtypes",
      "none of the operators (add) has a fp8 form (those that do: mm)"),
     ({"models": ["gpt-5"]}, "models", "unknown model shape 'gpt-5'"),
+    ({"models": [{"name": "mine", "hidden": 100, "intermediate": 8, "heads": 3, "vocab": 9}]}, "models",
+     "models: Value error, [0]: hidden (100) must be a multiple of heads (3): head_dim"),
+    ({"models": [{"name": "mine", "hidden": 64, "intermediate": 8, "heads": 4}]}, "models",
+     "[0].vocab: Field required (a model's sizes: name, hidden, intermediate, heads, kv_heads, vocab)"),
     ({"max_iters": 1, "min_iters": 2}, None, "max_iters (1) must be at least min_iters (2)"),
     ({"tolerances": {"fp64": {"rtol": 1.0, "atol": 1.0}}}, "tolerances", "unknown dtype 'fp64'"),
     ({"tolerances": {"fp32": {}}}, "tolerances.fp32", "give rtol, atol or both"),
