@@ -250,6 +250,19 @@ def test_a_server_that_exits_before_ready_fails_with_its_log_tail(tmp_path: Path
     assert err.value.user
 
 
+def test_a_refused_server_argument_leads_the_failure_before_the_usage_text(tmp_path: Path) -> None:
+    """A server that refuses an argument (`transformers serve --bogus`: click prints the error, then 30 lines of
+    options) names the refusal first in the one-line failure, although it is not among the log's last lines."""
+    usage = "; ".join(f"print('  --option-{i} TEXT  an option')" for i in range(30))
+    spec = ServerSpec(command=["{python}", "-c", "import sys; print('Usage: serve [OPTIONS]'); "
+                               "print(\"Error: No such option '\" + sys.argv[1] + \"'.\"); " + usage + "; sys.exit(2)"])
+    with pytest.raises(ServerFailed) as err:
+        start_server(spec, {}, ["--bogus"], {}, tmp_path / SERVER_LOG, ready_timeout_s=600.0)
+    assert str(err.value).startswith("the server exited 2 before it was ready: Error: No such option '--bogus'.; "
+                                     "last lines of server.log: ")
+    assert "\n" not in str(err.value) and err.value.user
+
+
 def test_config_values_reach_the_server_as_words_no_shell_reads(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """A model folder and server_args full of shell syntax arrive as the server's argv words, as written; no
@@ -437,6 +450,22 @@ def test_the_server_usage_agrees_with_the_client_counts_where_it_is_sent(served:
         assert [(r.prompt_tokens_usage, r.output_tokens_usage) for r in run.records] == [(None, None)] * 2
     stats = point_stats("c1", run.records, run.seconds, Bounds)
     assert stats.mismatched == 0 and stats.output_tokens == 6
+
+
+def test_a_point_spans_its_first_send_to_its_last_end(served: ServerProcess, model_dir: Path) -> None:
+    """The point's window and duration (the denominators of tokens/s and goodput) are its first send to its last
+    request's end, as documented and as vLLM times its benchmark: not the client's set-up before the first send
+    (httpx builds an SSL context) nor its closing after the last end."""
+    prompts = [ServingPrompt(i, f"t{i + 1} t2", 2, 2) for i in range(3)]
+    target = Target(served.base_url, str(model_dir), "chat")
+    run = asyncio.run(run_phase(target, Load("c1", concurrency=1), prompts, "timed", requests=3, duration_s=None,
+                                writer=None, count_tokens=None))
+    assert all(r.ok for r in run.records), [r.error for r in run.records]
+    first = min(r.sent_at for r in run.records)
+    span = max(r.sent_at + (r.e2el_s or 0.0) for r in run.records) - first  # from the records alone
+    assert run.started_at == first
+    assert abs(run.seconds - span) < 1e-3  # the records' wall clock against the point's perf_counter
+    assert run.ended_at == pytest.approx(first + run.seconds)
 
 
 def test_an_http_error_is_recorded_as_a_failed_request(served: ServerProcess) -> None:
