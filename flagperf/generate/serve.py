@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 import torch
 
+from flagperf.config.endpoints import Endpoint
 from flagperf.config.engines import missing_requirements
 from flagperf.errors import CaseUserError, MissingExtra, extra_for
 from flagperf.generate.config import GenerateConfig
@@ -316,6 +317,13 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
     scrape_dir = out_dir / SERVER_METRICS
     alive = (lambda: server.exited() is None) if server is not None else (lambda: True)
     try:
+        if server is None:
+            try:
+                check_endpoint(config, target, prompts[0], writer, tokens.counter())
+            except CaseUserError:
+                summary["failed_point"] = CHECK_POINT
+                write_json(out_dir / SERVING_FILE, summary)
+                raise
         with httpx.Client() as scraper:
             for load in points(config):
                 warmups = warmup_count(config, load)
@@ -358,6 +366,55 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
         writer.close()
     write_json(out_dir / SERVING_FILE, summary)
     return ServingOutcome(metrics, measured, described, points=summary["points"])
+
+
+CHECK_POINT = "check"  # requests.jsonl's point and phase of an endpoint's first request
+MODELS_PAGE_BYTES = 64 * 1024  # of /v1/models: what the refusal of a model name lists, read no further
+
+
+def check_endpoint(config: GenerateConfig, target: Target, prompt: ServingPrompt, writer: RecordWriter,
+                   count_tokens: TokenCounter | None) -> None:
+    """One 1-token request before the points, as vLLM's benchmark sends one first: an endpoint that is down, a
+    model name it does not serve or a key it refuses is one line naming the endpoint's key, instead of points
+    whose every request failed. The request is kept in requests.jsonl (point and phase ``check``)."""
+    one = ServingPrompt(prompt.index, prompt.text, prompt.prompt_tokens, 1)
+    run = asyncio.run(run_phase(target, Load(CHECK_POINT, concurrency=1), [one], CHECK_POINT, requests=1,
+                                duration_s=None, writer=writer, count_tokens=count_tokens))
+    error = run.records[0].error if run.records else "no request was sent"
+    if error is None:
+        return
+    assert isinstance(config.endpoint, Endpoint)
+    status = re.match(r"HTTP (\d+):", error)
+    if status is None:
+        key, value = "endpoint.base_url", target.base_url
+    elif status[1] in ("401", "403"):
+        key, value = "endpoint.api_key", str(config.endpoint.api_key)
+    else:
+        key, value = "endpoint.model", repr(target.model)
+        served = served_models(target)
+        if served is not None and target.model not in served:
+            error += f"; the endpoint serves {', '.join(served[:8]) or 'no model'}" + (" ..." if len(served) > 8
+                                                                                      else "")
+    raise CaseUserError(f"{key} {value}: the endpoint's first request ({target.url}) failed, so no point was "
+                        f"measured: {error} (kept in {REQUESTS_FILE}, point {CHECK_POINT})")
+
+
+def served_models(target: Target) -> list[str] | None:
+    """The model ids of the endpoint's GET /v1/models, or None where it has no such list."""
+    try:
+        with httpx.Client(timeout=10.0) as client, client.stream("GET", f"{target.base_url}/v1/models",
+                                                                  headers=target.headers) as response:
+            if response.status_code != 200:
+                return None
+            page = b""
+            for part in response.iter_bytes():
+                page += part
+                if len(page) > MODELS_PAGE_BYTES:
+                    return None
+        data = json.loads(page).get("data")
+        return [target.redact(str(m["id"]))[:200] for m in data if isinstance(m, dict) and "id" in m]
+    except (httpx.HTTPError, ValueError, AttributeError, TypeError, RecursionError):
+        return None
 
 
 def _save_scrape(client: httpx.Client, base_url: str, path: str | None, folder: Path, name: str) -> None:

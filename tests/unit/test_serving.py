@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import http.server
 import json
+import socket
 import sys
 import threading
 import time
@@ -621,6 +622,35 @@ def echoing_proxy() -> Iterator[str]:
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     thread.join()
+
+
+def test_an_endpoint_that_is_down_or_lacks_the_model_is_one_line_naming_the_key(
+        served: ServerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The endpoint's first request fails: the round is a user error whose one line names endpoint.base_url (no
+    server listens there) or endpoint.model (the server refuses the name), not points of failed requests that
+    read as a success; the request is kept in requests.jsonl."""
+    monkeypatch.setenv("LAB_SERVING_KEY", SECRET)
+    (tmp_path / "down").mkdir()
+    (tmp_path / "model").mkdir()
+    with socket.socket() as bound:  # bound, never listening: a connection to it is refused
+        bound.bind(("127.0.0.1", 0))
+        down = f"http://127.0.0.1:{bound.getsockname()[1]}"
+        job, out = _endpoint_job(tmp_path / "down", down, "m", "concurrency=[1]", "request_rates=[]", "requests=2")
+        assert run_job(job, out) == EXIT_USER_ERROR
+    failure = read_result(out / "result.json").failure
+    assert failure is not None and failure.message.startswith(f"endpoint.base_url {down}: the endpoint's first "
+                                                              "request")
+    assert "ConnectError" in failure.message and "\n" not in failure.message
+    assert [(r.point, r.phase) for r in read_records(out / REQUESTS_FILE)] == [("check", "check")]
+    assert json.loads((out / SERVING_FILE).read_text())["failed_point"] == "check"
+
+    job, out = _endpoint_job(tmp_path / "model", served.base_url, "/no/such/model", "concurrency=[1]",
+                             "request_rates=[]", "requests=2")
+    assert run_job(job, out) == EXIT_USER_ERROR
+    failure = read_result(out / "result.json").failure
+    assert failure is not None and failure.message.startswith("endpoint.model '/no/such/model': the endpoint's first "
+                                                              "request")
+    assert "HTTP 5" in failure.message and served.exited() is None
 
 
 def test_an_endpoint_that_quotes_the_key_back_leaves_it_in_no_record(echoing_proxy: str, tmp_path: Path,
