@@ -362,6 +362,9 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
                 log.info("point %s: %d requests (%d failed, %d truncated) in %.2f s, %.1f output tokens/s, TTFT p50 "
                          "%s, TPOT p50 %s, goodput %d/%d", load.label, stats.requests, stats.failed, stats.truncated,
                          run.seconds, stats.output_tokens / run.seconds, ttft, tpot, stats.good, stats.requests)
+                if stats.first_error is not None:
+                    log.warning("point %s: %d of %d requests failed; the first: %s (every one in %s)", load.label,
+                                stats.failed, stats.requests, stats.first_error, REQUESTS_FILE)
     finally:
         writer.close()
     write_json(out_dir / SERVING_FILE, summary)
