@@ -31,6 +31,9 @@ FAMILY_DRIVERS = {"generate": "flagperf.generate.driver", "operation": "flagperf
 # The type of a validator's error (pydantic_core.PydanticCustomError) whose value may be a secret: its line
 # names the file and the key, never the value.
 HIDDEN_INPUT = "hidden_input"
+# The context key (PydanticCustomError's ctx) by which a model validator's error names the key it is about: a
+# model validator's error has no location of its own, and its line would name neither the key nor its file.
+KEY_OF_MODEL_ERROR = "key"
 # The validation context's key for the case's folder (resolve_case_config, the round's entry): a family's config
 # resolves paths a case names relative to it (a serving case's prompts file).
 CASE_FOLDER = "case_folder"
@@ -54,8 +57,10 @@ def pydantic_error_to_config_error(exc: ValidationError, source: str, origins: d
     """The first validation error, as one line naming the file the offending key came from; with ``model``, an
     unknown key names the accepted keys nearest to it (a misspelling)."""
     err = exc.errors()[0]
-    key = ".".join(str(part) for part in err["loc"]) or None
-    top = str(err["loc"][0]) if err["loc"] else ""
+    named = (err.get("ctx") or {}).get(KEY_OF_MODEL_ERROR)  # a model validator's error about one key
+    loc = err["loc"] or (tuple(str(named).split(".")) if named else ())
+    key = ".".join(str(part) for part in loc) or None
+    top = str(loc[0]) if loc else ""
     where = (origins or {}).get(top, source)
     message = err["msg"]
     if err["type"] == "extra_forbidden":

@@ -175,7 +175,11 @@ def test_a_command_placeholder_that_does_not_exist_is_refused() -> None:
     ({"server_args": ["--api-key", "sk-literal"]}, "server_args", "give it as ${NAME} in server_env"),
     ({"api": "completions"}, "api", "serves chat only"),
     ({"engine": "hf"}, "request_rates", "needs a serving engine"),
-    ({"concurrency": [], "request_rates": []}, None, "at least one point"),
+    ({"concurrency": [], "request_rates": []}, "concurrency", "at least one point"),
+    ({"duration_s": 10.0}, "duration_s", "give exactly one of requests and duration_s (requests is 8 too; set it to "
+                                         "null"),
+    ({"requests": None}, "requests", "give exactly one of requests and duration_s (both are null)"),
+    ({"slo": {"ttft": 2.0}}, "slo.ttft", "unknown key (did you mean ttft_s?)"),
     ({"concurrency": [-1]}, "concurrency", "must be 1 to 65536"),
     ({"concurrency": [65537]}, "concurrency", "must be 1 to 65536"),
     ({"max_concurrency": 0}, "max_concurrency", "greater than or equal to 1"),
@@ -193,7 +197,7 @@ def test_a_command_placeholder_that_does_not_exist_is_refused() -> None:
     ({"max_new_tokens": 0}, "max_new_tokens", "greater than or equal to 1"),
     ({"seed": 2 ** 64}, "seed", "less than or equal to"),
     ({"slo": {"e2el_s": float("nan")}}, "slo.e2el_s", "finite number"),
-    ({"prompts_path": "case.yaml"}, None, "must be a .jsonl or .csv file"),
+    ({"prompts_path": "case.yaml"}, "prompts_path", "must be a .jsonl or .csv file"),
     # a data file stays in its root: the case's folder (relative), a data root (absolute), never a credentials folder
     ({"sharegpt_path": "/etc/hostname"}, "sharegpt_path", "'/etc/hostname' is outside the data roots (/data, "),
     ({"prompts_path": "../../../../outside.jsonl"}, "prompts_path", "is outside the case's folder"),
@@ -225,6 +229,7 @@ def test_serving_keys_are_checked_with_one_line_naming_file_and_key(
     text = str(err.value)
     assert "\n" not in text and message in text and "bad-serve" in text and "case.yaml" in text
     assert "sk-literal" not in text and "pw-0042" not in text  # a secret is never quoted
+    assert "(got {" not in text  # a rule between keys names its key, not the whole configuration
     if key:
         assert f": {key}" in text
 
