@@ -265,6 +265,11 @@ def apply_run_overrides(merged: MergedConfig, overrides: dict[str, Any], source:
         merged.run_overrides.setdefault(source, {})[key] = value
 
 
+# --set takes scalars and lists of them: a key whose value is a mapping (a serving case's slo) is set whole in a suite.
+MAPPINGS_IN_SUITES = ("a key holding a mapping (such as slo) is set whole in a suite's overrides: "
+                      "{CASE: {slo: {ttft_s: 0.5, tpot_s: 0.03}}}")
+
+
 @dataclass(frozen=True)
 class SetOverride:
     """One ``--set [CASE.]KEY=VALUE``; ``case`` None means every selected case that has the key."""
@@ -291,11 +296,11 @@ def parse_set_override(text: str, case_names: list[str]) -> SetOverride:
     if not key or not key.replace("_", "a").isalnum():
         if "." in lhs and lhs.rsplit(".", 1)[0] not in case_names:
             raise ConfigError("--set", lhs, f"no selected case is named {lhs.rsplit('.', 1)[0]!r} "
-                                            f"(selected: {', '.join(case_names)})")
+                                            f"(selected: {', '.join(case_names)}); {MAPPINGS_IN_SUITES}")
         raise ConfigError("--set", lhs, "the key must be a configuration name such as min_duration_s")
     value = parse_yaml_text(raw, "--set") if raw.strip() else ""
     if isinstance(value, dict) or (isinstance(value, list) and any(isinstance(v, dict | list) for v in value)):
-        raise ConfigError("--set", lhs, "the value must be a scalar or a list of scalars")
+        raise ConfigError("--set", lhs, f"the value must be a scalar or a list of scalars; {MAPPINGS_IN_SUITES}")
     return SetOverride(case=case, key=key, value=value, text=text)
 
 

@@ -183,7 +183,15 @@ def test_set_missing_equals() -> None:
 def test_set_on_a_case_that_is_not_selected_names_the_selection() -> None:
     with pytest.raises(ConfigError) as info:
         parse_set_override("unknowncase.m=1", ["computation-FP32"])
-    assert info.value.message == "no selected case is named 'unknowncase' (selected: computation-FP32)"
+    assert info.value.message.startswith("no selected case is named 'unknowncase' (selected: computation-FP32); ")
+
+
+def test_set_on_a_key_of_a_mapping_says_where_a_mapping_is_set() -> None:
+    """`--set slo.ttft_s=0.5` reads slo as a case name; the line says where a serving case's slo is set."""
+    with pytest.raises(ConfigError) as info:
+        parse_set_override("slo.ttft_s=0.5", ["tiny-llama-serve"])
+    assert info.value.message.endswith("a key holding a mapping (such as slo) is set whole in a suite's overrides: "
+                                       "{CASE: {slo: {ttft_s: 0.5, tpot_s: 0.03}}}")
 
 
 @pytest.mark.parametrize("text", ["=1", "m-n=1", "a b=1", "computation-FP32.=1", "m[0]=1"])
@@ -199,7 +207,7 @@ def test_set_non_scalar_value(raw: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_set_override(f"m={raw}", [])
     assert info.value.key == "m"
-    assert info.value.message == "the value must be a scalar or a list of scalars"
+    assert info.value.message.startswith("the value must be a scalar or a list of scalars; a key holding a mapping")
 
 
 def test_set_a_list_of_scalars() -> None:
