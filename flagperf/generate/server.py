@@ -230,10 +230,11 @@ class ServerProcess:
     def exited(self) -> int | None:
         return self.process.poll()
 
-    def failure(self, doing: str) -> str:
-        """Why it stopped in one line: its error line first where its log has one (a usage text after it would
-        fill the tail), then the log's last lines."""
-        error = error_line(self.log_path)
+    def failure(self, doing: str, name_error: bool = False) -> str:
+        """Why it stopped in one line: with ``name_error`` (it never got ready: nothing it served could have
+        logged an error before), its error line first where its log has one (a usage text after it would fill
+        the tail); then the log's last lines."""
+        error = error_line(self.log_path) if name_error else None
         return (f"the server exited {self.process.returncode} {doing}" + (f": {error}" if error else "")
                 + f"; last lines of {self.log_path.name}: {log_tail(self.log_path)}")
 
@@ -293,7 +294,7 @@ def start_server(spec: ServerSpec, fields: dict[str, Any], extra_args: list[str]
                                f"{log_tail(log_path)}", user=True)
         server.stop()  # its children, if any
         if not ADDRESS_IN_USE.search(_attempt_log(log_path)):
-            raise ServerFailed(server.failure("before it was ready"), user=True)
+            raise ServerFailed(server.failure("before it was ready", name_error=True), user=True)
     raise ServerFailed(f"the server could not bind a port in {PORT_ATTEMPTS} attempts; last lines of "
                        f"{log_path.name}: {log_tail(log_path)}", user=False)
 
