@@ -275,6 +275,11 @@ class GenerateConfig(CaseConfig):
         if not self.concurrency and not self.request_rates:
             raise _about("concurrency", "give at least one point: concurrency levels or request_rates (both are "
                          "empty)")
+        if not self.request_rates and self.max_concurrency is not None:  # vLLM's --max-concurrency caps its rate
+            raise _about("max_concurrency", "caps the open-loop points (request_rates), and there are none; a "
+                         "closed-loop point is a concurrency level (concurrency: [8])")
+        if not self.request_rates and self.burstiness != 1.0:
+            raise _about("burstiness", "shapes the open-loop points' arrivals (request_rates), and there are none")
         if self.prompts_path is not None and self.sharegpt_path is not None:
             raise _about("sharegpt_path", "give at most one of prompts_path and sharegpt_path (set the other to "
                          "null)")

@@ -180,6 +180,9 @@ def test_a_command_placeholder_that_does_not_exist_is_refused() -> None:
                                          "null"),
     ({"requests": None}, "requests", "give exactly one of requests and duration_s (both are null)"),
     ({"slo": {"ttft": 2.0}}, "slo.ttft", "unknown key (did you mean ttft_s?)"),
+    ({"request_rates": [], "max_concurrency": 8}, "max_concurrency", "caps the open-loop points (request_rates), and "
+                                                                      "there are none"),
+    ({"request_rates": [], "burstiness": 0.5}, "burstiness", "there are none"),
     ({"concurrency": [-1]}, "concurrency", "must be 1 to 65536"),
     ({"concurrency": [65537]}, "concurrency", "must be 1 to 65536"),
     ({"max_concurrency": 0}, "max_concurrency", "greater than or equal to 1"),
