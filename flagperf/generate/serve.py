@@ -238,6 +238,16 @@ def client_settings(config: GenerateConfig, spec: ServerSpec) -> dict[str, Any]:
             "request_timeout_s": config.request_timeout_s, "seed": config.seed}
 
 
+def model_record(config: GenerateConfig, folder: Path | None) -> dict[str, Any]:
+    """The model measured: the preset or checkpoint the round's server loads; at an endpoint, the name the requests
+    carry (what it loaded and in which precision is the endpoint's; ``checkpoint_path`` is then the tokenizer's)."""
+    at_endpoint = isinstance(config.endpoint, Endpoint)
+    return {"model": config.endpoint.model if isinstance(config.endpoint, Endpoint) else config.model,
+            "checkpoint_path": config.checkpoint_path, "precision": None if at_endpoint else config.precision,
+            "seed": config.seed, "folder": str(folder) if folder is not None else None,
+            "revision": snapshot_revision(folder), "served_by": "the endpoint" if at_endpoint else "the round"}
+
+
 def snapshot_revision(folder: Path | None) -> str | None:
     """The commit of a Hugging Face cache snapshot (``.../snapshots/<commit>/``), the model's revision; None for
     any other folder."""
@@ -320,9 +330,7 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
     summary: dict[str, Any] = {
         "engine": engine.manifest.name, "api": config.api, "devices": config.devices, "slo": config.slo.model_dump(),
         "prompts": described, "prompt_set": prompt_set(config, prompts, tokens),
-        "model": {"model": config.model, "checkpoint_path": config.checkpoint_path, "precision": config.precision,
-                  "seed": config.seed, "folder": str(folder) if folder is not None else None,
-                  "revision": snapshot_revision(folder)},
+        "model": model_record(config, folder),
         "client": client_settings(config, spec), "points": []}
     try:
         if config.endpoint is None:

@@ -536,7 +536,7 @@ def test_a_server_killed_mid_point_fails_the_round_with_its_log_kept(model_dir: 
     # What a lab publishes with the figures: the server's packages, the model, the prompts, the client.
     assert serving["server"]["packages"]["transformers"] == transformers.__version__
     assert serving["model"] == {"model": "tiny", "checkpoint_path": str(model_dir), "precision": "fp32", "seed": 0,
-                                "folder": str(model_dir.resolve()), "revision": None}
+                                "folder": str(model_dir.resolve()), "revision": None, "served_by": "the round"}
     assert serving["prompt_set"]["input_tokens"] == {"min": 4, "mean": 4.0, "max": 4}
     assert serving["prompts"] == "40 synthetic prompts (seed 0) of 4 tokens, 2 out"
     assert serving["client"]["max_tokens"] == 2 and serving["client"]["requests"] == 40
@@ -625,6 +625,7 @@ def test_a_case_measures_an_endpoint_the_inventory_names(served: ServerProcess, 
     assert serving["endpoint"]["base_url"] == served.base_url and "server" not in serving
     assert serving["points"][0]["input_tokens"] == 2 * 16 and serving["points"][0]["output_tokens"] == 8
     assert serving["prompt_set"]["counted_with"].startswith("words")  # no model folder at an endpoint
+    assert serving["model"]["model"] == str(model_dir) and serving["model"]["precision"] is None  # the endpoint's
     assert not (out / SERVER_LOG).exists()  # no server was started
     assert {"result.json", REQUESTS_FILE, SERVING_FILE} <= {p.name for p in out.rglob("*")}
     assert _files_holding(SECRET, out) == [] and SECRET not in caplog.text
