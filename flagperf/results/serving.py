@@ -98,9 +98,17 @@ class ServingPoint:
         return self.figures.get(what, {}).get(key)
 
     @property
+    def at_endpoint(self) -> bool:
+        """Measured at a running server: the engine is its API's dialect; its precision is the endpoint's, unknown."""
+        return isinstance(self.setup.get("endpoint"), dict)
+
+    @property
+    def served_as(self) -> str:
+        return f"{self.engine}'s API at an endpoint" if self.at_endpoint else f"{self.engine}, {self.precision}"
+
+    @property
     def series(self) -> str:
-        where = " at an endpoint" if isinstance(self.setup.get("endpoint"), dict) else ""
-        return f"{self.case} ({self.engine}{where}, {self.precision})"
+        return f"{self.case} ({self.served_as})"
 
     @property
     def per_device(self) -> float | None:
@@ -401,7 +409,7 @@ def serving_markdown(run_dir: Path, rows: pd.DataFrame | None) -> list[str]:
     for case, mine in series_of(points).items():
         first = mine[0]
         frontier = slo_frontier(mine)
-        line = f"- **{case}**: engine {first.engine}, {first.precision}; SLO: {slo_text(first.slo)}"
+        line = f"- **{case}**: engine {first.served_as}; SLO: {slo_text(first.slo)}"
         if frontier is not None:
             line += (f"; SLO frontier: {frontier.label}, {frontier.per_device:.4g} output tokens/s per device at "
                      f"{_num(frontier.interactivity)} tokens/s per user")

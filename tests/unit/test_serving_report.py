@@ -266,10 +266,11 @@ def test_the_report_names_the_prompts_and_the_server_and_compare_flags_other_wor
     md = build_report(a)[1]["markdown"].read_text()
     assert "  - prompts: 8 synthetic prompts (seed 0) of 16 tokens, 16 out; chat API\n" in md
     assert "  - server: transformers serve --port 8000 (transformers 5.24.0)\n" in md
-    assert "  - server: endpoint http://10.0.0.5:8000, model m, version 0.9.1\n" in build_report(b)[1][
-        "markdown"].read_text()
+    md = build_report(b)[1]["markdown"].read_text()
+    assert "- **serve-case**: engine vllm-serve's API at an endpoint; SLO: " in md  # its precision is the endpoint's
+    assert "  - server: endpoint http://10.0.0.5:8000, model m, version 0.9.1\n" in md
     (c,) = compare_serving_runs(a, b)
-    assert c.b_series == "serve-case (vllm-serve at an endpoint, bf16)"
+    assert c.b_series == "serve-case (vllm-serve's API at an endpoint)"
     text = "\n".join(serving_comparison_markdown([c]))
     assert ("- **the workloads differ**, so the ratios compare different work: A 8 synthetic prompts (seed 0) of 16 "
             "tokens, 16 out; chat API; B sharegpt.json: 900 conversations") in text
