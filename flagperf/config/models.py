@@ -31,6 +31,9 @@ FAMILY_DRIVERS = {"generate": "flagperf.generate.driver", "operation": "flagperf
 # The type of a validator's error (pydantic_core.PydanticCustomError) whose value may be a secret: its line
 # names the file and the key, never the value.
 HIDDEN_INPUT = "hidden_input"
+# The context key (PydanticCustomError's ctx) by which a model validator's error names the key it is about: a
+# model validator's error has no location of its own, and its line would name neither the key nor its file.
+KEY_OF_MODEL_ERROR = "key"
 # The validation context's key for the case's folder (resolve_case_config, the round's entry): a family's config
 # resolves paths a case names relative to it (a serving case's prompts file).
 CASE_FOLDER = "case_folder"
@@ -54,8 +57,10 @@ def pydantic_error_to_config_error(exc: ValidationError, source: str, origins: d
     """The first validation error, as one line naming the file the offending key came from; with ``model``, an
     unknown key names the accepted keys nearest to it (a misspelling)."""
     err = exc.errors()[0]
-    key = ".".join(str(part) for part in err["loc"]) or None
-    top = str(err["loc"][0]) if err["loc"] else ""
+    named = (err.get("ctx") or {}).get(KEY_OF_MODEL_ERROR)  # a model validator's error about one key
+    loc = err["loc"] or (tuple(str(named).split(".")) if named else ())
+    key = ".".join(str(part) for part in loc) or None
+    top = str(loc[0]) if loc else ""
     where = (origins or {}).get(top, source)
     message = err["msg"]
     if err["type"] == "extra_forbidden":
@@ -260,6 +265,11 @@ def apply_run_overrides(merged: MergedConfig, overrides: dict[str, Any], source:
         merged.run_overrides.setdefault(source, {})[key] = value
 
 
+# --set takes scalars and lists of them: a key whose value is a mapping (a serving case's slo) is set whole in a suite.
+MAPPINGS_IN_SUITES = ("a key holding a mapping (such as slo, or an operation case's shapes) is set whole in a "
+                      "suite file's overrides (--suite FILE): {CASE: {slo: {ttft_s: 0.5, tpot_s: 0.03}}}")
+
+
 @dataclass(frozen=True)
 class SetOverride:
     """One ``--set [CASE.]KEY=VALUE``; ``case`` None means every selected case that has the key."""
@@ -286,12 +296,11 @@ def parse_set_override(text: str, case_names: list[str]) -> SetOverride:
     if not key or not key.replace("_", "a").isalnum():
         if "." in lhs and lhs.rsplit(".", 1)[0] not in case_names:
             raise ConfigError("--set", lhs, f"no selected case is named {lhs.rsplit('.', 1)[0]!r} "
-                                            f"(selected: {', '.join(case_names)})")
+                                            f"(selected: {', '.join(case_names)}); {MAPPINGS_IN_SUITES}")
         raise ConfigError("--set", lhs, "the key must be a configuration name such as min_duration_s")
     value = parse_yaml_text(raw, "--set") if raw.strip() else ""
     if isinstance(value, dict) or (isinstance(value, list) and any(isinstance(v, dict | list) for v in value)):
-        raise ConfigError("--set", lhs, "the value must be a scalar or a list of scalars (a mapping, such as an "
-                                        "operation case's shapes, goes in a suite file's overrides: --suite FILE)")
+        raise ConfigError("--set", lhs, f"the value must be a scalar or a list of scalars; {MAPPINGS_IN_SUITES}")
     return SetOverride(case=case, key=key, value=value, text=text)
 
 

@@ -26,7 +26,7 @@ from pydantic_core import PydanticCustomError
 
 from flagperf.config.endpoints import REFERENCE, Endpoint
 from flagperf.config.files import inside, regular_file_problem
-from flagperf.config.models import CASE_FOLDER, HIDDEN_INPUT, CaseConfig
+from flagperf.config.models import CASE_FOLDER, HIDDEN_INPUT, KEY_OF_MODEL_ERROR, CaseConfig
 from flagperf.errors import CaseUserError, ConfigError
 from flagperf.generate.models import PRESETS
 from flagperf.hosts.container_policy import DATA_ROOTS, PolicyError, clean_path, credentials_in, is_under
@@ -105,6 +105,11 @@ def _data_file(value: str | None, info: ValidationInfo) -> str | None:
 
 
 DataFile = Annotated[str | None, AfterValidator(_data_file)]
+
+
+def _about(key: str, message: str) -> PydanticCustomError:
+    """A rule between keys, broken: its one line names ``key`` (and the file it came from), not the whole input."""
+    return PydanticCustomError(HIDDEN_INPUT, message, {KEY_OF_MODEL_ERROR: key})
 
 
 class _Keys(BaseModel):
@@ -262,19 +267,31 @@ class GenerateConfig(CaseConfig):
 
     @model_validator(mode="after")
     def _requests_or_duration(self) -> GenerateConfig:
+        """Rules between keys; each error names the key it is about (its line names that key's file, not the
+        whole configuration)."""
         if self.checkpoint_path is None and self.model not in PRESETS:
-            raise ValueError(f"model {self.model!r} is not a preset ({', '.join(PRESETS)}) and no checkpoint_path "
-                             "is given")
+            raise _about("model", f"{self.model!r} is not a preset ({', '.join(PRESETS)}) and no checkpoint_path "
+                         "is given")
         if not self.concurrency and not self.request_rates:
-            raise ValueError("give at least one point: concurrency levels or request_rates")
+            raise _about("concurrency", "give at least one point: concurrency levels or request_rates (both are "
+                         "empty)")
+        if not self.request_rates and self.max_concurrency is not None:  # vLLM's --max-concurrency caps its rate
+            raise _about("max_concurrency", "caps the open-loop points (request_rates), and there are none; a "
+                         "closed-loop point is a concurrency level (concurrency: [8])")
+        if not self.request_rates and self.burstiness != 1.0:
+            raise _about("burstiness", "shapes the open-loop points' arrivals (request_rates), and there are none")
         if self.prompts_path is not None and self.sharegpt_path is not None:
-            raise ValueError("give at most one of prompts_path and sharegpt_path")
+            raise _about("sharegpt_path", "give at most one of prompts_path and sharegpt_path (set the other to "
+                         "null)")
         if self.prompts_path is not None and Path(self.prompts_path).suffix not in (".jsonl", ".csv"):
-            raise ValueError(f"prompts_path {self.prompts_path!r} must be a .jsonl or .csv file")
-        if (self.requests is None) == (self.duration_s is None):
-            raise ValueError("give exactly one of requests and duration_s")
+            raise _about("prompts_path", f"{self.prompts_path!r} must be a .jsonl or .csv file")
+        if self.requests is None and self.duration_s is None:
+            raise _about("requests", "give exactly one of requests and duration_s (both are null)")
+        if self.requests is not None and self.duration_s is not None:
+            raise _about("duration_s", f"give exactly one of requests and duration_s (requests is {self.requests} "
+                         "too; set it to null to run for a duration)")
         if self.duration_s is not None and self.duration_s >= self.timeout_s:
-            raise ValueError(f"duration_s ({self.duration_s:g}) must be well below timeout_s ({self.timeout_s:g})")
+            raise _about("duration_s", f"{self.duration_s:g} must be well below timeout_s ({self.timeout_s:g})")
         return self
 
     def check_for_vendor(self, origins: dict[str, str], source: str, vendor: str | None,

@@ -341,9 +341,9 @@ class Load:
 @dataclass
 class PhaseRun:
     records: list[RequestRecord]
-    started_at: float  # epoch of the first send
+    started_at: float  # epoch of the first send (its record's sent_at)
     ended_at: float  # epoch when the last request ended
-    seconds: float  # perf_counter span between the two
+    seconds: float  # perf_counter span from the first send to the last request's end
 
 
 async def run_phase(target: Target, load: Load, prompts: Sequence[ServingPrompt], phase: str, *,
@@ -358,7 +358,11 @@ async def run_phase(target: Target, load: Load, prompts: Sequence[ServingPrompt]
     sent = 0
     limit = load.in_flight_limit
     connections = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
-    epoch0, start = time.time(), time.perf_counter()
+    # The point's span is its first send to its last request's end (docs/serving.md), as vLLM's benchmark
+    # duration: not the client's set-up (httpx builds an SSL context, tens of ms) nor its closing.
+    first_send: float | None = None  # perf_counter at the first send
+    last_end = 0.0
+    start = time.perf_counter()
     deadline = start + duration_s if duration_s is not None else None
 
     def take() -> tuple[int, ServingPrompt] | None:
@@ -374,7 +378,11 @@ async def run_phase(target: Target, load: Load, prompts: Sequence[ServingPrompt]
 
     async with httpx.AsyncClient(limits=connections, timeout=target.request_timeout_s) as client:
         async def one(seq: int, prompt: ServingPrompt) -> None:
+            nonlocal first_send, last_end
+            if first_send is None:
+                first_send = time.perf_counter()
             record = await send_request(client, target, prompt, load.label, phase, seq, count_tokens)
+            last_end = max(last_end, time.perf_counter())
             records.append(record)
             if writer is not None:
                 writer.write(record)
@@ -411,7 +419,11 @@ async def run_phase(target: Target, load: Load, prompts: Sequence[ServingPrompt]
                 tasks.append(asyncio.create_task(guarded(*job)))
                 arrival += rng.gammavariate(load.burstiness, 1.0 / (load.rate * load.burstiness))
             await asyncio.gather(*tasks)
-    seconds = time.perf_counter() - start
+    if first_send is None or not records:  # nothing was sent (a dead server before the first request)
+        now = time.time()
+        return PhaseRun(records=records, started_at=now, ended_at=now, seconds=0.0)
+    seconds = last_end - first_send
+    epoch0 = min(r.sent_at for r in records)  # the first send's wall clock, as its record has it
     return PhaseRun(records=records, started_at=epoch0, ended_at=epoch0 + seconds, seconds=seconds)
 
 

@@ -41,6 +41,8 @@ from flagperf.generate.loadgen import RequestRecord
 from flagperf.results.metrics import LatencyStats, latency_stats
 from flagperf.results.schema import Metric
 
+FIRST_ERROR_CHARS = 200  # of the first failed request's error, in the point's warning
+
 
 class SloBounds(Protocol):
     ttft_s: float
@@ -98,6 +100,7 @@ class PointStats:
     itl: LatencyStats | None
     e2el: LatencyStats | None
     per_user: LatencyStats | None
+    first_error: str | None = None  # of the first failed request in sending order: what a reader checks first
 
     def slo_p99_met(self, slo: SloBounds) -> bool:
         if self.failed or self.ttft is None:
@@ -125,7 +128,8 @@ def point_stats(label: str, records: list[RequestRecord], seconds: float, slo: S
         ttft=latency_stats([r.ttft_s for r in timed if r.ttft_s is not None]) if timed else None,
         tpot=latency_stats(per_token) if per_token else None, itl=latency_stats(gaps) if gaps else None,
         e2el=latency_stats([r.e2el_s for r in timed if r.e2el_s is not None]) if timed else None,
-        per_user=latency_stats(per_user) if per_user else None)
+        per_user=latency_stats(per_user) if per_user else None,
+        first_error=next((r.error for r in sorted(records, key=lambda r: r.seq) if r.error is not None), None))
 
 
 def _latency(name: str, stats: LatencyStats, seconds: float, note: str) -> Metric:
@@ -152,7 +156,9 @@ def point_metrics(stats: PointStats, window: tuple[float, float], devices: int, 
                iterations=stats.output_tokens, measured_seconds=seconds, window=list(window),
                work=float(stats.output_tokens),
                note=f"{load_note}; {stats.requests} requests, {stats.output_tokens} output tokens",
-               warning=(f"{', '.join(problems)} of {stats.requests} requests" if problems else None)),
+               warning=(f"{', '.join(problems)} of {stats.requests} requests"
+                        + (f"; the first failed: {stats.first_error[:FIRST_ERROR_CHARS]}" if stats.first_error else "")
+                        if problems else None)),
         Metric(name=metric_name("output_tokens_per_s_per_device", label), value=tokens_per_s / devices,
                unit="tokens/s", iterations=stats.output_tokens, measured_seconds=seconds,
                note=f"output tokens/s / {devices} device(s)"),

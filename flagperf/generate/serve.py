@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 import torch
 
+from flagperf.config.endpoints import Endpoint
 from flagperf.config.engines import missing_requirements
 from flagperf.errors import CaseUserError, MissingExtra, extra_for
 from flagperf.generate.config import GenerateConfig
@@ -201,6 +202,75 @@ def server_key_headers(spec: ServerSpec, server_env: dict[str, str]) -> dict[str
     return bearer_headers(key, f"the server's key variable {spec.api_key_env}")
 
 
+def _spread(values: list[int]) -> dict[str, float]:
+    return {"min": min(values), "mean": sum(values) / len(values), "max": max(values)}
+
+
+def describe_prompts(head: str, prompts: list[ServingPrompt]) -> str:
+    """The prompt set in words, with its token lengths (the client's counts): what a reader needs to compare a
+    result with another's (``8 synthetic prompts (seed 0) of 16 tokens, 16 out``)."""
+    def lengths(values: list[int]) -> str:
+        low, high = min(values), max(values)
+        return f"{low}" if low == high else f"{low}-{high} (mean {sum(values) / len(values):.4g})"
+
+    return (f"{head} of {lengths([p.prompt_tokens for p in prompts])} tokens, "
+            f"{lengths([p.output_len for p in prompts])} out")
+
+
+def prompt_set(config: GenerateConfig, prompts: list[ServingPrompt], tokens: Tokens) -> dict[str, Any]:
+    """serving.json's record of what was sent: where the prompts came from, how many, their token lengths."""
+    source = config.sharegpt_path or config.prompts_path or "synthetic"
+    return {"source": source, "count": len(prompts), "seed": config.seed,
+            "input_tokens": _spread([p.prompt_tokens for p in prompts]),
+            "output_tokens_asked": _spread([p.output_len for p in prompts]),
+            "counted_with": "the model folder's tokenizer" if tokens.tokenizer is not None else
+                            "words (no tokenizer: outputs counted as content chunks)"}
+
+
+def client_settings(config: GenerateConfig, spec: ServerSpec) -> dict[str, Any]:
+    """What every request carried and how the load was run (flagperf.generate.loadgen's client)."""
+    return {"client": "flagperf.generate.loadgen (httpx, streamed)", "api": config.api, "stream": True,
+            "include_usage": True, "temperature": 0.0, "max_tokens": config.max_new_tokens,
+            "exact_output_fields": (spec.exact_output_fields(config.max_new_tokens) if config.exact_output
+                                    else None),
+            "requests": config.requests, "duration_s": config.duration_s, "warmup_requests": config.warmup_requests,
+            "burstiness": config.burstiness, "max_concurrency": config.max_concurrency,
+            "request_timeout_s": config.request_timeout_s, "seed": config.seed}
+
+
+def model_record(config: GenerateConfig, folder: Path | None) -> dict[str, Any]:
+    """The model measured: the preset or checkpoint the round's server loads; at an endpoint, the name the requests
+    carry (what it loaded and in which precision is the endpoint's; ``checkpoint_path`` is then the tokenizer's)."""
+    at_endpoint = isinstance(config.endpoint, Endpoint)
+    return {"model": config.endpoint.model if isinstance(config.endpoint, Endpoint) else config.model,
+            "checkpoint_path": config.checkpoint_path, "precision": None if at_endpoint else config.precision,
+            "seed": config.seed, "folder": str(folder) if folder is not None else None,
+            "revision": snapshot_revision(folder), "served_by": "the endpoint" if at_endpoint else "the round"}
+
+
+def snapshot_revision(folder: Path | None) -> str | None:
+    """The commit of a Hugging Face cache snapshot (``.../snapshots/<commit>/``), the model's revision; None for
+    any other folder."""
+    if folder is None:
+        return None
+    parts = folder.parts
+    return parts[-1] if len(parts) > 1 and parts[-2] == "snapshots" and re.fullmatch(r"[0-9a-f]{40}",
+                                                                                       parts[-1]) else None
+
+
+def package_versions(engine: EngineDef) -> dict[str, str | None]:
+    """The installed versions of the packages the engine's server needs (its engine.yaml ``requires``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found: dict[str, str | None] = {}
+    for requirement in engine.manifest.requires:
+        try:
+            found[requirement.pip] = version(requirement.pip)
+        except (PackageNotFoundError, ValueError):
+            found[requirement.pip] = None
+    return found
+
+
 def check_requirements(engine: EngineDef) -> None:
     """The packages the engine's server needs, as a one-line error naming the extra or the package."""
     missing = missing_requirements(engine.manifest)
@@ -248,17 +318,20 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
     if config.sharegpt_path is not None:
         prompts = sharegpt_prompts(str(config.data_file("sharegpt_path")), tokens, config.input_len,
                                    config.max_new_tokens)
-        described = f"{config.sharegpt_path}: {len(prompts)} conversations"
+        described = describe_prompts(f"{config.sharegpt_path}: {len(prompts)} conversations", prompts)
     elif config.prompts_path is not None:
         prompts = file_serving_prompts(config, tokens)
-        described = f"{config.prompts_path}: {len(prompts)} prompts"
+        described = describe_prompts(f"{config.prompts_path}: {len(prompts)} prompts", prompts)
     else:
         prompts = synthetic_serving_prompts(config, tokens, vocab, min(MAX_SYNTHETIC, config.requests or 256))
-        described = f"{len(prompts)} synthetic prompts of {config.input_len} tokens, {config.max_new_tokens} out"
+        described = describe_prompts(f"{len(prompts)} synthetic prompts (seed {config.seed})", prompts)
     references = {p.index: p.reference for p in prompts if p.reference is not None}
     server: ServerProcess | None = None
-    summary: dict[str, Any] = {"engine": engine.manifest.name, "api": config.api, "devices": config.devices,
-                               "slo": config.slo.model_dump(), "prompts": described, "points": []}
+    summary: dict[str, Any] = {
+        "engine": engine.manifest.name, "api": config.api, "devices": config.devices, "slo": config.slo.model_dump(),
+        "prompts": described, "prompt_set": prompt_set(config, prompts, tokens),
+        "model": model_record(config, folder),
+        "client": client_settings(config, spec), "points": []}
     try:
         if config.endpoint is None:
             assert folder is not None
@@ -275,7 +348,8 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
                     raise CaseUserError(str(exc)) from None
                 return ServingOutcome([], 0.0, described, Failure(kind="infrastructure", message=str(exc)))
             log.info("server ready at %s: %s", server.base_url, " ".join(server.argv))
-            summary["server"] = {"argv": server.argv, "base_url": server.base_url}
+            summary["server"] = {"argv": server.argv, "base_url": server.base_url,
+                                 "packages": package_versions(engine)}
             base_url, model = server.base_url, _render_model(spec, fields)
         else:
             base_url, model = config.endpoint.base_url, config.endpoint.model
@@ -291,7 +365,7 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
             error = first_answer(target, prompts[0], config.ready_timeout_s)
             if error is not None:
                 if server.exited() is not None:
-                    raise CaseUserError(server.failure("before its first answer"))
+                    raise CaseUserError(server.failure("before its first answer", name_error=True))
                 raise CaseUserError(f"the server answered no request within {config.ready_timeout_s:g} s "
                                     f"(ready_timeout_s; server.ready_request): {error}")
         return _run_points(config, spec, target, server, prompts, references, tokens, out_dir, described, summary)
@@ -316,6 +390,14 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
     scrape_dir = out_dir / SERVER_METRICS
     alive = (lambda: server.exited() is None) if server is not None else (lambda: True)
     try:
+        if server is None:
+            try:
+                check_endpoint(config, target, prompts[0], writer, tokens.counter())
+            except CaseUserError:
+                summary["failed_point"] = CHECK_POINT
+                write_json(out_dir / SERVING_FILE, summary)
+                raise
+            summary["endpoint"].update(version=small_json(target, "/version"), models=served_models(target))
         with httpx.Client() as scraper:
             for load in points(config):
                 warmups = warmup_count(config, load)
@@ -348,16 +430,78 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
                     "max_concurrency": load.max_concurrency, "warmup_requests": warmups,
                     "window": [run.started_at, run.ended_at], "seconds": run.seconds, "requests": stats.requests,
                     "failed": stats.failed, "truncated": stats.truncated, "empty": stats.empty,
+                    "input_tokens": sum(r.prompt_tokens_usage if r.prompt_tokens_usage is not None else
+                                        (r.prompt_tokens_client or 0) for r in run.records if r.ok),
                     "output_tokens": stats.output_tokens, "good": stats.good})
                 ttft = f"{stats.ttft.p50 * 1e3:.1f} ms" if stats.ttft else "-"
                 tpot = f"{stats.tpot.p50 * 1e3:.2f} ms" if stats.tpot else "-"
                 log.info("point %s: %d requests (%d failed, %d truncated) in %.2f s, %.1f output tokens/s, TTFT p50 "
                          "%s, TPOT p50 %s, goodput %d/%d", load.label, stats.requests, stats.failed, stats.truncated,
                          run.seconds, stats.output_tokens / run.seconds, ttft, tpot, stats.good, stats.requests)
+                if stats.first_error is not None:
+                    log.warning("point %s: %d of %d requests failed; the first: %s (every one in %s)", load.label,
+                                stats.failed, stats.requests, stats.first_error, REQUESTS_FILE)
     finally:
         writer.close()
     write_json(out_dir / SERVING_FILE, summary)
     return ServingOutcome(metrics, measured, described, points=summary["points"])
+
+
+CHECK_POINT = "check"  # requests.jsonl's point and phase of an endpoint's first request
+MODELS_PAGE_BYTES = 64 * 1024  # of /v1/models: what the refusal of a model name lists, read no further
+
+
+def check_endpoint(config: GenerateConfig, target: Target, prompt: ServingPrompt, writer: RecordWriter,
+                   count_tokens: TokenCounter | None) -> None:
+    """One 1-token request before the points, as vLLM's benchmark sends one first: an endpoint that is down, a
+    model name it does not serve or a key it refuses is one line naming the endpoint's key, instead of points
+    whose every request failed. The request is kept in requests.jsonl (point and phase ``check``)."""
+    one = ServingPrompt(prompt.index, prompt.text, prompt.prompt_tokens, 1)
+    run = asyncio.run(run_phase(target, Load(CHECK_POINT, concurrency=1), [one], CHECK_POINT, requests=1,
+                                duration_s=None, writer=writer, count_tokens=count_tokens))
+    error = run.records[0].error if run.records else "no request was sent"
+    if error is None:
+        return
+    assert isinstance(config.endpoint, Endpoint)
+    status = re.match(r"HTTP (\d+):", error)
+    if status is None:
+        key, value = "endpoint.base_url", target.base_url
+    elif status[1] in ("401", "403"):
+        key, value = "endpoint.api_key", str(config.endpoint.api_key)
+    else:
+        key, value = "endpoint.model", repr(target.model)
+        served = served_models(target)
+        if served and target.model not in served:  # (a server may load models it does not list)
+            error += f"; its /v1/models lists {', '.join(served[:8])}" + (" ..." if len(served) > 8 else "")
+    raise CaseUserError(f"{key} {value}: the endpoint's first request ({target.url}) failed, so no point was "
+                        f"measured: {error} (kept in {REQUESTS_FILE}, point {CHECK_POINT})")
+
+
+def small_json(target: Target, path: str) -> Any:
+    """The endpoint's JSON answer to GET ``path`` (its /version, /v1/models), or None where it has none; read
+    no further than MODELS_PAGE_BYTES, and with the key masked wherever the answer quotes it."""
+    try:
+        with httpx.Client(timeout=10.0) as client, client.stream("GET", f"{target.base_url}{path}",
+                                                                  headers=target.headers) as response:
+            if response.status_code != 200:
+                return None
+            page = b""
+            for part in response.iter_bytes():
+                page += part
+                if len(page) > MODELS_PAGE_BYTES:
+                    return None
+        return json.loads(target.redact(page.decode("utf-8", "replace")))
+    except (httpx.HTTPError, ValueError, RecursionError):
+        return None
+
+
+def served_models(target: Target) -> list[str] | None:
+    """The model ids of the endpoint's GET /v1/models, or None where it has no such list."""
+    page = small_json(target, "/v1/models")
+    data = page.get("data") if isinstance(page, dict) else None
+    if not isinstance(data, list):
+        return None
+    return [str(m["id"])[:200] for m in data if isinstance(m, dict) and "id" in m][:64]
 
 
 def _save_scrape(client: httpx.Client, base_url: str, path: str | None, folder: Path, name: str) -> None:

@@ -64,6 +64,7 @@ ADDRESS_IN_USE = re.compile(r"address already in use|errno 98|eaddrinuse", re.IG
 PORT_ATTEMPTS = 5
 STOP_GRACE_S = 15.0
 LOG_TAIL_LINES = 20
+LOG_LINE_CHARS = 300  # of the error line put first
 WHOLE_WORD = re.compile(r"(--?[A-Za-z0-9][A-Za-z0-9_.-]*=)?\{\w+\}")  # {x} or --option={x}
 
 
@@ -192,6 +193,22 @@ class ServerFailed(Exception):
         self.user = user
 
 
+# A line of a server's log that says why it stopped: an exception (ValueError: ..., torch.OutOfMemoryError: ...),
+# click's or argparse's refusal of an argument (Error: No such option ..., vllm serve: error: unrecognized ...),
+# a logger's ERROR line. A usage text printed after it would push it out of the tail.
+ERROR_LINE = re.compile(r"^(?:[\w.]*(?:Error|Exception)\b|.*\berror:)", re.IGNORECASE)
+
+
+def error_line(path: Path) -> str | None:
+    """The last line of the latest start attempt's log that says what went wrong, or None."""
+    try:
+        text = _attempt_log(path)
+    except OSError:
+        return None
+    found = [line.strip() for line in text.splitlines()[1:] if ERROR_LINE.match(line.strip())]
+    return found[-1][:LOG_LINE_CHARS] if found else None
+
+
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
@@ -213,9 +230,13 @@ class ServerProcess:
     def exited(self) -> int | None:
         return self.process.poll()
 
-    def failure(self, doing: str) -> str:
-        return (f"the server exited {self.process.returncode} {doing}; last lines of {self.log_path.name}: "
-                f"{log_tail(self.log_path)}")
+    def failure(self, doing: str, name_error: bool = False) -> str:
+        """Why it stopped in one line: with ``name_error`` (it never got ready: nothing it served could have
+        logged an error before), its error line first where its log has one (a usage text after it would fill
+        the tail); then the log's last lines."""
+        error = error_line(self.log_path) if name_error else None
+        return (f"the server exited {self.process.returncode} {doing}" + (f": {error}" if error else "")
+                + f"; last lines of {self.log_path.name}: {log_tail(self.log_path)}")
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """TERM to the group, then KILL to what is left of it after ``grace_s``."""
@@ -273,7 +294,7 @@ def start_server(spec: ServerSpec, fields: dict[str, Any], extra_args: list[str]
                                f"{log_tail(log_path)}", user=True)
         server.stop()  # its children, if any
         if not ADDRESS_IN_USE.search(_attempt_log(log_path)):
-            raise ServerFailed(server.failure("before it was ready"), user=True)
+            raise ServerFailed(server.failure("before it was ready", name_error=True), user=True)
     raise ServerFailed(f"the server could not bind a port in {PORT_ATTEMPTS} attempts; last lines of "
                        f"{log_path.name}: {log_tail(log_path)}", user=False)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flagperf.results.markup import md_text
 from flagperf.results.operators import PointFigures, collect_points, geomean
 from flagperf.results.serving import ServingPoint, serving_points, slo_text
 from flagperf.results.summary import RunSummary, fmt, headline_figures, summarize
@@ -192,6 +193,8 @@ class CurveComparison:
     b_best: ServingPoint | None
     a_slo: str
     b_slo: str
+    a_workload: str | None = None  # the prompt set with its token lengths, and the API (None: not recorded)
+    b_workload: str | None = None
 
     @property
     def goodput_ratio(self) -> float | None:
@@ -241,7 +244,7 @@ def compare_serving(a: list[ServingPoint], b: list[ServingPoint]) -> list[CurveC
             case=case, a_series=pa[0].series, b_series=pb[0].series,
             a_range=(ca[0][0], ca[-1][0]) if ca else None, b_range=(cb[0][0], cb[-1][0]) if cb else None,
             rows=rows, a_best=best_goodput(pa), b_best=best_goodput(pb), a_slo=slo_text(pa[0].slo),
-            b_slo=slo_text(pb[0].slo)))
+            b_slo=slo_text(pb[0].slo), a_workload=pa[0].workload, b_workload=pb[0].workload))
     return out
 
 
@@ -271,8 +274,13 @@ def serving_comparison_markdown(comparisons: list[CurveComparison]) -> list[str]
              "linear between its points, at every interactivity (1 / mean TPOT) where either run has a point "
              "inside the range both cover; nothing is extrapolated."]
     for c in comparisons:
-        lines += ["", f"### {c.case}: A {c.a_series}, B {c.b_series}", "",
-                  f"- interactivity covered: A {_range(c.a_range)}, B {_range(c.b_range)} tokens/s per user",
+        lines += ["", f"### {c.case}: A {c.a_series}, B {c.b_series}", ""]
+        if c.a_workload and c.b_workload and c.a_workload != c.b_workload:
+            # Throughput at equal interactivity depends on the prompt and output lengths: a ratio across two
+            # workloads measures the workloads as much as the systems.
+            lines.append(f"- **the workloads differ**, so the ratios compare different work: "
+                         f"A {md_text(c.a_workload)}; B {md_text(c.b_workload)}")
+        lines += [f"- interactivity covered: A {_range(c.a_range)}, B {_range(c.b_range)} tokens/s per user",
                   f"- {_goodput_line(c)}"]
         if not c.rows:
             lines.append("- the curves share no interactivity: no throughput ratio")

@@ -18,6 +18,7 @@ Interactivity is 1 / mean TPOT (InferenceX's axis), taken from the ``interactivi
 
 from __future__ import annotations
 
+import json
 import re
 import statistics
 from collections.abc import Iterable
@@ -27,12 +28,15 @@ from typing import Any
 
 import pandas as pd
 
+from flagperf.results.markup import md_text
 from flagperf.results.plotting import save_png
 from flagperf.results.schema import RESULT_FILE, UPPER_ESTIMATE, read_result
 
 POINT_METRIC = re.compile(r"^(?P<what>.+)@(?P<kind>[cr])(?P<level>[0-9][0-9.e+-]*)$")
 FAMILY = "generate"
 SERVER_METRICS = "server_metrics"  # flagperf.generate.serve writes the scrapes there (not imported: no torch here)
+SERVING_FILE = "serving.json"  # flagperf.generate.serve's record of the round: its prompts, server, client
+SETUP_BYTES = 1 << 20  # a serving.json is a few KiB; a bigger one is not read for the report's setup line
 COUNTS = ("failed_requests", "truncated_requests", "empty_outputs", "token_count_mismatches")
 QUALITY = (("rougeL", "ROUGE-L"), ("exact_match", "exact match"))
 # The server's figures, by the part of a Prometheus sample's name after its engine prefix (vllm:, sglang:).
@@ -66,13 +70,45 @@ class ServingPoint:
     energy_per_token_j: float | None = None
     server: dict[str, float] = field(default_factory=dict)  # the server's Prometheus figures, mean over rounds
     mfu_estimated: bool = False  # the MFU is against a peak that is a lower bound: an upper estimate
+    setup: dict[str, Any] = field(default_factory=dict)  # the first round's serving.json less its points
+
+    @property
+    def workload(self) -> str | None:
+        """What was sent (the prompt set with its token lengths, and the API): two runs compare only where
+        this is the same."""
+        prompts = self.setup.get("prompts")
+        return f"{prompts}; {self.setup.get('api', '?')} API" if isinstance(prompts, str) else None
+
+    @property
+    def served_by(self) -> str | None:
+        """The server: the command the round started (with its packages' versions), or the endpoint."""
+        server, endpoint = self.setup.get("server"), self.setup.get("endpoint")
+        if isinstance(server, dict) and isinstance(server.get("argv"), list):
+            packages = server.get("packages") if isinstance(server.get("packages"), dict) else {}
+            versions = ", ".join(f"{k} {v}" for k, v in packages.items() if v)
+            return " ".join(str(w) for w in server["argv"]) + (f" ({versions})" if versions else "")
+        if isinstance(endpoint, dict):
+            version = endpoint.get("version")
+            shown = version.get("version") if isinstance(version, dict) else None
+            return (f"endpoint {endpoint.get('base_url')}, model {endpoint.get('model')}"
+                    + (f", version {shown}" if shown else ""))
+        return None
 
     def figure(self, what: str, key: str = "value") -> float | None:
         return self.figures.get(what, {}).get(key)
 
     @property
+    def at_endpoint(self) -> bool:
+        """Measured at a running server: the engine is its API's dialect; its precision is the endpoint's, unknown."""
+        return isinstance(self.setup.get("endpoint"), dict)
+
+    @property
+    def served_as(self) -> str:
+        return f"{self.engine}'s API at an endpoint" if self.at_endpoint else f"{self.engine}, {self.precision}"
+
+    @property
     def series(self) -> str:
-        return f"{self.case} ({self.engine}, {self.precision})"
+        return f"{self.case} ({self.served_as})"
 
     @property
     def per_device(self) -> float | None:
@@ -132,6 +168,8 @@ def serving_points(run_dir: Path, rows: pd.DataFrame | None = None) -> list[Serv
                 slo=result.config.get("slo") if isinstance(result.config.get("slo"), dict) else None))
             point.rounds += 1
             point.failed_rounds += result.status != "success"
+            if not point.setup:
+                point.setup = round_setup(folder)
             figures = values.setdefault(key, {})
             for what, m in metrics:
                 figures.setdefault(what, []).append((m.value, m.p50, m.p90, m.p99, m.mfu))
@@ -178,6 +216,18 @@ def serving_levels(run_dir: Path, rows: pd.DataFrame | None = None) -> list[dict
             entry.update({f"{what}.{k}": v for what, fig in p.figures.items() for k, v in fig.items()})
             out.append(entry)
     return out
+
+
+def round_setup(folder: Path) -> dict[str, Any]:
+    """The round's serving.json without its points (what was sent, to which server, by which client), or {}."""
+    path = folder / SERVING_FILE
+    try:
+        if path.stat().st_size > SETUP_BYTES:
+            return {}
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return {k: v for k, v in data.items() if k != "points"} if isinstance(data, dict) else {}
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
@@ -359,13 +409,17 @@ def serving_markdown(run_dir: Path, rows: pd.DataFrame | None) -> list[str]:
     for case, mine in series_of(points).items():
         first = mine[0]
         frontier = slo_frontier(mine)
-        line = f"- **{case}**: engine {first.engine}, {first.precision}; SLO: {slo_text(first.slo)}"
+        line = f"- **{case}**: engine {first.served_as}; SLO: {slo_text(first.slo)}"
         if frontier is not None:
             line += (f"; SLO frontier: {frontier.label}, {frontier.per_device:.4g} output tokens/s per device at "
                      f"{_num(frontier.interactivity)} tokens/s per user")
         elif any(p.slo_met is not None for p in mine):
             line += "; no point met the SLO"
         lines.append(line)
+        if first.workload:  # text the case and its server control: shown as text, never as markup
+            lines.append(f"  - prompts: {md_text(first.workload)}")
+        if first.served_by:
+            lines.append(f"  - server: {md_text(first.served_by)}")
     flagged = [p for p in points if any(p.counts.get(k) for k in COUNTS)]
     if flagged:
         lines += ["", "Points with failed, truncated, empty or miscounted requests (their figures count the "

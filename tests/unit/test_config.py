@@ -183,7 +183,15 @@ def test_set_missing_equals() -> None:
 def test_set_on_a_case_that_is_not_selected_names_the_selection() -> None:
     with pytest.raises(ConfigError) as info:
         parse_set_override("unknowncase.m=1", ["computation-FP32"])
-    assert info.value.message == "no selected case is named 'unknowncase' (selected: computation-FP32)"
+    assert info.value.message.startswith("no selected case is named 'unknowncase' (selected: computation-FP32); ")
+
+
+def test_set_on_a_key_of_a_mapping_says_where_a_mapping_is_set() -> None:
+    """`--set slo.ttft_s=0.5` reads slo as a case name; the line says where a serving case's slo is set."""
+    with pytest.raises(ConfigError) as info:
+        parse_set_override("slo.ttft_s=0.5", ["tiny-llama-serve"])
+    assert info.value.message.endswith("is set whole in a suite file's overrides (--suite FILE): "
+                                       "{CASE: {slo: {ttft_s: 0.5, tpot_s: 0.03}}}")
 
 
 @pytest.mark.parametrize("text", ["=1", "m-n=1", "a b=1", "computation-FP32.=1", "m[0]=1"])
@@ -199,8 +207,8 @@ def test_set_non_scalar_value(raw: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_set_override(f"m={raw}", [])
     assert info.value.key == "m"
-    assert info.value.message.startswith("the value must be a scalar or a list of scalars (a mapping")
-    assert "goes in a suite file's overrides: --suite FILE" in info.value.message
+    assert info.value.message.startswith("the value must be a scalar or a list of scalars; a key holding a mapping")
+    assert "operation case's shapes) is set whole in a suite file's overrides (--suite FILE)" in info.value.message
 
 
 def test_set_a_list_of_scalars() -> None:

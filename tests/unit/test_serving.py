@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import http.server
 import json
+import socket
 import sys
 import threading
 import time
@@ -101,7 +102,8 @@ def test_goodput_counts_a_request_only_when_every_slo_holds() -> None:
     assert m["output_tokens_per_s@c2"].value == pytest.approx(50 / seconds)
     assert m["output_tokens_per_s@c2"].work == 50 and m["output_tokens_per_s@c2"].window == [100.0, 104.0]
     assert m["output_tokens_per_s_per_device@c2"].value == pytest.approx(50 / seconds / 2)
-    assert "1 failed, 1 truncated" in (m["output_tokens_per_s@c2"].warning or "")
+    assert (m["output_tokens_per_s@c2"].warning or "").endswith(
+        "1 failed, 1 truncated of 6 requests; the first failed: HTTP 500: boom")  # what to look at first
     assert m["ttft_s@c2"].p50 == pytest.approx(0.2)
     tpots = sorted([0.05, 0.05, 0.15, 0.1, 0.05])
     assert m["tpot_s@c2"].value == pytest.approx(sum(tpots) / 5)
@@ -173,7 +175,14 @@ def test_a_command_placeholder_that_does_not_exist_is_refused() -> None:
     ({"server_args": ["--api-key", "sk-literal"]}, "server_args", "give it as ${NAME} in server_env"),
     ({"api": "completions"}, "api", "serves chat only"),
     ({"engine": "hf"}, "request_rates", "needs a serving engine"),
-    ({"concurrency": [], "request_rates": []}, None, "at least one point"),
+    ({"concurrency": [], "request_rates": []}, "concurrency", "at least one point"),
+    ({"duration_s": 10.0}, "duration_s", "give exactly one of requests and duration_s (requests is 8 too; set it to "
+                                         "null"),
+    ({"requests": None}, "requests", "give exactly one of requests and duration_s (both are null)"),
+    ({"slo": {"ttft": 2.0}}, "slo.ttft", "unknown key (did you mean ttft_s?)"),
+    ({"request_rates": [], "max_concurrency": 8}, "max_concurrency", "caps the open-loop points (request_rates), and "
+                                                                      "there are none"),
+    ({"request_rates": [], "burstiness": 0.5}, "burstiness", "there are none"),
     ({"concurrency": [-1]}, "concurrency", "must be 1 to 65536"),
     ({"concurrency": [65537]}, "concurrency", "must be 1 to 65536"),
     ({"max_concurrency": 0}, "max_concurrency", "greater than or equal to 1"),
@@ -191,7 +200,7 @@ def test_a_command_placeholder_that_does_not_exist_is_refused() -> None:
     ({"max_new_tokens": 0}, "max_new_tokens", "greater than or equal to 1"),
     ({"seed": 2 ** 64}, "seed", "less than or equal to"),
     ({"slo": {"e2el_s": float("nan")}}, "slo.e2el_s", "finite number"),
-    ({"prompts_path": "case.yaml"}, None, "must be a .jsonl or .csv file"),
+    ({"prompts_path": "case.yaml"}, "prompts_path", "must be a .jsonl or .csv file"),
     # a data file stays in its root: the case's folder (relative), a data root (absolute), never a credentials folder
     ({"sharegpt_path": "/etc/hostname"}, "sharegpt_path", "'/etc/hostname' is outside the data roots (/data, "),
     ({"prompts_path": "../../../../outside.jsonl"}, "prompts_path", "is outside the case's folder"),
@@ -223,6 +232,7 @@ def test_serving_keys_are_checked_with_one_line_naming_file_and_key(
     text = str(err.value)
     assert "\n" not in text and message in text and "bad-serve" in text and "case.yaml" in text
     assert "sk-literal" not in text and "pw-0042" not in text  # a secret is never quoted
+    assert "(got {" not in text  # a rule between keys names its key, not the whole configuration
     if key:
         assert f": {key}" in text
 
@@ -248,6 +258,19 @@ def test_a_server_that_exits_before_ready_fails_with_its_log_tail(tmp_path: Path
     with pytest.raises(ServerFailed, match=r"exited 3 before it was ready.*no such model: /m") as err:
         start_server(spec, {"model_dir": "/m"}, [], {}, tmp_path / SERVER_LOG, ready_timeout_s=600.0)
     assert err.value.user
+
+
+def test_a_refused_server_argument_leads_the_failure_before_the_usage_text(tmp_path: Path) -> None:
+    """A server that refuses an argument (`transformers serve --bogus`: click prints the error, then 30 lines of
+    options) names the refusal first in the one-line failure, although it is not among the log's last lines."""
+    usage = "; ".join(f"print('  --option-{i} TEXT  an option')" for i in range(30))
+    spec = ServerSpec(command=["{python}", "-c", "import sys; print('Usage: serve [OPTIONS]'); "
+                               "print(\"Error: No such option '\" + sys.argv[1] + \"'.\"); " + usage + "; sys.exit(2)"])
+    with pytest.raises(ServerFailed) as err:
+        start_server(spec, {}, ["--bogus"], {}, tmp_path / SERVER_LOG, ready_timeout_s=600.0)
+    assert str(err.value).startswith("the server exited 2 before it was ready: Error: No such option '--bogus'.; "
+                                     "last lines of server.log: ")
+    assert "\n" not in str(err.value) and err.value.user
 
 
 def test_config_values_reach_the_server_as_words_no_shell_reads(tmp_path: Path,
@@ -439,6 +462,22 @@ def test_the_server_usage_agrees_with_the_client_counts_where_it_is_sent(served:
     assert stats.mismatched == 0 and stats.output_tokens == 6
 
 
+def test_a_point_spans_its_first_send_to_its_last_end(served: ServerProcess, model_dir: Path) -> None:
+    """The point's window and duration (the denominators of tokens/s and goodput) are its first send to its last
+    request's end, as documented and as vLLM times its benchmark: not the client's set-up before the first send
+    (httpx builds an SSL context) nor its closing after the last end."""
+    prompts = [ServingPrompt(i, f"t{i + 1} t2", 2, 2) for i in range(3)]
+    target = Target(served.base_url, str(model_dir), "chat")
+    run = asyncio.run(run_phase(target, Load("c1", concurrency=1), prompts, "timed", requests=3, duration_s=None,
+                                writer=None, count_tokens=None))
+    assert all(r.ok for r in run.records), [r.error for r in run.records]
+    first = min(r.sent_at for r in run.records)
+    span = max(r.sent_at + (r.e2el_s or 0.0) for r in run.records) - first  # from the records alone
+    assert run.started_at == first
+    assert abs(run.seconds - span) < 1e-3  # the records' wall clock against the point's perf_counter
+    assert run.ended_at == pytest.approx(first + run.seconds)
+
+
 def test_an_http_error_is_recorded_as_a_failed_request(served: ServerProcess) -> None:
     target = Target(served.base_url, "/no/such/model", "chat", exact_fields=None)
     run = asyncio.run(run_phase(target, Load("c1", concurrency=1), [ServingPrompt(0, "t1 t2", 2, 3)], "timed",
@@ -492,7 +531,17 @@ def test_a_server_killed_mid_point_fails_the_round_with_its_log_kept(model_dir: 
     names = {m.name for m in result.metrics}
     assert "output_tokens_per_s@c1" in names and not any(n.endswith("@c2") for n in names)
     assert (out / SERVER_LOG).stat().st_size > 0 and (out / REQUESTS_FILE).is_file()
-    assert json.loads((out / SERVING_FILE).read_text(encoding="utf-8"))["failed_point"] == "c2"
+    serving = json.loads((out / SERVING_FILE).read_text(encoding="utf-8"))
+    assert serving["failed_point"] == "c2"
+    # What a lab publishes with the figures: the server's packages, the model, the prompts, the client.
+    assert serving["server"]["packages"]["transformers"] == transformers.__version__
+    assert serving["model"] == {"model": "tiny", "checkpoint_path": str(model_dir), "precision": "fp32", "seed": 0,
+                                "folder": str(model_dir.resolve()), "revision": None, "served_by": "the round"}
+    assert serving["prompt_set"]["input_tokens"] == {"min": 4, "mean": 4.0, "max": 4}
+    assert serving["prompts"] == "40 synthetic prompts (seed 0) of 4 tokens, 2 out"
+    assert serving["client"]["max_tokens"] == 2 and serving["client"]["requests"] == 40
+    assert serving["client"]["exact_output_fields"] == {"generation_config": json.dumps(
+        {"min_new_tokens": 2, "max_new_tokens": 2, "do_sample": False})}
 
 
 NEVER_READY_ENGINE = """name: never-ready
@@ -574,6 +623,9 @@ def test_a_case_measures_an_endpoint_the_inventory_names(served: ServerProcess, 
     assert per_device == pytest.approx(metrics["output_tokens_per_s@c1"].value / 2)  # the inventory's devices
     serving = json.loads((out / SERVING_FILE).read_text())
     assert serving["endpoint"]["base_url"] == served.base_url and "server" not in serving
+    assert serving["points"][0]["input_tokens"] == 2 * 16 and serving["points"][0]["output_tokens"] == 8
+    assert serving["prompt_set"]["counted_with"].startswith("words")  # no model folder at an endpoint
+    assert serving["model"]["model"] == str(model_dir) and serving["model"]["precision"] is None  # the endpoint's
     assert not (out / SERVER_LOG).exists()  # no server was started
     assert {"result.json", REQUESTS_FILE, SERVING_FILE} <= {p.name for p in out.rglob("*")}
     assert _files_holding(SECRET, out) == [] and SECRET not in caplog.text
@@ -592,6 +644,35 @@ def echoing_proxy() -> Iterator[str]:
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     thread.join()
+
+
+def test_an_endpoint_that_is_down_or_lacks_the_model_is_one_line_naming_the_key(
+        served: ServerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The endpoint's first request fails: the round is a user error whose one line names endpoint.base_url (no
+    server listens there) or endpoint.model (the server refuses the name), not points of failed requests that
+    read as a success; the request is kept in requests.jsonl."""
+    monkeypatch.setenv("LAB_SERVING_KEY", SECRET)
+    (tmp_path / "down").mkdir()
+    (tmp_path / "model").mkdir()
+    with socket.socket() as bound:  # bound, never listening: a connection to it is refused
+        bound.bind(("127.0.0.1", 0))
+        down = f"http://127.0.0.1:{bound.getsockname()[1]}"
+        job, out = _endpoint_job(tmp_path / "down", down, "m", "concurrency=[1]", "request_rates=[]", "requests=2")
+        assert run_job(job, out) == EXIT_USER_ERROR
+    failure = read_result(out / "result.json").failure
+    assert failure is not None and failure.message.startswith(f"endpoint.base_url {down}: the endpoint's first "
+                                                              "request")
+    assert "ConnectError" in failure.message and "\n" not in failure.message
+    assert [(r.point, r.phase) for r in read_records(out / REQUESTS_FILE)] == [("check", "check")]
+    assert json.loads((out / SERVING_FILE).read_text())["failed_point"] == "check"
+
+    job, out = _endpoint_job(tmp_path / "model", served.base_url, "/no/such/model", "concurrency=[1]",
+                             "request_rates=[]", "requests=2")
+    assert run_job(job, out) == EXIT_USER_ERROR
+    failure = read_result(out / "result.json").failure
+    assert failure is not None and failure.message.startswith("endpoint.model '/no/such/model': the endpoint's first "
+                                                              "request")
+    assert "HTTP 5" in failure.message and served.exited() is None
 
 
 def test_an_endpoint_that_quotes_the_key_back_leaves_it_in_no_record(echoing_proxy: str, tmp_path: Path,

@@ -185,9 +185,9 @@ def test_a_failed_round_keeps_its_points_and_says_so(tmp_path: Path) -> None:
 
 
 def curve_run(root: Path, name: str, points: list[tuple[str, float, float, float, bool]],
-              case: str = "serve-case", engine: str = "vllm-serve") -> Path:
+              case: str = "serve-case", engine: str = "vllm-serve", setup: dict[str, object] | None = None) -> Path:
     """A run of one serving case whose points are given as (label, interactivity, tokens/s per device,
-    goodput requests/s, SLO met)."""
+    goodput requests/s, SLO met), with ``setup`` as its round's serving.json (less the points)."""
     run = root / name
     metrics = []
     for label, interactivity, per_device, goodput, met in points:
@@ -196,7 +196,9 @@ def curve_run(root: Path, name: str, points: list[tuple[str, float, float, float
                     Metric(name=f"output_tokens_per_s@{label}", value=per_device, unit="tokens/s"),
                     Metric(name=f"goodput_requests_per_s@{label}", value=goodput, unit="requests/s"),
                     Metric(name=f"slo_p99_met@{label}", value=float(met), unit="bool")]
-    write_round(run, case, metrics, {"engine": engine, "precision": "bf16", "slo": SLO})
+    folder = write_round(run, case, metrics, {"engine": engine, "precision": "bf16", "slo": SLO})
+    if setup is not None:
+        (folder / "serving.json").write_text(json.dumps({**setup, "points": []}), encoding="utf-8")
     return run
 
 
@@ -245,6 +247,35 @@ def test_compare_says_when_curves_share_no_interactivity_or_no_point_met_the_slo
     assert "A 1.8 requests/s at c4, B no point met the SLO; no ratio" in text
     other = curve_run(tmp_path, "run-c", CURVE_B, case="another-case")
     assert compare_serving_runs(a, other) == []  # only cases both runs measured are compared
+
+
+STARTED = {"prompts": "8 synthetic prompts (seed 0) of 16 tokens, 16 out", "api": "chat",
+           "server": {"argv": ["transformers", "serve", "--port", "8000"], "packages": {"transformers": "5.24.0",
+                                                                                      "uvicorn": None}}}
+AT_ENDPOINT = {"prompts": "sharegpt.json: 900 conversations of 4-1017 (mean 220.5) tokens, 4-256 (mean 180) out",
+               "api": "chat", "endpoint": {"base_url": "http://10.0.0.5:8000", "model": "m",
+                                           "version": {"version": "0.9.1"}}}
+
+
+def test_the_report_names_the_prompts_and_the_server_and_compare_flags_other_workloads(tmp_path: Path) -> None:
+    """What a lab publishes beside the figures: the prompt set with its token lengths and the API, the server's
+    command with its packages' versions (or the endpoint, its model and version), from the round's serving.json;
+    compare says when the two runs sent different work, which a ratio at equal interactivity cannot hide."""
+    a = curve_run(tmp_path, "run-a", CURVE_A, setup=STARTED)
+    b = curve_run(tmp_path, "run-b", CURVE_B, setup=AT_ENDPOINT)
+    md = build_report(a)[1]["markdown"].read_text()
+    assert "  - prompts: 8 synthetic prompts (seed 0) of 16 tokens, 16 out; chat API\n" in md
+    assert "  - server: transformers serve --port 8000 (transformers 5.24.0)\n" in md
+    md = build_report(b)[1]["markdown"].read_text()
+    assert "- **serve-case**: engine vllm-serve's API at an endpoint; SLO: " in md  # its precision is the endpoint's
+    assert "  - server: endpoint http://10.0.0.5:8000, model m, version 0.9.1\n" in md
+    (c,) = compare_serving_runs(a, b)
+    assert c.b_series == "serve-case (vllm-serve's API at an endpoint)"
+    text = "\n".join(serving_comparison_markdown([c]))
+    assert ("- **the workloads differ**, so the ratios compare different work: A 8 synthetic prompts (seed 0) of 16 "
+            "tokens, 16 out; chat API; B sharegpt.json: 900 conversations") in text
+    same = curve_run(tmp_path, "run-c", CURVE_B, setup=STARTED)
+    assert "workloads differ" not in "\n".join(serving_comparison_markdown(compare_serving_runs(a, same)))
 
 
 def test_cli_compare_prints_and_writes_the_serving_curves(tmp_path: Path) -> None:
