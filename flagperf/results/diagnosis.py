@@ -492,6 +492,23 @@ def write_diagnosis(run_dir: Path, diagnosis: Diagnosis) -> dict[str, Path]:
     return paths
 
 
+def verdict_line(run_dir: Path) -> tuple[str, bool] | None:
+    """The run's diagnosis (diagnosis.json, as the run's report or `flagperf diagnose` wrote it) in one line for
+    the console, naming the failing hosts, and whether some host failed; None where the run has none (one
+    device) or it cannot be read."""
+    try:
+        found = json.loads((run_dir / DIAGNOSIS_JSON).read_text(encoding="utf-8"))
+        hosts, failed = len(found["hosts"]), [str(h) for h in found["failed_hosts"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    rules = found.get("rules") or "the default rules"
+    if not failed:
+        return f"fleet diagnosis: no host of {hosts} failed a rule ({rules}); {DIAGNOSIS_MD}", False
+    return (f"fleet diagnosis: {len(failed)} of {hosts} hosts fail ({', '.join(failed)}) by {rules}: {DIAGNOSIS_MD} "
+            "names the rule and figure; `flagperf diagnose RUN --rules FILE` holds the run against rules of yours",
+            True)
+
+
 def is_fleet(rows: pd.DataFrame) -> bool:
     """A run worth a diagnosis in its report: several hosts, or several devices of one."""
     measured = rows[rows["metric"].notna()]

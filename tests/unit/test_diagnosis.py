@@ -287,3 +287,13 @@ def test_a_cases_names_in_the_diagnosis_stay_text(tmp_path: Path) -> None:
         rows = [line.replace("\\|", "") for line in section.splitlines()[1:] if line.strip()]
         assert rows and all(row.startswith("|") and row.count("|") == rows[0].count("|") for row in rows), section
     assert "<b>" not in text and "gemm\\_bf16" not in text and "gemm_bf16\\|x &lt;b>" in text
+
+
+def test_the_console_names_the_failing_hosts(tmp_path: Path) -> None:
+    """`flagperf run` and `flagperf report` end with the fleet's verdict in one line: the diagnosis is otherwise
+    only at the end of report.md and in the controller's log."""
+    run = fleet_run(tmp_path)
+    done = CliRunner().invoke(app, ["report", str(run)])
+    assert done.exit_code == 0, done.output
+    assert "fleet diagnosis: 1 of 4 hosts fail (h3) by deployments/diagnosis/rules.yaml: diagnosis.md" in \
+        " ".join(done.output.split())
