@@ -53,7 +53,10 @@ def pydantic_error_to_config_error(exc: ValidationError, source: str, origins: d
                                    model: type[BaseModel] | None = None) -> ConfigError:
     """The first validation error, as one line naming the file the offending key came from; with ``model``, an
     unknown key names the accepted keys nearest to it (a misspelling)."""
-    err = exc.errors()[0]
+    errors = exc.errors()
+    err = errors[0]
+    if err["type"] == "missing":  # a required key misspelt: the unknown key beside it is the one to name
+        err = next((e for e in errors if e["type"] == "extra_forbidden" and e["loc"][:-1] == err["loc"][:-1]), err)
     key = ".".join(str(part) for part in err["loc"]) or None
     top = str(err["loc"][0]) if err["loc"] else ""
     where = (origins or {}).get(top, source)

@@ -80,6 +80,7 @@ hosts:
     ("defaults: {known_host: /k}\nhosts: [{name: a, address: h}]", "defaults.known_host",
      "unknown key (did you mean known_hosts?)"),
     ("defaults: {runtime: proces}\nhosts: [{name: a, address: h}]", "defaults.runtime", "'process' or 'docker'"),
+    ("hosts: [{nmae: a, address: h}]", "hosts.0.nmae", "unknown key (did you mean name?)"),  # not "name: missing"
     ("defaults: {docker: {enigne: ssh}}\nhosts: [{name: a, address: h, docker: {build_args: {}}}]",
      "defaults.docker.enigne", "did you mean engine?"),
     ("defaults: {docker: {engine: ssh}}\nhosts: [{name: a, address: h, docker: {enigne: ssh}}]",
