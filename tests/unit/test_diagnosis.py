@@ -253,6 +253,7 @@ def test_the_report_of_a_fleet_run_carries_the_diagnosis(tmp_path: Path) -> None
     build_report(run, report_section)
     report = (run / "report.md").read_text()
     assert "## Fleet diagnosis" in report and "## Every device" in report and "**h3**" in report
+    assert report.index("## Fleet diagnosis") < report.index("## Plots")  # not after a plot per host and round
     one = tmp_path / "one"
     put_round(one, "h1", [100.0])
     build_report(one, report_section)
