@@ -409,6 +409,10 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     c = summary["counts"]
     console.print(f"{c['rounds']} rounds: {c['success']} succeeded, {c['unsupported']} unsupported, "
                   f"{c['failed']} failed")
+    from flagperf.results.diagnosis import verdict_line
+
+    if (diagnosed := verdict_line(run_dir)) is not None:
+        console.print(escape(diagnosed[0]), style="red" if diagnosed[1] else None, highlight=False, soft_wrap=True)
     console.print(f"run directory: [bold]{escape(str(run_dir))}[/] (report.html, report.md, summary.csv, "
                   "summary.json)",
                   highlight=False)

@@ -66,6 +66,13 @@ def diagnose_run(run_dir: Path, rules_file: Path | None = None, baseline: Path |
                  history: bool = False, history_url: str | None = None, summary: RunSummary | None = None
                  ) -> Diagnosis:
     """The run's diagnosis against the rules file, and against a baseline run or the history (not both)."""
+    found = _diagnose_run(run_dir, rules_file, baseline, history, history_url, summary)
+    found.rules = rules_source(rules_file)
+    return found
+
+
+def _diagnose_run(run_dir: Path, rules_file: Path | None, baseline: Path | None, history: bool,
+                  history_url: str | None, summary: RunSummary | None) -> Diagnosis:
     if baseline is not None and history:
         raise ConfigError("flagperf diagnose", None, "give --baseline or --history, not both")
     run_folder(run_dir, "RUN")

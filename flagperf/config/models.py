@@ -56,7 +56,10 @@ def pydantic_error_to_config_error(exc: ValidationError, source: str, origins: d
                                    model: type[BaseModel] | None = None) -> ConfigError:
     """The first validation error, as one line naming the file the offending key came from; with ``model``, an
     unknown key names the accepted keys nearest to it (a misspelling)."""
-    err = exc.errors()[0]
+    errors = exc.errors()
+    err = errors[0]
+    if err["type"] == "missing":  # a required key misspelt: the unknown key beside it is the one to name
+        err = next((e for e in errors if e["type"] == "extra_forbidden" and e["loc"][:-1] == err["loc"][:-1]), err)
     named = (err.get("ctx") or {}).get(KEY_OF_MODEL_ERROR)  # a model validator's error about one key
     loc = err["loc"] or (tuple(str(named).split(".")) if named else ())
     key = ".".join(str(part) for part in loc) or None

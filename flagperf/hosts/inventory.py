@@ -558,6 +558,17 @@ def _check_ssh_files(spec: HostSpec, source: str, prefix: str) -> None:
             raise ConfigError(source, f"{prefix}{key}", f"{path}: {problem}")
 
 
+def _entry_key(key: str | None, entry: dict[str, Any], defaults: dict[str, Any], index: int) -> str:
+    """Where a host's merged key was written: its own entry (hosts.<i>.key), or the defaults (defaults.key)."""
+    if not key:
+        return f"hosts.{index}"
+    top, _, rest = key.partition(".")
+    own = entry.get(top)
+    from_defaults = top in defaults and (top not in entry or (
+        isinstance(own, dict) and rest and rest.split(".")[0] not in own and rest.split(".")[0] in defaults[top]))
+    return f"defaults.{key}" if from_defaults else f"hosts.{index}.{key}"
+
+
 def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
     try:
         parsed = InventoryFile.model_validate(data)
@@ -584,8 +595,8 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
             spec = HostSpec.model_validate(merged)
             slots = [HostSpec.model_validate(slot.model_dump()) for slot in slurm_slots(spec)]  # a Slurm entry's nodes
         except ValidationError as exc:
-            error = pydantic_error_to_config_error(exc, source)
-            raise ConfigError(source, f"hosts.{i}.{error.key}" if error.key else f"hosts.{i}", error.message) from None
+            error = pydantic_error_to_config_error(exc, source, model=HostSpec)
+            raise ConfigError(source, _entry_key(error.key, entry, parsed.defaults, i), error.message) from None
         problem = slurm_entry_problem(spec.env) if spec.slurm is not None else None
         if problem:
             raise ConfigError(source, f"hosts.{i}.{problem[0]}", problem[1])

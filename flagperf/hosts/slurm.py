@@ -622,6 +622,15 @@ def node_facts(node_text: str) -> dict[str, str]:
     return dict(re.findall(r"(?:^|\s)(\w+)=(\S*)", node_text))
 
 
+def _partitions_known(timeout: float) -> str:
+    """The cluster's partitions, for a message about one it does not have (a misspelt slurm.partition)."""
+    try:
+        names = slurm_tool(["sinfo", "-h", "-o", "%P"], timeout).split()
+    except SlurmError:
+        return ""
+    return f" (the cluster's partitions: {', '.join(dict.fromkeys(n.rstrip('*') for n in names))})" if names else ""
+
+
 def check_cluster(host: SlurmHost) -> list[SlurmCheck]:
     """The cluster as this slot needs it, from sinfo/scontrol: the controller answers, the partition is up,
     the node (or enough nodes of the partition) is not drained or down and has the gres asked for, pyxis is
@@ -645,7 +654,7 @@ def check_cluster(host: SlurmHost) -> list[SlurmCheck]:
             partition = default[0].rstrip("*")
         facts = node_facts(slurm_tool(["scontrol", "show", "partition", "-o", partition], timeout))
     except SlurmError as exc:
-        return [*checks, SlurmCheck("partition", False, str(exc))]
+        return [*checks, SlurmCheck("partition", False, f"{exc}{_partitions_known(timeout)}")]
     up = facts.get("State") == "UP"
     checks.append(SlurmCheck("partition", up, f"{partition}: State={facts.get('State')}, "
                                               f"Nodes={facts.get('Nodes')}"))

@@ -32,6 +32,7 @@ CHANNEL_SLACK_S = 60.0
 MAX_LINE_BYTES = 1 << 20
 STDERR_TAIL = 1 << 16
 DEFAULT_PYTHON = "python3"
+NO_EXIT_STATUS = -1  # paramiko's exit status of a channel closed without one (the session went away)
 
 
 class SshError(OSError):
@@ -247,6 +248,10 @@ class SshHost(Host):
             return CommandResult(argv, None, True, seconds)
         status = next((json.loads(line.removeprefix(STATUS_PREFIX)) for line in reversed(err.splitlines())
                        if line.startswith(STATUS_PREFIX)), None)
+        if status is None and code == NO_EXIT_STATUS:
+            raise SshError(f"host {self.name}: the SSH session ended before {argv[0]} did, with no exit status "
+                           f"(the connection dropped, or the host or its sshd went down) after {seconds:.0f} s: "
+                           f"{(err.strip().splitlines() or ['no output'])[-1]}")
         if status is None:
             raise SshError(f"host {self.name}: flagperf.hosts.agent exited {code} without a status: "
                            f"{(err.strip().splitlines() or ['no output'])[-1]}")

@@ -33,6 +33,9 @@ from flagperf.results.schema import RESULT_FILE, read_result, write_json_atomic,
 MAD_TO_SIGMA = 1.4826  # MAD x this = the standard deviation, for normally distributed figures
 DIAGNOSIS_JSON, DIAGNOSIS_MD = "diagnosis.json", "diagnosis.md"
 Status = Literal["pass", "fail", "unknown"]
+# The built-in check every host gets besides the rules file's: a round of it that failed (a crash, a lost
+# connection) fails the host, since a host with no figure would otherwise pass unnoticed.
+MEASURED_RULE = "measured"
 FIGURE_LIMITS = ("min_fleet_ratio", "max_fleet_ratio", "max_robust_z", "min_baseline_ratio", "max_baseline_ratio")
 
 
@@ -80,6 +83,14 @@ class Rule(BaseModel):
             raise ValueError("throttle and max_share go together")
         if (self.monitor_field is None) != (self.max is None):
             raise ValueError("monitor_field and max go together")
+        # Half the fleet lies at or below its median and half at or above: such a limit fails half of it always
+        # (a percentage written for a share, 95 for 0.95, most often).
+        if self.min_fleet_ratio is not None and self.min_fleet_ratio > 1:
+            raise ValueError(f"min_fleet_ratio {self.min_fleet_ratio:g} is above 1: half the fleet would always "
+                             "fail it; a share of the fleet median, e.g. 0.95")
+        if self.max_fleet_ratio is not None and self.max_fleet_ratio < 1:
+            raise ValueError(f"max_fleet_ratio {self.max_fleet_ratio:g} is below 1: half the fleet would always "
+                             "fail it; a multiple of the fleet median, e.g. 1.05")
         return self
 
     @property
@@ -121,13 +132,26 @@ class Check:
     ratio: float | None
     limit: str  # the limit in words: ">= 0.95 x fleet median"
     status: Status
+    threshold: float | None = None  # the limit's number, for a ratio check
 
     def line(self, text: Callable[[str], str] = str) -> str:
         """In words; ``text`` renders the figure's names (a case's metric and unit: md_text in Markdown)."""
+        if self.rule == MEASURED_RULE:
+            return f"{self.rule}: {text(self.what)}, needs {self.limit}: {self.status}"
         value = "-" if self.value is None else f"{self.value:.4g}"
-        ratio = f" = {self.ratio:.3f}" if self.ratio is not None else ""
+        ratio = f" = {ratio_text(self.ratio, self.threshold)}" if self.ratio is not None else ""
         ref = f" of {self.reference:.4g}" if self.reference is not None and self.ratio is not None else ""
         return f"{self.rule}: {text(self.what)} {value}{ratio}{ref}, needs {self.limit}: {self.status}"
+
+
+def ratio_text(ratio: float, threshold: float | None) -> str:
+    """A ratio to 3 decimals, or to as many more as it takes not to read as its threshold (0.94998 against
+    >= 0.95 is 0.94998, not 0.950, which would look like a pass that failed)."""
+    for digits in range(3, 9):
+        shown = f"{ratio:.{digits}f}"
+        if threshold is None or ratio == threshold or shown != f"{threshold:.{digits}f}":
+            return shown
+    return f"{ratio!r}"
 
 
 @dataclass
@@ -138,12 +162,13 @@ class Verdict:
     device: int | None
     uuid: str | None = None
     checks: list[Check] = field(default_factory=list)
+    devices_passed: int = 0  # a host's devices that passed a rule: a host too few to compare with others passes
 
     @property
     def status(self) -> Status:
         if any(c.status == "fail" for c in self.checks):
             return "fail"
-        return "pass" if any(c.status == "pass" for c in self.checks) else "unknown"
+        return "pass" if self.devices_passed or any(c.status == "pass" for c in self.checks) else "unknown"
 
     @property
     def failed(self) -> list[Check]:
@@ -165,6 +190,7 @@ class Diagnosis:
     hosts: list[Verdict]
     fleet: list[dict[str, Any]]  # per case and metric: median, MAD, devices, hosts
     notes: list[str] = field(default_factory=list)
+    rules: str | None = None  # the rules file, as shown to its reader
 
     @property
     def failed_hosts(self) -> list[Verdict]:
@@ -175,7 +201,8 @@ class Diagnosis:
             device = None if v.device is None or v.device < 0 else v.device
             return {"host": v.host, "device": device, "uuid": v.uuid, "status": v.status,
                     "checks": [c.__dict__ for c in v.checks]}
-        return {"run_id": self.run_id, "baseline": self.baseline, "failed_hosts": [h.host for h in self.failed_hosts],
+        return {"run_id": self.run_id, "rules": self.rules, "baseline": self.baseline,
+                "failed_hosts": [h.host for h in self.failed_hosts],
                 "hosts": [verdict(v) for v in self.hosts], "devices": [verdict(v) for v in self.devices],
                 "fleet": self.fleet, "notes": self.notes}
 
@@ -213,7 +240,7 @@ def figure_checks(rule: Rule, what: str, value: float, fleet: list[float] | None
             return
         ratio = _ratio(value, reference)
         ok = ratio is not None and (ratio <= limit if above else ratio >= limit)
-        checks.append(Check(rule.name, what, value, reference, ratio, words, "pass" if ok else "fail"))
+        checks.append(Check(rule.name, what, value, reference, ratio, words, "pass" if ok else "fail", limit))
 
     limit_check(rule.min_fleet_ratio, centre, False, "fleet median")
     limit_check(rule.max_fleet_ratio, centre, True, "fleet median")
@@ -328,18 +355,36 @@ def diagnose(run_dir: Path, rows: pd.DataFrame, rules: Rules, *, baseline_rows: 
             for rule in rules_here:
                 hosts[str(host)].checks += figure_checks(rule, f"host median {what}", float(value), host_list,
                                                          base_here((str(host), None)), rules.min_fleet)
+    unmatched = [r for r in rules.rules if r.metric and not any(
+        r.applies(str(f["case"]), str(f["metric"])) for f in fleet_table)]
+    if unmatched and fleet_table:  # a misspelt metric or case would otherwise pass every host unnoticed
+        notes.append("no figure of this run matches rule(s) " + ", ".join(
+            f"{r.name} ({r.metric}{f', case {r.case}' if r.case else ''})" for r in unmatched)
+            + "; its metrics: " + ", ".join(sorted({f"{f['metric']} ({f['case']})" for f in fleet_table})))
     _fact_checks(run_dir, rows, rules, verdicts)
     devices = [verdicts[k] for k in sorted(verdicts)]
     figure_rules = {r.name for r in rules.rules if r.metric}
     for verdict in devices:  # a host with a failing device fails, naming the device, the rule and the figure
         host = hosts.setdefault(verdict.host, Verdict(verdict.host, None))
+        host.devices_passed += verdict.status == "pass"
         for check in verdict.failed:
             if verdict.device == -1 and check.rule in figure_rules:
                 continue  # a one-device host: its own figure is the device's, checked above already
             host.checks.append(Check(check.rule, f"{verdict.label}: {check.what}", check.value, check.reference,
-                                     check.ratio, check.limit, "fail"))
+                                     check.ratio, check.limit, "fail", check.threshold))
+    for (case, round_no, host_name), group in rows[rows["status"] == "failed"].groupby(
+            ["case", "round", "host"], sort=True):  # a host that measured nothing is the fleet's first suspect
+        message = next((str(m) for m in group["message"] if isinstance(m, str) and m), "no message")
+        hosts.setdefault(str(host_name), Verdict(str(host_name), None)).checks.append(Check(
+            MEASURED_RULE, f"{case} round {round_no} failed ({_shorten(message)})", None, None, None,
+            "every round measured", "fail"))
     return Diagnosis(run_id=run_dir.name, baseline=baseline_name, devices=devices,
                      hosts=[hosts[h] for h in sorted(hosts)], fleet=fleet_table, notes=notes)
+
+
+def _shorten(text: str, limit: int = 200) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
 def _baseline_lookup(base_figures: pd.DataFrame | None, medians: dict[tuple[str, str], float] | None,
@@ -395,7 +440,8 @@ def render_markdown(diagnosis: Diagnosis, heading: str = "#") -> str:
     sub = heading + "#"
     failed = diagnosis.failed_hosts
     lines = [f"{heading} Fleet diagnosis", "",
-             f"- run {diagnosis.run_id}; baseline: {diagnosis.baseline or 'none'}",
+             f"- run {diagnosis.run_id}; rules: {md_text(diagnosis.rules or '-')}; "
+             f"baseline: {diagnosis.baseline or 'none'}",
              f"- hosts: {len(diagnosis.hosts)}, {len(failed)} failing" + (
                  f" (**{', '.join(h.host for h in failed)}**)" if failed else ""), ""]
     if diagnosis.fleet:
@@ -413,7 +459,11 @@ def render_markdown(diagnosis: Diagnosis, heading: str = "#") -> str:
                      else f"| {host.host} | {host.status} | {why} |")
     lines += ["", f"{sub} Devices", "", "| host | device | verdict | checks |", "|---|---|---|---|"]
     for device in diagnosis.devices:
-        checks = "; ".join(c.line(md_text) for c in (device.failed or device.checks)) or "-"
+        checks = "; ".join(c.line(md_text) for c in (device.failed or [c for c in device.checks
+                                                                        if c.status == "pass"]))
+        if not device.failed and any(c.status == "unknown" for c in device.checks):
+            checks += ("; " if checks else "") + unknown_text(device.checks)
+        checks = checks or "-"
         uuid = f" ({md_text(device.uuid)})" if device.uuid else ""  # from the monitor's file, as the host wrote it
         index = "-" if device.device == -1 else f"{device.device}{uuid}"
         lines.append(f"| {device.host} | {index} | {device.status} | {checks} |")
@@ -422,11 +472,41 @@ def render_markdown(diagnosis: Diagnosis, heading: str = "#") -> str:
     return "\n".join(lines) + "\n"
 
 
+def unknown_text(checks: list[Check]) -> str:
+    """The checks that had nothing to go on, by rule, in one phrase (each in full is in diagnosis.json)."""
+    names: list[str] = []
+    for check in checks:
+        if check.status != "unknown":
+            continue
+        against = next((f" vs {ref}" for ref in ("baseline", "fleet median") if check.limit.endswith(ref)), "")
+        name = md_text(check.rule) + against
+        if name not in names:
+            names.append(name)
+    return "unknown (no figure, or nothing to compare it with): " + ", ".join(names)
+
+
 def write_diagnosis(run_dir: Path, diagnosis: Diagnosis) -> dict[str, Path]:
     paths = {"json": run_dir / DIAGNOSIS_JSON, "markdown": run_dir / DIAGNOSIS_MD}
     write_json_atomic(paths["json"], diagnosis.to_json())
     write_text_atomic(paths["markdown"], render_markdown(diagnosis))
     return paths
+
+
+def verdict_line(run_dir: Path) -> tuple[str, bool] | None:
+    """The run's diagnosis (diagnosis.json, as the run's report or `flagperf diagnose` wrote it) in one line for
+    the console, naming the failing hosts, and whether some host failed; None where the run has none (one
+    device) or it cannot be read."""
+    try:
+        found = json.loads((run_dir / DIAGNOSIS_JSON).read_text(encoding="utf-8"))
+        hosts, failed = len(found["hosts"]), [str(h) for h in found["failed_hosts"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    rules = found.get("rules") or "the default rules"
+    if not failed:
+        return f"fleet diagnosis: no host of {hosts} failed a rule ({rules}); {DIAGNOSIS_MD}", False
+    return (f"fleet diagnosis: {len(failed)} of {hosts} hosts fail ({', '.join(failed)}) by {rules}: {DIAGNOSIS_MD} "
+            "names the rule and figure; `flagperf diagnose RUN --rules FILE` holds the run against rules of yours",
+            True)
 
 
 def is_fleet(rows: pd.DataFrame) -> bool:

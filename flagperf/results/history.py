@@ -110,7 +110,7 @@ def record_run(engine: Engine, run_dir: Path, recorded_at: datetime | None = Non
             device=ctx.get("device"), suite=suite, git_revision=ctx.get("git_revision"),
             counts=json.dumps(summary.counts)))
         rows = [{"run_id": summary.run_id, "case": e["case"], "metric": e["metric"], "unit": e["unit"],
-                 "value": e["value"], "spread_cv": e["spread_cv"] if e["spread_over"] == "rounds" else None,
+                 "value": e["value"], "spread_cv": e["spread_cv"] if e["spread_over"] not in (None, "chunks") else None,
                  "rounds": e["rounds"]} for e in summary.headline]
         if rows:
             conn.execute(insert(figures), rows)

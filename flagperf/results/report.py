@@ -177,8 +177,10 @@ def build_report(run_dir: Path, section: Callable[[Path, RunSummary], str] | Non
     paths = write_summary(run_dir, summary, NOT_DRAWN if plots is None
                           else [(title, path.relative_to(run_dir)) for title, path in plots])
     extra = section(run_dir, summary) if section is not None else ""
-    if extra:
-        write_text_atomic(paths["markdown"], paths["markdown"].read_text(encoding="utf-8") + "\n" + extra)
+    if extra:  # before the plots, which a fleet has per host and round: hundreds would bury it at the end
+        text = paths["markdown"].read_text(encoding="utf-8")
+        head, plots, tail = text.partition("\n## Plots\n")
+        write_text_atomic(paths["markdown"], f"{head}\n{extra}{plots}{tail}" if plots else f"{text}\n{extra}")
     # The report is text: a '<' or a link in a failure message is shown, never interpreted (markup.py).
     body = markdown_to_html((run_dir / REPORT_MD).read_text(encoding="utf-8"))
     html_path = run_dir / REPORT_HTML

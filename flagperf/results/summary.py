@@ -254,6 +254,14 @@ def _clean(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
+def _spread_over(group: pd.DataFrame) -> str:
+    """What a headline's figures differ by: its rounds, and its hosts and devices where it has several (a fleet's
+    spread is theirs too, not the rounds' alone)."""
+    varied = [name for name, column in (("rounds", "round"), ("hosts", "host"), ("devices", "device_index"))
+              if group[column].nunique() > 1]
+    return ", ".join(varied) or "rounds"
+
+
 def summarize(run_dir: Path) -> RunSummary:
     loaded, problems = load_results(run_dir)
     notes: MonitorNotes = {}  # the same note from every round once, with the rounds it came from
@@ -281,7 +289,8 @@ def summarize(run_dir: Path) -> RunSummary:
             "unit": group["unit"].iloc[0],
             "p50": _clean(pd.Series([p for p in group["p50"] if p is not None]).median()),
             "spread_cv": cv_rounds if cv_rounds is not None else cv_chunks,
-            "spread_over": "rounds" if cv_rounds is not None else ("chunks" if cv_chunks is not None else None),
+            "spread_over": _spread_over(group) if cv_rounds is not None else ("chunks" if cv_chunks is not None
+                                                                               else None),
             "rounds": int(group["round"].nunique()), "peak": peak, "peak_unit": _clean(group["peak_unit"].iloc[0]),
             "ratio": ratio, "above_peak": bool(ratio is not None and ratio > 1.0 and not estimated),
             "above_estimated_peak": bool(ratio is not None and ratio > 1.0 and estimated),

@@ -290,6 +290,54 @@ def test_a_rounds_output_is_streamed_over_ssh_not_held(tmp_path: Path, testbed: 
         host.close()
 
 
+def test_a_session_that_ends_mid_command_says_the_connection_dropped(testbed: Testbed, deployed: Path) -> None:
+    """The SSH session carrying a round ends (its sshd process killed, which is how a host going down or a dropped
+    link looks to the controller): the error says so, not "agent exited -1 without a status", and the host's
+    agent stops the command."""
+    import os
+    import signal
+
+    from flagperf.hosts.inventory import HostSpec
+    from flagperf.hosts.ssh import SshError, SshHost
+
+    entry = host_entry(testbed, 1, deployed)
+    host = SshHost(HostSpec.model_validate({**entry, "key_file": Path(entry["key_file"]),
+                                            "known_hosts": Path(entry["known_hosts"]), "project_root": deployed}))
+    marker = f"dropped-{uuid.uuid4().hex}"
+
+    def pids_with(text: str) -> list[int]:
+        found = []
+        for proc in Path("/proc").iterdir():
+            try:
+                if proc.name.isdigit() and text in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(proc.name))
+            except OSError:
+                continue  # gone meanwhile
+        return found
+
+    def end_session(line: str) -> None:
+        if line != "ready":
+            return
+        pid = pids_with(marker)[0]  # the agent, or the command under it (both name it)
+        while not Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sshd:"):  # up to the session's sshd
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        os.kill(pid, signal.SIGTERM)
+
+    program = f"import time\nprint('ready', flush=True)\ntime.sleep(300)  # {marker}"
+    log = host.work_root / marker / "case.log"
+    try:
+        with pytest.raises(SshError, match=rf"host {host.name}: the SSH session ended before .* with no exit status "
+                                           r"\(the connection dropped, or the host or its sshd went down\)"):
+            host.run([testbed.hosts[1].python, "-c", program], timeout=300, log_path=log, on_line=end_session)
+        deadline = time.monotonic() + 120
+        while pids_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not pids_with(marker), "the command outlived its session"
+    finally:
+        host.remove_tree(log.parent)
+        host.close()
+
+
 def test_an_unknown_host_key_is_refused(flagperf_env: Path, tmp_path: Path,
         testbed: Testbed, deployed: Path) -> None:
     empty = tmp_path / "known_hosts"

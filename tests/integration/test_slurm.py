@@ -246,3 +246,19 @@ def test_hostile_words_reach_no_sbatch_directive_and_a_refused_entry_submits_not
                           capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert done.returncode == 2 and "hosts.0.slurm.partition: " in done.stderr, done.stderr
     assert queued("flagperf-inert") == [] and not injected.exists() and not (tmp_path / "results").exists()
+
+
+def test_a_partition_the_cluster_lacks_is_named_with_those_it_has(tmp_path: Path,
+                                                                   cluster: tuple[Testbed, SlurmBed]) -> None:
+    """A misspelt slurm.partition passes the inventory's checks (any Slurm name may be a partition): the
+    healthcheck's line says which partitions the cluster has, not only that this one is not found."""
+    from flagperf.hosts.inventory import load_inventory
+    from flagperf.hosts.slurm import SlurmHost, check_cluster
+
+    bed, slurm = cluster
+    path = Path(inventory(tmp_path, bed, ROOT, "typo", nodelist=slurm.node_names[:1], partition="no-such-part"))
+    (spec,) = load_inventory(path).hosts
+    partition = next(c for c in check_cluster(SlurmHost(spec)) if c.name == "partition")
+    assert not partition.ok, partition
+    assert "no-such-part" in partition.detail and f"(the cluster's partitions: {slurm.partition})" in \
+        partition.detail, partition

@@ -21,7 +21,7 @@ from flagperf.results.diagnosis import (
     render_markdown,
     robust_z,
 )
-from flagperf.results.schema import Metric, RoundResult, round_dir, write_result
+from flagperf.results.schema import Failure, Metric, RoundResult, round_dir, write_result
 from flagperf.results.summary import summarize
 from flows.cli import EXIT_HOST_FAILED, app
 
@@ -144,6 +144,59 @@ def test_monitor_facts_fail_the_device_that_shows_them(tmp_path: Path) -> None:
     assert [h.host for h in found.failed_hosts] == ["h2", "h4"]
 
 
+def test_a_ratio_that_rounds_to_its_limit_shows_the_digits_that_decide() -> None:
+    """0.94998 of the median fails >= 0.95: its line must not read 0.950, which looks like a pass."""
+    rule = rules(GEMM_RULE).rules[0]
+    (check,) = figure_checks(rule, "gemm_bf16", 94.998, [94.998, 100.0, 100.0, 101.0], None, 3)
+    assert check.status == "fail" and check.threshold == 0.95
+    assert " = 0.94998 of 100, needs >= 0.95" in check.line()
+    (clear,) = figure_checks(rule, "gemm_bf16", 90.0, [90.0, 100.0, 100.0, 101.0], None, 3)
+    assert " = 0.900 of 100" in clear.line()
+
+
+def test_a_failed_round_fails_its_host_and_passing_devices_pass_theirs(tmp_path: Path) -> None:
+    """A host whose round failed (a lost connection) has no figure: it fails the diagnosis, naming the round and
+    why, instead of reading "no rule applied"; the two that measured pass on their devices' verdicts, though two
+    hosts are too few for a verdict on the hosts' own figures."""
+    run = tmp_path / "run1"
+    put_round(run, "h1", [100.0, 101.0])
+    put_round(run, "h3", [99.0, 100.0])
+    folder = round_dir(run, "computation-BF16", 1, "h2")
+    write_result(folder / "result.json", RoundResult(
+        run_id=run.name, case="computation-BF16", family="base", round=1, host="h2", node_rank=0, vendor="nvidia",
+        status="failed", started_at=T0, finished_at=T0, duration_s=1.0, measured_seconds=0.0, device="GPU",
+        metrics=[], config={}, failure=Failure(kind="infrastructure", message="SshError: host h2: connection lost")))
+    found = diagnose(run, summarize(run).rows, rules(GEMM_RULE))
+    assert {h.host: h.status for h in found.hosts} == {"h1": "pass", "h2": "fail", "h3": "pass"}
+    (why,) = found.failed_hosts[0].failed
+    assert why.line() == ("measured: computation-BF16 round 1 failed (SshError: host h2: connection lost), "
+                          "needs every round measured: fail")
+    assert CliRunner().invoke(app, ["diagnose", str(run)]).exit_code == EXIT_HOST_FAILED
+
+
+def test_a_rule_that_matches_no_figure_is_named(tmp_path: Path) -> None:
+    """A misspelt metric in a rule would pass every host unnoticed: the diagnosis names the rule and the run's
+    metrics; the devices' rows name their unknown checks by rule, not one sentence each."""
+    run = fleet_run(tmp_path)
+    typo = {"name": "typo", "metric": "gemm_bf61", "min_fleet_ratio": 0.9}
+    xid = {"name": "no-xid", "monitor_field": "xid_events", "max": 0}
+    found = diagnose(run, summarize(run).rows, rules(GEMM_RULE, typo, xid))
+    assert found.notes == ["no figure of this run matches rule(s) typo (gemm_bf61); its metrics: gemm_bf16 "
+                           "(computation-BF16)"]
+    text = render_markdown(found)
+    assert "| h1 | 0 | pass | gemm: gemm_bf16 (computation-BF16, TFLOPS) 100 = 1.000 of 100, needs >= 0.95 x fleet " \
+           "median: pass; unknown (no figure, or nothing to compare it with): no-xid |" in text
+
+
+def test_the_diagnosis_names_its_rules_file(tmp_path: Path) -> None:
+    run = fleet_run(tmp_path)
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("rules:\n  - {name: gemm, metric: gemm_*, min_fleet_ratio: 0.85}\n")
+    assert CliRunner().invoke(app, ["diagnose", str(run), "--rules", str(mine)]).exit_code == 0
+    assert json.loads((run / "diagnosis.json").read_text())["rules"] == str(mine)
+    assert f"rules: {mine}; baseline: none" in (run / "diagnosis.md").read_text()
+
+
 @pytest.mark.parametrize("text, key, message", [
     ("rules: []\n", "rules", "at least 1 item"),
     ("rules:\n  - name: a\n    metric: gemm_*\n", "rules.0", "a metric rule needs a limit"),
@@ -155,6 +208,8 @@ def test_monitor_facts_fail_the_device_that_shows_them(tmp_path: Path) -> None:
     ("rules:\n  - {name: a, monitor_field: x, max: 0}\n  - {name: a, monitor_field: y, max: 0}\n", "rules",
      "rule 'a' is given twice"),
     ("rules:\n  - {name: a, monitor_field: x, max: 0, colour: red}\n", "rules.0.colour", "unknown key"),
+    ("rules:\n  - {name: a, metric: x, min_fleet_ratio: 95}\n", "rules.0", "min_fleet_ratio 95 is above 1"),
+    ("rules:\n  - {name: a, metric: x, max_fleet_ratio: 0.9}\n", "rules.0", "max_fleet_ratio 0.9 is below 1"),
 ])
 def test_a_bad_rules_file_is_one_line_naming_the_file_and_key(tmp_path: Path, text: str, key: str,
                                                                 message: str) -> None:
@@ -198,6 +253,7 @@ def test_the_report_of_a_fleet_run_carries_the_diagnosis(tmp_path: Path) -> None
     build_report(run, report_section)
     report = (run / "report.md").read_text()
     assert "## Fleet diagnosis" in report and "## Every device" in report and "**h3**" in report
+    assert report.index("## Fleet diagnosis") < report.index("## Plots")  # not after a plot per host and round
     one = tmp_path / "one"
     put_round(one, "h1", [100.0])
     build_report(one, report_section)
@@ -232,3 +288,13 @@ def test_a_cases_names_in_the_diagnosis_stay_text(tmp_path: Path) -> None:
         rows = [line.replace("\\|", "") for line in section.splitlines()[1:] if line.strip()]
         assert rows and all(row.startswith("|") and row.count("|") == rows[0].count("|") for row in rows), section
     assert "<b>" not in text and "gemm\\_bf16" not in text and "gemm_bf16\\|x &lt;b>" in text
+
+
+def test_the_console_names_the_failing_hosts(tmp_path: Path) -> None:
+    """`flagperf run` and `flagperf report` end with the fleet's verdict in one line: the diagnosis is otherwise
+    only at the end of report.md and in the controller's log."""
+    run = fleet_run(tmp_path)
+    done = CliRunner().invoke(app, ["report", str(run)])
+    assert done.exit_code == 0, done.output
+    assert "fleet diagnosis: 1 of 4 hosts fail (h3) by deployments/diagnosis/rules.yaml: diagnosis.md" in \
+        " ".join(done.output.split())

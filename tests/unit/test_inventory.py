@@ -76,6 +76,15 @@ hosts:
     ("hosts: [{name: a, address: h, python: 'python3; rm -rf /'}]", "hosts.0.python", "not a program"),
     ("hosts: [{name: a, address: h, env: {'A B': x}}]", "hosts.0.env", "not valid"),
     ("hosts: [{name: a, address: localhost, docker: {engine: ssh}}]", "hosts.0", "needs an SSH host"),
+    # A key written under defaults is named there, with the nearest accepted keys for a misspelling.
+    ("defaults: {known_host: /k}\nhosts: [{name: a, address: h}]", "defaults.known_host",
+     "unknown key (did you mean known_hosts?)"),
+    ("defaults: {runtime: proces}\nhosts: [{name: a, address: h}]", "defaults.runtime", "'process' or 'docker'"),
+    ("hosts: [{nmae: a, address: h}]", "hosts.0.nmae", "unknown key (did you mean name?)"),  # not "name: missing"
+    ("defaults: {docker: {enigne: ssh}}\nhosts: [{name: a, address: h, docker: {build_args: {}}}]",
+     "defaults.docker.enigne", "did you mean engine?"),
+    ("defaults: {docker: {engine: ssh}}\nhosts: [{name: a, address: h, docker: {enigne: ssh}}]",
+     "hosts.0.docker.enigne", "did you mean engine?"),
 ])
 def test_bad_inventories_name_the_file_and_key(tmp_path: Path, body: str, key: str, message: str) -> None:
     path = write(tmp_path, "inv.yaml", body)
@@ -97,7 +106,7 @@ def test_project_root_is_one_folder_every_transport_can_use(tmp_path: Path, proj
     for body, key in ((f"hosts: [{{name: a, address: h, runtime: docker, project_root: {quoted}}}]",
                        "hosts.0.project_root"),
                       (f"defaults: {{project_root: {quoted}}}\nhosts: [{{name: a, address: h}}]",
-                       "hosts.0.project_root"),
+                       "defaults.project_root"),
                       (f"VENDOR: cpu\nHOSTS: [h]\nCASES: {{computation-FP32: pytorch}}\nFLAGPERF_PATH: {quoted}",
                        "FLAGPERF_PATH")):
         if key == "FLAGPERF_PATH" and not project_root:

@@ -94,6 +94,19 @@ def test_mean_and_spread_across_rounds(run_dir: Path) -> None:
     assert e["peak_source"] == PEAK.source
 
 
+def test_a_fleets_spread_says_it_is_over_hosts_and_devices(tmp_path: Path) -> None:
+    """One round on three hosts of two devices: the headline's spread is the hosts' and devices', which the
+    console and report must not call the rounds' (it was "±x% (rounds)")."""
+    run = tmp_path / "fleet"
+    for host, values in (("h1", [1.0, 1.2]), ("h2", [1.1, 1.3]), ("h3", [0.9, 1.0])):
+        metrics = [gemm(v).model_copy(update={"device": i}) for i, v in enumerate(values)]
+        put(run, "computation-FP32", 1, metrics=metrics, host=host)
+    e = headline(summarize(run), "computation-FP32")
+    assert e["spread_over"] == "hosts, devices" and e["rounds"] == 1
+    assert e["spread_cv"] == pytest.approx(statistics.stdev([1.0, 1.2, 1.1, 1.3, 0.9, 1.0])
+                                           / statistics.mean([1.0, 1.2, 1.1, 1.3, 0.9, 1.0]))
+
+
 def test_single_round_spread_is_over_chunks_and_above_peak_flagged(run_dir: Path) -> None:
     e = headline(summarize(run_dir), "fast-case")
     assert e["rounds"] == 1
