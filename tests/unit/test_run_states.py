@@ -117,13 +117,13 @@ def test_a_failure_the_project_said_is_one_line_in_the_runs_log() -> None:
 def test_the_nightly_schedule_is_in_the_machines_time_zone(tmp_path: Path) -> None:
     etc = tmp_path / "etc"
     etc.mkdir()
-    assert machine_timezone({}, etc) == "timezone.utc"  # nothing to go by
+    assert machine_timezone({}, etc) == "UTC"  # nothing to go by
     (etc / "localtime").symlink_to("/usr/share/zoneinfo/Europe/Berlin")
     assert machine_timezone({}, etc) == "Europe/Berlin"
     (etc / "timezone").write_text("Asia/Shanghai\n")
     assert machine_timezone({}, etc) == "Asia/Shanghai"
     assert machine_timezone({"TZ": ":America/New_York"}, etc) == "America/New_York"
     assert machine_timezone({"TZ": "CST-8"}, etc) == "Asia/Shanghai"  # a POSIX rule is no zone name
-    assert machine_timezone({TIMEZONE_ENV: "Europe/Paris", "TZ": "timezone.utc"}, etc) == "Europe/Paris"
+    assert machine_timezone({TIMEZONE_ENV: "Europe/Paris", "TZ": "UTC"}, etc) == "Europe/Paris"
     with pytest.raises(ValueError, match=f"{TIMEZONE_ENV}: 'Mars/Olympus' is not an IANA time zone name"):
         machine_timezone({TIMEZONE_ENV: "Mars/Olympus"}, etc)
