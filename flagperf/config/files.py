@@ -7,6 +7,7 @@ the folder it must stay in (``../x``, an absolute path, a symbolic link pointing
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import Any
@@ -24,12 +25,24 @@ def is_present(path: Path) -> bool:
     return path.exists() or path.is_symlink()
 
 
+def resolved(path: Path) -> Path:
+    """``path`` with every link followed; OSError (ELOOP) for a link loop on every Python: before 3.13 resolve()
+    raises RuntimeError, from 3.13 on it stops quietly at the loop and returns a path that is still a link."""
+    try:
+        target = path.resolve()
+    except RuntimeError:
+        raise OSError(errno.ELOOP, "a link loop", str(path)) from None
+    if target.is_symlink():
+        raise OSError(errno.ELOOP, "a link loop", str(path))
+    return target
+
+
 def inside(folder: Path, relative: str | Path, source: str, key: str | None, what: str) -> Path:
     """``folder / relative`` resolved (links followed), refused when it leaves ``folder``; ``what`` names the
     folder in the error ("the case folder")."""
     try:
-        target, root = (folder / relative).resolve(), folder.resolve()
-    except (RuntimeError, OSError):  # a link loop: RuntimeError before Python 3.13, OSError (ELOOP) after
+        target, root = resolved(folder / relative), resolved(folder)
+    except OSError:  # a link loop (or a name too long to look up)
         raise ConfigError(source, key, f"{str(relative)!r}: a link that leads back to itself (a loop)") from None
     if not target.is_relative_to(root):
         try:

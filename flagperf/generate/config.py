@@ -25,7 +25,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from flagperf.config.endpoints import REFERENCE, Endpoint
-from flagperf.config.files import inside, regular_file_problem
+from flagperf.config.files import inside, regular_file_problem, resolved
 from flagperf.config.models import CASE_FOLDER, HIDDEN_INPUT, KEY_OF_MODEL_ERROR, CaseConfig
 from flagperf.errors import CaseUserError, ConfigError
 from flagperf.generate.models import PRESETS
@@ -66,19 +66,19 @@ def data_path(value: str, case_folder: Path | None) -> Path | None:
     except PolicyError as exc:
         raise ValueError(f"{exc}; {DATA_FILE_PLACES}") from None
     try:
-        resolved = Path(written).resolve()
+        resolved_path = resolved(Path(written))
         roots = [str(Path(root).resolve()) for root in DATA_ROOTS]
-    except (RuntimeError, OSError):  # a link loop: RuntimeError before Python 3.13, OSError (ELOOP) after
+    except OSError:  # a link loop (files.resolved: every Python), or a name too long to look up
         raise ValueError(f"{value!r}: a link that leads back to itself (a loop)") from None
-    for path, allowed in ((written, DATA_ROOTS), (str(resolved), roots)):
-        via = f" (it resolves to {resolved})" if path != written else ""
+    for path, allowed in ((written, DATA_ROOTS), (str(resolved_path), roots)):
+        via = f" (it resolves to {resolved_path})" if path != written else ""
         credentials = credentials_in(path)
         if credentials is not None:
             raise ValueError(f"{value!r}{via} is in a credentials folder ({credentials}); not read")
         if not any(is_under(path, root) for root in allowed):
             raise ValueError(f"{value!r}{via} is outside the data roots ({', '.join(DATA_ROOTS)}); "
                              f"{DATA_FILE_PLACES}")
-    return resolved
+    return resolved_path
 
 
 DATA_FILE_PLACES = ("a prompts or ShareGPT file is a path inside the case's folder, or an absolute path under a "

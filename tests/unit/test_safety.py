@@ -116,3 +116,19 @@ def test_an_engine_file_outside_its_folder_is_refused(tmp_path: Path, monkeypatc
     monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(vendor_root))
     with pytest.raises(ConfigError, match="outside the engine's folder"):
         load_engine("cpu", "escape")
+
+
+def test_a_link_loop_is_an_eloop_error_on_every_python(tmp_path: Path) -> None:
+    """Python 3.13's resolve() no longer raises on a loop (it returns the link): files.resolved says so anyway,
+    so `inside` still names the loop instead of accepting a path that can never be read."""
+    import errno
+
+    from flagperf.config.files import inside, resolved
+
+    (tmp_path / "loop.c").symlink_to("loop.c")
+    with pytest.raises(OSError) as raised:
+        resolved(tmp_path / "loop.c")
+    assert raised.value.errno == errno.ELOOP
+    with pytest.raises(ConfigError, match="a link that leads back to itself"):
+        inside(tmp_path, "loop.c", "case.yaml", "csrc", "the vendor's case folder")
+    assert resolved(tmp_path) == tmp_path.resolve()
