@@ -63,18 +63,18 @@ def forwards(tmp_path: Path, mode: str) -> dict[str, object]:
 
 @GLIBC
 def test_forwards_reuse_freed_host_memory(tmp_path: Path) -> None:
-    """Runs on glibc hosts (skipped elsewhere). The kept setting's few faults are checked on every such host; the
-    comparison with glibc's own thresholds proves something only where those fault at every forward, and skips
-    where a glibc no longer does."""
+    """Runs on glibc hosts (skipped elsewhere). The kept setting is held against glibc's own thresholds measured
+    in the same test, not against a fixed count: the machine's state (memory pressure, the kernel's reclaim)
+    adds faults to both (a loaded CI machine once gave 309 per forward with the setting, against < 50 idle)."""
     kept = forwards(tmp_path, "keep")
     assert str(kept["said"]).startswith("glibc") and "M_TRIM_THRESHOLD 1 GiB" in str(kept["said"])
-    assert kept["faults_per_forward"] < 50, kept
-    # glibc's own thresholds, for comparison: the activations are given back and faulted in again at every
-    # forward (6,240 page faults per forward where this was found). Only a glibc that no longer does so here
-    # makes the comparison empty; the assertion above stands either way.
+    # glibc's own thresholds: the activations are given back and faulted in again at every forward (6,240 page
+    # faults per forward where this was found).
     unset = forwards(tmp_path, "none")
     if unset["faults_per_forward"] <= 1000:
+        assert kept["faults_per_forward"] <= max(50.0, 2 * unset["faults_per_forward"]), (kept, unset)
         pytest.skip(f"glibc's own thresholds no longer fault at every forward here: {unset}")
+    assert kept["faults_per_forward"] < unset["faults_per_forward"] / 5, (kept, unset)
 
 
 @GLIBC

@@ -4,7 +4,7 @@ samples, or that a figure was unavailable, knows where to look; the same note fr
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from flagperf.results.schema import Metric, RoundResult, write_result
@@ -15,7 +15,7 @@ T0 = 1_800_000_000.0
 
 def a_round(run: Path, case: str, round_no: int, host: str, header: dict[str, object], samples: int) -> None:
     folder = run / case / f"round{round_no}" / f"{host}_noderank0"
-    now = datetime.now(UTC)
+    now = datetime.now(timezone.utc)
     write_result(folder / "result.json", RoundResult(
         run_id=run.name, case=case, family="base", round=round_no, host=host, node_rank=0, vendor="cpu",
         status="success", started_at=now, finished_at=now, duration_s=1.0, measured_seconds=5.0, config={},
