@@ -32,7 +32,11 @@ def resolved(path: Path) -> Path:
         target = path.resolve()
     except RuntimeError:
         raise OSError(errno.ELOOP, "a link loop", str(path)) from None
-    if target.is_symlink():
+    try:
+        still_a_link = target.is_symlink()
+    except OSError:  # a name too long to look up (ENAMETOOLONG): no loop; the caller says where it leads
+        still_a_link = False
+    if still_a_link:
         raise OSError(errno.ELOOP, "a link loop", str(path))
     return target
 
@@ -42,7 +46,7 @@ def inside(folder: Path, relative: str | Path, source: str, key: str | None, wha
     folder in the error ("the case folder")."""
     try:
         target, root = resolved(folder / relative), resolved(folder)
-    except OSError:  # a link loop (or a name too long to look up)
+    except OSError:  # a link loop
         raise ConfigError(source, key, f"{str(relative)!r}: a link that leads back to itself (a loop)") from None
     if not target.is_relative_to(root):
         try:
