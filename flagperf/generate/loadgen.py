@@ -343,7 +343,7 @@ class PhaseRun:
     records: list[RequestRecord]
     started_at: float  # epoch of the first send (its record's sent_at)
     ended_at: float  # epoch when the last request ended
-    seconds: float  # perf_counter span from the first send to the last request's end
+    seconds: float  # the first send to the latest request's end, from the records (send + E2EL)
 
 
 async def run_phase(target: Target, load: Load, prompts: Sequence[ServingPrompt], phase: str, *,
@@ -360,8 +360,6 @@ async def run_phase(target: Target, load: Load, prompts: Sequence[ServingPrompt]
     connections = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
     # The point's span is its first send to its last request's end (docs/serving.md), as vLLM's benchmark
     # duration: not the client's set-up (httpx builds an SSL context, tens of ms) nor its closing.
-    first_send: float | None = None  # perf_counter at the first send
-    last_end = 0.0
     start = time.perf_counter()
     deadline = start + duration_s if duration_s is not None else None
 
@@ -378,11 +376,7 @@ async def run_phase(target: Target, load: Load, prompts: Sequence[ServingPrompt]
 
     async with httpx.AsyncClient(limits=connections, timeout=target.request_timeout_s) as client:
         async def one(seq: int, prompt: ServingPrompt) -> None:
-            nonlocal first_send, last_end
-            if first_send is None:
-                first_send = time.perf_counter()
             record = await send_request(client, target, prompt, load.label, phase, seq, count_tokens)
-            last_end = max(last_end, time.perf_counter())
             records.append(record)
             if writer is not None:
                 writer.write(record)
@@ -419,11 +413,14 @@ async def run_phase(target: Target, load: Load, prompts: Sequence[ServingPrompt]
                 tasks.append(asyncio.create_task(guarded(*job)))
                 arrival += rng.gammavariate(load.burstiness, 1.0 / (load.rate * load.burstiness))
             await asyncio.gather(*tasks)
-    if first_send is None or not records:  # nothing was sent (a dead server before the first request)
+    if not records:  # nothing was sent (a dead server before the first request)
         now = time.time()
         return PhaseRun(records=records, started_at=now, ended_at=now, seconds=0.0)
-    seconds = last_end - first_send
-    epoch0 = min(r.sent_at for r in records)  # the first send's wall clock, as its record has it
+    # From the records themselves, so requests.jsonl gives the same figure by hand: the first send's wall clock to
+    # the latest end (each request's own end is its send plus its perf_counter E2EL); the client's set-up and the
+    # scheduling around each request are outside it.
+    epoch0 = min(r.sent_at for r in records)
+    seconds = max(r.sent_at + (r.e2el_s or 0.0) for r in records) - epoch0
     return PhaseRun(records=records, started_at=epoch0, ended_at=epoch0 + seconds, seconds=seconds)
 
 
