@@ -11,6 +11,7 @@ team server's basic auth when it has credentials (see flagperf/site/auth.py).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
@@ -30,7 +31,7 @@ from flagperf.results.history import figure_trend, list_series
 from flagperf.results.operators import OPERATOR_HEADER, is_operation, operator_cells
 from flagperf.results.summary import HEADLINE_HEADER, OPERATORS_INTRO, headline_cells
 from flagperf.site import trends as drawing
-from flagperf.site.auth import Credentials
+from flagperf.site.auth import Credentials, SignInThrottle
 from flagperf.site.runs import PLOT_TYPES, PLOTS, RUN_FILES, list_runs, plot_names, read_served, run_folder, run_info
 from flagperf.site.trends import NO_MATPLOTLIB, open_history, trend_png
 
@@ -44,6 +45,11 @@ SECURITY_HEADERS = [
     (b"referrer-policy", b"same-origin"),
     (b"cache-control", b"no-store"),
 ]
+HSTS = (b"strict-transport-security", b"max-age=31536000")
+# A run's own files (its report, its plots) are the run's content, not the site's: a report.html or an .svg a
+# case wrote is shown sandboxed: no script, no forms, no pop-ups, whatever the file holds. (Its origin stays the
+# site's so that the report's plots load with the sign-in; without scripts that gives the file no reach.)
+RUN_FILE_CSP = {"Content-Security-Policy": "sandbox allow-same-origin"}
 
 Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
@@ -51,29 +57,45 @@ ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitab
 
 class Guard:
     """Outermost layer: every answer gets the security headers; without the credentials, 401 and a Basic
-    challenge (the browser asks for user and password, as the reverse proxy of a team would)."""
+    challenge (the browser asks for user and password, as the reverse proxy of a team would). Wrong sign-ins
+    are throttled per client (``throttle``): a client locked out gets 429 and Retry-After, its attempts
+    unchecked. The client is the connection's address, or, from a reverse proxy on this machine, the one it
+    names in X-Forwarded-For (uvicorn trusts those headers from 127.0.0.1 only); behind a proxy that says the
+    browser spoke TLS (X-Forwarded-Proto: https), answers also get Strict-Transport-Security."""
 
-    def __init__(self, app: ASGIApp, credentials: Credentials | None) -> None:
+    def __init__(self, app: ASGIApp, credentials: Credentials | None, throttle: SignInThrottle | None = None) -> None:
         self.app, self.credentials = app, credentials
+        self.throttle = throttle or SignInThrottle()
 
     async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Any]],
                        send: Callable[[Any], Awaitable[None]]) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        headers = [*SECURITY_HEADERS, *([HSTS] if scope.get("scheme") == "https" else [])]
 
         async def send_with_headers(message: Any) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+                message["headers"] = [*message.get("headers", []), *headers]
             await send(message)
 
         if self.credentials is not None:
+            client = (scope.get("client") or ("unknown", 0))[0]
+            wait = self.throttle.wait_s(client)
+            if wait > 0:
+                answer = PlainTextResponse("too many wrong sign-ins from this address; try again later\n",
+                                           status_code=429, headers={"Retry-After": str(math.ceil(wait))})
+                await answer(scope, receive, send_with_headers)
+                return
             given = dict(scope.get("headers") or []).get(b"authorization")
             if not self.credentials.matches(given.decode("latin-1") if given else None):
+                if given:  # a request without any (a browser's first) is no guess
+                    self.throttle.failed(client)
                 answer = PlainTextResponse("sign in to see the results\n", status_code=401,
                                            headers={"WWW-Authenticate": REALM})
                 await answer(scope, receive, send_with_headers)
                 return
+            self.throttle.succeeded(client)
         await self.app(scope, receive, send_with_headers)
 
 
@@ -124,14 +146,14 @@ def create_app(root: Path, credentials: Credentials | None, history_url: str | N
         body = read_served(root, run_id, name)
         if body is None:
             return not_found(f"{run_id} has no {name} here")
-        return Response(body, media_type=RUN_FILES[name])
+        return Response(body, media_type=RUN_FILES[name], headers=RUN_FILE_CSP)
 
     def plot(request: Request) -> Response:
         run_id, name = request.path_params["run_id"], request.path_params["name"]
         body = read_served(root, run_id, PLOTS, name)
         if body is None:
             return not_found(f"{run_id} has no plot {name}")
-        return Response(body, media_type=PLOT_TYPES[Path(name).suffix])
+        return Response(body, media_type=PLOT_TYPES[Path(name).suffix], headers=RUN_FILE_CSP)
 
     def compare(request: Request) -> Response:
         choices = [r.run_id for r in list_runs(root) if r.summary]

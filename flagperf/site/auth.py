@@ -16,6 +16,9 @@ import binascii
 import hmac
 import os
 import stat
+import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +68,38 @@ class Credentials:
         except (binascii.Error, ValueError):
             return False
         return hmac.compare_digest(given, self.auth_string.encode("utf-8"))
+
+
+class SignInThrottle:
+    """Wrong sign-ins per client (its address): the first ``free`` in a row cost nothing (a typo, a browser
+    retrying an old password); each one after that locks the client out for a delay that doubles, from
+    ``first_delay_s`` up to ``max_delay_s``, during which its attempts are not even checked. A right sign-in
+    clears the count. ``clock`` is injectable so that tests need no sleeping. The table keeps at most
+    ``max_clients`` (the least recently failed go first): an attacker with many addresses cannot fill memory."""
+
+    def __init__(self, free: int = 5, first_delay_s: float = 1.0, max_delay_s: float = 900.0,
+                 max_clients: int = 10_000, clock: Callable[[], float] = time.monotonic) -> None:
+        self.free, self.first_delay_s, self.max_delay_s = free, first_delay_s, max_delay_s
+        self.max_clients, self.clock = max_clients, clock
+        self._failures: OrderedDict[str, tuple[int, float]] = OrderedDict()  # client: (wrong in a row, until)
+
+    def wait_s(self, client: str) -> float:
+        """Seconds before ``client`` may try again; 0 when it may now."""
+        failures = self._failures.get(client)
+        return max(0.0, failures[1] - self.clock()) if failures else 0.0
+
+    def failed(self, client: str) -> float:
+        """Count a wrong sign-in of ``client``; returns the seconds it is now locked out for (0: none yet)."""
+        count = self._failures.pop(client, (0, 0.0))[0] + 1
+        over = count - self.free
+        delay = 0.0 if over <= 0 else min(self.max_delay_s, self.first_delay_s * 2.0 ** min(over - 1, 64))
+        self._failures[client] = (count, self.clock() + delay)
+        while len(self._failures) > self.max_clients:
+            self._failures.popitem(last=False)
+        return delay
+
+    def succeeded(self, client: str) -> None:
+        self._failures.pop(client, None)
 
 
 def check_auth_string(value: str, source: str) -> str:
