@@ -301,6 +301,23 @@ def deploy_command(api_url: str, results_root: Path) -> str:
             f"{RESULTS_DIR_ENV}={shlex.quote(str(results_root))} prefect --no-prompt deploy --all")
 
 
+def api_headers(api_url: str, auth_string: str | None) -> dict[str, str]:
+    """The headers a plain HTTP client of the server at ``api_url`` sends: the sign-in, and the CSRF token that a
+    change (POST, PUT, PATCH, DELETE) needs where the server has CSRF protection on (as `flagperf server` has),
+    fetched for a client id of its own as Prefect's own client does; none where the server has it off."""
+    import uuid
+
+    import httpx
+
+    headers = {"Authorization": f"Basic {base64.b64encode(auth_string.encode()).decode()}"} if auth_string else {}
+    client = str(uuid.uuid4())
+    answer = httpx.get(f"{api_url}/csrf-token", params={"client": client}, headers=headers, timeout=30)
+    if answer.status_code == 422 and "disabled" in answer.text:
+        return headers
+    answer.raise_for_status()
+    return {**headers, "Prefect-Csrf-Token": answer.json()["token"], "Prefect-Csrf-Client": client}
+
+
 # What a user sets on a deployment in the UI (its schedules: time, zone, on/off, parameter overrides; pausing it),
 # which `prefect deploy` would put back to prefect.yaml's on every start of the server.
 SCHEDULE_FIELDS = ("schedule", "active", "parameters", "slug", "max_scheduled_runs")
@@ -361,8 +378,7 @@ def create_deployments(api_url: str, client_env: dict[str, str], results_root: P
     import yaml
 
     project = deployments_in_project(pool)
-    auth = {"Authorization": f"Basic {base64.b64encode(credentials.auth_string.encode()).decode()}"} \
-        if credentials else {}
+    auth = api_headers(api_url, credentials.auth_string if credentials else None)
     user_specs = [spec for spec in project["deployments"] if "internal" not in (spec.get("tags") or [])]
     with httpx.Client(base_url=api_url, headers=auth, timeout=30) as http:
         before = set_by_users(http, user_specs)
@@ -412,6 +428,10 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
     env.pop(SERVER_AUTH_ENV, None)
     if credentials is not None:  # the environment only: a command line shows in every process list
         env[SERVER_AUTH_ENV] = credentials.auth_string
+    # A change to the API (start a run, edit a deployment) needs a token only a page of the UI can read: a page
+    # of another site cannot make a browser that holds the sign-in (a proxy's Basic prompt) change anything.
+    # Prefect's UI and clients fetch the token themselves.
+    env["PREFECT_SERVER_CSRF_PROTECTION_ENABLED"] = "true"
     stopping: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: stopping.append(signum))

@@ -10,6 +10,7 @@ FLAGPERF_TEST_ARTIFACTS (default: test-artifacts/browser/ at the repository root
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -25,7 +26,7 @@ import pytest
 from server_ports import session_pool, start_on_os_ports
 from site_probe import basic, make_run
 
-from flows.server import watched
+from flows.server import api_headers, watched
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -60,9 +61,10 @@ class Server:
     user: str
     password: str
 
-    @property
+    @functools.cached_property
     def auth(self) -> dict[str, str]:
-        return basic(f"{self.user}:{self.password}")
+        """The sign-in and a CSRF token: the server has CSRF protection on, and a filter is a POST."""
+        return api_headers(self.api, f"{self.user}:{self.password}")
 
 
 def wait_until(what: str, check, limit_s: float, every_s: float = 2.0):
@@ -114,7 +116,7 @@ def team_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         def worker_online() -> bool:
             assert proc.poll() is None, "flagperf server exited"
             # Before the worker has made its pool, the API answers 404 with a {"detail": ...} object.
-            answer = httpx.post(f"{server.api}/work_pools/{pool}/workers/filter", json={}, headers=signed_in,
+            answer = httpx.post(f"{server.api}/work_pools/{pool}/workers/filter", json={}, headers=server.auth,
                                 timeout=5)
             return answer.status_code == 200 and any(w["status"] == "ONLINE" for w in answer.json())
 

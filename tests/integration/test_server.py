@@ -19,7 +19,9 @@ import psutil
 import pytest
 from prefect_api import assert_schedule_gets_runs
 from server_ports import session_pool, start_on_os_ports
-from site_probe import basic, plant, probe
+from site_probe import basic, plant, probe, request
+
+from flows.server import api_headers
 
 # In CI the database must be there (.ci/run makes it): a skip there would hide a broken set-up.
 pytestmark = [pytest.mark.integration,
@@ -82,6 +84,7 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
                                                  headers=signed_in)
     api = f"http://127.0.0.1:{port}/api"
     try:
+        changes = api_headers(api, f"lab:{password}")  # a POST needs the CSRF token too (a filter is a POST)
         workers: list[dict] = []
         deadline = time.time() + 240
         while time.time() < deadline and not workers:
@@ -90,7 +93,7 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
                 answer = httpx.get(f"{api}/work_pools/{pool}", headers=signed_in, timeout=5)
                 if answer.status_code == 200:  # a worker of an earlier server on the same database stays OFFLINE
                     workers = [w for w in httpx.post(f"{api}/work_pools/{pool}/workers/filter", json={},
-                                                     headers=signed_in, timeout=5).json() if w["status"] == "ONLINE"]
+                                                     headers=changes, timeout=5).json() if w["status"] == "ONLINE"]
             except httpx.HTTPError:
                 pass
             if not workers:
@@ -98,10 +101,27 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
         assert workers, "no worker came online"
         assert answer.json()["type"] == "process"
         # Signed in or not: the API and the site.
-        assert httpx.post(f"{api}/flow_runs/filter", json={}, timeout=10).status_code == 401
-        assert httpx.post(f"{api}/flow_runs/filter", json={}, headers=basic("lab:wrong-password-123"),
-                          timeout=10).status_code == 401
-        assert httpx.post(f"{api}/flow_runs/filter", json={}, headers=signed_in, timeout=10).status_code == 200
+        assert httpx.get(f"{api}/work_pools/{pool}", timeout=10).status_code == 401
+        assert httpx.get(f"{api}/work_pools/{pool}", headers=basic("lab:wrong-password-123"),
+                         timeout=10).status_code == 401
+        wrong = {**changes, **basic("lab:wrong-password-123")}  # a change: 403 without the token, 401 with it
+        assert httpx.post(f"{api}/flow_runs/filter", json={}, headers=wrong, timeout=10).status_code == 401
+        assert httpx.post(f"{api}/flow_runs/filter", json={}, headers=changes, timeout=10).status_code == 200
+        # Signed in but from a page of another site (a browser holding a proxy's sign-in sends it anywhere): no
+        # change without the CSRF token, which only a page of the UI can read.
+        for forged in ({}, {"Prefect-Csrf-Client": changes["Prefect-Csrf-Client"], "Prefect-Csrf-Token": "forged"}):
+            assert httpx.post(f"{api}/flow_runs/filter", json={}, headers={**signed_in, **forged},
+                              timeout=10).status_code == 403
+        # Every spelling of an API address, every method: the sign-in (only the health probe is open).
+        for target in ("/api/admin/settings", "/api/admin/settings/", "/api//admin/settings", "/api/%61dmin/settings",
+                       "/api/health/../admin/settings", "/api/ready/../admin/settings", "/api/docs",
+                       "/api/openapi.json", "/api/csrf-token?client=x", "/api/static/", "/api/flows/filter",
+                       "/api/deployments/filter", "/api/variables/name/x/health"):
+            for method in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"):
+                status, body = request(port, target, {}, method, b"{}" if method != "GET" else None)
+                assert status in (401, 403) and password.encode() not in body, (method, target, status)
+        assert request(port, "/api/health")[0] == 200  # says nothing but "true"
+        assert password not in httpx.get(f"http://127.0.0.1:{port}/ui-settings", timeout=10).text
         site = f"http://127.0.0.1:{results_port}"
         assert httpx.get(f"{site}/", timeout=10).status_code == 401
         assert httpx.get(f"{site}/", headers=signed_in, timeout=10).status_code == 200
@@ -117,8 +137,9 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
             line = proc.stdout.readline()
             assert line, f"flagperf server ended: {said}"
             said += line
-        deployments = {d["name"]: d for d in httpx.post(f"{api}/deployments/filter", json={}, headers=signed_in,
+        deployments = {d["name"]: d for d in httpx.post(f"{api}/deployments/filter", json={}, headers=changes,
                                                          timeout=10).json()}
+        assert password not in repr(deployments)  # neither their parameters nor their environment carry it
         assert {"evaluate", "nightly", "host-round", "host-healthcheck"} <= set(deployments)
         for name in ("host-round", "host-healthcheck"):
             assert "internal" in deployments[name]["tags"] and deployments[name]["description"].startswith("Internal")
@@ -128,8 +149,10 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
         assert "deployments: evaluate, nightly (start these)" in said
         assert probe(results_port, planted, signed_in) == []
         # Its scheduler works on this database: a deployment with the nightly's schedule gets its runs.
-        assert_schedule_gets_runs(api, headers=signed_in)
+        assert_schedule_gets_runs(api, headers=changes)
         children = psutil.Process(proc.pid).children(recursive=True)
+        # The sign-in is in no command line (ps shows every user those); the processes' environment has it.
+        assert children and not [c.cmdline() for c in children if password in " ".join(c.cmdline())]
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=90)
