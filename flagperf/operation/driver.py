@@ -42,6 +42,7 @@ from flagperf.operation.operators import (
 from flagperf.operation.timer import (
     NEAR_FLOOR_SHARE,
     CacheFlush,
+    Timed,
     TimingOptions,
     graph_support,
     iteration_spread,
@@ -285,6 +286,10 @@ class PointRunner:
             self._record(point, name, status, ("does not fit in memory: " if _is_oom(exc) else "") + _first_line(exc),
                          **common)
             return
+        self.record_timed(point, name, timed, common)
+
+    def record_timed(self, point: PlannedPoint, name: str, timed: Timed, common: dict[str, Any]) -> None:
+        """A passed point from its timing: the figure at the median, its spread, roofline and clock floor."""
         metric_name = f"{point.op.name}:{point.dtype}:{shape_label(point.dims)}@{name}"
         median, p10, p90 = timed.median, timed.p10, timed.p90
         metric, _, unit = point_metric(metric_name, point, self.spec, timed.latencies, median, p10, p90,

@@ -280,6 +280,7 @@ def test_compare_gives_one_ratio_per_operator_and_implementation(full_run: tuple
     assert rotary.cells()[-1] == "DIFFERENT; 1 point failing only in B"
     softmax = by_key[("softmax @flaggems", "op-reduction")]  # fails in both runs: no change
     assert not softmax.flagged and softmax.metric.endswith("geomean over 8 of 12 points")
+    assert softmax.cells()[-1] == "within spread; 4 points failing in both"  # not in the geomean, said
     unchanged = [r for r in rows if r.per_operator and r not in (gelu, rotary)]
     assert unchanged and all(not r.flagged and r.ratio == pytest.approx(1.0) for r in unchanged)
     text = render_markdown(run_a, run_b, rows)
