@@ -311,8 +311,8 @@ class PointRunner:
                  unit, f", {share:.1%} of roofline" if share is not None else "")
         if timed.near_clock_floor:
             log.warning("%s %s %s @%s: the clock measures %.3g us for an empty interval, over %.0f%% of the median "
-                        "latency: the figure is mostly the timer's own cost (a larger shape would measure the "
-                        "operator)", point.op.name, point.dtype, shape_label(point.dims), name,
+                        "latency: the figure includes up to that much of the timer's own cost (a larger shape "
+                        "would measure the operator)", point.op.name, point.dtype, shape_label(point.dims), name,
                         timed.clock_floor * 1e6, 100 * NEAR_FLOOR_SHARE)
 
 
@@ -333,7 +333,8 @@ def run_operation(config: OperationConfig, vendor: str, spec: SpecTable, device:
                 "warm-up), each call timed alone; the figure is at the median latency, p10 and p90 over the "
                 "iterations; a point's spread (±) is (p90 - p10) / (2 x median) of its iterations; its clock "
                 f"floor is the median the clock measures for an empty interval, and a point whose floor is over "
-                f"{NEAR_FLOOR_SHARE:.0%} of its median latency is marked as mostly the timer's cost"),
+                f"{NEAR_FLOOR_SHARE:.0%} of its median latency is marked (its figure includes up to that much of the "
+                "timer's own cost)"),
         flush=runner.flush.description if runner.flush else "off (flush_cache: false)",
         graphs=graphs,
         counting={name: OPERATORS[name].formula() for name in config.operators},

@@ -21,7 +21,7 @@ from flagperf.results.metrics import percentile
 
 FALLBACK_CACHE_BYTES = 64 * 2**20  # when the device does not say how large its last-level cache is
 CLOCK_FLOOR_SAMPLES = 64  # empty intervals whose median is the clock's floor
-NEAR_FLOOR_SHARE = 0.1  # a median latency within 10x the floor is mostly the clock's own cost
+NEAR_FLOOR_SHARE = 0.1  # a floor over 10% of the median: the timer's own cost is a tenth of the figure or more
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class Timed:
 
     @property
     def near_clock_floor(self) -> bool:
-        """The clock's own floor is over NEAR_FLOOR_SHARE of the median: the figure is mostly the timer."""
+        """The clock's own floor is over NEAR_FLOOR_SHARE of the median: the timer's cost is in the figure."""
         return self.clock_floor > NEAR_FLOOR_SHARE * self.median
 
 

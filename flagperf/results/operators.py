@@ -322,7 +322,7 @@ def _spread_text(entry: dict[str, Any]) -> str:
         return "-"
     text = f"±{_pct(entry['iteration_spread'])} (max ±{_pct(entry['iteration_spread_max'])})"
     floor = entry.get("near_clock_floor")
-    return text + (f"; **{floor} at the clock's floor**" if floor else "")
+    return text + (f"; **{floor} near the clock's floor**" if floor else "")
 
 
 def operator_cells(entry: dict[str, Any]) -> list[str]:
@@ -392,8 +392,8 @@ CONVENTION = ("Each implementation's output is checked against the operator comp
               "it is timed: a wrong result is a FAILED point, never a figure. Latency is the median over the "
               "timed iterations (mean over rounds), after the warm-up calls the case states; ± beside it is the "
               "iterations' spread, (p90 - p10) / (2 x median) (mean over rounds; with several rounds the rounds' "
-              "coefficient of variation is given too); a latency marked 'at the clock's floor' is within 10x of "
-              "what the clock measures for an empty interval, so the figure is mostly the timer's own cost; "
+              "coefficient of variation is given too); a latency marked 'near the clock's floor' is within 10x of "
+              "what the clock measures for an empty interval, so up to that share of it is the timer's own cost; "
               "speed-up = native's latency / the implementation's; the "
               "figure is TFLOPS (1e12 FLOP/s) for compute-bound operators and GB/s (1e9 bytes/s; each input "
               "read once and each output written once, as the base specs' memory_copy_bandwidth counts a copy's "
@@ -418,7 +418,7 @@ def point_cell(point: PointFigures | None, base: dict[str, tuple[str, float]]) -
     parts = [f"{point.value:.4g} {point.bound_unit}", latency]
     if point.near_clock_floor:
         floor = max(point.clock_floors, default=0.0)
-        parts.append(f"**at the clock's floor** ({floor * 1e6:.3g} us)")
+        parts.append(f"**near the clock's floor** ({floor * 1e6:.3g} us, {_pct(floor / point.latency)} of it)")
     if point.rooflines:
         parts.append(f"{_estimate(point.roofline_estimated)}{_pct(_mean(point.rooflines))} roofline")
     measured = share_of_measured(point, base)

@@ -204,7 +204,7 @@ class OperatorPoint(_Model):
     clock_floor_s: float | None = Field(default=None, description="the median the clock measures for an empty "
                                         "interval (its resolution and the cost of marking), in the same round")
     near_clock_floor: bool = Field(default=False, description="the clock floor is over 10% of the median "
-                                   "latency: the figure is mostly the timer's own cost")
+                                   "latency: the figure includes up to that much of the timer's own cost")
     flops: float | None = Field(default=None, description="FLOPs of one call (compute-bound operators)")
     bytes: float | None = Field(default=None, description="bytes of one call: inputs read once, outputs written once")
     value: float | None = Field(default=None, description="TFLOPS or GB/s at the median latency")

@@ -118,9 +118,9 @@ def test_the_report_shows_each_points_spread_the_rounds_and_the_clock_floor(tmp_
     floor = tmp_path / "run-floor"
     write_run(floor, [{"native": latencies(5e-8, 0.95, 1.05)}])
     text = "\n".join(operation_markdown(floor))
-    assert text.count("**at the clock's floor** (0.01 us)") == 2
+    assert text.count("**near the clock's floor** (0.01 us, 20.0% of it)") == 2
     (entry,) = operator_summaries(collect_points(floor))
-    assert operator_cells(entry)[-1] == "±5.0% (max ±5.0%); **2 at the clock's floor**"
+    assert operator_cells(entry)[-1] == "±5.0% (max ±5.0%); **2 near the clock's floor**"
 
 
 def test_compare_flags_a_change_beyond_the_iterations_spread_and_not_one_within(tmp_path: Path) -> None:
