@@ -49,7 +49,8 @@ OPERATION_NOTE = ("Operation cases: one row per operator and implementation; A a
                   "the figure over the dtype x shape points both runs passed, so B/A is the geometric mean of the "
                   "points' ratios; its spread is the larger of the runs' median point spread, a point's spread "
                   "being the coefficient of variation across rounds where two or more rounds passed it, else its "
-                  "timed iterations' (p90 - p10) / (2 x median); a point that passed in one run and failed in the "
+                  "timed iterations' (p90 - p10) / (2 x median), which does not include the drift from one run to the "
+                  "next (run with several rounds to measure it); a point that passed in one run and failed in the "
                   "other is flagged.")
 
 

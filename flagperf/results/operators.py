@@ -427,6 +427,13 @@ def point_cell(point: PointFigures | None, base: dict[str, tuple[str, float]]) -
     return " · ".join(parts)
 
 
+def _within_noise(ratio: float, point: PointFigures | None, index: dict[tuple[str, ...], PointFigures]) -> str:
+    """' (within ±x%)' where a speed-up is inside the larger spread of its two points: no change to read."""
+    base = index.get((point.case, point.operator, point.dtype, point.shape, BASELINE)) if point else None
+    spreads = [s for p in (point, base) if p is not None and (s := p.spread) is not None]
+    return f" (within ±{_pct(max(spreads))})" if spreads and abs(ratio - 1) <= max(spreads) else ""
+
+
 def operator_section(case: str, operator: str, points: list[PointFigures], index: dict[tuple[str, ...], PointFigures],
                      base: dict[str, tuple[str, float]]) -> list[str]:
     """A table per operator: a row per dtype and shape, a column per implementation (and its speed-up), the
@@ -449,7 +456,7 @@ def operator_section(case: str, operator: str, points: list[PointFigures], index
             cells.append(point_cell(point, base))
             if impl != BASELINE:
                 ratio = speedup(point, index) if point is not None else None
-                cells.append("-" if ratio is None else f"{ratio:.3g}x")
+                cells.append("-" if ratio is None else f"{ratio:.3g}x" + _within_noise(ratio, point, index))
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     failed = [p for p in points if p.status == "failed"]

@@ -342,7 +342,8 @@ def test_the_report_says_how_each_case_was_timed_and_why_a_roofline_is_missing(t
     write_result(round_dir(run_dir, "op-elementwise", 1, "h") / "result.json", result)
     text = "\n".join(operation_markdown(run_dir))
     assert ("- **op-elementwise**: timing: host clock, warm-up 0.05 s; cache flush: a 64 MiB buffer; device "
-            "graphs: off; timed iterations per point: 10\n  - native: torch 2.9's own operators\n  - % of roofline not computed: no "
+            "graphs: off; timed iterations per point: 10\n  - native: torch 2.9's own operators\n  - % of roofline "
+            "not computed: no "
             "memory_bandwidth peak in the spec table of cpu (set it)") in text
     assert "GB/s (1e9 bytes/s" in text
 

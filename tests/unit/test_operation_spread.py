@@ -109,6 +109,10 @@ def test_the_report_shows_each_points_spread_the_rounds_and_the_clock_floor(tmp_
            "warm-up calls per point: 5\n" in text
     (entry,) = operator_summaries(collect_points(run_dir))
     assert operator_cells(entry)[-1] == "±3.5% (max ±5.0%)"  # the median and the largest over the points
+    # A speed-up inside the larger spread of its two points says so (2x above is far outside it).
+    close = tmp_path / "run-close"
+    write_run(close, [{"native": latencies(1.03e-3, 0.95, 1.05), "fast": latencies(1e-3, 0.98, 1.02)}])
+    assert "| 1.03x (within ±5.0%) |" in "\n".join(operation_markdown(close))
     # Two rounds: the rounds' coefficient of variation beside the iterations' spread.
     two = tmp_path / "run-two"
     write_run(two, [{"native": latencies(2e-3, 0.95, 1.05)}, {"native": latencies(2.02e-3, 0.95, 1.05)}])
