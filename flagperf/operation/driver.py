@@ -39,7 +39,15 @@ from flagperf.operation.operators import (
     reference_for,
     shape_label,
 )
-from flagperf.operation.timer import CacheFlush, TimingOptions, graph_support, time_call
+from flagperf.operation.timer import (
+    NEAR_FLOOR_SHARE,
+    CacheFlush,
+    Timed,
+    TimingOptions,
+    graph_support,
+    iteration_spread,
+    time_call,
+)
 from flagperf.results.metrics import coefficient_of_variation
 from flagperf.results.schema import Metric, OperationReport, OperatorPoint, Peak, SpecTable
 
@@ -141,7 +149,8 @@ def roofline_is_estimate(spec: SpecTable, dtype: str, flops: int | None) -> bool
 
 
 def point_metric(name: str, point: PlannedPoint, spec: SpecTable, latencies: list[float], median: float,
-                 p10: float, p90: float, window: tuple[float, float]) -> tuple[Metric, float, str]:
+                 p10: float, p90: float, window: tuple[float, float], warmup_calls: int | None = None
+                 ) -> tuple[Metric, float, str]:
     flops, nbytes = counted(point.op, point.dims, point.dtype)
     compute = point.op.bound == "compute"
     work, unit = (float(flops or 0), "TFLOPS") if compute else (float(nbytes), "GB/s")
@@ -154,8 +163,10 @@ def point_metric(name: str, point: PlannedPoint, spec: SpecTable, latencies: lis
         measured_seconds=sum(latencies), peak=peak, ratio=comparable_ratio(value, unit, peak),
         convention=f"{point.op.name}: {point.op.formula()}; {unit} = "
                    f"{'FLOPs / 1e12' if compute else 'bytes / 1e9'} / median latency in seconds",
-        note=f"latency median {median * 1e3:.4g} ms (p10 {p10 * 1e3:.4g}, p90 {p90 * 1e3:.4g}) over "
-             f"{len(latencies)} iterations; shape {shape_label(point.dims)} ({point.source})",
+        note=f"latency median {median * 1e3:.4g} ms (p10 {p10 * 1e3:.4g}, p90 {p90 * 1e3:.4g}; "
+             f"±{iteration_spread(median, p10, p90):.1%}) over {len(latencies)} iterations"
+             + (f" after {warmup_calls} warm-up calls" if warmup_calls is not None else "")
+             + f"; shape {shape_label(point.dims)} ({point.source})",
         window=list(window), work=work * len(latencies) / scale)
     return metric, work, unit
 
@@ -275,21 +286,34 @@ class PointRunner:
             self._record(point, name, status, ("does not fit in memory: " if _is_oom(exc) else "") + _first_line(exc),
                          **common)
             return
+        self.record_timed(point, name, timed, common)
+
+    def record_timed(self, point: PlannedPoint, name: str, timed: Timed, common: dict[str, Any]) -> None:
+        """A passed point from its timing: the figure at the median, its spread, roofline and clock floor."""
         metric_name = f"{point.op.name}:{point.dtype}:{shape_label(point.dims)}@{name}"
         median, p10, p90 = timed.median, timed.p10, timed.p90
         metric, _, unit = point_metric(metric_name, point, self.spec, timed.latencies, median, p10, p90,
-                                       timed.window)
+                                       timed.window, timed.warmup_calls)
         flops, nbytes = counted(point.op, point.dims, point.dtype)
         share, basis = roofline(self.spec, point.op, point.dtype, flops, nbytes, median)
         self.metrics.append(metric)
         self.measured += metric.measured_seconds
         self._record(point, name, "passed", metric=metric_name, latency_s=median, latency_p10_s=p10,
-                     latency_p90_s=p90, iterations=len(timed.latencies), flops=flops, bytes=nbytes,
+                     latency_p90_s=p90, latency_spread=timed.spread, iterations=len(timed.latencies),
+                     warmup_calls=timed.warmup_calls, clock_floor_s=timed.clock_floor,
+                     near_clock_floor=timed.near_clock_floor, flops=flops, bytes=nbytes,
                      value=metric.value, unit=unit, roofline=share, roofline_basis=basis,
                      roofline_estimated=share is not None and roofline_is_estimate(self.spec, point.dtype, flops),
                      **common)
-        log.info("%s %s %s @%s: %.4g ms, %.4g %s%s", point.op.name, point.dtype, shape_label(point.dims), name,
-                 median * 1e3, metric.value, unit, f", {share:.1%} of roofline" if share is not None else "")
+        log.info("%s %s %s @%s: %.4g ms ±%.1f%% (p10 %.4g, p90 %.4g; %d iterations after %d warm-up calls), "
+                 "%.4g %s%s", point.op.name, point.dtype, shape_label(point.dims), name, median * 1e3,
+                 100 * timed.spread, p10 * 1e3, p90 * 1e3, len(timed.latencies), timed.warmup_calls, metric.value,
+                 unit, f", {share:.1%} of roofline" if share is not None else "")
+        if timed.near_clock_floor:
+            log.warning("%s %s %s @%s: the clock measures %.3g us for an empty interval, over %.0f%% of the median "
+                        "latency: the figure includes up to that much of the timer's own cost (a larger shape "
+                        "would measure the operator)", point.op.name, point.dtype, shape_label(point.dims), name,
+                        timed.clock_floor * 1e6, 100 * NEAR_FLOOR_SHARE)
 
 
 def run_operation(config: OperationConfig, vendor: str, spec: SpecTable, device: torch.device) -> OperationOutcome:
@@ -307,7 +331,10 @@ def run_operation(config: OperationConfig, vendor: str, spec: SpecTable, device:
                 f"{', after a cache flush' if config.flush_cache else ''}), then rep_s {config.rep_s:g} s worth "
                 f"of iterations ({config.min_iters} to {config.max_iters}; one iteration as estimated in the "
                 "warm-up), each call timed alone; the figure is at the median latency, p10 and p90 over the "
-                "iterations"),
+                "iterations; a point's spread (±) is (p90 - p10) / (2 x median) of its iterations; its clock "
+                f"floor is the median the clock measures for an empty interval, and a point whose floor is over "
+                f"{NEAR_FLOOR_SHARE:.0%} of its median latency is marked (its figure includes up to that much of the "
+                "timer's own cost)"),
         flush=runner.flush.description if runner.flush else "off (flush_cache: false)",
         graphs=graphs,
         counting={name: OPERATORS[name].formula() for name in config.operators},

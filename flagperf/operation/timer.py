@@ -1,7 +1,9 @@
 """Timing one operator call the way operator benchmarks do (Triton's do_bench, TritonBench): warm-up by time,
 then each iteration timed on its own with the device's clock (flagperf.measure.device: events on an
 accelerator, the host clock on the CPU), the cache emptied before each (option), the call replayed from a
-device graph (option, where the device has graphs); median and p10/p90 over the iterations."""
+device graph (option, where the device has graphs); median and p10/p90 over the iterations, their spread
+(p90 - p10) / (2 x median), and the clock's floor: what it measures for an empty interval, beside which a call
+too short to time shows."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from flagperf.measure.device import device_clock, device_module, synchronize
 from flagperf.results.metrics import percentile
 
 FALLBACK_CACHE_BYTES = 64 * 2**20  # when the device does not say how large its last-level cache is
+CLOCK_FLOOR_SAMPLES = 64  # empty intervals whose median is the clock's floor
+NEAR_FLOOR_SHARE = 0.1  # a floor over 10% of the median: the timer's own cost is a tenth of the figure or more
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,8 @@ class Timed:
     latencies: list[float]
     window: tuple[float, float]  # epoch seconds of the timed iterations
     graphs: bool
+    warmup_calls: int = 0
+    clock_floor: float = 0.0  # the median the clock measures between two marks with nothing between them
 
     @property
     def median(self) -> float:
@@ -47,6 +53,30 @@ class Timed:
     @property
     def p90(self) -> float:
         return percentile(self.latencies, 90)
+
+    @property
+    def spread(self) -> float:
+        """(p90 - p10) / (2 x median): the +- noise of one timed iteration around the median, which a few
+        outliers (a preempted iteration) do not inflate as they do a standard deviation."""
+        return iteration_spread(self.median, self.p10, self.p90)
+
+    @property
+    def near_clock_floor(self) -> bool:
+        """The clock's own floor is over NEAR_FLOOR_SHARE of the median: the timer's cost is in the figure."""
+        return self.clock_floor > NEAR_FLOOR_SHARE * self.median
+
+
+def iteration_spread(median: float, p10: float, p90: float) -> float:
+    return (p90 - p10) / (2 * median)
+
+
+def clock_floor(clock: Any, device: torch.device) -> float:
+    """The median time ``clock`` measures for nothing between its two marks (its resolution and the cost of
+    marking): a call that takes about as long cannot be told from the timer."""
+    synchronize(device)
+    marks = [(clock.mark(), clock.mark()) for _ in range(CLOCK_FLOOR_SAMPLES)]
+    synchronize(device)
+    return max(0.0, percentile([clock.seconds(begin, end) for begin, end in marks], 50))
 
 
 def last_level_cache_bytes(device: torch.device) -> tuple[int | None, str]:
@@ -144,4 +174,5 @@ def time_call(call: Callable[[], Any], device: torch.device, options: TimingOpti
     latencies = [clock.seconds(begin, end) for begin, end in marks]
     if any(t <= 0 for t in latencies):
         raise RuntimeError(f"{clock.name} measured a non-positive time for a call: too coarse for this operator")
-    return Timed(latencies=latencies, window=(epoch_start, epoch_end), graphs=graphs)
+    return Timed(latencies=latencies, window=(epoch_start, epoch_end), graphs=graphs, warmup_calls=calls,
+                 clock_floor=clock_floor(clock, device))

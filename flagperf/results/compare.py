@@ -47,8 +47,11 @@ SPREAD_NOTE = ("A difference is flagged when |B/A - 1| exceeds the larger spread
                "rounds, or across timed chunks for single-round runs) of the two runs.")
 OPERATION_NOTE = ("Operation cases: one row per operator and implementation; A and B are the geometric means of "
                   "the figure over the dtype x shape points both runs passed, so B/A is the geometric mean of the "
-                  "points' ratios; its spread is the larger of the runs' median point spread; a point that passed "
-                  "in one run and failed in the other is flagged.")
+                  "points' ratios; its spread is the larger of the runs' median point spread, a point's spread "
+                  "being the coefficient of variation across rounds where two or more rounds passed it, else its "
+                  "timed iterations' (p90 - p10) / (2 x median), which does not include the drift from one run to the "
+                  "next (run with several rounds to measure it); a point that passed in one run and failed in the "
+                  "other is flagged.")
 
 
 def compare(a: RunSummary, b: RunSummary) -> list[Comparison]:
@@ -80,9 +83,13 @@ def _operator_points(points: list[PointFigures]) -> dict[tuple[str, str, str], d
     return grouped
 
 
-def _median_spread(points: list[PointFigures]) -> float | None:
-    spreads = [s for p in points if (s := p.spread) is not None]
-    return statistics.median(spreads) if spreads else None
+def _median_spread(points: list[PointFigures]) -> tuple[float, str] | None:
+    """The median of the points' spreads, and what it is over (rounds, iterations, or both among the points)."""
+    spreads = [(s, p.spread_basis) for p in points if (s := p.spread) is not None]
+    if not spreads:
+        return None
+    bases = ", ".join(dict.fromkeys(str(basis) for _, basis in spreads))
+    return statistics.median(s for s, _ in spreads), f"{bases}; median over points"
 
 
 def compare_operations(a: list[PointFigures], b: list[PointFigures]) -> list[Comparison]:
@@ -103,6 +110,9 @@ def compare_operations(a: list[PointFigures], b: list[PointFigures]) -> list[Com
                  for n, run in ((fail_in_b, "B"), (fail_in_a, "A")) if n]
         notes += [f"{n} point{'s' if n > 1 else ''} only in {run}"
                   for n, run in ((len(pa) - len(both), "A"), (len(pb) - len(both), "B")) if n and pa and pb]
+        failing_in_both = sum(pa[k].status == "failed" and pb[k].status == "failed" for k in both)
+        if failing_in_both:  # not in the geomean: said, so that the ratio is not read as over every point
+            notes.append(f"{failing_in_both} point{'s' if failing_in_both > 1 else ''} failing in both")
         metric = f"{operator} @{impl}: geomean over {len(shared)} of {len(set(pa) | set(pb))} points"
         if not pa or not pb or not shared:
             if pa and pb:
@@ -115,14 +125,14 @@ def compare_operations(a: list[PointFigures], b: list[PointFigures]) -> list[Com
         ratio = vb / va if va and vb is not None else None
         spreads = [s for s in (_median_spread([pa[k] for k in shared]), _median_spread([pb[k] for k in shared]))
                    if s is not None]
-        spread = max(spreads) if spreads else None
+        spread, over = max(spreads, key=lambda s: s[0]) if spreads else (None, None)
         if ratio is None:
             differs = False
         elif spread is None:
             differs = not math.isclose(ratio, 1.0)
         else:
             differs = abs(ratio - 1) > spread
-        out.append(Comparison(case, metric, unit, va, vb, ratio, spread, "median over points" if spreads else None,
+        out.append(Comparison(case, metric, unit, va, vb, ratio, spread, over,
                               differs or bool(fail_in_a or fail_in_b), "; ".join(notes) or None, per_operator=True))
     return out
 

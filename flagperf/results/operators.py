@@ -50,7 +50,11 @@ class PointFigures:
     roofline_estimated: bool = False  # against a peak that is a lower bound: the share is an upper estimate
     statuses: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-    cvs: list[float] = field(default_factory=list)  # each passed round's spread over its timed iterations
+    cvs: list[float] = field(default_factory=list)  # each passed round's metric cv over its timed iterations
+    iteration_spreads: list[float] = field(default_factory=list)  # each passed round's (p90 - p10) / (2 x median)
+    warmup_calls: list[int] = field(default_factory=list)
+    clock_floors: list[float] = field(default_factory=list)
+    near_clock_floor: bool = False  # some round's clock floor was over 10% of its median latency
     max_abs_error: float | None = None
     reference: str | None = None
     formula: str | None = None  # the operator's FLOP and byte counting, as the round stated it
@@ -71,12 +75,33 @@ class PointFigures:
         return statistics.fmean(self.values) if self.values and self.status == "passed" else None
 
     @property
+    def iteration_spread(self) -> float | None:
+        """(p90 - p10) / (2 x median) of the timed iterations (the mean over the rounds that passed)."""
+        return _mean(self.iteration_spreads) if self.value is not None else None
+
+    @property
+    def rounds_spread(self) -> float | None:
+        """Coefficient of variation of the figure across the rounds that passed (None with fewer than two)."""
+        return coefficient_of_variation(self.values) if self.value is not None else None
+
+    @property
     def spread(self) -> float | None:
-        """Coefficient of variation of the figure across rounds, or across the timed iterations of one round."""
+        """The figure's noise: across rounds where two or more passed, else across the timed iterations (their
+        p10-p90 spread; the metric's cv for a record without percentiles)."""
         if self.value is None:
             return None
-        across_rounds = coefficient_of_variation(self.values)
-        return across_rounds if across_rounds is not None else _mean(self.cvs)
+        for found in (self.rounds_spread, self.iteration_spread, _mean(self.cvs)):
+            if found is not None:
+                return found
+        return None
+
+    @property
+    def spread_basis(self) -> str | None:
+        if self.spread is None:
+            return None
+        if self.rounds_spread is not None:
+            return "rounds"
+        return "iterations p10-p90" if self.iteration_spreads else "iterations cv"
 
 
 def _mean(values: list[float]) -> float | None:
@@ -107,7 +132,8 @@ def method_lines(results: Iterable[RoundResult]) -> list[str]:
         if result.family != FAMILY or result.operation is None:
             continue
         op = result.operation
-        found = cases.setdefault(result.case, {"timing": {}, "flush": {}, "graphs": {}, "impls": {}, "roofline": {}})
+        found = cases.setdefault(result.case, {"timing": {}, "flush": {}, "graphs": {}, "impls": {}, "roofline": {},
+                                               "iterations": {}, "warmup": {}})
         found["timing"][op.timing] = None
         found["flush"][op.flush] = None
         found["graphs"][op.graphs] = None
@@ -116,13 +142,26 @@ def method_lines(results: Iterable[RoundResult]) -> list[str]:
         for point in op.points:
             if point.status == "passed" and point.roofline is None and point.roofline_basis:
                 found["roofline"][point.roofline_basis] = None
+            if point.status == "passed":
+                found["iterations"][point.iterations] = None
+                if point.warmup_calls:
+                    found["warmup"][point.warmup_calls] = None
     lines = []
     for case, found in cases.items():
+        counts = "".join(f"; {what} per point: {_count_range(list(found[key]))}"
+                         for key, what in (("iterations", "timed iterations"), ("warmup", "warm-up calls"))
+                         if found[key])
         lines.append(f"- **{md_text(case)}**: timing: {md_text('; '.join(found['timing']))}; cache flush: "
-                     f"{md_text('; '.join(found['flush']))}; device graphs: {md_text('; '.join(found['graphs']))}")
+                     f"{md_text('; '.join(found['flush']))}; device graphs: {md_text('; '.join(found['graphs']))}"
+                     f"{counts}")
         lines += [f"  - {md_text(impl)}" for impl in found["impls"]]
         lines += [f"  - % of roofline not computed: {md_text(why)}" for why in found["roofline"]]
     return [*lines, ""] if lines else []
+
+
+def _count_range(counts: list[int]) -> str:
+    low, high = min(counts), max(counts)
+    return str(low) if low == high else f"{low} to {high}"
 
 
 def points_of(results: Iterable[RoundResult]) -> list[PointFigures]:
@@ -150,6 +189,16 @@ def points_of(results: Iterable[RoundResult]) -> list[PointFigures]:
                     entry.ratios.append(float(ratios[p.metric]))  # type: ignore[arg-type]
                 if p.metric and cvs.get(p.metric) is not None:
                     entry.cvs.append(float(cvs[p.metric]))  # type: ignore[arg-type]
+                spread = p.latency_spread
+                if spread is None and p.latency_p10_s is not None and p.latency_p90_s is not None and p.latency_s > 0:
+                    spread = (p.latency_p90_s - p.latency_p10_s) / (2 * p.latency_s)  # a record from before the field
+                if spread is not None:
+                    entry.iteration_spreads.append(spread)
+                if p.warmup_calls:
+                    entry.warmup_calls.append(p.warmup_calls)
+                if p.clock_floor_s is not None:
+                    entry.clock_floors.append(p.clock_floor_s)
+                entry.near_clock_floor = entry.near_clock_floor or p.near_clock_floor
                 if p.roofline is not None:
                     entry.rooflines.append(p.roofline)
                     entry.roofline_estimated = entry.roofline_estimated or p.roofline_estimated
@@ -230,8 +279,13 @@ def operator_summaries(collected: list[PointFigures]) -> list[dict[str, Any]]:
         for impl in impls:
             if impl == BASELINE:
                 continue
-            found = [s for p in points if p.implementation == impl and (s := speedup(p, index)) is not None]
-            speedups[impl] = {"geomean": geomean(found), "points": len(found)}
+            own = [p for p in points if p.implementation == impl]
+            found = [s for p in own if (s := speedup(p, index)) is not None]
+            # The points a geomean leaves out are said beside it: a failed point is no speed-up, never a 1x.
+            speedups[impl] = {"geomean": geomean(found), "points": len(found),
+                              "of": sum(p.status != "skipped" for p in own),
+                              "failed": sum(p.status == "failed" for p in own)}
+        spreads = [s for p in points if (s := p.iteration_spread) is not None]
         best = max((p for p in points if p.rooflines and p.status == "passed"),
                    key=lambda p: _mean(p.rooflines) or 0.0, default=None)
         entries.append({
@@ -243,12 +297,32 @@ def operator_summaries(collected: list[PointFigures]) -> list[dict[str, Any]]:
             "skipped": sum(p.status == "skipped" for p in points), "speedups": speedups,
             "best_roofline": _mean(best.rooflines) if best else None,
             "best_roofline_at": f"{best.implementation} {best.dtype} {best.shape}" if best else None,
-            "best_roofline_estimated": bool(best and best.roofline_estimated)})
+            "best_roofline_estimated": bool(best and best.roofline_estimated),
+            "iteration_spread": statistics.median(spreads) if spreads else None,
+            "iteration_spread_max": max(spreads) if spreads else None,
+            "near_clock_floor": sum(p.near_clock_floor for p in points if p.status == "passed")})
     return entries
 
 
 OPERATOR_HEADER = ["case", "operator", "unit", "implementations", "dtype x shape", "correct",
-                   "geomean speed-up vs native", "best % of roofline"]
+                   "geomean speed-up vs native (points in it of those run)", "best % of roofline",
+                   "± per iteration (median, max over points)"]
+
+
+def _speedup_text(impl: str, found: dict[str, Any]) -> str:
+    text = f"{md_text(impl)} " + ("-" if found["geomean"] is None else f"{found['geomean']:.3g}x")
+    if "of" not in found:  # a summary.json written before the counts
+        return text + f" ({found['points']})"
+    text += f" ({found['points']} of {found['of']}"
+    return text + (f"; **{found['failed']} FAILED**)" if found.get("failed") else ")")
+
+
+def _spread_text(entry: dict[str, Any]) -> str:
+    if entry.get("iteration_spread") is None:
+        return "-"
+    text = f"±{_pct(entry['iteration_spread'])} (max ±{_pct(entry['iteration_spread_max'])})"
+    floor = entry.get("near_clock_floor")
+    return text + (f"; **{floor} near the clock's floor**" if floor else "")
 
 
 def operator_cells(entry: dict[str, Any]) -> list[str]:
@@ -256,14 +330,13 @@ def operator_cells(entry: dict[str, Any]) -> list[str]:
     ran = entry["passed"] + entry["failed"]
     correct = f"{entry['passed']} of {ran}" + (f"; **{entry['failed']} FAILED**" if entry["failed"] else "") \
         + (f"; {entry['skipped']} skipped" if entry["skipped"] else "")
-    speedups = ", ".join(f"{md_text(impl)} " + ("-" if s["geomean"] is None else f"{s['geomean']:.3g}x")
-                         + f" ({s['points']})" for impl, s in entry["speedups"].items()) or "-"
+    speedups = ", ".join(_speedup_text(impl, s) for impl, s in entry["speedups"].items()) or "-"
     best = "-" if entry["best_roofline"] is None else \
         f"{_estimate(entry.get('best_roofline_estimated'))}{_pct(entry['best_roofline'])} " \
         f"({md_text(entry['best_roofline_at'])})"
     return [md_text(entry["case"]), md_text(entry["operator"]), entry["unit"] or "-",
             md_text(", ".join(entry["implementations"])), f"{entry['shapes']} ({', '.join(entry['dtypes'])})",
-            correct, speedups, best]
+            correct, speedups, best, _spread_text(entry)]
 
 
 def operator_table(entries: list[dict[str, Any]]) -> list[str]:
@@ -317,7 +390,11 @@ def _estimate(estimated: bool | None) -> str:
 
 CONVENTION = ("Each implementation's output is checked against the operator computed in higher precision before "
               "it is timed: a wrong result is a FAILED point, never a figure. Latency is the median over the "
-              "timed iterations (mean over rounds); speed-up = native's latency / the implementation's; the "
+              "timed iterations (mean over rounds), after the warm-up calls the case states; ± beside it is the "
+              "iterations' spread, (p90 - p10) / (2 x median) (mean over rounds; with several rounds the rounds' "
+              "coefficient of variation is given too); a latency marked 'near the clock's floor' is within 10x of "
+              "what the clock measures for an empty interval, so up to that share of it is the timer's own cost; "
+              "speed-up = native's latency / the implementation's; the "
               "figure is TFLOPS (1e12 FLOP/s) for compute-bound operators and GB/s (1e9 bytes/s; each input "
               "read once and each output written once, as the base specs' memory_copy_bandwidth counts a copy's "
               "read and write) for memory-bound ones, counted as each operator's table states; % of roofline = "
@@ -333,13 +410,28 @@ def point_cell(point: PointFigures | None, base: dict[str, tuple[str, float]]) -
         return "**FAILED**"
     if point.status == "skipped" or point.value is None or point.latency is None:
         return "skipped"
-    parts = [f"{point.value:.4g} {point.bound_unit}", f"{point.latency * 1e3:.4g} ms"]
+    latency = f"{point.latency * 1e3:.4g} ms"
+    if point.iteration_spread is not None:
+        latency += f" ±{_pct(point.iteration_spread)}"
+    if point.rounds_spread is not None:
+        latency += f" (rounds ±{_pct(point.rounds_spread)})"
+    parts = [f"{point.value:.4g} {point.bound_unit}", latency]
+    if point.near_clock_floor:
+        floor = max(point.clock_floors, default=0.0)
+        parts.append(f"**near the clock's floor** ({floor * 1e6:.3g} us, {_pct(floor / point.latency)} of it)")
     if point.rooflines:
         parts.append(f"{_estimate(point.roofline_estimated)}{_pct(_mean(point.rooflines))} roofline")
     measured = share_of_measured(point, base)
     if measured is not None:
         parts.append(f"{_pct(measured[0])} of measured")
     return " · ".join(parts)
+
+
+def _within_noise(ratio: float, point: PointFigures | None, index: dict[tuple[str, ...], PointFigures]) -> str:
+    """' (within ±x%)' where a speed-up is inside the larger spread of its two points: no change to read."""
+    base = index.get((point.case, point.operator, point.dtype, point.shape, BASELINE)) if point else None
+    spreads = [s for p in (point, base) if p is not None and (s := p.spread) is not None]
+    return f" (within ±{_pct(max(spreads))})" if spreads and abs(ratio - 1) <= max(spreads) else ""
 
 
 def operator_section(case: str, operator: str, points: list[PointFigures], index: dict[tuple[str, ...], PointFigures],
@@ -364,7 +456,7 @@ def operator_section(case: str, operator: str, points: list[PointFigures], index
             cells.append(point_cell(point, base))
             if impl != BASELINE:
                 ratio = speedup(point, index) if point is not None else None
-                cells.append("-" if ratio is None else f"{ratio:.3g}x")
+                cells.append("-" if ratio is None else f"{ratio:.3g}x" + _within_noise(ratio, point, index))
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     failed = [p for p in points if p.status == "failed"]

@@ -197,7 +197,14 @@ class OperatorPoint(_Model):
     latency_s: float | None = Field(default=None, description="median over the timed iterations")
     latency_p10_s: float | None = None
     latency_p90_s: float | None = None
+    latency_spread: float | None = Field(default=None, description="(p90 - p10) / (2 x median) of the per-iteration "
+                                         "latencies: the +- noise of one timed iteration around the median")
     iterations: int = 0
+    warmup_calls: int = Field(default=0, description="untimed calls before the timed iterations (warm-up by time)")
+    clock_floor_s: float | None = Field(default=None, description="the median the clock measures for an empty "
+                                        "interval (its resolution and the cost of marking), in the same round")
+    near_clock_floor: bool = Field(default=False, description="the clock floor is over 10% of the median "
+                                   "latency: the figure includes up to that much of the timer's own cost")
     flops: float | None = Field(default=None, description="FLOPs of one call (compute-bound operators)")
     bytes: float | None = Field(default=None, description="bytes of one call: inputs read once, outputs written once")
     value: float | None = Field(default=None, description="TFLOPS or GB/s at the median latency")

@@ -38,7 +38,7 @@ def test_an_operation_case_runs_through_the_evaluation(flagperf_env: Path, monke
     report = (run_dir / "report.md").read_text(encoding="utf-8")
     # The headline: a row per operator; every point in its operator's table, the failed ones FAILED.
     assert "| op-norm | rms_norm | GB/s | native, planted-wrong | 2 (fp32, bf16) | 2 of 4; **2 FAILED** | " \
-           "planted-wrong - (0) |" in report
+           "planted-wrong - (0 of 2; **2 FAILED**) |" in report
     section = report[report.index("### op-norm / rms_norm (GB/s)"):]
     assert "## Operators (operation)" in report and "| bf16 | R16xC128 (" in section
     assert "| native | planted-wrong | planted-wrong vs native |" in section and "| **FAILED** | - |" in section

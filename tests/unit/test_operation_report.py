@@ -171,9 +171,13 @@ def test_the_headline_has_one_row_per_operator(full_run: tuple[Path, dict[str, i
     # mm: fp32, fp16, bf16 (fp8 skipped) x 4 shapes; compile failed its first fp32 point.
     assert mm[4] == "16 (fp32, fp16, bf16, fp8)"
     assert mm[5] == "35 of 36; **1 FAILED**; 12 skipped"
-    assert mm[6] == "compile 2x (11), flaggems 1.25x (12)"
+    # A geomean says how many of the implementation's points it is over, and its failed ones (never a 1x).
+    assert mm[6] == "compile 2x (11 of 12; **1 FAILED**), flaggems 1.25x (12 of 12)"
     softmax = by_name["softmax"]
-    assert softmax[5] == "32 of 36; **4 FAILED**" and softmax[6] == "compile 2x (12), flaggems 1.25x (8)"
+    assert softmax[5] == "32 of 36; **4 FAILED**"
+    assert softmax[6] == "compile 2x (12 of 12), flaggems 1.25x (8 of 12; **4 FAILED**)"
+    # Every point's iterations at 0.99, 1 and 1.01 of its median: ±1% (the p10-p90 spread) everywhere.
+    assert mm[8] == "±1.0% (max ±1.0%)"
     gelu = by_name["gelu"]
     assert gelu[5] == "36 of 36" and gelu[2] == "GB/s" and re.fullmatch(r"\d+\.\d% \(compile \w+ .+\)", gelu[7])
     summary_rows = sum(int(row[5].split(" of ")[0]) for row in operators)
@@ -276,6 +280,7 @@ def test_compare_gives_one_ratio_per_operator_and_implementation(full_run: tuple
     assert rotary.cells()[-1] == "DIFFERENT; 1 point failing only in B"
     softmax = by_key[("softmax @flaggems", "op-reduction")]  # fails in both runs: no change
     assert not softmax.flagged and softmax.metric.endswith("geomean over 8 of 12 points")
+    assert softmax.cells()[-1] == "within spread; 4 points failing in both"  # not in the geomean, said
     unchanged = [r for r in rows if r.per_operator and r not in (gelu, rotary)]
     assert unchanged and all(not r.flagged and r.ratio == pytest.approx(1.0) for r in unchanged)
     text = render_markdown(run_a, run_b, rows)
@@ -288,4 +293,6 @@ def test_the_cli_prints_a_row_per_operator(full_run: tuple[Path, dict[str, int]]
     assert shown.exit_code == 0, shown.output
     assert "@native" not in shown.output and "gemm_fp32" in shown.output
     rows = [line for line in shown.output.splitlines() if re.match(r"^│ op-", line)]
-    assert len(rows) == len(OPERATORS) and shown.output.count("FAILED") == 2 and "**" not in shown.output
+    # mm and softmax: FAILED in their correct column and beside the implementation's geomean
+    assert len(rows) == len(OPERATORS) and shown.output.count("FAILED") == 4 and "**" not in shown.output
+    assert "±1.0% (max" in shown.output  # the iterations' spread is on the console too (rich wraps the cell)
