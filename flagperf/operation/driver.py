@@ -156,7 +156,7 @@ def point_metric(name: str, point: PlannedPoint, spec: SpecTable, latencies: lis
                    f"{'FLOPs / 1e12' if compute else 'bytes / 1e9'} / median latency in seconds",
         note=f"latency median {median * 1e3:.4g} ms (p10 {p10 * 1e3:.4g}, p90 {p90 * 1e3:.4g}) over "
              f"{len(latencies)} iterations; shape {shape_label(point.dims)} ({point.source})",
-        window=list(window), work=work * len(latencies) / scale)
+        window=list(window), work=work * len(latencies) / scale, statistic="rate@median")
     return metric, work, unit
 
 

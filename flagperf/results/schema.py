@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flagperf.results.bounded import read_bounded
+from flagperf.results.metrics import STATISTICS
 
 SCHEMA_VERSION = 1
 RESULT_FILE = "result.json"
@@ -106,6 +107,9 @@ class Metric(_Model):
     peak: Peak | None = None
     ratio: float | None = Field(default=None, description="value / peak.value, when the peak is known")
     convention: str | None = Field(default=None, description="how work or bytes are counted")
+    statistic: str | None = Field(default=None, description="how value is formed from what was timed, one of "
+                                  "flagperf.results.metrics.STATISTICS (rate, rate@median, mean, single, loadgen; "
+                                  "docs/results.md, Conventions); None in records written before it was stated")
     note: str | None = None
     window: list[float] | None = Field(default=None, description="[start, end] epoch seconds of the timed region")
     mfu: float | None = Field(default=None, description="model FLOP/s (flops per item x items/s) / peak FLOP/s "
@@ -119,6 +123,12 @@ class Metric(_Model):
     search: ShapeSearch | None = Field(default=None, description="max-achievable figures: the shape search")
     device: int | None = Field(default=None, description="the host's device this figure is of, where the round "
                                                          "measured every device (None: the round's one device)")
+
+    @model_validator(mode="after")
+    def _known_statistic(self) -> Metric:
+        if self.statistic is not None and self.statistic not in STATISTICS:
+            raise ValueError(f"statistic {self.statistic!r} is none of {', '.join(STATISTICS)}")
+        return self
 
 
 class Failure(_Model):
