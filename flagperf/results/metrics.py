@@ -164,7 +164,10 @@ class TransformerFlops:
 
     @property
     def convention(self) -> str:
-        return TRANSFORMER_FLOPS_CONVENTION + ("" if self.layers and self.hidden else NO_ATTENTION_NOTE)
+        """The rule and the counts it was applied to, so the FLOPs rebuild by hand from the result alone."""
+        counts = f"; here N = {self.matmul_parameters}" + (f", layers = {self.layers}, hidden = {self.hidden}"
+                                                             if self.layers and self.hidden else "")
+        return TRANSFORMER_FLOPS_CONVENTION + ("" if self.layers and self.hidden else NO_ATTENTION_NOTE) + counts
 
     def _attention(self, context: float) -> float:
         return 4.0 * self.layers * self.hidden * context if self.layers and self.hidden else 0.0

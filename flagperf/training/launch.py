@@ -225,6 +225,7 @@ def training_result(out_dir: Path, first_rank: int) -> tuple[list[Metric], Conve
     metrics = [
         Metric(name="training_throughput", value=finished["training_throughput"] or 0.0,
                unit=finished["throughput_unit"], measured_seconds=finished["raw_train_time"],
+               work=(finished.get("extra") or {}).get("timed_samples"),
                convention="samples of all processes / time in training steps (evaluation excluded)",
                statistic="rate"),
         Metric(name="e2e_time", value=finished["e2e_time"], unit="s", statistic="single"),
@@ -243,6 +244,7 @@ def training_result(out_dir: Path, first_rank: int) -> tuple[list[Metric], Conve
     if extra.get("samples_per_s_per_device") is not None:
         metrics.append(Metric(name="samples_per_s_per_device", value=extra["samples_per_s_per_device"],
                               unit=finished["throughput_unit"], measured_seconds=finished["raw_train_time"],
+                              work=extra["timed_samples"] / world if extra.get("timed_samples") else None,
                               convention=f"training_throughput / {world} processes", statistic="rate"))
     synthetic = " (synthetic data)" if extra.get("synthetic_data") else ""
     flops = extra.get("flops_convention")
@@ -251,12 +253,14 @@ def training_result(out_dir: Path, first_rank: int) -> tuple[list[Metric], Conve
     if extra.get("tokens_per_s") is not None:
         metrics.append(Metric(name="tokens_per_s", value=extra["tokens_per_s"], unit="tokens/s",
                               measured_seconds=finished["raw_train_time"], mfu=extra.get("mfu"),
+                              work=extra.get("timed_tokens"),
                               mfu_peak_key=extra.get("precision"), mfu_peak=mfu_peak,
                               convention=f"MFU = FLOPs per token x tokens/s per device / one device's peak; "
                                          f"FLOPs: {flops}; {extra.get('parameters')} parameters{synthetic}",
                               statistic="rate"))
         metrics.append(Metric(name="tokens_per_s_per_device", value=extra["tokens_per_s_per_device"],
                               unit="tokens/s", measured_seconds=finished["raw_train_time"],
+                              work=extra["timed_tokens"] / world if extra.get("timed_tokens") else None,
                               convention=f"tokens_per_s / {world} processes", statistic="rate"))
     elif extra.get("mfu") is not None:  # a model that declared FLOPs per sample (convolutional ones)
         metrics[0] = metrics[0].model_copy(update={
