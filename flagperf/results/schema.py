@@ -92,7 +92,8 @@ class ShapeSearch(_Model):
 
 class Metric(_Model):
     name: str
-    value: float = Field(description="headline: total work / total measured time")
+    value: float = Field(description="the headline, formed as `statistic` says (a rate: total work / total "
+                         "measured time; a latency: the mean)")
     unit: str
     p50: float | None = None
     p10: float | None = None
@@ -117,7 +118,8 @@ class Metric(_Model):
     mfu_peak_key: str | None = Field(default=None, description="spec-table key of the peak MFU is taken against")
     mfu_peak: Peak | None = Field(default=None, description="that peak: value, unit and source (the report shows "
                                                             "it beside the MFU)")
-    work: float | None = Field(default=None, description="total work in the timed region, in unit x seconds")
+    work: float | None = Field(default=None, description="total work in the timed region, in unit x seconds "
+                               "(a `rate` is work / measured_seconds)")
     warning: str | None = Field(default=None, description="why a reader should not take the figure plainly "
                                                           "(the report shows it beside the figure)")
     search: ShapeSearch | None = Field(default=None, description="max-achievable figures: the shape search")
