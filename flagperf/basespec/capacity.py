@@ -83,4 +83,4 @@ def run(config: Config, ctx: CaseContext) -> list[Metric]:
     return [Metric(name="memory_capacity", value=value, unit="GiB", iterations=blocks,
                    window=[start_epoch, start_epoch + seconds],
                    chunks=1, measured_seconds=seconds, peak=peak, ratio=ratio,
-                   convention="GiB = 2^30 bytes, allocated and written", note=note)]
+                   convention="GiB = 2^30 bytes, allocated and written", note=note, statistic="single")]

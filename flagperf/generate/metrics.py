@@ -75,7 +75,7 @@ def level_stats(concurrency: int, traces: list[RequestTrace], seconds: float) ->
 
 def _latency(name: str, stats: LatencyStats, seconds: float, note: str) -> Metric:
     return Metric(name=name, value=stats.mean, unit="s", p50=stats.p50, p90=stats.p90, p99=stats.p99,
-                  iterations=stats.count, measured_seconds=seconds, note=note)
+                  iterations=stats.count, measured_seconds=seconds, note=note, statistic="mean")
 
 
 def level_metrics(stats: LevelStats, window: tuple[float, float], flops: TransformerFlops, precision: str,
@@ -84,19 +84,19 @@ def level_metrics(stats: LevelStats, window: tuple[float, float], flops: Transfo
     c, seconds = stats.concurrency, stats.seconds
     per_output_token = stats.model_flops(flops) / stats.output_tokens  # prefill included: MFU is all the work
     mfu = model_flops_utilisation(stats.tokens_per_s, per_output_token, peak.value if peak else None,
-                                  peak.unit if peak else "")
+                                  peak.unit if peak else "", dense=peak.dense if peak else True)
     metrics = [
         Metric(name=level_name("output_tokens_per_s", c), value=stats.tokens_per_s, unit="tokens/s",
                iterations=stats.output_tokens, measured_seconds=seconds, window=list(window),
                work=float(stats.output_tokens), mfu=mfu, mfu_peak_key=precision if peak else None, mfu_peak=peak,
-               convention=MFU_CONVENTION.format(key=precision, flops=flops.convention),
+               convention=MFU_CONVENTION.format(key=precision, flops=flops.convention), statistic="rate",
                note=f"{stats.requests} requests, {c} at a time, {stats.output_tokens} output tokens"),
         Metric(name=level_name("tokens_per_s_per_user", c), value=stats.per_user.mean,
                unit="tokens/s", p50=stats.per_user.p50, p90=stats.per_user.p90, p99=stats.per_user.p99,
-               iterations=stats.requests, measured_seconds=seconds,
+               iterations=stats.requests, measured_seconds=seconds, statistic="mean",
                note="a request's output tokens / (last token - arrival); mean over requests"),
         Metric(name=level_name("requests_per_s", c), value=stats.requests_per_s, unit="requests/s",
-               iterations=stats.requests, measured_seconds=seconds),
+               iterations=stats.requests, measured_seconds=seconds, statistic="rate"),
         _latency(level_name("ttft_s", c), stats.ttft, seconds, "time to first token: first token - arrival"),
         _latency(level_name("e2el_s", c), stats.e2e, seconds, "end-to-end latency: last token - arrival"),
     ]
@@ -108,6 +108,6 @@ def level_metrics(stats: LevelStats, window: tuple[float, float], flops: Transfo
 
 
 def rouge_metrics(concurrency: int, scores: dict[str, float], count: int) -> list[Metric]:
-    return [Metric(name=level_name(key, concurrency), value=value, unit="F1", iterations=count,
+    return [Metric(name=level_name(key, concurrency), value=value, unit="F1", iterations=count, statistic="single",
                    note="rouge-score F1 (stemmed) of the outputs against the file's references, mean")
             for key, value in scores.items()]

@@ -134,12 +134,12 @@ def point_stats(label: str, records: list[RequestRecord], seconds: float, slo: S
 
 def _latency(name: str, stats: LatencyStats, seconds: float, note: str) -> Metric:
     return Metric(name=name, value=stats.mean, unit="s", p50=stats.p50, p90=stats.p90, p99=stats.p99,
-                  iterations=stats.count, measured_seconds=seconds, note=note)
+                  iterations=stats.count, measured_seconds=seconds, note=note, statistic="mean")
 
 
 def _count(name: str, value: int, seconds: float, note: str) -> Metric:
     return Metric(name=name, value=float(value), unit="requests", iterations=value, measured_seconds=seconds,
-                  note=note)
+                  note=note, statistic="single")
 
 
 def point_metrics(stats: PointStats, window: tuple[float, float], devices: int, slo: SloBounds,
@@ -154,22 +154,24 @@ def point_metrics(stats: PointStats, window: tuple[float, float], devices: int, 
     metrics = [
         Metric(name=metric_name("output_tokens_per_s", label), value=tokens_per_s, unit="tokens/s",
                iterations=stats.output_tokens, measured_seconds=seconds, window=list(window),
-               work=float(stats.output_tokens),
+               work=float(stats.output_tokens), statistic="rate",
                note=f"{load_note}; {stats.requests} requests, {stats.output_tokens} output tokens",
                warning=(f"{', '.join(problems)} of {stats.requests} requests"
                         + (f"; the first failed: {stats.first_error[:FIRST_ERROR_CHARS]}" if stats.first_error else "")
                         if problems else None)),
         Metric(name=metric_name("output_tokens_per_s_per_device", label), value=tokens_per_s / devices,
-               unit="tokens/s", iterations=stats.output_tokens, measured_seconds=seconds,
+               unit="tokens/s", iterations=stats.output_tokens, measured_seconds=seconds, statistic="rate",
                note=f"output tokens/s / {devices} device(s)"),
         Metric(name=metric_name("requests_per_s", label), value=stats.succeeded / seconds, unit="requests/s",
-               iterations=stats.succeeded, measured_seconds=seconds),
+               iterations=stats.succeeded, measured_seconds=seconds, statistic="rate"),
         Metric(name=metric_name("goodput_requests_per_s", label), value=stats.good / seconds, unit="requests/s",
-               iterations=stats.good, measured_seconds=seconds, note=f"requests meeting every SLO ({slo_text})"),
+               iterations=stats.good, measured_seconds=seconds, statistic="rate",
+               note=f"requests meeting every SLO ({slo_text})"),
         Metric(name=metric_name("goodput_fraction", label), value=stats.good / stats.requests, unit="fraction",
-               iterations=stats.requests, measured_seconds=seconds, note=f"of all timed requests ({slo_text})"),
+               iterations=stats.requests, measured_seconds=seconds, statistic="single",
+               note=f"of all timed requests ({slo_text})"),
         Metric(name=metric_name("slo_p99_met", label), value=float(stats.slo_p99_met(slo)), unit="bool",
-               iterations=stats.requests, measured_seconds=seconds,
+               iterations=stats.requests, measured_seconds=seconds, statistic="single",
                note=f"p99 TTFT and p99 TPOT within the SLO ({slo_text}), no failed request"),
         _count(metric_name("failed_requests", label), stats.failed, seconds, "requests with an error"),
         _count(metric_name("truncated_requests", label), stats.truncated, seconds,
@@ -182,7 +184,7 @@ def point_metrics(stats: PointStats, window: tuple[float, float], devices: int, 
         p = stats.per_user
         metrics.append(Metric(name=metric_name("tokens_per_s_per_user", label), value=p.mean, unit="tokens/s",
                               p50=p.p50, p90=p.p90, p99=p.p99, iterations=p.count, measured_seconds=seconds,
-                              note="a request's output tokens / its E2EL; mean over requests"))
+                              note="a request's output tokens / its E2EL; mean over requests", statistic="mean"))
     for what, stats_of, note in (
             ("ttft_s", stats.ttft, "time to first token: first content chunk - send"),
             ("tpot_s", stats.tpot, "time per output token after the first: (E2EL - TTFT) / (tokens - 1)"),
@@ -193,7 +195,7 @@ def point_metrics(stats: PointStats, window: tuple[float, float], devices: int, 
     if stats.tpot is not None and stats.tpot.mean > 0:
         metrics.append(Metric(name=metric_name("interactivity", label), value=1.0 / stats.tpot.mean,
                               unit="tokens/s", iterations=stats.tpot.count, measured_seconds=seconds,
-                              note="1 / mean TPOT"))
+                              note="1 / mean TPOT", statistic="single"))
     return metrics
 
 
@@ -207,9 +209,11 @@ def quality_metrics(label: str, records: list[RequestRecord], references: dict[i
 
     exact = sum(1 for out, ref in scored if out.strip() == ref.strip()) / len(scored)
     metrics = [Metric(name=metric_name("exact_match", label), value=exact, unit="fraction", iterations=len(scored),
+                      statistic="single",
                       note="outputs equal to the reference (whitespace at the ends ignored)")]
     scores = rouge_scores([o for o, _ in scored], [r for _, r in scored])
     metrics += [Metric(name=metric_name(key, label), value=value, unit="F1", iterations=len(scored),
+                       statistic="single",
                        note="rouge-score F1 (stemmed) of the outputs against the references, mean")
                 for key, value in scores.items() if not math.isnan(value)]
     return metrics

@@ -328,11 +328,12 @@ def pass_metrics(stats: PassStats, config: InferenceConfig, ctx: CaseContext, *,
         extra = (f"; {stats.cold_start_non_inference:.3g} s of it the engine's non-inference work (a JIT compile)"
                  if stats.cold_start_non_inference else "")
         metrics.append(Metric(name=f"{stats.name}_cold_start_latency", value=stats.cold_start_seconds * 1e3,
-                              unit="ms", iterations=1, chunks=1,
+                              unit="ms", iterations=1, chunks=1, statistic="single",
                               note=f"the first batch of {config.batch_size} through the freshly built model or "
                                    f"engine, synchronised, before warm-up (one-time work inside){extra}"))
     if stats.accuracy is not None and not synthetic and accuracy_name:
         metrics.append(Metric(name=f"{stats.name}_{accuracy_name}", value=stats.accuracy, unit="fraction",
+                              statistic="single",
                               iterations=stats.scored_items, window=list(stats.window),
                               note=f"the case's evaluator on the CPU, over {stats.scored_items} items"))
     return metrics
@@ -377,5 +378,5 @@ def _latency_metric(name: str, seconds: Sequence[float], window: tuple[float, fl
     warning = mean_median_disagreement(lat.mean * 1e3, percentile(seconds, 10) * 1e3, lat.p50 * 1e3, lat.p90 * 1e3)
     return Metric(name=name, value=lat.mean * 1e3, unit="ms", p50=lat.p50 * 1e3, p90=lat.p90 * 1e3,
                   p95=lat.p95 * 1e3, p99=lat.p99 * 1e3, std=lat.std * 1e3, iterations=lat.count, chunks=lat.count,
-                  measured_seconds=sum(seconds), window=list(window), note=f"mean; {note}",
+                  measured_seconds=sum(seconds), window=list(window), note=f"mean; {note}", statistic="mean",
                   warning=warning.replace("headline", "mean (ms)", 1) if warning else None)

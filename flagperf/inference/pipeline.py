@@ -523,7 +523,8 @@ def step_summary(run: InferenceRun) -> None:
             metrics += compute_metrics(computed, c, ctx, flops_per_item=flops, precision=precision)
     metrics += _setup_metrics(run) + _loadgen_metrics(run)
     e2e = time.perf_counter() - run.started
-    metrics.append(Metric(name="e2e_time", value=e2e, unit="s", note="steps a to g in the case process"))
+    metrics.append(Metric(name="e2e_time", value=e2e, unit="s", note="steps a to g in the case process",
+                          statistic="single"))
     run.metrics = metrics
     steps = {name: run.steps.get(name, "ran") for name in STEPS}
     steps["summary"] = "ran"
@@ -559,11 +560,12 @@ def _setup_metrics(run: InferenceRun) -> list[Metric]:
     metrics = []
     if run.model_load_s is not None:
         metrics.append(Metric(name="model_load_time", value=run.model_load_s, unit="s", iterations=1,
+                              statistic="single",
                               note="create_model (weights built or read) and the move to the device, synchronised"))
     if run.compile_s is not None:
         how = "loaded from exist_compiler_path" if run.config.exist_compiler_path else "built (step e)"
         metrics.append(Metric(name="engine_build_time", value=run.compile_s, unit="s", iterations=1,
-                              note=f"the engine {how}, untimed in the throughput figures"))
+                              statistic="single", note=f"the engine {how}, untimed in the throughput figures"))
     return metrics
 
 
@@ -576,7 +578,7 @@ def _loadgen_metrics(run: InferenceRun) -> list[Metric]:
         warning = None if r.valid else (f"LoadGen says {r.result_validity} after {r.attempts} attempt(s): "
                                         f"{r.invalid_reason}; not a valid MLPerf figure")
         metrics.append(Metric(name=f"loadgen_{r.scenario.lower()}", value=r.samples_per_s,
-                              unit=f"{run.config.item_name}/s", warning=warning,
+                              unit=f"{run.config.item_name}/s", warning=warning, statistic="loadgen",
                               note=f"MLPerf LoadGen {r.scenario}, {r.result_validity} (its latencies are under "
                                    f"inference.loadgen; logs in {r.log_dir})"))
     return metrics

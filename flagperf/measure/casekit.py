@@ -131,6 +131,7 @@ class CaseContext:
             name=name, value=stats.value, unit=unit, p50=stats.p50, p10=stats.p10, p90=stats.p90, cv=stats.cv,
             chunks=stats.chunks, iterations=stats.iterations, measured_seconds=stats.seconds,
             peak=peak, ratio=comparable_ratio(stats.value, unit, peak), convention=convention, note=note,
+            statistic="rate",
         )
 
 
@@ -145,7 +146,7 @@ class CaseContext:
             return metric
         peak = self.spec.peaks.get(precision)
         mfu = model_flops_utilisation(metric.value, flops_per_item, peak.value if peak else None,
-                                      peak.unit if peak else "")
+                                      peak.unit if peak else "", dense=peak.dense if peak else True)
         per = item.removesuffix("s")  # "FLOP per image x images/s"
         scope = f" ({flops_scope})" if flops_scope else ""
         return metric.model_copy(update={"mfu": mfu, "mfu_peak_key": precision, "mfu_peak": peak,

@@ -167,7 +167,7 @@ def point_metric(name: str, point: PlannedPoint, spec: SpecTable, latencies: lis
              f"±{iteration_spread(median, p10, p90):.1%}) over {len(latencies)} iterations"
              + (f" after {warmup_calls} warm-up calls" if warmup_calls is not None else "")
              + f"; shape {shape_label(point.dims)} ({point.source})",
-        window=list(window), work=work * len(latencies) / scale)
+        window=list(window), work=work * len(latencies) / scale, statistic="rate@median")
     return metric, work, unit
 
 

@@ -14,6 +14,20 @@ TRANSFER_CONVENTION = "bytes counted once: a transfer of N bytes moves N bytes a
 GEMM_CONVENTION = "2*M*N*K operations per multiply of an MxK by a KxN matrix (one multiply-add = 2)"
 
 
+# How a metric's value is formed from what was timed: one id per metric (Metric.statistic), the same in every
+# family; the report shows it beside the figure and docs/results.md ("Conventions") explains each.
+STATISTICS: dict[str, str] = {
+    "rate": "total work / total timed seconds over every timed chunk (batch, level or point); p10/p50/p90 are "
+            "percentiles of the chunks' own rates",
+    "rate@median": "one call's work / the median of the single calls' latencies (operator benchmarks' "
+                   "convention); p10 and p90 are the rates at the p90 and p10 latencies",
+    "mean": "the mean over events (batches, requests or token gaps: the note says which); p50/p90/p95/p99 are "
+            "percentiles of the same events",
+    "single": "one measurement (a duration, a size, a score or a count), no statistic over repeats",
+    "loadgen": "MLPerf LoadGen's own figure for its scenario",
+}
+
+
 def gemm_ops(m: int, n: int, k: int) -> int:
     return 2 * m * n * k
 
@@ -133,7 +147,8 @@ TRANSFORMER_FLOPS_CONVENTION = (
     "per token processed (prefill and decode alike): 2 x N for the forward pass (N: parameters in matrix "
     "products; input embedding tables, which are looked up, excluded unless tied to the output head) + "
     "4 x layers x hidden x context for attention (QK^T and AV; context: the whole sequence for a prompt or a "
-    "training sequence (PaLM's count, full not causal), the tokens before it for a decoded token); training "
+    "training sequence (PaLM's count, full not causal), the tokens up to and including it for a decoded "
+    "token); training "
     "is 3 x forward: 6 x N + 12 x layers x hidden x seq_len")
 NO_ATTENTION_NOTE = "; attention not counted here (the model's layers and hidden size were not given)"
 
@@ -149,7 +164,10 @@ class TransformerFlops:
 
     @property
     def convention(self) -> str:
-        return TRANSFORMER_FLOPS_CONVENTION + ("" if self.layers and self.hidden else NO_ATTENTION_NOTE)
+        """The rule and the counts it was applied to, so the FLOPs rebuild by hand from the result alone."""
+        counts = f"; here N = {self.matmul_parameters}" + (f", layers = {self.layers}, hidden = {self.hidden}"
+                                                             if self.layers and self.hidden else "")
+        return TRANSFORMER_FLOPS_CONVENTION + ("" if self.layers and self.hidden else NO_ATTENTION_NOTE) + counts
 
     def _attention(self, context: float) -> float:
         return 4.0 * self.layers * self.hidden * context if self.layers and self.hidden else 0.0
@@ -170,10 +188,11 @@ class TransformerFlops:
         return prefill + steps * 2.0 * self.matmul_parameters + self._attention(contexts)
 
 
-def model_flops_utilisation(items_per_s: float, flops_per_item: float, peak: float | None, peak_unit: str
-                            ) -> float | None:
-    """MFU = flops per item x items per second / peak FLOP/s (FlagPerf's definition, computed once here)."""
-    if peak is None or peak <= 0 or peak_unit not in PEAK_SCALE:
+def model_flops_utilisation(items_per_s: float, flops_per_item: float, peak: float | None, peak_unit: str,
+                            dense: bool = True) -> float | None:
+    """MFU = flops per item x items per second / peak FLOP/s (FlagPerf's definition, computed once here). The peak
+    is one device's dense figure: a sparse (2:4) one is twice it, so there is no MFU against it, as no ratio."""
+    if peak is None or peak <= 0 or peak_unit not in PEAK_SCALE or not dense:
         return None
     return flops_per_item * items_per_s / (peak * PEAK_SCALE[peak_unit])
 

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flagperf.results.bounded import read_bounded
+from flagperf.results.metrics import STATISTICS
 
 SCHEMA_VERSION = 1
 RESULT_FILE = "result.json"
@@ -91,7 +92,8 @@ class ShapeSearch(_Model):
 
 class Metric(_Model):
     name: str
-    value: float = Field(description="headline: total work / total measured time")
+    value: float = Field(description="the headline, formed as `statistic` says (a rate: total work / total "
+                         "measured time; a latency: the mean)")
     unit: str
     p50: float | None = None
     p10: float | None = None
@@ -106,6 +108,9 @@ class Metric(_Model):
     peak: Peak | None = None
     ratio: float | None = Field(default=None, description="value / peak.value, when the peak is known")
     convention: str | None = Field(default=None, description="how work or bytes are counted")
+    statistic: str | None = Field(default=None, description="how value is formed from what was timed, one of "
+                                  "flagperf.results.metrics.STATISTICS (rate, rate@median, mean, single, loadgen; "
+                                  "docs/results.md, Conventions); None in records written before it was stated")
     note: str | None = None
     window: list[float] | None = Field(default=None, description="[start, end] epoch seconds of the timed region")
     mfu: float | None = Field(default=None, description="model FLOP/s (flops per item x items/s) / peak FLOP/s "
@@ -113,12 +118,19 @@ class Metric(_Model):
     mfu_peak_key: str | None = Field(default=None, description="spec-table key of the peak MFU is taken against")
     mfu_peak: Peak | None = Field(default=None, description="that peak: value, unit and source (the report shows "
                                                             "it beside the MFU)")
-    work: float | None = Field(default=None, description="total work in the timed region, in unit x seconds")
+    work: float | None = Field(default=None, description="total work in the timed region, in unit x seconds "
+                               "(a `rate` is work / measured_seconds)")
     warning: str | None = Field(default=None, description="why a reader should not take the figure plainly "
                                                           "(the report shows it beside the figure)")
     search: ShapeSearch | None = Field(default=None, description="max-achievable figures: the shape search")
     device: int | None = Field(default=None, description="the host's device this figure is of, where the round "
                                                          "measured every device (None: the round's one device)")
+
+    @model_validator(mode="after")
+    def _known_statistic(self) -> Metric:
+        if self.statistic is not None and self.statistic not in STATISTICS:
+            raise ValueError(f"statistic {self.statistic!r} is none of {', '.join(STATISTICS)}")
+        return self
 
 
 class Failure(_Model):

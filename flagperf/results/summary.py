@@ -30,7 +30,7 @@ from flagperf.results.bounded import read_json_file
 from flagperf.results.chipstate import CHIP_COLUMNS, headline_state, render_chip_section, window_columns
 from flagperf.results.faults import BOUNDED_NOTE, find_faults
 from flagperf.results.markup import md_text
-from flagperf.results.metrics import coefficient_of_variation
+from flagperf.results.metrics import STATISTICS, coefficient_of_variation
 from flagperf.results.operators import (
     is_operation,
     operation_markdown,
@@ -66,8 +66,8 @@ MONITOR_COLUMNS = ["power_avg_w", "power_max_w", "energy_j", "energy_source", "e
 ROW_COLUMNS = ["case", "family", "round", "host", "node_rank", "device_index", "device_uuid", "nnodes",
                "nproc_per_node", "status", "metric", "value",
                "unit", "p50", "cv_chunks", "mfu", "warning",
-               "peak", "peak_unit", "ratio", "convention", "peak_source", "peak_bound", "peak_bound_reason",
-               "mfu_peak", "mfu_peak_bound", "message", "device",
+               "peak", "peak_unit", "ratio", "convention", "statistic", "peak_source", "peak_bound",
+               "peak_bound_reason", "mfu_peak", "mfu_peak_bound", "message", "device",
                *MONITOR_COLUMNS,
                "note", "search", *CHIP_COLUMNS]
 
@@ -183,7 +183,8 @@ def _rows(results: list[tuple[Path, RoundResult]], notes: MonitorNotes) -> pd.Da
                          "metric": m.name, "value": m.value, "unit": m.unit, "p50": m.p50, "mfu": m.mfu,
                          "cv_chunks": m.cv, "peak": m.peak.value if m.peak else None,
                          "peak_unit": m.peak.unit if m.peak else None, "ratio": m.ratio,
-                         "convention": m.convention, "peak_source": m.peak.source if m.peak else None,
+                         "convention": m.convention, "statistic": m.statistic,
+                         "peak_source": m.peak.source if m.peak else None,
                          "peak_bound": m.peak.bound if m.peak else None,
                          "peak_bound_reason": m.peak.bound_reason if m.peak else None,
                          "mfu_peak": _mfu_peak(m), "mfu_peak_bound": m.mfu_peak.bound if m.mfu_peak else None,
@@ -298,7 +299,8 @@ def summarize(run_dir: Path) -> RunSummary:
             "peak_bound_reason": _clean(group["peak_bound_reason"].dropna().iloc[0]) if estimated else None,
             "mfu_estimated": bool(group["mfu_peak_bound"].eq("lower").any()),
             "lower_bound": bool(group["note"].map(lambda n: isinstance(n, str) and BOUNDED_NOTE in n).any()),
-            "convention": _clean(group["convention"].iloc[0]), "peak_source": _clean(group["peak_source"].iloc[0]),
+            "convention": _clean(group["convention"].iloc[0]), "statistic": _clean(group["statistic"].iloc[0]),
+            "peak_source": _clean(group["peak_source"].iloc[0]),
             "mfu": _mean(group["mfu"]), "mfu_peak": _clean(group["mfu_peak"].dropna().iloc[0])
             if group["mfu_peak"].notna().any() else None,
             "warnings": sorted({str(w) for w in group["warning"].dropna()}),
@@ -460,7 +462,7 @@ def headline_cells(entry: dict[str, Any]) -> list[str]:
     measured = ("≥ " if entry.get("lower_bound") else "") + fmt(entry["value"])  # a bound by design, said
     return [entry["case"], md_text(entry["metric"]), measured, md_text(entry["unit"]), fmt(entry["p50"]), spread, peak,
             ratio_cell(entry), mfu_cell(entry.get("mfu"), estimated=bool(entry.get("mfu_estimated"))),
-            str(entry["rounds"])]
+            str(entry["rounds"]), entry.get("statistic") or "-"]
 
 
 def ratio_cell(entry: dict[str, Any]) -> str:
@@ -510,7 +512,7 @@ def render_warnings(summary: RunSummary) -> list[str]:
 
 
 HEADLINE_HEADER = ["case", "metric", "measured", "unit", "p50", "spread (CV)", "peak", "measured/peak", "MFU",
-                   "rounds"]
+                   "rounds", "statistic"]
 OPERATORS_INTRO = ("Operators (operation cases), one row each; correct = points that passed the correctness check "
                    "of those run; every point is in the report's Operators section.")
 
@@ -622,10 +624,12 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | str | N
     if summary.problems:
         lines += ["## Unreadable result files", ""] + [f"- {p}" for p in summary.problems] + [""]
     if figures:
+        used = [s for s in STATISTICS if any(e.get("statistic") == s for e in figures)]
         lines += ["## How these numbers were made", "",
-                  "Measured = total work / total timed time over all timed chunks (device synchronised at each "
-                  "chunk boundary); p50 = median chunk rate; spread = coefficient of variation across rounds, "
-                  "or across chunks for a single round.", ""]
+                  "Measured = the mean over rounds of each round's figure, formed as its statistic says (the "
+                  "table's last column; docs: What a run gives you, Conventions); spread = coefficient of variation "
+                  "across rounds, or across chunks for a single round.", "",
+                  *[f"- statistic **{s}**: {STATISTICS[s]}" for s in used], *([""] if used else [])]
         for e in figures:
             peak = e["peak_source"] or f"none in {e['unit']}"
             if e.get("peak_bound") == "lower":

@@ -406,6 +406,9 @@ class TrainingContext:
         samples = sum(self._gather(float(self.timed_samples)))
         throughput = samples / self.raw_train_time if self.raw_train_time and samples else None
         peak_bytes, peak_what = peak_memory_bytes(self.device)
+        # The timed work itself, so training_throughput = timed_samples / raw_train_time rebuilds from the log.
+        self.extra.update(timed_samples=samples, timed_tokens=samples * self.tokens_per_sample
+                          if self.tokens_per_sample else None)
         self.extra.update(peak_memory_bytes_per_device=self._gather(float(peak_bytes)), peak_memory_kind=peak_what,
                           world_size=self.world_size, warmup_steps=self.config.warmup_steps,
                           train_cpu_seconds=self.train_cpu_time,

@@ -225,15 +225,18 @@ def training_result(out_dir: Path, first_rank: int) -> tuple[list[Metric], Conve
     metrics = [
         Metric(name="training_throughput", value=finished["training_throughput"] or 0.0,
                unit=finished["throughput_unit"], measured_seconds=finished["raw_train_time"],
-               convention="samples of all processes / time in training steps (evaluation excluded)"),
-        Metric(name="e2e_time", value=finished["e2e_time"], unit="s"),
-        Metric(name="raw_train_time", value=finished["raw_train_time"], unit="s"),
-        Metric(name="init_time", value=finished["init_time"], unit="s"),
+               work=(finished.get("extra") or {}).get("timed_samples"),
+               convention="samples of all processes / time in training steps (evaluation excluded)",
+               statistic="rate"),
+        Metric(name="e2e_time", value=finished["e2e_time"], unit="s", statistic="single"),
+        Metric(name="raw_train_time", value=finished["raw_train_time"], unit="s", statistic="single"),
+        Metric(name="init_time", value=finished["init_time"], unit="s", statistic="single"),
     ]
     if finished["final_metric"] is not None and not math.isfinite(finished["final_metric"]):
         finished = {**finished, "final_metric": None, "converged": False}  # diverged: no number to report
     if finished["final_metric"] is not None:
-        metrics.append(Metric(name=f"final_{finished['target_metric']}", value=finished["final_metric"], unit=""))
+        metrics.append(Metric(name=f"final_{finished['target_metric']}", value=finished["final_metric"], unit="",
+                              statistic="single"))
     extra = finished.get("extra") or {}
     world = extra.get("world_size") or 1
     if extra.get("cpu_oversubscribed"):
@@ -241,7 +244,8 @@ def training_result(out_dir: Path, first_rank: int) -> tuple[list[Metric], Conve
     if extra.get("samples_per_s_per_device") is not None:
         metrics.append(Metric(name="samples_per_s_per_device", value=extra["samples_per_s_per_device"],
                               unit=finished["throughput_unit"], measured_seconds=finished["raw_train_time"],
-                              convention=f"training_throughput / {world} processes"))
+                              work=extra["timed_samples"] / world if extra.get("timed_samples") else None,
+                              convention=f"training_throughput / {world} processes", statistic="rate"))
     synthetic = " (synthetic data)" if extra.get("synthetic_data") else ""
     flops = extra.get("flops_convention")
     mfu_peak = Peak.model_validate(extra["mfu_peak"]) if extra.get("mfu") is not None and extra.get("mfu_peak") \
@@ -249,12 +253,15 @@ def training_result(out_dir: Path, first_rank: int) -> tuple[list[Metric], Conve
     if extra.get("tokens_per_s") is not None:
         metrics.append(Metric(name="tokens_per_s", value=extra["tokens_per_s"], unit="tokens/s",
                               measured_seconds=finished["raw_train_time"], mfu=extra.get("mfu"),
+                              work=extra.get("timed_tokens"),
                               mfu_peak_key=extra.get("precision"), mfu_peak=mfu_peak,
                               convention=f"MFU = FLOPs per token x tokens/s per device / one device's peak; "
-                                         f"FLOPs: {flops}; {extra.get('parameters')} parameters{synthetic}"))
+                                         f"FLOPs: {flops}; {extra.get('parameters')} parameters{synthetic}",
+                              statistic="rate"))
         metrics.append(Metric(name="tokens_per_s_per_device", value=extra["tokens_per_s_per_device"],
                               unit="tokens/s", measured_seconds=finished["raw_train_time"],
-                              convention=f"tokens_per_s / {world} processes"))
+                              work=extra["timed_tokens"] / world if extra.get("timed_tokens") else None,
+                              convention=f"tokens_per_s / {world} processes", statistic="rate"))
     elif extra.get("mfu") is not None:  # a model that declared FLOPs per sample (convolutional ones)
         metrics[0] = metrics[0].model_copy(update={
             "mfu": extra["mfu"], "mfu_peak_key": extra.get("precision"), "mfu_peak": mfu_peak,
@@ -262,12 +269,12 @@ def training_result(out_dir: Path, first_rank: int) -> tuple[list[Metric], Conve
                           f"device's peak; FLOPs: {flops}{synthetic}"})
     peaks = extra.get("peak_memory_bytes_per_device")
     if peaks:
-        metrics.append(Metric(name="peak_memory", value=max(peaks) / 2**30, unit="GiB",
+        metrics.append(Metric(name="peak_memory", value=max(peaks) / 2**30, unit="GiB", statistic="single",
                               convention=f"the largest over {len(peaks)} processes of the "
                                          f"{extra.get('peak_memory_kind')}; per process (GiB): "
                                          + ", ".join(f"{p / 2**30:.3g}" for p in peaks)))
     if extra.get("time_to_target_s") is not None:
-        metrics.append(Metric(name="time_to_target", value=extra["time_to_target_s"], unit="s",
+        metrics.append(Metric(name="time_to_target", value=extra["time_to_target_s"], unit="s", statistic="single",
                               convention="from the first training step to the evaluation that reached the target "
                                          "(evaluations included)"))
     convergence = Convergence(metric=finished["target_metric"], target=finished["target"],

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         ctx.hooks_used.append("setup_distributed")
         ctx.extra["distributed_backend"] = backend
     peak = vendor.spec_table().peaks.get(config.precision)
-    ctx.peak = (peak.value, peak.unit) if peak and peak.supported else None
+    ctx.peak = (peak.value, peak.unit) if peak and peak.supported and peak.dense else None
     if ctx.peak:
         ctx.extra["mfu_peak"] = peak.model_dump()  # shown beside the MFU in the report
     ctx.extra["torch_threads"] = torch.get_num_threads()
