@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from flagperf.config.adaptation import EXTERN_HOOKS
 from flagperf.config.vendors import MANIFEST, load_vendor_manifest
 from flagperf.errors import ConfigError
 from flagperf.hosts.vendorcheck import ENGINE_FOLDERS, check_vendor_folder
@@ -71,7 +72,14 @@ def flagperf(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
 def test_the_scaffold_passes_vendor_check_and_validate_as_written(tmp_path: Path) -> None:
     made = flagperf("vendor", "new", "acme", "--into", str(tmp_path))
     assert made.returncode == 0, made.stderr
+    # A folder outside the project is found once its parent is on FLAGPERF_VENDOR_PATH: the next step says so.
+    assert f"put {tmp_path} on FLAGPERF_VENDOR_PATH so that --vendor acme finds it" in made.stdout, made.stdout
     folder = tmp_path / "acme"
+    # The README says where each file of a case adaptation goes, with every extension point of each family.
+    readme = (folder / "README.md").read_text()
+    assert "cases/inference/<case>/vendor/acme_configurations.yaml" in readme
+    assert "config_acmex<nnodes>x<nproc>.yaml" in readme and "extern/hooks.py" in readme
+    assert all(hook in readme for points in EXTERN_HOOKS.values() for hook in points)
     found = check_vendor_folder(folder, monitor_seconds=1)
     assert found.problems == []
     assert any(line.startswith("image ") and "pytorch_install.sh" in line for line in found.passed)
