@@ -766,8 +766,12 @@ def vendor_new(name: Annotated[str, typer.Argument(help="the vendor's name (its 
         folder = write_vendor_folder(into if into is not None else PROJECT_ROOT / "vendor_images", name, torch_device)
     except FlagperfError as exc:
         raise _fail(str(exc)) from None
-    console.print(f"wrote {escape(display_path(folder))}; next: fill in what is marked TODO, then "
-                  f"`flagperf vendor check {escape(display_path(folder))}` (docs/vendor-guide.md)", highlight=False)
+    found = available_vendors().get(name)
+    where = "" if found is not None and found.resolve() == folder.resolve() else (
+        f"; put {escape(display_path(folder.parent))} on FLAGPERF_VENDOR_PATH so that --vendor {name} finds it")
+    console.print(f"wrote {escape(display_path(folder))}{where}; next: fill in what is marked TODO (README.md says "
+                  f"where a case's files go), then `flagperf vendor check {escape(display_path(folder))}` "
+                  "(docs/vendor-guide.md)", highlight=False, soft_wrap=True)
 
 
 def main() -> None:

@@ -71,7 +71,7 @@ def probe_image(host: Host, spec: HostSpec, vendor: Vendor, run_id: str, image: 
     logger = get_run_logger()
     runtime = runtime_for(host, spec, vendor, image, run_id)
     assert isinstance(runtime, DockerRuntime)
-    result, lines = runtime.run_probe(host, vendor.name, timeout_s=PROBE_TIMEOUT_S)
+    result, lines = runtime.run_probe(host, vendor.name, spec.host_spec_settings(), timeout_s=PROBE_TIMEOUT_S)
     check, probe = image_probe_check(lines, result.exit_code, result.timed_out, image["tag"])
     log_check(logger, check)
     path = health_file(run_dir, host.name)

@@ -414,35 +414,80 @@ def _forbidden(node: ast.AST) -> str | None:
 
 
 def read_adaptation(case_folder: Path, case: str, family: str, vendor: str) -> Adaptation | None:
-    """The vendor's adaptation of the case, checked; None when the vendor has none."""
+    """The vendor's adaptation of the case, checked; None when the vendor has none. Raises at the first
+    problem (adaptation_problems names all of them)."""
     folder = adaptation_folder(case_folder, vendor)
     if not is_present(folder) or not (folder.is_dir() or folder.is_symlink()):
         return None  # no folder (vendor/<vendor>.yaml is the vendor's overrides file, not an adaptation)
     inside(case_folder, folder.relative_to(case_folder), given_name(folder), None, "the case folder")
-    env_path, requirements = folder / ENV_FILE, folder / REQUIREMENTS_FILE
-    env = {}
-    if is_present(env_path):
-        env = parse_env_file(regular_file(folder, ENV_FILE, given_name(folder), None, "the vendor's case folder"))
-    if is_present(requirements):
-        check_requirements(regular_file(folder, REQUIREMENTS_FILE, given_name(folder), None,
-                                        "the vendor's case folder"), folder)
-        for local in sorted(folder.iterdir()):  # what requirements.txt may name: hashed into its cache key
-            if local.is_symlink():
-                inside(folder, local.name, given_name(local), None, "the vendor's case folder")
-        _check_tree(folder, folder, REQUIREMENTS_FILES, requirement_files(folder))
-    csrc, extern = folder / CSRC_FOLDER, folder / EXTERN_FOLDER
-    if is_present(csrc):
-        _check_tree(csrc, folder, "csrc")
-        regular_file(csrc, CSRC_SETUP, given_name(csrc), None, "the csrc folder")
-    if not (env or is_present(env_path) or is_present(requirements) or is_present(csrc) or is_present(extern)):
+    env, requirements, csrc, extern = _read_env(folder), _read_requirements(folder), _read_csrc(folder), \
+        _read_extern(folder)
+    if not (env or is_present(folder / ENV_FILE) or requirements or csrc or is_present(folder / EXTERN_FOLDER)):
         return None  # a folder of scale files alone (config_<hw>x<n>x<p>.yaml) adapts nothing
-    if is_present(extern):
-        _check_tree(extern, folder, "extern")
-    hooks = check_extern(extern, family) if is_present(extern) else ()
-    return Adaptation(case=case, family=family, vendor=vendor, folder=folder, env=env,
-                      requirements=requirements if is_present(requirements) else None,
-                      csrc=csrc if is_present(csrc) else None, extern=extern if is_present(extern) else None,
-                      hooks=hooks)
+    hooks = check_extern(extern, family) if extern is not None else ()
+    return Adaptation(case=case, family=family, vendor=vendor, folder=folder, env=env, requirements=requirements,
+                      csrc=csrc, extern=extern, hooks=hooks)
+
+
+def adaptation_problems(case_folder: Path, family: str, vendor: str) -> list[ConfigError]:
+    """Every problem of the vendor's adaptation of the case, each part checked on its own (read_adaptation
+    stops at the first): `flagperf vendor check` names them all in one go."""
+    folder = adaptation_folder(case_folder, vendor)
+    if not is_present(folder) or not (folder.is_dir() or folder.is_symlink()):
+        return []
+    try:
+        inside(case_folder, folder.relative_to(case_folder), given_name(folder), None, "the case folder")
+    except ConfigError as exc:
+        return [exc]  # a folder leading out: nothing in it is read
+    problems = []
+    for part in _PARTS:
+        try:
+            found = part(folder)
+            if part is _read_extern and found is not None:
+                check_extern(found, family)  # its files parsed only once the folder's size is known
+        except ConfigError as exc:
+            problems.append(exc)
+    return problems
+
+
+def _read_env(folder: Path) -> dict[str, str]:
+    if not is_present(folder / ENV_FILE):
+        return {}
+    return parse_env_file(regular_file(folder, ENV_FILE, given_name(folder), None, "the vendor's case folder"))
+
+
+def _read_requirements(folder: Path) -> Path | None:
+    requirements = folder / REQUIREMENTS_FILE
+    if not is_present(requirements):
+        return None
+    check_requirements(regular_file(folder, REQUIREMENTS_FILE, given_name(folder), None, "the vendor's case folder"),
+                       folder)
+    for local in sorted(folder.iterdir()):  # what requirements.txt may name: hashed into its cache key
+        if local.is_symlink():
+            inside(folder, local.name, given_name(local), None, "the vendor's case folder")
+    _check_tree(folder, folder, REQUIREMENTS_FILES, requirement_files(folder))
+    return requirements
+
+
+def _read_csrc(folder: Path) -> Path | None:
+    csrc = folder / CSRC_FOLDER
+    if not is_present(csrc):
+        return None
+    _check_tree(csrc, folder, "csrc")
+    regular_file(csrc, CSRC_SETUP, given_name(csrc), None, "the csrc folder")
+    return csrc
+
+
+def _read_extern(folder: Path) -> Path | None:
+    extern = folder / EXTERN_FOLDER
+    if not is_present(extern):
+        return None
+    _check_tree(extern, folder, "extern")
+    return extern
+
+
+# In the order a run reads them (read_adaptation raises at the first problem in this order).
+_PARTS: tuple[Callable[[Path], Any], ...] = (_read_env, _read_requirements, _read_csrc, _read_extern)
 
 
 def tree_digest(*parts: Path | str) -> str:

@@ -19,6 +19,7 @@ from flagperf.errors import ConfigError
 from flagperf.hosts.health import PROBE_TIMEOUT_S
 from flagperf.hosts.inventory import HostSpec
 from flagperf.hosts.local import LocalHost
+from flagperf.hosts.probe import probe_command
 
 log = logging.getLogger(__name__)
 RUN_OVERRIDE_SOURCE = "--set"
@@ -89,7 +90,7 @@ def probe_local_host(spec: HostSpec, vendor: str) -> dict[str, Any] | None:
     lines: list[str] = []
     try:
         host = LocalHost(name=spec.name, work_root=spec.work_root, env=spec.runtime_env())
-        result = host.run([host.python, "-m", "flagperf.hosts.probe", "--vendor", vendor],
+        result = host.run(probe_command(host.python, vendor, spec.host_spec_settings()),
                           timeout=PROBE_TIMEOUT_S, on_line=lines.append)
     except (OSError, ValueError) as exc:  # no private work root, a bad name: the healthcheck says so
         log.info("no probe of %s before the run (%s); left to the healthcheck", spec.name, exc)

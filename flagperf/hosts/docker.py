@@ -24,7 +24,7 @@ from typing import Any
 
 from flagperf.config.files import hash_file, regular_file_problem
 from flagperf.config.job import JOB_FILE
-from flagperf.config.vendors import Vendor
+from flagperf.config.vendors import HostSpecSettings, Vendor
 from flagperf.errors import ConfigError
 from flagperf.hosts.adaptation import CACHE_FOLDER as ADAPTATION_CACHE
 from flagperf.hosts.container_policy import (
@@ -39,6 +39,7 @@ from flagperf.hosts.container_policy import (
 )
 from flagperf.hosts.inventory import HostSpec, resolve_values, spec_origin
 from flagperf.hosts.local import CommandResult, Host, LineSink
+from flagperf.hosts.probe import probe_command
 from flagperf.hosts.runtime import Runtime
 from flagperf.paths import display_path
 from flagperf.results.schema import CASE_LOG_FILE
@@ -339,10 +340,11 @@ class DockerRuntime(Runtime):
         host.write_text(job_dir / CASE_LOG_FILE, "\n".join(lines) + ("\n" if lines else ""))
         return result
 
-    def run_probe(self, host: Host, vendor: str, timeout_s: float) -> tuple[CommandResult, list[str]]:
-        """``python -m flagperf.hosts.probe`` in the image, with the rounds' devices and options: the accelerators
-        the cases will see (and the host needs no torch of its own)."""
-        argv = [self.settings.python, "-m", "flagperf.hosts.probe", "--vendor", vendor]
+    def run_probe(self, host: Host, vendor: str, settings: HostSpecSettings | None, timeout_s: float
+                  ) -> tuple[CommandResult, list[str]]:
+        """``python -m flagperf.hosts.probe`` in the image, with the rounds' devices and options and the host's
+        spec_settings: the accelerators and peaks the cases will see (and the host needs no torch of its own)."""
+        argv = probe_command(self.settings.python, vendor, settings)
         name = f"flagperf-probe-{host.name}-{os.getpid()}-{time.monotonic_ns()}"[:200].replace("_", "-")
         return self._run(host, argv, name, {f"{LABEL}.probe": host.name}, timeout_s, None)
 

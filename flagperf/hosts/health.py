@@ -14,6 +14,7 @@ from flagperf.errors import InfrastructureFailure
 from flagperf.hosts.docker import engine_client
 from flagperf.hosts.inventory import HostSpec
 from flagperf.hosts.local import Host
+from flagperf.hosts.probe import probe_command
 from flagperf.hosts.slurm import SlurmHost, check_cluster
 from flagperf.hosts.ssh import SshError, SshHost
 
@@ -88,9 +89,7 @@ def check_host(host: Host, spec: HostSpec, vendor: Vendor, log_path: Path,
         if problem:  # jobs must not pass through a folder someone else controls
             return HealthReport(host=host.name, checks=checks, probe=None)
     settings = spec.host_spec_settings()  # the host's own: a value its spec module refuses fails here, not each round
-    argv = [host.python, "-m", "flagperf.hosts.probe", "--vendor", vendor.name,
-            *(["--spec-settings", settings.model_dump_json()] if settings is not None else [])]
-    result = host.run(argv, timeout=PROBE_TIMEOUT_S, log_path=log_path)
+    result = host.run(probe_command(host.python, vendor.name, settings), timeout=PROBE_TIMEOUT_S, log_path=log_path)
     if result.exit_code is None and not result.timed_out:
         checks.append(Check("python", False, f"cannot start {host.python}"))
     elif result.timed_out:

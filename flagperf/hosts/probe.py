@@ -24,6 +24,13 @@ from flagperf.results.provenance import host_info, library_versions
 CGROUP_MEMORY_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
 
 
+def probe_command(python: str, vendor: str, settings: HostSpecSettings | None) -> list[str]:
+    """The probe's command line for one host: with the inventory's spec_settings for that host, so every probe
+    of it (the healthcheck's, the one before the run, the one in its image) builds the peaks a round will."""
+    return [python, "-m", "flagperf.hosts.probe", "--vendor", vendor,
+            *(["--spec-settings", settings.model_dump_json()] if settings is not None else [])]
+
+
 def probe(vendor_name: str, settings: HostSpecSettings | None = None) -> dict[str, object]:
     """settings: the inventory's spec_settings for this host, over the vendor's (as a round's job gives them)."""
     vendor = load_vendor(vendor_name).with_host_settings(settings)

@@ -37,13 +37,29 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from flagperf.config.adaptation import adaptation_folder, read_adaptation
+from flagperf.config.adaptation import (
+    CSRC_FOLDER,
+    CSRC_SETUP,
+    ENV_FILE,
+    EXTERN_FOLDER,
+    EXTERN_HOOKS_FILE,
+    REQUIREMENTS_FILE,
+    adaptation_folder,
+    adaptation_problems,
+    read_adaptation,
+)
 from flagperf.config.casecode import case_code_not_run
 from flagperf.config.cases import CaseDef, available_cases, load_case, resolve_case_config
 from flagperf.config.engines import ENGINE_MANIFEST, INFERENCE_ENGINES
 from flagperf.config.files import is_present, read_config_text, regular_file
 from flagperf.config.models import PEAK_KEYS, load_model, pydantic_error_to_config_error
-from flagperf.config.vendorlayout import SCALE_FILE, misnamed_overrides, scale_file_problem, stray_entry_problem
+from flagperf.config.vendorlayout import (
+    SCALE_FILE,
+    misnamed_overrides,
+    overrides_name,
+    scale_file_problem,
+    stray_entry_problem,
+)
 from flagperf.config.vendors import (
     MANIFEST,
     Vendor,
@@ -74,7 +90,12 @@ class Findings:
     notes: list[str] = field(default_factory=list)
 
     def problem(self, where: str, what: str) -> None:
-        self.problems.append(f"{where}: {what}")
+        self.add_problem(f"{where}: {what}")
+
+    def add_problem(self, line: str) -> None:
+        """Once: the overrides file is read again with each of the case's scale files (its error with it)."""
+        if line not in self.problems:
+            self.problems.append(line)
 
 
 def resolve_vendor_argument(given: Path) -> Path:
@@ -108,8 +129,9 @@ def check_vendor_folder(folder: Path, monitor_seconds: float = MONITOR_SECONDS) 
     _check_device(vendor, found)
     _check_image(vendor, found)
     for entry in manifest.monitors:
-        _check_monitor(vendor, entry.name, vendor.monitor_command(entry, sys.executable), monitor_seconds, found,
-                       device_monitor=entry.script is not None)
+        source = display_path(vendor.folder / entry.script) if entry.script is not None else str(entry.module)
+        _check_monitor(vendor, f"{entry.name} ({source})", vendor.monitor_command(entry, sys.executable),
+                       monitor_seconds, found, device_monitor=entry.script is not None)
     _check_peaks(vendor, found)
     _check_adaptations(vendor, found)
     return found
@@ -148,7 +170,7 @@ def _check_device(vendor: Vendor, found: Findings) -> None:
     """What the cases call on the device's torch module (flagperf.measure.device, casekit): checkable where the
     vendor's torch and device are present."""
     manifest = vendor.manifest
-    where = f"torch_device {manifest.torch_device}"
+    where = f"{display_path(vendor.folder / MANIFEST)}: torch_device {manifest.torch_device}"
     try:
         import torch
     except ImportError:
@@ -205,12 +227,13 @@ def _check_image(vendor: Vendor, found: Findings) -> None:
 
 def _check_monitor(vendor: Vendor, name: str, command: list[str], seconds: float, found: Findings, *,
                    device_monitor: bool = False) -> None:
+    """name: the monitor's name and where it is, e.g. "acme (vendor_images/acme/monitor_acme.py)"."""
     where = f"monitor {name}"
     # As a round starts it: the project on PYTHONPATH (for flagperf.monitoring's helpers), in the project root.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH"))
                                                        if p)}
     with tempfile.TemporaryDirectory(prefix="flagperf-vendor-check-") as scratch:
-        out = Path(scratch) / f"monitor_{name}.jsonl"
+        out = Path(scratch) / "monitor.jsonl"
         argv = [*command, "--out", str(out), "--interval", "1", "--max-seconds", str(seconds)]
         program = [display_path(Path(part)) if part.endswith(".py") else part for part in command[1:]]
         shown = " ".join(["python", *program, "--out FILE --interval 1 --max-seconds", f"{seconds:g}"])
@@ -297,7 +320,7 @@ def _check_peaks(vendor: Vendor, found: Findings) -> None:
         module = import_file(spec, f"flagperf_vendor_check_{vendor.name.replace('-', '_').replace('.', '_')}")
     except ConfigError as exc:
         if isinstance(exc.__context__, ImportError):  # the vendor's library is not installed here
-            found.not_checkable.append(f"peaks: {exc}")
+            found.not_checkable.append(f"peaks: {exc}")  # the error names the file
         else:
             found.problems.append(str(exc))
         return
@@ -309,7 +332,7 @@ def _check_peaks(vendor: Vendor, found: Findings) -> None:
         raw = builder(dict(vendor.manifest.spec_settings))
     except Exception as exc:  # the vendor's code on a machine without its device: say so, do not fail
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        found.not_checkable.append(f"peaks: {vendor.manifest.spec_module} cannot build a table here: {detail}")
+        found.not_checkable.append(f"peaks: {where} cannot build a table here: {detail}")
         return
     try:
         table = SpecTable.model_validate(raw)
@@ -322,8 +345,12 @@ def _check_peaks(vendor: Vendor, found: Findings) -> None:
         if key not in PEAK_KEYS:
             found.problem(f"{where} peaks.{key}", f"not a key any case reads (known: {', '.join(sorted(PEAK_KEYS))})")
         elif peak.value is not None and not (peak.source or "").strip():
-            found.problem(f"peaks.{key}", f"{peak.value} {peak.unit} without a source")
-    found.passed.append(f"peaks: {len(table.peaks)} figures for {table.device}")
+            found.problem(f"{where} peaks.{key}", f"{peak.value} {peak.unit} without a source")
+    found.passed.append(f"peaks: {len(table.peaks)} figures for {table.device} ({where})")
+    unknown = [key for key, peak in table.peaks.items() if peak.value is None and peak.supported]
+    if unknown:
+        found.notes.append(f"{where}: no value for {', '.join(unknown)}: cases report no ratio or MFU against "
+                           "them (each one's source says what is missing)")
 
 
 @contextmanager
@@ -350,6 +377,7 @@ def _check_adaptations(vendor: Vendor, found: Findings) -> None:
         found.problems.append(str(exc))
         return
     families: set[str] = set()
+    adapted = False
     with case_code_not_run(), _held_warnings() as warnings:  # the vendor's case files are read, never run
         for name in sorted(cases):
             try:
@@ -358,9 +386,17 @@ def _check_adaptations(vendor: Vendor, found: Findings) -> None:
                 found.problems.append(str(exc))
                 continue
             families.add(case.family)
+            adapted = adapted or has_vendor_files(case, vendor.name)
             used = _check_case(vendor, case, found)
             if used:
                 found.passed.append(f"adaptation of {name}: {'; '.join(used)}")
+    if not adapted:  # where a new vendor's case files go, said once (docs/vendor-guide.md, section 2)
+        found.notes.append(f"no case is adapted for {vendor.name} yet: a case's settings go in cases/<family>/<case>/"
+                           f"vendor/{overrides_name('training', vendor.name)} (inference: "
+                           f"{overrides_name('inference', vendor.name)}), a training scale's in vendor/{vendor.name}/"
+                           f"config_{vendor.manifest.hardware}x<nnodes>x<nproc>.yaml, and {ENV_FILE}, "
+                           f"{REQUIREMENTS_FILE}, {CSRC_FOLDER}/{CSRC_SETUP}, {EXTERN_FOLDER}/{EXTERN_HOOKS_FILE} "
+                           f"in vendor/{vendor.name}/ (docs/vendor-guide.md, section 2)")
     for note in dict.fromkeys(warnings):  # a new key's warning, when that key is also a problem, is said once
         file_and_key = ": ".join(note.split(": ")[:2]) + ":"
         if not any(problem.startswith(file_and_key) for problem in found.problems):
@@ -369,6 +405,12 @@ def _check_adaptations(vendor: Vendor, found: Findings) -> None:
         if family in families and not any((vendor.folder / sub).glob(f"*/{ENGINE_MANIFEST}")):
             found.notes.append(f"no {family} engines ({display_path(vendor.folder / sub)}/<engine>/{ENGINE_MANIFEST}):"
                                f" {family} cases cannot run with this vendor (start from vendor_images/cpu/{sub}/)")
+
+
+def has_vendor_files(case: CaseDef, vendor: str) -> bool:
+    """Whether the case has a file or folder of this vendor under vendor/ (read or not: a misnamed one counts)."""
+    return (is_present(case.vendor_file(vendor)) or is_present(adaptation_folder(case.folder, vendor))
+            or bool(misnamed_overrides(case.folder, case.family, vendor)))
 
 
 def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
@@ -381,7 +423,7 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
             resolve_case_config(case, vendor=vendor.name, run_overrides=[], hardware=vendor.manifest.hardware)
             used.append(f"overrides {case.vendor_file(vendor.name).name}")
         except FlagperfError as exc:
-            found.problems.append(str(exc))
+            found.add_problem(str(exc))
     folder = adaptation_folder(case.folder, vendor.name)
     hardware = str(vendor.manifest.hardware)
     # A link as the folder is read_adaptation's to judge (it must stay inside the case); its entries are not listed.
@@ -398,12 +440,13 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
                 resolve_case_config(case, vendor=vendor.name, run_overrides=[(str(entry), sizes)], hardware=hardware)
                 used.append(f"scale {entry.name}")
             except FlagperfError as exc:
-                found.problems.append(str(exc))
-    try:
-        adaptation = read_adaptation(case.folder, case.name, case.family, vendor.name)
-    except FlagperfError as exc:
-        found.problems.append(str(exc))
+                found.add_problem(str(exc))
+    problems = adaptation_problems(case.folder, case.family, vendor.name)
+    for problem in problems:  # every part's, not only the first a run would stop at
+        found.add_problem(str(problem))
+    if problems:
         return used
+    adaptation = read_adaptation(case.folder, case.name, case.family, vendor.name)
     if adaptation is not None and not adaptation.empty:
         used += [p for p, present in (("environment file", adaptation.env), ("requirements", adaptation.requirements),
                                       ("csrc", adaptation.csrc), ("extern " + ",".join(adaptation.hooks),

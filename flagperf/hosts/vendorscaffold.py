@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from flagperf.config.adaptation import EXTERN_HOOKS
 from flagperf.config.models import check_name
 from flagperf.config.vendors import MANIFEST
 from flagperf.errors import ConfigError
@@ -126,6 +127,22 @@ README = """\
 TODO (FlagPerf asks each vendor for a README): the chip and its software (driver, firmware, torch plug-in
 versions), how the image is built, and the monitor's fields. Results are the run folders of `flagperf run
 --vendor {name}` (report.md, summary.csv): link the runs of each case at 1x1, 1x8 and 2x8.
+
+## Adapting a case (docs/vendor-guide.md, section 2)
+
+FlagPerf's `<model>-<framework>/` folder of a vendor is, for each case, inside the case:
+
+    cases/<family>/<case>/vendor/{name}.yaml           the case's settings (its mutable keys only)
+    cases/inference/<case>/vendor/{name}_configurations.yaml   an inference case's settings (compiler, ...)
+    cases/<family>/<case>/vendor/{name}/
+      config_{hardware}x<nnodes>x<nproc>.yaml   training: a scale's settings (FlagPerf's config_<hw>x<n>x<p>.py)
+      environment_variables.sh   NAME=value lines, read as data (no config/ folder)
+      requirements.txt           pip-installed before the case starts
+      csrc/setup.py              operators, built before the case starts
+      extern/hooks.py            the case's extension points ({hooks})
+
+Inference cases run through an engine of this folder: engines/<engine>/engine.yaml (start from
+vendor_images/cpu/engines/). `flagperf vendor check {name}` reads every file of this vendor in the cases.
 """
 
 
@@ -139,7 +156,8 @@ def write_vendor_folder(root: Path, name: str, torch_device: str = "cpu") -> Pat
     folder = root / name
     if folder.exists() or folder.is_symlink():
         raise ConfigError(display_path(folder), None, "already exists; nothing was written")
-    values = {"name": name, "device": torch_device, "folder": display_path(folder),
+    hooks = "; ".join(f"{family}: {', '.join(points)}" for family, points in EXTERN_HOOKS.items())
+    values = {"name": name, "device": torch_device, "folder": display_path(folder), "hardware": name, "hooks": hooks,
               "shares": "true" if torch_device == "cpu" else "false", "env": f"{name.upper()}_VISIBLE_DEVICES"}
     files = {MANIFEST: VENDOR_YAML, "spec.py": SPEC_PY, f"monitor_{name}.py": MONITOR_PY,
              "pytorch/Dockerfile": DOCKERFILE, "pytorch/pytorch_install.sh": INSTALL_SH, "README.md": README}

@@ -35,6 +35,10 @@ def monitor_faults(folder: Path, where: str, expected: set[str]) -> list[str]:
         if m.footer is None:
             found.append(f"{where}: monitor {m.name} died during the round (no footer, {samples} samples): "
                          "its figures cover only the part of the round before it stopped")
+        elif samples == 0 and m.unavailable():  # the vendor's tool is missing or failed: say why, not "one reading"
+            reasons = "; ".join(f"{key}: {reason}" for key, reason in m.unavailable().items())
+            found.append(f"{where}: monitor {m.name} took no samples, its source is unavailable ({reasons}): no "
+                         "figures from it (`flagperf vendor check <vendor>` runs it on its own)")
         elif samples < 2:
             found.append(f"{where}: monitor {m.name} took {samples} sample(s): its averages and maxima are "
                          "one reading, not a profile of the round")

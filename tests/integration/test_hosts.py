@@ -160,9 +160,10 @@ def torchless_python(bed: Testbed, folder: Path) -> str:
 def test_a_docker_host_without_torch_is_checked_in_its_image(flagperf_env: Path, tmp_path: Path,
         testbed: Testbed, deployed: Path) -> None:
     """A host whose own Python has no torch: the host check defers to the image, the probe in the image finds
-    the device, and the round runs in the container."""
+    the device with the host's spec_settings (the peaks its rounds use), and the round runs in the container."""
     python = torchless_python(testbed, Path("/tmp/flagperf-testbed/notorch-python"))
     inventory = write_inventory(tmp_path, [host_entry(testbed, 0, deployed, python=python,
+                                                      spec_settings={"clock_ghz": 3.0},
                                                       **docker_options(testbed, "local"))])
     state, run_dir = run_evaluate(flagperf_env, cases=["computation-FP32"], rounds=1, overrides=FAST,
                                   inventory=inventory)
@@ -173,6 +174,9 @@ def test_a_docker_host_without_torch_is_checked_in_its_image(flagperf_env: Path,
     assert checks["accelerators"]["ok"] and checks["accelerators"]["detail"].startswith("no torch on the host")
     assert health["probe"]["libraries"]["torch"] == "not installed"
     assert checks["accelerators in image"]["ok"] and health["image_probe"]["libraries"]["torch"].startswith("2.")
+    # The host's probe stopped at the missing torch; the image's built the peaks, with the host's clock.
+    assert health["probe"]["peaks"] == {}
+    assert "3.000 GHz (spec_settings.clock_ghz)" in health["image_probe"]["peaks"]["fp32"]["source"]
     result = read_result(run_dir / "computation-FP32" / "round1" / f"{host.name}_noderank0" / "result.json")
     assert result.status == "success" and result.metrics[0].value > 0
 

@@ -92,6 +92,24 @@ def test_every_fault_and_bound_is_named_in_the_report(tmp_path: Path) -> None:
     assert cells["computation-FP32"][7].endswith("(above peak!)")
 
 
+def test_a_monitor_whose_tool_is_missing_is_named_with_its_reason(tmp_path: Path) -> None:
+    """The nvidia monitor run here for real, where nvidia-smi and NVML are missing: no samples, and the fault says
+    why (it read "took 0 sample(s): its averages and maxima are one reading", which it has none of)."""
+    run = tmp_path / "run9"
+    run.mkdir()
+    folder = put(run, "computation-FP32", [Metric(name="gemm_fp32", value=1.0, unit="TFLOPS", peak=PEAK, ratio=0.5)])
+    out = folder / "monitor_nvml.jsonl"
+    subprocess.run([sys.executable, str(PROJECT_ROOT / "vendor_images" / "nvidia" / "monitor_nvml.py"), "--out",
+                    str(out), "--interval", "0.2", "--max-seconds", "2"], check=True,
+                   env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "PATH": "/nonexistent"})
+    header = json.loads(out.read_text().splitlines()[0])
+    reason = next(iter(header["sources"].values()))["reason"]
+    faults = summarize(run).faults
+    assert len(faults) == 1 and faults[0].startswith(
+        "computation-FP32 round 1 on localhost: monitor nvml took no samples, its source is unavailable ("), faults
+    assert reason in faults[0] and "one reading" not in faults[0]
+
+
 def test_a_clean_round_has_no_faults(tmp_path: Path) -> None:
     run = tmp_path / "run8"
     put(run, "computation-FP32", [Metric(name="gemm_fp32", value=1.0, unit="TFLOPS", peak=PEAK, ratio=0.5)])

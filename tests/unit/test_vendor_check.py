@@ -25,9 +25,11 @@ def flagperf(*args: str) -> subprocess.CompletedProcess[str]:
 def test_the_amd_folder_passes_with_what_this_machine_cannot_check_said() -> None:
     found = check_vendor_folder(PROJECT_ROOT / "vendor_images" / "amd", monitor_seconds=1)
     assert found.problems == []
-    assert any(line.startswith("monitor amdsmi: ") and "amd-smi unavailable" in line for line in found.not_checkable)
-    assert any(line.startswith("peaks: ") for line in found.not_checkable)
-    assert any(line.startswith("monitor system: ") for line in found.passed)
+    # Each line names the file it is about: the monitor's script, the spec module, the manifest.
+    assert any(line.startswith("monitor amdsmi (vendor_images/amd/monitor_amdsmi.py): ") and "amd-smi unavailable"
+               in line for line in found.not_checkable), found.not_checkable
+    assert any(line.startswith("peaks: ") and "vendor_images/amd/spec.py" in line for line in found.not_checkable)
+    assert any(line.startswith("monitor system (flagperf.monitoring.system): ") for line in found.passed)
 
 
 @pytest.fixture
@@ -56,7 +58,7 @@ def test_problems_are_one_line_each(broken_vendor: Path) -> None:
     found = check_vendor_folder(broken_vendor, monitor_seconds=1)
     problems = "\n".join(found.problems)
     assert "line 2: copies missing.txt" in problems
-    assert "monitor crash: exited 1 when run as `python " in problems and "crash.py --out FILE" in problems
+    assert "crash.py): exited 1 when run as `python " in problems and "crash.py --out FILE" in problems
     assert "--max-seconds 1`: no device tool" in problems
     assert "datasheets.yaml: entry 0: no source" in problems
     assert "extern/hooks.py: line 4: load_state_dict: loads weights" in problems

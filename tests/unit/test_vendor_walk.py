@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from flagperf.config.adaptation import EXTERN_HOOKS
 from flagperf.config.vendors import MANIFEST, load_vendor_manifest
 from flagperf.errors import ConfigError
 from flagperf.hosts.vendorcheck import ENGINE_FOLDERS, check_vendor_folder
@@ -71,7 +72,14 @@ def flagperf(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
 def test_the_scaffold_passes_vendor_check_and_validate_as_written(tmp_path: Path) -> None:
     made = flagperf("vendor", "new", "acme", "--into", str(tmp_path))
     assert made.returncode == 0, made.stderr
+    # A folder outside the project is found once its parent is on FLAGPERF_VENDOR_PATH: the next step says so.
+    assert f"put {tmp_path} on FLAGPERF_VENDOR_PATH so that --vendor acme finds it" in made.stdout, made.stdout
     folder = tmp_path / "acme"
+    # The README says where each file of a case adaptation goes, with every extension point of each family.
+    readme = (folder / "README.md").read_text()
+    assert "cases/inference/<case>/vendor/acme_configurations.yaml" in readme
+    assert "config_acmex<nnodes>x<nproc>.yaml" in readme and "extern/hooks.py" in readme
+    assert all(hook in readme for points in EXTERN_HOOKS.values() for hook in points)
     found = check_vendor_folder(folder, monitor_seconds=1)
     assert found.problems == []
     assert any(line.startswith("image ") and "pytorch_install.sh" in line for line in found.passed)
@@ -115,7 +123,7 @@ def test_each_typical_mistake_is_one_problem_line(walk: Path) -> None:
     found = check_vendor_folder(vendor, monitor_seconds=1)
     expected = [
         "vendor.yaml: shares_host_memory: false, but torch.cpu has no mem_get_info()",
-        "monitor acme: no sample has a devices list",
+        "monitor_acme.py): no sample has a devices list",
         "spec.py peaks.fp64_tflops: not a key any case reads",
         "walk-gemm/vendor/acme.yaml: M: unknown key (did you mean m?)",
         "walk-infer/vendor/acme.yaml: never read: the vendor overrides of inference cases are "
@@ -138,7 +146,8 @@ def test_garbage_from_a_monitor_a_spec_table_of_the_wrong_form_and_a_default_rep
     spec.write_text(spec.read_text().replace('"value": value, "unit": unit,', '"value": value,'))
     write(walk / "cases" / "base" / "walk-gemm" / "vendor" / "acme.yaml", "m: 4096\n")
     problems = check_vendor_folder(vendor, monitor_seconds=1).problems
-    assert any("monitor acme: line 1 of its --out file is not a JSON object ('ACME-SMI v1.2')" in p for p in problems)
+    assert any("monitor_acme.py): line 1 of its --out file is not a JSON object ('ACME-SMI v1.2')" in p
+               for p in problems)
     assert any("spec.py spec_table(): peaks.fp64.unit: required key is missing" in p for p in problems)
     assert any("walk-gemm/vendor/acme.yaml: m: overrides the default with the same value (4096)" in p
                for p in problems)
@@ -206,3 +215,38 @@ def test_vendor_check_takes_a_vendors_name_as_run_finds_it(tmp_path: Path) -> No
     wrong = flagperf("vendor", "check", "acmee", env={"FLAGPERF_VENDOR_PATH": str(tmp_path)})
     assert wrong.returncode == 2 and "did you mean acme?" in wrong.stderr, wrong.stderr
     assert len(wrong.stderr.strip().splitlines()) == 1
+
+
+def test_every_problem_of_a_case_adaptation_is_named_at_once_and_once(walk: Path) -> None:
+    """A vendor fixes them in one go: the environment file's, requirements.txt's and hooks.py's problems together
+    (a run stops at the first), and the overrides file's once though each scale file reads it again."""
+    cases = walk / "cases"
+    write(cases / "training" / "walk-mlp" / "vendor" / "acme.yaml", "hidden: 256\n")
+    adapted = cases / "training" / "walk-mlp" / "vendor" / "acme"
+    write(adapted / "config_acmex1x1.yaml", "lr: 0.08\n")
+    write(adapted / "config_acmex1x2.yaml", "lr: 0.07\n")
+    write(adapted / "environment_variables.sh", "export ACME_TUNING=fast\nsource /opt/acme/env.sh\n")
+    write(adapted / "requirements.txt", "--extra-index-url https://pypi.acme.example/simple\nacme-ops\n")
+    write(adapted / "extern" / "hooks.py", "def on_steps(ctx, step):\n    pass\n")
+    problems = check_vendor_folder(walk / "vendors" / "acme", monitor_seconds=1).problems
+    expected = ["walk-mlp/vendor/acme.yaml: hidden: is not in the case's mutable list",
+                "acme/environment_variables.sh: line 2: not an assignment",
+                "acme/requirements.txt: line 1: --extra-index-url (another index) is not read here",
+                "acme/extern/hooks.py: line 1: on_steps is not an extension point of the training family"]
+    for line in expected:
+        assert sum(line in problem for problem in problems) == 1, (line, problems)
+    assert len(problems) == len(expected), problems
+
+
+def test_a_new_vendor_is_told_where_case_files_go_and_which_peaks_are_missing(walk: Path) -> None:
+    found = check_vendor_folder(walk / "vendors" / "acme", monitor_seconds=1)
+    assert any(note.startswith("no case is adapted for acme yet: a case's settings go in cases/<family>/<case>/vendor"
+                               "/acme.yaml (inference: acme_configurations.yaml), a training scale's in vendor/acme/"
+                               "config_acmex<nnodes>x<nproc>.yaml") and "extern/hooks.py" in note
+               for note in found.notes), found.notes
+    assert any("acme/spec.py: no value for fp64, fp32, tf32, bf16, fp16, fp8, int8, memory_bandwidth, "
+               "memory_capacity, h2d_bandwidth, d2h_bandwidth: cases report no ratio or MFU against them" in note
+               for note in found.notes), found.notes
+    write(walk / "cases" / "inference" / "walk-infer" / "vendor" / "acme_configurations.yaml", "batch_size: 64\n")
+    assert not any(note.startswith("no case is adapted") for note in
+                   check_vendor_folder(walk / "vendors" / "acme", monitor_seconds=1).notes)
