@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -143,8 +144,9 @@ def hooks_called(out_dir: Path, first_rank: int) -> list[str]:
 
 
 def run_inference(job: Job, case: CaseDef, config: InferenceConfig, vendor: Vendor, spec: SpecTable,
-                  out_dir: Path) -> Outcome:
-    """The seven steps (flagperf.inference), as Prefect subflows when the job carries a Prefect context."""
+                  out_dir: Path, hooks_called: list[str] | None = None) -> Outcome:
+    """The seven steps (flagperf.inference), as Prefect subflows when the job carries a Prefect context;
+    hooks_called collects the vendor's extern hooks as they are first called."""
     from flagperf.inference.pipeline import InferenceRun
     from flagperf.inference.subflows import run_inference_steps
 
@@ -153,7 +155,7 @@ def run_inference(job: Job, case: CaseDef, config: InferenceConfig, vendor: Vend
     # results (a Llama-7B ONNX file is 27 GB); result.json records where they are, for exist_*_path reuse.
     artifacts = default_work_root() / "inference-artifacts" / job.run_id / job.case / f"round{job.round}"
     hooks = load_hooks(read_adaptation(case.folder, case.name, case.family, vendor.name))
-    run = InferenceRun(case_name=case.name, module=hooked_module(case.module, hooks), config=config,
+    run = InferenceRun(case_name=case.name, module=hooked_module(case.module, hooks, hooks_called), config=config,
                        vendor=vendor.name, spec=spec, device=device,
                        shares_host_memory=vendor.manifest.shares_host_memory, out_dir=out_dir,
                        artifact_dir=artifacts / f"attempt{job.attempt}", origins=job.config_origins)
@@ -168,17 +170,30 @@ def run_inference(job: Job, case: CaseDef, config: InferenceConfig, vendor: Vend
     return Outcome(metrics=run.metrics, measured=measured, inference=run.report)
 
 
-def hooked_module(module: ModuleType, hooks: dict[str, Any]) -> ModuleType:
+def hooked_module(module: ModuleType, hooks: dict[str, Any], called: list[str] | None = None) -> ModuleType:
     """The case's module with the vendor's extern hooks around its forward functions (each hook gets the
-    standard function first); the module itself when there are none."""
+    standard function first); the module itself when there are none. ``called`` collects each hook's name at
+    its first call, so the round's record says which hooks ran, not only which the file defines."""
     if not hooks:
         return module
     hooked = ModuleType(module.__name__, module.__doc__)
     hooked.__dict__.update({k: v for k, v in module.__dict__.items() if k not in ("__name__", "__doc__")})
     for name, hook in hooks.items():
-        standard = getattr(module, name)
-        setattr(hooked, name, functools.partial(hook, standard))
+        setattr(hooked, name, _counted(name, functools.partial(hook, getattr(module, name)), called))
     return hooked
+
+
+def _counted(name: str, function: Callable[..., Any], called: list[str] | None) -> Callable[..., Any]:
+    if called is None:
+        return function
+
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if name not in called:
+            called.append(name)
+        return function(*args, **kwargs)
+
+    return call
 
 
 def run_generate(config: GenerateConfig, vendor: Vendor, spec: SpecTable, out_dir: Path) -> Outcome:
@@ -368,7 +383,10 @@ def run_job(job: Job, out_dir: Path, slot: DeviceSlot | None = None, job_file: P
                 if adapted is not None:
                     adapted["hooks_called"] = hooks_called(out_dir, job.node_rank * config.nproc_per_node)
             elif isinstance(config, InferenceConfig):
-                outcome = run_inference(job, case, config, vendor, spec, out_dir)
+                called: list[str] = []
+                if adapted is not None:  # kept in the record also when a later step fails
+                    adapted["hooks_called"] = called
+                outcome = run_inference(job, case, config, vendor, spec, out_dir, called)
             elif case.family == "generate":  # its modules need transformers (the generate extra): imported there
                 outcome = run_generate(config, vendor, spec, out_dir)
             elif case.family == "operation":

@@ -280,6 +280,23 @@ def test_inference_hooks_wrap_the_cases_own_forward() -> None:
     assert hooked_module(case, {}) is case
 
 
+def test_inference_hooks_called_are_recorded_at_their_first_call() -> None:
+    """The record says which hooks ran: one the file defines but the case never reaches is not in it."""
+    import types
+
+    from flagperf.entry import hooked_module
+
+    case = types.ModuleType("case")
+    case.model_forward = lambda model, inputs: [model * x for x in inputs]  # type: ignore[attr-defined]
+    case.export_model = lambda model, config, path: None  # type: ignore[attr-defined]
+    called: list[str] = []
+    hooked = hooked_module(case, {"model_forward": lambda standard, model, inputs: standard(model, inputs),
+                                  "export_model": lambda standard, model, config, path: None}, called)
+    assert called == []
+    assert hooked.model_forward(2, [1]) == [2] and hooked.model_forward(3, [1]) == [3]
+    assert called == ["model_forward"]
+
+
 @pytest.mark.parametrize(("line", "why"), [
     ("A=a\x00b", "control character '\\x00'"),
     ('A="red\x1b[31m"', "control character '\\x1b'"),
