@@ -54,6 +54,7 @@ from flagperf.hosts.inventory import HostSpec
 from flagperf.hosts.local import Host
 from flagperf.hosts.slurm import cancel_jobs
 from flagperf.paths import RESULTS_DIR_ENV, RESULTS_ROOT_ENV
+from flagperf.results.bounded import read_json_file
 from flagperf.results.schema import (
     KEPT_ON_HOST,
     RESULT_FILE,
@@ -429,7 +430,7 @@ def check_hosts(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: RunPla
                 healthcheck(hosts[name], spec, plan.vendor, run_dir)
         except Exception as exc:
             return name, None, str(exc) or type(exc).__name__
-        report = json.loads(health_file(run_dir, name).read_text(encoding="utf-8"))
+        report = read_json_file(health_file(run_dir, name), what="a host's health report")  # bounded
         return name, report["probe"], None
 
     outcomes = run_concurrently([partial(check, name) for name in hosts])

@@ -92,7 +92,7 @@ def read_json_file(path: Path, max_bytes: int = MAX_RECORD_BYTES, what: str = "a
 
 
 
-def _open_regular(path: Path) -> BinaryIO | None:
+def open_regular(path: Path) -> BinaryIO | None:
     """``path`` opened to read, never waiting on a FIFO; None when missing, unreadable or not a regular file."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -109,7 +109,7 @@ def read_end(path: Path, max_bytes: int) -> str | None:
     """The last ``max_bytes`` of a regular file as text (undecodable bytes replaced), or None when it is missing,
     unreadable or not a regular file: the end of a log or of a JSON-lines file, however long it grew, without
     reading the rest."""
-    handle = _open_regular(path)
+    handle = open_regular(path)
     if handle is None:
         return None
     with handle:
@@ -119,7 +119,7 @@ def read_end(path: Path, max_bytes: int) -> str | None:
 
 def read_start(path: Path, max_bytes: int) -> str | None:
     """The first ``max_bytes`` of a regular file as text (undecodable bytes replaced), or None as read_end."""
-    handle = _open_regular(path)
+    handle = open_regular(path)
     if handle is None:
         return None
     with handle:
