@@ -132,9 +132,11 @@ def read_bounded(path: Path, max_bytes: int = MAX_RECORD_BYTES) -> bytes:
     larger); a FIFO is never waited on."""
     handle = os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)), "rb")
     with handle:
-        mode = os.fstat(handle.fileno()).st_mode
-        if not stat.S_ISREG(mode):
-            raise ValueError(f"{display_path(path)}: {_not_regular(mode)}")
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{display_path(path)}: {_not_regular(info.st_mode)}")
+        if info.st_size > max_bytes:  # refused unread; and read no further than the limit if it grew since
+            raise ValueError(f"{display_path(path)}: more than {max_bytes} bytes; not read")
         data = handle.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise ValueError(f"{display_path(path)}: more than {max_bytes} bytes; not read")
