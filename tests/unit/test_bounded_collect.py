@@ -113,3 +113,24 @@ def test_a_monitor_line_without_end_is_skipped_unheld(tmp_path: Path, monkeypatc
     series, peak = peak_bytes(lambda: read_monitor(path))
     assert list(series.samples["t"]) == [0, 1] and series.malformed == 1 and series.cut is None
     assert peak < 100_000, f"{peak} bytes held for a 200000-byte line"
+
+
+def test_a_run_whose_round_stayed_on_its_host_says_how_to_collect_it(tmp_path: Path) -> None:
+    """The link to a host dropped while its round was collected: the round is kept there, and the run's final
+    line says the command that collects it (a retry), not only that it failed."""
+    from flagperf.results.schema import KEPT_ON_HOST, Failure, RoundResult
+    from flows.evaluate import failed_line
+
+    def failed(message: str) -> RoundResult:
+        return RoundResult.model_validate({
+            "run_id": "r", "case": "c", "family": "f", "round": 1, "host": "h1", "node_rank": 0, "vendor": "cpu",
+            "status": "failed", "failure": Failure(kind="infrastructure", message=message).model_dump(),
+            "started_at": "2026-01-01T00:00:00Z", "finished_at": "2026-01-01T00:00:01Z", "duration_s": 1,
+            "measured_seconds": 0, "config": {}})
+
+    kept = failed(f"the round's files could not be collected (x: host h1: connection lost); {KEPT_ON_HOST} h1:/w")
+    line = failed_line([kept], 2, "flagperf run --cases c", tmp_path)
+    assert line.startswith("1 of 2 rounds failed: c round 1 on h1: the round's files could not be collected")
+    assert line.endswith(f"to collect the rounds kept on their hosts (and run only the failed others again): "
+                         f"`flagperf run --cases c --retry {tmp_path}`") and "\n" not in line
+    assert "--retry" not in failed_line([failed("the case crashed")], 2, "flagperf run --cases c", tmp_path)
