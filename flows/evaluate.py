@@ -54,6 +54,7 @@ from flagperf.hosts.inventory import HostSpec
 from flagperf.hosts.local import Host
 from flagperf.hosts.slurm import cancel_jobs
 from flagperf.paths import RESULTS_DIR_ENV, RESULTS_ROOT_ENV
+from flagperf.results.bounded import read_json_file
 from flagperf.results.schema import (
     KEPT_ON_HOST,
     RESULT_FILE,
@@ -274,13 +275,23 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
         summary = analyze(run_dir)  # also after an interruption: what was measured is reported
     failed = [r for r in results if r.status == "failed"]
     if failed:
-        raise EvaluationFailed(f"{len(failed)} of {len(results)} rounds failed: {rounds_line(failed)}")
+        raise EvaluationFailed(failed_line(failed, len(results), command, run_dir))
     data = {"run_id": plan.run_id, "run_dir": str(run_dir), "counts": summary.counts if summary else None}
     state = unsupported_state(results, data)
     if state is not None:
         logger.warning("%s", state.message)
         return state
     return data
+
+
+def failed_line(failed: list[RoundResult], total: int, command: str | None, run_dir: Path) -> str:
+    """The final line of a run with failed rounds; when some were measured but not collected (the link to their
+    host dropped), it says how to get them: a retry collects them instead of running them again."""
+    line = f"{len(failed)} of {total} rounds failed: {rounds_line(failed)}"
+    if any(r.failure and KEPT_ON_HOST in r.failure.message for r in failed):
+        line += (f"; to collect the rounds kept on their hosts (and run only the failed others again): "
+                 f"{how_to_retry(command, run_dir)}")
+    return line
 
 
 class ResultsUnwritable(FlagperfError):
@@ -429,7 +440,7 @@ def check_hosts(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: RunPla
                 healthcheck(hosts[name], spec, plan.vendor, run_dir)
         except Exception as exc:
             return name, None, str(exc) or type(exc).__name__
-        report = json.loads(health_file(run_dir, name).read_text(encoding="utf-8"))
+        report = read_json_file(health_file(run_dir, name), what="a host's health report")  # bounded
         return name, report["probe"], None
 
     outcomes = run_concurrently([partial(check, name) for name in hosts])

@@ -13,7 +13,8 @@ from flagperf.config.job import JOB_FILE, Job
 from flagperf.errors import InfrastructureFailure
 from flagperf.hosts.local import Host
 from flagperf.hosts.runtime import PID_FILE
-from flagperf.measure.perflog import parse_file
+from flagperf.measure.perflog import parse_text
+from flagperf.results.bounded import read_bounded, read_end
 from flagperf.results.schema import (
     KEPT_ON_HOST,
     RESULT_FILE,
@@ -28,12 +29,22 @@ from flagperf.training.launch import where_it_stopped
 ATTEMPT_DIR = re.compile(r"^attempt(\d+)$")
 # Write errors that say the results folder itself cannot take more: every later round would fail the same way.
 STORE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
+# How much of a training rank's log is read to say where it stopped: its last PerfLog events are at the end.
+RANK_LOG_END_BYTES = 16 * 1024 * 1024
 
 
-def training_progress(folder: Path) -> str | None:
-    """How far the first training process of a round got, from its PerfLog (None if not training)."""
+def training_progress(folder: Path, max_bytes: int = RANK_LOG_END_BYTES) -> str | None:
+    """How far the first training process of a round got, from the PerfLog at the end of its log (None if not
+    training); a log longer than ``max_bytes`` is read from its end only, and the line says so."""
     logs = sorted(folder.glob("rank*.out.log"), key=lambda p: int(p.stem.removeprefix("rank").split(".")[0]))
-    return f"{logs[0].name}: {where_it_stopped(parse_file(logs[0]))}" if logs else None
+    if not logs:
+        return None
+    text = read_end(logs[0], max_bytes)
+    if text is None:
+        return f"{logs[0].name}: cannot be read"
+    size = logs[0].stat().st_size
+    cut = f" (from its last {max_bytes} of {size} bytes)" if size > max_bytes else ""
+    return f"{logs[0].name}: {where_it_stopped(parse_text(text))}{cut}"
 
 
 def verify_copy(local: Path, sizes: dict[str, int]) -> None:
@@ -101,7 +112,10 @@ def _arrange(partial: Path, job: Job, failure: Failure | None, host_probe: dict[
         if stopped:  # a training run killed mid-way: say how far it got
             failure = failure.model_copy(update={"message": f"{failure.message}; {stopped}"})
         job_file = partial / JOB_FILE  # the last attempt's job: it knows which attempt failed
-        last = Job.model_validate_json(job_file.read_text()) if job_file.is_file() else job
+        try:  # bounded: the case may have left anything there
+            last = Job.model_validate_json(read_bounded(job_file))
+        except (OSError, ValueError):
+            last = job
         result = last.failed_result(failure, host_probe)
         write_result(result_path, result)
     return result
@@ -138,6 +152,9 @@ def collect_logs(host: Host, stage_dir: Path, dest_dir: Path, job: Job, failure:
         message = f"{what} ({dest_dir.parent}: {cause}); {KEPT_ON_HOST} {host.name}:{stage_dir}"
         logger.error("%s round %d on %s: %s", job.case, job.round, host.name, message)
         return job.failed_result(Failure(kind="infrastructure", message=message), host_probe)
+    except BaseException:  # anything else (a bug, an interrupt): no half copy stays in the run folder
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     host.remove_tree(stage_dir)
     logger.info("collected %s -> %s (%s)", stage_dir, dest_dir, result.status)
     return result

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from flagperf.hosts.health import PROBE_TIMEOUT_S, health_file, image_probe_chec
 from flagperf.hosts.inventory import HostSpec, mask_values
 from flagperf.hosts.local import Host
 from flagperf.paths import display_path
+from flagperf.results.bounded import read_json_file
 from flagperf.results.schema import write_json_atomic
 
 
@@ -75,7 +75,8 @@ def probe_image(host: Host, spec: HostSpec, vendor: Vendor, run_id: str, image: 
     check, probe = image_probe_check(lines, result.exit_code, result.timed_out, image["tag"])
     log_check(logger, check)
     path = health_file(run_dir, host.name)
-    report = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"host": host.name, "checks": []}
+    report = read_json_file(path, what="a host's health report") if path.is_file() else {"host": host.name,
+                                                                                        "checks": []}
     report["checks"].append(check.__dict__)
     report["ok"] = all(c["ok"] for c in report["checks"])
     report["image_probe"] = probe

@@ -54,6 +54,7 @@ from pydantic import Field, field_validator
 
 from flagperf.config.models import StrictModel
 from flagperf.errors import CaseUserError
+from flagperf.results.bounded import read_end
 
 SERVER_LOG = "server.log"
 EXIT_SERVER_FAILED = 71  # the server died under load: an infrastructure failure (the round is retried)
@@ -65,6 +66,7 @@ PORT_ATTEMPTS = 5
 STOP_GRACE_S = 15.0
 LOG_TAIL_LINES = 20
 LOG_LINE_CHARS = 300  # of the error line put first
+LOG_END_BYTES = 1024 * 1024  # of a server's log read for its last lines: the start of a huge log is not read
 WHOLE_WORD = re.compile(r"(--?[A-Za-z0-9][A-Za-z0-9_.-]*=)?\{\w+\}")  # {x} or --option={x}
 
 
@@ -210,9 +212,8 @@ def error_line(path: Path) -> str | None:
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
+    text = read_end(path, LOG_END_BYTES)  # bounded: a server's log may have grown to any size
+    if text is None:
         return "(no log)"
     tail = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
     return " | ".join(tail) or "(empty log)"
@@ -301,7 +302,7 @@ def start_server(spec: ServerSpec, fields: dict[str, Any], extra_args: list[str]
 
 def _attempt_log(log_path: Path) -> str:
     """The log of the latest attempt only."""
-    text = log_path.read_text(encoding="utf-8", errors="replace")
+    text = read_end(log_path, LOG_END_BYTES) or ""  # bounded: its end holds the latest attempt
     return text.rsplit("# flagperf: attempt ", 1)[-1]
 
 

@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from flagperf.paths import NAME_PATTERN, PROJECT_ROOT
+from flagperf.results.bounded import MAX_RECORD_BYTES, read_bounded, read_end
 
 LineSink = Callable[[str], None]
 logger = logging.getLogger("flagperf.hosts.local")
 PARENT_PID_ENV = "FLAGPERF_PARENT_PID"  # the pid of the process that started a case or monitor
+TAIL_BYTES = 64 * 1024  # the end of a log read for its last lines: far more than a few lines take
 
 
 @dataclass(frozen=True)
@@ -82,13 +84,22 @@ class Host(ABC):
     def exists(self, remote: Path) -> bool: ...
 
     @abstractmethod
-    def read_text(self, remote: Path) -> str: ...
+    def read_text(self, remote: Path, max_bytes: int = MAX_RECORD_BYTES) -> str:
+        """A regular file on the host as text, read only when it holds at most ``max_bytes`` (a result, a job):
+        OSError when it cannot be read, ValueError (one line naming it) when it is larger or not a regular file;
+        never read whole first, so a huge or endless file cannot fill the controller's memory."""
 
-    def tail(self, remote: Path, lines: int) -> list[str]:
-        """The last non-empty lines of a text file on the host ([] when it cannot be read)."""
+    @abstractmethod
+    def read_end(self, remote: Path, max_bytes: int) -> str:
+        """The last ``max_bytes`` of a regular file on the host as text (a log, however long it grew); OSError
+        when it cannot be read, ValueError when it is not a regular file."""
+
+    def tail(self, remote: Path, lines: int, max_bytes: int = TAIL_BYTES) -> list[str]:
+        """The last non-empty lines of a text file on the host, from its last ``max_bytes`` only ([] when it
+        cannot be read)."""
         try:
-            text = self.read_text(remote)
-        except OSError:
+            text = self.read_end(remote, max_bytes)
+        except (OSError, ValueError):
             return []
         return [line.strip() for line in text.splitlines() if line.strip()][-lines:]
 
@@ -210,7 +221,8 @@ class LocalHost(Host):
                 if not stat.S_ISREG(info.st_mode):
                     continue
                 with source.open("rb") as src, (target_dir / name).open("wb") as dst:
-                    shutil.copyfileobj(src, dst)
+                    # The size listed, never more: a file a process still writes to cannot make the copy endless.
+                    copy_bytes(src, dst, info.st_size)
                     dst.flush()
                     os.fsync(dst.fileno())
                 sizes[str(source.relative_to(remote))] = info.st_size
@@ -222,8 +234,15 @@ class LocalHost(Host):
     def exists(self, remote: Path) -> bool:
         return remote.exists()
 
-    def read_text(self, remote: Path) -> str:
-        return remote.read_text(encoding="utf-8", errors="replace")
+    def read_text(self, remote: Path, max_bytes: int = MAX_RECORD_BYTES) -> str:
+        return read_bounded(remote, max_bytes).decode("utf-8", errors="replace")
+
+    def read_end(self, remote: Path, max_bytes: int) -> str:
+        text = read_end(remote, max_bytes)
+        if text is None:  # missing, unreadable or not a regular file: say which, as open would
+            info = remote.stat()  # raises OSError for a missing or unreadable one
+            raise ValueError(f"{remote}: not a regular file (mode {stat.filemode(info.st_mode)}); not read")
+        return text
 
     def controller_pid(self) -> int:
         return os.getpid()
@@ -304,6 +323,16 @@ def private_folder_problem(root: Path, strict: bool = True) -> str | None:
     if info.st_mode & (0o077 if strict else 0o022):
         return f"mode {stat.S_IMODE(info.st_mode):o}"
     return None
+
+
+def copy_bytes(src: IO[bytes], dst: IO[bytes], count: int, chunk: int = 1 << 20) -> None:
+    """Copy at most ``count`` bytes from ``src`` to ``dst``."""
+    while count > 0:
+        data = src.read(min(chunk, count))
+        if not data:
+            return
+        dst.write(data)
+        count -= len(data)
 
 
 def _pump(stream: IO[str] | None, log: IO[str] | None, on_line: LineSink | None) -> None:

@@ -20,8 +20,9 @@ import paramiko
 
 from flagperf.hosts.agent import STATUS_PREFIX
 from flagperf.hosts.inventory import HostSpec
-from flagperf.hosts.local import BackgroundProcess, CommandResult, Host, LineSink
+from flagperf.hosts.local import BackgroundProcess, CommandResult, Host, LineSink, copy_bytes
 from flagperf.paths import PROJECT_ROOT
+from flagperf.results.bounded import MAX_RECORD_BYTES
 
 logger = logging.getLogger("flagperf.hosts.ssh")
 # A case's own timeout is enforced on the host by the agent; the connection gets this much more before the
@@ -330,9 +331,28 @@ class SshHost(Host):
                 out.write(text.encode("utf-8"))
             sftp.posix_rename(tmp, str(remote))
 
-    def read_text(self, remote: Path) -> str:
-        with self._sftp() as sftp, sftp.open(str(remote), "r") as handle:
-            return handle.read().decode("utf-8", "replace")
+    def read_text(self, remote: Path, max_bytes: int = MAX_RECORD_BYTES) -> str:
+        with self._sftp() as sftp, self._open_regular(sftp, remote) as handle:
+            data = handle.read(max_bytes + 1)  # never more: a file that grows without end is cut, not held
+        if len(data) > max_bytes:
+            raise ValueError(f"{self.name}:{remote}: more than {max_bytes} bytes; not read")
+        return data.decode("utf-8", "replace")
+
+    def read_end(self, remote: Path, max_bytes: int) -> str:
+        with self._sftp() as sftp, self._open_regular(sftp, remote) as handle:
+            handle.seek(max(0, int(handle.stat().st_size or 0) - max_bytes))
+            return handle.read(max_bytes).decode("utf-8", "replace")
+
+    def _open_regular(self, sftp: paramiko.SFTPClient, remote: Path) -> paramiko.SFTPFile:
+        """``remote`` opened to read, checked to be a regular file first (the host's sftp-server would wait on a
+        FIFO's writer) and again once open (it may have changed since); ValueError when it is not."""
+        if not stat.S_ISREG(sftp.stat(str(remote)).st_mode or 0):
+            raise ValueError(f"{self.name}:{remote}: not a regular file; not read")
+        handle = sftp.open(str(remote), "r")
+        if not stat.S_ISREG(handle.stat().st_mode or 0):
+            handle.close()
+            raise ValueError(f"{self.name}:{remote}: not a regular file; not read")
+        return handle
 
     def exists(self, remote: Path) -> bool:
         with self._sftp() as sftp:
@@ -343,6 +363,15 @@ class SshHost(Host):
             return True
 
     def fetch_tree(self, remote: Path, local: Path) -> dict[str, int]:
+        try:
+            return self._fetch_tree(remote, local)
+        except SshError:
+            raise
+        except (paramiko.SSHException, EOFError) as exc:  # not OSErrors: a dropped link must not read as a bug
+            raise SshError(f"host {self.name}: connection lost while copying {remote}: "
+                           f"{exc or type(exc).__name__}") from None
+
+    def _fetch_tree(self, remote: Path, local: Path) -> dict[str, int]:
         sizes: dict[str, int] = {}
         with self._sftp() as sftp:
             stack = [(str(remote), local)]
@@ -356,7 +385,7 @@ class SshHost(Host):
                         stack.append((source, target / entry.filename))
                     elif stat.S_ISREG(mode):
                         with (target / entry.filename).open("wb") as dst:
-                            sftp.getfo(source, dst)
+                            _copy_listed_size(sftp, source, dst, int(entry.st_size or 0))
                             dst.flush()
                             os.fsync(dst.fileno())
                         sizes[posixpath.relpath(source, str(remote))] = int(entry.st_size or 0)
@@ -366,3 +395,11 @@ class SshHost(Host):
         if str(remote) in ("", "/") or not PurePosixPath(remote).is_relative_to(self.work_root):
             raise ValueError(f"refusing to remove {remote} on {self.name}: outside the work root {self.work_root}")
         self.execute(["rm", "-rf", "--", str(remote)])
+
+
+def _copy_listed_size(sftp: paramiko.SFTPClient, source: str, dst: Any, size: int) -> None:
+    """Copy the first ``size`` bytes of ``source`` (its size when listed), never more: sftp.getfo reads to the
+    end, which a file a process still writes to never reaches."""
+    with sftp.open(source, "rb") as src:
+        src.prefetch(size)
+        copy_bytes(src, dst, size)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from flagperf.results.bounded import open_regular
+
 MONITOR_GLOB = "monitor_*.jsonl"
+# A monitor's file is read this far at most: a day of samples of a large node at 1 Hz, far below what would fill
+# the controller's memory; a longer (or endless) file is cut there, and a line longer than a sample can be is
+# skipped as malformed.
+MAX_MONITOR_BYTES = 256 * 1024 * 1024
+MAX_MONITOR_LINE_BYTES = 1024 * 1024
 
 
 @dataclass
@@ -31,6 +39,7 @@ class MonitorSeries:
     samples: pd.DataFrame = field(default_factory=pd.DataFrame)
     malformed: int = 0
     footer: dict[str, Any] | None = None
+    cut: str | None = None  # what of the file was not read (too large, not a regular file), in a few words
 
     def unavailable(self) -> dict[str, str]:
         """Sources the monitor declared unavailable, with the reason."""
@@ -57,8 +66,24 @@ def read_monitor(path: Path) -> MonitorSeries:
     name = path.stem.removeprefix("monitor_")
     series = MonitorSeries(name=name, path=path)
     rows: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8", errors="replace") as handle:
-        for line in handle:
+    handle = open_regular(path)  # never waits on a FIFO
+    if handle is None:
+        series.cut = "missing, unreadable or not a regular file; not read"
+        return series
+    with handle:
+        size, done = os.fstat(handle.fileno()).st_size, 0
+        while raw := handle.readline(MAX_MONITOR_LINE_BYTES + 1):
+            done += len(raw)
+            if done > MAX_MONITOR_BYTES:
+                series.cut = f"{size} bytes; only its first {MAX_MONITOR_BYTES} bytes were read"
+                break
+            if len(raw) > MAX_MONITOR_LINE_BYTES:  # no sample is this long: skip to the line's end, unheld
+                series.malformed += 1
+                while raw and not raw.endswith(b"\n") and done <= MAX_MONITOR_BYTES:
+                    raw = handle.readline(MAX_MONITOR_LINE_BYTES)
+                    done += len(raw)
+                continue
+            line = raw.decode("utf-8", errors="replace")
             if not line.strip():
                 continue
             try:
@@ -128,6 +153,8 @@ def window_stats(monitors: list[MonitorSeries], window: tuple[float, float] | No
         df = mon.samples
         if mon.malformed:
             notes.append(f"{mon.path.name}: {mon.malformed} malformed line(s) skipped")
+        if mon.cut:
+            notes.append(f"{mon.path.name}: {mon.cut}")
         if df.empty:
             notes.append(f"{mon.path.name}: no samples")
             continue

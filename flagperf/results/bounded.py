@@ -92,7 +92,7 @@ def read_json_file(path: Path, max_bytes: int = MAX_RECORD_BYTES, what: str = "a
 
 
 
-def _open_regular(path: Path) -> BinaryIO | None:
+def open_regular(path: Path) -> BinaryIO | None:
     """``path`` opened to read, never waiting on a FIFO; None when missing, unreadable or not a regular file."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -109,7 +109,7 @@ def read_end(path: Path, max_bytes: int) -> str | None:
     """The last ``max_bytes`` of a regular file as text (undecodable bytes replaced), or None when it is missing,
     unreadable or not a regular file: the end of a log or of a JSON-lines file, however long it grew, without
     reading the rest."""
-    handle = _open_regular(path)
+    handle = open_regular(path)
     if handle is None:
         return None
     with handle:
@@ -119,7 +119,7 @@ def read_end(path: Path, max_bytes: int) -> str | None:
 
 def read_start(path: Path, max_bytes: int) -> str | None:
     """The first ``max_bytes`` of a regular file as text (undecodable bytes replaced), or None as read_end."""
-    handle = _open_regular(path)
+    handle = open_regular(path)
     if handle is None:
         return None
     with handle:
@@ -132,9 +132,11 @@ def read_bounded(path: Path, max_bytes: int = MAX_RECORD_BYTES) -> bytes:
     larger); a FIFO is never waited on."""
     handle = os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)), "rb")
     with handle:
-        mode = os.fstat(handle.fileno()).st_mode
-        if not stat.S_ISREG(mode):
-            raise ValueError(f"{display_path(path)}: {_not_regular(mode)}")
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{display_path(path)}: {_not_regular(info.st_mode)}")
+        if info.st_size > max_bytes:  # refused unread; and read no further than the limit if it grew since
+            raise ValueError(f"{display_path(path)}: more than {max_bytes} bytes; not read")
         data = handle.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise ValueError(f"{display_path(path)}: more than {max_bytes} bytes; not read")

@@ -28,6 +28,7 @@ from typing import Any
 
 import pandas as pd
 
+from flagperf.results.bounded import read_bounded
 from flagperf.results.markup import md_text
 from flagperf.results.plotting import save_png
 from flagperf.results.schema import RESULT_FILE, UPPER_ESTIMATE, read_result
@@ -37,6 +38,7 @@ FAMILY = "generate"
 SERVER_METRICS = "server_metrics"  # flagperf.generate.serve writes the scrapes there (not imported: no torch here)
 SERVING_FILE = "serving.json"  # flagperf.generate.serve's record of the round: its prompts, server, client
 SETUP_BYTES = 1 << 20  # a serving.json is a few KiB; a bigger one is not read for the report's setup line
+MAX_SCRAPE_BYTES = 16 << 20  # a server's metrics page is KiB to a few MiB
 COUNTS = ("failed_requests", "truncated_requests", "empty_outputs", "token_count_mismatches")
 QUALITY = (("rougeL", "ROUGE-L"), ("exact_match", "exact match"))
 # The server's figures, by the part of a Prometheus sample's name after its engine prefix (vllm:, sglang:).
@@ -259,8 +261,9 @@ def server_figures(folder: Path, label: str) -> dict[str, float]:
     """The server's figures over one point: counter increases and histogram means between the scrapes taken
     before and after it. Nothing where the scrapes are missing or not Prometheus text."""
     try:
-        before = prometheus_totals((folder / f"{label}.before.prom").read_text(encoding="utf-8"))
-        after = prometheus_totals((folder / f"{label}.after.prom").read_text(encoding="utf-8"))
+        # Bounded: a scrape larger than any metrics page (or a FIFO there) gives no figures, not a full memory.
+        before = prometheus_totals(read_bounded(folder / f"{label}.before.prom", MAX_SCRAPE_BYTES).decode())
+        after = prometheus_totals(read_bounded(folder / f"{label}.after.prom", MAX_SCRAPE_BYTES).decode())
     except (OSError, ValueError, UnicodeDecodeError):
         return {}
     out: dict[str, float] = {}

@@ -22,12 +22,14 @@ from typing import Any
 from flagperf.config.job import JOB_FILE, Job
 from flagperf.errors import EXIT_OK, EXIT_USER_ERROR
 from flagperf.measure.perflog import PerfLog, parse_file
+from flagperf.results.bounded import read_end
 from flagperf.results.schema import Convergence, Metric, Peak
 
 EXIT_WORKER_FAILED = 70
 USER_ERROR_PREFIX = "flagperf user error: "  # how a process says its input was wrong (see user_error)
 TEARDOWN_MARKER = "flagperf: every rank has finished; leaving the process group"
 TEARDOWN_GRACE_S = 30.0  # how long the others may take to leave the group once one has crashed in it
+LOG_END_BYTES = 1024 * 1024  # of a rank's output read for its last lines or the teardown marker
 
 
 def rank_log(out_dir: Path, rank: int) -> Path:
@@ -82,7 +84,7 @@ def leave_process_group(group: Any = None) -> None:
 def finished_before_crash(log: Path) -> bool:
     """Whether a process's output says it passed the final barrier (leave_process_group)."""
     try:
-        return TEARDOWN_MARKER in log.read_text(errors="replace")
+        return TEARDOWN_MARKER in (read_end(log, LOG_END_BYTES) or "")  # printed last: its end holds it
     except OSError:
         return False
 
@@ -90,7 +92,10 @@ def finished_before_crash(log: Path) -> bool:
 def output_tail(log: Path, lines: int = 40) -> str:
     """The last lines of a process's output, indented, for the node's own log."""
     try:
-        text = log.read_text(errors="replace").rstrip().splitlines()[-lines:]
+        end = read_end(log, LOG_END_BYTES)  # bounded: a rank's output may be of any size
+        if end is None:
+            raise OSError(0, "not a readable regular file")
+        text = end.rstrip().splitlines()[-lines:]
     except OSError as exc:
         return f"    ({log.name} cannot be read: {exc.strerror})"
     return "\n".join(f"    {line}" for line in text) if text else f"    ({log.name} is empty)"
