@@ -149,10 +149,10 @@ def test_the_report_shows_every_point_its_counts_the_slo_frontier_and_the_plots(
     assert ("- **serve-case**: engine vllm-serve, bf16; SLO: p99 TTFT <= 2 s, p99 TPOT <= 0.1 s, no failed "
             "request; SLO frontier: c2, 10 output tokens/s per device at 20 tokens/s per user") in md
     assert "- **batch-case**: engine hf, fp32; SLO: no SLO recorded" in md
-    assert "with failed, truncated, empty or miscounted requests (their figures count the successful requests " \
-           "only): serve-case c4." in md
+    assert "or some were truncated, empty or miscounted; their figures count the successful requests only: " \
+           "serve-case c4." in md
     rows = [line for line in md.splitlines() if line.startswith("| serve-case | 4 | - |")]
-    assert rows[0].startswith("| serve-case | 4 | - | 4 (1 failed, 1 truncated, 0 empty, 0 count mismatch) "
+    assert rows[0].startswith("| serve-case | 4 | - | 4 (1 failed = 25 %, 1 truncated, 0 empty, 0 count mismatch) "
                               "**flagged** | 6.5 | 3.25 |")
     assert "| 1.5 (75 %) | **missed** |" in rows[0]
     assert "| serve-case | 2 | - | 4 (0 failed, 0 truncated, 0 empty, 0 count mismatch) | 20 | 10 |" in md
