@@ -401,6 +401,37 @@ def _rounds(point: ServingPoint) -> str:
     return str(point.rounds) + (f" ({point.failed_rounds} from a failed round)" if point.failed_rounds else "")
 
 
+def is_serving_point(entry: dict[str, Any]) -> bool:
+    """A summary headline entry of one generate point (``<what>@c4``): shown a row per point, not per figure."""
+    return entry.get("family") == FAMILY and POINT_METRIC.match(str(entry.get("metric", ""))) is not None
+
+
+CONSOLE_HEADER = ["case", "point (c: in flight, r: req/s)", "completed/failed", "requests/s", "output tok/s",
+                  "TTFT ms p50/p99", "TPOT ms p50/p99", "goodput req/s (fraction)"]
+
+
+def console_rows(points: list[ServingPoint]) -> list[tuple[list[str], bool]]:
+    """The console's compact view, one row per point (means over rounds, counts summed, as in the report);
+    with whether the row is a failed or flagged point."""
+    rows = []
+    for p in points:
+        failed = p.counts.get("failed_requests", 0)
+        done = "-" if p.requests is None else f"{p.requests - failed}/{failed}"
+        if p.failed_point:
+            done += " failed point"
+        elif p.flagged:
+            done += " flagged"
+        rows.append(([p.case, p.label, done, _num(p.figure("requests_per_s")), _num(p.figure("output_tokens_per_s")),
+                      _p50_p99(p, "ttft_s"), _p50_p99(p, "tpot_s"), _goodput(p)], p.failed_point or p.flagged))
+    return rows
+
+
+def _p50_p99(point: ServingPoint, what: str) -> str:
+    if point.figure(what, "p50") is None:
+        return "-"
+    return f"{_num(point.figure(what, 'p50'), 1e3, 3)}/{_num(point.figure(what, 'p99'), 1e3, 3)}"
+
+
 THROUGHPUT_HEADER = ["case", "concurrency", "rate/s", "requests (failed, truncated, empty, mismatched)",
                      "output tokens/s", "per device", "per user", "interactivity", "requests/s",
                      "goodput req/s (fraction)", "SLO p99", "MFU", "J per token", "quality", "rounds"]

@@ -329,3 +329,21 @@ def test_an_mfu_against_an_estimated_peak_is_an_upper_estimate(tmp_path: Path) -
         cells[name] = _mfu(point)
     assert cells == {"lower": "≤ 120% (above 100 % of the estimated peak, a lower bound)",
                      "exact": "120% (above 100 %: check the peak)"}
+
+
+def test_the_console_shows_a_row_per_point_and_figures_only_beside_a_known_peak(serving_run: Path) -> None:
+    """`flagperf report` (and `flagperf run`'s end) prints one row per generate point, not a "peak unknown" row per
+    figure: the points' figures have no peak here, so none of them is a row of the measured-vs-peak table."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    shown = CliRunner().invoke(app, ["report", str(serving_run)])
+    assert shown.exit_code == 0, shown.output
+    assert "unknown" not in shown.output and "@c2" not in shown.output
+    assert "LLM serving, one row per point" in shown.output
+    rows = [" ".join(line.replace("│", " ").split()) for line in shown.output.splitlines()]
+    # case, point, completed/failed, requests/s, output tok/s, TTFT ms p50/p99, TPOT ms p50/p99, goodput
+    assert "serve-case c2 4/0 4 20 100/100 50/50 4 (100 %)" in rows
+    assert "serve-case c4 3/1 flagged 1.5 6.5 200/200 80/80 1.5 (75 %)" in rows
+    assert "batch-case c2 2/0 4 16 100/100 50/50 -" in rows
