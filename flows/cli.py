@@ -391,8 +391,8 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     if table.rows or not (summary.get("operators") or points):
         console.print(table)
     if points:
-        serving = Table(*CONSOLE_HEADER, title="LLM serving, one row per point (report.md has every figure)",
-                        title_justify="left")
+        serving = Table(*CONSOLE_HEADER, title="LLM serving, one row per point (cN: N requests in flight; rR: R "
+                        "requests/s offered; report.md has every figure)", title_justify="left")
         for cells, marked in console_rows(points):
             serving.add_row(*[escape(c) for c in cells], style="red" if marked else None)
         console.print(serving)

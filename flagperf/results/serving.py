@@ -341,8 +341,16 @@ def _num(value: float | None, scale: float = 1.0, digits: int = 4) -> str:
     return "-" if value is None else f"{value * scale:.{digits}g}"
 
 
+def _ms(seconds: float | None) -> str:
+    """Milliseconds as a reader compares them: whole from 100 ms (4460, never 4.46e+03), else 3 digits."""
+    if seconds is None:
+        return "-"
+    ms = seconds * 1e3
+    return f"{ms:.0f}" if abs(ms) >= 100 else f"{ms:.3g}"
+
+
 def _triple(point: ServingPoint, what: str) -> str:
-    return " / ".join(_num(point.figure(what, p), 1e3, 3) for p in ("p50", "p90", "p99"))
+    return " / ".join(_ms(point.figure(what, p)) for p in ("p50", "p90", "p99"))
 
 
 def _where(point: ServingPoint) -> list[str]:
@@ -406,7 +414,7 @@ def is_serving_point(entry: dict[str, Any]) -> bool:
     return entry.get("family") == FAMILY and POINT_METRIC.match(str(entry.get("metric", ""))) is not None
 
 
-CONSOLE_HEADER = ["case", "point (c: in flight, r: req/s)", "completed/failed", "requests/s", "output tok/s",
+CONSOLE_HEADER = ["case", "point", "completed/failed", "completed req/s", "output tok/s",
                   "TTFT ms p50/p99", "TPOT ms p50/p99", "goodput req/s (fraction)"]
 
 
@@ -429,15 +437,15 @@ def console_rows(points: list[ServingPoint]) -> list[tuple[list[str], bool]]:
 def _p50_p99(point: ServingPoint, what: str) -> str:
     if point.figure(what, "p50") is None:
         return "-"
-    return f"{_num(point.figure(what, 'p50'), 1e3, 3)}/{_num(point.figure(what, 'p99'), 1e3, 3)}"
+    return f"{_ms(point.figure(what, 'p50'))}/{_ms(point.figure(what, 'p99'))}"
 
 
-THROUGHPUT_HEADER = ["case", "concurrency", "rate/s", "requests (failed, truncated, empty, mismatched)",
-                     "output tokens/s", "per device", "per user", "interactivity", "requests/s",
+THROUGHPUT_HEADER = ["case", "concurrency", "offered rate/s", "requests (failed, truncated, empty, mismatched)",
+                     "output tokens/s", "per device", "per user", "interactivity", "completed req/s",
                      "goodput req/s (fraction)", "SLO p99", "MFU", "J per token", "quality", "rounds"]
-LATENCY_HEADER = ["case", "concurrency", "rate/s", "TTFT ms p50/p90/p99", "TPOT ms p50/p90/p99",
+LATENCY_HEADER = ["case", "concurrency", "offered rate/s", "TTFT ms p50/p90/p99", "TPOT ms p50/p90/p99",
                   "ITL ms p50/p90/p99", "E2EL ms p50/p90/p99"]
-SERVER_HEADER = ["case", "concurrency", "rate/s", "output tokens: server (client)", "requests: server (client)",
+SERVER_HEADER = ["case", "concurrency", "offered rate/s", "output tokens: server (client)", "requests: server (client)",
                  "TTFT ms mean: server (client)", "TPOT ms mean: server (client)", "E2EL ms mean: server (client)"]
 
 
