@@ -215,9 +215,10 @@ def _failed_fraction(stats: PointStats) -> Metric:
                   iterations=stats.requests, measured_seconds=stats.seconds,
                   note=f"failed / all timed requests (flagged above {FAILED_FLAG_FRACTION:.0%}: the p99 shown would "
                        "not be the load's)",
+                  # A failed point's only warning (a measured point's is on its output_tokens_per_s, said once)
                   warning=(f"{stats.failed} of {stats.requests} requests failed"
                            + (f"; the first: {stats.first_error[:FIRST_ERROR_CHARS]}" if stats.first_error else "")
-                           if stats.failed else None))
+                           if stats.failed_point else None))
 
 
 def failed_point_metrics(stats: PointStats) -> list[Metric]:

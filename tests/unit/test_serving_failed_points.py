@@ -101,8 +101,8 @@ def test_a_point_whose_every_request_failed_fails_the_round_and_is_shown_failed(
     # c1 is measured, its failed request counted and its share given.
     assert metrics["failed_requests@c1"].value == 1 and metrics["failed_fraction@c1"].value == 0.25
     assert metrics["output_tokens_per_s@c1"].work == 9  # the three successful requests of 3 tokens
-    assert metrics["failed_fraction@c1"].warning == "1 of 4 requests failed; the first: HTTP 503: overloaded: " \
-                                                    "request refused"
+    assert metrics["output_tokens_per_s@c1"].warning == "1 failed of 4 requests; the first failed: HTTP 503: " \
+                                                        "overloaded: request refused"
     # c2 is kept as failed: its count and share only, nothing that would draw it on the curve or count as goodput.
     assert sorted(n for n in metrics if n.endswith("@c2")) == ["failed_fraction@c2", "failed_requests@c2"]
     assert metrics["failed_fraction@c2"].value == 1.0 and metrics["failed_fraction@c2"].iterations == 4
