@@ -209,11 +209,13 @@ def run_generate(config: GenerateConfig, vendor: Vendor, spec: SpecTable, out_di
         if classified is exc:
             raise
         raise classified from exc
-    if result.failure is not None:  # a server that died under load: the finished points are kept, retried
+    if result.failure is not None:  # the finished points are kept either way
         from flagperf.generate.server import EXIT_SERVER_FAILED
 
+        # A server that died under load is retried; a point whose every request failed while the server stayed
+        # up (refused fields, a timeout too short for the load) would fail the same way again: not retried.
         return Outcome(metrics=result.metrics, measured=result.measured_seconds, failure=result.failure,
-                       exit_code=EXIT_SERVER_FAILED)
+                       exit_code=EXIT_USER_ERROR if result.failure.kind == "user" else EXIT_SERVER_FAILED)
     return Outcome(metrics=result.metrics, measured=result.measured_seconds)
 
 

@@ -381,10 +381,21 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
                   + (f" on {ctx.get('device')}" if ctx.get("device") else ""), title_justify="left")
     for name in HEADLINE_HEADER:
         table.add_column(name, justify="right" if name not in ("case", "metric", "unit") else "left")
+    from flagperf.results.serving import CONSOLE_HEADER, console_rows, is_serving_point, serving_points
+
+    # Generate points get a row each below (every figure is in report.md); a figure of theirs only beside its peak.
     for entry in headline_figures(summary["headline"]):
-        table.add_row(*headline_cells(entry))
-    if table.rows or not summary.get("operators"):
+        if not is_serving_point(entry) or entry["peak"] is not None:
+            table.add_row(*headline_cells(entry))
+    points = serving_points(run_dir)
+    if table.rows or not (summary.get("operators") or points):
         console.print(table)
+    if points:
+        serving = Table(*CONSOLE_HEADER, title="LLM serving, one row per point (cN: N requests in flight; rR: R "
+                        "requests/s offered; report.md has every figure)", title_justify="left")
+        for cells, marked in console_rows(points):
+            serving.add_row(*[escape(c) for c in cells], style="red" if marked else None)
+        console.print(serving)
     if summary.get("operators"):  # operation cases: a row per operator, not per point (report.md has them all)
         operators = Table(*OPERATOR_HEADER, title=OPERATORS_INTRO, title_justify="left")
         for entry in summary["operators"]:

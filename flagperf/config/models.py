@@ -10,6 +10,7 @@ Three layers make a case's configuration, each value remembering where it came f
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 import reprlib
@@ -64,7 +65,9 @@ def pydantic_error_to_config_error(exc: ValidationError, source: str, origins: d
     loc = err["loc"] or (tuple(str(named).split(".")) if named else ())
     key = ".".join(str(part) for part in loc) or None
     top = str(loc[0]) if loc else ""
-    where = (origins or {}).get(top, source)
+    # The longest part of the key that has an origin: a dotted --set (slo.ttft_s) names its own.
+    where = next((origins[k] for k in (".".join(str(p) for p in loc[:n]) for n in range(len(loc), 0, -1))
+                  if k in (origins or {})), (origins or {}).get(top, source)) if origins else source
     message = err["msg"]
     if err["type"] == "extra_forbidden":
         close = nearest(str(err["loc"][-1]), _accepted_keys(model, err["loc"])) if model and err["loc"] else []
@@ -256,26 +259,54 @@ def _same_value(a: Any, b: Any) -> bool:
 
 
 def apply_run_overrides(merged: MergedConfig, overrides: dict[str, Any], source: str) -> None:
-    """Run-level overrides (suite or --set): only existing configuration keys, never parameters."""
+    """Run-level overrides (suite or --set): only existing configuration keys, never parameters. A dotted key
+    (``slo.ttft_s``, from --set) sets one key inside a mapping; the case's Config then checks that key."""
     for key, value in overrides.items():
-        if key in merged.parameters:
+        top = key.split(".", 1)[0]
+        if top in merged.parameters:
             raise ConfigError(source, key, "is a case parameter and cannot be overridden")
-        if key not in merged.values:
+        if top not in merged.values:
             known = ", ".join(sorted(k for k in merged.values if k not in merged.parameters))
-            raise ConfigError(source, key, f"unknown key (known: {known})")
-        merged.values[key] = value
+            raise ConfigError(source, key, f"unknown key{f' {top!r}' if top != key else ''} (known: {known})")
+        if top != key:
+            merged.values[top] = _with_path_set(merged.values[top], key, value, source)
+        else:
+            merged.values[key] = value
         merged.origins[key] = source
         merged.run_overrides.setdefault(source, {})[key] = value
 
 
-# --set takes scalars and lists of them: a key whose value is a mapping (a serving case's slo) is set whole in a suite.
-MAPPINGS_IN_SUITES = ("a key holding a mapping (such as slo, or an operation case's shapes) is set whole in a "
-                      "suite file's overrides (--suite FILE): {CASE: {slo: {ttft_s: 0.5, tpot_s: 0.03}}}")
+def _with_path_set(mapping: Any, path: str, value: Any, source: str) -> dict[str, Any]:
+    """A copy of ``mapping`` (the value of the path's first part) with the rest of the dotted path set to value;
+    every part but the last must name a mapping that is there."""
+    parts = path.split(".")
+    if not isinstance(mapping, dict):
+        raise ConfigError(source, path, f"{parts[0]} is not a mapping (it is {short_repr(mapping)}), so it has no "
+                                        f"key {parts[1]!r}")
+    changed = copy.deepcopy(mapping)
+    node = changed
+    for depth, part in enumerate(parts[1:-1], start=1):
+        inner = node.get(part)
+        if not isinstance(inner, dict):
+            where = ".".join(parts[:depth + 1])
+            raise ConfigError(source, path, f"{where} is not a mapping" + (
+                f" (it is {short_repr(inner)})" if part in node else
+                f" of {'.'.join(parts[:depth])} (its keys: {', '.join(map(str, node)) or 'none'})"))
+        node = inner
+    node[parts[-1]] = value
+    return changed
+
+
+# --set takes scalars and lists of them; a key inside a mapping (a serving case's slo) is set by its dotted path.
+MAPPINGS_IN_SUITES = ("set one key of a mapping by its dotted path (--set slo.ttft_s=0.5), or a whole mapping (such "
+                      "as an operation case's shapes) in a suite file's overrides (--suite FILE): "
+                      "{CASE: {slo: {ttft_s: 0.5, tpot_s: 0.03}}}")
 
 
 @dataclass(frozen=True)
 class SetOverride:
-    """One ``--set [CASE.]KEY=VALUE``; ``case`` None means every selected case that has the key."""
+    """One ``--set [CASE.]KEY=VALUE``; ``case`` None means every selected case that has the key. KEY may be a
+    dotted path into a mapping (``slo.ttft_s``)."""
 
     case: str | None
     key: str
@@ -283,24 +314,30 @@ class SetOverride:
     text: str
 
 
+def _key_part(part: str) -> bool:
+    return bool(part) and part.replace("_", "a").isalnum()
+
+
 def parse_set_override(text: str, case_names: list[str]) -> SetOverride:
-    """Parse ``KEY=VALUE`` or ``CASE.KEY=VALUE``; the value is read as YAML (``2048`` is an int)."""
+    """Parse ``KEY=VALUE`` or ``CASE.KEY=VALUE``; the value is read as YAML (``2048`` is an int). KEY may be a
+    dotted path (``slo.ttft_s``): the part before the first dot is a case only where it names a case of the run
+    (the longest such name: case names may hold dots), else it is the key of a mapping."""
     if "=" not in text:
         raise ConfigError("--set", text, "expected KEY=VALUE or CASE.KEY=VALUE")
     lhs, raw = text.split("=", 1)
     lhs = lhs.strip()
     case: str | None = None
     key = lhs
-    # Case names may contain dots, so match the longest known case name as the prefix.
     for name in sorted(case_names, key=len, reverse=True):
         if lhs.startswith(name + "."):
             case, key = name, lhs[len(name) + 1:]
             break
-    if not key or not key.replace("_", "a").isalnum():
-        if "." in lhs and lhs.rsplit(".", 1)[0] not in case_names:
+    if not all(_key_part(part) for part in key.split(".")):
+        if case is None and "." in lhs and not _key_part(lhs.split(".", 1)[0]):
             raise ConfigError("--set", lhs, f"no selected case is named {lhs.rsplit('.', 1)[0]!r} "
-                                            f"(selected: {', '.join(case_names)}); {MAPPINGS_IN_SUITES}")
-        raise ConfigError("--set", lhs, "the key must be a configuration name such as min_duration_s")
+                                            f"(selected: {', '.join(case_names)})")
+        raise ConfigError("--set", lhs, "the key must be a configuration name such as min_duration_s, or a dotted "
+                                        "path into a mapping such as slo.ttft_s")
     value = parse_yaml_text(raw, "--set") if raw.strip() else ""
     if isinstance(value, dict) or (isinstance(value, list) and any(isinstance(v, dict | list) for v in value)):
         raise ConfigError("--set", lhs, f"the value must be a scalar or a list of scalars; {MAPPINGS_IN_SUITES}")

@@ -101,11 +101,14 @@ def _spread(overrides: dict[str, Any], source: str, key_prefix: str, selected: d
     """An override for every case: applied where the key exists; an error if no selected case has it."""
     per_case: dict[str, dict[str, Any]] = {}
     for key, value in overrides.items():
-        targets = [case for case, keys in selected.items() if key in keys]
+        top = key.split(".", 1)[0]  # a dotted key (slo.ttft_s) goes where its mapping's key is
+        targets = [case for case, keys in selected.items() if top in keys]
         if not targets:
             keys = sorted(set().union(*selected.values()))
-            close = nearest(key, keys)
-            raise ConfigError(source, f"{key_prefix}{key}", "no selected case has this key ("
+            close = nearest(top, keys)
+            neither = (f"no selected case is named {top!r} (selected: {', '.join(selected)}), and "
+                       if top != key else "")
+            raise ConfigError(source, f"{key_prefix}{key}", neither + "no selected case has this key ("
                               + (f"did you mean {' or '.join(close)}? " if close else "")
                               + f"the selected cases have: {', '.join(keys)})")
         for case in targets:

@@ -21,6 +21,7 @@ figure below is one Metric of result.json; docs/serving.md repeats the table.
   slo_p99_met                       1 when p99 TTFT <= slo.ttft_s and p99 TPOT <= slo.tpot_s (and p99 E2EL
                                     <= slo.e2el_s when given) and no request failed, else 0 (MLPerf's check)
   failed_requests                   requests with an error (HTTP status, broken stream, no event)
+  failed_fraction                   failed requests / all timed requests (iterations: the timed requests)
   truncated_requests                fewer output tokens than asked with exact output, or finish_reason
                                     "length" without it (the answer was cut)
   empty_outputs                     successful requests with no output token
@@ -29,6 +30,10 @@ figure below is one Metric of result.json; docs/serving.md repeats the table.
 
 Output tokens per request are the server's usage where it sent one, else the client's count. A point with
 failed, truncated or empty requests carries a ``warning`` on output_tokens_per_s (the report shows it).
+
+A point whose every timed request failed is a **failed point** (``failed_point_metrics``): it has no throughput,
+latency or goodput (a 0 would draw as a point of the curve), only failed_requests and failed_fraction (1.0, with
+the first error as its warning); the round fails after its other points, naming it.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from typing import Protocol
 from flagperf.generate.loadgen import RequestRecord
 from flagperf.results.metrics import LatencyStats, latency_stats
 from flagperf.results.schema import Metric
+from flagperf.results.serving import FAILED_FLAG_FRACTION
 
 FIRST_ERROR_CHARS = 200  # of the first failed request's error, in the point's warning
 
@@ -101,6 +107,11 @@ class PointStats:
     e2el: LatencyStats | None
     per_user: LatencyStats | None
     first_error: str | None = None  # of the first failed request in sending order: what a reader checks first
+
+    @property
+    def failed_point(self) -> bool:
+        """Every timed request failed: nothing was measured but the failure."""
+        return self.succeeded == 0
 
     def slo_p99_met(self, slo: SloBounds) -> bool:
         if self.failed or self.ttft is None:
@@ -174,6 +185,7 @@ def point_metrics(stats: PointStats, window: tuple[float, float], devices: int, 
                iterations=stats.requests, measured_seconds=seconds, statistic="single",
                note=f"p99 TTFT and p99 TPOT within the SLO ({slo_text}), no failed request"),
         _count(metric_name("failed_requests", label), stats.failed, seconds, "requests with an error"),
+        _failed_fraction(stats),
         _count(metric_name("truncated_requests", label), stats.truncated, seconds,
                "fewer output tokens than asked (exact output), or cut at max_tokens"),
         _count(metric_name("empty_outputs", label), stats.empty, seconds, "successful requests with no output"),
@@ -197,6 +209,31 @@ def point_metrics(stats: PointStats, window: tuple[float, float], devices: int, 
                               unit="tokens/s", iterations=stats.tpot.count, measured_seconds=seconds,
                               note="1 / mean TPOT", statistic="single"))
     return metrics
+
+
+def _failed_fraction(stats: PointStats) -> Metric:
+    share = stats.failed / stats.requests
+    return Metric(name=metric_name("failed_fraction", stats.label), value=share, unit="fraction",
+                  iterations=stats.requests, measured_seconds=stats.seconds,
+                  note=f"failed / all timed requests (flagged above {FAILED_FLAG_FRACTION:.0%}: the p99 shown would "
+                       "not be the load's)",
+                  # A failed point's only warning (a measured point's is on its output_tokens_per_s, said once)
+                  warning=(f"{stats.failed} of {stats.requests} requests failed"
+                           + (f"; the first: {stats.first_error[:FIRST_ERROR_CHARS]}" if stats.first_error else "")
+                           if stats.failed_point else None))
+
+
+def failed_point_metrics(stats: PointStats) -> list[Metric]:
+    """A point whose every timed request failed: its count and failed_fraction (1.0, the first error as its
+    warning) only; no throughput, latency or goodput, so that it is never drawn as a point of the curve."""
+    return [_count(metric_name("failed_requests", stats.label), stats.failed, stats.seconds,
+                   "requests with an error: every timed request of the point (a failed point)"),
+            _failed_fraction(stats)]
+
+
+def failed_point_message(stats: PointStats) -> str:
+    first = " ".join((stats.first_error or "no error recorded").split())[:FIRST_ERROR_CHARS]  # one line
+    return f"point {stats.label}: all {stats.requests} timed requests failed; the first: {first}"
 
 
 def quality_metrics(label: str, records: list[RequestRecord], references: dict[int, str]) -> list[Metric]:

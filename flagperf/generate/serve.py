@@ -15,7 +15,9 @@ the OpenAI HTTP API, point by point.
 Files in the round folder: requests.jsonl, server.log, server_metrics/, serving.json (the points: label,
 kind, level, window, counts, the SLO, the server's command). A server that dies during the load fails the
 round as an infrastructure failure (retried) with the metrics of the points it finished; a server that
-exits before it is ready, or is not ready within ``ready_timeout_s``, is a user error with its log's tail.
+exits before it is ready, or is not ready within ``ready_timeout_s``, is a user error with its log's tail. A
+point whose every timed request failed is a failed point (flagperf.generate.points): the other points are
+measured, then the round fails (not retried) in one line naming it and its first error.
 """
 
 from __future__ import annotations
@@ -49,7 +51,14 @@ from flagperf.generate.loadgen import (
     run_phase,
 )
 from flagperf.generate.models import DTYPE, PRESETS, WORD_PREFIX, model_config, random_checkpoint
-from flagperf.generate.points import point_label, point_metrics, point_stats, quality_metrics
+from flagperf.generate.points import (
+    failed_point_message,
+    failed_point_metrics,
+    point_label,
+    point_metrics,
+    point_stats,
+    quality_metrics,
+)
 from flagperf.generate.prompts import load_json, read_data_text, read_prompt_file, require_rouge
 from flagperf.generate.server import (
     SERVER_LOG,
@@ -385,6 +394,7 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
                 prompts: list[ServingPrompt], references: dict[int, str], tokens: Tokens, out_dir: Path,
                 described: str, summary: dict[str, Any]) -> ServingOutcome:
     metrics: list[Metric] = []
+    failed_points: list[str] = []  # one line each: the point and its first error
     measured = 0.0
     writer = RecordWriter(out_dir / REQUESTS_FILE)
     scrape_dir = out_dir / SERVER_METRICS
@@ -421,14 +431,21 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
                 note = (f"closed loop, {load.concurrency} in flight" if load.concurrency is not None else
                         f"open loop, {load.rate:g} requests/s, burstiness {load.burstiness:g}"
                         + (f", at most {load.max_concurrency} in flight" if load.max_concurrency else ""))
-                metrics += point_metrics(stats, (run.started_at, run.ended_at), config.devices, config.slo, note)
-                metrics += quality_metrics(load.label, run.records, references)
+                if stats.failed_point:  # nothing measured: kept as failed, never as a point of the curve
+                    metrics += failed_point_metrics(stats)
+                    failed_points.append(failed_point_message(stats))
+                    log.error("%s (every one in %s)", failed_points[-1], REQUESTS_FILE)
+                else:
+                    metrics += point_metrics(stats, (run.started_at, run.ended_at), config.devices, config.slo,
+                                             note)
+                    metrics += quality_metrics(load.label, run.records, references)
                 summary["points"].append({
                     "label": load.label, "kind": "concurrency" if load.concurrency is not None else "rate",
                     "level": load.concurrency if load.concurrency is not None else load.rate,
                     "burstiness": load.burstiness if load.rate is not None else None,
                     "max_concurrency": load.max_concurrency, "warmup_requests": warmups,
                     "window": [run.started_at, run.ended_at], "seconds": run.seconds, "requests": stats.requests,
+                    "status": "failed" if stats.failed_point else "measured", "first_error": stats.first_error,
                     "failed": stats.failed, "truncated": stats.truncated, "empty": stats.empty,
                     "input_tokens": sum(r.prompt_tokens_usage if r.prompt_tokens_usage is not None else
                                         (r.prompt_tokens_client or 0) for r in run.records if r.ok),
@@ -438,13 +455,18 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
                 log.info("point %s: %d requests (%d failed, %d truncated) in %.2f s, %.1f output tokens/s, TTFT p50 "
                          "%s, TPOT p50 %s, goodput %d/%d", load.label, stats.requests, stats.failed, stats.truncated,
                          run.seconds, stats.output_tokens / run.seconds, ttft, tpot, stats.good, stats.requests)
-                if stats.first_error is not None:
+                if stats.first_error is not None and not stats.failed_point:
                     log.warning("point %s: %d of %d requests failed; the first: %s (every one in %s)", load.label,
                                 stats.failed, stats.requests, stats.first_error, REQUESTS_FILE)
     finally:
         writer.close()
     write_json(out_dir / SERVING_FILE, summary)
-    return ServingOutcome(metrics, measured, described, points=summary["points"])
+    failure = None
+    if failed_points:  # the other points are measured and kept; the round says which point failed, and why
+        more = f" (and {len(failed_points) - 1} more failed point(s): see {SERVING_FILE})" if len(failed_points) > 1 \
+            else ""
+        failure = Failure(kind="user", message=failed_points[0] + more)
+    return ServingOutcome(metrics, measured, described, failure=failure, points=summary["points"])
 
 
 CHECK_POINT = "check"  # requests.jsonl's point and phase of an endpoint's first request

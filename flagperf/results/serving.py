@@ -40,6 +40,10 @@ SERVING_FILE = "serving.json"  # flagperf.generate.serve's record of the round: 
 SETUP_BYTES = 1 << 20  # a serving.json is a few KiB; a bigger one is not read for the report's setup line
 MAX_SCRAPE_BYTES = 16 << 20  # a server's metrics page is KiB to a few MiB
 COUNTS = ("failed_requests", "truncated_requests", "empty_outputs", "token_count_mismatches")
+# Above this share of failed timed requests a point is flagged: its percentiles are over the successful requests,
+# and a failed request is mostly a slow one (a timeout, a refusal under load), so once more than 1 % failed the
+# load's p99 lies among the failed ones and the p99 shown (the SLO's statistic) is not the load's p99.
+FAILED_FLAG_FRACTION = 0.01
 QUALITY = (("rougeL", "ROUGE-L"), ("exact_match", "exact match"))
 # The server's figures, by the part of a Prometheus sample's name after its engine prefix (vllm:, sglang:).
 SERVER_COUNTERS = {"output_tokens": ("generation_tokens_total",), "prompt_tokens": ("prompt_tokens_total",),
@@ -73,6 +77,24 @@ class ServingPoint:
     server: dict[str, float] = field(default_factory=dict)  # the server's Prometheus figures, mean over rounds
     mfu_estimated: bool = False  # the MFU is against a peak that is a lower bound: an upper estimate
     setup: dict[str, Any] = field(default_factory=dict)  # the first round's serving.json less its points
+    failed_point_rounds: int = 0  # rounds in which every timed request of the point failed
+    first_error: str | None = None  # of the first such round (its failed_fraction's warning)
+
+    @property
+    def failed_point(self) -> bool:
+        """Every timed request failed in some round: left out of the curves, the frontier and goodput."""
+        return self.failed_point_rounds > 0
+
+    @property
+    def failed_share(self) -> float | None:
+        """Failed / all timed requests, over the rounds."""
+        return None if not self.requests else self.counts.get("failed_requests", 0) / self.requests
+
+    @property
+    def flagged(self) -> bool:
+        """Failed requests above FAILED_FLAG_FRACTION, or any truncated, empty or miscounted request."""
+        return bool((self.failed_share or 0.0) > FAILED_FLAG_FRACTION
+                    or any(self.counts.get(k) for k in COUNTS if k != "failed_requests"))
 
     @property
     def workload(self) -> str | None:
@@ -173,6 +195,7 @@ def serving_points(run_dir: Path, rows: pd.DataFrame | None = None) -> list[Serv
             if not point.setup:
                 point.setup = round_setup(folder)
             figures = values.setdefault(key, {})
+            counted_by_failed_fraction = any(w == "failed_fraction" for w, _ in metrics)
             for what, m in metrics:
                 figures.setdefault(what, []).append((m.value, m.p50, m.p90, m.p99, m.mfu))
                 point.mfu_estimated = point.mfu_estimated or bool(m.mfu is not None and m.mfu_peak is not None
@@ -181,12 +204,17 @@ def serving_points(run_dir: Path, rows: pd.DataFrame | None = None) -> list[Serv
                     point.output_tokens = (point.output_tokens or 0) + m.iterations
                 if what in COUNTS:
                     point.counts[what] = point.counts.get(what, 0) + int(m.value)
-                elif what == "goodput_fraction":  # its iterations are all timed requests
+                elif what == "failed_fraction":  # its iterations are all timed requests
+                    point.requests = (point.requests or 0) + m.iterations
+                    if m.value >= 1.0:
+                        point.failed_point_rounds += 1
+                        point.first_error = point.first_error or m.warning
+                elif what == "goodput_fraction" and not counted_by_failed_fraction:  # results before failed_fraction
                     point.requests = (point.requests or 0) + m.iterations
                 elif what == "slo_p99_met":
                     point.slo_rounds += 1
                     point.slo_met_rounds += m.value >= 1.0
-            if "goodput_fraction" not in {w for w, _ in metrics}:  # a batch engine: every request succeeded
+            if not {"goodput_fraction", "failed_fraction"} & {w for w, _ in metrics}:  # a batch engine: all succeeded
                 served = next((m.iterations for w, m in metrics if w == "requests_per_s"), None)
                 if served is not None:
                     point.requests = (point.requests or 0) + served
@@ -296,7 +324,7 @@ def series_of(points: list[ServingPoint]) -> dict[str, list[ServingPoint]]:
 
 def slo_frontier(points: list[ServingPoint]) -> ServingPoint | None:
     """The point of highest throughput per device among those meeting the SLO (every round's p99 check)."""
-    met = [p for p in points if p.slo_met and p.per_device is not None]
+    met = [p for p in points if p.slo_met and p.per_device is not None and not p.failed_point]
     return max(met, key=lambda p: p.per_device or 0.0) if met else None
 
 
@@ -316,8 +344,16 @@ def _num(value: float | None, scale: float = 1.0, digits: int = 4) -> str:
     return "-" if value is None else f"{value * scale:.{digits}g}"
 
 
+def _ms(seconds: float | None) -> str:
+    """Milliseconds as a reader compares them: whole from 100 ms (4460, never 4.46e+03), else 3 digits."""
+    if seconds is None:
+        return "-"
+    ms = seconds * 1e3
+    return f"{ms:.0f}" if abs(ms) >= 100 else f"{ms:.3g}"
+
+
 def _triple(point: ServingPoint, what: str) -> str:
-    return " / ".join(_num(point.figure(what, p), 1e3, 3) for p in ("p50", "p90", "p99"))
+    return " / ".join(_ms(point.figure(what, p)) for p in ("p50", "p90", "p99"))
 
 
 def _where(point: ServingPoint) -> list[str]:
@@ -332,13 +368,20 @@ def _requests(point: ServingPoint) -> str:
                                                             ("empty_outputs", "empty"),
                                                             ("token_count_mismatches", "count mismatch"))
                 if k in point.counts]
+    if problems and point.counts.get("failed_requests") and point.failed_share is not None:
+        problems[0] += f" = {100 * point.failed_share:.3g} %"  # the failed count comes first
+    if point.failed_point:
+        rounds = "" if point.failed_point_rounds == point.rounds else \
+            f" in {point.failed_point_rounds} of {point.rounds} rounds"
+        return f"{base} ({', '.join(problems)}) **failed point**{rounds}"
     if not problems:
         return base
-    flagged = any(point.counts.get(k) for k in COUNTS)
-    return f"{base} ({', '.join(problems)})" + (" **flagged**" if flagged else "")
+    return f"{base} ({', '.join(problems)})" + (" **flagged**" if point.flagged else "")
 
 
 def _verdict(point: ServingPoint) -> str:
+    if point.failed_point:
+        return "**failed**"
     if point.slo_met is None:
         return "-"
     word = "met" if point.slo_met else "**missed**"
@@ -369,12 +412,43 @@ def _rounds(point: ServingPoint) -> str:
     return str(point.rounds) + (f" ({point.failed_rounds} from a failed round)" if point.failed_rounds else "")
 
 
-THROUGHPUT_HEADER = ["case", "concurrency", "rate/s", "requests (failed, truncated, empty, mismatched)",
-                     "output tokens/s", "per device", "per user", "interactivity", "requests/s",
+def is_serving_point(entry: dict[str, Any]) -> bool:
+    """A summary headline entry of one generate point (``<what>@c4``): shown a row per point, not per figure."""
+    return entry.get("family") == FAMILY and POINT_METRIC.match(str(entry.get("metric", ""))) is not None
+
+
+CONSOLE_HEADER = ["case", "point", "completed/failed", "completed req/s", "output tok/s",
+                  "TTFT ms p50/p99", "TPOT ms p50/p99", "goodput req/s (fraction)"]
+
+
+def console_rows(points: list[ServingPoint]) -> list[tuple[list[str], bool]]:
+    """The console's compact view, one row per point (means over rounds, counts summed, as in the report);
+    with whether the row is a failed or flagged point."""
+    rows = []
+    for p in points:
+        failed = p.counts.get("failed_requests", 0)
+        done = "-" if p.requests is None else f"{p.requests - failed}/{failed}"
+        if p.failed_point:
+            done += " failed point"
+        elif p.flagged:
+            done += " flagged"
+        rows.append(([p.case, p.label, done, _num(p.figure("requests_per_s")), _num(p.figure("output_tokens_per_s")),
+                      _p50_p99(p, "ttft_s"), _p50_p99(p, "tpot_s"), _goodput(p)], p.failed_point or p.flagged))
+    return rows
+
+
+def _p50_p99(point: ServingPoint, what: str) -> str:
+    if point.figure(what, "p50") is None:
+        return "-"
+    return f"{_ms(point.figure(what, 'p50'))}/{_ms(point.figure(what, 'p99'))}"
+
+
+THROUGHPUT_HEADER = ["case", "concurrency", "offered rate/s", "requests (failed, truncated, empty, mismatched)",
+                     "output tokens/s", "per device", "per user", "interactivity", "completed req/s",
                      "goodput req/s (fraction)", "SLO p99", "MFU", "J per token", "quality", "rounds"]
-LATENCY_HEADER = ["case", "concurrency", "rate/s", "TTFT ms p50/p90/p99", "TPOT ms p50/p90/p99",
+LATENCY_HEADER = ["case", "concurrency", "offered rate/s", "TTFT ms p50/p90/p99", "TPOT ms p50/p90/p99",
                   "ITL ms p50/p90/p99", "E2EL ms p50/p90/p99"]
-SERVER_HEADER = ["case", "concurrency", "rate/s", "output tokens: server (client)", "requests: server (client)",
+SERVER_HEADER = ["case", "concurrency", "offered rate/s", "output tokens: server (client)", "requests: server (client)",
                  "TTFT ms mean: server (client)", "TPOT ms mean: server (client)", "E2EL ms mean: server (client)"]
 
 
@@ -423,10 +497,17 @@ def serving_markdown(run_dir: Path, rows: pd.DataFrame | None) -> list[str]:
             lines.append(f"  - prompts: {md_text(first.workload)}")
         if first.served_by:
             lines.append(f"  - server: {md_text(first.served_by)}")
-    flagged = [p for p in points if any(p.counts.get(k) for k in COUNTS)]
+    failed = [p for p in points if p.failed_point]
+    if failed:
+        lines += ["", "**Failed points** (every timed request failed; left out of the curves, the SLO frontier and "
+                      "goodput):", "", *(f"- {p.case} {p.label}: {md_text(p.first_error or 'no error recorded')}"
+                                         for p in failed)]
+    flagged = [p for p in points if p.flagged and not p.failed_point]
     if flagged:
-        lines += ["", "Points with failed, truncated, empty or miscounted requests (their figures count the "
-                      "successful requests only): " + ", ".join(f"{p.case} {p.label}" for p in flagged) + "."]
+        lines += ["", f"Flagged points: more than {FAILED_FLAG_FRACTION:.0%} of the requests failed (the latency "
+                      "percentiles are over the successful requests, and the load's p99 then lies among the failed "
+                      "ones), or some were truncated, empty or miscounted; their figures count the successful "
+                      "requests only: " + ", ".join(f"{p.case} {p.label}" for p in flagged) + "."]
     lines += ["", *_table(THROUGHPUT_HEADER, [
         [*_where(p), _requests(p), _num(p.figure("output_tokens_per_s")), _num(p.per_device),
          _num(p.figure("tokens_per_s_per_user")), _num(p.interactivity), _num(p.figure("requests_per_s")),
@@ -447,7 +528,7 @@ def serving_markdown(run_dir: Path, rows: pd.DataFrame | None) -> list[str]:
 def plot_pareto(plt: Any, points: list[ServingPoint], out: Path, title: str = "") -> Path | None:
     """Output tokens/s per device against interactivity, a line per series; filled markers meet the SLO,
     hollow ones miss it, a star marks the SLO frontier; a dotted line at each SLO's 1 / TPOT bound."""
-    drawn = [p for p in points if p.per_device is not None and p.interactivity is not None]
+    drawn = [p for p in points if p.per_device is not None and p.interactivity is not None and not p.failed_point]
     if not drawn:
         return None
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
@@ -481,7 +562,8 @@ def plot_pareto(plt: Any, points: list[ServingPoint], out: Path, title: str = ""
 
 def plot_latency(plt: Any, points: list[ServingPoint], out: Path) -> Path | None:
     """TTFT and TPOT (p50 solid, p99 dashed) against output tokens/s per device, the SLO bounds dotted."""
-    drawn = [p for p in points if p.per_device is not None and p.figure("ttft_s", "p50") is not None]
+    drawn = [p for p in points if p.per_device is not None and p.figure("ttft_s", "p50") is not None
+             and not p.failed_point]
     if not drawn:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))

@@ -9,11 +9,13 @@ import pytest
 
 from flagperf.config.models import (
     CaseManifest,
+    SetOverride,
     apply_run_overrides,
     load_suite,
     merge_vendor_overrides,
     parse_set_override,
 )
+from flagperf.config.plan import plan_run
 from flagperf.errors import ConfigError
 
 DEFAULTS = "cases/base/c/case.yaml"
@@ -181,17 +183,48 @@ def test_set_missing_equals() -> None:
 
 
 def test_set_on_a_case_that_is_not_selected_names_the_selection() -> None:
-    with pytest.raises(ConfigError) as info:
-        parse_set_override("unknowncase.m=1", ["computation-FP32"])
-    assert info.value.message.startswith("no selected case is named 'unknowncase' (selected: computation-FP32); ")
+    with pytest.raises(ConfigError) as info:  # a key part that cannot be a key: only a case name was meant
+        parse_set_override("unknown-case.m=1", ["computation-FP32"])
+    assert info.value.message == "no selected case is named 'unknown-case' (selected: computation-FP32)"
+    with pytest.raises(ConfigError) as info:  # a case or a mapping's key: neither, both said
+        plan_run(cases=["computation-FP32"], sets=["unknowncase.m=1"], results_dir="unused")
+    assert info.value.key == "unknowncase.m" and "\n" not in str(info.value)
+    assert info.value.message.startswith("no selected case is named 'unknowncase' (selected: computation-FP32), and "
+                                         "no selected case has this key (")
 
 
-def test_set_on_a_key_of_a_mapping_says_where_a_mapping_is_set() -> None:
-    """`--set slo.ttft_s=0.5` reads slo as a case name; the line says where a serving case's slo is set."""
+def test_set_a_dotted_key_is_a_case_only_where_it_names_a_case_of_the_run() -> None:
+    """`--set slo.ttft_s=0.5`: slo is no case of the run, so it is the key of a mapping; `CASE.slo.ttft_s` sets it
+    in that case only; where a case of the run is named slo, `slo.ttft_s` is that case's key ttft_s."""
+    assert parse_set_override("slo.ttft_s=0.5", ["tiny-llama-serve"]) == SetOverride(
+        case=None, key="slo.ttft_s", value=0.5, text="slo.ttft_s=0.5")
+    assert parse_set_override("tiny-llama-serve.slo.ttft_s=0.5", ["tiny-llama-serve"]).case == "tiny-llama-serve"
+    assert parse_set_override("tiny-llama-serve.slo.ttft_s=0.5", ["tiny-llama-serve"]).key == "slo.ttft_s"
+    named = parse_set_override("slo.ttft_s=0.5", ["tiny-llama-serve", "slo"])
+    assert (named.case, named.key) == ("slo", "ttft_s")
+    for sets in (["slo.ttft_s=0.5"], ["tiny-llama-serve.slo.ttft_s=0.5"]):
+        case = plan_run(cases=["tiny-llama-serve"], sets=sets, results_dir="unused").cases[0]
+        assert case.config["slo"] == {"ttft_s": 0.5, "tpot_s": 0.1, "e2el_s": None}  # the other bounds kept
+        assert case.origins["slo.ttft_s"] == "--set" and case.run_overrides == {"--set": {"slo.ttft_s": 0.5}}
+    # A case without the mapping is left alone by the case-less form, as by any --set key it lacks.
+    plans = plan_run(cases=["tiny-llama-serve", "computation-FP32"], sets=["slo.ttft_s=0.5"],
+                     results_dir="unused").cases
+    assert plans[0].config["slo"]["ttft_s"] == 0.5 and "slo" not in plans[1].config
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("slo.ttfs=0.5", "--set: slo.ttfs: unknown key (did you mean ttft_s or tpot_s?)"),
+    ("slo.ttft_s.x=1", "--set: slo.ttft_s.x: slo.ttft_s is not a mapping (it is 2.0)"),
+    ("input_len.x=3", "--set: input_len.x: input_len is not a mapping (it is 16), so it has no key 'x'"),
+    ("endpoint.base_url=http://h:1", "--set: endpoint.base_url: endpoint is not a mapping (it is None), so it has "
+                                     "no key 'base_url'"),
+    ("tiny-llama-serve.slx.ttft_s=1", "--set: slx.ttft_s: unknown key 'slx' (known: api, "),
+    ("slo.ttft_s=-1", "--set: slo.ttft_s: Input should be greater than 0 (got -1)"),
+])
+def test_a_dotted_key_that_leads_nowhere_is_one_line_naming_it(text: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
-        parse_set_override("slo.ttft_s=0.5", ["tiny-llama-serve"])
-    assert info.value.message.endswith("is set whole in a suite file's overrides (--suite FILE): "
-                                       "{CASE: {slo: {ttft_s: 0.5, tpot_s: 0.03}}}")
+        plan_run(cases=["tiny-llama-serve"], sets=[text], results_dir="unused")
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize("text", ["=1", "m-n=1", "a b=1", "computation-FP32.=1", "m[0]=1"])
@@ -207,8 +240,9 @@ def test_set_non_scalar_value(raw: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_set_override(f"m={raw}", [])
     assert info.value.key == "m"
-    assert info.value.message.startswith("the value must be a scalar or a list of scalars; a key holding a mapping")
-    assert "operation case's shapes) is set whole in a suite file's overrides (--suite FILE)" in info.value.message
+    assert info.value.message.startswith("the value must be a scalar or a list of scalars; set one key of a mapping "
+                                         "by its dotted path (--set slo.ttft_s=0.5), or a whole mapping")
+    assert "operation case's shapes) in a suite file's overrides (--suite FILE)" in info.value.message
 
 
 def test_set_a_list_of_scalars() -> None:

@@ -149,10 +149,10 @@ def test_the_report_shows_every_point_its_counts_the_slo_frontier_and_the_plots(
     assert ("- **serve-case**: engine vllm-serve, bf16; SLO: p99 TTFT <= 2 s, p99 TPOT <= 0.1 s, no failed "
             "request; SLO frontier: c2, 10 output tokens/s per device at 20 tokens/s per user") in md
     assert "- **batch-case**: engine hf, fp32; SLO: no SLO recorded" in md
-    assert "with failed, truncated, empty or miscounted requests (their figures count the successful requests " \
-           "only): serve-case c4." in md
+    assert "or some were truncated, empty or miscounted; their figures count the successful requests only: " \
+           "serve-case c4." in md
     rows = [line for line in md.splitlines() if line.startswith("| serve-case | 4 | - |")]
-    assert rows[0].startswith("| serve-case | 4 | - | 4 (1 failed, 1 truncated, 0 empty, 0 count mismatch) "
+    assert rows[0].startswith("| serve-case | 4 | - | 4 (1 failed = 25 %, 1 truncated, 0 empty, 0 count mismatch) "
                               "**flagged** | 6.5 | 3.25 |")
     assert "| 1.5 (75 %) | **missed** |" in rows[0]
     assert "| serve-case | 2 | - | 4 (0 failed, 0 truncated, 0 empty, 0 count mismatch) | 20 | 10 |" in md
@@ -329,3 +329,21 @@ def test_an_mfu_against_an_estimated_peak_is_an_upper_estimate(tmp_path: Path) -
         cells[name] = _mfu(point)
     assert cells == {"lower": "≤ 120% (above 100 % of the estimated peak, a lower bound)",
                      "exact": "120% (above 100 %: check the peak)"}
+
+
+def test_the_console_shows_a_row_per_point_and_figures_only_beside_a_known_peak(serving_run: Path) -> None:
+    """`flagperf report` (and `flagperf run`'s end) prints one row per generate point, not a "peak unknown" row per
+    figure: the points' figures have no peak here, so none of them is a row of the measured-vs-peak table."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    shown = CliRunner().invoke(app, ["report", str(serving_run)])
+    assert shown.exit_code == 0, shown.output
+    assert "unknown" not in shown.output and "@c2" not in shown.output
+    assert "LLM serving, one row per point" in shown.output
+    rows = [" ".join(line.replace("│", " ").split()) for line in shown.output.splitlines()]
+    # case, point, completed/failed, requests/s, output tok/s, TTFT ms p50/p99, TPOT ms p50/p99, goodput
+    assert "serve-case c2 4/0 4 20 100/100 50/50 4 (100 %)" in rows
+    assert "serve-case c4 3/1 flagged 1.5 6.5 200/200 80/80 1.5 (75 %)" in rows
+    assert "batch-case c2 2/0 4 16 100/100 50/50 -" in rows

@@ -1,0 +1,136 @@
+"""Failed and partly failed serving points, through the case entry against a real HTTP endpoint that answers
+OpenAI-style event streams and refuses the requests it is told to: a point whose every request failed fails
+the round in one line naming it and its first error, is kept as failed (no throughput, latency or goodput) and
+shown so in the report; a partly failed point reports its failed count and share, flagged above 1 %."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from flagperf.config.job import Job
+from flagperf.config.plan import plan_run
+from flagperf.entry import run_job
+from flagperf.errors import EXIT_USER_ERROR
+from flagperf.generate.loadgen import REQUESTS_FILE, read_records
+from flagperf.generate.serve import SERVING_FILE
+from flagperf.results.schema import read_result
+from flagperf.results.serving import FAILED_FLAG_FRACTION, ServingPoint, serving_markdown, serving_points
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+class RefusingEndpoint(http.server.BaseHTTPRequestHandler):
+    """Streams ``max_tokens`` words (t1 t2 ...) with usage, except for the requests whose number (from 0, in the
+    order they arrive) is in ``refuse``: those get HTTP 503."""
+
+    refuse: ClassVar[set[int]] = set()
+    arrived: ClassVar[list[int]] = []
+    lock = threading.Lock()
+
+    def do_POST(self) -> None:  # http.server calls it by this name
+        asked = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        with self.lock:
+            number = len(self.arrived)
+            self.arrived.append(number)
+        if number in self.refuse:
+            body = b"overloaded: request refused"
+            self.send_response(503)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        tokens = int(asked["max_tokens"])
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()  # HTTP/1.0: the stream ends when the connection closes
+        events = [{"choices": [{"index": 0, "delta": {"content": f"t{i + 1} "}, "finish_reason": None}]}
+                  for i in range(tokens)]
+        events.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+        events.append({"choices": [], "usage": {"prompt_tokens": 16, "completion_tokens": tokens}})
+        for event in events:
+            self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+        self.wfile.write(b"data: [DONE]\n\n")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def refusing() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RefusingEndpoint)  # the port from the OS
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    RefusingEndpoint.arrived.clear()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    thread.join()
+    server.server_close()
+
+
+def test_a_point_whose_every_request_failed_fails_the_round_and_is_shown_failed(refusing: str,
+                                                                                tmp_path: Path) -> None:
+    # Request 0 is the endpoint's first (check) request; c1 sends 1-4 (closed loop, one at a time: 1 refused),
+    # c2 sends 5-8, all refused.
+    RefusingEndpoint.refuse = {1, 5, 6, 7, 8}
+    plan = plan_run(cases=["tiny-llama-serve"], sets=["endpoint=lab", "concurrency=[1, 2]", "request_rates=[]",
+                                                      "requests=4", "warmup_requests=0", "max_new_tokens=3"],
+                    results_dir=tmp_path / "results", inventory_endpoints={"lab": {"base_url": refusing, "model": "m"}},
+                    inventory_source="inventory.yaml")
+    cp = plan.cases[0]
+    job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, host="localhost", vendor="cpu",
+              config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={})
+    run_dir = tmp_path / "run"
+    out = run_dir / cp.name / "round1" / "localhost_noderank0"
+    out.mkdir(parents=True)
+
+    assert run_job(job, out) == EXIT_USER_ERROR
+    assert len(RefusingEndpoint.arrived) == 9
+    result = read_result(out / "result.json")
+    assert result.status == "failed" and result.failure is not None and result.failure.kind == "user"
+    assert result.failure.message == ("point c2: all 4 timed requests failed; the first: HTTP 503: overloaded: "
+                                      "request refused")
+    metrics = {m.name: m for m in result.metrics}
+    # c1 is measured, its failed request counted and its share given.
+    assert metrics["failed_requests@c1"].value == 1 and metrics["failed_fraction@c1"].value == 0.25
+    assert metrics["output_tokens_per_s@c1"].work == 9  # the three successful requests of 3 tokens
+    assert metrics["output_tokens_per_s@c1"].warning == "1 failed of 4 requests; the first failed: HTTP 503: " \
+                                                        "overloaded: request refused"
+    # c2 is kept as failed: its count and share only, nothing that would draw it on the curve or count as goodput.
+    assert sorted(n for n in metrics if n.endswith("@c2")) == ["failed_fraction@c2", "failed_requests@c2"]
+    assert metrics["failed_fraction@c2"].value == 1.0 and metrics["failed_fraction@c2"].iterations == 4
+    serving = json.loads((out / SERVING_FILE).read_text(encoding="utf-8"))
+    assert [(p["label"], p["status"], p["failed"]) for p in serving["points"]] == [("c1", "measured", 1),
+                                                                                   ("c2", "failed", 4)]
+    # Every figure above can be counted again from requests.jsonl.
+    timed = [r for r in read_records(out / REQUESTS_FILE) if r.phase == "timed"]
+    assert [(r.point, r.ok) for r in timed if not r.ok] == [("c1", False)] + [("c2", False)] * 4
+
+    points = {p.label: p for p in serving_points(run_dir)}
+    assert points["c2"].failed_point and not points["c1"].failed_point
+    assert points["c1"].flagged  # 25 % failed, above the 1 % threshold
+    report = "\n".join(serving_markdown(run_dir, None))
+    assert "**Failed points**" in report and "- tiny-llama-serve c2: 4 of 4 requests failed; the first: HTTP 503" \
+        in report
+    assert "| tiny-llama-serve | 2 | - | 4 (4 failed = 100 %) **failed point** | - | - |" in report
+    assert "| - | **failed** |" in report  # its SLO verdict
+    assert "| tiny-llama-serve | 1 | - | 4 (1 failed = 25 %, 0 truncated, 0 empty, 0 count mismatch) **flagged** |" \
+        in report
+    assert "Flagged points: more than 1% of the requests failed" in report and "tiny-llama-serve c1." in report
+
+
+def test_a_point_is_flagged_for_failures_only_above_the_stated_share() -> None:
+    def point(failed: int, requests: int) -> ServingPoint:
+        return ServingPoint(case="c", kind="rate", level=1.0, label="r1", engine="e", precision="fp32", rounds=1,
+                            counts={"failed_requests": failed, "truncated_requests": 0}, requests=requests)
+
+    assert FAILED_FLAG_FRACTION == 0.01
+    assert not point(0, 200).flagged and not point(2, 200).flagged  # 1 %: the p99 is still the load's
+    assert point(3, 200).flagged  # 1.5 %
