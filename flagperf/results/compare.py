@@ -205,6 +205,8 @@ class CurveComparison:
     b_slo: str
     a_workload: str | None = None  # the prompt set with its token lengths, and the API (None: not recorded)
     b_workload: str | None = None
+    a_failed: tuple[str, ...] = ()  # points left out: every request failed in some round
+    b_failed: tuple[str, ...] = ()
 
     @property
     def goodput_ratio(self) -> float | None:
@@ -220,13 +222,14 @@ class CurveComparison:
 
 
 def best_goodput(points: list[ServingPoint]) -> ServingPoint | None:
-    met = [p for p in points if p.slo_met and p.goodput is not None]
+    met = [p for p in points if p.slo_met and p.goodput is not None and not p.failed_point]
     return max(met, key=lambda p: p.goodput or 0.0) if met else None
 
 
 def _curve(points: list[ServingPoint]) -> list[tuple[float, float]]:
+    # A point that failed in one round keeps the other rounds' figures, but they are not the load's: left out
     return pareto_frontier([(p.interactivity, p.per_device) for p in points
-                            if p.interactivity is not None and p.per_device is not None])
+                            if p.interactivity is not None and p.per_device is not None and not p.failed_point])
 
 
 def compare_serving(a: list[ServingPoint], b: list[ServingPoint]) -> list[CurveComparison]:
@@ -254,7 +257,9 @@ def compare_serving(a: list[ServingPoint], b: list[ServingPoint]) -> list[CurveC
             case=case, a_series=pa[0].series, b_series=pb[0].series,
             a_range=(ca[0][0], ca[-1][0]) if ca else None, b_range=(cb[0][0], cb[-1][0]) if cb else None,
             rows=rows, a_best=best_goodput(pa), b_best=best_goodput(pb), a_slo=slo_text(pa[0].slo),
-            b_slo=slo_text(pb[0].slo), a_workload=pa[0].workload, b_workload=pb[0].workload))
+            b_slo=slo_text(pb[0].slo), a_workload=pa[0].workload, b_workload=pb[0].workload,
+            a_failed=tuple(p.label for p in pa if p.failed_point),
+            b_failed=tuple(p.label for p in pb if p.failed_point)))
     return out
 
 
@@ -292,6 +297,9 @@ def serving_comparison_markdown(comparisons: list[CurveComparison]) -> list[str]
                          f"A {md_text(c.a_workload)}; B {md_text(c.b_workload)}")
         lines += [f"- interactivity covered: A {_range(c.a_range)}, B {_range(c.b_range)} tokens/s per user",
                   f"- {_goodput_line(c)}"]
+        if c.a_failed or c.b_failed:
+            lines.append("- **failed points left out** (every request failed in some round): "
+                         f"A {', '.join(c.a_failed) or 'none'}; B {', '.join(c.b_failed) or 'none'}")
         if not c.rows:
             lines.append("- the curves share no interactivity: no throughput ratio")
             continue

@@ -237,6 +237,27 @@ def test_compare_gives_throughput_at_equal_interactivity_and_the_goodput_ratio(t
     assert "| 30 | 600 | 900 | 1.500 |" in text and "| 15 | 900 | 1300 | 1.444 |" in text
 
 
+def test_compare_leaves_a_failed_point_out_of_the_curve_and_the_goodput(tmp_path: Path) -> None:
+    """A point whose every request failed in one round keeps the other rounds' figures, which are not the
+    load's: compare leaves it out of A's curve and best goodput, and says so."""
+    from flagperf.results.compare import compare_serving
+
+    a = serving_points(curve_run(tmp_path, "run-a", CURVE_A))
+    b = serving_points(curve_run(tmp_path, "run-b", CURVE_B, engine="sglang"))
+    (whole,) = compare_serving(a, b)
+    assert whole.a_best is not None and whole.a_best.label == "c4" and not whole.a_failed
+    next(p for p in a if p.label == "c4").failed_point_rounds = 1
+    (c,) = compare_serving(a, b)
+    assert c.a_best is not None and c.a_best.label == "c1"  # c4's 1.8 is out; c1's 0.5 is the best left
+    assert c.a_failed == ("c4",) and c.b_failed == ()
+    next(p for p in a if p.label == "c1").failed_point_rounds = 1
+    (c,) = compare_serving(a, b)
+    assert c.a_range == (10.0, 10.0)  # c1 (40) and c4 (20) out of A's curve: c16 alone is left on it
+    assert c.a_failed == ("c1", "c4")
+    assert "**failed points left out** (every request failed in some round): A c1, c4; B none" in \
+        "\n".join(serving_comparison_markdown([c]))
+
+
 def test_compare_says_when_curves_share_no_interactivity_or_no_point_met_the_slo(tmp_path: Path) -> None:
     a = curve_run(tmp_path, "run-a", [("c1", 40.0, 400.0, 0.5, True), ("c4", 30.0, 800.0, 1.8, True)])
     b = curve_run(tmp_path, "run-b", [("c1", 20.0, 500.0, 0.6, False), ("c4", 10.0, 900.0, 2.7, False)])
