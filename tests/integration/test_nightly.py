@@ -1,13 +1,20 @@
 """The nightly regression flow on a real server: history recorded, a seeded baseline far above this
 machine's figure gives a regression verdict, a failed flow with a clear message, and a Prefect event;
-the automation template in deployments/ is accepted by `prefect automation create`."""
+the automation template in deployments/ is accepted by `prefect automation create`; a lab's week of real
+nights (good ones, a failed one, one under a CPU quota, one with another workload) read as its owner would."""
 
 from __future__ import annotations
 
+import contextlib
+import csv
+import json
 import os
+import statistics
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -15,12 +22,23 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.events.filters import EventFilter, EventNameFilter
 from prefect_api import error_lines
+from test_fleet import READY, cgroup_cpu_root, device_processes
 
 from flagperf.config.vendors import load_vendor
 from flagperf.results.history import history_engine, record_run
 from flagperf.results.schema import Metric, RoundResult, write_result
 from flows.evaluate import BAD_INPUT, RESULTS_DIR_ENV
-from flows.nightly import REGRESSION_EVENT, nightly_regression
+from flagperf.results.history import figure_trend
+from flagperf.results.summary import summarize
+from flows.nightly import (
+    EXIT_HELD,
+    EXIT_NIGHT_FAILED,
+    EXIT_REGRESSION,
+    REGRESSED_STATE,
+    REGRESSION_EVENT,
+    exit_code,
+    nightly_regression,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_server")]
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,7 +70,7 @@ def test_nightly_flags_a_regression_and_emits_an_event(flagperf_env: Path, tmp_p
     seed_history(url, tmp_path / "seed", value=50.0)  # 50 TFLOPS: no 2-core CPU gets near it
     started = datetime.now(timezone.utc)
     state = nightly_regression(suite="tiny", rounds=2, history_url=url, return_state=True)
-    assert state.is_failed()
+    assert state.is_failed() and state.name == REGRESSED_STATE and exit_code(state) == EXIT_REGRESSION
     assert "1 regression(s)" in state.message and "computation-FP32 gemm_fp32" in state.message
     # The run's one ERROR line is that message (each verdict is a warning), with no traceback.
     assert error_lines(state.state_details.flow_run_id) == [state.message]
@@ -95,3 +113,107 @@ def test_the_automation_template_is_accepted(tmp_path: Path) -> None:
     with get_client(sync_client=True) as client:
         automations = client.read_automations_by_name("flagperf-regression-alert")
     assert automations and automations[0].trigger.expect == {REGRESSION_EVENT}
+
+
+@contextlib.contextmanager
+def cpu_quota_for(marker: str, share: float) -> Iterator[list[int]]:
+    """Every device process of a round whose job path holds ``marker`` moved, once it is ready to measure,
+    into a cgroup with ``share`` of one core (as test_fleet slows a host): a night on a slower machine."""
+    found = cgroup_cpu_root()
+    if found is None:
+        pytest.skip("no writable cgroup with the cpu controller (v1 cpu, or v2 with cpu in subtree_control)")
+    root, kind = found
+    group = root / f"flagperf-nightly-slow-{os.getpid()}"
+    group.mkdir()
+    period = 100_000
+    if kind == "v1":
+        (group / "cpu.cfs_period_us").write_text(str(period))
+        (group / "cpu.cfs_quota_us").write_text(str(int(share * period)))
+    else:
+        (group / "cpu.max").write_text(f"{int(share * period)} {period}")
+    stop, moved = threading.Event(), []
+
+    def mover() -> None:
+        while not stop.is_set():
+            for pid, job, index in device_processes(marker):
+                with contextlib.suppress(OSError):
+                    log = (job.parent / "case.log").read_text(errors="replace")
+                    if pid not in moved and any(line.startswith(f"[device {index}] ") and READY in line
+                                                for line in log.splitlines()):
+                        (group / "cgroup.procs").write_text(str(pid))
+                        moved.append(pid)
+            stop.wait(0.02)
+
+    thread = threading.Thread(target=mover, daemon=True)
+    thread.start()
+    try:
+        yield moved
+    finally:
+        stop.set()
+        thread.join()
+        for pid in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                (root / "cgroup.procs").write_text(pid)
+        with contextlib.suppress(OSError):
+            group.rmdir()
+
+
+def test_a_week_of_nights_read_by_the_owner(flagperf_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three good nights, a failed one, one under a CPU quota (5 % of a core: a regression far beyond the
+    spread the good nights measured here), a good one after it and one with another workload, all real."""
+    monkeypatch.setenv("FLAGPERF_SUITE_PATH", str(ROOT / "tests" / "fixtures" / "suites"))
+    results = flagperf_env
+    url = f"sqlite:///{results / 'history.sqlite'}"
+    verdict_file = results / "nightly-tiny.json"
+
+    def night(*overrides: str) -> tuple[object, dict]:
+        state = nightly_regression(suite="tiny", rounds=2, results_dir=str(results), history_url=url,
+                                   overrides=list(overrides), return_state=True)
+        return state, json.loads(verdict_file.read_text())
+
+    good = []
+    for _ in range(3):
+        state, verdict = night()
+        assert state.is_completed() and exit_code(state) == EXIT_HELD and verdict["exit_code"] == EXIT_HELD, state
+        good.append(verdict["run_id"])
+    # A night that cannot finish: at least 30 s of measuring inside a 2 s limit, on any machine.
+    state, verdict = night("min_duration_s=30", "timeout_s=2", "max_retries=0")
+    assert state.is_failed() and state.name != REGRESSED_STATE and exit_code(state) == EXIT_NIGHT_FAILED
+    assert verdict["exit_code"] == EXIT_NIGHT_FAILED and verdict["regressions"] == []
+    failed_night = verdict["run_id"]
+    assert "recorded as a failed night" in state.message and error_lines(state.state_details.flow_run_id) == [
+        state.message]
+
+    with cpu_quota_for(str(results), 0.05) as moved:
+        state, verdict = night()
+    assert moved, "the night's device processes were put under the quota"
+    assert state.is_failed() and state.name == REGRESSED_STATE and exit_code(state) == EXIT_REGRESSION, state
+    (regressed,) = [v for v in verdict["verdicts"] if v["status"] == "regression"]
+    # The baseline: the median of the three good nights (the failed one is none of it), the threshold from
+    # their spread and this night's rounds, as measured here.
+    device = summarize(results / verdict["run_id"]).context["device"]
+    measured = {p.run_id: p.verdict.value for p in figure_trend(
+        history_engine(url), "computation-FP32", "gemm_fp32", "cpu", device) if p.verdict}
+    assert regressed["baseline_runs"] == list(reversed(good))
+    assert regressed["baseline"] == pytest.approx(statistics.median(measured[r] for r in good))
+    spread = statistics.stdev(measured[r] for r in good) / regressed["baseline"]
+    assert regressed["threshold"] >= 3 * spread and regressed["change"] < -regressed["threshold"]
+    assert regressed["changes"] == []  # same code, image, hosts: the quota is not something a run records
+    assert verdict["regressions"] and verdict["regressions"][0] in state.message
+
+    state, verdict = night()  # the quota gone: held, against the good nights and the regressed one, not the failed
+    assert state.is_completed(), state
+    (held,) = verdict["verdicts"]
+    assert held["status"] in ("ok", "improvement") and held["baseline_runs"][1:] == list(reversed(good))
+
+    state, verdict = night("min_iters=3")  # another workload: marked, not compared
+    assert state.is_completed(), state
+    (other,) = verdict["verdicts"]
+    assert other["status"] == "new-workload" and any("min_iters 2 → 3" in c for c in other["changes"]), other
+
+    # The course a lab reads without the UI: every night in order, the failed one as a failure.
+    with (results / "trends.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [r["verdict"] for r in rows] == ["no-baseline", "no-baseline", "no-baseline", "failed", "regression",
+                                            held["status"], "new-workload"]
+    assert rows[3]["run_id"] == failed_night and rows[3]["changes"].startswith("the evaluation failed")
