@@ -206,7 +206,7 @@ def nightly_regression(
     if state.name in (UNSUPPORTED_STATE, PARTLY_UNSUPPORTED_STATE):
         return publish_night(results_dir, suite, run_dir,
                              Completed(name=state.name, message=state.message, data=outcome), verdicts, history)
-    held = sum(v.status in ("ok", "improvement") for v in verdicts)
-    return publish_night(results_dir, suite, run_dir,
-                         Completed(message=f"{held} of {len(verdicts)} figures held their baseline", data=outcome),
-                         verdicts, history)
+    statuses = [v.status for v in verdicts]
+    counted = ", ".join(f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses))
+    return publish_night(results_dir, suite, run_dir, Completed(message=f"no regression: {counted or 'no figures'}",
+                                                                data=outcome), verdicts, history)

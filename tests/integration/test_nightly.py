@@ -25,11 +25,10 @@ from prefect_api import error_lines
 from test_fleet import READY, cgroup_cpu_root, device_processes
 
 from flagperf.config.vendors import load_vendor
-from flagperf.results.history import history_engine, record_run
+from flagperf.results.history import figure_trend, history_engine, record_run
 from flagperf.results.schema import Metric, RoundResult, write_result
-from flows.evaluate import BAD_INPUT, RESULTS_DIR_ENV
-from flagperf.results.history import figure_trend
 from flagperf.results.summary import summarize
+from flows.evaluate import BAD_INPUT, RESULTS_DIR_ENV
 from flows.nightly import (
     EXIT_HELD,
     EXIT_NIGHT_FAILED,
@@ -159,16 +158,21 @@ def cpu_quota_for(marker: str, share: float) -> Iterator[list[int]]:
 
 
 def test_a_week_of_nights_read_by_the_owner(flagperf_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Three good nights, a failed one, one under a CPU quota (5 % of a core: a regression far beyond the
-    spread the good nights measured here), a good one after it and one with another workload, all real."""
+    """Three good nights, a failed one, a slow one (a regression), a good one after it and one with another
+    workload, all real. Each measuring night runs under a CPU quota, so that its speed is the quota's and not
+    the shared machine's load: 10 % of a core on a good night, 1 % on the slow one (a 10x drop, far beyond
+    the spread the good nights measured here, which the verdict's threshold is made of)."""
     monkeypatch.setenv("FLAGPERF_SUITE_PATH", str(ROOT / "tests" / "fixtures" / "suites"))
     results = flagperf_env
     url = f"sqlite:///{results / 'history.sqlite'}"
     verdict_file = results / "nightly-tiny.json"
+    small = ["m=512", "n=512", "k=512"]  # a multiply of a few ms on a core: a second or two under 1 % of one
 
-    def night(*overrides: str) -> tuple[object, dict]:
-        state = nightly_regression(suite="tiny", rounds=2, results_dir=str(results), history_url=url,
-                                   overrides=list(overrides), return_state=True)
+    def night(*overrides: str, share: float | None = 0.10) -> tuple[object, dict]:
+        with cpu_quota_for(str(results), share) if share else contextlib.nullcontext([0]) as moved:
+            state = nightly_regression(suite="tiny", rounds=2, results_dir=str(results), history_url=url,
+                                       overrides=[*small, *overrides], return_state=True)
+        assert moved, "the night's device processes were put under the quota"
         return state, json.loads(verdict_file.read_text())
 
     good = []
@@ -176,17 +180,16 @@ def test_a_week_of_nights_read_by_the_owner(flagperf_env: Path, monkeypatch: pyt
         state, verdict = night()
         assert state.is_completed() and exit_code(state) == EXIT_HELD and verdict["exit_code"] == EXIT_HELD, state
         good.append(verdict["run_id"])
-    # A night that cannot finish: at least 30 s of measuring inside a 2 s limit, on any machine.
-    state, verdict = night("min_duration_s=30", "timeout_s=2", "max_retries=0")
+    # A night that cannot finish: 10^5 multiplies of 4096^3 (1.4e16 FLOP, hours on any CPU) in a 15 s limit.
+    state, verdict = night("m=4096", "n=4096", "k=4096", "min_iters=100000", "timeout_s=15", "max_retries=0",
+                           share=None)
     assert state.is_failed() and state.name != REGRESSED_STATE and exit_code(state) == EXIT_NIGHT_FAILED
     assert verdict["exit_code"] == EXIT_NIGHT_FAILED and verdict["regressions"] == []
     failed_night = verdict["run_id"]
     assert "recorded as a failed night" in state.message and error_lines(state.state_details.flow_run_id) == [
         state.message]
 
-    with cpu_quota_for(str(results), 0.05) as moved:
-        state, verdict = night()
-    assert moved, "the night's device processes were put under the quota"
+    state, verdict = night(share=0.01)
     assert state.is_failed() and state.name == REGRESSED_STATE and exit_code(state) == EXIT_REGRESSION, state
     (regressed,) = [v for v in verdict["verdicts"] if v["status"] == "regression"]
     # The baseline: the median of the three good nights (the failed one is none of it), the threshold from
