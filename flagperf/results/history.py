@@ -48,6 +48,7 @@ from sqlalchemy import (
     Text,
     create_engine,
     delete,
+    false,
     func,
     insert,
     inspect,
@@ -374,7 +375,9 @@ def figure_trend(engine: Engine, case: str, metric: str, vendor: str | None, dev
         suites = conn.execute(select(runs.c.suite).distinct().where(
             runs.c.run_id.in_([r["run_id"] for r in rows]))).scalars().all()
         failed = conn.execute(select(runs.c.run_id, runs.c.recorded_at, runs.c.reason).where(
-            runs.c.outcome == FAILED, runs.c.suite.in_([s for s in suites if s is not None]),
+            runs.c.outcome == FAILED,
+            runs.c.suite.in_([s for s in suites if s is not None]) | (runs.c.suite.is_(None) if None in suites
+                                                                      else false()),
             runs.c.vendor.is_(None) if vendor is None else runs.c.vendor == vendor,
             runs.c.device.is_(None) | (runs.c.device == device))).all()
     verdicts = _judge_series(rows, baseline_runs, min_history, sigma, floor)
