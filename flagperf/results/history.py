@@ -140,6 +140,11 @@ def case_configs(run_dir: Path) -> dict[str, dict[str, Any]]:
     return configs
 
 
+def _workload(config: dict[str, Any] | None) -> str | None:
+    """The configuration's digest; None where the rounds recorded none (comparable with any)."""
+    return hashlib.sha256(_canonical(config).encode()).hexdigest()[:16] if config else None
+
+
 def run_setting(run_dir: Path) -> dict[str, Any]:
     """What a run ran on and with, beyond the case's configuration: the code, the image, the libraries and
     Python, the vendor's settings and each host's machine. Two nights that differ here are named so."""
@@ -202,9 +207,8 @@ def record_run(engine: Engine, run_dir: Path, recorded_at: datetime | None = Non
         configs = case_configs(run_dir)
         rows = [{"run_id": summary.run_id, "case": e["case"], "metric": e["metric"], "unit": e["unit"],
                  "value": e["value"], "spread_cv": e["spread_cv"] if e["spread_over"] not in (None, "chunks") else None,
-                 "rounds": e["rounds"], "config": _canonical(configs.get(e["case"], {})),
-                 "workload": hashlib.sha256(_canonical(configs.get(e["case"], {})).encode()).hexdigest()[:16]}
-                for e in summary.headline]
+                 "rounds": e["rounds"], "config": _canonical(configs.get(e["case"]) or {}),
+                 "workload": _workload(configs.get(e["case"]))} for e in summary.headline]
         if rows:
             conn.execute(insert(figures), rows)
     return len(rows)
