@@ -3,12 +3,23 @@
 evaluate (subflow) -> record_history -> judge_regressions -> (event per regression) -> fail if any
 A regression emits the Prefect event `flagperf.regression.detected`; the automation in
 deployments/automations/ turns it into an alert.
+
+How a night ends, for a scheduler, an alert and a cron job alike (the state, nightly-<suite>.json in the results
+folder and in the run folder, and `exit_code` in it):
+  Completed                  every figure held its baseline (or had none yet)          exit 0
+  Failed, named Regressed    some figure regressed                                     exit 5 (EXIT_REGRESSION)
+  Failed                     the night failed: nothing judged; recorded as a failed night  exit 1
+  Failed, "bad input: ..."   the form's input is wrong: no night                       exit 2
+  Unsupported / Partly ...   as the evaluation                                          exit 3 / 0
+trends.csv in the results folder has every figure's course after each night (flagperf.site.trends).
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
@@ -18,8 +29,10 @@ from prefect.states import Completed, Failed, State
 from pydantic import Field
 
 from flagperf.config.plan import new_run_id, read_plan
-from flagperf.errors import ConfigError, FlagperfError
-from flagperf.results.history import Verdict, check_run, history_engine, record_run
+from flagperf.errors import EXIT_UNSUPPORTED, EXIT_USER_ERROR, ConfigError, FlagperfError
+from flagperf.results.history import Verdict, check_run, history_engine, record_failed_night, record_run
+from flagperf.results.schema import write_json_atomic
+from flagperf.site.trends import TREND_FILE, write_trend_file
 from flows.evaluate import (
     BAD_INPUT,
     PARTLY_UNSUPPORTED_STATE,
@@ -34,6 +47,12 @@ from tasks.analyze import replace_earlier_artifacts
 
 REGRESSION_EVENT = "flagperf.regression.detected"
 VERDICTS_ARTIFACT = "flagperf-regression-verdicts"
+REGRESSED_STATE = "Regressed"  # a Failed state's name: a regression, not a night that could not measure
+EXIT_HELD, EXIT_NIGHT_FAILED, EXIT_REGRESSION = 0, 1, 5
+
+
+def verdict_file_name(suite: str) -> str:
+    return f"nightly-{suite}.json"
 
 
 @task(name="record_history", cache_policy=NONE)
@@ -56,15 +75,52 @@ def judge_regressions(run_id: str, history_url: str | None, results_dir: str, ba
                 "baseline": f"{v.baseline:.4g}" if v.baseline is not None else "-",
                 "change": f"{v.change:+.1%}" if v.change is not None else "-",
                 "threshold": f"±{v.threshold:.1%}" if v.threshold is not None else "-",
-                "history": v.history, "verdict": v.status} for v in verdicts])
+                "history": v.history, "verdict": v.status, "changed": "; ".join(v.changes) or "-"}
+               for v in verdicts])
     replace_earlier_artifacts([VERDICTS_ARTIFACT], [artifact])
     return verdicts
 
 
-def failed(message: str) -> State:
+def failed(message: str, name: str = "Failed") -> State:
     """The nightly's end when it could not judge or found a regression: one ERROR line, no traceback."""
     get_run_logger().error("%s", message)
-    return Failed(message=message)
+    return Failed(message=message, name=name)
+
+
+def exit_code(state: State) -> int:
+    """The night's outcome as a cron job's exit status (the module's docstring has the table)."""
+    if state.name == REGRESSED_STATE:
+        return EXIT_REGRESSION
+    if state.is_failed():
+        return EXIT_USER_ERROR if (state.message or "").startswith(BAD_INPUT) else EXIT_NIGHT_FAILED
+    return EXIT_UNSUPPORTED if state.name == UNSUPPORTED_STATE else EXIT_HELD
+
+
+def publish_night(results_dir: str, suite: str, run_dir: Path, state: State, verdicts: list[Verdict],
+                  history: str | None) -> State:
+    """The night's verdict as a file (nightly-<suite>.json in the results folder, the latest night, and in the
+    run folder) and every figure's course (trends.csv): what a lab reads without the UI. Returns ``state``."""
+    outcome = {"run_id": run_dir.name, "suite": suite, "finished_at": datetime.now(timezone.utc).isoformat(),
+               "state": state.name, "exit_code": exit_code(state), "message": state.message,
+               "regressions": [v.line() for v in verdicts if v.status == "regression"],
+               "verdicts": [asdict(v) for v in verdicts]}
+    folders = [Path(results_dir), *([run_dir] if run_dir.is_dir() else [])]
+    try:
+        for folder in folders:
+            write_json_atomic(folder / verdict_file_name(suite), outcome)
+        write_trend_file(history_engine(history, results_dir), Path(results_dir) / TREND_FILE)
+    except (OSError, FlagperfError) as exc:  # the state is the verdict; the files are a copy of it
+        get_run_logger().warning("the night's verdict file or trends.csv could not be written: %s", exc)
+    return state
+
+
+def record_failure(run_id: str, reason: str, suite: str, vendor: str | None, history: str | None,
+                   results_dir: str) -> None:
+    """A failed night goes into the history as one (the trends show it; no baseline counts it)."""
+    try:
+        record_failed_night(history_engine(history, results_dir), run_id, reason, suite=suite, vendor=vendor)
+    except (FlagperfError, OSError) as exc:
+        get_run_logger().warning("the failed night could not be recorded in the history: %s", exc)
 
 
 @flow(name="nightly-regression", log_prints=True, validate_parameters=True)
@@ -78,12 +134,13 @@ def nightly_regression(
     history_url: str = "",
     baseline_runs: Annotated[int, Field(ge=1, le=1000)] = 5,
     sigma: Annotated[float, Field(gt=0, le=100)] = 3.0,
-) -> dict[str, Any] | State:
+) -> State:
     """Run the suite, add it to the history and fail (with an event) on a regression.
 
-    The nightly deployment's form. It ends Completed when every figure held its baseline; Failed with one line
-    naming each regression (and the event flagperf.regression.detected per figure), or saying why nothing was
-    judged; Unsupported or Partly unsupported as the evaluation did.
+    The nightly deployment's form. It ends Completed when every figure held its baseline; Failed named
+    Regressed with one line naming each regression (and the event flagperf.regression.detected per figure);
+    Failed saying why the night measured nothing (recorded as a failed night); Unsupported or Partly
+    unsupported as the evaluation did. nightly-<suite>.json in the results folder has the verdict.
 
     Args:
         suite: The suite to evaluate each night (deployments/suites/).
@@ -112,19 +169,26 @@ def nightly_regression(
     run_dir = Path(results_dir) / run_id
     if state.is_failed() and (state.message or "").startswith(BAD_INPUT):
         return failed(in_form_terms(state.message or ""))
+
+    def night_failed(reason: str, vendor_name: str | None) -> State:
+        record_failure(run_id, reason, suite, vendor_name, history, results_dir)
+        return publish_night(results_dir, suite, run_dir, failed(reason), [], history)
+
+    plan_vendor = None if vendor == "auto" else vendor
     if not (run_dir / "summary.json").is_file():
-        return failed(f"the evaluation produced no summary: {state.message}")
+        return night_failed(f"the evaluation produced no summary: {state.message}", plan_vendor)
     try:
         vendor_name = read_plan(run_dir).vendor.name
     except ConfigError as exc:
-        return failed(f"the run's plan cannot be read: {exc}")
+        return night_failed(f"the run's plan cannot be read: {exc}", plan_vendor)
     if state.is_failed():  # a partial run is neither a baseline nor judged against one
-        return failed(f"the evaluation failed, nothing recorded in the history: {state.message}")
+        return night_failed(f"the evaluation failed, recorded as a failed night: {state.message}", vendor_name)
     try:
         record_history(run_dir, history, results_dir)
         verdicts = judge_regressions(run_id, history, results_dir, baseline_runs, sigma)
     except FlagperfError as exc:
-        return failed(f"the history could not be used: {exc}")
+        return publish_night(results_dir, suite, run_dir, failed(f"the history could not be used: {exc}"), [],
+                             history)
     regressions = [v for v in verdicts if v.status == "regression"]
     for v in regressions:
         emit_event(
@@ -132,11 +196,17 @@ def nightly_regression(
             resource={"prefect.resource.id": f"flagperf.figure.{vendor_name}.{v.case}.{v.metric}",
                       "prefect.resource.name": f"{v.case} {v.metric} on {vendor_name}"},
             payload={"run_id": run_id, "case": v.case, "metric": v.metric, "value": v.value, "unit": v.unit,
-                     "baseline": v.baseline, "change": v.change, "threshold": v.threshold},
+                     "baseline": v.baseline, "change": v.change, "threshold": v.threshold,
+                     "baseline_runs": list(v.baseline_runs), "changes": list(v.changes)},
         )
     if regressions:
-        return failed(f"{len(regressions)} regression(s) in {run_id}: " + "; ".join(v.line() for v in regressions))
+        message = f"{len(regressions)} regression(s) in {run_id}: " + "; ".join(v.line() for v in regressions)
+        return publish_night(results_dir, suite, run_dir, failed(message, REGRESSED_STATE), verdicts, history)
     outcome = {"run_id": run_id, "verdicts": {f"{v.case}/{v.metric}": v.status for v in verdicts}}
     if state.name in (UNSUPPORTED_STATE, PARTLY_UNSUPPORTED_STATE):
-        return Completed(name=state.name, message=state.message, data=outcome)
-    return outcome
+        return publish_night(results_dir, suite, run_dir,
+                             Completed(name=state.name, message=state.message, data=outcome), verdicts, history)
+    statuses = [v.status for v in verdicts]
+    counted = ", ".join(f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses))
+    return publish_night(results_dir, suite, run_dir, Completed(message=f"no regression: {counted or 'no figures'}",
+                                                                data=outcome), verdicts, history)

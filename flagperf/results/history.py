@@ -13,10 +13,19 @@ Verdict for one figure of a run, against the same case, metric, vendor and devic
   change    = (value - baseline) / |baseline|; a regression when the figure moves the wrong way by more
               than the threshold (rates and capacities should rise, durations and losses fall).
 So a metric that is noisy needs a larger drop to raise an alarm, and a steady one flags a real 5 % drop.
+
+The baseline's runs are the earlier completed runs of the same *workload*: the case's configuration (a digest of
+the rounds' config) must match, so a night whose case was configured differently (a --set that halves the work)
+is not judged against nights that measured something else; it is marked ``new-workload`` (naming the keys that
+changed) until it has a baseline of its own. A failed night is recorded as such (``record_failed_night``), with
+no figures: it is shown as a failure in the trends and never becomes a baseline, so the next good night is
+judged against the good ones before it. Each verdict names what changed in the run's setting (code, image,
+libraries, hosts, the vendor's settings) since the newest run of its baseline: the likely cause of a change.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -39,15 +48,19 @@ from sqlalchemy import (
     Text,
     create_engine,
     delete,
+    false,
+    func,
     insert,
+    inspect,
     select,
+    text,
 )
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from flagperf.errors import ConfigError, require
 from flagperf.results.bounded import read_json_file
-from flagperf.results.summary import summarize
+from flagperf.results.summary import load_results, summarize
 
 DEFAULT_URL_ENV = "FLAGPERF_HISTORY_URL"
 
@@ -61,7 +74,11 @@ runs = Table(
     Column("suite", String(128)),
     Column("git_revision", String(64)),
     Column("counts", Text),
+    Column("outcome", String(16)),  # completed | failed (None: recorded before outcomes were; a completed run)
+    Column("reason", Text),  # why a failed night failed
+    Column("setting", Text),  # JSON: what the run ran on and with (run_setting), to name what changed
 )
+COMPLETED, FAILED = "completed", "failed"
 figures = Table(
     "figures", metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
@@ -72,6 +89,8 @@ figures = Table(
     Column("value", Float, nullable=False),
     Column("spread_cv", Float),
     Column("rounds", Integer),
+    Column("workload", String(64)),  # digest of the case's configuration: figures of one workload are comparable
+    Column("config", Text),  # JSON: that configuration, to say which keys changed
 )
 
 
@@ -92,7 +111,83 @@ def history_engine(url: str | None = None, results_dir: str | Path = "results") 
         require("psycopg", needed_by="a history on PostgreSQL")
     engine = create_engine(url, pool_pre_ping=True)
     metadata.create_all(engine)
+    _add_new_columns(engine)
     return engine
+
+
+def _add_new_columns(engine: Engine) -> None:
+    """A history made by an earlier version gets the columns added since (all nullable): create_all makes
+    missing tables only, and an old row's None reads as 'not known' (a completed run, any workload)."""
+    inspector = inspect(engine)
+    with engine.begin() as conn:
+        for table in metadata.sorted_tables:
+            have = {c["name"] for c in inspector.get_columns(table.name)}
+            for column in table.columns:
+                if column.name not in have:
+                    kind = column.type.compile(dialect=engine.dialect)
+                    conn.execute(text(f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {kind}'))
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def case_configs(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """Each case's configuration as its rounds ran it (the first round's: a run gives every round the same)."""
+    configs: dict[str, dict[str, Any]] = {}
+    for _folder, result in load_results(run_dir)[0]:
+        configs.setdefault(result.case, dict(result.config))
+    return configs
+
+
+def _workload(config: dict[str, Any] | None) -> str | None:
+    """The configuration's digest; None where the rounds recorded none (comparable with any)."""
+    return hashlib.sha256(_canonical(config).encode()).hexdigest()[:16] if config else None
+
+
+def run_setting(run_dir: Path) -> dict[str, Any]:
+    """What a run ran on and with, beyond the case's configuration: the code, the image, the libraries and
+    Python, the vendor's settings and each host's machine. Two nights that differ here are named so."""
+    results = [r for _f, r in load_results(run_dir)[0]]
+    setting: dict[str, Any] = {}
+    for r in results:
+        prov = r.provenance
+        if prov is None:
+            continue
+        setting.setdefault("code", {"git_revision": prov.git_revision, "git_dirty": prov.git_dirty,
+                                    "source_digest": prov.source_digest, "engine_version": prov.engine_version})
+        setting.setdefault("image", prov.image)
+        setting.setdefault("libraries", {"python": prov.python, **prov.libraries})
+        setting.setdefault("vendor settings", prov.spec_settings)
+        host = {key: prov.host.get(key) for key in ("os", "kernel", "cpu_model", "logical_cpus", "usable_cpus",
+                                                    "memory_total_bytes", "environment")}
+        setting.setdefault("hosts", {})[r.host] = host
+    if results:
+        setting["device"] = next((r.device for r in results if r.device), None)
+    return setting
+
+
+def setting_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """'code: git_revision 1a2b3c4d5e6f → 9f8e7d6c5b4a' per key that differs, grouped as run_setting groups."""
+    changes = []
+    for group in sorted(set(before) | set(after)):
+        old, new = before.get(group), after.get(group)
+        if old == new:
+            continue
+        if isinstance(old, dict) and isinstance(new, dict):
+            keys = [k for k in sorted(set(old) | set(new), key=str) if old.get(k) != new.get(k)]
+            changes.append(f"{group}: " + ", ".join(f"{k} {_short(old.get(k))} → {_short(new.get(k))}"
+                                                     for k in keys))
+        else:
+            changes.append(f"{group}: {_short(old)} → {_short(new)}")
+    return changes
+
+
+def _short(value: Any) -> str:
+    if value is None:
+        return "-"
+    shown = value if isinstance(value, str) else _canonical(value)
+    return shown[:12] if isinstance(value, str) and len(value) == 40 and value.isalnum() else shown[:80]
 
 
 def record_run(engine: Engine, run_dir: Path, recorded_at: datetime | None = None) -> int:
@@ -108,13 +203,27 @@ def record_run(engine: Engine, run_dir: Path, recorded_at: datetime | None = Non
         conn.execute(insert(runs).values(
             run_id=summary.run_id, recorded_at=recorded_at or datetime.now(timezone.utc), vendor=ctx.get("vendor"),
             device=ctx.get("device"), suite=suite, git_revision=ctx.get("git_revision"),
-            counts=json.dumps(summary.counts)))
+            counts=json.dumps(summary.counts), outcome=COMPLETED, setting=_canonical(run_setting(run_dir))))
+        configs = case_configs(run_dir)
         rows = [{"run_id": summary.run_id, "case": e["case"], "metric": e["metric"], "unit": e["unit"],
                  "value": e["value"], "spread_cv": e["spread_cv"] if e["spread_over"] not in (None, "chunks") else None,
-                 "rounds": e["rounds"]} for e in summary.headline]
+                 "rounds": e["rounds"], "config": _canonical(configs.get(e["case"]) or {}),
+                 "workload": _workload(configs.get(e["case"]))} for e in summary.headline]
         if rows:
             conn.execute(insert(figures), rows)
     return len(rows)
+
+
+def record_failed_night(engine: Engine, run_id: str, reason: str, *, suite: str | None, vendor: str | None,
+                        device: str | None = None, recorded_at: datetime | None = None) -> None:
+    """A night that measured nothing usable: a run with outcome failed and its reason, no figures. The trends
+    show it as a failure; no baseline counts it (a baseline is made of figures)."""
+    with engine.begin() as conn:
+        conn.execute(delete(figures).where(figures.c.run_id == run_id))
+        conn.execute(delete(runs).where(runs.c.run_id == run_id))
+        conn.execute(insert(runs).values(run_id=run_id, recorded_at=recorded_at or datetime.now(timezone.utc),
+                                         vendor=vendor, device=device, suite=suite, outcome=FAILED,
+                                         reason=reason[:2000]))
 
 
 @dataclass(frozen=True)
@@ -127,33 +236,77 @@ class Verdict:
     change: float | None
     threshold: float | None
     history: int
-    status: Literal["regression", "improvement", "ok", "no-baseline"]
+    status: Literal["regression", "improvement", "ok", "no-baseline", "new-workload"]
+    baseline_runs: tuple[str, ...] = ()  # the runs the baseline is the median of, newest first
+    changes: tuple[str, ...] = ()  # what differs from the baseline's newest run (new-workload: the config keys)
 
     def line(self) -> str:
+        changed = f"; changed since {self.baseline_runs[0]}: " + "; ".join(self.changes) if self.changes and \
+            self.baseline_runs else ""
+        if self.status == "new-workload":
+            return (f"{self.case} {self.metric}: {self.value:.4g} {self.unit} not compared: the case's configuration "
+                    f"changed ({'; '.join(self.changes)}); a new baseline starts")
         if self.baseline is None:
             return f"{self.case} {self.metric}: {self.value:.4g} {self.unit} (no baseline: {self.history} earlier runs)"
         return (f"{self.case} {self.metric}: {self.value:.4g} {self.unit} vs baseline {self.baseline:.4g} "
-                f"({self.change:+.1%}, threshold ±{self.threshold:.1%} from {self.history} runs): {self.status}")
+                f"(median of {self.history} runs; {self.change:+.1%}, threshold ±{self.threshold:.1%}): "
+                f"{self.status}{changed}")
 
 
 def check_run(engine: Engine, run_id: str, *, baseline_runs: int = 5, min_history: int = 3, sigma: float = 3.0,
               floor: float = 0.01) -> list[Verdict]:
+    """Each figure of the run against its baseline, as figure_trend judges that run's point."""
     with engine.connect() as conn:
         run = conn.execute(select(runs).where(runs.c.run_id == run_id)).mappings().first()
         if run is None:
             raise KeyError(f"run {run_id} is not in the history")
-        current = conn.execute(select(figures).where(figures.c.run_id == run_id)).mappings().all()
+        current = conn.execute(select(figures.c.case, figures.c.metric).where(figures.c.run_id == run_id)).all()
         verdicts = []
-        for fig in current:
-            earlier = conn.execute(
-                select(figures.c.value)
-                .join(runs, runs.c.run_id == figures.c.run_id)
-                .where(figures.c.case == fig["case"], figures.c.metric == fig["metric"],
-                       runs.c.vendor == run["vendor"], runs.c.device == run["device"],
-                       runs.c.recorded_at < run["recorded_at"])
-                .order_by(runs.c.recorded_at.desc()).limit(baseline_runs)
-            ).scalars().all()
-            verdicts.append(_verdict(fig, list(earlier), min_history, sigma, floor))
+        for case, metric in current:
+            rows = _series_rows(conn, case, metric, run["vendor"], run["device"], until=run["recorded_at"])
+            verdicts.append(_judge_series(rows, baseline_runs, min_history, sigma, floor)[-1])
+    return verdicts
+
+
+def _series_rows(conn: Any, case: str, metric: str, vendor: str | None, device: str | None,
+                 until: datetime | None = None) -> list[Any]:
+    """The figure's rows with their run's setting, oldest first (up to and including ``until``)."""
+    query = (select(figures, runs.c.recorded_at, runs.c.setting)
+             .join(runs, runs.c.run_id == figures.c.run_id)
+             .where(figures.c.case == case, figures.c.metric == metric,
+                    runs.c.vendor.is_(None) if vendor is None else runs.c.vendor == vendor,
+                    runs.c.device.is_(None) if device is None else runs.c.device == device))
+    if until is not None:
+        query = query.where(runs.c.recorded_at <= until)
+    return list(conn.execute(query.order_by(runs.c.recorded_at)).mappings().all())
+
+
+def _loads(value: str | None) -> dict[str, Any]:
+    return json.loads(value) if value else {}
+
+
+def _judge_series(rows: list[Any], baseline_runs: int, min_history: int, sigma: float,
+                  floor: float) -> list[Verdict]:
+    """Each row judged against the last ``baseline_runs`` earlier rows of the same workload (None, a row from
+    before workloads were recorded, matches any)."""
+    verdicts = []
+    for i, row in enumerate(rows):
+        same = [r for r in reversed(rows[:i])
+                if r["workload"] is None or row["workload"] is None or r["workload"] == row["workload"]]
+        earlier = same[:baseline_runs]
+        if len(same) < max(min_history, 2) and len(same) < i:  # runs of another workload came before it
+            other = next(r for r in reversed(rows[:i]) if r["workload"] != row["workload"])
+            keys = setting_changes({"config": _loads(other["config"])}, {"config": _loads(row["config"])})
+            verdicts.append(Verdict(row["case"], row["metric"], row["unit"], float(row["value"]), None, None, None,
+                                    len(same), "new-workload", (other["run_id"],),
+                                    tuple(k.removeprefix("config: ") for k in keys)))
+            continue
+        verdict = _verdict(row, [float(r["value"]) for r in earlier], min_history, sigma, floor)
+        if verdict.baseline is not None:
+            changes = setting_changes(_loads(earlier[0]["setting"]), _loads(row["setting"]))
+            verdict = Verdict(**{**asdict(verdict), "baseline_runs": tuple(r["run_id"] for r in earlier),
+                                 "changes": tuple(changes)})
+        verdicts.append(verdict)
     return verdicts
 
 
@@ -197,13 +350,12 @@ class Series:
 class TrendPoint:
     run_id: str
     recorded_at: datetime
-    verdict: Verdict  # judged against the runs before it, as check_run judged it that night
+    verdict: Verdict | None  # judged against the runs before it, as check_run judged it that night; None: failed
+    failure: str | None = None  # a failed night: why (it measured nothing)
 
 
 def list_series(engine: Engine) -> list[Series]:
     """Every figure the history holds, per vendor and device, with how many runs measured it."""
-    from sqlalchemy import func
-
     with engine.connect() as conn:
         rows = conn.execute(
             select(figures.c.case, figures.c.metric, func.max(figures.c.unit), runs.c.vendor, runs.c.device,
@@ -218,18 +370,51 @@ def figure_trend(engine: Engine, case: str, metric: str, vendor: str | None, dev
                  baseline_runs: int = 5, min_history: int = 3, sigma: float = 3.0, floor: float = 0.01
                  ) -> list[TrendPoint]:
     """The figure's value in each run, oldest first, each with the verdict against the runs before it (the
-    baseline band is baseline ± threshold; a regression is a point below it for a rate, above for a duration)."""
+    baseline band is baseline ± threshold; a regression is a point below it for a rate, above for a duration),
+    and the failed nights of the suites that measured it, in their place, as failures."""
     with engine.connect() as conn:
-        rows = conn.execute(
-            select(figures, runs.c.recorded_at)
-            .join(runs, runs.c.run_id == figures.c.run_id)
-            .where(figures.c.case == case, figures.c.metric == metric,
-                   runs.c.vendor.is_(None) if vendor is None else runs.c.vendor == vendor,
-                   runs.c.device.is_(None) if device is None else runs.c.device == device)
-            .order_by(runs.c.recorded_at)).mappings().all()
-    points = []
-    for i, row in enumerate(rows):
-        earlier = [float(r["value"]) for r in reversed(rows[max(0, i - baseline_runs):i])]
-        points.append(TrendPoint(row["run_id"], row["recorded_at"],
-                                 _verdict(row, earlier, min_history, sigma, floor)))
-    return points
+        rows = _series_rows(conn, case, metric, vendor, device)
+        if not rows:
+            return []
+        suites = conn.execute(select(runs.c.suite).distinct().where(
+            runs.c.run_id.in_([r["run_id"] for r in rows]))).scalars().all()
+        failed = conn.execute(select(runs.c.run_id, runs.c.recorded_at, runs.c.reason).where(
+            runs.c.outcome == FAILED,
+            runs.c.suite.in_([s for s in suites if s is not None]) | (runs.c.suite.is_(None) if None in suites
+                                                                      else false()),
+            runs.c.vendor.is_(None) if vendor is None else runs.c.vendor == vendor,
+            runs.c.device.is_(None) | (runs.c.device == device))).all()
+    verdicts = _judge_series(rows, baseline_runs, min_history, sigma, floor)
+    points = [TrendPoint(row["run_id"], _utc(row["recorded_at"]), verdict)
+              for row, verdict in zip(rows, verdicts, strict=True)]
+    points += [TrendPoint(run_id, _utc(at), None, reason or "failed") for run_id, at, reason in failed]
+    return sorted(points, key=lambda p: p.recorded_at)
+
+
+def _utc(moment: datetime) -> datetime:
+    """SQLite gives back a naive time (what was stored, in UTC); PostgreSQL an aware one."""
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+TREND_COLUMNS = ["vendor", "device", "case", "metric", "unit", "recorded_at", "run_id", "value", "baseline",
+                 "change", "threshold", "history", "verdict", "baseline_runs", "changes"]
+
+
+def trend_table(engine: Engine, **judging: Any) -> Any:
+    """Every figure's course as one table (a pandas DataFrame, a row per figure and night, failed nights
+    included with verdict 'failed' and the reason in changes), as the site's trend pages judge it."""
+    import pandas as pd
+
+    rows = []
+    for series in list_series(engine):
+        for point in figure_trend(engine, series.case, series.metric, series.vendor, series.device, **judging):
+            v = point.verdict
+            rows.append({
+                "vendor": series.vendor, "device": series.device, "case": series.case, "metric": series.metric,
+                "unit": series.unit, "recorded_at": point.recorded_at.isoformat(), "run_id": point.run_id,
+                "value": v.value if v else None, "baseline": v.baseline if v else None,
+                "change": v.change if v else None, "threshold": v.threshold if v else None,
+                "history": v.history if v else None, "verdict": v.status if v else "failed",
+                "baseline_runs": " ".join(v.baseline_runs) if v else "",
+                "changes": "; ".join(v.changes) if v else point.failure})
+    return pd.DataFrame(rows, columns=TREND_COLUMNS)

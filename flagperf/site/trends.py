@@ -2,18 +2,22 @@
 verdict's threshold) and the regression and improvement markers, as check_run judged each night.
 
 Drawn with matplotlib's object API (no pyplot: the site draws in several threads at once); where matplotlib
-is not installed the page says so and shows the table alone."""
+is not installed the page says so and shows the table alone. The same course for every figure, as a file a lab
+reads without the site: write_trend_file (the nightly writes trends.csv next to the history)."""
 
 from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine, create_engine
 
-from flagperf.results.history import TrendPoint, history_engine
+from flagperf.results.history import TrendPoint, history_engine, trend_table
+from flagperf.results.schema import atomic_path
 
 HISTORY_FILE = "history.sqlite"
+TREND_FILE = "trends.csv"
 NO_MATPLOTLIB = "plot not drawn: matplotlib is not installed on the server (pip install matplotlib)"
 
 
@@ -43,10 +47,15 @@ def trend_png(points: list[TrendPoint], title: str) -> bytes | None:
         return None
     fig = figure_class(figsize=(9, 3.6))
     ax = fig.add_subplot()
+    failed = [p for p in points if p.verdict is None]
+    points = [p for p in points if p.verdict is not None]
     times = [p.recorded_at for p in points]
-    values = [p.verdict.value for p in points]
+    values = [p.verdict.value for p in points]  # type: ignore[union-attr]
     ax.plot(times, values, color="tab:blue", linewidth=1.2, marker="o", markersize=4, label="value")
-    banded = [p for p in points if p.verdict.baseline is not None and p.verdict.threshold is not None]
+    for i, p in enumerate(failed):  # a night that measured nothing: a line where its point would be
+        ax.axvline(p.recorded_at, color="tab:red", linestyle=":", linewidth=1.5,
+                   label="failed night" if i == 0 else None)
+    banded = [p for p in points if p.verdict.baseline is not None and p.verdict.threshold is not None]  # type: ignore[union-attr]
     if banded:
         low = [p.verdict.baseline * (1 - p.verdict.threshold) for p in banded]  # type: ignore[operator]
         high = [p.verdict.baseline * (1 + p.verdict.threshold) for p in banded]  # type: ignore[operator]
@@ -54,12 +63,13 @@ def trend_png(points: list[TrendPoint], title: str) -> bytes | None:
                         label="baseline ± threshold")
         ax.plot([p.recorded_at for p in banded], [p.verdict.baseline for p in banded], color="tab:gray",
                 linewidth=1, linestyle="--", label="baseline")
-    for status, colour, marker in (("regression", "tab:red", "v"), ("improvement", "tab:green", "^")):
-        marked = [p for p in points if p.verdict.status == status]
+    for status, colour, marker in (("regression", "tab:red", "v"), ("improvement", "tab:green", "^"),
+                                   ("new-workload", "tab:orange", "s")):
+        marked = [p for p in points if p.verdict.status == status]  # type: ignore[union-attr]
         if marked:
             ax.scatter([p.recorded_at for p in marked], [p.verdict.value for p in marked], color=colour,
                        marker=marker, s=90, zorder=3, label=status)
-    unit = points[0].verdict.unit if points else None
+    unit = points[0].verdict.unit if points else None  # type: ignore[union-attr]
     ax.set_ylabel(unit or "value")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, loc="best")
@@ -69,3 +79,12 @@ def trend_png(points: list[TrendPoint], title: str) -> bytes | None:
     out = io.BytesIO()
     fig.savefig(out, format="png", dpi=100)
     return out.getvalue()
+
+
+def write_trend_file(engine: Engine, path: Path, **judging: Any) -> int:
+    """Every figure's course (history.trend_table) as CSV at ``path``, replaced whole (a reader never sees half
+    of it). Returns the number of rows."""
+    table = trend_table(engine, **judging)
+    with atomic_path(path) as temporary:
+        table.to_csv(temporary, index=False)
+    return len(table)

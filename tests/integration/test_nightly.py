@@ -1,13 +1,20 @@
 """The nightly regression flow on a real server: history recorded, a seeded baseline far above this
 machine's figure gives a regression verdict, a failed flow with a clear message, and a Prefect event;
-the automation template in deployments/ is accepted by `prefect automation create`."""
+the automation template in deployments/ is accepted by `prefect automation create`; a lab's week of real
+nights (good ones, a failed one, one under a CPU quota) read as its owner would."""
 
 from __future__ import annotations
 
+import contextlib
+import csv
+import json
 import os
+import statistics
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -15,12 +22,22 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.events.filters import EventFilter, EventNameFilter
 from prefect_api import error_lines
+from test_fleet import READY, cgroup_cpu_root
 
 from flagperf.config.vendors import load_vendor
-from flagperf.results.history import history_engine, record_run
+from flagperf.results.history import figure_trend, history_engine, record_run
 from flagperf.results.schema import Metric, RoundResult, write_result
+from flagperf.results.summary import summarize
 from flows.evaluate import BAD_INPUT, RESULTS_DIR_ENV
-from flows.nightly import REGRESSION_EVENT, nightly_regression
+from flows.nightly import (
+    EXIT_HELD,
+    EXIT_NIGHT_FAILED,
+    EXIT_REGRESSION,
+    REGRESSED_STATE,
+    REGRESSION_EVENT,
+    exit_code,
+    nightly_regression,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_server")]
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,7 +69,7 @@ def test_nightly_flags_a_regression_and_emits_an_event(flagperf_env: Path, tmp_p
     seed_history(url, tmp_path / "seed", value=50.0)  # 50 TFLOPS: no 2-core CPU gets near it
     started = datetime.now(timezone.utc)
     state = nightly_regression(suite="tiny", rounds=2, history_url=url, return_state=True)
-    assert state.is_failed()
+    assert state.is_failed() and state.name == REGRESSED_STATE and exit_code(state) == EXIT_REGRESSION
     assert "1 regression(s)" in state.message and "computation-FP32 gemm_fp32" in state.message
     # The run's one ERROR line is that message (each verdict is a warning), with no traceback.
     assert error_lines(state.state_details.flow_run_id) == [state.message]
@@ -95,3 +112,117 @@ def test_the_automation_template_is_accepted(tmp_path: Path) -> None:
     with get_client(sync_client=True) as client:
         automations = client.read_automations_by_name("flagperf-regression-alert")
     assert automations and automations[0].trigger.expect == {REGRESSION_EVENT}
+
+
+def round_processes(marker: str) -> Iterator[tuple[int, Path]]:
+    """(pid, job file) of every process running a round (flagperf.entry --job JOB) whose job path holds
+    ``marker``: a one-device round measures in that process itself, a many-device one in its children."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            args = [a.decode(errors="replace") for a in (proc / "cmdline").read_bytes().split(b"\0")]
+            if "--job" in args and marker in args[args.index("--job") + 1]:
+                yield int(proc.name), Path(args[args.index("--job") + 1])
+
+
+@contextlib.contextmanager
+def cpu_quota_for(marker: str, share: float) -> Iterator[list[int]]:
+    """Every device process of a round whose job path holds ``marker`` moved, once it is ready to measure,
+    into a cgroup with ``share`` of one core (as test_fleet slows a host): a night on a slower machine."""
+    found = cgroup_cpu_root()
+    if found is None:
+        pytest.skip("no writable cgroup with the cpu controller (v1 cpu, or v2 with cpu in subtree_control)")
+    root, kind = found
+    group = root / f"flagperf-nightly-slow-{os.getpid()}"
+    group.mkdir()
+    period = 100_000
+    if kind == "v1":
+        (group / "cpu.cfs_period_us").write_text(str(period))
+        (group / "cpu.cfs_quota_us").write_text(str(int(share * period)))
+    else:
+        (group / "cpu.max").write_text(f"{int(share * period)} {period}")
+    stop, moved = threading.Event(), []
+
+    def mover() -> None:
+        while not stop.is_set():
+            for pid, job in round_processes(marker):
+                with contextlib.suppress(OSError):
+                    if pid not in moved and READY in (job.parent / "case.log").read_text(errors="replace"):
+                        (group / "cgroup.procs").write_text(str(pid))
+                        moved.append(pid)
+            stop.wait(0.01)
+
+    thread = threading.Thread(target=mover, daemon=True)
+    thread.start()
+    try:
+        yield moved
+    finally:
+        stop.set()
+        thread.join()
+        for pid in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                (root / "cgroup.procs").write_text(pid)
+        with contextlib.suppress(OSError):
+            group.rmdir()
+
+
+def test_a_week_of_nights_read_by_the_owner(flagperf_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three good nights, a failed one, a slow one (a regression) and a good one after it, all real (another
+    workload: tests/unit/test_history.py). Each measuring night runs under a CPU quota, so that its speed is
+    the quota's and not the shared machine's load: 10 % of a core on a good night, 1 % on the slow one (a
+    10x drop, far beyond the spread the good nights measured here, which the verdict's threshold is made of)."""
+    monkeypatch.setenv("FLAGPERF_SUITE_PATH", str(ROOT / "tests" / "fixtures" / "suites"))
+    results = flagperf_env
+    url = f"sqlite:///{results / 'history.sqlite'}"
+    verdict_file = results / "nightly-tiny.json"
+    # A multiply of a few ms on a core, timed for 2 s: the quota holds for most of the timed window.
+    small = ["m=512", "n=512", "k=512", "min_duration_s=2"]
+
+    def night(*overrides: str, share: float | None = 0.10) -> tuple[object, dict]:
+        with cpu_quota_for(str(results.parent), share) if share else contextlib.nullcontext([0]) as moved:
+            state = nightly_regression(suite="tiny", rounds=2, results_dir=str(results), history_url=url,
+                                       overrides=[*small, *overrides], return_state=True)
+        assert moved, "the night's device processes were put under the quota"
+        return state, json.loads(verdict_file.read_text())
+
+    good = []
+    for _ in range(3):
+        state, verdict = night()
+        assert state.is_completed() and exit_code(state) == EXIT_HELD and verdict["exit_code"] == EXIT_HELD, state
+        good.append(verdict["run_id"])
+    # A night that cannot finish: 10^5 multiplies of 4096^3 (1.4e16 FLOP, hours on any CPU) in a 15 s limit.
+    state, verdict = night("m=4096", "n=4096", "k=4096", "min_iters=100000", "timeout_s=15", "max_retries=0",
+                           share=None)
+    assert state.is_failed() and state.name != REGRESSED_STATE and exit_code(state) == EXIT_NIGHT_FAILED
+    assert verdict["exit_code"] == EXIT_NIGHT_FAILED and verdict["regressions"] == []
+    failed_night = verdict["run_id"]
+    assert "recorded as a failed night" in state.message and error_lines(state.state_details.flow_run_id) == [
+        state.message]
+
+    state, verdict = night(share=0.01)
+    assert state.is_failed() and state.name == REGRESSED_STATE and exit_code(state) == EXIT_REGRESSION, state
+    (regressed,) = [v for v in verdict["verdicts"] if v["status"] == "regression"]
+    # The baseline: the median of the three good nights (the failed one is none of it), the threshold from
+    # their spread and this night's rounds, as measured here.
+    device = summarize(results / verdict["run_id"]).context["device"]
+    measured = {p.run_id: p.verdict.value for p in figure_trend(
+        history_engine(url), "computation-FP32", "gemm_fp32", "cpu", device) if p.verdict}
+    assert regressed["baseline_runs"] == list(reversed(good))
+    assert regressed["baseline"] == pytest.approx(statistics.median(measured[r] for r in good))
+    spread = statistics.stdev(measured[r] for r in good) / regressed["baseline"]
+    assert regressed["threshold"] >= 3 * spread and regressed["change"] < -regressed["threshold"]
+    assert regressed["changes"] == []  # same code, image, hosts: the quota is not something a run records
+    assert verdict["regressions"] and verdict["regressions"][0] in state.message
+
+    state, verdict = night()  # the quota gone: held, against the good nights and the regressed one, not the failed
+    assert state.is_completed(), state
+    (held,) = verdict["verdicts"]
+    assert held["status"] in ("ok", "improvement") and held["baseline_runs"][1:] == list(reversed(good))
+
+    # The course a lab reads without the UI: every night in order, the failed one as a failure.
+    with (results / "trends.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [r["verdict"] for r in rows] == ["no-baseline", "no-baseline", "no-baseline", "failed", "regression",
+                                            held["status"]]
+    assert rows[3]["run_id"] == failed_night and rows[3]["changes"].startswith("the evaluation failed")

@@ -127,3 +127,75 @@ def test_durations_and_losses_regress_upwards(tmp_path: Path) -> None:
     one_point = _verdict({"case": "c", "metric": "x", "unit": "GB/s", "value": 1.0, "spread_cv": None}, [2.0], 1,
                          3.0, 0.01)
     assert one_point.status == "no-baseline"
+
+
+def make_configured_run(root: Path, run_id: str, values: list[float], config: dict, revision: str = "a" * 40) -> Path:
+    """A run whose rounds record the case's configuration and the code's revision, as real rounds do."""
+    from flagperf.results.schema import Provenance
+
+    run = make_run(root, run_id, values)
+    for path in run.glob("*/round*/*/result.json"):
+        from flagperf.results.schema import read_result
+
+        result = read_result(path).model_copy(update={"config": config, "provenance": Provenance(
+            engine_version="1", git_revision=revision, git_dirty=False, python="3.11", libraries={"torch": "2"},
+            host={"kernel": "6.1"}, image={}, config_origins={}, run_overrides={})})
+        write_result(path, result)
+    return run
+
+
+def test_a_failed_night_is_shown_as_one_and_is_never_a_baseline(seeded) -> None:
+    from flagperf.results.history import figure_trend, record_failed_night, trend_table
+
+    engine, tmp_path = seeded
+    record_failed_night(engine, "run-broken", "2 of 2 rounds failed: timed out", suite=None, vendor="cpu",
+                        recorded_at=START + timedelta(days=10))
+    v = verdict_for(engine, tmp_path, "run-next", [95.1, 94.8, 95.3])
+    assert v.status == "regression" and "run-broken" not in v.baseline_runs
+    assert v.baseline_runs == ("run-n4", "run-n3", "run-n2", "run-n1", "run-n0")
+    (failed,) = [p for p in figure_trend(engine, "computation-FP32", "gemm_fp32", "cpu", "X1") if p.verdict is None]
+    assert failed.run_id == "run-broken" and "timed out" in failed.failure
+    table = trend_table(engine)
+    assert list(table["verdict"]) == ["no-baseline"] * 3 + ["ok", "ok", "failed", "regression"]
+
+
+def test_another_workload_is_marked_not_compared(tmp_path: Path) -> None:
+    engine = history_engine(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    for night in range(4):
+        record_run(engine, make_configured_run(tmp_path, f"run-n{night}", [100.0, 100.2], {"m": 4096}),
+                   recorded_at=START + timedelta(days=night))
+    halved = make_configured_run(tmp_path, "run-half", [50.0, 50.1], {"m": 2048})
+    record_run(engine, halved, recorded_at=START + timedelta(days=5))
+    (v,) = check_run(engine, "run-half")
+    assert v.status == "new-workload" and v.changes == ("m 4096 → 2048",) and "not compared" in v.line()
+
+
+def test_what_changed_since_the_baseline_is_named(tmp_path: Path) -> None:
+    engine = history_engine(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    for night in range(4):
+        record_run(engine, make_configured_run(tmp_path, f"run-n{night}", [100.0, 100.2], {"m": 4096}),
+                   recorded_at=START + timedelta(days=night))
+    record_run(engine, make_configured_run(tmp_path, "run-new", [80.0, 80.1], {"m": 4096}, revision="b" * 40),
+               recorded_at=START + timedelta(days=5))
+    (v,) = check_run(engine, "run-new")
+    assert v.status == "regression" and v.changes == (f"code: git_revision {'a' * 12} → {'b' * 12}",)
+    assert "changed since run-n3: code: git_revision" in v.line()
+
+
+def test_a_history_of_an_earlier_version_gets_the_new_columns(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as db:  # the tables as the earlier version made them
+        db.execute("CREATE TABLE runs (run_id VARCHAR(128) PRIMARY KEY, recorded_at DATETIME NOT NULL, vendor "
+                   "VARCHAR(64), device VARCHAR(256), suite VARCHAR(128), git_revision VARCHAR(64), counts TEXT)")
+        db.execute("CREATE TABLE figures (id INTEGER PRIMARY KEY, run_id VARCHAR(128) NOT NULL, \"case\" "
+                   "VARCHAR(128) NOT NULL, metric VARCHAR(128) NOT NULL, unit VARCHAR(32), value FLOAT NOT NULL, "
+                   "spread_cv FLOAT, rounds INTEGER)")
+        db.execute("INSERT INTO runs VALUES ('run-old', '2026-10-01 02:00:00', 'cpu', 'X1', 'smoke', NULL, '{}')")
+        db.execute("INSERT INTO figures VALUES (1, 'run-old', 'computation-FP32', 'gemm_fp32', 'TFLOPS', 100.0, "
+                   "0.01, 3)")
+    engine = history_engine(f"sqlite:///{path}")
+    record_run(engine, make_run(tmp_path, "run-now", [100.0, 100.5]), recorded_at=START)
+    (v,) = check_run(engine, "run-now")
+    assert v.status == "no-baseline" and v.history == 1  # the old night counts, as a run of any workload
