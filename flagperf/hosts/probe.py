@@ -38,6 +38,7 @@ def probe(vendor_name: str, settings: HostSpecSettings | None = None) -> dict[st
     answer: dict[str, object] = {
         "engine_version": __version__,
         "python": sys.version.split()[0],
+        "python_executable": sys.executable,  # which interpreter, in an image: the one a failure names
         "libraries": library_versions(),
         "host": host_info(),
         "torch_device": device_type,
