@@ -16,18 +16,18 @@ from flagperf.paths import display_path
 # The classic builder's progress line for each instruction: "Step 3/4 : RUN bash /opt/flagperf/install.sh".
 STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 # Builder chatter between a step and its output, never the output itself.
-CHATTER = re.compile(r"^( ---> |Removing intermediate container |Successfully )")
+CHATTER = re.compile(r"^(---> |Removing intermediate container |Successfully )")
 KEPT_LINES = 3
 
 
 def instruction_lines(text: str) -> list[int]:
     """The 1-based line where each instruction of a Dockerfile starts, in order (the builder's step numbers):
-    comments and blank lines skipped, a line ending in a backslash continued by the next."""
+    comments and blank lines skipped, a line ending in a backslash continued by the next (comments between)."""
     starts: list[int] = []
     continued = False
     for number, line in enumerate(text.splitlines(), start=1):
         stripped = line.strip()
-        if not continued and (not stripped or stripped.startswith("#")):
+        if not stripped or stripped.startswith("#"):  # also inside a continued instruction, which goes on
             continue
         if not continued:
             starts.append(number)
