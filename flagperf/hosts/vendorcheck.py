@@ -224,6 +224,8 @@ def _check_image(vendor: Vendor, found: Findings) -> None:
         found.problem(where, exc.message)
         return
     context = dockerfile.parent
+    if not re.search(r"^\s*FROM\s", text, re.M | re.I):
+        found.problem(where, "no FROM line: the build has no base image (the vendor's PyTorch image)")
     scripts = sorted(p.name for p in context.glob("*install*.sh"))
     if not re.search(r"^\s*RUN\s", text, re.M) and not scripts:
         found.problem(where, "no install step (a RUN line, or FlagPerf's <framework>_install.sh beside it)")

@@ -115,3 +115,16 @@ def test_container_options_docker_would_refuse_on_the_host_are_found_here(tmp_pa
     fixed = Findings()
     _check_container(Vendor(manifest=load_vendor_manifest(path), location=str(folder)), fixed)
     assert fixed.problems == [] and fixed.passed == [f"container options {where}"]
+
+
+def test_a_dockerfile_without_a_base_is_a_problem(tmp_path: Path) -> None:
+    from flagperf.hosts.vendorscaffold import write_vendor_folder
+
+    folder = write_vendor_folder(tmp_path, "acme")
+    dockerfile = folder / "pytorch" / "Dockerfile"
+    dockerfile.write_text("\n".join(line for line in dockerfile.read_text().splitlines()
+                                    if not line.startswith("FROM")) + "\n")
+    found = Findings()
+    _check_image(Vendor(manifest=load_vendor_manifest(folder / MANIFEST), location=str(folder)), found)
+    assert found.problems == [f"{display_path(dockerfile)}: no FROM line: the build has no base image (the vendor's "
+                              "PyTorch image)"]
