@@ -61,6 +61,10 @@ def test_a_scaffolded_vendor_runs_in_its_image_on_a_docker_host_and_an_ssh_host(
         checks = {c["name"]: c for c in health["checks"]}
         assert checks["accelerators in image"]["ok"], checks["accelerators in image"]
         assert "in flagperf/acme-pytorch:" in checks["accelerators in image"]["detail"]
+        # The probe ran in a container with the vendor's options: they took effect there.
+        limits = health["image_probe"]["limits"]
+        assert limits["shm_bytes"] == 256 * 2**20 and limits["memlock"] == [-1, -1]
+        assert limits["nofile"] == [8192, 8192], limits
         build_logs = task_logs(tasks[f"build_image[{host.name}]"].id)
         assert any(line.startswith(("built flagperf/acme-pytorch:", "present flagperf/acme-pytorch:"))
                    for line in build_logs), build_logs
