@@ -173,6 +173,11 @@ def image_probe_check(result_lines: list[str], exit_code: int | None, timed_out:
     if timed_out:
         return Check("accelerators in image", False, f"the probe in {built} did not answer within "
                                                      f"{PROBE_TIMEOUT_S:.0f} s"), None
+    if exit_code is None:  # the engine refused the container: its options, not the image, are at fault
+        hint = ("; the engine could not apply the vendor's container.ulimits (raising a limit needs "
+                "CAP_SYS_RESOURCE where the engine runs)") if "rlimit" in last else ""
+        return Check("accelerators in image", False, f"the container for the probe in {built} did not start: "
+                                                     f"{last[:300]}{hint}"), None
     if exit_code != 0:
         return Check("accelerators in image", False, f"the probe in {built} exited {exit_code}: {last[:300]}"), None
     try:

@@ -51,3 +51,16 @@ def test_a_failed_build_names_the_dockerfile_line_and_the_last_output(tmp_path: 
                               "/opt/flagperf/pytorch_install.sh): building flagperf/acme-pytorch:ab failed:")
     assert message.endswith("its last output: Collecting torch-acme==9.9 | ERROR: No matching distribution found "
                             "for torch-acme==9.9") and "\n" not in message
+
+
+def test_a_container_the_engine_refused_says_it_did_not_start_and_why() -> None:
+    """What the test bed's engine (no CAP_SYS_RESOURCE) answered to a vendor's ulimits memlock: -1."""
+    refused = ("container engine error: failed to create shim task: OCI runtime create failed: runc create failed: "
+               "unable to start container process: error during container init: error setting rlimits for ready "
+               "process: error setting rlimit type 8: operation not permitted: unknown")
+    check, probe = image_probe_check([refused], None, False, "img:1", "d/Dockerfile")
+    assert probe is None and not check.ok
+    assert check.detail.startswith("the container for the probe in img:1 (built from d/Dockerfile) did not start: "
+                                   "container engine error: failed to create shim task")
+    assert check.detail.endswith("; the engine could not apply the vendor's container.ulimits (raising a limit "
+                                 "needs CAP_SYS_RESOURCE where the engine runs)")
