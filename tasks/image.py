@@ -8,8 +8,12 @@ from prefect.cache_policies import NONE
 
 from flagperf.config.vendors import Vendor
 from flagperf.errors import InfrastructureFailure
+from flagperf.hosts.buildlog import BuildTranscript
 from flagperf.hosts.docker import (
+    ContainerEngineError,
+    ContainerSettings,
     DockerRuntime,
+    container_settings,
     context_digest,
     engine_client,
     ensure_image,
@@ -55,10 +59,16 @@ def build_image(host: Host, spec: HostSpec, vendor: Vendor, run_id: str, framewo
         return record
     tag = image_tag(vendor.name, framework, image_digest(context, build_args))
     client = engine_client(host, spec)
-    status = ensure_image(client, context, tag, build_args, on_line=logger.info)
+    transcript = BuildTranscript(logger.info)
+    try:
+        status = ensure_image(client, context, tag, build_args, on_line=transcript)
+    except ContainerEngineError as exc:  # which instruction of which file, and its last output, in one line
+        raise ContainerEngineError(f"host {host.name}: {transcript.failure(context / 'Dockerfile', str(exc))}"
+                                   ) from None
     image = client.images.get(tag)
     record.update(status=status, tag=tag, image_id=image.id, build_args=mask_values(spec.docker.build_args),
-                  engine="controller" if spec.docker.engine == "local" else f"{host.name} over SSH")
+                  engine="controller" if spec.docker.engine == "local" else f"{host.name} over SSH",
+                  container=container_record(vendor, container_settings(vendor, spec, tag)))
     logger.info("%s %s (%s) on %s", status, tag, image.id[:19], record["engine"])
     return record
 
@@ -72,7 +82,7 @@ def probe_image(host: Host, spec: HostSpec, vendor: Vendor, run_id: str, image: 
     runtime = runtime_for(host, spec, vendor, image, run_id)
     assert isinstance(runtime, DockerRuntime)
     result, lines = runtime.run_probe(host, vendor.name, spec.host_spec_settings(), timeout_s=PROBE_TIMEOUT_S)
-    check, probe = image_probe_check(lines, result.exit_code, result.timed_out, image["tag"])
+    check, probe = image_probe_check(lines, result.exit_code, result.timed_out, image["tag"], image["dockerfile"])
     log_check(logger, check)
     path = health_file(run_dir, host.name)
     report = read_json_file(path, what="a host's health report") if path.is_file() else {"host": host.name,
@@ -85,3 +95,12 @@ def probe_image(host: Host, spec: HostSpec, vendor: Vendor, run_id: str, image: 
         raise InfrastructureFailure(f"host {host.name}: {check.name}: {check.detail}")
     assert probe is not None
     return probe
+
+
+def container_record(vendor: Vendor, settings: ContainerSettings) -> dict[str, Any]:
+    """The docker run options the host's rounds get (vendor.yaml, over it the inventory's): what a result
+    records of its container. The environment stays out: the inventory's values may be secrets."""
+    return {"shm_size": settings.shm_size, "privileged": settings.privileged,
+            "privileged_reason": vendor.manifest.container.privileged_reason if settings.privileged else None,
+            "ulimits": settings.ulimits, "devices": settings.devices, "device_requests": settings.device_requests,
+            "ipc_mode": settings.ipc_mode, "group_add": settings.group_add}

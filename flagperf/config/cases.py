@@ -38,6 +38,7 @@ from flagperf.config.models import (
     load_model,
     merge_vendor_overrides,
     pydantic_error_to_config_error,
+    vendor_key_problem,
 )
 from flagperf.config.pyliterals import read_literal_assignments
 from flagperf.config.vendors import import_file
@@ -247,8 +248,9 @@ def _apply_scale_file(case: CaseDef, merged: MergedConfig, vendor: str, hardware
     for key, value in values.items():
         if key in ("nnodes", "nproc_per_node") and value != final[key]:
             raise ConfigError(source, key, f"{value!r} contradicts the file name ({path.name})")
-        if key in merged.parameters or (case.manifest.mutable is not None and key not in case.manifest.mutable):
-            raise ConfigError(source, key, "is not in the case's mutable list; a vendor may change only those")
+        problem = vendor_key_problem(key, merged.parameters, case.manifest.mutable)
+        if problem:
+            raise ConfigError(source, key, problem)
         if key not in merged.values:
             raise ConfigError(source, key, "unknown key")
         if type(merged.values[key]) is type(value) and merged.values[key] == value:

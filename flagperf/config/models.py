@@ -14,6 +14,7 @@ import copy
 import logging
 import re
 import reprlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
@@ -213,6 +214,16 @@ class MergedConfig:
     run_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
+def vendor_key_problem(key: str, parameters: Iterable[str], mutable: list[str] | None) -> str | None:
+    """Why a vendor file may not set ``key`` (None: it may): one wording for a case's settings file and its
+    training scale files, naming the keys a vendor may change."""
+    if key in parameters:
+        return "is a case parameter; parameters are not vendor-overridable"
+    if mutable is not None and key not in mutable:
+        return f"is not in the case's mutable list ({', '.join(mutable)}); a vendor may change only those"
+    return None
+
+
 def merge_vendor_overrides(
     configurations: dict[str, Any],
     parameters: dict[str, Any],
@@ -230,11 +241,9 @@ def merge_vendor_overrides(
     origins = dict.fromkeys(values, defaults_source)
     merged = MergedConfig(values=values, origins=origins, parameters=frozenset(parameters))
     for key, value in overrides.items():
-        if key in parameters:
-            raise ConfigError(vendor_source, key, "is a case parameter; parameters are not vendor-overridable")
-        if mutable is not None and key not in mutable:
-            raise ConfigError(vendor_source, key, f"is not in the case's mutable list ({', '.join(mutable)}); "
-                                                  "a vendor may change only those")
+        problem = vendor_key_problem(key, parameters, mutable)
+        if problem:
+            raise ConfigError(vendor_source, key, problem)
         if key not in configurations:
             close = nearest(key, configurations)
             log.warning("%s: %s: new key not in the case defaults (%s)%s", vendor_source, key, defaults_source,

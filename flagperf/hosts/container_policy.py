@@ -267,6 +267,38 @@ def parse_container_options(text: str, roots: Iterable[str] = DATA_ROOTS,
     return extras
 
 
+# Resource limits docker run takes (--ulimit NAME=SOFT[:HARD]): any other name fails when the container is created.
+ULIMIT_NAMES = frozenset({"core", "cpu", "data", "fsize", "locks", "memlock", "msgqueue", "nice", "nofile", "nproc",
+                          "rss", "rtprio", "rttime", "sigpending", "stack"})
+SIZE = re.compile(r"\d+[bkmgBKMG]?")  # docker's --shm-size form: 32g, 512m, a byte count
+
+
+def vendor_container_problems(shm_size: str, ulimits: Mapping[str, int], devices: Iterable[str],
+                              device_patterns: Iterable[str], ipc: str | None) -> list[tuple[str, str]]:
+    """(key under container., why) for each option of a vendor file that docker, or the policy on the host, would
+    refuse only when a round's container is created: checked as written, on the controller."""
+    problems: list[tuple[str, str]] = []
+    if not SIZE.fullmatch(shm_size):
+        problems.append(("shm_size", f"{shm_size!r} is not a size such as 16g or 512m"))
+    for name, value in ulimits.items():
+        if name not in ULIMIT_NAMES:
+            problems.append((f"ulimits.{name}", f"not a limit docker knows ({', '.join(sorted(ULIMIT_NAMES))})"))
+        elif value < -1:
+            problems.append((f"ulimits.{name}", f"{value} is neither a limit (0 or more) nor -1 (unlimited)"))
+        elif value == -1 and name == "nofile":  # the kernel caps open files (fs.nr_open): unlimited is refused
+            problems.append((f"ulimits.{name}", "-1 (unlimited) is refused by the kernel for open files; give a "
+                                                "number such as 1048576"))
+    patterns = list(device_patterns)
+    for index, device in enumerate(devices):
+        try:
+            check_device(device, patterns)
+        except PolicyError as exc:
+            problems.append((f"devices.{index}", str(exc)))
+    if ipc is not None and ipc not in ("host", "private", "shareable", "none"):
+        problems.append(("ipc", f"{ipc!r}: expected host, private, shareable or none"))
+    return problems
+
+
 # ------------------------------------------------------------------------------ checks on the host itself
 
 def resolved_mount(mount: Mount, facts: Mapping[str, PathFacts], roots: Iterable[str], what: str) -> Mount:

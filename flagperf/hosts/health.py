@@ -164,21 +164,31 @@ def check_results_disk(results_dir: Path, min_free_bytes: int = MIN_FREE_BYTES) 
                                     f"{min_free_bytes / 2**30:.1f})")
 
 
-def image_probe_check(result_lines: list[str], exit_code: int | None, timed_out: bool, image: str
-                      ) -> tuple[Check, dict[str, Any] | None]:
-    """The probe's answer from inside the vendor image: the accelerators the cases will see there."""
+def image_probe_check(result_lines: list[str], exit_code: int | None, timed_out: bool, image: str,
+                      dockerfile: str = "the vendor's Dockerfile") -> tuple[Check, dict[str, Any] | None]:
+    """The probe's answer from inside the vendor image: the accelerators the cases will see there. A failure
+    names the Dockerfile the image was built from (``dockerfile``): that is what the vendor fixes."""
     last = next((line for line in reversed(result_lines) if line.strip()), "")
+    built = f"{image} (built from {dockerfile})"
     if timed_out:
-        return Check("accelerators in image", False, f"the probe in {image} did not answer within "
+        return Check("accelerators in image", False, f"the probe in {built} did not answer within "
                                                      f"{PROBE_TIMEOUT_S:.0f} s"), None
+    if exit_code is None:  # the engine refused the container: its options, not the image, are at fault
+        hint = ("; the engine could not apply the vendor's container.ulimits (raising a limit needs "
+                "CAP_SYS_RESOURCE where the engine runs)") if "rlimit" in last else ""
+        return Check("accelerators in image", False, f"the container for the probe in {built} did not start: "
+                                                     f"{last[:300]}{hint}"), None
     if exit_code != 0:
-        return Check("accelerators in image", False, f"the probe in {image} exited {exit_code}: {last[:300]}"), None
+        return Check("accelerators in image", False, f"the probe in {built} exited {exit_code}: {last[:300]}"), None
     try:
         probe = json.loads(last)
     except json.JSONDecodeError:
-        return Check("accelerators in image", False, f"the probe in {image} printed no JSON: {last[:200]}"), None
+        return Check("accelerators in image", False, f"the probe in {built} printed no JSON: {last[:200]}"), None
     if probe.get("torch_missing"):
-        return Check("accelerators in image", False, f"{image} cannot import torch ({probe['torch_missing']})"), probe
+        python = probe.get("python_executable") or "python"
+        return Check("accelerators in image", False, f"{built} has no torch: its {python} cannot import torch "
+                                                     f"({probe['torch_missing']}); install the vendor's torch in "
+                                                     f"{dockerfile} (its BASE_IMAGE or a RUN line)"), probe
     return device_check("accelerators in image", probe, f" in {image}"), probe
 
 

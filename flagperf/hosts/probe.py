@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -38,8 +39,10 @@ def probe(vendor_name: str, settings: HostSpecSettings | None = None) -> dict[st
     answer: dict[str, object] = {
         "engine_version": __version__,
         "python": sys.version.split()[0],
+        "python_executable": sys.executable,  # which interpreter, in an image: the one a failure names
         "libraries": library_versions(),
         "host": host_info(),
+        "limits": process_limits(),
         "torch_device": device_type,
         "device_visible": None,
         "device_count": None,
@@ -64,6 +67,22 @@ def probe(vendor_name: str, settings: HostSpecSettings | None = None) -> dict[st
         "peaks": {key: peak.model_dump() for key, peak in spec.peaks.items()} if spec else {},
         "time": time.time(),
     }
+
+
+def process_limits() -> dict[str, object]:
+    """What this process got of what a container's options set: /dev/shm's size (--shm-size) and the resource
+    limits (--ulimit) as [soft, hard], -1 for unlimited. In the image it shows the vendor's options took effect."""
+    import resource
+
+    try:
+        shm: int | None = shutil.disk_usage("/dev/shm").total
+    except OSError:
+        shm = None
+    limits: dict[str, object] = {"shm_bytes": shm}
+    for name in ("memlock", "nofile", "stack", "core", "nproc"):
+        soft, hard = resource.getrlimit(getattr(resource, f"RLIMIT_{name.upper()}"))
+        limits[name] = [-1 if value == resource.RLIM_INFINITY else value for value in (soft, hard)]
+    return limits
 
 
 def host_memory_bytes() -> int:

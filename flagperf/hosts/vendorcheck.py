@@ -70,6 +70,7 @@ from flagperf.config.vendors import (
 )
 from flagperf.config.yamlio import parse_yaml_text
 from flagperf.errors import ConfigError, FlagperfError, unknown_name
+from flagperf.hosts.container_policy import vendor_container_problems
 from flagperf.paths import PROJECT_ROOT, display_path
 from flagperf.results.schema import SpecTable
 
@@ -127,6 +128,7 @@ def check_vendor_folder(folder: Path, monitor_seconds: float = MONITOR_SECONDS) 
     vendor = Vendor(manifest=manifest, location=str(folder.resolve()))
     _check_found_by_name(vendor, found)
     _check_device(vendor, found)
+    _check_container(vendor, found)
     _check_image(vendor, found)
     for entry in manifest.monitors:
         source = display_path(vendor.folder / entry.script) if entry.script is not None else str(entry.module)
@@ -200,6 +202,19 @@ def _check_device(vendor: Vendor, found: Findings) -> None:
     count = module.device_count() if callable(getattr(module, "device_count", None)) else 1
     found.passed.append(f"{where}: {count} device(s) visible to {name}")
 
+def _check_container(vendor: Vendor, found: Findings) -> None:
+    """The container options as docker and the host's policy will read them, before any host is involved."""
+    options = vendor.manifest.container
+    where = display_path(vendor.folder / MANIFEST)
+    problems = vendor_container_problems(options.shm_size, options.ulimits, options.devices, options.device_patterns,
+                                         options.ipc)
+    for key, why in problems:
+        found.problem(where, f"container.{key}: {why}")
+    if not problems:
+        found.passed.append(f"container options {where}" + (" (privileged: " + str(options.privileged_reason) + ")"
+                                                            if options.privileged else ""))
+
+
 def _check_image(vendor: Vendor, found: Findings) -> None:
     dockerfile = vendor.folder / vendor.manifest.container.dockerfile
     where = display_path(dockerfile)
@@ -209,6 +224,8 @@ def _check_image(vendor: Vendor, found: Findings) -> None:
         found.problem(where, exc.message)
         return
     context = dockerfile.parent
+    if not re.search(r"^\s*FROM\s", text, re.M | re.I):
+        found.problem(where, "no FROM line: the build has no base image (the vendor's PyTorch image)")
     scripts = sorted(p.name for p in context.glob("*install*.sh"))
     if not re.search(r"^\s*RUN\s", text, re.M) and not scripts:
         found.problem(where, "no install step (a RUN line, or FlagPerf's <framework>_install.sh beside it)")

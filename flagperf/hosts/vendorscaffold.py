@@ -4,13 +4,15 @@ every place a vendor fills in marked TODO (docs/vendor-guide.md walks through ea
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from flagperf.config.adaptation import EXTERN_HOOKS
+from flagperf.config.files import read_config_text
 from flagperf.config.models import check_name
 from flagperf.config.vendors import MANIFEST
 from flagperf.errors import ConfigError
-from flagperf.paths import display_path
+from flagperf.paths import PROJECT_ROOT, display_path
 
 VENDOR_YAML = """\
 # The manifest of vendor {name} (docs/vendor-guide.md lists every key). Check with: flagperf vendor check {folder}
@@ -104,11 +106,15 @@ if __name__ == "__main__":
 '''
 
 DOCKERFILE = """\
-# The image vendor {name}'s cases run in (tagged by the content hash of this folder, built only when it changed).
-# TODO: the vendor's PyTorch image (its torch and torch plug-in for the chip).
+# The image vendor {name}'s cases run in (tagged by the content hash of this folder and the build args, built only
+# when they change). It must have torch for the chip: the in-image probe refuses an image without it.
+# TODO: BASE_IMAGE is the vendor's PyTorch image (its torch and torch plug-in for the chip). Until then a plain
+# Python base: pytorch_install.sh puts the engine's CPU torch on it, so the image builds and passes the probe
+# as written (an inventory may pass another base: docker.build_args.BASE_IMAGE).
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 FROM ${{BASE_IMAGE}}
-COPY pytorch_install.sh /opt/flagperf/pytorch_install.sh
+# One COPY and one RUN: on a storage driver without copy-on-write every instruction copies the whole image.
+COPY requirements.txt pytorch_install.sh /opt/flagperf/
 RUN bash /opt/flagperf/pytorch_install.sh
 # The project is mounted read-only and put on PYTHONPATH at run time; the entry is
 # `python3 -m flagperf.entry --job <job.json>`.
@@ -118,7 +124,20 @@ INSTALL_SH = """\
 #!/bin/bash
 # FlagPerf's <framework>_install.sh: what the cases need on top of the base image.
 set -euo pipefail
-PIP_NO_CACHE_DIR=1 PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install numpy pyyaml pydantic psutil
+export PIP_NO_CACHE_DIR=1 PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# torch only where the base has none: a vendor's PyTorch image keeps its own torch and plug-in.
+# TODO: drop this once BASE_IMAGE is the vendor's PyTorch image.
+if ! python3 -c "import torch" 2>/dev/null; then
+  python3 -m pip install --extra-index-url https://download.pytorch.org/whl/cpu "{torch_pin}"
+fi
+python3 -m pip install -r /opt/flagperf/requirements.txt
+"""
+
+REQUIREMENTS = """\
+# What the engine imports inside the image (entry, probe, monitors); a package the base already has is kept.
+# TODO: the vendor's own packages, and what its cases import (vendor_images/cpu/pytorch/requirements.txt lists
+# the shipped cases' packages: scikit-learn for the digits cases, transformers, onnxruntime, ...).
+{engine_requirements}
 """
 
 README = """\
@@ -146,6 +165,21 @@ vendor_images/cpu/engines/). `flagperf vendor check {name}` reads every file of 
 """
 
 
+# The engine's own imports inside an image (flagperf.entry, the probe, the monitors), unpinned: a vendor's base
+# image keeps the versions its torch was built against.
+ENGINE_PACKAGES = ("numpy", "pyyaml", "pydantic", "psutil", "orjson")
+CPU_REQUIREMENTS = PROJECT_ROOT / "vendor_images" / "cpu" / "pytorch" / "requirements.txt"
+
+
+def torch_pin() -> str:
+    """The CPU image's torch pin (the lock's), so a scaffolded image measures with the torch the engine is
+    tested with until the vendor's own base replaces it."""
+    for line in read_config_text(CPU_REQUIREMENTS, what="the CPU image's requirements").splitlines():
+        if re.fullmatch(r"torch==[A-Za-z0-9.+]+", line.split("#")[0].strip()):
+            return line.split("#")[0].strip()
+    raise ConfigError(display_path(CPU_REQUIREMENTS), "torch", "no torch==<version> line")
+
+
 def write_vendor_folder(root: Path, name: str, torch_device: str = "cpu") -> Path:
     """Writes root/<name>/ (refused when it exists: nothing is overwritten); returns the folder."""
     try:
@@ -158,9 +192,11 @@ def write_vendor_folder(root: Path, name: str, torch_device: str = "cpu") -> Pat
         raise ConfigError(display_path(folder), None, "already exists; nothing was written")
     hooks = "; ".join(f"{family}: {', '.join(points)}" for family, points in EXTERN_HOOKS.items())
     values = {"name": name, "device": torch_device, "folder": display_path(folder), "hardware": name, "hooks": hooks,
-              "shares": "true" if torch_device == "cpu" else "false", "env": f"{name.upper()}_VISIBLE_DEVICES"}
+              "shares": "true" if torch_device == "cpu" else "false", "env": f"{name.upper()}_VISIBLE_DEVICES",
+              "torch_pin": torch_pin(), "engine_requirements": "\n".join(ENGINE_PACKAGES)}
     files = {MANIFEST: VENDOR_YAML, "spec.py": SPEC_PY, f"monitor_{name}.py": MONITOR_PY,
-             "pytorch/Dockerfile": DOCKERFILE, "pytorch/pytorch_install.sh": INSTALL_SH, "README.md": README}
+             "pytorch/Dockerfile": DOCKERFILE, "pytorch/pytorch_install.sh": INSTALL_SH,
+             "pytorch/requirements.txt": REQUIREMENTS, "README.md": README}
     staging = root / f".{name}.new-{os.getpid()}"  # renamed into place whole: never a half-written folder
     try:
         for rel, template in files.items():

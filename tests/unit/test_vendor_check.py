@@ -84,3 +84,47 @@ def test_a_dockerfile_that_is_no_longer_a_file_is_a_problem_not_a_hang(tmp_path:
     found = Findings()
     _check_image(Vendor(manifest=manifest, location=str(folder)), found)
     assert found.problems == [f"{display_path(dockerfile)}: not a regular file but a named pipe (FIFO); not read"]
+
+
+def test_container_options_docker_would_refuse_on_the_host_are_found_here(tmp_path: Path) -> None:
+    """A scaffolded vendor's container options, filled in wrongly: each would fail only when a round's container is
+    created on the host (docker's --shm-size, --ulimit, the device policy); vendor check names file and key."""
+    import yaml
+
+    from flagperf.hosts.vendorcheck import _check_container
+    from flagperf.hosts.vendorscaffold import write_vendor_folder
+
+    folder = write_vendor_folder(tmp_path, "acme")
+    path = folder / MANIFEST
+    manifest = yaml.safe_load(path.read_text())
+    manifest["container"].update(shm_size="16gb", ulimits={"mem_lock": -1, "nofile": -1, "memlock": -1, "stack": -2},
+                                 devices=["/dev/acme0", "/dev/infiniband/uverbs0"], ipc="hostt")
+    path.write_text(yaml.safe_dump(manifest))
+    found = Findings()
+    _check_container(Vendor(manifest=load_vendor_manifest(path), location=str(folder)), found)
+    where = display_path(path)
+    assert [p.split(": ", 2)[:2] for p in found.problems] == [
+        [where, "container.shm_size"], [where, "container.ulimits.mem_lock"], [where, "container.ulimits.nofile"],
+        [where, "container.ulimits.stack"], [where, "container.devices.0"], [where, "container.ipc"]]
+    assert "'16gb' is not a size such as 16g" in found.problems[0]
+    assert "not an accelerator or RDMA device" in found.problems[4] and "container.device_patterns" in found.problems[4]
+    assert found.passed == [] and all("\n" not in p for p in found.problems)
+    manifest["container"].update(shm_size="16g", ulimits={"memlock": -1, "nofile": 1048576}, ipc="host",
+                                 device_patterns=["/dev/acme*"])
+    path.write_text(yaml.safe_dump(manifest))
+    fixed = Findings()
+    _check_container(Vendor(manifest=load_vendor_manifest(path), location=str(folder)), fixed)
+    assert fixed.problems == [] and fixed.passed == [f"container options {where}"]
+
+
+def test_a_dockerfile_without_a_base_is_a_problem(tmp_path: Path) -> None:
+    from flagperf.hosts.vendorscaffold import write_vendor_folder
+
+    folder = write_vendor_folder(tmp_path, "acme")
+    dockerfile = folder / "pytorch" / "Dockerfile"
+    dockerfile.write_text("\n".join(line for line in dockerfile.read_text().splitlines()
+                                    if not line.startswith("FROM")) + "\n")
+    found = Findings()
+    _check_image(Vendor(manifest=load_vendor_manifest(folder / MANIFEST), location=str(folder)), found)
+    assert found.problems == [f"{display_path(dockerfile)}: no FROM line: the build has no base image (the vendor's "
+                              "PyTorch image)"]
