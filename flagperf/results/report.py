@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from flagperf.results.analysis import read_monitors
-from flagperf.results.markup import markdown_to_html
+from flagperf.results.markup import markdown_to_html, percent
 from flagperf.results.operators import FAMILY as OPERATION
-from flagperf.results.operators import plot_speedups
+from flagperf.results.operators import collect_points, plot_speedups, speedups_left_out
 from flagperf.results.plotting import NOT_DRAWN, pyplot, save_png
 from flagperf.results.schema import read_result, write_text_atomic
-from flagperf.results.serving import serving_plots
+from flagperf.results.serving import is_serving_point, serving_plots
 from flagperf.results.summary import (
     REPORT_MD,
     ROUND_FOLDER,
@@ -49,7 +49,7 @@ def plot_measured_vs_peak(plt: Any, summary: RunSummary, out: Path) -> Path | No
     ax.axvline(100, color="black", linewidth=1)
     ax.set_xlim(0, max(115.0, max(ratios) * 1.12))
     for i, (r, est) in enumerate(zip(ratios, estimated, strict=True)):
-        ax.text(r, i, f" {'≤ ' if est else ''}{r:.1f}%", va="center", fontsize=8)
+        ax.text(r, i, f" {'≤ ' if est else ''}{percent(r / 100)}", va="center", fontsize=8)
     ax.set_xlabel("measured / peak (%)")
     legend = "red: above the spec table's peak" + ("; orange: against an estimated peak (a lower bound), an upper "
                                                      "estimate" if any(estimated) else "")
@@ -60,7 +60,10 @@ def plot_measured_vs_peak(plt: Any, summary: RunSummary, out: Path) -> Path | No
 
 
 def plot_per_round(plt: Any, summary: RunSummary, out: Path) -> Path | None:
+    """A panel per case and figure, a bar per round; operation points and generate points (tens of figures in a
+    sweep) have their own plots."""
     rows = summary.rows[summary.rows["metric"].notna() & (summary.rows["family"] != OPERATION)]
+    rows = rows[[not is_serving_point(row) for row in rows[["family", "metric"]].to_dict("records")]]
     groups = list(rows.groupby(["case", "metric"], sort=False))
     if not groups:
         return None
@@ -140,9 +143,11 @@ def make_plots(run_dir: Path, summary: RunSummary) -> list[tuple[str, Path]] | N
         if path:
             made.append((title, path))
     made += serving_plots(plt, run_dir, plots_dir, summary.rows)
-    speedups = plot_speedups(plt, run_dir, plots_dir / "operator_speedups.png")
+    operation_points = collect_points(run_dir)
+    speedups = plot_speedups(plt, operation_points, plots_dir / "operator_speedups.png")
     if speedups:
-        made.append(("Operators: speed-up against native", speedups))
+        left_out = speedups_left_out(operation_points)
+        made.append(("Operators: speed-up against native" + (f" ({left_out})" if left_out else ""), speedups))
     folders = sorted(p.parent for p in run_dir.glob("*/round*/*_noderank*/result.json")
                      if ROUND_FOLDER.fullmatch(p.parent.name))
     for folder in folders[:MAX_TIMELINES]:

@@ -29,7 +29,7 @@ from flagperf.results.analysis import (
 from flagperf.results.bounded import read_json_file
 from flagperf.results.chipstate import CHIP_COLUMNS, headline_state, render_chip_section, window_columns
 from flagperf.results.faults import BOUNDED_NOTE, find_faults
-from flagperf.results.markup import md_text
+from flagperf.results.markup import md_text, percent
 from flagperf.results.metrics import STATISTICS, coefficient_of_variation
 from flagperf.results.operators import (
     is_operation,
@@ -48,7 +48,13 @@ from flagperf.results.schema import (
     write_json_atomic,
     write_text_atomic,
 )
-from flagperf.results.serving import serving_markdown
+from flagperf.results.serving import (
+    ServingPoint,
+    is_serving_point,
+    serving_digest,
+    serving_markdown,
+    serving_points,
+)
 
 SUMMARY_CSV = "summary.csv"
 ROUND_FOLDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*_noderank\d+")
@@ -89,6 +95,8 @@ class RunSummary:
     device_spread: list[dict[str, Any]] = field(default_factory=list)  # per host: min, median, max over devices
     # operation cases: one entry per operator (flagperf/results/operators.py), shown instead of a row per point
     operators: list[dict[str, Any]] = field(default_factory=list)
+    # generate cases: one entry per point (flagperf/results/serving.py), shown compact instead of a row per figure
+    serving: list[ServingPoint] = field(default_factory=list)
 
     @property
     def all_succeeded(self) -> bool:
@@ -344,7 +352,7 @@ def summarize(run_dir: Path) -> RunSummary:
                       scaling=scaling_table(rows), faults=find_faults(run_dir, loaded, headline),
                       progress=run_progress(run_dir, results),
                       retried=retried_rounds(run_dir, results), device_spread=spread_over_devices(rows),
-                      operators=operator_summaries(points_of(results)))
+                      operators=operator_summaries(points_of(results)), serving=serving_points(run_dir, rows))
 
 
 def run_progress(run_dir: Path, results: list[RoundResult]) -> dict[str, Any]:
@@ -453,11 +461,13 @@ def fmt(value: Any, digits: int = 4) -> str:
 
 
 def fmt_pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"
+    """A share (of a peak, of a figure) as the reports print every percentage (markup.percent)."""
+    return percent(value)
 
 
 def headline_cells(entry: dict[str, Any]) -> list[str]:
-    spread = f"±{entry['spread_cv']:.1%} ({entry['spread_over']})" if entry["spread_cv"] is not None else "-"
+    spread = f"{percent(entry['spread_cv'], sign='±')} ({entry['spread_over']})" if entry["spread_cv"] is not None \
+        else "-"
     peak = f"{fmt(entry['peak'])} {entry['peak_unit']}" if entry["peak"] is not None else "unknown"
     measured = ("≥ " if entry.get("lower_bound") else "") + fmt(entry["value"])  # a bound by design, said
     return [entry["case"], md_text(entry["metric"]), measured, md_text(entry["unit"]), fmt(entry["p50"]), spread, peak,
@@ -523,6 +533,23 @@ def headline_figures(headline: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in headline if not is_operation(e)]
 
 
+def headline_rows(headline: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The headline table's rows: headline_figures less the generate points' figures without a known peak (a
+    sweep has tens of them, each "unknown"), which the reports show a row per point (serving_digest) and in
+    full in the LLM serving section; summary.csv and summary.json keep every figure."""
+    return [e for e in headline_figures(headline) if not is_serving_point(e) or e["peak"] is not None]
+
+
+SERVING_MONITOR_FIGURE = "output_tokens_per_s@"  # a point's figures share its window: one row per point, per token
+
+
+def monitor_entries(headline: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The power and memory table's rows: a row per figure, but a generate point's once (its output tokens/s,
+    whose energy per work is J per output token), not once per figure over the same window."""
+    return [e for e in headline_figures(headline)
+            if not is_serving_point(e) or str(e["metric"]).startswith(SERVING_MONITOR_FIGURE)]
+
+
 def operation_monitor_entries(headline: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Power, energy and memory of the operation cases: one entry per case over all its operator figures
     (mean of the means, largest of the maxima); energy per work is per figure, so not combined."""
@@ -579,11 +606,13 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | str | N
     lines += [f"- rounds: {c['rounds']}" + (f" of {progress['planned']} planned" if progress else "")
               + f" ({c['success']} succeeded, {c['unsupported']} unsupported, {c['failed']} failed)", ""]
     figures = headline_figures(summary.headline)
-    if figures:
+    shown = headline_rows(summary.headline)
+    if shown:
         lines += ["| " + " | ".join(HEADLINE_HEADER) + " |", "|" + "---|" * len(HEADLINE_HEADER)]
-        lines += ["| " + " | ".join(headline_cells(e)) + " |" for e in figures]
+        lines += ["| " + " | ".join(headline_cells(e)) + " |" for e in shown]
         lines.append("")
-        lines += estimated_peak_lines(figures)
+    lines += serving_digest(summary.serving)
+    lines += estimated_peak_lines(figures)
     if summary.operators:
         lines += [OPERATORS_INTRO, "", *operator_table(summary.operators)]
         if any(e.get("best_roofline_estimated") for e in summary.operators):
@@ -630,14 +659,7 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | str | N
                   "table's last column; docs: What a run gives you, Conventions); spread = coefficient of variation "
                   "across rounds, or across chunks for a single round.", "",
                   *[f"- statistic **{s}**: {STATISTICS[s]}" for s in used], *([""] if used else [])]
-        for e in figures:
-            peak = e["peak_source"] or f"none in {e['unit']}"
-            if e.get("peak_bound") == "lower":
-                peak += f"; an estimate, a lower bound of the real peak: {e['peak_bound_reason']}"
-            mfu = f"; MFU against {e['mfu_peak']}" if e.get("mfu_peak") else ""
-            lines.append(f"- {e['case']} / {e['metric']}: {e['convention'] or 'no counting convention'}; "
-                         f"peak: {peak}{mfu}")
-        lines.append("")
+        lines += [*method_lines(figures), ""]
     if isinstance(plots, str):
         lines += ["## Plots", "", plots, ""]
     elif plots:
@@ -647,19 +669,40 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | str | N
     return "\n".join(lines)
 
 
+def method_lines(figures: list[dict[str, Any]]) -> list[str]:
+    """Each figure's convention and peak source, a line each; a generate case's points share one line per
+    figure ("ttft_s at c1, c2, r4"), as its figures are counted alike at every point."""
+    grouped: dict[tuple[str, ...], list[str]] = {}
+    for e in figures:
+        peak = e["peak_source"] or f"none in {e['unit']}"
+        if e.get("peak_bound") == "lower":
+            peak += f"; an estimate, a lower bound of the real peak: {e['peak_bound_reason']}"
+        mfu = f"; MFU against {e['mfu_peak']}" if e.get("mfu_peak") else ""
+        metric, point = str(e["metric"]), None
+        if is_serving_point(e):
+            metric, point = metric.rsplit("@", 1)
+        key = (str(e["case"]), metric, str(point is not None), md_text(e["convention"] or "no counting convention"),
+               md_text(peak + mfu))
+        grouped.setdefault(key, [])
+        if point is not None:
+            grouped[key].append(point)
+    return [f"- {md_text(case)} / {md_text(metric)}" + (f" at {', '.join(points)}" if points else "")
+            + f": {convention}; peak: {peak}" for (case, metric, _, convention, peak), points in grouped.items()]
+
+
 def render_devices(spread: list[dict[str, Any]]) -> list[str]:
     """Every device of every host: the host's min, median and max per metric, and each device's figure."""
     if not spread:
         return []
     lines = ["## Every device", "", "Each host's devices measured one process each; min names the lowest device.",
-             "", "| case | metric | round | host | devices | min (device) | median | max | per device |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "", "| case | metric | unit | round | host | devices | min (device) | median | max | per device |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for e in spread:
         uuid = f", {e['min_device_uuid']}" if e["min_device_uuid"] else ""
         lowest = f"{fmt(e['min'])} (device {e['min_device']}{uuid})"
         each = ", ".join(f"{d}: {fmt(v)}" for d, v in sorted(e["per_device"].items()))
-        lines.append(f"| {e['case']} | {e['metric']} | {e['round']} | {e['host']} | {e['devices']} | {lowest} | "
-                     f"{fmt(e['median'])} | {fmt(e['max'])} {e['unit']} | {each} |")
+        lines.append(f"| {e['case']} | {md_text(e['metric'])} | {md_text(e['unit'])} | {e['round']} | {e['host']} | "
+                     f"{e['devices']} | {lowest} | {fmt(e['median'])} | {fmt(e['max'])} | {each} |")
     return [*lines, ""]
 
 
@@ -729,7 +772,7 @@ def render_monitor_section(summary: RunSummary) -> list[str]:
     lines = ["## Power, energy and memory over each timed region", ""]
     lines += ["| " + " | ".join(MONITOR_HEADER) + " |", "|" + "---|" * len(MONITOR_HEADER)]
     lines += ["| " + " | ".join(monitor_cells(e)) + " |"
-              for e in [*headline_figures(summary.headline), *operation_monitor_entries(summary.headline)]]
+              for e in [*monitor_entries(summary.headline), *operation_monitor_entries(summary.headline)]]
     lines.append("")
     if summary.monitor_notes:
         lines += [f"- {note}" for note in summary.monitor_notes] + [""]

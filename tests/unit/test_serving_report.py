@@ -152,9 +152,9 @@ def test_the_report_shows_every_point_its_counts_the_slo_frontier_and_the_plots(
     assert "or some were truncated, empty or miscounted; their figures count the successful requests only: " \
            "serve-case c4." in md
     rows = [line for line in md.splitlines() if line.startswith("| serve-case | 4 | - |")]
-    assert rows[0].startswith("| serve-case | 4 | - | 4 (1 failed = 25 %, 1 truncated, 0 empty, 0 count mismatch) "
+    assert rows[0].startswith("| serve-case | 4 | - | 4 (1 failed = 25.0%, 1 truncated, 0 empty, 0 count mismatch) "
                               "**flagged** | 6.5 | 3.25 |")
-    assert "| 1.5 (75 %) | **missed** |" in rows[0]
+    assert "| 1.5 (75.0%) | **missed** |" in rows[0]
     assert "| serve-case | 2 | - | 4 (0 failed, 0 truncated, 0 empty, 0 count mismatch) | 20 | 10 |" in md
     assert "| met | - | 5 | ROUGE-L 0.75, exact match 0.5 | 1 |" in md  # SLO, MFU, J per token, quality, rounds
     assert "| serve-case | - | 0.5 |" in md
@@ -348,8 +348,8 @@ def test_an_mfu_against_an_estimated_peak_is_an_upper_estimate(tmp_path: Path) -
         (point,) = serving_points(run)
         assert point.mfu_estimated is (name == "lower")
         cells[name] = _mfu(point)
-    assert cells == {"lower": "≤ 120% (above 100 % of the estimated peak, a lower bound)",
-                     "exact": "120% (above 100 %: check the peak)"}
+    assert cells == {"lower": "≤ 120.0% (above 100 % of the estimated peak, a lower bound)",
+                     "exact": "120.0% (above 100 %: check the peak)"}
 
 
 def test_the_console_shows_a_row_per_point_and_figures_only_beside_a_known_peak(serving_run: Path) -> None:
@@ -365,6 +365,6 @@ def test_the_console_shows_a_row_per_point_and_figures_only_beside_a_known_peak(
     assert "LLM serving, one row per point" in shown.output
     rows = [" ".join(line.replace("│", " ").split()) for line in shown.output.splitlines()]
     # case, point, completed/failed, requests/s, output tok/s, TTFT ms p50/p99, TPOT ms p50/p99, goodput
-    assert "serve-case c2 4/0 4 20 100/100 50/50 4 (100 %)" in rows
-    assert "serve-case c4 3/1 flagged 1.5 6.5 200/200 80/80 1.5 (75 %)" in rows
+    assert "serve-case c2 4/0 4 20 100/100 50/50 4 (100.0%)" in rows
+    assert "serve-case c4 3/1 flagged 1.5 6.5 200/200 80/80 1.5 (75.0%)" in rows
     assert "batch-case c2 2/0 4 16 100/100 50/50 -" in rows
