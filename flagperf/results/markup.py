@@ -28,6 +28,15 @@ def md_text(value: object) -> str:
     return MARKDOWN_SPECIAL.sub(r"\\\1", " ".join(str(value).splitlines())).replace("<", "&lt;")
 
 
+def number(value: float | None, digits: int = 4) -> str:
+    """A figure to ``digits`` significant digits, written out (24540, never 2.454e+04) below 1e15; "-" where
+    there is none. One rounding in every table."""
+    if value is None or value != value:  # None or NaN
+        return "-"
+    text = f"{value:.{digits}g}"
+    return f"{float(text):.0f}" if "e+" in text and abs(value) < 1e15 else text
+
+
 SMALLEST_PERCENT = 0.01  # below it a share is "< 0.01%": a figure, not a 0.0% that reads as nothing measured
 
 

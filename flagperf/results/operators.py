@@ -21,7 +21,7 @@ from typing import Any
 
 import pandas as pd
 
-from flagperf.results.markup import md_text, percent
+from flagperf.results.markup import md_text, number, percent
 from flagperf.results.metrics import coefficient_of_variation
 from flagperf.results.plotting import save_png
 from flagperf.results.schema import RESULT_FILE, UPPER_ESTIMATE, RoundResult, read_result
@@ -377,7 +377,7 @@ def share_of_measured(point: PointFigures, base: dict[str, tuple[str, float]]) -
 
 
 def _num(value: float | None, digits: int = 4) -> str:
-    return "-" if value is None else f"{value:.{digits}g}"
+    return number(value, digits)
 
 
 def _pct(value: float | None, sign: str = "") -> str:
@@ -411,12 +411,12 @@ def point_cell(point: PointFigures | None, base: dict[str, tuple[str, float]]) -
         return "**FAILED**"
     if point.status == "skipped" or point.value is None or point.latency is None:
         return "skipped"
-    latency = f"{point.latency * 1e3:.4g} ms"
+    latency = f"{number(point.latency * 1e3)} ms"
     if point.iteration_spread is not None:
         latency += f" {_pct(point.iteration_spread, '±')}"
     if point.rounds_spread is not None:
         latency += f" (rounds {_pct(point.rounds_spread, '±')})"
-    parts = [f"{point.value:.4g} {point.bound_unit}", latency]
+    parts = [f"{number(point.value)} {point.bound_unit}", latency]
     if point.near_clock_floor:
         floor = max(point.clock_floors, default=0.0)
         parts.append(f"**near the clock's floor** ({floor * 1e6:.3g} us, {_pct(floor / point.latency)} of it)")

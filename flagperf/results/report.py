@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import re
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ def plot_measured_vs_peak(plt: Any, summary: RunSummary, out: Path) -> Path | No
     entries = [e for e in headline_figures(summary.headline) if e["ratio"] is not None]
     if not entries:
         return None
-    fig, ax = plt.subplots(figsize=(8, 0.5 * len(entries) + 1.2))
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(entries) + 1.6))
     labels = [f"{e['case']}\n{e['metric']}" for e in entries]
     ratios = [100 * e["ratio"] for e in entries]
     estimated = [e.get("peak_bound") == "lower" for e in entries]  # an upper estimate: drawn apart, labelled ≤
@@ -53,7 +54,7 @@ def plot_measured_vs_peak(plt: Any, summary: RunSummary, out: Path) -> Path | No
     ax.set_xlabel("measured / peak (%)")
     legend = "red: above the spec table's peak" + ("; orange: against an estimated peak (a lower bound), an upper "
                                                      "estimate" if any(estimated) else "")
-    ax.set_title(f"{summary.run_id}: measured vs peak ({legend})", fontsize=9)
+    ax.set_title("\n".join(textwrap.wrap(f"{summary.run_id}: measured vs peak ({legend})", 100)), fontsize=9)
     ax.invert_yaxis()
     save_png(plt, fig, out)
     return out
@@ -79,13 +80,18 @@ def plot_per_round(plt: Any, summary: RunSummary, out: Path) -> Path | None:
             ax.axhline(float(peak.iloc[0]), color="black", linestyle="--", linewidth=1, label="peak")
             ax.legend(fontsize=7)
         ax.set_title(f"{case} / {metric}", fontsize=8)
-        ax.set_ylabel(str(group["unit"].iloc[0]), fontsize=8)
+        ax.set_ylabel(unit_label(group["unit"].iloc[0]), fontsize=8)
         ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(groups):]:
         ax.axis("off")
-    fig.suptitle(f"{summary.run_id}: throughput per round", fontsize=9)
-    save_png(plt, fig, out)
+    fig.suptitle(f"{summary.run_id}: each figure per round (its unit on the y axis)", fontsize=9)
+    save_png(plt, fig, out, title_inches=0.35)
     return out
+
+
+def unit_label(unit: object) -> str:
+    """A y axis's label: the figure's unit, or that the case gave none (a bare number is no figure to read)."""
+    return str(unit) if isinstance(unit, str) and unit else "no unit given by the case"
 
 
 def plot_timeline(plt: Any, round_folder: Path, title: str, out: Path) -> Path | None:
@@ -138,7 +144,7 @@ def make_plots(run_dir: Path, summary: RunSummary) -> list[tuple[str, Path]] | N
     plots_dir.mkdir(exist_ok=True)
     made: list[tuple[str, Path]] = []
     for title, fn, name in (("Measured vs peak", plot_measured_vs_peak, "measured_vs_peak.png"),
-                            ("Throughput per round", plot_per_round, "throughput_per_round.png")):
+                            ("Each figure per round", plot_per_round, "throughput_per_round.png")):
         path = fn(plt, summary, plots_dir / name)
         if path:
             made.append((title, path))

@@ -30,6 +30,7 @@ import pandas as pd
 
 from flagperf.results.bounded import read_bounded
 from flagperf.results.markup import md_text, percent
+from flagperf.results.markup import number as figure_text
 from flagperf.results.plotting import save_png
 from flagperf.results.schema import RESULT_FILE, UPPER_ESTIMATE, read_result
 
@@ -341,7 +342,7 @@ def slo_text(slo: dict[str, Any] | None) -> str:
 
 
 def _num(value: float | None, scale: float = 1.0, digits: int = 4) -> str:
-    return "-" if value is None else f"{value * scale:.{digits}g}"
+    return "-" if value is None else figure_text(value * scale, digits)
 
 
 def _ms(seconds: float | None) -> str:
@@ -392,7 +393,7 @@ def _goodput(point: ServingPoint) -> str:
     if point.goodput is None:
         return "-"
     fraction = point.figure("goodput_fraction")
-    return f"{point.goodput:.4g}" + (f" ({percent(fraction)})" if fraction is not None else "")
+    return figure_text(point.goodput) + (f" ({percent(fraction)})" if fraction is not None else "")
 
 
 def _quality(point: ServingPoint) -> str:
@@ -508,8 +509,8 @@ def serving_markdown(run_dir: Path, rows: pd.DataFrame | None) -> list[str]:
         frontier = slo_frontier(mine)
         line = f"- **{case}**: engine {first.served_as}; SLO: {slo_text(first.slo)}"
         if frontier is not None:
-            line += (f"; SLO frontier: {frontier.label}, {frontier.per_device:.4g} output tokens/s per device at "
-                     f"{_num(frontier.interactivity)} tokens/s per user")
+            line += (f"; SLO frontier: {frontier.label}, {_num(frontier.per_device)} output tokens/s per device "
+                     f"at {_num(frontier.interactivity)} tokens/s per user")
         elif any(p.slo_met is not None for p in mine):
             line += "; no point met the SLO"
         lines.append(line)

@@ -29,7 +29,7 @@ from flagperf.results.analysis import (
 from flagperf.results.bounded import read_json_file
 from flagperf.results.chipstate import CHIP_COLUMNS, headline_state, render_chip_section, window_columns
 from flagperf.results.faults import BOUNDED_NOTE, find_faults
-from flagperf.results.markup import md_text, percent
+from flagperf.results.markup import md_text, number, percent
 from flagperf.results.metrics import STATISTICS, coefficient_of_variation
 from flagperf.results.operators import (
     is_operation,
@@ -254,7 +254,7 @@ def _mfu_peak(metric: Metric) -> str | None:
     if metric.mfu is None or peak is None or peak.value is None:
         return None
     estimated = f"; a lower bound: {peak.bound_reason}" if peak.estimated else ""
-    return f"the {metric.mfu_peak_key} peak, {peak.value:.4g} {peak.unit} ({peak.source}{estimated})"
+    return f"the {metric.mfu_peak_key} peak, {number(peak.value)} {peak.unit} ({peak.source}{estimated})"
 
 
 def _clean(value: Any) -> Any:
@@ -453,10 +453,11 @@ def _max(series: pd.Series) -> float | None:
 
 
 def fmt(value: Any, digits: int = 4) -> str:
+    """A figure to ``digits`` significant digits, written out (24540, never 2.454e+04) from 1e-4 up to 1e15."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     if isinstance(value, float):
-        return f"{value:.{digits}g}"
+        return number(value, digits)
     return str(value)
 
 
@@ -470,9 +471,18 @@ def headline_cells(entry: dict[str, Any]) -> list[str]:
         else "-"
     peak = f"{fmt(entry['peak'])} {entry['peak_unit']}" if entry["peak"] is not None else "unknown"
     measured = ("≥ " if entry.get("lower_bound") else "") + fmt(entry["value"])  # a bound by design, said
-    return [entry["case"], md_text(entry["metric"]), measured, md_text(entry["unit"]), fmt(entry["p50"]), spread, peak,
+    return [entry["case"], md_text(entry["metric"]), measured, unit_cell(entry["unit"]), fmt(entry["p50"]), spread,
+            peak,
             ratio_cell(entry), mfu_cell(entry.get("mfu"), estimated=bool(entry.get("mfu_estimated"))),
             str(entry["rounds"]), entry.get("statistic") or "-"]
+
+
+NO_UNIT = "(none given)"
+
+
+def unit_cell(unit: Any) -> str:
+    """A figure's unit as the tables show it; a case that gave none is said to have (a bare number is no figure)."""
+    return md_text(unit) if isinstance(unit, str) and unit else NO_UNIT
 
 
 def ratio_cell(entry: dict[str, Any]) -> str:
@@ -674,7 +684,7 @@ def method_lines(figures: list[dict[str, Any]]) -> list[str]:
     figure ("ttft_s at c1, c2, r4"), as its figures are counted alike at every point."""
     grouped: dict[tuple[str, ...], list[str]] = {}
     for e in figures:
-        peak = e["peak_source"] or f"none in {e['unit']}"
+        peak = e["peak_source"] or (f"none in {e['unit']}" if isinstance(e["unit"], str) and e["unit"] else "none")
         if e.get("peak_bound") == "lower":
             peak += f"; an estimate, a lower bound of the real peak: {e['peak_bound_reason']}"
         mfu = f"; MFU against {e['mfu_peak']}" if e.get("mfu_peak") else ""

@@ -368,3 +368,34 @@ def test_the_console_shows_a_row_per_point_and_figures_only_beside_a_known_peak(
     assert "serve-case c2 4/0 4 20 100/100 50/50 4 (100.0%)" in rows
     assert "serve-case c4 3/1 flagged 1.5 6.5 200/200 80/80 1.5 (75.0%)" in rows
     assert "batch-case c2 2/0 4 16 100/100 50/50 -" in rows
+
+
+def test_report_md_shows_a_row_per_point_not_an_unknown_peak_row_per_figure(serving_run: Path) -> None:
+    """report.md's head had a headline row per figure of every point (tens in a sweep, each peak "unknown"): it has
+    the console's compact view instead, a row per point; summary.csv keeps every figure."""
+    import pandas as pd
+
+    _, paths = build_report(serving_run)
+    md = paths["markdown"].read_text()
+    head = md.split("## LLM serving (generate)")[0]
+    assert "@c2" not in head.split("## How these numbers were made")[0].replace("output_tokens_per_s@", "")
+    assert not [line for line in head.splitlines() if line.startswith("| serve-case | ttft_s@")]
+    assert "LLM serving, one row per point" in head
+    assert "| serve-case | c2 | 4/0 | 4 | 20 | 100/100 | 50/50 | 4 (100.0%) |" in head
+    assert "| serve-case | c4 | **3/1 flagged** |" in head  # a flagged point stands out
+    # The power table: one row per point (its output tokens/s carries the point's window), not one per figure.
+    power = head.split("## Power, energy and memory")[1].split("\n## ")[0]
+    assert "| serve-case | output_tokens_per_s@c2 | 100 |" in power and "ttft_s@c2" not in power
+    # How the figures were made: one line per figure over the points, not one per figure and point.
+    assert "- serve-case / ttft_s at c2, c4, r0.5: " in head
+    # Nothing is lost: summary.csv has every figure of every point.
+    written = {m.name for m in json_metrics(serving_run / "serve-case/round1/h1_noderank0/result.json")}
+    in_csv = set(pd.read_csv(paths["csv"]).query("case == 'serve-case'")["metric"])
+    assert written and written <= in_csv
+    assert "LLM serving, one row per point" in paths["html"].read_text()
+
+
+def json_metrics(path: Path) -> list[Metric]:
+    from flagperf.results.schema import read_result
+
+    return read_result(path).metrics
