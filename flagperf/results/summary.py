@@ -346,7 +346,8 @@ def summarize(run_dir: Path) -> RunSummary:
             context.update({"engine_version": prov.engine_version, "git_revision": prov.git_revision,
                             "git_dirty": prov.git_dirty, "source_digest": prov.source_digest, "python": prov.python,
                             "torch": prov.libraries.get("torch"), "prefect": prov.libraries.get("prefect"),
-                            "command": prov.command, "image": prov.image.get("status")})
+                            "command": prov.command, "image": prov.image.get("status"),
+                            "image_reason": prov.image.get("reason")})
     return RunSummary(run_id=run_dir.name, rows=rows, headline=headline, not_measured=not_measured,
                       counts=counts, problems=problems, context=context, monitor_notes=placed_notes(notes),
                       scaling=scaling_table(rows), faults=find_faults(run_dir, loaded, headline),
@@ -524,11 +525,29 @@ def estimated_peak_lines(figures: list[dict[str, Any]]) -> list[str]:
     return [*lines, ""] if reasons else lines
 
 
+# What to do about a warning, by what it says (the first that matches); a warning no entry knows gets the last.
+WARNING_STEPS = (
+    ("outlying chunks", "a few slow or fast chunks dominate the total: look at the round's utilisation plot for "
+                        "another load on the host, then run again with more rounds (--rounds) or a longer measuring "
+                        "window (--set CASE.KEY=VALUE, the case's config.yaml names its keys) on an idle host"),
+    ("requests", "requests failed, were truncated or miscounted: the LLM serving section lists the points and the "
+                 "first error; each request is in the round's requests.jsonl, the server's log in case.log"),
+    ("MFU", "the MFU is not to be read plainly: check the case's FLOPs per item and the peak it is against "
+            "(How these numbers were made)"),
+)
+OTHER_WARNING_STEP = "the round's case.log (in its round folder) says more; run the case again once it is explained"
+
+
 def render_warnings(summary: RunSummary) -> list[str]:
-    """Figures a reader should not take plainly (the case said why: headline far from the median, MFU)."""
-    lines = [f"- {e['case']} / {md_text(e['metric'])}: {md_text(w)}" for e in summary.headline
-             for w in e.get("warnings", [])]
-    return ["## Warnings", "", *lines, ""] if lines else []
+    """Figures a reader should not take plainly (the case said why: headline far from the median, MFU), and what
+    to do about each kind."""
+    warned = [(e, str(w)) for e in summary.headline for w in e.get("warnings", [])]
+    if not warned:
+        return []
+    lines = [f"- {e['case']} / {md_text(e['metric'])}: {md_text(w)}" for e, w in warned]
+    steps = dict.fromkeys(next((step for key, step in WARNING_STEPS if key in w), OTHER_WARNING_STEP)
+                          for _, w in warned)
+    return ["## Warnings", "", *lines, "", "Next steps:", "", *[f"- {step}" for step in steps], ""]
 
 
 HEADLINE_HEADER = ["case", "metric", "measured", "unit", "p50", "spread (CV)", "peak", "measured/peak", "MFU",
@@ -604,8 +623,10 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | str | N
             git += f", source {ctx['source_digest']}"
         lines += [f"- vendor **{ctx['vendor']}**, device {ctx.get('device') or 'unknown'}, "
                   f"hosts {', '.join(ctx['hosts'])}",
-                  f"- engine {ctx.get('engine_version')} at git {git}; python {ctx.get('python')}, "
-                  f"torch {ctx.get('torch')}, prefect {ctx.get('prefect') or '-'}; image {ctx.get('image')}",
+                  f"- engine {ctx.get('engine_version') or 'unknown'} at git {git}; python "
+                  f"{ctx.get('python') or 'unknown'}, torch {ctx.get('torch') or 'unknown'}, prefect "
+                  f"{ctx.get('prefect') or '-'}; image {ctx.get('image') or 'not recorded'}"
+                  + (f" ({md_text(ctx['image_reason'])})" if ctx.get("image_reason") else ""),
                   f"- command: `{(ctx.get('command') or '-').replace('`', chr(39))}`"]
     progress = summary.progress
     stopped = progress.get("interrupted") if progress else None
@@ -679,6 +700,16 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | str | N
     return "\n".join(lines)
 
 
+# Where a case stated no convention for a figure: what the figure is by its statistic, in the glossary's words.
+NO_CONVENTION = {
+    "rate": "no counting convention stated by the case; a throughput as docs/results.md (Conventions) defines it",
+    "mean": "no counting convention stated by the case; a latency or mean over events as docs/results.md "
+            "(Conventions) defines it",
+    "single": "one measurement, or one figure derived from others (no counting convention needed)",
+    "": "no counting convention stated by the case",
+}
+
+
 def method_lines(figures: list[dict[str, Any]]) -> list[str]:
     """Each figure's convention and peak source, a line each; a generate case's points share one line per
     figure ("ttft_s at c1, c2, r4"), as its figures are counted alike at every point."""
@@ -691,8 +722,8 @@ def method_lines(figures: list[dict[str, Any]]) -> list[str]:
         metric, point = str(e["metric"]), None
         if is_serving_point(e):
             metric, point = metric.rsplit("@", 1)
-        key = (str(e["case"]), metric, str(point is not None), md_text(e["convention"] or "no counting convention"),
-               md_text(peak + mfu))
+        convention = e["convention"] or NO_CONVENTION.get(str(e.get("statistic")), NO_CONVENTION[""])
+        key = (str(e["case"]), metric, str(point is not None), md_text(convention), md_text(peak + mfu))
         grouped.setdefault(key, [])
         if point is not None:
             grouped[key].append(point)
@@ -747,9 +778,9 @@ def render_max_achievable(headline: list[dict[str, Any]]) -> list[str]:
     return [*lines, ""]
 
 
-MONITOR_HEADER = ["case", "metric", "avg power W", "max power W", "energy per work", "energy source",
-                  "CPU util %", "peak host memory GiB (of total)", "peak case memory GiB", "accel util %",
-                  "peak accel memory GiB (of total)"]
+MONITOR_HEADER = ["case", "figures (those of one timed region share a row)", "avg power W", "max power W",
+                  "energy per work", "energy source", "CPU util %", "peak host memory GiB (of total)",
+                  "peak case memory GiB", "accel util %", "peak accel memory GiB (of total)"]
 
 
 def _gib(value: float | None, total: float | None = None) -> str:
@@ -778,15 +809,67 @@ def case_memory_cell(e: dict[str, Any]) -> str:
     return "-"
 
 
+def monitor_rows(entries: list[dict[str, Any]]) -> list[list[str]]:
+    """The power and memory table's rows: a case's figures measured over the same region (the same cells: a
+    round's one-off times, a family's figures timed together) share one row that names them all."""
+    grouped: dict[tuple[str, ...], list[str]] = {}
+    for e in entries:
+        case, metric, *rest = monitor_cells(e)
+        grouped.setdefault((case, *rest), []).append(md_text(metric))
+    return [[case, ", ".join(metrics), *rest] for (case, *rest), metrics in grouped.items()]
+
+
 def render_monitor_section(summary: RunSummary) -> list[str]:
     lines = ["## Power, energy and memory over each timed region", ""]
     lines += ["| " + " | ".join(MONITOR_HEADER) + " |", "|" + "---|" * len(MONITOR_HEADER)]
-    lines += ["| " + " | ".join(monitor_cells(e)) + " |"
-              for e in [*monitor_entries(summary.headline), *operation_monitor_entries(summary.headline)]]
+    lines += ["| " + " | ".join(cells) + " |"
+              for cells in monitor_rows([*monitor_entries(summary.headline),
+                                         *operation_monitor_entries(summary.headline)])]
     lines.append("")
     if summary.monitor_notes:
         lines += [f"- {note}" for note in summary.monitor_notes] + [""]
     return lines if summary.headline else []
+
+
+# Every abbreviation and unit symbol the report may use (a pattern that finds it, and what it means): the report
+# ends with those it used, so that a reader outside the lab reads each the same way (docs/results.md, Conventions).
+ABBREVIATIONS = (
+    (r"\bCV\b", "CV", "coefficient of variation: standard deviation / mean, across rounds (or timed chunks)"),
+    (r"\bp(?:10|50|90|95|99)\b", "p10, p50, p90, p99", "percentiles: p50 is the median, p99 the value 99 % of the "
+                                                     "events are at or below"),
+    (r"\bMFU\b", "MFU", "model FLOPs utilisation: the model's FLOPs per second on one device / that device's dense "
+                        "peak for the precision"),
+    (r"\bFLOPs?\b|\bTFLOPS\b", "FLOP, TFLOPS", "floating-point operations (a multiply-add counts 2); TFLOPS = "
+                                                  "10^12 FLOP per second"),
+    (r"\bTOPS\b", "TOPS", "10^12 integer operations per second"),
+    (r"\bGB/s\b", "GB/s", "10^9 bytes per second"),
+    (r"\bGiB\b", "GiB", "2^30 bytes"),
+    (r"\bms\b|\bus\b", "ms, us", "milliseconds, microseconds (a figure's unit column says which it is in)"),
+    (r"\bW\b|\bJ\b", "W, J", "watts (power), joules (energy)"),
+    (r"\bPSS\b|\bUSS\b|\bRSS\b", "PSS, USS, RSS", "proportional set size (memory shared between processes "
+                                                   "split between them), unique set size (the processes' own), "
+                                                   "resident set size (shared pages counted in every process)"),
+    (r"\bTTFT\b", "TTFT", "time to first token: from sending a request to its first output token"),
+    (r"\bTPOT\b", "TPOT", "time per output token: a request's (E2EL - TTFT) / (output tokens - 1)"),
+    (r"\bITL\b", "ITL", "inter-token latency: every gap between two output tokens, pooled over the requests"),
+    (r"\bE2EL\b", "E2EL", "end-to-end latency: from sending a request to its last output token"),
+    (r"\bSLO\b", "SLO", "service-level objective: the p99 TTFT and TPOT bounds a serving point must meet, with no "
+                         "failed request"),
+    (r"\bc\d+\b|\br\d[0-9.]*\b", "cN, rR", "a serving point: N requests in flight (closed loop), or R requests "
+                                          "per second offered (open loop)"),
+    (r"\b(?:fp|bf)(?:64|32|16|8)\b|\btf32\b|\bint8\b", "fp32, fp16, bf16, tf32, fp8, int8",
+     "number formats: IEEE floats of 32 and 16 bits, bfloat16, TensorFloat-32, 8-bit floats, 8-bit integers"),
+    (r"\bdtype\b", "dtype", "the number format an operator ran in"),
+    (r"\d(?:\.\d+)?x\b", "x (after a number)", "a speed-up factor: native's latency / the implementation's"),
+    (r"noderank\d", "HOST_noderankK", "a round's folder and plots: the host, and its node rank K in a multi-node "
+                                     "job (0 on one host)"),
+)
+
+
+def abbreviation_lines(text: str) -> list[str]:
+    """The glossary of the abbreviations and unit symbols ``text`` uses; nothing when it uses none."""
+    used = [f"- **{name}**: {meaning}" for pattern, name, meaning in ABBREVIATIONS if re.search(pattern, text)]
+    return ["## Abbreviations and units", "", *used, ""] if used else []
 
 
 def write_summary(run_dir: Path, summary: RunSummary, plots: list[tuple[str, Path]] | str | None = None
@@ -796,7 +879,7 @@ def write_summary(run_dir: Path, summary: RunSummary, plots: list[tuple[str, Pat
     write_json_atomic(paths["json"], summary.to_json())
     text = render_markdown(summary, plots) + "\n".join(["", *serving_markdown(run_dir, summary.rows),
                                                          *operation_markdown(run_dir, summary.rows)])
-    write_text_atomic(paths["markdown"], text)
+    write_text_atomic(paths["markdown"], "\n".join([text, *abbreviation_lines(text)]))
     return paths
 
 
