@@ -173,12 +173,15 @@ def _round_folders(run_dir: Path) -> Iterable[tuple[Path, Any]]:
             yield path.parent, result
 
 
-def serving_points(run_dir: Path, rows: pd.DataFrame | None = None) -> list[ServingPoint]:
-    """Every point of the run's generate cases, ordered by case, then concurrency points, then rates."""
+def serving_points(run_dir: Path, rows: pd.DataFrame | None = None,
+                   loaded: Iterable[tuple[Path, Any]] | None = None) -> list[ServingPoint]:
+    """Every point of the run's generate cases, ordered by case, then concurrency points, then rates. loaded: the
+    run's (round folder, result) pairs where the caller has read them already (else they are read here)."""
     points: dict[tuple[str, str], ServingPoint] = {}
     values: dict[tuple[str, str], dict[str, list[tuple[float | None, ...]]]] = {}
     servers: dict[tuple[str, str], list[dict[str, float]]] = {}
-    for folder, result in _round_folders(run_dir):
+    rounds = _round_folders(run_dir) if loaded is None else ((f, r) for f, r in loaded if r.family == FAMILY)
+    for folder, result in rounds:
         per_label: dict[str, list[Any]] = {}
         for m in result.metrics:
             match = POINT_METRIC.match(m.name)

@@ -353,7 +353,7 @@ def summarize(run_dir: Path) -> RunSummary:
                       scaling=scaling_table(rows), faults=find_faults(run_dir, loaded, headline),
                       progress=run_progress(run_dir, results),
                       retried=retried_rounds(run_dir, results), device_spread=spread_over_devices(rows),
-                      operators=operator_summaries(points_of(results)), serving=serving_points(run_dir, rows))
+                      operators=operator_summaries(points_of(results)), serving=serving_points(run_dir, rows, loaded))
 
 
 def run_progress(run_dir: Path, results: list[RoundResult]) -> dict[str, Any]:
