@@ -517,6 +517,13 @@ def speedup_bars(collected: list[PointFigures]) -> dict[tuple[str, str], dict[st
     return bars
 
 
+def failed_everywhere(collected: list[PointFigures], key: tuple[str, str], implementation: str) -> bool:
+    """Every point the implementation ran at this (operator, dtype) failed."""
+    ran = [p.status for p in collected if (p.operator, p.dtype) == key and p.implementation == implementation
+           and p.status != "skipped"]
+    return bool(ran) and all(status == "failed" for status in ran)
+
+
 def speedups_left_out(collected: list[PointFigures]) -> str | None:
     """What the speed-up plot leaves out and why, in words (None: nothing): the points that failed (per
     implementation), those whose native run failed (no speed-up to take) and those skipped."""
@@ -559,9 +566,10 @@ def plot_speedups(plt: Any, collected: list[PointFigures], out: Path) -> Path | 
         xs = [x + i * width for x in range(len(labels))]
         heights = [geomean(per.get(impl) or []) for per in bars.values()]
         ax.bar(xs, [h if h is not None else 0.0 for h in heights], width, label=impl)
-        for x, height, per in zip(xs, heights, bars.values(), strict=True):
-            if height is None and impl in per:  # ran there, but no speed-up: never a bar of 0
-                ax.text(x, 0.02, "no speed-up", rotation=90, fontsize=6, ha="center", va="bottom", color="tab:red")
+        for x, height, key in zip(xs, heights, bars, strict=True):
+            if height is None and impl in bars[key]:  # ran there, but no speed-up: never a bar of 0
+                mark = "FAILED" if failed_everywhere(collected, key, impl) else "no speed-up"
+                ax.text(x, 0.02, mark, rotation=90, fontsize=6, ha="center", va="bottom", color="tab:red")
     ax.axhline(1.0, color="black", linewidth=1)
     ax.set_xticks([x + width * (len(impls) - 1) / 2 for x in range(len(labels))])
     ax.set_xticklabels(labels, fontsize=6, rotation=90)

@@ -470,12 +470,22 @@ def fmt_pct(value: float | None) -> str:
 def headline_cells(entry: dict[str, Any]) -> list[str]:
     spread = f"{percent(entry['spread_cv'], sign='±')} ({entry['spread_over']})" if entry["spread_cv"] is not None \
         else "-"
-    peak = f"{fmt(entry['peak'])} {entry['peak_unit']}" if entry["peak"] is not None else "unknown"
+    peak = f"{fmt(entry['peak'])} {entry['peak_unit']}" if entry["peak"] is not None else peak_missing(entry)
     measured = ("≥ " if entry.get("lower_bound") else "") + fmt(entry["value"])  # a bound by design, said
     return [entry["case"], md_text(entry["metric"]), measured, unit_cell(entry["unit"]), fmt(entry["p50"]), spread,
             peak,
             ratio_cell(entry), mfu_cell(entry.get("mfu"), estimated=bool(entry.get("mfu_estimated"))),
             str(entry["rounds"]), entry.get("statistic") or "-"]
+
+
+PEAK_UNITS = ("TFLOPS", "TOPS", "GB/s")  # the units a spec table gives peaks in (GiB: capacity, with its source)
+
+
+def peak_missing(entry: dict[str, Any]) -> str:
+    """The peak cell of a figure without one: "unknown" where a peak was looked for (its source says why none) or
+    the unit is one a spec table has peaks in; "-" where none applies (a latency, a time, an accuracy, items/s,
+    whose MFU has its own peak)."""
+    return "unknown" if entry.get("peak_source") or entry.get("unit") in PEAK_UNITS else "-"
 
 
 NO_UNIT = "(none given)"

@@ -114,3 +114,35 @@ def test_figures_of_one_timed_region_share_a_row_of_the_power_table(tmp_path: Pa
     text = (run / REPORT_MD).read_text(encoding="utf-8")
     power = [line for line in text[text.index("## Power"):].splitlines() if line.startswith("| train |")]
     assert power == ["| train | e2e_time, init_time, raw_train_time | - | - | - | - | 50 | - | - | - | - |"]
+
+
+def test_a_peak_is_unknown_only_where_one_could_be_known(tmp_path: Path) -> None:
+    """"unknown" beside a latency or an accuracy read as missing data: a figure no peak applies to shows "-"; a
+    figure in a spec table's units, or whose case looked for a peak, stays "unknown"."""
+    run = tmp_path / "run"
+    put(run, "case", [Metric(name="e2e_time", value=3.0, unit="s", iterations=1, measured_seconds=1.0),
+                      Metric(name="copy", value=4.0, unit="GB/s", iterations=1, measured_seconds=1.0,
+                             peak=Peak(value=None, unit="GB/s", source="unknown: set memory_channels"))])
+    write_summary(run, summarize(run))
+    text = (run / REPORT_MD).read_text(encoding="utf-8")
+    assert "| case | e2e_time | 3 | s | - | - | - |" in text
+    assert "| case | copy | 4 | GB/s | - | - | unknown |" in text
+
+
+def test_the_speedup_plot_marks_a_failed_implementation_instead_of_a_bar_of_zero(tmp_path: Path) -> None:
+    from flagperf.results.operators import failed_everywhere, speedup_bars, speedups_left_out
+
+    def point(op: str, impl: str, latency: float | None) -> PointFigures:
+        passed = latency is not None
+        return PointFigures("c", op, "fp32", "N8", impl, "t", bound_unit="GB/s", latencies=[latency] if passed else [],
+                            values=[1.0] if passed else [], statuses=["passed" if passed else "failed"])
+
+    points = [point("add", "native", 2e-3), point("add", "compile", 1e-3), point("add", "gems", None),
+              point("mul", "native", None), point("mul", "compile", 1e-3)]
+    bars = speedup_bars(points)
+    assert bars[("add", "fp32")] == {"compile": [pytest.approx(2.0)], "gems": []}
+    assert bars[("mul", "fp32")] == {"compile": []}  # native failed: no speed-up to take
+    assert failed_everywhere(points, ("add", "fp32"), "gems")
+    assert not failed_everywhere(points, ("mul", "fp32"), "compile")
+    assert speedups_left_out(points) == ("left out: 1 failed point (gems 1); 1 point whose native run failed or "
+                                         "was skipped; each is listed in the report's Operators section")
