@@ -381,12 +381,12 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
                   + (f" on {ctx.get('device')}" if ctx.get("device") else ""), title_justify="left")
     for name in HEADLINE_HEADER:
         table.add_column(name, justify="right" if name not in ("case", "metric", "unit") else "left")
-    from flagperf.results.serving import CONSOLE_HEADER, console_rows, is_serving_point, serving_points
+    from flagperf.results.serving import CONSOLE_HEADER, console_rows, serving_points
+    from flagperf.results.summary import headline_rows
 
     # Generate points get a row each below (every figure is in report.md); a figure of theirs only beside its peak.
-    for entry in headline_figures(summary["headline"]):
-        if not is_serving_point(entry) or entry["peak"] is not None:
-            table.add_row(*headline_cells(entry))
+    for entry in headline_rows(summary["headline"]):
+        table.add_row(*headline_cells(entry))
     points = serving_points(run_dir)
     if table.rows or not (summary.get("operators") or points):
         console.print(table)

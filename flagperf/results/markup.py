@@ -28,6 +28,34 @@ def md_text(value: object) -> str:
     return MARKDOWN_SPECIAL.sub(r"\\\1", " ".join(str(value).splitlines())).replace("<", "&lt;")
 
 
+def number(value: float | None, digits: int = 4) -> str:
+    """A figure to ``digits`` significant digits, written out (24540, never 2.454e+04) below 1e15; "-" where
+    there is none. One rounding in every table."""
+    if value is None or value != value:  # None or NaN
+        return "-"
+    text = f"{value:.{digits}g}"
+    return f"{float(text):.0f}" if "e+" in text and abs(value) < 1e15 else text
+
+
+SMALLEST_PERCENT = 0.01  # below it a share is "< 0.01%": a figure, not a 0.0% that reads as nothing measured
+
+
+def percent(fraction: float | None, *, sign: str = "") -> str:
+    """A fraction as a percentage, one convention in every report: one decimal from 1 % (12.3%), two
+    significant digits below it (0.56%, 0.012%), "< 0.01%" below that, so that a small share never prints as
+    0.0%; "-" where there is none. sign: a prefix such as "±", put inside the "<" ("< ±0.01%")."""
+    if fraction is None or fraction != fraction:  # None or NaN
+        return "-"
+    value = 100 * fraction
+    if value == 0:
+        return f"{sign}0%"
+    if abs(value) >= 1:
+        return f"{sign}{value:.1f}%"
+    if abs(value) >= SMALLEST_PERCENT:
+        return f"{sign}{float(f'{value:.2g}')}%"
+    return f"{'> -' if value < 0 else '< '}{sign}{SMALLEST_PERCENT}%"
+
+
 def safe_url(url: str) -> bool:
     """An http(s) URL or a relative path; anything else (another scheme, entities hiding one, a
     protocol-relative //host) is not."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any
 
 import pandas as pd
 
-from flagperf.results.markup import md_text
+from flagperf.results.markup import md_text, number, percent
 from flagperf.results.metrics import coefficient_of_variation
 from flagperf.results.plotting import save_png
 from flagperf.results.schema import RESULT_FILE, UPPER_ESTIMATE, RoundResult, read_result
@@ -320,7 +321,7 @@ def _speedup_text(impl: str, found: dict[str, Any]) -> str:
 def _spread_text(entry: dict[str, Any]) -> str:
     if entry.get("iteration_spread") is None:
         return "-"
-    text = f"±{_pct(entry['iteration_spread'])} (max ±{_pct(entry['iteration_spread_max'])})"
+    text = f"{_pct(entry['iteration_spread'], '±')} (max {_pct(entry['iteration_spread_max'], '±')})"
     floor = entry.get("near_clock_floor")
     return text + (f"; **{floor} near the clock's floor**" if floor else "")
 
@@ -376,11 +377,11 @@ def share_of_measured(point: PointFigures, base: dict[str, tuple[str, float]]) -
 
 
 def _num(value: float | None, digits: int = 4) -> str:
-    return "-" if value is None else f"{value:.{digits}g}"
+    return number(value, digits)
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
+def _pct(value: float | None, sign: str = "") -> str:
+    return percent(value, sign=sign)
 
 
 def _estimate(estimated: bool | None) -> str:
@@ -410,12 +411,12 @@ def point_cell(point: PointFigures | None, base: dict[str, tuple[str, float]]) -
         return "**FAILED**"
     if point.status == "skipped" or point.value is None or point.latency is None:
         return "skipped"
-    latency = f"{point.latency * 1e3:.4g} ms"
+    latency = f"{number(point.latency * 1e3)} ms"
     if point.iteration_spread is not None:
-        latency += f" ±{_pct(point.iteration_spread)}"
+        latency += f" {_pct(point.iteration_spread, '±')}"
     if point.rounds_spread is not None:
-        latency += f" (rounds ±{_pct(point.rounds_spread)})"
-    parts = [f"{point.value:.4g} {point.bound_unit}", latency]
+        latency += f" (rounds {_pct(point.rounds_spread, '±')})"
+    parts = [f"{number(point.value)} {point.bound_unit}", latency]
     if point.near_clock_floor:
         floor = max(point.clock_floors, default=0.0)
         parts.append(f"**near the clock's floor** ({floor * 1e6:.3g} us, {_pct(floor / point.latency)} of it)")
@@ -431,7 +432,7 @@ def _within_noise(ratio: float, point: PointFigures | None, index: dict[tuple[st
     """' (within ±x%)' where a speed-up is inside the larger spread of its two points: no change to read."""
     base = index.get((point.case, point.operator, point.dtype, point.shape, BASELINE)) if point else None
     spreads = [s for p in (point, base) if p is not None and (s := p.spread) is not None]
-    return f" (within ±{_pct(max(spreads))})" if spreads and abs(ratio - 1) <= max(spreads) else ""
+    return f" (within {_pct(max(spreads), '±')})" if spreads and abs(ratio - 1) <= max(spreads) else ""
 
 
 def operator_section(case: str, operator: str, points: list[PointFigures], index: dict[tuple[str, ...], PointFigures],
@@ -481,7 +482,7 @@ def operation_markdown(run_dir: Path, rows: pd.DataFrame | None = None) -> list[
     summary = geomean_speedups(collected)
     if summary:
         lines += ["### Geometric-mean speed-up against native, over every operator", "",
-                  "| dtype | implementation | geomean | min | max | points | failed | skipped |",
+                  "| dtype | implementation | geomean speed-up (x) | min (x) | max (x) | points | failed | skipped |",
                   "|---|---|---|---|---|---|---|---|"]
         lines += [f"| {s['dtype']} | {md_text(s['implementation'])} | {_num(s['geomean'], 3)} | "
                   f"{_num(s['min'], 3)} | {_num(s['max'], 3)} | {s['points']} | {s['failed']} | {s['skipped']} |"
@@ -501,29 +502,81 @@ def operation_markdown(run_dir: Path, rows: pd.DataFrame | None = None) -> list[
     return lines
 
 
-def plot_speedups(plt: Any, run_dir: Path, out: Path) -> Path | None:
-    """Speed-up against native per operator and dtype (geometric mean over shapes), a bar per implementation."""
-    collected = collect_points(run_dir)
+def speedup_bars(collected: list[PointFigures]) -> dict[tuple[str, str], dict[str, list[float]]]:
+    """(operator, dtype) -> implementation -> its speed-ups against native over the shapes both passed; every
+    (operator, dtype) an implementation other than native ran is there, with no speed-up where none passed."""
     index = point_index(collected)
     bars: dict[tuple[str, str], dict[str, list[float]]] = {}
     for p in collected:
+        if p.implementation == BASELINE or p.status == "skipped":
+            continue
+        found = bars.setdefault((p.operator, p.dtype), {}).setdefault(p.implementation, [])
         s = speedup(p, index)
-        if p.implementation != BASELINE and s is not None and s > 0:
-            bars.setdefault((p.operator, p.dtype), {}).setdefault(p.implementation, []).append(s)
-    if not bars:
+        if s is not None and s > 0:
+            found.append(s)
+    return bars
+
+
+def failed_everywhere(collected: list[PointFigures], key: tuple[str, str], implementation: str) -> bool:
+    """Every point the implementation ran at this (operator, dtype) failed."""
+    ran = [p.status for p in collected if (p.operator, p.dtype) == key and p.implementation == implementation
+           and p.status != "skipped"]
+    return bool(ran) and all(status == "failed" for status in ran)
+
+
+def speedups_left_out(collected: list[PointFigures]) -> str | None:
+    """What the speed-up plot leaves out and why, in words (None: nothing): the points that failed (per
+    implementation), those whose native run failed (no speed-up to take) and those skipped."""
+    index = point_index(collected)
+    failed: dict[str, int] = {}
+    no_native = skipped = 0
+    for p in collected:
+        if p.implementation == BASELINE:
+            continue
+        if p.status == "failed":
+            failed[p.implementation] = failed.get(p.implementation, 0) + 1
+        elif p.status == "skipped":
+            skipped += 1
+        elif speedup(p, index) is None:
+            no_native += 1
+    parts = []
+    if failed:
+        count = sum(failed.values())
+        parts.append(f"{count} failed point{'s' if count > 1 else ''} ("
+                     + ", ".join(f"{impl} {n}" for impl, n in sorted(failed.items())) + ")")
+    if no_native:
+        parts.append(f"{no_native} point{'s' if no_native > 1 else ''} whose native run failed or was skipped")
+    if skipped:
+        parts.append(f"{skipped} skipped (not run)")
+    return f"left out: {'; '.join(parts)}; each is listed in the report's Operators section" if parts else None
+
+
+def plot_speedups(plt: Any, collected: list[PointFigures], out: Path) -> Path | None:
+    """Speed-up against native per operator and dtype (geometric mean over shapes), a bar per implementation;
+    an implementation with no speed-up at an operator and dtype is marked there (failed, or no native), and what
+    the plot leaves out is said under it."""
+    bars = speedup_bars(collected)
+    if not any(values for per in bars.values() for values in per.values()):
         return None
     labels = [f"{op}\n{dtype}" for op, dtype in bars]
     impls = sorted({impl for per in bars.values() for impl in per})
     width = 0.8 / len(impls)
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(labels) + 2), 4))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(labels) + 2), 4.4))
     for i, impl in enumerate(impls):
-        heights = [math.exp(statistics.fmean(math.log(v) for v in per[impl])) if impl in per else 0.0
-                   for per in bars.values()]
-        ax.bar([x + i * width for x in range(len(labels))], heights, width, label=impl)
+        xs = [x + i * width for x in range(len(labels))]
+        heights = [geomean(per.get(impl) or []) for per in bars.values()]
+        ax.bar(xs, [h if h is not None else 0.0 for h in heights], width, label=impl)
+        for x, height, key in zip(xs, heights, bars, strict=True):
+            if height is None and impl in bars[key]:  # ran there, but no speed-up: never a bar of 0
+                mark = "FAILED" if failed_everywhere(collected, key, impl) else "no speed-up"
+                ax.text(x, 0.02, mark, rotation=90, fontsize=6, ha="center", va="bottom", color="tab:red")
     ax.axhline(1.0, color="black", linewidth=1)
     ax.set_xticks([x + width * (len(impls) - 1) / 2 for x in range(len(labels))])
     ax.set_xticklabels(labels, fontsize=6, rotation=90)
-    ax.set_ylabel("speed-up against native (geomean over shapes)")
+    ax.set_ylabel("speed-up against native (x, geomean over shapes)")
+    note = speedups_left_out(collected)
+    ax.set_xlabel("operator, dtype" + ("\n" + "\n".join(textwrap.wrap(note, 110)) if note else ""), fontsize=7,
+                  color="tab:red" if note else "black")
     ax.set_title("operators: speed-up against native (above 1: faster)", fontsize=9)
     ax.legend(fontsize=7)
     return save_png(plt, fig, out)

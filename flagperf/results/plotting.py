@@ -22,11 +22,13 @@ def pyplot() -> ModuleType | None:
     return plt
 
 
-def save_png(plt: Any, fig: Any, out: Path) -> Path:
-    """Write the figure as out (laid out, 110 dpi) and close it; a full disk leaves no half-written PNG."""
+def save_png(plt: Any, fig: Any, out: Path, *, title_inches: float = 0.0) -> Path:
+    """Write the figure as out (laid out, 110 dpi) and close it; a full disk leaves no half-written PNG.
+    title_inches: room kept at the top for the figure's suptitle, which tight_layout does not lay out."""
     from flagperf.results.schema import atomic_path
 
-    fig.tight_layout()
+    height = fig.get_size_inches()[1]
+    fig.tight_layout(rect=(0.0, 0.0, 1.0, max(0.5, 1.0 - title_inches / height)))
     try:
         with atomic_path(out) as tmp:
             fig.savefig(tmp, dpi=110, format="png")

@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import html
 import re
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from flagperf.results.analysis import read_monitors
-from flagperf.results.markup import markdown_to_html
+from flagperf.results.markup import markdown_to_html, percent
 from flagperf.results.operators import FAMILY as OPERATION
-from flagperf.results.operators import plot_speedups
+from flagperf.results.operators import collect_points, plot_speedups, speedups_left_out
 from flagperf.results.plotting import NOT_DRAWN, pyplot, save_png
 from flagperf.results.schema import read_result, write_text_atomic
-from flagperf.results.serving import serving_plots
+from flagperf.results.serving import is_serving_point, serving_plots
 from flagperf.results.summary import (
     REPORT_MD,
     ROUND_FOLDER,
@@ -39,7 +40,7 @@ def plot_measured_vs_peak(plt: Any, summary: RunSummary, out: Path) -> Path | No
     entries = [e for e in headline_figures(summary.headline) if e["ratio"] is not None]
     if not entries:
         return None
-    fig, ax = plt.subplots(figsize=(8, 0.5 * len(entries) + 1.2))
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(entries) + 1.6))
     labels = [f"{e['case']}\n{e['metric']}" for e in entries]
     ratios = [100 * e["ratio"] for e in entries]
     estimated = [e.get("peak_bound") == "lower" for e in entries]  # an upper estimate: drawn apart, labelled ≤
@@ -49,18 +50,21 @@ def plot_measured_vs_peak(plt: Any, summary: RunSummary, out: Path) -> Path | No
     ax.axvline(100, color="black", linewidth=1)
     ax.set_xlim(0, max(115.0, max(ratios) * 1.12))
     for i, (r, est) in enumerate(zip(ratios, estimated, strict=True)):
-        ax.text(r, i, f" {'≤ ' if est else ''}{r:.1f}%", va="center", fontsize=8)
+        ax.text(r, i, f" {'≤ ' if est else ''}{percent(r / 100)}", va="center", fontsize=8)
     ax.set_xlabel("measured / peak (%)")
     legend = "red: above the spec table's peak" + ("; orange: against an estimated peak (a lower bound), an upper "
                                                      "estimate" if any(estimated) else "")
-    ax.set_title(f"{summary.run_id}: measured vs peak ({legend})", fontsize=9)
+    ax.set_title("\n".join(textwrap.wrap(f"{summary.run_id}: measured vs peak ({legend})", 100)), fontsize=9)
     ax.invert_yaxis()
     save_png(plt, fig, out)
     return out
 
 
 def plot_per_round(plt: Any, summary: RunSummary, out: Path) -> Path | None:
+    """A panel per case and figure, a bar per round; operation points and generate points (tens of figures in a
+    sweep) have their own plots."""
     rows = summary.rows[summary.rows["metric"].notna() & (summary.rows["family"] != OPERATION)]
+    rows = rows[[not is_serving_point(row) for row in rows[["family", "metric"]].to_dict("records")]]
     groups = list(rows.groupby(["case", "metric"], sort=False))
     if not groups:
         return None
@@ -76,13 +80,18 @@ def plot_per_round(plt: Any, summary: RunSummary, out: Path) -> Path | None:
             ax.axhline(float(peak.iloc[0]), color="black", linestyle="--", linewidth=1, label="peak")
             ax.legend(fontsize=7)
         ax.set_title(f"{case} / {metric}", fontsize=8)
-        ax.set_ylabel(str(group["unit"].iloc[0]), fontsize=8)
+        ax.set_ylabel(unit_label(group["unit"].iloc[0]), fontsize=8)
         ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(groups):]:
         ax.axis("off")
-    fig.suptitle(f"{summary.run_id}: throughput per round", fontsize=9)
-    save_png(plt, fig, out)
+    fig.suptitle(f"{summary.run_id}: each figure per round (its unit on the y axis)", fontsize=9)
+    save_png(plt, fig, out, title_inches=0.35)
     return out
+
+
+def unit_label(unit: object) -> str:
+    """A y axis's label: the figure's unit, or that the case gave none (a bare number is no figure to read)."""
+    return str(unit) if isinstance(unit, str) and unit else "no unit given by the case"
 
 
 def plot_timeline(plt: Any, round_folder: Path, title: str, out: Path) -> Path | None:
@@ -135,14 +144,16 @@ def make_plots(run_dir: Path, summary: RunSummary) -> list[tuple[str, Path]] | N
     plots_dir.mkdir(exist_ok=True)
     made: list[tuple[str, Path]] = []
     for title, fn, name in (("Measured vs peak", plot_measured_vs_peak, "measured_vs_peak.png"),
-                            ("Throughput per round", plot_per_round, "throughput_per_round.png")):
+                            ("Each figure per round", plot_per_round, "throughput_per_round.png")):
         path = fn(plt, summary, plots_dir / name)
         if path:
             made.append((title, path))
     made += serving_plots(plt, run_dir, plots_dir, summary.rows)
-    speedups = plot_speedups(plt, run_dir, plots_dir / "operator_speedups.png")
+    operation_points = collect_points(run_dir)
+    speedups = plot_speedups(plt, operation_points, plots_dir / "operator_speedups.png")
     if speedups:
-        made.append(("Operators: speed-up against native", speedups))
+        left_out = speedups_left_out(operation_points)
+        made.append(("Operators: speed-up against native" + (f" ({left_out})" if left_out else ""), speedups))
     folders = sorted(p.parent for p in run_dir.glob("*/round*/*_noderank*/result.json")
                      if ROUND_FOLDER.fullmatch(p.parent.name))
     for folder in folders[:MAX_TIMELINES]:

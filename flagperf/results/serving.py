@@ -29,7 +29,8 @@ from typing import Any
 import pandas as pd
 
 from flagperf.results.bounded import read_bounded
-from flagperf.results.markup import md_text
+from flagperf.results.markup import md_text, percent
+from flagperf.results.markup import number as figure_text
 from flagperf.results.plotting import save_png
 from flagperf.results.schema import RESULT_FILE, UPPER_ESTIMATE, read_result
 
@@ -172,12 +173,15 @@ def _round_folders(run_dir: Path) -> Iterable[tuple[Path, Any]]:
             yield path.parent, result
 
 
-def serving_points(run_dir: Path, rows: pd.DataFrame | None = None) -> list[ServingPoint]:
-    """Every point of the run's generate cases, ordered by case, then concurrency points, then rates."""
+def serving_points(run_dir: Path, rows: pd.DataFrame | None = None,
+                   loaded: Iterable[tuple[Path, Any]] | None = None) -> list[ServingPoint]:
+    """Every point of the run's generate cases, ordered by case, then concurrency points, then rates. loaded: the
+    run's (round folder, result) pairs where the caller has read them already (else they are read here)."""
     points: dict[tuple[str, str], ServingPoint] = {}
     values: dict[tuple[str, str], dict[str, list[tuple[float | None, ...]]]] = {}
     servers: dict[tuple[str, str], list[dict[str, float]]] = {}
-    for folder, result in _round_folders(run_dir):
+    rounds = _round_folders(run_dir) if loaded is None else ((f, r) for f, r in loaded if r.family == FAMILY)
+    for folder, result in rounds:
         per_label: dict[str, list[Any]] = {}
         for m in result.metrics:
             match = POINT_METRIC.match(m.name)
@@ -341,7 +345,7 @@ def slo_text(slo: dict[str, Any] | None) -> str:
 
 
 def _num(value: float | None, scale: float = 1.0, digits: int = 4) -> str:
-    return "-" if value is None else f"{value * scale:.{digits}g}"
+    return "-" if value is None else figure_text(value * scale, digits)
 
 
 def _ms(seconds: float | None) -> str:
@@ -369,7 +373,7 @@ def _requests(point: ServingPoint) -> str:
                                                             ("token_count_mismatches", "count mismatch"))
                 if k in point.counts]
     if problems and point.counts.get("failed_requests") and point.failed_share is not None:
-        problems[0] += f" = {100 * point.failed_share:.3g} %"  # the failed count comes first
+        problems[0] += f" = {percent(point.failed_share)}"  # the failed count comes first
     if point.failed_point:
         rounds = "" if point.failed_point_rounds == point.rounds else \
             f" in {point.failed_point_rounds} of {point.rounds} rounds"
@@ -392,7 +396,7 @@ def _goodput(point: ServingPoint) -> str:
     if point.goodput is None:
         return "-"
     fraction = point.figure("goodput_fraction")
-    return f"{point.goodput:.4g}" + (f" ({100 * fraction:.3g} %)" if fraction is not None else "")
+    return figure_text(point.goodput) + (f" ({percent(fraction)})" if fraction is not None else "")
 
 
 def _quality(point: ServingPoint) -> str:
@@ -403,9 +407,9 @@ def _quality(point: ServingPoint) -> str:
 def _mfu(point: ServingPoint) -> str:
     mfu = point.figure("output_tokens_per_s", "mfu")
     if mfu is not None and point.mfu_estimated:  # against an estimated peak (a lower bound): an upper estimate
-        return f"{UPPER_ESTIMATE}{100 * mfu:.3g}%" + (" (above 100 % of the estimated peak, a lower bound)"
-                                                       if mfu > 1 else "")
-    return "-" if mfu is None else f"{100 * mfu:.3g}%" + (" (above 100 %: check the peak)" if mfu > 1 else "")
+        return f"{UPPER_ESTIMATE}{percent(mfu)}" + (" (above 100 % of the estimated peak, a lower bound)"
+                                                    if mfu > 1 else "")
+    return percent(mfu) + (" (above 100 %: check the peak)" if mfu is not None and mfu > 1 else "")
 
 
 def _rounds(point: ServingPoint) -> str:
@@ -417,8 +421,8 @@ def is_serving_point(entry: dict[str, Any]) -> bool:
     return entry.get("family") == FAMILY and POINT_METRIC.match(str(entry.get("metric", ""))) is not None
 
 
-CONSOLE_HEADER = ["case", "point", "completed/failed", "completed req/s", "output tok/s",
-                  "TTFT ms p50/p99", "TPOT ms p50/p99", "goodput req/s (fraction)"]
+CONSOLE_HEADER = ["case", "point", "requests completed/failed", "completed requests/s", "output tokens/s",
+                  "TTFT ms p50/p99", "TPOT ms p50/p99", "goodput requests/s (fraction)"]
 
 
 def console_rows(points: list[ServingPoint]) -> list[tuple[list[str], bool]]:
@@ -437,18 +441,38 @@ def console_rows(points: list[ServingPoint]) -> list[tuple[list[str], bool]]:
     return rows
 
 
+DIGEST_TITLE = ("LLM serving, one row per point (cN: N requests in flight, closed loop; rR: R requests/s offered, "
+                "open loop); means over rounds, request counts summed. Every figure of every point is in the LLM "
+                "serving section below and in summary.csv.")
+
+
+def serving_digest(points: list[ServingPoint]) -> list[str]:
+    """The console's compact view as Markdown, for the report's head: a row per point instead of a headline row
+    per figure (those have no peak); nothing when the run has no generate point."""
+    if not points:
+        return []
+    rows = []
+    for (case, label, done, *figures), marked in console_rows(points):  # a failed or flagged point in bold
+        rows.append([md_text(case), md_text(label), f"**{done}**" if marked else done, *figures])
+    return [DIGEST_TITLE, "", *_table(CONSOLE_HEADER, rows), ""]
+
+
 def _p50_p99(point: ServingPoint, what: str) -> str:
     if point.figure(what, "p50") is None:
         return "-"
     return f"{_ms(point.figure(what, 'p50'))}/{_ms(point.figure(what, 'p99'))}"
 
 
-THROUGHPUT_HEADER = ["case", "concurrency", "offered rate/s", "requests (failed, truncated, empty, mismatched)",
-                     "output tokens/s", "per device", "per user", "interactivity", "completed req/s",
-                     "goodput req/s (fraction)", "SLO p99", "MFU", "J per token", "quality", "rounds"]
-LATENCY_HEADER = ["case", "concurrency", "offered rate/s", "TTFT ms p50/p90/p99", "TPOT ms p50/p90/p99",
-                  "ITL ms p50/p90/p99", "E2EL ms p50/p90/p99"]
-SERVER_HEADER = ["case", "concurrency", "offered rate/s", "output tokens: server (client)", "requests: server (client)",
+# Every column says its unit; latencies are in ms here (summary.csv keeps the metrics' s: ttft_s, ...).
+THROUGHPUT_HEADER = ["case", "concurrency (requests in flight)", "offered rate (requests/s)",
+                     "requests (failed, truncated, empty, mismatched)", "output tokens/s", "output tokens/s per device",
+                     "tokens/s per user", "interactivity (tokens/s per user: 1 / mean TPOT)", "completed requests/s",
+                     "goodput requests/s (fraction)", "SLO p99", "MFU (%)", "J per output token",
+                     "quality (0 to 1)", "rounds"]
+LATENCY_HEADER = ["case", "concurrency (requests in flight)", "offered rate (requests/s)", "TTFT ms p50/p90/p99",
+                  "TPOT ms p50/p90/p99", "ITL ms p50/p90/p99", "E2EL ms p50/p90/p99"]
+SERVER_HEADER = ["case", "concurrency (requests in flight)", "offered rate (requests/s)",
+                 "output tokens per round: server (client)", "requests per round: server (client)",
                  "TTFT ms mean: server (client)", "TPOT ms mean: server (client)", "E2EL ms mean: server (client)"]
 
 
@@ -488,8 +512,8 @@ def serving_markdown(run_dir: Path, rows: pd.DataFrame | None) -> list[str]:
         frontier = slo_frontier(mine)
         line = f"- **{case}**: engine {first.served_as}; SLO: {slo_text(first.slo)}"
         if frontier is not None:
-            line += (f"; SLO frontier: {frontier.label}, {frontier.per_device:.4g} output tokens/s per device at "
-                     f"{_num(frontier.interactivity)} tokens/s per user")
+            line += (f"; SLO frontier: {frontier.label}, {_num(frontier.per_device)} output tokens/s per device "
+                     f"at {_num(frontier.interactivity)} tokens/s per user")
         elif any(p.slo_met is not None for p in mine):
             line += "; no point met the SLO"
         lines.append(line)

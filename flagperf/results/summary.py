@@ -29,7 +29,7 @@ from flagperf.results.analysis import (
 from flagperf.results.bounded import read_json_file
 from flagperf.results.chipstate import CHIP_COLUMNS, headline_state, render_chip_section, window_columns
 from flagperf.results.faults import BOUNDED_NOTE, find_faults
-from flagperf.results.markup import md_text
+from flagperf.results.markup import md_text, number, percent
 from flagperf.results.metrics import STATISTICS, coefficient_of_variation
 from flagperf.results.operators import (
     is_operation,
@@ -48,7 +48,13 @@ from flagperf.results.schema import (
     write_json_atomic,
     write_text_atomic,
 )
-from flagperf.results.serving import serving_markdown
+from flagperf.results.serving import (
+    ServingPoint,
+    is_serving_point,
+    serving_digest,
+    serving_markdown,
+    serving_points,
+)
 
 SUMMARY_CSV = "summary.csv"
 ROUND_FOLDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*_noderank\d+")
@@ -89,6 +95,8 @@ class RunSummary:
     device_spread: list[dict[str, Any]] = field(default_factory=list)  # per host: min, median, max over devices
     # operation cases: one entry per operator (flagperf/results/operators.py), shown instead of a row per point
     operators: list[dict[str, Any]] = field(default_factory=list)
+    # generate cases: one entry per point (flagperf/results/serving.py), shown compact instead of a row per figure
+    serving: list[ServingPoint] = field(default_factory=list)
 
     @property
     def all_succeeded(self) -> bool:
@@ -246,7 +254,7 @@ def _mfu_peak(metric: Metric) -> str | None:
     if metric.mfu is None or peak is None or peak.value is None:
         return None
     estimated = f"; a lower bound: {peak.bound_reason}" if peak.estimated else ""
-    return f"the {metric.mfu_peak_key} peak, {peak.value:.4g} {peak.unit} ({peak.source}{estimated})"
+    return f"the {metric.mfu_peak_key} peak, {number(peak.value)} {peak.unit} ({peak.source}{estimated})"
 
 
 def _clean(value: Any) -> Any:
@@ -338,13 +346,14 @@ def summarize(run_dir: Path) -> RunSummary:
             context.update({"engine_version": prov.engine_version, "git_revision": prov.git_revision,
                             "git_dirty": prov.git_dirty, "source_digest": prov.source_digest, "python": prov.python,
                             "torch": prov.libraries.get("torch"), "prefect": prov.libraries.get("prefect"),
-                            "command": prov.command, "image": prov.image.get("status")})
+                            "command": prov.command, "image": prov.image.get("status"),
+                            "image_reason": prov.image.get("reason")})
     return RunSummary(run_id=run_dir.name, rows=rows, headline=headline, not_measured=not_measured,
                       counts=counts, problems=problems, context=context, monitor_notes=placed_notes(notes),
                       scaling=scaling_table(rows), faults=find_faults(run_dir, loaded, headline),
                       progress=run_progress(run_dir, results),
                       retried=retried_rounds(run_dir, results), device_spread=spread_over_devices(rows),
-                      operators=operator_summaries(points_of(results)))
+                      operators=operator_summaries(points_of(results)), serving=serving_points(run_dir, rows, loaded))
 
 
 def run_progress(run_dir: Path, results: list[RoundResult]) -> dict[str, Any]:
@@ -445,24 +454,46 @@ def _max(series: pd.Series) -> float | None:
 
 
 def fmt(value: Any, digits: int = 4) -> str:
+    """A figure to ``digits`` significant digits, written out (24540, never 2.454e+04) from 1e-4 up to 1e15."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     if isinstance(value, float):
-        return f"{value:.{digits}g}"
+        return number(value, digits)
     return str(value)
 
 
 def fmt_pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"
+    """A share (of a peak, of a figure) as the reports print every percentage (markup.percent)."""
+    return percent(value)
 
 
 def headline_cells(entry: dict[str, Any]) -> list[str]:
-    spread = f"±{entry['spread_cv']:.1%} ({entry['spread_over']})" if entry["spread_cv"] is not None else "-"
-    peak = f"{fmt(entry['peak'])} {entry['peak_unit']}" if entry["peak"] is not None else "unknown"
+    spread = f"{percent(entry['spread_cv'], sign='±')} ({entry['spread_over']})" if entry["spread_cv"] is not None \
+        else "-"
+    peak = f"{fmt(entry['peak'])} {entry['peak_unit']}" if entry["peak"] is not None else peak_missing(entry)
     measured = ("≥ " if entry.get("lower_bound") else "") + fmt(entry["value"])  # a bound by design, said
-    return [entry["case"], md_text(entry["metric"]), measured, md_text(entry["unit"]), fmt(entry["p50"]), spread, peak,
+    return [entry["case"], md_text(entry["metric"]), measured, unit_cell(entry["unit"]), fmt(entry["p50"]), spread,
+            peak,
             ratio_cell(entry), mfu_cell(entry.get("mfu"), estimated=bool(entry.get("mfu_estimated"))),
             str(entry["rounds"]), entry.get("statistic") or "-"]
+
+
+PEAK_UNITS = ("TFLOPS", "TOPS", "GB/s")  # the units a spec table gives peaks in (GiB: capacity, with its source)
+
+
+def peak_missing(entry: dict[str, Any]) -> str:
+    """The peak cell of a figure without one: "unknown" where a peak was looked for (its source says why none) or
+    the unit is one a spec table has peaks in; "-" where none applies (a latency, a time, an accuracy, items/s,
+    whose MFU has its own peak)."""
+    return "unknown" if entry.get("peak_source") or entry.get("unit") in PEAK_UNITS else "-"
+
+
+NO_UNIT = "(none given)"
+
+
+def unit_cell(unit: Any) -> str:
+    """A figure's unit as the tables show it; a case that gave none is said to have (a bare number is no figure)."""
+    return md_text(unit) if isinstance(unit, str) and unit else NO_UNIT
 
 
 def ratio_cell(entry: dict[str, Any]) -> str:
@@ -504,11 +535,29 @@ def estimated_peak_lines(figures: list[dict[str, Any]]) -> list[str]:
     return [*lines, ""] if reasons else lines
 
 
+# What to do about a warning, by what it says (the first that matches); a warning no entry knows gets the last.
+WARNING_STEPS = (
+    ("outlying chunks", "a few slow or fast chunks dominate the total: look at the round's utilisation plot for "
+                        "another load on the host, then run again with more rounds (--rounds) or a longer measuring "
+                        "window (--set CASE.KEY=VALUE, the case's config.yaml names its keys) on an idle host"),
+    ("requests", "requests failed, were truncated or miscounted: the LLM serving section lists the points and the "
+                 "first error; each request is in the round's requests.jsonl, the server's log in case.log"),
+    ("MFU", "the MFU is not to be read plainly: check the case's FLOPs per item and the peak it is against "
+            "(How these numbers were made)"),
+)
+OTHER_WARNING_STEP = "the round's case.log (in its round folder) says more; run the case again once it is explained"
+
+
 def render_warnings(summary: RunSummary) -> list[str]:
-    """Figures a reader should not take plainly (the case said why: headline far from the median, MFU)."""
-    lines = [f"- {e['case']} / {md_text(e['metric'])}: {md_text(w)}" for e in summary.headline
-             for w in e.get("warnings", [])]
-    return ["## Warnings", "", *lines, ""] if lines else []
+    """Figures a reader should not take plainly (the case said why: headline far from the median, MFU), and what
+    to do about each kind."""
+    warned = [(e, str(w)) for e in summary.headline for w in e.get("warnings", [])]
+    if not warned:
+        return []
+    lines = [f"- {e['case']} / {md_text(e['metric'])}: {md_text(w)}" for e, w in warned]
+    steps = dict.fromkeys(next((step for key, step in WARNING_STEPS if key in w), OTHER_WARNING_STEP)
+                          for _, w in warned)
+    return ["## Warnings", "", *lines, "", "Next steps:", "", *[f"- {step}" for step in steps], ""]
 
 
 HEADLINE_HEADER = ["case", "metric", "measured", "unit", "p50", "spread (CV)", "peak", "measured/peak", "MFU",
@@ -521,6 +570,23 @@ def headline_figures(headline: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The headline entries shown a row each: every family's but the operation points, which the reports show
     a row per operator (RunSummary.operators) and a table per operator."""
     return [e for e in headline if not is_operation(e)]
+
+
+def headline_rows(headline: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The headline table's rows: headline_figures less the generate points' figures without a known peak (a
+    sweep has tens of them, each "unknown"), which the reports show a row per point (serving_digest) and in
+    full in the LLM serving section; summary.csv and summary.json keep every figure."""
+    return [e for e in headline_figures(headline) if not is_serving_point(e) or e["peak"] is not None]
+
+
+SERVING_MONITOR_FIGURE = "output_tokens_per_s@"  # a point's figures share its window: one row per point, per token
+
+
+def monitor_entries(headline: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The power and memory table's rows: a row per figure, but a generate point's once (its output tokens/s,
+    whose energy per work is J per output token), not once per figure over the same window."""
+    return [e for e in headline_figures(headline)
+            if not is_serving_point(e) or str(e["metric"]).startswith(SERVING_MONITOR_FIGURE)]
 
 
 def operation_monitor_entries(headline: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -567,8 +633,10 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | str | N
             git += f", source {ctx['source_digest']}"
         lines += [f"- vendor **{ctx['vendor']}**, device {ctx.get('device') or 'unknown'}, "
                   f"hosts {', '.join(ctx['hosts'])}",
-                  f"- engine {ctx.get('engine_version')} at git {git}; python {ctx.get('python')}, "
-                  f"torch {ctx.get('torch')}, prefect {ctx.get('prefect') or '-'}; image {ctx.get('image')}",
+                  f"- engine {ctx.get('engine_version') or 'unknown'} at git {git}; python "
+                  f"{ctx.get('python') or 'unknown'}, torch {ctx.get('torch') or 'unknown'}, prefect "
+                  f"{ctx.get('prefect') or '-'}; image {ctx.get('image') or 'not recorded'}"
+                  + (f" ({md_text(ctx['image_reason'])})" if ctx.get("image_reason") else ""),
                   f"- command: `{(ctx.get('command') or '-').replace('`', chr(39))}`"]
     progress = summary.progress
     stopped = progress.get("interrupted") if progress else None
@@ -579,11 +647,13 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | str | N
     lines += [f"- rounds: {c['rounds']}" + (f" of {progress['planned']} planned" if progress else "")
               + f" ({c['success']} succeeded, {c['unsupported']} unsupported, {c['failed']} failed)", ""]
     figures = headline_figures(summary.headline)
-    if figures:
+    shown = headline_rows(summary.headline)
+    if shown:
         lines += ["| " + " | ".join(HEADLINE_HEADER) + " |", "|" + "---|" * len(HEADLINE_HEADER)]
-        lines += ["| " + " | ".join(headline_cells(e)) + " |" for e in figures]
+        lines += ["| " + " | ".join(headline_cells(e)) + " |" for e in shown]
         lines.append("")
-        lines += estimated_peak_lines(figures)
+    lines += serving_digest(summary.serving)
+    lines += estimated_peak_lines(figures)
     if summary.operators:
         lines += [OPERATORS_INTRO, "", *operator_table(summary.operators)]
         if any(e.get("best_roofline_estimated") for e in summary.operators):
@@ -630,14 +700,7 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | str | N
                   "table's last column; docs: What a run gives you, Conventions); spread = coefficient of variation "
                   "across rounds, or across chunks for a single round.", "",
                   *[f"- statistic **{s}**: {STATISTICS[s]}" for s in used], *([""] if used else [])]
-        for e in figures:
-            peak = e["peak_source"] or f"none in {e['unit']}"
-            if e.get("peak_bound") == "lower":
-                peak += f"; an estimate, a lower bound of the real peak: {e['peak_bound_reason']}"
-            mfu = f"; MFU against {e['mfu_peak']}" if e.get("mfu_peak") else ""
-            lines.append(f"- {e['case']} / {e['metric']}: {e['convention'] or 'no counting convention'}; "
-                         f"peak: {peak}{mfu}")
-        lines.append("")
+        lines += [*method_lines(figures), ""]
     if isinstance(plots, str):
         lines += ["## Plots", "", plots, ""]
     elif plots:
@@ -647,19 +710,50 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | str | N
     return "\n".join(lines)
 
 
+# Where a case stated no convention for a figure: what the figure is by its statistic, in the glossary's words.
+NO_CONVENTION = {
+    "rate": "no counting convention stated by the case; a throughput as docs/results.md (Conventions) defines it",
+    "mean": "no counting convention stated by the case; a latency or mean over events as docs/results.md "
+            "(Conventions) defines it",
+    "single": "one measurement, or one figure derived from others (no counting convention needed)",
+    "": "no counting convention stated by the case",
+}
+
+
+def method_lines(figures: list[dict[str, Any]]) -> list[str]:
+    """Each figure's convention and peak source, a line each; a generate case's points share one line per
+    figure ("ttft_s at c1, c2, r4"), as its figures are counted alike at every point."""
+    grouped: dict[tuple[str, ...], list[str]] = {}
+    for e in figures:
+        peak = e["peak_source"] or (f"none in {e['unit']}" if isinstance(e["unit"], str) and e["unit"] else "none")
+        if e.get("peak_bound") == "lower":
+            peak += f"; an estimate, a lower bound of the real peak: {e['peak_bound_reason']}"
+        mfu = f"; MFU against {e['mfu_peak']}" if e.get("mfu_peak") else ""
+        metric, point = str(e["metric"]), None
+        if is_serving_point(e):
+            metric, point = metric.rsplit("@", 1)
+        convention = e["convention"] or NO_CONVENTION.get(str(e.get("statistic")), NO_CONVENTION[""])
+        key = (str(e["case"]), metric, str(point is not None), md_text(convention), md_text(peak + mfu))
+        grouped.setdefault(key, [])
+        if point is not None:
+            grouped[key].append(point)
+    return [f"- {md_text(case)} / {md_text(metric)}" + (f" at {', '.join(points)}" if points else "")
+            + f": {convention}; peak: {peak}" for (case, metric, _, convention, peak), points in grouped.items()]
+
+
 def render_devices(spread: list[dict[str, Any]]) -> list[str]:
     """Every device of every host: the host's min, median and max per metric, and each device's figure."""
     if not spread:
         return []
     lines = ["## Every device", "", "Each host's devices measured one process each; min names the lowest device.",
-             "", "| case | metric | round | host | devices | min (device) | median | max | per device |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "", "| case | metric | unit | round | host | devices | min (device) | median | max | per device |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for e in spread:
         uuid = f", {e['min_device_uuid']}" if e["min_device_uuid"] else ""
         lowest = f"{fmt(e['min'])} (device {e['min_device']}{uuid})"
         each = ", ".join(f"{d}: {fmt(v)}" for d, v in sorted(e["per_device"].items()))
-        lines.append(f"| {e['case']} | {e['metric']} | {e['round']} | {e['host']} | {e['devices']} | {lowest} | "
-                     f"{fmt(e['median'])} | {fmt(e['max'])} {e['unit']} | {each} |")
+        lines.append(f"| {e['case']} | {md_text(e['metric'])} | {md_text(e['unit'])} | {e['round']} | {e['host']} | "
+                     f"{e['devices']} | {lowest} | {fmt(e['median'])} | {fmt(e['max'])} | {each} |")
     return [*lines, ""]
 
 
@@ -694,9 +788,9 @@ def render_max_achievable(headline: list[dict[str, Any]]) -> list[str]:
     return [*lines, ""]
 
 
-MONITOR_HEADER = ["case", "metric", "avg power W", "max power W", "energy per work", "energy source",
-                  "CPU util %", "peak host memory GiB (of total)", "peak case memory GiB", "accel util %",
-                  "peak accel memory GiB (of total)"]
+MONITOR_HEADER = ["case", "figures (those of one timed region share a row)", "avg power W", "max power W",
+                  "energy per work", "energy source", "CPU util %", "peak host memory GiB (of total)",
+                  "peak case memory GiB", "accel util %", "peak accel memory GiB (of total)"]
 
 
 def _gib(value: float | None, total: float | None = None) -> str:
@@ -725,15 +819,67 @@ def case_memory_cell(e: dict[str, Any]) -> str:
     return "-"
 
 
+def monitor_rows(entries: list[dict[str, Any]]) -> list[list[str]]:
+    """The power and memory table's rows: a case's figures measured over the same region (the same cells: a
+    round's one-off times, a family's figures timed together) share one row that names them all."""
+    grouped: dict[tuple[str, ...], list[str]] = {}
+    for e in entries:
+        case, metric, *rest = monitor_cells(e)
+        grouped.setdefault((case, *rest), []).append(md_text(metric))
+    return [[case, ", ".join(metrics), *rest] for (case, *rest), metrics in grouped.items()]
+
+
 def render_monitor_section(summary: RunSummary) -> list[str]:
     lines = ["## Power, energy and memory over each timed region", ""]
     lines += ["| " + " | ".join(MONITOR_HEADER) + " |", "|" + "---|" * len(MONITOR_HEADER)]
-    lines += ["| " + " | ".join(monitor_cells(e)) + " |"
-              for e in [*headline_figures(summary.headline), *operation_monitor_entries(summary.headline)]]
+    lines += ["| " + " | ".join(cells) + " |"
+              for cells in monitor_rows([*monitor_entries(summary.headline),
+                                         *operation_monitor_entries(summary.headline)])]
     lines.append("")
     if summary.monitor_notes:
         lines += [f"- {note}" for note in summary.monitor_notes] + [""]
     return lines if summary.headline else []
+
+
+# Every abbreviation and unit symbol the report may use (a pattern that finds it, and what it means): the report
+# ends with those it used, so that a reader outside the lab reads each the same way (docs/results.md, Conventions).
+ABBREVIATIONS = (
+    (r"\bCV\b", "CV", "coefficient of variation: standard deviation / mean, across rounds (or timed chunks)"),
+    (r"\bp(?:10|50|90|95|99)\b", "p10, p50, p90, p99", "percentiles: p50 is the median, p99 the value 99 % of the "
+                                                     "events are at or below"),
+    (r"\bMFU\b", "MFU", "model FLOPs utilisation: the model's FLOPs per second on one device / that device's dense "
+                        "peak for the precision"),
+    (r"\bFLOPs?\b|\bTFLOPS\b", "FLOP, TFLOPS", "floating-point operations (a multiply-add counts 2); TFLOPS = "
+                                                  "10^12 FLOP per second"),
+    (r"\bTOPS\b", "TOPS", "10^12 integer operations per second"),
+    (r"\bGB/s\b", "GB/s", "10^9 bytes per second"),
+    (r"\bGiB\b", "GiB", "2^30 bytes"),
+    (r"\bms\b|\bus\b", "ms, us", "milliseconds, microseconds (a figure's unit column says which it is in)"),
+    (r"\bW\b|\bJ\b", "W, J", "watts (power), joules (energy)"),
+    (r"\bPSS\b|\bUSS\b|\bRSS\b", "PSS, USS, RSS", "proportional set size (memory shared between processes "
+                                                   "split between them), unique set size (the processes' own), "
+                                                   "resident set size (shared pages counted in every process)"),
+    (r"\bTTFT\b", "TTFT", "time to first token: from sending a request to its first output token"),
+    (r"\bTPOT\b", "TPOT", "time per output token: a request's (E2EL - TTFT) / (output tokens - 1)"),
+    (r"\bITL\b", "ITL", "inter-token latency: every gap between two output tokens, pooled over the requests"),
+    (r"\bE2EL\b", "E2EL", "end-to-end latency: from sending a request to its last output token"),
+    (r"\bSLO\b", "SLO", "service-level objective: the p99 TTFT and TPOT bounds a serving point must meet, with no "
+                         "failed request"),
+    (r"\bc\d+\b|\br\d[0-9.]*\b", "cN, rR", "a serving point: N requests in flight (closed loop), or R requests "
+                                          "per second offered (open loop)"),
+    (r"\b(?:fp|bf)(?:64|32|16|8)\b|\btf32\b|\bint8\b", "fp32, fp16, bf16, tf32, fp8, int8",
+     "number formats: IEEE floats of 32 and 16 bits, bfloat16, TensorFloat-32, 8-bit floats, 8-bit integers"),
+    (r"\bdtype\b", "dtype", "the number format an operator ran in"),
+    (r"\d(?:\.\d+)?x\b", "x (after a number)", "a speed-up factor: native's latency / the implementation's"),
+    (r"noderank\d", "HOST_noderankK", "a round's folder and plots: the host, and its node rank K in a multi-node "
+                                     "job (0 on one host)"),
+)
+
+
+def abbreviation_lines(text: str) -> list[str]:
+    """The glossary of the abbreviations and unit symbols ``text`` uses; nothing when it uses none."""
+    used = [f"- **{name}**: {meaning}" for pattern, name, meaning in ABBREVIATIONS if re.search(pattern, text)]
+    return ["## Abbreviations and units", "", *used, ""] if used else []
 
 
 def write_summary(run_dir: Path, summary: RunSummary, plots: list[tuple[str, Path]] | str | None = None
@@ -743,7 +889,7 @@ def write_summary(run_dir: Path, summary: RunSummary, plots: list[tuple[str, Pat
     write_json_atomic(paths["json"], summary.to_json())
     text = render_markdown(summary, plots) + "\n".join(["", *serving_markdown(run_dir, summary.rows),
                                                          *operation_markdown(run_dir, summary.rows)])
-    write_text_atomic(paths["markdown"], text)
+    write_text_atomic(paths["markdown"], "\n".join([text, *abbreviation_lines(text)]))
     return paths
 
 

@@ -160,4 +160,4 @@ def test_the_summary_keeps_a_row_per_device_with_its_own_monitor_figures(tmp_pat
     assert spread["min_device_uuid"] == "GPU-bbbb" and spread["per_device"] == {0: 700.0, 1: 640.0}
     report = render_markdown(summary)
     assert "## Every device" in report
-    assert "| computation-BF16 | gemm_bf16 | 1 | h1 | 2 | 640 (device 1, GPU-bbbb) | 670 | 700 TFLOPS |" in report
+    assert "| computation-BF16 | gemm_bf16 | TFLOPS | 1 | h1 | 2 | 640 (device 1, GPU-bbbb) | 670 | 700 |" in report

@@ -215,6 +215,19 @@ def test_every_point_is_in_its_operators_table_and_failures_show(full_run: tuple
     assert "<strong>FAILED</strong>" in html and html.count("<h3>op-") == len(OPERATORS)
 
 
+def test_the_speedup_plot_says_which_points_it_leaves_out(full_run: tuple[Path, dict[str, int]]) -> None:
+    """A failed point has no speed-up: the plot (and its caption in the report) says how many it left out and
+    where they are listed, instead of a plot that reads as if every point had been measured."""
+    run_dir, _ = full_run
+    report = (run_dir / "report.md").read_text(encoding="utf-8")
+    caption = re.search(r"^### Operators: speed-up against native \((.*)\)$", report, flags=re.M)
+    assert caption is not None, "the plot's caption names nothing left out"
+    assert caption[1].startswith("left out: 5 failed points (compile 1, flaggems 4); ")
+    assert "; 8 skipped (not run); " in caption[1]  # fp8 mm's 4 shapes x compile and flaggems (native: no bar)
+    assert caption[1].endswith("each is listed in the report's Operators section")
+    assert (run_dir / "plots" / "operator_speedups.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_other_families_keep_their_headline(full_run: tuple[Path, dict[str, int]], tmp_path: Path) -> None:
     run_dir, _ = full_run
     alone = tmp_path / "run-base"
@@ -230,7 +243,7 @@ def test_other_families_keep_their_headline(full_run: tuple[Path, dict[str, int]
     mixed = (run_dir / "report.md").read_text(encoding="utf-8")
     assert len(headline(base_report)) == 3 and headline(mixed) == headline(base_report)
     made = mixed[mixed.index("## How these numbers were made"):mixed.index("## Plots")]
-    assert "- computation-FP32 / gemm_fp32: 2*M*N*K per GEMM" in made and "@native" not in made
+    assert "- computation-FP32 / gemm_fp32: 2\\*M\\*N\\*K per GEMM" in made and "@native" not in made
     assert OPERATORS_INTRO not in base_report and "## Operators" not in base_report
 
 

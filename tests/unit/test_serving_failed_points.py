@@ -119,9 +119,9 @@ def test_a_point_whose_every_request_failed_fails_the_round_and_is_shown_failed(
     report = "\n".join(serving_markdown(run_dir, None))
     assert "**Failed points**" in report and "- tiny-llama-serve c2: 4 of 4 requests failed; the first: HTTP 503" \
         in report
-    assert "| tiny-llama-serve | 2 | - | 4 (4 failed = 100 %) **failed point** | - | - |" in report
+    assert "| tiny-llama-serve | 2 | - | 4 (4 failed = 100.0%) **failed point** | - | - |" in report
     assert "| - | **failed** |" in report  # its SLO verdict
-    assert "| tiny-llama-serve | 1 | - | 4 (1 failed = 25 %, 0 truncated, 0 empty, 0 count mismatch) **flagged** |" \
+    assert "| tiny-llama-serve | 1 | - | 4 (1 failed = 25.0%, 0 truncated, 0 empty, 0 count mismatch) **flagged** |" \
         in report
     assert "Flagged points: more than 1% of the requests failed" in report and "tiny-llama-serve c1." in report
 

@@ -152,9 +152,9 @@ def test_the_report_shows_every_point_its_counts_the_slo_frontier_and_the_plots(
     assert "or some were truncated, empty or miscounted; their figures count the successful requests only: " \
            "serve-case c4." in md
     rows = [line for line in md.splitlines() if line.startswith("| serve-case | 4 | - |")]
-    assert rows[0].startswith("| serve-case | 4 | - | 4 (1 failed = 25 %, 1 truncated, 0 empty, 0 count mismatch) "
+    assert rows[0].startswith("| serve-case | 4 | - | 4 (1 failed = 25.0%, 1 truncated, 0 empty, 0 count mismatch) "
                               "**flagged** | 6.5 | 3.25 |")
-    assert "| 1.5 (75 %) | **missed** |" in rows[0]
+    assert "| 1.5 (75.0%) | **missed** |" in rows[0]
     assert "| serve-case | 2 | - | 4 (0 failed, 0 truncated, 0 empty, 0 count mismatch) | 20 | 10 |" in md
     assert "| met | - | 5 | ROUGE-L 0.75, exact match 0.5 | 1 |" in md  # SLO, MFU, J per token, quality, rounds
     assert "| serve-case | - | 0.5 |" in md
@@ -348,8 +348,8 @@ def test_an_mfu_against_an_estimated_peak_is_an_upper_estimate(tmp_path: Path) -
         (point,) = serving_points(run)
         assert point.mfu_estimated is (name == "lower")
         cells[name] = _mfu(point)
-    assert cells == {"lower": "≤ 120% (above 100 % of the estimated peak, a lower bound)",
-                     "exact": "120% (above 100 %: check the peak)"}
+    assert cells == {"lower": "≤ 120.0% (above 100 % of the estimated peak, a lower bound)",
+                     "exact": "120.0% (above 100 %: check the peak)"}
 
 
 def test_the_console_shows_a_row_per_point_and_figures_only_beside_a_known_peak(serving_run: Path) -> None:
@@ -365,6 +365,37 @@ def test_the_console_shows_a_row_per_point_and_figures_only_beside_a_known_peak(
     assert "LLM serving, one row per point" in shown.output
     rows = [" ".join(line.replace("│", " ").split()) for line in shown.output.splitlines()]
     # case, point, completed/failed, requests/s, output tok/s, TTFT ms p50/p99, TPOT ms p50/p99, goodput
-    assert "serve-case c2 4/0 4 20 100/100 50/50 4 (100 %)" in rows
-    assert "serve-case c4 3/1 flagged 1.5 6.5 200/200 80/80 1.5 (75 %)" in rows
+    assert "serve-case c2 4/0 4 20 100/100 50/50 4 (100.0%)" in rows
+    assert "serve-case c4 3/1 flagged 1.5 6.5 200/200 80/80 1.5 (75.0%)" in rows
     assert "batch-case c2 2/0 4 16 100/100 50/50 -" in rows
+
+
+def test_report_md_shows_a_row_per_point_not_an_unknown_peak_row_per_figure(serving_run: Path) -> None:
+    """report.md's head had a headline row per figure of every point (tens in a sweep, each peak "unknown"): it has
+    the console's compact view instead, a row per point; summary.csv keeps every figure."""
+    import pandas as pd
+
+    _, paths = build_report(serving_run)
+    md = paths["markdown"].read_text()
+    head = md.split("## LLM serving (generate)")[0]
+    assert "@c2" not in head.split("## How these numbers were made")[0].replace("output_tokens_per_s@", "")
+    assert not [line for line in head.splitlines() if line.startswith("| serve-case | ttft_s@")]
+    assert "LLM serving, one row per point" in head
+    assert "| serve-case | c2 | 4/0 | 4 | 20 | 100/100 | 50/50 | 4 (100.0%) |" in head
+    assert "| serve-case | c4 | **3/1 flagged** |" in head  # a flagged point stands out
+    # The power table: one row per point (its output tokens/s carries the point's window), not one per figure.
+    power = head.split("## Power, energy and memory")[1].split("\n## ")[0]
+    assert "| serve-case | output_tokens_per_s@c2 | 100 |" in power and "ttft_s@c2" not in power
+    # How the figures were made: one line per figure over the points, not one per figure and point.
+    assert "- serve-case / ttft_s at c2, c4, r0.5: " in head
+    # Nothing is lost: summary.csv has every figure of every point.
+    written = {m.name for m in json_metrics(serving_run / "serve-case/round1/h1_noderank0/result.json")}
+    in_csv = set(pd.read_csv(paths["csv"]).query("case == 'serve-case'")["metric"])
+    assert written and written <= in_csv
+    assert "LLM serving, one row per point" in paths["html"].read_text()
+
+
+def json_metrics(path: Path) -> list[Metric]:
+    from flagperf.results.schema import read_result
+
+    return read_result(path).metrics
