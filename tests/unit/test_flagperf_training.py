@@ -120,6 +120,27 @@ def test_a_vendors_python_scale_file_is_read_not_run(tmp_path: Path, make_case) 
         plan_run(cases=["pyscale"], sets=["nproc_per_node=2"], results_dir=tmp_path)
 
 
+@pytest.mark.parametrize(("line", "expected"), [
+    ("train_batch_size = 16", "train_batch_size: unknown key (FlagPerf's name; this case's key is batch_size)"),
+    ("dist_backend = 'nccl'", "dist_backend: unknown key (FlagPerf's setting has no counterpart here: the backend "
+                              "follows the device"),
+    ("no_such_setting = 1", "no_such_setting: unknown key"),
+])
+def test_flagperf_setting_names_in_a_scale_file_name_the_key_to_write(tmp_path: Path, make_case, line: str,
+                                                                       expected: str) -> None:
+    """A vendor's config_A100x1x8.py brought from FlagPerf uses the benchmark's names: each is refused as a key
+    this case lacks (not as an immutable one), with the key to write where there is one."""
+    folder = make_case("pyscale", family="training", configurations=SCALE_CASE, bench=SCALE_BENCH,
+                       manifest_extra={"family": "training", "mutable": ["nnodes", "nproc_per_node", "batch_size"]})
+    scale = folder / "vendor" / "cpu" / "config_cpux1x2.py"
+    scale.parent.mkdir(parents=True)
+    scale.write_text(f"{line}\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        plan_run(cases=["pyscale"], sets=["nproc_per_node=2"], results_dir=tmp_path)
+    assert expected in str(caught.value) and "config_cpux1x2.py" in str(caught.value)
+    assert "mutable" not in str(caught.value)
+
+
 @pytest.mark.parametrize(("body", "expected"), [
     ("import os\n", "conf.py:2: an import of os: only top-level NAME = literal assignments are read"),
     ("from os import path\n", "conf.py:2: an import of path from os:"),
