@@ -82,6 +82,9 @@ def _plans_scale_rounds_and_data_dir(tmp_path: Path, data: Path) -> None:
     assert digits.origins["nproc_per_node"] == inv.source
     assert resnet.config["data_dir"] == str(data)
     assert any("/data/none is mounted, not read: digits-mlp reads no data dir" in n for n in inv.notes)
+    test_conf = write_confs(tmp_path / "config", '{"llama-pretrain:pytorch:cpu:1:1:3": "/data/tokens"}')
+    assert any("/data/tokens is mounted, not read: llama-pretrain reads a file (data_path), not a data dir"
+               in n for n in load_training_conf(test_conf).notes)
 
 
 SCALE_CASE = {"nnodes": 1, "nproc_per_node": 1, "batch_size": 8, "lr": 0.1, "timeout_s": 60, "max_retries": 0}
