@@ -73,7 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     if "setup_distributed" in hooks:  # the vendor's collective library (the backend's name only)
         backend = str(hooks["setup_distributed"](device_type, backend))
     if world_size > 1:
-        dist.init_process_group(backend=backend, timeout=timedelta(seconds=max(60, int(config.timeout_s))))
+        # Said before and after: a rank whose peers never arrive (a closed port, a node that did not start)
+        # waits here for the whole timeout, and its log's last line then says where it waited.
+        meeting = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        rank = os.environ.get("RANK", "0")
+        timeout_s = max(60, int(config.timeout_s))
+        print(f"flagperf: rank {rank} of {world_size} joining the process group at {meeting} ({backend}, waiting up "
+              f"to {timeout_s} s for every rank)", flush=True)
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+        print(f"flagperf: rank {rank} joined the process group at {meeting}", flush=True)
     torch.manual_seed(config.seed)
     ctx = TrainingContext(config, device=device, hooks={k: v for k, v in hooks.items() if k != "setup_distributed"})
     if "setup_distributed" in hooks:

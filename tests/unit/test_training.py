@@ -56,6 +56,9 @@ def test_digits_converges(tmp_path: Path, nproc: int) -> None:
         assert tuple(log.finished()[rank]) == FINISHED_KEYS
         assert set(log.events["rank"]) == {rank}
         assert (TEARDOWN_MARKER in (out / f"rank{rank}.out.log").read_text()) is (nproc > 1)
+        # where the processes met, so a rank left waiting for its peers says so in its log's tail
+        assert (f"rank {rank} joined the process group at 127.0.0.1:"
+                in (out / f"rank{rank}.out.log").read_text()) is (nproc > 1)
 
 
 # digits-mlp's own training, with rank 1 aborted (SIGABRT, as a C++ library's std::terminate does) at one of two
