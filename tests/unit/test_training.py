@@ -165,6 +165,24 @@ def test_where_it_stopped(tmp_path: Path) -> None:
     assert where_it_stopped(parse_text("")) == "no PerfLog event was written (it stopped during start-up)"
 
 
+def test_a_rank_that_never_met_its_peers_says_where_it_waited(tmp_path: Path) -> None:
+    """A 2-node round whose ranks never meet (MASTER_ADDR:MASTER_PORT unreachable from a node) ends with torch's
+    timeout and no PerfLog event: the round's failure names the address it waited at, not only "start-up"."""
+    log = tmp_path / "rank1.out.log"
+    log.write_text("flagperf: rank 1 of 2 joining the process group at 10.231.0.11:29501 (gloo, waiting up to 600 s "
+                   "for every rank)\n[E1125 07:06:01 socket.cpp:1028] [c10d] The client socket has timed out after "
+                   "600000ms while trying to connect to (10.231.0.11, 29501).\n", encoding="utf-8")
+    metrics, convergence, problem = launch.training_result(tmp_path, first_rank=1)
+    assert (metrics, convergence) == ([], None)
+    assert problem is not None and problem.startswith(
+        "no FINISHED event in rank1.out.log: it never joined the process group at 10.231.0.11:29501 (")
+    with log.open("a") as out:  # it did join: then it stopped before any event, as before
+        out.write("flagperf: rank 1 joined the process group at 10.231.0.11:29501\n")
+    assert launch.never_joined(log) is None
+    assert launch.training_result(tmp_path, first_rank=1)[2] == (
+        "no FINISHED event in rank1.out.log: no PerfLog event was written (it stopped during start-up)")
+
+
 def test_vendor_may_change_only_mutable_keys() -> None:
     with pytest.raises(ConfigError) as info:
         merge_vendor_overrides({"hidden": 128, "lr": 0.05}, {}, {"hidden": 256}, defaults_source="case.yaml",
