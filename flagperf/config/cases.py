@@ -28,6 +28,7 @@ from pydantic import BaseModel, ValidationError, field_validator
 from flagperf.config.casecode import code_runs, read_case_module
 from flagperf.config.engines import INFERENCE_ENGINES, declared_options
 from flagperf.config.files import given_name, inside, is_present, read_config_text, regular_file
+from flagperf.config.flagperf_keys import flagperf_key_hint
 from flagperf.config.models import (
     CASE_FOLDER,
     CaseConfig,
@@ -248,11 +249,12 @@ def _apply_scale_file(case: CaseDef, merged: MergedConfig, vendor: str, hardware
     for key, value in values.items():
         if key in ("nnodes", "nproc_per_node") and value != final[key]:
             raise ConfigError(source, key, f"{value!r} contradicts the file name ({path.name})")
+        if key not in merged.values:  # before the mutable rule: a key the case lacks is not an immutable one
+            hint = flagperf_key_hint(key, frozenset(merged.values))
+            raise ConfigError(source, key, f"unknown key ({hint})" if hint else "unknown key")
         problem = vendor_key_problem(key, merged.parameters, case.manifest.mutable)
         if problem:
             raise ConfigError(source, key, problem)
-        if key not in merged.values:
-            raise ConfigError(source, key, "unknown key")
         if type(merged.values[key]) is type(value) and merged.values[key] == value:
             raise ConfigError(source, key, f"sets the value it already has ({value!r}); remove the line")
         merged.vendor_changes[key] = (merged.values[key], value)

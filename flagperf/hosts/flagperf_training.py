@@ -260,9 +260,12 @@ def _cases(test: LiteralFile, vendor: str, host_count: int) -> list[_CaseEntry]:
             raise ConfigError(where, f"CASES.{key}", str(exc)) from None
         mapped = TRAINING_MODELS.get(model)
         if mapped is None and model in training:
-            has_data_dir = "data_dir" in load_case(model, known).manifest.configurations
-            mapped = TrainingModel(model, data_key="data_dir" if has_data_dir else None,
-                                   data_note=f"{model} reads no data dir")
+            own_keys = load_case(model, known).manifest.configurations
+            # A case that reads a file (data_path) says so: "reads no data dir" would read as "needs no data".
+            mapped = TrainingModel(model, data_key="data_dir" if "data_dir" in own_keys else None,
+                                   data_note=f"{model} reads a file (data_path), not a data dir; without it, "
+                                             "synthetic data, marked so" if "data_path" in own_keys
+                                   else f"{model} reads no data dir")
         if mapped is None:
             raise ConfigError(where, f"CASES.{key}", f"no training case for model {model!r} (FlagPerf models mapped "
                                                      f"here: {', '.join(sorted(TRAINING_MODELS))}; training cases: "

@@ -28,6 +28,8 @@ from flagperf.results.schema import Convergence, Metric, Peak
 EXIT_WORKER_FAILED = 70
 USER_ERROR_PREFIX = "flagperf user error: "  # how a process says its input was wrong (see user_error)
 TEARDOWN_MARKER = "flagperf: every rank has finished; leaving the process group"
+JOINING = "joining the process group at "  # the worker's line before it meets its peers (flagperf.training.worker)
+JOINED = "joined the process group at "
 TEARDOWN_GRACE_S = 30.0  # how long the others may take to leave the group once one has crashed in it
 LOG_END_BYTES = 1024 * 1024  # of a rank's output read for its last lines or the teardown marker
 
@@ -87,6 +89,20 @@ def finished_before_crash(log: Path) -> bool:
         return TEARDOWN_MARKER in (read_end(log, LOG_END_BYTES) or "")  # printed last: its end holds it
     except OSError:
         return False
+
+
+def never_joined(log: Path) -> str | None:
+    """Where a process waited for its peers, when its output says it began to join the process group and never
+    did (a node that did not start, or MASTER_ADDR:MASTER_PORT not reachable from every node); else None."""
+    try:
+        text = read_end(log, LOG_END_BYTES) or ""
+    except OSError:
+        return None
+    if JOINING not in text or JOINED in text:
+        return None
+    where = text.rsplit(JOINING, 1)[1].split(" ", 1)[0]
+    return (f"it never joined the process group at {where} (every node must start and reach that address and "
+            "port: MASTER_PORT free on the first host, no firewall between the hosts)")
 
 
 def output_tail(log: Path, lines: int = 40) -> str:
@@ -160,7 +176,9 @@ def launch(job: Job, out_dir: Path, nnodes: int, nproc: int, master_port: int,
         blamed = min(failing, key=lambda i: (failing[i] >= 0, failing[i] != EXIT_USER_ERROR, i))
         rank, code = first_rank + blamed, failing[blamed]
         others = "".join(f"; rank {first_rank + i} exited {c}" for i, c in sorted(failing.items()) if i != blamed)
-        failure = f"rank {rank} exited {code} before the final barrier (see {logs[blamed].name}){others}"
+        waited = never_joined(logs[blamed])
+        failure = (f"rank {rank} exited {code} before the final barrier (see {logs[blamed].name})"
+                   f"{f': {waited}' if waited else ''}{others}")
         print(f"a process of this node failed: rank {rank} exited {code}; the end of {logs[blamed].name}:\n"
               f"{output_tail(logs[blamed])}", flush=True)
         return NodeExit(EXIT_USER_ERROR if code == EXIT_USER_ERROR else EXIT_WORKER_FAILED, failure=failure)
@@ -226,7 +244,8 @@ def training_result(out_dir: Path, first_rank: int) -> tuple[list[Metric], Conve
     log = parse_file(path)
     finished = log.finished().get(first_rank)
     if finished is None:
-        return [], None, f"no FINISHED event in {path.name}: {where_it_stopped(log)}"
+        waited = never_joined(path)
+        return [], None, f"no FINISHED event in {path.name}: {waited or where_it_stopped(log)}"
     metrics = [
         Metric(name="training_throughput", value=finished["training_throughput"] or 0.0,
                unit=finished["throughput_unit"], measured_seconds=finished["raw_train_time"],

@@ -21,7 +21,7 @@ from flagperf.config.job import Job
 from flagperf.errors import EXIT_USER_ERROR, CaseUserError, ConfigError, missing_extra
 from flagperf.measure.hostmemory import keep_freed_host_memory
 from flagperf.training.driver import TrainingContext
-from flagperf.training.launch import USER_ERROR_PREFIX, leave_process_group
+from flagperf.training.launch import JOINED, JOINING, USER_ERROR_PREFIX, leave_process_group
 
 
 def usable_cores() -> int:
@@ -73,7 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     if "setup_distributed" in hooks:  # the vendor's collective library (the backend's name only)
         backend = str(hooks["setup_distributed"](device_type, backend))
     if world_size > 1:
-        dist.init_process_group(backend=backend, timeout=timedelta(seconds=max(60, int(config.timeout_s))))
+        # Said before and after: a rank whose peers never arrive (a closed port, a node that did not start)
+        # waits here for the whole timeout, and its log's last line then says where it waited.
+        meeting = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        rank = os.environ.get("RANK", "0")
+        timeout_s = max(60, int(config.timeout_s))
+        print(f"flagperf: rank {rank} of {world_size} {JOINING}{meeting} ({backend}, waiting up to {timeout_s} s "
+              "for every rank)", flush=True)
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+        print(f"flagperf: rank {rank} {JOINED}{meeting}", flush=True)
     torch.manual_seed(config.seed)
     ctx = TrainingContext(config, device=device, hooks={k: v for k, v in hooks.items() if k != "setup_distributed"})
     if "setup_distributed" in hooks:

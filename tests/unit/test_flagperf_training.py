@@ -82,6 +82,9 @@ def _plans_scale_rounds_and_data_dir(tmp_path: Path, data: Path) -> None:
     assert digits.origins["nproc_per_node"] == inv.source
     assert resnet.config["data_dir"] == str(data)
     assert any("/data/none is mounted, not read: digits-mlp reads no data dir" in n for n in inv.notes)
+    test_conf = write_confs(tmp_path / "config", '{"llama-pretrain:pytorch:cpu:1:1:3": "/data/tokens"}')
+    assert any("/data/tokens is mounted, not read: llama-pretrain reads a file (data_path), not a data dir"
+               in n for n in load_training_conf(test_conf).notes)
 
 
 SCALE_CASE = {"nnodes": 1, "nproc_per_node": 1, "batch_size": 8, "lr": 0.1, "timeout_s": 60, "max_retries": 0}
@@ -118,6 +121,27 @@ def test_a_vendors_python_scale_file_is_read_not_run(tmp_path: Path, make_case) 
     scale.with_suffix(".yaml").write_text("batch_size: 16\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=r"config_cpux1x2\.py: config_cpux1x2\.yaml is there too"):
         plan_run(cases=["pyscale"], sets=["nproc_per_node=2"], results_dir=tmp_path)
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ("train_batch_size = 16", "train_batch_size: unknown key (FlagPerf's name; this case's key is batch_size)"),
+    ("dist_backend = 'nccl'", "dist_backend: unknown key (FlagPerf's setting has no counterpart here: the backend "
+                              "follows the device"),
+    ("no_such_setting = 1", "no_such_setting: unknown key"),
+])
+def test_flagperf_setting_names_in_a_scale_file_name_the_key_to_write(tmp_path: Path, make_case, line: str,
+                                                                       expected: str) -> None:
+    """A vendor's config_A100x1x8.py brought from FlagPerf uses the benchmark's names: each is refused as a key
+    this case lacks (not as an immutable one), with the key to write where there is one."""
+    folder = make_case("pyscale", family="training", configurations=SCALE_CASE, bench=SCALE_BENCH,
+                       manifest_extra={"family": "training", "mutable": ["nnodes", "nproc_per_node", "batch_size"]})
+    scale = folder / "vendor" / "cpu" / "config_cpux1x2.py"
+    scale.parent.mkdir(parents=True)
+    scale.write_text(f"{line}\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        plan_run(cases=["pyscale"], sets=["nproc_per_node=2"], results_dir=tmp_path)
+    assert expected in str(caught.value) and "config_cpux1x2.py" in str(caught.value)
+    assert "mutable" not in str(caught.value)
 
 
 @pytest.mark.parametrize(("body", "expected"), [

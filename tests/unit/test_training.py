@@ -56,6 +56,9 @@ def test_digits_converges(tmp_path: Path, nproc: int) -> None:
         assert tuple(log.finished()[rank]) == FINISHED_KEYS
         assert set(log.events["rank"]) == {rank}
         assert (TEARDOWN_MARKER in (out / f"rank{rank}.out.log").read_text()) is (nproc > 1)
+        # where the processes met, so a rank left waiting for its peers says so in its log's tail
+        assert (f"rank {rank} joined the process group at 127.0.0.1:"
+                in (out / f"rank{rank}.out.log").read_text()) is (nproc > 1)
 
 
 # digits-mlp's own training, with rank 1 aborted (SIGABRT, as a C++ library's std::terminate does) at one of two
@@ -160,6 +163,24 @@ def test_where_it_stopped(tmp_path: Path) -> None:
     text = where_it_stopped(parse_file(path))
     assert "STEP_END (epoch 2, step 20" in text and "2 epoch(s) begun" in text
     assert where_it_stopped(parse_text("")) == "no PerfLog event was written (it stopped during start-up)"
+
+
+def test_a_rank_that_never_met_its_peers_says_where_it_waited(tmp_path: Path) -> None:
+    """A 2-node round whose ranks never meet (MASTER_ADDR:MASTER_PORT unreachable from a node) ends with torch's
+    timeout and no PerfLog event: the round's failure names the address it waited at, not only "start-up"."""
+    log = tmp_path / "rank1.out.log"
+    log.write_text("flagperf: rank 1 of 2 joining the process group at 10.231.0.11:29501 (gloo, waiting up to 600 s "
+                   "for every rank)\n[E1125 07:06:01 socket.cpp:1028] [c10d] The client socket has timed out after "
+                   "600000ms while trying to connect to (10.231.0.11, 29501).\n", encoding="utf-8")
+    metrics, convergence, problem = launch.training_result(tmp_path, first_rank=1)
+    assert (metrics, convergence) == ([], None)
+    assert problem is not None and problem.startswith(
+        "no FINISHED event in rank1.out.log: it never joined the process group at 10.231.0.11:29501 (")
+    with log.open("a") as out:  # it did join: then it stopped before any event, as before
+        out.write("flagperf: rank 1 joined the process group at 10.231.0.11:29501\n")
+    assert launch.never_joined(log) is None
+    assert launch.training_result(tmp_path, first_rank=1)[2] == (
+        "no FINISHED event in rank1.out.log: no PerfLog event was written (it stopped during start-up)")
 
 
 def test_vendor_may_change_only_mutable_keys() -> None:
