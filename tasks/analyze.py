@@ -18,7 +18,7 @@ from flagperf.paths import RESULTS_ROOT_ENV, RESULTS_URL_ENV
 from flagperf.results.diagnosis import Diagnosis
 from flagperf.results.diagnosis import render_markdown as render_diagnosis
 from flagperf.results.report import build_report
-from flagperf.results.summary import HEADLINE_HEADER, RunSummary, headline_cells, render_markdown
+from flagperf.results.summary import HEADLINE_HEADER, RunSummary, headline_cells, headline_rows, render_markdown
 
 
 def published_url(run_dir: Path) -> str | None:
@@ -75,7 +75,8 @@ def analyze(run_dir: Path) -> RunSummary | None:
         logger.warning(problem)
     for note in summary.monitor_notes:
         logger.info("monitors: %s", note)
-    table = [dict(zip(HEADLINE_HEADER, headline_cells(e), strict=True)) for e in summary.headline]
+    # A serving sweep's figures without a peak are left out (a row per point is in the report artifact below)
+    table = [dict(zip(HEADLINE_HEADER, headline_cells(e), strict=True)) for e in headline_rows(summary.headline)]
     table += [{"case": e["case"], "metric": "-", "measured": e["status"], "unit": "", "p50": "", "spread (CV)": "",
                "peak": "", "measured/peak": e["message"][:200], "MFU": "", "rounds": f"round {e['round']}"}
               for e in summary.not_measured]

@@ -28,8 +28,9 @@ from flagperf.errors import FlagperfError
 from flagperf.results.compare import HEADER as COMPARE_HEADER
 from flagperf.results.compare import OPERATION_NOTE, SPREAD_NOTE, compare_runs
 from flagperf.results.history import figure_trend, list_series
-from flagperf.results.operators import OPERATOR_HEADER, is_operation, operator_cells
-from flagperf.results.summary import HEADLINE_HEADER, OPERATORS_INTRO, headline_cells
+from flagperf.results.operators import OPERATOR_HEADER, operator_cells
+from flagperf.results.serving import CONSOLE_HEADER, DIGEST_TITLE, console_rows, serving_points
+from flagperf.results.summary import HEADLINE_HEADER, OPERATORS_INTRO, headline_cells, headline_rows
 from flagperf.site import trends as drawing
 from flagperf.site.auth import Credentials, SignInThrottle
 from flagperf.site.runs import PLOT_TYPES, PLOTS, RUN_FILES, list_runs, plot_names, read_served, run_folder, run_info
@@ -132,13 +133,16 @@ def create_app(root: Path, credentials: Credentials | None, history_url: str | N
         if folder is None:
             return not_found(f"no run {run_id}")
         info = run_info(folder)
-        # The same grouping as report.md: a row per figure, but a row per operator for operation cases.
-        headline = [headline_cells(e) for e in info.summary.get("headline") or [] if not is_operation(e)]
+        # The same grouping as report.md: a row per figure, but a row per operator for operation cases and a row
+        # per point for serving sweeps (their figures have no peak: tens of "unknown" rows otherwise).
+        headline = [headline_cells(e) for e in headline_rows(info.summary.get("headline") or [])]
+        serving = console_rows(serving_points(folder))
         operators = [(operator_cells(e), bool(e.get("failed"))) for e in info.summary.get("operators") or []]
         files = [name for name in RUN_FILES if read_served(root, run_id, name) is not None]
         logs = f"{ui_url.rstrip('/')}/runs/flow-run/{info.flow_run_id}" if ui_url and info.flow_run_id else None
         return page("run.html", title=run_id, run=info, logs=logs, header=HEADLINE_HEADER, headline=headline,
                     operator_header=OPERATOR_HEADER, operators=operators, operators_intro=OPERATORS_INTRO,
+                    serving_header=CONSOLE_HEADER, serving=serving, serving_intro=DIGEST_TITLE,
                     not_measured=info.summary.get("not_measured") or [], plots=plot_names(folder), files=files)
 
     def run_file(request: Request) -> Response:

@@ -399,3 +399,31 @@ def json_metrics(path: Path) -> list[Metric]:
     from flagperf.results.schema import read_result
 
     return read_result(path).metrics
+
+
+def test_the_sites_run_page_shows_a_row_per_serving_point_not_a_row_per_figure(serving_run: Path,
+                                                                                tmp_path: Path) -> None:
+    """As report.md: the headline keeps only the serving figures with a known peak; the points are one row
+    each in their own table (c4, with a failed request, marked)."""
+    import re
+    import shutil
+
+    from starlette.testclient import TestClient
+
+    from flagperf.results.summary import summarize, write_summary
+    from flagperf.site.app import create_app
+
+    root = tmp_path / "results"
+    run = root / serving_run.name
+    shutil.copytree(serving_run, run)
+    write_summary(run, summarize(run))
+    page = TestClient(create_app(root, None)).get(f"/runs/{run.name}/")
+    assert page.status_code == 200
+    headline = page.text.split('<table id="headline">')[1].split("</table>")[0] \
+        if '<table id="headline">' in page.text else ""  # no serving figure of this run has a known peak
+    assert "ttft_s@" not in headline and "unknown" not in headline
+    serving = page.text.split('<table id="serving">')[1].split("</table>")[0]
+    rows = re.findall(r"<tr( class=\"bad\")?><td>([^<]*)</td><td>([^<]*)</td>", serving)
+    assert {(case, point) for _, case, point in rows} >= {("serve-case", "c2"), ("serve-case", "c4"),
+                                                          ("serve-case", "r0.5")}
+    assert [point for bad, case, point in rows if bad] == ["c4"]
