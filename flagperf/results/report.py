@@ -64,7 +64,8 @@ def plot_per_round(plt: Any, summary: RunSummary, out: Path) -> Path | None:
     """A panel per case and figure, a bar per round; operation points and generate points (tens of figures in a
     sweep) have their own plots."""
     rows = summary.rows[summary.rows["metric"].notna() & (summary.rows["family"] != OPERATION)]
-    rows = rows[[not is_serving_point(row) for row in rows[["family", "metric"]].to_dict("records")]]
+    # .loc: a plain [] with an empty list (no figure at all) would select no columns, not no rows
+    rows = rows.loc[[not is_serving_point(row) for row in rows[["family", "metric"]].to_dict("records")]]
     groups = list(rows.groupby(["case", "metric"], sort=False))
     if not groups:
         return None
