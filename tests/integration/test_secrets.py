@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 import uuid
 from pathlib import Path
 
@@ -120,3 +121,82 @@ def test_a_weak_build_arg_secret_cannot_be_read_back_from_tags_records_or_logs(
         for secret in guessable:
             assert secret not in text, f"{secret} in {where}"
     assert not build_args_key_file().is_relative_to(run_dir)
+
+
+def _command_lines_holding(secret: str) -> list[str]:
+    """Every process on this machine (the test bed's hosts share its process table) whose command line holds
+    ``secret``: what anyone on the host can read with ``ps``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            line = (entry / "cmdline").read_bytes() if entry.name.isdigit() else b""
+        except OSError:
+            continue
+        if secret.encode() in line:
+            found.append(line.replace(b"\0", b" ").decode(errors="replace")[:200])
+    return found
+
+
+def test_an_ssh_hosts_inventory_secrets_reach_the_case_by_the_channel_not_a_command_line(
+        testbed: Testbed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The values of an SSH host's inventory env (an HF token, an endpoint key) reach the case, and are in no
+    command the controller has sshd run (a shell's command line: ``ps`` shows it to every user of the host), for
+    a round (agent run), a monitor (agent spawn) and the agent's small commands alike."""
+    import threading
+
+    import paramiko
+
+    from flagperf.hosts.inventory import HostSpec
+    from flagperf.hosts.ssh import SshHost
+    from tests.testbed.bed import deploy_project
+
+    if not testbed.hosts:
+        pytest.skip("the test bed has no SSH hosts")
+    root = deploy_project(Path(__file__).resolve().parents[2], testbed, name="secrets-ssh")  # this checkout's own
+    bed_host = testbed.hosts[0]
+    secrets = {"HF_TOKEN": f"hf-{uuid.uuid4().hex}", "VLLM_API_KEY": f"key-{uuid.uuid4().hex}"}
+    host = SshHost(HostSpec(name=bed_host.name, address=bed_host.address, port=bed_host.port, user=bed_host.user,
+                            key_file=Path(bed_host.key_file), known_hosts=Path(testbed.known_hosts),
+                            python=bed_host.python, project_root=root, env=secrets))
+    sent: list[str] = []
+    real_exec = paramiko.Channel.exec_command
+
+    def recording_exec(channel: paramiko.Channel, command: str) -> None:
+        sent.append(command)
+        real_exec(channel, command)
+
+    monkeypatch.setattr(paramiko.Channel, "exec_command", recording_exec)
+    seen: list[str] = []
+    done = threading.Event()
+
+    def watch_ps() -> None:  # a second witness, of what the host's users see
+        while not done.is_set():
+            seen.extend(_command_lines_holding(secrets["HF_TOKEN"]))
+
+    watcher = threading.Thread(target=watch_ps, daemon=True)
+    watcher.start()
+    code = ("import hashlib, os; print(*(hashlib.sha256(os.environ.get(n, '').encode()).hexdigest() "
+            "for n in ('HF_TOKEN', 'VLLM_API_KEY')))")
+    lines: list[str] = []
+    try:
+        host.info()
+        host.controller_pid()
+        result = host.run([bed_host.python, "-c", code], timeout=60, log_path=host.work_root / "secrets-run.log",
+                          on_line=lines.append)
+        spawned = host.spawn([bed_host.python, "-c", code], log_path=host.work_root / "secrets-spawn.log")
+        deadline = time.monotonic() + 60
+        while host.is_running(spawned) and time.monotonic() < deadline:  # it ends by itself, at once
+            pass
+        spawn_log = host.read_text(host.work_root / "secrets-spawn.log")
+    finally:
+        done.set()
+        watcher.join()
+        host.close()
+    expected = " ".join(hashlib.sha256(v.encode()).hexdigest() for v in secrets.values())
+    assert result.exit_code == 0 and lines[-1] == expected, lines
+    assert expected in spawn_log
+    assert len(sent) >= 5
+    for command in sent:
+        for name, secret in secrets.items():
+            assert secret not in command, f"{name} on the command line {command[:120]}"
+    assert not seen, seen
