@@ -11,6 +11,8 @@ timeouts and logs on a remote host behave exactly as on the local one (they shar
     python -m flagperf.hosts.agent keepalive                     -> {"pid": N}, then waits for stdin to close
     python -m flagperf.hosts.agent info                          -> {"uid", "gid", "time", "hostname"}
     python -m flagperf.hosts.agent describe-paths -- PATH...     -> {"paths": {PATH: {"path": resolved, "kind"}}}
+    python -m flagperf.hosts.agent exec-with-env FILE -- ARGV... -> ARGV, with FILE's variables (a JSON object)
+        in its environment: a container's start, so that they are in no container config (docker inspect)
 
 --inventory-env-stdin: the first line of stdin is a JSON object, the variables the inventory gives the host's
 cases. They come through the SSH channel, never on a command line (anyone on the host can read those in ``ps``)
@@ -157,6 +159,14 @@ def cmd_describe_paths(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_exec_with_env(args: argparse.Namespace) -> int:
+    env = json.loads(Path(args.file).read_text(encoding="utf-8"))
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise SystemExit(f"flagperf.hosts.agent: {args.file}: no JSON object of strings")
+    os.environ.update(env)
+    os.execvp(args.argv[0], args.argv)  # the same process: the container's signals and exit code are argv's
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flagperf.hosts.agent")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -194,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     described = sub.add_parser("describe-paths")
     described.add_argument("paths", nargs="*")
     described.set_defaults(func=cmd_describe_paths)
+    with_env = sub.add_parser("exec-with-env")
+    with_env.add_argument("file")
+    with_env.add_argument("argv", nargs="+")
+    with_env.set_defaults(func=cmd_exec_with_env)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

@@ -328,12 +328,14 @@ class SshHost(Host):
         for item in reversed(missing):
             sftp.mkdir(str(item), mode=0o700)
 
-    def write_text(self, path: Path, text: str) -> None:
+    def write_text(self, path: Path, text: str, mode: int | None = None) -> None:
         remote = PurePosixPath(path)
         with self._sftp() as sftp:
             self._makedirs(sftp, remote.parent)
             tmp = str(remote.with_name(f".{remote.name}.tmp"))
             with sftp.open(tmp, "w") as out:
+                if mode is not None:  # before a byte of it is written
+                    out.chmod(mode)
                 out.write(text.encode("utf-8"))
             sftp.posix_rename(tmp, str(remote))
 

@@ -200,3 +200,56 @@ def test_an_ssh_hosts_inventory_secrets_reach_the_case_by_the_channel_not_a_comm
         for name, secret in secrets.items():
             assert secret not in command, f"{name} on the command line {command[:120]}"
     assert not seen, seen
+
+
+def test_a_containers_inventory_secrets_reach_the_case_by_a_private_file_not_its_config(
+        testbed: Testbed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inventory's variables of a Docker host (env, and -e in docker.extra_options) reach the case, and are
+    neither in the container's config (``docker inspect`` shows it to every user of the engine) nor on its
+    command line: they come by a file of the host's, mode 0600 and removed with the container."""
+    import os
+    import stat
+
+    import docker
+    from docker.models.containers import Container
+
+    from flagperf.config.vendors import load_vendor
+    from flagperf.hosts.docker import ENV_FILE_IN_CONTAINER, DockerRuntime, container_settings
+    from flagperf.hosts.inventory import HostSpec
+    from flagperf.hosts.local import LocalHost
+
+    secrets = {"HF_TOKEN": f"hf-{uuid.uuid4().hex}", "VLLM_API_KEY": f"key-{uuid.uuid4().hex}"}
+    spec = HostSpec(name="localhost", transport="local", runtime="docker", env={"HF_TOKEN": secrets["HF_TOKEN"]},
+                    docker={"engine": "local", "extra_options": f"-e VLLM_API_KEY={secrets['VLLM_API_KEY']}"})
+    settings = container_settings(load_vendor("cpu"), spec, testbed.base_image)
+    host = LocalHost(work_root=tmp_path / "work")
+    client = docker.DockerClient(base_url=testbed.docker_host)
+    runtime = DockerRuntime(settings, client_factory=lambda: client, user=f"{os.getuid()}:{os.getgid()}",
+                            scratch_root=host.work_root / "run-secrets")
+    inspected: list[dict] = []
+    env_files: list[tuple[Path, int]] = []
+    real_reload = Container.reload
+
+    def inspecting_reload(container: Container) -> None:  # what `docker inspect` shows of the running container
+        real_reload(container)
+        inspected.append(container.attrs)
+        for mount in container.attrs["Mounts"]:
+            if mount["Destination"] == ENV_FILE_IN_CONTAINER:
+                env_files.append((Path(mount["Source"]), stat.S_IMODE(os.stat(mount["Source"]).st_mode)))
+
+    monkeypatch.setattr(Container, "reload", inspecting_reload)
+    code = ("import hashlib, os; print(*(hashlib.sha256(os.environ.get(n, '').encode()).hexdigest() "
+            "for n in ('HF_TOKEN', 'VLLM_API_KEY')))")
+    try:
+        result, lines = runtime._run(host, ["python3", "-c", code], f"flagperf-secrets-{uuid.uuid4().hex[:12]}",
+                                     {}, 300, None)
+    finally:
+        client.close()
+    expected = " ".join(hashlib.sha256(v.encode()).hexdigest() for v in secrets.values())
+    assert result.exit_code == 0 and lines[-1:] == [expected], lines
+    assert inspected
+    config = json.dumps(inspected)
+    for name, secret in secrets.items():
+        assert secret not in config, f"{name} in the container's config (docker inspect)"
+    assert len(env_files) == 1 and env_files[0][1] == 0o600, env_files
+    assert not env_files[0][0].exists()
