@@ -253,3 +253,46 @@ def test_a_containers_inventory_secrets_reach_the_case_by_a_private_file_not_its
         assert secret not in config, f"{name} in the container's config (docker inspect)"
     assert len(env_files) == 1 and env_files[0][1] == 0o600, env_files
     assert not env_files[0][0].exists()
+
+
+def test_a_slurm_entrys_inventory_secrets_reach_the_job_by_a_private_file_not_sbatchs_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Slurm entry's env (an HF token) reaches the job's step, and is neither in the environment sbatch is given
+    (Slurm keeps a batch job's environment: slurmctld's state, and ``sacct --env-vars`` where the accounting keeps
+    job environments) nor in the job script: it comes by a 0600 file the script reads and removes."""
+    import os
+    import stat
+
+    from flagperf.hosts import slurm
+    from flagperf.hosts.inventory import HostSpec
+    from tests.testbed.bed import require_slurm
+
+    bed, cluster = require_slurm(min_nodes=1)
+    secret = f"hf-{uuid.uuid4().hex}"
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o700)
+    spec = HostSpec(name="slurmsecrets", python=bed.hosts[0].python, project_root=tmp_path,
+                    env={"HF_TOKEN": secret},
+                    slurm={"partition": cluster.partition, "shared_dir": str(shared), "poll_s": 0.2})
+    submitted: list[tuple[str, str, list[int]]] = []
+    real_tool = slurm.slurm_tool
+
+    def recording_tool(argv: list[str], timeout_s: float, env: dict[str, str] | None = None) -> str:
+        if argv[0] == "sbatch":
+            script = Path(argv[-1]).read_text()
+            files = [stat.S_IMODE(p.stat().st_mode) for p in shared.rglob("inventory-env.sh")]
+            submitted.append((json.dumps(env) + " ".join(argv), script, files))
+        return real_tool(argv, timeout_s, env)
+
+    monkeypatch.setattr(slurm, "slurm_tool", recording_tool)
+    host = slurm.SlurmHost(spec)
+    code = "import hashlib, os; print(hashlib.sha256(os.environ.get('HF_TOKEN', '').encode()).hexdigest())"
+    lines: list[str] = []
+    result = host.run([bed.hosts[0].python, "-c", code], timeout=120, on_line=lines.append)
+    assert result.exit_code == 0 and lines[-1:] == [hashlib.sha256(secret.encode()).hexdigest()], lines
+    assert len(submitted) == 1
+    sbatch_given, script, modes = submitted[0]
+    assert secret not in sbatch_given and secret not in script
+    assert modes == [0o600]
+    assert not any(secret.encode() in p.read_bytes() for p in shared.rglob("*") if p.is_file())
+    assert os.environ.get("HF_TOKEN") != secret
