@@ -1,20 +1,23 @@
 """The host side of an SSH host: small commands the controller runs over SSH, so that process groups,
 timeouts and logs on a remote host behave exactly as on the local one (they share LocalHost's code).
 
-    python -m flagperf.hosts.agent run --timeout 60 --log LOG [--pid-file P] [--inventory-env A,B] -- ARGV...
+    python -m flagperf.hosts.agent run --timeout 60 --log LOG [--pid-file P] [--inventory-env-stdin] -- ARGV...
         stdout: the command's output (also appended to LOG); stderr, last line: {"exit_code", "timed_out"}.
         The command is killed when stdin closes: a lost SSH connection never leaves a case running.
-    python -m flagperf.hosts.agent spawn --log LOG [--inventory-env A,B] -- ARGV...   -> {"pid": N} (detached)
+    python -m flagperf.hosts.agent spawn --log LOG [--inventory-env-stdin] -- ARGV...   -> {"pid": N} (detached)
     python -m flagperf.hosts.agent terminate --pid N --grace S   -> {"exit_code": null}
     python -m flagperf.hosts.agent alive --pid N                 -> exit 0 if running, 1 if not
     python -m flagperf.hosts.agent disk-free PATH                -> {"free": bytes}
     python -m flagperf.hosts.agent keepalive                     -> {"pid": N}, then waits for stdin to close
     python -m flagperf.hosts.agent info                          -> {"uid", "gid", "time", "hostname"}
     python -m flagperf.hosts.agent describe-paths -- PATH...     -> {"paths": {PATH: {"path": resolved, "kind"}}}
+    python -m flagperf.hosts.agent exec-with-env FILE -- ARGV... -> ARGV, with FILE's variables (a JSON object)
+        in its environment: a container's start, so that they are in no container config (docker inspect)
 
---inventory-env names the variables the inventory gives the host's cases (their values come in this agent's
-own environment, set by the controller's command line): they reach the command as they are, like a local
-host's, not through the allow-list that keeps the rest of the agent's environment from the case.
+--inventory-env-stdin: the first line of stdin is a JSON object, the variables the inventory gives the host's
+cases. They come through the SSH channel, never on a command line (anyone on the host can read those in ``ps``)
+nor in this agent's own environment, and reach the command as they are, like a local host's, not through the
+allow-list that keeps the rest of the agent's environment from the case.
 
 Only the standard library and flagperf.hosts.local are imported: it must start fast (no torch).
 """
@@ -49,15 +52,20 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def inventory_env(names: str) -> dict[str, str]:
-    """The inventory's variables, by the names the controller listed, from this agent's environment."""
-    return {name: os.environ[name] for name in names.split(",") if name and name in os.environ}
+def inventory_env(from_stdin: bool) -> dict[str, str]:
+    """The inventory's variables, from the first line of stdin when the controller sends them."""
+    if not from_stdin:
+        return {}
+    env = json.loads(sys.stdin.buffer.readline() or b"{}")
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise SystemExit("flagperf.hosts.agent: --inventory-env-stdin: the first line is no JSON object of strings")
+    return env
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from flagperf.hosts.local import LocalHost
 
-    host = LocalHost(work_root=Path(args.log).parent, env=inventory_env(args.inventory_env))
+    host = LocalHost(work_root=Path(args.log).parent, env=inventory_env(args.inventory_env_stdin))
 
     def watch_stdin() -> None:
         # The controller holds our stdin open for as long as it watches; EOF means it is gone.
@@ -88,7 +96,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_spawn(args: argparse.Namespace) -> int:
     from flagperf.hosts.local import LocalHost
 
-    host = LocalHost(work_root=Path(args.log).parent, env=inventory_env(args.inventory_env))
+    host = LocalHost(work_root=Path(args.log).parent, env=inventory_env(args.inventory_env_stdin))
     proc = host.spawn(args.argv, log_path=Path(args.log))
     _say({"pid": proc.pid})
     return 0
@@ -151,6 +159,14 @@ def cmd_describe_paths(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_exec_with_env(args: argparse.Namespace) -> int:
+    env = json.loads(Path(args.file).read_text(encoding="utf-8"))
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise SystemExit(f"flagperf.hosts.agent: {args.file}: no JSON object of strings")
+    os.environ.update(env)
+    os.execvp(args.argv[0], args.argv)  # the same process: the container's signals and exit code are argv's
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flagperf.hosts.agent")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -159,12 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--log", required=True)
     run.add_argument("--pid-file")
     run.add_argument("--ignore-stdin", action="store_true")
-    run.add_argument("--inventory-env", default="", help="comma-separated names of the inventory's variables")
+    run.add_argument("--inventory-env-stdin", action="store_true", help="the inventory's variables: stdin's first "
+                     "line, a JSON object")
     run.add_argument("argv", nargs="+")
     run.set_defaults(func=cmd_run)
     spawn = sub.add_parser("spawn")
     spawn.add_argument("--log", required=True)
-    spawn.add_argument("--inventory-env", default="", help="comma-separated names of the inventory's variables")
+    spawn.add_argument("--inventory-env-stdin", action="store_true", help="the inventory's variables: stdin's "
+                       "first line, a JSON object")
     spawn.add_argument("argv", nargs="+")
     spawn.set_defaults(func=cmd_spawn)
     term = sub.add_parser("terminate")
@@ -186,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     described = sub.add_parser("describe-paths")
     described.add_argument("paths", nargs="*")
     described.set_defaults(func=cmd_describe_paths)
+    with_env = sub.add_parser("exec-with-env")
+    with_env.add_argument("file")
+    with_env.add_argument("argv", nargs="+")
+    with_env.set_defaults(func=cmd_exec_with_env)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import json
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,11 @@ logger = logging.getLogger("flagperf.hosts.docker")
 BUILD_TIMEOUT_S = 3600
 API_TIMEOUT_S = 120
 LABEL = "org.flagperf"
+# Where a container finds the inventory's variables (a 0600 file of the host's, mounted read-only): not in its
+# config, which ``docker inspect`` shows to everyone who may use the host's engine.
+ENV_FILE_IN_CONTAINER = "/run/flagperf-env.json"
+# Variables the container runtime itself reads from a container's config (device selection): these stay there.
+RUNTIME_READS = re.compile(r"^(NVIDIA_[A-Z0-9_]*|[A-Z0-9_]*_VISIBLE_DEVICES)$")
 
 
 class ContainerEngineError(OSError):
@@ -246,6 +253,8 @@ class ContainerSettings:
     device_patterns: tuple[str, ...] = ()
     vendor_devices: tuple[str, ...] = ()  # the first of ``devices``: from the vendor file (the rest: extra options)
     vendor_file: str = "vendor.yaml"
+    private_env: dict[str, str] = field(default_factory=dict)  # the inventory's other variables: by a file
+    privileged_reason: str | None = None
 
     def host_paths(self) -> list[str]:
         """The host paths the container policy checks on the host: mount sources, data roots, devices."""
@@ -291,11 +300,14 @@ def container_settings(vendor: Vendor, spec: HostSpec, image: str) -> ContainerS
             data_mounts.append(parse_data_mount(entry, roots))
         except PolicyError as exc:
             raise ConfigError(source, f"{prefix}docker.data_mounts.{i}", str(exc)) from None
-    env = spec.runtime_env()
-    env.update(resolve_values(extras.env, spec.name, "docker.extra_options"))
+    given = spec.runtime_env()
+    given.update(resolve_values(extras.env, spec.name, "docker.extra_options"))
+    env = {name: value for name, value in given.items() if RUNTIME_READS.match(name)}
+    private_env = {name: value for name, value in given.items() if name not in env}
     visible_env = spec.visible_devices_env or options.visible_devices_env
     if spec.visible_devices is not None and visible_env:
         env[visible_env] = spec.visible_devices
+        private_env.pop(visible_env, None)
     requests = [r.model_dump(exclude_none=True) for r in options.device_requests]
     if extras.gpus is not None:  # --gpus all | --gpus 2 | --gpus device=0,1
         gpus = extras.gpus.strip('"')
@@ -309,7 +321,8 @@ def container_settings(vendor: Vendor, spec: HostSpec, image: str) -> ContainerS
         requests = [request]
     return ContainerSettings(
         image=image, python=options.python, shm_size=spec.shm_size or options.shm_size,
-        privileged=options.privileged, env=env, device_requests=requests,
+        privileged=options.privileged, env=env, private_env=private_env,
+        privileged_reason=options.privileged_reason if options.privileged else None, device_requests=requests,
         devices=[*options.devices, *extras.devices], data_mounts=data_mounts,
         extra_mounts=extras.mounts, ipc_mode=extras.ipc or options.ipc, group_add=extras.group_add,
         ulimits=dict(options.ulimits), data_roots=roots, device_patterns=patterns,
@@ -372,13 +385,21 @@ class DockerRuntime(Runtime):
         volumes = [m.volume() for m in s.extra_mounts]  # -v form: keeps options such as z or rshared
         env = {**s.env, "PYTHONPATH": str(host.project_root), "PYTHONUNBUFFERED": "1",
                "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "HOME": "/tmp"}
+        command = argv
+        env_dir = self.scratch_root.parent / ".env" / name if s.private_env else None
         lines: list[str] = []
         container = None
         timed_out = False
         exit_code: int | None = None
         try:
+            if env_dir is not None:  # the agent sets them and execs argv: pid, signals and exit code are argv's
+                host.write_text(env_dir / "env.json", json.dumps(s.private_env), mode=0o600)
+                mounts.append(DockerMount(ENV_FILE_IN_CONTAINER, str(env_dir / "env.json"), type="bind",
+                                          read_only=True))
+                command = [s.python, "-m", "flagperf.hosts.agent", "exec-with-env", ENV_FILE_IN_CONTAINER, "--",
+                           *argv]
             container = client.containers.create(
-                s.image, argv, name=name, detach=True, init=True, user=self.user, working_dir=str(host.project_root),
+                s.image, command, name=name, detach=True, init=True, user=self.user, working_dir=str(host.project_root),
                 environment=env, network_mode="host", ipc_mode=s.ipc_mode, shm_size=s.shm_size,
                 privileged=s.privileged, devices=s.devices or None, group_add=s.group_add or None,
                 device_requests=[DeviceRequest(**r) for r in s.device_requests] or None,
@@ -388,7 +409,8 @@ class DockerRuntime(Runtime):
             container.reload()
             if pid_file is not None:
                 host.write_text(pid_file, str(container.attrs["State"]["Pid"]))  # the monitors follow the case
-            logger.info("container %s (%s) started on %s", container.short_id, s.image, host.name)
+            logger.info("container %s (%s) started on %s%s", container.short_id, s.image, host.name,
+                        f", privileged: {s.privileged_reason}" if s.privileged else "")
             streamer = threading.Thread(target=_stream, args=(container, on_line), daemon=True)
             streamer.start()
             try:
@@ -413,6 +435,8 @@ class DockerRuntime(Runtime):
                     container.remove(force=True)
                 except docker.errors.APIError as exc:
                     logger.warning("could not remove container %s on %s: %s", container.short_id, host.name, exc)
+            if env_dir is not None:
+                host.remove_tree(env_dir)
         return CommandResult(argv, exit_code, timed_out, time.monotonic() - started), lines
 
 

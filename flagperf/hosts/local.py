@@ -68,7 +68,8 @@ class Host(ABC):
     def is_running(self, proc: BackgroundProcess) -> bool: ...
 
     @abstractmethod
-    def write_text(self, path: Path, text: str) -> None: ...
+    def write_text(self, path: Path, text: str, mode: int | None = None) -> None:
+        """Write ``path`` whole (a temporary file, then a rename); ``mode`` (0o600 for secrets) from its creation."""
 
     @abstractmethod
     def fetch_tree(self, remote: Path, local: Path) -> dict[str, int]:
@@ -202,10 +203,15 @@ class LocalHost(Host):
     def is_running(self, proc: BackgroundProcess) -> bool:
         return proc.handle.poll() is None
 
-    def write_text(self, path: Path, text: str) -> None:
+    def write_text(self, path: Path, text: str, mode: int | None = None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
+        if mode is None:
+            tmp.write_text(text, encoding="utf-8")
+        else:
+            tmp.unlink(missing_ok=True)  # a new file: created with the mode, never readable by others meanwhile
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "w", encoding="utf-8") as out:
+                out.write(text)
         tmp.replace(path)
 
     def fetch_tree(self, remote: Path, local: Path) -> dict[str, int]:

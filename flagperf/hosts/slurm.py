@@ -42,6 +42,7 @@ from flagperf.hosts.local import (
     CommandResult,
     LineSink,
     LocalHost,
+    allowed_environment,
     private_folder_problem,
 )
 from flagperf.hosts.runtime import Runtime
@@ -363,8 +364,27 @@ class SlurmHost(LocalHost):
         return f"SlurmHost({self.name!r})"
 
     def job_environment(self) -> dict[str, str]:
-        """What a job gets (sbatch --export=ALL of this): the allow-listed environment, the entry's env."""
-        return self.environment()
+        """What sbatch gets (--export=ALL of this): the allow-listed environment, without the entry's env. Slurm
+        keeps a batch job's environment (slurmctld's state; slurmdbd's too, where AccountingStoreFlags=job_env,
+        and ``sacct --env-vars`` shows it): the entry's values come by inventory_env_lines' file instead."""
+        env = self.environment()
+        controller = allowed_environment(os.environ)
+        for name in self.extra_env:
+            if name in controller:
+                env[name] = controller[name]
+            else:
+                env.pop(name, None)
+        return env
+
+    def inventory_env_lines(self, folder: Path) -> list[str]:
+        """Job-script lines that set the entry's env from a file (mode 0600, in ``folder`` of the private shared
+        folder) and remove it; srun's steps inherit them. A job that cannot read it fails at once."""
+        if not self.extra_env:
+            return []
+        path = folder / "inventory-env.sh"
+        self.write_text(path, "".join(f"export {name}={shlex.quote(value)}\n"
+                                      for name, value in self.extra_env.items()), mode=0o600)
+        return [f". {shlex.quote(str(path))} || exit 97", shlex.join(["rm", "-f", "--", str(path)])]
 
     def container_options(self) -> list[str]:
         spec = self.slurm
@@ -390,6 +410,7 @@ class SlurmHost(LocalHost):
             exit_file = folder / EXIT_FILE
             step = ["srun", "--nodes=1", "--ntasks=1", *self.container_options(), *argv]
             script = batch_script(f"flagperf: {shlex.join(argv)[:200]} on {self.name}", [
+                *self.inventory_env_lines(folder),
                 shlex.join(["touch", str(folder / START_FILE)]),
                 shlex.join(step),
                 "code=$?",
@@ -571,8 +592,9 @@ class SlurmRuntime(Runtime):
         step = ["srun", f"--nodes={len(ranks)}", f"--ntasks={len(ranks)}", "--ntasks-per-node=1",
                 *host.container_options(), host.python, "-m", "flagperf.hosts.slurm_node", str(folder / PLAN_FILE)]
         names = ", ".join(f"{h.name} (node {r.rank})" for r, h in members)
+        secrets = host.work_root / ".jobs" / uuid.uuid4().hex  # not the job folder: that one is collected
         host.write_text(folder / SCRIPT_FILE, batch_script(f"flagperf: {label} on {names}; written by the controller",
-                                                           [shlex.join(step)]))
+                                                           [*host.inventory_env_lines(secrets), shlex.join(step)]))
         nodes = [r.node for r in ranks]
         job = SlurmJob(host.slurm, host.job_name(f"{host.name}-{label}"), ranks,
                        folder / "slurm-%j.out", timeout_s)

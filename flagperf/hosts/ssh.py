@@ -153,29 +153,31 @@ class SshHost(Host):
     # ------------------------------------------------------------------ commands
 
     def remote_environment(self) -> dict[str, str]:
-        env = {"PYTHONPATH": str(self.project_root), "PYTHONUNBUFFERED": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-        env.update(self.spec.runtime_env())
-        return env
+        """What every command's line sets: plumbing only. The inventory's variables (their values may be secrets)
+        never go on a command line, which anyone on the host can read in ``ps``: see inventory_env_input."""
+        return {"PYTHONPATH": str(self.project_root), "PYTHONUNBUFFERED": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
     def command_line(self, argv: list[str]) -> str:
-        """One quoted shell line: every piece from a config goes through shlex.quote."""
+        """One quoted shell line: every piece from a config goes through shlex.quote; no value of the inventory."""
         assignments = [f"{k}={v}" for k, v in self.remote_environment().items()]
         return f"cd {shlex.quote(str(self.project_root))} && exec " + shlex.join(["env", *assignments, *argv])
 
     def agent(self, *args: str) -> list[str]:
         return [self.python, "-m", "flagperf.hosts.agent", *args]
 
-    def inventory_env_option(self) -> list[str]:
-        """The agent option naming the inventory's variables (names only: their values travel in the command's
-        environment), so that they reach the case as on a local host instead of being filtered out there."""
-        names = sorted(self.spec.env)
-        return ["--inventory-env", ",".join(names)] if names else []
+    def inventory_env_input(self) -> tuple[list[str], str | None]:
+        """The agent option and the first line of its stdin that give a case the inventory's variables: their
+        values go through the SSH channel's stdin (readable by nobody else on the host), never on the command
+        line or in the agent's own environment."""
+        env = self.spec.runtime_env()
+        return (["--inventory-env-stdin"], json.dumps(env) + "\n") if env else ([], None)
 
     def execute(self, argv: list[str], timeout: float | None = None, on_stdout: LineSink | None = None,
-                keep_stdin_open: bool = False) -> tuple[int | None, str, str]:
+                keep_stdin_open: bool = False, stdin_text: str | None = None) -> tuple[int | None, str, str]:
         """Run argv on the host; returns (exit status or None on timeout, stdout, stderr). With ``on_stdout``
         the output is handed on line by line as it arrives and not kept (a round's output may be any size:
-        the host agent writes it to the round's log file there); stderr keeps its last STDERR_TAIL bytes."""
+        the host agent writes it to the round's log file there); stderr keeps its last STDERR_TAIL bytes.
+        ``stdin_text`` is sent first (secrets for the agent: a channel is private, a command line is not)."""
         limit = timeout if timeout is not None else self.spec.command_timeout_s
         channel = self.client().get_transport().open_session(timeout=self.spec.connect_timeout_s)  # type: ignore[union-attr]
         channel.settimeout(1.0)
@@ -188,6 +190,8 @@ class SshHost(Host):
 
         try:
             channel.exec_command(self.command_line(argv))
+            if stdin_text is not None:
+                channel.sendall(stdin_text.encode("utf-8"))
             if not keep_stdin_open:
                 channel.shutdown_write()
             deadline = time.monotonic() + limit
@@ -221,8 +225,8 @@ class SshHost(Host):
         finally:
             channel.close()  # the agent sees stdin close and stops whatever it still runs
 
-    def _agent_json(self, *args: str) -> dict[str, Any]:
-        code, out, err = self.execute(self.agent(*args))
+    def _agent_json(self, *args: str, stdin_text: str | None = None) -> dict[str, Any]:
+        code, out, err = self.execute(self.agent(*args), stdin_text=stdin_text)
         if code != 0:
             detail = (err.strip().splitlines() or out.strip().splitlines() or ["no output"])[-1]
             how = "timed out" if code is None else f"exited {code}"
@@ -234,12 +238,13 @@ class SshHost(Host):
         start = time.monotonic()
         logger.info("starting on %s: %s (timeout %.0f s)", self.name, shlex.join(argv), timeout)
         log = log_path or self.work_root / "commands.log"
-        args = ["run", "--timeout", str(timeout), "--log", str(log), *self.inventory_env_option()]
+        env_option, env_line = self.inventory_env_input()
+        args = ["run", "--timeout", str(timeout), "--log", str(log), *env_option]
         if pid_file is not None:
             args += ["--pid-file", str(pid_file)]
         try:
             code, _, err = self.execute(self.agent(*args, "--", *argv), timeout=timeout + CHANNEL_SLACK_S,
-                                        on_stdout=on_line, keep_stdin_open=True)
+                                        on_stdout=on_line, keep_stdin_open=True, stdin_text=env_line)
         except SshError:
             raise
         except (OSError, paramiko.SSHException) as exc:
@@ -259,7 +264,8 @@ class SshHost(Host):
         return CommandResult(argv, status["exit_code"], bool(status["timed_out"]), seconds)
 
     def spawn(self, argv: list[str], *, log_path: Path) -> BackgroundProcess:
-        answer = self._agent_json("spawn", "--log", str(log_path), *self.inventory_env_option(), "--", *argv)
+        env_option, env_line = self.inventory_env_input()
+        answer = self._agent_json("spawn", "--log", str(log_path), *env_option, "--", *argv, stdin_text=env_line)
         return BackgroundProcess(argv=argv, pid=int(answer["pid"]))
 
     def terminate(self, proc: BackgroundProcess, grace_s: float = 10.0) -> int | None:
@@ -322,12 +328,14 @@ class SshHost(Host):
         for item in reversed(missing):
             sftp.mkdir(str(item), mode=0o700)
 
-    def write_text(self, path: Path, text: str) -> None:
+    def write_text(self, path: Path, text: str, mode: int | None = None) -> None:
         remote = PurePosixPath(path)
         with self._sftp() as sftp:
             self._makedirs(sftp, remote.parent)
             tmp = str(remote.with_name(f".{remote.name}.tmp"))
             with sftp.open(tmp, "w") as out:
+                if mode is not None:  # before a byte of it is written
+                    out.chmod(mode)
                 out.write(text.encode("utf-8"))
             sftp.posix_rename(tmp, str(remote))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 import uuid
 from pathlib import Path
 
@@ -120,3 +121,178 @@ def test_a_weak_build_arg_secret_cannot_be_read_back_from_tags_records_or_logs(
         for secret in guessable:
             assert secret not in text, f"{secret} in {where}"
     assert not build_args_key_file().is_relative_to(run_dir)
+
+
+def _command_lines_holding(secret: str) -> list[str]:
+    """Every process on this machine (the test bed's hosts share its process table) whose command line holds
+    ``secret``: what anyone on the host can read with ``ps``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            line = (entry / "cmdline").read_bytes() if entry.name.isdigit() else b""
+        except OSError:
+            continue
+        if secret.encode() in line:
+            found.append(line.replace(b"\0", b" ").decode(errors="replace")[:200])
+    return found
+
+
+def test_an_ssh_hosts_inventory_secrets_reach_the_case_by_the_channel_not_a_command_line(
+        testbed: Testbed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The values of an SSH host's inventory env (an HF token, an endpoint key) reach the case, and are in no
+    command the controller has sshd run (a shell's command line: ``ps`` shows it to every user of the host), for
+    a round (agent run), a monitor (agent spawn) and the agent's small commands alike."""
+    import threading
+
+    import paramiko
+
+    from flagperf.hosts.inventory import HostSpec
+    from flagperf.hosts.ssh import SshHost
+    from tests.testbed.bed import deploy_project
+
+    if not testbed.hosts:
+        pytest.skip("the test bed has no SSH hosts")
+    root = deploy_project(Path(__file__).resolve().parents[2], testbed, name="secrets-ssh")  # this checkout's own
+    bed_host = testbed.hosts[0]
+    secrets = {"HF_TOKEN": f"hf-{uuid.uuid4().hex}", "VLLM_API_KEY": f"key-{uuid.uuid4().hex}"}
+    host = SshHost(HostSpec(name=bed_host.name, address=bed_host.address, port=bed_host.port, user=bed_host.user,
+                            key_file=Path(bed_host.key_file), known_hosts=Path(testbed.known_hosts),
+                            python=bed_host.python, project_root=root, env=secrets))
+    sent: list[str] = []
+    real_exec = paramiko.Channel.exec_command
+
+    def recording_exec(channel: paramiko.Channel, command: str) -> None:
+        sent.append(command)
+        real_exec(channel, command)
+
+    monkeypatch.setattr(paramiko.Channel, "exec_command", recording_exec)
+    seen: list[str] = []
+    done = threading.Event()
+
+    def watch_ps() -> None:  # a second witness, of what the host's users see
+        while not done.is_set():
+            seen.extend(_command_lines_holding(secrets["HF_TOKEN"]))
+
+    watcher = threading.Thread(target=watch_ps, daemon=True)
+    watcher.start()
+    code = ("import hashlib, os; print(*(hashlib.sha256(os.environ.get(n, '').encode()).hexdigest() "
+            "for n in ('HF_TOKEN', 'VLLM_API_KEY')))")
+    lines: list[str] = []
+    try:
+        host.info()
+        host.controller_pid()
+        result = host.run([bed_host.python, "-c", code], timeout=60, log_path=host.work_root / "secrets-run.log",
+                          on_line=lines.append)
+        spawned = host.spawn([bed_host.python, "-c", code], log_path=host.work_root / "secrets-spawn.log")
+        deadline = time.monotonic() + 60
+        while host.is_running(spawned) and time.monotonic() < deadline:  # it ends by itself, at once
+            pass
+        spawn_log = host.read_text(host.work_root / "secrets-spawn.log")
+    finally:
+        done.set()
+        watcher.join()
+        host.close()
+    expected = " ".join(hashlib.sha256(v.encode()).hexdigest() for v in secrets.values())
+    assert result.exit_code == 0 and lines[-1] == expected, lines
+    assert expected in spawn_log
+    assert len(sent) >= 5
+    for command in sent:
+        for name, secret in secrets.items():
+            assert secret not in command, f"{name} on the command line {command[:120]}"
+    assert not seen, seen
+
+
+def test_a_containers_inventory_secrets_reach_the_case_by_a_private_file_not_its_config(
+        testbed: Testbed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inventory's variables of a Docker host (env, and -e in docker.extra_options) reach the case, and are
+    neither in the container's config (``docker inspect`` shows it to every user of the engine) nor on its
+    command line: they come by a file of the host's, mode 0600 and removed with the container."""
+    import os
+    import stat
+
+    import docker
+    from docker.models.containers import Container
+
+    from flagperf.config.vendors import load_vendor
+    from flagperf.hosts.docker import ENV_FILE_IN_CONTAINER, DockerRuntime, container_settings
+    from flagperf.hosts.inventory import HostSpec
+    from flagperf.hosts.local import LocalHost
+
+    secrets = {"HF_TOKEN": f"hf-{uuid.uuid4().hex}", "VLLM_API_KEY": f"key-{uuid.uuid4().hex}"}
+    spec = HostSpec(name="localhost", transport="local", runtime="docker", env={"HF_TOKEN": secrets["HF_TOKEN"]},
+                    docker={"engine": "local", "extra_options": f"-e VLLM_API_KEY={secrets['VLLM_API_KEY']}"})
+    settings = container_settings(load_vendor("cpu"), spec, testbed.base_image)
+    host = LocalHost(work_root=tmp_path / "work")
+    client = docker.DockerClient(base_url=testbed.docker_host)
+    runtime = DockerRuntime(settings, client_factory=lambda: client, user=f"{os.getuid()}:{os.getgid()}",
+                            scratch_root=host.work_root / "run-secrets")
+    inspected: list[dict] = []
+    env_files: list[tuple[Path, int]] = []
+    real_reload = Container.reload
+
+    def inspecting_reload(container: Container) -> None:  # what `docker inspect` shows of the running container
+        real_reload(container)
+        inspected.append(container.attrs)
+        for mount in container.attrs["Mounts"]:
+            if mount["Destination"] == ENV_FILE_IN_CONTAINER:
+                env_files.append((Path(mount["Source"]), stat.S_IMODE(os.stat(mount["Source"]).st_mode)))
+
+    monkeypatch.setattr(Container, "reload", inspecting_reload)
+    code = ("import hashlib, os; print(*(hashlib.sha256(os.environ.get(n, '').encode()).hexdigest() "
+            "for n in ('HF_TOKEN', 'VLLM_API_KEY')))")
+    try:
+        result, lines = runtime._run(host, ["python3", "-c", code], f"flagperf-secrets-{uuid.uuid4().hex[:12]}",
+                                     {}, 300, None)
+    finally:
+        client.close()
+    expected = " ".join(hashlib.sha256(v.encode()).hexdigest() for v in secrets.values())
+    assert result.exit_code == 0 and lines[-1:] == [expected], lines
+    assert inspected
+    config = json.dumps(inspected)
+    for name, secret in secrets.items():
+        assert secret not in config, f"{name} in the container's config (docker inspect)"
+    assert len(env_files) == 1 and env_files[0][1] == 0o600, env_files
+    assert not env_files[0][0].exists()
+
+
+def test_a_slurm_entrys_inventory_secrets_reach_the_job_by_a_private_file_not_sbatchs_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Slurm entry's env (an HF token) reaches the job's step, and is neither in the environment sbatch is given
+    (Slurm keeps a batch job's environment: slurmctld's state, and ``sacct --env-vars`` where the accounting keeps
+    job environments) nor in the job script: it comes by a 0600 file the script reads and removes."""
+    import os
+    import stat
+
+    from flagperf.hosts import slurm
+    from flagperf.hosts.inventory import HostSpec
+    from tests.testbed.bed import require_slurm
+
+    bed, cluster = require_slurm(min_nodes=1)
+    secret = f"hf-{uuid.uuid4().hex}"
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o700)
+    spec = HostSpec(name="slurmsecrets", python=bed.hosts[0].python, project_root=tmp_path,
+                    env={"HF_TOKEN": secret},
+                    slurm={"partition": cluster.partition, "shared_dir": str(shared), "poll_s": 0.2})
+    submitted: list[tuple[str, str, list[int]]] = []
+    real_tool = slurm.slurm_tool
+
+    def recording_tool(argv: list[str], timeout_s: float, env: dict[str, str] | None = None) -> str:
+        if argv[0] == "sbatch":
+            script = Path(argv[-1]).read_text()
+            files = [stat.S_IMODE(p.stat().st_mode) for p in shared.rglob("inventory-env.sh")]
+            submitted.append((json.dumps(env) + " ".join(argv), script, files))
+        return real_tool(argv, timeout_s, env)
+
+    monkeypatch.setattr(slurm, "slurm_tool", recording_tool)
+    host = slurm.SlurmHost(spec)
+    code = "import hashlib, os; print(hashlib.sha256(os.environ.get('HF_TOKEN', '').encode()).hexdigest())"
+    lines: list[str] = []
+    result = host.run([bed.hosts[0].python, "-c", code], timeout=120, on_line=lines.append)
+    assert result.exit_code == 0 and lines[-1:] == [hashlib.sha256(secret.encode()).hexdigest()], lines
+    assert len(submitted) == 1
+    sbatch_given, script, modes = submitted[0]
+    assert secret not in sbatch_given and secret not in script
+    assert modes == [0o600]
+    assert not any(secret.encode() in p.read_bytes() for p in shared.rglob("*") if p.is_file())
+    assert os.environ.get("HF_TOKEN") != secret

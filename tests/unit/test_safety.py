@@ -68,6 +68,7 @@ def test_cases_get_an_allow_listed_environment() -> None:
         "PREFECT_API_URL": "http://127.0.0.1:4200/api", "PGPASSWORD": "x", "PREFECT_API_KEY": "x", "HF_TOKEN": "x",
         "AWS_SECRET_ACCESS_KEY": "x", "FLAGPERF_HISTORY_URL": "x", "SOMETHING_ELSE": "x",
         "PREFECT_API_DATABASE_CONNECTION_URL": "x", "FLAGPERF_MIRROR": "https://user:pw@mirror/simple",
+        "PREFECT_API_AUTH_STRING": "admin:x", "VLLM_API_KEY": "x", "HF_HUB_TOKEN": "x",
     })
     assert env == {"PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "0", "ASCEND_RT_VISIBLE_DEVICES": "1",
                    "OMP_NUM_THREADS": "4", "PREFECT_API_URL": "http://127.0.0.1:4200/api"}
