@@ -578,14 +578,15 @@ def server(
 def _validate_file(path: Path) -> str:
     """Validate one config file by what it is; returns its kind. The core's warnings about it are notes when
     the file is good, and dropped when it is not (the error is its one line)."""
+    notes: list[str] = []  # what run would say of the file beside the core's warnings (FlagPerf keys not used ...)
     with _held_core_warnings() as warnings:
-        kind = _check_file(path)
-    for note in warnings:
+        kind = _check_file(path, notes)
+    for note in [*notes, *warnings]:
         err_console.print(f"[yellow]note[/] {escape(note)}", highlight=False, soft_wrap=True)
     return kind
 
 
-def _check_file(path: Path) -> str:
+def _check_file(path: Path, notes: list[str]) -> str:
     if path.name == "case.yaml":
         manifest = load_case_manifest(path)
         case = load_case(manifest.name, {manifest.name: path.parent})
@@ -647,6 +648,7 @@ def _check_file(path: Path) -> str:
     if path.suffix == ".py":  # FlagPerf training's test_conf.py, or its cluster_conf.py: checked together
         test_conf = path.with_name("test_conf.py") if path.name == CLUSTER_CONF else path
         inv = load_training_conf(test_conf)
+        notes += inv.notes
         # Planned as run plans it: the cases' scale files (config_<hw>x<n>x<p>.py) and adaptations are read too.
         plan_run(cases=list(inv.cases), vendor=inv.resolve_vendor(None), rounds=inv.rounds,
                  results_dir=Path("/nonexistent-results-for-validation"),
@@ -662,6 +664,7 @@ def _check_file(path: Path) -> str:
         return "suite"
     if "hosts" in data or "HOSTS" in data:
         inv = load_inventory(path)
+        notes += inv.notes
         if inv.results_dir:  # checked as run checks it, by writing there; what this made is removed again
             folder = Path(inv.results_dir)
             _remove_made(folder, _make_results_folder(folder, display_path(path), "FLAGPERF_LOG_PATH"))

@@ -299,6 +299,10 @@ def test_validate_reads_the_python_files_without_running_them(tmp_path: Path, ma
     result = CliRunner().invoke(app, ["validate", str(test_conf), str(test_conf.with_name("cluster_conf.py"))])
     assert result.exit_code == 0 and " ".join(result.output.split()).count("test_conf.py + cluster_conf.py") == 2
     assert not Path("/opt/fp/result").exists()  # FLAGPERF_LOG_PATH checked by writing there, nothing left
+    with test_conf.open("a", encoding="utf-8") as extra:  # a FlagPerf key this engine does not use: said as run says it
+        extra.write("CLEAR_CACHES = True\n")
+    result = CliRunner().invoke(app, ["validate", str(test_conf)])
+    assert result.exit_code == 0 and "CLEAR_CACHES is not used" in " ".join(result.output.split()), result.output
     folder = make_case("pyscale", family="training", configurations=SCALE_CASE, bench=SCALE_BENCH,
                        manifest_extra={"family": "training", "mutable": ["nnodes", "nproc_per_node", "batch_size"]})
     scale = folder / "vendor" / "cpu" / "config_cpux1x2.py"
