@@ -89,6 +89,9 @@ class InferenceConfig(CaseConfig):
                                            "null: as many batches as the core pass timed")
     keep_artifacts: bool = Field(default=False, description="keep the exported ONNX and engine files after the "
                                  "round (for a later exist_onnx_path / exist_compiler_path run); false: removed")
+    accuracy_tolerance: float = Field(default=0.01, ge=0, le=1, description=(
+        "largest difference between the engine's accuracy and the eager model's (validation) before the "
+        "inference accuracy carries a warning; as a fraction (0.01: one percentage point)"))
     attention: str | None = Field(default=None, description=(
         "the attention implementation the model runs: transformers' attn_implementation (sdpa, eager ...), or "
         f"'{NOT_APPLICABLE}' for a model without attention; stated in the result's throughput notes"))
@@ -122,6 +125,9 @@ class InferenceConfig(CaseConfig):
     item_name: ClassVar[str] = "samples"
     # The case loader checks that an inference case's Config is one of these.
     family: ClassVar[str] = "inference"
+    # Keys that choose only the data (a folder, the synthetic set's size): a reused ONNX or engine file made
+    # with other values is still this model (flagperf.inference.provenance compares all other keys).
+    artifact_neutral_keys: ClassVar[frozenset[str]] = frozenset()
 
     def check_for_vendor(self, origins: dict[str, str], source: str, vendor: str | None,
                          files_are_local: bool) -> None:

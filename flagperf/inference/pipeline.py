@@ -46,6 +46,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from flagperf.config.engines import INFERENCE_ENGINES, declared_options
 from flagperf.errors import CaseUserError
 from flagperf.inference.config import (
     NOT_APPLICABLE,
@@ -75,6 +76,7 @@ from flagperf.inference.measure import (
     resident_batches,
     timed_pass,
 )
+from flagperf.inference.provenance import check_reuse, expected_record, write_record
 from flagperf.measure.casekit import CaseContext
 from flagperf.measure.device import device_clock, device_module, synchronize
 from flagperf.measure.timing import TimingPlan
@@ -120,6 +122,11 @@ class InferenceRun:
     metrics: list[Metric] = field(default_factory=list)
     report: InferenceReport | None = None
     stream: Any = None  # the round's own device stream (on_stream)
+    reused: list[tuple[str, bool]] = field(default_factory=list)  # (statement, checked) per reused file
+
+    def engine_options(self) -> set[str]:
+        """Every key an engine of this vendor reads: how a file is compiled or run, not what model it holds."""
+        return set().union(*declared_options(self.vendor, INFERENCE_ENGINES).values())
 
     @contextmanager
     def on_stream(self) -> Iterator[None]:
@@ -176,6 +183,7 @@ def step_init(run: InferenceRun) -> None:
         if engine_precision(run) != c.precision:
             log.warning("fp16: true, but engine %s reads an FP32 ONNX file: its inference figures are FP32 ones "
                         "(MFU against the fp32 peak); validation runs the model in FP16", c.compiler)
+    check_reused_files(run)
     if c.loadgen_scenarios:
         from flagperf.inference.loadgen import require_loadgen
 
@@ -184,6 +192,28 @@ def step_init(run: InferenceRun) -> None:
             path = getattr(c, key)
             if path is not None and not Path(path).is_file():
                 raise CaseUserError(f"{run.origins.get(key, run.case_name)}: {key}: {path} is not a file")
+
+
+def check_reused_files(run: InferenceRun) -> None:
+    """exist_compiler_path, or the exist_onnx_path the engine compiles, against the record written beside it
+    when this pipeline made it (flagperf.inference.provenance): one made for another model is refused here,
+    before any work; one without a record is used and flagged in every inference figure."""
+    c = run.config
+    if run.engine_def is None:
+        return
+    reused: list[tuple[str, str]] = []
+    if c.exist_compiler_path is not None:
+        reused.append(("exist_compiler_path", "engine"))
+    elif c.exist_onnx_path is not None and run.engine_def.manifest.needs_onnx:
+        reused.append(("exist_onnx_path", "onnx"))
+    for key, kind in reused:
+        path = Path(str(getattr(c, key)))
+        if not path.is_file():
+            continue  # the engine names the missing file when it loads it
+        statement, checked = check_reuse(path, key, run.origins.get(key, run.case_name),
+                                         expected_record(c, run.case_name, kind, run.engine_options()))
+        (log.info if checked else log.warning)("%s", statement)
+        run.reused.append((statement, checked))
 
 
 def step_dataset_model(run: InferenceRun) -> None:
@@ -408,6 +438,7 @@ def step_export(run: InferenceRun) -> None:
     if not path.is_file() or path.stat().st_size == 0:
         raise CaseUserError(f"export_model wrote no ONNX file at {path}")
     run.onnx_path = path
+    write_record(path, run.config, run.case_name, "onnx", run.engine_options(), "fp16" if half else "fp32")
     log.info("exported %s (%.1f MiB)", path, path.stat().st_size / 2**20)
 
 
@@ -442,6 +473,9 @@ def step_compile(run: InferenceRun) -> None:
         # The user's ONNX file: a file the engine cannot read is the config's fault, not worth a retry.
         raise _user_file_error(run, "exist_onnx_path", Path(run.config.exist_onnx_path), exc) from exc
     run.compile_s = time.perf_counter() - started
+    if run.engine.engine_file is not None and run.engine.engine_file.is_file():
+        write_record(run.engine.engine_file, run.config, run.case_name, "engine", run.engine_options(),
+                     run.engine.precision)
     log.info("compiled in %.2f s (untimed)%s", run.compile_s,
              f", engine file {run.engine.engine_file}" if run.engine.engine_file else "")
 
@@ -522,6 +556,7 @@ def step_summary(run: InferenceRun) -> None:
         if computed is not None:
             metrics += compute_metrics(computed, c, ctx, flops_per_item=flops, precision=precision)
     metrics += _setup_metrics(run) + _loadgen_metrics(run)
+    metrics = _with_accuracy_reference(run, _with_reuse_notes(run, metrics))
     e2e = time.perf_counter() - run.started
     metrics.append(Metric(name="e2e_time", value=e2e, unit="s", note="steps a to g in the case process",
                           statistic="single"))
@@ -553,6 +588,56 @@ def step_summary(run: InferenceRun) -> None:
     for m in metrics:
         if m.warning:
             log.warning("%s: %s", m.name, m.warning)
+
+
+def _with_reuse_notes(run: InferenceRun, metrics: list[Metric]) -> list[Metric]:
+    """Every figure of the engine says which reused file it came from; one that was not checked against this
+    config warns (it may be another model's figure under this model's name and FLOPs)."""
+    if not run.reused:
+        return metrics
+    note = "; ".join(statement for statement, _ in run.reused)
+    unchecked = "; ".join(statement for statement, checked in run.reused if not checked)
+    updated = []
+    for m in metrics:
+        if m.name.startswith(("inference_", "loadgen_")):
+            update: dict[str, Any] = {"note": f"{m.note}; {note}" if m.note else note}
+            if unchecked:
+                update["warning"] = f"{m.warning}; {unchecked}" if m.warning else unchecked
+            m = m.model_copy(update=update)
+        updated.append(m)
+    return updated
+
+
+def _with_accuracy_reference(run: InferenceRun, metrics: list[Metric]) -> list[Metric]:
+    """FlagPerf's accuracy check: the engine's accuracy against the eager, unexported model's (validation) on
+    the same data. Both are scored against the data's labels; the difference is stated, and one above
+    accuracy_tolerance warns (the engine computes another function than the model)."""
+    name = getattr(run.module, "ACCURACY", "accuracy")
+    by_name = {m.name: m for m in metrics}
+    eager, engine = by_name.get(f"validation_{name}"), by_name.get(f"inference_{name}")
+    updated = []
+    for m in metrics:
+        if m is eager:
+            m = m.model_copy(update={"note": f"{name} of the eager PyTorch model (not exported) against the data's "
+                                             f"labels; {m.note}"})
+        elif m is engine:
+            if eager is None:
+                reference = "no eager reference (validation did not run or scored nothing)"
+                warning = m.warning
+            else:
+                difference = m.value - eager.value
+                reference = (f"the eager model (validation) scored {eager.value:.4f} on the same data: difference "
+                             f"{difference:+.4f}")
+                warning = m.warning
+                if abs(difference) > run.config.accuracy_tolerance:
+                    too_far = (f"differs from the eager model's {eager.value:.4f} by {difference:+.4f}, more than "
+                               f"accuracy_tolerance {run.config.accuracy_tolerance}: the engine does not compute "
+                               "what the model does")
+                    warning = f"{warning}; {too_far}" if warning else too_far
+            m = m.model_copy(update={"note": f"{name} of the engine's outputs against the data's labels; "
+                                             f"{reference}; {m.note}", "warning": warning})
+        updated.append(m)
+    return updated
 
 
 def _setup_metrics(run: InferenceRun) -> list[Metric]:

@@ -1240,3 +1240,75 @@ def test_the_report_lists_the_figures_warnings() -> None:
                          headline=[{"case": "digits-infer", "metric": "validation_core", "warnings": ["far"]},
                                    {"case": "digits-infer", "metric": "inference_core", "warnings": []}])
     assert render_warnings(summary) == ["## Warnings", "", "- digits-infer / validation_core: far", ""]
+
+
+# Reused files (exist_onnx_path, exist_compiler_path) are checked against what they were made from --------------
+
+@pytest.fixture(scope="module")
+def kept_resnet(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny ResNet round's ONNX and engine files, kept (with the records written beside them)."""
+    tmp = tmp_path_factory.mktemp("kept")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FLAGPERF_WORK_ROOT", str(tmp / "work"))
+        code, result, _ = run_case(tmp, "resnet50-infer", *TINY_RESNET, "repeat=1", "compiler=onnxruntime",
+                                   "keep_artifacts=true")
+    assert code == 0, result.failure
+    return Path(str(result.inference.onnx_path)), Path(str(result.inference.engine_file))
+
+
+@pytest.mark.parametrize("key", ["exist_onnx_path", "exist_compiler_path"])
+def test_a_reused_file_made_for_another_model_is_refused(tmp_path: Path, kept_resnet: tuple[Path, Path],
+                                                          key: str) -> None:
+    reused = kept_resnet[0] if key == "exist_onnx_path" else kept_resnet[1]
+    wider = [s for s in TINY_RESNET if not s.startswith("hidden_sizes")] + ["hidden_sizes=[8, 32]"]
+    code, result, _ = run_case(tmp_path, "resnet50-infer", *wider, "repeat=1", "compiler=onnxruntime",
+                               f"{key}={reused}")
+    assert code == 2 and result.failure.kind == "user", result.failure
+    message = result.failure.message
+    assert message.startswith(f"--set: {key}: {reused} was made for another model: hidden_sizes [8, 16] (now [8, 32])")
+    assert "\n" not in message
+
+
+def test_a_reused_file_made_for_this_model_is_used_and_said_to_be_checked(tmp_path: Path,
+                                                                           kept_resnet: tuple[Path, Path]) -> None:
+    # Another data set size and repeat are not another model; a symbolic batch axis takes any batch size.
+    onnx = kept_resnet[0]
+    sets = [s for s in TINY_RESNET if not s.startswith(("synthetic_images", "batch_size"))]
+    code, result, _ = run_case(tmp_path, "resnet50-infer", *sets, "synthetic_images=4", "batch_size=2", "repeat=1",
+                               "compiler=onnxruntime", f"exist_onnx_path={onnx}")
+    assert code == 0, result.failure
+    core = next(m for m in result.metrics if m.name == "inference_core")
+    assert f"exist_onnx_path {onnx} checked against its record" in str(core.note) and core.warning is None
+
+
+def test_a_reused_file_without_a_record_is_flagged_in_every_inference_figure(tmp_path: Path,
+                                                                             kept_resnet: tuple[Path, Path]) -> None:
+    foreign = tmp_path / "vendor.onnx"  # a vendor's own ONNX (FlagPerf's adaptation flow): no record beside it
+    shutil.copy(kept_resnet[0], foreign)
+    code, result, _ = run_case(tmp_path, "resnet50-infer", *TINY_RESNET, "repeat=1", "compiler=onnxruntime",
+                               "no_validation=true", f"exist_onnx_path={foreign}")
+    assert code == 0, result.failure
+    rates = [m for m in result.metrics if m.name in ("inference_whole", "inference_core", "inference_compute")]
+    assert len(rates) == 3
+    for m in rates:
+        assert f"exist_onnx_path {foreign} has no record" in str(m.warning), m.name
+    assert not any("has no record" in str(m.warning) for m in result.metrics if m.name.startswith("validation"))
+
+
+def test_the_engines_accuracy_is_stated_against_the_eager_models() -> None:
+    from flagperf.inference import pipeline
+    from flagperf.results.schema import Metric
+
+    class Run:  # what _with_accuracy_reference reads of a round
+        module = ModuleType("case")
+        config = _config(accuracy_tolerance=0.01)
+
+    Run.module.ACCURACY = "top1"
+    eager = Metric(name="validation_top1", value=0.90, unit="fraction", note="the case's evaluator")
+    close, far = (Metric(name="inference_top1", value=v, unit="fraction", note="the case's evaluator")
+                  for v in (0.905, 0.80))
+    _, checked = pipeline._with_accuracy_reference(Run, [eager, close])  # type: ignore[arg-type]
+    assert "eager model (validation) scored 0.9000 on the same data: difference +0.0050" in str(checked.note)
+    assert checked.warning is None
+    _, flagged = pipeline._with_accuracy_reference(Run, [eager, far])  # type: ignore[arg-type]
+    assert "differs from the eager model's 0.9000 by -0.1000" in str(flagged.warning)
