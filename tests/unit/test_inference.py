@@ -120,6 +120,9 @@ def _copy_flagperf_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, vendor_
     ("compiler: onnxruntime\nimage_size: 16\n", "image_size", "parameters are not vendor-overridable"),
     ("compiler: onnxruntime\nflops: 2*x\n", "flops", "product"),
     ("compiler: onnxruntime\nbatch_size: 0\n", "batch_size", "greater than or equal to 1"),
+    # FlagPerf's nvidia vendor keys for its TensorRT class: refused with what replaces them, not carried silently
+    ("compiler: onnxruntime\ntrt_tmp_path: nvidia_tmp/resnet50.trt\n", "trt_tmp_path", "exist_compiler_path"),
+    ("compiler: onnxruntime\nhas_dynamic_axis: false\n", "has_dynamic_axis", "batch axis as symbolic"),
 ])
 def test_bad_vendor_overrides_name_the_file_and_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                     vendor_yaml: str, key: str, message: str) -> None:
@@ -138,6 +141,12 @@ def _run_flagperf_format(tmp_path: Path, name: str) -> tuple[int, RoundResult]:
     out = tmp_path / name
     out.mkdir()
     return run_job(job, out), read_result(out / "result.json")
+
+
+def test_a_flagperf_key_that_does_nothing_here_is_refused_from_the_command_line() -> None:
+    error = plan_error("torchtrt_full_compile=true")
+    assert (error.source, error.key) == ("--set", "torchtrt_full_compile")
+    assert "FlagPerf's torchtrt_full_compile is not read here" in error.message and "inductor" in error.message
 
 
 def test_a_vendor_key_for_its_engine_warns_and_is_checked_by_the_engine(tmp_path: Path,
