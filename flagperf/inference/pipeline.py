@@ -75,6 +75,7 @@ from flagperf.inference.measure import (
     pass_metrics,
     resident_batches,
     timed_pass,
+    with_convention,
 )
 from flagperf.inference.provenance import check_reuse, expected_record, write_record
 from flagperf.measure.casekit import CaseContext
@@ -460,6 +461,12 @@ def _onnx_for_engine(run: InferenceRun) -> Path | None:
     return Path(run.config.exist_onnx_path) if run.config.exist_onnx_path else None
 
 
+def _onnx_compiled(run: InferenceRun) -> Path | None:
+    """The ONNX file the engine was built from: none where it was loaded from exist_compiler_path (FlagPerf's
+    flow sets exist_onnx_path to any placeholder then; the result must not name it as the engine's source)."""
+    return None if run.config.exist_compiler_path is not None else _onnx_for_engine(run)
+
+
 def step_compile(run: InferenceRun) -> None:
     assert run.engine_cls is not None
     started = time.perf_counter()
@@ -559,7 +566,8 @@ def step_summary(run: InferenceRun) -> None:
     metrics = _with_accuracy_reference(run, _with_reuse_notes(run, metrics))
     e2e = time.perf_counter() - run.started
     metrics.append(Metric(name="e2e_time", value=e2e, unit="s", note="steps a to g in the case process",
-                          statistic="single"))
+                          statistic="single", convention="FlagPerf's e2e_time: steps a to g in the case process, "
+                                                         "untimed compile and set-up included"))
     run.metrics = metrics
     steps = {name: run.steps.get(name, "ran") for name in STEPS}
     steps["summary"] = "ran"
@@ -573,7 +581,7 @@ def step_summary(run: InferenceRun) -> None:
         item=c.item_name, steps=steps, runner=run.runner, synthetic_data=run.synthetic,
         data=str(getattr(run.dataset, "description", type(run.dataset).__name__)), accuracy_note=note,
         e2e_time_s=e2e, non_inference_s=run.inference.non_inference_seconds if run.inference else 0.0,
-        onnx_path=str(_onnx_for_engine(run)) if _onnx_for_engine(run) else None,
+        onnx_path=str(_onnx_compiled(run)) if _onnx_compiled(run) else None,
         engine_file=str(run.engine.engine_file) if run.engine and run.engine.engine_file else None,
         loadgen=run.loadgen, flops_source=run.flops_source or "configured flops", flops_configured=c.flops,
         latencies_file=write_latencies(run), data_path=data_path_note(run),
@@ -618,8 +626,9 @@ def _with_accuracy_reference(run: InferenceRun, metrics: list[Metric]) -> list[M
     updated = []
     for m in metrics:
         if m is eager:
-            m = m.model_copy(update={"note": f"{name} of the eager PyTorch model (not exported) against the data's "
-                                             f"labels; {m.note}"})
+            m = with_convention(m.model_copy(update={"note": f"{name} of the eager PyTorch model (not exported) "
+                                                             f"against the data's labels; {m.note}"}),
+                                "the eager PyTorch model (not exported): FlagPerf's reference")
         elif m is engine:
             if eager is None:
                 reference = "no eager reference (validation did not run or scored nothing)"
@@ -634,8 +643,9 @@ def _with_accuracy_reference(run: InferenceRun, metrics: list[Metric]) -> list[M
                                f"accuracy_tolerance {run.config.accuracy_tolerance}: the engine does not compute "
                                "what the model does")
                     warning = f"{warning}; {too_far}" if warning else too_far
-            m = m.model_copy(update={"note": f"{name} of the engine's outputs against the data's labels; "
-                                             f"{reference}; {m.note}", "warning": warning})
+            m = with_convention(m.model_copy(update={"note": f"{name} of the engine's outputs against the data's "
+                                                             f"labels; {reference}; {m.note}", "warning": warning}),
+                                f"the engine's outputs; reference: {reference}")
         updated.append(m)
     return updated
 
@@ -646,11 +656,13 @@ def _setup_metrics(run: InferenceRun) -> list[Metric]:
     if run.model_load_s is not None:
         metrics.append(Metric(name="model_load_time", value=run.model_load_s, unit="s", iterations=1,
                               statistic="single",
-                              note="create_model (weights built or read) and the move to the device, synchronised"))
+                              note="create_model (weights built or read) and the move to the device, synchronised",
+                              convention="create_model and the move to the device, synchronised"))
     if run.compile_s is not None:
         how = "loaded from exist_compiler_path" if run.config.exist_compiler_path else "built (step e)"
         metrics.append(Metric(name="engine_build_time", value=run.compile_s, unit="s", iterations=1,
-                              statistic="single", note=f"the engine {how}, untimed in the throughput figures"))
+                              statistic="single", note=f"the engine {how}, untimed in the throughput figures",
+                              convention=f"the engine {how}; outside every throughput figure"))
     return metrics
 
 
@@ -664,6 +676,7 @@ def _loadgen_metrics(run: InferenceRun) -> list[Metric]:
                                         f"{r.invalid_reason}; not a valid MLPerf figure")
         metrics.append(Metric(name=f"loadgen_{r.scenario.lower()}", value=r.samples_per_s,
                               unit=f"{run.config.item_name}/s", warning=warning, statistic="loadgen",
+                              convention=f"MLPerf LoadGen {r.scenario}'s own figure, from its summary",
                               note=f"MLPerf LoadGen {r.scenario}, {r.result_validity} (its latencies are under "
                                    f"inference.loadgen; logs in {r.log_dir})"))
     return metrics

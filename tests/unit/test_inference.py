@@ -263,6 +263,13 @@ def test_digits_accuracy_through_eager_and_onnxruntime_agree(tmp_path: Path) -> 
         assert core.window is not None and core.window[0] < core.window[1]
     assert result.measured_seconds == pytest.approx(m["validation_core"].measured_seconds
                                                     + m["inference_core"].measured_seconds)
+    # Every figure says what it counts where the report shows it (its convention), accuracy against what.
+    assert all(x.convention for x in result.metrics), [x.name for x in result.metrics if not x.convention]
+    assert m["inference_whole"].convention.startswith("FlagPerf's whole: samples / wall time of the 3 pass(es)")
+    assert "attention: not applicable" in m["inference_core"].convention
+    assert "copy to the device + forward, synchronised" in m["inference_latency"].convention
+    assert "against the data's labels" in m["inference_top1"].convention
+    assert "reference: the eager model (validation) scored" in m["inference_top1"].convention
 
 
 def _engine(name: str, config: InferenceConfig, onnx: Path | None, model: torch.nn.Module | None,
@@ -868,7 +875,8 @@ def test_flops_follow_the_models_shape(tmp_path: Path) -> None:
         core = next(m for m in result.metrics if m.name == "inference_core")
         # What runs is stated: the attention, and that padded positions are counted (they are computed).
         assert core.note.endswith("attention: sdpa (transformers attn_implementation)")
-        assert core.convention.startswith(f"MFU = {bert(seq):.4g} FLOP per sequence (all {seq} positions of a "
+        assert "attention: sdpa" in core.convention  # where the report shows it
+        assert core.convention.endswith(f"; MFU = {bert(seq):.4g} FLOP per sequence (all {seq} positions of a "
                                           "sequence, padded positions included: they are computed (masked out of "
                                           "attention), not skipped) x sequences/s / fp32 peak")
         assert "attention: sdpa" in next(m for m in result.metrics if m.name == "validation_compute").note
@@ -1288,6 +1296,18 @@ def test_a_reused_file_made_for_this_model_is_used_and_said_to_be_checked(tmp_pa
     assert code == 0, result.failure
     core = next(m for m in result.metrics if m.name == "inference_core")
     assert f"exist_onnx_path {onnx} checked against its record" in str(core.note) and core.warning is None
+
+
+def test_flagperfs_engine_only_flow_checks_the_engine_file_and_names_no_onnx(tmp_path: Path,
+                                                                              kept_resnet: tuple[Path, Path]) -> None:
+    # FlagPerf's adaptation flow: no model, a placeholder ONNX path, the engine file loaded as it is.
+    engine = kept_resnet[1]
+    code, result, _ = run_case(tmp_path, "resnet50-infer", *TINY_RESNET, "repeat=1", "compiler=onnxruntime",
+                               "no_validation=true", "exist_onnx_path=foo", f"exist_compiler_path={engine}")
+    assert code == 0, result.failure
+    assert result.inference.onnx_path is None  # "foo" was never read
+    core = next(m for m in result.metrics if m.name == "inference_core")
+    assert f"exist_compiler_path {engine} checked against its record" in str(core.note) and core.warning is None
 
 
 def test_a_reused_file_without_a_record_is_flagged_in_every_inference_figure(tmp_path: Path,
