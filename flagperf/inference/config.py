@@ -25,6 +25,8 @@ from flagperf.errors import ConfigError
 from flagperf.inference.engines import check_engine_toggles
 
 NOT_APPLICABLE = "not applicable"  # the attention key of a model without attention
+# Set (True) on a model create_model built with random weights (no checkpoint_path): its accuracy is chance level.
+RANDOM_WEIGHTS = "flagperf_random_weights"
 
 STEPS = ("init", "dataset_model", "validation", "export", "compile", "inference", "summary")
 STEP_TITLES = {

@@ -50,6 +50,7 @@ from flagperf.config.engines import INFERENCE_ENGINES, declared_options
 from flagperf.errors import CaseUserError
 from flagperf.inference.config import (
     NOT_APPLICABLE,
+    RANDOM_WEIGHTS,
     STEP_TITLES,
     STEPS,
     InferenceConfig,
@@ -124,6 +125,7 @@ class InferenceRun:
     report: InferenceReport | None = None
     stream: Any = None  # the round's own device stream (on_stream)
     reused: list[tuple[str, bool]] = field(default_factory=list)  # (statement, checked) per reused file
+    random_weights: bool = False  # create_model built random weights (no checkpoint_path)
 
     def engine_options(self) -> set[str]:
         """Every key an engine of this vendor reads: how a file is compiled or run, not what model it holds."""
@@ -230,12 +232,14 @@ def step_dataset_model(run: InferenceRun) -> None:
     if not isinstance(model, torch.nn.Module):
         raise CaseUserError(f"create_model returned {type(model).__name__}, not a torch.nn.Module")
     check_attention(run.config, model)
+    run.random_weights = any(getattr(m, RANDOM_WEIGHTS, False) for m in model.modules())
     # Halved before it moves: a large model never sits on the device in FP32 when FP16 is what runs.
     run.model = (model.half() if run.config.fp16 else model).to(run.device).eval()
     run.sync()
     run.model_load_s = time.perf_counter() - started
-    log.info("model: %s, %.4g parameters, built and on %s in %.2f s; %s", type(model).__name__,
-             sum(p.numel() for p in model.parameters()), run.device, run.model_load_s,
+    log.info("model: %s, %.4g parameters%s, built and on %s in %.2f s; %s", type(model).__name__,
+             sum(p.numel() for p in model.parameters()),
+             ", random weights (checkpoint_path: null)" if run.random_weights else "", run.device, run.model_load_s,
              run.config.attention_statement())
 
 
@@ -564,6 +568,9 @@ def step_summary(run: InferenceRun) -> None:
             metrics += compute_metrics(computed, c, ctx, flops_per_item=flops, precision=precision)
     metrics += _setup_metrics(run) + _loadgen_metrics(run)
     metrics = _with_accuracy_reference(run, _with_reuse_notes(run, metrics))
+    if run.random_weights:
+        accuracy = f"_{getattr(run.module, 'ACCURACY', 'accuracy')}"
+        metrics = [with_convention(m, RANDOM_WEIGHTS_NOTE) if m.name.endswith(accuracy) else m for m in metrics]
     e2e = time.perf_counter() - run.started
     metrics.append(Metric(name="e2e_time", value=e2e, unit="s", note="steps a to g in the case process",
                           statistic="single", convention="FlagPerf's e2e_time: steps a to g in the case process, "
@@ -576,6 +583,8 @@ def step_summary(run: InferenceRun) -> None:
         note = "synthetic inputs: throughput only; no accuracy is reported"
     elif getattr(run.module, "ACCURACY", None) is None:
         note = "the case has no accuracy metric"
+    elif run.random_weights:
+        note = RANDOM_WEIGHTS_NOTE
     run.report = InferenceReport(
         compiler=c.compiler, precision=c.precision, batch_size=c.batch_size, flops_per_item=flops,
         item=c.item_name, steps=steps, runner=run.runner, synthetic_data=run.synthetic,
@@ -596,6 +605,10 @@ def step_summary(run: InferenceRun) -> None:
     for m in metrics:
         if m.warning:
             log.warning("%s: %s", m.name, m.warning)
+
+
+RANDOM_WEIGHTS_NOTE = ("random weights (checkpoint_path: null; nothing is downloaded): the accuracy is chance level, "
+                      "a check that the engine agrees with the eager model, not the model's accuracy")
 
 
 def _with_reuse_notes(run: InferenceRun, metrics: list[Metric]) -> list[Metric]:

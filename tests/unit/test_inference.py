@@ -388,6 +388,9 @@ def test_resnet50_reads_an_imagenet_style_folder(tmp_path: Path) -> None:
     m = metrics(result)
     assert 0.0 <= m["validation_top1"] <= 1.0 and m["inference_top1"] == pytest.approx(m["validation_top1"])
     assert result.inference.synthetic_data is False and "8 images in 2 classes" in result.inference.data
+    # No checkpoint_path: random weights, so the accuracy is chance level, and the result says so.
+    assert result.inference.accuracy_note.startswith("random weights (checkpoint_path: null")
+    assert "not the model's accuracy" in next(x for x in result.metrics if x.name == "inference_top1").convention
 
 
 def test_bert_masked_lm_accuracy_on_a_token_file(tmp_path: Path) -> None:
