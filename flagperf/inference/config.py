@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 from typing import ClassVar, Literal
 
 from pydantic import ConfigDict, Field, field_validator
@@ -137,7 +138,17 @@ class InferenceConfig(CaseConfig):
         Without a vendor (`flagperf validate` on a case's defaults) there are no engines to check."""
         check_toggles(self, origins, source)
         if vendor:
-            check_engine_toggles(self, vendor, origins, source, check_files=files_are_local)
+            engine = check_engine_toggles(self, vendor, origins, source, check_files=files_are_local)
+            if engine is not None and files_are_local:
+                from flagperf.inference.provenance import ReusedFileError, check_reused_files
+
+                # A file made for another model is refused here, before anything starts; the case folder's name
+                # is the case's (its configurations.yaml is the source).
+                try:
+                    check_reused_files(self, Path(source).parent.name, vendor, engine.manifest.needs_onnx,
+                                       origins, source)
+                except ReusedFileError as exc:
+                    raise ConfigError(exc.where, exc.key, exc.message) from None
 
     def items_per_sample(self) -> int:
         return 1

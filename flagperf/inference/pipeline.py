@@ -46,7 +46,6 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from flagperf.config.engines import INFERENCE_ENGINES, declared_options
 from flagperf.errors import CaseUserError
 from flagperf.inference.config import (
     NOT_APPLICABLE,
@@ -78,7 +77,7 @@ from flagperf.inference.measure import (
     timed_pass,
     with_convention,
 )
-from flagperf.inference.provenance import check_reuse, expected_record, write_record
+from flagperf.inference.provenance import check_reused_files, engine_options, write_record
 from flagperf.measure.casekit import CaseContext
 from flagperf.measure.device import device_clock, device_module, synchronize
 from flagperf.measure.timing import TimingPlan
@@ -126,10 +125,6 @@ class InferenceRun:
     stream: Any = None  # the round's own device stream (on_stream)
     reused: list[tuple[str, bool]] = field(default_factory=list)  # (statement, checked) per reused file
     random_weights: bool = False  # create_model built random weights (no checkpoint_path)
-
-    def engine_options(self) -> set[str]:
-        """Every key an engine of this vendor reads: how a file is compiled or run, not what model it holds."""
-        return set().union(*declared_options(self.vendor, INFERENCE_ENGINES).values())
 
     @contextmanager
     def on_stream(self) -> Iterator[None]:
@@ -186,7 +181,12 @@ def step_init(run: InferenceRun) -> None:
         if engine_precision(run) != c.precision:
             log.warning("fp16: true, but engine %s reads an FP32 ONNX file: its inference figures are FP32 ones "
                         "(MFU against the fp32 peak); validation runs the model in FP16", c.compiler)
-    check_reused_files(run)
+    if run.engine_def is not None:
+        # Checked by the plan too where the files are local; here again on the host that reads them.
+        run.reused = check_reused_files(c, run.case_name, run.vendor, run.engine_def.manifest.needs_onnx,
+                                        run.origins, run.case_name)
+        for statement, checked in run.reused:
+            (log.info if checked else log.warning)("%s", statement)
     if c.loadgen_scenarios:
         from flagperf.inference.loadgen import require_loadgen
 
@@ -195,28 +195,6 @@ def step_init(run: InferenceRun) -> None:
             path = getattr(c, key)
             if path is not None and not Path(path).is_file():
                 raise CaseUserError(f"{run.origins.get(key, run.case_name)}: {key}: {path} is not a file")
-
-
-def check_reused_files(run: InferenceRun) -> None:
-    """exist_compiler_path, or the exist_onnx_path the engine compiles, against the record written beside it
-    when this pipeline made it (flagperf.inference.provenance): one made for another model is refused here,
-    before any work; one without a record is used and flagged in every inference figure."""
-    c = run.config
-    if run.engine_def is None:
-        return
-    reused: list[tuple[str, str]] = []
-    if c.exist_compiler_path is not None:
-        reused.append(("exist_compiler_path", "engine"))
-    elif c.exist_onnx_path is not None and run.engine_def.manifest.needs_onnx:
-        reused.append(("exist_onnx_path", "onnx"))
-    for key, kind in reused:
-        path = Path(str(getattr(c, key)))
-        if not path.is_file():
-            continue  # the engine names the missing file when it loads it
-        statement, checked = check_reuse(path, key, run.origins.get(key, run.case_name),
-                                         expected_record(c, run.case_name, kind, run.engine_options()))
-        (log.info if checked else log.warning)("%s", statement)
-        run.reused.append((statement, checked))
 
 
 def step_dataset_model(run: InferenceRun) -> None:
@@ -443,7 +421,7 @@ def step_export(run: InferenceRun) -> None:
     if not path.is_file() or path.stat().st_size == 0:
         raise CaseUserError(f"export_model wrote no ONNX file at {path}")
     run.onnx_path = path
-    write_record(path, run.config, run.case_name, "onnx", run.engine_options(), "fp16" if half else "fp32")
+    write_record(path, run.config, run.case_name, "onnx", engine_options(run.vendor), "fp16" if half else "fp32")
     log.info("exported %s (%.1f MiB)", path, path.stat().st_size / 2**20)
 
 
@@ -485,7 +463,7 @@ def step_compile(run: InferenceRun) -> None:
         raise _user_file_error(run, "exist_onnx_path", Path(run.config.exist_onnx_path), exc) from exc
     run.compile_s = time.perf_counter() - started
     if run.engine.engine_file is not None and run.engine.engine_file.is_file():
-        write_record(run.engine.engine_file, run.config, run.case_name, "engine", run.engine_options(),
+        write_record(run.engine.engine_file, run.config, run.case_name, "engine", engine_options(run.vendor),
                      run.engine.precision)
     log.info("compiled in %.2f s (untimed)%s", run.compile_s,
              f", engine file {run.engine.engine_file}" if run.engine.engine_file else "")

@@ -18,11 +18,22 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from flagperf.config.engines import INFERENCE_ENGINES, declared_options
 from flagperf.errors import CaseUserError
-from flagperf.inference.config import InferenceConfig
 from flagperf.results.schema import atomic_path
+
+if TYPE_CHECKING:  # the config module checks reused files through this one
+    from flagperf.inference.config import InferenceConfig
+
+class ReusedFileError(CaseUserError):
+    """A reused file that does not fit this round's config; the plan turns it into a ConfigError."""
+
+    def __init__(self, where: str, key: str, message: str) -> None:
+        self.where, self.key, self.message = where, key, message
+        super().__init__(f"{where}: {key}: {message}")
+
 
 RECORD_SUFFIX = ".flagperf.json"
 RECORD_VERSION = 1
@@ -103,6 +114,32 @@ def _differences(recorded: dict[str, Any], expected: dict[str, Any]) -> list[str
     return diffs
 
 
+def engine_options(vendor: str) -> set[str]:
+    """Every key an engine of the vendor reads: how a file is compiled or run, not what model it holds."""
+    return set().union(*declared_options(vendor, INFERENCE_ENGINES).values())
+
+
+def check_reused_files(config: InferenceConfig, case: str, vendor: str, engine_reads_onnx: bool,
+                       origins: dict[str, str], default_source: str) -> list[tuple[str, bool]]:
+    """exist_compiler_path, or the exist_onnx_path the engine compiles, against its record: (statement,
+    checked) for each; one made for another model is a user error. A missing file is left to the engine,
+    which names it."""
+    reused: list[tuple[str, str]] = []
+    if config.compiler is None:
+        return []
+    if config.exist_compiler_path is not None:
+        reused.append(("exist_compiler_path", "engine"))
+    elif config.exist_onnx_path is not None and engine_reads_onnx:
+        reused.append(("exist_onnx_path", "onnx"))
+    results = []
+    for key, kind in reused:
+        path = Path(str(getattr(config, key)))
+        if path.is_file():
+            results.append(check_reuse(path, key, origins.get(key, default_source),
+                                       expected_record(config, case, kind, engine_options(vendor))))
+    return results
+
+
 def check_reuse(path: Path, key: str, where: str, expected: dict[str, Any]) -> tuple[str, bool]:
     """Check a reused file against this round's config: (a statement for the result's notes, whether it was
     checked). A file made for another case or model is a user error naming ``where`` and ``key``."""
@@ -115,17 +152,17 @@ def check_reuse(path: Path, key: str, where: str, expected: dict[str, Any]) -> t
         if not isinstance(recorded, dict):
             raise ValueError("not a JSON object")
     except (OSError, ValueError) as exc:
-        raise CaseUserError(f"{where}: {key}: {record_file} cannot be read ({exc}); remove it to use {path} "
-                            "unchecked") from None
+        raise ReusedFileError(where, key, f"{record_file} cannot be read ({exc}); remove it to use {path} "
+                              "unchecked") from None
     if recorded.get("size") != path.stat().st_size or recorded.get("sha256") != sha256_of(path):
         return (f"{key} {path} has changed since {record_file.name} was written: not checked against this "
                 "config; its figures are this model's only if the file is", False)
     if recorded.get("kind") != expected["kind"]:
-        raise CaseUserError(f"{where}: {key}: {path} is recorded as an {recorded.get('kind')} file, not an "
-                            f"{expected['kind']} file")
+        raise ReusedFileError(where, key, f"{path} is recorded as an {recorded.get('kind')} file, not an "
+                              f"{expected['kind']} file")
     diffs = _differences(recorded, expected)
     if diffs:
-        raise CaseUserError(f"{where}: {key}: {path} was made for another model: {'; '.join(diffs)}. Make it "
-                            f"again with this config (keep_artifacts: true), or remove {record_file.name} to use "
-                            "it unchecked")
+        raise ReusedFileError(where, key, f"{path} was made for another model: {'; '.join(diffs)}. Make it "
+                              f"again with this config (keep_artifacts: true), or remove {record_file.name} to use "
+                              "it unchecked")
     return f"{key} {path} checked against its record: same case, model and batch size", True

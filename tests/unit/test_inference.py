@@ -1277,16 +1277,14 @@ def kept_resnet(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 @pytest.mark.parametrize("key", ["exist_onnx_path", "exist_compiler_path"])
-def test_a_reused_file_made_for_another_model_is_refused(tmp_path: Path, kept_resnet: tuple[Path, Path],
-                                                          key: str) -> None:
+def test_a_reused_file_made_for_another_model_is_refused_before_anything_runs(kept_resnet: tuple[Path, Path],
+                                                                             key: str) -> None:
     reused = kept_resnet[0] if key == "exist_onnx_path" else kept_resnet[1]
     wider = [s for s in TINY_RESNET if not s.startswith("hidden_sizes")] + ["hidden_sizes=[8, 32]"]
-    code, result, _ = run_case(tmp_path, "resnet50-infer", *wider, "repeat=1", "compiler=onnxruntime",
-                               f"{key}={reused}")
-    assert code == 2 and result.failure.kind == "user", result.failure
-    message = result.failure.message
-    assert message.startswith(f"--set: {key}: {reused} was made for another model: hidden_sizes [8, 16] (now [8, 32])")
-    assert "\n" not in message
+    error = plan_error(*wider, "compiler=onnxruntime", f"{key}={reused}", case="resnet50-infer")
+    assert (error.source, error.key) == ("--set", key)
+    assert error.message.startswith(f"{reused} was made for another model: hidden_sizes [8, 16] (now [8, 32])")
+    assert "\n" not in str(error)
 
 
 def test_a_reused_file_made_for_this_model_is_used_and_said_to_be_checked(tmp_path: Path,
