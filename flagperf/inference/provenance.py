@@ -18,14 +18,13 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from flagperf.config.engines import INFERENCE_ENGINES, declared_options
 from flagperf.errors import CaseUserError
+from flagperf.inference.engines import EngineConfig  # a protocol: the config module checks files through here
 from flagperf.results.schema import atomic_path
 
-if TYPE_CHECKING:  # the config module checks reused files through this one
-    from flagperf.inference.config import InferenceConfig
 
 class ReusedFileError(CaseUserError):
     """A reused file that does not fit this round's config; the plan turns it into a ConfigError."""
@@ -60,10 +59,10 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def model_identity(config: InferenceConfig, engine_options: set[str]) -> dict[str, Any]:
+def model_identity(config: EngineConfig, engine_options: set[str]) -> dict[str, Any]:
     """The config values that define the model in a file: everything but the run keys, the engines' options,
     LoadGen's settings and the keys the case names as data-only (``artifact_neutral_keys``)."""
-    neutral = RUN_KEYS | engine_options | type(config).artifact_neutral_keys
+    neutral = RUN_KEYS | engine_options | getattr(type(config), "artifact_neutral_keys", frozenset())
     return {key: value for key, value in sorted(config.model_dump(mode="json").items())
             if key not in neutral and not key.startswith("loadgen_")}
 
@@ -83,7 +82,7 @@ def onnx_batch_is_symbolic(path: Path) -> bool | None:
     return bool(dims) and all(len(d) > 0 and not d[0].HasField("dim_value") for d in dims)
 
 
-def expected_record(config: InferenceConfig, case: str, kind: str, engine_options: set[str]) -> dict[str, Any]:
+def expected_record(config: EngineConfig, case: str, kind: str, engine_options: set[str]) -> dict[str, Any]:
     record: dict[str, Any] = {"kind": kind, "case": case, "batch_size": config.batch_size,
                               "model": model_identity(config, engine_options)}
     if kind == "engine":
@@ -91,7 +90,7 @@ def expected_record(config: InferenceConfig, case: str, kind: str, engine_option
     return record
 
 
-def write_record(path: Path, config: InferenceConfig, case: str, kind: str, engine_options: set[str],
+def write_record(path: Path, config: EngineConfig, case: str, kind: str, engine_options: set[str],
                  precision: str | None) -> None:
     """The record of a file this round wrote (export or compile)."""
     record = expected_record(config, case, kind, engine_options)
@@ -119,7 +118,7 @@ def engine_options(vendor: str) -> set[str]:
     return set().union(*declared_options(vendor, INFERENCE_ENGINES).values())
 
 
-def check_reused_files(config: InferenceConfig, case: str, vendor: str, engine_reads_onnx: bool,
+def check_reused_files(config: EngineConfig, case: str, vendor: str, engine_reads_onnx: bool,
                        origins: dict[str, str], default_source: str) -> list[tuple[str, bool]]:
     """exist_compiler_path, or the exist_onnx_path the engine compiles, against its record: (statement,
     checked) for each; one made for another model is a user error. A missing file is left to the engine,
