@@ -29,6 +29,7 @@ from flagperf.config.casecode import code_runs, read_case_module
 from flagperf.config.engines import INFERENCE_ENGINES, declared_options
 from flagperf.config.files import given_name, inside, is_present, read_config_text, regular_file
 from flagperf.config.flagperf_keys import flagperf_key_hint
+from flagperf.config.inferencekeys import refuse_keys_not_read
 from flagperf.config.models import (
     CASE_FOLDER,
     CaseConfig,
@@ -326,6 +327,7 @@ def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[st
         parameters_source = display_path(case.folder / INFERENCE_FILES[1])
         merged.origins.update(dict.fromkeys(case.manifest.parameters, parameters_source))
         _fill_model_defaults(case, merged)
+        refuse_keys_not_read(merged.values, merged.origins, display_path(case.manifest_path))
     _apply_run_overrides(case, vendor, merged, run_overrides)
     try:
         model = case.config_model.model_validate(merged.values, context={CASE_FOLDER: case.folder})

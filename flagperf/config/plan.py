@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from flagperf.config.adaptation import read_adaptation
 from flagperf.config.cases import available_cases, load_case, resolve_case_config, settable_keys
 from flagperf.config.files import is_present, read_config_text
+from flagperf.config.inferencekeys import not_read_message
 from flagperf.config.models import SetOverride, load_suite, parse_set_override
 from flagperf.config.vendors import Vendor, load_vendor
 from flagperf.errors import ConfigError, nearest, unknown_name
@@ -103,6 +104,8 @@ def _spread(overrides: dict[str, Any], source: str, key_prefix: str, selected: d
     for key, value in overrides.items():
         top = key.split(".", 1)[0]  # a dotted key (slo.ttft_s) goes where its mapping's key is
         targets = [case for case, keys in selected.items() if top in keys]
+        if not targets and not_read_message(top):
+            raise ConfigError(source, f"{key_prefix}{key}", str(not_read_message(top)))
         if not targets:
             keys = sorted(set().union(*selected.values()))
             close = nearest(top, keys)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 from typing import ClassVar, Literal
 
 from pydantic import ConfigDict, Field, field_validator
@@ -25,6 +26,8 @@ from flagperf.errors import ConfigError
 from flagperf.inference.engines import check_engine_toggles
 
 NOT_APPLICABLE = "not applicable"  # the attention key of a model without attention
+# Set (True) on a model create_model built with random weights (no checkpoint_path): its accuracy is chance level.
+RANDOM_WEIGHTS = "flagperf_random_weights"
 
 STEPS = ("init", "dataset_model", "validation", "export", "compile", "inference", "summary")
 STEP_TITLES = {
@@ -89,6 +92,9 @@ class InferenceConfig(CaseConfig):
                                            "null: as many batches as the core pass timed")
     keep_artifacts: bool = Field(default=False, description="keep the exported ONNX and engine files after the "
                                  "round (for a later exist_onnx_path / exist_compiler_path run); false: removed")
+    accuracy_tolerance: float = Field(default=0.01, ge=0, le=1, description=(
+        "largest difference between the engine's accuracy and the eager model's (validation) before the "
+        "inference accuracy carries a warning; as a fraction (0.01: one percentage point)"))
     attention: str | None = Field(default=None, description=(
         "the attention implementation the model runs: transformers' attn_implementation (sdpa, eager ...), or "
         f"'{NOT_APPLICABLE}' for a model without attention; stated in the result's throughput notes"))
@@ -122,6 +128,9 @@ class InferenceConfig(CaseConfig):
     item_name: ClassVar[str] = "samples"
     # The case loader checks that an inference case's Config is one of these.
     family: ClassVar[str] = "inference"
+    # Keys that choose only the data (a folder, the synthetic set's size): a reused ONNX or engine file made
+    # with other values is still this model (flagperf.inference.provenance compares all other keys).
+    artifact_neutral_keys: ClassVar[frozenset[str]] = frozenset()
 
     def check_for_vendor(self, origins: dict[str, str], source: str, vendor: str | None,
                          files_are_local: bool) -> None:
@@ -129,7 +138,17 @@ class InferenceConfig(CaseConfig):
         Without a vendor (`flagperf validate` on a case's defaults) there are no engines to check."""
         check_toggles(self, origins, source)
         if vendor:
-            check_engine_toggles(self, vendor, origins, source, check_files=files_are_local)
+            engine = check_engine_toggles(self, vendor, origins, source, check_files=files_are_local)
+            if engine is not None and files_are_local:
+                from flagperf.inference.provenance import ReusedFileError, check_reused_files
+
+                # A file made for another model is refused here, before anything starts; the case folder's name
+                # is the case's (its configurations.yaml is the source).
+                try:
+                    check_reused_files(self, Path(source).parent.name, vendor, engine.manifest.needs_onnx,
+                                       origins, source)
+                except ReusedFileError as exc:
+                    raise ConfigError(exc.where, exc.key, exc.message) from None
 
     def items_per_sample(self) -> int:
         return 1

@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
+from flagperf.inference.config import RANDOM_WEIGHTS
+
 
 def build(model_class: type[PreTrainedModel], config: PretrainedConfig, checkpoint_path: str | None
           ) -> PreTrainedModel:
@@ -16,7 +18,9 @@ def build(model_class: type[PreTrainedModel], config: PretrainedConfig, checkpoi
     attention implementation ``config`` names holds for both (from_pretrained would pick its own default)."""
     if checkpoint_path is None:
         torch.manual_seed(0)
-        return model_class(config)
+        model = model_class(config)
+        setattr(model, RANDOM_WEIGHTS, True)  # the result says its accuracy is not the model's
+        return model
     return model_class.from_pretrained(Path(checkpoint_path), local_files_only=True,
                                        attn_implementation=config._attn_implementation)
 

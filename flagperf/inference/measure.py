@@ -319,22 +319,40 @@ def pass_metrics(stats: PassStats, config: InferenceConfig, ctx: CaseContext, *,
         f"{stats.name}_core", [Chunk(1, s) for s in stats.core_seconds], stats.items_per_batch, item,
         flops_per_item=flops, precision=precision, flops_scope=config.flops_scope(),
         note=f"FlagPerf's core: synchronised input copy + forward per batch; {attention}"))
-    metrics = [whole, core, _latency_metric(f"{stats.name}_latency", stats.core_seconds, stats.window,
-                                            f"per batch of {config.batch_size}, synchronised, input copy inside")]
+    per_batch = f"one batch of {config.batch_size}"
+    whole = with_convention(whole, f"FlagPerf's whole: {item} / wall time of the {config.repeat} pass(es) over the "
+                                   "data, data loading, copy to the device, forward and evaluation inside, the "
+                                   f"engine's non-inference time (a JIT compile) taken out; {attention}")
+    core = with_convention(core, f"FlagPerf's core: {item} / sum over batches of (copy to the device + forward), "
+                                 f"synchronised before and after each; loading and evaluation outside; {attention}")
+    latency = with_convention(
+        _latency_metric(f"{stats.name}_latency", stats.core_seconds, stats.window,
+                        f"per batch of {config.batch_size}, synchronised, input copy inside"),
+        f"{per_batch}: copy to the device + forward, synchronised (core's per-batch time); mean over batches, "
+        "percentiles of the same batches; loading and evaluation outside")
+    metrics = [whole, core, latency]
     if stats.first_item_seconds:
-        metrics.append(_latency_metric(f"{stats.name}_time_to_first_token", stats.first_item_seconds, stats.window,
-                                       "prefill to the first generated token, per batch"))
+        metrics.append(with_convention(
+            _latency_metric(f"{stats.name}_time_to_first_token", stats.first_item_seconds, stats.window,
+                            "prefill to the first generated token, per batch"),
+            f"{per_batch}: copy to the device, prefill and the first generated token, synchronised; mean over "
+            "batches"))
     if stats.cold_start_seconds is not None:
         extra = (f"; {stats.cold_start_non_inference:.3g} s of it the engine's non-inference work (a JIT compile)"
                  if stats.cold_start_non_inference else "")
         metrics.append(Metric(name=f"{stats.name}_cold_start_latency", value=stats.cold_start_seconds * 1e3,
                               unit="ms", iterations=1, chunks=1, statistic="single",
+                              convention=f"the first {per_batch} through the freshly built model or engine, "
+                                         "synchronised, before warm-up: one-time work (allocation, a JIT compile) "
+                                         "inside",
                               note=f"the first batch of {config.batch_size} through the freshly built model or "
                                    f"engine, synchronised, before warm-up (one-time work inside){extra}"))
     if stats.accuracy is not None and not synthetic and accuracy_name:
         metrics.append(Metric(name=f"{stats.name}_{accuracy_name}", value=stats.accuracy, unit="fraction",
                               statistic="single",
                               iterations=stats.scored_items, window=list(stats.window),
+                              convention=f"{accuracy_name}: the case's evaluator on the CPU, outputs against the "
+                                         f"data's labels, over {stats.scored_items} {item}",
                               note=f"the case's evaluator on the CPU, over {stats.scored_items} items"))
     return metrics
 
@@ -353,9 +371,21 @@ def compute_metrics(stats: ComputeStats, config: InferenceConfig, ctx: CaseConte
         f"{stats.name}_compute", [Chunk(1, s) for s in stats.seconds], stats.items_per_batch, config.item_name,
         flops_per_item=flops, precision=precision, flops_scope=config.flops_scope(),
         note=f"compute: {what}; {config.attention_statement()}"), stats.host_bound())
-    latency = _latency_metric(f"{stats.name}_compute_latency", stats.seconds, stats.window,
-                              f"per batch of {config.batch_size}; {what}")
+    throughput = with_convention(throughput, f"{config.item_name} / time of forwards back to back on inputs resident "
+                                             f"on the device, by {stats.clock}: no copy, no host wait; "
+                                             f"{config.attention_statement()}")
+    latency = with_convention(
+        _latency_metric(f"{stats.name}_compute_latency", stats.seconds, stats.window,
+                        f"per batch of {config.batch_size}; {what}"),
+        f"one forward of a batch of {config.batch_size} on resident inputs, by {stats.clock}; mean over forwards")
     return [throughput, latency]
+
+
+def with_convention(metric: Metric, convention: str) -> Metric:
+    """What the figure counts, for the report (which shows conventions, not notes), before any MFU convention
+    the figure already has."""
+    joined = f"{convention}; {metric.convention}" if metric.convention else convention
+    return metric.model_copy(update={"convention": joined})
 
 
 def _checked(metric: Metric, *known: str | None) -> Metric:

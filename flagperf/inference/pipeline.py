@@ -49,6 +49,7 @@ from torch.utils.data import DataLoader
 from flagperf.errors import CaseUserError
 from flagperf.inference.config import (
     NOT_APPLICABLE,
+    RANDOM_WEIGHTS,
     STEP_TITLES,
     STEPS,
     InferenceConfig,
@@ -74,7 +75,9 @@ from flagperf.inference.measure import (
     pass_metrics,
     resident_batches,
     timed_pass,
+    with_convention,
 )
+from flagperf.inference.provenance import check_reused_files, engine_options, write_record
 from flagperf.measure.casekit import CaseContext
 from flagperf.measure.device import device_clock, device_module, synchronize
 from flagperf.measure.timing import TimingPlan
@@ -120,6 +123,8 @@ class InferenceRun:
     metrics: list[Metric] = field(default_factory=list)
     report: InferenceReport | None = None
     stream: Any = None  # the round's own device stream (on_stream)
+    reused: list[tuple[str, bool]] = field(default_factory=list)  # (statement, checked) per reused file
+    random_weights: bool = False  # create_model built random weights (no checkpoint_path)
 
     @contextmanager
     def on_stream(self) -> Iterator[None]:
@@ -176,6 +181,12 @@ def step_init(run: InferenceRun) -> None:
         if engine_precision(run) != c.precision:
             log.warning("fp16: true, but engine %s reads an FP32 ONNX file: its inference figures are FP32 ones "
                         "(MFU against the fp32 peak); validation runs the model in FP16", c.compiler)
+    if run.engine_def is not None:
+        # Checked by the plan too where the files are local; here again on the host that reads them.
+        run.reused = check_reused_files(c, run.case_name, run.vendor, run.engine_def.manifest.needs_onnx,
+                                        run.origins, run.case_name)
+        for statement, checked in run.reused:
+            (log.info if checked else log.warning)("%s", statement)
     if c.loadgen_scenarios:
         from flagperf.inference.loadgen import require_loadgen
 
@@ -199,12 +210,14 @@ def step_dataset_model(run: InferenceRun) -> None:
     if not isinstance(model, torch.nn.Module):
         raise CaseUserError(f"create_model returned {type(model).__name__}, not a torch.nn.Module")
     check_attention(run.config, model)
+    run.random_weights = any(getattr(m, RANDOM_WEIGHTS, False) for m in model.modules())
     # Halved before it moves: a large model never sits on the device in FP32 when FP16 is what runs.
     run.model = (model.half() if run.config.fp16 else model).to(run.device).eval()
     run.sync()
     run.model_load_s = time.perf_counter() - started
-    log.info("model: %s, %.4g parameters, built and on %s in %.2f s; %s", type(model).__name__,
-             sum(p.numel() for p in model.parameters()), run.device, run.model_load_s,
+    log.info("model: %s, %.4g parameters%s, built and on %s in %.2f s; %s", type(model).__name__,
+             sum(p.numel() for p in model.parameters()),
+             ", random weights (checkpoint_path: null)" if run.random_weights else "", run.device, run.model_load_s,
              run.config.attention_statement())
 
 
@@ -408,6 +421,7 @@ def step_export(run: InferenceRun) -> None:
     if not path.is_file() or path.stat().st_size == 0:
         raise CaseUserError(f"export_model wrote no ONNX file at {path}")
     run.onnx_path = path
+    write_record(path, run.config, run.case_name, "onnx", engine_options(run.vendor), "fp16" if half else "fp32")
     log.info("exported %s (%.1f MiB)", path, path.stat().st_size / 2**20)
 
 
@@ -429,6 +443,12 @@ def _onnx_for_engine(run: InferenceRun) -> Path | None:
     return Path(run.config.exist_onnx_path) if run.config.exist_onnx_path else None
 
 
+def _onnx_compiled(run: InferenceRun) -> Path | None:
+    """The ONNX file the engine was built from: none where it was loaded from exist_compiler_path (FlagPerf's
+    flow sets exist_onnx_path to any placeholder then; the result must not name it as the engine's source)."""
+    return None if run.config.exist_compiler_path is not None else _onnx_for_engine(run)
+
+
 def step_compile(run: InferenceRun) -> None:
     assert run.engine_cls is not None
     started = time.perf_counter()
@@ -442,6 +462,9 @@ def step_compile(run: InferenceRun) -> None:
         # The user's ONNX file: a file the engine cannot read is the config's fault, not worth a retry.
         raise _user_file_error(run, "exist_onnx_path", Path(run.config.exist_onnx_path), exc) from exc
     run.compile_s = time.perf_counter() - started
+    if run.engine.engine_file is not None and run.engine.engine_file.is_file():
+        write_record(run.engine.engine_file, run.config, run.case_name, "engine", engine_options(run.vendor),
+                     run.engine.precision)
     log.info("compiled in %.2f s (untimed)%s", run.compile_s,
              f", engine file {run.engine.engine_file}" if run.engine.engine_file else "")
 
@@ -522,9 +545,14 @@ def step_summary(run: InferenceRun) -> None:
         if computed is not None:
             metrics += compute_metrics(computed, c, ctx, flops_per_item=flops, precision=precision)
     metrics += _setup_metrics(run) + _loadgen_metrics(run)
+    metrics = _with_accuracy_reference(run, _with_reuse_notes(run, metrics))
+    if run.random_weights:
+        accuracy = f"_{getattr(run.module, 'ACCURACY', 'accuracy')}"
+        metrics = [with_convention(m, RANDOM_WEIGHTS_NOTE) if m.name.endswith(accuracy) else m for m in metrics]
     e2e = time.perf_counter() - run.started
     metrics.append(Metric(name="e2e_time", value=e2e, unit="s", note="steps a to g in the case process",
-                          statistic="single"))
+                          statistic="single", convention="FlagPerf's e2e_time: steps a to g in the case process, "
+                                                         "untimed compile and set-up included"))
     run.metrics = metrics
     steps = {name: run.steps.get(name, "ran") for name in STEPS}
     steps["summary"] = "ran"
@@ -533,12 +561,14 @@ def step_summary(run: InferenceRun) -> None:
         note = "synthetic inputs: throughput only; no accuracy is reported"
     elif getattr(run.module, "ACCURACY", None) is None:
         note = "the case has no accuracy metric"
+    elif run.random_weights:
+        note = RANDOM_WEIGHTS_NOTE
     run.report = InferenceReport(
         compiler=c.compiler, precision=c.precision, batch_size=c.batch_size, flops_per_item=flops,
         item=c.item_name, steps=steps, runner=run.runner, synthetic_data=run.synthetic,
         data=str(getattr(run.dataset, "description", type(run.dataset).__name__)), accuracy_note=note,
         e2e_time_s=e2e, non_inference_s=run.inference.non_inference_seconds if run.inference else 0.0,
-        onnx_path=str(_onnx_for_engine(run)) if _onnx_for_engine(run) else None,
+        onnx_path=str(_onnx_compiled(run)) if _onnx_compiled(run) else None,
         engine_file=str(run.engine.engine_file) if run.engine and run.engine.engine_file else None,
         loadgen=run.loadgen, flops_source=run.flops_source or "configured flops", flops_configured=c.flops,
         latencies_file=write_latencies(run), data_path=data_path_note(run),
@@ -555,17 +585,75 @@ def step_summary(run: InferenceRun) -> None:
             log.warning("%s: %s", m.name, m.warning)
 
 
+RANDOM_WEIGHTS_NOTE = ("random weights (checkpoint_path: null; nothing is downloaded): the accuracy is chance level, "
+                      "a check that the engine agrees with the eager model, not the model's accuracy")
+
+
+def _with_reuse_notes(run: InferenceRun, metrics: list[Metric]) -> list[Metric]:
+    """Every figure of the engine says which reused file it came from; one that was not checked against this
+    config warns (it may be another model's figure under this model's name and FLOPs)."""
+    if not run.reused:
+        return metrics
+    note = "; ".join(statement for statement, _ in run.reused)
+    unchecked = "; ".join(statement for statement, checked in run.reused if not checked)
+    updated = []
+    for m in metrics:
+        if m.name.startswith(("inference_", "loadgen_")):
+            update: dict[str, Any] = {"note": f"{m.note}; {note}" if m.note else note}
+            if unchecked:
+                update["warning"] = f"{m.warning}; {unchecked}" if m.warning else unchecked
+            m = m.model_copy(update=update)
+        updated.append(m)
+    return updated
+
+
+def _with_accuracy_reference(run: InferenceRun, metrics: list[Metric]) -> list[Metric]:
+    """FlagPerf's accuracy check: the engine's accuracy against the eager, unexported model's (validation) on
+    the same data. Both are scored against the data's labels; the difference is stated, and one above
+    accuracy_tolerance warns (the engine computes another function than the model)."""
+    name = getattr(run.module, "ACCURACY", "accuracy")
+    by_name = {m.name: m for m in metrics}
+    eager, engine = by_name.get(f"validation_{name}"), by_name.get(f"inference_{name}")
+    updated = []
+    for m in metrics:
+        if m is eager:
+            m = with_convention(m.model_copy(update={"note": f"{name} of the eager PyTorch model (not exported) "
+                                                             f"against the data's labels; {m.note}"}),
+                                "the eager PyTorch model (not exported): FlagPerf's reference")
+        elif m is engine:
+            if eager is None:
+                reference = "no eager reference (validation did not run or scored nothing)"
+                warning = m.warning
+            else:
+                difference = m.value - eager.value
+                reference = (f"the eager model (validation) scored {eager.value:.4f} on the same data: difference "
+                             f"{difference:+.4f}")
+                warning = m.warning
+                if abs(difference) > run.config.accuracy_tolerance:
+                    too_far = (f"differs from the eager model's {eager.value:.4f} by {difference:+.4f}, more than "
+                               f"accuracy_tolerance {run.config.accuracy_tolerance}: the engine does not compute "
+                               "what the model does")
+                    warning = f"{warning}; {too_far}" if warning else too_far
+            m = with_convention(m.model_copy(update={"note": f"{name} of the engine's outputs against the data's "
+                                                             f"labels; {reference}; {m.note}", "warning": warning}),
+                                f"the engine's outputs; reference: {reference}")
+        updated.append(m)
+    return updated
+
+
 def _setup_metrics(run: InferenceRun) -> list[Metric]:
     """Model load and engine build: the one-time costs a deployment pays before the first answer."""
     metrics = []
     if run.model_load_s is not None:
         metrics.append(Metric(name="model_load_time", value=run.model_load_s, unit="s", iterations=1,
                               statistic="single",
-                              note="create_model (weights built or read) and the move to the device, synchronised"))
+                              note="create_model (weights built or read) and the move to the device, synchronised",
+                              convention="create_model and the move to the device, synchronised"))
     if run.compile_s is not None:
         how = "loaded from exist_compiler_path" if run.config.exist_compiler_path else "built (step e)"
         metrics.append(Metric(name="engine_build_time", value=run.compile_s, unit="s", iterations=1,
-                              statistic="single", note=f"the engine {how}, untimed in the throughput figures"))
+                              statistic="single", note=f"the engine {how}, untimed in the throughput figures",
+                              convention=f"the engine {how}; outside every throughput figure"))
     return metrics
 
 
@@ -579,6 +667,7 @@ def _loadgen_metrics(run: InferenceRun) -> list[Metric]:
                                         f"{r.invalid_reason}; not a valid MLPerf figure")
         metrics.append(Metric(name=f"loadgen_{r.scenario.lower()}", value=r.samples_per_s,
                               unit=f"{run.config.item_name}/s", warning=warning, statistic="loadgen",
+                              convention=f"MLPerf LoadGen {r.scenario}'s own figure, from its summary",
                               note=f"MLPerf LoadGen {r.scenario}, {r.result_validity} (its latencies are under "
                                    f"inference.loadgen; logs in {r.log_dir})"))
     return metrics

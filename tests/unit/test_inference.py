@@ -120,6 +120,9 @@ def _copy_flagperf_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, vendor_
     ("compiler: onnxruntime\nimage_size: 16\n", "image_size", "parameters are not vendor-overridable"),
     ("compiler: onnxruntime\nflops: 2*x\n", "flops", "product"),
     ("compiler: onnxruntime\nbatch_size: 0\n", "batch_size", "greater than or equal to 1"),
+    # FlagPerf's nvidia vendor keys for its TensorRT class: refused with what replaces them, not carried silently
+    ("compiler: onnxruntime\ntrt_tmp_path: nvidia_tmp/resnet50.trt\n", "trt_tmp_path", "exist_compiler_path"),
+    ("compiler: onnxruntime\nhas_dynamic_axis: false\n", "has_dynamic_axis", "batch axis as symbolic"),
 ])
 def test_bad_vendor_overrides_name_the_file_and_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                     vendor_yaml: str, key: str, message: str) -> None:
@@ -138,6 +141,12 @@ def _run_flagperf_format(tmp_path: Path, name: str) -> tuple[int, RoundResult]:
     out = tmp_path / name
     out.mkdir()
     return run_job(job, out), read_result(out / "result.json")
+
+
+def test_a_flagperf_key_that_does_nothing_here_is_refused_from_the_command_line() -> None:
+    error = plan_error("torchtrt_full_compile=true")
+    assert (error.source, error.key) == ("--set", "torchtrt_full_compile")
+    assert "FlagPerf's torchtrt_full_compile is not read here" in error.message and "inductor" in error.message
 
 
 def test_a_vendor_key_for_its_engine_warns_and_is_checked_by_the_engine(tmp_path: Path,
@@ -254,6 +263,13 @@ def test_digits_accuracy_through_eager_and_onnxruntime_agree(tmp_path: Path) -> 
         assert core.window is not None and core.window[0] < core.window[1]
     assert result.measured_seconds == pytest.approx(m["validation_core"].measured_seconds
                                                     + m["inference_core"].measured_seconds)
+    # Every figure says what it counts where the report shows it (its convention), accuracy against what.
+    assert all(x.convention for x in result.metrics), [x.name for x in result.metrics if not x.convention]
+    assert m["inference_whole"].convention.startswith("FlagPerf's whole: samples / wall time of the 3 pass(es)")
+    assert "attention: not applicable" in m["inference_core"].convention
+    assert "copy to the device + forward, synchronised" in m["inference_latency"].convention
+    assert "against the data's labels" in m["inference_top1"].convention
+    assert "reference: the eager model (validation) scored" in m["inference_top1"].convention
 
 
 def _engine(name: str, config: InferenceConfig, onnx: Path | None, model: torch.nn.Module | None,
@@ -372,6 +388,9 @@ def test_resnet50_reads_an_imagenet_style_folder(tmp_path: Path) -> None:
     m = metrics(result)
     assert 0.0 <= m["validation_top1"] <= 1.0 and m["inference_top1"] == pytest.approx(m["validation_top1"])
     assert result.inference.synthetic_data is False and "8 images in 2 classes" in result.inference.data
+    # No checkpoint_path: random weights, so the accuracy is chance level, and the result says so.
+    assert result.inference.accuracy_note.startswith("random weights (checkpoint_path: null")
+    assert "not the model's accuracy" in next(x for x in result.metrics if x.name == "inference_top1").convention
 
 
 def test_bert_masked_lm_accuracy_on_a_token_file(tmp_path: Path) -> None:
@@ -859,7 +878,8 @@ def test_flops_follow_the_models_shape(tmp_path: Path) -> None:
         core = next(m for m in result.metrics if m.name == "inference_core")
         # What runs is stated: the attention, and that padded positions are counted (they are computed).
         assert core.note.endswith("attention: sdpa (transformers attn_implementation)")
-        assert core.convention.startswith(f"MFU = {bert(seq):.4g} FLOP per sequence (all {seq} positions of a "
+        assert "attention: sdpa" in core.convention  # where the report shows it
+        assert core.convention.endswith(f"; MFU = {bert(seq):.4g} FLOP per sequence (all {seq} positions of a "
                                           "sequence, padded positions included: they are computed (masked out of "
                                           "attention), not skipped) x sequences/s / fp32 peak")
         assert "attention: sdpa" in next(m for m in result.metrics if m.name == "validation_compute").note
@@ -1240,3 +1260,85 @@ def test_the_report_lists_the_figures_warnings() -> None:
                          headline=[{"case": "digits-infer", "metric": "validation_core", "warnings": ["far"]},
                                    {"case": "digits-infer", "metric": "inference_core", "warnings": []}])
     assert render_warnings(summary) == ["## Warnings", "", "- digits-infer / validation_core: far", ""]
+
+
+# Reused files (exist_onnx_path, exist_compiler_path) are checked against what they were made from --------------
+
+@pytest.fixture(scope="module")
+def kept_resnet(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny ResNet round's ONNX and engine files, kept (with the records written beside them)."""
+    tmp = tmp_path_factory.mktemp("kept")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FLAGPERF_WORK_ROOT", str(tmp / "work"))
+        code, result, _ = run_case(tmp, "resnet50-infer", *TINY_RESNET, "repeat=1", "compiler=onnxruntime",
+                                   "keep_artifacts=true")
+    assert code == 0, result.failure
+    return Path(str(result.inference.onnx_path)), Path(str(result.inference.engine_file))
+
+
+@pytest.mark.parametrize("key", ["exist_onnx_path", "exist_compiler_path"])
+def test_a_reused_file_made_for_another_model_is_refused_before_anything_runs(kept_resnet: tuple[Path, Path],
+                                                                             key: str) -> None:
+    reused = kept_resnet[0] if key == "exist_onnx_path" else kept_resnet[1]
+    wider = [s for s in TINY_RESNET if not s.startswith("hidden_sizes")] + ["hidden_sizes=[8, 32]"]
+    error = plan_error(*wider, "compiler=onnxruntime", f"{key}={reused}", case="resnet50-infer")
+    assert (error.source, error.key) == ("--set", key)
+    assert error.message.startswith(f"{reused} was made for another model: hidden_sizes [8, 16] (now [8, 32])")
+    assert "\n" not in str(error)
+
+
+def test_a_reused_file_made_for_this_model_is_used_and_said_to_be_checked(tmp_path: Path,
+                                                                           kept_resnet: tuple[Path, Path]) -> None:
+    # Another data set size and repeat are not another model; a symbolic batch axis takes any batch size.
+    onnx = kept_resnet[0]
+    sets = [s for s in TINY_RESNET if not s.startswith(("synthetic_images", "batch_size"))]
+    code, result, _ = run_case(tmp_path, "resnet50-infer", *sets, "synthetic_images=4", "batch_size=2", "repeat=1",
+                               "compiler=onnxruntime", f"exist_onnx_path={onnx}")
+    assert code == 0, result.failure
+    core = next(m for m in result.metrics if m.name == "inference_core")
+    assert f"exist_onnx_path {onnx} checked against its record" in str(core.note) and core.warning is None
+
+
+def test_flagperfs_engine_only_flow_checks_the_engine_file_and_names_no_onnx(tmp_path: Path,
+                                                                              kept_resnet: tuple[Path, Path]) -> None:
+    # FlagPerf's adaptation flow: no model, a placeholder ONNX path, the engine file loaded as it is.
+    engine = kept_resnet[1]
+    code, result, _ = run_case(tmp_path, "resnet50-infer", *TINY_RESNET, "repeat=1", "compiler=onnxruntime",
+                               "no_validation=true", "exist_onnx_path=foo", f"exist_compiler_path={engine}")
+    assert code == 0, result.failure
+    assert result.inference.onnx_path is None  # "foo" was never read
+    core = next(m for m in result.metrics if m.name == "inference_core")
+    assert f"exist_compiler_path {engine} checked against its record" in str(core.note) and core.warning is None
+
+
+def test_a_reused_file_without_a_record_is_flagged_in_every_inference_figure(tmp_path: Path,
+                                                                             kept_resnet: tuple[Path, Path]) -> None:
+    foreign = tmp_path / "vendor.onnx"  # a vendor's own ONNX (FlagPerf's adaptation flow): no record beside it
+    shutil.copy(kept_resnet[0], foreign)
+    code, result, _ = run_case(tmp_path, "resnet50-infer", *TINY_RESNET, "repeat=1", "compiler=onnxruntime",
+                               "no_validation=true", f"exist_onnx_path={foreign}")
+    assert code == 0, result.failure
+    rates = [m for m in result.metrics if m.name in ("inference_whole", "inference_core", "inference_compute")]
+    assert len(rates) == 3
+    for m in rates:
+        assert f"exist_onnx_path {foreign} has no record" in str(m.warning), m.name
+    assert not any("has no record" in str(m.warning) for m in result.metrics if m.name.startswith("validation"))
+
+
+def test_the_engines_accuracy_is_stated_against_the_eager_models() -> None:
+    from flagperf.inference import pipeline
+    from flagperf.results.schema import Metric
+
+    class Run:  # what _with_accuracy_reference reads of a round
+        module = ModuleType("case")
+        config = _config(accuracy_tolerance=0.01)
+
+    Run.module.ACCURACY = "top1"
+    eager = Metric(name="validation_top1", value=0.90, unit="fraction", note="the case's evaluator")
+    close, far = (Metric(name="inference_top1", value=v, unit="fraction", note="the case's evaluator")
+                  for v in (0.905, 0.80))
+    _, checked = pipeline._with_accuracy_reference(Run, [eager, close])  # type: ignore[arg-type]
+    assert "eager model (validation) scored 0.9000 on the same data: difference +0.0050" in str(checked.note)
+    assert checked.warning is None
+    _, flagged = pipeline._with_accuracy_reference(Run, [eager, far])  # type: ignore[arg-type]
+    assert "differs from the eager model's 0.9000 by -0.1000" in str(flagged.warning)

@@ -28,6 +28,8 @@ PAD_ID = 0  # [PAD]
 
 class Config(InferenceConfig):
     item_name: ClassVar[str] = "sequences"
+    artifact_neutral_keys: ClassVar[frozenset[str]] = frozenset({
+        "data_path", "synthetic_sequences", "synthetic_min_length_fraction", "mask_fraction"})
     data_path: LocalPath = Field(description="1-D .npy of token ids; null: synthetic tokens")
     checkpoint_path: LocalPath = Field(description="a save_pretrained folder; null: random weights")
     synthetic_sequences: int = Field(ge=1)

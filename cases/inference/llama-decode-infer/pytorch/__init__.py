@@ -34,6 +34,7 @@ MASK_FOR_EXPORT = int(transformers.__version__.split(".")[0]) >= 5
 
 class Config(InferenceConfig):
     item_name: ClassVar[str] = "tokens"
+    artifact_neutral_keys: ClassVar[frozenset[str]] = frozenset({"data_path", "synthetic_prompts"})
     data_path: LocalPath = Field(description="1-D .npy of token ids for the prompts; null: synthetic")
     checkpoint_path: LocalPath = Field(description="a save_pretrained folder; null: random weights")
     synthetic_prompts: int = Field(ge=1)

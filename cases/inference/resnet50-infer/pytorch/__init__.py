@@ -21,6 +21,7 @@ ACCURACY = "top1"
 
 class Config(InferenceConfig):
     item_name: ClassVar[str] = "images"
+    artifact_neutral_keys: ClassVar[frozenset[str]] = frozenset({"data_dir", "synthetic_images"})
     # Defaults for the keys FlagPerf's configurations.yaml does not have, so FlagPerf's file loads unchanged.
     data_dir: LocalPath = Field(default=None, description="ImageNet-style folder: <class>/<image>, classes in "
                                                           "sorted order")
