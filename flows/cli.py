@@ -244,7 +244,7 @@ def run(
             os.environ["PREFECT_API_URL"] = server.start(interrupt.signals)
         for handler in handlers:
             root.addHandler(handler)
-        from flows.evaluate import BAD_INPUT, evaluate  # Prefect is imported once the input is known to be good
+        from flows.evaluate import BAD_INPUT, RUN_STOPPED, evaluate  # Prefect once the input is known good
 
         with live_view(progress, console) if not verbose else nullcontext():
             state = evaluate(suite=suite, cases=case_list, vendor=vendor, rounds=rounds, overrides=set_ or [],
@@ -302,6 +302,8 @@ def run(
                   f"next: open {report_html}; change one thing (--set KEY=VALUE) and run again, then "
                   f"`flagperf compare {folder} <new run>`", highlight=False, soft_wrap=True)
     if failed:
+        if state.is_failed() and RUN_STOPPED in (state.message or ""):  # stopped early: what to free, how to go on
+            raise _fail(state.message or "", EXIT_FAILED)
         raise typer.Exit(EXIT_FAILED)
     if counts["unsupported"]:
         raise typer.Exit(EXIT_UNSUPPORTED_ONLY)

@@ -71,6 +71,7 @@ from flows.host_round import host_healthcheck, host_round, round_outcome
 from flows.logs import route_core_logs
 from tasks.analyze import analyze
 from tasks.collect import STORE_ERRNOS, holds_result, stage_folder
+from tasks.container import HOST_DISK_FULL, THEN
 from tasks.healthcheck import healthcheck
 from tasks.image import build_image, probe_image
 
@@ -294,17 +295,27 @@ def failed_line(failed: list[RoundResult], total: int, command: str | None, run_
     return line
 
 
+RUN_STOPPED = "; stopped after "  # the message of a run that stopped before its last round, and why
+
+
 class ResultsUnwritable(FlagperfError):
-    """The results folder stopped taking files (full, read-only): the run stops; nothing measured is lost."""
+    """The results folder, or a host's work folder, stopped taking files (full, read-only): the run stops;
+    nothing measured is lost."""
 
 
 def stop_if_results_unwritable(results: list[RoundResult], run_dir: Path, command: str | None = None) -> None:
     """Once the results folder refuses a round, every later round would be measured for nothing: stop, and
-    say how to get back what was measured (a retry collects it from the hosts)."""
+    say how to get back what was measured (a retry collects it from the hosts). A host whose work folder is full
+    would fail every later round the same way: stop too, saying where to free space."""
+    full = [r.failure.message for r in results if r.failure and HOST_DISK_FULL in r.failure.message]
+    if full:
+        raise ResultsUnwritable(
+            f"{full[0].split(THEN)[0]}{RUN_STOPPED}{len(results)} round(s). Free space there, then "
+            f"{how_to_retry(command, run_dir)}: completed rounds are kept, the rest run")
     refused = [r for r in results if r.failure and RESULTS_UNWRITABLE in r.failure.message]
     if refused:
         raise ResultsUnwritable(
-            f"{refused[0].failure.message if refused[0].failure else ''}; stopped after {len(results)} round(s). "
+            f"{refused[0].failure.message if refused[0].failure else ''}{RUN_STOPPED}{len(results)} round(s). "
             f"Free space, then {how_to_retry(command, run_dir)}: rounds kept on the hosts are collected, not run "
             f"again, completed ones kept, the rest run (`flagperf report {run_dir}` rebuilds the report alone)")
 

@@ -27,7 +27,7 @@ from flagperf.results.provenance import library_versions
 from flagperf.results.schema import RESULT_FILE, Failure, RoundResult, round_dir, write_result
 from flows.logs import route_core_logs
 from tasks.collect import collect_logs, leftover_result, stage_folder
-from tasks.container import run_case
+from tasks.container import THEN, host_disk_full, run_case
 from tasks.healthcheck import healthcheck
 from tasks.image import build_image
 from tasks.monitor import start_monitors, stop_monitors
@@ -131,6 +131,12 @@ def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: C
     finally:
         if monitors:
             stop_monitors(host, monitors, stage_dir, label, return_state=True)
+    if failure is not None and failure.kind == "infrastructure":
+        full = host_disk_full(host, stage_dir)
+        if full:  # the cause, before what the case could still say of it (often a traceback's end)
+            failure = failure.model_copy(update={
+                "message": f"{round_label(case.name, round_no, host.name)}: {full}{THEN}{failure.message}"})
+            get_run_logger().error("%s: %s", label, full)
     return _collect(host, stage_dir, run_dir, case, round_no, node_rank, job, failure, probe, label)
 
 

@@ -16,9 +16,14 @@ from flagperf.errors import EXIT_OK, EXIT_UNSUPPORTED, EXIT_USER_ERROR, Infrastr
 from flagperf.hosts.local import CommandResult, Host
 from flagperf.hosts.runtime import PID_FILE, Runtime
 from flagperf.inference.subflows import portable_context
-from flagperf.results.schema import ATTEMPT_FAILURE_FILE, CASE_LOG_FILE, RESULT_FILE, RoundResult, read_result
+from flagperf.results.schema import ATTEMPT_FAILURE_FILE, CASE_LOG_FILE, RESULT_FILE, RoundResult
 
 LOG_TAIL_LINES = 15
+# A round that failed where the host's work folder has less than this free failed for want of space: said so
+# first, and the run stops (every later round there would fail the same way) until space is freed and it is retried.
+HOST_DISK_FULL = "the host's work folder is full"
+HOST_DISK_FULL_BYTES = 1 << 20
+THEN = "; then: "  # between that cause and what the round itself reported
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # colour codes some libraries print (ONNX Runtime's warnings)
 
 
@@ -61,7 +66,8 @@ def verdict(host: Host, job: Job, job_dir: Path, outcome: CommandResult, timeout
                                     f"(timeout_s); the process group was killed")
     if outcome.exit_code in (EXIT_OK, EXIT_UNSUPPORTED, EXIT_USER_ERROR):
         try:
-            result = read_result(job_dir / RESULT_FILE)
+            # read on the host: its files are not the controller's (a test bed's hosts only share them)
+            result = RoundResult.model_validate_json(host.read_text(job_dir / RESULT_FILE))
         except (OSError, ValueError) as exc:
             raise InfrastructureFailure(f"{job.case} round {job.round} on {host.name}: exit {outcome.exit_code} "
                                         f"but no readable {RESULT_FILE}: {str(exc).splitlines()[0]}") from None
@@ -74,3 +80,15 @@ def verdict(host: Host, job: Job, job_dir: Path, outcome: CommandResult, timeout
     raise InfrastructureFailure(f"{job.case} round {job.round} on {host.name}: {how}; "
                                 f"last lines of {CASE_LOG_FILE}: "
                                 f"{' | '.join(host.tail(job_dir / CASE_LOG_FILE, LOG_TAIL_LINES)) or '(empty)'}")
+
+
+def host_disk_full(host: Host, folder: Path) -> str | None:
+    """"the host's work folder is full (HOST:WORK_ROOT: N bytes free)" when the file system of ``folder`` on the
+    host is out of space, else None (also when the host cannot say: the round's own failure stands then)."""
+    try:
+        free = host.disk_free(folder)
+    except Exception:  # a host that went away: not a question of space
+        return None
+    if free >= HOST_DISK_FULL_BYTES:
+        return None
+    return f"{HOST_DISK_FULL} ({host.name}:{host.work_root}: {free} bytes free)"

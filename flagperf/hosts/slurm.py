@@ -49,6 +49,7 @@ from flagperf.hosts.runtime import Runtime
 from flagperf.hosts.slurm_node import EXIT_FILE, MONITOR_EXIT, START_FILE
 from flagperf.hosts.slurm_spec import SlurmSpec
 from flagperf.paths import PROJECT_ROOT
+from flagperf.results.bounded import open_regular, read_bounded, read_end, read_start
 from flagperf.results.schema import ATTEMPT_FAILURE_FILE, CASE_LOG_FILE
 
 logger = logging.getLogger("flagperf.hosts.slurm")
@@ -301,37 +302,55 @@ def _slurm_conf() -> dict[str, str]:
     return {"SLURM_CONF": os.environ["SLURM_CONF"]} if "SLURM_CONF" in os.environ else {}
 
 
+# What the controller reads of a file a job on a node writes, at most: a record (an exit status), a piece of a
+# log followed (a line longer than that goes on in pieces), the end of a log a tail is taken from.
+MAX_JOB_RECORD_BYTES = 64 * 1024
+FOLLOW_CHUNK_BYTES = 1 << 20
+TAIL_BYTES = 64 * 1024
+
+
 def read_record(path: Path) -> dict[str, Any] | None:
+    """A small JSON record a job wrote (its exit status); None when missing, not regular, too large or not JSON."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        record = json.loads(read_bounded(path, MAX_JOB_RECORD_BYTES))
     except (OSError, ValueError):
         return None
+    return record if isinstance(record, dict) else None
 
 
-def follow(path: Path | None, on_line: LineSink | None, readers: dict[Path, int], prefix: str = "") -> None:
-    """Hand the lines added to ``path`` since the last call to ``on_line`` (whole lines only)."""
+def follow(path: Path | None, on_line: LineSink | None, readers: dict[Path, int], prefix: str = "",
+           final: bool = False) -> None:
+    """Hand the lines added to ``path`` since the last call to ``on_line``: whole lines only, unless ``final`` (the
+    writer has ended: its last line needs no newline); FOLLOW_CHUNK_BYTES read at a time, a longer line in pieces."""
     if path is None or on_line is None:
         return
-    offset = readers.get(path, 0)
-    try:
-        with path.open("rb") as f:
-            f.seek(offset)
-            data = f.read()
-    except OSError:
-        return
-    end = data.rfind(b"\n")
-    if end < 0:
-        return
-    readers[path] = offset + end + 1
-    for line in data[:end].decode("utf-8", errors="replace").split("\n"):
-        on_line(prefix + line)
+    while True:
+        offset = readers.get(path, 0)
+        handle = open_regular(path)  # never waits on a FIFO
+        if handle is None:
+            return
+        with handle:
+            handle.seek(offset)
+            data = handle.read(FOLLOW_CHUNK_BYTES)
+        full = len(data) == FOLLOW_CHUNK_BYTES
+        if data.endswith(b"\n"):
+            lines, used = data[:-1], len(data)
+        elif (cut := data.rfind(b"\n")) >= 0:  # the rest: a line still being written, or read next time round
+            lines, used = data[:cut], cut + 1
+        elif full or (final and data):  # a line longer than a chunk, or the last line of an ended writer
+            lines, used = data, len(data)
+        else:
+            return
+        readers[path] = offset + used
+        for line in lines.decode("utf-8", errors="replace").split("\n"):
+            on_line(prefix + line)
+        if not (full or final):
+            return
 
 
 def tail(path: Path, lines: int) -> list[str]:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return []
+    """The last ``lines`` non-empty lines of a log, from its last TAIL_BYTES only."""
+    text = read_end(path, TAIL_BYTES) or ""
     return [line.strip() for line in text.splitlines() if line.strip()][-lines:]
 
 
@@ -428,17 +447,22 @@ class SlurmHost(LocalHost):
             except BaseException:
                 job.cancel("interrupted")
                 raise
-            lines = (folder / "output.log").read_text(encoding="utf-8", errors="replace").splitlines() \
-                if (folder / "output.log").exists() else []
-            if log_path is not None:
-                log_path.parent.mkdir(parents=True, exist_ok=True)
-                with log_path.open("a", encoding="utf-8") as log:
-                    log.writelines(f"{line}\n" for line in lines)
-                    if job.end:
-                        log.write(f"{job.end}\n")
-            for line in lines:
-                if on_line:
-                    on_line(line)
+            with contextlib.ExitStack() as stack:
+                log = None
+                if log_path is not None:
+                    log_path.parent.mkdir(parents=True, exist_ok=True)
+                    log = stack.enter_context(log_path.open("a", encoding="utf-8"))
+
+                def hand_on(line: str) -> None:
+                    if log is not None:
+                        log.write(f"{line}\n")
+                    if on_line:
+                        on_line(line)
+
+                # a chunk at a time, whatever the job printed
+                follow(folder / "output.log", hand_on, {}, final=True)
+                if log is not None and job.end:
+                    log.write(f"{job.end}\n")
             if job.never_started:
                 raise SlurmJobNeverStarted(f"host {self.name}: {job.end}")
             record = read_record(exit_file)
@@ -469,8 +493,8 @@ class SlurmHost(LocalHost):
         deferred: DeferredProcess = proc.handle
         self._monitors.pop(deferred.log.parent, None)
         try:
-            return int((deferred.log.parent / MONITOR_EXIT.format(name=deferred.name)).read_text().strip())
-        except (OSError, ValueError):
+            return int((read_start(deferred.log.parent / MONITOR_EXIT.format(name=deferred.name), 64) or "").strip())
+        except ValueError:
             return None
 
     def is_running(self, proc: BackgroundProcess) -> bool:
@@ -503,7 +527,7 @@ class SlurmRuntime(Runtime):
                   pid_file: Path) -> CommandResult:
         assert isinstance(host, SlurmHost)
         start = time.monotonic()
-        job = json.loads((job_dir / JOB_FILE).read_text(encoding="utf-8"))
+        job = json.loads(read_bounded(job_dir / JOB_FILE))
         stage_dir = pid_file.parent
         entry = [host.python, "-m", "flagperf.entry", "--job", str(job_dir / JOB_FILE)]
         monitors = [{"name": m.name, "argv": m.argv, "log": str(m.log)} for m in host.deferred_monitors(stage_dir)]

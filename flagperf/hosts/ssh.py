@@ -5,6 +5,8 @@ says so, a changed key never. Every connect and command has a timeout.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import os
@@ -33,6 +35,8 @@ CHANNEL_SLACK_S = 60.0
 MAX_LINE_BYTES = 1 << 20
 STDERR_TAIL = 1 << 16
 DEFAULT_PYTHON = "python3"
+# A failed write where the host's file system has less than the file plus this free is put down to a full disk.
+FULL_SLACK_BYTES = 64 * 1024
 NO_EXIT_STATUS = -1  # paramiko's exit status of a channel closed without one (the session went away)
 
 
@@ -329,15 +333,45 @@ class SshHost(Host):
             sftp.mkdir(str(item), mode=0o700)
 
     def write_text(self, path: Path, text: str, mode: int | None = None) -> None:
+        """``path`` on the host holds ``text`` whole, or is as it was: the text goes to a temporary file renamed
+        over it. A write that fails (the host's disk is full, the link dropped) removes the temporary file and is
+        an SshError of one line naming the host, the file and the cause."""
         remote = PurePosixPath(path)
-        with self._sftp() as sftp:
-            self._makedirs(sftp, remote.parent)
-            tmp = str(remote.with_name(f".{remote.name}.tmp"))
-            with sftp.open(tmp, "w") as out:
-                if mode is not None:  # before a byte of it is written
-                    out.chmod(mode)
-                out.write(text.encode("utf-8"))
-            sftp.posix_rename(tmp, str(remote))
+        data = text.encode("utf-8")
+        tmp = str(remote.with_name(f".{remote.name}.tmp"))
+        try:
+            with self._sftp() as sftp:
+                self._makedirs(sftp, remote.parent)
+                try:
+                    with sftp.open(tmp, "w") as out:
+                        if mode is not None:  # before a byte of it is written
+                            out.chmod(mode)
+                        out.write(data)  # pipelined: a failed write may only show when the file is closed
+                    sftp.posix_rename(tmp, str(remote))
+                except BaseException:
+                    with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+                        sftp.remove(tmp)  # never a half file left behind on the host
+                    raise
+        except SshError:
+            raise
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise self._write_error(remote, len(data), exc) from None
+
+    def _write_error(self, remote: PurePosixPath, size: int, exc: BaseException) -> SshError:
+        """The SshError for a failed write: SFTP says only "Failure" for a full disk, so the host's free space is
+        asked for and the cause named when it is that (errno ENOSPC then, as a local write's)."""
+        cause = (exc.strerror if isinstance(exc, OSError) else None) or str(exc) or type(exc).__name__
+        try:
+            free: int | None = self.disk_free(Path(remote.parent))
+        except (OSError, ValueError, paramiko.SSHException, EOFError):
+            free = None
+        full = free is not None and free < size + FULL_SLACK_BYTES
+        if full:
+            cause = f"{os.strerror(errno.ENOSPC)} ({free} bytes free there, {size} needed)"
+        error = SshError(f"host {self.name}: cannot write {remote}: {cause}")
+        if full:
+            error.errno = errno.ENOSPC
+        return error
 
     def read_text(self, remote: Path, max_bytes: int = MAX_RECORD_BYTES) -> str:
         with self._sftp() as sftp, self._open_regular(sftp, remote) as handle:

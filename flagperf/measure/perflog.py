@@ -9,6 +9,7 @@ counted as malformed) and fast enough for millions of lines (orjson, columns bui
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,13 @@ from typing import Any
 import orjson
 import pandas as pd
 
+from flagperf.results.bounded import open_regular
+
 PREFIX = "[PerfLog] "
 EVENTS = ("INIT", "TRAIN", "EPOCH", "STEP", "EVALUATE", "FINISHED", "SUBMIT_INFO")
+# How much of a rank's log is parsed at most: its last bytes, where FINISHED and the last events are. A long
+# training run's log is far below this; one that is above (a case printing without end) is not read whole.
+MAX_LOG_BYTES = 16 * 1024 * 1024
 
 
 def format_line(event: str, value: dict[str, Any] | str, *, file: str, lineno: int, time_ms: int, rank: int) -> str:
@@ -32,6 +38,12 @@ class PerfLog:
     events: pd.DataFrame  # columns: event, rank, time_ms, value (dict or None)
     malformed: int
     lines: int
+    skipped_bytes: int = 0  # the start of a file longer than parse_file reads: not parsed
+
+    def read_from_end_note(self) -> str:
+        """"" when the whole log was parsed, else a note saying how much of it was."""
+        return f" (from the log's end only: its first {self.skipped_bytes} bytes were not read)" \
+            if self.skipped_bytes else ""
 
     def finished(self) -> dict[int, dict[str, Any]]:
         """The FINISHED value of each rank."""
@@ -79,8 +91,25 @@ def _decode(payloads: list[str], lines: int) -> PerfLog:
     return PerfLog(events=frame, malformed=malformed, lines=lines)
 
 
-def parse_file(path: Path) -> PerfLog:
-    return parse_text(path.read_text(encoding="utf-8", errors="replace"))
+def parse_file(path: Path, max_bytes: int = MAX_LOG_BYTES) -> PerfLog:
+    """The PerfLog of a rank's log, from its last ``max_bytes`` at most (the cut's partial first line dropped; the
+    result's skipped_bytes says how much was not read). ValueError naming the file when it is not a regular file
+    (a FIFO is never waited on); OSError when it cannot be opened."""
+    handle = open_regular(path)
+    if handle is None:
+        path.stat()  # missing or unreadable: the OSError that says so
+        raise ValueError(f"{path}: not a regular file; not read")
+    with handle:
+        size = os.fstat(handle.fileno()).st_size
+        skipped = max(0, size - max_bytes)
+        handle.seek(skipped)
+        data = handle.read(max_bytes)
+    if skipped and b"\n" in data:
+        cut = data.index(b"\n") + 1
+        data, skipped = data[cut:], skipped + cut
+    log = parse_text(data.decode("utf-8", errors="replace"))
+    log.skipped_bytes = skipped
+    return log
 
 
 def summarize_steps(log: PerfLog, throughput_key: str) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from flagperf.results.schema import Convergence, Metric, Peak
 
 EXIT_WORKER_FAILED = 70
 USER_ERROR_PREFIX = "flagperf user error: "  # how a process says its input was wrong (see user_error)
+USER_ERROR_LOG_END_BYTES = 1 << 20
 TEARDOWN_MARKER = "flagperf: every rank has finished; leaving the process group"
 JOINING = "joining the process group at "  # the worker's line before it meets its peers (flagperf.training.worker)
 JOINED = "joined the process group at "
@@ -216,7 +217,8 @@ def with_teardown_note(metric: Metric, faults: tuple[str, ...]) -> Metric:
 def user_error(out_dir: Path) -> str | None:
     """The first user error a training process reported, if any."""
     for path in sorted(out_dir.glob("rank*.out.log")):
-        for line in path.read_text(errors="replace").splitlines():
+        # the process printed it as it stopped: at its log's end, read without the rest (never a FIFO waited on)
+        for line in (read_end(path, USER_ERROR_LOG_END_BYTES) or "").splitlines():
             if line.startswith(USER_ERROR_PREFIX):
                 return line.removeprefix(USER_ERROR_PREFIX)
     return None
@@ -225,7 +227,7 @@ def user_error(out_dir: Path) -> str | None:
 def where_it_stopped(log: PerfLog) -> str:
     """A line saying how far a training process got, from its last PerfLog events."""
     if log.events.empty:
-        return "no PerfLog event was written (it stopped during start-up)"
+        return f"no PerfLog event was written (it stopped during start-up){log.read_from_end_note()}"
     last = log.events.iloc[-1]
     value = last["value"] if isinstance(last["value"], dict) else {}
     epochs = log.events[log.events["event"] == "EPOCH_BEGIN"]
@@ -233,7 +235,7 @@ def where_it_stopped(log: PerfLog) -> str:
     epoch = epochs["value"].iloc[-1].get("epoch") if len(epochs) else None
     step = steps["value"].iloc[-1].get("step") if len(steps) else None
     return (f"last PerfLog event {last['event']} (epoch {value.get('epoch', epoch)}, step {value.get('step', step)}"
-            f"; {len(epochs)} epoch(s) begun, last logged step {step})")
+            f"; {len(epochs)} epoch(s) begun, last logged step {step}){log.read_from_end_note()}")
 
 
 def training_result(out_dir: Path, first_rank: int) -> tuple[list[Metric], Convergence | None, str | None]:
@@ -241,7 +243,10 @@ def training_result(out_dir: Path, first_rank: int) -> tuple[list[Metric], Conve
     path = rank_log(out_dir, first_rank)
     if not path.is_file():
         return [], None, f"{path.name} is missing"
-    log = parse_file(path)
+    try:
+        log = parse_file(path)  # its end only, however long it grew
+    except (OSError, ValueError) as exc:
+        return [], None, f"{path.name}: {getattr(exc, 'strerror', None) or exc}"
     finished = log.finished().get(first_rank)
     if finished is None:
         waited = never_joined(path)

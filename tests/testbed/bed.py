@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -175,3 +178,54 @@ def deploy_project(source: Path, bed: Testbed, name: str = "flagperf", target: P
     staging.rename(target)
     shutil.rmtree(old, ignore_errors=True)
     return target
+
+
+def sshd_pid(bed: Testbed, host: TestbedHost) -> int:
+    """The pid of a host's sshd (up.sh starts it with `ip netns exec`, in a mount namespace of its own that every
+    session it opens inherits: the host's processes and its SFTP see that namespace's mounts)."""
+    return int((Path(bed.known_hosts).parent / "hosts" / host.name / "sshd.pid").read_text().strip())
+
+
+def in_host_namespace(bed: Testbed, host: TestbedHost, *argv: str) -> subprocess.CompletedProcess[str]:
+    """argv run as root in the host's mount namespace (its network namespace is not needed for files)."""
+    return subprocess.run(["nsenter", "-t", str(sshd_pid(bed, host)), "-m", "--", *argv], capture_output=True,
+                          text=True, timeout=120)
+
+
+@contextmanager
+def tmpfs_on_host(bed: Testbed, host: TestbedHost, folder: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of ``size`` at ``folder`` as the host sees it (mounted in its sshd's mount namespace only:
+    this machine sees the empty folder beneath), owned by the host's user, mode 0700 as a work root must be.
+    Real ENOSPC on the host, nothing faked; unmounted after. Skips where this process cannot (not root, no
+    nsenter); fails under CI=true instead."""
+    import pwd
+
+    import pytest
+
+    problem = "mounting on a test host needs root" if os.geteuid() != 0 else None
+    if problem is None:
+        user = pwd.getpwnam(host.user)
+        folder.mkdir(parents=True, exist_ok=True)
+        done = in_host_namespace(bed, host, "mount", "-t", "tmpfs", "-o",
+                                 f"size={size},uid={user.pw_uid},gid={user.pw_gid},mode=0700", "tmpfs", str(folder))
+        problem = done.stderr.strip() if done.returncode else None
+    if problem:
+        if in_ci():
+            pytest.fail(f"CI=true and cannot mount a tmpfs on host {host.name}: {problem}", pytrace=False)
+        pytest.skip(f"cannot mount a tmpfs on host {host.name}: {problem}")
+    try:
+        yield folder
+    finally:
+        in_host_namespace(bed, host, "umount", "--lazy", str(folder))  # a session may still have a file open
+
+
+def fill_on_host(bed: Testbed, host: TestbedHost, folder: Path) -> Path:
+    """Every free block of ``folder``'s file system on the host taken by one file (``ballast``), as another job
+    there would; removing it (``in_host_namespace(..., "rm", path)``) gives the space back."""
+    code = "import sys; from pathlib import Path; from tests.unit.mounts import fill_to_the_last_block; " \
+           "print(fill_to_the_last_block(Path(sys.argv[1])))"
+    done = in_host_namespace(bed, host, "env", f"PYTHONPATH={Path(__file__).resolve().parents[2]}", sys.executable,
+                             "-c", code, str(folder))
+    if done.returncode:
+        raise RuntimeError(f"filling {folder} on {host.name} failed: {done.stderr.strip()}")
+    return Path(done.stdout.strip())

@@ -1,0 +1,102 @@
+"""`flagperf run` stopped from outside while a round runs (SIGTERM, or SIGKILL: nothing of the controller can react),
+then continued: every record in the run folder is whole or absent, `flagperf report` rebuilds the report, no case or
+monitor process outlives the controller, and `--retry` runs only the lost round (the completed one is kept as it
+was). The phase is reached on a condition (the fixture case `waits` says it started and waits for a file), never
+on a timer."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from flagperf.results.schema import read_result
+from flagperf.results.summary import REPORT_MD, SUMMARY_JSON
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE_CASES = ROOT / "tests" / "fixtures" / "cases"
+
+
+def flagperf(args: list[str], tmp_path: Path) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(FLAGPERF_CASE_PATH=str(FIXTURE_CASES), FLAGPERF_WORK_ROOT=str(tmp_path / "work"),
+               PREFECT_HOME=str(tmp_path / "prefect-home"))
+    return subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for(path: Path, proc: subprocess.Popen[str]) -> None:
+    """Until ``path`` exists (the case wrote it); the controller must still be running meanwhile."""
+    deadline = time.monotonic() + 600  # a guard against a hang, not a timing assumption
+    while not path.exists():
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.2)
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    return psutil.Process(pid).children(recursive=True)
+
+
+def records_are_whole(run_dir: Path) -> None:
+    """Every JSON and CSV record of the run folder parses whole; no temporary or partial name is left."""
+    assert [p for p in run_dir.rglob("*") if p.name.startswith(".")] == []
+    for path in run_dir.rglob("*.json"):
+        json.loads(path.read_text(encoding="utf-8"))
+    for path in run_dir.rglob("*.csv"):
+        rows = list(csv.reader(path.open(encoding="utf-8", newline="")))
+        assert rows and len({len(row) for row in rows}) == 1, path
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_controller_stopped_mid_round_leaves_whole_records_and_its_retry_runs_only_the_lost_round(
+        tmp_path: Path, sig: signal.Signals) -> None:
+    started, release, results = tmp_path / "started", tmp_path / "release", tmp_path / "results"
+    args = ["run", "--cases", "waits", "--rounds", "2", "--set", f"waits.started={started}",
+            "--set", f"waits.release={release}", "--set", "waits.hold_round=2", "--results", str(results)]
+    proc = flagperf(args, tmp_path)
+    try:
+        wait_for(started, proc)  # round 1 is done and stored, round 2's case runs
+        case_pid = int(started.read_text().strip())
+        running = descendants(proc.pid)
+        assert case_pid in {p.pid for p in running}
+        assert any("--parent-pid" in " ".join(p.cmdline()) for p in running if p.is_running())  # a monitor
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == (128 + sig if sig != signal.SIGKILL else -sig), out
+    _, alive = psutil.wait_procs(running, timeout=120)
+    assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == [], "processes outlived the controller"
+
+    (run_dir,) = results.iterdir()
+    records_are_whole(run_dir)
+    first = run_dir / "waits" / "round1" / "localhost_noderank0" / "result.json"
+    assert read_result(first).status == "success"
+    kept = first.read_bytes()
+    assert not (run_dir / "waits" / "round2").exists()  # the lost round left nothing half-collected
+
+    report = flagperf(["report", str(run_dir)], tmp_path)
+    out, _ = report.communicate(timeout=300)
+    assert report.returncode == 0, out
+    assert (run_dir / SUMMARY_JSON).is_file() and (run_dir / REPORT_MD).is_file()
+    records_are_whole(run_dir)
+
+    release.write_text("go\n")  # round 2 no longer waits
+    retry = flagperf([*args, "--retry", str(run_dir)], tmp_path)
+    out, _ = retry.communicate(timeout=900)
+    assert retry.returncode == 0, out
+    assert first.read_bytes() == kept  # completed: kept, not run again
+    assert read_result(run_dir / "waits" / "round2" / "localhost_noderank0" / "result.json").status == "success"
+    assert json.loads((run_dir / SUMMARY_JSON).read_text(encoding="utf-8"))["counts"]["success"] == 2
+    records_are_whole(run_dir)
+    assert not (tmp_path / "work" / run_dir.name).exists()  # the host's copy is gone once all is stored
