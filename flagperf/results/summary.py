@@ -97,6 +97,8 @@ class RunSummary:
     operators: list[dict[str, Any]] = field(default_factory=list)
     # generate cases: one entry per point (flagperf/results/serving.py), shown compact instead of a row per figure
     serving: list[ServingPoint] = field(default_factory=list)
+    # training cases: whether each round reached the case's target (FlagPerf's converged), a row per round
+    convergence: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def all_succeeded(self) -> bool:
@@ -107,7 +109,7 @@ class RunSummary:
                 "not_measured": self.not_measured, "problems": self.problems, "context": self.context,
                 "monitor_notes": self.monitor_notes, "scaling": self.scaling, "faults": self.faults,
                 "progress": self.progress, "retried": self.retried, "device_spread": self.device_spread,
-                "operators": self.operators}
+                "operators": self.operators, "convergence": self.convergence}
 
 
 def load_results(run_dir: Path) -> tuple[list[tuple[Path, RoundResult]], list[str]]:
@@ -353,7 +355,35 @@ def summarize(run_dir: Path) -> RunSummary:
                       scaling=scaling_table(rows), faults=find_faults(run_dir, loaded, headline),
                       progress=run_progress(run_dir, results),
                       retried=retried_rounds(run_dir, results), device_spread=spread_over_devices(rows),
-                      operators=operator_summaries(points_of(results)), serving=serving_points(run_dir, rows, loaded))
+                      operators=operator_summaries(points_of(results)), serving=serving_points(run_dir, rows, loaded),
+                      convergence=convergence_rows(results))
+
+
+def convergence_rows(results: list[RoundResult]) -> list[dict[str, Any]]:
+    """A row per round that recorded whether its case converged (training), node rank 0's (the others hold the
+    same run), in case and round order."""
+    rows = [{"case": r.case, "round": r.round, "host": r.host, **r.convergence.model_dump()}
+            for r in results if r.convergence is not None and r.node_rank == 0]
+    return sorted(rows, key=lambda e: (e["case"], e["round"], e["host"]))
+
+
+CONVERGENCE_HEADER = ["case", "round", "host", "target metric", "target", "reached", "converged", "epochs", "steps"]
+
+
+def render_convergence(rows: list[dict[str, Any]]) -> list[str]:
+    """FlagPerf's per-case verdict: the target reached within the case's budget, or not (a result, not a fault)."""
+    if not rows:
+        return []
+    lines = ["## Convergence", "",
+             "Whether each training round reached its case's target within the case's budget (FlagPerf's "
+             "`converged`); not reaching it is a result of the run, shown, not a failed round.", "",
+             "| " + " | ".join(CONVERGENCE_HEADER) + " |", "|" + "---|" * len(CONVERGENCE_HEADER)]
+    for e in rows:
+        reached = "-" if e["reached"] is None else f"{e['reached']:.4g}"
+        verdict = "yes" if e["converged"] else "**no**"
+        lines.append(f"| {md_text(e['case'])} | {e['round']} | {md_text(e['host'])} | {md_text(e['metric'])} | "
+                     f"{e['target']:.4g} | {reached} | {verdict} | {e['epochs']} | {e['steps']} |")
+    return [*lines, ""]
 
 
 def run_progress(run_dir: Path, results: list[RoundResult]) -> dict[str, Any]:
@@ -673,6 +703,7 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | str | N
                   f"{fmt(s['throughput'])} {s['unit']} | {fmt(s['speedup'], 3)} | {fmt_pct(s['efficiency'])} |"
                   for s in summary.scaling]
         lines.append("")
+    lines += render_convergence(summary.convergence)
     lines += render_devices(summary.device_spread)
     if any(e["above_peak"] for e in figures):  # operation points: a line per operator in the faults
         lines += ["**A measurement above its peak means the peak is wrong for this machine** (for example a "

@@ -252,3 +252,28 @@ def test_the_report_names_the_peak_an_mfu_is_taken_against(tmp_path: Path) -> No
             "MFU against the fp32 peak, 2 TFLOPS (derived: 2 cores x 1 GHz)") in text
     # The convention is text, escaped: 2*M*N*K, never Markdown emphasis (2<em>M</em>N*K in report.html).
     assert "- resnet50-infer / gemm_fp32: 2\\*M\\*N\\*K; peak: derived: 2 cores x 1 GHz\n" in text
+
+
+def test_the_report_says_whether_each_training_round_converged(tmp_path: Path) -> None:
+    """FlagPerf's per-case verdict: a round that missed its target is shown as a result (summary.json and a
+    Convergence section), as is one that reached it; a round without a target adds no row."""
+    from flagperf.results.schema import Convergence
+
+    run = tmp_path / "run-train"
+    for round_no, reached in ((1, 0.97), (2, 0.91)):
+        result = RoundResult(
+            run_id=run.name, case="digits-mlp", family="training", round=round_no, host="localhost", node_rank=0,
+            vendor="cpu", status="success", started_at=T0, finished_at=T0, duration_s=1.0, measured_seconds=1.0,
+            device="Test CPU", metrics=[gemm(1.0)], config={}, provenance=PROV,
+            convergence=Convergence(metric="accuracy", target=0.95, reached=reached, converged=reached >= 0.95,
+                                    epochs=4, steps=120))
+        write_result(round_dir(run, "digits-mlp", round_no, "localhost") / "result.json", result)
+    put(run, "computation-FP32", 1, metrics=[gemm(1.0)])
+    summary = summarize(run)
+    assert [(e["round"], e["converged"], e["reached"]) for e in summary.convergence] == [(1, True, 0.97),
+                                                                                         (2, False, 0.91)]
+    assert summary.to_json()["convergence"][1]["target"] == 0.95
+    text = render_markdown(summary)
+    assert "## Convergence" in text
+    assert "| digits-mlp | 1 | localhost | accuracy | 0.95 | 0.97 | yes | 4 | 120 |" in text
+    assert "| digits-mlp | 2 | localhost | accuracy | 0.95 | 0.91 | **no** | 4 | 120 |" in text
