@@ -34,6 +34,23 @@ RULES = "rules:\n  - {name: fp32-gemm, metric: gemm_fp32, min_fleet_ratio: 0.6}\
 READY = "host allocator"  # the device process's last line before its case starts (flagperf.entry.run_job)
 
 
+def quota_group(prefix: str, share: float) -> Path:
+    """A new cgroup limited to ``share`` of one core (skips the test where no writable cpu controller is)."""
+    found = cgroup_cpu_root()
+    if found is None:
+        pytest.skip("no writable cgroup with the cpu controller (v1 cpu, or v2 with cpu in subtree_control)")
+    root, kind = found
+    group = root / f"{prefix}-{os.getpid()}"
+    group.mkdir()
+    period = 100_000
+    if kind == "v1":
+        (group / "cpu.cfs_period_us").write_text(str(period))
+        (group / "cpu.cfs_quota_us").write_text(str(int(share * period)))
+    else:
+        (group / "cpu.max").write_text(f"{int(share * period)} {period}")
+    return group
+
+
 def cgroup_cpu_root() -> tuple[Path, str] | None:
     """Where a CPU-quota cgroup can be made here (v1's cpu controller, or v2 with cpu enabled), and its kind."""
     v1 = Path("/sys/fs/cgroup/cpu")
@@ -67,18 +84,7 @@ def cpu_quota(marker: str, share: float) -> Iterator[None]:
     contains ``marker`` is moved once it says it is ready to measure (its line in the round's case.log): its
     interpreter and imports run at full speed, its measurement under the quota. Only those processes are
     slowed, not the host's sshd or another session's rounds."""
-    found = cgroup_cpu_root()
-    if found is None:
-        pytest.skip("no writable cgroup with the cpu controller (v1 cpu, or v2 with cpu in subtree_control)")
-    root, kind = found
-    group = root / f"flagperf-slow-{os.getpid()}"
-    group.mkdir()
-    period = 100_000
-    if kind == "v1":
-        (group / "cpu.cfs_period_us").write_text(str(period))
-        (group / "cpu.cfs_quota_us").write_text(str(int(share * period)))
-    else:
-        (group / "cpu.max").write_text(f"{int(share * period)} {period}")
+    group = quota_group("flagperf-slow", share)
     stop = threading.Event()
     moved: dict[int, int] = {}  # pid -> device index (a fork of a device process, e.g. for a subprocess, too)
 
@@ -103,7 +109,7 @@ def cpu_quota(marker: str, share: float) -> Iterator[None]:
         thread.join()
         for pid in (group / "cgroup.procs").read_text().split():  # none should be left; move them back if so
             with contextlib.suppress(OSError):
-                (root / "cgroup.procs").write_text(pid)
+                (group.parent / "cgroup.procs").write_text(pid)
         with contextlib.suppress(OSError):
             group.rmdir()
     assert sorted(set(moved.values())) == [0, 1], f"the slow host's device processes moved into the quota: {moved}"

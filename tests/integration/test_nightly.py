@@ -22,7 +22,7 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.events.filters import EventFilter, EventNameFilter
 from prefect_api import error_lines
-from test_fleet import READY, cgroup_cpu_root
+from test_fleet import READY, quota_group
 
 from flagperf.config.vendors import load_vendor
 from flagperf.results.history import figure_trend, history_engine, record_run
@@ -130,18 +130,7 @@ def round_processes(marker: str) -> Iterator[tuple[int, Path]]:
 def cpu_quota_for(marker: str, share: float) -> Iterator[list[int]]:
     """Every device process of a round whose job path holds ``marker`` moved, once it is ready to measure,
     into a cgroup with ``share`` of one core (as test_fleet slows a host): a night on a slower machine."""
-    found = cgroup_cpu_root()
-    if found is None:
-        pytest.skip("no writable cgroup with the cpu controller (v1 cpu, or v2 with cpu in subtree_control)")
-    root, kind = found
-    group = root / f"flagperf-nightly-slow-{os.getpid()}"
-    group.mkdir()
-    period = 100_000
-    if kind == "v1":
-        (group / "cpu.cfs_period_us").write_text(str(period))
-        (group / "cpu.cfs_quota_us").write_text(str(int(share * period)))
-    else:
-        (group / "cpu.max").write_text(f"{int(share * period)} {period}")
+    group = quota_group("flagperf-nightly-slow", share)
     stop, moved = threading.Event(), []
 
     def mover() -> None:
@@ -162,7 +151,7 @@ def cpu_quota_for(marker: str, share: float) -> Iterator[list[int]]:
         thread.join()
         for pid in (group / "cgroup.procs").read_text().split():
             with contextlib.suppress(OSError):
-                (root / "cgroup.procs").write_text(pid)
+                (group.parent / "cgroup.procs").write_text(pid)
         with contextlib.suppress(OSError):
             group.rmdir()
 
