@@ -27,6 +27,7 @@ from tests.testbed.bed import (
     Testbed,
     deploy_project,
     fill_on_host,
+    host_shared_folder,
     in_host_namespace,
     make_testbed_fixture,
     tmpfs_on_host,
@@ -91,14 +92,9 @@ def test_a_write_to_a_full_host_disk_leaves_no_temporary_file_and_says_why(testb
 
 @pytest.fixture
 def shared() -> Iterator[Path]:
-    """A folder the test hosts' user can write (the hosts share this machine's file system): the case's marker."""
-    folder = Path(tempfile.mkdtemp(prefix="flagperf-host-disk-", dir="/tmp"))
-    folder.chmod(0o777)
-    try:
+    """A folder the test hosts' user can write: the case's marker."""
+    with host_shared_folder("flagperf-host-disk-", 0o777) as folder:
         yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
 
 def flagperf_run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}

@@ -7,11 +7,9 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +20,7 @@ import yaml
 from flagperf.hosts.inventory import HostSpec
 from flagperf.hosts.ssh import SshError, SshHost
 from flagperf.results.schema import KEPT_ON_HOST, read_result
-from tests.testbed.bed import Testbed, deploy_project, make_testbed_fixture
+from tests.testbed.bed import Testbed, deploy_project, host_shared_folder, make_testbed_fixture
 
 pytestmark = pytest.mark.integration
 testbed = make_testbed_fixture(min_hosts=1)
@@ -44,14 +42,9 @@ def host(testbed: Testbed) -> Iterator[SshHost]:
 
 @pytest.fixture
 def shared() -> Iterator[Path]:
-    """A folder the test hosts' user can read (the hosts share this machine's file system)."""
-    folder = Path(tempfile.mkdtemp(prefix="flagperf-ssh-faults-", dir="/tmp"))
-    folder.chmod(0o755)
-    try:
+    """A folder the test hosts' user can read."""
+    with host_shared_folder("flagperf-ssh-faults-", 0o755) as folder:
         yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
 
 def test_a_hosts_files_are_read_bounded_over_ssh(host: SshHost, shared: Path) -> None:
     huge = shared / "case.log"

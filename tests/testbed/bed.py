@@ -151,6 +151,21 @@ NOT_DEPLOYED_AT_ROOT = {".git", ".venv", "results", "result", "build", ".whl", "
 NOT_DEPLOYED = {"__pycache__", ".pytest_cache", ".ruff_cache"}
 
 
+@contextmanager
+def host_shared_folder(prefix: str, mode: int) -> Iterator[Path]:
+    """A folder under /tmp with ``mode`` for the test hosts' user (the hosts share this machine's file system),
+    removed afterwards."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    folder.chmod(mode)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def deploy_project(source: Path, bed: Testbed, name: str = "flagperf", target: Path | None = None) -> Path:
     """Copy the project to the test hosts' deploy path (FlagPerf's FLAGPERF_PATH), readable by their user,
     and return it. The hosts run this copy, not the checkout under test: the checkout may sit where the
