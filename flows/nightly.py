@@ -74,7 +74,7 @@ def judge_regressions(run_id: str, history_url: str | None, results_dir: str, ba
         table=[{"case": v.case, "metric": v.metric, "value": f"{v.value:.4g} {v.unit}",
                 "baseline": f"{v.baseline:.4g}" if v.baseline is not None else "-",
                 "change": f"{v.change:+.1%}" if v.change is not None else "-",
-                "threshold": f"±{v.threshold:.1%}" if v.threshold is not None else "-",
+                "allowed": v.allowed(),
                 "history": v.history, "verdict": v.status, "changed": "; ".join(v.changes) or "-"}
                for v in verdicts])
     replace_earlier_artifacts([VERDICTS_ARTIFACT], [artifact])
@@ -196,7 +196,7 @@ def nightly_regression(
             resource={"prefect.resource.id": f"flagperf.figure.{vendor_name}.{v.case}.{v.metric}",
                       "prefect.resource.name": f"{v.case} {v.metric} on {vendor_name}"},
             payload={"run_id": run_id, "case": v.case, "metric": v.metric, "value": v.value, "unit": v.unit,
-                     "baseline": v.baseline, "change": v.change, "threshold": v.threshold,
+                     "baseline": v.baseline, "change": v.change, "allowed": v.allowed(), "low": v.low, "high": v.high,
                      "baseline_runs": list(v.baseline_runs), "changes": list(v.changes)},
         )
     if regressions:

@@ -5,14 +5,21 @@ e.g. postgresql+psycopg://user@host/flagperf for a team (the `postgres` extra; t
 or ~/.pgpass, never the URL). The server's own postgresql+asyncpg:// URL is accepted and read with psycopg,
 since the history is written synchronously.
 
-Verdict for one figure of a run, against the same case, metric, vendor and device:
+Verdict for one figure of a run, against the same case, metric, vendor and device, judged on the log scale
+(figures are positive rates and durations, whose changes are ratios):
   baseline  = median of the last K earlier runs that measured it (K = baseline_runs)
-  noise     = sqrt(history_cv^2 + run_cv^2): the history's run-to-run spread and this run's own
-              round-to-round spread (coefficient of variation)
-  threshold = max(sigma * noise, floor)
-  change    = (value - baseline) / |baseline|; a regression when the figure moves the wrong way by more
-              than the threshold (rates and capacities should rise, durations and losses fall).
-So a metric that is noisy needs a larger drop to raise an alarm, and a steady one flags a real 5 % drop.
+  noise     = sqrt(history_spread^2 + run_spread^2): the standard deviation of ln(value) over those runs, and
+              this run's own round-to-round spread (its coefficient of variation cv as a log spread,
+              sqrt(ln(1 + cv^2)))
+  threshold = max(sigma * noise, floor), on ln(value / baseline)
+  band      = baseline * exp(-threshold) .. baseline * exp(threshold); a regression when the figure leaves it
+              the wrong way (rates and capacities should rise, durations and losses fall)
+  change    = value / baseline - 1, as it is shown.
+So a metric that is noisy needs a larger drop to raise an alarm, a steady one flags a real 5 % drop, and a
+rate and a duration are judged alike: halving a rate is as far from its baseline as doubling a duration,
+and no spread makes a drop impossible to flag (on a linear scale a spread over a third did: a rate cannot
+fall more than 100 %). A figure that is zero or negative somewhere in its history is judged on the linear
+scale instead ((value - baseline) / |baseline| against sigma times the linear spreads).
 
 The baseline's runs are the earlier completed runs of the same *workload*: the case's configuration (a digest of
 the rounds' config) must match, so a night whose case was configured differently (a --set that halves the work)
@@ -239,6 +246,14 @@ class Verdict:
     status: Literal["regression", "improvement", "ok", "no-baseline", "new-workload"]
     baseline_runs: tuple[str, ...] = ()  # the runs the baseline is the median of, newest first
     changes: tuple[str, ...] = ()  # what differs from the baseline's newest run (new-workload: the config keys)
+    low: float | None = None  # the band a held figure stays in, in the figure's unit
+    high: float | None = None
+
+    def allowed(self) -> str:
+        """The band as changes from the baseline: '-25.9%..+35.0%' (a log band is not symmetric)."""
+        if self.baseline is None or self.low is None or self.high is None or not self.baseline:
+            return "-"
+        return f"{self.low / self.baseline - 1:+.1%}..{self.high / self.baseline - 1:+.1%}"
 
     def line(self) -> str:
         changed = f"; changed since {self.baseline_runs[0]}: " + "; ".join(self.changes) if self.changes and \
@@ -249,7 +264,7 @@ class Verdict:
         if self.baseline is None:
             return f"{self.case} {self.metric}: {self.value:.4g} {self.unit} (no baseline: {self.history} earlier runs)"
         return (f"{self.case} {self.metric}: {self.value:.4g} {self.unit} vs baseline {self.baseline:.4g} "
-                f"(median of {self.history} runs; {self.change:+.1%}, threshold ±{self.threshold:.1%}): "
+                f"(median of {self.history} runs; {self.change:+.1%}, allowed {self.allowed()}): "
                 f"{self.status}{changed}")
 
 
@@ -320,14 +335,24 @@ def _verdict(fig: Any, history: list[float], min_history: int, sigma: float, flo
     if len(history) < max(min_history, 2):  # a spread needs two points
         return Verdict(fig["case"], fig["metric"], fig["unit"], value, None, None, None, len(history), "no-baseline")
     baseline = statistics.median(history)
-    history_cv = statistics.stdev(history) / baseline if baseline else 0.0
-    noise = math.hypot(history_cv, fig["spread_cv"] or 0.0)
-    threshold = max(sigma * noise, floor)
+    run_cv = fig["spread_cv"] or 0.0
+    if value > 0 and all(h > 0 for h in history):
+        noise = math.hypot(statistics.stdev(math.log(h) for h in history), math.sqrt(math.log1p(run_cv ** 2)))
+        shift = math.log(value / baseline)
+        threshold = max(sigma * noise, floor)
+        low, high = baseline * math.exp(-threshold), baseline * math.exp(threshold)
+    else:  # zero or negative somewhere: the linear scale (see the module's doc)
+        scale = abs(baseline) or 1.0
+        noise = math.hypot(statistics.stdev(history) / scale, run_cv)
+        shift = (value - baseline) / scale
+        threshold = max(sigma * noise, floor)
+        low, high = baseline - threshold * scale, baseline + threshold * scale
     change = (value - baseline) / abs(baseline) if baseline else 0.0
-    better = change if higher_is_better(fig["metric"], fig["unit"]) else -change
+    better = shift if higher_is_better(fig["metric"], fig["unit"]) else -shift
     status: Literal["regression", "improvement", "ok"] = (
         "regression" if better < -threshold else "improvement" if better > threshold else "ok")
-    return Verdict(fig["case"], fig["metric"], fig["unit"], value, baseline, change, threshold, len(history), status)
+    return Verdict(fig["case"], fig["metric"], fig["unit"], value, baseline, change, threshold, len(history), status,
+                   low=low, high=high)
 
 
 def verdicts_as_rows(verdicts: list[Verdict]) -> list[dict[str, Any]]:
@@ -370,8 +395,8 @@ def figure_trend(engine: Engine, case: str, metric: str, vendor: str | None, dev
                  baseline_runs: int = 5, min_history: int = 3, sigma: float = 3.0, floor: float = 0.01
                  ) -> list[TrendPoint]:
     """The figure's value in each run, oldest first, each with the verdict against the runs before it (the
-    baseline band is baseline ± threshold; a regression is a point below it for a rate, above for a duration),
-    and the failed nights of the suites that measured it, in their place, as failures."""
+    allowed band is low..high around the baseline; a regression is a point below it for a rate, above it for a
+    duration), and the failed nights of the suites that measured it, in their place, as failures."""
     with engine.connect() as conn:
         rows = _series_rows(conn, case, metric, vendor, device)
         if not rows:
@@ -397,7 +422,7 @@ def _utc(moment: datetime) -> datetime:
 
 
 TREND_COLUMNS = ["vendor", "device", "case", "metric", "unit", "recorded_at", "run_id", "value", "baseline",
-                 "change", "threshold", "history", "verdict", "baseline_runs", "changes"]
+                 "change", "low", "high", "threshold", "history", "verdict", "baseline_runs", "changes"]
 
 
 def trend_table(engine: Engine, **judging: Any) -> Any:
@@ -413,7 +438,8 @@ def trend_table(engine: Engine, **judging: Any) -> Any:
                 "vendor": series.vendor, "device": series.device, "case": series.case, "metric": series.metric,
                 "unit": series.unit, "recorded_at": point.recorded_at.isoformat(), "run_id": point.run_id,
                 "value": v.value if v else None, "baseline": v.baseline if v else None,
-                "change": v.change if v else None, "threshold": v.threshold if v else None,
+                "change": v.change if v else None, "low": v.low if v else None, "high": v.high if v else None,
+                "threshold": v.threshold if v else None,
                 "history": v.history if v else None, "verdict": v.status if v else "failed",
                 "baseline_runs": " ".join(v.baseline_runs) if v else "",
                 "changes": "; ".join(v.changes) if v else point.failure})

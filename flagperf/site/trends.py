@@ -1,5 +1,6 @@
-"""Each figure's course over time, drawn from the history: the values, the baseline band (baseline ± the
-verdict's threshold) and the regression and improvement markers, as check_run judged each night.
+"""Each figure's course over time, drawn from the history: the values, the band each verdict allowed around its
+baseline (a log band: see flagperf.results.history) and the regression and improvement markers, as check_run
+judged each night.
 
 Drawn with matplotlib's object API (no pyplot: the site draws in several threads at once); where matplotlib
 is not installed the page says so and shows the table alone. The same course for every figure, as a file a lab
@@ -55,12 +56,12 @@ def trend_png(points: list[TrendPoint], title: str) -> bytes | None:
     for i, p in enumerate(failed):  # a night that measured nothing: a line where its point would be
         ax.axvline(p.recorded_at, color="tab:red", linestyle=":", linewidth=1.5,
                    label="failed night" if i == 0 else None)
-    banded = [p for p in points if p.verdict.baseline is not None and p.verdict.threshold is not None]  # type: ignore[union-attr]
+    banded = [p for p in points if p.verdict.low is not None and p.verdict.high is not None]  # type: ignore[union-attr]
     if banded:
-        low = [p.verdict.baseline * (1 - p.verdict.threshold) for p in banded]  # type: ignore[operator]
-        high = [p.verdict.baseline * (1 + p.verdict.threshold) for p in banded]  # type: ignore[operator]
+        low = [p.verdict.low for p in banded]  # type: ignore[union-attr]
+        high = [p.verdict.high for p in banded]  # type: ignore[union-attr]
         ax.fill_between([p.recorded_at for p in banded], low, high, color="tab:gray", alpha=0.25, step="mid",
-                        label="baseline ± threshold")
+                        label="allowed band")
         ax.plot([p.recorded_at for p in banded], [p.verdict.baseline for p in banded], color="tab:gray",
                 linewidth=1, linestyle="--", label="baseline")
     for status, colour, marker in (("regression", "tab:red", "v"), ("improvement", "tab:green", "^"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -199,8 +200,9 @@ def test_a_week_of_nights_read_by_the_owner(flagperf_env: Path, monkeypatch: pyt
         history_engine(url), "computation-FP32", "gemm_fp32", "cpu", device) if p.verdict}
     assert regressed["baseline_runs"] == list(reversed(good))
     assert regressed["baseline"] == pytest.approx(statistics.median(measured[r] for r in good))
-    spread = statistics.stdev(measured[r] for r in good) / regressed["baseline"]
-    assert regressed["threshold"] >= 3 * spread and regressed["change"] < -regressed["threshold"]
+    spread = statistics.stdev(math.log(measured[r]) for r in good)  # judged on the log scale
+    assert regressed["threshold"] >= 3 * spread and regressed["value"] < regressed["low"]
+    assert regressed["low"] == pytest.approx(regressed["baseline"] * math.exp(-regressed["threshold"]))
     assert regressed["changes"] == []  # same code, image, hosts: the quota is not something a run records
     assert verdict["regressions"] and verdict["regressions"][0] in state.message
 

@@ -129,6 +129,48 @@ def test_durations_and_losses_regress_upwards(tmp_path: Path) -> None:
     assert one_point.status == "no-baseline"
 
 
+def figure(value: float, unit: str = "TFLOPS", spread_cv: float | None = None, metric: str = "gemm") -> dict:
+    return {"case": "c", "metric": metric, "unit": unit, "value": value, "spread_cv": spread_cv}
+
+
+def test_a_tenfold_drop_of_a_noisy_rate_is_a_regression() -> None:
+    """On a linear scale a rate whose spread is over a third could never regress: it cannot fall more than
+    100 %, and 3 x 35 % is more. On the log scale a tenfold drop is ln 10 = 2.3 away, beyond 3 x this spread."""
+    from flagperf.results.history import _verdict
+
+    history = [0.0073, 0.0105, 0.0091]  # three good nights of a small CPU multiply under a quota
+    slow = _verdict(figure(0.0009, spread_cv=0.40), history, 3, 3.0, 0.01)
+    assert slow.status == "regression", slow.line()
+    assert slow.change == pytest.approx(0.0009 / 0.0091 - 1)
+    assert slow.low < 0.0009 * 10 and slow.high > 0.0105  # the band is wide, but a tenth is outside it
+    assert "allowed -" in slow.line() and "regression" in slow.line()
+    recovered = _verdict(figure(0.0080, spread_cv=0.10), history, 3, 3.0, 0.01)
+    assert recovered.status == "ok" and recovered.low < 0.0080 < recovered.high
+
+
+def test_a_rate_halved_and_a_duration_doubled_are_judged_alike() -> None:
+    from flagperf.results.history import _verdict
+
+    rates = [100.0, 104.0, 96.0, 101.0, 99.0]
+    durations = [1 / r for r in rates]
+    halved = _verdict(figure(50.0), rates, 3, 3.0, 0.01)
+    doubled = _verdict(figure(2 / 100.0, unit="s", metric="e2e_time"), durations, 3, 3.0, 0.01)
+    assert halved.status == doubled.status == "regression"
+    assert halved.threshold == pytest.approx(doubled.threshold)  # the same spread: the same allowance
+    # The band is a ratio on either side of the baseline: -x % down is +y % up with (1 - x)(1 + y) = 1.
+    assert halved.low * halved.high == pytest.approx(halved.baseline ** 2)
+    assert halved.allowed().startswith("-") and "..+" in halved.allowed()
+
+
+def test_a_figure_that_is_zero_somewhere_is_judged_on_the_linear_scale() -> None:
+    from flagperf.results.history import _verdict
+
+    losses = [0.0, 0.01, 0.02, 0.01]  # a loss can reach zero: no logarithm of it
+    worse = _verdict(figure(0.5, unit="", metric="final_eval_loss"), losses, 3, 3.0, 0.01)
+    assert worse.status == "regression" and worse.high < 0.5
+    assert worse.high - worse.baseline == pytest.approx(worse.baseline - worse.low)
+
+
 def make_configured_run(root: Path, run_id: str, values: list[float], config: dict, revision: str = "a" * 40) -> Path:
     """A run whose rounds record the case's configuration and the code's revision, as real rounds do."""
     from flagperf.results.schema import Provenance
