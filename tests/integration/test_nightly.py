@@ -127,20 +127,29 @@ def round_processes(marker: str) -> Iterator[tuple[int, Path]]:
                 yield int(proc.name), Path(args[args.index("--job") + 1])
 
 
+MEASURED = "gemm_fp32: "  # the device process's line once its figure is measured (flagperf.entry.run_job)
+
+
 @contextlib.contextmanager
 def cpu_quota_for(marker: str, share: float) -> Iterator[list[int]]:
     """Every device process of a round whose job path holds ``marker`` moved, once it is ready to measure,
-    into a cgroup with ``share`` of one core (as test_fleet slows a host): a night on a slower machine."""
+    into a cgroup with ``share`` of one core (as test_fleet slows a host): a night on a slower machine. Once
+    its figure is measured it is moved back, so that writing its record (a second of CPU) does not take
+    a minute under the quota."""
     group = quota_group("flagperf-nightly-slow", share)
-    stop, moved = threading.Event(), []
+    stop, moved, released = threading.Event(), [], set()
 
     def mover() -> None:
         while not stop.is_set():
             for pid, job in round_processes(marker):
                 with contextlib.suppress(OSError):
-                    if pid not in moved and READY in (job.parent / "case.log").read_text(errors="replace"):
+                    log = (job.parent / "case.log").read_text(errors="replace")
+                    if pid not in moved and READY in log:
                         (group / "cgroup.procs").write_text(str(pid))
                         moved.append(pid)
+                    if pid in moved and pid not in released and MEASURED in log:
+                        (group.parent / "cgroup.procs").write_text(str(pid))
+                        released.add(pid)
             stop.wait(0.01)
 
     thread = threading.Thread(target=mover, daemon=True)
