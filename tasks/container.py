@@ -61,25 +61,31 @@ def run_case(host: Host, runtime: Runtime, job: Job, stage_dir: Path, timeout_s:
 
 def verdict(host: Host, job: Job, job_dir: Path, outcome: CommandResult, timeout_s: float) -> RoundResult:
     """The attempt's result, or the failure it was: infrastructure (retried) or user (not)."""
+    label = f"{job.case} round {job.round} on {host.name}"
+    rank = f"node rank {job.node_rank} of {job.nnodes} " if job.nnodes > 1 else ""
     if outcome.timed_out:
-        raise InfrastructureFailure(f"{job.case} round {job.round} on {host.name}: timed out after {timeout_s:.0f} s "
+        raise InfrastructureFailure(f"{label}: {rank}timed out after {timeout_s:.0f} s "
                                     f"(timeout_s); the process group was killed")
     if outcome.exit_code in (EXIT_OK, EXIT_UNSUPPORTED, EXIT_USER_ERROR):
         try:
             # read on the host: its files are not the controller's (a test bed's hosts only share them)
             result = RoundResult.model_validate_json(host.read_text(job_dir / RESULT_FILE))
         except (OSError, ValueError) as exc:
-            raise InfrastructureFailure(f"{job.case} round {job.round} on {host.name}: exit {outcome.exit_code} "
+            raise InfrastructureFailure(f"{label}: {rank}exit {outcome.exit_code} "
                                         f"but no readable {RESULT_FILE}: {str(exc).splitlines()[0]}") from None
         if outcome.exit_code == EXIT_USER_ERROR:
-            raise RoundUserFailure(f"{job.case} round {job.round} on {host.name}: "
+            raise RoundUserFailure(f"{label}: {rank}"
                                    f"{result.failure.message if result.failure else 'user error'}")
         return result
+    last = " | ".join(host.tail(job_dir / CASE_LOG_FILE, LOG_TAIL_LINES)) or "(empty)"
+    tail = f"last lines of {CASE_LOG_FILE}: {last}"
+    if outcome.exit_code is None and outcome.link:  # no exit of its own: the link lost it (retried)
+        raise InfrastructureFailure(f"{label}: {rank}lost, not failed: {outcome.link}; {tail}")
     how = "could not start" if outcome.exit_code is None else (
         f"killed by signal {-outcome.exit_code}" if outcome.exit_code < 0 else f"exited {outcome.exit_code}")
-    raise InfrastructureFailure(f"{job.case} round {job.round} on {host.name}: {how}; "
-                                f"last lines of {CASE_LOG_FILE}: "
-                                f"{' | '.join(host.tail(job_dir / CASE_LOG_FILE, LOG_TAIL_LINES)) or '(empty)'}")
+    # the case's own end leads; what the link did meanwhile is context after it
+    raise InfrastructureFailure(f"{label}: {rank}{how}; {tail}" + (f"; meanwhile {outcome.link}" if outcome.link
+                                                                  else ""))
 
 
 def host_disk_full(host: Host, folder: Path) -> str | None:

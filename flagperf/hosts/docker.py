@@ -10,6 +10,7 @@ the vendor file says so and why.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import hmac
@@ -388,9 +389,12 @@ class DockerRuntime(Runtime):
         command = argv
         env_dir = self.scratch_root.parent / ".env" / name if s.private_env else None
         lines: list[str] = []
+        streamed: collections.deque[str] = collections.deque(maxlen=STREAMED_LINES_KEPT)
         container = None
+        running = False
         timed_out = False
         exit_code: int | None = None
+        link: str | None = None
         try:
             if env_dir is not None:  # the agent sets them and execs argv: pid, signals and exit code are argv's
                 host.write_text(env_dir / "env.json", json.dumps(s.private_env), mode=0o600)
@@ -406,42 +410,137 @@ class DockerRuntime(Runtime):
                 ulimits=[Ulimit(name=name, soft=value, hard=value) for name, value in s.ulimits.items()] or None,
                 mounts=mounts, volumes=volumes or None, labels={**labels, f"{LABEL}.host": host.name})
             container.start()
+            running = True
             container.reload()
             if pid_file is not None:
                 host.write_text(pid_file, str(container.attrs["State"]["Pid"]))  # the monitors follow the case
             logger.info("container %s (%s) started on %s%s", container.short_id, s.image, host.name,
                         f", privileged: {s.privileged_reason}" if s.privileged else "")
-            streamer = threading.Thread(target=_stream, args=(container, on_line), daemon=True)
+            streamer = threading.Thread(target=_stream, args=(container, on_line, streamed), daemon=True)
             streamer.start()
-            try:
-                status = container.wait(timeout=timeout_s)
-                exit_code = exit_code_of(int(status.get("StatusCode", -1)))
-            except Exception as exc:  # the read timed out: the case overran its timeout
-                if not _is_timeout(exc):
-                    raise
-                timed_out = True
-                container.kill()
-                exit_code = exit_code_of(int(container.wait(timeout=60).get("StatusCode", 137)))
+            container, exit_code, timed_out, link = self._wait(host, container, started + timeout_s)
             streamer.join(timeout=5)
+            # the container's own log, from the host's engine (the live stream may have dropped with the link)
             lines = container.logs(stdout=True, stderr=True).decode("utf-8", "replace").splitlines()
+            if exit_code != 0 and _oom_killed(container):
+                lines.append(OOM_LINE)
         except docker.errors.ImageNotFound:
             raise ContainerEngineError(f"host {host.name}: image {s.image} is not on the engine") from None
+        except _Lost as lost:  # what it printed before, then why it is lost: the round may be tried again
+            lines, exit_code, link = [*streamed, f"[flagperf] {lost}"], None, str(lost)
         except docker.errors.APIError as exc:
             lines.append(f"container engine error: {exc.explanation or exc}")
             exit_code = None
+            if running:  # it started: the engine's answer lost it, it did not fail to start
+                link = f"the container engine answered while the case ran: {_one_line(exc.explanation or exc)}"
         finally:
             if container is not None:
                 try:
                     container.remove(force=True)
-                except docker.errors.APIError as exc:
-                    logger.warning("could not remove container %s on %s: %s", container.short_id, host.name, exc)
+                except (docker.errors.APIError, *link_errors()) as exc:  # never in place of the round's outcome
+                    logger.warning("could not remove container %s on %s: %s", container.short_id, host.name,
+                                   _one_line(exc))
             if env_dir is not None:
                 host.remove_tree(env_dir)
-        return CommandResult(argv, exit_code, timed_out, time.monotonic() - started), lines
+        return CommandResult(argv, exit_code, timed_out, time.monotonic() - started, link), lines
+
+    def _wait(self, host: Host, container: Any, deadline: float) -> tuple[Any, int | None, bool, str | None]:
+        """Wait for the container to end, killing it at ``deadline``: (the container as last reached, its exit
+        code, timed out, what the link said). A wait that ends without the engine's answer (the link to the host's
+        engine dropped, or the wait's own read timeout) is not the container's end: the engine is reached again
+        and asked for the container's state; _Lost when that cannot be done."""
+        docker = require_docker()
+        link: str | None = None
+        for drops in range(MAX_LINK_DROPS + 1):
+            try:
+                status = container.wait(timeout=max(1.0, deadline - time.monotonic()))
+                return container, exit_code_of(int(status.get("StatusCode", -1))), False, link
+            except docker.errors.NotFound:
+                raise _Lost(f"its container {container.name} was removed from {host.name}'s engine while it "
+                            f"ran") from None
+            except docker.errors.APIError:
+                raise  # the engine's own answer
+            except link_errors() as exc:
+                said = _one_line(exc)
+            overran = time.monotonic() >= deadline
+            container = self._reattach(host, container, said)
+            state = container.attrs["State"]
+            if overran and state.get("Running"):  # the wait's read timeout, the case still running: it overran
+                container.kill()
+                return container, exit_code_of(int(container.wait(timeout=60).get("StatusCode", 137))), True, link
+            if not overran:
+                link = (f"the link to {host.name}'s container engine dropped while waiting ({said}) and was made "
+                        "again" + (f" ({drops + 1} times)" if drops else ""))
+                logger.warning("%s: container %s %s", link, container.short_id,
+                               "waited on again" if state.get("Running") else "had ended")
+            if not state.get("Running"):  # it ended meanwhile: its own status stands
+                return container, exit_code_of(int(state.get("ExitCode", -1))), False, link
+        raise _Lost(f"the link to {host.name}'s container engine dropped {MAX_LINK_DROPS + 1} times while waiting "
+                    f"on container {container.name} (last: {said}); it may still run there")
+
+    def _reattach(self, host: Host, container: Any, said: str) -> Any:
+        """The container, its state fresh from the host's engine: on the same link, else on a new one (the host's
+        SSH connection made again); _Lost naming the host when the engine cannot be reached or has no such
+        container."""
+        docker = require_docker()
+        try:
+            container.reload()
+            return container
+        except docker.errors.NotFound:
+            raise _Lost(f"its container {container.name} was removed from {host.name}'s engine while it ran "
+                        f"(the wait ended: {said})") from None
+        except (docker.errors.APIError, *link_errors()):
+            pass  # the link is gone: a new one
+        try:
+            return self.client_factory().containers.get(container.id)
+        except docker.errors.NotFound:
+            raise _Lost(f"its container {container.name} was removed from {host.name}'s engine while it ran "
+                        f"(the link dropped first: {said})") from None
+        except (docker.errors.DockerException, *link_errors()) as exc:
+            raise _Lost(f"the link to {host.name}'s container engine dropped while waiting ({said}) and could not be "
+                        f"made again: {_one_line(exc)}; container {container.name} may still run there") from None
 
 
-def _stream(container: Any, on_line: LineSink | None) -> None:
-    """Live log lines into the task log; the authoritative log is read in full after the container ends."""
+class _Lost(Exception):
+    """The container cannot be followed any more (the link to its engine is gone, or it was removed): one line."""
+
+
+# The lines the live stream keeps: what a container lost to its link printed before (its log went with it).
+STREAMED_LINES_KEPT = 200
+MAX_LINK_DROPS = 3  # a link that drops more often during one wait is no link to wait on
+OOM_LINE = "[flagperf] the container engine says the container was killed for want of memory (OOMKilled)"
+
+
+def link_errors() -> tuple[type[BaseException], ...]:
+    """What the docker SDK raises when an answer is lost on the way (requests over a socket, or over a paramiko
+    channel for an SSH host): not the engine's own answer, which is docker.errors.APIError (an HTTPError, so
+    catch it before these)."""
+    import paramiko
+    import requests
+
+    return requests.exceptions.RequestException, paramiko.SSHException, OSError, EOFError
+
+
+def _one_line(exc: object) -> str:
+    text = str(exc).strip().splitlines()
+    detail = text[0] if text else ""
+    kind = type(exc).__name__ if isinstance(exc, BaseException) else ""
+    return f"{kind}: {detail}" if kind and detail else kind or detail
+
+
+def _oom_killed(container: Any) -> bool:
+    """Whether the engine killed the container for memory (asked again: best effort, the exit code stands)."""
+    docker = require_docker()
+    try:
+        container.reload()
+    except (docker.errors.APIError, *link_errors()):
+        return False
+    return bool(container.attrs.get("State", {}).get("OOMKilled"))
+
+
+def _stream(container: Any, on_line: LineSink | None, kept: collections.deque[str]) -> None:
+    """Live log lines into the task log (and the last of them into ``kept``); the authoritative log is read in
+    full after the container ends."""
     if on_line is None:
         return
     pending = b""
@@ -450,11 +549,8 @@ def _stream(container: Any, on_line: LineSink | None) -> None:
             pending += chunk
             *done, pending = pending.split(b"\n")
             for line in done:
-                on_line(line.decode("utf-8", "replace"))
+                text = line.decode("utf-8", "replace")
+                kept.append(text)
+                on_line(text)
     except Exception as exc:  # a dropped stream loses live lines only
         logger.debug("log stream ended: %s", exc)
-
-
-def _is_timeout(exc: Exception) -> bool:
-    text = f"{type(exc).__name__} {exc}".lower()
-    return "timeout" in text or "timed out" in text

@@ -34,9 +34,12 @@ TAIL_BYTES = 64 * 1024  # the end of a log read for its last lines: far more tha
 @dataclass(frozen=True)
 class CommandResult:
     argv: list[str]
-    exit_code: int | None  # negative: killed by that signal; None: never started
+    exit_code: int | None  # negative: killed by that signal; None: never started (or lost: see ``link``)
     timed_out: bool
     seconds: float
+    # What the link to the host's engine said while the command ran (one line): beside an exit code it is context
+    # (the link dropped and came back); with none the command was lost to it and may be tried again.
+    link: str | None = None
 
 
 @dataclass

@@ -1,0 +1,116 @@
+"""A rank's own end against the link that carries it: a case round in a container on an SSH host's own engine
+(the docker SDK over the host's paramiko connection, tests/testbed/up.sh), where that link drops or the container
+drops while the controller waits. The rank's exit code and log lead what the round says; the drop follows as
+context."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import signal
+import uuid
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from flagperf.config.job import Job
+from flagperf.config.vendors import load_vendor
+from flagperf.errors import InfrastructureFailure
+from flagperf.hosts.docker import DockerRuntime, container_settings, engine_client
+from flagperf.hosts.inventory import HostSpec
+from flagperf.hosts.local import LineSink
+from flagperf.hosts.ssh import SshHost
+from flagperf.results.schema import CASE_LOG_FILE
+from tasks.container import verdict
+from tests.testbed.bed import Testbed, host_shared_folder, make_testbed_fixture
+
+pytestmark = pytest.mark.integration
+testbed = make_testbed_fixture(min_hosts=2)
+OWN_ERROR = "RuntimeError: the rank's own failure"
+
+
+@pytest.fixture
+def engine_host(testbed: Testbed) -> Iterator[tuple[SshHost, DockerRuntime, Path]]:
+    """h2 with its engine reached over its SSH connection, a DockerRuntime on it (the bare base image: these
+    rounds need no project code) and a round's folder there; the rounds' containers need no project, so its
+    root is an empty shared folder."""
+    bed_host = testbed.hosts[1]
+    with host_shared_folder("flagperf-link-", 0o755) as root:
+        spec = HostSpec.model_validate({
+            "name": bed_host.name, "address": bed_host.address, "port": bed_host.port, "user": bed_host.user,
+            "key_file": bed_host.key_file, "known_hosts": testbed.known_hosts, "python": bed_host.python,
+            "project_root": str(root), "connect_timeout_s": 5, "runtime": "docker", "docker": {"engine": "ssh"}})
+        host = SshHost(spec)
+        user = pwd.getpwnam(bed_host.user)  # the test hosts are this machine's users
+        runtime = DockerRuntime(container_settings(load_vendor("cpu"), spec, testbed.base_image),
+                                client_factory=partial(engine_client, host, spec),
+                                user=f"{user.pw_uid}:{user.pw_gid}",
+                                scratch_root=host.work_root / f"link-{uuid.uuid4().hex}")
+        job_dir = runtime.scratch_root / "attempt1"
+        host.write_text(job_dir / "job.json", "{}")
+        try:
+            yield host, runtime, job_dir
+        finally:
+            try:
+                host.remove_tree(runtime.scratch_root)
+            finally:
+                host.close()
+
+
+def rank_round(host: SshHost, runtime: DockerRuntime, job_dir: Path, on_ready: LineSink) -> str:
+    """Node rank 1 of 2 of a round: prints "ready", calls ``on_ready`` (from the log stream), waits for ``release``
+    in its folder, then fails on its own. What the round then says (verdict's failure), after checking that
+    no container is left."""
+    import docker
+
+    release = job_dir / "release"
+    program = ("import pathlib, time\nprint('ready', flush=True)\n"
+               f"while not pathlib.Path({str(release)!r}).exists():\n    time.sleep(0.05)\n"
+               "raise RuntimeError(\"the rank's own failure\")\n")
+    name = f"flagperf-link-{uuid.uuid4().hex[:12]}"
+    result, lines = runtime._run(host, ["python3", "-c", program], name, {}, 300,
+                                 lambda line: on_ready(line) if line == "ready" else None, scratch=True)
+    host.write_text(job_dir / CASE_LOG_FILE, "\n".join(lines) + "\n")  # as run_entry does
+    job = Job(run_id=runtime.scratch_root.name, case="link-case", family="base", round=1, host=host.name,
+              node_rank=1, nnodes=2, vendor="cpu", config={}, config_origins={}, run_overrides={}, image={})
+    with pytest.raises(InfrastructureFailure) as failure:  # retried, as a crash is
+        verdict(host, job, job_dir, result, 300)
+    assert docker.from_env().containers.list(all=True, filters={"name": name}) == [], "a container was left"
+    return str(failure.value)
+
+
+def test_a_dropped_engine_link_does_not_hide_the_ranks_own_failure(
+        engine_host: tuple[SshHost, DockerRuntime, Path]) -> None:
+    """The SSH connection carrying the engine's API ends (its sshd session killed, as a dropped link or restarted
+    sshd looks) while the controller waits on the container; the rank then fails on its own. The round says how
+    the rank ended and its last error first; the drop comes after, as context."""
+    host, runtime, job_dir = engine_host
+    marker = f"link-{uuid.uuid4().hex}"
+    problems: list[str] = []
+
+    def drop_link_then_release(_: str) -> None:
+        try:
+            # A command on this same connection names the sshd session that serves it (and the engine's link).
+            channel = host.client().get_transport().open_session()  # type: ignore[union-attr]
+            channel.exec_command(f"exec sh -c 'echo $$; exec sleep 600' {marker}")
+            pid = int(channel.makefile("r").readline())
+            while not Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sshd:"):
+                pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            os.kill(pid, signal.SIGTERM)
+            # written here, not through the host: its link is what just went away
+            (job_dir / "release").write_text("go\n")
+        except Exception as exc:  # the log stream's thread: kept for the test to fail on
+            problems.append(f"{type(exc).__name__}: {exc}")
+
+    message = rank_round(host, runtime, job_dir, drop_link_then_release)
+    assert not problems, problems
+    assert "\n" not in message
+    head, _, context = message.partition("; meanwhile ")
+    assert head.startswith(f"link-case round 1 on {host.name}: node rank 1 of 2 exited 1; last lines of "
+                           f"{CASE_LOG_FILE}: "), message
+    assert head.endswith(OWN_ERROR), message
+    assert context.startswith(f"the link to {host.name}'s container engine dropped while waiting ("), message
+    assert "Traceback" not in context
+
