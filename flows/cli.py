@@ -548,7 +548,8 @@ def nightly(
         help="vendor folder under vendor_images/ (default: the inventory's VENDOR, else cpu)")] = None,
     inventory: Annotated[Path | None, typer.Option(
         help="hosts to run on: a native inventory or FlagPerf's host.yaml; default: this machine")] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="the flow's full log on the console")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="the flow's full log on the console (else its "
+                                                                   "warnings and errors, on stderr)")] = False,
 ) -> None:
     """Run the nightly regression once, here, for cron or a CI scheduler: evaluate the suite, record it in the
     history, judge each figure against its baseline, print each verdict and the outcome. Without a
