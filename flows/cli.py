@@ -527,6 +527,86 @@ def diagnose(
 
 
 @app.command()
+def nightly(
+    suite: Annotated[str, typer.Option(help="the suite to evaluate (a name from `flagperf list suites`)")] = "smoke",
+    rounds: Annotated[int, typer.Option(help="rounds per case (1-100); each figure's median over them is "
+                                             "judged")] = 3,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="[CASE.]KEY=VALUE: override a case configuration value, as `flagperf run --set` "
+                      "(repeatable); a changed value starts a new baseline")] = None,
+    results: Annotated[Path | None, typer.Option(
+        help="results folder (default: $FLAGPERF_RESULTS_DIR, else results); nightly-SUITE.json and trends.csv "
+             "are written there")] = None,
+    history_url: Annotated[str | None, typer.Option(
+        help="history database, sqlite:///PATH or postgresql+psycopg://USER@HOST/DB without a password (default: "
+             "$FLAGPERF_HISTORY_URL, else history.sqlite in the results folder)")] = None,
+    baseline_runs: Annotated[int, typer.Option(help="earlier good nights whose median is a figure's baseline "
+                                                    "(1-1000)")] = 5,
+    sigma: Annotated[float, typer.Option(help="a figure regresses beyond this many times its baseline's "
+                                              "spread (on the log scale, at least 1 %)")] = 3.0,
+    vendor: Annotated[str | None, typer.Option(
+        help="vendor folder under vendor_images/ (default: the inventory's VENDOR, else cpu)")] = None,
+    inventory: Annotated[Path | None, typer.Option(
+        help="hosts to run on: a native inventory or FlagPerf's host.yaml; default: this machine")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="the flow's full log on the console (else its "
+                                                                   "warnings and errors, on stderr)")] = False,
+) -> None:
+    """Run the nightly regression once, here, for cron or a CI scheduler: evaluate the suite, record it in the
+    history, judge each figure against its baseline, print each verdict and the outcome. Without a
+    PREFECT_API_URL a temporary server is used.
+
+    Exit 0: every figure held its baseline (or has none yet); 1: the night failed (recorded as a failed night);
+    2: bad input, nothing measured; 3: unsupported on this device; 5: a regression; 128 + signal: interrupted.
+    The verdict is also in nightly-SUITE.json in the results folder (with its exit_code)."""
+    from flows.nightly_cli import check_night, default_results, open_history, run_night
+
+    results = results or default_results()
+    try:
+        with _held_core_warnings() as warnings:
+            night = check_night(suite=suite, vendor=vendor, rounds=rounds, overrides=set_ or [], inventory=inventory,
+                                results=results, history_url=history_url, baseline_runs=baseline_runs, sigma=sigma)
+        made = _make_results_folder(results, "--results", None)
+    except FlagperfError as exc:
+        raise _fail(str(exc)) from None
+    try:
+        open_history(night)
+    except FlagperfError as exc:
+        _remove_made(results, made)
+        raise _fail(str(exc), EXIT_BAD_INPUT if isinstance(exc, ConfigError) else EXIT_FAILED) from None
+    for note in [*night.notes, *warnings]:
+        err_console.print(f"[yellow]note[/] {escape(note)}", highlight=False, soft_wrap=True)
+    console.print(f"[bold]nightly {escape(suite)}[/]: {rounds} rounds per case, results in {escape(str(results))}",
+                  highlight=False)
+    interrupt = Interrupt()
+    interrupt.install()
+    _prepare_prefect_environment(verbose)
+    try:
+        outcome = run_night(night, interrupt.signals, _drain_prefect)
+    except (KeyboardInterrupt, Exception) as exc:  # Exception: the server did not start, the API cannot be reached
+        if not interrupt.signals and isinstance(exc, Exception):
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            raise _fail(f"the night could not run: {type(exc).__name__}: {first}", EXIT_FAILED) from None
+        raise _fail("interrupted; the night is not judged", interrupt.exit_code(exc)) from None
+    except BaseException as exc:  # Prefect's TerminationSignal (a SIGTERM inside the flow run)
+        if not hasattr(exc, "signal"):
+            raise
+        raise _fail("interrupted; the night is not judged", interrupt.exit_code(exc)) from None
+    if interrupt.signals:
+        raise _fail("interrupted; the night is not judged", interrupt.exit_code())
+    if outcome.code == EXIT_BAD_INPUT:
+        raise _fail(outcome.message)
+    for verdict in outcome.verdicts:
+        colour = {"regression": "red", "improvement": "green"}.get(verdict.status)
+        console.print(escape(verdict.line()), style=colour, highlight=False, soft_wrap=True)
+    console.print(f"{escape(outcome.state)}: {escape(outcome.message)} (exit {outcome.code})", highlight=False,
+                  soft_wrap=True, style="red" if outcome.code else None)
+    if outcome.run_dir is not None:
+        console.print(f"run directory: {escape(str(outcome.run_dir))}; verdict: {escape(str(night.verdict_file))}",
+                      highlight=False, soft_wrap=True)
+    raise typer.Exit(outcome.code)
+
+
+@app.command()
 def server(
     database_url: Annotated[str | None, typer.Option(
         help="postgresql+asyncpg://user@host:port/db (default: $PREFECT_API_DATABASE_CONNECTION_URL)")] = None,

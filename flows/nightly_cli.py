@@ -1,0 +1,154 @@
+"""`flagperf nightly`: the nightly regression flow from cron or a CI scheduler, without a deployment or the UI.
+
+The input is checked first (nothing starts on bad input), then the flow runs in this process against the
+configured Prefect server, else a temporary one, as `flagperf run` does; its verdict lines and outcome are
+printed and its exit code (flows.nightly.exit_code) is the command's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from flagperf.config.plan import available_suites, plan_run
+from flagperf.errors import ConfigError, FlagperfError, unknown_name
+from flagperf.hosts.capacity import check_capacity_here
+from flagperf.hosts.inventory import Inventory, load_inventory, local_inventory
+from flagperf.paths import RESULTS_DIR_ENV, RESULTS_ROOT_ENV
+from flagperf.results.history import Verdict, history_engine
+
+MAX_ROUNDS, MAX_BASELINE_RUNS, MAX_SIGMA = 100, 1000, 100.0  # the flow's bounds (flows.nightly's form)
+
+
+def default_results() -> Path:
+    """The results folder the nightly deployment writes to (flows.evaluate.default_results_dir), found
+    without importing prefect: its settings are read once, at import."""
+    return Path(os.environ.get(RESULTS_DIR_ENV) or os.environ.get(RESULTS_ROOT_ENV) or "results")
+
+
+@dataclass(frozen=True)
+class Night:
+    """A night's input, checked: what the flow is called with."""
+
+    suite: str
+    vendor: str  # "auto": the inventory's VENDOR, else cpu (the flow resolves it)
+    rounds: int
+    overrides: list[str]
+    inventory: Path | None
+    results: Path
+    history_url: str | None
+    baseline_runs: int
+    sigma: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def verdict_file(self) -> Path:
+        from flows.nightly import verdict_file_name  # prefect: only once the input is known good
+
+        return self.results / verdict_file_name(self.suite)
+
+
+@dataclass(frozen=True)
+class NightOutcome:
+    code: int  # the flow's exit code (0 held, 1 night failed, 2 bad input, 3 unsupported, 5 regression)
+    state: str  # the flow's final state's name
+    message: str  # bad input (code 2): without the "bad input: " prefix
+    verdicts: list[Verdict]
+    run_dir: Path | None  # None: the night made no run folder (bad input found by the flow)
+
+
+def check_night(*, suite: str, vendor: str | None, rounds: int, overrides: list[str], inventory: Path | None,
+                results: Path, history_url: str | None, baseline_runs: int, sigma: float) -> Night:
+    """Everything the flow would refuse, refused here without side effects (ConfigError naming the option);
+    the history URL's check opens it, so it comes after the results folder is made (``open_history``)."""
+    suites = available_suites()
+    if suite not in suites:
+        raise ConfigError("--suite", None, unknown_name("suite", suite, suites, "flagperf list suites"))
+    for option, value, low, high in (("--rounds", rounds, 1, MAX_ROUNDS),
+                                     ("--baseline-runs", baseline_runs, 1, MAX_BASELINE_RUNS)):
+        if not low <= value <= high:
+            raise ConfigError(option, None, f"must be between {low} and {high}, got {value}")
+    if not 0 < sigma <= MAX_SIGMA:
+        raise ConfigError("--sigma", None, f"must be above 0 and at most {MAX_SIGMA:g}, got {sigma:g}")
+    inv: Inventory = load_inventory(inventory) if inventory else local_inventory()
+    plan = plan_run(suite=suite, vendor=inv.resolve_vendor(vendor), rounds=rounds, sets=overrides, results_dir=results,
+                    hosts=[spec.model_dump(mode="json") for spec in inv.hosts], inventory_overrides=inv.case_overrides,
+                    inventory_source=inv.source, inventory_endpoints=inv.endpoints)
+    check_capacity_here(plan, inv.hosts)
+    return Night(suite=suite, vendor=vendor or "auto", rounds=rounds, overrides=list(overrides),
+                 inventory=inventory.resolve() if inventory else None, results=results,
+                 history_url=history_url or None, baseline_runs=baseline_runs, sigma=sigma, notes=list(inv.notes))
+
+
+def open_history(night: Night) -> None:
+    """The history the night will write, opened now: a bad URL (ConfigError) or one that cannot be reached
+    (FlagperfError) is said before a night of measuring, not after it."""
+    try:
+        history_engine(night.history_url, night.results).dispose()
+    except ConfigError as exc:
+        raise ConfigError("--history-url", None, exc.message) from None
+    except (SQLAlchemyError, OSError) as exc:
+        first = (str(getattr(exc, "orig", None) or exc).splitlines() or [""])[0]
+        raise FlagperfError(f"the history cannot be opened: {type(exc).__name__}: {first}") from None
+
+
+def _verdict(data: dict[str, Any]) -> Verdict:
+    known = {f.name for f in fields(Verdict)}
+    return Verdict(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in known})
+
+
+def _read_verdict_file(path: Path) -> dict[str, Any] | None:
+    with suppress(OSError, ValueError):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else None
+    return None
+
+
+def run_night(night: Night, stopping: list[int], drain: Callable[[], None]) -> NightOutcome:
+    """Run the nightly flow here, under a temporary Prefect server when none is configured. ``stopping``: the
+    signals received (the temporary server's start gives up on them); ``drain`` sends the last logs and
+    events while the server is still there. An interrupt (KeyboardInterrupt, Prefect's TerminationSignal)
+    propagates, after the server is stopped."""
+    from flows.server import TemporaryServer, configured_api_url
+
+    if configured_api_url() is not None:  # a team server: its sign-in from the credentials file, if not set
+        from flagperf.site.auth import use_client_credentials
+
+        use_client_credentials()
+    earlier = (_read_verdict_file(night.verdict_file) or {}).get("run_id")
+    server: TemporaryServer | None = None
+    outcome: NightOutcome | None = None
+    try:
+        if configured_api_url() is None:
+            server = TemporaryServer()
+            os.environ["PREFECT_API_URL"] = server.start(stopping)
+        from flows.evaluate import BAD_INPUT
+        from flows.nightly import exit_code, nightly_regression
+
+        state = nightly_regression(suite=night.suite, vendor=night.vendor, rounds=night.rounds,
+                                   overrides=night.overrides, inventory=str(night.inventory or ""),
+                                   results_dir=str(night.results), history_url=night.history_url or "",
+                                   baseline_runs=night.baseline_runs, sigma=night.sigma, return_state=True)
+        published = _read_verdict_file(night.verdict_file) or {}
+        this_night = published if published.get("run_id") not in (None, earlier) else {}
+        run_dir = night.results / this_night["run_id"] if this_night else None
+        outcome = NightOutcome(code=exit_code(state), state=state.name or "",
+                               message=(state.message or "").removeprefix(BAD_INPUT),
+                               verdicts=[_verdict(v) for v in this_night.get("verdicts", [])], run_dir=run_dir)
+        return outcome
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):  # clean-up is not cut short by a second signal
+            signal.signal(sig, lambda signum, _frame: stopping.append(signum))
+        if "prefect" in sys.modules:
+            drain()
+        if server is not None:
+            server.stop(keep_log_in=outcome.run_dir if outcome is not None else None)

@@ -1,0 +1,65 @@
+"""`flagperf nightly` as a cron job runs it: a subprocess whose exit code and verdict file are the night's outcome.
+One real night on the tiny suite against a seeded baseline no CPU reaches (exit 5); bad input is one line,
+exit 2, and nothing is made or measured."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from prefect.settings import PREFECT_API_URL
+from test_nightly import seed_history
+
+from flows.nightly import EXIT_REGRESSION, verdict_file_name
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_server")]
+ROOT = Path(__file__).resolve().parents[2]
+# A multiply of well under a millisecond, timed briefly: the figure is far below the seeded baseline anyway.
+SMALL = ["m=256", "n=256", "k=256", "min_duration_s=0.3"]
+
+
+def flagperf_nightly(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(),
+           "FLAGPERF_SUITE_PATH": str(ROOT / "tests" / "fixtures" / "suites")}
+    return subprocess.run([sys.executable, "-m", "flows.cli", "nightly", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_a_regression_exits_5_with_its_verdict_file(flagperf_env: Path, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'history.sqlite'}"
+    seed_history(url, tmp_path / "seed", value=50.0)  # 50 TFLOPS of FP32 GEMM: no CPU gets near it
+    sets = [arg for value in SMALL for arg in ("--set", value)]
+    done = flagperf_nightly("--suite", "tiny", "--rounds", "2", *sets, "--results", str(flagperf_env),
+                            "--history-url", url)
+    output = done.stdout + done.stderr
+    assert done.returncode == EXIT_REGRESSION, output[-3000:]
+    assert "Traceback" not in output
+    verdict = json.loads((flagperf_env / verdict_file_name("tiny")).read_text())
+    assert verdict["exit_code"] == EXIT_REGRESSION and verdict["state"] == "Regressed"
+    (run_dir,) = flagperf_env.glob("run*")
+    assert verdict["run_id"] == run_dir.name and (run_dir / verdict_file_name("tiny")).is_file()
+    assert (flagperf_env / "trends.csv").is_file()
+    # Each verdict line and the outcome are printed: the regressed figure against its 50 TFLOPS baseline.
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("computation-FP32 gemm_fp32:")]
+    assert "vs baseline 50" in line and "): regression" in line, done.stdout
+    assert f"Regressed: 1 regression(s) in {run_dir.name}" in done.stdout and "(exit 5)" in done.stdout
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--suite", "no-such-suite"], ["--suite", "unknown suite 'no-such-suite'"]),
+    (["--suite", "tiny", "--history-url", "not a url"], ["--history-url", "not a database URL"]),
+    (["--suite", "tiny", "--set", "no_such_key=1"], ["--set", "no_such_key"]),
+])
+def test_bad_input_is_one_line_and_exit_2_with_nothing_made(flagperf_env: Path, args: list[str],
+                                                            words: list[str]) -> None:
+    done = flagperf_nightly(*args, "--results", str(flagperf_env))
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("error:") and all(w in errors[0] for w in words), output
+    assert "Traceback" not in output and not done.stdout  # nothing started: not even the night's first line
+    assert not flagperf_env.exists()  # no results folder, no run folder, no history
