@@ -448,7 +448,8 @@ def report(run_dir: Annotated[Path, typer.Argument(help="a run folder, results/<
     """Regenerate a run's summary, report (Markdown, HTML) and plots from its files."""
     from flagperf.results.report import build_report
 
-    _run_folder(run_dir, "RUN")
+    if not (run_dir / PLAN_FILE).is_file():  # a run stopped before its first round was stored still has its plan
+        _run_folder(run_dir, "RUN")
     from flagperf.config.diagnose import report_section
 
     try:
