@@ -26,8 +26,11 @@ ROOT = Path(__file__).resolve().parents[2]
 FIXTURE_CASES = ROOT / "tests" / "fixtures" / "cases"
 
 
-def flagperf(args: list[str], tmp_path: Path) -> subprocess.Popen[str]:
+def flagperf(args: list[str], tmp_path: Path, api_url: str | None = None) -> subprocess.Popen[str]:
+    """The CLI with its temporary server, or on the server at ``api_url``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    if api_url:
+        env["PREFECT_API_URL"] = api_url
     env.update(FLAGPERF_CASE_PATH=str(FIXTURE_CASES), FLAGPERF_WORK_ROOT=str(tmp_path / "work"),
                PREFECT_HOME=str(tmp_path / "prefect-home"))
     # Its own process group, as a command started in a terminal is: Ctrl-C there signals the whole group.
@@ -122,6 +125,7 @@ def test_a_controller_stopped_mid_round_leaves_whole_records_and_its_retry_runs_
     assert not (tmp_path / "work" / run_dir.name).exists()  # the host's copy is gone once all is stored
 
 
+@pytest.mark.usefixtures("prefect_server")  # the session's: no temporary server to start for each command
 def test_ctrl_c_while_a_round_is_collected_leaves_no_half_copy_and_its_retry_collects_the_round_measured(
         tmp_path: Path) -> None:
     """Ctrl-C (SIGINT to the process group) once the controller copies a measured round from its host into a
@@ -132,7 +136,10 @@ def test_ctrl_c_while_a_round_is_collected_leaves_no_half_copy_and_its_retry_col
     args = ["run", "--cases", "waits", "--rounds", "1", "--set", "waits.hold_round=0", "--set",
             f"waits.started={never}", "--set", f"waits.release={never}", "--set", "waits.output_mib=128",
             "--results", str(results)]
-    proc = flagperf(args, tmp_path)
+    from prefect.settings import PREFECT_API_URL
+
+    api_url = PREFECT_API_URL.value()
+    proc = flagperf(args, tmp_path, api_url)
     try:
         deadline = time.monotonic() + 600  # a guard against a hang, not a timing assumption
         while not (partial := list(results.glob("*/waits/round1/.localhost_noderank0.partial"))):
@@ -163,7 +170,7 @@ def test_ctrl_c_while_a_round_is_collected_leaves_no_half_copy_and_its_retry_col
     assert (run_dir / SUMMARY_JSON).is_file() and (run_dir / REPORT_MD).is_file()
     records_are_whole(run_dir)
 
-    retry = flagperf([*args, "--retry", str(run_dir)], tmp_path)
+    retry = flagperf([*args, "--retry", str(run_dir)], tmp_path, api_url)
     out, _ = retry.communicate(timeout=900)
     assert retry.returncode == 0, out
     # The very measurement, not a second one: the case did not run again.
