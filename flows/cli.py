@@ -281,7 +281,10 @@ def run(
                 console.print(f"interrupted: {made['done']} of {made['planned']} planned rounds done, "
                               f"{len(made['stopped'])} stopped while running, {len(made['not_started'])} "
                               f"not started (report.md)")
-        raise _fail(f"interrupted; the report of what was done is in {run_dir}", interrupt.exit_code(outcome))
+            raise _fail(f"interrupted; the report of what was done is in {run_dir}", interrupt.exit_code(outcome))
+        # Stopped before or while the report was written (its files are written whole or not at all).
+        raise _fail(f"interrupted before the report was written; `flagperf report {run_dir}` writes it",
+                    interrupt.exit_code(outcome))
     if outcome is not None:
         first = str(outcome).splitlines()[0] if str(outcome) else ""
         raise _fail(f"the evaluation could not run: {type(outcome).__name__}: {first}", EXIT_FAILED)
