@@ -184,3 +184,28 @@ def test_ctrl_c_while_a_round_is_collected_leaves_no_half_copy_and_its_retry_col
     assert json.loads((run_dir / SUMMARY_JSON).read_text(encoding="utf-8"))["counts"]["success"] == 1
     records_are_whole(run_dir)
     assert not (tmp_path / "work" / run_dir.name).exists()  # the host's copy is gone once all is stored
+
+
+def test_ctrl_c_while_the_run_is_set_up_leaves_nothing_and_says_so_in_one_line(tmp_path: Path) -> None:
+    """Ctrl-C once the run's header is on the terminal, while the temporary server starts (seconds): no flow ran,
+    so no run folder, results folder or server is left, and one line says nothing started."""
+    results = tmp_path / "results"
+    proc = flagperf(["run", "--cases", "waits", "--rounds", "1", "--set", "waits.hold_round=0", "--set",
+                     f"waits.started={tmp_path / 'never'}", "--set", f"waits.release={tmp_path / 'never'}",
+                     "--results", str(results)], tmp_path)
+    try:
+        assert proc.stdout is not None
+        header = proc.stdout.readline()  # printed once the input is good, before the server starts
+        assert header.startswith("run "), header + proc.stdout.read()
+        running = descendants(proc.pid)
+        stop(proc, signal.SIGINT)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGINT, out
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+    assert [line for line in out.splitlines() if line.startswith("error:")] == [
+        "error: interrupted before anything started"], repr(out)
+    assert not results.exists()  # made by this command, left empty: removed
+    _, alive = psutil.wait_procs(running, timeout=120)
+    assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == [], "processes outlived the controller"
