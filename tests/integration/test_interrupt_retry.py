@@ -1,7 +1,9 @@
-"""`flagperf run` stopped from outside while a round runs (SIGTERM, or SIGKILL: nothing of the controller can react),
-then continued: every record in the run folder is whole or absent, `flagperf report` rebuilds the report, no case or
-monitor process outlives the controller, and `--retry` runs only the lost round (the completed one is kept as it
-was). The phase is reached on a condition (the fixture case `waits` says it started and waits for a file), never
+"""`flagperf run` stopped from outside (Ctrl-C: SIGINT to the terminal's process group, SIGTERM, or SIGKILL: nothing
+of the controller can react) while a round runs, while a round is collected, or while the run is set up, then
+continued: exit 128 + the signal and one line, no traceback; every record in the run folder is whole or absent,
+`flagperf report` rebuilds the report, no case or monitor process outlives the controller, and `--retry` runs only
+the lost round (the completed one is kept as it was; a measured one is collected, not run again). Each phase is
+reached on a condition (a file the case writes, the partial folder of a collection, the run's header line), never
 on a timer."""
 
 from __future__ import annotations
