@@ -110,10 +110,12 @@ class Interrupt:
     """SIGINT and SIGTERM stop the run the same way: the first raises KeyboardInterrupt where the controller
     is (Prefect turns a SIGTERM inside a flow run into its own TerminationSignal first), so the cases'
     process groups and the monitors are stopped by the code that started them, the report is written and
-    the temporary server is stopped; later signals are noted and ignored, so that clean-up is not cut short."""
+    the temporary server is stopped; later signals are noted and ignored, so that clean-up is not cut short.
+    Until it is armed (while the run is set up, outside any handler) a signal is only noted; arming raises it."""
 
     def __init__(self) -> None:
         self.signals: list[int] = []
+        self.armed = False
 
     def install(self) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -121,8 +123,14 @@ class Interrupt:
 
     def _handle(self, signum: int, _frame: object) -> None:
         self.signals.append(signum)
-        if len(self.signals) == 1:
+        if len(self.signals) == 1 and self.armed:
             raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    def arm(self) -> None:
+        """From here the first signal raises where the controller is; one noted before raises now."""
+        self.armed = True
+        if self.signals:
+            raise KeyboardInterrupt(signal.Signals(self.signals[0]).name)
 
     def exit_code(self, exc: BaseException | None = None) -> int:
         signum = self.signals[0] if self.signals else getattr(exc, "signal", signal.SIGINT)
@@ -209,14 +217,14 @@ def run(
         raise _fail(str(exc)) from None
     except KeyboardInterrupt:  # Ctrl-C while the input is checked (the probe takes seconds): nothing started
         raise _fail("interrupted before anything started", 128 + signal.SIGINT) from None
+    interrupt = Interrupt()  # from here a signal is noted, and raised once the run can be stopped in order
+    interrupt.install()
     for note in [*inv.notes, *warnings]:
         err_console.print(f"[yellow]note[/] {escape(note)}", highlight=False, soft_wrap=True)
     console.print(f"[bold]run {plan.run_id}[/]: {len(plan.cases)} cases x {plan.rounds} rounds, vendor "
                   f"{plan.vendor.name}" + (f", suite {plan.suite}" if plan.suite else "")
                   + f", {len(inv.hosts)} host(s) from {inv.source}")
     run_dir = plan.run_dir
-    interrupt = Interrupt()
-    interrupt.install()
     _prepare_prefect_environment(verbose)
     from flows.progress import Progress, RunFolderLog, live_view
     from flows.server import TemporaryServer, configured_api_url
@@ -236,6 +244,7 @@ def run(
     handlers = [RunFolderLog(run_dir), progress]
     state = None
     try:
+        interrupt.arm()
         if configured_api_url() is None:
             # Our own temporary server rather than Prefect's: its address is in PREFECT_API_URL for every
             # process of the run (so an inference case's steps nest under this evaluation), and it is
@@ -281,7 +290,13 @@ def run(
                 console.print(f"interrupted: {made['done']} of {made['planned']} planned rounds done, "
                               f"{len(made['stopped'])} stopped while running, {len(made['not_started'])} "
                               f"not started (report.md)")
-        raise _fail(f"interrupted; the report of what was done is in {run_dir}", interrupt.exit_code(outcome))
+            raise _fail(f"interrupted; the report of what was done is in {run_dir}", interrupt.exit_code(outcome))
+        if not (run_dir / PLAN_FILE).is_file():  # the flow had not begun (e.g. the temporary server was starting)
+            _remove_made(results, made)  # only folders this invocation made, and only while empty
+            raise _fail("interrupted before anything started", interrupt.exit_code(outcome))
+        # Stopped before or while the report was written (its files are written whole or not at all).
+        raise _fail(f"interrupted before the report was written; `flagperf report {run_dir}` writes it",
+                    interrupt.exit_code(outcome))
     if outcome is not None:
         first = str(outcome).splitlines()[0] if str(outcome) else ""
         raise _fail(f"the evaluation could not run: {type(outcome).__name__}: {first}", EXIT_FAILED)
@@ -448,7 +463,8 @@ def report(run_dir: Annotated[Path, typer.Argument(help="a run folder, results/<
     """Regenerate a run's summary, report (Markdown, HTML) and plots from its files."""
     from flagperf.results.report import build_report
 
-    _run_folder(run_dir, "RUN")
+    if not (run_dir / PLAN_FILE).is_file():  # a run stopped before its first round was stored still has its plan
+        _run_folder(run_dir, "RUN")
     from flagperf.config.diagnose import report_section
 
     try:

@@ -355,14 +355,17 @@ def clean_work_roots(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: R
 
 
 def uncollected_rounds(host: Host, name: str, plan: RunPlan, names: list[str]) -> list[Path]:
-    """The round folders on ``host`` that hold a result the controller has not stored."""
+    """The round folders on ``host`` that hold a result the controller has not stored. A round stored whole (its
+    folder is renamed into place only once complete) is not one, though its host's copy is still there: an
+    interrupt between the rename and the removal leaves both, and the stored one is the record."""
     found = []
     for case in plan.cases:
         ranks = [group.index(name) for group in node_groups(case.config, names) if name in group]
         for round_no in range(1, plan.rounds + 1):
             for rank in ranks:
                 stage = stage_folder(host.work_root, plan.run_id, case.name, round_no, name, rank)
-                if holds_result(host, stage, case.max_retries + 1):
+                stored = round_dir(plan.run_dir, case.name, round_no, name, rank) / RESULT_FILE
+                if holds_result(host, stage, case.max_retries + 1) and not stored.is_file():
                     found.append(stage)
     return found
 

@@ -1,7 +1,9 @@
-"""`flagperf run` stopped from outside while a round runs (SIGTERM, or SIGKILL: nothing of the controller can react),
-then continued: every record in the run folder is whole or absent, `flagperf report` rebuilds the report, no case or
-monitor process outlives the controller, and `--retry` runs only the lost round (the completed one is kept as it
-was). The phase is reached on a condition (the fixture case `waits` says it started and waits for a file), never
+"""`flagperf run` stopped from outside (Ctrl-C: SIGINT to the terminal's process group, SIGTERM, or SIGKILL: nothing
+of the controller can react) while a round runs, while a round is collected, or while the run is set up, then
+continued: exit 128 + the signal and one line, no traceback; every record in the run folder is whole or absent,
+`flagperf report` rebuilds the report, no case or monitor process outlives the controller, and `--retry` runs only
+the lost round (the completed one is kept as it was; a measured one is collected, not run again). Each phase is
+reached on a condition (a file the case writes, the partial folder of a collection, the run's header line), never
 on a timer."""
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from flagperf.results.schema import read_result
+from flagperf.results.schema import RESULT_FILE, read_result
 from flagperf.results.summary import REPORT_MD, SUMMARY_JSON
 
 pytestmark = pytest.mark.integration
@@ -26,12 +28,25 @@ ROOT = Path(__file__).resolve().parents[2]
 FIXTURE_CASES = ROOT / "tests" / "fixtures" / "cases"
 
 
-def flagperf(args: list[str], tmp_path: Path) -> subprocess.Popen[str]:
+def flagperf(args: list[str], tmp_path: Path, api_url: str | None = None) -> subprocess.Popen[str]:
+    """The CLI with its temporary server, or on the server at ``api_url``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    if api_url:
+        env["PREFECT_API_URL"] = api_url
     env.update(FLAGPERF_CASE_PATH=str(FIXTURE_CASES), FLAGPERF_WORK_ROOT=str(tmp_path / "work"),
                PREFECT_HOME=str(tmp_path / "prefect-home"))
+    # Its own process group, as a command started in a terminal is: Ctrl-C there signals the whole group.
     return subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen[str], sig: signal.Signals) -> None:
+    """Ctrl-C as a terminal sends it, to the foreground process group (the controller and every child that
+    stayed in it); other signals to the controller alone, as `kill PID` does."""
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
 
 
 def wait_for(path: Path, proc: subprocess.Popen[str]) -> None:
@@ -47,6 +62,14 @@ def descendants(pid: int) -> list[psutil.Process]:
     return psutil.Process(pid).children(recursive=True)
 
 
+def interrupted_in_one_line(out: str, run_dir: Path) -> None:
+    """What the terminal shows after Ctrl-C or SIGTERM: no traceback, and one error line saying where the
+    report of what was done is (the live view's last frame and the progress line come before it)."""
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: interrupted; the report of what was done is in {run_dir}"], out
+
+
 def records_are_whole(run_dir: Path) -> None:
     """Every JSON and CSV record of the run folder parses whole; no temporary or partial name is left."""
     assert [p for p in run_dir.rglob("*") if p.name.startswith(".")] == []
@@ -57,7 +80,7 @@ def records_are_whole(run_dir: Path) -> None:
         assert rows and len({len(row) for row in rows}) == 1, path
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["SIGINT", "SIGTERM", "SIGKILL"])
 def test_a_controller_stopped_mid_round_leaves_whole_records_and_its_retry_runs_only_the_lost_round(
         tmp_path: Path, sig: signal.Signals) -> None:
     started, release, results = tmp_path / "started", tmp_path / "release", tmp_path / "results"
@@ -70,15 +93,17 @@ def test_a_controller_stopped_mid_round_leaves_whole_records_and_its_retry_runs_
         running = descendants(proc.pid)
         assert case_pid in {p.pid for p in running}
         assert any("--parent-pid" in " ".join(p.cmdline()) for p in running if p.is_running())  # a monitor
-        proc.send_signal(sig)
+        stop(proc, sig)
         out, _ = proc.communicate(timeout=300)
     finally:
         proc.kill()
     assert proc.returncode == (128 + sig if sig != signal.SIGKILL else -sig), out
+    (run_dir,) = results.iterdir()
+    if sig != signal.SIGKILL:
+        interrupted_in_one_line(out, run_dir)
     _, alive = psutil.wait_procs(running, timeout=120)
     assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == [], "processes outlived the controller"
 
-    (run_dir,) = results.iterdir()
     records_are_whole(run_dir)
     first = run_dir / "waits" / "round1" / "localhost_noderank0" / "result.json"
     assert read_result(first).status == "success"
@@ -100,3 +125,89 @@ def test_a_controller_stopped_mid_round_leaves_whole_records_and_its_retry_runs_
     assert json.loads((run_dir / SUMMARY_JSON).read_text(encoding="utf-8"))["counts"]["success"] == 2
     records_are_whole(run_dir)
     assert not (tmp_path / "work" / run_dir.name).exists()  # the host's copy is gone once all is stored
+
+
+@pytest.mark.usefixtures("prefect_server")  # the session's: no temporary server to start for each command
+def test_ctrl_c_while_a_round_is_collected_leaves_no_half_copy_and_its_retry_collects_the_round_measured(
+        tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT to the process group) once the controller copies a measured round from its host into a
+    hidden partial folder: nothing half-copied stays in the run folder, the host keeps the round, and the retry
+    stores that very measurement without running the case again. The round's large output keeps the copy going
+    long enough to be caught; wherever the interrupt lands, the same whole-or-absent records are asserted."""
+    results, never = tmp_path / "results", tmp_path / "never"
+    args = ["run", "--cases", "waits", "--rounds", "1", "--set", "waits.hold_round=0", "--set",
+            f"waits.started={never}", "--set", f"waits.release={never}", "--set", "waits.output_mib=128",
+            "--results", str(results)]
+    from prefect.settings import PREFECT_API_URL
+
+    api_url = PREFECT_API_URL.value()
+    proc = flagperf(args, tmp_path, api_url)
+    try:
+        deadline = time.monotonic() + 600  # a guard against a hang, not a timing assumption
+        while not (partial := list(results.glob("*/waits/round1/.localhost_noderank0.partial"))):
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            assert time.monotonic() < deadline, "the round was never collected"
+            time.sleep(0.005)
+        running = descendants(proc.pid)
+        stop(proc, signal.SIGINT)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGINT, out
+    interrupted_in_one_line(out, run_dir := partial[0].parents[2])
+    _, alive = psutil.wait_procs(running, timeout=120)
+    assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == [], "processes outlived the controller"
+    records_are_whole(run_dir)  # the partial copy is gone
+    stored = run_dir / "waits" / "round1" / "localhost_noderank0"
+    stage = tmp_path / "work" / run_dir.name / "waits" / "round1" / "localhost_noderank0" / "attempt1"
+    if stored.exists():  # the copy was done before the signal came: stored whole, and the host's copy is not needed
+        measured, kept = read_result(stored / RESULT_FILE), (stored / RESULT_FILE).read_bytes()
+    else:  # caught mid-copy (the usual case): the host keeps the measured round
+        measured, kept = read_result(stage / RESULT_FILE), None
+    assert measured.status == "success"
+
+    report = flagperf(["report", str(run_dir)], tmp_path)
+    out, _ = report.communicate(timeout=300)
+    assert report.returncode == 0, out
+    assert (run_dir / SUMMARY_JSON).is_file() and (run_dir / REPORT_MD).is_file()
+    records_are_whole(run_dir)
+
+    retry = flagperf([*args, "--retry", str(run_dir)], tmp_path, api_url)
+    out, _ = retry.communicate(timeout=900)
+    assert retry.returncode == 0, out
+    # The very measurement, not a second one: the case did not run again.
+    assert read_result(stored / RESULT_FILE).model_dump(exclude={"provenance"}) == measured.model_dump(
+        exclude={"provenance"})
+    assert (stored / "output.bin").stat().st_size == 128 << 20
+    if kept is not None:
+        assert (stored / RESULT_FILE).read_bytes() == kept
+    else:
+        assert "collecting the round an earlier attempt measured" in (run_dir / "controller.log").read_text()
+    assert json.loads((run_dir / SUMMARY_JSON).read_text(encoding="utf-8"))["counts"]["success"] == 1
+    records_are_whole(run_dir)
+    assert not (tmp_path / "work" / run_dir.name).exists()  # the host's copy is gone once all is stored
+
+
+def test_ctrl_c_while_the_run_is_set_up_leaves_nothing_and_says_so_in_one_line(tmp_path: Path) -> None:
+    """Ctrl-C once the run's header is on the terminal, while the temporary server starts (seconds): no flow ran,
+    so no run folder, results folder or server is left, and one line says nothing started."""
+    results = tmp_path / "results"
+    proc = flagperf(["run", "--cases", "waits", "--rounds", "1", "--set", "waits.hold_round=0", "--set",
+                     f"waits.started={tmp_path / 'never'}", "--set", f"waits.release={tmp_path / 'never'}",
+                     "--results", str(results)], tmp_path)
+    try:
+        assert proc.stdout is not None
+        header = proc.stdout.readline()  # printed once the input is good, before the server starts
+        assert header.startswith("run "), header + proc.stdout.read()
+        running = descendants(proc.pid)
+        stop(proc, signal.SIGINT)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGINT, out
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+    assert [line for line in out.splitlines() if line.startswith("error:")] == [
+        "error: interrupted before anything started"], repr(out)
+    assert not results.exists()  # made by this command, left empty: removed
+    _, alive = psutil.wait_procs(running, timeout=120)
+    assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == [], "processes outlived the controller"

@@ -12,6 +12,7 @@ import pytest
 from flagperf.config.plan import PLAN_FILE, plan_run
 from flagperf.errors import ConfigError
 from flagperf.hosts.local import LocalHost
+from flagperf.results.schema import round_dir
 from flows.evaluate import how_to_retry, uncollected_rounds
 from tasks.collect import stage_folder
 
@@ -63,3 +64,18 @@ def test_only_rounds_that_hold_an_unstored_result_keep_the_hosts_run_folder(tmp_
     (stopped / "attempt1" / "case.log").write_text("starting\n")
     assert uncollected_rounds(host, "h1", plan, ["h1", "h2"]) == [measured]
     assert uncollected_rounds(LocalHost(name="h2", work_root=tmp_path / "work"), "h2", plan, ["h1", "h2"]) == []
+
+
+def test_a_round_stored_whole_does_not_keep_its_hosts_copy(tmp_path: Path) -> None:
+    """Interrupted after the collected folder was renamed into place, before the host's copy was removed: the
+    stored round is the record, so the host's copy does not keep the run folder on the host for ever."""
+    plan = plan_run(cases=[FP32], rounds=1, results_dir=tmp_path / "results", run_id="run-a")
+    host = LocalHost(name="h1", work_root=tmp_path / "work")
+    stage = stage_folder(host.work_root, "run-a", FP32, 1, "h1")
+    (stage / "attempt1").mkdir(parents=True)
+    (stage / "attempt1" / "result.json").write_text("{}")
+    assert uncollected_rounds(host, "h1", plan, ["h1"]) == [stage]
+    stored = round_dir(plan.run_dir, FP32, 1, "h1", 0)
+    stored.mkdir(parents=True)
+    (stored / "result.json").write_text("{}")
+    assert uncollected_rounds(host, "h1", plan, ["h1"]) == []
