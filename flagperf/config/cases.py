@@ -15,6 +15,7 @@ An inference case folder (cases/inference/<model>/) keeps FlagPerf's files inste
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 from dataclasses import dataclass
@@ -143,7 +144,8 @@ class CaseDef:
             return self._config_read
         if self.manifest.entry == FAMILY_DRIVERS.get(self.family) and self.family in FAMILY_CONFIGS:
             module, _, name = FAMILY_CONFIGS[self.family].partition(":")
-            return getattr(importlib.import_module(module), name)
+            with contextlib.suppress(ModuleNotFoundError):  # then the driver's import says what is missing
+                return getattr(importlib.import_module(module), name)
         return self.module.Config
 
 

@@ -91,9 +91,12 @@ def rope_kwargs(theta: float) -> dict[str, Any]:
     """A transformers config's RoPE base, for transformers 4 and 5 (5 moved rope_theta into rope_parameters).
     The installed version is read from its metadata: importing transformers takes seconds, and the presets are
     built where a case's config is only checked."""
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
-    major = int(version("transformers").split(".")[0])
+    try:
+        major = int(version("transformers").split(".")[0])
+    except PackageNotFoundError:  # as the import would say: the case's family names its extra (missing_extra)
+        raise ModuleNotFoundError("No module named 'transformers'", name="transformers") from None
     return ({"rope_parameters": {"rope_type": "default", "rope_theta": theta}} if major >= 5
             else {"rope_theta": theta})
 
