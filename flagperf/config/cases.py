@@ -15,6 +15,7 @@ An inference case folder (cases/inference/<model>/) keeps FlagPerf's files inste
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from flagperf.config.flagperf_keys import flagperf_key_hint
 from flagperf.config.inferencekeys import refuse_keys_not_read
 from flagperf.config.models import (
     CASE_FOLDER,
+    FAMILY_CONFIGS,
+    FAMILY_DRIVERS,
     CaseConfig,
     CaseManifest,
     MergedConfig,
@@ -135,9 +138,14 @@ class CaseDef:
     @property
     def config_model(self) -> type[BaseModel]:
         """The case's Config: imported with the case's module, or, where case code is not run (`flagperf
-        validate`), rebuilt from its source without running it (flagperf.config.casecode)."""
+        validate`), rebuilt from its source without running it (flagperf.config.casecode). A family driver's
+        Config is taken from its own module (FAMILY_CONFIGS), without importing the driver."""
         if not code_runs() and not is_core_module(self.manifest.entry):
             return self._config_read
+        if self.manifest.entry == FAMILY_DRIVERS.get(self.family) and self.family in FAMILY_CONFIGS:
+            module, _, name = FAMILY_CONFIGS[self.family].partition(":")
+            with contextlib.suppress(ModuleNotFoundError):  # then the driver's import says what is missing
+                return getattr(importlib.import_module(module), name)
         return self.module.Config
 
 

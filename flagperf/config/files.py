@@ -10,7 +10,9 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import AfterValidator
 
 from flagperf.errors import ConfigError
 from flagperf.paths import PROJECT_ROOT
@@ -95,3 +97,13 @@ def hash_file(digest: Any, path: Path) -> None:
     with path.open("rb") as handle:
         for piece in iter(lambda: handle.read(1 << 20), b""):
             digest.update(piece)
+
+
+def _local(value: str | None) -> str | None:
+    if value is not None and not Path(value).exists():
+        raise ValueError(f"{value} does not exist (only local files are read)")
+    return value
+
+
+# A case's data or checkpoint path (flagperf.training.data re-exports it for case code): a local file or none.
+LocalPath = Annotated[str | None, AfterValidator(lambda value: _local(value))]

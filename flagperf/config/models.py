@@ -30,6 +30,10 @@ log = logging.getLogger("flagperf.config.models")
 BUILTIN_KERNEL_PREFIX = "flagperf.basespec."
 # Families whose cases are configurations of one shared driver: case.yaml names it (or leaves entry out).
 FAMILY_DRIVERS = {"generate": "flagperf.generate.driver", "operation": "flagperf.operation.driver"}
+# Each driver's Config (module:class), where it is defined apart from the driver: a case's config is checked
+# (`flagperf validate`, a run refused for bad input) without loading the driver's engines and torch.
+FAMILY_CONFIGS = {"generate": "flagperf.generate.config:GenerateConfig",
+                  "operation": "flagperf.operation.config:OperationConfig"}
 # The type of a validator's error (pydantic_core.PydanticCustomError) whose value may be a secret: its line
 # names the file and the key, never the value.
 HIDDEN_INPUT = "hidden_input"

@@ -25,12 +25,11 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from flagperf.config.endpoints import REFERENCE, Endpoint
-from flagperf.config.files import inside, regular_file_problem, resolved
+from flagperf.config.files import LocalPath, inside, regular_file_problem, resolved
 from flagperf.config.models import CASE_FOLDER, HIDDEN_INPUT, KEY_OF_MODEL_ERROR, CaseConfig
 from flagperf.errors import CaseUserError, ConfigError
-from flagperf.generate.models import PRESETS
+from flagperf.generate.presets import PRESETS
 from flagperf.hosts.container_policy import DATA_ROOTS, PolicyError, clean_path, credentials_in, is_under
-from flagperf.training.data import LocalPath
 
 # A prompts or ShareGPT file is read whole: ShareGPT V3 (the usual serving set) is 642 MiB; far beyond that is
 # not a data set but a mistake that would fill the host's memory.
@@ -129,7 +128,7 @@ class Slo(_Keys):
 class GenerateConfig(CaseConfig):
     family: ClassVar[str] = "generate"
 
-    model: str = Field(description="shape preset (flagperf.generate.models.PRESETS)")
+    model: str = Field(description="shape preset (flagperf.generate.presets.PRESETS)")
     checkpoint_path: LocalPath = Field(default=None, description="a local save_pretrained folder; null: random "
                                                                  "weights in the preset's shape")
     precision: Literal["bf16", "fp16", "fp32"]

@@ -23,9 +23,8 @@ import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
 from pydantic import model_validator
 
 from flagperf.config.engines import EngineDef as BaseEngineDef
@@ -35,6 +34,9 @@ from flagperf.config.engines import (
     load_engine_manifest,
 )
 from flagperf.generate.server import ServerSpec
+
+if TYPE_CHECKING:  # a case's engine is checked where torch is not loaded
+    import torch
 
 ENGINES_FOLDER = "generate"  # vendor_images/<vendor>/generate/<engine>/
 

@@ -2,8 +2,9 @@
 inputs, the native torch call (the baseline every implementation is held against), and the counting formulas
 (FLOPs for compute-bound operators, bytes for all: each input read once, each output written once).
 
-The native functions are module-level, one per operator, so that torch.compile's caches (keyed on the code
-object) are shared across the points of a round.
+The native functions (flagperf.operation.natives, named here) are module-level, one per operator, so that
+torch.compile's caches (keyed on the code object) are shared across the points of a round. This table loads no
+torch: a case's config is checked with it (`flagperf validate`, a run refused) without loading torch.
 """
 
 from __future__ import annotations
@@ -11,15 +12,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-import torch.nn.functional as F
+if TYPE_CHECKING:  # torch is loaded where a point runs (flagperf.operation.natives), not where a config is checked
+    import torch
 
 Dims = dict[str, int]
 Inputs = list[Any]  # tensors, in the order the native function takes them
 
-DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 FP8 = "fp8"
 ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, FP8: 1}
 INDEX_BYTES = 8  # int64 indices and targets
@@ -29,6 +29,8 @@ MAX_DIM = 2**31 - 1  # one dimension of a shape; the memory a shape needs is che
 
 def fp8_dtype() -> torch.dtype | None:
     """torch's e4m3 float8 type, or None where this torch has none (before 2.1)."""
+    import torch
+
     return getattr(torch, "float8_e4m3fn", None)
 
 
@@ -58,7 +60,7 @@ class Operator:
     count_bytes: Callable[[Dims, int], int]  # (dims, element bytes) -> bytes of one call
     from_model: Callable[[ModelShape, int, int], Dims]  # (model, batch, seq) -> dims
     make_inputs: Callable[[Dims, torch.dtype, torch.device, torch.Generator], Inputs]
-    native: Callable[..., Any]
+    native_name: str  # its native call, in flagperf.operation.natives
     flops_formula: str | None = None
     count_flops: Callable[[Dims], int] | None = None
     # How far an element of the output may wander with the reduction behind it (sqrt of the summed length for
@@ -66,6 +68,13 @@ class Operator:
     error_scale: Callable[[Dims], float] = field(default=lambda d: 1.0)
     dtypes: tuple[str, ...] = FLOATING
     description: str = ""
+
+    @property
+    def native(self) -> Callable[..., Any]:
+        """The native torch call (imported here: the table is read where torch is not loaded)."""
+        from flagperf.operation import natives
+
+        return getattr(natives, self.native_name)
 
     def formula(self) -> str:
         flops = f"FLOPs = {self.flops_formula}; " if self.flops_formula else "FLOPs not counted (memory-bound); "
@@ -90,125 +99,15 @@ class Operator:
 
 
 def _randn(shape: Sequence[int], dtype: torch.dtype, device: torch.device, gen: torch.Generator) -> torch.Tensor:
+    import torch
+
     return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
 
 
 def _randint(high: int, shape: Sequence[int], device: torch.device, gen: torch.Generator) -> torch.Tensor:
+    import torch
+
     return torch.randint(0, high, tuple(shape), generator=gen, device=device, dtype=torch.int64)
-
-
-# ---- native calls: the baseline, and (upcast) the reference ----------------------------------------------
-
-
-def native_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.mm(a, b)
-
-
-def native_scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor
-                     ) -> torch.Tensor:
-    out = torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16)
-    return out[0] if isinstance(out, tuple) else out  # torch 2.3-2.4 also returned the amax
-
-
-def reference_scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor
-                        ) -> torch.Tensor:
-    return torch.mm(a * scale_a, b * scale_b)
-
-
-def native_bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.bmm(a, b)
-
-
-def native_addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.addmm(bias, a, b)
-
-
-def native_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return F.linear(x, weight)
-
-
-def native_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-
-def native_softmax(x: torch.Tensor) -> torch.Tensor:
-    return torch.softmax(x, dim=-1)
-
-
-def native_log_softmax(x: torch.Tensor) -> torch.Tensor:
-    return torch.log_softmax(x, dim=-1)
-
-
-def native_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps=1e-5)
-
-
-def native_rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    if hasattr(F, "rms_norm"):  # torch 2.4 and later
-        return F.rms_norm(x, (x.shape[-1],), weight, eps=1e-6)
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * weight
-
-
-def native_gelu(x: torch.Tensor) -> torch.Tensor:
-    return F.gelu(x)
-
-
-def native_silu(x: torch.Tensor) -> torch.Tensor:
-    return F.silu(x)
-
-
-def native_exp(x: torch.Tensor) -> torch.Tensor:
-    return torch.exp(x)
-
-
-def native_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.add(a, b)
-
-
-def native_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.mul(a, b)
-
-
-def native_sum(x: torch.Tensor) -> torch.Tensor:
-    return torch.sum(x, dim=-1)
-
-
-def native_mean(x: torch.Tensor) -> torch.Tensor:
-    return torch.mean(x, dim=-1)
-
-
-def native_embedding(indices: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    return F.embedding(indices, table)
-
-
-def native_index_select(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    return torch.index_select(x, 0, index)
-
-
-def native_gather(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    return torch.gather(x, 1, index)
-
-
-def native_cat(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.cat((a, b), dim=0)
-
-
-def native_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits, target)
-
-
-def native_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotary position embedding, halves rotated (GPT-NeoX/Llama layout): q (T, H, D), k (T, KVH, D), cos and
-    sin (S, D/2), positions (T); the signature of FlagGems' apply_rotary_pos_emb."""
-    c = cos[positions].unsqueeze(-2)
-    s = sin[positions].unsqueeze(-2)
-
-    def rotate(x: torch.Tensor) -> torch.Tensor:
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
-
-    return rotate(q), rotate(k)
 
 
 # ---- the table ----------------------------------------------------------------------------------------------
@@ -231,6 +130,8 @@ def _tokens(model: ModelShape, b: int, s: int, cols: int) -> Dims:
 
 
 def _rotary_inputs(dims: Dims, dtype: torch.dtype, device: torch.device, gen: torch.Generator) -> Inputs:
+    import torch
+
     t, d, seq = dims["T"], dims["D"], dims["S"]
     positions = torch.arange(t, device=device, dtype=torch.int64) % seq
     angles = torch.outer(torch.arange(seq, device=device, dtype=torch.float32),
@@ -250,7 +151,7 @@ OPERATORS: dict[str, Operator] = {op.name: op for op in (
     Operator(
         "mm", "gemm", ("M", "N", "K"), "compute", "e*(M*K + K*N) + e_out*M*N (fp8: e 1, e_out 2 (bf16 out))",
         lambda d, e: e * (d["M"] * d["K"] + d["K"] * d["N"]) + (2 if e == 1 else e) * d["M"] * d["N"],
-        lambda m, b, s: {"M": b * s, "N": m.intermediate, "K": m.hidden}, _gemm_inputs, native_mm,
+        lambda m, b, s: {"M": b * s, "N": m.intermediate, "K": m.hidden}, _gemm_inputs, "native_mm",
         GEMM_FLOPS, lambda d: 2 * d["M"] * d["N"] * d["K"], _sqrt("K"), (*FLOATING, FP8),
         "the MLP's up projection: (tokens x hidden) @ (hidden x intermediate); fp8 through torch._scaled_mm"),
     Operator(
@@ -259,124 +160,133 @@ OPERATORS: dict[str, Operator] = {op.name: op for op in (
         lambda m, b, s: {"B": b * m.heads, "M": s, "N": s, "K": m.head_dim},
         lambda d, dt, dev, g: [_randn((d["B"], d["M"], d["K"]), dt, dev, g),
                                _randn((d["B"], d["K"], d["N"]), dt, dev, g)],
-        native_bmm, "2*B*M*N*K", lambda d: 2 * d["B"] * d["M"] * d["N"] * d["K"], _sqrt("K"),
+        "native_bmm", "2*B*M*N*K", lambda d: 2 * d["B"] * d["M"] * d["N"] * d["K"], _sqrt("K"),
         description="attention scores per head: (seq x head_dim) @ (head_dim x seq), batch x heads of them"),
     Operator(
         "addmm", "gemm", ("M", "N", "K"), "compute", "e*(N + M*K + K*N + M*N)",
         lambda d, e: e * (d["N"] + d["M"] * d["K"] + d["K"] * d["N"] + d["M"] * d["N"]),
         lambda m, b, s: {"M": b * s, "N": m.hidden, "K": m.hidden},
         lambda d, dt, dev, g: [_randn((d["N"],), dt, dev, g), *_gemm_inputs(d, dt, dev, g)],
-        native_addmm, "2*M*N*K + M*N (the bias add)", lambda d: 2 * d["M"] * d["N"] * d["K"] + d["M"] * d["N"],
+        "native_addmm", "2*M*N*K + M*N (the bias add)", lambda d: 2 * d["M"] * d["N"] * d["K"] + d["M"] * d["N"],
         _sqrt("K"), description="a projection with bias: bias + (tokens x hidden) @ (hidden x hidden)"),
     Operator(
         "linear", "gemm", ("M", "N", "K"), "compute", "e*(M*K + N*K + M*N)",
         lambda d, e: e * (d["M"] * d["K"] + d["N"] * d["K"] + d["M"] * d["N"]),
         lambda m, b, s: {"M": b * s, "N": m.hidden, "K": m.intermediate},
         lambda d, dt, dev, g: [_randn((d["M"], d["K"]), dt, dev, g), _randn((d["N"], d["K"]), dt, dev, g)],
-        native_linear, GEMM_FLOPS, lambda d: 2 * d["M"] * d["N"] * d["K"], _sqrt("K"),
+        "native_linear", GEMM_FLOPS, lambda d: 2 * d["M"] * d["N"] * d["K"], _sqrt("K"),
         description="the MLP's down projection, x @ W^T: (tokens x intermediate) -> hidden"),
     Operator(
         "scaled_dot_product_attention", "attention", ("B", "H", "S", "D"), "compute",
         "e*4*B*H*S*D (q, k, v read, out written)", lambda d, e: e * 4 * d["B"] * d["H"] * d["S"] * d["D"],
         lambda m, b, s: {"B": b, "H": m.heads, "S": s, "D": m.head_dim},
         lambda d, dt, dev, g: [_randn((d["B"], d["H"], d["S"], d["D"]), dt, dev, g) for _ in range(3)],
-        native_sdpa, "4*B*H*D*S*(S+1)/2 (QK^T and PV over the causal triangle; softmax not counted)",
+        "native_sdpa", "4*B*H*D*S*(S+1)/2 (QK^T and PV over the causal triangle; softmax not counted)",
         lambda d: 4 * d["B"] * d["H"] * d["D"] * d["S"] * (d["S"] + 1) // 2,
         description="causal self-attention, one head per key/value head (is_causal=True)"),
     Operator(
         "softmax", "reduction", ("R", "C"), "memory", "e*2*R*C", lambda d, e: e * 2 * d["R"] * d["C"],
-        lambda m, b, s: {"R": b * m.heads * s, "C": s}, _rows, native_softmax,
+        lambda m, b, s: {"R": b * m.heads * s, "C": s}, _rows, "native_softmax",
         description="attention probabilities: a row of seq scores per query, batch x heads x seq rows"),
     Operator(
         "log_softmax", "reduction", ("R", "C"), "memory", "e*2*R*C", lambda d, e: e * 2 * d["R"] * d["C"],
-        lambda m, b, s: {"R": b * m.heads * s, "C": s}, _rows, native_log_softmax),
+        lambda m, b, s: {"R": b * m.heads * s, "C": s}, _rows, "native_log_softmax"),
     Operator(
         "sum", "reduction", ("R", "C"), "memory", "e*(R*C + R)", lambda d, e: e * (d["R"] * d["C"] + d["R"]),
-        lambda m, b, s: _tokens(m, b, s, m.hidden), _rows, native_sum, error_scale=_sqrt("C"),
+        lambda m, b, s: _tokens(m, b, s, m.hidden), _rows, "native_sum", error_scale=_sqrt("C"),
         description="over the last dimension of (tokens x hidden)"),
     Operator(
         "mean", "reduction", ("R", "C"), "memory", "e*(R*C + R)", lambda d, e: e * (d["R"] * d["C"] + d["R"]),
-        lambda m, b, s: _tokens(m, b, s, m.hidden), _rows, native_mean),
+        lambda m, b, s: _tokens(m, b, s, m.hidden), _rows, "native_mean"),
     Operator(
         "layer_norm", "norm", ("R", "C"), "memory", "e*(2*R*C + 2*C)",
         lambda d, e: e * (2 * d["R"] * d["C"] + 2 * d["C"]),
         lambda m, b, s: _tokens(m, b, s, m.hidden),
         lambda d, dt, dev, g: [*_rows(d, dt, dev, g), _randn((d["C"],), dt, dev, g), _randn((d["C"],), dt, dev, g)],
-        native_layer_norm, description="over hidden, with weight and bias"),
+        "native_layer_norm", description="over hidden, with weight and bias"),
     Operator(
         "rms_norm", "norm", ("R", "C"), "memory", "e*(2*R*C + C)", lambda d, e: e * (2 * d["R"] * d["C"] + d["C"]),
         lambda m, b, s: _tokens(m, b, s, m.hidden),
         lambda d, dt, dev, g: [*_rows(d, dt, dev, g), _randn((d["C"],), dt, dev, g)],
-        native_rms_norm, description="over hidden, with weight (Llama's norm)"),
+        "native_rms_norm", description="over hidden, with weight (Llama's norm)"),
     Operator(
         "gelu", "activation", ("R", "C"), "memory", "e*2*R*C", lambda d, e: e * 2 * d["R"] * d["C"],
-        lambda m, b, s: _tokens(m, b, s, m.intermediate), _rows, native_gelu, description="on (tokens x intermediate)"),
+        lambda m, b, s: _tokens(m, b, s, m.intermediate), _rows, "native_gelu",
+        description="on (tokens x intermediate)"),
     Operator(
         "silu", "activation", ("R", "C"), "memory", "e*2*R*C", lambda d, e: e * 2 * d["R"] * d["C"],
-        lambda m, b, s: _tokens(m, b, s, m.intermediate), _rows, native_silu, description="on (tokens x intermediate)"),
+        lambda m, b, s: _tokens(m, b, s, m.intermediate), _rows, "native_silu",
+        description="on (tokens x intermediate)"),
     Operator(
         "exp", "elementwise", ("R", "C"), "memory", "e*2*R*C", lambda d, e: e * 2 * d["R"] * d["C"],
-        lambda m, b, s: _tokens(m, b, s, m.hidden), _rows, native_exp),
+        lambda m, b, s: _tokens(m, b, s, m.hidden), _rows, "native_exp"),
     Operator(
         "add", "elementwise", ("R", "C"), "memory", "e*3*R*C", lambda d, e: e * 3 * d["R"] * d["C"],
-        lambda m, b, s: _tokens(m, b, s, m.hidden), _two_rows, native_add, description="the residual add"),
+        lambda m, b, s: _tokens(m, b, s, m.hidden), _two_rows, "native_add", description="the residual add"),
     Operator(
         "mul", "elementwise", ("R", "C"), "memory", "e*3*R*C", lambda d, e: e * 3 * d["R"] * d["C"],
-        lambda m, b, s: _tokens(m, b, s, m.intermediate), _two_rows, native_mul, description="SwiGLU's gate x up"),
+        lambda m, b, s: _tokens(m, b, s, m.intermediate), _two_rows, "native_mul", description="SwiGLU's gate x up"),
     Operator(
         "embedding", "embedding-index", ("V", "C", "T"), "memory",
         "8*T + e*2*T*C (indices read, T rows read and written; the rest of the table is not touched)",
         lambda d, e: INDEX_BYTES * d["T"] + e * 2 * d["T"] * d["C"],
         lambda m, b, s: {"V": m.vocab, "C": m.hidden, "T": b * s},
         lambda d, dt, dev, g: [_randint(d["V"], (d["T"],), dev, g), _randn((d["V"], d["C"]), dt, dev, g)],
-        native_embedding, description="token embedding lookup"),
+        "native_embedding", description="token embedding lookup"),
     Operator(
         "index_select", "embedding-index", ("R", "C", "T"), "memory", "8*T + e*2*T*C",
         lambda d, e: INDEX_BYTES * d["T"] + e * 2 * d["T"] * d["C"],
         lambda m, b, s: {"R": b * s, "C": m.hidden, "T": b * s},
         lambda d, dt, dev, g: [_randn((d["R"], d["C"]), dt, dev, g), _randint(d["R"], (d["T"],), dev, g)],
-        native_index_select, description="T rows picked at random from (tokens x hidden)"),
+        "native_index_select", description="T rows picked at random from (tokens x hidden)"),
     Operator(
         "gather", "embedding-index", ("R", "C", "G"), "memory", "8*R*G + e*2*R*G (gathered elements read, written)",
         lambda d, e: INDEX_BYTES * d["R"] * d["G"] + e * 2 * d["R"] * d["G"],
         lambda m, b, s: {"R": b * s, "C": m.hidden, "G": m.hidden},
         lambda d, dt, dev, g: [_randn((d["R"], d["C"]), dt, dev, g), _randint(d["C"], (d["R"], d["G"]), dev, g)],
-        native_gather, description="along the last dimension, G random columns per row"),
+        "native_gather", description="along the last dimension, G random columns per row"),
     Operator(
         "cat", "memory", ("R", "C"), "memory", "e*4*R*C (two R x C read, 2R x C written)",
-        lambda d, e: e * 4 * d["R"] * d["C"], lambda m, b, s: _tokens(m, b, s, m.hidden), _two_rows, native_cat,
+        lambda d, e: e * 4 * d["R"] * d["C"], lambda m, b, s: _tokens(m, b, s, m.hidden), _two_rows, "native_cat",
         description="two (tokens x hidden) along the first dimension"),
     Operator(
         "cross_entropy", "loss", ("R", "V"), "memory", "e*R*V + 8*R + e (logits and targets read, the mean written)",
         lambda d, e: e * d["R"] * d["V"] + INDEX_BYTES * d["R"] + e,
         lambda m, b, s: {"R": b * s, "V": m.vocab},
         lambda d, dt, dev, g: [_randn((d["R"], d["V"]), dt, dev, g), _randint(d["V"], (d["R"],), dev, g)],
-        native_cross_entropy, description="the language-model loss over the vocabulary, mean over tokens"),
+        "native_cross_entropy", description="the language-model loss over the vocabulary, mean over tokens"),
     Operator(
         "rotary", "rotary", ("T", "H", "KVH", "D", "S"), "memory",
         "e*2*T*D*(H + KVH) + e*S*D + 8*T (q, k read and written; the cos and sin tables; positions)",
         lambda d, e: e * 2 * d["T"] * d["D"] * (d["H"] + d["KVH"]) + e * d["S"] * d["D"] + INDEX_BYTES * d["T"],
         lambda m, b, s: {"T": b * s, "H": m.heads, "KVH": m.kv_heads, "D": m.head_dim, "S": s},
-        _rotary_inputs, native_rotary, description="rotary position embedding on q and k (halves rotated)"),
+        _rotary_inputs, "native_rotary", description="rotary position embedding on q and k (halves rotated)"),
 )}
 
 
 def native_for(op: Operator, dtype: str) -> Callable[..., Any]:
     """The native call of ``op`` in ``dtype`` (mm in fp8 is torch._scaled_mm)."""
+    from flagperf.operation.natives import native_scaled_mm
+
     return native_scaled_mm if (op.name == "mm" and dtype == FP8) else op.native
 
 
 def reference_for(op: Operator, dtype: str) -> Callable[..., Any]:
     """The call the reference is computed with, on inputs upcast to the reference dtype."""
+    from flagperf.operation.natives import reference_scaled_mm
+
     return reference_scaled_mm if (op.name == "mm" and dtype == FP8) else op.native
 
 
 def make_inputs(op: Operator, dims: Dims, dtype: str, device: torch.device, seed: int) -> Inputs:
     """The point's inputs, the same for every implementation (seeded on the device)."""
+    import torch
+
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     if dtype != FP8:
-        return op.make_inputs(dims, DTYPES[dtype], device, gen)
+        dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+        return op.make_inputs(dims, dtypes[dtype], device, gen)
     fp8 = fp8_dtype()
     if fp8 is None:
         raise RuntimeError("this torch has no float8_e4m3fn")

@@ -4,26 +4,16 @@ only when no path is given, in which case the result says so."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
 
 import numpy as np
 import torch
-from pydantic import AfterValidator
 
+from flagperf.config.files import LocalPath as LocalPath  # the cases' data paths; defined without torch
 from flagperf.errors import CaseUserError
 
 IMAGE_SUFFIXES = {".jpeg", ".jpg", ".png", ".bmp", ".webp"}
 IMAGENET_MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
 IMAGENET_STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
-
-
-LocalPath = Annotated[str | None, AfterValidator(lambda value: _local(value))]
-
-
-def _local(value: str | None) -> str | None:
-    if value is not None and not Path(value).exists():
-        raise ValueError(f"{value} does not exist (only local files are read)")
-    return value
 
 
 def token_windows(path: str, seq_len: int, vocab_size: int) -> torch.Tensor:

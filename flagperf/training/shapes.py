@@ -8,10 +8,12 @@ Sizes are plain data here (no transformers import), so the bench and the tests c
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Shape(BaseModel):
@@ -86,10 +88,15 @@ def resolve_shape(presets: dict[str, S], name: str, explicit: dict[str, Any]) ->
 
 
 def rope_kwargs(theta: float) -> dict[str, Any]:
-    """A transformers config's RoPE base, for transformers 4 and 5 (5 moved rope_theta into rope_parameters)."""
-    import transformers
+    """A transformers config's RoPE base, for transformers 4 and 5 (5 moved rope_theta into rope_parameters).
+    The installed version is read from its metadata: importing transformers takes seconds, and the presets are
+    built where a case's config is only checked."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    major = int(transformers.__version__.split(".")[0])
+    try:
+        major = int(version("transformers").split(".")[0])
+    except PackageNotFoundError:  # as the import would say: the case's family names its extra (missing_extra)
+        raise ModuleNotFoundError("No module named 'transformers'", name="transformers") from None
     return ({"rope_parameters": {"rope_type": "default", "rope_theta": theta}} if major >= 5
             else {"rope_theta": theta})
 
@@ -108,6 +115,7 @@ def matmul_parameters(model: torch.nn.Module) -> int:
     """Parameters that take part in matrix products: every parameter (shared ones once) except the input
     embedding tables, which are looked up, not multiplied; a table tied to the output head is counted, as
     the head multiplies by it. (torchtitan's and nanoGPT's convention for 6 x N.)"""
+    import torch  # here: the shapes are read where torch is not loaded (a case's config checked)
     unique = {id(p): p.numel() for p in model.parameters()}
     total = sum(unique.values())
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shlex
+import shutil
 import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +30,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def deployed(testbed: Testbed) -> Path:
-    """The project as the test hosts run it: a deployed copy of this checkout (FLAGPERF_PATH)."""
-    return deploy_project(ROOT, testbed)
+def deployed(testbed: Testbed) -> Iterator[Path]:
+    """The project as the test hosts run it: a deployed copy of this checkout (FLAGPERF_PATH), in a folder of its
+    own (the shared one may be replaced by another session's checkout mid-run)."""
+    folder = deploy_project(ROOT, testbed, f"flagperf-hosts-{os.getpid()}")
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 FAST = ["min_duration_s=0.3", "warmup_iters=0", "min_iters=2"]
 
 

@@ -319,3 +319,29 @@ def test_llama_decode_infer_decodes_with_the_kv_cache_through_an_engine_module(t
     assert cached[-1][0].shape == (2, cfg.new_tokens) and torch.equal(cached[-1][0], eager[-1][0])
     assert [len(step) for step in cached[:-1]] == list(range(1, cfg.new_tokens + 1))
     assert first_foo() > 0 and second_foo() == 0.0
+
+
+def test_a_family_drivers_config_is_checked_without_the_driver_or_torch() -> None:
+    """A case's config is checked (`flagperf validate`, a run refused for bad input) with the driver's Config taken
+    from FAMILY_CONFIGS: it is the class the driver runs with, and checking a generate or an operation case loads
+    neither torch nor transformers (seconds a user waits for a one-line refusal)."""
+    import importlib
+    import subprocess
+    import sys
+
+    from flagperf.config.models import FAMILY_CONFIGS, FAMILY_DRIVERS
+    from flagperf.paths import PROJECT_ROOT
+
+    assert FAMILY_CONFIGS.keys() == FAMILY_DRIVERS.keys()
+    for family, driver in FAMILY_DRIVERS.items():
+        module, _, name = FAMILY_CONFIGS[family].partition(":")
+        assert importlib.import_module(driver).Config is getattr(importlib.import_module(module), name), family
+    code = ("import sys\nfrom flagperf.config.cases import load_case, resolve_case_config\n"
+            "for name in ('tiny-llama-serve', 'llama3-8b-generate', 'op-gemm', 'op-attention'):\n"
+            "    resolve_case_config(load_case(name), 'cpu', [])\n"
+            "print(sorted({'torch', 'transformers', 'flagperf.generate.driver', 'flagperf.operation.driver'}\n"
+            "             & set(sys.modules)))\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", done.stdout
