@@ -584,11 +584,16 @@ def nightly(
         made = _make_results_folder(results, "--results", None)
     except FlagperfError as exc:
         raise _fail(str(exc)) from None
+    except KeyboardInterrupt:  # Ctrl-C while the input is checked (the probe takes seconds): nothing started
+        raise _fail("interrupted before anything started", 128 + signal.SIGINT) from None
     try:
         open_history(night)
     except FlagperfError as exc:
         _remove_made(results, made)
         raise _fail(str(exc), EXIT_BAD_INPUT if isinstance(exc, ConfigError) else EXIT_FAILED) from None
+    except KeyboardInterrupt:  # a database that is slow to answer
+        _remove_made(results, made)
+        raise _fail("interrupted before anything started", 128 + signal.SIGINT) from None
     for note in [*night.notes, *warnings]:
         err_console.print(f"[yellow]note[/] {escape(note)}", highlight=False, soft_wrap=True)
     console.print(f"[bold]nightly {escape(suite)}[/]: {rounds} rounds per case, results in {escape(str(results))}",
@@ -597,6 +602,7 @@ def nightly(
     interrupt.install()
     _prepare_prefect_environment(verbose)
     try:
+        interrupt.arm()
         outcome = run_night(night, interrupt.signals, _drain_prefect)
     except (KeyboardInterrupt, Exception) as exc:  # Exception: the server did not start, the API cannot be reached
         if not interrupt.signals and isinstance(exc, Exception):

@@ -124,13 +124,13 @@ def run_night(night: Night, stopping: list[int], drain: Callable[[], None]) -> N
         from flagperf.site.auth import use_client_credentials
 
         use_client_credentials()
-    earlier = (_read_verdict_file(night.verdict_file) or {}).get("run_id")
     server: TemporaryServer | None = None
     outcome: NightOutcome | None = None
     try:
-        if configured_api_url() is None:
+        if configured_api_url() is None:  # before prefect is imported: it reads its settings once, then
             server = TemporaryServer()
             os.environ["PREFECT_API_URL"] = server.start(stopping)
+        earlier = (_read_verdict_file(night.verdict_file) or {}).get("run_id")  # imports prefect
         from flows.evaluate import BAD_INPUT
         from flows.nightly import exit_code, nightly_regression
 

@@ -207,6 +207,9 @@ class TemporaryServer:
     def start(self, stopping: list[int]) -> str:
         import importlib.util
 
+        if "prefect" in sys.modules:  # its settings were read at import: the caller's PREFECT_API_URL would not count
+            raise RuntimeError("prefect was imported before the temporary server started; its flows would run on "
+                               "an ephemeral server of their own")
         spec = importlib.util.find_spec("prefect")  # where prefect is, without importing it
         assert spec is not None and spec.origin is not None
         env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",

@@ -2,8 +2,8 @@
 
 SQLite by default (FLAGPERF_HISTORY_URL unset: results/history.sqlite); any SQLAlchemy URL otherwise,
 e.g. postgresql+psycopg://user@host/flagperf for a team (the `postgres` extra; the password from PGPASSWORD
-or ~/.pgpass, never the URL). The server's own postgresql+asyncpg:// URL is accepted and read with psycopg,
-since the history is written synchronously.
+or ~/.pgpass, never the URL). The server's own postgresql+asyncpg:// URL (and a plain postgresql://) is read
+with psycopg, since the history is written synchronously.
 
 Verdict for one figure of a run, against the same case, metric, vendor and device, judged on the log scale
 (figures are positive rates and durations, whose changes are ratios):
@@ -18,8 +18,9 @@ Verdict for one figure of a run, against the same case, metric, vendor and devic
 So a metric that is noisy needs a larger drop to raise an alarm, a steady one flags a real 5 % drop, and a
 rate and a duration are judged alike: halving a rate is as far from its baseline as doubling a duration,
 and no spread makes a drop impossible to flag (on a linear scale a spread over a third did: a rate cannot
-fall more than 100 %). A figure that is zero or negative somewhere in its history is judged on the linear
-scale instead ((value - baseline) / |baseline| against sigma times the linear spreads).
+fall more than 100 %); a figure that falls to zero (a goodput no request met) is as far below as it gets.
+A figure whose history is zero or negative somewhere is judged on the linear scale instead
+((value - baseline) / |baseline| against sigma times the linear spreads): the verdict's ``scale`` says which.
 
 The baseline's runs are the earlier completed runs of the same *workload*: the case's configuration (a digest of
 the rounds' config) must match, so a night whose case was configured differently (a --set that halves the work)
@@ -63,7 +64,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from flagperf.errors import ConfigError, require
 from flagperf.results.bounded import read_json_file
@@ -112,11 +113,17 @@ def history_engine(url: str | None = None, results_dir: str | Path = "results") 
         raise ConfigError("history_url", None, "holds a password: give it through PGPASSWORD or ~/.pgpass instead")
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    if url.startswith("postgresql+asyncpg://"):
-        url = "postgresql+psycopg://" + url.removeprefix("postgresql+asyncpg://")
+    for spelling in ("postgresql+asyncpg://", "postgresql://", "postgres://"):  # the driver this project installs
+        if url.startswith(spelling):
+            url = "postgresql+psycopg://" + url.removeprefix(spelling)
     if url.startswith("postgresql+psycopg"):
         require("psycopg", needed_by="a history on PostgreSQL")
-    engine = create_engine(url, pool_pre_ping=True)
+    try:
+        engine = create_engine(url, pool_pre_ping=True)
+    except (ImportError, NoSuchModuleError) as exc:  # mysql:// needs a MySQL driver, foo:// is no dialect
+        raise ConfigError("history_url", None, f"no database driver here for {make_url(url).drivername} "
+                                               f"({type(exc).__name__}: {exc}); use postgresql+psycopg://user@host/db "
+                                               "or sqlite:///path") from None
     metadata.create_all(engine)
     _add_new_columns(engine)
     return engine
@@ -248,6 +255,7 @@ class Verdict:
     changes: tuple[str, ...] = ()  # what differs from the baseline's newest run (new-workload: the config keys)
     low: float | None = None  # the band a held figure stays in, in the figure's unit
     high: float | None = None
+    scale: Literal["log", "linear"] | None = None  # what threshold is on: ln(value / baseline), or the linear change
 
     def allowed(self) -> str:
         """The band as changes from the baseline: '-25.9%..+35.0%' (a log band is not symmetric)."""
@@ -336,23 +344,25 @@ def _verdict(fig: Any, history: list[float], min_history: int, sigma: float, flo
         return Verdict(fig["case"], fig["metric"], fig["unit"], value, None, None, None, len(history), "no-baseline")
     baseline = statistics.median(history)
     run_cv = fig["spread_cv"] or 0.0
-    if value > 0 and all(h > 0 for h in history):
+    if all(h > 0 for h in history):
         noise = math.hypot(statistics.stdev(math.log(h) for h in history), math.sqrt(math.log1p(run_cv ** 2)))
-        shift = math.log(value / baseline)
+        shift = math.log(value / baseline) if value > 0 else -math.inf  # a rate fallen to 0: as far as it goes
         threshold = max(sigma * noise, floor)
         low, high = baseline * math.exp(-threshold), baseline * math.exp(threshold)
+        scale: Literal["log", "linear"] = "log"
     else:  # zero or negative somewhere: the linear scale (see the module's doc)
-        scale = abs(baseline) or 1.0
-        noise = math.hypot(statistics.stdev(history) / scale, run_cv)
-        shift = (value - baseline) / scale
+        size = abs(baseline) or 1.0
+        noise = math.hypot(statistics.stdev(history) / size, run_cv)
+        shift = (value - baseline) / size
         threshold = max(sigma * noise, floor)
-        low, high = baseline - threshold * scale, baseline + threshold * scale
+        low, high = baseline - threshold * size, baseline + threshold * size
+        scale = "linear"
     change = (value - baseline) / abs(baseline) if baseline else 0.0
     better = shift if higher_is_better(fig["metric"], fig["unit"]) else -shift
     status: Literal["regression", "improvement", "ok"] = (
         "regression" if better < -threshold else "improvement" if better > threshold else "ok")
     return Verdict(fig["case"], fig["metric"], fig["unit"], value, baseline, change, threshold, len(history), status,
-                   low=low, high=high)
+                   low=low, high=high, scale=scale)
 
 
 def verdicts_as_rows(verdicts: list[Verdict]) -> list[dict[str, Any]]:
@@ -422,7 +432,7 @@ def _utc(moment: datetime) -> datetime:
 
 
 TREND_COLUMNS = ["vendor", "device", "case", "metric", "unit", "recorded_at", "run_id", "value", "baseline",
-                 "change", "low", "high", "threshold", "history", "verdict", "baseline_runs", "changes"]
+                 "change", "low", "high", "threshold", "scale", "history", "verdict", "baseline_runs", "changes"]
 
 
 def trend_table(engine: Engine, **judging: Any) -> Any:
@@ -439,7 +449,7 @@ def trend_table(engine: Engine, **judging: Any) -> Any:
                 "unit": series.unit, "recorded_at": point.recorded_at.isoformat(), "run_id": point.run_id,
                 "value": v.value if v else None, "baseline": v.baseline if v else None,
                 "change": v.change if v else None, "low": v.low if v else None, "high": v.high if v else None,
-                "threshold": v.threshold if v else None,
+                "threshold": v.threshold if v else None, "scale": v.scale if v else None,
                 "history": v.history if v else None, "verdict": v.status if v else "failed",
                 "baseline_runs": " ".join(v.baseline_runs) if v else "",
                 "changes": "; ".join(v.changes) if v else point.failure})

@@ -211,3 +211,31 @@ def test_ctrl_c_while_the_run_is_set_up_leaves_nothing_and_says_so_in_one_line(t
     assert not results.exists()  # made by this command, left empty: removed
     _, alive = psutil.wait_procs(running, timeout=120)
     assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == [], "processes outlived the controller"
+
+
+def test_ctrl_c_while_a_night_is_set_up_stops_it_before_it_measures(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """`flagperf nightly` from a terminal, Ctrl-C once its header is printed (its temporary server starting): the
+    night stops there in one line; nothing is measured, judged or published as the night's verdict."""
+    monkeypatch.setenv("FLAGPERF_SUITE_PATH", str(ROOT / "tests" / "fixtures" / "suites"))
+    results = tmp_path / "results"
+    proc = flagperf(["nightly", "--suite", "tiny", "--rounds", "1", "--results", str(results)], tmp_path)
+    try:
+        assert proc.stdout is not None
+        lines = []
+        while not (lines and lines[-1].startswith("nightly tiny")):  # notes (stderr) may come first
+            line = proc.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        running = descendants(proc.pid)
+        stop(proc, signal.SIGINT)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGINT, out
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+    assert [line for line in out.splitlines() if line.startswith("error:")] == [
+        "error: interrupted; the night is not judged"], repr(out)
+    assert not (results / "nightly-tiny.json").exists() and not list(results.glob("run*")), out
+    _, alive = psutil.wait_procs(running, timeout=120)
+    assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == [], "processes outlived the controller"

@@ -22,9 +22,10 @@ ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["m=256", "n=256", "k=256", "min_duration_s=0.3"]
 
 
-def flagperf_nightly(*args: str) -> subprocess.CompletedProcess[str]:
+def flagperf_nightly(*args: str, **env_vars: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(),
-           "FLAGPERF_SUITE_PATH": str(ROOT / "tests" / "fixtures" / "suites")}
+           "FLAGPERF_SUITE_PATH": str(ROOT / "tests" / "fixtures" / "suites"), **env_vars}
+    env = {k: v for k, v in env.items() if v}  # an empty value: unset
     return subprocess.run([sys.executable, "-m", "flows.cli", "nightly", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
 
@@ -63,3 +64,16 @@ def test_bad_input_is_one_line_and_exit_2_with_nothing_made(flagperf_env: Path, 
     assert len(errors) == 1 and errors[0].startswith("error:") and all(w in errors[0] for w in words), output
     assert "Traceback" not in output and not done.stdout  # nothing started: not even the night's first line
     assert not flagperf_env.exists()  # no results folder, no run folder, no history
+
+
+def test_without_a_server_the_night_starts_its_temporary_server_before_prefect_is_loaded(flagperf_env: Path) -> None:
+    """No PREFECT_API_URL (cron on a plain machine): the night's flow must run on the temporary server the command
+    starts, which only works if prefect is imported after its URL is set (prefect reads its settings once).
+    A server that cannot answer in time shows which server the command was starting, and that nothing else
+    went first."""
+    done = flagperf_nightly("--suite", "tiny", "--rounds", "1", "--results", str(flagperf_env), PREFECT_API_URL="",
+                            PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="0.01")
+    output = done.stdout + done.stderr
+    assert done.returncode == 1 and "Traceback" not in output, output[-3000:]
+    (error,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert error.startswith("error: the night could not run: RuntimeError: the Prefect server did not answer "), error

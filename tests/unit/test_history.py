@@ -140,7 +140,7 @@ def test_a_tenfold_drop_of_a_noisy_rate_is_a_regression() -> None:
 
     history = [0.0073, 0.0105, 0.0091]  # three good nights of a small CPU multiply under a quota
     slow = _verdict(figure(0.0009, spread_cv=0.40), history, 3, 3.0, 0.01)
-    assert slow.status == "regression", slow.line()
+    assert slow.status == "regression" and slow.scale == "log", slow.line()
     assert slow.change == pytest.approx(0.0009 / 0.0091 - 1)
     assert slow.low < 0.0009 * 10 and slow.high > 0.0105  # the band is wide, but a tenth is outside it
     assert "allowed -" in slow.line() and "regression" in slow.line()
@@ -167,8 +167,30 @@ def test_a_figure_that_is_zero_somewhere_is_judged_on_the_linear_scale() -> None
 
     losses = [0.0, 0.01, 0.02, 0.01]  # a loss can reach zero: no logarithm of it
     worse = _verdict(figure(0.5, unit="", metric="final_eval_loss"), losses, 3, 3.0, 0.01)
-    assert worse.status == "regression" and worse.high < 0.5
+    assert worse.status == "regression" and worse.high < 0.5 and worse.scale == "linear"
     assert worse.high - worse.baseline == pytest.approx(worse.baseline - worse.low)
+
+
+def test_a_noisy_rate_fallen_to_zero_is_a_regression() -> None:
+    """A goodput no request met is 0: on the log scale as far below as a figure gets, however noisy its past
+    (on the linear scale a spread like this one allowed -100 %)."""
+    from flagperf.results.history import _verdict
+
+    nothing = _verdict(figure(0.0, unit="req/s", metric="goodput_requests_per_s"), [0.2, 0.6, 0.9], 3, 3.0, 0.01)
+    assert nothing.status == "regression" and nothing.scale == "log" and nothing.change == -1.0
+
+
+def test_a_history_url_without_a_driver_here_is_one_line_and_plain_postgresql_uses_psycopg(tmp_path: Path) -> None:
+    from flagperf.errors import ConfigError
+
+    for url in ("mysql://u@db.example/history", "foo://x"):
+        with pytest.raises(ConfigError, match=r"^history_url: no database driver here for (mysql|foo) "):
+            history_engine(url)
+    with pytest.raises(ConfigError, match="holds a password"):
+        history_engine("postgresql://u:secret@127.0.0.1:1/db")
+    if os.environ.get("FLAGPERF_TEST_POSTGRES_URL"):  # the team database, spelled as people write it
+        plain = "postgresql://" + _postgres_url().split("://", 1)[1]
+        assert history_engine(plain).dialect.driver == "psycopg"
 
 
 def make_configured_run(root: Path, run_id: str, values: list[float], config: dict, revision: str = "a" * 40) -> Path:
