@@ -421,9 +421,13 @@ class DockerRuntime(Runtime):
             container, exit_code, timed_out, link = self._wait(host, container, started + timeout_s)
             streamer.join(timeout=5)
             # the container's own log, from the host's engine (the live stream may have dropped with the link)
-            lines = container.logs(stdout=True, stderr=True).decode("utf-8", "replace").splitlines()
-            if exit_code != 0 and _oom_killed(container):
-                lines.append(OOM_LINE)
+            try:
+                lines = container.logs(stdout=True, stderr=True).decode("utf-8", "replace").splitlines()
+                if exit_code != 0 and _oom_killed(container):
+                    lines.append(OOM_LINE)
+            except link_errors() as exc:  # its exit code stands; what it printed, as far as the stream got
+                lines = [*streamed, f"[flagperf] its log could not be read from {host.name}'s engine: "
+                                    f"{_one_line(exc)}"]
         except docker.errors.ImageNotFound:
             raise ContainerEngineError(f"host {host.name}: image {s.image} is not on the engine") from None
         except _Lost as lost:  # what it printed before, then why it is lost: the round may be tried again
@@ -435,11 +439,7 @@ class DockerRuntime(Runtime):
                 link = f"the container engine answered while the case ran: {_one_line(exc.explanation or exc)}"
         finally:
             if container is not None:
-                try:
-                    container.remove(force=True)
-                except (docker.errors.APIError, *link_errors()) as exc:  # never in place of the round's outcome
-                    logger.warning("could not remove container %s on %s: %s", container.short_id, host.name,
-                                   _one_line(exc))
+                self._remove(host, container)
             if env_dir is not None:
                 host.remove_tree(env_dir)
         return CommandResult(argv, exit_code, timed_out, time.monotonic() - started, link), lines
@@ -477,6 +477,22 @@ class DockerRuntime(Runtime):
                 return container, exit_code_of(int(state.get("ExitCode", -1))), False, link
         raise _Lost(f"the link to {host.name}'s container engine dropped {MAX_LINK_DROPS + 1} times while waiting "
                     f"on container {container.name} (last: {said}); it may still run there")
+
+    def _remove(self, host: Host, container: Any) -> None:
+        """Force-remove the container, through a new link if its own dropped (one left running beside the
+        round's retry would share its devices); a failure is a warning, never in place of the round's outcome."""
+        docker = require_docker()
+        said = ""
+        for fresh in (False, True):
+            try:
+                (self.client_factory().containers.get(container.id) if fresh else container).remove(force=True)
+                return
+            except docker.errors.NotFound:
+                return
+            except (docker.errors.DockerException, *link_errors()) as exc:
+                said = _one_line(exc)
+        logger.warning("could not remove container %s on %s (%s): it may still run there", container.short_id,
+                       host.name, said)
 
     def _reattach(self, host: Host, container: Any, said: str) -> Any:
         """The container, its state fresh from the host's engine: on the same link, else on a new one (the host's
