@@ -188,42 +188,14 @@ def test_ctrl_c_while_a_round_is_collected_leaves_no_half_copy_and_its_retry_col
     assert not (tmp_path / "work" / run_dir.name).exists()  # the host's copy is gone once all is stored
 
 
-def test_ctrl_c_while_the_run_is_set_up_leaves_nothing_and_says_so_in_one_line(tmp_path: Path) -> None:
-    """Ctrl-C once the run's header is on the terminal, while the temporary server starts (seconds): no flow ran,
-    so no run folder, results folder or server is left, and one line says nothing started."""
-    results = tmp_path / "results"
-    proc = flagperf(["run", "--cases", "waits", "--rounds", "1", "--set", "waits.hold_round=0", "--set",
-                     f"waits.started={tmp_path / 'never'}", "--set", f"waits.release={tmp_path / 'never'}",
-                     "--results", str(results)], tmp_path)
+def ctrl_c_at_header(proc: subprocess.Popen[str], header: str, error: str) -> str:
+    """Ctrl-C once the command's header (a line starting with ``header``; notes on stderr may come first) is on
+    the terminal, while its temporary server starts; the command must end with code 130 and the one line
+    ``error``, no traceback, and no process of its left. Its output."""
     try:
         assert proc.stdout is not None
-        header = proc.stdout.readline()  # printed once the input is good, before the server starts
-        assert header.startswith("run "), header + proc.stdout.read()
-        running = descendants(proc.pid)
-        stop(proc, signal.SIGINT)
-        out, _ = proc.communicate(timeout=300)
-    finally:
-        proc.kill()
-    assert proc.returncode == 128 + signal.SIGINT, out
-    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
-    assert [line for line in out.splitlines() if line.startswith("error:")] == [
-        "error: interrupted before anything started"], repr(out)
-    assert not results.exists()  # made by this command, left empty: removed
-    _, alive = psutil.wait_procs(running, timeout=120)
-    assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == [], "processes outlived the controller"
-
-
-def test_ctrl_c_while_a_night_is_set_up_stops_it_before_it_measures(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """`flagperf nightly` from a terminal, Ctrl-C once its header is printed (its temporary server starting): the
-    night stops there in one line; nothing is measured, judged or published as the night's verdict."""
-    monkeypatch.setenv("FLAGPERF_SUITE_PATH", str(ROOT / "tests" / "fixtures" / "suites"))
-    results = tmp_path / "results"
-    proc = flagperf(["nightly", "--suite", "tiny", "--rounds", "1", "--results", str(results)], tmp_path)
-    try:
-        assert proc.stdout is not None
-        lines = []
-        while not (lines and lines[-1].startswith("nightly tiny")):  # notes (stderr) may come first
+        lines: list[str] = []
+        while not (lines and lines[-1].startswith(header)):  # printed once the input is good
             line = proc.stdout.readline()
             assert line, "".join(lines)
             lines.append(line)
@@ -234,8 +206,29 @@ def test_ctrl_c_while_a_night_is_set_up_stops_it_before_it_measures(tmp_path: Pa
         proc.kill()
     assert proc.returncode == 128 + signal.SIGINT, out
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
-    assert [line for line in out.splitlines() if line.startswith("error:")] == [
-        "error: interrupted; the night is not judged"], repr(out)
-    assert not (results / "nightly-tiny.json").exists() and not list(results.glob("run*")), out
+    assert [line for line in out.splitlines() if line.startswith("error:")] == [f"error: {error}"], repr(out)
     _, alive = psutil.wait_procs(running, timeout=120)
     assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == [], "processes outlived the controller"
+    return out
+
+
+def test_ctrl_c_while_the_run_is_set_up_leaves_nothing_and_says_so_in_one_line(tmp_path: Path) -> None:
+    """Ctrl-C once the run's header is on the terminal, while the temporary server starts (seconds): no flow ran,
+    so no run folder, results folder or server is left, and one line says nothing started."""
+    results = tmp_path / "results"
+    proc = flagperf(["run", "--cases", "waits", "--rounds", "1", "--set", "waits.hold_round=0", "--set",
+                     f"waits.started={tmp_path / 'never'}", "--set", f"waits.release={tmp_path / 'never'}",
+                     "--results", str(results)], tmp_path)
+    ctrl_c_at_header(proc, "run ", "interrupted before anything started")
+    assert not results.exists()  # made by this command, left empty: removed
+
+
+def test_ctrl_c_while_a_night_is_set_up_stops_it_before_it_measures(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """`flagperf nightly` from a terminal, Ctrl-C once its header is printed (its temporary server starting): the
+    night stops there in one line; nothing is measured, judged or published as the night's verdict."""
+    monkeypatch.setenv("FLAGPERF_SUITE_PATH", str(ROOT / "tests" / "fixtures" / "suites"))
+    results = tmp_path / "results"
+    proc = flagperf(["nightly", "--suite", "tiny", "--rounds", "1", "--results", str(results)], tmp_path)
+    out = ctrl_c_at_header(proc, "nightly tiny", "interrupted; the night is not judged")
+    assert not (results / "nightly-tiny.json").exists() and not list(results.glob("run*")), out
