@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -142,21 +143,14 @@ def test_ctrl_c_while_a_round_is_collected_leaves_no_half_copy_and_its_retry_col
 
     api_url = PREFECT_API_URL.value()
     proc = flagperf(args, tmp_path, api_url)
-    try:
-        deadline = time.monotonic() + 600  # a guard against a hang, not a timing assumption
-        while not (partial := list(results.glob("*/waits/round1/.localhost_noderank0.partial"))):
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            assert time.monotonic() < deadline, "the round was never collected"
-            time.sleep(0.005)
-        running = descendants(proc.pid)
-        stop(proc, signal.SIGINT)
-        out, _ = proc.communicate(timeout=300)
-    finally:
-        proc.kill()
-    assert proc.returncode == 128 + signal.SIGINT, out
+    partial: list[Path] = []
+
+    def copying() -> bool:
+        partial[:] = results.glob("*/waits/round1/.localhost_noderank0.partial")
+        return bool(partial)
+
+    out = ctrl_c_once(proc, copying)
     interrupted_in_one_line(out, run_dir := partial[0].parents[2])
-    _, alive = psutil.wait_procs(running, timeout=120)
-    assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == [], "processes outlived the controller"
     records_are_whole(run_dir)  # the partial copy is gone
     stored = run_dir / "waits" / "round1" / "localhost_noderank0"
     stage = tmp_path / "work" / run_dir.name / "waits" / "round1" / "localhost_noderank0" / "attempt1"
@@ -188,27 +182,41 @@ def test_ctrl_c_while_a_round_is_collected_leaves_no_half_copy_and_its_retry_col
     assert not (tmp_path / "work" / run_dir.name).exists()  # the host's copy is gone once all is stored
 
 
-def ctrl_c_at_header(proc: subprocess.Popen[str], header: str, error: str) -> str:
-    """Ctrl-C once the command's header (a line starting with ``header``; notes on stderr may come first) is on
-    the terminal, while its temporary server starts; the command must end with code 130 and the one line
-    ``error``, no traceback, and no process of its left. Its output."""
+def ctrl_c_once(proc: subprocess.Popen[str], ready: Callable[[], bool]) -> str:
+    """Ctrl-C, as a terminal sends it, as soon as ``ready()`` (checked again and again while the command runs);
+    the command must end with code 130 and leave no process of its. Its output."""
     try:
-        assert proc.stdout is not None
-        lines: list[str] = []
-        while not (lines and lines[-1].startswith(header)):  # printed once the input is good
-            line = proc.stdout.readline()
-            assert line, "".join(lines)
-            lines.append(line)
+        deadline = time.monotonic() + 600  # a guard against a hang, not a timing assumption
+        while not ready():
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            assert time.monotonic() < deadline, "the moment to interrupt never came"
+            time.sleep(0.005)
         running = descendants(proc.pid)
         stop(proc, signal.SIGINT)
         out, _ = proc.communicate(timeout=300)
     finally:
         proc.kill()
     assert proc.returncode == 128 + signal.SIGINT, out
-    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
-    assert [line for line in out.splitlines() if line.startswith("error:")] == [f"error: {error}"], repr(out)
     _, alive = psutil.wait_procs(running, timeout=120)
     assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == [], "processes outlived the controller"
+    return out
+
+
+def ctrl_c_at_header(proc: subprocess.Popen[str], header: str, error: str) -> str:
+    """Ctrl-C once the command's header (a line starting with ``header``; notes on stderr may come first) is on
+    the terminal, while its temporary server starts: it must end in the one line ``error``, without a
+    traceback. Its output."""
+    assert proc.stdout is not None
+    stdout = proc.stdout
+
+    def header_printed() -> bool:  # printed once the input is good
+        line = stdout.readline()
+        assert line, "the command ended before its header"
+        return line.startswith(header)
+
+    out = ctrl_c_once(proc, header_printed)
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+    assert [line for line in out.splitlines() if line.startswith("error:")] == [f"error: {error}"], repr(out)
     return out
 
 
