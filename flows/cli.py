@@ -594,12 +594,12 @@ def nightly(
     except KeyboardInterrupt:  # a database that is slow to answer
         _remove_made(results, made)
         raise _fail("interrupted before anything started", 128 + signal.SIGINT) from None
+    interrupt = Interrupt()  # before the header: a Ctrl-C as soon as it shows is noted, then raised in order
+    interrupt.install()
     for note in [*night.notes, *warnings]:
         err_console.print(f"[yellow]note[/] {escape(note)}", highlight=False, soft_wrap=True)
     console.print(f"[bold]nightly {escape(suite)}[/]: {rounds} rounds per case, results in {escape(str(results))}",
                   highlight=False)
-    interrupt = Interrupt()
-    interrupt.install()
     _prepare_prefect_environment(verbose)
     try:
         interrupt.arm()

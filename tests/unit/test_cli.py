@@ -229,3 +229,49 @@ def test_run_bad_input_stops_before_prefect(tmp_path: Path, monkeypatch: pytest.
 def test_no_arguments_shows_help() -> None:
     result = invoke()
     assert "run" in result.output and "validate" in result.output and "list" in result.output
+
+
+@pytest.fixture
+def restored_process_state():
+    """The signal handlers and environment a command under test sets for its process, put back."""
+    import os
+    import signal
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    environment = dict(os.environ)
+    yield
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+    os.environ.clear()
+    os.environ.update(environment)
+
+
+@pytest.mark.parametrize(("args", "header", "error"), [
+    (["run", "--suite", "tiny", "--rounds", "1"], "[bold]run ", "interrupted before anything started"),
+    (["nightly", "--suite", "tiny", "--rounds", "1"], "[bold]nightly ", "interrupted; the night is not judged"),
+], ids=["run", "nightly"])
+def test_ctrl_c_the_moment_the_header_shows_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        restored_process_state: None, args: list[str],
+                                                        header: str, error: str) -> None:
+    """A Ctrl-C delivered exactly as the header is printed (what a user sees first, so when they press it) stops
+    the command with exit 130 and one error line, as one at any later moment does: never a silent exit (typer
+    turns an unhandled KeyboardInterrupt into a bare 130)."""
+    import os
+    import signal
+
+    from flows import cli
+
+    monkeypatch.setenv("FLAGPERF_SUITE_PATH", str(PROJECT_ROOT / "tests" / "fixtures" / "suites"))
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    printed = cli.console.print
+
+    def print_then_ctrl_c(*objects, **options) -> None:
+        printed(*objects, **options)
+        if objects and str(objects[0]).startswith(header):
+            os.kill(os.getpid(), signal.SIGINT)  # handled here, in the main thread, before print returns
+
+    monkeypatch.setattr(cli.console, "print", print_then_ctrl_c)
+    result = invoke(*args, "--results", str(tmp_path / "results"))
+    assert result.exit_code == 128 + signal.SIGINT, result.output
+    assert error_lines(result.output) == [f"error: {error}"], result.output
+    assert not list((tmp_path / "results").glob("run*"))
