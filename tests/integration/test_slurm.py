@@ -195,17 +195,26 @@ def test_a_run_stopped_mid_round_cancels_its_job(tmp_path: Path, cluster: tuple[
             time.sleep(0.5)
         job_id = json.loads(started[0].read_text())["job_id"]
         assert [line.split()[0] for line in queued("flagperf-stopped-")] == [job_id]
-        on_node = [p for p in psutil.process_iter() if str(tmp_path / "shared") in " ".join(_cmdline(p))]
-        assert any("flagperf.entry" in " ".join(_cmdline(p)) for p in on_node)
+        # The node writes its start record before it starts the case: wait for the case's process too.
+        on_node: list[psutil.Process] = []
+        while not any("flagperf.entry" in " ".join(_cmdline(p)) for p in on_node):
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            assert time.monotonic() < deadline, "the round's case never started on the node"
+            on_node = [p for p in psutil.process_iter() if str(tmp_path / "shared") in " ".join(_cmdline(p))]
+            time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=300)
     finally:
         proc.kill()
     assert proc.returncode == 128 + signal.SIGTERM, out
+    # The run cancelled its job (scancel) before it exited; Slurm lists the job as COMPLETING until the node has
+    # stopped its processes, which may take longer than the run's own clean-up: wait for that, on a condition.
+    deadline = time.monotonic() + 120  # Slurm's KillWait (30 s) and more: a guard, not a timing assumption
+    while (state := subprocess.run(["squeue", "-h", "-j", job_id, "--states=all", "-o", "%T"], capture_output=True,
+                                   text=True, timeout=60).stdout.strip()) not in ("CANCELLED", ""):
+        assert state == "COMPLETING" and time.monotonic() < deadline, (state, out)
+        time.sleep(0.5)
     assert queued("flagperf-stopped-") == [], out
-    state = subprocess.run(["squeue", "-h", "-j", job_id, "--states=all", "-o", "%T"], capture_output=True,
-                           text=True, timeout=60).stdout.strip()
-    assert state in ("CANCELLED", ""), state
     _, alive = psutil.wait_procs(on_node, timeout=60)
     assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == [], "the job's processes outlived it"
     (run_dir,) = results.iterdir()
