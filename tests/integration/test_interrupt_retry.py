@@ -63,6 +63,15 @@ def descendants(pid: int) -> list[psutil.Process]:
     return psutil.Process(pid).children(recursive=True)
 
 
+def command_line(process: psutil.Process) -> str:
+    """A process's command line, or "" once it has ended: a short-lived child listed a moment ago can be gone or a
+    zombie by now (is_running() is true for a zombie, whose cmdline() raises)."""
+    try:
+        return " ".join(process.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):  # ZombieProcess is a NoSuchProcess
+        return ""
+
+
 def interrupted_in_one_line(out: str, run_dir: Path) -> None:
     """What the terminal shows after Ctrl-C or SIGTERM: no traceback, and one error line saying where the
     report of what was done is (the live view's last frame and the progress line come before it)."""
@@ -93,7 +102,7 @@ def test_a_controller_stopped_mid_round_leaves_whole_records_and_its_retry_runs_
         case_pid = int(started.read_text().strip())
         running = descendants(proc.pid)
         assert case_pid in {p.pid for p in running}
-        assert any("--parent-pid" in " ".join(p.cmdline()) for p in running if p.is_running())  # a monitor
+        assert any("--parent-pid" in command_line(p) for p in running)  # a monitor
         stop(proc, sig)
         out, _ = proc.communicate(timeout=300)
     finally:
