@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import httpx
@@ -80,6 +81,13 @@ def wait_until(what: str, check, limit_s: float, every_s: float = 2.0):
     raise AssertionError(f"gave up waiting for {what} after {limit_s:.0f} s")
 
 
+def zone_far_from_the_nightly_hour() -> str:
+    """A time zone in which it is now about 14:00, twelve hours from the nightly's 02:00: the team server's worker
+    must not start a real night among the runs this test makes and counts, whenever CI runs it."""
+    offset = (14 - datetime.now(timezone.utc).hour + 12) % 24 - 12  # hours east of UTC, -12..11
+    return f"Etc/GMT{-offset:+d}"  # POSIX sign: Etc/GMT-3 is three hours east
+
+
 @pytest.fixture(scope="module")
 def team_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("team")
@@ -91,7 +99,8 @@ def team_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "FLAGPERF_AUTH_FILE"}
     # The test cases (fails-until-fixed) are on the case path: the form offers them, the worker finds them.
     env.update(FLAGPERF_SUITE_PATH=str(ROOT / "tests" / "fixtures" / "suites"), FLAGPERF_WORK_ROOT=str(tmp / "work"),
-               FLAGPERF_CASE_PATH=str(ROOT / "tests" / "fixtures" / "cases"), PREFECT_HOME=str(tmp / "prefect-home"))
+               FLAGPERF_CASE_PATH=str(ROOT / "tests" / "fixtures" / "cases"), PREFECT_HOME=str(tmp / "prefect-home"),
+               FLAGPERF_TIMEZONE=zone_far_from_the_nightly_hour())
 
     def start_server(port: int, results_port: int) -> subprocess.Popen[bytes]:
         # Watched: a killed pytest takes it along (a stale worker would take a later session's runs).
@@ -261,8 +270,6 @@ def test_sign_in_evaluate_from_the_form_fail_retry_report_site_trend_and_schedul
             site.screenshot(path=SHOTS / "8-site-runs.png", full_page=True)
 
             # A figure's trend: nights recorded in the history (as the nightly records them), one with a drop.
-            from datetime import datetime, timedelta, timezone
-
             from flagperf.results.history import history_engine, record_run
 
             history = history_engine(results_dir=team_server.results)
