@@ -83,9 +83,10 @@ def _run_server_tutorial(script: str, folder: Path, env: dict[str, str], tmp_pat
     home.mkdir(mode=0o700)
     env = {**env, "HOME": str(home), "DATABASE_URL": url}
     for _ in range(3):
-        ported = script
-        for page_port, port in zip(TUTORIAL_PORTS, _os_ports(len(TUTORIAL_PORTS)), strict=True):
-            ported = ported.replace(page_port, port)
+        # In one pass, whole numbers only: a port given for 4200 may itself contain 4201.
+        ports = dict(zip(TUTORIAL_PORTS, _os_ports(len(TUTORIAL_PORTS)), strict=True))
+        ported = re.sub(r"(?<!\d)(" + "|".join(map(re.escape, ports)) + r")(?!\d)", lambda m, given=ports: given[m[1]],
+                        script)
         # Watched: a killed pytest takes the tutorial's server along (it would keep the test database busy).
         process = subprocess.Popen(watched(["bash", "-c", ported]), cwd=folder, env=env, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
