@@ -26,8 +26,8 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NONE
 from prefect.events import emit_event
 from prefect.states import Completed, Failed, State
-from pydantic import Field
 
+from flagperf.config.night import BASELINE_RUNS, ROUNDS, SIGMA
 from flagperf.config.plan import new_run_id, read_plan
 from flagperf.errors import EXIT_UNSUPPORTED, EXIT_USER_ERROR, ConfigError, FlagperfError
 from flagperf.results.history import Verdict, check_run, history_engine, record_failed_night, record_run
@@ -127,13 +127,13 @@ def record_failure(run_id: str, reason: str, suite: str, vendor: str | None, his
 def nightly_regression(
     suite: SuiteName = "smoke",
     vendor: VendorName = "auto",
-    rounds: Annotated[int, Field(ge=1, le=100)] = 3,
+    rounds: Annotated[int, ROUNDS.field()] = 3,
     overrides: list[str] = [],  # noqa: B006 - Prefect's form needs a plain default; it is never changed
     inventory: str = "",
     results_dir: str = "",
     history_url: str = "",
-    baseline_runs: Annotated[int, Field(ge=1, le=1000)] = 5,
-    sigma: Annotated[float, Field(gt=0, le=100)] = 3.0,
+    baseline_runs: Annotated[int, BASELINE_RUNS.field()] = 5,
+    sigma: Annotated[float, SIGMA.field()] = 3.0,
 ) -> State:
     """Run the suite, add it to the history and fail (with an event) on a regression.
 
