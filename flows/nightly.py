@@ -9,13 +9,14 @@ folder and in the run folder, and `exit_code` in it):
   Completed                  every figure held its baseline (or had none yet)          exit 0
   Failed, named Regressed    some figure regressed                                     exit 5 (EXIT_REGRESSION)
   Failed                     the night failed: nothing judged; recorded as a failed night  exit 1
-  Failed, "bad input: ..."   the form's input is wrong: no night                       exit 2
+  Failed, "bad input: ..."   the form's input is wrong: no night (no run folder)       exit 2
   Unsupported / Partly ...   as the evaluation                                          exit 3 / 0
 trends.csv in the results folder has every figure's course after each night (flagperf.site.trends).
 """
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,6 +33,7 @@ from flagperf.config.plan import new_run_id, read_plan
 from flagperf.errors import EXIT_UNSUPPORTED, EXIT_USER_ERROR, ConfigError, FlagperfError
 from flagperf.results.history import Verdict, check_run, history_engine, record_failed_night, record_run
 from flagperf.results.schema import write_json_atomic
+from flagperf.results.summary import SUMMARY_JSON
 from flagperf.site.trends import TREND_FILE, write_trend_file
 from flows.evaluate import (
     BAD_INPUT,
@@ -168,6 +170,8 @@ def nightly_regression(
                      run_id=run_id, return_state=True)
     run_dir = Path(results_dir) / run_id
     if state.is_failed() and (state.message or "").startswith(BAD_INPUT):
+        if not (run_dir / SUMMARY_JSON).is_file():  # refused before any round: no night, so no run folder
+            shutil.rmtree(run_dir, ignore_errors=True)  # (this night's own name; only its plan and healthcheck)
         return failed(in_form_terms(state.message or ""))
 
     def night_failed(reason: str, vendor_name: str | None) -> State:
@@ -175,7 +179,7 @@ def nightly_regression(
         return publish_night(results_dir, suite, run_dir, failed(reason), [], history)
 
     plan_vendor = None if vendor == "auto" else vendor
-    if not (run_dir / "summary.json").is_file():
+    if not (run_dir / SUMMARY_JSON).is_file():
         return night_failed(f"the evaluation produced no summary: {state.message}", plan_vendor)
     try:
         vendor_name = read_plan(run_dir).vendor.name

@@ -25,7 +25,7 @@ from flagperf.errors import ConfigError, FlagperfError, unknown_name
 from flagperf.hosts.capacity import check_capacity_here
 from flagperf.hosts.inventory import Inventory, load_inventory, local_inventory
 from flagperf.paths import RESULTS_DIR_ENV, RESULTS_ROOT_ENV
-from flagperf.results.history import Verdict, history_engine
+from flagperf.results.history import Verdict, history_engine, recorded_runs, sqlite_files
 
 
 def default_results() -> Path:
@@ -92,16 +92,44 @@ def check_night(*, suite: str, vendor: str | None, rounds: int, overrides: list[
                  history_url=history_url or None, baseline_runs=baseline_runs, sigma=sigma, notes=list(inv.notes))
 
 
-def open_history(night: Night) -> None:
+def open_history(night: Night) -> list[Path]:
     """The history the night will write, opened now: a bad URL (ConfigError) or one that cannot be reached
-    (FlagperfError) is said before a night of measuring, not after it."""
+    (FlagperfError) is said before a night of measuring, not after it. Returns the SQLite files this made
+    (for ``discard_history``); one refused leaves none of them."""
+    missing = [path for path in sqlite_files(night.history_url, night.results) if not path.exists()]
     try:
         history_engine(night.history_url, night.results).dispose()
     except ConfigError as exc:
         raise ConfigError("--history-url", None, exc.message) from None
     except (SQLAlchemyError, OSError) as exc:
         first = (str(getattr(exc, "orig", None) or exc).splitlines() or [""])[0]
+        _unlink(missing)
         raise FlagperfError(f"the history cannot be opened: {type(exc).__name__}: {first}") from None
+    return [path for path in missing if path.exists()]
+
+
+def discard_history(night: Night, made: list[Path]) -> None:
+    """Remove the SQLite history this night made (``open_history``) while it holds no run: a night that never
+    began (bad input the flow found, an interrupt before it) leaves no empty history behind, and one that
+    another night has written to since is kept."""
+    if not made:
+        return
+    try:
+        engine = history_engine(night.history_url, night.results)
+        try:
+            empty = recorded_runs(engine) == 0
+        finally:
+            engine.dispose()
+    except (FlagperfError, SQLAlchemyError, OSError):  # cannot tell what it holds: it stays
+        return
+    if empty:
+        _unlink(made)
+
+
+def _unlink(paths: list[Path]) -> None:
+    for path in paths:
+        with suppress(OSError):
+            path.unlink(missing_ok=True)
 
 
 def _verdict(data: dict[str, Any]) -> Verdict:

@@ -102,8 +102,31 @@ figures = Table(
 )
 
 
+def resolved_url(url: str | None = None, results_dir: str | Path = "results") -> str:
+    """The history's URL: ``url``, else FLAGPERF_HISTORY_URL, else history.sqlite in the results folder."""
+    return url or os.environ.get(DEFAULT_URL_ENV) or f"sqlite:///{Path(results_dir).resolve() / 'history.sqlite'}"
+
+
+def sqlite_files(url: str | None = None, results_dir: str | Path = "results") -> list[Path]:
+    """The files a SQLite history is kept in (the database and its journals); none for a database server."""
+    try:
+        parsed = make_url(resolved_url(url, results_dir))
+    except ArgumentError:
+        return []
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return []
+    database = Path(parsed.database)
+    return [database, *(database.with_name(database.name + suffix) for suffix in ("-journal", "-wal", "-shm"))]
+
+
+def recorded_runs(engine: Engine) -> int:
+    """How many runs (nights, failed ones included) the history holds."""
+    with engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(runs)).scalar_one())
+
+
 def history_engine(url: str | None = None, results_dir: str | Path = "results") -> Engine:
-    url = url or os.environ.get(DEFAULT_URL_ENV) or f"sqlite:///{Path(results_dir).resolve() / 'history.sqlite'}"
+    url = resolved_url(url, results_dir)
     try:
         has_password = make_url(url).password is not None
     except ArgumentError:
