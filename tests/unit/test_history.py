@@ -295,3 +295,21 @@ def test_a_night_that_did_not_begin_removes_only_the_history_it_made(tmp_path: P
     assert open_history(earlier) == []
     discard_history(earlier, [])
     assert (tmp_path / "earlier" / "history.sqlite").is_file()
+
+
+def test_an_interrupted_night_is_shown_as_one_never_a_baseline_nor_a_failure(seeded) -> None:
+    """The owner reading the trends tells a night the operator stopped from a failed one and from one that never
+    ran: it is there, with its run id and what stopped it, and the next night is judged as if it were not."""
+    from flagperf.results.history import figure_trend, record_interrupted_night, trend_table
+
+    engine, tmp_path = seeded
+    record_interrupted_night(engine, "run-stopped", "interrupted (SIGINT)", suite=None, vendor="cpu",
+                             recorded_at=START + timedelta(days=10))
+    record_interrupted_night(engine, "run-n4", "interrupted (SIGTERM)", suite=None, vendor="cpu")  # recorded: kept
+    v = verdict_for(engine, tmp_path, "run-next", [95.1, 94.8, 95.3])
+    assert v.status == "regression" and v.baseline_runs == ("run-n4", "run-n3", "run-n2", "run-n1", "run-n0")
+    (stopped,) = [p for p in figure_trend(engine, "computation-FP32", "gemm_fp32", "cpu", "X1") if p.verdict is None]
+    assert (stopped.run_id, stopped.outcome, stopped.failure) == ("run-stopped", "interrupted", "interrupted (SIGINT)")
+    table = trend_table(engine)
+    assert list(table["verdict"]) == ["no-baseline"] * 3 + ["ok", "ok", "interrupted", "regression"]
+    assert list(table[table["verdict"] == "interrupted"]["run_id"]) == ["run-stopped"]
