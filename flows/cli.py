@@ -574,7 +574,7 @@ def nightly(
     Exit 0: every figure held its baseline (or has none yet); 1: the night failed (recorded as a failed night);
     2: bad input, nothing measured; 3: unsupported on this device; 5: a regression; 128 + signal: interrupted.
     The verdict is also in nightly-SUITE.json in the results folder (with its exit_code)."""
-    from flows.nightly_cli import check_night, default_results, open_history, run_night
+    from flows.nightly_cli import check_night, default_results, discard_history, open_history, run_night
 
     results = results or default_results()
     try:
@@ -587,7 +587,7 @@ def nightly(
     except KeyboardInterrupt:  # Ctrl-C while the input is checked (the probe takes seconds): nothing started
         raise _fail("interrupted before anything started", 128 + signal.SIGINT) from None
     try:
-        open_history(night)
+        made_history = open_history(night)
     except FlagperfError as exc:
         _remove_made(results, made)
         raise _fail(str(exc), EXIT_BAD_INPUT if isinstance(exc, ConfigError) else EXIT_FAILED) from None
@@ -601,10 +601,16 @@ def nightly(
     console.print(f"[bold]nightly {escape(suite)}[/]: {rounds} rounds per case, results in {escape(str(results))}",
                   highlight=False)
     _prepare_prefect_environment(verbose)
+
+    def discard_made() -> None:  # a night that did not begin (or was refused) leaves nothing this made
+        discard_history(night, made_history)  # only while it holds no night
+        _remove_made(results, made)  # only while empty
+
     try:
         interrupt.arm()
         outcome = run_night(night, interrupt.signals, _drain_prefect)
     except (KeyboardInterrupt, Exception) as exc:  # Exception: the server did not start, the API cannot be reached
+        discard_made()
         if not interrupt.signals and isinstance(exc, Exception):
             first = str(exc).splitlines()[0] if str(exc) else ""
             raise _fail(f"the night could not run: {type(exc).__name__}: {first}", EXIT_FAILED) from None
@@ -612,10 +618,12 @@ def nightly(
     except BaseException as exc:  # Prefect's TerminationSignal (a SIGTERM inside the flow run)
         if not hasattr(exc, "signal"):
             raise
+        discard_made()
         raise _fail("interrupted; the night is not judged", interrupt.exit_code(exc)) from None
     if interrupt.signals:
         raise _fail("interrupted; the night is not judged", interrupt.exit_code())
-    if outcome.code == EXIT_BAD_INPUT:
+    if outcome.code == EXIT_BAD_INPUT:  # found by the flow (a size an SSH host cannot hold): no night
+        discard_made()
         raise _fail(outcome.message)
     for verdict in outcome.verdicts:
         colour = {"regression": "red", "improvement": "green"}.get(verdict.status)

@@ -9,29 +9,42 @@ folder and in the run folder, and `exit_code` in it):
   Completed                  every figure held its baseline (or had none yet)          exit 0
   Failed, named Regressed    some figure regressed                                     exit 5 (EXIT_REGRESSION)
   Failed                     the night failed: nothing judged; recorded as a failed night  exit 1
-  Failed, "bad input: ..."   the form's input is wrong: no night                       exit 2
+  Failed, "bad input: ..."   the form's input is wrong: no night (no run folder)       exit 2
   Unsupported / Partly ...   as the evaluation                                          exit 3 / 0
+  (raises) "Interrupted"     stopped by Ctrl-C or SIGTERM: not judged; recorded as interrupted  128 + signal
 trends.csv in the results folder has every figure's course after each night (flagperf.site.trends).
 """
 
 from __future__ import annotations
 
+import shutil
+import signal
+from contextlib import suppress
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NONE
 from prefect.events import emit_event
 from prefect.states import Completed, Failed, State
-from pydantic import Field
+from sqlalchemy.exc import SQLAlchemyError
 
+from flagperf.config.night import BASELINE_RUNS, ROUNDS, SIGMA
 from flagperf.config.plan import new_run_id, read_plan
 from flagperf.errors import EXIT_UNSUPPORTED, EXIT_USER_ERROR, ConfigError, FlagperfError
-from flagperf.results.history import Verdict, check_run, history_engine, record_failed_night, record_run
+from flagperf.results.history import (
+    Verdict,
+    check_run,
+    history_engine,
+    record_failed_night,
+    record_interrupted_night,
+    record_run,
+)
 from flagperf.results.schema import write_json_atomic
+from flagperf.results.summary import SUMMARY_JSON
 from flagperf.site.trends import TREND_FILE, write_trend_file
 from flows.evaluate import (
     BAD_INPUT,
@@ -48,6 +61,7 @@ from tasks.analyze import replace_earlier_artifacts
 REGRESSION_EVENT = "flagperf.regression.detected"
 VERDICTS_ARTIFACT = "flagperf-regression-verdicts"
 REGRESSED_STATE = "Regressed"  # a Failed state's name: a regression, not a night that could not measure
+INTERRUPTED_STATE = "Interrupted"  # the verdict file's state of a night the operator stopped (no flow state: it raised)
 EXIT_HELD, EXIT_NIGHT_FAILED, EXIT_REGRESSION = 0, 1, 5
 
 
@@ -100,10 +114,16 @@ def publish_night(results_dir: str, suite: str, run_dir: Path, state: State, ver
                   history: str | None) -> State:
     """The night's verdict as a file (nightly-<suite>.json in the results folder, the latest night, and in the
     run folder) and every figure's course (trends.csv): what a lab reads without the UI. Returns ``state``."""
+    _write_night(results_dir, suite, run_dir, {
+        "state": state.name, "exit_code": exit_code(state), "message": state.message,
+        "regressions": [v.line() for v in verdicts if v.status == "regression"],
+        "verdicts": [asdict(v) for v in verdicts]}, history)
+    return state
+
+
+def _write_night(results_dir: str, suite: str, run_dir: Path, ending: dict[str, Any], history: str | None) -> None:
     outcome = {"run_id": run_dir.name, "suite": suite, "finished_at": datetime.now(timezone.utc).isoformat(),
-               "state": state.name, "exit_code": exit_code(state), "message": state.message,
-               "regressions": [v.line() for v in verdicts if v.status == "regression"],
-               "verdicts": [asdict(v) for v in verdicts]}
+               **ending}
     folders = [Path(results_dir), *([run_dir] if run_dir.is_dir() else [])]
     try:
         for folder in folders:
@@ -111,7 +131,26 @@ def publish_night(results_dir: str, suite: str, run_dir: Path, state: State, ver
         write_trend_file(history_engine(history, results_dir), Path(results_dir) / TREND_FILE)
     except (OSError, FlagperfError) as exc:  # the state is the verdict; the files are a copy of it
         get_run_logger().warning("the night's verdict file or trends.csv could not be written: %s", exc)
-    return state
+
+
+def record_interruption(exc: BaseException, run_id: str, suite: str, vendor: str | None, history: str | None,
+                        results_dir: str) -> None:
+    """A night the operator stopped (Ctrl-C, SIGTERM, a cancelled flow run) is neither judged nor a failure: it
+    goes into the history as interrupted, with its run id and no figures, and its verdict file and trends.csv
+    say so, so that the trends tell it from a night that never ran. Best effort: the interrupt goes on."""
+    signum = getattr(exc, "signal", None) or getattr(signal.Signals, str(exc), None)  # the CLI's: "SIGINT"
+    reason = f"interrupted ({signal.Signals(signum).name if signum else type(exc).__name__})"
+    run_dir = Path(results_dir) / run_id
+    with suppress(ConfigError, OSError):
+        vendor = read_plan(run_dir).vendor.name
+    try:
+        record_interrupted_night(history_engine(history, results_dir), run_id, reason, suite=suite, vendor=vendor)
+    except (FlagperfError, OSError, SQLAlchemyError) as error:
+        get_run_logger().warning("the interrupted night could not be recorded in the history: %s", error)
+        return
+    _write_night(results_dir, suite, run_dir, {
+        "state": INTERRUPTED_STATE, "exit_code": 128 + int(signum or signal.SIGINT), "message": reason,
+        "regressions": [], "verdicts": []}, history)
 
 
 def record_failure(run_id: str, reason: str, suite: str, vendor: str | None, history: str | None,
@@ -127,13 +166,13 @@ def record_failure(run_id: str, reason: str, suite: str, vendor: str | None, his
 def nightly_regression(
     suite: SuiteName = "smoke",
     vendor: VendorName = "auto",
-    rounds: Annotated[int, Field(ge=1, le=100)] = 3,
+    rounds: Annotated[int, ROUNDS.field()] = 3,
     overrides: list[str] = [],  # noqa: B006 - Prefect's form needs a plain default; it is never changed
     inventory: str = "",
     results_dir: str = "",
     history_url: str = "",
-    baseline_runs: Annotated[int, Field(ge=1, le=1000)] = 5,
-    sigma: Annotated[float, Field(gt=0, le=100)] = 3.0,
+    baseline_runs: Annotated[int, BASELINE_RUNS.field()] = 5,
+    sigma: Annotated[float, SIGMA.field()] = 3.0,
 ) -> State:
     """Run the suite, add it to the history and fail (with an event) on a regression.
 
@@ -163,11 +202,18 @@ def nightly_regression(
     except ConfigError as exc:
         return failed(f"{BAD_INPUT}{exc}")
     run_id = new_run_id()
-    state = evaluate(suite=suite, vendor=None if vendor == "auto" else vendor, rounds=rounds,
-                     overrides=list(overrides) or None, inventory=inventory or None, results_dir=results_dir,
-                     run_id=run_id, return_state=True)
+    try:
+        state = evaluate(suite=suite, vendor=None if vendor == "auto" else vendor, rounds=rounds,
+                         overrides=list(overrides) or None, inventory=inventory or None, results_dir=results_dir,
+                         run_id=run_id, return_state=True)
+    except BaseException as exc:
+        if not isinstance(exc, Exception):  # stopped by the operator: not judged, recorded as interrupted
+            record_interruption(exc, run_id, suite, None if vendor == "auto" else vendor, history, results_dir)
+        raise
     run_dir = Path(results_dir) / run_id
     if state.is_failed() and (state.message or "").startswith(BAD_INPUT):
+        if not (run_dir / SUMMARY_JSON).is_file():  # refused before any round: no night, so no run folder
+            shutil.rmtree(run_dir, ignore_errors=True)  # (this night's own name; only its plan and healthcheck)
         return failed(in_form_terms(state.message or ""))
 
     def night_failed(reason: str, vendor_name: str | None) -> State:
@@ -175,7 +221,7 @@ def nightly_regression(
         return publish_night(results_dir, suite, run_dir, failed(reason), [], history)
 
     plan_vendor = None if vendor == "auto" else vendor
-    if not (run_dir / "summary.json").is_file():
+    if not (run_dir / SUMMARY_JSON).is_file():
         return night_failed(f"the evaluation produced no summary: {state.message}", plan_vendor)
     try:
         vendor_name = read_plan(run_dir).vendor.name

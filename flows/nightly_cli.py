@@ -19,14 +19,13 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from flagperf.config.night import BASELINE_RUNS, ROUNDS, SIGMA
 from flagperf.config.plan import available_suites, plan_run
 from flagperf.errors import ConfigError, FlagperfError, unknown_name
 from flagperf.hosts.capacity import check_capacity_here
 from flagperf.hosts.inventory import Inventory, load_inventory, local_inventory
 from flagperf.paths import RESULTS_DIR_ENV, RESULTS_ROOT_ENV
-from flagperf.results.history import Verdict, history_engine
-
-MAX_ROUNDS, MAX_BASELINE_RUNS, MAX_SIGMA = 100, 1000, 100.0  # the flow's bounds (flows.nightly's form)
+from flagperf.results.history import Verdict, history_engine, recorded_runs, sqlite_files
 
 
 def default_results() -> Path:
@@ -66,6 +65,15 @@ class NightOutcome:
     run_dir: Path | None  # None: the night made no run folder (bad input found by the flow)
 
 
+def check_bounds(*, rounds: int, baseline_runs: int, sigma: float) -> None:
+    """The numbers the flow's form bounds (flagperf.config.night), refused as the flow would refuse them."""
+    for option, value, bound in (("--rounds", rounds, ROUNDS), ("--baseline-runs", baseline_runs, BASELINE_RUNS),
+                                 ("--sigma", sigma, SIGMA)):
+        problem = bound.problem(value)
+        if problem:
+            raise ConfigError(option, None, problem)
+
+
 def check_night(*, suite: str, vendor: str | None, rounds: int, overrides: list[str], inventory: Path | None,
                 results: Path, history_url: str | None, baseline_runs: int, sigma: float) -> Night:
     """Everything the flow would refuse, refused here without side effects (ConfigError naming the option);
@@ -73,12 +81,7 @@ def check_night(*, suite: str, vendor: str | None, rounds: int, overrides: list[
     suites = available_suites()
     if suite not in suites:
         raise ConfigError("--suite", None, unknown_name("suite", suite, suites, "flagperf list suites"))
-    for option, value, low, high in (("--rounds", rounds, 1, MAX_ROUNDS),
-                                     ("--baseline-runs", baseline_runs, 1, MAX_BASELINE_RUNS)):
-        if not low <= value <= high:
-            raise ConfigError(option, None, f"must be between {low} and {high}, got {value}")
-    if not 0 < sigma <= MAX_SIGMA:
-        raise ConfigError("--sigma", None, f"must be above 0 and at most {MAX_SIGMA:g}, got {sigma:g}")
+    check_bounds(rounds=rounds, baseline_runs=baseline_runs, sigma=sigma)
     inv: Inventory = load_inventory(inventory) if inventory else local_inventory()
     plan = plan_run(suite=suite, vendor=inv.resolve_vendor(vendor), rounds=rounds, sets=overrides, results_dir=results,
                     hosts=[spec.model_dump(mode="json") for spec in inv.hosts], inventory_overrides=inv.case_overrides,
@@ -89,16 +92,44 @@ def check_night(*, suite: str, vendor: str | None, rounds: int, overrides: list[
                  history_url=history_url or None, baseline_runs=baseline_runs, sigma=sigma, notes=list(inv.notes))
 
 
-def open_history(night: Night) -> None:
+def open_history(night: Night) -> list[Path]:
     """The history the night will write, opened now: a bad URL (ConfigError) or one that cannot be reached
-    (FlagperfError) is said before a night of measuring, not after it."""
+    (FlagperfError) is said before a night of measuring, not after it. Returns the SQLite files this made
+    (for ``discard_history``); one refused leaves none of them."""
+    missing = [path for path in sqlite_files(night.history_url, night.results) if not path.exists()]
     try:
         history_engine(night.history_url, night.results).dispose()
     except ConfigError as exc:
         raise ConfigError("--history-url", None, exc.message) from None
     except (SQLAlchemyError, OSError) as exc:
         first = (str(getattr(exc, "orig", None) or exc).splitlines() or [""])[0]
+        _unlink(missing)
         raise FlagperfError(f"the history cannot be opened: {type(exc).__name__}: {first}") from None
+    return [path for path in missing if path.exists()]
+
+
+def discard_history(night: Night, made: list[Path]) -> None:
+    """Remove the SQLite history this night made (``open_history``) while it holds no run: a night that never
+    began (bad input the flow found, an interrupt before it) leaves no empty history behind, and one that
+    another night has written to since is kept."""
+    if not made:
+        return
+    try:
+        engine = history_engine(night.history_url, night.results)
+        try:
+            empty = recorded_runs(engine) == 0
+        finally:
+            engine.dispose()
+    except (FlagperfError, SQLAlchemyError, OSError):  # cannot tell what it holds: it stays
+        return
+    if empty:
+        _unlink(made)
+
+
+def _unlink(paths: list[Path]) -> None:
+    for path in paths:
+        with suppress(OSError):
+            path.unlink(missing_ok=True)
 
 
 def _verdict(data: dict[str, Any]) -> Verdict:

@@ -27,7 +27,9 @@ the rounds' config) must match, so a night whose case was configured differently
 is not judged against nights that measured something else; it is marked ``new-workload`` (naming the keys that
 changed) until it has a baseline of its own. A failed night is recorded as such (``record_failed_night``), with
 no figures: it is shown as a failure in the trends and never becomes a baseline, so the next good night is
-judged against the good ones before it. Each verdict names what changed in the run's setting (code, image,
+judged against the good ones before it. A night the operator stopped is recorded as interrupted
+(``record_interrupted_night``), also without figures and never a baseline: the trends tell it from a failed night
+and from a night that never ran. Each verdict names what changed in the run's setting (code, image,
 libraries, hosts, the vendor's settings) since the newest run of its baseline: the likely cause of a change.
 """
 
@@ -82,11 +84,12 @@ runs = Table(
     Column("suite", String(128)),
     Column("git_revision", String(64)),
     Column("counts", Text),
-    Column("outcome", String(16)),  # completed | failed (None: recorded before outcomes were; a completed run)
-    Column("reason", Text),  # why a failed night failed
+    Column("outcome", String(16)),  # completed | failed | interrupted (None: from before outcomes; completed)
+    Column("reason", Text),  # why a failed night failed, or what interrupted one
     Column("setting", Text),  # JSON: what the run ran on and with (run_setting), to name what changed
 )
-COMPLETED, FAILED = "completed", "failed"
+COMPLETED, FAILED, INTERRUPTED = "completed", "failed", "interrupted"
+NO_FIGURES = (FAILED, INTERRUPTED)  # nights recorded without figures: shown in the trends, never a baseline
 figures = Table(
     "figures", metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
@@ -102,8 +105,31 @@ figures = Table(
 )
 
 
+def resolved_url(url: str | None = None, results_dir: str | Path = "results") -> str:
+    """The history's URL: ``url``, else FLAGPERF_HISTORY_URL, else history.sqlite in the results folder."""
+    return url or os.environ.get(DEFAULT_URL_ENV) or f"sqlite:///{Path(results_dir).resolve() / 'history.sqlite'}"
+
+
+def sqlite_files(url: str | None = None, results_dir: str | Path = "results") -> list[Path]:
+    """The files a SQLite history is kept in (the database and its journals); none for a database server."""
+    try:
+        parsed = make_url(resolved_url(url, results_dir))
+    except ArgumentError:
+        return []
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return []
+    database = Path(parsed.database)
+    return [database, *(database.with_name(database.name + suffix) for suffix in ("-journal", "-wal", "-shm"))]
+
+
+def recorded_runs(engine: Engine) -> int:
+    """How many runs (nights, failed ones included) the history holds."""
+    with engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(runs)).scalar_one())
+
+
 def history_engine(url: str | None = None, results_dir: str | Path = "results") -> Engine:
-    url = url or os.environ.get(DEFAULT_URL_ENV) or f"sqlite:///{Path(results_dir).resolve() / 'history.sqlite'}"
+    url = resolved_url(url, results_dir)
     try:
         has_password = make_url(url).password is not None
     except ArgumentError:
@@ -232,11 +258,29 @@ def record_failed_night(engine: Engine, run_id: str, reason: str, *, suite: str 
                         device: str | None = None, recorded_at: datetime | None = None) -> None:
     """A night that measured nothing usable: a run with outcome failed and its reason, no figures. The trends
     show it as a failure; no baseline counts it (a baseline is made of figures)."""
+    _record_night_without_figures(engine, run_id, FAILED, reason, suite=suite, vendor=vendor, device=device,
+                                  recorded_at=recorded_at)
+
+
+def record_interrupted_night(engine: Engine, run_id: str, reason: str, *, suite: str | None, vendor: str | None,
+                             device: str | None = None, recorded_at: datetime | None = None) -> None:
+    """A night the operator stopped (Ctrl-C, SIGTERM; ``reason`` says which): outcome interrupted, no figures, not
+    judged. The trends show it as interrupted, apart from a failed night and from a night that never ran; no
+    baseline counts it. A night recorded with figures (or as failed) is not overwritten by this."""
+    with engine.begin() as conn:
+        if conn.execute(select(runs.c.run_id).where(runs.c.run_id == run_id)).first() is not None:
+            return
+    _record_night_without_figures(engine, run_id, INTERRUPTED, reason, suite=suite, vendor=vendor, device=device,
+                                  recorded_at=recorded_at)
+
+
+def _record_night_without_figures(engine: Engine, run_id: str, outcome: str, reason: str, *, suite: str | None,
+                                  vendor: str | None, device: str | None, recorded_at: datetime | None) -> None:
     with engine.begin() as conn:
         conn.execute(delete(figures).where(figures.c.run_id == run_id))
         conn.execute(delete(runs).where(runs.c.run_id == run_id))
         conn.execute(insert(runs).values(run_id=run_id, recorded_at=recorded_at or datetime.now(timezone.utc),
-                                         vendor=vendor, device=device, suite=suite, outcome=FAILED,
+                                         vendor=vendor, device=device, suite=suite, outcome=outcome,
                                          reason=reason[:2000]))
 
 
@@ -386,7 +430,8 @@ class TrendPoint:
     run_id: str
     recorded_at: datetime
     verdict: Verdict | None  # judged against the runs before it, as check_run judged it that night; None: failed
-    failure: str | None = None  # a failed night: why (it measured nothing)
+    failure: str | None = None  # a failed night: why (it measured nothing); an interrupted one: what stopped it
+    outcome: str = COMPLETED  # failed or interrupted where verdict is None
 
 
 def list_series(engine: Engine) -> list[Series]:
@@ -406,15 +451,15 @@ def figure_trend(engine: Engine, case: str, metric: str, vendor: str | None, dev
                  ) -> list[TrendPoint]:
     """The figure's value in each run, oldest first, each with the verdict against the runs before it (the
     allowed band is low..high around the baseline; a regression is a point below it for a rate, above it for a
-    duration), and the failed nights of the suites that measured it, in their place, as failures."""
+    duration), and the failed and interrupted nights of the suites that measured it, in their place."""
     with engine.connect() as conn:
         rows = _series_rows(conn, case, metric, vendor, device)
         if not rows:
             return []
         suites = conn.execute(select(runs.c.suite).distinct().where(
             runs.c.run_id.in_([r["run_id"] for r in rows]))).scalars().all()
-        failed = conn.execute(select(runs.c.run_id, runs.c.recorded_at, runs.c.reason).where(
-            runs.c.outcome == FAILED,
+        failed = conn.execute(select(runs.c.run_id, runs.c.recorded_at, runs.c.reason, runs.c.outcome).where(
+            runs.c.outcome.in_(NO_FIGURES),
             runs.c.suite.in_([s for s in suites if s is not None]) | (runs.c.suite.is_(None) if None in suites
                                                                       else false()),
             runs.c.vendor.is_(None) if vendor is None else runs.c.vendor == vendor,
@@ -422,7 +467,7 @@ def figure_trend(engine: Engine, case: str, metric: str, vendor: str | None, dev
     verdicts = _judge_series(rows, baseline_runs, min_history, sigma, floor)
     points = [TrendPoint(row["run_id"], _utc(row["recorded_at"]), verdict)
               for row, verdict in zip(rows, verdicts, strict=True)]
-    points += [TrendPoint(run_id, _utc(at), None, reason or "failed") for run_id, at, reason in failed]
+    points += [TrendPoint(run_id, _utc(at), None, reason or outcome, outcome) for run_id, at, reason, outcome in failed]
     return sorted(points, key=lambda p: p.recorded_at)
 
 
@@ -437,7 +482,8 @@ TREND_COLUMNS = ["vendor", "device", "case", "metric", "unit", "recorded_at", "r
 
 def trend_table(engine: Engine, **judging: Any) -> Any:
     """Every figure's course as one table (a pandas DataFrame, a row per figure and night, failed nights
-    included with verdict 'failed' and the reason in changes), as the site's trend pages judge it."""
+    and interrupted ones included with verdict 'failed' or 'interrupted' and the reason in changes), as the site's
+    trend pages judge it."""
     import pandas as pd
 
     rows = []
@@ -450,7 +496,7 @@ def trend_table(engine: Engine, **judging: Any) -> Any:
                 "value": v.value if v else None, "baseline": v.baseline if v else None,
                 "change": v.change if v else None, "low": v.low if v else None, "high": v.high if v else None,
                 "threshold": v.threshold if v else None, "scale": v.scale if v else None,
-                "history": v.history if v else None, "verdict": v.status if v else "failed",
+                "history": v.history if v else None, "verdict": v.status if v else point.outcome,
                 "baseline_runs": " ".join(v.baseline_runs) if v else "",
                 "changes": "; ".join(v.changes) if v else point.failure})
     return pd.DataFrame(rows, columns=TREND_COLUMNS)

@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine
 
-from flagperf.results.history import TrendPoint, history_engine, trend_table
+from flagperf.results.history import INTERRUPTED, TrendPoint, history_engine, trend_table
 from flagperf.results.schema import atomic_path
 
 HISTORY_FILE = "history.sqlite"
@@ -53,9 +53,12 @@ def trend_png(points: list[TrendPoint], title: str) -> bytes | None:
     times = [p.recorded_at for p in points]
     values = [p.verdict.value for p in points]  # type: ignore[union-attr]
     ax.plot(times, values, color="tab:blue", linewidth=1.2, marker="o", markersize=4, label="value")
-    for i, p in enumerate(failed):  # a night that measured nothing: a line where its point would be
-        ax.axvline(p.recorded_at, color="tab:red", linestyle=":", linewidth=1.5,
-                   label="failed night" if i == 0 else None)
+    labelled: set[str] = set()
+    for p in failed:  # a night that measured nothing: a line where its point would be
+        interrupted = p.outcome == INTERRUPTED
+        ax.axvline(p.recorded_at, color="tab:gray" if interrupted else "tab:red", linestyle=":", linewidth=1.5,
+                   label=f"{p.outcome} night" if p.outcome not in labelled else None)
+        labelled.add(p.outcome)
     banded = [p for p in points if p.verdict.low is not None and p.verdict.high is not None]  # type: ignore[union-attr]
     if banded:
         low = [p.verdict.low for p in banded]  # type: ignore[union-attr]

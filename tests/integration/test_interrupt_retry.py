@@ -249,3 +249,37 @@ def test_ctrl_c_while_a_night_is_set_up_stops_it_before_it_measures(tmp_path: Pa
     proc = flagperf(["nightly", "--suite", "tiny", "--rounds", "1", "--results", str(results)], tmp_path)
     out = ctrl_c_at_header(proc, "nightly tiny", "interrupted; the night is not judged")
     assert not (results / "nightly-tiny.json").exists() and not list(results.glob("run*")), out
+
+
+@pytest.mark.usefixtures("prefect_server")  # the session's: no temporary server to start
+def test_ctrl_c_while_a_night_measures_records_it_as_interrupted(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """`flagperf nightly` stopped by Ctrl-C while its round runs: not judged, but recorded, so the owner reading
+    the trends tells it from a night that never ran: the history holds it as interrupted with its run id and no
+    figures, and the night's verdict file says so."""
+    from prefect.settings import PREFECT_API_URL
+    from sqlalchemy import select
+
+    from flagperf.results.history import figures, history_engine, runs
+
+    suites, started, results = tmp_path / "suites", tmp_path / "started", tmp_path / "results"
+    suites.mkdir()
+    (suites / "waiting.yaml").write_text("name: waiting\ndescription: one round that waits\ncases: [waits]\n"
+                                         "rounds: 1\n", encoding="utf-8")
+    monkeypatch.setenv("FLAGPERF_SUITE_PATH", str(suites))
+    proc = flagperf(["nightly", "--suite", "waiting", "--rounds", "1", "--set", "waits.hold_round=1",
+                     "--set", f"waits.started={started}", "--set", f"waits.release={tmp_path / 'never'}",
+                     "--results", str(results)], tmp_path, api_url=PREFECT_API_URL.value())
+    out = ctrl_c_once(proc, started.exists)
+    assert "Traceback" not in out, out
+    assert [line for line in out.splitlines() if line.startswith("error:")] == [
+        "error: interrupted; the night is not judged"], out
+    (run_dir,) = results.glob("run*")
+    engine = history_engine(None, results)
+    with engine.connect() as conn:
+        recorded = conn.execute(select(runs.c.run_id, runs.c.outcome, runs.c.reason, runs.c.vendor)).all()
+        assert conn.execute(select(figures)).all() == []
+    assert recorded == [(run_dir.name, "interrupted", "interrupted (SIGINT)", "cpu")]
+    verdict = json.loads((results / "nightly-waiting.json").read_text(encoding="utf-8"))
+    assert (verdict["run_id"], verdict["state"], verdict["exit_code"], verdict["verdicts"]) == (
+        run_dir.name, "Interrupted", 128 + signal.SIGINT, [])

@@ -11,12 +11,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from prefect.settings import PREFECT_API_URL
 from test_nightly import seed_history
 
 from flows.nightly import EXIT_REGRESSION, verdict_file_name
+from tests.testbed.bed import Testbed, deploy_project, make_testbed_fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_server")]
+testbed = make_testbed_fixture(min_hosts=1)
 ROOT = Path(__file__).resolve().parents[2]
 # A multiply of well under a millisecond, timed briefly: the figure is far below the seeded baseline anyway.
 SMALL = ["m=256", "n=256", "k=256", "min_duration_s=0.3"]
@@ -77,3 +80,26 @@ def test_without_a_server_the_night_starts_its_temporary_server_before_prefect_i
     assert done.returncode == 1 and "Traceback" not in output, output[-3000:]
     (error,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert error.startswith("error: the night could not run: RuntimeError: the Prefect server did not answer "), error
+
+
+def test_bad_input_only_the_flow_finds_leaves_nothing_made(tmp_path: Path, testbed: Testbed) -> None:
+    """A size an SSH host cannot hold is found by the flow's healthcheck, after the input check passed and the
+    night began (its header, the history opened, a run folder made): exit 2 in one line, and what this night
+    made is gone (the run folder, the new history file, the results folder made for it)."""
+    deployed = deploy_project(ROOT, testbed)
+    host = testbed.hosts[0]
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump({"hosts": [{
+        "name": host.name, "address": host.address, "port": host.port, "user": host.user,
+        "key_file": host.key_file, "known_hosts": testbed.known_hosts, "python": host.python,
+        "project_root": str(deployed), "connect_timeout_s": 5}]}), encoding="utf-8")
+    results = tmp_path / "results" / "nested"
+    done = flagperf_nightly("--suite", "smoke", "--rounds", "1", "--inventory", str(inventory),
+                            "--set", "main_memory-bandwidth.size_mib=1048576", "--results", str(results),
+                            FLAGPERF_HISTORY_URL="")
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and "main_memory-bandwidth.size_mib" in errors[0] and host.name in errors[0], output
+    assert "Traceback" not in output and "nightly smoke" in done.stdout  # it had begun
+    assert not (tmp_path / "results").exists(), sorted(tmp_path.rglob("*"))

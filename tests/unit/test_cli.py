@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from flagperf.config import night
 from flagperf.paths import PROJECT_ROOT
 from flows.cli import app
 
@@ -275,3 +276,56 @@ def test_ctrl_c_the_moment_the_header_shows_is_one_line(tmp_path: Path, monkeypa
     assert result.exit_code == 128 + signal.SIGINT, result.output
     assert error_lines(result.output) == [f"error: {error}"], result.output
     assert not list((tmp_path / "results").glob("run*"))
+
+
+def _edges(bound) -> list[tuple[float, bool]]:
+    """Values at and just beyond each end of a bound, with whether its definition admits them."""
+    step = 1 if isinstance(bound.low, int) and isinstance(bound.high, int) and not bound.above_low else 1e-6
+    return [(bound.low - step, False), (bound.low, not bound.above_low), (bound.low + step, True),
+            (bound.high, True), (bound.high + step, False)]
+
+
+NIGHT_BOUNDS = ["rounds", "baseline_runs", "sigma"]
+
+
+@pytest.mark.parametrize("name", NIGHT_BOUNDS)
+def test_the_nightly_cli_and_flow_refuse_the_same_numbers(name: str) -> None:
+    """One definition (flagperf.config.night): the CLI's check before prefect and the flow's own parameter
+    validation (a deployment's form) admit exactly the values it admits, at both ends."""
+    from prefect.exceptions import ParameterTypeError
+
+    from flagperf.errors import ConfigError
+    from flows.nightly import nightly_regression
+    from flows.nightly_cli import check_bounds
+
+    good = {"rounds": 3, "baseline_runs": 5, "sigma": 3.0}
+    for value, admitted in _edges(getattr(night, name.upper())):
+        try:
+            check_bounds(**{**good, name: value})
+            cli_admits = True
+        except ConfigError as exc:
+            assert exc.source == f"--{name.replace('_', '-')}", exc
+            cli_admits = False
+        try:
+            nightly_regression.validate_parameters({name: value})
+            flow_admits = True
+        except ParameterTypeError:
+            flow_admits = False
+        assert (cli_admits, flow_admits) == (admitted, admitted), (name, value)
+
+
+OUT_OF_RANGE = [(name, value) for name in NIGHT_BOUNDS
+                for value, admitted in _edges(getattr(night, name.upper())) if not admitted]
+
+
+@pytest.mark.parametrize(("name", "value"), OUT_OF_RANGE)
+def test_nightly_refuses_out_of_range_numbers_before_prefect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             name: str, value: float) -> None:
+    """Each value just beyond a bound: one line naming the option, exit 2, nothing made, prefect never loaded."""
+    for module in ("prefect", "flows.nightly", "flows.evaluate", "flows.server"):
+        monkeypatch.setitem(sys.modules, module, None)  # reaching any of them would be an ImportError
+    option = f"--{name.replace('_', '-')}"
+    result = invoke("nightly", option, str(value), "--results", str(tmp_path / "results"))
+    assert_clean_failure(result)
+    assert [line.split(":")[1].strip() for line in error_lines(result.output)] == [option], result.output
+    assert not (tmp_path / "results").exists()

@@ -263,3 +263,53 @@ def test_a_history_of_an_earlier_version_gets_the_new_columns(tmp_path: Path) ->
     record_run(engine, make_run(tmp_path, "run-now", [100.0, 100.5]), recorded_at=START)
     (v,) = check_run(engine, "run-now")
     assert v.status == "no-baseline" and v.history == 1  # the old night counts, as a run of any workload
+
+
+def test_a_night_that_did_not_begin_removes_only_the_history_it_made(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """`flagperf nightly` refused by the flow (or stopped before it) takes back the SQLite history it made, while
+    that holds no night: an earlier history, or one another night has written to since, stays."""
+    from flagperf.results.history import record_failed_night, recorded_runs
+    from flows.nightly_cli import Night, discard_history, open_history
+
+    monkeypatch.delenv("FLAGPERF_HISTORY_URL", raising=False)
+
+    def night(results: Path) -> Night:
+        return Night(suite="tiny", vendor="auto", rounds=1, overrides=[], inventory=None, results=results,
+                     history_url=None, baseline_runs=5, sigma=3.0)
+
+    fresh = night(tmp_path / "fresh")
+    made = open_history(fresh)
+    assert made == [tmp_path / "fresh" / "history.sqlite"]
+    discard_history(fresh, made)
+    assert not any((tmp_path / "fresh").iterdir())
+
+    written = night(tmp_path / "written")
+    made = open_history(written)
+    record_failed_night(history_engine(None, written.results), "run-other", "another night", suite="tiny", vendor="cpu")
+    discard_history(written, made)
+    assert recorded_runs(history_engine(None, written.results)) == 1
+
+    earlier = night(tmp_path / "earlier")
+    history_engine(None, earlier.results).dispose()
+    assert open_history(earlier) == []
+    discard_history(earlier, [])
+    assert (tmp_path / "earlier" / "history.sqlite").is_file()
+
+
+def test_an_interrupted_night_is_shown_as_one_never_a_baseline_nor_a_failure(seeded) -> None:
+    """The owner reading the trends tells a night the operator stopped from a failed one and from one that never
+    ran: it is there, with its run id and what stopped it, and the next night is judged as if it were not."""
+    from flagperf.results.history import figure_trend, record_interrupted_night, trend_table
+
+    engine, tmp_path = seeded
+    record_interrupted_night(engine, "run-stopped", "interrupted (SIGINT)", suite=None, vendor="cpu",
+                             recorded_at=START + timedelta(days=10))
+    record_interrupted_night(engine, "run-n4", "interrupted (SIGTERM)", suite=None, vendor="cpu")  # recorded: kept
+    v = verdict_for(engine, tmp_path, "run-next", [95.1, 94.8, 95.3])
+    assert v.status == "regression" and v.baseline_runs == ("run-n4", "run-n3", "run-n2", "run-n1", "run-n0")
+    (stopped,) = [p for p in figure_trend(engine, "computation-FP32", "gemm_fp32", "cpu", "X1") if p.verdict is None]
+    assert (stopped.run_id, stopped.outcome, stopped.failure) == ("run-stopped", "interrupted", "interrupted (SIGINT)")
+    table = trend_table(engine)
+    assert list(table["verdict"]) == ["no-baseline"] * 3 + ["ok", "ok", "interrupted", "regression"]
+    assert list(table[table["verdict"] == "interrupted"]["run_id"]) == ["run-stopped"]
