@@ -732,8 +732,8 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | str | N
         lines.append("")
     if stopped and progress.get("measured"):
         lines += ["## Measured, not yet collected (the run was interrupted)", "",
-                  f"Kept on their host{'s' if len(progress['kept_on']) > 1 else ''}, not lost: "
-                  f"{stopped.get('retry') or 'a retry of the run'} stores them without measuring again.", ""]
+                  f"Not lost: kept on {', '.join(progress['kept_on'])}; {stopped.get('retry') or 'a retry of the run'}"
+                  f" stores {'them' if len(progress['measured']) > 1 else 'it'} without measuring again.", ""]
         lines += [f"- {label}" for label in progress["measured"]] + [""]
     if stopped and progress["stopped"]:
         lines += ["## Stopped while running (the run was interrupted)", ""]

@@ -259,7 +259,8 @@ def test_a_round_measured_but_not_collected_when_interrupted_is_not_called_stopp
     assert progress_line(progress) == line
     md = render_markdown(summarize(run))
     assert f"**interrupted** (SIGINT) at now: {line}" in md
-    assert "## Measured, not yet collected" in md and "- gemm round 1 on b" in md and f"{retry} stores them" in md
+    assert "## Measured, not yet collected" in md and "- gemm round 1 on b" in md
+    assert f"Not lost: kept on b; {retry} stores it without measuring again." in md
     # A summary written before rounds on a host were counted reads as it did.
     old = {k: v for k, v in progress.items() if k not in ("measured", "kept_on")}
     assert progress_line(old) == "0 of 4 planned rounds done, 1 stopped while running, 2 not started"
