@@ -287,9 +287,10 @@ def run(
             if summary["headline"]:
                 _print_summary(summary, run_dir)
             if made := summary.get("progress"):
-                console.print(f"interrupted: {made['done']} of {made['planned']} planned rounds done, "
-                              f"{len(made['stopped'])} stopped while running, {len(made['not_started'])} "
-                              f"not started (report.md)")
+                from flagperf.results.summary import progress_line
+
+                console.print(escape(f"interrupted: {progress_line(made)} (report.md)"), highlight=False,
+                              soft_wrap=True)  # one line: it may name the retry command, whatever its length
             raise _fail(f"interrupted; the report of what was done is in {run_dir}", interrupt.exit_code(outcome))
         if not (run_dir / PLAN_FILE).is_file():  # the flow had not begun (e.g. the temporary server was starting)
             _remove_made(results, made)  # only folders this invocation made, and only while empty

@@ -38,6 +38,7 @@ from flagperf.config.cases import available_cases
 from flagperf.config.plan import (
     DEFAULT_SUITE,
     PLAN_FILE,
+    CasePlan,
     RunPlan,
     available_suites,
     plan_run,
@@ -70,7 +71,7 @@ from flagperf.results.summary import INTERRUPTED_FILE, RETRIES_DIR
 from flows.host_round import host_healthcheck, host_round, round_outcome
 from flows.logs import route_core_logs
 from tasks.analyze import analyze
-from tasks.collect import STORE_ERRNOS, holds_result, stage_folder
+from tasks.collect import STORE_ERRNOS, holds_result, leftover_result, stage_folder
 from tasks.container import HOST_DISK_FULL, THEN
 from tasks.healthcheck import healthcheck
 from tasks.image import build_image, probe_image
@@ -248,6 +249,7 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
 
     results: list[RoundResult] = []
     running: list[Any] | None = None  # the case round in flight, for the report of an interrupted run
+    interruption: dict[str, Any] | None = None
     try:
         for case in plan.cases:
             framework = inv.frameworks.get(case.name)
@@ -265,13 +267,16 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
         if not isinstance(exc, Exception):  # Ctrl-C, SIGTERM, a cancelled flow run: the report must say so
             signum = getattr(exc, "signal", None)  # Prefect's TerminationSignal carries the signal
             reason = signal.Signals(signum).name if signum else (str(exc) or type(exc).__name__)
-            write_json_atomic(run_dir / INTERRUPTED_FILE, {"reason": reason, "at": time.strftime(
-                "%Y-%m-%d %H:%M:%S %Z"), "running": running})
+            interruption = {"reason": reason, "at": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "running": running}
+            write_json_atomic(run_dir / INTERRUPTED_FILE, interruption)
             logger.warning("interrupted (%s): stopping the cases and monitors, then writing the report", reason)
         raise
     finally:
         cancel_jobs()  # Slurm jobs still running (an interrupt) stop before their folders are cleaned
-        clean_work_roots(hosts, specs, plan, results)
+        measured = clean_work_roots(hosts, specs, plan, results)
+        if interruption is not None and measured:  # finished on a host, not yet collected: not lost, say so
+            write_json_atomic(run_dir / INTERRUPTED_FILE, {**interruption, "measured_on_host": measured,
+                                                           "retry": how_to_retry(command, run_dir)})
         close_hosts()
         summary = analyze(run_dir)  # also after an interruption: what was measured is reported
     failed = [r for r in results if r.status == "failed"]
@@ -332,19 +337,24 @@ def how_to_retry(command: str | None, run_dir: Path) -> str:
 
 
 def clean_work_roots(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: RunPlan,
-                     results: list[RoundResult]) -> None:
+                     results: list[RoundResult]) -> list[list[Any]]:
     """Remove the run's folder on every host the controller drives, except where a round's files were not
     stored here: a collection that failed said so, and a round folder that still holds a result was never
     read back (collecting removes it), whatever stopped it (a crashed subflow, an interrupt). Those stay
-    until a retry collects them."""
+    until a retry collects them. Returns the kept rounds that a retry collects rather than runs again
+    (measured: [case, round, host, node rank]), for the report of an interrupted run."""
     logger = get_run_logger()
     failed_collections = {r.host for r in results if r.failure and KEPT_ON_HOST in r.failure.message}
+    measured: list[list[Any]] = []
     for name, host in hosts.items():
         if specs[name].agent is not None:
             continue
         run_root = host.work_root / plan.run_id
         try:
-            kept = uncollected_rounds(host, name, plan, list(specs))
+            unstored = uncollected(host, name, plan, list(specs))
+            measured += [[case.name, round_no, name, rank] for case, round_no, rank, stage in unstored
+                         if leftover_result(host, stage, case.max_retries + 1) is not None]
+            kept = [stage for *_, stage in unstored]
             if name in failed_collections or kept:
                 logger.warning("kept %s on %s: it holds rounds not yet collected%s", run_root, name,
                                f" ({', '.join(str(k.relative_to(run_root)) for k in kept)})" if kept else "")
@@ -352,12 +362,18 @@ def clean_work_roots(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: R
             host.remove_tree(run_root)
         except Exception as exc:  # a host gone mid-run: clean-up must not hide why the run ended
             logger.warning("could not clean %s on %s: %s", run_root, name, exc)
+    return measured
 
 
 def uncollected_rounds(host: Host, name: str, plan: RunPlan, names: list[str]) -> list[Path]:
     """The round folders on ``host`` that hold a result the controller has not stored. A round stored whole (its
     folder is renamed into place only once complete) is not one, though its host's copy is still there: an
     interrupt between the rename and the removal leaves both, and the stored one is the record."""
+    return [stage for *_, stage in uncollected(host, name, plan, names)]
+
+
+def uncollected(host: Host, name: str, plan: RunPlan, names: list[str]) -> list[tuple[CasePlan, int, int, Path]]:
+    """uncollected_rounds, each with its case, round and node rank."""
     found = []
     for case in plan.cases:
         ranks = [group.index(name) for group in node_groups(case.config, names) if name in group]
@@ -366,7 +382,7 @@ def uncollected_rounds(host: Host, name: str, plan: RunPlan, names: list[str]) -
                 stage = stage_folder(host.work_root, plan.run_id, case.name, round_no, name, rank)
                 stored = round_dir(plan.run_dir, case.name, round_no, name, rank) / RESULT_FILE
                 if holds_result(host, stage, case.max_retries + 1) and not stored.is_file():
-                    found.append(stage)
+                    found.append((case, round_no, rank, stage))
     return found
 
 

@@ -410,13 +410,29 @@ def run_progress(run_dir: Path, results: list[RoundResult]) -> dict[str, Any]:
     except FlagperfError:
         interrupted = None
     running = tuple((interrupted or {}).get("running") or ())  # (case, round) in flight when it was stopped
-    progress: dict[str, Any] = {"planned": len(planned), "done": sum(p in done for p in planned),
-                                "stopped": [], "not_started": [], "interrupted": interrupted}
+    # Measured on their host but not collected when the run was stopped: a retry collects them, not lost.
+    on_host = {tuple(r) for r in (interrupted or {}).get("measured_on_host") or ()
+               if isinstance(r, list) and all(isinstance(v, str | int) for v in r)}
+    progress: dict[str, Any] = {"planned": len(planned), "done": sum(p in done for p in planned), "measured": [],
+                                "kept_on": [], "stopped": [], "not_started": [], "interrupted": interrupted}
     for c, n, h, k in planned:
         if (c, n, h, k) not in done:
-            which = "stopped" if (c, n) == running else "not_started"
+            which = "measured" if (c, n, h, k) in on_host else "stopped" if (c, n) == running else "not_started"
             progress[which].append(f"{c} round {n} on {h}" + (f" (node {k})" if k else ""))
+            if which == "measured" and h not in progress["kept_on"]:
+                progress["kept_on"].append(h)
     return progress
+
+
+def progress_line(progress: dict[str, Any]) -> str:
+    """How far an interrupted run got (the report's and the CLI's words): rounds measured but not yet collected
+    are named apart from those stopped while running, with the command that collects them."""
+    measured, kept_on = progress.get("measured") or [], progress.get("kept_on") or []  # older summaries: none
+    retry = (progress.get("interrupted") or {}).get("retry") or "a retry of the run"
+    on_host = (f"{len(measured)} measured, kept on host{'s' if len(kept_on) > 1 else ''} {', '.join(kept_on)} "
+               f"({retry} collects {'them' if len(measured) > 1 else 'it'}), " if measured else "")
+    return (f"{progress['done']} of {progress['planned']} planned rounds done, {on_host}{len(progress['stopped'])} "
+            f"stopped while running, {len(progress['not_started'])} not started")
 
 
 def retried_rounds(run_dir: Path, results: list[RoundResult]) -> list[dict[str, Any]]:
@@ -672,8 +688,7 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | str | N
     stopped = progress.get("interrupted") if progress else None
     if stopped:
         lines += [f"- **interrupted** ({stopped.get('reason', 'stopped')}) at {stopped.get('at', '?')}: "
-                  f"{progress['done']} of {progress['planned']} planned rounds done, {len(progress['stopped'])} "
-                  f"stopped while running, {len(progress['not_started'])} not started"]
+                  f"{progress_line(progress)}"]
     lines += [f"- rounds: {c['rounds']}" + (f" of {progress['planned']} planned" if progress else "")
               + f" ({c['success']} succeeded, {c['unsupported']} unsupported, {c['failed']} failed)", ""]
     figures = headline_figures(summary.headline)
@@ -715,6 +730,11 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | str | N
                   f"{md_text(e['message'])}"
                   for e in summary.not_measured]
         lines.append("")
+    if stopped and progress.get("measured"):
+        lines += ["## Measured, not yet collected (the run was interrupted)", "",
+                  f"Not lost: kept on {', '.join(progress['kept_on'])}; {stopped.get('retry') or 'a retry of the run'}"
+                  f" stores {'them' if len(progress['measured']) > 1 else 'it'} without measuring again.", ""]
+        lines += [f"- {label}" for label in progress["measured"]] + [""]
     if stopped and progress["stopped"]:
         lines += ["## Stopped while running (the run was interrupted)", ""]
         lines += [f"- {label}" for label in progress["stopped"]] + [""]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -165,9 +166,19 @@ def test_ctrl_c_while_a_round_is_collected_leaves_no_half_copy_and_its_retry_col
     stage = tmp_path / "work" / run_dir.name / "waits" / "round1" / "localhost_noderank0" / "attempt1"
     if stored.exists():  # the copy was done before the signal came: stored whole, and the host's copy is not needed
         measured, kept = read_result(stored / RESULT_FILE), (stored / RESULT_FILE).read_bytes()
-    else:  # caught mid-copy (the usual case): the host keeps the measured round
+        said = "1 of 1 planned rounds done, 0 stopped while running, 0 not started"
+    else:  # caught mid-copy (the usual case): the host keeps the measured round, and the report says so
         measured, kept = read_result(stage / RESULT_FILE), None
+        retry = shlex.join(["flagperf", *args, "--retry", str(run_dir)])
+        said = (f"0 of 1 planned rounds done, 1 measured, kept on host localhost (`{retry}` collects it), "
+                "0 stopped while running, 0 not started")
+        progress = json.loads((run_dir / SUMMARY_JSON).read_text(encoding="utf-8"))["progress"]
+        assert (progress["measured"], progress["kept_on"], progress["stopped"]) == (
+            ["waits round 1 on localhost"], ["localhost"], []), progress
+        assert "## Measured, not yet collected" in (run_dir / REPORT_MD).read_text(encoding="utf-8")
     assert measured.status == "success"
+    assert f"interrupted: {said} (report.md)" in out, out
+    assert said in (run_dir / REPORT_MD).read_text(encoding="utf-8")
 
     report = flagperf(["report", str(run_dir)], tmp_path)
     out, _ = report.communicate(timeout=300)

@@ -238,6 +238,34 @@ def test_interrupted_run_says_what_was_planned_stopped_and_not_started(tmp_path:
     assert "## Stopped while running" in md and "## Not started" in md
 
 
+def test_a_round_measured_but_not_collected_when_interrupted_is_not_called_stopped(tmp_path: Path) -> None:
+    """Stopped while its result was copied back: the round was measured and waits on its host for the retry that
+    collects it, so the report and the CLI's line count it apart from the rounds lost while running."""
+    from flagperf.results.summary import progress_line, run_progress
+
+    run = tmp_path / "run-collecting"
+    run.mkdir()
+    plan = {"rounds": 2, "hosts": [{"name": "a"}, {"name": "b"}], "cases": [{"name": "gemm", "config": {}}]}
+    (run / "plan.json").write_text(json.dumps(plan), encoding="utf-8")
+    retry = "`flagperf run --cases gemm --retry run-collecting`"
+    (run / "interrupted.json").write_text(json.dumps(
+        {"reason": "SIGINT", "at": "now", "running": ["gemm", 1], "measured_on_host": [["gemm", 1, "b", 0]],
+         "retry": retry}), encoding="utf-8")
+    progress = run_progress(run, [])
+    assert progress["measured"] == ["gemm round 1 on b"] and progress["kept_on"] == ["b"]
+    assert progress["stopped"] == ["gemm round 1 on a"] and len(progress["not_started"]) == 2
+    line = f"0 of 4 planned rounds done, 1 measured, kept on host b ({retry} collects it), 1 stopped while running, " \
+           "2 not started"
+    assert progress_line(progress) == line
+    md = render_markdown(summarize(run))
+    assert f"**interrupted** (SIGINT) at now: {line}" in md
+    assert "## Measured, not yet collected" in md and "- gemm round 1 on b" in md
+    assert f"Not lost: kept on b; {retry} stores it without measuring again." in md
+    # A summary written before rounds on a host were counted reads as it did.
+    old = {k: v for k, v in progress.items() if k not in ("measured", "kept_on")}
+    assert progress_line(old) == "0 of 4 planned rounds done, 1 stopped while running, 2 not started"
+
+
 def test_the_report_names_the_peak_an_mfu_is_taken_against(tmp_path: Path) -> None:
     """A throughput in items/s has no peak of its own, but its MFU has one: the report says which, with its
     value and source (it said "peak: none in the vendor spec table" beside an MFU of 1.9 %)."""
