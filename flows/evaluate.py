@@ -234,6 +234,9 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
     run_dir = plan.run_dir.resolve()
     if (run_dir / PLAN_FILE).exists():
         logger.info("retry of flow run %s: continuing %s; rounds that completed are kept", flow_run_id, run_dir)
+        # The earlier attempt's interruption, kept beside its set-aside rounds: this attempt's report says how
+        # this attempt ended (a retry that completes the run is not "interrupted").
+        set_aside(run_dir, run_dir / INTERRUPTED_FILE)
     write_json_atomic(run_dir / PLAN_FILE, plan.model_dump(mode="json"))
     logger.info("run %s: %d cases x %d rounds on vendor %s, %d host(s) from %s -> %s", plan.run_id,
                 len(plan.cases), plan.rounds, plan.vendor.name, len(inv.hosts), inv.source, run_dir)

@@ -133,7 +133,12 @@ def test_a_controller_stopped_mid_round_leaves_whole_records_and_its_retry_runs_
     assert retry.returncode == 0, out
     assert first.read_bytes() == kept  # completed: kept, not run again
     assert read_result(run_dir / "waits" / "round2" / "localhost_noderank0" / "result.json").status == "success"
-    assert json.loads((run_dir / SUMMARY_JSON).read_text(encoding="utf-8"))["counts"]["success"] == 2
+    summary = json.loads((run_dir / SUMMARY_JSON).read_text(encoding="utf-8"))
+    assert summary["counts"]["success"] == 2
+    # The retry completed the run: its report is not "interrupted"; the first attempt's record is kept aside.
+    assert summary["progress"]["interrupted"] is None, summary["progress"]
+    assert "**interrupted**" not in (run_dir / REPORT_MD).read_text(encoding="utf-8")
+    assert json.loads((run_dir / "retries" / "attempt1" / "interrupted.json").read_text())["running"] == ["waits", 2]
     records_are_whole(run_dir)
     assert not (tmp_path / "work" / run_dir.name).exists()  # the host's copy is gone once all is stored
 
