@@ -438,8 +438,10 @@ class DockerRuntime(Runtime):
             if running:  # it started: the engine's answer lost it, it did not fail to start
                 link = f"the container engine answered while the case ran: {_one_line(exc.explanation or exc)}"
         finally:
-            if container is not None:
-                self._remove(host, container)
+            if container is not None and not self._remove(host, container) and running and exit_code is None:
+                # lost, and its container not removed either: the round's retry may meet it on the same devices
+                link = (f"{link + '; ' if link else ''}container {name} could not be removed from {host.name}'s "
+                        "engine and may still run there")
             if env_dir is not None:
                 host.remove_tree(env_dir)
         return CommandResult(argv, exit_code, timed_out, time.monotonic() - started, link), lines
@@ -476,23 +478,25 @@ class DockerRuntime(Runtime):
             if not state.get("Running"):  # it ended meanwhile: its own status stands
                 return container, exit_code_of(int(state.get("ExitCode", -1))), False, link
         raise _Lost(f"the link to {host.name}'s container engine dropped {MAX_LINK_DROPS + 1} times while waiting "
-                    f"on container {container.name} (last: {said}); it may still run there")
+                    f"on container {container.name} (last: {said})")
 
-    def _remove(self, host: Host, container: Any) -> None:
+    def _remove(self, host: Host, container: Any) -> bool:
         """Force-remove the container, through a new link if its own dropped (one left running beside the
-        round's retry would share its devices); a failure is a warning, never in place of the round's outcome."""
+        round's retry would share its devices); whether it is gone. A failure is a warning, never in place of the
+        round's outcome."""
         docker = require_docker()
         said = ""
         for fresh in (False, True):
             try:
                 (self.client_factory().containers.get(container.id) if fresh else container).remove(force=True)
-                return
+                return True
             except docker.errors.NotFound:
-                return
+                return True
             except (docker.errors.DockerException, *link_errors()) as exc:
                 said = _one_line(exc)
         logger.warning("could not remove container %s on %s (%s): it may still run there", container.short_id,
                        host.name, said)
+        return False
 
     def _reattach(self, host: Host, container: Any, said: str) -> Any:
         """The container, its state fresh from the host's engine: on the same link, else on a new one (the host's
@@ -514,7 +518,7 @@ class DockerRuntime(Runtime):
                         f"(the link dropped first: {said})") from None
         except (docker.errors.DockerException, *link_errors()) as exc:
             raise _Lost(f"the link to {host.name}'s container engine dropped while waiting ({said}) and could not be "
-                        f"made again: {_one_line(exc)}; container {container.name} may still run there") from None
+                        f"made again: {_one_line(exc)}") from None
 
 
 class _Lost(Exception):

@@ -5,20 +5,25 @@ context."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import pwd
 import signal
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from flagperf.config.job import Job
 from flagperf.config.vendors import load_vendor
 from flagperf.errors import InfrastructureFailure
-from flagperf.hosts.docker import DockerRuntime, container_settings, engine_client
+from flagperf.hosts.docker import MAX_LINK_DROPS, DockerRuntime, container_settings, engine_client
 from flagperf.hosts.inventory import HostSpec
 from flagperf.hosts.local import LineSink
 from flagperf.hosts.ssh import SshHost
@@ -29,6 +34,9 @@ from tests.testbed.bed import Testbed, host_shared_folder, make_testbed_fixture
 pytestmark = pytest.mark.integration
 testbed = make_testbed_fixture(min_hosts=2)
 OWN_ERROR = "RuntimeError: the rank's own failure"
+# How long the test's own engine calls wait: removing a container (a whole copy of its image on the test bed's
+# vfs storage) can take over a minute on a loaded machine, more than docker's default read timeout of 60 s.
+ENGINE_TIMEOUT_S = 600
 
 
 @pytest.fixture
@@ -59,26 +67,56 @@ def engine_host(testbed: Testbed) -> Iterator[tuple[SshHost, DockerRuntime, Path
                 host.close()
 
 
-def rank_round(host: SshHost, runtime: DockerRuntime, job_dir: Path, on_ready: LineSink) -> str:
-    """Node rank 1 of 2 of a round: prints "ready", calls ``on_ready`` (from the log stream), waits for ``release``
-    in its folder, then fails on its own. What the round then says (verdict's failure), after checking that
-    no container is left."""
+def rank_round(host: SshHost, runtime: DockerRuntime, job_dir: Path, name: str, on_ready: LineSink) -> str:
+    """Node rank 1 of 2 of a round, in container ``name``: prints "ready", calls ``on_ready`` (from the log stream),
+    waits for ``release`` in its folder, then fails on its own. What the round then says (verdict's failure),
+    after checking that no container is left."""
     import docker
 
     release = job_dir / "release"
     program = ("import pathlib, time\nprint('ready', flush=True)\n"
                f"while not pathlib.Path({str(release)!r}).exists():\n    time.sleep(0.05)\n"
                "raise RuntimeError(\"the rank's own failure\")\n")
-    name = f"flagperf-link-{uuid.uuid4().hex[:12]}"
-    result, lines = runtime._run(host, ["python3", "-c", program], name, {}, 300,
-                                 lambda line: on_ready(line) if line == "ready" else None, scratch=True)
-    host.write_text(job_dir / CASE_LOG_FILE, "\n".join(lines) + "\n")  # as run_entry does
-    job = Job(run_id=runtime.scratch_root.name, case="link-case", family="base", round=1, host=host.name,
-              node_rank=1, nnodes=2, vendor="cpu", config={}, config_origins={}, run_overrides={}, image={})
-    with pytest.raises(InfrastructureFailure) as failure:  # retried, as a crash is
-        verdict(host, job, job_dir, result, 300)
-    assert docker.from_env().containers.list(all=True, filters={"name": name}) == [], "a container was left"
+    try:
+        result, lines = runtime._run(host, ["python3", "-c", program], name, {}, 300,
+                                     lambda line: on_ready(line) if line == "ready" else None, scratch=True)
+        host.write_text(job_dir / CASE_LOG_FILE, "\n".join(lines) + "\n")  # as run_entry does
+        job = Job(run_id=runtime.scratch_root.name, case="link-case", family="base", round=1, host=host.name,
+                  node_rank=1, nnodes=2, vendor="cpu", config={}, config_origins={}, run_overrides={}, image={})
+        with pytest.raises(InfrastructureFailure) as failure:  # retried, as a crash is
+            verdict(host, job, job_dir, result, 300)
+    finally:
+        left = docker.from_env(timeout=ENGINE_TIMEOUT_S).containers.list(all=True, filters={"name": name})
+        for container in left:  # not left running after the test, whatever it says (best effort)
+            with contextlib.suppress(docker.errors.APIError):  # a removal already under way: it goes on
+                container.remove(force=True)
+    assert left == [], "a container was left"
     return str(failure.value)
+
+
+def container_name() -> str:
+    return f"flagperf-link-{uuid.uuid4().hex[:12]}"
+
+
+def drop_link(host: SshHost) -> None:
+    """End the SSH connection that carries the host's engine now (its sshd session killed, as a dropped link or a
+    restarted sshd looks), and return once the controller's side has seen it end."""
+    client = host.client()
+    transport = client.get_transport()
+    assert transport is not None
+    # A command on this same connection names the sshd session that serves it (and the engine's link).
+    channel = transport.open_session()
+    channel.exec_command("exec sh -c 'echo $$; exec sleep 600' flagperf-link-marker")
+    command_pid = pid = int(channel.makefile("r").readline())
+    while not Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sshd:"):
+        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    os.kill(pid, signal.SIGTERM)
+    with contextlib.suppress(ProcessLookupError):  # the marker's sleep: not left behind for its 600 s
+        os.kill(command_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while transport.is_active():
+        assert time.monotonic() < deadline, "the SSH connection did not end after its sshd session was killed"
+        time.sleep(0.01)
 
 
 def test_a_dropped_engine_link_does_not_hide_the_ranks_own_failure(
@@ -87,24 +125,17 @@ def test_a_dropped_engine_link_does_not_hide_the_ranks_own_failure(
     sshd looks) while the controller waits on the container; the rank then fails on its own. The round says how
     the rank ended and its last error first; the drop comes after, as context."""
     host, runtime, job_dir = engine_host
-    marker = f"link-{uuid.uuid4().hex}"
     problems: list[str] = []
 
     def drop_link_then_release(_: str) -> None:
         try:
-            # A command on this same connection names the sshd session that serves it (and the engine's link).
-            channel = host.client().get_transport().open_session()  # type: ignore[union-attr]
-            channel.exec_command(f"exec sh -c 'echo $$; exec sleep 600' {marker}")
-            pid = int(channel.makefile("r").readline())
-            while not Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sshd:"):
-                pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            os.kill(pid, signal.SIGTERM)
+            drop_link(host)
             # written here, not through the host: its link is what just went away
             (job_dir / "release").write_text("go\n")
-        except Exception as exc:  # the log stream's thread: kept for the test to fail on
+        except BaseException as exc:  # the log stream's thread: kept for the test to fail on
             problems.append(f"{type(exc).__name__}: {exc}")
 
-    message = rank_round(host, runtime, job_dir, drop_link_then_release)
+    message = rank_round(host, runtime, job_dir, container_name(), drop_link_then_release)
     assert not problems, problems
     assert "\n" not in message
     head, _, context = message.partition("; meanwhile ")
@@ -114,3 +145,83 @@ def test_a_dropped_engine_link_does_not_hide_the_ranks_own_failure(
     assert context.startswith(f"the link to {host.name}'s container engine dropped while waiting ("), message
     assert "Traceback" not in context
 
+
+
+def test_a_rank_whose_container_is_gone_when_the_link_is_made_again_is_lost_and_retried(
+        engine_host: tuple[SshHost, DockerRuntime, Path]) -> None:
+    """The link drops, and by the time it is made again the container is gone from the host's engine (removed
+    there, as an engine restarted with its containers, or someone's docker rm, leaves it): the rank has no exit
+    of its own. The round says it was lost, not failed, naming its container, and is retried; what the rank
+    printed before the drop stays in its log."""
+    import docker
+
+    host, runtime, job_dir = engine_host
+    name = container_name()
+    make_link = runtime.client_factory
+    dropped = threading.Event()
+    removed: list[str] = []
+    problems: list[str] = []
+
+    def link_made_again() -> Any:  # the controller's next link to the engine: the container is gone by then
+        if dropped.is_set() and not removed:
+            docker.from_env(timeout=ENGINE_TIMEOUT_S).containers.get(name).remove(force=True)
+            removed.append(name)
+        return make_link()
+
+    def drop(_: str) -> None:
+        try:
+            dropped.set()  # first: the controller may make its next link the moment this one ends
+            drop_link(host)
+        except BaseException as exc:  # the log stream's thread: kept for the test to fail on
+            problems.append(f"{type(exc).__name__}: {exc}")
+
+    runtime.client_factory = link_made_again
+    message = rank_round(host, runtime, job_dir, name, drop)
+    assert not problems, problems
+    assert removed == [name], "the controller never made a new link after the drop"
+    assert "\n" not in message and "Traceback" not in message, message
+    head, _, tail = message.partition(f"; last lines of {CASE_LOG_FILE}: ")
+    assert head.startswith(f"link-case round 1 on {host.name}: node rank 1 of 2 lost, not failed: its container "
+                           f"{name} was removed from {host.name}'s engine while it ran (the link dropped "), message
+    assert tail.startswith(f"ready | [flagperf] its container {name} was removed"), message
+    assert "may still run" not in message, message
+
+
+def test_a_rank_lost_to_a_flapping_link_is_removed_through_a_new_one(
+        engine_host: tuple[SshHost, DockerRuntime, Path]) -> None:
+    """The link drops again each time it is made again, until the controller stops waiting on it: the rank is lost,
+    not failed (retried), and its container, still running, is removed through a link made anew (left there, it
+    would run beside the round's retry, on the same devices)."""
+    host, runtime, job_dir = engine_host
+    name = container_name()
+    drops: list[str] = []
+    problems: list[str] = []
+
+    def drop(when: str) -> None:
+        try:
+            drop_link(host)
+            drops.append(when)
+        except BaseException as exc:  # another thread's: kept for the test to fail on
+            problems.append(f"{type(exc).__name__}: {exc}")
+
+    class DropWhenWaitedOnAgain(logging.Handler):
+        """In the controller's thread, as it says it waits on the container again over the new link."""
+
+        def emit(self, record: logging.LogRecord) -> None:
+            if "waited on again" in record.getMessage():
+                drop("made again")
+
+    handler = DropWhenWaitedOnAgain(logging.WARNING)
+    docker_logger = logging.getLogger("flagperf.hosts.docker")
+    docker_logger.addHandler(handler)
+    try:
+        message = rank_round(host, runtime, job_dir, name, lambda _: drop("first"))  # checks no container is left
+    finally:
+        docker_logger.removeHandler(handler)
+    assert not problems, problems
+    assert drops.count("made again") == MAX_LINK_DROPS + 1, drops
+    assert "\n" not in message and "Traceback" not in message, message
+    assert message.startswith(f"link-case round 1 on {host.name}: node rank 1 of 2 lost, not failed: the link to "
+                              f"{host.name}'s container engine dropped {MAX_LINK_DROPS + 1} times while waiting on "
+                              f"container {name} "), message
+    assert "may still run" not in message, message  # it was removed: nothing of it runs beside the retry
