@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from prefect.settings import PREFECT_API_URL
+from test_hosts import host_entry, write_inventory
 from test_nightly import seed_history
 
 from flows.nightly import EXIT_REGRESSION, verdict_file_name
@@ -86,15 +86,10 @@ def test_bad_input_only_the_flow_finds_leaves_nothing_made(tmp_path: Path, testb
     """A size an SSH host cannot hold is found by the flow's healthcheck, after the input check passed and the
     night began (its header, the history opened, a run folder made): exit 2 in one line, and what this night
     made is gone (the run folder, the new history file, the results folder made for it)."""
-    deployed = deploy_project(ROOT, testbed)
     host = testbed.hosts[0]
-    inventory = tmp_path / "inventory.yaml"
-    inventory.write_text(yaml.safe_dump({"hosts": [{
-        "name": host.name, "address": host.address, "port": host.port, "user": host.user,
-        "key_file": host.key_file, "known_hosts": testbed.known_hosts, "python": host.python,
-        "project_root": str(deployed), "connect_timeout_s": 5}]}), encoding="utf-8")
+    inventory = write_inventory(tmp_path, [host_entry(testbed, 0, deploy_project(ROOT, testbed))])
     results = tmp_path / "results" / "nested"
-    done = flagperf_nightly("--suite", "smoke", "--rounds", "1", "--inventory", str(inventory),
+    done = flagperf_nightly("--suite", "smoke", "--rounds", "1", "--inventory", inventory,
                             "--set", "main_memory-bandwidth.size_mib=1048576", "--results", str(results),
                             FLAGPERF_HISTORY_URL="")
     output = done.stdout + done.stderr
