@@ -184,6 +184,16 @@ def test_config_common_beside_a_scale_file_is_read_first_and_overridden(tmp_path
     assert result.exit_code == 2 and len(lines) == 1, result.output
     assert "config_common.py:1: train_batch_size: unknown key (FlagPerf's name; this case's key is batch_size)" in (
         " ".join(result.output.split()))
+    result = CliRunner().invoke(app, ["validate", str(vendor / "config_common.py")])  # read through the scale files
+    assert result.exit_code == 2 and "config_common.py:1: train_batch_size: unknown key" in result.output
+    (vendor / "config_common.py").write_text("batch_size = 16\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["validate", str(vendor / "config_common.py")])
+    assert result.exit_code == 0 and "training scale overrides of pyscale, with config_common.py" in (
+        " ".join(result.output.split())), result.output
+    scale.unlink()
+    result = CliRunner().invoke(app, ["validate", str(vendor / "config_common.py")])
+    assert result.exit_code == 2 and "config_common.py: never read: no config_<hw>x<nnodes>x<nproc>.py beside it" in (
+        " ".join(result.output.split())), result.output
 
 
 @pytest.mark.parametrize(("scale_text", "common_text", "expected"), [
