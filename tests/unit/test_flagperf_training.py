@@ -214,6 +214,8 @@ def test_config_common_beside_a_scale_file_is_read_first_and_overridden(tmp_path
      "config_common.py:1: dist_backend: unknown key (FlagPerf's setting has no counterpart here"),
     ("from config_common import *\n", "batch_size = 16\nimport os\n",
      "config_common.py:2: an import of os: only top-level NAME = literal assignments are read"),
+    ("from config_common import *\n", "__all__ = ['batch_size']\n",
+     "config_common.py:1: __all__: names batch_size, which the file does not assign"),
 ])
 def test_config_common_problems_are_one_line_naming_the_file(tmp_path: Path, make_case, scale_text: str,
                                                              common_text: str | None, expected: str) -> None:
@@ -242,6 +244,10 @@ def test_config_common_is_read_from_the_scale_files_folder_only(tmp_path: Path, 
     (vendor / "config_common.py").symlink_to("shared.py")
     (case,) = plan_run(cases=["pyscale"], sets=["nproc_per_node=2"], results_dir=tmp_path).cases
     assert case.config["batch_size"] == 16
+    # What the import binds, as Python binds it: __all__ where given (lr, not a mutable key, is not brought in).
+    (vendor / "shared.py").write_text("__all__ = ['batch_size']\nbatch_size = 24\nlr = 0.5\n", encoding="utf-8")
+    (case,) = plan_run(cases=["pyscale"], sets=["nproc_per_node=2"], results_dir=tmp_path).cases
+    assert (case.config["batch_size"], case.config["lr"]) == (24, 0.1)
 
 
 @pytest.mark.parametrize("common_text", [
