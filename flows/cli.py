@@ -727,6 +727,13 @@ def _check_file(path: Path, notes: list[str]) -> str:
         case = load_case(manifest.name, {manifest.name: case_dir})
         resolve_case_config(case, vendor=path.stem, run_overrides=[])
         return f"vendor overrides of {manifest.name}"
+    if path.name == "config_common.py" and path.parent.parent.name == "vendor" and (
+            path.parent.parent.parent / "case.yaml").is_file():  # read only through the scale files beside it
+        beside = sorted(p for p in path.parent.glob("config_*.py") if re.fullmatch(r"config_.+x\d+x\d+\.py", p.name))
+        if not beside:
+            raise ConfigError(display_path(path), None, "never read: no config_<hw>x<nnodes>x<nproc>.py beside it "
+                                                        "(it is read through their `from config_common import *`)")
+        return "; ".join(_check_file(scale_path, notes) for scale_path in beside) + ", with config_common.py"
     scale = re.fullmatch(r"config_([A-Za-z0-9_.-]+)x(\d+)x(\d+)\.(yaml|py)", path.name)
     if scale and path.parent.parent.name == "vendor" and (path.parent.parent.parent / "case.yaml").is_file():
         case_dir = path.parent.parent.parent

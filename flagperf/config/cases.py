@@ -45,7 +45,7 @@ from flagperf.config.models import (
     pydantic_error_to_config_error,
     vendor_key_problem,
 )
-from flagperf.config.pyliterals import read_literal_assignments
+from flagperf.config.pyliterals import read_literal_file
 from flagperf.config.vendors import import_file
 from flagperf.config.yamlio import load_yaml_mapping
 from flagperf.errors import ConfigError, missing_extra, unknown_name
@@ -233,11 +233,31 @@ def scale_file(case: CaseDef, vendor: str, hardware: str, nnodes: int, nproc: in
     return case.folder / "vendor" / vendor / f"config_{hardware}x{nnodes}x{nproc}.yaml"
 
 
+# FlagPerf's vendor scale files begin with ``from config_common import *``: the settings of every scale of the
+# case, in config_common.py beside them; read (never run) from the scale file's own folder.
+SCALE_COMMON = "config_common"
+
+
+def _scale_key_problem(case: CaseDef, merged: MergedConfig, key: str) -> str | None:
+    """Why a scale file (or the config_common.py it imports) may not set ``key``; None: it may."""
+    if key not in merged.values:  # before the mutable rule: a key the case lacks is not an immutable one
+        hint = flagperf_key_hint(key, frozenset(merged.values))
+        return f"unknown key ({hint})" if hint else "unknown key"
+    return vendor_key_problem(key, merged.parameters, case.manifest.mutable)
+
+
+def _set_by_vendor(merged: MergedConfig, key: str, value: Any, source: str) -> None:
+    default = merged.vendor_changes[key][0] if key in merged.vendor_changes else merged.values[key]
+    merged.vendor_changes[key] = (default, value)
+    merged.values[key] = value
+    merged.origins[key] = source
+
+
 def _apply_scale_file(case: CaseDef, merged: MergedConfig, vendor: str, hardware: str,
                       run_overrides: list[tuple[str, dict[str, Any]]]) -> None:
     """Training: vendor/<vendor>/config_<hw>x<nnodes>x<nproc>.yaml (or FlagPerf's .py form of it, literal
-    assignments only) for the scale this run uses, between the vendor's general file and the run overrides;
-    the same mutable-only rule applies."""
+    assignments only, with the config_common.py it may import) for the scale this run uses, between the vendor's
+    general file and the run overrides; the same mutable-only rule applies."""
     final = dict(merged.values)
     for _, overrides in run_overrides:
         final.update(overrides)
@@ -254,21 +274,39 @@ def _apply_scale_file(case: CaseDef, merged: MergedConfig, vendor: str, hardware
         return
     _case_file(case.folder, str(path.relative_to(case.folder)))
     source = display_path(path)
-    values = read_literal_assignments(path) if path.suffix == ".py" else load_yaml_mapping(path)
+    common: dict[str, Any] = {}
+    if path.suffix == ".py":
+        read = read_literal_file(path, star_import=SCALE_COMMON)
+        values = {key: value for key, value in read.values.items() if key not in read.from_common}
+        if read.common is not None:
+            common = {key: read.common.values[key] for key in read.common.exported()}
+            for key in common:  # its own keys, checked as the scale file's are and named with its file
+                problem = _scale_key_problem(case, merged, key)
+                if problem:
+                    raise ConfigError(read.common.where(key), key, problem)
+            for key in common.keys() - values.keys():  # those the scale file does not set again
+                if key in ("nnodes", "nproc_per_node") and common[key] != final[key]:
+                    raise ConfigError(read.common.where(key), key, f"{common[key]!r} contradicts the name of "
+                                                                  f"{path.name}, which imports it")
+                # Tolerated where a scale file's line is refused: FlagPerf's config_common.py commonly restates the
+                # benchmark's defaults, and being shared by every scale it cannot drop a line for one of them; such
+                # a value changes nothing and is not recorded as the vendor's change.
+                if type(merged.values[key]) is type(common[key]) and merged.values[key] == common[key]:
+                    continue
+                _set_by_vendor(merged, key, common[key], read.common.source)
+    else:
+        values = load_yaml_mapping(path)
     for key, value in values.items():
         if key in ("nnodes", "nproc_per_node") and value != final[key]:
             raise ConfigError(source, key, f"{value!r} contradicts the file name ({path.name})")
-        if key not in merged.values:  # before the mutable rule: a key the case lacks is not an immutable one
-            hint = flagperf_key_hint(key, frozenset(merged.values))
-            raise ConfigError(source, key, f"unknown key ({hint})" if hint else "unknown key")
-        problem = vendor_key_problem(key, merged.parameters, case.manifest.mutable)
+        problem = _scale_key_problem(case, merged, key)
         if problem:
             raise ConfigError(source, key, problem)
-        if type(merged.values[key]) is type(value) and merged.values[key] == value:
-            raise ConfigError(source, key, f"sets the value it already has ({value!r}); remove the line")
-        merged.vendor_changes[key] = (merged.values[key], value)
-        merged.values[key] = value
-        merged.origins[key] = source
+        current = common.get(key, merged.values[key])  # what the key has once config_common.py is read
+        if type(current) is type(value) and current == value:
+            given = f" ({SCALE_COMMON}.py gives it)" if key in common else ""
+            raise ConfigError(source, key, f"sets the value it already has{given} ({value!r}); remove the line")
+        _set_by_vendor(merged, key, value, source)
 
 
 def _fill_model_defaults(case: CaseDef, merged: MergedConfig) -> None:

@@ -8,6 +8,11 @@ literals, a negative number), an earlier name of the same file, or ``+`` of thos
 string statements are allowed (FlagPerf's files have them between assignments). Anything else (an import, a
 call, a loop, a function, an f-string, an attribute) is refused with one line naming the file, its line and
 the name or statement: checking a file never executes it.
+
+One import is read where the caller names its module (a vendor's scale files: ``from config_common import *``,
+with which FlagPerf's vendor config files begin): ``<module>.py`` from the importing file's own folder, read the
+same way (never run, never imported), its public names first and the file's own assignments after them, as
+Python would bind them. Only that form, at the top, one level deep.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flagperf.config.files import read_config_text
+from flagperf.config.files import given_name, is_present, read_config_text, regular_file
 from flagperf.config.yamlio import MAX_TEXT
 from flagperf.errors import ConfigError
 from flagperf.paths import display_path
@@ -146,15 +151,36 @@ def parse_python(text: str, source: str) -> ast.Module:
 
 @dataclass
 class LiteralFile:
-    """A Python configuration file's assignments, and the line each name was (last) assigned on."""
+    """A Python configuration file's assignments, and the line each name was (last) assigned on. With a star
+    import read (``common``), ``values`` holds the names it brought in too; ``from_common`` those of them the
+    file does not assign itself."""
 
     source: str
     values: dict[str, Any] = field(default_factory=dict)
     lines: dict[str, int] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict, repr=False)  # _value's sizes, for names used later
+    common: LiteralFile | None = None
+    from_common: set[str] = field(default_factory=set)
 
     def where(self, name: str) -> str:
-        """``file:line`` of a name, for an error about its value."""
+        """``file:line`` of a name, for an error about its value (the imported file's, for a name from it)."""
+        if name in self.from_common and self.common is not None:
+            return self.common.where(name)
         return f"{self.source}:{self.lines[name]}" if name in self.lines else self.source
+
+    def exported(self) -> list[str]:
+        """What ``from <this file> import *`` binds: ``__all__`` where the file gives it, else every name not
+        starting with an underscore."""
+        if "__all__" not in self.values:
+            return [name for name in self.values if not name.startswith("_")]
+        names = self.values["__all__"]
+        if not (isinstance(names, list | tuple) and all(isinstance(name, str) for name in names)):
+            raise ConfigError(self.where("__all__"), "__all__", "not a list of names")
+        missing = [name for name in names if name not in self.values]
+        if missing:
+            raise ConfigError(self.where("__all__"), "__all__", f"names {', '.join(missing)}, which the file "
+                                                                "does not assign")
+        return list(dict.fromkeys(names))
 
 
 def read_literal_assignments(path: Path) -> dict[str, Any]:
@@ -163,17 +189,47 @@ def read_literal_assignments(path: Path) -> dict[str, Any]:
     return read_literal_file(path).values
 
 
-def read_literal_file(path: Path) -> LiteralFile:
-    """read_literal_assignments, with the line of every name."""
-    source = display_path(path)
+def read_literal_file(path: Path, star_import: str | None = None) -> LiteralFile:
+    """read_literal_assignments, with the line of every name. ``star_import``: the module whose
+    ``from <module> import *`` is read (see the module docstring); any other import is refused."""
+    return _read(path, display_path(path), star_import, importer=None)
+
+
+def _is_star_import(node: ast.stmt, module: str | None) -> bool:
+    """``from <module> import *`` exactly (not relative, not a list of names); any module when None."""
+    return (isinstance(node, ast.ImportFrom) and node.level == 0 and [a.name for a in node.names] == ["*"]
+            and (module is None or node.module == module))
+
+
+def _read_star_import(path: Path, module: str, where: str, read: LiteralFile) -> None:
+    """``from <module> import *`` in ``path``: <module>.py from path's own folder (a link must stay in it),
+    read without running it, its exported names bound into ``read``."""
+    folder, name = path.parent, f"{module}.py"
+    if read.common is not None:
+        raise ConfigError(where, None, f"a second from {module} import *: one is read")
+    if read.values:  # it would replace them, as it would when the file ran: the file's own values come after it
+        raise ConfigError(where, None, f"from {module} import * after assignments ({', '.join(read.values)}), "
+                                       "which it would replace: put it first, as FlagPerf's files do")
+    if not is_present(folder / name):
+        raise ConfigError(where, None, f"from {module} import *: {name} is not in {given_name(folder)} (read from "
+                                       f"the folder of {path.name}, never run)")
+    target = regular_file(folder, name, where, None, f"the folder of {path.name}")
+    common = _read(target, display_path(folder / name), None, importer=path.name)
+    for exported in common.exported():
+        read.values[exported], read.sizes[exported] = common.values[exported], common.sizes[exported]
+        read.from_common.add(exported)
+    read.common = common
+
+
+def _read(path: Path, source: str, star_import: str | None, importer: str | None) -> LiteralFile:
+    """The reading itself; ``importer``: the file whose star import this one is (its own are then refused)."""
     text = read_config_text(path)
     if len(text) > MAX_PYTHON_BYTES:
         raise ConfigError(source, None, f"{len(text)} characters; a Python configuration file is at most "
                                         f"{MAX_PYTHON_BYTES}; not read")
     tree = parse_python(text, source)
     read = LiteralFile(source)
-    values = read.values
-    sizes: dict[str, int] = {}
+    values, sizes = read.values, read.sizes
     for node in tree.body:
         where = f"{source}:{node.lineno}"
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
@@ -192,11 +248,19 @@ def read_literal_file(path: Path) -> LiteralFile:
             for name in names:
                 values[name], sizes[name] = value, size
                 read.lines[name] = node.lineno
+                read.from_common.discard(name)
             continue
+        if star_import is not None and _is_star_import(node, star_import):
+            _read_star_import(path, star_import, where, read)
+            continue
+        if importer is not None and _is_star_import(node, None):
+            raise ConfigError(where, None, f"a star import inside {Path(source).name} (imported by {importer}): "
+                                           "only one level is read; write its values out (this file is never run)")
         if isinstance(node, ast.Expr):
             what = _describe(node.value)
         elif isinstance(node, ast.Import | ast.ImportFrom):
-            origin = f" from {node.module}" if isinstance(node, ast.ImportFrom) and node.module else ""
+            origin = (f" from {'.' * node.level}{node.module or ''}" if isinstance(node, ast.ImportFrom)
+                      and (node.module or node.level) else "")  # the dots: `from .config_common` is not read
             what = f"an import of {', '.join(alias.name for alias in node.names)}{origin}"
         else:
             what = _STATEMENTS.get(type(node), f"a {type(node).__name__} statement")

@@ -144,6 +144,131 @@ def test_flagperf_setting_names_in_a_scale_file_name_the_key_to_write(tmp_path: 
     assert "mutable" not in str(caught.value)
 
 
+def _scale_folder(make_case) -> Path:
+    """vendor/cpu/ of a training case whose mutable keys are nnodes, nproc_per_node and batch_size."""
+    folder = make_case("pyscale", family="training", configurations=SCALE_CASE, bench=SCALE_BENCH,
+                       manifest_extra={"family": "training", "mutable": ["nnodes", "nproc_per_node", "batch_size"]})
+    (folder / "vendor" / "cpu").mkdir(parents=True)
+    return folder / "vendor" / "cpu"
+
+
+def test_config_common_beside_a_scale_file_is_read_first_and_overridden(tmp_path: Path, make_case) -> None:
+    """FlagPerf's `from config_common import *`: config_common.py's names first, the scale file's own after them;
+    a default restated in config_common.py is tolerated (shared by every scale), one in the scale file is not."""
+    vendor = _scale_folder(make_case)
+    (vendor / "config_common.py").write_text('"""shared"""\nbatch_size = 32\nnnodes = 1\n', encoding="utf-8")
+    scale = vendor / "config_cpux1x2.py"
+    scale.write_text("from config_common import *\n", encoding="utf-8")
+    (case,) = plan_run(cases=["pyscale"], sets=["nproc_per_node=2"], results_dir=tmp_path).cases
+    assert case.config["batch_size"] == 32 and case.origins["batch_size"].endswith("vendor/cpu/config_common.py")
+    assert case.vendor_changes == {"batch_size": [8, 32]}  # nnodes = 1, the default restated, changes nothing
+    scale.write_text("from config_common import *\nbatch_size = 64\n", encoding="utf-8")
+    (case,) = plan_run(cases=["pyscale"], sets=["nproc_per_node=2"], results_dir=tmp_path).cases
+    assert case.config["batch_size"] == 64 and case.origins["batch_size"].endswith("config_cpux1x2.py")
+    assert case.vendor_changes["batch_size"] == [8, 64]
+    scale.write_text("from config_common import *\nbatch_size = 32\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"config_cpux1x2\.py: batch_size: sets the value it already has "
+                                          r"\(config_common\.py gives it\) \(32\); remove the line"):
+        plan_run(cases=["pyscale"], sets=["nproc_per_node=2"], results_dir=tmp_path)
+    (vendor / "config_common.py").write_text("nproc_per_node = 4\n", encoding="utf-8")
+    scale.write_text("from config_common import *\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"config_common\.py:1: nproc_per_node: 4 contradicts the name of "
+                                          r"config_cpux1x2\.py, which imports it"):
+        plan_run(cases=["pyscale"], sets=["nproc_per_node=2"], results_dir=tmp_path)
+    (vendor / "config_common.py").write_text("batch_size = 16\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["validate", str(scale)])
+    assert result.exit_code == 0 and "training scale overrides of pyscale" in " ".join(result.output.split())
+    (vendor / "config_common.py").write_text("train_batch_size = 16\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["validate", str(scale)])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert "config_common.py:1: train_batch_size: unknown key (FlagPerf's name; this case's key is batch_size)" in (
+        " ".join(result.output.split()))
+    result = CliRunner().invoke(app, ["validate", str(vendor / "config_common.py")])  # read through the scale files
+    assert result.exit_code == 2 and "config_common.py:1: train_batch_size: unknown key" in result.output
+    (vendor / "config_common.py").write_text("batch_size = 16\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["validate", str(vendor / "config_common.py")])
+    assert result.exit_code == 0 and "training scale overrides of pyscale, with config_common.py" in (
+        " ".join(result.output.split())), result.output
+    scale.unlink()
+    result = CliRunner().invoke(app, ["validate", str(vendor / "config_common.py")])
+    assert result.exit_code == 2 and "config_common.py: never read: no config_<hw>x<nnodes>x<nproc>.py beside it" in (
+        " ".join(result.output.split())), result.output
+
+
+@pytest.mark.parametrize(("scale_text", "common_text", "expected"), [
+    ("from config_common import *\n", None,
+     "config_cpux1x2.py:1: from config_common import *: config_common.py is not in"),
+    ("from .config_common import *\n", "batch_size = 16\n", "config_cpux1x2.py:1: an import of * from .config_common:"),
+    ("from config_common import batch_size\n", "batch_size = 16\n",
+     "config_cpux1x2.py:1: an import of batch_size from config_common:"),
+    ("import config_common\n", "batch_size = 16\n", "config_cpux1x2.py:1: an import of config_common:"),
+    ("from config_other import *\n", "batch_size = 16\n", "config_cpux1x2.py:1: an import of * from config_other:"),
+    ("batch_size = 16\nfrom config_common import *\n", "lr = 0.5\n",
+     "config_cpux1x2.py:2: from config_common import * after assignments (batch_size), which it would replace"),
+    ("from config_common import *\n", "from config_base import *\n",
+     "config_common.py:1: a star import inside config_common.py (imported by config_cpux1x2.py): only one level"),
+    ("from config_common import *\n", "lr = 0.5\n",
+     "config_common.py:1: lr: is not in the case's mutable list"),
+    ("from config_common import *\n", "dist_backend = 'nccl'\n",
+     "config_common.py:1: dist_backend: unknown key (FlagPerf's setting has no counterpart here"),
+    ("from config_common import *\n", "batch_size = 16\nimport os\n",
+     "config_common.py:2: an import of os: only top-level NAME = literal assignments are read"),
+    ("from config_common import *\n", "__all__ = ['batch_size']\n",
+     "config_common.py:1: __all__: names batch_size, which the file does not assign"),
+])
+def test_config_common_problems_are_one_line_naming_the_file(tmp_path: Path, make_case, scale_text: str,
+                                                             common_text: str | None, expected: str) -> None:
+    vendor = _scale_folder(make_case)
+    (vendor / "config_cpux1x2.py").write_text(scale_text, encoding="utf-8")
+    if common_text is not None:
+        (vendor / "config_common.py").write_text(common_text, encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        plan_run(cases=["pyscale"], sets=["nproc_per_node=2"], results_dir=tmp_path)
+    assert expected in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
+
+
+def test_config_common_is_read_from_the_scale_files_folder_only(tmp_path: Path, make_case) -> None:
+    """A link to another folder's config_common.py is refused by name; one within the folder is read."""
+    vendor = _scale_folder(make_case)
+    (vendor / "config_cpux1x2.py").write_text("from config_common import *\n", encoding="utf-8")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "config_common.py").write_text("batch_size = 16\n", encoding="utf-8")
+    (vendor / "config_common.py").symlink_to(elsewhere / "config_common.py")
+    with pytest.raises(ConfigError, match=r"config_cpux1x2\.py:1: 'config_common\.py' is outside the folder of "
+                                          r"config_cpux1x2\.py \(a link to .*elsewhere/config_common\.py\)"):
+        plan_run(cases=["pyscale"], sets=["nproc_per_node=2"], results_dir=tmp_path)
+    (vendor / "config_common.py").unlink()
+    (vendor / "shared.py").write_text("batch_size = 16\n", encoding="utf-8")
+    (vendor / "config_common.py").symlink_to("shared.py")
+    (case,) = plan_run(cases=["pyscale"], sets=["nproc_per_node=2"], results_dir=tmp_path).cases
+    assert case.config["batch_size"] == 16
+    # What the import binds, as Python binds it: __all__ where given (lr, not a mutable key, is not brought in).
+    (vendor / "shared.py").write_text("__all__ = ['batch_size']\nbatch_size = 24\nlr = 0.5\n", encoding="utf-8")
+    (case,) = plan_run(cases=["pyscale"], sets=["nproc_per_node=2"], results_dir=tmp_path).cases
+    assert (case.config["batch_size"], case.config["lr"]) == (24, 0.1)
+
+
+@pytest.mark.parametrize("common_text", [
+    "batch_size = __import__('pathlib').Path({marker!r}).write_text('x')\n",
+    "batch_size = 16\nopen({marker!r}, 'w').write('x')\n",
+    "if True:\n    open({marker!r}, 'w').write('x')\n",
+])
+def test_config_common_is_never_run_nor_imported(tmp_path: Path, make_case, common_text: str) -> None:
+    vendor = _scale_folder(make_case)
+    marker = tmp_path / "executed"
+    (vendor / "config_common.py").write_text(common_text.format(marker=str(marker)), encoding="utf-8")
+    scale = vendor / "config_cpux1x2.py"
+    scale.write_text("from config_common import *\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"config_common\.py:\d+: .*(this file is never run)"):
+        plan_run(cases=["pyscale"], sets=["nproc_per_node=2"], results_dir=tmp_path)
+    result = CliRunner().invoke(app, ["validate", str(scale)])
+    assert result.exit_code == 2 and "config_common.py" in result.output
+    assert not marker.exists() and "config_common" not in sys.modules
+    assert not (vendor / "__pycache__").exists()  # nothing compiled or imported from the folder
+
+
 @pytest.mark.parametrize(("body", "expected"), [
     ("import os\n", "conf.py:2: an import of os: only top-level NAME = literal assignments are read"),
     ("from os import path\n", "conf.py:2: an import of path from os:"),
