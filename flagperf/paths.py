@@ -27,8 +27,11 @@ def case_roots() -> list[Path]:
     return _search_path(PROJECT_ROOT / "cases", "FLAGPERF_CASE_PATH")
 
 
+VENDOR_PATH_ENV = "FLAGPERF_VENDOR_PATH"  # vendor folders outside the project (a vendor's own repository)
+
+
 def vendor_roots() -> list[Path]:
-    return _search_path(PROJECT_ROOT / "vendor_images", "FLAGPERF_VENDOR_PATH")
+    return _search_path(PROJECT_ROOT / "vendor_images", VENDOR_PATH_ENV)
 
 
 def suite_roots() -> list[Path]:

@@ -10,6 +10,9 @@ Mounts (an inventory's docker.data_mounts, -v in docker.extra_options or FlagPer
     resolved on the host whose engine mounts it (a link in /data to /etc is refused); the resolved path is
     what is mounted, and it must be a folder or a regular file (never a socket or a device).
   * read-only, unless the inventory writes ``rw`` for that mount (PATH:rw, -v SRC:DST:rw).
+Vendor folders outside the host's project (FLAGPERF_VENDOR_PATH's <folder>/<vendor>): the vendor's folders only,
+  read-only, at the path the host's FLAGPERF_VENDOR_PATH names; resolved on the host, each must stay inside its
+  FLAGPERF_VENDOR_PATH folder (a link to elsewhere is refused), with no credentials folder in its path.
 Devices (--device, vendor.yaml container.devices): accelerator and RDMA device files by pattern
 (DEVICE_PATTERNS: InfiniBand/RoCE, which no vendor owns) plus the patterns the vendor folders declare in
 vendor.yaml container.device_patterns (an accelerator's own files: the nvidia folder's /dev/nvidia*, ...);
@@ -315,6 +318,38 @@ def resolved_mount(mount: Mount, facts: Mapping[str, PathFacts], roots: Iterable
     if found.kind not in ("folder", "file"):
         raise PolicyError(f"{what} {mount.source!r} is refused: it is a {found.kind}, not a folder or file")
     return Mount(found.path, mount.target, mount.read_only, mount.options)
+
+
+def vendor_folder_mount(folder: str, vendor: str) -> Mount:
+    """The mount of a vendor's folder in one FLAGPERF_VENDOR_PATH folder (absolute), checked as written: at the
+    same path in the container, read-only."""
+    root = clean_path(folder, "FLAGPERF_VENDOR_PATH folder")
+    if root == "/":
+        raise PolicyError("FLAGPERF_VENDOR_PATH folder '/' is refused: the file system's root")
+    path = f"{root}/{vendor}"
+    credentials = credentials_in(path)
+    if credentials is not None:
+        raise PolicyError(f"FLAGPERF_VENDOR_PATH folder {folder!r} is refused: a credentials folder ({credentials})")
+    return Mount(path, path, read_only=True)
+
+
+def resolved_vendor_folder(mount: Mount, facts: Mapping[str, PathFacts]) -> Mount | None:
+    """A vendor folder (``mount.source``: <FLAGPERF_VENDOR_PATH folder>/<vendor>, as the host's variable names it)
+    resolved on the host: the read-only mount of the folder it resolves to, inside its FLAGPERF_VENDOR_PATH folder;
+    None when the host has no such folder (the vendor is not in that folder there). ``facts``: the host's answer
+    for the folder and its parent."""
+    found, root = facts[mount.source], facts[str(PurePosixPath(mount.source).parent)]
+    if found.kind != "folder":
+        return None
+    via = f" (it resolves to {found.path})" if found.path != mount.source else ""
+    if root.path == "/" or found.path == root.path or not is_under(found.path, root.path):
+        raise PolicyError(f"vendor folder {mount.source!r}{via} is refused: it is outside its FLAGPERF_VENDOR_PATH "
+                          f"folder {root.path}")
+    credentials = credentials_in(found.path)
+    if credentials is not None:
+        raise PolicyError(f"vendor folder {mount.source!r}{via} is refused: it is in a credentials folder "
+                          f"({credentials})")
+    return Mount(found.path, mount.target, read_only=True)
 
 
 def resolved_device(value: str, facts: Mapping[str, PathFacts], patterns: Iterable[str], what: str) -> str:

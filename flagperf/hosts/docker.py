@@ -17,6 +17,7 @@ import hmac
 import json
 import logging
 import os
+import posixpath
 import re
 import threading
 import time
@@ -35,16 +36,19 @@ from flagperf.hosts.container_policy import (
     PathFacts,
     PolicyError,
     device_host_path,
+    is_under,
     parse_container_options,
     parse_data_mount,
     resolved_device,
     resolved_mount,
+    resolved_vendor_folder,
+    vendor_folder_mount,
 )
 from flagperf.hosts.inventory import HostSpec, resolve_values, spec_origin
 from flagperf.hosts.local import CommandResult, Host, LineSink
 from flagperf.hosts.probe import probe_command
 from flagperf.hosts.runtime import Runtime
-from flagperf.paths import display_path
+from flagperf.paths import PROJECT_ROOT, VENDOR_PATH_ENV, display_path
 from flagperf.results.schema import CASE_LOG_FILE
 
 logger = logging.getLogger("flagperf.hosts.docker")
@@ -251,6 +255,8 @@ class ContainerSettings:
     group_add: list[str]
     ulimits: dict[str, int]
     data_roots: tuple[str, ...] = ()
+    # The vendor's folders in the host's FLAGPERF_VENDOR_PATH folders outside its project: every container.
+    vendor_mounts: list[Mount] = field(default_factory=list)
     device_patterns: tuple[str, ...] = ()
     vendor_devices: tuple[str, ...] = ()  # the first of ``devices``: from the vendor file (the rest: extra options)
     vendor_file: str = "vendor.yaml"
@@ -260,7 +266,8 @@ class ContainerSettings:
     def host_paths(self) -> list[str]:
         """The host paths the container policy checks on the host: mount sources, data roots, devices."""
         return sorted({*(m.source for m in (*self.data_mounts, *self.extra_mounts)), *self.data_roots,
-                       *(device_host_path(d) for d in self.devices)})
+                       *(device_host_path(d) for d in self.devices),
+                       *(p for m in self.vendor_mounts for p in (m.source, posixpath.dirname(m.source)))})
 
     def resolved(self, facts: Mapping[str, PathFacts]) -> ContainerSettings:
         """These settings with every mount source and device resolved on the host (``facts``: its answer for
@@ -281,12 +288,17 @@ class ContainerSettings:
                    keyed(f"container.devices.{i}", lambda d=d: resolved_device(d, facts, self.device_patterns,
                                                                             "device"), self.vendor_file)
                    for i, d in enumerate(self.devices)]
-        return replace(self, data_mounts=data, extra_mounts=extra, devices=devices)
+        vendor = [keyed(f"env.{VENDOR_PATH_ENV}", lambda m=m: resolved_vendor_folder(m, facts))
+                  for m in self.vendor_mounts]
+        return replace(self, data_mounts=data, extra_mounts=extra, devices=devices,
+                       vendor_mounts=[m for m in vendor if m is not None])
 
 
-def container_settings(vendor: Vendor, spec: HostSpec, image: str) -> ContainerSettings:
+def container_settings(vendor: Vendor, spec: HostSpec, image: str, project_root: Path | None = None
+                       ) -> ContainerSettings:
     """The container a host's rounds run in, as the inventory and the vendor file ask, checked by the container
-    policy as written (ConfigError naming the file and key); ``resolved`` checks it again on the host."""
+    policy as written (ConfigError naming the file and key); ``resolved`` checks it again on the host.
+    ``project_root``: the host's deployment (spec.project_root when not given), which every container sees."""
     options = vendor.manifest.container
     roots = spec.docker.allowed_roots()
     patterns = tuple(options.device_patterns)
@@ -303,6 +315,11 @@ def container_settings(vendor: Vendor, spec: HostSpec, image: str) -> ContainerS
             raise ConfigError(source, f"{prefix}docker.data_mounts.{i}", str(exc)) from None
     given = spec.runtime_env()
     given.update(resolve_values(extras.env, spec.name, "docker.extra_options"))
+    try:
+        vendor_mounts = vendor_folders(given.get(VENDOR_PATH_ENV, ""), vendor.name,
+                                       str(project_root or spec.project_root or PROJECT_ROOT))
+    except PolicyError as exc:
+        raise ConfigError(source, f"{prefix}env.{VENDOR_PATH_ENV}", str(exc)) from None
     env = {name: value for name, value in given.items() if RUNTIME_READS.match(name)}
     private_env = {name: value for name, value in given.items() if name not in env}
     visible_env = spec.visible_devices_env or options.visible_devices_env
@@ -326,8 +343,23 @@ def container_settings(vendor: Vendor, spec: HostSpec, image: str) -> ContainerS
         privileged_reason=options.privileged_reason if options.privileged else None, device_requests=requests,
         devices=[*options.devices, *extras.devices], data_mounts=data_mounts,
         extra_mounts=extras.mounts, ipc_mode=extras.ipc or options.ipc, group_add=extras.group_add,
-        ulimits=dict(options.ulimits), data_roots=roots, device_patterns=patterns,
+        ulimits=dict(options.ulimits), data_roots=roots, vendor_mounts=vendor_mounts, device_patterns=patterns,
         vendor_devices=tuple(options.devices), vendor_file=display_path(vendor.folder / "vendor.yaml"))
+
+
+def vendor_folders(search_path: str, vendor: str, project_root: str) -> list[Mount]:
+    """The mounts of ``vendor``'s folder in each folder of a host's FLAGPERF_VENDOR_PATH (``search_path``) outside
+    ``project_root``: a container sees the project, and these at the paths the variable names (relative ones are
+    the project's, the containers' working folder)."""
+    mounts: dict[str, Mount] = {}
+    for folder in search_path.split(":"):
+        if not folder:
+            continue
+        folder = posixpath.normpath(posixpath.join(project_root, folder)) if not folder.startswith("/") else folder
+        mount = vendor_folder_mount(folder, vendor)
+        if not is_under(mount.source, project_root):
+            mounts.setdefault(mount.target, mount)
+    return list(mounts.values())
 
 
 def exit_code_of(status: int) -> int:
@@ -383,6 +415,7 @@ class DockerRuntime(Runtime):
             mounts.append(DockerMount(str(cache), str(cache), type="bind", read_only=False))
         if data:
             mounts += [DockerMount(m.target, m.source, type="bind", read_only=m.read_only) for m in s.data_mounts]
+        mounts += [DockerMount(m.target, m.source, type="bind", read_only=True) for m in s.vendor_mounts]
         volumes = [m.volume() for m in s.extra_mounts]  # -v form: keeps options such as z or rshared
         env = {**s.env, "PYTHONPATH": str(host.project_root), "PYTHONUNBUFFERED": "1",
                "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "HOME": "/tmp"}

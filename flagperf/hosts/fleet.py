@@ -66,7 +66,7 @@ def runtime_for(host: Host, spec: HostSpec, vendor: Vendor, image: dict[str, Any
         return SlurmRuntime()
     if spec.runtime == "process":
         return ProcessRuntime()
-    settings = checked_on_host(container_settings(vendor, spec, image["tag"]), host, spec)
+    settings = checked_on_host(container_settings(vendor, spec, image["tag"], host.project_root), host, spec)
     return DockerRuntime(settings, client_factory=partial(engine_client, host, spec), user=host_user(host),
                          scratch_root=host.work_root / run_id)
 

@@ -6,6 +6,7 @@ options the vendor asked for."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,12 @@ def test_a_scaffolded_vendor_runs_in_its_image_on_a_docker_host_and_an_ssh_host(
     from flagperf.hosts.vendorscaffold import write_vendor_folder
 
     deployed = deploy_project(ROOT, testbed, name="vendor-walk")
-    vendors = deployed / "walk_vendors"  # in the deployment: the hosts and their containers read it there
+    # The vendor's own repository, outside the deployment (`vendor new --into DIR`): the hosts find it through
+    # their FLAGPERF_VENDOR_PATH, and their containers see it only as a read-only mount of its own.
+    vendors = deployed.with_name("vendor-walk-vendors") / "walk_vendors"
+    shutil.rmtree(vendors.parent, ignore_errors=True)
+    vendors.mkdir(parents=True)
+    vendors.parent.chmod(0o755)
     folder = write_vendor_folder(vendors, "acme")
     manifest = yaml.safe_load((folder / "vendor.yaml").read_text())
     # Filled in as a vendor would: its container options (the device is the CPU, so no device files here). Limits

@@ -12,11 +12,12 @@ import yaml
 from flagperf.config.vendors import load_vendor
 from flagperf.errors import ConfigError
 from flagperf.hosts import container_policy
-from flagperf.hosts.container_policy import PathFacts, PolicyError, parse_container_options
-from flagperf.hosts.docker import container_settings
+from flagperf.hosts.container_policy import Mount, PathFacts, PolicyError, parse_container_options
+from flagperf.hosts.docker import ContainerSettings, container_settings
 from flagperf.hosts.fleet import checked_on_host
 from flagperf.hosts.inventory import load_inventory
 from flagperf.hosts.local import LocalHost, describe_paths
+from flagperf.paths import PROJECT_ROOT
 
 
 def inventory(tmp_path: Path, docker: dict[str, object], vendor: str | None = None) -> Path:
@@ -139,6 +140,44 @@ def test_a_link_in_a_data_root_is_resolved_before_the_check(tmp_path: Path, monk
             checked_on_host(container_settings(load_vendor("cpu"), spec, "img:1"), LocalHost(), spec)
         assert info.value.key == "hosts.0.docker.data_mounts.0" and str(path) in str(info.value)
         assert all(word in info.value.message for word in words), str(info.value)
+
+
+def test_a_vendor_folder_outside_the_project_is_mounted_read_only_resolved_inside_its_folder(
+        tmp_path: Path) -> None:
+    """A vendor's own repository on the host's FLAGPERF_VENDOR_PATH: its folder for the run's vendor (not the
+    others beside it) reaches every container read-only, where the variable names it; a link out of its
+    FLAGPERF_VENDOR_PATH folder is refused naming the inventory's key."""
+    outside, empty, escape = tmp_path / "vendors", tmp_path / "no-cpu-here", tmp_path / "escape"
+    (outside / "cpu").mkdir(parents=True)
+    (outside / "acme").mkdir()
+    empty.mkdir()
+    (tmp_path / "linked").symlink_to(outside)
+    inside = PROJECT_ROOT / "tests" / "fixtures" / "vendors"  # the project's: every container sees it already
+
+    def settings(search_path: str) -> ContainerSettings:
+        path = tmp_path / "inv.yaml"
+        path.write_text(yaml.safe_dump({"hosts": [{"name": "a", "address": "h", "runtime": "docker",
+                                                   "project_root": str(PROJECT_ROOT),
+                                                   "env": {"FLAGPERF_VENDOR_PATH": search_path}}]}))
+        spec = load_inventory(path).hosts[0]
+        return checked_on_host(container_settings(load_vendor("cpu"), spec, "img:1", PROJECT_ROOT), LocalHost(),
+                               spec)
+
+    found = settings(os.pathsep.join([str(outside), str(empty), str(inside), str(tmp_path / "linked"), ""]))
+    assert found.vendor_mounts == [Mount(str(outside / "cpu"), str(outside / "cpu"), read_only=True),
+                                   Mount(str(outside / "cpu"), str(tmp_path / "linked" / "cpu"), read_only=True)]
+    (escape / "cpu").parent.mkdir()
+    (escape / "cpu").symlink_to(outside / "cpu")
+    with pytest.raises(ConfigError) as info:
+        settings(str(escape))
+    assert info.value.key == "hosts.0.env.FLAGPERF_VENDOR_PATH", str(info.value)
+    assert f"resolves to {outside / 'cpu'}" in info.value.message and "outside its FLAGPERF_VENDOR_PATH folder" \
+        in info.value.message and "\n" not in str(info.value)
+    for written, words in (("/", "the file system's root"), (str(tmp_path / ".ssh"), "credentials"),
+                           (f"{outside}\nx", "control character")):
+        with pytest.raises(ConfigError) as info:
+            settings(written)
+        assert info.value.key == "hosts.0.env.FLAGPERF_VENDOR_PATH" and words in info.value.message, str(info.value)
 
 
 def test_a_device_link_is_resolved_and_must_be_a_device() -> None:
