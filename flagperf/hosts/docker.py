@@ -501,8 +501,7 @@ class DockerRuntime(Runtime):
             container = self._reattach(host, container, said)
             state = container.attrs["State"]
             if overran and state.get("Running"):  # the wait's read timeout, the case still running: it overran
-                container.kill()
-                return container, exit_code_of(int(container.wait(timeout=60).get("StatusCode", 137))), True, link
+                return self._kill_overran(host, container, link)
             if not overran:
                 link = (f"the link to {host.name}'s container engine dropped while waiting ({said}) and was made "
                         "again" + (f" ({drops + 1} times)" if drops else ""))
@@ -512,6 +511,35 @@ class DockerRuntime(Runtime):
                 return container, exit_code_of(int(state.get("ExitCode", -1))), False, link
         raise _Lost(f"the link to {host.name}'s container engine dropped {MAX_LINK_DROPS + 1} times while waiting "
                     f"on container {container.name} (last: {said})")
+
+    def _kill_overran(self, host: Host, container: Any, link: str | None) -> tuple[Any, int | None, bool, str | None]:
+        """Kill the container that ran past its deadline and wait for its end, as _wait answers. A link that drops
+        meanwhile (or a wait that ends without the engine's answer) is made again and the container's state asked:
+        killed already, or killed again there; _Lost when the engine cannot be reached again (the round's removal
+        of the container then tries a new link too)."""
+        docker = require_docker()
+        for drops in range(MAX_LINK_DROPS + 1):
+            try:
+                container.kill()
+                status = container.wait(timeout=KILL_WAIT_S)
+                return container, exit_code_of(int(status.get("StatusCode", 137))), True, link
+            except docker.errors.NotFound:
+                raise _Lost(f"its container {container.name} was removed from {host.name}'s engine as it was "
+                            "killed at its timeout") from None
+            except docker.errors.APIError:
+                raise  # the engine's own answer
+            except link_errors() as exc:
+                said = _one_line(exc)
+            container = self._reattach(host, container, said)
+            link = (f"the link to {host.name}'s container engine dropped while killing it at its timeout ({said}) "
+                    "and was made again" + (f" ({drops + 1} times)" if drops else ""))
+            state = container.attrs["State"]
+            logger.warning("%s: container %s %s", link, container.short_id,
+                           "killed again" if state.get("Running") else "had ended")
+            if not state.get("Running"):  # the kill reached it before the answer was lost
+                return container, exit_code_of(int(state.get("ExitCode", 137))), True, link
+        raise _Lost(f"it ran past its timeout and the link to {host.name}'s container engine dropped "
+                    f"{MAX_LINK_DROPS + 1} times while killing container {container.name} (last: {said})")
 
     def _remove(self, host: Host, container: Any) -> bool:
         """Force-remove the container, through a new link if its own dropped (one left running beside the
@@ -561,6 +589,7 @@ class _Lost(Exception):
 # The lines the live stream keeps: what a container lost to its link printed before (its log went with it).
 STREAMED_LINES_KEPT = 200
 MAX_LINK_DROPS = 3  # a link that drops more often during one wait is no link to wait on
+KILL_WAIT_S = 60  # how long a killed container's end is waited for before its state is asked again
 OOM_LINE = "[flagperf] the container engine says the container was killed for want of memory (OOMKilled)"
 
 

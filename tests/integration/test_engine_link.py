@@ -67,10 +67,11 @@ def engine_host(testbed: Testbed) -> Iterator[tuple[SshHost, DockerRuntime, Path
                 host.close()
 
 
-def rank_round(host: SshHost, runtime: DockerRuntime, job_dir: Path, name: str, on_ready: LineSink) -> str:
+def rank_round(host: SshHost, runtime: DockerRuntime, job_dir: Path, name: str, on_ready: LineSink,
+               timeout_s: float = 300) -> str:
     """Node rank 1 of 2 of a round, in container ``name``: prints "ready", calls ``on_ready`` (from the log stream),
-    waits for ``release`` in its folder, then fails on its own. What the round then says (verdict's failure),
-    after checking that no container is left."""
+    waits for ``release`` in its folder, then fails on its own (or runs until its ``timeout_s``). What the round
+    then says (verdict's failure), after checking that no container is left."""
     import docker
 
     release = job_dir / "release"
@@ -78,13 +79,13 @@ def rank_round(host: SshHost, runtime: DockerRuntime, job_dir: Path, name: str, 
                f"while not pathlib.Path({str(release)!r}).exists():\n    time.sleep(0.05)\n"
                "raise RuntimeError(\"the rank's own failure\")\n")
     try:
-        result, lines = runtime._run(host, ["python3", "-c", program], name, {}, 300,
+        result, lines = runtime._run(host, ["python3", "-c", program], name, {}, timeout_s,
                                      lambda line: on_ready(line) if line == "ready" else None, scratch=True)
         host.write_text(job_dir / CASE_LOG_FILE, "\n".join(lines) + "\n")  # as run_entry does
         job = Job(run_id=runtime.scratch_root.name, case="link-case", family="base", round=1, host=host.name,
                   node_rank=1, nnodes=2, vendor="cpu", config={}, config_origins={}, run_overrides={}, image={})
         with pytest.raises(InfrastructureFailure) as failure:  # retried, as a crash is
-            verdict(host, job, job_dir, result, 300)
+            verdict(host, job, job_dir, result, timeout_s)
     finally:
         left = docker.from_env(timeout=ENGINE_TIMEOUT_S).containers.list(all=True, filters={"name": name})
         for container in left:  # not left running after the test, whatever it says (best effort)
@@ -225,3 +226,46 @@ def test_a_rank_lost_to_a_flapping_link_is_removed_through_a_new_one(
                               f"{host.name}'s container engine dropped {MAX_LINK_DROPS + 1} times while waiting on "
                               f"container {name} "), message
     assert "may still run" not in message, message  # it was removed: nothing of it runs beside the retry
+
+
+def test_a_rank_killed_at_its_timeout_as_the_link_drops_is_killed_through_a_new_one(
+        engine_host: tuple[SshHost, DockerRuntime, Path]) -> None:
+    """The rank outlives its timeout_s, and the link to the engine drops just as the controller sends the kill: the
+    kill is sent again through a link made anew, and the round says it timed out (retried), its log as far as it
+    got kept; no link error escapes in its place."""
+    host, runtime, job_dir = engine_host
+    name = container_name()
+    make_link = runtime.client_factory
+    ready = threading.Event()
+    kills: list[tuple[int, str]] = []  # (which link the kill went over, what came of it)
+    links_made: list[Any] = []
+
+    def link_made() -> Any:
+        client = make_link()
+        links_made.append(client)
+        link_number = len(links_made)
+        send_kill = client.api.kill
+
+        def kill(*args: Any, **kwargs: Any) -> Any:
+            if not kills:  # the first kill: the link drops just as it is sent (once the rank has printed)
+                assert ready.wait(ENGINE_TIMEOUT_S), "the rank never said it was ready"
+                drop_link(host)
+            try:
+                answer = send_kill(*args, **kwargs)
+            except BaseException as exc:
+                kills.append((link_number, type(exc).__name__))
+                raise
+            kills.append((link_number, "sent"))
+            return answer
+
+        client.api.kill = kill
+        return client
+
+    runtime.client_factory = link_made
+    message = rank_round(host, runtime, job_dir, name, lambda _: ready.set(), timeout_s=1)
+    assert len(kills) == 2 and kills[0][1] != "sent" and kills[1][1] == "sent", kills
+    assert kills[0][0] != kills[1][0], f"the kill was sent again over the link that dropped: {kills}"
+    assert "\n" not in message and "Traceback" not in message, message
+    assert message == (f"link-case round 1 on {host.name}: node rank 1 of 2 timed out after 1 s (timeout_s); "
+                       "the process group was killed"), message
+    assert host.read_text(job_dir / CASE_LOG_FILE).splitlines()[:1] == ["ready"]
