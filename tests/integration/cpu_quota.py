@@ -19,6 +19,7 @@ import pytest
 READY = "host allocator"  # a device process's last line before its case starts (flagperf.entry.run_job)
 MEASURED = "gemm_fp32: "  # its line once its figure is measured, before its record is written (flagperf.entry.run_job)
 DEVICE_LINE = "[device {index}] "  # how a round that measures every device marks each device's lines in case.log
+ENTRY = "flagperf.entry"  # the module a round's processes run
 POLL_S = 0.01  # a scan of /proc costs about 1 ms here
 
 
@@ -62,8 +63,8 @@ def quota_group(share: float) -> Path:
 
 
 def round_processes(marker: str) -> Iterator[tuple[int, Path, int | None]]:
-    """(pid, job file, device index) of every process running a round (flagperf.entry --job JOB) whose job path
-    holds ``marker``; the index is None for a round's own process (not --device-slot): a one-device round
+    """(pid, job file, device index) of every process running a round (python -m flagperf.entry --job JOB) whose
+    job path holds ``marker``; the index is None for a round's own process (not --device-slot): a one-device round
     measures in it, a many-device one in its children."""
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -75,8 +76,8 @@ def round_processes(marker: str) -> Iterator[tuple[int, Path, int | None]]:
                 continue
             args = [a.decode(errors="replace") for a in raw.split(b"\0")]
             job = args[args.index("--job") + 1]
-            if marker not in job:
-                continue
+            if args[args.index("-m") + 1] != ENTRY or marker not in job:
+                continue  # another round's, or the host agent that started it (its --job is the entry's)
             slot = args[args.index("--device-slot") + 1] if "--device-slot" in args else None
             yield int(name), Path(job), None if slot is None else int(json.loads(slot)["index"])
         except (OSError, ValueError, IndexError, KeyError, TypeError):
@@ -87,9 +88,9 @@ def own_lines(log: str, index: int | None) -> list[str]:
     """The lines of a round's case.log that a process wrote: a device's are marked with its index, the round
     process's are the unmarked ones."""
     if index is not None:
-        mark = DEVICE_LINE.format(index=index)
-        return [line for line in log.splitlines() if line.startswith(mark)]
-    return [line for line in log.splitlines() if not line.startswith(DEVICE_LINE.split("{")[0])]
+        return [line for line in log.splitlines() if line.startswith(DEVICE_LINE.format(index=index))]
+    any_device = DEVICE_LINE.partition("{")[0]
+    return [line for line in log.splitlines() if not line.startswith(any_device)]
 
 
 @contextlib.contextmanager
