@@ -95,10 +95,10 @@ def own_lines(log: str, index: int | None) -> list[str]:
 
 @contextlib.contextmanager
 def cpu_quota(marker: str, share: float) -> Iterator[Quota]:
-    """A cgroup limited to ``share`` of one core, which every device process of the rounds
-    whose job path holds ``marker`` is in from the moment it is ready to measure until its figure is logged.
-    A process first seen with its figure logged already is left alone: ``moved`` holds only those measured under
-    the quota."""
+    """A cgroup limited to ``share`` of one core, which every device process of the rounds whose job path holds
+    ``marker`` is in from the moment it is ready to measure until its figure is logged (then it is moved back to
+    the root group). A process first seen with its figure logged already is left alone: ``moved`` holds only those
+    measured under the quota."""
     group = quota_group(share)
     stop = threading.Event()
     quota = Quota()
