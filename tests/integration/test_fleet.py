@@ -4,19 +4,17 @@ CPU quota (a cgroup its device processes are moved into), and the fleet diagnosi
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cpu_quota import cpu_quota
 from prefect_api import run_evaluate
 from test_hosts import host_entry, write_inventory
 
@@ -26,93 +24,12 @@ from tests.testbed.bed import Testbed, deploy_project, make_testbed_fixture
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_server")]
 testbed = make_testbed_fixture(min_hosts=3)
 ROOT = Path(__file__).resolve().parents[2]
-QUOTA = 0.03  # of one core, shared by the slow host's two device processes once they start measuring
-# A slow device gets at most 1.5 % of a core while it measures; a normal device gets its share of the machine's
-# two cores among whatever runs (on this shared machine, measured at 8 % and more under a load of 10; about 50 %
-# on a machine that runs only this test). 0.6 of the fleet median is far above the one and below the other.
+QUOTA = 0.03  # of one core, shared by the slow host's two device processes while they measure (cpu_quota.py)
+# A slow device gets 1.5 % of a core while both measure (at most 3 % if the other's figure is in first and it is
+# moved out); a normal device gets its share of the machine's two cores among whatever runs (on this shared
+# machine, measured at 8 % and more under a load of 10; about 50 % on a machine that runs only this test). 0.6 of
+# the fleet median is far above the one and below the other.
 RULES = "rules:\n  - {name: fp32-gemm, metric: gemm_fp32, min_fleet_ratio: 0.6}\n"
-READY = "host allocator"  # the device process's last line before its case starts (flagperf.entry.run_job)
-
-
-def quota_group(prefix: str, share: float) -> Path:
-    """A new cgroup limited to ``share`` of one core (skips the test where no writable cpu controller is)."""
-    found = cgroup_cpu_root()
-    if found is None:
-        pytest.skip("no writable cgroup with the cpu controller (v1 cpu, or v2 with cpu in subtree_control)")
-    root, kind = found
-    group = root / f"{prefix}-{os.getpid()}"
-    group.mkdir()
-    period = 100_000
-    if kind == "v1":
-        (group / "cpu.cfs_period_us").write_text(str(period))
-        (group / "cpu.cfs_quota_us").write_text(str(int(share * period)))
-    else:
-        (group / "cpu.max").write_text(f"{int(share * period)} {period}")
-    return group
-
-
-def cgroup_cpu_root() -> tuple[Path, str] | None:
-    """Where a CPU-quota cgroup can be made here (v1's cpu controller, or v2 with cpu enabled), and its kind."""
-    v1 = Path("/sys/fs/cgroup/cpu")
-    if (v1 / "cpu.cfs_quota_us").exists() and os.access(v1, os.W_OK):
-        return v1, "v1"
-    v2 = Path("/sys/fs/cgroup")
-    controllers = v2 / "cgroup.subtree_control"
-    if controllers.exists() and "cpu" in controllers.read_text().split() and os.access(v2, os.W_OK):
-        return v2, "v2"
-    return None
-
-
-def device_processes(marker: str) -> Iterator[tuple[int, Path, int]]:
-    """(pid, job file, device index) of every device process (flagperf.entry --device-slot) of a round whose
-    job path contains ``marker``."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            args = [a.decode(errors="replace") for a in (proc / "cmdline").read_bytes().split(b"\0")]
-            if "--device-slot" in args and any(marker in a for a in args):
-                yield (int(proc.name), Path(args[args.index("--job") + 1]),
-                       int(json.loads(args[args.index("--device-slot") + 1])["index"]))
-        except (OSError, ValueError, IndexError, KeyError):
-            continue  # gone meanwhile, or not ours
-
-
-@contextlib.contextmanager
-def cpu_quota(marker: str, share: float) -> Iterator[None]:
-    """A cgroup limited to ``share`` of one core, into which every device process of the rounds whose job path
-    contains ``marker`` is moved once it says it is ready to measure (its line in the round's case.log): its
-    interpreter and imports run at full speed, its measurement under the quota. Only those processes are
-    slowed, not the host's sshd or another session's rounds."""
-    group = quota_group("flagperf-slow", share)
-    stop = threading.Event()
-    moved: dict[int, int] = {}  # pid -> device index (a fork of a device process, e.g. for a subprocess, too)
-
-    def mover() -> None:
-        while not stop.is_set():
-            for pid, job, index in device_processes(marker):
-                if pid in moved:
-                    continue
-                with contextlib.suppress(OSError):
-                    log = (job.parent / "case.log").read_text(errors="replace")
-                    if any(line.startswith(f"[device {index}] ") and READY in line for line in log.splitlines()):
-                        (group / "cgroup.procs").write_text(str(pid))
-                        moved[pid] = index
-            stop.wait(0.02)
-
-    thread = threading.Thread(target=mover, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-        for pid in (group / "cgroup.procs").read_text().split():  # none should be left; move them back if so
-            with contextlib.suppress(OSError):
-                (group.parent / "cgroup.procs").write_text(pid)
-        with contextlib.suppress(OSError):
-            group.rmdir()
-    assert sorted(set(moved.values())) == [0, 1], f"the slow host's device processes moved into the quota: {moved}"
 
 
 def flow_artifact(flow_run_id: Any, key: str) -> str:
@@ -135,7 +52,7 @@ def test_the_slow_host_of_a_fleet_is_named(flagperf_env: Path, tmp_path: Path, t
     vendors = "tests/fixtures/vendors"
     monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(ROOT / vendors))
     slow = testbed.hosts[2].name
-    with cpu_quota(f"/{slow}_noderank0/", QUOTA):
+    with cpu_quota(f"/{slow}_noderank0/", QUOTA) as quota:
         hosts = []
         for i in range(3):
             entry = host_entry(testbed, i, deployed)
@@ -148,6 +65,7 @@ def test_the_slow_host_of_a_fleet_is_named(flagperf_env: Path, tmp_path: Path, t
                                       overrides=["m=128", "n=128", "k=128", "min_duration_s=2", "warmup_iters=20",
                                                  "min_iters=3", "timeout_s=300"])
         print(f"evaluation: {time.monotonic() - started:.0f} s")
+    assert sorted(set(quota.moved.values())) == [0, 1], f"the slow host's device processes put under the quota: {quota}"
     assert state.is_completed(), state.message
     figures: dict[str, list[float]] = {}
     for host in testbed.hosts[:3]:

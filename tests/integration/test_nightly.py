@@ -13,17 +13,15 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from cpu_quota import cpu_quota
 from prefect.client.orchestration import get_client
 from prefect.events.filters import EventFilter, EventNameFilter
 from prefect_api import error_lines
-from test_fleet import READY, quota_group
 
 from flagperf.config.vendors import load_vendor
 from flagperf.results.history import figure_trend, history_engine, record_run
@@ -115,57 +113,6 @@ def test_the_automation_template_is_accepted(tmp_path: Path) -> None:
     assert automations and automations[0].trigger.expect == {REGRESSION_EVENT}
 
 
-def round_processes(marker: str) -> Iterator[tuple[int, Path]]:
-    """(pid, job file) of every process running a round (flagperf.entry --job JOB) whose job path holds
-    ``marker``: a one-device round measures in that process itself, a many-device one in its children."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            args = [a.decode(errors="replace") for a in (proc / "cmdline").read_bytes().split(b"\0")]
-            if "--job" in args and marker in args[args.index("--job") + 1]:
-                yield int(proc.name), Path(args[args.index("--job") + 1])
-
-
-MEASURED = "gemm_fp32: "  # the device process's line once its figure is measured (flagperf.entry.run_job)
-
-
-@contextlib.contextmanager
-def cpu_quota_for(marker: str, share: float) -> Iterator[list[int]]:
-    """Every device process of a round whose job path holds ``marker`` moved, once it is ready to measure,
-    into a cgroup with ``share`` of one core (as test_fleet slows a host): a night on a slower machine. Once
-    its figure is measured it is moved back, so that writing its record (a second of CPU) does not take
-    a minute under the quota."""
-    group = quota_group("flagperf-nightly-slow", share)
-    stop, moved, released = threading.Event(), [], set()
-
-    def mover() -> None:
-        while not stop.is_set():
-            for pid, job in round_processes(marker):
-                with contextlib.suppress(OSError):
-                    log = (job.parent / "case.log").read_text(errors="replace")
-                    if pid not in moved and READY in log:
-                        (group / "cgroup.procs").write_text(str(pid))
-                        moved.append(pid)
-                    if pid in moved and pid not in released and MEASURED in log:
-                        (group.parent / "cgroup.procs").write_text(str(pid))
-                        released.add(pid)
-            stop.wait(0.01)
-
-    thread = threading.Thread(target=mover, daemon=True)
-    thread.start()
-    try:
-        yield moved
-    finally:
-        stop.set()
-        thread.join()
-        for pid in (group / "cgroup.procs").read_text().split():
-            with contextlib.suppress(OSError):
-                (group.parent / "cgroup.procs").write_text(pid)
-        with contextlib.suppress(OSError):
-            group.rmdir()
-
-
 def test_a_week_of_nights_read_by_the_owner(flagperf_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Three good nights, a failed one, a slow one (a regression) and a good one after it, all real (another
     workload: tests/unit/test_history.py). Each measuring night runs under a CPU quota, so that its speed is
@@ -179,10 +126,10 @@ def test_a_week_of_nights_read_by_the_owner(flagperf_env: Path, monkeypatch: pyt
     small = ["m=512", "n=512", "k=512", "min_duration_s=2"]
 
     def night(*overrides: str, share: float | None = 0.10) -> tuple[object, dict]:
-        with cpu_quota_for(str(results.parent), share) if share else contextlib.nullcontext([0]) as moved:
+        with cpu_quota(str(results.parent), share) if share else contextlib.nullcontext(None) as quota:
             state = nightly_regression(suite="tiny", rounds=2, results_dir=str(results), history_url=url,
                                        overrides=[*small, *overrides], return_state=True)
-        assert moved, "the night's device processes were put under the quota"
+        assert quota is None or quota.moved, "the night's device processes were put under the quota"
         return state, json.loads(verdict_file.read_text())
 
     good = []
