@@ -553,10 +553,29 @@ class DockerRuntime(Runtime):
                 return True
             except docker.errors.NotFound:
                 return True
+            except docker.errors.APIError as exc:
+                said = _one_line(exc)
+                if exc.status_code == 409 and "in progress" in said:  # the first try's, slower than its link's
+                    return self._removed_meanwhile(container)  # timeout (a large container on vfs): it is killed
             except (docker.errors.DockerException, *link_errors()) as exc:
                 said = _one_line(exc)
         logger.warning("could not remove container %s on %s (%s): it may still run there", container.short_id,
                        host.name, said)
+        return False
+
+    def _removed_meanwhile(self, container: Any) -> bool:
+        """Whether a removal the engine has under way ends within API_TIMEOUT_S (its container is already killed,
+        so nothing of it runs meanwhile)."""
+        docker = require_docker()
+        deadline = time.monotonic() + API_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                self.client_factory().containers.get(container.id)
+            except docker.errors.NotFound:
+                return True
+            except (docker.errors.DockerException, *link_errors()):
+                return False
+            time.sleep(1.0)  # a poll of the engine's own removal, not a timing assumption
         return False
 
     def _reattach(self, host: Host, container: Any, said: str) -> Any:
