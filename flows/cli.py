@@ -604,7 +604,10 @@ def nightly(
     _prepare_prefect_environment(verbose)
 
     def discard_made() -> None:  # a night that did not begin (or was refused) leaves nothing this made
-        discard_history(night, made_history)  # only while it holds no night
+        # Only a history inside the results folder this made: one elsewhere (a shared --history-url, or a
+        # results folder other nights use) may be another night's, begun meanwhile.
+        discard_history(night, [path for path in made_history
+                                if made is not None and path.absolute().is_relative_to(made)])
         _remove_made(results, made)  # only while empty
 
     try:

@@ -234,9 +234,6 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
     run_dir = plan.run_dir.resolve()
     if (run_dir / PLAN_FILE).exists():
         logger.info("retry of flow run %s: continuing %s; rounds that completed are kept", flow_run_id, run_dir)
-        # The earlier attempt's interruption, kept beside its set-aside rounds: this attempt's report says how
-        # this attempt ended (a retry that completes the run is not "interrupted").
-        set_aside(run_dir, run_dir / INTERRUPTED_FILE)
     write_json_atomic(run_dir / PLAN_FILE, plan.model_dump(mode="json"))
     logger.info("run %s: %d cases x %d rounds on vendor %s, %d host(s) from %s -> %s", plan.run_id,
                 len(plan.cases), plan.rounds, plan.vendor.name, len(inv.hosts), inv.source, run_dir)
@@ -253,6 +250,10 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
     results: list[RoundResult] = []
     running: list[Any] | None = None  # the case round in flight, for the report of an interrupted run
     interruption: dict[str, Any] | None = None
+    # An earlier attempt's interruption, kept beside its set-aside rounds once this attempt runs rounds (not
+    # before: a retry stopped by its checks leaves the run as it was): the report then says how this attempt
+    # ended, and a retry that completes the run is not "interrupted".
+    set_aside(run_dir, run_dir / INTERRUPTED_FILE)
     try:
         for case in plan.cases:
             framework = inv.frameworks.get(case.name)
@@ -278,8 +279,12 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
         cancel_jobs()  # Slurm jobs still running (an interrupt) stop before their folders are cleaned
         measured = clean_work_roots(hosts, specs, plan, results)
         if interruption is not None and measured:  # finished on a host, not yet collected: not lost, say so
-            write_json_atomic(run_dir / INTERRUPTED_FILE, {**interruption, "measured_on_host": measured,
-                                                           "retry": how_to_retry(command, run_dir)})
+            try:
+                write_json_atomic(run_dir / INTERRUPTED_FILE, {**interruption, "measured_on_host": measured,
+                                                               "retry": how_to_retry(command, run_dir)})
+            except OSError as exc:  # a full disk: the first record stands, and the interrupt goes on
+                logger.warning("the rounds measured on their hosts could not be added to %s: %s",
+                               INTERRUPTED_FILE, exc)
         close_hosts()
         summary = analyze(run_dir)  # also after an interruption: what was measured is reported
     failed = [r for r in results if r.status == "failed"]

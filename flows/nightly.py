@@ -17,6 +17,7 @@ trends.csv in the results folder has every figure's course after each night (fla
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import signal
 from contextlib import suppress
@@ -201,7 +202,10 @@ def nightly_regression(
         history_engine(history, results_dir)  # a bad URL is said before a night of measuring, not after
     except ConfigError as exc:
         return failed(f"{BAD_INPUT}{exc}")
-    run_id = new_run_id()
+    # Six random bytes, not the usual two: nights of several suites sharing a results folder start in the same
+    # second by cron, and a refused night removes the run folder it made (never one it found).
+    run_id = new_run_id(secrets.token_hex(6))
+    found_before = (Path(results_dir) / run_id).exists()
     try:
         state = evaluate(suite=suite, vendor=None if vendor == "auto" else vendor, rounds=rounds,
                          overrides=list(overrides) or None, inventory=inventory or None, results_dir=results_dir,
@@ -212,7 +216,7 @@ def nightly_regression(
         raise
     run_dir = Path(results_dir) / run_id
     if state.is_failed() and (state.message or "").startswith(BAD_INPUT):
-        if not (run_dir / SUMMARY_JSON).is_file():  # refused before any round: no night, so no run folder
+        if not found_before and not (run_dir / SUMMARY_JSON).is_file():  # refused before any round: no night
             shutil.rmtree(run_dir, ignore_errors=True)  # (this night's own name; only its plan and healthcheck)
         return failed(in_form_terms(state.message or ""))
 

@@ -22,9 +22,9 @@ class Bound:
         """Why ``value`` is out of range, as a ConfigError's message; None when it is in it."""
         if self.above_low:
             if not self.low < value <= self.high:
-                return f"must be above {self.low:g} and at most {self.high:g}, got {value:g}"
+                return f"must be above {self.low:g} and at most {self.high:g}, got {value}"
         elif not self.low <= value <= self.high:
-            return f"must be between {self.low:g} and {self.high:g}, got {value:g}"
+            return f"must be between {self.low:g} and {self.high:g}, got {value}"
         return None
 
     def field(self) -> Any:

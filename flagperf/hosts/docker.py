@@ -526,8 +526,14 @@ class DockerRuntime(Runtime):
             except docker.errors.NotFound:
                 raise _Lost(f"its container {container.name} was removed from {host.name}'s engine as it was "
                             "killed at its timeout") from None
-            except docker.errors.APIError:
-                raise  # the engine's own answer
+            except docker.errors.APIError as exc:
+                if exc.status_code != 409:
+                    raise  # the engine's own answer
+                said = _one_line(exc)  # 409: not running; it ended between its deadline and the kill
+                container = self._reattach(host, container, said)
+                if not container.attrs["State"].get("Running"):
+                    return container, exit_code_of(int(container.attrs["State"].get("ExitCode", 137))), True, link
+                continue
             except link_errors() as exc:
                 said = _one_line(exc)
             container = self._reattach(host, container, said)
@@ -535,7 +541,7 @@ class DockerRuntime(Runtime):
                     "and was made again" + (f" ({drops + 1} times)" if drops else ""))
             state = container.attrs["State"]
             logger.warning("%s: container %s %s", link, container.short_id,
-                           "killed again" if state.get("Running") else "had ended")
+                           "still running" if state.get("Running") else "had ended")
             if not state.get("Running"):  # the kill reached it before the answer was lost
                 return container, exit_code_of(int(state.get("ExitCode", 137))), True, link
         raise _Lost(f"it ran past its timeout and the link to {host.name}'s container engine dropped "
@@ -556,7 +562,9 @@ class DockerRuntime(Runtime):
             except docker.errors.APIError as exc:
                 said = _one_line(exc)
                 if exc.status_code == 409 and "in progress" in said:  # the first try's, slower than its link's
-                    return self._removed_meanwhile(container)  # timeout (a large container on vfs): it is killed
+                    if self._removed_meanwhile(container):  # timeout (a large container on vfs): it is killed
+                        return True
+                    break
             except (docker.errors.DockerException, *link_errors()) as exc:
                 said = _one_line(exc)
         logger.warning("could not remove container %s on %s (%s): it may still run there", container.short_id,
@@ -568,15 +576,23 @@ class DockerRuntime(Runtime):
         so nothing of it runs meanwhile)."""
         docker = require_docker()
         deadline = time.monotonic() + API_TIMEOUT_S
-        while time.monotonic() < deadline:
-            try:
-                self.client_factory().containers.get(container.id)
-            except docker.errors.NotFound:
-                return True
-            except (docker.errors.DockerException, *link_errors()):
-                return False
-            time.sleep(1.0)  # a poll of the engine's own removal, not a timing assumption
-        return False
+        try:
+            client = self.client_factory()
+        except (docker.errors.DockerException, *link_errors()):
+            return False
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    client.containers.get(container.id)
+                except docker.errors.NotFound:
+                    return True
+                except (docker.errors.DockerException, *link_errors()):
+                    return False
+                time.sleep(1.0)  # a poll of the engine's own removal, not a timing assumption
+            return False
+        finally:
+            with contextlib.suppress(Exception):  # closing a link that dropped: nothing to keep
+                client.close()
 
     def _reattach(self, host: Host, container: Any, said: str) -> Any:
         """The container, its state fresh from the host's engine: on the same link, else on a new one (the host's

@@ -20,7 +20,7 @@ READY = "host allocator"  # a device process's last line before its case starts 
 MEASURED = "gemm_fp32: "  # its line once its figure is measured, before its record is written (flagperf.entry.run_job)
 DEVICE_LINE = "[device {index}] "  # how a round that measures every device marks each device's lines in case.log
 ENTRY = "flagperf.entry"  # the module a round's processes run
-POLL_S = 0.01  # a scan of /proc costs about 1 ms here
+POLL_S = 0.02  # a scan of /proc costs about 1 ms here
 
 
 @dataclass
