@@ -23,8 +23,11 @@ def _search_path(default: Path, env_var: str) -> list[Path]:
     return [default, *extra]
 
 
+CASE_PATH_ENV = "FLAGPERF_CASE_PATH"  # case folders outside the project (a lab's own cases)
+
+
 def case_roots() -> list[Path]:
-    return _search_path(PROJECT_ROOT / "cases", "FLAGPERF_CASE_PATH")
+    return _search_path(PROJECT_ROOT / "cases", CASE_PATH_ENV)
 
 
 VENDOR_PATH_ENV = "FLAGPERF_VENDOR_PATH"  # vendor folders outside the project (a vendor's own repository)

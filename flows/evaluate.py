@@ -527,7 +527,8 @@ def check_images(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: RunPl
 
     def probe(name: str, key: tuple[str, str | None]) -> tuple[str, dict[str, Any] | None, str | None]:
         try:
-            return name, probe_image(hosts[name], specs[name], plan.vendor, plan.run_id, images[key], run_dir), None
+            return name, probe_image(hosts[name], specs[name], plan.vendor, plan.run_id, images[key], run_dir,
+                                     plan.case_folders), None
         except Exception as exc:
             return name, None, str(exc) or type(exc).__name__
 

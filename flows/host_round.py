@@ -119,7 +119,7 @@ def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: C
             return _collect(host, stage_dir, run_dir, case, round_no, node_rank, job, None, probe, label)
         host.remove_tree(stage_dir)  # a half round an interrupted attempt left: attempt folders would mix
     try:
-        runtime = runtime_for(host, spec, plan.vendor, image, plan.run_id)
+        runtime = runtime_for(host, spec, plan.vendor, image, plan.run_id, plan.case_folders)
         monitors = start_monitors(host, plan.vendor, stage_dir, monitor_interval_s, monitor_budget, label)
         state = run_case.with_options(retries=case.max_retries)(
             host, runtime, job, stage_dir, case.timeout_s, return_state=True)

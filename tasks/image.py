@@ -74,12 +74,13 @@ def build_image(host: Host, spec: HostSpec, vendor: Vendor, run_id: str, framewo
 
 
 @task(name="probe_image", task_run_name="probe_image[{host.name}]", cache_policy=NONE, retries=0)
-def probe_image(host: Host, spec: HostSpec, vendor: Vendor, run_id: str, image: dict[str, Any], run_dir: Path
-                ) -> dict[str, Any]:
+def probe_image(host: Host, spec: HostSpec, vendor: Vendor, run_id: str, image: dict[str, Any], run_dir: Path,
+                cases: list[str] | None = None) -> dict[str, Any]:
     """The healthcheck's accelerator check where the cases run: the probe inside the vendor image, with the
-    rounds' device requests and options. Recorded in hosts/<name>.health.json; raises naming the host."""
+    rounds' device requests and options (and mounts: ``cases``, the run's case folders, are checked on the host
+    before any round). Recorded in hosts/<name>.health.json; raises naming the host."""
     logger = get_run_logger()
-    runtime = runtime_for(host, spec, vendor, image, run_id)
+    runtime = runtime_for(host, spec, vendor, image, run_id, cases or ())
     assert isinstance(runtime, DockerRuntime)
     result, lines = runtime.run_probe(host, vendor.name, spec.host_spec_settings(), timeout_s=PROBE_TIMEOUT_S)
     check, probe = image_probe_check(lines, result.exit_code, result.timed_out, image["tag"], image["dockerfile"])

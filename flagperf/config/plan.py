@@ -65,6 +65,12 @@ class RunPlan(BaseModel):
     def run_dir(self) -> Path:
         return Path(self.results_dir) / self.run_id
 
+    @property
+    def case_folders(self) -> list[str]:
+        """The run's cases as folders of a case root, <family>/<case>: what a host's containers get of the case
+        folders outside its project."""
+        return [f"{case.family}/{case.name}" for case in self.cases]
+
 
 def new_run_id(suffix: str | None = None) -> str:
     return f"run{datetime.now(timezone.utc):%Y%m%d%H%M%S}-{suffix or secrets.token_hex(2)}"

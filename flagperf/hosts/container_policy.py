@@ -10,9 +10,10 @@ Mounts (an inventory's docker.data_mounts, -v in docker.extra_options or FlagPer
     resolved on the host whose engine mounts it (a link in /data to /etc is refused); the resolved path is
     what is mounted, and it must be a folder or a regular file (never a socket or a device).
   * read-only, unless the inventory writes ``rw`` for that mount (PATH:rw, -v SRC:DST:rw).
-Vendor folders outside the host's project (FLAGPERF_VENDOR_PATH's <folder>/<vendor>): the vendor's folders only,
-  read-only, at the path the host's FLAGPERF_VENDOR_PATH names; resolved on the host, each must stay inside its
-  FLAGPERF_VENDOR_PATH folder (a link to elsewhere is refused), with no credentials folder in its path.
+Vendor and case folders outside the host's project (FLAGPERF_VENDOR_PATH's <folder>/<vendor>, FLAGPERF_CASE_PATH's
+  <folder>/<family>/<case>): the run's vendor's and cases' folders only, read-only, at the path the host's variable
+  names; resolved on the host, each must stay inside its search path folder (a link to elsewhere is refused), with
+  no credentials folder in its path.
 Devices (--device, vendor.yaml container.devices): accelerator and RDMA device files by pattern
 (DEVICE_PATTERNS: InfiniBand/RoCE, which no vendor owns) plus the patterns the vendor folders declare in
 vendor.yaml container.device_patterns (an accelerator's own files: the nvidia folder's /dev/nvidia*, ...);
@@ -320,34 +321,57 @@ def resolved_mount(mount: Mount, facts: Mapping[str, PathFacts], roots: Iterable
     return Mount(found.path, mount.target, mount.read_only, mount.options)
 
 
-def vendor_folder_mount(folder: str, vendor: str) -> Mount:
-    """The mount of a vendor's folder in one FLAGPERF_VENDOR_PATH folder (absolute), checked as written: at the
-    same path in the container, read-only."""
-    root = clean_path(folder, "FLAGPERF_VENDOR_PATH folder")
+@dataclass(frozen=True)
+class SearchPath:
+    """A host's search path variable (FLAGPERF_VENDOR_PATH, FLAGPERF_CASE_PATH) whose folders outside its project
+    its containers get, of each folder only what the run needs: ``levels`` deep below it (a vendor: <vendor>, 1;
+    a case: <family>/<case>, 2)."""
+
+    variable: str
+    what: str  # what one mounted folder is, in messages: "vendor folder"
+    levels: int
+
+    def folder_of(self, source: str) -> str:
+        """The search path's folder (as the variable names it) that a mount's source lies in."""
+        return source.rsplit("/", self.levels)[0] or "/"
+
+
+def search_path_folder(folder: str, path: SearchPath) -> str:
+    """One folder of a host's search path (absolute), checked as written."""
+    root = clean_path(folder, f"{path.variable} folder")
     if root == "/":
-        raise PolicyError("FLAGPERF_VENDOR_PATH folder '/' is refused: the file system's root")
-    path = f"{root}/{vendor}"
-    credentials = credentials_in(path)
+        raise PolicyError(f"{path.variable} folder '/' is refused: the file system's root")
+    credentials = credentials_in(root)
     if credentials is not None:
-        raise PolicyError(f"FLAGPERF_VENDOR_PATH folder {folder!r} is refused: a credentials folder ({credentials})")
-    return Mount(path, path, read_only=True)
+        raise PolicyError(f"{path.variable} folder {folder!r} is refused: a credentials folder ({credentials})")
+    return root
 
 
-def resolved_vendor_folder(mount: Mount, facts: Mapping[str, PathFacts]) -> Mount | None:
-    """A vendor folder (``mount.source``: <FLAGPERF_VENDOR_PATH folder>/<vendor>, as the host's variable names it)
-    resolved on the host: the read-only mount of the folder it resolves to, inside its FLAGPERF_VENDOR_PATH folder;
-    None when the host has no such folder (the vendor is not in that folder there). ``facts``: the host's answer
-    for the folder and its parent."""
-    found, root = facts[mount.source], facts[str(PurePosixPath(mount.source).parent)]
+def search_path_mount(root: str, name: str, path: SearchPath) -> Mount:
+    """The mount of ``name`` (a vendor; a case's <family>/<case>) in a checked search path folder: at the same
+    path in the container, read-only."""
+    source = f"{root}/{name}"
+    credentials = credentials_in(source)
+    if credentials is not None:
+        raise PolicyError(f"{path.what} {source!r} is refused: a credentials folder ({credentials})")
+    return Mount(source, source, read_only=True)
+
+
+def resolved_search_path_mount(mount: Mount, facts: Mapping[str, PathFacts], path: SearchPath) -> Mount | None:
+    """A search path mount (``mount.source``: <folder>/<name>, as the host's variable names the folder) resolved on
+    the host: the read-only mount of the folder it resolves to, inside its search path folder (a link of any part
+    below that folder may not lead out); None when the host has no such folder (nothing of the run there).
+    ``facts``: the host's answer for the source and ``path.folder_of`` it."""
+    found, root = facts[mount.source], facts[path.folder_of(mount.source)]
     if found.kind != "folder":
         return None
     via = f" (it resolves to {found.path})" if found.path != mount.source else ""
     if root.path == "/" or found.path == root.path or not is_under(found.path, root.path):
-        raise PolicyError(f"vendor folder {mount.source!r}{via} is refused: it is outside its FLAGPERF_VENDOR_PATH "
+        raise PolicyError(f"{path.what} {mount.source!r}{via} is refused: it is outside its {path.variable} "
                           f"folder {root.path}")
     credentials = credentials_in(found.path)
     if credentials is not None:
-        raise PolicyError(f"vendor folder {mount.source!r}{via} is refused: it is in a credentials folder "
+        raise PolicyError(f"{path.what} {mount.source!r}{via} is refused: it is in a credentials folder "
                           f"({credentials})")
     return Mount(found.path, mount.target, read_only=True)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -61,12 +62,16 @@ def host_user(host: Host) -> str:
     return f"{os.getuid()}:{os.getgid()}"
 
 
-def runtime_for(host: Host, spec: HostSpec, vendor: Vendor, image: dict[str, Any], run_id: str) -> Runtime:
+def runtime_for(host: Host, spec: HostSpec, vendor: Vendor, image: dict[str, Any], run_id: str,
+                cases: Sequence[str] = ()) -> Runtime:
+    """``cases``: the run's case folders (RunPlan.case_folders), which its containers get where they lie outside
+    the host's project."""
     if spec.slurm is not None:
         return SlurmRuntime()
     if spec.runtime == "process":
         return ProcessRuntime()
-    settings = checked_on_host(container_settings(vendor, spec, image["tag"], host.project_root), host, spec)
+    settings = checked_on_host(container_settings(vendor, spec, image["tag"], host.project_root, cases), host,
+                               spec)
     return DockerRuntime(settings, client_factory=partial(engine_client, host, spec), user=host_user(host),
                          scratch_root=host.work_root / run_id)
 

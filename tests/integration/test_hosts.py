@@ -401,14 +401,23 @@ def test_accept_new_host_key_records_it_and_a_changed_key_is_always_refused(tmp_
 
 
 def test_a_container_killed_mid_round_is_retried_and_the_others_kept(flagperf_env: Path, tmp_path: Path,
-                                                                     testbed: Testbed, deployed: Path) -> None:
+        testbed: Testbed, deployed: Path, request: pytest.FixtureRequest) -> None:
+    """Also: the killed case is a lab's own, in a case folder outside the host's deployment (its
+    FLAGPERF_CASE_PATH): its containers get that case's folder as a read-only mount of its own."""
     import docker
 
     engine = docker.from_env()
     run_id = f"run-kill-{time.time_ns()}"
     host = testbed.hosts[0]
     marker = f"/tmp/flagperf-work-{host.user}/{run_id}/killed-once.marker"
-    inventory = write_inventory(tmp_path, [host_entry(testbed, 0, deployed, **docker_options(testbed, "local"))])
+    lab_cases = deployed.with_name(f"{deployed.name}-lab-cases")
+    shutil.rmtree(lab_cases, ignore_errors=True)
+    request.addfinalizer(lambda: shutil.rmtree(lab_cases, ignore_errors=True))
+    shutil.copytree(ROOT / "tests" / "fixtures" / "cases" / "base" / "killed-once", lab_cases / "base" / "killed-once")
+    for path in (lab_cases, *lab_cases.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)  # the hosts' user reads it
+    inventory = write_inventory(tmp_path, [host_entry(testbed, 0, deployed, env={"FLAGPERF_CASE_PATH": str(lab_cases)},
+                                                      **docker_options(testbed, "local"))])
     killed: list[str] = []
 
     def kill_first_container() -> None:

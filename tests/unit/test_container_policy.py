@@ -142,42 +142,53 @@ def test_a_link_in_a_data_root_is_resolved_before_the_check(tmp_path: Path, monk
         assert all(word in info.value.message for word in words), str(info.value)
 
 
-def test_a_vendor_folder_outside_the_project_is_mounted_read_only_resolved_inside_its_folder(
-        tmp_path: Path) -> None:
-    """A vendor's own repository on the host's FLAGPERF_VENDOR_PATH: its folder for the run's vendor (not the
-    others beside it) reaches every container read-only, where the variable names it; a link out of its
-    FLAGPERF_VENDOR_PATH folder is refused naming the inventory's key."""
-    outside, empty, escape = tmp_path / "vendors", tmp_path / "no-cpu-here", tmp_path / "escape"
-    (outside / "cpu").mkdir(parents=True)
-    (outside / "acme").mkdir()
+@pytest.mark.parametrize(("variable", "ours", "other", "inside", "field"), [
+    ("FLAGPERF_VENDOR_PATH", "cpu", "acme", "tests/fixtures/vendors", "vendor_mounts"),
+    ("FLAGPERF_CASE_PATH", "base/killed-once", "base/not-in-the-run", "tests/fixtures/cases", "case_mounts"),
+])
+def test_a_vendor_or_case_folder_outside_the_project_is_mounted_read_only_resolved_inside_its_folder(
+        tmp_path: Path, variable: str, ours: str, other: str, inside: str, field: str) -> None:
+    """A vendor's own repository on the host's FLAGPERF_VENDOR_PATH, a lab's own cases on its FLAGPERF_CASE_PATH:
+    of each folder, only the run's vendor's folder (<vendor>) or its cases' (<family>/<case>), not the others
+    beside them, reaches every container read-only, where the variable names it; a link (of the folder or, for a
+    case, its family) out of its search path folder is refused naming the inventory's key."""
+    outside, empty, escape = tmp_path / "outside", tmp_path / "nothing-of-the-run-here", tmp_path / "escape"
+    (outside / ours).mkdir(parents=True)
+    (outside / other).mkdir(parents=True)
     empty.mkdir()
     (tmp_path / "linked").symlink_to(outside)
-    inside = PROJECT_ROOT / "tests" / "fixtures" / "vendors"  # the project's: every container sees it already
+    cases = ["base/killed-once", "base/computation-FP32"]  # the run's: the second is nowhere outside the project
 
     def settings(search_path: str) -> ContainerSettings:
         path = tmp_path / "inv.yaml"
         path.write_text(yaml.safe_dump({"hosts": [{"name": "a", "address": "h", "runtime": "docker",
                                                    "project_root": str(PROJECT_ROOT),
-                                                   "env": {"FLAGPERF_VENDOR_PATH": search_path}}]}))
+                                                   "env": {variable: search_path}}]}))
         spec = load_inventory(path).hosts[0]
-        return checked_on_host(container_settings(load_vendor("cpu"), spec, "img:1", PROJECT_ROOT), LocalHost(),
-                               spec)
+        return checked_on_host(container_settings(load_vendor("cpu"), spec, "img:1", PROJECT_ROOT, cases),
+                               LocalHost(), spec)
 
-    found = settings(os.pathsep.join([str(outside), str(empty), str(inside), str(tmp_path / "linked"), ""]))
-    assert found.vendor_mounts == [Mount(str(outside / "cpu"), str(outside / "cpu"), read_only=True),
-                                   Mount(str(outside / "cpu"), str(tmp_path / "linked" / "cpu"), read_only=True)]
-    (escape / "cpu").parent.mkdir()
-    (escape / "cpu").symlink_to(outside / "cpu")
-    with pytest.raises(ConfigError) as info:
-        settings(str(escape))
-    assert info.value.key == "hosts.0.env.FLAGPERF_VENDOR_PATH", str(info.value)
-    assert f"resolves to {outside / 'cpu'}" in info.value.message and "outside its FLAGPERF_VENDOR_PATH folder" \
-        in info.value.message and "\n" not in str(info.value)
+    # the project's own folder (every container sees it already) is not mounted again
+    found = settings(os.pathsep.join([str(outside), str(empty), str(PROJECT_ROOT / inside), str(tmp_path / "linked"),
+                                      ""]))
+    assert getattr(found, field) == [Mount(str(outside / ours), str(outside / ours), read_only=True),
+                                     Mount(str(outside / ours), str(tmp_path / "linked" / ours), read_only=True)]
+    assert found.vendor_mounts + found.case_mounts == getattr(found, field)
+    parts = Path(ours).parts
+    for level in range(1, len(parts) + 1):  # the folder itself, and for a case its family, linked out
+        link = escape / str(level) / Path(*parts[:level])
+        link.parent.mkdir(parents=True)
+        link.symlink_to(outside / Path(*parts[:level]))
+        with pytest.raises(ConfigError) as info:
+            settings(str(escape / str(level)))
+        assert info.value.key == f"hosts.0.env.{variable}", str(info.value)
+        assert f"resolves to {outside / ours}" in info.value.message and f"outside its {variable} folder" \
+            in info.value.message and "\n" not in str(info.value)
     for written, words in (("/", "the file system's root"), (str(tmp_path / ".ssh"), "credentials"),
                            (f"{outside}\nx", "control character")):
         with pytest.raises(ConfigError) as info:
             settings(written)
-        assert info.value.key == "hosts.0.env.FLAGPERF_VENDOR_PATH" and words in info.value.message, str(info.value)
+        assert info.value.key == f"hosts.0.env.{variable}" and words in info.value.message, str(info.value)
 
 
 def test_a_device_link_is_resolved_and_must_be_a_device() -> None:
