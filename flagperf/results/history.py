@@ -267,16 +267,17 @@ def record_interrupted_night(engine: Engine, run_id: str, reason: str, *, suite:
     """A night the operator stopped (Ctrl-C, SIGTERM; ``reason`` says which): outcome interrupted, no figures, not
     judged. The trends show it as interrupted, apart from a failed night and from a night that never ran; no
     baseline counts it. A night recorded with figures (or as failed) is not overwritten by this."""
-    with engine.begin() as conn:
-        if conn.execute(select(runs.c.run_id).where(runs.c.run_id == run_id)).first() is not None:
-            return
     _record_night_without_figures(engine, run_id, INTERRUPTED, reason, suite=suite, vendor=vendor, device=device,
-                                  recorded_at=recorded_at)
+                                  recorded_at=recorded_at, replace=False)
 
 
 def _record_night_without_figures(engine: Engine, run_id: str, outcome: str, reason: str, *, suite: str | None,
-                                  vendor: str | None, device: str | None, recorded_at: datetime | None) -> None:
+                                  vendor: str | None, device: str | None, recorded_at: datetime | None,
+                                  replace: bool = True) -> None:
+    """One transaction: the check of an earlier record (``replace`` False keeps it) and the write."""
     with engine.begin() as conn:
+        if not replace and conn.execute(select(runs.c.run_id).where(runs.c.run_id == run_id)).first() is not None:
+            return
         conn.execute(delete(figures).where(figures.c.run_id == run_id))
         conn.execute(delete(runs).where(runs.c.run_id == run_id))
         conn.execute(insert(runs).values(run_id=run_id, recorded_at=recorded_at or datetime.now(timezone.utc),
