@@ -359,7 +359,7 @@ def clean_work_roots(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: R
             continue
         run_root = host.work_root / plan.run_id
         try:
-            unstored = uncollected(host, name, plan, list(specs))
+            unstored = uncollected_rounds(host, name, plan, list(specs))
             measured += [[case.name, round_no, name, rank] for case, round_no, rank, stage in unstored
                          if leftover_result(host, stage, case.max_retries + 1) is not None]
             kept = [stage for *_, stage in unstored]
@@ -373,15 +373,12 @@ def clean_work_roots(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: R
     return measured
 
 
-def uncollected_rounds(host: Host, name: str, plan: RunPlan, names: list[str]) -> list[Path]:
-    """The round folders on ``host`` that hold a result the controller has not stored. A round stored whole (its
-    folder is renamed into place only once complete) is not one, though its host's copy is still there: an
-    interrupt between the rename and the removal leaves both, and the stored one is the record."""
-    return [stage for *_, stage in uncollected(host, name, plan, names)]
-
-
-def uncollected(host: Host, name: str, plan: RunPlan, names: list[str]) -> list[tuple[CasePlan, int, int, Path]]:
-    """uncollected_rounds, each with its case, round and node rank."""
+def uncollected_rounds(host: Host, name: str, plan: RunPlan, names: list[str]
+                       ) -> list[tuple[CasePlan, int, int, Path]]:
+    """The round folders on ``host`` that hold a result the controller has not stored, each with its case, round
+    and node rank. A round stored whole (its folder is renamed into place only once complete) is not one, though
+    its host's copy is still there: an interrupt between the rename and the removal leaves both, and the stored
+    one is the record."""
     found = []
     for case in plan.cases:
         ranks = [group.index(name) for group in node_groups(case.config, names) if name in group]

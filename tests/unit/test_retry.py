@@ -62,7 +62,8 @@ def test_only_rounds_that_hold_an_unstored_result_keep_the_hosts_run_folder(tmp_
     stopped = stage_folder(host.work_root, "run-a", FP32, 2, "h1")  # interrupted while running: no result
     (stopped / "attempt1").mkdir(parents=True)
     (stopped / "attempt1" / "case.log").write_text("starting\n")
-    assert uncollected_rounds(host, "h1", plan, ["h1", "h2"]) == [measured]
+    assert [(case.name, n, rank, stage) for case, n, rank, stage in uncollected_rounds(
+        host, "h1", plan, ["h1", "h2"])] == [(FP32, 1, 0, measured)]
     assert uncollected_rounds(LocalHost(name="h2", work_root=tmp_path / "work"), "h2", plan, ["h1", "h2"]) == []
 
 
@@ -74,7 +75,7 @@ def test_a_round_stored_whole_does_not_keep_its_hosts_copy(tmp_path: Path) -> No
     stage = stage_folder(host.work_root, "run-a", FP32, 1, "h1")
     (stage / "attempt1").mkdir(parents=True)
     (stage / "attempt1" / "result.json").write_text("{}")
-    assert uncollected_rounds(host, "h1", plan, ["h1"]) == [stage]
+    assert [found for *_, found in uncollected_rounds(host, "h1", plan, ["h1"])] == [stage]
     stored = round_dir(plan.run_dir, FP32, 1, "h1", 0)
     stored.mkdir(parents=True)
     (stored / "result.json").write_text("{}")
