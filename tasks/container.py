@@ -63,9 +63,9 @@ def verdict(host: Host, job: Job, job_dir: Path, outcome: CommandResult, timeout
     """The attempt's result, or the failure it was: infrastructure (retried) or user (not)."""
     label = f"{job.case} round {job.round} on {host.name}"
     rank = f"node rank {job.node_rank} of {job.nnodes} " if job.nnodes > 1 else ""
-    if outcome.timed_out:
+    if outcome.timed_out:  # the log's last lines say where it hung
         raise InfrastructureFailure(f"{label}: {rank}timed out after {timeout_s:.0f} s "
-                                    f"(timeout_s); the process group was killed")
+                                    f"(timeout_s); the process group was killed; {log_tail(host, job_dir, lines=1)}")
     if outcome.exit_code in (EXIT_OK, EXIT_UNSUPPORTED, EXIT_USER_ERROR):
         try:
             # read on the host: its files are not the controller's (a test bed's hosts only share them)
@@ -77,8 +77,7 @@ def verdict(host: Host, job: Job, job_dir: Path, outcome: CommandResult, timeout
             raise RoundUserFailure(f"{label}: {rank}"
                                    f"{result.failure.message if result.failure else 'user error'}")
         return result
-    last = " | ".join(host.tail(job_dir / CASE_LOG_FILE, LOG_TAIL_LINES)) or "(empty)"
-    tail = f"last lines of {CASE_LOG_FILE}: {last}"
+    tail = log_tail(host, job_dir)
     if outcome.exit_code is None and outcome.link:  # no exit of its own: the link lost it (retried)
         raise InfrastructureFailure(f"{label}: {rank}lost, not failed: {outcome.link}; {tail}")
     how = "could not start" if outcome.exit_code is None else (
@@ -86,6 +85,12 @@ def verdict(host: Host, job: Job, job_dir: Path, outcome: CommandResult, timeout
     # the case's own end leads; what the link did meanwhile is context after it
     raise InfrastructureFailure(f"{label}: {rank}{how}; {tail}" + (f"; meanwhile {outcome.link}" if outcome.link
                                                                   else ""))
+
+
+def log_tail(host: Host, job_dir: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The case log's last lines, in one line for a failure message."""
+    last = " | ".join(host.tail(job_dir / CASE_LOG_FILE, lines)) or "(empty)"
+    return f"last {'line' if lines == 1 else 'lines'} of {CASE_LOG_FILE}: {last}"
 
 
 def host_disk_full(host: Host, folder: Path) -> str | None:

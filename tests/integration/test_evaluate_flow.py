@@ -131,6 +131,8 @@ def test_failures_are_retried_only_when_the_infrastructure_failed(flagperf_env: 
     result = read_result(folder / "result.json")
     assert result.status == "failed" and result.failure.kind == "infrastructure"
     assert "timed out after 3 s" in result.failure.message
+    # where it hung: the case log's last line is in the message, not only in case.log
+    assert result.failure.message.endswith("; last line of case.log: sleeping"), result.failure.message
     assert (folder / "attempts" / "attempt1" / "case.log").is_file()
 
     # Unsupported is a result, not a failure, and is not retried.
