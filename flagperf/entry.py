@@ -430,7 +430,7 @@ def run_job(job: Job, out_dir: Path, slot: DeviceSlot | None = None, job_file: P
         convergence=outcome.convergence, inference=outcome.inference, operation=outcome.operation,
         config=job.config, devices=outcome.devices, device_spread=outcome.spread,
         provenance=Provenance(
-            **engine_info(), command=job.command, python=sys.version.split()[0],
+            **engine_info(job.vendor, job.digest_cases()), command=job.command, python=sys.version.split()[0],
             libraries={**job.controller_libraries, **library_versions()},
             host={**host_info(), "allocator": allocator}, image=job.image,
             config_origins=job.config_origins, run_overrides=job.run_overrides, attempt=job.attempt,

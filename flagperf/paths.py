@@ -17,10 +17,14 @@ RESULTS_DIR_ENV = "FLAGPERF_RESULTS_DIR"  # the folder runs started from a serve
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")  # \Z: "$" would let a trailing newline through
 
 
+def search_path_folders(env_var: str) -> list[Path]:
+    """The extra folders ``env_var`` names (os.pathsep separated; a relative one from the working folder), in order."""
+    return [Path(p).resolve() for p in os.environ.get(env_var, "").split(os.pathsep) if p]
+
+
 def _search_path(default: Path, env_var: str) -> list[Path]:
-    """The project's own folder first, then extra folders from ``env_var`` (os.pathsep separated)."""
-    extra = [Path(p).resolve() for p in os.environ.get(env_var, "").split(os.pathsep) if p]
-    return [default, *extra]
+    """The project's own folder first, then extra folders from ``env_var``."""
+    return [default, *search_path_folders(env_var)]
 
 
 CASE_PATH_ENV = "FLAGPERF_CASE_PATH"  # case folders outside the project (a lab's own cases)

@@ -614,7 +614,7 @@ def run_node(spec: HostSpec, parameters: dict[str, Any]) -> RoundResult:
         job = Job(run_id=plan.run_id, case=case.name, family=case.family, round=parameters["round_no"],
                   host=spec.name, node_rank=parameters["node_rank"], vendor=plan.vendor.name, config=case.config,
                   config_origins=case.origins, run_overrides=case.run_overrides, command=parameters["command"],
-                  image=parameters["image"] or {})
+                  image=parameters["image"] or {}, run_cases=plan.case_folders)
         result = job.failed_result(failure, parameters["probe"])
         try:
             write_result(dest / RESULT_FILE, result)

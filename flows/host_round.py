@@ -106,7 +106,7 @@ def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: C
               vendor=plan.vendor.name, config=case.config, config_origins=case.origins,
               run_overrides=case.run_overrides,
               command=command, image=image, controller_libraries=library_versions(CONTROLLER_LIBRARIES),
-              spec_settings=spec.host_spec_settings())
+              spec_settings=spec.host_spec_settings(), run_cases=plan.case_folders)
     monitor_budget = case.timeout_s * (case.max_retries + 1) + MONITOR_SLACK_S
     label = f"{case.name}/round{round_no}@{host.name}" + (f"#node{node_rank}" if nnodes > 1 else "")
     monitors: list[Any] = []

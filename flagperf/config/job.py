@@ -41,6 +41,14 @@ class Job(BaseModel):
     spec_settings: HostSpecSettings | None = Field(
         default=None, description="the inventory's spec_settings for this host (its clock, its memory), laid over the "
                                   "vendor's when the host builds its spec table")
+    run_cases: list[str] = Field(
+        default_factory=list, description="the run's case folders, <family>/<case> (RunPlan.case_folders): the source "
+                                          "digest a round records covers them, as the plan's does")
+
+    def digest_cases(self) -> list[str]:
+        """The case folders the round's source digest covers: the run's (its own among them)."""
+        own = f"{self.family}/{self.case}"
+        return self.run_cases if own in self.run_cases else [*self.run_cases, own]
 
     def host_vendor(self) -> Vendor:
         """The job's vendor as this host sees it: the host's vendor folder, with the inventory's spec_settings for
@@ -56,7 +64,8 @@ class Job(BaseModel):
             node_rank=self.node_rank, vendor=self.vendor, status="failed", failure=failure, started_at=now,
             finished_at=now, duration_s=0.0, measured_seconds=0.0, device=probe.get("device"), config=self.config,
             provenance=Provenance(
-                **engine_info(), command=self.command, python=probe.get("python", sys.version.split()[0]),
+                **engine_info(self.vendor, self.digest_cases()), command=self.command,
+                python=probe.get("python", sys.version.split()[0]),
                 libraries={**self.controller_libraries, **probe.get("libraries", library_versions())},
                 host=probe.get("host", {}), image=self.image, config_origins=self.config_origins,
                 run_overrides=self.run_overrides, attempt=self.attempt,

@@ -221,10 +221,12 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
         raise ConfigError("--run-id", None, f"{run_id!r} is not a valid name")
     run_dir = Path(results_dir) / run_id
     revision, dirty = git_revision()
+    # The code the run's rounds will record: the project's, and its vendor's and cases' on the search paths.
+    digest = source_digest(vendor=resolved_vendor.name, cases=[f"{p.family}/{p.name}" for p in plans])
     plan = RunPlan(run_id=run_id, suite=suite_name, vendor=resolved_vendor, rounds=rounds or suite_rounds, cases=plans,
                    results_dir=str(results_dir), set_overrides=sets, flow_run_id=flow_run_id,
                    git_revision=f"{revision}{'+modified' if dirty else ''}" if revision else None,
-                   source_digest=source_digest(), hosts=list(hosts or []))
+                   source_digest=digest, hosts=list(hosts or []))
     if run_dir.exists() and not _is_resumable(run_dir, plan, resume):
         raise ConfigError("--results", None, f"{run_dir} already exists; results are never overwritten")
     return plan
@@ -291,14 +293,17 @@ def _is_resumable(run_dir: Path, plan: RunPlan, resume: bool = False) -> bool:
         raise ConfigError(str(run_dir / PLAN_FILE), "git_revision",
                           f"this run folder was made by {earlier.git_revision}, the retry runs {plan.git_revision}: "
                           "kept rounds and new ones would come from different code; start a new run")
-    # The same commit with other local changes, or a copy without git: the code's own digest tells.
-    if earlier.source_digest and plan.source_digest and earlier.source_digest != plan.source_digest:
+    same_work = (earlier.cases == plan.cases and earlier.rounds == plan.rounds
+                 and [h.get("name") for h in earlier.hosts] == [h.get("name") for h in plan.hosts])
+    # The same commit with other local changes, or a copy without git: the code's own digest tells. It covers the
+    # run's vendor and cases (those on FLAGPERF_VENDOR_PATH / FLAGPERF_CASE_PATH): compared for the same ones only,
+    # other work is refused as such below.
+    if earlier.source_digest and plan.source_digest and earlier.source_digest != plan.source_digest \
+            and earlier.vendor.name == plan.vendor.name and earlier.case_folders == plan.case_folders:
         raise ConfigError(str(run_dir / PLAN_FILE), "source_digest",
                           f"this run folder was made by code {earlier.source_digest}, the retry runs "
                           f"{plan.source_digest}: kept rounds and new ones would come from different code; start a "
                           "new run")
-    same_work = (earlier.cases == plan.cases and earlier.rounds == plan.rounds
-                 and [h.get("name") for h in earlier.hosts] == [h.get("name") for h in plan.hosts])
     if resume and not same_work:
         raise ConfigError(str(run_dir / PLAN_FILE), None, "this run folder planned other work (cases, rounds, "
                           "settings or hosts): retry with the options it was started with")

@@ -11,9 +11,11 @@ Mounts (an inventory's docker.data_mounts, -v in docker.extra_options or FlagPer
     what is mounted, and it must be a folder or a regular file (never a socket or a device).
   * read-only, unless the inventory writes ``rw`` for that mount (PATH:rw, -v SRC:DST:rw).
 Vendor and case folders outside the host's project (FLAGPERF_VENDOR_PATH's <folder>/<vendor>, FLAGPERF_CASE_PATH's
-  <folder>/<family>/<case>): the run's vendor's and cases' folders only, read-only, at the path the host's variable
-  names; resolved on the host, each must stay inside its search path folder (a link to elsewhere is refused), with
-  no credentials folder in its path.
+  <folder>/<family>/<case>): the run's vendor's and cases' folders only, read-only, under a folder of flagperf's own
+  (SEARCH_MOUNT_ROOT/<vendor|case>/<index>/<name...>, never at the host's path, where the image may have its own
+  files), and the container's variable names those folders instead; resolved on the host, each must stay inside its
+  search path folder (a link to elsewhere is refused), with no credentials folder in its path. Docker hosts and
+  Slurm container images get them alike (search_mounts).
 Devices (--device, vendor.yaml container.devices): accelerator and RDMA device files by pattern
 (DEVICE_PATTERNS: InfiniBand/RoCE, which no vendor owns) plus the patterns the vendor folders declare in
 vendor.yaml container.device_patterns (an accelerator's own files: the nvidia folder's /dev/nvidia*, ...);
@@ -25,11 +27,14 @@ docker-run options: only those FlagPerf's vendors use (--gpus, --device, -e, -v,
 
 from __future__ import annotations
 
+import posixpath
 import re
 import shlex
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
+
+from flagperf.paths import CASE_PATH_ENV, VENDOR_PATH_ENV
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")  # \Z: "$" would let a trailing newline through
 # Where benchmark data, weights and results folders usually live on accelerator hosts.
@@ -321,6 +326,13 @@ def resolved_mount(mount: Mount, facts: Mapping[str, PathFacts], roots: Iterable
     return Mount(found.path, mount.target, mount.read_only, mount.options)
 
 
+# Where a container finds the folders of a host's search paths that lie outside its project: a folder of flagperf's
+# own, never the host's path, which may hide what the image has there (FLAGPERF_VENDOR_PATH=/opt and vendor nvidia
+# would mount over an NGC image's /opt/nvidia). SEARCH_MOUNT_ROOT/<kind>/<index>: the index-th folder (from 0) of the
+# host's variable; the run's <vendor> or <family>/<case> of that folder lies below it.
+SEARCH_MOUNT_ROOT = "/flagperf-search"
+
+
 @dataclass(frozen=True)
 class SearchPath:
     """A host's search path variable (FLAGPERF_VENDOR_PATH, FLAGPERF_CASE_PATH) whose folders outside its project
@@ -330,10 +342,19 @@ class SearchPath:
     variable: str
     what: str  # what one mounted folder is, in messages: "vendor folder"
     levels: int
+    kind: str  # its folder under SEARCH_MOUNT_ROOT
 
     def folder_of(self, source: str) -> str:
         """The search path's folder (as the variable names it) that a mount's source lies in."""
         return source.rsplit("/", self.levels)[0] or "/"
+
+    def in_container(self, index: int) -> str:
+        """Where a container finds the index-th folder (from 0) of the host's variable."""
+        return f"{SEARCH_MOUNT_ROOT}/{self.kind}/{index}"
+
+
+VENDOR_FOLDERS = SearchPath(VENDOR_PATH_ENV, "vendor folder", levels=1, kind="vendor")
+CASE_FOLDERS = SearchPath(CASE_PATH_ENV, "case folder", levels=2, kind="case")
 
 
 def search_path_folder(folder: str, path: SearchPath) -> str:
@@ -347,14 +368,14 @@ def search_path_folder(folder: str, path: SearchPath) -> str:
     return root
 
 
-def search_path_mount(root: str, name: str, path: SearchPath) -> Mount:
-    """The mount of ``name`` (a vendor; a case's <family>/<case>) in a checked search path folder: at the same
-    path in the container, read-only."""
+def search_path_mount(root: str, name: str, path: SearchPath, target: str) -> Mount:
+    """The mount of ``name`` (a vendor; a case's <family>/<case>) in a checked search path folder: at
+    ``target``/``name`` in the container (``target``: the folder's place there, SearchPath.in_container), read-only."""
     source = f"{root}/{name}"
     credentials = credentials_in(source)
     if credentials is not None:
         raise PolicyError(f"{path.what} {source!r} is refused: a credentials folder ({credentials})")
-    return Mount(source, source, read_only=True)
+    return Mount(source, f"{target}/{name}", read_only=True)
 
 
 def resolved_search_path_mount(mount: Mount, facts: Mapping[str, PathFacts], path: SearchPath) -> Mount | None:
@@ -374,6 +395,70 @@ def resolved_search_path_mount(mount: Mount, facts: Mapping[str, PathFacts], pat
         raise PolicyError(f"{path.what} {mount.source!r}{via} is refused: it is in a credentials folder "
                           f"({credentials})")
     return Mount(found.path, mount.target, read_only=True)
+
+
+@dataclass(frozen=True)
+class SearchMounts:
+    """What a run's containers on one host get of its search paths (FLAGPERF_VENDOR_PATH, FLAGPERF_CASE_PATH) outside
+    its project: the mounts of the run's vendor and cases there (each with the search path it comes from), and the
+    variables as the container reads them (``env``: only those that name a folder outside the project)."""
+
+    mounts: tuple[tuple[SearchPath, Mount], ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+    def all(self) -> list[Mount]:
+        return [mount for _, mount in self.mounts]
+
+    def of(self, path: SearchPath) -> list[Mount]:
+        return [mount for kind, mount in self.mounts if kind == path]
+
+    def host_paths(self) -> list[str]:
+        """The host paths ``resolved`` needs facts for: each mount's source and its search path folder."""
+        return sorted({p for path, m in self.mounts for p in (m.source, path.folder_of(m.source))})
+
+    def resolved(self, facts: Mapping[str, PathFacts]) -> SearchMounts:
+        """These mounts with their sources resolved on the host (``facts``: its answer for host_paths()) and checked
+        again; a folder the host lacks is left out (the container's variable still names its place, empty).
+        PolicyError keyed env.<variable>."""
+        kept = []
+        for path, mount in self.mounts:
+            try:
+                found = resolved_search_path_mount(mount, facts, path)
+            except PolicyError as exc:
+                raise PolicyError(str(exc), f"env.{path.variable}") from None
+            if found is not None:
+                kept.append((path, found))
+        return replace(self, mounts=tuple(kept))
+
+
+def search_mounts(values: Mapping[str, str], vendor: str, cases: Sequence[str], project_root: str) -> SearchMounts:
+    """The mounts of the run's ``vendor`` and ``cases`` (<family>/<case>) in each folder of a host's search paths
+    (``values``: the host's variables) outside ``project_root``, which every container sees at its own path, and
+    the variables as the container gets them: a folder inside the project as written (a relative one is the
+    project's: the container's working folder), each folder outside replaced by its place under SEARCH_MOUNT_ROOT,
+    in the same order, so the same folder wins a name in the container as on the host. Every folder is checked as
+    written, also where no name is asked for; PolicyError keyed env.<variable>. One function for every container
+    runtime: the docker runtime and Slurm's pyxis (srun --container-mounts)."""
+    mounts: list[tuple[SearchPath, Mount]] = []
+    env: list[tuple[str, str]] = []
+    for path, names in ((VENDOR_FOLDERS, [vendor]), (CASE_FOLDERS, list(cases))):
+        written = [folder for folder in values.get(path.variable, "").split(":") if folder]
+        seen: list[str] = []
+        try:
+            for index, folder in enumerate(written):
+                absolute = folder if folder.startswith("/") else posixpath.normpath(posixpath.join(project_root,
+                                                                                                   folder))
+                root = search_path_folder(absolute, path)
+                if is_under(root, project_root):
+                    seen.append(folder)
+                    continue
+                seen.append(path.in_container(index))
+                mounts += [(path, search_path_mount(root, name, path, seen[-1])) for name in names]
+        except PolicyError as exc:
+            raise PolicyError(str(exc), f"env.{path.variable}") from None
+        if seen != written:
+            env.append((path.variable, ":".join(seen)))
+    return SearchMounts(tuple(mounts), tuple(env))
 
 
 def resolved_device(value: str, facts: Mapping[str, PathFacts], patterns: Iterable[str], what: str) -> str:

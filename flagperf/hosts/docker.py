@@ -17,11 +17,10 @@ import hmac
 import json
 import logging
 import os
-import posixpath
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -35,22 +34,19 @@ from flagperf.hosts.container_policy import (
     Mount,
     PathFacts,
     PolicyError,
-    SearchPath,
+    SearchMounts,
     device_host_path,
-    is_under,
     parse_container_options,
     parse_data_mount,
     resolved_device,
     resolved_mount,
-    resolved_search_path_mount,
-    search_path_folder,
-    search_path_mount,
+    search_mounts,
 )
 from flagperf.hosts.inventory import HostSpec, resolve_values, spec_origin
 from flagperf.hosts.local import CommandResult, Host, LineSink
 from flagperf.hosts.probe import probe_command
 from flagperf.hosts.runtime import Runtime
-from flagperf.paths import CASE_PATH_ENV, PROJECT_ROOT, VENDOR_PATH_ENV, display_path
+from flagperf.paths import PROJECT_ROOT, display_path
 from flagperf.results.schema import CASE_LOG_FILE
 
 logger = logging.getLogger("flagperf.hosts.docker")
@@ -62,9 +58,6 @@ LABEL = "org.flagperf"
 ENV_FILE_IN_CONTAINER = "/run/flagperf-env.json"
 # Variables the container runtime itself reads from a container's config (device selection): these stay there.
 RUNTIME_READS = re.compile(r"^(NVIDIA_[A-Z0-9_]*|[A-Z0-9_]*_VISIBLE_DEVICES)$")
-# A host's search paths whose folders outside its project reach its containers: the run's vendor and cases there.
-VENDOR_FOLDERS = SearchPath(VENDOR_PATH_ENV, "vendor folder", levels=1)
-CASE_FOLDERS = SearchPath(CASE_PATH_ENV, "case folder", levels=2)
 
 
 class ContainerEngineError(OSError):
@@ -261,9 +254,9 @@ class ContainerSettings:
     ulimits: dict[str, int]
     data_roots: tuple[str, ...] = ()
     # The vendor's folders in the host's FLAGPERF_VENDOR_PATH folders outside its project, and the run's cases' in
-    # its FLAGPERF_CASE_PATH folders (<folder>/<family>/<case>): every container.
-    vendor_mounts: list[Mount] = field(default_factory=list)
-    case_mounts: list[Mount] = field(default_factory=list)
+    # its FLAGPERF_CASE_PATH folders (<folder>/<family>/<case>), under /flagperf-search: every container (the
+    # variables that name them, rewritten to match, are in private_env).
+    search: SearchMounts = field(default_factory=SearchMounts)
     device_patterns: tuple[str, ...] = ()
     vendor_devices: tuple[str, ...] = ()  # the first of ``devices``: from the vendor file (the rest: extra options)
     vendor_file: str = "vendor.yaml"
@@ -273,13 +266,7 @@ class ContainerSettings:
     def host_paths(self) -> list[str]:
         """The host paths the container policy checks on the host: mount sources, data roots, devices."""
         return sorted({*(m.source for m in (*self.data_mounts, *self.extra_mounts)), *self.data_roots,
-                       *(device_host_path(d) for d in self.devices),
-                       *(p for path, mounts in self.folder_mounts() for m in mounts
-                         for p in (m.source, path.folder_of(m.source)))})
-
-    def folder_mounts(self) -> list[tuple[SearchPath, list[Mount]]]:
-        """The vendor and case folder mounts, each with the search path it comes from."""
-        return [(VENDOR_FOLDERS, self.vendor_mounts), (CASE_FOLDERS, self.case_mounts)]
+                       *(device_host_path(d) for d in self.devices), *self.search.host_paths()})
 
     def resolved(self, facts: Mapping[str, PathFacts]) -> ContainerSettings:
         """These settings with every mount source and device resolved on the host (``facts``: its answer for
@@ -300,14 +287,8 @@ class ContainerSettings:
                    keyed(f"container.devices.{i}", lambda d=d: resolved_device(d, facts, self.device_patterns,
                                                                             "device"), self.vendor_file)
                    for i, d in enumerate(self.devices)]
-        def found(path: SearchPath, mounts: list[Mount]) -> list[Mount]:  # a folder the host lacks: none
-            checked = [keyed(f"env.{path.variable}", lambda m=m: resolved_search_path_mount(m, facts, path))
-                       for m in mounts]
-            return [m for m in checked if m is not None]
-
         return replace(self, data_mounts=data, extra_mounts=extra, devices=devices,
-                       vendor_mounts=found(VENDOR_FOLDERS, self.vendor_mounts),
-                       case_mounts=found(CASE_FOLDERS, self.case_mounts))
+                       search=self.search.resolved(facts))  # its PolicyError is keyed env.<variable>
 
 
 def container_settings(vendor: Vendor, spec: HostSpec, image: str, project_root: Path | None = None,
@@ -332,13 +313,11 @@ def container_settings(vendor: Vendor, spec: HostSpec, image: str, project_root:
             raise ConfigError(source, f"{prefix}docker.data_mounts.{i}", str(exc)) from None
     given = spec.runtime_env()
     given.update(resolve_values(extras.env, spec.name, "docker.extra_options"))
-    folders: dict[SearchPath, list[Mount]] = {}
-    for path, names in ((VENDOR_FOLDERS, [vendor.name]), (CASE_FOLDERS, cases)):
-        try:
-            folders[path] = search_path_mounts(given.get(path.variable, ""), names, path,
-                                               str(project_root or spec.project_root or PROJECT_ROOT))
-        except PolicyError as exc:
-            raise ConfigError(source, f"{prefix}env.{path.variable}", str(exc)) from None
+    try:
+        search = search_mounts(given, vendor.name, cases, str(project_root or spec.project_root or PROJECT_ROOT))
+    except PolicyError as exc:
+        raise ConfigError(source, f"{prefix}{exc.key}", str(exc)) from None
+    given.update(search.env)  # the container's search paths name the folders where it has them
     env = {name: value for name, value in given.items() if RUNTIME_READS.match(name)}
     private_env = {name: value for name, value in given.items() if name not in env}
     visible_env = spec.visible_devices_env or options.visible_devices_env
@@ -362,27 +341,8 @@ def container_settings(vendor: Vendor, spec: HostSpec, image: str, project_root:
         privileged_reason=options.privileged_reason if options.privileged else None, device_requests=requests,
         devices=[*options.devices, *extras.devices], data_mounts=data_mounts,
         extra_mounts=extras.mounts, ipc_mode=extras.ipc or options.ipc, group_add=extras.group_add,
-        ulimits=dict(options.ulimits), data_roots=roots, vendor_mounts=folders[VENDOR_FOLDERS],
-        case_mounts=folders[CASE_FOLDERS], device_patterns=patterns,
+        ulimits=dict(options.ulimits), data_roots=roots, search=search, device_patterns=patterns,
         vendor_devices=tuple(options.devices), vendor_file=display_path(vendor.folder / "vendor.yaml"))
-
-
-def search_path_mounts(search_path: str, names: Iterable[str], path: SearchPath, project_root: str) -> list[Mount]:
-    """The mounts of ``names`` (the run's vendor, or its cases' <family>/<case>) in each folder of a host's search
-    path (``search_path``, the value of its ``path.variable``) outside ``project_root``: a container sees the
-    project, and these at the paths the variable names (relative ones are the project's, the containers' working
-    folder). Every folder is checked as written, also where no name is given."""
-    mounts: dict[str, Mount] = {}
-    for folder in search_path.split(":"):
-        if not folder:
-            continue
-        folder = posixpath.normpath(posixpath.join(project_root, folder)) if not folder.startswith("/") else folder
-        root = search_path_folder(folder, path)
-        for name in names:
-            mount = search_path_mount(root, name, path)
-            if not is_under(mount.source, project_root):
-                mounts.setdefault(mount.target, mount)
-    return list(mounts.values())
 
 
 def exit_code_of(status: int) -> int:
@@ -438,8 +398,7 @@ class DockerRuntime(Runtime):
             mounts.append(DockerMount(str(cache), str(cache), type="bind", read_only=False))
         if data:
             mounts += [DockerMount(m.target, m.source, type="bind", read_only=m.read_only) for m in s.data_mounts]
-        mounts += [DockerMount(m.target, m.source, type="bind", read_only=True)
-                   for _, folders in s.folder_mounts() for m in folders]
+        mounts += [DockerMount(m.target, m.source, type="bind", read_only=True) for m in s.search.all()]
         volumes = [m.volume() for m in s.extra_mounts]  # -v form: keeps options such as z or rshared
         env = {**s.env, "PYTHONPATH": str(host.project_root), "PYTHONUNBUFFERED": "1",
                "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "HOME": "/tmp"}

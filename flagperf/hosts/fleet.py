@@ -65,9 +65,9 @@ def host_user(host: Host) -> str:
 def runtime_for(host: Host, spec: HostSpec, vendor: Vendor, image: dict[str, Any], run_id: str,
                 cases: Sequence[str] = ()) -> Runtime:
     """``cases``: the run's case folders (RunPlan.case_folders), which its containers get where they lie outside
-    the host's project."""
+    the host's project (a docker host's, a Slurm entry's container image's)."""
     if spec.slurm is not None:
-        return SlurmRuntime()
+        return SlurmRuntime(host.search_mounts(vendor.name, cases) if isinstance(host, SlurmHost) else None)
     if spec.runtime == "process":
         return ProcessRuntime()
     settings = checked_on_host(container_settings(vendor, spec, image["tag"], host.project_root, cases), host,

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from flagperf.config.vendors import Vendor
-from flagperf.errors import InfrastructureFailure
+from flagperf.errors import ConfigError, InfrastructureFailure
 from flagperf.hosts.docker import engine_client
 from flagperf.hosts.inventory import HostSpec
 from flagperf.hosts.local import Host
@@ -61,6 +61,11 @@ def check_host(host: Host, spec: HostSpec, vendor: Vendor, log_path: Path,
     if isinstance(host, SlurmHost):  # the cluster first: a probe job on a drained node would only wait
         checks += [Check(c.name, c.ok, c.detail) for c in check_cluster(host)]
         if not all(c.ok for c in checks):
+            return HealthReport(host=host.name, checks=checks, probe=None)
+        try:  # in a container image, the probe finds the vendor where the rounds will
+            host = host.with_search(host.search_mounts(vendor.name))
+        except ConfigError as exc:
+            checks.append(Check("container mounts", False, str(exc)))
             return HealthReport(host=host.name, checks=checks, probe=None)
     if isinstance(host, SshHost):
         try:

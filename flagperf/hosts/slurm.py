@@ -19,6 +19,7 @@ so does ``cancel_jobs`` at the end of every evaluation: nothing is left queued.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import math
@@ -30,13 +31,15 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from flagperf.config.job import JOB_FILE
-from flagperf.errors import FlagperfError, InfrastructureFailure
-from flagperf.hosts.inventory import HostSpec
+from flagperf.errors import ConfigError, FlagperfError, InfrastructureFailure
+from flagperf.hosts.container_policy import PathFacts, PolicyError, SearchMounts, search_mounts
+from flagperf.hosts.inventory import HostSpec, spec_origin
 from flagperf.hosts.local import (
     BackgroundProcess,
     CommandResult,
@@ -60,6 +63,9 @@ ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUE
           "STAGE_OUT", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "STOPPED"}
 NOT_STARTED = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
 END_WAIT_S = 60.0  # after the nodes wrote their exit records, how long the job may take to leave the queue
+# What a path in pyxis' --container-mounts may not hold: ',' parts the mounts, ':' a mount's fields, and enroot
+# writes each mount as one whitespace-separated fstab line.
+PYXIS_UNSAFE = re.compile(r"[\s,:]")
 
 
 class SlurmError(InfrastructureFailure):
@@ -378,6 +384,8 @@ class SlurmHost(LocalHost):
         self.python = spec.python or "python3"
         self.work_root = spec.slurm.shared_dir
         self._monitors: dict[Path, list[DeferredProcess]] = {}
+        # What run()'s container gets of the search paths (with_search): the healthcheck's probe needs the vendor.
+        self.search: SearchMounts | None = None
 
     def __repr__(self) -> str:
         return f"SlurmHost({self.name!r})"
@@ -395,24 +403,56 @@ class SlurmHost(LocalHost):
                 env.pop(name, None)
         return env
 
-    def inventory_env_lines(self, folder: Path) -> list[str]:
+    def inventory_env_lines(self, folder: Path, search: SearchMounts | None = None) -> list[str]:
         """Job-script lines that set the entry's env from a file (mode 0600, in ``folder`` of the private shared
-        folder) and remove it; srun's steps inherit them. A job that cannot read it fails at once."""
-        if not self.extra_env:
+        folder) and remove it; srun's steps inherit them. A job that cannot read it fails at once. ``search``: the
+        container's search path mounts, whose variables (as the container reads them) replace the host's."""
+        values = {**self.extra_env, **dict(search.env if search else ())}
+        if not values:
             return []
         path = folder / "inventory-env.sh"
         self.write_text(path, "".join(f"export {name}={shlex.quote(value)}\n"
-                                      for name, value in self.extra_env.items()), mode=0o600)
+                                      for name, value in values.items()), mode=0o600)
         return [f". {shlex.quote(str(path))} || exit 97", shlex.join(["rm", "-f", "--", str(path)])]
 
-    def container_options(self) -> list[str]:
+    def container_options(self, search: SearchMounts | None = None) -> list[str]:
+        """srun's pyxis options (none without slurm.container_image): the shared folder, the project (read-only),
+        the inventory's container_mounts and ``search``'s folders (read-only, under /flagperf-search)."""
         spec = self.slurm
         if not spec.container_image:
             return []
         mounts = [f"{spec.shared_dir}:{spec.shared_dir}", f"{self.project_root}:{self.project_root}:ro",
-                  *spec.container_mounts]
+                  *spec.container_mounts, *(f"{m.source}:{m.target}:ro" for m in (search.all() if search else []))]
         return [f"--container-image={spec.container_image}", f"--container-mounts={','.join(mounts)}",
                 f"--container-workdir={self.project_root}"]
+
+    def search_mounts(self, vendor: str, cases: Sequence[str] = ()) -> SearchMounts | None:
+        """What the container (slurm.container_image) gets of the FLAGPERF_VENDOR_PATH / FLAGPERF_CASE_PATH folders
+        its jobs see (the inventory's env, else the controller's) outside the project: the run's vendor and cases,
+        mounted and named as on a docker host (container_policy.search_mounts), resolved here (the controller sees
+        the shared folders as the nodes do). None without a container image. ConfigError naming the inventory's
+        hosts.N.env.<variable>."""
+        if not self.slurm.container_image:
+            return None
+        try:
+            written = search_mounts(self.environment(), vendor, cases, str(self.project_root))
+            found = self.describe_paths(written.host_paths())
+            search = written.resolved({path: PathFacts(path=fact["path"], kind=fact["kind"])
+                                       for path, fact in found.items()})
+            for kind, mount in search.mounts:
+                if PYXIS_UNSAFE.search(mount.source):
+                    raise PolicyError(f"{kind.what} {mount.source!r} cannot be mounted by pyxis: its path holds a "
+                                      "',', ':' or whitespace", f"env.{kind.variable}")
+        except PolicyError as exc:
+            source, prefix = spec_origin(self.spec)
+            raise ConfigError(source, f"{prefix}{exc.key}", f"on host {self.name}: {exc}") from None
+        return search
+
+    def with_search(self, search: SearchMounts | None) -> SlurmHost:
+        """This slot, its run() containers given ``search`` (the healthcheck's probe: the run's vendor)."""
+        host = copy.copy(self)
+        host.search = search
+        return host
 
     def job_name(self, what: str) -> str:
         return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{JOB_PREFIX}-{what}")[:120]
@@ -427,9 +467,9 @@ class SlurmHost(LocalHost):
         folder.mkdir(parents=True)
         try:
             exit_file = folder / EXIT_FILE
-            step = ["srun", "--nodes=1", "--ntasks=1", *self.container_options(), *argv]
+            step = ["srun", "--nodes=1", "--ntasks=1", *self.container_options(self.search), *argv]
             script = batch_script(f"flagperf: {shlex.join(argv)[:200]} on {self.name}", [
-                *self.inventory_env_lines(folder),
+                *self.inventory_env_lines(folder, self.search),
                 shlex.join(["touch", str(folder / START_FILE)]),
                 shlex.join(step),
                 "code=$?",
@@ -519,9 +559,13 @@ _meetings_lock = threading.Lock()
 
 
 class SlurmRuntime(Runtime):
-    """Rounds as Slurm jobs: one job per round and node group (flagperf.hosts.slurm_node on each node)."""
+    """Rounds as Slurm jobs: one job per round and node group (flagperf.hosts.slurm_node on each node).
+    ``search``: what a container image's jobs get of the search paths (SlurmHost.search_mounts, resolved once)."""
 
     name = "slurm"
+
+    def __init__(self, search: SearchMounts | None = None) -> None:
+        self.search = search
 
     def run_entry(self, host: Any, job_dir: Path, timeout_s: float, on_line: LineSink | None,
                   pid_file: Path) -> CommandResult:
@@ -600,9 +644,8 @@ class SlurmRuntime(Runtime):
             assert meeting.job is not None
             return meeting.job
 
-    def _submit(self, host: SlurmHost, members: list[tuple[Rank, SlurmHost]], label: str,
-                timeout_s: float) -> SlurmJob:
-        """Write the plan and the batch script into rank 0's job folder and submit them."""
+    def write_job(self, host: SlurmHost, members: list[tuple[Rank, SlurmHost]], label: str) -> list[Rank]:
+        """The round's plan and batch script (SCRIPT_FILE), written into rank 0's job folder; the ranks."""
         ranks = [rank for rank, _ in members]
         if [r.rank for r in ranks] != list(range(len(ranks))):
             raise SlurmError(f"host {host.name}: a round's nodes must be ranks 0..{len(ranks) - 1}, got "
@@ -614,11 +657,20 @@ class SlurmRuntime(Runtime):
                 "master_port_base": host.slurm.master_port_base}
         host.write_text(folder / PLAN_FILE, json.dumps(plan, indent=2))
         step = ["srun", f"--nodes={len(ranks)}", f"--ntasks={len(ranks)}", "--ntasks-per-node=1",
-                *host.container_options(), host.python, "-m", "flagperf.hosts.slurm_node", str(folder / PLAN_FILE)]
+                *host.container_options(self.search), host.python, "-m", "flagperf.hosts.slurm_node",
+                str(folder / PLAN_FILE)]
         names = ", ".join(f"{h.name} (node {r.rank})" for r, h in members)
         secrets = host.work_root / ".jobs" / uuid.uuid4().hex  # not the job folder: that one is collected
         host.write_text(folder / SCRIPT_FILE, batch_script(f"flagperf: {label} on {names}; written by the controller",
-                                                           [*host.inventory_env_lines(secrets), shlex.join(step)]))
+                                                           [*host.inventory_env_lines(secrets, self.search),
+                                                            shlex.join(step)]))
+        return ranks
+
+    def _submit(self, host: SlurmHost, members: list[tuple[Rank, SlurmHost]], label: str,
+                timeout_s: float) -> SlurmJob:
+        """Write the plan and the batch script into rank 0's job folder and submit them."""
+        ranks = self.write_job(host, members, label)
+        folder = ranks[0].job_dir
         nodes = [r.node for r in ranks]
         job = SlurmJob(host.slurm, host.job_name(f"{host.name}-{label}"), ranks,
                        folder / "slurm-%j.out", timeout_s)

@@ -10,13 +10,14 @@ import os
 import platform
 import socket
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from flagperf import __version__
-from flagperf.paths import PROJECT_ROOT, case_roots, vendor_roots
+from flagperf.paths import CASE_PATH_ENV, PROJECT_ROOT, VENDOR_PATH_ENV, search_path_folders
 
 CASE_LIBRARIES = ("torch", "numpy", "pydantic", "PyYAML", "psutil")
 # Environment variables that change what a number means (threads, visible devices, math modes).
@@ -48,22 +49,50 @@ SKIPPED_SUFFIXES = (".pyc", ".pyo", ".so", ".o")
 SKIPPED_NAMES = ("~", ".swp")  # editors' backups and swap files
 
 
-@functools.cache
-def source_digest(root: Path = PROJECT_ROOT) -> str | None:
-    """sha256 of the code that ran (every file of SOURCE_FOLDERS, and of the case and vendor folders named by
-    FLAGPERF_CASE_PATH / FLAGPERF_VENDOR_PATH: path and bytes, in path order), first 16 hex digits; None if a
-    file cannot be read (the figure is never lost over its label). A copy deployed without git (a host's
-    copy, an unpacked tree) is identified by it too, and two trees with the same commit but different local
-    changes are told apart: compute it in a checkout with
-    ``python -c "from flagperf.results.provenance import source_digest; print(source_digest())"``.
+def source_digest(root: Path = PROJECT_ROOT, vendor: str | None = None,
+                  cases: Sequence[str] | None = None) -> str | None:
+    """sha256 of the code that ran, first 16 hex digits: every file of SOURCE_FOLDERS, and of the vendor and case
+    folders FLAGPERF_VENDOR_PATH / FLAGPERF_CASE_PATH name beyond them (path and bytes, in path order); None if a
+    file cannot be read (the figure is never lost over its label). ``vendor`` and ``cases`` (<family>/<case>): a
+    run's, whose folders alone count of those search path folders (a container gets no others); without them each
+    search path folder counts whole. A search path folder's files are labelled by the variable and their path below
+    its folder, never by where it lies, so a process on the host and a container that has the folder elsewhere
+    (/flagperf-search/...) digest the same code alike. A copy deployed without git (a host's copy, an unpacked tree)
+    is identified by it too, and two trees with the same commit but different local changes are told apart: compute
+    it in a checkout with ``python -c "from flagperf.results.provenance import source_digest; print(source_digest())"``
+    (a run whose vendor or cases lie on those variables: ``source_digest(vendor='acme', cases=['base/x'])``).
     Build outputs (.so, .o) and Python's caches are left out."""
-    digest = hashlib.sha256()
     folders = [(root / folder, folder) for folder in SOURCE_FOLDERS]
     if root == PROJECT_ROOT:
-        folders += [(path, str(path)) for path in (*case_roots(), *vendor_roots())
-                    if not path.resolve().is_relative_to(root.resolve())]
+        folders += search_path_code(root, vendor, None if cases is None else list(cases))
+    return folders_digest(tuple(folders))
+
+
+def search_path_code(root: Path, vendor: str | None, cases: list[str] | None) -> list[tuple[Path, str]]:
+    """(folder, label) of the code the search path variables add to the project's: the run's vendor and case
+    folders in each of their folders (or, without a run, each folder), in search order; a folder within
+    SOURCE_FOLDERS is counted with them already."""
+    covered = [(root / folder).resolve() for folder in SOURCE_FOLDERS]
+    found: list[tuple[Path, str]] = []
+    for variable, names in ((VENDOR_PATH_ENV, None if vendor is None else [vendor]), (CASE_PATH_ENV, cases)):
+        for folder in search_path_folders(variable):
+            if any(folder.is_relative_to(code) for code in covered):
+                continue
+            if names is None:
+                if not root.resolve().is_relative_to(folder):  # never the whole tree a project lies in
+                    found.append((folder, variable))
+            else:
+                found += [(folder / name, f"{variable}/{name}") for name in names if (folder / name).is_dir()]
+    return found
+
+
+@functools.cache
+def folders_digest(folders: tuple[tuple[Path, str], ...]) -> str | None:
+    """The digest of (folder, label) pairs: each folder's files labelled <label>/<path below the folder>."""
+    digest = hashlib.sha256()
     try:
         for folder, label in folders:
+            digest.update(f"{label}\0\0".encode())  # where one folder ends: two folders are not one
             files = sorted(path for path in folder.rglob("*") if path.is_file()
                            and not path.name.endswith(SKIPPED_SUFFIXES + SKIPPED_NAMES)
                            and not any(part.startswith(".") or part == "__pycache__"
@@ -120,7 +149,8 @@ def host_info() -> dict[str, Any]:
     }
 
 
-def engine_info() -> dict[str, Any]:
+def engine_info(vendor: str | None = None, cases: Sequence[str] | None = None) -> dict[str, Any]:
+    """The engine's version and code; ``vendor``, ``cases``: the run's, for source_digest."""
     revision, dirty = git_revision()
     return {"engine_version": __version__, "git_revision": revision, "git_dirty": dirty,
-            "source_digest": source_digest()}
+            "source_digest": source_digest(vendor=vendor, cases=cases)}

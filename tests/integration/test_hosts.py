@@ -20,6 +20,7 @@ import pytest
 import yaml
 from prefect_api import all_task_runs, run_evaluate, task_logs
 
+from flagperf.config.plan import read_plan
 from flagperf.errors import InfrastructureFailure
 from flagperf.results.schema import read_result
 from tests.testbed.bed import Testbed, deploy_project, make_testbed_fixture
@@ -403,7 +404,9 @@ def test_accept_new_host_key_records_it_and_a_changed_key_is_always_refused(tmp_
 def test_a_container_killed_mid_round_is_retried_and_the_others_kept(flagperf_env: Path, tmp_path: Path,
         testbed: Testbed, deployed: Path, request: pytest.FixtureRequest) -> None:
     """Also: the killed case is a lab's own, in a case folder outside the host's deployment (its
-    FLAGPERF_CASE_PATH): its containers get that case's folder as a read-only mount of its own."""
+    FLAGPERF_CASE_PATH): its containers get that case's folder as a read-only mount of its own, under
+    /flagperf-search, and every round records the plan's source digest (the case counts by its name, not by
+    where the container had it)."""
     import docker
 
     engine = docker.from_env()
@@ -444,13 +447,17 @@ def test_a_container_killed_mid_round_is_retried_and_the_others_kept(flagperf_en
     folder = run_dir / "killed-once" / "round1" / f"{host.name}_noderank0"
     result = read_result(folder / "result.json")
     assert result.status == "success" and result.provenance.attempt == 2
-    assert (folder / "attempts" / "attempt1" / "case.log").read_text().strip().endswith("waiting to be killed")
+    first_log = (folder / "attempts" / "attempt1" / "case.log").read_text()
+    assert first_log.strip().endswith("waiting to be killed")
+    assert "case folder: /flagperf-search/case/0/base/killed-once\n" in first_log, first_log
     runs = {run.name: run for run in all_task_runs(state.state_details.flow_run_id)}
     run_case = runs[f"run_case[killed-once/round1@{host.name}]"]
     assert run_case.run_count == 2
     assert any("killed by signal 9" in line for line in task_logs(run_case.id))
     other = read_result(run_dir / "computation-FP32" / "round1" / f"{host.name}_noderank0" / "result.json")
     assert other.status == "success" and other.provenance.attempt == 1
+    digest = read_plan(run_dir).source_digest
+    assert digest and result.provenance.source_digest == digest and other.provenance.source_digest == digest
     assert runs[f"run_case[computation-FP32/round1@{host.name}]"].run_count == 1  # not run again
 
 

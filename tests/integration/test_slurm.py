@@ -20,6 +20,7 @@ import pytest
 import yaml
 from prefect_api import run_evaluate, task_logs, task_runs
 
+from flagperf.config.plan import read_plan
 from flagperf.errors import InfrastructureFailure
 from flagperf.results.schema import read_result
 from tests.testbed.bed import SlurmBed, Testbed, deploy_project, require_slurm
@@ -75,11 +76,14 @@ def test_a_case_on_each_node_and_a_two_node_case_in_one_job(flagperf_env: Path, 
                                   inventory=inventory(tmp_path, bed, deployed, "pair", nodelist=nodes))
     assert state.is_completed(), state.message
     runs = task_runs(state.state_details.flow_run_id)
+    digest = read_plan(run_dir).source_digest
     for node in nodes:
         slot = f"pair-{node}"
         folder = run_dir / "computation-FP32" / "round1" / f"{slot}_noderank0"
         result = read_result(folder / "result.json")
         assert result.status == "success" and result.metrics[0].value > 0
+        # A process on the node, in the deployed copy, ran the plan's code (its cases by name, wherever they lie).
+        assert digest and result.provenance is not None and result.provenance.source_digest == digest
         started = json.loads((folder / "slurm-node.started.json").read_text())
         assert started["node"] == node  # the job ran on the slot's own node
         # The monitors ran inside the job, on the node, beside the case.

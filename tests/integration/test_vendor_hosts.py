@@ -14,6 +14,8 @@ import pytest
 import yaml
 from prefect_api import all_task_runs, run_evaluate, task_logs
 
+from flagperf.config.plan import read_plan
+from flagperf.results.provenance import source_digest
 from flagperf.results.schema import read_result
 from tests.testbed.bed import Testbed, deploy_project, make_testbed_fixture
 
@@ -30,7 +32,8 @@ def test_a_scaffolded_vendor_runs_in_its_image_on_a_docker_host_and_an_ssh_host(
 
     deployed = deploy_project(ROOT, testbed, name="vendor-walk")
     # The vendor's own repository, outside the deployment (`vendor new --into DIR`): the hosts find it through
-    # their FLAGPERF_VENDOR_PATH, and their containers see it only as a read-only mount of its own.
+    # their FLAGPERF_VENDOR_PATH, and their containers see it only as a read-only mount of its own, under
+    # /flagperf-search (their FLAGPERF_VENDOR_PATH names it there).
     vendors = deployed.with_name("vendor-walk-vendors") / "walk_vendors"
     shutil.rmtree(vendors.parent, ignore_errors=True)
     vendors.mkdir(parents=True)
@@ -40,6 +43,8 @@ def test_a_scaffolded_vendor_runs_in_its_image_on_a_docker_host_and_an_ssh_host(
     # Filled in as a vendor would: its container options (the device is the CPU, so no device files here). Limits
     # under the engine's own: the test bed's engine may not raise one (memlock: -1 needs CAP_SYS_RESOURCE there).
     manifest["container"].update(shm_size="256m", ulimits={"memlock": 1048576, "nofile": 4096})
+    # A spec setting: each round records the vendor.yaml it came from, as the round found the folder.
+    manifest["spec_settings"] = {"clock_ghz": 2.5}
     (folder / "vendor.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
     found = check_vendor_folder(folder, monitor_seconds=1.0)
     assert found.problems == [], found.problems
@@ -61,6 +66,10 @@ def test_a_scaffolded_vendor_runs_in_its_image_on_a_docker_host_and_an_ssh_host(
     state, run_dir = run_evaluate(flagperf_env, cases=list(CASES), vendor="acme", rounds=1, overrides=fast,
                                   inventory=str(inventory))
     assert state.is_completed(), state.message
+    plan = read_plan(run_dir)
+    # The code every round ran, as the plan and a process here see it (the vendor at its path on this machine),
+    # whatever path the round's container had it at.
+    assert plan.source_digest == source_digest(vendor="acme", cases=plan.case_folders) and plan.source_digest
     tasks = {run.name: run for run in all_task_runs(state.state_details.flow_run_id)}
     images = set()
     for host in testbed.hosts[:2]:
@@ -86,6 +95,10 @@ def test_a_scaffolded_vendor_runs_in_its_image_on_a_docker_host_and_an_ssh_host(
                                           "ulimits": {"memlock": 1048576, "nofile": 4096}, "devices": [],
                                           "device_requests": [], "ipc_mode": None, "group_add": []}
             images.add((image["tag"], image["image_id"]))
+            # The round's container found the vendor under flagperf's own folder, not at the host's path.
+            assert result.provenance.spec_settings_origins == {
+                "clock_ghz": "/flagperf-search/vendor/0/acme/vendor.yaml"}, result.provenance.spec_settings_origins
+            assert result.provenance.source_digest == plan.source_digest
         digits = read_result(run_dir / "digits-mlp" / "round1" / f"{host.name}_noderank0" / "result.json")
         assert digits.convergence is not None and digits.convergence.converged
     # One engine behind both hosts: one image for the same inputs, built at most once.

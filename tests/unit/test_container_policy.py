@@ -142,16 +142,18 @@ def test_a_link_in_a_data_root_is_resolved_before_the_check(tmp_path: Path, monk
         assert all(word in info.value.message for word in words), str(info.value)
 
 
-@pytest.mark.parametrize(("variable", "ours", "other", "inside", "field"), [
-    ("FLAGPERF_VENDOR_PATH", "cpu", "acme", "tests/fixtures/vendors", "vendor_mounts"),
-    ("FLAGPERF_CASE_PATH", "base/killed-once", "base/not-in-the-run", "tests/fixtures/cases", "case_mounts"),
+@pytest.mark.parametrize(("variable", "kind", "ours", "other", "inside"), [
+    ("FLAGPERF_VENDOR_PATH", "vendor", "cpu", "acme", "tests/fixtures/vendors"),
+    ("FLAGPERF_CASE_PATH", "case", "base/killed-once", "base/not-in-the-run", "tests/fixtures/cases"),
 ])
-def test_a_vendor_or_case_folder_outside_the_project_is_mounted_read_only_resolved_inside_its_folder(
-        tmp_path: Path, variable: str, ours: str, other: str, inside: str, field: str) -> None:
+def test_a_vendor_or_case_folder_outside_the_project_is_mounted_read_only_under_flagperfs_own_folder(
+        tmp_path: Path, variable: str, kind: str, ours: str, other: str, inside: str) -> None:
     """A vendor's own repository on the host's FLAGPERF_VENDOR_PATH, a lab's own cases on its FLAGPERF_CASE_PATH:
     of each folder, only the run's vendor's folder (<vendor>) or its cases' (<family>/<case>), not the others
-    beside them, reaches every container read-only, where the variable names it; a link (of the folder or, for a
-    case, its family) out of its search path folder is refused naming the inventory's key."""
+    beside them, reaches every container read-only, at /flagperf-search/<kind>/<index>/<name> (index: the folder's
+    place in the variable), and the container's variable names those folders in the host's order, the project's
+    own as written; a link (of the folder or, for a case, its family) out of its search path folder is refused
+    naming the inventory's key."""
     outside, empty, escape = tmp_path / "outside", tmp_path / "nothing-of-the-run-here", tmp_path / "escape"
     (outside / ours).mkdir(parents=True)
     (outside / other).mkdir(parents=True)
@@ -168,12 +170,18 @@ def test_a_vendor_or_case_folder_outside_the_project_is_mounted_read_only_resolv
         return checked_on_host(container_settings(load_vendor("cpu"), spec, "img:1", PROJECT_ROOT, cases),
                                LocalHost(), spec)
 
-    # the project's own folder (every container sees it already) is not mounted again
+    # the project's own folders (every container sees the project already: absolute or relative) are not mounted
+    # again, nor renamed; a relative folder outside the project is the project's neighbour, and is
+    relative_outside = os.path.relpath(outside, PROJECT_ROOT)
     found = settings(os.pathsep.join([str(outside), str(empty), str(PROJECT_ROOT / inside), str(tmp_path / "linked"),
-                                      ""]))
-    assert getattr(found, field) == [Mount(str(outside / ours), str(outside / ours), read_only=True),
-                                     Mount(str(outside / ours), str(tmp_path / "linked" / ours), read_only=True)]
-    assert found.vendor_mounts + found.case_mounts == getattr(found, field)
+                                      "", inside, relative_outside]))
+    where = f"/flagperf-search/{kind}"
+    assert found.search.all() == [Mount(str(outside / ours), f"{where}/0/{ours}", read_only=True),
+                                  Mount(str(outside / ours), f"{where}/3/{ours}", read_only=True),
+                                  Mount(str(outside / ours), f"{where}/5/{ours}", read_only=True)]
+    assert found.private_env[variable] == os.pathsep.join(
+        [f"{where}/0", f"{where}/1", str(PROJECT_ROOT / inside), f"{where}/3", inside, f"{where}/5"])
+    assert found.search.env == ((variable, found.private_env[variable]),)
     parts = Path(ours).parts
     for level in range(1, len(parts) + 1):  # the folder itself, and for a case its family, linked out
         link = escape / str(level) / Path(*parts[:level])
@@ -189,6 +197,40 @@ def test_a_vendor_or_case_folder_outside_the_project_is_mounted_read_only_resolv
         with pytest.raises(ConfigError) as info:
             settings(written)
         assert info.value.key == f"hosts.0.env.{variable}" and words in info.value.message, str(info.value)
+    # Only the project's own folders: nothing mounted, the variable as the host has it.
+    found = settings(os.pathsep.join([inside, str(PROJECT_ROOT / inside)]))
+    assert found.search.all() == [] and found.search.env == ()
+    assert found.private_env[variable] == os.pathsep.join([inside, str(PROJECT_ROOT / inside)])
+
+
+def test_a_search_path_folder_never_hides_what_the_image_has_at_the_hosts_path(tmp_path: Path) -> None:
+    """FLAGPERF_VENDOR_PATH=/opt and vendor nvidia: mounted at /opt/nvidia it would hide an NGC image's own
+    /opt/nvidia; a case folder under /usr/local would hide the image's files there. Every search path mount lands
+    under /flagperf-search, and the container's variables name the folders there, in the host's order."""
+    search = container_policy.search_mounts(
+        {"FLAGPERF_VENDOR_PATH": "/opt:/srv/vendors", "FLAGPERF_CASE_PATH": "/usr/local/lab-cases",
+         "OTHER": "/opt"}, "nvidia", ["base/gemm", "training/bert"], "/deploy/flagperf")
+    assert search.all() == [
+        Mount("/opt/nvidia", "/flagperf-search/vendor/0/nvidia", read_only=True),
+        Mount("/srv/vendors/nvidia", "/flagperf-search/vendor/1/nvidia", read_only=True),
+        Mount("/usr/local/lab-cases/base/gemm", "/flagperf-search/case/0/base/gemm", read_only=True),
+        Mount("/usr/local/lab-cases/training/bert", "/flagperf-search/case/0/training/bert", read_only=True)]
+    assert dict(search.env) == {"FLAGPERF_VENDOR_PATH": "/flagperf-search/vendor/0:/flagperf-search/vendor/1",
+                                "FLAGPERF_CASE_PATH": "/flagperf-search/case/0"}
+    assert all(m.target.startswith(container_policy.SEARCH_MOUNT_ROOT + "/") for m in search.all())
+    # What the host checks for each: the mount's source and its search path folder.
+    assert search.host_paths() == sorted({"/opt/nvidia", "/opt", "/srv/vendors/nvidia", "/srv/vendors",
+                                          "/usr/local/lab-cases/base/gemm", "/usr/local/lab-cases/training/bert",
+                                          "/usr/local/lab-cases"})
+    # The same through a docker host's settings: the rewritten variable is what the container's env file holds.
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump({"hosts": [{"name": "a", "address": "h", "runtime": "docker",
+                                               "project_root": "/deploy/flagperf",
+                                               "env": {"FLAGPERF_VENDOR_PATH": "/opt"}}]}))
+    spec = load_inventory(path).hosts[0]
+    settings = container_settings(load_vendor("cpu"), spec, "img:1")
+    assert settings.search.all() == [Mount("/opt/cpu", "/flagperf-search/vendor/0/cpu", read_only=True)]
+    assert settings.private_env["FLAGPERF_VENDOR_PATH"] == "/flagperf-search/vendor/0"
 
 
 def test_a_device_link_is_resolved_and_must_be_a_device() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -471,13 +472,20 @@ def test_a_retry_resumes_only_its_own_run_with_the_same_code(tmp_path: Path) -> 
     (tmp_path / "run-a" / PLAN_FILE).write_text(edited.model_dump_json())
     with pytest.raises(ConfigError, match=r"source_digest: .*sha256:0000000000000000.*different code"):
         plan_run(cases=[FP32], results_dir=tmp_path, run_id="run-a", flow_run_id="f-1")
+    # The digest covers the run's own cases (and vendor) where they lie on the search paths: a retry asking for
+    # other cases is refused as other work, not as other code.
+    other = plan_run(cases=["computation-FP64"], results_dir=tmp_path / "elsewhere", run_id="run-a", flow_run_id="f-1")
+    (tmp_path / "run-a" / PLAN_FILE).write_text(RunPlan.model_validate(
+        {**other.model_dump(), "source_digest": "sha256:1111111111111111"}).model_dump_json())
+    with pytest.raises(ConfigError, match="planned other work"):
+        plan_run(cases=[FP32], results_dir=tmp_path, run_id="run-a", flow_run_id="f-1", resume=True)
 
 
 def test_the_source_digest_follows_the_code_and_nothing_else(tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A copy deployed without git is identified by its code: any file of the code folders changes it,
     caches, hidden folders and other folders do not."""
-    from flagperf.results.provenance import SOURCE_FOLDERS, source_digest
+    from flagperf.results.provenance import SOURCE_FOLDERS, folders_digest, source_digest
 
     for folder in SOURCE_FOLDERS:
         (tmp_path / folder).mkdir()
@@ -492,20 +500,20 @@ def test_the_source_digest_follows_the_code_and_nothing_else(tmp_path: Path,
     (tmp_path / "flagperf" / ".cache" / "x").write_text("x")
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.md").write_text("x")
-    source_digest.cache_clear()
+    folders_digest.cache_clear()
     assert source_digest(tmp_path) == first
     (tmp_path / "cases" / "x" / "case.yaml").write_text("name: y\n")
-    source_digest.cache_clear()
+    folders_digest.cache_clear()
     changed = source_digest(tmp_path)
     assert changed != first
     (tmp_path / "cases" / "x" / "case.yaml").rename(tmp_path / "cases" / "x" / "other.yaml")  # a rename too
-    source_digest.cache_clear()
+    folders_digest.cache_clear()
     assert source_digest(tmp_path) not in (first, changed)
     (tmp_path / "cases" / "x" / "other.yaml~").write_text("an editor's backup")
-    source_digest.cache_clear()
+    folders_digest.cache_clear()
     renamed = source_digest(tmp_path)
     (tmp_path / "cases" / "x" / "other.yaml~").unlink()
-    source_digest.cache_clear()
+    folders_digest.cache_clear()
     assert source_digest(tmp_path) == renamed
     # A file that cannot be read (deleted during the walk, another user's): no digest, and no error.
     read_bytes = Path.read_bytes
@@ -516,7 +524,74 @@ def test_the_source_digest_follows_the_code_and_nothing_else(tmp_path: Path,
         return read_bytes(path)
 
     monkeypatch.setattr(Path, "read_bytes", unreadable)
-    source_digest.cache_clear()
+    folders_digest.cache_clear()
     assert source_digest(tmp_path) is None
     monkeypatch.undo()
-    source_digest.cache_clear()
+    folders_digest.cache_clear()
+
+
+def test_a_rounds_source_digest_is_the_plans_wherever_its_vendor_and_cases_lie(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Vendor and case folders outside the project (FLAGPERF_VENDOR_PATH, FLAGPERF_CASE_PATH) count in the source
+    digest by what they are (the variable and their name below its folder), not by where they lie: a round that
+    finds them in other folders holding only the run's own, as a container does under /flagperf-search, records
+    the plan's digest. Another vendor or case beside them does not count; an edit of the run's does."""
+    import shutil
+
+    from flagperf.config.job import Job
+    from flagperf.entry import run_job
+    from flagperf.results.provenance import folders_digest, source_digest
+    from flagperf.results.schema import read_result
+
+    def digest(**run: Any) -> str | None:
+        folders_digest.cache_clear()  # files were edited: read them again
+        return source_digest(**run)
+
+    lab = tmp_path / "lab"
+    engine = lab / "vendors" / "cpu" / "generate" / "mine" / "engine.yaml"  # the cpu vendor's own engine, kept aside
+    engine.parent.mkdir(parents=True)
+    engine.write_text("name: mine\n")
+    (lab / "vendors" / "other").mkdir()
+    (lab / "vendors" / "other" / "vendor.yaml").write_text("name: other\n")
+    shutil.copytree(Path(__file__).parents[1] / "fixtures" / "cases" / "base" / "env-check",
+                    lab / "cases" / "base" / "env-check")
+    (lab / "cases" / "base" / "not-in-the-run").mkdir()
+    (lab / "cases" / "base" / "not-in-the-run" / "notes.txt").write_text("x\n")
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(lab / "vendors"))
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(lab / "cases"))
+    plan = plan_run(cases=["env-check", FP32], sets=["env-check.expect_name=HOME", "env-check.expect_sha256=x",
+                                                     "env-check.absent="], results_dir=tmp_path / "results")
+    assert plan.case_folders == ["base/env-check", f"base/{FP32}"]
+    assert plan.source_digest == digest(vendor="cpu", cases=plan.case_folders)
+    # A container's view: the run's vendor and case alone, elsewhere.
+    seen = tmp_path / "flagperf-search"
+    shutil.copytree(lab / "vendors" / "cpu", seen / "vendor" / "0" / "cpu")
+    shutil.copytree(lab / "cases" / "base" / "env-check", seen / "case" / "0" / "base" / "env-check")
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(seen / "vendor" / "0"))
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(seen / "case" / "0"))
+    case = plan.cases[0]
+    job = Job(run_id=plan.run_id, case=case.name, family=case.family, round=1, host="here", vendor="cpu",
+              config=case.config, config_origins=case.origins, run_overrides=case.run_overrides, image={},
+              run_cases=plan.case_folders)
+    out = tmp_path / "out"
+    out.mkdir()
+    folders_digest.cache_clear()
+    run_job(job, out)
+    result = read_result(out / "result.json")
+    assert result.status == "success", result.failure
+    assert result.provenance is not None and result.provenance.source_digest == plan.source_digest
+    assert job.failed_result(result.failure, None).provenance.source_digest == plan.source_digest  # a lost round's
+    # Beside the run's: not counted (the whole folder is, where no run is named).
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(lab / "vendors"))
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(lab / "cases"))
+    whole = digest()
+    (lab / "vendors" / "other" / "vendor.yaml").write_text("name: other\nchanged: true\n")
+    (lab / "cases" / "base" / "not-in-the-run" / "notes.txt").write_text("y\n")
+    assert digest(vendor="cpu", cases=plan.case_folders) == plan.source_digest
+    assert digest() != whole
+    # The run's own: counted, in either folder.
+    engine.write_text("name: mine\n# edited\n")
+    assert digest(vendor="cpu", cases=plan.case_folders) != plan.source_digest
+    engine.write_text("name: mine\n")
+    (lab / "cases" / "base" / "env-check" / "bench.py").write_text("# edited\n", encoding="utf-8")
+    assert digest(vendor="cpu", cases=plan.case_folders) != plan.source_digest

@@ -154,3 +154,77 @@ def test_the_shipped_slurm_inventory_validates() -> None:
     outcome = CliRunner().invoke(app, ["validate", str(path)])
     assert outcome.exit_code == 0, outcome.output
     assert "inventory, 2 host(s)" in outcome.output
+
+
+def test_a_container_image_gets_the_runs_vendor_and_cases_from_outside_the_project_under_flagperfs_folder(
+        tmp_path: Path) -> None:
+    """A Slurm entry with a container_image whose FLAGPERF_VENDOR_PATH / FLAGPERF_CASE_PATH name folders outside the
+    project: its round's job script gives srun (pyxis) the run's vendor and case folders there, read-only under
+    /flagperf-search as a docker host's containers get them, and exports the variables the container must read. The
+    script runs here with an `srun` that records what it got (the test bed's Slurm has no pyxis: the integration
+    test cannot run a container image)."""
+    from flagperf.hosts.slurm import SCRIPT_FILE, Rank, SlurmRuntime
+
+    vendors, lab = tmp_path / "vendors", tmp_path / "lab"
+    (vendors / "acme").mkdir(parents=True)
+    (vendors / "other").mkdir()
+    (lab / "base" / "x").mkdir(parents=True)
+    (tmp_path / "shared").mkdir(mode=0o700)
+    env = {"FLAGPERF_VENDOR_PATH": str(vendors), "FLAGPERF_CASE_PATH": f"tests/fixtures/cases:{lab}",
+           "OTHER": "kept"}
+
+    def entry(image: str | None, **more: str) -> SlurmHost:
+        path = tmp_path / "inventory.yaml"
+        slurm = {"shared_dir": str(tmp_path / "shared"), **({"container_image": image} if image else {})}
+        path.write_text(yaml.safe_dump({"hosts": [{"name": "gpu", "env": {**env, **more}, "slurm": slurm}]}))
+        return SlurmHost(load_inventory(path).hosts[0])
+
+    def run_script(host: SlurmHost) -> tuple[list[str], dict[str, str]]:
+        """The job script's srun arguments and the variables srun saw."""
+        search = host.search_mounts("acme", ["base/x", "base/computation-FP32"])
+        job_dir = tmp_path / "shared" / "job"
+        job_dir.mkdir(exist_ok=True)
+        SlurmRuntime(search).write_job(host, [(Rank(0, None, job_dir, job_dir, ["python3", "-m", "x"], []), host)],
+                                       "r1")
+        stub = tmp_path / "bin" / "srun"
+        stub.parent.mkdir(exist_ok=True)
+        stub.write_text('#!/bin/bash\nprintf "%s\\n" "$@" > "$OUT.args"\n'
+                        'printf "%s\\n" "$FLAGPERF_VENDOR_PATH" "$FLAGPERF_CASE_PATH" "$OTHER" > "$OUT.env"\n')
+        stub.chmod(0o755)
+        out = tmp_path / "srun"
+        done = subprocess.run(["bash", str(job_dir / SCRIPT_FILE)], capture_output=True, text=True, timeout=60,
+                              env={"PATH": f"{stub.parent}:/usr/bin:/bin", "OUT": str(out)})
+        assert done.returncode == 0, done.stderr
+        names = ("FLAGPERF_VENDOR_PATH", "FLAGPERF_CASE_PATH", "OTHER")
+        return (Path(f"{out}.args").read_text().splitlines(),
+                dict(zip(names, Path(f"{out}.env").read_text().splitlines(), strict=True)))
+
+    host = entry("nvcr.io#nvidia/pytorch:24.05-py3")
+    args, seen = run_script(host)
+    shared, project = tmp_path / "shared", host.project_root
+    base = f"--container-mounts={shared}:{shared},{project}:{project}:ro"
+    assert f"{base},{vendors}/acme:/flagperf-search/vendor/0/acme:ro,{lab}/base/x:/flagperf-search/case/1/base/x:ro" \
+        in args, args
+    assert seen == {"FLAGPERF_VENDOR_PATH": "/flagperf-search/vendor/0",
+                    "FLAGPERF_CASE_PATH": "tests/fixtures/cases:/flagperf-search/case/1", "OTHER": "kept"}
+    # The healthcheck's probe job gets the vendor alike.
+    probe_host = host.with_search(host.search_mounts("acme"))
+    vendor_only = f"{base},{vendors}/acme:/flagperf-search/vendor/0/acme:ro"
+    assert probe_host.container_options(probe_host.search)[1] == vendor_only
+    assert host.search is None  # the slot itself is left as it was
+    # Without a container image the nodes' own python reads the host's folders where they are.
+    plain = entry(None)
+    assert plain.search_mounts("acme", ["base/x"]) is None
+    args, seen = run_script(plain)
+    assert not any(arg.startswith("--container") for arg in args)
+    assert seen == {"FLAGPERF_VENDOR_PATH": str(vendors), "FLAGPERF_CASE_PATH": f"tests/fixtures/cases:{lab}",
+                    "OTHER": "kept"}
+    # What pyxis cannot mount, and a link out of its folder: one line naming the inventory's key.
+    (tmp_path / "a,b" / "acme").mkdir(parents=True)
+    (tmp_path / "escape").mkdir()
+    (tmp_path / "escape" / "acme").symlink_to(vendors / "acme")
+    for folder, words in ((tmp_path / "a,b", "cannot be mounted by pyxis"), (tmp_path / "escape", "outside its")):
+        with pytest.raises(ConfigError) as info:
+            entry("nvcr.io#nvidia/pytorch:24.05-py3", FLAGPERF_VENDOR_PATH=str(folder)).search_mounts("acme")
+        assert info.value.key == "hosts.0.env.FLAGPERF_VENDOR_PATH" and words in info.value.message, str(info.value)
+        assert "on host gpu" in info.value.message and "\n" not in str(info.value)
