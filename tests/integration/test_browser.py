@@ -27,6 +27,7 @@ import pytest
 from server_ports import session_pool, start_on_os_ports
 from site_probe import basic, make_run
 
+from flagperf.paths import RESULTS_DIR_ENV
 from flows.server import api_headers, watched
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,10 +130,20 @@ def team_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
                                 timeout=5)
             return answer.status_code == 200 and any(w["status"] == "ONLINE" for w in answer.json())
 
-        def deployed() -> bool:  # `flagperf server` makes the deployments itself, the nightly last
+        def deployed() -> bool:
+            """`flagperf server` makes the deployments itself, then gives them its pool and results folder. On a
+            database an earlier session used they exist from the start, with that session's pool and folder (a
+            form opened then would start a run no worker takes, or one that writes where no site serves)."""
             assert proc.poll() is None, "flagperf server exited"
-            return httpx.get(f"{server.api}/deployments/name/nightly-regression/nightly", headers=signed_in,
-                             timeout=5).status_code == 200
+            for name in ("evaluate/evaluate", "nightly-regression/nightly"):
+                answer = httpx.get(f"{server.api}/deployments/name/{name}", headers=signed_in, timeout=5)
+                if answer.status_code != 200:
+                    return False
+                made = answer.json()
+                env = (made.get("job_variables") or {}).get("env") or {}
+                if made["work_pool_name"] != pool or env.get(RESULTS_DIR_ENV) != str(server.results.resolve()):
+                    return False
+            return True
 
         wait_until("the worker", worker_online, 300)
         wait_until("the deployments", deployed, 600)
