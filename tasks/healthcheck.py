@@ -21,7 +21,7 @@ def healthcheck(host: Host, spec: HostSpec, vendor: Vendor, run_dir: Path) -> He
     report = check_host(host, spec, vendor, log_path=host.work_root / run_dir.name / "healthcheck.log")
     write_json_atomic(health_file(run_dir, host.name), report.as_dict())
     for check in report.checks:
-        log_check(logger, check)
+        log_check(logger, host.name, check)
     if not report.ok:
         raise InfrastructureFailure("; ".join(report.failures()))
     return report

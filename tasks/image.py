@@ -84,7 +84,7 @@ def probe_image(host: Host, spec: HostSpec, vendor: Vendor, run_id: str, image: 
     assert isinstance(runtime, DockerRuntime)
     result, lines = runtime.run_probe(host, vendor.name, spec.host_spec_settings(), timeout_s=PROBE_TIMEOUT_S)
     check, probe = image_probe_check(lines, result.exit_code, result.timed_out, image["tag"], image["dockerfile"])
-    log_check(logger, check)
+    log_check(logger, host.name, check)
     path = health_file(run_dir, host.name)
     report = read_json_file(path, what="a host's health report") if path.is_file() else {"host": host.name,
                                                                                         "checks": []}

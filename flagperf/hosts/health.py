@@ -205,6 +205,9 @@ def device_check(name: str, probe: dict[str, Any], where: str) -> Check:
                              f"{probe['libraries'].get('torch')}{where}")
 
 
-def log_check(log: Any, check: Check) -> None:
-    """One line per check in the task's log: ok, or FAIL at error level."""
-    (log.info if check.ok else log.error)("%s %s: %s", "ok  " if check.ok else "FAIL", check.name, check.detail)
+def log_check(log: Any, host: str, check: Check) -> None:
+    """One line per check in the task's log: ok, or FAIL at error level. The line names the host, as a failure's
+    message does: the default Prefect UI shows a flow run's log without the task of each line, so the checks of
+    several hosts would read alike there."""
+    (log.info if check.ok else log.error)("%s host %s: %s: %s", "ok  " if check.ok else "FAIL", host, check.name,
+                                          check.detail)

@@ -99,7 +99,9 @@ def test_two_ssh_hosts_run_their_rounds_in_containers(flagperf_env: Path, tmp_pa
                 f"run_case[computation-FP32/round1@{host.name}]"} <= names, sorted(names)
         # The SSH and Docker layers' own loggers land under the task run that used them.
         health_logs = task_logs(tasks[f"healthcheck[{host.name}]"].id)
-        assert any(line.startswith("ok   ssh: reachable and authenticated") for line in health_logs), health_logs
+        # Each line names its host: the default UI shows the flow run's log without the task of each line.
+        assert any(line.startswith(f"ok   host {host.name}: ssh: reachable and authenticated")
+                   for line in health_logs), health_logs
         case_logs = task_logs(tasks[f"run_case[computation-FP32/round1@{host.name}]"].id)
         assert any(line.startswith("container ") and line.endswith(f"started on {host.name}")
                    for line in case_logs), case_logs

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
+import pytest
+
 from flagperf.config.vendors import load_vendor
 from flagperf.hosts.fleet import open_host
-from flagperf.hosts.health import MAX_CLOCK_SKEW_S, check_clock, check_host
+from flagperf.hosts.health import MAX_CLOCK_SKEW_S, Check, check_clock, check_host, log_check
 from flagperf.hosts.inventory import load_inventory
 from flagperf.hosts.local import LocalHost
 from flagperf.paths import display_path
@@ -61,3 +64,15 @@ def test_the_healthcheck_probe_builds_the_peaks_with_the_host_s_spec_settings(tm
             assert not python.ok and python.detail == (
                 f"flagperf.hosts.probe exited 2: error: {display_path(bad)}: hosts.0.spec_settings.memory_channels: "
                 "0 is outside 1 to 128 channels"), python.detail
+
+
+def test_each_check_s_line_names_its_host(caplog: pytest.LogCaptureFixture) -> None:
+    """The default Prefect UI shows a flow run's log without the task of each line: the healthchecks of several
+    hosts read alike there unless each line names its host (as a failure's message does)."""
+    log = logging.getLogger("flagperf.test.health")
+    with caplog.at_level(logging.INFO, logger=log.name):
+        log_check(log, "h1", Check("disk", True, "74.1 GiB free at /work (need 1.0)"))
+        log_check(log, "h2", Check("disk", False, "0.2 GiB free at /work (need 1.0)"))
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.INFO, "ok   host h1: disk: 74.1 GiB free at /work (need 1.0)"),
+        (logging.ERROR, "FAIL host h2: disk: 0.2 GiB free at /work (need 1.0)")]
