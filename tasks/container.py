@@ -16,7 +16,7 @@ from flagperf.errors import EXIT_OK, EXIT_UNSUPPORTED, EXIT_USER_ERROR, Infrastr
 from flagperf.hosts.local import CommandResult, Host
 from flagperf.hosts.runtime import PID_FILE, Runtime
 from flagperf.inference.subflows import portable_context
-from flagperf.results.schema import ATTEMPT_FAILURE_FILE, CASE_LOG_FILE, RESULT_FILE, RoundResult
+from flagperf.results.schema import ATTEMPT_FAILURE_FILE, CASE_LOG_FILE, RESULT_FILE, RoundResult, case_log_line
 
 LOG_TAIL_LINES = 15
 # A round that failed where the host's work folder has less than this free failed for want of space: said so
@@ -49,7 +49,7 @@ def run_case(host: Host, runtime: Runtime, job: Job, stage_dir: Path, timeout_s:
     job_dir = stage_dir / f"attempt{attempt}"
     host.write_text(job_dir / JOB_FILE, job.model_dump_json(indent=2))
     logger.info("attempt %d: %s runtime, timeout %.0f s", attempt, runtime.name, timeout_s)
-    outcome = runtime.run_entry(host, job_dir, timeout_s, on_line=lambda line: logger.info(ANSI_ESCAPE.sub("", line)),
+    outcome = runtime.run_entry(host, job_dir, timeout_s, on_line=lambda line: relay(logger, line),
                                 pid_file=stage_dir / PID_FILE)
     try:
         return verdict(host, job, job_dir, outcome, timeout_s)
@@ -57,6 +57,13 @@ def run_case(host: Host, runtime: Runtime, job: Job, stage_dir: Path, timeout_s:
         with contextlib.suppress(Exception):  # best effort: the failure itself is what matters here
             host.write_text(job_dir / ATTEMPT_FAILURE_FILE, f"{exc}\n")
         raise
+
+
+def relay(logger: Any, line: str) -> None:
+    """A line of the case's output into the task's log at the level the case logged it (so its warnings are
+    warnings in the dashboard's level filter, and its time is not shown twice)."""
+    level, message = case_log_line(ANSI_ESCAPE.sub("", line))
+    logger.log(level, "%s", message)
 
 
 def verdict(host: Host, job: Job, job_dir: Path, outcome: CommandResult, timeout_s: float) -> RoundResult:

@@ -6,7 +6,9 @@ results/<run-id>/<case>/round<N>/<host>_noderank<K>/result.json   (FlagPerf's la
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +25,18 @@ SCHEMA_VERSION = 1
 RESULT_FILE = "result.json"
 MONITOR_FILE = "monitor.jsonl"
 CASE_LOG_FILE = "case.log"
+# How the case process logs (python -m flagperf.entry): the controller relays each line at the level it names.
+CASE_LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
+_CASE_LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) (.*)", re.S)
+
+
+def case_log_line(line: str) -> tuple[int, str]:
+    """A case.log line as (level, message): a line the case logged in CASE_LOG_FORMAT at its own level, without the
+    time and level its relay adds again; anything else it printed (a library's output) at INFO, as printed."""
+    logged = _CASE_LOG_LINE.fullmatch(line)
+    if logged is None:
+        return logging.INFO, line
+    return logging.getLevelName(logged.group(1)), logged.group(2)
 ATTEMPT_FAILURE_FILE = "failure.txt"  # in an attempt's folder: why that attempt failed (it was then retried)
 # Failure messages the evaluation acts on: it stops when the results folder cannot take more, and keeps the
 # host's copy of a round it could not collect (a retry collects it from there).

@@ -88,9 +88,14 @@ def error_lines(flow_run_id: UUID) -> list[str]:
 
 
 def task_logs(task_run_id: UUID) -> list[str]:
+    return [message for _, message in task_log_records(task_run_id)]
+
+
+def task_log_records(task_run_id: UUID) -> list[tuple[int, str]]:
+    """(level, message) of each line in the task run's log."""
     with get_client(sync_client=True) as client:
         logs = client.read_logs(log_filter=LogFilter(task_run_id=LogFilterTaskRunId(any_=[task_run_id])))
-    return [log.message for log in logs]
+    return [(log.level, log.message) for log in logs]
 
 
 
