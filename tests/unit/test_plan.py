@@ -10,7 +10,7 @@ import pytest
 from flagperf.config.cases import available_cases, load_case
 from flagperf.config.plan import available_suites, find_suite, new_run_id, plan_run
 from flagperf.errors import ConfigError
-from flagperf.paths import NAME_PATTERN
+from flagperf.paths import NAME_PATTERN, PROJECT_ROOT
 
 FP32 = "computation-FP32"
 FP32_CASE = "cases/base/computation-FP32/case.yaml"
@@ -83,8 +83,6 @@ def test_base_suite_plans(tmp_path: Path) -> None:
 
 
 def test_suite_by_path(tmp_path: Path) -> None:
-    from flagperf.paths import PROJECT_ROOT
-
     p = plan(tmp_path, suite=str(PROJECT_ROOT / SMOKE))
     assert p.suite == "smoke"
 
@@ -479,6 +477,28 @@ def test_a_retry_resumes_only_its_own_run_with_the_same_code(tmp_path: Path) -> 
         {**other.model_dump(), "source_digest": "sha256:1111111111111111"}).model_dump_json())
     with pytest.raises(ConfigError, match="planned other work"):
         plan_run(cases=[FP32], results_dir=tmp_path, run_id="run-a", flow_run_id="f-1", resume=True)
+
+
+def test_a_retry_with_another_vendor_is_other_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A vendor copied from another (an external acme from cpu) plans the same cases and settings, and its digest
+    differs: the retry is refused as other work, naming both vendors, never resumed."""
+    import shutil
+
+    from flagperf.config.plan import PLAN_FILE
+
+    shutil.copytree(PROJECT_ROOT / "vendor_images" / "cpu", tmp_path / "vendors" / "acme")
+    yaml_file = tmp_path / "vendors" / "acme" / "vendor.yaml"
+    yaml_file.write_text(yaml_file.read_text().replace("name: cpu", "name: acme", 1))
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(tmp_path / "vendors"))
+    first = plan_run(cases=[FP32], results_dir=tmp_path / "results", run_id="run-a", flow_run_id="f-1")
+    (tmp_path / "results" / "run-a").mkdir(parents=True)
+    (tmp_path / "results" / "run-a" / PLAN_FILE).write_text(first.model_dump_json())
+    with pytest.raises(ConfigError, match="already exists"):
+        plan_run(cases=[FP32], vendor="acme", results_dir=tmp_path / "results", run_id="run-a", flow_run_id="f-1")
+    with pytest.raises(ConfigError) as err:
+        plan_run(cases=[FP32], vendor="acme", results_dir=tmp_path / "results", run_id="run-a", resume=True)
+    assert "planned other work (vendor cpu, the retry asks for acme)" in str(err.value)
+    assert "\n" not in str(err.value)
 
 
 def test_the_source_digest_follows_the_code_and_nothing_else(tmp_path: Path,
