@@ -431,7 +431,7 @@ class SlurmHost(LocalHost):
         its jobs see (the inventory's env, else the controller's) outside the project: the run's vendor and cases,
         mounted and named as on a docker host (container_policy.search_mounts), resolved here (the controller sees
         the shared folders as the nodes do). None without a container image. ConfigError naming the inventory's
-        hosts.N.env.<variable>."""
+        hosts.N.env.<variable>, or the controller's environment where the entry does not set the variable."""
         if not self.slurm.container_image:
             return None
         try:
@@ -444,6 +444,10 @@ class SlurmHost(LocalHost):
                     raise PolicyError(f"{kind.what} {mount.source!r} cannot be mounted by pyxis: its path holds a "
                                       "',', ':' or whitespace", f"env.{kind.variable}")
         except PolicyError as exc:
+            variable = (exc.key or "").removeprefix("env.")
+            if variable not in self.extra_env:  # the controller's own variable, which sbatch's jobs inherit
+                raise ConfigError("the controller's environment", variable,
+                                  f"on host {self.name} (its inventory entry sets no env.{variable}): {exc}") from None
             source, prefix = spec_origin(self.spec)
             raise ConfigError(source, f"{prefix}{exc.key}", f"on host {self.name}: {exc}") from None
         return search

@@ -228,3 +228,23 @@ def test_a_container_image_gets_the_runs_vendor_and_cases_from_outside_the_proje
             entry("nvcr.io#nvidia/pytorch:24.05-py3", FLAGPERF_VENDOR_PATH=str(folder)).search_mounts("acme")
         assert info.value.key == "hosts.0.env.FLAGPERF_VENDOR_PATH" and words in info.value.message, str(info.value)
         assert "on host gpu" in info.value.message and "\n" not in str(info.value)
+
+
+
+def test_a_search_path_from_the_controllers_environment_is_named_as_such(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An entry that sets no FLAGPERF_VENDOR_PATH: its jobs get the controller's, and a bad folder there is named as
+    the controller's variable, not as an inventory key that does not exist."""
+    (tmp_path / "escape").mkdir()
+    (tmp_path / "vendors" / "acme").mkdir(parents=True)
+    (tmp_path / "escape" / "acme").symlink_to(tmp_path / "vendors" / "acme")
+    (tmp_path / "shared").mkdir(mode=0o700)
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump({"hosts": [{"name": "gpu", "slurm": {
+        "shared_dir": str(tmp_path / "shared"), "container_image": "nvcr.io#nvidia/pytorch:24.05-py3"}}]}))
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(tmp_path / "escape"))
+    with pytest.raises(ConfigError) as info:
+        SlurmHost(load_inventory(path).hosts[0]).search_mounts("acme")
+    assert str(info.value).startswith("the controller's environment: FLAGPERF_VENDOR_PATH: on host gpu (its "
+                                      "inventory entry sets no env.FLAGPERF_VENDOR_PATH): "), str(info.value)
+    assert "hosts.0" not in str(info.value) and "outside its" in str(info.value)
