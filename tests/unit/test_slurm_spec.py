@@ -212,6 +212,27 @@ def test_a_container_image_gets_the_runs_vendor_and_cases_from_outside_the_proje
     vendor_only = f"{base},{vendors}/acme:/flagperf-search/vendor/0/acme:ro"
     assert probe_host.container_options(probe_host.search)[1] == vendor_only
     assert host.search is None  # the slot itself is left as it was
+    # On the node, before srun: a mount source that is not the folder the controller resolved (a node-local folder
+    # that differs there: here, replaced by a link out after the script was written) stops the job in one line.
+    search = host.search_mounts("acme", ["base/x"])
+    job_dir = tmp_path / "shared" / "job"
+    SlurmRuntime(search).write_job(host, [(Rank(0, None, job_dir, job_dir, ["python3", "-m", "x"], []), host)], "r2")
+    (vendors / "acme").rename(tmp_path / "acme-kept")
+    (vendors / "acme").symlink_to(tmp_path / "acme-kept")
+    done = subprocess.run(["bash", str(job_dir / SCRIPT_FILE)], capture_output=True, text=True, timeout=60,
+                          env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "OUT": str(tmp_path / "never"),
+                               "SLURMD_NODENAME": "n1"})
+    assert done.returncode == 96 and not Path(f"{tmp_path / 'never'}.args").exists(), done
+    assert done.stderr == (f"flagperf: FLAGPERF_VENDOR_PATH's vendor folder {vendors}/acme is missing or a link "
+                           "elsewhere on node n1, unlike on the controller: not mounted, the job stops\n"), done.stderr
+    (vendors / "acme").unlink()
+    (tmp_path / "acme-kept").rename(vendors / "acme")
+    # A search path folder the controller lacks (the nodes may have it): one line, never a silent omission.
+    with pytest.raises(ConfigError) as info:
+        entry("nvcr.io#nvidia/pytorch:24.05-py3", FLAGPERF_VENDOR_PATH="/opt/flagperf-no-such-vendors").search_mounts(
+            "acme")
+    assert info.value.key == "hosts.0.env.FLAGPERF_VENDOR_PATH" and "'/opt/flagperf-no-such-vendors' is not a " \
+        "folder on the controller" in info.value.message, str(info.value)
     # Without a container image the nodes' own python reads the host's folders where they are.
     plain = entry(None)
     assert plain.search_mounts("acme", ["base/x"]) is None
