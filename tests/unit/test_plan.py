@@ -504,8 +504,8 @@ def test_a_retry_with_another_vendor_is_other_work(tmp_path: Path, monkeypatch: 
 def test_the_source_digest_follows_the_code_and_nothing_else(tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A copy deployed without git is identified by its code: any file of the code folders changes it,
-    caches, hidden folders and other folders do not."""
-    from flagperf.results.provenance import SOURCE_FOLDERS, folders_digest, source_digest
+    caches, hidden folders and other folders do not. One process sees edits between two calls (a flow's retry)."""
+    from flagperf.results.provenance import SOURCE_FOLDERS, listing_digest, source_digest
 
     for folder in SOURCE_FOLDERS:
         (tmp_path / folder).mkdir()
@@ -520,20 +520,15 @@ def test_the_source_digest_follows_the_code_and_nothing_else(tmp_path: Path,
     (tmp_path / "flagperf" / ".cache" / "x").write_text("x")
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.md").write_text("x")
-    folders_digest.cache_clear()
     assert source_digest(tmp_path) == first
-    (tmp_path / "cases" / "x" / "case.yaml").write_text("name: y\n")
-    folders_digest.cache_clear()
+    (tmp_path / "cases" / "x" / "case.yaml").write_text("name: yy\n")
     changed = source_digest(tmp_path)
     assert changed != first
     (tmp_path / "cases" / "x" / "case.yaml").rename(tmp_path / "cases" / "x" / "other.yaml")  # a rename too
-    folders_digest.cache_clear()
     assert source_digest(tmp_path) not in (first, changed)
     (tmp_path / "cases" / "x" / "other.yaml~").write_text("an editor's backup")
-    folders_digest.cache_clear()
     renamed = source_digest(tmp_path)
     (tmp_path / "cases" / "x" / "other.yaml~").unlink()
-    folders_digest.cache_clear()
     assert source_digest(tmp_path) == renamed
     # A file that cannot be read (deleted during the walk, another user's): no digest, and no error.
     read_bytes = Path.read_bytes
@@ -544,10 +539,10 @@ def test_the_source_digest_follows_the_code_and_nothing_else(tmp_path: Path,
         return read_bytes(path)
 
     monkeypatch.setattr(Path, "read_bytes", unreadable)
-    folders_digest.cache_clear()
+    listing_digest.cache_clear()  # the files are as they were: their bytes would not be read again
     assert source_digest(tmp_path) is None
     monkeypatch.undo()
-    folders_digest.cache_clear()
+    listing_digest.cache_clear()
 
 
 def test_a_rounds_source_digest_is_the_plans_wherever_its_vendor_and_cases_lie(tmp_path: Path,
@@ -560,11 +555,10 @@ def test_a_rounds_source_digest_is_the_plans_wherever_its_vendor_and_cases_lie(t
 
     from flagperf.config.job import Job
     from flagperf.entry import run_job
-    from flagperf.results.provenance import folders_digest, source_digest
+    from flagperf.results.provenance import source_digest
     from flagperf.results.schema import read_result
 
     def digest(**run: Any) -> str | None:
-        folders_digest.cache_clear()  # files were edited: read them again
         return source_digest(**run)
 
     lab = tmp_path / "lab"
@@ -595,7 +589,6 @@ def test_a_rounds_source_digest_is_the_plans_wherever_its_vendor_and_cases_lie(t
               run_cases=plan.case_folders)
     out = tmp_path / "out"
     out.mkdir()
-    folders_digest.cache_clear()
     run_job(job, out)
     result = read_result(out / "result.json")
     assert result.status == "success", result.failure
