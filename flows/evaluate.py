@@ -467,12 +467,12 @@ def check_hosts(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: RunPla
             if spec.agent is not None:
                 state = dispatch(spec, host_healthcheck, "host-healthcheck/host-healthcheck",
                                  {"host": spec.model_dump(mode="json"), "vendor": plan.vendor.model_dump(mode="json"),
-                                  "run_dir": str(run_dir)})
+                                  "run_dir": str(run_dir), "cases": plan.case_folders})
                 if not state.is_completed():
                     raise InfrastructureFailure(f"host {spec.name}: host-healthcheck ended {state.name}: "
                                                 f"{state.message or ''}")
             else:
-                healthcheck(hosts[name], spec, plan.vendor, run_dir)
+                healthcheck(hosts[name], spec, plan.vendor, run_dir, plan.case_folders)
         except Exception as exc:
             return name, None, str(exc) or type(exc).__name__
         report = read_json_file(health_file(run_dir, name), what="a host's health report")  # bounded

@@ -86,11 +86,13 @@ def round_state(result: RoundResult) -> State[dict[str, Any]]:
 
 
 @flow(name="host-healthcheck", flow_run_name="healthcheck@{host[name]}", log_prints=True)
-def host_healthcheck(host: dict[str, Any], vendor: dict[str, Any], run_dir: str, on_host: bool = False) -> bool:
-    """The healthcheck of one host, run on the host's worker; the report lands in the (shared) run folder."""
+def host_healthcheck(host: dict[str, Any], vendor: dict[str, Any], run_dir: str, on_host: bool = False,
+                     cases: list[str] | None = None) -> bool:
+    """The healthcheck of one host, run on the host's worker; the report lands in the (shared) run folder.
+    ``cases``: the run's case folders."""
     spec = host_spec(host)  # the real values, when this process loaded them
     report: HealthReport = healthcheck(open_host(spec, on_host=on_host), spec, Vendor.model_validate(vendor),
-                                     Path(run_dir))
+                                       Path(run_dir), cases or [])
     return report.ok
 
 

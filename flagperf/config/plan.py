@@ -293,18 +293,21 @@ def _is_resumable(run_dir: Path, plan: RunPlan, resume: bool = False) -> bool:
         raise ConfigError(str(run_dir / PLAN_FILE), "git_revision",
                           f"this run folder was made by {earlier.git_revision}, the retry runs {plan.git_revision}: "
                           "kept rounds and new ones would come from different code; start a new run")
-    same_work = (earlier.cases == plan.cases and earlier.rounds == plan.rounds
+    # The vendor counts: an external vendor copied from another plans the same cases and settings, not the same work.
+    same_work = (earlier.vendor.name == plan.vendor.name and earlier.cases == plan.cases
+                 and earlier.rounds == plan.rounds
                  and [h.get("name") for h in earlier.hosts] == [h.get("name") for h in plan.hosts])
     # The same commit with other local changes, or a copy without git: the code's own digest tells. It covers the
-    # run's vendor and cases (those on FLAGPERF_VENDOR_PATH / FLAGPERF_CASE_PATH): compared for the same ones only,
+    # run's vendor and cases (those on FLAGPERF_VENDOR_PATH / FLAGPERF_CASE_PATH): compared for the same work only,
     # other work is refused as such below.
-    if earlier.source_digest and plan.source_digest and earlier.source_digest != plan.source_digest \
-            and earlier.vendor.name == plan.vendor.name and earlier.case_folders == plan.case_folders:
+    if earlier.source_digest and plan.source_digest and earlier.source_digest != plan.source_digest and same_work:
         raise ConfigError(str(run_dir / PLAN_FILE), "source_digest",
                           f"this run folder was made by code {earlier.source_digest}, the retry runs "
                           f"{plan.source_digest}: kept rounds and new ones would come from different code; start a "
                           "new run")
     if resume and not same_work:
-        raise ConfigError(str(run_dir / PLAN_FILE), None, "this run folder planned other work (cases, rounds, "
-                          "settings or hosts): retry with the options it was started with")
+        other = (f"vendor {earlier.vendor.name}, the retry asks for {plan.vendor.name}"
+                 if earlier.vendor.name != plan.vendor.name else "cases, rounds, settings or hosts")
+        raise ConfigError(str(run_dir / PLAN_FILE), None, f"this run folder planned other work ({other}): retry "
+                          "with the options it was started with")
     return (resume or earlier.flow_run_id == plan.flow_run_id) and same_work

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,21 +53,24 @@ def health_file(run_dir: Path, host: str) -> Path:
 
 
 def check_host(host: Host, spec: HostSpec, vendor: Vendor, log_path: Path,
-               min_free_bytes: int = MIN_FREE_BYTES) -> HealthReport:
+               min_free_bytes: int = MIN_FREE_BYTES, cases: Sequence[str] = ()) -> HealthReport:
     """reachable + authenticated (SSH) -> deploy path present -> the probe runs (versions, accelerators
     visible, clock skew) -> free disk at the host's work root -> container engine reachable (docker hosts).
-    A failed early check skips the ones that depend on it."""
+    A failed early check skips the ones that depend on it. ``cases``: the run's case folders (RunPlan.case_folders),
+    whose folders a Slurm container image's jobs mount: a bad one fails here, once, not every round."""
     checks: list[Check] = []
     probe: dict[str, Any] | None = None
-    if isinstance(host, SlurmHost):  # the cluster first: a probe job on a drained node would only wait
+    if isinstance(host, SlurmHost):
+        try:  # in a container image, the probe finds the vendor where the rounds will; the folders need no cluster
+            search = host.search_mounts(vendor.name, cases)
+        except ConfigError as exc:  # the inventory's to fix first, whatever the cluster's state
+            checks.append(Check("container mounts", False, str(exc)))
+            return HealthReport(host=host.name, checks=checks, probe=None)
+        # The cluster next: a probe job on a drained node would only wait.
         checks += [Check(c.name, c.ok, c.detail) for c in check_cluster(host)]
         if not all(c.ok for c in checks):
             return HealthReport(host=host.name, checks=checks, probe=None)
-        try:  # in a container image, the probe finds the vendor where the rounds will
-            host = host.with_search(host.search_mounts(vendor.name))
-        except ConfigError as exc:
-            checks.append(Check("container mounts", False, str(exc)))
-            return HealthReport(host=host.name, checks=checks, probe=None)
+        host = host.with_search(search)
     if isinstance(host, SshHost):
         try:
             host.client()

@@ -431,12 +431,18 @@ class SlurmHost(LocalHost):
         its jobs see (the inventory's env, else the controller's) outside the project: the run's vendor and cases,
         mounted and named as on a docker host (container_policy.search_mounts), resolved here (the controller sees
         the shared folders as the nodes do). None without a container image. ConfigError naming the inventory's
-        hosts.N.env.<variable>."""
+        hosts.N.env.<variable>, or the controller's environment where the entry does not set the variable."""
         if not self.slurm.container_image:
             return None
         try:
             written = search_mounts(self.environment(), vendor, cases, str(self.project_root))
             found = self.describe_paths(written.host_paths())
+            for kind, mount in written.mounts:  # a node-only folder would be left out without a word
+                folder = kind.folder_of(mount.source)
+                if found[folder]["kind"] != "folder":
+                    raise PolicyError(f"{kind.variable} folder {folder!r} is not a folder on the controller, which "
+                                      "resolves what a container image's jobs mount (one only the nodes have is "
+                                      "never mounted)", f"env.{kind.variable}")
             search = written.resolved({path: PathFacts(path=fact["path"], kind=fact["kind"])
                                        for path, fact in found.items()})
             for kind, mount in search.mounts:
@@ -444,9 +450,29 @@ class SlurmHost(LocalHost):
                     raise PolicyError(f"{kind.what} {mount.source!r} cannot be mounted by pyxis: its path holds a "
                                       "',', ':' or whitespace", f"env.{kind.variable}")
         except PolicyError as exc:
+            variable = (exc.key or "").removeprefix("env.")
+            if variable not in self.extra_env:  # the controller's own variable, which sbatch's jobs inherit
+                raise ConfigError("the controller's environment", variable,
+                                  f"on host {self.name} (its inventory entry sets no env.{variable}): {exc}") from None
             source, prefix = spec_origin(self.spec)
             raise ConfigError(source, f"{prefix}{exc.key}", f"on host {self.name}: {exc}") from None
         return search
+
+    @staticmethod
+    def mount_check_lines(search: SearchMounts | None) -> list[str]:
+        """Job-script lines, before srun, that stop the job (exit 96, one line in its output) where a mount's source
+        is not, on the node, the folder the controller resolved: missing there, or a link to elsewhere (a
+        node-local folder such as /opt/vendors may differ from the controller's), which pyxis would mount
+        unchecked. They run on the job's first node, where the batch script runs."""
+        lines = []
+        for kind, mount in search.mounts if search else ():
+            source = shlex.quote(mount.source)
+            message = shlex.quote(f"flagperf: {kind.variable}'s {kind.what} {mount.source} is missing or a link "
+                                  "elsewhere on node")
+            lines.append(f'[ "$(realpath -e -- {source} 2>/dev/null)" = {source} ] || {{ printf \'%s %s, unlike on '
+                         f'the controller: not mounted, the job stops\\n\' {message} "${{SLURMD_NODENAME:-?}}" '
+                         '>&2; exit 96; }')
+        return lines
 
     def with_search(self, search: SearchMounts | None) -> SlurmHost:
         """This slot, its run() containers given ``search`` (the healthcheck's probe: the run's vendor)."""
@@ -470,6 +496,7 @@ class SlurmHost(LocalHost):
             step = ["srun", "--nodes=1", "--ntasks=1", *self.container_options(self.search), *argv]
             script = batch_script(f"flagperf: {shlex.join(argv)[:200]} on {self.name}", [
                 *self.inventory_env_lines(folder, self.search),
+                *self.mount_check_lines(self.search),
                 shlex.join(["touch", str(folder / START_FILE)]),
                 shlex.join(step),
                 "code=$?",
@@ -663,6 +690,7 @@ class SlurmRuntime(Runtime):
         secrets = host.work_root / ".jobs" / uuid.uuid4().hex  # not the job folder: that one is collected
         host.write_text(folder / SCRIPT_FILE, batch_script(f"flagperf: {label} on {names}; written by the controller",
                                                            [*host.inventory_env_lines(secrets, self.search),
+                                                            *host.mount_check_lines(self.search),
                                                             shlex.join(step)]))
         return ranks
 

@@ -195,7 +195,9 @@ def run_setting(run_dir: Path) -> dict[str, Any]:
         if prov is None:
             continue
         setting.setdefault("code", {"git_revision": prov.git_revision, "git_dirty": prov.git_dirty,
-                                    "source_digest": prov.source_digest, "engine_version": prov.engine_version})
+                                    "source_digest": prov.source_digest, "engine_version": prov.engine_version,
+                                    # the digest covers the run's own cases: setting_changes needs them
+                                    "cases": sorted({f"{x.family}/{x.case}" for x in results})})
         setting.setdefault("image", prov.image)
         setting.setdefault("libraries", {"python": prov.python, **prov.libraries})
         setting.setdefault("vendor settings", prov.spec_settings)
@@ -214,6 +216,18 @@ def setting_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
         old, new = before.get(group), after.get(group)
         if old == new:
             continue
+        if group == "code" and isinstance(old, dict) and isinstance(new, dict) and "cases" in old and "cases" in new:
+            # The source digest covers a run's own cases (FLAGPERF_CASE_PATH's too): two nights over other cases
+            # differ there without a code change, so it is not compared, and the cases are named instead.
+            if old["cases"] != new["cases"]:
+                changes.append(f"cases differ: {len(old['cases'])} → {len(new['cases'])} case(s) (the source digest "
+                               "covers each night's own cases: not compared)")
+                old = {k: v for k, v in old.items() if k != "source_digest"}
+                new = {k: v for k, v in new.items() if k != "source_digest"}
+            old = {k: v for k, v in old.items() if k != "cases"}
+            new = {k: v for k, v in new.items() if k != "cases"}
+            if old == new:
+                continue
         if isinstance(old, dict) and isinstance(new, dict):
             keys = [k for k in sorted(set(old) | set(new), key=str) if old.get(k) != new.get(k)]
             changes.append(f"{group}: " + ", ".join(f"{k} {_short(old.get(k))} → {_short(new.get(k))}"

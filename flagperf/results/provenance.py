@@ -86,20 +86,39 @@ def search_path_code(root: Path, vendor: str | None, cases: list[str] | None) ->
     return found
 
 
-@functools.cache
 def folders_digest(folders: tuple[tuple[Path, str], ...]) -> str | None:
-    """The digest of (folder, label) pairs: each folder's files labelled <label>/<path below the folder>."""
-    digest = hashlib.sha256()
+    """The digest of (folder, label) pairs: each folder's files labelled <label>/<path below the folder>. The
+    folders are listed (and each file's size and ctime read) every time, so an edit between two calls in one
+    process (a flow's retry) is seen; the bytes are read again only when a listing changed."""
+    listing: list[tuple[str, Path | None, int, int]] = []
     try:
         for folder, label in folders:
-            digest.update(f"{label}\0\0".encode())  # where one folder ends: two folders are not one
+            listing.append((label, None, 0, 0))  # where one folder ends: two folders are not one
             files = sorted(path for path in folder.rglob("*") if path.is_file()
                            and not path.name.endswith(SKIPPED_SUFFIXES + SKIPPED_NAMES)
                            and not any(part.startswith(".") or part == "__pycache__"
                                        for part in path.relative_to(folder).parts))
             for path in files:
-                digest.update(f"{label}/{path.relative_to(folder).as_posix()}".encode() + b"\0")
-                digest.update(path.read_bytes() + b"\0")
+                stat = path.stat()
+                # ctime: any write, and a chmod that makes an unreadable file readable, changes it
+                listing.append((f"{label}/{path.relative_to(folder).as_posix()}", path, stat.st_size,
+                                stat.st_ctime_ns))
+    except OSError:
+        return None
+    return listing_digest(tuple(listing))
+
+
+@functools.lru_cache(maxsize=16)
+def listing_digest(listing: tuple[tuple[str, Path | None, int, int], ...]) -> str | None:
+    """folders_digest's bytes: (label, file or None for a folder's start, size, ctime) in order."""
+    digest = hashlib.sha256()
+    try:
+        for label, path, _, _ in listing:
+            if path is None:
+                digest.update(f"{label}\0\0".encode())
+                continue
+            digest.update(label.encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
     except OSError:
         return None
     return f"sha256:{digest.hexdigest()[:16]}"

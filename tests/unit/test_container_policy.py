@@ -254,3 +254,11 @@ def test_options_beyond_the_allow_list_are_refused_by_name() -> None:
         parse_container_options("--privileged")
     with pytest.raises(PolicyError, match="ro and rw"):
         parse_container_options("-v /data/a:/a:ro,rw")
+
+
+def test_a_search_path_folders_index_counts_non_empty_entries_only() -> None:
+    """docs/hosts-and-containers.md: in `/a::/b`, `/b` is index 1 (an empty entry names no folder)."""
+    search = container_policy.search_mounts({"FLAGPERF_VENDOR_PATH": "/a::/b"}, "acme", [], str(PROJECT_ROOT))
+    assert [(m.source, m.target) for m in search.all()] == [("/a/acme", "/flagperf-search/vendor/0/acme"),
+                                                            ("/b/acme", "/flagperf-search/vendor/1/acme")]
+    assert dict(search.env) == {"FLAGPERF_VENDOR_PATH": "/flagperf-search/vendor/0:/flagperf-search/vendor/1"}

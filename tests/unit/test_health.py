@@ -76,3 +76,26 @@ def test_each_check_s_line_names_its_host(caplog: pytest.LogCaptureFixture) -> N
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
         (logging.INFO, "ok   host h1: disk: 74.1 GiB free at /work (need 1.0)"),
         (logging.ERROR, "FAIL host h2: disk: 0.2 GiB free at /work (need 1.0)")]
+
+
+def test_a_slurm_container_images_bad_case_folder_fails_the_healthcheck_once_before_any_round(tmp_path: Path) -> None:
+    """A Slurm entry with a container_image mounts the run's case folders from FLAGPERF_CASE_PATH: one that pyxis
+    cannot mount (a link out of its folder here) fails the healthcheck, naming hosts.0.env.FLAGPERF_CASE_PATH,
+    before the cluster is asked anything, so no round runs (each would fail as an infrastructure failure)."""
+    import yaml
+
+    lab, elsewhere = tmp_path / "lab", tmp_path / "elsewhere"
+    (elsewhere / "x").mkdir(parents=True)
+    (lab / "base").mkdir(parents=True)
+    (lab / "base" / "x").symlink_to(elsewhere / "x")
+    (tmp_path / "shared").mkdir(mode=0o700)
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump({"hosts": [{
+        "name": "gpu", "env": {"FLAGPERF_CASE_PATH": str(lab)},
+        "slurm": {"shared_dir": str(tmp_path / "shared"), "container_image": "nvcr.io#nvidia/pytorch:24.05-py3"}}]}))
+    spec = load_inventory(inventory).hosts[0]
+    report = check_host(open_host(spec), spec, load_vendor("cpu"), tmp_path / "h.log", cases=["base/x"])
+    assert [(c.name, c.ok) for c in report.checks] == [("container mounts", False)], report.checks
+    detail = report.checks[0].detail
+    assert "hosts.0.env.FLAGPERF_CASE_PATH" in detail and "outside its" in detail and "\n" not in detail, detail
+    assert report.probe is None

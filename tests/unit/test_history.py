@@ -313,3 +313,23 @@ def test_an_interrupted_night_is_shown_as_one_never_a_baseline_nor_a_failure(see
     table = trend_table(engine)
     assert list(table["verdict"]) == ["no-baseline"] * 3 + ["ok", "ok", "interrupted", "regression"]
     assert list(table[table["verdict"] == "interrupted"]["run_id"]) == ["run-stopped"]
+
+
+def test_two_nights_over_other_cases_are_not_named_a_code_change() -> None:
+    """The source digest covers a night's own cases (those on FLAGPERF_CASE_PATH too): the same code over other
+    cases differs there, and the comparison says the cases differ, not that the code changed."""
+    from flagperf.results.history import setting_changes
+
+    def code(digest: str, cases: list[str], revision: str = "a" * 40) -> dict:
+        return {"code": {"git_revision": revision, "git_dirty": False, "source_digest": digest,
+                         "engine_version": "1", "cases": cases}}
+
+    assert setting_changes(code("sha256:1", ["base/x"]), code("sha256:2", ["base/x", "lab/y"])) == [
+        "cases differ: 1 → 2 case(s) (the source digest covers each night's own cases: not compared)"]
+    assert setting_changes(code("sha256:1", ["base/x"]), code("sha256:1", ["base/x"])) == []
+    # The same cases: a digest change is a code change; another commit is one whatever the cases.
+    assert setting_changes(code("sha256:1", ["base/x"]), code("sha256:2", ["base/x"])) == [
+        "code: source_digest sha256:1 → sha256:2"]
+    assert setting_changes(code("sha256:1", ["base/x"]), code("sha256:2", ["lab/y"], "b" * 40)) == [
+        "cases differ: 1 → 1 case(s) (the source digest covers each night's own cases: not compared)",
+        f"code: git_revision {'a' * 12} → {'b' * 12}"]

@@ -10,7 +10,7 @@ import pytest
 from flagperf.config.cases import available_cases, load_case
 from flagperf.config.plan import available_suites, find_suite, new_run_id, plan_run
 from flagperf.errors import ConfigError
-from flagperf.paths import NAME_PATTERN
+from flagperf.paths import NAME_PATTERN, PROJECT_ROOT
 
 FP32 = "computation-FP32"
 FP32_CASE = "cases/base/computation-FP32/case.yaml"
@@ -83,8 +83,6 @@ def test_base_suite_plans(tmp_path: Path) -> None:
 
 
 def test_suite_by_path(tmp_path: Path) -> None:
-    from flagperf.paths import PROJECT_ROOT
-
     p = plan(tmp_path, suite=str(PROJECT_ROOT / SMOKE))
     assert p.suite == "smoke"
 
@@ -481,11 +479,33 @@ def test_a_retry_resumes_only_its_own_run_with_the_same_code(tmp_path: Path) -> 
         plan_run(cases=[FP32], results_dir=tmp_path, run_id="run-a", flow_run_id="f-1", resume=True)
 
 
+def test_a_retry_with_another_vendor_is_other_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A vendor copied from another (an external acme from cpu) plans the same cases and settings, and its digest
+    differs: the retry is refused as other work, naming both vendors, never resumed."""
+    import shutil
+
+    from flagperf.config.plan import PLAN_FILE
+
+    shutil.copytree(PROJECT_ROOT / "vendor_images" / "cpu", tmp_path / "vendors" / "acme")
+    yaml_file = tmp_path / "vendors" / "acme" / "vendor.yaml"
+    yaml_file.write_text(yaml_file.read_text().replace("name: cpu", "name: acme", 1))
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(tmp_path / "vendors"))
+    first = plan_run(cases=[FP32], results_dir=tmp_path / "results", run_id="run-a", flow_run_id="f-1")
+    (tmp_path / "results" / "run-a").mkdir(parents=True)
+    (tmp_path / "results" / "run-a" / PLAN_FILE).write_text(first.model_dump_json())
+    with pytest.raises(ConfigError, match="already exists"):
+        plan_run(cases=[FP32], vendor="acme", results_dir=tmp_path / "results", run_id="run-a", flow_run_id="f-1")
+    with pytest.raises(ConfigError) as err:
+        plan_run(cases=[FP32], vendor="acme", results_dir=tmp_path / "results", run_id="run-a", resume=True)
+    assert "planned other work (vendor cpu, the retry asks for acme)" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
 def test_the_source_digest_follows_the_code_and_nothing_else(tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A copy deployed without git is identified by its code: any file of the code folders changes it,
-    caches, hidden folders and other folders do not."""
-    from flagperf.results.provenance import SOURCE_FOLDERS, folders_digest, source_digest
+    caches, hidden folders and other folders do not. One process sees edits between two calls (a flow's retry)."""
+    from flagperf.results.provenance import SOURCE_FOLDERS, listing_digest, source_digest
 
     for folder in SOURCE_FOLDERS:
         (tmp_path / folder).mkdir()
@@ -500,20 +520,15 @@ def test_the_source_digest_follows_the_code_and_nothing_else(tmp_path: Path,
     (tmp_path / "flagperf" / ".cache" / "x").write_text("x")
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.md").write_text("x")
-    folders_digest.cache_clear()
     assert source_digest(tmp_path) == first
-    (tmp_path / "cases" / "x" / "case.yaml").write_text("name: y\n")
-    folders_digest.cache_clear()
+    (tmp_path / "cases" / "x" / "case.yaml").write_text("name: yy\n")
     changed = source_digest(tmp_path)
     assert changed != first
     (tmp_path / "cases" / "x" / "case.yaml").rename(tmp_path / "cases" / "x" / "other.yaml")  # a rename too
-    folders_digest.cache_clear()
     assert source_digest(tmp_path) not in (first, changed)
     (tmp_path / "cases" / "x" / "other.yaml~").write_text("an editor's backup")
-    folders_digest.cache_clear()
     renamed = source_digest(tmp_path)
     (tmp_path / "cases" / "x" / "other.yaml~").unlink()
-    folders_digest.cache_clear()
     assert source_digest(tmp_path) == renamed
     # A file that cannot be read (deleted during the walk, another user's): no digest, and no error.
     read_bytes = Path.read_bytes
@@ -524,10 +539,10 @@ def test_the_source_digest_follows_the_code_and_nothing_else(tmp_path: Path,
         return read_bytes(path)
 
     monkeypatch.setattr(Path, "read_bytes", unreadable)
-    folders_digest.cache_clear()
+    listing_digest.cache_clear()  # the files are as they were: their bytes would not be read again
     assert source_digest(tmp_path) is None
     monkeypatch.undo()
-    folders_digest.cache_clear()
+    listing_digest.cache_clear()
 
 
 def test_a_rounds_source_digest_is_the_plans_wherever_its_vendor_and_cases_lie(tmp_path: Path,
@@ -540,11 +555,10 @@ def test_a_rounds_source_digest_is_the_plans_wherever_its_vendor_and_cases_lie(t
 
     from flagperf.config.job import Job
     from flagperf.entry import run_job
-    from flagperf.results.provenance import folders_digest, source_digest
+    from flagperf.results.provenance import source_digest
     from flagperf.results.schema import read_result
 
     def digest(**run: Any) -> str | None:
-        folders_digest.cache_clear()  # files were edited: read them again
         return source_digest(**run)
 
     lab = tmp_path / "lab"
@@ -575,7 +589,6 @@ def test_a_rounds_source_digest_is_the_plans_wherever_its_vendor_and_cases_lie(t
               run_cases=plan.case_folders)
     out = tmp_path / "out"
     out.mkdir()
-    folders_digest.cache_clear()
     run_job(job, out)
     result = read_result(out / "result.json")
     assert result.status == "success", result.failure

@@ -212,6 +212,27 @@ def test_a_container_image_gets_the_runs_vendor_and_cases_from_outside_the_proje
     vendor_only = f"{base},{vendors}/acme:/flagperf-search/vendor/0/acme:ro"
     assert probe_host.container_options(probe_host.search)[1] == vendor_only
     assert host.search is None  # the slot itself is left as it was
+    # On the node, before srun: a mount source that is not the folder the controller resolved (a node-local folder
+    # that differs there: here, replaced by a link out after the script was written) stops the job in one line.
+    search = host.search_mounts("acme", ["base/x"])
+    job_dir = tmp_path / "shared" / "job"
+    SlurmRuntime(search).write_job(host, [(Rank(0, None, job_dir, job_dir, ["python3", "-m", "x"], []), host)], "r2")
+    (vendors / "acme").rename(tmp_path / "acme-kept")
+    (vendors / "acme").symlink_to(tmp_path / "acme-kept")
+    done = subprocess.run(["bash", str(job_dir / SCRIPT_FILE)], capture_output=True, text=True, timeout=60,
+                          env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "OUT": str(tmp_path / "never"),
+                               "SLURMD_NODENAME": "n1"})
+    assert done.returncode == 96 and not Path(f"{tmp_path / 'never'}.args").exists(), done
+    assert done.stderr == (f"flagperf: FLAGPERF_VENDOR_PATH's vendor folder {vendors}/acme is missing or a link "
+                           "elsewhere on node n1, unlike on the controller: not mounted, the job stops\n"), done.stderr
+    (vendors / "acme").unlink()
+    (tmp_path / "acme-kept").rename(vendors / "acme")
+    # A search path folder the controller lacks (the nodes may have it): one line, never a silent omission.
+    with pytest.raises(ConfigError) as info:
+        entry("nvcr.io#nvidia/pytorch:24.05-py3", FLAGPERF_VENDOR_PATH="/opt/flagperf-no-such-vendors").search_mounts(
+            "acme")
+    assert info.value.key == "hosts.0.env.FLAGPERF_VENDOR_PATH" and "'/opt/flagperf-no-such-vendors' is not a " \
+        "folder on the controller" in info.value.message, str(info.value)
     # Without a container image the nodes' own python reads the host's folders where they are.
     plain = entry(None)
     assert plain.search_mounts("acme", ["base/x"]) is None
@@ -228,3 +249,23 @@ def test_a_container_image_gets_the_runs_vendor_and_cases_from_outside_the_proje
             entry("nvcr.io#nvidia/pytorch:24.05-py3", FLAGPERF_VENDOR_PATH=str(folder)).search_mounts("acme")
         assert info.value.key == "hosts.0.env.FLAGPERF_VENDOR_PATH" and words in info.value.message, str(info.value)
         assert "on host gpu" in info.value.message and "\n" not in str(info.value)
+
+
+
+def test_a_search_path_from_the_controllers_environment_is_named_as_such(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An entry that sets no FLAGPERF_VENDOR_PATH: its jobs get the controller's, and a bad folder there is named as
+    the controller's variable, not as an inventory key that does not exist."""
+    (tmp_path / "escape").mkdir()
+    (tmp_path / "vendors" / "acme").mkdir(parents=True)
+    (tmp_path / "escape" / "acme").symlink_to(tmp_path / "vendors" / "acme")
+    (tmp_path / "shared").mkdir(mode=0o700)
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump({"hosts": [{"name": "gpu", "slurm": {
+        "shared_dir": str(tmp_path / "shared"), "container_image": "nvcr.io#nvidia/pytorch:24.05-py3"}}]}))
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(tmp_path / "escape"))
+    with pytest.raises(ConfigError) as info:
+        SlurmHost(load_inventory(path).hosts[0]).search_mounts("acme")
+    assert str(info.value).startswith("the controller's environment: FLAGPERF_VENDOR_PATH: on host gpu (its "
+                                      "inventory entry sets no env.FLAGPERF_VENDOR_PATH): "), str(info.value)
+    assert "hosts.0" not in str(info.value) and "outside its" in str(info.value)
