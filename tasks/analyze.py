@@ -93,7 +93,8 @@ def analyze(run_dir: Path) -> RunSummary | None:
     if url:
         published.append(create_link_artifact(
             link=f"{url}report.html", link_text=f"{summary.run_id} report (HTML, plots)", key="flagperf-report-html",
-            description="the HTML report with plots, served by flagperf server from the results folder"))
+            description=f"{summary.run_id}: the HTML report with plots, served by flagperf server from the results "
+                        "folder"))
     replace_earlier_artifacts(REPORT_ARTIFACTS, published)
     if url:  # the address the team opens, not a path on the worker's disk
         logger.info("report on the results site: %sreport.html", url)

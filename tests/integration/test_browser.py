@@ -239,6 +239,9 @@ def test_sign_in_evaluate_from_the_form_fail_retry_report_site_trend_and_schedul
             artifacts = httpx.post(f"{team_server.api}/artifacts/filter", json={
                 "artifacts": {"flow_run_id": {"any_": [run["id"]]}, "key": {"any_": ["flagperf-report-html"]}}},
                 headers=team_server.auth, timeout=10).json()
+            # its card on the key's page (every run's) names the run it belongs to
+            named, _, said = artifacts[0]["description"].partition(": ")
+            assert named.endswith(run["id"].replace("-", "")[-12:]) and said.startswith("the HTML report"), artifacts[0]
             page.goto(f"{team_server.ui}/artifacts/artifact/{artifacts[0]['id']}", wait_until="networkidle")
             with context.expect_page() as opened:
                 page.get_by_role("link", name="report (HTML, plots)").click()
