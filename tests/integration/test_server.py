@@ -158,6 +158,7 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
     out = lines.text() + lines.rest()
     assert proc.returncode == 0, out
     assert f"worker: pool '{pool}'" in out
+    assert "stopped by SIGTERM: the worker, the server and the results site" in out  # not a silent end
     assert f"UI at http://127.0.0.1:{port}" in out and f"at http://127.0.0.1:{results_port}/ (runs" in out
     assert f"sign-in: on, user 'lab' (from {auth_file})" in out
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
