@@ -7,6 +7,7 @@ SIGTERM) when it was interrupted (the report of what was done is still written).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -14,7 +15,8 @@ import shlex
 import shutil
 import signal
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import Annotated, Any
@@ -38,7 +40,7 @@ from flagperf.hosts.flagperf_training import CLUSTER_CONF, default_cluster_conf,
 from flagperf.hosts.inventory import Inventory, load_inventory, local_inventory
 from flagperf.paths import display_path
 from flagperf.results.operators import OPERATOR_HEADER, operator_cells
-from flagperf.results.schema import folder_problem
+from flagperf.results.schema import atomic_path, folder_problem
 from flagperf.results.summary import (
     ESTIMATED_PEAK_LEGEND,
     HEADLINE_HEADER,
@@ -69,14 +71,21 @@ def _one_line_usage_errors() -> Iterator[None]:
 
 
 class _OneLineErrors(TyperGroup):
-    """Click reports bad options while making a command's context and choosing the command."""
+    """Click reports bad options while making a command's context and choosing the command. Every command runs
+    under one interrupt handler (``Interrupt``, armed: the first SIGINT or SIGTERM stops it at once, later ones
+    are ignored so that its clean-up is not cut short) and ends an interrupt in one line (``_told_interrupts``);
+    typer alone would end it in a silent exit 130, and SIGTERM would end it with no clean-up at all."""
+
+    def main(self, *args: Any, **extra: Any) -> Any:
+        with _interrupt_handler():
+            return super().main(*args, **extra)
 
     def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
-        with _one_line_usage_errors():
+        with _one_line_usage_errors(), _told_interrupts():
             return super().make_context(info_name, args, parent, **extra)
 
     def invoke(self, ctx: Any) -> Any:
-        with _one_line_usage_errors():
+        with _one_line_usage_errors(), _told_interrupts():
             return super().invoke(ctx)
 
 
@@ -107,11 +116,12 @@ def _prepare_prefect_environment(verbose: bool) -> None:
 
 
 class Interrupt:
-    """SIGINT and SIGTERM stop the run the same way: the first raises KeyboardInterrupt where the controller
-    is (Prefect turns a SIGTERM inside a flow run into its own TerminationSignal first), so the cases'
-    process groups and the monitors are stopped by the code that started them, the report is written and
-    the temporary server is stopped; later signals are noted and ignored, so that clean-up is not cut short.
-    Until it is armed (while the run is set up, outside any handler) a signal is only noted; arming raises it."""
+    """SIGINT and SIGTERM stop a command the same way: the first raises KeyboardInterrupt (named after the
+    signal) where the command is (Prefect turns a SIGTERM inside a flow run into its own TerminationSignal
+    first), so that what it started is stopped by the code that started it (a run's cases' process groups and
+    monitors; its report is written, its temporary server stopped); later signals are noted and ignored, so that
+    clean-up is not cut short. The app arms one for every command; while disarmed (a run sets up what it will
+    stop in order, outside any handler) a signal is only noted, and arming again raises it."""
 
     def __init__(self) -> None:
         self.signals: list[int] = []
@@ -132,9 +142,90 @@ class Interrupt:
         if self.signals:
             raise KeyboardInterrupt(signal.Signals(self.signals[0]).name)
 
+    def disarm(self) -> None:
+        """From here a signal is only noted (``arm`` raises it), while the command sets up what it will stop."""
+        self.armed = False
+
     def exit_code(self, exc: BaseException | None = None) -> int:
-        signum = self.signals[0] if self.signals else getattr(exc, "signal", signal.SIGINT)
+        signum = self.signals[0] if self.signals else getattr(exc, "signal", None) or signal.Signals.__members__.get(
+            str(exc), signal.SIGINT)  # a KeyboardInterrupt of this class is named after its signal
         return 128 + int(signum)
+
+
+_INTERRUPTS: list[Interrupt] = []  # the handler of the command being run, innermost last
+
+
+@contextmanager
+def _interrupt_handler() -> Iterator[Interrupt]:
+    """An armed ``Interrupt`` for the command, and the signal handlers of before put back after it (the process
+    goes on where the app is called in-process, as in tests). Signal handlers exist in the main thread only."""
+    interrupt = Interrupt()
+    interrupt.armed = True
+    main_thread = threading.current_thread() is threading.main_thread()
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if main_thread else {}
+    if main_thread:
+        interrupt.install()
+    _INTERRUPTS.append(interrupt)
+    try:
+        yield interrupt
+    finally:
+        _INTERRUPTS.remove(interrupt)
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def _interrupt() -> Interrupt:
+    """The running command's interrupt handler (the app's; one installed now for a command called alone)."""
+    if not _INTERRUPTS:
+        interrupt = Interrupt()
+        interrupt.install()
+        interrupt.armed = True
+        _INTERRUPTS.append(interrupt)
+    return _INTERRUPTS[-1]
+
+
+def _is_interrupt(exc: BaseException) -> bool:
+    """Ctrl-C or SIGTERM as it arrives: a KeyboardInterrupt (``Interrupt`` raises one named after the signal),
+    or Prefect's TerminationSignal (a SIGTERM inside a flow run: no Exception, a ``signal``)."""
+    return isinstance(exc, KeyboardInterrupt) or (not isinstance(exc, Exception)
+                                                  and isinstance(getattr(exc, "signal", None), int))
+
+
+NOTHING_WRITTEN = "interrupted; nothing was written"
+
+
+@contextmanager
+def _if_interrupted(said: str | Callable[[], str]) -> Iterator[None]:
+    """An interrupt inside the block ends the command with exit 128 + the signal and this one line (or what the
+    function returns then): what was stopped and what was kept. A command says it around everything it
+    writes; outside every such block an interrupt is told by the app as NOTHING_WRITTEN."""
+    try:
+        yield
+    except BaseException as exc:
+        if not _is_interrupt(exc):
+            raise
+        raise _fail(said() if callable(said) else said, _interrupt().exit_code(exc)) from None
+
+
+@contextmanager
+def _noted_only() -> Iterator[None]:
+    """A short step that makes and removes again (a results folder checked by writing there) is not cut in two:
+    a signal inside it is only noted, and raised at its end."""
+    interrupt = _interrupt()
+    armed = interrupt.armed
+    interrupt.disarm()
+    try:
+        yield
+    finally:
+        if armed:
+            interrupt.arm()
+
+
+@contextmanager
+def _told_interrupts() -> Iterator[None]:
+    """The app's one handler of an interrupt no command told (a command that writes nothing there)."""
+    with _if_interrupted(NOTHING_WRITTEN):
+        yield
 
 
 def _drain_prefect() -> None:
@@ -212,13 +303,13 @@ def run(
                             inventory_endpoints=inv.endpoints,
                             run_id=retry.name if retry else None, resume=retry is not None)
             check_capacity_here(plan, inv.hosts)  # before any server starts
+        interrupt = _interrupt()
+        interrupt.disarm()  # from here a signal is noted, and raised once the run can be stopped in order
         made = _make_results_folder(results, *results_source)
     except FlagperfError as exc:
         raise _fail(str(exc)) from None
-    except KeyboardInterrupt:  # Ctrl-C while the input is checked (the probe takes seconds): nothing started
-        raise _fail("interrupted before anything started", 128 + signal.SIGINT) from None
-    interrupt = Interrupt()  # from here a signal is noted, and raised once the run can be stopped in order
-    interrupt.install()
+    except KeyboardInterrupt as exc:  # Ctrl-C while the input is checked (the probe takes seconds): nothing started
+        raise _fail("interrupted before anything started", _interrupt().exit_code(exc)) from None
     for note in [*inv.notes, *warnings]:
         err_console.print(f"[yellow]note[/] {escape(note)}", highlight=False, soft_wrap=True)
     console.print(f"[bold]run {plan.run_id}[/]: {len(plan.cases)} cases x {plan.rounds} rounds, vendor "
@@ -356,7 +447,11 @@ def _make_results_folder(folder: Path, source: str, key: str | None) -> Path | N
     """Make the results folder if missing and check it by writing to it (exit 2 otherwise); returns the
     outermost folder this made (None: it was there), so that a run refused later leaves nothing behind."""
     made = _outermost_missing(folder)
-    problem = folder_problem(folder)
+    try:
+        problem = folder_problem(folder)
+    except BaseException:  # interrupted: what this made goes again
+        _remove_made(folder, made)
+        raise
     if problem:
         _remove_made(folder, made)
         raise ConfigError(source, key, f"{folder}: {problem}")
@@ -469,11 +564,15 @@ def report(run_dir: Annotated[Path, typer.Argument(help="a run folder, results/<
     from flagperf.config.diagnose import report_section
 
     try:
-        _, paths = build_report(run_dir, report_section)
+        with _if_interrupted(f"interrupted while the report of {run_dir} was written: its rounds' records are "
+                             "untouched and each report file is whole (some may be the earlier ones); `flagperf "
+                             f"report {run_dir}` writes them all again"):
+            _, paths = build_report(run_dir, report_section)
     except OSError as exc:
         raise _fail(f"{run_dir}: the report cannot be written: {exc.strerror or exc}", EXIT_FAILED) from None
-    _print_summary(read_summary_json(run_dir), run_dir)
-    console.print(f"report: {escape(str(paths['html']))}, {escape(str(paths['markdown']))}", highlight=False)
+    with _if_interrupted(f"interrupted; the report of {run_dir} was written whole ({paths['html']})"):
+        _print_summary(read_summary_json(run_dir), run_dir)
+        console.print(f"report: {escape(str(paths['html']))}, {escape(str(paths['markdown']))}", highlight=False)
 
 
 @app.command()
@@ -506,10 +605,15 @@ def compare(
         console.print(escape("\n".join(["", *serving_comparison_markdown(serving)])), highlight=False)
     if out is not None:
         try:
-            out.write_text(render_markdown(run_a, run_b, rows, serving), encoding="utf-8")
+            if not out.parent.is_dir():  # the folder is the user's to make
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(out.parent))
+            with _if_interrupted(f"interrupted; --out {out} was not written (one there before is as it was)"), \
+                    atomic_path(out) as partial:  # whole or not at all
+                partial.write_text(render_markdown(run_a, run_b, rows, serving), encoding="utf-8")
         except OSError as exc:
             raise _fail(f"--out {out}: {exc.strerror or exc}") from None
-        console.print(f"written to {escape(str(out))}", highlight=False)
+        with _if_interrupted(f"interrupted; --out {out} was written whole"):
+            console.print(f"written to {escape(str(out))}", highlight=False)
 
 
 EXIT_HOST_FAILED = 4  # flagperf diagnose: some host failed a rule
@@ -533,12 +637,15 @@ def diagnose(
 
     try:
         found = diagnose_run(run_dir, rules, baseline, history)
-        write_diagnosis(run_dir, found)
+        with _if_interrupted(f"interrupted while the diagnosis of {run_dir} was written: diagnosis.json and "
+                             "diagnosis.md are each whole (either may be the earlier one); run the command again"):
+            write_diagnosis(run_dir, found)
     except FlagperfError as exc:
         raise _fail(str(exc)) from None
     except OSError as exc:
         raise _fail(f"{run_dir}: the diagnosis cannot be written: {exc.strerror or exc}", EXIT_FAILED) from None
-    console.print(render_markdown(found), markup=False, highlight=False, soft_wrap=True)
+    with _if_interrupted(f"interrupted; the diagnosis of {run_dir} was written whole (diagnosis.md)"):
+        console.print(render_markdown(found), markup=False, highlight=False, soft_wrap=True)
     if found.failed_hosts:
         raise typer.Exit(EXIT_HOST_FAILED)
 
@@ -575,28 +682,38 @@ def nightly(
     Exit 0: every figure held its baseline (or has none yet); 1: the night failed (recorded as a failed night);
     2: bad input, nothing measured; 3: unsupported on this device; 5: a regression; 128 + signal: interrupted.
     The verdict is also in nightly-SUITE.json in the results folder (with its exit_code)."""
-    from flows.nightly_cli import check_night, default_results, discard_history, open_history, run_night
+    from flows.nightly_cli import (
+        check_night,
+        default_results,
+        discard_history,
+        interrupted_line,
+        open_history,
+        run_night,
+    )
 
     results = results or default_results()
+    interrupt = _interrupt()
     try:
         with _held_core_warnings() as warnings:
             night = check_night(suite=suite, vendor=vendor, rounds=rounds, overrides=set_ or [], inventory=inventory,
                                 results=results, history_url=history_url, baseline_runs=baseline_runs, sigma=sigma)
-        made = _make_results_folder(results, "--results", None)
     except FlagperfError as exc:
         raise _fail(str(exc)) from None
-    except KeyboardInterrupt:  # Ctrl-C while the input is checked (the probe takes seconds): nothing started
-        raise _fail("interrupted before anything started", 128 + signal.SIGINT) from None
+    except KeyboardInterrupt as exc:  # Ctrl-C while the input is checked (the probe takes seconds): nothing started
+        raise _fail("interrupted before anything started", interrupt.exit_code(exc)) from None
+    made: Path | None = None
     try:
-        made_history = open_history(night)
+        interrupt.disarm()  # the folder is made whole and known here: a signal meanwhile is raised just after
+        made = _make_results_folder(results, "--results", None)
+        interrupt.arm()
+        made_history = open_history(night)  # a database that is slow to answer can be interrupted
+        interrupt.disarm()  # before the header: a Ctrl-C as soon as it shows is noted, then raised in order
     except FlagperfError as exc:
         _remove_made(results, made)
         raise _fail(str(exc), EXIT_BAD_INPUT if isinstance(exc, ConfigError) else EXIT_FAILED) from None
-    except KeyboardInterrupt:  # a database that is slow to answer
+    except KeyboardInterrupt as exc:
         _remove_made(results, made)
-        raise _fail("interrupted before anything started", 128 + signal.SIGINT) from None
-    interrupt = Interrupt()  # before the header: a Ctrl-C as soon as it shows is noted, then raised in order
-    interrupt.install()
+        raise _fail("interrupted before anything started", interrupt.exit_code(exc)) from None
     for note in [*night.notes, *warnings]:
         err_console.print(f"[yellow]note[/] {escape(note)}", highlight=False, soft_wrap=True)
     console.print(f"[bold]nightly {escape(suite)}[/]: {rounds} rounds per case, results in {escape(str(results))}",
@@ -613,19 +730,15 @@ def nightly(
     try:
         interrupt.arm()
         outcome = run_night(night, interrupt.signals, _drain_prefect)
-    except (KeyboardInterrupt, Exception) as exc:  # Exception: the server did not start, the API cannot be reached
-        discard_made()
+    except BaseException as exc:  # Exception: the server did not start, the API cannot be reached
+        if not (_is_interrupt(exc) or isinstance(exc, Exception)):
+            raise
+        discard_made()  # what an interrupted night recorded stays: only an empty history or folder goes
         if not interrupt.signals and isinstance(exc, Exception):
             first = str(exc).splitlines()[0] if str(exc) else ""
             raise _fail(f"the night could not run: {type(exc).__name__}: {first}", EXIT_FAILED) from None
-        raise _fail("interrupted; the night is not judged", interrupt.exit_code(exc)) from None
-    except BaseException as exc:  # Prefect's TerminationSignal (a SIGTERM inside the flow run)
-        if not hasattr(exc, "signal"):
-            raise
-        discard_made()
-        raise _fail("interrupted; the night is not judged", interrupt.exit_code(exc)) from None
-    if interrupt.signals:
-        raise _fail("interrupted; the night is not judged", interrupt.exit_code())
+        # Stopped while it measured: not judged. Once measured: recorded all the same, as the flow says.
+        raise _fail(interrupted_line(night), interrupt.exit_code(exc)) from None
     if outcome.code == EXIT_BAD_INPUT:  # found by the flow (a size an SSH host cannot hold): no night
         discard_made()
         raise _fail(outcome.message)
@@ -637,6 +750,9 @@ def nightly(
     if outcome.run_dir is not None:
         console.print(f"run directory: {escape(str(outcome.run_dir))}; verdict: {escape(str(night.verdict_file))}",
                       highlight=False, soft_wrap=True)
+    if interrupt.signals:  # once the flow had ended (its temporary server stopping): the night and its outcome stand
+        raise _fail(f"interrupted as the night ended; its outcome above (exit {outcome.code}) stands",
+                    interrupt.exit_code())
     raise typer.Exit(outcome.code)
 
 
@@ -667,27 +783,31 @@ def server(
 ) -> None:
     """Start a lasting Prefect server on PostgreSQL with a process worker, the deployments and the results site,
     behind one sign-in: the set-up for a team (docs/team-server.md)."""
-    from flows.server import DATABASE_URL_ENV, check_database_url, serve, server_credentials
+    # Until serve installs its own handler: from there a signal stops all it started, in order.
+    with _if_interrupted("interrupted before the server started; nothing was started"):
+        from flows.server import DATABASE_URL_ENV, check_database_url, serve, server_credentials
 
-    try:
-        url = check_database_url(database_url or os.environ.get(DATABASE_URL_ENV))
-        credentials = server_credentials(host, auth_file)
-    except FlagperfError as exc:
-        raise _fail(str(exc)) from None
-    for option, value in (("--port", port), ("--results-port", results_port)):
-        if value is not None and not 1 <= value <= 65535:
-            raise _fail(f"{option} {value}: not a port number")
-    if results_port == port:
-        raise _fail(f"--results-port {results_port}: the server already uses it")
-    for option, address in (("--public-url", public_url), ("--results-public-url", results_public_url)):
-        if address is not None and not re.fullmatch(r"https?://[^/\s]+/?", address):
-            raise _fail(f"{option} {address}: give scheme, host and port only, e.g. http://perf-lab:4200")
-    try:
-        code = serve(url, host, port, pool, worker, log_dir, results_dir=results, results_port=results_port,
-                     public_url=public_url, results_public_url=results_public_url, credentials=credentials,
-                     deploy=deploy)
-    except RuntimeError as exc:
-        raise _fail(f"{exc} (logs in {log_dir})", EXIT_FAILED) from None
+        try:
+            url = check_database_url(database_url or os.environ.get(DATABASE_URL_ENV))
+            credentials = server_credentials(host, auth_file)
+        except FlagperfError as exc:
+            raise _fail(str(exc)) from None
+        for option, value in (("--port", port), ("--results-port", results_port)):
+            if value is not None and not 1 <= value <= 65535:
+                raise _fail(f"{option} {value}: not a port number")
+        if results_port == port:
+            raise _fail(f"--results-port {results_port}: the server already uses it")
+        for option, address in (("--public-url", public_url), ("--results-public-url", results_public_url)):
+            if address is not None and not re.fullmatch(r"https?://[^/\s]+/?", address):
+                raise _fail(f"{option} {address}: give scheme, host and port only, e.g. http://perf-lab:4200")
+        try:
+            code = serve(url, host, port, pool, worker, log_dir, results_dir=results, results_port=results_port,
+                         public_url=public_url, results_public_url=results_public_url, credentials=credentials,
+                         deploy=deploy)
+        except RuntimeError as exc:
+            raise _fail(f"{exc} (logs in {log_dir})", EXIT_FAILED) from None
+    if code > 128:
+        raise _fail(f"interrupted while the server started; all it had started is stopped (logs in {log_dir})", code)
     raise typer.Exit(code)
 
 
@@ -779,7 +899,8 @@ def _check_file(path: Path, notes: list[str]) -> str:
                  inventory_source=inv.source, inventory_endpoints=inv.endpoints)
         if inv.results_dir:  # checked as run checks it, by writing there; what this made is removed again
             folder = Path(inv.results_dir)
-            _remove_made(folder, _make_results_folder(folder, display_path(test_conf), "FLAGPERF_LOG_PATH"))
+            with _noted_only():
+                _remove_made(folder, _make_results_folder(folder, display_path(test_conf), "FLAGPERF_LOG_PATH"))
         return f"FlagPerf training test_conf.py + cluster_conf.py, {len(inv.hosts)} host(s)"
     data = load_yaml_mapping(path)
     if "cases" in data:
@@ -790,7 +911,8 @@ def _check_file(path: Path, notes: list[str]) -> str:
         notes += inv.notes
         if inv.results_dir:  # checked as run checks it, by writing there; what this made is removed again
             folder = Path(inv.results_dir)
-            _remove_made(folder, _make_results_folder(folder, display_path(path), "FLAGPERF_LOG_PATH"))
+            with _noted_only():
+                _remove_made(folder, _make_results_folder(folder, display_path(path), "FLAGPERF_LOG_PATH"))
         return f"{'FlagPerf host.yaml' if 'HOSTS' in data else 'inventory'}, {len(inv.hosts)} host(s)"
     raise ConfigError(display_path(path), None, "not a case.yaml, vendor/<vendor>.yaml, vendor.yaml, suite, "
                                                 "inventory or host.yaml file")
@@ -823,9 +945,10 @@ def validate(files: Annotated[list[Path], typer.Argument(help="config files to c
     anything: a case's module is read, not imported (its Config is rebuilt from the source; the case's own
     validators run when it runs), and only regular files inside their folders are read."""
     bad = 0
-    for path in files:
+    for number, path in enumerate(files):
         try:
-            with case_code_not_run():
+            with _if_interrupted(f"interrupted after checking {number} of {len(files)} files; nothing was written"), \
+                    case_code_not_run():
                 kind = _validate_file(path)
         except FlagperfError as exc:
             bad += 1
@@ -899,16 +1022,27 @@ def vendor_new(name: Annotated[str, typer.Argument(help="the vendor's name (its 
     from flagperf.hosts.vendorscaffold import write_vendor_folder
     from flagperf.paths import PROJECT_ROOT
 
+    root = into if into is not None else PROJECT_ROOT / "vendor_images"
+    there_before = (root / name).exists() or (root / name).is_symlink()  # refused: never written over
+
+    def said() -> str:  # written whole (renamed into place), or not at all
+        whole = root / name
+        if not there_before and (whole / VENDOR_MANIFEST).is_file():
+            return f"interrupted once {display_path(whole)} was written whole"
+        return "interrupted; nothing was written"
+
     try:
-        folder = write_vendor_folder(into if into is not None else PROJECT_ROOT / "vendor_images", name, torch_device)
+        with _if_interrupted(said):
+            folder = write_vendor_folder(root, name, torch_device)
     except FlagperfError as exc:
         raise _fail(str(exc)) from None
-    found = available_vendors().get(name)
-    where = "" if found is not None and found.resolve() == folder.resolve() else (
-        f"; put {escape(display_path(folder.parent))} on FLAGPERF_VENDOR_PATH so that --vendor {name} finds it")
-    console.print(f"wrote {escape(display_path(folder))}{where}; next: fill in what is marked TODO (README.md says "
-                  f"where a case's files go), then `flagperf vendor check {escape(display_path(folder))}` "
-                  "(docs/vendor-guide.md)", highlight=False, soft_wrap=True)
+    with _if_interrupted(said):
+        found = available_vendors().get(name)
+        where = "" if found is not None and found.resolve() == folder.resolve() else (
+            f"; put {escape(display_path(folder.parent))} on FLAGPERF_VENDOR_PATH so that --vendor {name} finds it")
+        console.print(f"wrote {escape(display_path(folder))}{where}; next: fill in what is marked TODO (README.md "
+                      f"says where a case's files go), then `flagperf vendor check {escape(display_path(folder))}` "
+                      "(docs/vendor-guide.md)", highlight=False, soft_wrap=True)
 
 
 def main() -> None:

@@ -11,12 +11,14 @@ folder and in the run folder, and `exit_code` in it):
   Failed                     the night failed: nothing judged; recorded as a failed night  exit 1
   Failed, "bad input: ..."   the form's input is wrong: no night (no run folder)       exit 2
   Unsupported / Partly ...   as the evaluation                                          exit 3 / 0
-  (raises) "Interrupted"     stopped by Ctrl-C or SIGTERM: not judged; recorded as interrupted  128 + signal
+  (raises) "Interrupted"     stopped by Ctrl-C or SIGTERM while it measured: not judged; recorded as
+                             interrupted; once measured: recorded with its figures all the same   128 + signal
 trends.csv in the results folder has every figure's course after each night (flagperf.site.trends).
 """
 
 from __future__ import annotations
 
+import logging
 import secrets
 import shutil
 import signal
@@ -30,10 +32,11 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NONE
 from prefect.events import emit_event
+from prefect.exceptions import MissingContextError
 from prefect.states import Completed, Failed, State
 from sqlalchemy.exc import SQLAlchemyError
 
-from flagperf.config.night import BASELINE_RUNS, ROUNDS, SIGMA
+from flagperf.config.night import BASELINE_RUNS, ROUNDS, SIGMA, verdict_file_name
 from flagperf.config.plan import new_run_id, read_plan
 from flagperf.errors import EXIT_UNSUPPORTED, EXIT_USER_ERROR, ConfigError, FlagperfError
 from flagperf.results.history import (
@@ -64,10 +67,6 @@ VERDICTS_ARTIFACT = "flagperf-regression-verdicts"
 REGRESSED_STATE = "Regressed"  # a Failed state's name: a regression, not a night that could not measure
 INTERRUPTED_STATE = "Interrupted"  # the verdict file's state of a night the operator stopped (no flow state: it raised)
 EXIT_HELD, EXIT_NIGHT_FAILED, EXIT_REGRESSION = 0, 1, 5
-
-
-def verdict_file_name(suite: str) -> str:
-    return f"nightly-{suite}.json"
 
 
 @task(name="record_history", cache_policy=NONE)
@@ -134,24 +133,65 @@ def _write_night(results_dir: str, suite: str, run_dir: Path, ending: dict[str, 
         get_run_logger().warning("the night's verdict file or trends.csv could not be written: %s", exc)
 
 
+def _interruption(exc: BaseException) -> tuple[int, str]:
+    """The signal that stopped the night (SIGINT where none is known) and the reason the history keeps."""
+    signum = getattr(exc, "signal", None) or signal.Signals.__members__.get(str(exc)) or (  # the CLI's: "SIGINT"
+        signal.SIGINT if isinstance(exc, KeyboardInterrupt) else None)  # Python's own: a Ctrl-C
+    name = signal.Signals(signum).name if signum else type(exc).__name__
+    return int(signum or signal.SIGINT), f"interrupted ({name})"
+
+
 def record_interruption(exc: BaseException, run_id: str, suite: str, vendor: str | None, history: str | None,
                         results_dir: str) -> None:
-    """A night the operator stopped (Ctrl-C, SIGTERM, a cancelled flow run) is neither judged nor a failure: it
-    goes into the history as interrupted, with its run id and no figures, and its verdict file and trends.csv
-    say so, so that the trends tell it from a night that never ran. Best effort: the interrupt goes on."""
-    signum = getattr(exc, "signal", None) or getattr(signal.Signals, str(exc), None)  # the CLI's: "SIGINT"
-    reason = f"interrupted ({signal.Signals(signum).name if signum else type(exc).__name__})"
+    """A night the operator stopped (Ctrl-C, SIGTERM, a cancelled flow run) while it measured is neither judged
+    nor a failure: it goes into the history as interrupted, with its run id and no figures, and its verdict file
+    and trends.csv say so, so that the trends tell it from a night that never ran. Best effort: the interrupt
+    goes on."""
+    signum, reason = _interruption(exc)
     run_dir = Path(results_dir) / run_id
     with suppress(ConfigError, OSError):
         vendor = read_plan(run_dir).vendor.name
     try:
         record_interrupted_night(history_engine(history, results_dir), run_id, reason, suite=suite, vendor=vendor)
     except (FlagperfError, OSError, SQLAlchemyError) as error:
-        get_run_logger().warning("the interrupted night could not be recorded in the history: %s", error)
+        _warning("the interrupted night could not be recorded in the history: %s", error)
         return
     _write_night(results_dir, suite, run_dir, {
-        "state": INTERRUPTED_STATE, "exit_code": 128 + int(signum or signal.SIGINT), "message": reason,
+        "state": INTERRUPTED_STATE, "exit_code": 128 + signum, "message": reason, "measured": False,
         "regressions": [], "verdicts": []}, history)
+
+
+def record_measured_interruption(exc: BaseException, run_dir: Path, suite: str, verdicts: list[Verdict] | None,
+                                 history: str | None, results_dir: str) -> None:
+    """A night stopped once its evaluation had measured and collected every round (while the night was recorded,
+    judged or published) keeps its measurement: its figures go into the history as a night like any other, in
+    one transaction, unless record_history had stored them already. So they are a baseline for the nights after
+    it, and trends.csv shows them judged as every night is. Its verdict file says Interrupted, with the verdicts
+    where the judging was done (``verdicts``; None: it was not). No regression event is sent for it. Best
+    effort: the interrupt goes on."""
+    signum, reason = _interruption(exc)
+    try:
+        count = record_run(history_engine(history, results_dir), run_dir, replace=False)
+    except (FlagperfError, OSError, SQLAlchemyError) as error:
+        _warning("the interrupted night's figures could not be recorded in the history: %s", error)
+        return
+    judged = [] if verdicts is None else verdicts
+    regressions = [v.line() for v in judged if v.status == "regression"]
+    outcome = (f"judged: {len(regressions)} regression(s)" if verdicts is not None
+               else "not judged (trends.csv judges them)")
+    _write_night(results_dir, suite, run_dir, {
+        "state": INTERRUPTED_STATE, "exit_code": 128 + signum, "measured": True,
+        "message": f"{reason} once measured: its {count} figures are recorded in the history, {outcome}",
+        "regressions": regressions, "verdicts": [asdict(v) for v in judged]}, history)
+
+
+def _warning(message: str, *args: object) -> None:
+    """A warning in the flow run's log; in the process's where there is no run (a handler called alone)."""
+    try:
+        logger: logging.Logger | logging.LoggerAdapter[logging.Logger] = get_run_logger()
+    except MissingContextError:
+        logger = logging.getLogger(__name__)
+    logger.warning(message, *args)
 
 
 def record_failure(run_id: str, reason: str, suite: str, vendor: str | None, history: str | None,
@@ -233,12 +273,24 @@ def nightly_regression(
         return night_failed(f"the run's plan cannot be read: {exc}", plan_vendor)
     if state.is_failed():  # a partial run is neither a baseline nor judged against one
         return night_failed(f"the evaluation failed, recorded as a failed night: {state.message}", vendor_name)
-    try:
-        record_history(run_dir, history, results_dir)
-        verdicts = judge_regressions(run_id, history, results_dir, baseline_runs, sigma)
-    except FlagperfError as exc:
-        return publish_night(results_dir, suite, run_dir, failed(f"the history could not be used: {exc}"), [],
-                             history)
+    verdicts: list[Verdict] | None = None  # once judged: an interrupt after it publishes them
+    try:  # the night is measured: an interrupt from here on keeps it
+        try:
+            record_history(run_dir, history, results_dir)
+            verdicts = judge_regressions(run_id, history, results_dir, baseline_runs, sigma)
+        except FlagperfError as exc:
+            return publish_night(results_dir, suite, run_dir, failed(f"the history could not be used: {exc}"), [],
+                                 history)
+        return _judged(run_id, run_dir, suite, vendor_name, state, verdicts, history, results_dir)
+    except BaseException as exc:
+        if not isinstance(exc, Exception):  # stopped by the operator: the measurement is recorded all the same
+            record_measured_interruption(exc, run_dir, suite, verdicts, history, results_dir)
+        raise
+
+
+def _judged(run_id: str, run_dir: Path, suite: str, vendor_name: str, state: State, verdicts: list[Verdict],
+            history: str | None, results_dir: str) -> State:
+    """The night's end once it is recorded and judged: an event per regression, the verdict published."""
     regressions = [v for v in verdicts if v.status == "regression"]
     for v in regressions:
         emit_event(

@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from flagperf.config.night import BASELINE_RUNS, ROUNDS, SIGMA
+from flagperf.config.night import BASELINE_RUNS, ROUNDS, SIGMA, verdict_file_name
 from flagperf.config.plan import available_suites, plan_run
 from flagperf.errors import ConfigError, FlagperfError, unknown_name
 from flagperf.hosts.capacity import check_capacity_here
@@ -48,11 +48,10 @@ class Night:
     baseline_runs: int
     sigma: float
     notes: list[str] = field(default_factory=list)
+    earlier_run: str | None = None  # the run id in the verdict file before this night: this night's is another
 
     @property
     def verdict_file(self) -> Path:
-        from flows.nightly import verdict_file_name  # prefect: only once the input is known good
-
         return self.results / verdict_file_name(self.suite)
 
 
@@ -89,7 +88,8 @@ def check_night(*, suite: str, vendor: str | None, rounds: int, overrides: list[
     check_capacity_here(plan, inv.hosts)
     return Night(suite=suite, vendor=vendor or "auto", rounds=rounds, overrides=list(overrides),
                  inventory=inventory.resolve() if inventory else None, results=results,
-                 history_url=history_url or None, baseline_runs=baseline_runs, sigma=sigma, notes=list(inv.notes))
+                 history_url=history_url or None, baseline_runs=baseline_runs, sigma=sigma, notes=list(inv.notes),
+                 earlier_run=(_read_verdict_file(results / verdict_file_name(suite)) or {}).get("run_id"))
 
 
 def open_history(night: Night) -> list[Path]:
@@ -105,6 +105,9 @@ def open_history(night: Night) -> list[Path]:
         first = (str(getattr(exc, "orig", None) or exc).splitlines() or [""])[0]
         _unlink(missing)
         raise FlagperfError(f"the history cannot be opened: {type(exc).__name__}: {first}") from None
+    except BaseException:  # interrupted while a database answers slowly: what this made goes too
+        _unlink(missing)
+        raise
     return [path for path in missing if path.exists()]
 
 
@@ -144,6 +147,24 @@ def _read_verdict_file(path: Path) -> dict[str, Any] | None:
     return None
 
 
+def this_night(night: Night) -> dict[str, Any]:
+    """The verdict file as this night published it; empty where it published none (another run's is there)."""
+    published = _read_verdict_file(night.verdict_file) or {}
+    return published if published.get("run_id") not in (None, night.earlier_run) else {}
+
+
+NOT_JUDGED = "interrupted; the night is not judged"
+
+
+def interrupted_line(night: Night) -> str:
+    """What `flagperf nightly` says when it was interrupted: the flow's own account of a night it had measured
+    (its figures recorded in the history all the same), else that the night is not judged."""
+    published = this_night(night)
+    if published.get("measured") is True and isinstance(published.get("message"), str):
+        return f"{published['message']}; verdict: {night.verdict_file}"
+    return NOT_JUDGED
+
+
 def run_night(night: Night, stopping: list[int], drain: Callable[[], None]) -> NightOutcome:
     """Run the nightly flow here, under a temporary Prefect server when none is configured. ``stopping``: the
     signals received (the temporary server's start gives up on them); ``drain`` sends the last logs and
@@ -156,12 +177,10 @@ def run_night(night: Night, stopping: list[int], drain: Callable[[], None]) -> N
 
         use_client_credentials()
     server: TemporaryServer | None = None
-    outcome: NightOutcome | None = None
     try:
         if configured_api_url() is None:  # before prefect is imported: it reads its settings once, then
             server = TemporaryServer()
             os.environ["PREFECT_API_URL"] = server.start(stopping)
-        earlier = (_read_verdict_file(night.verdict_file) or {}).get("run_id")  # imports prefect
         from flows.evaluate import BAD_INPUT
         from flows.nightly import exit_code, nightly_regression
 
@@ -169,17 +188,16 @@ def run_night(night: Night, stopping: list[int], drain: Callable[[], None]) -> N
                                    overrides=night.overrides, inventory=str(night.inventory or ""),
                                    results_dir=str(night.results), history_url=night.history_url or "",
                                    baseline_runs=night.baseline_runs, sigma=night.sigma, return_state=True)
-        published = _read_verdict_file(night.verdict_file) or {}
-        this_night = published if published.get("run_id") not in (None, earlier) else {}
-        run_dir = night.results / this_night["run_id"] if this_night else None
-        outcome = NightOutcome(code=exit_code(state), state=state.name or "",
-                               message=(state.message or "").removeprefix(BAD_INPUT),
-                               verdicts=[_verdict(v) for v in this_night.get("verdicts", [])], run_dir=run_dir)
-        return outcome
+        published = this_night(night)
+        return NightOutcome(code=exit_code(state), state=state.name or "",
+                            message=(state.message or "").removeprefix(BAD_INPUT),
+                            verdicts=[_verdict(v) for v in published.get("verdicts", [])],
+                            run_dir=night.results / published["run_id"] if published else None)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):  # clean-up is not cut short by a second signal
             signal.signal(sig, lambda signum, _frame: stopping.append(signum))
         if "prefect" in sys.modules:
             drain()
-        if server is not None:
-            server.stop(keep_log_in=outcome.run_dir if outcome is not None else None)
+        if server is not None:  # its log goes with the night's run folder, an interrupted night's too
+            published = this_night(night)
+            server.stop(keep_log_in=night.results / published["run_id"] if published else None)

@@ -413,7 +413,9 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
           public_url: str | None = None, results_public_url: str | None = None,
           credentials: Credentials | None = None, deploy: bool = True) -> int:
     """Start the server (and a worker), the deployments and the results site, wait until interrupted, stop all.
-    ``credentials`` None only on a loopback ``host`` (see server_credentials). Returns an exit code."""
+    ``credentials`` None only on a loopback ``host`` (see server_credentials). Returns an exit code: 0 once
+    stopped by a signal after it was up (the way to end it: it says so), 1 when a process of it failed, 128 +
+    the signal when a signal stopped it while it started (everything it had started is stopped)."""
     if credentials is None and not is_loopback(host):
         raise ConfigError("--host", None, f"{host} needs a sign-in: {how_to_set()}")
     api_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}/api"
@@ -450,10 +452,11 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
                                            "--port", str(port)]), env=env, stdout=server_log,
                                   stderr=subprocess.STDOUT, start_new_session=True)
     processes = [server]
+    up = False
     try:
         wait_healthy(api_url, server, stopping)
         if stopping:
-            return 0
+            return 128 + stopping[0]
         print(f"server: UI at {base} (API {base}/api), database {urlsplit(database_url).hostname}", flush=True)
         if credentials is not None:
             print(f"sign-in: on, user {credentials.user!r} (from {credentials.source}); the results site asks the "
@@ -475,6 +478,8 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
         created = subprocess.run(watched([sys.executable, "-m", "prefect", "--no-prompt", "work-pool", "create", pool,
                                           "--type", "process", "--overwrite"]), env=client_env, capture_output=True,
                                  text=True, timeout=120, check=False, start_new_session=True)
+        if stopping:  # a signal while the pool was made (its command goes on to its end: it is quick)
+            return 128 + stopping[0]
         if created.returncode != 0:
             raise RuntimeError(f"creating work pool {pool!r} failed: {created.stderr.strip()[-300:]}")
         if worker:
@@ -492,9 +497,12 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
         else:
             print(f"deployments: not created (--no-deploy); to create them: {deploy_command(api_url, results_root)}",
                   flush=True)
+        if stopping:
+            return 128 + stopping[0]
         auth_hint = f" and {CLIENT_AUTH_ENV}=user:password" if credentials is not None else ""
         print(f"logs in {log_dir}; export PREFECT_API_URL={base}/api{auth_hint} to use it; Ctrl-C stops all",
               flush=True)
+        up = True
         while not stopping and all(p.poll() is None for p in processes):
             time.sleep(1)
         failed = [p for p in processes if p.poll() not in (None, 0)]
@@ -505,6 +513,9 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
         for proc in reversed(processes):  # the worker first, then the server it talks to
             _stop(proc)
         site.stop()
+        if up and stopping:
+            print(f"stopped by {signal.Signals(stopping[0]).name}: "
+                  + ("the worker, " if len(processes) > 1 else "") + "the server and the results site", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,7 @@
 """The nightly regression's numeric inputs and their bounds, defined once: the flow's form (flows.nightly) validates
 its parameters with them, and `flagperf nightly` checks its options with them before prefect is imported
-(flows.nightly_cli), so the two refuse the same values. No prefect here."""
+(flows.nightly_cli), so the two refuse the same values. Also the name of the night's verdict file, which the flow
+writes and the command reads. No prefect here."""
 
 from __future__ import annotations
 
@@ -37,3 +38,8 @@ class Bound:
 ROUNDS = Bound(1, 100)  # rounds per case in a night
 BASELINE_RUNS = Bound(1, 1000)  # earlier good nights whose median is a figure's baseline
 SIGMA = Bound(0, 100, above_low=True)  # the baseline's spreads a figure may move before it regresses
+
+
+def verdict_file_name(suite: str) -> str:
+    """nightly-<suite>.json: the latest night's verdict, in the results folder (and a copy in its run folder)."""
+    return f"nightly-{suite}.json"

@@ -3,6 +3,7 @@ every place a vendor fills in marked TODO (docs/vendor-guide.md walks through ea
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -198,16 +199,20 @@ def write_vendor_folder(root: Path, name: str, torch_device: str = "cpu") -> Pat
              "pytorch/Dockerfile": DOCKERFILE, "pytorch/pytorch_install.sh": INSTALL_SH,
              "pytorch/requirements.txt": REQUIREMENTS, "README.md": README}
     staging = root / f".{name}.new-{os.getpid()}"  # renamed into place whole: never a half-written folder
+    missing = [p for p in (root.absolute(), *root.absolute().parents) if not p.exists()]  # innermost first
     try:
         for rel, template in files.items():
             path = staging / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(template.format(**values), encoding="utf-8")
         staging.rename(folder)
-    except BaseException:
+    except BaseException:  # a full disk, an interrupt: nothing stays, the folders made for it neither
         for path in sorted(staging.rglob("*"), reverse=True) if staging.exists() else []:
             path.rmdir() if path.is_dir() else path.unlink()
         if staging.exists():
             staging.rmdir()
+        for made in missing:
+            with contextlib.suppress(OSError):
+                made.rmdir()
         raise
     return folder

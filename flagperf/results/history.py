@@ -27,9 +27,11 @@ the rounds' config) must match, so a night whose case was configured differently
 is not judged against nights that measured something else; it is marked ``new-workload`` (naming the keys that
 changed) until it has a baseline of its own. A failed night is recorded as such (``record_failed_night``), with
 no figures: it is shown as a failure in the trends and never becomes a baseline, so the next good night is
-judged against the good ones before it. A night the operator stopped is recorded as interrupted
+judged against the good ones before it. A night the operator stopped while it measured is recorded as interrupted
 (``record_interrupted_night``), also without figures and never a baseline: the trends tell it from a failed night
-and from a night that never ran. Each verdict names what changed in the run's setting (code, image,
+and from a night that never ran. One stopped once it was measured (while it was recorded, judged or published)
+keeps its measurement: it is recorded with its figures like any night (``record_run`` keeping a record made
+before). Each verdict names what changed in the run's setting (code, image,
 libraries, hosts, the vendor's settings) since the newest run of its baseline: the likely cause of a change.
 """
 
@@ -244,14 +246,19 @@ def _short(value: Any) -> str:
     return shown[:12] if isinstance(value, str) and len(value) == 40 and value.isalnum() else shown[:80]
 
 
-def record_run(engine: Engine, run_dir: Path, recorded_at: datetime | None = None) -> int:
-    """Store a run's headline figures (recording the same run again replaces it). Returns the count."""
+def record_run(engine: Engine, run_dir: Path, recorded_at: datetime | None = None, *, replace: bool = True) -> int:
+    """Store a run's headline figures (recording the same run again replaces it; with ``replace`` False a run
+    recorded before is kept as it is, checked in the same transaction as the write). Returns the count of the
+    run's figures in the history."""
     summary = summarize(run_dir)
     plan_file = run_dir / "plan.json"
     plan = read_json_file(plan_file, what="a run's plan") if plan_file.exists() or plan_file.is_symlink() else {}
     suite = plan.get("suite") if isinstance(plan, dict) else None
     ctx = summary.context
     with engine.begin() as conn:
+        if not replace and conn.execute(select(runs.c.run_id).where(runs.c.run_id == summary.run_id)).first():
+            return int(conn.execute(select(func.count()).select_from(figures).where(
+                figures.c.run_id == summary.run_id)).scalar_one())
         conn.execute(delete(figures).where(figures.c.run_id == summary.run_id))
         conn.execute(delete(runs).where(runs.c.run_id == summary.run_id))
         conn.execute(insert(runs).values(

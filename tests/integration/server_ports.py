@@ -52,7 +52,7 @@ def start_on_os_ports(start: Callable[[int, int], subprocess.Popen], home: Path,
             time.sleep(1)
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+            proc.wait(timeout=60)
             raise AssertionError(f"the server did not answer on port {port} within {limit_s:.0f} s")
         said = output(proc)
         if TAKEN not in said.lower():

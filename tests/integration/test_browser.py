@@ -34,6 +34,7 @@ from site_probe import basic, make_run
 
 from flagperf.paths import RESULTS_DIR_ENV
 from flows.server import api_headers, watched
+from tests.unit.childio import output_of
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -119,7 +120,7 @@ def team_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
     def said(proc: subprocess.Popen[bytes]) -> str:  # the command's words and its Prefect server's log
         log = Path(proc.args[proc.args.index("--log-dir") + 1]) / "server.log"
-        return (proc.stdout.read().decode(errors="replace") if proc.stdout else "") + (
+        return output_of(proc) + (
             log.read_text(errors="replace") if log.is_file() else "")
 
     signed_in = basic(f"lab:{password}")

@@ -20,6 +20,7 @@ from server_ports import start_on_os_ports
 
 from flagperf.results.schema import read_result
 from flows.server import watched
+from tests.unit.childio import output_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_server")]
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,7 +37,7 @@ def stop_workers(workers: list[subprocess.Popen[bytes]], grace_s: float = 30.0) 
             worker.wait(timeout=grace_s)
         with contextlib.suppress(ProcessLookupError):  # the group's children too, even if the leader exited
             os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait()
+        worker.wait(timeout=60)
 
 def prefect_cli(*args: str, env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "prefect", "--no-prompt", *args], cwd=ROOT, env=env,
@@ -234,7 +235,7 @@ def test_a_lasting_server_schedules_the_nightly(tmp_path: Path) -> None:
                                          "--port", str(port)]), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
-    server, port, _ = start_on_os_ports(start_server, home, lambda proc: proc.stdout.read())
+    server, port, _ = start_on_os_ports(start_server, home, output_of)
     api = f"http://127.0.0.1:{port}/api"
     try:
         runs = assert_schedule_gets_runs(api)

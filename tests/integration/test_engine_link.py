@@ -107,6 +107,7 @@ def drop_link(host: SshHost) -> None:
     assert transport is not None
     # A command on this same connection names the sshd session that serves it (and the engine's link).
     channel = transport.open_session()
+    channel.settimeout(120)  # its line within 120 s, or the test fails (socket.timeout) rather than hangs
     channel.exec_command("exec sh -c 'echo $$; exec sleep 600' flagperf-link-marker")
     command_pid = pid = int(channel.makefile("r").readline())
     while not Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sshd:"):

@@ -24,6 +24,7 @@ import pytest
 
 from flagperf.results.schema import RESULT_FILE, read_result
 from flagperf.results.summary import REPORT_MD, SUMMARY_JSON
+from tests.unit.childio import Lines, output_of
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,7 +56,7 @@ def wait_for(path: Path, proc: subprocess.Popen[str]) -> None:
     """Until ``path`` exists (the case wrote it); the controller must still be running meanwhile."""
     deadline = time.monotonic() + 600  # a guard against a hang, not a timing assumption
     while not path.exists():
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        assert proc.poll() is None, output_of(proc)
         assert time.monotonic() < deadline, f"{path} never appeared"
         time.sleep(0.2)
 
@@ -211,18 +212,27 @@ def test_ctrl_c_while_a_round_is_collected_leaves_no_half_copy_and_its_retry_col
     assert not (tmp_path / "work" / run_dir.name).exists()  # the host's copy is gone once all is stored
 
 
-def ctrl_c_once(proc: subprocess.Popen[str], ready: Callable[[], bool]) -> str:
+def ctrl_c_once(proc: subprocess.Popen[str], ready: Callable[[], bool], lines: Lines | None = None) -> str:
     """Ctrl-C, as a terminal sends it, as soon as ``ready()`` (checked again and again while the command runs);
-    the command must end with code 130 and leave no process of its. Its output."""
+    the command must end with code 130 and leave no process of its. Its output (all of it where ``lines`` reads
+    it, the part nobody read before otherwise)."""
+
+    def said() -> str:
+        return lines.text() + lines.rest() if lines is not None else output_of(proc)
+
     try:
         deadline = time.monotonic() + 600  # a guard against a hang, not a timing assumption
         while not ready():
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            assert proc.poll() is None, said()
             assert time.monotonic() < deadline, "the moment to interrupt never came"
             time.sleep(0.005)
         running = descendants(proc.pid)
         stop(proc, signal.SIGINT)
-        out, _ = proc.communicate(timeout=300)
+        if lines is None:
+            out, _ = proc.communicate(timeout=300)
+        else:
+            proc.wait(timeout=300)
+            out = said()
     finally:
         proc.kill()
     assert proc.returncode == 128 + signal.SIGINT, out
@@ -235,15 +245,14 @@ def ctrl_c_at_header(proc: subprocess.Popen[str], header: str, error: str) -> st
     """Ctrl-C once the command's header (a line starting with ``header``; notes on stderr may come first) is on
     the terminal, while its temporary server starts: it must end in the one line ``error``, without a
     traceback. Its output."""
-    assert proc.stdout is not None
-    stdout = proc.stdout
+    lines = Lines(proc.stdout)
 
     def header_printed() -> bool:  # printed once the input is good
-        line = stdout.readline()
-        assert line, "the command ended before its header"
+        line = lines.next()  # within 120 s, or the test fails with what the command said: a hang is no pass
+        assert line, f"the command ended before its header: {lines.text()}"
         return line.startswith(header)
 
-    out = ctrl_c_once(proc, header_printed)
+    out = ctrl_c_once(proc, header_printed, lines)
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
     assert [line for line in out.splitlines() if line.startswith("error:")] == [f"error: {error}"], repr(out)
     return out

@@ -113,6 +113,50 @@ def test_the_automation_template_is_accepted(tmp_path: Path) -> None:
     assert automations and automations[0].trigger.expect == {REGRESSION_EVENT}
 
 
+def test_a_night_interrupted_once_measured_is_recorded_with_its_figures(flagperf_env: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C (delivered in this process) as the night's figures go into the history, after its evaluation
+    measured and collected every round: the interrupt goes on, but the measurement is not lost. The night is in
+    the history with its figures (a completed night, a baseline for the next), and its verdict file says
+    Interrupted, measured, not judged. tests/unit/test_history.py has the handler's cases."""
+    import signal
+    import threading
+
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    from flagperf.results.history import figures, runs
+
+    monkeypatch.setenv("FLAGPERF_SUITE_PATH", str(ROOT / "tests" / "fixtures" / "suites"))
+    results = flagperf_env
+    url = f"sqlite:///{results / 'history.sqlite'}"
+
+    sent: list[int] = []
+
+    def ctrl_c_as_figures_go_in(_conn, _cursor, statement: str, *_args) -> None:
+        if statement.startswith("INSERT INTO figures") and not sent:  # once, as `flagperf nightly` takes one
+            sent.append(signal.SIGINT)
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)  # Python's own handler: a KeyboardInterrupt
+
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    event.listen(Engine, "before_cursor_execute", ctrl_c_as_figures_go_in)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            nightly_regression(suite="tiny", rounds=1, results_dir=str(results), history_url=url)
+    finally:
+        event.remove(Engine, "before_cursor_execute", ctrl_c_as_figures_go_in)
+        signal.signal(signal.SIGINT, handler)
+    (run_dir,) = results.glob("run*")
+    with history_engine(url).connect() as conn:
+        assert conn.execute(runs.select()).mappings().one()["outcome"] == "completed"
+        assert len(conn.execute(figures.select().where(figures.c.run_id == run_dir.name)).all()) == 1
+    verdict = json.loads((results / "nightly-tiny.json").read_text())
+    assert (verdict["run_id"], verdict["state"], verdict["exit_code"], verdict["measured"]) == (
+        run_dir.name, "Interrupted", 130, True)
+    assert verdict["message"].startswith("interrupted (SIGINT) once measured: its 1 figures are recorded"), verdict
+    assert [row["run_id"] for row in csv.DictReader((results / "trends.csv").open())] == [run_dir.name]
+
+
 def test_a_week_of_nights_read_by_the_owner(flagperf_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Three good nights, a failed one, a slow one (a regression) and a good one after it, all real (another
     workload: tests/unit/test_history.py). Each measuring night runs under a CPU quota, so that its speed is

@@ -15,6 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.unit.childio import output_of
+
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 LONG_ROUND = ["--cases", "computation-FP32", "--rounds", "2", "--set", "min_duration_s=300", "--set", "warmup_iters=0"]
@@ -43,7 +45,7 @@ def wait_for_the_case(proc: subprocess.Popen[str], results: Path) -> dict[psutil
     command line read at that moment."""
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        assert proc.poll() is None, output_of(proc)
         descendants = {p: command_line(p) for p in psutil.Process(proc.pid).children(recursive=True)}
         if any("flagperf.entry" in command for command in descendants.values()):
             return descendants
@@ -90,7 +92,7 @@ def test_sigkill_leaves_no_server(tmp_path: Path) -> None:
         started = wait_for_the_case(proc, results)
     finally:
         proc.kill()
-        proc.wait()
+        proc.wait(timeout=60)
     server = [p for p, command in started.items() if "uvicorn" in command]
     case = [p for p, command in started.items() if "flagperf.entry" in command]
     assert server and case

@@ -22,6 +22,7 @@ from server_ports import session_pool, start_on_os_ports
 from site_probe import basic, plant, probe, request
 
 from flows.server import api_headers
+from tests.unit.childio import Lines, output_of
 
 # In CI the database must be there (.ci/run makes it): a skip there would hide a broken set-up.
 pytestmark = [pytest.mark.integration,
@@ -33,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def said_with_server_log(proc: subprocess.Popen[str]) -> str:
     """What an exited `flagperf server` printed, and its Prefect server's log (a port taken shows in either)."""
     log = Path(proc.args[proc.args.index("--log-dir") + 1]) / "server.log"
-    return (proc.stdout.read() if proc.stdout else "") + (log.read_text(errors="replace") if log.is_file() else "")
+    return output_of(proc) + (log.read_text(errors="replace") if log.is_file() else "")
 
 
 def pools_in_postgres() -> list[str]:
@@ -82,13 +83,14 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
 
     proc, port, results_port = start_on_os_ports(start_server, tmp_path / "prefect-home", said_with_server_log,
                                                  headers=signed_in)
+    lines = Lines(proc.stdout)  # its output from here, each wait for a line bounded
     api = f"http://127.0.0.1:{port}/api"
     try:
         changes = api_headers(api, f"lab:{password}")  # a POST needs the CSRF token too (a filter is a POST)
         workers: list[dict] = []
         deadline = time.time() + 240
         while time.time() < deadline and not workers:
-            assert proc.poll() is None, proc.stdout.read()
+            assert proc.poll() is None, lines.text() + lines.rest()
             try:
                 answer = httpx.get(f"{api}/work_pools/{pool}", headers=signed_in, timeout=5)
                 if answer.status_code == 200:  # a worker of an earlier server on the same database stays OFFLINE
@@ -132,11 +134,8 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
         settings = httpx.get(f"http://127.0.0.1:{port}/ui-settings", timeout=10).json()
         assert settings["api_url"] == api and settings["auth"] == "BASIC", settings
         # The deployments, made by the server: the banner's line comes once they are there.
-        said = ""
-        while "deployments:" not in said:
-            line = proc.stdout.readline()
-            assert line, f"flagperf server ended: {said}"
-            said += line
+        while "deployments:" not in lines.text():
+            assert lines.next(), f"flagperf server ended: {lines.text()}"  # a line within 120 s, or it fails
         deployments = {d["name"]: d for d in httpx.post(f"{api}/deployments/filter", json={}, headers=changes,
                                                          timeout=10).json()}
         assert password not in repr(deployments)  # neither their parameters nor their environment carry it
@@ -146,7 +145,7 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
         for name in ("evaluate", "nightly"):
             assert "internal" not in deployments[name]["tags"]
             assert deployments[name]["job_variables"]["env"]["FLAGPERF_RESULTS_DIR"] == str(results.resolve())
-        assert "deployments: evaluate, nightly (start these)" in said
+        assert "deployments: evaluate, nightly (start these)" in lines.text()
         assert probe(results_port, planted, signed_in) == []
         # Its scheduler works on this database: a deployment with the nightly's schedule gets its runs.
         assert_schedule_gets_runs(api, headers=changes)
@@ -155,10 +154,11 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
         assert children and not [c.cmdline() for c in children if password in " ".join(c.cmdline())]
     finally:
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=90)
-    out = said + out
+        proc.wait(timeout=90)
+    out = lines.text() + lines.rest()
     assert proc.returncode == 0, out
     assert f"worker: pool '{pool}'" in out
+    assert "stopped by SIGTERM: the worker, the server and the results site" in out  # not a silent end
     assert f"UI at http://127.0.0.1:{port}" in out and f"at http://127.0.0.1:{results_port}/ (runs" in out
     assert f"sign-in: on, user 'lab' (from {auth_file})" in out
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
@@ -184,7 +184,7 @@ def test_a_killed_server_command_leaves_no_server(tmp_path: Path) -> None:
         assert children
     finally:
         proc.kill()
-        proc.wait()
+        proc.wait(timeout=60)
     _gone, alive = psutil.wait_procs(children, timeout=60)
     left = []
     for c in alive:

@@ -24,6 +24,7 @@ from flagperf.config.plan import read_plan
 from flagperf.errors import InfrastructureFailure
 from flagperf.results.schema import read_result
 from tests.testbed.bed import SlurmBed, Testbed, deploy_project, require_slurm
+from tests.unit.childio import output_of
 
 pytestmark = [pytest.mark.integration]
 ROOT = Path(__file__).resolve().parents[2]
@@ -192,7 +193,7 @@ def test_a_run_stopped_mid_round_cancels_its_job(tmp_path: Path, cluster: tuple[
         deadline = time.monotonic() + 600
         started: list[Path] = []
         while not started:  # the case runs on the node: its job wrote the node's start record
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            assert proc.poll() is None, output_of(proc)
             assert time.monotonic() < deadline, "the round's job never started"
             started = list((tmp_path / "shared").glob("run*/computation-FP32/round1/*/attempt1/slurm-node.started"
                                                       ".json"))
@@ -202,7 +203,7 @@ def test_a_run_stopped_mid_round_cancels_its_job(tmp_path: Path, cluster: tuple[
         # The node writes its start record before it starts the case: wait for the case's process too.
         on_node: list[psutil.Process] = []
         while not any("flagperf.entry" in " ".join(_cmdline(p)) for p in on_node):
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            assert proc.poll() is None, output_of(proc)
             assert time.monotonic() < deadline, "the round's case never started on the node"
             on_node = [p for p in psutil.process_iter() if str(tmp_path / "shared") in " ".join(_cmdline(p))]
             time.sleep(0.2)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +110,15 @@ def make_case(case_root: Path) -> MakeCase:
 
     return make
 
+
+
+@pytest.fixture
+def restored_process_state() -> Iterator[None]:
+    """The signal handlers and environment a command under test sets for its process, put back."""
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    environment = dict(os.environ)
+    yield
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+    os.environ.clear()
+    os.environ.update(environment)

@@ -232,21 +232,6 @@ def test_no_arguments_shows_help() -> None:
     assert "run" in result.output and "validate" in result.output and "list" in result.output
 
 
-@pytest.fixture
-def restored_process_state():
-    """The signal handlers and environment a command under test sets for its process, put back."""
-    import os
-    import signal
-
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    environment = dict(os.environ)
-    yield
-    for sig, handler in handlers.items():
-        signal.signal(sig, handler)
-    os.environ.clear()
-    os.environ.update(environment)
-
-
 @pytest.mark.parametrize(("args", "header", "error"), [
     (["run", "--suite", "tiny", "--rounds", "1"], "[bold]run ", "interrupted before anything started"),
     (["nightly", "--suite", "tiny", "--rounds", "1"], "[bold]nightly ", "interrupted; the night is not judged"),

@@ -43,11 +43,13 @@ def killed_monitor(folder: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "flagperf.monitoring.system", "--out", str(out),
                              "--interval", "0.2"], env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
     try:
+        deadline = time.monotonic() + 120  # a guard against a hang, not a timing assumption
         while proc.poll() is None and (not out.exists() or '"sample"' not in out.read_text()):
+            assert time.monotonic() < deadline, "the monitor wrote no sample"
             time.sleep(0.1)
     finally:
         proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        proc.wait(timeout=60)
     assert '"footer"' not in out.read_text()
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import csv
+import json
 import os
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from sqlalchemy import func, select
 
 from flagperf.results.history import check_run, history_engine, metadata, record_run
 from flagperf.results.schema import Metric, RoundResult, write_result
@@ -333,3 +336,107 @@ def test_two_nights_over_other_cases_are_not_named_a_code_change() -> None:
     assert setting_changes(code("sha256:1", ["base/x"]), code("sha256:2", ["lab/y"], "b" * 40)) == [
         "cases differ: 1 → 1 case(s) (the source digest covers each night's own cases: not compared)",
         f"code: git_revision {'a' * 12} → {'b' * 12}"]
+
+
+@pytest.fixture
+def measured_night(tmp_path: Path) -> tuple[str, Path, Path]:
+    """A results folder with five nights in its SQLite history, and a sixth measured and collected (its run
+    folder whole: 5 % below the others) as the nightly flow finds it once its evaluation returned."""
+    results = tmp_path / "results"
+    url = f"sqlite:///{results / 'history.sqlite'}"
+    engine = history_engine(url)
+    for night, values in enumerate([[100.0, 100.6, 99.4], [100.8, 101.2, 100.5], [99.1, 99.6, 98.9],
+                                    [100.2, 99.8, 100.4], [99.7, 100.3, 100.0]]):
+        record_run(engine, make_run(results, f"run-n{night}", values), recorded_at=START + timedelta(days=night))
+    engine.dispose()
+    return url, results, make_run(results, "run-tonight", [95.1, 94.8, 95.3])
+
+
+def recorded(url: str, run_id: str) -> list[tuple]:
+    from flagperf.results.history import figures, runs
+
+    with history_engine(url).connect() as conn:
+        return [tuple(row) for row in conn.execute(
+            select(runs.c.outcome, runs.c.recorded_at, func.count(figures.c.id)).select_from(
+                runs.outerjoin(figures, figures.c.run_id == runs.c.run_id)).where(runs.c.run_id == run_id)
+            .group_by(runs.c.run_id, runs.c.outcome, runs.c.recorded_at)).all()]
+
+
+def published(results: Path, run: Path) -> dict:
+    """The night's verdict file, the same in the results folder and in its run folder; nothing half-written."""
+    verdict = json.loads((results / "nightly-tiny.json").read_text())
+    assert json.loads((run / "nightly-tiny.json").read_text()) == verdict
+    assert [p for p in results.rglob(".*")] == []
+    return verdict
+
+
+def test_a_night_interrupted_while_it_is_recorded_keeps_its_measurement(
+        measured_night: tuple[str, Path, Path], restored_process_state: None) -> None:
+    """Ctrl-C as the night's figures go into the history (after its evaluation measured and collected every
+    round): the transaction is undone whole, and the flow's handler records the night with its figures all the
+    same, so it is a baseline for the nights after it, as the regression owner expects of a measured night; its
+    verdict file says Interrupted, not judged, and trends.csv shows it judged like every night."""
+    import signal
+    import threading
+
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    from flows.nightly import record_measured_interruption
+
+    url, results, run = measured_night
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def ctrl_c_as_figures_go_in(_conn, _cursor, statement: str, *_args) -> None:
+        if statement.startswith("INSERT INTO figures"):
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+    event.listen(Engine, "before_cursor_execute", ctrl_c_as_figures_go_in)
+    try:
+        with pytest.raises(KeyboardInterrupt) as stopped:
+            record_run(history_engine(url), run)  # what the flow's record_history does
+    finally:
+        event.remove(Engine, "before_cursor_execute", ctrl_c_as_figures_go_in)
+    assert recorded(url, run.name) == []  # not half a night: the run's row went with its figures
+    record_measured_interruption(stopped.value, run, "tiny", None, url, str(results))
+    ((outcome, _at, count),) = recorded(url, run.name)
+    assert (outcome, count) == ("completed", 1)
+    verdict = published(results, run)
+    assert (verdict["run_id"], verdict["state"], verdict["exit_code"], verdict["measured"]) == (
+        run.name, "Interrupted", 130, True)
+    assert verdict["message"] == ("interrupted (SIGINT) once measured: its 1 figures are recorded in the history, "
+                                  "not judged (trends.csv judges them)")
+    assert (verdict["verdicts"], verdict["regressions"]) == ([], [])
+    with (results / "trends.csv").open() as handle:
+        trend = {row["run_id"]: row["verdict"] for row in csv.DictReader(handle)}
+    assert trend[run.name] == "regression"
+    engine = history_engine(url)
+    record_run(engine, make_run(results, "run-next", [95.0, 95.2, 94.9]), recorded_at=START + timedelta(days=40))
+    (after,) = check_run(engine, "run-next")
+    assert after.baseline_runs[0] == run.name  # a night like any other
+
+
+def test_a_night_interrupted_once_judged_keeps_its_record_and_publishes_its_verdicts(
+        measured_night: tuple[str, Path, Path]) -> None:
+    """SIGTERM after the night was recorded and judged (while its verdict was published): the record stands as it
+    was (one, not written again), and the verdict file has the verdicts, the regression among them, with the
+    exit code of the signal; `flagperf nightly` says the flow's account in its one line."""
+    from flows.nightly import record_measured_interruption
+    from flows.nightly_cli import NOT_JUDGED, Night, interrupted_line
+
+    url, results, run = measured_night
+    engine = history_engine(url)
+    record_run(engine, run, recorded_at=START + timedelta(days=6))
+    verdicts = check_run(engine, run.name)
+    before = recorded(url, run.name)
+    record_measured_interruption(KeyboardInterrupt("SIGTERM"), run, "tiny", verdicts, url, str(results))
+    assert recorded(url, run.name) == before
+    verdict = published(results, run)
+    assert (verdict["state"], verdict["exit_code"], verdict["measured"]) == ("Interrupted", 143, True)
+    assert verdict["message"] == ("interrupted (SIGTERM) once measured: its 1 figures are recorded in the "
+                                  "history, judged: 1 regression(s)")
+    assert verdict["regressions"] == [verdicts[0].line()] and verdicts[0].status == "regression"
+    night = Night(suite="tiny", vendor="auto", rounds=3, overrides=[], inventory=None, results=results,
+                  history_url=url, baseline_runs=5, sigma=3.0)
+    assert interrupted_line(night) == f"{verdict['message']}; verdict: {results / 'nightly-tiny.json'}"
+    assert interrupted_line(Night(**{**night.__dict__, "earlier_run": run.name})) == NOT_JUDGED  # not this night's

@@ -34,6 +34,7 @@ from flagperf.measure.casekit import CaseContext
 from flagperf.measure.timing import TimingPlan
 from flagperf.results.metrics import percentile
 from flagperf.results.schema import RoundResult, read_result
+from tests.unit.childio import Lines
 
 FLAGPERF_FORMAT = Path(__file__).resolve().parents[1] / "fixtures" / "flagperf_format"
 TINY_RESNET = ["depths=[1, 1]", "hidden_sizes=[8, 16]", "flops=1.0e6", "batch_size=4", "synthetic_images=8"]
@@ -926,8 +927,8 @@ def test_pss_counts_forked_workers_shared_pages_once() -> None:
               "time.sleep(60)\n")
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
-        assert proc.stdout is not None
-        assert [proc.stdout.readline() for _ in range(4)] == ["ready\n"] * 4  # every process has forked
+        lines = Lines(proc.stdout)  # each line within 120 s, or the test fails with what it said
+        assert [lines.next() for _ in range(4)] == ["ready\n"] * 4  # every process has forked
         rss = process_tree_rss(proc.pid)
         memory = process_tree_memory(proc.pid)
         pss, uss = memory["case_pss_bytes"], memory["case_uss_bytes"]
@@ -939,7 +940,7 @@ def test_pss_counts_forked_workers_shared_pages_once() -> None:
         for child in psutil.Process(proc.pid).children(recursive=True):
             child.kill()
         proc.kill()
-        proc.wait()
+        proc.wait(timeout=60)
 
 
 def test_artifacts_are_kept_when_asked(tmp_path: Path) -> None:

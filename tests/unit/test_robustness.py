@@ -21,6 +21,7 @@ from flagperf.entry import classify_runtime_error
 from flagperf.errors import CaseUserError, ConfigError, Unsupported
 from flagperf.hosts.local import default_work_root
 from flagperf.paths import PROJECT_ROOT
+from tests.unit.childio import Lines
 
 
 @pytest.mark.parametrize(("setting", "words"), [
@@ -78,7 +79,7 @@ def test_monitor_takes_a_last_sample_when_stopped(tmp_path: Path) -> None:
 def test_monitor_exits_when_its_parent_is_gone(tmp_path: Path) -> None:
     out = tmp_path / "monitor_system.jsonl"
     parent = _start_monitor(out, interval=0.2, via_parent=True)
-    pid = int(parent.stdout.readline())
+    pid = int(Lines(parent.stdout).next())  # within 120 s, or the test fails with what it said
     parent.wait(timeout=30)
     with contextlib.suppress(psutil.NoSuchProcess):
         psutil.Process(pid).wait(timeout=30)

@@ -45,7 +45,7 @@ def test_a_watched_command_ends_when_its_owner_is_killed_outright(tmp_path: Path
         sleeper = psutil.Process(int(pid_file.read_text()))
         assert sleeper.is_running()
         owner.kill()
-        owner.wait()
+        owner.wait(timeout=60)
         wait_for(lambda: not sleeper.is_running() or sleeper.status() == psutil.STATUS_ZOMBIE,
                  "the sleeper to be stopped by its watcher")
     finally:
@@ -112,3 +112,34 @@ def test_the_form_explains_itself_and_offers_the_folders() -> None:
     assert set(props["suite"]["enum"]) == set(available_suites())
     assert set(props["cases"]["items"]["enum"]) == set(available_cases())
     assert set(props["vendor"]["enum"]) == {"auto", *available_vendors()}
+
+
+def test_a_server_stopped_while_it_starts_stops_what_it_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C before the Prefect server answers (delivered in this process as serve begins to wait for it): the
+    server's process is stopped, and serve returns 128 + the signal, for `flagperf server` to say it was
+    interrupted while it started (it returned 0, and the command ended without a word), with none of the banner
+    that says the server is up."""
+    import threading
+
+    from flows import server
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    real, started = server.wait_healthy, []
+
+    def interrupted_at_start(api_url: str, proc: subprocess.Popen[bytes], stopping: list[int], **limits: float) -> None:
+        started.append(proc)
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)  # serve's handler notes it, here and now
+        real(api_url, proc, stopping, **limits)
+
+    monkeypatch.setattr(server, "wait_healthy", interrupted_at_start)
+    try:
+        code = server.serve("postgresql+asyncpg://lab@127.0.0.1:5432/none", "127.0.0.1", 4200, "pool", True,
+                            tmp_path / "logs", results_dir=tmp_path / "results", results_port=0)  # 0: any free port
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert code == 128 + signal.SIGINT
+    (proc,) = started
+    assert proc.poll() is not None
+    assert "server: UI at" not in capsys.readouterr().out

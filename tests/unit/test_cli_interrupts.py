@@ -1,0 +1,241 @@
+"""Ctrl-C and SIGTERM in every `flagperf` command, delivered in this process at a known point of the command (to
+the main thread, where the command's handler takes it at once): exit 128 + the signal, one error line saying what
+was stopped and what was kept, no traceback, never typer's silent exit 130; a file being written is whole or not
+there; the process's signal handlers are put back afterwards. `run` and `nightly` at their header:
+tests/unit/test_cli.py; stopped while they measure: tests/integration/test_interrupt_retry.py."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from flagperf.paths import PROJECT_ROOT
+from flows import cli
+from flows.cli import NOTHING_WRITTEN, app
+from tests.unit.test_report import make_run
+
+pytestmark = pytest.mark.usefixtures("restored_process_state")
+SIGNALS = [signal.SIGINT, signal.SIGTERM]
+
+
+def deliver(sig: int) -> None:
+    """The signal to this thread (the main one): its handler has run when this returns."""
+    assert threading.current_thread() is threading.main_thread()
+    signal.pthread_kill(threading.get_ident(), sig)
+
+
+def signal_at(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, sig: int = signal.SIGINT, *,
+              when: Callable[..., bool] = lambda *args, **kwargs: True, after: bool = False) -> list[int]:
+    """``owner.name`` delivers ``sig`` on its first call for which ``when(*args)`` holds: before the real one
+    runs, or ``after`` it returned. Returns the signals delivered."""
+    real = getattr(owner, name)
+    sent: list[int] = []
+
+    @functools.wraps(real)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        due = not sent and when(*args, **kwargs)
+        if due and not after:
+            sent.append(sig)
+            deliver(sig)
+        result = real(*args, **kwargs)
+        if due and after:
+            sent.append(sig)
+            deliver(sig)
+        return result
+
+    monkeypatch.setattr(owner, name, wrapper)
+    return sent
+
+
+def invoke(*args: str) -> Any:
+    handlers = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    result = CliRunner().invoke(app, list(args))
+    assert {sig: signal.getsignal(sig) for sig in SIGNALS} == handlers, "the command left its handlers installed"
+    return result
+
+
+def told(result: Any, sig: int, line: str) -> None:
+    """Exit 128 + sig and exactly this one error line, no traceback."""
+    assert result.exit_code == 128 + sig, result.output
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output and "KeyboardInterrupt" not in result.output, result.output
+    errors = [" ".join(x.split()) for x in result.output.split("error: ")[1:]]  # a long line may be wrapped
+    assert errors == [line], result.output
+
+
+def no_partial_files(folder: Path) -> None:
+    """Nothing half-written: no temporary name of an atomic write is left."""
+    assert [p for p in folder.rglob(".*")] == [], list(folder.rglob(".*"))
+
+
+def leaf_commands(typer_app: typer.Typer, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    for info in typer_app.registered_commands:
+        yield (*prefix, info.name or info.callback.__name__.replace("_", "-")), info
+    for group in typer_app.registered_groups:
+        yield from leaf_commands(group.typer_instance, (*prefix, group.name))
+
+
+COMMANDS = dict(leaf_commands(app))
+REQUIRED_ARGUMENTS = {("report",): ["RUN"], ("compare",): ["A", "B"], ("diagnose",): ["RUN"],
+                      ("validate",): ["FILE"], ("vendor", "check"): ["FOLDER"], ("vendor", "new"): ["acme"]}
+
+
+def test_every_command_is_below() -> None:
+    assert sorted(COMMANDS) == sorted([("run",), ("report",), ("compare",), ("diagnose",), ("nightly",),
+                                       ("server",), ("validate",), ("list",), ("vendor", "check"),
+                                       ("vendor", "new")])
+
+
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: signal.Signals(s).name)
+@pytest.mark.parametrize("command", sorted(COMMANDS), ids=" ".join)
+def test_every_command_stopped_as_it_starts_says_so_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                command: tuple[str, ...], sig: int) -> None:
+    """The app's one handler: a signal the moment a command begins (before any step of its own) ends it in one
+    line, exit 128 + the signal; SIGTERM too, which would otherwise end the process with no clean-up at all."""
+    info = COMMANDS[command]
+    signal_at(monkeypatch, info, "callback", sig)
+    monkeypatch.chdir(tmp_path)
+    arguments = [str(tmp_path / a) if a.isupper() else a for a in REQUIRED_ARGUMENTS.get(command, [])]
+    told(invoke(*command, *arguments), sig, NOTHING_WRITTEN)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_list_stopped_while_it_prints(monkeypatch: pytest.MonkeyPatch) -> None:
+    signal_at(monkeypatch, cli.console, "print")
+    told(invoke("list"), signal.SIGINT, NOTHING_WRITTEN)
+
+
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: signal.Signals(s).name)
+def test_report_stopped_as_a_file_is_written_leaves_each_file_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    sig: int) -> None:
+    """Caught between writing report.html and putting it in place: report.html is not there (not half of it),
+    the files written before it are whole, and the command says how to write it again."""
+    run = make_run(tmp_path, "run-a", [1.0, 1.01])
+    records = {p: p.read_bytes() for p in run.rglob("result.json")}
+    signal_at(monkeypatch, os, "replace", sig, when=lambda _src, dst: Path(dst).name == "report.html")
+    told(invoke("report", str(run)), sig,
+         f"interrupted while the report of {run} was written: its rounds' records are untouched and each report "
+         f"file is whole (some may be the earlier ones); `flagperf report {run}` writes them all again")
+    assert not (run / "report.html").exists()
+    json.loads((run / "summary.json").read_text())
+    assert (run / "report.md").read_text().startswith("#")
+    no_partial_files(run)
+    assert {p: p.read_bytes() for p in run.rglob("result.json")} == records
+    assert invoke("report", str(run)).exit_code == 0 and (run / "report.html").is_file()
+
+
+def test_report_stopped_once_written_says_it_is_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stopped while the summary is printed, after the report was written: not "nothing was written"."""
+    run = make_run(tmp_path, "run-a", [1.0, 1.01])
+    signal_at(monkeypatch, cli, "_print_summary")
+    told(invoke("report", str(run)), signal.SIGINT,
+         f"interrupted; the report of {run} was written whole ({run / 'report.html'})")
+    assert (run / "report.html").is_file()
+
+
+def test_compare_stopped_as_it_writes_out_leaves_no_half_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = make_run(tmp_path, "run-a", [1.0, 1.01]), make_run(tmp_path, "run-b", [0.9, 0.91])
+    out = tmp_path / "compared" / "a-b.md"
+    out.parent.mkdir()
+    signal_at(monkeypatch, os, "replace", when=lambda _src, dst: Path(dst) == out)
+    told(invoke("compare", str(a), str(b), "--out", str(out)), signal.SIGINT,
+         f"interrupted; --out {out} was not written (one there before is as it was)")
+    assert list(out.parent.iterdir()) == []
+    # The folder is the user's to make, as before: one line, nothing made.
+    missing = tmp_path / "nowhere" / "a-b.md"
+    result = invoke("compare", str(a), str(b), "--out", str(missing))
+    assert result.exit_code == 2 and f"--out {missing}: No such file or directory" in result.output
+    assert not missing.parent.exists()
+
+
+def test_diagnose_stopped_as_it_writes_leaves_each_file_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = make_run(tmp_path, "run-a", [1.0, 1.01])
+    signal_at(monkeypatch, os, "replace", when=lambda _src, dst: Path(dst).name == "diagnosis.md")
+    told(invoke("diagnose", str(run)), signal.SIGINT,
+         f"interrupted while the diagnosis of {run} was written: diagnosis.json and diagnosis.md are each whole "
+         "(either may be the earlier one); run the command again")
+    json.loads((run / "diagnosis.json").read_text())
+    assert not (run / "diagnosis.md").exists()
+    no_partial_files(run)
+
+
+def test_validate_stopped_says_how_far_it_got(monkeypatch: pytest.MonkeyPatch) -> None:
+    files = [PROJECT_ROOT / "deployments" / "suites" / "smoke.yaml", PROJECT_ROOT / "vendor_images" / "cpu" /
+             "vendor.yaml"]
+    signal_at(monkeypatch, cli, "_validate_file", when=lambda path: path == files[1])
+    result = invoke("validate", *map(str, files))
+    told(result, signal.SIGINT, "interrupted after checking 1 of 2 files; nothing was written")
+    assert f"ok    {files[0]}" in result.output
+
+
+def test_validate_stopped_while_it_tries_a_results_folder_removes_it(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host.yaml's results folder (FLAGPERF_LOG_PATH) is checked by making it and writing there, then removed:
+    a signal meanwhile waits for the removal (a short step), then stops the command."""
+    results = tmp_path / "made" / "results"
+    inventory = tmp_path / "host.yaml"
+    inventory.write_text(f'FLAGPERF_LOG_PATH: "{results}"\nVENDOR: "cpu"\nHOSTS: ["127.0.0.1"]\n'
+                         'CASES: {"computation-FP32": "pytorch"}\n', encoding="utf-8")
+    sent = signal_at(monkeypatch, cli, "folder_problem", after=True)
+    told(invoke("validate", str(inventory)), signal.SIGINT, "interrupted after checking 0 of 1 files; nothing was "
+                                                            "written")
+    assert sent and not (tmp_path / "made").exists()
+
+
+def test_vendor_new_stopped_midway_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stopped after two of its files: no half folder, no staging folder, not even the --into folder it made."""
+    written: list[Path] = []
+    signal_at(monkeypatch, Path, "write_text", when=lambda path, *_a, **_k: bool(written.append(path))
+              or len(written) == 3)
+    into = tmp_path / "vendors"
+    told(invoke("vendor", "new", "acme", "--into", str(into)), signal.SIGINT, NOTHING_WRITTEN)
+    assert len(written) == 3 and list(tmp_path.iterdir()) == []
+
+
+def test_vendor_check_stopped_at_a_monitor(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flagperf.hosts import vendorcheck
+
+    sent = signal_at(monkeypatch, vendorcheck, "_check_monitor")
+    told(invoke("vendor", "check", str(PROJECT_ROOT / "vendor_images" / "cpu")), signal.SIGINT, NOTHING_WRITTEN)
+    assert sent
+
+
+def test_server_stopped_while_its_input_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flows import server
+
+    signal_at(monkeypatch, server, "check_database_url", signal.SIGTERM)
+    told(invoke("server", "--database-url", "postgresql+asyncpg://lab@127.0.0.1:5432/prefect"), signal.SIGTERM,
+         "interrupted before the server started; nothing was started")
+
+
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: signal.Signals(s).name)
+def test_run_stopped_while_its_input_is_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sig: int) -> None:
+    """SIGTERM is told as itself (143), not as a Ctrl-C."""
+    monkeypatch.setenv("FLAGPERF_SUITE_PATH", str(PROJECT_ROOT / "tests" / "fixtures" / "suites"))
+    signal_at(monkeypatch, cli, "plan_run", sig)
+    told(invoke("run", "--suite", "tiny", "--results", str(tmp_path / "results")), sig,
+         "interrupted before anything started")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_nightly_stopped_while_its_history_opens_leaves_nothing(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A history database slow to answer can be interrupted: the history file and the results folder it made go."""
+    from flows import nightly_cli
+
+    monkeypatch.setenv("FLAGPERF_SUITE_PATH", str(PROJECT_ROOT / "tests" / "fixtures" / "suites"))
+    monkeypatch.delenv("FLAGPERF_HISTORY_URL", raising=False)
+    sent = signal_at(monkeypatch, nightly_cli, "history_engine", after=True)
+    told(invoke("nightly", "--suite", "tiny", "--rounds", "1", "--results", str(tmp_path / "results")),
+         signal.SIGINT, "interrupted before anything started")
+    assert sent and list(tmp_path.iterdir()) == []
