@@ -203,13 +203,24 @@ def test_a_vendor_or_case_folder_outside_the_project_is_mounted_read_only_under_
     assert found.private_env[variable] == os.pathsep.join([inside, str(PROJECT_ROOT / inside)])
 
 
+def as_written(paths: list[str]) -> dict[str, PathFacts]:
+    """A host's answer where every path is a folder and no link."""
+    return {path: PathFacts(path, "folder") for path in paths}
+
+
 def test_a_search_path_folder_never_hides_what_the_image_has_at_the_hosts_path(tmp_path: Path) -> None:
     """FLAGPERF_VENDOR_PATH=/opt and vendor nvidia: mounted at /opt/nvidia it would hide an NGC image's own
     /opt/nvidia; a case folder under /usr/local would hide the image's files there. Every search path mount lands
     under /flagperf-search, and the container's variables name the folders there, in the host's order."""
-    search = container_policy.search_mounts(
+    written = container_policy.search_mounts(
         {"FLAGPERF_VENDOR_PATH": "/opt:/srv/vendors", "FLAGPERF_CASE_PATH": "/usr/local/lab-cases",
          "OTHER": "/opt"}, "nvidia", ["base/gemm", "training/bert"], "/deploy/flagperf")
+    # What the host is asked: the project, each folder, and the run's names in it.
+    assert written.host_paths() == sorted({"/deploy/flagperf", "/opt/nvidia", "/opt", "/srv/vendors/nvidia",
+                                           "/srv/vendors", "/usr/local/lab-cases/base/gemm",
+                                           "/usr/local/lab-cases/training/bert", "/usr/local/lab-cases"})
+    assert written.all() == [] and written.env == ()  # nothing is decided before the host answers
+    search = written.resolved(as_written(written.host_paths()))
     assert search.all() == [
         Mount("/opt/nvidia", "/flagperf-search/vendor/0/nvidia", read_only=True),
         Mount("/srv/vendors/nvidia", "/flagperf-search/vendor/1/nvidia", read_only=True),
@@ -218,10 +229,6 @@ def test_a_search_path_folder_never_hides_what_the_image_has_at_the_hosts_path(t
     assert dict(search.env) == {"FLAGPERF_VENDOR_PATH": "/flagperf-search/vendor/0:/flagperf-search/vendor/1",
                                 "FLAGPERF_CASE_PATH": "/flagperf-search/case/0"}
     assert all(m.target.startswith(container_policy.SEARCH_MOUNT_ROOT + "/") for m in search.all())
-    # What the host checks for each: the mount's source and its search path folder.
-    assert search.host_paths() == sorted({"/opt/nvidia", "/opt", "/srv/vendors/nvidia", "/srv/vendors",
-                                          "/usr/local/lab-cases/base/gemm", "/usr/local/lab-cases/training/bert",
-                                          "/usr/local/lab-cases"})
     # The same through a docker host's settings: the rewritten variable is what the container's env file holds.
     path = tmp_path / "inv.yaml"
     path.write_text(yaml.safe_dump({"hosts": [{"name": "a", "address": "h", "runtime": "docker",
@@ -229,6 +236,7 @@ def test_a_search_path_folder_never_hides_what_the_image_has_at_the_hosts_path(t
                                                "env": {"FLAGPERF_VENDOR_PATH": "/opt"}}]}))
     spec = load_inventory(path).hosts[0]
     settings = container_settings(load_vendor("cpu"), spec, "img:1")
+    settings = settings.resolved(as_written(settings.host_paths()))
     assert settings.search.all() == [Mount("/opt/cpu", "/flagperf-search/vendor/0/cpu", read_only=True)]
     assert settings.private_env["FLAGPERF_VENDOR_PATH"] == "/flagperf-search/vendor/0"
 
@@ -259,6 +267,7 @@ def test_options_beyond_the_allow_list_are_refused_by_name() -> None:
 def test_a_search_path_folders_index_counts_non_empty_entries_only() -> None:
     """docs/hosts-and-containers.md: in `/a::/b`, `/b` is index 1 (an empty entry names no folder)."""
     search = container_policy.search_mounts({"FLAGPERF_VENDOR_PATH": "/a::/b"}, "acme", [], str(PROJECT_ROOT))
+    search = search.resolved(as_written(search.host_paths()))
     assert [(m.source, m.target) for m in search.all()] == [("/a/acme", "/flagperf-search/vendor/0/acme"),
                                                             ("/b/acme", "/flagperf-search/vendor/1/acme")]
     assert dict(search.env) == {"FLAGPERF_VENDOR_PATH": "/flagperf-search/vendor/0:/flagperf-search/vendor/1"}
