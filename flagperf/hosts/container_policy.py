@@ -11,7 +11,8 @@ Mounts (an inventory's docker.data_mounts, -v in docker.extra_options or FlagPer
     what is mounted, and it must be a folder or a regular file (never a socket or a device).
   * read-only, unless the inventory writes ``rw`` for that mount (PATH:rw, -v SRC:DST:rw).
 Vendor and case folders outside the host's project (FLAGPERF_VENDOR_PATH's <folder>/<vendor>, FLAGPERF_CASE_PATH's
-  <folder>/<family>/<case>): the run's vendor's and cases' folders only, read-only, under a folder of flagperf's own
+  <folder>/<family>/<case>; outside as the host resolves the folder, however it is written, as the source digest
+  decides): the run's vendor's and cases' folders only, read-only, under a folder of flagperf's own
   (SEARCH_MOUNT_ROOT/<vendor|case>/<index>/<name...>, never at the host's path, where the image may have its own
   files), and the container's variable names those folders instead; resolved on the host, each must stay inside its
   search path folder (a link to elsewhere is refused), with no credentials folder in its path. Docker hosts and
