@@ -11,7 +11,8 @@ Mounts (an inventory's docker.data_mounts, -v in docker.extra_options or FlagPer
     what is mounted, and it must be a folder or a regular file (never a socket or a device).
   * read-only, unless the inventory writes ``rw`` for that mount (PATH:rw, -v SRC:DST:rw).
 Vendor and case folders outside the host's project (FLAGPERF_VENDOR_PATH's <folder>/<vendor>, FLAGPERF_CASE_PATH's
-  <folder>/<family>/<case>): the run's vendor's and cases' folders only, read-only, under a folder of flagperf's own
+  <folder>/<family>/<case>; outside as the host resolves the folder, however it is written, as the source digest
+  decides): the run's vendor's and cases' folders only, read-only, under a folder of flagperf's own
   (SEARCH_MOUNT_ROOT/<vendor|case>/<index>/<name...>, never at the host's path, where the image may have its own
   files), and the container's variable names those folders instead; resolved on the host, each must stay inside its
   search path folder (a link to elsewhere is refused), with no credentials folder in its path. Docker hosts and
@@ -398,13 +399,30 @@ def resolved_search_path_mount(mount: Mount, facts: Mapping[str, PathFacts], pat
 
 
 @dataclass(frozen=True)
+class SearchEntry:
+    """One non-empty folder of a host's search path variable: ``index``, its place among them (from 0), as the
+    variable writes it and as an absolute path (a relative one is the project's), checked as written."""
+
+    path: SearchPath
+    index: int
+    written: str
+    folder: str
+
+
+@dataclass(frozen=True)
 class SearchMounts:
-    """What a run's containers on one host get of its search paths (FLAGPERF_VENDOR_PATH, FLAGPERF_CASE_PATH) outside
-    its project: the mounts of the run's vendor and cases there (each with the search path it comes from), and the
-    variables as the container reads them (``env``: only those that name a folder outside the project)."""
+    """What a run's containers on one host get of its search paths (FLAGPERF_VENDOR_PATH, FLAGPERF_CASE_PATH): as
+    search_mounts returns it, the variables' folders as written (``entries``) and the run's names to look for in
+    them; once ``resolved`` with the host's answer for host_paths(), the mounts of the run's vendor and cases in the
+    folders that resolve outside the project (each with the search path it comes from), and the variables as the
+    container reads them (``env``: only those that differ from the host's)."""
 
     mounts: tuple[tuple[SearchPath, Mount], ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    entries: tuple[SearchEntry, ...] = ()
+    names: tuple[tuple[SearchPath, tuple[str, ...]], ...] = ()  # the run's vendor; its cases' <family>/<case>
+    project_root: str = ""
+    outside: tuple[SearchEntry, ...] = ()  # resolved: the entries that resolve outside the project (mounted)
 
     def all(self) -> list[Mount]:
         return [mount for _, mount in self.mounts]
@@ -412,53 +430,84 @@ class SearchMounts:
     def of(self, path: SearchPath) -> list[Mount]:
         return [mount for kind, mount in self.mounts if kind == path]
 
+    def names_of(self, path: SearchPath) -> tuple[str, ...]:
+        return next((names for kind, names in self.names if kind == path), ())
+
     def host_paths(self) -> list[str]:
-        """The host paths ``resolved`` needs facts for: each mount's source and its search path folder."""
-        return sorted({p for path, m in self.mounts for p in (m.source, path.folder_of(m.source))})
+        """The host paths ``resolved`` needs facts for: the project, each folder and each of the run's names in it."""
+        if not self.entries:
+            return []
+        return sorted({self.project_root, *(p for e in self.entries
+                                            for p in (e.folder, *(f"{e.folder}/{n}" for n in self.names_of(e.path))))})
 
     def resolved(self, facts: Mapping[str, PathFacts]) -> SearchMounts:
-        """These mounts with their sources resolved on the host (``facts``: its answer for host_paths()) and checked
-        again; a folder the host lacks is left out (the container's variable still names its place, empty).
-        PolicyError keyed env.<variable>."""
-        kept = []
-        for path, mount in self.mounts:
+        """Each folder resolved on the host (``facts``: its answer for host_paths()), and where it lies decides (as it
+        decides where the source digest counts it, flagperf.results.provenance): one that resolves inside the project,
+        which every container has at the host's project_root, is named there (as written where that leads to it); one
+        that resolves outside it, also when written project-relative (a link out of the project), gets the run's
+        vendor or cases mounted under SEARCH_MOUNT_ROOT, each resolved and checked again (a name the host lacks is
+        left out: the variable still names its place, empty). PolicyError keyed env.<variable>."""
+        if not self.entries:
+            return self
+        root = self.project_root
+        real_root = facts[root].path
+        mounts: list[tuple[SearchPath, Mount]] = []
+        outside: list[SearchEntry] = []
+        env: dict[str, list[str]] = {}
+        changed: set[str] = set()
+        for entry in self.entries:
+            path, names = entry.path, self.names_of(entry.path)
+            real = facts[entry.folder].path
             try:
-                found = resolved_search_path_mount(mount, facts, path)
+                if is_under(real, real_root):
+                    # Where the container finds it: the project is mounted at root, whatever root resolves to.
+                    below = posixpath.relpath(real, real_root)
+                    there = root if below == "." else f"{root.rstrip('/')}/{below}"
+                    written = entry.folder if entry.written.startswith("/") else posixpath.normpath(
+                        posixpath.join(root, entry.written))
+                    seen = entry.written if written == there else there
+                    for name in names:  # a link out of the project below it: the container would not find it
+                        source = f"{entry.folder}/{name}"
+                        found = facts[source]
+                        if found.kind == "folder" and not is_under(found.path, real_root):
+                            raise PolicyError(f"{path.what} {source!r} (it resolves to {found.path}) "
+                                              f"is refused: it is outside the project {real_root}, which is all a "
+                                              f"container has of a {path.variable} folder inside it")
+                else:
+                    seen = path.in_container(entry.index)
+                    outside.append(entry)
+                    for name in names:
+                        found = resolved_search_path_mount(search_path_mount(entry.folder, name, path, seen), facts,
+                                                           path)
+                        if found is not None:
+                            mounts.append((path, found))
             except PolicyError as exc:
                 raise PolicyError(str(exc), f"env.{path.variable}") from None
-            if found is not None:
-                kept.append((path, found))
-        return replace(self, mounts=tuple(kept))
+            env.setdefault(path.variable, []).append(seen)
+            if seen != entry.written:
+                changed.add(path.variable)
+        return replace(self, mounts=tuple(mounts), outside=tuple(outside),
+                       env=tuple((variable, ":".join(seen)) for variable, seen in env.items() if variable in changed))
 
 
 def search_mounts(values: Mapping[str, str], vendor: str, cases: Sequence[str], project_root: str) -> SearchMounts:
-    """The mounts of the run's ``vendor`` and ``cases`` (<family>/<case>) in each folder of a host's search paths
-    (``values``: the host's variables) outside ``project_root``, which every container sees at its own path, and
-    the variables as the container gets them: a folder inside the project as written (a relative one is the
-    project's: the container's working folder), each folder outside replaced by its place under SEARCH_MOUNT_ROOT,
-    in the same order, so the same folder wins a name in the container as on the host. Every folder is checked as
-    written, also where no name is asked for; PolicyError keyed env.<variable>. One function for every container
+    """What the run's containers get of a host's search paths (``values``: the host's variables) for its ``vendor``
+    and ``cases`` (<family>/<case>), to be ``resolved`` on the host: every folder checked as written, also where no
+    name is asked for (PolicyError keyed env.<variable>). Each folder keeps its place in the variable (SearchEntry's
+    index), so the same folder wins a name in the container as on the host. One function for every container
     runtime: the docker runtime and Slurm's pyxis (srun --container-mounts)."""
-    mounts: list[tuple[SearchPath, Mount]] = []
-    env: list[tuple[str, str]] = []
-    for path, names in ((VENDOR_FOLDERS, [vendor]), (CASE_FOLDERS, list(cases))):
+    entries: list[SearchEntry] = []
+    for path in (VENDOR_FOLDERS, CASE_FOLDERS):
         written = [folder for folder in values.get(path.variable, "").split(":") if folder]
-        seen: list[str] = []
         try:
             for index, folder in enumerate(written):
                 absolute = folder if folder.startswith("/") else posixpath.normpath(posixpath.join(project_root,
                                                                                                    folder))
-                root = search_path_folder(absolute, path)
-                if is_under(root, project_root):
-                    seen.append(folder)
-                    continue
-                seen.append(path.in_container(index))
-                mounts += [(path, search_path_mount(root, name, path, seen[-1])) for name in names]
+                entries.append(SearchEntry(path, index, folder, search_path_folder(absolute, path)))
         except PolicyError as exc:
             raise PolicyError(str(exc), f"env.{path.variable}") from None
-        if seen != written:
-            env.append((path.variable, ":".join(seen)))
-    return SearchMounts(tuple(mounts), tuple(env))
+    return SearchMounts(entries=tuple(entries), project_root=project_root,
+                        names=((VENDOR_FOLDERS, (vendor,)), (CASE_FOLDERS, tuple(cases))))
 
 
 def resolved_device(value: str, facts: Mapping[str, PathFacts], patterns: Iterable[str], what: str) -> str:

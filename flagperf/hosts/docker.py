@@ -253,9 +253,9 @@ class ContainerSettings:
     group_add: list[str]
     ulimits: dict[str, int]
     data_roots: tuple[str, ...] = ()
-    # The vendor's folders in the host's FLAGPERF_VENDOR_PATH folders outside its project, and the run's cases' in
-    # its FLAGPERF_CASE_PATH folders (<folder>/<family>/<case>), under /flagperf-search: every container (the
-    # variables that name them, rewritten to match, are in private_env).
+    # The vendor's folders in the host's FLAGPERF_VENDOR_PATH folders that resolve outside its project, and the run's
+    # cases' in its FLAGPERF_CASE_PATH folders (<folder>/<family>/<case>), under /flagperf-search: every container
+    # (``resolved`` decides them on the host and rewrites the variables that name them in private_env).
     search: SearchMounts = field(default_factory=SearchMounts)
     device_patterns: tuple[str, ...] = ()
     vendor_devices: tuple[str, ...] = ()  # the first of ``devices``: from the vendor file (the rest: extra options)
@@ -287,8 +287,10 @@ class ContainerSettings:
                    keyed(f"container.devices.{i}", lambda d=d: resolved_device(d, facts, self.device_patterns,
                                                                             "device"), self.vendor_file)
                    for i, d in enumerate(self.devices)]
-        return replace(self, data_mounts=data, extra_mounts=extra, devices=devices,
-                       search=self.search.resolved(facts))  # its PolicyError is keyed env.<variable>
+        search = self.search.resolved(facts)  # its PolicyError is keyed env.<variable>
+        # The container's search paths name the folders where it has them (decided from the resolved folders).
+        return replace(self, data_mounts=data, extra_mounts=extra, devices=devices, search=search,
+                       private_env={**self.private_env, **dict(search.env)})
 
 
 def container_settings(vendor: Vendor, spec: HostSpec, image: str, project_root: Path | None = None,
@@ -317,7 +319,6 @@ def container_settings(vendor: Vendor, spec: HostSpec, image: str, project_root:
         search = search_mounts(given, vendor.name, cases, str(project_root or spec.project_root or PROJECT_ROOT))
     except PolicyError as exc:
         raise ConfigError(source, f"{prefix}{exc.key}", str(exc)) from None
-    given.update(search.env)  # the container's search paths name the folders where it has them
     env = {name: value for name, value in given.items() if RUNTIME_READS.match(name)}
     private_env = {name: value for name, value in given.items() if name not in env}
     visible_env = spec.visible_devices_env or options.visible_devices_env

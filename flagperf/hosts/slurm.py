@@ -437,14 +437,13 @@ class SlurmHost(LocalHost):
         try:
             written = search_mounts(self.environment(), vendor, cases, str(self.project_root))
             found = self.describe_paths(written.host_paths())
-            for kind, mount in written.mounts:  # a node-only folder would be left out without a word
-                folder = kind.folder_of(mount.source)
-                if found[folder]["kind"] != "folder":
-                    raise PolicyError(f"{kind.variable} folder {folder!r} is not a folder on the controller, which "
-                                      "resolves what a container image's jobs mount (one only the nodes have is "
-                                      "never mounted)", f"env.{kind.variable}")
             search = written.resolved({path: PathFacts(path=fact["path"], kind=fact["kind"])
                                        for path, fact in found.items()})
+            for entry in search.outside:  # a node-only folder would be left out without a word
+                if search.names_of(entry.path) and found[entry.folder]["kind"] != "folder":
+                    raise PolicyError(f"{entry.path.variable} folder {entry.folder!r} is not a folder on the "
+                                      "controller, which resolves what a container image's jobs mount (one only "
+                                      "the nodes have is never mounted)", f"env.{entry.path.variable}")
             for kind, mount in search.mounts:
                 if PYXIS_UNSAFE.search(mount.source):
                     raise PolicyError(f"{kind.what} {mount.source!r} cannot be mounted by pyxis: its path holds a "

@@ -70,8 +70,9 @@ def source_digest(root: Path = PROJECT_ROOT, vendor: str | None = None,
 
 def search_path_code(root: Path, vendor: str | None, cases: list[str] | None) -> list[tuple[Path, str]]:
     """(folder, label) of the code the search path variables add to the project's: the run's vendor and case
-    folders in each of their folders (or, without a run, each folder), in search order; a folder within
-    SOURCE_FOLDERS is counted with them already."""
+    folders in each of their folders (or, without a run, each folder), in search order; a folder that resolves
+    within SOURCE_FOLDERS is counted with them already (a container's search_mounts names such a folder in the
+    project, never mounts it elsewhere: container_policy decides inside/outside from the resolved folder too)."""
     covered = [(root / folder).resolve() for folder in SOURCE_FOLDERS]
     found: list[tuple[Path, str]] = []
     for variable, names in ((VENDOR_PATH_ENV, None if vendor is None else [vendor]), (CASE_PATH_ENV, cases)):

@@ -203,13 +203,24 @@ def test_a_vendor_or_case_folder_outside_the_project_is_mounted_read_only_under_
     assert found.private_env[variable] == os.pathsep.join([inside, str(PROJECT_ROOT / inside)])
 
 
+def as_written(paths: list[str]) -> dict[str, PathFacts]:
+    """A host's answer where every path is a folder and no link."""
+    return {path: PathFacts(path, "folder") for path in paths}
+
+
 def test_a_search_path_folder_never_hides_what_the_image_has_at_the_hosts_path(tmp_path: Path) -> None:
     """FLAGPERF_VENDOR_PATH=/opt and vendor nvidia: mounted at /opt/nvidia it would hide an NGC image's own
     /opt/nvidia; a case folder under /usr/local would hide the image's files there. Every search path mount lands
     under /flagperf-search, and the container's variables name the folders there, in the host's order."""
-    search = container_policy.search_mounts(
+    written = container_policy.search_mounts(
         {"FLAGPERF_VENDOR_PATH": "/opt:/srv/vendors", "FLAGPERF_CASE_PATH": "/usr/local/lab-cases",
          "OTHER": "/opt"}, "nvidia", ["base/gemm", "training/bert"], "/deploy/flagperf")
+    # What the host is asked: the project, each folder, and the run's names in it.
+    assert written.host_paths() == sorted({"/deploy/flagperf", "/opt/nvidia", "/opt", "/srv/vendors/nvidia",
+                                           "/srv/vendors", "/usr/local/lab-cases/base/gemm",
+                                           "/usr/local/lab-cases/training/bert", "/usr/local/lab-cases"})
+    assert written.all() == [] and written.env == ()  # nothing is decided before the host answers
+    search = written.resolved(as_written(written.host_paths()))
     assert search.all() == [
         Mount("/opt/nvidia", "/flagperf-search/vendor/0/nvidia", read_only=True),
         Mount("/srv/vendors/nvidia", "/flagperf-search/vendor/1/nvidia", read_only=True),
@@ -218,10 +229,6 @@ def test_a_search_path_folder_never_hides_what_the_image_has_at_the_hosts_path(t
     assert dict(search.env) == {"FLAGPERF_VENDOR_PATH": "/flagperf-search/vendor/0:/flagperf-search/vendor/1",
                                 "FLAGPERF_CASE_PATH": "/flagperf-search/case/0"}
     assert all(m.target.startswith(container_policy.SEARCH_MOUNT_ROOT + "/") for m in search.all())
-    # What the host checks for each: the mount's source and its search path folder.
-    assert search.host_paths() == sorted({"/opt/nvidia", "/opt", "/srv/vendors/nvidia", "/srv/vendors",
-                                          "/usr/local/lab-cases/base/gemm", "/usr/local/lab-cases/training/bert",
-                                          "/usr/local/lab-cases"})
     # The same through a docker host's settings: the rewritten variable is what the container's env file holds.
     path = tmp_path / "inv.yaml"
     path.write_text(yaml.safe_dump({"hosts": [{"name": "a", "address": "h", "runtime": "docker",
@@ -229,6 +236,7 @@ def test_a_search_path_folder_never_hides_what_the_image_has_at_the_hosts_path(t
                                                "env": {"FLAGPERF_VENDOR_PATH": "/opt"}}]}))
     spec = load_inventory(path).hosts[0]
     settings = container_settings(load_vendor("cpu"), spec, "img:1")
+    settings = settings.resolved(as_written(settings.host_paths()))
     assert settings.search.all() == [Mount("/opt/cpu", "/flagperf-search/vendor/0/cpu", read_only=True)]
     assert settings.private_env["FLAGPERF_VENDOR_PATH"] == "/flagperf-search/vendor/0"
 
@@ -259,6 +267,78 @@ def test_options_beyond_the_allow_list_are_refused_by_name() -> None:
 def test_a_search_path_folders_index_counts_non_empty_entries_only() -> None:
     """docs/hosts-and-containers.md: in `/a::/b`, `/b` is index 1 (an empty entry names no folder)."""
     search = container_policy.search_mounts({"FLAGPERF_VENDOR_PATH": "/a::/b"}, "acme", [], str(PROJECT_ROOT))
+    search = search.resolved(as_written(search.host_paths()))
     assert [(m.source, m.target) for m in search.all()] == [("/a/acme", "/flagperf-search/vendor/0/acme"),
                                                             ("/b/acme", "/flagperf-search/vendor/1/acme")]
     assert dict(search.env) == {"FLAGPERF_VENDOR_PATH": "/flagperf-search/vendor/0:/flagperf-search/vendor/1"}
+
+
+def container_view(settings: ContainerSettings, variables: tuple[str, ...], seen: Path) -> dict[str, str]:
+    """What a container of ``settings`` has of its search paths, here: each mount's source copied to its target
+    under ``seen`` (for /flagperf-search), and the variables as its env file gives them, pointed there."""
+    import shutil
+
+    for mount in settings.search.all():
+        shutil.copytree(mount.source, seen / mount.target.lstrip("/"))
+    root = container_policy.SEARCH_MOUNT_ROOT
+    return {name: settings.private_env[name].replace(root, str(seen / root.lstrip("/"))) for name in variables
+            if name in settings.private_env}
+
+
+def test_a_search_path_folder_is_mounted_or_kept_by_where_it_resolves(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside or outside the project is decided from the folder the host resolves, as the source digest decides:
+    a link elsewhere to the project's own vendor_images is named in the project (the digest skips it, counted with
+    the project's code, on the host and in the container alike: no copy under /flagperf-search); a project-relative
+    entry that links out of the project is mounted (never a dangling link in the container); a folder reached through
+    a link to the project is named at the project's path, where the container has it."""
+    from flagperf.results.provenance import source_digest
+
+    def settings(project: Path, **env: str) -> ContainerSettings:
+        path = tmp_path / "inv.yaml"
+        path.write_text(yaml.safe_dump({"hosts": [{"name": "a", "address": "h", "runtime": "docker",
+                                                   "project_root": str(project), "env": env}]}))
+        spec = load_inventory(path).hosts[0]
+        return checked_on_host(container_settings(load_vendor("cpu"), spec, "img:1", project, ["base/x"]),
+                               LocalHost(), spec)
+
+    # A: FLAGPERF_VENDOR_PATH=/tmp/.../link, link -> <project>/vendor_images.
+    (tmp_path / "link").symlink_to(PROJECT_ROOT / "vendor_images")
+    found = settings(PROJECT_ROOT, FLAGPERF_VENDOR_PATH=str(tmp_path / "link"))
+    assert found.search.all() == []
+    assert found.private_env["FLAGPERF_VENDOR_PATH"] == str(PROJECT_ROOT / "vendor_images")
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(tmp_path / "link"))
+    on_host = source_digest(vendor="cpu", cases=["base/x"])
+    for name, value in container_view(found, ("FLAGPERF_VENDOR_PATH",), tmp_path / "container").items():
+        monkeypatch.setenv(name, value)
+    assert source_digest(vendor="cpu", cases=["base/x"]) == on_host
+
+    # B: FLAGPERF_CASE_PATH=labcases in a project where labcases -> a lab's folder outside it.
+    project, lab = tmp_path / "project", tmp_path / "srv" / "labcases"
+    (lab / "base" / "x").mkdir(parents=True)
+    (lab / "base" / "x" / "case.yaml").write_text("name: x\n")
+    project.mkdir()
+    (project / "labcases").symlink_to(lab)
+    found = settings(project, FLAGPERF_CASE_PATH="labcases")
+    assert found.search.all() == [Mount(str(lab / "base" / "x"), "/flagperf-search/case/0/base/x", read_only=True)]
+    assert found.private_env["FLAGPERF_CASE_PATH"] == "/flagperf-search/case/0"
+    monkeypatch.chdir(project)  # a round's working folder: its project
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", "labcases")
+    on_host = source_digest(vendor="cpu", cases=["base/x"])
+    for name, value in container_view(found, ("FLAGPERF_CASE_PATH",), tmp_path / "container-b").items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)  # not through the host's link
+    assert source_digest(vendor="cpu", cases=["base/x"]) == on_host
+
+    # A folder inside the project through a link to it: named at the project's path (the container has no other).
+    (tmp_path / "deploy").symlink_to(project)
+    (project / "own" / "base" / "x").mkdir(parents=True)
+    found = settings(tmp_path / "deploy", FLAGPERF_CASE_PATH=f"{project / 'own'}:own")
+    assert found.search.all() == [] and found.private_env["FLAGPERF_CASE_PATH"] == f"{tmp_path / 'deploy' / 'own'}:own"
+    # Inside the project, but the run's case there links out of it: the container would not find it.
+    (project / "own" / "base" / "x").rmdir()
+    (project / "own" / "base" / "x").symlink_to(lab / "base" / "x")
+    with pytest.raises(ConfigError) as info:
+        settings(tmp_path / "deploy", FLAGPERF_CASE_PATH="own")
+    assert info.value.key == "hosts.0.env.FLAGPERF_CASE_PATH" and f"resolves to {lab / 'base' / 'x'}" in \
+        info.value.message and "outside the project" in info.value.message, str(info.value)

@@ -5,6 +5,7 @@ tests/integration/test_slurm.py)."""
 from __future__ import annotations
 
 import itertools
+import os
 import shlex
 import subprocess
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 import yaml
 
 from flagperf.errors import ConfigError
+from flagperf.hosts.container_policy import Mount
 from flagperf.hosts.inventory import load_inventory
 from flagperf.hosts.slurm import SlurmHost, batch_script, gres_missing, parse_gres
 from flagperf.hosts.slurm_node import my_rank
@@ -227,6 +229,16 @@ def test_a_container_image_gets_the_runs_vendor_and_cases_from_outside_the_proje
                            "elsewhere on node n1, unlike on the controller: not mounted, the job stops\n"), done.stderr
     (vendors / "acme").unlink()
     (tmp_path / "acme-kept").rename(vendors / "acme")
+    # Where a folder resolves decides, as for docker: a link to the project's vendor_images is named there (the
+    # nodes see the project), a project-relative link out of the project is mounted.
+    (tmp_path / "to-project").symlink_to(host.project_root / "vendor_images")
+    (tmp_path / "to-lab").symlink_to(lab)
+    linked = entry("nvcr.io#nvidia/pytorch:24.05-py3", FLAGPERF_VENDOR_PATH=str(tmp_path / "to-project"),
+                   FLAGPERF_CASE_PATH=os.path.relpath(tmp_path / "to-lab", host.project_root)).search_mounts(
+        "cpu", ["base/x"])
+    assert linked is not None and linked.all() == [Mount(f"{lab}/base/x", "/flagperf-search/case/0/base/x", True)]
+    assert dict(linked.env) == {"FLAGPERF_VENDOR_PATH": str(host.project_root / "vendor_images"),
+                                "FLAGPERF_CASE_PATH": "/flagperf-search/case/0"}
     # A search path folder the controller lacks (the nodes may have it): one line, never a silent omission.
     with pytest.raises(ConfigError) as info:
         entry("nvcr.io#nvidia/pytorch:24.05-py3", FLAGPERF_VENDOR_PATH="/opt/flagperf-no-such-vendors").search_mounts(
