@@ -53,8 +53,8 @@ from flagperf.measure.perflog import parse_file
 from flagperf.measure.timing import TimingPlan
 from flagperf.results.provenance import engine_info, host_info, library_versions
 from flagperf.results.schema import (
-    CASE_LOG_FORMAT,
     RESULT_FILE,
+    CaseLogFormatter,
     Convergence,
     DeviceRun,
     DeviceSpread,
@@ -500,7 +500,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device-slot", default=None, help="JSON {index, visible, cpus}: measure this one device "
                                                             "of the host (a round that measures every device)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format=CASE_LOG_FORMAT)
+    console = logging.StreamHandler(sys.stdout)
+    console.setFormatter(CaseLogFormatter())
+    logging.basicConfig(level=logging.INFO, handlers=[console])
     # case.log (and the run_case task's log, which repeats it) holds the case's output, not the transport's:
     # no line per HTTP request to the Prefect API, no colour codes from Prefect's console handler.
     logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -27,16 +27,38 @@ MONITOR_FILE = "monitor.jsonl"
 CASE_LOG_FILE = "case.log"
 # How the case process logs (python -m flagperf.entry): the controller relays each line at the level it names.
 CASE_LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
-_CASE_LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) (.*)", re.S)
+# (a round that measures every device marks each device process's lines with "[device N] ")
+_CASE_LOG_LINE = re.compile(r"(\[device \d+\] )?(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) "
+                            r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) (.*)", re.S)
+
+
+class CaseLogFormatter(logging.Formatter):
+    """CASE_LOG_FORMAT on every line of a record: a multi-line message (a failure's, a traceback) keeps its time
+    and level on each line, so the relay, which sees lines, gives the whole of it the record's level."""
+
+    def __init__(self) -> None:
+        super().__init__(CASE_LOG_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        first, *rest = super().format(record).split("\n")
+        if not rest:
+            return first
+        prefix = f"{record.asctime} {record.levelname} "
+        return "\n".join([first, *(prefix + line for line in rest)])
 
 
 def case_log_line(line: str) -> tuple[int, str]:
-    """A case.log line as (level, message): a line the case logged in CASE_LOG_FORMAT at its own level, without the
-    time and level its relay adds again; anything else it printed (a library's output) at INFO, as printed."""
+    """A case.log line as (level, message) for the controller's log: a line the case logged in CASE_LOG_FORMAT at
+    its own level (at least INFO, which the run's log keeps), with the case's time (the host's, when the line was
+    made; a transport may deliver it later) and without its level, which the relay shows; anything else it printed
+    (a library's output) at INFO, as printed."""
     logged = _CASE_LOG_LINE.fullmatch(line)
     if logged is None:
         return logging.INFO, line
-    return logging.getLevelName(logged.group(1)), logged.group(2)
+    device, made, level, message = logged.groups()
+    return max(logging.getLevelName(level), logging.INFO), f"{device or ''}{made} {message}"
+
+
 ATTEMPT_FAILURE_FILE = "failure.txt"  # in an attempt's folder: why that attempt failed (it was then retried)
 # Failure messages the evaluation acts on: it stops when the results folder cannot take more, and keeps the
 # host's copy of a round it could not collect (a retry collects it from there).

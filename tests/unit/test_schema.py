@@ -9,13 +9,26 @@ import pytest
 from flagperf.results import schema
 
 
-@pytest.mark.parametrize("level", [logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL])
+@pytest.mark.parametrize("level", [logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL])
 def test_a_case_log_line_is_relayed_at_the_level_the_case_logged_it(level: int) -> None:
-    """What the case process writes in CASE_LOG_FORMAT reads back as its level and message (the relay shows the
-    time and level itself); a line printed by a library stays as printed, at INFO."""
-    record = logging.LogRecord("flagperf.case", level, __file__, 1, "gemm: %s TFLOPS", (1.5,), None)
-    line = logging.Formatter(schema.CASE_LOG_FORMAT).format(record)
-    assert schema.case_log_line(line) == (level, "gemm: 1.5 TFLOPS")
+    """What the case process writes with CaseLogFormatter reads back as its level, and its message with the case's
+    own time (the host's) but not its level (the relay shows it); every line of a multi-line message (a failure,
+    a traceback) keeps the record's level; a line printed by a library stays as printed, at INFO."""
+    record = logging.LogRecord("flagperf.case", level, __file__, 1, "out of memory: %s\n  tried %s", ("x", "2 GiB"),
+                               None)
+    lines = schema.CaseLogFormatter().format(record).split("\n")
+    made = lines[0][:23]
+    assert [schema.case_log_line(line) for line in lines] == [(level, f"{made} out of memory: x"),
+                                                              (level, f"{made}   tried 2 GiB")]
+    # a device process's line, as a round that measures every device marks it
+    assert schema.case_log_line(f"[device 3] {lines[0]}") == (level, f"[device 3] {made} out of memory: x")
     printed = "2026-11-25 16:15:23 WARNING not the logging format (no milliseconds)"
     assert schema.case_log_line(printed) == (logging.INFO, printed)
     assert schema.case_log_line("sleeping") == (logging.INFO, "sleeping")
+
+
+def test_a_case_s_debug_line_stays_in_the_run_s_log() -> None:
+    """The run's log keeps INFO and above: a case's own DEBUG line is relayed at INFO, not dropped."""
+    record = logging.LogRecord("flagperf.case", logging.DEBUG, __file__, 1, "shape search: %d", (81,), None)
+    (line,) = schema.CaseLogFormatter().format(record).split("\n")
+    assert schema.case_log_line(line) == (logging.INFO, f"{line[:23]} shape search: 81")
