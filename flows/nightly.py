@@ -50,6 +50,7 @@ from flagperf.results.history import (
 from flagperf.results.schema import write_json_atomic
 from flagperf.results.summary import SUMMARY_JSON
 from flagperf.site.trends import TREND_FILE, write_trend_file
+from flagperf.stopping import signals_noted
 from flows.evaluate import (
     BAD_INPUT,
     PARTLY_UNSUPPORTED_STATE,
@@ -67,6 +68,8 @@ VERDICTS_ARTIFACT = "flagperf-regression-verdicts"
 REGRESSED_STATE = "Regressed"  # a Failed state's name: a regression, not a night that could not measure
 INTERRUPTED_STATE = "Interrupted"  # the verdict file's state of a night the operator stopped (no flow state: it raised)
 EXIT_HELD, EXIT_NIGHT_FAILED, EXIT_REGRESSION = 0, 1, 5
+RECORDING_LEFT = ("the interrupted night may be missing from the history and its verdict file; its run folder "
+                  "stays")
 
 
 @task(name="record_history", cache_policy=NONE)
@@ -146,7 +149,13 @@ def record_interruption(exc: BaseException, run_id: str, suite: str, vendor: str
     """A night the operator stopped (Ctrl-C, SIGTERM, a cancelled flow run) while it measured is neither judged
     nor a failure: it goes into the history as interrupted, with its run id and no figures, and its verdict file
     and trends.csv say so, so that the trends tell it from a night that never ran. Best effort: the interrupt
-    goes on."""
+    goes on. A further signal meanwhile is only noted (Prefect's own SIGTERM handler would raise again)."""
+    with signals_noted(RECORDING_LEFT):
+        _record_interruption(exc, run_id, suite, vendor, history, results_dir)
+
+
+def _record_interruption(exc: BaseException, run_id: str, suite: str, vendor: str | None, history: str | None,
+                         results_dir: str) -> None:
     signum, reason = _interruption(exc)
     run_dir = Path(results_dir) / run_id
     with suppress(ConfigError, OSError):
@@ -168,7 +177,14 @@ def record_measured_interruption(exc: BaseException, run_dir: Path, suite: str, 
     one transaction, unless record_history had stored them already. So they are a baseline for the nights after
     it, and trends.csv shows them judged as every night is. Its verdict file says Interrupted, with the verdicts
     where the judging was done (``verdicts``; None: it was not). No regression event is sent for it. Best
-    effort: the interrupt goes on."""
+    effort: the interrupt goes on. A further signal meanwhile is only noted: Prefect's own SIGTERM handler would
+    raise again and undo the record's transaction."""
+    with signals_noted(RECORDING_LEFT):
+        _record_measured_interruption(exc, run_dir, suite, verdicts, history, results_dir)
+
+
+def _record_measured_interruption(exc: BaseException, run_dir: Path, suite: str, verdicts: list[Verdict] | None,
+                                  history: str | None, results_dir: str) -> None:
     signum, reason = _interruption(exc)
     try:
         count = record_run(history_engine(history, results_dir), run_dir, replace=False)

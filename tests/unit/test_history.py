@@ -440,3 +440,47 @@ def test_a_night_interrupted_once_judged_keeps_its_record_and_publishes_its_verd
                   history_url=url, baseline_runs=5, sigma=3.0)
     assert interrupted_line(night) == f"{verdict['message']}; verdict: {results / 'nightly-tiny.json'}"
     assert interrupted_line(Night(**{**night.__dict__, "earlier_run": run.name})) == NOT_JUDGED  # not this night's
+
+
+def test_a_second_sigterm_inside_the_flow_does_not_undo_the_interrupted_nights_record(
+        measured_night: tuple[str, Path, Path], restored_process_state: None) -> None:
+    """Inside a flow run Prefect's own SIGTERM handler raises TerminationSignal on every SIGTERM: a second one
+    as the interrupted night's figures go in is only noted, so the record is not rolled back and the verdict
+    file is written; the handlers of before (Prefect's) are back afterwards."""
+    import signal
+    import threading
+
+    from prefect.exceptions import TerminationSignal
+    from prefect.utilities.engine import capture_sigterm
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    from flows.nightly import record_measured_interruption
+
+    url, results, run = measured_night
+    outside: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: outside.append(signum))  # the CLI's, before the flow
+
+    def sigterm(*_args: object) -> None:
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+    def again_as_figures_go_in(_conn, _cursor, statement: str, *_args) -> None:
+        if statement.startswith("INSERT INTO figures"):
+            sigterm()
+
+    with pytest.raises(TerminationSignal), capture_sigterm():  # what the flow engine runs the flow in
+        prefects = signal.getsignal(signal.SIGTERM)
+        try:
+            sigterm()  # the first: the flow stops where it is
+        except TerminationSignal as first:
+            event.listen(Engine, "before_cursor_execute", again_as_figures_go_in)
+            try:
+                record_measured_interruption(first, run, "tiny", None, url, str(results))
+            finally:
+                event.remove(Engine, "before_cursor_execute", again_as_figures_go_in)
+            assert signal.getsignal(signal.SIGTERM) is prefects
+            raise
+    ((outcome, _at, count),) = recorded(url, run.name)
+    assert (outcome, count) == ("completed", 1)
+    verdict = published(results, run)
+    assert (verdict["state"], verdict["exit_code"], verdict["measured"]) == ("Interrupted", 143, True)
