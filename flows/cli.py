@@ -50,6 +50,7 @@ from flagperf.results.summary import (
     headline_figures,
     read_summary_json,
 )
+from flagperf.stopping import STOP_NOW_AT, stop_now
 
 EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNSUPPORTED_ONLY = 1, 2, 3
 
@@ -120,12 +121,15 @@ class Interrupt:
     signal) where the command is (Prefect turns a SIGTERM inside a flow run into its own TerminationSignal
     first), so that what it started is stopped by the code that started it (a run's cases' process groups and
     monitors; its report is written, its temporary server stopped); later signals are noted and ignored, so that
-    clean-up is not cut short. The app arms one for every command; while disarmed (a run sets up what it will
-    stop in order, outside any handler) a signal is only noted, and arming again raises it."""
+    clean-up is not cut short, until a third stops at once (``flagperf.stopping``). The app arms one for every
+    command; while disarmed (a run sets up what it will stop in order, outside any handler) a signal is only
+    noted, and arming again raises it."""
 
     def __init__(self) -> None:
         self.signals: list[int] = []
         self.armed = False
+        # What a third signal leaves (it stops at once, without more clean-up): the command says so where it knows.
+        self.left = "what the command was writing or stopping may be left half done"
 
     def install(self) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -135,6 +139,8 @@ class Interrupt:
         self.signals.append(signum)
         if len(self.signals) == 1 and self.armed:
             raise KeyboardInterrupt(signal.Signals(signum).name)
+        if len(self.signals) >= STOP_NOW_AT:  # the way out of a clean-up that hangs (a database not answering)
+            stop_now(signum, self.left)
 
     def arm(self) -> None:
         """From here the first signal raises where the controller is; one noted before raises now."""
@@ -727,6 +733,8 @@ def nightly(
                                 if made is not None and path.absolute().is_relative_to(made)])
         _remove_made(results, made)  # only while empty
 
+    interrupt.left = ("the interrupted night may be missing from the history and its verdict file; its run folder "
+                      "stays")
     try:
         interrupt.arm()
         outcome = run_night(night, interrupt.signals, _drain_prefect)

@@ -26,6 +26,7 @@ from flagperf.hosts.capacity import check_capacity_here
 from flagperf.hosts.inventory import Inventory, load_inventory, local_inventory
 from flagperf.paths import RESULTS_DIR_ENV, RESULTS_ROOT_ENV
 from flagperf.results.history import Verdict, history_engine, recorded_runs, sqlite_files
+from flagperf.stopping import STOP_NOW_AT, stop_now
 
 
 def default_results() -> Path:
@@ -194,8 +195,14 @@ def run_night(night: Night, stopping: list[int], drain: Callable[[], None]) -> N
                             verdicts=[_verdict(v) for v in published.get("verdicts", [])],
                             run_dir=night.results / published["run_id"] if published else None)
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):  # clean-up is not cut short by a second signal
-            signal.signal(sig, lambda signum, _frame: stopping.append(signum))
+        def note(signum: int, _frame: object) -> None:  # clean-up is not cut short by a second signal
+            stopping.append(signum)
+            if len(stopping) >= STOP_NOW_AT:  # a third: the way out of one that hangs
+                stop_now(signum, "the night's last logs may not have reached the Prefect server (a temporary one "
+                                 "stops by itself)")
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, note)
         if "prefect" in sys.modules:
             drain()
         if server is not None:  # its log goes with the night's run folder, an interrupted night's too

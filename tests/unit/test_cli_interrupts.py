@@ -10,6 +10,7 @@ import functools
 import json
 import os
 import signal
+import textwrap
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -239,3 +240,29 @@ def test_nightly_stopped_while_its_history_opens_leaves_nothing(tmp_path: Path,
     told(invoke("nightly", "--suite", "tiny", "--rounds", "1", "--results", str(tmp_path / "results")),
          signal.SIGINT, "interrupted before anything started")
     assert sent and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: signal.Signals(s).name)
+def test_a_third_signal_stops_a_clean_up_that_hangs_saying_what_may_be_left(sig: int) -> None:
+    """The first signal stops the command, the second is ignored while it cleans up, and the third (a history
+    write that does not end) stops the process at once by that signal after one line: what may be left."""
+    import subprocess
+    import sys
+
+    child = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        import signal
+        from flows.cli import _interrupt_handler
+        with _interrupt_handler() as interrupt:
+            interrupt.left = "the night's record may be missing"
+            try:
+                signal.raise_signal({sig})
+            except KeyboardInterrupt:
+                signal.raise_signal({sig})
+                print("cleaning up after the second", flush=True)
+                signal.raise_signal({sig})
+                print("went on after the third", flush=True)
+        """)], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    assert child.returncode == -sig, (child.stdout, child.stderr)
+    assert child.stdout == "cleaning up after the second\n"
+    assert child.stderr == "stopping now: the night's record may be missing\n"

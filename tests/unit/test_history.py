@@ -484,3 +484,16 @@ def test_a_second_sigterm_inside_the_flow_does_not_undo_the_interrupted_nights_r
     assert (outcome, count) == ("completed", 1)
     verdict = published(results, run)
     assert (verdict["state"], verdict["exit_code"], verdict["measured"]) == ("Interrupted", 143, True)
+
+
+def test_a_postgresql_history_has_a_connect_and_a_lock_timeout(history) -> None:
+    """A history server that does not answer, or a table another session holds locked, ends a write with an
+    error in bounded time (a night's clean-up after Ctrl-C waits on it); SQLite takes no such arguments."""
+    from sqlalchemy import text
+
+    with history.connect() as conn:
+        if history.dialect.name != "postgresql":
+            assert conn.execute(text("SELECT 1")).scalar() == 1
+            return
+        assert conn.execute(text("SHOW lock_timeout")).scalar() == "1min"
+        assert conn.connection.dbapi_connection.info.get_parameters()["connect_timeout"] == "15"
