@@ -692,7 +692,7 @@ def nightly(
         check_night,
         default_results,
         discard_history,
-        interrupted_line,
+        interrupted_outcome,
         open_history,
         run_night,
     )
@@ -745,8 +745,10 @@ def nightly(
         if not interrupt.signals and isinstance(exc, Exception):
             first = str(exc).splitlines()[0] if str(exc) else ""
             raise _fail(f"the night could not run: {type(exc).__name__}: {first}", EXIT_FAILED) from None
-        # Stopped while it measured: not judged. Once measured: recorded all the same, as the flow says.
-        raise _fail(interrupted_line(night), interrupt.exit_code(exc)) from None
+        # Stopped while it measured: not judged. Once measured: recorded all the same, as the flow says. Once
+        # judged and published (a regression: exit 5): that outcome and its exit code stand.
+        line, judged_code = interrupted_outcome(night)
+        raise _fail(line, interrupt.exit_code(exc) if judged_code is None else judged_code) from None
     if outcome.code == EXIT_BAD_INPUT:  # found by the flow (a size an SSH host cannot hold): no night
         discard_made()
         raise _fail(outcome.message)
@@ -759,8 +761,8 @@ def nightly(
         console.print(f"run directory: {escape(str(outcome.run_dir))}; verdict: {escape(str(night.verdict_file))}",
                       highlight=False, soft_wrap=True)
     if interrupt.signals:  # once the flow had ended (its temporary server stopping): the night and its outcome stand
-        raise _fail(f"interrupted as the night ended; its outcome above (exit {outcome.code}) stands",
-                    interrupt.exit_code())
+        # with its exit code, so that cron does not lose a regression to the signal's 128 + N
+        raise _fail(f"interrupted as the night ended; its outcome above (exit {outcome.code}) stands", outcome.code)
     raise typer.Exit(outcome.code)
 
 

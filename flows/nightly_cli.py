@@ -158,12 +158,23 @@ NOT_JUDGED = "interrupted; the night is not judged"
 
 
 def interrupted_line(night: Night) -> str:
-    """What `flagperf nightly` says when it was interrupted: the flow's own account of a night it had measured
-    (its figures recorded in the history all the same), else that the night is not judged."""
+    """What `flagperf nightly` says when it was interrupted (``interrupted_outcome``'s line)."""
+    return interrupted_outcome(night)[0]
+
+
+def interrupted_outcome(night: Night) -> tuple[str, int | None]:
+    """What `flagperf nightly` says when it was interrupted, and the exit code of a night whose outcome stands
+    (None: exit 128 + the signal): the flow's own account of a night it had measured (its figures recorded in
+    the history all the same); a night that was judged and published before the signal (Regressed: exit 5)
+    keeps its outcome and exit code, so that cron does not lose a regression; else the night is not judged."""
     published = this_night(night)
+    state, code = published.get("state"), published.get("exit_code")
+    if isinstance(state, str) and state != "Interrupted" and isinstance(code, int) and not isinstance(code, bool):
+        return (f"interrupted as the night ended; its outcome stands: {state} (exit {code}); verdict: "
+                f"{night.verdict_file}", code)
     if published.get("measured") is True and isinstance(published.get("message"), str):
-        return f"{published['message']}; verdict: {night.verdict_file}"
-    return NOT_JUDGED
+        return f"{published['message']}; verdict: {night.verdict_file}", None
+    return NOT_JUDGED, None
 
 
 def run_night(night: Night, stopping: list[int], drain: Callable[[], None]) -> NightOutcome:

@@ -497,3 +497,24 @@ def test_a_postgresql_history_has_a_connect_and_a_lock_timeout(history) -> None:
             return
         assert conn.execute(text("SHOW lock_timeout")).scalar() == "1min"
         assert conn.connection.dbapi_connection.info.get_parameters()["connect_timeout"] == "15"
+
+
+def test_a_night_interrupted_once_published_keeps_its_outcome_and_exit_code(
+        measured_night: tuple[str, Path, Path]) -> None:
+    """Ctrl-C after the flow published a regression (exit 5) but before it returned: `flagperf nightly` says the
+    outcome stands and exits 5, not 'not judged' with 130, so that cron does not lose the regression."""
+    from prefect.states import Failed
+
+    from flows.nightly import REGRESSED_STATE, publish_night
+    from flows.nightly_cli import Night, interrupted_outcome
+
+    url, results, run = measured_night
+    engine = history_engine(url)
+    record_run(engine, run, recorded_at=START + timedelta(days=6))
+    verdicts = check_run(engine, run.name)
+    publish_night(str(results), "tiny", run, Failed(message="1 regression(s)", name=REGRESSED_STATE), verdicts, url)
+    night = Night(suite="tiny", vendor="auto", rounds=3, overrides=[], inventory=None, results=results,
+                  history_url=url, baseline_runs=5, sigma=3.0)
+    assert interrupted_outcome(night) == (
+        f"interrupted as the night ended; its outcome stands: Regressed (exit 5); verdict: "
+        f"{results / 'nightly-tiny.json'}", 5)
