@@ -173,7 +173,9 @@ def interrupted_outcome(night: Night) -> tuple[str, int | None]:
         return (f"interrupted as the night ended; its outcome stands: {state} (exit {code}); verdict: "
                 f"{night.verdict_file}", code)
     if published.get("measured") is True and isinstance(published.get("message"), str):
-        return f"{published['message']}; verdict: {night.verdict_file}", None
+        # judged as it was recorded: a regression's exit code (5) stands; else 128 + the signal
+        regressed = code if isinstance(code, int) and not isinstance(code, bool) and code < 128 else None
+        return f"{published['message']}; verdict: {night.verdict_file}", regressed
     return NOT_JUDGED, None
 
 
