@@ -483,7 +483,7 @@ def test_a_second_sigterm_inside_the_flow_does_not_undo_the_interrupted_nights_r
     ((outcome, _at, count),) = recorded(url, run.name)
     assert (outcome, count) == ("completed", 1)
     verdict = published(results, run)
-    assert (verdict["state"], verdict["exit_code"], verdict["measured"]) == ("Interrupted", 5, True)  # judged: a regression
+    assert (verdict["state"], verdict["exit_code"], verdict["measured"]) == ("Interrupted", 5, True)
 
 
 def test_a_postgresql_history_has_a_connect_and_a_lock_timeout(history) -> None:
