@@ -8,6 +8,7 @@ SIGTERM) when it was interrupted (the report of what was done is still written).
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import re
@@ -19,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
@@ -158,6 +159,8 @@ class Interrupt:
         return 128 + int(signum)
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
 _INTERRUPTS: list[Interrupt] = []  # the handler of the command being run, innermost last
 
 
@@ -181,13 +184,25 @@ def _interrupt_handler() -> Iterator[Interrupt]:
 
 
 def _interrupt() -> Interrupt:
-    """The running command's interrupt handler (the app's; one installed now for a command called alone)."""
+    """The running command's interrupt handler (the app's, or ``_own_handler``'s for a command called alone).
+    Outside both (a helper called by itself) an armed one that installs nothing, so it leaves no trace."""
     if not _INTERRUPTS:
         interrupt = Interrupt()
-        interrupt.install()
         interrupt.armed = True
-        _INTERRUPTS.append(interrupt)
+        return interrupt
     return _INTERRUPTS[-1]
+
+
+def _own_handler(command: Callable[P, R]) -> Callable[P, R]:
+    """A command called as a function, outside the app (a library, a test), runs under an interrupt handler of
+    its own as under the app's, and the process's handlers of before are put back when it returns or raises."""
+    @functools.wraps(command)
+    def with_handler(*args: P.args, **kwargs: P.kwargs) -> R:
+        if _INTERRUPTS:  # the app's (or an outer command's)
+            return command(*args, **kwargs)
+        with _interrupt_handler():
+            return command(*args, **kwargs)
+    return with_handler
 
 
 def _is_interrupt(exc: BaseException) -> bool:
@@ -246,6 +261,7 @@ def _drain_prefect() -> None:
 
 
 @app.command()
+@_own_handler
 def run(
     suite: Annotated[str | None, typer.Option(help=f"suite name or YAML file (default: {DEFAULT_SUITE})")] = None,
     cases: Annotated[str | None, typer.Option(help="comma-separated case names, instead of a suite")] = None,
@@ -561,6 +577,7 @@ def _run_folder(path: Path, option: str) -> Path:
 
 
 @app.command()
+@_own_handler
 def report(run_dir: Annotated[Path, typer.Argument(help="a run folder, results/<run-id>")]) -> None:
     """Regenerate a run's summary, report (Markdown, HTML) and plots from its files."""
     from flagperf.results.report import build_report
@@ -582,6 +599,7 @@ def report(run_dir: Annotated[Path, typer.Argument(help="a run folder, results/<
 
 
 @app.command()
+@_own_handler
 def compare(
     run_a: Annotated[Path, typer.Argument(help="baseline run folder (A)")],
     run_b: Annotated[Path, typer.Argument(help="run folder to compare with it (B)")],
@@ -626,6 +644,7 @@ EXIT_HOST_FAILED = 4  # flagperf diagnose: some host failed a rule
 
 
 @app.command()
+@_own_handler
 def diagnose(
     run_dir: Annotated[Path, typer.Argument(help="a run folder, results/<run-id>")],
     baseline: Annotated[Path | None, typer.Option(help="a run folder to hold every figure against")] = None,
@@ -657,6 +676,7 @@ def diagnose(
 
 
 @app.command()
+@_own_handler
 def nightly(
     suite: Annotated[str, typer.Option(help="the suite to evaluate (a name from `flagperf list suites`)")] = "smoke",
     rounds: Annotated[int, typer.Option(help="rounds per case (1-100); each figure's median over them is "
@@ -767,6 +787,7 @@ def nightly(
 
 
 @app.command()
+@_own_handler
 def server(
     database_url: Annotated[str | None, typer.Option(
         help="postgresql+asyncpg://user@host:port/db (default: $PREFECT_API_DATABASE_CONNECTION_URL)")] = None,
@@ -950,6 +971,7 @@ def _validate_inference_file(path: Path) -> str | None:
 
 
 @app.command()
+@_own_handler
 def validate(files: Annotated[list[Path], typer.Argument(help="config files to check")]) -> None:
     """Check config files (suites, case.yaml, vendor overrides, vendor.yaml, inventories) without running
     anything: a case's module is read, not imported (its Config is rebuilt from the source; the case's own
@@ -970,6 +992,7 @@ def validate(files: Annotated[list[Path], typer.Argument(help="config files to c
 
 
 @app.command("list")
+@_own_handler
 def list_(what: Annotated[str, typer.Argument(help="cases, vendors, suites or all")] = "all") -> None:
     """List cases, vendors and suites."""
     if what not in ("all", "cases", "vendors", "suites"):
@@ -1004,6 +1027,7 @@ app.add_typer(vendor_app, name="vendor")
 
 
 @vendor_app.command("check")
+@_own_handler
 def vendor_check(folder: Annotated[Path, typer.Argument(help="a vendor folder, e.g. vendor_images/<vendor>, or a "
                                                          "vendor's name as --vendor takes it")]) -> None:
     """Check a vendor folder: manifest, Dockerfile and install step, each monitor run for a few seconds (or
@@ -1023,6 +1047,7 @@ def vendor_check(folder: Annotated[Path, typer.Argument(help="a vendor folder, e
 
 
 @vendor_app.command("new")
+@_own_handler
 def vendor_new(name: Annotated[str, typer.Argument(help="the vendor's name (its folder's, and --vendor's)")],
                torch_device: Annotated[str, typer.Option(help="torch's device type for the chip")] = "cpu",
                into: Annotated[Path | None, typer.Option(help="the folder to write <name>/ in (default: the "

@@ -266,3 +266,15 @@ def test_a_third_signal_stops_a_clean_up_that_hangs_saying_what_may_be_left(sig:
     assert child.returncode == -sig, (child.stdout, child.stderr)
     assert child.stdout == "cleaning up after the second\n"
     assert child.stderr == "stopping now: the night's record may be missing\n"
+
+
+def test_a_command_called_as_a_function_leaves_no_handler_behind(tmp_path: Path) -> None:
+    """`cli.nightly(...)` called outside the app (a library, a test) runs under a handler of its own, and the
+    process's signal handlers of before are back afterwards, with no stale handler left for the next call."""
+    handlers = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    with pytest.raises(typer.Exit) as refused:
+        cli.nightly(suite="no-such-suite", rounds=3, set_=None, results=tmp_path / "results", history_url=None,
+                    baseline_runs=5, sigma=3.0, vendor=None, inventory=None, verbose=False)
+    assert refused.value.exit_code == 2
+    assert {sig: signal.getsignal(sig) for sig in SIGNALS} == handlers
+    assert cli._INTERRUPTS == []
