@@ -814,8 +814,19 @@ def server(
 ) -> None:
     """Start a lasting Prefect server on PostgreSQL with a process worker, the deployments and the results site,
     behind one sign-in: the set-up for a team (docs/team-server.md)."""
-    # Until serve installs its own handler: from there a signal stops all it started, in order.
-    with _if_interrupted("interrupted before the server started; nothing was started"):
+    # Until serve installs its own handler: from there a signal stops all it started, in order. The logs folder
+    # it makes first goes again (while empty), so that "nothing" is true.
+    log_dir_made = [folder for folder in (log_dir, *log_dir.parents) if not folder.exists()]
+
+    def nothing_started() -> str:
+        for folder in log_dir_made:  # deepest first
+            with suppress(OSError):
+                folder.rmdir()
+        if log_dir_made and log_dir_made[-1].exists():
+            return f"interrupted before the server started; nothing was started (its logs folder {log_dir} stays)"
+        return "interrupted before the server started; nothing was started"
+
+    with _if_interrupted(nothing_started):
         from flows.server import DATABASE_URL_ENV, check_database_url, serve, server_credentials
 
         try:
@@ -976,17 +987,19 @@ def validate(files: Annotated[list[Path], typer.Argument(help="config files to c
     """Check config files (suites, case.yaml, vendor overrides, vendor.yaml, inventories) without running
     anything: a case's module is read, not imported (its Config is rebuilt from the source; the case's own
     validators run when it runs), and only regular files inside their folders are read."""
-    bad = 0
-    for number, path in enumerate(files):
-        try:
-            with _if_interrupted(f"interrupted after checking {number} of {len(files)} files; nothing was written"), \
-                    case_code_not_run():
-                kind = _validate_file(path)
-        except FlagperfError as exc:
-            bad += 1
-            err_console.print(f"[red]error[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        else:
-            console.print(f"[green]ok[/]    {escape(str(path))} ({kind})", highlight=False)
+    bad = checked = 0
+    # Also between files (as one's line is printed): the count is of the files checked so far.
+    with _if_interrupted(lambda: f"interrupted after checking {checked} of {len(files)} files; nothing was written"):
+        for path in files:
+            try:
+                with case_code_not_run():
+                    kind = _validate_file(path)
+            except FlagperfError as exc:
+                bad, checked = bad + 1, checked + 1
+                err_console.print(f"[red]error[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+            else:
+                checked += 1
+                console.print(f"[green]ok[/]    {escape(str(path))} ({kind})", highlight=False)
     if bad:
         raise typer.Exit(EXIT_BAD_INPUT)
 

@@ -278,3 +278,26 @@ def test_a_command_called_as_a_function_leaves_no_handler_behind(tmp_path: Path)
     assert refused.value.exit_code == 2
     assert {sig: signal.getsignal(sig) for sig in SIGNALS} == handlers
     assert cli._INTERRUPTS == []
+
+
+def test_validate_stopped_between_files_says_how_far_it_got(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the first file's ok line is printed, before the second is read: not the app's 'nothing was written'."""
+    files = [PROJECT_ROOT / "deployments" / "suites" / "smoke.yaml", PROJECT_ROOT / "vendor_images" / "cpu" /
+             "vendor.yaml"]
+    sent = signal_at(monkeypatch, cli.console, "print", when=lambda line, *_a, **_k: str(line).startswith(
+        "[green]ok"), after=True)
+    told(invoke("validate", *map(str, files)), signal.SIGINT,
+         "interrupted after checking 1 of 2 files; nothing was written")
+    assert sent
+
+
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: signal.Signals(s).name)
+def test_server_stopped_once_its_logs_folder_is_made_removes_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 sig: int) -> None:
+    """Before serve installs its own handler, once it made the logs folder: 'nothing was started' is true, the
+    folder it made goes."""
+    log_dir = tmp_path / "made" / "logs"
+    sent = signal_at(monkeypatch, Path, "mkdir", sig, when=lambda path, *_a, **_k: path == log_dir, after=True)
+    told(invoke("server", "--database-url", "postgresql+asyncpg://lab@127.0.0.1:5432/prefect", "--log-dir",
+                str(log_dir)), sig, "interrupted before the server started; nothing was started")
+    assert sent and list(tmp_path.iterdir()) == []
