@@ -8,6 +8,7 @@ SIGTERM) when it was interrupted (the report of what was done is still written).
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import re
@@ -19,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
@@ -50,6 +51,7 @@ from flagperf.results.summary import (
     headline_figures,
     read_summary_json,
 )
+from flagperf.stopping import STOP_NOW_AT, stop_now
 
 EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNSUPPORTED_ONLY = 1, 2, 3
 
@@ -120,12 +122,15 @@ class Interrupt:
     signal) where the command is (Prefect turns a SIGTERM inside a flow run into its own TerminationSignal
     first), so that what it started is stopped by the code that started it (a run's cases' process groups and
     monitors; its report is written, its temporary server stopped); later signals are noted and ignored, so that
-    clean-up is not cut short. The app arms one for every command; while disarmed (a run sets up what it will
-    stop in order, outside any handler) a signal is only noted, and arming again raises it."""
+    clean-up is not cut short, until a third stops at once (``flagperf.stopping``). The app arms one for every
+    command; while disarmed (a run sets up what it will stop in order, outside any handler) a signal is only
+    noted, and arming again raises it."""
 
     def __init__(self) -> None:
         self.signals: list[int] = []
         self.armed = False
+        # What a third signal leaves (it stops at once, without more clean-up): the command says so where it knows.
+        self.left = "what the command was writing or stopping may be left half done"
 
     def install(self) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -135,6 +140,8 @@ class Interrupt:
         self.signals.append(signum)
         if len(self.signals) == 1 and self.armed:
             raise KeyboardInterrupt(signal.Signals(signum).name)
+        if len(self.signals) >= STOP_NOW_AT:  # the way out of a clean-up that hangs (a database not answering)
+            stop_now(signum, self.left)
 
     def arm(self) -> None:
         """From here the first signal raises where the controller is; one noted before raises now."""
@@ -152,6 +159,8 @@ class Interrupt:
         return 128 + int(signum)
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
 _INTERRUPTS: list[Interrupt] = []  # the handler of the command being run, innermost last
 
 
@@ -175,13 +184,25 @@ def _interrupt_handler() -> Iterator[Interrupt]:
 
 
 def _interrupt() -> Interrupt:
-    """The running command's interrupt handler (the app's; one installed now for a command called alone)."""
+    """The running command's interrupt handler (the app's, or ``_own_handler``'s for a command called alone).
+    Outside both (a helper called by itself) an armed one that installs nothing, so it leaves no trace."""
     if not _INTERRUPTS:
         interrupt = Interrupt()
-        interrupt.install()
         interrupt.armed = True
-        _INTERRUPTS.append(interrupt)
+        return interrupt
     return _INTERRUPTS[-1]
+
+
+def _own_handler(command: Callable[P, R]) -> Callable[P, R]:
+    """A command called as a function, outside the app (a library, a test), runs under an interrupt handler of
+    its own as under the app's, and the process's handlers of before are put back when it returns or raises."""
+    @functools.wraps(command)
+    def with_handler(*args: P.args, **kwargs: P.kwargs) -> R:
+        if _INTERRUPTS:  # the app's (or an outer command's)
+            return command(*args, **kwargs)
+        with _interrupt_handler():
+            return command(*args, **kwargs)
+    return with_handler
 
 
 def _is_interrupt(exc: BaseException) -> bool:
@@ -240,6 +261,7 @@ def _drain_prefect() -> None:
 
 
 @app.command()
+@_own_handler
 def run(
     suite: Annotated[str | None, typer.Option(help=f"suite name or YAML file (default: {DEFAULT_SUITE})")] = None,
     cases: Annotated[str | None, typer.Option(help="comma-separated case names, instead of a suite")] = None,
@@ -555,6 +577,7 @@ def _run_folder(path: Path, option: str) -> Path:
 
 
 @app.command()
+@_own_handler
 def report(run_dir: Annotated[Path, typer.Argument(help="a run folder, results/<run-id>")]) -> None:
     """Regenerate a run's summary, report (Markdown, HTML) and plots from its files."""
     from flagperf.results.report import build_report
@@ -576,6 +599,7 @@ def report(run_dir: Annotated[Path, typer.Argument(help="a run folder, results/<
 
 
 @app.command()
+@_own_handler
 def compare(
     run_a: Annotated[Path, typer.Argument(help="baseline run folder (A)")],
     run_b: Annotated[Path, typer.Argument(help="run folder to compare with it (B)")],
@@ -620,6 +644,7 @@ EXIT_HOST_FAILED = 4  # flagperf diagnose: some host failed a rule
 
 
 @app.command()
+@_own_handler
 def diagnose(
     run_dir: Annotated[Path, typer.Argument(help="a run folder, results/<run-id>")],
     baseline: Annotated[Path | None, typer.Option(help="a run folder to hold every figure against")] = None,
@@ -651,6 +676,7 @@ def diagnose(
 
 
 @app.command()
+@_own_handler
 def nightly(
     suite: Annotated[str, typer.Option(help="the suite to evaluate (a name from `flagperf list suites`)")] = "smoke",
     rounds: Annotated[int, typer.Option(help="rounds per case (1-100); each figure's median over them is "
@@ -686,7 +712,7 @@ def nightly(
         check_night,
         default_results,
         discard_history,
-        interrupted_line,
+        interrupted_outcome,
         open_history,
         run_night,
     )
@@ -727,6 +753,8 @@ def nightly(
                                 if made is not None and path.absolute().is_relative_to(made)])
         _remove_made(results, made)  # only while empty
 
+    interrupt.left = ("the interrupted night may be missing from the history and its verdict file; its run folder "
+                      "stays")
     try:
         interrupt.arm()
         outcome = run_night(night, interrupt.signals, _drain_prefect)
@@ -737,8 +765,10 @@ def nightly(
         if not interrupt.signals and isinstance(exc, Exception):
             first = str(exc).splitlines()[0] if str(exc) else ""
             raise _fail(f"the night could not run: {type(exc).__name__}: {first}", EXIT_FAILED) from None
-        # Stopped while it measured: not judged. Once measured: recorded all the same, as the flow says.
-        raise _fail(interrupted_line(night), interrupt.exit_code(exc)) from None
+        # Stopped while it measured: not judged. Once measured: recorded all the same, as the flow says. Once
+        # judged and published (a regression: exit 5): that outcome and its exit code stand.
+        line, judged_code = interrupted_outcome(night)
+        raise _fail(line, interrupt.exit_code(exc) if judged_code is None else judged_code) from None
     if outcome.code == EXIT_BAD_INPUT:  # found by the flow (a size an SSH host cannot hold): no night
         discard_made()
         raise _fail(outcome.message)
@@ -751,12 +781,13 @@ def nightly(
         console.print(f"run directory: {escape(str(outcome.run_dir))}; verdict: {escape(str(night.verdict_file))}",
                       highlight=False, soft_wrap=True)
     if interrupt.signals:  # once the flow had ended (its temporary server stopping): the night and its outcome stand
-        raise _fail(f"interrupted as the night ended; its outcome above (exit {outcome.code}) stands",
-                    interrupt.exit_code())
+        # with its exit code, so that cron does not lose a regression to the signal's 128 + N
+        raise _fail(f"interrupted as the night ended; its outcome above (exit {outcome.code}) stands", outcome.code)
     raise typer.Exit(outcome.code)
 
 
 @app.command()
+@_own_handler
 def server(
     database_url: Annotated[str | None, typer.Option(
         help="postgresql+asyncpg://user@host:port/db (default: $PREFECT_API_DATABASE_CONNECTION_URL)")] = None,
@@ -783,8 +814,19 @@ def server(
 ) -> None:
     """Start a lasting Prefect server on PostgreSQL with a process worker, the deployments and the results site,
     behind one sign-in: the set-up for a team (docs/team-server.md)."""
-    # Until serve installs its own handler: from there a signal stops all it started, in order.
-    with _if_interrupted("interrupted before the server started; nothing was started"):
+    # Until serve installs its own handler: from there a signal stops all it started, in order. The logs folder
+    # it makes first goes again (while empty), so that "nothing" is true.
+    log_dir_made = [folder for folder in (log_dir, *log_dir.parents) if not folder.exists()]
+
+    def nothing_started() -> str:
+        for folder in log_dir_made:  # deepest first
+            with suppress(OSError):
+                folder.rmdir()
+        if log_dir_made and log_dir_made[-1].exists():
+            return f"interrupted before the server started; nothing was started (its logs folder {log_dir} stays)"
+        return "interrupted before the server started; nothing was started"
+
+    with _if_interrupted(nothing_started):
         from flows.server import DATABASE_URL_ENV, check_database_url, serve, server_credentials
 
         try:
@@ -940,26 +982,30 @@ def _validate_inference_file(path: Path) -> str | None:
 
 
 @app.command()
+@_own_handler
 def validate(files: Annotated[list[Path], typer.Argument(help="config files to check")]) -> None:
     """Check config files (suites, case.yaml, vendor overrides, vendor.yaml, inventories) without running
     anything: a case's module is read, not imported (its Config is rebuilt from the source; the case's own
     validators run when it runs), and only regular files inside their folders are read."""
-    bad = 0
-    for number, path in enumerate(files):
-        try:
-            with _if_interrupted(f"interrupted after checking {number} of {len(files)} files; nothing was written"), \
-                    case_code_not_run():
-                kind = _validate_file(path)
-        except FlagperfError as exc:
-            bad += 1
-            err_console.print(f"[red]error[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        else:
-            console.print(f"[green]ok[/]    {escape(str(path))} ({kind})", highlight=False)
+    bad = checked = 0
+    # Also between files (as one's line is printed): the count is of the files checked so far.
+    with _if_interrupted(lambda: f"interrupted after checking {checked} of {len(files)} files; nothing was written"):
+        for path in files:
+            try:
+                with case_code_not_run():
+                    kind = _validate_file(path)
+            except FlagperfError as exc:
+                bad, checked = bad + 1, checked + 1
+                err_console.print(f"[red]error[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+            else:
+                checked += 1
+                console.print(f"[green]ok[/]    {escape(str(path))} ({kind})", highlight=False)
     if bad:
         raise typer.Exit(EXIT_BAD_INPUT)
 
 
 @app.command("list")
+@_own_handler
 def list_(what: Annotated[str, typer.Argument(help="cases, vendors, suites or all")] = "all") -> None:
     """List cases, vendors and suites."""
     if what not in ("all", "cases", "vendors", "suites"):
@@ -994,6 +1040,7 @@ app.add_typer(vendor_app, name="vendor")
 
 
 @vendor_app.command("check")
+@_own_handler
 def vendor_check(folder: Annotated[Path, typer.Argument(help="a vendor folder, e.g. vendor_images/<vendor>, or a "
                                                          "vendor's name as --vendor takes it")]) -> None:
     """Check a vendor folder: manifest, Dockerfile and install step, each monitor run for a few seconds (or
@@ -1013,6 +1060,7 @@ def vendor_check(folder: Annotated[Path, typer.Argument(help="a vendor folder, e
 
 
 @vendor_app.command("new")
+@_own_handler
 def vendor_new(name: Annotated[str, typer.Argument(help="the vendor's name (its folder's, and --vendor's)")],
                torch_device: Annotated[str, typer.Option(help="torch's device type for the chip")] = "cpu",
                into: Annotated[Path | None, typer.Option(help="the folder to write <name>/ in (default: the "

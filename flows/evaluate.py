@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from contextvars import copy_context
 from functools import partial
 from pathlib import Path
@@ -68,6 +69,7 @@ from flagperf.results.schema import (
     write_result,
 )
 from flagperf.results.summary import INTERRUPTED_FILE, RETRIES_DIR
+from flagperf.stopping import signals_noted
 from flows.host_round import host_healthcheck, host_round, round_outcome
 from flows.logs import route_core_logs
 from tasks.analyze import analyze
@@ -254,6 +256,7 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
     # before: a retry stopped by its checks leaves the run as it was): the report then says how this attempt
     # ended, and a retry that completes the run is not "interrupted".
     set_aside(run_dir, run_dir / INTERRUPTED_FILE)
+    clean_up = ExitStack()  # after an interrupt: further signals only noted until the report is written
     try:
         for case in plan.cases:
             framework = inv.frameworks.get(case.name)
@@ -269,6 +272,8 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
                 stop_if_results_unwritable(results, run_dir, command)
     except BaseException as exc:
         if not isinstance(exc, Exception):  # Ctrl-C, SIGTERM, a cancelled flow run: the report must say so
+            clean_up.enter_context(signals_noted(f"the cases' containers or work folders on the hosts and the "
+                                                 f"report of {run_dir} may be left"))
             signum = getattr(exc, "signal", None)  # Prefect's TerminationSignal carries the signal
             reason = signal.Signals(signum).name if signum else (str(exc) or type(exc).__name__)
             interruption = {"reason": reason, "at": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "running": running}
@@ -276,17 +281,18 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
             logger.warning("interrupted (%s): stopping the cases and monitors, then writing the report", reason)
         raise
     finally:
-        cancel_jobs()  # Slurm jobs still running (an interrupt) stop before their folders are cleaned
-        measured = clean_work_roots(hosts, specs, plan, results)
-        if interruption is not None and measured:  # finished on a host, not yet collected: not lost, say so
-            try:
-                write_json_atomic(run_dir / INTERRUPTED_FILE, {**interruption, "measured_on_host": measured,
-                                                               "retry": how_to_retry(command, run_dir)})
-            except OSError as exc:  # a full disk: the first record stands, and the interrupt goes on
-                logger.warning("the rounds measured on their hosts could not be added to %s: %s",
-                               INTERRUPTED_FILE, exc)
-        close_hosts()
-        summary = analyze(run_dir)  # also after an interruption: what was measured is reported
+        with clean_up:
+            cancel_jobs()  # Slurm jobs still running (an interrupt) stop before their folders are cleaned
+            measured = clean_work_roots(hosts, specs, plan, results)
+            if interruption is not None and measured:  # finished on a host, not yet collected: not lost, say so
+                try:
+                    write_json_atomic(run_dir / INTERRUPTED_FILE, {**interruption, "measured_on_host": measured,
+                                                                   "retry": how_to_retry(command, run_dir)})
+                except OSError as exc:  # a full disk: the first record stands, and the interrupt goes on
+                    logger.warning("the rounds measured on their hosts could not be added to %s: %s",
+                                   INTERRUPTED_FILE, exc)
+            close_hosts()
+            summary = analyze(run_dir)  # also after an interruption: what was measured is reported
     failed = [r for r in results if r.status == "failed"]
     if failed:
         raise EvaluationFailed(failed_line(failed, len(results), command, run_dir))

@@ -13,6 +13,7 @@ folder and in the run folder, and `exit_code` in it):
   Unsupported / Partly ...   as the evaluation                                          exit 3 / 0
   (raises) "Interrupted"     stopped by Ctrl-C or SIGTERM while it measured: not judged; recorded as
                              interrupted; once measured: recorded with its figures all the same   128 + signal
+                             and judged (exit 5 where a figure regressed)
 trends.csv in the results folder has every figure's course after each night (flagperf.site.trends).
 """
 
@@ -50,6 +51,7 @@ from flagperf.results.history import (
 from flagperf.results.schema import write_json_atomic
 from flagperf.results.summary import SUMMARY_JSON
 from flagperf.site.trends import TREND_FILE, write_trend_file
+from flagperf.stopping import signals_noted
 from flows.evaluate import (
     BAD_INPUT,
     PARTLY_UNSUPPORTED_STATE,
@@ -67,6 +69,8 @@ VERDICTS_ARTIFACT = "flagperf-regression-verdicts"
 REGRESSED_STATE = "Regressed"  # a Failed state's name: a regression, not a night that could not measure
 INTERRUPTED_STATE = "Interrupted"  # the verdict file's state of a night the operator stopped (no flow state: it raised)
 EXIT_HELD, EXIT_NIGHT_FAILED, EXIT_REGRESSION = 0, 1, 5
+RECORDING_LEFT = ("the interrupted night may be missing from the history and its verdict file; its run folder "
+                  "stays")
 
 
 @task(name="record_history", cache_policy=NONE)
@@ -129,7 +133,7 @@ def _write_night(results_dir: str, suite: str, run_dir: Path, ending: dict[str, 
         for folder in folders:
             write_json_atomic(folder / verdict_file_name(suite), outcome)
         write_trend_file(history_engine(history, results_dir), Path(results_dir) / TREND_FILE)
-    except (OSError, FlagperfError) as exc:  # the state is the verdict; the files are a copy of it
+    except (OSError, FlagperfError, SQLAlchemyError) as exc:  # the state is the verdict; the files are a copy
         get_run_logger().warning("the night's verdict file or trends.csv could not be written: %s", exc)
 
 
@@ -146,7 +150,14 @@ def record_interruption(exc: BaseException, run_id: str, suite: str, vendor: str
     """A night the operator stopped (Ctrl-C, SIGTERM, a cancelled flow run) while it measured is neither judged
     nor a failure: it goes into the history as interrupted, with its run id and no figures, and its verdict file
     and trends.csv say so, so that the trends tell it from a night that never ran. Best effort: the interrupt
-    goes on."""
+    goes on. A further signal meanwhile is only noted (Prefect's own SIGTERM handler would raise again)."""
+    with signals_noted(RECORDING_LEFT):
+        _record_interruption(exc, run_id, suite, vendor, history, results_dir)
+
+
+def _record_interruption(exc: BaseException, run_id: str, suite: str, vendor: str | None, history: str | None,
+                         results_dir: str, lost: str | None = None) -> None:
+    """``lost``: the night had measured, and this is what became of its figures (its verdict file says so)."""
     signum, reason = _interruption(exc)
     run_dir = Path(results_dir) / run_id
     with suppress(ConfigError, OSError):
@@ -155,32 +166,54 @@ def record_interruption(exc: BaseException, run_id: str, suite: str, vendor: str
         record_interrupted_night(history_engine(history, results_dir), run_id, reason, suite=suite, vendor=vendor)
     except (FlagperfError, OSError, SQLAlchemyError) as error:
         _warning("the interrupted night could not be recorded in the history: %s", error)
-        return
+        if lost is None:
+            return
+        lost = f"{lost}; nor as an interrupted night"
     _write_night(results_dir, suite, run_dir, {
-        "state": INTERRUPTED_STATE, "exit_code": 128 + signum, "message": reason, "measured": False,
+        "state": INTERRUPTED_STATE, "exit_code": 128 + signum, "measured": lost is not None,
+        "message": reason if lost is None else f"{reason} once measured: {lost}; its run folder has them",
         "regressions": [], "verdicts": []}, history)
 
 
 def record_measured_interruption(exc: BaseException, run_dir: Path, suite: str, verdicts: list[Verdict] | None,
-                                 history: str | None, results_dir: str) -> None:
+                                 history: str | None, results_dir: str, baseline_runs: int = 5,
+                                 sigma: float = 3.0) -> None:
     """A night stopped once its evaluation had measured and collected every round (while the night was recorded,
     judged or published) keeps its measurement: its figures go into the history as a night like any other, in
     one transaction, unless record_history had stored them already. So they are a baseline for the nights after
-    it, and trends.csv shows them judged as every night is. Its verdict file says Interrupted, with the verdicts
-    where the judging was done (``verdicts``; None: it was not). No regression event is sent for it. Best
-    effort: the interrupt goes on."""
+    it, and trends.csv shows them judged as every night is. It is judged as any night (``verdicts``, else the
+    history's read-only check now, with ``baseline_runs`` and ``sigma``): its verdict file says Interrupted with
+    the verdicts, and a regression's exit code (5), so that a scheduler does not lose it; no regression event is
+    sent for it. Where its figures cannot be recorded, it is recorded as an interrupted night. Best effort: the
+    interrupt goes on. A further signal meanwhile is only noted: Prefect's own SIGTERM handler would raise again
+    and undo the record's transaction."""
+    with signals_noted(RECORDING_LEFT):
+        _record_measured_interruption(exc, run_dir, suite, verdicts, history, results_dir, baseline_runs, sigma)
+
+
+def _record_measured_interruption(exc: BaseException, run_dir: Path, suite: str, verdicts: list[Verdict] | None,
+                                  history: str | None, results_dir: str, baseline_runs: int, sigma: float) -> None:
     signum, reason = _interruption(exc)
     try:
-        count = record_run(history_engine(history, results_dir), run_dir, replace=False)
+        engine = history_engine(history, results_dir)
+        count = record_run(engine, run_dir, replace=False)
     except (FlagperfError, OSError, SQLAlchemyError) as error:
         _warning("the interrupted night's figures could not be recorded in the history: %s", error)
+        # Not lost from sight: an interrupted night in the history where it can be written, and its verdict file
+        _record_interruption(exc, run_dir.name, suite, None, history, results_dir,
+                             f"its figures could not be recorded in the history ({error})")
         return
+    if verdicts is None:  # stopped before it was judged: the history's check is read-only, judge it now
+        try:
+            verdicts = check_run(engine, run_dir.name, baseline_runs=baseline_runs, sigma=sigma)
+        except (FlagperfError, SQLAlchemyError) as error:
+            _warning("the interrupted night could not be judged: %s", error)
     judged = [] if verdicts is None else verdicts
     regressions = [v.line() for v in judged if v.status == "regression"]
     outcome = (f"judged: {len(regressions)} regression(s)" if verdicts is not None
                else "not judged (trends.csv judges them)")
     _write_night(results_dir, suite, run_dir, {
-        "state": INTERRUPTED_STATE, "exit_code": 128 + signum, "measured": True,
+        "state": INTERRUPTED_STATE, "exit_code": EXIT_REGRESSION if regressions else 128 + signum, "measured": True,
         "message": f"{reason} once measured: its {count} figures are recorded in the history, {outcome}",
         "regressions": regressions, "verdicts": [asdict(v) for v in judged]}, history)
 
@@ -284,7 +317,7 @@ def nightly_regression(
         return _judged(run_id, run_dir, suite, vendor_name, state, verdicts, history, results_dir)
     except BaseException as exc:
         if not isinstance(exc, Exception):  # stopped by the operator: the measurement is recorded all the same
-            record_measured_interruption(exc, run_dir, suite, verdicts, history, results_dir)
+            record_measured_interruption(exc, run_dir, suite, verdicts, history, results_dir, baseline_runs, sigma)
         raise
 
 

@@ -26,6 +26,7 @@ from flagperf.hosts.capacity import check_capacity_here
 from flagperf.hosts.inventory import Inventory, load_inventory, local_inventory
 from flagperf.paths import RESULTS_DIR_ENV, RESULTS_ROOT_ENV
 from flagperf.results.history import Verdict, history_engine, recorded_runs, sqlite_files
+from flagperf.stopping import STOP_NOW_AT, stop_now
 
 
 def default_results() -> Path:
@@ -157,12 +158,25 @@ NOT_JUDGED = "interrupted; the night is not judged"
 
 
 def interrupted_line(night: Night) -> str:
-    """What `flagperf nightly` says when it was interrupted: the flow's own account of a night it had measured
-    (its figures recorded in the history all the same), else that the night is not judged."""
+    """What `flagperf nightly` says when it was interrupted (``interrupted_outcome``'s line)."""
+    return interrupted_outcome(night)[0]
+
+
+def interrupted_outcome(night: Night) -> tuple[str, int | None]:
+    """What `flagperf nightly` says when it was interrupted, and the exit code of a night whose outcome stands
+    (None: exit 128 + the signal): the flow's own account of a night it had measured (its figures recorded in
+    the history all the same); a night that was judged and published before the signal (Regressed: exit 5)
+    keeps its outcome and exit code, so that cron does not lose a regression; else the night is not judged."""
     published = this_night(night)
+    state, code = published.get("state"), published.get("exit_code")
+    if isinstance(state, str) and state != "Interrupted" and isinstance(code, int) and not isinstance(code, bool):
+        return (f"interrupted as the night ended; its outcome stands: {state} (exit {code}); verdict: "
+                f"{night.verdict_file}", code)
     if published.get("measured") is True and isinstance(published.get("message"), str):
-        return f"{published['message']}; verdict: {night.verdict_file}"
-    return NOT_JUDGED
+        # judged as it was recorded: a regression's exit code (5) stands; else 128 + the signal
+        regressed = code if isinstance(code, int) and not isinstance(code, bool) and code < 128 else None
+        return f"{published['message']}; verdict: {night.verdict_file}", regressed
+    return NOT_JUDGED, None
 
 
 def run_night(night: Night, stopping: list[int], drain: Callable[[], None]) -> NightOutcome:
@@ -194,8 +208,14 @@ def run_night(night: Night, stopping: list[int], drain: Callable[[], None]) -> N
                             verdicts=[_verdict(v) for v in published.get("verdicts", [])],
                             run_dir=night.results / published["run_id"] if published else None)
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):  # clean-up is not cut short by a second signal
-            signal.signal(sig, lambda signum, _frame: stopping.append(signum))
+        def note(signum: int, _frame: object) -> None:  # clean-up is not cut short by a second signal
+            stopping.append(signum)
+            if len(stopping) >= STOP_NOW_AT:  # a third: the way out of one that hangs
+                stop_now(signum, "the night's last logs may not have reached the Prefect server (a temporary one "
+                                 "stops by itself)")
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, note)
         if "prefect" in sys.modules:
             drain()
         if server is not None:  # its log goes with the night's run folder, an interrupted night's too

@@ -147,7 +147,7 @@ def history_engine(url: str | None = None, results_dir: str | Path = "results") 
     if url.startswith("postgresql+psycopg"):
         require("psycopg", needed_by="a history on PostgreSQL")
     try:
-        engine = create_engine(url, pool_pre_ping=True)
+        engine = create_engine(url, pool_pre_ping=True, connect_args=_timeouts(url))
     except (ImportError, NoSuchModuleError) as exc:  # mysql:// needs a MySQL driver, foo:// is no dialect
         raise ConfigError("history_url", None, f"no database driver here for {make_url(url).drivername} "
                                                f"({type(exc).__name__}: {exc}); use postgresql+psycopg://user@host/db "
@@ -155,6 +155,25 @@ def history_engine(url: str | None = None, results_dir: str | Path = "results") 
     metadata.create_all(engine)
     _add_new_columns(engine)
     return engine
+
+
+PG_CONNECT_TIMEOUT_S = 15
+PG_LOCK_TIMEOUT = "60s"
+
+
+def _timeouts(url: str) -> dict[str, Any]:
+    """A PostgreSQL history that does not answer, or a table another session holds locked, ends a write with an
+    error in bounded time rather than stalling a night (or its clean-up after Ctrl-C) for ever; the URL's own
+    connect_timeout or options win. SQLite takes no such arguments (its lock wait is its own timeout)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "postgresql":
+        return {}
+    args: dict[str, Any] = {}
+    if "connect_timeout" not in parsed.query:
+        args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
+    if "options" not in parsed.query:
+        args["options"] = f"-c lock_timeout={PG_LOCK_TIMEOUT}"
+    return args
 
 
 def _add_new_columns(engine: Engine) -> None:

@@ -9,9 +9,10 @@ import json
 import logging
 import os
 import re
+import secrets
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -369,18 +370,23 @@ def round_dir(run_dir: Path, case: str, round_no: int, host: str, node_rank: int
 def atomic_path(path: Path) -> Iterator[Path]:
     """A temporary name beside ``path`` to write to; on success it is flushed to disk and renamed over
     ``path`` (readers see the old file or the whole new one), on any failure it is removed: a full disk
-    leaves neither a 0-byte file nor a stray temporary one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    leaves neither a 0-byte file nor a stray temporary one, nor a folder it made for it. Each name is known
+    before it is made, so an interrupt at any point leaves nothing of it."""
+    made = [folder for folder in (path.parent, *path.parent.parents) if not folder.exists()]  # deepest first
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
     try:
-        yield Path(tmp)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))  # O_EXCL: never another's file
+        yield tmp
         with open(tmp, "rb+") as handle:  # a delayed-allocation file system reports ENOSPC here, not at write
             os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are meant to be read by the team
+        os.chmod(tmp, 0o644)  # made 0600 until whole; results are meant to be read by the team
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
+        for folder in made:  # only while empty: another writer may have put a file there meanwhile
+            with suppress(OSError):
+                folder.rmdir()
         raise
 
 

@@ -23,20 +23,26 @@ class Lines:
         self.said: list[str] = []
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._ended = False
+        self._error: Exception | None = None  # what ended the reading other than the stream's end: raised to the test
         threading.Thread(target=self._read, args=(stream,), daemon=True).start()
 
     def _read(self, stream: IO[str]) -> None:
         try:
             for line in iter(stream.readline, ""):
                 self._queue.put(line)
+        except UnicodeDecodeError as exc:  # output that is not text: not an end to take as the child's
+            self._error = exc
         except (OSError, ValueError):  # closed meanwhile
             pass
         finally:
             self._queue.put(None)
 
     def next(self, deadline_s: float = LINE_DEADLINE_S) -> str:
-        """The next line; "" once the stream has ended. Fails the test when none comes within ``deadline_s``."""
+        """The next line; "" once the stream has ended. Fails the test when none comes within ``deadline_s``;
+        raises what stopped the reading where that was no end (output that cannot be decoded)."""
         if self._ended:
+            if self._error is not None:
+                raise self._error
             return ""
         try:
             line = self._queue.get(timeout=max(deadline_s, 0.0))
@@ -45,6 +51,8 @@ class Lines:
                                  f"{self.text()}") from None
         if line is None:
             self._ended = True
+            if self._error is not None:
+                raise self._error
             return ""
         self.said.append(line)
         return line

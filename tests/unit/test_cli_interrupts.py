@@ -10,6 +10,7 @@ import functools
 import json
 import os
 import signal
+import textwrap
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -238,4 +239,65 @@ def test_nightly_stopped_while_its_history_opens_leaves_nothing(tmp_path: Path,
     sent = signal_at(monkeypatch, nightly_cli, "history_engine", after=True)
     told(invoke("nightly", "--suite", "tiny", "--rounds", "1", "--results", str(tmp_path / "results")),
          signal.SIGINT, "interrupted before anything started")
+    assert sent and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: signal.Signals(s).name)
+def test_a_third_signal_stops_a_clean_up_that_hangs_saying_what_may_be_left(sig: int) -> None:
+    """The first signal stops the command, the second is ignored while it cleans up, and the third (a history
+    write that does not end) stops the process at once by that signal after one line: what may be left."""
+    import subprocess
+    import sys
+
+    child = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        import signal
+        from flows.cli import _interrupt_handler
+        with _interrupt_handler() as interrupt:
+            interrupt.left = "the night's record may be missing"
+            try:
+                signal.raise_signal({sig})
+            except KeyboardInterrupt:
+                signal.raise_signal({sig})
+                print("cleaning up after the second", flush=True)
+                signal.raise_signal({sig})
+                print("went on after the third", flush=True)
+        """)], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    assert child.returncode == -sig, (child.stdout, child.stderr)
+    assert child.stdout == "cleaning up after the second\n"
+    assert child.stderr == "stopping now: the night's record may be missing\n"
+
+
+def test_a_command_called_as_a_function_leaves_no_handler_behind(tmp_path: Path) -> None:
+    """`cli.nightly(...)` called outside the app (a library, a test) runs under a handler of its own, and the
+    process's signal handlers of before are back afterwards, with no stale handler left for the next call."""
+    handlers = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    with pytest.raises(typer.Exit) as refused:
+        cli.nightly(suite="no-such-suite", rounds=3, set_=None, results=tmp_path / "results", history_url=None,
+                    baseline_runs=5, sigma=3.0, vendor=None, inventory=None, verbose=False)
+    assert refused.value.exit_code == 2
+    assert {sig: signal.getsignal(sig) for sig in SIGNALS} == handlers
+    assert cli._INTERRUPTS == []
+
+
+def test_validate_stopped_between_files_says_how_far_it_got(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the first file's ok line is printed, before the second is read: not the app's 'nothing was written'."""
+    files = [PROJECT_ROOT / "deployments" / "suites" / "smoke.yaml", PROJECT_ROOT / "vendor_images" / "cpu" /
+             "vendor.yaml"]
+    sent = signal_at(monkeypatch, cli.console, "print", when=lambda line, *_a, **_k: str(line).startswith(
+        "[green]ok"), after=True)
+    told(invoke("validate", *map(str, files)), signal.SIGINT,
+         "interrupted after checking 1 of 2 files; nothing was written")
+    assert sent
+
+
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: signal.Signals(s).name)
+def test_server_stopped_once_its_logs_folder_is_made_removes_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 sig: int) -> None:
+    """Before serve installs its own handler, once it made the logs folder: 'nothing was started' is true, the
+    folder it made goes."""
+    log_dir = tmp_path / "made" / "logs"
+    sent = signal_at(monkeypatch, Path, "mkdir", sig, when=lambda path, *_a, **_k: path == log_dir, after=True)
+    told(invoke("server", "--database-url", "postgresql+asyncpg://lab@127.0.0.1:5432/prefect", "--log-dir",
+                str(log_dir)), sig, "interrupted before the server started; nothing was started")
     assert sent and list(tmp_path.iterdir()) == []

@@ -403,10 +403,10 @@ def test_a_night_interrupted_while_it_is_recorded_keeps_its_measurement(
     assert (outcome, count) == ("completed", 1)
     verdict = published(results, run)
     assert (verdict["run_id"], verdict["state"], verdict["exit_code"], verdict["measured"]) == (
-        run.name, "Interrupted", 130, True)
+        run.name, "Interrupted", 5, True)  # stopped before it was judged: judged now, its regression's exit code
     assert verdict["message"] == ("interrupted (SIGINT) once measured: its 1 figures are recorded in the history, "
-                                  "not judged (trends.csv judges them)")
-    assert (verdict["verdicts"], verdict["regressions"]) == ([], [])
+                                  "judged: 1 regression(s)")
+    assert [v["status"] for v in verdict["verdicts"]] == ["regression"] and len(verdict["regressions"]) == 1
     with (results / "trends.csv").open() as handle:
         trend = {row["run_id"]: row["verdict"] for row in csv.DictReader(handle)}
     assert trend[run.name] == "regression"
@@ -422,7 +422,7 @@ def test_a_night_interrupted_once_judged_keeps_its_record_and_publishes_its_verd
     was (one, not written again), and the verdict file has the verdicts, the regression among them, with the
     exit code of the signal; `flagperf nightly` says the flow's account in its one line."""
     from flows.nightly import record_measured_interruption
-    from flows.nightly_cli import NOT_JUDGED, Night, interrupted_line
+    from flows.nightly_cli import NOT_JUDGED, Night, interrupted_line, interrupted_outcome
 
     url, results, run = measured_night
     engine = history_engine(url)
@@ -432,11 +432,117 @@ def test_a_night_interrupted_once_judged_keeps_its_record_and_publishes_its_verd
     record_measured_interruption(KeyboardInterrupt("SIGTERM"), run, "tiny", verdicts, url, str(results))
     assert recorded(url, run.name) == before
     verdict = published(results, run)
-    assert (verdict["state"], verdict["exit_code"], verdict["measured"]) == ("Interrupted", 143, True)
+    assert (verdict["state"], verdict["exit_code"], verdict["measured"]) == ("Interrupted", 5, True)
     assert verdict["message"] == ("interrupted (SIGTERM) once measured: its 1 figures are recorded in the "
                                   "history, judged: 1 regression(s)")
     assert verdict["regressions"] == [verdicts[0].line()] and verdicts[0].status == "regression"
     night = Night(suite="tiny", vendor="auto", rounds=3, overrides=[], inventory=None, results=results,
                   history_url=url, baseline_runs=5, sigma=3.0)
-    assert interrupted_line(night) == f"{verdict['message']}; verdict: {results / 'nightly-tiny.json'}"
+    assert interrupted_outcome(night) == (f"{verdict['message']}; verdict: {results / 'nightly-tiny.json'}", 5)
     assert interrupted_line(Night(**{**night.__dict__, "earlier_run": run.name})) == NOT_JUDGED  # not this night's
+
+
+def test_a_second_sigterm_inside_the_flow_does_not_undo_the_interrupted_nights_record(
+        measured_night: tuple[str, Path, Path], restored_process_state: None) -> None:
+    """Inside a flow run Prefect's own SIGTERM handler raises TerminationSignal on every SIGTERM: a second one
+    as the interrupted night's figures go in is only noted, so the record is not rolled back and the verdict
+    file is written; the handlers of before (Prefect's) are back afterwards."""
+    import signal
+    import threading
+
+    from prefect.exceptions import TerminationSignal
+    from prefect.utilities.engine import capture_sigterm
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    from flows.nightly import record_measured_interruption
+
+    url, results, run = measured_night
+    outside: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: outside.append(signum))  # the CLI's, before the flow
+
+    def sigterm(*_args: object) -> None:
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+    def again_as_figures_go_in(_conn, _cursor, statement: str, *_args) -> None:
+        if statement.startswith("INSERT INTO figures"):
+            sigterm()
+
+    with pytest.raises(TerminationSignal), capture_sigterm():  # what the flow engine runs the flow in
+        prefects = signal.getsignal(signal.SIGTERM)
+        try:
+            sigterm()  # the first: the flow stops where it is
+        except TerminationSignal as first:
+            event.listen(Engine, "before_cursor_execute", again_as_figures_go_in)
+            try:
+                record_measured_interruption(first, run, "tiny", None, url, str(results))
+            finally:
+                event.remove(Engine, "before_cursor_execute", again_as_figures_go_in)
+            assert signal.getsignal(signal.SIGTERM) is prefects
+            raise
+    ((outcome, _at, count),) = recorded(url, run.name)
+    assert (outcome, count) == ("completed", 1)
+    verdict = published(results, run)
+    assert (verdict["state"], verdict["exit_code"], verdict["measured"]) == ("Interrupted", 5, True)
+
+
+def test_a_postgresql_history_has_a_connect_and_a_lock_timeout(history) -> None:
+    """A history server that does not answer, or a table another session holds locked, ends a write with an
+    error in bounded time (a night's clean-up after Ctrl-C waits on it); SQLite takes no such arguments."""
+    from sqlalchemy import text
+
+    with history.connect() as conn:
+        if history.dialect.name != "postgresql":
+            assert conn.execute(text("SELECT 1")).scalar() == 1
+            return
+        assert conn.execute(text("SHOW lock_timeout")).scalar() == "1min"
+        assert conn.connection.dbapi_connection.info.get_parameters()["connect_timeout"] == "15"
+
+
+def test_a_night_interrupted_once_published_keeps_its_outcome_and_exit_code(
+        measured_night: tuple[str, Path, Path]) -> None:
+    """Ctrl-C after the flow published a regression (exit 5) but before it returned: `flagperf nightly` says the
+    outcome stands and exits 5, not 'not judged' with 130, so that cron does not lose the regression."""
+    from prefect.states import Failed
+
+    from flows.nightly import REGRESSED_STATE, publish_night
+    from flows.nightly_cli import Night, interrupted_outcome
+
+    url, results, run = measured_night
+    engine = history_engine(url)
+    record_run(engine, run, recorded_at=START + timedelta(days=6))
+    verdicts = check_run(engine, run.name)
+    publish_night(str(results), "tiny", run, Failed(message="1 regression(s)", name=REGRESSED_STATE), verdicts, url)
+    night = Night(suite="tiny", vendor="auto", rounds=3, overrides=[], inventory=None, results=results,
+                  history_url=url, baseline_runs=5, sigma=3.0)
+    assert interrupted_outcome(night) == (
+        f"interrupted as the night ended; its outcome stands: Regressed (exit 5); verdict: "
+        f"{results / 'nightly-tiny.json'}", 5)
+
+
+def test_a_measured_night_whose_figures_cannot_be_recorded_is_recorded_as_interrupted(
+        measured_night: tuple[str, Path, Path]) -> None:
+    """The history refuses the interrupted night's figures (a full disk as they go in): the night is recorded as
+    interrupted all the same, and its verdict file says what became of its figures, not nothing at all."""
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    from flows.nightly import record_measured_interruption
+
+    url, results, run = measured_night
+
+    def disk_full_as_figures_go_in(_conn, _cursor, statement: str, *_args) -> None:
+        if statement.startswith("INSERT INTO figures"):
+            raise OSError(28, "No space left on device")
+
+    event.listen(Engine, "before_cursor_execute", disk_full_as_figures_go_in)
+    try:
+        record_measured_interruption(KeyboardInterrupt("SIGINT"), run, "tiny", None, url, str(results))
+    finally:
+        event.remove(Engine, "before_cursor_execute", disk_full_as_figures_go_in)
+    ((outcome, _at, count),) = recorded(url, run.name)
+    assert (outcome, count) == ("interrupted", 0)
+    verdict = published(results, run)
+    assert (verdict["state"], verdict["exit_code"], verdict["measured"]) == ("Interrupted", 130, True)
+    assert verdict["message"] == ("interrupted (SIGINT) once measured: its figures could not be recorded in the "
+                                  "history ([Errno 28] No space left on device); its run folder has them")

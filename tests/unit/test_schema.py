@@ -1,4 +1,4 @@
-"""The result schema's file formats: case.log's lines as the controller relays them."""
+"""The result schema's file formats: case.log's lines as the controller relays them; atomic writes."""
 
 from __future__ import annotations
 
@@ -32,3 +32,32 @@ def test_a_case_s_debug_line_stays_in_the_run_s_log() -> None:
     record = logging.LogRecord("flagperf.case", logging.DEBUG, __file__, 1, "shape search: %d", (81,), None)
     (line,) = schema.CaseLogFormatter().format(record).split("\n")
     assert schema.case_log_line(line) == (logging.INFO, f"{line[:23]} shape search: 81")
+
+
+@pytest.mark.parametrize("at", ["mkdir", "close"])
+def test_an_interrupt_as_an_atomic_write_begins_leaves_nothing_of_it(tmp_path, monkeypatch, at: str) -> None:
+    """Ctrl-C just after the write's folder is made, or its temporary file: neither is left behind."""
+    import os
+    import signal
+    import threading
+    from pathlib import Path
+
+    real = {"mkdir": Path.mkdir, "close": os.close}[at]
+    sent: list[int] = []
+
+    def then_ctrl_c(*args, **kwargs):
+        result = real(*args, **kwargs)
+        if not sent:
+            sent.append(signal.SIGINT)
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)  # the handler runs before this returns
+        return result
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    monkeypatch.setattr(*((Path, "mkdir") if at == "mkdir" else (os, "close")), then_ctrl_c)
+    try:
+        with pytest.raises(KeyboardInterrupt), schema.atomic_path(tmp_path / "made" / "deeper" / "x.json") as tmp:
+            tmp.write_text("never")
+    finally:
+        monkeypatch.undo()
+        signal.signal(signal.SIGINT, before)
+    assert sent and list(tmp_path.iterdir()) == []

@@ -1,0 +1,48 @@
+"""Signals while a command cleans up after an interrupt: a second is noted, not raised, so that the clean-up (a
+history write, a verdict file, a report) is not cut short; a third is the way out of a clean-up that hangs (a
+database that does not answer): one line saying what may be left, then the signal's default action."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_NOW_AT = 3  # the signal (counting the one that began the clean-up) that stops without more clean-up
+
+
+def stop_now(signum: int, left: str) -> None:
+    """End the process by ``signum`` as if no handler were installed, after one line: what may be left."""
+    sys.stderr.write(f"stopping now: {left}\n")
+    sys.stderr.flush()
+    signal.signal(signum, signal.SIG_DFL)
+    signal.raise_signal(signum)
+
+
+@contextmanager
+def signals_noted(left: str, seen: int = 1) -> Iterator[list[int]]:
+    """SIGINT and SIGTERM are only noted inside the block (the list yielded), whatever handler was there: inside
+    a flow run Prefect's raises TerminationSignal on every SIGTERM. ``seen``: the signals already taken before
+    the block; the third in all stops now (``stop_now`` with ``left``). The handlers of before are put back.
+    Signal handlers exist in the main thread only: elsewhere the block runs as it is."""
+    noted: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield noted
+        return
+
+    def note(signum: int, _frame: Any) -> None:
+        noted.append(signum)
+        if seen + len(noted) >= STOP_NOW_AT:
+            stop_now(signum, left)
+
+    before = {sig: signal.signal(sig, note) for sig in SIGNALS}
+    try:
+        yield noted
+    finally:
+        for sig, handler in before.items():
+            if handler is not None:  # None: installed outside Python, cannot be put back from here
+                signal.signal(sig, handler)
