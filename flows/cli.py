@@ -100,6 +100,15 @@ console = Console(width=None if Console().is_terminal else 160)
 err_console = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 160)
 
 
+def _stood(message: str, code: int) -> typer.Exit:
+    """An interrupted command's line on stderr: an error where it exits non-zero, a plain note where the outcome
+    that stands is a success (a night that held, exit 0)."""
+    if code:
+        return _fail(message, code)
+    err_console.print(escape(message), highlight=False, soft_wrap=True)
+    return typer.Exit(0)
+
+
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
     err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
@@ -768,7 +777,7 @@ def nightly(
         # Stopped while it measured: not judged. Once measured: recorded all the same, as the flow says. Once
         # judged and published (a regression: exit 5): that outcome and its exit code stand.
         line, judged_code = interrupted_outcome(night)
-        raise _fail(line, interrupt.exit_code(exc) if judged_code is None else judged_code) from None
+        raise _stood(line, interrupt.exit_code(exc) if judged_code is None else judged_code) from None
     if outcome.code == EXIT_BAD_INPUT:  # found by the flow (a size an SSH host cannot hold): no night
         discard_made()
         raise _fail(outcome.message)
@@ -782,7 +791,7 @@ def nightly(
                       highlight=False, soft_wrap=True)
     if interrupt.signals:  # once the flow had ended (its temporary server stopping): the night and its outcome stand
         # with its exit code, so that cron does not lose a regression to the signal's 128 + N
-        raise _fail(f"interrupted as the night ended; its outcome above (exit {outcome.code}) stands", outcome.code)
+        raise _stood(f"interrupted as the night ended; its outcome above (exit {outcome.code}) stands", outcome.code)
     raise typer.Exit(outcome.code)
 
 

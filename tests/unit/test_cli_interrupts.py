@@ -301,3 +301,16 @@ def test_server_stopped_once_its_logs_folder_is_made_removes_it(tmp_path: Path, 
     told(invoke("server", "--database-url", "postgresql+asyncpg://lab@127.0.0.1:5432/prefect", "--log-dir",
                 str(log_dir)), sig, "interrupted before the server started; nothing was started")
     assert sent and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("code", [0, 5, 130])
+def test_an_outcome_that_stands_after_an_interrupt_is_an_error_only_where_it_exits_non_zero(
+        code: int, capsys: pytest.CaptureFixture[str]) -> None:
+    """A night that held (exit 0) and was interrupted as it ended says so plainly; a regression (5) or a night
+    stopped (128 + N) is an error line."""
+    with pytest.raises(typer.Exit) as ended:
+        raise cli._stood(f"interrupted as the night ended; its outcome above (exit {code}) stands", code)
+    assert ended.value.exit_code == code
+    said = capsys.readouterr().err
+    assert said.count("\n") == 1 and f"(exit {code}) stands" in said, said
+    assert said.startswith("error: ") == (code != 0), said
