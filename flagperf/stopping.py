@@ -4,8 +4,8 @@ database that does not answer): one line saying what may be left, then the signa
 
 from __future__ import annotations
 
+import os
 import signal
-import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,12 +15,33 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 STOP_NOW_AT = 3  # the signal (counting the one that began the clean-up) that stops without more clean-up
 
 
+_taken: list[int] = []  # the signals taken since the command began, by its handler and by every clean-up block
+
+
+def reset() -> None:
+    """A command begins: no signal taken yet."""
+    _taken.clear()
+
+
+def take(signum: int) -> int:
+    """Count a signal the command took (whichever handler took it); how many it has taken in all."""
+    _taken.append(signum)
+    return len(_taken)
+
+
 def stop_now(signum: int, left: str) -> None:
-    """End the process by ``signum`` as if no handler were installed, after one line: what may be left."""
-    sys.stderr.write(f"stopping now: {left}\n")
-    sys.stderr.flush()
+    """End the process by ``signum`` as if no handler were installed, after one line: what may be left. Written
+    with os.write: the signal may land while the process is itself writing to stderr (a buffered write would
+    raise a reentrant-call error into the clean-up instead of stopping)."""
+    os.write(2, f"stopping now: {left}\n".encode(errors="replace"))
     signal.signal(signum, signal.SIG_DFL)
     signal.raise_signal(signum)
+
+
+def put_back(before: dict[int, Any]) -> None:
+    """The handlers of before, each again; one installed outside Python (None) is the default action again."""
+    for sig, handler in before.items():
+        signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
 @contextmanager
@@ -36,13 +57,13 @@ def signals_noted(left: str, seen: int = 1) -> Iterator[list[int]]:
 
     def note(signum: int, _frame: Any) -> None:
         noted.append(signum)
-        if seen + len(noted) >= STOP_NOW_AT:
+        # the command's count, across its handler and every block; ``seen`` where the first was not its own
+        # (Prefect's handler took it inside a flow run)
+        if max(take(signum), seen + len(noted)) >= STOP_NOW_AT:
             stop_now(signum, left)
 
     before = {sig: signal.signal(sig, note) for sig in SIGNALS}
     try:
         yield noted
     finally:
-        for sig, handler in before.items():
-            if handler is not None:  # None: installed outside Python, cannot be put back from here
-                signal.signal(sig, handler)
+        put_back(before)

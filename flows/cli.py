@@ -51,7 +51,8 @@ from flagperf.results.summary import (
     headline_figures,
     read_summary_json,
 )
-from flagperf.stopping import STOP_NOW_AT, stop_now
+from flagperf.stopping import STOP_NOW_AT, put_back, stop_now, take
+from flagperf.stopping import reset as reset_signals_taken
 
 EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNSUPPORTED_ONLY = 1, 2, 3
 
@@ -147,9 +148,10 @@ class Interrupt:
 
     def _handle(self, signum: int, _frame: object) -> None:
         self.signals.append(signum)
+        taken = take(signum)  # counted with those the clean-up blocks noted (flagperf.stopping)
         if len(self.signals) == 1 and self.armed:
             raise KeyboardInterrupt(signal.Signals(signum).name)
-        if len(self.signals) >= STOP_NOW_AT:  # the way out of a clean-up that hangs (a database not answering)
+        if taken >= STOP_NOW_AT:  # the way out of a clean-up that hangs (a database not answering)
             stop_now(signum, self.left)
 
     def arm(self) -> None:
@@ -182,14 +184,14 @@ def _interrupt_handler() -> Iterator[Interrupt]:
     main_thread = threading.current_thread() is threading.main_thread()
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if main_thread else {}
     if main_thread:
+        reset_signals_taken()
         interrupt.install()
     _INTERRUPTS.append(interrupt)
     try:
         yield interrupt
     finally:
         _INTERRUPTS.remove(interrupt)
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
+        put_back(before)
 
 
 def _interrupt() -> Interrupt:

@@ -26,7 +26,7 @@ from flagperf.hosts.capacity import check_capacity_here
 from flagperf.hosts.inventory import Inventory, load_inventory, local_inventory
 from flagperf.paths import RESULTS_DIR_ENV, RESULTS_ROOT_ENV
 from flagperf.results.history import Verdict, history_engine, recorded_runs, sqlite_files
-from flagperf.stopping import STOP_NOW_AT, stop_now
+from flagperf.stopping import STOP_NOW_AT, stop_now, take
 
 
 def default_results() -> Path:
@@ -210,7 +210,8 @@ def run_night(night: Night, stopping: list[int], drain: Callable[[], None]) -> N
     finally:
         def note(signum: int, _frame: object) -> None:  # clean-up is not cut short by a second signal
             stopping.append(signum)
-            if len(stopping) >= STOP_NOW_AT:  # a third: the way out of one that hangs
+            # a third in all (the command's and its clean-up blocks'): the way out of one that hangs
+            if max(take(signum), len(stopping)) >= STOP_NOW_AT:
                 stop_now(signum, "the night's last logs may not have reached the Prefect server (a temporary one "
                                  "stops by itself)")
 

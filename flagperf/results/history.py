@@ -60,6 +60,7 @@ from sqlalchemy import (
     Text,
     create_engine,
     delete,
+    event,
     false,
     func,
     insert,
@@ -147,11 +148,13 @@ def history_engine(url: str | None = None, results_dir: str | Path = "results") 
     if url.startswith("postgresql+psycopg"):
         require("psycopg", needed_by="a history on PostgreSQL")
     try:
-        engine = create_engine(url, pool_pre_ping=True, connect_args=_timeouts(url))
+        engine = create_engine(url, pool_pre_ping=True, connect_args=_connect_timeout(url))
     except (ImportError, NoSuchModuleError) as exc:  # mysql:// needs a MySQL driver, foo:// is no dialect
         raise ConfigError("history_url", None, f"no database driver here for {make_url(url).drivername} "
                                                f"({type(exc).__name__}: {exc}); use postgresql+psycopg://user@host/db "
                                                "or sqlite:///path") from None
+    if engine.dialect.name == "postgresql":
+        event.listen(engine, "connect", _bounded_lock_wait)
     metadata.create_all(engine)
     _add_new_columns(engine)
     return engine
@@ -161,19 +164,33 @@ PG_CONNECT_TIMEOUT_S = 15
 PG_LOCK_TIMEOUT = "60s"
 
 
-def _timeouts(url: str) -> dict[str, Any]:
-    """A PostgreSQL history that does not answer, or a table another session holds locked, ends a write with an
-    error in bounded time rather than stalling a night (or its clean-up after Ctrl-C) for ever; the URL's own
-    connect_timeout or options win. SQLite takes no such arguments (its lock wait is its own timeout)."""
+def _connect_timeout(url: str) -> dict[str, Any]:
+    """A PostgreSQL history that does not answer ends a write with an error in bounded time rather than stalling a
+    night (or its clean-up after Ctrl-C) for ever. Only where nothing else sets it: the URL, a libpq service
+    (whose file may set it) or PGCONNECT_TIMEOUT win; only for libpq's drivers (psycopg, psycopg2), whose
+    parameter it is. SQLite takes no such argument (its lock wait is its own timeout)."""
     parsed = make_url(url)
-    if parsed.get_backend_name() != "postgresql":
+    if parsed.get_backend_name() != "postgresql" or parsed.get_driver_name() not in ("psycopg", "psycopg2"):
         return {}
-    args: dict[str, Any] = {}
-    if "connect_timeout" not in parsed.query:
-        args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
-    if "options" not in parsed.query:
-        args["options"] = f"-c lock_timeout={PG_LOCK_TIMEOUT}"
-    return args
+    if {"connect_timeout", "service"} & set(parsed.query) or os.environ.get("PGCONNECT_TIMEOUT") \
+            or os.environ.get("PGSERVICE"):
+        return {}
+    return {"connect_timeout": PG_CONNECT_TIMEOUT_S}
+
+
+def _bounded_lock_wait(dbapi_connection: Any, _record: Any) -> None:
+    """A table another session holds locked ends a write with an error in PG_LOCK_TIMEOUT, where the session has no
+    lock timeout of its own (0: wait for ever): one set by the URL's options, a service, PGOPTIONS, the role or
+    the database is kept. A SET, not a connection option, so that libpq services and poolers see nothing new."""
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("SHOW lock_timeout")
+        row = cursor.fetchone()
+        if row is not None and str(row[0]) == "0":
+            cursor.execute(f"SET lock_timeout = '{PG_LOCK_TIMEOUT}'")
+        dbapi_connection.commit()  # the SET outlives the connect's implicit transaction
+    finally:
+        cursor.close()
 
 
 def _add_new_columns(engine: Engine) -> None:

@@ -268,6 +268,35 @@ def test_a_third_signal_stops_a_clean_up_that_hangs_saying_what_may_be_left(sig:
     assert child.stderr == "stopping now: the night's record may be missing\n"
 
 
+@pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: signal.Signals(s).name)
+def test_the_third_signal_stops_also_when_the_second_landed_in_an_earlier_clean_up_step(sig: int) -> None:
+    """The count is the command's, not each clean-up step's: the first stops the command, the second is noted while
+    the run's report is written, and the third, while the night is recorded (a history that does not answer), stops
+    the process at once; each step used to count afresh, so a fourth or fifth was needed."""
+    import subprocess
+    import sys
+
+    child = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        import signal
+        from flows.cli import _interrupt_handler
+        from flagperf.stopping import signals_noted
+        with _interrupt_handler():
+            try:
+                signal.raise_signal({sig})
+            except KeyboardInterrupt:
+                with signals_noted("the report may be missing"):
+                    signal.raise_signal({sig})
+                    print("the report written", flush=True)
+                with signals_noted("the night's record may be missing"):
+                    signal.raise_signal({sig})
+                    print("went on after the third", flush=True)
+        """)], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    assert child.returncode == -sig, (child.stdout, child.stderr)
+    assert child.stdout == "the report written\n"
+    assert child.stderr == "stopping now: the night's record may be missing\n"
+
+
 def test_a_command_called_as_a_function_leaves_no_handler_behind(tmp_path: Path) -> None:
     """`cli.nightly(...)` called outside the app (a library, a test) runs under a handler of its own, and the
     process's signal handlers of before are back afterwards, with no stale handler left for the next call."""
@@ -314,3 +343,17 @@ def test_an_outcome_that_stands_after_an_interrupt_is_an_error_only_where_it_exi
     said = capsys.readouterr().err
     assert said.count("\n") == 1 and f"(exit {code}) stands" in said, said
     assert said.startswith("error: ") == (code != 0), said
+
+
+def test_a_handler_installed_outside_python_is_put_back_as_the_default_action() -> None:
+    """signal.getsignal gives None for a handler installed outside Python; putting that back used to raise
+    TypeError (in a finally, hiding the command's exit) or leave the clean-up's handler installed for good."""
+    from flagperf.stopping import put_back
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        signal.signal(signal.SIGTERM, lambda *_: None)
+        put_back({signal.SIGTERM: None})
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -497,6 +497,31 @@ def test_a_postgresql_history_has_a_connect_and_a_lock_timeout(history) -> None:
             return
         assert conn.execute(text("SHOW lock_timeout")).scalar() == "1min"
         assert conn.connection.dbapi_connection.info.get_parameters()["connect_timeout"] == "15"
+    # What the deployment sets itself wins: the URL's options and connect_timeout (a libpq service file's and
+    # PGOPTIONS' the same way: nothing is passed over them)
+    own = history_engine(f"{_postgres_url()}?connect_timeout=7&options=-c%20lock_timeout%3D5s")
+    try:
+        with own.connect() as conn:
+            assert conn.execute(text("SHOW lock_timeout")).scalar() == "5s"
+            assert conn.connection.dbapi_connection.info.get_parameters()["connect_timeout"] == "7"
+    finally:
+        own.dispose()
+
+
+def test_the_history_s_connect_timeout_is_passed_only_where_nothing_else_sets_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A libpq service (its file may set connect_timeout) or PGCONNECT_TIMEOUT win, and a driver other than libpq's
+    (pg8000) takes no such argument: nothing is passed there."""
+    from flagperf.results.history import PG_CONNECT_TIMEOUT_S, _connect_timeout
+
+    monkeypatch.delenv("PGCONNECT_TIMEOUT", raising=False)
+    monkeypatch.delenv("PGSERVICE", raising=False)
+    assert _connect_timeout("postgresql+psycopg://u@h/db") == {"connect_timeout": PG_CONNECT_TIMEOUT_S}
+    assert _connect_timeout("postgresql+psycopg:///?service=perf") == {}
+    assert _connect_timeout("postgresql+pg8000://u@h/db") == {}
+    assert _connect_timeout("sqlite:///h.sqlite") == {}
+    monkeypatch.setenv("PGCONNECT_TIMEOUT", "3")
+    assert _connect_timeout("postgresql+psycopg://u@h/db") == {}
 
 
 def test_a_night_interrupted_once_published_keeps_its_outcome_and_exit_code(
