@@ -372,10 +372,15 @@ def atomic_path(path: Path) -> Iterator[Path]:
     ``path`` (readers see the old file or the whole new one), on any failure it is removed: a full disk
     leaves neither a 0-byte file nor a stray temporary one, nor a folder it made for it. Each name is known
     before it is made, so an interrupt at any point leaves nothing of it."""
-    made = [folder for folder in (path.parent, *path.parent.parents) if not folder.exists()]  # deepest first
+    made: list[Path] = []  # the folders this write made itself, deepest first: only those go with a failed one
     tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        for folder in reversed([f for f in (path.parent, *path.parent.parents) if not f.exists()]):
+            made.insert(0, folder)  # before it is made: an interrupt just after leaves nothing of it either
+            try:
+                folder.mkdir()
+            except FileExistsError:  # another writer made it meanwhile: theirs, never removed here
+                made.remove(folder)
         os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))  # O_EXCL: never another's file
         yield tmp
         with open(tmp, "rb+") as handle:  # a delayed-allocation file system reports ENOSPC here, not at write

@@ -61,3 +61,21 @@ def test_an_interrupt_as_an_atomic_write_begins_leaves_nothing_of_it(tmp_path, m
         monkeypatch.undo()
         signal.signal(signal.SIGINT, before)
     assert sent and list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_atomic_write_leaves_a_folder_another_writer_made_meanwhile(tmp_path, monkeypatch) -> None:
+    """The round folder is missing when the write looks, and another writer (a thread collecting the next file)
+    makes it before this one does: when this write fails, that folder is theirs and stays."""
+    from pathlib import Path
+
+    real_mkdir = Path.mkdir
+
+    def made_by_another_first(self, *args, **kwargs):
+        real_mkdir(self)  # the other writer's
+        raise FileExistsError(17, "File exists", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", made_by_another_first)
+    with pytest.raises(OSError, match="No space left"), schema.atomic_path(tmp_path / "round1" / "x.json") as tmp:
+        raise OSError(28, "No space left on device", str(tmp))
+    monkeypatch.undo()
+    assert (tmp_path / "round1").is_dir() and list((tmp_path / "round1").iterdir()) == []
