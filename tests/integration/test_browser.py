@@ -22,9 +22,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -172,164 +174,175 @@ def finished(server: Server, flow_run_id: str) -> dict | None:
     return run if run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") else None
 
 
+@contextmanager
+def browser_page(shots: Path, **context_options: Any) -> Iterator[tuple[Any, Any]]:
+    """Chromium with one page (and its context) for a test; a screenshot of the page where the test failed, in
+    ``shots``, and the browser closed either way."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context(viewport={"width": 1400, "height": 1400}, **context_options)
+            page = context.new_page()
+            page.set_default_timeout(120_000)
+            try:
+                yield context, page
+            except BaseException:
+                page.screenshot(path=shots / "failure.png", full_page=True)
+                raise
+        finally:
+            browser.close()
+
+
 def test_sign_in_evaluate_from_the_form_fail_retry_report_site_trend_and_schedule(team_server: Server) -> None:
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     shutil.rmtree(SHOTS, ignore_errors=True)
     SHOTS.mkdir(parents=True)
     evaluate_id = deployment_id(team_server, "evaluate", "evaluate")
     nightly_id = deployment_id(team_server, "nightly-regression", "nightly")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        # The results site asks with a Basic challenge, which the browser answers with these; the Prefect UI has
-        # its own login page.
-        context = browser.new_context(viewport={"width": 1400, "height": 1400}, http_credentials={
-            "username": team_server.user, "password": team_server.password, "origin": team_server.site})
-        page = context.new_page()
-        page.set_default_timeout(120_000)
-        try:
-            # Signing in: the UI shows its login page first, and the form once the credentials are right.
-            page.goto(f"{team_server.ui}/deployments/deployment/{evaluate_id}/run", wait_until="networkidle")
-            login = page.get_by_placeholder("admin:pass")
-            expect(login).to_be_visible()
-            page.screenshot(path=SHOTS / "0-login.png", full_page=True)
-            login.fill(f"{team_server.user}:{team_server.password}")
-            page.get_by_role("button", name="Login").click()
-            expect(page.get_by_text("The suite to run")).to_be_visible()
-            # The form: described parameters, choices from the folders, no internal parameters.
-            page.goto(f"{team_server.ui}/deployments/deployment/{evaluate_id}/run", wait_until="networkidle")
-            expect(page.get_by_text("The suite to run")).to_be_visible()
-            expect(page.get_by_text("Seconds between monitor samples")).to_be_visible()
-            assert page.get_by_text("run_id", exact=True).count() == 0
-            assert page.get_by_text('Property is type "None"').count() == 0
-            page.get_by_role("button", name="smoke").focus()
-            page.keyboard.press("ArrowDown")  # opens the suite's list of choices
-            page.get_by_role("option", name="tiny").click()
-            results_field = page.locator(".schema-form-property").filter(has_text="results_dir").locator("textarea")
-            results_field.fill(str(team_server.results))
-            page.screenshot(path=SHOTS / "1-form.png", full_page=True)
+    # The results site asks with a Basic challenge, which the browser answers with these; the Prefect UI has
+    # its own login page.
+    credentials = {"username": team_server.user, "password": team_server.password, "origin": team_server.site}
+    with browser_page(SHOTS, http_credentials=credentials) as (context, page):
+        # Signing in: the UI shows its login page first, and the form once the credentials are right.
+        page.goto(f"{team_server.ui}/deployments/deployment/{evaluate_id}/run", wait_until="networkidle")
+        login = page.get_by_placeholder("admin:pass")
+        expect(login).to_be_visible()
+        page.screenshot(path=SHOTS / "0-login.png", full_page=True)
+        login.fill(f"{team_server.user}:{team_server.password}")
+        page.get_by_role("button", name="Login").click()
+        expect(page.get_by_text("The suite to run")).to_be_visible()
+        # The form: described parameters, choices from the folders, no internal parameters.
+        page.goto(f"{team_server.ui}/deployments/deployment/{evaluate_id}/run", wait_until="networkidle")
+        expect(page.get_by_text("The suite to run")).to_be_visible()
+        expect(page.get_by_text("Seconds between monitor samples")).to_be_visible()
+        assert page.get_by_text("run_id", exact=True).count() == 0
+        assert page.get_by_text('Property is type "None"').count() == 0
+        page.get_by_role("button", name="smoke").focus()
+        page.keyboard.press("ArrowDown")  # opens the suite's list of choices
+        page.get_by_role("option", name="tiny").click()
+        results_field = page.locator(".schema-form-property").filter(has_text="results_dir").locator("textarea")
+        results_field.fill(str(team_server.results))
+        page.screenshot(path=SHOTS / "1-form.png", full_page=True)
 
-            def runs_of_evaluate() -> list[dict]:
-                return httpx.post(f"{team_server.api}/flow_runs/filter", headers=team_server.auth,
-                                  json={"deployments": {"id": {"any_": [evaluate_id]}}}, timeout=10).json()
+        def runs_of_evaluate() -> list[dict]:
+            return httpx.post(f"{team_server.api}/flow_runs/filter", headers=team_server.auth,
+                              json={"deployments": {"id": {"any_": [evaluate_id]}}}, timeout=10).json()
 
-            earlier = {r["id"] for r in runs_of_evaluate()}  # none on a fresh database
-            page.get_by_role("button", name="Submit").click()
-            runs = wait_until("the flow run made by the form",
-                              lambda: [r for r in runs_of_evaluate() if r["id"] not in earlier], 60)
-            (run,) = runs
-            assert run["parameters"]["suite"] == "tiny"
-            page.goto(f"{team_server.ui}/runs/flow-run/{run['id']}", wait_until="networkidle")
-            done = wait_until("the evaluation to finish", lambda: finished(team_server, run["id"]), 900, every_s=5)
-            page.reload(wait_until="networkidle")
-            page.screenshot(path=SHOTS / "2-flow-run.png", full_page=True)
-            assert done["state"]["type"] == "COMPLETED", done["state"]
+        earlier = {r["id"] for r in runs_of_evaluate()}  # none on a fresh database
+        page.get_by_role("button", name="Submit").click()
+        runs = wait_until("the flow run made by the form",
+                          lambda: [r for r in runs_of_evaluate() if r["id"] not in earlier], 60)
+        (run,) = runs
+        assert run["parameters"]["suite"] == "tiny"
+        page.goto(f"{team_server.ui}/runs/flow-run/{run['id']}", wait_until="networkidle")
+        done = wait_until("the evaluation to finish", lambda: finished(team_server, run["id"]), 900, every_s=5)
+        page.reload(wait_until="networkidle")
+        page.screenshot(path=SHOTS / "2-flow-run.png", full_page=True)
+        assert done["state"]["type"] == "COMPLETED", done["state"]
 
-            # A run_case task's logs: the case's own output, no transport chatter.
-            tasks = httpx.post(f"{team_server.api}/task_runs/filter", json={"sort": "EXPECTED_START_TIME_DESC"},
-                               headers=team_server.auth, timeout=10).json()  # the newest first: this run's
-            case_task = next(t for t in tasks if t["name"] == "run_case[computation-FP32/round1@localhost]")
-            page.goto(f"{team_server.ui}/runs/task-run/{case_task['id']}", wait_until="networkidle")
-            expect(page.get_by_text("gemm_fp32:").first).to_be_visible()
-            assert page.get_by_text("HTTP Request").count() == 0
-            page.screenshot(path=SHOTS / "3-run-case-logs.png", full_page=True)
+        # A run_case task's logs: the case's own output, no transport chatter.
+        tasks = httpx.post(f"{team_server.api}/task_runs/filter", json={"sort": "EXPECTED_START_TIME_DESC"},
+                           headers=team_server.auth, timeout=10).json()  # the newest first: this run's
+        case_task = next(t for t in tasks if t["name"] == "run_case[computation-FP32/round1@localhost]")
+        page.goto(f"{team_server.ui}/runs/task-run/{case_task['id']}", wait_until="networkidle")
+        expect(page.get_by_text("gemm_fp32:").first).to_be_visible()
+        assert page.get_by_text("HTTP Request").count() == 0
+        page.screenshot(path=SHOTS / "3-run-case-logs.png", full_page=True)
 
-            # The report, opened from the run's link artifact, served by the server's results service.
-            page.goto(f"{team_server.ui}/runs/flow-run/{run['id']}?tab=Artifacts", wait_until="networkidle")
-            page.screenshot(path=SHOTS / "4-artifacts.png", full_page=True)
-            artifacts = httpx.post(f"{team_server.api}/artifacts/filter", json={
-                "artifacts": {"flow_run_id": {"any_": [run["id"]]}, "key": {"any_": ["flagperf-report-html"]}}},
-                headers=team_server.auth, timeout=10).json()
-            # its card on the key's page (every run's) names the run it belongs to
-            named, _, said = artifacts[0]["description"].partition(": ")
-            assert named.endswith(run["id"].replace("-", "")[-12:]) and said.startswith("the HTML report"), artifacts[0]
-            page.goto(f"{team_server.ui}/artifacts/artifact/{artifacts[0]['id']}", wait_until="networkidle")
-            with context.expect_page() as opened:
-                page.get_by_role("link", name="report (HTML, plots)").click()
-            report = opened.value
-            report.wait_for_load_state("networkidle")
-            expect(report.get_by_role("heading", name="FlagPerf evaluation")).to_be_visible()
-            expect(report.get_by_role("heading", name="Plots")).to_be_visible()
-            plots = report.locator("img")
-            assert plots.count() >= 2
-            # Every plot really loaded (naturalWidth is 0 for an image the browser could not fetch).
-            assert all(plots.nth(i).evaluate("img => img.naturalWidth") > 0 for i in range(plots.count()))
-            report.screenshot(path=SHOTS / "5-report.png", full_page=True)
-            assert report.url.startswith(f"{team_server.site}/runs/")  # the results site, signed in
+        # The report, opened from the run's link artifact, served by the server's results service.
+        page.goto(f"{team_server.ui}/runs/flow-run/{run['id']}?tab=Artifacts", wait_until="networkidle")
+        page.screenshot(path=SHOTS / "4-artifacts.png", full_page=True)
+        artifacts = httpx.post(f"{team_server.api}/artifacts/filter", json={
+            "artifacts": {"flow_run_id": {"any_": [run["id"]]}, "key": {"any_": ["flagperf-report-html"]}}},
+            headers=team_server.auth, timeout=10).json()
+        # its card on the key's page (every run's) names the run it belongs to
+        named, _, said = artifacts[0]["description"].partition(": ")
+        assert named.endswith(run["id"].replace("-", "")[-12:]) and said.startswith("the HTML report"), artifacts[0]
+        page.goto(f"{team_server.ui}/artifacts/artifact/{artifacts[0]['id']}", wait_until="networkidle")
+        with context.expect_page() as opened:
+            page.get_by_role("link", name="report (HTML, plots)").click()
+        report = opened.value
+        report.wait_for_load_state("networkidle")
+        expect(report.get_by_role("heading", name="FlagPerf evaluation")).to_be_visible()
+        expect(report.get_by_role("heading", name="Plots")).to_be_visible()
+        plots = report.locator("img")
+        assert plots.count() >= 2
+        # Every plot really loaded (naturalWidth is 0 for an image the browser could not fetch).
+        assert all(plots.nth(i).evaluate("img => img.naturalWidth") > 0 for i in range(plots.count()))
+        report.screenshot(path=SHOTS / "5-report.png", full_page=True)
+        assert report.url.startswith(f"{team_server.site}/runs/")  # the results site, signed in
 
-            # A run that fails (its input is missing), seen failed in the UI, fixed, then retried from the UI.
-            marker = team_server.results.parent / "input-fixed"
-            parameters = {"cases": ["fails-until-fixed"], "results_dir": str(team_server.results),
-                          "overrides": [f"fails-until-fixed.marker={marker}"]}
-            failing = httpx.post(f"{team_server.api}/deployments/{evaluate_id}/create_flow_run",
-                                 headers=team_server.auth, json={"parameters": parameters}, timeout=10).json()
-            first = wait_until("the failing evaluation to finish", lambda: finished(team_server, failing["id"]), 900,
-                               every_s=5)
-            assert first["state"]["type"] == "FAILED", first["state"]
-            page.goto(f"{team_server.ui}/runs/flow-run/{failing['id']}", wait_until="networkidle")
-            expect(page.get_by_text("Failed").first).to_be_visible()
-            page.screenshot(path=SHOTS / "6-failed.png", full_page=True)
-            marker.write_text("fixed\n", encoding="utf-8")
-            page.get_by_role("button", name="Retry").click()
-            expect(page.get_by_text(f"This will retry flow run {first['name']}")).to_be_visible()
-            page.get_by_role("button", name="Retry").last.click()  # the confirmation's, shown above the page
-            retried = wait_until("the retry to finish", lambda: (r := finished(team_server, failing["id"])) and r[
-                "run_count"] > first["run_count"] and r, 900, every_s=5)
-            page.reload(wait_until="networkidle")
-            page.screenshot(path=SHOTS / "7-retried.png", full_page=True)
-            assert retried["state"]["type"] == "COMPLETED", retried["state"]
+        # A run that fails (its input is missing), seen failed in the UI, fixed, then retried from the UI.
+        marker = team_server.results.parent / "input-fixed"
+        parameters = {"cases": ["fails-until-fixed"], "results_dir": str(team_server.results),
+                      "overrides": [f"fails-until-fixed.marker={marker}"]}
+        failing = httpx.post(f"{team_server.api}/deployments/{evaluate_id}/create_flow_run",
+                             headers=team_server.auth, json={"parameters": parameters}, timeout=10).json()
+        first = wait_until("the failing evaluation to finish", lambda: finished(team_server, failing["id"]), 900,
+                           every_s=5)
+        assert first["state"]["type"] == "FAILED", first["state"]
+        page.goto(f"{team_server.ui}/runs/flow-run/{failing['id']}", wait_until="networkidle")
+        expect(page.get_by_text("Failed").first).to_be_visible()
+        page.screenshot(path=SHOTS / "6-failed.png", full_page=True)
+        marker.write_text("fixed\n", encoding="utf-8")
+        page.get_by_role("button", name="Retry").click()
+        expect(page.get_by_text(f"This will retry flow run {first['name']}")).to_be_visible()
+        page.get_by_role("button", name="Retry").last.click()  # the confirmation's, shown above the page
+        retried = wait_until("the retry to finish", lambda: (r := finished(team_server, failing["id"])) and r[
+            "run_count"] > first["run_count"] and r, 900, every_s=5)
+        page.reload(wait_until="networkidle")
+        page.screenshot(path=SHOTS / "7-retried.png", full_page=True)
+        assert retried["state"]["type"] == "COMPLETED", retried["state"]
 
-            # The results site: both runs, newest first, with their outcomes and figures. (Only these two: the
-            # module's other test leaves its run there too.) A run's folder ends with its flow run id's tail.
-            site = context.new_page()
-            site.goto(f"{team_server.site}/", wait_until="networkidle")
-            runs_table = site.locator("#runs")
-            folders = [flow_run_id.replace("-", "")[-12:] for flow_run_id in (failing["id"], run["id"])]
-            rows = runs_table.locator("tr").filter(has_text=re.compile("|".join(folders)))
-            assert rows.count() == 2, runs_table.locator("tr").all_inner_texts()
-            expect(rows.nth(0)).to_contain_text(folders[0])
-            expect(rows.nth(0)).to_contain_text("succeeded")
-            expect(rows.nth(1)).to_contain_text(folders[1])
-            expect(rows.nth(1)).to_contain_text("computation-FP32 gemm_fp32")
-            site.screenshot(path=SHOTS / "8-site-runs.png", full_page=True)
+        # The results site: both runs, newest first, with their outcomes and figures. (Only these two: the
+        # module's other test leaves its run there too.) A run's folder ends with its flow run id's tail.
+        site = context.new_page()
+        site.goto(f"{team_server.site}/", wait_until="networkidle")
+        runs_table = site.locator("#runs")
+        folders = [flow_run_id.replace("-", "")[-12:] for flow_run_id in (failing["id"], run["id"])]
+        rows = runs_table.locator("tr").filter(has_text=re.compile("|".join(folders)))
+        assert rows.count() == 2, runs_table.locator("tr").all_inner_texts()
+        expect(rows.nth(0)).to_contain_text(folders[0])
+        expect(rows.nth(0)).to_contain_text("succeeded")
+        expect(rows.nth(1)).to_contain_text(folders[1])
+        expect(rows.nth(1)).to_contain_text("computation-FP32 gemm_fp32")
+        site.screenshot(path=SHOTS / "8-site-runs.png", full_page=True)
 
-            # A figure's trend: nights recorded in the history (as the nightly records them), one with a drop.
-            from flagperf.results.history import history_engine, record_run
+        # A figure's trend: nights recorded in the history (as the nightly records them), one with a drop.
+        from flagperf.results.history import history_engine, record_run
 
-            history = history_engine(results_dir=team_server.results)
-            for night, value in enumerate([50.0, 50.3, 49.8, 50.1, 45.0]):
-                record_run(history, make_run(team_server.results.parent / "nights", f"night{night}", value),
-                           recorded_at=datetime(2026, 3, 1, 2, tzinfo=timezone.utc) + timedelta(days=night))
-            history.dispose()
-            site.goto(f"{team_server.site}/trends", wait_until="networkidle")
-            site.locator("#series tr").filter(has_text="X1").get_by_role("link").first.click()
-            site.wait_for_load_state("networkidle")
-            trend = site.locator("img#trend")
-            expect(trend).to_be_visible()
-            assert trend.evaluate("img => img.naturalWidth") > 0
-            expect(site.locator("#points")).to_contain_text("regression")
-            site.screenshot(path=SHOTS / "9-trend.png", full_page=True)
+        history = history_engine(results_dir=team_server.results)
+        for night, value in enumerate([50.0, 50.3, 49.8, 50.1, 45.0]):
+            record_run(history, make_run(team_server.results.parent / "nights", f"night{night}", value),
+                       recorded_at=datetime(2026, 3, 1, 2, tzinfo=timezone.utc) + timedelta(days=night))
+        history.dispose()
+        site.goto(f"{team_server.site}/trends", wait_until="networkidle")
+        site.locator("#series tr").filter(has_text="X1").get_by_role("link").first.click()
+        site.wait_for_load_state("networkidle")
+        trend = site.locator("img#trend")
+        expect(trend).to_be_visible()
+        assert trend.evaluate("img => img.naturalWidth") > 0
+        expect(site.locator("#points")).to_contain_text("regression")
+        site.screenshot(path=SHOTS / "9-trend.png", full_page=True)
 
-            # The nightly deployment's schedule: upcoming runs.
-            # The server's scheduler makes them within a minute or so of the deployment (it did so during the
-            # evaluation above, as a rule); the page is reloaded until they show.
-            def upcoming() -> bool:
-                page.goto(f"{team_server.ui}/deployments/deployment/{nightly_id}?tab=Upcoming",
-                          wait_until="networkidle")
-                try:
-                    expect(page.get_by_text("Scheduled for").first).to_be_visible(timeout=10_000)
-                except AssertionError:
-                    return False
-                return True
+        # The nightly deployment's schedule: upcoming runs.
+        # The server's scheduler makes them within a minute or so of the deployment (it did so during the
+        # evaluation above, as a rule); the page is reloaded until they show.
+        def upcoming() -> bool:
+            page.goto(f"{team_server.ui}/deployments/deployment/{nightly_id}?tab=Upcoming",
+                      wait_until="networkidle")
+            try:
+                expect(page.get_by_text("Scheduled for").first).to_be_visible(timeout=10_000)
+            except AssertionError:
+                return False
+            return True
 
-            wait_until("the nightly deployment's upcoming runs", upcoming, 300, every_s=5)
-            assert "02:00 AM every day" in page.inner_text("body")
-            page.screenshot(path=SHOTS / "10-nightly-upcoming.png", full_page=True)
-        except BaseException:
-            page.screenshot(path=SHOTS / "failure.png", full_page=True)
-            raise
-        finally:
-            browser.close()
+        wait_until("the nightly deployment's upcoming runs", upcoming, 300, every_s=5)
+        assert "02:00 AM every day" in page.inner_text("body")
+        page.screenshot(path=SHOTS / "10-nightly-upcoming.png", full_page=True)
 
 
 def test_default_ui_sign_in_evaluate_from_the_form_and_read_the_round_s_log(team_server: Server) -> None:
@@ -337,115 +350,106 @@ def test_default_ui_sign_in_evaluate_from_the_form_and_read_the_round_s_log(team
     the evaluate deployment, start a run with their own parameters from its form, see it complete, and read its
     log, its round's and the run_case task's; the places docs/ui.md names for the report, a retry and the
     nightly's schedule are there."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     shots = SHOTS.parent / "browser-default-ui"
     shutil.rmtree(shots, ignore_errors=True)
     shots.mkdir(parents=True)
     evaluate_id = deployment_id(team_server, "evaluate", "evaluate")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_context(viewport={"width": 1400, "height": 1400}).new_page()
-        page.set_default_timeout(120_000)
-        try:
-            # The server's address opens the default UI, at its sign-in.
-            page.goto(team_server.ui, wait_until="networkidle")
-            login = page.get_by_placeholder("admin:pass")
-            expect(login).to_be_visible()
-            assert urlsplit(page.url).path.startswith("/v2/"), page.url  # the newer UI, not V1
-            login.fill(f"{team_server.user}:{team_server.password}")
-            page.get_by_role("button", name="Login").click()
-            expect(page.get_by_role("button", name="Switch to V1 UI")).to_be_visible()
+    with browser_page(shots) as (_, page):
+        # The server's address opens the default UI, at its sign-in.
+        page.goto(team_server.ui, wait_until="networkidle")
+        login = page.get_by_placeholder("admin:pass")
+        expect(login).to_be_visible()
+        assert urlsplit(page.url).path.startswith("/v2/"), page.url  # the newer UI, not V1
+        login.fill(f"{team_server.user}:{team_server.password}")
+        page.get_by_role("button", name="Login").click()
+        expect(page.get_by_role("button", name="Switch to V1 UI")).to_be_visible()
 
-            # Deployments, evaluate (the first link of its cell: the deployment, above its flow), Run, Custom run.
-            page.get_by_role("link", name="Deployments", exact=True).click()
-            expect(page.get_by_role("row").filter(has_text="host-round")).to_contain_text("internal")
-            page.get_by_role("cell", name="evaluate evaluate", exact=True).get_by_role("link").first.click()
-            page.get_by_role("button", name="Run", exact=True).click()
-            expect(page.get_by_role("menuitem", name="Quick run")).to_be_visible()
-            page.get_by_role("menuitem", name="Custom run").click()
+        # Deployments, evaluate (the first link of its cell: the deployment, above its flow), Run, Custom run.
+        page.get_by_role("link", name="Deployments", exact=True).click()
+        expect(page.get_by_role("row").filter(has_text="host-round")).to_contain_text("internal")
+        page.get_by_role("cell", name="evaluate evaluate", exact=True).get_by_role("link").first.click()
+        page.get_by_role("button", name="Run", exact=True).click()
+        expect(page.get_by_role("menuitem", name="Quick run")).to_be_visible()
+        page.get_by_role("menuitem", name="Custom run").click()
 
-            # The form: described fields, choices from the folders, lists to add to; the tiny suite, one round
-            # of a smaller multiply than its own.
-            expect(page.get_by_text("The suite to run")).to_be_visible()
-            assert page.get_by_text("run_id", exact=True).count() == 0
-            page.get_by_role("button", name="Select suite").click()
-            page.get_by_role("option", name="tiny", exact=True).click()
-            page.get_by_role("spinbutton", name="rounds (Optional)").fill("1")
-            overrides = page.get_by_role("group").filter(has=page.get_by_role("button", name="Add item"))
-            for setting in ("m=1024", "n=1024", "k=1024"):
-                overrides.get_by_role("button", name="Add item").click()
-                overrides.get_by_role("textbox").last.fill(setting)
-            run_name = page.get_by_role("textbox", name="Run Name").input_value()
-            page.screenshot(path=shots / "1-form.png", full_page=True)
-            page.get_by_role("button", name="Submit").click()
+        # The form: described fields, choices from the folders, lists to add to; the tiny suite, one round
+        # of a smaller multiply than its own.
+        expect(page.get_by_text("The suite to run")).to_be_visible()
+        assert page.get_by_text("run_id", exact=True).count() == 0
+        page.get_by_role("button", name="Select suite").click()
+        page.get_by_role("option", name="tiny", exact=True).click()
+        page.get_by_role("spinbutton", name="rounds (Optional)").fill("1")
+        overrides = page.get_by_role("group").filter(has=page.get_by_role("button", name="Add item"))
+        for setting in ("m=1024", "n=1024", "k=1024"):
+            overrides.get_by_role("button", name="Add item").click()
+            overrides.get_by_role("textbox").last.fill(setting)
+        run_name = page.get_by_role("textbox", name="Run Name").input_value()
+        page.screenshot(path=shots / "1-form.png", full_page=True)
+        page.get_by_role("button", name="Submit").click()
 
-            def the_run() -> list[dict]:
-                return httpx.post(f"{team_server.api}/flow_runs/filter", headers=team_server.auth, timeout=10, json={
-                    "deployments": {"id": {"any_": [evaluate_id]}}, "flow_runs": {"name": {"any_": [run_name]}}}
-                                  ).json()
+        def the_run() -> list[dict]:
+            return httpx.post(f"{team_server.api}/flow_runs/filter", headers=team_server.auth, timeout=10, json={
+                "deployments": {"id": {"any_": [evaluate_id]}}, "flow_runs": {"name": {"any_": [run_name]}}}
+                              ).json()
 
-            (run,) = wait_until("the flow run made by the form", the_run, 60)
-            assert {k: run["parameters"][k] for k in ("suite", "rounds", "overrides", "results_dir")} == {
-                "suite": "tiny", "rounds": 1, "overrides": ["m=1024", "n=1024", "k=1024"], "results_dir": ""}
-            # The form leads back to the deployment, where the new run is listed.
-            expect(page.get_by_role("link", name=run_name).first).to_be_visible()
-            done = wait_until("the evaluation to finish", lambda: finished(team_server, run["id"]), 900, every_s=1)
-            assert done["state"]["type"] == "COMPLETED", done["state"]
+        (run,) = wait_until("the flow run made by the form", the_run, 60)
+        assert {k: run["parameters"][k] for k in ("suite", "rounds", "overrides", "results_dir")} == {
+            "suite": "tiny", "rounds": 1, "overrides": ["m=1024", "n=1024", "k=1024"], "results_dir": ""}
+        # The form leads back to the deployment, where the new run is listed.
+        expect(page.get_by_role("link", name=run_name).first).to_be_visible()
+        done = wait_until("the evaluation to finish", lambda: finished(team_server, run["id"]), 900, every_s=1)
+        assert done["state"]["type"] == "COMPLETED", done["state"]
 
-            # The run: Completed; its log has each host's checks (naming the host: this UI shows no task name on
-            # a flow run's lines) and the report's address on the results site.
-            page.reload(wait_until="networkidle")
-            page.get_by_role("link", name=run_name).first.click()
-            expect(page.locator("main").get_by_text("Completed", exact=True).first).to_be_visible()
-            expect(page.get_by_text("ok host localhost: deployed: flagperf")).to_be_visible()
-            report_address = re.compile(rf"^{re.escape(team_server.site)}/runs/run\w+-\w+/report\.html$")
-            report = page.get_by_role("link", name=f"{team_server.site}/runs/run")
-            expect(report).to_have_attribute("href", report_address)
-            page.screenshot(path=shots / "2-flow-run-log.png", full_page=True)
-            flow_run_page = page.url
+        # The run: Completed; its log has each host's checks (naming the host: this UI shows no task name on
+        # a flow run's lines) and the report's address on the results site.
+        page.reload(wait_until="networkidle")
+        page.get_by_role("link", name=run_name).first.click()
+        expect(page.locator("main").get_by_text("Completed", exact=True).first).to_be_visible()
+        expect(page.get_by_text("ok host localhost: deployed: flagperf")).to_be_visible()
+        report_address = re.compile(rf"^{re.escape(team_server.site)}/runs/run\w+-\w+/report\.html$")
+        report = page.get_by_role("link", name=f"{team_server.site}/runs/run")
+        expect(report).to_have_attribute("href", report_address)
+        page.screenshot(path=shots / "2-flow-run-log.png", full_page=True)
+        flow_run_page = page.url
 
-            # Retry is in the run's menu (shown for a finished run; not used here: the V1 test retries).
-            page.locator("main").get_by_role("button", name="Open menu").first.click()
-            expect(page.get_by_role("menuitem", name="Retry")).to_be_visible()
-            page.goto(flow_run_page, wait_until="networkidle")
+        # Retry is in the run's menu (shown for a finished run; not used here: the V1 test retries).
+        page.locator("main").get_by_role("button", name="Open menu").first.click()
+        expect(page.get_by_role("menuitem", name="Retry")).to_be_visible()
+        page.goto(flow_run_page, wait_until="networkidle")
 
-            # The round: one (the form's rounds, not the suite's 2), named CASE/roundN@HOST; its log has the case's
-            # measured figure, and so has its run_case task's.
-            page.get_by_role("tab", name="Subflow Runs").click()
-            round_link = page.get_by_role("link", name="computation-FP32/round1@localhost", exact=True)
-            expect(round_link).to_be_visible()
-            expect(page.get_by_role("link", name="computation-FP32/round")).to_have_count(1)
-            round_link.click()
-            figure = re.compile(r"gemm_fp32: \d+(\.\d+)? TFLOPS .* of peak")
-            expect(page.get_by_text(figure)).to_be_visible()
-            page.get_by_role("tab", name="Task Runs").click()
-            page.get_by_role("link", name="run_case[computation-FP32/round1@localhost]", exact=True).click()
-            expect(page.get_by_text(figure)).to_be_visible()
-            assert page.get_by_text("HTTP Request").count() == 0
-            page.screenshot(path=shots / "3-run-case-log.png", full_page=True)
+        # The round: one (the form's rounds, not the suite's 2), named CASE/roundN@HOST; its log has the case's
+        # measured figure, and so has its run_case task's.
+        page.get_by_role("tab", name="Subflow Runs").click()
+        round_link = page.get_by_role("link", name="computation-FP32/round1@localhost", exact=True)
+        expect(round_link).to_be_visible()
+        expect(page.get_by_role("link", name="computation-FP32/round")).to_have_count(1)
+        round_link.click()
+        figure = re.compile(r"gemm_fp32: \d+(\.\d+)? TFLOPS .* of peak")
+        expect(page.get_by_text(figure)).to_be_visible()
+        page.get_by_role("tab", name="Task Runs").click()
+        page.get_by_role("link", name="run_case[computation-FP32/round1@localhost]", exact=True).click()
+        expect(page.get_by_text(figure)).to_be_visible()
+        assert page.get_by_text("HTTP Request").count() == 0
+        page.screenshot(path=shots / "3-run-case-log.png", full_page=True)
 
-            # The report: the run's Artifacts, flagperf-report-html (the key's page: every run's), this run's.
-            page.goto(flow_run_page, wait_until="networkidle")
-            page.get_by_role("tab", name="Artifacts").click()
-            page.get_by_role("link", name="flagperf-report-html").click()
-            page.locator("main").get_by_role("paragraph").filter(has_text=f"Flow run: {run_name}").locator(
-                "xpath=..").get_by_role("link").first.click()
-            expect(page.get_by_role("link", name="report (HTML, plots)")).to_have_attribute("href", report_address)
-            page.screenshot(path=shots / "4-report-artifact.png", full_page=True)
+        # The report: the run's Artifacts, flagperf-report-html (the key's page: every run's), this run's.
+        page.goto(flow_run_page, wait_until="networkidle")
+        page.get_by_role("tab", name="Artifacts").click()
+        page.get_by_role("link", name="flagperf-report-html").click()
+        page.locator("main").get_by_role("paragraph").filter(has_text=f"Flow run: {run_name}").locator(
+            "xpath=..").get_by_role("link").first.click()
+        expect(page.get_by_role("link", name="report (HTML, plots)")).to_have_attribute("href", report_address)
+        page.screenshot(path=shots / "4-report-artifact.png", full_page=True)
 
-            # The nightly's schedule: its time on the card, with its on/off switch; Edit shows the cron and zone.
-            page.get_by_role("link", name="Deployments", exact=True).click()
-            page.get_by_role("cell", name="nightly nightly-regression", exact=True).get_by_role("link").first.click()
-            expect(page.get_by_role("switch", name="toggle At 02:00 AM")).to_be_checked()
-            page.get_by_role("complementary").get_by_role("button", name="Open menu").click()
-            page.get_by_role("menuitem", name="Edit").click()
-            dialog = page.get_by_role("dialog", name="Edit Schedule")
-            expect(dialog.get_by_role("textbox", name="Value")).to_have_value("0 2 * * *")
-            expect(dialog.get_by_role("button", name="Select timezone")).to_contain_text("GMT")
-            page.screenshot(path=shots / "5-nightly-schedule.png", full_page=True)
-        except BaseException:
-            page.screenshot(path=shots / "failure.png", full_page=True)
-            raise
-        finally:
-            browser.close()
+        # The nightly's schedule: its time on the card, with its on/off switch; Edit shows the cron and zone.
+        page.get_by_role("link", name="Deployments", exact=True).click()
+        page.get_by_role("cell", name="nightly nightly-regression", exact=True).get_by_role("link").first.click()
+        expect(page.get_by_role("switch", name="toggle At 02:00 AM")).to_be_checked()
+        page.get_by_role("complementary").get_by_role("button", name="Open menu").click()
+        page.get_by_role("menuitem", name="Edit").click()
+        dialog = page.get_by_role("dialog", name="Edit Schedule")
+        expect(dialog.get_by_role("textbox", name="Value")).to_have_value("0 2 * * *")
+        expect(dialog.get_by_role("button", name="Select timezone")).to_contain_text("GMT")
+        page.screenshot(path=shots / "5-nightly-schedule.png", full_page=True)

@@ -242,14 +242,20 @@ def test_nightly_stopped_while_its_history_opens_leaves_nothing(tmp_path: Path,
     assert sent and list(tmp_path.iterdir()) == []
 
 
+def python_child(code: str) -> Any:
+    """``code`` run by this Python in a process of its own (a signal's default action ends it, not pytest)."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=PROJECT_ROOT, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+
+
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: signal.Signals(s).name)
 def test_a_third_signal_stops_a_clean_up_that_hangs_saying_what_may_be_left(sig: int) -> None:
     """The first signal stops the command, the second is ignored while it cleans up, and the third (a history
     write that does not end) stops the process at once by that signal after one line: what may be left."""
-    import subprocess
-    import sys
-
-    child = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+    child = python_child(f"""
         import signal
         from flows.cli import _interrupt_handler
         with _interrupt_handler() as interrupt:
@@ -261,8 +267,7 @@ def test_a_third_signal_stops_a_clean_up_that_hangs_saying_what_may_be_left(sig:
                 print("cleaning up after the second", flush=True)
                 signal.raise_signal({sig})
                 print("went on after the third", flush=True)
-        """)], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120,
-        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+        """)
     assert child.returncode == -sig, (child.stdout, child.stderr)
     assert child.stdout == "cleaning up after the second\n"
     assert child.stderr == "stopping now: the night's record may be missing\n"
@@ -273,10 +278,7 @@ def test_the_third_signal_stops_also_when_the_second_landed_in_an_earlier_clean_
     """The count is the command's, not each clean-up step's: the first stops the command, the second is noted while
     the run's report is written, and the third, while the night is recorded (a history that does not answer), stops
     the process at once; each step used to count afresh, so a fourth or fifth was needed."""
-    import subprocess
-    import sys
-
-    child = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+    child = python_child(f"""
         import signal
         from flows.cli import _interrupt_handler
         from flagperf.stopping import signals_noted
@@ -290,8 +292,7 @@ def test_the_third_signal_stops_also_when_the_second_landed_in_an_earlier_clean_
                 with signals_noted("the night's record may be missing"):
                     signal.raise_signal({sig})
                     print("went on after the third", flush=True)
-        """)], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120,
-        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+        """)
     assert child.returncode == -sig, (child.stdout, child.stderr)
     assert child.stdout == "the report written\n"
     assert child.stderr == "stopping now: the night's record may be missing\n"
