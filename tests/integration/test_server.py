@@ -136,8 +136,9 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
         # The deployments, made by the server: the banner's line comes once they are there.
         while "deployments:" not in lines.text():
             assert lines.next(), f"flagperf server ended: {lines.text()}"  # a line within 120 s, or it fails
+        # this server's, on its pool (the database may hold other flows' deployments of the same name)
         deployments = {d["name"]: d for d in httpx.post(f"{api}/deployments/filter", json={}, headers=changes,
-                                                         timeout=10).json()}
+                                                         timeout=10).json() if d["work_pool_name"] == pool}
         assert password not in repr(deployments)  # neither their parameters nor their environment carry it
         assert {"evaluate", "nightly", "host-round", "host-healthcheck"} <= set(deployments)
         for name in ("host-round", "host-healthcheck"):
