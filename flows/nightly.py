@@ -185,8 +185,8 @@ def record_measured_interruption(exc: BaseException, run_dir: Path, suite: str, 
     history's read-only check now, with ``baseline_runs`` and ``sigma``): its verdict file says Interrupted with
     the verdicts, and a regression's exit code (5), so that a scheduler does not lose it; this sends no regression
     event (those sent before the signal stay sent). Where its figures cannot be recorded, it is recorded as an
-    interrupted night. Best effort: the interrupt goes on. A further signal meanwhile is only noted: Prefect's own SIGTERM handler would raise again
-    and undo the record's transaction."""
+    interrupted night. Best effort: the interrupt goes on. A further signal meanwhile is only noted: Prefect's own
+    SIGTERM handler would raise again and undo the record's transaction."""
     with signals_noted(RECORDING_LEFT):
         _record_measured_interruption(exc, run_dir, suite, verdicts, history, results_dir, baseline_runs, sigma)
 
