@@ -459,10 +459,11 @@ class SlurmHost(LocalHost):
 
     @staticmethod
     def mount_check_lines(search: SearchMounts | None) -> list[str]:
-        """Job-script lines, before srun, that stop the job (exit 96, one line in its output) where a mount's source
-        is not, on the node, the folder the controller resolved: missing there, or a link to elsewhere (a
-        node-local folder such as /opt/vendors may differ from the controller's), which pyxis would mount
-        unchecked. They run on the job's first node, where the batch script runs."""
+        """Job-script lines, before srun, that stop the job (exit 96, one line in its output naming the node and
+        the folder) where a mount's source is not, on the node, the folder the controller resolved: missing
+        there, or a link to elsewhere (a node-local folder such as /opt/vendors may differ from the
+        controller's), which pyxis would mount unchecked. They run where the batch script runs, the job's first
+        node: a multi-node job runs them on every node instead (mount_check_step)."""
         lines = []
         for kind, mount in search.mounts if search else ():
             source = shlex.quote(mount.source)
@@ -472,6 +473,18 @@ class SlurmHost(LocalHost):
                          f'the controller: not mounted, the job stops\\n\' {message} "${{SLURMD_NODENAME:-?}}" '
                          '>&2; exit 96; }')
         return lines
+
+    @staticmethod
+    def mount_check_step(nodes: int, search: SearchMounts | None) -> list[str]:
+        """A job-script line for a job of ``nodes`` nodes: mount_check_lines as a step of its own on every node
+        (a task per node), before the round's step; a node that fails them stops the job with their exit 96.
+        Not inside the round's step: pyxis runs its task in the container, where the mounts are already made."""
+        lines = SlurmHost.mount_check_lines(search)
+        if not lines:
+            return []
+        step = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "/bin/bash", "-c",
+                "\n".join(lines)]
+        return [f'{shlex.join(step)} || exit "$?"']  # srun exits with its tasks' highest code: 96
 
     def with_search(self, search: SearchMounts | None) -> SlurmHost:
         """This slot, its run() containers given ``search`` (the healthcheck's probe: the run's vendor)."""
@@ -687,10 +700,11 @@ class SlurmRuntime(Runtime):
                 str(folder / PLAN_FILE)]
         names = ", ".join(f"{h.name} (node {r.rank})" for r, h in members)
         secrets = host.work_root / ".jobs" / uuid.uuid4().hex  # not the job folder: that one is collected
+        checks = (host.mount_check_lines(self.search) if len(ranks) == 1 else
+                  host.mount_check_step(len(ranks), self.search))
         host.write_text(folder / SCRIPT_FILE, batch_script(f"flagperf: {label} on {names}; written by the controller",
                                                            [*host.inventory_env_lines(secrets, self.search),
-                                                            *host.mount_check_lines(self.search),
-                                                            shlex.join(step)]))
+                                                            *checks, shlex.join(step)]))
         return ranks
 
     def _submit(self, host: SlurmHost, members: list[tuple[Rank, SlurmHost]], label: str,

@@ -281,3 +281,91 @@ def test_a_search_path_from_the_controllers_environment_is_named_as_such(tmp_pat
     assert str(info.value).startswith("the controller's environment: FLAGPERF_VENDOR_PATH: on host gpu (its "
                                       "inventory entry sets no env.FLAGPERF_VENDOR_PATH): "), str(info.value)
     assert "hosts.0" not in str(info.value) and "outside its" in str(info.value)
+
+
+def test_a_multi_node_jobs_mount_check_runs_on_every_node_outside_the_container(tmp_path: Path) -> None:
+    """A two-node round with a container image: its job script checks the folders pyxis will mount on every node,
+    in a step of its own before the round's step and without the container options (inside the container the
+    mounts are made already), not only where the batch script runs. The script runs here with a stand-in `srun`
+    that records each step and runs a check step's command once per node (n1, n2), where node n2 sees the vendor
+    folder as a link elsewhere: the job stops with exit 96 in one line naming n2 and the folder, and the round's
+    step never starts. The folder's name holds quotes and $(...): the check runs it as the one word it is."""
+    import json
+    import sys
+
+    from flagperf.hosts.slurm import SCRIPT_FILE, Rank, SlurmRuntime
+
+    vendors, lab = tmp_path / "ven'dors$(touch${IFS}marker)", tmp_path / "lab"
+    (vendors / "acme").mkdir(parents=True)
+    (lab / "base" / "x").mkdir(parents=True)
+    (tmp_path / "shared").mkdir(mode=0o700)
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump({"hosts": [{"name": "gpu", "env": {
+        "FLAGPERF_VENDOR_PATH": str(vendors), "FLAGPERF_CASE_PATH": str(lab)}, "slurm": {
+        "shared_dir": str(tmp_path / "shared"), "nodelist": ["n1", "n2"],
+        "container_image": "nvcr.io#nvidia/pytorch:24.05-py3"}}]}))
+    hosts = [SlurmHost(spec) for spec in load_inventory(path).hosts]
+    search = hosts[0].search_mounts("acme", ["base/x"])
+    assert search is not None and len(search.mounts) == 2
+    members = []
+    for rank, host in enumerate(hosts):
+        job_dir = tmp_path / "shared" / f"job{rank}"
+        job_dir.mkdir()
+        members.append((Rank(rank, host.slurm.node, job_dir, job_dir, ["python3", "-m", "x"], []), host))
+    script = tmp_path / "shared" / "job0" / SCRIPT_FILE
+
+    stub = tmp_path / "bin" / "srun"
+    stub.parent.mkdir()
+    stub.write_text(f"""#!{sys.executable}
+import json, os, subprocess, sys
+args = sys.argv[1:]
+with open(os.environ["OUT"], "a") as steps:
+    steps.write(json.dumps(args) + "\\n")
+nodes = int(next(a for a in args if a.startswith("--nodes=")).split("=")[1])
+command = [a for a in args if not a.startswith("--")]
+if command[0] != "/bin/bash":
+    sys.exit(0)  # the round's step: recorded only
+worst = 0
+for node in range(1, nodes + 1):
+    folder, away = os.environ.get(f"ELSEWHERE_ON_N{{node}}", ""), os.environ["AWAY"]
+    if folder:  # this node's node-local folder differs: a link elsewhere, as long as its task runs
+        os.rename(folder, away)
+        os.symlink(away, folder)
+    try:
+        code = subprocess.run(command, env={{**os.environ, "SLURMD_NODENAME": f"n{{node}}"}}).returncode
+    finally:
+        if folder:
+            os.unlink(folder)
+            os.rename(away, folder)
+    worst = max(worst, code)
+sys.exit(worst)
+""")
+    stub.chmod(0o755)
+
+    def run(**more: str) -> tuple[subprocess.CompletedProcess[str], list[list[str]]]:
+        """The round's job script, written afresh (it removes its env file), run; what srun got, step by step."""
+        SlurmRuntime(search).write_job(hosts[0], members, "r1")
+        steps = tmp_path / "steps.jsonl"
+        steps.unlink(missing_ok=True)
+        done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                              env={"PATH": f"{stub.parent}:/usr/bin:/bin", "OUT": str(steps),
+                                   "AWAY": str(tmp_path / "acme-elsewhere"), **more})
+        return done, [json.loads(line) for line in steps.read_text().splitlines()] if steps.exists() else []
+
+    done, steps = run()
+    assert done.returncode == 0 and done.stderr == "", done
+    (check, main) = steps
+    assert check[:6] == ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "/bin/bash", "-c", check[5]], check
+    assert not any(a.startswith("--container") for a in check), check
+    assert main[:3] == ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1"] and "--container-image=nvcr.io#nvidia/" \
+        "pytorch:24.05-py3" in main and main[-3:] == ["-m", "flagperf.hosts.slurm_node", str(script.parent /
+                                                                                                "slurm-job.json")]
+    # Node n2 alone sees another vendor folder: the first node, where the batch script runs, would pass.
+    done, steps = run(ELSEWHERE_ON_N2=str(vendors / "acme"))
+    assert done.returncode == 96 and len(steps) == 1, (done, steps)
+    assert done.stderr == (f"flagperf: FLAGPERF_VENDOR_PATH's vendor folder {vendors}/acme is missing or a link "
+                           "elsewhere on node n2, unlike on the controller: not mounted, the job stops\n"), done.stderr
+    assert not (tmp_path / "marker").exists() and not list(tmp_path.glob("*/marker"))
+    # A one-node round keeps the check in the batch script itself (it runs on the job's one node): no extra step.
+    SlurmRuntime(search).write_job(hosts[0], members[:1], "r2")
+    assert script.read_text().count("srun ") == 1 and "exit 96" in script.read_text()
