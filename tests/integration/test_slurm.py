@@ -1,7 +1,7 @@
 """Rounds on a real Slurm cluster (tests/testbed/up.sh: munged, slurmctld, one slurmd per host namespace), through
 the evaluate flow: a single-node case on each node, a two-node case in one job across two nodes, a run stopped
 mid-round (its job cancelled, nothing left in squeue), a drained node and a job that cannot start (one-line
-failures naming what Slurm says)."""
+failures naming what Slurm says), and a two-node job whose mount check stops it on each node."""
 
 from __future__ import annotations
 
@@ -276,3 +276,63 @@ def test_a_partition_the_cluster_lacks_is_named_with_those_it_has(tmp_path: Path
     assert not partition.ok, partition
     assert "no-such-part" in partition.detail and f"(the cluster's partitions: {slurm.partition})" in \
         partition.detail, partition
+
+
+def test_a_two_node_jobs_mount_check_runs_on_each_node_and_names_it(tmp_path: Path,
+                                                                    cluster: tuple[Testbed, SlurmBed]) -> None:
+    """A two-node round with a container image whose vendor folder is gone once the controller resolved it (on
+    every node: the test bed's nodes share one file system, so a folder missing on one node only cannot be made
+    here; tests/unit/test_slurm_spec.py makes one). The job's first step checks the folders on each node, outside
+    the container (the bed has no pyxis: the round's step, which asks for the image, is never reached), and stops
+    the job with exit 96; the round's failure, on each node's slot, names both nodes and the folder. The folder's
+    name holds a quote and $(...): real srun and bash run it as one word."""
+    import threading
+
+    from flagperf.config.job import JOB_FILE
+    from flagperf.hosts.inventory import load_inventory
+    from flagperf.hosts.slurm import SlurmError, SlurmHost, SlurmRuntime
+    from flagperf.results.schema import ATTEMPT_FAILURE_FILE
+
+    bed, slurm = cluster
+    nodes = slurm.node_names[:2]
+    vendors = tmp_path / "ven'dors$(touch${IFS}marker)"
+    (vendors / "cpu").mkdir(parents=True)
+    path = Path(inventory(tmp_path, bed, ROOT, "mounts", nodelist=nodes, state_poll_s=0.5,
+                          container_image="nvcr.io#nvidia/pytorch:24.05-py3"))
+    entry = yaml.safe_load(path.read_text())
+    entry["hosts"][0]["env"]["FLAGPERF_VENDOR_PATH"] = str(vendors)
+    path.write_text(yaml.safe_dump(entry))
+    hosts = [SlurmHost(spec) for spec in load_inventory(path).hosts]
+    search = hosts[0].search_mounts("cpu")
+    assert search is not None and [m.source for m in search.all()] == [str(vendors / "cpu")]
+    (vendors / "cpu").rmdir()  # after the controller resolved it, before the job runs
+    runtime = SlurmRuntime(search)
+    failures: dict[int, BaseException] = {}
+
+    def node(rank: int) -> None:
+        job_dir = tmp_path / "shared" / "run1" / f"noderank{rank}"
+        job_dir.mkdir(parents=True)
+        (job_dir / JOB_FILE).write_text(json.dumps({"node_rank": rank, "nnodes": 2, "run_id": "run1",
+                                                    "case": "digits-mlp", "round": 1, "attempt": 1}))
+        try:
+            runtime.run_entry(hosts[rank], job_dir, 120, None, job_dir / "stage" / "pid")
+        except BaseException as exc:  # the test reads what each node's thread raised
+            failures[rank] = exc
+
+    threads = [threading.Thread(target=node, args=(rank,)) for rank in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert sorted(failures) == [0, 1], failures
+    for rank, failure in failures.items():
+        message = str(failure)
+        assert isinstance(failure, SlurmError) and "\n" not in message, message
+        assert message.startswith(f"digits-mlp round 1 on mounts-{nodes[rank]}: Slurm job "), message
+        assert "ExitCode 96:0" in message, message
+        for name in nodes:
+            assert (f"flagperf: FLAGPERF_VENDOR_PATH's vendor folder {vendors}/cpu is missing or a link elsewhere on "
+                    f"node {name}, unlike on the controller: not mounted, the job stops") in message, message
+        assert (tmp_path / "shared" / "run1" / f"noderank{rank}" / ATTEMPT_FAILURE_FILE).read_text() == f"{message}\n"
+    assert not list(tmp_path.rglob("marker")) and not (ROOT / "marker").exists()
+    assert queued("flagperf-mounts-") == []
