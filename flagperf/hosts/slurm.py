@@ -276,8 +276,7 @@ class SlurmJob:
                     follow(self.output, on_line, readers, prefix="slurm: ")
                     missing = [str(r.rank) for r in self.ranks if not (r.job_dir / EXIT_FILE).exists()]
                     self.finish(f"Slurm job {self.job_id} ended ({self.details()}) before node(s) "
-                                f"{', '.join(missing)} wrote their exit record; last lines of {self.output.name}: "
-                                f"{' | '.join(tail(self.output, 8)) or '(empty)'}")
+                                f"{', '.join(missing)} wrote their exit record; {output_summary(self.output)}")
                     break
             self.ended.wait(spec.poll_s)
 
@@ -358,6 +357,22 @@ def tail(path: Path, lines: int) -> list[str]:
     """The last ``lines`` non-empty lines of a log, from its last TAIL_BYTES only."""
     text = read_end(path, TAIL_BYTES) or ""
     return [line.strip() for line in text.splitlines() if line.strip()][-lines:]
+
+
+SUMMARY_LINES = 8  # of a job's output, in a failure message
+NOTE_PREFIX = "flagperf: "  # a line the job script wrote about why it stopped (a node's mount check, ...)
+
+
+def output_summary(path: Path) -> str:
+    """What a failure message quotes of a job's output: the job script's own notes where it wrote any (every
+    failing node of a multi-node job names itself; srun's "task N: Exited" lines would crowd them out of a
+    plain tail), else its last lines."""
+    lines = tail(path, 10_000)
+    notes = list(dict.fromkeys(line for line in lines if line.startswith(NOTE_PREFIX)))
+    if notes:
+        more = f" | (and {len(notes) - SUMMARY_LINES} more)" if len(notes) > SUMMARY_LINES else ""
+        return f"its notes in {path.name}: {' | '.join(notes[:SUMMARY_LINES])}{more}"
+    return f"last lines of {path.name}: {' | '.join(lines[-SUMMARY_LINES:]) or '(empty)'}"
 
 
 # ------------------------------------------------------------------------------------------------ hosts

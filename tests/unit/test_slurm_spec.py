@@ -17,7 +17,7 @@ import yaml
 from flagperf.errors import ConfigError
 from flagperf.hosts.container_policy import Mount
 from flagperf.hosts.inventory import load_inventory
-from flagperf.hosts.slurm import SlurmHost, batch_script, gres_missing, parse_gres
+from flagperf.hosts.slurm import SUMMARY_LINES, SlurmHost, batch_script, gres_missing, output_summary, parse_gres
 from flagperf.hosts.slurm_node import my_rank
 
 
@@ -369,3 +369,25 @@ sys.exit(worst)
     # A one-node round keeps the check in the batch script itself (it runs on the job's one node): no extra step.
     SlurmRuntime(search).write_job(hosts[0], members[:1], "r2")
     assert script.read_text().count("srun ") == 1 and "exit 96" in script.read_text()
+
+
+def test_a_failure_quotes_every_failing_nodes_note_before_srun_noise(tmp_path: Path) -> None:
+    """A multi-node job's failure names every node whose mount check stopped it: the job script's notes are
+    quoted, not the last lines, where srun's own "task N: Exited" lines would crowd them out."""
+    output = tmp_path / "slurm-7.out"
+    nodes = [f"n{i}" for i in range(1, 11)]
+    output.write_text("".join(f"flagperf: FLAGPERF_VENDOR_PATH's vendor folder /v/cpu is missing or a link elsewhere "
+                              f"on node {node}, unlike on the controller: not mounted, the job stops\n"
+                              f"srun: error: {node}: task {i}: Exited with exit code 96\n"
+                              for i, node in enumerate(nodes)))
+    summary = output_summary(output)
+    assert summary.startswith("its notes in slurm-7.out: flagperf: FLAGPERF_VENDOR_PATH's vendor folder /v/cpu")
+    assert [node for node in nodes if f"on node {node}," in summary] == nodes[:SUMMARY_LINES]
+    assert summary.endswith(f"(and {len(nodes) - SUMMARY_LINES} more)")
+    assert "srun: error" not in summary
+
+    output.write_text("".join(f"line {i}\n" for i in range(20)))  # no notes: the last lines, as before
+    assert output_summary(output) == "last lines of slurm-7.out: " + " | ".join(
+        f"line {i}" for i in range(20 - SUMMARY_LINES, 20))
+    output.write_text("")
+    assert output_summary(output) == "last lines of slurm-7.out: (empty)"
