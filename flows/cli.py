@@ -718,7 +718,9 @@ def nightly(
 
     Exit 0: every figure held its baseline (or has none yet); 1: the night failed (recorded as a failed night);
     2: bad input, nothing measured; 3: unsupported on this device; 5: a regression; 128 + signal: interrupted.
-    The verdict is also in nightly-SUITE.json in the results folder (with its exit_code)."""
+    The verdict is also in nightly-SUITE.json in the night's run folder and in the results folder (with its
+    exit_code); there, a night of the suite started later than this one keeps its own. This command reads back
+    only its own night's."""
     from flows.nightly_cli import (
         check_night,
         default_results,
@@ -789,8 +791,8 @@ def nightly(
     console.print(f"{escape(outcome.state)}: {escape(outcome.message)} (exit {outcome.code})", highlight=False,
                   soft_wrap=True, style="red" if outcome.code else None)
     if outcome.run_dir is not None:
-        console.print(f"run directory: {escape(str(outcome.run_dir))}; verdict: {escape(str(night.verdict_file))}",
-                      highlight=False, soft_wrap=True)
+        verdict = f"; verdict: {escape(str(outcome.verdict_file))}" if outcome.verdict_file else ""
+        console.print(f"run directory: {escape(str(outcome.run_dir))}{verdict}", highlight=False, soft_wrap=True)
     if interrupt.signals:  # once the flow had ended (its temporary server stopping): the night and its outcome stand
         # with its exit code, so that cron does not lose a regression to the signal's 128 + N
         raise _stood(f"interrupted as the night ended; its outcome above (exit {outcome.code}) stands", outcome.code)

@@ -15,15 +15,20 @@ folder and in the run folder, and `exit_code` in it):
                              interrupted; once measured: recorded with its figures all the same   128 + signal
                              and judged (exit 5 where a figure regressed)
 trends.csv in the results folder has every figure's course after each night (flagperf.site.trends).
+Nights of one suite may run at the same time into one results folder (a cron night and a rerun): the run folder's
+nightly-<suite>.json is each night's own; the results folder's is the night started last that has published
+(``_write_night``).
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
-import secrets
+import os
 import shutil
 import signal
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -37,9 +42,18 @@ from prefect.exceptions import MissingContextError
 from prefect.states import Completed, Failed, State
 from sqlalchemy.exc import SQLAlchemyError
 
-from flagperf.config.night import BASELINE_RUNS, ROUNDS, SIGMA, verdict_file_name
-from flagperf.config.plan import new_run_id, read_plan
+from flagperf.config.night import (
+    BASELINE_RUNS,
+    ROUNDS,
+    SIGMA,
+    new_night_run_id,
+    read_verdict,
+    started_later,
+    verdict_file_name,
+)
+from flagperf.config.plan import read_plan
 from flagperf.errors import EXIT_UNSUPPORTED, EXIT_USER_ERROR, ConfigError, FlagperfError
+from flagperf.paths import NAME_PATTERN
 from flagperf.results.history import (
     Verdict,
     check_run,
@@ -126,15 +140,54 @@ def publish_night(results_dir: str, suite: str, run_dir: Path, state: State, ver
 
 
 def _write_night(results_dir: str, suite: str, run_dir: Path, ending: dict[str, Any], history: str | None) -> None:
+    """The night's verdict file in its run folder (its own: what `flagperf nightly` reads back), then the results
+    folder's, the latest night's, and trends.csv.
+
+    Nights of one suite can run at the same time into one results folder (a cron night and a manual rerun, two
+    schedulers). The results folder's file is the verdict of the night that started last among those that have
+    published, not of the one that finished last: a night that started earlier and ends later (a long rerun) leaves
+    a later night's verdict there, and writes only its run folder's copy. The start order is the one the run ids
+    name (run<UTC start time>-..., flagperf.config.night.started_later): already in every verdict file, older ones
+    too, and the same for every machine writing into the folder (within their clocks), so no field or counter is
+    added. It is to the second: nights started in the same second, or a run_id given in the form (no time in it),
+    are in the order they publish. The check and the write (and trends.csv's, so that the last one written holds
+    every night published) happen under a lock on the results folder (``_publishing``), so two nights ending
+    together cannot both pass the check; each write is atomic (write_json_atomic)."""
     outcome = {"run_id": run_dir.name, "suite": suite, "finished_at": datetime.now(timezone.utc).isoformat(),
                **ending}
-    folders = [Path(results_dir), *([run_dir] if run_dir.is_dir() else [])]
+    latest = Path(results_dir) / verdict_file_name(suite)
     try:
-        for folder in folders:
-            write_json_atomic(folder / verdict_file_name(suite), outcome)
-        write_trend_file(history_engine(history, results_dir), Path(results_dir) / TREND_FILE)
+        if run_dir.is_dir():
+            write_json_atomic(run_dir / latest.name, outcome)
+        with _publishing(Path(results_dir)):
+            other = (read_verdict(latest) or {}).get("run_id")
+            if isinstance(other, str) and started_later(other, run_dir.name):
+                _log(logging.INFO, "%s keeps the verdict of %s, a night started after this one; this night's is in "
+                                   "its run folder", latest, other)
+            else:
+                write_json_atomic(latest, outcome)
+            write_trend_file(history_engine(history, results_dir), Path(results_dir) / TREND_FILE)
     except (OSError, FlagperfError, SQLAlchemyError) as exc:  # the state is the verdict; the files are a copy
-        get_run_logger().warning("the night's verdict file or trends.csv could not be written: %s", exc)
+        _warning("the night's verdict file or trends.csv could not be written: %s", exc)
+
+
+@contextmanager
+def _publishing(results: Path) -> Iterator[None]:
+    """Held while a night publishes into ``results``: an advisory lock (flock) on the folder itself, so that no lock
+    file is left among the results; released when the process ends, however it ends. Where the folder is not there
+    yet (the write makes it) or its file system refuses the lock (NFS may, on a folder), the night publishes
+    without it, as before."""
+    fd: int | None = None
+    with suppress(OSError):
+        fd = os.open(results, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if fd is not None:
+            with suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_EX)  # another night publishing: wait for it (a moment)
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def _interruption(exc: BaseException) -> tuple[int, str]:
@@ -219,12 +272,16 @@ def _record_measured_interruption(exc: BaseException, run_dir: Path, suite: str,
 
 
 def _warning(message: str, *args: object) -> None:
-    """A warning in the flow run's log; in the process's where there is no run (a handler called alone)."""
+    _log(logging.WARNING, message, *args)
+
+
+def _log(level: int, message: str, *args: object) -> None:
+    """A line in the flow run's log; in the process's where there is no run (a handler called alone)."""
     try:
         logger: logging.Logger | logging.LoggerAdapter[logging.Logger] = get_run_logger()
     except MissingContextError:
         logger = logging.getLogger(__name__)
-    logger.warning(message, *args)
+    logger.log(level, message, *args)
 
 
 def record_failure(run_id: str, reason: str, suite: str, vendor: str | None, history: str | None,
@@ -247,6 +304,7 @@ def nightly_regression(
     history_url: str = "",
     baseline_runs: Annotated[int, BASELINE_RUNS.field()] = 5,
     sigma: Annotated[float, SIGMA.field()] = 3.0,
+    run_id: str = "",
 ) -> State:
     """Run the suite, add it to the history and fail (with an event) on a regression.
 
@@ -268,16 +326,19 @@ def nightly_regression(
         baseline_runs: How many earlier runs of the same figure, vendor and device make its baseline.
         sigma: A figure regresses when it is worse than its baseline (the median of those runs) by more than
             this many times their spread (and by at least 1 %).
+        run_id: The night's run folder in the results folder (letters, digits, '.', '_', '-'; a folder that exists
+            is refused). Empty: a new one, run<UTC start time>-<random>; `flagperf nightly` names it before the
+            night starts, to read back this night's verdict and never another's.
     """
     results_dir = results_dir or default_results_dir()
     history = history_url or None
+    if run_id and (not NAME_PATTERN.match(run_id) or run_id.startswith(".")):  # never a path out of the folder
+        return failed(f"{BAD_INPUT}run_id: {run_id!r} is not a valid name (letters, digits, '.', '_', '-')")
     try:
         history_engine(history, results_dir)  # a bad URL is said before a night of measuring, not after
     except ConfigError as exc:
         return failed(f"{BAD_INPUT}{exc}")
-    # Six random bytes, not the usual two: nights of several suites sharing a results folder start in the same
-    # second by cron, and a refused night removes the run folder it made (never one it found).
-    run_id = new_run_id(secrets.token_hex(6))
+    run_id = run_id or new_night_run_id()
     found_before = (Path(results_dir) / run_id).exists()
     try:
         state = evaluate(suite=suite, vendor=None if vendor == "auto" else vendor, rounds=rounds,

@@ -7,7 +7,6 @@ printed and its exit code (flows.nightly.exit_code) is the command's.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -19,7 +18,7 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from flagperf.config.night import BASELINE_RUNS, ROUNDS, SIGMA, verdict_file_name
+from flagperf.config.night import BASELINE_RUNS, ROUNDS, SIGMA, new_night_run_id, read_verdict, verdict_file_name
 from flagperf.config.plan import available_suites, plan_run
 from flagperf.errors import ConfigError, FlagperfError, unknown_name
 from flagperf.hosts.capacity import check_capacity_here
@@ -37,7 +36,9 @@ def default_results() -> Path:
 
 @dataclass(frozen=True)
 class Night:
-    """A night's input, checked: what the flow is called with."""
+    """A night's input, checked: what the flow is called with. ``run_id`` is chosen here, before the night starts,
+    and handed to the flow: the night reads back its own verdict by it, never another night's of the same suite
+    running at the same time."""
 
     suite: str
     vendor: str  # "auto": the inventory's VENDOR, else cpu (the flow resolves it)
@@ -48,12 +49,17 @@ class Night:
     history_url: str | None
     baseline_runs: int
     sigma: float
+    run_id: str  # new_night_run_id()
     notes: list[str] = field(default_factory=list)
-    earlier_run: str | None = None  # the run id in the verdict file before this night: this night's is another
 
     @property
     def verdict_file(self) -> Path:
+        """The latest night's verdict, in the results folder: this night's only where it names this night."""
         return self.results / verdict_file_name(self.suite)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.results / self.run_id
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,7 @@ class NightOutcome:
     message: str  # bad input (code 2): without the "bad input: " prefix
     verdicts: list[Verdict]
     run_dir: Path | None  # None: the night made no run folder (bad input found by the flow)
+    verdict_file: Path | None  # this night's verdict (this_night); None: it published none
 
 
 def check_bounds(*, rounds: int, baseline_runs: int, sigma: float) -> None:
@@ -89,8 +96,8 @@ def check_night(*, suite: str, vendor: str | None, rounds: int, overrides: list[
     check_capacity_here(plan, inv.hosts)
     return Night(suite=suite, vendor=vendor or "auto", rounds=rounds, overrides=list(overrides),
                  inventory=inventory.resolve() if inventory else None, results=results,
-                 history_url=history_url or None, baseline_runs=baseline_runs, sigma=sigma, notes=list(inv.notes),
-                 earlier_run=(_read_verdict_file(results / verdict_file_name(suite)) or {}).get("run_id"))
+                 history_url=history_url or None, baseline_runs=baseline_runs, sigma=sigma, run_id=new_night_run_id(),
+                 notes=list(inv.notes))
 
 
 def open_history(night: Night) -> list[Path]:
@@ -141,17 +148,18 @@ def _verdict(data: dict[str, Any]) -> Verdict:
     return Verdict(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in known})
 
 
-def _read_verdict_file(path: Path) -> dict[str, Any] | None:
-    with suppress(OSError, ValueError):
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return data if isinstance(data, dict) else None
-    return None
-
-
-def this_night(night: Night) -> dict[str, Any]:
-    """The verdict file as this night published it; empty where it published none (another run's is there)."""
-    published = _read_verdict_file(night.verdict_file) or {}
-    return published if published.get("run_id") not in (None, night.earlier_run) else {}
+def this_night(night: Night) -> tuple[dict[str, Any], Path | None]:
+    """This night's verdict as it published it, and the file to name for it; ({}, None) where it published none,
+    whatever another night of the suite published meanwhile. Read from its run folder's copy, else (a night stopped
+    before its run folder was made) the results folder's; either only where it names this night's run id. The file
+    named: the results folder's where it holds this verdict, else (a night started later published there since)
+    the run folder's."""
+    own_file = night.run_dir / night.verdict_file.name
+    own, latest = read_verdict(own_file), read_verdict(night.verdict_file)
+    for published, path in ((own, own_file), (latest, night.verdict_file)):
+        if published is not None and published.get("run_id") == night.run_id:
+            return published, night.verdict_file if latest == published else path
+    return {}, None
 
 
 NOT_JUDGED = "interrupted; the night is not judged"
@@ -167,15 +175,14 @@ def interrupted_outcome(night: Night) -> tuple[str, int | None]:
     (None: exit 128 + the signal): the flow's own account of a night it had measured (its figures recorded in
     the history all the same); a night that was judged and published before the signal (Regressed: exit 5)
     keeps its outcome and exit code, so that cron does not lose a regression; else the night is not judged."""
-    published = this_night(night)
+    published, path = this_night(night)
     state, code = published.get("state"), published.get("exit_code")
     if isinstance(state, str) and state != "Interrupted" and isinstance(code, int) and not isinstance(code, bool):
-        return (f"interrupted as the night ended; its outcome stands: {state} (exit {code}); verdict: "
-                f"{night.verdict_file}", code)
+        return f"interrupted as the night ended; its outcome stands: {state} (exit {code}); verdict: {path}", code
     if published.get("measured") is True and isinstance(published.get("message"), str):
         # judged as it was recorded: a regression's exit code (5) stands; else 128 + the signal
         regressed = code if isinstance(code, int) and not isinstance(code, bool) and code < 128 else None
-        return f"{published['message']}; verdict: {night.verdict_file}", regressed
+        return f"{published['message']}; verdict: {path}", regressed
     return NOT_JUDGED, None
 
 
@@ -201,12 +208,13 @@ def run_night(night: Night, stopping: list[int], drain: Callable[[], None]) -> N
         state = nightly_regression(suite=night.suite, vendor=night.vendor, rounds=night.rounds,
                                    overrides=night.overrides, inventory=str(night.inventory or ""),
                                    results_dir=str(night.results), history_url=night.history_url or "",
-                                   baseline_runs=night.baseline_runs, sigma=night.sigma, return_state=True)
-        published = this_night(night)
+                                   baseline_runs=night.baseline_runs, sigma=night.sigma, run_id=night.run_id,
+                                   return_state=True)
+        published, verdict_file = this_night(night)
         return NightOutcome(code=exit_code(state), state=state.name or "",
                             message=(state.message or "").removeprefix(BAD_INPUT),
                             verdicts=[_verdict(v) for v in published.get("verdicts", [])],
-                            run_dir=night.results / published["run_id"] if published else None)
+                            run_dir=night.run_dir if night.run_dir.is_dir() else None, verdict_file=verdict_file)
     finally:
         def note(signum: int, _frame: object) -> None:  # clean-up is not cut short by a second signal
             stopping.append(signum)
@@ -220,5 +228,4 @@ def run_night(night: Night, stopping: list[int], drain: Callable[[], None]) -> N
         if "prefect" in sys.modules:
             drain()
         if server is not None:  # its log goes with the night's run folder, an interrupted night's too
-            published = this_night(night)
-            server.stop(keep_log_in=night.results / published["run_id"] if published else None)
+            server.stop(keep_log_in=night.run_dir)  # (kept only where that folder is there)

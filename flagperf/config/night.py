@@ -1,14 +1,24 @@
 """The nightly regression's numeric inputs and their bounds, defined once: the flow's form (flows.nightly) validates
 its parameters with them, and `flagperf nightly` checks its options with them before prefect is imported
 (flows.nightly_cli), so the two refuse the same values. Also the name of the night's verdict file, which the flow
-writes and the command reads. No prefect here."""
+writes and the command reads, and a night's run id, which the command chooses before the night starts (so that it
+reads back its own verdict, never another night's). No prefect here."""
 
 from __future__ import annotations
 
+import json
+import re
+import secrets
+from contextlib import suppress
 from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field
+
+from flagperf.config.plan import new_run_id
+from flagperf.results.bounded import read_bounded
 
 
 @dataclass(frozen=True)
@@ -43,3 +53,36 @@ SIGMA = Bound(0, 100, above_low=True)  # the baseline's spreads a figure may mov
 def verdict_file_name(suite: str) -> str:
     """nightly-<suite>.json: the latest night's verdict, in the results folder (and a copy in its run folder)."""
     return f"nightly-{suite}.json"
+
+
+def new_night_run_id() -> str:
+    """A night's run id: run<UTC start, to the second>-<12 hex digits>. Six random bytes, not the usual two: nights
+    of several suites sharing a results folder start in the same second by cron, and a refused night removes the
+    run folder it made (never one it found). The start time in it orders the nights that publish the latest
+    night's verdict file (flows.nightly)."""
+    return new_run_id(secrets.token_hex(6))
+
+
+def night_start(run_id: str) -> datetime | None:
+    """When the night ``run_id`` started, to the second, as its run id names it (new_night_run_id, new_run_id);
+    None for a name that names no time (a run_id given in the nightly form)."""
+    match = re.match(r"run(\d{14})-", run_id)
+    with suppress(ValueError):
+        return datetime.strptime(match[1], "%Y%m%d%H%M%S").replace(tzinfo=timezone.utc) if match else None
+    return None
+
+
+def started_later(run_id: str, than: str) -> bool:
+    """Whether the night ``run_id`` started after the night ``than``, by the start times their run ids name. Nights
+    started in the same second, or one whose run id names no time, are not ordered: False."""
+    start, other = night_start(run_id), night_start(than)
+    return start is not None and other is not None and start > other
+
+
+def read_verdict(path: Path) -> dict[str, Any] | None:
+    """A verdict file as a dict; None where it is missing, not a regular file (never waited on), too large or no JSON
+    object: a night that reads it back takes that as no verdict."""
+    with suppress(OSError, ValueError):
+        data = json.loads(read_bounded(path))
+        return data if isinstance(data, dict) else None
+    return None

@@ -86,10 +86,14 @@ def test_nightly_flags_a_regression_and_emits_an_event(flagperf_env: Path, tmp_p
         50.0, rel=0.01)
 
 
-def test_a_bad_history_url_is_said_before_a_night_of_measuring(flagperf_env: Path) -> None:
-    state = nightly_regression(suite="smoke", history_url="not a url", results_dir=str(flagperf_env),
-                               return_state=True)
-    assert state.is_failed() and state.message.startswith(f"{BAD_INPUT}history_url: not a database URL"), state
+@pytest.mark.parametrize(("field", "value", "said"), [
+    ("history_url", "not a url", "history_url: not a database URL"),
+    ("run_id", "../elsewhere", "run_id: '../elsewhere' is not a valid name"),  # never a folder out of results
+])
+def test_a_bad_history_url_or_run_id_is_said_before_a_night_of_measuring(flagperf_env: Path, field: str, value: str,
+                                                                         said: str) -> None:
+    state = nightly_regression(suite="smoke", results_dir=str(flagperf_env), return_state=True, **{field: value})
+    assert state.is_failed() and state.message.startswith(f"{BAD_INPUT}{said}"), state
     assert error_lines(state.state_details.flow_run_id) == [state.message]
     assert not flagperf_env.exists()  # nothing ran
 
@@ -118,18 +122,40 @@ def test_a_night_interrupted_once_measured_is_recorded_with_its_figures(flagperf
     """Ctrl-C (delivered in this process) as the night's figures go into the history, after its evaluation
     measured and collected every round: the interrupt goes on, but the measurement is not lost. The night is in
     the history with its figures (a completed night, a baseline for the next), and its verdict file says
-    Interrupted, measured, not judged. tests/unit/test_history.py has the handler's cases."""
+    Interrupted, measured, not judged. tests/unit/test_history.py has the handler's cases.
+
+    Another night of the suite, started just after this one (a manual rerun beside the cron night), publishes a
+    regression the moment this one publishes: `flagperf nightly` (the input it checked, the run id it chose)
+    still says this night's outcome and exit code, not the other's exit 5, and the results folder's verdict
+    file is the later night's."""
     import signal
     import threading
 
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
 
+    import flows.nightly
+    from flagperf.config.night import night_start
     from flagperf.results.history import figures, runs
+    from flows.nightly_cli import check_night, interrupted_outcome
 
     monkeypatch.setenv("FLAGPERF_SUITE_PATH", str(ROOT / "tests" / "fixtures" / "suites"))
     results = flagperf_env
     url = f"sqlite:///{results / 'history.sqlite'}"
+    night = check_night(suite="tiny", vendor=None, rounds=1, overrides=[], inventory=None, results=results,
+                        history_url=url, baseline_runs=5, sigma=3.0)
+    other = f"run{night_start(night.run_id) + timedelta(seconds=1):%Y%m%d%H%M%S}-0123456789ab"
+    write_night = flows.nightly._write_night
+
+    def and_the_other_night(results_dir: str, suite: str, run_dir: Path, ending: dict, history: str | None) -> None:
+        write_night(results_dir, suite, run_dir, ending, history)
+        if run_dir.name == night.run_id:  # as the flow publishes the other night's regression
+            (results / other).mkdir(exist_ok=True)
+            write_night(results_dir, suite, results / other, {
+                "state": REGRESSED_STATE, "exit_code": EXIT_REGRESSION, "message": f"1 regression(s) in {other}",
+                "regressions": ["computation-FP32 gemm_fp32: regression"], "verdicts": []}, history)
+
+    monkeypatch.setattr(flows.nightly, "_write_night", and_the_other_night)
 
     sent: list[int] = []
 
@@ -141,19 +167,24 @@ def test_a_night_interrupted_once_measured_is_recorded_with_its_figures(flagperf
     handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     event.listen(Engine, "before_cursor_execute", ctrl_c_as_figures_go_in)
     try:
-        with pytest.raises(KeyboardInterrupt):
-            nightly_regression(suite="tiny", rounds=1, results_dir=str(results), history_url=url)
+        with pytest.raises(KeyboardInterrupt):  # called as `flagperf nightly` calls it (run_night)
+            nightly_regression(suite="tiny", rounds=1, results_dir=str(results), history_url=url,
+                               run_id=night.run_id)
     finally:
         event.remove(Engine, "before_cursor_execute", ctrl_c_as_figures_go_in)
         signal.signal(signal.SIGINT, handler)
-    (run_dir,) = results.glob("run*")
+    run_dir = results / night.run_id
+    assert sorted(p.name for p in results.glob("run*")) == [night.run_id, other]
     with history_engine(url).connect() as conn:
         assert conn.execute(runs.select()).mappings().one()["outcome"] == "completed"
         assert len(conn.execute(figures.select().where(figures.c.run_id == run_dir.name)).all()) == 1
-    verdict = json.loads((results / "nightly-tiny.json").read_text())
+    verdict = json.loads((run_dir / "nightly-tiny.json").read_text())
     assert (verdict["run_id"], verdict["state"], verdict["exit_code"], verdict["measured"]) == (
         run_dir.name, "Interrupted", 130, True)
     assert verdict["message"].startswith("interrupted (SIGINT) once measured: its 1 figures are recorded"), verdict
+    assert json.loads((results / "nightly-tiny.json").read_text())["run_id"] == other  # the later night's
+    # This night's line and exit code (None: 128 + the signal), its own verdict file named
+    assert interrupted_outcome(night) == (f"{verdict['message']}; verdict: {run_dir / 'nightly-tiny.json'}", None)
     assert [row["run_id"] for row in csv.DictReader((results / "trends.csv").open())] == [run_dir.name]
 
 

@@ -279,7 +279,7 @@ def test_a_night_that_did_not_begin_removes_only_the_history_it_made(tmp_path: P
 
     def night(results: Path) -> Night:
         return Night(suite="tiny", vendor="auto", rounds=1, overrides=[], inventory=None, results=results,
-                     history_url=None, baseline_runs=5, sigma=3.0)
+                     history_url=None, baseline_runs=5, sigma=3.0, run_id="run-tonight")
 
     fresh = night(tmp_path / "fresh")
     made = open_history(fresh)
@@ -437,9 +437,9 @@ def test_a_night_interrupted_once_judged_keeps_its_record_and_publishes_its_verd
                                   "history, judged: 1 regression(s)")
     assert verdict["regressions"] == [verdicts[0].line()] and verdicts[0].status == "regression"
     night = Night(suite="tiny", vendor="auto", rounds=3, overrides=[], inventory=None, results=results,
-                  history_url=url, baseline_runs=5, sigma=3.0)
+                  history_url=url, baseline_runs=5, sigma=3.0, run_id=run.name)
     assert interrupted_outcome(night) == (f"{verdict['message']}; verdict: {results / 'nightly-tiny.json'}", 5)
-    assert interrupted_line(Night(**{**night.__dict__, "earlier_run": run.name})) == NOT_JUDGED  # not this night's
+    assert interrupted_line(Night(**{**night.__dict__, "run_id": "run-other"})) == NOT_JUDGED  # not this night's
 
 
 def test_a_second_sigterm_inside_the_flow_does_not_undo_the_interrupted_nights_record(
@@ -539,10 +539,64 @@ def test_a_night_interrupted_once_published_keeps_its_outcome_and_exit_code(
     verdicts = check_run(engine, run.name)
     publish_night(str(results), "tiny", run, Failed(message="1 regression(s)", name=REGRESSED_STATE), verdicts, url)
     night = Night(suite="tiny", vendor="auto", rounds=3, overrides=[], inventory=None, results=results,
-                  history_url=url, baseline_runs=5, sigma=3.0)
+                  history_url=url, baseline_runs=5, sigma=3.0, run_id=run.name)
     assert interrupted_outcome(night) == (
         f"interrupted as the night ended; its outcome stands: Regressed (exit 5); verdict: "
         f"{results / 'nightly-tiny.json'}", 5)
+
+
+def test_nights_of_a_suite_at_the_same_time_each_read_back_their_own_verdict(
+        measured_night: tuple[str, Path, Path]) -> None:
+    """Nights of the suite running at once into one results folder (a cron night and a manual rerun): each
+    `flagperf nightly` reads back the verdict it published itself, never the other's, though both publish the
+    results folder's nightly-tiny.json. That file is the night started last: one started earlier that ends later
+    (the rerun) leaves it there and writes only its run folder's copy; a night that published nothing (stopped
+    before it measured) is not judged, whatever the others published."""
+    from prefect.states import Completed, Failed
+
+    from flows.nightly import REGRESSED_STATE, publish_night, record_interruption
+    from flows.nightly_cli import NOT_JUDGED, Night, interrupted_outcome, this_night
+
+    url, results, tonight = measured_night
+    engine = history_engine(url)
+    record_run(engine, tonight, recorded_at=START + timedelta(days=6))
+    verdicts = check_run(engine, tonight.name)
+    # Run ids as nights name them (flagperf.config.night.new_night_run_id): started 02:00, 02:05, and 02:05 again
+    rerun, cron, same_second = (f"run20261107{hhmmss}-{tail * 12}" for hhmmss, tail in (
+        ("020000", "a"), ("020500", "b"), ("020500", "c")))
+    latest = results / "nightly-tiny.json"
+
+    def night(run_id: str) -> Night:
+        return Night(suite="tiny", vendor="auto", rounds=3, overrides=[], inventory=None, results=results,
+                     history_url=url, baseline_runs=5, sigma=3.0, run_id=run_id)
+
+    def publish(run_id: str, state: object, judged: list | None = None) -> dict:
+        (results / run_id).mkdir()
+        publish_night(str(results), "tiny", results / run_id, state, judged or [], url)
+        return json.loads(latest.read_text())
+
+    # The cron night ends first, in a regression; the rerun, started before it, ends after it and held.
+    assert publish(cron, Failed(message="1 regression(s)", name=REGRESSED_STATE), verdicts)["run_id"] == cron
+    assert publish(rerun, Completed(message="no regression: 1 ok"))["run_id"] == cron  # the later night's stays
+    assert json.loads((results / rerun / latest.name).read_text())["state"] == "Completed"
+    assert interrupted_outcome(night(rerun)) == (
+        f"interrupted as the night ended; its outcome stands: Completed (exit 0); verdict: "
+        f"{results / rerun / latest.name}", 0)
+    assert interrupted_outcome(night(cron)) == (
+        f"interrupted as the night ended; its outcome stands: Regressed (exit 5); verdict: {latest}", 5)
+    assert this_night(night(rerun))[0]["verdicts"] == [] and len(this_night(night(cron))[0]["verdicts"]) == 1
+    # Stopped before anything was published: not judged, though the file has a regression and the exit code 5
+    assert interrupted_outcome(night("run20261107021000-dddddddddddd")) == (NOT_JUDGED, None)
+    assert this_night(night("run20261107021000-dddddddddddd")) == ({}, None)
+    # Started in the same second as the cron night (or named with no time in it): in the order they publish
+    assert publish(same_second, Completed(message="no regression: 1 ok"))["run_id"] == same_second
+    # Stopped before its run folder was made: its verdict is the results folder's only, while it names this night
+    stopped = "run20261107021500-eeeeeeeeeeee"
+    record_interruption(KeyboardInterrupt("SIGTERM"), stopped, "tiny", "cpu", url, str(results))
+    assert not (results / stopped).exists()
+    published, path = this_night(night(stopped))
+    assert (published["run_id"], published["exit_code"], path) == (stopped, 143, latest)
+    assert [p for p in results.rglob(".*")] == []  # every write whole, no lock file left among the results
 
 
 def test_a_measured_night_whose_figures_cannot_be_recorded_is_recorded_as_interrupted(
