@@ -322,8 +322,9 @@ def test_a_search_path_folder_is_mounted_or_kept_by_where_it_resolves(tmp_path: 
     found = settings(project, FLAGPERF_CASE_PATH="labcases")
     assert found.search.all() == [Mount(str(lab / "base" / "x"), "/flagperf-search/case/0/base/x", read_only=True)]
     assert found.private_env["FLAGPERF_CASE_PATH"] == "/flagperf-search/case/0"
-    monkeypatch.chdir(project)  # a round's working folder: its project
-    monkeypatch.setenv("FLAGPERF_CASE_PATH", "labcases")
+    # A process round on the host reads the relative entry in its project (search_path_folders), which is
+    # <project>/labcases there: this test's project is not the one running, so named here in full.
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(project / "labcases"))
     on_host = source_digest(vendor="cpu", cases=["base/x"])
     for name, value in container_view(found, ("FLAGPERF_CASE_PATH",), tmp_path / "container-b").items():
         monkeypatch.setenv(name, value)
