@@ -108,7 +108,8 @@ class PathFacts:
     def of(cls, found: Mapping[str, Any]) -> PathFacts:
         """The facts from a host's answer (describe_paths: JSON)."""
         return cls(path=found["path"], kind=found["kind"],
-                   links_out=tuple(tuple(link) for link in found.get("links_out", ())))  # type: ignore[misc]
+                   links_out=tuple((str(below), str(target), str(real))
+                                   for below, target, real in found.get("links_out", ())))
 
 
 # ------------------------------------------------------------------------------------------------ paths
