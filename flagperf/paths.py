@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 # Resolved once: case and monitor processes run with the project root as their working directory.
@@ -18,8 +19,11 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")  # \Z: "$" wou
 
 
 def search_path_folders(env_var: str) -> list[Path]:
-    """The extra folders ``env_var`` names (os.pathsep separated; a relative one from the working folder), in order."""
-    return [Path(p).resolve() for p in os.environ.get(env_var, "").split(os.pathsep) if p]
+    """The extra folders ``env_var`` names (os.pathsep separated), in order. The controller makes a relative entry
+    absolute once, from the folder it was started in (pin_search_paths), before anything reads it; one still
+    relative here came from an inventory's ``env`` and is the host's project's, as its containers read it
+    (container_policy.search_mounts), never the working folder's, which differs between steps."""
+    return [(PROJECT_ROOT / p).resolve() for p in os.environ.get(env_var, "").split(os.pathsep) if p]
 
 
 def _search_path(default: Path, env_var: str) -> list[Path]:
@@ -41,8 +45,40 @@ def vendor_roots() -> list[Path]:
     return _search_path(PROJECT_ROOT / "vendor_images", VENDOR_PATH_ENV)
 
 
+SUITE_PATH_ENV = "FLAGPERF_SUITE_PATH"  # suite files outside the project
+
+
 def suite_roots() -> list[Path]:
-    return _search_path(PROJECT_ROOT / "deployments" / "suites", "FLAGPERF_SUITE_PATH")
+    return _search_path(PROJECT_ROOT / "deployments" / "suites", SUITE_PATH_ENV)
+
+
+SEARCH_PATH_VARIABLES = (VENDOR_PATH_ENV, CASE_PATH_ENV, SUITE_PATH_ENV)
+
+
+def absolute_search_paths(environ: Mapping[str, str], start: Path) -> dict[str, str]:
+    """The search path variables of ``environ`` that hold a relative entry, with each such entry made absolute from
+    ``start`` (every link in it resolved, as a read of it then would); the others' entries, and empty ones, as
+    written. What a user means by a relative entry of a PATH-like variable: from where the command started."""
+    pinned = {}
+    for variable in SEARCH_PATH_VARIABLES:
+        entries = environ.get(variable, "").split(os.pathsep)
+        if any(entry and not os.path.isabs(entry) for entry in entries):
+            pinned[variable] = os.pathsep.join(entry if not entry or os.path.isabs(entry) else
+                                               str((start / entry).resolve()) for entry in entries)
+    return pinned
+
+
+def pin_search_paths() -> dict[str, str]:
+    """Make the controller's search path variables absolute, once, where it starts (the CLI, a plan): every later
+    step (a round's process, which starts in the project, a Slurm job, the source digest, a container's mounts)
+    inherits them so and reads the same folders, whatever its working folder. Returns what it changed."""
+    try:
+        start = Path.cwd()
+    except OSError:  # the working folder was removed: nothing to be relative to, read as the project's
+        return {}
+    pinned = absolute_search_paths(os.environ, start)
+    os.environ.update(pinned)
+    return pinned
 
 
 def display_path(path: Path) -> str:

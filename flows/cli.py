@@ -39,7 +39,7 @@ from flagperf.errors import ConfigError, FlagperfError
 from flagperf.hosts.capacity import check_capacity_here
 from flagperf.hosts.flagperf_training import CLUSTER_CONF, default_cluster_conf, load_training_conf, open_inventory
 from flagperf.hosts.inventory import Inventory, load_inventory, local_inventory
-from flagperf.paths import display_path
+from flagperf.paths import display_path, pin_search_paths
 from flagperf.results.operators import OPERATOR_HEADER, operator_cells
 from flagperf.results.schema import atomic_path, folder_problem
 from flagperf.results.summary import (
@@ -80,6 +80,9 @@ class _OneLineErrors(TyperGroup):
     typer alone would end it in a silent exit 130, and SIGTERM would end it with no clean-up at all."""
 
     def main(self, *args: Any, **extra: Any) -> Any:
+        # A relative FLAGPERF_CASE_PATH entry is the user's folder's: fixed here, before a command or anything it
+        # starts (a round in the project, a server's worker) reads it from another working folder.
+        pin_search_paths()
         with _interrupt_handler():
             return super().main(*args, **extra)
 

@@ -7,6 +7,7 @@ override rules, value types. The plan is plain data, so the flow and the CLI bui
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,7 +22,15 @@ from flagperf.config.inferencekeys import not_read_message
 from flagperf.config.models import SetOverride, load_suite, parse_set_override
 from flagperf.config.vendors import Vendor, load_vendor
 from flagperf.errors import ConfigError, nearest, unknown_name
-from flagperf.paths import NAME_PATTERN, display_path, suite_roots
+from flagperf.paths import (
+    CASE_PATH_ENV,
+    NAME_PATTERN,
+    VENDOR_PATH_ENV,
+    display_path,
+    pin_search_paths,
+    search_path_folders,
+    suite_roots,
+)
 from flagperf.results.bounded import MAX_RECORD_BYTES
 from flagperf.results.provenance import git_revision, source_digest
 
@@ -60,6 +69,9 @@ class RunPlan(BaseModel):
     source_digest: str | None = Field(default=None, description="sha256 of the engine's code (also without git); "
                                       "a retry must run the same")
     hosts: list[dict[str, Any]] = Field(default_factory=list, description="the inventory's hosts, as used")
+    search_paths: dict[str, list[str]] = Field(
+        default_factory=dict, description="the controller's FLAGPERF_VENDOR_PATH / FLAGPERF_CASE_PATH folders the "
+        "run's vendor and cases were looked for in, absolute (a relative entry: from where the run was started)")
 
     @property
     def run_dir(self) -> Path:
@@ -138,6 +150,7 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
     ``run_id`` of another flow run (`flagperf run --retry`), which must have planned the same work."""
     if suite and cases:
         raise ConfigError("flagperf run", None, "give --suite or --cases, not both")
+    pin_search_paths()  # where the controller starts: its rounds, checks and digests read these folders
     sets = list(sets or [])
     resolved_vendor = load_vendor(vendor)  # the one lookup of the run: fails early on an unknown or malformed vendor
     hardware = resolved_vendor.manifest.hardware
@@ -226,10 +239,28 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
     plan = RunPlan(run_id=run_id, suite=suite_name, vendor=resolved_vendor, rounds=rounds or suite_rounds, cases=plans,
                    results_dir=str(results_dir), set_overrides=sets, flow_run_id=flow_run_id,
                    git_revision=f"{revision}{'+modified' if dirty else ''}" if revision else None,
-                   source_digest=digest, hosts=list(hosts or []))
+                   source_digest=digest, hosts=list(hosts or []), search_paths=searched())
     if run_dir.exists() and not _is_resumable(run_dir, plan, resume):
         raise ConfigError("--results", None, f"{run_dir} already exists; results are never overwritten")
     return plan
+
+
+def searched() -> dict[str, list[str]]:
+    """The controller's vendor and case search path folders, as a plan records them."""
+    return {variable: [str(folder) for folder in folders] for variable in (VENDOR_PATH_ENV, CASE_PATH_ENV)
+            if (folders := search_path_folders(variable))}
+
+
+def moved_search_paths(earlier: RunPlan, plan: RunPlan) -> str:
+    """What a retry's search path folders change from its run's ('' if nothing, or if the run's plan is older than
+    the record): a retry started from another folder reads a relative entry from there."""
+    if "search_paths" not in earlier.model_fields_set:
+        return ""
+    moved = [f"{variable} was {os.pathsep.join(earlier.search_paths.get(variable, [])) or 'unset'}, the retry's is "
+             f"{os.pathsep.join(plan.search_paths.get(variable, [])) or 'unset'}"
+             for variable in (VENDOR_PATH_ENV, CASE_PATH_ENV)
+             if earlier.search_paths.get(variable, []) != plan.search_paths.get(variable, [])]
+    return f"the run's {'; '.join(moved)}; a relative entry is from where the command started" if moved else ""
 
 
 def _name_endpoint(case_name: str, case: Any, layers: list[tuple[str, dict[str, Any]]],
@@ -297,17 +328,18 @@ def _is_resumable(run_dir: Path, plan: RunPlan, resume: bool = False) -> bool:
     same_work = (earlier.vendor.name == plan.vendor.name and earlier.cases == plan.cases
                  and earlier.rounds == plan.rounds
                  and [h.get("name") for h in earlier.hosts] == [h.get("name") for h in plan.hosts])
+    moved = moved_search_paths(earlier, plan)  # the folders a case's settings came from count as its work
     # The same commit with other local changes, or a copy without git: the code's own digest tells. It covers the
     # run's vendor and cases (those on FLAGPERF_VENDOR_PATH / FLAGPERF_CASE_PATH): compared for the same work only,
     # other work is refused as such below.
     if earlier.source_digest and plan.source_digest and earlier.source_digest != plan.source_digest and same_work:
         raise ConfigError(str(run_dir / PLAN_FILE), "source_digest",
                           f"this run folder was made by code {earlier.source_digest}, the retry runs "
-                          f"{plan.source_digest}: kept rounds and new ones would come from different code; start a "
-                          "new run")
+                          f"{plan.source_digest}{f' ({moved})' if moved else ''}: kept rounds and new ones would "
+                          "come from different code; start a new run")
     if resume and not same_work:
         other = (f"vendor {earlier.vendor.name}, the retry asks for {plan.vendor.name}"
-                 if earlier.vendor.name != plan.vendor.name else "cases, rounds, settings or hosts")
+                 if earlier.vendor.name != plan.vendor.name else moved or "cases, rounds, settings or hosts")
         raise ConfigError(str(run_dir / PLAN_FILE), None, f"this run folder planned other work ({other}): retry "
-                          "with the options it was started with")
+                          f"with the options it was started with{', from where it was started' if moved else ''}")
     return (resume or earlier.flow_run_id == plan.flow_run_id) and same_work

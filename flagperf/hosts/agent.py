@@ -10,7 +10,8 @@ timeouts and logs on a remote host behave exactly as on the local one (they shar
     python -m flagperf.hosts.agent disk-free PATH                -> {"free": bytes}
     python -m flagperf.hosts.agent keepalive                     -> {"pid": N}, then waits for stdin to close
     python -m flagperf.hosts.agent info                          -> {"uid", "gid", "time", "hostname"}
-    python -m flagperf.hosts.agent describe-paths -- PATH...     -> {"paths": {PATH: {"path": resolved, "kind"}}}
+    python -m flagperf.hosts.agent describe-paths [--scan=P]... -- PATH...
+        -> {"paths": {PATH: {"path": resolved, "kind"}}}; a folder among the --scan ones also has "links_out"
     python -m flagperf.hosts.agent exec-with-env FILE -- ARGV... -> ARGV, with FILE's variables (a JSON object)
         in its environment: a container's start, so that they are in no container config (docker inspect)
 
@@ -155,7 +156,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_describe_paths(args: argparse.Namespace) -> int:
     from flagperf.hosts.local import describe_paths
 
-    _say({"paths": describe_paths(args.paths)})
+    _say({"paths": describe_paths(args.paths, args.scan)})
     return 0
 
 
@@ -202,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("keepalive").set_defaults(func=cmd_keepalive)
     sub.add_parser("info").set_defaults(func=cmd_info)
     described = sub.add_parser("describe-paths")
+    described.add_argument("--scan", action="append", default=[], help="a folder among PATHs whose links that "
+                           "leave it are listed too (links_out)")
     described.add_argument("paths", nargs="*")
     described.set_defaults(func=cmd_describe_paths)
     with_env = sub.add_parser("exec-with-env")

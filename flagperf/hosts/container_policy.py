@@ -34,6 +34,7 @@ import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
+from typing import Any
 
 from flagperf.paths import CASE_PATH_ENV, VENDOR_PATH_ENV
 
@@ -96,10 +97,19 @@ class ContainerExtras:
 
 @dataclass(frozen=True)
 class PathFacts:
-    """A host path as the host sees it: every symlink resolved, and what it is there."""
+    """A host path as the host sees it: every symlink resolved, and what it is there; of a folder it was asked to
+    scan, the links in it that leave it ([below it, target as written, where it leads], local.links_leaving)."""
 
     path: str
     kind: str  # folder, file, char-device, socket, other, missing
+    links_out: tuple[tuple[str, str, str], ...] = ()
+
+    @classmethod
+    def of(cls, found: Mapping[str, Any]) -> PathFacts:
+        """The facts from a host's answer (describe_paths: JSON)."""
+        return cls(path=found["path"], kind=found["kind"],
+                   links_out=tuple((str(below), str(target), str(real))
+                                   for below, target, real in found.get("links_out", ())))
 
 
 # ------------------------------------------------------------------------------------------------ paths
@@ -327,6 +337,9 @@ def resolved_mount(mount: Mount, facts: Mapping[str, PathFacts], roots: Iterable
     return Mount(found.path, mount.target, mount.read_only, mount.options)
 
 
+# Of a mounted search path folder's links that leave it, the host lists this many (enough to name them, bounded).
+LINKS_LISTED = 10
+
 # Where a container finds the folders of a host's search paths that lie outside its project: a folder of flagperf's
 # own, never the host's path, which may hide what the image has there (FLAGPERF_VENDOR_PATH=/opt and vendor nvidia
 # would mount over an NGC image's /opt/nvidia). SEARCH_MOUNT_ROOT/<kind>/<index>: the index-th folder (from 0) of the
@@ -343,7 +356,7 @@ class SearchPath:
     variable: str
     what: str  # what one mounted folder is, in messages: "vendor folder"
     levels: int
-    kind: str  # its folder under SEARCH_MOUNT_ROOT
+    kind: str  # its folder under SEARCH_MOUNT_ROOT; also what one name on it is, in messages: "vendor"
 
     def folder_of(self, source: str) -> str:
         """The search path's folder (as the variable names it) that a mount's source lies in."""
@@ -398,6 +411,27 @@ def resolved_search_path_mount(mount: Mount, facts: Mapping[str, PathFacts], pat
     return Mount(found.path, mount.target, read_only=True)
 
 
+def links_out_problem(source: str, name: str, found: PathFacts, path: SearchPath) -> str | None:
+    """Why a mounted search path folder (``source``: <folder>/<name> as the variable names it; ``found``: the host's
+    facts of it, scanned) would not work in a container: a link in it that leaves it. The host follows it to its
+    target (and the source digest counts the target's bytes), a container, which has the folder alone and at
+    another path, would find nothing there."""
+    if not found.links_out:
+        return None
+    below, target, real = found.links_out[0]
+    file = f"{source}/{below}"
+    if not is_under(real, found.path):
+        how = f"links outside its folder (to {real})"
+    elif target.startswith("/"):
+        how = f"links to {target} by its path on this host, where a container does not have the folder"
+    else:
+        how = f"links out of its folder and back (to {target})"
+    more = len(found.links_out) - 1
+    others = f" (and {more}{'+' if len(found.links_out) >= LINKS_LISTED else ''} more such link(s))" if more else ""
+    return (f"{path.variable} {path.kind} {name!r}: {file} {how}; in a container it would dangle{others}: copy the "
+            "file into the folder, or make the link relative and inside it")
+
+
 @dataclass(frozen=True)
 class SearchEntry:
     """One non-empty folder of a host's search path variable: ``index``, its place among them (from 0), as the
@@ -440,13 +474,19 @@ class SearchMounts:
         return sorted({self.project_root, *(p for e in self.entries
                                             for p in (e.folder, *(f"{e.folder}/{n}" for n in self.names_of(e.path))))})
 
+    def scan_paths(self) -> list[str]:
+        """The host paths whose links ``resolved`` needs too (PathFacts.links_out): each of the run's names in each
+        folder, which a container may get mounted alone."""
+        return sorted({f"{e.folder}/{n}" for e in self.entries for n in self.names_of(e.path)})
+
     def resolved(self, facts: Mapping[str, PathFacts]) -> SearchMounts:
         """Each folder resolved on the host (``facts``: its answer for host_paths()), and where it lies decides (as it
         decides where the source digest counts it, flagperf.results.provenance): one that resolves inside the project,
         which every container has at the host's project_root, is named there (as written where that leads to it); one
         that resolves outside it, also when written project-relative (a link out of the project), gets the run's
         vendor or cases mounted under SEARCH_MOUNT_ROOT, each resolved and checked again (a name the host lacks is
-        left out: the variable still names its place, empty). PolicyError keyed env.<variable>."""
+        left out: the variable still names its place, empty), and with no link in it that leaves it (facts for
+        scan_paths(): it would dangle in the container). PolicyError keyed env.<variable>."""
         if not self.entries:
             return self
         root = self.project_root
@@ -480,6 +520,10 @@ class SearchMounts:
                         found = resolved_search_path_mount(search_path_mount(entry.folder, name, path, seen), facts,
                                                            path)
                         if found is not None:
+                            source = f"{entry.folder}/{name}"
+                            problem = links_out_problem(source, name, facts[source], path)
+                            if problem:
+                                raise PolicyError(problem)
                             mounts.append((path, found))
             except PolicyError as exc:
                 raise PolicyError(str(exc), f"env.{path.variable}") from None

@@ -268,9 +268,14 @@ class ContainerSettings:
         return sorted({*(m.source for m in (*self.data_mounts, *self.extra_mounts)), *self.data_roots,
                        *(device_host_path(d) for d in self.devices), *self.search.host_paths()})
 
+    def scan_paths(self) -> list[str]:
+        """Of host_paths(), the folders whose links the container policy checks too (a search path mount's)."""
+        return self.search.scan_paths()
+
     def resolved(self, facts: Mapping[str, PathFacts]) -> ContainerSettings:
         """These settings with every mount source and device resolved on the host (``facts``: its answer for
-        host_paths()) and checked again by the container policy; PolicyError says which, why and its key."""
+        host_paths(), and scan_paths()'s links) and checked again by the container policy; PolicyError says which,
+        why and its key."""
         def keyed(key: str, check: Callable[[], Any], source: str | None = None) -> Any:
             try:
                 return check()

@@ -83,8 +83,9 @@ def checked_on_host(settings: ContainerSettings, host: Host, spec: HostSpec) -> 
     paths = settings.host_paths()
     if not paths:
         return settings
-    where = describe_paths(paths) if spec.docker.engine == "local" else host.describe_paths(paths)
-    facts = {path: PathFacts(path=found["path"], kind=found["kind"]) for path, found in where.items()}
+    scan = settings.scan_paths()
+    where = describe_paths(paths, scan) if spec.docker.engine == "local" else host.describe_paths(paths, scan)
+    facts = {path: PathFacts.of(found) for path, found in where.items()}
     try:
         return settings.resolved(facts)
     except PolicyError as exc:

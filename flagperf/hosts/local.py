@@ -17,11 +17,12 @@ import tempfile
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from flagperf.hosts.container_policy import LINKS_LISTED
 from flagperf.paths import NAME_PATTERN, PROJECT_ROOT
 from flagperf.results.bounded import MAX_RECORD_BYTES, read_bounded, read_end
 
@@ -118,10 +119,11 @@ class Host(ABC):
         """The host's wall clock (time.time()), read by the cheapest round trip the host allows."""
         return time.time()
 
-    def describe_paths(self, paths: list[str]) -> dict[str, dict[str, str]]:
+    def describe_paths(self, paths: list[str], scan: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
         """Each path as this host sees it (``describe_paths`` below), through the host agent by default."""
         lines: list[str] = []
-        argv = [self.python, "-m", "flagperf.hosts.agent", "describe-paths", "--", *paths]
+        argv = [self.python, "-m", "flagperf.hosts.agent", "describe-paths",
+                *(f"--scan={folder}" for folder in scan), "--", *paths]
         result = self.run(argv, timeout=120, log_path=self.work_root / "commands.log", on_line=lines.append)
         if result.exit_code != 0 or not lines:
             raise OSError(f"host {self.name}: cannot look at {', '.join(paths)} (agent exited {result.exit_code})")
@@ -256,8 +258,8 @@ class LocalHost(Host):
     def controller_pid(self) -> int:
         return os.getpid()
 
-    def describe_paths(self, paths: list[str]) -> dict[str, dict[str, str]]:
-        return describe_paths(paths)
+    def describe_paths(self, paths: list[str], scan: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+        return describe_paths(paths, scan)
 
     def disk_free(self, path: Path) -> int:
         probe = path
@@ -285,10 +287,39 @@ def allowed_environment(environ: Mapping[str, str]) -> dict[str, str]:
             and not SECRET_WORDS.search(name) and not URL_WITH_PASSWORD.search(value)}
 
 
-def describe_paths(paths: list[str]) -> dict[str, dict[str, str]]:
+def links_leaving(folder: str, limit: int = LINKS_LISTED) -> list[list[str]]:
+    """The symlinks below ``folder`` (itself resolved) that a copy of it mounted at another path would not follow:
+    one whose target is an absolute path, or whose way leaves the folder (a '..' above it, or a link out). Each as
+    [its path below the folder, its target as written, where it leads here], the first ``limit`` in path order. A
+    linked folder is checked as a link, never walked (it may loop)."""
+    root = os.path.realpath(folder)
+    found: list[list[str]] = []
+    for top, folders, files in os.walk(root):
+        folders.sort()
+        for name in sorted([*folders, *files]):
+            path = os.path.join(top, name)
+            if not os.path.islink(path):
+                continue
+            try:
+                target = os.readlink(path)
+            except OSError:
+                continue
+            below = os.path.relpath(path, root)
+            way = os.path.normpath(os.path.join(os.path.dirname(below), target))
+            real = os.path.realpath(path)
+            inside = real == root or real.startswith(root.rstrip("/") + "/")
+            if os.path.isabs(target) or way == ".." or way.startswith("../") or not inside:
+                found.append([below, target, real])
+                if len(found) >= limit:
+                    return found
+    return found
+
+
+def describe_paths(paths: list[str], scan: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
     """Each path with every symlink resolved, and what it then is: folder, file, char-device, socket, other,
-    missing or inaccessible (the container policy checks what a mount or device really is on its host)."""
-    described: dict[str, dict[str, str]] = {}
+    missing or inaccessible (the container policy checks what a mount or device really is on its host); of a folder
+    among ``scan`` also its ``links_out`` (links_leaving: a mount of it elsewhere would leave them dangling)."""
+    described: dict[str, dict[str, Any]] = {}
     for path in paths:
         real = os.path.realpath(path)
         try:
@@ -301,6 +332,8 @@ def describe_paths(paths: list[str]) -> dict[str, dict[str, str]]:
             kind = ("folder" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else
                     "char-device" if stat.S_ISCHR(mode) else "socket" if stat.S_ISSOCK(mode) else "other")
         described[path] = {"path": real, "kind": kind}
+        if path in scan and kind == "folder":
+            described[path]["links_out"] = links_leaving(real)
     return described
 
 

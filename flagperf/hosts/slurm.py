@@ -451,9 +451,8 @@ class SlurmHost(LocalHost):
             return None
         try:
             written = search_mounts(self.environment(), vendor, cases, str(self.project_root))
-            found = self.describe_paths(written.host_paths())
-            search = written.resolved({path: PathFacts(path=fact["path"], kind=fact["kind"])
-                                       for path, fact in found.items()})
+            found = self.describe_paths(written.host_paths(), written.scan_paths())
+            search = written.resolved({path: PathFacts.of(fact) for path, fact in found.items()})
             for entry in search.outside:  # a node-only folder would be left out without a word
                 if search.names_of(entry.path) and found[entry.folder]["kind"] != "folder":
                     raise PolicyError(f"{entry.path.variable} folder {entry.folder!r} is not a folder on the "

@@ -15,6 +15,7 @@ import shlex
 import stat
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -307,8 +308,8 @@ class SshHost(Host):
     def info(self) -> dict[str, Any]:
         return self._agent_json("info")
 
-    def describe_paths(self, paths: list[str]) -> dict[str, dict[str, str]]:
-        return dict(self._agent_json("describe-paths", "--", *paths)["paths"])
+    def describe_paths(self, paths: list[str], scan: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+        return dict(self._agent_json("describe-paths", *(f"--scan={folder}" for folder in scan), "--", *paths)["paths"])
 
     def clock(self) -> float:
         return float(self.info()["time"])

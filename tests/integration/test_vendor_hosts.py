@@ -122,3 +122,28 @@ def test_a_scaffolded_vendor_runs_in_its_image_on_a_docker_host_and_an_ssh_host(
     requirements = context / "requirements.txt"
     requirements.write_text(requirements.read_text() + "scikit-learn\n")
     assert image_tag("acme", "pytorch", image_digest(context, build_args)) != tag
+
+    # A file of the vendor folder that links outside it: the host follows the link, a container (which has the
+    # folder alone, under /flagperf-search) would find it dangling. The SSH host's agent lists it as it resolves
+    # the folder, so the checks before any container starts refuse it in one line naming the file and the key.
+    from flagperf.errors import ConfigError
+    from flagperf.hosts.docker import container_settings
+    from flagperf.hosts.fleet import checked_on_host
+    from flagperf.hosts.inventory import load_inventory
+    from flagperf.hosts.ssh import SshHost
+
+    spec = load_inventory(inventory).hosts[1]
+    outside = vendors.parent / "lab-notes.md"
+    outside.write_text("notes\n")
+    (folder / "notes.md").symlink_to(outside)
+    host = SshHost(spec)
+    try:
+        with pytest.raises(ConfigError) as info:
+            checked_on_host(container_settings(load_vendor("acme"), spec, tag, deployed, plan.case_folders), host,
+                            spec)
+    finally:
+        host.close()
+        (folder / "notes.md").unlink()
+    assert info.value.key == "hosts.1.env.FLAGPERF_VENDOR_PATH", str(info.value)
+    assert (f"on host {spec.name}: FLAGPERF_VENDOR_PATH vendor 'acme': {folder}/notes.md links outside its folder "
+            f"(to {outside}); in a container it would dangle") in info.value.message, str(info.value)

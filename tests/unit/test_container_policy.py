@@ -3,8 +3,12 @@ accelerator and RDMA devices by pattern plus a vendor's own. Each hole the old d
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -322,8 +326,9 @@ def test_a_search_path_folder_is_mounted_or_kept_by_where_it_resolves(tmp_path: 
     found = settings(project, FLAGPERF_CASE_PATH="labcases")
     assert found.search.all() == [Mount(str(lab / "base" / "x"), "/flagperf-search/case/0/base/x", read_only=True)]
     assert found.private_env["FLAGPERF_CASE_PATH"] == "/flagperf-search/case/0"
-    monkeypatch.chdir(project)  # a round's working folder: its project
-    monkeypatch.setenv("FLAGPERF_CASE_PATH", "labcases")
+    # A process round on the host reads the relative entry in its project (search_path_folders), which is
+    # <project>/labcases there: this test's project is not the one running, so named here in full.
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(project / "labcases"))
     on_host = source_digest(vendor="cpu", cases=["base/x"])
     for name, value in container_view(found, ("FLAGPERF_CASE_PATH",), tmp_path / "container-b").items():
         monkeypatch.setenv(name, value)
@@ -342,3 +347,71 @@ def test_a_search_path_folder_is_mounted_or_kept_by_where_it_resolves(tmp_path: 
         settings(tmp_path / "deploy", FLAGPERF_CASE_PATH="own")
     assert info.value.key == "hosts.0.env.FLAGPERF_CASE_PATH" and f"resolves to {lab / 'base' / 'x'}" in \
         info.value.message and "outside the project" in info.value.message, str(info.value)
+
+
+def test_a_link_that_leaves_a_mounted_search_path_folder_is_refused_before_a_container_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lab's case folder outside the project reaches a docker host's containers alone, at another path. A link in
+    it to a file outside it is followed on the host (a process round reads the target, the source digest counts its
+    bytes) but would dangle in the container: refused when the host's folders are checked, before a container
+    starts, in one line naming the file, where it leads, the variable and the inventory's key. So are a linked
+    folder out of it, a link by the folder's own absolute path (the container has it elsewhere) and one that
+    leaves and comes back; relative links inside it stay fine, and a process host runs it as before."""
+    from flagperf.hosts.fleet import runtime_for
+    from flagperf.hosts.runtime import ProcessRuntime
+    from flagperf.results.provenance import source_digest
+
+    lab = tmp_path / "lab"
+    case = lab / "base" / "x"
+    (case / "sub").mkdir(parents=True)
+    (case / "case.yaml").write_text("name: x\n")
+    (case / "real.bin").write_bytes(b"kept inside")
+    (case / "same.bin").symlink_to("real.bin")  # inside: a container follows it as the host does
+    (case / "sub" / "up.bin").symlink_to("../real.bin")
+    outside = tmp_path / "datasets" / "big.bin"
+    outside.parent.mkdir()
+    outside.write_bytes(b"outside")
+    path = tmp_path / "inv.yaml"
+
+    def settings(runtime: str = "docker") -> Any:
+        path.write_text(yaml.safe_dump({"hosts": [{"name": "a", "address": "h", "runtime": runtime,
+                                                   "project_root": str(PROJECT_ROOT),
+                                                   "env": {"FLAGPERF_CASE_PATH": str(lab)}}]}))
+        spec = load_inventory(path).hosts[0]
+        if runtime != "docker":
+            return runtime_for(LocalHost(), spec, load_vendor("cpu"), {"tag": "img:1"}, "run-a", ["base/x"])
+        return checked_on_host(container_settings(load_vendor("cpu"), spec, "img:1", PROJECT_ROOT, ["base/x"]),
+                               LocalHost(), spec)
+
+    assert settings().search.all() == [Mount(str(case), "/flagperf-search/case/0/base/x", read_only=True)]
+    (case / "data.bin").symlink_to(outside)
+    with pytest.raises(ConfigError) as info:
+        settings()
+    assert info.value.source == str(path) and info.value.key == "hosts.0.env.FLAGPERF_CASE_PATH", str(info.value)
+    assert (f"on host a: FLAGPERF_CASE_PATH case 'base/x': {case}/data.bin links outside its folder (to {outside}); "
+            "in a container it would dangle") in info.value.message and "\n" not in str(info.value), str(info.value)
+    # A process host reads the target where it is: it runs as before, and the digest counts the target's bytes.
+    assert isinstance(settings("process"), ProcessRuntime)
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(lab))
+    before = source_digest(vendor="cpu", cases=["base/x"])
+    outside.write_bytes(b"outside, edited")
+    assert source_digest(vendor="cpu", cases=["base/x"]) != before
+    (case / "data.bin").unlink()
+    for name, target, words in (
+            ("datasets", outside.parent, f"sub/datasets links outside its folder (to {outside.parent})"),
+            ("abs.bin", case / "real.bin", f"sub/abs.bin links to {case / 'real.bin'} by its path on this host"),
+            ("back.bin", "../../x/real.bin", "sub/back.bin links out of its folder and back (to ../../x/real.bin)")):
+        (case / "sub" / name).symlink_to(target)
+        with pytest.raises(ConfigError) as info:
+            settings()
+        assert f"'base/x': {case}/{words}" in info.value.message, str(info.value)
+        (case / "sub" / name).unlink()
+    assert settings().search.all() == [Mount(str(case), "/flagperf-search/case/0/base/x", read_only=True)]
+    # An SSH host's answer comes from its agent: the same facts, the links of the folders asked for only.
+    (case / "data.bin").symlink_to(outside)
+    done = subprocess.run([sys.executable, "-m", "flagperf.hosts.agent", "describe-paths", f"--scan={case}", "--",
+                           str(case), str(lab)], capture_output=True, text=True, timeout=60, cwd=PROJECT_ROOT)
+    assert done.returncode == 0, done.stderr
+    paths = json.loads(done.stdout.splitlines()[-1])["paths"]
+    assert paths[str(case)]["links_out"] == [["data.bin", str(outside), str(outside)]], paths
+    assert "links_out" not in paths[str(lab)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -608,3 +609,74 @@ def test_a_rounds_source_digest_is_the_plans_wherever_its_vendor_and_cases_lie(t
     engine.write_text("name: mine\n")
     (lab / "cases" / "base" / "env-check" / "bench.py").write_text("# edited\n", encoding="utf-8")
     assert digest(vendor="cpu", cases=plan.case_folders) != plan.source_digest
+
+
+def test_a_relative_search_path_entry_is_the_folder_the_run_started_in_for_every_later_step(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bench_py: str, yaml_writer: Any,
+        restored_process_state: None) -> None:
+    """A relative FLAGPERF_CASE_PATH / FLAGPERF_VENDOR_PATH entry means the folder the command was started in, as a
+    PATH entry does, fixed once when the plan is made: a round's process, which a local host starts in the project,
+    reads the same folders and records the plan's source digest; the plan records them, absolute; a `--retry` started
+    elsewhere, where the same entry names another copy, is refused naming both folders.
+    The CLI fixes them when it starts, so a command's children (a server's worker, in the project) read them so."""
+    import sys
+
+    from typer.testing import CliRunner
+
+    from flagperf.config.plan import PLAN_FILE
+    from flagperf.hosts.local import LocalHost
+    from flows.cli import app
+
+    def lab(where: Path, label: str) -> Path:
+        folder = where / "my-cases" / "base" / "own-case"
+        yaml_writer(folder / "case.yaml", {"name": "own-case", "family": "base", "description": "a lab's own",
+                                           "entry": "bench.py", "configurations": {"size": 8, "label": label,
+                                                                                   "timeout_s": 60, "max_retries": 0}})
+        (folder / "bench.py").write_text(bench_py, encoding="utf-8")
+        (where / "my-vendors").mkdir()
+        return where
+
+    start = lab(tmp_path / "start", "x")
+    monkeypatch.chdir(start)
+    relative = {"FLAGPERF_CASE_PATH": "my-cases", "FLAGPERF_VENDOR_PATH": "my-vendors"}
+    for name, value in relative.items():
+        monkeypatch.setenv(name, value)
+    results = tmp_path / "results"
+    planned = plan_run(cases=["own-case"], results_dir=results, run_id="run-a")
+    assert planned.search_paths == {"FLAGPERF_VENDOR_PATH": [str(start / "my-vendors")],
+                                    "FLAGPERF_CASE_PATH": [str(start / "my-cases")]}
+    # A round: a process the local host starts in the project, with the controller's environment.
+    lines: list[str] = []
+    digest = ("from flagperf.results.provenance import source_digest; "
+              "print(source_digest(vendor='cpu', cases=['base/own-case']))")
+    done = LocalHost(work_root=tmp_path / "work").run([sys.executable, "-c", digest], timeout=120,
+                                                      log_path=tmp_path / "round.log", on_line=lines.append)
+    assert done.exit_code == 0, lines
+    assert planned.source_digest and lines[-1] == planned.source_digest, lines
+
+    # `flagperf run --retry` from another folder, where the same entry names another copy of the case.
+    (results / "run-a").mkdir(parents=True)
+    (results / "run-a" / PLAN_FILE).write_text(planned.model_dump_json())
+    elsewhere = lab(tmp_path / "elsewhere", "y")
+    monkeypatch.chdir(elsewhere)
+    for name, value in relative.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as info:
+        plan_run(cases=["own-case"], results_dir=results, run_id="run-a", resume=True)
+    assert "planned other work" in info.value.message and "\n" not in str(info.value)
+    assert (f"FLAGPERF_CASE_PATH was {start / 'my-cases'}, the retry's is {elsewhere / 'my-cases'}"
+            in info.value.message), info.value.message
+    # From where it was started, with the case's code edited since: other code, and said so.
+    monkeypatch.chdir(start)
+    for name, value in relative.items():
+        monkeypatch.setenv(name, value)
+    (start / "my-cases" / "base" / "own-case" / "bench.py").write_text(bench_py + "# edited\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="different code"):
+        plan_run(cases=["own-case"], results_dir=results, run_id="run-a", resume=True)
+
+    for name, value in relative.items():
+        monkeypatch.setenv(name, value)
+    listed = CliRunner().invoke(app, ["list", "cases"])
+    assert listed.exit_code == 0 and "own-case" in listed.output, listed.output
+    assert {name: os.environ[name] for name in relative} == {name: str(start / value)
+                                                             for name, value in relative.items()}

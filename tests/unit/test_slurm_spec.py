@@ -281,6 +281,16 @@ def test_a_search_path_from_the_controllers_environment_is_named_as_such(tmp_pat
     assert str(info.value).startswith("the controller's environment: FLAGPERF_VENDOR_PATH: on host gpu (its "
                                       "inventory entry sets no env.FLAGPERF_VENDOR_PATH): "), str(info.value)
     assert "hosts.0" not in str(info.value) and "outside its" in str(info.value)
+    # A link in the mounted folder that leaves it: the controller lists it as it resolves the folder (the jobs'
+    # container would find it dangling), before a job is written.
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(tmp_path / "vendors"))
+    (tmp_path / "monitor.py").write_text("# the lab's\n")
+    (tmp_path / "vendors" / "acme" / "monitor.py").symlink_to(tmp_path / "monitor.py")
+    with pytest.raises(ConfigError) as info:
+        SlurmHost(load_inventory(path).hosts[0]).search_mounts("acme")
+    assert str(info.value).startswith("the controller's environment: FLAGPERF_VENDOR_PATH: on host gpu "), info.value
+    assert (f"FLAGPERF_VENDOR_PATH vendor 'acme': {tmp_path / 'vendors' / 'acme' / 'monitor.py'} links outside its "
+            f"folder (to {tmp_path / 'monitor.py'}); in a container it would dangle" in str(info.value)), info.value
 
 
 def test_a_multi_node_jobs_mount_check_runs_on_every_node_outside_the_container(tmp_path: Path) -> None:
