@@ -117,8 +117,9 @@ class _Keys(BaseModel):
 
 class Slo(_Keys):
     """Service-level objectives per request (vLLM's goodput): a request is good when it succeeded and its
-    TTFT, TPOT (and E2EL, when given) are within these bounds. Default: MLPerf Inference's Server bounds
-    (p99 TTFT <= 2 s, p99 TPOT <= 100 ms), also used for the point's p99 check."""
+    TTFT, TPOT (and E2EL, when given) are within these bounds. Default: MLPerf Inference's Server bounds of
+    Llama-3.1-8B (p99 TTFT <= 2 s, p99 TPOT <= 100 ms; other models' differ: loadgen/mlperf.conf), also used for
+    the point's p99 check."""
 
     ttft_s: float = Field(default=2.0, gt=0)
     tpot_s: float = Field(default=0.1, gt=0)

@@ -9,8 +9,16 @@ Load shapes, one per point:
 A point sends ``requests`` requests, or keeps sending for ``duration_s`` (then waits for those in flight).
 
 Per request (a line of requests.jsonl, written and flushed as the request ends, so a killed round keeps what
-it did): see ``RequestRecord``. Times are taken with time.perf_counter() relative to the send; ``sent_at``
-is the wall clock (epoch seconds) at the send, for lining requests up with the monitors' samples.
+it did): see ``RequestRecord``. Every time is taken with time.perf_counter(): a request's chunks relative to its
+send, its send relative to the phase's start (``send_offset_s``, what a phase's duration is made of); ``sent_at``
+is the wall clock (epoch seconds) at the send, only for lining requests up with the monitors' samples (the wall
+clock may be stepped while a point runs, so no duration mixes it with perf_counter times).
+
+An output chunk is an event whose text is not empty: ``delta.content`` or a reasoning model's
+``delta.reasoning_content`` / ``delta.reasoning`` (chat), ``text`` (completions). A request fails on an HTTP
+status other than 200, a transport error or timeout, an ``error`` event, an event with none of ``choices``,
+``usage`` and ``error`` (``{"object": "error", ...}``), or a stream that ends without a ``finish_reason`` (it broke
+off) or with ``abort`` or ``error`` as its finish reason.
 
 Why our own client and not a maintained one: docs/serving.md (AIPerf does not install beside prefect 3.8.8;
 GuideLLM does only at 0.2.1 with 15 more packages, and neither writes each chunk's arrival with the server's
@@ -55,6 +63,9 @@ class ServingPrompt:
     prompt_tokens: int
     output_len: int
     reference: str | None = None
+    # The client's count of the prompt as the server tokenizes it (with the chat template for chat, with the
+    # tokenizer's special tokens for completions); None where the client cannot tell (no tokenizer or template).
+    sent_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -95,21 +106,31 @@ class Target:
 
 @dataclass
 class RequestRecord:
-    """One request, as requests.jsonl keeps it.
+    """One request, as requests.jsonl keeps it (a line written by older code lacks the later fields: their
+    defaults).
 
     point, phase         the point's label (c4, r2.5) and "warmup" or "timed"
     seq, prompt_index    order within the point's phase; which prompt it sent
-    sent_at              epoch seconds at the send
-    ttft_s               first non-empty content chunk - send (None: no content arrived)
-    chunk_times_s        each non-empty content chunk's arrival - send, in order
+    sent_at              epoch seconds at the send (to line up with the monitors only)
+    ttft_s               first output chunk (content or reasoning text) - send (None: no output arrived)
+    chunk_times_s        each output chunk's arrival - send, in order (reasoning chunks included)
     e2el_s               end of the response stream - send (also for a failed request: when it failed)
     prompt_tokens_client / output_tokens_client   the client's counts (the model folder's tokenizer on the
-                         prompt and on the output text; without a tokenizer, output = content chunks)
+                         prompt's text and on the output, answer and reasoning; without a tokenizer, output =
+                         output chunks)
     prompt_tokens_usage / output_tokens_usage     the server's usage (stream_options.include_usage), if sent
     requested_output     max_tokens asked (and the exact length when ``exact``)
     finish_reason        the server's last finish_reason
     error                None when the request succeeded, else what went wrong (HTTP status, stream error)
-    output_text          the output, concatenated
+    output_text          the answer (content or text), concatenated
+    send_offset_s        send - the phase's start (perf_counter): a phase's duration is made of these and E2EL
+    scheduled_offset_s   open loop: when the arrival process scheduled it, from the phase's start; None: closed loop
+    queue_wait_s         send - scheduled: waiting for a max_concurrency slot, or the client running late
+    prompt_tokens_sent   the client's count of the prompt as the server tokenizes it (chat template, special
+                         tokens); None where the client cannot tell
+    reasoning_chunks     output chunks of reasoning text (part of chunk_times_s)
+    reasoning_tokens_client  the client's count of the reasoning text (part of output_tokens_client)
+    reasoning_text       the reasoning, concatenated
     """
 
     point: str
@@ -129,6 +150,13 @@ class RequestRecord:
     finish_reason: str | None = None
     error: str | None = None
     output_text: str = ""
+    send_offset_s: float | None = None
+    scheduled_offset_s: float | None = None
+    queue_wait_s: float | None = None
+    prompt_tokens_sent: int | None = None
+    reasoning_chunks: int = 0
+    reasoning_tokens_client: int | None = None
+    reasoning_text: str = ""
 
     @property
     def ok(self) -> bool:
@@ -214,9 +242,22 @@ async def _stream_lines(response: httpx.Response) -> AsyncIterator[str]:
         yield line
 
 
+@dataclass
+class _Texts:
+    """A stream's text pieces: the answer (content, or text) and a reasoning model's reasoning."""
+
+    answer: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+
+
+# A finish reason that says the server gave up on the request (vLLM's and SGLang's "abort", an "error"): its
+# output is cut short by the server, not by max_tokens or the end of sequence.
+FAILED_FINISH = ("abort", "error")
+
+
 async def _exchange(client: httpx.AsyncClient, target: Target, prompt: ServingPrompt, record: RequestRecord,
-                    parts: list[str], start: float) -> None:
-    """The request and its stream into ``record`` and ``parts``; leaving (the end, an error, a cancel) closes the
+                    texts: _Texts, start: float) -> None:
+    """The request and its stream into ``record`` and ``texts``; leaving (the end, an error, a cancel) closes the
     response, and with it a connection whose stream was not read to its end."""
     async with client.stream("POST", target.url, json=target.body(prompt), headers=target.headers,
                              timeout=target.request_timeout_s) as response:
@@ -240,7 +281,7 @@ async def _exchange(client: httpx.AsyncClient, target: Target, prompt: ServingPr
                 if data == "[DONE]":
                     break
                 _read_event(target.redact(data) if target.headers else data, time.perf_counter() - start, record,
-                            parts, target.api)
+                            texts, target.api)
                 if record.error is None and len(record.chunk_times_s) > pieces_allowed:
                     record.error = (f"the server streamed more than {pieces_allowed} text pieces for "
                                     f"max_tokens {prompt.output_len}; the request was stopped")
@@ -251,17 +292,25 @@ async def _exchange(client: httpx.AsyncClient, target: Target, prompt: ServingPr
 
 
 async def send_request(client: httpx.AsyncClient, target: Target, prompt: ServingPrompt, point: str, phase: str,
-                       seq: int, count_tokens: TokenCounter | None) -> RequestRecord:
-    """One streamed request, timed chunk by chunk; every failure is recorded, never raised."""
+                       seq: int, count_tokens: TokenCounter | None, *, phase_start: float | None = None,
+                       scheduled: float | None = None) -> RequestRecord:
+    """One streamed request, timed chunk by chunk; every failure is recorded, never raised. ``phase_start``: the
+    phase's perf_counter start (the record's send offset is taken from it); ``scheduled``: the arrival the open
+    loop drew for it, from the phase's start."""
     record = RequestRecord(point=point, phase=phase, seq=seq, prompt_index=prompt.index, sent_at=time.time(),
                            requested_output=prompt.output_len, exact=target.exact_fields is not None,
-                           prompt_tokens_client=prompt.prompt_tokens)
-    parts: list[str] = []
+                           prompt_tokens_client=prompt.prompt_tokens, prompt_tokens_sent=prompt.sent_tokens)
+    texts = _Texts()
     start = time.perf_counter()
+    if phase_start is not None:
+        record.send_offset_s = start - phase_start
+        if scheduled is not None:
+            record.scheduled_offset_s = scheduled
+            record.queue_wait_s = max(0.0, record.send_offset_s - scheduled)
     try:
         # httpx's timeout is per read: a server that keeps sending (events, or bytes without a line end) would hold
         # the request, and the round, without end; the whole exchange is bounded here, from the send.
-        await asyncio.wait_for(_exchange(client, target, prompt, record, parts, start), target.request_timeout_s)
+        await asyncio.wait_for(_exchange(client, target, prompt, record, texts, start), target.request_timeout_s)
     except (asyncio.TimeoutError, httpx.TimeoutException) as exc:
         # Either limit: httpx's per-read (connect, pool) limits are request_timeout_s too, each started after the
         # send, so one that fires first also means the request ran past its limit (one verdict, whichever fires).
@@ -273,16 +322,45 @@ async def send_request(client: httpx.AsyncClient, target: Target, prompt: Servin
     except LineTooLong as exc:
         record.error = str(exc)
     record.e2el_s = time.perf_counter() - start
-    record.output_text = "".join(parts)
+    record.output_text = "".join(texts.answer)
+    record.reasoning_text = "".join(texts.reasoning)
     if record.ok:
-        record.output_tokens_client = (count_tokens(record.output_text) if count_tokens is not None
-                                       else len(record.chunk_times_s))
-        if not record.chunk_times_s and record.output_tokens_usage is None and record.finish_reason is None:
-            record.error = "the stream ended without an event"
+        if count_tokens is not None:
+            record.reasoning_tokens_client = count_tokens(record.reasoning_text) if texts.reasoning else 0
+            record.output_tokens_client = count_tokens(record.output_text) + record.reasoning_tokens_client
+        else:
+            record.reasoning_tokens_client = record.reasoning_chunks
+            record.output_tokens_client = len(record.chunk_times_s)
+        record.error = stream_end_error(record)
     return record
 
 
-def _read_event(data: str, elapsed: float, record: RequestRecord, parts: list[str], api: str) -> None:
+def stream_end_error(record: RequestRecord) -> str | None:
+    """What a stream that ended without an error event still did wrong: it ended before the server said why it
+    stopped (no finish_reason: the connection broke off, or the server dropped the request), or the server said it
+    gave up (``abort``, ``error``). ``transformers serve`` sends no ``[DONE]``: its last chunk, with the finish
+    reason and usage, ends the stream."""
+    if record.finish_reason is None:
+        if not record.chunk_times_s and record.output_tokens_usage is None:
+            return "the stream ended without an event"
+        return (f"the stream ended without a finish_reason after {len(record.chunk_times_s)} output chunk(s): it "
+                "broke off")
+    if record.finish_reason in FAILED_FINISH:
+        return (f"the server ended the request with finish_reason {record.finish_reason!r} after "
+                f"{len(record.chunk_times_s)} output chunk(s)")
+    return None
+
+
+def _text_field(container: dict[str, Any], key: str, data: str, record: RequestRecord) -> str | None:
+    """A text field of a choice or delta: a string or absent; anything else is the request's error."""
+    value = container.get(key)
+    if value is not None and not isinstance(value, str):
+        record.error = f"unexpected content: {data[:ERROR_TEXT_LIMIT]}"
+        return None
+    return value
+
+
+def _read_event(data: str, elapsed: float, record: RequestRecord, texts: _Texts, api: str) -> None:
     """One server-sent event into the record; an event of another shape than the API's is the request's error
     (a server's answer is input too: it never raises out of the load)."""
     try:
@@ -295,6 +373,9 @@ def _read_event(data: str, elapsed: float, record: RequestRecord, parts: list[st
         return
     if event.get("error"):
         record.error = f"server error: {json.dumps(event['error'])[:ERROR_TEXT_LIMIT]}"
+        return
+    if "choices" not in event and "usage" not in event:  # vLLM's {"object": "error", "message": ...}, or worse
+        record.error = f"an event with none of choices, usage and error: {data[:ERROR_TEXT_LIMIT]}"
         return
     usage = event.get("usage")
     if isinstance(usage, dict):
@@ -309,15 +390,28 @@ def _read_event(data: str, elapsed: float, record: RequestRecord, parts: list[st
         record.error = f"unexpected choices: {data[:ERROR_TEXT_LIMIT]}"
         return
     for choice in choices:
-        text = (choice.get("delta") or {}).get("content") if api == "chat" else choice.get("text")
-        if text is not None and not isinstance(text, str):
-            record.error = f"unexpected content: {data[:ERROR_TEXT_LIMIT]}"
+        reasoning = None
+        if api == "chat":
+            delta = choice.get("delta") or {}
+            text = _text_field(delta, "content", data, record)
+            # A reasoning model's thinking (reasoning_content: SGLang, older vLLM; reasoning: newer vLLM; a server
+            # may send both with the same text, read once): output the server generates and the user waits for, so
+            # a chunk of it is an output chunk for TTFT and ITL.
+            reasoning = (_text_field(delta, "reasoning_content", data, record)
+                         or _text_field(delta, "reasoning", data, record))
+        else:
+            text = _text_field(choice, "text", data, record)
+        if record.error is not None:
             return
-        if text:
+        if text or reasoning:
             if record.ttft_s is None:
                 record.ttft_s = elapsed
             record.chunk_times_s.append(elapsed)
-            parts.append(text)
+            if text:
+                texts.answer.append(text)
+            if reasoning:
+                texts.reasoning.append(reasoning)
+                record.reasoning_chunks += 1
         if choice.get("finish_reason"):
             record.finish_reason = str(choice["finish_reason"])[:ERROR_TEXT_LIMIT]
 
@@ -342,22 +436,50 @@ class Load:
 class PhaseRun:
     records: list[RequestRecord]
     started_at: float  # epoch of the first send (its record's sent_at)
-    ended_at: float  # epoch when the last request ended
-    seconds: float  # the first send to the latest request's end, from the records (send + E2EL)
+    ended_at: float  # started_at + seconds: the window the monitors' samples are matched to
+    seconds: float  # the first send to the latest request's end (perf_counter: send offsets + E2EL)
+
+
+def phase_span(records: Sequence[RequestRecord]) -> tuple[float, float]:
+    """(epoch of the first send, seconds from the first send to the latest end) of a phase's records, as
+    requests.jsonl gives them by hand: the largest ``send_offset_s + e2el_s`` minus the smallest ``send_offset_s``,
+    all perf_counter, so that a step of the wall clock (NTP) during the point is in no duration; the first send's
+    ``sent_at`` only places the window. Records written before send offsets existed: from sent_at, as then."""
+    if not records:
+        raise ValueError("a phase's span needs records")
+    if all(r.send_offset_s is not None for r in records):
+        first = min(records, key=lambda r: r.send_offset_s or 0.0)
+        last_end = max((r.send_offset_s or 0.0) + (r.e2el_s or 0.0) for r in records)
+        return first.sent_at, last_end - (first.send_offset_s or 0.0)
+    epoch0 = min(r.sent_at for r in records)
+    return epoch0, max(r.sent_at + (r.e2el_s or 0.0) for r in records) - epoch0
+
+
+def load_client(load: Load, target: Target) -> httpx.AsyncClient:
+    """The point's HTTP client: one connection per request in flight, kept open between its phases (a warm-up's
+    connections serve the timed requests, so no timed request's TTFT holds a connection's set-up)."""
+    limit = load.in_flight_limit
+    return httpx.AsyncClient(limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit),
+                             timeout=target.request_timeout_s)
 
 
 async def run_phase(target: Target, load: Load, prompts: Sequence[ServingPrompt], phase: str, *,
                     requests: int | None, duration_s: float | None, writer: RecordWriter | None,
                     count_tokens: TokenCounter | None, keep_going: Callable[[], bool] = lambda: True,
-                    first_prompt: int = 0) -> PhaseRun:
+                    first_prompt: int = 0, client: httpx.AsyncClient | None = None) -> PhaseRun:
     """Send the phase's requests (a count, or for a duration) in the load's shape; prompts are taken in
-    order from ``first_prompt``, round and round. ``keep_going`` false stops sending (a dead server)."""
+    order from ``first_prompt`` (round and round past the end: the caller says so where that happens).
+    ``keep_going`` false stops sending (a dead server). ``client``: the point's (load_client), else one of its own."""
     if (requests is None) == (duration_s is None):
         raise ValueError("a phase has a request count or a duration")
+    if client is None:
+        async with load_client(load, target) as own:
+            return await run_phase(target, load, prompts, phase, requests=requests, duration_s=duration_s,
+                                   writer=writer, count_tokens=count_tokens, keep_going=keep_going,
+                                   first_prompt=first_prompt, client=own)
+    http = client
     records: list[RequestRecord] = []
     sent = 0
-    limit = load.in_flight_limit
-    connections = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
     # The point's span is its first send to its last request's end (docs/serving.md), as vLLM's benchmark
     # duration: not the client's set-up (httpx builds an SSL context, tens of ms) nor its closing.
     start = time.perf_counter()
@@ -374,53 +496,49 @@ async def run_phase(target: Target, load: Load, prompts: Sequence[ServingPrompt]
         seq, sent = sent, sent + 1
         return seq, prompts[(first_prompt + seq) % len(prompts)]
 
-    async with httpx.AsyncClient(limits=connections, timeout=target.request_timeout_s) as client:
-        async def one(seq: int, prompt: ServingPrompt) -> None:
-            record = await send_request(client, target, prompt, load.label, phase, seq, count_tokens)
-            records.append(record)
-            if writer is not None:
-                writer.write(record)
+    async def one(seq: int, prompt: ServingPrompt, scheduled: float | None = None) -> None:
+        record = await send_request(http, target, prompt, load.label, phase, seq, count_tokens, phase_start=start,
+                                    scheduled=scheduled)
+        records.append(record)
+        if writer is not None:
+            writer.write(record)
 
-        if load.concurrency is not None:
-            async def worker() -> None:
-                while (job := take()) is not None:
-                    await one(*job)
+    if load.concurrency is not None:
+        async def worker() -> None:
+            while (job := take()) is not None:
+                await one(*job)
 
-            await asyncio.gather(*(worker() for _ in range(load.concurrency)))
-        else:
-            assert load.rate is not None
-            rng = random.Random(load.seed)
-            slots = asyncio.Semaphore(load.max_concurrency) if load.max_concurrency else None
+        await asyncio.gather(*(worker() for _ in range(load.concurrency)))
+    else:
+        assert load.rate is not None
+        rng = random.Random(load.seed)
+        slots = asyncio.Semaphore(load.max_concurrency) if load.max_concurrency else None
 
-            async def guarded(seq: int, prompt: ServingPrompt) -> None:
-                if slots is None:
-                    await one(seq, prompt)
-                    return
-                async with slots:
-                    await one(seq, prompt)
+        async def guarded(seq: int, prompt: ServingPrompt, scheduled: float) -> None:
+            if slots is None:
+                await one(seq, prompt, scheduled)
+                return
+            async with slots:  # the wait for a slot is the record's queue_wait_s
+                await one(seq, prompt, scheduled)
 
-            tasks: list[asyncio.Task[None]] = []
-            arrival = start
-            while True:
-                wait = arrival - time.perf_counter()
-                if wait > 0:
-                    if deadline is not None and arrival >= deadline:
-                        break
-                    await asyncio.sleep(wait)
-                job = take()
-                if job is None:
+        tasks: list[asyncio.Task[None]] = []
+        arrival = start
+        while True:
+            wait = arrival - time.perf_counter()
+            if wait > 0:
+                if deadline is not None and arrival >= deadline:
                     break
-                tasks.append(asyncio.create_task(guarded(*job)))
-                arrival += rng.gammavariate(load.burstiness, 1.0 / (load.rate * load.burstiness))
-            await asyncio.gather(*tasks)
+                await asyncio.sleep(wait)
+            job = take()
+            if job is None:
+                break
+            tasks.append(asyncio.create_task(guarded(*job, arrival - start)))
+            arrival += rng.gammavariate(load.burstiness, 1.0 / (load.rate * load.burstiness))
+        await asyncio.gather(*tasks)
     if not records:  # nothing was sent (a dead server before the first request)
         now = time.time()
         return PhaseRun(records=records, started_at=now, ended_at=now, seconds=0.0)
-    # From the records themselves, so requests.jsonl gives the same figure by hand: the first send's wall clock to
-    # the latest end (each request's own end is its send plus its perf_counter E2EL); the client's set-up and the
-    # scheduling around each request are outside it.
-    epoch0 = min(r.sent_at for r in records)
-    seconds = max(r.sent_at + (r.e2el_s or 0.0) for r in records) - epoch0
+    epoch0, seconds = phase_span(records)
     return PhaseRun(records=records, started_at=epoch0, ended_at=epoch0 + seconds, seconds=seconds)
 
 

@@ -5,7 +5,8 @@
             after the first)
   ITL       every gap between consecutive tokens of a request, pooled over requests (inter-token latency)
   output tokens/s        all output tokens / the level's timed wall time (the device's throughput)
-  tokens/s per user      a request's output tokens / (last token time - arrival), over requests
+  tokens/s per user      a request's output tokens / (last token time - arrival), over requests: mean, p10 (the
+                         slow tail: of a rate, low is slow), p50, p90; no p99 (a rate's p99 is its fastest 1 %)
   requests/s             completed requests / the level's timed wall time
   MFU       the level's model FLOPs / its timed wall time / the precision's peak FLOP/s, FLOPs counted as in
             every family (flagperf.results.metrics.TransformerFlops): each request's prefill and every decode
@@ -19,7 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flagperf.generate.engines import RequestTrace
-from flagperf.results.metrics import LatencyStats, TransformerFlops, latency_stats, model_flops_utilisation
+from flagperf.results.metrics import (
+    LatencyStats,
+    TransformerFlops,
+    latency_stats,
+    model_flops_utilisation,
+    percentile,
+)
 from flagperf.results.schema import Metric, Peak
 
 LEVEL_SEPARATOR = "@c"  # metric names: <what>@c<concurrency>, e.g. ttft_s@c32
@@ -42,6 +49,7 @@ class LevelStats:
     per_user: LatencyStats  # tokens/s per user over requests (a rate: its p10 is the slow tail)
     e2e: LatencyStats
     request_tokens: tuple[tuple[int, int], ...] = ()  # (prompt, output) tokens of each request
+    per_user_p10: float | None = None
 
     def model_flops(self, flops: TransformerFlops) -> float:
         return sum(flops.generation(prompt, output) for prompt, output in self.request_tokens)
@@ -69,7 +77,7 @@ def level_stats(concurrency: int, traces: list[RequestTrace], seconds: float) ->
     return LevelStats(concurrency=concurrency, requests=len(done), output_tokens=sum(t.output_tokens for t in done),
                       seconds=seconds, ttft=latency_stats(ttft), tpot=latency_stats(tpot) if tpot else None,
                       itl=latency_stats(itl) if itl else None, per_user=latency_stats(per_user or [0.0]),
-                      e2e=latency_stats(e2e),
+                      e2e=latency_stats(e2e), per_user_p10=percentile(per_user or [0.0], 10),
                       request_tokens=tuple((t.prompt_tokens, t.output_tokens) for t in done))
 
 
@@ -92,9 +100,10 @@ def level_metrics(stats: LevelStats, window: tuple[float, float], flops: Transfo
                convention=MFU_CONVENTION.format(key=precision, flops=flops.convention), statistic="rate",
                note=f"{stats.requests} requests, {c} at a time, {stats.output_tokens} output tokens"),
         Metric(name=level_name("tokens_per_s_per_user", c), value=stats.per_user.mean,
-               unit="tokens/s", p50=stats.per_user.p50, p90=stats.per_user.p90, p99=stats.per_user.p99,
+               unit="tokens/s", p10=stats.per_user_p10, p50=stats.per_user.p50, p90=stats.per_user.p90,
                iterations=stats.requests, measured_seconds=seconds, statistic="mean",
-               note="a request's output tokens / (last token - arrival); mean over requests"),
+               note="a request's output tokens / (last token - arrival); mean over requests; p10: the slowest 10 % "
+                    "of users got at most this"),
         Metric(name=level_name("requests_per_s", c), value=stats.requests_per_s, unit="requests/s",
                iterations=stats.requests, measured_seconds=seconds, statistic="rate"),
         _latency(level_name("ttft_s", c), stats.ttft, seconds, "time to first token: first token - arrival"),

@@ -9,27 +9,33 @@ figure below is one Metric of result.json; docs/serving.md repeats the table.
                                     (the output tokens), so the run summary computes energy per output token
                                     from the monitors (energy_per_work, J/token)
   output_tokens_per_s_per_device    the same / devices (tensor_parallel x nodes, or the endpoint's devices)
-  tokens_per_s_per_user             per request: output tokens / E2EL; mean (p50 p90 p99 over requests)
+  tokens_per_s_per_user             per request: output tokens / E2EL; mean, p10 (the slow tail: of a rate, low
+                                    is slow), p50, p90 over requests; no p99 (a rate's p99 is its fastest 1 %)
   interactivity                     1 / mean TPOT (tokens/s one user sees while decoding; InferenceX's axis)
   requests_per_s                    successful requests / the point's duration
   ttft_s  tpot_s  itl_s  e2el_s     mean, p50, p90, p99 (seconds) over successful requests:
-                                    TTFT = first content chunk - send; E2EL = end of stream - send;
+                                    TTFT = first output chunk - send; E2EL = end of stream - send;
                                     TPOT = (E2EL - TTFT) / (output tokens - 1), requests of >= 2 tokens;
-                                    ITL = every gap between consecutive content chunks, pooled
+                                    ITL = every gap between consecutive output chunks, pooled (an output
+                                    chunk: non-empty answer or reasoning text)
   goodput_requests_per_s            requests meeting every SLO / the point's duration (vLLM's goodput)
   goodput_fraction                  requests meeting every SLO / all timed requests (failed ones included)
   slo_p99_met                       1 when p99 TTFT <= slo.ttft_s and p99 TPOT <= slo.tpot_s (and p99 E2EL
                                     <= slo.e2el_s when given) and no request failed, else 0 (MLPerf's check)
-  failed_requests                   requests with an error (HTTP status, broken stream, no event)
+  failed_requests                   requests with an error (HTTP status, error event, a stream that broke off
+                                    or was aborted: flagperf.generate.loadgen)
   failed_fraction                   failed requests / all timed requests (iterations: the timed requests)
   truncated_requests                fewer output tokens than asked with exact output, or finish_reason
                                     "length" without it (the answer was cut)
   empty_outputs                     successful requests with no output token
-  token_count_mismatches            requests whose client count differs from the server's usage
+  token_count_mismatches            requests whose client count differs from the server's usage (output
+                                    tokens, or prompt tokens where the client knows the prompt as sent)
   exact_match, rouge1/rouge2/rougeL with a prompts file that has references (outputs vs references)
 
 Output tokens per request are the server's usage where it sent one, else the client's count. A point with
-failed, truncated or empty requests carries a ``warning`` on output_tokens_per_s (the report shows it).
+failed, truncated or empty requests, with requests that resent a prompt already sent in the round, or whose open
+loop sent late carries a ``warning`` on output_tokens_per_s (the report shows it). Every figure states how it
+was counted in its ``convention`` (CONVENTIONS), one wording per word, as docs/serving.md's table.
 
 A point whose every timed request failed is a **failed point** (``failed_point_metrics``): it has no throughput,
 latency or goodput (a 0 would draw as a point of the curve), only failed_requests and failed_fraction (1.0, with
@@ -43,11 +49,57 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from flagperf.generate.loadgen import RequestRecord
-from flagperf.results.metrics import LatencyStats, latency_stats
+from flagperf.results.metrics import LatencyStats, latency_stats, percentile
 from flagperf.results.schema import Metric
 from flagperf.results.serving import FAILED_FLAG_FRACTION
 
 FIRST_ERROR_CHARS = 200  # of the first failed request's error, in the point's warning
+
+# How each figure is counted (its Metric.convention), one wording per word: docs/serving.md's metric table says the
+# same, and the batch engines' figures of the same name (flagperf.generate.metrics) are counted alike.
+OUTPUT_TOKENS = ("output tokens of a request: the server's usage.completion_tokens, else the client's count (the "
+                 "model folder's tokenizer on the streamed answer and reasoning text; without one, output chunks)")
+OUTPUT_CHUNK = "an output chunk: a streamed event with non-empty answer (content, text) or reasoning text"
+DURATION = "the point's duration: its first send to its last stream end (client perf_counter)"
+PERCENTILES = "p50/p90/p99 linear-interpolated between closest ranks (numpy's default)"
+FAILED = ("a request fails on an HTTP status other than 200, a transport error or request_timeout_s, an error event, "
+          "an event with none of choices, usage and error, or a stream that ends without a finish_reason or with "
+          "finish_reason abort or error")
+CONVENTIONS = {
+    "output_tokens_per_s": f"output tokens of the successful timed requests / {DURATION}; {OUTPUT_TOKENS}",
+    "output_tokens_per_s_per_device": "output_tokens_per_s / devices (tensor_parallel x nodes, or the endpoint's "
+                                      "devices)",
+    "requests_per_s": f"successful timed requests / {DURATION}",
+    "goodput_requests_per_s": "timed requests meeting every SLO (vLLM's per-request rule: succeeded, TTFT, TPOT and "
+                              f"E2EL within their bounds; a 1-token request has no TPOT and passes it) / {DURATION}",
+    "goodput_fraction": "timed requests meeting every SLO (vLLM's per-request rule) / all timed requests, failed "
+                        "ones included",
+    "slo_p99_met": "1 when p99 TTFT and p99 TPOT (and p99 E2EL when bounded) of the successful requests are within "
+                   "the SLO and no request failed (MLPerf Server's check), else 0",
+    "failed_requests": FAILED,
+    "failed_fraction": f"failed / all timed requests; {FAILED}",
+    "truncated_requests": "exact output: fewer output tokens than max_tokens; else finish_reason length",
+    "empty_outputs": f"successful requests with 0 output tokens; {OUTPUT_TOKENS}",
+    "token_count_mismatches": "successful requests whose client count differs from the server's usage: output "
+                              "tokens, or prompt tokens where the client knows the prompt as the server tokenizes "
+                              "it (the chat template applied)",
+    "tokens_per_s_per_user": "per successful request: output tokens / E2EL; mean over requests; p10 is the slow tail "
+                             "(of a rate, low is slow) and p90 the fast side; no p99 (a rate's p99 is its fastest "
+                             f"1 %); {OUTPUT_TOKENS}",
+    "interactivity": "1 / mean TPOT (tpot_s's value)",
+    "ttft_s": f"time to first token: send to the first output chunk, client perf_counter; {OUTPUT_CHUNK}; successful "
+              f"requests; {PERCENTILES}",
+    "tpot_s": "time per output token after the first: (E2EL - TTFT) / (output tokens - 1) per successful request, "
+              f"1-token requests left out; {OUTPUT_TOKENS}; {PERCENTILES}",
+    "itl_s": f"inter-token latency: every gap between consecutive output chunks of a successful request, pooled (a "
+             f"chunk may carry several tokens); {OUTPUT_CHUNK}; {PERCENTILES}",
+    "e2el_s": "end-to-end latency: send to the end of the response stream (its last event), client perf_counter; "
+              f"successful requests; {PERCENTILES}",
+    "exact_match": "outputs (the answer text, reasoning left out) equal to the reference, whitespace at the ends "
+                   "ignored; failed requests score as empty outputs",
+    "rouge": "rouge-score F1 (stemmed) of the outputs (the answer text, reasoning left out) against the references, "
+             "mean; failed requests score as empty outputs",
+}
 
 
 class SloBounds(Protocol):
@@ -70,6 +122,14 @@ def tpot(record: RequestRecord) -> float | None:
     if not record.ok or record.ttft_s is None or record.e2el_s is None or record.output_tokens < 2:
         return None
     return (record.e2el_s - record.ttft_s) / (record.output_tokens - 1)
+
+
+def prompt_mismatch(record: RequestRecord) -> bool:
+    """The server counted the prompt otherwise than the client's count of it as sent (chat template applied):
+    another tokenizer, or a template the server applies differently. Unknown (no client count as sent, no
+    usage) is no mismatch."""
+    return (record.prompt_tokens_sent is not None and record.prompt_tokens_usage is not None
+            and record.prompt_tokens_sent != record.prompt_tokens_usage)
 
 
 def meets_slo(record: RequestRecord, slo: SloBounds) -> bool:
@@ -107,6 +167,9 @@ class PointStats:
     e2el: LatencyStats | None
     per_user: LatencyStats | None
     first_error: str | None = None  # of the first failed request in sending order: what a reader checks first
+    per_user_p10: float | None = None  # tokens/s per user: the slow tail (of a rate, low is slow)
+    prompt_mismatched: int = 0  # of ``mismatched``: by the prompt's count
+    output_mismatched: int = 0  # of ``mismatched``: by the output's count
 
     @property
     def failed_point(self) -> bool:
@@ -128,12 +191,15 @@ def point_stats(label: str, records: list[RequestRecord], seconds: float, slo: S
     per_token = [t for t in (tpot(r) for r in timed) if t is not None]
     gaps = [b - a for r in timed for a, b in zip(r.chunk_times_s, r.chunk_times_s[1:], strict=False)]
     per_user = [r.output_tokens / r.e2el_s for r in timed if r.e2el_s]
-    mismatched = sum(1 for r in done if r.output_tokens_usage is not None and r.output_tokens_client is not None
-                     and r.output_tokens_usage != r.output_tokens_client)
+    output_off = {id(r) for r in done if r.output_tokens_usage is not None and r.output_tokens_client is not None
+                  and r.output_tokens_usage != r.output_tokens_client}
+    prompt_off = {id(r) for r in done if prompt_mismatch(r)}
     return PointStats(
         label=label, requests=len(records), succeeded=len(done), failed=len(records) - len(done),
         truncated=sum(1 for r in records if is_truncated(r)),
-        empty=sum(1 for r in done if r.output_tokens == 0), mismatched=mismatched,
+        empty=sum(1 for r in done if r.output_tokens == 0), mismatched=len(output_off | prompt_off),
+        prompt_mismatched=len(prompt_off), output_mismatched=len(output_off),
+        per_user_p10=percentile(per_user, 10) if per_user else None,
         output_tokens=sum(r.output_tokens for r in done), seconds=seconds,
         good=sum(1 for r in records if meets_slo(r, slo)),
         ttft=latency_stats([r.ttft_s for r in timed if r.ttft_s is not None]) if timed else None,
@@ -143,78 +209,91 @@ def point_stats(label: str, records: list[RequestRecord], seconds: float, slo: S
         first_error=next((r.error for r in sorted(records, key=lambda r: r.seq) if r.error is not None), None))
 
 
-def _latency(name: str, stats: LatencyStats, seconds: float, note: str) -> Metric:
+def _latency(name: str, what: str, stats: LatencyStats, seconds: float, note: str) -> Metric:
     return Metric(name=name, value=stats.mean, unit="s", p50=stats.p50, p90=stats.p90, p99=stats.p99,
-                  iterations=stats.count, measured_seconds=seconds, note=note, statistic="mean")
+                  iterations=stats.count, measured_seconds=seconds, note=note, statistic="mean",
+                  convention=CONVENTIONS[what])
 
 
-def _count(name: str, value: int, seconds: float, note: str) -> Metric:
-    return Metric(name=name, value=float(value), unit="requests", iterations=value, measured_seconds=seconds,
-                  note=note, statistic="single")
+def _count(what: str, label: str, value: int, seconds: float, note: str) -> Metric:
+    return Metric(name=metric_name(what, label), value=float(value), unit="requests", iterations=value,
+                  measured_seconds=seconds, note=note, statistic="single", convention=CONVENTIONS[what])
 
 
 def point_metrics(stats: PointStats, window: tuple[float, float], devices: int, slo: SloBounds,
-                  load_note: str) -> list[Metric]:
-    """The point's metrics (names in this module's docstring)."""
+                  load_note: str, cautions: list[str] | None = None) -> list[Metric]:
+    """The point's metrics (names in this module's docstring). ``cautions``: what else makes its figures not
+    plain, from the round (prompts resent, an open loop that sent late), added to output_tokens_per_s's warning."""
     label, seconds = stats.label, stats.seconds
     tokens_per_s = stats.output_tokens / seconds
     problems = [f"{n} {what}" for n, what in ((stats.failed, "failed"), (stats.truncated, "truncated"),
                                                (stats.empty, "empty")) if n]
+    warnings = [(f"{', '.join(problems)} of {stats.requests} requests"
+                 + (f"; the first failed: {stats.first_error[:FIRST_ERROR_CHARS]}" if stats.first_error else ""))
+                ] if problems else []
+    warnings += cautions or []
     slo_text = (f"TTFT <= {slo.ttft_s:g} s, TPOT <= {slo.tpot_s:g} s"
                 + (f", E2EL <= {slo.e2el_s:g} s" if slo.e2el_s is not None else ""))
     metrics = [
         Metric(name=metric_name("output_tokens_per_s", label), value=tokens_per_s, unit="tokens/s",
                iterations=stats.output_tokens, measured_seconds=seconds, window=list(window),
-               work=float(stats.output_tokens), statistic="rate",
+               work=float(stats.output_tokens), statistic="rate", convention=CONVENTIONS["output_tokens_per_s"],
                note=f"{load_note}; {stats.requests} requests, {stats.output_tokens} output tokens",
-               warning=(f"{', '.join(problems)} of {stats.requests} requests"
-                        + (f"; the first failed: {stats.first_error[:FIRST_ERROR_CHARS]}" if stats.first_error else "")
-                        if problems else None)),
+               warning="; ".join(warnings) or None),
         Metric(name=metric_name("output_tokens_per_s_per_device", label), value=tokens_per_s / devices,
                unit="tokens/s", iterations=stats.output_tokens, measured_seconds=seconds, statistic="rate",
+               convention=CONVENTIONS["output_tokens_per_s_per_device"],
                note=f"output tokens/s / {devices} device(s)"),
         Metric(name=metric_name("requests_per_s", label), value=stats.succeeded / seconds, unit="requests/s",
-               iterations=stats.succeeded, measured_seconds=seconds, statistic="rate"),
+               iterations=stats.succeeded, measured_seconds=seconds, statistic="rate",
+               convention=CONVENTIONS["requests_per_s"],
+               note=f"{stats.succeeded} successful of {stats.requests} timed requests / {seconds:.4g} s"),
         Metric(name=metric_name("goodput_requests_per_s", label), value=stats.good / seconds, unit="requests/s",
                iterations=stats.good, measured_seconds=seconds, statistic="rate",
-               note=f"requests meeting every SLO ({slo_text})"),
+               convention=CONVENTIONS["goodput_requests_per_s"], note=f"requests meeting every SLO ({slo_text})"),
         Metric(name=metric_name("goodput_fraction", label), value=stats.good / stats.requests, unit="fraction",
                iterations=stats.requests, measured_seconds=seconds, statistic="single",
-               note=f"of all timed requests ({slo_text})"),
+               convention=CONVENTIONS["goodput_fraction"], note=f"of all timed requests ({slo_text})"),
         Metric(name=metric_name("slo_p99_met", label), value=float(stats.slo_p99_met(slo)), unit="bool",
                iterations=stats.requests, measured_seconds=seconds, statistic="single",
+               convention=CONVENTIONS["slo_p99_met"],
                note=f"p99 TTFT and p99 TPOT within the SLO ({slo_text}), no failed request"),
-        _count(metric_name("failed_requests", label), stats.failed, seconds, "requests with an error"),
+        _count("failed_requests", label, stats.failed, seconds, "requests with an error"),
         _failed_fraction(stats),
-        _count(metric_name("truncated_requests", label), stats.truncated, seconds,
+        _count("truncated_requests", label, stats.truncated, seconds,
                "fewer output tokens than asked (exact output), or cut at max_tokens"),
-        _count(metric_name("empty_outputs", label), stats.empty, seconds, "successful requests with no output"),
-        _count(metric_name("token_count_mismatches", label), stats.mismatched, seconds,
-               "requests whose client token count differs from the server's usage"),
+        _count("empty_outputs", label, stats.empty, seconds, "successful requests with no output"),
+        _count("token_count_mismatches", label, stats.mismatched, seconds,
+               f"requests whose client token count differs from the server's usage ({stats.output_mismatched} by "
+               f"the output, {stats.prompt_mismatched} by the prompt)"),
     ]
     if stats.per_user is not None:
         p = stats.per_user
         metrics.append(Metric(name=metric_name("tokens_per_s_per_user", label), value=p.mean, unit="tokens/s",
-                              p50=p.p50, p90=p.p90, p99=p.p99, iterations=p.count, measured_seconds=seconds,
-                              note="a request's output tokens / its E2EL; mean over requests", statistic="mean"))
+                              p10=stats.per_user_p10, p50=p.p50, p90=p.p90, iterations=p.count,
+                              measured_seconds=seconds, statistic="mean",
+                              convention=CONVENTIONS["tokens_per_s_per_user"],
+                              note="a request's output tokens / its E2EL; mean over requests; p10: the slowest "
+                                   "10 % of users got at most this"))
     for what, stats_of, note in (
-            ("ttft_s", stats.ttft, "time to first token: first content chunk - send"),
+            ("ttft_s", stats.ttft, "time to first token: first output chunk - send"),
             ("tpot_s", stats.tpot, "time per output token after the first: (E2EL - TTFT) / (tokens - 1)"),
-            ("itl_s", stats.itl, "inter-token latency: every gap between content chunks, pooled"),
+            ("itl_s", stats.itl, "inter-token latency: every gap between output chunks, pooled"),
             ("e2el_s", stats.e2el, "end-to-end latency: end of stream - send")):
         if stats_of is not None:
-            metrics.append(_latency(metric_name(what, label), stats_of, seconds, note))
+            metrics.append(_latency(metric_name(what, label), what, stats_of, seconds, note))
     if stats.tpot is not None and stats.tpot.mean > 0:
         metrics.append(Metric(name=metric_name("interactivity", label), value=1.0 / stats.tpot.mean,
                               unit="tokens/s", iterations=stats.tpot.count, measured_seconds=seconds,
-                              note="1 / mean TPOT", statistic="single"))
+                              note="1 / mean TPOT", statistic="single", convention=CONVENTIONS["interactivity"]))
     return metrics
 
 
 def _failed_fraction(stats: PointStats) -> Metric:
     share = stats.failed / stats.requests
     return Metric(name=metric_name("failed_fraction", stats.label), value=share, unit="fraction",
-                  iterations=stats.requests, measured_seconds=stats.seconds,
+                  iterations=stats.requests, measured_seconds=stats.seconds, statistic="single",
+                  convention=CONVENTIONS["failed_fraction"],
                   note=f"failed / all timed requests (flagged above {FAILED_FLAG_FRACTION:.0%}: the p99 shown would "
                        "not be the load's)",
                   # A failed point's only warning (a measured point's is on its output_tokens_per_s, said once)
@@ -226,7 +305,7 @@ def _failed_fraction(stats: PointStats) -> Metric:
 def failed_point_metrics(stats: PointStats) -> list[Metric]:
     """A point whose every timed request failed: its count and failed_fraction (1.0, the first error as its
     warning) only; no throughput, latency or goodput, so that it is never drawn as a point of the curve."""
-    return [_count(metric_name("failed_requests", stats.label), stats.failed, stats.seconds,
+    return [_count("failed_requests", stats.label, stats.failed, stats.seconds,
                    "requests with an error: every timed request of the point (a failed point)"),
             _failed_fraction(stats)]
 
@@ -246,11 +325,11 @@ def quality_metrics(label: str, records: list[RequestRecord], references: dict[i
 
     exact = sum(1 for out, ref in scored if out.strip() == ref.strip()) / len(scored)
     metrics = [Metric(name=metric_name("exact_match", label), value=exact, unit="fraction", iterations=len(scored),
-                      statistic="single",
+                      statistic="single", convention=CONVENTIONS["exact_match"],
                       note="outputs equal to the reference (whitespace at the ends ignored)")]
     scores = rouge_scores([o for o, _ in scored], [r for _, r in scored])
     metrics += [Metric(name=metric_name(key, label), value=value, unit="F1", iterations=len(scored),
-                       statistic="single",
+                       statistic="single", convention=CONVENTIONS["rouge"],
                        note="rouge-score F1 (stemmed) of the outputs against the references, mean")
                 for key, value in scores.items() if not math.isnan(value)]
     return metrics

@@ -9,7 +9,11 @@ the OpenAI HTTP API, point by point.
      the round folder; or the case's ``endpoint``
   4. per point (each concurrency, then each request rate): warm-up requests, the server's Prometheus text
      before, the timed requests, the Prometheus text after (server_metrics/<label>.{before,after}.prom),
-     the point's metrics (flagperf.generate.points); every request in requests.jsonl as it ends
+     the point's metrics (flagperf.generate.points); every request in requests.jsonl as it ends. Each phase of
+     each point sends prompts of its own, never sent before in the round (a server's prefix cache, on by default
+     in vLLM and SGLang, would serve a resent prompt's prefill from the cache, as MLPerf forbids): the prompt set
+     is made as large as the round's requests (synthetic), and where a file has fewer prompts than that, the
+     resent ones are counted per point and said in the point's warning
   5. the server stopped (its whole process group), also on failure
 
 Files in the round folder: requests.jsonl, server.log, server_metrics/, serving.json (the points: label,
@@ -28,6 +32,8 @@ import logging
 import math
 import os
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,11 +49,14 @@ from flagperf.generate.engines import EngineDef
 from flagperf.generate.loadgen import (
     REQUESTS_FILE,
     Load,
+    PhaseRun,
     RecordWriter,
+    RequestRecord,
     ServingPrompt,
     Target,
     TokenCounter,
     first_answer,
+    load_client,
     run_phase,
 )
 from flagperf.generate.models import DTYPE, PRESETS, WORD_PREFIX, model_config, random_checkpoint
@@ -72,7 +81,11 @@ from flagperf.results.schema import Failure, Metric, atomic_path
 
 SERVING_FILE = "serving.json"
 SERVER_METRICS = "server_metrics"
-MAX_SYNTHETIC = 4096
+# Synthetic prompts made at most: a round of counted requests gets one per request (the check or readiness request,
+# every warm-up and timed request); a round of duration_s points, whose count is not known before, gets this many.
+# Beyond it prompts are sent again, counted and warned. Making them costs about 1-3 ms each at 1024 tokens (three
+# batched encodes with a fast tokenizer), before the server starts.
+MAX_SYNTHETIC = 8192
 SHAREGPT_MIN_TOKENS = 4  # vLLM's filter: shorter prompts or replies are left out
 ENV_REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 
@@ -90,7 +103,7 @@ class ServingOutcome:
 
 class Tokens:
     """The model folder's tokenizer for making and counting text, or none (an endpoint with no local
-    folder: prompts are words of the word tokenizer and output tokens are counted as content chunks)."""
+    folder: prompts are words of the word tokenizer and output tokens are counted as output chunks)."""
 
     def __init__(self, folder: Path | None) -> None:
         self.tokenizer: Any = None
@@ -105,29 +118,73 @@ class Tokens:
             return len(text.split())
         return len(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def counts(self, texts: list[str]) -> list[int]:
+        """``count`` of each text, in one call (a fast tokenizer encodes a batch in parallel)."""
+        if self.tokenizer is None or not texts:
+            return [len(text.split()) for text in texts]
+        return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
     def counter(self) -> TokenCounter | None:
         return self.count if self.tokenizer is not None else None
+
+    def sent_count(self, text: str, api: str) -> int | None:
+        """The prompt's tokens as a server with this tokenizer counts them: chat, the user message through the chat
+        template with the generation prompt (as vLLM, SGLang and transformers serve apply it); completions, the text
+        with the tokenizer's special tokens (a BOS). None where the client cannot tell (no tokenizer, no template)."""
+        return self.sent_counts([text], api)[0]
+
+    def sent_counts(self, texts: list[str], api: str) -> list[int | None]:
+        """``sent_count`` of each text, in one call."""
+        if self.tokenizer is None or not texts:
+            return [None] * len(texts)
+        from jinja2 import TemplateError  # transformers renders chat templates with jinja2
+
+        try:
+            if api == "chat":
+                rendered = self.tokenizer.apply_chat_template([[{"role": "user", "content": t}] for t in texts],
+                                                              tokenize=False, add_generation_prompt=True)
+                # The rendered template holds its special tokens as text: encoded without adding more, as
+                # apply_chat_template(tokenize=True) and the servers do.
+                ids = self.tokenizer(list(rendered), add_special_tokens=False)["input_ids"]
+            else:
+                ids = self.tokenizer(texts, add_special_tokens=True)["input_ids"]
+        except (ValueError, TypeError, KeyError, TemplateError):  # no chat template, or one a lone user message
+            return [None] * len(texts)                                # does not fit
+        return [len(row) for row in ids]
 
     def text(self, ids: list[int]) -> str:
         if self.tokenizer is None:
             return " ".join(f"{WORD_PREFIX}{i}" for i in ids)
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
+    def texts(self, rows: list[list[int]]) -> list[str]:
+        """``text`` of each row of ids, in one call."""
+        if self.tokenizer is None or not rows:
+            return [self.text(ids) for ids in rows]
+        return [str(text) for text in self.tokenizer.batch_decode(rows, skip_special_tokens=True)]
+
+
+SYNTHETIC_CHUNK = 256  # prompts drawn, decoded and counted at a time: bounded memory, batched tokenizer calls
+
 
 def synthetic_serving_prompts(config: GenerateConfig, tokens: Tokens, vocab_size: int, count: int
                               ) -> list[ServingPrompt]:
     """Random ids decoded to text, re-encoded and cut to ``input_len`` (a real tokenizer may merge across
-    the cut); the client's count of each prompt is recorded as it is."""
+    the cut); the client's count of each prompt is recorded as it is. Drawn in chunks from one seeded generator,
+    which fills them in order: prompt i is the same whatever ``count`` is."""
     g = torch.Generator().manual_seed(config.seed)
     special = set(getattr(tokens.tokenizer, "all_special_ids", []) or [])
-    prompts = []
-    for index in range(count):
-        ids = [i for i in torch.randint(0, vocab_size, (config.input_len * 2,), generator=g).tolist()
-               if i not in special][:config.input_len]
-        text = tokens.text(ids)
+    prompts: list[ServingPrompt] = []
+    while len(prompts) < count:
+        size = min(SYNTHETIC_CHUNK, count - len(prompts))
+        drawn = torch.randint(0, vocab_size, (size, config.input_len * 2), generator=g).tolist()
+        texts = tokens.texts([[i for i in row if i not in special][:config.input_len] for row in drawn])
         if tokens.tokenizer is not None:
-            text = tokens.text(tokens.tokenizer.encode(text, add_special_tokens=False)[:config.input_len])
-        prompts.append(ServingPrompt(index, text, tokens.count(text), config.max_new_tokens))
+            encoded = tokens.tokenizer(texts, add_special_tokens=False)["input_ids"]
+            texts = tokens.texts([ids[:config.input_len] for ids in encoded])
+        for text, length, sent in zip(texts, tokens.counts(texts), tokens.sent_counts(texts, config.api),
+                                      strict=True):
+            prompts.append(ServingPrompt(len(prompts), text, length, config.max_new_tokens, sent_tokens=sent))
     return prompts
 
 
@@ -136,11 +193,15 @@ def file_serving_prompts(config: GenerateConfig, tokens: Tokens) -> list[Serving
     rows = read_prompt_file(str(config.data_file("prompts_path")))
     if any(reference is not None for _, reference in rows):
         require_rouge()
-    return [ServingPrompt(i, text, tokens.count(text), config.max_new_tokens, reference)
-            for i, (text, reference) in enumerate(rows)]
+    texts = [text for text, _ in rows]
+    return [ServingPrompt(i, text, length, config.max_new_tokens, reference, sent_tokens=sent)
+            for i, ((text, reference), length, sent) in enumerate(zip(rows, tokens.counts(texts),
+                                                                       tokens.sent_counts(texts, config.api),
+                                                                       strict=True))]
 
 
-def sharegpt_prompts(path: str, tokens: Tokens, max_input: int, max_output: int) -> list[ServingPrompt]:
+def sharegpt_prompts(path: str, tokens: Tokens, max_input: int, max_output: int, api: str = "chat"
+                     ) -> list[ServingPrompt]:
     """ShareGPT-style JSON (a list of {"conversations": [{"from": "human", "value": ...}, {"from": "gpt",
     ...}]}): the first human turn is the prompt, the length of the reply after it the output length;
     prompts longer than ``max_input`` tokens are left out, outputs capped at ``max_output``."""
@@ -160,7 +221,8 @@ def sharegpt_prompts(path: str, tokens: Tokens, max_input: int, max_output: int)
         prompt_len, output_len = tokens.count(first["value"]), tokens.count(reply["value"])
         if prompt_len < SHAREGPT_MIN_TOKENS or output_len < SHAREGPT_MIN_TOKENS or prompt_len > max_input:
             continue
-        prompts.append(ServingPrompt(len(prompts), first["value"], prompt_len, min(output_len, max_output)))
+        prompts.append(ServingPrompt(len(prompts), first["value"], prompt_len, min(output_len, max_output),
+                                     sent_tokens=tokens.sent_count(first["value"], api)))
     if not prompts:
         raise CaseUserError(f"{path}: sharegpt_path: no conversation with a prompt of {SHAREGPT_MIN_TOKENS}-"
                             f"{max_input} tokens and a reply of at least {SHAREGPT_MIN_TOKENS}")
@@ -215,25 +277,50 @@ def _spread(values: list[int]) -> dict[str, float]:
     return {"min": min(values), "mean": sum(values) / len(values), "max": max(values)}
 
 
-def describe_prompts(head: str, prompts: list[ServingPrompt]) -> str:
+def describe_prompts(head: str, prompts: list[ServingPrompt], api: str) -> str:
     """The prompt set in words, with its token lengths (the client's counts): what a reader needs to compare a
-    result with another's (``8 synthetic prompts (seed 0) of 16 tokens, 16 out``)."""
+    result with another's (``synthetic prompts (seed 0) of 16 tokens with the chat template, 16 out``). The lengths
+    are of the prompt as the server counts it where the client can tell (the chat template applied; completions:
+    with the tokenizer's special tokens), else of its text, said "before the chat template" for chat."""
     def lengths(values: list[int]) -> str:
         low, high = min(values), max(values)
         return f"{low}" if low == high else f"{low}-{high} (mean {sum(values) / len(values):.4g})"
 
-    return (f"{head} of {lengths([p.prompt_tokens for p in prompts])} tokens, "
-            f"{lengths([p.output_len for p in prompts])} out")
+    sent = [p.sent_tokens for p in prompts]
+    if all(n is not None for n in sent):
+        counts = [n for n in sent if n is not None]
+        how = " with the chat template" if api == "chat" else " with special tokens"
+    else:
+        counts = [p.prompt_tokens for p in prompts]
+        how = " before the chat template" if api == "chat" else ""
+    return f"{head} of {lengths(counts)} tokens{how}, {lengths([p.output_len for p in prompts])} out"
 
 
-def prompt_set(config: GenerateConfig, prompts: list[ServingPrompt], tokens: Tokens) -> dict[str, Any]:
-    """serving.json's record of what was sent: where the prompts came from, how many, their token lengths."""
+def prompt_set(config: GenerateConfig, prompts: list[ServingPrompt], tokens: Tokens, planned: int | None
+               ) -> dict[str, Any]:
+    """serving.json's record of what was sent: where the prompts came from, how many, their token lengths (the text's
+    own, and as the server counts the prompt where the client can tell), and how many requests the round plans
+    (None: duration_s points, not counted before). The run adds ``input_tokens_server`` (the server's usage) and
+    ``repeated_requests`` (requests that resent a prompt sent before in the round)."""
     source = config.sharegpt_path or config.prompts_path or "synthetic"
+    sent = [p.sent_tokens for p in prompts if p.sent_tokens is not None]
     return {"source": source, "count": len(prompts), "seed": config.seed,
             "input_tokens": _spread([p.prompt_tokens for p in prompts]),
+            "input_tokens_sent": _spread(sent) if len(sent) == len(prompts) else None,
+            "input_tokens_sent_means": ("the chat template applied, with its generation prompt" if config.api == "chat"
+                                        else "the tokenizer's special tokens added"),
             "output_tokens_asked": _spread([p.output_len for p in prompts]),
             "counted_with": "the model folder's tokenizer" if tokens.tokenizer is not None else
-                            "words (no tokenizer: outputs counted as content chunks)"}
+                            "words (no tokenizer: outputs counted as output chunks)",
+            "requests_planned": planned, "each_sent_once": planned is not None and planned <= len(prompts)}
+
+
+def requests_planned(config: GenerateConfig, first_prompt: int) -> int | None:
+    """Every request the round sends with a prompt of the set: ``first_prompt`` (the readiness or endpoint check),
+    then each point's warm-up and timed requests; None where a point runs for duration_s (not counted before)."""
+    if config.requests is None:
+        return None
+    return first_prompt + sum(warmup_count(config, load) + config.requests for load in points(config))
 
 
 def client_settings(config: GenerateConfig, spec: ServerSpec) -> dict[str, Any]:
@@ -244,7 +331,10 @@ def client_settings(config: GenerateConfig, spec: ServerSpec) -> dict[str, Any]:
                                     else None),
             "requests": config.requests, "duration_s": config.duration_s, "warmup_requests": config.warmup_requests,
             "burstiness": config.burstiness, "max_concurrency": config.max_concurrency,
-            "request_timeout_s": config.request_timeout_s, "seed": config.seed}
+            "request_timeout_s": config.request_timeout_s, "seed": config.seed,
+            "prompts_per_phase": "each phase of each point its own prompts, in order from where the last phase's "
+                                 "ended (none resent while the prompt set lasts)",
+            "connections": "one client per point, its connections kept open from the warm-up to the timed requests"}
 
 
 def model_record(config: GenerateConfig, folder: Path | None) -> dict[str, Any]:
@@ -324,21 +414,34 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
     tokens = Tokens(folder)
     vocab = int(model_config(config.model, config.checkpoint_path).vocab_size) if (
         config.checkpoint_path or config.model in PRESETS) else 0
+    # The readiness request (a server that loads its model at the first one) or the endpoint's check sends the
+    # first prompt: the points start after it, so that no timed request resends it.
+    first_prompt = 1 if config.endpoint is not None or spec.ready_request else 0
+    planned = requests_planned(config, first_prompt)
     if config.sharegpt_path is not None:
         prompts = sharegpt_prompts(str(config.data_file("sharegpt_path")), tokens, config.input_len,
-                                   config.max_new_tokens)
-        described = describe_prompts(f"{config.sharegpt_path}: {len(prompts)} conversations", prompts)
+                                   config.max_new_tokens, config.api)
+        described = describe_prompts(f"{config.sharegpt_path}: {len(prompts)} conversations", prompts, config.api)
     elif config.prompts_path is not None:
         prompts = file_serving_prompts(config, tokens)
-        described = describe_prompts(f"{config.prompts_path}: {len(prompts)} prompts", prompts)
+        described = describe_prompts(f"{config.prompts_path}: {len(prompts)} prompts", prompts, config.api)
     else:
-        prompts = synthetic_serving_prompts(config, tokens, vocab, min(MAX_SYNTHETIC, config.requests or 256))
-        described = describe_prompts(f"{len(prompts)} synthetic prompts (seed {config.seed})", prompts)
+        # One prompt per request the round sends (the seed's generator makes them in order, so prompt i is the same
+        # whatever the count); the count is no part of the description, which compares workloads across runs.
+        made = time.perf_counter()
+        prompts = synthetic_serving_prompts(config, tokens, vocab, min(MAX_SYNTHETIC, planned or MAX_SYNTHETIC))
+        described = describe_prompts(f"synthetic prompts (seed {config.seed})", prompts, config.api)
+        log.info("made %d synthetic prompts in %.1f s (one per request the round sends, at most %d)", len(prompts),
+                 time.perf_counter() - made, MAX_SYNTHETIC)
+    if planned is not None and planned > len(prompts):
+        log.warning("the round sends %d requests and the prompt set has %d prompts: past the end, prompts are sent "
+                    "again (a server's prefix cache may serve them; each point's warning counts its resent ones)",
+                    planned, len(prompts))
     references = {p.index: p.reference for p in prompts if p.reference is not None}
     server: ServerProcess | None = None
     summary: dict[str, Any] = {
         "engine": engine.manifest.name, "api": config.api, "devices": config.devices, "slo": config.slo.model_dump(),
-        "prompts": described, "prompt_set": prompt_set(config, prompts, tokens),
+        "prompts": described, "prompt_set": prompt_set(config, prompts, tokens, planned),
         "model": model_record(config, folder),
         "client": client_settings(config, spec), "points": []}
     try:
@@ -358,7 +461,7 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
                 return ServingOutcome([], 0.0, described, Failure(kind="infrastructure", message=str(exc)))
             log.info("server ready at %s: %s", server.base_url, " ".join(server.argv))
             summary["server"] = {"argv": server.argv, "base_url": server.base_url,
-                                 "packages": package_versions(engine)}
+                                 "packages": package_versions(engine), "prefix_cache": spec.prefix_cache}
             base_url, model = server.base_url, _render_model(spec, fields)
         else:
             base_url, model = config.endpoint.base_url, config.endpoint.model
@@ -377,7 +480,8 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
                     raise CaseUserError(server.failure("before its first answer", name_error=True))
                 raise CaseUserError(f"the server answered no request within {config.ready_timeout_s:g} s "
                                     f"(ready_timeout_s; server.ready_request): {error}")
-        return _run_points(config, spec, target, server, prompts, references, tokens, out_dir, described, summary)
+        return _run_points(config, spec, target, server, prompts, references, tokens, out_dir, described, summary,
+                           first_prompt)
     finally:
         if server is not None:
             server.stop()
@@ -390,15 +494,81 @@ def _render_model(spec: ServerSpec, fields: dict[str, Any]) -> str:
     return str(render(spec.request_model, {**fields, "host": "", "port": 0, "python": ""}))
 
 
+LATE_RATE_SHARE = 0.95  # an open loop that sent below this share of its drawn arrival rate is flagged
+
+
+def send_rate(load: Load, records: list[RequestRecord]) -> dict[str, Any] | None:
+    """An open-loop point's rates: asked (R), drawn (the arrival times the gamma process drew for these requests,
+    which vary around R by chance: about 1/sqrt(n) for n Poisson arrivals), and achieved (the sends as they
+    happened), each (n - 1) / (last - first); and the queue waits (a max_concurrency slot, or a client running
+    late). None for a closed loop."""
+    if load.rate is None:
+        return None
+    sends = sorted(r.send_offset_s for r in records if r.send_offset_s is not None)
+    drawn = sorted(r.scheduled_offset_s for r in records if r.scheduled_offset_s is not None)
+    waits = [r.queue_wait_s for r in records if r.queue_wait_s is not None]
+
+    def rate(times: list[float]) -> float | None:
+        return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else None
+
+    return {"asked": load.rate, "drawn": rate(drawn), "achieved": rate(sends),
+            "queue_wait_s": {"mean": sum(waits) / len(waits), "max": max(waits)} if waits else None}
+
+
+def late_sends(rates: dict[str, Any] | None) -> str | None:
+    """The caution of an open loop that sent slower than its own draw of arrivals: the load offered was not the
+    one asked (compared with the draw, not with R, which a short draw misses by chance)."""
+    if rates is None or rates["drawn"] is None or rates["achieved"] is None:
+        return None
+    if rates["achieved"] >= LATE_RATE_SHARE * rates["drawn"]:
+        return None
+    return (f"sent at {rates['achieved']:.4g} requests/s, under {LATE_RATE_SHARE:.0%} of the {rates['drawn']:.4g} "
+            f"requests/s its arrivals were drawn at (asked {rates['asked']:g}): requests waited for a max_concurrency "
+            f"slot or the client fell behind (queue_wait_s in {REQUESTS_FILE})")
+
+
+def resent(records: list[RequestRecord], sent: set[int]) -> int:
+    """Requests (in sending order) whose prompt was sent before in the round; their prompts join ``sent``."""
+    count = 0
+    for record in sorted(records, key=lambda r: r.seq):
+        count += record.prompt_index in sent
+        sent.add(record.prompt_index)
+    return count
+
+
+async def _measure_point(config: GenerateConfig, spec: ServerSpec, target: Target, load: Load,
+                         prompts: list[ServingPrompt], first_prompt: int, writer: RecordWriter, tokens: Tokens,
+                         alive: Callable[[], bool], scraper: httpx.Client, scrape_dir: Path
+                         ) -> tuple[PhaseRun | None, PhaseRun]:
+    """A point's warm-up and timed phases on one client (the warm-up's connections serve the timed requests), each
+    with prompts of its own from ``first_prompt`` on; the server's metrics scraped between them."""
+    warmups = warmup_count(config, load)
+    async with load_client(load, target) as client:
+        warm = None
+        if warmups:
+            warm = await run_phase(target, load, prompts, "warmup", requests=warmups, duration_s=None, writer=writer,
+                                   count_tokens=tokens.counter(), keep_going=alive, first_prompt=first_prompt,
+                                   client=client)
+        _save_scrape(scraper, target.base_url, spec.metrics_path, scrape_dir, f"{load.label}.before.prom")
+        run = await run_phase(target, load, prompts, "timed", requests=config.requests, duration_s=config.duration_s,
+                              writer=writer, count_tokens=tokens.counter(), keep_going=alive,
+                              first_prompt=first_prompt + (len(warm.records) if warm else 0), client=client)
+    return warm, run
+
+
 def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server: ServerProcess | None,
                 prompts: list[ServingPrompt], references: dict[int, str], tokens: Tokens, out_dir: Path,
-                described: str, summary: dict[str, Any]) -> ServingOutcome:
+                described: str, summary: dict[str, Any], first_prompt: int) -> ServingOutcome:
     metrics: list[Metric] = []
     failed_points: list[str] = []  # one line each: the point and its first error
     measured = 0.0
     writer = RecordWriter(out_dir / REQUESTS_FILE)
     scrape_dir = out_dir / SERVER_METRICS
     alive = (lambda: server.exited() is None) if server is not None else (lambda: True)
+    cursor = first_prompt  # the next prompt to send: each phase takes its own, in order
+    sent: set[int] = set(range(min(first_prompt, len(prompts))))  # prompts sent so far (the check's, the points')
+    repeated_total = 0
+    server_prompt_tokens: list[int] = []  # the server's usage.prompt_tokens of the timed requests
     try:
         if server is None:
             try:
@@ -410,18 +580,19 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
             summary["endpoint"].update(version=small_json(target, "/version"), models=served_models(target))
         with httpx.Client() as scraper:
             for load in points(config):
-                warmups = warmup_count(config, load)
-                if warmups:
-                    asyncio.run(run_phase(target, load, prompts, "warmup", requests=warmups, duration_s=None,
-                                          writer=writer, count_tokens=tokens.counter(), keep_going=alive))
-                _save_scrape(scraper, target.base_url, spec.metrics_path, scrape_dir, f"{load.label}.before.prom")
-                run = asyncio.run(run_phase(target, load, prompts, "timed", requests=config.requests,
-                                            duration_s=config.duration_s, writer=writer,
-                                            count_tokens=tokens.counter(), keep_going=alive))
+                warm, run = asyncio.run(_measure_point(config, spec, target, load, prompts, cursor, writer, tokens,
+                                                       alive, scraper, scrape_dir))
+                warm_records = warm.records if warm is not None else []
+                warm_first, timed_first = cursor, cursor + len(warm_records)
+                cursor = timed_first + len(run.records)
+                repeated_total += resent(warm_records, sent)
+                repeated = resent(run.records, sent)
+                repeated_total += repeated
                 if server is not None and server.exited() is not None:
                     message = f"point {load.label}: {server.failure('during the load')}"
                     log.error("%s", message)
                     summary["failed_point"] = load.label
+                    summary["prompt_set"]["repeated_requests"] = repeated_total
                     write_json(out_dir / SERVING_FILE, summary)
                     return ServingOutcome(metrics, measured, described, Failure(kind="infrastructure",
                                                                                 message=message))
@@ -431,25 +602,37 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
                 note = (f"closed loop, {load.concurrency} in flight" if load.concurrency is not None else
                         f"open loop, {load.rate:g} requests/s, burstiness {load.burstiness:g}"
                         + (f", at most {load.max_concurrency} in flight" if load.max_concurrency else ""))
+                rates = send_rate(load, run.records)
+                cautions = [c for c in (
+                    (f"{repeated} of {stats.requests} timed requests resent a prompt already sent in this round (the "
+                     f"prompt set has {len(prompts)}): a server's prefix cache may have served their prefill, so "
+                     "their TTFT is optimistic") if repeated else None,
+                    late_sends(rates)) if c is not None]
+                for caution in cautions:
+                    log.warning("point %s: %s", load.label, caution)
                 if stats.failed_point:  # nothing measured: kept as failed, never as a point of the curve
                     metrics += failed_point_metrics(stats)
                     failed_points.append(failed_point_message(stats))
                     log.error("%s (every one in %s)", failed_points[-1], REQUESTS_FILE)
                 else:
                     metrics += point_metrics(stats, (run.started_at, run.ended_at), config.devices, config.slo,
-                                             note)
+                                             note, cautions)
                     metrics += quality_metrics(load.label, run.records, references)
+                server_prompt_tokens += [r.prompt_tokens_usage for r in run.records
+                                         if r.ok and r.prompt_tokens_usage is not None]
                 summary["points"].append({
                     "label": load.label, "kind": "concurrency" if load.concurrency is not None else "rate",
                     "level": load.concurrency if load.concurrency is not None else load.rate,
                     "burstiness": load.burstiness if load.rate is not None else None,
-                    "max_concurrency": load.max_concurrency, "warmup_requests": warmups,
+                    "max_concurrency": load.max_concurrency, "warmup_requests": len(warm_records),
                     "window": [run.started_at, run.ended_at], "seconds": run.seconds, "requests": stats.requests,
                     "status": "failed" if stats.failed_point else "measured", "first_error": stats.first_error,
                     "failed": stats.failed, "truncated": stats.truncated, "empty": stats.empty,
-                    "input_tokens": sum(r.prompt_tokens_usage if r.prompt_tokens_usage is not None else
-                                        (r.prompt_tokens_client or 0) for r in run.records if r.ok),
-                    "output_tokens": stats.output_tokens, "good": stats.good})
+                    "input_tokens": sum(_prompt_tokens(r) for r in run.records if r.ok),
+                    "output_tokens": stats.output_tokens, "good": stats.good,
+                    "prompt_mismatches": stats.prompt_mismatched, "output_mismatches": stats.output_mismatched,
+                    "warmup_first_prompt": warm_first if warm_records else None, "first_prompt": timed_first,
+                    "repeated_prompts": repeated, "send_rate": rates})
                 ttft = f"{stats.ttft.p50 * 1e3:.1f} ms" if stats.ttft else "-"
                 tpot = f"{stats.tpot.p50 * 1e3:.2f} ms" if stats.tpot else "-"
                 log.info("point %s: %d requests (%d failed, %d truncated) in %.2f s, %.1f output tokens/s, TTFT p50 "
@@ -460,6 +643,8 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
                                 stats.failed, stats.requests, stats.first_error, REQUESTS_FILE)
     finally:
         writer.close()
+    summary["prompt_set"]["repeated_requests"] = repeated_total
+    summary["prompt_set"]["input_tokens_server"] = _spread(server_prompt_tokens) if server_prompt_tokens else None
     write_json(out_dir / SERVING_FILE, summary)
     failure = None
     if failed_points:  # the other points are measured and kept; the round says which point failed, and why
@@ -467,6 +652,14 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
             else ""
         failure = Failure(kind="user", message=failed_points[0] + more)
     return ServingOutcome(metrics, measured, described, failure=failure, points=summary["points"])
+
+
+def _prompt_tokens(record: RequestRecord) -> int:
+    """A request's prompt tokens: the server's usage, else the client's count as sent, else of the text."""
+    for count in (record.prompt_tokens_usage, record.prompt_tokens_sent, record.prompt_tokens_client):
+        if count is not None:
+            return count
+    return 0
 
 
 CHECK_POINT = "check"  # requests.jsonl's point and phase of an endpoint's first request

@@ -20,6 +20,8 @@ engine.yaml of a server engine (vendor_images/<vendor>/generate/<engine>/engine.
     env: {}                      # added to the server's environment
     api_key_env: VLLM_API_KEY    # the variable the server reads its API key from (optional): where the server's
                                  # environment has it, every request carries it (Authorization: Bearer)
+    prefix_cache: "on (vLLM's default) ..."  # whether the server reuses a prompt prefix's KV cache across
+                                 # requests, in words (recorded in serving.json; optional)
   requires: [{import: vllm, pip: vllm}]
 
 Placeholders: {model_dir} {dtype} {tensor_parallel} {host} {port} {python} in ``command`` and
@@ -113,6 +115,9 @@ class ServerSpec(StrictModel):
     env: dict[str, str] = Field(default_factory=dict)
     api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
                                     description="the environment variable the server reads its API key from")
+    prefix_cache: str | None = Field(default=None, max_length=500,
+                                     description="whether the server reuses a prompt prefix's KV cache across "
+                                                 "requests, and how to switch it, in words (serving.json keeps it)")
 
     @field_validator("command", "request_model")
     @classmethod

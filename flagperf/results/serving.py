@@ -111,7 +111,10 @@ class ServingPoint:
         if isinstance(server, dict) and isinstance(server.get("argv"), list):
             packages = server.get("packages") if isinstance(server.get("packages"), dict) else {}
             versions = ", ".join(f"{k} {v}" for k, v in packages.items() if v)
-            return " ".join(str(w) for w in server["argv"]) + (f" ({versions})" if versions else "")
+            # The engine folder's words on prefix caching ("on: ..."), its verdict only; none in older records.
+            cache = server.get("prefix_cache")
+            cached = f"; prefix cache {cache.split(':', 1)[0].strip()[:20]}" if isinstance(cache, str) and cache else ""
+            return " ".join(str(w) for w in server["argv"]) + (f" ({versions})" if versions else "") + cached
         if isinstance(endpoint, dict):
             version = endpoint.get("version")
             shown = version.get("version") if isinstance(version, dict) else None

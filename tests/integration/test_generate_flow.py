@@ -76,6 +76,10 @@ def test_a_serving_case_sweeps_concurrency_and_rate_through_transformers_serve(f
     timed = [r for r in records if r["phase"] == "timed"]
     assert sorted({r["point"] for r in timed}) == ["c1", "c2", "r4"] and len(timed) == 9
     assert all(r["error"] is None and r["output_tokens_client"] == 6 == len(r["chunk_times_s"]) for r in timed)
+    # No prompt is sent twice in the round (a prefix cache would serve it): the readiness request took prompt 0,
+    # each warm-up and timed phase of each point the next ones.
+    indexes = sorted(r["prompt_index"] for r in records)
+    assert indexes == list(range(1, len(records) + 1)), indexes
     points = json.loads((round_dir / "serving.json").read_text())["points"]
     assert [(p["label"], p["kind"], p["level"]) for p in points] == [("c1", "concurrency", 1),
                                                                       ("c2", "concurrency", 2), ("r4", "rate", 4.0)]

@@ -42,6 +42,7 @@ from flagperf.generate.loadgen import (
     ServingPrompt,
     Target,
     first_answer,
+    phase_span,
     read_records,
     run_phase,
     send_request,
@@ -110,6 +111,19 @@ def test_goodput_counts_a_request_only_when_every_slo_holds() -> None:
     assert m["interactivity@c2"].value == pytest.approx(5 / sum(tpots))
     gaps = [0.05] * 10 + [0.05] * 10 + [0.15] * 10 + [0.1] * 10 + [0.05] * 5
     assert m["itl_s@c2"].value == pytest.approx(sum(gaps) / len(gaps))
+    # Tokens/s per user is a rate: its tail is the slow side, p10 (here the slowest user), and no p99 (a rate's
+    # p99 is its fastest 1 %).
+    rates = sorted(r.output_tokens / (r.e2el_s or 1.0) for r in records if r.ok)
+    per_user = m["tokens_per_s_per_user@c2"]
+    assert per_user.p99 is None and per_user.p10 == pytest.approx(rates[0] + 0.4 * (rates[1] - rates[0]))
+    assert per_user.p10 < per_user.p50 < per_user.p90
+    # Every figure says how it was counted (the report's "How these numbers were made"), and how it is formed.
+    assert all(x.convention and x.statistic for x in m.values()), [x.name for x in m.values() if not x.convention]
+    assert m["ttft_s@c2"].convention.startswith("time to first token: send to the first output chunk")
+    assert "1-token requests left out" in m["tpot_s@c2"].convention
+    assert "usage.completion_tokens" in m["output_tokens_per_s@c2"].convention
+    assert "first send to its last stream end" in m["requests_per_s@c2"].convention and m["requests_per_s@c2"].note
+    assert m["failed_fraction@c2"].statistic == "single" and "finish_reason" in m["failed_fraction@c2"].convention
     # All good and within the p99 bounds: the point meets its SLO.
     fast = point_stats("r1.5", [trace(0.2, 0.05, 11), trace(0.3, 0.08, 11)], 2.0, Bounds)
     metrics = {x.name: x.value for x in point_metrics(fast, (0.0, 2.0), 1, Bounds, "open loop")}
@@ -124,6 +138,39 @@ def test_an_e2el_bound_and_a_usage_mismatch_are_counted() -> None:
     assert [meets_slo(r, WithE2el) for r in records] == [False, True]
     stats = point_stats("c1", records, 1.0, WithE2el)
     assert stats.mismatched == 1 and stats.output_tokens == 11 + 12  # the server's usage counts
+    # A prompt the server counted otherwise than the client's count of it as sent (the chat template applied) is
+    # a mismatch too; a request off by both counts once.
+    off = [trace(0.2, 0.05, 11), trace(0.2, 0.05, 11, usage=12), trace(0.2, 0.05, 11)]
+    for record, sent, server in zip(off, (5, 5, 5), (7, 9, 5), strict=True):
+        record.prompt_tokens_sent, record.prompt_tokens_usage = sent, server
+    stats = point_stats("c1", off, 1.0, WithE2el)
+    assert (stats.mismatched, stats.prompt_mismatched, stats.output_mismatched) == (2, 2, 1)
+
+
+def test_prompt_lengths_are_labelled_as_the_server_counts_them() -> None:
+    """A chat template that adds tokens to every prompt: the label gives the length with it, where the client has
+    the tokenizer and its template; without a template, it says its lengths are before it. Prompt i is the same
+    whatever the count made (the round makes one per request)."""
+    from flagperf.generate.config import GenerateConfig
+    from flagperf.generate.models import word_tokenizer
+    from flagperf.generate.serve import describe_prompts
+
+    tokens = Tokens(None)
+    tokens.tokenizer = word_tokenizer(512)
+    tokens.tokenizer.chat_template = "t0 t0 {% for message in messages %}{{ message['content'] }}{% endfor %}"
+    config = GenerateConfig.model_validate({"model": "tiny", "precision": "fp32", "engine": "transformers-serve",
+                                            "input_len": 4, "max_new_tokens": 5, "concurrency": [1],
+                                            "requests": 4, "timeout_s": 600.0, "max_retries": 0})
+    prompts = synthetic_serving_prompts(config, tokens, 512, 3)
+    assert [(p.prompt_tokens, p.sent_tokens) for p in prompts] == [(4, 6)] * 3
+    assert describe_prompts("synthetic prompts (seed 0)", prompts, "chat") == (
+        "synthetic prompts (seed 0) of 6 tokens with the chat template, 5 out")
+    assert [p.text for p in synthetic_serving_prompts(config, tokens, 512, 5)[:3]] == [p.text for p in prompts]
+    tokens.tokenizer.chat_template = None
+    prompts = synthetic_serving_prompts(config, tokens, 512, 3)
+    assert [p.sent_tokens for p in prompts] == [None] * 3
+    assert describe_prompts("synthetic prompts (seed 0)", prompts, "chat") == (
+        "synthetic prompts (seed 0) of 4 tokens before the chat template, 5 out")
 
 
 # ---- engine folders: the exact command lines ----------------------------------------------------------------
@@ -465,17 +512,40 @@ def test_the_server_usage_agrees_with_the_client_counts_where_it_is_sent(served:
 def test_a_point_spans_its_first_send_to_its_last_end(served: ServerProcess, model_dir: Path) -> None:
     """The point's window and duration (the denominators of tokens/s and goodput) are its first send to its last
     request's end, as documented and as vLLM times its benchmark: not the client's set-up before the first send
-    (httpx builds an SSL context) nor its closing after the last end."""
+    (httpx builds an SSL context) nor its closing after the last end; on perf_counter alone (each request's send
+    offset in the phase plus its E2EL), the first send's wall clock only placing the window."""
     prompts = [ServingPrompt(i, f"t{i + 1} t2", 2, 2) for i in range(3)]
     target = Target(served.base_url, str(model_dir), "chat")
     run = asyncio.run(run_phase(target, Load("c1", concurrency=1), prompts, "timed", requests=3, duration_s=None,
                                 writer=None, count_tokens=None))
     assert all(r.ok for r in run.records), [r.error for r in run.records]
-    first = min(r.sent_at for r in run.records)
-    span = max(r.sent_at + (r.e2el_s or 0.0) for r in run.records) - first  # from the records alone
-    assert run.started_at == first
+    offsets = [r.send_offset_s for r in run.records]
+    assert all(o is not None for o in offsets) and offsets == sorted(offsets)  # closed loop at 1: one after another
+    first = min(run.records, key=lambda r: r.send_offset_s or 0.0)
+    span = max((r.send_offset_s or 0.0) + (r.e2el_s or 0.0) for r in run.records) - (first.send_offset_s or 0.0)
+    assert run.started_at == first.sent_at
     assert run.seconds == pytest.approx(span, abs=1e-9)  # the same figure from requests.jsonl by hand
-    assert run.ended_at == pytest.approx(first + run.seconds)
+    assert run.ended_at == pytest.approx(first.sent_at + run.seconds)
+    assert all(r.scheduled_offset_s is None and r.queue_wait_s is None for r in run.records)  # closed loop
+
+
+def test_a_points_duration_is_on_one_clock_whatever_the_wall_clock_did() -> None:
+    """The wall clock stepped back 600 s (NTP) between two sends: the duration is the send offsets' and E2ELs'
+    (perf_counter), 1.5 s, not the wall clock's; lines written before send offsets existed keep their sent_at
+    figure."""
+    def line(seq: int, sent_at: float, offset: float | None) -> RequestRecord:
+        return RequestRecord(point="c2", phase="timed", seq=seq, prompt_index=seq, sent_at=sent_at, requested_output=2,
+                             exact=True, e2el_s=1.0, send_offset_s=offset, finish_reason="length")
+
+    epoch, seconds = phase_span([line(0, 1000.0, 0.0), line(1, 400.5, 0.5)])
+    assert (epoch, seconds) == (1000.0, 1.5)
+    assert phase_span([line(0, 1000.0, None), line(1, 1000.5, None)]) == (1000.0, 1.5)
+    old = RequestRecord.from_json(json.dumps({  # a line of requests.jsonl written before the later fields
+        "point": "c1", "phase": "timed", "seq": 0, "prompt_index": 0, "sent_at": 1.0, "requested_output": 2,
+        "exact": True, "ttft_s": 0.1, "chunk_times_s": [0.1, 0.2], "e2el_s": 0.2, "prompt_tokens_client": 2,
+        "output_tokens_client": 2, "prompt_tokens_usage": None, "output_tokens_usage": None,
+        "finish_reason": "length", "error": None, "output_text": "t1 t2"}))
+    assert old.send_offset_s is None and old.reasoning_chunks == 0 and old.prompt_tokens_sent is None
 
 
 def test_an_http_error_is_recorded_as_a_failed_request(served: ServerProcess) -> None:
@@ -538,7 +608,13 @@ def test_a_server_killed_mid_point_fails_the_round_with_its_log_kept(model_dir: 
     assert serving["model"] == {"model": "tiny", "checkpoint_path": str(model_dir), "precision": "fp32", "seed": 0,
                                 "folder": str(model_dir.resolve()), "revision": None, "served_by": "the round"}
     assert serving["prompt_set"]["input_tokens"] == {"min": 4, "mean": 4.0, "max": 4}
-    assert serving["prompts"] == "40 synthetic prompts (seed 0) of 4 tokens, 2 out"
+    # With the model folder's tokenizer the lengths are of the prompt as the server counts it, through its chat
+    # template (the word tokenizer's adds nothing); one prompt per request: the readiness request's, then 1 + 40
+    # per point.
+    assert serving["prompt_set"]["input_tokens_sent"] == {"min": 4, "mean": 4.0, "max": 4}
+    assert serving["prompts"] == "synthetic prompts (seed 0) of 4 tokens with the chat template, 2 out"
+    assert serving["prompt_set"]["count"] == serving["prompt_set"]["requests_planned"] == 1 + 2 * (1 + 40)
+    assert serving["server"]["prefix_cache"].startswith("off: each request runs its own generate")
     assert serving["client"]["max_tokens"] == 2 and serving["client"]["requests"] == 40
     assert serving["client"]["exact_output_fields"] == {"generation_config": json.dumps(
         {"min_new_tokens": 2, "max_new_tokens": 2, "do_sample": False})}
@@ -613,18 +689,31 @@ def test_a_case_measures_an_endpoint_the_inventory_names(served: ServerProcess, 
     list is one line naming the key and what it lists."""
     monkeypatch.setenv("LAB_SERVING_KEY", SECRET)
     caplog.set_level("DEBUG")
-    job, out = _endpoint_job(tmp_path, served.base_url, str(model_dir), "concurrency=[1]", "request_rates=[]",
+    job, out = _endpoint_job(tmp_path, served.base_url, str(model_dir), "concurrency=[1, 2]", "request_rates=[]",
                              "requests=2", "max_new_tokens=4")
     assert run_job(job, out) == 0, (out / "case.log").read_text() if (out / "case.log").exists() else ""
     result = read_result(out / "result.json")
     metrics = {m.name: m for m in result.metrics}
     assert metrics["output_tokens_per_s@c1"].work == 8  # two requests of exactly 4 tokens
+    assert all(m.convention for m in result.metrics)  # every figure says how it was counted
+    # Every phase of every point sends prompts of its own, none sent before in the round (a prefix cache would
+    # serve a resent one's prefill): the check's, then c1's warm-up and timed ones, then c2's.
+    sent: dict[tuple[str, str], list[int]] = {}
+    for record in sorted(read_records(out / REQUESTS_FILE), key=lambda r: r.seq):
+        sent.setdefault((record.point, record.phase), []).append(record.prompt_index)
+    assert sent == {("check", "check"): [0], ("c1", "warmup"): [1, 2], ("c1", "timed"): [3, 4],
+                    ("c2", "warmup"): [5, 6, 7, 8], ("c2", "timed"): [9, 10]}
     per_device = metrics["output_tokens_per_s_per_device@c1"].value
     assert per_device == pytest.approx(metrics["output_tokens_per_s@c1"].value / 2)  # the inventory's devices
     serving = json.loads((out / SERVING_FILE).read_text())
     assert serving["endpoint"]["base_url"] == served.base_url and "server" not in serving
     assert serving["points"][0]["input_tokens"] == 2 * 16 and serving["points"][0]["output_tokens"] == 8
     assert serving["prompt_set"]["counted_with"].startswith("words")  # no model folder at an endpoint
+    assert serving["prompt_set"]["count"] == 11 and serving["prompt_set"]["repeated_requests"] == 0
+    assert serving["prompt_set"]["each_sent_once"] and [p["repeated_prompts"] for p in serving["points"]] == [0, 0]
+    assert serving["prompts"] == "synthetic prompts (seed 0) of 16 tokens before the chat template, 4 out"
+    if SERVE_SENDS_USAGE:
+        assert serving["prompt_set"]["input_tokens_server"] == {"min": 16, "mean": 16.0, "max": 16}  # its usage
     assert serving["model"]["model"] == str(model_dir) and serving["model"]["precision"] is None  # the endpoint's
     assert not (out / SERVER_LOG).exists()  # no server was started
     assert {"result.json", REQUESTS_FILE, SERVING_FILE} <= {p.name for p in out.rglob("*")}
@@ -798,6 +887,27 @@ HOSTILE_EVENTS = {  # what a broken or hostile endpoint streams, by path: each i
     "/content-number": ['{"choices": [{"delta": {"content": 7}}]}'],
     "/usage-text": ['{"choices": [], "usage": {"prompt_tokens": "many", "completion_tokens": 1}}'],
     "/deep": ["[" * 100_000 + "]" * 100_000],
+    # A stream that breaks off: answer chunks, then the end without a finish_reason (a server that dropped it).
+    "/broken": ['{"choices": [{"index": 0, "delta": {"role": "assistant"}}]}',
+                '{"choices": [{"index": 0, "delta": {"content": "t1"}, "finish_reason": null}]}'],
+    # vLLM's and SGLang's finish reason of a request the server gave up on.
+    "/abort": ['{"choices": [{"index": 0, "delta": {"content": "t1"}, "finish_reason": null}]}',
+               '{"choices": [{"index": 0, "delta": {}, "finish_reason": "abort"}]}',
+               '{"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 1}}'],
+    # An error event of vLLM's older shape: no choices, no usage, no error key.
+    "/object-error": ['{"object": "error", "message": "prompt too long", "type": "BadRequestError", "code": 400}'],
+}
+# A reasoning model's streams (vLLM: delta.reasoning, SGLang and older vLLM: delta.reasoning_content): a role-only
+# chunk first, then reasoning, then the answer; the second one never gets to an answer (it reasons to max_tokens).
+REASONING_EVENTS = {
+    "/reasoning": ['{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}',
+                   '{"choices": [{"index": 0, "delta": {"reasoning_content": "r1"}}]}',
+                   '{"choices": [{"index": 0, "delta": {"reasoning": " r2", "reasoning_content": " r2"}}]}',
+                   '{"choices": [{"index": 0, "delta": {"content": "t1"}}]}',
+                   '{"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}',
+                   '{"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 3}}'],
+    "/reasoning-only": ['{"choices": [{"index": 0, "delta": {"reasoning": "r1"}}]}',
+                        '{"choices": [{"index": 0, "delta": {"reasoning": " r2"}, "finish_reason": "length"}]}'],
 }
 
 
@@ -872,7 +982,7 @@ class HostileEndpoint(http.server.BaseHTTPRequestHandler):
                 while True:
                     self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
             return
-        body = "".join(f"data: {event}\n\n" for event in HOSTILE_EVENTS[prefix]).encode()
+        body = "".join(f"data: {event}\n\n" for event in {**HOSTILE_EVENTS, **REASONING_EVENTS}[prefix]).encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Content-Length", str(len(body)))
@@ -906,24 +1016,41 @@ def test_a_hostile_endpoints_answers_are_request_errors(tmp_path: Path) -> None:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        errors = {}
-        for prefix in [*HOSTILE_EVENTS, "/endless-text", "/endless", "/endless-line"]:
+        records = {}
+        for prefix in [*HOSTILE_EVENTS, *REASONING_EVENTS, "/endless-text", "/endless", "/endless-line"]:
             # The whole-request limit is far off: these end by their own bounds (the request's limit: below).
             target = Target(f"http://127.0.0.1:{server.server_address[1]}{prefix}", "m", "chat",
                             request_timeout_s=600.0)
             run = asyncio.run(run_phase(target, Load("c1", concurrency=1), [ServingPrompt(0, "t1 t2", 2, 3)],
                                         "timed", requests=1, duration_s=None, writer=None, count_tokens=None))
-            errors[prefix] = run.records[0].error or ""
+            records[prefix] = run.records[0]
     finally:
         server.shutdown()
         thread.join()
         server.server_close()
+    errors = {prefix: record.error or "" for prefix, record in records.items()}
     assert errors["/choices-text"].startswith("unexpected choices")
     assert errors["/delta-text"].startswith("unexpected choices")
     assert errors["/content-number"].startswith("unexpected content")
     assert errors["/usage-text"].startswith("unexpected usage")
     assert errors["/deep"].startswith("not JSON in the stream")
     assert errors["/endless"].startswith("HTTP 500: xxx") and len(errors["/endless"]) < 400
+    # A stream that ended before the server said why it stopped, or with its giving up, is a failed request (it
+    # counts in failed_fraction), not a short success; so is an error event without an error key.
+    assert errors["/broken"] == "the stream ended without a finish_reason after 1 output chunk(s): it broke off"
+    assert errors["/abort"] == "the server ended the request with finish_reason 'abort' after 1 output chunk(s)"
+    assert errors["/object-error"].startswith('an event with none of choices, usage and error: {"object": "error"')
+    stats = point_stats("c1", [records["/broken"], records["/abort"], records["/reasoning"]], 1.0, Bounds)
+    assert (stats.failed, stats.succeeded) == (2, 1)
+    # Reasoning is output: its first chunk is the first token (TTFT), each of its chunks is an output chunk (ITL),
+    # and its tokens count; the answer text alone is the output text (what quality scores).
+    reasoned = records["/reasoning"]
+    assert reasoned.ok and reasoned.chunk_times_s and reasoned.ttft_s == reasoned.chunk_times_s[0]
+    assert len(reasoned.chunk_times_s) == 3 and reasoned.reasoning_chunks == 2  # the role-only chunk is none
+    assert (reasoned.reasoning_text, reasoned.output_text) == ("r1 r2", "t1")
+    assert (reasoned.output_tokens_client, reasoned.reasoning_tokens_client, reasoned.output_tokens) == (3, 2, 3)
+    only = records["/reasoning-only"]
+    assert only.ok and only.ttft_s is not None and only.output_tokens == 2 and only.output_text == ""
     # Events that never end: more text pieces than max_tokens (3) allows.
     assert errors["/endless-text"] == ("the server streamed more than 22 text pieces for max_tokens 3; the request "
                                        "was stopped")

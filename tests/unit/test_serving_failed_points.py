@@ -134,3 +134,50 @@ def test_a_point_is_flagged_for_failures_only_above_the_stated_share() -> None:
     assert FAILED_FLAG_FRACTION == 0.01
     assert not point(0, 200).flagged and not point(2, 200).flagged  # 1 %: the p99 is still the load's
     assert point(3, 200).flagged  # 1.5 %
+
+
+def test_prompts_resent_past_the_end_of_a_short_file_and_an_open_loop_that_sent_late_are_said(
+        refusing: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prompts file of 2 prompts for a round of 9 requests: past its end the prompts are sent again, and each
+    point counts its resent ones in serving.json and in its warning (a server's prefix cache may serve them). An
+    open loop at 100000 requests/s with one request in flight cannot send at its drawn arrivals (each request takes
+    far longer than 10 us): each request's queue wait is recorded, and the point is warned."""
+    import yaml
+
+    from flagperf.config.cases import load_case
+
+    RefusingEndpoint.refuse = set()
+    manifest = yaml.safe_load(load_case("tiny-llama-serve").folder.joinpath("case.yaml").read_text())
+    manifest["name"] = "short-serve"
+    folder = tmp_path / "cases" / "generate" / "short-serve"
+    folder.mkdir(parents=True)
+    (folder / "case.yaml").write_text(yaml.safe_dump(manifest), encoding="utf-8")
+    (folder / "prompts.jsonl").write_text('{"prompt": "t1 t2"}\n{"prompt": "t3 t4"}\n', encoding="utf-8")
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(tmp_path / "cases"))
+    plan = plan_run(cases=["short-serve"], sets=["endpoint=lab", "concurrency=[1]", "request_rates=[100000]",
+                                                 "max_concurrency=1", "requests=3", "warmup_requests=1",
+                                                 "max_new_tokens=2", "prompts_path=prompts.jsonl"],
+                    results_dir=tmp_path / "results", inventory_endpoints={"lab": {"base_url": refusing, "model": "m"}},
+                    inventory_source="inventory.yaml")
+    cp = plan.cases[0]
+    job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, host="localhost", vendor="cpu",
+              config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={})
+    out = tmp_path / "round"
+    out.mkdir()
+    assert run_job(job, out) == 0
+    serving = json.loads((out / SERVING_FILE).read_text(encoding="utf-8"))
+    assert serving["prompts"] == "prompts.jsonl: 2 prompts of 2 tokens before the chat template, 2 out"
+    # The check sends prompt 0; c1's warm-up prompt 1; its timed requests 0, 1, 0; r100000's 1, then 0, 1, 0.
+    assert [(p["label"], p["warmup_first_prompt"], p["first_prompt"], p["repeated_prompts"])
+            for p in serving["points"]] == [("c1", 1, 2, 3), ("r100000", 5, 6, 3)]
+    assert serving["prompt_set"]["requests_planned"] == 9 and not serving["prompt_set"]["each_sent_once"]
+    assert serving["prompt_set"]["repeated_requests"] == 7
+    metrics = {m.name: m for m in read_result(out / "result.json").metrics}
+    assert (metrics["output_tokens_per_s@c1"].warning or "").startswith(
+        "3 of 3 timed requests resent a prompt already sent in this round (the prompt set has 2)")
+    rate = serving["points"][1]["send_rate"]
+    assert rate["asked"] == 100000 and rate["achieved"] < 0.95 * rate["drawn"]
+    assert "under 95% of the" in (metrics["output_tokens_per_s@r100000"].warning or "")
+    timed = [r for r in read_records(out / REQUESTS_FILE) if r.point == "r100000" and r.phase == "timed"]
+    assert all(r.scheduled_offset_s is not None and r.queue_wait_s is not None for r in timed)
+    assert max(r.queue_wait_s or 0.0 for r in timed) > 0 and rate["queue_wait_s"]["max"] > 0

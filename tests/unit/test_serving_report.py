@@ -286,7 +286,11 @@ def test_the_report_names_the_prompts_and_the_server_and_compare_flags_other_wor
     b = curve_run(tmp_path, "run-b", CURVE_B, setup=AT_ENDPOINT)
     md = build_report(a)[1]["markdown"].read_text()
     assert "  - prompts: 8 synthetic prompts (seed 0) of 16 tokens, 16 out; chat API\n" in md
-    assert "  - server: transformers serve --port 8000 (transformers 5.24.0)\n" in md
+    assert "  - server: transformers serve --port 8000 (transformers 5.24.0)\n" in md  # no prefix_cache: older
+    cached = curve_run(tmp_path, "run-cached", CURVE_A, setup={**STARTED, "server": {
+        **STARTED["server"], "prefix_cache": "on: the engine's default; server_args [...] switches it off"}})
+    assert "  - server: transformers serve --port 8000 (transformers 5.24.0); prefix cache on\n" in \
+        build_report(cached)[1]["markdown"].read_text()
     md = build_report(b)[1]["markdown"].read_text()
     assert "- **serve-case**: engine vllm-serve's API at an endpoint; SLO: " in md  # its precision is the endpoint's
     assert "  - server: endpoint http://10.0.0.5:8000, model m, version 0.9.1\n" in md
