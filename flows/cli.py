@@ -19,6 +19,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext, suppress
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
 
@@ -172,7 +173,13 @@ class Interrupt:
 
 P = ParamSpec("P")
 R = TypeVar("R")
-_INTERRUPTS: list[Interrupt] = []  # the handler of the command being run, innermost last
+# The handler of the command this thread runs (an outer one's where commands nest). Per context, not per process:
+# a thread starts with a context of its own, so a command called as a function in a worker thread while another
+# runs gets a handler and a count of its own, and its steps that only note signals (``_noted_only``) leave the
+# other command armed. Signals arrive on the main thread only, and count for the command whose handler is installed
+# there: the one the main thread runs. A command in another thread installs none, so no signal counts for it (the
+# code that started its thread stops it).
+_COMMAND_INTERRUPT: ContextVar[Interrupt | None] = ContextVar("flagperf_command_interrupt", default=None)
 
 
 @contextmanager
@@ -186,22 +193,22 @@ def _interrupt_handler() -> Iterator[Interrupt]:
     if main_thread:
         reset_signals_taken()
         interrupt.install()
-    _INTERRUPTS.append(interrupt)
+    token = _COMMAND_INTERRUPT.set(interrupt)
     try:
         yield interrupt
     finally:
-        _INTERRUPTS.remove(interrupt)
+        _COMMAND_INTERRUPT.reset(token)
         put_back(before)
 
 
 def _interrupt() -> Interrupt:
     """The running command's interrupt handler (the app's, or ``_own_handler``'s for a command called alone).
     Outside both (a helper called by itself) an armed one that installs nothing, so it leaves no trace."""
-    if not _INTERRUPTS:
+    interrupt = _COMMAND_INTERRUPT.get()
+    if interrupt is None:
         interrupt = Interrupt()
         interrupt.armed = True
-        return interrupt
-    return _INTERRUPTS[-1]
+    return interrupt
 
 
 def _own_handler(command: Callable[P, R]) -> Callable[P, R]:
@@ -209,7 +216,7 @@ def _own_handler(command: Callable[P, R]) -> Callable[P, R]:
     its own as under the app's, and the process's handlers of before are put back when it returns or raises."""
     @functools.wraps(command)
     def with_handler(*args: P.args, **kwargs: P.kwargs) -> R:
-        if _INTERRUPTS:  # the app's (or an outer command's)
+        if _COMMAND_INTERRUPT.get() is not None:  # the app's (or an outer command's) in this thread
             return command(*args, **kwargs)
         with _interrupt_handler():
             return command(*args, **kwargs)
@@ -393,7 +400,7 @@ def run(
             raise
         outcome = exc
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ():
             signal.signal(sig, lambda signum, _frame: interrupt.signals.append(signum))
         if not verbose:
             console.line()  # the live view's last frame ends without one
