@@ -20,7 +20,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from flagperf.config import plan
 from flagperf.paths import PROJECT_ROOT
+from flagperf.results import schema
 from flows import cli
 from flows.cli import NOTHING_WRITTEN, app
 from tests.unit.test_report import make_run
@@ -187,7 +189,7 @@ def test_validate_stopped_while_it_tries_a_results_folder_removes_it(tmp_path: P
     inventory = tmp_path / "host.yaml"
     inventory.write_text(f'FLAGPERF_LOG_PATH: "{results}"\nVENDOR: "cpu"\nHOSTS: ["127.0.0.1"]\n'
                          'CASES: {"computation-FP32": "pytorch"}\n', encoding="utf-8")
-    sent = signal_at(monkeypatch, cli, "folder_problem", after=True)
+    sent = signal_at(monkeypatch, schema, "folder_problem", after=True)
     told(invoke("validate", str(inventory)), signal.SIGINT, "interrupted after checking 0 of 1 files; nothing was "
                                                             "written")
     assert sent and not (tmp_path / "made").exists()
@@ -223,7 +225,7 @@ def test_server_stopped_while_its_input_is_checked(monkeypatch: pytest.MonkeyPat
 def test_run_stopped_while_its_input_is_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sig: int) -> None:
     """SIGTERM is told as itself (143), not as a Ctrl-C."""
     monkeypatch.setenv("FLAGPERF_SUITE_PATH", str(PROJECT_ROOT / "tests" / "fixtures" / "suites"))
-    signal_at(monkeypatch, cli, "plan_run", sig)
+    signal_at(monkeypatch, plan, "plan_run", sig)
     told(invoke("run", "--suite", "tiny", "--results", str(tmp_path / "results")), sig,
          "interrupted before anything started")
     assert list(tmp_path.iterdir()) == []
