@@ -889,16 +889,14 @@ def _validate_file(path: Path) -> str:
 
 
 def _check_file(path: Path, notes: list[str]) -> str:
-    from flagperf.config.adaptation import CSRC_SETUP, ENV_FILE, EXTERN_HOOKS_FILE, REQUIREMENTS_FILE, read_adaptation
+    # Each kind of file imports its own checks (the planner, FlagPerf training's reader: only where they are used).
     from flagperf.config.cases import load_case, load_case_manifest, resolve_case_config
-    from flagperf.config.plan import plan_run
     from flagperf.config.vendors import MANIFEST as VENDOR_MANIFEST
     from flagperf.config.vendors import available_vendors, load_vendor, load_vendor_manifest
-    from flagperf.config.yamlio import load_yaml_mapping
-    from flagperf.hosts.flagperf_training import CLUSTER_CONF, load_training_conf
-    from flagperf.hosts.inventory import load_inventory
 
     if path.name == "case.yaml":
+        from flagperf.config.adaptation import read_adaptation
+
         manifest = load_case_manifest(path)
         case = load_case(manifest.name, {manifest.name: path.parent})
         resolve_case_config(case, vendor="", run_overrides=[])  # the defaults alone must be valid
@@ -950,20 +948,27 @@ def _check_file(path: Path, notes: list[str]) -> str:
         return f"training scale overrides of {manifest.name}"
     adapted = next((parent for parent in path.parents[:3] if parent.parent.name == "vendor"
                     and (parent.parent.parent / "case.yaml").is_file()), None)
-    if adapted is not None and path.name in (ENV_FILE, REQUIREMENTS_FILE, EXTERN_HOOKS_FILE, CSRC_SETUP):
-        from flagperf.config.vendorlayout import misplaced_adaptation_file
+    if adapted is not None:
+        from flagperf.config import adaptation
 
-        misplaced = misplaced_adaptation_file(path, adapted)
-        if misplaced:
-            raise ConfigError(display_path(path), None, misplaced)
-        case_dir = adapted.parent.parent  # a file of a vendor's adaptation: the whole folder is read
-        manifest = load_case_manifest(case_dir / "case.yaml")
-        read_adaptation(case_dir, manifest.name, manifest.family, adapted.name)
-        return f"vendor {adapted.name}'s adaptation of {manifest.name}"
+        if path.name in (adaptation.ENV_FILE, adaptation.REQUIREMENTS_FILE, adaptation.EXTERN_HOOKS_FILE,
+                         adaptation.CSRC_SETUP):
+            from flagperf.config.vendorlayout import misplaced_adaptation_file
+
+            misplaced = misplaced_adaptation_file(path, adapted)
+            if misplaced:
+                raise ConfigError(display_path(path), None, misplaced)
+            case_dir = adapted.parent.parent  # a file of a vendor's adaptation: the whole folder is read
+            manifest = load_case_manifest(case_dir / "case.yaml")
+            adaptation.read_adaptation(case_dir, manifest.name, manifest.family, adapted.name)
+            return f"vendor {adapted.name}'s adaptation of {manifest.name}"
     if path.name == VENDOR_MANIFEST:
         load_vendor_manifest(path)
         return "vendor"
     if path.suffix == ".py":  # FlagPerf training's test_conf.py, or its cluster_conf.py: checked together
+        from flagperf.config.plan import plan_run
+        from flagperf.hosts.flagperf_training import CLUSTER_CONF, load_training_conf
+
         test_conf = path.with_name("test_conf.py") if path.name == CLUSTER_CONF else path
         inv = load_training_conf(test_conf)
         notes += inv.notes
@@ -977,11 +982,17 @@ def _check_file(path: Path, notes: list[str]) -> str:
             with _noted_only():
                 _remove_made(folder, _make_results_folder(folder, display_path(test_conf), "FLAGPERF_LOG_PATH"))
         return f"FlagPerf training test_conf.py + cluster_conf.py, {len(inv.hosts)} host(s)"
+    from flagperf.config.yamlio import load_yaml_mapping
+
     data = load_yaml_mapping(path)
     if "cases" in data:
+        from flagperf.config.plan import plan_run
+
         plan_run(suite=str(path), results_dir=Path("/nonexistent-results-for-validation"))
         return "suite"
     if "hosts" in data or "HOSTS" in data:
+        from flagperf.hosts.inventory import load_inventory
+
         inv = load_inventory(path)
         notes += inv.notes
         if inv.results_dir:  # checked as run checks it, by writing there; what this made is removed again
