@@ -15,7 +15,10 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 STOP_NOW_AT = 3  # the signal (counting the one that began the clean-up) that stops without more clean-up
 
 
-_taken: list[int] = []  # the signals taken since the command began, by its handler and by every clean-up block
+# The signals taken since the command began, by its handler and by every clean-up block. One count per process is
+# one per command that signals reach: they arrive on the main thread, where only the command that runs there has
+# handlers installed (a command in another thread installs none, and resets nothing).
+_taken: list[int] = []
 
 
 def reset() -> None:

@@ -19,8 +19,9 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext, suppress
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
@@ -28,31 +29,15 @@ from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperGroup
 
-from flagperf.config.adaptation import CSRC_SETUP, ENV_FILE, EXTERN_HOOKS_FILE, REQUIREMENTS_FILE, read_adaptation
-from flagperf.config.casecode import case_code_not_run
-from flagperf.config.cases import INFERENCE_FILES, available_cases, load_case, load_case_manifest, resolve_case_config
-from flagperf.config.plan import DEFAULT_SUITE, PLAN_FILE, available_suites, plan_run
-from flagperf.config.vendors import MANIFEST as VENDOR_MANIFEST
-from flagperf.config.vendors import available_vendors, load_vendor, load_vendor_manifest
-from flagperf.config.yamlio import load_yaml_mapping
+# Only what every command needs is imported here: each command imports the rest itself, so that `--help`, `list`
+# and `validate` start without pandas, paramiko or the report's Markdown (bench/cli_startup.py measures it).
 from flagperf.errors import ConfigError, FlagperfError
-from flagperf.hosts.capacity import check_capacity_here
-from flagperf.hosts.flagperf_training import CLUSTER_CONF, default_cluster_conf, load_training_conf, open_inventory
-from flagperf.hosts.inventory import Inventory, load_inventory, local_inventory
 from flagperf.paths import display_path, pin_search_paths
-from flagperf.results.operators import OPERATOR_HEADER, operator_cells
-from flagperf.results.schema import atomic_path, folder_problem
-from flagperf.results.summary import (
-    ESTIMATED_PEAK_LEGEND,
-    HEADLINE_HEADER,
-    OPERATORS_INTRO,
-    SUMMARY_JSON,
-    headline_cells,
-    headline_figures,
-    read_summary_json,
-)
 from flagperf.stopping import STOP_NOW_AT, put_back, stop_now, take
 from flagperf.stopping import reset as reset_signals_taken
+
+if TYPE_CHECKING:
+    from flagperf.hosts.inventory import Inventory
 
 EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNSUPPORTED_ONLY = 1, 2, 3
 
@@ -175,7 +160,13 @@ class Interrupt:
 
 P = ParamSpec("P")
 R = TypeVar("R")
-_INTERRUPTS: list[Interrupt] = []  # the handler of the command being run, innermost last
+# The handler of the command this thread runs (an outer one's where commands nest). Per context, not per process:
+# a thread starts with a context of its own, so a command called as a function in a worker thread while another
+# runs gets a handler and a count of its own, and its steps that only note signals (``_noted_only``) leave the
+# other command armed. Signals arrive on the main thread only, and count for the command whose handler is installed
+# there: the one the main thread runs. A command in another thread installs none, so no signal counts for it (the
+# code that started its thread stops it).
+_COMMAND_INTERRUPT: ContextVar[Interrupt | None] = ContextVar("flagperf_command_interrupt", default=None)
 
 
 @contextmanager
@@ -189,22 +180,22 @@ def _interrupt_handler() -> Iterator[Interrupt]:
     if main_thread:
         reset_signals_taken()
         interrupt.install()
-    _INTERRUPTS.append(interrupt)
+    token = _COMMAND_INTERRUPT.set(interrupt)
     try:
         yield interrupt
     finally:
-        _INTERRUPTS.remove(interrupt)
+        _COMMAND_INTERRUPT.reset(token)
         put_back(before)
 
 
 def _interrupt() -> Interrupt:
     """The running command's interrupt handler (the app's, or ``_own_handler``'s for a command called alone).
     Outside both (a helper called by itself) an armed one that installs nothing, so it leaves no trace."""
-    if not _INTERRUPTS:
+    interrupt = _COMMAND_INTERRUPT.get()
+    if interrupt is None:
         interrupt = Interrupt()
         interrupt.armed = True
-        return interrupt
-    return _INTERRUPTS[-1]
+    return interrupt
 
 
 def _own_handler(command: Callable[P, R]) -> Callable[P, R]:
@@ -212,7 +203,7 @@ def _own_handler(command: Callable[P, R]) -> Callable[P, R]:
     its own as under the app's, and the process's handlers of before are put back when it returns or raises."""
     @functools.wraps(command)
     def with_handler(*args: P.args, **kwargs: P.kwargs) -> R:
-        if _INTERRUPTS:  # the app's (or an outer command's)
+        if _COMMAND_INTERRUPT.get() is not None:  # the app's (or an outer command's) in this thread
             return command(*args, **kwargs)
         with _interrupt_handler():
             return command(*args, **kwargs)
@@ -277,7 +268,9 @@ def _drain_prefect() -> None:
 @app.command()
 @_own_handler
 def run(
-    suite: Annotated[str | None, typer.Option(help=f"suite name or YAML file (default: {DEFAULT_SUITE})")] = None,
+    # flagperf.config.plan's DEFAULT_SUITE, written out: the help is made without importing the planner (a test
+    # holds the two together).
+    suite: Annotated[str | None, typer.Option(help="suite name or YAML file (default: smoke)")] = None,
     cases: Annotated[str | None, typer.Option(help="comma-separated case names, instead of a suite")] = None,
     vendor: Annotated[str | None, typer.Option(
         help="vendor folder under vendor_images/ (default: the inventory's VENDOR, else cpu)")] = None,
@@ -306,6 +299,13 @@ def run(
 
     The console shows a live view of the rounds; the full log is in the run folder (controller.log), in the
     Prefect UI when a server is used, and on the console with -v."""
+    from flagperf.config.plan import PLAN_FILE, plan_run
+    from flagperf.config.yamlio import load_yaml_mapping
+    from flagperf.hosts.capacity import check_capacity_here
+    from flagperf.hosts.flagperf_training import default_cluster_conf, open_inventory
+    from flagperf.hosts.inventory import load_inventory, local_inventory
+    from flagperf.results.summary import SUMMARY_JSON, read_summary_json
+
     case_list = [c.strip() for c in cases.split(",") if c.strip()] if cases is not None else None
     if cases is not None and not case_list:
         raise _fail("--cases: no case names given")
@@ -396,7 +396,7 @@ def run(
             raise
         outcome = exc
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ():
             signal.signal(sig, lambda signum, _frame: interrupt.signals.append(signum))
         if not verbose:
             console.line()  # the live view's last frame ends without one
@@ -482,6 +482,8 @@ def _results_folder(results: Path | None, inv: Inventory, host_config: Path | No
 def _make_results_folder(folder: Path, source: str, key: str | None) -> Path | None:
     """Make the results folder if missing and check it by writing to it (exit 2 otherwise); returns the
     outermost folder this made (None: it was there), so that a run refused later leaves nothing behind."""
+    from flagperf.results.schema import folder_problem
+
     made = _outermost_missing(folder)
     try:
         problem = folder_problem(folder)
@@ -525,14 +527,22 @@ def _remove_rejected_run(run_dir: Path, results: Path, made: Path | None) -> Non
 
 
 def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
+    from flagperf.results.operators import OPERATOR_HEADER, operator_cells
+    from flagperf.results.serving import CONSOLE_HEADER, console_rows, serving_points
+    from flagperf.results.summary import (
+        ESTIMATED_PEAK_LEGEND,
+        HEADLINE_HEADER,
+        OPERATORS_INTRO,
+        headline_cells,
+        headline_figures,
+        headline_rows,
+    )
+
     ctx = summary.get("context") or {}
     table = Table(title=f"{summary['run_id']}: measured vs peak"
                   + (f" on {ctx.get('device')}" if ctx.get("device") else ""), title_justify="left")
     for name in HEADLINE_HEADER:
         table.add_column(name, justify="right" if name not in ("case", "metric", "unit") else "left")
-    from flagperf.results.serving import CONSOLE_HEADER, console_rows, serving_points
-    from flagperf.results.summary import headline_rows
-
     # Generate points get a row each below (every figure is in report.md); a figure of theirs only beside its peak.
     for entry in headline_rows(summary["headline"]):
         table.add_row(*headline_cells(entry))
@@ -594,7 +604,9 @@ def _run_folder(path: Path, option: str) -> Path:
 @_own_handler
 def report(run_dir: Annotated[Path, typer.Argument(help="a run folder, results/<run-id>")]) -> None:
     """Regenerate a run's summary, report (Markdown, HTML) and plots from its files."""
+    from flagperf.config.plan import PLAN_FILE
     from flagperf.results.report import build_report
+    from flagperf.results.summary import read_summary_json
 
     if not (run_dir / PLAN_FILE).is_file():  # a run stopped before its first round was stored still has its plan
         _run_folder(run_dir, "RUN")
@@ -628,6 +640,7 @@ def compare(
         render_markdown,
         serving_comparison_markdown,
     )
+    from flagperf.results.schema import atomic_path
 
     rows, _ = compare_runs(_run_folder(run_a, "RUN_A"), _run_folder(run_b, "RUN_B"))
     serving = compare_serving_runs(run_a, run_b)
@@ -881,7 +894,14 @@ def _validate_file(path: Path) -> str:
 
 
 def _check_file(path: Path, notes: list[str]) -> str:
+    # Each kind of file imports its own checks (the planner, FlagPerf training's reader: only where they are used).
+    from flagperf.config.cases import load_case, load_case_manifest, resolve_case_config
+    from flagperf.config.vendors import MANIFEST as VENDOR_MANIFEST
+    from flagperf.config.vendors import available_vendors, load_vendor, load_vendor_manifest
+
     if path.name == "case.yaml":
+        from flagperf.config.adaptation import read_adaptation
+
         manifest = load_case_manifest(path)
         case = load_case(manifest.name, {manifest.name: path.parent})
         resolve_case_config(case, vendor="", run_overrides=[])  # the defaults alone must be valid
@@ -933,20 +953,27 @@ def _check_file(path: Path, notes: list[str]) -> str:
         return f"training scale overrides of {manifest.name}"
     adapted = next((parent for parent in path.parents[:3] if parent.parent.name == "vendor"
                     and (parent.parent.parent / "case.yaml").is_file()), None)
-    if adapted is not None and path.name in (ENV_FILE, REQUIREMENTS_FILE, EXTERN_HOOKS_FILE, CSRC_SETUP):
-        from flagperf.config.vendorlayout import misplaced_adaptation_file
+    if adapted is not None:
+        from flagperf.config import adaptation
 
-        misplaced = misplaced_adaptation_file(path, adapted)
-        if misplaced:
-            raise ConfigError(display_path(path), None, misplaced)
-        case_dir = adapted.parent.parent  # a file of a vendor's adaptation: the whole folder is read
-        manifest = load_case_manifest(case_dir / "case.yaml")
-        read_adaptation(case_dir, manifest.name, manifest.family, adapted.name)
-        return f"vendor {adapted.name}'s adaptation of {manifest.name}"
+        if path.name in (adaptation.ENV_FILE, adaptation.REQUIREMENTS_FILE, adaptation.EXTERN_HOOKS_FILE,
+                         adaptation.CSRC_SETUP):
+            from flagperf.config.vendorlayout import misplaced_adaptation_file
+
+            misplaced = misplaced_adaptation_file(path, adapted)
+            if misplaced:
+                raise ConfigError(display_path(path), None, misplaced)
+            case_dir = adapted.parent.parent  # a file of a vendor's adaptation: the whole folder is read
+            manifest = load_case_manifest(case_dir / "case.yaml")
+            adaptation.read_adaptation(case_dir, manifest.name, manifest.family, adapted.name)
+            return f"vendor {adapted.name}'s adaptation of {manifest.name}"
     if path.name == VENDOR_MANIFEST:
         load_vendor_manifest(path)
         return "vendor"
     if path.suffix == ".py":  # FlagPerf training's test_conf.py, or its cluster_conf.py: checked together
+        from flagperf.config.plan import plan_run
+        from flagperf.hosts.flagperf_training import CLUSTER_CONF, load_training_conf
+
         test_conf = path.with_name("test_conf.py") if path.name == CLUSTER_CONF else path
         inv = load_training_conf(test_conf)
         notes += inv.notes
@@ -960,11 +987,17 @@ def _check_file(path: Path, notes: list[str]) -> str:
             with _noted_only():
                 _remove_made(folder, _make_results_folder(folder, display_path(test_conf), "FLAGPERF_LOG_PATH"))
         return f"FlagPerf training test_conf.py + cluster_conf.py, {len(inv.hosts)} host(s)"
+    from flagperf.config.yamlio import load_yaml_mapping
+
     data = load_yaml_mapping(path)
     if "cases" in data:
+        from flagperf.config.plan import plan_run
+
         plan_run(suite=str(path), results_dir=Path("/nonexistent-results-for-validation"))
         return "suite"
     if "hosts" in data or "HOSTS" in data:
+        from flagperf.hosts.inventory import load_inventory
+
         inv = load_inventory(path)
         notes += inv.notes
         if inv.results_dir:  # checked as run checks it, by writing there; what this made is removed again
@@ -978,6 +1011,8 @@ def _check_file(path: Path, notes: list[str]) -> str:
 
 def _validate_inference_file(path: Path) -> str | None:
     """FlagPerf's inference files: configurations.yaml, parameters.yaml, vendor/<vendor>_configurations.yaml."""
+    from flagperf.config.cases import INFERENCE_FILES, load_case, resolve_case_config
+
     if path.name in INFERENCE_FILES and path.parent.parent.name == "inference":
         case = load_case(path.parent.name, {path.parent.name: path.parent})
         resolve_case_config(case, vendor="", run_overrides=[])  # the defaults alone must be valid
@@ -1003,6 +1038,8 @@ def validate(files: Annotated[list[Path], typer.Argument(help="config files to c
     """Check config files (suites, case.yaml, vendor overrides, vendor.yaml, inventories) without running
     anything: a case's module is read, not imported (its Config is rebuilt from the source; the case's own
     validators run when it runs), and only regular files inside their folders are read."""
+    from flagperf.config.casecode import case_code_not_run
+
     bad = checked = 0
     # Also between files (as one's line is printed): the count is of the files checked so far.
     with _if_interrupted(lambda: f"interrupted after checking {checked} of {len(files)} files; nothing was written"):
@@ -1024,6 +1061,10 @@ def validate(files: Annotated[list[Path], typer.Argument(help="config files to c
 @_own_handler
 def list_(what: Annotated[str, typer.Argument(help="cases, vendors, suites or all")] = "all") -> None:
     """List cases, vendors and suites."""
+    from flagperf.config.cases import available_cases, load_case
+    from flagperf.config.plan import available_suites
+    from flagperf.config.vendors import available_vendors, load_vendor
+
     if what not in ("all", "cases", "vendors", "suites"):
         raise _fail(f"list {what!r}: choose cases, vendors, suites or all")
     try:
@@ -1083,6 +1124,8 @@ def vendor_new(name: Annotated[str, typer.Argument(help="the vendor's name (its 
                                                                "project's vendor_images/)")] = None) -> None:
     """Write a commented vendor folder (vendor.yaml, spec.py, a monitor, pytorch/Dockerfile with its install
     script, README.md) that passes `flagperf vendor check`; fill in what is marked TODO."""
+    from flagperf.config.vendors import MANIFEST as VENDOR_MANIFEST
+    from flagperf.config.vendors import available_vendors
     from flagperf.hosts.vendorscaffold import write_vendor_folder
     from flagperf.paths import PROJECT_ROOT
 

@@ -54,6 +54,8 @@ HEALTH_TIMEOUT_S = 180.0
 DATABASE_SECRETS = (DATABASE_URL_ENV, "PGPASSWORD", "PGPASSFILE")
 WATCH_POLL_S = 0.5
 WATCH_GRACE_S = 10.0
+STEP_POLL_S = 0.2  # how soon a signal stops a step's command (the work pool's, the deployments')
+POOL_TIMEOUT_S, DEPLOY_TIMEOUT_S = 120.0, 600.0
 # The results folder `flagperf server` serves, in its worker's and deployments' environment: the evaluate and
 # nightly forms default their results folder to it, so a run started from the UI gets its report on the site.
 
@@ -156,18 +158,47 @@ def wait_healthy(api_url: str, proc: subprocess.Popen[bytes], stopping: list[int
         raise RuntimeError(f"the Prefect server did not answer {api_url}/health within {timeout_s:.0f} s")
 
 
-def _stop(proc: subprocess.Popen[bytes], grace_s: float = 30.0) -> None:
+def _stop(proc: subprocess.Popen[Any], grace_s: float = 30.0) -> None:
+    """SIGTERM to ``proc``'s process group (it was started as its leader), SIGKILL after ``grace_s``."""
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
         if proc.poll() is not None:
             return
         try:
             os.killpg(proc.pid, sig)
+            if sig == signal.SIGTERM:  # a stopped process (SIGSTOP, a debugger) acts on it once continued, as kill(1)
+                os.killpg(proc.pid, signal.SIGCONT)  # does for a stopped job
         except ProcessLookupError:
             return
         try:
             proc.wait(timeout=wait)
         except subprocess.TimeoutExpired:
             continue
+
+
+def run_step(argv: list[str], stopping: list[int], timeout_s: float, what: str,
+             **popen: Any) -> subprocess.CompletedProcess[Any] | None:
+    """``argv`` (a watched command: see ``watched``) run to its end as subprocess.run runs it, in a process group
+    of its own; but a signal noted in ``stopping`` (serve's handler) stops it, and what it started, at once
+    instead of waiting for its end, up to its timeout: None then, also when a signal came before it started.
+    Past ``timeout_s`` it is stopped and a RuntimeError says ``what`` did not finish."""
+    if stopping:
+        return None
+    proc = subprocess.Popen(argv, start_new_session=True, **popen)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:  # reads its output meanwhile, if piped: a full pipe would hold it up
+                out, err = proc.communicate(timeout=STEP_POLL_S)
+                return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+            except subprocess.TimeoutExpired:
+                pass
+            if stopping:
+                return None
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what} did not finish within {timeout_s:.0f} s")
+    finally:
+        if proc.poll() is None:  # stopped, timed out, or an error here: its group goes too (the watcher's grace)
+            _stop(proc, grace_s=WATCH_GRACE_S + 5)
 
 
 def configured_api_url() -> str | None:
@@ -370,42 +401,86 @@ def restore_set_by_users(http: Any, before: dict[str, dict[str, Any]]) -> list[s
     return notes
 
 
+BUSY = (429, 502, 503)  # the server is busy (Prefect answers 503 while its database is): Prefect's clients retry
+
+
+def put_back_set_by_users(api_url: str, auth: dict[str, str], before: dict[str, dict[str, Any]],
+                          timeout_s: float = 30.0, attempts: int = 3) -> list[str]:
+    """restore_set_by_users, tried again where the server was busy or did not answer: each try compares with what
+    is there then (a try cut midway, its schedules deleted and not yet made again, is finished by the next)."""
+    import httpx
+
+    for attempt in range(1, attempts):
+        try:
+            with httpx.Client(base_url=api_url, headers=auth, timeout=timeout_s) as http:
+                return restore_set_by_users(http, before)
+        except (httpx.TransportError, httpx.HTTPStatusError) as exc:
+            if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code not in BUSY:
+                raise
+            time.sleep(attempt)
+    with httpx.Client(base_url=api_url, headers=auth, timeout=timeout_s) as http:  # the last try: its error is raised
+        return restore_set_by_users(http, before)
+
+
 def create_deployments(api_url: str, client_env: dict[str, str], results_root: Path, pool: str,
-                       credentials: Credentials | None, log_dir: Path) -> tuple[list[str], list[str], list[str]]:
+                       credentials: Credentials | None, log_dir: Path, stopping: list[int] | None = None
+                       ) -> tuple[list[str], list[str], list[str]] | None:
     """The deployments of prefect.yaml on the server's pool, made as `prefect deploy --all` makes them (its form
     schemas read with the results folder's default in the environment); then the user-facing ones get the served
     results folder in their job variables, so a worker elsewhere runs them with it too. A deployment that existed
     keeps the schedules and pause its users set in the UI: prefect.yaml's schedule is the new deployment's. Its
-    output goes to deploy.log. Returns (user-facing, internal) names and a line per schedule kept."""
+    output goes to deploy.log. Returns (user-facing, internal) names and a line per schedule kept; None when a
+    signal noted in ``stopping`` stopped it (`prefect deploy` is stopped at once, see run_step).
+
+    Stopped, failed or timed out midway, `prefect deploy` may have made some deployments and not others, and
+    given prefect.yaml's schedule to some that had their users': what users had set is put back all the same
+    (the next start would take prefect.yaml's for theirs), and the next start makes them all again."""
     import httpx
     import yaml
 
+    stopping = [] if stopping is None else stopping
     project = deployments_in_project(pool)
     auth = api_headers(api_url, credentials.auth_string if credentials else None)
     user_specs = [spec for spec in project["deployments"] if "internal" not in (spec.get("tags") or [])]
     with httpx.Client(base_url=api_url, headers=auth, timeout=30) as http:
         before = set_by_users(http, user_specs)
-    with tempfile.TemporaryDirectory(prefix="flagperf-deploy-") as folder:
-        prefect_file = Path(folder) / "prefect.yaml"
-        prefect_file.write_text(yaml.safe_dump(project, sort_keys=False), encoding="utf-8")
-        with (log_dir / "deploy.log").open("ab") as deploy_log:
-            made = subprocess.run(watched([sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all",
-                                           "--prefect-file", str(prefect_file)]),
-                                  cwd=PROJECT_ROOT, env={**client_env, "PWD": str(PROJECT_ROOT)}, stdout=deploy_log,
-                                  stderr=subprocess.STDOUT, timeout=600, check=False, start_new_session=True)
-    if made.returncode != 0:
-        raise RuntimeError(f"creating the deployments failed (see deploy.log); by hand: "
-                           f"{deploy_command(api_url, results_root)}")
-    user = [spec["name"] for spec in user_specs]
-    internal = [spec["name"] for spec in project["deployments"] if spec not in user_specs]
-    with httpx.Client(base_url=api_url, headers=auth, timeout=30) as http:
-        for spec in user_specs:
-            for deployment in _deployments_named(http, spec):
-                variables = dict(deployment.get("job_variables") or {})
-                variables["env"] = {**(variables.get("env") or {}), RESULTS_DIR_ENV: str(results_root)}
-                http.patch(f"/deployments/{deployment['id']}", json={"job_variables": variables}).raise_for_status()
-        kept = restore_set_by_users(http, before)
-    return user, internal, kept
+    restored = False
+    try:
+        with tempfile.TemporaryDirectory(prefix="flagperf-deploy-") as folder:
+            prefect_file = Path(folder) / "prefect.yaml"
+            prefect_file.write_text(yaml.safe_dump(project, sort_keys=False), encoding="utf-8")
+            with (log_dir / "deploy.log").open("ab") as deploy_log:
+                made = run_step(watched([sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all",
+                                         "--prefect-file", str(prefect_file)]), stopping, DEPLOY_TIMEOUT_S,
+                                "creating the deployments (see deploy.log)",
+                                cwd=PROJECT_ROOT, env={**client_env, "PWD": str(PROJECT_ROOT)}, stdout=deploy_log,
+                                stderr=subprocess.STDOUT)
+        if made is None:
+            return None
+        if made.returncode != 0:
+            raise RuntimeError(f"creating the deployments failed (see deploy.log); by hand: "
+                               f"{deploy_command(api_url, results_root)}")
+        user = [spec["name"] for spec in user_specs]
+        internal = [spec["name"] for spec in project["deployments"] if spec not in user_specs]
+        with httpx.Client(base_url=api_url, headers=auth, timeout=30) as http:
+            for spec in user_specs:
+                for deployment in _deployments_named(http, spec):
+                    variables = dict(deployment.get("job_variables") or {})
+                    variables["env"] = {**(variables.get("env") or {}), RESULTS_DIR_ENV: str(results_root)}
+                    http.patch(f"/deployments/{deployment['id']}",
+                               json={"job_variables": variables}).raise_for_status()
+        restored = True  # tried: an error in it is this command's error
+        kept = put_back_set_by_users(api_url, auth, before)
+        return user, internal, kept
+    finally:
+        if not restored and before:  # the server is still up (it is stopped next): briefly, and said if it fails
+            try:
+                put_back_set_by_users(api_url, auth, before, timeout_s=10)
+            except httpx.HTTPError as exc:
+                names = ", ".join(sorted({entry["name"] for entry in before.values()}))
+                said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                print(f"schedules: what users set on {names} (schedules, pause) may not be back ({said}); check "
+                      "them in the UI", flush=True)
 
 
 def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_dir: Path, *,
@@ -415,7 +490,8 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
     """Start the server (and a worker), the deployments and the results site, wait until interrupted, stop all.
     ``credentials`` None only on a loopback ``host`` (see server_credentials). Returns an exit code: 0 once
     stopped by a signal after it was up (the way to end it: it says so), 1 when a process of it failed, 128 +
-    the signal when a signal stopped it while it started (everything it had started is stopped)."""
+    the signal when a signal stopped it while it started (everything it had started is stopped, the commands that
+    make the work pool and the deployments at once: see run_step)."""
     if credentials is None and not is_loopback(host):
         raise ConfigError("--host", None, f"{host} needs a sign-in: {how_to_set()}")
     api_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}/api"
@@ -474,11 +550,14 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
         client_env.pop(CLIENT_AUTH_ENV, None)
         if credentials is not None:
             client_env[CLIENT_AUTH_ENV] = credentials.auth_string
-        # Watched too: killed meanwhile, this command would leave it retrying a server that is gone.
-        created = subprocess.run(watched([sys.executable, "-m", "prefect", "--no-prompt", "work-pool", "create", pool,
-                                          "--type", "process", "--overwrite"]), env=client_env, capture_output=True,
-                                 text=True, timeout=120, check=False, start_new_session=True)
-        if stopping:  # a signal while the pool was made (its command goes on to its end: it is quick)
+        # Watched too: killed meanwhile, this command would leave it retrying a server that is gone. One API call:
+        # the pool is there or not (a signal stops the command at once), and the next start makes it with
+        # --overwrite either way.
+        created = run_step(watched([sys.executable, "-m", "prefect", "--no-prompt", "work-pool", "create", pool,
+                                    "--type", "process", "--overwrite"]), stopping, POOL_TIMEOUT_S,
+                           f"creating work pool {pool!r}", env=client_env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+        if created is None or stopping:  # a signal before or while the pool was made
             return 128 + stopping[0]
         if created.returncode != 0:
             raise RuntimeError(f"creating work pool {pool!r} failed: {created.stderr.strip()[-300:]}")
@@ -489,7 +568,10 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
                     env=client_env, stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True))
             print(f"worker: pool {pool!r}, running flows from {PROJECT_ROOT}", flush=True)
         if deploy:
-            user, internal, kept = create_deployments(api_url, client_env, results_root, pool, credentials, log_dir)
+            made = create_deployments(api_url, client_env, results_root, pool, credentials, log_dir, stopping)
+            if made is None:  # a signal while they were made
+                return 128 + stopping[0]
+            user, internal, kept = made
             print(f"deployments: {', '.join(user)} (start these); internal, tagged so: {', '.join(internal)} "
                   f"(dispatched by evaluate)", flush=True)
             for line in kept:

@@ -255,9 +255,16 @@ def test_a_lasting_server_schedules_the_nightly(tmp_path: Path) -> None:
 def test_what_users_set_on_the_nightly_in_the_ui_survives_a_restart_of_the_server(tmp_path: Path) -> None:
     """`flagperf server` makes the deployments on every start: a nightly moved to 03:30 Berlin with other
     parameters, one schedule switched off, the deployment paused (as the UI does them) stay so, and the banner's
-    line says prefect.yaml's schedule was not applied. (`prefect deploy` alone would put 02:00 back, unpaused.)"""
+    line says prefect.yaml's schedule was not applied. (`prefect deploy` alone would put 02:00 back, unpaused.)
+    So also where a start was stopped by a signal while `prefect deploy` ran, after it had done that to the
+    nightly: the deploy is stopped and what users set is put back before the server stops (the next start
+    would take prefect.yaml's schedule for theirs)."""
+    import threading
+
+    from held_deploy import holding_env, running, wait_held
     from prefect.client.schemas.schedules import CronSchedule
     from prefect.settings import PREFECT_API_URL
+    from prefect_api import nightly_schedule
 
     from flows.server import create_deployments
 
@@ -281,6 +288,39 @@ def test_what_users_set_on_the_nightly_in_the_ui_survives_a_restart_of_the_serve
         set_in_ui = sorted((s.schedule.cron, s.schedule.timezone, s.active, s.parameters)
                            for s in client.read_deployment_schedules(nightly.id))
     assert len(set_in_ui) == 2
+
+    held, marker = holding_env(tmp_path)
+    stopping: list[int] = []
+    returned = threading.Event()
+    deploys: list[int] = []
+
+    def as_the_deploy_did_then_ctrl_c() -> None:  # on the held deploy: what it does first to the nightly
+        try:
+            deploys.append(wait_held(marker, lambda: not returned.is_set()))
+            with get_client(sync_client=True) as client:
+                nightly = client.read_deployment_by_name("nightly-regression/nightly")
+                for schedule in nightly.schedules:
+                    client.delete_deployment_schedule(nightly.id, schedule.id)
+                client.create_deployment_schedules(nightly.id, [(CronSchedule(**nightly_schedule()), True)])
+                client.resume_deployment(nightly.id)
+        finally:
+            stopping.append(signal.SIGINT)  # as serve's handler notes it
+
+    thread = threading.Thread(target=as_the_deploy_did_then_ctrl_c)
+    thread.start()
+    try:
+        assert create_deployments(api, {**env, **held}, tmp_path / "results", "flagperf", None, tmp_path,
+                                  stopping) is None
+    finally:
+        returned.set()
+        thread.join(timeout=120)
+    (deploy_pid,) = deploys
+    assert not running(deploy_pid)
+    with get_client(sync_client=True) as client:
+        nightly = client.read_deployment_by_name("nightly-regression/nightly")
+        assert sorted((s.schedule.cron, s.schedule.timezone, s.active, s.parameters)
+                      for s in nightly.schedules) == set_in_ui
+        assert nightly.paused
 
     kept = deploy()
     with get_client(sync_client=True) as client:

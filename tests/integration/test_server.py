@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from held_deploy import holding_env, running, wait_held
 from prefect_api import assert_schedule_gets_runs
 from server_ports import session_pool, start_on_os_ports
 from site_probe import basic, plant, probe, request
@@ -165,6 +166,43 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     logs = [p.read_text(errors="replace") for p in tmp_path.glob("logs-*/*.log")]
     assert logs and not [text for text in [out, *logs] if password in text]
+
+
+def test_ctrl_c_while_the_deployments_are_made_stops_them_at_once(tmp_path: Path) -> None:
+    """Ctrl-C while `flagperf server` runs `prefect deploy` (held running here: a deploy may take up to its
+    10-minute limit): the deploy's process group is stopped at once, not waited for, then the server and the
+    results site as on any Ctrl-C while it starts: one line, exit 130, no process of it left."""
+    held, marker = holding_env(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), **held)
+
+    def start_server(port: int, results_port: int) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "flows.cli", "server", "--database-url",
+                                 os.environ["FLAGPERF_TEST_POSTGRES_URL"], "--port", str(port), "--no-worker",
+                                 "--pool", session_pool("flagperf-held"), "--results", str(tmp_path / "results"),
+                                 "--results-port", str(results_port), "--log-dir", str(tmp_path / f"logs-{port}")],
+                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    proc, port, _ = start_on_os_ports(start_server, tmp_path / "prefect-home", said_with_server_log)
+    try:
+        deploy = psutil.Process(wait_held(marker, lambda: proc.poll() is None))  # the work pool is made first
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        assert deploy in tree  # this server's deploy, under its watcher
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=90)  # far below the deploy's 600 s: it is not waited for
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+    out = output_of(proc)
+    assert proc.returncode == 130, out
+    assert out.splitlines()[-1] == ("error: interrupted while the server started; all it had started is stopped (logs "
+                                    f"in {tmp_path / f'logs-{port}'})"), out
+    assert "deployments:" not in out
+    assert not running(deploy)
+    _gone, alive = psutil.wait_procs(tree, timeout=30)  # the stopped ones may yet be reaped by their parents
+    left = [p for p in alive if running(p)]
+    assert not left, [(p.pid, p.cmdline()) for p in left]
 
 
 def test_a_killed_server_command_leaves_no_server(tmp_path: Path) -> None:

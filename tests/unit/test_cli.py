@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -230,6 +234,41 @@ def test_run_bad_input_stops_before_prefect(tmp_path: Path, monkeypatch: pytest.
 def test_no_arguments_shows_help() -> None:
     result = invoke()
     assert "run" in result.output and "validate" in result.output and "list" in result.output
+
+
+def test_run_help_names_the_planners_default_suite() -> None:
+    """The help is written out (made without importing the planner): it must say the planner's default."""
+    from flagperf.config.plan import DEFAULT_SUITE
+
+    result = invoke("run", "--help")
+    assert result.exit_code == 0, result.output
+    assert f"(default: {DEFAULT_SUITE})" in " ".join(result.output.replace("│", " ").split())
+
+
+# What the commands below never use: reports (pandas, numpy, Markdown), SSH hosts (paramiko), flows (Prefect).
+NOT_AT_START = ("pandas", "numpy", "markdown", "paramiko", "prefect", "torch")
+
+
+def test_help_list_and_validate_do_not_import_what_they_do_not_use() -> None:
+    """`flagperf --help`, `list` and `validate` of files that name no case code, each in a fresh Python (where
+    nothing else imported them first): none of the heavy packages the other commands need is imported (each
+    command imports its own; bench/cli_startup.py measures what that saves)."""
+    script = textwrap.dedent(f"""
+        import json, sys
+        from flows.cli import app
+        try:
+            app(sys.argv[1:], prog_name="flagperf")
+        except SystemExit as exc:
+            code = exc.code
+        print(json.dumps([code, [name for name in {NOT_AT_START!r} if name in sys.modules]]))
+    """)
+    # (A suite or case.yaml names a kernel of the project, whose module is imported for its Config: torch.)
+    for args in (["--help"], ["list"], ["validate", "vendor_images/cpu/vendor.yaml",
+                                        "deployments/inventories/example.yaml"]):
+        done = subprocess.run([sys.executable, "-c", script, *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+        code, imported = json.loads(done.stdout.splitlines()[-1])
+        assert code in (0, None) and imported == [], (args, code, imported, done.stderr[-2000:])
 
 
 @pytest.mark.parametrize(("args", "header", "error"), [

@@ -20,7 +20,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from flagperf.config import plan
 from flagperf.paths import PROJECT_ROOT
+from flagperf.results import schema
 from flows import cli
 from flows.cli import NOTHING_WRITTEN, app
 from tests.unit.test_report import make_run
@@ -187,7 +189,7 @@ def test_validate_stopped_while_it_tries_a_results_folder_removes_it(tmp_path: P
     inventory = tmp_path / "host.yaml"
     inventory.write_text(f'FLAGPERF_LOG_PATH: "{results}"\nVENDOR: "cpu"\nHOSTS: ["127.0.0.1"]\n'
                          'CASES: {"computation-FP32": "pytorch"}\n', encoding="utf-8")
-    sent = signal_at(monkeypatch, cli, "folder_problem", after=True)
+    sent = signal_at(monkeypatch, schema, "folder_problem", after=True)
     told(invoke("validate", str(inventory)), signal.SIGINT, "interrupted after checking 0 of 1 files; nothing was "
                                                             "written")
     assert sent and not (tmp_path / "made").exists()
@@ -223,7 +225,7 @@ def test_server_stopped_while_its_input_is_checked(monkeypatch: pytest.MonkeyPat
 def test_run_stopped_while_its_input_is_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sig: int) -> None:
     """SIGTERM is told as itself (143), not as a Ctrl-C."""
     monkeypatch.setenv("FLAGPERF_SUITE_PATH", str(PROJECT_ROOT / "tests" / "fixtures" / "suites"))
-    signal_at(monkeypatch, cli, "plan_run", sig)
+    signal_at(monkeypatch, plan, "plan_run", sig)
     told(invoke("run", "--suite", "tiny", "--results", str(tmp_path / "results")), sig,
          "interrupted before anything started")
     assert list(tmp_path.iterdir()) == []
@@ -307,7 +309,7 @@ def test_a_command_called_as_a_function_leaves_no_handler_behind(tmp_path: Path)
                     baseline_runs=5, sigma=3.0, vendor=None, inventory=None, verbose=False)
     assert refused.value.exit_code == 2
     assert {sig: signal.getsignal(sig) for sig in SIGNALS} == handlers
-    assert cli._INTERRUPTS == []
+    assert cli._COMMAND_INTERRUPT.get() is None
 
 
 def test_validate_stopped_between_files_says_how_far_it_got(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -358,3 +360,35 @@ def test_a_handler_installed_outside_python_is_put_back_as_the_default_action() 
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_a_command_in_another_thread_has_its_own_handler_and_count() -> None:
+    """Two commands in one process, one called as a function in a worker thread while the main thread runs the
+    other: each has its own handler. The worker's step that only notes signals (as `validate` trying a results
+    folder) leaves the main thread's command armed, and a signal (delivered to the main thread, where the handlers
+    are) counts for the main thread's command only."""
+    in_step, release = threading.Event(), threading.Event()
+    seen: dict[str, cli.Interrupt] = {}
+
+    @cli._own_handler
+    def worker_command() -> None:
+        seen["worker"] = cli._interrupt()
+        with cli._noted_only():
+            in_step.set()
+            release.wait(timeout=60)
+
+    with cli._interrupt_handler() as main_interrupt:
+        thread = threading.Thread(target=worker_command)
+        thread.start()
+        try:
+            assert in_step.wait(timeout=60)
+            assert cli._interrupt() is main_interrupt
+            with pytest.raises(KeyboardInterrupt, match="SIGINT"):  # at once: not disarmed by the worker's step
+                deliver(signal.SIGINT)
+        finally:
+            release.set()
+            thread.join(timeout=60)
+    assert main_interrupt.signals == [signal.SIGINT]
+    assert seen["worker"] is not main_interrupt and seen["worker"].signals == []
+    assert seen["worker"].armed  # its own step ended: armed again, as a command is
+    assert cli._COMMAND_INTERRUPT.get() is None

@@ -71,6 +71,35 @@ def test_a_signal_to_the_watcher_reaches_the_command(tmp_path: Path) -> None:
             os.killpg(watcher.pid, signal.SIGKILL)
 
 
+def test_a_step_that_runs_past_its_limit_is_stopped_and_says_so(tmp_path: Path) -> None:
+    """`flagperf server`'s work pool and deployment commands (run_step): one that does not end within its limit is
+    stopped with what it started (its watcher's group), and the error names the step: not a traceback of
+    subprocess's TimeoutExpired."""
+    from flows.server import run_step, watched
+
+    token = f"flagperf-step-{tmp_path.name}"  # in the command line of the watcher and of its command
+
+    def left() -> list[psutil.Process]:
+        found = []
+        for process in psutil.process_iter(["cmdline", "status"]):
+            if token in " ".join(process.info["cmdline"] or []) and process.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        return found
+
+    with pytest.raises(RuntimeError, match=r"^creating the thing did not finish within 1 s$"):
+        run_step(watched([sys.executable, "-c", "import time; time.sleep(600)", token]), [], 1.0,
+                 "creating the thing", cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: not left(), "the step and its watcher to be stopped")
+
+
+def test_a_step_is_not_started_after_a_signal(tmp_path: Path) -> None:
+    from flows.server import run_step
+
+    assert run_step([sys.executable, "-c", f"open({str(tmp_path / 'ran')!r}, 'w')"], [signal.SIGINT], 60.0,
+                    "a step") is None
+    assert not (tmp_path / "ran").exists()
+
+
 def test_public_base() -> None:
     assert public_base("127.0.0.1", 4310) == "http://127.0.0.1:4310"
     assert public_base("0.0.0.0", 4310).endswith(":4310") and "0.0.0.0" not in public_base("0.0.0.0", 4310)
