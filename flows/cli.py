@@ -668,6 +668,7 @@ def compare(
 
 
 EXIT_HOST_FAILED = 4  # flagperf diagnose: some host failed a rule
+EXIT_NOT_JUDGED = 6  # flagperf diagnose: no host failed, but some (or every) host could not be judged: not a pass
 
 
 @app.command()
@@ -683,7 +684,9 @@ def diagnose(
 ) -> None:
     """Name the outlier devices and hosts: each figure against the fleet median (robust spread: MAD) and a
     baseline, by the rules file. Writes diagnosis.json and diagnosis.md into the run folder. Exit 0: every
-    host passed; 4: some host failed a rule; 2: bad input."""
+    host passed; 4: some host failed a rule; 6: none failed, but some host could not be judged (fewer hosts
+    than the rules' min_fleet and no baseline, or no rule for its figures): a check of nothing is no pass;
+    2: bad input."""
     from flagperf.config.diagnose import diagnose_run
     from flagperf.results.diagnosis import render_markdown, write_diagnosis
 
@@ -700,6 +703,8 @@ def diagnose(
         console.print(render_markdown(found), markup=False, highlight=False, soft_wrap=True)
     if found.failed_hosts:
         raise typer.Exit(EXIT_HOST_FAILED)
+    if found.unjudged_hosts:
+        raise typer.Exit(EXIT_NOT_JUDGED)
 
 
 @app.command()

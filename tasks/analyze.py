@@ -115,6 +115,9 @@ def publish_diagnosis(diagnosis: Diagnosis) -> None:
                                          "(deployments/diagnosis/rules.yaml)")
     for host in diagnosis.failed_hosts:
         logger.warning("fleet diagnosis: host %s fails: %s", host.host, "; ".join(c.line() for c in host.failed))
-    if not diagnosis.failed_hosts:
+    if not diagnosis.failed_hosts and diagnosis.unjudged_reason():
+        logger.info("fleet diagnosis: no host could be judged (%d hosts, %d devices): %s", len(diagnosis.hosts),
+                    len(diagnosis.devices), diagnosis.unjudged_reason())
+    elif not diagnosis.failed_hosts:
         logger.info("fleet diagnosis: no host fails the rules (%d hosts, %d devices)", len(diagnosis.hosts),
                     len(diagnosis.devices))

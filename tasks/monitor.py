@@ -10,7 +10,6 @@ from prefect.cache_policies import NONE
 from flagperf.config.vendors import Vendor
 from flagperf.hosts.local import BackgroundProcess, Host
 from flagperf.hosts.runtime import PID_FILE
-from flagperf.results.bounded import read_end
 
 
 @task(name="start_monitors", task_run_name="start_monitors[{label}]", cache_policy=NONE)
@@ -41,21 +40,26 @@ def stop_monitors(host: Host, monitors: list[tuple[str, BackgroundProcess]], sta
     stopped: dict[str, Any] = {}
     for name, proc in monitors:
         code = host.terminate(proc, grace_s=5.0)
-        samples = _footer_samples(stage_dir / f"monitor_{name}.jsonl")
+        footer = _footer(host, stage_dir / f"monitor_{name}.jsonl")
+        samples = footer.get("samples") if footer else None
         stopped[name] = {"exit_code": code, "samples": samples}
-        if samples is None:  # no footer: it died before it was asked to stop (killed, crashed)
+        if footer is None:  # no footer: it died before it was asked to stop (killed, crashed)
             logger.warning("%s: monitor %s had died before the round ended (exit %s, no footer): its figures cover "
                            "only part of the round", label, name, code)
+        elif footer.get("reason") != "signal":  # it stopped by itself: the process it watched exited, --max-seconds
+            logger.warning("%s: monitor %s had stopped by itself before the round ended (%s, %s samples): its "
+                           "figures cover only part of the round", label, name, footer.get("reason"), samples)
         else:
             logger.info("%s: monitor %s stopped (exit %s, %s samples)", label, name, code, samples)
     return stopped
 
 
-def _footer_samples(path: Path) -> int | None:
-    """The footer's sample count, from the file's end alone: a day's samples are a hundred MiB."""
-    lines = (read_end(path, 64 * 1024) or "").splitlines()
+def _footer(host: Host, path: Path) -> dict[str, Any] | None:
+    """The monitor's footer, from the file's end alone (a day's samples are a hundred MiB), read on the host that
+    ran it (an SSH host's file is not on the controller)."""
     try:
+        lines = host.read_end(path, 64 * 1024).splitlines()
         record = json.loads(lines[-1])
-    except (IndexError, json.JSONDecodeError):
+    except (OSError, ValueError, IndexError):  # JSONDecodeError is a ValueError
         return None
-    return record.get("samples") if isinstance(record, dict) and record.get("type") == "footer" else None
+    return record if isinstance(record, dict) and record.get("type") == "footer" else None

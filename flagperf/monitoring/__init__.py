@@ -6,8 +6,9 @@ then one line per sample {"type": "sample", "t": EPOCH, ...fields...} and, on a 
   {"type": "footer", "samples": N, "stopped_at": EPOCH, "reason": "signal" | "parent-exited" | "max-seconds"}.
 A missing field value is null (unavailable), never 0.
 
-A monitor never outlives its purpose: it stops on SIGTERM/SIGINT, when the process that started it
-goes away, and after --max-seconds in any case.
+A monitor never outlives its purpose: it stops on SIGTERM/SIGINT, when the process it watches (--parent-pid:
+the controller, or on an SSH host the controller's keepalive; by default the process that started it) goes away,
+and after --max-seconds in any case.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 MAX_RATE_HZ = 10.0
 
 
@@ -32,8 +35,9 @@ def monitor_arguments(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--pid-file", type=Path, default=None, help="file holding the case process id")
     parser.add_argument("--max-seconds", type=float, default=24 * 3600, help="stop after this long regardless")
     parser.add_argument("--parent-pid", type=int, default=None,
-                        help="stop when this process is no longer our parent (default: the parent at start; "
-                             "pass it explicitly, or a parent that exits before we start is never noticed)")
+                        help="stop when this process has exited; it need not be our parent (on an SSH host the "
+                             "monitor is detached and watches the controller's keepalive). Default: the parent "
+                             "at start; pass it explicitly, or a parent that exits before we start is never noticed")
     return parser
 
 
@@ -59,6 +63,31 @@ def read_pid(pid_file: Path | None) -> int | None:
         return None
 
 
+class ParentWatch:
+    """Whether the process a monitor follows still runs. By its liveness, not by being our parent: a monitor
+    the SSH host agent started is detached (its parent is init from the start). A process created after
+    ``started_before`` (our own start) cannot be the one that started us: its pid was reused, so it counts as
+    gone; psutil's is_running() catches a reuse later on the same way, by the process's creation time."""
+
+    def __init__(self, pid: int, started_before: float) -> None:
+        try:
+            self.process: psutil.Process | None = psutil.Process(pid)
+            if self.process.create_time() > started_before:
+                self.process = None
+        except psutil.Error:
+            self.process = None
+
+    def alive(self) -> bool:
+        if self.process is None:
+            return False
+        try:  # a zombie has exited: only its parent has not reaped it yet
+            return self.process.is_running() and self.process.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+        except psutil.Error:  # not ours to look at (AccessDenied): it exists
+            return True
+
+
 def run_sampler(name: str, args: argparse.Namespace, header: dict[str, Any],
                 sample: Callable[[], dict[str, Any]]) -> int:
     if args.interval < 1 / MAX_RATE_HZ:
@@ -70,7 +99,8 @@ def run_sampler(name: str, args: argparse.Namespace, header: dict[str, Any],
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    parent = args.parent_pid if args.parent_pid is not None else os.getppid()
+    parent = ParentWatch(args.parent_pid if args.parent_pid is not None else os.getppid(),
+                         psutil.Process().create_time())
     started = time.time()
     deadline = time.monotonic() + args.max_seconds
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -86,7 +116,7 @@ def run_sampler(name: str, args: argparse.Namespace, header: dict[str, Any],
             out.write(json.dumps(record) + "\n")
             out.flush()
             count += 1
-            if os.getppid() != parent:
+            if not parent.alive():
                 stop_reason.append("parent-exited")
                 break
             next_tick += args.interval

@@ -134,6 +134,20 @@ def integrate_power(t: np.ndarray, watts: np.ndarray, t0: float, t1: float) -> f
     return float(np.sum((ws[1:] + ws[:-1]) / 2 * np.diff(ts)))
 
 
+def stopped_early(mon: MonitorSeries, region_end: float) -> str | None:
+    """Why a monitor's samples end before the timed region does (its footer's reason, or no footer: it died), and
+    how long before; None when they cover the region's end. A monitor is stopped after the round and takes a last
+    sample then, so one whose samples end sooner stopped by itself (the process it watched exited, --max-seconds)
+    or died."""
+    if mon.samples.empty or float(mon.samples["t"].iloc[-1]) >= region_end:
+        return None
+    ended = (mon.footer or {}).get("stopped_at")
+    if not isinstance(ended, int | float) or isinstance(ended, bool):
+        ended = float(mon.samples["t"].iloc[-1])
+    reason = str(mon.footer.get("reason") or "no reason given") if mon.footer else "no footer (killed or crashed)"
+    return f"{reason}, {max(region_end - ended, 0.0):.1f} s before the timed region ended"
+
+
 @dataclass
 class WindowStats:
     values: dict[str, float | str | None]
@@ -160,7 +174,11 @@ def window_stats(monitors: list[MonitorSeries], window: tuple[float, float] | No
             continue
         t0, t1 = window if window else (float(df["t"].iloc[0]), float(df["t"].iloc[-1]))
         in_window = df[(df["t"] >= t0) & (df["t"] <= t1)]
-        if window and len(in_window) < 2:
+        early = stopped_early(mon, t1) if window else None
+        if early:  # sampling faster would not help: say why it ended instead
+            notes.append(f"{mon.path.name}: {len(in_window)} sample(s) inside the {t1 - t0:.1f} s timed region; "
+                         f"the monitor stopped early: {early}")
+        elif window and len(in_window) < 2:
             notes.append(f"{mon.path.name}: {len(in_window)} sample(s) inside the {t1 - t0:.1f} s timed region; "
                          "sample faster (--monitor-interval) for power and utilisation over short regions")
         if isinstance(mon.header.get("mem_total_bytes"), int | float):

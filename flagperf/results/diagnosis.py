@@ -191,18 +191,37 @@ class Diagnosis:
     fleet: list[dict[str, Any]]  # per case and metric: median, MAD, devices, hosts
     notes: list[str] = field(default_factory=list)
     rules: str | None = None  # the rules file, as shown to its reader
+    min_fleet: int = 3  # the rules' min_fleet: fewer figures than this give no fleet verdict
 
     @property
     def failed_hosts(self) -> list[Verdict]:
         return [h for h in self.hosts if h.status == "fail"]
+
+    @property
+    def unjudged_hosts(self) -> list[Verdict]:
+        """Hosts no rule could judge (too few hosts for a fleet verdict, no baseline, no rule for their figures):
+        neither passed nor failed, and never to be read as passed."""
+        return [h for h in self.hosts if h.status == "unknown"]
+
+    def unjudged_reason(self) -> str | None:
+        """Why no host could be judged, in one phrase; None when some host was."""
+        if not self.hosts or len(self.unjudged_hosts) < len(self.hosts):
+            return None
+        if not any(f["rules"] for f in self.fleet):
+            return "no rule of the rules file applies to a figure of this run"
+        if len(self.hosts) < self.min_fleet:
+            return (f"fewer than min_fleet = {self.min_fleet} hosts for a fleet verdict"
+                    + ("" if self.baseline else ", and no baseline (--baseline RUN or --history)"))
+        return "no rule had a figure to compare (the notes say which)"
 
     def to_json(self) -> dict[str, Any]:
         def verdict(v: Verdict) -> dict[str, Any]:
             device = None if v.device is None or v.device < 0 else v.device
             return {"host": v.host, "device": device, "uuid": v.uuid, "status": v.status,
                     "checks": [c.__dict__ for c in v.checks]}
-        return {"run_id": self.run_id, "rules": self.rules, "baseline": self.baseline,
+        return {"run_id": self.run_id, "rules": self.rules, "baseline": self.baseline, "min_fleet": self.min_fleet,
                 "failed_hosts": [h.host for h in self.failed_hosts],
+                "unjudged_hosts": [h.host for h in self.unjudged_hosts], "unjudged_reason": self.unjudged_reason(),
                 "hosts": [verdict(v) for v in self.hosts], "devices": [verdict(v) for v in self.devices],
                 "fleet": self.fleet, "notes": self.notes}
 
@@ -379,7 +398,7 @@ def diagnose(run_dir: Path, rows: pd.DataFrame, rules: Rules, *, baseline_rows: 
             MEASURED_RULE, f"{case} round {round_no} failed ({_shorten(message)})", None, None, None,
             "every round measured", "fail"))
     return Diagnosis(run_id=run_dir.name, baseline=baseline_name, devices=devices,
-                     hosts=[hosts[h] for h in sorted(hosts)], fleet=fleet_table, notes=notes)
+                     hosts=[hosts[h] for h in sorted(hosts)], fleet=fleet_table, notes=notes, min_fleet=rules.min_fleet)
 
 
 def _shorten(text: str, limit: int = 200) -> str:
@@ -443,7 +462,7 @@ def render_markdown(diagnosis: Diagnosis, heading: str = "#") -> str:
              f"- run {diagnosis.run_id}; rules: {md_text(diagnosis.rules or '-')}; "
              f"baseline: {diagnosis.baseline or 'none'}",
              f"- hosts: {len(diagnosis.hosts)}, {len(failed)} failing" + (
-                 f" (**{', '.join(h.host for h in failed)}**)" if failed else ""), ""]
+                 f" (**{', '.join(h.host for h in failed)}**)" if failed else "") + judged_text(diagnosis), ""]
     if diagnosis.fleet:
         lines += [f"{sub} Fleet", "", "| case | metric | devices | median | MAD | hosts | host median | rules |",
                   "|---|---|---|---|---|---|---|---|"]
@@ -454,7 +473,8 @@ def render_markdown(diagnosis: Diagnosis, heading: str = "#") -> str:
     lines += [f"{sub} Hosts", "", "| host | verdict | why |", "|---|---|---|"]
     for host in diagnosis.hosts:
         why = "; ".join(c.line(md_text) for c in host.failed) or (
-            "every rule passed" if host.status == "pass" else "no rule applied")
+            "every rule passed" if host.status == "pass" else unknown_text(host.checks)
+            if any(c.status == "unknown" for c in host.checks) else "no rule applied")
         lines.append(f"| {host.host} | **{host.status}** | {why} |" if host.status == "fail"
                      else f"| {host.host} | {host.status} | {why} |")
     lines += ["", f"{sub} Devices", "", "| host | device | verdict | checks |", "|---|---|---|---|"]
@@ -470,6 +490,18 @@ def render_markdown(diagnosis: Diagnosis, heading: str = "#") -> str:
     if diagnosis.notes:
         lines += ["", *[f"- {md_text(note)}" for note in diagnosis.notes]]
     return "\n".join(lines) + "\n"
+
+
+def judged_text(diagnosis: Diagnosis) -> str:
+    """How many hosts were judged, where not all were: "0 failing" of hosts nobody judged is no pass."""
+    unjudged = diagnosis.unjudged_hosts
+    if not unjudged:
+        return ""
+    judged = len(diagnosis.hosts) - len(unjudged)
+    reason = diagnosis.unjudged_reason()
+    if reason:
+        return f", {judged} judged: **no host could be judged** ({md_text(reason)})"
+    return f", {judged} judged (not judged: {', '.join(h.host for h in unjudged)})"
 
 
 def unknown_text(checks: list[Check]) -> str:
@@ -502,6 +534,9 @@ def verdict_line(run_dir: Path) -> tuple[str, bool] | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     rules = found.get("rules") or "the default rules"
+    if not failed and found.get("unjudged_reason"):
+        return (f"fleet diagnosis: no host of {hosts} could be judged ({found['unjudged_reason']}; {rules}); "
+                f"{DIAGNOSIS_MD}", False)
     if not failed:
         return f"fleet diagnosis: no host of {hosts} failed a rule ({rules}); {DIAGNOSIS_MD}", False
     return (f"fleet diagnosis: {len(failed)} of {hosts} hosts fail ({', '.join(failed)}) by {rules}: {DIAGNOSIS_MD} "

@@ -93,6 +93,8 @@ class RunSummary:
     retried: list[dict[str, Any]] = field(default_factory=list)
     faults: list[str] = field(default_factory=list)  # what went wrong or was bounded (flagperf/results/faults.py)
     device_spread: list[dict[str, Any]] = field(default_factory=list)  # per host: min, median, max over devices
+    # figures measured on several hosts: each host's own mean (the headline is the mean over them all)
+    per_host: list[dict[str, Any]] = field(default_factory=list)
     # operation cases: one entry per operator (flagperf/results/operators.py), shown instead of a row per point
     operators: list[dict[str, Any]] = field(default_factory=list)
     # generate cases: one entry per point (flagperf/results/serving.py), shown compact instead of a row per figure
@@ -109,7 +111,7 @@ class RunSummary:
                 "not_measured": self.not_measured, "problems": self.problems, "context": self.context,
                 "monitor_notes": self.monitor_notes, "scaling": self.scaling, "faults": self.faults,
                 "progress": self.progress, "retried": self.retried, "device_spread": self.device_spread,
-                "operators": self.operators, "convergence": self.convergence}
+                "per_host": self.per_host, "operators": self.operators, "convergence": self.convergence}
 
 
 def load_results(run_dir: Path) -> tuple[list[tuple[Path, RoundResult]], list[str]]:
@@ -273,6 +275,23 @@ def _spread_over(group: pd.DataFrame) -> str:
     return ", ".join(varied) or "rounds"
 
 
+def host_figures(case: str, metric: str, group: pd.DataFrame, mean: float) -> list[dict[str, Any]]:
+    """A figure measured on several hosts, each host's own: the mean of its rounds (and devices), their spread,
+    and the host against the mean over every host (the headline); [] for a figure of one host."""
+    if group["host"].nunique() < 2:
+        return []
+    table: list[dict[str, Any]] = []
+    for host, own in group.groupby("host", sort=True):
+        values = [float(v) for v in own["value"]]
+        value = sum(values) / len(values)
+        cv = coefficient_of_variation(values)
+        table.append({"case": case, "metric": metric, "unit": own["unit"].iloc[0], "host": host,
+                      "rounds": int(own["round"].nunique()), "value": value, "spread_cv": cv,
+                      "spread_over": _spread_over(own) if cv is not None else None,
+                      "vs_mean": value / mean if mean else None})
+    return table
+
+
 def summarize(run_dir: Path) -> RunSummary:
     loaded, problems = load_results(run_dir)
     notes: MonitorNotes = {}  # the same note from every round once, with the rounds it came from
@@ -283,6 +302,7 @@ def summarize(run_dir: Path) -> RunSummary:
         counts[r.status] += 1
 
     headline: list[dict[str, Any]] = []
+    per_host: list[dict[str, Any]] = []
     measured = one_figure_per_job(rows[rows["metric"].notna()])
     for (case, metric), group in measured.groupby(["case", "metric"], sort=False):
         values = [float(v) for v in group["value"]]
@@ -302,7 +322,8 @@ def summarize(run_dir: Path) -> RunSummary:
             "spread_cv": cv_rounds if cv_rounds is not None else cv_chunks,
             "spread_over": _spread_over(group) if cv_rounds is not None else ("chunks" if cv_chunks is not None
                                                                                else None),
-            "rounds": int(group["round"].nunique()), "peak": peak, "peak_unit": _clean(group["peak_unit"].iloc[0]),
+            "rounds": int(group["round"].nunique()), "hosts": int(group["host"].nunique()), "peak": peak,
+            "peak_unit": _clean(group["peak_unit"].iloc[0]),
             "ratio": ratio, "above_peak": bool(ratio is not None and ratio > 1.0 and not estimated),
             "above_estimated_peak": bool(ratio is not None and ratio > 1.0 and estimated),
             "peak_bound": "lower" if estimated else ("exact" if peak is not None else None),
@@ -333,6 +354,7 @@ def summarize(run_dir: Path) -> RunSummary:
             "notes": list(dict.fromkeys(n for n in group["note"] if isinstance(n, str))),
             "search": _best_search(group),
         })
+        per_host += host_figures(case, metric, group, mean)
     not_measured = [
         {"case": r.case, "round": r.round, "host": r.host, "status": r.status,
          "kind": r.failure.kind if r.failure else None, "message": r.failure.message if r.failure else ""}
@@ -355,6 +377,7 @@ def summarize(run_dir: Path) -> RunSummary:
                       scaling=scaling_table(rows), faults=find_faults(run_dir, loaded, headline),
                       progress=run_progress(run_dir, results),
                       retried=retried_rounds(run_dir, results), device_spread=spread_over_devices(rows),
+                      per_host=per_host,
                       operators=operator_summaries(points_of(results)), serving=serving_points(run_dir, rows, loaded),
                       convergence=convergence_rows(results))
 
@@ -521,7 +544,14 @@ def headline_cells(entry: dict[str, Any]) -> list[str]:
     return [entry["case"], md_text(entry["metric"]), measured, unit_cell(entry["unit"]), fmt(entry["p50"]), spread,
             peak,
             ratio_cell(entry), mfu_cell(entry.get("mfu"), estimated=bool(entry.get("mfu_estimated"))),
-            str(entry["rounds"]), entry.get("statistic") or "-"]
+            rounds_cell(entry), entry.get("statistic") or "-"]
+
+
+def rounds_cell(entry: dict[str, Any]) -> str:
+    """How many figures a headline averages: its rounds, times its hosts where several measured it (2 hosts x 1
+    round are 2 figures, not 1)."""
+    hosts = int(entry.get("hosts") or 1)
+    return f"{entry['rounds']} × {hosts} hosts" if hosts > 1 else str(entry["rounds"])
 
 
 PEAK_UNITS = ("TFLOPS", "TOPS", "GB/s")  # the units a spec table gives peaks in (GiB: capacity, with its source)
@@ -719,6 +749,7 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | str | N
                   for s in summary.scaling]
         lines.append("")
     lines += render_convergence(summary.convergence)
+    lines += render_hosts(summary.per_host, summary.headline)
     lines += render_devices(summary.device_spread)
     if any(e["above_peak"] for e in figures):  # operation points: a line per operator in the faults
         lines += ["**A measurement above its peak means the peak is wrong for this machine** (for example a "
@@ -746,10 +777,7 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | str | N
         lines += ["## Unreadable result files", ""] + [f"- {p}" for p in summary.problems] + [""]
     if figures:
         used = [s for s in STATISTICS if any(e.get("statistic") == s for e in figures)]
-        lines += ["## How these numbers were made", "",
-                  "Measured = the mean over rounds of each round's figure, formed as its statistic says (the "
-                  "table's last column; docs: What a run gives you, Conventions); spread = coefficient of variation "
-                  "across rounds, or across chunks for a single round.", "",
+        lines += ["## How these numbers were made", "", how_made(figures), "",
                   *[f"- statistic **{s}**: {STATISTICS[s]}" for s in used], *([""] if used else [])]
         lines += [*method_lines(figures), ""]
     if isinstance(plots, str):
@@ -759,6 +787,19 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | str | N
         for title, path in plots:
             lines += [f"### {title}", "", f"![{title}]({path.as_posix()})", ""]
     return "\n".join(lines)
+
+
+def how_made(figures: list[dict[str, Any]]) -> str:
+    """What the headline's measured and spread are: over rounds, and over hosts too where several measured."""
+    if not any(int(e.get("hosts") or 1) > 1 for e in figures):
+        return ("Measured = the mean over rounds of each round's figure, formed as its statistic says (the table's "
+                "last column; docs: What a run gives you, Conventions); spread = coefficient of variation across "
+                "rounds, or across chunks for a single round.")
+    return ("Measured = the mean over rounds and hosts of each host's figure in each round (rounds: rounds × hosts "
+            "where several hosts measured it; each host's own in Every host), formed as its statistic says (the "
+            "table's last column; docs: What a run gives you, Conventions); spread = coefficient of variation "
+            "across those figures, and the column names what they differ by (rounds, hosts, devices), or across "
+            "chunks for a single round on one host.")
 
 
 # Where a case stated no convention for a figure: what the figure is by its statistic, in the glossary's words.
@@ -790,6 +831,24 @@ def method_lines(figures: list[dict[str, Any]]) -> list[str]:
             grouped[key].append(point)
     return [f"- {md_text(case)} / {md_text(metric)}" + (f" at {', '.join(points)}" if points else "")
             + f": {convention}; peak: {peak}" for (case, metric, _, convention, peak), points in grouped.items()]
+
+
+def render_hosts(per_host: list[dict[str, Any]], headline: list[dict[str, Any]]) -> list[str]:
+    """Every host's own figure, for the headline's figures several hosts measured: a lab comparing hosts reads them
+    here (the headline is their mean; a fleet's verdicts are in the diagnosis)."""
+    shown = {(e["case"], e["metric"]) for e in headline_rows(headline)}
+    entries = [e for e in per_host if (e["case"], e["metric"]) in shown]
+    if not entries:
+        return []
+    lines = ["## Every host", "", "Each host's figure: the mean of its rounds; vs all hosts = the host's figure / the "
+             "headline (the mean over every host).", "",
+             "| case | metric | unit | host | rounds | measured | spread (CV) | vs all hosts |",
+             "|---|---|---|---|---|---|---|---|"]
+    for e in entries:
+        spread = f"{percent(e['spread_cv'], sign='±')} ({e['spread_over']})" if e["spread_cv"] is not None else "-"
+        lines.append(f"| {e['case']} | {md_text(e['metric'])} | {unit_cell(e['unit'])} | {md_text(e['host'])} | "
+                     f"{e['rounds']} | {fmt(e['value'])} | {spread} | {fmt_pct(e['vs_mean'])} |")
+    return [*lines, ""]
 
 
 def render_devices(spread: list[dict[str, Any]]) -> list[str]:

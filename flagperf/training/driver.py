@@ -62,6 +62,8 @@ class TrainingConfig(CaseConfig):
     target_metric: str = Field(description="the evaluation metric convergence is judged on")
     target: float
     target_mode: Literal["max", "min"] = "max"
+    target_unit: str = Field(default="", max_length=40, description="the target metric's unit, as its figure "
+                             "final_<target_metric> states it: fraction for an accuracy (0 to 1); '' for none")
     precision: Literal["fp32", "bf16", "fp16"] = Field(
         default="fp32", description="autocast dtype (fp32 weights and optimizer state stay, fp16 adds a grad "
                                     "scaler); also the peak MFU is taken against")
@@ -131,7 +133,8 @@ class TrainingContext:
         self.converged = False
         self.final_metric: float | None = None
         self.time_to_target: float | None = None
-        self.extra: dict[str, Any] = {}
+        # FINISHED's keys are FlagPerf's: the target metric's unit rides in extra
+        self.extra: dict[str, Any] = {"target_unit": config.target_unit}
         self.tokens_per_sample: int | None = None
         self.flops_per_sample: float | None = None
         self.flops_convention: str | None = None

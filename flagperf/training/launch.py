@@ -263,10 +263,11 @@ def training_result(out_dir: Path, first_rank: int) -> tuple[list[Metric], Conve
     ]
     if finished["final_metric"] is not None and not math.isfinite(finished["final_metric"]):
         finished = {**finished, "final_metric": None, "converged": False}  # diverged: no number to report
-    if finished["final_metric"] is not None:
-        metrics.append(Metric(name=f"final_{finished['target_metric']}", value=finished["final_metric"], unit="",
-                              statistic="single"))
     extra = finished.get("extra") or {}
+    if finished["final_metric"] is not None:
+        unit = extra.get("target_unit") if isinstance(extra.get("target_unit"), str) else ""
+        metrics.append(Metric(name=f"final_{finished['target_metric']}", value=finished["final_metric"], unit=unit,
+                              statistic="single"))
     world = extra.get("world_size") or 1
     if extra.get("cpu_oversubscribed"):
         metrics[0] = metrics[0].model_copy(update={"note": extra["cpu_oversubscribed"]})

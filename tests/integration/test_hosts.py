@@ -124,6 +124,17 @@ def test_two_ssh_hosts_run_their_rounds_in_containers(flagperf_env: Path, tmp_pa
         assert image["status"] in ("built", "present") and image["build_args"] == {"BASE_IMAGE": "<masked>"}
         # The case ran inside the image, not on the host: the result says which Python ran it.
         assert result.provenance.python.startswith("3.11")
+        # The host agent detaches the monitors: they follow the connection's keepalive, sampling until the round is
+        # over and they are stopped (they used to take one sample and quit, "parent-exited", before the case ran).
+        monitor = [json.loads(line) for line in (run_dir / "computation-FP32" / "round1" / f"{host.name}_noderank0"
+                                                 / "monitor_system.jsonl").read_text().splitlines()]
+        samples = [record["t"] for record in monitor if record["type"] == "sample"]
+        assert monitor[-1] == {**monitor[-1], "type": "footer", "reason": "signal", "samples": len(samples)}
+        window = result.metrics[0].window
+        assert len(samples) > 1 and samples[0] <= window[0] and samples[-1] >= window[1], (samples, window)
+        label = f"computation-FP32/round1@{host.name}"
+        assert any(line.startswith(f"{label}: monitor system stopped (exit ")
+                   for line in task_logs(tasks[f"stop_monitors[{label}]"].id))
     # No container is left behind, whatever happened.
     import docker
 

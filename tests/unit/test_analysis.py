@@ -105,6 +105,23 @@ def test_too_few_samples_in_a_short_window_is_said(tmp_path: Path) -> None:
     assert any("0 sample(s) inside" in n and "--monitor-interval" in n for n in notes)
 
 
+def test_a_monitor_that_stopped_before_the_timed_region_says_so_not_sample_faster(tmp_path: Path) -> None:
+    """One sample and a footer 0.3 ms after start (the SSH hosts' monitors once did): sampling faster would not
+    help, so the note says the monitor stopped early, and why."""
+    footer = json.dumps({"type": "footer", "samples": 1, "stopped_at": T0 + 0.0003, "reason": "parent-exited"})
+    mon = read_monitor(write_monitor(tmp_path / "monitor_system.jsonl", [{"t": T0, "cpu_percent": 1.0}],
+                                     garbage=[footer]))
+    notes = window_stats([mon], (T0 + 4.0, T0 + 6.8)).notes
+    assert "monitor_system.jsonl: 0 sample(s) inside the 2.8 s timed region; the monitor stopped early: " \
+           "parent-exited, 6.8 s before the timed region ended" in notes, notes
+    assert not any("--monitor-interval" in n for n in notes)
+    died = read_monitor(write_monitor(tmp_path / "monitor_died.jsonl",
+                                      [{"t": T0 + i, "cpu_percent": 1.0} for i in range(5)]))  # no footer
+    notes = window_stats([died], (T0 + 2.0, T0 + 6.0)).notes
+    assert any(n.endswith("the monitor stopped early: no footer (killed or crashed), 2.0 s before the timed region "
+                          "ended") and "3 sample(s)" in n for n in notes), notes
+
+
 @pytest.mark.parametrize(("rate", "work"), [("TFLOPS", "TFLOP"), ("TOPS", "TOP"), ("GB/s", "GB"),
                                             ("samples/s", "samples"), ("GiB", "GiB*s")])
 def test_work_unit(rate: str, work: str) -> None:

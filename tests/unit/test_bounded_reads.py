@@ -5,6 +5,7 @@ has a fallback; it is never read whole, and a FIFO never blocks the reader."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Iterator
@@ -15,12 +16,13 @@ import pytest
 
 from flagperf.config.plan import PLAN_FILE, plan_run
 from flagperf.errors import ConfigError
+from flagperf.hosts.local import LocalHost
 from flagperf.results.bounded import MAX_RECORD_BYTES, read_end, read_start
 from flagperf.results.faults import expected_monitors
 from flagperf.results.history import history_engine, record_run
 from flagperf.results.summary import run_progress
 from flows.host_round import read_plan
-from tasks.monitor import _footer_samples
+from tasks.monitor import _footer
 
 FP32 = "computation-FP32"
 
@@ -96,9 +98,10 @@ def test_a_monitor_file_is_read_from_its_end_and_never_waited_on(tmp_path: Path)
     footer = '{"type": "footer", "samples": 3, "stopped_at": 1.0, "reason": "signal"}\n'
     samples = tmp_path / "monitor_system.jsonl"
     samples.write_text('{"type": "sample", "t": 0.0, "cpu": 1.0}\n' * 50_000 + footer, encoding="utf-8")
-    assert _footer_samples(samples) == 3
+    host = LocalHost(work_root=tmp_path)
+    assert _footer(host, samples) == json.loads(footer)
     with fifo_offering(tmp_path / "monitor_fifo.jsonl", footer):
-        assert _footer_samples(tmp_path / "monitor_fifo.jsonl") is None
+        assert _footer(host, tmp_path / "monitor_fifo.jsonl") is None
 
 
 def test_the_ends_of_a_file_are_read_alone(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from flagperf.results.diagnosis import (
 )
 from flagperf.results.schema import Failure, Metric, RoundResult, round_dir, write_result
 from flagperf.results.summary import summarize
-from flows.cli import EXIT_HOST_FAILED, app
+from flows.cli import EXIT_HOST_FAILED, EXIT_NOT_JUDGED, app
 
 T0 = datetime(2026, 1, 2, tzinfo=timezone.utc)
 # Four hosts of two GPUs: h3's device 1 is 10 % slow. Device median 100; host medians 100.5, 99.5, 95, 100.
@@ -243,6 +243,32 @@ def test_the_command_says_by_its_exit_code_whether_a_host_failed(tmp_path: Path)
     bad = tmp_path / "bad.yaml"
     bad.write_text("rules: 3\n")
     assert runner.invoke(app, ["diagnose", str(run), "--rules", str(bad)]).exit_code == 2
+
+
+def test_a_diagnosis_that_could_judge_no_host_says_so_and_does_not_exit_0(tmp_path: Path) -> None:
+    """2 hosts of one device, below min_fleet 3: every verdict is unknown. That was "0 failing" and exit 0, as if
+    every host had passed; a CI script must not read a check of nothing as green."""
+    run = fleet_run(tmp_path, fleet={"h1": [100.0], "h2": [90.0]})
+    done = CliRunner().invoke(app, ["diagnose", str(run)])
+    assert done.exit_code == EXIT_NOT_JUDGED, done.output
+    said = " ".join(done.output.split())
+    assert ("- hosts: 2, 0 failing, 0 judged: **no host could be judged** (fewer than min_fleet = 3 hosts for a "
+            "fleet verdict, and no baseline (--baseline RUN or --history))") in said
+    assert ("| h1 | unknown | unknown (no figure, or nothing to compare it with): gemm vs fleet median, gemm vs "
+            "baseline |") in said
+    found = json.loads((run / "diagnosis.json").read_text())
+    assert found["unjudged_hosts"] == ["h1", "h2"] and found["failed_hosts"] == [] and found["min_fleet"] == 3
+    # Against a baseline the same two hosts are judged: the exit code is the verdict's again.
+    rule = tmp_path / "baseline.yaml"
+    rule.write_text("rules:\n  - {name: base, metric: gemm_bf16, min_baseline_ratio: 0.8}\n")
+    judged = CliRunner().invoke(app, ["diagnose", str(run), "--rules", str(rule), "--baseline", str(run)])
+    assert judged.exit_code == 0, judged.output
+    assert "judged" not in judged.output.split("## Fleet")[0]
+    # The console line of `flagperf report` says it too, not "no host failed a rule".
+    report = CliRunner().invoke(app, ["report", str(run)])
+    assert report.exit_code == 0, report.output
+    assert "fleet diagnosis: no host of 2 could be judged (fewer than min_fleet = 3 hosts" in " ".join(
+        report.output.split())
 
 
 def test_the_report_of_a_fleet_run_carries_the_diagnosis(tmp_path: Path) -> None:

@@ -87,6 +87,58 @@ def test_monitor_exits_when_its_parent_is_gone(tmp_path: Path) -> None:
     assert _records(out)[-1]["reason"] == "parent-exited"
 
 
+def test_a_monitor_the_host_agent_detached_samples_until_the_keepalive_it_follows_exits(tmp_path: Path) -> None:
+    """An SSH host's monitors, as the controller starts them: `agent spawn` detaches the monitor (its parent is
+    init from the start) with --parent-pid the connection's `agent keepalive`. It samples while the keepalive
+    runs (it used to take one sample and quit, "parent-exited") and stops once it exits, even before it is
+    reaped (a zombie has exited)."""
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+    keepalive = subprocess.Popen([sys.executable, "-m", "flagperf.hosts.agent", "keepalive"], env=env,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    watched_pid = json.loads(Lines(keepalive.stdout).next())["pid"]
+    out = tmp_path / "monitor_system.jsonl"
+    spawned = subprocess.run([sys.executable, "-m", "flagperf.hosts.agent", "spawn", "--log", str(tmp_path / "m.log"),
+                              "--", sys.executable, "-m", "flagperf.monitoring.system", "--out", str(out),
+                              "--interval", "0.1", "--parent-pid", str(watched_pid)],
+                             env=env, capture_output=True, text=True, timeout=60, check=True)
+    monitor = psutil.Process(json.loads(spawned.stdout.splitlines()[-1])["pid"])
+    try:
+        deadline = time.time() + 120  # a guard against a hang, not a timing assumption
+        while (not out.exists() or out.read_text().count('"sample"') < 3) and monitor.is_running() \
+                and monitor.status() != psutil.STATUS_ZOMBIE and time.time() < deadline:
+            time.sleep(0.1)
+        records = _records(out)
+        assert [r["type"] for r in records[:4]] == ["header", "sample", "sample", "sample"], records[-1]
+        assert monitor.is_running() and monitor.status() != psutil.STATUS_ZOMBIE
+        keepalive.stdin.close()  # the connection ends; the keepalive exits and stays unreaped meanwhile
+        deadline = time.time() + 120
+        while monitor.is_running() and monitor.status() != psutil.STATUS_ZOMBIE and time.time() < deadline:
+            time.sleep(0.1)
+        assert _records(out)[-1]["reason"] == "parent-exited"
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            monitor.kill()
+        if not keepalive.stdin.closed:
+            keepalive.stdin.close()
+        keepalive.wait(timeout=30)
+
+
+def test_a_monitor_does_not_follow_a_process_that_only_took_its_parents_pid() -> None:
+    """A pid reused by a process created after the monitor is not the process that started it: gone."""
+    from flagperf.monitoring import ParentWatch
+
+    started = psutil.Process().create_time()
+    assert ParentWatch(os.getpid(), started).alive()
+    later = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        assert not ParentWatch(later.pid, started - 3600).alive()
+        assert ParentWatch(later.pid, psutil.Process(later.pid).create_time()).alive()
+    finally:
+        later.stdin.close()
+        later.wait(timeout=30)
+    assert not ParentWatch(later.pid, time.time()).alive()
+
+
 def test_default_work_root_is_private(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("FLAGPERF_WORK_ROOT", raising=False)
     monkeypatch.setenv("TMPDIR", str(tmp_path))

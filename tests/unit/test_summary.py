@@ -18,6 +18,7 @@ from flagperf.results.summary import (
     ROW_COLUMNS,
     SUMMARY_CSV,
     SUMMARY_JSON,
+    headline_cells,
     read_summary_json,
     render_markdown,
     summarize,
@@ -105,6 +106,33 @@ def test_a_fleets_spread_says_it_is_over_hosts_and_devices(tmp_path: Path) -> No
     assert e["spread_over"] == "hosts, devices" and e["rounds"] == 1
     assert e["spread_cv"] == pytest.approx(statistics.stdev([1.0, 1.2, 1.1, 1.3, 0.9, 1.0])
                                            / statistics.mean([1.0, 1.2, 1.1, 1.3, 0.9, 1.0]))
+
+
+def test_a_two_host_report_says_its_figures_are_over_hosts_and_shows_each_hosts(tmp_path: Path) -> None:
+    """2 hosts x 1 round: the headline is the mean over both hosts, which the report must say (it said "the mean
+    over rounds" and "rounds: 1"), and a lab comparing hosts finds each host's own figure in the report."""
+    run = tmp_path / "two-hosts"
+    put(run, "computation-FP32", 1, metrics=[gemm(1.0)], host="h1")
+    put(run, "computation-FP32", 1, metrics=[gemm(1.5)], host="h2")
+    summary = summarize(run)
+    e = headline(summary, "computation-FP32")
+    assert e["value"] == pytest.approx(1.25) and e["rounds"] == 1 and e["hosts"] == 2 and e["spread_over"] == "hosts"
+    cells = dict(zip(HEADLINE_HEADER, headline_cells(e), strict=True))
+    assert cells["rounds"] == "1 × 2 hosts" and cells["spread (CV)"].endswith("(hosts)")
+    md = render_markdown(summary)
+    assert "Measured = the mean over rounds and hosts of each host's figure in each round" in md
+    assert "the mean over rounds of each round's figure" not in md
+    assert "| computation-FP32 | gemm_fp32 | TFLOPS | h1 | 1 | 1 | - | 80.0% |" in md.split("## Every host")[1]
+    assert "| computation-FP32 | gemm_fp32 | TFLOPS | h2 | 1 | 1.5 | - | 120.0% |" in md
+    write_summary(run, summary)
+    assert [(h["host"], h["value"]) for h in read_summary_json(run)["per_host"]] == [("h1", 1.0), ("h2", 1.5)]
+    # One host: the report reads as before, without a section of one host.
+    put(tmp_path / "one-host", "computation-FP32", 1, metrics=[gemm(1.0)], host="h1")
+    put(tmp_path / "one-host", "computation-FP32", 2, metrics=[gemm(1.5)], host="h1")
+    single = summarize(tmp_path / "one-host")
+    assert headline_cells(headline(single, "computation-FP32"))[HEADLINE_HEADER.index("rounds")] == "2"
+    assert "## Every host" not in render_markdown(single) and single.per_host == []
+    assert "the mean over rounds of each round's figure" in render_markdown(single)
 
 
 def test_single_round_spread_is_over_chunks_and_above_peak_flagged(run_dir: Path) -> None:

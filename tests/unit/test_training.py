@@ -40,6 +40,7 @@ def test_digits_converges(tmp_path: Path, nproc: int) -> None:
     metrics = {m.name: m for m in result.metrics}
     assert metrics["training_throughput"].unit == "samples/s" and metrics["training_throughput"].value > 0
     assert metrics["final_accuracy"].value == result.convergence.reached
+    assert metrics["final_accuracy"].unit == "fraction"  # the case's target_unit, as digits-infer's *_top1 says
     assert 0 < metrics["time_to_target"].value < metrics["e2e_time"].value
     assert metrics["samples_per_s_per_device"].value == pytest.approx(metrics["training_throughput"].value / nproc)
     for rank in range(nproc):
