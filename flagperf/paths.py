@@ -18,6 +18,29 @@ RESULTS_DIR_ENV = "FLAGPERF_RESULTS_DIR"  # the folder runs started from a serve
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")  # \Z: "$" would let a trailing newline through
 
 
+def skipped_in_source(part: str) -> bool:
+    """Whether a file or folder named ``part`` (one part of a path below a source folder) is none of the code: a
+    dot-file or dot-folder (.git, a .venv, an editor's) or __pycache__. The one rule for what the source digest
+    skips (results.provenance) and what the link scan of a mounted vendor or case folder skips (hosts.local), so
+    that a vendor repository's .venv, which counts for neither, does not get its folder refused for its links."""
+    return part.startswith(".") or part == "__pycache__"
+
+
+def printable(text: str) -> str:
+    """``text`` (a file name from a folder scan, here or on another host) fit for a one-line message and for any JSON
+    encoder: a byte that is no UTF-8 (a lone surrogate, as Python reads such a name) as \\xNN, a newline or other
+    control character escaped as Python writes it (\\n), the rest as it is."""
+    shown = []
+    for char in text:
+        if char.isprintable():
+            shown.append(char)
+        elif "\udc80" <= char <= "\udcff":  # surrogateescape's: the byte the name holds
+            shown.append(f"\\x{ord(char) - 0xDC00:02x}")
+        else:
+            shown.append(char.encode("unicode_escape").decode("ascii"))
+    return "".join(shown)
+
+
 def search_path_folders(env_var: str) -> list[Path]:
     """The extra folders ``env_var`` names (os.pathsep separated), in order. The controller makes a relative entry
     absolute once, from the folder it was started in (pin_search_paths), before anything reads it; one still
