@@ -82,7 +82,11 @@ class _OneLineErrors(TyperGroup):
     def main(self, *args: Any, **extra: Any) -> Any:
         # A relative FLAGPERF_CASE_PATH entry is the user's folder's: fixed here, before a command or anything it
         # starts (a round in the project, a server's worker) reads it from another working folder.
-        pin_search_paths()
+        try:
+            pin_search_paths()
+        except ConfigError as exc:  # a relative entry from a folder since removed: one line, exit 2
+            _fail(str(exc))
+            sys.exit(EXIT_BAD_INPUT)
         with _interrupt_handler():
             return super().main(*args, **extra)
 

@@ -680,3 +680,31 @@ def test_a_relative_search_path_entry_is_the_folder_the_run_started_in_for_every
     assert listed.exit_code == 0 and "own-case" in listed.output, listed.output
     assert {name: os.environ[name] for name in relative} == {name: str(start / value)
                                                              for name, value in relative.items()}
+
+
+def test_a_relative_search_path_entry_from_a_removed_folder_is_one_line(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The folder a command was started in, removed since: a relative entry names nothing. One line naming the
+    variable and the entry, exit 2, no traceback (before: read from the project, `cases` named the project's own
+    cases a second time, and the command said a case was defined twice). A plan made there says the same."""
+    import subprocess
+    import sys
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    # The shell starts in the folder and removes it; the command then starts there, as from a removed folder.
+    done = subprocess.run(["/bin/sh", "-c", 'cd "$1" && rmdir "$1" && exec "$2" -c "$3" list cases', "sh", str(gone),
+                           sys.executable, "from flows.cli import main; main()"], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "FLAGPERF_CASE_PATH": "cases",
+                                            "PYTHONPATH": str(PROJECT_ROOT)})
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr == ("error: FLAGPERF_CASE_PATH: entry 'cases' is relative, and the folder this command "
+                           "started in no longer exists\n"), done.stderr
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", f"/abs/vendors{os.pathsep}my-vendors")
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    with pytest.raises(ConfigError) as info:
+        plan_run(cases=["computation-FP32"], results_dir=tmp_path / "results")
+    assert str(info.value) == ("FLAGPERF_VENDOR_PATH: entry 'my-vendors' is relative, and the folder this command "
+                               "started in no longer exists")
