@@ -7,8 +7,6 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from flagperf.errors import ConfigError
-
 # Resolved once: case and monitor processes run with the project root as their working directory.
 PROJECT_ROOT = Path(os.environ.get("FLAGPERF_HOME", Path(__file__).resolve().parents[1])).resolve()
 
@@ -93,20 +91,31 @@ def absolute_search_paths(environ: Mapping[str, str], start: Path) -> dict[str, 
     return pinned
 
 
+class StartFolderGone(Exception):
+    """A relative search path entry, and no working folder to read it from (pin_search_paths). Its text is the
+    user's one line, ``variable``: ``message``; the plan raises it as a ConfigError, the CLI prints it (errors.py is
+    no import of this module)."""
+
+    def __init__(self, variable: str, message: str) -> None:
+        super().__init__(f"{variable}: {message}")
+        self.variable, self.message = variable, message
+
+
 def pin_search_paths() -> dict[str, str]:
     """Make the controller's search path variables absolute, once, where it starts (the CLI, a plan): every later
     step (a round's process, which starts in the project, a Slurm job, the source digest, a container's mounts)
     inherits them so and reads the same folders, whatever its working folder. Returns what it changed. A relative
-    entry while the working folder is gone (removed after the command was started there) is a ConfigError naming
-    it: it means nothing then (read from the project, it would name the project's own folders a second time)."""
+    entry while the working folder is gone (removed after the command was started there) is an error naming
+    it (StartFolderGone): it means nothing then (read from the project, it would name the project's own folders a
+    second time)."""
     try:
         start = Path.cwd()
     except OSError:  # the working folder was removed: nothing a relative entry can be relative to
         for variable in SEARCH_PATH_VARIABLES:
             for entry in os.environ.get(variable, "").split(os.pathsep):
                 if entry and not os.path.isabs(entry):
-                    raise ConfigError(variable, None, f"entry {entry!r} is relative, and the folder this command "
-                                                      "started in no longer exists") from None
+                    raise StartFolderGone(variable, f"entry {entry!r} is relative, and the folder this command "
+                                                    "started in no longer exists") from None
         return {}
     pinned = absolute_search_paths(os.environ, start)
     os.environ.update(pinned)

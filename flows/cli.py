@@ -39,7 +39,7 @@ from flagperf.errors import ConfigError, FlagperfError
 from flagperf.hosts.capacity import check_capacity_here
 from flagperf.hosts.flagperf_training import CLUSTER_CONF, default_cluster_conf, load_training_conf, open_inventory
 from flagperf.hosts.inventory import Inventory, load_inventory, local_inventory
-from flagperf.paths import display_path, pin_search_paths
+from flagperf.paths import StartFolderGone, display_path, pin_search_paths
 from flagperf.results.operators import OPERATOR_HEADER, operator_cells
 from flagperf.results.schema import atomic_path, folder_problem
 from flagperf.results.summary import (
@@ -84,7 +84,7 @@ class _OneLineErrors(TyperGroup):
         # starts (a round in the project, a server's worker) reads it from another working folder.
         try:
             pin_search_paths()
-        except ConfigError as exc:  # a relative entry from a folder since removed: one line, exit 2
+        except StartFolderGone as exc:  # a relative entry from a folder since removed: one line, exit 2
             _fail(str(exc))
             sys.exit(EXIT_BAD_INPUT)
         with _interrupt_handler():

@@ -26,6 +26,7 @@ from flagperf.paths import (
     CASE_PATH_ENV,
     NAME_PATTERN,
     VENDOR_PATH_ENV,
+    StartFolderGone,
     display_path,
     pin_search_paths,
     search_path_folders,
@@ -150,7 +151,10 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
     ``run_id`` of another flow run (`flagperf run --retry`), which must have planned the same work."""
     if suite and cases:
         raise ConfigError("flagperf run", None, "give --suite or --cases, not both")
-    pin_search_paths()  # where the controller starts: its rounds, checks and digests read these folders
+    try:
+        pin_search_paths()  # where the controller starts: its rounds, checks and digests read these folders
+    except StartFolderGone as exc:
+        raise ConfigError(exc.variable, None, exc.message) from None
     sets = list(sets or [])
     resolved_vendor = load_vendor(vendor)  # the one lookup of the run: fails early on an unknown or malformed vendor
     hardware = resolved_vendor.manifest.hardware
