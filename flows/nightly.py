@@ -27,6 +27,7 @@ import logging
 import os
 import shutil
 import signal
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict
@@ -147,12 +148,14 @@ def _write_night(results_dir: str, suite: str, run_dir: Path, ending: dict[str, 
     schedulers). The results folder's file is the verdict of the night that started last among those that have
     published, not of the one that finished last: a night that started earlier and ends later (a long rerun) leaves
     a later night's verdict there, and writes only its run folder's copy. The start order is the one the run ids
-    name (run<UTC start time>-..., flagperf.config.night.started_later): already in every verdict file, older ones
-    too, and the same for every machine writing into the folder (within their clocks), so no field or counter is
-    added. It is to the second: nights started in the same second, or a run_id given in the form (no time in it),
-    are in the order they publish. The check and the write (and trends.csv's, so that the last one written holds
-    every night published) happen under a lock on the results folder (``_publishing``), so two nights ending
-    together cannot both pass the check; each write is atomic (write_json_atomic)."""
+    name (run<UTC start time>-<12 hex digits>, new_night_run_id's form exactly: flagperf.config.night.started_later):
+    already in every verdict file, older ones too, and the same for every machine writing into the folder (within
+    their clocks), so no field or counter is added. It is to the second: nights started in the same second, a
+    run_id given in the form in another shape (no time in it), and one whose time is still to come on this
+    machine's clock (typed so, or from a host whose clock runs ahead: never trusted, or it would keep the file from
+    every night until then) are in the order they publish. The check and the write (and trends.csv's, so that the
+    last one written holds every night published) happen under a lock on the results folder (``_publishing``), so
+    two nights ending together cannot both pass the check; each write is atomic (write_json_atomic)."""
     outcome = {"run_id": run_dir.name, "suite": suite, "finished_at": datetime.now(timezone.utc).isoformat(),
                **ending}
     latest = Path(results_dir) / verdict_file_name(suite)
@@ -171,23 +174,49 @@ def _write_night(results_dir: str, suite: str, run_dir: Path, ending: dict[str, 
         _warning("the night's verdict file or trends.csv could not be written: %s", exc)
 
 
+PUBLISH_WAIT_S = 60.0  # the longest a night waits for another night's publishing (its trends.csv) before going on
+PUBLISH_POLL_S = 0.2  # how often it tries the lock meanwhile
+
+
 @contextmanager
 def _publishing(results: Path) -> Iterator[None]:
     """Held while a night publishes into ``results``: an advisory lock (flock) on the folder itself, so that no lock
     file is left among the results; released when the process ends, however it ends. Where the folder is not there
     yet (the write makes it) or its file system refuses the lock (NFS may, on a folder), the night publishes
-    without it, as before."""
+    without it, as before. Another night holding it is waited for PUBLISH_WAIT_S at most: the holder writes
+    trends.csv from the history, which may be a remote database that hangs, and one hung night must not hold every
+    later one. The wait is a poll (a signal stops it, as any sleep)."""
     fd: int | None = None
     with suppress(OSError):
         fd = os.open(results, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
     try:
         if fd is not None:
-            with suppress(OSError):
-                fcntl.flock(fd, fcntl.LOCK_EX)  # another night publishing: wait for it (a moment)
+            _lock(fd, results)
         yield
     finally:
         if fd is not None:
             os.close(fd)
+
+
+def _lock(fd: int, results: Path) -> None:
+    """The publishing lock on ``fd``: taken, or given up (the file system refuses it; the deadline passed)."""
+    deadline = time.monotonic() + PUBLISH_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:  # another night publishing: wait for it, a while
+            pass
+        except OSError:  # no locks on this file system
+            return
+        if time.monotonic() >= deadline:
+            _warning("another night has been publishing into %s for %g s (its trends.csv from the history): this "
+                     "night publishes without waiting for it", results, PUBLISH_WAIT_S)
+            return
+        _pause(PUBLISH_POLL_S)
+
+
+_pause = time.sleep  # between two tries of the lock
 
 
 def _interruption(exc: BaseException) -> tuple[int, str]:
