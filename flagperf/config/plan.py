@@ -244,7 +244,8 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
                    results_dir=str(results_dir), set_overrides=sets, flow_run_id=flow_run_id,
                    git_revision=f"{revision}{'+modified' if dirty else ''}" if revision else None,
                    source_digest=digest, hosts=list(hosts or []), search_paths=searched())
-    if run_dir.exists() and not _is_resumable(run_dir, plan, resume):
+    # An empty folder holds nothing to overwrite: the nightly claims its run folder (mkdir) before its evaluation.
+    if run_dir.exists() and not _is_empty_folder(run_dir) and not _is_resumable(run_dir, plan, resume):
         raise ConfigError("--results", None, f"{run_dir} already exists; results are never overwritten")
     return plan
 
@@ -309,6 +310,16 @@ def read_plan(run_dir: Path) -> RunPlan:
         where = ".".join(str(part) for part in first["loc"])
         raise ConfigError(display_path(path), None, f"{NOT_A_PLAN} ({exc.error_count()} problem(s); first: "
                           f"{where + ': ' if where else ''}{first['msg']})") from None
+
+
+def _is_empty_folder(path: Path) -> bool:
+    if path.is_symlink() or not path.is_dir():
+        return False
+    try:
+        with os.scandir(path) as entries:
+            return next(entries, None) is None
+    except OSError:
+        return False
 
 
 def _is_resumable(run_dir: Path, plan: RunPlan, resume: bool = False) -> bool:

@@ -221,10 +221,17 @@ def test_set_type_error_names_origin_and_key(tmp_path: Path, value: str, message
 
 def test_existing_run_dir_is_refused(tmp_path: Path) -> None:
     (tmp_path / "results" / "run1").mkdir(parents=True)
+    (tmp_path / "results" / "run1" / "notes.txt").write_text("a run's\n")
     err = config_error(tmp_path, cases=[FP32], run_id="run1")
     assert err.source == "--results"
     assert "already exists" in err.message
     assert plan(tmp_path, cases=[FP32], run_id="run2").run_id == "run2"
+    # An empty folder holds nothing to overwrite (the nightly claims its run folder so before its evaluation); a
+    # link to one is no run folder.
+    (tmp_path / "results" / "run3").mkdir()
+    assert plan(tmp_path, cases=[FP32], run_id="run3").run_id == "run3"
+    (tmp_path / "results" / "run4").symlink_to(tmp_path / "results" / "run3")
+    assert "already exists" in config_error(tmp_path, cases=[FP32], run_id="run4").message
 
 
 def test_invalid_run_id(tmp_path: Path) -> None:
