@@ -18,6 +18,29 @@ RESULTS_DIR_ENV = "FLAGPERF_RESULTS_DIR"  # the folder runs started from a serve
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")  # \Z: "$" would let a trailing newline through
 
 
+def skipped_in_source(part: str) -> bool:
+    """Whether a file or folder named ``part`` (one part of a path below a source folder) is none of the code: a
+    dot-file or dot-folder (.git, a .venv, an editor's) or __pycache__. The one rule for what the source digest
+    skips (results.provenance) and what the link scan of a mounted vendor or case folder skips (hosts.local), so
+    that a vendor repository's .venv, which counts for neither, does not get its folder refused for its links."""
+    return part.startswith(".") or part == "__pycache__"
+
+
+def printable(text: str) -> str:
+    """``text`` (a file name from a folder scan, here or on another host) fit for a one-line message and for any JSON
+    encoder: a byte that is no UTF-8 (a lone surrogate, as Python reads such a name) as \\xNN, a newline or other
+    control character escaped as Python writes it (\\n), the rest as it is."""
+    shown = []
+    for char in text:
+        if char.isprintable():
+            shown.append(char)
+        elif "\udc80" <= char <= "\udcff":  # surrogateescape's: the byte the name holds
+            shown.append(f"\\x{ord(char) - 0xDC00:02x}")
+        else:
+            shown.append(char.encode("unicode_escape").decode("ascii"))
+    return "".join(shown)
+
+
 def search_path_folders(env_var: str) -> list[Path]:
     """The extra folders ``env_var`` names (os.pathsep separated), in order. The controller makes a relative entry
     absolute once, from the folder it was started in (pin_search_paths), before anything reads it; one still
@@ -68,13 +91,31 @@ def absolute_search_paths(environ: Mapping[str, str], start: Path) -> dict[str, 
     return pinned
 
 
+class StartFolderGone(Exception):
+    """A relative search path entry, and no working folder to read it from (pin_search_paths). Its text is the
+    user's one line, ``variable``: ``message``; the plan raises it as a ConfigError, the CLI prints it (errors.py is
+    no import of this module)."""
+
+    def __init__(self, variable: str, message: str) -> None:
+        super().__init__(f"{variable}: {message}")
+        self.variable, self.message = variable, message
+
+
 def pin_search_paths() -> dict[str, str]:
     """Make the controller's search path variables absolute, once, where it starts (the CLI, a plan): every later
     step (a round's process, which starts in the project, a Slurm job, the source digest, a container's mounts)
-    inherits them so and reads the same folders, whatever its working folder. Returns what it changed."""
+    inherits them so and reads the same folders, whatever its working folder. Returns what it changed. A relative
+    entry while the working folder is gone (removed after the command was started there) is an error naming
+    it (StartFolderGone): it means nothing then (read from the project, it would name the project's own folders a
+    second time)."""
     try:
         start = Path.cwd()
-    except OSError:  # the working folder was removed: nothing to be relative to, read as the project's
+    except OSError:  # the working folder was removed: nothing a relative entry can be relative to
+        for variable in SEARCH_PATH_VARIABLES:
+            for entry in os.environ.get(variable, "").split(os.pathsep):
+                if entry and not os.path.isabs(entry):
+                    raise StartFolderGone(variable, f"entry {entry!r} is relative, and the folder this command "
+                                                    "started in no longer exists") from None
         return {}
     pinned = absolute_search_paths(os.environ, start)
     os.environ.update(pinned)

@@ -32,7 +32,7 @@ from typer.core import TyperGroup
 # Only what every command needs is imported here: each command imports the rest itself, so that `--help`, `list`
 # and `validate` start without pandas, paramiko or the report's Markdown (bench/cli_startup.py measures it).
 from flagperf.errors import ConfigError, FlagperfError
-from flagperf.paths import display_path, pin_search_paths
+from flagperf.paths import StartFolderGone, display_path, pin_search_paths
 from flagperf.stopping import STOP_NOW_AT, put_back, stop_now, take
 from flagperf.stopping import reset as reset_signals_taken
 
@@ -67,7 +67,11 @@ class _OneLineErrors(TyperGroup):
     def main(self, *args: Any, **extra: Any) -> Any:
         # A relative FLAGPERF_CASE_PATH entry is the user's folder's: fixed here, before a command or anything it
         # starts (a round in the project, a server's worker) reads it from another working folder.
-        pin_search_paths()
+        try:
+            pin_search_paths()
+        except StartFolderGone as exc:  # a relative entry from a folder since removed: one line, exit 2
+            _fail(str(exc))
+            sys.exit(EXIT_BAD_INPUT)
         with _interrupt_handler():
             return super().main(*args, **extra)
 

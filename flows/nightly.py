@@ -27,6 +27,7 @@ import logging
 import os
 import shutil
 import signal
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict
@@ -51,7 +52,7 @@ from flagperf.config.night import (
     started_later,
     verdict_file_name,
 )
-from flagperf.config.plan import read_plan
+from flagperf.config.plan import PLAN_FILE, read_plan
 from flagperf.errors import EXIT_UNSUPPORTED, EXIT_USER_ERROR, ConfigError, FlagperfError
 from flagperf.paths import NAME_PATTERN
 from flagperf.results.history import (
@@ -147,12 +148,14 @@ def _write_night(results_dir: str, suite: str, run_dir: Path, ending: dict[str, 
     schedulers). The results folder's file is the verdict of the night that started last among those that have
     published, not of the one that finished last: a night that started earlier and ends later (a long rerun) leaves
     a later night's verdict there, and writes only its run folder's copy. The start order is the one the run ids
-    name (run<UTC start time>-..., flagperf.config.night.started_later): already in every verdict file, older ones
-    too, and the same for every machine writing into the folder (within their clocks), so no field or counter is
-    added. It is to the second: nights started in the same second, or a run_id given in the form (no time in it),
-    are in the order they publish. The check and the write (and trends.csv's, so that the last one written holds
-    every night published) happen under a lock on the results folder (``_publishing``), so two nights ending
-    together cannot both pass the check; each write is atomic (write_json_atomic)."""
+    name (run<UTC start time>-<12 hex digits>, new_night_run_id's form exactly: flagperf.config.night.started_later):
+    already in every verdict file, older ones too, and the same for every machine writing into the folder (within
+    their clocks), so no field or counter is added. It is to the second: nights started in the same second, a
+    run_id given in the form in another shape (no time in it), and one whose time is still to come on this
+    machine's clock (typed so, or from a host whose clock runs ahead: never trusted, or it would keep the file from
+    every night until then) are in the order they publish. The check and the write (and trends.csv's, so that the
+    last one written holds every night published) happen under a lock on the results folder (``_publishing``), so
+    two nights ending together cannot both pass the check; each write is atomic (write_json_atomic)."""
     outcome = {"run_id": run_dir.name, "suite": suite, "finished_at": datetime.now(timezone.utc).isoformat(),
                **ending}
     latest = Path(results_dir) / verdict_file_name(suite)
@@ -171,23 +174,49 @@ def _write_night(results_dir: str, suite: str, run_dir: Path, ending: dict[str, 
         _warning("the night's verdict file or trends.csv could not be written: %s", exc)
 
 
+PUBLISH_WAIT_S = 60.0  # the longest a night waits for another night's publishing (its trends.csv) before going on
+PUBLISH_POLL_S = 0.2  # how often it tries the lock meanwhile
+
+
 @contextmanager
 def _publishing(results: Path) -> Iterator[None]:
     """Held while a night publishes into ``results``: an advisory lock (flock) on the folder itself, so that no lock
     file is left among the results; released when the process ends, however it ends. Where the folder is not there
     yet (the write makes it) or its file system refuses the lock (NFS may, on a folder), the night publishes
-    without it, as before."""
+    without it, as before. Another night holding it is waited for PUBLISH_WAIT_S at most: the holder writes
+    trends.csv from the history, which may be a remote database that hangs, and one hung night must not hold every
+    later one. The wait is a poll (a signal stops it, as any sleep)."""
     fd: int | None = None
     with suppress(OSError):
         fd = os.open(results, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
     try:
         if fd is not None:
-            with suppress(OSError):
-                fcntl.flock(fd, fcntl.LOCK_EX)  # another night publishing: wait for it (a moment)
+            _lock(fd, results)
         yield
     finally:
         if fd is not None:
             os.close(fd)
+
+
+def _lock(fd: int, results: Path) -> None:
+    """The publishing lock on ``fd``: taken, or given up (the file system refuses it; the deadline passed)."""
+    deadline = time.monotonic() + PUBLISH_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:  # another night publishing: wait for it, a while
+            pass
+        except OSError:  # no locks on this file system
+            return
+        if time.monotonic() >= deadline:
+            _warning("another night has been publishing into %s for %g s (its trends.csv from the history): this "
+                     "night publishes without waiting for it", results, PUBLISH_WAIT_S)
+            return
+        _pause(PUBLISH_POLL_S)
+
+
+_pause = time.sleep  # between two tries of the lock
 
 
 def _interruption(exc: BaseException) -> tuple[int, str]:
@@ -339,7 +368,20 @@ def nightly_regression(
     except ConfigError as exc:
         return failed(f"{BAD_INPUT}{exc}")
     run_id = run_id or new_night_run_id()
-    found_before = (Path(results_dir) / run_id).exists()
+    run_dir = Path(results_dir) / run_id
+    # The run folder is claimed before the night starts (mkdir: one night of two started together with one run_id
+    # gets it), and only a folder this night made is ever removed again.
+    made_results, made = _outermost_missing(Path(results_dir)), False
+    try:
+        Path(results_dir).mkdir(parents=True, exist_ok=True)
+        run_dir.mkdir()
+        made = True
+    except FileExistsError:
+        if os.path.lexists(run_dir):
+            _remove_empty(Path(results_dir), made_results)
+            return failed(f"{BAD_INPUT}run_id: {run_id!r} is taken: {run_dir} exists")
+    except OSError:  # a results folder that cannot be made or written: the evaluation says so, as for any night
+        pass
     try:
         state = evaluate(suite=suite, vendor=None if vendor == "auto" else vendor, rounds=rounds,
                          overrides=list(overrides) or None, inventory=inventory or None, results_dir=results_dir,
@@ -348,10 +390,10 @@ def nightly_regression(
         if not isinstance(exc, Exception):  # stopped by the operator: not judged, recorded as interrupted
             record_interruption(exc, run_id, suite, None if vendor == "auto" else vendor, history, results_dir)
         raise
-    run_dir = Path(results_dir) / run_id
     if state.is_failed() and (state.message or "").startswith(BAD_INPUT):
-        if not found_before and not (run_dir / SUMMARY_JSON).is_file():  # refused before any round: no night
-            shutil.rmtree(run_dir, ignore_errors=True)  # (this night's own name; only its plan and healthcheck)
+        if made and not (run_dir / SUMMARY_JSON).is_file() and _planned_by(run_dir, state):
+            shutil.rmtree(run_dir, ignore_errors=True)  # refused before any round: no night (its plan, healthcheck)
+            _remove_empty(Path(results_dir), made_results)
         return failed(in_form_terms(state.message or ""))
 
     def night_failed(reason: str, vendor_name: str | None) -> State:
@@ -380,6 +422,40 @@ def nightly_regression(
         if not isinstance(exc, Exception):  # stopped by the operator: the measurement is recorded all the same
             record_measured_interruption(exc, run_dir, suite, verdicts, history, results_dir, baseline_runs, sigma)
         raise
+
+
+def _outermost_missing(folder: Path) -> Path | None:
+    """The outermost of ``folder`` and its parents that is not there (None: ``folder`` is): what making it makes."""
+    missing = None
+    for candidate in (folder.absolute(), *folder.absolute().parents):
+        if candidate.exists():
+            break
+        missing = candidate
+    return missing
+
+
+def _remove_empty(folder: Path, made: Path | None) -> None:
+    """Remove ``folder`` and its parents up to ``made`` (the outermost this night made), while they are empty."""
+    if made is None:
+        return
+    for candidate in (folder.absolute(), *folder.absolute().parents):
+        try:
+            candidate.rmdir()
+        except OSError:
+            return
+        if candidate == made:
+            return
+
+
+def _planned_by(run_dir: Path, state: State) -> bool:
+    """Whether the run folder this night made holds no plan, or the plan of its own evaluation (``state``'s flow
+    run): another evaluation given the same run id may have planned into the empty folder meanwhile."""
+    if not (run_dir / PLAN_FILE).exists():
+        return True
+    try:
+        return read_plan(run_dir).flow_run_id == str(state.state_details.flow_run_id)
+    except ConfigError:
+        return False
 
 
 def _judged(run_id: str, run_dir: Path, suite: str, vendor_name: str, state: State, verdicts: list[Verdict],

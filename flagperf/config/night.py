@@ -56,27 +56,35 @@ def verdict_file_name(suite: str) -> str:
 
 
 def new_night_run_id() -> str:
-    """A night's run id: run<UTC start, to the second>-<12 hex digits>. Six random bytes, not the usual two: nights
-    of several suites sharing a results folder start in the same second by cron, and a refused night removes the
-    run folder it made (never one it found). The start time in it orders the nights that publish the latest
-    night's verdict file (flows.nightly)."""
+    """A night's run id: run<UTC start, to the second>-<12 hex digits> (NIGHT_RUN_ID). Six random bytes, not the usual
+    two: nights of several suites sharing a results folder start in the same second by cron, and a refused night
+    removes the run folder it made (never one it found). The start time in it orders the nights that publish the
+    latest night's verdict file (flows.nightly)."""
     return new_run_id(secrets.token_hex(6))
 
 
+# new_night_run_id's ids exactly: only these name a start time. A name typed in the nightly form in another shape
+# (`mine`, `run99991231235959-mine`) names none.
+NIGHT_RUN_ID = re.compile(r"run(\d{14})-[0-9a-f]{12}\Z")
+
+
 def night_start(run_id: str) -> datetime | None:
-    """When the night ``run_id`` started, to the second, as its run id names it (new_night_run_id, new_run_id);
-    None for a name that names no time (a run_id given in the nightly form)."""
-    match = re.match(r"run(\d{14})-", run_id)
+    """When the night ``run_id`` started, to the second, as its run id names it; None for a run id not of
+    new_night_run_id's form exactly (most run_ids given in the nightly form) or naming no valid time."""
+    match = NIGHT_RUN_ID.match(run_id)
     with suppress(ValueError):
         return datetime.strptime(match[1], "%Y%m%d%H%M%S").replace(tzinfo=timezone.utc) if match else None
     return None
 
 
-def started_later(run_id: str, than: str) -> bool:
-    """Whether the night ``run_id`` started after the night ``than``, by the start times their run ids name. Nights
-    started in the same second, or one whose run id names no time, are not ordered: False."""
+def started_later(run_id: str, than: str, now: datetime | None = None) -> bool:
+    """Whether the night ``run_id`` started after the night ``than``, by the start times their run ids name. Not
+    ordered (False): nights started in the same second, a run id that names no time, and one whose time is after
+    ``now`` (this machine's clock): a typed run_id, or a night on a host whose clock runs ahead, would otherwise keep
+    the latest night's verdict file from every night after it until that time."""
     start, other = night_start(run_id), night_start(than)
-    return start is not None and other is not None and start > other
+    return (start is not None and other is not None and other < start
+            and start <= (now or datetime.now(timezone.utc)))
 
 
 def read_verdict(path: Path) -> dict[str, Any] | None:

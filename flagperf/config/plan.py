@@ -26,6 +26,7 @@ from flagperf.paths import (
     CASE_PATH_ENV,
     NAME_PATTERN,
     VENDOR_PATH_ENV,
+    StartFolderGone,
     display_path,
     pin_search_paths,
     search_path_folders,
@@ -150,7 +151,10 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
     ``run_id`` of another flow run (`flagperf run --retry`), which must have planned the same work."""
     if suite and cases:
         raise ConfigError("flagperf run", None, "give --suite or --cases, not both")
-    pin_search_paths()  # where the controller starts: its rounds, checks and digests read these folders
+    try:
+        pin_search_paths()  # where the controller starts: its rounds, checks and digests read these folders
+    except StartFolderGone as exc:
+        raise ConfigError(exc.variable, None, exc.message) from None
     sets = list(sets or [])
     resolved_vendor = load_vendor(vendor)  # the one lookup of the run: fails early on an unknown or malformed vendor
     hardware = resolved_vendor.manifest.hardware
@@ -240,7 +244,8 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
                    results_dir=str(results_dir), set_overrides=sets, flow_run_id=flow_run_id,
                    git_revision=f"{revision}{'+modified' if dirty else ''}" if revision else None,
                    source_digest=digest, hosts=list(hosts or []), search_paths=searched())
-    if run_dir.exists() and not _is_resumable(run_dir, plan, resume):
+    # An empty folder holds nothing to overwrite: the nightly claims its run folder (mkdir) before its evaluation.
+    if run_dir.exists() and not _is_empty_folder(run_dir) and not _is_resumable(run_dir, plan, resume):
         raise ConfigError("--results", None, f"{run_dir} already exists; results are never overwritten")
     return plan
 
@@ -305,6 +310,16 @@ def read_plan(run_dir: Path) -> RunPlan:
         where = ".".join(str(part) for part in first["loc"])
         raise ConfigError(display_path(path), None, f"{NOT_A_PLAN} ({exc.error_count()} problem(s); first: "
                           f"{where + ': ' if where else ''}{first['msg']})") from None
+
+
+def _is_empty_folder(path: Path) -> bool:
+    if path.is_symlink() or not path.is_dir():
+        return False
+    try:
+        with os.scandir(path) as entries:
+            return next(entries, None) is None
+    except OSError:
+        return False
 
 
 def _is_resumable(run_dir: Path, plan: RunPlan, resume: bool = False) -> bool:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 from typing import Any
 
-from flagperf.paths import CASE_PATH_ENV, VENDOR_PATH_ENV
+from flagperf.paths import CASE_PATH_ENV, VENDOR_PATH_ENV, printable
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")  # \Z: "$" would let a trailing newline through
 # Where benchmark data, weights and results folders usually live on accelerator hosts.
@@ -419,13 +419,15 @@ def links_out_problem(source: str, name: str, found: PathFacts, path: SearchPath
     if not found.links_out:
         return None
     below, target, real = found.links_out[0]
-    file = f"{source}/{below}"
+    # Names as the host's folder holds them: a newline or a byte that is no UTF-8 would break the one line (and
+    # a lone surrogate the JSON of a Prefect state), so each is shown escaped.
+    file = printable(f"{source}/{below}")
     if not is_under(real, found.path):
-        how = f"links outside its folder (to {real})"
+        how = f"links outside its folder (to {printable(real)})"
     elif target.startswith("/"):
-        how = f"links to {target} by its path on this host, where a container does not have the folder"
+        how = f"links to {printable(target)} by its path on this host, where a container does not have the folder"
     else:
-        how = f"links out of its folder and back (to {target})"
+        how = f"links out of its folder and back (to {printable(target)})"
     more = len(found.links_out) - 1
     others = f" (and {more}{'+' if len(found.links_out) >= LINKS_LISTED else ''} more such link(s))" if more else ""
     return (f"{path.variable} {path.kind} {name!r}: {file} {how}; in a container it would dangle{others}: copy the "

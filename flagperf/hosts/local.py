@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from flagperf.hosts.container_policy import LINKS_LISTED
-from flagperf.paths import NAME_PATTERN, PROJECT_ROOT
+from flagperf.paths import NAME_PATTERN, PROJECT_ROOT, skipped_in_source
 from flagperf.results.bounded import MAX_RECORD_BYTES, read_bounded, read_end
 
 LineSink = Callable[[str], None]
@@ -291,12 +291,13 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED) -> list[list[str]]:
     """The symlinks below ``folder`` (itself resolved) that a copy of it mounted at another path would not follow:
     one whose target is an absolute path, or whose way leaves the folder (a '..' above it, or a link out). Each as
     [its path below the folder, its target as written, where it leads here], the first ``limit`` in path order. A
-    linked folder is checked as a link, never walked (it may loop)."""
+    linked folder is checked as a link, never walked (it may loop). What the source digest skips (a .venv, .git,
+    __pycache__: paths.skipped_in_source) is skipped here too: none of it is the code a round runs."""
     root = os.path.realpath(folder)
     found: list[list[str]] = []
     for top, folders, files in os.walk(root):
-        folders.sort()
-        for name in sorted([*folders, *files]):
+        folders[:] = sorted(name for name in folders if not skipped_in_source(name))  # and never walked
+        for name in sorted([*folders, *(name for name in files if not skipped_in_source(name))]):
             path = os.path.join(top, name)
             if not os.path.islink(path):
                 continue

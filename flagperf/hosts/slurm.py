@@ -360,7 +360,9 @@ def tail(path: Path, lines: int) -> list[str]:
 
 
 SUMMARY_LINES = 8  # of a job's output, in a failure message
-NOTE_PREFIX = "flagperf: "  # a line the job script wrote about why it stopped (a node's mount check, ...)
+# A line the job script's own checks wrote about why the job stopped (a node's mount check): a marker of its own, not
+# "flagperf: ", which a job's command (SlurmHost.run's) and the training worker ("flagperf: rank ...") print too.
+NOTE_PREFIX = "flagperf-job: "
 
 
 def output_summary(path: Path) -> str:
@@ -481,7 +483,7 @@ class SlurmHost(LocalHost):
         lines = []
         for kind, mount in search.mounts if search else ():
             source = shlex.quote(mount.source)
-            message = shlex.quote(f"flagperf: {kind.variable}'s {kind.what} {mount.source} is missing or a link "
+            message = shlex.quote(f"{NOTE_PREFIX}{kind.variable}'s {kind.what} {mount.source} is missing or a link "
                                   "elsewhere on node")
             lines.append(f'[ "$(realpath -e -- {source} 2>/dev/null)" = {source} ] || {{ printf \'%s %s, unlike on '
                          f'the controller: not mounted, the job stops\\n\' {message} "${{SLURMD_NODENAME:-?}}" '
@@ -496,8 +498,10 @@ class SlurmHost(LocalHost):
         lines = SlurmHost.mount_check_lines(search)
         if not lines:
             return []
-        step = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "/bin/bash", "-c",
-                "\n".join(lines)]
+        # --kill-on-bad-exit=0: where the cluster sets KillOnBadExit=1, the first node's exit 96 would kill the other
+        # nodes' checks (srun then exits 128 + a signal), and a failing node among them would go unnamed.
+        step = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
+                "/bin/bash", "-c", "\n".join(lines)]
         return [f'{shlex.join(step)} || exit "$?"']  # srun exits with its tasks' highest code: 96
 
     def with_search(self, search: SearchMounts | None) -> SlurmHost:

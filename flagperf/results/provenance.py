@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 
 from flagperf import __version__
-from flagperf.paths import CASE_PATH_ENV, PROJECT_ROOT, VENDOR_PATH_ENV, search_path_folders
+from flagperf.paths import CASE_PATH_ENV, PROJECT_ROOT, VENDOR_PATH_ENV, search_path_folders, skipped_in_source
 
 CASE_LIBRARIES = ("torch", "numpy", "pydantic", "PyYAML", "psutil")
 # Environment variables that change what a number means (threads, visible devices, math modes).
@@ -97,8 +97,7 @@ def folders_digest(folders: tuple[tuple[Path, str], ...]) -> str | None:
             listing.append((label, None, 0, 0))  # where one folder ends: two folders are not one
             files = sorted(path for path in folder.rglob("*") if path.is_file()
                            and not path.name.endswith(SKIPPED_SUFFIXES + SKIPPED_NAMES)
-                           and not any(part.startswith(".") or part == "__pycache__"
-                                       for part in path.relative_to(folder).parts))
+                           and not any(map(skipped_in_source, path.relative_to(folder).parts)))
             for path in files:
                 stat = path.stat()
                 # ctime: any write, and a chmod that makes an unreadable file readable, changes it

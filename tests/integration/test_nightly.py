@@ -10,6 +10,7 @@ import csv
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -96,6 +97,43 @@ def test_a_bad_history_url_or_run_id_is_said_before_a_night_of_measuring(flagper
     assert state.is_failed() and state.message.startswith(f"{BAD_INPUT}{said}"), state
     assert error_lines(state.state_details.flow_run_id) == [state.message]
     assert not flagperf_env.exists()  # nothing ran
+
+
+def test_a_run_id_that_is_taken_is_refused_naming_it_and_its_folder_is_never_removed(
+        flagperf_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run_id typed in the form whose folder exists: refused naming run_id (not results_dir), the folder as it
+    was. Two nights given one run_id at the same time: the night that claims the folder first has it; the other,
+    started while the first is between its claim and its evaluation, is refused as taken and leaves the folder
+    alone (before, both passed the existence check and the refused one removed the other's folder). The first
+    night, refused later for bad input, removes only what it made: its run folder and the results folder."""
+    import flows.nightly
+
+    kept = flagperf_env / "mine" / "keep.txt"
+    kept.parent.mkdir(parents=True)
+    kept.write_text("another night's\n")
+    state = nightly_regression(suite="smoke", results_dir=str(flagperf_env), run_id="mine", return_state=True)
+    assert state.is_failed() and state.message == (
+        f"{BAD_INPUT}run_id: 'mine' is taken: {flagperf_env / 'mine'} exists"), state.message
+    assert error_lines(state.state_details.flow_run_id) == [state.message]
+    assert kept.read_text() == "another night's\n" and list(kept.parent.iterdir()) == [kept]
+    shutil.rmtree(flagperf_env)
+
+    evaluate, second = flows.nightly.evaluate, []
+
+    def and_a_second_night_meanwhile(**parameters: object) -> object:
+        if not second:  # the first night, past its claim: the second starts with the same run_id
+            second.append(nightly_regression(suite="smoke", results_dir=str(flagperf_env), run_id="same",
+                                             return_state=True))
+            assert (flagperf_env / "same").is_dir()  # the first night's folder: still there
+        return evaluate(**parameters)
+
+    monkeypatch.setattr(flows.nightly, "evaluate", and_a_second_night_meanwhile)
+    first = nightly_regression(suite="smoke", results_dir=str(flagperf_env), run_id="same", overrides=["m=0"],
+                               return_state=True)
+    assert second[0].is_failed() and second[0].message == (
+        f"{BAD_INPUT}run_id: 'same' is taken: {flagperf_env / 'same'} exists"), second[0].message
+    assert first.is_failed() and first.message.startswith(f"{BAD_INPUT}overrides: m: "), first.message
+    assert [p.name for p in flagperf_env.iterdir()] == ["history.sqlite"]  # no night: its run folder is gone
 
 
 def test_the_automation_template_is_accepted(tmp_path: Path) -> None:

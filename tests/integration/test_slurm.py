@@ -331,8 +331,8 @@ def test_a_two_node_jobs_mount_check_runs_on_each_node_and_names_it(tmp_path: Pa
         assert message.startswith(f"digits-mlp round 1 on mounts-{nodes[rank]}: Slurm job "), message
         assert "ExitCode 96:0" in message, message
         for name in nodes:
-            assert (f"flagperf: FLAGPERF_VENDOR_PATH's vendor folder {vendors}/cpu is missing or a link elsewhere on "
-                    f"node {name}, unlike on the controller: not mounted, the job stops") in message, message
+            assert (f"flagperf-job: FLAGPERF_VENDOR_PATH's vendor folder {vendors}/cpu is missing or a link elsewhere "
+                    f"on node {name}, unlike on the controller: not mounted, the job stops") in message, message
         assert (tmp_path / "shared" / "run1" / f"noderank{rank}" / ATTEMPT_FAILURE_FILE).read_text() == f"{message}\n"
     assert not list(tmp_path.rglob("marker")) and not (ROOT / "marker").exists()
     assert queued("flagperf-mounts-") == []

@@ -384,6 +384,18 @@ def test_a_link_that_leaves_a_mounted_search_path_folder_is_refused_before_a_con
                                LocalHost(), spec)
 
     assert settings().search.all() == [Mount(str(case), "/flagperf-search/case/0/base/x", read_only=True)]
+    # What the source digest skips, the scan skips: a lab's .venv (its bin/python links to the host's Python by its
+    # absolute path), a link out in __pycache__ or a dot-file: none of it is the code a round runs.
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(lab))
+    digest = source_digest(vendor="cpu", cases=["base/x"])
+    made = subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(case / ".venv")], capture_output=True,
+                          text=True, timeout=120)
+    assert made.returncode == 0 and os.path.isabs(os.readlink(case / ".venv" / "bin" / "python")), made.stderr
+    (case / "__pycache__").mkdir()
+    (case / "__pycache__" / "old.pyc").symlink_to(outside)
+    (case / "sub" / ".envrc").symlink_to(outside)
+    assert settings().search.all() == [Mount(str(case), "/flagperf-search/case/0/base/x", read_only=True)]
+    assert source_digest(vendor="cpu", cases=["base/x"]) == digest
     (case / "data.bin").symlink_to(outside)
     with pytest.raises(ConfigError) as info:
         settings()
@@ -415,3 +427,34 @@ def test_a_link_that_leaves_a_mounted_search_path_folder_is_refused_before_a_con
     paths = json.loads(done.stdout.splitlines()[-1])["paths"]
     assert paths[str(case)]["links_out"] == [["data.bin", str(outside), str(outside)]], paths
     assert "links_out" not in paths[str(lab)]
+
+
+@pytest.mark.parametrize(("name", "shown"), [(b"two\nlines.bin", "two\\nlines.bin"),
+                                              (b"bad\xffname.bin", "bad\\xffname.bin"),
+                                              (b"esc\x1b[31m.bin", "esc\\x1b[31m.bin")])
+def test_a_leaving_links_odd_file_name_is_shown_escaped_in_one_line(tmp_path: Path, name: bytes, shown: str) -> None:
+    """A file name from the link scan reaches the error as the folder holds it: a newline in it would make the
+    error two lines, a byte that is no UTF-8 arrives as a lone surrogate (which the JSON of a Prefect state
+    refuses), a terminal escape would colour the terminal. Each is shown escaped, in one line."""
+    import orjson
+
+    case = tmp_path / "lab" / "base" / "x"
+    case.mkdir(parents=True)
+    (case / "case.yaml").write_text("name: x\n")
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"outside")
+    try:
+        os.symlink(bytes(outside), os.fsencode(case) + b"/" + name)
+    except OSError as exc:  # a file system that refuses such names (EILSEQ) has none to show
+        pytest.skip(f"this file system refuses the name {name!r}: {exc}")
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump({"hosts": [{"name": "a", "address": "h", "runtime": "docker",
+                                               "project_root": str(PROJECT_ROOT),
+                                               "env": {"FLAGPERF_CASE_PATH": str(tmp_path / "lab")}}]}))
+    spec = load_inventory(path).hosts[0]
+    with pytest.raises(ConfigError) as info:
+        checked_on_host(container_settings(load_vendor("cpu"), spec, "img:1", PROJECT_ROOT, ["base/x"]), LocalHost(),
+                        spec)
+    message = info.value.message
+    assert f"{case}/{shown} links outside its folder (to {outside})" in message, message
+    assert message.isprintable() and orjson.loads(orjson.dumps(message)) == message, repr(message)

@@ -562,7 +562,7 @@ def test_nights_of_a_suite_at_the_same_time_each_read_back_their_own_verdict(
     record_run(engine, tonight, recorded_at=START + timedelta(days=6))
     verdicts = check_run(engine, tonight.name)
     # Run ids as nights name them (flagperf.config.night.new_night_run_id): started 02:00, 02:05, and 02:05 again
-    rerun, cron, same_second = (f"run20261107{hhmmss}-{tail * 12}" for hhmmss, tail in (
+    rerun, cron, same_second = (f"run20241107{hhmmss}-{tail * 12}" for hhmmss, tail in (
         ("020000", "a"), ("020500", "b"), ("020500", "c")))
     latest = results / "nightly-tiny.json"
 
@@ -586,17 +586,98 @@ def test_nights_of_a_suite_at_the_same_time_each_read_back_their_own_verdict(
         f"interrupted as the night ended; its outcome stands: Regressed (exit 5); verdict: {latest}", 5)
     assert this_night(night(rerun))[0]["verdicts"] == [] and len(this_night(night(cron))[0]["verdicts"]) == 1
     # Stopped before anything was published: not judged, though the file has a regression and the exit code 5
-    assert interrupted_outcome(night("run20261107021000-dddddddddddd")) == (NOT_JUDGED, None)
-    assert this_night(night("run20261107021000-dddddddddddd")) == ({}, None)
+    assert interrupted_outcome(night("run20241107021000-dddddddddddd")) == (NOT_JUDGED, None)
+    assert this_night(night("run20241107021000-dddddddddddd")) == ({}, None)
     # Started in the same second as the cron night (or named with no time in it): in the order they publish
     assert publish(same_second, Completed(message="no regression: 1 ok"))["run_id"] == same_second
     # Stopped before its run folder was made: its verdict is the results folder's only, while it names this night
-    stopped = "run20261107021500-eeeeeeeeeeee"
+    stopped = "run20241107021500-eeeeeeeeeeee"
     record_interruption(KeyboardInterrupt("SIGTERM"), stopped, "tiny", "cpu", url, str(results))
     assert not (results / stopped).exists()
     published, path = this_night(night(stopped))
     assert (published["run_id"], published["exit_code"], path) == (stopped, 143, latest)
+    # A run_id typed in the form names no start time, though it looks like one (only a night's own form does), and a
+    # start after this machine's clock (typed, or a host's clock running ahead) is not trusted: either such night is
+    # in the order they end, and the next night to end replaces its verdict, never held back by it for ever.
+    for typed, after in (("run99991231235959-mine", "run20241107022000-ffffffffffff"),
+                         ("run99991231235959-0123456789ab", "run20241107022500-abababababab")):
+        assert publish(typed, Completed(message="no regression: 1 ok"))["run_id"] == typed
+        assert publish(after, Completed(message="no regression: 1 ok"))["run_id"] == after
     assert [p for p in results.rglob(".*")] == []  # every write whole, no lock file left among the results
+
+
+def test_a_night_waits_for_another_publishing_and_a_hung_one_holds_it_up_to_a_deadline(
+        measured_night: tuple[str, Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two nights publishing at once into one results folder: the lock on the folder is held here (as another night
+    writing trends.csv from its history would hold it), and tonight's publishing, in a thread, waits: nothing of it
+    in the results folder until the lock is released, then its verdict and trends.csv. A night that holds the lock
+    and hangs (a remote history that does not answer) holds the others up to PUBLISH_WAIT_S only: then they publish
+    without it, with a warning. The wait is the flow's own poll; here each pause waits for the test's go instead of
+    a time, so nothing depends on timing."""
+    import fcntl
+    import logging
+    import threading
+
+    from prefect.states import Completed
+
+    import flows.nightly
+    from flows.nightly import publish_night
+
+    url, results, tonight = measured_night
+    latest, trends = results / "nightly-tiny.json", results / "trends.csv"
+    waiting, released = threading.Event(), threading.Event()
+
+    def pause(_seconds: float) -> None:  # tonight found the lock held: it waits until the test lets the other go
+        waiting.set()
+        assert released.wait(timeout=300)
+
+    monkeypatch.setattr(flows.nightly, "_pause", pause)
+    other = os.open(results, os.O_RDONLY | os.O_DIRECTORY)  # the other night's hold on the folder
+    failures: list[BaseException] = []
+
+    def publish(run: Path) -> None:
+        try:
+            publish_night(str(results), "tiny", run, Completed(message="no regression: 1 ok"), [], url)
+        except BaseException as exc:  # said by the test, in its thread
+            failures.append(exc)
+
+    try:
+        fcntl.flock(other, fcntl.LOCK_EX)
+        thread = threading.Thread(target=publish, args=(tonight,))
+        thread.start()
+        assert waiting.wait(timeout=300), "tonight's publishing did not wait for the lock"
+        assert not latest.exists() and not trends.exists()  # only its run folder's copy, which is its own
+        assert json.loads((tonight / latest.name).read_text())["run_id"] == tonight.name
+        fcntl.flock(other, fcntl.LOCK_UN)
+        released.set()
+        thread.join(timeout=300)
+        assert not thread.is_alive() and failures == []
+        assert json.loads(latest.read_text())["run_id"] == tonight.name and trends.is_file()
+
+        # The other night holds the lock and hangs: past the deadline (none here), the next night publishes anyway.
+        monkeypatch.setattr(flows.nightly, "PUBLISH_WAIT_S", 0.0)
+        monkeypatch.setattr(flows.nightly, "_pause", lambda _seconds: pytest.fail("waited past the deadline"))
+        fcntl.flock(other, fcntl.LOCK_EX)
+        later = make_run(results, "run-later", [100.0, 100.1, 99.9])
+        said: list[logging.LogRecord] = []
+
+        class Said(logging.Handler):  # the log of a night published outside a flow run
+            def emit(self, record: logging.LogRecord) -> None:
+                said.append(record)
+
+        handler = Said(logging.WARNING)
+        logging.getLogger("flows.nightly").addHandler(handler)
+        try:
+            publish(later)
+        finally:
+            logging.getLogger("flows.nightly").removeHandler(handler)
+        assert failures == [] and json.loads(latest.read_text())["run_id"] == later.name
+        assert [r.getMessage() for r in said] == [
+            f"another night has been publishing into {results} for 0 s (its trends.csv from the history): this night "
+            "publishes without waiting for it"]
+    finally:
+        released.set()
+        os.close(other)
 
 
 def test_a_measured_night_whose_figures_cannot_be_recorded_is_recorded_as_interrupted(

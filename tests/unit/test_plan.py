@@ -221,10 +221,17 @@ def test_set_type_error_names_origin_and_key(tmp_path: Path, value: str, message
 
 def test_existing_run_dir_is_refused(tmp_path: Path) -> None:
     (tmp_path / "results" / "run1").mkdir(parents=True)
+    (tmp_path / "results" / "run1" / "notes.txt").write_text("a run's\n")
     err = config_error(tmp_path, cases=[FP32], run_id="run1")
     assert err.source == "--results"
     assert "already exists" in err.message
     assert plan(tmp_path, cases=[FP32], run_id="run2").run_id == "run2"
+    # An empty folder holds nothing to overwrite (the nightly claims its run folder so before its evaluation); a
+    # link to one is no run folder.
+    (tmp_path / "results" / "run3").mkdir()
+    assert plan(tmp_path, cases=[FP32], run_id="run3").run_id == "run3"
+    (tmp_path / "results" / "run4").symlink_to(tmp_path / "results" / "run3")
+    assert "already exists" in config_error(tmp_path, cases=[FP32], run_id="run4").message
 
 
 def test_invalid_run_id(tmp_path: Path) -> None:
@@ -680,3 +687,31 @@ def test_a_relative_search_path_entry_is_the_folder_the_run_started_in_for_every
     assert listed.exit_code == 0 and "own-case" in listed.output, listed.output
     assert {name: os.environ[name] for name in relative} == {name: str(start / value)
                                                              for name, value in relative.items()}
+
+
+def test_a_relative_search_path_entry_from_a_removed_folder_is_one_line(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The folder a command was started in, removed since: a relative entry names nothing. One line naming the
+    variable and the entry, exit 2, no traceback (before: read from the project, `cases` named the project's own
+    cases a second time, and the command said a case was defined twice). A plan made there says the same."""
+    import subprocess
+    import sys
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    # The shell starts in the folder and removes it; the command then starts there, as from a removed folder.
+    done = subprocess.run(["/bin/sh", "-c", 'cd "$1" && rmdir "$1" && exec "$2" -c "$3" list cases', "sh", str(gone),
+                           sys.executable, "from flows.cli import main; main()"], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "FLAGPERF_CASE_PATH": "cases",
+                                            "PYTHONPATH": str(PROJECT_ROOT)})
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr == ("error: FLAGPERF_CASE_PATH: entry 'cases' is relative, and the folder this command "
+                           "started in no longer exists\n"), done.stderr
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", f"/abs/vendors{os.pathsep}my-vendors")
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    with pytest.raises(ConfigError) as info:
+        plan_run(cases=["computation-FP32"], results_dir=tmp_path / "results")
+    assert str(info.value) == ("FLAGPERF_VENDOR_PATH: entry 'my-vendors' is relative, and the folder this command "
+                               "started in no longer exists")

@@ -225,7 +225,7 @@ def test_a_container_image_gets_the_runs_vendor_and_cases_from_outside_the_proje
                           env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "OUT": str(tmp_path / "never"),
                                "SLURMD_NODENAME": "n1"})
     assert done.returncode == 96 and not Path(f"{tmp_path / 'never'}.args").exists(), done
-    assert done.stderr == (f"flagperf: FLAGPERF_VENDOR_PATH's vendor folder {vendors}/acme is missing or a link "
+    assert done.stderr == (f"flagperf-job: FLAGPERF_VENDOR_PATH's vendor folder {vendors}/acme is missing or a link "
                            "elsewhere on node n1, unlike on the controller: not mounted, the job stops\n"), done.stderr
     (vendors / "acme").unlink()
     (tmp_path / "acme-kept").rename(vendors / "acme")
@@ -365,7 +365,9 @@ sys.exit(worst)
     done, steps = run()
     assert done.returncode == 0 and done.stderr == "", done
     (check, main) = steps
-    assert check[:6] == ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "/bin/bash", "-c", check[5]], check
+    # Every node's check runs to its end, where the cluster's KillOnBadExit=1 would kill the others at the first 96
+    assert check[:7] == ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "/bin/bash", "-c",
+                         check[6]], check
     assert not any(a.startswith("--container") for a in check), check
     assert main[:3] == ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1"] and "--container-image=nvcr.io#nvidia/" \
         "pytorch:24.05-py3" in main and main[-3:] == ["-m", "flagperf.hosts.slurm_node", str(script.parent /
@@ -373,7 +375,7 @@ sys.exit(worst)
     # Node n2 alone sees another vendor folder: the first node, where the batch script runs, would pass.
     done, steps = run(ELSEWHERE_ON_N2=str(vendors / "acme"))
     assert done.returncode == 96 and len(steps) == 1, (done, steps)
-    assert done.stderr == (f"flagperf: FLAGPERF_VENDOR_PATH's vendor folder {vendors}/acme is missing or a link "
+    assert done.stderr == (f"flagperf-job: FLAGPERF_VENDOR_PATH's vendor folder {vendors}/acme is missing or a link "
                            "elsewhere on node n2, unlike on the controller: not mounted, the job stops\n"), done.stderr
     assert not (tmp_path / "marker").exists() and not list(tmp_path.glob("*/marker"))
     # A one-node round keeps the check in the batch script itself (it runs on the job's one node): no extra step.
@@ -386,12 +388,12 @@ def test_a_failure_quotes_every_failing_nodes_note_before_srun_noise(tmp_path: P
     quoted, not the last lines, where srun's own "task N: Exited" lines would crowd them out."""
     output = tmp_path / "slurm-7.out"
     nodes = [f"n{i}" for i in range(1, 11)]
-    output.write_text("".join(f"flagperf: FLAGPERF_VENDOR_PATH's vendor folder /v/cpu is missing or a link elsewhere "
-                              f"on node {node}, unlike on the controller: not mounted, the job stops\n"
+    output.write_text("".join(f"flagperf-job: FLAGPERF_VENDOR_PATH's vendor folder /v/cpu is missing or a link "
+                              f"elsewhere on node {node}, unlike on the controller: not mounted, the job stops\n"
                               f"srun: error: {node}: task {i}: Exited with exit code 96\n"
                               for i, node in enumerate(nodes)))
     summary = output_summary(output)
-    assert summary.startswith("its notes in slurm-7.out: flagperf: FLAGPERF_VENDOR_PATH's vendor folder /v/cpu")
+    assert summary.startswith("its notes in slurm-7.out: flagperf-job: FLAGPERF_VENDOR_PATH's vendor folder /v/cpu")
     assert [node for node in nodes if f"on node {node}," in summary] == nodes[:SUMMARY_LINES]
     assert summary.endswith(f"(and {len(nodes) - SUMMARY_LINES} more)")
     assert "srun: error" not in summary
@@ -399,5 +401,13 @@ def test_a_failure_quotes_every_failing_nodes_note_before_srun_noise(tmp_path: P
     output.write_text("".join(f"line {i}\n" for i in range(20)))  # no notes: the last lines, as before
     assert output_summary(output) == "last lines of slurm-7.out: " + " | ".join(
         f"line {i}" for i in range(20 - SUMMARY_LINES, 20))
+    # A job's command prints "flagperf: " lines of its own (the training worker's ranks, SlurmHost.run's command):
+    # they are output, not the job script's notes, and the failure quotes the output's end, where its error is.
+    output.write_text("flagperf: rank 1 joined the process group at 10.0.0.2:29501\n"
+                      "Traceback (most recent call last):\nRuntimeError: CUDA out of memory\n"
+                      "srun: error: n1: task 0: Exited with exit code 1\n")
+    assert output_summary(output) == ("last lines of slurm-7.out: flagperf: rank 1 joined the process group at "
+                                      "10.0.0.2:29501 | Traceback (most recent call last): | RuntimeError: CUDA out "
+                                      "of memory | srun: error: n1: task 0: Exited with exit code 1")
     output.write_text("")
     assert output_summary(output) == "last lines of slurm-7.out: (empty)"
