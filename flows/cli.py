@@ -35,7 +35,7 @@ from flagperf.config.plan import DEFAULT_SUITE, PLAN_FILE, available_suites, pla
 from flagperf.config.vendors import MANIFEST as VENDOR_MANIFEST
 from flagperf.config.vendors import available_vendors, load_vendor, load_vendor_manifest
 from flagperf.config.yamlio import load_yaml_mapping
-from flagperf.errors import ConfigError, FlagperfError
+from flagperf.errors import ConfigError, FlagperfError, findings
 from flagperf.hosts.capacity import check_capacity_here
 from flagperf.hosts.flagperf_training import CLUSTER_CONF, default_cluster_conf, load_training_conf, open_inventory
 from flagperf.hosts.inventory import Inventory, load_inventory, local_inventory
@@ -318,11 +318,13 @@ def run(
     # Everything is checked before anything is made: the results folder only once the input is good.
     try:
         with _held_core_warnings() as warnings:
+            if host_config and "HOSTS" not in (given := load_yaml_mapping(host_config)):  # before it is read as one
+                looks = "this looks like a suite file; " if "cases" in given else ""
+                raise ConfigError(display_path(host_config), "HOSTS", f"required key is missing ({looks}--host-config "
+                                                                      "takes FlagPerf's host.yaml)")
             inv = open_inventory(inventory_file, cluster_conf) if test_conf else (
                 load_inventory(inventory_file) if inventory_file else local_inventory())
             rounds = rounds if rounds is not None else inv.rounds
-            if host_config and "HOSTS" not in load_yaml_mapping(host_config):
-                raise ConfigError(display_path(host_config), "HOSTS", "required key is missing (is this a host.yaml?)")
             vendor = inv.resolve_vendor(vendor)
             if not suite and not case_list and inv.cases:
                 case_list = list(inv.cases)
@@ -1007,7 +1009,8 @@ def validate(files: Annotated[list[Path], typer.Argument(help="config files to c
                     kind = _validate_file(path)
             except FlagperfError as exc:
                 bad, checked = bad + 1, checked + 1
-                err_console.print(f"[red]error[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+                for finding in findings(exc):  # every finding of the file, each its own line
+                    err_console.print(f"[red]error[/] {escape(str(finding))}", highlight=False, soft_wrap=True)
             else:
                 checked += 1
                 console.print(f"[green]ok[/]    {escape(str(path))} ({kind})", highlight=False)
