@@ -7,7 +7,6 @@ SIGTERM) when it was interrupted (the report of what was done is still written).
 
 from __future__ import annotations
 
-import errno
 import functools
 import logging
 import os
@@ -581,10 +580,12 @@ def _run_folder(path: Path, option: str) -> Path:
     if not path.is_dir():
         raise _fail(f"{option} {path}: not a folder")
     if not any(path.glob("*/round*/*_noderank*/result.json")):
-        runs = sorted(p for p in path.glob("*/*/round*/*_noderank*/result.json"))  # results/ rather than a run in it
+        # results/ rather than a run in it; run ids sort by their start
+        runs = sorted({p.parents[3] for p in path.glob("*/*/round*/*_noderank*/result.json")})
         if runs:
-            raise _fail(f"{option} {path}: not a run folder but a folder of runs; give one of them, e.g. "
-                        f"{runs[-1].parents[3]}")
+            finished = [run for run in runs if (run / SUMMARY_JSON).is_file()]  # a run's last step writes it
+            example = f"{finished[-1]}" if finished else f"{runs[-1]} (unfinished: no {SUMMARY_JSON} yet)"
+            raise _fail(f"{option} {path}: not a run folder but a folder of runs; give one of them, e.g. {example}")
         raise _fail(f"{option} {path}: no <case>/round<N>/<host>_noderank<K>/result.json inside; not a run folder")
     return path
 
@@ -628,6 +629,8 @@ def compare(
         serving_comparison_markdown,
     )
 
+    if out is not None and (problem := _out_file_problem(out)):  # bad input is refused before anything is said
+        raise _fail(f"--out {out}: {problem}")
     rows, _ = compare_runs(_run_folder(run_a, "RUN_A"), _run_folder(run_b, "RUN_B"))
     serving = compare_serving_runs(run_a, run_b)
     table = Table(*HEADER, title=f"A = {run_a.name}, B = {run_b.name}", title_justify="left")
@@ -642,8 +645,6 @@ def compare(
         console.print(escape("\n".join(["", *serving_comparison_markdown(serving)])), highlight=False)
     if out is not None:
         try:
-            if not out.parent.is_dir():  # the folder is the user's to make
-                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(out.parent))
             with _if_interrupted(f"interrupted; --out {out} was not written (one there before is as it was)"), \
                     atomic_path(out) as partial:  # whole or not at all
                 partial.write_text(render_markdown(run_a, run_b, rows, serving), encoding="utf-8")
@@ -651,6 +652,20 @@ def compare(
             raise _fail(f"--out {out}: {exc.strerror or exc}") from None
         with _if_interrupted(f"interrupted; --out {out} was written whole"):
             console.print(f"written to {escape(str(out))}", highlight=False)
+
+
+def _out_file_problem(out: Path) -> str | None:
+    """Why a file cannot be written at ``out`` (None: it can, as far as can be told before writing): the folder
+    is the user's to make, and it must be writable."""
+    folder = out.parent
+    if out.is_dir():
+        return "is a folder; give the file to write"
+    if not folder.is_dir():
+        return f"folder {folder} does not exist" if not (folder.exists() or folder.is_symlink()) else \
+            f"{folder} is not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"folder {folder} is not writable"
+    return None
 
 
 EXIT_HOST_FAILED = 4  # flagperf diagnose: some host failed a rule
