@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 MAX_LINE = 500  # an error line stays readable, whatever value it quotes
 LISTED_IN_FULL = 12  # more known names than this: the error says which command lists them (the line would be cut)
@@ -14,15 +15,51 @@ class FlagperfError(Exception):
 
 
 class ConfigError(FlagperfError):
-    """A configuration value or file is wrong. ``source`` is a file path (or '--set'), ``key`` a dotted key."""
+    """A configuration value or file is wrong. ``source`` is a file path (or '--set'), ``key`` a dotted key.
+    ``more``: further findings of the same check (`flagperf validate` prints each; elsewhere the first one is
+    the error)."""
 
     def __init__(self, source: object, key: str | None, message: str) -> None:
         self.source = str(source)
         self.key = key
         self.message = message
+        self.more: list[ConfigError] = []
         where = f"{self.source}: {key}" if key else self.source
         line = " ".join(f"{where}: {message}".split())  # one line, whatever a message quoted
         super().__init__(line if len(line) <= MAX_LINE else line[:MAX_LINE - 3] + "...")
+
+
+MAX_FINDINGS = 20  # findings of one check listed at most (a list of a thousand bad items is not a thousand lines)
+
+
+def gathered(errors: Iterable[ConfigError]) -> ConfigError:
+    """Several findings as one error: the first, carrying the others (and theirs) in ``more``, each once."""
+    flat: list[ConfigError] = []
+    for error in errors:
+        for finding in (error, *error.more):
+            if str(finding) not in {str(seen) for seen in flat}:
+                flat.append(finding)
+    if not flat:
+        raise ValueError("gathered() needs at least one error")
+    first = flat[0]
+    first.more = flat[1:MAX_FINDINGS]
+    for finding in first.more:
+        finding.more = []
+    return first
+
+
+def findings(error: FlagperfError) -> list[FlagperfError]:
+    """Every finding an error carries: itself, then those in its ``more``."""
+    return [error, *getattr(error, "more", [])]
+
+
+def validation_message(error: Mapping[str, Any]) -> str:
+    """A pydantic error's message in the validator's own words: without the "Value error, " or "Assertion
+    failed, " pydantic puts before a ValueError's or an assert's text."""
+    raised = (error.get("ctx") or {}).get("error")
+    if error.get("type") in ("value_error", "assertion_error") and isinstance(raised, BaseException) and str(raised):
+        return str(raised)
+    return str(error.get("msg", "")).removeprefix("Value error, ").removeprefix("Assertion failed, ")
 
 
 def nearest(name: str, names: Iterable[str]) -> list[str]:

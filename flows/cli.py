@@ -7,7 +7,6 @@ SIGTERM) when it was interrupted (the report of what was done is still written).
 
 from __future__ import annotations
 
-import errno
 import functools
 import logging
 import os
@@ -31,7 +30,7 @@ from typer.core import TyperGroup
 
 # Only what every command needs is imported here: each command imports the rest itself, so that `--help`, `list`
 # and `validate` start without pandas, paramiko or the report's Markdown (bench/cli_startup.py measures it).
-from flagperf.errors import ConfigError, FlagperfError
+from flagperf.errors import ConfigError, FlagperfError, findings
 from flagperf.paths import StartFolderGone, display_path, pin_search_paths
 from flagperf.stopping import STOP_NOW_AT, put_back, stop_now, take
 from flagperf.stopping import reset as reset_signals_taken
@@ -325,11 +324,13 @@ def run(
     # Everything is checked before anything is made: the results folder only once the input is good.
     try:
         with _held_core_warnings() as warnings:
+            if host_config and "HOSTS" not in (given := load_yaml_mapping(host_config)):  # before it is read as one
+                looks = "this looks like a suite file; " if "cases" in given else ""
+                raise ConfigError(display_path(host_config), "HOSTS", f"required key is missing ({looks}--host-config "
+                                                                      "takes FlagPerf's host.yaml)")
             inv = open_inventory(inventory_file, cluster_conf) if test_conf else (
                 load_inventory(inventory_file) if inventory_file else local_inventory())
             rounds = rounds if rounds is not None else inv.rounds
-            if host_config and "HOSTS" not in load_yaml_mapping(host_config):
-                raise ConfigError(display_path(host_config), "HOSTS", "required key is missing (is this a host.yaml?)")
             vendor = inv.resolve_vendor(vendor)
             if not suite and not case_list and inv.cases:
                 case_list = list(inv.cases)
@@ -596,10 +597,14 @@ def _run_folder(path: Path, option: str) -> Path:
     if not path.is_dir():
         raise _fail(f"{option} {path}: not a folder")
     if not any(path.glob("*/round*/*_noderank*/result.json")):
-        runs = sorted(p for p in path.glob("*/*/round*/*_noderank*/result.json"))  # results/ rather than a run in it
+        # results/ rather than a run in it; run ids sort by their start
+        runs = sorted({p.parents[3] for p in path.glob("*/*/round*/*_noderank*/result.json")})
         if runs:
-            raise _fail(f"{option} {path}: not a run folder but a folder of runs; give one of them, e.g. "
-                        f"{runs[-1].parents[3]}")
+            from flagperf.results.summary import SUMMARY_JSON
+
+            finished = [run for run in runs if (run / SUMMARY_JSON).is_file()]  # a run's last step writes it
+            example = f"{finished[-1]}" if finished else f"{runs[-1]} (unfinished: no {SUMMARY_JSON} yet)"
+            raise _fail(f"{option} {path}: not a run folder but a folder of runs; give one of them, e.g. {example}")
         raise _fail(f"{option} {path}: no <case>/round<N>/<host>_noderank<K>/result.json inside; not a run folder")
     return path
 
@@ -646,6 +651,8 @@ def compare(
     )
     from flagperf.results.schema import atomic_path
 
+    if out is not None and (problem := _out_file_problem(out)):  # bad input is refused before anything is said
+        raise _fail(f"--out {out}: {problem}")
     rows, _ = compare_runs(_run_folder(run_a, "RUN_A"), _run_folder(run_b, "RUN_B"))
     serving = compare_serving_runs(run_a, run_b)
     table = Table(*HEADER, title=f"A = {run_a.name}, B = {run_b.name}", title_justify="left")
@@ -660,8 +667,6 @@ def compare(
         console.print(escape("\n".join(["", *serving_comparison_markdown(serving)])), highlight=False)
     if out is not None:
         try:
-            if not out.parent.is_dir():  # the folder is the user's to make
-                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(out.parent))
             with _if_interrupted(f"interrupted; --out {out} was not written (one there before is as it was)"), \
                     atomic_path(out) as partial:  # whole or not at all
                 partial.write_text(render_markdown(run_a, run_b, rows, serving), encoding="utf-8")
@@ -669,6 +674,20 @@ def compare(
             raise _fail(f"--out {out}: {exc.strerror or exc}") from None
         with _if_interrupted(f"interrupted; --out {out} was written whole"):
             console.print(f"written to {escape(str(out))}", highlight=False)
+
+
+def _out_file_problem(out: Path) -> str | None:
+    """Why a file cannot be written at ``out`` (None: it can, as far as can be told before writing): the folder
+    is the user's to make, and it must be writable."""
+    folder = out.parent
+    if out.is_dir():
+        return "is a folder; give the file to write"
+    if not folder.is_dir():
+        return f"folder {folder} does not exist" if not (folder.exists() or folder.is_symlink()) else \
+            f"{folder} is not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"folder {folder} is not writable"
+    return None
 
 
 EXIT_HOST_FAILED = 4  # flagperf diagnose: some host failed a rule
@@ -1058,7 +1077,8 @@ def validate(files: Annotated[list[Path], typer.Argument(help="config files to c
                     kind = _validate_file(path)
             except FlagperfError as exc:
                 bad, checked = bad + 1, checked + 1
-                err_console.print(f"[red]error[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+                for finding in findings(exc):  # every finding of the file, each its own line
+                    err_console.print(f"[red]error[/] {escape(str(finding))}", highlight=False, soft_wrap=True)
             else:
                 checked += 1
                 console.print(f"[green]ok[/]    {escape(str(path))} ({kind})", highlight=False)

@@ -48,7 +48,7 @@ from flagperf.config.models import (
 from flagperf.config.pyliterals import read_literal_file
 from flagperf.config.vendors import import_file
 from flagperf.config.yamlio import load_yaml_mapping
-from flagperf.errors import ConfigError, missing_extra, unknown_name
+from flagperf.errors import ConfigError, gathered, missing_extra, unknown_name
 from flagperf.paths import case_roots, display_path
 
 MANIFEST = "case.yaml"
@@ -330,14 +330,19 @@ def settable_keys(case: CaseDef, vendor: str) -> set[str]:
 
 
 def _apply_run_overrides(case: CaseDef, vendor: str, merged: MergedConfig,
-                         run_overrides: list[tuple[str, dict[str, Any]]]) -> None:
+                         run_overrides: list[tuple[str, dict[str, Any]]]) -> list[ConfigError]:
     """Run overrides in order. An engine's option (inductor_mode ...) that is not already a key of the case is
-    set once the compiler is known, and only if that compiler reads it."""
+    set once the compiler is known, and only if that compiler reads it. Returns the keys refused (unknown, or
+    a parameter): the others are set, so that the case's Config can say what else is wrong, all at once."""
     by_engine = engine_option_keys(case, vendor)
     engine_keys = set().union(*by_engine.values()) - set(merged.values)
     deferred: list[tuple[str, str, Any]] = []
+    refused: list[ConfigError] = []
     for source, overrides in run_overrides:
-        apply_run_overrides(merged, {k: v for k, v in overrides.items() if k not in engine_keys}, source)
+        try:
+            apply_run_overrides(merged, {k: v for k, v in overrides.items() if k not in engine_keys}, source)
+        except ConfigError as exc:
+            refused.append(exc)
         deferred += [(source, k, v) for k, v in overrides.items() if k in engine_keys]
     compiler = merged.values.get("compiler")
     for source, key, value in deferred:
@@ -347,6 +352,7 @@ def _apply_run_overrides(case: CaseDef, vendor: str, merged: MergedConfig,
         merged.values[key] = value
         merged.origins[key] = source
         merged.run_overrides.setdefault(source, {})[key] = value
+    return refused
 
 
 def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[str, dict[str, Any]]],
@@ -374,12 +380,14 @@ def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[st
         merged.origins.update(dict.fromkeys(case.manifest.parameters, parameters_source))
         _fill_model_defaults(case, merged)
         refuse_keys_not_read(merged.values, merged.origins, display_path(case.manifest_path))
-    _apply_run_overrides(case, vendor, merged, run_overrides)
+    refused = _apply_run_overrides(case, vendor, merged, run_overrides)
     try:
         model = case.config_model.model_validate(merged.values, context={CASE_FOLDER: case.folder})
     except ValidationError as exc:
-        raise pydantic_error_to_config_error(exc, display_path(case.manifest_path), merged.origins,
-                                             model=case.config_model) from None
+        raise gathered([*refused, pydantic_error_to_config_error(exc, display_path(case.manifest_path),
+                                                                 merged.origins, model=case.config_model)]) from None
+    if refused:
+        raise gathered(refused)
     model.check_for_vendor(merged.origins, display_path(case.manifest_path), vendor or None, files_are_local)
     merged.values = model.model_dump(mode="json")
     return merged

@@ -22,7 +22,7 @@ from typing import Any, Literal, TypeVar, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from flagperf.config.yamlio import load_yaml_mapping, parse_yaml_text
-from flagperf.errors import ConfigError, nearest
+from flagperf.errors import LISTED_IN_FULL, ConfigError, gathered, nearest, unknown_name, validation_message
 from flagperf.paths import NAME_PATTERN, display_path
 
 log = logging.getLogger("flagperf.config.models")
@@ -60,12 +60,33 @@ def check_name(value: str, what: str) -> str:
 
 def pydantic_error_to_config_error(exc: ValidationError, source: str, origins: dict[str, str] | None = None,
                                    model: type[BaseModel] | None = None) -> ConfigError:
-    """The first validation error, as one line naming the file the offending key came from; with ``model``, an
-    unknown key names the accepted keys nearest to it (a misspelling)."""
+    """Every validation error, each as one line naming the file the offending key came from: the first is the
+    error, the others its ``more`` (`flagperf validate` prints them all). With ``model``, an unknown key names
+    the accepted keys nearest to it (a misspelling)."""
     errors = exc.errors()
-    err = errors[0]
-    if err["type"] == "missing":  # a required key misspelt: the unknown key beside it is the one to name
-        err = next((e for e in errors if e["type"] == "extra_forbidden" and e["loc"][:-1] == err["loc"][:-1]), err)
+    extras = [e for e in errors if e["type"] == "extra_forbidden"]
+    kept: list[dict[str, Any]] = []
+    for err in errors:
+        if err["type"] == "missing" and any(e["loc"][:-1] == err["loc"][:-1] for e in extras):
+            continue  # a required key misspelt: the unknown key beside it is the one to name
+        if any(_same_value_other_branch(err, earlier) for earlier in kept):
+            continue  # one line for a value, not one per member of a union it matches none of
+        kept.append(err)
+    if not kept:  # only missing keys, each beside an unknown one: name the first as it is
+        kept = errors[:1]
+    return gathered(_error_line(err, source, origins, model) for err in kept)
+
+
+def _same_value_other_branch(err: Any, earlier: Any) -> bool:
+    """``err`` is ``earlier``'s value failing another member of the same union (pydantic reports each member)."""
+    loc, seen = err["loc"], earlier["loc"]
+    return (len(loc) == len(seen) > 0 and loc[:-1] == seen[:-1] and isinstance(loc[-1], str)
+            and isinstance(seen[-1], str) and err["type"] != earlier["type"] and "input" in err
+            and err["input"] is earlier.get("input") and err["type"] not in ("extra_forbidden", "missing"))
+
+
+def _error_line(err: Any, source: str, origins: dict[str, str] | None, model: type[BaseModel] | None
+                ) -> ConfigError:
     named = (err.get("ctx") or {}).get(KEY_OF_MODEL_ERROR)  # a model validator's error about one key
     loc = err["loc"] or (tuple(str(named).split(".")) if named else ())
     key = ".".join(str(part) for part in loc) or None
@@ -73,14 +94,18 @@ def pydantic_error_to_config_error(exc: ValidationError, source: str, origins: d
     # The longest part of the key that has an origin: a dotted --set (slo.ttft_s) names its own.
     where = next((origins[k] for k in (".".join(str(p) for p in loc[:n]) for n in range(len(loc), 0, -1))
                   if k in (origins or {})), (origins or {}).get(top, source)) if origins else source
-    message = err["msg"]
+    message = validation_message(err)
     if err["type"] == "extra_forbidden":
-        close = nearest(str(err["loc"][-1]), _accepted_keys(model, err["loc"])) if model and err["loc"] else []
-        message = "unknown key" + (f" (did you mean {' or '.join(close)}?)" if close else "")
+        accepted = _accepted_keys(model, err["loc"]) if model and err["loc"] else []
+        close = nearest(str(err["loc"][-1]), accepted)
+        message = "unknown key" + (f" (did you mean {' or '.join(close)}?)" if close else
+                                   f" (known: {', '.join(accepted)})" if 0 < len(accepted) <= LISTED_IN_FULL else "")
     elif err["type"] == "missing":
         message = "required key is missing"
     elif "input" in err and err["type"] != HIDDEN_INPUT:
-        message = f"{message} (got {short_repr(err['input'])})"
+        shown = short_repr(err["input"])
+        if not (isinstance(err["input"], str) and shown in message):  # a validator that quoted it said it once
+            message = f"{message} (got {shown})"
     return ConfigError(where, key, message)
 
 
@@ -161,7 +186,7 @@ class CaseManifest(StrictModel):
     @classmethod
     def _peak(cls, value: str | None) -> str | None:
         if value is not None and value not in PEAK_KEYS:
-            raise ValueError(f"unknown peak {value!r} (spec-table keys: {', '.join(sorted(PEAK_KEYS))})")
+            raise ValueError(unknown_name("peak", value, PEAK_KEYS).replace("known:", "spec-table keys:"))
         return value
 
     @field_validator("entry")
@@ -182,7 +207,7 @@ class CaseManifest(StrictModel):
 class SuiteFile(StrictModel):
     """deployments/suites/<name>.yaml: which cases, how many rounds, and run-level overrides."""
 
-    name: str
+    name: str = Field(description="the suite's name: the file's name without .yaml (`--suite NAME` finds it)")
     description: str = ""
     cases: list[str] = Field(min_length=1)
     rounds: int = Field(default=1, ge=1, le=100)
@@ -274,19 +299,26 @@ def _same_value(a: Any, b: Any) -> bool:
 def apply_run_overrides(merged: MergedConfig, overrides: dict[str, Any], source: str) -> None:
     """Run-level overrides (suite or --set): only existing configuration keys, never parameters. A dotted key
     (``slo.ttft_s``, from --set) sets one key inside a mapping; the case's Config then checks that key."""
+    refused: list[ConfigError] = []  # every key refused, not the first only (a suite's findings are all said)
     for key, value in overrides.items():
         top = key.split(".", 1)[0]
         if top in merged.parameters:
-            raise ConfigError(source, key, "is a case parameter and cannot be overridden")
+            refused.append(ConfigError(source, key, "is a case parameter and cannot be overridden"))
+            continue
         if top not in merged.values:
-            known = ", ".join(sorted(k for k in merged.values if k not in merged.parameters))
-            raise ConfigError(source, key, f"unknown key{f' {top!r}' if top != key else ''} (known: {known})")
+            known = sorted(k for k in merged.values if k not in merged.parameters)
+            close = nearest(top, known)  # a typo is the usual cause: the nearest keys say more than all of them
+            hint = f"did you mean {' or '.join(close)}?" if close else f"known: {', '.join(known)}"
+            refused.append(ConfigError(source, key, f"unknown key{f' {top!r}' if top != key else ''} ({hint})"))
+            continue
         if top != key:
             merged.values[top] = _with_path_set(merged.values[top], key, value, source)
         else:
             merged.values[key] = value
         merged.origins[key] = source
         merged.run_overrides.setdefault(source, {})[key] = value
+    if refused:
+        raise gathered(refused)
 
 
 def _with_path_set(mapping: Any, path: str, value: Any, source: str) -> dict[str, Any]:
@@ -370,7 +402,16 @@ def load_model(path: Path, model: type[ModelT]) -> ModelT:
 
 
 def load_suite(path: Path) -> SuiteFile:
-    suite = load_model(path, SuiteFile)
+    data = load_yaml_mapping(path)
+    try:
+        suite = SuiteFile.model_validate(data)
+    except ValidationError as exc:
+        error = pydantic_error_to_config_error(exc, display_path(path), model=SuiteFile)
+        if "cases" not in data and ("hosts" in data or "HOSTS" in data) and error.message.startswith("unknown key"):
+            # an inventory given where a suite goes: said instead of the suite's keys
+            error = gathered([ConfigError(error.source, error.key, "unknown key (this looks like an inventory; "
+                                          "--suite takes a suite: name, cases, rounds, overrides)"), *error.more])
+        raise error from None
     if suite.name != path.stem:
         raise ConfigError(display_path(path), "name", f"must match the file name ({path.stem!r}), got {suite.name!r}")
     return suite

@@ -16,12 +16,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from flagperf.config.adaptation import read_adaptation
-from flagperf.config.cases import available_cases, load_case, resolve_case_config, settable_keys
+from flagperf.config.cases import CaseDef, available_cases, load_case, resolve_case_config, settable_keys
 from flagperf.config.files import is_present, read_config_text
 from flagperf.config.inferencekeys import not_read_message
 from flagperf.config.models import SetOverride, load_suite, parse_set_override
 from flagperf.config.vendors import Vendor, load_vendor
-from flagperf.errors import ConfigError, nearest, unknown_name
+from flagperf.errors import ConfigError, gathered, nearest, unknown_name, validation_message
 from flagperf.paths import (
     CASE_PATH_ENV,
     NAME_PATTERN,
@@ -163,6 +163,7 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
     suite_name: str | None = None
     suite_overrides: dict[str, dict[str, Any]] = {}
     suite_source = ""
+    problems: list[ConfigError] = []  # a suite's findings, gathered: `flagperf validate` prints each
     if cases:
         names = list(cases)
         for name in names:
@@ -180,29 +181,40 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
         suite_name, names, suite_rounds = suite_file.name, list(suite_file.cases), suite_file.rounds
         suite_overrides = dict(suite_file.overrides)
         suite_source = display_path(path)
-        for case_name in suite_overrides:
-            if case_name != "*" and case_name not in names:
-                raise ConfigError(suite_source, f"overrides.{case_name}", "is not one of the suite's cases")
+        problems += [ConfigError(suite_source, f"overrides.{case_name}", "is not one of the suite's cases")
+                     for case_name in suite_overrides if case_name != "*" and case_name not in names]
 
     if rounds is not None and not 1 <= rounds <= 100:
         raise ConfigError("--rounds", None, f"must be between 1 and 100, got {rounds}")
+    defs: dict[str, CaseDef] = {}
     for name in names:
         if suite_name and name not in known:
-            raise ConfigError(suite_source, "cases", unknown_name("case", name, known, "flagperf list cases"))
-    defs = {name: load_case(name, known) for name in names}
-    for name, case in defs.items():  # the vendor's adaptation of each case, read (never run) before anything starts
-        read_adaptation(case.folder, name, case.family, resolved_vendor.name)
+            problems.append(ConfigError(suite_source, "cases",
+                                        unknown_name("case", name, known, "flagperf list cases")))
+            continue
+        try:
+            defs[name] = load_case(name, known)
+            # the vendor's adaptation of the case, read (never run) before anything starts
+            read_adaptation(defs[name].folder, name, defs[name].family, resolved_vendor.name)
+        except ConfigError as exc:
+            problems.append(exc)
+            defs.pop(name, None)
+    if len(defs) < len(names):  # the steps below need every case: stop here with what was found
+        raise gathered(problems)
 
     configurable = {name: settable_keys(d, vendor) for name, d in defs.items()}
     parsed: list[SetOverride] = [parse_set_override(text, names) for text in sets]
 
     layers: dict[str, list[tuple[str, dict[str, Any]]]] = {name: [] for name in names}
     if suite_overrides:
-        for case_name, values in _spread(suite_overrides.get("*", {}), suite_source, "overrides.*.",
-                                         configurable).items():
-            layers[case_name].append((suite_source, values))
+        try:
+            for case_name, values in _spread(suite_overrides.get("*", {}), suite_source, "overrides.*.",
+                                             configurable).items():
+                layers[case_name].append((suite_source, values))
+        except ConfigError as exc:
+            problems.append(exc)
         for case_name, values in suite_overrides.items():
-            if case_name != "*":
+            if case_name in layers:  # one not of the suite's cases is a finding above
                 layers[case_name].append((suite_source, values))
     for key, value in (inventory_overrides or {}).items():
         only, _, bare = key.rpartition(".")  # "KEY": every case that has it; "CASE.KEY": that case
@@ -210,20 +222,25 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
             if only == case_name or (not only and bare in defs[case_name].manifest.configurations):
                 layers[case_name].append((inventory_source, {bare: value}))
     general = {o.key: o.value for o in parsed if o.case is None}
-    for case_name, values in _spread(general, "--set", "", configurable).items():
-        layers[case_name].append(("--set", values))
+    try:
+        for case_name, values in _spread(general, "--set", "", configurable).items():
+            layers[case_name].append(("--set", values))
+    except ConfigError as exc:
+        raise gathered([*problems, exc]) from None
     for override in parsed:
         if override.case is not None:
             layers[override.case].append(("--set", {override.key: override.value}))
-
-    for case_name in names:
-        _name_endpoint(case_name, defs[case_name], layers[case_name], inventory_endpoints or {}, inventory_source)
 
     # Files a config names are read where the case runs: checkable here only when every host is this machine.
     files_are_local = all((h.get("transport") or "local") == "local" for h in hosts or [])
     plans = []
     for name in names:
-        merged = resolve_case_config(defs[name], vendor, layers[name], hardware, files_are_local=files_are_local)
+        try:
+            _name_endpoint(name, defs[name], layers[name], inventory_endpoints or {}, inventory_source)
+            merged = resolve_case_config(defs[name], vendor, layers[name], hardware, files_are_local=files_are_local)
+        except ConfigError as exc:  # each case's findings, every case: a suite's problems are all said at once
+            problems += [_where_in_suite(finding, suite_source, name, suite_overrides) for finding in [exc, *exc.more]]
+            continue
         plans.append(CasePlan(
             name=name, family=defs[name].family, description=defs[name].manifest.description,
             config=merged.values, origins=merged.origins, run_overrides=merged.run_overrides,
@@ -231,6 +248,8 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
             vendor_new_keys=merged.vendor_new_keys,
             timeout_s=float(merged.values["timeout_s"]), max_retries=int(merged.values["max_retries"]),
         ))
+    if problems:
+        raise gathered(problems)
 
     log_vendor_changes(resolved_vendor.name, plans)
     run_id = run_id or new_run_id()
@@ -266,6 +285,19 @@ def moved_search_paths(earlier: RunPlan, plan: RunPlan) -> str:
              for variable in (VENDOR_PATH_ENV, CASE_PATH_ENV)
              if earlier.search_paths.get(variable, []) != plan.search_paths.get(variable, [])]
     return f"the run's {'; '.join(moved)}; a relative entry is from where the command started" if moved else ""
+
+
+def _where_in_suite(error: ConfigError, suite_source: str, case_name: str,
+                    suite_overrides: dict[str, dict[str, Any]]) -> ConfigError:
+    """A finding about a value the suite file set, keyed by its path in that file
+    (overrides.<case>.<key>, or overrides.*.<key>), as the file's other findings are."""
+    if error.source != suite_source or not error.key:
+        return error
+    top = error.key.split(".", 1)[0]
+    for section in (case_name, "*"):
+        if any(key == error.key or key.split(".", 1)[0] == top for key in suite_overrides.get(section, {})):
+            return ConfigError(error.source, f"overrides.{section}.{error.key}", error.message)
+    return error
 
 
 def _name_endpoint(case_name: str, case: Any, layers: list[tuple[str, dict[str, Any]]],
@@ -309,7 +341,7 @@ def read_plan(run_dir: Path) -> RunPlan:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
         raise ConfigError(display_path(path), None, f"{NOT_A_PLAN} ({exc.error_count()} problem(s); first: "
-                          f"{where + ': ' if where else ''}{first['msg']})") from None
+                          f"{where + ': ' if where else ''}{validation_message(first)})") from None
 
 
 def _is_empty_folder(path: Path) -> bool:

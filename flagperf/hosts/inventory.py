@@ -35,7 +35,7 @@ from flagperf.config.vendors import (
     spec_settings_problem,
 )
 from flagperf.config.yamlio import load_yaml_mapping
-from flagperf.errors import ConfigError, unknown_name
+from flagperf.errors import ConfigError, gathered, unknown_name
 from flagperf.hosts.container_policy import (
     ENV_NAME,
     PolicyError,
@@ -573,41 +573,30 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
     try:
         parsed = InventoryFile.model_validate(data)
     except ValidationError as exc:
-        raise pydantic_error_to_config_error(exc, source) from None
+        raise _suite_hint(pydantic_error_to_config_error(exc, source, model=InventoryFile), data) from None
+    problems: list[ConfigError] = []  # every host entry's and endpoint's findings, all at once
     if parsed.vendor is not None:
-        check_vendor(parsed.vendor, source, "vendor")
+        try:
+            check_vendor(parsed.vendor, source, "vendor")
+        except ConfigError as exc:
+            problems.append(exc)
     hosts: list[HostSpec] = []
     entries: list[int] = []  # each host's entry in the file (a Slurm entry stands for several hosts)
     for i, entry in enumerate(parsed.hosts):
-        merged = {**parsed.defaults, **entry}
-        if "port" not in entry and _port_in(entry.get("address")):
-            merged.pop("port", None)  # a port written in the host's own address wins over the defaults'
-        for section in ("docker", "spec_settings"):  # merged key by key: a host sets what differs from the defaults
-            if isinstance(parsed.defaults.get(section), dict) and isinstance(entry.get(section), dict):
-                merged[section] = {**parsed.defaults[section], **entry[section]}
-        settings = merged.get("spec_settings")
-        problem = spec_settings_problem(settings) if isinstance(settings, dict) else None
-        if problem:  # here, where the key is known: the model's own check names only spec_settings
-            key = f"hosts.{i}.spec_settings" if problem[0] in (entry.get("spec_settings") or {}) \
-                else "defaults.spec_settings"
-            raise ConfigError(source, f"{key}.{problem[0]}", problem[1])
         try:
-            spec = HostSpec.model_validate(merged)
-            slots = [HostSpec.model_validate(slot.model_dump()) for slot in slurm_slots(spec)]  # a Slurm entry's nodes
-        except ValidationError as exc:
-            error = pydantic_error_to_config_error(exc, source, model=HostSpec)
-            raise ConfigError(source, _entry_key(error.key, entry, parsed.defaults, i), error.message) from None
-        problem = slurm_entry_problem(spec.env) if spec.slurm is not None else None
-        if problem:
-            raise ConfigError(source, f"hosts.{i}.{problem[0]}", problem[1])
-        # A remote host left without project_root uses the controller's own folder, which holds to the same rule.
-        default_problem = (project_root_problem(PROJECT_ROOT)
-                           if spec.project_root is None and spec.transport != "local" else None)
-        if default_problem:
-            raise ConfigError(source, f"hosts.{i}.project_root", "not given, and the default, this project's folder "
-                              f"on the controller, cannot be a host's: {default_problem}; give project_root")
+            slots = _host_entry(parsed, i, entry, source)
+        except ConfigError as exc:
+            problems.append(exc)
+            continue
         hosts.extend(_expand(slot, base) for slot in slots)
         entries += [i] * len(slots)
+    for name, entry in parsed.endpoints.items():
+        try:
+            _check_endpoint(name, entry, source)
+        except ConfigError as exc:
+            problems.append(exc)
+    if problems:
+        raise gathered(problems)
     names = [h.name for h in hosts]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -622,23 +611,73 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
                     raise ConfigError(source, f"hosts.{i}.{exc.key}", exc.message) from None
         _LOADED[spec.model_dump_json()] = spec
         _ORIGINS[spec.model_dump_json()] = (source, f"hosts.{i}.")
-    for name, entry in parsed.endpoints.items():
-        try:
-            check_name(name, "endpoint name")
-        except ValueError as exc:
-            raise ConfigError(source, f"endpoints.{name}", str(exc)) from None
-        if not isinstance(entry, dict):  # not quoted: a URL with a password written in its place is still one
-            raise ConfigError(source, f"endpoints.{name}", "must be a mapping (base_url, model, api_key, devices)")
-        try:  # here, not only when a case names it: a literal key must not sit in an inventory unnoticed
-            Endpoint.model_validate(entry)
-        except ValidationError as exc:
-            error = pydantic_error_to_config_error(exc, source)
-            raise ConfigError(source, f"endpoints.{name}.{error.key}" if error.key else f"endpoints.{name}",
-                              error.message) from None
     if parsed.vendor is not None:  # also where the file is only validated (flagperf validate)
         check_spec_settings_keys(hosts, parsed.vendor)
     return Inventory(hosts=hosts, source=source, vendor=parsed.vendor, master_port=parsed.master_port,
                      endpoints=dict(parsed.endpoints))
+
+
+# The top-level keys of a suite file (flagperf.config.models.SuiteFile) that an inventory does not have: a suite
+# given where an inventory is expected is named as such.
+SUITE_KEYS = frozenset({"cases", "rounds", "overrides", "name", "description"})
+
+
+def _suite_hint(error: ConfigError, data: dict[str, Any]) -> ConfigError:
+    """An unknown top-level key of a file that looks like a suite (cases, no hosts): said so, instead of the
+    inventory's keys."""
+    if "hosts" in data or "cases" not in data or error.key not in SUITE_KEYS:
+        return error
+    return gathered([ConfigError(error.source, error.key, "unknown key (this looks like a suite file; --inventory "
+                                                          "takes an inventory: hosts, defaults, vendor)"), *error.more])
+
+
+def _host_entry(parsed: InventoryFile, i: int, entry: dict[str, Any], source: str) -> list[HostSpec]:
+    """The hosts of entry ``i`` (a Slurm entry stands for several), its defaults merged in; its findings, each
+    keyed where it was written (hosts.<i>.key or defaults.key)."""
+    merged = {**parsed.defaults, **entry}
+    if "port" not in entry and _port_in(entry.get("address")):
+        merged.pop("port", None)  # a port written in the host's own address wins over the defaults'
+    for section in ("docker", "spec_settings"):  # merged key by key: a host sets what differs from the defaults
+        if isinstance(parsed.defaults.get(section), dict) and isinstance(entry.get(section), dict):
+            merged[section] = {**parsed.defaults[section], **entry[section]}
+    settings = merged.get("spec_settings")
+    problem = spec_settings_problem(settings) if isinstance(settings, dict) else None
+    if problem:  # here, where the key is known: the model's own check names only spec_settings
+        key = f"hosts.{i}.spec_settings" if problem[0] in (entry.get("spec_settings") or {}) \
+            else "defaults.spec_settings"
+        raise ConfigError(source, f"{key}.{problem[0]}", problem[1])
+    try:
+        spec = HostSpec.model_validate(merged)
+        slots = [HostSpec.model_validate(slot.model_dump()) for slot in slurm_slots(spec)]  # a Slurm entry's nodes
+    except ValidationError as exc:
+        error = pydantic_error_to_config_error(exc, source, model=HostSpec)
+        raise gathered(ConfigError(source, _entry_key(finding.key, entry, parsed.defaults, i), finding.message)
+                       for finding in [error, *error.more]) from None
+    problem = slurm_entry_problem(spec.env) if spec.slurm is not None else None
+    if problem:
+        raise ConfigError(source, f"hosts.{i}.{problem[0]}", problem[1])
+    # A remote host left without project_root uses the controller's own folder, which holds to the same rule.
+    default_problem = (project_root_problem(PROJECT_ROOT)
+                       if spec.project_root is None and spec.transport != "local" else None)
+    if default_problem:
+        raise ConfigError(source, f"hosts.{i}.project_root", "not given, and the default, this project's folder "
+                          f"on the controller, cannot be a host's: {default_problem}; give project_root")
+    return slots
+
+
+def _check_endpoint(name: str, entry: Any, source: str) -> None:
+    try:
+        check_name(name, "endpoint name")
+    except ValueError as exc:
+        raise ConfigError(source, f"endpoints.{name}", str(exc)) from None
+    if not isinstance(entry, dict):  # not quoted: a URL with a password written in its place is still one
+        raise ConfigError(source, f"endpoints.{name}", "must be a mapping (base_url, model, api_key, devices)")
+    try:  # here, not only when a case names it: a literal key must not sit in an inventory unnoticed
+        Endpoint.model_validate(entry)
+    except ValidationError as exc:
+        error = pydantic_error_to_config_error(exc, source, model=Endpoint)
+        raise gathered(ConfigError(source, f"endpoints.{name}.{finding.key}" if finding.key else f"endpoints.{name}",
+                                   finding.message) for finding in [error, *error.more]) from None
 
 
 def load_inventory(path: Path) -> Inventory:

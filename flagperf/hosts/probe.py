@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from flagperf import __version__
 from flagperf.config.vendors import HostSpecSettings, load_vendor
-from flagperf.errors import FlagperfError
+from flagperf.errors import FlagperfError, validation_message
 from flagperf.results.provenance import host_info, library_versions
 
 # cgroup v2, then v1 ("max" or a huge number when there is no limit)
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except ValidationError as exc:
-        print(f"error: --spec-settings: {exc.errors()[0]['msg']}", file=sys.stderr)
+        print(f"error: --spec-settings: {validation_message(exc.errors()[0])}", file=sys.stderr)
         return 2
     return 0
 

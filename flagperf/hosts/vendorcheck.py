@@ -313,7 +313,7 @@ def _check_monitor(vendor: Vendor, name: str, command: list[str], seconds: float
                 found.problem(where, f"no device sample has {key} (required: timestamp, utilisation, memory)")
         missing = [k for k in RECOMMENDED_FIELDS if all(d.get(k) is None for d in devices)]
         if missing:
-            found.not_checkable.append(f"{where}: recommended {', '.join(missing)} not reported here")
+            found.notes.append(f"{where}: recommended {', '.join(missing)} not reported here")
     if not any(p.startswith(where) for p in found.problems):
         found.passed.append(f"{where}: {len(samples)} samples in {seconds:g} s"
                             + (f" ({'; '.join(unavailable)})" if unavailable else ""))

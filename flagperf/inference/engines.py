@@ -40,7 +40,7 @@ from flagperf.config.engines import (
 )
 from flagperf.config.engines import EngineDef as BaseEngineDef
 from flagperf.config.engines import EngineManifest as BaseEngineManifest
-from flagperf.errors import CaseUserError, ConfigError
+from flagperf.errors import CaseUserError, ConfigError, validation_message
 
 ENGINES_FOLDER = INFERENCE_ENGINES  # vendor_images/<vendor>/engines/<compiler>/
 
@@ -111,7 +111,8 @@ class InferenceEngine(ABC):
         except ValidationError as exc:
             err = exc.errors()[0]
             key = ".".join(str(p) for p in err["loc"])
-            raise CaseUserError(f"engine {config.compiler}: {key}: {err['msg']} (got {err.get('input')!r})") from None
+            raise CaseUserError(f"engine {config.compiler}: {key}: {validation_message(err)} "
+                                f"(got {err.get('input')!r})") from None
         self.env = env
         self.engine_file: Path | None = None  # what this engine saved, if it saves anything
         # Engines that compile the PyTorch model set this to the compiled module, so a case can call it with
@@ -195,5 +196,6 @@ def _check_options(engine: EngineDef, config: EngineConfig, where: Callable[[str
         err = exc.errors()[0]
         key = ".".join(str(p) for p in err["loc"])
         raise ConfigError(where(key.split(".")[0]), key,
-                          f"engine {engine.manifest.name}: {err['msg']} (got {err.get('input')!r})") from None
+                          f"engine {engine.manifest.name}: {validation_message(err)} "
+                          f"(got {err.get('input')!r})") from None
 

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from flagperf.config.memory import MemoryNeed
 from flagperf.config.models import CaseConfig
+from flagperf.errors import validation_message
 from flagperf.operation.operators import ELEMENT_BYTES, FP8, MAX_DIM, OPERATORS, Dims, ModelShape, Operator, shape_label
 from flagperf.training.shapes import BERT_PRESETS, LLAMA_PRESETS
 
@@ -141,7 +142,7 @@ class OperationConfig(CaseConfig):
                 except ValidationError as exc:
                     first = exc.errors()[0]
                     where = ".".join(str(part) for part in first["loc"])
-                    message = str(first["msg"]).removeprefix("Value error, ")
+                    message = validation_message(first)
                     raise ValueError(f"[{i}]{'.' + where if where else ''}: {message} (a model's sizes: "
                                      f"{', '.join(ModelSizes.model_fields)})") from None
             elif isinstance(entry, str) and entry not in MODEL_SHAPES:

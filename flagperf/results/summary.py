@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 from pydantic import ValidationError
 
-from flagperf.errors import FlagperfError
+from flagperf.errors import FlagperfError, validation_message
 from flagperf.results.analysis import (
     MonitorSeries,
     WindowStats,
@@ -129,7 +129,7 @@ def load_results(run_dir: Path) -> tuple[list[tuple[Path, RoundResult]], list[st
             first = exc.errors()[0]
             where = ".".join(str(part) for part in first["loc"])
             problems.append(f"{path.relative_to(run_dir)}: unreadable result ({where + ': ' if where else ''}"
-                            f"{first['msg']})")
+                            f"{validation_message(first)})")
         except (OSError, ValueError) as exc:
             problems.append(f"{path.relative_to(run_dir)}: unreadable result ({str(exc).splitlines()[0]})")
     return results, problems

@@ -157,7 +157,7 @@ def test_compare_stopped_as_it_writes_out_leaves_no_half_file(tmp_path: Path, mo
     # The folder is the user's to make, as before: one line, nothing made.
     missing = tmp_path / "nowhere" / "a-b.md"
     result = invoke("compare", str(a), str(b), "--out", str(missing))
-    assert result.exit_code == 2 and f"--out {missing}: No such file or directory" in result.output
+    assert result.exit_code == 2 and f"--out {missing}: folder {missing.parent} does not exist" in result.output
     assert not missing.parent.exists()
 
 

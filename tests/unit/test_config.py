@@ -218,7 +218,7 @@ def test_set_a_dotted_key_is_a_case_only_where_it_names_a_case_of_the_run() -> N
     ("input_len.x=3", "--set: input_len.x: input_len is not a mapping (it is 16), so it has no key 'x'"),
     ("endpoint.base_url=http://h:1", "--set: endpoint.base_url: endpoint is not a mapping (it is None), so it has "
                                      "no key 'base_url'"),
-    ("tiny-llama-serve.slx.ttft_s=1", "--set: slx.ttft_s: unknown key 'slx' (known: api, "),
+    ("tiny-llama-serve.slx.ttft_s=1", "--set: slx.ttft_s: unknown key 'slx' (did you mean slo?)"),
     ("slo.ttft_s=-1", "--set: slo.ttft_s: Input should be greater than 0 (got -1)"),
 ])
 def test_a_dotted_key_that_leads_nowhere_is_one_line_naming_it(text: str, message: str) -> None:

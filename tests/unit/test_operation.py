@@ -219,7 +219,7 @@ def test_a_model_of_the_labs_own_gives_shapes_as_a_preset_does() -> None:
      "none of the operators (add) has a fp8 form (those that do: mm)"),
     ({"models": ["gpt-5"]}, "models", "unknown model shape 'gpt-5'"),
     ({"models": [{"name": "mine", "hidden": 100, "intermediate": 8, "heads": 3, "vocab": 9}]}, "models",
-     "models: Value error, [0]: hidden (100) must be a multiple of heads (3): head_dim"),
+     "models: [0]: hidden (100) must be a multiple of heads (3): head_dim"),
     ({"models": [{"name": "mine", "hidden": 64, "intermediate": 8, "heads": 4}]}, "models",
      "[0].vocab: Field required (a model's sizes: name, hidden, intermediate, heads, kv_heads, vocab)"),
     ({"max_iters": 1, "min_iters": 2}, None, "max_iters (1) must be at least min_iters (2)"),

@@ -79,9 +79,36 @@ def test_cli_report_and_compare(tmp_path: Path) -> None:
     assert "DIFFERENT" in out.read_text()
     result = runner.invoke(app, ["report", str(tmp_path)])
     assert result.exit_code == 2 and "not a run folder" in result.output and "Traceback" not in result.output
-    assert f"a folder of runs; give one of them, e.g. {c}" in " ".join(result.output.split())  # the newest by name
+    # the newest finished one by name (c has no report yet, a has)
+    assert f"a folder of runs; give one of them, e.g. {a}" in " ".join(result.output.split())
     result = runner.invoke(app, ["report", str(a / "computation-FP32")])  # a case folder: no run below it either
     assert result.exit_code == 2 and "no <case>/round<N>" in result.output
+
+
+def test_compare_refuses_an_out_folder_that_is_not_there_before_printing(tmp_path: Path) -> None:
+    a, b = make_run(tmp_path, "run-a", [1.0, 1.01]), make_run(tmp_path, "run-b", [0.9, 0.91])
+    missing = tmp_path / "nodir" / "x.md"
+    runner = CliRunner()
+    result = runner.invoke(app, ["compare", str(a), str(b), "--out", str(missing)])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == f"error: --out {missing}: folder {missing.parent} does not exist", result.output
+    result = runner.invoke(app, ["compare", str(a), str(b), "--out", str(tmp_path)])
+    assert result.exit_code == 2 and result.output.strip() == f"error: --out {tmp_path}: is a folder; give the file " \
+                                                             "to write", result.output
+    assert not missing.parent.exists()
+
+
+def test_a_folder_of_runs_is_answered_with_its_newest_finished_run(tmp_path: Path) -> None:
+    older = make_run(tmp_path, "run20250101000000-aaaa", [1.0])
+    newer = make_run(tmp_path, "run20250102000000-bbbb", [1.0])  # still running: no summary.json yet
+    runner = CliRunner()
+    result = runner.invoke(app, ["report", str(tmp_path)])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and said.endswith(f"e.g. {newer} (unfinished: no summary.json yet)"), said
+    (older / "summary.json").write_text("{}", encoding="utf-8")
+    result = runner.invoke(app, ["report", str(tmp_path)])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and said.endswith(f"give one of them, e.g. {older}"), said
 
 
 def test_report_html_shows_messages_as_text(tmp_path: Path) -> None:

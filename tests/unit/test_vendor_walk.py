@@ -250,3 +250,17 @@ def test_a_new_vendor_is_told_where_case_files_go_and_which_peaks_are_missing(wa
     write(walk / "cases" / "inference" / "walk-infer" / "vendor" / "acme_configurations.yaml", "batch_size: 64\n")
     assert not any(note.startswith("no case is adapted") for note in
                    check_vendor_folder(walk / "vendors" / "acme", monitor_seconds=1).notes)
+
+
+def test_the_tutorials_monitor_passes_and_its_missing_recommended_fields_are_a_note(tmp_path: Path) -> None:
+    """docs/tutorials/adding-a-vendor.md's monitor (psutil: utilisation and memory, no power or temperature):
+    ok, and the recommended fields it does not report are said as a note, neither a fault nor unchecked."""
+    tutorial = (PROJECT_ROOT / "docs" / "tutorials" / "adding-a-vendor.md").read_text(encoding="utf-8")
+    code = tutorial.split("cat > vendor_images/labcpu/monitor_labcpu.py <<'PY'\n", 1)[1].split("\nPY\n", 1)[0]
+    folder = write_vendor_folder(tmp_path, "labcpu")
+    (folder / "monitor_labcpu.py").write_text(code + "\n")
+    found = check_vendor_folder(folder, monitor_seconds=1)
+    where = f"monitor labcpu ({folder / 'monitor_labcpu.py'})"
+    assert any(line.startswith(where) and " samples in " in line for line in found.passed), found.passed
+    assert not any(line.startswith(where) for line in [*found.problems, *found.not_checkable]), found
+    assert f"{where}: recommended power_w, temp_c not reported here" in found.notes, found.notes

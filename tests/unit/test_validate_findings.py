@@ -1,0 +1,175 @@
+"""What a new lab user meets when a config file is wrong, through the CLI: every finding of a file at once
+(`flagperf validate`), each one line with the key's full path in that file and the nearest key; pydantic's own
+wording kept out; a suite given where an inventory goes (and the other way round) named as such."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel, ValidationError, field_validator
+from typer.testing import CliRunner
+
+from flagperf.config.models import SuiteFile, pydantic_error_to_config_error
+from flagperf.errors import ConfigError
+from flows.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _no_prefect(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "flows.evaluate", None)  # bad input is refused before the flow
+
+
+def errors(*args: str) -> list[str]:
+    """The error lines of a command that must fail as bad input (exit 2, no traceback)."""
+    result = runner.invoke(app, list(args))
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and isinstance(result.exception, SystemExit), result.output
+    return [" ".join(line.split()) for line in result.output.splitlines() if line.startswith("error")]
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_a_typo_in_a_suites_overrides_names_its_path_and_the_nearest_key(tmp_path: Path) -> None:
+    suite = write(tmp_path / "s5.yaml", "name: s5\ncases: [computation-FP32]\n"
+                                        "overrides: {computation-FP32: {min_duraton_s: 2}}\n")
+    assert errors("validate", str(suite)) == [
+        f"error {suite}: overrides.computation-FP32.min_duraton_s: unknown key (did you mean min_duration_s?)"]
+    # The same line where the suite is run.
+    assert errors("run", "--suite", str(suite)) == [
+        f"error: {suite}: overrides.computation-FP32.min_duraton_s: unknown key (did you mean min_duration_s?)"]
+
+
+def test_validate_says_every_finding_of_a_suite_at_once(tmp_path: Path) -> None:
+    suite = write(tmp_path / "s6.yaml", """\
+name: s6
+cases: [computation-FP32, main_memory-bandwidth, computation-FP64, computation-FP99]
+overrides:
+  computation-FP32: {min_duraton_s: 2, warmup_iter: 3, m: -1}
+  main_memory-bandwidth: {timeout_s: "x"}
+  computation-FP16: {m: 8}
+""")
+    lines = errors("validate", str(suite))
+    assert lines[0].startswith(f"error {suite}: overrides.computation-FP16: is not one of the suite's cases"), lines
+    assert lines[1].startswith(f"error {suite}: cases: unknown case 'computation-FP99' (did you mean "), lines
+    assert len(lines) == 2, lines  # an unknown case: its settings cannot be checked, the others' are not either
+    suite.write_text(suite.read_text().replace(", computation-FP99", "").replace("  computation-FP16: {m: 8}\n", ""))
+    assert errors("validate", str(suite)) == [
+        f"error {suite}: overrides.computation-FP32.min_duraton_s: unknown key (did you mean min_duration_s?)",
+        f"error {suite}: overrides.computation-FP32.warmup_iter: unknown key (did you mean warmup_iters or "
+        "min_iters?)",
+        f"error {suite}: overrides.computation-FP32.m: Input should be greater than 0 (got -1)",
+        f"error {suite}: overrides.main_memory-bandwidth.timeout_s: Input should be a valid number (got 'x')",
+    ]
+    # run stops at the first, in one line
+    assert errors("run", "--suite", str(suite)) == [
+        f"error: {suite}: overrides.computation-FP32.min_duraton_s: unknown key (did you mean min_duration_s?)"]
+
+
+def test_a_suites_own_keys_are_all_said_with_the_nearest_one(tmp_path: Path) -> None:
+    suite = write(tmp_path / "s7.yaml", "nme: s7\ncases: [computation-FP32]\nrounds: 0\ndescription: [x]\n")
+    assert errors("validate", str(suite)) == [
+        f"error {suite}: description: Input should be a valid string (got ['x'])",
+        f"error {suite}: rounds: Input should be greater than or equal to 1 (got 0)",
+        f"error {suite}: nme: unknown key (did you mean name?)",  # and not also "name: required key is missing"
+    ]
+
+
+def test_a_case_yaml_says_every_finding_with_the_nearest_key(tmp_path: Path, make_case) -> None:
+    folder = make_case("typo-case", entry="flagperf.basespec.gemm", bench=None, configurations={
+        "m": -3, "n": 8, "k": 8, "min_duraton_s": 1.0, "timeout_s": 60.0, "max_retries": 0},
+        parameters={"precision": "fp32"}, manifest_extra={"descriptin": "x"})
+    manifest = folder / "case.yaml"
+    assert errors("validate", str(manifest)) == [
+        f"error {manifest}: descriptin: unknown key (did you mean description?)"]
+    manifest.write_text(manifest.read_text().replace("descriptin: x\n", ""), encoding="utf-8")
+    lines = errors("validate", str(manifest))
+    assert f"error {manifest}: m: Input should be greater than 0 (got -3)" in lines, lines
+    assert any(line.startswith(f"error {manifest}: min_duraton_s: unknown key (did you mean min_duration_s")
+               for line in lines), lines
+
+
+def test_a_bad_peak_is_said_in_the_validators_words_with_the_nearest_key(tmp_path: Path, make_case) -> None:
+    manifest = make_case("odd-peak", manifest_extra={"peak": "memory_bandwith"}) / "case.yaml"
+    (line,) = errors("validate", str(manifest))
+    assert line.startswith(f"error {manifest}: peak: unknown peak 'memory_bandwith' (did you mean "
+                           "memory_bandwidth"), line
+    assert "Value error" not in line and line.count("memory_bandwith'") == 1, line
+
+
+def test_no_validator_error_keeps_pydantics_prefix() -> None:
+    class Model(BaseModel):
+        x: int
+
+        @field_validator("x")
+        @classmethod
+        def _small(cls, value: int) -> int:
+            if value > 3:
+                raise ValueError(f"{value} is more than 3")
+            if value < 0:  # (not an assert statement: pytest would rewrite its message)
+                raise AssertionError("must not be negative")
+            return value
+
+    for value, said in ((5, "x: 5 is more than 3 (got 5)"), (-1, "x: must not be negative (got -1)")):
+        with pytest.raises(ValidationError) as caught:
+            Model(x=value)
+        assert str(pydantic_error_to_config_error(caught.value, "f.yaml")) == f"f.yaml: {said}"
+    with pytest.raises(ValidationError) as caught:
+        SuiteFile.model_validate({"name": "s", "cases": ["a", "a"]})
+    error = pydantic_error_to_config_error(caught.value, "s.yaml")
+    assert str(error) == "s.yaml: cases: listed more than once: a (got ['a', 'a'])"
+
+
+def test_an_inventorys_findings_are_all_said_each_at_its_path(tmp_path: Path) -> None:
+    inventory = write(tmp_path / "inv.yaml", """\
+vendr: cpu
+hosts: [{name: a}]
+""")
+    assert errors("validate", str(inventory)) == [f"error {inventory}: vendr: unknown key (did you mean vendor?)"]
+    inventory.write_text("""\
+vendor: cpu
+defaults: {transprt: local}
+hosts:
+  - {name: a, conect_timeout_s: 3, docker: {imagee: x}}
+endpoints:
+  e1: {base_url: "http://x", modl: m}
+""", encoding="utf-8")
+    assert errors("validate", str(inventory)) == [
+        f"error {inventory}: hosts.0.docker.imagee: unknown key (known: engine, base_url, build_args, data_roots, "
+        "data_mounts, extra_options)",
+        f"error {inventory}: defaults.transprt: unknown key (did you mean transport?)",
+        f"error {inventory}: hosts.0.conect_timeout_s: unknown key (did you mean connect_timeout_s or "
+        "command_timeout_s?)",
+        f"error {inventory}: endpoints.e1.modl: unknown key (did you mean model?)",
+    ]
+
+
+def test_a_suite_where_an_inventory_goes_and_the_other_way_round_is_named(tmp_path: Path) -> None:
+    suite = write(tmp_path / "mysuite.yaml", "cases: [computation-FP32]\nname: mysuite\n")
+    inventory = write(tmp_path / "inv.yaml", "defaults: {transport: local}\nhosts: [{name: a}]\n")
+    assert errors("run", "--inventory", str(suite)) == [
+        f"error: {suite}: cases: unknown key (this looks like a suite file; --inventory takes an inventory: hosts, "
+        "defaults, vendor)"]
+    assert errors("nightly", "--inventory", str(suite))[0].startswith(
+        f"error: {suite}: cases: unknown key (this looks like a suite file;")
+    assert errors("run", "--suite", str(inventory)) == [
+        f"error: {inventory}: defaults: unknown key (this looks like an inventory; --suite takes a suite: name, "
+        "cases, rounds, overrides)"]
+    assert errors("run", "--host-config", str(suite)) == [
+        f"error: {suite}: HOSTS: required key is missing (this looks like a suite file; --host-config takes "
+        "FlagPerf's host.yaml)"]
+
+
+def test_gathered_findings_are_each_said_once() -> None:
+    from flagperf.errors import gathered
+
+    first, again, other = ConfigError("f", "a", "x"), ConfigError("f", "a", "x"), ConfigError("f", "b", "y")
+    error = gathered([first, again, other])
+    assert [str(e) for e in [error, *error.more]] == ["f: a: x", "f: b: y"]
