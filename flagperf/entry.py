@@ -197,14 +197,16 @@ def _counted(name: str, function: Callable[..., Any], called: list[str] | None) 
     return call
 
 
-def run_generate(config: GenerateConfig, vendor: Vendor, spec: SpecTable, out_dir: Path) -> Outcome:
+def run_generate(config: GenerateConfig, vendor: Vendor, spec: SpecTable, out_dir: Path, round_number: int = 1
+                 ) -> Outcome:
     """LLM serving (flagperf.generate): every point of the case (a batch engine's concurrency levels, or a
-    server's concurrency levels and request rates), timed per token."""
+    server's concurrency levels and request rates), timed per token; the round's number places an endpoint's
+    prompts after those of its earlier rounds."""
     from flagperf.generate.driver import run_generate as drive
 
     device = torch.device(vendor.manifest.torch_device)
     try:
-        result = drive(config, vendor.name, spec, device, out_dir)
+        result = drive(config, vendor.name, spec, device, out_dir, round_number)
     except RuntimeError as exc:
         classified = classify_runtime_error(exc)
         if classified is exc:
@@ -391,7 +393,7 @@ def run_job(job: Job, out_dir: Path, slot: DeviceSlot | None = None, job_file: P
                     adapted["hooks_called"] = called
                 outcome = run_inference(job, case, config, vendor, spec, out_dir, called)
             elif case.family == "generate":  # its modules need transformers (the generate extra): imported there
-                outcome = run_generate(config, vendor, spec, out_dir)
+                outcome = run_generate(config, vendor, spec, out_dir, job.round)
             elif case.family == "operation":
                 outcome = run_operation(config, vendor, spec)
             else:

@@ -455,11 +455,20 @@ def phase_span(records: Sequence[RequestRecord]) -> tuple[float, float]:
     return epoch0, max(r.sent_at + (r.e2el_s or 0.0) for r in records) - epoch0
 
 
+# Seconds an idle connection is kept for the next request: below the 5 s after which uvicorn (vLLM's, SGLang's and
+# transformers serve's HTTP server) closes an idle connection. At httpx's default, also 5 s, a request could be sent on
+# a connection the server was closing at that moment and fail ("Server disconnected without sending a response"):
+# httpx retries no POST. A connection idle longer is closed by the client, and the next request opens a new one.
+KEEPALIVE_S = 4.0
+
+
 def load_client(load: Load, target: Target) -> httpx.AsyncClient:
-    """The point's HTTP client: one connection per request in flight, kept open between its phases (a warm-up's
-    connections serve the timed requests, so no timed request's TTFT holds a connection's set-up)."""
+    """The point's HTTP client: at most one connection per request in flight, kept open between its phases, so that
+    the connections the warm-up opened (as many as it had in flight) serve the timed requests, none of whose TTFT
+    then holds a connection's set-up; one idle more than KEEPALIVE_S is closed, and reopened by the next request."""
     limit = load.in_flight_limit
-    return httpx.AsyncClient(limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit),
+    return httpx.AsyncClient(limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit,
+                                                 keepalive_expiry=KEEPALIVE_S),
                              timeout=target.request_timeout_s)
 
 

@@ -31,6 +31,34 @@ from flagperf.results.schema import Metric, Peak
 
 LEVEL_SEPARATOR = "@c"  # metric names: <what>@c<concurrency>, e.g. ttft_s@c32
 MFU_CONVENTION = "MFU = model FLOPs of the level (prefill and decode) / timed seconds / {key} peak; FLOPs {flops}"
+# How each figure is counted (its Metric.convention). The names are the serving engines' (flagperf.generate.points),
+# and so are the formulas, but the times are the engine's, taken in the case process: a request's arrival is when it
+# was handed to the engine (its batch's start), its end its last token. A serving engine's are the client's over
+# HTTP (send, output chunks, the end of the response stream): each convention says where they differ.
+ARRIVAL = ("arrival: the request handed to the engine (with its batch, or serving continuously on its own), host "
+           "perf_counter in the case process")
+LEVEL_TIME = ("the level's timed wall time (host perf_counter, from handing its first requests to the engine to the "
+              "engine returning its last ones)")
+PERCENTILES = "p50/p90/p99 linear-interpolated between closest ranks (numpy's default)"
+CONVENTIONS = {
+    "output_tokens_per_s": f"output tokens of the level's timed requests (each exactly max_new_tokens) / {LEVEL_TIME}",
+    "tokens_per_s_per_user": f"per request: output tokens / (last token - arrival), the engine's E2EL; {ARRIVAL}; "
+                             "mean over requests; p10 is the slow tail (of a rate, low is slow) and p90 the fast "
+                             "side; no p99 (a rate's p99 is its fastest 1 %). A serving engine's divides by the "
+                             "client's E2EL, send to the end of the response stream",
+    "requests_per_s": f"timed requests (every one completes) / {LEVEL_TIME}",
+    "ttft_s": f"time to first token: first token - arrival; {ARRIVAL}; {PERCENTILES}. A serving engine's runs from the "
+              "client's send to the first output chunk it receives",
+    "tpot_s": "time per output token after the first: (last token - first token) / (output tokens - 1) per request; "
+              f"{PERCENTILES}. A serving engine's is (E2EL - TTFT) / (output tokens - 1), its E2EL ending at the end "
+              "of the response stream",
+    "itl_s": f"inter-token latency: every gap between consecutive tokens of a request, pooled; {PERCENTILES}. A "
+             "serving engine's gaps are between output chunks as the client receives them (a chunk may carry "
+             "several tokens)",
+    "e2el_s": f"end-to-end latency: last token - arrival; {ARRIVAL}; {PERCENTILES}. A serving engine's runs from the "
+              "client's send to the end of the response stream (its last event)",
+    "rouge": "rouge-score F1 (stemmed) of the decoded outputs of the timed requests against the references, mean",
+}
 
 
 def level_name(what: str, concurrency: int) -> str:
@@ -81,9 +109,10 @@ def level_stats(concurrency: int, traces: list[RequestTrace], seconds: float) ->
                       request_tokens=tuple((t.prompt_tokens, t.output_tokens) for t in done))
 
 
-def _latency(name: str, stats: LatencyStats, seconds: float, note: str) -> Metric:
+def _latency(name: str, what: str, stats: LatencyStats, seconds: float, note: str) -> Metric:
     return Metric(name=name, value=stats.mean, unit="s", p50=stats.p50, p90=stats.p90, p99=stats.p99,
-                  iterations=stats.count, measured_seconds=seconds, note=note, statistic="mean")
+                  iterations=stats.count, measured_seconds=seconds, note=note, statistic="mean",
+                  convention=CONVENTIONS[what])
 
 
 def level_metrics(stats: LevelStats, window: tuple[float, float], flops: TransformerFlops, precision: str,
@@ -97,26 +126,31 @@ def level_metrics(stats: LevelStats, window: tuple[float, float], flops: Transfo
         Metric(name=level_name("output_tokens_per_s", c), value=stats.tokens_per_s, unit="tokens/s",
                iterations=stats.output_tokens, measured_seconds=seconds, window=list(window),
                work=float(stats.output_tokens), mfu=mfu, mfu_peak_key=precision if peak else None, mfu_peak=peak,
-               convention=MFU_CONVENTION.format(key=precision, flops=flops.convention), statistic="rate",
+               convention=f"{CONVENTIONS['output_tokens_per_s']}; "
+                          + MFU_CONVENTION.format(key=precision, flops=flops.convention), statistic="rate",
                note=f"{stats.requests} requests, {c} at a time, {stats.output_tokens} output tokens"),
         Metric(name=level_name("tokens_per_s_per_user", c), value=stats.per_user.mean,
                unit="tokens/s", p10=stats.per_user_p10, p50=stats.per_user.p50, p90=stats.per_user.p90,
                iterations=stats.requests, measured_seconds=seconds, statistic="mean",
+               convention=CONVENTIONS["tokens_per_s_per_user"],
                note="a request's output tokens / (last token - arrival); mean over requests; p10: the slowest 10 % "
                     "of users got at most this"),
         Metric(name=level_name("requests_per_s", c), value=stats.requests_per_s, unit="requests/s",
-               iterations=stats.requests, measured_seconds=seconds, statistic="rate"),
-        _latency(level_name("ttft_s", c), stats.ttft, seconds, "time to first token: first token - arrival"),
-        _latency(level_name("e2el_s", c), stats.e2e, seconds, "end-to-end latency: last token - arrival"),
+               iterations=stats.requests, measured_seconds=seconds, statistic="rate",
+               convention=CONVENTIONS["requests_per_s"]),
+        _latency(level_name("ttft_s", c), "ttft_s", stats.ttft, seconds, "time to first token: first token - arrival"),
+        _latency(level_name("e2el_s", c), "e2el_s", stats.e2e, seconds, "end-to-end latency: last token - arrival"),
     ]
     if stats.tpot is not None and stats.itl is not None:
-        metrics += [_latency(level_name("tpot_s", c), stats.tpot, seconds,
+        metrics += [_latency(level_name("tpot_s", c), "tpot_s", stats.tpot, seconds,
                              "time per output token after the first: (last - first token) / (tokens - 1)"),
-                    _latency(level_name("itl_s", c), stats.itl, seconds, "inter-token latency: every gap, pooled")]
+                    _latency(level_name("itl_s", c), "itl_s", stats.itl, seconds,
+                             "inter-token latency: every gap, pooled")]
     return metrics
 
 
 def rouge_metrics(concurrency: int, scores: dict[str, float], count: int) -> list[Metric]:
     return [Metric(name=level_name(key, concurrency), value=value, unit="F1", iterations=count, statistic="single",
+                   convention=CONVENTIONS["rouge"],
                    note="rouge-score F1 (stemmed) of the outputs against the file's references, mean")
             for key, value in scores.items()]

@@ -56,7 +56,10 @@ from flagperf.results.serving import FAILED_FLAG_FRACTION
 FIRST_ERROR_CHARS = 200  # of the first failed request's error, in the point's warning
 
 # How each figure is counted (its Metric.convention), one wording per word: docs/serving.md's metric table says the
-# same, and the batch engines' figures of the same name (flagperf.generate.metrics) are counted alike.
+# same. The batch engines' figures of the same name (flagperf.generate.metrics.CONVENTIONS) use the same formulas on
+# the engine's own times (a request's arrival at the engine to its tokens), not the client's over HTTP: each
+# convention of a latency or per-user figure says so, here and there.
+BATCH = "a batch engine's (hf, vllm)"
 OUTPUT_TOKENS = ("output tokens of a request: the server's usage.completion_tokens, else the client's count (the "
                  "model folder's tokenizer on the streamed answer and reasoning text; without one, output chunks)")
 OUTPUT_CHUNK = "an output chunk: a streamed event with non-empty answer (content, text) or reasoning text"
@@ -85,16 +88,19 @@ CONVENTIONS = {
                               "it (the chat template applied)",
     "tokens_per_s_per_user": "per successful request: output tokens / E2EL; mean over requests; p10 is the slow tail "
                              "(of a rate, low is slow) and p90 the fast side; no p99 (a rate's p99 is its fastest "
-                             f"1 %); {OUTPUT_TOKENS}",
+                             f"1 %); {OUTPUT_TOKENS}; {BATCH} divides by its last token - its arrival at the engine",
     "interactivity": "1 / mean TPOT (tpot_s's value)",
     "ttft_s": f"time to first token: send to the first output chunk, client perf_counter; {OUTPUT_CHUNK}; successful "
-              f"requests; {PERCENTILES}",
+              f"requests; {PERCENTILES}; {BATCH} runs from the request's arrival at the engine to its first token",
     "tpot_s": "time per output token after the first: (E2EL - TTFT) / (output tokens - 1) per successful request, "
-              f"1-token requests left out; {OUTPUT_TOKENS}; {PERCENTILES}",
+              f"1-token requests left out; {OUTPUT_TOKENS}; {PERCENTILES}; {BATCH} is (last token - first token) / "
+              "(output tokens - 1)",
     "itl_s": f"inter-token latency: every gap between consecutive output chunks of a successful request, pooled (a "
-             f"chunk may carry several tokens); {OUTPUT_CHUNK}; {PERCENTILES}",
+             f"chunk may carry several tokens); {OUTPUT_CHUNK}; {PERCENTILES}; {BATCH} gaps are between tokens as the "
+             "engine hands them out",
     "e2el_s": "end-to-end latency: send to the end of the response stream (its last event), client perf_counter; "
-              f"successful requests; {PERCENTILES}",
+              f"successful requests; {PERCENTILES}; {BATCH} ends at the request's last token, from its arrival at the "
+              "engine",
     "exact_match": "outputs (the answer text, reasoning left out) equal to the reference, whitespace at the ends "
                    "ignored; failed requests score as empty outputs",
     "rouge": "rouge-score F1 (stemmed) of the outputs (the answer text, reasoning left out) against the references, "

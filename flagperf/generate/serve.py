@@ -11,9 +11,10 @@ the OpenAI HTTP API, point by point.
      before, the timed requests, the Prometheus text after (server_metrics/<label>.{before,after}.prom),
      the point's metrics (flagperf.generate.points); every request in requests.jsonl as it ends. Each phase of
      each point sends prompts of its own, never sent before in the round (a server's prefix cache, on by default
-     in vLLM and SGLang, would serve a resent prompt's prefill from the cache, as MLPerf forbids): the prompt set
-     is made as large as the round's requests (synthetic), and where a file has fewer prompts than that, the
-     resent ones are counted per point and said in the point's warning
+     in vLLM and SGLang, would serve a resent prompt's prefill from the cache, as MLPerf forbids): the synthetic
+     set holds one prompt per request the round plans, made as the load reaches them, and where a file has fewer
+     prompts than that, the resent ones are counted per point and said in the point's warning. An endpoint lives
+     across rounds: its round N starts after the prompts of rounds 1 to N-1
   5. the server stopped (its whole process group), also on failure
 
 Files in the round folder: requests.jsonl, server.log, server_metrics/, serving.json (the points: label,
@@ -33,10 +34,10 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import httpx
 import torch
@@ -47,6 +48,7 @@ from flagperf.errors import CaseUserError, MissingExtra, extra_for
 from flagperf.generate.config import GenerateConfig
 from flagperf.generate.engines import EngineDef
 from flagperf.generate.loadgen import (
+    KEEPALIVE_S,
     REQUESTS_FILE,
     Load,
     PhaseRun,
@@ -81,10 +83,11 @@ from flagperf.results.schema import Failure, Metric, atomic_path
 
 SERVING_FILE = "serving.json"
 SERVER_METRICS = "server_metrics"
-# Synthetic prompts made at most: a round of counted requests gets one per request (the check or readiness request,
-# every warm-up and timed request); a round of duration_s points, whose count is not known before, gets this many.
-# Beyond it prompts are sent again, counted and warned. Making them costs about 1-3 ms each at 1024 tokens (three
-# batched encodes with a fast tokenizer), before the server starts.
+# Synthetic prompts a round's set holds at most (its size: one per request the round plans, or this many for duration_s
+# points, whose count is not known before); past it prompts are sent again, counted and warned. They are made as the
+# load reaches them (SyntheticPrompts), each phase's before it starts. Measured on 2 idle cores with a byte-level BPE of
+# 32k ids: 3.7 ms a prompt of 1024 tokens and 33 ms one of 8192 (two encodes and two decodes), 4.6 and 44 ms where the
+# chat template is counted per prompt (a third encode); three to four times that with other work on the cores.
 MAX_SYNTHETIC = 8192
 SHAREGPT_MIN_TOKENS = 4  # vLLM's filter: shorter prompts or replies are left out
 ENV_REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
@@ -112,6 +115,11 @@ class Tokens:
             from transformers import AutoTokenizer
 
             self.tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        # Per API: the tokens the chat template (chat) or the special tokens (completions) add to every prompt where
+        # that is the same for any text, else None (each prompt is counted through the template); and how many
+        # prompts the constant was checked on against the full count (it is trusted from CHECKED_PROMPTS on).
+        self._overhead: dict[str, int | None] = {}
+        self._checked: dict[str, int] = {}
 
     def count(self, text: str) -> int:
         if self.tokenizer is None:
@@ -133,10 +141,24 @@ class Tokens:
         with the tokenizer's special tokens (a BOS). None where the client cannot tell (no tokenizer, no template)."""
         return self.sent_counts([text], api)[0]
 
-    def sent_counts(self, texts: list[str], api: str) -> list[int | None]:
-        """``sent_count`` of each text, in one call."""
+    def sent_counts(self, texts: list[str], api: str, counts: list[int] | None = None) -> list[int | None]:
+        """``sent_count`` of each text, in one call. With ``counts`` (each text's ``count``), a template whose added
+        tokens are the same for any text (``overhead``) costs no encode: count + its tokens, once the constant held
+        on CHECKED_PROMPTS prompts counted in full."""
         if self.tokenizer is None or not texts:
             return [None] * len(texts)
+        overhead = self.overhead(api) if counts is not None else None
+        if counts is not None and overhead is not None and self._checked.get(api, 0) >= CHECKED_PROMPTS:
+            return [n + overhead for n in counts]
+        exact = self._sent_in_full(texts, api)
+        if counts is not None and overhead is not None:
+            if all(e == n + overhead for e, n in zip(exact, counts, strict=True)):
+                self._checked[api] = self._checked.get(api, 0) + len(texts)
+            else:  # the tokenizer's pipeline treats the text differently inside the template: in full from now on
+                self._overhead[api] = None
+        return exact
+
+    def _sent_in_full(self, texts: list[str], api: str) -> list[int | None]:
         from jinja2 import TemplateError  # transformers renders chat templates with jinja2
 
         try:
@@ -152,6 +174,43 @@ class Tokens:
             return [None] * len(texts)                                # does not fit
         return [len(row) for row in ids]
 
+    def overhead(self, api: str) -> int | None:
+        """The tokens every prompt gains as sent, where that is one number for any text; else None. Completions:
+        the special tokens the tokenizer's post-processor adds (a BOS). Chat: the template renders the message as
+        P + text + Q with P and Q the same for any text (checked with texts that start and end with whitespace, which
+        a template that trims the message changes), P ends with an added token and Q starts with one (or is empty),
+        neither of which strips whitespace next to the text: the tokenizer splits added tokens out before anything
+        else, so the text is encoded on its own, as ``count`` encodes it. Llama 3's template, which trims the message
+        and puts a blank line after its header, is counted per prompt."""
+        if api not in self._overhead:
+            self._overhead[api] = self._find_overhead(api)
+        return self._overhead[api]
+
+    def _find_overhead(self, api: str) -> int | None:
+        if self.tokenizer is None:
+            return None
+        if api != "chat":
+            return int(self.tokenizer.num_special_tokens_to_add(pair=False))
+        from jinja2 import TemplateError
+
+        probes = (" \n\tflagperf probe one\t ", "\n flagperf two \n")
+        try:
+            rendered = [str(self.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                               add_generation_prompt=True)) for p in probes]
+        except (ValueError, TypeError, KeyError, TemplateError):
+            return None
+        if rendered[0].count(probes[0]) != 1:
+            return None
+        head, tail = rendered[0].split(probes[0])
+        if rendered[1] != head + probes[1] + tail:
+            return None
+        added = {str(t.content): t for t in getattr(self.tokenizer, "added_tokens_decoder", {}).values()}
+        ends = next((t for c, t in added.items() if head.endswith(c)), None) if head else None
+        starts = next((t for c, t in added.items() if tail.startswith(c)), None) if tail else None
+        if (head and (ends is None or ends.rstrip)) or (tail and (starts is None or starts.lstrip)):
+            return None
+        return sum(len(self.tokenizer(part, add_special_tokens=False)["input_ids"]) for part in (head, tail) if part)
+
     def text(self, ids: list[int]) -> str:
         if self.tokenizer is None:
             return " ".join(f"{WORD_PREFIX}{i}" for i in ids)
@@ -164,28 +223,136 @@ class Tokens:
         return [str(text) for text in self.tokenizer.batch_decode(rows, skip_special_tokens=True)]
 
 
-SYNTHETIC_CHUNK = 256  # prompts drawn, decoded and counted at a time: bounded memory, batched tokenizer calls
+CHECKED_PROMPTS = 256  # prompts counted through the template in full before its constant overhead is trusted
+SYNTHETIC_CHUNK = 256  # rows of random ids drawn at a time, and prompts made at a time ahead of the load
+
+
+class SyntheticPrompts(Sequence[ServingPrompt]):
+    """A round's synthetic prompts, made as the load reaches them. Prompt i of the seed's sequence is ``input_len``
+    random ids (special ones left out) decoded to text, re-encoded and cut to ``input_len`` (a real tokenizer may
+    merge across the cut), with the client's count of it as it is: it depends on the seed, ``input_len``, the
+    vocabulary and the tokenizer, never on how many are made, since the ids are drawn from one seeded generator in
+    rows of 2 x input_len, in order. Position p of the round's set is prompt ``start + p``, for p below ``size``.
+
+    ``ensure(n)`` makes positions below n, in batches of SYNTHETIC_CHUNK (the round makes each phase's before it
+    starts); a position asked for before it was made (a duration_s phase that outran its estimate) is made then,
+    one prompt at a time, its time counted in ``seconds``."""
+
+    def __init__(self, config: GenerateConfig, tokens: Tokens, vocab_size: int, size: int, start: int = 0) -> None:
+        if size < 1 or start < 0:
+            raise ValueError("a prompt set has at least one prompt, from prompt 0 on")
+        self.config, self.tokens, self.vocab_size = config, tokens, vocab_size
+        self.size, self.start = size, start
+        self.seconds = 0.0  # spent making prompts
+        self.made: list[ServingPrompt] = []
+        self._generator = torch.Generator().manual_seed(config.seed)
+        self._special = set(getattr(tokens.tokenizer, "all_special_ids", []) or [])
+        self._block: torch.Tensor | None = None  # drawn rows; those from _taken on are the next prompts'
+        self._taken = 0
+        self._skip = start  # rows before the round's first prompt, still to be drawn and left
+
+    def __len__(self) -> int:
+        return self.size
+
+    @overload
+    def __getitem__(self, position: int) -> ServingPrompt: ...
+
+    @overload
+    def __getitem__(self, position: slice) -> list[ServingPrompt]: ...
+
+    def __getitem__(self, position: int | slice) -> ServingPrompt | list[ServingPrompt]:
+        if isinstance(position, slice):
+            return [self[p] for p in range(*position.indices(self.size))]
+        if position < 0:
+            position += self.size
+        if not 0 <= position < self.size:
+            raise IndexError(position)
+        if position >= len(self.made):
+            self.ensure(position + 1)
+        return self.made[position]
+
+    def index_at(self, position: int) -> int:
+        """The prompt's index in the seed's sequence (requests.jsonl's prompt_index) at ``position``."""
+        return self.start + position % self.size
+
+    def ensure(self, count: int) -> None:
+        """Positions below ``count`` (at most the set's size) made."""
+        count = min(count, self.size)
+        began = time.perf_counter()
+        while len(self.made) < count:
+            self._make(min(SYNTHETIC_CHUNK, count - len(self.made)))
+        self.seconds += time.perf_counter() - began
+
+    def _draw(self, rows: int) -> list[list[int]]:
+        """The next ``rows`` rows of ids, drawn SYNTHETIC_CHUNK rows at a time and kept as a tensor until taken."""
+        width = self.config.input_len * 2
+        while self._skip:  # rows before the round's first prompt: drawn (the generator's sequence), then left
+            drop = min(self._skip, SYNTHETIC_CHUNK)
+            torch.randint(0, self.vocab_size, (drop, width), generator=self._generator)
+            self._skip -= drop
+        drawn: list[list[int]] = []
+        while len(drawn) < rows:
+            if self._block is None or self._taken == len(self._block):
+                self._block = torch.randint(0, self.vocab_size, (SYNTHETIC_CHUNK, width), generator=self._generator)
+                self._taken = 0
+            take = min(rows - len(drawn), len(self._block) - self._taken)
+            drawn += self._block[self._taken:self._taken + take].tolist()
+            self._taken += take
+        return drawn
+
+    def _make(self, count: int) -> None:
+        length, tokens = self.config.input_len, self.tokens
+        texts = tokens.texts([[i for i in row if i not in self._special][:length] for row in self._draw(count)])
+        if tokens.tokenizer is not None:
+            encoded = tokens.tokenizer(texts, add_special_tokens=False)["input_ids"]
+            texts = tokens.texts([ids[:length] for ids in encoded])
+        counts = tokens.counts(texts)  # the one encode of the prompt as sent; the template's tokens are added to it
+        for text, count, sent in zip(texts, counts, tokens.sent_counts(texts, self.config.api, counts), strict=True):
+            self.made.append(ServingPrompt(self.start + len(self.made), text, count, self.config.max_new_tokens,
+                                           sent_tokens=sent))
+
+
+class FilePrompts(Sequence[ServingPrompt]):
+    """A prompts or ShareGPT file's prompts for a round that starts at prompt ``start`` (endpoint rounds after the
+    first), round and round: position p is prompt (start + p) mod the file's count."""
+
+    def __init__(self, prompts: list[ServingPrompt], start: int = 0) -> None:
+        self.prompts, self.start = prompts, start % len(prompts)
+        self.made = prompts
+        self.seconds = 0.0
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    @overload
+    def __getitem__(self, position: int) -> ServingPrompt: ...
+
+    @overload
+    def __getitem__(self, position: slice) -> list[ServingPrompt]: ...
+
+    def __getitem__(self, position: int | slice) -> ServingPrompt | list[ServingPrompt]:
+        if isinstance(position, slice):
+            return [self[p] for p in range(*position.indices(len(self)))]
+        if not -len(self) <= position < len(self):
+            raise IndexError(position)
+        return self.prompts[(self.start + position) % len(self.prompts)]
+
+    def index_at(self, position: int) -> int:
+        return (self.start + position) % len(self.prompts)
+
+    def ensure(self, count: int) -> None:
+        """Every prompt is read before the round."""
+
+
+ServingPromptSet = SyntheticPrompts | FilePrompts
 
 
 def synthetic_serving_prompts(config: GenerateConfig, tokens: Tokens, vocab_size: int, count: int
                               ) -> list[ServingPrompt]:
-    """Random ids decoded to text, re-encoded and cut to ``input_len`` (a real tokenizer may merge across
-    the cut); the client's count of each prompt is recorded as it is. Drawn in chunks from one seeded generator,
-    which fills them in order: prompt i is the same whatever ``count`` is."""
-    g = torch.Generator().manual_seed(config.seed)
-    special = set(getattr(tokens.tokenizer, "all_special_ids", []) or [])
-    prompts: list[ServingPrompt] = []
-    while len(prompts) < count:
-        size = min(SYNTHETIC_CHUNK, count - len(prompts))
-        drawn = torch.randint(0, vocab_size, (size, config.input_len * 2), generator=g).tolist()
-        texts = tokens.texts([[i for i in row if i not in special][:config.input_len] for row in drawn])
-        if tokens.tokenizer is not None:
-            encoded = tokens.tokenizer(texts, add_special_tokens=False)["input_ids"]
-            texts = tokens.texts([ids[:config.input_len] for ids in encoded])
-        for text, length, sent in zip(texts, tokens.counts(texts), tokens.sent_counts(texts, config.api),
-                                      strict=True):
-            prompts.append(ServingPrompt(len(prompts), text, length, config.max_new_tokens, sent_tokens=sent))
-    return prompts
+    """The first ``count`` prompts of the seed's sequence (SyntheticPrompts), made at once."""
+    prompts = SyntheticPrompts(config, tokens, vocab_size, count)
+    prompts.ensure(count)
+    return prompts.made
 
 
 def file_serving_prompts(config: GenerateConfig, tokens: Tokens) -> list[ServingPrompt]:
@@ -194,9 +361,10 @@ def file_serving_prompts(config: GenerateConfig, tokens: Tokens) -> list[Serving
     if any(reference is not None for _, reference in rows):
         require_rouge()
     texts = [text for text, _ in rows]
+    counts = tokens.counts(texts)
     return [ServingPrompt(i, text, length, config.max_new_tokens, reference, sent_tokens=sent)
-            for i, ((text, reference), length, sent) in enumerate(zip(rows, tokens.counts(texts),
-                                                                       tokens.sent_counts(texts, config.api),
+            for i, ((text, reference), length, sent) in enumerate(zip(rows, counts,
+                                                                       tokens.sent_counts(texts, config.api, counts),
                                                                        strict=True))]
 
 
@@ -277,7 +445,7 @@ def _spread(values: list[int]) -> dict[str, float]:
     return {"min": min(values), "mean": sum(values) / len(values), "max": max(values)}
 
 
-def describe_prompts(head: str, prompts: list[ServingPrompt], api: str) -> str:
+def describe_prompts(head: str, prompts: Sequence[ServingPrompt], api: str) -> str:
     """The prompt set in words, with its token lengths (the client's counts): what a reader needs to compare a
     result with another's (``synthetic prompts (seed 0) of 16 tokens with the chat template, 16 out``). The lengths
     are of the prompt as the server counts it where the client can tell (the chat template applied; completions:
@@ -286,6 +454,8 @@ def describe_prompts(head: str, prompts: list[ServingPrompt], api: str) -> str:
         low, high = min(values), max(values)
         return f"{low}" if low == high else f"{low}-{high} (mean {sum(values) / len(values):.4g})"
 
+    if not prompts:
+        return f"{head}: none made"
     sent = [p.sent_tokens for p in prompts]
     if all(n is not None for n in sent):
         counts = [n for n in sent if n is not None]
@@ -296,23 +466,50 @@ def describe_prompts(head: str, prompts: list[ServingPrompt], api: str) -> str:
     return f"{head} of {lengths(counts)} tokens{how}, {lengths([p.output_len for p in prompts])} out"
 
 
-def prompt_set(config: GenerateConfig, prompts: list[ServingPrompt], tokens: Tokens, planned: int | None
+def prompt_set(config: GenerateConfig, prompts: ServingPromptSet, tokens: Tokens, planned: int | None
                ) -> dict[str, Any]:
-    """serving.json's record of what was sent: where the prompts came from, how many, their token lengths (the text's
-    own, and as the server counts the prompt where the client can tell), and how many requests the round plans
-    (None: duration_s points, not counted before). The run adds ``input_tokens_server`` (the server's usage) and
-    ``repeated_requests`` (requests that resent a prompt sent before in the round)."""
+    """serving.json's record of what was sent: where the prompts came from, how many were made (synthetic: as the load
+    reached them) or read, their token lengths (the text's own, and as the server counts the prompt where the client
+    can tell), the set's size (what the round sends before it resends one) and its first prompt (an endpoint's round
+    N starts after the prompts of rounds 1 to N-1), and how many requests the round plans (None: duration_s points,
+    not counted before). The run adds ``input_tokens_server`` (the server's usage) and ``repeated_requests``
+    (requests that resent a prompt sent before in the round)."""
     source = config.sharegpt_path or config.prompts_path or "synthetic"
-    sent = [p.sent_tokens for p in prompts if p.sent_tokens is not None]
-    return {"source": source, "count": len(prompts), "seed": config.seed,
-            "input_tokens": _spread([p.prompt_tokens for p in prompts]),
-            "input_tokens_sent": _spread(sent) if len(sent) == len(prompts) else None,
+    made = prompts.made
+    sent = [p.sent_tokens for p in made if p.sent_tokens is not None]
+    return {"source": source, "count": len(made), "seed": config.seed,
+            "input_tokens": _spread([p.prompt_tokens for p in made]) if made else None,
+            "input_tokens_sent": _spread(sent) if made and len(sent) == len(made) else None,
             "input_tokens_sent_means": ("the chat template applied, with its generation prompt" if config.api == "chat"
                                         else "the tokenizer's special tokens added"),
-            "output_tokens_asked": _spread([p.output_len for p in prompts]),
+            "output_tokens_asked": _spread([p.output_len for p in made]) if made else None,
             "counted_with": "the model folder's tokenizer" if tokens.tokenizer is not None else
                             "words (no tokenizer: outputs counted as output chunks)",
+            "set_size": len(prompts), "first_index": prompts.index_at(0), "making_seconds": round(prompts.seconds, 3),
             "requests_planned": planned, "each_sent_once": planned is not None and planned <= len(prompts)}
+
+
+def round_start(config: GenerateConfig, round_number: int, span: int) -> int:
+    """The prompt an endpoint's round N starts at: after the ``span`` prompts each of rounds 1 to N-1 sent, so that
+    the long-lived server's prefix cache holds none of this round's from an earlier round. A server the round starts
+    is new each round: every round sends the same prompts, a repeat of the same measurement."""
+    return (round_number - 1) * span if config.endpoint is not None else 0
+
+
+def timed_ahead(config: GenerateConfig, load: Load, warm: PhaseRun | None) -> int:
+    """Prompts made before a point's timed phase: its ``requests``; for duration_s an estimate of what it sends,
+    generous so that none is made while requests are in flight: an open loop's expected arrivals (R x duration) with
+    a margin for the draw, a closed loop twice the rate its warm-up completed requests at (0 before the warm-up, or
+    without one: then its prompts are made as it reaches them, and its warning says so)."""
+    if config.requests is not None:
+        return config.requests
+    assert config.duration_s is not None
+    if load.rate is not None:
+        expected = load.rate * config.duration_s
+        return math.ceil(1.25 * expected + 4 * math.sqrt(expected / min(1.0, load.burstiness))) + 1
+    if warm is None or not warm.records or warm.seconds <= 0:
+        return 0
+    return math.ceil(2 * len(warm.records) / warm.seconds * config.duration_s) + (load.concurrency or 0)
 
 
 def requests_planned(config: GenerateConfig, first_prompt: int) -> int | None:
@@ -333,8 +530,10 @@ def client_settings(config: GenerateConfig, spec: ServerSpec) -> dict[str, Any]:
             "burstiness": config.burstiness, "max_concurrency": config.max_concurrency,
             "request_timeout_s": config.request_timeout_s, "seed": config.seed,
             "prompts_per_phase": "each phase of each point its own prompts, in order from where the last phase's "
-                                 "ended (none resent while the prompt set lasts)",
-            "connections": "one client per point, its connections kept open from the warm-up to the timed requests"}
+                                 "ended (none resent while the prompt set lasts); an endpoint's round N after the "
+                                 "prompts of rounds 1 to N-1",
+            "connections": "one client per point, its connections kept open from the warm-up to the timed requests; "
+                           f"one idle for {KEEPALIVE_S:g} s closed (below uvicorn's 5 s) and opened again"}
 
 
 def model_record(config: GenerateConfig, folder: Path | None) -> dict[str, Any]:
@@ -402,7 +601,8 @@ def write_json(path: Path, data: Any) -> None:
         tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
-def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device, out_dir: Path) -> ServingOutcome:
+def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device, out_dir: Path,
+                round_number: int = 1) -> ServingOutcome:
     spec = engine.server
     assert spec is not None
     if isinstance(config.endpoint, str):  # the plan puts the inventory's entry in its place; a job without it
@@ -418,31 +618,36 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
     # first prompt: the points start after it, so that no timed request resends it.
     first_prompt = 1 if config.endpoint is not None or spec.ready_request else 0
     planned = requests_planned(config, first_prompt)
+    prompts: ServingPromptSet
     if config.sharegpt_path is not None:
-        prompts = sharegpt_prompts(str(config.data_file("sharegpt_path")), tokens, config.input_len,
-                                   config.max_new_tokens, config.api)
-        described = describe_prompts(f"{config.sharegpt_path}: {len(prompts)} conversations", prompts, config.api)
+        listed = sharegpt_prompts(str(config.data_file("sharegpt_path")), tokens, config.input_len,
+                                  config.max_new_tokens, config.api)
+        head = f"{config.sharegpt_path}: {len(listed)} conversations"
+        prompts = FilePrompts(listed, round_start(config, round_number, planned or 0))
     elif config.prompts_path is not None:
-        prompts = file_serving_prompts(config, tokens)
-        described = describe_prompts(f"{config.prompts_path}: {len(prompts)} prompts", prompts, config.api)
+        listed = file_serving_prompts(config, tokens)
+        head = f"{config.prompts_path}: {len(listed)} prompts"
+        prompts = FilePrompts(listed, round_start(config, round_number, planned or 0))
     else:
-        # One prompt per request the round sends (the seed's generator makes them in order, so prompt i is the same
-        # whatever the count); the count is no part of the description, which compares workloads across runs.
-        made = time.perf_counter()
-        prompts = synthetic_serving_prompts(config, tokens, vocab, min(MAX_SYNTHETIC, planned or MAX_SYNTHETIC))
-        described = describe_prompts(f"synthetic prompts (seed {config.seed})", prompts, config.api)
-        log.info("made %d synthetic prompts in %.1f s (one per request the round sends, at most %d)", len(prompts),
-                 time.perf_counter() - made, MAX_SYNTHETIC)
+        # One prompt per request the round plans, made as the load reaches them; the count is no part of the
+        # description, which compares workloads across runs.
+        size = min(MAX_SYNTHETIC, planned or MAX_SYNTHETIC)
+        prompts = SyntheticPrompts(config, tokens, vocab, size, round_start(config, round_number, size))
+        head = f"synthetic prompts (seed {config.seed})"
+    prompts.ensure(max(first_prompt, 1))  # a tokenizer that cannot make them fails before the server starts
     if planned is not None and planned > len(prompts):
         log.warning("the round sends %d requests and the prompt set has %d prompts: past the end, prompts are sent "
                     "again (a server's prefix cache may serve them; each point's warning counts its resent ones)",
                     planned, len(prompts))
-    references = {p.index: p.reference for p in prompts if p.reference is not None}
+    if prompts.index_at(0):
+        log.info("round %d at an endpoint: its prompts start at prompt %d, after those of the earlier rounds",
+                 round_number, prompts.index_at(0))
+    references = {p.index: p.reference for p in prompts.made if p.reference is not None}
     server: ServerProcess | None = None
     summary: dict[str, Any] = {
         "engine": engine.manifest.name, "api": config.api, "devices": config.devices, "slo": config.slo.model_dump(),
-        "prompts": described, "prompt_set": prompt_set(config, prompts, tokens, planned),
-        "model": model_record(config, folder),
+        "prompts": describe_prompts(head, prompts.made, config.api),
+        "prompt_set": prompt_set(config, prompts, tokens, planned), "model": model_record(config, folder),
         "client": client_settings(config, spec), "points": []}
     try:
         if config.endpoint is None:
@@ -458,7 +663,7 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
             except ServerFailed as exc:
                 if exc.user:
                     raise CaseUserError(str(exc)) from None
-                return ServingOutcome([], 0.0, described, Failure(kind="infrastructure", message=str(exc)))
+                return ServingOutcome([], 0.0, summary["prompts"], Failure(kind="infrastructure", message=str(exc)))
             log.info("server ready at %s: %s", server.base_url, " ".join(server.argv))
             summary["server"] = {"argv": server.argv, "base_url": server.base_url,
                                  "packages": package_versions(engine), "prefix_cache": spec.prefix_cache}
@@ -480,8 +685,8 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
                     raise CaseUserError(server.failure("before its first answer", name_error=True))
                 raise CaseUserError(f"the server answered no request within {config.ready_timeout_s:g} s "
                                     f"(ready_timeout_s; server.ready_request): {error}")
-        return _run_points(config, spec, target, server, prompts, references, tokens, out_dir, described, summary,
-                           first_prompt)
+        return _run_points(config, spec, target, server, prompts, references, tokens, out_dir, head, summary,
+                           first_prompt, planned)
     finally:
         if server is not None:
             server.stop()
@@ -536,52 +741,82 @@ def resent(records: list[RequestRecord], sent: set[int]) -> int:
     return count
 
 
+@dataclass
+class PointRun:
+    warm: PhaseRun | None
+    run: PhaseRun
+    made_ahead: int  # prompts made before the timed phase began (its requests, or a duration_s estimate)
+    made_during: int  # prompts the timed phase reached before they were made, made then (the load paused)
+    making_seconds: float  # the client's time making those
+
+
 async def _measure_point(config: GenerateConfig, spec: ServerSpec, target: Target, load: Load,
-                         prompts: list[ServingPrompt], first_prompt: int, writer: RecordWriter, tokens: Tokens,
-                         alive: Callable[[], bool], scraper: httpx.Client, scrape_dir: Path
-                         ) -> tuple[PhaseRun | None, PhaseRun]:
-    """A point's warm-up and timed phases on one client (the warm-up's connections serve the timed requests), each
-    with prompts of its own from ``first_prompt`` on; the server's metrics scraped between them."""
+                         prompts: ServingPromptSet, first_prompt: int, writer: RecordWriter, tokens: Tokens,
+                         alive: Callable[[], bool], scraper: httpx.Client, scrape_dir: Path) -> PointRun:
+    """A point's warm-up and timed phases on one client (the warm-up's connections serve the timed requests where
+    they were not idle past the client's keep-alive), each with prompts of its own from ``first_prompt`` on, made
+    before the phase; the server's metrics scraped between them."""
     warmups = warmup_count(config, load)
+    prompts.ensure(first_prompt + warmups + timed_ahead(config, load, None))
     async with load_client(load, target) as client:
         warm = None
         if warmups:
             warm = await run_phase(target, load, prompts, "warmup", requests=warmups, duration_s=None, writer=writer,
                                    count_tokens=tokens.counter(), keep_going=alive, first_prompt=first_prompt,
                                    client=client)
+        timed_first = first_prompt + (len(warm.records) if warm else 0)
+        prompts.ensure(timed_first + timed_ahead(config, load, warm))  # a closed loop's duration_s: from the warm-up
+        made, seconds = len(prompts.made), prompts.seconds
         _save_scrape(scraper, target.base_url, spec.metrics_path, scrape_dir, f"{load.label}.before.prom")
         run = await run_phase(target, load, prompts, "timed", requests=config.requests, duration_s=config.duration_s,
                               writer=writer, count_tokens=tokens.counter(), keep_going=alive,
-                              first_prompt=first_prompt + (len(warm.records) if warm else 0), client=client)
-    return warm, run
+                              first_prompt=timed_first, client=client)
+    return PointRun(warm, run, made - timed_first, len(prompts.made) - made, prompts.seconds - seconds)
+
+
+def made_late(point: PointRun) -> str | None:
+    """The caution of a duration_s point that outran the prompts made before it."""
+    if not point.made_during:
+        return None
+    return (f"{point.made_during} prompts were made while the timed requests ran, past the {point.made_ahead} made "
+            f"before them (duration_s: an estimate), {point.making_seconds:.3g} s in all: the client paused while "
+            "making each, so the latencies of requests in flight then hold those pauses")
 
 
 def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server: ServerProcess | None,
-                prompts: list[ServingPrompt], references: dict[int, str], tokens: Tokens, out_dir: Path,
-                described: str, summary: dict[str, Any], first_prompt: int) -> ServingOutcome:
+                prompts: ServingPromptSet, references: dict[int, str], tokens: Tokens, out_dir: Path, head: str,
+                summary: dict[str, Any], first_prompt: int, planned: int | None) -> ServingOutcome:
     metrics: list[Metric] = []
     failed_points: list[str] = []  # one line each: the point and its first error
     measured = 0.0
     writer = RecordWriter(out_dir / REQUESTS_FILE)
     scrape_dir = out_dir / SERVER_METRICS
     alive = (lambda: server.exited() is None) if server is not None else (lambda: True)
-    cursor = first_prompt  # the next prompt to send: each phase takes its own, in order
-    sent: set[int] = set(range(min(first_prompt, len(prompts))))  # prompts sent so far (the check's, the points')
+    cursor = first_prompt  # the position of the next prompt to send: each phase takes its own, in order
+    sent = {prompts.index_at(p) for p in range(first_prompt)}  # prompts sent so far (the check's, the points')
     repeated_total = 0
     server_prompt_tokens: list[int] = []  # the server's usage.prompt_tokens of the timed requests
+
+    def save() -> None:  # serving.json, with the prompts made so far
+        summary["prompts"] = describe_prompts(head, prompts.made, config.api)
+        summary["prompt_set"] = {**prompt_set(config, prompts, tokens, planned), "repeated_requests": repeated_total,
+                                 "input_tokens_server": _spread(server_prompt_tokens) if server_prompt_tokens else None}
+        write_json(out_dir / SERVING_FILE, summary)
+
     try:
         if server is None:
             try:
                 check_endpoint(config, target, prompts[0], writer, tokens.counter())
             except CaseUserError:
                 summary["failed_point"] = CHECK_POINT
-                write_json(out_dir / SERVING_FILE, summary)
+                save()
                 raise
             summary["endpoint"].update(version=small_json(target, "/version"), models=served_models(target))
         with httpx.Client() as scraper:
             for load in points(config):
-                warm, run = asyncio.run(_measure_point(config, spec, target, load, prompts, cursor, writer, tokens,
-                                                       alive, scraper, scrape_dir))
+                point = asyncio.run(_measure_point(config, spec, target, load, prompts, cursor, writer, tokens,
+                                                   alive, scraper, scrape_dir))
+                warm, run = point.warm, point.run
                 warm_records = warm.records if warm is not None else []
                 warm_first, timed_first = cursor, cursor + len(warm_records)
                 cursor = timed_first + len(run.records)
@@ -592,10 +827,9 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
                     message = f"point {load.label}: {server.failure('during the load')}"
                     log.error("%s", message)
                     summary["failed_point"] = load.label
-                    summary["prompt_set"]["repeated_requests"] = repeated_total
-                    write_json(out_dir / SERVING_FILE, summary)
-                    return ServingOutcome(metrics, measured, described, Failure(kind="infrastructure",
-                                                                                message=message))
+                    save()
+                    return ServingOutcome(metrics, measured, summary["prompts"], Failure(kind="infrastructure",
+                                                                                         message=message))
                 _save_scrape(scraper, target.base_url, spec.metrics_path, scrape_dir, f"{load.label}.after.prom")
                 measured += run.seconds
                 stats = point_stats(load.label, run.records, run.seconds, config.slo)
@@ -607,7 +841,7 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
                     (f"{repeated} of {stats.requests} timed requests resent a prompt already sent in this round (the "
                      f"prompt set has {len(prompts)}): a server's prefix cache may have served their prefill, so "
                      "their TTFT is optimistic") if repeated else None,
-                    late_sends(rates)) if c is not None]
+                    late_sends(rates), made_late(point)) if c is not None]
                 for caution in cautions:
                     log.warning("point %s: %s", load.label, caution)
                 if stats.failed_point:  # nothing measured: kept as failed, never as a point of the curve
@@ -631,8 +865,9 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
                     "input_tokens": sum(_prompt_tokens(r) for r in run.records if r.ok),
                     "output_tokens": stats.output_tokens, "good": stats.good,
                     "prompt_mismatches": stats.prompt_mismatched, "output_mismatches": stats.output_mismatched,
-                    "warmup_first_prompt": warm_first if warm_records else None, "first_prompt": timed_first,
-                    "repeated_prompts": repeated, "send_rate": rates})
+                    "warmup_first_prompt": prompts.index_at(warm_first) if warm_records else None,
+                    "first_prompt": prompts.index_at(timed_first), "repeated_prompts": repeated,
+                    "prompts_made_during": point.made_during, "send_rate": rates})
                 ttft = f"{stats.ttft.p50 * 1e3:.1f} ms" if stats.ttft else "-"
                 tpot = f"{stats.tpot.p50 * 1e3:.2f} ms" if stats.tpot else "-"
                 log.info("point %s: %d requests (%d failed, %d truncated) in %.2f s, %.1f output tokens/s, TTFT p50 "
@@ -643,15 +878,16 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
                                 stats.failed, stats.requests, stats.first_error, REQUESTS_FILE)
     finally:
         writer.close()
-    summary["prompt_set"]["repeated_requests"] = repeated_total
-    summary["prompt_set"]["input_tokens_server"] = _spread(server_prompt_tokens) if server_prompt_tokens else None
-    write_json(out_dir / SERVING_FILE, summary)
+    save()
+    if isinstance(prompts, SyntheticPrompts):
+        log.info("made %d synthetic prompts in %.1f s, each phase's before it (the set holds %d, from prompt %d)",
+                 len(prompts.made), prompts.seconds, len(prompts), prompts.start)
     failure = None
     if failed_points:  # the other points are measured and kept; the round says which point failed, and why
         more = f" (and {len(failed_points) - 1} more failed point(s): see {SERVING_FILE})" if len(failed_points) > 1 \
             else ""
         failure = Failure(kind="user", message=failed_points[0] + more)
-    return ServingOutcome(metrics, measured, described, failure=failure, points=summary["points"])
+    return ServingOutcome(metrics, measured, summary["prompts"], failure=failure, points=summary["points"])
 
 
 def _prompt_tokens(record: RequestRecord) -> int:

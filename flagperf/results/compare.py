@@ -205,6 +205,7 @@ class CurveComparison:
     b_slo: str
     a_workload: str | None = None  # the prompt set with its token lengths, and the API (None: not recorded)
     b_workload: str | None = None
+    workloads_differ: bool = False  # by the recorded prompt sets (workloads_differ), not the lines' wording
     a_failed: tuple[str, ...] = ()  # points left out: every request failed in some round
     b_failed: tuple[str, ...] = ()
 
@@ -219,6 +220,27 @@ class CurveComparison:
         if not self.rows or any(r.a <= 0 or r.b <= 0 for r in self.rows):
             return None
         return math.exp(sum(math.log(r.ratio) for r in self.rows) / len(self.rows))
+
+
+# Mean token lengths within 1 % are one workload: a synthetic set's mean moves a little with how many prompts were made.
+WORKLOAD_TOLERANCE = 0.01
+
+
+def workloads_differ(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two runs sent different work (ServingPoint.workload_facts): the API, and where both recorded a prompt
+    set its source and seed and the mean token lengths (the text's, asked out, and the server's count where both have
+    it) within WORKLOAD_TOLERANCE, else their prompts lines with the wording normalised. Nothing recorded on either
+    side: not said to differ (unknown)."""
+    if a["api"] is not None and b["api"] is not None and a["api"] != b["api"]:
+        return True
+    sa, sb = a["set"], b["set"]
+    if sa is not None and sb is not None:
+        if (sa["source"], sa["seed"]) != (sb["source"], sb["seed"]):
+            return True
+        return any(sa[k] is not None and sb[k] is not None
+                   and not math.isclose(sa[k], sb[k], rel_tol=WORKLOAD_TOLERANCE)
+                   for k in ("input_tokens", "output_tokens_asked", "input_tokens_server"))
+    return a["line"] is not None and b["line"] is not None and a["line"] != b["line"]
 
 
 def best_goodput(points: list[ServingPoint]) -> ServingPoint | None:
@@ -258,6 +280,7 @@ def compare_serving(a: list[ServingPoint], b: list[ServingPoint]) -> list[CurveC
             a_range=(ca[0][0], ca[-1][0]) if ca else None, b_range=(cb[0][0], cb[-1][0]) if cb else None,
             rows=rows, a_best=best_goodput(pa), b_best=best_goodput(pb), a_slo=slo_text(pa[0].slo),
             b_slo=slo_text(pb[0].slo), a_workload=pa[0].workload, b_workload=pb[0].workload,
+            workloads_differ=workloads_differ(pa[0].workload_facts, pb[0].workload_facts),
             a_failed=tuple(p.label for p in pa if p.failed_point),
             b_failed=tuple(p.label for p in pb if p.failed_point)))
     return out
@@ -290,11 +313,11 @@ def serving_comparison_markdown(comparisons: list[CurveComparison]) -> list[str]
              "inside the range both cover; nothing is extrapolated."]
     for c in comparisons:
         lines += ["", f"### {c.case}: A {c.a_series}, B {c.b_series}", ""]
-        if c.a_workload and c.b_workload and c.a_workload != c.b_workload:
+        if c.workloads_differ:
             # Throughput at equal interactivity depends on the prompt and output lengths: a ratio across two
             # workloads measures the workloads as much as the systems.
             lines.append(f"- **the workloads differ**, so the ratios compare different work: "
-                         f"A {md_text(c.a_workload)}; B {md_text(c.b_workload)}")
+                         f"A {md_text(c.a_workload or 'not recorded')}; B {md_text(c.b_workload or 'not recorded')}")
         lines += [f"- interactivity covered: A {_range(c.a_range)}, B {_range(c.b_range)} tokens/s per user",
                   f"- {_goodput_line(c)}"]
         if c.a_failed or c.b_failed:

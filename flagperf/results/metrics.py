@@ -21,8 +21,9 @@ STATISTICS: dict[str, str] = {
             "percentiles of the chunks' own rates",
     "rate@median": "one call's work / the median of the single calls' latencies (operator benchmarks' "
                    "convention); p10 and p90 are the rates at the p90 and p10 latencies",
-    "mean": "the mean over events (batches, requests or token gaps: the note says which); p50/p90/p95/p99 are "
-            "percentiles of the same events",
+    "mean": "the mean over events (batches, requests or token gaps: the note says which); p10/p50/p90/p95/p99 are "
+            "percentiles of the same events (a rate per event, as tokens/s per user, gives p10, its slow tail, "
+            "and no p99)",
     "single": "one measurement (a duration, a size, a score or a count), no statistic over repeats",
     "loadgen": "MLPerf LoadGen's own figure for its scenario",
 }

@@ -46,6 +46,12 @@ COUNTS = ("failed_requests", "truncated_requests", "empty_outputs", "token_count
 # load's p99 lies among the failed ones and the p99 shown (the SLO's statistic) is not the load's p99.
 FAILED_FLAG_FRACTION = 0.01
 QUALITY = (("rougeL", "ROUGE-L"), ("exact_match", "exact match"))
+# A prompts line's wording that changed over versions and says nothing of the work: a synthetic set's count (older
+# records: "8 synthetic prompts"), and how the lengths are labelled (newer: "... tokens with the chat template").
+SYNTHETIC_COUNT = re.compile(r"^\d+ (?=synthetic prompts)")
+WORKLOAD_WORDING = re.compile(r" (with the chat template|before the chat template|with special tokens)(?=, )")
+# What each point keeps of a figure, as the mean over rounds: p10 is a rate's slow tail (tokens_per_s_per_user).
+FIGURE_KEYS = ("value", "p10", "p50", "p90", "p99", "mfu")
 # The server's figures, by the part of a Prometheus sample's name after its engine prefix (vllm:, sglang:).
 SERVER_COUNTERS = {"output_tokens": ("generation_tokens_total",), "prompt_tokens": ("prompt_tokens_total",),
                    "requests": ("request_success_total", "num_requests_total")}
@@ -67,7 +73,7 @@ class ServingPoint:
     precision: str
     rounds: int = 0
     failed_rounds: int = 0  # rounds that stopped later (their finished points are kept) and say so
-    figures: dict[str, dict[str, float | None]] = field(default_factory=dict)  # what -> value/p50/p90/p99/mfu
+    figures: dict[str, dict[str, float | None]] = field(default_factory=dict)  # what -> value/p10/p50/p90/p99/mfu
     counts: dict[str, int] = field(default_factory=dict)  # summed over rounds
     requests: int | None = None  # timed requests, summed over rounds
     output_tokens: int | None = None  # output tokens of the successful timed requests, summed over rounds
@@ -103,6 +109,29 @@ class ServingPoint:
         this is the same."""
         prompts = self.setup.get("prompts")
         return f"{prompts}; {self.setup.get('api', '?')} API" if isinstance(prompts, str) else None
+
+    @property
+    def workload_facts(self) -> dict[str, Any]:
+        """What was sent, as two runs are compared on it (flagperf.results.compare.workloads_differ): the API;
+        ``set``, from serving.json's prompt_set, where the prompts came from, the seed, and the mean token lengths of
+        the text, asked out, and as the server counted them where it sent usage; ``line``, the prompts line with the
+        wording that changed over versions taken out (a synthetic set's count, how its lengths are labelled). Each
+        None where the round did not record it."""
+        recorded = self.setup.get("prompt_set")
+        prompts = self.setup.get("prompts")
+        facts: dict[str, Any] = {"api": self.setup.get("api"), "set": None,
+                                 "line": WORKLOAD_WORDING.sub("", SYNTHETIC_COUNT.sub("", prompts))
+                                 if isinstance(prompts, str) else None}
+        if isinstance(recorded, dict) and isinstance(recorded.get("source"), str):
+            def mean(key: str) -> float | None:
+                spread = recorded.get(key)
+                value = spread.get("mean") if isinstance(spread, dict) else None
+                return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+            facts["set"] = {"source": recorded["source"], "seed": recorded.get("seed"),
+                            "input_tokens": mean("input_tokens"), "output_tokens_asked": mean("output_tokens_asked"),
+                            "input_tokens_server": mean("input_tokens_server")}
+        return facts
 
     @property
     def served_by(self) -> str | None:
@@ -204,7 +233,7 @@ def serving_points(run_dir: Path, rows: pd.DataFrame | None = None,
             figures = values.setdefault(key, {})
             counted_by_failed_fraction = any(w == "failed_fraction" for w, _ in metrics)
             for what, m in metrics:
-                figures.setdefault(what, []).append((m.value, m.p50, m.p90, m.p99, m.mfu))
+                figures.setdefault(what, []).append(tuple(getattr(m, name) for name in FIGURE_KEYS))
                 point.mfu_estimated = point.mfu_estimated or bool(m.mfu is not None and m.mfu_peak is not None
                                                                   and m.mfu_peak.estimated)
                 if what == "output_tokens_per_s":
@@ -230,8 +259,7 @@ def serving_points(run_dir: Path, rows: pd.DataFrame | None = None,
                 servers.setdefault(key, []).append(figures_of_server)
     for key, point in points.items():
         for what, samples in values[key].items():
-            point.figures[what] = {name: _mean(s[i] for s in samples)
-                                   for i, name in enumerate(("value", "p50", "p90", "p99", "mfu"))}
+            point.figures[what] = {name: _mean(s[i] for s in samples) for i, name in enumerate(FIGURE_KEYS)}
         for scrape in servers.get(key, []):
             for name in scrape:
                 point.server[name] = statistics.fmean(s[name] for s in servers[key] if name in s)
@@ -244,7 +272,7 @@ def serving_points(run_dir: Path, rows: pd.DataFrame | None = None,
 
 def serving_levels(run_dir: Path, rows: pd.DataFrame | None = None) -> list[dict[str, Any]]:
     """The concurrency points as plain dicts (case, concurrency, energy_per_token_j, figures by
-    ``<what>.<value|p50|p90|p99|mfu>``), for callers that read them as data."""
+    ``<what>.<value|p10|p50|p90|p99|mfu>``), for callers that read them as data."""
     out = []
     for p in serving_points(run_dir, rows):
         if p.kind == "concurrency":
@@ -386,6 +414,12 @@ def _requests(point: ServingPoint) -> str:
     return f"{base} ({', '.join(problems)})" + (" **flagged**" if point.flagged else "")
 
 
+def _per_user(point: ServingPoint) -> str:
+    """Tokens/s per user: the mean, and its slow tail, p10, where the figure has one (results before it had none)."""
+    p10 = point.figure("tokens_per_s_per_user", "p10")
+    return _num(point.figure("tokens_per_s_per_user")) + (f" (p10 {_num(p10)})" if p10 is not None else "")
+
+
 def _verdict(point: ServingPoint) -> str:
     if point.failed_point:
         return "**failed**"
@@ -504,7 +538,8 @@ def serving_markdown(run_dir: Path, rows: pd.DataFrame | None) -> list[str]:
         return []
     lines = ["## LLM serving (generate)", "",
              "Per point (a closed-loop concurrency, or an open-loop request rate): output tokens/s of the "
-             "server in all and per device, tokens/s each user saw (output tokens / E2EL, mean), interactivity "
+             "server in all and per device, tokens/s each user saw (output tokens / E2EL: the mean, and p10, the "
+             "most the slowest 10 % of users got), interactivity "
              "(1 / mean TPOT), goodput (requests meeting every SLO per second, and their fraction of all "
              "requests), the SLO verdict on p99 TTFT/TPOT with no failed request, energy per output token from "
              "the monitors over the point's window; MFU (batch engines) = the level's model FLOPs (prefill and "
@@ -537,7 +572,7 @@ def serving_markdown(run_dir: Path, rows: pd.DataFrame | None) -> list[str]:
                       "requests only: " + ", ".join(f"{p.case} {p.label}" for p in flagged) + "."]
     lines += ["", *_table(THROUGHPUT_HEADER, [
         [*_where(p), _requests(p), _num(p.figure("output_tokens_per_s")), _num(p.per_device),
-         _num(p.figure("tokens_per_s_per_user")), _num(p.interactivity), _num(p.figure("requests_per_s")),
+         _per_user(p), _num(p.interactivity), _num(p.figure("requests_per_s")),
          _goodput(p), _verdict(p), _mfu(p), _num(p.energy_per_token_j), _quality(p), _rounds(p)] for p in points])]
     lines += ["", *_table(LATENCY_HEADER, [[*_where(p), _triple(p, "ttft_s"), _triple(p, "tpot_s"),
                                             _triple(p, "itl_s"), _triple(p, "e2el_s")] for p in points])]

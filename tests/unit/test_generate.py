@@ -109,6 +109,29 @@ def test_metric_definitions_on_known_timestamps() -> None:
     assert "prefill and decode" in tokens.convention and "4 x layers x hidden x context" in tokens.convention
 
 
+def test_batch_figures_state_their_convention_and_where_a_serving_engines_differs() -> None:
+    """Every figure of a batch engine's level says how it was counted. The serving engines' figures share their names
+    and formulas, not their clock: a batch engine times a request from its arrival at the engine to its tokens, a
+    serving engine from the client's send to the chunks it receives and the end of the stream. Each latency and
+    per-user convention says which it is, and names the other's, on both sides."""
+    from flagperf.generate.points import CONVENTIONS as SERVING
+
+    traces = [RequestTrace(arrival=0.0, prompt_tokens=4, token_times=[0.5, 0.6, 0.8, 1.1], output_ids=[1] * 4)]
+    metrics = {m.name.split("@")[0]: m for m in level_metrics(level_stats(1, traces, 2.0), (0.0, 2.0),
+                                                               TransformerFlops(1000), "fp32", None)}
+    assert set(metrics) == {"output_tokens_per_s", "tokens_per_s_per_user", "requests_per_s", "ttft_s", "tpot_s",
+                            "itl_s", "e2el_s"}
+    assert all(m.convention for m in metrics.values()), [n for n, m in metrics.items() if not m.convention]
+    assert metrics["output_tokens_per_s"].convention.startswith("output tokens of the level's timed requests")
+    assert "prefill and decode" in metrics["output_tokens_per_s"].convention  # and its MFU's
+    for what in ("tokens_per_s_per_user", "ttft_s", "tpot_s", "itl_s", "e2el_s"):
+        assert "A serving engine's" in metrics[what].convention, what
+        assert "a batch engine's" in SERVING[what], what
+        assert metrics[what].convention != SERVING[what]
+    assert "last token - arrival" in metrics["tokens_per_s_per_user"].convention
+    assert "E2EL" in SERVING["tokens_per_s_per_user"] and "end of the response stream" in SERVING["e2el_s"]
+
+
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path

@@ -30,6 +30,7 @@ from flagperf.config.models import CASE_FOLDER
 from flagperf.config.plan import plan_run
 from flagperf.entry import run_job
 from flagperf.errors import EXIT_USER_ERROR, ConfigError
+from flagperf.generate.config import GenerateConfig
 from flagperf.generate.engines import load_engine
 from flagperf.generate.loadgen import (
     MAX_LINE_BYTES,
@@ -147,30 +148,121 @@ def test_an_e2el_bound_and_a_usage_mismatch_are_counted() -> None:
     assert (stats.mismatched, stats.prompt_mismatched, stats.output_mismatched) == (2, 2, 1)
 
 
-def test_prompt_lengths_are_labelled_as_the_server_counts_them() -> None:
-    """A chat template that adds tokens to every prompt: the label gives the length with it, where the client has
-    the tokenizer and its template; without a template, it says its lengths are before it. Prompt i is the same
-    whatever the count made (the round makes one per request)."""
-    from flagperf.generate.config import GenerateConfig
+def _prompt_config(**values: object) -> GenerateConfig:
+    return GenerateConfig.model_validate({"model": "tiny", "precision": "fp32", "engine": "transformers-serve",
+                                          "input_len": 4, "max_new_tokens": 5, "concurrency": [1], "requests": 4,
+                                          "timeout_s": 600.0, "max_retries": 0, **values})
+
+
+def _word_tokens(template: str | None) -> Tokens:
     from flagperf.generate.models import word_tokenizer
-    from flagperf.generate.serve import describe_prompts
 
     tokens = Tokens(None)
     tokens.tokenizer = word_tokenizer(512)
-    tokens.tokenizer.chat_template = "t0 t0 {% for message in messages %}{{ message['content'] }}{% endfor %}"
-    config = GenerateConfig.model_validate({"model": "tiny", "precision": "fp32", "engine": "transformers-serve",
-                                            "input_len": 4, "max_new_tokens": 5, "concurrency": [1],
-                                            "requests": 4, "timeout_s": 600.0, "max_retries": 0})
-    prompts = synthetic_serving_prompts(config, tokens, 512, 3)
-    assert [(p.prompt_tokens, p.sent_tokens) for p in prompts] == [(4, 6)] * 3
+    tokens.tokenizer.chat_template = template
+    return tokens
+
+
+def test_prompt_lengths_are_labelled_as_the_server_counts_them() -> None:
+    """A chat template that adds tokens to every prompt: the label gives the length with it, where the client has
+    the tokenizer and its template; without a template, it says its lengths are before it. Prompt i is the same
+    whatever the count made, across the batches it is made in (256 at a time): 300 and 600 prompts agree on their
+    first 300, and a set that starts at prompt 290 (an endpoint's later round) holds the same prompts from there."""
+    from flagperf.generate.serve import SYNTHETIC_CHUNK, SyntheticPrompts, describe_prompts
+
+    tokens = _word_tokens("t0 t0 {% for message in messages %}{{ message['content'] }}{% endfor %}")
+    config = _prompt_config()
+    prompts = synthetic_serving_prompts(config, tokens, 512, 300)
+    assert [(p.prompt_tokens, p.sent_tokens) for p in prompts] == [(4, 6)] * 300
     assert describe_prompts("synthetic prompts (seed 0)", prompts, "chat") == (
         "synthetic prompts (seed 0) of 6 tokens with the chat template, 5 out")
-    assert [p.text for p in synthetic_serving_prompts(config, tokens, 512, 5)[:3]] == [p.text for p in prompts]
+    more = synthetic_serving_prompts(config, tokens, 512, 600)
+    assert SYNTHETIC_CHUNK < 300 and more[:300] == prompts and len({p.text for p in more}) == 600
+    later = SyntheticPrompts(config, tokens, 512, 20, start=290)
+    assert [later[p] for p in range(20)] == more[290:310] and later.index_at(3) == 293
     tokens.tokenizer.chat_template = None
     prompts = synthetic_serving_prompts(config, tokens, 512, 3)
     assert [p.sent_tokens for p in prompts] == [None] * 3
     assert describe_prompts("synthetic prompts (seed 0)", prompts, "chat") == (
         "synthetic prompts (seed 0) of 4 tokens before the chat template, 5 out")
+
+
+def test_prompts_are_made_as_the_load_reaches_them() -> None:
+    """A round's set holds up to 8192 prompts (a duration_s round's): only the positions asked for are made, and one
+    asked for past them is made then, its time counted."""
+    from flagperf.generate.serve import MAX_SYNTHETIC, SyntheticPrompts
+
+    prompts = SyntheticPrompts(_prompt_config(), _word_tokens(None), 512, MAX_SYNTHETIC)
+    assert len(prompts) == MAX_SYNTHETIC and prompts.made == []
+    prompts.ensure(3)
+    assert len(prompts.made) == 3
+    assert prompts[9].index == 9 and len(prompts.made) == 10 and prompts.seconds > 0
+
+
+def test_a_constant_template_is_counted_once_and_checked_against_full_counts(monkeypatch: pytest.MonkeyPatch
+                                                                             ) -> None:
+    """A template that puts the message between added tokens adds the same tokens to every prompt: after
+    CHECKED_PROMPTS prompts counted through it in full agreed, the others are the text's count plus those, without
+    rendering and encoding each again. One that puts text next to the message (which a tokenizer may merge with
+    it) is counted through in full for every prompt; and a constant that disagrees with the full count is dropped."""
+    from flagperf.generate.serve import CHECKED_PROMPTS
+
+    tokens = _word_tokens("<s>{% for message in messages %}{{ message['content'] }}{% endfor %}</s>")
+    tokens.tokenizer.add_special_tokens({"additional_special_tokens": ["<s>", "</s>"]})
+    rendered: list[int] = []
+    render = tokens.tokenizer.apply_chat_template
+
+    def counted(conversations: list[object], **kwargs: object) -> object:
+        rendered.append(len(conversations) if isinstance(conversations[0], list) else 1)
+        return render(conversations, **kwargs)
+
+    monkeypatch.setattr(tokens.tokenizer, "apply_chat_template", counted)
+    config = _prompt_config()
+    prompts = synthetic_serving_prompts(config, tokens, 512, 600)
+    assert tokens.overhead("chat") == 2 and {(p.prompt_tokens, p.sent_tokens) for p in prompts} == {(4, 6)}
+    assert sum(rendered) == CHECKED_PROMPTS + 2  # the first batch in full, and the two probes
+    assert tokens.overhead("completions") == 0  # the word tokenizer adds no BOS
+
+    merging = _word_tokens("t0 t0 {% for message in messages %}{{ message['content'] }}{% endfor %}")
+    assert merging.overhead("chat") is None
+    trimming = _word_tokens("<s>{% for message in messages %}{{ message['content'] | trim }}{% endfor %}</s>")
+    trimming.tokenizer.add_special_tokens({"additional_special_tokens": ["<s>", "</s>"]})
+    assert trimming.overhead("chat") is None  # the message is not sent as it is
+
+    wrong = _word_tokens("<s>{% for message in messages %}{{ message['content'] }}{% endfor %}</s>")
+    wrong.tokenizer.add_special_tokens({"additional_special_tokens": ["<s>", "</s>"]})
+    wrong._overhead["chat"] = 5  # a constant the tokenizer's pipeline does not keep
+    assert {p.sent_tokens for p in synthetic_serving_prompts(config, wrong, 512, 300)} == {6}
+    assert wrong.overhead("chat") is None
+
+
+def test_an_endpoints_later_rounds_start_after_the_earlier_rounds_prompts() -> None:
+    """An endpoint is a long-lived server: its round N starts after the prompts rounds 1 to N-1 sent, so that no
+    round finds its prompts in the prefix cache; a server the round starts is new every round, and every round
+    sends the same prompts."""
+    from flagperf.generate.serve import round_start
+
+    assert round_start(_prompt_config(), 3, 11) == 0
+    assert round_start(_prompt_config(endpoint={"base_url": "http://10.0.0.5:8000", "model": "m"}), 3, 11) == 22
+
+
+def test_a_duration_s_point_makes_its_prompts_before_it_from_an_estimate() -> None:
+    """An open loop's expected arrivals with a margin for the draw; a closed loop twice its warm-up's rate; none to go
+    on (no warm-up): made as reached, and the point says so."""
+    from flagperf.generate.loadgen import PhaseRun
+    from flagperf.generate.serve import PointRun, made_late, timed_ahead
+
+    config = _prompt_config(requests=None, duration_s=10.0)
+    assert timed_ahead(_prompt_config(), Load("c1", concurrency=1), None) == 4  # a request count: exactly
+    assert timed_ahead(config, Load("r4", rate=4.0), None) == 50 + 26 + 1  # 1.25 x 40 + 4 sd (sqrt 40 = 6.3)
+    assert timed_ahead(config, Load("c2", concurrency=2), None) == 0
+    warm = PhaseRun(records=[RequestRecord("c2", "warmup", i, i, 0.0, 5, True) for i in range(4)], started_at=0.0,
+                    ended_at=2.0, seconds=2.0)
+    assert timed_ahead(config, Load("c2", concurrency=2), warm) == 2 * 2 * 10 + 2
+    run = PhaseRun(records=[], started_at=0.0, ended_at=0.0, seconds=0.0)
+    assert made_late(PointRun(warm, run, 42, 0, 0.0)) is None
+    assert (made_late(PointRun(warm, run, 42, 7, 0.25)) or "").startswith(
+        "7 prompts were made while the timed requests ran, past the 42 made before them")
 
 
 # ---- engine folders: the exact command lines ----------------------------------------------------------------
@@ -529,6 +621,23 @@ def test_a_point_spans_its_first_send_to_its_last_end(served: ServerProcess, mod
     assert all(r.scheduled_offset_s is None and r.queue_wait_s is None for r in run.records)  # closed loop
 
 
+def test_the_client_lets_an_idle_connection_go_before_the_server_closes_it() -> None:
+    """uvicorn (the HTTP server of vLLM, SGLang and transformers serve) closes a connection idle for 5 s: a client that
+    keeps one as long (httpx's default) may send a request on it just as the server closes it, and the request fails
+    (httpx retries no POST). The point's client drops an idle connection sooner, and the next request opens one."""
+    import inspect
+
+    import uvicorn
+
+    from flagperf.generate.loadgen import load_client
+
+    server_idle_s = inspect.signature(uvicorn.Config).parameters["timeout_keep_alive"].default
+    client = load_client(Load("c4", concurrency=4), Target("http://127.0.0.1:1", "m", "chat"))
+    pool = client._transport._pool  # httpx gives no public view of its limits
+    assert pool._keepalive_expiry < server_idle_s and pool._max_connections == pool._max_keepalive_connections == 4
+    asyncio.run(client.aclose())
+
+
 def test_a_points_duration_is_on_one_clock_whatever_the_wall_clock_did() -> None:
     """The wall clock stepped back 600 s (NTP) between two sends: the duration is the send offsets' and E2ELs'
     (perf_counter), 1.5 s, not the wall clock's; lines written before send offsets existed keep their sent_at
@@ -718,6 +827,16 @@ def test_a_case_measures_an_endpoint_the_inventory_names(served: ServerProcess, 
     assert not (out / SERVER_LOG).exists()  # no server was started
     assert {"result.json", REQUESTS_FILE, SERVING_FILE} <= {p.name for p in out.rglob("*")}
     assert _files_holding(SECRET, out) == [] and SECRET not in caplog.text
+    # Round 2 at the same endpoint (a long-lived server, its prefix cache holding round 1's prompts) sends the 11
+    # prompts after round 1's, in the same order of phases.
+    second = tmp_path / "round2"
+    second.mkdir()
+    assert run_job(job.model_copy(update={"round": 2}), second) == 0
+    again = sorted(read_records(second / REQUESTS_FILE), key=lambda r: (r.point, r.phase, r.seq))
+    assert sorted(r.prompt_index for r in again) == list(range(11, 22))
+    serving = json.loads((second / SERVING_FILE).read_text())
+    assert serving["prompt_set"]["first_index"] == 11 and serving["prompt_set"]["repeated_requests"] == 0
+    assert [(p["warmup_first_prompt"], p["first_prompt"]) for p in serving["points"]] == [(12, 14), (16, 20)]
     with pytest.raises(ConfigError, match=r"'elsewhere' names no endpoint of the inventory .*: lab\)") as refused:
         plan_run(cases=["tiny-llama-serve"], sets=["endpoint=elsewhere"], results_dir=tmp_path / "results",
                  inventory_endpoints={"lab": job.config["endpoint"]}, inventory_source="inventory.yaml")

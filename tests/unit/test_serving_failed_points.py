@@ -167,9 +167,10 @@ def test_prompts_resent_past_the_end_of_a_short_file_and_an_open_loop_that_sent_
     assert run_job(job, out) == 0
     serving = json.loads((out / SERVING_FILE).read_text(encoding="utf-8"))
     assert serving["prompts"] == "prompts.jsonl: 2 prompts of 2 tokens before the chat template, 2 out"
-    # The check sends prompt 0; c1's warm-up prompt 1; its timed requests 0, 1, 0; r100000's 1, then 0, 1, 0.
+    # The check sends prompt 0; c1's warm-up prompt 1; its timed requests 0, 1, 0; r100000's 1, then 0, 1, 0 (each
+    # phase's first prompt by its index in the file, requests.jsonl's prompt_index).
     assert [(p["label"], p["warmup_first_prompt"], p["first_prompt"], p["repeated_prompts"])
-            for p in serving["points"]] == [("c1", 1, 2, 3), ("r100000", 5, 6, 3)]
+            for p in serving["points"]] == [("c1", 1, 0, 3), ("r100000", 1, 0, 3)]
     assert serving["prompt_set"]["requests_planned"] == 9 and not serving["prompt_set"]["each_sent_once"]
     assert serving["prompt_set"]["repeated_requests"] == 7
     metrics = {m.name: m for m in read_result(out / "result.json").metrics}
@@ -181,3 +182,31 @@ def test_prompts_resent_past_the_end_of_a_short_file_and_an_open_loop_that_sent_
     timed = [r for r in read_records(out / REQUESTS_FILE) if r.point == "r100000" and r.phase == "timed"]
     assert all(r.scheduled_offset_s is not None and r.queue_wait_s is not None for r in timed)
     assert max(r.queue_wait_s or 0.0 for r in timed) > 0 and rate["queue_wait_s"]["max"] > 0
+
+
+def test_a_duration_s_round_makes_only_the_prompts_its_points_reach(refusing: str, tmp_path: Path) -> None:
+    """A duration_s round's set holds up to 8192 synthetic prompts, as its count is not known before; it makes the
+    check's, each warm-up's, and for each timed phase an estimate made before it (an open loop: its expected
+    arrivals with a margin), not the whole set. The open loop's arrivals are drawn from the seed, so it sends the
+    same requests on any machine (a slow one sends them late), all within the estimate."""
+    from flagperf.generate.serve import MAX_SYNTHETIC
+
+    RefusingEndpoint.refuse = set()
+    plan = plan_run(cases=["tiny-llama-serve"], sets=["endpoint=lab", "concurrency=[]", "request_rates=[20]",
+                                                      "requests=null", "duration_s=0.5", "warmup_requests=1",
+                                                      "max_new_tokens=2"],
+                    results_dir=tmp_path / "results", inventory_endpoints={"lab": {"base_url": refusing, "model": "m"}},
+                    inventory_source="inventory.yaml")
+    cp = plan.cases[0]
+    job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, host="localhost", vendor="cpu",
+              config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={})
+    out = tmp_path / "round"
+    out.mkdir()
+    assert run_job(job, out) == 0
+    serving = json.loads((out / SERVING_FILE).read_text(encoding="utf-8"))
+    made = serving["prompt_set"]
+    # 20 requests/s for 0.5 s: 10 expected, 1.25 x 10 + 4 x sqrt(10) + 1 = 27 made before the timed phase.
+    assert made["count"] == 1 + 1 + 27 and made["requests_planned"] is None
+    assert made["set_size"] == MAX_SYNTHETIC
+    (point,) = serving["points"]
+    assert 0 < point["requests"] <= 27 and point["prompts_made_during"] == 0 and point["repeated_prompts"] == 0

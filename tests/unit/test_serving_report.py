@@ -23,7 +23,7 @@ from flagperf.results.compare import (
     pareto_frontier,
     serving_comparison_markdown,
 )
-from flagperf.results.metrics import TransformerFlops
+from flagperf.results.metrics import STATISTICS, TransformerFlops
 from flagperf.results.report import build_report
 from flagperf.results.schema import Metric, RoundResult, write_result
 from flagperf.results.serving import serving_points
@@ -136,6 +136,10 @@ def test_points_carry_every_figure_with_counts_summed_and_the_server_beside_the_
     assert c4.counts["failed_requests"] == 1 and c4.counts["truncated_requests"] == 1 and c4.requests == 4
     assert c4.goodput == pytest.approx(1.5) and c4.figure("goodput_fraction") == pytest.approx(0.75)
     assert c4.slo_met is False  # a failed request fails the p99 check
+    # Tokens/s per user is a rate per request: its slow tail, p10, is kept (5 / 0.52 s twice, 3 / 0.36 s once).
+    slow, fast = 3 / 0.36, 5 / 0.52
+    assert c4.figure("tokens_per_s_per_user") == pytest.approx((slow + 2 * fast) / 3)
+    assert c4.figure("tokens_per_s_per_user", "p10") == pytest.approx(slow + 0.2 * (fast - slow))
     assert (r05.kind, r05.level, r05.per_device) == ("rate", 0.5, pytest.approx(10 / 4 / 2))
     # The batch engine: no per-device metric (one device) and no interactivity metric: taken from tpot_s.
     assert hf.per_device == pytest.approx(16.0) and hf.interactivity == pytest.approx(20.0)
@@ -155,6 +159,8 @@ def test_the_report_shows_every_point_its_counts_the_slo_frontier_and_the_plots(
     assert rows[0].startswith("| serve-case | 4 | - | 4 (1 failed = 25.0%, 1 truncated, 0 empty, 0 count mismatch) "
                               "**flagged** | 6.5 | 3.25 |")
     assert "| 1.5 (75.0%) | **missed** |" in rows[0]
+    assert "| 6.5 | 3.25 | 9.188 (p10 8.59) | 12.5 |" in rows[0]  # tokens/s per user: the mean and its slow tail
+    assert "p10" in STATISTICS["mean"]  # how the report's "How these numbers were made" explains it
     assert "| serve-case | 2 | - | 4 (0 failed, 0 truncated, 0 empty, 0 count mismatch) | 20 | 10 |" in md
     assert "| met | - | 5 | ROUGE-L 0.75, exact match 0.5 | 1 |" in md  # SLO, MFU, J per token, quality, rounds
     assert "| serve-case | - | 0.5 |" in md
@@ -301,6 +307,43 @@ def test_the_report_names_the_prompts_and_the_server_and_compare_flags_other_wor
             "tokens, 16 out; chat API; B sharegpt.json: 900 conversations") in text
     same = curve_run(tmp_path, "run-c", CURVE_B, setup=STARTED)
     assert "workloads differ" not in "\n".join(serving_comparison_markdown(compare_serving_runs(a, same)))
+
+
+def _synthetic_set(input_mean: float = 16.0, seed: int = 0, server: float | None = None) -> dict[str, object]:
+    """serving.json's prompt_set of a synthetic run (the fields runs have kept since it was recorded)."""
+    spread = {"min": 16, "mean": input_mean, "max": 16}
+    return {"source": "synthetic", "count": 39, "seed": seed, "input_tokens": spread,
+            "output_tokens_asked": {"min": 16, "mean": 16.0, "max": 16},
+            "counted_with": "the model folder's tokenizer",
+            "input_tokens_server": {"min": 16, "mean": server, "max": 16} if server is not None else None}
+
+
+def test_compare_says_the_workloads_differ_only_where_the_work_does(tmp_path: Path) -> None:
+    """A run from before the prompts line labelled its lengths (and counted its synthetic prompts), one from after,
+    the same case at a server the round started ("with the chat template") and at an endpoint without the model's
+    tokenizer ("before the chat template"): the same work, by the recorded prompt sets, never by their wording. Another
+    seed, other lengths (the text's, or the server's count) or another API are other work."""
+    older = {**STARTED, "prompt_set": _synthetic_set()}
+    started = {**STARTED, "prompts": "synthetic prompts (seed 0) of 16 tokens with the chat template, 16 out",
+               "prompt_set": {**_synthetic_set(server=16.0), "set_size": 39, "first_index": 0}}
+    endpoint = {**AT_ENDPOINT, "prompts": "synthetic prompts (seed 0) of 16 tokens before the chat template, 16 out",
+                "prompt_set": {**_synthetic_set(input_mean=16.05, server=16.0), "counted_with": "words"}}
+
+    def differ(a: dict[str, object], b: dict[str, object], name: str) -> bool:
+        (c,) = compare_serving_runs(curve_run(tmp_path, f"{name}-a", CURVE_A, setup=a),
+                                    curve_run(tmp_path, f"{name}-b", CURVE_B, setup=b))
+        said = "workloads differ" in "\n".join(serving_comparison_markdown([c]))
+        assert said == c.workloads_differ
+        return said
+
+    assert not differ(older, started, "versions") and not differ(started, endpoint, "modes")
+    assert not differ(STARTED, {**STARTED, "prompts": "synthetic prompts (seed 0) of 16 tokens before the chat "
+                                                      "template, 16 out"}, "lines")  # no prompt set: the line
+    assert differ(started, {**started, "prompt_set": _synthetic_set(seed=1)}, "seed")
+    assert differ(started, {**started, "prompt_set": _synthetic_set(input_mean=32.0)}, "length")
+    assert differ(started, {**started, "prompt_set": _synthetic_set(server=40.0)}, "served")  # another template
+    assert differ(started, {**started, "api": "completions"}, "api")
+    assert differ(STARTED, {**STARTED, "prompts": "8 synthetic prompts (seed 0) of 32 tokens, 16 out"}, "old")
 
 
 def test_cli_compare_prints_and_writes_the_serving_curves(tmp_path: Path) -> None:
