@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from pydantic import BaseModel, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
 from typer.testing import CliRunner
 
 from flagperf.config.models import SuiteFile, pydantic_error_to_config_error
@@ -173,3 +173,31 @@ def test_gathered_findings_are_each_said_once() -> None:
     first, again, other = ConfigError("f", "a", "x"), ConfigError("f", "a", "x"), ConfigError("f", "b", "y")
     error = gathered([first, again, other])
     assert [str(e) for e in [error, *error.more]] == ["f: a: x", "f: b: y"]
+
+
+def test_two_keys_with_the_same_small_value_are_two_findings(tmp_path: Path) -> None:
+    # 0 is one shared object in Python: two keys holding it are not one value failing a union's members.
+    suite = write(tmp_path / "s8.yaml", "name: s8\ncases: [computation-FP32]\n"
+                                        "overrides: {computation-FP32: {timeout_s: 0, min_iters: 0}}\n")
+    assert errors("validate", str(suite)) == [
+        f"error {suite}: overrides.computation-FP32.timeout_s: Input should be greater than 0 (got 0)",
+        f"error {suite}: overrides.computation-FP32.min_iters: Input should be greater than or equal to 1 (got 0)"]
+
+
+def test_one_value_failing_every_member_of_a_union_is_one_finding() -> None:
+    class Model(BaseModel):
+        model_config = ConfigDict(strict=True)
+        x: int | str
+        positive: PositiveInt
+        flag: bool | None = None
+        at_least_one: int = Field(ge=1)
+
+    with pytest.raises(ValidationError) as caught:
+        Model.model_validate({"x": 1.5, "positive": 0, "at_least_one": 0, "flag": 0})
+    for model in (Model, None):  # (None: the tags are told from the keys by their form)
+        error = pydantic_error_to_config_error(caught.value, "f.yaml", model=model)
+        assert [str(e) for e in [error, *error.more]] == [
+            "f.yaml: x.int: Input should be a valid integer (got 1.5)",
+            "f.yaml: positive: Input should be greater than 0 (got 0)",
+            "f.yaml: flag: Input should be a valid boolean (got 0)",
+            "f.yaml: at_least_one: Input should be greater than or equal to 1 (got 0)"], model
