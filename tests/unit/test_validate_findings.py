@@ -201,3 +201,27 @@ def test_one_value_failing_every_member_of_a_union_is_one_finding() -> None:
             "f.yaml: positive: Input should be greater than 0 (got 0)",
             "f.yaml: flag: Input should be a valid boolean (got 0)",
             "f.yaml: at_least_one: Input should be greater than or equal to 1 (got 0)"], model
+
+
+def test_a_typo_in_the_overrides_for_every_case_hides_no_other_finding(tmp_path: Path) -> None:
+    suite = write(tmp_path / "s9.yaml", "name: s9\ncases: [computation-FP32]\n"
+                                        "overrides: {'*': {min_duraton_s: 3, timeout_s: 0}}\n")
+    lines = errors("validate", str(suite))
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"error {suite}: overrides.*.min_duraton_s: no selected case has this key (did you "
+                               "mean min_duration_s?"), lines
+    # The key next to the typo is still spread, and checked.
+    assert lines[1] == f"error {suite}: overrides.*.timeout_s: Input should be greater than 0 (got 0)", lines
+
+
+def test_findings_beyond_those_listed_are_counted(tmp_path: Path) -> None:
+    from flagperf.errors import MAX_FINDINGS
+
+    strays = "".join(f"  stray-{n:02}: {{m: 8}}\n" for n in range(MAX_FINDINGS + 5))
+    suite = write(tmp_path / "s10.yaml", f"name: s10\ncases: [computation-FP32]\noverrides:\n{strays}")
+    lines = errors("validate", str(suite))
+    assert len(lines) == MAX_FINDINGS + 1, lines
+    assert lines[0] == f"error {suite}: overrides.stray-00: is not one of the suite's cases"
+    assert lines[-1] == f"error {suite}: ... and 5 more findings (not listed: fix these and check again)"
+    assert len(errors("validate", str(write(tmp_path / "s11.yaml", "name: s11\ncases: [computation-FP32]\n"
+                                             "overrides: {stray: {}}\n")))) == 1  # none left out: no such line
