@@ -600,11 +600,13 @@ def prompt_set(config: GenerateConfig, prompts: ServingPromptSet, tokens: Tokens
             "requests_planned": planned, "each_sent_once": planned is not None and planned <= len(prompts)}
 
 
-def round_start(config: GenerateConfig, round_number: int, span: int) -> int:
+def round_start(config: GenerateConfig, round_number: int, span: int, attempt: int = 1, rounds: int = 1) -> int:
     """The prompt an endpoint's round N starts at: after the ``span`` prompts each of rounds 1 to N-1 sent, so that
-    the long-lived server's prefix cache holds none of this round's from an earlier round. A server the round starts
-    is new each round: every round sends the same prompts, a repeat of the same measurement."""
-    return (round_number - 1) * span if config.endpoint is not None else 0
+    the long-lived server's prefix cache holds none of this round's from an earlier round; a retried round's attempt K
+    after those of every round's attempts 1 to K-1 (of the run's ``rounds``), so that it resends none its failed
+    attempt sent. A server the round starts is new each round: every round sends the same prompts, a repeat of the
+    same measurement."""
+    return ((attempt - 1) * rounds + round_number - 1) * span if config.endpoint is not None else 0
 
 
 def timed_ahead(config: GenerateConfig, load: Load, warm: PhaseRun | None) -> int:
@@ -713,7 +715,8 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device, out_dir: Path,
-                round_number: int = 1) -> ServingOutcome:
+                round_number: int = 1, attempt: int = 1, rounds: int = 1) -> ServingOutcome:
+    """The round (its ``attempt``, of the run's ``rounds``: where an endpoint's prompts start, round_start)."""
     spec = engine.server
     assert spec is not None
     if isinstance(config.endpoint, str):  # the plan puts the inventory's entry in its place; a job without it
@@ -734,25 +737,30 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
         listed = sharegpt_prompts(str(config.data_file("sharegpt_path")), tokens, config.input_len,
                                   config.max_new_tokens, config.api)
         head = f"{config.sharegpt_path}: {len(listed)} conversations"
-        prompts = FilePrompts(listed, round_start(config, round_number, planned or 0))
+        prompts = FilePrompts(listed, round_start(config, round_number, planned or 0, attempt, rounds))
     elif config.prompts_path is not None:
         listed = file_serving_prompts(config, tokens)
         head = f"{config.prompts_path}: {len(listed)} prompts"
-        prompts = FilePrompts(listed, round_start(config, round_number, planned or 0))
+        prompts = FilePrompts(listed, round_start(config, round_number, planned or 0, attempt, rounds))
     else:
         # One prompt per request the round plans, made as the load reaches them; the count is no part of the
         # description, which compares workloads across runs.
         size = min(MAX_SYNTHETIC, planned or MAX_SYNTHETIC)
         # duration_s: made in a worker thread as the load runs (PromptMaker), with a tokenizer of its own
         prompts = SyntheticPrompts(config, tokens.clone() if config.duration_s is not None else tokens, vocab, size,
-                                   round_start(config, round_number, size))
+                                   round_start(config, round_number, size, attempt, rounds))
         head = f"synthetic prompts (seed {config.seed})"
     prompts.ensure(max(first_prompt, 1))  # a tokenizer that cannot make them fails before the server starts
     if planned is not None and planned > len(prompts):
         log.warning("the round sends %d requests and the prompt set has %d prompts: past the end, prompts are sent "
                     "again (a server's prefix cache may serve them; each point's warning counts its resent ones)",
                     planned, len(prompts))
-    if prompts.index_at(0):
+    if config.endpoint is not None and attempt > 1:
+        log.warning("round %d at an endpoint, attempt %d: its prompts start at prompt %d, after those every round's "
+                    "earlier attempts sent (the endpoint's prefix cache may hold those)%s", round_number, attempt,
+                    prompts.index_at(0), "" if planned or isinstance(prompts, SyntheticPrompts) else
+                    "; a file's prompts with duration_s start at its first prompt every time: resent")
+    elif prompts.index_at(0):
         log.info("round %d at an endpoint: its prompts start at prompt %d, after those of the earlier rounds",
                  round_number, prompts.index_at(0))
     references = {p.index: p.reference for p in prompts.made if p.reference is not None}

@@ -243,7 +243,12 @@ def test_an_endpoints_later_rounds_start_after_the_earlier_rounds_prompts() -> N
     from flagperf.generate.serve import round_start
 
     assert round_start(_prompt_config(), 3, 11) == 0
-    assert round_start(_prompt_config(endpoint={"base_url": "http://10.0.0.5:8000", "model": "m"}), 3, 11) == 22
+    at_endpoint = _prompt_config(endpoint={"base_url": "http://10.0.0.5:8000", "model": "m"})
+    assert round_start(at_endpoint, 3, 11) == 22
+    # A retried round resends none of its failed attempt's prompts: attempt K after every round's attempts 1 to K-1.
+    assert [round_start(at_endpoint, r, 11, attempt=1, rounds=3) for r in (1, 2, 3)] == [0, 11, 22]
+    assert [round_start(at_endpoint, r, 11, attempt=2, rounds=3) for r in (1, 2, 3)] == [33, 44, 55]
+    assert round_start(_prompt_config(), 2, 11, attempt=2, rounds=3) == 0  # a server of its own: the same prompts
 
 
 def test_a_duration_s_point_makes_its_prompts_before_it_from_an_estimate() -> None:

@@ -302,3 +302,28 @@ def test_a_requests_wait_for_its_prompt_comes_before_its_send_and_is_recorded(re
     plain = asyncio.run(run_phase(target, Load("c1", concurrency=1), prompts, "timed", requests=1, duration_s=None,
                                   writer=None, count_tokens=None))
     assert plain.records[0].prompt_wait_s is None  # every prompt made before: nothing to wait for
+
+
+def test_a_retried_round_at_an_endpoint_sends_none_of_its_failed_attempts_prompts(refusing: str, tmp_path: Path,
+                                                                                   caplog: pytest.LogCaptureFixture
+                                                                                   ) -> None:
+    """An endpoint keeps its prefix cache across a round's attempts: attempt 2 of round 1 (of 2 rounds) starts after
+    the prompts of every round's first attempt, and says so."""
+    RefusingEndpoint.refuse = set()
+    plan = plan_run(cases=["tiny-llama-serve"], sets=["endpoint=lab", "concurrency=[1]", "request_rates=[]",
+                                                      "requests=2", "warmup_requests=0", "max_new_tokens=2"],
+                    results_dir=tmp_path / "results", inventory_endpoints={"lab": {"base_url": refusing, "model": "m"}},
+                    inventory_source="inventory.yaml", rounds=2)
+    cp = plan.cases[0]
+    outs = []
+    for attempt in (1, 2):
+        job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, rounds=plan.rounds, attempt=attempt,
+                  host="localhost", vendor="cpu", config=cp.config, config_origins=cp.origins,
+                  run_overrides=cp.run_overrides, image={})
+        outs.append(tmp_path / f"attempt{attempt}")
+        outs[-1].mkdir()
+        assert run_job(job, outs[-1]) == 0
+    sent = [{r.prompt_index for r in read_records(out / REQUESTS_FILE)} for out in outs]
+    assert sent[0] == {0, 1, 2}  # the check's, then the timed requests' (3 prompts a round)
+    assert sent[1] == {6, 7, 8}  # after rounds 1 and 2's first attempts
+    assert "attempt 2: its prompts start at prompt 6" in caplog.text
