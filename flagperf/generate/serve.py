@@ -384,6 +384,7 @@ class PromptMaker:
     def __init__(self, prompts: SyntheticPrompts, low_water: int, goal: int = 0) -> None:
         self.prompts, self.low_water, self.goal = prompts, low_water, goal
         self.reached = 0
+        self._busy = False  # a chunk is being made in the thread
         self._stop = False
         self._wake = asyncio.Event()
         self._progress = asyncio.Event()
@@ -422,7 +423,11 @@ class PromptMaker:
                     if self.wanted() <= len(self.prompts.made) and not self._stop:
                         await self._wake.wait()
                     continue
-                await asyncio.to_thread(self.prompts.make_in_thread, min(MAKE_CHUNK, short))
+                self._busy = True
+                try:
+                    await asyncio.to_thread(self.prompts.make_in_thread, min(MAKE_CHUNK, short))
+                finally:
+                    self._busy = False
                 self._notify()
         finally:
             self._notify()  # waiters see the end (an error) too
@@ -430,6 +435,11 @@ class PromptMaker:
     def _notify(self) -> None:
         reached, self._progress = self._progress, asyncio.Event()
         reached.set()
+
+    async def settle(self) -> None:
+        """Returns once the chunk being made, if any, is made (one chunk: well below KEEPALIVE_S)."""
+        if self._busy:
+            await self._progress.wait()
 
     async def wait_for(self, count: int) -> float:
         """Returns once positions below ``count`` are made: the seconds waited (0.0: made already)."""
@@ -898,6 +908,7 @@ async def _measure_point(config: GenerateConfig, spec: ServerSpec, target: Targe
         timed_first = first_prompt + (len(warm.records) if warm else 0)
         if maker is not None:
             maker.set_goal(timed_first + timed_ahead(config, load, warm))
+            await maker.settle()  # the warm-up's last chunk: made before the timed requests, not beside them
         made, seconds = len(prompts.made), prompts.seconds
         _save_scrape(scraper, target.base_url, spec.metrics_path, scrape_dir, f"{load.label}.before.prom")
         run = await run_phase(target, load, prompts, "timed", requests=config.requests, duration_s=config.duration_s,
