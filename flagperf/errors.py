@@ -24,6 +24,7 @@ class ConfigError(FlagperfError):
         self.key = key
         self.message = message
         self.more: list[ConfigError] = []
+        self.left_out = 0  # findings found beyond those in ``more`` (MAX_FINDINGS), counted, not listed
         where = f"{self.source}: {key}" if key else self.source
         line = " ".join(f"{where}: {message}".split())  # one line, whatever a message quoted
         super().__init__(line if len(line) <= MAX_LINE else line[:MAX_LINE - 3] + "...")
@@ -35,7 +36,9 @@ MAX_FINDINGS = 20  # findings of one check listed at most (a list of a thousand 
 def gathered(errors: Iterable[ConfigError]) -> ConfigError:
     """Several findings as one error: the first, carrying the others (and theirs) in ``more``, each once."""
     flat: list[ConfigError] = []
+    left_out = 0  # what the errors gathered had already left out (cut at MAX_FINDINGS themselves)
     for error in errors:
+        left_out += getattr(error, "left_out", 0)
         for finding in (error, *error.more):
             if str(finding) not in {str(seen) for seen in flat}:
                 flat.append(finding)
@@ -43,9 +46,17 @@ def gathered(errors: Iterable[ConfigError]) -> ConfigError:
         raise ValueError("gathered() needs at least one error")
     first = flat[0]
     first.more = flat[1:MAX_FINDINGS]
+    first.left_out = left_out + max(0, len(flat) - MAX_FINDINGS)
     for finding in first.more:
-        finding.more = []
+        finding.more, finding.left_out = [], 0
     return first
+
+
+def left_out_line(error: FlagperfError) -> str | None:
+    """The line after an error's listed findings that says how many more there are, if any."""
+    left = getattr(error, "left_out", 0)
+    return f"... and {left} more finding{'s' if left != 1 else ''} (not listed: fix these and check again)" \
+        if left else None
 
 
 def findings(error: FlagperfError) -> list[FlagperfError]:

@@ -30,7 +30,7 @@ from typer.core import TyperGroup
 
 # Only what every command needs is imported here: each command imports the rest itself, so that `--help`, `list`
 # and `validate` start without pandas, paramiko or the report's Markdown (bench/cli_startup.py measures it).
-from flagperf.errors import ConfigError, FlagperfError, findings
+from flagperf.errors import ConfigError, FlagperfError, findings, left_out_line
 from flagperf.paths import StartFolderGone, display_path, pin_search_paths
 from flagperf.stopping import STOP_NOW_AT, put_back, stop_now, take
 from flagperf.stopping import reset as reset_signals_taken
@@ -1079,6 +1079,8 @@ def validate(files: Annotated[list[Path], typer.Argument(help="config files to c
                 bad, checked = bad + 1, checked + 1
                 for finding in findings(exc):  # every finding of the file, each its own line
                     err_console.print(f"[red]error[/] {escape(str(finding))}", highlight=False, soft_wrap=True)
+                if more := left_out_line(exc):
+                    err_console.print(f"[red]error[/] {escape(str(path))}: {more}", highlight=False, soft_wrap=True)
             else:
                 checked += 1
                 console.print(f"[green]ok[/]    {escape(str(path))} ({kind})", highlight=False)

@@ -103,8 +103,8 @@ def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: C
     """Whatever goes wrong in one round (a monitor that will not start, a host error, a failed collection)
     becomes that round's failed result; the other rounds and the analysis still run."""
     stage_dir = stage_folder(host.work_root, plan.run_id, case.name, round_no, host.name, node_rank)
-    job = Job(run_id=plan.run_id, case=case.name, family=case.family, round=round_no, host=host.name,
-              node_rank=node_rank, nnodes=nnodes, master_addr=master_addr, master_port=master_port,
+    job = Job(run_id=plan.run_id, case=case.name, family=case.family, round=round_no, rounds=plan.rounds,
+              host=host.name, node_rank=node_rank, nnodes=nnodes, master_addr=master_addr, master_port=master_port,
               vendor=plan.vendor.name, config=case.config, config_origins=case.origins,
               run_overrides=case.run_overrides,
               command=command, image=image, controller_libraries=library_versions(CONTROLLER_LIBRARIES),

@@ -22,6 +22,8 @@ class Job(BaseModel):
     case: str
     family: str
     round: int = Field(ge=1)
+    rounds: int = Field(ge=1, default=1, description="the run's rounds of each case: an endpoint's retried round "
+                                                     "starts its prompts after every round's earlier attempts")
     host: str
     node_rank: int = Field(ge=0, default=0)
     nnodes: int = Field(ge=1, default=1)

@@ -69,7 +69,7 @@ def pydantic_error_to_config_error(exc: ValidationError, source: str, origins: d
     for err in errors:
         if err["type"] == "missing" and any(e["loc"][:-1] == err["loc"][:-1] for e in extras):
             continue  # a required key misspelt: the unknown key beside it is the one to name
-        if any(_same_value_other_branch(err, earlier) for earlier in kept):
+        if any(_same_value_other_branch(err, earlier, model) for earlier in kept):
             continue  # one line for a value, not one per member of a union it matches none of
         kept.append(err)
     if not kept:  # only missing keys, each beside an unknown one: name the first as it is
@@ -77,12 +77,31 @@ def pydantic_error_to_config_error(exc: ValidationError, source: str, origins: d
     return gathered(_error_line(err, source, origins, model) for err in kept)
 
 
-def _same_value_other_branch(err: Any, earlier: Any) -> bool:
-    """``err`` is ``earlier``'s value failing another member of the same union (pydantic reports each member)."""
+def _same_value_other_branch(err: Any, earlier: Any, model: type[BaseModel] | None = None) -> bool:
+    """``err`` is ``earlier``'s value failing another member of the same union (pydantic reports each member):
+    both end in a union member's tag under the same path. Two keys side by side holding the same small int,
+    None or bool hold one shared object too, so the last parts must be tags, never the model's keys."""
     loc, seen = err["loc"], earlier["loc"]
-    return (len(loc) == len(seen) > 0 and loc[:-1] == seen[:-1] and isinstance(loc[-1], str)
-            and isinstance(seen[-1], str) and err["type"] != earlier["type"] and "input" in err
+    return (len(loc) == len(seen) > 0 and tuple(loc[:-1]) == tuple(seen[:-1]) and loc[-1] != seen[-1]
+            and _is_union_tag(loc, model) and _is_union_tag(seen, model)
+            and err["type"] != earlier["type"] and "input" in err
             and err["input"] is earlier.get("input") and err["type"] not in ("extra_forbidden", "missing"))
+
+
+# pydantic's tags for a union's members: a type's name (int, str ...), a schema's (list[int], constrained-int,
+# literal['auto'], function-after[...]) or a model's class name.
+_PLAIN_TAGS = frozenset({"int", "float", "str", "bool", "bytes", "none", "decimal", "date", "datetime", "time",
+                         "timedelta", "uuid", "url", "any", "callable"})
+
+
+def _is_union_tag(loc: tuple[int | str, ...], model: type[BaseModel] | None) -> bool:
+    part = loc[-1]
+    if not isinstance(part, str):
+        return False
+    if model is not None and part in _accepted_keys(model, loc):
+        return False  # a key of the model there
+    return part in _PLAIN_TAGS or "[" in part or part.startswith(("constrained-", "lax-or-strict")) \
+        or bool(re.match(r"[A-Z][a-z0-9]", part))
 
 
 def _error_line(err: Any, source: str, origins: dict[str, str] | None, model: type[BaseModel] | None

@@ -117,25 +117,29 @@ def find_suite(name_or_path: str) -> Path:
 
 
 def _spread(overrides: dict[str, Any], source: str, key_prefix: str, selected: dict[str, set[str]]
-            ) -> dict[str, dict[str, Any]]:
-    """An override for every case: applied where the key exists; an error if no selected case has it."""
+            ) -> tuple[dict[str, dict[str, Any]], list[ConfigError]]:
+    """An override for every case: applied where the key exists; a finding if no selected case has it. Every
+    key is looked at (the refused ones are returned, the others spread), so one typo hides no other finding."""
     per_case: dict[str, dict[str, Any]] = {}
+    refused: list[ConfigError] = []
     for key, value in overrides.items():
         top = key.split(".", 1)[0]  # a dotted key (slo.ttft_s) goes where its mapping's key is
         targets = [case for case, keys in selected.items() if top in keys]
         if not targets and not_read_message(top):
-            raise ConfigError(source, f"{key_prefix}{key}", str(not_read_message(top)))
+            refused.append(ConfigError(source, f"{key_prefix}{key}", str(not_read_message(top))))
+            continue
         if not targets:
             keys = sorted(set().union(*selected.values()))
             close = nearest(top, keys)
             neither = (f"no selected case is named {top!r} (selected: {', '.join(selected)}), and "
                        if top != key else "")
-            raise ConfigError(source, f"{key_prefix}{key}", neither + "no selected case has this key ("
-                              + (f"did you mean {' or '.join(close)}? " if close else "")
-                              + f"the selected cases have: {', '.join(keys)})")
+            refused.append(ConfigError(source, f"{key_prefix}{key}", neither + "no selected case has this key ("
+                                       + (f"did you mean {' or '.join(close)}? " if close else "")
+                                       + f"the selected cases have: {', '.join(keys)})"))
+            continue
         for case in targets:
             per_case.setdefault(case, {})[key] = value
-    return per_case
+    return per_case, refused
 
 
 def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor: str = "cpu",
@@ -207,12 +211,10 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
 
     layers: dict[str, list[tuple[str, dict[str, Any]]]] = {name: [] for name in names}
     if suite_overrides:
-        try:
-            for case_name, values in _spread(suite_overrides.get("*", {}), suite_source, "overrides.*.",
-                                             configurable).items():
-                layers[case_name].append((suite_source, values))
-        except ConfigError as exc:
-            problems.append(exc)
+        spread, refused = _spread(suite_overrides.get("*", {}), suite_source, "overrides.*.", configurable)
+        problems += refused
+        for case_name, values in spread.items():
+            layers[case_name].append((suite_source, values))
         for case_name, values in suite_overrides.items():
             if case_name in layers:  # one not of the suite's cases is a finding above
                 layers[case_name].append((suite_source, values))
@@ -222,11 +224,11 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
             if only == case_name or (not only and bare in defs[case_name].manifest.configurations):
                 layers[case_name].append((inventory_source, {bare: value}))
     general = {o.key: o.value for o in parsed if o.case is None}
-    try:
-        for case_name, values in _spread(general, "--set", "", configurable).items():
-            layers[case_name].append(("--set", values))
-    except ConfigError as exc:
-        raise gathered([*problems, exc]) from None
+    spread, refused = _spread(general, "--set", "", configurable)
+    if refused:
+        raise gathered([*problems, *refused])
+    for case_name, values in spread.items():
+        layers[case_name].append(("--set", values))
     for override in parsed:
         if override.case is not None:
             layers[override.case].append(("--set", {override.key: override.value}))

@@ -37,7 +37,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import httpx
 
@@ -126,6 +126,8 @@ class RequestRecord:
     send_offset_s        send - the phase's start (perf_counter): a phase's duration is made of these and E2EL
     scheduled_offset_s   open loop: when the arrival process scheduled it, from the phase's start; None: closed loop
     queue_wait_s         send - scheduled: waiting for a max_concurrency slot, or the client running late
+    prompt_wait_s        the wait for its prompt to be made, before the send (synthetic prompts of a duration_s
+                         phase, made ahead in a worker thread); None where every prompt was made before the phase
     prompt_tokens_sent   the client's count of the prompt as the server tokenizes it (chat template, special
                          tokens); None where the client cannot tell
     reasoning_chunks     output chunks of reasoning text (part of chunk_times_s)
@@ -157,6 +159,7 @@ class RequestRecord:
     reasoning_chunks: int = 0
     reasoning_tokens_client: int | None = None
     reasoning_text: str = ""
+    prompt_wait_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -196,6 +199,13 @@ def read_records(path: Path) -> list[RequestRecord]:
 
 
 TokenCounter = Callable[[str], int]
+
+
+class PromptSupply(Protocol):
+    """Prompts made as a phase runs (flagperf.generate.serve.PromptMaker): ``wait_for(n)`` returns once positions
+    below n are made, with the seconds it waited, never blocking the event loop while they are made."""
+
+    async def wait_for(self, count: int) -> float: ...
 
 
 class LineTooLong(Exception):
@@ -475,17 +485,20 @@ def load_client(load: Load, target: Target) -> httpx.AsyncClient:
 async def run_phase(target: Target, load: Load, prompts: Sequence[ServingPrompt], phase: str, *,
                     requests: int | None, duration_s: float | None, writer: RecordWriter | None,
                     count_tokens: TokenCounter | None, keep_going: Callable[[], bool] = lambda: True,
-                    first_prompt: int = 0, client: httpx.AsyncClient | None = None) -> PhaseRun:
+                    first_prompt: int = 0, client: httpx.AsyncClient | None = None,
+                    supply: PromptSupply | None = None) -> PhaseRun:
     """Send the phase's requests (a count, or for a duration) in the load's shape; prompts are taken in
     order from ``first_prompt`` (round and round past the end: the caller says so where that happens).
-    ``keep_going`` false stops sending (a dead server). ``client``: the point's (load_client), else one of its own."""
+    ``keep_going`` false stops sending (a dead server). ``client``: the point's (load_client), else one of its own.
+    ``supply``: prompts still being made; a request whose prompt is not made yet waits for it before its send is
+    stamped (its record's prompt_wait_s), so that the wait is in no latency and nothing else in flight pauses."""
     if (requests is None) == (duration_s is None):
         raise ValueError("a phase has a request count or a duration")
     if client is None:
         async with load_client(load, target) as own:
             return await run_phase(target, load, prompts, phase, requests=requests, duration_s=duration_s,
                                    writer=writer, count_tokens=count_tokens, keep_going=keep_going,
-                                   first_prompt=first_prompt, client=own)
+                                   first_prompt=first_prompt, client=own, supply=supply)
     http = client
     records: list[RequestRecord] = []
     sent = 0
@@ -494,7 +507,7 @@ async def run_phase(target: Target, load: Load, prompts: Sequence[ServingPrompt]
     start = time.perf_counter()
     deadline = start + duration_s if duration_s is not None else None
 
-    def take() -> tuple[int, ServingPrompt] | None:
+    def take() -> int | None:
         nonlocal sent
         if not keep_going():
             return None
@@ -503,19 +516,25 @@ async def run_phase(target: Target, load: Load, prompts: Sequence[ServingPrompt]
         if deadline is not None and time.perf_counter() >= deadline:
             return None
         seq, sent = sent, sent + 1
-        return seq, prompts[(first_prompt + seq) % len(prompts)]
+        return seq
 
-    async def one(seq: int, prompt: ServingPrompt, scheduled: float | None = None) -> None:
+    async def prompt_for(seq: int) -> tuple[ServingPrompt, float | None]:
+        position = (first_prompt + seq) % len(prompts)
+        waited = await supply.wait_for(position + 1) if supply is not None else None
+        return prompts[position], waited
+
+    async def one(seq: int, prompt: ServingPrompt, waited: float | None, scheduled: float | None = None) -> None:
         record = await send_request(http, target, prompt, load.label, phase, seq, count_tokens, phase_start=start,
                                     scheduled=scheduled)
+        record.prompt_wait_s = waited
         records.append(record)
         if writer is not None:
             writer.write(record)
 
     if load.concurrency is not None:
         async def worker() -> None:
-            while (job := take()) is not None:
-                await one(*job)
+            while (seq := take()) is not None:
+                await one(seq, *await prompt_for(seq))
 
         await asyncio.gather(*(worker() for _ in range(load.concurrency)))
     else:
@@ -523,12 +542,13 @@ async def run_phase(target: Target, load: Load, prompts: Sequence[ServingPrompt]
         rng = random.Random(load.seed)
         slots = asyncio.Semaphore(load.max_concurrency) if load.max_concurrency else None
 
-        async def guarded(seq: int, prompt: ServingPrompt, scheduled: float) -> None:
+        async def guarded(seq: int, scheduled: float) -> None:
+            prompt, waited = await prompt_for(seq)  # before a slot: a slot is not held waiting for a prompt
             if slots is None:
-                await one(seq, prompt, scheduled)
+                await one(seq, prompt, waited, scheduled)
                 return
             async with slots:  # the wait for a slot is the record's queue_wait_s
-                await one(seq, prompt, scheduled)
+                await one(seq, prompt, waited, scheduled)
 
         tasks: list[asyncio.Task[None]] = []
         arrival = start
@@ -538,10 +558,10 @@ async def run_phase(target: Target, load: Load, prompts: Sequence[ServingPrompt]
                 if deadline is not None and arrival >= deadline:
                     break
                 await asyncio.sleep(wait)
-            job = take()
-            if job is None:
+            seq = take()
+            if seq is None:
                 break
-            tasks.append(asyncio.create_task(guarded(*job, arrival - start)))
+            tasks.append(asyncio.create_task(guarded(seq, arrival - start)))
             arrival += rng.gammavariate(load.burstiness, 1.0 / (load.rate * load.burstiness))
         await asyncio.gather(*tasks)
     if not records:  # nothing was sent (a dead server before the first request)

@@ -227,9 +227,12 @@ def _count(what: str, label: str, value: int, seconds: float, note: str) -> Metr
 
 
 def point_metrics(stats: PointStats, window: tuple[float, float], devices: int, slo: SloBounds,
-                  load_note: str, cautions: list[str] | None = None) -> list[Metric]:
+                  load_note: str, cautions: list[str] | None = None,
+                  latency_cautions: list[str] | None = None) -> list[Metric]:
     """The point's metrics (names in this module's docstring). ``cautions``: what else makes its figures not
-    plain, from the round (prompts resent, an open loop that sent late), added to output_tokens_per_s's warning."""
+    plain, from the round (prompts resent, an open loop that sent late), added to output_tokens_per_s's warning;
+    ``latency_cautions``: those that make its latencies not the load's (requests that waited for their prompt), also
+    the warning of each latency, of tokens/s per user and of interactivity."""
     label, seconds = stats.label, stats.seconds
     tokens_per_s = stats.output_tokens / seconds
     problems = [f"{n} {what}" for n, what in ((stats.failed, "failed"), (stats.truncated, "truncated"),
@@ -292,6 +295,11 @@ def point_metrics(stats: PointStats, window: tuple[float, float], devices: int, 
         metrics.append(Metric(name=metric_name("interactivity", label), value=1.0 / stats.tpot.mean,
                               unit="tokens/s", iterations=stats.tpot.count, measured_seconds=seconds,
                               note="1 / mean TPOT", statistic="single", convention=CONVENTIONS["interactivity"]))
+    if latency_cautions:
+        latency_names = {metric_name(what, label) for what in ("ttft_s", "tpot_s", "itl_s", "e2el_s",
+                                                               "tokens_per_s_per_user", "interactivity")}
+        metrics = [m.model_copy(update={"warning": "; ".join(latency_cautions)}) if m.name in latency_names else m
+                   for m in metrics]
     return metrics
 
 

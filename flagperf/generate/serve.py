@@ -28,6 +28,8 @@ measured, then the round fails (not retried) in one line naming it and its first
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
 import json
 import logging
 import math
@@ -85,7 +87,8 @@ SERVING_FILE = "serving.json"
 SERVER_METRICS = "server_metrics"
 # Synthetic prompts a round's set holds at most (its size: one per request the round plans, or this many for duration_s
 # points, whose count is not known before); past it prompts are sent again, counted and warned. They are made as the
-# load reaches them (SyntheticPrompts), each phase's before it starts. Measured on 2 idle cores with a byte-level BPE of
+# load reaches them (SyntheticPrompts), each phase's before it starts (a duration_s phase's estimate; the rest in a
+# worker thread as it runs: PromptMaker). Measured on 2 idle cores with a byte-level BPE of
 # 32k ids: 3.7 ms a prompt of 1024 tokens and 33 ms one of 8192 (two encodes and two decodes), 4.6 and 44 ms where the
 # chat template is counted per prompt (a third encode); three to four times that with other work on the cores.
 MAX_SYNTHETIC = 8192
@@ -134,6 +137,14 @@ class Tokens:
 
     def counter(self) -> TokenCounter | None:
         return self.count if self.tokenizer is not None else None
+
+    def clone(self) -> Tokens:
+        """The same counts from a tokenizer of its own: for a worker thread, while the event loop counts outputs with
+        this one (a fast tokenizer used from two threads at once raises "Already borrowed")."""
+        twin = copy.copy(self)
+        twin.tokenizer = copy.deepcopy(self.tokenizer)
+        twin._overhead, twin._checked = dict(self._overhead), dict(self._checked)
+        return twin
 
     def sent_count(self, text: str, api: str) -> int | None:
         """The prompt's tokens as a server with this tokenizer counts them: chat, the user message through the chat
@@ -235,8 +246,8 @@ class SyntheticPrompts(Sequence[ServingPrompt]):
     rows of 2 x input_len, in order. Position p of the round's set is prompt ``start + p``, for p below ``size``.
 
     ``ensure(n)`` makes positions below n, in batches of SYNTHETIC_CHUNK (the round makes each phase's before it
-    starts); a position asked for before it was made (a duration_s phase that outran its estimate) is made then,
-    one prompt at a time, its time counted in ``seconds``."""
+    starts); a duration_s phase, whose count is an estimate, has the rest made as it runs by a PromptMaker in a
+    worker thread (``make_in_thread``); the time spent making is counted in ``seconds``."""
 
     def __init__(self, config: GenerateConfig, tokens: Tokens, vocab_size: int, size: int, start: int = 0) -> None:
         if size < 1 or start < 0:
@@ -250,6 +261,7 @@ class SyntheticPrompts(Sequence[ServingPrompt]):
         self._block: torch.Tensor | None = None  # drawn rows; those from _taken on are the next prompts'
         self._taken = 0
         self._skip = start  # rows before the round's first prompt, still to be drawn and left
+        self.maker_running = False  # a PromptMaker's thread makes the prompts: none is made here meanwhile
 
     def __len__(self) -> int:
         return self.size
@@ -278,9 +290,19 @@ class SyntheticPrompts(Sequence[ServingPrompt]):
     def ensure(self, count: int) -> None:
         """Positions below ``count`` (at most the set's size) made."""
         count = min(count, self.size)
+        if len(self.made) >= count:
+            return
+        if self.maker_running:  # two threads would draw from one generator and use one tokenizer
+            raise RuntimeError("a prompt asked for outside the PromptMaker while it runs")
         began = time.perf_counter()
         while len(self.made) < count:
             self._make(min(SYNTHETIC_CHUNK, count - len(self.made)))
+        self.seconds += time.perf_counter() - began
+
+    def make_in_thread(self, count: int) -> None:
+        """``count`` more prompts (at most to the set's size), in the PromptMaker's worker thread."""
+        began = time.perf_counter()
+        self._make(min(count, self.size - len(self.made)))
         self.seconds += time.perf_counter() - began
 
     def _draw(self, rows: int) -> list[list[int]]:
@@ -345,6 +367,105 @@ class FilePrompts(Sequence[ServingPrompt]):
 
 
 ServingPromptSet = SyntheticPrompts | FilePrompts
+
+# Prompts one call of the worker thread makes: 8 of 4096 tokens take about 0.6 s on 2 idle cores; a request that
+# reaches a prompt not made yet waits for the call that makes it.
+MAKE_CHUNK = 8
+
+
+class PromptMaker:
+    """A duration_s point's synthetic prompts made while its phases run, in a worker thread (asyncio.to_thread),
+    MAKE_CHUNK at a time: up to ``goal``, and ``low_water`` past the furthest position a request has reached. The
+    event loop never makes one, so no stream in flight pauses for it (made on the loop, a prompt of 4096 tokens
+    stopped every stream for about 74 ms). Only the thread uses the set's tokenizer while the maker runs (the set has
+    a tokenizer of its own: Tokens.clone). A request whose prompt is not made waits for it before its send is
+    stamped (run_phase's ``supply``): its record's prompt_wait_s, and the point says so."""
+
+    def __init__(self, prompts: SyntheticPrompts, low_water: int, goal: int = 0) -> None:
+        self.prompts, self.low_water, self.goal = prompts, low_water, goal
+        self.reached = 0
+        self._busy = False  # a chunk is being made in the thread
+        self._stop = False
+        self._wake = asyncio.Event()
+        self._progress = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def wanted(self) -> int:
+        return min(len(self.prompts), max(self.goal, self.reached + self.low_water))
+
+    def set_goal(self, goal: int) -> None:
+        self.goal = goal
+        self._wake.set()
+
+    async def __aenter__(self) -> PromptMaker:
+        self.prompts.maker_running = True
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, kind: object, error: object, trace: object) -> None:
+        self._stop = True
+        self._wake.set()
+        assert self._task is not None
+        try:  # a chunk being made is finished first: a thread cannot be stopped, and the set is used after
+            await self._task
+        except Exception:
+            if error is None:
+                raise
+        finally:
+            self.prompts.maker_running = False
+
+    async def _run(self) -> None:
+        try:
+            while not self._stop:
+                short = self.wanted() - len(self.prompts.made)
+                if short <= 0:
+                    self._wake.clear()
+                    if self.wanted() <= len(self.prompts.made) and not self._stop:
+                        await self._wake.wait()
+                    continue
+                self._busy = True
+                try:
+                    await asyncio.to_thread(self.prompts.make_in_thread, min(MAKE_CHUNK, short))
+                finally:
+                    self._busy = False
+                self._notify()
+        finally:
+            self._notify()  # waiters see the end (an error) too
+
+    def _notify(self) -> None:
+        reached, self._progress = self._progress, asyncio.Event()
+        reached.set()
+
+    async def settle(self) -> None:
+        """Returns once the chunk being made, if any, is made (one chunk: well below KEEPALIVE_S)."""
+        if self._busy:
+            await self._progress.wait()
+
+    async def wait_for(self, count: int) -> float:
+        """Returns once positions below ``count`` are made: the seconds waited (0.0: made already)."""
+        count = min(count, len(self.prompts))
+        if count > self.reached:
+            self.reached = count
+            self._wake.set()
+        if len(self.prompts.made) >= count:
+            return 0.0
+        began = time.perf_counter()
+        while len(self.prompts.made) < count:
+            assert self._task is not None
+            if self._task.done():
+                self._task.result()  # the thread's error
+                raise RuntimeError("the prompt maker stopped before the prompts were made")
+            await self._progress.wait()
+        return time.perf_counter() - began
+
+
+def prompt_maker(config: GenerateConfig, load: Load, prompts: ServingPromptSet
+                 ) -> contextlib.AbstractAsyncContextManager[PromptMaker | None]:
+    """A duration_s point's PromptMaker (its count is an estimate), else none: a request count's prompts and a file's
+    are all made before the phase."""
+    if config.duration_s is None or not isinstance(prompts, SyntheticPrompts):
+        return contextlib.nullcontext()
+    return PromptMaker(prompts, low_water=max(MAKE_CHUNK, load.in_flight_limit or 0))
 
 
 def synthetic_serving_prompts(config: GenerateConfig, tokens: Tokens, vocab_size: int, count: int
@@ -489,11 +610,13 @@ def prompt_set(config: GenerateConfig, prompts: ServingPromptSet, tokens: Tokens
             "requests_planned": planned, "each_sent_once": planned is not None and planned <= len(prompts)}
 
 
-def round_start(config: GenerateConfig, round_number: int, span: int) -> int:
+def round_start(config: GenerateConfig, round_number: int, span: int, attempt: int = 1, rounds: int = 1) -> int:
     """The prompt an endpoint's round N starts at: after the ``span`` prompts each of rounds 1 to N-1 sent, so that
-    the long-lived server's prefix cache holds none of this round's from an earlier round. A server the round starts
-    is new each round: every round sends the same prompts, a repeat of the same measurement."""
-    return (round_number - 1) * span if config.endpoint is not None else 0
+    the long-lived server's prefix cache holds none of this round's from an earlier round; a retried round's attempt K
+    after those of every round's attempts 1 to K-1 (of the run's ``rounds``), so that it resends none its failed
+    attempt sent. A server the round starts is new each round: every round sends the same prompts, a repeat of the
+    same measurement."""
+    return ((attempt - 1) * rounds + round_number - 1) * span if config.endpoint is not None else 0
 
 
 def timed_ahead(config: GenerateConfig, load: Load, warm: PhaseRun | None) -> int:
@@ -602,7 +725,8 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device, out_dir: Path,
-                round_number: int = 1) -> ServingOutcome:
+                round_number: int = 1, attempt: int = 1, rounds: int = 1) -> ServingOutcome:
+    """The round (its ``attempt``, of the run's ``rounds``: where an endpoint's prompts start, round_start)."""
     spec = engine.server
     assert spec is not None
     if isinstance(config.endpoint, str):  # the plan puts the inventory's entry in its place; a job without it
@@ -623,23 +747,30 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
         listed = sharegpt_prompts(str(config.data_file("sharegpt_path")), tokens, config.input_len,
                                   config.max_new_tokens, config.api)
         head = f"{config.sharegpt_path}: {len(listed)} conversations"
-        prompts = FilePrompts(listed, round_start(config, round_number, planned or 0))
+        prompts = FilePrompts(listed, round_start(config, round_number, planned or 0, attempt, rounds))
     elif config.prompts_path is not None:
         listed = file_serving_prompts(config, tokens)
         head = f"{config.prompts_path}: {len(listed)} prompts"
-        prompts = FilePrompts(listed, round_start(config, round_number, planned or 0))
+        prompts = FilePrompts(listed, round_start(config, round_number, planned or 0, attempt, rounds))
     else:
         # One prompt per request the round plans, made as the load reaches them; the count is no part of the
         # description, which compares workloads across runs.
         size = min(MAX_SYNTHETIC, planned or MAX_SYNTHETIC)
-        prompts = SyntheticPrompts(config, tokens, vocab, size, round_start(config, round_number, size))
+        # duration_s: made in a worker thread as the load runs (PromptMaker), with a tokenizer of its own
+        prompts = SyntheticPrompts(config, tokens.clone() if config.duration_s is not None else tokens, vocab, size,
+                                   round_start(config, round_number, size, attempt, rounds))
         head = f"synthetic prompts (seed {config.seed})"
     prompts.ensure(max(first_prompt, 1))  # a tokenizer that cannot make them fails before the server starts
     if planned is not None and planned > len(prompts):
         log.warning("the round sends %d requests and the prompt set has %d prompts: past the end, prompts are sent "
                     "again (a server's prefix cache may serve them; each point's warning counts its resent ones)",
                     planned, len(prompts))
-    if prompts.index_at(0):
+    if config.endpoint is not None and attempt > 1:
+        log.warning("round %d at an endpoint, attempt %d: its prompts start at prompt %d, after those every round's "
+                    "earlier attempts sent (the endpoint's prefix cache may hold those)%s", round_number, attempt,
+                    prompts.index_at(0), "" if planned or isinstance(prompts, SyntheticPrompts) else
+                    "; a file's prompts with duration_s start at its first prompt every time: resent")
+    elif prompts.index_at(0):
         log.info("round %d at an endpoint: its prompts start at prompt %d, after those of the earlier rounds",
                  round_number, prompts.index_at(0))
     references = {p.index: p.reference for p in prompts.made if p.reference is not None}
@@ -746,7 +877,7 @@ class PointRun:
     warm: PhaseRun | None
     run: PhaseRun
     made_ahead: int  # prompts made before the timed phase began (its requests, or a duration_s estimate)
-    made_during: int  # prompts the timed phase reached before they were made, made then (the load paused)
+    made_during: int  # prompts made (in the PromptMaker's thread) while the timed phase ran
     making_seconds: float  # the client's time making those
 
 
@@ -755,32 +886,55 @@ async def _measure_point(config: GenerateConfig, spec: ServerSpec, target: Targe
                          alive: Callable[[], bool], scraper: httpx.Client, scrape_dir: Path) -> PointRun:
     """A point's warm-up and timed phases on one client (the warm-up's connections serve the timed requests where
     they were not idle past the client's keep-alive), each with prompts of its own from ``first_prompt`` on, made
-    before the phase; the server's metrics scraped between them."""
+    before the phase (a duration_s phase's estimate, the rest in a worker thread as it runs); the server's metrics
+    scraped between them."""
     warmups = warmup_count(config, load)
-    prompts.ensure(first_prompt + warmups + timed_ahead(config, load, None))
-    async with load_client(load, target) as client:
+    ahead = timed_ahead(config, load, None)
+    closed_for_duration = config.duration_s is not None and load.rate is None
+    # Before the client opens a connection: a closed loop's duration_s has no estimate yet, its first few are made.
+    prompts.ensure(first_prompt + warmups + (max(MAKE_CHUNK, load.concurrency or 0) if closed_for_duration
+                                             else ahead))
+    async with load_client(load, target) as client, prompt_maker(config, load, prompts) as maker:
         warm = None
+        if maker is not None and closed_for_duration:
+            # Its estimate needs the warm-up's rate: made while the warm-up runs, as many as it gives time for, and
+            # the rest while the timed requests run, never in a pause between them (one past KEEPALIVE_S would close
+            # the warm-up's connections, and the first timed requests' TTFT would hold their set-up).
+            maker.set_goal(len(prompts))
         if warmups:
             warm = await run_phase(target, load, prompts, "warmup", requests=warmups, duration_s=None, writer=writer,
                                    count_tokens=tokens.counter(), keep_going=alive, first_prompt=first_prompt,
-                                   client=client)
+                                   client=client, supply=maker)
         timed_first = first_prompt + (len(warm.records) if warm else 0)
-        prompts.ensure(timed_first + timed_ahead(config, load, warm))  # a closed loop's duration_s: from the warm-up
+        if maker is not None:
+            maker.set_goal(timed_first + timed_ahead(config, load, warm))
+            await maker.settle()  # the warm-up's last chunk: made before the timed requests, not beside them
         made, seconds = len(prompts.made), prompts.seconds
         _save_scrape(scraper, target.base_url, spec.metrics_path, scrape_dir, f"{load.label}.before.prom")
         run = await run_phase(target, load, prompts, "timed", requests=config.requests, duration_s=config.duration_s,
                               writer=writer, count_tokens=tokens.counter(), keep_going=alive,
-                              first_prompt=timed_first, client=client)
+                              first_prompt=timed_first, client=client, supply=maker)
     return PointRun(warm, run, made - timed_first, len(prompts.made) - made, prompts.seconds - seconds)
 
 
 def made_late(point: PointRun) -> str | None:
-    """The caution of a duration_s point that outran the prompts made before it."""
+    """The caution of a duration_s point whose prompts were still being made while its timed requests ran."""
     if not point.made_during:
         return None
     return (f"{point.made_during} prompts were made while the timed requests ran, past the {point.made_ahead} made "
-            f"before them (duration_s: an estimate), {point.making_seconds:.3g} s in all: the client paused while "
-            "making each, so the latencies of requests in flight then hold those pauses")
+            f"before them (duration_s: an estimate), {point.making_seconds:.3g} s of making in a worker thread: the "
+            "client's host did that work beside the load")
+
+
+def waited_for_prompts(records: list[RequestRecord]) -> str | None:
+    """The caution of a point whose requests waited for their prompts to be made: meanwhile fewer were in flight (or
+    sent) than the load asks, so its latencies are of a lighter load than the point's label says."""
+    waits = [r.prompt_wait_s for r in records if r.prompt_wait_s]
+    if not waits:
+        return None
+    return (f"{len(waits)} of {len(records)} timed requests waited for their prompt to be made ({sum(waits):.3g} s "
+            f"in all, at most {max(waits):.3g} s; prompt_wait_s in {REQUESTS_FILE}), before their send: meanwhile "
+            "fewer requests were in flight than the load asks, so the latencies are of a lighter load")
 
 
 def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server: ServerProcess | None,
@@ -837,11 +991,12 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
                         f"open loop, {load.rate:g} requests/s, burstiness {load.burstiness:g}"
                         + (f", at most {load.max_concurrency} in flight" if load.max_concurrency else ""))
                 rates = send_rate(load, run.records)
+                latency_cautions = [c for c in (waited_for_prompts(run.records),) if c is not None]
                 cautions = [c for c in (
                     (f"{repeated} of {stats.requests} timed requests resent a prompt already sent in this round (the "
                      f"prompt set has {len(prompts)}): a server's prefix cache may have served their prefill, so "
                      "their TTFT is optimistic") if repeated else None,
-                    late_sends(rates), made_late(point)) if c is not None]
+                    late_sends(rates), made_late(point), *latency_cautions) if c is not None]
                 for caution in cautions:
                     log.warning("point %s: %s", load.label, caution)
                 if stats.failed_point:  # nothing measured: kept as failed, never as a point of the curve
@@ -850,7 +1005,7 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
                     log.error("%s (every one in %s)", failed_points[-1], REQUESTS_FILE)
                 else:
                     metrics += point_metrics(stats, (run.started_at, run.ended_at), config.devices, config.slo,
-                                             note, cautions)
+                                             note, cautions, latency_cautions)
                     metrics += quality_metrics(load.label, run.records, references)
                 server_prompt_tokens += [r.prompt_tokens_usage for r in run.records
                                          if r.ok and r.prompt_tokens_usage is not None]
@@ -867,7 +1022,8 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
                     "prompt_mismatches": stats.prompt_mismatched, "output_mismatches": stats.output_mismatched,
                     "warmup_first_prompt": prompts.index_at(warm_first) if warm_records else None,
                     "first_prompt": prompts.index_at(timed_first), "repeated_prompts": repeated,
-                    "prompts_made_during": point.made_during, "send_rate": rates})
+                    "prompts_made_during": point.made_during,
+                    "prompt_waits": sum(1 for r in run.records if r.prompt_wait_s), "send_rate": rates})
                 ttft = f"{stats.ttft.p50 * 1e3:.1f} ms" if stats.ttft else "-"
                 tpot = f"{stats.tpot.p50 * 1e3:.2f} ms" if stats.tpot else "-"
                 log.info("point %s: %d requests (%d failed, %d truncated) in %.2f s, %.1f output tokens/s, TTFT p50 "

@@ -227,11 +227,15 @@ WORKLOAD_TOLERANCE = 0.01
 
 
 def workloads_differ(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Whether two runs sent different work (ServingPoint.workload_facts): the API, and where both recorded a prompt
-    set its source and seed and the mean token lengths (the text's, asked out, and the server's count where both have
-    it) within WORKLOAD_TOLERANCE, else their prompts lines with the wording normalised. Nothing recorded on either
-    side: not said to differ (unknown)."""
+    """Whether two runs sent different work (ServingPoint.workload_facts): the API, exact_output where both recorded
+    it, and where both recorded a prompt set its source and seed and the mean token lengths (the text's, asked out,
+    and the server's count where both have it) within WORKLOAD_TOLERANCE, else their prompts lines with the wording
+    normalised. Nothing recorded on either side: not said to differ (unknown)."""
     if a["api"] is not None and b["api"] is not None and a["api"] != b["api"]:
+        return True
+    # max_new_tokens forced out or stopped at end of sequence: other work with the same tokens asked
+    if a.get("exact_output") is not None and b.get("exact_output") is not None \
+            and a["exact_output"] != b["exact_output"]:
         return True
     sa, sb = a["set"], b["set"]
     if sa is not None and sb is not None:

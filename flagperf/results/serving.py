@@ -115,11 +115,16 @@ class ServingPoint:
         """What was sent, as two runs are compared on it (flagperf.results.compare.workloads_differ): the API;
         ``set``, from serving.json's prompt_set, where the prompts came from, the seed, and the mean token lengths of
         the text, asked out, and as the server counted them where it sent usage; ``line``, the prompts line with the
-        wording that changed over versions taken out (a synthetic set's count, how its lengths are labelled). Each
-        None where the round did not record it."""
+        wording that changed over versions taken out (a synthetic set's count, how its lengths are labelled);
+        ``exact_output``, whether the requests forced max_new_tokens out. Each None where the round did not record
+        it."""
         recorded = self.setup.get("prompt_set")
         prompts = self.setup.get("prompts")
-        facts: dict[str, Any] = {"api": self.setup.get("api"), "set": None,
+        client = self.setup.get("client")
+        # exact_output: the engine's fields that force max_new_tokens were sent (None there: it stopped at EOS)
+        exact = (client["exact_output_fields"] is not None
+                 if isinstance(client, dict) and "exact_output_fields" in client else None)
+        facts: dict[str, Any] = {"api": self.setup.get("api"), "set": None, "exact_output": exact,
                                  "line": WORKLOAD_WORDING.sub("", SYNTHETIC_COUNT.sub("", prompts))
                                  if isinstance(prompts, str) else None}
         if isinstance(recorded, dict) and isinstance(recorded.get("source"), str):

@@ -243,7 +243,12 @@ def test_an_endpoints_later_rounds_start_after_the_earlier_rounds_prompts() -> N
     from flagperf.generate.serve import round_start
 
     assert round_start(_prompt_config(), 3, 11) == 0
-    assert round_start(_prompt_config(endpoint={"base_url": "http://10.0.0.5:8000", "model": "m"}), 3, 11) == 22
+    at_endpoint = _prompt_config(endpoint={"base_url": "http://10.0.0.5:8000", "model": "m"})
+    assert round_start(at_endpoint, 3, 11) == 22
+    # A retried round resends none of its failed attempt's prompts: attempt K after every round's attempts 1 to K-1.
+    assert [round_start(at_endpoint, r, 11, attempt=1, rounds=3) for r in (1, 2, 3)] == [0, 11, 22]
+    assert [round_start(at_endpoint, r, 11, attempt=2, rounds=3) for r in (1, 2, 3)] == [33, 44, 55]
+    assert round_start(_prompt_config(), 2, 11, attempt=2, rounds=3) == 0  # a server of its own: the same prompts
 
 
 def test_a_duration_s_point_makes_its_prompts_before_it_from_an_estimate() -> None:
@@ -263,6 +268,41 @@ def test_a_duration_s_point_makes_its_prompts_before_it_from_an_estimate() -> No
     assert made_late(PointRun(warm, run, 42, 0, 0.0)) is None
     assert (made_late(PointRun(warm, run, 42, 7, 0.25)) or "").startswith(
         "7 prompts were made while the timed requests ran, past the 42 made before them")
+
+
+def test_requests_that_waited_for_their_prompt_flag_the_points_latencies() -> None:
+    """A request that waited for its prompt to be made was sent late: meanwhile fewer were in flight than the load
+    asks, so the point's latencies are of a lighter load; the caution is on every latency figure, not only on the
+    throughput."""
+    from flagperf.generate.serve import waited_for_prompts
+
+    records = [trace(0.2, 0.05, 11), trace(0.2, 0.05, 11), trace(0.2, 0.05, 11)]
+    assert waited_for_prompts(records) is None
+    records[1].prompt_wait_s, records[2].prompt_wait_s = 0.5, 0.25
+    caution = waited_for_prompts(records)
+    assert caution is not None and caution.startswith(
+        "2 of 3 timed requests waited for their prompt to be made (0.75 s in all, at most 0.5 s;")
+    stats = point_stats("c2", records, 2.0, Bounds)
+    m = {x.name: x for x in point_metrics(stats, (0.0, 2.0), 1, Bounds, "closed loop", [caution], [caution])}
+    for name in ("ttft_s", "tpot_s", "itl_s", "e2el_s", "tokens_per_s_per_user", "interactivity"):
+        assert m[f"{name}@c2"].warning == caution, name
+    assert m["output_tokens_per_s@c2"].warning == caution
+    assert m["output_tokens_per_s_per_device@c2"].warning is None and m["goodput_fraction@c2"].warning is None
+    plain = {x.name: x for x in point_metrics(stats, (0.0, 2.0), 1, Bounds, "closed loop")}
+    assert plain["ttft_s@c2"].warning is None and plain["output_tokens_per_s@c2"].warning is None
+
+
+def test_the_prompt_makers_tokenizer_is_its_own() -> None:
+    """The worker thread that makes a duration_s round's prompts uses a tokenizer no other thread uses (the event
+    loop counts outputs with the round's): a fast tokenizer used from two threads at once raises "Already
+    borrowed". The copy counts as the original does."""
+    tokens = _word_tokens("t0 t0 {% for message in messages %}{{ message['content'] }}{% endfor %}")
+    twin = tokens.clone()
+    assert twin.tokenizer is not tokens.tokenizer and twin.tokenizer.backend_tokenizer is not \
+        tokens.tokenizer.backend_tokenizer
+    assert twin.counts(["t1 t2 t3", "t4"]) == tokens.counts(["t1 t2 t3", "t4"]) == [3, 1]
+    assert twin.sent_counts(["t1 t2"], "chat") == tokens.sent_counts(["t1 t2"], "chat") == [4]
+    assert Tokens(None).clone().tokenizer is None
 
 
 # ---- engine folders: the exact command lines ----------------------------------------------------------------

@@ -210,3 +210,120 @@ def test_a_duration_s_round_makes_only_the_prompts_its_points_reach(refusing: st
     assert made["set_size"] == MAX_SYNTHETIC
     (point,) = serving["points"]
     assert 0 < point["requests"] <= 27 and point["prompts_made_during"] == 0 and point["repeated_prompts"] == 0
+
+
+@pytest.mark.parametrize("warmups", [0, 2])
+def test_a_closed_loop_duration_s_point_makes_no_prompt_on_the_event_loop(
+        refusing: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, warmups: int) -> None:
+    """A closed loop for duration_s has no estimate of its count before its warm-up (none without one): its prompts
+    are made in a worker thread while the phases run, so that no stream in flight pauses for one and no pause between
+    the warm-up and the timed requests outlasts the warm-up's connections. Each request's wait for its prompt (before
+    its send) is recorded."""
+    import contextlib
+    import threading
+
+    from flagperf.generate import serve
+
+    on_loop: list[int] = []  # prompts made on the event loop's thread while the point's client was open
+    in_worker: list[int] = []
+    client_open = threading.Event()
+    real_make, real_client = serve.SyntheticPrompts._make, serve.load_client
+
+    def make(self: serve.SyntheticPrompts, count: int) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            in_worker.append(count)
+        elif client_open.is_set():
+            on_loop.append(count)
+        real_make(self, count)
+
+    @contextlib.asynccontextmanager
+    async def tracked(*args: object) -> object:
+        async with real_client(*args) as client:
+            client_open.set()
+            try:
+                yield client
+            finally:
+                client_open.clear()
+
+    monkeypatch.setattr(serve.SyntheticPrompts, "_make", make)
+    monkeypatch.setattr(serve, "load_client", tracked)
+    RefusingEndpoint.refuse = set()
+    plan = plan_run(cases=["tiny-llama-serve"], sets=["endpoint=lab", "concurrency=[2]", "request_rates=[]",
+                                                      "requests=null", "duration_s=0.3", f"warmup_requests={warmups}",
+                                                      "max_new_tokens=2"],
+                    results_dir=tmp_path / "results", inventory_endpoints={"lab": {"base_url": refusing, "model": "m"}},
+                    inventory_source="inventory.yaml")
+    cp = plan.cases[0]
+    job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, host="localhost", vendor="cpu",
+              config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={})
+    out = tmp_path / "round"
+    out.mkdir()
+    assert run_job(job, out) == 0
+    assert on_loop == [] and in_worker, (on_loop, in_worker)
+    timed = [r for r in read_records(out / REQUESTS_FILE) if r.phase == "timed"]
+    assert timed and all(r.prompt_wait_s is not None and r.send_offset_s is not None for r in timed)
+    (point,) = json.loads((out / SERVING_FILE).read_text(encoding="utf-8"))["points"]
+    assert point["prompt_waits"] == sum(1 for r in timed if r.prompt_wait_s)
+
+
+def test_a_requests_wait_for_its_prompt_comes_before_its_send_and_is_recorded(refusing: str) -> None:
+    """run_phase with prompts still being made (a PromptSupply): a request waits for its prompt before its send is
+    stamped, so no latency holds the wait, and the wait is its record's prompt_wait_s (within an open loop's
+    queue_wait_s, which counts from its drawn arrival)."""
+    import asyncio
+    import time
+
+    from flagperf.generate.loadgen import Load, ServingPrompt, Target, run_phase
+
+    class Slow:
+        """Positions from 2 on are 'made' only after a pause."""
+
+        async def wait_for(self, count: int) -> float:
+            if count <= 2:
+                return 0.0
+            began = time.perf_counter()
+            await asyncio.sleep(0.02)
+            return time.perf_counter() - began
+
+    RefusingEndpoint.refuse = set()
+    target = Target(refusing, "m", "chat")
+    prompts = [ServingPrompt(i, f"t{i}", 1, 2) for i in range(4)]
+    for load in (Load("c1", concurrency=1), Load("r1000", rate=1000.0)):
+        run = asyncio.run(run_phase(target, load, prompts, "timed", requests=4, duration_s=None, writer=None,
+                                    count_tokens=None, supply=Slow()))
+        records = sorted(run.records, key=lambda r: r.seq)
+        assert all(r.ok for r in records), [r.error for r in records]
+        assert [r.prompt_wait_s == 0.0 for r in records] == [True, True, False, False]
+        for record in records[2:]:
+            assert record.send_offset_s is not None and record.prompt_wait_s is not None
+            assert record.send_offset_s >= record.prompt_wait_s
+            if load.rate is not None:
+                assert (record.queue_wait_s or 0.0) >= record.prompt_wait_s
+    plain = asyncio.run(run_phase(target, Load("c1", concurrency=1), prompts, "timed", requests=1, duration_s=None,
+                                  writer=None, count_tokens=None))
+    assert plain.records[0].prompt_wait_s is None  # every prompt made before: nothing to wait for
+
+
+def test_a_retried_round_at_an_endpoint_sends_none_of_its_failed_attempts_prompts(refusing: str, tmp_path: Path,
+                                                                                   caplog: pytest.LogCaptureFixture
+                                                                                   ) -> None:
+    """An endpoint keeps its prefix cache across a round's attempts: attempt 2 of round 1 (of 2 rounds) starts after
+    the prompts of every round's first attempt, and says so."""
+    RefusingEndpoint.refuse = set()
+    plan = plan_run(cases=["tiny-llama-serve"], sets=["endpoint=lab", "concurrency=[1]", "request_rates=[]",
+                                                      "requests=2", "warmup_requests=0", "max_new_tokens=2"],
+                    results_dir=tmp_path / "results", inventory_endpoints={"lab": {"base_url": refusing, "model": "m"}},
+                    inventory_source="inventory.yaml", rounds=2)
+    cp = plan.cases[0]
+    outs = []
+    for attempt in (1, 2):
+        job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, rounds=plan.rounds, attempt=attempt,
+                  host="localhost", vendor="cpu", config=cp.config, config_origins=cp.origins,
+                  run_overrides=cp.run_overrides, image={})
+        outs.append(tmp_path / f"attempt{attempt}")
+        outs[-1].mkdir()
+        assert run_job(job, outs[-1]) == 0
+    sent = [{r.prompt_index for r in read_records(out / REQUESTS_FILE)} for out in outs]
+    assert sent[0] == {0, 1, 2}  # the check's, then the timed requests' (3 prompts a round)
+    assert sent[1] == {6, 7, 8}  # after rounds 1 and 2's first attempts
+    assert "attempt 2: its prompts start at prompt 6" in caplog.text

@@ -343,6 +343,12 @@ def test_compare_says_the_workloads_differ_only_where_the_work_does(tmp_path: Pa
     assert differ(started, {**started, "prompt_set": _synthetic_set(input_mean=32.0)}, "length")
     assert differ(started, {**started, "prompt_set": _synthetic_set(server=40.0)}, "served")  # another template
     assert differ(started, {**started, "api": "completions"}, "api")
+    # max_new_tokens forced out, or stopped at end of sequence: the same tokens asked, other work
+    forced = {**started, "client": {"max_tokens": 16, "exact_output_fields": {"ignore_eos": True}}}
+    assert differ(forced, {**started, "client": {"max_tokens": 16, "exact_output_fields": None}}, "eos")
+    assert not differ(forced, {**forced, "client": {"max_tokens": 16, "exact_output_fields": {"min_tokens": 16}}},
+                      "engines")  # each engine's own fields for it
+    assert not differ(forced, started, "unrecorded")  # not known on one side: not said to differ
     assert differ(STARTED, {**STARTED, "prompts": "8 synthetic prompts (seed 0) of 32 tokens, 16 out"}, "old")
 
 

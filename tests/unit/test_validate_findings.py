@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from pydantic import BaseModel, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
 from typer.testing import CliRunner
 
 from flagperf.config.models import SuiteFile, pydantic_error_to_config_error
@@ -173,3 +173,55 @@ def test_gathered_findings_are_each_said_once() -> None:
     first, again, other = ConfigError("f", "a", "x"), ConfigError("f", "a", "x"), ConfigError("f", "b", "y")
     error = gathered([first, again, other])
     assert [str(e) for e in [error, *error.more]] == ["f: a: x", "f: b: y"]
+
+
+def test_two_keys_with_the_same_small_value_are_two_findings(tmp_path: Path) -> None:
+    # 0 is one shared object in Python: two keys holding it are not one value failing a union's members.
+    suite = write(tmp_path / "s8.yaml", "name: s8\ncases: [computation-FP32]\n"
+                                        "overrides: {computation-FP32: {timeout_s: 0, min_iters: 0}}\n")
+    assert errors("validate", str(suite)) == [
+        f"error {suite}: overrides.computation-FP32.timeout_s: Input should be greater than 0 (got 0)",
+        f"error {suite}: overrides.computation-FP32.min_iters: Input should be greater than or equal to 1 (got 0)"]
+
+
+def test_one_value_failing_every_member_of_a_union_is_one_finding() -> None:
+    class Model(BaseModel):
+        model_config = ConfigDict(strict=True)
+        x: int | str
+        positive: PositiveInt
+        flag: bool | None = None
+        at_least_one: int = Field(ge=1)
+
+    with pytest.raises(ValidationError) as caught:
+        Model.model_validate({"x": 1.5, "positive": 0, "at_least_one": 0, "flag": 0})
+    for model in (Model, None):  # (None: the tags are told from the keys by their form)
+        error = pydantic_error_to_config_error(caught.value, "f.yaml", model=model)
+        assert [str(e) for e in [error, *error.more]] == [
+            "f.yaml: x.int: Input should be a valid integer (got 1.5)",
+            "f.yaml: positive: Input should be greater than 0 (got 0)",
+            "f.yaml: flag: Input should be a valid boolean (got 0)",
+            "f.yaml: at_least_one: Input should be greater than or equal to 1 (got 0)"], model
+
+
+def test_a_typo_in_the_overrides_for_every_case_hides_no_other_finding(tmp_path: Path) -> None:
+    suite = write(tmp_path / "s9.yaml", "name: s9\ncases: [computation-FP32]\n"
+                                        "overrides: {'*': {min_duraton_s: 3, timeout_s: 0}}\n")
+    lines = errors("validate", str(suite))
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"error {suite}: overrides.*.min_duraton_s: no selected case has this key (did you "
+                               "mean min_duration_s?"), lines
+    # The key next to the typo is still spread, and checked.
+    assert lines[1] == f"error {suite}: overrides.*.timeout_s: Input should be greater than 0 (got 0)", lines
+
+
+def test_findings_beyond_those_listed_are_counted(tmp_path: Path) -> None:
+    from flagperf.errors import MAX_FINDINGS
+
+    strays = "".join(f"  stray-{n:02}: {{m: 8}}\n" for n in range(MAX_FINDINGS + 5))
+    suite = write(tmp_path / "s10.yaml", f"name: s10\ncases: [computation-FP32]\noverrides:\n{strays}")
+    lines = errors("validate", str(suite))
+    assert len(lines) == MAX_FINDINGS + 1, lines
+    assert lines[0] == f"error {suite}: overrides.stray-00: is not one of the suite's cases"
+    assert lines[-1] == f"error {suite}: ... and 5 more findings (not listed: fix these and check again)"
+    assert len(errors("validate", str(write(tmp_path / "s11.yaml", "name: s11\ncases: [computation-FP32]\n"
+                                             "overrides: {stray: {}}\n")))) == 1  # none left out: no such line
