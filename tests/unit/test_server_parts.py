@@ -301,8 +301,8 @@ def test_a_third_signal_while_the_server_stops_ends_it_at_once(tmp_path: Path) -
     try:
         wait_for(lambda: asked.is_file() and asked.read_text(), "the clean-up to ask the server to stop", 120)
         proc.send_signal(signal.SIGINT)  # the second: noted, and said, not acted on
-        while not errors.next().startswith("still stopping the worker and the server"):
-            pass  # a line within 120 s each, or the test fails with what it said
+        while not (line := errors.next()).startswith("still stopping the worker and the server"):
+            assert line, f"it ended without taking the second signal: {errors.text()}"  # a line within 120 s each
         proc.send_signal(signal.SIGINT)  # the third: at once (not after the server's 30 s grace)
         assert proc.wait(timeout=120) == -signal.SIGINT
         assert errors.rest().splitlines()[-1].startswith(
