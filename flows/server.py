@@ -24,8 +24,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.error import URLError
 from urllib.parse import urlsplit
 from urllib.request import urlopen
@@ -48,12 +49,14 @@ from flagperf.site.auth import (
     how_to_set,
     is_loopback,
 )
+from flagperf.stopping import STOP_NOW_AT, stop_now
 
 DATABASE_URL_ENV = "PREFECT_API_DATABASE_CONNECTION_URL"
 HEALTH_TIMEOUT_S = 180.0
 DATABASE_SECRETS = (DATABASE_URL_ENV, "PGPASSWORD", "PGPASSFILE")
 WATCH_POLL_S = 0.5
 WATCH_GRACE_S = 10.0
+T = TypeVar("T")
 STEP_POLL_S = 0.2  # how soon a signal stops a step's command (the work pool's, the deployments')
 POOL_TIMEOUT_S, DEPLOY_TIMEOUT_S = 120.0, 600.0
 # The results folder `flagperf server` serves, in its worker's and deployments' environment: the evaluate and
@@ -374,15 +377,47 @@ def describe_schedules(schedules: list[dict[str, Any]]) -> str:
 
 
 def set_by_users(http: Any, specs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The schedules and pause of the user-facing deployments that exist already, by deployment id."""
-    return {d["id"]: {"name": spec["name"], "schedules": _schedules(d), "paused": bool(d.get("paused"))}
+    """The schedules and pause of the user-facing deployments that exist already, by deployment id, with what
+    prefect.yaml gives them (what `prefect deploy` makes them)."""
+    return {d["id"]: {"name": spec["name"], "schedules": _schedules(d), "paused": bool(d.get("paused")),
+                      "project_schedules": list(spec.get("schedules") or []),
+                      "project_paused": bool(spec.get("paused", False))}
             for spec in specs for d in _deployments_named(http, spec)}
 
 
-def restore_set_by_users(http: Any, before: dict[str, dict[str, Any]]) -> list[str]:
-    """Put back what users had set (see set_by_users) where making the deployments again changed it; one line per
-    deployment whose schedule prefect.yaml would have changed."""
-    notes = []
+def _same_value(given: Any, have: Any) -> bool:
+    if isinstance(given, str) and "{{" in given:  # filled in by a build step as the deploy ran: any value is it
+        return True
+    if isinstance(given, int | float) and not isinstance(given, bool) and isinstance(have, int | float):
+        return float(given) == float(have)  # an interval: seconds in prefect.yaml, a float from the server
+    return bool(given == have)
+
+
+def as_in_project(schedules: list[dict[str, Any]], project: list[dict[str, Any]]) -> bool:
+    """Whether a deployment's schedules (as _schedules gives them) are prefect.yaml's: one each, every field
+    prefect.yaml states the same (those it leaves out take the server's defaults, and match any value)."""
+    if len(schedules) != len(project):
+        return False
+    left = list(schedules)
+    for given in project:
+        match = next((have for have in left if all(
+            _same_value(value, (have if key in SCHEDULE_FIELDS else have.get("schedule") or {}).get(key))
+            for key, value in given.items())), None)
+        if match is None:
+            return False
+        left.remove(match)
+    return True
+
+
+def restore_set_by_users(http: Any, before: dict[str, dict[str, Any]], begun: dict[str, str] | None = None
+                         ) -> list[str]:
+    """Put back what users had set (see set_by_users) where making the deployments again changed it to
+    prefect.yaml's; one line per deployment whose schedule prefect.yaml would have changed. A deployment whose
+    schedules (or pause) are neither as before nor prefect.yaml's was changed in the UI while the deployments were
+    made: it is left so (a line says so). ``begun``: the deployments a try cut midway had begun to put back (their
+    schedules deleted, perhaps not made again), with their lines, which the next try finishes whatever it finds."""
+    begun = {} if begun is None else begun
+    left: dict[str, str] = {}
     for deployment_id, kept in before.items():
         answer = http.get(f"/deployments/{deployment_id}")
         if answer.status_code == 404:
@@ -390,36 +425,54 @@ def restore_set_by_users(http: Any, before: dict[str, dict[str, Any]]) -> list[s
         answer.raise_for_status()
         now = answer.json()
         if _schedules(now) != kept["schedules"]:
-            for schedule in now.get("schedules") or []:
-                http.delete(f"/deployments/{deployment_id}/schedules/{schedule['id']}").raise_for_status()
-            if kept["schedules"]:
-                http.post(f"/deployments/{deployment_id}/schedules", json=kept["schedules"]).raise_for_status()
-            notes.append(f"{kept['name']}: kept the schedule set in the UI ({describe_schedules(kept['schedules'])}),"
-                         f" not prefect.yaml's ({describe_schedules(_schedules(now))})")
-        if bool(now.get("paused")) != kept["paused"]:
+            if deployment_id in begun or as_in_project(_schedules(now), kept["project_schedules"]):
+                begun.setdefault(deployment_id, f"{kept['name']}: kept the schedule set in the UI "
+                                                f"({describe_schedules(kept['schedules'])}), not prefect.yaml's "
+                                                f"({describe_schedules(_schedules(now))})")
+                for schedule in now.get("schedules") or []:
+                    http.delete(f"/deployments/{deployment_id}/schedules/{schedule['id']}").raise_for_status()
+                if kept["schedules"]:
+                    http.post(f"/deployments/{deployment_id}/schedules", json=kept["schedules"]).raise_for_status()
+            else:
+                left[deployment_id] = (f"{kept['name']}: left the schedule as it is now "
+                                       f"({describe_schedules(_schedules(now))}): changed in the UI while the "
+                                       "deployments were made")
+        if bool(now.get("paused")) != kept["paused"] and bool(now.get("paused")) == kept["project_paused"]:
             http.patch(f"/deployments/{deployment_id}", json={"paused": kept["paused"]}).raise_for_status()
-    return notes
+    return [begun.get(i) or left[i] for i in before if i in begun or i in left]
 
 
 BUSY = (429, 502, 503)  # the server is busy (Prefect answers 503 while its database is): Prefect's clients retry
 
 
-def put_back_set_by_users(api_url: str, auth: dict[str, str], before: dict[str, dict[str, Any]],
-                          timeout_s: float = 30.0, attempts: int = 3) -> list[str]:
-    """restore_set_by_users, tried again where the server was busy or did not answer: each try compares with what
-    is there then (a try cut midway, its schedules deleted and not yet made again, is finished by the next)."""
+def with_retries(api_url: str, auth: dict[str, str], step: Callable[[Any], T], timeout_s: float = 30.0,
+                 attempts: int = 3) -> T:
+    """``step(client)`` tried again where the server was busy or did not answer; the last try's error is raised
+    (an httpx.HTTPError: create_deployments says it in one line)."""
     import httpx
 
     for attempt in range(1, attempts):
         try:
             with httpx.Client(base_url=api_url, headers=auth, timeout=timeout_s) as http:
-                return restore_set_by_users(http, before)
+                return step(http)
         except (httpx.TransportError, httpx.HTTPStatusError) as exc:
             if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code not in BUSY:
                 raise
             time.sleep(attempt)
-    with httpx.Client(base_url=api_url, headers=auth, timeout=timeout_s) as http:  # the last try: its error is raised
-        return restore_set_by_users(http, before)
+    with httpx.Client(base_url=api_url, headers=auth, timeout=timeout_s) as http:
+        return step(http)
+
+
+def put_back_set_by_users(api_url: str, auth: dict[str, str], before: dict[str, dict[str, Any]],
+                          timeout_s: float = 30.0, attempts: int = 3) -> list[str]:
+    """restore_set_by_users, tried again where the server was busy or did not answer: each try compares with what
+    is there then, and finishes what a try cut midway had begun (its schedules deleted and not yet made again)."""
+    begun: dict[str, str] = {}
+    return with_retries(api_url, auth, lambda http: restore_set_by_users(http, before, begun), timeout_s, attempts)
+
+
+def _said(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def create_deployments(api_url: str, client_env: dict[str, str], results_root: Path, pool: str,
@@ -428,7 +481,8 @@ def create_deployments(api_url: str, client_env: dict[str, str], results_root: P
     """The deployments of prefect.yaml on the server's pool, made as `prefect deploy --all` makes them (its form
     schemas read with the results folder's default in the environment); then the user-facing ones get the served
     results folder in their job variables, so a worker elsewhere runs them with it too. A deployment that existed
-    keeps the schedules and pause its users set in the UI: prefect.yaml's schedule is the new deployment's. Its
+    keeps the schedules and pause its users set in the UI (and one changed in the UI while they were made, that
+    change): prefect.yaml's schedule is the new deployment's. Its
     output goes to deploy.log. Returns (user-facing, internal) names and a line per schedule kept; None when a
     signal noted in ``stopping`` stopped it (`prefect deploy` is stopped at once, see run_step).
 
@@ -440,10 +494,14 @@ def create_deployments(api_url: str, client_env: dict[str, str], results_root: P
 
     stopping = [] if stopping is None else stopping
     project = deployments_in_project(pool)
-    auth = api_headers(api_url, credentials.auth_string if credentials else None)
+    by_hand = f"by hand: {deploy_command(api_url, results_root)}"
     user_specs = [spec for spec in project["deployments"] if "internal" not in (spec.get("tags") or [])]
-    with httpx.Client(base_url=api_url, headers=auth, timeout=30) as http:
-        before = set_by_users(http, user_specs)
+    try:
+        auth = api_headers(api_url, credentials.auth_string if credentials else None)
+        before = with_retries(api_url, auth, lambda http: set_by_users(http, user_specs))
+    except httpx.HTTPError as exc:  # nothing made yet: the one line, and how to make them by hand
+        raise RuntimeError(f"reading the deployments' schedules before making them failed ({_said(exc)}); "
+                           f"{by_hand}") from None
     restored = False
     try:
         with tempfile.TemporaryDirectory(prefix="flagperf-deploy-") as folder:
@@ -458,19 +516,30 @@ def create_deployments(api_url: str, client_env: dict[str, str], results_root: P
         if made is None:
             return None
         if made.returncode != 0:
-            raise RuntimeError(f"creating the deployments failed (see deploy.log); by hand: "
-                               f"{deploy_command(api_url, results_root)}")
+            raise RuntimeError(f"creating the deployments failed (see deploy.log); {by_hand}")
         user = [spec["name"] for spec in user_specs]
         internal = [spec["name"] for spec in project["deployments"] if spec not in user_specs]
-        with httpx.Client(base_url=api_url, headers=auth, timeout=30) as http:
+
+        def served_results_folder(http: Any) -> None:  # the same job variables again on a retry
             for spec in user_specs:
                 for deployment in _deployments_named(http, spec):
                     variables = dict(deployment.get("job_variables") or {})
                     variables["env"] = {**(variables.get("env") or {}), RESULTS_DIR_ENV: str(results_root)}
                     http.patch(f"/deployments/{deployment['id']}",
                                json={"job_variables": variables}).raise_for_status()
+
+        try:
+            with_retries(api_url, auth, served_results_folder)
+        except httpx.HTTPError as exc:
+            raise RuntimeError(f"giving the deployments the served results folder failed ({_said(exc)}); "
+                               f"{by_hand}") from None
         restored = True  # tried: an error in it is this command's error
-        kept = put_back_set_by_users(api_url, auth, before)
+        try:
+            kept = put_back_set_by_users(api_url, auth, before)
+        except httpx.HTTPError as exc:  # made again by hand, they would take prefect.yaml's schedules once more
+            names = ", ".join(sorted({entry["name"] for entry in before.values()}))
+            raise RuntimeError(f"the deployments are made, but what users set on {names} (schedules, pause) may not "
+                               f"be back ({_said(exc)}): check them in the UI") from None
         return user, internal, kept
     finally:
         if not restored and before:  # the server is still up (it is stopped next): briefly, and said if it fails
@@ -478,9 +547,8 @@ def create_deployments(api_url: str, client_env: dict[str, str], results_root: P
                 put_back_set_by_users(api_url, auth, before, timeout_s=10)
             except httpx.HTTPError as exc:
                 names = ", ".join(sorted({entry["name"] for entry in before.values()}))
-                said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                print(f"schedules: what users set on {names} (schedules, pause) may not be back ({said}); check "
-                      "them in the UI", flush=True)
+                print(f"schedules: what users set on {names} (schedules, pause) may not be back ({_said(exc)}); "
+                      "check them in the UI", flush=True)
 
 
 def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_dir: Path, *,
@@ -590,8 +658,19 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
         failed = [p for p in processes if p.poll() not in (None, 0)]
         return 1 if failed else 0
     finally:
+        def in_clean_up(signum: int, _frame: object) -> None:
+            # a second signal must not cut the shutdown short; a third (counting those before it began) is the way
+            # out of one that hangs, as for every command (flagperf.stopping)
+            stopping.append(signum)
+            if len(stopping) >= STOP_NOW_AT:
+                stop_now(signum, "the worker and the Prefect server are stopped by their watchers once this "
+                                 f"process is gone (SIGTERM, SIGKILL {WATCH_GRACE_S:.0f} s later)")
+            elif len(stopping) == STOP_NOW_AT - 1:  # os.write: it may land while this process writes to stderr
+                os.write(2, b"still stopping the worker and the server (up to 40 s each); one more signal stops "
+                            b"at once\n")
+
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the shutdown short
+            signal.signal(sig, in_clean_up)
         for proc in reversed(processes):  # the worker first, then the server it talks to
             _stop(proc)
         site.stop()

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -40,26 +41,54 @@ def stop_monitors(host: Host, monitors: list[tuple[str, BackgroundProcess]], sta
     stopped: dict[str, Any] = {}
     for name, proc in monitors:
         code = host.terminate(proc, grace_s=5.0)
-        footer = _footer(host, stage_dir / f"monitor_{name}.jsonl")
-        samples = footer.get("samples") if footer else None
+        level, message, samples = stop_note(host, stage_dir / f"monitor_{name}.jsonl", label, name, code)
         stopped[name] = {"exit_code": code, "samples": samples}
-        if footer is None:  # no footer: it died before it was asked to stop (killed, crashed)
-            logger.warning("%s: monitor %s had died before the round ended (exit %s, no footer): its figures cover "
-                           "only part of the round", label, name, code)
-        elif footer.get("reason") != "signal":  # it stopped by itself: the process it watched exited, --max-seconds
-            logger.warning("%s: monitor %s had stopped by itself before the round ended (%s, %s samples): its "
-                           "figures cover only part of the round", label, name, footer.get("reason"), samples)
-        else:
-            logger.info("%s: monitor %s stopped (exit %s, %s samples)", label, name, code, samples)
+        logger.log(level, "%s", message)
     return stopped
 
 
-def _footer(host: Host, path: Path) -> dict[str, Any] | None:
-    """The monitor's footer, from the file's end alone (a day's samples are a hundred MiB), read on the host that
-    ran it (an SSH host's file is not on the controller)."""
+def stop_note(host: Host, path: Path, label: str, name: str, code: int | None) -> tuple[int, str, Any]:
+    """How a stopped monitor ended, as (log level, line, samples): a warning where its figures cover only part of
+    the round; INFO where it stopped when asked, or never sampled because its tool or library is not on this
+    host (write_unavailable: the round's other monitors still ran, the analysis says why)."""
+    records = _end_records(host, path)
+    footer = _footer(host, path, records)
+    samples = footer.get("samples") if footer else None
+    if footer is None:  # no footer: it died before it was asked to stop (killed, crashed)
+        return (logging.WARNING, f"{label}: monitor {name} had died before the round ended (exit {code}, no "
+                                 "footer): its figures cover only part of the round", samples)
+    reason = footer.get("reason")
+    if reason == "unavailable":
+        header = records[0] if records[0] and records[0].get("type") == "header" else {}
+        sources = header.get("sources") if isinstance(header.get("sources"), dict) else {}
+        why = "; ".join(str(s.get("reason")) for s in sources.values()
+                        if isinstance(s, dict) and s.get("available") is False and s.get("reason")) or "not said"
+        return logging.INFO, f"{label}: monitor {name} unavailable: {why}", samples
+    if reason != "signal":  # it stopped by itself: the process it watched exited, --max-seconds
+        return (logging.WARNING, f"{label}: monitor {name} had stopped by itself before the round ended ({reason}, "
+                                 f"{samples} samples): its figures cover only part of the round", samples)
+    return logging.INFO, f"{label}: monitor {name} stopped (exit {code}, {samples} samples)", samples
+
+
+def _end_records(host: Host, path: Path) -> list[dict[str, Any] | None]:
+    """The JSON records in the monitor file's end alone (a day's samples are a hundred MiB), read on the host that
+    ran it (an SSH host's file is not on the controller); None for a line that is none (the first, cut by the
+    read's start; the last, cut by a kill). The first of a short file is its header."""
     try:
         lines = host.read_end(path, 64 * 1024).splitlines()
-        record = json.loads(lines[-1])
-    except (OSError, ValueError, IndexError):  # JSONDecodeError is a ValueError
-        return None
-    return record if isinstance(record, dict) and record.get("type") == "footer" else None
+    except (OSError, ValueError):
+        return []
+    records: list[dict[str, Any] | None] = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:  # JSONDecodeError is a ValueError
+            record = None
+        records.append(record if isinstance(record, dict) else None)
+    return records
+
+
+def _footer(host: Host, path: Path, records: list[dict[str, Any] | None] | None = None) -> dict[str, Any] | None:
+    """The monitor's footer, from the file's end alone (``records``: those _end_records read already)."""
+    records = _end_records(host, path) if records is None else records
+    return records[-1] if records and records[-1] and records[-1].get("type") == "footer" else None

@@ -70,14 +70,20 @@ class ParentWatch:
     gone; psutil's is_running() catches a reuse later on the same way, by the process's creation time."""
 
     def __init__(self, pid: int, started_before: float) -> None:
+        self.pid = pid
+        self.pid_only = False  # the process is not ours to look at: followed by its pid alone
         try:
             self.process: psutil.Process | None = psutil.Process(pid)
             if self.process.create_time() > started_before:
                 self.process = None
-        except psutil.Error:
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):  # gone, or exited and not yet reaped
             self.process = None
+        except psutil.AccessDenied:  # it exists (hidepid, another user's): alive while its pid is there
+            self.process, self.pid_only = None, True
 
     def alive(self) -> bool:
+        if self.pid_only:
+            return psutil.pid_exists(self.pid)
         if self.process is None:
             return False
         try:  # a zombie has exited: only its parent has not reaped it yet

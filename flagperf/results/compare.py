@@ -29,7 +29,7 @@ class Comparison:
     spread: float | None  # the larger coefficient of variation of the two runs
     spread_over: str | None
     flagged: bool
-    note: str | None = None  # operation rows: points failing in one run only, points in one run only
+    note: str | None = None  # points failing or found in one run only (operation rows); a unit one run only states
     per_operator: bool = False  # an operation row: an operator and implementation over its points
 
     def cells(self) -> list[str]:
@@ -62,16 +62,21 @@ def compare(a: RunSummary, b: RunSummary) -> list[Comparison]:
     for key in [*index_a, *(k for k in index_b if k not in index_a)]:
         ea, eb = index_a.get(key), index_b.get(key)
         unit = (ea or eb or {}).get("unit", "")
+        note, comparable = None, True
         if ea and eb and ea["unit"] != eb["unit"]:
-            unit = f"{ea['unit']} vs {eb['unit']}"
+            if ea["unit"] and eb["unit"]:  # two units: two quantities, no ratio
+                unit, comparable = f"{ea['unit']} vs {eb['unit']}", False
+            else:  # the same figure, its unit stated by one run only (a release that added it): B/A holds
+                unit = ea["unit"] or eb["unit"]
+                note = "unit now stated (A gave none)" if eb["unit"] else "unit stated in A only (B gives none)"
         va, vb = (ea or {}).get("value"), (eb or {}).get("value")
-        ratio = vb / va if va and vb is not None and unit == ea["unit"] else None  # type: ignore[index]
+        ratio = vb / va if va and vb is not None and comparable else None
         spreads = [(e["spread_cv"], e["spread_over"]) for e in (ea, eb) if e and e["spread_cv"] is not None]
         spread, over = max(spreads, key=lambda s: s[0]) if spreads else (None, None)
         flagged = ratio is not None and spread is not None and abs(ratio - 1) > spread
         if ratio is not None and spread is None:
             flagged = not math.isclose(ratio, 1.0)
-        out.append(Comparison(key[0], key[1], unit, va, vb, ratio, spread, over, flagged))
+        out.append(Comparison(key[0], key[1], unit, va, vb, ratio, spread, over, flagged, note))
     return out
 
 

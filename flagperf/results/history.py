@@ -22,16 +22,16 @@ fall more than 100 %); a figure that falls to zero (a goodput no request met) is
 A figure whose history is zero or negative somewhere is judged on the linear scale instead
 ((value - baseline) / |baseline| against sigma times the linear spreads): the verdict's ``scale`` says which.
 
-The baseline's runs are the earlier completed runs of the same *workload*: the case's configuration (a digest of
-the rounds' config) must match, so a night whose case was configured differently (a --set that halves the work)
-is not judged against nights that measured something else; it is marked ``new-workload`` (naming the keys that
-changed) until it has a baseline of its own. A failed night is recorded as such (``record_failed_night``), with
-no figures: it is shown as a failure in the trends and never becomes a baseline, so the next good night is
-judged against the good ones before it. A night the operator stopped while it measured is recorded as interrupted
-(``record_interrupted_night``), also without figures and never a baseline: the trends tell it from a failed night
-and from a night that never ran. One stopped once it was measured (while it was recorded, judged or published)
-keeps its measurement: it is recorded with its figures like any night (``record_run`` keeping a record made
-before). Each verdict names what changed in the run's setting (code, image,
+The baseline's runs are the earlier completed runs of the same *workload*: the case's configuration (a digest of the
+rounds' config, less the keys that only label a figure: ``PRESENTATION_KEYS``) must match, so a night whose case was
+configured differently (a --set that halves the work) is not judged against nights that measured something else; it
+is marked ``new-workload`` (naming the keys that changed) until it has a baseline of its own. A failed night is
+recorded as such (``record_failed_night``), with no figures: it is shown as a failure in the trends and never
+becomes a baseline, so the next good night is judged against the good ones before it. A night the operator stopped
+while it measured is recorded as interrupted (``record_interrupted_night``), also without figures and never a
+baseline: the trends tell it from a failed night and from a night that never ran. One stopped once it was measured
+(while it was recorded, judged or published) keeps its measurement: it is recorded with its figures like any night
+(``record_run`` keeping a record made before). Each verdict names what changed in the run's setting (code, image,
 libraries, hosts, the vendor's settings) since the newest run of its baseline: the likely cause of a change.
 """
 
@@ -218,9 +218,20 @@ def case_configs(run_dir: Path) -> dict[str, dict[str, Any]]:
     return configs
 
 
+# Config keys that only say how a figure is labelled, not what is measured: they stay out of the workload (a
+# release that adds one, as training's target_unit was added, must not restart every figure's baseline).
+PRESENTATION_KEYS = frozenset({"target_unit"})
+
+
+def measured_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The configuration less its presentation keys: what the workload's digest and its changes are of."""
+    return {k: v for k, v in config.items() if k not in PRESENTATION_KEYS}
+
+
 def _workload(config: dict[str, Any] | None) -> str | None:
     """The configuration's digest; None where the rounds recorded none (comparable with any)."""
-    return hashlib.sha256(_canonical(config).encode()).hexdigest()[:16] if config else None
+    measured = measured_config(config) if config else None
+    return hashlib.sha256(_canonical(measured).encode()).hexdigest()[:16] if measured else None
 
 
 def run_setting(run_dir: Path) -> dict[str, Any]:
@@ -421,7 +432,8 @@ def _judge_series(rows: list[Any], baseline_runs: int, min_history: int, sigma: 
         earlier = same[:baseline_runs]
         if len(same) < max(min_history, 2) and len(same) < i:  # runs of another workload came before it
             other = next(r for r in reversed(rows[:i]) if r["workload"] != row["workload"])
-            keys = setting_changes({"config": _loads(other["config"])}, {"config": _loads(row["config"])})
+            keys = setting_changes({"config": measured_config(_loads(other["config"]))},
+                                   {"config": measured_config(_loads(row["config"]))})
             verdicts.append(Verdict(row["case"], row["metric"], row["unit"], float(row["value"]), None, None, None,
                                     len(same), "new-workload", (other["run_id"],),
                                     tuple(k.removeprefix("config: ") for k in keys)))

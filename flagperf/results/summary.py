@@ -322,7 +322,9 @@ def summarize(run_dir: Path) -> RunSummary:
             "spread_cv": cv_rounds if cv_rounds is not None else cv_chunks,
             "spread_over": _spread_over(group) if cv_rounds is not None else ("chunks" if cv_chunks is not None
                                                                                else None),
-            "rounds": int(group["round"].nunique()), "hosts": int(group["host"].nunique()), "peak": peak,
+            "rounds": int(group["round"].nunique()), "hosts": int(group["host"].nunique()),
+            # the host rounds averaged: fewer than rounds x hosts where some host missed a round
+            "figures": len(group[["round", "host"]].drop_duplicates()), "peak": peak,
             "peak_unit": _clean(group["peak_unit"].iloc[0]),
             "ratio": ratio, "above_peak": bool(ratio is not None and ratio > 1.0 and not estimated),
             "above_estimated_peak": bool(ratio is not None and ratio > 1.0 and estimated),
@@ -549,9 +551,15 @@ def headline_cells(entry: dict[str, Any]) -> list[str]:
 
 def rounds_cell(entry: dict[str, Any]) -> str:
     """How many figures a headline averages: its rounds, times its hosts where several measured it (2 hosts x 1
-    round are 2 figures, not 1)."""
-    hosts = int(entry.get("hosts") or 1)
-    return f"{entry['rounds']} × {hosts} hosts" if hosts > 1 else str(entry["rounds"])
+    round are 2 figures, not 1), and where some host missed a round the count, with how many are missing (h1
+    rounds 1 and 2, h2 round 1: "3 (2 rounds × 2 hosts, 1 missing)")."""
+    hosts, rounds = int(entry.get("hosts") or 1), int(entry["rounds"])
+    if hosts < 2:
+        return str(rounds)
+    full = rounds * hosts
+    figures = int(entry.get("figures") or full)  # a summary.json from before it was counted: all there
+    return f"{rounds} × {hosts} hosts" if figures >= full else \
+        f"{figures} ({rounds} rounds × {hosts} hosts, {full - figures} missing)"
 
 
 PEAK_UNITS = ("TFLOPS", "TOPS", "GB/s")  # the units a spec table gives peaks in (GiB: capacity, with its source)
@@ -796,7 +804,8 @@ def how_made(figures: list[dict[str, Any]]) -> str:
                 "last column; docs: What a run gives you, Conventions); spread = coefficient of variation across "
                 "rounds, or across chunks for a single round.")
     return ("Measured = the mean over rounds and hosts of each host's figure in each round (rounds: rounds × hosts "
-            "where several hosts measured it; each host's own in Every host), formed as its statistic says (the "
+            "where several hosts measured it, the count of figures where some host missed a round; each host's own "
+            "in Every host), formed as its statistic says (the "
             "table's last column; docs: What a run gives you, Conventions); spread = coefficient of variation "
             "across those figures, and the column names what they differ by (rounds, hosts, devices), or across "
             "chunks for a single round on one host.")
@@ -841,7 +850,7 @@ def render_hosts(per_host: list[dict[str, Any]], headline: list[dict[str, Any]])
     if not entries:
         return []
     lines = ["## Every host", "", "Each host's figure: the mean of its rounds; vs all hosts = the host's figure / the "
-             "headline (the mean over every host).", "",
+             "headline (the mean of every host's figures: a host that measured more rounds weighs more).", "",
              "| case | metric | unit | host | rounds | measured | spread (CV) | vs all hosts |",
              "|---|---|---|---|---|---|---|---|"]
     for e in entries:

@@ -303,6 +303,10 @@ def test_what_users_set_on_the_nightly_in_the_ui_survives_a_restart_of_the_serve
                     client.delete_deployment_schedule(nightly.id, schedule.id)
                 client.create_deployment_schedules(nightly.id, [(CronSchedule(**nightly_schedule()), True)])
                 client.resume_deployment(nightly.id)
+                # and meanwhile a user gives evaluate a schedule in the UI: not prefect.yaml's, nor as before
+                evaluate = client.read_deployment_by_name("evaluate/evaluate")
+                client.create_deployment_schedules(evaluate.id, [(CronSchedule(cron="0 5 * * 1", timezone="UTC"),
+                                                                  True)])
         finally:
             stopping.append(signal.SIGINT)  # as serve's handler notes it
 
@@ -321,6 +325,11 @@ def test_what_users_set_on_the_nightly_in_the_ui_survives_a_restart_of_the_serve
         assert sorted((s.schedule.cron, s.schedule.timezone, s.active, s.parameters)
                       for s in nightly.schedules) == set_in_ui
         assert nightly.paused
+        # what was set in the UI while the deploy ran is left as it was set (it used to be put back to before)
+        evaluate = client.read_deployment_by_name("evaluate/evaluate")
+        assert [(s.schedule.cron, s.active) for s in evaluate.schedules] == [("0 5 * * 1", True)]
+        for schedule in evaluate.schedules:  # the shared server's evaluate, as it was
+            client.delete_deployment_schedule(evaluate.id, schedule.id)
 
     kept = deploy()
     with get_client(sync_client=True) as client:

@@ -237,6 +237,25 @@ def test_another_workload_is_marked_not_compared(tmp_path: Path) -> None:
     assert v.status == "new-workload" and v.changes == ("m 4096 → 2048",) and "not compared" in v.line()
 
 
+def test_a_key_that_only_labels_a_figure_keeps_its_workload(tmp_path: Path) -> None:
+    """The release that added training's target_unit (the unit final_<metric> states) changed every training
+    case's recorded config: a night after it is judged against the nights before (it was new-workload, the
+    baseline restarting unannounced), and a real change beside it is named without it."""
+    engine = history_engine(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    for night in range(4):
+        record_run(engine, make_configured_run(tmp_path, f"run-n{night}", [100.0, 100.2], {"m": 4096}),
+                   recorded_at=START + timedelta(days=night))
+    record_run(engine, make_configured_run(tmp_path, "run-unit", [80.0, 80.1], {"m": 4096, "target_unit": ""}),
+               recorded_at=START + timedelta(days=5))
+    (v,) = check_run(engine, "run-unit")
+    assert v.status == "regression" and v.baseline_runs[0] == "run-n3"
+    record_run(engine, make_configured_run(tmp_path, "run-half", [50.0, 50.1],
+                                           {"m": 2048, "target_unit": "fraction"}),
+               recorded_at=START + timedelta(days=6))
+    (v,) = check_run(engine, "run-half")
+    assert v.status == "new-workload" and v.changes == ("m 4096 → 2048",)
+
+
 def test_what_changed_since_the_baseline_is_named(tmp_path: Path) -> None:
     engine = history_engine(f"sqlite:///{tmp_path / 'h.sqlite'}")
     for night in range(4):

@@ -18,12 +18,12 @@ from flows.cli import app
 T0 = 1_800_000_000.0
 
 
-def make_run(root: Path, name: str, values: list[float], case: str = "computation-FP32") -> Path:
+def make_run(root: Path, name: str, values: list[float], case: str = "computation-FP32", unit: str = "TFLOPS") -> Path:
     run = root / name
     for rnd, value in enumerate(values, start=1):
         now = datetime.now(timezone.utc)
         peak = Peak(value=1.0, unit="TFLOPS", source="test datasheet")
-        metric = Metric(name="gemm_fp32", value=value, unit="TFLOPS", peak=peak, ratio=value,
+        metric = Metric(name="gemm_fp32", value=value, unit=unit, peak=peak, ratio=value,
                         window=[T0 + 1, T0 + 4], work=value * 3)
         result = RoundResult(run_id=name, case=case, family="base", round=rnd, host="h1", node_rank=0,
                              vendor="cpu", status="success", started_at=now, finished_at=now, duration_s=5.0,
@@ -63,6 +63,22 @@ def test_compare_flags_differences_beyond_the_spread(tmp_path: Path) -> None:
     (worse,), _ = compare_runs(base, drop)
     assert worse.flagged and worse.ratio == pytest.approx(0.95)
     assert worse.spread == pytest.approx(0.01, rel=0.01)
+
+
+def test_a_unit_stated_by_one_run_only_is_the_same_figure(tmp_path: Path) -> None:
+    """A release that states a figure's unit where it gave none (training's final_accuracy: '' then 'fraction')
+    keeps B/A, saying the unit is now stated (it showed ' vs fraction' and no ratio); two stated units that differ
+    are two quantities: no ratio."""
+    before = make_run(tmp_path, "run-a", [1.00, 1.01, 0.99], unit="")
+    after = make_run(tmp_path, "run-b", [0.95, 0.951, 0.949], unit="fraction")
+    (row,), _ = compare_runs(before, after)
+    assert row.unit == "fraction" and row.ratio == pytest.approx(0.95) and row.flagged
+    assert row.cells()[-1] == "DIFFERENT; unit now stated (A gave none)"
+    (back,), _ = compare_runs(after, before)
+    assert back.ratio == pytest.approx(1 / 0.95) and back.cells()[-1].endswith("unit stated in A only (B gives none)")
+    other = make_run(tmp_path, "run-c", [0.95, 0.951, 0.949], unit="percent")
+    (two,), _ = compare_runs(after, other)
+    assert two.unit == "fraction vs percent" and two.ratio is None
 
 
 def test_cli_report_and_compare(tmp_path: Path) -> None:

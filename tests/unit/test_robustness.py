@@ -123,6 +123,33 @@ def test_a_monitor_the_host_agent_detached_samples_until_the_keepalive_it_follow
         keepalive.wait(timeout=30)
 
 
+def test_a_device_monitor_without_its_library_is_said_unavailable_not_stopped_early(tmp_path: Path) -> None:
+    """NVML's monitor on a host without nvidia-ml-py (or its driver) writes a header saying why and a footer
+    "unavailable" and exits: the round's stop says so at INFO, every round, not that it stopped before the round
+    ended (a warning that was untrue); a monitor that did stop early is still a warning."""
+    import logging
+
+    from flagperf.hosts.local import LocalHost
+    from tasks.monitor import stop_note
+
+    out = tmp_path / "monitor_nvml.jsonl"
+    done = subprocess.run([sys.executable, str(PROJECT_ROOT / "vendor_images" / "nvidia" / "monitor_nvml.py"),
+                           "--out", str(out)], env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+                          capture_output=True, text=True, timeout=120)
+    header = _records(out)[0]
+    if header["sources"]["devices"]["available"]:
+        pytest.skip("NVML works on this machine: its monitor samples")
+    host = LocalHost(work_root=tmp_path)
+    level, line, samples = stop_note(host, out, "round 1", "nvml", done.returncode)
+    assert (level, samples) == (logging.INFO, 0)
+    assert line == f"round 1: monitor nvml unavailable: {header['sources']['devices']['reason']}"
+    early = tmp_path / "monitor_system.jsonl"
+    early.write_text(json.dumps({"type": "header", "monitor": "system"}) + "\n"
+                     + json.dumps({"type": "footer", "samples": 4, "reason": "parent-exited"}) + "\n")
+    level, line, _ = stop_note(host, early, "round 1", "system", 0)
+    assert level == logging.WARNING and "stopped by itself before the round ended (parent-exited, 4" in line
+
+
 def test_a_monitor_does_not_follow_a_process_that_only_took_its_parents_pid() -> None:
     """A pid reused by a process created after the monitor is not the process that started it: gone."""
     from flagperf.monitoring import ParentWatch
@@ -137,6 +164,22 @@ def test_a_monitor_does_not_follow_a_process_that_only_took_its_parents_pid() ->
         later.stdin.close()
         later.wait(timeout=30)
     assert not ParentWatch(later.pid, time.time()).alive()
+
+
+def test_a_monitor_follows_a_process_it_may_not_look_at_by_its_pid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A watched process psutil may not read (hidepid=2, another user's: AccessDenied) exists: the monitor samples
+    while its pid is there (it used to stop at once, "parent-exited"), and stops once it is gone."""
+    from flagperf import monitoring
+
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait(timeout=60)  # reaped: its pid names no process
+
+    def denied(pid: int) -> psutil.Process:
+        raise psutil.AccessDenied(pid)
+
+    monkeypatch.setattr(monitoring.psutil, "Process", denied)  # a real hidepid /proc cannot be made in a test
+    assert monitoring.ParentWatch(os.getpid(), time.time()).alive()
+    assert not monitoring.ParentWatch(ended.pid, time.time()).alive()
 
 
 def test_default_work_root_is_private(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

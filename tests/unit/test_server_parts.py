@@ -17,6 +17,7 @@ import pytest
 
 from flagperf.paths import PROJECT_ROOT
 from flows.server import configured_api_url, public_base
+from tests.unit.childio import Lines
 
 
 def wait_for(predicate, what: str, limit_s: float = 60.0) -> None:
@@ -172,3 +173,144 @@ def test_a_server_stopped_while_it_starts_stops_what_it_started(tmp_path: Path, 
     (proc,) = started
     assert proc.poll() is not None
     assert "server: UI at" not in capsys.readouterr().out
+
+
+@contextlib.contextmanager
+def deployments_api(filter_answers: list[int], deployment: dict):
+    """A stand-in for the Prefect API's deployment reads, on a real local HTTP server: CSRF off, and
+    /deployments/filter answering each status of ``filter_answers`` in turn (then 200) with ``deployment``."""
+    import http.server
+    import json
+    import threading
+
+    answers = list(filter_answers)
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *_args: object) -> None:
+            pass
+
+        def answer(self, status: int, body: object) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            seen.append(f"GET {self.path}")
+            if self.path.startswith("/api/csrf-token"):
+                self.answer(422, {"detail": "CSRF protection is disabled."})
+            elif self.path == f"/api/deployments/{deployment['id']}":
+                self.answer(200, deployment)
+            else:
+                self.answer(404, {"detail": "not found"})
+
+        def do_POST(self) -> None:
+            seen.append(f"POST {self.path}")
+            wanted = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            status = answers.pop(0) if answers else 200
+            names = wanted["deployments"]["name"]["any_"]
+            self.answer(status, [deployment] if status == 200 and deployment["name"] in names else
+                        ([] if status == 200 else {"detail": "busy"}))
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/api", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=30)
+
+
+def a_nightly() -> dict:
+    from flows.server import deployments_in_project
+
+    (spec,) = [d for d in deployments_in_project()["deployments"] if d["name"] == "nightly"]
+    return {"id": "d-nightly", "name": "nightly", "entrypoint": spec["entrypoint"], "paused": True,
+            "schedules": [{"id": "s1", "schedule": {"cron": "30 3 * * *", "timezone": "Europe/Berlin"},
+                           "active": True, "parameters": {}, "slug": None, "max_scheduled_runs": None}]}
+
+
+def test_the_first_read_of_what_users_set_is_tried_again_while_the_server_is_busy(tmp_path: Path) -> None:
+    """`flagperf server` reads the user-facing deployments' schedules before `prefect deploy`: a 503 (Prefect's
+    answer while its database is busy) is tried again, as the put-back after the deploy is (it ended the command
+    with a traceback). A signal is noted before the deploy here, so no deploy runs."""
+    from flows.server import create_deployments
+
+    with deployments_api([503], a_nightly()) as (api, seen):
+        assert create_deployments(api, dict(os.environ), tmp_path / "results", "pool", None, tmp_path,
+                                  [signal.SIGINT]) is None
+    filters = [s for s in seen if s.startswith("POST /api/deployments/filter")]
+    assert len(filters) >= 3  # evaluate's and nightly's, the first of them twice (503, then 200)
+    assert "GET /api/deployments/d-nightly" in seen  # read back as the stopped start puts back what users set
+
+
+def test_an_api_error_while_the_deployments_are_made_is_one_line_saying_how_by_hand(tmp_path: Path) -> None:
+    from flows.server import create_deployments, deploy_command
+
+    with deployments_api([500], a_nightly()) as (api, _seen), pytest.raises(RuntimeError) as info:
+        create_deployments(api, dict(os.environ), tmp_path / "results", "pool", None, tmp_path, [signal.SIGINT])
+    said = str(info.value)
+    assert said.startswith("reading the deployments' schedules before making them failed (Server error '500")
+    assert said.endswith(f"; by hand: {deploy_command(api, tmp_path / 'results')}") and "\n" not in said
+
+
+def test_schedules_are_prefect_yamls_where_every_field_it_states_matches() -> None:
+    """Only a deployment whose schedules are prefect.yaml's (the deploy rewrote them) gets what users set put
+    back: one a user changed while the deploy ran keeps that. A time zone filled in by a build step matches any."""
+    from flows.server import as_in_project
+
+    project = [{"cron": "0 2 * * *", "timezone": "{{ server-timezone.stdout }}", "active": True}]
+    made = {"schedule": {"cron": "0 2 * * *", "timezone": "Asia/Shanghai", "day_or": True}, "active": True,
+            "parameters": {}, "slug": None, "max_scheduled_runs": None}
+    assert as_in_project([made], project)
+    assert not as_in_project([{**made, "schedule": {**made["schedule"], "cron": "30 3 * * *"}}], project)
+    assert not as_in_project([{**made, "active": False}], project)
+    assert not as_in_project([made, made], project) and not as_in_project([], project)
+    assert as_in_project([], []) and not as_in_project([made], [])
+    assert as_in_project([{**made, "schedule": {"interval": 3600.0, "timezone": "UTC"}}], [{"interval": 3600}])
+
+
+def test_a_third_signal_while_the_server_stops_ends_it_at_once(tmp_path: Path) -> None:
+    """`flagperf server` stopping (30 s per process at most, then SIGKILL): a second signal is ignored, a third
+    ends it at once with one line, as every command (it ignored them all). Here its Prefect server ignores
+    SIGTERM, so the clean-up waits on it; the test signals once it has been asked to stop."""
+    asked, ready = tmp_path / "asked-to-stop", tmp_path / "ignores-sigterm"
+    stubborn = ("import os, signal, sys, time\n"
+                f"signal.signal(signal.SIGTERM, lambda *a: open({str(asked)!r}, 'w').write(str(os.getpid())))\n"
+                f"open({str(ready)!r}, 'w').close()\n"
+                "time.sleep(600)\n")
+    code = ("import signal, sys, threading, time\n"
+            "from pathlib import Path\n"
+            "from flows import server\n"
+            f"server.watched = lambda argv, pass_fds=(): [sys.executable, '-c', {stubborn!r}]\n"
+            "def up_then_ctrl_c(*args, **kwargs):\n"
+            f"    while not Path({str(ready)!r}).exists():\n"
+            "        time.sleep(0.1)\n"
+            "    signal.pthread_kill(threading.get_ident(), signal.SIGINT)\n"
+            "server.wait_healthy = up_then_ctrl_c\n"
+            f"tmp = Path({str(tmp_path)!r})\n"
+            "sys.exit(server.serve('postgresql+asyncpg://lab@127.0.0.1:5432/none', '127.0.0.1', 4200, 'pool', True,"
+            " tmp / 'logs', results_dir=tmp / 'results', results_port=0))\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=PROJECT_ROOT, stderr=subprocess.PIPE, text=True)
+    errors = Lines(proc.stderr)
+    try:
+        wait_for(lambda: asked.is_file() and asked.read_text(), "the clean-up to ask the server to stop", 120)
+        proc.send_signal(signal.SIGINT)  # the second: noted, and said, not acted on
+        while not (line := errors.next()).startswith("still stopping the worker and the server"):
+            assert line, f"it ended without taking the second signal: {errors.text()}"  # a line within 120 s each
+        proc.send_signal(signal.SIGINT)  # the third: at once (not after the server's 30 s grace)
+        assert proc.wait(timeout=120) == -signal.SIGINT
+        assert errors.rest().splitlines()[-1].startswith(
+            "stopping now: the worker and the Prefect server are stopped by their watchers")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait(timeout=60)
+        if asked.is_file() and asked.read_text():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(asked.read_text()), signal.SIGKILL)

@@ -135,6 +135,24 @@ def test_a_two_host_report_says_its_figures_are_over_hosts_and_shows_each_hosts(
     assert "the mean over rounds of each round's figure" in render_markdown(single)
 
 
+def test_a_host_that_missed_a_round_is_counted_in_the_rounds_column(tmp_path: Path) -> None:
+    """h1 rounds 1 and 2, h2 round 1 only: the headline averages 3 figures (1.167, not the hosts' mean 1.25), so
+    the column says 3 and that one is missing (it said "2 × 2 hosts"), and Every host does not call the headline
+    the mean over the hosts."""
+    run = tmp_path / "one-missing"
+    put(run, "computation-FP32", 1, metrics=[gemm(1.0)], host="h1")
+    put(run, "computation-FP32", 2, metrics=[gemm(1.0)], host="h1")
+    put(run, "computation-FP32", 1, metrics=[gemm(1.5)], host="h2")
+    summary = summarize(run)
+    e = headline(summary, "computation-FP32")
+    assert e["value"] == pytest.approx(3.5 / 3) and e["figures"] == 3
+    assert headline_cells(e)[HEADLINE_HEADER.index("rounds")] == "3 (2 rounds × 2 hosts, 1 missing)"
+    md = render_markdown(summary)
+    assert "the headline (the mean of every host's figures" in md and "mean over every host" not in md
+    per_host = {h["host"]: h for h in summary.per_host}
+    assert per_host["h2"]["vs_mean"] == pytest.approx(1.5 / (3.5 / 3))
+
+
 def test_single_round_spread_is_over_chunks_and_above_peak_flagged(run_dir: Path) -> None:
     e = headline(summarize(run_dir), "fast-case")
     assert e["rounds"] == 1
