@@ -238,7 +238,30 @@ CHECKED_PROMPTS = 256  # prompts counted through the template in full before its
 SYNTHETIC_CHUNK = 256  # rows of random ids drawn at a time, and prompts made at a time ahead of the load
 
 
-class SyntheticPrompts(Sequence[ServingPrompt]):
+class PromptSequence(Sequence[ServingPrompt]):
+    """A round's prompts by position (from 0, or from the end when negative, or a slice), as both kinds of set give
+    them; ``_at`` gives the prompt at a position within the set."""
+
+    @overload
+    def __getitem__(self, position: int) -> ServingPrompt: ...
+
+    @overload
+    def __getitem__(self, position: slice) -> list[ServingPrompt]: ...
+
+    def __getitem__(self, position: int | slice) -> ServingPrompt | list[ServingPrompt]:
+        if isinstance(position, slice):
+            return [self[p] for p in range(*position.indices(len(self)))]
+        if position < 0:
+            position += len(self)
+        if not 0 <= position < len(self):
+            raise IndexError(position)
+        return self._at(position)
+
+    def _at(self, position: int) -> ServingPrompt:
+        raise NotImplementedError
+
+
+class SyntheticPrompts(PromptSequence):
     """A round's synthetic prompts, made as the load reaches them. Prompt i of the seed's sequence is ``input_len``
     random ids (special ones left out) decoded to text, re-encoded and cut to ``input_len`` (a real tokenizer may
     merge across the cut), with the client's count of it as it is: it depends on the seed, ``input_len``, the
@@ -266,19 +289,7 @@ class SyntheticPrompts(Sequence[ServingPrompt]):
     def __len__(self) -> int:
         return self.size
 
-    @overload
-    def __getitem__(self, position: int) -> ServingPrompt: ...
-
-    @overload
-    def __getitem__(self, position: slice) -> list[ServingPrompt]: ...
-
-    def __getitem__(self, position: int | slice) -> ServingPrompt | list[ServingPrompt]:
-        if isinstance(position, slice):
-            return [self[p] for p in range(*position.indices(self.size))]
-        if position < 0:
-            position += self.size
-        if not 0 <= position < self.size:
-            raise IndexError(position)
+    def _at(self, position: int) -> ServingPrompt:
         if position >= len(self.made):
             self.ensure(position + 1)
         return self.made[position]
@@ -334,7 +345,7 @@ class SyntheticPrompts(Sequence[ServingPrompt]):
                                            sent_tokens=sent))
 
 
-class FilePrompts(Sequence[ServingPrompt]):
+class FilePrompts(PromptSequence):
     """A prompts or ShareGPT file's prompts for a round that starts at prompt ``start`` (endpoint rounds after the
     first), round and round: position p is prompt (start + p) mod the file's count."""
 
@@ -346,17 +357,7 @@ class FilePrompts(Sequence[ServingPrompt]):
     def __len__(self) -> int:
         return len(self.prompts)
 
-    @overload
-    def __getitem__(self, position: int) -> ServingPrompt: ...
-
-    @overload
-    def __getitem__(self, position: slice) -> list[ServingPrompt]: ...
-
-    def __getitem__(self, position: int | slice) -> ServingPrompt | list[ServingPrompt]:
-        if isinstance(position, slice):
-            return [self[p] for p in range(*position.indices(len(self)))]
-        if not -len(self) <= position < len(self):
-            raise IndexError(position)
+    def _at(self, position: int) -> ServingPrompt:
         return self.prompts[(self.start + position) % len(self.prompts)]
 
     def index_at(self, position: int) -> int:

@@ -15,7 +15,7 @@ from typing import ClassVar
 import pytest
 
 from flagperf.config.job import Job
-from flagperf.config.plan import plan_run
+from flagperf.config.plan import RunPlan, plan_run
 from flagperf.entry import run_job
 from flagperf.errors import EXIT_USER_ERROR
 from flagperf.generate.loadgen import REQUESTS_FILE, read_records
@@ -74,6 +74,16 @@ def refusing() -> Iterator[str]:
     thread.join()
     server.server_close()
 
+
+
+def run_first_round(plan: RunPlan, out: Path) -> Path:
+    """Round 1 of the plan's one case, run here into ``out``, which it must end well."""
+    cp = plan.cases[0]
+    job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, host="localhost", vendor="cpu",
+              config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={})
+    out.mkdir()
+    assert run_job(job, out) == 0
+    return out
 
 def test_a_point_whose_every_request_failed_fails_the_round_and_is_shown_failed(refusing: str,
                                                                                 tmp_path: Path) -> None:
@@ -159,12 +169,7 @@ def test_prompts_resent_past_the_end_of_a_short_file_and_an_open_loop_that_sent_
                                                  "max_new_tokens=2", "prompts_path=prompts.jsonl"],
                     results_dir=tmp_path / "results", inventory_endpoints={"lab": {"base_url": refusing, "model": "m"}},
                     inventory_source="inventory.yaml")
-    cp = plan.cases[0]
-    job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, host="localhost", vendor="cpu",
-              config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={})
-    out = tmp_path / "round"
-    out.mkdir()
-    assert run_job(job, out) == 0
+    out = run_first_round(plan, tmp_path / "round")
     serving = json.loads((out / SERVING_FILE).read_text(encoding="utf-8"))
     assert serving["prompts"] == "prompts.jsonl: 2 prompts of 2 tokens before the chat template, 2 out"
     # The check sends prompt 0; c1's warm-up prompt 1; its timed requests 0, 1, 0; r100000's 1, then 0, 1, 0 (each
@@ -197,12 +202,7 @@ def test_a_duration_s_round_makes_only_the_prompts_its_points_reach(refusing: st
                                                       "max_new_tokens=2"],
                     results_dir=tmp_path / "results", inventory_endpoints={"lab": {"base_url": refusing, "model": "m"}},
                     inventory_source="inventory.yaml")
-    cp = plan.cases[0]
-    job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, host="localhost", vendor="cpu",
-              config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={})
-    out = tmp_path / "round"
-    out.mkdir()
-    assert run_job(job, out) == 0
+    out = run_first_round(plan, tmp_path / "round")
     serving = json.loads((out / SERVING_FILE).read_text(encoding="utf-8"))
     made = serving["prompt_set"]
     # 20 requests/s for 0.5 s: 10 expected, 1.25 x 10 + 4 x sqrt(10) + 1 = 27 made before the timed phase.
@@ -253,12 +253,7 @@ def test_a_closed_loop_duration_s_point_makes_no_prompt_on_the_event_loop(
                                                       "max_new_tokens=2"],
                     results_dir=tmp_path / "results", inventory_endpoints={"lab": {"base_url": refusing, "model": "m"}},
                     inventory_source="inventory.yaml")
-    cp = plan.cases[0]
-    job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, host="localhost", vendor="cpu",
-              config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={})
-    out = tmp_path / "round"
-    out.mkdir()
-    assert run_job(job, out) == 0
+    out = run_first_round(plan, tmp_path / "round")
     assert on_loop == [] and in_worker, (on_loop, in_worker)
     timed = [r for r in read_records(out / REQUESTS_FILE) if r.phase == "timed"]
     assert timed and all(r.prompt_wait_s is not None and r.send_offset_s is not None for r in timed)
