@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from contextlib import suppress
 from pathlib import Path
 
 # Resolved once: case and monitor processes run with the project root as their working directory.
@@ -128,3 +129,29 @@ def display_path(path: Path) -> str:
         return str(path.resolve().relative_to(PROJECT_ROOT.resolve()))
     except ValueError:
         return str(path)
+
+
+def outermost_missing(folder: Path) -> Path | None:
+    """The outermost of ``folder`` and its parents that is not there (None: ``folder`` is): what making it makes,
+    so that a command refused on bad input removes only what it made (``remove_made``)."""
+    missing = None
+    with suppress(OSError, ValueError):  # ValueError: a NUL in the path (folder_problem says so)
+        for candidate in (folder.absolute(), *folder.absolute().parents):
+            if candidate.exists() or candidate.is_symlink():
+                break
+            missing = candidate
+    return missing
+
+
+def remove_made(folder: Path, made: Path | None) -> None:
+    """Remove ``folder`` and its parents up to ``made`` (outermost_missing's, before they were made), innermost
+    first, while they are empty."""
+    if made is None:
+        return
+    for candidate in (folder.absolute(), *folder.absolute().parents):
+        try:
+            candidate.rmdir()
+        except (OSError, ValueError):  # ValueError: a NUL in the path (folder_problem said so)
+            return
+        if candidate == made:
+            return

@@ -31,7 +31,7 @@ from typer.core import TyperGroup
 # Only what every command needs is imported here: each command imports the rest itself, so that `--help`, `list`
 # and `validate` start without pandas, paramiko or the report's Markdown (bench/cli_startup.py measures it).
 from flagperf.errors import ConfigError, FlagperfError, findings, left_out_line
-from flagperf.paths import StartFolderGone, display_path, pin_search_paths
+from flagperf.paths import StartFolderGone, display_path, outermost_missing, pin_search_paths, remove_made
 from flagperf.stopping import STOP_NOW_AT, put_back, stop_now, take
 from flagperf.stopping import reset as reset_signals_taken
 
@@ -425,7 +425,7 @@ def run(
                               soft_wrap=True)  # one line: it may name the retry command, whatever its length
             raise _fail(f"interrupted; the report of what was done is in {run_dir}", interrupt.exit_code(outcome))
         if not (run_dir / PLAN_FILE).is_file():  # the flow had not begun (e.g. the temporary server was starting)
-            _remove_made(results, made)  # only folders this invocation made, and only while empty
+            remove_made(results, made)  # only folders this invocation made, and only while empty
             raise _fail("interrupted before anything started", interrupt.exit_code(outcome))
         # Stopped before or while the report was written (its files are written whole or not at all).
         raise _fail(f"interrupted before the report was written; `flagperf report {run_dir}` writes it",
@@ -489,46 +489,23 @@ def _make_results_folder(folder: Path, source: str, key: str | None) -> Path | N
     outermost folder this made (None: it was there), so that a run refused later leaves nothing behind."""
     from flagperf.results.schema import folder_problem
 
-    made = _outermost_missing(folder)
+    made = outermost_missing(folder)
     try:
         problem = folder_problem(folder)
     except BaseException:  # interrupted: what this made goes again
-        _remove_made(folder, made)
+        remove_made(folder, made)
         raise
     if problem:
-        _remove_made(folder, made)
+        remove_made(folder, made)
         raise ConfigError(source, key, f"{folder}: {problem}")
     return made
-
-
-def _outermost_missing(folder: Path) -> Path | None:
-    missing = None
-    with suppress(OSError, ValueError):  # ValueError: a NUL in the path (folder_problem says so)
-        for candidate in (folder.absolute(), *folder.absolute().parents):
-            if candidate.exists() or candidate.is_symlink():
-                break
-            missing = candidate
-    return missing
-
-
-def _remove_made(folder: Path, made: Path | None) -> None:
-    """Remove the folders that were made for this run, innermost first, while they are empty."""
-    if made is None:
-        return
-    for candidate in (folder.absolute(), *folder.absolute().parents):
-        try:
-            candidate.rmdir()
-        except (OSError, ValueError):  # ValueError: a NUL in the path (folder_problem said so)
-            return
-        if candidate == made:
-            return
 
 
 def _remove_rejected_run(run_dir: Path, results: Path, made: Path | None) -> None:
     """A run refused as bad input by the flow (a size no host can hold) leaves no run folder behind: it holds
     nothing measured (its name was new to this invocation), only the plan and the healthcheck."""
     shutil.rmtree(run_dir, ignore_errors=True)
-    _remove_made(results, made)
+    remove_made(results, made)
 
 
 def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
@@ -792,10 +769,10 @@ def nightly(
         made_history = open_history(night)  # a database that is slow to answer can be interrupted
         interrupt.disarm()  # before the header: a Ctrl-C as soon as it shows is noted, then raised in order
     except FlagperfError as exc:
-        _remove_made(results, made)
+        remove_made(results, made)
         raise _fail(str(exc), EXIT_BAD_INPUT if isinstance(exc, ConfigError) else EXIT_FAILED) from None
     except KeyboardInterrupt as exc:
-        _remove_made(results, made)
+        remove_made(results, made)
         raise _fail("interrupted before anything started", interrupt.exit_code(exc)) from None
     for note in [*night.notes, *warnings]:
         err_console.print(f"[yellow]note[/] {escape(note)}", highlight=False, soft_wrap=True)
@@ -808,7 +785,7 @@ def nightly(
         # results folder other nights use) may be another night's, begun meanwhile.
         discard_history(night, [path for path in made_history
                                 if made is not None and path.absolute().is_relative_to(made)])
-        _remove_made(results, made)  # only while empty
+        remove_made(results, made)  # only while empty
 
     interrupt.left = ("the interrupted night may be missing from the history and its verdict file; its run folder "
                       "stays")
@@ -1013,7 +990,7 @@ def _check_file(path: Path, notes: list[str]) -> str:
         if inv.results_dir:  # checked as run checks it, by writing there; what this made is removed again
             folder = Path(inv.results_dir)
             with _noted_only():
-                _remove_made(folder, _make_results_folder(folder, display_path(test_conf), "FLAGPERF_LOG_PATH"))
+                remove_made(folder, _make_results_folder(folder, display_path(test_conf), "FLAGPERF_LOG_PATH"))
         return f"FlagPerf training test_conf.py + cluster_conf.py, {len(inv.hosts)} host(s)"
     from flagperf.config.yamlio import load_yaml_mapping
 
@@ -1031,7 +1008,7 @@ def _check_file(path: Path, notes: list[str]) -> str:
         if inv.results_dir:  # checked as run checks it, by writing there; what this made is removed again
             folder = Path(inv.results_dir)
             with _noted_only():
-                _remove_made(folder, _make_results_folder(folder, display_path(path), "FLAGPERF_LOG_PATH"))
+                remove_made(folder, _make_results_folder(folder, display_path(path), "FLAGPERF_LOG_PATH"))
         return f"{'FlagPerf host.yaml' if 'HOSTS' in data else 'inventory'}, {len(inv.hosts)} host(s)"
     raise ConfigError(display_path(path), None, "not a case.yaml, vendor/<vendor>.yaml, vendor.yaml, suite, "
                                                 "inventory or host.yaml file")

@@ -54,7 +54,7 @@ from flagperf.config.night import (
 )
 from flagperf.config.plan import PLAN_FILE, read_plan
 from flagperf.errors import EXIT_UNSUPPORTED, EXIT_USER_ERROR, ConfigError, FlagperfError
-from flagperf.paths import NAME_PATTERN
+from flagperf.paths import NAME_PATTERN, outermost_missing, remove_made
 from flagperf.results.history import (
     Verdict,
     check_run,
@@ -371,14 +371,14 @@ def nightly_regression(
     run_dir = Path(results_dir) / run_id
     # The run folder is claimed before the night starts (mkdir: one night of two started together with one run_id
     # gets it), and only a folder this night made is ever removed again.
-    made_results, made = _outermost_missing(Path(results_dir)), False
+    made_results, made = outermost_missing(Path(results_dir)), False
     try:
         Path(results_dir).mkdir(parents=True, exist_ok=True)
         run_dir.mkdir()
         made = True
     except FileExistsError:
         if os.path.lexists(run_dir):
-            _remove_empty(Path(results_dir), made_results)
+            remove_made(Path(results_dir), made_results)
             return failed(f"{BAD_INPUT}run_id: {run_id!r} is taken: {run_dir} exists")
     except OSError:  # a results folder that cannot be made or written: the evaluation says so, as for any night
         pass
@@ -393,7 +393,7 @@ def nightly_regression(
     if state.is_failed() and (state.message or "").startswith(BAD_INPUT):
         if made and not (run_dir / SUMMARY_JSON).is_file() and _planned_by(run_dir, state):
             shutil.rmtree(run_dir, ignore_errors=True)  # refused before any round: no night (its plan, healthcheck)
-            _remove_empty(Path(results_dir), made_results)
+            remove_made(Path(results_dir), made_results)
         return failed(in_form_terms(state.message or ""))
 
     def night_failed(reason: str, vendor_name: str | None) -> State:
@@ -422,29 +422,6 @@ def nightly_regression(
         if not isinstance(exc, Exception):  # stopped by the operator: the measurement is recorded all the same
             record_measured_interruption(exc, run_dir, suite, verdicts, history, results_dir, baseline_runs, sigma)
         raise
-
-
-def _outermost_missing(folder: Path) -> Path | None:
-    """The outermost of ``folder`` and its parents that is not there (None: ``folder`` is): what making it makes."""
-    missing = None
-    for candidate in (folder.absolute(), *folder.absolute().parents):
-        if candidate.exists():
-            break
-        missing = candidate
-    return missing
-
-
-def _remove_empty(folder: Path, made: Path | None) -> None:
-    """Remove ``folder`` and its parents up to ``made`` (the outermost this night made), while they are empty."""
-    if made is None:
-        return
-    for candidate in (folder.absolute(), *folder.absolute().parents):
-        try:
-            candidate.rmdir()
-        except OSError:
-            return
-        if candidate == made:
-            return
 
 
 def _planned_by(run_dir: Path, state: State) -> bool:
