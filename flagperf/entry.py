@@ -198,15 +198,15 @@ def _counted(name: str, function: Callable[..., Any], called: list[str] | None) 
 
 
 def run_generate(config: GenerateConfig, vendor: Vendor, spec: SpecTable, out_dir: Path, round_number: int = 1,
-                 attempt: int = 1, rounds: int = 1) -> Outcome:
+                 attempt: int = 1, positions: dict[str, int] | None = None, earlier_attempts: int = 0) -> Outcome:
     """LLM serving (flagperf.generate): every point of the case (a batch engine's concurrency levels, or a
-    server's concurrency levels and request rates), timed per token; the round's number and attempt (of the run's
-    rounds) place an endpoint's prompts after those of its earlier rounds and attempts."""
+    server's concurrency levels and request rates), timed per token; at an endpoint the prompts start at
+    ``positions`` (the Job's prompt_positions), after every prompt the run's earlier rounds and attempts sent there."""
     from flagperf.generate.driver import run_generate as drive
 
     device = torch.device(vendor.manifest.torch_device)
     try:
-        result = drive(config, vendor.name, spec, device, out_dir, round_number, attempt, rounds)
+        result = drive(config, vendor.name, spec, device, out_dir, round_number, attempt, positions, earlier_attempts)
     except RuntimeError as exc:
         classified = classify_runtime_error(exc)
         if classified is exc:
@@ -393,7 +393,8 @@ def run_job(job: Job, out_dir: Path, slot: DeviceSlot | None = None, job_file: P
                     adapted["hooks_called"] = called
                 outcome = run_inference(job, case, config, vendor, spec, out_dir, called)
             elif case.family == "generate":  # its modules need transformers (the generate extra): imported there
-                outcome = run_generate(config, vendor, spec, out_dir, job.round, job.attempt, job.rounds)
+                outcome = run_generate(config, vendor, spec, out_dir, job.round, job.attempt, job.prompt_positions,
+                                       job.earlier_attempts)
             elif case.family == "operation":
                 outcome = run_operation(config, vendor, spec)
             else:

@@ -23,8 +23,10 @@ from flagperf.hosts.fleet import open_host, runtime_for
 from flagperf.hosts.health import HealthReport
 from flagperf.hosts.inventory import HostSpec, host_spec
 from flagperf.hosts.local import Host
+from flagperf.results.prompt_positions import positions_taken
 from flagperf.results.provenance import library_versions
 from flagperf.results.schema import RESULT_FILE, Failure, RoundResult, round_dir, write_result
+from flagperf.results.summary import RETRIES_DIR
 from flows.logs import route_core_logs
 from tasks.collect import collect_logs, leftover_result, stage_folder
 from tasks.container import THEN, host_disk_full, run_case
@@ -103,12 +105,8 @@ def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: C
     """Whatever goes wrong in one round (a monitor that will not start, a host error, a failed collection)
     becomes that round's failed result; the other rounds and the analysis still run."""
     stage_dir = stage_folder(host.work_root, plan.run_id, case.name, round_no, host.name, node_rank)
-    job = Job(run_id=plan.run_id, case=case.name, family=case.family, round=round_no, rounds=plan.rounds,
-              host=host.name, node_rank=node_rank, nnodes=nnodes, master_addr=master_addr, master_port=master_port,
-              vendor=plan.vendor.name, config=case.config, config_origins=case.origins,
-              run_overrides=case.run_overrides,
-              command=command, image=image, controller_libraries=library_versions(CONTROLLER_LIBRARIES),
-              spec_settings=spec.host_spec_settings(), run_cases=plan.case_folders)
+    job = round_job(plan, run_dir, case, round_no, host.name, spec, image, command, node_rank=node_rank,
+                    nnodes=nnodes, master_addr=master_addr, master_port=master_port)
     monitor_budget = case.timeout_s * (case.max_retries + 1) + MONITOR_SLACK_S
     label = f"{case.name}/round{round_no}@{host.name}" + (f"#node{node_rank}" if nnodes > 1 else "")
     monitors: list[Any] = []
@@ -140,6 +138,30 @@ def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: C
                 "message": f"{round_label(case.name, round_no, host.name)}: {full}{THEN}{failure.message}"})
             get_run_logger().error("%s: %s", label, full)
     return _collect(host, stage_dir, run_dir, case, round_no, node_rank, job, failure, probe, label)
+
+
+def round_job(plan: RunPlan, run_dir: Path, case: CasePlan, round_no: int, host: str, spec: HostSpec,
+              image: dict[str, Any], command: str | None, *, node_rank: int = 0, nnodes: int = 1,
+              master_addr: str = "127.0.0.1", master_port: int | None = None) -> Job:
+    """The round's job, with what the run folder says of the run so far: the attempts earlier flow runs made of this
+    round (a retry of the run runs it again), and where the prompt streams at endpoints stand (an endpoint's prefix
+    cache keeps every prompt the run's earlier rounds and attempts sent it: flagperf.results.prompt_positions)."""
+    return Job(run_id=plan.run_id, case=case.name, family=case.family, round=round_no, host=host,
+               node_rank=node_rank, nnodes=nnodes, master_addr=master_addr, master_port=master_port,
+               vendor=plan.vendor.name, config=case.config, config_origins=case.origins,
+               run_overrides=case.run_overrides, command=command, image=image,
+               controller_libraries=library_versions(CONTROLLER_LIBRARIES), spec_settings=spec.host_spec_settings(),
+               run_cases=plan.case_folders, earlier_attempts=earlier_attempts(run_dir, case.name, round_no, host,
+                                                                               node_rank),
+               prompt_positions=positions_taken(run_dir))
+
+
+def earlier_attempts(run_dir: Path, case: str, round_no: int, host: str, node_rank: int) -> int:
+    """The attempts of a round that earlier flow runs of the run made: each one's round folder set aside under
+    retries/attempt<K>/ (flows.evaluate.set_aside) holds its last attempt, and its earlier ones under attempts/."""
+    own = round_dir(run_dir, case, round_no, host, node_rank).relative_to(run_dir)
+    return sum(1 + len(list(aside.glob("attempts/attempt*")))
+               for aside in (run_dir / RETRIES_DIR).glob(f"attempt*/{own}") if aside.is_dir())
 
 
 def _collect(host: Host, stage_dir: Path, run_dir: Path, case: CasePlan, round_no: int, node_rank: int, job: Job,

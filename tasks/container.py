@@ -16,6 +16,7 @@ from flagperf.errors import EXIT_OK, EXIT_UNSUPPORTED, EXIT_USER_ERROR, Infrastr
 from flagperf.hosts.local import CommandResult, Host
 from flagperf.hosts.runtime import PID_FILE, Runtime
 from flagperf.inference.subflows import portable_context
+from flagperf.results.prompt_positions import MAX_POSITIONS_BYTES, PROMPT_POSITIONS, merged
 from flagperf.results.schema import ATTEMPT_FAILURE_FILE, CASE_LOG_FILE, RESULT_FILE, RoundResult, case_log_line
 
 LOG_TAIL_LINES = 15
@@ -45,6 +46,7 @@ def run_case(host: Host, runtime: Runtime, job: Job, stage_dir: Path, timeout_s:
     logger = get_run_logger()
     attempt = current_task_run.run_count or 1
     job = job.model_copy(update={"attempt": attempt,
+                                 "prompt_positions": attempt_positions(host, stage_dir, attempt, job.prompt_positions),
                                  "prefect_context": portable_context() if job.family == "inference" else None})
     job_dir = stage_dir / f"attempt{attempt}"
     host.write_text(job_dir / JOB_FILE, job.model_dump_json(indent=2))
@@ -57,6 +59,19 @@ def run_case(host: Host, runtime: Runtime, job: Job, stage_dir: Path, timeout_s:
         with contextlib.suppress(Exception):  # best effort: the failure itself is what matters here
             host.write_text(job_dir / ATTEMPT_FAILURE_FILE, f"{exc}\n")
         raise
+
+
+def attempt_positions(host: Host, stage_dir: Path, attempt: int, positions: dict[str, int]) -> dict[str, int]:
+    """The run's prompt positions at endpoints (Job.prompt_positions) with those this round's earlier attempts took
+    on the host (their prompt_positions.json: an attempt killed mid-point left what it reserved), so that attempt K
+    sends none of the prompts attempts 1 to K-1 sent. A record that cannot be read is passed over."""
+    texts = []
+    for earlier in range(1, attempt):
+        path = stage_dir / f"attempt{earlier}" / PROMPT_POSITIONS
+        with contextlib.suppress(OSError, ValueError):
+            if host.exists(path):
+                texts.append(host.read_text(path, MAX_POSITIONS_BYTES))
+    return merged(positions, texts)
 
 
 def relay(logger: Any, line: str) -> None:

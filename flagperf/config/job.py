@@ -22,8 +22,6 @@ class Job(BaseModel):
     case: str
     family: str
     round: int = Field(ge=1)
-    rounds: int = Field(ge=1, default=1, description="the run's rounds of each case: an endpoint's retried round "
-                                                     "starts its prompts after every round's earlier attempts")
     host: str
     node_rank: int = Field(ge=0, default=0)
     nnodes: int = Field(ge=1, default=1)
@@ -32,6 +30,12 @@ class Job(BaseModel):
                                     description="the inventory's MASTER_PORT for multi-node rounds")
     vendor: str
     attempt: int = Field(ge=1, default=1)
+    earlier_attempts: int = Field(ge=0, default=0, description="attempts of this round that earlier flow runs of the "
+                                                               "run made (a retry of the run runs it again)")
+    prompt_positions: dict[str, int] = Field(
+        default_factory=dict, description="for each prompt stream at an endpoint, the position after every prompt "
+                                          "the run's earlier rounds and attempts took there (their "
+                                          "prompt_positions.json): a round at that endpoint starts there")
     config: dict[str, Any]
     config_origins: dict[str, str]
     run_overrides: dict[str, dict[str, Any]]

@@ -111,15 +111,16 @@ def run_level(engine: GenerateEngine, config: GenerateConfig, prompts: PromptSet
 
 
 def run_generate(config: GenerateConfig, vendor: str, spec: SpecTable, device: torch.device, work_dir: Path,
-                 round_number: int = 1, attempt: int = 1, rounds: int = 1) -> GenerateOutcome:
-    """The round: a serving engine's (``round_number`` and ``attempt``, of ``rounds``, place an endpoint's prompts
-    after those of earlier rounds and attempts), or a batch engine's levels."""
+                 round_number: int = 1, attempt: int = 1, positions: dict[str, int] | None = None,
+                 earlier_attempts: int = 0) -> GenerateOutcome:
+    """The round: a serving engine's (at an endpoint its prompts start at ``positions``, after every prompt the run's
+    earlier rounds and attempts sent there), or a batch engine's levels."""
     engine_def = load_engine(vendor, config.engine)
     config.check_engine(engine_def.manifest, {}, engine_def.source)
     if engine_def.server is not None:
         from flagperf.generate.serve import run_serving
 
-        served = run_serving(config, engine_def, device, work_dir, round_number, attempt, rounds)
+        served = run_serving(config, engine_def, device, work_dir, round_number, attempt, positions, earlier_attempts)
         return GenerateOutcome(metrics=served.metrics, measured_seconds=served.measured_seconds,
                                prompts=served.prompts, outputs={}, failure=served.failure)
     engine_cls = engine_def.engine_class()  # a missing package fails here, before any work

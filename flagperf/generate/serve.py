@@ -14,15 +14,16 @@ the OpenAI HTTP API, point by point.
      in vLLM and SGLang, would serve a resent prompt's prefill from the cache, as MLPerf forbids): the synthetic
      set holds one prompt per request the round plans, made as the load reaches them, and where a file has fewer
      prompts than that, the resent ones are counted per point and said in the point's warning. An endpoint lives
-     across rounds: its round N starts after the prompts of rounds 1 to N-1
+     across rounds: a round there starts after every prompt the run's earlier rounds, attempts and retries sent it
+     (the Job's prompt_positions, from their prompt_positions.json: flagperf.results.prompt_positions)
   5. the server stopped (its whole process group), also on failure
 
 Files in the round folder: requests.jsonl, server.log, server_metrics/, serving.json (the points: label,
-kind, level, window, counts, the SLO, the server's command). A server that dies during the load fails the
-round as an infrastructure failure (retried) with the metrics of the points it finished; a server that
-exits before it is ready, or is not ready within ``ready_timeout_s``, is a user error with its log's tail. A
-point whose every timed request failed is a failed point (flagperf.generate.points): the other points are
-measured, then the round fails (not retried) in one line naming it and its first error.
+kind, level, window, counts, the SLO, the server's command), and at an endpoint prompt_positions.json. A server
+that dies during the load fails the round as an infrastructure failure (retried) with the metrics of the points it
+finished; a server that exits before it is ready, or is not ready within ``ready_timeout_s``, is a user error with
+its log's tail. A point whose every timed request failed is a failed point (flagperf.generate.points): the other
+points are measured, then the round fails (not retried) in one line naming it and its first error.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ from flagperf.generate.server import (
     scrape_metrics,
     start_server,
 )
+from flagperf.results.prompt_positions import PROMPT_POSITIONS, write_positions
 from flagperf.results.schema import Failure, Metric, atomic_path
 
 SERVING_FILE = "serving.json"
@@ -236,11 +238,38 @@ class Tokens:
 
 CHECKED_PROMPTS = 256  # prompts counted through the template in full before its constant overhead is trusted
 SYNTHETIC_CHUNK = 256  # rows of random ids drawn at a time, and prompts made at a time ahead of the load
+# Positions an endpoint round reserves at a time past the last one reserved, where a request reaches one the phase's
+# own reservation (its count, or a duration_s phase's estimate) did not cover: one small write per this many.
+RESERVE_AHEAD = 64
+
+
+class PositionLedger:
+    """An endpoint round's prompt_positions.json (flagperf.results.prompt_positions): the positions of the endpoint's
+    prompt stream it takes, reserved before they are sent (a round killed meanwhile leaves a bound for the next
+    attempt), and its end once it ends."""
+
+    def __init__(self, path: Path, stream: str, first: int) -> None:
+        self.path, self.stream, self.first = path, stream, first
+        self.reserved = first
+        write_positions(path, stream, first, first, None)
+
+    def reserve(self, upto: int) -> None:
+        """Positions below ``upto`` may be sent from now on."""
+        if upto > self.reserved:
+            self.reserved = upto
+            write_positions(self.path, self.stream, self.first, upto, None)
+
+    def end(self, upto: int) -> None:
+        """The round sent no position from ``upto`` on."""
+        write_positions(self.path, self.stream, self.first, max(self.reserved, upto), upto)
 
 
 class PromptSequence(Sequence[ServingPrompt]):
     """A round's prompts by position (from 0, or from the end when negative, or a slice), as both kinds of set give
-    them; ``_at`` gives the prompt at a position within the set."""
+    them; ``_at`` gives the prompt at a position within the set. An endpoint round's set has a ``ledger``: a request
+    that reaches a position past what it reserved reserves RESERVE_AHEAD more before its prompt is given."""
+
+    ledger: PositionLedger | None = None
 
     @overload
     def __getitem__(self, position: int) -> ServingPrompt: ...
@@ -255,10 +284,31 @@ class PromptSequence(Sequence[ServingPrompt]):
             position += len(self)
         if not 0 <= position < len(self):
             raise IndexError(position)
+        if self.ledger is not None and self.taken(position + 1) > self.ledger.reserved:
+            self.ledger.reserve(self.taken(position + 1 + RESERVE_AHEAD))
         return self._at(position)
 
     def _at(self, position: int) -> ServingPrompt:
         raise NotImplementedError
+
+    @property
+    def first_position(self) -> int:
+        """The position of the set's first prompt in its stream (prompt_positions.json's ``first``)."""
+        raise NotImplementedError
+
+    def taken(self, count: int) -> int:
+        """The position after those of the stream that the set's positions below ``count`` send."""
+        raise NotImplementedError
+
+    def reserve(self, count: int) -> None:
+        """The set's positions below ``count`` may be sent from now on: reserved in the ledger, if any."""
+        if self.ledger is not None:
+            self.ledger.reserve(self.taken(count))
+
+    def sent_before(self) -> set[int]:
+        """Prompt indexes of this set that earlier rounds at the endpoint may have sent (their positions lie before
+        the set's first, and may be the same prompt)."""
+        return set()
 
 
 class SyntheticPrompts(PromptSequence):
@@ -294,12 +344,20 @@ class SyntheticPrompts(PromptSequence):
             self.ensure(position + 1)
         return self.made[position]
 
+    @property
+    def first_position(self) -> int:
+        return self.start
+
+    def taken(self, count: int) -> int:
+        return self.start + min(count, self.size)  # past the set's size it sends its own prompts again
+
     def index_at(self, position: int) -> int:
         """The prompt's index in the seed's sequence (requests.jsonl's prompt_index) at ``position``."""
         return self.start + position % self.size
 
     def ensure(self, count: int) -> None:
-        """Positions below ``count`` (at most the set's size) made."""
+        """Positions below ``count`` (at most the set's size) made, and reserved."""
+        self.reserve(count)
         count = min(count, self.size)
         if len(self.made) >= count:
             return
@@ -346,11 +404,12 @@ class SyntheticPrompts(PromptSequence):
 
 
 class FilePrompts(PromptSequence):
-    """A prompts or ShareGPT file's prompts for a round that starts at prompt ``start`` (endpoint rounds after the
-    first), round and round: position p is prompt (start + p) mod the file's count."""
+    """A prompts or ShareGPT file's prompts for a round that starts at position ``start`` of the stream (an endpoint's
+    rounds after the first), read round and round: position p is prompt (start + p) mod the file's count."""
 
     def __init__(self, prompts: list[ServingPrompt], start: int = 0) -> None:
-        self.prompts, self.start = prompts, start % len(prompts)
+        self.prompts, self.first = prompts, start
+        self.start = start % len(prompts)
         self.made = prompts
         self.seconds = 0.0
 
@@ -363,8 +422,19 @@ class FilePrompts(PromptSequence):
     def index_at(self, position: int) -> int:
         return (self.start + position) % len(self.prompts)
 
+    @property
+    def first_position(self) -> int:
+        return self.first
+
+    def taken(self, count: int) -> int:
+        return self.first + count  # round and round: a position past the file's count is its prompt again
+
+    def sent_before(self) -> set[int]:
+        return {position % len(self.prompts) for position in range(max(0, self.first - len(self.prompts)), self.first)}
+
     def ensure(self, count: int) -> None:
-        """Every prompt is read before the round."""
+        """Every prompt is read before the round: positions below ``count`` are only reserved."""
+        self.reserve(count)
 
 
 ServingPromptSet = SyntheticPrompts | FilePrompts
@@ -592,10 +662,11 @@ def prompt_set(config: GenerateConfig, prompts: ServingPromptSet, tokens: Tokens
                ) -> dict[str, Any]:
     """serving.json's record of what was sent: where the prompts came from, how many were made (synthetic: as the load
     reached them) or read, their token lengths (the text's own, and as the server counts the prompt where the client
-    can tell), the set's size (what the round sends before it resends one) and its first prompt (an endpoint's round
-    N starts after the prompts of rounds 1 to N-1), and how many requests the round plans (None: duration_s points,
-    not counted before). The run adds ``input_tokens_server`` (the server's usage) and ``repeated_requests``
-    (requests that resent a prompt sent before in the round)."""
+    can tell), the set's size (what the round sends before it resends one), its first prompt and that prompt's
+    position in the stream (an endpoint's round starts after every position the run's earlier rounds and attempts took
+    there), and how many requests the round plans (None: duration_s points, not counted before). The run adds
+    ``input_tokens_server`` (the server's usage), ``repeated_requests`` (requests that resent a prompt sent to the
+    server before) and ``positions_taken`` (the positions of the stream the round took)."""
     source = config.sharegpt_path or config.prompts_path or "synthetic"
     made = prompts.made
     sent = [p.sent_tokens for p in made if p.sent_tokens is not None]
@@ -607,17 +678,27 @@ def prompt_set(config: GenerateConfig, prompts: ServingPromptSet, tokens: Tokens
             "output_tokens_asked": _spread([p.output_len for p in made]) if made else None,
             "counted_with": "the model folder's tokenizer" if tokens.tokenizer is not None else
                             "words (no tokenizer: outputs counted as output chunks)",
-            "set_size": len(prompts), "first_index": prompts.index_at(0), "making_seconds": round(prompts.seconds, 3),
+            "set_size": len(prompts), "first_index": prompts.index_at(0), "first_position": prompts.first_position,
+            "making_seconds": round(prompts.seconds, 3),
             "requests_planned": planned, "each_sent_once": planned is not None and planned <= len(prompts)}
 
 
-def round_start(config: GenerateConfig, round_number: int, span: int, attempt: int = 1, rounds: int = 1) -> int:
-    """The prompt an endpoint's round N starts at: after the ``span`` prompts each of rounds 1 to N-1 sent, so that
-    the long-lived server's prefix cache holds none of this round's from an earlier round; a retried round's attempt K
-    after those of every round's attempts 1 to K-1 (of the run's ``rounds``), so that it resends none its failed
-    attempt sent. A server the round starts is new each round: every round sends the same prompts, a repeat of the
-    same measurement."""
-    return ((attempt - 1) * rounds + round_number - 1) * span if config.endpoint is not None else 0
+def stream_key(config: GenerateConfig) -> str:
+    """The prompt stream an endpoint round sends (prompt_positions.json's ``stream``): the endpoint, the model and the
+    API, and what gives the prompts (a file, as the config names it; synthetic: the seed, ``input_len`` and the
+    tokenizer). Rounds, or cases, with the same stream send the same prompt at the same position, so each starts after
+    every position the run took before it; a stream of other prompts has positions of its own."""
+    assert isinstance(config.endpoint, Endpoint)
+    source: dict[str, Any]
+    if config.sharegpt_path is not None:  # its prompts are filtered by length, counted with the tokenizer
+        source = {"sharegpt": config.sharegpt_path, "input_len": config.input_len, "tokenizer": config.checkpoint_path}
+    elif config.prompts_path is not None:
+        source = {"file": config.prompts_path}
+    else:
+        source = {"synthetic": {"seed": config.seed, "input_len": config.input_len, "model": config.model,
+                                "tokenizer": config.checkpoint_path}}
+    return json.dumps({"endpoint": config.endpoint.base_url, "model": config.endpoint.model, "api": config.api,
+                       **source}, sort_keys=True)
 
 
 def timed_ahead(config: GenerateConfig, load: Load, warm: PhaseRun | None) -> int:
@@ -654,8 +735,8 @@ def client_settings(config: GenerateConfig, spec: ServerSpec) -> dict[str, Any]:
             "burstiness": config.burstiness, "max_concurrency": config.max_concurrency,
             "request_timeout_s": config.request_timeout_s, "seed": config.seed,
             "prompts_per_phase": "each phase of each point its own prompts, in order from where the last phase's "
-                                 "ended (none resent while the prompt set lasts); an endpoint's round N after the "
-                                 "prompts of rounds 1 to N-1",
+                                 "ended (none resent while the prompt set lasts); at an endpoint, a round after every "
+                                 "prompt the run's earlier rounds and attempts sent there (prompt_positions.json)",
             "connections": "one client per point, its connections kept open from the warm-up to the timed requests; "
                            f"one idle for {KEEPALIVE_S:g} s closed (below uvicorn's 5 s) and opened again"}
 
@@ -726,8 +807,11 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device, out_dir: Path,
-                round_number: int = 1, attempt: int = 1, rounds: int = 1) -> ServingOutcome:
-    """The round (its ``attempt``, of the run's ``rounds``: where an endpoint's prompts start, round_start)."""
+                round_number: int = 1, attempt: int = 1, positions: dict[str, int] | None = None,
+                earlier_attempts: int = 0) -> ServingOutcome:
+    """The round (its ``attempt``; ``earlier_attempts`` of it by earlier flow runs of the run, which a retry of the run
+    runs again). At an endpoint its prompts start at ``positions``' entry for its stream (stream_key): after every
+    prompt the run's earlier rounds and attempts sent there (flagperf.results.prompt_positions)."""
     spec = engine.server
     assert spec is not None
     if isinstance(config.endpoint, str):  # the plan puts the inventory's entry in its place; a job without it
@@ -743,37 +827,45 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
     # first prompt: the points start after it, so that no timed request resends it.
     first_prompt = 1 if config.endpoint is not None or spec.ready_request else 0
     planned = requests_planned(config, first_prompt)
+    # A server the round starts is new each round: every round sends the same prompts (a repeat of the measurement).
+    stream = stream_key(config) if config.endpoint is not None else None
+    start = (positions or {}).get(stream, 0) if stream is not None else 0
     prompts: ServingPromptSet
     if config.sharegpt_path is not None:
         listed = sharegpt_prompts(str(config.data_file("sharegpt_path")), tokens, config.input_len,
                                   config.max_new_tokens, config.api)
         head = f"{config.sharegpt_path}: {len(listed)} conversations"
-        prompts = FilePrompts(listed, round_start(config, round_number, planned or 0, attempt, rounds))
+        prompts = FilePrompts(listed, start)
     elif config.prompts_path is not None:
         listed = file_serving_prompts(config, tokens)
         head = f"{config.prompts_path}: {len(listed)} prompts"
-        prompts = FilePrompts(listed, round_start(config, round_number, planned or 0, attempt, rounds))
+        prompts = FilePrompts(listed, start)
     else:
         # One prompt per request the round plans, made as the load reaches them; the count is no part of the
         # description, which compares workloads across runs.
         size = min(MAX_SYNTHETIC, planned or MAX_SYNTHETIC)
         # duration_s: made in a worker thread as the load runs (PromptMaker), with a tokenizer of its own
         prompts = SyntheticPrompts(config, tokens.clone() if config.duration_s is not None else tokens, vocab, size,
-                                   round_start(config, round_number, size, attempt, rounds))
+                                   start)
         head = f"synthetic prompts (seed {config.seed})"
     prompts.ensure(max(first_prompt, 1))  # a tokenizer that cannot make them fails before the server starts
     if planned is not None and planned > len(prompts):
         log.warning("the round sends %d requests and the prompt set has %d prompts: past the end, prompts are sent "
                     "again (a server's prefix cache may serve them; each point's warning counts its resent ones)",
                     planned, len(prompts))
-    if config.endpoint is not None and attempt > 1:
-        log.warning("round %d at an endpoint, attempt %d: its prompts start at prompt %d, after those every round's "
-                    "earlier attempts sent (the endpoint's prefix cache may hold those)%s", round_number, attempt,
-                    prompts.index_at(0), "" if planned or isinstance(prompts, SyntheticPrompts) else
-                    "; a file's prompts with duration_s start at its first prompt every time: resent")
-    elif prompts.index_at(0):
-        log.info("round %d at an endpoint: its prompts start at prompt %d, after those of the earlier rounds",
-                 round_number, prompts.index_at(0))
+    if stream is not None and (attempt > 1 or earlier_attempts):
+        log.warning("round %d at an endpoint, attempt %d%s: its prompts start at position %d of its prompt stream "
+                    "(prompt %d), after every prompt the run's earlier rounds and attempts sent there (the endpoint's "
+                    "prefix cache may hold those)", round_number, attempt,
+                    f" (a retry of the run: {earlier_attempts} earlier attempt(s) of this round)" if earlier_attempts
+                    else "", start, prompts.index_at(0))
+    elif start:
+        log.info("round %d at an endpoint: its prompts start at position %d of its prompt stream (prompt %d), after "
+                 "those the run's earlier rounds sent there", round_number, start, prompts.index_at(0))
+    if isinstance(prompts, FilePrompts) and start and (start >= len(prompts) or start + (planned or 0) > len(prompts)):
+        log.warning("the run's earlier rounds and attempts sent the endpoint positions up to %d of this file of %d "
+                    "prompts, read round and round: this round resends prompts they sent (the endpoint's prefix cache "
+                    "may serve them; each point's warning counts its resent ones)", start, len(prompts))
     references = {p.index: p.reference for p in prompts.made if p.reference is not None}
     server: ServerProcess | None = None
     summary: dict[str, Any] = {
@@ -818,7 +910,7 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
                 raise CaseUserError(f"the server answered no request within {config.ready_timeout_s:g} s "
                                     f"(ready_timeout_s; server.ready_request): {error}")
         return _run_points(config, spec, target, server, prompts, references, tokens, out_dir, head, summary,
-                           first_prompt, planned)
+                           first_prompt, planned, stream)
     finally:
         if server is not None:
             server.stop()
@@ -907,6 +999,8 @@ async def _measure_point(config: GenerateConfig, spec: ServerSpec, target: Targe
                                    count_tokens=tokens.counter(), keep_going=alive, first_prompt=first_prompt,
                                    client=client, supply=maker)
         timed_first = first_prompt + (len(warm.records) if warm else 0)
+        # Reserved before the timed requests (its count, or a duration_s phase's estimate), not while they run.
+        prompts.reserve(timed_first + timed_ahead(config, load, warm))
         if maker is not None:
             maker.set_goal(timed_first + timed_ahead(config, load, warm))
             await maker.settle()  # the warm-up's last chunk: made before the timed requests, not beside them
@@ -940,7 +1034,8 @@ def waited_for_prompts(records: list[RequestRecord]) -> str | None:
 
 def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server: ServerProcess | None,
                 prompts: ServingPromptSet, references: dict[int, str], tokens: Tokens, out_dir: Path, head: str,
-                summary: dict[str, Any], first_prompt: int, planned: int | None) -> ServingOutcome:
+                summary: dict[str, Any], first_prompt: int, planned: int | None, stream: str | None
+                ) -> ServingOutcome:
     metrics: list[Metric] = []
     failed_points: list[str] = []  # one line each: the point and its first error
     measured = 0.0
@@ -948,15 +1043,22 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
     scrape_dir = out_dir / SERVER_METRICS
     alive = (lambda: server.exited() is None) if server is not None else (lambda: True)
     cursor = first_prompt  # the position of the next prompt to send: each phase takes its own, in order
-    sent = {prompts.index_at(p) for p in range(first_prompt)}  # prompts sent so far (the check's, the points')
+    if stream is not None:  # an endpoint: the positions it takes are recorded before they are sent
+        prompts.ledger = PositionLedger(out_dir / PROMPT_POSITIONS, stream, prompts.first_position)
+        prompts.reserve(first_prompt)
+    # Prompts sent so far: those earlier rounds at the endpoint may have sent, then the check's, then the points'.
+    sent = prompts.sent_before() | {prompts.index_at(p) for p in range(first_prompt)}
     repeated_total = 0
     server_prompt_tokens: list[int] = []  # the server's usage.prompt_tokens of the timed requests
 
-    def save() -> None:  # serving.json, with the prompts made so far
+    def save() -> None:  # serving.json, with the prompts made so far; the positions the round took, to the cursor
         summary["prompts"] = describe_prompts(head, prompts.made, config.api)
         summary["prompt_set"] = {**prompt_set(config, prompts, tokens, planned), "repeated_requests": repeated_total,
+                                 "positions_taken": prompts.taken(cursor) - prompts.first_position,
                                  "input_tokens_server": _spread(server_prompt_tokens) if server_prompt_tokens else None}
         write_json(out_dir / SERVING_FILE, summary)
+        if prompts.ledger is not None:
+            prompts.ledger.end(prompts.taken(cursor))
 
     try:
         if server is None:
@@ -994,7 +1096,7 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
                 rates = send_rate(load, run.records)
                 latency_cautions = [c for c in (waited_for_prompts(run.records),) if c is not None]
                 cautions = [c for c in (
-                    (f"{repeated} of {stats.requests} timed requests resent a prompt already sent in this round (the "
+                    (f"{repeated} of {stats.requests} timed requests resent a prompt already sent to this server (the "
                      f"prompt set has {len(prompts)}): a server's prefix cache may have served their prefill, so "
                      "their TTFT is optimistic") if repeated else None,
                     late_sends(rates), made_late(point), *latency_cautions) if c is not None]
@@ -1038,7 +1140,7 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
     save()
     if isinstance(prompts, SyntheticPrompts):
         log.info("made %d synthetic prompts in %.1f s, each phase's before it (the set holds %d, from prompt %d)",
-                 len(prompts.made), prompts.seconds, len(prompts), prompts.start)
+                 len(prompts.made), prompts.seconds, len(prompts), prompts.first_position)
     failure = None
     if failed_points:  # the other points are measured and kept; the round says which point failed, and why
         more = f" (and {len(failed_points) - 1} more failed point(s): see {SERVING_FILE})" if len(failed_points) > 1 \

@@ -59,7 +59,9 @@ from flagperf.generate.server import (
     ServerSpec,
     start_server,
 )
+from flagperf.results.prompt_positions import PROMPT_POSITIONS, merged
 from flagperf.results.schema import read_result
+from tasks.container import attempt_positions
 from tests.unit.quoting_endpoint import QuotingEndpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -236,19 +238,45 @@ def test_a_constant_template_is_counted_once_and_checked_against_full_counts(mon
     assert wrong.overhead("chat") is None
 
 
-def test_an_endpoints_later_rounds_start_after_the_earlier_rounds_prompts() -> None:
-    """An endpoint is a long-lived server: its round N starts after the prompts rounds 1 to N-1 sent, so that no
-    round finds its prompts in the prefix cache; a server the round starts is new every round, and every round
-    sends the same prompts."""
-    from flagperf.generate.serve import round_start
+def test_the_run_folder_says_where_each_endpoint_prompt_stream_stands(tmp_path: Path) -> None:
+    """An endpoint is a long-lived server: a round there starts after every position of its prompt stream that the
+    run's earlier rounds took, as their prompt_positions.json say: a round's last attempt, its earlier attempts, the
+    rounds a retry of the run set aside (and theirs); a record without an end (a round killed mid-point) counts what
+    it reserved, one that is not a record is passed over. The positions of a round's earlier attempts on the host join
+    them before attempt K runs."""
+    from flagperf.generate.serve import stream_key
+    from flagperf.hosts.local import LocalHost
+    from flagperf.results.prompt_positions import PROMPT_POSITIONS, merged, positions_taken, write_positions
 
-    assert round_start(_prompt_config(), 3, 11) == 0
-    at_endpoint = _prompt_config(endpoint={"base_url": "http://10.0.0.5:8000", "model": "m"})
-    assert round_start(at_endpoint, 3, 11) == 22
-    # A retried round resends none of its failed attempt's prompts: attempt K after every round's attempts 1 to K-1.
-    assert [round_start(at_endpoint, r, 11, attempt=1, rounds=3) for r in (1, 2, 3)] == [0, 11, 22]
-    assert [round_start(at_endpoint, r, 11, attempt=2, rounds=3) for r in (1, 2, 3)] == [33, 44, 55]
-    assert round_start(_prompt_config(), 2, 11, attempt=2, rounds=3) == 0  # a server of its own: the same prompts
+    def record(folder: Path, stream: str, first: int, reserved: int, end: int | None) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        write_positions(folder / PROMPT_POSITIONS, stream, first, reserved, end)
+
+    run = tmp_path / "run"
+    record(run / "serve" / "round1" / "h_noderank0", "a", 0, 11, 11)
+    record(run / "serve" / "round1" / "h_noderank0" / "attempts" / "attempt1", "a", 11, 30, 22)
+    record(run / "retries" / "attempt1" / "serve" / "round2" / "h_noderank0", "a", 22, 40, None)  # killed: reserved
+    record(run / "retries" / "attempt1" / "serve" / "round2" / "h_noderank0" / "attempts" / "attempt1", "b", 0, 9, 5)
+    record(run / "other" / "round1" / "h_noderank0", "b", 5, 7, 7)
+    (run / "other" / "round2" / "h_noderank0").mkdir(parents=True)
+    (run / "other" / "round2" / "h_noderank0" / PROMPT_POSITIONS).write_text('{"stream": "a", "end": -1}')
+    assert positions_taken(run) == {"a": 40, "b": 7}
+    assert positions_taken(tmp_path / "none") == {}
+    assert merged({"a": 50}, ['{"stream": "a", "first": 40, "reserved": 45, "end": null}', "not json"]) == {"a": 50}
+
+    stage = tmp_path / "work" / "stage"
+    record(stage / "attempt1", "a", 40, 64, None)  # attempt 1 killed: what it reserved
+    record(stage / "attempt2", "a", 64, 70, 66)
+    host = LocalHost(work_root=tmp_path / "work")
+    assert attempt_positions(host, stage, 1, {"a": 40}) == {"a": 40}
+    assert attempt_positions(host, stage, 3, {"a": 40, "b": 7}) == {"a": 66, "b": 7}
+
+    # The stream: the endpoint, model and API, and what gives the prompts.
+    lab = {"base_url": "http://10.0.0.5:8000", "model": "m"}
+    assert stream_key(_prompt_config(endpoint=lab)) == stream_key(_prompt_config(endpoint=lab, requests=9))
+    assert len({stream_key(_prompt_config(**{"endpoint": lab, **change})) for change in (
+        {}, {"seed": 1}, {"input_len": 5}, {"api": "completions"},
+        {"endpoint": {**lab, "base_url": "http://10.0.0.6:8000"}})}) == 5
 
 
 def test_a_duration_s_point_makes_its_prompts_before_it_from_an_estimate() -> None:
@@ -867,15 +895,20 @@ def test_a_case_measures_an_endpoint_the_inventory_names(served: ServerProcess, 
     assert not (out / SERVER_LOG).exists()  # no server was started
     assert {"result.json", REQUESTS_FILE, SERVING_FILE} <= {p.name for p in out.rglob("*")}
     assert _files_holding(SECRET, out) == [] and SECRET not in caplog.text
+    # The round recorded the positions of its prompt stream it took: 0 to 10.
+    ledger = json.loads((out / PROMPT_POSITIONS).read_text())
+    assert (ledger["first"], ledger["end"]) == (0, 11) and json.loads(ledger["stream"])["endpoint"] == served.base_url
+    (stream, taken), = merged({}, [(out / PROMPT_POSITIONS).read_text()]).items()
     # Round 2 at the same endpoint (a long-lived server, its prefix cache holding round 1's prompts) sends the 11
     # prompts after round 1's, in the same order of phases.
     second = tmp_path / "round2"
     second.mkdir()
-    assert run_job(job.model_copy(update={"round": 2}), second) == 0
+    assert run_job(job.model_copy(update={"round": 2, "prompt_positions": {stream: taken}}), second) == 0
     again = sorted(read_records(second / REQUESTS_FILE), key=lambda r: (r.point, r.phase, r.seq))
     assert sorted(r.prompt_index for r in again) == list(range(11, 22))
     serving = json.loads((second / SERVING_FILE).read_text())
     assert serving["prompt_set"]["first_index"] == 11 and serving["prompt_set"]["repeated_requests"] == 0
+    assert serving["prompt_set"]["first_position"] == 11 and serving["prompt_set"]["positions_taken"] == 11
     assert [(p["warmup_first_prompt"], p["first_prompt"]) for p in serving["points"]] == [(12, 14), (16, 20)]
     with pytest.raises(ConfigError, match=r"'elsewhere' names no endpoint of the inventory .*: lab\)") as refused:
         plan_run(cases=["tiny-llama-serve"], sets=["endpoint=elsewhere"], results_dir=tmp_path / "results",

@@ -20,8 +20,15 @@ from flagperf.entry import run_job
 from flagperf.errors import EXIT_USER_ERROR
 from flagperf.generate.loadgen import REQUESTS_FILE, read_records
 from flagperf.generate.serve import SERVING_FILE
-from flagperf.results.schema import read_result
+from flagperf.hosts.inventory import host_spec
+from flagperf.hosts.local import LocalHost
+from flagperf.results.schema import read_result, round_dir
 from flagperf.results.serving import FAILED_FLAG_FRACTION, ServingPoint, serving_markdown, serving_points
+
+# Imported here, not in a test: importing Prefect configures logging, which in a test would drop caplog's handler.
+from flows.evaluate import set_aside
+from flows.host_round import round_job
+from tasks.container import attempt_positions
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -180,7 +187,7 @@ def test_prompts_resent_past_the_end_of_a_short_file_and_an_open_loop_that_sent_
     assert serving["prompt_set"]["repeated_requests"] == 7
     metrics = {m.name: m for m in read_result(out / "result.json").metrics}
     assert (metrics["output_tokens_per_s@c1"].warning or "").startswith(
-        "3 of 3 timed requests resent a prompt already sent in this round (the prompt set has 2)")
+        "3 of 3 timed requests resent a prompt already sent to this server (the prompt set has 2)")
     rate = serving["points"][1]["send_rate"]
     assert rate["asked"] == 100000 and rate["achieved"] < 0.95 * rate["drawn"]
     assert "under 95% of the" in (metrics["output_tokens_per_s@r100000"].warning or "")
@@ -299,26 +306,131 @@ def test_a_requests_wait_for_its_prompt_comes_before_its_send_and_is_recorded(re
     assert plain.records[0].prompt_wait_s is None  # every prompt made before: nothing to wait for
 
 
+def _endpoint_plan(base_url: str, tmp_path: Path, *sets: str, rounds: int = 1, case: str = "tiny-llama-serve"
+                   ) -> RunPlan:
+    return plan_run(cases=[case], sets=["endpoint=lab", "concurrency=[1]", "request_rates=[]", "warmup_requests=0",
+                                        "max_new_tokens=2", *sets],
+                    results_dir=tmp_path / "results", inventory_endpoints={"lab": {"base_url": base_url, "model": "m"}},
+                    inventory_source="inventory.yaml", rounds=rounds)
+
+
+def _run_round(plan: RunPlan, run_dir: Path, round_no: int) -> int:
+    """Round ``round_no`` of the plan's one case run here into its folder of ``run_dir``, with the job the controller
+    gives it (flows.host_round.round_job: what the run folder says of the run so far)."""
+
+    cp = plan.cases[0]
+    job = round_job(plan, run_dir, cp, round_no, "localhost", host_spec({"name": "localhost"}), {}, None)
+    out = round_dir(run_dir, cp.name, round_no, "localhost")
+    out.mkdir(parents=True)
+    return run_job(job, out)
+
+
+def _sent(folder: Path) -> list[int]:
+    """The prompts a round folder's requests sent, in the order of its phases (the check, each point's warm-up, then
+    its timed requests) and of their sends."""
+    order = {"check": 0, "warmup": 1, "timed": 2}
+    records = read_records(folder / REQUESTS_FILE)
+    points = list(dict.fromkeys(r.point for r in records))
+    return [r.prompt_index for r in sorted(records, key=lambda r: (points.index(r.point), order[r.phase], r.seq))]
+
+
 def test_a_retried_round_at_an_endpoint_sends_none_of_its_failed_attempts_prompts(refusing: str, tmp_path: Path,
                                                                                    caplog: pytest.LogCaptureFixture
                                                                                    ) -> None:
-    """An endpoint keeps its prefix cache across a round's attempts: attempt 2 of round 1 (of 2 rounds) starts after
-    the prompts of every round's first attempt, and says so."""
+    """An endpoint keeps its prefix cache across a round's attempts: attempt 2 (run_case's retry after an
+    infrastructure failure) starts after the positions attempt 1 took on the host (its prompt_positions.json), and
+    says so."""
+    from flagperf.results.prompt_positions import PROMPT_POSITIONS
+
     RefusingEndpoint.refuse = set()
-    plan = plan_run(cases=["tiny-llama-serve"], sets=["endpoint=lab", "concurrency=[1]", "request_rates=[]",
-                                                      "requests=2", "warmup_requests=0", "max_new_tokens=2"],
-                    results_dir=tmp_path / "results", inventory_endpoints={"lab": {"base_url": refusing, "model": "m"}},
-                    inventory_source="inventory.yaml", rounds=2)
+    plan = _endpoint_plan(refusing, tmp_path, "requests=2", rounds=2)
     cp = plan.cases[0]
-    outs = []
+    stage = tmp_path / "work" / "stage"
+    host = LocalHost(work_root=tmp_path / "work")
     for attempt in (1, 2):
-        job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, rounds=plan.rounds, attempt=attempt,
-                  host="localhost", vendor="cpu", config=cp.config, config_origins=cp.origins,
-                  run_overrides=cp.run_overrides, image={})
-        outs.append(tmp_path / f"attempt{attempt}")
-        outs[-1].mkdir()
-        assert run_job(job, outs[-1]) == 0
-    sent = [{r.prompt_index for r in read_records(out / REQUESTS_FILE)} for out in outs]
-    assert sent[0] == {0, 1, 2}  # the check's, then the timed requests' (3 prompts a round)
-    assert sent[1] == {6, 7, 8}  # after rounds 1 and 2's first attempts
-    assert "attempt 2: its prompts start at prompt 6" in caplog.text
+        job = Job(run_id=plan.run_id, case=cp.name, family=cp.family, round=1, attempt=attempt, host="localhost",
+                  vendor="cpu", config=cp.config, config_origins=cp.origins, run_overrides=cp.run_overrides, image={},
+                  prompt_positions=attempt_positions(host, stage, attempt, {}))
+        (stage / f"attempt{attempt}").mkdir(parents=True)
+        assert run_job(job, stage / f"attempt{attempt}") == 0
+    sent = [_sent(stage / f"attempt{attempt}") for attempt in (1, 2)]
+    assert sent == [[0, 1, 2], [3, 4, 5]]  # the check's, then the timed requests'
+    assert json.loads((stage / "attempt2" / PROMPT_POSITIONS).read_text())["first"] == 3
+    assert "attempt 2: its prompts start at position 3 of its prompt stream (prompt 3)" in caplog.text
+
+
+def test_a_retry_of_the_run_sends_none_of_the_prompts_its_earlier_flow_runs_sent(refusing: str, tmp_path: Path,
+                                                                                  caplog: pytest.LogCaptureFixture
+                                                                                  ) -> None:
+    """`flagperf run --retry` of a run whose round 1 at an endpoint failed (its point's every request refused) and
+    whose round 2 completed: the retry sets round 1 aside and runs it again, its attempts counted from 1 again. Its job
+    says where the endpoint's prompt stream stands after every round the run sent (round 1's failed attempt, round
+    2), so the rerun sends none of their prompts, and its log says where it starts and that it is a retry."""
+
+    RefusingEndpoint.refuse = {1, 2}  # round 1's timed requests, after its check (request 0)
+    plan = _endpoint_plan(refusing, tmp_path, "requests=2", rounds=2)
+    run_dir = tmp_path / "run"
+    assert _run_round(plan, run_dir, 1) == EXIT_USER_ERROR  # c1 is a failed point: the round fails
+    assert _run_round(plan, run_dir, 2) == 0
+    RefusingEndpoint.refuse = set()
+    first = set_aside(run_dir, round_dir(run_dir, plan.cases[0].name, 1, "localhost"))  # the retry's first step
+    assert first is not None
+    caplog.clear()
+    assert _run_round(plan, run_dir, 1) == 0
+    earlier = _sent(first) + _sent(round_dir(run_dir, plan.cases[0].name, 2, "localhost"))
+    assert earlier == [0, 1, 2, 3, 4, 5]
+    assert _sent(round_dir(run_dir, plan.cases[0].name, 1, "localhost")) == [6, 7, 8]
+    assert ("round 1 at an endpoint, attempt 1 (a retry of the run: 1 earlier attempt(s) of this round): its prompts "
+            "start at position 6 of its prompt stream (prompt 6)") in caplog.text
+
+
+def test_a_prompts_files_rounds_for_duration_s_start_after_the_prompts_earlier_rounds_used(
+        refusing: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """duration_s: the prompts a round sends are counted only as it runs. At an endpoint, each round of a prompts file
+    starts after the positions the earlier rounds took (their prompt_positions.json), read round and round; once the
+    run has sent the file's every prompt, a round sends them again, and every request that resends one the endpoint
+    was sent (by an earlier round, or earlier in the round) is counted (serving.json's repeated_requests) and said."""
+    import yaml
+
+    from flagperf.config.cases import load_case
+    from flagperf.results.prompt_positions import PROMPT_POSITIONS
+
+    RefusingEndpoint.refuse = set()
+    manifest = yaml.safe_load(load_case("tiny-llama-serve").folder.joinpath("case.yaml").read_text())
+    manifest["name"] = "file-serve"
+    folder = tmp_path / "cases" / "generate" / "file-serve"
+    folder.mkdir(parents=True)
+    count = 7
+    (folder / "prompts.jsonl").write_text("".join(f'{{"prompt": "p{i} q{i}"}}\n' for i in range(count)),
+                                          encoding="utf-8")
+    (folder / "case.yaml").write_text(yaml.safe_dump(manifest), encoding="utf-8")
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(tmp_path / "cases"))
+    # Each round takes at least 4 positions (the check, 2 warm-ups, the arrival at 0 s): round 3 starts past the file.
+    plan = _endpoint_plan(refusing, tmp_path, "concurrency=[]", "request_rates=[20]", "requests=null",
+                          "duration_s=0.3", "warmup_requests=2", "prompts_path=prompts.jsonl", rounds=3,
+                          case="file-serve")
+    run_dir = tmp_path / "run"
+    position = 0
+    sent_before: set[int] = set()
+    for round_no in (1, 2, 3):
+        assert _run_round(plan, run_dir, round_no) == 0
+        out = round_dir(run_dir, "file-serve", round_no, "localhost")
+        sent = _sent(out)
+        # The round went on from where the earlier ones stopped: its check took the next position, and the others
+        # followed in order.
+        assert sent == [(position + i) % count for i in range(len(sent))], (round_no, position, sent)
+        ledger = json.loads((out / PROMPT_POSITIONS).read_text())
+        assert (ledger["first"], ledger["end"]) == (position, position + len(sent))
+        serving = json.loads((out / SERVING_FILE).read_text())
+        assert serving["prompt_set"]["first_position"] == position
+        seen = sent_before | {sent[0]}  # what the endpoint was sent before: earlier rounds, then the check
+        repeated = 0
+        for index in sent[1:]:
+            repeated += index in seen
+            seen.add(index)
+        assert serving["prompt_set"]["repeated_requests"] == repeated, (round_no, sent, sent_before)
+        position += len(sent)
+        sent_before |= set(sent)
+    assert sent_before == set(range(count))
+    assert serving["points"][0]["repeated_prompts"] == serving["points"][0]["requests"]  # round 3: all sent before
+    assert "this round resends prompts they sent" in caplog.text
