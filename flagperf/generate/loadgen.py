@@ -18,7 +18,11 @@ An output chunk is an event whose text is not empty: ``delta.content`` or a reas
 ``delta.reasoning_content`` / ``delta.reasoning`` (chat), ``text`` (completions). A request fails on an HTTP
 status other than 200, a transport error or timeout, an ``error`` event, an event with none of ``choices``,
 ``usage`` and ``error`` (``{"object": "error", ...}``), or a stream that ends without a ``finish_reason`` (it broke
-off) or with ``abort`` or ``error`` as its finish reason.
+off) or with ``abort`` or ``error`` as its finish reason. A send that fails before any response arrived (the server
+closed a kept-alive connection as the request went out on it) is sent once more on a fresh connection, and timed
+from that resend (``reconnected_after``). After ``[DONE]`` the response is read to its end, so that its connection
+serves the next request. The client's count of an output is made in a worker thread once the request ended, never
+on the event loop that times the streams in flight.
 
 Why our own client and not a maintained one: docs/serving.md (AIPerf does not install beside prefect 3.8.8;
 GuideLLM does only at 0.2.1 with 15 more packages, and neither writes each chunk's arrival with the server's
@@ -35,6 +39,7 @@ import random
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -133,6 +138,9 @@ class RequestRecord:
     reasoning_chunks     output chunks of reasoning text (part of chunk_times_s)
     reasoning_tokens_client  the client's count of the reasoning text (part of output_tokens_client)
     reasoning_text       the reasoning, concatenated
+    reconnected_after    the error of its first send, where the server closed a kept-alive connection before
+                         any response arrived and the request was sent once more on a fresh connection (its
+                         times, sent_at and send_offset_s are of that resend); None where it was sent once
     """
 
     point: str
@@ -160,6 +168,7 @@ class RequestRecord:
     reasoning_tokens_client: int | None = None
     reasoning_text: str = ""
     prompt_wait_s: float | None = None
+    reconnected_after: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -254,10 +263,13 @@ async def _stream_lines(response: httpx.Response) -> AsyncIterator[str]:
 
 @dataclass
 class _Texts:
-    """A stream's text pieces: the answer (content, or text) and a reasoning model's reasoning."""
+    """A stream's text pieces: the answer (content, or text) and a reasoning model's reasoning; ``answered`` once the
+    response's status line and headers arrived; ``ended`` the perf_counter time of its ``[DONE]``, where it sent one."""
 
     answer: list[str] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
+    answered: bool = False
+    ended: float | None = None
 
 
 # A finish reason that says the server gave up on the request (vLLM's and SGLang's "abort", an "error"): its
@@ -271,6 +283,7 @@ async def _exchange(client: httpx.AsyncClient, target: Target, prompt: ServingPr
     response, and with it a connection whose stream was not read to its end."""
     async with client.stream("POST", target.url, json=target.body(prompt), headers=target.headers,
                              timeout=target.request_timeout_s) as response:
+        texts.answered = True
         if response.status_code != 200:
             page, cut = b"", False
             async for part in response.aiter_bytes():  # a hostile endpoint's page may never end
@@ -288,7 +301,9 @@ async def _exchange(client: httpx.AsyncClient, target: Target, prompt: ServingPr
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
-                if data == "[DONE]":
+                if data == "[DONE]":  # the stream's last event; the response's end may follow in a read of its own
+                    texts.ended = time.perf_counter()
+                    await _read_to_end(lines)
                     break
                 _read_event(target.redact(data) if target.headers else data, time.perf_counter() - start, record,
                             texts, target.api)
@@ -301,43 +316,132 @@ async def _exchange(client: httpx.AsyncClient, target: Target, prompt: ServingPr
             await lines.aclose()  # now, not when the collector finds it: its read of the response ends here
 
 
-async def send_request(client: httpx.AsyncClient, target: Target, prompt: ServingPrompt, point: str, phase: str,
-                       seq: int, count_tokens: TokenCounter | None, *, phase_start: float | None = None,
-                       scheduled: float | None = None) -> RequestRecord:
-    """One streamed request, timed chunk by chunk; every failure is recorded, never raised. ``phase_start``: the
-    phase's perf_counter start (the record's send offset is taken from it); ``scheduled``: the arrival the open
-    loop drew for it, from the phase's start."""
-    record = RequestRecord(point=point, phase=phase, seq=seq, prompt_index=prompt.index, sent_at=time.time(),
-                           requested_output=prompt.output_len, exact=target.exact_fields is not None,
-                           prompt_tokens_client=prompt.prompt_tokens, prompt_tokens_sent=prompt.sent_tokens)
-    texts = _Texts()
+# After a stream's [DONE], how long the client reads on for the response's end (chunked: its last, empty chunk, which
+# vLLM's and SGLang's uvicorn send in a write of their own): httpx keeps a connection for the next request only where
+# the response was read to its end, and closes it otherwise. A server that ends it later has its connection closed.
+DRAIN_S = 1.0
+
+
+async def _read_to_end(lines: AsyncIterator[str]) -> None:
+    """The rest of a response after its [DONE] (nothing, as a rule), read and left, for at most DRAIN_S."""
+    deadline = time.perf_counter() + DRAIN_S
+    try:
+        while True:
+            await asyncio.wait_for(lines.__anext__(), max(0.0, deadline - time.perf_counter()))
+    except (StopAsyncIteration, asyncio.TimeoutError, httpx.HTTPError, OSError, LineTooLong):
+        return
+
+
+# A send that failed so, before any response arrived, is the server closing a kept-alive connection as the request
+# went out on it (its idle timeout, a proxy's), or the connection refused or reset: sent once more, on a fresh one.
+RECONNECT_ERRORS = (httpx.RemoteProtocolError, httpx.ConnectError, httpx.ReadError, httpx.WriteError)
+
+
+class FreshConnections:
+    """A client that opens a new connection for every request and keeps none, for the resend of a request whose
+    kept-alive connection the server closed before answering. Made at its first use, in a worker thread: making an
+    httpx client loads the CA certificates (0.1 to 0.3 s on 2 cores), which on the event loop would stop every
+    stream in flight."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self._client: httpx.AsyncClient | None = None
+        self._lock = asyncio.Lock()
+
+    async def client(self) -> httpx.AsyncClient:
+        async with self._lock:
+            if self._client is None:
+                self._client = await asyncio.to_thread(
+                    httpx.AsyncClient, limits=httpx.Limits(max_keepalive_connections=0),
+                    timeout=self.target.request_timeout_s)
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+
+def _stamp(record: RequestRecord, phase_start: float | None, scheduled: float | None) -> float:
+    """The send's times into the record; returns its perf_counter start."""
+    record.sent_at = time.time()
     start = time.perf_counter()
     if phase_start is not None:
         record.send_offset_s = start - phase_start
         if scheduled is not None:
             record.scheduled_offset_s = scheduled
             record.queue_wait_s = max(0.0, record.send_offset_s - scheduled)
+    return start
+
+
+async def _try_send(client: httpx.AsyncClient, target: Target, prompt: ServingPrompt, record: RequestRecord,
+                    texts: _Texts, start: float) -> Exception | None:
+    """One send of the request, whose failure is returned (a transport error before the response may be sent again),
+    never raised."""
     try:
         # httpx's timeout is per read: a server that keeps sending (events, or bytes without a line end) would hold
         # the request, and the round, without end; the whole exchange is bounded here, from the send.
         await asyncio.wait_for(_exchange(client, target, prompt, record, texts, start), target.request_timeout_s)
-    except (asyncio.TimeoutError, httpx.TimeoutException) as exc:
+    except (asyncio.TimeoutError, httpx.HTTPError, OSError, LineTooLong) as exc:
+        return exc
+    return None
+
+
+def _error_text(exc: Exception, target: Target) -> str:
+    if isinstance(exc, (asyncio.TimeoutError, httpx.TimeoutException)):
         # Either limit: httpx's per-read (connect, pool) limits are request_timeout_s too, each started after the
         # send, so one that fires first also means the request ran past its limit (one verdict, whichever fires).
         waited = f": {type(exc).__name__}" if isinstance(exc, httpx.TimeoutException) else ""
-        record.error = (f"the request ran past request_timeout_s ({target.request_timeout_s:g} s){waited}; it was "
-                        "stopped")
-    except (httpx.HTTPError, OSError) as exc:
-        record.error = f"{type(exc).__name__}: {target.redact(str(exc)) or 'no detail'}"[:ERROR_TEXT_LIMIT]
-    except LineTooLong as exc:
-        record.error = str(exc)
-    record.e2el_s = time.perf_counter() - start
+        return f"the request ran past request_timeout_s ({target.request_timeout_s:g} s){waited}; it was stopped"
+    if isinstance(exc, LineTooLong):
+        return str(exc)
+    return f"{type(exc).__name__}: {target.redact(str(exc)) or 'no detail'}"[:ERROR_TEXT_LIMIT]
+
+
+def _count_output(record: RequestRecord, count_tokens: TokenCounter) -> None:
+    record.reasoning_tokens_client = count_tokens(record.reasoning_text) if record.reasoning_text else 0
+    record.output_tokens_client = count_tokens(record.output_text) + record.reasoning_tokens_client
+
+
+async def send_request(client: httpx.AsyncClient, target: Target, prompt: ServingPrompt, point: str, phase: str,
+                       seq: int, count_tokens: TokenCounter | None, *, phase_start: float | None = None,
+                       scheduled: float | None = None, counting: Executor | None = None,
+                       fresh: FreshConnections | None = None) -> RequestRecord:
+    """One streamed request, timed chunk by chunk; every failure is recorded, never raised. ``phase_start``: the
+    phase's perf_counter start (the record's send offset is taken from it); ``scheduled``: the arrival the open
+    loop drew for it, from the phase's start. A send that fails before any response arrived (RECONNECT_ERRORS: the
+    server closed a kept-alive connection as the request went out) is sent once more on a fresh connection
+    (``fresh``'s, else one of its own), and timed from that resend. The output is counted with ``count_tokens`` in
+    the ``counting`` executor's thread (else asyncio's default one), never on the event loop, which meanwhile reads
+    the other streams' chunks: a count of a long output takes milliseconds, and on the loop it would delay their
+    chunks (and so their ITL and TTFT)."""
+    record = RequestRecord(point=point, phase=phase, seq=seq, prompt_index=prompt.index, sent_at=0.0,
+                           requested_output=prompt.output_len, exact=target.exact_fields is not None,
+                           prompt_tokens_client=prompt.prompt_tokens, prompt_tokens_sent=prompt.sent_tokens)
+    texts = _Texts()
+    start = _stamp(record, phase_start, scheduled)
+    error = await _try_send(client, target, prompt, record, texts, start)
+    if isinstance(error, RECONNECT_ERRORS) and not texts.answered:
+        record.reconnected_after = _error_text(error, target)
+        own = fresh is None
+        fresh = fresh if fresh is not None else FreshConnections(target)
+        try:
+            again = await fresh.client()  # before the resend's stamp: making it is no part of its latency
+            texts = _Texts()
+            start = _stamp(record, phase_start, scheduled)
+            error = await _try_send(again, target, prompt, record, texts, start)
+        finally:
+            if own:
+                await fresh.aclose()
+    if error is not None:
+        record.error = _error_text(error, target)
+    # The end of the stream: its [DONE] where it sent one (the response's end, read after it, is no part of it).
+    record.e2el_s = (texts.ended if texts.ended is not None and error is None else time.perf_counter()) - start
     record.output_text = "".join(texts.answer)
     record.reasoning_text = "".join(texts.reasoning)
     if record.ok:
         if count_tokens is not None:
-            record.reasoning_tokens_client = count_tokens(record.reasoning_text) if texts.reasoning else 0
-            record.output_tokens_client = count_tokens(record.output_text) + record.reasoning_tokens_client
+            await asyncio.get_running_loop().run_in_executor(counting, _count_output, record, count_tokens)
         else:
             record.reasoning_tokens_client = record.reasoning_chunks
             record.output_tokens_client = len(record.chunk_times_s)
@@ -491,7 +595,9 @@ async def run_phase(target: Target, load: Load, prompts: Sequence[ServingPrompt]
     order from ``first_prompt`` (round and round past the end: the caller says so where that happens).
     ``keep_going`` false stops sending (a dead server). ``client``: the point's (load_client), else one of its own.
     ``supply``: prompts still being made; a request whose prompt is not made yet waits for it before its send is
-    stamped (its record's prompt_wait_s), so that the wait is in no latency and nothing else in flight pauses."""
+    stamped (its record's prompt_wait_s), so that the wait is in no latency and nothing else in flight pauses.
+    Outputs are counted in one worker thread of the phase's (a tokenizer is used by one thread at a time), never on
+    the event loop that reads the streams."""
     if (requests is None) == (duration_s is None):
         raise ValueError("a phase has a request count or a duration")
     if client is None:
@@ -499,7 +605,20 @@ async def run_phase(target: Target, load: Load, prompts: Sequence[ServingPrompt]
             return await run_phase(target, load, prompts, phase, requests=requests, duration_s=duration_s,
                                    writer=writer, count_tokens=count_tokens, keep_going=keep_going,
                                    first_prompt=first_prompt, client=own, supply=supply)
-    http = client
+    fresh = FreshConnections(target)
+    counting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flagperf-count")
+    try:
+        return await _run_phase(target, load, prompts, phase, requests, duration_s, writer, count_tokens, keep_going,
+                                first_prompt, client, supply, counting, fresh)
+    finally:
+        counting.shutdown(wait=False)  # every count was awaited; a cancelled phase leaves its thread to end alone
+        await fresh.aclose()
+
+
+async def _run_phase(target: Target, load: Load, prompts: Sequence[ServingPrompt], phase: str, requests: int | None,
+                     duration_s: float | None, writer: RecordWriter | None, count_tokens: TokenCounter | None,
+                     keep_going: Callable[[], bool], first_prompt: int, http: httpx.AsyncClient,
+                     supply: PromptSupply | None, counting: Executor, fresh: FreshConnections) -> PhaseRun:
     records: list[RequestRecord] = []
     sent = 0
     # The point's span is its first send to its last request's end (docs/serving.md), as vLLM's benchmark
@@ -525,7 +644,7 @@ async def run_phase(target: Target, load: Load, prompts: Sequence[ServingPrompt]
 
     async def one(seq: int, prompt: ServingPrompt, waited: float | None, scheduled: float | None = None) -> None:
         record = await send_request(http, target, prompt, load.label, phase, seq, count_tokens, phase_start=start,
-                                    scheduled=scheduled)
+                                    scheduled=scheduled, counting=counting, fresh=fresh)
         record.prompt_wait_s = waited
         records.append(record)
         if writer is not None:

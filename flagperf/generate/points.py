@@ -64,6 +64,10 @@ OUTPUT_TOKENS = ("output tokens of a request: the server's usage.completion_toke
                  "model folder's tokenizer on the streamed answer and reasoning text; without one, output chunks)")
 OUTPUT_CHUNK = "an output chunk: a streamed event with non-empty answer (content, text) or reasoning text"
 DURATION = "the point's duration: its first send to its last stream end (client perf_counter)"
+# A request whose kept-alive connection the server closed before any response is sent once more on a fresh one
+# (flagperf.generate.loadgen.send_request): its send is that resend, so the failed try is in none of its times.
+RESENT = ("a request whose kept-alive connection the server closed before any response was sent once more on a fresh "
+          "connection, and is timed from that resend")
 PERCENTILES = "p50/p90/p99 linear-interpolated between closest ranks (numpy's default)"
 FAILED = ("a request fails on an HTTP status other than 200, a transport error or request_timeout_s, an error event, "
           "an event with none of choices, usage and error, or a stream that ends without a finish_reason or with "
@@ -91,7 +95,8 @@ CONVENTIONS = {
                              f"1 %); {OUTPUT_TOKENS}; {BATCH} divides by its last token - its arrival at the engine",
     "interactivity": "1 / mean TPOT (tpot_s's value)",
     "ttft_s": f"time to first token: send to the first output chunk, client perf_counter; {OUTPUT_CHUNK}; successful "
-              f"requests; {PERCENTILES}; {BATCH} runs from the request's arrival at the engine to its first token",
+              f"requests; {PERCENTILES}; {RESENT}; {BATCH} runs from the request's arrival at the engine to its first "
+              "token",
     "tpot_s": "time per output token after the first: (E2EL - TTFT) / (output tokens - 1) per successful request, "
               f"1-token requests left out; {OUTPUT_TOKENS}; {PERCENTILES}; {BATCH} is (last token - first token) / "
               "(output tokens - 1)",
@@ -99,8 +104,8 @@ CONVENTIONS = {
              f"chunk may carry several tokens); {OUTPUT_CHUNK}; {PERCENTILES}; {BATCH} gaps are between tokens as the "
              "engine hands them out",
     "e2el_s": "end-to-end latency: send to the end of the response stream (its last event), client perf_counter; "
-              f"successful requests; {PERCENTILES}; {BATCH} ends at the request's last token, from its arrival at the "
-              "engine",
+              f"successful requests; {PERCENTILES}; {RESENT}; {BATCH} ends at the request's last token, from its "
+              "arrival at the engine",
     "exact_match": "outputs (the answer text, reasoning left out) equal to the reference, whitespace at the ends "
                    "ignored; failed requests score as empty outputs",
     "rouge": "rouge-score F1 (stemmed) of the outputs (the answer text, reasoning left out) against the references, "

@@ -141,8 +141,9 @@ class Tokens:
         return self.count if self.tokenizer is not None else None
 
     def clone(self) -> Tokens:
-        """The same counts from a tokenizer of its own: for a worker thread, while the event loop counts outputs with
-        this one (a fast tokenizer used from two threads at once raises "Already borrowed")."""
+        """The same counts from a tokenizer of its own: for a worker thread that makes prompts, while a phase's counting
+        thread counts outputs with this one (a fast tokenizer used from two threads at once raises "Already
+        borrowed")."""
         twin = copy.copy(self)
         twin.tokenizer = copy.deepcopy(self.tokenizer)
         twin._overhead, twin._checked = dict(self._overhead), dict(self._checked)
@@ -738,7 +739,9 @@ def client_settings(config: GenerateConfig, spec: ServerSpec) -> dict[str, Any]:
                                  "ended (none resent while the prompt set lasts); at an endpoint, a round after every "
                                  "prompt the run's earlier rounds and attempts sent there (prompt_positions.json)",
             "connections": "one client per point, its connections kept open from the warm-up to the timed requests; "
-                           f"one idle for {KEEPALIVE_S:g} s closed (below uvicorn's 5 s) and opened again"}
+                           f"one idle for {KEEPALIVE_S:g} s closed (below uvicorn's 5 s) and opened again; a request "
+                           "whose kept-alive connection the server closed before any response sent once more on a "
+                           "fresh connection, timed from that resend"}
 
 
 def model_record(config: GenerateConfig, folder: Path | None) -> dict[str, Any]:
@@ -1049,6 +1052,7 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
     # Prompts sent so far: those earlier rounds at the endpoint may have sent, then the check's, then the points'.
     sent = prompts.sent_before() | {prompts.index_at(p) for p in range(first_prompt)}
     repeated_total = 0
+    reconnects = 0  # requests sent again on a fresh connection (RequestRecord.reconnected_after), all phases
     server_prompt_tokens: list[int] = []  # the server's usage.prompt_tokens of the timed requests
 
     def save() -> None:  # serving.json, with the prompts made so far; the positions the round took, to the cursor
@@ -1056,6 +1060,7 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
         summary["prompt_set"] = {**prompt_set(config, prompts, tokens, planned), "repeated_requests": repeated_total,
                                  "positions_taken": prompts.taken(cursor) - prompts.first_position,
                                  "input_tokens_server": _spread(server_prompt_tokens) if server_prompt_tokens else None}
+        summary["reconnects"] = reconnects
         write_json(out_dir / SERVING_FILE, summary)
         if prompts.ledger is not None:
             prompts.ledger.end(prompts.taken(cursor))
@@ -1080,6 +1085,8 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
                 repeated_total += resent(warm_records, sent)
                 repeated = resent(run.records, sent)
                 repeated_total += repeated
+                point_reconnects = sum(1 for r in run.records if r.reconnected_after)
+                reconnects += point_reconnects + sum(1 for r in warm_records if r.reconnected_after)
                 if server is not None and server.exited() is not None:
                     message = f"point {load.label}: {server.failure('during the load')}"
                     log.error("%s", message)
@@ -1102,6 +1109,10 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
                     late_sends(rates), made_late(point), *latency_cautions) if c is not None]
                 for caution in cautions:
                     log.warning("point %s: %s", load.label, caution)
+                if point_reconnects:
+                    log.warning("point %s: %d timed requests found their kept-alive connection closed by the server "
+                                "before any response and were sent once more on a fresh connection, each timed from "
+                                "that resend (reconnected_after in %s)", load.label, point_reconnects, REQUESTS_FILE)
                 if stats.failed_point:  # nothing measured: kept as failed, never as a point of the curve
                     metrics += failed_point_metrics(stats)
                     failed_points.append(failed_point_message(stats))
@@ -1126,7 +1137,8 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
                     "warmup_first_prompt": prompts.index_at(warm_first) if warm_records else None,
                     "first_prompt": prompts.index_at(timed_first), "repeated_prompts": repeated,
                     "prompts_made_during": point.made_during,
-                    "prompt_waits": sum(1 for r in run.records if r.prompt_wait_s), "send_rate": rates})
+                    "prompt_waits": sum(1 for r in run.records if r.prompt_wait_s), "reconnects": point_reconnects,
+                    "send_rate": rates})
                 ttft = f"{stats.ttft.p50 * 1e3:.1f} ms" if stats.ttft else "-"
                 tpot = f"{stats.tpot.p50 * 1e3:.2f} ms" if stats.tpot else "-"
                 log.info("point %s: %d requests (%d failed, %d truncated) in %.2f s, %.1f output tokens/s, TTFT p50 "

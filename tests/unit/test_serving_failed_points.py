@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.server
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
@@ -434,3 +435,100 @@ def test_a_prompts_files_rounds_for_duration_s_start_after_the_prompts_earlier_r
     assert sent_before == set(range(count))
     assert serving["points"][0]["repeated_prompts"] == serving["points"][0]["requests"]  # round 3: all sent before
     assert "this round resends prompts they sent" in caplog.text
+
+
+def test_outputs_are_counted_off_the_event_loop_that_reads_the_streams(refusing: str) -> None:
+    """The client's count of a finished output (the tokenizer: milliseconds for a long one) is never made on the
+    event loop that reads the streams in flight, where it would hold up their chunks and so their TTFT and ITL; it is
+    made in one worker thread of the phase's (a tokenizer is used by one thread at a time), and counts the same."""
+    import asyncio
+    import threading
+
+    from flagperf.generate.loadgen import Load, ServingPrompt, Target, run_phase
+
+    RefusingEndpoint.refuse = set()
+    counted_on: list[threading.Thread] = []
+
+    def count(text: str) -> int:
+        counted_on.append(threading.current_thread())
+        return len(text.split())
+
+    async def phase() -> tuple[threading.Thread, list[int | None]]:
+        run = await run_phase(Target(refusing, "m", "chat"), Load("c3", concurrency=3),
+                              [ServingPrompt(i, f"t{i}", 1, 3) for i in range(6)], "timed", requests=6,
+                              duration_s=None, writer=None, count_tokens=count)
+        assert all(r.ok for r in run.records), [r.error for r in run.records]
+        return threading.current_thread(), [r.output_tokens_client for r in run.records]
+
+    loop_thread, counts = asyncio.run(phase())
+    assert counts == [3] * 6  # "t1 t2 t3 "
+    assert len(counted_on) == 6 and loop_thread not in counted_on and len(set(counted_on)) == 1
+
+
+class KeepAliveEndpoint(http.server.BaseHTTPRequestHandler):
+    """HTTP/1.1 with its connections kept alive, as uvicorn (vLLM's, SGLang's server) streams: chunked, each event a
+    chunk, ``[DONE]`` last and the response's end (the empty chunk) in a write of its own. It answers the first request
+    of each connection (``max_tokens`` words, with usage), and closes the connection without a byte of response when
+    its second request arrives, as a server (or proxy) whose idle timeout closes a connection just as the client sends
+    on it."""
+
+    protocol_version = "HTTP/1.1"
+    dropped: ClassVar[list[float]] = []  # wall clock of each request closed unanswered
+
+    def do_POST(self) -> None:  # http.server calls it by this name
+        asked = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        served = self.__dict__.get("served", 0)  # one handler per connection
+        self.served = served + 1
+        if served:
+            self.dropped.append(time.time())
+            self.close_connection = True
+            return
+        tokens = int(asked["max_tokens"])
+        events = [{"choices": [{"index": 0, "delta": {"content": f"t{i + 1} "}, "finish_reason": None}]}
+                  for i in range(tokens)]
+        events += [{"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
+                   {"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": tokens}}]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for data in [*(json.dumps(e) for e in events), "[DONE]"]:
+            chunk = f"data: {data}\n\n".encode()
+            self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+        self.wfile.write(b"0\r\n\r\n")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_request_the_server_dropped_on_a_kept_alive_connection_is_sent_again_on_a_fresh_one(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A server that closes a kept-alive connection as a request is sent on it, before any response: the request is
+    sent once more on a fresh connection, counted (serving.json's reconnects, the record's reconnected_after), and
+    timed from that resend; it is not a failed request."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), KeepAliveEndpoint)  # the port from the OS
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    KeepAliveEndpoint.dropped.clear()
+    try:
+        plan = _endpoint_plan(f"http://127.0.0.1:{server.server_address[1]}", tmp_path, "requests=4")
+        out = run_first_round(plan, tmp_path / "round")
+    finally:
+        server.shutdown()
+        thread.join()
+        server.server_close()
+    # c1's one connection answers its first request and drops its second, which is sent again on a fresh connection;
+    # the third opens a new one, and its fourth is dropped and sent again too.
+    timed = sorted((r for r in read_records(out / REQUESTS_FILE) if r.phase == "timed"), key=lambda r: r.seq)
+    assert [r.error for r in timed] == [None] * 4
+    assert [bool(r.reconnected_after) for r in timed] == [False, True, False, True]
+    assert all((r.reconnected_after or "RemoteProtocolError").startswith("RemoteProtocolError") for r in timed)
+    assert len(KeepAliveEndpoint.dropped) == 2
+    for record, dropped in zip([r for r in timed if r.reconnected_after], KeepAliveEndpoint.dropped, strict=True):
+        assert record.sent_at >= dropped  # timed from the resend, after the server dropped the first send
+    serving = json.loads((out / SERVING_FILE).read_text(encoding="utf-8"))
+    assert serving["reconnects"] == 2 and serving["points"][0]["reconnects"] == 2
+    assert serving["points"][0]["failed"] == 0 and "sent once more on a fresh connection" in caplog.text
+    metrics = {m.name: m for m in read_result(out / "result.json").metrics}
+    assert "timed from that resend" in metrics["ttft_s@c1"].convention
