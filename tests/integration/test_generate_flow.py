@@ -104,7 +104,9 @@ def test_an_endpoint_key_is_in_no_record_and_no_log_of_the_flow(flagperf_env: Pa
     inventory and a canary in the controller's environment, passed to the host by its inventory env: the endpoint
     gets the key, quotes it back in its 401 pages, and the canary is in no file of the run folder (records,
     result.json, serving.json, the controller log), none of the host's work folder, and no log line the Prefect
-    server holds."""
+    server holds. The round fails (the 401s): a retry of the run (`flagperf run --retry`: a new flow run of the same
+    run folder) sets it aside and runs it again, its attempts counted from 1 again, and its first request sends the
+    prompt after the one the earlier flow run's attempt sent (the endpoint's prefix cache may hold that one)."""
     import asyncio
     import json
 
@@ -125,9 +127,11 @@ def test_an_endpoint_key_is_in_no_record_and_no_log_of_the_flow(flagperf_env: Pa
     controller_log = RunFolderLog(flagperf_env / run_id)  # what `flagperf run` adds: the run's controller.log
     logging.getLogger().addHandler(controller_log)
     try:
-        evaluate(cases=["tiny-llama-serve"], inventory=str(inventory), results_dir=str(flagperf_env), run_id=run_id,
-                 overrides=["endpoint=lab", "concurrency=[1]", "request_rates=[]", "requests=2", "warmup_requests=0",
-                            "max_new_tokens=4"], return_state=True)
+        for resume in (False, True):  # the run, then its retry
+            evaluate(cases=["tiny-llama-serve"], inventory=str(inventory), results_dir=str(flagperf_env),
+                     run_id=run_id, overrides=["endpoint=lab", "concurrency=[1]", "request_rates=[]", "requests=2",
+                                               "warmup_requests=0", "max_new_tokens=4"], resume=resume,
+                     return_state=True)
     finally:
         logging.getLogger().removeHandler(controller_log)
         controller_log.close()
@@ -137,6 +141,12 @@ def test_an_endpoint_key_is_in_no_record_and_no_log_of_the_flow(flagperf_env: Pa
     run_dir = flagperf_env / run_id
     requests = list(run_dir.rglob("requests.jsonl"))
     assert requests and "Authorization: ***" in requests[0].read_text(encoding="utf-8")  # the 401 pages were recorded
+    rounds = [run_dir / "retries" / "attempt1" / "tiny-llama-serve" / "round1" / "localhost_noderank0",
+              run_dir / "tiny-llama-serve" / "round1" / "localhost_noderank0"]
+    assert [[json.loads(line)["prompt_index"] for line in (folder / "requests.jsonl").read_text().splitlines()]
+            for folder in rounds] == [[0], [1]]
+    assert "(a retry of the run: 1 earlier attempt(s) of this round): its prompts start at position 1" in \
+        (rounds[1] / "case.log").read_text(encoding="utf-8")
     assert "tiny-llama-serve" in (run_dir / "controller.log").read_text(encoding="utf-8")
     searched = [p for folder in (run_dir, tmp_path / "work") for p in folder.rglob("*") if p.is_file()]
     assert [str(p) for p in searched if CANARY.encode() in p.read_bytes()] == []
