@@ -160,8 +160,8 @@ def earlier_attempts(run_dir: Path, case: str, round_no: int, host: str, node_ra
     """The attempts of a round that earlier flow runs of the run made: each one's round folder set aside under
     retries/attempt<K>/ (flows.evaluate.set_aside) holds its last attempt, and its earlier ones under attempts/."""
     own = round_dir(run_dir, case, round_no, host, node_rank).relative_to(run_dir)
-    return sum(1 + len(list(aside.glob("attempts/attempt*")))
-               for aside in (run_dir / RETRIES_DIR).glob(f"attempt*/{own}") if aside.is_dir())
+    asides = [attempt / own for attempt in (run_dir / RETRIES_DIR).glob("attempt*")]  # names never read as patterns
+    return sum(1 + len(list(aside.glob("attempts/attempt*"))) for aside in asides if aside.is_dir())
 
 
 def _collect(host: Host, stage_dir: Path, run_dir: Path, case: CasePlan, round_no: int, node_rank: int, job: Job,
