@@ -20,7 +20,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from flagperf.errors import CaseUserError
 from flagperf.measure.casekit import comparable_ratio
 from flagperf.measure.device import synchronize
-from flagperf.operation.check import REFERENCE_CPU, Reference, compare, compute_reference, reference_dtype
+from flagperf.operation.check import (
+    REFERENCE_CPU,
+    Reference,
+    compare,
+    compute_reference,
+    point_atol,
+    reference_dtype,
+)
 from flagperf.operation.config import OperationConfig, PlannedPoint, plan_points
 from flagperf.operation.impls import (
     ImplEnv,
@@ -246,7 +253,7 @@ class PointRunner:
                            + _first_line(exc))
             return
         tolerance = self.config.tolerance(point.dtype)
-        tolerance["atol"] *= point.op.error_scale(point.dims)
+        tolerance["atol"] = point_atol(tolerance["atol"], point.op.error_scale(point.dims), point.dtype)
         for name, impl in self.impls.ready.items():
             self._run_one(point, name, impl, inputs, native, recorded, reference, tolerance)
         for name, why in self.impls.absent.items():

@@ -63,8 +63,10 @@ class Operator:
     native_name: str  # its native call, in flagperf.operation.natives
     flops_formula: str | None = None
     count_flops: Callable[[Dims], int] | None = None
-    # How far an element of the output may wander with the reduction behind it (sqrt of the summed length for
-    # sums of unnormalised products; 1 where the output is normalised): scales the dtype's atol.
+    # The typical size of an output element (the inputs are standard normal), which scales the dtype's atol: an
+    # element's rounding and summation errors grow with it. sqrt(K) for a sum of K products, 1/C for softmax's
+    # probabilities (a row sums to 1), 1/sqrt(C) for a mean; 1 where outputs are about 1 (norms, activations).
+    # An atol of 1 where outputs are 1/C would pass a softmax returning zeros.
     error_scale: Callable[[Dims], float] = field(default=lambda d: 1.0)
     dtypes: tuple[str, ...] = FLOATING
     description: str = ""
@@ -147,6 +149,14 @@ def _sqrt(key: str) -> Callable[[Dims], float]:
     return lambda d: math.sqrt(d[key])
 
 
+def _inverse(key: str) -> Callable[[Dims], float]:
+    return lambda d: 1.0 / d[key]
+
+
+def _inverse_sqrt(key: str) -> Callable[[Dims], float]:
+    return lambda d: 1.0 / math.sqrt(d[key])
+
+
 OPERATORS: dict[str, Operator] = {op.name: op for op in (
     Operator(
         "mm", "gemm", ("M", "N", "K"), "compute", "e*(M*K + K*N) + e_out*M*N (fp8: e 1, e_out 2 (bf16 out))",
@@ -186,7 +196,7 @@ OPERATORS: dict[str, Operator] = {op.name: op for op in (
         description="causal self-attention, one head per key/value head (is_causal=True)"),
     Operator(
         "softmax", "reduction", ("R", "C"), "memory", "e*2*R*C", lambda d, e: e * 2 * d["R"] * d["C"],
-        lambda m, b, s: {"R": b * m.heads * s, "C": s}, _rows, "native_softmax",
+        lambda m, b, s: {"R": b * m.heads * s, "C": s}, _rows, "native_softmax", error_scale=_inverse("C"),
         description="attention probabilities: a row of seq scores per query, batch x heads x seq rows"),
     Operator(
         "log_softmax", "reduction", ("R", "C"), "memory", "e*2*R*C", lambda d, e: e * 2 * d["R"] * d["C"],
@@ -197,7 +207,7 @@ OPERATORS: dict[str, Operator] = {op.name: op for op in (
         description="over the last dimension of (tokens x hidden)"),
     Operator(
         "mean", "reduction", ("R", "C"), "memory", "e*(R*C + R)", lambda d, e: e * (d["R"] * d["C"] + d["R"]),
-        lambda m, b, s: _tokens(m, b, s, m.hidden), _rows, "native_mean"),
+        lambda m, b, s: _tokens(m, b, s, m.hidden), _rows, "native_mean", error_scale=_inverse_sqrt("C")),
     Operator(
         "layer_norm", "norm", ("R", "C"), "memory", "e*(2*R*C + 2*C)",
         lambda d, e: e * (2 * d["R"] * d["C"] + 2 * d["C"]),

@@ -22,7 +22,7 @@ from flagperf.operation.check import compare, compute_reference
 from flagperf.operation.config import OperationConfig
 from flagperf.operation.driver import plan_points, roofline, run_operation
 from flagperf.operation.impls import load_implementation
-from flagperf.operation.operators import OPERATORS, counted, make_inputs
+from flagperf.operation.operators import OPERATORS, counted, make_inputs, shape_label
 from flagperf.operation.timer import CacheFlush, TimingOptions, graph_support, time_call
 from flagperf.results.operators import collect_points, geomean_speedups, operation_markdown
 from flagperf.results.schema import (
@@ -104,6 +104,28 @@ def test_a_planted_wrong_implementation_fails_correctness_and_is_never_a_figure(
 
     only_wrong = run_operation(config(operators=["mm"], implementations=["planted-wrong"]), "cpu", cpu_spec, CPU)
     assert only_wrong.failure and "no point passed" in only_wrong.failure and "wrong result" in only_wrong.failure
+
+
+def test_a_sum_counted_twice_fails_where_the_outputs_are_small_numbers(
+        monkeypatch: pytest.MonkeyPatch, cpu_spec: SpecTable) -> None:
+    """softmax's probabilities are about 1/C and a mean about 1/sqrt(C): the dtype's atol, meant for outputs about
+    1, let a bf16 softmax of half the right values pass (and a mean of twice them): atol is scaled to the outputs'
+    size, as sqrt(K) scales it for a matrix product."""
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(FIXTURE_VENDORS))
+    shapes = {"softmax": [{"R": 4, "C": 2048}, {"R": 2, "C": 131072}], "mean": [{"R": 4, "C": 65536}]}
+    outcome = run_operation(config(operators=["softmax", "mean"], dtypes=["fp16", "bf16"], models=[], shapes=shapes,
+                                   implementations=["native", "planted-double-count"]), "cpu", cpu_spec, CPU)
+    points = {(p.operator, p.dtype, shape_label(p.shape), p.implementation): p for p in outcome.report.points}
+    wrong = [p for p in outcome.report.points if p.implementation == "planted-double-count"]
+    assert len(wrong) == 6
+    for p in wrong:
+        assert p.status == "failed" and p.error.startswith("wrong result: "), (p.operator, p.dtype, p.shape, p.error)
+    # native passes the same tolerances: fp16 rows of 131072, whose probabilities are subnormal, included (atol
+    # is not scaled below the spacing of fp16's subnormal numbers)
+    assert all(p.status == "passed" for p in outcome.report.points if p.implementation == "native")
+    assert points[("softmax", "bf16", "R4xC2048", "native")].tolerance["atol"] == pytest.approx(1e-2 / 2048)
+    assert points[("mean", "bf16", "R4xC65536", "native")].tolerance["atol"] == pytest.approx(1e-2 / 256)
+    assert points[("softmax", "fp16", "R2xC131072", "native")].tolerance["atol"] == 2.0**-24
 
 
 def test_flaggems_without_its_package_skips_its_points_saying_so(cpu_spec: SpecTable) -> None:
