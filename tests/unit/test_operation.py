@@ -128,6 +128,23 @@ def test_a_sum_counted_twice_fails_where_the_outputs_are_small_numbers(
     assert points[("softmax", "fp16", "R2xC131072", "native")].tolerance["atol"] == 2.0**-24
 
 
+def test_an_implementation_that_writes_into_its_inputs_fails_and_leaves_the_next_its_inputs(
+        monkeypatch: pytest.MonkeyPatch, cpu_spec: SpecTable) -> None:
+    """Its first call is right (the check passes), its timed calls run on data it halved, and the implementation
+    after it would be checked against a reference of other inputs: it fails, saying which input it wrote, and the
+    next one gets the inputs as they were made."""
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(FIXTURE_VENDORS))
+    outcome = run_operation(config(operators=["softmax", "add", "embedding"],
+                                   implementations=["planted-in-place", "native"]), "cpu", cpu_spec, CPU)
+    writer = {p.operator: p for p in outcome.report.points if p.implementation == "planted-in-place"}
+    assert all(p.status == "failed" and p.metric is None for p in writer.values()), writer
+    assert writer["softmax"].error == ("wrote into its input 0 (of 1, in the order native_softmax takes them): its "
+                                       "timed calls ran on other data than the call that was checked")
+    assert writer["embedding"].error.startswith("wrote into its input 1 (of 2, ")  # the table, not the indices
+    assert not [m for m in outcome.metrics if m.name.endswith("@planted-in-place")]
+    assert all(p.status == "passed" for p in outcome.report.points if p.implementation == "native")
+
+
 def test_flaggems_without_its_package_skips_its_points_saying_so(cpu_spec: SpecTable) -> None:
     if load_implementation("nvidia", "flaggems").missing_packages() == []:
         pytest.skip("flag_gems is installed here")
