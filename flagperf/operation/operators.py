@@ -70,6 +70,13 @@ class Operator:
     error_scale: Callable[[Dims], float] = field(default=lambda d: 1.0)
     dtypes: tuple[str, ...] = FLOATING
     description: str = ""
+    # Bytes of its inputs and output as allocated, where the call is given more than it touches (embedding's
+    # whole table, index_select's and gather's whole source); None: the bytes it moves.
+    count_allocated: Callable[[Dims, int], int] | None = None
+
+    def allocated_bytes(self, dims: Dims, element_bytes: int) -> int:
+        """The inputs and output of one call as allocated: what a point needs in memory at least."""
+        return (self.count_allocated or self.count_bytes)(dims, element_bytes)
 
     @property
     def native(self) -> Callable[..., Any]:
@@ -242,19 +249,22 @@ OPERATORS: dict[str, Operator] = {op.name: op for op in (
         lambda d, e: INDEX_BYTES * d["T"] + e * 2 * d["T"] * d["C"],
         lambda m, b, s: {"V": m.vocab, "C": m.hidden, "T": b * s},
         lambda d, dt, dev, g: [_randint(d["V"], (d["T"],), dev, g), _randn((d["V"], d["C"]), dt, dev, g)],
-        "native_embedding", description="token embedding lookup"),
+        "native_embedding", description="token embedding lookup",
+        count_allocated=lambda d, e: INDEX_BYTES * d["T"] + e * (d["V"] + d["T"]) * d["C"]),
     Operator(
         "index_select", "embedding-index", ("R", "C", "T"), "memory", "8*T + e*2*T*C",
         lambda d, e: INDEX_BYTES * d["T"] + e * 2 * d["T"] * d["C"],
         lambda m, b, s: {"R": b * s, "C": m.hidden, "T": b * s},
         lambda d, dt, dev, g: [_randn((d["R"], d["C"]), dt, dev, g), _randint(d["R"], (d["T"],), dev, g)],
-        "native_index_select", description="T rows picked at random from (tokens x hidden)"),
+        "native_index_select", description="T rows picked at random from (tokens x hidden)",
+        count_allocated=lambda d, e: INDEX_BYTES * d["T"] + e * (d["R"] + d["T"]) * d["C"]),
     Operator(
         "gather", "embedding-index", ("R", "C", "G"), "memory", "8*R*G + e*2*R*G (gathered elements read, written)",
         lambda d, e: INDEX_BYTES * d["R"] * d["G"] + e * 2 * d["R"] * d["G"],
         lambda m, b, s: {"R": b * s, "C": m.hidden, "G": m.hidden},
         lambda d, dt, dev, g: [_randn((d["R"], d["C"]), dt, dev, g), _randint(d["C"], (d["R"], d["G"]), dev, g)],
-        "native_gather", description="along the last dimension, G random columns per row"),
+        "native_gather", description="along the last dimension, G random columns per row",
+        count_allocated=lambda d, e: INDEX_BYTES * d["R"] * d["G"] + e * d["R"] * (d["C"] + d["G"])),
     Operator(
         "cat", "memory", ("R", "C"), "memory", "e*4*R*C (two R x C read, 2R x C written)",
         lambda d, e: e * 4 * d["R"] * d["C"], lambda m, b, s: _tokens(m, b, s, m.hidden), _two_rows, "native_cat",

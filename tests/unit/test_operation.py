@@ -182,6 +182,12 @@ def test_counting_formulas_have_exact_answers() -> None:
     assert counted(OPERATORS["cross_entropy"], {"R": 4, "V": 10}, "fp16") == (None, 2 * 40 + 8 * 4 + 2)
     assert counted(OPERATORS["rotary"], {"T": 3, "H": 2, "KVH": 1, "D": 4, "S": 5}, "bf16") == (
         None, 2 * 2 * 3 * 4 * 3 + 2 * 5 * 4 + 8 * 3)
+    # What a point needs in memory: its inputs as allocated, the rows a lookup does not read included.
+    assert OPERATORS["embedding"].allocated_bytes({"V": 100, "C": 8, "T": 3}, 4) == 8 * 3 + 4 * (100 + 3) * 8
+    assert OPERATORS["index_select"].allocated_bytes({"R": 5, "C": 4, "T": 3}, 4) == 8 * 3 + 4 * (5 + 3) * 4
+    assert OPERATORS["gather"].allocated_bytes({"R": 2, "C": 9, "G": 3}, 2) == 8 * 6 + 2 * 2 * (9 + 3)
+    assert OPERATORS["mm"].allocated_bytes({"M": 2, "N": 3, "K": 4}, 2) == counted(
+        OPERATORS["mm"], {"M": 2, "N": 3, "K": 4}, "fp16")[1]
 
 
 def test_the_roofline_is_the_slower_of_compute_and_memory() -> None:
