@@ -190,6 +190,18 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
 
 
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # an integer type per element size
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit (NaN equals itself; fp8, whose == some devices lack, compared as bytes)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.is_floating_point():
+        a, b = a.view(_BITS[a.element_size()]), b.view(_BITS[b.element_size()])
+    return torch.equal(a, b)
+
+
 def _free(device: torch.device) -> None:
     module = torch.get_device_module(device.type) if device.type != "cpu" else None
     if module is not None and hasattr(module, "empty_cache"):
@@ -315,7 +327,13 @@ class PointRunner:
             log.warning("%s %s %s: inputs not checked for writes (%s)", point.op.name, point.dtype,
                         shape_label(point.dims), _first_line(exc))
             return None
-        changed = [i for i, (had, made) in enumerate(zip(inputs, fresh, strict=True)) if not torch.equal(had, made)]
+        try:
+            changed = [i for i, (had, made) in enumerate(zip(inputs, fresh, strict=True)) if not _same_bits(had, made)]
+        except RuntimeError as exc:  # no memory for the comparison: unchecked, said
+            _free(self.device)
+            log.warning("%s %s %s: inputs not checked for writes (%s)", point.op.name, point.dtype,
+                        shape_label(point.dims), _first_line(exc))
+            return None
         if changed:
             inputs[:] = fresh
         del fresh
