@@ -13,6 +13,17 @@ import torch
 
 REFERENCE_CPU = torch.device("cpu")
 
+# The gap between a dtype's smallest (subnormal) numbers: an output rounded there is off by up to half of it
+# whatever the kernel, so a scaled atol below it (fp16 softmax over rows of 32k and more) is raised to it.
+# fp8 points output bf16.
+SUBNORMAL_SPACING = {"fp32": 2.0**-149, "fp16": 2.0**-24, "bf16": 2.0**-133, "fp8": 2.0**-133}
+
+
+def point_atol(atol: float, scale: float, dtype: str) -> float:
+    """The dtype's atol for one point: scaled by the typical size of an output element (Operator.error_scale),
+    not below the output dtype's subnormal spacing; 0 stays 0 (an exact match asked for)."""
+    return max(atol * scale, SUBNORMAL_SPACING[dtype]) if atol > 0 else 0.0
+
 
 @dataclass(frozen=True)
 class Reference:

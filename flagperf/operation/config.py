@@ -40,6 +40,7 @@ class PlannedPoint:
     dtype: str
     dims: Dims
     source: str
+    model: ModelShape | None = None  # the model the shape came from; None: given
 
 
 class ModelSizes(BaseModel):
@@ -220,9 +221,14 @@ class OperationConfig(CaseConfig):
         points = plan_points(self)
         if not points:
             return None
-        worst = max(points, key=lambda p: p.op.count_bytes(p.dims, ELEMENT_BYTES[p.dtype]))
-        keys = ("shapes",) if worst.source == "given" else ("batch_sizes", "seq_lens", "models")
-        return MemoryNeed(worst.op.count_bytes(worst.dims, ELEMENT_BYTES[worst.dtype]),
+        worst = max(points, key=lambda p: p.op.allocated_bytes(p.dims, ELEMENT_BYTES[p.dtype]))
+        need = worst.op.allocated_bytes(worst.dims, ELEMENT_BYTES[worst.dtype])
+        keys: tuple[str, ...] = ("batch_sizes", "seq_lens", "models")
+        if worst.model is None:
+            keys = ("shapes",)
+        elif 2 * worst.op.allocated_bytes(worst.op.from_model(worst.model, 1, 1), ELEMENT_BYTES[worst.dtype]) > need:
+            keys = ("models",)  # the model's own tensor (an embedding table) is most of it: no batch makes it fit
+        return MemoryNeed(need,
                           f"{worst.op.name} {shape_label(worst.dims)} in {worst.dtype} ({worst.source}; its inputs "
                           "and output alone)", keys)
 
@@ -248,16 +254,16 @@ def plan_points(config: OperationConfig) -> list[PlannedPoint]:
     seen: set[tuple[str, str, tuple[tuple[str, int], ...]]] = set()
     for name in config.operators:
         op = OPERATORS[name]
-        shapes: list[tuple[Dims, str]] = [
-            (op.from_model(shape, b, s), f"{shape.name} b{b} s{s}")
+        shapes: list[tuple[Dims, str, ModelShape | None]] = [
+            (op.from_model(shape, b, s), f"{shape.name} b{b} s{s}", shape)
             for shape in map(model_shape, config.models) for b in config.batch_sizes for s in config.seq_lens]
-        shapes += [({d: int(dims[d]) for d in op.dims}, "given") for dims in config.shapes.get(name, [])]
+        shapes += [({d: int(dims[d]) for d in op.dims}, "given", None) for dims in config.shapes.get(name, [])]
         for dtype in config.dtypes:
             if dtype not in op.dtypes:
                 continue
-            for dims, source in shapes:
+            for dims, source, model in shapes:
                 key = (name, dtype, tuple(dims.items()))
                 if key not in seen:
                     seen.add(key)
-                    planned.append(PlannedPoint(op, dtype, dims, source))
+                    planned.append(PlannedPoint(op, dtype, dims, source, model))
     return planned

@@ -20,7 +20,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from flagperf.errors import CaseUserError
 from flagperf.measure.casekit import comparable_ratio
 from flagperf.measure.device import synchronize
-from flagperf.operation.check import REFERENCE_CPU, Reference, compare, compute_reference, reference_dtype
+from flagperf.operation.check import (
+    REFERENCE_CPU,
+    Reference,
+    compare,
+    compute_reference,
+    point_atol,
+    reference_dtype,
+)
 from flagperf.operation.config import OperationConfig, PlannedPoint, plan_points
 from flagperf.operation.impls import (
     ImplEnv,
@@ -183,6 +190,18 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
 
 
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # an integer type per element size
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit (NaN equals itself; fp8, whose == some devices lack, compared as bytes)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.is_floating_point():
+        a, b = a.view(_BITS[a.element_size()]), b.view(_BITS[b.element_size()])
+    return torch.equal(a, b)
+
+
 def _free(device: torch.device) -> None:
     module = torch.get_device_module(device.type) if device.type != "cpu" else None
     if module is not None and hasattr(module, "empty_cache"):
@@ -246,7 +265,7 @@ class PointRunner:
                            + _first_line(exc))
             return
         tolerance = self.config.tolerance(point.dtype)
-        tolerance["atol"] *= point.op.error_scale(point.dims)
+        tolerance["atol"] = point_atol(tolerance["atol"], point.op.error_scale(point.dims), point.dtype)
         for name, impl in self.impls.ready.items():
             self._run_one(point, name, impl, inputs, native, recorded, reference, tolerance)
         for name, why in self.impls.absent.items():
@@ -262,6 +281,9 @@ class PointRunner:
         if why:
             self._record(point, name, "skipped", why, **common)
             return
+        status: str | None = None  # None: passed, timed
+        error: str | None = None
+        timed: Timed | None = None
         try:
             with torch.no_grad():
                 fn = impl.prepare(point.op, point.dtype, native)
@@ -276,17 +298,50 @@ class PointRunner:
                 del output
                 common.update(max_abs_error=verdict.max_abs_error, max_rel_error=verdict.max_rel_error)
                 if verdict.error:
-                    self._record(point, name, "failed", verdict.error, **common)
-                    return
-                with impl.scope():
-                    timed = time_call(call, self.device, self.options, self.flush)
+                    status, error = "failed", verdict.error
+                else:
+                    with impl.scope():
+                        timed = time_call(call, self.device, self.options, self.flush)
         except Exception as exc:  # an implementation's error fails its point, not the round
             _free(self.device)
             status = "skipped" if _is_oom(exc) else "failed"
-            self._record(point, name, status, ("does not fit in memory: " if _is_oom(exc) else "") + _first_line(exc),
-                         **common)
+            error = ("does not fit in memory: " if _is_oom(exc) else "") + _first_line(exc)
+        wrote = self._restore_inputs(point, inputs)
+        if wrote and status is None:
+            status, error = "failed", f"{wrote}: its timed calls ran on other data than the call that was checked"
+        elif wrote:
+            error = f"{error}; and it {wrote}"
+        if status is not None or timed is None:
+            self._record(point, name, status or "failed", error, **common)
             return
         self.record_timed(point, name, timed, common)
+
+    def _restore_inputs(self, point: PlannedPoint, inputs: list[Any]) -> str | None:
+        """What an implementation wrote into the point's inputs, or None: they are made again (seeded, so the
+        same) and compared exactly. Written ones are replaced in ``inputs``, so that the implementations after
+        it are checked and timed on the data the reference was computed from."""
+        try:
+            fresh = make_inputs(point.op, point.dims, point.dtype, self.device, self.config.seed)
+        except RuntimeError as exc:  # no memory for a second set: unchecked, said
+            _free(self.device)
+            log.warning("%s %s %s: inputs not checked for writes (%s)", point.op.name, point.dtype,
+                        shape_label(point.dims), _first_line(exc))
+            return None
+        try:
+            changed = [i for i, (had, made) in enumerate(zip(inputs, fresh, strict=True)) if not _same_bits(had, made)]
+        except RuntimeError as exc:  # no memory for the comparison: unchecked, said
+            _free(self.device)
+            log.warning("%s %s %s: inputs not checked for writes (%s)", point.op.name, point.dtype,
+                        shape_label(point.dims), _first_line(exc))
+            return None
+        if changed:
+            inputs[:] = fresh
+        del fresh
+        if not changed:
+            return None
+        which = ", ".join(str(i) for i in changed)
+        return (f"wrote into its input{'s' if len(changed) > 1 else ''} {which} (of {len(inputs)}, in the order "
+                f"{point.op.native_name} takes them)")
 
     def record_timed(self, point: PlannedPoint, name: str, timed: Timed, common: dict[str, Any]) -> None:
         """A passed point from its timing: the figure at the median, its spread, roofline and clock floor."""

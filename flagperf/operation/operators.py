@@ -63,11 +63,20 @@ class Operator:
     native_name: str  # its native call, in flagperf.operation.natives
     flops_formula: str | None = None
     count_flops: Callable[[Dims], int] | None = None
-    # How far an element of the output may wander with the reduction behind it (sqrt of the summed length for
-    # sums of unnormalised products; 1 where the output is normalised): scales the dtype's atol.
+    # The typical size of an output element (the inputs are standard normal), which scales the dtype's atol: an
+    # element's rounding and summation errors grow with it. sqrt(K) for a sum of K products, 1/C for softmax's
+    # probabilities (a row sums to 1), 1/sqrt(C) for a mean; 1 where outputs are about 1 (norms, activations).
+    # An atol of 1 where outputs are 1/C would pass a softmax returning zeros.
     error_scale: Callable[[Dims], float] = field(default=lambda d: 1.0)
     dtypes: tuple[str, ...] = FLOATING
     description: str = ""
+    # Bytes of its inputs and output as allocated, where the call is given more than it touches (embedding's
+    # whole table, index_select's and gather's whole source); None: the bytes it moves.
+    count_allocated: Callable[[Dims, int], int] | None = None
+
+    def allocated_bytes(self, dims: Dims, element_bytes: int) -> int:
+        """The inputs and output of one call as allocated: what a point needs in memory at least."""
+        return (self.count_allocated or self.count_bytes)(dims, element_bytes)
 
     @property
     def native(self) -> Callable[..., Any]:
@@ -147,6 +156,14 @@ def _sqrt(key: str) -> Callable[[Dims], float]:
     return lambda d: math.sqrt(d[key])
 
 
+def _inverse(key: str) -> Callable[[Dims], float]:
+    return lambda d: 1.0 / d[key]
+
+
+def _inverse_sqrt(key: str) -> Callable[[Dims], float]:
+    return lambda d: 1.0 / math.sqrt(d[key])
+
+
 OPERATORS: dict[str, Operator] = {op.name: op for op in (
     Operator(
         "mm", "gemm", ("M", "N", "K"), "compute", "e*(M*K + K*N) + e_out*M*N (fp8: e 1, e_out 2 (bf16 out))",
@@ -186,7 +203,7 @@ OPERATORS: dict[str, Operator] = {op.name: op for op in (
         description="causal self-attention, one head per key/value head (is_causal=True)"),
     Operator(
         "softmax", "reduction", ("R", "C"), "memory", "e*2*R*C", lambda d, e: e * 2 * d["R"] * d["C"],
-        lambda m, b, s: {"R": b * m.heads * s, "C": s}, _rows, "native_softmax",
+        lambda m, b, s: {"R": b * m.heads * s, "C": s}, _rows, "native_softmax", error_scale=_inverse("C"),
         description="attention probabilities: a row of seq scores per query, batch x heads x seq rows"),
     Operator(
         "log_softmax", "reduction", ("R", "C"), "memory", "e*2*R*C", lambda d, e: e * 2 * d["R"] * d["C"],
@@ -197,7 +214,7 @@ OPERATORS: dict[str, Operator] = {op.name: op for op in (
         description="over the last dimension of (tokens x hidden)"),
     Operator(
         "mean", "reduction", ("R", "C"), "memory", "e*(R*C + R)", lambda d, e: e * (d["R"] * d["C"] + d["R"]),
-        lambda m, b, s: _tokens(m, b, s, m.hidden), _rows, "native_mean"),
+        lambda m, b, s: _tokens(m, b, s, m.hidden), _rows, "native_mean", error_scale=_inverse_sqrt("C")),
     Operator(
         "layer_norm", "norm", ("R", "C"), "memory", "e*(2*R*C + 2*C)",
         lambda d, e: e * (2 * d["R"] * d["C"] + 2 * d["C"]),
@@ -232,19 +249,22 @@ OPERATORS: dict[str, Operator] = {op.name: op for op in (
         lambda d, e: INDEX_BYTES * d["T"] + e * 2 * d["T"] * d["C"],
         lambda m, b, s: {"V": m.vocab, "C": m.hidden, "T": b * s},
         lambda d, dt, dev, g: [_randint(d["V"], (d["T"],), dev, g), _randn((d["V"], d["C"]), dt, dev, g)],
-        "native_embedding", description="token embedding lookup"),
+        "native_embedding", description="token embedding lookup",
+        count_allocated=lambda d, e: INDEX_BYTES * d["T"] + e * (d["V"] + d["T"]) * d["C"]),
     Operator(
         "index_select", "embedding-index", ("R", "C", "T"), "memory", "8*T + e*2*T*C",
         lambda d, e: INDEX_BYTES * d["T"] + e * 2 * d["T"] * d["C"],
         lambda m, b, s: {"R": b * s, "C": m.hidden, "T": b * s},
         lambda d, dt, dev, g: [_randn((d["R"], d["C"]), dt, dev, g), _randint(d["R"], (d["T"],), dev, g)],
-        "native_index_select", description="T rows picked at random from (tokens x hidden)"),
+        "native_index_select", description="T rows picked at random from (tokens x hidden)",
+        count_allocated=lambda d, e: INDEX_BYTES * d["T"] + e * (d["R"] + d["T"]) * d["C"]),
     Operator(
         "gather", "embedding-index", ("R", "C", "G"), "memory", "8*R*G + e*2*R*G (gathered elements read, written)",
         lambda d, e: INDEX_BYTES * d["R"] * d["G"] + e * 2 * d["R"] * d["G"],
         lambda m, b, s: {"R": b * s, "C": m.hidden, "G": m.hidden},
         lambda d, dt, dev, g: [_randn((d["R"], d["C"]), dt, dev, g), _randint(d["C"], (d["R"], d["G"]), dev, g)],
-        "native_gather", description="along the last dimension, G random columns per row"),
+        "native_gather", description="along the last dimension, G random columns per row",
+        count_allocated=lambda d, e: INDEX_BYTES * d["R"] * d["G"] + e * d["R"] * (d["C"] + d["G"])),
     Operator(
         "cat", "memory", ("R", "C"), "memory", "e*4*R*C (two R x C read, 2R x C written)",
         lambda d, e: e * 4 * d["R"] * d["C"], lambda m, b, s: _tokens(m, b, s, m.hidden), _two_rows, "native_cat",

@@ -120,8 +120,8 @@ def compare_operations(a: list[PointFigures], b: list[PointFigures]) -> list[Com
             notes.append(f"{failing_in_both} point{'s' if failing_in_both > 1 else ''} failing in both")
         metric = f"{operator} @{impl}: geomean over {len(shared)} of {len(set(pa) | set(pb))} points"
         if not pa or not pb or not shared:
-            if pa and pb:
-                notes.insert(0, "no point passed in both")
+            # the cells read "only in B" wherever A has no value: say which run measured it
+            notes.insert(0, "no point passed in both" if pa and pb else f"only in {'A' if pa else 'B'}")
             out.append(Comparison(case, metric, unit, None, None, None, None, None, bool(fail_in_a or fail_in_b),
                                   "; ".join(notes) or None, per_operator=True))
             continue

@@ -82,6 +82,22 @@ def test_sizes_against_a_device_probe() -> None:
                               "of the 2.00 GiB on host gpu2 (NVIDIA H100 80GB HBM3)"), message
 
 
+def test_an_embedding_table_counts_whole_against_a_device_probe() -> None:
+    """An operator point needs its inputs as allocated, not only the rows the call reads: Llama-3-8B's fp32
+    embedding table (128256 x 4096) does not fit a 2 GiB device at any batch, and the line names the model
+    behind it, not the batch (which no smaller value would make fit)."""
+    plan = plan_run(cases=["op-embedding-index"], vendor="nvidia",
+                    sets=["dtypes=[fp32]", "batch_sizes=[1]", "seq_lens=[8]"], results_dir="/nonexistent-results")
+    probe = {"device_visible": True, "device_count": 8, "device": "NVIDIA H100 80GB HBM3"}
+    with pytest.raises(ConfigError) as info:
+        check_capacity(plan, ["gpu1"], {"gpu1": {**probe, "device_memory_bytes": 2 * 2**30}})
+    assert str(info.value) == (
+        "cases/operation/op-embedding-index/case.yaml: op-embedding-index.models: embedding V128256xC4096xT8 in "
+        "fp32 (llama-3-8b b1 s8; its inputs and output alone) needs 1.96 GiB, more than 80% of the 2.00 GiB on "
+        "host gpu1 (NVIDIA H100 80GB HBM3)")
+    check_capacity(plan, ["gpu1"], {"gpu1": {**probe, "device_memory_bytes": 3 * 2**30}})
+
+
 def test_a_size_from_a_suite_names_the_suite(tmp_path: Path) -> None:
     suite = tmp_path / "big.yaml"
     suite.write_text("name: big\ndescription: x\ncases: [main_memory-bandwidth]\nrounds: 1\n"

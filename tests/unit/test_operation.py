@@ -22,7 +22,7 @@ from flagperf.operation.check import compare, compute_reference
 from flagperf.operation.config import OperationConfig
 from flagperf.operation.driver import plan_points, roofline, run_operation
 from flagperf.operation.impls import load_implementation
-from flagperf.operation.operators import OPERATORS, counted, make_inputs
+from flagperf.operation.operators import OPERATORS, counted, make_inputs, shape_label
 from flagperf.operation.timer import CacheFlush, TimingOptions, graph_support, time_call
 from flagperf.results.operators import collect_points, geomean_speedups, operation_markdown
 from flagperf.results.schema import (
@@ -106,6 +106,45 @@ def test_a_planted_wrong_implementation_fails_correctness_and_is_never_a_figure(
     assert only_wrong.failure and "no point passed" in only_wrong.failure and "wrong result" in only_wrong.failure
 
 
+def test_a_sum_counted_twice_fails_where_the_outputs_are_small_numbers(
+        monkeypatch: pytest.MonkeyPatch, cpu_spec: SpecTable) -> None:
+    """softmax's probabilities are about 1/C and a mean about 1/sqrt(C): the dtype's atol, meant for outputs about
+    1, let a bf16 softmax of half the right values pass (and a mean of twice them): atol is scaled to the outputs'
+    size, as sqrt(K) scales it for a matrix product."""
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(FIXTURE_VENDORS))
+    shapes = {"softmax": [{"R": 4, "C": 2048}, {"R": 2, "C": 131072}], "mean": [{"R": 4, "C": 65536}]}
+    outcome = run_operation(config(operators=["softmax", "mean"], dtypes=["fp16", "bf16"], models=[], shapes=shapes,
+                                   implementations=["native", "planted-double-count"]), "cpu", cpu_spec, CPU)
+    points = {(p.operator, p.dtype, shape_label(p.shape), p.implementation): p for p in outcome.report.points}
+    wrong = [p for p in outcome.report.points if p.implementation == "planted-double-count"]
+    assert len(wrong) == 6
+    for p in wrong:
+        assert p.status == "failed" and p.error.startswith("wrong result: "), (p.operator, p.dtype, p.shape, p.error)
+    # native passes the same tolerances: fp16 rows of 131072, whose probabilities are subnormal, included (atol
+    # is not scaled below the spacing of fp16's subnormal numbers)
+    assert all(p.status == "passed" for p in outcome.report.points if p.implementation == "native")
+    assert points[("softmax", "bf16", "R4xC2048", "native")].tolerance["atol"] == pytest.approx(1e-2 / 2048)
+    assert points[("mean", "bf16", "R4xC65536", "native")].tolerance["atol"] == pytest.approx(1e-2 / 256)
+    assert points[("softmax", "fp16", "R2xC131072", "native")].tolerance["atol"] == 2.0**-24
+
+
+def test_an_implementation_that_writes_into_its_inputs_fails_and_leaves_the_next_its_inputs(
+        monkeypatch: pytest.MonkeyPatch, cpu_spec: SpecTable) -> None:
+    """Its first call is right (the check passes), its timed calls run on data it halved, and the implementation
+    after it would be checked against a reference of other inputs: it fails, saying which input it wrote, and the
+    next one gets the inputs as they were made."""
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(FIXTURE_VENDORS))
+    outcome = run_operation(config(operators=["softmax", "add", "embedding"],
+                                   implementations=["planted-in-place", "native"]), "cpu", cpu_spec, CPU)
+    writer = {p.operator: p for p in outcome.report.points if p.implementation == "planted-in-place"}
+    assert all(p.status == "failed" and p.metric is None for p in writer.values()), writer
+    assert writer["softmax"].error == ("wrote into its input 0 (of 1, in the order native_softmax takes them): its "
+                                       "timed calls ran on other data than the call that was checked")
+    assert writer["embedding"].error.startswith("wrote into its input 1 (of 2, ")  # the table, not the indices
+    assert not [m for m in outcome.metrics if m.name.endswith("@planted-in-place")]
+    assert all(p.status == "passed" for p in outcome.report.points if p.implementation == "native")
+
+
 def test_flaggems_without_its_package_skips_its_points_saying_so(cpu_spec: SpecTable) -> None:
     if load_implementation("nvidia", "flaggems").missing_packages() == []:
         pytest.skip("flag_gems is installed here")
@@ -143,6 +182,12 @@ def test_counting_formulas_have_exact_answers() -> None:
     assert counted(OPERATORS["cross_entropy"], {"R": 4, "V": 10}, "fp16") == (None, 2 * 40 + 8 * 4 + 2)
     assert counted(OPERATORS["rotary"], {"T": 3, "H": 2, "KVH": 1, "D": 4, "S": 5}, "bf16") == (
         None, 2 * 2 * 3 * 4 * 3 + 2 * 5 * 4 + 8 * 3)
+    # What a point needs in memory: its inputs as allocated, the rows a lookup does not read included.
+    assert OPERATORS["embedding"].allocated_bytes({"V": 100, "C": 8, "T": 3}, 4) == 8 * 3 + 4 * (100 + 3) * 8
+    assert OPERATORS["index_select"].allocated_bytes({"R": 5, "C": 4, "T": 3}, 4) == 8 * 3 + 4 * (5 + 3) * 4
+    assert OPERATORS["gather"].allocated_bytes({"R": 2, "C": 9, "G": 3}, 2) == 8 * 6 + 2 * 2 * (9 + 3)
+    assert OPERATORS["mm"].allocated_bytes({"M": 2, "N": 3, "K": 4}, 2) == counted(
+        OPERATORS["mm"], {"M": 2, "N": 3, "K": 4}, "fp16")[1]
 
 
 def test_the_roofline_is_the_slower_of_compute_and_memory() -> None:

@@ -8,6 +8,7 @@ groups the same way, and `compare` gives one ratio per operator and implementati
 from __future__ import annotations
 
 import re
+import shutil
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -298,6 +299,18 @@ def test_compare_gives_one_ratio_per_operator_and_implementation(full_run: tuple
     assert unchanged and all(not r.flagged and r.ratio == pytest.approx(1.0) for r in unchanged)
     text = render_markdown(run_a, run_b, rows)
     assert text.count("\n| ") == len(rows) + 1 and "Operation cases: one row per operator" in text
+
+
+def test_compare_says_which_run_measured_an_operator_the_other_did_not(full_run: tuple[Path, dict[str, int]]
+                                                                       ) -> None:
+    run_a, _ = full_run
+    run_b = run_a.parent / "run-ops-no-rotary"
+    shutil.copytree(run_a, run_b)
+    shutil.rmtree(run_b / "op-rotary")
+    for first, second, only in ((run_a, run_b, "only in A"), (run_b, run_a, "only in B")):
+        rows, _ = compare_runs(first, second)
+        rotary = [r for r in rows if r.per_operator and r.case == "op-rotary"]
+        assert len(rotary) == len(IMPLS) and all(r.cells()[-1] == only and not r.flagged for r in rotary), rotary
 
 
 def test_the_cli_prints_a_row_per_operator(full_run: tuple[Path, dict[str, int]]) -> None:
