@@ -264,3 +264,52 @@ def test_the_tutorials_monitor_passes_and_its_missing_recommended_fields_are_a_n
     assert any(line.startswith(where) and " samples in " in line for line in found.passed), found.passed
     assert not any(line.startswith(where) for line in [*found.problems, *found.not_checkable]), found
     assert f"{where}: recommended power_w, temp_c not reported here" in found.notes, found.notes
+
+
+WRONG_UNITS_SPEC = '''\
+def spec_table(settings):
+    source = "XC-100 datasheet rev 1.2, table 3"
+    return {"device": "XC-100", "peaks": {
+        "fp32": {"value": 60.0, "unit": "TFLOPS", "source": source},
+        "bf16": {"value": 480000.0, "unit": "GFLOPS", "source": source},
+        "int8": {"value": 960.0, "unit": "TFLOPS", "source": source},
+        "memory_bandwidth": {"value": 3.2, "unit": "TB/s", "source": source},
+        "memory_capacity": {"value": 64.0, "unit": "GB", "source": source},
+        "h2d_bandwidth": {"value": 0.0, "unit": "GB/s", "source": source},
+        "d2h_bandwidth": {"value": 64.0, "unit": "GB/s", "source": " "},
+        "fp8": {"value": None, "unit": "TFLOP/s", "source": "not in the datasheet"},
+    }}
+'''
+
+
+def test_a_peak_in_another_unit_or_without_a_figure_is_refused_by_check_and_run(walk: Path) -> None:
+    """A datasheet's GFLOPS, TB/s or GB copied as written gave no ratio or MFU at all, silently (a case forms one
+    only against a peak in its own unit), and a zero or sourceless figure passed: vendor check names each, and a
+    run (the spec table built on the host) stops at the first in one line naming the file and key."""
+    from flagperf.config.vendors import load_vendor
+
+    vendor = walk / "vendors" / "acme"
+    (vendor / "spec.py").write_text(WRONG_UNITS_SPEC)
+    found = check_vendor_folder(vendor, monitor_seconds=1)
+    where = f"{vendor / 'spec.py'} peaks."
+    expected = {
+        "bf16": "unit 'GFLOPS', but cases measure bf16 in TFLOPS (a ratio or MFU is formed in one unit only): give "
+                "the figure in TFLOPS (480000 GFLOPS is 480 TFLOPS)",
+        "int8": "unit 'TFLOPS', but cases measure int8 in TOPS",
+        "memory_bandwidth": "give the figure in GB/s (3.2 TB/s is 3200 GB/s)",
+        "memory_capacity": "give the figure in GiB (64 GB is 59.6046 GiB)",
+        "h2d_bandwidth": "0 GB/s is no peak: a positive figure, or null where it is not known",
+        "d2h_bandwidth": "64 GB/s without a source",
+        "fp8": "unit 'TFLOP/s', but cases measure fp8 in TFLOPS",
+    }
+    for key, text in expected.items():
+        assert sum(p.startswith(f"{where}{key}: ") and text in p for p in found.problems) == 1, (key, found.problems)
+    assert len(found.problems) == len(expected), found.problems
+    assert not any(line.startswith("peaks:") for line in found.passed), found.passed
+    with pytest.raises(ConfigError) as refused:
+        load_vendor("acme").spec_table()
+    assert str(refused.value).startswith(f"{vendor / 'spec.py'}: peaks.bf16: unit 'GFLOPS'"), str(refused.value)
+    (vendor / "spec.py").write_text("def spec_table(settings):\n    return {'device': 'XC-100', 'peaks': "
+                                    "{'fp32': {'value': 60.0, 'unit': 'TFLOPS'}}}\n")
+    with pytest.raises(ConfigError, match=r"spec\.py spec_table\(\): peaks\.fp32\.source: "):
+        load_vendor("acme").spec_table()
