@@ -158,7 +158,7 @@ def short_repr(value: object) -> str:
 # The keys of a vendor's spec table a case may be measured against (every vendor's spec module uses them), each
 # with the one unit the cases measure it in: a ratio or MFU is only formed against a peak in the figure's own unit,
 # so a peak in another (GFLOPS, TB/s, GB for GiB) would silently give none (Vendor.spec_table refuses it).
-PEAK_UNITS = {"fp64": "TFLOPS", "fp32": "TFLOPS", "tf32": "TFLOPS", "fp16": "TFLOPS", "bf16": "TFLOPS",
+PEAK_UNITS = {"fp64": "TFLOPS", "fp32": "TFLOPS", "tf32": "TFLOPS", "bf16": "TFLOPS", "fp16": "TFLOPS",
               "fp8": "TFLOPS", "int8": "TOPS", "memory_bandwidth": "GB/s", "memory_capacity": "GiB",
               "h2d_bandwidth": "GB/s", "d2h_bandwidth": "GB/s", "p2p_bandwidth": "GB/s", "allreduce_bandwidth": "GB/s",
               "internode_bandwidth": "GB/s"}

@@ -368,6 +368,11 @@ def _check_peaks(vendor: Vendor, found: Findings) -> None:
             wrong += 1
     if not wrong:
         found.passed.append(f"peaks: {len(table.peaks)} figures for {table.device} ({where})")
+    sparse = [key for key, peak in table.peaks.items() if peak.value is not None and peak.supported and not peak.dense]
+    if sparse:  # honest, but the report shows the figure with no ratio beside it: say why here
+        found.notes.append(f"{where}: {', '.join(sparse)} {'is a sparse figure' if len(sparse) == 1 else 'are sparse'}"
+                           " (dense: false): cases form no ratio or MFU against a sparse peak (2:4 sparsity doubles"
+                           " it); give the dense figure, with its source, to have one")
     unknown = [key for key, peak in table.peaks.items() if peak.value is None and peak.supported]
     if unknown:
         found.notes.append(f"{where}: no value for {', '.join(unknown)}: cases report no ratio or MFU against "

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from flagperf.config.adaptation import EXTERN_HOOKS
+from flagperf.config.models import PEAK_UNITS
 from flagperf.config.vendors import MANIFEST, load_vendor_manifest
 from flagperf.errors import ConfigError
 from flagperf.hosts.vendorcheck import ENGINE_FOLDERS, check_vendor_folder
-from flagperf.hosts.vendorscaffold import write_vendor_folder
+from flagperf.hosts.vendorscaffold import PEAK_FIGURES, write_vendor_folder
 from flagperf.paths import PROJECT_ROOT
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -83,7 +84,12 @@ def test_the_scaffold_passes_vendor_check_and_validate_as_written(tmp_path: Path
     found = check_vendor_folder(folder, monitor_seconds=1)
     assert found.problems == []
     assert any(line.startswith("image ") and "pytorch_install.sh" in line for line in found.passed)
-    assert any(line.startswith("peaks: 11 figures") for line in found.passed)
+    # Every key a case reads, each in its unit with which datasheet figure it is (a vendor never learnt of the
+    # interconnect keys, whose cases then had no peak, nor that p2p is one direction).
+    assert any(line.startswith(f"peaks: {len(PEAK_UNITS)} figures") for line in found.passed), found.passed
+    spec = (folder / "spec.py").read_text()
+    for key, unit in PEAK_UNITS.items():
+        assert f'"{key}": (None, "{unit}"),' in spec and PEAK_FIGURES[key] in spec, key
     # The template monitor says what is left to do rather than writing made-up figures.
     assert any("read_devices() is still the template's" in line for line in found.not_checkable)
     checked = flagperf("validate", str(folder / MANIFEST))
@@ -245,7 +251,8 @@ def test_a_new_vendor_is_told_where_case_files_go_and_which_peaks_are_missing(wa
                                "config_acmex<nnodes>x<nproc>.yaml") and "extern/hooks.py" in note
                for note in found.notes), found.notes
     assert any("acme/spec.py: no value for fp64, fp32, tf32, bf16, fp16, fp8, int8, memory_bandwidth, "
-               "memory_capacity, h2d_bandwidth, d2h_bandwidth: cases report no ratio or MFU against them" in note
+               "memory_capacity, h2d_bandwidth, d2h_bandwidth, p2p_bandwidth, allreduce_bandwidth, "
+               "internode_bandwidth: cases report no ratio or MFU against them" in note
                for note in found.notes), found.notes
     write(walk / "cases" / "inference" / "walk-infer" / "vendor" / "acme_configurations.yaml", "batch_size: 64\n")
     assert not any(note.startswith("no case is adapted") for note in
@@ -271,6 +278,7 @@ def spec_table(settings):
     source = "XC-100 datasheet rev 1.2, table 3"
     return {"device": "XC-100", "peaks": {
         "fp32": {"value": 60.0, "unit": "TFLOPS", "source": source},
+        "fp16": {"value": 960.0, "unit": "TFLOPS", "source": source + " (with sparsity)", "dense": False},
         "bf16": {"value": 480000.0, "unit": "GFLOPS", "source": source},
         "int8": {"value": 960.0, "unit": "TFLOPS", "source": source},
         "memory_bandwidth": {"value": 3.2, "unit": "TB/s", "source": source},
@@ -285,7 +293,8 @@ def spec_table(settings):
 def test_a_peak_in_another_unit_or_without_a_figure_is_refused_by_check_and_run(walk: Path) -> None:
     """A datasheet's GFLOPS, TB/s or GB copied as written gave no ratio or MFU at all, silently (a case forms one
     only against a peak in its own unit), and a zero or sourceless figure passed: vendor check names each, and a
-    run (the spec table built on the host) stops at the first in one line naming the file and key."""
+    run (the spec table built on the host) stops at the first in one line naming the file and key. A sparse
+    figure, which gives no ratio either, is a note."""
     from flagperf.config.vendors import load_vendor
 
     vendor = walk / "vendors" / "acme"
@@ -306,6 +315,9 @@ def test_a_peak_in_another_unit_or_without_a_figure_is_refused_by_check_and_run(
         assert sum(p.startswith(f"{where}{key}: ") and text in p for p in found.problems) == 1, (key, found.problems)
     assert len(found.problems) == len(expected), found.problems
     assert not any(line.startswith("peaks:") for line in found.passed), found.passed
+    # A sparse figure is honest, but no ratio is shown beside it: the vendor is told why, and what to give.
+    assert f"{vendor / 'spec.py'}: fp16 is a sparse figure (dense: false): cases form no ratio or MFU against a " \
+           "sparse peak (2:4 sparsity doubles it); give the dense figure, with its source, to have one" in found.notes
     with pytest.raises(ConfigError) as refused:
         load_vendor("acme").spec_table()
     assert str(refused.value).startswith(f"{vendor / 'spec.py'}: peaks.bf16: unit 'GFLOPS'"), str(refused.value)
