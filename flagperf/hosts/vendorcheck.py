@@ -78,6 +78,11 @@ from flagperf.results.schema import SpecTable
 MONITOR_SECONDS = 3.0
 REQUIRED_FIELDS = ("util_percent", "mem_used_bytes")
 RECOMMENDED_FIELDS = ("power_w", "temp_c")
+# What each of those is, and the stem a vendor's own name for it starts with (mem_used_mb, temperature, power):
+# such a field is read by no part of the analysis, so its figures would be silently missing from every report.
+FIELD_MEANING = {"util_percent": ("util", "%, 0 to 100"), "mem_used_bytes": ("mem_used", "bytes"),
+                 "power_w": ("power", "watts"), "temp_c": ("temp", "degrees Celsius")}
+MIN_DEVICE_MEMORY = 2**26  # 64 MiB: a mem_total_bytes below it is a count of MiB or MB, not of bytes
 # The engine folders a family's cases choose from (the families' own constants: flagperf.inference.engines'
 # INFERENCE_ENGINES, flagperf.operation.impls.IMPLEMENTATIONS_FOLDER, flagperf.generate.engines.ENGINES_FOLDER;
 # tests/unit/test_vendor_check.py holds them equal).
@@ -311,13 +316,44 @@ def _check_monitor(vendor: Vendor, name: str, command: list[str], seconds: float
     if devices:
         for key in REQUIRED_FIELDS:
             if all(d.get(key) is None for d in devices):
-                found.problem(where, f"no device sample has {key} (required: timestamp, utilisation, memory)")
+                found.problem(where, f"no device sample has {key} (required: timestamp, utilisation, memory)"
+                              + _misnamed(key, devices))
         missing = [k for k in RECOMMENDED_FIELDS if all(d.get(k) is None for d in devices)]
         if missing:
-            found.notes.append(f"{where}: recommended {', '.join(missing)} not reported here")
+            found.notes.append(f"{where}: recommended {', '.join(missing)} not reported here"
+                               + "".join(_misnamed(k, devices) for k in missing))
+        for problem in _implausible(devices):
+            found.problem(where, problem)
     if not any(p.startswith(where) for p in found.problems):
         found.passed.append(f"{where}: {len(samples)} samples in {seconds:g} s"
                             + (f" ({'; '.join(unavailable)})" if unavailable else ""))
+
+
+def _misnamed(key: str, devices: list[dict[str, Any]]) -> str:
+    """The device fields of the vendor's own naming that look like ``key`` (its stem), said beside its absence:
+    the analysis reads ``key`` only, so `temperature` or `mem_used_mb` would be dropped from every report."""
+    stem, meaning = FIELD_MEANING[key]
+    known = {*REQUIRED_FIELDS, *RECOMMENDED_FIELDS}
+    named = sorted({f for d in devices for f in d if f.startswith(stem) and f not in known})
+    return (f"; it writes {', '.join(named)}, which no part of the analysis reads: name the figure {key} "
+            f"(in {meaning})") if named else ""
+
+
+def _implausible(devices: list[dict[str, Any]]) -> list[str]:
+    """Figures in another unit than their field's: a share 0..1 or above 100 for a percentage, a memory in MiB."""
+    problems = []
+    utils = [d["util_percent"] for d in devices if isinstance(d.get("util_percent"), int | float)]
+    if any(u < 0 or u > 100 for u in utils):
+        problems.append(f"util_percent {max(utils, key=lambda u: abs(u - 50)):g} is outside 0 to 100 (a percentage "
+                        "of the device, not summed over its units)")
+    totals = [d["mem_total_bytes"] for d in devices if isinstance(d.get("mem_total_bytes"), int | float)]
+    if any(0 < total < MIN_DEVICE_MEMORY for total in totals):
+        problems.append(f"mem_total_bytes {min(totals):g} is under 64 MiB: a count of MiB or MB? the "
+                        "memory fields are in bytes")
+    elif any(isinstance(d.get("mem_used_bytes"), int | float) and isinstance(d.get("mem_total_bytes"), int | float)
+             and d["mem_used_bytes"] > d["mem_total_bytes"] > 0 for d in devices):
+        problems.append("mem_used_bytes above mem_total_bytes: the two in different units? both are bytes")
+    return problems
 
 
 def _check_peaks(vendor: Vendor, found: Findings) -> None:

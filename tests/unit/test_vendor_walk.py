@@ -325,3 +325,40 @@ def test_a_peak_in_another_unit_or_without_a_figure_is_refused_by_check_and_run(
                                     "{'fp32': {'value': 60.0, 'unit': 'TFLOPS'}}}\n")
     with pytest.raises(ConfigError, match=r"spec\.py spec_table\(\): peaks\.fp32\.source: "):
         load_vendor("acme").spec_table()
+
+
+def misnamed_monitor(device: str) -> str:
+    """A vendor's monitor on flagperf.monitoring's loop, its device entry as given."""
+    return ("from flagperf.monitoring import monitor_arguments, run_sampler\n"
+            "args = monitor_arguments('acme').parse_args()\n"
+            "raise SystemExit(run_sampler('acme', args, {'devices': [{'index': 0}]}, "
+            f"lambda: {{'devices': [{device}]}}))\n")
+
+
+@pytest.mark.parametrize(("device", "problems", "note"), [
+    # Its tool's names: the analysis reads none of them, so memory, power and temperature were missing from every
+    # report with only "not reported here" said.
+    ("{'index': 0, 'util_percent': 40.0, 'mem_used_mb': 1359, 'power': 120.5, 'temperature': 55}",
+     ["no device sample has mem_used_bytes (required: timestamp, utilisation, memory); it writes mem_used_mb, "
+      "which no part of the analysis reads: name the figure mem_used_bytes (in bytes)"],
+     "recommended power_w, temp_c not reported here; it writes power, which no part of the analysis reads: name "
+     "the figure power_w (in watts); it writes temperature, which no part of the analysis reads: name the figure "
+     "temp_c (in degrees Celsius)"),
+    # The right names, figures in other units: MiB for bytes, a share for a percentage summed over cores.
+    ("{'index': 0, 'util_percent': 350.0, 'mem_used_bytes': 1359, 'mem_total_bytes': 24105, 'power_w': 120.5, "
+     "'temp_c': 55}",
+     ["util_percent 350 is outside 0 to 100 (a percentage of the device, not summed over its units)",
+      "mem_total_bytes 24105 is under 64 MiB: a count of MiB or MB? the memory fields are in bytes"], None),
+    ("{'index': 0, 'util_percent': 35.0, 'mem_used_bytes': 1359 * 2**30, 'mem_total_bytes': 24105 * 2**20, "
+     "'power_w': 120.5, 'temp_c': 55}",
+     ["mem_used_bytes above mem_total_bytes: the two in different units? both are bytes"], None),
+])
+def test_a_monitor_field_by_another_name_or_in_another_unit_is_named(
+        tmp_path: Path, device: str, problems: list[str], note: str | None) -> None:
+    folder = write_vendor_folder(tmp_path, "acme")
+    (folder / "monitor_acme.py").write_text(misnamed_monitor(device))
+    found = check_vendor_folder(folder, monitor_seconds=1)
+    where = f"monitor acme ({folder / 'monitor_acme.py'}): "
+    assert [p for p in found.problems if p.startswith(where)] == [where + p for p in problems], found.problems
+    if note is not None:
+        assert where + note in found.notes, found.notes
