@@ -72,6 +72,7 @@ from flagperf.config.vendors import (
 from flagperf.config.yamlio import parse_yaml_text
 from flagperf.errors import ConfigError, FlagperfError, unknown_name
 from flagperf.hosts.container_policy import vendor_container_problems
+from flagperf.hosts.vendorscaffold import TODO
 from flagperf.paths import PROJECT_ROOT, display_path
 from flagperf.results.schema import SpecTable
 
@@ -399,11 +400,17 @@ def _check_peaks(vendor: Vendor, found: Findings) -> None:
     for key, peak in table.peaks.items():
         problem = (f"not a key any case reads (known: {', '.join(sorted(PEAK_KEYS))})" if key not in PEAK_KEYS
                    else peak_problem(key, peak))  # what a run refuses, each said here at once
+        if problem is None and peak.value is not None and peak.source.lstrip().startswith(TODO):
+            # The scaffold's DATASHEET left as written: the figure would be published with a placeholder source.
+            problem = (f"{peak.value:g} {peak.unit} with the template's source ({peak.source[:60]!r}): name the "
+                       "datasheet")
         if problem:
             found.problem(f"{where} peaks.{key}", problem)
             wrong += 1
     if not wrong:
         found.passed.append(f"peaks: {len(table.peaks)} figures for {table.device} ({where})")
+    if table.device.lstrip().startswith(TODO):  # every report's heading names the device
+        found.notes.append(f"{where}: the device is still the template's ({table.device!r}): every report names it")
     sparse = [key for key, peak in table.peaks.items() if peak.value is not None and peak.supported and not peak.dense]
     if sparse:  # honest, but the report shows the figure with no ratio beside it: say why here
         found.notes.append(f"{where}: {', '.join(sparse)} {'is a sparse figure' if len(sparse) == 1 else 'are sparse'}"

@@ -15,6 +15,8 @@ from flagperf.config.vendors import MANIFEST
 from flagperf.errors import ConfigError
 from flagperf.paths import PROJECT_ROOT, display_path
 
+TODO = "TODO"  # what marks each place of the scaffold a vendor fills in (vendor check names those still marked)
+
 VENDOR_YAML = """\
 # The manifest of vendor {name} (docs/vendor-guide.md lists every key). Check with: flagperf vendor check {folder}
 name: {name}                   # the folder's name; what --vendor and FlagPerf's VENDOR give

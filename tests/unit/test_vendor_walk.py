@@ -362,3 +362,16 @@ def test_a_monitor_field_by_another_name_or_in_another_unit_is_named(
     assert [p for p in found.problems if p.startswith(where)] == [where + p for p in problems], found.problems
     if note is not None:
         assert where + note in found.notes, found.notes
+
+
+def test_a_figure_filled_in_under_the_templates_source_is_a_problem(tmp_path: Path) -> None:
+    """The scaffold's FIGURES filled in, its DATASHEET and device name left as written: every report would show
+    the figure with "TODO: the datasheet's title ..." as its source, and "TODO" as the device."""
+    folder = write_vendor_folder(tmp_path, "acme")
+    spec = folder / "spec.py"
+    spec.write_text(spec.read_text().replace('"fp32": (None, "TFLOPS"),', '"fp32": (60.0, "TFLOPS"),'))
+    found = check_vendor_folder(folder, monitor_seconds=1)
+    assert found.problems == [f"{spec} peaks.fp32: 60 TFLOPS with the template's source (\"TODO: the datasheet's "
+                              "title, revision and table (dense figur\"): name the datasheet"], found.problems
+    assert f"{spec}: the device is still the template's ('TODO: the device name as the driver reports it'): every " \
+           "report names it" in found.notes, found.notes
