@@ -83,6 +83,9 @@ RECOMMENDED_FIELDS = ("power_w", "temp_c")
 # such a field is read by no part of the analysis, so its figures would be silently missing from every report.
 FIELD_MEANING = {"util_percent": ("util", "%, 0 to 100"), "mem_used_bytes": ("mem_used", "bytes"),
                  "power_w": ("power", "watts"), "temp_c": ("temp", "degrees Celsius")}
+# What a round passes every monitor (flagperf.monitoring.monitor_arguments), and argparse's refusal of it.
+MONITOR_ARGUMENTS = "--out FILE --interval S --max-seconds N --pid-file F --parent-pid P"
+ARGPARSE_ERROR = re.compile(r"error: (the following arguments are required|unrecognized arguments|argument )")
 MIN_DEVICE_MEMORY = 2**26  # 64 MiB: a mem_total_bytes below it is a count of MiB or MB, not of bytes
 # The engine folders a family's cases choose from (the families' own constants: flagperf.inference.engines'
 # INFERENCE_ENGINES, flagperf.operation.impls.IMPLEMENTATIONS_FOLDER, flagperf.generate.engines.ENGINES_FOLDER;
@@ -269,7 +272,12 @@ def _check_monitor(vendor: Vendor, name: str, command: list[str], seconds: float
             return
         if completed.returncode != 0:
             last = (completed.stderr.strip().splitlines() or ["no output"])[-1]
-            found.problem(where, f"exited {completed.returncode} when run as `{shown}`: {last[:300]}")
+            # argparse's usage error: most often FlagPerf's monitor contract (-o start|stop -l LOGDIR) brought along
+            contract = (f"; a monitor takes {MONITOR_ARGUMENTS} and writes JSON lines, not FlagPerf's -o start|stop "
+                        "-l LOGDIR: flagperf.monitoring's monitor_arguments and run_sampler do both (the scaffold's "
+                        "monitor uses them; docs/vendor-guide.md, section 1)"
+                        if completed.returncode == 2 and ARGPARSE_ERROR.search(last) else "")
+            found.problem(where, f"exited {completed.returncode} when run as `{shown}`: {last[:300]}{contract}")
             return
         try:
             lines = out.read_text(encoding="utf-8", errors="replace").splitlines()

@@ -375,3 +375,26 @@ def test_a_figure_filled_in_under_the_templates_source_is_a_problem(tmp_path: Pa
                               "title, revision and table (dense figur\"): name the datasheet"], found.problems
     assert f"{spec}: the device is still the template's ('TODO: the device name as the driver reports it'): every " \
            "report names it" in found.notes, found.notes
+
+
+FLAGPERF_MONITOR = """\
+import argparse
+p = argparse.ArgumentParser()
+p.add_argument("-o", "--operation", choices=["start", "stop", "restart", "status"], required=True)
+p.add_argument("-l", "--log", default="./logs/")
+p.parse_args()
+"""
+
+
+def test_a_monitor_kept_from_flagperf_is_told_the_contract_here(tmp_path: Path) -> None:
+    """FlagPerf's vendor guide asks for <vendor>_monitor.py -o start|stop -l LOGDIR, and a vendor brings it along:
+    argparse's "arguments are required: -o/--operation" alone did not say what a monitor takes here."""
+    folder = write_vendor_folder(tmp_path, "acme")
+    (folder / "monitor_acme.py").write_text(FLAGPERF_MONITOR)
+    found = check_vendor_folder(folder, monitor_seconds=1)
+    assert found.problems == [
+        f"monitor acme ({folder / 'monitor_acme.py'}): exited 2 when run as `python {folder / 'monitor_acme.py'} "
+        "--out FILE --interval 1 --max-seconds 1`: monitor_acme.py: error: the following arguments are required: "
+        "-o/--operation; a monitor takes --out FILE --interval S --max-seconds N --pid-file F --parent-pid P and "
+        "writes JSON lines, not FlagPerf's -o start|stop -l LOGDIR: flagperf.monitoring's monitor_arguments and "
+        "run_sampler do both (the scaffold's monitor uses them; docs/vendor-guide.md, section 1)"], found.problems
