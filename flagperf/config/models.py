@@ -292,25 +292,29 @@ def merge_vendor_overrides(
     values = {**configurations, **parameters}
     origins = dict.fromkeys(values, defaults_source)
     merged = MergedConfig(values=values, origins=origins, parameters=frozenset(parameters))
+    refused: list[ConfigError] = []  # every key refused, not the first only: a vendor fixes the file in one go
     for key, value in overrides.items():
         problem = vendor_key_problem(key, parameters, mutable)
         if problem:
-            raise ConfigError(vendor_source, key, problem)
+            refused.append(ConfigError(vendor_source, key, problem))
+            continue
         if key not in configurations:
             close = nearest(key, configurations)
             log.warning("%s: %s: new key not in the case defaults (%s)%s", vendor_source, key, defaults_source,
                         f"; did you mean {' or '.join(close)}?" if close else "")
             merged.vendor_new_keys.append(key)
         elif _same_value(configurations[key], value):
-            raise ConfigError(
-                vendor_source, key, f"overrides the default with the same value ({value!r}); remove the line"
-            )
+            refused.append(ConfigError(
+                vendor_source, key, f"overrides the default with the same value ({value!r}); remove the line"))
+            continue
         else:
             # One per changed key: DEBUG; the plan logs one summary line, and plan.json keeps each change.
             log.debug("%s: %s: %r -> %r", vendor_source, key, configurations[key], value)
             merged.vendor_changes[key] = (configurations[key], value)
         values[key] = value
         origins[key] = vendor_source
+    if refused:
+        raise gathered(refused)
     return merged
 
 

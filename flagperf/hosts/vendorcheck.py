@@ -70,7 +70,7 @@ from flagperf.config.vendors import (
     peak_problem,
 )
 from flagperf.config.yamlio import parse_yaml_text
-from flagperf.errors import ConfigError, FlagperfError, unknown_name
+from flagperf.errors import ConfigError, FlagperfError, findings, left_out_line, unknown_name
 from flagperf.hosts.container_policy import vendor_container_problems
 from flagperf.hosts.vendorscaffold import TODO
 from flagperf.paths import PROJECT_ROOT, display_path
@@ -108,6 +108,14 @@ class Findings:
         if line not in self.problems:
             self.problems.append(line)
 
+    def add_error(self, error: FlagperfError) -> None:
+        """Each finding an error gathered (every refused key of a file, not its first only), each once."""
+        for finding in findings(error):
+            self.add_problem(str(finding))
+        more = left_out_line(error)
+        if more:
+            self.add_problem(f"{str(error).split(': ', 1)[0]}: {more}")
+
 
 def resolve_vendor_argument(given: Path) -> Path:
     """A folder as given; a bare name that is no folder here is the vendor --vendor would find by that name
@@ -131,7 +139,7 @@ def check_vendor_folder(folder: Path, monitor_seconds: float = MONITOR_SECONDS) 
     try:
         manifest = load_vendor_manifest(folder / MANIFEST)
     except FlagperfError as exc:
-        found.problems.append(str(exc))
+        found.add_error(exc)
         found.problems.extend(_other_missing_files(folder, str(exc)))
         return found
     found.passed.append(f"manifest {display_path(folder / MANIFEST)}")
@@ -373,7 +381,7 @@ def _check_peaks(vendor: Vendor, found: Findings) -> None:
             path = regular_file(vendor.folder, sheets.name, display_path(vendor.folder), None, "the vendor folder")
             entries = parse_yaml_text(read_config_text(path), display_path(sheets)) or []
         except ConfigError as exc:
-            found.problems.append(str(exc))
+            found.add_error(exc)
         for i, entry in enumerate(entries if isinstance(entries, list) else []):
             if not isinstance(entry, dict) or not str(entry.get("source") or "").strip():
                 found.problem(display_path(sheets), f"entry {i}: no source (where each figure comes from)")
@@ -385,7 +393,7 @@ def _check_peaks(vendor: Vendor, found: Findings) -> None:
         if isinstance(exc.__context__, ImportError):  # the vendor's library is not installed here
             found.not_checkable.append(f"peaks: {exc}")  # the error names the file
         else:
-            found.problems.append(str(exc))
+            found.add_error(exc)
         return
     builder = getattr(module, "spec_table", None)
     if not callable(builder):
@@ -451,7 +459,7 @@ def _check_adaptations(vendor: Vendor, found: Findings) -> None:
     try:
         cases = available_cases()
     except FlagperfError as exc:
-        found.problems.append(str(exc))
+        found.add_error(exc)
         return
     families: set[str] = set()
     adapted = False
@@ -460,7 +468,7 @@ def _check_adaptations(vendor: Vendor, found: Findings) -> None:
             try:
                 case = load_case(name, cases)
             except FlagperfError as exc:
-                found.problems.append(str(exc))
+                found.add_error(exc)
                 continue
             families.add(case.family)
             adapted = adapted or has_vendor_files(case, vendor.name)
@@ -500,7 +508,7 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
             resolve_case_config(case, vendor=vendor.name, run_overrides=[], hardware=vendor.manifest.hardware)
             used.append(f"overrides {case.vendor_file(vendor.name).name}")
         except FlagperfError as exc:
-            found.add_problem(str(exc))
+            found.add_error(exc)
     folder = adaptation_folder(case.folder, vendor.name)
     hardware = str(vendor.manifest.hardware)
     # A link as the folder is read_adaptation's to judge (it must stay inside the case); its entries are not listed.
@@ -517,7 +525,7 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
                 resolve_case_config(case, vendor=vendor.name, run_overrides=[(str(entry), sizes)], hardware=hardware)
                 used.append(f"scale {entry.name}")
             except FlagperfError as exc:
-                found.add_problem(str(exc))
+                found.add_error(exc)
     problems = adaptation_problems(case.folder, case.family, vendor.name)
     for problem in problems:  # every part's, not only the first a run would stop at
         found.add_problem(str(problem))

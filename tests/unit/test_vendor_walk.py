@@ -398,3 +398,26 @@ def test_a_monitor_kept_from_flagperf_is_told_the_contract_here(tmp_path: Path) 
         "-o/--operation; a monitor takes --out FILE --interval S --max-seconds N --pid-file F --parent-pid P and "
         "writes JSON lines, not FlagPerf's -o start|stop -l LOGDIR: flagperf.monitoring's monitor_arguments and "
         "run_sampler do both (the scaffold's monitor uses them; docs/vendor-guide.md, section 1)"], found.problems
+
+
+def test_every_refused_line_of_an_overrides_or_scale_file_is_named_at_once(walk: Path) -> None:
+    """A FlagPerf config_<hw>x1x1.py copied whole restates defaults and sets keys a vendor may not change: each
+    was named only once the one before it was fixed (a check, a fix, a check ... per line)."""
+    cases = walk / "cases"
+    overrides = write(cases / "training" / "walk-mlp" / "vendor" / "acme.yaml", "hidden: 256\nseed: 1\n")
+    scale = write(cases / "training" / "walk-mlp" / "vendor" / "acme" / "config_acmex1x1.py",
+                  "lr = 0.05\nmax_epochs = 3\nnproc_per_node = 2\nbatch_size = 64\n")
+    problems = check_vendor_folder(walk / "vendors" / "acme", monitor_seconds=1).problems
+    expected = [f"{overrides}: hidden: is not in the case's mutable list",
+                f"{overrides}: seed: is a case parameter",
+                f"{scale}: lr: sets the value it already has (0.05); remove the line",
+                f"{scale}: max_epochs: is not in the case's mutable list",
+                f"{scale}: nproc_per_node: 2 contradicts the file name (config_acmex1x1.py)"]
+    for line in expected:
+        assert sum(problem.startswith(line) for problem in problems) == 1, (line, problems)
+    assert len(problems) == len(expected), problems
+    write(overrides, "timeout_s: 120\n")
+    checked = flagperf("validate", str(scale))
+    assert checked.returncode == 2, checked
+    errors = [line.removeprefix("error ") for line in checked.stderr.splitlines() if line.startswith("error ")]
+    assert len(errors) == 3 and all(e.startswith(line) for e, line in zip(errors, expected[2:], strict=True)), errors
