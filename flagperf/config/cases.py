@@ -296,17 +296,24 @@ def _apply_scale_file(case: CaseDef, merged: MergedConfig, vendor: str, hardware
                 _set_by_vendor(merged, key, common[key], read.common.source)
     else:
         values = load_yaml_mapping(path)
+    refused: list[ConfigError] = []  # every line refused, not the first only: a vendor fixes the file in one go
     for key, value in values.items():
         if key in ("nnodes", "nproc_per_node") and value != final[key]:
-            raise ConfigError(source, key, f"{value!r} contradicts the file name ({path.name})")
+            refused.append(ConfigError(source, key, f"{value!r} contradicts the file name ({path.name})"))
+            continue
         problem = _scale_key_problem(case, merged, key)
         if problem:
-            raise ConfigError(source, key, problem)
+            refused.append(ConfigError(source, key, problem))
+            continue
         current = common.get(key, merged.values[key])  # what the key has once config_common.py is read
         if type(current) is type(value) and current == value:
             given = f" ({SCALE_COMMON}.py gives it)" if key in common else ""
-            raise ConfigError(source, key, f"sets the value it already has{given} ({value!r}); remove the line")
+            refused.append(ConfigError(source, key, f"sets the value it already has{given} ({value!r}); remove "
+                                                    "the line"))
+            continue
         _set_by_vendor(merged, key, value, source)
+    if refused:
+        raise gathered(refused)
 
 
 def _fill_model_defaults(case: CaseDef, merged: MergedConfig) -> None:
@@ -365,16 +372,25 @@ def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[st
     if present:
         _case_file(case.folder, str(vendor_path.relative_to(case.folder)))
     vendor_overrides = load_yaml_mapping(vendor_path) if present else {}
-    merged = merge_vendor_overrides(
-        case.manifest.configurations,
-        case.manifest.parameters,
-        vendor_overrides,
-        defaults_source=display_path(case.manifest_path),
-        vendor_source=display_path(vendor_path),
-        mutable=case.manifest.mutable,
-    )
+
+    def merge(overrides: dict[str, Any]) -> MergedConfig:
+        return merge_vendor_overrides(case.manifest.configurations, case.manifest.parameters, overrides,
+                                      defaults_source=display_path(case.manifest_path),
+                                      vendor_source=display_path(vendor_path), mutable=case.manifest.mutable)
+
+    vendor_refused: list[ConfigError] = []  # the vendor's two files' findings together, fixed in one go
+    try:
+        merged = merge(vendor_overrides)
+    except ConfigError as exc:
+        vendor_refused.append(exc)
+        merged = merge({})  # the case's defaults, so that the scale file is still read against them
     if case.family == "training":
-        _apply_scale_file(case, merged, vendor, hardware or vendor, run_overrides)
+        try:
+            _apply_scale_file(case, merged, vendor, hardware or vendor, run_overrides)
+        except ConfigError as exc:
+            vendor_refused.append(exc)
+    if vendor_refused:
+        raise gathered(vendor_refused)
     if case.family == "inference":  # parameters come from their own file
         parameters_source = display_path(case.folder / INFERENCE_FILES[1])
         merged.origins.update(dict.fromkeys(case.manifest.parameters, parameters_source))

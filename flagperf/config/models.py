@@ -155,10 +155,14 @@ def short_repr(value: object) -> str:
     return _SHORT.repr(value)
 
 
-# The keys of a vendor's spec table a case may be measured against (every vendor's spec module uses them).
-PEAK_KEYS = frozenset({"fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8", "memory_bandwidth", "memory_capacity",
-                       "h2d_bandwidth", "d2h_bandwidth", "p2p_bandwidth", "allreduce_bandwidth",
-                       "internode_bandwidth"})
+# The keys of a vendor's spec table a case may be measured against (every vendor's spec module uses them), each
+# with the one unit the cases measure it in: a ratio or MFU is only formed against a peak in the figure's own unit,
+# so a peak in another (GFLOPS, TB/s, GB for GiB) would silently give none (Vendor.spec_table refuses it).
+PEAK_UNITS = {"fp64": "TFLOPS", "fp32": "TFLOPS", "tf32": "TFLOPS", "bf16": "TFLOPS", "fp16": "TFLOPS",
+              "fp8": "TFLOPS", "int8": "TOPS", "memory_bandwidth": "GB/s", "memory_capacity": "GiB",
+              "h2d_bandwidth": "GB/s", "d2h_bandwidth": "GB/s", "p2p_bandwidth": "GB/s", "allreduce_bandwidth": "GB/s",
+              "internode_bandwidth": "GB/s"}
+PEAK_KEYS = frozenset(PEAK_UNITS)
 
 
 class StrictModel(BaseModel):
@@ -288,25 +292,29 @@ def merge_vendor_overrides(
     values = {**configurations, **parameters}
     origins = dict.fromkeys(values, defaults_source)
     merged = MergedConfig(values=values, origins=origins, parameters=frozenset(parameters))
+    refused: list[ConfigError] = []  # every key refused, not the first only: a vendor fixes the file in one go
     for key, value in overrides.items():
         problem = vendor_key_problem(key, parameters, mutable)
         if problem:
-            raise ConfigError(vendor_source, key, problem)
+            refused.append(ConfigError(vendor_source, key, problem))
+            continue
         if key not in configurations:
             close = nearest(key, configurations)
             log.warning("%s: %s: new key not in the case defaults (%s)%s", vendor_source, key, defaults_source,
                         f"; did you mean {' or '.join(close)}?" if close else "")
             merged.vendor_new_keys.append(key)
         elif _same_value(configurations[key], value):
-            raise ConfigError(
-                vendor_source, key, f"overrides the default with the same value ({value!r}); remove the line"
-            )
+            refused.append(ConfigError(
+                vendor_source, key, f"overrides the default with the same value ({value!r}); remove the line"))
+            continue
         else:
             # One per changed key: DEBUG; the plan logs one summary line, and plan.json keeps each change.
             log.debug("%s: %s: %r -> %r", vendor_source, key, configurations[key], value)
             merged.vendor_changes[key] = (configurations[key], value)
         values[key] = value
         origins[key] = vendor_source
+    if refused:
+        raise gathered(refused)
     return merged
 
 

@@ -19,14 +19,20 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from flagperf.config.casecode import CodeNotRun, code_runs
 from flagperf.config.files import given_name, inside, regular_file
-from flagperf.config.models import StrictModel, check_name, load_model
+from flagperf.config.models import (
+    PEAK_UNITS,
+    StrictModel,
+    check_name,
+    load_model,
+    pydantic_error_to_config_error,
+)
 from flagperf.errors import ConfigError, SpecSettingError, missing_extra, unknown_name
 from flagperf.paths import PROJECT_ROOT, display_path, vendor_roots
-from flagperf.results.schema import SpecTable
+from flagperf.results.schema import Peak, SpecTable
 
 MANIFEST = "vendor.yaml"
 SETTING_NAME = re.compile(r"[a-z_][a-z0-9_]{0,63}")
@@ -251,7 +257,49 @@ class Vendor(BaseModel):
             if given is not None and exc.key in given.values:
                 raise ConfigError(given.source, f"{given.key}.{exc.key}", exc.message) from None
             raise ConfigError(display_path(self.folder / MANIFEST), f"spec_settings.{exc.key}", exc.message) from None
-        return SpecTable.model_validate(table)
+        where = display_path(self.folder / self.manifest.spec_module)
+        try:
+            checked = SpecTable.model_validate(table)
+        except ValidationError as exc:  # the vendor's module returned a table of the wrong form: its file, its key
+            raise pydantic_error_to_config_error(exc, f"{where} spec_table()") from None
+        for key, peak in checked.peaks.items():
+            problem = peak_problem(key, peak)
+            if problem:
+                raise ConfigError(where, f"peaks.{key}", problem)
+        return checked
+
+
+# Units a vendor may write a peak in instead of the one its key is measured in: their size in one base unit of
+# their kind, so that the refusal can say what the figure is in the right unit (integer and floating-point
+# operations are counted alike: INT8's TOPS are TFLOPS' scale).
+_UNIT_SCALES = (
+    {"FLOPS": 1.0, "GFLOPS": 1e9, "TFLOPS": 1e12, "PFLOPS": 1e15, "OPS": 1.0, "GOPS": 1e9, "TOPS": 1e12,
+     "POPS": 1e15},
+    {"MB/s": 1e6, "GB/s": 1e9, "TB/s": 1e12, "MiB/s": 2.0**20, "GiB/s": 2.0**30, "TiB/s": 2.0**40},
+    {"MB": 1e6, "GB": 1e9, "TB": 1e12, "MiB": 2.0**20, "GiB": 2.0**30, "TiB": 2.0**40},
+)
+
+
+def peak_problem(key: str, peak: Peak) -> str | None:
+    """Why a spec table's figure for ``key`` would give a wrong or silently missing ratio, or None: a unit other
+    than the one the cases measure ``key`` in (no ratio or MFU is formed across units), a value that is no
+    positive figure, a value without its source. A key no case reads is `vendor check`'s to name."""
+    unit = PEAK_UNITS.get(key)
+    if unit is None:
+        return None
+    if peak.unit != unit:
+        hint = ""
+        for scales in _UNIT_SCALES:
+            if peak.unit in scales and unit in scales and peak.value is not None:
+                converted = peak.value * scales[peak.unit] / scales[unit]
+                hint = f" ({peak.value:g} {peak.unit} is {converted:.6g} {unit})"
+        return (f"unit {peak.unit!r}, but cases measure {key} in {unit} (a ratio or MFU is formed in one unit only): "
+                f"give the figure in {unit}{hint}")
+    if peak.value is not None and peak.value <= 0:
+        return f"{peak.value:g} {unit} is no peak: a positive figure, or null where it is not known"
+    if peak.value is not None and not peak.source.strip():
+        return f"{peak.value:g} {unit} without a source (the datasheet and table, or how it was derived)"
+    return None
 
 
 def import_file(path: Path, module_name: str, family: str | None = None) -> ModuleType:

@@ -67,16 +67,26 @@ from flagperf.config.vendors import (
     available_vendors,
     import_file,
     load_vendor_manifest,
+    peak_problem,
 )
 from flagperf.config.yamlio import parse_yaml_text
-from flagperf.errors import ConfigError, FlagperfError, unknown_name
+from flagperf.errors import ConfigError, FlagperfError, findings, left_out_line, unknown_name
 from flagperf.hosts.container_policy import vendor_container_problems
+from flagperf.hosts.vendorscaffold import TODO
 from flagperf.paths import PROJECT_ROOT, display_path
 from flagperf.results.schema import SpecTable
 
 MONITOR_SECONDS = 3.0
 REQUIRED_FIELDS = ("util_percent", "mem_used_bytes")
 RECOMMENDED_FIELDS = ("power_w", "temp_c")
+# What each of those is, and the stem a vendor's own name for it starts with (mem_used_mb, temperature, power):
+# such a field is read by no part of the analysis, so its figures would be silently missing from every report.
+FIELD_MEANING = {"util_percent": ("util", "%, 0 to 100"), "mem_used_bytes": ("mem_used", "bytes"),
+                 "power_w": ("power", "watts"), "temp_c": ("temp", "degrees Celsius")}
+# What a round passes every monitor (flagperf.monitoring.monitor_arguments), and argparse's refusal of it.
+MONITOR_ARGUMENTS = "--out FILE --interval S --max-seconds N --pid-file F --parent-pid P"
+ARGPARSE_ERROR = re.compile(r"error: (the following arguments are required|unrecognized arguments|argument )")
+MIN_DEVICE_MEMORY = 2**26  # 64 MiB: a mem_total_bytes below it is a count of MiB or MB, not of bytes
 # The engine folders a family's cases choose from (the families' own constants: flagperf.inference.engines'
 # INFERENCE_ENGINES, flagperf.operation.impls.IMPLEMENTATIONS_FOLDER, flagperf.generate.engines.ENGINES_FOLDER;
 # tests/unit/test_vendor_check.py holds them equal).
@@ -97,6 +107,14 @@ class Findings:
         """Once: the overrides file is read again with each of the case's scale files (its error with it)."""
         if line not in self.problems:
             self.problems.append(line)
+
+    def add_error(self, error: FlagperfError) -> None:
+        """Each finding an error gathered (every refused key of a file, not its first only), each once."""
+        for finding in findings(error):
+            self.add_problem(str(finding))
+        more = left_out_line(error)
+        if more:
+            self.add_problem(f"{str(error).split(': ', 1)[0]}: {more}")
 
 
 def resolve_vendor_argument(given: Path) -> Path:
@@ -121,7 +139,7 @@ def check_vendor_folder(folder: Path, monitor_seconds: float = MONITOR_SECONDS) 
     try:
         manifest = load_vendor_manifest(folder / MANIFEST)
     except FlagperfError as exc:
-        found.problems.append(str(exc))
+        found.add_error(exc)
         found.problems.extend(_other_missing_files(folder, str(exc)))
         return found
     found.passed.append(f"manifest {display_path(folder / MANIFEST)}")
@@ -262,7 +280,12 @@ def _check_monitor(vendor: Vendor, name: str, command: list[str], seconds: float
             return
         if completed.returncode != 0:
             last = (completed.stderr.strip().splitlines() or ["no output"])[-1]
-            found.problem(where, f"exited {completed.returncode} when run as `{shown}`: {last[:300]}")
+            # argparse's usage error: most often FlagPerf's monitor contract (-o start|stop -l LOGDIR) brought along
+            contract = (f"; a monitor takes {MONITOR_ARGUMENTS} and writes JSON lines, not FlagPerf's -o start|stop "
+                        "-l LOGDIR: flagperf.monitoring's monitor_arguments and run_sampler do both (the scaffold's "
+                        "monitor uses them; docs/vendor-guide.md, section 1)"
+                        if completed.returncode == 2 and ARGPARSE_ERROR.search(last) else "")
+            found.problem(where, f"exited {completed.returncode} when run as `{shown}`: {last[:300]}{contract}")
             return
         try:
             lines = out.read_text(encoding="utf-8", errors="replace").splitlines()
@@ -310,13 +333,44 @@ def _check_monitor(vendor: Vendor, name: str, command: list[str], seconds: float
     if devices:
         for key in REQUIRED_FIELDS:
             if all(d.get(key) is None for d in devices):
-                found.problem(where, f"no device sample has {key} (required: timestamp, utilisation, memory)")
+                found.problem(where, f"no device sample has {key} (required: timestamp, utilisation, memory)"
+                              + _misnamed(key, devices))
         missing = [k for k in RECOMMENDED_FIELDS if all(d.get(k) is None for d in devices)]
         if missing:
-            found.notes.append(f"{where}: recommended {', '.join(missing)} not reported here")
+            found.notes.append(f"{where}: recommended {', '.join(missing)} not reported here"
+                               + "".join(_misnamed(k, devices) for k in missing))
+        for problem in _implausible(devices):
+            found.problem(where, problem)
     if not any(p.startswith(where) for p in found.problems):
         found.passed.append(f"{where}: {len(samples)} samples in {seconds:g} s"
                             + (f" ({'; '.join(unavailable)})" if unavailable else ""))
+
+
+def _misnamed(key: str, devices: list[dict[str, Any]]) -> str:
+    """The device fields of the vendor's own naming that look like ``key`` (its stem), said beside its absence:
+    the analysis reads ``key`` only, so `temperature` or `mem_used_mb` would be dropped from every report."""
+    stem, meaning = FIELD_MEANING[key]
+    known = {*REQUIRED_FIELDS, *RECOMMENDED_FIELDS}
+    named = sorted({f for d in devices for f in d if f.startswith(stem) and f not in known})
+    return (f"; it writes {', '.join(named)}, which no part of the analysis reads: name the figure {key} "
+            f"(in {meaning})") if named else ""
+
+
+def _implausible(devices: list[dict[str, Any]]) -> list[str]:
+    """Figures in another unit than their field's: a share 0..1 or above 100 for a percentage, a memory in MiB."""
+    problems = []
+    utils = [d["util_percent"] for d in devices if isinstance(d.get("util_percent"), int | float)]
+    if any(u < 0 or u > 100 for u in utils):
+        problems.append(f"util_percent {max(utils, key=lambda u: abs(u - 50)):g} is outside 0 to 100 (a percentage "
+                        "of the device, not summed over its units)")
+    totals = [d["mem_total_bytes"] for d in devices if isinstance(d.get("mem_total_bytes"), int | float)]
+    if any(0 < total < MIN_DEVICE_MEMORY for total in totals):
+        problems.append(f"mem_total_bytes {min(totals):g} is under 64 MiB: a count of MiB or MB? the "
+                        "memory fields are in bytes")
+    elif any(isinstance(d.get("mem_used_bytes"), int | float) and isinstance(d.get("mem_total_bytes"), int | float)
+             and d["mem_used_bytes"] > d["mem_total_bytes"] > 0 for d in devices):
+        problems.append("mem_used_bytes above mem_total_bytes: the two in different units? both are bytes")
+    return problems
 
 
 def _check_peaks(vendor: Vendor, found: Findings) -> None:
@@ -327,7 +381,7 @@ def _check_peaks(vendor: Vendor, found: Findings) -> None:
             path = regular_file(vendor.folder, sheets.name, display_path(vendor.folder), None, "the vendor folder")
             entries = parse_yaml_text(read_config_text(path), display_path(sheets)) or []
         except ConfigError as exc:
-            found.problems.append(str(exc))
+            found.add_error(exc)
         for i, entry in enumerate(entries if isinstance(entries, list) else []):
             if not isinstance(entry, dict) or not str(entry.get("source") or "").strip():
                 found.problem(display_path(sheets), f"entry {i}: no source (where each figure comes from)")
@@ -339,7 +393,7 @@ def _check_peaks(vendor: Vendor, found: Findings) -> None:
         if isinstance(exc.__context__, ImportError):  # the vendor's library is not installed here
             found.not_checkable.append(f"peaks: {exc}")  # the error names the file
         else:
-            found.problems.append(str(exc))
+            found.add_error(exc)
         return
     builder = getattr(module, "spec_table", None)
     if not callable(builder):
@@ -358,12 +412,26 @@ def _check_peaks(vendor: Vendor, found: Findings) -> None:
         found.problems.append(f"{error} (a table is {{'device': str, 'peaks': {{key: {{'value', 'unit', "
                               "'source'}}}}}})")
         return
+    wrong = 0
     for key, peak in table.peaks.items():
-        if key not in PEAK_KEYS:
-            found.problem(f"{where} peaks.{key}", f"not a key any case reads (known: {', '.join(sorted(PEAK_KEYS))})")
-        elif peak.value is not None and not (peak.source or "").strip():
-            found.problem(f"{where} peaks.{key}", f"{peak.value} {peak.unit} without a source")
-    found.passed.append(f"peaks: {len(table.peaks)} figures for {table.device} ({where})")
+        problem = (f"not a key any case reads (known: {', '.join(sorted(PEAK_KEYS))})" if key not in PEAK_KEYS
+                   else peak_problem(key, peak))  # what a run refuses, each said here at once
+        if problem is None and peak.value is not None and peak.source.lstrip().startswith(TODO):
+            # The scaffold's DATASHEET left as written: the figure would be published with a placeholder source.
+            problem = (f"{peak.value:g} {peak.unit} with the template's source ({peak.source[:60]!r}): name the "
+                       "datasheet")
+        if problem:
+            found.problem(f"{where} peaks.{key}", problem)
+            wrong += 1
+    if not wrong:
+        found.passed.append(f"peaks: {len(table.peaks)} figures for {table.device} ({where})")
+    if table.device.lstrip().startswith(TODO):  # every report's heading names the device
+        found.notes.append(f"{where}: the device is still the template's ({table.device!r}): every report names it")
+    sparse = [key for key, peak in table.peaks.items() if peak.value is not None and peak.supported and not peak.dense]
+    if sparse:  # honest, but the report shows the figure with no ratio beside it: say why here
+        found.notes.append(f"{where}: {', '.join(sparse)} {'is a sparse figure' if len(sparse) == 1 else 'are sparse'}"
+                           " (dense: false): cases form no ratio or MFU against a sparse peak (2:4 sparsity doubles"
+                           " it); give the dense figure, with its source, to have one")
     unknown = [key for key, peak in table.peaks.items() if peak.value is None and peak.supported]
     if unknown:
         found.notes.append(f"{where}: no value for {', '.join(unknown)}: cases report no ratio or MFU against "
@@ -391,7 +459,7 @@ def _check_adaptations(vendor: Vendor, found: Findings) -> None:
     try:
         cases = available_cases()
     except FlagperfError as exc:
-        found.problems.append(str(exc))
+        found.add_error(exc)
         return
     families: set[str] = set()
     adapted = False
@@ -400,7 +468,7 @@ def _check_adaptations(vendor: Vendor, found: Findings) -> None:
             try:
                 case = load_case(name, cases)
             except FlagperfError as exc:
-                found.problems.append(str(exc))
+                found.add_error(exc)
                 continue
             families.add(case.family)
             adapted = adapted or has_vendor_files(case, vendor.name)
@@ -440,7 +508,7 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
             resolve_case_config(case, vendor=vendor.name, run_overrides=[], hardware=vendor.manifest.hardware)
             used.append(f"overrides {case.vendor_file(vendor.name).name}")
         except FlagperfError as exc:
-            found.add_problem(str(exc))
+            found.add_error(exc)
     folder = adaptation_folder(case.folder, vendor.name)
     hardware = str(vendor.manifest.hardware)
     # A link as the folder is read_adaptation's to judge (it must stay inside the case); its entries are not listed.
@@ -457,7 +525,7 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
                 resolve_case_config(case, vendor=vendor.name, run_overrides=[(str(entry), sizes)], hardware=hardware)
                 used.append(f"scale {entry.name}")
             except FlagperfError as exc:
-                found.add_problem(str(exc))
+                found.add_error(exc)
     problems = adaptation_problems(case.folder, case.family, vendor.name)
     for problem in problems:  # every part's, not only the first a run would stop at
         found.add_problem(str(problem))

@@ -10,10 +10,12 @@ from pathlib import Path
 
 from flagperf.config.adaptation import EXTERN_HOOKS
 from flagperf.config.files import read_config_text
-from flagperf.config.models import check_name
+from flagperf.config.models import PEAK_UNITS, check_name
 from flagperf.config.vendors import MANIFEST
 from flagperf.errors import ConfigError
 from flagperf.paths import PROJECT_ROOT, display_path
+
+TODO = "TODO"  # what marks each place of the scaffold a vendor fills in (vendor check names those still marked)
 
 VENDOR_YAML = """\
 # The manifest of vendor {name} (docs/vendor-guide.md lists every key). Check with: flagperf vendor check {folder}
@@ -50,12 +52,11 @@ from __future__ import annotations
 from typing import Any
 
 DATASHEET = "TODO: the datasheet's title, revision and table (dense figures, not 2:4-sparse ones)"
-# key -> (value or None, unit). The keys are the ones cases read; a figure not known yet stays None.
+# key -> (value or None, unit). The keys are the ones cases read, each in the one unit written here (vendor check
+# and a run refuse another: convert GFLOPS, TB/s or GB); a figure not known yet stays None. The comment says
+# which figure of the datasheet it is, as the case that reads it counts (docs/vendor-guide.md).
 FIGURES: dict[str, tuple[float | None, str]] = {{
-    "fp64": (None, "TFLOPS"), "fp32": (None, "TFLOPS"), "tf32": (None, "TFLOPS"), "bf16": (None, "TFLOPS"),
-    "fp16": (None, "TFLOPS"), "fp8": (None, "TFLOPS"), "int8": (None, "TOPS"),
-    "memory_bandwidth": (None, "GB/s"), "memory_capacity": (None, "GiB"),
-    "h2d_bandwidth": (None, "GB/s"), "d2h_bandwidth": (None, "GB/s"),
+{figures}
 }}
 UNSUPPORTED: dict[str, str] = {{}}  # key -> why the chip cannot do it, e.g. "tf32": "no TF32 matrix unit"
 
@@ -70,6 +71,33 @@ def spec_table(settings: dict[str, Any]) -> dict[str, Any]:
                           "TODO: not filled in from the datasheet yet"}}
     return {{"device": "TODO: the device name as the driver reports it", "peaks": peaks}}
 '''
+
+# Which datasheet figure each spec-table key is, as the case that reads it counts (the scaffold's comments; the
+# table in docs/vendor-guide.md says the same). Every key of PEAK_UNITS has one (tests/unit/test_vendor_walk.py).
+PEAK_FIGURES = {
+    "fp64": "GEMM: the matrix-unit figure where the chip has one, dense",
+    "fp32": "GEMM without TF32 (the case turns it off): the plain FP32 figure",
+    "tf32": "GEMM on the TF32 matrix unit, dense",
+    "bf16": "GEMM, dense: a 2:4-sparse headline figure is twice the dense one",
+    "fp16": "GEMM, dense",
+    "fp8": "GEMM, dense",
+    "int8": "GEMM, dense, in TOPS",
+    "memory_bandwidth": "the datasheet's figure (a copy of N bytes counts 2N, read + write)",
+    "memory_capacity": "device memory in GiB (2^30 bytes): an 80 GB part is 74.5 GiB",
+    "h2d_bandwidth": "host to device, one direction (PCIe Gen5 x16: 64)",
+    "d2h_bandwidth": "device to host, one direction",
+    "p2p_bandwidth": "device to device on one host, one direction (half a bidirectional)",
+    "allreduce_bandwidth": "all-reduce bus bandwidth (nccl-tests' busbw), one direction",
+    "internode_bandwidth": "one device to one on another host, one direction (the NIC's Gb/s / 8)",
+}
+
+
+def spec_figures() -> str:
+    """The scaffold's FIGURES entries: every key a case reads, in its unit, with which figure it is."""
+    entries = {key: f'"{key}": (None, "{unit}"),' for key, unit in PEAK_UNITS.items()}
+    width = max(len(entry) for entry in entries.values())
+    return "\n".join(f"    {entry:<{width}}  # {PEAK_FIGURES[key]}" for key, entry in entries.items())
+
 
 MONITOR_PY = '''\
 """Monitor of vendor {name}'s devices: per device utilisation and memory (required), power and temperature
@@ -194,7 +222,7 @@ def write_vendor_folder(root: Path, name: str, torch_device: str = "cpu") -> Pat
     hooks = "; ".join(f"{family}: {', '.join(points)}" for family, points in EXTERN_HOOKS.items())
     values = {"name": name, "device": torch_device, "folder": display_path(folder), "hardware": name, "hooks": hooks,
               "shares": "true" if torch_device == "cpu" else "false", "env": f"{name.upper()}_VISIBLE_DEVICES",
-              "torch_pin": torch_pin(), "engine_requirements": "\n".join(ENGINE_PACKAGES)}
+              "torch_pin": torch_pin(), "engine_requirements": "\n".join(ENGINE_PACKAGES), "figures": spec_figures()}
     files = {MANIFEST: VENDOR_YAML, "spec.py": SPEC_PY, f"monitor_{name}.py": MONITOR_PY,
              "pytorch/Dockerfile": DOCKERFILE, "pytorch/pytorch_install.sh": INSTALL_SH,
              "pytorch/requirements.txt": REQUIREMENTS, "README.md": README}

@@ -73,7 +73,7 @@ ROW_COLUMNS = ["case", "family", "round", "host", "node_rank", "device_index", "
                "nproc_per_node", "status", "metric", "value",
                "unit", "p50", "cv_chunks", "mfu", "warning",
                "peak", "peak_unit", "ratio", "convention", "statistic", "peak_source", "peak_bound",
-               "peak_bound_reason", "mfu_peak", "mfu_peak_bound", "message", "device",
+               "peak_bound_reason", "peak_dense", "mfu_peak", "mfu_peak_bound", "message", "device",
                *MONITOR_COLUMNS,
                "note", "search", *CHIP_COLUMNS]
 
@@ -198,6 +198,7 @@ def _rows(results: list[tuple[Path, RoundResult]], notes: MonitorNotes) -> pd.Da
                          "convention": m.convention, "statistic": m.statistic,
                          "peak_source": m.peak.source if m.peak else None,
                          "peak_bound": m.peak.bound if m.peak else None,
+                         "peak_dense": m.peak.dense if m.peak else None,
                          "peak_bound_reason": m.peak.bound_reason if m.peak else None,
                          "mfu_peak": _mfu_peak(m), "mfu_peak_bound": m.mfu_peak.bound if m.mfu_peak else None,
                          "warning": m.warning,
@@ -329,6 +330,8 @@ def summarize(run_dir: Path) -> RunSummary:
             "ratio": ratio, "above_peak": bool(ratio is not None and ratio > 1.0 and not estimated),
             "above_estimated_peak": bool(ratio is not None and ratio > 1.0 and estimated),
             "peak_bound": "lower" if estimated else ("exact" if peak is not None else None),
+            # A sparse (2:4) datasheet figure: shown, but no ratio is formed against it; the report says so.
+            "peak_sparse": bool(peak is not None and group["peak_dense"].eq(False).any()),
             "peak_bound_reason": _clean(group["peak_bound_reason"].dropna().iloc[0]) if estimated else None,
             "mfu_estimated": bool(group["mfu_peak_bound"].eq("lower").any()),
             "lower_bound": bool(group["note"].map(lambda n: isinstance(n, str) and BOUNDED_NOTE in n).any()),
@@ -542,6 +545,8 @@ def headline_cells(entry: dict[str, Any]) -> list[str]:
     spread = f"{percent(entry['spread_cv'], sign='±')} ({entry['spread_over']})" if entry["spread_cv"] is not None \
         else "-"
     peak = f"{fmt(entry['peak'])} {entry['peak_unit']}" if entry["peak"] is not None else peak_missing(entry)
+    if entry.get("peak_sparse"):
+        peak += " (sparse)"
     measured = ("≥ " if entry.get("lower_bound") else "") + fmt(entry["value"])  # a bound by design, said
     return [entry["case"], md_text(entry["metric"]), measured, unit_cell(entry["unit"]), fmt(entry["p50"]), spread,
             peak,
@@ -584,7 +589,7 @@ def ratio_cell(entry: dict[str, Any]) -> str:
     """measured / peak: against an exact peak above 100 % is flagged (the peak is wrong); against an estimated
     one (a lower bound) the ratio is an upper estimate, and above 100 % says the estimate is low, and why."""
     if entry["ratio"] is None:
-        return "-"
+        return "- (sparse peak: none)" if entry.get("peak_sparse") else "-"
     if entry.get("peak_bound") == "lower":
         above = (f" (above the estimated peak; a lower bound: {md_text(entry.get('peak_bound_reason') or '')})"
                  if entry.get("above_estimated_peak") else "")

@@ -6,7 +6,9 @@ options the vendor asked for."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,19 +27,33 @@ ROOT = Path(__file__).resolve().parents[2]
 CASES = ("computation-FP32", "digits-mlp")
 
 
-def test_a_scaffolded_vendor_runs_in_its_image_on_a_docker_host_and_an_ssh_host(
-        flagperf_env: Path, tmp_path: Path, testbed: Testbed, monkeypatch: pytest.MonkeyPatch) -> None:
-    from flagperf.hosts.vendorcheck import check_vendor_folder
-    from flagperf.hosts.vendorscaffold import write_vendor_folder
-
-    deployed = deploy_project(ROOT, testbed, name="vendor-walk")
-    # The vendor's own repository, outside the deployment (`vendor new --into DIR`): the hosts find it through
-    # their FLAGPERF_VENDOR_PATH, and their containers see it only as a read-only mount of its own, under
-    # /flagperf-search (their FLAGPERF_VENDOR_PATH names it there).
-    vendors = deployed.with_name("vendor-walk-vendors") / "walk_vendors"
+@pytest.fixture
+def walk_deployment(testbed: Testbed) -> Iterator[tuple[Path, Path]]:
+    """This session's deployment and vendor folder, named by its pid and removed after: the test bed is shared,
+    and another session's run of this test rewrote a fixed-name vendor folder under this one's rounds (its
+    scaffold's acme, not this checkout's: the plan's source digest then disagreed with this one's)."""
+    deployed = deploy_project(ROOT, testbed, name=f"vendor-walk-{os.getpid()}")
+    vendors = deployed.with_name(f"vendor-walk-{os.getpid()}-vendors") / "walk_vendors"
     shutil.rmtree(vendors.parent, ignore_errors=True)
     vendors.mkdir(parents=True)
     vendors.parent.chmod(0o755)
+    try:
+        yield deployed, vendors
+    finally:
+        shutil.rmtree(deployed, ignore_errors=True)
+        shutil.rmtree(vendors.parent, ignore_errors=True)
+
+
+def test_a_scaffolded_vendor_runs_in_its_image_on_a_docker_host_and_an_ssh_host(
+        flagperf_env: Path, tmp_path: Path, testbed: Testbed, monkeypatch: pytest.MonkeyPatch,
+        walk_deployment: tuple[Path, Path]) -> None:
+    from flagperf.hosts.vendorcheck import check_vendor_folder
+    from flagperf.hosts.vendorscaffold import write_vendor_folder
+
+    # The vendor's own repository, outside the deployment (`vendor new --into DIR`): the hosts find it through
+    # their FLAGPERF_VENDOR_PATH, and their containers see it only as a read-only mount of its own, under
+    # /flagperf-search (their FLAGPERF_VENDOR_PATH names it there).
+    deployed, vendors = walk_deployment
     folder = write_vendor_folder(vendors, "acme")
     manifest = yaml.safe_load((folder / "vendor.yaml").read_text())
     # Filled in as a vendor would: its container options (the device is the CPU, so no device files here). Limits

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -324,3 +325,44 @@ def test_secrets_are_masked_in_the_record(tmp_path: Path) -> None:
     assert record["env"] == {"HF_TOKEN": MASK, "MIRROR": MASK, "COPIED": MASK, "MODE": "fast"}
     assert record["env_applied"] == {"HF_TOKEN": MASK, "MIRROR": MASK, "COPIED": MASK, "MODE": "fast"}
     assert "from-the-host" not in str(record) and "hf_written" not in str(record)
+
+
+OPS_C = """\
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "xin_ops", NULL, -1, NULL};
+PyMODINIT_FUNC PyInit_xin_ops(void) { return PyModule_Create(&module); }
+"""
+
+
+@pytest.mark.parametrize(("source", "compiler", "cause"), [
+    (OPS_C + "this is not C;\n", None, r"ops\.c:5:\d+: error: "),
+    # An image without a compiler (a minimal base): the cause is the compiler setuptools could not start.
+    (OPS_C, "/nonexistent/xin-cc", r"error: \[Errno 2\] No such file or directory: '/nonexistent/xin-cc'$"),
+])
+def test_a_failed_csrc_build_names_its_cause_not_pips_last_hint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, compiler: str | None, cause: str) -> None:
+    """A real pip build of csrc/ that fails: the round's one line quoted pip's closing words ("hint: See above for
+    output from the failure", "ERROR: Could not build wheels for ..."), which name no cause; it now quotes the
+    compiler's first diagnostic or the compiler that could not be started."""
+    from flagperf.hosts.adaptation import CSRC_LOG, apply_adaptation
+
+    csrc = tmp_path / "case" / "vendor" / "v" / "csrc"
+    csrc.mkdir(parents=True)
+    (csrc / "setup.py").write_text("from setuptools import Extension, setup\n"
+                                   "setup(name='xin-ops', version='0.1',\n"
+                                   "      ext_modules=[Extension('xin_ops', ['ops.c'])])\n")
+    (csrc / "ops.c").write_text(source)
+    if compiler is not None:
+        monkeypatch.setenv("CC", compiler)
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))  # restored after: a build adds to it
+    adaptation = read_adaptation(tmp_path / "case", "c", "training", "v")
+    assert adaptation is not None
+    (tmp_path / "round").mkdir()
+    with pytest.raises(CaseUserError) as failed:
+        apply_adaptation(adaptation, tmp_path / "round", tmp_path / "cache")
+    message = str(failed.value)
+    assert message.startswith(f"{csrc / 'setup.py'}: build failed (exit 1); log {CSRC_LOG}: "), message
+    assert re.search(cause, message) and "hint:" not in message and "\n" not in message, message
+    last = (tmp_path / "round" / CSRC_LOG).read_text().strip().splitlines()[-1].strip()
+    assert not re.search(cause, last), last  # what the line quoted: pip's closing words

@@ -351,3 +351,19 @@ def test_the_report_says_whether_each_training_round_converged(tmp_path: Path) -
     assert "## Convergence" in text
     assert "| digits-mlp | 1 | localhost | accuracy | 0.95 | 0.97 | yes | 4 | 120 |" in text
     assert "| digits-mlp | 2 | localhost | accuracy | 0.95 | 0.91 | **no** | 4 | 120 |" in text
+
+
+def test_a_sparse_peak_is_shown_as_one_with_why_no_ratio(tmp_path: Path) -> None:
+    """A vendor's 2:4-sparse datasheet figure (dense: false): the table showed it as the peak beside a bare "-"
+    for measured/peak, as if the ratio had been lost; it now says the peak is sparse and why there is none."""
+    run = tmp_path / "run"
+    sparse = Peak(value=960.0, unit="TFLOPS", source="XC-100 datasheet, with sparsity", dense=False)
+    put(run, "computation-FP16", 1, metrics=[Metric(name="gemm_fp16", value=300.0, unit="TFLOPS", peak=sparse,
+                                                    ratio=None)])
+    put(run, "computation-FP32", 1, metrics=[gemm(1.0)])
+    s = summarize(run)
+    cells = headline_cells(headline(s, "computation-FP16"))
+    assert (cells[6], cells[7]) == ("960 TFLOPS (sparse)", "- (sparse peak: none)"), cells
+    dense = headline_cells(headline(s, "computation-FP32"))
+    assert (dense[6], dense[7]) == ("2 TFLOPS", "50.0%"), dense
+    assert "| 960 TFLOPS (sparse) | - (sparse peak: none) |" in render_markdown(s)

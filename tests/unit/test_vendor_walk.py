@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from flagperf.config.adaptation import EXTERN_HOOKS
+from flagperf.config.models import PEAK_UNITS
 from flagperf.config.vendors import MANIFEST, load_vendor_manifest
 from flagperf.errors import ConfigError
 from flagperf.hosts.vendorcheck import ENGINE_FOLDERS, check_vendor_folder
-from flagperf.hosts.vendorscaffold import write_vendor_folder
+from flagperf.hosts.vendorscaffold import PEAK_FIGURES, write_vendor_folder
 from flagperf.paths import PROJECT_ROOT
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -83,7 +84,12 @@ def test_the_scaffold_passes_vendor_check_and_validate_as_written(tmp_path: Path
     found = check_vendor_folder(folder, monitor_seconds=1)
     assert found.problems == []
     assert any(line.startswith("image ") and "pytorch_install.sh" in line for line in found.passed)
-    assert any(line.startswith("peaks: 11 figures") for line in found.passed)
+    # Every key a case reads, each in its unit with which datasheet figure it is (a vendor never learnt of the
+    # interconnect keys, whose cases then had no peak, nor that p2p is one direction).
+    assert any(line.startswith(f"peaks: {len(PEAK_UNITS)} figures") for line in found.passed), found.passed
+    spec = (folder / "spec.py").read_text()
+    for key, unit in PEAK_UNITS.items():
+        assert f'"{key}": (None, "{unit}"),' in spec and PEAK_FIGURES[key] in spec, key
     # The template monitor says what is left to do rather than writing made-up figures.
     assert any("read_devices() is still the template's" in line for line in found.not_checkable)
     checked = flagperf("validate", str(folder / MANIFEST))
@@ -245,7 +251,8 @@ def test_a_new_vendor_is_told_where_case_files_go_and_which_peaks_are_missing(wa
                                "config_acmex<nnodes>x<nproc>.yaml") and "extern/hooks.py" in note
                for note in found.notes), found.notes
     assert any("acme/spec.py: no value for fp64, fp32, tf32, bf16, fp16, fp8, int8, memory_bandwidth, "
-               "memory_capacity, h2d_bandwidth, d2h_bandwidth: cases report no ratio or MFU against them" in note
+               "memory_capacity, h2d_bandwidth, d2h_bandwidth, p2p_bandwidth, allreduce_bandwidth, "
+               "internode_bandwidth: cases report no ratio or MFU against them" in note
                for note in found.notes), found.notes
     write(walk / "cases" / "inference" / "walk-infer" / "vendor" / "acme_configurations.yaml", "batch_size: 64\n")
     assert not any(note.startswith("no case is adapted") for note in
@@ -264,3 +271,153 @@ def test_the_tutorials_monitor_passes_and_its_missing_recommended_fields_are_a_n
     assert any(line.startswith(where) and " samples in " in line for line in found.passed), found.passed
     assert not any(line.startswith(where) for line in [*found.problems, *found.not_checkable]), found
     assert f"{where}: recommended power_w, temp_c not reported here" in found.notes, found.notes
+
+
+WRONG_UNITS_SPEC = '''\
+def spec_table(settings):
+    source = "XC-100 datasheet rev 1.2, table 3"
+    return {"device": "XC-100", "peaks": {
+        "fp32": {"value": 60.0, "unit": "TFLOPS", "source": source},
+        "fp16": {"value": 960.0, "unit": "TFLOPS", "source": source + " (with sparsity)", "dense": False},
+        "bf16": {"value": 480000.0, "unit": "GFLOPS", "source": source},
+        "int8": {"value": 960.0, "unit": "TFLOPS", "source": source},
+        "memory_bandwidth": {"value": 3.2, "unit": "TB/s", "source": source},
+        "memory_capacity": {"value": 64.0, "unit": "GB", "source": source},
+        "h2d_bandwidth": {"value": 0.0, "unit": "GB/s", "source": source},
+        "d2h_bandwidth": {"value": 64.0, "unit": "GB/s", "source": " "},
+        "fp8": {"value": None, "unit": "TFLOP/s", "source": "not in the datasheet"},
+    }}
+'''
+
+
+def test_a_peak_in_another_unit_or_without_a_figure_is_refused_by_check_and_run(walk: Path) -> None:
+    """A datasheet's GFLOPS, TB/s or GB copied as written gave no ratio or MFU at all, silently (a case forms one
+    only against a peak in its own unit), and a zero or sourceless figure passed: vendor check names each, and a
+    run (the spec table built on the host) stops at the first in one line naming the file and key. A sparse
+    figure, which gives no ratio either, is a note."""
+    from flagperf.config.vendors import load_vendor
+
+    vendor = walk / "vendors" / "acme"
+    (vendor / "spec.py").write_text(WRONG_UNITS_SPEC)
+    found = check_vendor_folder(vendor, monitor_seconds=1)
+    where = f"{vendor / 'spec.py'} peaks."
+    expected = {
+        "bf16": "unit 'GFLOPS', but cases measure bf16 in TFLOPS (a ratio or MFU is formed in one unit only): give "
+                "the figure in TFLOPS (480000 GFLOPS is 480 TFLOPS)",
+        "int8": "unit 'TFLOPS', but cases measure int8 in TOPS",
+        "memory_bandwidth": "give the figure in GB/s (3.2 TB/s is 3200 GB/s)",
+        "memory_capacity": "give the figure in GiB (64 GB is 59.6046 GiB)",
+        "h2d_bandwidth": "0 GB/s is no peak: a positive figure, or null where it is not known",
+        "d2h_bandwidth": "64 GB/s without a source",
+        "fp8": "unit 'TFLOP/s', but cases measure fp8 in TFLOPS",
+    }
+    for key, text in expected.items():
+        assert sum(p.startswith(f"{where}{key}: ") and text in p for p in found.problems) == 1, (key, found.problems)
+    assert len(found.problems) == len(expected), found.problems
+    assert not any(line.startswith("peaks:") for line in found.passed), found.passed
+    # A sparse figure is honest, but no ratio is shown beside it: the vendor is told why, and what to give.
+    assert f"{vendor / 'spec.py'}: fp16 is a sparse figure (dense: false): cases form no ratio or MFU against a " \
+           "sparse peak (2:4 sparsity doubles it); give the dense figure, with its source, to have one" in found.notes
+    with pytest.raises(ConfigError) as refused:
+        load_vendor("acme").spec_table()
+    assert str(refused.value).startswith(f"{vendor / 'spec.py'}: peaks.bf16: unit 'GFLOPS'"), str(refused.value)
+    (vendor / "spec.py").write_text("def spec_table(settings):\n    return {'device': 'XC-100', 'peaks': "
+                                    "{'fp32': {'value': 60.0, 'unit': 'TFLOPS'}}}\n")
+    with pytest.raises(ConfigError, match=r"spec\.py spec_table\(\): peaks\.fp32\.source: "):
+        load_vendor("acme").spec_table()
+
+
+def misnamed_monitor(device: str) -> str:
+    """A vendor's monitor on flagperf.monitoring's loop, its device entry as given."""
+    return ("from flagperf.monitoring import monitor_arguments, run_sampler\n"
+            "args = monitor_arguments('acme').parse_args()\n"
+            "raise SystemExit(run_sampler('acme', args, {'devices': [{'index': 0}]}, "
+            f"lambda: {{'devices': [{device}]}}))\n")
+
+
+@pytest.mark.parametrize(("device", "problems", "note"), [
+    # Its tool's names: the analysis reads none of them, so memory, power and temperature were missing from every
+    # report with only "not reported here" said.
+    ("{'index': 0, 'util_percent': 40.0, 'mem_used_mb': 1359, 'power': 120.5, 'temperature': 55}",
+     ["no device sample has mem_used_bytes (required: timestamp, utilisation, memory); it writes mem_used_mb, "
+      "which no part of the analysis reads: name the figure mem_used_bytes (in bytes)"],
+     "recommended power_w, temp_c not reported here; it writes power, which no part of the analysis reads: name "
+     "the figure power_w (in watts); it writes temperature, which no part of the analysis reads: name the figure "
+     "temp_c (in degrees Celsius)"),
+    # The right names, figures in other units: MiB for bytes, a share for a percentage summed over cores.
+    ("{'index': 0, 'util_percent': 350.0, 'mem_used_bytes': 1359, 'mem_total_bytes': 24105, 'power_w': 120.5, "
+     "'temp_c': 55}",
+     ["util_percent 350 is outside 0 to 100 (a percentage of the device, not summed over its units)",
+      "mem_total_bytes 24105 is under 64 MiB: a count of MiB or MB? the memory fields are in bytes"], None),
+    ("{'index': 0, 'util_percent': 35.0, 'mem_used_bytes': 1359 * 2**30, 'mem_total_bytes': 24105 * 2**20, "
+     "'power_w': 120.5, 'temp_c': 55}",
+     ["mem_used_bytes above mem_total_bytes: the two in different units? both are bytes"], None),
+])
+def test_a_monitor_field_by_another_name_or_in_another_unit_is_named(
+        tmp_path: Path, device: str, problems: list[str], note: str | None) -> None:
+    folder = write_vendor_folder(tmp_path, "acme")
+    (folder / "monitor_acme.py").write_text(misnamed_monitor(device))
+    found = check_vendor_folder(folder, monitor_seconds=1)
+    where = f"monitor acme ({folder / 'monitor_acme.py'}): "
+    assert [p for p in found.problems if p.startswith(where)] == [where + p for p in problems], found.problems
+    if note is not None:
+        assert where + note in found.notes, found.notes
+
+
+def test_a_figure_filled_in_under_the_templates_source_is_a_problem(tmp_path: Path) -> None:
+    """The scaffold's FIGURES filled in, its DATASHEET and device name left as written: every report would show
+    the figure with "TODO: the datasheet's title ..." as its source, and "TODO" as the device."""
+    folder = write_vendor_folder(tmp_path, "acme")
+    spec = folder / "spec.py"
+    spec.write_text(spec.read_text().replace('"fp32": (None, "TFLOPS"),', '"fp32": (60.0, "TFLOPS"),'))
+    found = check_vendor_folder(folder, monitor_seconds=1)
+    assert found.problems == [f"{spec} peaks.fp32: 60 TFLOPS with the template's source (\"TODO: the datasheet's "
+                              "title, revision and table (dense figur\"): name the datasheet"], found.problems
+    assert f"{spec}: the device is still the template's ('TODO: the device name as the driver reports it'): every " \
+           "report names it" in found.notes, found.notes
+
+
+FLAGPERF_MONITOR = """\
+import argparse
+p = argparse.ArgumentParser()
+p.add_argument("-o", "--operation", choices=["start", "stop", "restart", "status"], required=True)
+p.add_argument("-l", "--log", default="./logs/")
+p.parse_args()
+"""
+
+
+def test_a_monitor_kept_from_flagperf_is_told_the_contract_here(tmp_path: Path) -> None:
+    """FlagPerf's vendor guide asks for <vendor>_monitor.py -o start|stop -l LOGDIR, and a vendor brings it along:
+    argparse's "arguments are required: -o/--operation" alone did not say what a monitor takes here."""
+    folder = write_vendor_folder(tmp_path, "acme")
+    (folder / "monitor_acme.py").write_text(FLAGPERF_MONITOR)
+    found = check_vendor_folder(folder, monitor_seconds=1)
+    assert found.problems == [
+        f"monitor acme ({folder / 'monitor_acme.py'}): exited 2 when run as `python {folder / 'monitor_acme.py'} "
+        "--out FILE --interval 1 --max-seconds 1`: monitor_acme.py: error: the following arguments are required: "
+        "-o/--operation; a monitor takes --out FILE --interval S --max-seconds N --pid-file F --parent-pid P and "
+        "writes JSON lines, not FlagPerf's -o start|stop -l LOGDIR: flagperf.monitoring's monitor_arguments and "
+        "run_sampler do both (the scaffold's monitor uses them; docs/vendor-guide.md, section 1)"], found.problems
+
+
+def test_every_refused_line_of_an_overrides_or_scale_file_is_named_at_once(walk: Path) -> None:
+    """A FlagPerf config_<hw>x1x1.py copied whole restates defaults and sets keys a vendor may not change: each
+    was named only once the one before it was fixed (a check, a fix, a check ... per line)."""
+    cases = walk / "cases"
+    overrides = write(cases / "training" / "walk-mlp" / "vendor" / "acme.yaml", "hidden: 256\nseed: 1\n")
+    scale = write(cases / "training" / "walk-mlp" / "vendor" / "acme" / "config_acmex1x1.py",
+                  "lr = 0.05\nmax_epochs = 3\nnproc_per_node = 2\nbatch_size = 64\n")
+    problems = check_vendor_folder(walk / "vendors" / "acme", monitor_seconds=1).problems
+    expected = [f"{overrides}: hidden: is not in the case's mutable list",
+                f"{overrides}: seed: is a case parameter",
+                f"{scale}: lr: sets the value it already has (0.05); remove the line",
+                f"{scale}: max_epochs: is not in the case's mutable list",
+                f"{scale}: nproc_per_node: 2 contradicts the file name (config_acmex1x1.py)"]
+    for line in expected:
+        assert sum(problem.startswith(line) for problem in problems) == 1, (line, problems)
+    assert len(problems) == len(expected), problems
+    write(overrides, "timeout_s: 120\n")
+    checked = flagperf("validate", str(scale))
+    assert checked.returncode == 2, checked
+    errors = [line.removeprefix("error ") for line in checked.stderr.splitlines() if line.startswith("error ")]
+    assert len(errors) == 3 and all(e.startswith(line) for e, line in zip(errors, expected[2:], strict=True)), errors

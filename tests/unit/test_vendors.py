@@ -138,7 +138,8 @@ def test_tmp_vendor_loads(vendor_root: Path) -> None:
 
 def test_spec_table_output_is_validated(vendor_root: Path) -> None:
     make_vendor(vendor_root, spec_settings={"model": "X", "fp32": "fast"})
-    with pytest.raises(ValueError):
+    # One line naming the vendor's spec module and the figure, as every user error is (no pydantic dump).
+    with pytest.raises(ConfigError, match=r"acme/spec\.py spec_table\(\): peaks\.fp32\.value: "):
         load_vendor("acme").spec_table()
 
 
