@@ -880,6 +880,8 @@ def server(
             code = serve(url, host, port, pool, worker, log_dir, results_dir=results, results_port=results_port,
                          public_url=public_url, results_public_url=results_public_url, credentials=credentials,
                          deploy=deploy)
+        except FlagperfError as exc:  # a setting to change (another server's --pool on this database)
+            raise _fail(str(exc)) from None
         except RuntimeError as exc:
             raise _fail(f"{exc} (logs in {log_dir})", EXIT_FAILED) from None
     if code > 128:

@@ -6,6 +6,7 @@ as the server reports it) and is made again on fresh ports when a port was taken
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import time
@@ -65,3 +66,53 @@ def session_pool(prefix: str) -> str:
     sessions; a worker an earlier, killed session left behind polls its own pool, so it cannot take this
     session's flow runs."""
     return f"{prefix}-{os.getpid()}"
+
+
+SESSION_POOL = re.compile(r"flagperf-[a-z]+-(?P<pid>\d+)")
+
+
+def clear_ended_sessions_deployments(pool: str) -> None:
+    """Delete, on the shared test database (FLAGPERF_TEST_POSTGRES_URL), the deployments of prefect.yaml that
+    earlier sessions left on their own pools: `flagperf server` refuses to take over another pool's (see
+    flows.server.refuse_other_pools), so this session's first server would be refused. Those of a session still
+    running (another pytest) are left: that server's refusal then says whose they are."""
+    import asyncio
+
+    import asyncpg
+    import psutil
+
+    from flows.server import deployments_in_project
+
+    specs = deployments_in_project()["deployments"]
+    names, entrypoints = [s["name"] for s in specs], [s["entrypoint"] for s in specs]
+
+    def ended(owner: str) -> bool:
+        session = SESSION_POOL.fullmatch(owner)
+        return session is None or int(session["pid"]) == os.getpid() or not psutil.pid_exists(int(session["pid"]))
+
+    async def clear() -> None:
+        dsn = os.environ["FLAGPERF_TEST_POSTGRES_URL"].replace("postgresql+asyncpg://", "postgresql://")
+        conn = await asyncpg.connect(dsn)
+        try:
+            rows = await conn.fetch(
+                "select d.id, p.name as pool from deployment d join work_queue q on q.id = d.work_queue_id "
+                "join work_pool p on p.id = q.work_pool_id where d.name = any($1::text[]) "
+                "and d.entrypoint = any($2::text[])", names, entrypoints)
+            stale = [row["id"] for row in rows if row["pool"] != pool and ended(row["pool"])]
+            if stale:
+                await conn.execute("delete from deployment where id = any($1::uuid[])", stale)
+        except asyncpg.UndefinedTableError:  # no server has used the database yet
+            pass
+        finally:
+            await conn.close()
+
+    asyncio.run(clear())
+
+
+def database_pool() -> str:
+    """The work pool of every `flagperf server` this session starts on the shared test database: one for them all
+    (servers on one database serve one pool: flows.server.refuse_other_pools), with what ended sessions left on
+    theirs cleared first."""
+    pool = session_pool("flagperf-test")
+    clear_ended_sessions_deployments(pool)
+    return pool
