@@ -71,11 +71,11 @@ def session_pool(prefix: str) -> str:
 SESSION_POOL = re.compile(r"flagperf-[a-z]+-(?P<pid>\d+)")
 
 
-def clear_ended_sessions_deployments(pool: str) -> None:
-    """Delete, on the shared test database (FLAGPERF_TEST_POSTGRES_URL), the deployments of prefect.yaml that
-    earlier sessions left on their own pools: `flagperf server` refuses to take over another pool's (see
-    flows.server.refuse_other_pools), so this session's first server would be refused. Those of a session still
-    running (another pytest) are left: that server's refusal then says whose they are."""
+def clear_deployments_of_other_pools(pool: str) -> None:
+    """Delete, on the shared test database (FLAGPERF_TEST_POSTGRES_URL), the deployments of prefect.yaml that the
+    servers of ended sessions, or earlier ones of this session (stopped by now), left on a pool other than
+    ``pool``: `flagperf server` refuses to take over another pool's (flows.server.refuse_other_pools). Those of a
+    session still running (another pytest) are left: the refusal then says whose they are."""
     import asyncio
 
     import asyncpg
@@ -114,5 +114,5 @@ def database_pool() -> str:
     (servers on one database serve one pool: flows.server.refuse_other_pools), with what ended sessions left on
     theirs cleared first."""
     pool = session_pool("flagperf-test")
-    clear_ended_sessions_deployments(pool)
+    clear_deployments_of_other_pools(pool)
     return pool
