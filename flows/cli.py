@@ -839,7 +839,8 @@ def server(
     auth_file: Annotated[Path | None, typer.Option(
         help="file holding user:password for the sign-in (mode 600, outside the project; default: "
              "$FLAGPERF_AUTH_FILE, $PREFECT_SERVER_API_AUTH_STRING, then ~/.config/flagperf/server-auth)")] = None,
-    pool: Annotated[str, typer.Option(help="process work pool to create and serve")] = "flagperf",
+    pool: Annotated[str, typer.Option(help="process work pool to create and serve (one per database: servers "
+                                           "sharing one share its deployments)")] = "flagperf",
     worker: Annotated[bool, typer.Option(help="also start a worker for the pool")] = True,
     deploy: Annotated[bool, typer.Option(help="create the deployments of prefect.yaml (else the banner prints "
                                               "the command)")] = True,
