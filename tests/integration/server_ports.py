@@ -11,6 +11,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -116,3 +117,10 @@ def database_pool() -> str:
     pool = session_pool("flagperf-test")
     clear_deployments_of_other_pools(pool)
     return pool
+
+
+def online_since(worker: dict, moment: datetime) -> bool:
+    """Whether a worker (as the API lists them) is online and was made after ``moment``: not one that an earlier
+    server of the session left on the same pool (the server marks it offline only after its heartbeats stop)."""
+    created = datetime.fromisoformat(worker["created"].replace("Z", "+00:00"))  # Python 3.10 reads no "Z"
+    return worker["status"] == "ONLINE" and created > moment

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from server_ports import database_pool, start_on_os_ports
+from server_ports import database_pool, online_since, start_on_os_ports
 from site_probe import basic, make_run
 
 from flagperf.paths import RESULTS_DIR_ENV
@@ -137,8 +137,7 @@ def team_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             # Before the worker has made its pool, the API answers 404 with a {"detail": ...} object.
             answer = httpx.post(f"{server.api}/work_pools/{pool}/workers/filter", json={}, headers=server.auth,
                                 timeout=5)
-            return answer.status_code == 200 and any(  # not one an earlier server of the session left on the pool
-                w["status"] == "ONLINE" and datetime.fromisoformat(w["created"]) > started for w in answer.json())
+            return answer.status_code == 200 and any(online_since(w, started) for w in answer.json())
 
         def deployed() -> bool:
             """`flagperf server` makes the deployments itself, then gives them its pool and results folder. On a

@@ -21,7 +21,7 @@ import psutil
 import pytest
 from held_deploy import holding_env, running, wait_held
 from prefect_api import assert_schedule_gets_runs
-from server_ports import database_pool, start_on_os_ports
+from server_ports import database_pool, online_since, start_on_os_ports
 from site_probe import basic, plant, probe, request
 
 from flows.server import api_headers
@@ -100,7 +100,7 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
                 if answer.status_code == 200:  # not a worker an earlier server of the session left on the pool
                     workers = [w for w in httpx.post(f"{api}/work_pools/{pool}/workers/filter", json={},
                                                      headers=changes, timeout=5).json()
-                               if w["status"] == "ONLINE" and datetime.fromisoformat(w["created"]) > started]
+                               if online_since(w, started)]
             except httpx.HTTPError:
                 pass
             if not workers:
