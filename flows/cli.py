@@ -839,7 +839,8 @@ def server(
     auth_file: Annotated[Path | None, typer.Option(
         help="file holding user:password for the sign-in (mode 600, outside the project; default: "
              "$FLAGPERF_AUTH_FILE, $PREFECT_SERVER_API_AUTH_STRING, then ~/.config/flagperf/server-auth)")] = None,
-    pool: Annotated[str, typer.Option(help="process work pool to create and serve")] = "flagperf",
+    pool: Annotated[str, typer.Option(help="process work pool to create and serve (one per database: servers "
+                                           "sharing one share its deployments)")] = "flagperf",
     worker: Annotated[bool, typer.Option(help="also start a worker for the pool")] = True,
     deploy: Annotated[bool, typer.Option(help="create the deployments of prefect.yaml (else the banner prints "
                                               "the command)")] = True,
@@ -880,6 +881,8 @@ def server(
             code = serve(url, host, port, pool, worker, log_dir, results_dir=results, results_port=results_port,
                          public_url=public_url, results_public_url=results_public_url, credentials=credentials,
                          deploy=deploy)
+        except FlagperfError as exc:  # a setting to change (another server's --pool on this database)
+            raise _fail(str(exc)) from None
         except RuntimeError as exc:
             raise _fail(f"{exc} (logs in {log_dir})", EXIT_FAILED) from None
     if code > 128:

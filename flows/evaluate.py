@@ -51,7 +51,7 @@ from flagperf.errors import ConfigError, FlagperfError, InfrastructureFailure
 from flagperf.hosts.capacity import check_capacity
 from flagperf.hosts.flagperf_training import open_inventory
 from flagperf.hosts.fleet import close_hosts, master_address, open_host
-from flagperf.hosts.health import check_results_disk, health_file
+from flagperf.hosts.health import check_results_disk, health_file, round_probe, with_image_probe
 from flagperf.hosts.inventory import HostSpec
 from flagperf.hosts.local import Host
 from flagperf.hosts.slurm import cancel_jobs
@@ -265,7 +265,7 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
                 calls: list[Callable[[], list[RoundResult]]] = []
                 for group in node_groups(case.config, list(specs)):
                     calls.append(partial(group_round, group, specs, plan, run_dir, case.name, round_no,
-                                         {name: images[(name, framework)] for name in group}, probes,
+                                         {name: images[(name, framework)] for name in group},
                                          monitor_interval_s, command, inv.master_port))
                 for group_results in run_concurrently(calls):
                     results.extend(group_results)
@@ -542,8 +542,7 @@ def check_images(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: RunPl
     merged = dict(probes)
     for name, image_probe, _ in outcomes:
         assert image_probe is not None
-        # The host's own facts stay; device, peaks and libraries are what the cases will have.
-        merged[name] = {**(probes.get(name) or {}), **{k: v for k, v in image_probe.items() if k != "host"}}
+        merged[name] = with_image_probe(probes.get(name), image_probe)  # as the rounds read it: round_probe
     return merged
 
 
@@ -555,8 +554,8 @@ def node_groups(config: dict[str, Any], names: list[str]) -> list[list[str]]:
 
 
 def group_round(group: list[str], specs: dict[str, HostSpec], plan: RunPlan, run_dir: Path, case: str,
-                round_no: int, images: dict[str, dict[str, Any]], probes: dict[str, dict[str, Any] | None],
-                monitor_interval_s: float, command: str, master_port: int) -> list[RoundResult]:
+                round_no: int, images: dict[str, dict[str, Any]], monitor_interval_s: float, command: str,
+                master_port: int) -> list[RoundResult]:
     """One round of one case on a group of hosts (one host, or the nnodes of a multi-node case), all at once.
     A multi-node round is kept from an earlier attempt only if every node completed it."""
     logger = get_run_logger()
@@ -581,8 +580,7 @@ def group_round(group: list[str], specs: dict[str, HostSpec], plan: RunPlan, run
         parameters = {"run_dir": str(run_dir), "case": case, "round_no": round_no,
                       "host": specs[name].model_dump(mode="json"), "node_rank": rank, "nnodes": nnodes,
                       "master_addr": master_address(master), "master_port": master_port if nnodes > 1 else None,
-                      "image": images[name], "probe": probes.get(name), "monitor_interval_s": monitor_interval_s,
-                      "command": command}
+                      "image": images[name], "monitor_interval_s": monitor_interval_s, "command": command}
         calls.append(partial(run_node, specs[name], parameters))
     return run_concurrently(calls)
 
@@ -621,7 +619,7 @@ def run_node(spec: HostSpec, parameters: dict[str, Any]) -> RoundResult:
                   host=spec.name, node_rank=parameters["node_rank"], vendor=plan.vendor.name, config=case.config,
                   config_origins=case.origins, run_overrides=case.run_overrides, command=parameters["command"],
                   image=parameters["image"] or {}, run_cases=plan.case_folders)
-        result = job.failed_result(failure, parameters["probe"])
+        result = job.failed_result(failure, round_probe(Path(parameters["run_dir"]), spec.name))
         try:
             write_result(dest / RESULT_FILE, result)
         except OSError as exc:

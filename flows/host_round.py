@@ -20,7 +20,7 @@ from flagperf.config.plan import CasePlan, RunPlan, read_plan
 from flagperf.config.vendors import Vendor
 from flagperf.errors import InfrastructureFailure, RoundUserFailure
 from flagperf.hosts.fleet import open_host, runtime_for
-from flagperf.hosts.health import HealthReport
+from flagperf.hosts.health import HealthReport, round_probe
 from flagperf.hosts.inventory import HostSpec, host_spec
 from flagperf.hosts.local import Host
 from flagperf.results.prompt_positions import positions_taken
@@ -45,15 +45,15 @@ MONITOR_SLACK_S = 300
       validate_parameters=True)
 def host_round(run_dir: str, case: str, round_no: int, host: dict[str, Any], node_rank: int = 0,
                nnodes: int = 1, master_addr: str = "127.0.0.1", master_port: int | None = None,
-               image: dict[str, Any] | None = None, probe: dict[str, Any] | None = None,
-               monitor_interval_s: float = 1.0, command: str | None = None, on_host: bool = False
-               ) -> State[dict[str, Any]]:
+               image: dict[str, Any] | None = None, monitor_interval_s: float = 1.0, command: str | None = None,
+               on_host: bool = False) -> State[dict[str, Any]]:
     """Run node ``node_rank`` of ``case`` round ``round_no`` on ``host`` and collect it into ``run_dir``.
 
     on_host: this flow runs on the host itself (dispatched to its worker), so the host is local here and
     run_dir must be the shared results folder. Ends Failed when the round failed (so it shows red in the UI,
     and a retry of the evaluation runs it again), Completed otherwise; the round's result is the state's
-    data and is in its result.json either way.
+    data and is in its result.json either way. What the healthcheck found on the host (its probe, which a
+    failed round records) is read from the run folder, not passed: see round_probe.
     """
     spec = host_spec(host)  # the real values, when this process loaded them
     plan = read_plan(Path(run_dir))
@@ -61,6 +61,7 @@ def host_round(run_dir: str, case: str, round_no: int, host: dict[str, Any], nod
     target = open_host(spec, on_host=on_host)
     if image is None or on_host:  # dispatched: make sure the image exists on this host's engine
         image = build_image(target, spec, plan.vendor, plan.run_id, framework=(image or {}).get("framework"))
+    probe = round_probe(Path(run_dir), spec.name)
     result = node_round(target, spec, plan, Path(run_dir), case_plan, round_no, image, probe, monitor_interval_s,
                         command, node_rank=node_rank, nnodes=nnodes, master_addr=master_addr,
                         master_port=master_port)

@@ -38,9 +38,10 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10: the same parser as the tomli package (a dependency there)
     import tomli as tomllib
 
-from flagperf.errors import ConfigError
+from flagperf.errors import ConfigError, FlagperfError
 from flagperf.paths import PROJECT_ROOT, RESULTS_DIR_ENV, RESULTS_ROOT_ENV, RESULTS_URL_ENV
-from flagperf.results.schema import atomic_path
+from flagperf.results.bounded import read_json_file
+from flagperf.results.schema import atomic_path, write_json_atomic
 from flagperf.site.auth import (
     CLIENT_AUTH_ENV,
     SERVER_AUTH_ENV,
@@ -442,6 +443,83 @@ def restore_set_by_users(http: Any, before: dict[str, dict[str, Any]], begun: di
     return [begun.get(i) or left[i] for i in before if i in begun or i in left]
 
 
+# What users had set on the deployments (see set_by_users), saved in the server's --log-dir while `prefect deploy`
+# runs, and removed once it is put back: a start killed outright meanwhile (SIGKILL, a power cut) leaves it for the
+# next start to put back. Deployment ids, names, schedules and pause: nothing secret.
+SAVED_SETTINGS = "schedules-set-by-users.json"
+
+
+def read_saved_settings(path: Path) -> dict[str, dict[str, Any]]:
+    """What a start that was cut while it made the deployments had saved (see SAVED_SETTINGS), by deployment id;
+    {} where it left none. A file that is not what was saved is one line naming it."""
+    if not path.is_file():
+        return {}
+    try:
+        entries = read_json_file(path, what="what users set on the deployments")["deployments"]
+        return {str(i): {"name": str(e["name"]), "schedules": [dict(s) for s in e["schedules"]],
+                         "paused": bool(e["paused"])} for i, e in entries.items()}
+    except (FlagperfError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise RuntimeError(f"{path}: not what an interrupted start saved of the deployments' schedules ({_said(exc)})"
+                           "; remove it to start (what users had set before that start is then not put back)"
+                           ) from None
+
+
+def with_saved_settings(before: dict[str, dict[str, Any]], saved: dict[str, dict[str, Any]]
+                        ) -> dict[str, dict[str, Any]]:
+    """``before`` (set_by_users, read now) with what a cut start saved: a deployment that has prefect.yaml's
+    schedules now (the cut `prefect deploy` gave it those) gets the saved ones; one that has others was changed in
+    the UI since, and keeps them. Its pause likewise."""
+    merged = {}
+    for deployment_id, now in before.items():
+        kept = saved.get(deployment_id)
+        entry = dict(now)
+        if kept is not None:
+            if now["schedules"] != kept["schedules"] and as_in_project(now["schedules"], now["project_schedules"]):
+                entry["schedules"] = kept["schedules"]
+            if now["paused"] != kept["paused"] and now["paused"] == now["project_paused"]:
+                entry["paused"] = kept["paused"]
+        merged[deployment_id] = entry
+    return merged
+
+
+def save_settings(path: Path, before: dict[str, dict[str, Any]]) -> None:
+    """``before`` in ``path``, whole or not at all, before `prefect deploy` may change what it holds; no file when
+    there is nothing to put back."""
+    if not before:
+        path.unlink(missing_ok=True)
+        return
+    try:
+        write_json_atomic(path, {"deployments": {i: {k: e[k] for k in ("name", "schedules", "paused")}
+                                                 for i, e in before.items()}})
+    except OSError as exc:  # nothing made yet: better not made than made with what users set lost to a crash
+        raise RuntimeError(f"cannot save what users set on the deployments to {path} ({exc.strerror or exc}) "
+                           "before making them") from None
+
+
+def on_other_pools(http: Any, specs: list[dict[str, Any]], pool: str) -> dict[str, str]:
+    """The deployments of prefect.yaml (by name) that exist on a work pool other than ``pool``."""
+    return {spec["name"]: d["work_pool_name"] for spec in specs for d in _deployments_named(http, spec)
+            if d.get("work_pool_name") not in (None, pool)}
+
+
+def refuse_other_pools(api_url: str, auth: dict[str, str], pool: str) -> None:
+    """A ConfigError naming --pool where the deployments of prefect.yaml are another work pool's. Prefect names a
+    deployment per flow, not per pool: servers that share a database share `evaluate`, `nightly` and the internal
+    ones, and a server on another pool would silently take them over (the other server's worker would get no more
+    runs; its next start would take them back). A pool deleted since (the deployments on none) is no one's. An
+    error of the API is raised as httpx.HTTPError, for the caller to say in one line."""
+    specs = deployments_in_project(pool)["deployments"]
+    others = with_retries(api_url, auth, lambda http: on_other_pools(http, specs, pool))
+    if others:
+        theirs = sorted(set(others.values()))[0]
+        raise ConfigError(f"--pool {pool}", None, (
+            f"the deployments {', '.join(others)} on this database are on work pool {theirs!r}, another server's "
+            "(Prefect names deployments per flow, not per pool: this one would take them over); "
+            f"start it with --pool {shlex.quote(theirs)}, or give it a database of its own (--database-url); if no "
+            f"server uses pool {theirs!r} any more, `prefect work-pool delete {shlex.quote(theirs)}` lets this one "
+            "take them (their schedules kept)"))
+
+
 BUSY = (429, 502, 503)  # the server is busy (Prefect answers 503 while its database is): Prefect's clients retry
 
 
@@ -484,11 +562,14 @@ def create_deployments(api_url: str, client_env: dict[str, str], results_root: P
     keeps the schedules and pause its users set in the UI (and one changed in the UI while they were made, that
     change): prefect.yaml's schedule is the new deployment's. Its
     output goes to deploy.log. Returns (user-facing, internal) names and a line per schedule kept; None when a
-    signal noted in ``stopping`` stopped it (`prefect deploy` is stopped at once, see run_step).
+    signal noted in ``stopping`` stopped it (`prefect deploy` is stopped at once, see run_step). Deployments of
+    another work pool on this database are left alone, with one line (refuse_other_pools).
 
     Stopped, failed or timed out midway, `prefect deploy` may have made some deployments and not others, and
     given prefect.yaml's schedule to some that had their users': what users had set is put back all the same
-    (the next start would take prefect.yaml's for theirs), and the next start makes them all again."""
+    (the next start would take prefect.yaml's for theirs), and the next start makes them all again. Killed
+    outright meanwhile, it cannot put anything back: what users had set is saved in ``log_dir`` first
+    (SAVED_SETTINGS), and the next start puts it back from there."""
     import httpx
     import yaml
 
@@ -496,12 +577,16 @@ def create_deployments(api_url: str, client_env: dict[str, str], results_root: P
     project = deployments_in_project(pool)
     by_hand = f"by hand: {deploy_command(api_url, results_root)}"
     user_specs = [spec for spec in project["deployments"] if "internal" not in (spec.get("tags") or [])]
+    saved_path = log_dir / SAVED_SETTINGS
+    saved = read_saved_settings(saved_path)
     try:
         auth = api_headers(api_url, credentials.auth_string if credentials else None)
-        before = with_retries(api_url, auth, lambda http: set_by_users(http, user_specs))
+        refuse_other_pools(api_url, auth, pool)
+        before = with_saved_settings(with_retries(api_url, auth, lambda http: set_by_users(http, user_specs)), saved)
     except httpx.HTTPError as exc:  # nothing made yet: the one line, and how to make them by hand
         raise RuntimeError(f"reading the deployments' schedules before making them failed ({_said(exc)}); "
                            f"{by_hand}") from None
+    save_settings(saved_path, before)
     restored = False
     try:
         with tempfile.TemporaryDirectory(prefix="flagperf-deploy-") as folder:
@@ -539,27 +624,40 @@ def create_deployments(api_url: str, client_env: dict[str, str], results_root: P
         except httpx.HTTPError as exc:  # made again by hand, they would take prefect.yaml's schedules once more
             names = ", ".join(sorted({entry["name"] for entry in before.values()}))
             raise RuntimeError(f"the deployments are made, but what users set on {names} (schedules, pause) may not "
-                               f"be back ({_said(exc)}): check them in the UI") from None
+                               f"be back ({_said(exc)}): the next start puts it back from {saved_path}, or check "
+                               "them in the UI") from None
+        saved_path.unlink(missing_ok=True)
         return user, internal, kept
     finally:
         if not restored and before:  # the server is still up (it is stopped next): briefly, and said if it fails
             try:
                 put_back_set_by_users(api_url, auth, before, timeout_s=10)
+                saved_path.unlink(missing_ok=True)
             except httpx.HTTPError as exc:
                 names = ", ".join(sorted({entry["name"] for entry in before.values()}))
                 print(f"schedules: what users set on {names} (schedules, pause) may not be back ({_said(exc)}); "
-                      "check them in the UI", flush=True)
+                      f"the next start puts it back from {saved_path}", flush=True)
 
 
 def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_dir: Path, *,
           results_dir: Path = Path("results"), results_port: int | None = None,
           public_url: str | None = None, results_public_url: str | None = None,
-          credentials: Credentials | None = None, deploy: bool = True) -> int:
+          credentials: Credentials | None = None, deploy: bool = True, stopping: list[int] | None = None) -> int:
     """Start the server (and a worker), the deployments and the results site, wait until interrupted, stop all.
     ``credentials`` None only on a loopback ``host`` (see server_credentials). Returns an exit code: 0 once
     stopped by a signal after it was up (the way to end it: it says so), 1 when a process of it failed, 128 +
     the signal when a signal stopped it while it started (everything it had started is stopped, the commands that
-    make the work pool and the deployments at once: see run_step)."""
+    make the work pool and the deployments at once: see run_step).
+
+    ``stopping``: the signals that stop it, noted by its handlers of SIGTERM, SIGHUP and SIGINT. Signal handlers
+    exist in the main thread only: called in another thread, it installs none, and its caller stops it by
+    appending a signal number to the ``stopping`` it gave (without one: a RuntimeError, before anything starts)."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    if stopping is None and not main_thread:
+        raise RuntimeError("the server runs in the main thread only, where signals (which stop it) arrive; in "
+                           "another thread, give flows.server.serve a stopping list and append a signal number to "
+                           "it to stop the server")
+    stopping = [] if stopping is None else stopping
     if credentials is None and not is_loopback(host):
         raise ConfigError("--host", None, f"{host} needs a sign-in: {how_to_set()}")
     api_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}/api"
@@ -581,8 +679,7 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
     # of another site cannot make a browser that holds the sign-in (a proxy's Basic prompt) change anything.
     # Prefect's UI and clients fetch the token themselves.
     env["PREFECT_SERVER_CSRF_PROTECTION_ENABLED"] = "true"
-    stopping: list[int] = []
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT) if main_thread else ():
         signal.signal(sig, lambda signum, _frame: stopping.append(signum))
     from flagperf.results.history import DEFAULT_URL_ENV as HISTORY_URL_ENV  # pandas: only where the site runs
 
@@ -618,6 +715,14 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
         client_env.pop(CLIENT_AUTH_ENV, None)
         if credentials is not None:
             client_env[CLIENT_AUTH_ENV] = credentials.auth_string
+        if deploy:  # before the pool is made: a refused start leaves nothing on the database it shares
+            import httpx
+
+            try:
+                refuse_other_pools(api_url, api_headers(api_url, credentials.auth_string if credentials else None),
+                                   pool)
+            except httpx.HTTPError as exc:
+                raise RuntimeError(f"reading the deployments before making them failed ({_said(exc)})") from None
         # Watched too: killed meanwhile, this command would leave it retrying a server that is gone. One API call:
         # the pool is there or not (a signal stops the command at once), and the next start makes it with
         # --overwrite either way.
@@ -669,7 +774,7 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
                 os.write(2, b"still stopping the worker and the server (up to 40 s each); one more signal stops "
                             b"at once\n")
 
-        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT) if main_thread else ():
             signal.signal(sig, in_clean_up)
         for proc in reversed(processes):  # the worker first, then the server it talks to
             _stop(proc)

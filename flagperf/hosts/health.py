@@ -18,6 +18,7 @@ from flagperf.hosts.local import Host
 from flagperf.hosts.probe import probe_command
 from flagperf.hosts.slurm import SlurmHost, check_cluster
 from flagperf.hosts.ssh import SshError, SshHost
+from flagperf.results.bounded import read_json_file
 
 MIN_FREE_BYTES = 1 << 30
 MAX_CLOCK_SKEW_S = 2.0
@@ -50,6 +51,25 @@ class HealthReport:
 
 def health_file(run_dir: Path, host: str) -> Path:
     return run_dir / "hosts" / f"{host}.health.json"
+
+
+def with_image_probe(probe: dict[str, Any] | None, image_probe: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The probe a host's rounds record: the host's own facts from the healthcheck, and the device, peaks and
+    libraries the cases will have, from the probe inside the host's image where its rounds run in one."""
+    if image_probe is None:
+        return probe
+    return {**(probe or {}), **{k: v for k, v in image_probe.items() if k != "host"}}
+
+
+def round_probe(run_dir: Path, host: str) -> dict[str, Any] | None:
+    """What the run's healthcheck found on ``host`` (see with_image_probe), read from its health report in the run
+    folder; None where there is none. A round reads it there rather than taking it as a flow parameter: the UI
+    would show the whole probe among the round's parameters, and a retried round reads it again all the same."""
+    path = health_file(run_dir, host)
+    if not path.is_file():
+        return None
+    report = read_json_file(path, what="a host's health report")
+    return with_image_probe(report.get("probe"), report.get("image_probe"))
 
 
 def check_host(host: Host, spec: HostSpec, vendor: Vendor, log_path: Path,

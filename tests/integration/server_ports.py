@@ -6,10 +6,12 @@ as the server reports it) and is made again on fresh ports when a port was taken
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -65,3 +67,60 @@ def session_pool(prefix: str) -> str:
     sessions; a worker an earlier, killed session left behind polls its own pool, so it cannot take this
     session's flow runs."""
     return f"{prefix}-{os.getpid()}"
+
+
+SESSION_POOL = re.compile(r"flagperf-[a-z]+-(?P<pid>\d+)")
+
+
+def clear_deployments_of_other_pools(pool: str) -> None:
+    """Delete, on the shared test database (FLAGPERF_TEST_POSTGRES_URL), the deployments of prefect.yaml that the
+    servers of ended sessions, or earlier ones of this session (stopped by now), left on a pool other than
+    ``pool``: `flagperf server` refuses to take over another pool's (flows.server.refuse_other_pools). Those of a
+    session still running (another pytest) are left: the refusal then says whose they are."""
+    import asyncio
+
+    import asyncpg
+    import psutil
+
+    from flows.server import deployments_in_project
+
+    specs = deployments_in_project()["deployments"]
+    names, entrypoints = [s["name"] for s in specs], [s["entrypoint"] for s in specs]
+
+    def ended(owner: str) -> bool:
+        session = SESSION_POOL.fullmatch(owner)
+        return session is None or int(session["pid"]) == os.getpid() or not psutil.pid_exists(int(session["pid"]))
+
+    async def clear() -> None:
+        dsn = os.environ["FLAGPERF_TEST_POSTGRES_URL"].replace("postgresql+asyncpg://", "postgresql://")
+        conn = await asyncpg.connect(dsn)
+        try:
+            rows = await conn.fetch(
+                "select d.id, p.name as pool from deployment d join work_queue q on q.id = d.work_queue_id "
+                "join work_pool p on p.id = q.work_pool_id where d.name = any($1::text[]) "
+                "and d.entrypoint = any($2::text[])", names, entrypoints)
+            stale = [row["id"] for row in rows if row["pool"] != pool and ended(row["pool"])]
+            if stale:
+                await conn.execute("delete from deployment where id = any($1::uuid[])", stale)
+        except asyncpg.UndefinedTableError:  # no server has used the database yet
+            pass
+        finally:
+            await conn.close()
+
+    asyncio.run(clear())
+
+
+def database_pool() -> str:
+    """The work pool of every `flagperf server` this session starts on the shared test database: one for them all
+    (servers on one database serve one pool: flows.server.refuse_other_pools), with what ended sessions left on
+    theirs cleared first."""
+    pool = session_pool("flagperf-test")
+    clear_deployments_of_other_pools(pool)
+    return pool
+
+
+def online_since(worker: dict, moment: datetime) -> bool:
+    """Whether a worker (as the API lists them) is online and was made after ``moment``: not one that an earlier
+    server of the session left on the same pool (the server marks it offline only after its heartbeats stop)."""
+    created = datetime.fromisoformat(worker["created"].replace("Z", "+00:00"))  # Python 3.10 reads no "Z"
+    return worker["status"] == "ONLINE" and created > moment

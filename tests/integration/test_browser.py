@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from server_ports import session_pool, start_on_os_ports
+from server_ports import database_pool, online_since, start_on_os_ports
 from site_probe import basic, make_run
 
 from flagperf.paths import RESULTS_DIR_ENV
@@ -126,7 +126,8 @@ def team_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             log.read_text(errors="replace") if log.is_file() else "")
 
     signed_in = basic(f"lab:{password}")
-    pool = session_pool("flagperf-browser")
+    pool = database_pool()
+    started = datetime.now(timezone.utc)
     proc, port, results_port = start_on_os_ports(start_server, tmp / "prefect-home", said, headers=signed_in)
     server = Server(ui=f"http://127.0.0.1:{port}", api=f"http://127.0.0.1:{port}/api",
                     site=f"http://127.0.0.1:{results_port}", results=tmp / "results", user="lab", password=password)
@@ -136,12 +137,12 @@ def team_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             # Before the worker has made its pool, the API answers 404 with a {"detail": ...} object.
             answer = httpx.post(f"{server.api}/work_pools/{pool}/workers/filter", json={}, headers=server.auth,
                                 timeout=5)
-            return answer.status_code == 200 and any(w["status"] == "ONLINE" for w in answer.json())
+            return answer.status_code == 200 and any(online_since(w, started) for w in answer.json())
 
         def deployed() -> bool:
             """`flagperf server` makes the deployments itself, then gives them its pool and results folder. On a
-            database an earlier session used they exist from the start, with that session's pool and folder (a
-            form opened then would start a run no worker takes, or one that writes where no site serves)."""
+            database this session's earlier servers used they exist from the start, with those servers' results
+            folder (a form opened then would start a run that writes where no site serves)."""
             assert proc.poll() is None, "flagperf server exited"
             for name in ("evaluate/evaluate", "nightly-regression/nightly"):
                 answer = httpx.get(f"{server.api}/deployments/name/{name}", headers=signed_in, timeout=5)
@@ -428,6 +429,14 @@ def test_default_ui_sign_in_evaluate_from_the_form_and_read_the_round_s_log(team
         round_link.click()
         figure = re.compile(r"gemm_fp32: \d+(\.\d+)? TFLOPS .* of peak")
         expect(page.get_by_text(figure)).to_be_visible()
+        # Its Parameters: what names the round, not the host's whole probe (the round reads that from the run
+        # folder), which made the tab a page of libraries, limits and peaks.
+        page.get_by_role("tab", name="Parameters").click()
+        parameters = page.get_by_role("tabpanel", name="Parameters")
+        expect(parameters).to_contain_text('"case": "computation-FP32"')
+        expect(parameters).not_to_contain_text('"probe"')
+        expect(parameters).to_contain_text('"round_no": 1')  # the whole of it shown (an editor shows what fits)
+        page.screenshot(path=shots / "3a-round-parameters.png", full_page=True)
         page.get_by_role("tab", name="Task Runs").click()
         page.get_by_role("link", name="run_case[computation-FP32/round1@localhost]", exact=True).click()
         expect(page.get_by_text(figure)).to_be_visible()

@@ -258,7 +258,9 @@ def test_what_users_set_on_the_nightly_in_the_ui_survives_a_restart_of_the_serve
     line says prefect.yaml's schedule was not applied. (`prefect deploy` alone would put 02:00 back, unpaused.)
     So also where a start was stopped by a signal while `prefect deploy` ran, after it had done that to the
     nightly: the deploy is stopped and what users set is put back before the server stops (the next start
-    would take prefect.yaml's schedule for theirs)."""
+    would take prefect.yaml's schedule for theirs). And where the start was killed outright then (SIGKILL): what
+    users set was saved in its logs folder before the deploy began, and the next start puts it back from there.
+    A server of another work pool on the same database is refused, naming --pool, and changes nothing."""
     import threading
 
     from held_deploy import holding_env, running, wait_held
@@ -266,7 +268,8 @@ def test_what_users_set_on_the_nightly_in_the_ui_survives_a_restart_of_the_serve
     from prefect.settings import PREFECT_API_URL
     from prefect_api import nightly_schedule
 
-    from flows.server import create_deployments
+    from flagperf.errors import ConfigError
+    from flows.server import SAVED_SETTINGS, create_deployments
 
     api = PREFECT_API_URL.value()
     env = {**os.environ, "PREFECT_API_URL": api, "PWD": str(ROOT)}
@@ -320,6 +323,8 @@ def test_what_users_set_on_the_nightly_in_the_ui_survives_a_restart_of_the_serve
         thread.join(timeout=120)
     (deploy_pid,) = deploys
     assert not running(deploy_pid)
+    saved = tmp_path / SAVED_SETTINGS
+    assert not saved.exists()  # put back: nothing left for the next start
     with get_client(sync_client=True) as client:
         nightly = client.read_deployment_by_name("nightly-regression/nightly")
         assert sorted((s.schedule.cron, s.schedule.timezone, s.active, s.parameters)
@@ -331,13 +336,66 @@ def test_what_users_set_on_the_nightly_in_the_ui_survives_a_restart_of_the_serve
         for schedule in evaluate.schedules:  # the shared server's evaluate, as it was
             client.delete_deployment_schedule(evaluate.id, schedule.id)
 
-    kept = deploy()
+    # Killed outright while `prefect deploy` runs (held), after it gave the nightly prefect.yaml's schedule: the
+    # start that makes the deployments (a process of its own here, signed in) can put nothing back.
+    held, marker = holding_env(tmp_path / "killed")
+    password = f"pw-{time.time_ns()}-not-in-the-file"
+    starting = subprocess.Popen([sys.executable, "-c", (
+        "import os, sys\nfrom pathlib import Path\nfrom flagperf.site.auth import Credentials\n"
+        "from flows.server import create_deployments\n"
+        f"create_deployments({api!r}, dict(os.environ), Path({str(tmp_path / 'results')!r}), 'flagperf', "
+        f"Credentials('lab:{password}', 'a test'), Path({str(tmp_path)!r}))\n")],
+        cwd=ROOT, env={**env, **held})
+    try:
+        deploy_pid = wait_held(marker, lambda: starting.poll() is None)
+        assert saved.is_file() and password not in saved.read_text()  # saved before the deploy began
+        with get_client(sync_client=True) as client:
+            nightly = client.read_deployment_by_name("nightly-regression/nightly")
+            for schedule in nightly.schedules:
+                client.delete_deployment_schedule(nightly.id, schedule.id)
+            client.create_deployment_schedules(nightly.id, [(CronSchedule(**nightly_schedule()), True)])
+            client.resume_deployment(nightly.id)
+    finally:
+        starting.kill()
+        starting.wait(timeout=60)
+    deadline = time.monotonic() + 120
+    while running(deploy_pid):  # its watcher stops it once its owner is gone
+        assert time.monotonic() < deadline, "the held deploy outlived the start that ran it"
+        time.sleep(0.2)
+    assert saved.is_file()
+
+    kept = deploy()  # the next start
+    assert not saved.exists()
     with get_client(sync_client=True) as client:
         nightly = client.read_deployment_by_name("nightly-regression/nightly")
         after = sorted((s.schedule.cron, s.schedule.timezone, s.active, s.parameters) for s in nightly.schedules)
         assert after == set_in_ui
         assert nightly.paused
-        client.resume_deployment(nightly.id)  # the shared server's nightly, as it was
     (line,) = kept
     assert line.startswith("nightly: kept the schedule set in the UI (") and "30 3 * * * Europe/Berlin" in line
     assert "0 12 * * 6 UTC (off)" in line and "not prefect.yaml's (0 2 * * *" in line, line
+
+    # A server of another pool on this database: refused before it changes anything (Prefect names deployments
+    # per flow, so it would take these over).
+    with pytest.raises(ConfigError) as refused:
+        create_deployments(api, env, tmp_path / "results", "flagperf-other", None, tmp_path)
+    assert str(refused.value).startswith("--pool flagperf-other: the deployments evaluate, host-round, "
+                                         "host-healthcheck, nightly on this database are on work pool 'flagperf'"), \
+        str(refused.value)
+    assert "start it with --pool flagperf" in str(refused.value) and "prefect work-pool delete flagperf" in str(
+        refused.value)
+    with get_client(sync_client=True) as client:
+        nightly = client.read_deployment_by_name("nightly-regression/nightly")
+        assert nightly.work_pool_name == "flagperf" and nightly.paused
+        assert sorted((s.schedule.cron, s.schedule.timezone, s.active, s.parameters)
+                      for s in nightly.schedules) == set_in_ui
+        # The way the refusal offers where no server uses the pool any more: deleting it frees the deployments,
+        # which keep what users set (the tests that follow make the pool again).
+        client.delete_work_pool("flagperf")
+    assert create_deployments(api, env, tmp_path / "results", "flagperf-other", None, tmp_path,
+                              [signal.SIGINT]) is None  # not refused; stopped before `prefect deploy`
+    with get_client(sync_client=True) as client:
+        nightly = client.read_deployment_by_name("nightly-regression/nightly")
+        assert sorted((s.schedule.cron, s.schedule.timezone, s.active, s.parameters)
+                      for s in nightly.schedules) == set_in_ui
+        client.resume_deployment(nightly.id)  # the shared server's nightly, as it was

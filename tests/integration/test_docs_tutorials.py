@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from server_ports import clear_deployments_of_other_pools
 
 from flows.server import watched
 
@@ -82,6 +83,7 @@ def _run_server_tutorial(script: str, folder: Path, env: dict[str, str], tmp_pat
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
     env = {**env, "HOME": str(home), "DATABASE_URL": url}
+    clear_deployments_of_other_pools("flagperf")  # the page's server is on the default pool
     for _ in range(3):
         # In one pass, whole numbers only: a port given for 4200 may itself contain 4201.
         ports = dict(zip(TUTORIAL_PORTS, _os_ports(len(TUTORIAL_PORTS)), strict=True))

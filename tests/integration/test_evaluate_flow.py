@@ -140,6 +140,16 @@ def test_failures_are_retried_only_when_the_infrastructure_failed(flagperf_env: 
     result = read_result(folder / "result.json")
     assert result.status == "failed" and result.failure.kind == "infrastructure"
     assert "timed out after 3 s" in result.failure.message
+    # It records what the healthcheck found on the host, which the round read from the run folder: the round's
+    # parameters (its Parameters tab in the UI) carry only what names the round, not that whole probe.
+    probe = json.loads((run_dir / "hosts" / "localhost.health.json").read_text())["probe"]
+    assert result.device == probe["device"] and result.provenance.host == probe["host"]
+    with get_client(sync_client=True) as client:
+        rounds = [client.read_flow_run(i) for i in flow_run_tree(state.state_details.flow_run_id)]
+    (sleepy_round,) = [r for r in rounds if r.name == "sleepy/round1@localhost"]
+    assert set(sleepy_round.parameters) == {"run_dir", "case", "round_no", "host", "node_rank", "nnodes",
+                                            "master_addr", "master_port", "image", "monitor_interval_s", "command",
+                                            "on_host"}, sleepy_round.parameters
     # where it hung: the case log's last line is in the message, not only in case.log ("sleeping", unless a loaded
     # machine took the case's whole 3 s to start it: the verdict must not depend on the machine's speed)
     logged = [line.strip() for line in (folder / "case.log").read_text().splitlines() if line.strip()]

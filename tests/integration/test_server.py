@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
@@ -20,7 +21,7 @@ import psutil
 import pytest
 from held_deploy import holding_env, running, wait_held
 from prefect_api import assert_schedule_gets_runs
-from server_ports import session_pool, start_on_os_ports
+from server_ports import database_pool, online_since, start_on_os_ports
 from site_probe import basic, plant, probe, request
 
 from flows.server import api_headers
@@ -74,7 +75,7 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
            if k not in ("PREFECT_API_URL", "PREFECT_UI_API_URL", "PREFECT_API_AUTH_STRING",
                         "PREFECT_SERVER_API_AUTH_STRING", "FLAGPERF_AUTH_FILE")}
     env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
-    pool = session_pool("flagperf-test")
+    pool = database_pool()
 
     def start_server(port: int, results_port: int) -> subprocess.Popen[str]:
         return subprocess.Popen([sys.executable, "-m", "flows.cli", "server", "--database-url",
@@ -83,6 +84,7 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
                                  "--auth-file", str(auth_file), "--log-dir", str(tmp_path / f"logs-{port}")],
                                 cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
+    started = datetime.now(timezone.utc)
     proc, port, results_port = start_on_os_ports(start_server, tmp_path / "prefect-home", said_with_server_log,
                                                  headers=signed_in)
     lines = Lines(proc.stdout)  # its output from here, each wait for a line bounded
@@ -95,9 +97,10 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
             assert proc.poll() is None, lines.text() + lines.rest()
             try:
                 answer = httpx.get(f"{api}/work_pools/{pool}", headers=signed_in, timeout=5)
-                if answer.status_code == 200:  # a worker of an earlier server on the same database stays OFFLINE
+                if answer.status_code == 200:  # not a worker an earlier server of the session left on the pool
                     workers = [w for w in httpx.post(f"{api}/work_pools/{pool}/workers/filter", json={},
-                                                     headers=changes, timeout=5).json() if w["status"] == "ONLINE"]
+                                                     headers=changes, timeout=5).json()
+                               if online_since(w, started)]
             except httpx.HTTPError:
                 pass
             if not workers:
@@ -169,15 +172,15 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
     assert logs and not [text for text in [out, *logs] if password in text]
 
 
-def no_worker_server(tmp_path: Path, env: dict[str, str], pool: str
-                     ) -> Callable[[int, int], subprocess.Popen[str]]:
+def no_worker_server(tmp_path: Path, env: dict[str, str]) -> Callable[[int, int], subprocess.Popen[str]]:
     """What starts `flagperf server --no-worker` on given ports (start_on_os_ports' start), on this session's
-    ``pool``, its results and logs under ``tmp_path``, its output piped."""
+    pool, its results and logs under ``tmp_path``, its output piped."""
+    pool = database_pool()
 
     def start_server(port: int, results_port: int) -> subprocess.Popen[str]:
         return subprocess.Popen([sys.executable, "-m", "flows.cli", "server", "--database-url",
                                  os.environ["FLAGPERF_TEST_POSTGRES_URL"], "--port", str(port), "--no-worker",
-                                 "--pool", session_pool(pool), "--results", str(tmp_path / "results"),
+                                 "--pool", pool, "--results", str(tmp_path / "results"),
                                  "--results-port", str(results_port), "--log-dir", str(tmp_path / f"logs-{port}")],
                                 cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -192,7 +195,7 @@ def test_ctrl_c_while_the_deployments_are_made_stops_them_at_once(tmp_path: Path
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), **held)
 
-    proc, port, _ = start_on_os_ports(no_worker_server(tmp_path, env, "flagperf-held"), tmp_path / "prefect-home",
+    proc, port, _ = start_on_os_ports(no_worker_server(tmp_path, env), tmp_path / "prefect-home",
                                       said_with_server_log)
     try:
         deploy = psutil.Process(wait_held(marker, lambda: proc.poll() is None))  # the work pool is made first
@@ -220,7 +223,7 @@ def test_a_killed_server_command_leaves_no_server(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
 
-    proc, _, _ = start_on_os_ports(no_worker_server(tmp_path, env, "flagperf-kill"), tmp_path / "prefect-home",
+    proc, _, _ = start_on_os_ports(no_worker_server(tmp_path, env), tmp_path / "prefect-home",
                                    said_with_server_log)
     try:
         children = psutil.Process(proc.pid).children(recursive=True)

@@ -175,6 +175,87 @@ def test_a_server_stopped_while_it_starts_stops_what_it_started(tmp_path: Path, 
     assert "server: UI at" not in capsys.readouterr().out
 
 
+def test_serve_outside_the_main_thread_is_stopped_by_its_caller(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    """Signal handlers exist in the main thread only (signal.signal raised ValueError in another). In another
+    thread serve installs none: without a ``stopping`` list to stop it by, it says so in one line and starts
+    nothing; with one, appending a signal number stops it as the signal would, and the main thread's handlers
+    are left as they were."""
+    import threading
+
+    from flows import server
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    outcome: list[object] = []
+
+    def serve_in_a_thread(**kwargs: object) -> object:
+        def call() -> None:
+            try:
+                outcome.append(server.serve("postgresql+asyncpg://lab@127.0.0.1:5432/none", "127.0.0.1", 4200,
+                                            "pool", True, tmp_path / "logs", results_dir=tmp_path / "results",
+                                            results_port=0, **kwargs))
+            except Exception as exc:  # what the thread met is the verdict
+                outcome.append(exc)
+
+        thread = threading.Thread(target=call)
+        thread.start()
+        thread.join(timeout=120)
+        assert not thread.is_alive()
+        return outcome.pop()
+
+    refused = serve_in_a_thread()
+    assert isinstance(refused, RuntimeError), refused
+    assert str(refused).startswith("the server runs in the main thread only") and "\n" not in str(refused)
+    assert not (tmp_path / "logs").exists()
+
+    stopping: list[int] = []
+    started: list[subprocess.Popen[bytes]] = []
+
+    def stopped_by_the_caller(api_url: str, proc: subprocess.Popen[bytes], noted: list[int], **limits: float) -> None:
+        started.append(proc)
+        assert noted is stopping
+        stopping.append(signal.SIGTERM)  # as the code that started the thread would
+
+    monkeypatch.setattr(server, "wait_healthy", stopped_by_the_caller)
+    assert serve_in_a_thread(stopping=stopping) == 128 + signal.SIGTERM
+    (proc,) = started
+    assert proc.poll() is not None  # the Prefect server it started is stopped
+    assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
+
+
+def test_what_an_interrupted_start_saved_is_put_back_only_where_the_deploy_changed_it(tmp_path: Path) -> None:
+    """What users had set, saved by a start killed while it made the deployments, against what the deployments
+    have when the next start reads them: prefect.yaml's (the killed deploy gave them that) gets the saved back;
+    anything else was changed in the UI since, and stays. A saved file that is not one is one line naming it."""
+    from flows.server import SAVED_SETTINGS, read_saved_settings, save_settings, with_saved_settings
+
+    project = [{"cron": "0 2 * * *", "timezone": "{{ server-timezone.stdout }}", "active": True}]
+    as_in_yaml = [{"schedule": {"cron": "0 2 * * *", "timezone": "UTC"}, "active": True, "parameters": {},
+                   "slug": None, "max_scheduled_runs": None}]
+    users = [{**as_in_yaml[0], "schedule": {"cron": "30 3 * * *", "timezone": "Europe/Berlin"}}]
+    since = [{**as_in_yaml[0], "schedule": {"cron": "0 4 * * *", "timezone": "UTC"}}]
+    path = tmp_path / SAVED_SETTINGS
+    save_settings(path, {"d1": {"name": "nightly", "schedules": users, "paused": True, "project_schedules": project,
+                                "project_paused": False}})
+    saved = read_saved_settings(path)
+    assert saved == {"d1": {"name": "nightly", "schedules": users, "paused": True}}
+
+    def now(schedules: list[dict], paused: bool) -> dict[str, dict]:
+        return {"d1": {"name": "nightly", "schedules": schedules, "paused": paused, "project_schedules": project,
+                       "project_paused": False}}
+
+    assert with_saved_settings(now(as_in_yaml, False), saved) == now(users, True)
+    assert with_saved_settings(now(since, True), saved) == now(since, True)
+    assert with_saved_settings(now(as_in_yaml, False), {}) == now(as_in_yaml, False)
+    save_settings(path, {})
+    assert not path.exists() and read_saved_settings(path) == {}
+
+    path.write_text('{"deployments": {"d1": {"name": "nightly"}}}', encoding="utf-8")
+    with pytest.raises(RuntimeError) as info:
+        read_saved_settings(path)
+    assert str(info.value).startswith(f"{path}: not what an interrupted start saved") and "\n" not in str(info.value)
+
+
 @contextlib.contextmanager
 def deployments_api(filter_answers: list[int], deployment: dict):
     """A stand-in for the Prefect API's deployment reads, on a real local HTTP server: CSRF off, and
