@@ -63,6 +63,11 @@ ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUE
           "STAGE_OUT", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "STOPPED"}
 NOT_STARTED = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
 END_WAIT_S = 60.0  # after the nodes wrote their exit records, how long the job may take to leave the queue
+# squeue's reason for a pending job slurmctld's scheduler has not looked at yet (just submitted, or a busy controller):
+# no reason at all. A job pending past pending_timeout_s with it is given up to REASON_WAIT_S more for a real one
+# (Resources, Priority, ReqNodeNotAvail ...), so that the failure says why it waits, however fast the machine.
+NO_REASON = {"", "None"}
+REASON_WAIT_S = 60.0
 # What a path in pyxis' --container-mounts may not hold: ',' parts the mounts, ':' a mount's fields, and enroot
 # writes each mount as one whitespace-separated fstab line.
 PYXIS_UNSAFE = re.compile(r"[\s,:]")
@@ -229,20 +234,33 @@ class SlurmJob:
         self._forget()
         self.ended.set()
 
-    def details(self) -> str:
-        """How Slurm says the job ended, for a failure message (best effort)."""
+    def details(self) -> tuple[str, str | None]:
+        """How Slurm says the job ended, for a failure message (best effort), and the node its batch script ran on
+        (None: it never ran on one, or Slurm no longer knows)."""
         try:
             text = slurm_tool(["scontrol", "show", "job", "-o", self.job_id], self.spec.command_timeout_s)
         except SlurmError:
-            return "Slurm no longer knows the job"
+            return "Slurm no longer knows the job", None
         found = dict(re.findall(r"(JobState|Reason|ExitCode)=(\S+)", text))
-        return ", ".join(f"{k} {v}" for k, v in found.items()) or "no state"
+        batch = re.search(r"(?:^|\s)BatchHost=(\S+)", text)
+        return ", ".join(f"{k} {v}" for k, v in found.items()) or "no state", batch.group(1) if batch else None
+
+    def output_note(self, batch_host: str | None) -> str:
+        """What the failure quotes of the job's output; where there is none although a node ran the batch script,
+        what that most likely means: the node cannot write to the shared folder the controller reads (it lacks
+        the folder or sees another one at its path), which Slurm reports only as a launch failure."""
+        if batch_host is None or self.output.exists():
+            return output_summary(self.output)
+        return (f"no {self.output.name} in {self.output.parent}, where node {batch_host} (which ran the job's batch "
+                f"script) was to write it: does {batch_host} see slurm.shared_dir {self.spec.shared_dir} as the "
+                "controller does?")
 
     def watch(self, own: Rank, on_line: LineSink | None, readers: dict[Path, int]) -> None:
         """The watching thread's loop: files every poll_s, squeue every state_poll_s, until every node wrote its
         exit record or the job ended without one; then until the job left the queue."""
         spec = self.spec
         next_state = 0.0
+        awaiting_reason = False
         while not self.ended.is_set():
             now = time.monotonic()
             follow(own.log, on_line, readers)
@@ -263,11 +281,20 @@ class SlurmJob:
                 next_state = now + spec.state_poll_s  # the files say more, sooner; squeue is the safety net
                 state, reason = self.state()
                 if state in NOT_STARTED:
-                    if pending_too_long:
+                    if pending_too_long and reason in NO_REASON and \
+                            now - self.submitted <= spec.pending_timeout_s + REASON_WAIT_S:
+                        if not awaiting_reason:
+                            awaiting_reason = True
+                            logger.info("Slurm job %s still %s after %.0f s (slurm.pending_timeout_s) with no reason "
+                                        "from squeue yet: waiting up to %.0f s more for one before it is cancelled",
+                                        self.job_id, state, spec.pending_timeout_s, REASON_WAIT_S)
+                    elif pending_too_long:
                         self.never_started = True
                         self.cancel("pending too long")
+                        why = reason if reason not in NO_REASON else \
+                            f"none, also {REASON_WAIT_S:.0f} s later: slurmctld's scheduler has not looked at the job"
                         self.finish(f"Slurm job {self.job_id} still {state} after {spec.pending_timeout_s:.0f} s "
-                                    f"(slurm.pending_timeout_s; squeue reason: {reason or 'none'}); cancelled")
+                                    f"(slurm.pending_timeout_s; squeue reason: {why}); cancelled")
                         break
                 elif state in ACTIVE:
                     if self.started is None:
@@ -275,8 +302,9 @@ class SlurmJob:
                 elif not all((r.job_dir / EXIT_FILE).exists() for r in self.ranks):
                     follow(self.output, on_line, readers, prefix="slurm: ")
                     missing = [str(r.rank) for r in self.ranks if not (r.job_dir / EXIT_FILE).exists()]
-                    self.finish(f"Slurm job {self.job_id} ended ({self.details()}) before node(s) "
-                                f"{', '.join(missing)} wrote their exit record; {output_summary(self.output)}")
+                    details, batch_host = self.details()
+                    self.finish(f"Slurm job {self.job_id} ended ({details}) before node(s) "
+                                f"{', '.join(missing)} wrote their exit record; {self.output_note(batch_host)}")
                     break
             self.ended.wait(spec.poll_s)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -170,8 +171,11 @@ def test_a_job_that_cannot_start_fails_naming_squeues_reason(flagperf_env: Path,
     with pytest.raises(InfrastructureFailure) as info:
         state.result()
     message = str(info.value)
-    assert "still PENDING after 3 s (slurm.pending_timeout_s; squeue reason: Resources); cancelled" in message, \
-        message
+    # The node is held by another job: Resources, or Priority where jobs of others wait ahead of this one on the
+    # shared cluster. Never None: the controller waits for slurmctld's scheduler to give the job a reason, however
+    # long after 3 s that takes on a loaded machine (tests/unit/test_slurm_spec.py makes the late reason happen).
+    found = re.search(r"still PENDING after 3 s \(slurm\.pending_timeout_s; squeue reason: (\w+)\); cancelled", message)
+    assert found and found.group(1) in ("Resources", "Priority"), message
     assert queued("flagperf-waits") == []
 
 

@@ -8,6 +8,7 @@ import itertools
 import os
 import shlex
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -411,3 +412,62 @@ def test_a_failure_quotes_every_failing_nodes_note_before_srun_noise(tmp_path: P
                                       "of memory | srun: error: n1: task 0: Exited with exit code 1")
     output.write_text("")
     assert output_summary(output) == "last lines of slurm-7.out: (empty)"
+
+
+def test_a_pending_job_is_cancelled_naming_squeues_reason_once_slurm_gives_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job past slurm.pending_timeout_s whose squeue reason is still None (slurmctld's scheduler has not looked at
+    it yet: just submitted, or a loaded controller) is not cancelled with "reason: none": the controller waits for a
+    real reason (up to REASON_WAIT_S more) and names it. Stand-in squeue/scancel/scontrol on PATH answer by call
+    count, so the verdict does not depend on how fast anything runs. And a job that ended without writing its output
+    where the controller reads it, though a node ran its batch script, is named with that node and shared_dir."""
+    from flagperf.hosts import slurm
+    from flagperf.hosts.slurm import Rank, SlurmJob
+    from flagperf.hosts.slurm_spec import SlurmSpec
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("squeue", 'n=$(($(cat "$T/calls" 2>/dev/null || echo 0) + 1)); echo "$n" > "$T/calls"\n'
+                                  'sed -n "$(( n < $(wc -l < "$T/answers") ? n : $(wc -l < "$T/answers") ))p" '
+                                  '"$T/answers"\n'),
+                       ("scancel", 'echo "$@" >> "$T/cancelled"\n'),
+                       ("scontrol", 'cat "$T/job"\n')):
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("T", str(tmp_path))
+    shared = tmp_path / "shared"
+    (shared / "job").mkdir(parents=True)
+    spec = SlurmSpec(shared_dir=shared, pending_timeout_s=0.2, poll_s=0.1, state_poll_s=0.5)
+
+    def watched(answers: list[str], job_id: str) -> SlurmJob:
+        (tmp_path / "answers").write_text("".join(f"{a}\n" for a in answers))
+        (tmp_path / "calls").unlink(missing_ok=True)
+        (tmp_path / "cancelled").unlink(missing_ok=True)
+        rank = Rank(0, "n1", shared / "job", shared / "job", ["true"], [])
+        job = SlurmJob(spec, "flagperf-test", [rank], shared / "job" / f"slurm-{job_id}.out", 60, job_id=job_id,
+                       submitted=time.monotonic())
+        job.watch(rank, None, {})
+        return job
+
+    job = watched(["PENDING|None", "PENDING|None", "PENDING|None", "PENDING|Priority"], "42")
+    assert job.never_started and job.end == ("Slurm job 42 still PENDING after 0 s (slurm.pending_timeout_s; squeue "
+                                             "reason: Priority); cancelled"), job.end
+    assert (tmp_path / "cancelled").read_text() == "42\n"
+    # No reason ever: cancelled once the wait for one is over, saying so.
+    monkeypatch.setattr(slurm, "REASON_WAIT_S", 0.5)
+    job = watched(["PENDING|None"], "43")
+    assert job.never_started and job.end == ("Slurm job 43 still PENDING after 0 s (slurm.pending_timeout_s; squeue "
+                                             "reason: none, also 0 s later: slurmctld's scheduler has not looked at "
+                                             "the job); cancelled"), job.end
+    # Ended, no output where the controller reads it, though node n1 ran the batch script (Slurm: a launch failure).
+    (tmp_path / "job").write_text("JobId=44 JobState=FAILED Reason=JobLaunchFailure Dependency=(null) ExitCode=0:53 "
+                                  "BatchHost=n1 NodeList=n1\n")
+    job = watched([""], "44")
+    assert not job.never_started and job.end == (
+        "Slurm job 44 ended (JobState FAILED, Reason JobLaunchFailure, ExitCode 0:53) before node(s) 0 wrote their "
+        f"exit record; no slurm-44.out in {shared}/job, where node n1 (which ran the job's batch script) was to write "
+        f"it: does n1 see slurm.shared_dir {shared} as the controller does?"), job.end
+    # With its output there, the output is quoted as before.
+    (shared / "job" / "slurm-44.out").write_text("oops\n")
+    assert watched([""], "44").end.endswith("exit record; last lines of slurm-44.out: oops")
