@@ -502,12 +502,12 @@ class SlurmHost(LocalHost):
         return search
 
     @staticmethod
-    def mount_check_lines(search: SearchMounts | None) -> list[str]:
-        """Job-script lines, before srun, that stop the job (exit 96, one line in its output naming the node and
-        the folder) where a mount's source is not, on the node, the folder the controller resolved: missing
-        there, or a link to elsewhere (a node-local folder such as /opt/vendors may differ from the
-        controller's), which pyxis would mount unchecked. They run where the batch script runs, the job's first
-        node: a multi-node job runs them on every node instead (mount_check_step)."""
+    def mount_check_lines(search: SearchMounts | None, failed: str = "exit 96") -> list[str]:
+        """Job-script lines, before srun, that stop the job (``failed``: exit 96, or a step's failed=96; one line in
+        its output naming the node and the folder) where a mount's source is not, on the node, the folder the
+        controller resolved: missing there, or a link to elsewhere (a node-local folder such as /opt/vendors may
+        differ from the controller's), which pyxis would mount unchecked. They run where the batch script runs, the
+        job's first node: a multi-node job runs them on every node instead (node_check_step)."""
         lines = []
         for kind, mount in search.mounts if search else ():
             source = shlex.quote(mount.source)
@@ -515,21 +515,39 @@ class SlurmHost(LocalHost):
                                   "elsewhere on node")
             lines.append(f'[ "$(realpath -e -- {source} 2>/dev/null)" = {source} ] || {{ printf \'%s %s, unlike on '
                          f'the controller: not mounted, the job stops\\n\' {message} "${{SLURMD_NODENAME:-?}}" '
-                         '>&2; exit 96; }')
+                         f'>&2; {failed}; }}')
         return lines
 
+    def shared_check_line(self, plan: Path, token: str, failed: str) -> str:
+        """A job-script line for every node of a multi-node job (node_check_step): the node sees slurm.shared_dir as
+        the controller does, that is, the round's ``plan`` there holds the ``token`` the controller wrote into it.
+        A node that lacks the folder, or has another one at its path (a node-local folder, another mount), would
+        write its records where the controller never reads them: ``failed``, with one line naming the node and
+        shared_dir (and the folder it resolves to on the controller, where that differs). A one-node job has no such
+        line: its note would go to the job's output, on that same folder; where the node cannot write there, Slurm
+        fails the job's launch, and SlurmJob.output_note names the node."""
+        shared = self.slurm.shared_dir
+        real = os.path.realpath(shared)
+        via = f" (on the controller: {real})" if real != str(shared) else ""
+        note = shlex.quote(f"{NOTE_PREFIX}node")
+        rest = shlex.quote(f"does not see slurm.shared_dir {shared}{via} as the controller does (the job's plan "
+                           f"{plan}, which the controller wrote there, is missing or another file): its records would "
+                           "be lost, the job stops")
+        return (f"grep -qsF -e {shlex.quote(token)} -- {shlex.quote(str(plan))} || {{ printf '%s %s %s\\n' {note} "
+                f'"${{SLURMD_NODENAME:-?}}" {rest} >&2; {failed}; }}')
+
     @staticmethod
-    def mount_check_step(nodes: int, search: SearchMounts | None) -> list[str]:
-        """A job-script line for a job of ``nodes`` nodes: mount_check_lines as a step of its own on every node
-        (a task per node), before the round's step; a node that fails them stops the job with their exit 96.
-        Not inside the round's step: pyxis runs its task in the container, where the mounts are already made."""
-        lines = SlurmHost.mount_check_lines(search)
+    def node_check_step(nodes: int, lines: list[str]) -> list[str]:
+        """A job-script line for a job of ``nodes`` nodes: ``lines`` (shared_check_line, mount_check_lines, each
+        setting failed=96 where it fails) as a step of its own on every node (a task per node), before the round's
+        step; a node where any fails prints every failing line and stops the job with exit 96. Not inside the
+        round's step: pyxis runs its task in the container, where the mounts are already made."""
         if not lines:
             return []
         # --kill-on-bad-exit=0: where the cluster sets KillOnBadExit=1, the first node's exit 96 would kill the other
         # nodes' checks (srun then exits 128 + a signal), and a failing node among them would go unnamed.
         step = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
-                "/bin/bash", "-c", "\n".join(lines)]
+                "/bin/bash", "-c", "\n".join(["failed=0", *lines, 'exit "$failed"'])]
         return [f'{shlex.join(step)} || exit "$?"']  # srun exits with its tasks' highest code: 96
 
     def with_search(self, search: SearchMounts | None) -> SlurmHost:
@@ -737,17 +755,19 @@ class SlurmRuntime(Runtime):
                              f"{[r.rank for r in ranks]}")
         host._private_work_root()
         folder = ranks[0].job_dir
+        token = uuid.uuid4().hex  # the nodes' first step finds it in the plan: they see the folder it was written to
         plan = {"ranks": [{"rank": r.rank, "node": r.node, "job_dir": str(r.job_dir), "stage_dir": str(r.stage_dir),
                            "entry": r.entry, "monitors": r.monitors} for r in ranks],
-                "master_port_base": host.slurm.master_port_base}
+                "master_port_base": host.slurm.master_port_base, "token": token}
         host.write_text(folder / PLAN_FILE, json.dumps(plan, indent=2))
         step = ["srun", f"--nodes={len(ranks)}", f"--ntasks={len(ranks)}", "--ntasks-per-node=1",
                 *host.container_options(self.search), host.python, "-m", "flagperf.hosts.slurm_node",
                 str(folder / PLAN_FILE)]
         names = ", ".join(f"{h.name} (node {r.rank})" for r, h in members)
         secrets = host.work_root / ".jobs" / uuid.uuid4().hex  # not the job folder: that one is collected
-        checks = (host.mount_check_lines(self.search) if len(ranks) == 1 else
-                  host.mount_check_step(len(ranks), self.search))
+        checks = (host.mount_check_lines(self.search) if len(ranks) == 1 else host.node_check_step(len(ranks), [
+            host.shared_check_line(folder / PLAN_FILE, token, "failed=96"),
+            *host.mount_check_lines(self.search, "failed=96")]))
         host.write_text(folder / SCRIPT_FILE, batch_script(f"flagperf: {label} on {names}; written by the controller",
                                                            [*host.inventory_env_lines(secrets, self.search),
                                                             *checks, shlex.join(step)]))

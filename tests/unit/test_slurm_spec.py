@@ -339,15 +339,22 @@ if command[0] != "/bin/bash":
 worst = 0
 for node in range(1, nodes + 1):
     folder, away = os.environ.get(f"ELSEWHERE_ON_N{{node}}", ""), os.environ["AWAY"]
+    shared = os.environ.get(f"OTHER_SHARED_ON_N{{node}}", "")
     if folder:  # this node's node-local folder differs: a link elsewhere, as long as its task runs
         os.rename(folder, away)
         os.symlink(away, folder)
+    if shared:  # this node has another folder at the shared folder's path (an empty node-local one)
+        os.rename(shared, shared + ".kept")
+        os.mkdir(shared)
     try:
         code = subprocess.run(command, env={{**os.environ, "SLURMD_NODENAME": f"n{{node}}"}}).returncode
     finally:
         if folder:
             os.unlink(folder)
             os.rename(away, folder)
+        if shared:
+            os.rmdir(shared)
+            os.rename(shared + ".kept", shared)
     worst = max(worst, code)
 sys.exit(worst)
 """)
@@ -379,6 +386,35 @@ sys.exit(worst)
     assert done.stderr == (f"flagperf-job: FLAGPERF_VENDOR_PATH's vendor folder {vendors}/acme is missing or a link "
                            "elsewhere on node n2, unlike on the controller: not mounted, the job stops\n"), done.stderr
     assert not (tmp_path / "marker").exists() and not list(tmp_path.glob("*/marker"))
+    # Node n2 has another folder at shared_dir's path (a node-local one): its records would never reach the
+    # controller. The first step says so, naming the node and shared_dir, before the round's step starts; a node
+    # with both problems names both.
+    shared, plan = tmp_path / "shared", tmp_path / "shared" / "job0" / "slurm-job.json"
+    shared_note = (f"flagperf-job: node n2 does not see slurm.shared_dir {shared} as the controller does (the job's "
+                   f"plan {plan}, which the controller wrote there, is missing or another file): its records would be "
+                   "lost, the job stops\n")
+    done, steps = run(OTHER_SHARED_ON_N2=str(shared))
+    assert done.returncode == 96 and len(steps) == 1, (done, steps)
+    assert done.stderr == shared_note, done.stderr
+    done, steps = run(OTHER_SHARED_ON_N2=str(shared), ELSEWHERE_ON_N2=str(vendors / "acme"))
+    assert done.returncode == 96 and len(steps) == 1, (done, steps)
+    assert done.stderr == shared_note + (f"flagperf-job: FLAGPERF_VENDOR_PATH's vendor folder {vendors}/acme is "
+                                         "missing or a link elsewhere on node n2, unlike on the controller: not "
+                                         "mounted, the job stops\n"), done.stderr
+    # Without a container image a two-node job checks the shared folder alike (nothing to mount, the same records).
+    plain_runtime = SlurmRuntime(None)
+    plain_runtime.write_job(hosts[0], members, "r3")
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                          env={"PATH": f"{stub.parent}:/usr/bin:/bin", "OUT": str(tmp_path / "plain.jsonl"),
+                               "AWAY": str(tmp_path / "unused"), "OTHER_SHARED_ON_N2": str(shared)})
+    assert done.returncode == 96 and done.stderr == shared_note, done
+    assert len((tmp_path / "plain.jsonl").read_text().splitlines()) == 1
+    # Where shared_dir is reached through a link on the controller, the note says where it leads there.
+    (tmp_path / "mnt").symlink_to(tmp_path)
+    (linked,) = [SlurmHost(spec.model_copy(update={"slurm": spec.slurm.model_copy(update={
+        "shared_dir": tmp_path / "mnt" / "shared"})})) for spec in load_inventory(path).hosts[:1] if spec.slurm]
+    assert (f"does not see slurm.shared_dir {tmp_path}/mnt/shared (on the controller: {shared}) as the controller "
+            "does") in linked.shared_check_line(plan, "t", "exit 96")
     # A one-node round keeps the check in the batch script itself (it runs on the job's one node): no extra step.
     SlurmRuntime(search).write_job(hosts[0], members[:1], "r2")
     assert script.read_text().count("srun ") == 1 and "exit 96" in script.read_text()
