@@ -269,8 +269,13 @@ class ContainerSettings:
                        *(device_host_path(d) for d in self.devices), *self.search.host_paths()})
 
     def scan_paths(self) -> list[str]:
-        """Of host_paths(), the folders whose links the container policy checks too (a search path mount's)."""
+        """Of host_paths(), the folders whose links the container policy checks too (a search path mount's, the
+        project's own vendor and case folders)."""
         return self.search.scan_paths()
+
+    def scan_tree(self) -> str | None:
+        """The tree (the project) whose links, not the folder's own, count for a scanned folder that lies in it."""
+        return self.search.tree()
 
     def resolved(self, facts: Mapping[str, PathFacts]) -> ContainerSettings:
         """These settings with every mount source and device resolved on the host (``facts``: its answer for

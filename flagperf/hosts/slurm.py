@@ -476,12 +476,13 @@ class SlurmHost(LocalHost):
         its jobs see (the inventory's env, else the controller's) outside the project: the run's vendor and cases,
         mounted and named as on a docker host (container_policy.search_mounts), resolved here (the controller sees
         the shared folders as the nodes do). None without a container image. ConfigError naming the inventory's
-        hosts.N.env.<variable>, or the controller's environment where the entry does not set the variable."""
+        hosts.N.env.<variable>, or the controller's environment where the entry does not set the variable, or
+        hosts.N.project_root for the project's own vendor and case folders (a link in them out of the project)."""
         if not self.slurm.container_image:
             return None
         try:
             written = search_mounts(self.environment(), vendor, cases, str(self.project_root))
-            found = self.describe_paths(written.host_paths(), written.scan_paths())
+            found = self.describe_paths(written.host_paths(), written.scan_paths(), written.tree())
             search = written.resolved({path: PathFacts.of(fact) for path, fact in found.items()})
             for entry in search.outside:  # a node-only folder would be left out without a word
                 if search.names_of(entry.path) and found[entry.folder]["kind"] != "folder":
@@ -493,8 +494,9 @@ class SlurmHost(LocalHost):
                     raise PolicyError(f"{kind.what} {mount.source!r} cannot be mounted by pyxis: its path holds a "
                                       "',', ':' or whitespace", f"env.{kind.variable}")
         except PolicyError as exc:
-            variable = (exc.key or "").removeprefix("env.")
-            if variable not in self.extra_env:  # the controller's own variable, which sbatch's jobs inherit
+            key = exc.key or ""
+            variable = key.removeprefix("env.")
+            if key.startswith("env.") and variable not in self.extra_env:  # the controller's own, which jobs inherit
                 raise ConfigError("the controller's environment", variable,
                                   f"on host {self.name} (its inventory entry sets no env.{variable}): {exc}") from None
             source, prefix = spec_origin(self.spec)

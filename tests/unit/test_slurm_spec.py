@@ -292,6 +292,21 @@ def test_a_search_path_from_the_controllers_environment_is_named_as_such(tmp_pat
     assert str(info.value).startswith("the controller's environment: FLAGPERF_VENDOR_PATH: on host gpu "), info.value
     assert (f"FLAGPERF_VENDOR_PATH vendor 'acme': {tmp_path / 'vendors' / 'acme' / 'monitor.py'} links outside its "
             f"folder (to {tmp_path / 'monitor.py'}); in a container it would dangle" in str(info.value)), info.value
+    # The project's own vendor folder (the container has the project whole): a link in it out of the project is
+    # the deployment's, named by the entry's project_root, never as a variable of the controller's.
+    monkeypatch.delenv("FLAGPERF_VENDOR_PATH")
+    project = tmp_path / "deploy"
+    (project / "vendor_images" / "acme").mkdir(parents=True)
+    (project / "vendor_images" / "acme" / "monitor.py").symlink_to(tmp_path / "monitor.py")
+    entry = yaml.safe_load(path.read_text())
+    entry["hosts"][0]["project_root"] = str(project)
+    path.write_text(yaml.safe_dump(entry))
+    with pytest.raises(ConfigError) as info:
+        SlurmHost(load_inventory(path).hosts[0]).search_mounts("acme")
+    assert str(info.value) == (
+        f"{path}: hosts.0.project_root: on host gpu: the project's vendor 'acme': {project}/vendor_images/acme/"
+        f"monitor.py links outside the project (to {tmp_path / 'monitor.py'}); in a container it would dangle: copy "
+        "the file into the project, or make the link relative and inside it"), str(info.value)
 
 
 def test_a_multi_node_jobs_mount_check_runs_on_every_node_outside_the_container(tmp_path: Path) -> None:
