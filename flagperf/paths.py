@@ -58,15 +58,19 @@ def _search_path(default: Path, env_var: str) -> list[Path]:
 CASE_PATH_ENV = "FLAGPERF_CASE_PATH"  # case folders outside the project (a lab's own cases)
 
 
+# The project's own case and vendor folders, first on their search paths (below the project root).
+CASE_FOLDER, VENDOR_FOLDER = "cases", "vendor_images"
+
+
 def case_roots() -> list[Path]:
-    return _search_path(PROJECT_ROOT / "cases", CASE_PATH_ENV)
+    return _search_path(PROJECT_ROOT / CASE_FOLDER, CASE_PATH_ENV)
 
 
 VENDOR_PATH_ENV = "FLAGPERF_VENDOR_PATH"  # vendor folders outside the project (a vendor's own repository)
 
 
 def vendor_roots() -> list[Path]:
-    return _search_path(PROJECT_ROOT / "vendor_images", VENDOR_PATH_ENV)
+    return _search_path(PROJECT_ROOT / VENDOR_FOLDER, VENDOR_PATH_ENV)
 
 
 SUITE_PATH_ENV = "FLAGPERF_SUITE_PATH"  # suite files outside the project

@@ -10,8 +10,9 @@ timeouts and logs on a remote host behave exactly as on the local one (they shar
     python -m flagperf.hosts.agent disk-free PATH                -> {"free": bytes}
     python -m flagperf.hosts.agent keepalive                     -> {"pid": N}, then waits for stdin to close
     python -m flagperf.hosts.agent info                          -> {"uid", "gid", "time", "hostname"}
-    python -m flagperf.hosts.agent describe-paths [--scan=P]... -- PATH...
-        -> {"paths": {PATH: {"path": resolved, "kind"}}}; a folder among the --scan ones also has "links_out"
+    python -m flagperf.hosts.agent describe-paths [--scan=P]... [--tree=ROOT] -- PATH...
+        -> {"paths": {PATH: {"path": resolved, "kind"}}}; a folder among the --scan ones also has "links_out" (of
+        the tree ROOT, the project a container has at that path, where the folder resolves into it)
     python -m flagperf.hosts.agent exec-with-env FILE -- ARGV... -> ARGV, with FILE's variables (a JSON object)
         in its environment: a container's start, so that they are in no container config (docker inspect)
 
@@ -156,7 +157,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_describe_paths(args: argparse.Namespace) -> int:
     from flagperf.hosts.local import describe_paths
 
-    _say({"paths": describe_paths(args.paths, args.scan)})
+    _say({"paths": describe_paths(args.paths, args.scan, args.tree)})
     return 0
 
 
@@ -205,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     described = sub.add_parser("describe-paths")
     described.add_argument("--scan", action="append", default=[], help="a folder among PATHs whose links that "
                            "leave it are listed too (links_out)")
+    described.add_argument("--tree", help="a folder among --scan's that resolves into this tree (the project, which "
+                           "a container has at this path) lists the links that leave the tree instead")
     described.add_argument("paths", nargs="*")
     described.set_defaults(func=cmd_describe_paths)
     with_env = sub.add_parser("exec-with-env")

@@ -15,8 +15,10 @@ Vendor and case folders outside the host's project (FLAGPERF_VENDOR_PATH's <fold
   decides): the run's vendor's and cases' folders only, read-only, under a folder of flagperf's own
   (SEARCH_MOUNT_ROOT/<vendor|case>/<index>/<name...>, never at the host's path, where the image may have its own
   files), and the container's variable names those folders instead; resolved on the host, each must stay inside its
-  search path folder (a link to elsewhere is refused), with no credentials folder in its path. Docker hosts and
-  Slurm container images get them alike (search_mounts).
+  search path folder (a link to elsewhere is refused), with no credentials folder in its path, and no link in it may
+  leave it. Those inside the project (its own vendor_images/ and cases/, a variable's folder in it) come with the
+  project, mounted whole at project_root: no link in them may leave the project. Docker hosts and Slurm container
+  images get them alike (search_mounts).
 Devices (--device, vendor.yaml container.devices): accelerator and RDMA device files by pattern
 (DEVICE_PATTERNS: InfiniBand/RoCE, which no vendor owns) plus the patterns the vendor folders declare in
 vendor.yaml container.device_patterns (an accelerator's own files: the nvidia folder's /dev/nvidia*, ...);
@@ -36,7 +38,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 from typing import Any
 
-from flagperf.paths import CASE_PATH_ENV, VENDOR_PATH_ENV, printable
+from flagperf.paths import CASE_FOLDER, CASE_PATH_ENV, VENDOR_FOLDER, VENDOR_PATH_ENV, printable
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")  # \Z: "$" would let a trailing newline through
 # Where benchmark data, weights and results folders usually live on accelerator hosts.
@@ -357,6 +359,7 @@ class SearchPath:
     what: str  # what one mounted folder is, in messages: "vendor folder"
     levels: int
     kind: str  # its folder under SEARCH_MOUNT_ROOT; also what one name on it is, in messages: "vendor"
+    own: str  # the project's own folder of this kind, first on the search path (below the project root)
 
     def folder_of(self, source: str) -> str:
         """The search path's folder (as the variable names it) that a mount's source lies in."""
@@ -367,8 +370,8 @@ class SearchPath:
         return f"{SEARCH_MOUNT_ROOT}/{self.kind}/{index}"
 
 
-VENDOR_FOLDERS = SearchPath(VENDOR_PATH_ENV, "vendor folder", levels=1, kind="vendor")
-CASE_FOLDERS = SearchPath(CASE_PATH_ENV, "case folder", levels=2, kind="case")
+VENDOR_FOLDERS = SearchPath(VENDOR_PATH_ENV, "vendor folder", levels=1, kind="vendor", own=VENDOR_FOLDER)
+CASE_FOLDERS = SearchPath(CASE_PATH_ENV, "case folder", levels=2, kind="case", own=CASE_FOLDER)
 
 
 def search_path_folder(folder: str, path: SearchPath) -> str:
@@ -411,27 +414,43 @@ def resolved_search_path_mount(mount: Mount, facts: Mapping[str, PathFacts], pat
     return Mount(found.path, mount.target, read_only=True)
 
 
-def links_out_problem(source: str, name: str, found: PathFacts, path: SearchPath) -> str | None:
+def links_out_problem(source: str, name: str, found: PathFacts, path: SearchPath,
+                      project: tuple[str, str] | None = None, label: str | None = None) -> str | None:
     """Why a mounted search path folder (``source``: <folder>/<name> as the variable names it; ``found``: the host's
     facts of it, scanned) would not work in a container: a link in it that leaves it. The host follows it to its
     target (and the source digest counts the target's bytes), a container, which has the folder alone and at
-    another path, would find nothing there."""
+    another path, would find nothing there. ``project``: the folder lies in the project (as the container has it,
+    at project_root, and as it resolves on the host), which the container has whole: ``found``'s links are those
+    that leave the project (local.links_leaving's ``tree``). ``label``: how the message names the folder (the
+    variable's; "the project's" for its own folders)."""
     if not found.links_out:
         return None
     below, target, real = found.links_out[0]
     # Names as the host's folder holds them: a newline or a byte that is no UTF-8 would break the one line (and
     # a lone surrogate the JSON of a Prefect state), so each is shown escaped.
     file = printable(f"{source}/{below}")
-    if not is_under(real, found.path):
-        how = f"links outside its folder (to {printable(real)})"
-    elif target.startswith("/"):
-        how = f"links to {printable(target)} by its path on this host, where a container does not have the folder"
+    if project is not None:
+        mounted, real_root = project
+        if not is_under(real, real_root):
+            how = f"links outside the project (to {printable(real)})"
+        elif target.startswith("/"):
+            how = (f"links to {printable(target)} by its path on this host, where a container has the project at "
+                   f"{printable(mounted)}")
+        else:
+            how = f"links out of the project and back (to {printable(target)})"
+        into = "the project"
     else:
-        how = f"links out of its folder and back (to {printable(target)})"
+        if not is_under(real, found.path):
+            how = f"links outside its folder (to {printable(real)})"
+        elif target.startswith("/"):
+            how = f"links to {printable(target)} by its path on this host, where a container does not have the folder"
+        else:
+            how = f"links out of its folder and back (to {printable(target)})"
+        into = "the folder"
     more = len(found.links_out) - 1
     others = f" (and {more}{'+' if len(found.links_out) >= LINKS_LISTED else ''} more such link(s))" if more else ""
-    return (f"{path.variable} {path.kind} {name!r}: {file} {how}; in a container it would dangle{others}: copy the "
-            "file into the folder, or make the link relative and inside it")
+    return (f"{label or path.variable} {path.kind} {name!r}: {file} {how}; in a container it would dangle{others}: "
+            f"copy the file into {into}, or make the link relative and inside it")
 
 
 @dataclass(frozen=True)
@@ -469,17 +488,51 @@ class SearchMounts:
     def names_of(self, path: SearchPath) -> tuple[str, ...]:
         return next((names for kind, names in self.names if kind == path), ())
 
-    def host_paths(self) -> list[str]:
-        """The host paths ``resolved`` needs facts for: the project, each folder and each of the run's names in it."""
-        if not self.entries:
+    def own_folders(self) -> list[tuple[SearchPath, str, str]]:
+        """The project's own folders of the run's names, first on the search paths (vendor_images/<vendor>,
+        cases/<family>/<case>), which a container has as part of the project: (search path, name, path)."""
+        if not self.project_root:
             return []
-        return sorted({self.project_root, *(p for e in self.entries
-                                            for p in (e.folder, *(f"{e.folder}/{n}" for n in self.names_of(e.path))))})
+        return [(path, name, f"{self.project_root.rstrip('/')}/{path.own}/{name}")
+                for path, names in self.names for name in names]
+
+    def host_paths(self) -> list[str]:
+        """The host paths ``resolved`` needs facts for: the project, its own folders of the run's names, each folder
+        of the variables and each of the run's names in it."""
+        own = [source for _, _, source in self.own_folders()]
+        if not self.entries and not own:
+            return []
+        return sorted({self.project_root, *own, *(p for e in self.entries for p in (
+            e.folder, *(f"{e.folder}/{n}" for n in self.names_of(e.path))))})
 
     def scan_paths(self) -> list[str]:
-        """The host paths whose links ``resolved`` needs too (PathFacts.links_out): each of the run's names in each
-        folder, which a container may get mounted alone."""
-        return sorted({f"{e.folder}/{n}" for e in self.entries for n in self.names_of(e.path)})
+        """The host paths whose links ``resolved`` needs too (PathFacts.links_out, of ``tree``'s where they lie in
+        it): the project's own folders of the run's names, and each of the run's names in each folder, which a
+        container has as part of the project or mounted alone."""
+        return sorted({*(source for _, _, source in self.own_folders()),
+                       *(f"{e.folder}/{n}" for e in self.entries for n in self.names_of(e.path))})
+
+    def tree(self) -> str | None:
+        """The tree the scanned folders that resolve into it are part of in a container: the project."""
+        return self.project_root or None
+
+    def check_own_folders(self, facts: Mapping[str, PathFacts]) -> None:
+        """The project's own folders of the run's names as the host has them (``facts``: for host_paths() and
+        scan_paths()): in the project, and without a link that leaves it (in a container, which has the project
+        alone, at project_root, it would dangle). PolicyError keyed project_root: the deployment the host has."""
+        root = self.project_root
+        real_root = facts[root].path
+        for path, name, source in self.own_folders():
+            found = facts[source]
+            if found.kind != "folder":
+                continue  # the run's name is elsewhere on the search path
+            if not is_under(found.path, real_root):
+                raise PolicyError(f"the project's {path.kind} {name!r}: {source} (it resolves to {found.path}) is "
+                                  f"outside the project {real_root}, which is all a container has of it",
+                                  "project_root")
+            problem = links_out_problem(source, name, found, path, (root, real_root), "the project's")
+            if problem:
+                raise PolicyError(problem, "project_root")
 
     def resolved(self, facts: Mapping[str, PathFacts]) -> SearchMounts:
         """Each folder resolved on the host (``facts``: its answer for host_paths()), and where it lies decides (as it
@@ -488,7 +541,12 @@ class SearchMounts:
         that resolves outside it, also when written project-relative (a link out of the project), gets the run's
         vendor or cases mounted under SEARCH_MOUNT_ROOT, each resolved and checked again (a name the host lacks is
         left out: the variable still names its place, empty), and with no link in it that leaves it (facts for
-        scan_paths(): it would dangle in the container). PolicyError keyed env.<variable>."""
+        scan_paths(): it would dangle in the container; of a folder inside the project, a link that leaves the
+        project, which the container has whole). PolicyError keyed env.<variable>; the project's own folders are
+        checked first (check_own_folders: keyed project_root)."""
+        if not self.entries and not self.own_folders():
+            return self
+        self.check_own_folders(facts)
         if not self.entries:
             return self
         root = self.project_root
@@ -515,6 +573,10 @@ class SearchMounts:
                             raise PolicyError(f"{path.what} {source!r} (it resolves to {found.path}) "
                                               f"is refused: it is outside the project {real_root}, which is all a "
                                               f"container has of a {path.variable} folder inside it")
+                        if found.kind == "folder":  # and so is a link in it that leaves the project
+                            problem = links_out_problem(source, name, found, path, (root, real_root))
+                            if problem:
+                                raise PolicyError(problem)
                 else:
                     seen = path.in_container(entry.index)
                     outside.append(entry)

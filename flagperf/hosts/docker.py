@@ -269,8 +269,13 @@ class ContainerSettings:
                        *(device_host_path(d) for d in self.devices), *self.search.host_paths()})
 
     def scan_paths(self) -> list[str]:
-        """Of host_paths(), the folders whose links the container policy checks too (a search path mount's)."""
+        """Of host_paths(), the folders whose links the container policy checks too (a search path mount's, the
+        project's own vendor and case folders)."""
         return self.search.scan_paths()
+
+    def scan_tree(self) -> str | None:
+        """The tree (the project) whose links, not the folder's own, count for a scanned folder that lies in it."""
+        return self.search.tree()
 
     def resolved(self, facts: Mapping[str, PathFacts]) -> ContainerSettings:
         """These settings with every mount source and device resolved on the host (``facts``: its answer for
@@ -424,6 +429,9 @@ class DockerRuntime(Runtime):
                                           read_only=True))
                 command = [s.python, "-m", "flagperf.hosts.agent", "exec-with-env", ENV_FILE_IN_CONTAINER, "--",
                            *argv]
+            # network_mode host for every vendor, by design (docs/hosts-and-containers.md, Options): a multi-node
+            # case's MASTER_ADDR and its NCCL/gloo sockets are the host's addresses, which a container on a bridge
+            # network does not have; no vendor file may change it (none of FlagPerf's vendors asked for another).
             container = client.containers.create(
                 s.image, command, name=name, detach=True, init=True, user=self.user, working_dir=str(host.project_root),
                 environment=env, network_mode="host", ipc_mode=s.ipc_mode, shm_size=s.shm_size,

@@ -83,8 +83,9 @@ def checked_on_host(settings: ContainerSettings, host: Host, spec: HostSpec) -> 
     paths = settings.host_paths()
     if not paths:
         return settings
-    scan = settings.scan_paths()
-    where = describe_paths(paths, scan) if spec.docker.engine == "local" else host.describe_paths(paths, scan)
+    scan, tree = settings.scan_paths(), settings.scan_tree()
+    where = (describe_paths(paths, scan, tree) if spec.docker.engine == "local" else
+             host.describe_paths(paths, scan, tree))
     facts = {path: PathFacts.of(found) for path, found in where.items()}
     try:
         return settings.resolved(facts)

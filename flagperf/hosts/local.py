@@ -119,11 +119,12 @@ class Host(ABC):
         """The host's wall clock (time.time()), read by the cheapest round trip the host allows."""
         return time.time()
 
-    def describe_paths(self, paths: list[str], scan: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+    def describe_paths(self, paths: list[str], scan: Sequence[str] = (), tree: str | None = None
+                       ) -> dict[str, dict[str, Any]]:
         """Each path as this host sees it (``describe_paths`` below), through the host agent by default."""
         lines: list[str] = []
         argv = [self.python, "-m", "flagperf.hosts.agent", "describe-paths",
-                *(f"--scan={folder}" for folder in scan), "--", *paths]
+                *(f"--scan={folder}" for folder in scan), *([f"--tree={tree}"] if tree else []), "--", *paths]
         result = self.run(argv, timeout=120, log_path=self.work_root / "commands.log", on_line=lines.append)
         if result.exit_code != 0 or not lines:
             raise OSError(f"host {self.name}: cannot look at {', '.join(paths)} (agent exited {result.exit_code})")
@@ -258,8 +259,9 @@ class LocalHost(Host):
     def controller_pid(self) -> int:
         return os.getpid()
 
-    def describe_paths(self, paths: list[str], scan: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
-        return describe_paths(paths, scan)
+    def describe_paths(self, paths: list[str], scan: Sequence[str] = (), tree: str | None = None
+                       ) -> dict[str, dict[str, Any]]:
+        return describe_paths(paths, scan, tree)
 
     def disk_free(self, path: Path) -> int:
         probe = path
@@ -287,13 +289,18 @@ def allowed_environment(environ: Mapping[str, str]) -> dict[str, str]:
             and not SECRET_WORDS.search(name) and not URL_WITH_PASSWORD.search(value)}
 
 
-def links_leaving(folder: str, limit: int = LINKS_LISTED) -> list[list[str]]:
+def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = None) -> list[list[str]]:
     """The symlinks below ``folder`` (itself resolved) that a copy of it mounted at another path would not follow:
     one whose target is an absolute path, or whose way leaves the folder (a '..' above it, or a link out). Each as
     [its path below the folder, its target as written, where it leads here], the first ``limit`` in path order. A
     linked folder is checked as a link, never walked (it may loop). What the source digest skips (a .venv, .git,
-    __pycache__: paths.skipped_in_source) is skipped here too: none of it is the code a round runs."""
+    __pycache__: paths.skipped_in_source) is skipped here too: none of it is the code a round runs.
+    ``tree``: the folder is mounted as part of that tree, at the tree's path as written (the project, mounted at
+    project_root): then only the links that leave the tree count, and an absolute target counts unless it names a
+    place in the tree by that path."""
     root = os.path.realpath(folder)
+    bound = root if tree is None else os.path.realpath(tree)
+    mounted = None if tree is None else os.path.normpath(tree)
     found: list[list[str]] = []
     for top, folders, files in os.walk(root):
         folders[:] = sorted(name for name in folders if not skipped_in_source(name))  # and never walked
@@ -305,22 +312,31 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED) -> list[list[str]]:
                 target = os.readlink(path)
             except OSError:
                 continue
-            below = os.path.relpath(path, root)
-            way = os.path.normpath(os.path.join(os.path.dirname(below), target))
+            way = os.path.normpath(os.path.join(os.path.dirname(os.path.relpath(path, bound)), target))
             real = os.path.realpath(path)
-            inside = real == root or real.startswith(root.rstrip("/") + "/")
-            if os.path.isabs(target) or way == ".." or way.startswith("../") or not inside:
-                found.append([below, target, real])
+            if os.path.isabs(target):
+                leaves = mounted is None or not _inside(os.path.normpath(target), mounted)
+            else:
+                leaves = way == ".." or way.startswith("../")
+            if leaves or not _inside(real, bound):
+                found.append([os.path.relpath(path, root), target, real])
                 if len(found) >= limit:
                     return found
     return found
 
 
-def describe_paths(paths: list[str], scan: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def describe_paths(paths: list[str], scan: Sequence[str] = (), tree: str | None = None) -> dict[str, dict[str, Any]]:
     """Each path with every symlink resolved, and what it then is: folder, file, char-device, socket, other,
     missing or inaccessible (the container policy checks what a mount or device really is on its host); of a folder
-    among ``scan`` also its ``links_out`` (links_leaving: a mount of it elsewhere would leave them dangling)."""
+    among ``scan`` also its ``links_out`` (links_leaving: a mount of it elsewhere would leave them dangling), of the
+    links that leave ``tree`` where it resolves into that tree (the project: a container has the folder as part of
+    it), else of those that leave the folder."""
     described: dict[str, dict[str, Any]] = {}
+    real_tree = os.path.realpath(tree) if tree is not None else None
     for path in paths:
         real = os.path.realpath(path)
         try:
@@ -334,7 +350,8 @@ def describe_paths(paths: list[str], scan: Sequence[str] = ()) -> dict[str, dict
                     "char-device" if stat.S_ISCHR(mode) else "socket" if stat.S_ISSOCK(mode) else "other")
         described[path] = {"path": real, "kind": kind}
         if path in scan and kind == "folder":
-            described[path]["links_out"] = links_leaving(real)
+            within = real_tree is not None and _inside(real, real_tree)
+            described[path]["links_out"] = links_leaving(real, tree=tree if within else None)
     return described
 
 

@@ -63,6 +63,11 @@ ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUE
           "STAGE_OUT", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "STOPPED"}
 NOT_STARTED = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
 END_WAIT_S = 60.0  # after the nodes wrote their exit records, how long the job may take to leave the queue
+# squeue's reason for a pending job slurmctld's scheduler has not looked at yet (just submitted, or a busy controller):
+# no reason at all. A job pending past pending_timeout_s with it is given up to REASON_WAIT_S more for a real one
+# (Resources, Priority, ReqNodeNotAvail ...), so that the failure says why it waits, however fast the machine.
+NO_REASON = {"", "None"}
+REASON_WAIT_S = 60.0
 # What a path in pyxis' --container-mounts may not hold: ',' parts the mounts, ':' a mount's fields, and enroot
 # writes each mount as one whitespace-separated fstab line.
 PYXIS_UNSAFE = re.compile(r"[\s,:]")
@@ -229,20 +234,33 @@ class SlurmJob:
         self._forget()
         self.ended.set()
 
-    def details(self) -> str:
-        """How Slurm says the job ended, for a failure message (best effort)."""
+    def details(self) -> tuple[str, str | None]:
+        """How Slurm says the job ended, for a failure message (best effort), and the node its batch script ran on
+        (None: it never ran on one, or Slurm no longer knows)."""
         try:
             text = slurm_tool(["scontrol", "show", "job", "-o", self.job_id], self.spec.command_timeout_s)
         except SlurmError:
-            return "Slurm no longer knows the job"
+            return "Slurm no longer knows the job", None
         found = dict(re.findall(r"(JobState|Reason|ExitCode)=(\S+)", text))
-        return ", ".join(f"{k} {v}" for k, v in found.items()) or "no state"
+        batch = re.search(r"(?:^|\s)BatchHost=(\S+)", text)
+        return ", ".join(f"{k} {v}" for k, v in found.items()) or "no state", batch.group(1) if batch else None
+
+    def output_note(self, batch_host: str | None) -> str:
+        """What the failure quotes of the job's output; where there is none although a node ran the batch script,
+        what that most likely means: the node cannot write to the shared folder the controller reads (it lacks
+        the folder or sees another one at its path), which Slurm reports only as a launch failure."""
+        if batch_host is None or self.output.exists():
+            return output_summary(self.output)
+        return (f"no {self.output.name} in {self.output.parent}, where node {batch_host} (which ran the job's batch "
+                f"script) was to write it: does {batch_host} see slurm.shared_dir {self.spec.shared_dir} as the "
+                "controller does?")
 
     def watch(self, own: Rank, on_line: LineSink | None, readers: dict[Path, int]) -> None:
         """The watching thread's loop: files every poll_s, squeue every state_poll_s, until every node wrote its
         exit record or the job ended without one; then until the job left the queue."""
         spec = self.spec
         next_state = 0.0
+        awaiting_reason = False
         while not self.ended.is_set():
             now = time.monotonic()
             follow(own.log, on_line, readers)
@@ -263,11 +281,20 @@ class SlurmJob:
                 next_state = now + spec.state_poll_s  # the files say more, sooner; squeue is the safety net
                 state, reason = self.state()
                 if state in NOT_STARTED:
-                    if pending_too_long:
+                    if pending_too_long and reason in NO_REASON and \
+                            now - self.submitted <= spec.pending_timeout_s + REASON_WAIT_S:
+                        if not awaiting_reason:
+                            awaiting_reason = True
+                            logger.info("Slurm job %s still %s after %.0f s (slurm.pending_timeout_s) with no reason "
+                                        "from squeue yet: waiting up to %.0f s more for one before it is cancelled",
+                                        self.job_id, state, spec.pending_timeout_s, REASON_WAIT_S)
+                    elif pending_too_long:
                         self.never_started = True
                         self.cancel("pending too long")
+                        why = reason if reason not in NO_REASON else \
+                            f"none, also {REASON_WAIT_S:.0f} s later: slurmctld's scheduler has not looked at the job"
                         self.finish(f"Slurm job {self.job_id} still {state} after {spec.pending_timeout_s:.0f} s "
-                                    f"(slurm.pending_timeout_s; squeue reason: {reason or 'none'}); cancelled")
+                                    f"(slurm.pending_timeout_s; squeue reason: {why}); cancelled")
                         break
                 elif state in ACTIVE:
                     if self.started is None:
@@ -275,8 +302,9 @@ class SlurmJob:
                 elif not all((r.job_dir / EXIT_FILE).exists() for r in self.ranks):
                     follow(self.output, on_line, readers, prefix="slurm: ")
                     missing = [str(r.rank) for r in self.ranks if not (r.job_dir / EXIT_FILE).exists()]
-                    self.finish(f"Slurm job {self.job_id} ended ({self.details()}) before node(s) "
-                                f"{', '.join(missing)} wrote their exit record; {output_summary(self.output)}")
+                    details, batch_host = self.details()
+                    self.finish(f"Slurm job {self.job_id} ended ({details}) before node(s) "
+                                f"{', '.join(missing)} wrote their exit record; {self.output_note(batch_host)}")
                     break
             self.ended.wait(spec.poll_s)
 
@@ -448,12 +476,13 @@ class SlurmHost(LocalHost):
         its jobs see (the inventory's env, else the controller's) outside the project: the run's vendor and cases,
         mounted and named as on a docker host (container_policy.search_mounts), resolved here (the controller sees
         the shared folders as the nodes do). None without a container image. ConfigError naming the inventory's
-        hosts.N.env.<variable>, or the controller's environment where the entry does not set the variable."""
+        hosts.N.env.<variable>, or the controller's environment where the entry does not set the variable, or
+        hosts.N.project_root for the project's own vendor and case folders (a link in them out of the project)."""
         if not self.slurm.container_image:
             return None
         try:
             written = search_mounts(self.environment(), vendor, cases, str(self.project_root))
-            found = self.describe_paths(written.host_paths(), written.scan_paths())
+            found = self.describe_paths(written.host_paths(), written.scan_paths(), written.tree())
             search = written.resolved({path: PathFacts.of(fact) for path, fact in found.items()})
             for entry in search.outside:  # a node-only folder would be left out without a word
                 if search.names_of(entry.path) and found[entry.folder]["kind"] != "folder":
@@ -465,8 +494,9 @@ class SlurmHost(LocalHost):
                     raise PolicyError(f"{kind.what} {mount.source!r} cannot be mounted by pyxis: its path holds a "
                                       "',', ':' or whitespace", f"env.{kind.variable}")
         except PolicyError as exc:
-            variable = (exc.key or "").removeprefix("env.")
-            if variable not in self.extra_env:  # the controller's own variable, which sbatch's jobs inherit
+            key = exc.key or ""
+            variable = key.removeprefix("env.")
+            if key.startswith("env.") and variable not in self.extra_env:  # the controller's own, which jobs inherit
                 raise ConfigError("the controller's environment", variable,
                                   f"on host {self.name} (its inventory entry sets no env.{variable}): {exc}") from None
             source, prefix = spec_origin(self.spec)
@@ -474,12 +504,12 @@ class SlurmHost(LocalHost):
         return search
 
     @staticmethod
-    def mount_check_lines(search: SearchMounts | None) -> list[str]:
-        """Job-script lines, before srun, that stop the job (exit 96, one line in its output naming the node and
-        the folder) where a mount's source is not, on the node, the folder the controller resolved: missing
-        there, or a link to elsewhere (a node-local folder such as /opt/vendors may differ from the
-        controller's), which pyxis would mount unchecked. They run where the batch script runs, the job's first
-        node: a multi-node job runs them on every node instead (mount_check_step)."""
+    def mount_check_lines(search: SearchMounts | None, failed: str = "exit 96") -> list[str]:
+        """Job-script lines, before srun, that stop the job (``failed``: exit 96, or a step's failed=96; one line in
+        its output naming the node and the folder) where a mount's source is not, on the node, the folder the
+        controller resolved: missing there, or a link to elsewhere (a node-local folder such as /opt/vendors may
+        differ from the controller's), which pyxis would mount unchecked. They run where the batch script runs, the
+        job's first node: a multi-node job runs them on every node instead (node_check_step)."""
         lines = []
         for kind, mount in search.mounts if search else ():
             source = shlex.quote(mount.source)
@@ -487,21 +517,39 @@ class SlurmHost(LocalHost):
                                   "elsewhere on node")
             lines.append(f'[ "$(realpath -e -- {source} 2>/dev/null)" = {source} ] || {{ printf \'%s %s, unlike on '
                          f'the controller: not mounted, the job stops\\n\' {message} "${{SLURMD_NODENAME:-?}}" '
-                         '>&2; exit 96; }')
+                         f'>&2; {failed}; }}')
         return lines
 
+    def shared_check_line(self, plan: Path, token: str, failed: str) -> str:
+        """A job-script line for every node of a multi-node job (node_check_step): the node sees slurm.shared_dir as
+        the controller does, that is, the round's ``plan`` there holds the ``token`` the controller wrote into it.
+        A node that lacks the folder, or has another one at its path (a node-local folder, another mount), would
+        write its records where the controller never reads them: ``failed``, with one line naming the node and
+        shared_dir (and the folder it resolves to on the controller, where that differs). A one-node job has no such
+        line: its note would go to the job's output, on that same folder; where the node cannot write there, Slurm
+        fails the job's launch, and SlurmJob.output_note names the node."""
+        shared = self.slurm.shared_dir
+        real = os.path.realpath(shared)
+        via = f" (on the controller: {real})" if real != str(shared) else ""
+        note = shlex.quote(f"{NOTE_PREFIX}node")
+        rest = shlex.quote(f"does not see slurm.shared_dir {shared}{via} as the controller does (the job's plan "
+                           f"{plan}, which the controller wrote there, is missing or another file): its records would "
+                           "be lost, the job stops")
+        return (f"grep -qsF -e {shlex.quote(token)} -- {shlex.quote(str(plan))} || {{ printf '%s %s %s\\n' {note} "
+                f'"${{SLURMD_NODENAME:-?}}" {rest} >&2; {failed}; }}')
+
     @staticmethod
-    def mount_check_step(nodes: int, search: SearchMounts | None) -> list[str]:
-        """A job-script line for a job of ``nodes`` nodes: mount_check_lines as a step of its own on every node
-        (a task per node), before the round's step; a node that fails them stops the job with their exit 96.
-        Not inside the round's step: pyxis runs its task in the container, where the mounts are already made."""
-        lines = SlurmHost.mount_check_lines(search)
+    def node_check_step(nodes: int, lines: list[str]) -> list[str]:
+        """A job-script line for a job of ``nodes`` nodes: ``lines`` (shared_check_line, mount_check_lines, each
+        setting failed=96 where it fails) as a step of its own on every node (a task per node), before the round's
+        step; a node where any fails prints every failing line and stops the job with exit 96. Not inside the
+        round's step: pyxis runs its task in the container, where the mounts are already made."""
         if not lines:
             return []
         # --kill-on-bad-exit=0: where the cluster sets KillOnBadExit=1, the first node's exit 96 would kill the other
         # nodes' checks (srun then exits 128 + a signal), and a failing node among them would go unnamed.
         step = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
-                "/bin/bash", "-c", "\n".join(lines)]
+                "/bin/bash", "-c", "\n".join(["failed=0", *lines, 'exit "$failed"'])]
         return [f'{shlex.join(step)} || exit "$?"']  # srun exits with its tasks' highest code: 96
 
     def with_search(self, search: SearchMounts | None) -> SlurmHost:
@@ -709,17 +757,19 @@ class SlurmRuntime(Runtime):
                              f"{[r.rank for r in ranks]}")
         host._private_work_root()
         folder = ranks[0].job_dir
+        token = uuid.uuid4().hex  # the nodes' first step finds it in the plan: they see the folder it was written to
         plan = {"ranks": [{"rank": r.rank, "node": r.node, "job_dir": str(r.job_dir), "stage_dir": str(r.stage_dir),
                            "entry": r.entry, "monitors": r.monitors} for r in ranks],
-                "master_port_base": host.slurm.master_port_base}
+                "master_port_base": host.slurm.master_port_base, "token": token}
         host.write_text(folder / PLAN_FILE, json.dumps(plan, indent=2))
         step = ["srun", f"--nodes={len(ranks)}", f"--ntasks={len(ranks)}", "--ntasks-per-node=1",
                 *host.container_options(self.search), host.python, "-m", "flagperf.hosts.slurm_node",
                 str(folder / PLAN_FILE)]
         names = ", ".join(f"{h.name} (node {r.rank})" for r, h in members)
         secrets = host.work_root / ".jobs" / uuid.uuid4().hex  # not the job folder: that one is collected
-        checks = (host.mount_check_lines(self.search) if len(ranks) == 1 else
-                  host.mount_check_step(len(ranks), self.search))
+        checks = (host.mount_check_lines(self.search) if len(ranks) == 1 else host.node_check_step(len(ranks), [
+            host.shared_check_line(folder / PLAN_FILE, token, "failed=96"),
+            *host.mount_check_lines(self.search, "failed=96")]))
         host.write_text(folder / SCRIPT_FILE, batch_script(f"flagperf: {label} on {names}; written by the controller",
                                                            [*host.inventory_env_lines(secrets, self.search),
                                                             *checks, shlex.join(step)]))

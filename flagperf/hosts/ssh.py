@@ -308,8 +308,10 @@ class SshHost(Host):
     def info(self) -> dict[str, Any]:
         return self._agent_json("info")
 
-    def describe_paths(self, paths: list[str], scan: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
-        return dict(self._agent_json("describe-paths", *(f"--scan={folder}" for folder in scan), "--", *paths)["paths"])
+    def describe_paths(self, paths: list[str], scan: Sequence[str] = (), tree: str | None = None
+                       ) -> dict[str, dict[str, Any]]:
+        return dict(self._agent_json("describe-paths", *(f"--scan={folder}" for folder in scan),
+                                     *([f"--tree={tree}"] if tree else []), "--", *paths)["paths"])
 
     def clock(self) -> float:
         return float(self.info()["time"])

@@ -151,6 +151,36 @@ def test_two_ssh_hosts_run_their_rounds_in_containers(flagperf_env: Path, tmp_pa
     build_lines: list[str] = []
     assert ensure_image(docker.from_env(), context, tag, build_args, build_lines.append) == "present"
     assert build_lines == []
+    # The hosts' agent scans a case folder inside the deployment against the project, which a container has whole
+    # (describe-paths --tree): a link in it out of the project is refused before any container starts, in one line.
+    from flagperf.errors import ConfigError
+    from flagperf.hosts.docker import container_settings
+    from flagperf.hosts.fleet import checked_on_host
+    from flagperf.hosts.inventory import load_inventory
+    from flagperf.hosts.ssh import SshHost
+
+    case = deployed / "tests" / "fixtures" / "cases" / "base" / "links-out"
+    outside = deployed.with_name(f"{deployed.name}-outside.bin")
+    spec = load_inventory(Path(inventory)).hosts[0]
+    ssh = SshHost(spec)
+    try:
+        case.mkdir(mode=0o755)
+        (case / "same.py").symlink_to("../sleepy/bench.py")  # out of its folder, in the project: fine
+        outside.write_bytes(b"outside")
+        outside.chmod(0o644)
+        assert checked_on_host(container_settings(load_vendor("cpu"), spec, "img:1", deployed, ["base/links-out"]),
+                               ssh, spec).search.all() == []
+        (case / "data.bin").symlink_to(outside)
+        with pytest.raises(ConfigError) as info:
+            checked_on_host(container_settings(load_vendor("cpu"), spec, "img:1", deployed, ["base/links-out"]), ssh,
+                            spec)
+        assert info.value.key == "hosts.0.env.FLAGPERF_CASE_PATH" and "\n" not in str(info.value)
+        assert f"on host {spec.name}: FLAGPERF_CASE_PATH case 'base/links-out': {case}/data.bin links outside the " \
+            f"project (to {outside}); in a container it would dangle" in info.value.message, str(info.value)
+    finally:
+        ssh.close()
+        shutil.rmtree(case, ignore_errors=True)
+        outside.unlink(missing_ok=True)
 
 
 def torchless_python(bed: Testbed, folder: Path) -> str:

@@ -219,8 +219,11 @@ def test_a_search_path_folder_never_hides_what_the_image_has_at_the_hosts_path(t
     written = container_policy.search_mounts(
         {"FLAGPERF_VENDOR_PATH": "/opt:/srv/vendors", "FLAGPERF_CASE_PATH": "/usr/local/lab-cases",
          "OTHER": "/opt"}, "nvidia", ["base/gemm", "training/bert"], "/deploy/flagperf")
-    # What the host is asked: the project, each folder, and the run's names in it.
-    assert written.host_paths() == sorted({"/deploy/flagperf", "/opt/nvidia", "/opt", "/srv/vendors/nvidia",
+    # What the host is asked: the project and its own folders of the run's names, each folder, and the run's
+    # names in it.
+    assert written.host_paths() == sorted({"/deploy/flagperf", "/deploy/flagperf/vendor_images/nvidia",
+                                           "/deploy/flagperf/cases/base/gemm", "/deploy/flagperf/cases/training/bert",
+                                           "/opt/nvidia", "/opt", "/srv/vendors/nvidia",
                                            "/srv/vendors", "/usr/local/lab-cases/base/gemm",
                                            "/usr/local/lab-cases/training/bert", "/usr/local/lab-cases"})
     assert written.all() == [] and written.env == ()  # nothing is decided before the host answers
@@ -458,3 +461,85 @@ def test_a_leaving_links_odd_file_name_is_shown_escaped_in_one_line(tmp_path: Pa
     message = info.value.message
     assert f"{case}/{shown} links outside its folder (to {outside})" in message, message
     assert message.isprintable() and orjson.loads(orjson.dumps(message)) == message, repr(message)
+
+
+def test_a_link_that_leaves_the_project_from_a_case_or_vendor_folder_in_it_is_refused_before_a_container_runs(
+        tmp_path: Path) -> None:
+    """A container has the project whole, at project_root, read-only: a case or vendor folder inside it (the project's
+    own cases/ and vendor_images/, or a FLAGPERF_CASE_PATH / FLAGPERF_VENDOR_PATH folder in it) that holds a link out
+    of the project would find it dangling, as an outside folder's link out of its folder would. Refused when the
+    host's folders are checked, before a container starts, in the same one line: the project's own folder named by
+    the inventory's project_root, a search path folder by its variable. Links that stay in the project are fine, even
+    out of their folder, and so is an absolute one by the project's path as the container has it; one by the path the
+    project resolves to on the host (project_root a link), or out and back, is not. A process host runs as before."""
+    from flagperf.hosts.fleet import runtime_for
+    from flagperf.hosts.runtime import ProcessRuntime
+
+    real = tmp_path / "srv" / "flagperf"  # the deployment; project_root names it through a link
+    (tmp_path / "opt").mkdir()
+    project = tmp_path / "opt" / "flagperf"
+    project.symlink_to(real)
+    own, lab = real / "cases" / "base" / "x", real / "labcases" / "base" / "y"
+    for folder in (own, lab, real / "common"):
+        folder.mkdir(parents=True)
+    (real / "common" / "util.py").write_text("# shared in the project\n")
+    (own / "util.py").symlink_to("../../../common/util.py")  # out of its folder, in the project: fine
+    (lab / "util.py").symlink_to(project / "common" / "util.py")  # absolute, by project_root: the container has it
+    outside = tmp_path / "datasets" / "big.bin"
+    outside.parent.mkdir()
+    outside.write_bytes(b"outside")
+    path = tmp_path / "inv.yaml"
+
+    def settings(runtime: str = "docker") -> Any:
+        path.write_text(yaml.safe_dump({"hosts": [{"name": "a", "address": "h", "runtime": runtime,
+                                                   "project_root": str(project),
+                                                   "env": {"FLAGPERF_CASE_PATH": "labcases"}}]}))
+        spec = load_inventory(path).hosts[0]
+        if runtime != "docker":
+            return runtime_for(LocalHost(), spec, load_vendor("cpu"), {"tag": "img:1"}, "run-a", ["base/x", "base/y"])
+        return checked_on_host(container_settings(load_vendor("cpu"), spec, "img:1", project, ["base/x", "base/y"]),
+                               LocalHost(), spec)
+
+    assert settings().search.all() == []  # all in the project: nothing mounted besides it
+    for folder, name, target, key, words in (
+            (own, "data.bin", outside, "project_root",
+             f"the project's case 'base/x': {project}/cases/base/x/data.bin links outside the project (to {outside})"),
+            (lab, "data.bin", outside, "env.FLAGPERF_CASE_PATH",
+             f"FLAGPERF_CASE_PATH case 'base/y': {project}/labcases/base/y/data.bin links outside the project (to "
+             f"{outside})"),
+            (own, "abs.py", real / "common" / "util.py", "project_root",
+             f"the project's case 'base/x': {project}/cases/base/x/abs.py links to {real}/common/util.py by its path "
+             f"on this host, where a container has the project at {project}"),
+            (lab, "back.py", "../../../../flagperf/common/util.py", "env.FLAGPERF_CASE_PATH",
+             f"FLAGPERF_CASE_PATH case 'base/y': {project}/labcases/base/y/back.py links out of the project and back "
+             "(to ../../../../flagperf/common/util.py)")):
+        (folder / name).symlink_to(target)
+        with pytest.raises(ConfigError) as info:
+            settings()
+        assert info.value.source == str(path) and info.value.key == f"hosts.0.{key}", str(info.value)
+        assert f"on host a: {words}; in a container it would dangle: copy the file into the project, or make the " \
+            "link relative and inside it" == info.value.message and "\n" not in str(info.value), str(info.value)
+        assert isinstance(settings("process"), ProcessRuntime)  # a process host reads the target where it is
+        (folder / name).unlink()
+    assert settings().search.all() == []
+    # The project's own case folder itself a link out of the project: the container would have a dangling link.
+    (tmp_path / "lab-x").mkdir()
+    (own / "util.py").unlink()
+    own.rmdir()
+    own.symlink_to(tmp_path / "lab-x")
+    with pytest.raises(ConfigError) as info:
+        settings()
+    assert info.value.key == "hosts.0.project_root" and (
+        f"on host a: the project's case 'base/x': {project}/cases/base/x (it resolves to {tmp_path / 'lab-x'}) is "
+        f"outside the project {real}, which is all a container has of it") == info.value.message, str(info.value)
+    own.unlink()
+    own.mkdir()
+    # An SSH host's agent gives the same facts: with --tree, a folder in the tree lists the links leaving the tree.
+    (own / "data.bin").symlink_to(outside)
+    (own / "util.py").symlink_to("../../../common/util.py")
+    done = subprocess.run([sys.executable, "-m", "flagperf.hosts.agent", "describe-paths", f"--scan={own}",
+                           f"--tree={project}", "--", str(own)], capture_output=True, text=True, timeout=60,
+                          cwd=PROJECT_ROOT)
+    assert done.returncode == 0, done.stderr
+    paths = json.loads(done.stdout.splitlines()[-1])["paths"]
+    assert paths[str(own)]["links_out"] == [["data.bin", str(outside), str(outside)]], paths

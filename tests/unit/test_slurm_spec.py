@@ -8,6 +8,7 @@ import itertools
 import os
 import shlex
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -291,6 +292,21 @@ def test_a_search_path_from_the_controllers_environment_is_named_as_such(tmp_pat
     assert str(info.value).startswith("the controller's environment: FLAGPERF_VENDOR_PATH: on host gpu "), info.value
     assert (f"FLAGPERF_VENDOR_PATH vendor 'acme': {tmp_path / 'vendors' / 'acme' / 'monitor.py'} links outside its "
             f"folder (to {tmp_path / 'monitor.py'}); in a container it would dangle" in str(info.value)), info.value
+    # The project's own vendor folder (the container has the project whole): a link in it out of the project is
+    # the deployment's, named by the entry's project_root, never as a variable of the controller's.
+    monkeypatch.delenv("FLAGPERF_VENDOR_PATH")
+    project = tmp_path / "deploy"
+    (project / "vendor_images" / "acme").mkdir(parents=True)
+    (project / "vendor_images" / "acme" / "monitor.py").symlink_to(tmp_path / "monitor.py")
+    entry = yaml.safe_load(path.read_text())
+    entry["hosts"][0]["project_root"] = str(project)
+    path.write_text(yaml.safe_dump(entry))
+    with pytest.raises(ConfigError) as info:
+        SlurmHost(load_inventory(path).hosts[0]).search_mounts("acme")
+    assert str(info.value) == (
+        f"{path}: hosts.0.project_root: on host gpu: the project's vendor 'acme': {project}/vendor_images/acme/"
+        f"monitor.py links outside the project (to {tmp_path / 'monitor.py'}); in a container it would dangle: copy "
+        "the file into the project, or make the link relative and inside it"), str(info.value)
 
 
 def test_a_multi_node_jobs_mount_check_runs_on_every_node_outside_the_container(tmp_path: Path) -> None:
@@ -338,15 +354,22 @@ if command[0] != "/bin/bash":
 worst = 0
 for node in range(1, nodes + 1):
     folder, away = os.environ.get(f"ELSEWHERE_ON_N{{node}}", ""), os.environ["AWAY"]
+    shared = os.environ.get(f"OTHER_SHARED_ON_N{{node}}", "")
     if folder:  # this node's node-local folder differs: a link elsewhere, as long as its task runs
         os.rename(folder, away)
         os.symlink(away, folder)
+    if shared:  # this node has another folder at the shared folder's path (an empty node-local one)
+        os.rename(shared, shared + ".kept")
+        os.mkdir(shared)
     try:
         code = subprocess.run(command, env={{**os.environ, "SLURMD_NODENAME": f"n{{node}}"}}).returncode
     finally:
         if folder:
             os.unlink(folder)
             os.rename(away, folder)
+        if shared:
+            os.rmdir(shared)
+            os.rename(shared + ".kept", shared)
     worst = max(worst, code)
 sys.exit(worst)
 """)
@@ -378,6 +401,35 @@ sys.exit(worst)
     assert done.stderr == (f"flagperf-job: FLAGPERF_VENDOR_PATH's vendor folder {vendors}/acme is missing or a link "
                            "elsewhere on node n2, unlike on the controller: not mounted, the job stops\n"), done.stderr
     assert not (tmp_path / "marker").exists() and not list(tmp_path.glob("*/marker"))
+    # Node n2 has another folder at shared_dir's path (a node-local one): its records would never reach the
+    # controller. The first step says so, naming the node and shared_dir, before the round's step starts; a node
+    # with both problems names both.
+    shared, plan = tmp_path / "shared", tmp_path / "shared" / "job0" / "slurm-job.json"
+    shared_note = (f"flagperf-job: node n2 does not see slurm.shared_dir {shared} as the controller does (the job's "
+                   f"plan {plan}, which the controller wrote there, is missing or another file): its records would be "
+                   "lost, the job stops\n")
+    done, steps = run(OTHER_SHARED_ON_N2=str(shared))
+    assert done.returncode == 96 and len(steps) == 1, (done, steps)
+    assert done.stderr == shared_note, done.stderr
+    done, steps = run(OTHER_SHARED_ON_N2=str(shared), ELSEWHERE_ON_N2=str(vendors / "acme"))
+    assert done.returncode == 96 and len(steps) == 1, (done, steps)
+    assert done.stderr == shared_note + (f"flagperf-job: FLAGPERF_VENDOR_PATH's vendor folder {vendors}/acme is "
+                                         "missing or a link elsewhere on node n2, unlike on the controller: not "
+                                         "mounted, the job stops\n"), done.stderr
+    # Without a container image a two-node job checks the shared folder alike (nothing to mount, the same records).
+    plain_runtime = SlurmRuntime(None)
+    plain_runtime.write_job(hosts[0], members, "r3")
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                          env={"PATH": f"{stub.parent}:/usr/bin:/bin", "OUT": str(tmp_path / "plain.jsonl"),
+                               "AWAY": str(tmp_path / "unused"), "OTHER_SHARED_ON_N2": str(shared)})
+    assert done.returncode == 96 and done.stderr == shared_note, done
+    assert len((tmp_path / "plain.jsonl").read_text().splitlines()) == 1
+    # Where shared_dir is reached through a link on the controller, the note says where it leads there.
+    (tmp_path / "mnt").symlink_to(tmp_path)
+    (linked,) = [SlurmHost(spec.model_copy(update={"slurm": spec.slurm.model_copy(update={
+        "shared_dir": tmp_path / "mnt" / "shared"})})) for spec in load_inventory(path).hosts[:1] if spec.slurm]
+    assert (f"does not see slurm.shared_dir {tmp_path}/mnt/shared (on the controller: {shared}) as the controller "
+            "does") in linked.shared_check_line(plan, "t", "exit 96")
     # A one-node round keeps the check in the batch script itself (it runs on the job's one node): no extra step.
     SlurmRuntime(search).write_job(hosts[0], members[:1], "r2")
     assert script.read_text().count("srun ") == 1 and "exit 96" in script.read_text()
@@ -411,3 +463,62 @@ def test_a_failure_quotes_every_failing_nodes_note_before_srun_noise(tmp_path: P
                                       "of memory | srun: error: n1: task 0: Exited with exit code 1")
     output.write_text("")
     assert output_summary(output) == "last lines of slurm-7.out: (empty)"
+
+
+def test_a_pending_job_is_cancelled_naming_squeues_reason_once_slurm_gives_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job past slurm.pending_timeout_s whose squeue reason is still None (slurmctld's scheduler has not looked at
+    it yet: just submitted, or a loaded controller) is not cancelled with "reason: none": the controller waits for a
+    real reason (up to REASON_WAIT_S more) and names it. Stand-in squeue/scancel/scontrol on PATH answer by call
+    count, so the verdict does not depend on how fast anything runs. And a job that ended without writing its output
+    where the controller reads it, though a node ran its batch script, is named with that node and shared_dir."""
+    from flagperf.hosts import slurm
+    from flagperf.hosts.slurm import Rank, SlurmJob
+    from flagperf.hosts.slurm_spec import SlurmSpec
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("squeue", 'n=$(($(cat "$T/calls" 2>/dev/null || echo 0) + 1)); echo "$n" > "$T/calls"\n'
+                                  'sed -n "$(( n < $(wc -l < "$T/answers") ? n : $(wc -l < "$T/answers") ))p" '
+                                  '"$T/answers"\n'),
+                       ("scancel", 'echo "$@" >> "$T/cancelled"\n'),
+                       ("scontrol", 'cat "$T/job"\n')):
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("T", str(tmp_path))
+    shared = tmp_path / "shared"
+    (shared / "job").mkdir(parents=True)
+    spec = SlurmSpec(shared_dir=shared, pending_timeout_s=0.2, poll_s=0.1, state_poll_s=0.5)
+
+    def watched(answers: list[str], job_id: str) -> SlurmJob:
+        (tmp_path / "answers").write_text("".join(f"{a}\n" for a in answers))
+        (tmp_path / "calls").unlink(missing_ok=True)
+        (tmp_path / "cancelled").unlink(missing_ok=True)
+        rank = Rank(0, "n1", shared / "job", shared / "job", ["true"], [])
+        job = SlurmJob(spec, "flagperf-test", [rank], shared / "job" / f"slurm-{job_id}.out", 60, job_id=job_id,
+                       submitted=time.monotonic())
+        job.watch(rank, None, {})
+        return job
+
+    job = watched(["PENDING|None", "PENDING|None", "PENDING|None", "PENDING|Priority"], "42")
+    assert job.never_started and job.end == ("Slurm job 42 still PENDING after 0 s (slurm.pending_timeout_s; squeue "
+                                             "reason: Priority); cancelled"), job.end
+    assert (tmp_path / "cancelled").read_text() == "42\n"
+    # No reason ever: cancelled once the wait for one is over, saying so.
+    monkeypatch.setattr(slurm, "REASON_WAIT_S", 0.5)
+    job = watched(["PENDING|None"], "43")
+    assert job.never_started and job.end == ("Slurm job 43 still PENDING after 0 s (slurm.pending_timeout_s; squeue "
+                                             "reason: none, also 0 s later: slurmctld's scheduler has not looked at "
+                                             "the job); cancelled"), job.end
+    # Ended, no output where the controller reads it, though node n1 ran the batch script (Slurm: a launch failure).
+    (tmp_path / "job").write_text("JobId=44 JobState=FAILED Reason=JobLaunchFailure Dependency=(null) ExitCode=0:53 "
+                                  "BatchHost=n1 NodeList=n1\n")
+    job = watched([""], "44")
+    assert not job.never_started and job.end == (
+        "Slurm job 44 ended (JobState FAILED, Reason JobLaunchFailure, ExitCode 0:53) before node(s) 0 wrote their "
+        f"exit record; no slurm-44.out in {shared}/job, where node n1 (which ran the job's batch script) was to write "
+        f"it: does n1 see slurm.shared_dir {shared} as the controller does?"), job.end
+    # With its output there, the output is quoted as before.
+    (shared / "job" / "slurm-44.out").write_text("oops\n")
+    assert watched([""], "44").end.endswith("exit record; last lines of slurm-44.out: oops")
