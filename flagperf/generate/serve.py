@@ -51,6 +51,7 @@ from flagperf.errors import CaseUserError, MissingExtra, extra_for
 from flagperf.generate.config import GenerateConfig
 from flagperf.generate.engines import EngineDef
 from flagperf.generate.loadgen import (
+    DRAIN_S,
     KEEPALIVE_S,
     REQUESTS_FILE,
     Load,
@@ -739,9 +740,11 @@ def client_settings(config: GenerateConfig, spec: ServerSpec) -> dict[str, Any]:
                                  "ended (none resent while the prompt set lasts); at an endpoint, a round after every "
                                  "prompt the run's earlier rounds and attempts sent there (prompt_positions.json)",
             "connections": "one client per point, its connections kept open from the warm-up to the timed requests; "
-                           f"one idle for {KEEPALIVE_S:g} s closed (below uvicorn's 5 s) and opened again; a request "
-                           "whose kept-alive connection the server closed before any response sent once more on a "
-                           "fresh connection, timed from that resend"}
+                           f"one idle for {KEEPALIVE_S:g} s closed (below uvicorn's 5 s) and opened again; a response "
+                           f"read to its end after its [DONE] (at most {DRAIN_S:g} s, outside the request's time and "
+                           "its place in the load) so that its connection serves the next; a request whose kept-alive "
+                           "connection the server closed before any response sent once more on a fresh connection, "
+                           "timed from its first send, the failed try included"}
 
 
 def model_record(config: GenerateConfig, folder: Path | None) -> dict[str, Any]:
@@ -1112,7 +1115,13 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
                 if point_reconnects:
                     log.warning("point %s: %d timed requests found their kept-alive connection closed by the server "
                                 "before any response and were sent once more on a fresh connection, each timed from "
-                                "that resend (reconnected_after in %s)", load.label, point_reconnects, REQUESTS_FILE)
+                                "its first send, the failed try included (reconnected_after and failed_try_s in %s)",
+                                load.label, point_reconnects, REQUESTS_FILE)
+                unended = run.unended + (warm.unended if warm is not None else 0)
+                if unended:
+                    log.warning("point %s: %d responses did not end within %g s of their [DONE] (the server kept "
+                                "them open): their connections were closed, so the requests after them opened new "
+                                "ones, whose set-up is in their TTFT", load.label, unended, DRAIN_S)
                 if stats.failed_point:  # nothing measured: kept as failed, never as a point of the curve
                     metrics += failed_point_metrics(stats)
                     failed_points.append(failed_point_message(stats))
@@ -1138,6 +1147,7 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
                     "first_prompt": prompts.index_at(timed_first), "repeated_prompts": repeated,
                     "prompts_made_during": point.made_during,
                     "prompt_waits": sum(1 for r in run.records if r.prompt_wait_s), "reconnects": point_reconnects,
+                    "unended_responses": unended,
                     "send_rate": rates})
                 ttft = f"{stats.ttft.p50 * 1e3:.1f} ms" if stats.ttft else "-"
                 tpot = f"{stats.tpot.p50 * 1e3:.2f} ms" if stats.tpot else "-"
