@@ -315,11 +315,11 @@ def _endpoint_plan(base_url: str, tmp_path: Path, *sets: str, rounds: int = 1, c
                     inventory_source="inventory.yaml", rounds=rounds)
 
 
-def _run_round(plan: RunPlan, run_dir: Path, round_no: int) -> int:
-    """Round ``round_no`` of the plan's one case run here into its folder of ``run_dir``, with the job the controller
-    gives it (flows.host_round.round_job: what the run folder says of the run so far)."""
+def _run_round(plan: RunPlan, run_dir: Path, round_no: int, case: str | None = None) -> int:
+    """Round ``round_no`` of the plan's case (its first, else ``case``) run here into its folder of ``run_dir``, with
+    the job the controller gives it (flows.host_round.round_job: what the run folder says of the run so far)."""
 
-    cp = plan.cases[0]
+    cp = next(c for c in plan.cases if case in (None, c.name))
     job = round_job(plan, run_dir, cp, round_no, "localhost", host_spec({"name": "localhost"}), {}, None)
     out = round_dir(run_dir, cp.name, round_no, "localhost")
     out.mkdir(parents=True)
@@ -718,3 +718,64 @@ def test_a_requests_place_in_the_load_is_free_while_its_output_is_counted(refusi
                                 [ServingPrompt(i, f"t{i}", 1, 3) for i in range(2)], "timed", requests=2,
                                 duration_s=None, writer=None, count_tokens=count))
     assert next_sent[0] and [r.output_tokens_client for r in run.records] == [3, 3]
+
+
+def test_an_endpoints_prompt_files_are_streams_by_their_text_and_sharegpt_positions_are_its_conversations(
+        refusing: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A prompts or ShareGPT file's stream at an endpoint is its text (a digest), not its name: two cases that ship
+    different files of the same relative name have a stream each (the second resends nothing and is warned of
+    nothing), and the same text named another way is one stream (the second case starts after the first's prompts).
+    A ShareGPT file's positions are its conversations: a case whose input_len leaves some out starts after the
+    conversations another case sent from the same file, and sends none of them again."""
+    import yaml
+
+    from flagperf.config.cases import load_case
+    from flagperf.results.prompt_positions import PROMPT_POSITIONS
+
+    RefusingEndpoint.refuse = set()
+    manifest = yaml.safe_load(load_case("tiny-llama-serve").folder.joinpath("case.yaml").read_text())
+
+    def case(name: str, files: dict[str, str], **values: object) -> None:
+        folder = tmp_path / "cases" / "generate" / name
+        for relative, text in files.items():
+            (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+            (folder / relative).write_text(text, encoding="utf-8")
+        (folder / "case.yaml").write_text(yaml.safe_dump({**manifest, "name": name, "configurations": {
+            **manifest["configurations"], **values}}), encoding="utf-8")
+
+    def jsonl(tag: str, count: int) -> str:
+        return "".join(f'{{"prompt": "{tag}{i} q{i}"}}\n' for i in range(count))
+
+    case("file-a", {"prompts.jsonl": jsonl("a", 6)}, prompts_path="prompts.jsonl")
+    case("file-b", {"prompts.jsonl": jsonl("b", 6)}, prompts_path="prompts.jsonl")  # same name, other prompts
+    case("file-c", {"data/other.jsonl": jsonl("a", 6)}, prompts_path="./data/other.jsonl")  # file-a's, named so
+    # Conversations of 5 or 12 words (the word tokenizer counts them): input_len 8 leaves the long ones out.
+    lengths = [5, 12, 5, 12, 5, 5, 12, 5]
+    sharegpt = json.dumps([{"conversations": [{"from": "human", "value": " ".join(f"c{n}w{i}" for i in range(words))},
+                                              {"from": "gpt", "value": "r r r r"}]}
+                           for n, words in enumerate(lengths)])
+    case("sg-long", {"chats.json": sharegpt}, sharegpt_path="chats.json", input_len=20)
+    case("sg-short", {"chats.json": sharegpt}, sharegpt_path="chats.json", input_len=8)
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(tmp_path / "cases"))
+    plan = plan_run(cases=["file-a", "file-b", "file-c", "sg-long", "sg-short"],
+                    sets=["endpoint=lab", "concurrency=[1]", "request_rates=[]", "warmup_requests=0",
+                          "max_new_tokens=2", "requests=2"],
+                    results_dir=tmp_path / "results", inventory_endpoints={"lab": {"base_url": refusing, "model": "m"}},
+                    inventory_source="inventory.yaml")
+    run_dir = tmp_path / "run"
+
+    def round_of(name: str) -> tuple[list[int], dict[str, object]]:
+        assert _run_round(plan, run_dir, 1, name) == 0
+        out = round_dir(run_dir, name, 1, "localhost")
+        return _sent(out), json.loads((out / PROMPT_POSITIONS).read_text())
+
+    assert round_of("file-a")[0] == [0, 1, 2]  # the check's prompt, then c1's two
+    caplog.clear()
+    sent, ledger = round_of("file-b")
+    assert sent == [0, 1, 2] and ledger["first"] == 0  # a stream of its own: its prompts were never sent there
+    assert "resends prompts" not in caplog.text and "resent a prompt" not in caplog.text
+    sent, ledger = round_of("file-c")
+    assert sent == [3, 4, 5] and ledger["first"] == 3  # file-a's prompts: after those file-a sent
+    assert round_of("sg-long")[0] == [0, 1, 2]  # conversations 0, 1, 2: every one is short enough
+    sent, ledger = round_of("sg-short")
+    assert sent == [4, 5, 7] and (ledger["first"], ledger["end"]) == (3, 8)  # the short ones after conversation 2
