@@ -720,6 +720,33 @@ def test_a_requests_place_in_the_load_is_free_while_its_output_is_counted(refusi
     assert next_sent[0] and [r.output_tokens_client for r in run.records] == [3, 3]
 
 
+def test_a_half_round_left_on_the_host_gives_its_prompt_positions_before_it_is_removed(refusing: str,
+                                                                                      tmp_path: Path) -> None:
+    """A round an interrupted attempt of the flow run left on the host without a result (its case process killed
+    mid-point) is removed before the round runs again; the positions of the endpoint's prompt stream its attempts took
+    join the round's job first, so that the rerun sends none of the prompts the endpoint was sent."""
+    from flagperf.results.prompt_positions import PROMPT_POSITIONS
+    from flows.host_round import cleared_stage
+    from tasks.collect import leftover_result, stage_folder
+
+    RefusingEndpoint.refuse = set()
+    plan = _endpoint_plan(refusing, tmp_path, "requests=2")
+    cp = plan.cases[0]
+    host = LocalHost(work_root=tmp_path / "work")
+    stage = stage_folder(host.work_root, plan.run_id, cp.name, 1, "localhost")
+    job = round_job(plan, tmp_path / "run", cp, 1, "localhost", host_spec({"name": "localhost"}), {}, None)
+    (stage / "attempt1").mkdir(parents=True)
+    assert run_job(job, stage / "attempt1") == 0
+    (stage / "attempt1" / "result.json").unlink()  # killed before its result: nothing to collect
+    assert leftover_result(host, stage, cp.max_retries + 1) is None
+    stream = json.loads((stage / "attempt1" / PROMPT_POSITIONS).read_text())["stream"]
+    cleared = cleared_stage(host, stage, job, cp.max_retries + 1)
+    assert not stage.exists() and cleared.prompt_positions == {stream: 3}
+    (stage / "attempt1").mkdir(parents=True)
+    assert run_job(cleared, stage / "attempt1") == 0
+    assert _sent(stage / "attempt1") == [3, 4, 5]
+
+
 def test_an_endpoints_prompt_files_are_streams_by_their_text_and_sharegpt_positions_are_its_conversations(
         refusing: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """A prompts or ShareGPT file's stream at an endpoint is its text (a digest), not its name: two cases that ship
