@@ -747,6 +747,29 @@ def test_a_half_round_left_on_the_host_gives_its_prompt_positions_before_it_is_r
     assert _sent(stage / "attempt1") == [3, 4, 5]
 
 
+def test_an_endpoint_case_is_refused_on_an_inventory_of_several_hosts(tmp_path: Path) -> None:
+    """A case runs on every host of the inventory at once: an endpoint would be loaded by every host together, each
+    point measured under all their requests. Refused before anything runs, in one line naming the inventory's hosts
+    key; one host, or several for a case with no endpoint, are fine."""
+    from flagperf.errors import ConfigError
+
+    endpoints = {"lab": {"base_url": "http://10.0.0.5:8000", "model": "m"}}
+
+    def plan(hosts: list[str], *sets: str) -> RunPlan:
+        return plan_run(cases=["tiny-llama-serve"], sets=list(sets), results_dir=tmp_path / "results",
+                        hosts=[{"name": name} for name in hosts], inventory_endpoints=endpoints,
+                        inventory_source="inventory.yaml")
+
+    with pytest.raises(ConfigError) as refused:
+        plan(["h1", "h2"], "endpoint=lab")
+    assert (refused.value.source, refused.value.key) == ("inventory.yaml", "hosts")
+    assert "2 hosts (h1, h2), and case tiny-llama-serve loads an endpoint (endpoint: inventory.yaml endpoints.lab)" \
+        in str(refused.value)
+    assert "\n" not in str(refused.value) and str(refused.value).endswith("with an inventory of one host")
+    assert plan(["h1"], "endpoint=lab").cases[0].config["endpoint"]["base_url"] == "http://10.0.0.5:8000"
+    assert plan(["h1", "h2"]).cases[0].config["endpoint"] is None
+
+
 def test_an_endpoints_prompt_files_are_streams_by_their_text_and_sharegpt_positions_are_its_conversations(
         refusing: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """A prompts or ShareGPT file's stream at an endpoint is its text (a digest), not its name: two cases that ship
