@@ -29,7 +29,7 @@ from flagperf.results.schema import RESULT_FILE, Failure, RoundResult, round_dir
 from flagperf.results.summary import RETRIES_DIR
 from flows.logs import route_core_logs
 from tasks.collect import collect_logs, leftover_result, stage_folder
-from tasks.container import THEN, host_disk_full, run_case
+from tasks.container import THEN, attempt_positions, host_disk_full, run_case
 from tasks.healthcheck import healthcheck
 from tasks.image import build_image
 from tasks.monitor import start_monitors, stop_monitors
@@ -118,7 +118,7 @@ def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: C
             get_run_logger().info("%s: collecting the round an earlier attempt measured (%s) from %s", label,
                                   leftover.status, stage_dir)
             return _collect(host, stage_dir, run_dir, case, round_no, node_rank, job, None, probe, label)
-        host.remove_tree(stage_dir)  # a half round an interrupted attempt left: attempt folders would mix
+        job = cleared_stage(host, stage_dir, job, case.max_retries + 1)
     try:
         runtime = runtime_for(host, spec, plan.vendor, image, plan.run_id, plan.case_folders)
         monitors = start_monitors(host, plan.vendor, stage_dir, monitor_interval_s, monitor_budget, label)
@@ -155,6 +155,16 @@ def round_job(plan: RunPlan, run_dir: Path, case: CasePlan, round_no: int, host:
                run_cases=plan.case_folders, earlier_attempts=earlier_attempts(run_dir, case.name, round_no, host,
                                                                                node_rank),
                prompt_positions=positions_taken(run_dir))
+
+
+def cleared_stage(host: Host, stage_dir: Path, job: Job, attempts: int) -> Job:
+    """A half round an interrupted attempt of this flow run left on the host (no result to collect), removed (attempt
+    folders would mix); returns ``job`` with the prompt positions its attempts (up to ``attempts``) took at endpoints
+    (their prompt_positions.json), which the endpoint's prefix cache may hold though the run folder never got them."""
+    job = job.model_copy(update={"prompt_positions": attempt_positions(host, stage_dir, attempts + 1,
+                                                                       job.prompt_positions)})
+    host.remove_tree(stage_dir)
+    return job
 
 
 def earlier_attempts(run_dir: Path, case: str, round_no: int, host: str, node_rank: int) -> int:

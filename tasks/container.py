@@ -16,7 +16,7 @@ from flagperf.errors import EXIT_OK, EXIT_UNSUPPORTED, EXIT_USER_ERROR, Infrastr
 from flagperf.hosts.local import CommandResult, Host
 from flagperf.hosts.runtime import PID_FILE, Runtime
 from flagperf.inference.subflows import portable_context
-from flagperf.results.prompt_positions import MAX_POSITIONS_BYTES, PROMPT_POSITIONS, merged
+from flagperf.results.prompt_positions import MAX_POSITIONS_BYTES, PROMPT_POSITIONS, merged, passed_over
 from flagperf.results.schema import ATTEMPT_FAILURE_FILE, CASE_LOG_FILE, RESULT_FILE, RoundResult, case_log_line
 
 LOG_TAIL_LINES = 15
@@ -64,14 +64,18 @@ def run_case(host: Host, runtime: Runtime, job: Job, stage_dir: Path, timeout_s:
 def attempt_positions(host: Host, stage_dir: Path, attempt: int, positions: dict[str, int]) -> dict[str, int]:
     """The run's prompt positions at endpoints (Job.prompt_positions) with those this round's earlier attempts took
     on the host (their prompt_positions.json: an attempt killed mid-point left what it reserved), so that attempt K
-    sends none of the prompts attempts 1 to K-1 sent. A record that cannot be read is passed over."""
-    texts = []
+    sends none of the prompts attempts 1 to K-1 sent. A record that cannot be read is passed over, with a warning
+    (flagperf.results.prompt_positions.passed_over: its prompts may be sent again)."""
+    records = []
     for earlier in range(1, attempt):
         path = stage_dir / f"attempt{earlier}" / PROMPT_POSITIONS
-        with contextlib.suppress(OSError, ValueError):
+        where = f"{host.name}:{path}"
+        try:
             if host.exists(path):
-                texts.append(host.read_text(path, MAX_POSITIONS_BYTES))
-    return merged(positions, texts)
+                records.append((where, host.read_text(path, MAX_POSITIONS_BYTES)))
+        except (OSError, ValueError) as exc:
+            passed_over(where, f"cannot be read: {exc}")
+    return merged(positions, records)
 
 
 def relay(logger: Any, line: str) -> None:

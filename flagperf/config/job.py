@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import sys
 from datetime import datetime, timezone
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from flagperf.config.vendors import HostSpecSettings, Vendor, load_vendor
+from flagperf.results.prompt_positions import MAX_POSITION
 from flagperf.results.provenance import engine_info, library_versions
 from flagperf.results.schema import Failure, Provenance, RoundResult
 
@@ -32,7 +33,7 @@ class Job(BaseModel):
     attempt: int = Field(ge=1, default=1)
     earlier_attempts: int = Field(ge=0, default=0, description="attempts of this round that earlier flow runs of the "
                                                                "run made (a retry of the run runs it again)")
-    prompt_positions: dict[str, int] = Field(
+    prompt_positions: dict[str, Annotated[int, Field(ge=0, le=MAX_POSITION)]] = Field(
         default_factory=dict, description="for each prompt stream at an endpoint, the position after every prompt "
                                           "the run's earlier rounds and attempts took there (their "
                                           "prompt_positions.json): a round at that endpoint starts there")

@@ -250,6 +250,7 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
             vendor_new_keys=merged.vendor_new_keys,
             timeout_s=float(merged.values["timeout_s"]), max_retries=int(merged.values["max_retries"]),
         ))
+    problems += _endpoints_on_hosts(plans, hosts or [], inventory_source)
     if problems:
         raise gathered(problems)
 
@@ -317,6 +318,23 @@ def _name_endpoint(case_name: str, case: Any, layers: list[tuple[str, dict[str, 
         raise ConfigError(source, f"{case_name}.endpoint" if source == "--set" else "endpoint",
                           f"{value!r} names no endpoint of the inventory ({inventory_source}: {known})")
     layers.append((f"{inventory_source} endpoints.{value}", {"endpoint": dict(endpoints[value])}))
+
+
+def _endpoints_on_hosts(plans: list[CasePlan], hosts: list[dict[str, Any]], inventory_source: str
+                        ) -> list[ConfigError]:
+    """A case that loads an endpoint, refused where the inventory has several hosts. A case runs on every host at once
+    (flows.evaluate.node_groups), and one endpoint loaded by every host at once is measured under all their loads: a
+    point labelled 4 in flight has 4 per host there, its latencies are of that load, and each host's prompts meet the
+    others' in the endpoint's prefix cache. Positions kept apart per host would keep the prompts apart, not the
+    loads; the endpoint's own measurement is one host's."""
+    if len(hosts) < 2:
+        return []
+    names = ", ".join(str(h.get("name")) for h in hosts)
+    return [ConfigError(inventory_source, "hosts", f"{len(hosts)} hosts ({names}), and case {plan.name} loads an "
+                        f"endpoint (endpoint: {plan.origins.get('endpoint', 'its config')}), which every host would "
+                        "load at once, each point measured under every host's requests, not the load its label says; "
+                        "run a case with an endpoint with an inventory of one host")
+            for plan in plans if plan.config.get("endpoint") is not None]
 
 
 def log_vendor_changes(vendor: str, plans: list[CasePlan]) -> None:

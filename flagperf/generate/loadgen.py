@@ -18,11 +18,13 @@ An output chunk is an event whose text is not empty: ``delta.content`` or a reas
 ``delta.reasoning_content`` / ``delta.reasoning`` (chat), ``text`` (completions). A request fails on an HTTP
 status other than 200, a transport error or timeout, an ``error`` event, an event with none of ``choices``,
 ``usage`` and ``error`` (``{"object": "error", ...}``), or a stream that ends without a ``finish_reason`` (it broke
-off) or with ``abort`` or ``error`` as its finish reason. A send that fails before any response arrived (the server
-closed a kept-alive connection as the request went out on it) is sent once more on a fresh connection, and timed
-from that resend (``reconnected_after``). After ``[DONE]`` the response is read to its end, so that its connection
-serves the next request. The client's count of an output is made in a worker thread once the request ended, never
-on the event loop that times the streams in flight.
+off) or with ``abort`` or ``error`` as its finish reason. A send on a kept-alive connection that fails before any
+response arrived (the server closed that connection as the request went out on it) is sent once more on a fresh
+connection (``reconnected_after``); the request is timed from its first send, the failed try included. After ``[DONE]``
+the response is read to its end (Drains), so that its connection serves another request: outside the request's time
+limit and, past DRAIN_WAIT_S, without holding its place in the load. The client's count of an output is made in a
+worker thread once the request ended, never on the event loop that times the streams in flight, and the request's
+place in the load is free meanwhile.
 
 Why our own client and not a maintained one: docs/serving.md (AIPerf does not install beside prefect 3.8.8;
 GuideLLM does only at 0.2.1 with 15 more packages, and neither writes each chunk's arrival with the server's
@@ -33,12 +35,15 @@ against GuideLLM on the same server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import os
 import random
 import re
+import ssl
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -138,9 +143,11 @@ class RequestRecord:
     reasoning_chunks     output chunks of reasoning text (part of chunk_times_s)
     reasoning_tokens_client  the client's count of the reasoning text (part of output_tokens_client)
     reasoning_text       the reasoning, concatenated
-    reconnected_after    the error of its first send, where the server closed a kept-alive connection before
-                         any response arrived and the request was sent once more on a fresh connection (its
-                         times, sent_at and send_offset_s are of that resend); None where it was sent once
+    reconnected_after    the error of its first send, where the server closed the kept-alive connection it went
+                         out on before any response arrived and the request was sent once more on a fresh
+                         connection; None where it was sent once. Its times, sent_at and send_offset_s are of its
+                         first send: the failed try is part of its TTFT and E2EL
+    failed_try_s         that first send to its failure (where reconnected_after); None where it was sent once
     """
 
     point: str
@@ -169,6 +176,7 @@ class RequestRecord:
     reasoning_text: str = ""
     prompt_wait_s: float | None = None
     reconnected_after: str | None = None
+    failed_try_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -252,7 +260,7 @@ class LineSplitter:
         return [rest.decode("utf-8", "replace")] if rest else []
 
 
-async def _stream_lines(response: httpx.Response) -> AsyncIterator[str]:
+async def _stream_lines(response: httpx.Response) -> AsyncGenerator[str, None]:
     splitter = LineSplitter()
     async for part in response.aiter_bytes():
         for line in splitter.feed(part):
@@ -264,12 +272,21 @@ async def _stream_lines(response: httpx.Response) -> AsyncIterator[str]:
 @dataclass
 class _Texts:
     """A stream's text pieces: the answer (content, or text) and a reasoning model's reasoning; ``answered`` once the
-    response's status line and headers arrived; ``ended`` the perf_counter time of its ``[DONE]``, where it sent one."""
+    response's status line and headers arrived; ``ended`` the perf_counter time of its ``[DONE]``, where it sent one;
+    ``opened`` once the send opened a connection of its own (httpcore's trace): else it went out on a kept-alive one."""
 
     answer: list[str] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
     answered: bool = False
     ended: float | None = None
+    opened: bool = False
+    drain: asyncio.Task[None] | None = None  # the read of the response's end after its [DONE] (Drains)
+
+    async def trace(self, event: str, info: dict[str, Any]) -> None:
+        """httpx's ``trace`` extension: every step of the send; ``connection.connect_tcp.*`` (or a Unix socket's) is
+        the pool opening a connection for it."""
+        if event.startswith("connection.connect_"):
+            self.opened = True
 
 
 # A finish reason that says the server gave up on the request (vLLM's and SGLang's "abort", an "error"): its
@@ -278,11 +295,17 @@ FAILED_FINISH = ("abort", "error")
 
 
 async def _exchange(client: httpx.AsyncClient, target: Target, prompt: ServingPrompt, record: RequestRecord,
-                    texts: _Texts, start: float) -> None:
-    """The request and its stream into ``record`` and ``texts``; leaving (the end, an error, a cancel) closes the
-    response, and with it a connection whose stream was not read to its end."""
-    async with client.stream("POST", target.url, json=target.body(prompt), headers=target.headers,
-                             timeout=target.request_timeout_s) as response:
+                    texts: _Texts, start: float, drains: Drains) -> None:
+    """The request and its stream into ``record`` and ``texts``. A stream that ended with ``[DONE]`` is handed to
+    ``drains``, which reads the response's end (its connection then serves another request) outside the request's
+    time limit; leaving otherwise (an error, a cancel) closes the response, and with it a connection whose stream was
+    not read to its end."""
+    request = client.build_request("POST", target.url, json=target.body(prompt), headers=target.headers,
+                                   timeout=target.request_timeout_s, extensions={"trace": texts.trace})
+    response = await client.send(request, stream=True)
+    lines = _stream_lines(response)
+    handed = False
+    try:
         texts.answered = True
         if response.status_code != 200:
             page, cut = b"", False
@@ -295,65 +318,113 @@ async def _exchange(client: httpx.AsyncClient, target: Target, prompt: ServingPr
             record.error = f"HTTP {response.status_code}: {' '.join(text.split())[:ERROR_TEXT_LIMIT]}"
             return
         pieces_allowed = PIECES_PER_TOKEN * prompt.output_len + PIECES_SLACK
-        lines = _stream_lines(response)
-        try:
-            async for line in lines:
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":  # the stream's last event; the response's end may follow in a read of its own
-                    texts.ended = time.perf_counter()
-                    await _read_to_end(lines)
-                    break
-                _read_event(target.redact(data) if target.headers else data, time.perf_counter() - start, record,
-                            texts, target.api)
-                if record.error is None and len(record.chunk_times_s) > pieces_allowed:
-                    record.error = (f"the server streamed more than {pieces_allowed} text pieces for "
-                                    f"max_tokens {prompt.output_len}; the request was stopped")
-                if record.error is not None:
-                    break
-        finally:
-            await lines.aclose()  # now, not when the collector finds it: its read of the response ends here
+        async for line in lines:
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":  # the stream's last event; the response's end may follow in a read of its own
+                texts.ended = time.perf_counter()
+                texts.drain = drains.hand(response, lines)
+                handed = True
+                break
+            _read_event(target.redact(data) if target.headers else data, time.perf_counter() - start, record,
+                        texts, target.api)
+            if record.error is None and len(record.chunk_times_s) > pieces_allowed:
+                record.error = (f"the server streamed more than {pieces_allowed} text pieces for "
+                                f"max_tokens {prompt.output_len}; the request was stopped")
+            if record.error is not None:
+                break
+    finally:
+        if not handed:  # now, not when the collector finds them: the response's read ends here
+            await lines.aclose()
+            await response.aclose()
 
 
 # After a stream's [DONE], how long the client reads on for the response's end (chunked: its last, empty chunk, which
 # vLLM's and SGLang's uvicorn send in a write of their own): httpx keeps a connection for the next request only where
 # the response was read to its end, and closes it otherwise. A server that ends it later has its connection closed.
+# The read is no part of the request (its E2EL ends at the [DONE], its time limit is not spent on it) and holds no
+# request slot: the request's caller waits DRAIN_WAIT_S at most (an end that follows the [DONE] in a read of its own
+# comes within it, so the connection is back in the pool for the caller's next request), then the read goes on in a
+# task of its own, and the caller sends its next request (on another connection: load_client bounds no
+# connections, only the kept ones). A drain that reaches DRAIN_S is counted (Drains.timed_out) and the point warns.
 DRAIN_S = 1.0
+DRAIN_WAIT_S = 0.05
 
 
-async def _read_to_end(lines: AsyncIterator[str]) -> None:
-    """The rest of a response after its [DONE] (nothing, as a rule), read and left, for at most DRAIN_S."""
-    deadline = time.perf_counter() + DRAIN_S
-    try:
-        while True:
-            await asyncio.wait_for(lines.__anext__(), max(0.0, deadline - time.perf_counter()))
-    except (StopAsyncIteration, asyncio.TimeoutError, httpx.HTTPError, OSError, LineTooLong):
-        return
+class Drains:
+    """The responses whose ``[DONE]`` came, read to their end (at most DRAIN_S each) in tasks of their own, and then
+    closed; ``timed_out`` counts those whose end did not come within DRAIN_S (their connections were closed)."""
+
+    def __init__(self) -> None:
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.timed_out = 0
+
+    def hand(self, response: httpx.Response, lines: AsyncGenerator[str, None]) -> asyncio.Task[None]:
+        task = asyncio.create_task(self._drain(response, lines))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def _drain(self, response: httpx.Response, lines: AsyncGenerator[str, None]) -> None:
+        deadline = time.perf_counter() + DRAIN_S
+        try:
+            while True:
+                await asyncio.wait_for(anext(lines), max(0.0, deadline - time.perf_counter()))
+        except StopAsyncIteration:
+            pass
+        except asyncio.TimeoutError:
+            self.timed_out += 1
+        except (httpx.HTTPError, httpx.StreamError, OSError, LineTooLong):  # broken off: its connection is closed
+            pass
+        finally:
+            with contextlib.suppress(httpx.HTTPError, OSError, RuntimeError):
+                await lines.aclose()
+                await response.aclose()
+
+    async def settle(self, task: asyncio.Task[None] | None) -> None:
+        """Waits for ``task``'s end for DRAIN_WAIT_S at most; the task goes on after."""
+        if task is not None:
+            await asyncio.wait({task}, timeout=DRAIN_WAIT_S)
+
+    async def wait(self) -> None:
+        """Every drain's end (each at most DRAIN_S)."""
+        while self.tasks:
+            await asyncio.gather(*list(self.tasks), return_exceptions=True)
+
+    def cancel(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
 
 
-# A send that failed so, before any response arrived, is the server closing a kept-alive connection as the request
-# went out on it (its idle timeout, a proxy's), or the connection refused or reset: sent once more, on a fresh one.
-RECONNECT_ERRORS = (httpx.RemoteProtocolError, httpx.ConnectError, httpx.ReadError, httpx.WriteError)
+# A send that failed so on a connection kept alive from an earlier request, before any response arrived, is the server
+# (or a proxy) closing that connection as the request went out on it (its idle timeout): sent once more, on a fresh
+# connection. Not on a connection the send opened itself (the server refused or dropped this request: a failure), nor
+# a ConnectError (no kept connection gives one).
+RECONNECT_ERRORS = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """The TLS context of every load client of the process (httpx's default: the CA certificates, SSL_CERT_FILE and
+    SSL_CERT_DIR where set): making one loads the certificates, 0.1 to 0.3 s on 2 cores, which a client made while a
+    request is timed (FreshConnections', for a resend) must not spend; with it, a client is made in under 1 ms."""
+    return httpx.create_ssl_context()
 
 
 class FreshConnections:
     """A client that opens a new connection for every request and keeps none, for the resend of a request whose
-    kept-alive connection the server closed before answering. Made at its first use, in a worker thread: making an
-    httpx client loads the CA certificates (0.1 to 0.3 s on 2 cores), which on the event loop would stop every
-    stream in flight."""
+    kept-alive connection the server closed before answering; made at its first use, with the process's TLS context
+    (tls_context, which the point's client made before the phase)."""
 
     def __init__(self, target: Target) -> None:
         self.target = target
         self._client: httpx.AsyncClient | None = None
-        self._lock = asyncio.Lock()
 
     async def client(self) -> httpx.AsyncClient:
-        async with self._lock:
-            if self._client is None:
-                self._client = await asyncio.to_thread(
-                    httpx.AsyncClient, limits=httpx.Limits(max_keepalive_connections=0),
-                    timeout=self.target.request_timeout_s)
+        if self._client is None:
+            self._client = httpx.AsyncClient(verify=tls_context(), limits=httpx.Limits(max_keepalive_connections=0),
+                                             timeout=self.target.request_timeout_s)
         return self._client
 
     async def aclose(self) -> None:
@@ -375,13 +446,14 @@ def _stamp(record: RequestRecord, phase_start: float | None, scheduled: float | 
 
 
 async def _try_send(client: httpx.AsyncClient, target: Target, prompt: ServingPrompt, record: RequestRecord,
-                    texts: _Texts, start: float) -> Exception | None:
+                    texts: _Texts, start: float, drains: Drains) -> Exception | None:
     """One send of the request, whose failure is returned (a transport error before the response may be sent again),
-    never raised."""
+    never raised. Its time limit runs from ``start``, the request's first send."""
     try:
         # httpx's timeout is per read: a server that keeps sending (events, or bytes without a line end) would hold
         # the request, and the round, without end; the whole exchange is bounded here, from the send.
-        await asyncio.wait_for(_exchange(client, target, prompt, record, texts, start), target.request_timeout_s)
+        await asyncio.wait_for(_exchange(client, target, prompt, record, texts, start, drains),
+                               max(0.0, start + target.request_timeout_s - time.perf_counter()))
     except (asyncio.TimeoutError, httpx.HTTPError, OSError, LineTooLong) as exc:
         return exc
     return None
@@ -403,36 +475,59 @@ def _count_output(record: RequestRecord, count_tokens: TokenCounter) -> None:
     record.output_tokens_client = count_tokens(record.output_text) + record.reasoning_tokens_client
 
 
+async def count_output(record: RequestRecord, count_tokens: TokenCounter | None, counting: Executor | None = None
+                       ) -> RequestRecord:
+    """The client's count of a successful request's output, with ``count_tokens`` in the ``counting`` executor's
+    thread (else asyncio's default one), never on the event loop, which meanwhile reads the other streams' chunks: a
+    count of a long output takes milliseconds, and on the loop it would delay their chunks (and so their ITL and
+    TTFT). Without a tokenizer, output chunks."""
+    if record.ok:
+        if count_tokens is not None:
+            await asyncio.get_running_loop().run_in_executor(counting, _count_output, record, count_tokens)
+        else:
+            record.reasoning_tokens_client = record.reasoning_chunks
+            record.output_tokens_client = len(record.chunk_times_s)
+    return record
+
+
 async def send_request(client: httpx.AsyncClient, target: Target, prompt: ServingPrompt, point: str, phase: str,
                        seq: int, count_tokens: TokenCounter | None, *, phase_start: float | None = None,
-                       scheduled: float | None = None, counting: Executor | None = None,
-                       fresh: FreshConnections | None = None) -> RequestRecord:
-    """One streamed request, timed chunk by chunk; every failure is recorded, never raised. ``phase_start``: the
-    phase's perf_counter start (the record's send offset is taken from it); ``scheduled``: the arrival the open
-    loop drew for it, from the phase's start. A send that fails before any response arrived (RECONNECT_ERRORS: the
-    server closed a kept-alive connection as the request went out) is sent once more on a fresh connection
-    (``fresh``'s, else one of its own), and timed from that resend. The output is counted with ``count_tokens`` in
-    the ``counting`` executor's thread (else asyncio's default one), never on the event loop, which meanwhile reads
-    the other streams' chunks: a count of a long output takes milliseconds, and on the loop it would delay their
-    chunks (and so their ITL and TTFT)."""
+                       scheduled: float | None = None, counting: Executor | None = None) -> RequestRecord:
+    """One streamed request, timed chunk by chunk, its output counted (count_output); every failure is recorded, never
+    raised. ``phase_start``: the phase's perf_counter start (the record's send offset is taken from it); ``scheduled``:
+    the arrival the open loop drew for it, from the phase's start. Its response's end is read before it returns,
+    outside its time limit (Drains)."""
+    drains = Drains()
+    fresh = FreshConnections(target)
+    try:
+        record = await exchange_request(client, target, prompt, point, phase, seq, phase_start=phase_start,
+                                        scheduled=scheduled, fresh=fresh, drains=drains)
+        await drains.wait()
+    finally:
+        drains.cancel()
+        await fresh.aclose()
+    return await count_output(record, count_tokens, counting)
+
+
+async def exchange_request(client: httpx.AsyncClient, target: Target, prompt: ServingPrompt, point: str, phase: str,
+                           seq: int, *, phase_start: float | None, scheduled: float | None, fresh: FreshConnections,
+                           drains: Drains) -> RequestRecord:
+    """send_request's request, its output not counted yet: returns once its stream ended (its [DONE]: its response's
+    end is read by ``drains``, the caller waiting DRAIN_WAIT_S at most). A send on a kept-alive connection that fails
+    before any response (RECONNECT_ERRORS: the server closed the connection as the request went out) is sent once
+    more, on ``fresh``'s connection, within the same time limit; the request is timed from its first send, the failed
+    try included (``failed_try_s``): a server that took the request and dropped it after a while is not flattered."""
     record = RequestRecord(point=point, phase=phase, seq=seq, prompt_index=prompt.index, sent_at=0.0,
                            requested_output=prompt.output_len, exact=target.exact_fields is not None,
                            prompt_tokens_client=prompt.prompt_tokens, prompt_tokens_sent=prompt.sent_tokens)
     texts = _Texts()
     start = _stamp(record, phase_start, scheduled)
-    error = await _try_send(client, target, prompt, record, texts, start)
-    if isinstance(error, RECONNECT_ERRORS) and not texts.answered:
+    error = await _try_send(client, target, prompt, record, texts, start, drains)
+    if isinstance(error, RECONNECT_ERRORS) and not texts.answered and not texts.opened:
+        record.failed_try_s = time.perf_counter() - start
         record.reconnected_after = _error_text(error, target)
-        own = fresh is None
-        fresh = fresh if fresh is not None else FreshConnections(target)
-        try:
-            again = await fresh.client()  # before the resend's stamp: making it is no part of its latency
-            texts = _Texts()
-            start = _stamp(record, phase_start, scheduled)
-            error = await _try_send(again, target, prompt, record, texts, start)
-        finally:
-            if own:
-                await fresh.aclose()
+        texts = _Texts()
+        error = await _try_send(await fresh.client(), target, prompt, record, texts, start, drains)
     if error is not None:
         record.error = _error_text(error, target)
     # The end of the stream: its [DONE] where it sent one (the response's end, read after it, is no part of it).
@@ -440,12 +535,8 @@ async def send_request(client: httpx.AsyncClient, target: Target, prompt: Servin
     record.output_text = "".join(texts.answer)
     record.reasoning_text = "".join(texts.reasoning)
     if record.ok:
-        if count_tokens is not None:
-            await asyncio.get_running_loop().run_in_executor(counting, _count_output, record, count_tokens)
-        else:
-            record.reasoning_tokens_client = record.reasoning_chunks
-            record.output_tokens_client = len(record.chunk_times_s)
         record.error = stream_end_error(record)
+    await drains.settle(texts.drain)  # the end, where it follows at once: the connection then serves the next request
     return record
 
 
@@ -552,6 +643,7 @@ class PhaseRun:
     started_at: float  # epoch of the first send (its record's sent_at)
     ended_at: float  # started_at + seconds: the window the monitors' samples are matched to
     seconds: float  # the first send to the latest request's end (perf_counter: send offsets + E2EL)
+    unended: int = 0  # responses whose end did not follow their [DONE] within DRAIN_S (Drains.timed_out)
 
 
 def phase_span(records: Sequence[RequestRecord]) -> tuple[float, float]:
@@ -577,12 +669,16 @@ KEEPALIVE_S = 4.0
 
 
 def load_client(load: Load, target: Target) -> httpx.AsyncClient:
-    """The point's HTTP client: at most one connection per request in flight, kept open between its phases, so that
-    the connections the warm-up opened (as many as it had in flight) serve the timed requests, none of whose TTFT
-    then holds a connection's set-up; one idle more than KEEPALIVE_S is closed, and reopened by the next request."""
+    """The point's HTTP client: at most one idle connection kept per request in flight, kept open between its phases,
+    so that the connections the warm-up opened (as many as it had in flight) serve the timed requests, none of whose
+    TTFT then holds a connection's set-up; one idle more than KEEPALIVE_S is closed, and reopened by the next request.
+    No bound on the connections open: the load bounds the requests in flight, and a response whose end is still being
+    read after its [DONE] (Drains) holds its connection meanwhile; under a bound, the next request would wait for it,
+    inside its TTFT."""
     limit = load.in_flight_limit
-    return httpx.AsyncClient(limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit,
-                                                 keepalive_expiry=KEEPALIVE_S),
+    return httpx.AsyncClient(verify=tls_context(), limits=httpx.Limits(max_connections=None,
+                                                                       max_keepalive_connections=limit,
+                                                                       keepalive_expiry=KEEPALIVE_S),
                              timeout=target.request_timeout_s)
 
 
@@ -597,7 +693,8 @@ async def run_phase(target: Target, load: Load, prompts: Sequence[ServingPrompt]
     ``supply``: prompts still being made; a request whose prompt is not made yet waits for it before its send is
     stamped (its record's prompt_wait_s), so that the wait is in no latency and nothing else in flight pauses.
     Outputs are counted in one worker thread of the phase's (a tokenizer is used by one thread at a time), never on
-    the event loop that reads the streams."""
+    the event loop that reads the streams, and a request's place in the load is free while its output is counted
+    and its response's end read (Drains): the next request goes out meanwhile."""
     if (requests is None) == (duration_s is None):
         raise ValueError("a phase has a request count or a duration")
     if client is None:
@@ -606,11 +703,16 @@ async def run_phase(target: Target, load: Load, prompts: Sequence[ServingPrompt]
                                    writer=writer, count_tokens=count_tokens, keep_going=keep_going,
                                    first_prompt=first_prompt, client=own, supply=supply)
     fresh = FreshConnections(target)
+    drains = Drains()
     counting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flagperf-count")
     try:
-        return await _run_phase(target, load, prompts, phase, requests, duration_s, writer, count_tokens, keep_going,
-                                first_prompt, client, supply, counting, fresh)
+        run = await _run_phase(target, load, prompts, phase, requests, duration_s, writer, count_tokens, keep_going,
+                               first_prompt, client, supply, counting, fresh, drains)
+        await drains.wait()  # each at most DRAIN_S: their connections are back in the pool for the next phase
+        run.unended = drains.timed_out
+        return run
     finally:
+        drains.cancel()
         counting.shutdown(wait=False)  # every count was awaited; a cancelled phase leaves its thread to end alone
         await fresh.aclose()
 
@@ -618,8 +720,10 @@ async def run_phase(target: Target, load: Load, prompts: Sequence[ServingPrompt]
 async def _run_phase(target: Target, load: Load, prompts: Sequence[ServingPrompt], phase: str, requests: int | None,
                      duration_s: float | None, writer: RecordWriter | None, count_tokens: TokenCounter | None,
                      keep_going: Callable[[], bool], first_prompt: int, http: httpx.AsyncClient,
-                     supply: PromptSupply | None, counting: Executor, fresh: FreshConnections) -> PhaseRun:
+                     supply: PromptSupply | None, counting: Executor, fresh: FreshConnections,
+                     drains: Drains) -> PhaseRun:
     records: list[RequestRecord] = []
+    counts: list[asyncio.Task[None]] = []  # the outputs being counted, each a task of its own
     sent = 0
     # The point's span is its first send to its last request's end (docs/serving.md), as vLLM's benchmark
     # duration: not the client's set-up (httpx builds an SSL context, tens of ms) nor its closing.
@@ -642,13 +746,19 @@ async def _run_phase(target: Target, load: Load, prompts: Sequence[ServingPrompt
         waited = await supply.wait_for(position + 1) if supply is not None else None
         return prompts[position], waited
 
-    async def one(seq: int, prompt: ServingPrompt, waited: float | None, scheduled: float | None = None) -> None:
-        record = await send_request(http, target, prompt, load.label, phase, seq, count_tokens, phase_start=start,
-                                    scheduled=scheduled, counting=counting, fresh=fresh)
-        record.prompt_wait_s = waited
+    async def keep(record: RequestRecord) -> None:
+        await count_output(record, count_tokens, counting)
         records.append(record)
         if writer is not None:
             writer.write(record)
+
+    async def one(seq: int, prompt: ServingPrompt, waited: float | None, scheduled: float | None = None) -> None:
+        record = await exchange_request(http, target, prompt, load.label, phase, seq, phase_start=start,
+                                        scheduled=scheduled, fresh=fresh, drains=drains)
+        record.prompt_wait_s = waited
+        # Counted in a task of its own: the caller's slot (a closed loop's worker, an open loop's max_concurrency)
+        # is free for the next request meanwhile.
+        counts.append(asyncio.create_task(keep(record)))
 
     if load.concurrency is not None:
         async def worker() -> None:
@@ -683,6 +793,7 @@ async def _run_phase(target: Target, load: Load, prompts: Sequence[ServingPrompt
             tasks.append(asyncio.create_task(guarded(seq, arrival - start)))
             arrival += rng.gammavariate(load.burstiness, 1.0 / (load.rate * load.burstiness))
         await asyncio.gather(*tasks)
+    await asyncio.gather(*counts)
     if not records:  # nothing was sent (a dead server before the first request)
         now = time.time()
         return PhaseRun(records=records, started_at=now, ended_at=now, seconds=0.0)

@@ -65,9 +65,10 @@ OUTPUT_TOKENS = ("output tokens of a request: the server's usage.completion_toke
 OUTPUT_CHUNK = "an output chunk: a streamed event with non-empty answer (content, text) or reasoning text"
 DURATION = "the point's duration: its first send to its last stream end (client perf_counter)"
 # A request whose kept-alive connection the server closed before any response is sent once more on a fresh one
-# (flagperf.generate.loadgen.send_request): its send is that resend, so the failed try is in none of its times.
+# (flagperf.generate.loadgen.exchange_request), timed from its first send: the failed try is part of its times (a
+# server that took the request, worked on it and dropped it is not flattered by the time it lost).
 RESENT = ("a request whose kept-alive connection the server closed before any response was sent once more on a fresh "
-          "connection, and is timed from that resend")
+          "connection, and is timed from its first send, the failed try included")
 PERCENTILES = "p50/p90/p99 linear-interpolated between closest ranks (numpy's default)"
 FAILED = ("a request fails on an HTTP status other than 200, a transport error or request_timeout_s, an error event, "
           "an event with none of choices, usage and error, or a stream that ends without a finish_reason or with "

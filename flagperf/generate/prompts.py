@@ -112,15 +112,28 @@ def load_json(text: str, where: str) -> object:
 
 def read_prompt_file(path: str) -> list[tuple[str, str | None]]:
     """(prompt, reference) rows of a jsonl or csv file; any problem is one line naming the file and the key."""
+    return prompt_rows(path, read_prompt_text(path))
+
+
+def read_prompt_text(path: str) -> str:
+    """A prompts file's text (read_data_text), once its name says it is one (.jsonl or .csv)."""
+    if Path(path).suffix not in (".jsonl", ".csv"):
+        raise CaseUserError(f"{path}: prompts_path must be a .jsonl or .csv file")
+    return read_data_text(path, "prompts_path")
+
+
+def prompt_rows(path: str, text: str) -> list[tuple[str, str | None]]:
+    """(prompt, reference) rows of a jsonl or csv file's ``text`` (read_prompt_text); any problem is one line naming
+    the file and the key."""
     file = Path(path)
     rows: list[tuple[str, str | None]] = []
     if file.suffix == ".jsonl":
-        for number, line in enumerate(read_data_text(path, "prompts_path").splitlines(), 1):
+        for number, line in enumerate(text.splitlines(), 1):
             if line.strip():
                 rows.append(_row(load_json(line, f"{path}: line {number}"), f"{path}: line {number}"))
     elif file.suffix == ".csv":
         try:
-            reader = csv.DictReader(io.StringIO(read_data_text(path, "prompts_path"), newline=""))
+            reader = csv.DictReader(io.StringIO(text, newline=""))
             if reader.fieldnames is None or "prompt" not in reader.fieldnames:
                 raise CaseUserError(f"{path}: prompt: the header has no 'prompt' column "
                                     f"(columns: {', '.join(reader.fieldnames or []) or 'none'})")

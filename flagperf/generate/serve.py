@@ -29,8 +29,10 @@ points are measured, then the round fails (not retried) in one line naming it an
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import copy
+import hashlib
 import json
 import logging
 import math
@@ -51,6 +53,7 @@ from flagperf.errors import CaseUserError, MissingExtra, extra_for
 from flagperf.generate.config import GenerateConfig
 from flagperf.generate.engines import EngineDef
 from flagperf.generate.loadgen import (
+    DRAIN_S,
     KEEPALIVE_S,
     REQUESTS_FILE,
     Load,
@@ -73,7 +76,7 @@ from flagperf.generate.points import (
     point_stats,
     quality_metrics,
 )
-from flagperf.generate.prompts import load_json, read_data_text, read_prompt_file, require_rouge
+from flagperf.generate.prompts import load_json, prompt_rows, read_data_text, read_prompt_text, require_rouge
 from flagperf.generate.server import (
     SERVER_LOG,
     ServerFailed,
@@ -406,11 +409,23 @@ class SyntheticPrompts(PromptSequence):
 
 class FilePrompts(PromptSequence):
     """A prompts or ShareGPT file's prompts for a round that starts at position ``start`` of the stream (an endpoint's
-    rounds after the first), read round and round: position p is prompt (start + p) mod the file's count."""
+    rounds after the first), read round and round. A position of the stream is an entry of the file (its row, its
+    conversation) ``p mod entries``, each prompt's ``index``: a conversation the round's length filter leaves out
+    (ShareGPT) is skipped, and its position passed, so that the positions stay the file's whatever the filter (a case
+    with another ``input_len`` keeps the others' positions). The set's position q is its q-th prompt from the first at
+    or after ``start``, read round and round; ``entries`` defaults to the prompts' count (every entry kept)."""
 
-    def __init__(self, prompts: list[ServingPrompt], start: int = 0) -> None:
+    def __init__(self, prompts: list[ServingPrompt], start: int = 0, entries: int | None = None) -> None:
         self.prompts, self.first = prompts, start
-        self.start = start % len(prompts)
+        self.entries = entries if entries is not None else len(prompts)
+        indexes = [p.index for p in prompts]
+        if not prompts or indexes != sorted(set(indexes)) or not 0 <= indexes[0] <= indexes[-1] < self.entries:
+            raise ValueError("a file's prompts are its entries in order, at least one")
+        # The first prompt at or after the start's entry; none left in this reading of the file: the next one's first.
+        self.base = start - start % self.entries  # the stream position of this reading's entry 0
+        self.offset = bisect.bisect_left(indexes, start % self.entries)
+        if self.offset == len(prompts):
+            self.base, self.offset = self.base + self.entries, 0
         self.made = prompts
         self.seconds = 0.0
 
@@ -418,20 +433,34 @@ class FilePrompts(PromptSequence):
         return len(self.prompts)
 
     def _at(self, position: int) -> ServingPrompt:
-        return self.prompts[(self.start + position) % len(self.prompts)]
+        return self.prompts[(self.offset + position) % len(self.prompts)]
 
     def index_at(self, position: int) -> int:
-        return (self.start + position) % len(self.prompts)
+        return self._at(position).index
+
+    def stream_position(self, position: int) -> int:
+        """The stream position of the set's ``position``."""
+        readings, kept = divmod(self.offset + position, len(self.prompts))
+        return self.base + readings * self.entries + self.prompts[kept].index
 
     @property
     def first_position(self) -> int:
         return self.first
 
     def taken(self, count: int) -> int:
-        return self.first + count  # round and round: a position past the file's count is its prompt again
+        return self.stream_position(count - 1) + 1 if count > 0 else self.first
 
     def sent_before(self) -> set[int]:
-        return {position % len(self.prompts) for position in range(max(0, self.first - len(self.prompts)), self.first)}
+        """Entries whose stream positions before the start earlier rounds may have sent (each entry sends one prompt,
+        whatever the filter of the round that sent it)."""
+        return {p.index for p in self.prompts if self.first >= self.entries or p.index < self.first}
+
+    def resends(self, count: int) -> bool:
+        """The set's positions below ``count`` resend a prompt earlier rounds may have sent (sent_before)."""
+        earlier = self.sent_before()
+        if not earlier:
+            return False
+        return self.first >= self.entries or self.taken(count) > self.entries + min(earlier)
 
     def ensure(self, count: int) -> None:
         """Every prompt is read before the round: positions below ``count`` are only reserved."""
@@ -548,17 +577,35 @@ def synthetic_serving_prompts(config: GenerateConfig, tokens: Tokens, vocab_size
     return prompts.made
 
 
-def file_serving_prompts(config: GenerateConfig, tokens: Tokens) -> list[ServingPrompt]:
+@dataclass(frozen=True)
+class PromptFile:
+    """A prompts or ShareGPT file as a round reads it: its prompts (each one's ``index``: its entry in the file), how
+    many entries the file has (rows, conversations; a ShareGPT conversation out of the length filter is one, but sends
+    no prompt), and the SHA-256 of its text (its identity in a stream_key, wherever it lies and however it is named)."""
+
+    prompts: list[ServingPrompt]
+    entries: int
+    digest: str
+
+
+def text_digest(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def file_serving_prompts(config: GenerateConfig, tokens: Tokens) -> PromptFile:
     assert config.prompts_path is not None
-    rows = read_prompt_file(str(config.data_file("prompts_path")))
+    path = str(config.data_file("prompts_path"))
+    text = read_prompt_text(path)
+    rows = prompt_rows(path, text)
     if any(reference is not None for _, reference in rows):
         require_rouge()
     texts = [text for text, _ in rows]
     counts = tokens.counts(texts)
-    return [ServingPrompt(i, text, length, config.max_new_tokens, reference, sent_tokens=sent)
-            for i, ((text, reference), length, sent) in enumerate(zip(rows, counts,
-                                                                       tokens.sent_counts(texts, config.api, counts),
-                                                                       strict=True))]
+    prompts = [ServingPrompt(i, text, length, config.max_new_tokens, reference, sent_tokens=sent)
+               for i, ((text, reference), length, sent) in enumerate(zip(rows, counts,
+                                                                          tokens.sent_counts(texts, config.api, counts),
+                                                                          strict=True))]
+    return PromptFile(prompts, len(prompts), text_digest(text))
 
 
 def sharegpt_prompts(path: str, tokens: Tokens, max_input: int, max_output: int, api: str = "chat"
@@ -566,7 +613,13 @@ def sharegpt_prompts(path: str, tokens: Tokens, max_input: int, max_output: int,
     """ShareGPT-style JSON (a list of {"conversations": [{"from": "human", "value": ...}, {"from": "gpt",
     ...}]}): the first human turn is the prompt, the length of the reply after it the output length;
     prompts longer than ``max_input`` tokens are left out, outputs capped at ``max_output``."""
-    data = load_json(read_data_text(path, "sharegpt_path"), f"{path}: sharegpt_path")
+    return sharegpt_file(path, tokens, max_input, max_output, api).prompts
+
+
+def sharegpt_file(path: str, tokens: Tokens, max_input: int, max_output: int, api: str = "chat") -> PromptFile:
+    """sharegpt_prompts, each prompt's index its conversation's in the file."""
+    text = read_data_text(path, "sharegpt_path")
+    data = load_json(text, f"{path}: sharegpt_path")
     if not isinstance(data, list):
         raise CaseUserError(f"{path}: sharegpt_path: expected a JSON list of conversations")
     prompts: list[ServingPrompt] = []
@@ -582,12 +635,12 @@ def sharegpt_prompts(path: str, tokens: Tokens, max_input: int, max_output: int,
         prompt_len, output_len = tokens.count(first["value"]), tokens.count(reply["value"])
         if prompt_len < SHAREGPT_MIN_TOKENS or output_len < SHAREGPT_MIN_TOKENS or prompt_len > max_input:
             continue
-        prompts.append(ServingPrompt(len(prompts), first["value"], prompt_len, min(output_len, max_output),
+        prompts.append(ServingPrompt(number, first["value"], prompt_len, min(output_len, max_output),
                                      sent_tokens=tokens.sent_count(first["value"], api)))
     if not prompts:
         raise CaseUserError(f"{path}: sharegpt_path: no conversation with a prompt of {SHAREGPT_MIN_TOKENS}-"
                             f"{max_input} tokens and a reply of at least {SHAREGPT_MIN_TOKENS}")
-    return prompts
+    return PromptFile(prompts, len(data), text_digest(text))
 
 
 def model_folder(config: GenerateConfig, device: torch.device) -> Path:
@@ -684,17 +737,20 @@ def prompt_set(config: GenerateConfig, prompts: ServingPromptSet, tokens: Tokens
             "requests_planned": planned, "each_sent_once": planned is not None and planned <= len(prompts)}
 
 
-def stream_key(config: GenerateConfig) -> str:
+def stream_key(config: GenerateConfig, file_digest: str | None = None) -> str:
     """The prompt stream an endpoint round sends (prompt_positions.json's ``stream``): the endpoint, the model and the
-    API, and what gives the prompts (a file, as the config names it; synthetic: the seed, ``input_len`` and the
-    tokenizer). Rounds, or cases, with the same stream send the same prompt at the same position, so each starts after
-    every position the run took before it; a stream of other prompts has positions of its own."""
+    API, and what gives the prompts: a prompts or ShareGPT file by ``file_digest``, the digest of its text
+    (PromptFile.digest; a file's positions are its entries, whatever the case's length filter, tokenizer or the path
+    that names it); synthetic prompts by the seed, ``input_len``, the preset (its vocabulary, where no tokenizer
+    folder gives one) and the tokenizer. Rounds, or cases, with the same stream send the same prompt at the same
+    position, so each starts after every position the run took before it; a stream of other prompts has positions of
+    its own."""
     assert isinstance(config.endpoint, Endpoint)
     source: dict[str, Any]
-    if config.sharegpt_path is not None:  # its prompts are filtered by length, counted with the tokenizer
-        source = {"sharegpt": config.sharegpt_path, "input_len": config.input_len, "tokenizer": config.checkpoint_path}
-    elif config.prompts_path is not None:
-        source = {"file": config.prompts_path}
+    if config.sharegpt_path is not None or config.prompts_path is not None:
+        if file_digest is None:
+            raise ValueError("a file's stream is keyed by its digest")
+        source = {"sharegpt" if config.sharegpt_path is not None else "file": file_digest}
     else:
         source = {"synthetic": {"seed": config.seed, "input_len": config.input_len, "model": config.model,
                                 "tokenizer": config.checkpoint_path}}
@@ -739,9 +795,11 @@ def client_settings(config: GenerateConfig, spec: ServerSpec) -> dict[str, Any]:
                                  "ended (none resent while the prompt set lasts); at an endpoint, a round after every "
                                  "prompt the run's earlier rounds and attempts sent there (prompt_positions.json)",
             "connections": "one client per point, its connections kept open from the warm-up to the timed requests; "
-                           f"one idle for {KEEPALIVE_S:g} s closed (below uvicorn's 5 s) and opened again; a request "
-                           "whose kept-alive connection the server closed before any response sent once more on a "
-                           "fresh connection, timed from that resend"}
+                           f"one idle for {KEEPALIVE_S:g} s closed (below uvicorn's 5 s) and opened again; a response "
+                           f"read to its end after its [DONE] (at most {DRAIN_S:g} s, outside the request's time and "
+                           "its place in the load) so that its connection serves the next; a request whose kept-alive "
+                           "connection the server closed before any response sent once more on a fresh connection, "
+                           "timed from its first send, the failed try included"}
 
 
 def model_record(config: GenerateConfig, folder: Path | None) -> dict[str, Any]:
@@ -831,19 +889,26 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
     first_prompt = 1 if config.endpoint is not None or spec.ready_request else 0
     planned = requests_planned(config, first_prompt)
     # A server the round starts is new each round: every round sends the same prompts (a repeat of the measurement).
-    stream = stream_key(config) if config.endpoint is not None else None
-    start = (positions or {}).get(stream, 0) if stream is not None else 0
+    at_endpoint = config.endpoint is not None
+    stream: str | None = None
+    start = 0
     prompts: ServingPromptSet
-    if config.sharegpt_path is not None:
-        listed = sharegpt_prompts(str(config.data_file("sharegpt_path")), tokens, config.input_len,
-                                  config.max_new_tokens, config.api)
-        head = f"{config.sharegpt_path}: {len(listed)} conversations"
-        prompts = FilePrompts(listed, start)
-    elif config.prompts_path is not None:
-        listed = file_serving_prompts(config, tokens)
-        head = f"{config.prompts_path}: {len(listed)} prompts"
-        prompts = FilePrompts(listed, start)
+    if config.sharegpt_path is not None or config.prompts_path is not None:
+        if config.sharegpt_path is not None:
+            listed = sharegpt_file(str(config.data_file("sharegpt_path")), tokens, config.input_len,
+                                   config.max_new_tokens, config.api)
+            head = f"{config.sharegpt_path}: {len(listed.prompts)} conversations"
+        else:
+            listed = file_serving_prompts(config, tokens)
+            head = f"{config.prompts_path}: {len(listed.prompts)} prompts"
+        if at_endpoint:
+            stream = stream_key(config, listed.digest)
+            start = (positions or {}).get(stream, 0)
+        prompts = FilePrompts(listed.prompts, start, listed.entries)
     else:
+        if at_endpoint:
+            stream = stream_key(config)
+            start = (positions or {}).get(stream, 0)
         # One prompt per request the round plans, made as the load reaches them; the count is no part of the
         # description, which compares workloads across runs.
         size = min(MAX_SYNTHETIC, planned or MAX_SYNTHETIC)
@@ -865,10 +930,10 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
     elif start:
         log.info("round %d at an endpoint: its prompts start at position %d of its prompt stream (prompt %d), after "
                  "those the run's earlier rounds sent there", round_number, start, prompts.index_at(0))
-    if isinstance(prompts, FilePrompts) and start and (start >= len(prompts) or start + (planned or 0) > len(prompts)):
+    if isinstance(prompts, FilePrompts) and prompts.resends(planned or 0):
         log.warning("the run's earlier rounds and attempts sent the endpoint positions up to %d of this file of %d "
-                    "prompts, read round and round: this round resends prompts they sent (the endpoint's prefix cache "
-                    "may serve them; each point's warning counts its resent ones)", start, len(prompts))
+                    "entries, read round and round: this round resends prompts they sent (the endpoint's prefix cache "
+                    "may serve them; each point's warning counts its resent ones)", start, prompts.entries)
     references = {p.index: p.reference for p in prompts.made if p.reference is not None}
     server: ServerProcess | None = None
     summary: dict[str, Any] = {
@@ -1112,7 +1177,13 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
                 if point_reconnects:
                     log.warning("point %s: %d timed requests found their kept-alive connection closed by the server "
                                 "before any response and were sent once more on a fresh connection, each timed from "
-                                "that resend (reconnected_after in %s)", load.label, point_reconnects, REQUESTS_FILE)
+                                "its first send, the failed try included (reconnected_after and failed_try_s in %s)",
+                                load.label, point_reconnects, REQUESTS_FILE)
+                unended = run.unended + (warm.unended if warm is not None else 0)
+                if unended:
+                    log.warning("point %s: %d responses did not end within %g s of their [DONE] (the server kept "
+                                "them open): their connections were closed, so the requests after them opened new "
+                                "ones, whose set-up is in their TTFT", load.label, unended, DRAIN_S)
                 if stats.failed_point:  # nothing measured: kept as failed, never as a point of the curve
                     metrics += failed_point_metrics(stats)
                     failed_points.append(failed_point_message(stats))
@@ -1138,6 +1209,7 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
                     "first_prompt": prompts.index_at(timed_first), "repeated_prompts": repeated,
                     "prompts_made_during": point.made_during,
                     "prompt_waits": sum(1 for r in run.records if r.prompt_wait_s), "reconnects": point_reconnects,
+                    "unended_responses": unended,
                     "send_rate": rates})
                 ttft = f"{stats.ttft.p50 * 1e3:.1f} ms" if stats.ttft else "-"
                 tpot = f"{stats.tpot.p50 * 1e3:.2f} ms" if stats.tpot else "-"

@@ -238,15 +238,26 @@ def test_a_constant_template_is_counted_once_and_checked_against_full_counts(mon
     assert wrong.overhead("chat") is None
 
 
-def test_the_run_folder_says_where_each_endpoint_prompt_stream_stands(tmp_path: Path) -> None:
+def test_the_run_folder_says_where_each_endpoint_prompt_stream_stands(tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
     """An endpoint is a long-lived server: a round there starts after every position of its prompt stream that the
     run's earlier rounds took, as their prompt_positions.json say: a round's last attempt, its earlier attempts, the
     rounds a retry of the run set aside (and theirs); a record without an end (a round killed mid-point) counts what
-    it reserved, one that is not a record is passed over. The positions of a round's earlier attempts on the host join
-    them before attempt K runs."""
+    it reserved; one that is not a record (a position below 0 or past MAX_POSITION, not JSON, unreadable) is passed
+    over with a warning naming it (its prompts may be sent again). The positions of a round's earlier attempts on the
+    host join them before attempt K runs, and a Job holds no position out of bounds."""
+    from pydantic import ValidationError
+
+    from flagperf.config.job import Job
     from flagperf.generate.serve import stream_key
     from flagperf.hosts.local import LocalHost
-    from flagperf.results.prompt_positions import PROMPT_POSITIONS, merged, positions_taken, write_positions
+    from flagperf.results.prompt_positions import (
+        MAX_POSITION,
+        PROMPT_POSITIONS,
+        merged,
+        positions_taken,
+        write_positions,
+    )
 
     def record(folder: Path, stream: str, first: int, reserved: int, end: int | None) -> None:
         folder.mkdir(parents=True, exist_ok=True)
@@ -260,9 +271,18 @@ def test_the_run_folder_says_where_each_endpoint_prompt_stream_stands(tmp_path: 
     record(run / "other" / "round1" / "h_noderank0", "b", 5, 7, 7)
     (run / "other" / "round2" / "h_noderank0").mkdir(parents=True)
     (run / "other" / "round2" / "h_noderank0" / PROMPT_POSITIONS).write_text('{"stream": "a", "end": -1}')
+    (run / "other" / "round3" / "h_noderank0").mkdir(parents=True)
+    huge = f'{{"stream": "a", "first": 0, "reserved": 0, "end": {10**400}}}'  # an integer of any size parses
+    (run / "other" / "round3" / "h_noderank0" / PROMPT_POSITIONS).write_text(huge)
+    (run / "other" / "round4" / "h_noderank0" / PROMPT_POSITIONS).mkdir(parents=True)  # a folder: unreadable
+    caplog.clear()
     assert positions_taken(run) == {"a": 40, "b": 7}
+    unread = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert sorted(line.split(":")[0].rsplit("/", 3)[-3] for line in unread) == ["round2", "round3", "round4"], unread
+    assert all("passed over, so a later round at its endpoint may resend prompts" in line for line in unread)
     assert positions_taken(tmp_path / "none") == {}
-    assert merged({"a": 50}, ['{"stream": "a", "first": 40, "reserved": 45, "end": null}', "not json"]) == {"a": 50}
+    assert merged({"a": 50}, [("x", '{"stream": "a", "first": 40, "reserved": 45, "end": null}'),
+                              ("y", "not json"), ("z", f'{{"stream": "a", "end": {MAX_POSITION + 1}}}')]) == {"a": 50}
 
     stage = tmp_path / "work" / "stage"
     record(stage / "attempt1", "a", 40, 64, None)  # attempt 1 killed: what it reserved
@@ -270,13 +290,24 @@ def test_the_run_folder_says_where_each_endpoint_prompt_stream_stands(tmp_path: 
     host = LocalHost(work_root=tmp_path / "work")
     assert attempt_positions(host, stage, 1, {"a": 40}) == {"a": 40}
     assert attempt_positions(host, stage, 3, {"a": 40, "b": 7}) == {"a": 66, "b": 7}
+    (stage / "attempt3").mkdir()
+    (stage / "attempt3" / PROMPT_POSITIONS).write_text(huge)
+    caplog.clear()
+    assert attempt_positions(host, stage, 4, {"a": 40}) == {"a": 66}
+    assert f"{stage / 'attempt3' / PROMPT_POSITIONS}: not a record of prompt positions" in caplog.text
+    job = {"run_id": "r", "case": "c", "family": "generate", "round": 1, "host": "h", "vendor": "cpu", "config": {},
+           "config_origins": {}, "run_overrides": {}, "image": {}}
+    for bad in (-1, MAX_POSITION + 1):
+        with pytest.raises(ValidationError):
+            Job.model_validate({**job, "prompt_positions": {"a": bad}})
 
-    # The stream: the endpoint, model and API, and what gives the prompts.
+    # The stream: the endpoint, model and API, and what gives the prompts (synthetic: the seed, input_len, the preset
+    # and the tokenizer; a file: its text's digest).
     lab = {"base_url": "http://10.0.0.5:8000", "model": "m"}
     assert stream_key(_prompt_config(endpoint=lab)) == stream_key(_prompt_config(endpoint=lab, requests=9))
     assert len({stream_key(_prompt_config(**{"endpoint": lab, **change})) for change in (
-        {}, {"seed": 1}, {"input_len": 5}, {"api": "completions"},
-        {"endpoint": {**lab, "base_url": "http://10.0.0.6:8000"}})}) == 5
+        {}, {"seed": 1}, {"input_len": 5}, {"api": "completions"}, {"model": "llama-3.2-1b"},
+        {"endpoint": {**lab, "base_url": "http://10.0.0.6:8000"}})}) == 6
 
 
 def test_a_duration_s_point_makes_its_prompts_before_it_from_an_estimate() -> None:
@@ -702,7 +733,8 @@ def test_the_client_lets_an_idle_connection_go_before_the_server_closes_it() -> 
     server_idle_s = inspect.signature(uvicorn.Config).parameters["timeout_keep_alive"].default
     client = load_client(Load("c4", concurrency=4), Target("http://127.0.0.1:1", "m", "chat"))
     pool = client._transport._pool  # httpx gives no public view of its limits
-    assert pool._keepalive_expiry < server_idle_s and pool._max_connections == pool._max_keepalive_connections == 4
+    assert pool._keepalive_expiry < server_idle_s and pool._max_keepalive_connections == 4
+    assert pool._max_connections > 4  # a response still read after its [DONE] (Drains) holds no request back
     asyncio.run(client.aclose())
 
 
@@ -898,7 +930,7 @@ def test_a_case_measures_an_endpoint_the_inventory_names(served: ServerProcess, 
     # The round recorded the positions of its prompt stream it took: 0 to 10.
     ledger = json.loads((out / PROMPT_POSITIONS).read_text())
     assert (ledger["first"], ledger["end"]) == (0, 11) and json.loads(ledger["stream"])["endpoint"] == served.base_url
-    (stream, taken), = merged({}, [(out / PROMPT_POSITIONS).read_text()]).items()
+    (stream, taken), = merged({}, [("round1", (out / PROMPT_POSITIONS).read_text())]).items()
     # Round 2 at the same endpoint (a long-lived server, its prefix cache holding round 1's prompts) sends the 11
     # prompts after round 1's, in the same order of phases.
     second = tmp_path / "round2"

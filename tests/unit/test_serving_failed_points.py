@@ -315,11 +315,11 @@ def _endpoint_plan(base_url: str, tmp_path: Path, *sets: str, rounds: int = 1, c
                     inventory_source="inventory.yaml", rounds=rounds)
 
 
-def _run_round(plan: RunPlan, run_dir: Path, round_no: int) -> int:
-    """Round ``round_no`` of the plan's one case run here into its folder of ``run_dir``, with the job the controller
-    gives it (flows.host_round.round_job: what the run folder says of the run so far)."""
+def _run_round(plan: RunPlan, run_dir: Path, round_no: int, case: str | None = None) -> int:
+    """Round ``round_no`` of the plan's case (its first, else ``case``) run here into its folder of ``run_dir``, with
+    the job the controller gives it (flows.host_round.round_job: what the run folder says of the run so far)."""
 
-    cp = plan.cases[0]
+    cp = next(c for c in plan.cases if case in (None, c.name))
     job = round_job(plan, run_dir, cp, round_no, "localhost", host_spec({"name": "localhost"}), {}, None)
     out = round_dir(run_dir, cp.name, round_no, "localhost")
     out.mkdir(parents=True)
@@ -474,12 +474,14 @@ class KeepAliveEndpoint(http.server.BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     dropped: ClassVar[list[float]] = []  # wall clock of each request closed unanswered
+    work_s: ClassVar[float] = 0.0  # how long the server holds a request it drops, as if it worked on it
 
     def do_POST(self) -> None:  # http.server calls it by this name
         asked = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
         served = self.__dict__.get("served", 0)  # one handler per connection
         self.served = served + 1
         if served:
+            time.sleep(self.work_s)
             self.dropped.append(time.time())
             self.close_connection = True
             return
@@ -505,16 +507,20 @@ def test_a_request_the_server_dropped_on_a_kept_alive_connection_is_sent_again_o
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A server that closes a kept-alive connection as a request is sent on it, before any response: the request is
     sent once more on a fresh connection, counted (serving.json's reconnects, the record's reconnected_after), and
-    timed from that resend; it is not a failed request."""
+    timed from its first send: the time the server held the request before it dropped it (failed_try_s) is part of
+    its TTFT and E2EL, so a server that took a request, worked on it and dropped it is not flattered. It is not a
+    failed request."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), KeepAliveEndpoint)  # the port from the OS
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     KeepAliveEndpoint.dropped.clear()
+    KeepAliveEndpoint.work_s = 0.3
     try:
         plan = _endpoint_plan(f"http://127.0.0.1:{server.server_address[1]}", tmp_path, "requests=4")
         out = run_first_round(plan, tmp_path / "round")
     finally:
+        KeepAliveEndpoint.work_s = 0.0
         server.shutdown()
         thread.join()
         server.server_close()
@@ -526,9 +532,300 @@ def test_a_request_the_server_dropped_on_a_kept_alive_connection_is_sent_again_o
     assert all((r.reconnected_after or "RemoteProtocolError").startswith("RemoteProtocolError") for r in timed)
     assert len(KeepAliveEndpoint.dropped) == 2
     for record, dropped in zip([r for r in timed if r.reconnected_after], KeepAliveEndpoint.dropped, strict=True):
-        assert record.sent_at >= dropped  # timed from the resend, after the server dropped the first send
+        assert record.sent_at <= dropped  # timed from the first send, before the server dropped it
+        assert record.failed_try_s is not None and record.failed_try_s >= 0.3  # the server held it 0.3 s
+        assert record.ttft_s is not None and record.e2el_s is not None
+        assert record.e2el_s >= record.ttft_s >= record.failed_try_s
+    assert [r.failed_try_s for r in timed if not r.reconnected_after] == [None, None]
     serving = json.loads((out / SERVING_FILE).read_text(encoding="utf-8"))
     assert serving["reconnects"] == 2 and serving["points"][0]["reconnects"] == 2
     assert serving["points"][0]["failed"] == 0 and "sent once more on a fresh connection" in caplog.text
     metrics = {m.name: m for m in read_result(out / "result.json").metrics}
-    assert "timed from that resend" in metrics["ttft_s@c1"].convention
+    assert "timed from its first send, the failed try included" in metrics["ttft_s@c1"].convention
+
+
+class DroppingEndpoint(http.server.BaseHTTPRequestHandler):
+    """Closes every connection as its request arrives, without a byte of response: a server that refuses the request
+    itself (not a kept-alive connection it closed before the request came)."""
+
+    protocol_version = "HTTP/1.1"
+    arrived: ClassVar[list[float]] = []
+
+    def do_POST(self) -> None:  # http.server calls it by this name
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.arrived.append(time.time())
+        self.close_connection = True
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_request_that_fails_on_a_connection_it_opened_is_not_sent_again() -> None:
+    """Only a send on a connection kept alive from an earlier request is sent again where it fails before any
+    response (the server closed that connection as the request went out): a request the server dropped on the
+    connection opened for it, or one whose connection could not be opened (ConnectError: no kept connection gives
+    one), failed, once."""
+    import asyncio
+    import socket
+
+    from flagperf.generate.loadgen import Load, RequestRecord, ServingPrompt, Target, run_phase
+
+    def one_request(base_url: str) -> list[RequestRecord]:
+        run = asyncio.run(run_phase(Target(base_url, "m", "chat"), Load("c1", concurrency=1),
+                                    [ServingPrompt(0, "t0", 1, 2)], "timed", requests=1, duration_s=None, writer=None,
+                                    count_tokens=None))
+        return run.records
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), DroppingEndpoint)  # the port from the OS
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    DroppingEndpoint.arrived.clear()
+    try:
+        dropped, = one_request(f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+        thread.join()
+        server.server_close()
+    assert (dropped.error or "").startswith("RemoteProtocolError") and dropped.reconnected_after is None
+    assert len(DroppingEndpoint.arrived) == 1
+    with socket.socket() as bound:  # bound, never listening: a connection to it is refused
+        bound.bind(("127.0.0.1", 0))
+        refused, = one_request(f"http://127.0.0.1:{bound.getsockname()[1]}")
+    assert (refused.error or "").startswith("ConnectError") and refused.reconnected_after is None
+
+
+class HeldEndEndpoint(http.server.BaseHTTPRequestHandler):
+    """HTTP/1.1, chunked, as uvicorn streams: ``max_tokens`` words with usage, ``[DONE]``, and then the response's end
+    (its empty chunk) held back: for the requests in ``until_next`` (numbered from 0 as they arrive) until the next
+    request arrived; for the others, where ``hold_all``, until ``release`` is set; at most 60 s either way.
+    ``ended_after_next``: the requests whose end was held until the next one arrived."""
+
+    protocol_version = "HTTP/1.1"
+    arrived: ClassVar[list[int]] = []
+    until_next: ClassVar[set[int]] = set()
+    hold_all: ClassVar[bool] = False
+    ended_after_next: ClassVar[list[int]] = []
+    release = threading.Event()
+    lock = threading.Lock()
+
+    def do_POST(self) -> None:  # http.server calls it by this name
+        asked = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        with self.lock:
+            number = len(self.arrived)
+            self.arrived.append(number)
+        tokens = int(asked["max_tokens"])
+        events = [{"choices": [{"index": 0, "delta": {"content": f"t{i + 1} "}, "finish_reason": None}]}
+                  for i in range(tokens)]
+        events += [{"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
+                   {"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": tokens}}]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for data in [*(json.dumps(e) for e in events), "[DONE]"]:
+            chunk = f"data: {data}\n\n".encode()
+            self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+        self.wfile.flush()
+        deadline = time.monotonic() + 60
+        while (number in self.until_next or self.hold_all) and time.monotonic() < deadline \
+                and not self.release.is_set():
+            if number in self.until_next and len(self.arrived) > number + 1:
+                self.ended_after_next.append(number)
+                break
+            time.sleep(0.01)
+        try:
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:  # the client closed the connection meanwhile
+            self.close_connection = True
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def held_end() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), HeldEndEndpoint)  # the port from the OS
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    HeldEndEndpoint.arrived.clear()
+    HeldEndEndpoint.ended_after_next.clear()
+    HeldEndEndpoint.release.clear()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    HeldEndEndpoint.release.set()
+    server.shutdown()
+    thread.join()
+    server.server_close()
+
+
+def test_the_read_after_done_is_outside_the_requests_time_limit_and_holds_no_slot(
+        held_end: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a stream's [DONE] the client reads on for the response's end (so that its connection serves another
+    request), but outside the request: a request whose stream ended is not failed by its time limit while the end is
+    read, and its place in the load is free meanwhile: a closed loop of 1 sends its next request while the server
+    still holds the first response's end (which it sends once that request arrived)."""
+    import asyncio
+
+    from flagperf.generate import loadgen
+    from flagperf.generate.loadgen import Load, ServingPrompt, Target, run_phase
+
+    monkeypatch.setattr(loadgen, "DRAIN_S", 120.0)  # far past the request's limit: the read never gives up first
+    monkeypatch.setattr(HeldEndEndpoint, "until_next", {0})
+    run = asyncio.run(run_phase(Target(held_end, "m", "chat", request_timeout_s=10.0), Load("c1", concurrency=1),
+                                [ServingPrompt(i, f"t{i}", 1, 2) for i in range(2)], "timed", requests=2,
+                                duration_s=None, writer=None, count_tokens=None))
+    assert [r.error for r in sorted(run.records, key=lambda r: r.seq)] == [None, None]
+    assert HeldEndEndpoint.ended_after_next == [0]  # request 1 went out while request 0's end was still held
+    assert run.unended == 0  # request 0's end came, and was read
+
+
+def test_a_response_whose_end_never_comes_after_done_is_counted_and_said(
+        held_end: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A server that never ends its responses after their [DONE]: each request succeeds (its stream ended), the read
+    of its end gives up after DRAIN_S and closes the connection, and the point counts and says it (the requests after
+    it open connections of their own)."""
+    from flagperf.generate import loadgen
+
+    monkeypatch.setattr(loadgen, "DRAIN_S", 0.2)
+    monkeypatch.setattr(HeldEndEndpoint, "until_next", set())
+    monkeypatch.setattr(HeldEndEndpoint, "hold_all", True)
+    out = run_first_round(_endpoint_plan(held_end, tmp_path, "requests=2"), tmp_path / "round")
+    assert [r.error for r in read_records(out / REQUESTS_FILE)] == [None] * 3  # the check and the 2 timed requests
+    serving = json.loads((out / SERVING_FILE).read_text(encoding="utf-8"))
+    assert serving["points"][0]["unended_responses"] == 2 and serving["points"][0]["failed"] == 0
+    assert "point c1: 2 responses did not end within" in caplog.text
+
+
+def test_a_requests_place_in_the_load_is_free_while_its_output_is_counted(refusing: str) -> None:
+    """The client's count of a request's output (in the phase's counting thread) does not hold its place in the load:
+    a closed loop of 1 sends its next request while the first one's output is still being counted."""
+    import asyncio
+
+    from flagperf.generate.loadgen import Load, ServingPrompt, Target, run_phase
+
+    RefusingEndpoint.refuse = set()
+    next_sent: list[bool] = []
+
+    def count(text: str) -> int:  # the first count waits for the next request's arrival, at most 60 s
+        deadline = time.monotonic() + 60
+        while len(RefusingEndpoint.arrived) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        next_sent.append(len(RefusingEndpoint.arrived) >= 2)
+        return len(text.split())
+
+    run = asyncio.run(run_phase(Target(refusing, "m", "chat"), Load("c1", concurrency=1),
+                                [ServingPrompt(i, f"t{i}", 1, 3) for i in range(2)], "timed", requests=2,
+                                duration_s=None, writer=None, count_tokens=count))
+    assert next_sent[0] and [r.output_tokens_client for r in run.records] == [3, 3]
+
+
+def test_a_half_round_left_on_the_host_gives_its_prompt_positions_before_it_is_removed(refusing: str,
+                                                                                      tmp_path: Path) -> None:
+    """A round an interrupted attempt of the flow run left on the host without a result (its case process killed
+    mid-point) is removed before the round runs again; the positions of the endpoint's prompt stream its attempts took
+    join the round's job first, so that the rerun sends none of the prompts the endpoint was sent."""
+    from flagperf.results.prompt_positions import PROMPT_POSITIONS
+    from flows.host_round import cleared_stage
+    from tasks.collect import leftover_result, stage_folder
+
+    RefusingEndpoint.refuse = set()
+    plan = _endpoint_plan(refusing, tmp_path, "requests=2")
+    cp = plan.cases[0]
+    host = LocalHost(work_root=tmp_path / "work")
+    stage = stage_folder(host.work_root, plan.run_id, cp.name, 1, "localhost")
+    job = round_job(plan, tmp_path / "run", cp, 1, "localhost", host_spec({"name": "localhost"}), {}, None)
+    (stage / "attempt1").mkdir(parents=True)
+    assert run_job(job, stage / "attempt1") == 0
+    (stage / "attempt1" / "result.json").unlink()  # killed before its result: nothing to collect
+    assert leftover_result(host, stage, cp.max_retries + 1) is None
+    stream = json.loads((stage / "attempt1" / PROMPT_POSITIONS).read_text())["stream"]
+    cleared = cleared_stage(host, stage, job, cp.max_retries + 1)
+    assert not stage.exists() and cleared.prompt_positions == {stream: 3}
+    (stage / "attempt1").mkdir(parents=True)
+    assert run_job(cleared, stage / "attempt1") == 0
+    assert _sent(stage / "attempt1") == [3, 4, 5]
+
+
+def test_an_endpoint_case_is_refused_on_an_inventory_of_several_hosts(tmp_path: Path) -> None:
+    """A case runs on every host of the inventory at once: an endpoint would be loaded by every host together, each
+    point measured under all their requests. Refused before anything runs, in one line naming the inventory's hosts
+    key; one host, or several for a case with no endpoint, are fine."""
+    from flagperf.errors import ConfigError
+
+    endpoints = {"lab": {"base_url": "http://10.0.0.5:8000", "model": "m"}}
+
+    def plan(hosts: list[str], *sets: str) -> RunPlan:
+        return plan_run(cases=["tiny-llama-serve"], sets=list(sets), results_dir=tmp_path / "results",
+                        hosts=[{"name": name} for name in hosts], inventory_endpoints=endpoints,
+                        inventory_source="inventory.yaml")
+
+    with pytest.raises(ConfigError) as refused:
+        plan(["h1", "h2"], "endpoint=lab")
+    assert (refused.value.source, refused.value.key) == ("inventory.yaml", "hosts")
+    assert "2 hosts (h1, h2), and case tiny-llama-serve loads an endpoint (endpoint: inventory.yaml endpoints.lab)" \
+        in str(refused.value)
+    assert "\n" not in str(refused.value) and str(refused.value).endswith("with an inventory of one host")
+    assert plan(["h1"], "endpoint=lab").cases[0].config["endpoint"]["base_url"] == "http://10.0.0.5:8000"
+    assert plan(["h1", "h2"]).cases[0].config["endpoint"] is None
+
+
+def test_an_endpoints_prompt_files_are_streams_by_their_text_and_sharegpt_positions_are_its_conversations(
+        refusing: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A prompts or ShareGPT file's stream at an endpoint is its text (a digest), not its name: two cases that ship
+    different files of the same relative name have a stream each (the second resends nothing and is warned of
+    nothing), and the same text named another way is one stream (the second case starts after the first's prompts).
+    A ShareGPT file's positions are its conversations: a case whose input_len leaves some out starts after the
+    conversations another case sent from the same file, and sends none of them again."""
+    import yaml
+
+    from flagperf.config.cases import load_case
+    from flagperf.results.prompt_positions import PROMPT_POSITIONS
+
+    RefusingEndpoint.refuse = set()
+    manifest = yaml.safe_load(load_case("tiny-llama-serve").folder.joinpath("case.yaml").read_text())
+
+    def case(name: str, files: dict[str, str], **values: object) -> None:
+        folder = tmp_path / "cases" / "generate" / name
+        for relative, text in files.items():
+            (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+            (folder / relative).write_text(text, encoding="utf-8")
+        (folder / "case.yaml").write_text(yaml.safe_dump({**manifest, "name": name, "configurations": {
+            **manifest["configurations"], **values}}), encoding="utf-8")
+
+    def jsonl(tag: str, count: int) -> str:
+        return "".join(f'{{"prompt": "{tag}{i} q{i}"}}\n' for i in range(count))
+
+    case("file-a", {"prompts.jsonl": jsonl("a", 6)}, prompts_path="prompts.jsonl")
+    case("file-b", {"prompts.jsonl": jsonl("b", 6)}, prompts_path="prompts.jsonl")  # same name, other prompts
+    case("file-c", {"data/other.jsonl": jsonl("a", 6)}, prompts_path="./data/other.jsonl")  # file-a's, named so
+    # Conversations of 5 or 12 words (the word tokenizer counts them): input_len 8 leaves the long ones out.
+    lengths = [5, 12, 5, 12, 5, 5, 12, 5]
+    sharegpt = json.dumps([{"conversations": [{"from": "human", "value": " ".join(f"c{n}w{i}" for i in range(words))},
+                                              {"from": "gpt", "value": "r r r r"}]}
+                           for n, words in enumerate(lengths)])
+    case("sg-long", {"chats.json": sharegpt}, sharegpt_path="chats.json", input_len=20)
+    case("sg-short", {"chats.json": sharegpt}, sharegpt_path="chats.json", input_len=8)
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(tmp_path / "cases"))
+    plan = plan_run(cases=["file-a", "file-b", "file-c", "sg-long", "sg-short"],
+                    sets=["endpoint=lab", "concurrency=[1]", "request_rates=[]", "warmup_requests=0",
+                          "max_new_tokens=2", "requests=2"],
+                    results_dir=tmp_path / "results", inventory_endpoints={"lab": {"base_url": refusing, "model": "m"}},
+                    inventory_source="inventory.yaml")
+    run_dir = tmp_path / "run"
+
+    def round_of(name: str) -> tuple[list[int], dict[str, object]]:
+        assert _run_round(plan, run_dir, 1, name) == 0
+        out = round_dir(run_dir, name, 1, "localhost")
+        return _sent(out), json.loads((out / PROMPT_POSITIONS).read_text())
+
+    assert round_of("file-a")[0] == [0, 1, 2]  # the check's prompt, then c1's two
+    caplog.clear()
+    sent, ledger = round_of("file-b")
+    assert sent == [0, 1, 2] and ledger["first"] == 0  # a stream of its own: its prompts were never sent there
+    assert "resends prompts" not in caplog.text and "resent a prompt" not in caplog.text
+    sent, ledger = round_of("file-c")
+    assert sent == [3, 4, 5] and ledger["first"] == 3  # file-a's prompts: after those file-a sent
+    assert round_of("sg-long")[0] == [0, 1, 2]  # conversations 0, 1, 2: every one is short enough
+    sent, ledger = round_of("sg-short")
+    assert sent == [4, 5, 7] and (ledger["first"], ledger["end"]) == (3, 8)  # the short ones after conversation 2
