@@ -125,7 +125,7 @@ def test_validate_case_yaml_with_bad_default(tmp_path: Path, make_case) -> None:
     result = invoke("validate", str(folder / "case.yaml"))
     assert_clean_failure(result)
     lines = error_lines(result.output)
-    assert len(lines) == 1 and f"{folder / 'case.yaml'}: size:" in lines[0]
+    assert len(lines) == 1 and f"{folder / 'case.yaml'}: configurations.size:" in lines[0]
 
 
 def test_validate_vendor_manifest(tmp_path: Path) -> None:

@@ -91,9 +91,13 @@ def test_a_case_yaml_says_every_finding_with_the_nearest_key(tmp_path: Path, mak
         f"error {manifest}: descriptin: unknown key (did you mean description?)"]
     manifest.write_text(manifest.read_text().replace("descriptin: x\n", ""), encoding="utf-8")
     lines = errors("validate", str(manifest))
-    assert f"error {manifest}: m: Input should be greater than 0 (got -3)" in lines, lines
-    assert any(line.startswith(f"error {manifest}: min_duraton_s: unknown key (did you mean min_duration_s")
-               for line in lines), lines
+    # Each key by its path in the file, as a suite's (overrides.<case>.<key>) and an inventory's are.
+    assert f"error {manifest}: configurations.m: Input should be greater than 0 (got -3)" in lines, lines
+    assert any(line.startswith(f"error {manifest}: configurations.min_duraton_s: unknown key (did you mean "
+                               "min_duration_s") for line in lines), lines
+    manifest.write_text(manifest.read_text().replace("precision: fp32", "precision: fp12"), encoding="utf-8")
+    assert any(line.startswith(f"error {manifest}: parameters.precision: ")
+               for line in errors("validate", str(manifest))), lines
 
 
 def test_a_bad_peak_is_said_in_the_validators_words_with_the_nearest_key(tmp_path: Path, make_case) -> None:
