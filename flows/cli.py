@@ -302,6 +302,7 @@ def run(
 
     The console shows a live view of the rounds; the full log is in the run folder (controller.log), in the
     Prefect UI when a server is used, and on the console with -v."""
+    from flagperf.config.models import looks_like_suite
     from flagperf.config.plan import PLAN_FILE, plan_run
     from flagperf.config.yamlio import load_yaml_mapping
     from flagperf.hosts.capacity import check_capacity_here
@@ -325,7 +326,7 @@ def run(
     try:
         with _held_core_warnings() as warnings:
             if host_config and "HOSTS" not in (given := load_yaml_mapping(host_config)):  # before it is read as one
-                looks = "this looks like a suite file; " if "cases" in given else ""
+                looks = "this looks like a suite file; " if looks_like_suite(given) else ""
                 raise ConfigError(display_path(host_config), "HOSTS", f"required key is missing ({looks}--host-config "
                                                                       "takes FlagPerf's host.yaml)")
             inv = open_inventory(inventory_file, cluster_conf) if test_conf else (
@@ -992,10 +993,11 @@ def _check_file(path: Path, notes: list[str]) -> str:
             with _noted_only():
                 remove_made(folder, _make_results_folder(folder, display_path(test_conf), "FLAGPERF_LOG_PATH"))
         return f"FlagPerf training test_conf.py + cluster_conf.py, {len(inv.hosts)} host(s)"
+    from flagperf.config.models import looks_like_suite
     from flagperf.config.yamlio import load_yaml_mapping
 
     data = load_yaml_mapping(path)
-    if "cases" in data:
+    if looks_like_suite(data):
         from flagperf.config.plan import plan_run
 
         plan_run(suite=str(path), results_dir=Path("/nonexistent-results-for-validation"))

@@ -155,6 +155,20 @@ endpoints:
     ]
 
 
+def test_a_suite_that_misspells_cases_is_checked_as_a_suite(tmp_path: Path) -> None:
+    """A suite is known by its other keys too (name, rounds, overrides ... or a key a typo away from one): its
+    misspelt key is said with the key meant, not that the file is no kind of file."""
+    suite = write(tmp_path / "s8.yaml", "name: s8\ncase: [computation-FP32]\nrounds: 1\n")
+    assert errors("validate", str(suite)) == [f"error {suite}: case: unknown key (did you mean cases?)"]
+    alone = write(tmp_path / "s9.yaml", "case: [computation-FP32]\n")  # the typo alone tells it
+    assert errors("validate", str(alone)) == [f"error {alone}: case: unknown key (did you mean cases?)"]
+    assert errors("run", "--suite", str(suite)) == [f"error: {suite}: case: unknown key (did you mean cases?)"]
+    # An inventory, and FlagPerf's host.yaml (upper-case keys), are not taken for a suite by a key like one.
+    host_yaml = write(tmp_path / "host.yaml", "HOST: ['127.0.0.1']\nCASES: {}\n")
+    assert errors("validate", str(host_yaml)) == [f"error {host_yaml}: not a case.yaml, vendor/<vendor>.yaml, "
+                                                  "vendor.yaml, suite, inventory or host.yaml file"]
+
+
 def test_a_suite_where_an_inventory_goes_and_the_other_way_round_is_named(tmp_path: Path) -> None:
     suite = write(tmp_path / "mysuite.yaml", "cases: [computation-FP32]\nname: mysuite\n")
     inventory = write(tmp_path / "inv.yaml", "defaults: {transport: local}\nhosts: [{name: a}]\n")
