@@ -262,13 +262,33 @@ def test_help_list_and_validate_do_not_import_what_they_do_not_use() -> None:
             code = exc.code
         print(json.dumps([code, [name for name in {NOT_AT_START!r} if name in sys.modules]]))
     """)
-    # (A suite or case.yaml names a kernel of the project, whose module is imported for its Config: torch.)
+    # A suite and a case.yaml name the project's kernels and family configs, whose modules are imported for their
+    # Config: those import torch where they run, not with the module.
     for args in (["--help"], ["list"], ["validate", "vendor_images/cpu/vendor.yaml",
-                                        "deployments/inventories/example.yaml"]):
+                                        "deployments/inventories/example.yaml"], ["validate", *KERNELS_VALIDATED]):
         done = subprocess.run([sys.executable, "-c", script, *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
                               timeout=120, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
         code, imported = json.loads(done.stdout.splitlines()[-1])
         assert code in (0, None) and imported == [], (args, code, imported, done.stderr[-2000:])
+
+
+# Every suite of the project (base-spec kernels, operation), and case.yaml files of the kernels' and drivers'
+# families.
+KERNELS_VALIDATED = ["deployments/suites/smoke.yaml", "deployments/suites/base.yaml",
+                     "deployments/suites/operation.yaml", "cases/base/computation-FP8/case.yaml",
+                     "cases/base/interconnect-MPI_intraserver/case.yaml", "cases/generate/tiny-llama-serve/case.yaml"]
+
+
+def test_validate_runs_where_torch_cannot_be_imported() -> None:
+    """A controller without torch (or with a broken one) validates suites and case.yaml files of the kernels: each
+    kernel imports torch where it runs, not where its Config is read."""
+    script = ("import sys\nsys.modules['torch'] = None  # `import torch` raises ModuleNotFoundError\n"
+              "from flows.cli import app\napp(sys.argv[1:], prog_name='flagperf')\n")
+    done = subprocess.run([sys.executable, "-c", script, "validate", *KERNELS_VALIDATED], cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    assert [line.split()[0] for line in done.stdout.splitlines()] == ["ok"] * len(KERNELS_VALIDATED), done.stdout
 
 
 @pytest.mark.parametrize(("args", "header", "error"), [
