@@ -27,6 +27,7 @@ from flagperf.paths import (
     NAME_PATTERN,
     VENDOR_PATH_ENV,
     StartFolderGone,
+    case_roots,
     display_path,
     pin_search_paths,
     search_path_folders,
@@ -163,6 +164,8 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
     resolved_vendor = load_vendor(vendor)  # the one lookup of the run: fails early on an unknown or malformed vendor
     hardware = resolved_vendor.manifest.hardware
     known = available_cases()
+    if run_id and (resume or flow_run_id):  # a retry's cases are the run's: one the search path lost, said so
+        _run_cases_found(Path(results_dir) / run_id, known)
 
     suite_name: str | None = None
     suite_overrides: dict[str, dict[str, Any]] = {}
@@ -269,6 +272,30 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
     if run_dir.exists() and not _is_empty_folder(run_dir) and not _is_resumable(run_dir, plan, resume):
         raise ConfigError("--results", None, f"{run_dir} already exists; results are never overwritten")
     return plan
+
+
+def _run_cases_found(run_dir: Path, known: dict[str, Path]) -> None:
+    """A retry of ``run_dir`` finds every case the run planned, or says which it does not: which run, which case,
+    the folders looked in, and those the run found it in (its plan records them). Retried from another folder, a
+    relative FLAGPERF_CASE_PATH entry names other folders; 'unknown case' alone would not say so."""
+    if not is_present(run_dir / PLAN_FILE):
+        return
+    try:
+        earlier = read_plan(run_dir)
+    except ConfigError as exc:
+        if exc.message.startswith(NOT_A_PLAN):  # not a retry (_is_resumable): a new run, checked as one
+            return
+        raise
+    lost = [case for case in earlier.cases if case.name not in known]
+    if not lost:
+        return
+    looked = ", ".join(str(root) for root in case_roots())
+    then = os.pathsep.join(earlier.search_paths.get(CASE_PATH_ENV, [])) or "unset"
+    names = ", ".join(f"{case.family}/{case.name}" for case in lost)
+    raise ConfigError(display_path(run_dir / PLAN_FILE), "cases",
+                      f"run {earlier.run_id}'s case{'s' if len(lost) > 1 else ''} {names} not found: looked in "
+                      f"{looked}; the run's {CASE_PATH_ENV} was {then}: retry with that, or from the folder the "
+                      "run was started in")
 
 
 def searched() -> dict[str, list[str]]:

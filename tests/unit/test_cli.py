@@ -373,3 +373,34 @@ def test_nightly_refuses_out_of_range_numbers_before_prefect(tmp_path: Path, mon
     assert_clean_failure(result)
     assert [line.split(":")[1].strip() for line in error_lines(result.output)] == [option], result.output
     assert not (tmp_path / "results").exists()
+
+
+def test_a_retry_whose_case_is_not_on_the_search_path_says_which_run_case_and_folders(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bench_py: str, yaml_writer, restored_process_state: None
+) -> None:
+    """`flagperf run --retry` from another folder, where a relative FLAGPERF_CASE_PATH entry names no copy of the
+    run's case: one line naming the run's plan, the run, the case, the folders looked in and the run's own."""
+    from flagperf.config.plan import PLAN_FILE, plan_run
+
+    monkeypatch.setitem(sys.modules, "flows.evaluate", None)  # refused before the flow
+    start, elsewhere = tmp_path / "start", tmp_path / "elsewhere"
+    folder = start / "my-cases" / "base" / "own-case"
+    yaml_writer(folder / "case.yaml", {"name": "own-case", "family": "base", "description": "a lab's own",
+                                       "configurations": {"size": 8, "timeout_s": 60, "max_retries": 0}})
+    (folder / "bench.py").write_text(bench_py, encoding="utf-8")
+    elsewhere.mkdir()
+    results = tmp_path / "results"
+    monkeypatch.chdir(start)
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", "my-cases")
+    planned = plan_run(cases=["own-case"], results_dir=results, run_id="run-a")
+    (results / "run-a").mkdir(parents=True)
+    (results / "run-a" / PLAN_FILE).write_text(planned.model_dump_json(), encoding="utf-8")
+
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", "my-cases")
+    result = invoke("run", "--cases", "own-case", "--retry", str(results / "run-a"))
+    assert_clean_failure(result)
+    assert error_lines(result.output) == [
+        f"error: {results / 'run-a' / PLAN_FILE}: cases: run run-a's case base/own-case not found: looked in "
+        f"{PROJECT_ROOT / 'cases'}, {elsewhere / 'my-cases'}; the run's FLAGPERF_CASE_PATH was {start / 'my-cases'}: "
+        "retry with that, or from the folder the run was started in"], result.output
