@@ -629,7 +629,8 @@ def compare(
     )
     from flagperf.results.schema import atomic_path
 
-    if out is not None and (problem := _out_file_problem(out)):  # bad input is refused before anything is said
+    # Bad input is refused before anything is said.
+    if out is not None and (problem := _out_file_problem(out, (run_a, run_b))):
         raise _fail(f"--out {out}: {problem}")
     rows, _ = compare_runs(_run_folder(run_a, "RUN_A"), _run_folder(run_b, "RUN_B"))
     serving = compare_serving_runs(run_a, run_b)
@@ -654,15 +655,24 @@ def compare(
             console.print(f"written to {escape(str(out))}", highlight=False)
 
 
-def _out_file_problem(out: Path) -> str | None:
+def _out_file_problem(out: Path, runs: tuple[Path, ...] = ()) -> str | None:
     """Why a file cannot be written at ``out`` (None: it can, as far as can be told before writing): the folder
-    is the user's to make, and it must be writable."""
+    is the user's to make, and it must be writable, and in no run folder (one of ``runs``, or any with a plan)."""
+    from flagperf.config.plan import PLAN_FILE
+
     folder = out.parent
     if out.is_dir():
         return "is a folder; give the file to write"
     if not folder.is_dir():
         return f"folder {folder} does not exist" if not (folder.exists() or folder.is_symlink()) else \
             f"{folder} is not a folder"
+    # A run folder (its plan.json says so) is that run's record: its summary.json or report.md written over, or a
+    # file added that `flagperf report` does not know, would change what the run says it measured.
+    given = {run.resolve() for run in runs}
+    run = next((where for where in (folder.resolve(), *folder.resolve().parents)
+                if where in given or (where / PLAN_FILE).is_file()), None)
+    if run is not None:
+        return f"is inside run folder {display_path(run)}, whose files are that run's record; write it elsewhere"
     if not os.access(folder, os.W_OK | os.X_OK):
         return f"folder {folder} is not writable"
     return None
