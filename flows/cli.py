@@ -560,7 +560,9 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
         console.print(escape(ESTIMATED_PEAK_LEGEND) + " Why each peak is an estimate: report.md.", highlight=False,
                       soft_wrap=True)
     c = summary["counts"]
-    console.print(f"{c['rounds']} rounds: {c['success']} succeeded, {c['unsupported']} unsupported, "
+    progress = summary.get("progress") or {}  # a round on each host is a record of its own: said where it counts
+    planned = f" of {progress['planned']} planned ({progress['planned_as']})" if progress.get("planned_as") else ""
+    console.print(f"{c['rounds']} rounds{planned}: {c['success']} succeeded, {c['unsupported']} unsupported, "
                   f"{c['failed']} failed")
     from flagperf.results.diagnosis import verdict_line
 
