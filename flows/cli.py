@@ -755,14 +755,7 @@ def nightly(
     The verdict is also in nightly-SUITE.json in the night's run folder and in the results folder (with its
     exit_code); there, a night of the suite started later than this one keeps its own. This command reads back
     only its own night's."""
-    from flows.nightly_cli import (
-        check_night,
-        default_results,
-        discard_history,
-        interrupted_outcome,
-        open_history,
-        run_night,
-    )
+    from flows.nightly_cli import check_night, default_results, interrupted_outcome, open_history, run_night
 
     results = results or default_results()
     interrupt = _interrupt()
@@ -779,7 +772,7 @@ def nightly(
         interrupt.disarm()  # the folder is made whole and known here: a signal meanwhile is raised just after
         made = _make_results_folder(results, "--results", None)
         interrupt.arm()
-        made_history = open_history(night)  # a database that is slow to answer can be interrupted
+        open_history(night)  # a database that is slow to answer can be interrupted
         interrupt.disarm()  # before the header: a Ctrl-C as soon as it shows is noted, then raised in order
     except FlagperfError as exc:
         remove_made(results, made)
@@ -794,10 +787,7 @@ def nightly(
     _prepare_prefect_environment(verbose)
 
     def discard_made() -> None:  # a night that did not begin (or was refused) leaves nothing this made
-        # Only a history inside the results folder this made: one elsewhere (a shared --history-url, or a
-        # results folder other nights use) may be another night's, begun meanwhile.
-        discard_history(night, [path for path in made_history
-                                if made is not None and path.absolute().is_relative_to(made)])
+        # (its history is made only when it records: see open_history)
         remove_made(results, made)  # only while empty
 
     interrupt.left = ("the interrupted night may be missing from the history and its verdict file; its run folder "
