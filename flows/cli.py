@@ -31,7 +31,14 @@ from typer.core import TyperGroup
 # Only what every command needs is imported here: each command imports the rest itself, so that `--help`, `list`
 # and `validate` start without pandas, paramiko or the report's Markdown (bench/cli_startup.py measures it).
 from flagperf.errors import ConfigError, FlagperfError, findings, left_out_line
-from flagperf.paths import StartFolderGone, display_path, outermost_missing, pin_search_paths, remove_made
+from flagperf.paths import (
+    NAME_PATTERN,
+    StartFolderGone,
+    display_path,
+    outermost_missing,
+    pin_search_paths,
+    remove_made,
+)
 from flagperf.stopping import STOP_NOW_AT, put_back, stop_now, take
 from flagperf.stopping import reset as reset_signals_taken
 
@@ -297,13 +304,16 @@ def run(
     retry: Annotated[Path | None, typer.Option(
         help="continue this run folder (with the options it was started with) after it stopped, e.g. on a full "
              "results disk: rounds kept on the hosts are collected, completed ones kept, the rest run")] = None,
+    run_id: Annotated[str | None, typer.Option(
+        "--run-id", help="the run folder's name in the results folder (default: run<UTC start time>-<random>); "
+                         "one that is there is refused")] = None,
 ) -> None:
     """Run an evaluation and print measured vs peak. Without a PREFECT_API_URL a temporary server is used.
 
     The console shows a live view of the rounds; the full log is in the run folder (controller.log), in the
     Prefect UI when a server is used, and on the console with -v."""
     from flagperf.config.models import looks_like_suite
-    from flagperf.config.plan import PLAN_FILE, plan_run
+    from flagperf.config.plan import PLAN_FILE, new_run_id, plan_run
     from flagperf.config.yamlio import load_yaml_mapping
     from flagperf.hosts.capacity import check_capacity_here
     from flagperf.hosts.flagperf_training import default_cluster_conf, open_inventory
@@ -319,6 +329,9 @@ def run(
         raise _fail("give one of --inventory, --host-config and --test-conf")
     if cluster_conf and not test_conf:
         raise _fail("--cluster-conf goes with --test-conf")
+    if run_id is not None and retry is not None and run_id != retry.name:  # the same: the retry of that command
+        raise _fail(f"--run-id {run_id}: a retry continues its run folder's id ({retry.name}); give that one or "
+                    "leave --run-id out")
     inventory_file = inventory or host_config or test_conf
     if test_conf and not cluster_conf:
         cluster_conf = default_cluster_conf(test_conf)
@@ -339,15 +352,26 @@ def run(
                                                       host_config or test_conf)
             if retry and (results.resolve() != retry.parent.resolve() or not (retry / PLAN_FILE).is_file()):
                 raise ConfigError("--retry", None, f"{retry}: not a run folder of {results} (no {PLAN_FILE} there)")
+            if run_id is not None and not NAME_PATTERN.match(run_id):  # never a path out of the results folder
+                raise ConfigError("--run-id", None, f"{run_id!r} is not a valid name (letters, digits, '.', '_', "
+                                                    "'-'; not starting with '.', '_' or '-')")
+            if run_id is not None and retry is None and os.path.lexists(results / run_id):
+                raise ConfigError("--run-id", None, _run_id_taken(run_id, results))
             plan = plan_run(suite=suite, cases=case_list, vendor=vendor, rounds=rounds, sets=set_ or [],
                             results_dir=results, hosts=[spec.model_dump(mode="json") for spec in inv.hosts],
                             inventory_overrides=inv.case_overrides, inventory_source=inv.source,
                             inventory_endpoints=inv.endpoints,
-                            run_id=retry.name if retry else None, resume=retry is not None)
+                            run_id=retry.name if retry else run_id, resume=retry is not None)
             check_capacity_here(plan, inv.hosts)  # before any server starts
         interrupt = _interrupt()
         interrupt.disarm()  # from here a signal is noted, and raised once the run can be stopped in order
         made = _make_results_folder(results, *results_source)
+        if retry is None:  # the run folder is this run's from here: another run given its id is refused
+            while not _claimed(plan.run_dir, results, made):
+                if run_id is not None:
+                    remove_made(results, made)
+                    raise ConfigError("--run-id", None, _run_id_taken(run_id, results))
+                plan = plan.model_copy(update={"run_id": new_run_id()})  # a chosen name that another run chose too
     except FlagperfError as exc:
         raise _fail(str(exc)) from None
     except KeyboardInterrupt as exc:  # Ctrl-C while the input is checked (the probe takes seconds): nothing started
@@ -408,8 +432,8 @@ def run(
             console.line()  # the live view's last frame ends without one
         if "prefect" in sys.modules:
             _drain_prefect()
-        if server is not None:
-            server.stop(keep_log_in=run_dir)
+        if server is not None:  # its log is the run's once the run began (the folder is claimed before)
+            server.stop(keep_log_in=run_dir if (run_dir / PLAN_FILE).is_file() else None)
         for handler in handlers:
             root.removeHandler(handler)
             handler.close()
@@ -426,12 +450,16 @@ def run(
                               soft_wrap=True)  # one line: it may name the retry command, whatever its length
             raise _fail(f"interrupted; the report of what was done is in {run_dir}", interrupt.exit_code(outcome))
         if not (run_dir / PLAN_FILE).is_file():  # the flow had not begun (e.g. the temporary server was starting)
+            _release(run_dir, retry)
             remove_made(results, made)  # only folders this invocation made, and only while empty
             raise _fail("interrupted before anything started", interrupt.exit_code(outcome))
         # Stopped before or while the report was written (its files are written whole or not at all).
         raise _fail(f"interrupted before the report was written; `flagperf report {run_dir}` writes it",
                     interrupt.exit_code(outcome))
     if outcome is not None:
+        if not (run_dir / PLAN_FILE).is_file():  # the flow had not begun (e.g. the server did not start)
+            _release(run_dir, retry)
+            remove_made(results, made)
         first = str(outcome).splitlines()[0] if str(outcome) else ""
         raise _fail(f"the evaluation could not run: {type(outcome).__name__}: {first}", EXIT_FAILED)
     assert state is not None
@@ -500,6 +528,30 @@ def _make_results_folder(folder: Path, source: str, key: str | None) -> Path | N
         remove_made(folder, made)
         raise ConfigError(source, key, f"{folder}: {problem}")
     return made
+
+
+def _run_id_taken(run_id: str, results: Path) -> str:
+    return f"{run_id!r} is taken: {results / run_id} exists; results are never overwritten"
+
+
+def _claimed(run_dir: Path, results: Path, made: Path | None) -> bool:
+    """Claim the run folder for this run: made here (an exclusive mkdir), so that of two runs given one run id at
+    the same time one gets it and the other is refused, before either writes there. False: it is there."""
+    try:
+        run_dir.mkdir()
+    except FileExistsError:
+        return False
+    except OSError as exc:  # the results folder was checked by writing there: changed since
+        remove_made(results, made)
+        raise ConfigError("--results", None, f"{run_dir}: cannot be made: {exc.strerror or exc}") from None
+    return True
+
+
+def _release(run_dir: Path, retry: Path | None) -> None:
+    """The run folder this run claimed, given back while it is empty: a run that did not begin leaves nothing."""
+    if retry is None:
+        with suppress(OSError):
+            run_dir.rmdir()
 
 
 def _remove_rejected_run(run_dir: Path, results: Path, made: Path | None) -> None:

@@ -404,3 +404,44 @@ def test_a_retry_whose_case_is_not_on_the_search_path_says_which_run_case_and_fo
         f"error: {results / 'run-a' / PLAN_FILE}: cases: run run-a's case base/own-case not found: looked in "
         f"{PROJECT_ROOT / 'cases'}, {elsewhere / 'my-cases'}; the run's FLAGPERF_CASE_PATH was {start / 'my-cases'}: "
         "retry with that, or from the folder the run was started in"], result.output
+
+
+def test_a_run_id_that_is_taken_is_refused_naming_run_id_also_when_another_run_claims_it_meanwhile(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`flagperf run --run-id X`: a run folder that is there is refused in one line naming --run-id, before the flow.
+    Two runs given one id at the same time both pass that check: the run folder is claimed (an exclusive mkdir)
+    once the input is good, so the second, which finds it claimed, is refused the same way and leaves the first's
+    folder as it is (both wrote into one folder)."""
+    from flows import cli
+
+    monkeypatch.setitem(sys.modules, "flows.evaluate", None)  # refused before the flow
+    results = tmp_path / "results"
+    (results / "mine").mkdir(parents=True)
+    result = invoke("run", "--cases", "computation-FP32", "--results", str(results), "--run-id", "mine")
+    assert_clean_failure(result)
+    assert error_lines(result.output) == [f"error: --run-id: 'mine' is taken: {results / 'mine'} exists; results are "
+                                          "never overwritten"], result.output
+
+    made = cli._make_results_folder
+
+    def another_run_claims_it_meanwhile(folder: Path, *where: str | None) -> Path | None:
+        outermost = made(folder, *where)
+        (folder / "same").mkdir()  # the other run, between this one's check and its claim
+        (folder / "same" / "plan.json").write_text("{}", encoding="utf-8")
+        return outermost
+
+    monkeypatch.setattr(cli, "_make_results_folder", another_run_claims_it_meanwhile)
+    fresh = tmp_path / "fresh"
+    result = invoke("run", "--cases", "computation-FP32", "--results", str(fresh), "--run-id", "same")
+    assert_clean_failure(result)
+    assert error_lines(result.output) == [f"error: --run-id: 'same' is taken: {fresh / 'same'} exists; results are "
+                                          "never overwritten"], result.output
+    assert sorted(fresh.rglob("*")) == [fresh / "same", fresh / "same" / "plan.json"]  # the other run's, as it was
+
+    for args, said in ((["--run-id", "../out"], "--run-id: '../out' is not a valid name"),
+                       (["--run-id", "a", "--retry", str(results / "b")],
+                        "--run-id a: a retry continues its run folder's id (b)")):
+        result = invoke("run", "--cases", "computation-FP32", "--results", str(results), *args)
+        assert_clean_failure(result)
+        (line,) = error_lines(result.output)
+        assert line.startswith(f"error: {said}"), line
