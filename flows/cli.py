@@ -959,6 +959,8 @@ def _check_file(path: Path, notes: list[str]) -> str:
     from flagperf.config.vendors import MANIFEST as VENDOR_MANIFEST
     from flagperf.config.vendors import available_vendors, load_vendor, load_vendor_manifest
 
+    if not os.path.lexists(path):  # a file named by where it would be read from (vendor/<v>.yaml) is no file
+        raise ConfigError(display_path(path), None, "file not found")
     if path.name == "case.yaml":
         from flagperf.config.adaptation import read_adaptation
 

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flagperf.config import night
-from flagperf.paths import PROJECT_ROOT
+from flagperf.paths import PROJECT_ROOT, display_path
 from flows.cli import app
 
 runner = CliRunner()
@@ -54,6 +54,15 @@ def test_validate_every_real_config_file() -> None:
     assert len(ok_lines) == len(REAL_CONFIG_FILES)
     assert "(suite)" in result.output and "(vendor)" in result.output and "(case)" in result.output
     assert "(vendor overrides of computation-FP32)" in result.output
+
+
+def test_validate_of_a_file_that_is_not_there_says_so(tmp_path: Path) -> None:
+    """Named by where it would be read from (a vendor's overrides of a case): not there is not 'ok'."""
+    for missing in (PROJECT_ROOT / "cases/base/computation-FP8/vendor/cpu.yaml",
+                    PROJECT_ROOT / "cases/inference/digits-infer/vendor/zz_configurations.yaml", tmp_path / "x.yaml"):
+        result = invoke("validate", str(missing))
+        assert_clean_failure(result)
+        assert error_lines(result.output) == [f"error {display_path(missing)}: file not found"], result.output
 
 
 def test_validate_and_list_do_not_need_the_flow(monkeypatch: pytest.MonkeyPatch) -> None:
