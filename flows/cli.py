@@ -392,6 +392,8 @@ def run(
         try:
             use_client_credentials()
         except FlagperfError as exc:
+            _release(run_dir, retry)  # nothing began: the claimed run folder and a results folder made go again
+            remove_made(results, made)
             raise _fail(str(exc)) from None
 
     server: TemporaryServer | None = None
@@ -468,6 +470,9 @@ def run(
         if message.startswith(BAD_INPUT):  # found by the flow before any round ran (e.g. a size that cannot fit)
             _remove_rejected_run(run_dir, results, made)
             raise _fail(message.removeprefix(BAD_INPUT))
+        if not (run_dir / PLAN_FILE).is_file():  # stopped before it planned: nothing to see there
+            _release(run_dir, retry)
+            raise _fail(message, EXIT_FAILED)
         raise _fail(f"{message} (see {run_dir})", EXIT_FAILED)
     summary = read_summary_json(run_dir)
     _print_summary(summary, run_dir)
