@@ -16,7 +16,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from flagperf.config.adaptation import read_adaptation
-from flagperf.config.cases import CaseDef, available_cases, load_case, resolve_case_config, settable_keys
+from flagperf.config.cases import (
+    MANIFEST,
+    CaseDef,
+    available_cases,
+    load_case,
+    resolve_case_config,
+    settable_keys,
+)
 from flagperf.config.files import is_present, read_config_text
 from flagperf.config.inferencekeys import not_read_message
 from flagperf.config.models import SetOverride, load_suite, parse_set_override
@@ -341,8 +348,12 @@ def _name_endpoint(case_name: str, case: Any, layers: list[tuple[str, dict[str, 
         return
     if value not in endpoints:
         known = ", ".join(sorted(endpoints)) or "none"
-        raise ConfigError(source, f"{case_name}.endpoint" if source == "--set" else "endpoint",
-                          f"{value!r} names no endpoint of the inventory ({inventory_source}: {known})")
+        key = "endpoint"
+        if source == "--set":
+            key = f"{case_name}.endpoint"
+        elif source == display_path(case.manifest_path) and case.manifest_path.name == MANIFEST:
+            key = "configurations.endpoint"  # by its path in case.yaml, as the case's other keys there
+        raise ConfigError(source, key, f"{value!r} names no endpoint of the inventory ({inventory_source}: {known})")
     layers.append((f"{inventory_source} endpoints.{value}", {"endpoint": dict(endpoints[value])}))
 
 
