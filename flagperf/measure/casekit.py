@@ -22,9 +22,6 @@ from flagperf.results.schema import Metric, Peak, SpecTable
 if TYPE_CHECKING:
     from flagperf.config.job import Job
 
-# torch (and flagperf.measure.device, which needs it) where a context is made for a case that runs: the configs
-# here are read by the planner and `flagperf validate`, on a controller that may have no torch.
-
 # The case contract: a case imports its config bases and its context from here.
 __all__ = ["CaseConfig", "CaseContext", "EveryDevice", "TimedCaseConfig", "comparable_ratio"]
 
@@ -70,6 +67,8 @@ class CaseContext:
         self.out_dir = out_dir
         self.device_type = device_type
         self.shares_host_memory = shares_host_memory
+        # torch (and flagperf.measure.device, which needs it) where a case runs, not with the module: the configs
+        # here are read by the planner and `flagperf validate`, on a controller that may have no torch.
         import torch
 
         from flagperf.measure.device import synchronize
