@@ -31,7 +31,14 @@ from typer.core import TyperGroup
 # Only what every command needs is imported here: each command imports the rest itself, so that `--help`, `list`
 # and `validate` start without pandas, paramiko or the report's Markdown (bench/cli_startup.py measures it).
 from flagperf.errors import ConfigError, FlagperfError, findings, left_out_line
-from flagperf.paths import StartFolderGone, display_path, outermost_missing, pin_search_paths, remove_made
+from flagperf.paths import (
+    NAME_PATTERN,
+    StartFolderGone,
+    display_path,
+    outermost_missing,
+    pin_search_paths,
+    remove_made,
+)
 from flagperf.stopping import STOP_NOW_AT, put_back, stop_now, take
 from flagperf.stopping import reset as reset_signals_taken
 
@@ -297,12 +304,16 @@ def run(
     retry: Annotated[Path | None, typer.Option(
         help="continue this run folder (with the options it was started with) after it stopped, e.g. on a full "
              "results disk: rounds kept on the hosts are collected, completed ones kept, the rest run")] = None,
+    run_id: Annotated[str | None, typer.Option(
+        "--run-id", help="the run folder's name in the results folder (default: run<UTC start time>-<random>); "
+                         "one that is there is refused")] = None,
 ) -> None:
     """Run an evaluation and print measured vs peak. Without a PREFECT_API_URL a temporary server is used.
 
     The console shows a live view of the rounds; the full log is in the run folder (controller.log), in the
     Prefect UI when a server is used, and on the console with -v."""
-    from flagperf.config.plan import PLAN_FILE, plan_run
+    from flagperf.config.models import looks_like_suite
+    from flagperf.config.plan import PLAN_FILE, new_run_id, plan_run
     from flagperf.config.yamlio import load_yaml_mapping
     from flagperf.hosts.capacity import check_capacity_here
     from flagperf.hosts.flagperf_training import default_cluster_conf, open_inventory
@@ -318,6 +329,9 @@ def run(
         raise _fail("give one of --inventory, --host-config and --test-conf")
     if cluster_conf and not test_conf:
         raise _fail("--cluster-conf goes with --test-conf")
+    if run_id is not None and retry is not None and run_id != retry.name:  # the same: the retry of that command
+        raise _fail(f"--run-id {run_id}: a retry continues its run folder's id ({retry.name}); give that one or "
+                    "leave --run-id out")
     inventory_file = inventory or host_config or test_conf
     if test_conf and not cluster_conf:
         cluster_conf = default_cluster_conf(test_conf)
@@ -325,7 +339,7 @@ def run(
     try:
         with _held_core_warnings() as warnings:
             if host_config and "HOSTS" not in (given := load_yaml_mapping(host_config)):  # before it is read as one
-                looks = "this looks like a suite file; " if "cases" in given else ""
+                looks = "this looks like a suite file; " if looks_like_suite(given) else ""
                 raise ConfigError(display_path(host_config), "HOSTS", f"required key is missing ({looks}--host-config "
                                                                       "takes FlagPerf's host.yaml)")
             inv = open_inventory(inventory_file, cluster_conf) if test_conf else (
@@ -338,15 +352,26 @@ def run(
                                                       host_config or test_conf)
             if retry and (results.resolve() != retry.parent.resolve() or not (retry / PLAN_FILE).is_file()):
                 raise ConfigError("--retry", None, f"{retry}: not a run folder of {results} (no {PLAN_FILE} there)")
+            if run_id is not None and not NAME_PATTERN.match(run_id):  # never a path out of the results folder
+                raise ConfigError("--run-id", None, f"{run_id!r} is not a valid name (letters, digits, '.', '_', "
+                                                    "'-'; not starting with '.', '_' or '-')")
+            if run_id is not None and retry is None and os.path.lexists(results / run_id):
+                raise ConfigError("--run-id", None, _run_id_taken(run_id, results))
             plan = plan_run(suite=suite, cases=case_list, vendor=vendor, rounds=rounds, sets=set_ or [],
                             results_dir=results, hosts=[spec.model_dump(mode="json") for spec in inv.hosts],
                             inventory_overrides=inv.case_overrides, inventory_source=inv.source,
                             inventory_endpoints=inv.endpoints,
-                            run_id=retry.name if retry else None, resume=retry is not None)
+                            run_id=retry.name if retry else run_id, resume=retry is not None)
             check_capacity_here(plan, inv.hosts)  # before any server starts
         interrupt = _interrupt()
         interrupt.disarm()  # from here a signal is noted, and raised once the run can be stopped in order
         made = _make_results_folder(results, *results_source)
+        if retry is None:  # the run folder is this run's from here: another run given its id is refused
+            while not _claimed(plan.run_dir, results, made):
+                if run_id is not None:
+                    remove_made(results, made)
+                    raise ConfigError("--run-id", None, _run_id_taken(run_id, results))
+                plan = plan.model_copy(update={"run_id": new_run_id()})  # a chosen name that another run chose too
     except FlagperfError as exc:
         raise _fail(str(exc)) from None
     except KeyboardInterrupt as exc:  # Ctrl-C while the input is checked (the probe takes seconds): nothing started
@@ -367,6 +392,8 @@ def run(
         try:
             use_client_credentials()
         except FlagperfError as exc:
+            _release(run_dir, retry)  # nothing began: the claimed run folder and a results folder made go again
+            remove_made(results, made)
             raise _fail(str(exc)) from None
 
     server: TemporaryServer | None = None
@@ -407,8 +434,8 @@ def run(
             console.line()  # the live view's last frame ends without one
         if "prefect" in sys.modules:
             _drain_prefect()
-        if server is not None:
-            server.stop(keep_log_in=run_dir)
+        if server is not None:  # its log is the run's once the run began (the folder is claimed before)
+            server.stop(keep_log_in=run_dir if (run_dir / PLAN_FILE).is_file() else None)
         for handler in handlers:
             root.removeHandler(handler)
             handler.close()
@@ -425,12 +452,16 @@ def run(
                               soft_wrap=True)  # one line: it may name the retry command, whatever its length
             raise _fail(f"interrupted; the report of what was done is in {run_dir}", interrupt.exit_code(outcome))
         if not (run_dir / PLAN_FILE).is_file():  # the flow had not begun (e.g. the temporary server was starting)
+            _release(run_dir, retry)
             remove_made(results, made)  # only folders this invocation made, and only while empty
             raise _fail("interrupted before anything started", interrupt.exit_code(outcome))
         # Stopped before or while the report was written (its files are written whole or not at all).
         raise _fail(f"interrupted before the report was written; `flagperf report {run_dir}` writes it",
                     interrupt.exit_code(outcome))
     if outcome is not None:
+        if not (run_dir / PLAN_FILE).is_file():  # the flow had not begun (e.g. the server did not start)
+            _release(run_dir, retry)
+            remove_made(results, made)
         first = str(outcome).splitlines()[0] if str(outcome) else ""
         raise _fail(f"the evaluation could not run: {type(outcome).__name__}: {first}", EXIT_FAILED)
     assert state is not None
@@ -439,6 +470,9 @@ def run(
         if message.startswith(BAD_INPUT):  # found by the flow before any round ran (e.g. a size that cannot fit)
             _remove_rejected_run(run_dir, results, made)
             raise _fail(message.removeprefix(BAD_INPUT))
+        if not (run_dir / PLAN_FILE).is_file():  # stopped before it planned: nothing to see there
+            _release(run_dir, retry)
+            raise _fail(message, EXIT_FAILED)
         raise _fail(f"{message} (see {run_dir})", EXIT_FAILED)
     summary = read_summary_json(run_dir)
     _print_summary(summary, run_dir)
@@ -501,6 +535,30 @@ def _make_results_folder(folder: Path, source: str, key: str | None) -> Path | N
     return made
 
 
+def _run_id_taken(run_id: str, results: Path) -> str:
+    return f"{run_id!r} is taken: {results / run_id} exists; results are never overwritten"
+
+
+def _claimed(run_dir: Path, results: Path, made: Path | None) -> bool:
+    """Claim the run folder for this run: made here (an exclusive mkdir), so that of two runs given one run id at
+    the same time one gets it and the other is refused, before either writes there. False: it is there."""
+    try:
+        run_dir.mkdir()
+    except FileExistsError:
+        return False
+    except OSError as exc:  # the results folder was checked by writing there: changed since
+        remove_made(results, made)
+        raise ConfigError("--results", None, f"{run_dir}: cannot be made: {exc.strerror or exc}") from None
+    return True
+
+
+def _release(run_dir: Path, retry: Path | None) -> None:
+    """The run folder this run claimed, given back while it is empty: a run that did not begin leaves nothing."""
+    if retry is None:
+        with suppress(OSError):
+            run_dir.rmdir()
+
+
 def _remove_rejected_run(run_dir: Path, results: Path, made: Path | None) -> None:
     """A run refused as bad input by the flow (a size no host can hold) leaves no run folder behind: it holds
     nothing measured (its name was new to this invocation), only the plan and the healthcheck."""
@@ -559,7 +617,9 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
         console.print(escape(ESTIMATED_PEAK_LEGEND) + " Why each peak is an estimate: report.md.", highlight=False,
                       soft_wrap=True)
     c = summary["counts"]
-    console.print(f"{c['rounds']} rounds: {c['success']} succeeded, {c['unsupported']} unsupported, "
+    progress = summary.get("progress") or {}  # a round on each host is a record of its own: said where it counts
+    planned = f" of {progress['planned']} planned ({progress['planned_as']})" if progress.get("planned_as") else ""
+    console.print(f"{c['rounds']} rounds{planned}: {c['success']} succeeded, {c['unsupported']} unsupported, "
                   f"{c['failed']} failed")
     from flagperf.results.diagnosis import verdict_line
 
@@ -628,7 +688,8 @@ def compare(
     )
     from flagperf.results.schema import atomic_path
 
-    if out is not None and (problem := _out_file_problem(out)):  # bad input is refused before anything is said
+    # Bad input is refused before anything is said.
+    if out is not None and (problem := _out_file_problem(out, (run_a, run_b))):
         raise _fail(f"--out {out}: {problem}")
     rows, _ = compare_runs(_run_folder(run_a, "RUN_A"), _run_folder(run_b, "RUN_B"))
     serving = compare_serving_runs(run_a, run_b)
@@ -653,15 +714,24 @@ def compare(
             console.print(f"written to {escape(str(out))}", highlight=False)
 
 
-def _out_file_problem(out: Path) -> str | None:
+def _out_file_problem(out: Path, runs: tuple[Path, ...] = ()) -> str | None:
     """Why a file cannot be written at ``out`` (None: it can, as far as can be told before writing): the folder
-    is the user's to make, and it must be writable."""
+    is the user's to make, and it must be writable, and in no run folder (one of ``runs``, or any with a plan)."""
+    from flagperf.config.plan import PLAN_FILE
+
     folder = out.parent
     if out.is_dir():
         return "is a folder; give the file to write"
     if not folder.is_dir():
         return f"folder {folder} does not exist" if not (folder.exists() or folder.is_symlink()) else \
             f"{folder} is not a folder"
+    # A run folder (its plan.json says so) is that run's record: its summary.json or report.md written over, or a
+    # file added that `flagperf report` does not know, would change what the run says it measured.
+    given = {run.resolve() for run in runs}
+    run = next((where for where in (folder.resolve(), *folder.resolve().parents)
+                if where in given or (where / PLAN_FILE).is_file()), None)
+    if run is not None:
+        return f"is inside run folder {display_path(run)}, whose files are that run's record; write it elsewhere"
     if not os.access(folder, os.W_OK | os.X_OK):
         return f"folder {folder} is not writable"
     return None
@@ -742,14 +812,7 @@ def nightly(
     The verdict is also in nightly-SUITE.json in the night's run folder and in the results folder (with its
     exit_code); there, a night of the suite started later than this one keeps its own. This command reads back
     only its own night's."""
-    from flows.nightly_cli import (
-        check_night,
-        default_results,
-        discard_history,
-        interrupted_outcome,
-        open_history,
-        run_night,
-    )
+    from flows.nightly_cli import check_night, default_results, interrupted_outcome, open_history, run_night
 
     results = results or default_results()
     interrupt = _interrupt()
@@ -766,7 +829,7 @@ def nightly(
         interrupt.disarm()  # the folder is made whole and known here: a signal meanwhile is raised just after
         made = _make_results_folder(results, "--results", None)
         interrupt.arm()
-        made_history = open_history(night)  # a database that is slow to answer can be interrupted
+        open_history(night)  # a database that is slow to answer can be interrupted
         interrupt.disarm()  # before the header: a Ctrl-C as soon as it shows is noted, then raised in order
     except FlagperfError as exc:
         remove_made(results, made)
@@ -781,10 +844,7 @@ def nightly(
     _prepare_prefect_environment(verbose)
 
     def discard_made() -> None:  # a night that did not begin (or was refused) leaves nothing this made
-        # Only a history inside the results folder this made: one elsewhere (a shared --history-url, or a
-        # results folder other nights use) may be another night's, begun meanwhile.
-        discard_history(night, [path for path in made_history
-                                if made is not None and path.absolute().is_relative_to(made)])
+        # (its history is made only when it records: see open_history)
         remove_made(results, made)  # only while empty
 
     interrupt.left = ("the interrupted night may be missing from the history and its verdict file; its run folder "
@@ -907,6 +967,8 @@ def _check_file(path: Path, notes: list[str]) -> str:
     from flagperf.config.vendors import MANIFEST as VENDOR_MANIFEST
     from flagperf.config.vendors import available_vendors, load_vendor, load_vendor_manifest
 
+    if not os.path.lexists(path):  # a file named by where it would be read from (vendor/<v>.yaml) is no file
+        raise ConfigError(display_path(path), None, "file not found")
     if path.name == "case.yaml":
         from flagperf.config.adaptation import read_adaptation
 
@@ -995,10 +1057,11 @@ def _check_file(path: Path, notes: list[str]) -> str:
             with _noted_only():
                 remove_made(folder, _make_results_folder(folder, display_path(test_conf), "FLAGPERF_LOG_PATH"))
         return f"FlagPerf training test_conf.py + cluster_conf.py, {len(inv.hosts)} host(s)"
+    from flagperf.config.models import looks_like_suite
     from flagperf.config.yamlio import load_yaml_mapping
 
     data = load_yaml_mapping(path)
-    if "cases" in data:
+    if looks_like_suite(data):
         from flagperf.config.plan import plan_run
 
         plan_run(suite=str(path), results_dir=Path("/nonexistent-results-for-validation"))

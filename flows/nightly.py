@@ -57,6 +57,7 @@ from flagperf.errors import EXIT_UNSUPPORTED, EXIT_USER_ERROR, ConfigError, Flag
 from flagperf.paths import NAME_PATTERN, outermost_missing, remove_made
 from flagperf.results.history import (
     Verdict,
+    check_history,
     check_run,
     history_engine,
     record_failed_night,
@@ -363,15 +364,19 @@ def nightly_regression(
     history = history_url or None
     if run_id and (not NAME_PATTERN.match(run_id) or run_id.startswith(".")):  # never a path out of the folder
         return failed(f"{BAD_INPUT}run_id: {run_id!r} is not a valid name (letters, digits, '.', '_', '-')")
-    try:
-        history_engine(history, results_dir)  # a bad URL is said before a night of measuring, not after
+    # Only what this night made is ever removed again: the results folder (if it was not there) and its run folder.
+    made_results, made = outermost_missing(Path(results_dir)), False
+    try:  # a bad URL is said before a night of measuring, not after; a SQLite history is made when it records
+        check_history(history, results_dir)
     except ConfigError as exc:
         return failed(f"{BAD_INPUT}{exc}")
+    except (OSError, SQLAlchemyError) as exc:  # one line, as `flagperf nightly` says it, not a crash's traceback
+        first = (str(getattr(exc, "orig", None) or exc).splitlines() or [""])[0]
+        return failed(f"the history cannot be opened: {type(exc).__name__}: {first}")
     run_id = run_id or new_night_run_id()
     run_dir = Path(results_dir) / run_id
     # The run folder is claimed before the night starts (mkdir: one night of two started together with one run_id
-    # gets it), and only a folder this night made is ever removed again.
-    made_results, made = outermost_missing(Path(results_dir)), False
+    # gets it).
     try:
         Path(results_dir).mkdir(parents=True, exist_ok=True)
         run_dir.mkdir()

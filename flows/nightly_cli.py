@@ -11,7 +11,6 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from contextlib import suppress
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from flagperf.errors import ConfigError, FlagperfError, unknown_name
 from flagperf.hosts.capacity import check_capacity_here
 from flagperf.hosts.inventory import Inventory, load_inventory, local_inventory
 from flagperf.paths import RESULTS_DIR_ENV, RESULTS_ROOT_ENV
-from flagperf.results.history import Verdict, history_engine, recorded_runs, sqlite_files
+from flagperf.results.history import Verdict, check_history
 from flagperf.stopping import STOP_NOW_AT, stop_now, take
 
 
@@ -84,7 +83,8 @@ def check_bounds(*, rounds: int, baseline_runs: int, sigma: float) -> None:
 def check_night(*, suite: str, vendor: str | None, rounds: int, overrides: list[str], inventory: Path | None,
                 results: Path, history_url: str | None, baseline_runs: int, sigma: float) -> Night:
     """Everything the flow would refuse, refused here without side effects (ConfigError naming the option);
-    the history URL's check opens it, so it comes after the results folder is made (``open_history``)."""
+    the history's check opens it where it is there, so it comes after the results folder is made
+    (``open_history``)."""
     suites = available_suites()
     if suite not in suites:
         raise ConfigError("--suite", None, unknown_name("suite", suite, suites, "flagperf list suites"))
@@ -100,47 +100,18 @@ def check_night(*, suite: str, vendor: str | None, rounds: int, overrides: list[
                  notes=list(inv.notes))
 
 
-def open_history(night: Night) -> list[Path]:
-    """The history the night will write, opened now: a bad URL (ConfigError) or one that cannot be reached
-    (FlagperfError) is said before a night of measuring, not after it. Returns the SQLite files this made
-    (for ``discard_history``); one refused leaves none of them."""
-    missing = [path for path in sqlite_files(night.history_url, night.results) if not path.exists()]
+def open_history(night: Night) -> None:
+    """The history the night will write, checked now (flagperf.results.history.check_history): a bad URL
+    (ConfigError) or one that cannot be reached or made (FlagperfError) is said before a night of measuring, not
+    after it. A SQLite history is not made here but when the night records: a night refused or stopped before
+    then leaves none."""
     try:
-        history_engine(night.history_url, night.results).dispose()
+        check_history(night.history_url, night.results)
     except ConfigError as exc:
         raise ConfigError("--history-url", None, exc.message) from None
     except (SQLAlchemyError, OSError) as exc:
         first = (str(getattr(exc, "orig", None) or exc).splitlines() or [""])[0]
-        _unlink(missing)
         raise FlagperfError(f"the history cannot be opened: {type(exc).__name__}: {first}") from None
-    except BaseException:  # interrupted while a database answers slowly: what this made goes too
-        _unlink(missing)
-        raise
-    return [path for path in missing if path.exists()]
-
-
-def discard_history(night: Night, made: list[Path]) -> None:
-    """Remove the SQLite history this night made (``open_history``) while it holds no run: a night that never
-    began (bad input the flow found, an interrupt before it) leaves no empty history behind, and one that
-    another night has written to since is kept."""
-    if not made:
-        return
-    try:
-        engine = history_engine(night.history_url, night.results)
-        try:
-            empty = recorded_runs(engine) == 0
-        finally:
-            engine.dispose()
-    except (FlagperfError, SQLAlchemyError, OSError):  # cannot tell what it holds: it stays
-        return
-    if empty:
-        _unlink(made)
-
-
-def _unlink(paths: list[Path]) -> None:
-    for path in paths:
-        with suppress(OSError):
-            path.unlink(missing_ok=True)
 
 
 def _verdict(data: dict[str, Any]) -> Verdict:

@@ -24,6 +24,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from flagperf.config.plan import PLAN_FILE
 from flagperf.results.schema import RESULT_FILE, read_result, round_dir
 
 CONTROLLER_LOG = "controller.log"  # the full log of a `flagperf run`, in its run folder
@@ -97,7 +98,8 @@ class Progress(logging.Handler):
 
 class RunFolderLog(logging.Handler):
     """Every log line of the run (Prefect's and the core's, INFO and up) into the run folder. The folder is
-    made by the evaluation (which refuses one that exists), so lines wait in memory until it is there.
+    claimed empty before the evaluation, which accepts it so (it refuses one with files), so lines wait in memory
+    until the evaluation's plan is there.
 
     When the file cannot be written (a full or read-only results disk), the handler says so once on stderr
     and stops writing it: the console and the Prefect server still have the log, and the run goes on. It
@@ -121,7 +123,7 @@ class RunFolderLog(logging.Handler):
         self._inside.active = True
         try:
             line = (self.format(record) + "\n").encode("utf-8", "replace")
-            if self.file is None and self.path.parent.is_dir():
+            if self.file is None and (self.path.parent / PLAN_FILE).is_file():
                 self.file = self.path.open("ab", buffering=0)  # unbuffered: nothing left to fail at close
                 self.pending, waiting = [], self.pending
                 if self._ends_mid_line():  # a retry's log after the line a full disk cut short

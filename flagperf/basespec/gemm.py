@@ -14,9 +14,8 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
 from pydantic import Field, field_validator, model_validator
 
 from flagperf.basespec.shapesearch import AXES, SearchOutcome, Shape, axis_values, search
@@ -27,13 +26,18 @@ from flagperf.measure.timing import TimingPlan, measure
 from flagperf.results.metrics import GEMM_CONVENTION, Chunk, gemm_ops, rate_stats
 from flagperf.results.schema import Metric, ShapeSearch
 
+# torch is imported where a kernel runs, not with the module: the planner and `flagperf validate` read Config
+# here, on a controller that may have no torch (and would pay seconds for it).
+if TYPE_CHECKING:
+    import torch
+
 Precision = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "int8", "fp8"]
 DataPattern = Literal["normal", "uniform", "zeros"]
-DTYPES: dict[str, torch.dtype] = {
-    "fp64": torch.float64, "fp32": torch.float32, "tf32": torch.float32,
-    "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.int8,
-}
-FP8_DTYPES: dict[str, torch.dtype] = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+# torch's dtype of each precision, by name (torch.float8_e4m3fn ...); fp8 by its format.
+DTYPE_NAMES = {"fp64": "float64", "fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16",
+               "int8": "int8"}
+FP8_DTYPE_NAMES = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
+ELEMENT_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "int8": 1, "fp8": 1}
 # Operands the vendor libraries want as "TN": B column-major.
 TENSOR_CORE_INTEGER = ("int8", "fp8")
 
@@ -91,6 +95,8 @@ class Operands:
 def _values(shape: tuple[int, int], pattern: str, dtype: torch.dtype, device: torch.device,
             generator: torch.Generator) -> torch.Tensor:
     """Operand values made on the device itself (a host-made 16k x 16k operand costs seconds to copy)."""
+    import torch
+
     if pattern == "zeros":
         return torch.zeros(shape, dtype=dtype, device=device)
     if dtype == torch.int8:
@@ -98,7 +104,7 @@ def _values(shape: tuple[int, int], pattern: str, dtype: torch.dtype, device: to
             return torch.randint(-128, 128, shape, dtype=torch.int8, device=device, generator=generator)
         normal = torch.randn(shape, dtype=torch.float32, device=device, generator=generator)
         return (normal * 16).round_().clamp_(-128, 127).to(torch.int8)
-    make = torch.float32 if dtype in FP8_DTYPES.values() else dtype
+    make = torch.float32 if dtype in (getattr(torch, name) for name in FP8_DTYPE_NAMES.values()) else dtype
     if pattern == "uniform":
         values = torch.rand(shape, dtype=make, device=device, generator=generator).mul_(2).sub_(1)
     else:
@@ -107,21 +113,25 @@ def _values(shape: tuple[int, int], pattern: str, dtype: torch.dtype, device: to
 
 
 def _generator(device: torch.device) -> torch.Generator:
+    import torch
+
     return torch.Generator(device=device).manual_seed(0)
 
 
 def operands(config: Config, device: torch.device, shape: Shape | None = None) -> Operands:
+    import torch
+
     m, n, k = (shape.m, shape.n, shape.k) if shape else (config.m, config.n, config.k)
     generator = _generator(device)
     pattern = config.data_pattern
     if config.precision == "fp8":
-        a_type = FP8_DTYPES[config.fp8_format]
+        a_type = getattr(torch, FP8_DTYPE_NAMES[config.fp8_format])
         a = _values((m, k), pattern, a_type, device, generator)
-        b = _values((n, k), pattern, FP8_DTYPES["e4m3"], device, generator).t()  # column-major [K, N]
+        b = _values((n, k), pattern, torch.float8_e4m3fn, device, generator).t()  # column-major [K, N]
         one = torch.ones((), dtype=torch.float32, device=device)
         out = torch.empty(m, n, dtype=torch.bfloat16, device=device)
         return _tn(Operands(a, b, out, scale_a=one, scale_b=one.clone(), fast_accum=config.fp8_fast_accum))
-    dtype = DTYPES[config.precision]
+    dtype = getattr(torch, DTYPE_NAMES[config.precision])
     a = _values((m, k), pattern, dtype, device, generator)
     if config.precision == "int8":
         b = _values((n, k), pattern, dtype, device, generator).t()  # column-major [K, N]
@@ -145,6 +155,8 @@ def _tn(ops: Operands) -> Operands:
 
 
 def multiply(ops: Operands) -> None:
+    import torch  # loaded by then (the operands are its tensors): a lookup, not an import, in the timed loop
+
     if ops.a.dtype == torch.int8:
         torch._int_mm(ops.a, ops.b, out=ops.out)  # int8 x int8 -> int32
     elif ops.scale_a is not None:
@@ -155,7 +167,7 @@ def multiply(ops: Operands) -> None:
 
 
 def _operand_bytes(config: Config, m: int, n: int, k: int) -> int:
-    element = 1 if config.precision == "fp8" else torch.empty((), dtype=DTYPES[config.precision]).element_size()
+    element = ELEMENT_BYTES[config.precision]
     out_element = {"int8": 4, "fp8": 2}.get(config.precision, element)
     return (m * k + k * n) * element + m * n * out_element
 
@@ -205,6 +217,8 @@ def run(config: Config, ctx: CaseContext) -> list[Metric]:
     _check_shape(config, config.m, config.n, config.k)
     need = config.memory_need()
     ctx.check_fits(need.bytes, need.what)
+
+    import torch
 
     # FP32 must not silently use TF32 (or BF16) arithmetic, and TF32 must be allowed to.
     torch.set_float32_matmul_precision("high" if config.precision == "tf32" else "highest")

@@ -397,13 +397,38 @@ def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[st
         _fill_model_defaults(case, merged)
         refuse_keys_not_read(merged.values, merged.origins, display_path(case.manifest_path))
     refused = _apply_run_overrides(case, vendor, merged, run_overrides)
+    config_model = case.config_model
     try:
-        model = case.config_model.model_validate(merged.values, context={CASE_FOLDER: case.folder})
+        model = config_model.model_validate(merged.values, context={CASE_FOLDER: case.folder})
     except ValidationError as exc:
-        raise gathered([*refused, pydantic_error_to_config_error(exc, display_path(case.manifest_path),
-                                                                 merged.origins, model=case.config_model)]) from None
+        raise _keyed_in_manifest(case, gathered([*refused, pydantic_error_to_config_error(
+            exc, display_path(case.manifest_path), merged.origins, model=config_model)])) from None
     if refused:
         raise gathered(refused)
-    model.check_for_vendor(merged.origins, display_path(case.manifest_path), vendor or None, files_are_local)
+    try:
+        model.check_for_vendor(merged.origins, display_path(case.manifest_path), vendor or None, files_are_local)
+    except ConfigError as exc:
+        raise _keyed_in_manifest(case, exc) from None
     merged.values = model.model_dump(mode="json")
     return merged
+
+
+def _keyed_in_manifest(case: CaseDef, error: ConfigError) -> ConfigError:
+    """Findings about a case.yaml's own values named by their path in that file (``configurations.m``,
+    ``parameters.precision``), as a suite's are (``overrides.<case>.<key>``): the Config's keys sit under those
+    two sections there. FlagPerf's inference files hold their keys at the top, and other files' findings are
+    keyed as their own files nest them."""
+    if case.manifest_path.name != MANIFEST:
+        return error
+    source = display_path(case.manifest_path)
+    keyed = []
+    for finding in (error, *error.more):
+        if finding.source == source and finding.key and not finding.key.startswith(("configurations.",
+                                                                                     "parameters.")):
+            top = finding.key.split(".", 1)[0]
+            section = "parameters" if top in case.manifest.parameters else "configurations"
+            finding = ConfigError(finding.source, f"{section}.{finding.key}", finding.message)
+        keyed.append(finding)
+    rekeyed = gathered(keyed)
+    rekeyed.left_out = error.left_out
+    return rekeyed

@@ -254,6 +254,17 @@ class SuiteFile(StrictModel):
         return value
 
 
+def looks_like_suite(data: dict[str, Any]) -> bool:
+    """Whether a YAML mapping is meant as a suite: it has ``cases``, or (without an inventory's ``hosts`` or any
+    of FlagPerf host.yaml's upper-case keys) another key of a suite, or a key a typo away from one (``case:``).
+    Read as a suite, a file with a misspelt key says which key, not that it is no kind of file."""
+    if "cases" in data:
+        return True
+    if "hosts" in data or any(str(key).isupper() for key in data):
+        return False
+    return any(nearest(str(key), SuiteFile.model_fields) for key in data)
+
+
 @dataclass
 class MergedConfig:
     """A case configuration after all layers, with the origin of every value."""

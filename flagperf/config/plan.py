@@ -16,7 +16,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from flagperf.config.adaptation import read_adaptation
-from flagperf.config.cases import CaseDef, available_cases, load_case, resolve_case_config, settable_keys
+from flagperf.config.cases import (
+    MANIFEST,
+    CaseDef,
+    available_cases,
+    load_case,
+    resolve_case_config,
+    settable_keys,
+)
 from flagperf.config.files import is_present, read_config_text
 from flagperf.config.inferencekeys import not_read_message
 from flagperf.config.models import SetOverride, load_suite, parse_set_override
@@ -27,6 +34,7 @@ from flagperf.paths import (
     NAME_PATTERN,
     VENDOR_PATH_ENV,
     StartFolderGone,
+    case_roots,
     display_path,
     pin_search_paths,
     search_path_folders,
@@ -163,6 +171,8 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
     resolved_vendor = load_vendor(vendor)  # the one lookup of the run: fails early on an unknown or malformed vendor
     hardware = resolved_vendor.manifest.hardware
     known = available_cases()
+    if run_id and (resume or flow_run_id):  # a retry's cases are the run's: one the search path lost, said so
+        _run_cases_found(Path(results_dir) / run_id, known)
 
     suite_name: str | None = None
     suite_overrides: dict[str, dict[str, Any]] = {}
@@ -272,6 +282,30 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
     return plan
 
 
+def _run_cases_found(run_dir: Path, known: dict[str, Path]) -> None:
+    """A retry of ``run_dir`` finds every case the run planned, or says which it does not: which run, which case,
+    the folders looked in, and those the run found it in (its plan records them). Retried from another folder, a
+    relative FLAGPERF_CASE_PATH entry names other folders; 'unknown case' alone would not say so."""
+    if not is_present(run_dir / PLAN_FILE):
+        return
+    try:
+        earlier = read_plan(run_dir)
+    except ConfigError as exc:
+        if exc.message.startswith(NOT_A_PLAN):  # not a retry (_is_resumable): a new run, checked as one
+            return
+        raise
+    lost = [case for case in earlier.cases if case.name not in known]
+    if not lost:
+        return
+    looked = ", ".join(str(root) for root in case_roots())
+    then = os.pathsep.join(earlier.search_paths.get(CASE_PATH_ENV, [])) or "unset"
+    names = ", ".join(f"{case.family}/{case.name}" for case in lost)
+    raise ConfigError(display_path(run_dir / PLAN_FILE), "cases",
+                      f"run {earlier.run_id}'s case{'s' if len(lost) > 1 else ''} {names} not found: looked in "
+                      f"{looked}; the run's {CASE_PATH_ENV} was {then}: retry with that, or from the folder the "
+                      "run was started in")
+
+
 def searched() -> dict[str, list[str]]:
     """The controller's vendor and case search path folders, as a plan records them."""
     return {variable: [str(folder) for folder in folders] for variable in (VENDOR_PATH_ENV, CASE_PATH_ENV)
@@ -315,8 +349,12 @@ def _name_endpoint(case_name: str, case: Any, layers: list[tuple[str, dict[str, 
         return
     if value not in endpoints:
         known = ", ".join(sorted(endpoints)) or "none"
-        raise ConfigError(source, f"{case_name}.endpoint" if source == "--set" else "endpoint",
-                          f"{value!r} names no endpoint of the inventory ({inventory_source}: {known})")
+        key = "endpoint"
+        if source == "--set":
+            key = f"{case_name}.endpoint"
+        elif source == display_path(case.manifest_path) and case.manifest_path.name == MANIFEST:
+            key = "configurations.endpoint"  # by its path in case.yaml, as the case's other keys there
+        raise ConfigError(source, key, f"{value!r} names no endpoint of the inventory ({inventory_source}: {known})")
     layers.append((f"{inventory_source} endpoints.{value}", {"endpoint": dict(endpoints[value])}))
 
 

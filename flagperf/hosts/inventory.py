@@ -25,7 +25,13 @@ from pydantic import Field, ValidationError, ValidationInfo, field_serializer, f
 from flagperf.config.cases import available_cases, load_case
 from flagperf.config.endpoints import Endpoint
 from flagperf.config.files import is_present, read_config_text, regular_file_problem
-from flagperf.config.models import StrictModel, check_name, pydantic_error_to_config_error
+from flagperf.config.models import (
+    StrictModel,
+    SuiteFile,
+    check_name,
+    looks_like_suite,
+    pydantic_error_to_config_error,
+)
 from flagperf.config.vendors import (
     HostSpecSettings,
     Vendor,
@@ -619,13 +625,13 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
 
 # The top-level keys of a suite file (flagperf.config.models.SuiteFile) that an inventory does not have: a suite
 # given where an inventory is expected is named as such.
-SUITE_KEYS = frozenset({"cases", "rounds", "overrides", "name", "description"})
+SUITE_KEYS = frozenset(SuiteFile.model_fields)
 
 
 def _suite_hint(error: ConfigError, data: dict[str, Any]) -> ConfigError:
-    """An unknown top-level key of a file that looks like a suite (cases, no hosts): said so, instead of the
+    """An unknown top-level key of a file that looks like a suite (its keys, no hosts): said so, instead of the
     inventory's keys."""
-    if "hosts" in data or "cases" not in data or error.key not in SUITE_KEYS:
+    if not looks_like_suite(data) or error.key not in SUITE_KEYS:
         return error
     return gathered([ConfigError(error.source, error.key, "unknown key (this looks like a suite file; --inventory "
                                                           "takes an inventory: hosts, defaults, vendor)"), *error.more])

@@ -28,9 +28,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
-import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from flagperf.config.engines import (
@@ -41,6 +40,11 @@ from flagperf.config.engines import (
 from flagperf.config.engines import EngineDef as BaseEngineDef
 from flagperf.config.engines import EngineManifest as BaseEngineManifest
 from flagperf.errors import CaseUserError, ConfigError, validation_message
+
+# torch where an engine runs: the inference config checks engines here (the planner, `flagperf validate`), on a
+# controller that may have no torch.
+if TYPE_CHECKING:
+    import torch
 
 ENGINES_FOLDER = INFERENCE_ENGINES  # vendor_images/<vendor>/engines/<compiler>/
 
@@ -74,6 +78,8 @@ class EngineManifest(BaseEngineManifest):
 
     def input_dtype(self, config: EngineConfig) -> torch.dtype:
         """The dtype of the batches the engine takes: the case's precision, unless it reads an FP32 ONNX file."""
+        import torch
+
         half = config.fp16 and (not self.needs_onnx or self.onnx_precision == "case")
         return torch.float16 if half else torch.float32
 
@@ -134,6 +140,8 @@ class InferenceEngine(ABC):
 def precision_of(dtypes: Iterable[torch.dtype]) -> str | None:
     """An engine's precision from its input and output tensors' types: FP16 if any is, else FP32 if any is,
     else unknown (integer tensors only)."""
+    import torch
+
     seen = set(dtypes)
     if torch.float16 in seen:
         return "fp16"

@@ -37,6 +37,7 @@ libraries, hosts, the vendor's settings) since the newest run of its baseline: t
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -131,7 +132,8 @@ def recorded_runs(engine: Engine) -> int:
         return int(conn.execute(select(func.count()).select_from(runs)).scalar_one())
 
 
-def history_engine(url: str | None = None, results_dir: str | Path = "results") -> Engine:
+def _checked_url(url: str | None, results_dir: str | Path) -> str:
+    """The history's URL, refused (ConfigError) where it is none or holds a password."""
     url = resolved_url(url, results_dir)
     try:
         has_password = make_url(url).password is not None
@@ -140,6 +142,29 @@ def history_engine(url: str | None = None, results_dir: str | Path = "results") 
                                                "sqlite:///path)") from None
     if has_password:  # a flow parameter is stored by Prefect, and run settings end up in files
         raise ConfigError("history_url", None, "holds a password: give it through PGPASSWORD or ~/.pgpass instead")
+    return url
+
+
+def check_history(url: str | None = None, results_dir: str | Path = "results") -> None:
+    """The history a night will write, checked before the night without writing one: a bad URL is a ConfigError;
+    a database server, or a SQLite file that is there, is opened as the night will open it (SQLAlchemyError or
+    OSError where it cannot be). A SQLite file not there yet is not made (the night makes it when it records, so a
+    night refused before then leaves none): only where it would be made is checked, the nearest folder there of
+    its path, which must be a folder this user can write (else an OSError naming it)."""
+    _checked_url(url, results_dir)
+    files = sqlite_files(url, results_dir)
+    if not files or os.path.lexists(files[0]):
+        history_engine(url, results_dir).dispose()
+        return
+    there = next(folder for folder in files[0].parents if os.path.lexists(folder))
+    if not there.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "not a folder, so the history cannot be made below it", str(there))
+    if not os.access(there, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, "not writable, so the history cannot be made there", str(there))
+
+
+def history_engine(url: str | None = None, results_dir: str | Path = "results") -> Engine:
+    url = _checked_url(url, results_dir)
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     for spelling in ("postgresql+asyncpg://", "postgresql://", "postgres://"):  # the driver this project installs

@@ -419,15 +419,18 @@ def run_progress(run_dir: Path, results: list[RoundResult]) -> dict[str, Any]:
     and not started, and the interruption if the run was stopped: a report of a stopped run says what it
     covers instead of reading as a small complete run."""
     planned: list[tuple[str, int, str, int]] = []
+    hosts_per_case: list[int] = []  # the records of one round of each case: its hosts (an nnodes case's nodes)
     try:
         plan = read_json_file(run_dir / PLAN_JSON, what="a run's plan")  # bounded; a FIFO is refused, not read
         hosts = [h["name"] for h in plan.get("hosts") or []] or ["local"]
         for case in plan["cases"]:
             nnodes = int((case.get("config") or {}).get("nnodes", 1))
             groups = [hosts[:nnodes]] if nnodes > 1 else [[h] for h in hosts]
+            hosts_per_case.append(sum(len(group) for group in groups))
             for round_no in range(1, int(plan["rounds"]) + 1):
                 planned += [(case["name"], round_no, host, rank) for group in groups
                             for rank, host in enumerate(group)]
+        rounds = int(plan["rounds"])
     except (FlagperfError, KeyError, TypeError, ValueError, AttributeError):  # no plan, or not one: counts alone
         return {}
     if not planned:
@@ -441,7 +444,8 @@ def run_progress(run_dir: Path, results: list[RoundResult]) -> dict[str, Any]:
     # Measured on their host but not collected when the run was stopped: a retry collects them, not lost.
     on_host = {tuple(r) for r in (interrupted or {}).get("measured_on_host") or ()
                if isinstance(r, list) and all(isinstance(v, str | int) for v in r)}
-    progress: dict[str, Any] = {"planned": len(planned), "done": sum(p in done for p in planned), "measured": [],
+    progress: dict[str, Any] = {"planned": len(planned), "planned_as": _planned_as(rounds, hosts_per_case),
+                                "done": sum(p in done for p in planned), "measured": [],
                                 "kept_on": [], "stopped": [], "not_started": [], "interrupted": interrupted}
     for c, n, h, k in planned:
         if (c, n, h, k) not in done:
@@ -450,6 +454,21 @@ def run_progress(run_dir: Path, results: list[RoundResult]) -> dict[str, Any]:
             if which == "measured" and h not in progress["kept_on"]:
                 progress["kept_on"].append(h)
     return progress
+
+
+def _planned_as(rounds: int, hosts_per_case: list[int]) -> str:
+    """What the planned count multiplies, where it is more than the rounds: a round of a case on each of its hosts is
+    a record of its own, so 2 rounds on 2 hosts plan 4 ('2 rounds × 2 hosts'); '' for one case on one host."""
+    cases, hosts = len(hosts_per_case), set(hosts_per_case)
+    if cases <= 1 and hosts <= {1}:
+        return ""
+    parts = [f"{cases} cases"] if cases > 1 else []
+    parts.append(f"{rounds} round{'s' if rounds != 1 else ''}")
+    if len(hosts) > 1:  # an nnodes case on fewer hosts than the others: their sum, which the product holds
+        return f"{rounds} round{'s' if rounds != 1 else ''} × {sum(hosts_per_case)} hosts of the {cases} cases"
+    if max(hosts) > 1:
+        parts.append(f"{max(hosts)} hosts")
+    return " × ".join(parts)
 
 
 def progress_line(progress: dict[str, Any]) -> str:
@@ -732,8 +751,9 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | str | N
     if stopped:
         lines += [f"- **interrupted** ({stopped.get('reason', 'stopped')}) at {stopped.get('at', '?')}: "
                   f"{progress_line(progress)}"]
+    planned_as = f"{progress['planned_as']}; " if progress and progress.get("planned_as") else ""  # older: none
     lines += [f"- rounds: {c['rounds']}" + (f" of {progress['planned']} planned" if progress else "")
-              + f" ({c['success']} succeeded, {c['unsupported']} unsupported, {c['failed']} failed)", ""]
+              + f" ({planned_as}{c['success']} succeeded, {c['unsupported']} unsupported, {c['failed']} failed)", ""]
     figures = headline_figures(summary.headline)
     shown = headline_rows(summary.headline)
     if shown:

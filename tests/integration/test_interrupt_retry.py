@@ -96,8 +96,11 @@ def records_are_whole(run_dir: Path) -> None:
 def test_a_controller_stopped_mid_round_leaves_whole_records_and_its_retry_runs_only_the_lost_round(
         tmp_path: Path, sig: signal.Signals) -> None:
     started, release, results = tmp_path / "started", tmp_path / "release", tmp_path / "results"
+    # --run-id: the run folder is claimed before the flow, which takes it (and its log waits for the plan there);
+    # the retry is the same command with --retry, as the run says.
     args = ["run", "--cases", "waits", "--rounds", "2", "--set", f"waits.started={started}",
-            "--set", f"waits.release={release}", "--set", "waits.hold_round=2", "--results", str(results)]
+            "--set", f"waits.release={release}", "--set", "waits.hold_round=2", "--results", str(results),
+            "--run-id", "held"]
     proc = flagperf(args, tmp_path)
     try:
         wait_for(started, proc)  # round 1 is done and stored, round 2's case runs
@@ -111,6 +114,7 @@ def test_a_controller_stopped_mid_round_leaves_whole_records_and_its_retry_runs_
         proc.kill()
     assert proc.returncode == (128 + sig if sig != signal.SIGKILL else -sig), out
     (run_dir,) = results.iterdir()
+    assert run_dir.name == "held" and (run_dir / "controller.log").is_file()
     if sig != signal.SIGKILL:
         interrupted_in_one_line(out, run_dir)
     _, alive = psutil.wait_procs(running, timeout=120)

@@ -105,7 +105,9 @@ def test_a_run_id_that_is_taken_is_refused_naming_it_and_its_folder_is_never_rem
     was. Two nights given one run_id at the same time: the night that claims the folder first has it; the other,
     started while the first is between its claim and its evaluation, is refused as taken and leaves the folder
     alone (before, both passed the existence check and the refused one removed the other's folder). The first
-    night, refused later for bad input, removes only what it made: its run folder and the results folder."""
+    night, refused later for bad input, removes only what it made: its run folder and the results folder. No
+    refused night leaves a history behind (it left an empty history.sqlite): the history is made when a night
+    records."""
     import flows.nightly
 
     kept = flagperf_env / "mine" / "keep.txt"
@@ -116,6 +118,7 @@ def test_a_run_id_that_is_taken_is_refused_naming_it_and_its_folder_is_never_rem
         f"{BAD_INPUT}run_id: 'mine' is taken: {flagperf_env / 'mine'} exists"), state.message
     assert error_lines(state.state_details.flow_run_id) == [state.message]
     assert kept.read_text() == "another night's\n" and list(kept.parent.iterdir()) == [kept]
+    assert list(flagperf_env.iterdir()) == [kept.parent]  # and no history.sqlite beside it
     shutil.rmtree(flagperf_env)
 
     evaluate, second = flows.nightly.evaluate, []
@@ -133,7 +136,7 @@ def test_a_run_id_that_is_taken_is_refused_naming_it_and_its_folder_is_never_rem
     assert second[0].is_failed() and second[0].message == (
         f"{BAD_INPUT}run_id: 'same' is taken: {flagperf_env / 'same'} exists"), second[0].message
     assert first.is_failed() and first.message.startswith(f"{BAD_INPUT}overrides: m: "), first.message
-    assert [p.name for p in flagperf_env.iterdir()] == ["history.sqlite"]  # no night: its run folder is gone
+    assert not flagperf_env.exists(), sorted(flagperf_env.rglob("*"))  # no night: nothing it made is left
 
 
 def test_the_automation_template_is_accepted(tmp_path: Path) -> None:

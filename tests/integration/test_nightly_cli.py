@@ -84,17 +84,21 @@ def test_without_a_server_the_night_starts_its_temporary_server_before_prefect_i
 
 def test_bad_input_only_the_flow_finds_leaves_nothing_made(tmp_path: Path, testbed: Testbed) -> None:
     """A size an SSH host cannot hold is found by the flow's healthcheck, after the input check passed and the
-    night began (its header, the history opened, a run folder made): exit 2 in one line, and what this night
-    made is gone (the run folder, the new history file, the results folder made for it)."""
+    night began (its header, the history checked, a run folder made): exit 2 in one line, and what this night
+    made is gone (the run folder, the results folder made for it), and no history is made, also in a folder that
+    was there (a shared --history-url's: an empty history.sqlite stayed there)."""
     host = testbed.hosts[0]
     inventory = write_inventory(tmp_path, [host_entry(testbed, 0, deploy_project(ROOT, testbed))])
     results = tmp_path / "results" / "nested"
+    shared = tmp_path / "shared"
+    shared.mkdir()
     done = flagperf_nightly("--suite", "smoke", "--rounds", "1", "--inventory", inventory,
                             "--set", "main_memory-bandwidth.size_mib=1048576", "--results", str(results),
-                            FLAGPERF_HISTORY_URL="")
+                            FLAGPERF_HISTORY_URL=f"sqlite:///{shared / 'history.sqlite'}")
     output = done.stdout + done.stderr
     assert done.returncode == 2, output[-3000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("error")]
     assert len(errors) == 1 and "main_memory-bandwidth.size_mib" in errors[0] and host.name in errors[0], output
     assert "Traceback" not in output and "nightly smoke" in done.stdout  # it had begun
     assert not (tmp_path / "results").exists(), sorted(tmp_path.rglob("*"))
+    assert list(shared.iterdir()) == [], list(shared.iterdir())

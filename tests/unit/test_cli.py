@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flagperf.config import night
-from flagperf.paths import PROJECT_ROOT
+from flagperf.paths import PROJECT_ROOT, display_path
 from flows.cli import app
 
 runner = CliRunner()
@@ -54,6 +54,15 @@ def test_validate_every_real_config_file() -> None:
     assert len(ok_lines) == len(REAL_CONFIG_FILES)
     assert "(suite)" in result.output and "(vendor)" in result.output and "(case)" in result.output
     assert "(vendor overrides of computation-FP32)" in result.output
+
+
+def test_validate_of_a_file_that_is_not_there_says_so(tmp_path: Path) -> None:
+    """Named by where it would be read from (a vendor's overrides of a case): not there is not 'ok'."""
+    for missing in (PROJECT_ROOT / "cases/base/computation-FP8/vendor/cpu.yaml",
+                    PROJECT_ROOT / "cases/inference/digits-infer/vendor/zz_configurations.yaml", tmp_path / "x.yaml"):
+        result = invoke("validate", str(missing))
+        assert_clean_failure(result)
+        assert error_lines(result.output) == [f"error {display_path(missing)}: file not found"], result.output
 
 
 def test_validate_and_list_do_not_need_the_flow(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -125,7 +134,7 @@ def test_validate_case_yaml_with_bad_default(tmp_path: Path, make_case) -> None:
     result = invoke("validate", str(folder / "case.yaml"))
     assert_clean_failure(result)
     lines = error_lines(result.output)
-    assert len(lines) == 1 and f"{folder / 'case.yaml'}: size:" in lines[0]
+    assert len(lines) == 1 and f"{folder / 'case.yaml'}: configurations.size:" in lines[0]
 
 
 def test_validate_vendor_manifest(tmp_path: Path) -> None:
@@ -262,13 +271,33 @@ def test_help_list_and_validate_do_not_import_what_they_do_not_use() -> None:
             code = exc.code
         print(json.dumps([code, [name for name in {NOT_AT_START!r} if name in sys.modules]]))
     """)
-    # (A suite or case.yaml names a kernel of the project, whose module is imported for its Config: torch.)
+    # A suite and a case.yaml name the project's kernels and family configs, whose modules are imported for their
+    # Config: those import torch where they run, not with the module.
     for args in (["--help"], ["list"], ["validate", "vendor_images/cpu/vendor.yaml",
-                                        "deployments/inventories/example.yaml"]):
+                                        "deployments/inventories/example.yaml"], ["validate", *KERNELS_VALIDATED]):
         done = subprocess.run([sys.executable, "-c", script, *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
                               timeout=120, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
         code, imported = json.loads(done.stdout.splitlines()[-1])
         assert code in (0, None) and imported == [], (args, code, imported, done.stderr[-2000:])
+
+
+# Every suite of the project (base-spec kernels, operation), and case.yaml files of the kernels' and drivers'
+# families.
+KERNELS_VALIDATED = ["deployments/suites/smoke.yaml", "deployments/suites/base.yaml",
+                     "deployments/suites/operation.yaml", "cases/base/computation-FP8/case.yaml",
+                     "cases/base/interconnect-MPI_intraserver/case.yaml", "cases/generate/tiny-llama-serve/case.yaml"]
+
+
+def test_validate_runs_where_torch_cannot_be_imported() -> None:
+    """A controller without torch (or with a broken one) validates suites and case.yaml files of the kernels: each
+    kernel imports torch where it runs, not where its Config is read."""
+    script = ("import sys\nsys.modules['torch'] = None  # `import torch` raises ModuleNotFoundError\n"
+              "from flows.cli import app\napp(sys.argv[1:], prog_name='flagperf')\n")
+    done = subprocess.run([sys.executable, "-c", script, "validate", *KERNELS_VALIDATED], cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    assert [line.split()[0] for line in done.stdout.splitlines()] == ["ok"] * len(KERNELS_VALIDATED), done.stdout
 
 
 @pytest.mark.parametrize(("args", "header", "error"), [
@@ -353,3 +382,75 @@ def test_nightly_refuses_out_of_range_numbers_before_prefect(tmp_path: Path, mon
     assert_clean_failure(result)
     assert [line.split(":")[1].strip() for line in error_lines(result.output)] == [option], result.output
     assert not (tmp_path / "results").exists()
+
+
+def test_a_retry_whose_case_is_not_on_the_search_path_says_which_run_case_and_folders(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bench_py: str, yaml_writer, restored_process_state: None
+) -> None:
+    """`flagperf run --retry` from another folder, where a relative FLAGPERF_CASE_PATH entry names no copy of the
+    run's case: one line naming the run's plan, the run, the case, the folders looked in and the run's own."""
+    from flagperf.config.plan import PLAN_FILE, plan_run
+
+    monkeypatch.setitem(sys.modules, "flows.evaluate", None)  # refused before the flow
+    start, elsewhere = tmp_path / "start", tmp_path / "elsewhere"
+    folder = start / "my-cases" / "base" / "own-case"
+    yaml_writer(folder / "case.yaml", {"name": "own-case", "family": "base", "description": "a lab's own",
+                                       "configurations": {"size": 8, "timeout_s": 60, "max_retries": 0}})
+    (folder / "bench.py").write_text(bench_py, encoding="utf-8")
+    elsewhere.mkdir()
+    results = tmp_path / "results"
+    monkeypatch.chdir(start)
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", "my-cases")
+    planned = plan_run(cases=["own-case"], results_dir=results, run_id="run-a")
+    (results / "run-a").mkdir(parents=True)
+    (results / "run-a" / PLAN_FILE).write_text(planned.model_dump_json(), encoding="utf-8")
+
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", "my-cases")
+    result = invoke("run", "--cases", "own-case", "--retry", str(results / "run-a"))
+    assert_clean_failure(result)
+    assert error_lines(result.output) == [
+        f"error: {results / 'run-a' / PLAN_FILE}: cases: run run-a's case base/own-case not found: looked in "
+        f"{PROJECT_ROOT / 'cases'}, {elsewhere / 'my-cases'}; the run's FLAGPERF_CASE_PATH was {start / 'my-cases'}: "
+        "retry with that, or from the folder the run was started in"], result.output
+
+
+def test_a_run_id_that_is_taken_is_refused_naming_run_id_also_when_another_run_claims_it_meanwhile(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`flagperf run --run-id X`: a run folder that is there is refused in one line naming --run-id, before the flow.
+    Two runs given one id at the same time both pass that check: the run folder is claimed (an exclusive mkdir)
+    once the input is good, so the second, which finds it claimed, is refused the same way and leaves the first's
+    folder as it is (both wrote into one folder)."""
+    from flows import cli
+
+    monkeypatch.setitem(sys.modules, "flows.evaluate", None)  # refused before the flow
+    results = tmp_path / "results"
+    (results / "mine").mkdir(parents=True)
+    result = invoke("run", "--cases", "computation-FP32", "--results", str(results), "--run-id", "mine")
+    assert_clean_failure(result)
+    assert error_lines(result.output) == [f"error: --run-id: 'mine' is taken: {results / 'mine'} exists; results are "
+                                          "never overwritten"], result.output
+
+    made = cli._make_results_folder
+
+    def another_run_claims_it_meanwhile(folder: Path, *where: str | None) -> Path | None:
+        outermost = made(folder, *where)
+        (folder / "same").mkdir()  # the other run, between this one's check and its claim
+        (folder / "same" / "plan.json").write_text("{}", encoding="utf-8")
+        return outermost
+
+    monkeypatch.setattr(cli, "_make_results_folder", another_run_claims_it_meanwhile)
+    fresh = tmp_path / "fresh"
+    result = invoke("run", "--cases", "computation-FP32", "--results", str(fresh), "--run-id", "same")
+    assert_clean_failure(result)
+    assert error_lines(result.output) == [f"error: --run-id: 'same' is taken: {fresh / 'same'} exists; results are "
+                                          "never overwritten"], result.output
+    assert sorted(fresh.rglob("*")) == [fresh / "same", fresh / "same" / "plan.json"]  # the other run's, as it was
+
+    for args, said in ((["--run-id", "../out"], "--run-id: '../out' is not a valid name"),
+                       (["--run-id", "a", "--retry", str(results / "b")],
+                        "--run-id a: a retry continues its run folder's id (b)")):
+        result = invoke("run", "--cases", "computation-FP32", "--results", str(results), *args)
+        assert_clean_failure(result)
+        (line,) = error_lines(result.output)
+        assert line.startswith(f"error: {said}"), line

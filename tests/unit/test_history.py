@@ -287,36 +287,41 @@ def test_a_history_of_an_earlier_version_gets_the_new_columns(tmp_path: Path) ->
     assert v.status == "no-baseline" and v.history == 1  # the old night counts, as a run of any workload
 
 
-def test_a_night_that_did_not_begin_removes_only_the_history_it_made(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """`flagperf nightly` refused by the flow (or stopped before it) takes back the SQLite history it made, while
-    that holds no night: an earlier history, or one another night has written to since, stays."""
-    from flagperf.results.history import record_failed_night, recorded_runs
-    from flows.nightly_cli import Night, discard_history, open_history
+def test_a_nights_history_is_checked_before_it_begins_without_making_one(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """`flagperf nightly` (and the flow) check the history before a night of measuring, but a SQLite history is made
+    only when the night records: a night refused or stopped before then leaves none (it left an empty
+    history.sqlite, in a results folder or a --history-url's folder that was there before). One that is there is
+    opened; where none can be made, or one there is none, it is said in one line."""
+    from flagperf.errors import ConfigError, FlagperfError
+    from flows.nightly_cli import Night, open_history
 
     monkeypatch.delenv("FLAGPERF_HISTORY_URL", raising=False)
 
-    def night(results: Path) -> Night:
+    def night(results: Path, url: str | None = None) -> Night:
         return Night(suite="tiny", vendor="auto", rounds=1, overrides=[], inventory=None, results=results,
-                     history_url=None, baseline_runs=5, sigma=3.0, run_id="run-tonight")
+                     history_url=url, baseline_runs=5, sigma=3.0, run_id="run-tonight")
 
-    fresh = night(tmp_path / "fresh")
-    made = open_history(fresh)
-    assert made == [tmp_path / "fresh" / "history.sqlite"]
-    discard_history(fresh, made)
-    assert not any((tmp_path / "fresh").iterdir())
-
-    written = night(tmp_path / "written")
-    made = open_history(written)
-    record_failed_night(history_engine(None, written.results), "run-other", "another night", suite="tiny", vendor="cpu")
-    discard_history(written, made)
-    assert recorded_runs(history_engine(None, written.results)) == 1
+    open_history(night(tmp_path / "fresh" / "results"))
+    (tmp_path / "shared").mkdir()
+    open_history(night(tmp_path / "results", f"sqlite:///{tmp_path / 'shared' / 'h' / 'history.sqlite'}"))
+    assert sorted(tmp_path.rglob("*")) == [tmp_path / "shared"]  # nothing made, in either folder
 
     earlier = night(tmp_path / "earlier")
     history_engine(None, earlier.results).dispose()
-    assert open_history(earlier) == []
-    discard_history(earlier, [])
+    open_history(earlier)
     assert (tmp_path / "earlier" / "history.sqlite").is_file()
+    (tmp_path / "earlier" / "history.sqlite").write_text("not a database\n", encoding="utf-8")
+    with pytest.raises(FlagperfError, match=r"^the history cannot be opened: DatabaseError: "):
+        open_history(earlier)
+
+    (tmp_path / "a-file").write_text("x", encoding="utf-8")
+    with pytest.raises(FlagperfError) as info:  # where the results folder would be: nothing can be made below it
+        open_history(night(tmp_path / "a-file" / "results"))
+    assert str(info.value) == (f"the history cannot be opened: NotADirectoryError: [Errno 20] not a folder, so the "
+                               f"history cannot be made below it: '{tmp_path / 'a-file'}'")
+    with pytest.raises(ConfigError, match=r"^--history-url: not a database URL"):
+        open_history(night(tmp_path / "results", "not a url"))
 
 
 def test_an_interrupted_night_is_shown_as_one_never_a_baseline_nor_a_failure(seeded) -> None:

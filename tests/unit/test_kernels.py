@@ -36,6 +36,14 @@ def ctx(cpu_spec: SpecTable) -> CaseContext:
     return CaseContext("cpu", cpu_spec, TINY, LOG, shares_host_memory=True)
 
 
+def test_the_gemm_sizes_its_operands_by_torchs_element_sizes() -> None:
+    """Its memory need is counted without torch (the planner's, on a controller that may have none)."""
+    for precision, name in gemm.DTYPE_NAMES.items():
+        assert gemm.ELEMENT_BYTES[precision] == getattr(torch, name).itemsize, precision
+    for name in gemm.FP8_DTYPE_NAMES.values():
+        assert gemm.ELEMENT_BYTES["fp8"] == getattr(torch, name).itemsize, name
+
+
 def gemm_config(precision: str, size: int = 64, **extra: Any) -> gemm.Config:
     return gemm.Config.model_validate({"precision": precision, "m": size, "n": size, "k": size, "warmup_iters": 0,
                                        "min_duration_s": 0.05, "min_iters": 2, "timeout_s": 60, "max_retries": 0,

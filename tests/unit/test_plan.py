@@ -319,7 +319,7 @@ def test_default_type_error_names_case_yaml(tmp_path: Path, make_case) -> None:
     folder = make_case("mycase", configurations={"size": 0, "timeout_s": 1, "max_retries": 0})
     err = config_error(tmp_path, cases=["mycase"])
     assert err.source == str(folder / "case.yaml")
-    assert err.key == "size"
+    assert err.key == "configurations.size"  # by its path in case.yaml
     assert "greater than 0" in err.message
 
 
@@ -327,7 +327,7 @@ def test_missing_required_config_key(tmp_path: Path, make_case) -> None:
     folder = make_case("mycase", configurations={"timeout_s": 1, "max_retries": 0})
     err = config_error(tmp_path, cases=["mycase"])
     assert err.source == str(folder / "case.yaml")
-    assert (err.key, err.message) == ("size", "required key is missing")
+    assert (err.key, err.message) == ("configurations.size", "required key is missing")
 
 
 def test_case_name_must_match_folder(tmp_path: Path, make_case) -> None:

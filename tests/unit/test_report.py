@@ -114,6 +114,35 @@ def test_compare_refuses_an_out_folder_that_is_not_there_before_printing(tmp_pat
     assert not missing.parent.exists()
 
 
+def test_the_console_says_what_the_planned_rounds_of_a_multi_host_run_count(tmp_path: Path) -> None:
+    run = make_run(tmp_path, "run-a", [1.0, 1.01])  # 2 rounds on h1; h2's were not stored
+    plan = {"rounds": 2, "hosts": [{"name": "h1"}, {"name": "h2"}], "cases": [{"name": "computation-FP32"}]}
+    (run / "plan.json").write_text(json.dumps(plan), encoding="utf-8")
+    result = CliRunner().invoke(app, ["report", str(run)])
+    assert result.exit_code == 0, result.output
+    assert "2 rounds of 4 planned (2 rounds × 2 hosts): 2 succeeded, 0 unsupported, 0 failed" in result.output
+    assert "- rounds: 2 of 4 planned (2 rounds × 2 hosts; 2 succeeded" in (run / "report.md").read_text()
+
+
+def test_compare_never_writes_into_a_run_folder(tmp_path: Path) -> None:
+    """--out inside a run folder (one compared, or any with a plan.json) would write over that run's record
+    (summary.json, report.md) or add to it: refused in one line, before anything is compared, nothing written."""
+    a, b = make_run(tmp_path, "run-a", [1.0, 1.01]), make_run(tmp_path, "run-b", [0.9, 0.91])
+    other = tmp_path / "run-c"
+    (other / "plots").mkdir(parents=True)
+    (other / "plan.json").write_text("{}", encoding="utf-8")
+    (a / "summary.json").write_text("{}", encoding="utf-8")
+    runner = CliRunner()
+    for out, run in [(a / "summary.json", a), (b / "report.md", b), (b / "computation-FP32" / "x.md", b),
+                     (other / "plots" / "cmp.md", other)]:
+        result = runner.invoke(app, ["compare", str(a), str(b), "--out", str(out)])
+        assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
+        assert " ".join(result.output.split()) == (f"error: --out {out}: is inside run folder {run}, whose files are "
+                                                   "that run's record; write it elsewhere"), result.output
+    assert (a / "summary.json").read_text() == "{}" and not (b / "report.md").exists()
+    assert sorted(p.name for p in other.rglob("*")) == ["plan.json", "plots"]
+
+
 def test_a_folder_of_runs_is_answered_with_its_newest_finished_run(tmp_path: Path) -> None:
     older = make_run(tmp_path, "run20250101000000-aaaa", [1.0])
     newer = make_run(tmp_path, "run20250102000000-bbbb", [1.0])  # still running: no summary.json yet

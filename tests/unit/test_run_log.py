@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from mounts import fill_to_the_last_block, mounted_tmpfs
 
+from flagperf.config.plan import PLAN_FILE
 from flows.progress import CONTROLLER_LOG, RunFolderLog
 
 
@@ -19,6 +20,7 @@ def run_log(tmp_path: Path) -> Iterator[tuple[Path, logging.Logger, RunFolderLog
     with mounted_tmpfs(tmp_path / "disk", "size=1m") as disk:
         run_dir = disk / "run"
         run_dir.mkdir()
+        (run_dir / PLAN_FILE).write_text("{}", encoding="utf-8")  # the evaluation's plan: the run has begun
         handler = RunFolderLog(run_dir)
         logger = logging.getLogger(f"flagperf-test-run-log.{tmp_path.name}")
         logger.propagate = False
@@ -69,13 +71,18 @@ def test_a_disk_that_fills_keeps_the_lines_written_and_a_retry_appends_on_a_new_
     assert capfd.readouterr().err == ""
 
 
-def test_lines_logged_before_the_run_folder_exists_are_written_once_it_does(tmp_path: Path) -> None:
+def test_lines_logged_before_the_run_is_planned_are_written_once_it_is(tmp_path: Path) -> None:
+    """The run folder is claimed (made empty) before the evaluation, which accepts it only while it holds nothing:
+    the log waits for the evaluation's plan.json, not for the folder."""
     run_dir = tmp_path / "run"
     handler = RunFolderLog(run_dir)
     record = logging.LogRecord("flagperf", logging.INFO, __file__, 1, "planning %s", ("x",), None)
     handler.handle(record)
     run_dir.mkdir()
+    handler.handle(logging.LogRecord("flagperf", logging.INFO, __file__, 1, "claimed", None, None))
+    assert list(run_dir.iterdir()) == []
+    (run_dir / PLAN_FILE).write_text("{}", encoding="utf-8")
     handler.handle(logging.LogRecord("flagperf", logging.INFO, __file__, 1, "running", None, None))
     handler.close()
     lines = (run_dir / CONTROLLER_LOG).read_text(encoding="utf-8").splitlines()
-    assert [line.rpartition(" - ")[2] for line in lines] == ["planning x", "running"]
+    assert [line.rpartition(" - ")[2] for line in lines] == ["planning x", "claimed", "running"]

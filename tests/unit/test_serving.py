@@ -471,8 +471,8 @@ def test_serving_keys_are_checked_with_one_line_naming_file_and_key(
     assert "\n" not in text and message in text and "bad-serve" in text and "case.yaml" in text
     assert "sk-literal" not in text and "pw-0042" not in text  # a secret is never quoted
     assert "(got {" not in text  # a rule between keys names its key, not the whole configuration
-    if key:
-        assert f": {key}" in text
+    if key:  # by its path in the case.yaml
+        assert f": configurations.{key}:" in text, text
 
 
 # ---- a server process: readiness, its log, ports --------------------------------------------------------------

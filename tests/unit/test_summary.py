@@ -284,6 +284,34 @@ def test_interrupted_run_says_what_was_planned_stopped_and_not_started(tmp_path:
     assert "## Stopped while running" in md and "## Not started" in md
 
 
+def test_the_planned_rounds_of_a_multi_host_run_say_they_count_each_host(tmp_path: Path) -> None:
+    """2 rounds on 2 hosts plan 4 records: the report says what the count multiplies (it said '4 of 4 planned' of a
+    2-round run), and where a case runs on fewer hosts (its nnodes), their sum."""
+    from flagperf.results.summary import run_progress
+
+    run = tmp_path / "two-hosts"
+    for host in ("h1", "h2"):
+        for round_no in (1, 2):
+            put(run, "computation-FP32", round_no, metrics=[gemm(1.0)], host=host)
+    plan = {"rounds": 2, "hosts": [{"name": "h1"}, {"name": "h2"}], "cases": [{"name": "computation-FP32"}]}
+    (run / "plan.json").write_text(json.dumps(plan), encoding="utf-8")
+    assert "- rounds: 4 of 4 planned (2 rounds × 2 hosts; 4 succeeded, 0 unsupported, 0 failed)" in render_markdown(
+        summarize(run))
+    plan["cases"] += [{"name": "train", "config": {"nnodes": 2}}, {"name": "alone", "config": {"nnodes": 1}}]
+    (run / "plan.json").write_text(json.dumps(plan), encoding="utf-8")
+    assert run_progress(run, [])["planned_as"] == "3 cases × 2 rounds × 2 hosts"
+    plan["hosts"].append({"name": "h3"})
+    (run / "plan.json").write_text(json.dumps(plan), encoding="utf-8")
+    progress = run_progress(run, [])
+    assert (progress["planned"], progress["planned_as"]) == (16, "2 rounds × 8 hosts of the 3 cases")
+    # One case on one host: the rounds alone, as before.
+    put(tmp_path / "one", "computation-FP32", 1, metrics=[gemm(1.0)])
+    (tmp_path / "one" / "plan.json").write_text(json.dumps({**plan, "rounds": 1, "hosts": [],
+                                                            "cases": plan["cases"][:1]}), encoding="utf-8")
+    assert "- rounds: 1 of 1 planned (1 succeeded, 0 unsupported, 0 failed)" in render_markdown(
+        summarize(tmp_path / "one"))
+
+
 def test_a_round_measured_but_not_collected_when_interrupted_is_not_called_stopped(tmp_path: Path) -> None:
     """Stopped while its result was copied back: the round was measured and waits on its host for the retry that
     collects it, so the report and the CLI's line count it apart from the rounds lost while running."""

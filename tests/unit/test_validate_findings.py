@@ -91,9 +91,13 @@ def test_a_case_yaml_says_every_finding_with_the_nearest_key(tmp_path: Path, mak
         f"error {manifest}: descriptin: unknown key (did you mean description?)"]
     manifest.write_text(manifest.read_text().replace("descriptin: x\n", ""), encoding="utf-8")
     lines = errors("validate", str(manifest))
-    assert f"error {manifest}: m: Input should be greater than 0 (got -3)" in lines, lines
-    assert any(line.startswith(f"error {manifest}: min_duraton_s: unknown key (did you mean min_duration_s")
-               for line in lines), lines
+    # Each key by its path in the file, as a suite's (overrides.<case>.<key>) and an inventory's are.
+    assert f"error {manifest}: configurations.m: Input should be greater than 0 (got -3)" in lines, lines
+    assert any(line.startswith(f"error {manifest}: configurations.min_duraton_s: unknown key (did you mean "
+                               "min_duration_s") for line in lines), lines
+    manifest.write_text(manifest.read_text().replace("precision: fp32", "precision: fp12"), encoding="utf-8")
+    assert any(line.startswith(f"error {manifest}: parameters.precision: ")
+               for line in errors("validate", str(manifest))), lines
 
 
 def test_a_bad_peak_is_said_in_the_validators_words_with_the_nearest_key(tmp_path: Path, make_case) -> None:
@@ -149,6 +153,20 @@ endpoints:
         "command_timeout_s?)",
         f"error {inventory}: endpoints.e1.modl: unknown key (did you mean model?)",
     ]
+
+
+def test_a_suite_that_misspells_cases_is_checked_as_a_suite(tmp_path: Path) -> None:
+    """A suite is known by its other keys too (name, rounds, overrides ... or a key a typo away from one): its
+    misspelt key is said with the key meant, not that the file is no kind of file."""
+    suite = write(tmp_path / "s8.yaml", "name: s8\ncase: [computation-FP32]\nrounds: 1\n")
+    assert errors("validate", str(suite)) == [f"error {suite}: case: unknown key (did you mean cases?)"]
+    alone = write(tmp_path / "s9.yaml", "case: [computation-FP32]\n")  # the typo alone tells it
+    assert errors("validate", str(alone)) == [f"error {alone}: case: unknown key (did you mean cases?)"]
+    assert errors("run", "--suite", str(suite)) == [f"error: {suite}: case: unknown key (did you mean cases?)"]
+    # An inventory, and FlagPerf's host.yaml (upper-case keys), are not taken for a suite by a key like one.
+    host_yaml = write(tmp_path / "host.yaml", "HOST: ['127.0.0.1']\nCASES: {}\n")
+    assert errors("validate", str(host_yaml)) == [f"error {host_yaml}: not a case.yaml, vendor/<vendor>.yaml, "
+                                                  "vendor.yaml, suite, inventory or host.yaml file"]
 
 
 def test_a_suite_where_an_inventory_goes_and_the_other_way_round_is_named(tmp_path: Path) -> None:
