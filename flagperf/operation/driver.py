@@ -156,8 +156,8 @@ def roofline_is_estimate(spec: SpecTable, dtype: str, flops: int | None) -> bool
 
 
 def point_metric(name: str, point: PlannedPoint, spec: SpecTable, latencies: list[float], median: float,
-                 p10: float, p90: float, window: tuple[float, float], warmup_calls: int | None = None
-                 ) -> tuple[Metric, float, str]:
+                 p10: float, p90: float, window: tuple[float, float], warmup_calls: int | None = None,
+                 host_latency: float | None = None) -> tuple[Metric, float, str]:
     flops, nbytes = counted(point.op, point.dims, point.dtype)
     compute = point.op.bound == "compute"
     work, unit = (float(flops or 0), "TFLOPS") if compute else (float(nbytes), "GB/s")
@@ -173,6 +173,7 @@ def point_metric(name: str, point: PlannedPoint, spec: SpecTable, latencies: lis
         note=f"latency median {median * 1e3:.4g} ms (p10 {p10 * 1e3:.4g}, p90 {p90 * 1e3:.4g}; "
              f"±{iteration_spread(median, p10, p90):.1%}) over {len(latencies)} iterations"
              + (f" after {warmup_calls} warm-up calls" if warmup_calls is not None else "")
+             + (f"; host {host_latency * 1e3:.4g} ms per call back to back" if host_latency is not None else "")
              + f"; shape {shape_label(point.dims)} ({point.source})",
         window=list(window), work=work * len(latencies) / scale, statistic="rate@median")
     return metric, work, unit
@@ -300,8 +301,15 @@ class PointRunner:
                 if verdict.error:
                     status, error = "failed", verdict.error
                 else:
+                    copies = self._rewarm_inputs(point)
+
+                    def rewarm() -> Any:
+                        return fn(*copies)  # type: ignore[misc]
+
                     with impl.scope():
-                        timed = time_call(call, self.device, self.options, self.flush)
+                        timed = time_call(call, self.device, self.options, self.flush,
+                                          rewarm if copies is not None else None)
+                    del copies
         except Exception as exc:  # an implementation's error fails its point, not the round
             _free(self.device)
             status = "skipped" if _is_oom(exc) else "failed"
@@ -315,6 +323,20 @@ class PointRunner:
             self._record(point, name, status or "failed", error, **common)
             return
         self.record_timed(point, name, timed, common)
+
+    def _rewarm_inputs(self, point: PlannedPoint) -> list[Any] | None:
+        """A copy of the point's inputs (made again, seeded: the same values elsewhere in memory) for the call
+        after each flush where the flush empties the host's caches too (CacheFlush.rewarm); None where there is
+        none to make, or no memory for it (timed without, said)."""
+        if self.flush is None or not self.flush.rewarm:
+            return None
+        try:
+            return make_inputs(point.op, point.dims, point.dtype, self.device, self.config.seed)
+        except RuntimeError as exc:
+            _free(self.device)
+            log.warning("%s %s %s: timed without the call that rewarms the host's caches after each flush (%s)",
+                        point.op.name, point.dtype, shape_label(point.dims), _first_line(exc))
+            return None
 
     def _restore_inputs(self, point: PlannedPoint, inputs: list[Any]) -> str | None:
         """What an implementation wrote into the point's inputs, or None: they are made again (seeded, so the
@@ -348,22 +370,25 @@ class PointRunner:
         metric_name = f"{point.op.name}:{point.dtype}:{shape_label(point.dims)}@{name}"
         median, p10, p90 = timed.median, timed.p10, timed.p90
         metric, _, unit = point_metric(metric_name, point, self.spec, timed.latencies, median, p10, p90,
-                                       timed.window, timed.warmup_calls)
+                                       timed.window, timed.warmup_calls, timed.host_latency)
+        low, high = timed.median_interval
         flops, nbytes = counted(point.op, point.dims, point.dtype)
         share, basis = roofline(self.spec, point.op, point.dtype, flops, nbytes, median)
         self.metrics.append(metric)
         self.measured += metric.measured_seconds
         self._record(point, name, "passed", metric=metric_name, latency_s=median, latency_p10_s=p10,
-                     latency_p90_s=p90, latency_spread=timed.spread, iterations=len(timed.latencies),
+                     latency_p90_s=p90, latency_spread=timed.spread, latency_ci_low_s=low, latency_ci_high_s=high,
+                     host_latency_s=timed.host_latency, iterations=len(timed.latencies),
                      warmup_calls=timed.warmup_calls, clock_floor_s=timed.clock_floor,
                      near_clock_floor=timed.near_clock_floor, flops=flops, bytes=nbytes,
                      value=metric.value, unit=unit, roofline=share, roofline_basis=basis,
                      roofline_estimated=share is not None and roofline_is_estimate(self.spec, point.dtype, flops),
                      **common)
-        log.info("%s %s %s @%s: %.4g ms ±%.1f%% (p10 %.4g, p90 %.4g; %d iterations after %d warm-up calls), "
+        log.info("%s %s %s @%s: %.4g ms ±%.1f%% (p10 %.4g, p90 %.4g; %d iterations after %d warm-up calls)%s, "
                  "%.4g %s%s", point.op.name, point.dtype, shape_label(point.dims), name, median * 1e3,
-                 100 * timed.spread, p10 * 1e3, p90 * 1e3, len(timed.latencies), timed.warmup_calls, metric.value,
-                 unit, f", {share:.1%} of roofline" if share is not None else "")
+                 100 * timed.spread, p10 * 1e3, p90 * 1e3, len(timed.latencies), timed.warmup_calls,
+                 f", host {timed.host_latency * 1e3:.4g} ms per call" if timed.host_latency is not None else "",
+                 metric.value, unit, f", {share:.1%} of roofline" if share is not None else "")
         if timed.near_clock_floor:
             log.warning("%s %s %s @%s: the clock measures %.3g us for an empty interval, over %.0f%% of the median "
                         "latency: the figure includes up to that much of the timer's own cost (a larger shape "
@@ -386,7 +411,11 @@ def run_operation(config: OperationConfig, vendor: str, spec: SpecTable, device:
                 f"{', after a cache flush' if config.flush_cache else ''}), then rep_s {config.rep_s:g} s worth "
                 f"of iterations ({config.min_iters} to {config.max_iters}; one iteration as estimated in the "
                 "warm-up), each call timed alone; the figure is at the median latency, p10 and p90 over the "
-                "iterations; a point's spread (±) is (p90 - p10) / (2 x median) of its iterations; its clock "
+                "iterations; a point's spread (±) is (p90 - p10) / (2 x median) of its iterations, the median's "
+                "95% confidence interval the order statistics of its iterations (ranks from Binomial(n, 1/2)); "
+                "its host latency is the host clock's wall time per call of as many calls back to back (the call "
+                "itself, no flush, no graph, one synchronisation at the end: FlagPerf's cputime, dispatch "
+                "included); its clock "
                 f"floor is the median the clock measures for an empty interval, and a point whose floor is over "
                 f"{NEAR_FLOOR_SHARE:.0%} of its median latency is marked (its figure includes up to that much of the "
                 "timer's own cost)"),

@@ -2,8 +2,11 @@
 then each iteration timed on its own with the device's clock (flagperf.measure.device: events on an
 accelerator, the host clock on the CPU), the cache emptied before each (option), the call replayed from a
 device graph (option, where the device has graphs); median and p10/p90 over the iterations, their spread
-(p90 - p10) / (2 x median), and the clock's floor: what it measures for an empty interval, beside which a call
-too short to time shows."""
+(p90 - p10) / (2 x median), the median's 95% confidence interval (order statistics), and the clock's floor: what
+it measures for an empty interval, beside which a call too short to time shows. Then the host's time per call:
+the same number of calls back to back, with no flush and one synchronisation at the end, on the host clock
+(FlagPerf's ``cputime``), which includes what the device clock leaves out: the Python wrapper and dispatch before
+each kernel (a flush queued before each timed call hides them on an accelerator)."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from flagperf.results.metrics import percentile
 FALLBACK_CACHE_BYTES = 64 * 2**20  # when the device does not say how large its last-level cache is
 CLOCK_FLOOR_SAMPLES = 64  # empty intervals whose median is the clock's floor
 NEAR_FLOOR_SHARE = 0.1  # a floor over 10% of the median: the timer's own cost is a tenth of the figure or more
+MEDIAN_CONFIDENCE = 0.95  # of the median's interval (order statistics)
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,12 @@ class Timed:
     graphs: bool
     warmup_calls: int = 0
     clock_floor: float = 0.0  # the median the clock measures between two marks with nothing between them
+    host_latency: float | None = None  # host wall time per call of len(latencies) back-to-back calls
+
+    @property
+    def median_interval(self) -> tuple[float, float]:
+        """The median's MEDIAN_CONFIDENCE confidence interval over the iterations (order statistics)."""
+        return median_interval(self.latencies)
 
     @property
     def median(self) -> float:
@@ -68,6 +78,29 @@ class Timed:
 
 def iteration_spread(median: float, p10: float, p90: float) -> float:
     return (p90 - p10) / (2 * median)
+
+
+def median_ranks(n: int, confidence: float = MEDIAN_CONFIDENCE) -> int:
+    """The 1-based rank j such that the j-th and (n + 1 - j)-th smallest of n values bound the median with at
+    least ``confidence``: the interval misses it with probability 2 P(Binomial(n, 1/2) <= j - 1), whatever the
+    distribution (iterations independent). Under 6 values no pair reaches 95%: 1, the smallest and the largest
+    (coverage 1 - 2^(1-n))."""
+    tail = (1 - confidence) / 2
+    below = 0.0  # P(Binomial(n, 1/2) <= k)
+    j = 1
+    for k in range((n + 1) // 2):
+        below += math.exp(math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) + n * math.log(0.5))
+        if below > tail:
+            break
+        j = k + 1
+    return j
+
+
+def median_interval(values: list[float], confidence: float = MEDIAN_CONFIDENCE) -> tuple[float, float]:
+    """The median's confidence interval: the order statistics of median_ranks (deterministic, no resampling)."""
+    ordered = sorted(values)
+    j = median_ranks(len(ordered), confidence)
+    return ordered[j - 1], ordered[len(ordered) - j]
 
 
 def clock_floor(clock: Any, device: torch.device) -> float:
@@ -99,17 +132,32 @@ def last_level_cache_bytes(device: torch.device) -> tuple[int | None, str]:
     return (best, "the largest cache of /sys/devices/system/cpu/cpu0/cache") if best else (None, "not reported")
 
 
+def shares_host_caches(device: torch.device) -> bool:
+    """The device's caches are the host's (a device without a torch device module: the CPU), so a flush of them
+    empties the host's too: the call's code, the interpreter's and the libraries' state, and a thread pool left
+    idle by the flush's length."""
+    return device_module(device) is None
+
+
 class CacheFlush:
     """A buffer twice the last-level cache, written between timed iterations so that no iteration finds its
-    inputs cached by the one before (outside the timed region)."""
+    inputs cached by the one before (outside the timed region). Where the device's caches are the host's
+    (``rewarm``), the timer then makes one call on a copy of the inputs (time_call's ``rewarm``): it brings back
+    all the call touches but its inputs, so the timed call finds only its inputs (and output) cold, as a
+    device's flush leaves the host's caches alone. Without it the CPU's timed call paid for its whole path
+    coming back from memory: a 3 us native embedding read 130 us, a 30 us compiled one 340 us."""
 
     def __init__(self, device: torch.device) -> None:
         size, source = last_level_cache_bytes(device)
         nbytes = 2 * (size or FALLBACK_CACHE_BYTES)
         self.buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        self.rewarm = shares_host_caches(device)
         self.description = (f"a {nbytes / 2**20:.0f} MiB buffer written between iterations (twice the last-level "
                             f"cache: {source}" + (f", {size / 2**20:.1f} MiB)" if size else
-                                                  f"; {FALLBACK_CACHE_BYTES / 2**20:.0f} MiB assumed)"))
+                                                  f"; {FALLBACK_CACHE_BYTES / 2**20:.0f} MiB assumed)")
+                            + ("; the device's caches are the host's, so each flush is followed by one untimed "
+                               "call on a copy of the inputs, which brings back the call's code, state and threads "
+                               "and leaves its inputs and output cold" if self.rewarm else ""))
 
     def __call__(self) -> None:
         self.buffer.zero_()
@@ -140,20 +188,35 @@ def _graphed(call: Callable[[], Any], device: torch.device) -> Callable[[], Any]
     return graph.replay
 
 
+def _flushed(flush: Callable[[], None] | None, rewarm: Callable[[], Any] | None) -> Any:
+    """Flush, then the rewarm call; its result, for the caller to hold over the timed call."""
+    if flush is None:
+        return None
+    flush()
+    return rewarm() if rewarm is not None else None
+
+
 def time_call(call: Callable[[], Any], device: torch.device, options: TimingOptions,
-              flush: Callable[[], None] | None) -> Timed:
+              flush: Callable[[], None] | None, rewarm: Callable[[], Any] | None = None) -> Timed:
     """Warm ``call`` up for options.warmup_s (each call waited for, so the estimate is the device's time), then
     time rep_s worth of iterations (between min_iters and max_iters), each between two clock marks. With a
     flush, the warm-up flushes before each call too (as Triton's do_bench estimates), so that the estimate is
     of an iteration as timed and rep_s bounds the timed loop's wall time: a flush far longer than the call
-    would otherwise multiply it by up to max_iters."""
+    would otherwise multiply it by up to max_iters. ``rewarm`` (with a flush): a call on a copy of the inputs
+    after each flush (CacheFlush.rewarm), its result held until the timed call is done, so that the timed call's
+    output is not written where the rewarm's just was.
+
+    Then the host's time: as many calls of ``call`` itself (never a graph's replay, which skips the host's
+    work) back to back, no flush, one synchronisation at the end; the wall time over the count. On an accelerator
+    the larger of the host's cost per call and the device's time (the host queues ahead); on the CPU, where
+    the device's clock is the host's, the same calls with their caches warm."""
     started = time.perf_counter()
     calls = 0
     while calls == 0 or time.perf_counter() - started < options.warmup_s:
-        if flush is not None:
-            flush()
+        held = _flushed(flush, rewarm)
         call()
         synchronize(device)
+        del held
         calls += 1
     one = max((time.perf_counter() - started) / calls, 1e-9)
     graphs = options.graphs and graph_support(device) is None
@@ -164,15 +227,20 @@ def time_call(call: Callable[[], Any], device: torch.device, options: TimingOpti
     synchronize(device)
     epoch_start = time.time()
     for _ in range(iterations):
-        if flush is not None:
-            flush()
+        held = _flushed(flush, rewarm)
         begin = clock.mark()
         step()
         marks.append((begin, clock.mark()))
+        del held  # freed only now: the timed call's output went elsewhere than the rewarm's
     synchronize(device)
     epoch_end = time.time()
     latencies = [clock.seconds(begin, end) for begin, end in marks]
     if any(t <= 0 for t in latencies):
         raise RuntimeError(f"{clock.name} measured a non-positive time for a call: too coarse for this operator")
+    host_started = time.perf_counter()
+    for _ in range(iterations):
+        call()
+    synchronize(device)
+    host_latency = (time.perf_counter() - host_started) / iterations
     return Timed(latencies=latencies, window=(epoch_start, epoch_end), graphs=graphs, warmup_calls=calls,
-                 clock_floor=clock_floor(clock, device))
+                 clock_floor=clock_floor(clock, device), host_latency=host_latency)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from flagperf.results.markup import md_text
-from flagperf.results.operators import PointFigures, collect_points, geomean
+from flagperf.results.operators import UNCERTAINTY_METHOD, PointFigures, collect_points, geomean
 from flagperf.results.serving import ServingPoint, serving_points, slo_text
 from flagperf.results.summary import RunSummary, fmt, headline_figures, summarize
 
@@ -47,11 +47,12 @@ SPREAD_NOTE = ("A difference is flagged when |B/A - 1| exceeds the larger spread
                "rounds, or across timed chunks for single-round runs) of the two runs.")
 OPERATION_NOTE = ("Operation cases: one row per operator and implementation; A and B are the geometric means of "
                   "the figure over the dtype x shape points both runs passed, so B/A is the geometric mean of the "
-                  "points' ratios; its spread is the larger of the runs' median point spread, a point's spread "
-                  "being the coefficient of variation across rounds where two or more rounds passed it, else its "
-                  "timed iterations' (p90 - p10) / (2 x median), which does not include the drift from one run to the "
-                  "next (run with several rounds to measure it); a point that passed in one run and failed in the "
-                  "other is flagged.")
+                  "points' ratios; its spread is the uncertainty of that geometric mean: each point's relative "
+                  "uncertainty in A and in B (" + UNCERTAINTY_METHOD + ") in quadrature, then over the points, "
+                  "sqrt(sum of squares) / points (for records without the medians' intervals: the larger of the "
+                  "runs' median point spread). It does not include the drift from one run to the next (run with "
+                  "several rounds to measure it); a point that passed in one run and failed in the other is "
+                  "flagged.")
 
 
 def compare(a: RunSummary, b: RunSummary) -> list[Comparison]:
@@ -97,10 +98,22 @@ def _median_spread(points: list[PointFigures]) -> tuple[float, str] | None:
     return statistics.median(s for s, _ in spreads), f"{bases}; median over points"
 
 
+def _geomean_uncertainty(pa: list[PointFigures], pb: list[PointFigures]) -> tuple[float, str] | None:
+    """The relative uncertainty of B/A's geometric mean over these paired points, and what it is over; None
+    where a point has no uncertainty (a record from before the medians' intervals)."""
+    found = [(a.uncertainty, b.uncertainty) for a, b in zip(pa, pb, strict=True)]
+    if not found or any(ua is None or ub is None for ua, ub in found):
+        return None
+    total = math.sqrt(sum(ua * ua + ub * ub for ua, ub in found)) / len(found)  # type: ignore[operator]
+    rounds = any(len(p.by_round) > 1 for p in [*pa, *pb])
+    return total, (f"medians' 95% CI{' and rounds' if rounds else ''}; geomean over {len(found)} "
+                   f"point{'s' if len(found) > 1 else ''}")
+
+
 def compare_operations(a: list[PointFigures], b: list[PointFigures]) -> list[Comparison]:
     """Per case, operator and implementation of either run: B/A of the geometric mean of the figure over the
-    dtype x shape points both runs passed, flagged where it exceeds the larger of the runs' median point
-    spread, or where a point passed in one run and failed in the other."""
+    dtype x shape points both runs passed, flagged where it is farther from 1 than its uncertainty (that of the
+    points' medians, _geomean_uncertainty), or where a point passed in one run and failed in the other."""
     groups_a, groups_b = _operator_points(a), _operator_points(b)
     out = []
     for key in [*groups_a, *(k for k in groups_b if k not in groups_a)]:
@@ -128,9 +141,13 @@ def compare_operations(a: list[PointFigures], b: list[PointFigures]) -> list[Com
         va = geomean([pa[k].value for k in shared])  # type: ignore[misc]
         vb = geomean([pb[k].value for k in shared])  # type: ignore[misc]
         ratio = vb / va if va and vb is not None else None
-        spreads = [s for s in (_median_spread([pa[k] for k in shared]), _median_spread([pb[k] for k in shared]))
-                   if s is not None]
-        spread, over = max(spreads, key=lambda s: s[0]) if spreads else (None, None)
+        found = _geomean_uncertainty([pa[k] for k in shared], [pb[k] for k in shared])
+        if found is not None:
+            spread, over = found
+        else:
+            spreads = [s for s in (_median_spread([pa[k] for k in shared]), _median_spread([pb[k] for k in shared]))
+                       if s is not None]
+            spread, over = max(spreads, key=lambda s: s[0]) if spreads else (None, None)
         if ratio is None:
             differs = False
         elif spread is None:

@@ -74,7 +74,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from flagperf.errors import ConfigError, require
 from flagperf.results.bounded import read_json_file
-from flagperf.results.summary import load_results, summarize
+from flagperf.results.summary import WITHIN_ROUND, load_results, summarize
 
 DEFAULT_URL_ENV = "FLAGPERF_HISTORY_URL"
 
@@ -339,7 +339,8 @@ def record_run(engine: Engine, run_dir: Path, recorded_at: datetime | None = Non
             counts=json.dumps(summary.counts), outcome=COMPLETED, setting=_canonical(run_setting(run_dir))))
         configs = case_configs(run_dir)
         rows = [{"run_id": summary.run_id, "case": e["case"], "metric": e["metric"], "unit": e["unit"],
-                 "value": e["value"], "spread_cv": e["spread_cv"] if e["spread_over"] not in (None, "chunks") else None,
+                 "value": e["value"],
+                 "spread_cv": e["spread_cv"] if e["spread_over"] not in (None, *WITHIN_ROUND) else None,
                  "rounds": e["rounds"], "config": _canonical(configs.get(e["case"]) or {}),
                  "workload": _workload(configs.get(e["case"]))} for e in summary.headline]
         if rows:

@@ -60,6 +60,9 @@ SUMMARY_CSV = "summary.csv"
 ROUND_FOLDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*_noderank\d+")
 SUMMARY_JSON = "summary.json"
 REPORT_MD = "report.md"
+# What a headline's spread is over when it is a single round's own (its timed chunks, an operator point's
+# iterations: PointFigures.spread_basis), not the run-to-run noise of rounds or hosts
+WITHIN_ROUND = ("chunks", "iterations p10-p90", "iterations cv")
 PLAN_JSON = "plan.json"
 INTERRUPTED_FILE = "interrupted.json"  # written by the controller when a run is stopped by a signal
 RETRIES_DIR = "retries"  # failed rounds of earlier attempts of the same flow run, set aside for a retry
@@ -304,6 +307,11 @@ def summarize(run_dir: Path) -> RunSummary:
 
     headline: list[dict[str, Any]] = []
     per_host: list[dict[str, Any]] = []
+    operation_points = points_of(results)
+    # An operator point's spread as its report cell gives it (the rounds', else its iterations' p10-p90), not the
+    # iterations' standard deviation the metric's cv keeps
+    point_spreads = {(p.case, p.metric): (p.spread, p.spread_basis) for p in operation_points
+                     if p.metric and p.spread is not None}
     measured = one_figure_per_job(rows[rows["metric"].notna()])
     for (case, metric), group in measured.groupby(["case", "metric"], sort=False):
         values = [float(v) for v in group["value"]]
@@ -311,6 +319,10 @@ def summarize(run_dir: Path) -> RunSummary:
         peak = _clean(group["peak"].iloc[0])
         cv_rounds = coefficient_of_variation(values)
         cv_chunks = _clean(group["cv_chunks"].iloc[0]) if len(values) == 1 else None
+        spread_over = _spread_over(group) if cv_rounds is not None else ("chunks" if cv_chunks is not None else None)
+        spread = cv_rounds if cv_rounds is not None else cv_chunks
+        if (case, metric) in point_spreads and cv_rounds is None:
+            spread, spread_over = point_spreads[(case, metric)]
         ratio = mean / peak if peak and group["unit"].iloc[0] == group["peak_unit"].iloc[0] and \
             group["ratio"].notna().all() else None
         # A peak that is a lower bound of the real one (a clock the device may exceed): the ratio is an upper
@@ -320,9 +332,7 @@ def summarize(run_dir: Path) -> RunSummary:
             "case": case, "metric": metric, "family": group["family"].iloc[0], "value": mean,
             "unit": group["unit"].iloc[0],
             "p50": _clean(pd.Series([p for p in group["p50"] if p is not None]).median()),
-            "spread_cv": cv_rounds if cv_rounds is not None else cv_chunks,
-            "spread_over": _spread_over(group) if cv_rounds is not None else ("chunks" if cv_chunks is not None
-                                                                               else None),
+            "spread_cv": spread, "spread_over": spread_over,
             "rounds": int(group["round"].nunique()), "hosts": int(group["host"].nunique()),
             # the host rounds averaged: fewer than rounds x hosts where some host missed a round
             "figures": len(group[["round", "host"]].drop_duplicates()), "peak": peak,
@@ -383,7 +393,7 @@ def summarize(run_dir: Path) -> RunSummary:
                       progress=run_progress(run_dir, results),
                       retried=retried_rounds(run_dir, results), device_spread=spread_over_devices(rows),
                       per_host=per_host,
-                      operators=operator_summaries(points_of(results)), serving=serving_points(run_dir, rows, loaded),
+                      operators=operator_summaries(operation_points), serving=serving_points(run_dir, rows, loaded),
                       convergence=convergence_rows(results))
 
 

@@ -42,4 +42,6 @@ def test_an_operation_case_runs_through_the_evaluation(flagperf_env: Path, monke
     section = report[report.index("### op-norm / rms_norm (GB/s)"):]
     assert "## Operators (operation)" in report and "| bf16 | R16xC128 (" in section
     assert "| native | planted-wrong | planted-wrong vs native |" in section and "| **FAILED** | - |" in section
+    # each passed cell has the host's time per call beside the device clock's (docs/operation.md, Timing)
+    assert all(p.host_latency_s for p in by_impl["native"]) and section.count(" · host ") == 2
     assert "@planted-wrong: wrong result:" in section

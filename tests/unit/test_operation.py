@@ -5,6 +5,7 @@ exact answers, the config's one-line errors, and the report's table and geometri
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from datetime import datetime, timezone
@@ -20,7 +21,7 @@ from flagperf.config.vendors import load_vendor
 from flagperf.errors import ConfigError
 from flagperf.operation.check import compare, compute_reference
 from flagperf.operation.config import OperationConfig
-from flagperf.operation.driver import plan_points, roofline, run_operation
+from flagperf.operation.driver import Implementations, PointRunner, plan_points, roofline, run_operation
 from flagperf.operation.impls import load_implementation
 from flagperf.operation.operators import OPERATORS, counted, make_inputs, shape_label
 from flagperf.operation.timer import CacheFlush, TimingOptions, graph_support, time_call
@@ -309,6 +310,58 @@ def test_the_timer_times_each_iteration_and_flushes_between(monkeypatch: pytest.
     assert timed.p10 <= timed.median <= timed.p90
 
 
+def test_the_host_time_is_as_many_calls_back_to_back_unflushed_after_the_timed_ones() -> None:
+    """FlagPerf's cputime: after the timed iterations (each after a flush), as many calls again back to back,
+    no flush, no rewarm, one synchronisation at the end; the wall time per call, so at least each call's own."""
+    events: list[str] = []
+
+    class Held:  # the rewarm's result: freed only once the timed call is done
+        def __del__(self) -> None:
+            events.append("freed")
+
+    def call() -> None:
+        events.append("call")
+        end = time.perf_counter() + 2e-4
+        while time.perf_counter() < end:
+            pass
+
+    timed = time_call(call, CPU, TimingOptions(0.001, 10.0, 6, 6, True, False), lambda: events.append("flush"),
+                      lambda: (events.append("rewarm"), Held())[1])
+    each = ["flush", "rewarm", "call", "freed"]
+    assert events == each * (timed.warmup_calls + 6) + ["call"] * 6
+    assert timed.host_latency is not None and timed.host_latency >= 2e-4
+    bare = time_call(call, CPU, TimingOptions(0.001, 10.0, 3, 3, False, False), None)
+    assert bare.host_latency is not None and bare.host_latency >= 2e-4
+
+
+def test_on_the_cpu_each_flush_is_followed_by_a_call_on_a_copy_of_the_inputs(cpu_spec: SpecTable) -> None:
+    """The CPU's caches are the host's: its flush empties the call's code and state too (a 3 us native embedding
+    read 130 us after it). So each flush is followed by one untimed call on a copy of the inputs (made again:
+    the same values, other memory), and the timed call finds only its inputs cold; the host time's calls are on
+    the inputs themselves."""
+    from flagperf.operation.impls import ImplEnv, OperatorImplementation
+
+    seen: list[tuple[int, float]] = []
+
+    class Recording(OperatorImplementation):
+        def prepare(self, op: Any, dtype: str, native: Any) -> Any:
+            def fn(*inputs: Any) -> Any:
+                seen.append((inputs[0].data_ptr(), float(inputs[0].sum())))
+                return native(*inputs)
+            return fn
+
+    cfg = config(operators=["add"], flush_cache=True, min_iters=4, max_iters=4)
+    recording = Recording(ImplEnv(device=CPU, log=logging.getLogger("test")))
+    runner = PointRunner(cfg, cpu_spec, CPU, Implementations(ready={"rec": recording}))
+    assert runner.flush is not None and runner.flush.rewarm and "a copy of the inputs" in runner.flush.description
+    runner.run(plan_points(cfg)[0])
+    (point,) = runner.points
+    assert point.status == "passed" and point.iterations == 4
+    (inputs, total), (copy, copy_total) = seen[0], seen[1]  # the checked call, then the first rewarm
+    assert copy != inputs and copy_total == total
+    assert seen[1:] == [(copy, total), (inputs, total)] * (point.warmup_calls + 4) + [(inputs, total)] * 4
+
+
 def test_rep_s_bounds_the_timed_loop_when_the_flush_outlasts_the_call() -> None:
     """The estimate of one iteration includes its flush (as do_bench's): a 20 ms flush before a call of
     microseconds gives about rep_s / 20 ms iterations, not max_iters of them (a CPU's 520 MiB flush made a
@@ -358,7 +411,7 @@ def test_the_report_has_the_table_the_geomean_and_the_failed_points(tmp_path: Pa
     # fast: 2 ms -> 1 ms (2x) and 2 ms -> 4 ms (0.5x): geomean exactly 1.
     (row,) = [r for r in geomean_speedups(collect_points(run_dir)) if r["implementation"] == "fast"]
     assert row["geomean"] == pytest.approx(1.0) and row["points"] == 2 and row["min"] == pytest.approx(0.5)
-    assert "| fp16 | fast | 1 | 0.5 | 2 | 2 | 0 | 0 |" in text
+    assert "| fp16 | fast | 1 | 0.5 | 2 | - | 2 | 0 | 0 |" in text  # no host times in these records
     # The operator's table: a row per dtype and shape, a column per implementation (native first) and speed-up.
     assert "| dtype | shape (from) | native | fast | fast vs native | wrong | wrong vs native |" in text
     assert ("| fp16 | R4xC8 (given) | 1 GB/s · 2 ms ±0% · 25.0% roofline | 1 GB/s · 1 ms ±0% · 25.0% roofline | "

@@ -1,24 +1,39 @@
 """The spread of an operation point's timed iterations: the timer's (p90 - p10) / (2 x median) and clock floor,
-recorded on each point by the driver, shown in the report's operator tables and headline, and used by
-`compare` so that a B/A inside the iteration noise is not a change while one outside it is, even where a few
-preempted iterations make the standard deviation useless; the rounds' spread is kept where rounds > 1."""
+recorded on each point by the driver, shown in the report's operator tables and headline and in summary.json
+beside its figure; the uncertainty of a median (its order-statistic interval, and the rounds' t-interval), which
+the report's '(within ±x%)' and `compare` test a speed-up or a B/A against, not one iteration's noise; a
+speed-up over the rounds both implementations passed; the host's time per call back to back beside the device
+clock's."""
 
 from __future__ import annotations
 
+import json
+import math
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 import torch
+from sqlalchemy import select
 
 from flagperf.config.vendors import load_vendor
 from flagperf.operation.config import OperationConfig, plan_points
 from flagperf.operation.driver import Implementations, PointRunner, run_operation
-from flagperf.operation.timer import Timed, TimingOptions, time_call
+from flagperf.operation.timer import Timed, TimingOptions, median_interval, median_ranks, time_call
 from flagperf.results.compare import compare_operations, compare_runs
-from flagperf.results.operators import collect_points, operation_markdown, operator_cells, operator_summaries
+from flagperf.results.history import figures, history_engine, record_run
+from flagperf.results.operators import (
+    collect_points,
+    operation_markdown,
+    operator_cells,
+    operator_summaries,
+    point_index,
+    speedup,
+    speedup_uncertainty,
+)
 from flagperf.results.schema import OperationReport, Peak, RoundResult, SpecTable, round_dir, write_result
+from flagperf.results.summary import summarize, write_summary
 
 CPU = torch.device("cpu")
 SPEC = SpecTable(device="test", peaks={"memory_bandwidth": Peak(value=100.0, unit="GB/s", source="test")})
@@ -41,17 +56,28 @@ def latencies(median: float, low: float, high: float, outliers: int = 0) -> list
     return sorted(body[:len(body) - outliers] + [median * 30] * outliers)
 
 
-def write_run(run_dir: Path, rounds: list[dict[str, list[float]]]) -> None:
+def scattered(median: float, width: float, n: int = 20) -> list[float]:
+    """n iterations evenly from median x (1 - width) to median x (1 + width): a median known only to within
+    about width x 9/19 (n = 20: its 95% interval is the 6th to the 15th value)."""
+    return [median * (1 - width + 2 * width * i / (n - 1)) for i in range(n)]
+
+
+def write_run(run_dir: Path, rounds: list[dict[str, list[float] | None]], host: dict[str, float] | None = None
+              ) -> None:
     """One op-elementwise round per entry of ``rounds`` (implementation -> iteration latencies, the same at
-    every point), each point recorded by the driver's own record_timed."""
+    every point; None: skipped in that round), each point recorded by the driver's own record_timed;
+    ``host``: implementation -> its host time per call."""
     planned = plan_points(config())
     now = datetime.now(timezone.utc)
     for number, timings in enumerate(rounds, start=1):
         runner = PointRunner(config(), SPEC, CPU, Implementations())
         for point in planned:
             for impl, times in timings.items():
+                if times is None:
+                    runner._record(point, impl, "skipped", "does not fit in memory: test")
+                    continue
                 timed = Timed(latencies=times, window=(T0, T0 + sum(times)), graphs=False, warmup_calls=4 + number,
-                              clock_floor=1e-8)
+                              clock_floor=1e-8, host_latency=(host or {}).get(impl))
                 runner.record_timed(point, impl, timed, {})
         write_result(round_dir(run_dir, "op-elementwise", number, "h1") / "result.json", RoundResult(
             run_id=run_dir.name, case="op-elementwise", family="operation", round=number, host="h1", node_rank=0,
@@ -92,11 +118,19 @@ def test_each_point_records_its_spread_warmup_and_clock_floor(caplog: pytest.Log
     assert point.latency_spread == pytest.approx((point.latency_p90_s - point.latency_p10_s) / (2 * point.latency_s))
     assert point.warmup_calls >= 1 and point.clock_floor_s is not None and point.clock_floor_s >= 0
     assert point.iterations == 5
+    # 5 iterations: too few for a 95% interval of the median, so the smallest and the largest
+    assert point.latency_ci_low_s is not None and point.latency_ci_high_s is not None
+    assert point.latency_ci_low_s <= point.latency_s <= point.latency_ci_high_s
+    assert point.latency_ci_high_s - point.latency_ci_low_s >= point.latency_p90_s - point.latency_p10_s
+    assert point.host_latency_s is not None and point.host_latency_s > 0
     assert "(p90 - p10) / (2 x median)" in outcome.report.timing and "clock" in outcome.report.timing
+    assert "back to back" in outcome.report.timing and "order statistics" in outcome.report.timing
     (metric,) = outcome.metrics
     assert f"after {point.warmup_calls} warm-up calls" in (metric.note or "")
+    assert f"host {point.host_latency_s * 1e3:.4g} ms per call back to back" in (metric.note or "")
     logged = [r.getMessage() for r in caplog.records if "add fp32" in r.getMessage()]
-    assert any(f"±{100 * point.latency_spread:.1f}%" in line and "warm-up calls" in line for line in logged)
+    assert any(f"±{100 * point.latency_spread:.1f}%" in line and "warm-up calls" in line and "host" in line
+               for line in logged)
 
 
 def test_the_report_shows_each_points_spread_the_rounds_and_the_clock_floor(tmp_path: Path) -> None:
@@ -110,10 +144,11 @@ def test_the_report_shows_each_points_spread_the_rounds_and_the_clock_floor(tmp_
            "warm-up calls per point: 5\n" in text
     (entry,) = operator_summaries(collect_points(run_dir))
     assert operator_cells(entry)[-1] == "±3.5% (max ±5.0%)"  # the median and the largest over the points
-    # A speed-up inside the larger spread of its two points says so (2x above is far outside it).
+    # A speed-up inside the uncertainty of its two medians says so (2x above is far outside it): each known to
+    # within ±10% x 9/19 here, together sqrt(2) x that.
     close = tmp_path / "run-close"
-    write_run(close, [{"native": latencies(1.03e-3, 0.95, 1.05), "fast": latencies(1e-3, 0.98, 1.02)}])
-    assert "| 1.03x (within ±5.0%) |" in "\n".join(operation_markdown(close))
+    write_run(close, [{"native": scattered(1.03e-3, 0.1), "fast": scattered(1e-3, 0.1)}])
+    assert "| 1.03x (within ±6.7%) |" in "\n".join(operation_markdown(close))
     # Two rounds: the rounds' coefficient of variation beside the iterations' spread.
     two = tmp_path / "run-two"
     write_run(two, [{"native": latencies(2e-3, 0.95, 1.05)}, {"native": latencies(2.02e-3, 0.95, 1.05)}])
@@ -128,28 +163,125 @@ def test_the_report_shows_each_points_spread_the_rounds_and_the_clock_floor(tmp_
     assert operator_cells(entry)[-1] == "±5.0% (max ±5.0%); **2 near the clock's floor**"
 
 
-def test_compare_flags_a_change_beyond_the_iterations_spread_and_not_one_within(tmp_path: Path) -> None:
-    """Single rounds: the points' p10-p90 spread is the noise. A native 20% slower in B than in A is flagged
-    although a preempted iteration per point makes their coefficient of variation over 100% (which hid it);
-    a 3% faster `fast` inside its ±5% iterations is not."""
+def test_the_medians_interval_is_its_order_statistics() -> None:
+    """The distribution-free 95% interval of a median: the j-th and (n + 1 - j)-th of n sorted values, j from
+    the binomial tables (n = 10: 2nd and 9th; 20: 6th and 15th; 100: 40th and 61st), the smallest and largest
+    below 6 values; deterministic, whatever the order the iterations came in."""
+    assert [median_ranks(n) for n in (1, 5, 6, 10, 20, 100)] == [1, 1, 1, 2, 6, 40]
+    for n in (10, 20, 100, 1000):  # the interval covers the median at least 95%, one rank more would not
+        j = median_ranks(n)
+        miss = [2 * sum(math.comb(n, k) for k in range(r)) / 2**n for r in (j, j + 1)]
+        assert miss[0] <= 0.05 < miss[1]
+    values = [float(v) for v in range(20, 0, -1)]
+    assert median_interval(values) == (6.0, 15.0)
+    timed = Timed(latencies=values, window=(T0, T0 + 1), graphs=False)
+    assert timed.median_interval == (6.0, 15.0)
+
+
+def test_a_speedup_is_within_the_noise_of_its_medians_not_of_one_iteration(tmp_path: Path) -> None:
+    """Iterations spread ±5% whose median is sharp (14 of 20 on it): a 3% speed-up is a change, not 'within
+    ±5%' (the old label held it against one iteration's noise); a 0.4x is not within anything."""
+    run_dir = tmp_path / "run"
+    write_run(run_dir, [{"native": latencies(1.03e-3, 0.95, 1.05), "fast": latencies(1e-3, 0.95, 1.05)}])
+    text = "\n".join(operation_markdown(run_dir))
+    assert "| 1.03x |" in text and "within" not in text.split("| dtype | shape")[1]
+    (point,) = [p for p in collect_points(run_dir) if p.implementation == "fast" and p.shape == "R16xC128"]
+    assert point.uncertainty == 0.0 and point.iteration_spread == pytest.approx(0.05)
+
+
+def test_compare_flags_a_change_beyond_the_medians_uncertainty_and_not_one_within(tmp_path: Path) -> None:
+    """Single rounds. A native 20% slower in B is flagged although a preempted iteration per point makes the
+    iterations' coefficient of variation over 100%; a `fast` 3% faster whose medians are each known to ±4.7%
+    only is not; a `sharp` 3% faster whose medians are sharp is, though its iterations spread ±5% (the old
+    test held B/A against that spread and called it within)."""
     a, b = tmp_path / "a", tmp_path / "b"
-    write_run(a, [{"native": latencies(1e-3, 0.99, 1.01, outliers=1), "fast": latencies(1e-3, 0.95, 1.05)}])
-    write_run(b, [{"native": latencies(1.2e-3, 0.99, 1.01, outliers=1), "fast": latencies(0.97e-3, 0.95, 1.05)}])
+    write_run(a, [{"native": latencies(1e-3, 0.99, 1.01, outliers=1), "fast": scattered(1e-3, 0.1),
+                   "sharp": latencies(1e-3, 0.95, 1.05)}])
+    write_run(b, [{"native": latencies(1.2e-3, 0.99, 1.01, outliers=1), "fast": scattered(0.97e-3, 0.1),
+                   "sharp": latencies(0.97e-3, 0.95, 1.05)}])
     rows = {r.metric.split(":")[0]: r for r in compare_operations(collect_points(a), collect_points(b))}
-    native, fast = rows["add @native"], rows["add @fast"]
+    native, fast, sharp = rows["add @native"], rows["add @fast"], rows["add @sharp"]
     assert native.ratio == pytest.approx(1 / 1.2) and native.flagged
-    assert native.spread == pytest.approx(0.01) and native.spread_over == "iterations p10-p90; median over points"
-    assert fast.ratio == pytest.approx(1 / 0.97) and not fast.flagged and fast.spread == pytest.approx(0.05)
+    assert native.spread == 0.0 and native.spread_over == "medians' 95% CI; geomean over 2 points"
+    # each point's median to ±10% x 9/19 in A and in B: sqrt(2) x that per point, / sqrt(2) over 2 points
+    assert fast.ratio == pytest.approx(1 / 0.97) and not fast.flagged and fast.spread == pytest.approx(0.9 / 19)
     assert fast.cells()[-1] == "within spread"
+    assert sharp.ratio == pytest.approx(1 / 0.97) and sharp.flagged and sharp.cells()[-1] == "DIFFERENT"
 
 
-def test_compare_keeps_the_rounds_spread_where_there_are_several_rounds(tmp_path: Path) -> None:
-    """Two rounds each: the rounds agree within 1%, so a 4% change is flagged even inside the iterations' ±5%
-    (the spread of a median over rounds, not of one iteration)."""
-    a, b = tmp_path / "run-a", tmp_path / "run-b"
+def test_compare_takes_the_rounds_t_interval_where_there_are_several_rounds(tmp_path: Path) -> None:
+    """Two rounds each, their medians sharp: the rounds' own difference (1%) is the noise, as a t-interval of
+    the mean of two (t = 12.7 at one degree of freedom), so a 4% change is within it and a 30% one is not."""
+    a, b, c = tmp_path / "run-a", tmp_path / "run-b", tmp_path / "run-c"
     write_run(a, [{"native": latencies(1e-3, 0.95, 1.05)}, {"native": latencies(1.01e-3, 0.95, 1.05)}])
     write_run(b, [{"native": latencies(1.04e-3, 0.95, 1.05)}, {"native": latencies(1.05e-3, 0.95, 1.05)}])
+    write_run(c, [{"native": latencies(1.3e-3, 0.95, 1.05)}, {"native": latencies(1.31e-3, 0.95, 1.05)}])
     rows, _ = compare_runs(a, b)
     (native,) = [r for r in rows if r.per_operator]
-    assert native.flagged and native.spread is not None and native.spread < 0.01
-    assert native.spread_over == "rounds; median over points"
+    assert not native.flagged and native.spread_over == "medians' 95% CI and rounds; geomean over 2 points"
+    one_round = 12.706 * 0.01 / 1.005 / math.sqrt(2) / math.sqrt(2)  # t x cv / sqrt(rounds), cv = 0.01/sqrt(2)/mean
+    assert native.spread == pytest.approx(math.hypot(one_round, one_round * 1.005 / 1.045) / math.sqrt(2), rel=1e-3)
+    rows, _ = compare_runs(a, c)
+    (native,) = [r for r in rows if r.per_operator]
+    assert native.flagged
+
+
+def test_a_speedup_takes_only_the_rounds_both_implementations_passed(tmp_path: Path) -> None:
+    """Native skipped in round 2 (out of memory, say), `fast` measured in both and slower in round 2: the
+    speed-up is round 1's, 2x, not native's round 1 over fast's mean of both (1.33x)."""
+    run_dir = tmp_path / "run"
+    write_run(run_dir, [{"native": latencies(2e-3, 0.95, 1.05), "fast": latencies(1e-3, 0.95, 1.05)},
+                        {"native": None, "fast": latencies(2e-3, 0.95, 1.05)}])
+    points = collect_points(run_dir)
+    index = point_index(points)
+    for point in [p for p in points if p.implementation == "fast"]:
+        assert point.status == "passed" and point.latency == pytest.approx(1.5e-3)  # its own figure: both rounds
+        assert speedup(point, index) == pytest.approx(2.0) and speedup_uncertainty(point, index) == 0.0
+    text = "\n".join(operation_markdown(run_dir))
+    assert text.count(" | 2x |") == 2 and "1.33x" not in text
+    (entry,) = operator_summaries(points)
+    assert entry["speedups"]["fast"]["geomean"] == pytest.approx(2.0)
+
+
+def test_the_host_time_is_reported_beside_the_device_clocks_with_both_speedups(tmp_path: Path) -> None:
+    """A point's host time per call (back to back, dispatch included) is in its report cell and summary.json
+    beside the device clock's latency, with both speed-ups: here `fast`'s kernel is 2x native's but its host
+    time 1.25x native's (a wrapper that costs as much as the kernel saves)."""
+    run_dir = tmp_path / "run"
+    write_run(run_dir, [{"native": latencies(2e-3, 0.95, 1.05), "fast": latencies(1e-3, 0.95, 1.05)}],
+              host={"native": 2.5e-3, "fast": 2e-3})
+    write_summary(run_dir, summarize(run_dir))
+    text = (run_dir / "report.md").read_text(encoding="utf-8")
+    assert "0.01229 GB/s · 2 ms ±5.0% · host 2.5 ms · 0.012% roofline | " \
+           "0.02458 GB/s · 1 ms ±5.0% · host 2 ms · 0.025% roofline | 2x; host 1.25x |" in text
+    assert "| fp32 | fast | 2 | 2 | 2 | 1.25 | 2 | 0 | 0 |" in text  # the geomean table: device, then host
+    assert "the host clock's wall time per call of as many calls back to back" in text  # the convention
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (entry,) = summary["operators"]
+    assert entry["speedups"]["fast"]["host_geomean"] == pytest.approx(1.25)
+    assert "back to back" in entry["conventions"]["host_latency_s"]
+    fast = [p for p in entry["points"] if p["implementation"] == "fast"]
+    assert [(p["latency_s"], p["host_latency_s"], p["speedup"], p["host_speedup"]) for p in fast] == \
+        [(pytest.approx(1e-3), pytest.approx(2e-3), pytest.approx(2.0), pytest.approx(1.25))] * 2
+    assert operator_cells(entry)[6] == "fast 2x, host 1.25x (2 of 2)"
+
+
+def test_summary_json_gives_an_operator_point_the_spread_its_report_cell_gives(tmp_path: Path) -> None:
+    """One round: an operator point's headline spread in summary.json is its iterations' (p90 - p10) /
+    (2 x median), labelled so, as in the report, not their coefficient of variation (over 100% with one
+    preempted iteration in 20) labelled 'chunks'."""
+    run_dir = tmp_path / "run"
+    write_run(run_dir, [{"native": latencies(1e-3, 0.95, 1.05, outliers=1)}])
+    write_summary(run_dir, summarize(run_dir))
+    headline = json.loads((run_dir / "summary.json").read_text())["headline"]
+    (point,) = [p for p in collect_points(run_dir) if p.shape == "R16xC128"]
+    (entry,) = [e for e in headline if e["metric"] == "add:fp32:R16xC128@native"]
+    assert entry["spread_cv"] == pytest.approx(point.iteration_spread) and entry["spread_cv"] < 0.1
+    assert entry["spread_over"] == "iterations p10-p90"
+    assert "±" + f"{100 * point.iteration_spread:.1f}%" in (run_dir / "report.md").read_text(encoding="utf-8")
+    # The nightly history keeps a run's spread across rounds only: one iteration's noise is not run-to-run noise.
+    engine = history_engine(f"sqlite:///{tmp_path / 'history.sqlite'}")
+    record_run(engine, run_dir)
+    with engine.connect() as conn:
+        spreads = [row.spread_cv for row in conn.execute(select(figures.c.spread_cv))]
+    assert len(spreads) == 2 and spreads == [None, None]
