@@ -516,6 +516,18 @@ class SearchMounts:
         """The tree the scanned folders that resolve into it are part of in a container: the project."""
         return self.project_root or None
 
+    def found_earlier(self, facts: Mapping[str, PathFacts]) -> dict[SearchEntry, set[str]]:
+        """Of each entry, the run's names an earlier place on its search path has (the project's own folder, first,
+        or an earlier entry: a folder there), which the round finds there and never in this entry's folder."""
+        earlier: dict[SearchEntry, set[str]] = {}
+        for path, names in self.names:
+            seen = {name for own_path, name, source in self.own_folders()
+                    if own_path == path and facts[source].kind == "folder"}
+            for entry in (e for e in self.entries if e.path == path):
+                earlier[entry] = set(seen)
+                seen |= {name for name in names if facts[f"{entry.folder}/{name}"].kind == "folder"}
+        return earlier
+
     def check_own_folders(self, facts: Mapping[str, PathFacts]) -> None:
         """The project's own folders of the run's names as the host has them (``facts``: for host_paths() and
         scan_paths()): in the project, and without a link that leaves it (in a container, which has the project
@@ -527,9 +539,9 @@ class SearchMounts:
             if found.kind != "folder":
                 continue  # the run's name is elsewhere on the search path
             if not is_under(found.path, real_root):
-                raise PolicyError(f"the project's {path.kind} {name!r}: {source} (it resolves to {found.path}) is "
-                                  f"outside the project {real_root}, which is all a container has of it",
-                                  "project_root")
+                raise PolicyError(f"the project's {path.kind} {name!r}: {printable(source)} (it resolves to "
+                                  f"{printable(found.path)}) is outside the project {printable(real_root)}, which is "
+                                  "all a container has of it", "project_root")
             problem = links_out_problem(source, name, found, path, (root, real_root), "the project's")
             if problem:
                 raise PolicyError(problem, "project_root")
@@ -555,6 +567,7 @@ class SearchMounts:
         outside: list[SearchEntry] = []
         env: dict[str, list[str]] = {}
         changed: set[str] = set()
+        earlier = self.found_earlier(facts)
         for entry in self.entries:
             path, names = entry.path, self.names_of(entry.path)
             real = facts[entry.folder].path
@@ -567,6 +580,8 @@ class SearchMounts:
                         posixpath.join(root, entry.written))
                     seen = entry.written if written == there else there
                     for name in names:  # a link out of the project below it: the container would not find it
+                        if name in earlier[entry]:
+                            continue  # found earlier on the search path: the round never reads this one
                         source = f"{entry.folder}/{name}"
                         found = facts[source]
                         if found.kind == "folder" and not is_under(found.path, real_root):
@@ -585,7 +600,10 @@ class SearchMounts:
                                                            path)
                         if found is not None:
                             source = f"{entry.folder}/{name}"
-                            problem = links_out_problem(source, name, facts[source], path)
+                            # Mounted all the same (the digest counts it, where it lies, in a container as on the
+                            # host), but one found earlier on the search path is never read: its links do not count.
+                            problem = None if name in earlier[entry] else links_out_problem(source, name,
+                                                                                               facts[source], path)
                             if problem:
                                 raise PolicyError(problem)
                             mounts.append((path, found))

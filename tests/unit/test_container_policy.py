@@ -543,3 +543,63 @@ def test_a_link_that_leaves_the_project_from_a_case_or_vendor_folder_in_it_is_re
     assert done.returncode == 0, done.stderr
     paths = json.loads(done.stdout.splitlines()[-1])["paths"]
     assert paths[str(own)]["links_out"] == [["data.bin", str(outside), str(outside)]], paths
+
+
+def test_a_name_found_earlier_on_the_search_path_is_not_checked_again_where_the_round_never_reads_it(
+        tmp_path: Path) -> None:
+    """The round finds a case in the first place its search path has it (the project's own cases/, then the
+    variable's folders in order): the same <family>/<case> in a later folder is never read, in a container as on
+    the host, so a link out in it refuses nothing, for a folder in the project and one outside it (mounted all the
+    same, so that the container's folders are the host's). Where no earlier place has it, the link is refused."""
+    project, lab = tmp_path / "flagperf", tmp_path / "lab"
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"outside")
+    for folder in (project / "cases" / "base" / "x", project / "labcases" / "base" / "x",
+                   project / "more" / "base" / "x", project / "more" / "base" / "y", lab / "base" / "x"):
+        folder.mkdir(parents=True)
+    for folder in (project / "labcases" / "base" / "x", project / "more" / "base" / "x", lab / "base" / "x"):
+        (folder / "data.bin").symlink_to(outside)
+    path = tmp_path / "inv.yaml"
+
+    def settings(case_path: str, cases: list[str]) -> Any:
+        path.write_text(yaml.safe_dump({"hosts": [{"name": "a", "address": "h", "runtime": "docker",
+                                                   "project_root": str(project),
+                                                   "env": {"FLAGPERF_CASE_PATH": case_path}}]}))
+        spec = load_inventory(path).hosts[0]
+        return checked_on_host(container_settings(load_vendor("cpu"), spec, "img:1", project, cases), LocalHost(),
+                               spec)
+
+    # base/x: the project's own cases/ has it first; base/y in more/, which no earlier place has.
+    found = settings(f"labcases:{lab}:more", ["base/x", "base/y"])
+    assert found.search.all() == [Mount(str(lab / "base" / "x"), "/flagperf-search/case/1/base/x", read_only=True)]
+    (project / "cases" / "base" / "x").rmdir()  # now labcases/ has it first: its link counts, more/'s does not
+    with pytest.raises(ConfigError) as info:
+        settings(f"labcases:{lab}:more", ["base/x"])
+    assert info.value.key == "hosts.0.env.FLAGPERF_CASE_PATH" and (
+        f"{project}/labcases/base/x/data.bin links outside the project" in info.value.message), str(info.value)
+    (project / "labcases" / "base" / "x" / "data.bin").unlink()
+    assert settings(f"labcases:{lab}:more", ["base/x"]).search.all() == [
+        Mount(str(lab / "base" / "x"), "/flagperf-search/case/1/base/x", read_only=True)]
+    (project / "labcases" / "base" / "x").rmdir()  # the lab has it first now: its link would dangle
+    with pytest.raises(ConfigError) as info:
+        settings(f"labcases:{lab}:more", ["base/x"])
+    assert f"{lab}/base/x/data.bin links outside its folder" in info.value.message, str(info.value)
+
+
+def test_the_projects_own_folder_resolving_outside_it_is_named_in_one_printable_line(tmp_path: Path) -> None:
+    """The project's own case folder, a link out of the project to a folder whose name holds a newline: the error
+    names where it resolves escaped (\\n), in one line, as every other path from a host's folder."""
+    project = tmp_path / "flagperf"
+    (project / "cases" / "base").mkdir(parents=True)
+    odd = tmp_path / "two\nlines"
+    odd.mkdir()
+    (project / "cases" / "base" / "x").symlink_to(odd)
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump({"hosts": [{"name": "a", "address": "h", "runtime": "docker",
+                                               "project_root": str(project)}]}))
+    spec = load_inventory(path).hosts[0]
+    with pytest.raises(ConfigError) as info:
+        checked_on_host(container_settings(load_vendor("cpu"), spec, "img:1", project, ["base/x"]), LocalHost(), spec)
+    assert info.value.key == "hosts.0.project_root" and "\n" not in str(info.value), repr(str(info.value))
+    assert f"(it resolves to {tmp_path}/two\\nlines) is outside the project {project}" in info.value.message, \
+        info.value.message
