@@ -17,8 +17,11 @@ Vendor and case folders outside the host's project (FLAGPERF_VENDOR_PATH's <fold
   files), and the container's variable names those folders instead; resolved on the host, each must stay inside its
   search path folder (a link to elsewhere is refused), with no credentials folder in its path, and no link in it may
   leave it. Those inside the project (its own vendor_images/ and cases/, a variable's folder in it) come with the
-  project, mounted whole at project_root: no link in them may leave the project. Docker hosts and Slurm container
-  images get them alike (search_mounts).
+  project, mounted whole at project_root: no link in them may leave the project. A link to a place under one of the
+  container's other mounts (a data mount, a -v's target; Slurm's shared_dir and container_mounts) leaves nothing, in
+  either; what the source digest skips (paths.walk_source: a venv, node_modules, caches) is not looked at, nor is a
+  name in a folder the round never reads it from (an earlier place on the search path has it). Docker hosts and
+  Slurm container images get them alike (search_mounts).
 Devices (--device, vendor.yaml container.devices): accelerator and RDMA device files by pattern
 (DEVICE_PATTERNS: InfiniBand/RoCE, which no vendor owns) plus the patterns the vendor folders declare in
 vendor.yaml container.device_patterns (an accelerator's own files: the nvidia folder's /dev/nvidia*, ...);
@@ -478,6 +481,9 @@ class SearchMounts:
     names: tuple[tuple[SearchPath, tuple[str, ...]], ...] = ()  # the run's vendor; its cases' <family>/<case>
     project_root: str = ""
     outside: tuple[SearchEntry, ...] = ()  # resolved: the entries that resolve outside the project (mounted)
+    # The container's other mount targets (a docker host's data mounts and -v's, a Slurm entry's shared_dir and
+    # container_mounts): a link in a scanned folder to a place under one leads there in the container too.
+    mounted: tuple[str, ...] = ()
 
     def all(self) -> list[Mount]:
         return [mount for _, mount in self.mounts]
@@ -616,12 +622,14 @@ class SearchMounts:
                        env=tuple((variable, ":".join(seen)) for variable, seen in env.items() if variable in changed))
 
 
-def search_mounts(values: Mapping[str, str], vendor: str, cases: Sequence[str], project_root: str) -> SearchMounts:
+def search_mounts(values: Mapping[str, str], vendor: str, cases: Sequence[str], project_root: str,
+                  mounted: Iterable[str] = ()) -> SearchMounts:
     """What the run's containers get of a host's search paths (``values``: the host's variables) for its ``vendor``
     and ``cases`` (<family>/<case>), to be ``resolved`` on the host: every folder checked as written, also where no
     name is asked for (PolicyError keyed env.<variable>). Each folder keeps its place in the variable (SearchEntry's
-    index), so the same folder wins a name in the container as on the host. One function for every container
-    runtime: the docker runtime and Slurm's pyxis (srun --container-mounts)."""
+    index), so the same folder wins a name in the container as on the host. ``mounted``: the container's other mount
+    targets (data mounts; Slurm's shared_dir and container_mounts), where a link in a vendor or case folder may lead.
+    One function for every container runtime: the docker runtime and Slurm's pyxis (srun --container-mounts)."""
     entries: list[SearchEntry] = []
     for path in (VENDOR_FOLDERS, CASE_FOLDERS):
         written = [folder for folder in values.get(path.variable, "").split(":") if folder]
@@ -633,7 +641,8 @@ def search_mounts(values: Mapping[str, str], vendor: str, cases: Sequence[str], 
         except PolicyError as exc:
             raise PolicyError(str(exc), f"env.{path.variable}") from None
     return SearchMounts(entries=tuple(entries), project_root=project_root,
-                        names=((VENDOR_FOLDERS, (vendor,)), (CASE_FOLDERS, tuple(cases))))
+                        names=((VENDOR_FOLDERS, (vendor,)), (CASE_FOLDERS, tuple(cases))),
+                        mounted=tuple(sorted({target for target in mounted if target != "/"})))
 
 
 def resolved_device(value: str, facts: Mapping[str, PathFacts], patterns: Iterable[str], what: str) -> str:

@@ -23,7 +23,7 @@ import paramiko
 
 from flagperf.hosts.agent import STATUS_PREFIX
 from flagperf.hosts.inventory import HostSpec
-from flagperf.hosts.local import BackgroundProcess, CommandResult, Host, LineSink, copy_bytes
+from flagperf.hosts.local import BackgroundProcess, CommandResult, Host, LineSink, copy_bytes, describe_paths_args
 from flagperf.paths import PROJECT_ROOT
 from flagperf.results.bounded import MAX_RECORD_BYTES
 
@@ -308,10 +308,9 @@ class SshHost(Host):
     def info(self) -> dict[str, Any]:
         return self._agent_json("info")
 
-    def describe_paths(self, paths: list[str], scan: Sequence[str] = (), tree: str | None = None
-                       ) -> dict[str, dict[str, Any]]:
-        return dict(self._agent_json("describe-paths", *(f"--scan={folder}" for folder in scan),
-                                     *([f"--tree={tree}"] if tree else []), "--", *paths)["paths"])
+    def describe_paths(self, paths: list[str], scan: Sequence[str] = (), tree: str | None = None,
+                       mounted: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+        return dict(self._agent_json(*describe_paths_args(paths, scan, tree, mounted))["paths"])
 
     def clock(self) -> float:
         return float(self.info()["time"])

@@ -9,6 +9,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -24,6 +25,7 @@ from flagperf.config.plan import read_plan
 from flagperf.errors import InfrastructureFailure
 from flagperf.results.schema import read_result
 from tests.testbed.bed import Testbed, deploy_project, make_testbed_fixture
+from tests.unit.mounts import data_folder
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_server")]
 testbed = make_testbed_fixture(min_hosts=2)
@@ -168,6 +170,21 @@ def test_two_ssh_hosts_run_their_rounds_in_containers(flagperf_env: Path, tmp_pa
         (case / "same.py").symlink_to("../sleepy/bench.py")  # out of its folder, in the project: fine
         outside.write_bytes(b"outside")
         outside.chmod(0o644)
+        # A venv's bin/python (a link to the host's Python) is none of the code; a link into a data mount leads
+        # there in the container too (the agent is given the container's mount targets: --mounted).
+        made = subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(case / "venv")],
+                              capture_output=True, text=True, timeout=120)
+        assert made.returncode == 0, made.stderr
+        with data_folder() as data:
+            (case / "data").symlink_to(data)
+            mounted = spec.model_copy(update={"docker": spec.docker.model_copy(update={"data_mounts": [str(data)]})})
+            assert checked_on_host(container_settings(load_vendor("cpu"), mounted, "img:1", deployed,
+                                                      ["base/links-out"]), ssh, mounted).search.all() == []
+            with pytest.raises(ConfigError) as info:
+                checked_on_host(container_settings(load_vendor("cpu"), spec, "img:1", deployed, ["base/links-out"]),
+                                ssh, spec)
+            assert f"{case}/data links outside the project (to {data})" in info.value.message, str(info.value)
+            (case / "data").unlink()
         assert checked_on_host(container_settings(load_vendor("cpu"), spec, "img:1", deployed, ["base/links-out"]),
                                ssh, spec).search.all() == []
         (case / "data.bin").symlink_to(outside)

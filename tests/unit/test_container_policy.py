@@ -603,3 +603,83 @@ def test_the_projects_own_folder_resolving_outside_it_is_named_in_one_printable_
     assert info.value.key == "hosts.0.project_root" and "\n" not in str(info.value), repr(str(info.value))
     assert f"(it resolves to {tmp_path}/two\\nlines) is outside the project {project}" in info.value.message, \
         info.value.message
+
+
+def test_a_link_into_a_place_the_container_has_mounted_and_an_installed_environment_are_no_link_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The container has the data mounts (and a -v's target) at their places: a case folder's link to a place under
+    one (data -> /datasets/imagenet) leads there in the container as on the host, in the project's own case folders
+    and in a lab's outside the project alike; the same link without that mount is refused. A venv or node_modules in
+    a case folder (bin/python links to the host's Python) is skipped by the link check as by the source digest,
+    whose one walk both share: none of it is the code, and neither counts it; a case that is merely called venv
+    counts."""
+    from flagperf.results.provenance import folders_digest
+
+    monkeypatch.setattr(container_policy, "SYSTEM_FOLDERS",  # tmp_path's data root: /tmp is none elsewhere
+                        tuple(f for f in container_policy.SYSTEM_FOLDERS if f != "/tmp"))
+    project, data, lab = tmp_path / "flagperf", tmp_path / "data", tmp_path / "lab"
+    own, labcase = project / "cases" / "base" / "x", lab / "base" / "y"
+    for folder in (own, labcase, data / "imagenet", data / "coco", data / "other"):
+        folder.mkdir(parents=True)
+    (own / "bench.py").write_text("# the case\n")
+    (own / "data").symlink_to(data / "imagenet")
+    (labcase / "data").symlink_to(data / "imagenet" / "train")
+    (own / "coco").symlink_to("/datasets/coco/val")  # where the -v below has it in the container
+    path = tmp_path / "inv.yaml"
+
+    def settings(**docker: Any) -> Any:
+        path.write_text(yaml.safe_dump({"hosts": [{
+            "name": "a", "address": "h", "runtime": "docker", "project_root": str(project),
+            "env": {"FLAGPERF_CASE_PATH": str(lab)},
+            "docker": {"data_roots": [str(data)], **docker}}]}))
+        spec = load_inventory(path).hosts[0]
+        return checked_on_host(container_settings(load_vendor("cpu"), spec, "img:1", project, ["base/x", "base/y"]),
+                               LocalHost(), spec)
+
+    mounts = {"data_mounts": [str(data / "imagenet")], "extra_options": f"-v {data}/coco:/datasets/coco:ro"}
+    assert settings(**mounts).search.all() == [Mount(str(labcase), "/flagperf-search/case/0/base/y", read_only=True)]
+    for without, key, words in (
+            ({"extra_options": mounts["extra_options"]}, "project_root",
+             f"the project's case 'base/x': {own}/data links outside the project (to {data}/imagenet)"),
+            ({"data_mounts": mounts["data_mounts"]}, "project_root",
+             f"the project's case 'base/x': {own}/coco links outside the project (to /datasets/coco/val)")):
+        with pytest.raises(ConfigError) as info:
+            settings(**without)
+        assert info.value.key == f"hosts.0.{key}" and words in info.value.message, str(info.value)
+    (own / "coco").unlink()
+    (own / "data").unlink()
+    with pytest.raises(ConfigError) as info:  # a lab's case folder, mounted alone: the same rule
+        settings(extra_options=mounts["extra_options"])
+    assert info.value.key == "hosts.0.env.FLAGPERF_CASE_PATH" and (
+        f"FLAGPERF_CASE_PATH case 'base/y': {labcase}/data links outside its folder (to {data}/imagenet/train)"
+        in info.value.message), str(info.value)
+    (own / "data").symlink_to(data / "imagenet")
+    # A sibling of the mounted folder is not in the container: still refused.
+    (own / "other").symlink_to(data / "other")
+    with pytest.raises(ConfigError) as info:
+        settings(**mounts)
+    assert f"{own}/other links outside the project (to {data}/other)" in info.value.message, str(info.value)
+    (own / "other").unlink()
+    # The agent (an SSH host's answer) gives the same facts with the container's mount targets (--mounted).
+    agent = [sys.executable, "-m", "flagperf.hosts.agent", "describe-paths", f"--scan={own}", f"--tree={project}"]
+    for mounted, links in (([], [["data", str(data / "imagenet"), str(data / "imagenet")]]),
+                           ([f"--mounted={data}/imagenet"], [])):
+        done = subprocess.run([*agent, *mounted, "--", str(own)], capture_output=True, text=True, timeout=60,
+                              cwd=PROJECT_ROOT)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout.splitlines()[-1])["paths"][str(own)]["links_out"] == links, done.stdout
+
+    # An installed environment in a case folder: its links to the host's Python are none of the code's.
+    digest = folders_digest(((project / "cases", "cases"),))
+    made = subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(own / "venv")], capture_output=True,
+                          text=True, timeout=120)
+    assert made.returncode == 0 and os.path.isabs(os.readlink(own / "venv" / "bin" / "python")), made.stderr
+    (own / "node_modules" / ".bin").mkdir(parents=True)
+    (own / "node_modules" / ".bin" / "env").symlink_to("/usr/bin/env")
+    (own / "node_modules" / "index.js").write_text("// installed by npm\n")
+    assert settings(**mounts).search.all() == [Mount(str(labcase), "/flagperf-search/case/0/base/y", read_only=True)]
+    assert folders_digest(((project / "cases", "cases"),)) == digest
+    # Skipped by what it is, not by its name: a case called venv is code.
+    (project / "cases" / "base" / "venv").mkdir()
+    (project / "cases" / "base" / "venv" / "bench.py").write_text("# a case called venv\n")
+    assert folders_digest(((project / "cases", "cases"),)) != digest

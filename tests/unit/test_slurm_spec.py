@@ -307,6 +307,17 @@ def test_a_search_path_from_the_controllers_environment_is_named_as_such(tmp_pat
         f"{path}: hosts.0.project_root: on host gpu: the project's vendor 'acme': {project}/vendor_images/acme/"
         f"monitor.py links outside the project (to {tmp_path / 'monitor.py'}); in a container it would dangle: copy "
         "the file into the project, or make the link relative and inside it"), str(info.value)
+    # Links to places the container has mounted, at the same place: the shared folder and a container_mounts target.
+    (project / "vendor_images" / "acme" / "monitor.py").unlink()
+    (project / "vendor_images" / "acme" / "shared.bin").symlink_to(tmp_path / "shared" / "weights.bin")
+    (project / "vendor_images" / "acme" / "weights").symlink_to("/weights/llama")
+    with pytest.raises(ConfigError) as info:  # /weights is no mount of this entry's container yet
+        SlurmHost(load_inventory(path).hosts[0]).search_mounts("acme")
+    assert "acme/weights links outside the project (to /weights/llama)" in info.value.message, str(info.value)
+    entry["hosts"][0]["slurm"]["container_mounts"] = [f"{tmp_path / 'vendors'}:/weights:ro"]
+    path.write_text(yaml.safe_dump(entry))
+    search = SlurmHost(load_inventory(path).hosts[0]).search_mounts("acme")
+    assert search is not None and search.all() == [] and search.mounted == (str(tmp_path / "shared"), "/weights")
 
 
 def test_a_multi_node_jobs_mount_check_runs_on_every_node_outside_the_container(tmp_path: Path) -> None:
