@@ -683,3 +683,19 @@ def test_a_link_into_a_place_the_container_has_mounted_and_an_installed_environm
     (project / "cases" / "base" / "venv").mkdir()
     (project / "cases" / "base" / "venv" / "bench.py").write_text("# a case called venv\n")
     assert folders_digest(((project / "cases", "cases"),)) != digest
+
+
+def test_an_older_host_agents_refusal_names_what_it_lacks() -> None:
+    """What argparse says when the host agent lacks an option or a command the controller's version has (a host
+    whose deployment is older): the options by name (never the paths after '='), or the command; any other failure
+    is not put down to the deployment's age."""
+    from flagperf.hosts.ssh import ARGPARSE_EXIT, older_agent
+
+    for argv, said in ((["describe-paths", "--no-such=/data/x", "--nor-this", "--", "/x"],
+                        "describe-paths does not know --no-such, --nor-this"),
+                       (["no-such-command"], "has no command no-such-command")):
+        done = subprocess.run([sys.executable, "-m", "flagperf.hosts.agent", *argv], capture_output=True, text=True,
+                              timeout=60, cwd=PROJECT_ROOT)
+        assert done.returncode == ARGPARSE_EXIT, done
+        assert older_agent(argv[0], done.stderr.strip().splitlines()[-1]) == said, done.stderr
+    assert older_agent("describe-paths", "PermissionError: [Errno 13] Permission denied: '/x'") is None
