@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import suppress
 from pathlib import Path
 
@@ -19,12 +19,51 @@ RESULTS_DIR_ENV = "FLAGPERF_RESULTS_DIR"  # the folder runs started from a serve
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")  # \Z: "$" would let a trailing newline through
 
 
+# What a source folder holds that is none of the code a round runs, by name: a dot-file or dot-folder (.git, a .venv,
+# an editor's), Python's caches, and npm's installed packages (a web front end of a vendor's tools); by ending, a
+# build output (.so, .o), compiled Python and an editor's backup or swap file.
+SKIPPED_FOLDER_NAMES = frozenset({"__pycache__", "node_modules"})
+SKIPPED_FILE_ENDINGS = (".pyc", ".pyo", ".so", ".o", "~", ".swp")
+# A folder holding one of these is an installed Python environment, whatever its name (venv/, env/, a conda one):
+# third-party packages and links to the host's Python, built per host, never the code. By its marker, not its name,
+# so that a case or family that happens to be called venv still counts.
+ENVIRONMENT_MARKERS = ("pyvenv.cfg", "conda-meta")
+
+
 def skipped_in_source(part: str) -> bool:
-    """Whether a file or folder named ``part`` (one part of a path below a source folder) is none of the code: a
-    dot-file or dot-folder (.git, a .venv, an editor's) or __pycache__. The one rule for what the source digest
-    skips (results.provenance) and what the link scan of a mounted vendor or case folder skips (hosts.local), so
-    that a vendor repository's .venv, which counts for neither, does not get its folder refused for its links."""
-    return part.startswith(".") or part == "__pycache__"
+    """Whether a file or folder named ``part`` (one part of a path below a source folder) is none of the code by its
+    name: a dot-file or dot-folder, __pycache__ or node_modules. Part of the one rule (walk_source) for what the
+    source digest skips (results.provenance) and what the link scan of a mounted vendor or case folder skips
+    (hosts.local), so that a vendor repository's .venv, which counts for neither, does not get its folder refused
+    for its links."""
+    return part.startswith(".") or part in SKIPPED_FOLDER_NAMES
+
+
+def skipped_folder(parent: str, name: str) -> bool:
+    """Whether the folder ``name`` in ``parent`` is none of the code: by its name, or an installed Python
+    environment (ENVIRONMENT_MARKERS: a venv's bin/python links to the host's Python by its absolute path)."""
+    return skipped_in_source(name) or any(os.path.lexists(os.path.join(parent, name, marker))
+                                          for marker in ENVIRONMENT_MARKERS)
+
+
+def skipped_file(name: str) -> bool:
+    return skipped_in_source(name) or name.endswith(SKIPPED_FILE_ENDINGS)
+
+
+def _raise(error: OSError) -> None:
+    if not isinstance(error, (FileNotFoundError, NotADirectoryError)):  # gone meanwhile: no files, as rglob's
+        raise error
+
+
+def walk_source(folder: str | Path, strict: bool = False) -> Iterator[tuple[str, list[str], list[str]]]:
+    """os.walk of a source folder without what is none of the code (skipped_folder, skipped_file), in name order:
+    the one walk of the source digest and of the link scan of a folder a container gets, so that both skip the same.
+    A linked folder is listed among the folders, never walked (it may loop). ``strict``: an unreadable folder
+    raises OSError (the digest is then unknown) rather than being passed over; a missing one has no files."""
+    for top, folders, files in os.walk(folder, onerror=_raise if strict else None):
+        folders[:] = sorted(name for name in folders if not skipped_folder(top, name))
+        files[:] = sorted(name for name in files if not skipped_file(name))
+        yield top, folders, files
 
 
 def printable(text: str) -> str:

@@ -10,9 +10,10 @@ timeouts and logs on a remote host behave exactly as on the local one (they shar
     python -m flagperf.hosts.agent disk-free PATH                -> {"free": bytes}
     python -m flagperf.hosts.agent keepalive                     -> {"pid": N}, then waits for stdin to close
     python -m flagperf.hosts.agent info                          -> {"uid", "gid", "time", "hostname"}
-    python -m flagperf.hosts.agent describe-paths [--scan=P]... [--tree=ROOT] -- PATH...
+    python -m flagperf.hosts.agent describe-paths [--scan=P]... [--tree=ROOT] [--mounted=M]... -- PATH...
         -> {"paths": {PATH: {"path": resolved, "kind"}}}; a folder among the --scan ones also has "links_out" (of
-        the tree ROOT, the project a container has at that path, where the folder resolves into it)
+        the tree ROOT, the project a container has at that path, where the folder resolves into it; a link to a
+        place under a --mounted one, the container's other mounts, is none of them)
     python -m flagperf.hosts.agent exec-with-env FILE -- ARGV... -> ARGV, with FILE's variables (a JSON object)
         in its environment: a container's start, so that they are in no container config (docker inspect)
 
@@ -157,7 +158,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_describe_paths(args: argparse.Namespace) -> int:
     from flagperf.hosts.local import describe_paths
 
-    _say({"paths": describe_paths(args.paths, args.scan, args.tree)})
+    _say({"paths": describe_paths(args.paths, args.scan, args.tree, args.mounted)})
     return 0
 
 
@@ -208,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
                            "leave it are listed too (links_out)")
     described.add_argument("--tree", help="a folder among --scan's that resolves into this tree (the project, which "
                            "a container has at this path) lists the links that leave the tree instead")
+    described.add_argument("--mounted", action="append", default=[], help="a place the container has mounted (a "
+                           "data mount): a link to a place under it is not listed")
     described.add_argument("paths", nargs="*")
     described.set_defaults(func=cmd_describe_paths)
     with_env = sub.add_parser("exec-with-env")

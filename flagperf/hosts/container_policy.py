@@ -17,8 +17,11 @@ Vendor and case folders outside the host's project (FLAGPERF_VENDOR_PATH's <fold
   files), and the container's variable names those folders instead; resolved on the host, each must stay inside its
   search path folder (a link to elsewhere is refused), with no credentials folder in its path, and no link in it may
   leave it. Those inside the project (its own vendor_images/ and cases/, a variable's folder in it) come with the
-  project, mounted whole at project_root: no link in them may leave the project. Docker hosts and Slurm container
-  images get them alike (search_mounts).
+  project, mounted whole at project_root: no link in them may leave the project. A link to a place under one of the
+  container's other mounts (a data mount, a -v's target; Slurm's shared_dir and container_mounts) leaves nothing, in
+  either; what the source digest skips (paths.walk_source: a venv, node_modules, caches) is not looked at, nor is a
+  name in a folder the round never reads it from (an earlier place on the search path has it). Docker hosts and
+  Slurm container images get them alike (search_mounts).
 Devices (--device, vendor.yaml container.devices): accelerator and RDMA device files by pattern
 (DEVICE_PATTERNS: InfiniBand/RoCE, which no vendor owns) plus the patterns the vendor folders declare in
 vendor.yaml container.device_patterns (an accelerator's own files: the nvidia folder's /dev/nvidia*, ...);
@@ -478,6 +481,9 @@ class SearchMounts:
     names: tuple[tuple[SearchPath, tuple[str, ...]], ...] = ()  # the run's vendor; its cases' <family>/<case>
     project_root: str = ""
     outside: tuple[SearchEntry, ...] = ()  # resolved: the entries that resolve outside the project (mounted)
+    # The container's other mount targets (a docker host's data mounts and -v's, a Slurm entry's shared_dir and
+    # container_mounts): a link in a scanned folder to a place under one leads there in the container too.
+    mounted: tuple[str, ...] = ()
 
     def all(self) -> list[Mount]:
         return [mount for _, mount in self.mounts]
@@ -516,6 +522,18 @@ class SearchMounts:
         """The tree the scanned folders that resolve into it are part of in a container: the project."""
         return self.project_root or None
 
+    def found_earlier(self, facts: Mapping[str, PathFacts]) -> dict[SearchEntry, set[str]]:
+        """Of each entry, the run's names an earlier place on its search path has (the project's own folder, first,
+        or an earlier entry: a folder there), which the round finds there and never in this entry's folder."""
+        earlier: dict[SearchEntry, set[str]] = {}
+        for path, names in self.names:
+            seen = {name for own_path, name, source in self.own_folders()
+                    if own_path == path and facts[source].kind == "folder"}
+            for entry in (e for e in self.entries if e.path == path):
+                earlier[entry] = set(seen)
+                seen |= {name for name in names if facts[f"{entry.folder}/{name}"].kind == "folder"}
+        return earlier
+
     def check_own_folders(self, facts: Mapping[str, PathFacts]) -> None:
         """The project's own folders of the run's names as the host has them (``facts``: for host_paths() and
         scan_paths()): in the project, and without a link that leaves it (in a container, which has the project
@@ -527,9 +545,9 @@ class SearchMounts:
             if found.kind != "folder":
                 continue  # the run's name is elsewhere on the search path
             if not is_under(found.path, real_root):
-                raise PolicyError(f"the project's {path.kind} {name!r}: {source} (it resolves to {found.path}) is "
-                                  f"outside the project {real_root}, which is all a container has of it",
-                                  "project_root")
+                raise PolicyError(f"the project's {path.kind} {name!r}: {printable(source)} (it resolves to "
+                                  f"{printable(found.path)}) is outside the project {printable(real_root)}, which is "
+                                  "all a container has of it", "project_root")
             problem = links_out_problem(source, name, found, path, (root, real_root), "the project's")
             if problem:
                 raise PolicyError(problem, "project_root")
@@ -555,6 +573,7 @@ class SearchMounts:
         outside: list[SearchEntry] = []
         env: dict[str, list[str]] = {}
         changed: set[str] = set()
+        earlier = self.found_earlier(facts)
         for entry in self.entries:
             path, names = entry.path, self.names_of(entry.path)
             real = facts[entry.folder].path
@@ -567,6 +586,8 @@ class SearchMounts:
                         posixpath.join(root, entry.written))
                     seen = entry.written if written == there else there
                     for name in names:  # a link out of the project below it: the container would not find it
+                        if name in earlier[entry]:
+                            continue  # found earlier on the search path: the round never reads this one
                         source = f"{entry.folder}/{name}"
                         found = facts[source]
                         if found.kind == "folder" and not is_under(found.path, real_root):
@@ -585,7 +606,10 @@ class SearchMounts:
                                                            path)
                         if found is not None:
                             source = f"{entry.folder}/{name}"
-                            problem = links_out_problem(source, name, facts[source], path)
+                            # Mounted all the same (the digest counts it, where it lies, in a container as on the
+                            # host), but one found earlier on the search path is never read: its links do not count.
+                            problem = None if name in earlier[entry] else links_out_problem(source, name,
+                                                                                               facts[source], path)
                             if problem:
                                 raise PolicyError(problem)
                             mounts.append((path, found))
@@ -598,12 +622,14 @@ class SearchMounts:
                        env=tuple((variable, ":".join(seen)) for variable, seen in env.items() if variable in changed))
 
 
-def search_mounts(values: Mapping[str, str], vendor: str, cases: Sequence[str], project_root: str) -> SearchMounts:
+def search_mounts(values: Mapping[str, str], vendor: str, cases: Sequence[str], project_root: str,
+                  mounted: Iterable[str] = ()) -> SearchMounts:
     """What the run's containers get of a host's search paths (``values``: the host's variables) for its ``vendor``
     and ``cases`` (<family>/<case>), to be ``resolved`` on the host: every folder checked as written, also where no
     name is asked for (PolicyError keyed env.<variable>). Each folder keeps its place in the variable (SearchEntry's
-    index), so the same folder wins a name in the container as on the host. One function for every container
-    runtime: the docker runtime and Slurm's pyxis (srun --container-mounts)."""
+    index), so the same folder wins a name in the container as on the host. ``mounted``: the container's other mount
+    targets (data mounts; Slurm's shared_dir and container_mounts), where a link in a vendor or case folder may lead.
+    One function for every container runtime: the docker runtime and Slurm's pyxis (srun --container-mounts)."""
     entries: list[SearchEntry] = []
     for path in (VENDOR_FOLDERS, CASE_FOLDERS):
         written = [folder for folder in values.get(path.variable, "").split(":") if folder]
@@ -615,7 +641,8 @@ def search_mounts(values: Mapping[str, str], vendor: str, cases: Sequence[str], 
         except PolicyError as exc:
             raise PolicyError(str(exc), f"env.{path.variable}") from None
     return SearchMounts(entries=tuple(entries), project_root=project_root,
-                        names=((VENDOR_FOLDERS, (vendor,)), (CASE_FOLDERS, tuple(cases))))
+                        names=((VENDOR_FOLDERS, (vendor,)), (CASE_FOLDERS, tuple(cases))),
+                        mounted=tuple(sorted({target for target in mounted if target != "/"})))
 
 
 def resolved_device(value: str, facts: Mapping[str, PathFacts], patterns: Iterable[str], what: str) -> str:

@@ -277,6 +277,10 @@ class ContainerSettings:
         """The tree (the project) whose links, not the folder's own, count for a scanned folder that lies in it."""
         return self.search.tree()
 
+    def scan_mounted(self) -> tuple[str, ...]:
+        """The container's other mount targets (data mounts, -v's), into which a scanned folder's link may lead."""
+        return self.search.mounted
+
     def resolved(self, facts: Mapping[str, PathFacts]) -> ContainerSettings:
         """These settings with every mount source and device resolved on the host (``facts``: its answer for
         host_paths(), and scan_paths()'s links) and checked again by the container policy; PolicyError says which,
@@ -326,7 +330,9 @@ def container_settings(vendor: Vendor, spec: HostSpec, image: str, project_root:
     given = spec.runtime_env()
     given.update(resolve_values(extras.env, spec.name, "docker.extra_options"))
     try:
-        search = search_mounts(given, vendor.name, cases, str(project_root or spec.project_root or PROJECT_ROOT))
+        # A link in a vendor or case folder may lead into a data mount: the container has it at the same place.
+        search = search_mounts(given, vendor.name, cases, str(project_root or spec.project_root or PROJECT_ROOT),
+                               [m.target for m in (*data_mounts, *extras.mounts)])
     except PolicyError as exc:
         raise ConfigError(source, f"{prefix}{exc.key}", str(exc)) from None
     env = {name: value for name, value in given.items() if RUNTIME_READS.match(name)}

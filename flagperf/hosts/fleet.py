@@ -83,9 +83,9 @@ def checked_on_host(settings: ContainerSettings, host: Host, spec: HostSpec) -> 
     paths = settings.host_paths()
     if not paths:
         return settings
-    scan, tree = settings.scan_paths(), settings.scan_tree()
-    where = (describe_paths(paths, scan, tree) if spec.docker.engine == "local" else
-             host.describe_paths(paths, scan, tree))
+    scan, tree, mounted = settings.scan_paths(), settings.scan_tree(), settings.scan_mounted()
+    where = (describe_paths(paths, scan, tree, mounted) if spec.docker.engine == "local" else
+             host.describe_paths(paths, scan, tree, mounted))
     facts = {path: PathFacts.of(found) for path, found in where.items()}
     try:
         return settings.resolved(facts)

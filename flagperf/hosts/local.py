@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from flagperf.hosts.container_policy import LINKS_LISTED
-from flagperf.paths import NAME_PATTERN, PROJECT_ROOT, skipped_in_source
+from flagperf.paths import NAME_PATTERN, PROJECT_ROOT, walk_source
 from flagperf.results.bounded import MAX_RECORD_BYTES, read_bounded, read_end
 
 LineSink = Callable[[str], None]
@@ -119,12 +119,11 @@ class Host(ABC):
         """The host's wall clock (time.time()), read by the cheapest round trip the host allows."""
         return time.time()
 
-    def describe_paths(self, paths: list[str], scan: Sequence[str] = (), tree: str | None = None
-                       ) -> dict[str, dict[str, Any]]:
+    def describe_paths(self, paths: list[str], scan: Sequence[str] = (), tree: str | None = None,
+                       mounted: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
         """Each path as this host sees it (``describe_paths`` below), through the host agent by default."""
         lines: list[str] = []
-        argv = [self.python, "-m", "flagperf.hosts.agent", "describe-paths",
-                *(f"--scan={folder}" for folder in scan), *([f"--tree={tree}"] if tree else []), "--", *paths]
+        argv = [self.python, "-m", "flagperf.hosts.agent", *describe_paths_args(paths, scan, tree, mounted)]
         result = self.run(argv, timeout=120, log_path=self.work_root / "commands.log", on_line=lines.append)
         if result.exit_code != 0 or not lines:
             raise OSError(f"host {self.name}: cannot look at {', '.join(paths)} (agent exited {result.exit_code})")
@@ -259,9 +258,9 @@ class LocalHost(Host):
     def controller_pid(self) -> int:
         return os.getpid()
 
-    def describe_paths(self, paths: list[str], scan: Sequence[str] = (), tree: str | None = None
-                       ) -> dict[str, dict[str, Any]]:
-        return describe_paths(paths, scan, tree)
+    def describe_paths(self, paths: list[str], scan: Sequence[str] = (), tree: str | None = None,
+                       mounted: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+        return describe_paths(paths, scan, tree, mounted)
 
     def disk_free(self, path: Path) -> int:
         probe = path
@@ -289,22 +288,26 @@ def allowed_environment(environ: Mapping[str, str]) -> dict[str, str]:
             and not SECRET_WORDS.search(name) and not URL_WITH_PASSWORD.search(value)}
 
 
-def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = None) -> list[list[str]]:
+def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = None,
+                  mounted: Sequence[str] = ()) -> list[list[str]]:
     """The symlinks below ``folder`` (itself resolved) that a copy of it mounted at another path would not follow:
     one whose target is an absolute path, or whose way leaves the folder (a '..' above it, or a link out). Each as
     [its path below the folder, its target as written, where it leads here], the first ``limit`` in path order. A
-    linked folder is checked as a link, never walked (it may loop). What the source digest skips (a .venv, .git,
-    __pycache__: paths.skipped_in_source) is skipped here too: none of it is the code a round runs.
+    linked folder is checked as a link, never walked (it may loop). What the source digest skips (a venv, .git,
+    __pycache__, build outputs: paths.walk_source, the digest's own walk) is skipped here too: none of it is the
+    code a round runs.
     ``tree``: the folder is mounted as part of that tree, at the tree's path as written (the project, mounted at
     project_root): then only the links that leave the tree count, and an absolute target counts unless it names a
-    place in the tree by that path."""
+    place in the tree by that path. ``mounted``: the container's other mount targets (its data mounts, a Slurm
+    entry's shared_dir): a link to a place under one, as the container reads the link, leaves nothing (a case's
+    data -> /datasets/imagenet, where /datasets/imagenet is a data mount)."""
     root = os.path.realpath(folder)
     bound = root if tree is None else os.path.realpath(tree)
-    mounted = None if tree is None else os.path.normpath(tree)
+    at = None if tree is None else os.path.normpath(tree)
+    targets = [os.path.normpath(path) for path in mounted if os.path.normpath(path) != "/"]
     found: list[list[str]] = []
-    for top, folders, files in os.walk(root):
-        folders[:] = sorted(name for name in folders if not skipped_in_source(name))  # and never walked
-        for name in sorted([*folders, *(name for name in files if not skipped_in_source(name))]):
+    for top, folders, files in walk_source(root):
+        for name in sorted([*folders, *files]):
             path = os.path.join(top, name)
             if not os.path.islink(path):
                 continue
@@ -314,8 +317,14 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = Non
                 continue
             way = os.path.normpath(os.path.join(os.path.dirname(os.path.relpath(path, bound)), target))
             real = os.path.realpath(path)
+            # Where the container looks: an absolute target as written; a relative one from the link's place in the
+            # container, known where the folder is part of the tree (elsewhere it lies under /flagperf-search).
+            there = os.path.normpath(target) if os.path.isabs(target) else \
+                None if at is None else os.path.normpath(os.path.join(at, way))
+            if there is not None and any(_inside(there, mount) for mount in targets):
+                continue  # the container has that place mounted: the link leads there as on the host
             if os.path.isabs(target):
-                leaves = mounted is None or not _inside(os.path.normpath(target), mounted)
+                leaves = at is None or not _inside(os.path.normpath(target), at)
             else:
                 leaves = way == ".." or way.startswith("../")
             if leaves or not _inside(real, bound):
@@ -329,12 +338,14 @@ def _inside(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
-def describe_paths(paths: list[str], scan: Sequence[str] = (), tree: str | None = None) -> dict[str, dict[str, Any]]:
+def describe_paths(paths: list[str], scan: Sequence[str] = (), tree: str | None = None,
+                   mounted: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
     """Each path with every symlink resolved, and what it then is: folder, file, char-device, socket, other,
     missing or inaccessible (the container policy checks what a mount or device really is on its host); of a folder
     among ``scan`` also its ``links_out`` (links_leaving: a mount of it elsewhere would leave them dangling), of the
     links that leave ``tree`` where it resolves into that tree (the project: a container has the folder as part of
-    it), else of those that leave the folder."""
+    it), else of those that leave the folder; a link to a place under one of ``mounted`` (the container's other mount
+    targets) is none of them."""
     described: dict[str, dict[str, Any]] = {}
     real_tree = os.path.realpath(tree) if tree is not None else None
     for path in paths:
@@ -351,8 +362,16 @@ def describe_paths(paths: list[str], scan: Sequence[str] = (), tree: str | None 
         described[path] = {"path": real, "kind": kind}
         if path in scan and kind == "folder":
             within = real_tree is not None and _inside(real, real_tree)
-            described[path]["links_out"] = links_leaving(real, tree=tree if within else None)
+            described[path]["links_out"] = links_leaving(real, tree=tree if within else None, mounted=mounted)
     return described
+
+
+def describe_paths_args(paths: Sequence[str], scan: Sequence[str] = (), tree: str | None = None,
+                        mounted: Sequence[str] = ()) -> list[str]:
+    """The host agent's describe-paths command for describe_paths' arguments: an option only where it is given, so
+    that a deployment older than an option still answers where it is not needed."""
+    return ["describe-paths", *(f"--scan={folder}" for folder in scan), *([f"--tree={tree}"] if tree else []),
+            *(f"--mounted={target}" for target in mounted), "--", *paths]
 
 
 def default_work_root() -> Path:

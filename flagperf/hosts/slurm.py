@@ -64,8 +64,10 @@ ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUE
 NOT_STARTED = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
 END_WAIT_S = 60.0  # after the nodes wrote their exit records, how long the job may take to leave the queue
 # squeue's reason for a pending job slurmctld's scheduler has not looked at yet (just submitted, or a busy controller):
-# no reason at all. A job pending past pending_timeout_s with it is given up to REASON_WAIT_S more for a real one
-# (Resources, Priority, ReqNodeNotAvail ...), so that the failure says why it waits, however fast the machine.
+# no reason at all. A job PENDING past pending_timeout_s with it is given up to REASON_WAIT_S more for a real one
+# (Resources, Priority, ReqNodeNotAvail ...), squeue asked every state_poll_s meanwhile, so that the failure says why
+# it waits, however fast the machine. A CONFIGURING job (its nodes allocated, booting) has no reason either, nor
+# will it get one: it is not waited for.
 NO_REASON = {"", "None"}
 REASON_WAIT_S = 60.0
 # What a path in pyxis' --container-mounts may not hold: ',' parts the mounts, ':' a mount's fields, and enroot
@@ -79,6 +81,16 @@ class SlurmError(InfrastructureFailure):
 
 class SlurmJobNeverStarted(FlagperfError):
     """The job was still pending at pending_timeout_s (not retried: it would wait the same way again)."""
+
+
+def not_started_why(state: str, reason: str) -> str:
+    """Why a job past slurm.pending_timeout_s has not started, as squeue says, for its failure."""
+    said = f"squeue reason: {reason}" if reason not in NO_REASON else "squeue reason: none"
+    if state == "CONFIGURING":
+        return f"its nodes are allocated and still configuring (booting, or running a prolog); {said}"
+    if state == "PENDING" and reason in NO_REASON:
+        return f"{said}, also {REASON_WAIT_S:.0f} s later: slurmctld's scheduler has not looked at the job"
+    return said
 
 
 def batch_script(comment: str, commands: list[str]) -> str:
@@ -277,12 +289,17 @@ class SlurmJob:
                 self.finish(f"timed out after {self.timeout_s:.0f} s (timeout_s); Slurm job {self.job_id} cancelled")
                 break
             pending_too_long = self.started is None and now - self.submitted > spec.pending_timeout_s
-            if pending_too_long or now >= next_state:
+            # squeue at once when the pending timeout passes (the verdict is due), else every state_poll_s, also
+            # while a reason is awaited (its wait's end is a poll of its own).
+            if (pending_too_long and not awaiting_reason) or now >= next_state:
                 next_state = now + spec.state_poll_s  # the files say more, sooner; squeue is the safety net
                 state, reason = self.state()
                 if state in NOT_STARTED:
-                    if pending_too_long and reason in NO_REASON and \
-                            now - self.submitted <= spec.pending_timeout_s + REASON_WAIT_S:
+                    reason_due = self.submitted + spec.pending_timeout_s + REASON_WAIT_S
+                    # Only a PENDING job without a reason waits for one: slurmctld's scheduler has not looked at it
+                    # yet. A CONFIGURING one has its nodes (they boot): squeue gives it no reason, nor will it.
+                    if pending_too_long and state == "PENDING" and reason in NO_REASON and now < reason_due:
+                        next_state = min(next_state, reason_due)
                         if not awaiting_reason:
                             awaiting_reason = True
                             logger.info("Slurm job %s still %s after %.0f s (slurm.pending_timeout_s) with no reason "
@@ -291,10 +308,8 @@ class SlurmJob:
                     elif pending_too_long:
                         self.never_started = True
                         self.cancel("pending too long")
-                        why = reason if reason not in NO_REASON else \
-                            f"none, also {REASON_WAIT_S:.0f} s later: slurmctld's scheduler has not looked at the job"
                         self.finish(f"Slurm job {self.job_id} still {state} after {spec.pending_timeout_s:.0f} s "
-                                    f"(slurm.pending_timeout_s; squeue reason: {why}); cancelled")
+                                    f"(slurm.pending_timeout_s; {not_started_why(state, reason)}); cancelled")
                         break
                 elif state in ACTIVE:
                     if self.started is None:
@@ -481,8 +496,10 @@ class SlurmHost(LocalHost):
         if not self.slurm.container_image:
             return None
         try:
-            written = search_mounts(self.environment(), vendor, cases, str(self.project_root))
-            found = self.describe_paths(written.host_paths(), written.scan_paths(), written.tree())
+            # A link in a vendor or case folder may lead into the container's other mounts, at the same place there.
+            mounted = [str(self.slurm.shared_dir), *(m.split(":")[1] for m in self.slurm.container_mounts)]
+            written = search_mounts(self.environment(), vendor, cases, str(self.project_root), mounted)
+            found = self.describe_paths(written.host_paths(), written.scan_paths(), written.tree(), written.mounted)
             search = written.resolved({path: PathFacts.of(fact) for path, fact in found.items()})
             for entry in search.outside:  # a node-only folder would be left out without a word
                 if search.names_of(entry.path) and found[entry.folder]["kind"] != "folder":

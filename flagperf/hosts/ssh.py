@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import posixpath
+import re
 import shlex
 import stat
 import threading
@@ -23,7 +24,7 @@ import paramiko
 
 from flagperf.hosts.agent import STATUS_PREFIX
 from flagperf.hosts.inventory import HostSpec
-from flagperf.hosts.local import BackgroundProcess, CommandResult, Host, LineSink, copy_bytes
+from flagperf.hosts.local import BackgroundProcess, CommandResult, Host, LineSink, copy_bytes, describe_paths_args
 from flagperf.paths import PROJECT_ROOT
 from flagperf.results.bounded import MAX_RECORD_BYTES
 
@@ -43,6 +44,25 @@ NO_EXIT_STATUS = -1  # paramiko's exit status of a channel closed without one (t
 
 class SshError(OSError):
     """The host cannot be reached, authenticated, or did not answer: one line naming the host and cause."""
+
+
+ARGPARSE_EXIT = 2  # argparse's exit status for a command line it refuses
+# argparse's last line for an option (or a command) the host agent does not know: one the controller's version has.
+UNKNOWN_ARGUMENTS = re.compile(r"error: (?:unrecognized arguments: (?P<options>.*)|argument command: invalid "
+                               r"choice: '(?P<command>[\w-]+)')")
+
+
+def older_agent(command: str, detail: str) -> str | None:
+    """What the host agent said it does not know of ``command`` (its options by name: a path after '=' stays out of
+    the message), where ``detail`` (its last line of stderr) is argparse's complaint; else None."""
+    found = UNKNOWN_ARGUMENTS.search(detail)
+    if found is None:
+        return None
+    if found.group("command"):
+        return f"has no command {found.group('command')}"
+    options = list(dict.fromkeys(word.split("=", 1)[0] for word in found.group("options").split()
+                                 if word.startswith("--")))
+    return f"{command} does not know {', '.join(options) or 'an argument it was given'}"
 
 
 class _RecordNewKey(paramiko.MissingHostKeyPolicy):
@@ -234,6 +254,12 @@ class SshHost(Host):
         code, out, err = self.execute(self.agent(*args), stdin_text=stdin_text)
         if code != 0:
             detail = (err.strip().splitlines() or out.strip().splitlines() or ["no output"])[-1]
+            older = older_agent(args[0], detail) if code == ARGPARSE_EXIT else None
+            if older is not None:  # argparse's own complaint: the host's agent predates what the controller asks
+                raise SshError(f"host {self.name}: its deployment at project_root {self.project_root} is older than "
+                               f"the controller's (its flagperf.hosts.agent {older}): update "
+                               f"it, copying the controller's version of the project to {self.project_root} on "
+                               f"{self.name} as it was deployed (docs/hosts.md, project_root)")
             how = "timed out" if code is None else f"exited {code}"
             raise SshError(f"host {self.name}: flagperf.hosts.agent {args[0]} {how}: {detail}")
         return json.loads(out.strip().splitlines()[-1])
@@ -308,10 +334,9 @@ class SshHost(Host):
     def info(self) -> dict[str, Any]:
         return self._agent_json("info")
 
-    def describe_paths(self, paths: list[str], scan: Sequence[str] = (), tree: str | None = None
-                       ) -> dict[str, dict[str, Any]]:
-        return dict(self._agent_json("describe-paths", *(f"--scan={folder}" for folder in scan),
-                                     *([f"--tree={tree}"] if tree else []), "--", *paths)["paths"])
+    def describe_paths(self, paths: list[str], scan: Sequence[str] = (), tree: str | None = None,
+                       mounted: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+        return dict(self._agent_json(*describe_paths_args(paths, scan, tree, mounted))["paths"])
 
     def clock(self) -> float:
         return float(self.info()["time"])

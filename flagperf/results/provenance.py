@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 
 from flagperf import __version__
-from flagperf.paths import CASE_PATH_ENV, PROJECT_ROOT, VENDOR_PATH_ENV, search_path_folders, skipped_in_source
+from flagperf.paths import CASE_PATH_ENV, PROJECT_ROOT, VENDOR_PATH_ENV, search_path_folders, walk_source
 
 CASE_LIBRARIES = ("torch", "numpy", "pydantic", "PyYAML", "psutil")
 # Environment variables that change what a number means (threads, visible devices, math modes).
@@ -43,10 +43,6 @@ def git_revision() -> tuple[str | None, bool | None]:
 
 # What decides a figure: the engine, its flows, the cases and the vendor plug-ins (not docs, tests or bench).
 SOURCE_FOLDERS = ("flagperf", "flows", "cases", "vendor_images")
-SKIPPED_SUFFIXES = (".pyc", ".pyo", ".so", ".o")
-
-
-SKIPPED_NAMES = ("~", ".swp")  # editors' backups and swap files
 
 
 def source_digest(root: Path = PROJECT_ROOT, vendor: str | None = None,
@@ -61,7 +57,9 @@ def source_digest(root: Path = PROJECT_ROOT, vendor: str | None = None,
     is identified by it too, and two trees with the same commit but different local changes are told apart: compute
     it in a checkout with ``python -c "from flagperf.results.provenance import source_digest; print(source_digest())"``
     (a run whose vendor or cases lie on those variables: ``source_digest(vendor='acme', cases=['base/x'])``).
-    Build outputs (.so, .o) and Python's caches are left out."""
+    What is none of the code is left out (paths.walk_source): build outputs (.so, .o), Python's caches, dot-files and
+    dot-folders, node_modules and an installed Python environment (a venv, whatever its name: its packages are
+    third-party, built per host, and counted by library_versions instead)."""
     folders = [(root / folder, folder) for folder in SOURCE_FOLDERS]
     if root == PROJECT_ROOT:
         folders += search_path_code(root, vendor, None if cases is None else list(cases))
@@ -95,9 +93,10 @@ def folders_digest(folders: tuple[tuple[Path, str], ...]) -> str | None:
     try:
         for folder, label in folders:
             listing.append((label, None, 0, 0))  # where one folder ends: two folders are not one
-            files = sorted(path for path in folder.rglob("*") if path.is_file()
-                           and not path.name.endswith(SKIPPED_SUFFIXES + SKIPPED_NAMES)
-                           and not any(map(skipped_in_source, path.relative_to(folder).parts)))
+            # What the link scan of a container's folders skips too (paths.walk_source): caches, build outputs, an
+            # installed environment.
+            files = sorted(path for top, _, names in walk_source(folder, strict=True)
+                           for path in (Path(top, name) for name in names) if path.is_file())
             for path in files:
                 stat = path.stat()
                 # ctime: any write, and a chmod that makes an unreadable file readable, changes it

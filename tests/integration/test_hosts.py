@@ -9,6 +9,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -24,6 +25,7 @@ from flagperf.config.plan import read_plan
 from flagperf.errors import InfrastructureFailure
 from flagperf.results.schema import read_result
 from tests.testbed.bed import Testbed, deploy_project, make_testbed_fixture
+from tests.unit.mounts import data_folder
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_server")]
 testbed = make_testbed_fixture(min_hosts=2)
@@ -168,6 +170,21 @@ def test_two_ssh_hosts_run_their_rounds_in_containers(flagperf_env: Path, tmp_pa
         (case / "same.py").symlink_to("../sleepy/bench.py")  # out of its folder, in the project: fine
         outside.write_bytes(b"outside")
         outside.chmod(0o644)
+        # A venv's bin/python (a link to the host's Python) is none of the code; a link into a data mount leads
+        # there in the container too (the agent is given the container's mount targets: --mounted).
+        made = subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(case / "venv")],
+                              capture_output=True, text=True, timeout=120)
+        assert made.returncode == 0, made.stderr
+        with data_folder() as data:
+            (case / "data").symlink_to(data)
+            mounted = spec.model_copy(update={"docker": spec.docker.model_copy(update={"data_mounts": [str(data)]})})
+            assert checked_on_host(container_settings(load_vendor("cpu"), mounted, "img:1", deployed,
+                                                      ["base/links-out"]), ssh, mounted).search.all() == []
+            with pytest.raises(ConfigError) as info:
+                checked_on_host(container_settings(load_vendor("cpu"), spec, "img:1", deployed, ["base/links-out"]),
+                                ssh, spec)
+            assert f"{case}/data links outside the project (to {data})" in info.value.message, str(info.value)
+            (case / "data").unlink()
         assert checked_on_host(container_settings(load_vendor("cpu"), spec, "img:1", deployed, ["base/links-out"]),
                                ssh, spec).search.all() == []
         (case / "data.bin").symlink_to(outside)
@@ -181,6 +198,45 @@ def test_two_ssh_hosts_run_their_rounds_in_containers(flagperf_env: Path, tmp_pa
         ssh.close()
         shutil.rmtree(case, ignore_errors=True)
         outside.unlink(missing_ok=True)
+
+
+def test_a_deployment_older_than_the_controller_is_named_in_one_line(testbed: Testbed, deployed: Path,
+                                                                     tmp_path: Path) -> None:
+    """A host whose deployment predates an option of the host agent the controller now sends (describe-paths --tree,
+    --mounted): argparse's "unrecognized arguments" becomes one line naming the host, its project_root, the options
+    and what to do, rather than the agent's usage error."""
+    import re
+
+    from flagperf.hosts.inventory import load_inventory
+    from flagperf.hosts.ssh import SshError, SshHost
+
+    older = deployed.with_name(f"{deployed.name}-older")
+    shutil.rmtree(older, ignore_errors=True)
+    shutil.copytree(deployed / "flagperf", older / "flagperf")
+    agent = older / "flagperf" / "hosts" / "agent.py"
+    text = agent.read_text()
+    before = re.sub(r'\n    described\.add_argument\("--(tree|mounted)".*?"\)(?=\n)', "", text, flags=re.S)
+    before = before.replace("describe_paths(args.paths, args.scan, args.tree, args.mounted)",
+                            "describe_paths(args.paths, args.scan)")  # as the agent was before either option
+    assert 'add_argument("--tree"' not in before and 'add_argument("--mounted"' not in before, before
+    assert "args.tree" not in before, before
+    agent.write_text(before)
+    for folder in (older, *[p for p in older.rglob("*") if p.is_dir()]):
+        folder.chmod(0o755)
+    spec = load_inventory(Path(write_inventory(tmp_path, [host_entry(testbed, 0, older)]))).hosts[0]
+    ssh = SshHost(spec)
+    try:
+        assert ssh.describe_paths([str(older)])[str(older)]["kind"] == "folder"  # what it knows, it still answers
+        with pytest.raises(SshError) as info:
+            ssh.describe_paths([str(older)], [str(older)], str(older), ["/data/imagenet"])
+        assert str(info.value) == (
+            f"host {spec.name}: its deployment at project_root {older} is older than the controller's (its "
+            f"flagperf.hosts.agent describe-paths does not know --tree, --mounted): update it, copying the "
+            f"controller's version of the project to {older} on {spec.name} as it was deployed (docs/hosts.md, "
+            "project_root)"), str(info.value)
+    finally:
+        ssh.close()
+        shutil.rmtree(older, ignore_errors=True)
 
 
 def torchless_python(bed: Testbed, folder: Path) -> str:

@@ -543,3 +543,159 @@ def test_a_link_that_leaves_the_project_from_a_case_or_vendor_folder_in_it_is_re
     assert done.returncode == 0, done.stderr
     paths = json.loads(done.stdout.splitlines()[-1])["paths"]
     assert paths[str(own)]["links_out"] == [["data.bin", str(outside), str(outside)]], paths
+
+
+def test_a_name_found_earlier_on_the_search_path_is_not_checked_again_where_the_round_never_reads_it(
+        tmp_path: Path) -> None:
+    """The round finds a case in the first place its search path has it (the project's own cases/, then the
+    variable's folders in order): the same <family>/<case> in a later folder is never read, in a container as on
+    the host, so a link out in it refuses nothing, for a folder in the project and one outside it (mounted all the
+    same, so that the container's folders are the host's). Where no earlier place has it, the link is refused."""
+    project, lab = tmp_path / "flagperf", tmp_path / "lab"
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"outside")
+    for folder in (project / "cases" / "base" / "x", project / "labcases" / "base" / "x",
+                   project / "more" / "base" / "x", project / "more" / "base" / "y", lab / "base" / "x"):
+        folder.mkdir(parents=True)
+    for folder in (project / "labcases" / "base" / "x", project / "more" / "base" / "x", lab / "base" / "x"):
+        (folder / "data.bin").symlink_to(outside)
+    path = tmp_path / "inv.yaml"
+
+    def settings(case_path: str, cases: list[str]) -> Any:
+        path.write_text(yaml.safe_dump({"hosts": [{"name": "a", "address": "h", "runtime": "docker",
+                                                   "project_root": str(project),
+                                                   "env": {"FLAGPERF_CASE_PATH": case_path}}]}))
+        spec = load_inventory(path).hosts[0]
+        return checked_on_host(container_settings(load_vendor("cpu"), spec, "img:1", project, cases), LocalHost(),
+                               spec)
+
+    # base/x: the project's own cases/ has it first; base/y in more/, which no earlier place has.
+    found = settings(f"labcases:{lab}:more", ["base/x", "base/y"])
+    assert found.search.all() == [Mount(str(lab / "base" / "x"), "/flagperf-search/case/1/base/x", read_only=True)]
+    (project / "cases" / "base" / "x").rmdir()  # now labcases/ has it first: its link counts, more/'s does not
+    with pytest.raises(ConfigError) as info:
+        settings(f"labcases:{lab}:more", ["base/x"])
+    assert info.value.key == "hosts.0.env.FLAGPERF_CASE_PATH" and (
+        f"{project}/labcases/base/x/data.bin links outside the project" in info.value.message), str(info.value)
+    (project / "labcases" / "base" / "x" / "data.bin").unlink()
+    assert settings(f"labcases:{lab}:more", ["base/x"]).search.all() == [
+        Mount(str(lab / "base" / "x"), "/flagperf-search/case/1/base/x", read_only=True)]
+    (project / "labcases" / "base" / "x").rmdir()  # the lab has it first now: its link would dangle
+    with pytest.raises(ConfigError) as info:
+        settings(f"labcases:{lab}:more", ["base/x"])
+    assert f"{lab}/base/x/data.bin links outside its folder" in info.value.message, str(info.value)
+
+
+def test_the_projects_own_folder_resolving_outside_it_is_named_in_one_printable_line(tmp_path: Path) -> None:
+    """The project's own case folder, a link out of the project to a folder whose name holds a newline: the error
+    names where it resolves escaped (\\n), in one line, as every other path from a host's folder."""
+    project = tmp_path / "flagperf"
+    (project / "cases" / "base").mkdir(parents=True)
+    odd = tmp_path / "two\nlines"
+    odd.mkdir()
+    (project / "cases" / "base" / "x").symlink_to(odd)
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump({"hosts": [{"name": "a", "address": "h", "runtime": "docker",
+                                               "project_root": str(project)}]}))
+    spec = load_inventory(path).hosts[0]
+    with pytest.raises(ConfigError) as info:
+        checked_on_host(container_settings(load_vendor("cpu"), spec, "img:1", project, ["base/x"]), LocalHost(), spec)
+    assert info.value.key == "hosts.0.project_root" and "\n" not in str(info.value), repr(str(info.value))
+    assert f"(it resolves to {tmp_path}/two\\nlines) is outside the project {project}" in info.value.message, \
+        info.value.message
+
+
+def test_a_link_into_a_place_the_container_has_mounted_and_an_installed_environment_are_no_link_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The container has the data mounts (and a -v's target) at their places: a case folder's link to a place under
+    one (data -> /datasets/imagenet) leads there in the container as on the host, in the project's own case folders
+    and in a lab's outside the project alike; the same link without that mount is refused. A venv or node_modules in
+    a case folder (bin/python links to the host's Python) is skipped by the link check as by the source digest,
+    whose one walk both share: none of it is the code, and neither counts it; a case that is merely called venv
+    counts."""
+    from flagperf.results.provenance import folders_digest
+
+    monkeypatch.setattr(container_policy, "SYSTEM_FOLDERS",  # tmp_path's data root: /tmp is none elsewhere
+                        tuple(f for f in container_policy.SYSTEM_FOLDERS if f != "/tmp"))
+    project, data, lab = tmp_path / "flagperf", tmp_path / "data", tmp_path / "lab"
+    own, labcase = project / "cases" / "base" / "x", lab / "base" / "y"
+    for folder in (own, labcase, data / "imagenet", data / "coco", data / "other"):
+        folder.mkdir(parents=True)
+    (own / "bench.py").write_text("# the case\n")
+    (own / "data").symlink_to(data / "imagenet")
+    (labcase / "data").symlink_to(data / "imagenet" / "train")
+    (own / "coco").symlink_to("/datasets/coco/val")  # where the -v below has it in the container
+    path = tmp_path / "inv.yaml"
+
+    def settings(**docker: Any) -> Any:
+        path.write_text(yaml.safe_dump({"hosts": [{
+            "name": "a", "address": "h", "runtime": "docker", "project_root": str(project),
+            "env": {"FLAGPERF_CASE_PATH": str(lab)},
+            "docker": {"data_roots": [str(data)], **docker}}]}))
+        spec = load_inventory(path).hosts[0]
+        return checked_on_host(container_settings(load_vendor("cpu"), spec, "img:1", project, ["base/x", "base/y"]),
+                               LocalHost(), spec)
+
+    mounts = {"data_mounts": [str(data / "imagenet")], "extra_options": f"-v {data}/coco:/datasets/coco:ro"}
+    assert settings(**mounts).search.all() == [Mount(str(labcase), "/flagperf-search/case/0/base/y", read_only=True)]
+    for without, key, words in (
+            ({"extra_options": mounts["extra_options"]}, "project_root",
+             f"the project's case 'base/x': {own}/data links outside the project (to {data}/imagenet)"),
+            ({"data_mounts": mounts["data_mounts"]}, "project_root",
+             f"the project's case 'base/x': {own}/coco links outside the project (to /datasets/coco/val)")):
+        with pytest.raises(ConfigError) as info:
+            settings(**without)
+        assert info.value.key == f"hosts.0.{key}" and words in info.value.message, str(info.value)
+    (own / "coco").unlink()
+    (own / "data").unlink()
+    with pytest.raises(ConfigError) as info:  # a lab's case folder, mounted alone: the same rule
+        settings(extra_options=mounts["extra_options"])
+    assert info.value.key == "hosts.0.env.FLAGPERF_CASE_PATH" and (
+        f"FLAGPERF_CASE_PATH case 'base/y': {labcase}/data links outside its folder (to {data}/imagenet/train)"
+        in info.value.message), str(info.value)
+    (own / "data").symlink_to(data / "imagenet")
+    # A sibling of the mounted folder is not in the container: still refused.
+    (own / "other").symlink_to(data / "other")
+    with pytest.raises(ConfigError) as info:
+        settings(**mounts)
+    assert f"{own}/other links outside the project (to {data}/other)" in info.value.message, str(info.value)
+    (own / "other").unlink()
+    # The agent (an SSH host's answer) gives the same facts with the container's mount targets (--mounted).
+    agent = [sys.executable, "-m", "flagperf.hosts.agent", "describe-paths", f"--scan={own}", f"--tree={project}"]
+    for mounted, links in (([], [["data", str(data / "imagenet"), str(data / "imagenet")]]),
+                           ([f"--mounted={data}/imagenet"], [])):
+        done = subprocess.run([*agent, *mounted, "--", str(own)], capture_output=True, text=True, timeout=60,
+                              cwd=PROJECT_ROOT)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout.splitlines()[-1])["paths"][str(own)]["links_out"] == links, done.stdout
+
+    # An installed environment in a case folder: its links to the host's Python are none of the code's.
+    digest = folders_digest(((project / "cases", "cases"),))
+    made = subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(own / "venv")], capture_output=True,
+                          text=True, timeout=120)
+    assert made.returncode == 0 and os.path.isabs(os.readlink(own / "venv" / "bin" / "python")), made.stderr
+    (own / "node_modules" / ".bin").mkdir(parents=True)
+    (own / "node_modules" / ".bin" / "env").symlink_to("/usr/bin/env")
+    (own / "node_modules" / "index.js").write_text("// installed by npm\n")
+    assert settings(**mounts).search.all() == [Mount(str(labcase), "/flagperf-search/case/0/base/y", read_only=True)]
+    assert folders_digest(((project / "cases", "cases"),)) == digest
+    # Skipped by what it is, not by its name: a case called venv is code.
+    (project / "cases" / "base" / "venv").mkdir()
+    (project / "cases" / "base" / "venv" / "bench.py").write_text("# a case called venv\n")
+    assert folders_digest(((project / "cases", "cases"),)) != digest
+
+
+def test_an_older_host_agents_refusal_names_what_it_lacks() -> None:
+    """What argparse says when the host agent lacks an option or a command the controller's version has (a host
+    whose deployment is older): the options by name (never the paths after '='), or the command; any other failure
+    is not put down to the deployment's age."""
+    from flagperf.hosts.ssh import ARGPARSE_EXIT, older_agent
+
+    for argv, said in ((["describe-paths", "--no-such=/data/x", "--nor-this", "--", "/x"],
+                        "describe-paths does not know --no-such, --nor-this"),
+                       (["no-such-command"], "has no command no-such-command")):
+        done = subprocess.run([sys.executable, "-m", "flagperf.hosts.agent", *argv], capture_output=True, text=True,
+                              timeout=60, cwd=PROJECT_ROOT)
+        assert done.returncode == ARGPARSE_EXIT, done
+        assert older_agent(argv[0], done.stderr.strip().splitlines()[-1]) == said, done.stderr
+    assert older_agent("describe-paths", "PermissionError: [Errno 13] Permission denied: '/x'") is None

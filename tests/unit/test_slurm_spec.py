@@ -307,6 +307,17 @@ def test_a_search_path_from_the_controllers_environment_is_named_as_such(tmp_pat
         f"{path}: hosts.0.project_root: on host gpu: the project's vendor 'acme': {project}/vendor_images/acme/"
         f"monitor.py links outside the project (to {tmp_path / 'monitor.py'}); in a container it would dangle: copy "
         "the file into the project, or make the link relative and inside it"), str(info.value)
+    # Links to places the container has mounted, at the same place: the shared folder and a container_mounts target.
+    (project / "vendor_images" / "acme" / "monitor.py").unlink()
+    (project / "vendor_images" / "acme" / "shared.bin").symlink_to(tmp_path / "shared" / "weights.bin")
+    (project / "vendor_images" / "acme" / "weights").symlink_to("/weights/llama")
+    with pytest.raises(ConfigError) as info:  # /weights is no mount of this entry's container yet
+        SlurmHost(load_inventory(path).hosts[0]).search_mounts("acme")
+    assert "acme/weights links outside the project (to /weights/llama)" in info.value.message, str(info.value)
+    entry["hosts"][0]["slurm"]["container_mounts"] = [f"{tmp_path / 'vendors'}:/weights:ro"]
+    path.write_text(yaml.safe_dump(entry))
+    search = SlurmHost(load_inventory(path).hosts[0]).search_mounts("acme")
+    assert search is not None and search.all() == [] and search.mounted == (str(tmp_path / "shared"), "/weights")
 
 
 def test_a_multi_node_jobs_mount_check_runs_on_every_node_outside_the_container(tmp_path: Path) -> None:
@@ -511,6 +522,19 @@ def test_a_pending_job_is_cancelled_naming_squeues_reason_once_slurm_gives_one(
     assert job.never_started and job.end == ("Slurm job 43 still PENDING after 0 s (slurm.pending_timeout_s; squeue "
                                              "reason: none, also 0 s later: slurmctld's scheduler has not looked at "
                                              "the job); cancelled"), job.end
+    # While it waits for a reason, squeue is asked every state_poll_s (0.5 s), not every poll_s (0.1 s): at most once
+    # at the start, once when the pending timeout passes, once per state_poll_s of the wait, and at its end.
+    monkeypatch.setattr(slurm, "REASON_WAIT_S", 1.5)
+    job = watched(["PENDING|None"], "45")
+    assert job.never_started and "squeue reason: none, also 2 s later" in str(job.end), job.end
+    assert int((tmp_path / "calls").read_text()) <= 3 + 1.5 / spec.state_poll_s, (tmp_path / "calls").read_text()
+    # A CONFIGURING job has its nodes (they boot): squeue gives it no reason, and it is cancelled at the pending
+    # timeout saying so, not waited on for a reason, nor said to be unseen by the scheduler.
+    job = watched(["CONFIGURING|None"], "46")
+    assert job.never_started and job.end == (
+        "Slurm job 46 still CONFIGURING after 0 s (slurm.pending_timeout_s; its nodes are allocated and still "
+        "configuring (booting, or running a prolog); squeue reason: none); cancelled"), job.end
+    assert int((tmp_path / "calls").read_text()) <= 2 and (tmp_path / "cancelled").read_text() == "46\n"
     # Ended, no output where the controller reads it, though node n1 ran the batch script (Slurm: a launch failure).
     (tmp_path / "job").write_text("JobId=44 JobState=FAILED Reason=JobLaunchFailure Dependency=(null) ExitCode=0:53 "
                                   "BatchHost=n1 NodeList=n1\n")
