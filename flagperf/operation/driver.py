@@ -371,7 +371,7 @@ class PointRunner:
         median, p10, p90 = timed.median, timed.p10, timed.p90
         metric, _, unit = point_metric(metric_name, point, self.spec, timed.latencies, median, p10, p90,
                                        timed.window, timed.warmup_calls, timed.host_latency)
-        low, high = timed.median_interval
+        low, high = timed.median_interval or (None, None)
         flops, nbytes = counted(point.op, point.dims, point.dtype)
         share, basis = roofline(self.spec, point.op, point.dtype, flops, nbytes, median)
         self.metrics.append(metric)

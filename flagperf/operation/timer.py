@@ -48,8 +48,9 @@ class Timed:
     host_latency: float | None = None  # host wall time per call of len(latencies) back-to-back calls
 
     @property
-    def median_interval(self) -> tuple[float, float]:
-        """The median's MEDIAN_CONFIDENCE confidence interval over the iterations (order statistics)."""
+    def median_interval(self) -> tuple[float, float] | None:
+        """The median's MEDIAN_CONFIDENCE confidence interval over the iterations (order statistics); None
+        with too few iterations for one."""
         return median_interval(self.latencies)
 
     @property
@@ -84,7 +85,7 @@ def median_ranks(n: int, confidence: float = MEDIAN_CONFIDENCE) -> int:
     """The 1-based rank j such that the j-th and (n + 1 - j)-th smallest of n values bound the median with at
     least ``confidence``: the interval misses it with probability 2 P(Binomial(n, 1/2) <= j - 1), whatever the
     distribution (iterations independent). Under 6 values no pair reaches 95%: 1, the smallest and the largest
-    (coverage 1 - 2^(1-n))."""
+    (coverage 1 - 2^(1-n), which median_interval does not call a 95% interval)."""
     tail = (1 - confidence) / 2
     below = 0.0  # P(Binomial(n, 1/2) <= k)
     j = 1
@@ -96,8 +97,13 @@ def median_ranks(n: int, confidence: float = MEDIAN_CONFIDENCE) -> int:
     return j
 
 
-def median_interval(values: list[float], confidence: float = MEDIAN_CONFIDENCE) -> tuple[float, float]:
-    """The median's confidence interval: the order statistics of median_ranks (deterministic, no resampling)."""
+def median_interval(values: list[float], confidence: float = MEDIAN_CONFIDENCE) -> tuple[float, float] | None:
+    """The median's confidence interval: the order statistics of median_ranks (deterministic, no resampling).
+    None where even the smallest and largest value cover the median less than ``confidence`` (under 6 values
+    at 95%: 2 cover 50%, 1 nothing): an interval labelled 95% must be one, and the reports then fall back to
+    the iterations' spread."""
+    if 1 - 2 * 0.5 ** len(values) < confidence:
+        return None
     ordered = sorted(values)
     j = median_ranks(len(ordered), confidence)
     return ordered[j - 1], ordered[len(ordered) - j]

@@ -36,8 +36,12 @@ MEASURED_MEMORY = ("memory_copy_bandwidth",)
 # (within 0.2% of it).
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+# A median is not known better than this, however tied its iterations (a clock that ticks in 0.5 us steps times a
+# 3 us call identically 1000 times): the clock's rate and the device's own clocks are not that steady.
+MIN_HALFWIDTH = 0.005
 UNCERTAINTY_METHOD = ("95% confidence: each round's median from the order statistics of its iterations (the "
-                      "distribution-free interval, ranks from Binomial(n, 1/2)), their relative half-widths "
+                      "distribution-free interval, ranks from Binomial(n, 1/2)), its relative half-width at least "
+                      f"the clock's floor over the median and {MIN_HALFWIDTH:.1%}; their relative half-widths "
                       "combined in quadrature over the two implementations and divided by the rounds; with two or "
                       "more paired rounds, the larger of that and the rounds' t-interval of the mean")
 RoundKey = tuple[int, str, int]  # round, host, node rank: one result.json
@@ -54,11 +58,16 @@ class RoundFigure:
     latency: float  # the median over its iterations, device clock
     ci: tuple[float, float] | None  # the median's 95% confidence interval (None: a record from before it)
     host_latency: float | None  # host clock, per call back to back (None: a record from before it)
+    clock_floor: float = 0.0  # what the round's clock measured for an empty interval
 
     @property
     def halfwidth(self) -> float | None:
-        """The interval's half-width relative to the median."""
-        return (self.ci[1] - self.ci[0]) / (2 * self.latency) if self.ci is not None and self.latency > 0 else None
+        """The interval's half-width relative to the median, at least the clock's floor (a clock that ties
+        every iteration gives an interval of width 0, which is its resolution, not a median known exactly) and
+        MIN_HALFWIDTH."""
+        if self.ci is None or self.latency <= 0:
+            return None
+        return max((self.ci[1] - self.ci[0]) / (2 * self.latency), self.clock_floor / self.latency, MIN_HALFWIDTH)
 
 
 @dataclass
@@ -244,7 +253,8 @@ def points_of(results: Iterable[RoundResult]) -> list[PointFigures]:
             if p.status == "passed" and p.latency_s is not None and p.value is not None:
                 ci = (p.latency_ci_low_s, p.latency_ci_high_s)
                 entry.by_round[(result.round, result.host, result.node_rank)] = RoundFigure(
-                    p.latency_s, ci if None not in ci else None, p.host_latency_s)  # type: ignore[arg-type]
+                    p.latency_s, ci if None not in ci else None, p.host_latency_s,  # type: ignore[arg-type]
+                    p.clock_floor_s or 0.0)
                 entry.latencies.append(p.latency_s)
                 entry.values.append(p.value)
                 entry.bound_unit = p.unit

@@ -249,7 +249,8 @@ class OperatorPoint(_Model):
     latency_spread: float | None = Field(default=None, description="(p90 - p10) / (2 x median) of the per-iteration "
                                          "latencies: the +- noise of one timed iteration around the median")
     latency_ci_low_s: float | None = Field(default=None, description="the median's 95% confidence interval, low end: "
-                                           "an order statistic of the iterations (docs/operation.md, Timing)")
+                                           "an order statistic of the iterations (docs/operation.md, Timing); "
+                                           "None under 6 iterations, too few for a 95% interval")
     latency_ci_high_s: float | None = Field(default=None, description="the median's 95% confidence interval, high end")
     host_latency_s: float | None = Field(default=None, description="host clock: wall time per call of as many calls "
                                          "back to back (no flush, one synchronisation at the end), dispatch included")

@@ -24,6 +24,7 @@ from flagperf.operation.timer import Timed, TimingOptions, median_interval, medi
 from flagperf.results.compare import compare_operations, compare_runs
 from flagperf.results.history import figures, history_engine, record_run
 from flagperf.results.operators import (
+    MIN_HALFWIDTH,
     collect_points,
     operation_markdown,
     operator_cells,
@@ -118,10 +119,12 @@ def test_each_point_records_its_spread_warmup_and_clock_floor(caplog: pytest.Log
     assert point.latency_spread == pytest.approx((point.latency_p90_s - point.latency_p10_s) / (2 * point.latency_s))
     assert point.warmup_calls >= 1 and point.clock_floor_s is not None and point.clock_floor_s >= 0
     assert point.iterations == 5
-    # 5 iterations: too few for a 95% interval of the median, so the smallest and the largest
-    assert point.latency_ci_low_s is not None and point.latency_ci_high_s is not None
-    assert point.latency_ci_low_s <= point.latency_s <= point.latency_ci_high_s
-    assert point.latency_ci_high_s - point.latency_ci_low_s >= point.latency_p90_s - point.latency_p10_s
+    # 5 iterations: too few for a 95% interval of the median (the smallest and largest cover it 94%): none
+    assert point.latency_ci_low_s is None and point.latency_ci_high_s is None
+    six = run_operation(config(seq_lens=[16], min_iters=6, max_iters=6), "cpu", load_vendor("cpu").spec_table(),
+                        CPU).report.points[0]
+    assert six.latency_ci_low_s is not None and six.latency_ci_high_s is not None
+    assert six.latency_ci_low_s <= six.latency_s <= six.latency_ci_high_s  # type: ignore[operator]
     assert point.host_latency_s is not None and point.host_latency_s > 0
     assert "(p90 - p10) / (2 x median)" in outcome.report.timing and "clock" in outcome.report.timing
     assert "back to back" in outcome.report.timing and "order statistics" in outcome.report.timing
@@ -174,6 +177,9 @@ def test_the_medians_interval_is_its_order_statistics() -> None:
         assert miss[0] <= 0.05 < miss[1]
     values = [float(v) for v in range(20, 0, -1)]
     assert median_interval(values) == (6.0, 15.0)
+    # under 6 no pair of order statistics covers the median 95% (2 values: 50%, 1: never): no interval
+    assert [median_interval(values[:n]) for n in (1, 2, 5)] == [None, None, None]
+    assert median_interval(values[:6]) == (15.0, 20.0)
     timed = Timed(latencies=values, window=(T0, T0 + 1), graphs=False)
     assert timed.median_interval == (6.0, 15.0)
 
@@ -186,7 +192,26 @@ def test_a_speedup_is_within_the_noise_of_its_medians_not_of_one_iteration(tmp_p
     text = "\n".join(operation_markdown(run_dir))
     assert "| 1.03x |" in text and "within" not in text.split("| dtype | shape")[1]
     (point,) = [p for p in collect_points(run_dir) if p.implementation == "fast" and p.shape == "R16xC128"]
-    assert point.uncertainty == 0.0 and point.iteration_spread == pytest.approx(0.05)
+    assert point.uncertainty == MIN_HALFWIDTH and point.iteration_spread == pytest.approx(0.05)
+
+
+def test_iterations_the_clock_ties_leave_the_median_known_to_its_floor_not_exactly(tmp_path: Path) -> None:
+    """A clock that ticks coarsely (CUDA events: ~0.5 us) times a short call identically every iteration: the
+    median's interval has width 0, which is the clock's resolution, not a median known exactly. Each round's
+    half-width is at least the clock's floor over the median and MIN_HALFWIDTH, so a 0.2% change between two
+    runs of tied iterations is no difference (the uncertainty was 0 and any B/A != 1 was DIFFERENT)."""
+    a, b, floor = tmp_path / "a", tmp_path / "b", tmp_path / "floor"
+    write_run(a, [{"native": [1e-3] * 20, "fast": [5e-4] * 20}])
+    write_run(b, [{"native": [1.002e-3] * 20, "fast": [5e-4] * 20}])
+    (point,) = [p for p in collect_points(a) if p.implementation == "native" and p.shape == "R16xC128"]
+    assert point.uncertainty == MIN_HALFWIDTH
+    rows = {r.metric.split(":")[0]: r for r in compare_operations(collect_points(a), collect_points(b))}
+    assert rows["add @native"].ratio == pytest.approx(1 / 1.002) and not rows["add @native"].flagged
+    assert rows["add @native"].cells()[-1] == "within spread"
+    assert "2x |" in "\n".join(operation_markdown(a)) and "2x (within" not in "\n".join(operation_markdown(a))
+    # 50 ns tied, the clock's floor 10 ns (write_run's): the median is known to 20%, its floor over it
+    write_run(floor, [{"native": [5e-8] * 20}])
+    assert [p.uncertainty for p in collect_points(floor)] == [pytest.approx(0.2)] * 2
 
 
 def test_compare_flags_a_change_beyond_the_medians_uncertainty_and_not_one_within(tmp_path: Path) -> None:
@@ -202,7 +227,8 @@ def test_compare_flags_a_change_beyond_the_medians_uncertainty_and_not_one_withi
     rows = {r.metric.split(":")[0]: r for r in compare_operations(collect_points(a), collect_points(b))}
     native, fast, sharp = rows["add @native"], rows["add @fast"], rows["add @sharp"]
     assert native.ratio == pytest.approx(1 / 1.2) and native.flagged
-    assert native.spread == 0.0 and native.spread_over == "medians' 95% CI; geomean over 2 points"
+    assert native.spread == pytest.approx(MIN_HALFWIDTH)
+    assert native.spread_over == "medians' 95% CI; geomean over 2 points"
     # each point's median to ±10% x 9/19 in A and in B: sqrt(2) x that per point, / sqrt(2) over 2 points
     assert fast.ratio == pytest.approx(1 / 0.97) and not fast.flagged and fast.spread == pytest.approx(0.9 / 19)
     assert fast.cells()[-1] == "within spread"
@@ -236,7 +262,8 @@ def test_a_speedup_takes_only_the_rounds_both_implementations_passed(tmp_path: P
     index = point_index(points)
     for point in [p for p in points if p.implementation == "fast"]:
         assert point.status == "passed" and point.latency == pytest.approx(1.5e-3)  # its own figure: both rounds
-        assert speedup(point, index) == pytest.approx(2.0) and speedup_uncertainty(point, index) == 0.0
+        assert speedup(point, index) == pytest.approx(2.0) and speedup_uncertainty(point, index) == \
+            pytest.approx(math.hypot(MIN_HALFWIDTH, MIN_HALFWIDTH))
     text = "\n".join(operation_markdown(run_dir))
     assert text.count(" | 2x |") == 2 and "1.33x" not in text
     (entry,) = operator_summaries(points)
