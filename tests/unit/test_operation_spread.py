@@ -207,32 +207,43 @@ def test_iterations_the_clock_ties_leave_the_median_known_to_its_floor_not_exact
     assert point.uncertainty == MIN_HALFWIDTH
     rows = {r.metric.split(":")[0]: r for r in compare_operations(collect_points(a), collect_points(b))}
     assert rows["add @native"].ratio == pytest.approx(1 / 1.002) and not rows["add @native"].flagged
-    assert rows["add @native"].cells()[-1] == "within spread"
+    assert rows["add @native"].cells()[-1] == "within spread" and rows["add @native"].spread == \
+        pytest.approx(math.hypot(MIN_HALFWIDTH, MIN_HALFWIDTH))
     assert "2x |" in "\n".join(operation_markdown(a)) and "2x (within" not in "\n".join(operation_markdown(a))
     # 50 ns tied, the clock's floor 10 ns (write_run's): the median is known to 20%, its floor over it
     write_run(floor, [{"native": [5e-8] * 20}])
     assert [p.uncertainty for p in collect_points(floor)] == [pytest.approx(0.2)] * 2
 
 
-def test_compare_flags_a_change_beyond_the_medians_uncertainty_and_not_one_within(tmp_path: Path) -> None:
+def test_compare_of_single_rounds_holds_a_change_against_the_iterations_spread_too(tmp_path: Path) -> None:
     """Single rounds. A native 20% slower in B is flagged although a preempted iteration per point makes the
     iterations' coefficient of variation over 100%; a `fast` 3% faster whose medians are each known to ±4.7%
-    only is not; a `sharp` 3% faster whose medians are sharp is, though its iterations spread ±5% (the old
-    test held B/A against that spread and called it within)."""
-    a, b = tmp_path / "a", tmp_path / "b"
+    only is not. One round's median interval says how well that round knew its median, not where the next
+    run's lands: `sharp` (1000 iterations spread ±2%, so its median known to ±0.1%) 1.5% faster in B is ordinary
+    run-to-run drift, within spread (held against the medians' intervals, and those divided over the points in
+    quadrature, it was DIFFERENT), and 6% faster is not."""
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
     write_run(a, [{"native": latencies(1e-3, 0.99, 1.01, outliers=1), "fast": scattered(1e-3, 0.1),
-                   "sharp": latencies(1e-3, 0.95, 1.05)}])
+                   "sharp": scattered(1e-3, 0.02, 1000)}])
     write_run(b, [{"native": latencies(1.2e-3, 0.99, 1.01, outliers=1), "fast": scattered(0.97e-3, 0.1),
-                   "sharp": latencies(0.97e-3, 0.95, 1.05)}])
-    rows = {r.metric.split(":")[0]: r for r in compare_operations(collect_points(a), collect_points(b))}
+                   "sharp": scattered(0.985e-3, 0.02, 1000)}])
+    write_run(c, [{"sharp": scattered(0.94e-3, 0.02, 1000)}])
+    points_a, points_b = collect_points(a), collect_points(b)
+    rows = {r.metric.split(":")[0]: r for r in compare_operations(points_a, points_b)}
     native, fast, sharp = rows["add @native"], rows["add @fast"], rows["add @sharp"]
     assert native.ratio == pytest.approx(1 / 1.2) and native.flagged
-    assert native.spread == pytest.approx(MIN_HALFWIDTH)
-    assert native.spread_over == "medians' 95% CI; geomean over 2 points"
-    # each point's median to ±10% x 9/19 in A and in B: sqrt(2) x that per point, / sqrt(2) over 2 points
-    assert fast.ratio == pytest.approx(1 / 0.97) and not fast.flagged and fast.spread == pytest.approx(0.9 / 19)
-    assert fast.cells()[-1] == "within spread"
-    assert sharp.ratio == pytest.approx(1 / 0.97) and sharp.flagged and sharp.cells()[-1] == "DIFFERENT"
+    assert native.spread_over == "single round: the larger of the medians' 95% CI and the iterations' spread; " \
+                                 "mean over 2 points"
+    assert fast.ratio == pytest.approx(1 / 0.97) and not fast.flagged and fast.cells()[-1] == "within spread"
+    # each point: its iterations' spread (over its median's interval) in A and in B in quadrature; the mean over
+    # the points, which share each run's state, not divided by sqrt(2)
+    (pa,) = [p for p in points_a if p.implementation == "sharp" and p.shape == "R16xC128"]
+    (pb,) = [p for p in points_b if p.implementation == "sharp" and p.shape == "R16xC128"]
+    assert pa.uncertainty == MIN_HALFWIDTH and pa.iteration_spread is not None  # its interval alone: ±0.13%
+    assert sharp.spread == pytest.approx(math.hypot(pa.iteration_spread, pb.iteration_spread))  # type: ignore[arg-type]
+    assert sharp.ratio == pytest.approx(1 / 0.985) and not sharp.flagged and sharp.cells()[-1] == "within spread"
+    (moved,) = [r for r in compare_operations(points_a, collect_points(c)) if r.metric.startswith("add @sharp")]
+    assert moved.ratio == pytest.approx(1 / 0.94) and moved.flagged and moved.cells()[-1] == "DIFFERENT"
 
 
 def test_compare_takes_the_rounds_t_interval_where_there_are_several_rounds(tmp_path: Path) -> None:
@@ -244,9 +255,10 @@ def test_compare_takes_the_rounds_t_interval_where_there_are_several_rounds(tmp_
     write_run(c, [{"native": latencies(1.3e-3, 0.95, 1.05)}, {"native": latencies(1.31e-3, 0.95, 1.05)}])
     rows, _ = compare_runs(a, b)
     (native,) = [r for r in rows if r.per_operator]
-    assert not native.flagged and native.spread_over == "medians' 95% CI and rounds; geomean over 2 points"
+    assert not native.flagged and native.spread_over == "medians' 95% CI and rounds; mean over 2 points"
     one_round = 12.706 * 0.01 / 1.005 / math.sqrt(2) / math.sqrt(2)  # t x cv / sqrt(rounds), cv = 0.01/sqrt(2)/mean
-    assert native.spread == pytest.approx(math.hypot(one_round, one_round * 1.005 / 1.045) / math.sqrt(2), rel=1e-3)
+    # the two points alike: their mean is each one's (a run's points move together: not divided by sqrt(2))
+    assert native.spread == pytest.approx(math.hypot(one_round, one_round * 1.005 / 1.045), rel=1e-3)
     rows, _ = compare_runs(a, c)
     (native,) = [r for r in rows if r.per_operator]
     assert native.flagged
