@@ -217,7 +217,9 @@ class OperationConfig(CaseConfig):
         """The largest point's inputs and output in its dtype: a lower bound on what its round allocates (the
         reference and an implementation's work space come on top), so that a shape no host can hold is refused
         with the plan (flagperf.hosts.capacity), not met by a failed allocation or, where the device is the
-        host's memory, by a host that swaps."""
+        host's memory, by a host that swaps. The CPU's rewarm after each flush (a copy of the inputs and the
+        output it holds) is not counted: the round leaves it out where it does not fit (driver.rewarm_fits) and
+        says so on the point, so that the plan never refuses a shape the timing itself can hold."""
         points = plan_points(self)
         if not points:
             return None

@@ -255,6 +255,10 @@ class OperatorPoint(_Model):
     host_latency_s: float | None = Field(default=None, description="host clock: wall time per call of as many calls "
                                          "back to back (no flush, one synchronisation at the end), dispatch included")
     iterations: int = 0
+    rewarmed: bool | None = Field(default=None, description="where the flush empties the host's caches too (the "
+                                  "CPU): whether each flush was followed by the untimed call on a copy of the "
+                                  "inputs (false: timed without it, no memory for the copy or its output, so the "
+                                  "call's code and state were cold too); null where there is no such call")
     warmup_calls: int = Field(default=0, description="untimed calls before the timed iterations (warm-up by time)")
     clock_floor_s: float | None = Field(default=None, description="the median the clock measures for an empty "
                                         "interval (its resolution and the cost of marking), in the same round")

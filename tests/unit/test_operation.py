@@ -21,9 +21,17 @@ from flagperf.config.vendors import load_vendor
 from flagperf.errors import ConfigError
 from flagperf.operation.check import compare, compute_reference
 from flagperf.operation.config import OperationConfig
-from flagperf.operation.driver import Implementations, PointRunner, plan_points, roofline, run_operation
+from flagperf.operation.driver import (
+    Implementations,
+    PointRunner,
+    load_implementations,
+    plan_points,
+    rewarm_fits,
+    roofline,
+    run_operation,
+)
 from flagperf.operation.impls import load_implementation
-from flagperf.operation.operators import OPERATORS, counted, make_inputs, shape_label
+from flagperf.operation.operators import ELEMENT_BYTES, OPERATORS, counted, make_inputs, shape_label
 from flagperf.operation.timer import CacheFlush, TimingOptions, graph_support, time_call
 from flagperf.results.operators import collect_points, geomean_speedups, operation_markdown
 from flagperf.results.schema import (
@@ -360,6 +368,40 @@ def test_on_the_cpu_each_flush_is_followed_by_a_call_on_a_copy_of_the_inputs(cpu
     (inputs, total), (copy, copy_total) = seen[0], seen[1]  # the checked call, then the first rewarm
     assert copy != inputs and copy_total == total
     assert seen[1:] == [(copy, total), (inputs, total)] * (point.warmup_calls + 4) + [(inputs, total)] * 4
+
+
+def test_a_point_whose_rewarm_does_not_fit_is_timed_without_it_and_says_so(cpu_spec: SpecTable) -> None:
+    """The rewarm takes one more set of the point's inputs and output (the copy, and the output held over the
+    timed call), which memory_need does not count: where that set would take over USABLE_SHARE of the memory
+    available the rewarm is left out, and where its call runs out of memory the point is timed without it (it
+    was skipped as 'does not fit in memory'); either way the point records rewarmed false."""
+    from flagperf.operation.impls import ImplEnv, OperatorImplementation
+
+    class RewarmOutOfMemory(OperatorImplementation):  # a call that runs out of memory on any other inputs
+        def prepare(self, op: Any, dtype: str, native: Any) -> Any:
+            checked: list[int] = []
+
+            def fn(*inputs: Any) -> Any:
+                checked.append(checked[0] if checked else inputs[0].data_ptr())
+                if inputs[0].data_ptr() != checked[0]:
+                    raise RuntimeError("CPU out of memory: can't allocate memory for the output")
+                return native(*inputs)
+            return fn
+
+    cfg = config(operators=["add"], flush_cache=True, min_iters=6, max_iters=6)
+    impls = load_implementations(cfg, "cpu", CPU)
+    impls.ready["tight"] = RewarmOutOfMemory(ImplEnv(device=CPU, log=logging.getLogger("test")))
+    runner = PointRunner(cfg, cpu_spec, CPU, impls)
+    planned = plan_points(cfg)[0]
+    runner.run(planned)
+    native, tight = runner.points
+    assert (native.implementation, native.status, native.rewarmed) == ("native", "passed", True)
+    assert (tight.implementation, tight.status, tight.rewarmed, tight.iterations) == ("tight", "passed", False, 6)
+    bare = PointRunner(config(operators=["add"]), cpu_spec, CPU, load_implementations(cfg, "cpu", CPU))
+    bare.run(planned)
+    assert bare.points[0].rewarmed is None  # no flush: no rewarm to speak of
+    need = planned.op.allocated_bytes(planned.dims, ELEMENT_BYTES[planned.dtype])
+    assert rewarm_fits(planned, 2 * need) and not rewarm_fits(planned, need)
 
 
 def test_rep_s_bounds_the_timed_loop_when_the_flush_outlasts_the_call() -> None:
