@@ -93,6 +93,7 @@ class PointFigures:
     warmup_calls: list[int] = field(default_factory=list)
     clock_floors: list[float] = field(default_factory=list)
     near_clock_floor: bool = False  # some round's clock floor was over 10% of its median latency
+    without_rewarm: bool = False  # some round timed it without the CPU's rewarm after each flush (no memory)
     max_abs_error: float | None = None
     reference: str | None = None
     formula: str | None = None  # the operator's FLOP and byte counting, as the round stated it
@@ -272,6 +273,7 @@ def points_of(results: Iterable[RoundResult]) -> list[PointFigures]:
                 if p.clock_floor_s is not None:
                     entry.clock_floors.append(p.clock_floor_s)
                 entry.near_clock_floor = entry.near_clock_floor or p.near_clock_floor
+                entry.without_rewarm = entry.without_rewarm or p.rewarmed is False
                 if p.roofline is not None:
                     entry.rooflines.append(p.roofline)
                     entry.roofline_estimated = entry.roofline_estimated or p.roofline_estimated
@@ -436,6 +438,8 @@ SUMMARY_CONVENTIONS = {
     "speedup": "native's latency_s / this implementation's, over the rounds both passed",
     "speedup_uncertainty": "relative uncertainty of speedup: " + UNCERTAINTY_METHOD,
     "host_speedup": "native's host_latency_s / this implementation's, over the rounds both passed",
+    "without_rewarm": "some round timed the point without the call after each flush that rewarms the host's "
+                      "caches (the CPU; no memory for its copy of the inputs): its figure is of a colder call",
 }
 
 
@@ -446,7 +450,7 @@ def point_json(point: PointFigures, index: dict[tuple[str, ...], PointFigures]) 
             "status": point.status, "value": point.value, "unit": point.bound_unit, "latency_s": point.latency,
             "host_latency_s": point.host_latency, "latency_spread": point.iteration_spread,
             "rounds_spread": point.rounds_spread, "latency_uncertainty": point.uncertainty,
-            "rounds": len(point.by_round),
+            "rounds": len(point.by_round), "without_rewarm": point.without_rewarm,
             "speedup": None if native else speedup(point, index),
             "speedup_uncertainty": None if native else speedup_uncertainty(point, index),
             "host_speedup": None if native else speedup(point, index, host=True)}
@@ -546,7 +550,10 @@ CONVENTION = ("Each implementation's output is checked against the operator comp
               "calls back to back with one synchronisation at the end and no flush (FlagPerf's cputime: the "
               "Python wrapper and dispatch included, which the device clock leaves out); ± beside it is the "
               "iterations' spread, (p90 - p10) / (2 x median) (mean over rounds; with several rounds the rounds' "
-              "coefficient of variation is given too); a latency marked 'near the clock's floor' is within 10x of "
+              "coefficient of variation is given too); 'no rewarm' marks a CPU point timed without the call after "
+              "each flush that rewarms the host's caches (no memory for it), and a speed-up between points timed "
+              "with and without it says 'cache conditions differ'; a latency marked 'near the clock's floor' is "
+              "within 10x of "
               "what the clock measures for an empty interval, so up to that share of it is the timer's own cost; "
               "speed-up = native's latency / the implementation's over the rounds both passed, then 'host' the "
               "same of the host times; '(within ±x%)' where the speed-up is within its uncertainty, "
@@ -574,6 +581,8 @@ def point_cell(point: PointFigures | None, base: dict[str, tuple[str, float]]) -
     parts = [f"{number(point.value)} {point.bound_unit}", latency]
     if point.host_latency is not None:
         parts.append(f"host {number(point.host_latency * 1e3)} ms")
+    if point.without_rewarm:
+        parts.append("**no rewarm** (timed without the call after each flush: its code and state cold too)")
     if point.near_clock_floor:
         floor = max(point.clock_floors, default=0.0)
         parts.append(f"**near the clock's floor** ({floor * 1e6:.3g} us, {_pct(floor / point.latency)} of it)")
@@ -597,7 +606,13 @@ def speedup_cell(point: PointFigures | None, index: dict[tuple[str, ...], PointF
     if point is None or ratio is None:
         return "-"
     host = speedup(point, index, host=True)
-    return f"{ratio:.3g}x" + _within_noise(ratio, point, index) + (f"; host {host:.3g}x" if host is not None else "")
+    base = baseline_of(point, index)
+    mixed = ""
+    if base is not None and base.without_rewarm != point.without_rewarm:  # one side's call was colder
+        mixed = (f"; **cache conditions differ** ({BASELINE if base.without_rewarm else md_text(point.implementation)}"
+                 " timed without the rewarm)")
+    return f"{ratio:.3g}x" + _within_noise(ratio, point, index) \
+        + (f"; host {host:.3g}x" if host is not None else "") + mixed
 
 
 def operator_section(case: str, operator: str, points: list[PointFigures], index: dict[tuple[str, ...], PointFigures],

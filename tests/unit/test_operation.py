@@ -370,7 +370,8 @@ def test_on_the_cpu_each_flush_is_followed_by_a_call_on_a_copy_of_the_inputs(cpu
     assert seen[1:] == [(copy, total), (inputs, total)] * (point.warmup_calls + 4) + [(inputs, total)] * 4
 
 
-def test_a_point_whose_rewarm_does_not_fit_is_timed_without_it_and_says_so(cpu_spec: SpecTable) -> None:
+def test_a_point_whose_rewarm_does_not_fit_is_timed_without_it_and_says_so(cpu_spec: SpecTable,
+                                                                             tmp_path: Path) -> None:
     """The rewarm takes one more set of the point's inputs and output (the copy, and the output held over the
     timed call), which memory_need does not count: where that set would take over USABLE_SHARE of the memory
     available the rewarm is left out, and where its call runs out of memory the point is timed without it (it
@@ -397,6 +398,17 @@ def test_a_point_whose_rewarm_does_not_fit_is_timed_without_it_and_says_so(cpu_s
     native, tight = runner.points
     assert (native.implementation, native.status, native.rewarmed) == ("native", "passed", True)
     assert (tight.implementation, tight.status, tight.rewarmed, tight.iterations) == ("tight", "passed", False, 6)
+    # the report marks the cell, and the speed-up mixing the two cache conditions says so
+    now = datetime.now(timezone.utc)
+    write_result(round_dir(tmp_path / "run", "op-elementwise", 1, "h") / "result.json", RoundResult(
+        run_id="run", case="op-elementwise", family="operation", round=1, host="h", node_rank=0, vendor="cpu",
+        status="success", started_at=now, finished_at=now, duration_s=1.0, measured_seconds=1.0,
+        metrics=runner.metrics, config={}, operation=OperationReport(timing="t", flush="f", graphs="g", counting={},
+                                                                     tolerances={}, points=runner.points)))
+    (row,) = [line for line in operation_markdown(tmp_path / "run") if "(tiny b1 s16) |" in line]
+    native_cell, tight_cell, speedup_cell = [cell.strip() for cell in row.split("|")[3:6]]
+    assert "no rewarm" not in native_cell and "**no rewarm**" in tight_cell
+    assert speedup_cell.endswith("; **cache conditions differ** (tight timed without the rewarm)")
     bare = PointRunner(config(operators=["add"]), cpu_spec, CPU, load_implementations(cfg, "cpu", CPU))
     bare.run(planned)
     assert bare.points[0].rewarmed is None  # no flush: no rewarm to speak of
