@@ -429,9 +429,11 @@ SUMMARY_CONVENTIONS = {
     "latency_s": "device clock (events on an accelerator, the host clock on a CPU; what inference calls compute "
                  "latency): the median over the timed iterations, each call timed alone after the cache flush "
                  "(mean over rounds)",
-    "host_latency_s": "host clock (what inference calls latency): wall time per call of as many calls back to back, "
-                      "no flush, one synchronisation at the end, Python wrapper and dispatch included (FlagPerf's "
-                      "cputime; mean over rounds)",
+    "host_latency_s": "host clock, FlagPerf's cputime convention: wall time per call of as many calls back to back, "
+                      "no flush, one synchronisation at the end, Python wrapper and dispatch included; with the host "
+                      "queueing ahead that is the larger of the host's and the device's time per call (an inverse "
+                      "throughput, caches warm), not inference's per-batch latency, which synchronises each batch "
+                      "(mean over rounds)",
     "latency_spread": "(p90 - p10) / (2 x median) of the iterations: one iteration's noise (mean over rounds)",
     "rounds_spread": "coefficient of variation of the figure across the rounds that passed",
     "latency_uncertainty": "relative uncertainty of latency_s: " + UNCERTAINTY_METHOD,
@@ -465,6 +467,8 @@ def _speedup_text(impl: str, found: dict[str, Any]) -> str:
     text = f"{md_text(impl)} " + ("-" if found["geomean"] is None else f"{found['geomean']:.3g}x")
     if found.get("host_geomean") is not None:
         text += f", host {found['host_geomean']:.3g}x"
+        if found.get("host_points") is not None and found["host_points"] != found["points"]:
+            text += f" (over {found['host_points']})"  # older rounds recorded no host time
     if "of" not in found:  # a summary.json written before the counts
         return text + f" ({found['points']})"
     text += f" ({found['points']} of {found['of']}"
@@ -556,7 +560,8 @@ CONVENTION = ("Each implementation's output is checked against the operator comp
               "within 10x of "
               "what the clock measures for an empty interval, so up to that share of it is the timer's own cost; "
               "speed-up = native's latency / the implementation's over the rounds both passed, then 'host' the "
-              "same of the host times; '(within ±x%)' where the speed-up is within its uncertainty, "
+              "same of the host times (one back-to-back loop per round: a single sample, no uncertainty); "
+              "'(within ±x%)' where the speed-up is within its uncertainty, "
               + UNCERTAINTY_METHOD + ", so no change to read; the "
               "figure is TFLOPS (1e12 FLOP/s) for compute-bound operators and GB/s (1e9 bytes/s; each input "
               "read once and each output written once, as the base specs' memory_copy_bandwidth counts a copy's "
@@ -595,8 +600,13 @@ def point_cell(point: PointFigures | None, base: dict[str, tuple[str, float]]) -
 
 
 def _within_noise(ratio: float, point: PointFigures, index: dict[tuple[str, ...], PointFigures]) -> str:
-    """' (within ±x%)' where a speed-up is inside its uncertainty (speedup_uncertainty): no change to read."""
+    """' (within ±x%)' where a speed-up is inside its uncertainty (speedup_uncertainty): no change to read. A
+    record without the medians' intervals (written before them, or under 6 iterations) falls back, as compare
+    does, to the two points' spreads in quadrature."""
     uncertainty = speedup_uncertainty(point, index)
+    base = baseline_of(point, index)
+    if uncertainty is None and base is not None and point.spread is not None and base.spread is not None:
+        uncertainty = math.hypot(point.spread, base.spread)
     return f" (within {_pct(uncertainty, '±')})" if uncertainty is not None and abs(ratio - 1) <= uncertainty else ""
 
 
@@ -611,8 +621,9 @@ def speedup_cell(point: PointFigures | None, index: dict[tuple[str, ...], PointF
     if base is not None and base.without_rewarm != point.without_rewarm:  # one side's call was colder
         mixed = (f"; **cache conditions differ** ({BASELINE if base.without_rewarm else md_text(point.implementation)}"
                  " timed without the rewarm)")
+    # one back-to-back loop per round and implementation: no interval to hold it against, so never 'within'
     return f"{ratio:.3g}x" + _within_noise(ratio, point, index) \
-        + (f"; host {host:.3g}x" if host is not None else "") + mixed
+        + (f"; host {host:.3g}x (single sample)" if host is not None else "") + mixed
 
 
 def operator_section(case: str, operator: str, points: list[PointFigures], index: dict[tuple[str, ...], PointFigures],
@@ -661,12 +672,12 @@ def operation_markdown(run_dir: Path, rows: pd.DataFrame | None = None) -> list[
     summary = geomean_speedups(collected)
     if summary:
         lines += ["### Geometric-mean speed-up against native, over every operator", "",
-                  "| dtype | implementation | geomean speed-up (x) | min (x) | max (x) | geomean host speed-up (x) "
-                  "| points | failed | skipped |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| dtype | implementation | geomean speed-up (x) | min (x) | max (x) | points "
+                  "| geomean host speed-up (x, single samples) | host points | failed | skipped |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         lines += [f"| {s['dtype']} | {md_text(s['implementation'])} | {_num(s['geomean'], 3)} | "
-                  f"{_num(s['min'], 3)} | {_num(s['max'], 3)} | {_num(s['host_geomean'], 3)} | {s['points']} | "
-                  f"{s['failed']} | {s['skipped']} |" for s in summary]
+                  f"{_num(s['min'], 3)} | {_num(s['max'], 3)} | {s['points']} | {_num(s['host_geomean'], 3)} | "
+                  f"{s['host_points']} | {s['failed']} | {s['skipped']} |" for s in summary]
         lines.append("")
     for (case, operator), points in by_operator(collected).items():
         lines += operator_section(case, operator, points, index, base)

@@ -448,7 +448,9 @@ def _point(impl: str, shape: dict[str, int], latency: float | None, status: str 
 def test_the_report_has_the_table_the_geomean_and_the_failed_points(tmp_path: Path) -> None:
     run_dir = tmp_path / "run-ops"
     small, large = {"R": 4, "C": 8}, {"R": 8, "C": 8}
-    points = [_point("native", small, 2e-3), _point("fast", small, 1e-3), _point("native", large, 2e-3),
+    # the small shape's records have host times, the large one's not (older ones): the host geomean is over 1
+    points = [_point("native", small, 2e-3).model_copy(update={"host_latency_s": 2e-3}),
+              _point("fast", small, 1e-3).model_copy(update={"host_latency_s": 1e-3}), _point("native", large, 2e-3),
               _point("fast", large, 4e-3),
               _point("wrong", small, None, "failed", "wrong result: 1 of 32 elements | off")]
     now = datetime.now(timezone.utc)
@@ -465,11 +467,13 @@ def test_the_report_has_the_table_the_geomean_and_the_failed_points(tmp_path: Pa
     # fast: 2 ms -> 1 ms (2x) and 2 ms -> 4 ms (0.5x): geomean exactly 1.
     (row,) = [r for r in geomean_speedups(collect_points(run_dir)) if r["implementation"] == "fast"]
     assert row["geomean"] == pytest.approx(1.0) and row["points"] == 2 and row["min"] == pytest.approx(0.5)
-    assert "| fp16 | fast | 1 | 0.5 | 2 | - | 2 | 0 | 0 |" in text  # no host times in these records
+    # the host column says how many points its geomean is over; a host speed-up is a single sample
+    assert "| points | geomean host speed-up (x, single samples) | host points |" in text
+    assert "| fp16 | fast | 1 | 0.5 | 2 | 2 | 2 | 1 | 0 | 0 |" in text
     # The operator's table: a row per dtype and shape, a column per implementation (native first) and speed-up.
     assert "| dtype | shape (from) | native | fast | fast vs native | wrong | wrong vs native |" in text
-    assert ("| fp16 | R4xC8 (given) | 1 GB/s · 2 ms ±0% · 25.0% roofline | 1 GB/s · 1 ms ±0% · 25.0% roofline | "
-            "2x | **FAILED** | - |") in text
+    assert ("| fp16 | R4xC8 (given) | 1 GB/s · 2 ms ±0% · host 2 ms · 25.0% roofline | 1 GB/s · 1 ms ±0% · host 1 ms "
+            "· 25.0% roofline | 2x; host 2x (single sample) | **FAILED** | - |") in text
     assert ("| fp16 | R8xC8 (given) | 1 GB/s · 2 ms ±0% · 25.0% roofline | 1 GB/s · 4 ms ±0% · 25.0% roofline | "
             "0.5x | - | - |") in text
     # a '|' in an error cannot break the table

@@ -215,6 +215,21 @@ def test_iterations_the_clock_ties_leave_the_median_known_to_its_floor_not_exact
     assert [p.uncertainty for p in collect_points(floor)] == [pytest.approx(0.2)] * 2
 
 
+def test_a_record_without_the_medians_intervals_still_says_within_by_its_spread(tmp_path: Path) -> None:
+    """5 iterations have no 95% interval of the median (recorded null), as records from before the intervals:
+    the report's '(within ±x%)' falls back, as compare does, to the two points' spreads in quadrature (it was
+    left out, so a 1.03x inside the iterations' ±8% read as a change)."""
+    run_dir = tmp_path / "run"
+    write_run(run_dir, [{"native": scattered(1.03e-3, 0.1, 5), "fast": scattered(1e-3, 0.1, 5)}])
+    points = collect_points(run_dir)
+    index = point_index(points)
+    (fast,) = [p for p in points if p.implementation == "fast" and p.shape == "R16xC128"]
+    (native,) = [p for p in points if p.implementation == "native" and p.shape == "R16xC128"]
+    assert fast.uncertainty is None and speedup_uncertainty(fast, index) is None
+    within = math.hypot(fast.spread, native.spread)  # type: ignore[arg-type]
+    assert f"| 1.03x (within ±{100 * within:.1f}%) |" in "\n".join(operation_markdown(run_dir))
+
+
 def test_compare_of_single_rounds_holds_a_change_against_the_iterations_spread_too(tmp_path: Path) -> None:
     """Single rounds. A native 20% slower in B is flagged although a preempted iteration per point makes the
     iterations' coefficient of variation over 100%; a `fast` 3% faster whose medians are each known to ±4.7%
@@ -292,8 +307,8 @@ def test_the_host_time_is_reported_beside_the_device_clocks_with_both_speedups(t
     write_summary(run_dir, summarize(run_dir))
     text = (run_dir / "report.md").read_text(encoding="utf-8")
     assert "0.01229 GB/s · 2 ms ±5.0% · host 2.5 ms · 0.012% roofline | " \
-           "0.02458 GB/s · 1 ms ±5.0% · host 2 ms · 0.025% roofline | 2x; host 1.25x |" in text
-    assert "| fp32 | fast | 2 | 2 | 2 | 1.25 | 2 | 0 | 0 |" in text  # the geomean table: device, then host
+           "0.02458 GB/s · 1 ms ±5.0% · host 2 ms · 0.025% roofline | 2x; host 1.25x (single sample) |" in text
+    assert "| fp32 | fast | 2 | 2 | 2 | 2 | 1.25 | 2 | 0 | 0 |" in text  # the geomean table: device, then host
     assert "the host clock's wall time per call of as many calls back to back" in text  # the convention
     summary = json.loads((run_dir / "summary.json").read_text())
     (entry,) = summary["operators"]
