@@ -209,8 +209,10 @@ class OperationConfig(CaseConfig):
             raise ValueError(f"max_iters ({self.max_iters}) must be at least min_iters ({self.min_iters})")
         if not self.models and not self.shapes:
             raise ValueError("give model shapes (models) or shapes of your own (shapes): there is nothing to measure")
-        if self.warmup_s + self.rep_s >= self.timeout_s:
-            raise ValueError(f"warmup_s + rep_s must be well below timeout_s ({self.timeout_s:g})")
+        # a point's warm-up, its timed loop and its host loop (up to rep_s worth again)
+        if self.warmup_s + 2 * self.rep_s >= self.timeout_s:
+            raise ValueError(f"warmup_s + 2 x rep_s (the timed iterations, then the host's loop of as many calls "
+                             f"back to back) must be well below timeout_s ({self.timeout_s:g})")
         return self
 
     def memory_need(self) -> MemoryNeed | None:

@@ -258,7 +258,9 @@ class OperatorPoint(_Model):
     rewarmed: bool | None = Field(default=None, description="where the flush empties the host's caches too (the "
                                   "CPU): whether each flush was followed by the untimed call on a copy of the "
                                   "inputs (false: timed without it, no memory for the copy or its output, so the "
-                                  "call's code and state were cold too); null where there is no such call")
+                                  "call's code and state were cold too); null where there is no such call (no flush, a "
+                                  "flush that leaves the host's caches alone, or a call over 10x its flush, where "
+                                  "it would change nothing)")
     warmup_calls: int = Field(default=0, description="untimed calls before the timed iterations (warm-up by time)")
     clock_floor_s: float | None = Field(default=None, description="the median the clock measures for an empty "
                                         "interval (its resolution and the cost of marking), in the same round")

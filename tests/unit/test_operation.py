@@ -333,13 +333,40 @@ def test_the_host_time_is_as_many_calls_back_to_back_unflushed_after_the_timed_o
         while time.perf_counter() < end:
             pass
 
-    timed = time_call(call, CPU, TimingOptions(0.001, 10.0, 6, 6, True, False), lambda: events.append("flush"),
+    def flush() -> None:  # 25x the call, however loaded the machine: the rewarm is kept
+        events.append("flush")
+        end = time.perf_counter() + 5e-3
+        while time.perf_counter() < end:
+            pass
+
+    timed = time_call(call, CPU, TimingOptions(0.001, 10.0, 6, 6, True, False), flush,
                       lambda: (events.append("rewarm"), Held())[1])
     each = ["flush", "rewarm", "call", "freed"]
-    assert events == each * (timed.warmup_calls + 6) + ["call"] * 6
-    assert timed.host_latency is not None and timed.host_latency >= 2e-4
+    assert events == each * (timed.warmup_calls + 6) + ["call"] * 6 and not timed.rewarm_dropped
+    assert timed.host_latency is not None and timed.host_latency >= 2e-4 and timed.host_calls == 6
     bare = time_call(call, CPU, TimingOptions(0.001, 10.0, 3, 3, False, False), None)
     assert bare.host_latency is not None and bare.host_latency >= 2e-4
+
+
+def test_a_slow_call_drops_the_rewarm_and_its_host_loop_is_rep_s_worth() -> None:
+    """A call far longer than its flush (20 ms against a flush of nothing) is timed without the rewarm, which
+    would double each iteration for nothing the call could show, and its host loop is rep_s worth of calls by
+    the timed median (here 1), not as many as the timed iterations: a slow point took about 3x as long."""
+    events: list[str] = []
+
+    def call() -> None:
+        events.append("call")
+        end = time.perf_counter() + 2e-2
+        while time.perf_counter() < end:
+            pass
+
+    timed = time_call(call, CPU, TimingOptions(0.001, 0.001, 4, 4, True, False), lambda: events.append("flush"),
+                      lambda: events.append("rewarm"))
+    assert timed.rewarm_dropped and events.count("rewarm") == 1  # the first warm-up call's, which measured it
+    assert len(timed.latencies) == 4 and timed.host_calls == 1
+    assert events[-3:] == ["flush", "call", "call"]  # the last timed iteration, then the host loop's one call
+    with pytest.raises(ValidationError, match="2 x rep_s"):
+        config(warmup_s=1.0, rep_s=300.0, timeout_s=600)
 
 
 def test_on_the_cpu_each_flush_is_followed_by_a_call_on_a_copy_of_the_inputs(cpu_spec: SpecTable) -> None:
