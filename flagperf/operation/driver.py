@@ -451,7 +451,7 @@ def run_operation(config: OperationConfig, vendor: str, spec: SpecTable, device:
                 "iterations; a point's spread (±) is (p90 - p10) / (2 x median) of its iterations, the median's "
                 "95% confidence interval the order statistics of its iterations (ranks from Binomial(n, 1/2)); "
                 "its host latency is the host clock's wall time per call of as many calls back to back (at most "
-                f"rep_s worth by the median; the call itself, no flush, no graph, one synchronisation at the end: "
+                "rep_s worth by the median; the call itself, no flush, no graph, one synchronisation at the end: "
                 "FlagPerf's cputime, dispatch included); its clock "
                 f"floor is the median the clock measures for an empty interval, and a point whose floor is over "
                 f"{NEAR_FLOOR_SHARE:.0%} of its median latency is marked (its figure includes up to that much of the "
