@@ -209,15 +209,19 @@ class OperationConfig(CaseConfig):
             raise ValueError(f"max_iters ({self.max_iters}) must be at least min_iters ({self.min_iters})")
         if not self.models and not self.shapes:
             raise ValueError("give model shapes (models) or shapes of your own (shapes): there is nothing to measure")
-        if self.warmup_s + self.rep_s >= self.timeout_s:
-            raise ValueError(f"warmup_s + rep_s must be well below timeout_s ({self.timeout_s:g})")
+        # a point's warm-up, its timed loop and its host loop (up to rep_s worth again)
+        if self.warmup_s + 2 * self.rep_s >= self.timeout_s:
+            raise ValueError(f"warmup_s + 2 x rep_s (the timed iterations, then the host's loop of as many calls "
+                             f"back to back) must be well below timeout_s ({self.timeout_s:g})")
         return self
 
     def memory_need(self) -> MemoryNeed | None:
         """The largest point's inputs and output in its dtype: a lower bound on what its round allocates (the
         reference and an implementation's work space come on top), so that a shape no host can hold is refused
         with the plan (flagperf.hosts.capacity), not met by a failed allocation or, where the device is the
-        host's memory, by a host that swaps."""
+        host's memory, by a host that swaps. The CPU's rewarm after each flush (a copy of the inputs and the
+        output it holds) is not counted: the round leaves it out where it does not fit (driver.rewarm_fits) and
+        says so on the point, so that the plan never refuses a shape the timing itself can hold."""
         points = plan_points(self)
         if not points:
             return None

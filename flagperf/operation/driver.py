@@ -14,9 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from flagperf.config.memory import USABLE_SHARE
 from flagperf.errors import CaseUserError
 from flagperf.measure.casekit import comparable_ratio
 from flagperf.measure.device import synchronize
@@ -36,6 +38,7 @@ from flagperf.operation.impls import (
     vendor_implementations,
 )
 from flagperf.operation.operators import (
+    ELEMENT_BYTES,
     FP8,
     OPERATORS,
     Operator,
@@ -203,6 +206,13 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a, b)
 
 
+def rewarm_fits(point: PlannedPoint, available: int) -> bool:
+    """The rewarm's copy of the inputs and the output it holds over the timed call (one more set of the
+    point's inputs and output) fit in USABLE_SHARE of the memory still available with the point's own set
+    allocated. memory_need counts one set, so a point the plan let through may have no room for a second."""
+    return point.op.allocated_bytes(point.dims, ELEMENT_BYTES[point.dtype]) <= USABLE_SHARE * available
+
+
 def _free(device: torch.device) -> None:
     module = torch.get_device_module(device.type) if device.type != "cpu" else None
     if module is not None and hasattr(module, "empty_cache"):
@@ -302,13 +312,33 @@ class PointRunner:
                     status, error = "failed", verdict.error
                 else:
                     copies = self._rewarm_inputs(point)
+                    if copies is not None:
+                        common["rewarmed"] = True
+                    elif self.flush is not None and self.flush.rewarm:
+                        common["rewarmed"] = False
 
                     def rewarm() -> Any:
                         return fn(*copies)  # type: ignore[misc]
 
-                    with impl.scope():
-                        timed = time_call(call, self.device, self.options, self.flush,
-                                          rewarm if copies is not None else None)
+                    try:
+                        with impl.scope():
+                            timed = time_call(call, self.device, self.options, self.flush,
+                                              rewarm if copies is not None else None)
+                    except Exception as exc:
+                        if copies is None or not _is_oom(exc):
+                            raise
+                        # the rewarm's output (held over the timed call) is what did not fit: the point is
+                        # timed without the rewarm, and says so, rather than skipped
+                        copies = None
+                        _free(self.device)
+                        log.warning("%s %s %s @%s: timed without the call that rewarms the host's caches after each "
+                                    "flush (%s)", point.op.name, point.dtype, shape_label(point.dims), name,
+                                    _first_line(exc))
+                        common["rewarmed"] = False
+                        with impl.scope():
+                            timed = time_call(call, self.device, self.options, self.flush, None)
+                    if timed.rewarm_dropped:  # a call far longer than its flush: nothing for the rewarm to change
+                        common["rewarmed"] = None
                     del copies
         except Exception as exc:  # an implementation's error fails its point, not the round
             _free(self.device)
@@ -327,8 +357,15 @@ class PointRunner:
     def _rewarm_inputs(self, point: PlannedPoint) -> list[Any] | None:
         """A copy of the point's inputs (made again, seeded: the same values elsewhere in memory) for the call
         after each flush where the flush empties the host's caches too (CacheFlush.rewarm); None where there is
-        none to make, or no memory for it (timed without, said)."""
+        none to make, or no memory for it and its output (rewarm_fits; timed without, said in the log and on the
+        point)."""
         if self.flush is None or not self.flush.rewarm:
+            return None
+        available = psutil.virtual_memory().available  # the rewarm is only where the device's memory is the host's
+        if not rewarm_fits(point, available):
+            log.warning("%s %s %s: timed without the call that rewarms the host's caches after each flush (a copy "
+                        "of its inputs and output would take over %.0f%% of the %.2f GiB available)", point.op.name,
+                        point.dtype, shape_label(point.dims), 100 * USABLE_SHARE, available / 2**30)
             return None
         try:
             return make_inputs(point.op, point.dims, point.dtype, self.device, self.config.seed)
@@ -371,7 +408,7 @@ class PointRunner:
         median, p10, p90 = timed.median, timed.p10, timed.p90
         metric, _, unit = point_metric(metric_name, point, self.spec, timed.latencies, median, p10, p90,
                                        timed.window, timed.warmup_calls, timed.host_latency)
-        low, high = timed.median_interval
+        low, high = timed.median_interval or (None, None)
         flops, nbytes = counted(point.op, point.dims, point.dtype)
         share, basis = roofline(self.spec, point.op, point.dtype, flops, nbytes, median)
         self.metrics.append(metric)
@@ -413,9 +450,9 @@ def run_operation(config: OperationConfig, vendor: str, spec: SpecTable, device:
                 "warm-up), each call timed alone; the figure is at the median latency, p10 and p90 over the "
                 "iterations; a point's spread (±) is (p90 - p10) / (2 x median) of its iterations, the median's "
                 "95% confidence interval the order statistics of its iterations (ranks from Binomial(n, 1/2)); "
-                "its host latency is the host clock's wall time per call of as many calls back to back (the call "
-                "itself, no flush, no graph, one synchronisation at the end: FlagPerf's cputime, dispatch "
-                "included); its clock "
+                "its host latency is the host clock's wall time per call of as many calls back to back (at most "
+                "rep_s worth by the median; the call itself, no flush, no graph, one synchronisation at the end: "
+                "FlagPerf's cputime, dispatch included); its clock "
                 f"floor is the median the clock measures for an empty interval, and a point whose floor is over "
                 f"{NEAR_FLOOR_SHARE:.0%} of its median latency is marked (its figure includes up to that much of the "
                 "timer's own cost)"),

@@ -26,6 +26,9 @@ FALLBACK_CACHE_BYTES = 64 * 2**20  # when the device does not say how large its 
 CLOCK_FLOOR_SAMPLES = 64  # empty intervals whose median is the clock's floor
 NEAR_FLOOR_SHARE = 0.1  # a floor over 10% of the median: the timer's own cost is a tenth of the figure or more
 MEDIAN_CONFIDENCE = 0.95  # of the median's interval (order statistics)
+# A call this many times its flush is timed without the rewarm: what the rewarm brings back (the call's code and
+# state, ~0.1 ms on a CPU) is lost in it, and the rewarm would double every iteration of a slow point.
+REWARM_SLOW_CALL = 10.0
 
 
 @dataclass(frozen=True)
@@ -45,11 +48,14 @@ class Timed:
     graphs: bool
     warmup_calls: int = 0
     clock_floor: float = 0.0  # the median the clock measures between two marks with nothing between them
-    host_latency: float | None = None  # host wall time per call of len(latencies) back-to-back calls
+    host_latency: float | None = None  # host wall time per call of host_calls back-to-back calls
+    host_calls: int = 0
+    rewarm_dropped: bool = False  # a rewarm was given and left out: the call is over REWARM_SLOW_CALL x the flush
 
     @property
-    def median_interval(self) -> tuple[float, float]:
-        """The median's MEDIAN_CONFIDENCE confidence interval over the iterations (order statistics)."""
+    def median_interval(self) -> tuple[float, float] | None:
+        """The median's MEDIAN_CONFIDENCE confidence interval over the iterations (order statistics); None
+        with too few iterations for one."""
         return median_interval(self.latencies)
 
     @property
@@ -84,7 +90,7 @@ def median_ranks(n: int, confidence: float = MEDIAN_CONFIDENCE) -> int:
     """The 1-based rank j such that the j-th and (n + 1 - j)-th smallest of n values bound the median with at
     least ``confidence``: the interval misses it with probability 2 P(Binomial(n, 1/2) <= j - 1), whatever the
     distribution (iterations independent). Under 6 values no pair reaches 95%: 1, the smallest and the largest
-    (coverage 1 - 2^(1-n))."""
+    (coverage 1 - 2^(1-n), which median_interval does not call a 95% interval)."""
     tail = (1 - confidence) / 2
     below = 0.0  # P(Binomial(n, 1/2) <= k)
     j = 1
@@ -96,8 +102,13 @@ def median_ranks(n: int, confidence: float = MEDIAN_CONFIDENCE) -> int:
     return j
 
 
-def median_interval(values: list[float], confidence: float = MEDIAN_CONFIDENCE) -> tuple[float, float]:
-    """The median's confidence interval: the order statistics of median_ranks (deterministic, no resampling)."""
+def median_interval(values: list[float], confidence: float = MEDIAN_CONFIDENCE) -> tuple[float, float] | None:
+    """The median's confidence interval: the order statistics of median_ranks (deterministic, no resampling).
+    None where even the smallest and largest value cover the median less than ``confidence`` (under 6 values
+    at 95%: 2 cover 50%, 1 nothing): an interval labelled 95% must be one, and the reports then fall back to
+    the iterations' spread."""
+    if 1 - 2 * 0.5 ** len(values) < confidence:
+        return None
     ordered = sorted(values)
     j = median_ranks(len(ordered), confidence)
     return ordered[j - 1], ordered[len(ordered) - j]
@@ -206,12 +217,30 @@ def time_call(call: Callable[[], Any], device: torch.device, options: TimingOpti
     after each flush (CacheFlush.rewarm), its result held until the timed call is done, so that the timed call's
     output is not written where the rewarm's just was.
 
+    A call over REWARM_SLOW_CALL x its flush (the first warm-up call's) drops the rewarm: it would double each
+    iteration for a difference lost in the call (Timed.rewarm_dropped).
+
     Then the host's time: as many calls of ``call`` itself (never a graph's replay, which skips the host's
-    work) back to back, no flush, one synchronisation at the end; the wall time over the count. On an accelerator
-    the larger of the host's cost per call and the device's time (the host queues ahead); on the CPU, where
-    the device's clock is the host's, the same calls with their caches warm."""
+    work) back to back, at most rep_s worth of them by the timed median (at least one), no flush, one
+    synchronisation at the end; the wall time over the count. On an accelerator the larger of the host's cost
+    per call and the device's time (the host queues ahead); on the CPU, where the device's clock is the host's,
+    the same calls with their caches warm."""
     started = time.perf_counter()
     calls = 0
+    dropped = False
+    if flush is not None and rewarm is not None:  # the first warm-up call: the flush's time against the call's
+        begin = time.perf_counter()
+        flush()
+        flushed = time.perf_counter()
+        held = rewarm()
+        synchronize(device)
+        ready = time.perf_counter()
+        call()
+        synchronize(device)
+        del held
+        calls = 1
+        if time.perf_counter() - ready > REWARM_SLOW_CALL * (flushed - begin):
+            rewarm, dropped = None, True
     while calls == 0 or time.perf_counter() - started < options.warmup_s:
         held = _flushed(flush, rewarm)
         call()
@@ -237,10 +266,13 @@ def time_call(call: Callable[[], Any], device: torch.device, options: TimingOpti
     latencies = [clock.seconds(begin, end) for begin, end in marks]
     if any(t <= 0 for t in latencies):
         raise RuntimeError(f"{clock.name} measured a non-positive time for a call: too coarse for this operator")
+    # rep_s worth by the timed median: a slow point's host loop must not take as long again as its timed one
+    host_calls = min(iterations, max(1, math.ceil(options.rep_s / percentile(latencies, 50))))
     host_started = time.perf_counter()
-    for _ in range(iterations):
+    for _ in range(host_calls):
         call()
     synchronize(device)
-    host_latency = (time.perf_counter() - host_started) / iterations
+    host_latency = (time.perf_counter() - host_started) / host_calls
     return Timed(latencies=latencies, window=(epoch_start, epoch_end), graphs=graphs, warmup_calls=calls,
-                 clock_floor=clock_floor(clock, device), host_latency=host_latency)
+                 clock_floor=clock_floor(clock, device), host_latency=host_latency, host_calls=host_calls,
+                 rewarm_dropped=dropped)

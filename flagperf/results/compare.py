@@ -47,12 +47,14 @@ SPREAD_NOTE = ("A difference is flagged when |B/A - 1| exceeds the larger spread
                "rounds, or across timed chunks for single-round runs) of the two runs.")
 OPERATION_NOTE = ("Operation cases: one row per operator and implementation; A and B are the geometric means of "
                   "the figure over the dtype x shape points both runs passed, so B/A is the geometric mean of the "
-                  "points' ratios; its spread is the uncertainty of that geometric mean: each point's relative "
-                  "uncertainty in A and in B (" + UNCERTAINTY_METHOD + ") in quadrature, then over the points, "
-                  "sqrt(sum of squares) / points (for records without the medians' intervals: the larger of the "
-                  "runs' median point spread). It does not include the drift from one run to the next (run with "
-                  "several rounds to measure it); a point that passed in one run and failed in the other is "
-                  "flagged.")
+                  "points' ratios; its spread is each point's relative uncertainty in A and in B in quadrature, "
+                  "then their mean over the points (not divided by sqrt(points): a run's points share its clock "
+                  "and thermal state, so their errors move together). A point's uncertainty in a run of two or "
+                  "more rounds: " + UNCERTAINTY_METHOD + ", which includes how far the rounds drifted; in a "
+                  "single round at least the iterations' spread, (p90 - p10) / (2 x median): a median's interval "
+                  "says how well that round knew its median, not where the next run's lands (1-3% apart is "
+                  "ordinary), so run both with 3 or more rounds to compare finer than one iteration's noise. A "
+                  "point that passed in one run and failed in the other is flagged.")
 
 
 def compare(a: RunSummary, b: RunSummary) -> list[Comparison]:
@@ -89,25 +91,36 @@ def _operator_points(points: list[PointFigures]) -> dict[tuple[str, str, str], d
     return grouped
 
 
-def _median_spread(points: list[PointFigures]) -> tuple[float, str] | None:
-    """The median of the points' spreads, and what it is over (rounds, iterations, or both among the points)."""
-    spreads = [(s, p.spread_basis) for p in points if (s := p.spread) is not None]
-    if not spreads:
-        return None
-    bases = ", ".join(dict.fromkeys(str(basis) for _, basis in spreads))
-    return statistics.median(s for s, _ in spreads), f"{bases}; median over points"
+def _run_uncertainty(point: PointFigures) -> tuple[float, str] | None:
+    """A point's relative uncertainty in one run, for a change between runs, and its basis: with two or more
+    rounds its medians' intervals and the rounds' t-interval (point.uncertainty), which measure the drift
+    between rounds; with one round at least its iterations' spread, since one round's median interval says
+    how well that round knew its median, not how far the next run's lands (clocks, heat, neighbours: 1-3% is
+    ordinary), and one iteration's spread is the run's own measure of how much its state moves. None where
+    it has neither."""
+    ci, spread = point.uncertainty, point.spread
+    if len(point.by_round) >= 2:  # without intervals (under 6 iterations), the rounds' own spread
+        found = ci if ci is not None else spread
+        return (found, "rounds") if found is not None else None
+    found = [u for u in (ci, spread) if u is not None]
+    return (max(found), "single round") if found else None
 
 
 def _geomean_uncertainty(pa: list[PointFigures], pb: list[PointFigures]) -> tuple[float, str] | None:
-    """The relative uncertainty of B/A's geometric mean over these paired points, and what it is over; None
-    where a point has no uncertainty (a record from before the medians' intervals)."""
-    found = [(a.uncertainty, b.uncertainty) for a, b in zip(pa, pb, strict=True)]
+    """The relative uncertainty of B/A's geometric mean over these paired points, and what it is over: each
+    point's uncertainty in A and in B (_run_uncertainty) in quadrature (two runs: independent), then their
+    mean over the points, not divided by sqrt(points): the points of a run share its clock and thermal state,
+    so their errors move together and a geometric mean does not average them away. None where a point has
+    no uncertainty at all."""
+    found = [(_run_uncertainty(a), _run_uncertainty(b)) for a, b in zip(pa, pb, strict=True)]
     if not found or any(ua is None or ub is None for ua, ub in found):
         return None
-    total = math.sqrt(sum(ua * ua + ub * ub for ua, ub in found)) / len(found)  # type: ignore[operator]
-    rounds = any(len(p.by_round) > 1 for p in [*pa, *pb])
-    return total, (f"medians' 95% CI{' and rounds' if rounds else ''}; geomean over {len(found)} "
-                   f"point{'s' if len(found) > 1 else ''}")
+    total = statistics.fmean(math.hypot(ua[0], ub[0]) for ua, ub in found)  # type: ignore[index]
+    bases = {basis for pair in found for _, basis in pair}  # type: ignore[misc]
+    basis = ("medians' 95% CI and rounds" if bases == {"rounds"} else
+             "single round: the larger of the medians' 95% CI and the iterations' spread" if bases == {"single round"}
+             else "medians' 95% CI and rounds, or single round: the larger of it and the iterations' spread")
+    return total, f"{basis}; mean over {len(found)} point{'s' if len(found) > 1 else ''}"
 
 
 def compare_operations(a: list[PointFigures], b: list[PointFigures]) -> list[Comparison]:
@@ -142,12 +155,7 @@ def compare_operations(a: list[PointFigures], b: list[PointFigures]) -> list[Com
         vb = geomean([pb[k].value for k in shared])  # type: ignore[misc]
         ratio = vb / va if va and vb is not None else None
         found = _geomean_uncertainty([pa[k] for k in shared], [pb[k] for k in shared])
-        if found is not None:
-            spread, over = found
-        else:
-            spreads = [s for s in (_median_spread([pa[k] for k in shared]), _median_spread([pb[k] for k in shared]))
-                       if s is not None]
-            spread, over = max(spreads, key=lambda s: s[0]) if spreads else (None, None)
+        spread, over = found if found is not None else (None, None)
         if ratio is None:
             differs = False
         elif spread is None:

@@ -36,8 +36,12 @@ MEASURED_MEMORY = ("memory_copy_bandwidth",)
 # (within 0.2% of it).
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+# A median is not known better than this, however tied its iterations (a clock that ticks in 0.5 us steps times a
+# 3 us call identically 1000 times): the clock's rate and the device's own clocks are not that steady.
+MIN_HALFWIDTH = 0.005
 UNCERTAINTY_METHOD = ("95% confidence: each round's median from the order statistics of its iterations (the "
-                      "distribution-free interval, ranks from Binomial(n, 1/2)), their relative half-widths "
+                      "distribution-free interval, ranks from Binomial(n, 1/2)), its relative half-width at least "
+                      f"the clock's floor over the median and {MIN_HALFWIDTH:.1%}; their relative half-widths "
                       "combined in quadrature over the two implementations and divided by the rounds; with two or "
                       "more paired rounds, the larger of that and the rounds' t-interval of the mean")
 RoundKey = tuple[int, str, int]  # round, host, node rank: one result.json
@@ -54,11 +58,16 @@ class RoundFigure:
     latency: float  # the median over its iterations, device clock
     ci: tuple[float, float] | None  # the median's 95% confidence interval (None: a record from before it)
     host_latency: float | None  # host clock, per call back to back (None: a record from before it)
+    clock_floor: float = 0.0  # what the round's clock measured for an empty interval
 
     @property
     def halfwidth(self) -> float | None:
-        """The interval's half-width relative to the median."""
-        return (self.ci[1] - self.ci[0]) / (2 * self.latency) if self.ci is not None and self.latency > 0 else None
+        """The interval's half-width relative to the median, at least the clock's floor (a clock that ties
+        every iteration gives an interval of width 0, which is its resolution, not a median known exactly) and
+        MIN_HALFWIDTH."""
+        if self.ci is None or self.latency <= 0:
+            return None
+        return max((self.ci[1] - self.ci[0]) / (2 * self.latency), self.clock_floor / self.latency, MIN_HALFWIDTH)
 
 
 @dataclass
@@ -84,6 +93,7 @@ class PointFigures:
     warmup_calls: list[int] = field(default_factory=list)
     clock_floors: list[float] = field(default_factory=list)
     near_clock_floor: bool = False  # some round's clock floor was over 10% of its median latency
+    without_rewarm: bool = False  # some round timed it without the CPU's rewarm after each flush (no memory)
     max_abs_error: float | None = None
     reference: str | None = None
     formula: str | None = None  # the operator's FLOP and byte counting, as the round stated it
@@ -244,7 +254,8 @@ def points_of(results: Iterable[RoundResult]) -> list[PointFigures]:
             if p.status == "passed" and p.latency_s is not None and p.value is not None:
                 ci = (p.latency_ci_low_s, p.latency_ci_high_s)
                 entry.by_round[(result.round, result.host, result.node_rank)] = RoundFigure(
-                    p.latency_s, ci if None not in ci else None, p.host_latency_s)  # type: ignore[arg-type]
+                    p.latency_s, ci if None not in ci else None, p.host_latency_s,  # type: ignore[arg-type]
+                    p.clock_floor_s or 0.0)
                 entry.latencies.append(p.latency_s)
                 entry.values.append(p.value)
                 entry.bound_unit = p.unit
@@ -262,6 +273,7 @@ def points_of(results: Iterable[RoundResult]) -> list[PointFigures]:
                 if p.clock_floor_s is not None:
                     entry.clock_floors.append(p.clock_floor_s)
                 entry.near_clock_floor = entry.near_clock_floor or p.near_clock_floor
+                entry.without_rewarm = entry.without_rewarm or p.rewarmed is False
                 if p.roofline is not None:
                     entry.rooflines.append(p.roofline)
                     entry.roofline_estimated = entry.roofline_estimated or p.roofline_estimated
@@ -417,15 +429,19 @@ SUMMARY_CONVENTIONS = {
     "latency_s": "device clock (events on an accelerator, the host clock on a CPU; what inference calls compute "
                  "latency): the median over the timed iterations, each call timed alone after the cache flush "
                  "(mean over rounds)",
-    "host_latency_s": "host clock (what inference calls latency): wall time per call of as many calls back to back, "
-                      "no flush, one synchronisation at the end, Python wrapper and dispatch included (FlagPerf's "
-                      "cputime; mean over rounds)",
+    "host_latency_s": "host clock, FlagPerf's cputime convention: wall time per call of as many calls back to back, "
+                      "no flush, one synchronisation at the end, Python wrapper and dispatch included; with the host "
+                      "queueing ahead that is the larger of the host's and the device's time per call (an inverse "
+                      "throughput, caches warm), not inference's per-batch latency, which synchronises each batch "
+                      "(mean over rounds)",
     "latency_spread": "(p90 - p10) / (2 x median) of the iterations: one iteration's noise (mean over rounds)",
     "rounds_spread": "coefficient of variation of the figure across the rounds that passed",
     "latency_uncertainty": "relative uncertainty of latency_s: " + UNCERTAINTY_METHOD,
     "speedup": "native's latency_s / this implementation's, over the rounds both passed",
     "speedup_uncertainty": "relative uncertainty of speedup: " + UNCERTAINTY_METHOD,
     "host_speedup": "native's host_latency_s / this implementation's, over the rounds both passed",
+    "without_rewarm": "some round timed the point without the call after each flush that rewarms the host's "
+                      "caches (the CPU; no memory for its copy of the inputs): its figure is of a colder call",
 }
 
 
@@ -436,7 +452,7 @@ def point_json(point: PointFigures, index: dict[tuple[str, ...], PointFigures]) 
             "status": point.status, "value": point.value, "unit": point.bound_unit, "latency_s": point.latency,
             "host_latency_s": point.host_latency, "latency_spread": point.iteration_spread,
             "rounds_spread": point.rounds_spread, "latency_uncertainty": point.uncertainty,
-            "rounds": len(point.by_round),
+            "rounds": len(point.by_round), "without_rewarm": point.without_rewarm,
             "speedup": None if native else speedup(point, index),
             "speedup_uncertainty": None if native else speedup_uncertainty(point, index),
             "host_speedup": None if native else speedup(point, index, host=True)}
@@ -451,6 +467,8 @@ def _speedup_text(impl: str, found: dict[str, Any]) -> str:
     text = f"{md_text(impl)} " + ("-" if found["geomean"] is None else f"{found['geomean']:.3g}x")
     if found.get("host_geomean") is not None:
         text += f", host {found['host_geomean']:.3g}x"
+        if found.get("host_points") is not None and found["host_points"] != found["points"]:
+            text += f" (over {found['host_points']})"  # older rounds recorded no host time
     if "of" not in found:  # a summary.json written before the counts
         return text + f" ({found['points']})"
     text += f" ({found['points']} of {found['of']}"
@@ -536,10 +554,14 @@ CONVENTION = ("Each implementation's output is checked against the operator comp
               "calls back to back with one synchronisation at the end and no flush (FlagPerf's cputime: the "
               "Python wrapper and dispatch included, which the device clock leaves out); ± beside it is the "
               "iterations' spread, (p90 - p10) / (2 x median) (mean over rounds; with several rounds the rounds' "
-              "coefficient of variation is given too); a latency marked 'near the clock's floor' is within 10x of "
+              "coefficient of variation is given too); 'no rewarm' marks a CPU point timed without the call after "
+              "each flush that rewarms the host's caches (no memory for it), and a speed-up between points timed "
+              "with and without it says 'cache conditions differ'; a latency marked 'near the clock's floor' is "
+              "within 10x of "
               "what the clock measures for an empty interval, so up to that share of it is the timer's own cost; "
               "speed-up = native's latency / the implementation's over the rounds both passed, then 'host' the "
-              "same of the host times; '(within ±x%)' where the speed-up is within its uncertainty, "
+              "same of the host times (one back-to-back loop per round: a single sample, no uncertainty); "
+              "'(within ±x%)' where the speed-up is within its uncertainty, "
               + UNCERTAINTY_METHOD + ", so no change to read; the "
               "figure is TFLOPS (1e12 FLOP/s) for compute-bound operators and GB/s (1e9 bytes/s; each input "
               "read once and each output written once, as the base specs' memory_copy_bandwidth counts a copy's "
@@ -564,6 +586,8 @@ def point_cell(point: PointFigures | None, base: dict[str, tuple[str, float]]) -
     parts = [f"{number(point.value)} {point.bound_unit}", latency]
     if point.host_latency is not None:
         parts.append(f"host {number(point.host_latency * 1e3)} ms")
+    if point.without_rewarm:
+        parts.append("**no rewarm** (timed without the call after each flush: its code and state cold too)")
     if point.near_clock_floor:
         floor = max(point.clock_floors, default=0.0)
         parts.append(f"**near the clock's floor** ({floor * 1e6:.3g} us, {_pct(floor / point.latency)} of it)")
@@ -576,8 +600,13 @@ def point_cell(point: PointFigures | None, base: dict[str, tuple[str, float]]) -
 
 
 def _within_noise(ratio: float, point: PointFigures, index: dict[tuple[str, ...], PointFigures]) -> str:
-    """' (within ±x%)' where a speed-up is inside its uncertainty (speedup_uncertainty): no change to read."""
+    """' (within ±x%)' where a speed-up is inside its uncertainty (speedup_uncertainty): no change to read. A
+    record without the medians' intervals (written before them, or under 6 iterations) falls back, as compare
+    does, to the two points' spreads in quadrature."""
     uncertainty = speedup_uncertainty(point, index)
+    base = baseline_of(point, index)
+    if uncertainty is None and base is not None and point.spread is not None and base.spread is not None:
+        uncertainty = math.hypot(point.spread, base.spread)
     return f" (within {_pct(uncertainty, '±')})" if uncertainty is not None and abs(ratio - 1) <= uncertainty else ""
 
 
@@ -587,7 +616,14 @@ def speedup_cell(point: PointFigures | None, index: dict[tuple[str, ...], PointF
     if point is None or ratio is None:
         return "-"
     host = speedup(point, index, host=True)
-    return f"{ratio:.3g}x" + _within_noise(ratio, point, index) + (f"; host {host:.3g}x" if host is not None else "")
+    base = baseline_of(point, index)
+    mixed = ""
+    if base is not None and base.without_rewarm != point.without_rewarm:  # one side's call was colder
+        mixed = (f"; **cache conditions differ** ({BASELINE if base.without_rewarm else md_text(point.implementation)}"
+                 " timed without the rewarm)")
+    # one back-to-back loop per round and implementation: no interval to hold it against, so never 'within'
+    return f"{ratio:.3g}x" + _within_noise(ratio, point, index) \
+        + (f"; host {host:.3g}x (single sample)" if host is not None else "") + mixed
 
 
 def operator_section(case: str, operator: str, points: list[PointFigures], index: dict[tuple[str, ...], PointFigures],
@@ -636,12 +672,12 @@ def operation_markdown(run_dir: Path, rows: pd.DataFrame | None = None) -> list[
     summary = geomean_speedups(collected)
     if summary:
         lines += ["### Geometric-mean speed-up against native, over every operator", "",
-                  "| dtype | implementation | geomean speed-up (x) | min (x) | max (x) | geomean host speed-up (x) "
-                  "| points | failed | skipped |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| dtype | implementation | geomean speed-up (x) | min (x) | max (x) | points "
+                  "| geomean host speed-up (x, single samples) | host points | failed | skipped |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         lines += [f"| {s['dtype']} | {md_text(s['implementation'])} | {_num(s['geomean'], 3)} | "
-                  f"{_num(s['min'], 3)} | {_num(s['max'], 3)} | {_num(s['host_geomean'], 3)} | {s['points']} | "
-                  f"{s['failed']} | {s['skipped']} |" for s in summary]
+                  f"{_num(s['min'], 3)} | {_num(s['max'], 3)} | {s['points']} | {_num(s['host_geomean'], 3)} | "
+                  f"{s['host_points']} | {s['failed']} | {s['skipped']} |" for s in summary]
         lines.append("")
     for (case, operator), points in by_operator(collected).items():
         lines += operator_section(case, operator, points, index, base)

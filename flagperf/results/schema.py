@@ -249,11 +249,18 @@ class OperatorPoint(_Model):
     latency_spread: float | None = Field(default=None, description="(p90 - p10) / (2 x median) of the per-iteration "
                                          "latencies: the +- noise of one timed iteration around the median")
     latency_ci_low_s: float | None = Field(default=None, description="the median's 95% confidence interval, low end: "
-                                           "an order statistic of the iterations (docs/operation.md, Timing)")
+                                           "an order statistic of the iterations (docs/operation.md, Timing); "
+                                           "None under 6 iterations, too few for a 95% interval")
     latency_ci_high_s: float | None = Field(default=None, description="the median's 95% confidence interval, high end")
     host_latency_s: float | None = Field(default=None, description="host clock: wall time per call of as many calls "
                                          "back to back (no flush, one synchronisation at the end), dispatch included")
     iterations: int = 0
+    rewarmed: bool | None = Field(default=None, description="where the flush empties the host's caches too (the "
+                                  "CPU): whether each flush was followed by the untimed call on a copy of the "
+                                  "inputs (false: timed without it, no memory for the copy or its output, so the "
+                                  "call's code and state were cold too); null where there is no such call (no flush, a "
+                                  "flush that leaves the host's caches alone, or a call over 10x its flush, where "
+                                  "it would change nothing)")
     warmup_calls: int = Field(default=0, description="untimed calls before the timed iterations (warm-up by time)")
     clock_floor_s: float | None = Field(default=None, description="the median the clock measures for an empty "
                                         "interval (its resolution and the cost of marking), in the same round")

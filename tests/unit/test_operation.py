@@ -21,9 +21,17 @@ from flagperf.config.vendors import load_vendor
 from flagperf.errors import ConfigError
 from flagperf.operation.check import compare, compute_reference
 from flagperf.operation.config import OperationConfig
-from flagperf.operation.driver import Implementations, PointRunner, plan_points, roofline, run_operation
+from flagperf.operation.driver import (
+    Implementations,
+    PointRunner,
+    load_implementations,
+    plan_points,
+    rewarm_fits,
+    roofline,
+    run_operation,
+)
 from flagperf.operation.impls import load_implementation
-from flagperf.operation.operators import OPERATORS, counted, make_inputs, shape_label
+from flagperf.operation.operators import ELEMENT_BYTES, OPERATORS, counted, make_inputs, shape_label
 from flagperf.operation.timer import CacheFlush, TimingOptions, graph_support, time_call
 from flagperf.results.operators import collect_points, geomean_speedups, operation_markdown
 from flagperf.results.schema import (
@@ -325,13 +333,40 @@ def test_the_host_time_is_as_many_calls_back_to_back_unflushed_after_the_timed_o
         while time.perf_counter() < end:
             pass
 
-    timed = time_call(call, CPU, TimingOptions(0.001, 10.0, 6, 6, True, False), lambda: events.append("flush"),
+    def flush() -> None:  # 25x the call, however loaded the machine: the rewarm is kept
+        events.append("flush")
+        end = time.perf_counter() + 5e-3
+        while time.perf_counter() < end:
+            pass
+
+    timed = time_call(call, CPU, TimingOptions(0.001, 10.0, 6, 6, True, False), flush,
                       lambda: (events.append("rewarm"), Held())[1])
     each = ["flush", "rewarm", "call", "freed"]
-    assert events == each * (timed.warmup_calls + 6) + ["call"] * 6
-    assert timed.host_latency is not None and timed.host_latency >= 2e-4
+    assert events == each * (timed.warmup_calls + 6) + ["call"] * 6 and not timed.rewarm_dropped
+    assert timed.host_latency is not None and timed.host_latency >= 2e-4 and timed.host_calls == 6
     bare = time_call(call, CPU, TimingOptions(0.001, 10.0, 3, 3, False, False), None)
     assert bare.host_latency is not None and bare.host_latency >= 2e-4
+
+
+def test_a_slow_call_drops_the_rewarm_and_its_host_loop_is_rep_s_worth() -> None:
+    """A call far longer than its flush (20 ms against a flush of nothing) is timed without the rewarm, which
+    would double each iteration for nothing the call could show, and its host loop is rep_s worth of calls by
+    the timed median (here 1), not as many as the timed iterations: a slow point took about 3x as long."""
+    events: list[str] = []
+
+    def call() -> None:
+        events.append("call")
+        end = time.perf_counter() + 2e-2
+        while time.perf_counter() < end:
+            pass
+
+    timed = time_call(call, CPU, TimingOptions(0.001, 0.001, 4, 4, True, False), lambda: events.append("flush"),
+                      lambda: events.append("rewarm"))
+    assert timed.rewarm_dropped and events.count("rewarm") == 1  # the first warm-up call's, which measured it
+    assert len(timed.latencies) == 4 and timed.host_calls == 1
+    assert events[-3:] == ["flush", "call", "call"]  # the last timed iteration, then the host loop's one call
+    with pytest.raises(ValidationError, match="2 x rep_s"):
+        config(warmup_s=1.0, rep_s=300.0, timeout_s=600)
 
 
 def test_on_the_cpu_each_flush_is_followed_by_a_call_on_a_copy_of_the_inputs(cpu_spec: SpecTable) -> None:
@@ -360,6 +395,52 @@ def test_on_the_cpu_each_flush_is_followed_by_a_call_on_a_copy_of_the_inputs(cpu
     (inputs, total), (copy, copy_total) = seen[0], seen[1]  # the checked call, then the first rewarm
     assert copy != inputs and copy_total == total
     assert seen[1:] == [(copy, total), (inputs, total)] * (point.warmup_calls + 4) + [(inputs, total)] * 4
+
+
+def test_a_point_whose_rewarm_does_not_fit_is_timed_without_it_and_says_so(cpu_spec: SpecTable,
+                                                                             tmp_path: Path) -> None:
+    """The rewarm takes one more set of the point's inputs and output (the copy, and the output held over the
+    timed call), which memory_need does not count: where that set would take over USABLE_SHARE of the memory
+    available the rewarm is left out, and where its call runs out of memory the point is timed without it (it
+    was skipped as 'does not fit in memory'); either way the point records rewarmed false."""
+    from flagperf.operation.impls import ImplEnv, OperatorImplementation
+
+    class RewarmOutOfMemory(OperatorImplementation):  # a call that runs out of memory on any other inputs
+        def prepare(self, op: Any, dtype: str, native: Any) -> Any:
+            checked: list[int] = []
+
+            def fn(*inputs: Any) -> Any:
+                checked.append(checked[0] if checked else inputs[0].data_ptr())
+                if inputs[0].data_ptr() != checked[0]:
+                    raise RuntimeError("CPU out of memory: can't allocate memory for the output")
+                return native(*inputs)
+            return fn
+
+    cfg = config(operators=["add"], flush_cache=True, min_iters=6, max_iters=6)
+    impls = load_implementations(cfg, "cpu", CPU)
+    impls.ready["tight"] = RewarmOutOfMemory(ImplEnv(device=CPU, log=logging.getLogger("test")))
+    runner = PointRunner(cfg, cpu_spec, CPU, impls)
+    planned = plan_points(cfg)[0]
+    runner.run(planned)
+    native, tight = runner.points
+    assert (native.implementation, native.status, native.rewarmed) == ("native", "passed", True)
+    assert (tight.implementation, tight.status, tight.rewarmed, tight.iterations) == ("tight", "passed", False, 6)
+    # the report marks the cell, and the speed-up mixing the two cache conditions says so
+    now = datetime.now(timezone.utc)
+    write_result(round_dir(tmp_path / "run", "op-elementwise", 1, "h") / "result.json", RoundResult(
+        run_id="run", case="op-elementwise", family="operation", round=1, host="h", node_rank=0, vendor="cpu",
+        status="success", started_at=now, finished_at=now, duration_s=1.0, measured_seconds=1.0,
+        metrics=runner.metrics, config={}, operation=OperationReport(timing="t", flush="f", graphs="g", counting={},
+                                                                     tolerances={}, points=runner.points)))
+    (row,) = [line for line in operation_markdown(tmp_path / "run") if "(tiny b1 s16) |" in line]
+    native_cell, tight_cell, speedup_cell = [cell.strip() for cell in row.split("|")[3:6]]
+    assert "no rewarm" not in native_cell and "**no rewarm**" in tight_cell
+    assert speedup_cell.endswith("; **cache conditions differ** (tight timed without the rewarm)")
+    bare = PointRunner(config(operators=["add"]), cpu_spec, CPU, load_implementations(cfg, "cpu", CPU))
+    bare.run(planned)
+    assert bare.points[0].rewarmed is None  # no flush: no rewarm to speak of
+    need = planned.op.allocated_bytes(planned.dims, ELEMENT_BYTES[planned.dtype])
+    assert rewarm_fits(planned, 2 * need) and not rewarm_fits(planned, need)
 
 
 def test_rep_s_bounds_the_timed_loop_when_the_flush_outlasts_the_call() -> None:
@@ -394,7 +475,9 @@ def _point(impl: str, shape: dict[str, int], latency: float | None, status: str 
 def test_the_report_has_the_table_the_geomean_and_the_failed_points(tmp_path: Path) -> None:
     run_dir = tmp_path / "run-ops"
     small, large = {"R": 4, "C": 8}, {"R": 8, "C": 8}
-    points = [_point("native", small, 2e-3), _point("fast", small, 1e-3), _point("native", large, 2e-3),
+    # the small shape's records have host times, the large one's not (older ones): the host geomean is over 1
+    points = [_point("native", small, 2e-3).model_copy(update={"host_latency_s": 2e-3}),
+              _point("fast", small, 1e-3).model_copy(update={"host_latency_s": 1e-3}), _point("native", large, 2e-3),
               _point("fast", large, 4e-3),
               _point("wrong", small, None, "failed", "wrong result: 1 of 32 elements | off")]
     now = datetime.now(timezone.utc)
@@ -411,11 +494,13 @@ def test_the_report_has_the_table_the_geomean_and_the_failed_points(tmp_path: Pa
     # fast: 2 ms -> 1 ms (2x) and 2 ms -> 4 ms (0.5x): geomean exactly 1.
     (row,) = [r for r in geomean_speedups(collect_points(run_dir)) if r["implementation"] == "fast"]
     assert row["geomean"] == pytest.approx(1.0) and row["points"] == 2 and row["min"] == pytest.approx(0.5)
-    assert "| fp16 | fast | 1 | 0.5 | 2 | - | 2 | 0 | 0 |" in text  # no host times in these records
+    # the host column says how many points its geomean is over; a host speed-up is a single sample
+    assert "| points | geomean host speed-up (x, single samples) | host points |" in text
+    assert "| fp16 | fast | 1 | 0.5 | 2 | 2 | 2 | 1 | 0 | 0 |" in text
     # The operator's table: a row per dtype and shape, a column per implementation (native first) and speed-up.
     assert "| dtype | shape (from) | native | fast | fast vs native | wrong | wrong vs native |" in text
-    assert ("| fp16 | R4xC8 (given) | 1 GB/s · 2 ms ±0% · 25.0% roofline | 1 GB/s · 1 ms ±0% · 25.0% roofline | "
-            "2x | **FAILED** | - |") in text
+    assert ("| fp16 | R4xC8 (given) | 1 GB/s · 2 ms ±0% · host 2 ms · 25.0% roofline | 1 GB/s · 1 ms ±0% · host 1 ms "
+            "· 25.0% roofline | 2x; host 2x (single sample) | **FAILED** | - |") in text
     assert ("| fp16 | R8xC8 (given) | 1 GB/s · 2 ms ±0% · 25.0% roofline | 1 GB/s · 4 ms ±0% · 25.0% roofline | "
             "0.5x | - | - |") in text
     # a '|' in an error cannot break the table

@@ -24,6 +24,7 @@ from flagperf.operation.timer import Timed, TimingOptions, median_interval, medi
 from flagperf.results.compare import compare_operations, compare_runs
 from flagperf.results.history import figures, history_engine, record_run
 from flagperf.results.operators import (
+    MIN_HALFWIDTH,
     collect_points,
     operation_markdown,
     operator_cells,
@@ -118,10 +119,12 @@ def test_each_point_records_its_spread_warmup_and_clock_floor(caplog: pytest.Log
     assert point.latency_spread == pytest.approx((point.latency_p90_s - point.latency_p10_s) / (2 * point.latency_s))
     assert point.warmup_calls >= 1 and point.clock_floor_s is not None and point.clock_floor_s >= 0
     assert point.iterations == 5
-    # 5 iterations: too few for a 95% interval of the median, so the smallest and the largest
-    assert point.latency_ci_low_s is not None and point.latency_ci_high_s is not None
-    assert point.latency_ci_low_s <= point.latency_s <= point.latency_ci_high_s
-    assert point.latency_ci_high_s - point.latency_ci_low_s >= point.latency_p90_s - point.latency_p10_s
+    # 5 iterations: too few for a 95% interval of the median (the smallest and largest cover it 94%): none
+    assert point.latency_ci_low_s is None and point.latency_ci_high_s is None
+    six = run_operation(config(seq_lens=[16], min_iters=6, max_iters=6), "cpu", load_vendor("cpu").spec_table(),
+                        CPU).report.points[0]
+    assert six.latency_ci_low_s is not None and six.latency_ci_high_s is not None
+    assert six.latency_ci_low_s <= six.latency_s <= six.latency_ci_high_s  # type: ignore[operator]
     assert point.host_latency_s is not None and point.host_latency_s > 0
     assert "(p90 - p10) / (2 x median)" in outcome.report.timing and "clock" in outcome.report.timing
     assert "back to back" in outcome.report.timing and "order statistics" in outcome.report.timing
@@ -174,6 +177,9 @@ def test_the_medians_interval_is_its_order_statistics() -> None:
         assert miss[0] <= 0.05 < miss[1]
     values = [float(v) for v in range(20, 0, -1)]
     assert median_interval(values) == (6.0, 15.0)
+    # under 6 no pair of order statistics covers the median 95% (2 values: 50%, 1: never): no interval
+    assert [median_interval(values[:n]) for n in (1, 2, 5)] == [None, None, None]
+    assert median_interval(values[:6]) == (15.0, 20.0)
     timed = Timed(latencies=values, window=(T0, T0 + 1), graphs=False)
     assert timed.median_interval == (6.0, 15.0)
 
@@ -186,27 +192,73 @@ def test_a_speedup_is_within_the_noise_of_its_medians_not_of_one_iteration(tmp_p
     text = "\n".join(operation_markdown(run_dir))
     assert "| 1.03x |" in text and "within" not in text.split("| dtype | shape")[1]
     (point,) = [p for p in collect_points(run_dir) if p.implementation == "fast" and p.shape == "R16xC128"]
-    assert point.uncertainty == 0.0 and point.iteration_spread == pytest.approx(0.05)
+    assert point.uncertainty == MIN_HALFWIDTH and point.iteration_spread == pytest.approx(0.05)
 
 
-def test_compare_flags_a_change_beyond_the_medians_uncertainty_and_not_one_within(tmp_path: Path) -> None:
+def test_iterations_the_clock_ties_leave_the_median_known_to_its_floor_not_exactly(tmp_path: Path) -> None:
+    """A clock that ticks coarsely (CUDA events: ~0.5 us) times a short call identically every iteration: the
+    median's interval has width 0, which is the clock's resolution, not a median known exactly. Each round's
+    half-width is at least the clock's floor over the median and MIN_HALFWIDTH, so a 0.2% change between two
+    runs of tied iterations is no difference (the uncertainty was 0 and any B/A != 1 was DIFFERENT)."""
+    a, b, floor = tmp_path / "a", tmp_path / "b", tmp_path / "floor"
+    write_run(a, [{"native": [1e-3] * 20, "fast": [5e-4] * 20}])
+    write_run(b, [{"native": [1.002e-3] * 20, "fast": [5e-4] * 20}])
+    (point,) = [p for p in collect_points(a) if p.implementation == "native" and p.shape == "R16xC128"]
+    assert point.uncertainty == MIN_HALFWIDTH
+    rows = {r.metric.split(":")[0]: r for r in compare_operations(collect_points(a), collect_points(b))}
+    assert rows["add @native"].ratio == pytest.approx(1 / 1.002) and not rows["add @native"].flagged
+    assert rows["add @native"].cells()[-1] == "within spread" and rows["add @native"].spread == \
+        pytest.approx(math.hypot(MIN_HALFWIDTH, MIN_HALFWIDTH))
+    assert "2x |" in "\n".join(operation_markdown(a)) and "2x (within" not in "\n".join(operation_markdown(a))
+    # 50 ns tied, the clock's floor 10 ns (write_run's): the median is known to 20%, its floor over it
+    write_run(floor, [{"native": [5e-8] * 20}])
+    assert [p.uncertainty for p in collect_points(floor)] == [pytest.approx(0.2)] * 2
+
+
+def test_a_record_without_the_medians_intervals_still_says_within_by_its_spread(tmp_path: Path) -> None:
+    """5 iterations have no 95% interval of the median (recorded null), as records from before the intervals:
+    the report's '(within ±x%)' falls back, as compare does, to the two points' spreads in quadrature (it was
+    left out, so a 1.03x inside the iterations' ±8% read as a change)."""
+    run_dir = tmp_path / "run"
+    write_run(run_dir, [{"native": scattered(1.03e-3, 0.1, 5), "fast": scattered(1e-3, 0.1, 5)}])
+    points = collect_points(run_dir)
+    index = point_index(points)
+    (fast,) = [p for p in points if p.implementation == "fast" and p.shape == "R16xC128"]
+    (native,) = [p for p in points if p.implementation == "native" and p.shape == "R16xC128"]
+    assert fast.uncertainty is None and speedup_uncertainty(fast, index) is None
+    within = math.hypot(fast.spread, native.spread)  # type: ignore[arg-type]
+    assert f"| 1.03x (within ±{100 * within:.1f}%) |" in "\n".join(operation_markdown(run_dir))
+
+
+def test_compare_of_single_rounds_holds_a_change_against_the_iterations_spread_too(tmp_path: Path) -> None:
     """Single rounds. A native 20% slower in B is flagged although a preempted iteration per point makes the
     iterations' coefficient of variation over 100%; a `fast` 3% faster whose medians are each known to ±4.7%
-    only is not; a `sharp` 3% faster whose medians are sharp is, though its iterations spread ±5% (the old
-    test held B/A against that spread and called it within)."""
-    a, b = tmp_path / "a", tmp_path / "b"
+    only is not. One round's median interval says how well that round knew its median, not where the next
+    run's lands: `sharp` (1000 iterations spread ±2%, so its median known to ±0.1%) 1.5% faster in B is ordinary
+    run-to-run drift, within spread (held against the medians' intervals, and those divided over the points in
+    quadrature, it was DIFFERENT), and 6% faster is not."""
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
     write_run(a, [{"native": latencies(1e-3, 0.99, 1.01, outliers=1), "fast": scattered(1e-3, 0.1),
-                   "sharp": latencies(1e-3, 0.95, 1.05)}])
+                   "sharp": scattered(1e-3, 0.02, 1000)}])
     write_run(b, [{"native": latencies(1.2e-3, 0.99, 1.01, outliers=1), "fast": scattered(0.97e-3, 0.1),
-                   "sharp": latencies(0.97e-3, 0.95, 1.05)}])
-    rows = {r.metric.split(":")[0]: r for r in compare_operations(collect_points(a), collect_points(b))}
+                   "sharp": scattered(0.985e-3, 0.02, 1000)}])
+    write_run(c, [{"sharp": scattered(0.94e-3, 0.02, 1000)}])
+    points_a, points_b = collect_points(a), collect_points(b)
+    rows = {r.metric.split(":")[0]: r for r in compare_operations(points_a, points_b)}
     native, fast, sharp = rows["add @native"], rows["add @fast"], rows["add @sharp"]
     assert native.ratio == pytest.approx(1 / 1.2) and native.flagged
-    assert native.spread == 0.0 and native.spread_over == "medians' 95% CI; geomean over 2 points"
-    # each point's median to ±10% x 9/19 in A and in B: sqrt(2) x that per point, / sqrt(2) over 2 points
-    assert fast.ratio == pytest.approx(1 / 0.97) and not fast.flagged and fast.spread == pytest.approx(0.9 / 19)
-    assert fast.cells()[-1] == "within spread"
-    assert sharp.ratio == pytest.approx(1 / 0.97) and sharp.flagged and sharp.cells()[-1] == "DIFFERENT"
+    assert native.spread_over == "single round: the larger of the medians' 95% CI and the iterations' spread; " \
+                                 "mean over 2 points"
+    assert fast.ratio == pytest.approx(1 / 0.97) and not fast.flagged and fast.cells()[-1] == "within spread"
+    # each point: its iterations' spread (over its median's interval) in A and in B in quadrature; the mean over
+    # the points, which share each run's state, not divided by sqrt(2)
+    (pa,) = [p for p in points_a if p.implementation == "sharp" and p.shape == "R16xC128"]
+    (pb,) = [p for p in points_b if p.implementation == "sharp" and p.shape == "R16xC128"]
+    assert pa.uncertainty == MIN_HALFWIDTH and pa.iteration_spread is not None  # its interval alone: ±0.13%
+    assert sharp.spread == pytest.approx(math.hypot(pa.iteration_spread, pb.iteration_spread))  # type: ignore[arg-type]
+    assert sharp.ratio == pytest.approx(1 / 0.985) and not sharp.flagged and sharp.cells()[-1] == "within spread"
+    (moved,) = [r for r in compare_operations(points_a, collect_points(c)) if r.metric.startswith("add @sharp")]
+    assert moved.ratio == pytest.approx(1 / 0.94) and moved.flagged and moved.cells()[-1] == "DIFFERENT"
 
 
 def test_compare_takes_the_rounds_t_interval_where_there_are_several_rounds(tmp_path: Path) -> None:
@@ -218,9 +270,10 @@ def test_compare_takes_the_rounds_t_interval_where_there_are_several_rounds(tmp_
     write_run(c, [{"native": latencies(1.3e-3, 0.95, 1.05)}, {"native": latencies(1.31e-3, 0.95, 1.05)}])
     rows, _ = compare_runs(a, b)
     (native,) = [r for r in rows if r.per_operator]
-    assert not native.flagged and native.spread_over == "medians' 95% CI and rounds; geomean over 2 points"
+    assert not native.flagged and native.spread_over == "medians' 95% CI and rounds; mean over 2 points"
     one_round = 12.706 * 0.01 / 1.005 / math.sqrt(2) / math.sqrt(2)  # t x cv / sqrt(rounds), cv = 0.01/sqrt(2)/mean
-    assert native.spread == pytest.approx(math.hypot(one_round, one_round * 1.005 / 1.045) / math.sqrt(2), rel=1e-3)
+    # the two points alike: their mean is each one's (a run's points move together: not divided by sqrt(2))
+    assert native.spread == pytest.approx(math.hypot(one_round, one_round * 1.005 / 1.045), rel=1e-3)
     rows, _ = compare_runs(a, c)
     (native,) = [r for r in rows if r.per_operator]
     assert native.flagged
@@ -236,7 +289,8 @@ def test_a_speedup_takes_only_the_rounds_both_implementations_passed(tmp_path: P
     index = point_index(points)
     for point in [p for p in points if p.implementation == "fast"]:
         assert point.status == "passed" and point.latency == pytest.approx(1.5e-3)  # its own figure: both rounds
-        assert speedup(point, index) == pytest.approx(2.0) and speedup_uncertainty(point, index) == 0.0
+        assert speedup(point, index) == pytest.approx(2.0) and speedup_uncertainty(point, index) == \
+            pytest.approx(math.hypot(MIN_HALFWIDTH, MIN_HALFWIDTH))
     text = "\n".join(operation_markdown(run_dir))
     assert text.count(" | 2x |") == 2 and "1.33x" not in text
     (entry,) = operator_summaries(points)
@@ -253,8 +307,8 @@ def test_the_host_time_is_reported_beside_the_device_clocks_with_both_speedups(t
     write_summary(run_dir, summarize(run_dir))
     text = (run_dir / "report.md").read_text(encoding="utf-8")
     assert "0.01229 GB/s · 2 ms ±5.0% · host 2.5 ms · 0.012% roofline | " \
-           "0.02458 GB/s · 1 ms ±5.0% · host 2 ms · 0.025% roofline | 2x; host 1.25x |" in text
-    assert "| fp32 | fast | 2 | 2 | 2 | 1.25 | 2 | 0 | 0 |" in text  # the geomean table: device, then host
+           "0.02458 GB/s · 1 ms ±5.0% · host 2 ms · 0.025% roofline | 2x; host 1.25x (single sample) |" in text
+    assert "| fp32 | fast | 2 | 2 | 2 | 2 | 1.25 | 2 | 0 | 0 |" in text  # the geomean table: device, then host
     assert "the host clock's wall time per call of as many calls back to back" in text  # the convention
     summary = json.loads((run_dir / "summary.json").read_text())
     (entry,) = summary["operators"]
