@@ -29,7 +29,6 @@ from pydantic import BaseModel, ValidationError, field_validator
 from flagperf.config.casecode import code_runs, read_case_module
 from flagperf.config.engines import INFERENCE_ENGINES, declared_options
 from flagperf.config.files import given_name, inside, is_present, read_config_text, regular_file
-from flagperf.config.flagperf_keys import flagperf_key_hint
 from flagperf.config.inferencekeys import refuse_keys_not_read
 from flagperf.config.models import (
     CASE_FOLDER,
@@ -43,6 +42,7 @@ from flagperf.config.models import (
     load_model,
     merge_vendor_overrides,
     pydantic_error_to_config_error,
+    unknown_key_problem,
     vendor_key_problem,
 )
 from flagperf.config.pyliterals import read_literal_file
@@ -241,9 +241,8 @@ SCALE_COMMON = "config_common"
 def _scale_key_problem(case: CaseDef, merged: MergedConfig, key: str) -> str | None:
     """Why a scale file (or the config_common.py it imports) may not set ``key``; None: it may."""
     if key not in merged.values:  # before the mutable rule: a key the case lacks is not an immutable one
-        hint = flagperf_key_hint(key, frozenset(merged.values))
-        return f"unknown key ({hint})" if hint else "unknown key"
-    return vendor_key_problem(key, merged.parameters, case.manifest.mutable)
+        return unknown_key_problem(key, case.manifest.configurations, case.manifest.mutable)
+    return vendor_key_problem(key, case.manifest.configurations, merged.parameters, case.manifest.mutable)
 
 
 def _set_by_vendor(merged: MergedConfig, key: str, value: Any, source: str) -> None:

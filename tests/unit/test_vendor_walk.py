@@ -235,7 +235,7 @@ def test_every_problem_of_a_case_adaptation_is_named_at_once_and_once(walk: Path
     write(adapted / "requirements.txt", "--extra-index-url https://pypi.acme.example/simple\nacme-ops\n")
     write(adapted / "extern" / "hooks.py", "def on_steps(ctx, step):\n    pass\n")
     problems = check_vendor_folder(walk / "vendors" / "acme", monitor_seconds=1).problems
-    expected = ["walk-mlp/vendor/acme.yaml: hidden: is not in the case's mutable list",
+    expected = ["walk-mlp/vendor/acme.yaml: hidden: unknown key (a vendor may change: ",
                 "acme/environment_variables.sh: line 2: not an assignment",
                 "acme/requirements.txt: line 1: --extra-index-url (another index) is not read here",
                 "acme/extern/hooks.py: line 1: on_steps is not an extension point of the training family"]
@@ -408,7 +408,9 @@ def test_every_refused_line_of_an_overrides_or_scale_file_is_named_at_once(walk:
     scale = write(cases / "training" / "walk-mlp" / "vendor" / "acme" / "config_acmex1x1.py",
                   "lr = 0.05\nmax_epochs = 3\nnproc_per_node = 2\nbatch_size = 64\n")
     problems = check_vendor_folder(walk / "vendors" / "acme", monitor_seconds=1).problems
-    expected = [f"{overrides}: hidden: is not in the case's mutable list",
+    # A key the case does not have is unknown, named as such (not "not mutable", which sent a vendor looking for a
+    # key to unlock); a key the case has is not mutable.
+    expected = [f"{overrides}: hidden: unknown key (a vendor may change: batch_size, cpu_threads, log_freq, lr, ",
                 f"{overrides}: seed: is a case parameter",
                 f"{scale}: lr: sets the value it already has (0.05); remove the line",
                 f"{scale}: max_epochs: is not in the case's mutable list",
@@ -421,3 +423,25 @@ def test_every_refused_line_of_an_overrides_or_scale_file_is_named_at_once(walk:
     assert checked.returncode == 2, checked
     errors = [line.removeprefix("error ") for line in checked.stderr.splitlines() if line.startswith("error ")]
     assert len(errors) == 3 and all(e.startswith(line) for e, line in zip(errors, expected[2:], strict=True)), errors
+
+
+def test_a_key_the_case_does_not_have_is_unknown_not_immutable(walk: Path, tmp_path: Path) -> None:
+    """A vendor file's typo was told "not in the case's mutable list", which sent a vendor looking for a way to
+    unlock a key that does not exist; the scale file said "unknown key" for the same. Both say unknown key with
+    what was likely meant, and "not mutable" only for a key the case has."""
+    from flagperf.config.plan import plan_run
+
+    adapted = walk / "cases" / "training" / "walk-mlp" / "vendor"
+    overrides = write(adapted / "acme.yaml", "lrr: 0.1\nmax_epochs: 2\n")
+    scale = write(adapted / "acme" / "config_acmex1x1.yaml", "batch_sise: 8\n")
+    expected = [f"{overrides}: lrr: unknown key (did you mean lr?)",
+                f"{overrides}: max_epochs: is not in the case's mutable list",
+                f"{scale}: batch_sise: unknown key (did you mean batch_size?)"]
+    problems = check_vendor_folder(walk / "vendors" / "acme", monitor_seconds=1).problems
+    for line in expected:
+        assert sum(problem.startswith(line) for problem in problems) == 1, (line, problems)
+    assert len(problems) == len(expected), problems
+    with pytest.raises(ConfigError) as refused:
+        plan_run(cases=["walk-mlp"], vendor="acme", results_dir=tmp_path / "results")
+    said = [str(refused.value), *map(str, refused.value.more)]
+    assert [line for line in said if "unknown key" in line] == [expected[0], expected[2]], said
