@@ -52,7 +52,7 @@ from flagperf.config.casecode import case_code_not_run
 from flagperf.config.cases import CaseDef, available_cases, load_case, resolve_case_config
 from flagperf.config.engines import ENGINE_MANIFEST, INFERENCE_ENGINES
 from flagperf.config.files import is_present, read_config_text, regular_file
-from flagperf.config.models import PEAK_KEYS, load_model, pydantic_error_to_config_error
+from flagperf.config.models import load_model, pydantic_error_to_config_error
 from flagperf.config.vendorlayout import (
     SCALE_FILE,
     misnamed_overrides,
@@ -414,8 +414,7 @@ def _check_peaks(vendor: Vendor, found: Findings) -> None:
         return
     wrong = 0
     for key, peak in table.peaks.items():
-        problem = (f"not a key any case reads (known: {', '.join(sorted(PEAK_KEYS))})" if key not in PEAK_KEYS
-                   else peak_problem(key, peak))  # what a run refuses, each said here at once
+        problem = peak_problem(key, peak)  # what a run refuses, each said here at once
         if problem is None and peak.value is not None and peak.source.lstrip().startswith(TODO):
             # The scaffold's DATASHEET left as written: the figure would be published with a placeholder source.
             problem = (f"{peak.value:g} {peak.unit} with the template's source ({peak.source[:60]!r}): name the "

@@ -445,3 +445,21 @@ def test_a_key_the_case_does_not_have_is_unknown_not_immutable(walk: Path, tmp_p
         plan_run(cases=["walk-mlp"], vendor="acme", results_dir=tmp_path / "results")
     said = [str(refused.value), *map(str, refused.value.more)]
     assert [line for line in said if "unknown key" in line] == [expected[0], expected[2]], said
+
+
+def test_a_misspelt_peak_key_is_refused_by_the_run_as_by_the_check(walk: Path) -> None:
+    """vendor check named a key no case reads, but a run took the table: the case looked its own key up and found
+    none, so its ratio was silently missing. Now both refuse it, in the same line."""
+    from flagperf.config.vendors import load_vendor
+
+    vendor = walk / "vendors" / "acme"
+    (vendor / "spec.py").write_text(
+        "def spec_table(settings):\n    source = 'XC-100 datasheet, table 2'\n"
+        "    return {'device': 'XC-100', 'peaks': {'fp32': {'value': 60.0, 'unit': 'TFLOPS', 'source': source},\n"
+        "                                          'bf_16': {'value': 120.0, 'unit': 'TFLOPS', 'source': source}}}\n")
+    line = f"{vendor / 'spec.py'}: peaks.bf_16: not a key any case reads (did you mean bf16 or fp16? known: "
+    problems = check_vendor_folder(vendor, monitor_seconds=1).problems
+    assert len(problems) == 1 and problems[0].replace(" peaks.", ": peaks.", 1).startswith(line), problems
+    with pytest.raises(ConfigError) as refused:
+        load_vendor("acme").spec_table()
+    assert str(refused.value).startswith(line) and "\n" not in str(refused.value)
