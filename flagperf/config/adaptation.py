@@ -78,6 +78,15 @@ EXTERN_HOOKS: dict[str, dict[str, str]] = {
     },
 }
 
+# What the family's driver checks of a hook's result each time a round calls it: reading the file cannot tell (the
+# class a make_optimizer returns is known only once it has run), and nothing that checks a file runs it, so
+# `flagperf vendor check` names these as not checked rather than passing them.
+RUN_TIME_CHECKS: dict[str, str] = {
+    "wrap_model": "the model it returns keeps the case's parameter count, shapes and initial weights",
+    "make_optimizer": "the optimizer it returns is an instance of exactly the class the case asks for, holding "
+                      "exactly the case's parameters",
+}
+
 # What extern/ code may not name: loading weights (the initial checkpoint) or building data (the data set).
 FORBIDDEN_NAMES = {
     "load_state_dict": "loads weights: the initial checkpoint is not the vendor's to change",

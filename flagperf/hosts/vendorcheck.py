@@ -44,6 +44,7 @@ from flagperf.config.adaptation import (
     EXTERN_FOLDER,
     EXTERN_HOOKS_FILE,
     REQUIREMENTS_FILE,
+    RUN_TIME_CHECKS,
     adaptation_folder,
     adaptation_problems,
     read_adaptation,
@@ -532,9 +533,15 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
         return used
     adaptation = read_adaptation(case.folder, case.name, case.family, vendor.name)
     if adaptation is not None and not adaptation.empty:
+        extern = f"extern {','.join(adaptation.hooks)} (read, not run)"
         used += [p for p, present in (("environment file", adaptation.env), ("requirements", adaptation.requirements),
-                                      ("csrc", adaptation.csrc), ("extern " + ",".join(adaptation.hooks),
-                                                                  adaptation.extern)) if present]
+                                      ("csrc", adaptation.csrc), (extern, adaptation.extern)) if present]
+    if adaptation is not None and adaptation.extern is not None:
+        hooks_file = display_path(adaptation.extern / EXTERN_HOOKS_FILE)
+        for hook in adaptation.hooks:
+            if hook in RUN_TIME_CHECKS:  # what only a run can see: said, not passed
+                found.notes.append(f"{hooks_file}: {hook}: checked when a round calls it, not here (checking a file "
+                                   f"never runs it): {RUN_TIME_CHECKS[hook]}")
     return used
 
 

@@ -463,3 +463,21 @@ def test_a_misspelt_peak_key_is_refused_by_the_run_as_by_the_check(walk: Path) -
     with pytest.raises(ConfigError) as refused:
         load_vendor("acme").spec_table()
     assert str(refused.value).startswith(line) and "\n" not in str(refused.value)
+
+
+def test_what_vendor_check_cannot_see_of_a_hook_is_a_note_not_an_ok(walk: Path) -> None:
+    """make_optimizer returning another class than the case's was "ok" at vendor check and refused only when a
+    round ran it: which class a hook returns is known only once it has run, and checking a file never runs it
+    (the hook file below would leave a mark if it were imported)."""
+    vendor = walk / "vendors" / "acme"
+    mark = walk / "imported"
+    write(walk / "cases" / "training" / "walk-mlp" / "vendor" / "acme" / "extern" / "hooks.py",
+          f"import pathlib\nimport torch\npathlib.Path({str(mark)!r}).write_text('run')\n\n\n"
+          "def make_optimizer(cls, params, kwargs, ctx):\n    return torch.optim.SGD(params, lr=0.1)\n")
+    found = check_vendor_folder(vendor, monitor_seconds=1)
+    assert found.problems == [] and not mark.exists()
+    assert "adaptation of walk-mlp: extern make_optimizer (read, not run)" in found.passed, found.passed
+    hooks = walk / "cases" / "training" / "walk-mlp" / "vendor" / "acme" / "extern" / "hooks.py"
+    assert f"{hooks}: make_optimizer: checked when a round calls it, not here (checking a file never runs it): the " \
+           "optimizer it returns is an instance of exactly the class the case asks for, holding exactly the case's " \
+           "parameters" in found.notes, found.notes
