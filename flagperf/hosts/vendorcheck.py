@@ -5,7 +5,8 @@ folder, one line per finding.
                  whether `--vendor <name>` finds this folder
   device         torch knows torch_device and, where the device is present, has what the cases call
   image          the Dockerfile, an install step (a RUN line or FlagPerf's <framework>_install.sh) and every file
-                 the Dockerfile copies are there
+                 the Dockerfile copies are there; so for every other <framework>/Dockerfile, with a note that only a
+                 FlagPerf host.yaml naming its framework builds it
   monitors       each is run for a few seconds here, as a round runs it: a header, samples with a timestamp, a
                  vendor script's per-device figures in a `devices` list (utilisation and memory; power and
                  temperature recommended), a footer; a monitor whose tool is missing says why and is reported as
@@ -74,7 +75,7 @@ from flagperf.config.yamlio import parse_yaml_text
 from flagperf.errors import ConfigError, FlagperfError, findings, left_out_line, unknown_name
 from flagperf.hosts.container_policy import vendor_container_problems
 from flagperf.hosts.vendorscaffold import TODO
-from flagperf.paths import PROJECT_ROOT, display_path
+from flagperf.paths import PROJECT_ROOT, display_path, skipped_in_source
 from flagperf.results.schema import SpecTable
 
 MONITOR_SECONDS = 3.0
@@ -235,7 +236,22 @@ def _check_container(vendor: Vendor, found: Findings) -> None:
 
 
 def _check_image(vendor: Vendor, found: Findings) -> None:
-    dockerfile = vendor.folder / vendor.manifest.container.dockerfile
+    """The default framework's Dockerfile (container.dockerfile), and every other <framework>/Dockerfile: FlagPerf
+    allows one per framework, but only a FlagPerf host.yaml's CASES (<case>: <framework>) chooses one; every other
+    run builds the default, so another is said to be unused by them rather than silently never built."""
+    default = vendor.folder / vendor.manifest.container.dockerfile
+    _check_dockerfile(default, found)
+    for other in sorted(vendor.folder.glob("*/Dockerfile")):
+        if other == Path(os.path.normpath(default)) or skipped_in_source(other.parent.name):
+            continue
+        framework = other.parent.name
+        found.notes.append(f"{display_path(other)}: built only for a case a FlagPerf host.yaml maps to framework "
+                           f"{framework} (CASES: {{<case>: {framework}}}); every other run (an inventory, a "
+                           f"test_conf.py) builds container.dockerfile ({vendor.manifest.container.dockerfile})")
+        _check_dockerfile(other, found)
+
+
+def _check_dockerfile(dockerfile: Path, found: Findings) -> None:
     where = display_path(dockerfile)
     try:  # a regular file when the manifest was read; bounded and never blocking if it changed since
         text = read_config_text(dockerfile, what="a Dockerfile")

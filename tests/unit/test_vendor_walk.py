@@ -481,3 +481,18 @@ def test_what_vendor_check_cannot_see_of_a_hook_is_a_note_not_an_ok(walk: Path) 
     assert f"{hooks}: make_optimizer: checked when a round calls it, not here (checking a file never runs it): the " \
            "optimizer it returns is an instance of exactly the class the case asks for, holding exactly the case's " \
            "parameters" in found.notes, found.notes
+
+
+def test_a_dockerfile_of_another_framework_is_checked_and_said_to_be_built_only_when_named(walk: Path) -> None:
+    """FlagPerf allows a Dockerfile per framework; only the default one (container.dockerfile) was checked, and
+    nothing said that another is built only for a case a FlagPerf host.yaml maps to its framework."""
+    vendor = walk / "vendors" / "acme"
+    write(vendor / "paddle" / "Dockerfile", "FROM python:3.11-slim\nCOPY paddle_install.sh /opt/\n")
+    found = check_vendor_folder(vendor, monitor_seconds=1)
+    dockerfile = vendor / "paddle" / "Dockerfile"
+    assert found.problems == [f"{dockerfile}: no install step (a RUN line, or FlagPerf's <framework>_install.sh "
+                              "beside it)", f"{dockerfile}: line 2: copies paddle_install.sh, which is not in "
+                              f"{vendor / 'paddle'}"], found.problems
+    assert f"{dockerfile}: built only for a case a FlagPerf host.yaml maps to framework paddle (CASES: {{<case>: " \
+           "paddle}); every other run (an inventory, a test_conf.py) builds container.dockerfile " \
+           "(pytorch/Dockerfile)" in found.notes, found.notes
