@@ -5,6 +5,7 @@ A vendor folder holds:
   spec.py                ``spec_table(settings: dict) -> SpecTable``: peaks with their sources
   <monitor>.py           monitor scripts (``--out FILE --interval S --pid-file F --max-seconds N``)
   <framework>/Dockerfile the image the cases run in, when a container engine is used
+  cases/<family>/<case>/ the vendor's files of a case, when kept here (flagperf.config.adaptation)
 Adding a vendor is adding a folder; nothing in the engine names a vendor.
 """
 

@@ -16,9 +16,10 @@ folder, one line per finding.
                  built; datasheets.yaml entries (the convention of the shipped vendors) each with a source
   engines        the families whose cases need an engine folder of the vendor (inference, operation, generate)
   adaptations    every case's files of this vendor, read as a run reads them: the overrides file, the training
-                 scale files, the vendor/<vendor>/ folder with the forbidden-change checks
-                 (flagperf.config.adaptation); files a run would never read (FlagPerf's config/ folder, a scale
-                 file of another <hw>, an overrides file of the wrong name) are problems
+                 scale files, the vendor/<vendor>/ folder (or the vendor folder's cases/<family>/<case>/) with the
+                 forbidden-change checks (flagperf.config.adaptation); files a run would never read (FlagPerf's
+                 config/ folder, a scale file of another <hw>, an overrides file of the wrong name, a folder of the
+                 vendor's cases/ that is no case's) are problems; what only a run checks (a hook's result) a note
 """
 
 from __future__ import annotations
@@ -46,14 +47,16 @@ from flagperf.config.adaptation import (
     EXTERN_HOOKS_FILE,
     REQUIREMENTS_FILE,
     RUN_TIME_CHECKS,
+    VENDOR_CASES_FOLDER,
     adaptation_folder,
+    adaptation_places,
     adaptation_problems,
     read_adaptation,
 )
 from flagperf.config.casecode import case_code_not_run
 from flagperf.config.cases import CaseDef, available_cases, load_case, resolve_case_config
 from flagperf.config.engines import ENGINE_MANIFEST, INFERENCE_ENGINES
-from flagperf.config.files import is_present, read_config_text, regular_file
+from flagperf.config.files import given_name, is_present, read_config_text, regular_file
 from flagperf.config.models import load_model, pydantic_error_to_config_error
 from flagperf.config.vendorlayout import (
     SCALE_FILE,
@@ -61,6 +64,7 @@ from flagperf.config.vendorlayout import (
     overrides_name,
     scale_file_problem,
     stray_entry_problem,
+    vendor_case_problem,
 )
 from flagperf.config.vendors import (
     MANIFEST,
@@ -487,17 +491,19 @@ def _check_adaptations(vendor: Vendor, found: Findings) -> None:
                 found.add_error(exc)
                 continue
             families.add(case.family)
-            adapted = adapted or has_vendor_files(case, vendor.name)
+            adapted = adapted or has_vendor_files(case, vendor.name, vendor.folder)
             used = _check_case(vendor, case, found)
             if used:
                 found.passed.append(f"adaptation of {name}: {'; '.join(used)}")
+    _check_vendor_cases(vendor, cases, found)
     if not adapted:  # where a new vendor's case files go, said once (docs/vendor-guide.md, section 2)
         found.notes.append(f"no case is adapted for {vendor.name} yet: a case's settings go in cases/<family>/<case>/"
                            f"vendor/{overrides_name('training', vendor.name)} (inference: "
                            f"{overrides_name('inference', vendor.name)}), a training scale's in vendor/{vendor.name}/"
                            f"config_{vendor.manifest.hardware}x<nnodes>x<nproc>.yaml, and {ENV_FILE}, "
                            f"{REQUIREMENTS_FILE}, {CSRC_FOLDER}/{CSRC_SETUP}, {EXTERN_FOLDER}/{EXTERN_HOOKS_FILE} "
-                           f"in vendor/{vendor.name}/ (docs/vendor-guide.md, section 2)")
+                           f"in vendor/{vendor.name}/, or those of vendor/{vendor.name}/ in this folder's "
+                           f"{VENDOR_CASES_FOLDER}/<family>/<case>/ (docs/vendor-guide.md, section 2)")
     for note in dict.fromkeys(warnings):  # a new key's warning, when that key is also a problem, is said once
         file_and_key = ": ".join(note.split(": ")[:2]) + ":"
         if not any(problem.startswith(file_and_key) for problem in found.problems):
@@ -508,9 +514,36 @@ def _check_adaptations(vendor: Vendor, found: Findings) -> None:
                                f" {family} cases cannot run with this vendor (start from vendor_images/cpu/{sub}/)")
 
 
-def has_vendor_files(case: CaseDef, vendor: str) -> bool:
-    """Whether the case has a file or folder of this vendor under vendor/ (read or not: a misnamed one counts)."""
-    return (is_present(case.vendor_file(vendor)) or is_present(adaptation_folder(case.folder, vendor))
+def _check_vendor_cases(vendor: Vendor, cases: dict[str, Path], found: Findings) -> None:
+    """The vendor folder's cases/<family>/<case>/ folders that no run reads: one of a case that does not exist, or
+    under another family than the case's (a misspelt name would otherwise leave the case silently unadapted)."""
+    root = vendor.folder / VENDOR_CASES_FOLDER
+    if not is_present(root):
+        return
+    if not root.is_dir():
+        found.problem(display_path(root), f"never read: {VENDOR_CASES_FOLDER}/ is a folder of <family>/<case>/ "
+                                          "folders (the vendor's files of each case)")
+        return
+    for family in sorted(root.iterdir()):
+        if skipped_in_source(family.name) or (family.is_file() and family.name.startswith("README")):
+            continue
+        if not family.is_dir():
+            found.problem(given_name(family), f"never read: {VENDOR_CASES_FOLDER}/ holds <family>/<case>/ folders")
+            continue
+        for folder in sorted(family.iterdir()):
+            if skipped_in_source(folder.name) or (folder.is_file() and folder.name.startswith("README")):
+                continue
+            problem = (vendor_case_problem(family.name, folder.name, cases) if folder.is_dir() else
+                       f"never read: {VENDOR_CASES_FOLDER}/{family.name}/ holds a folder per case")
+            if problem:
+                found.problem(given_name(folder), problem)
+
+
+def has_vendor_files(case: CaseDef, vendor: str, vendor_folder: Path | None = None) -> bool:
+    """Whether the case has a file or folder of this vendor under vendor/, or the vendor folder has the case's
+    (read or not: a misnamed one counts)."""
+    return (is_present(case.vendor_file(vendor))
+            or any(is_present(place.folder) for place in adaptation_places(case.folder, vendor, vendor_folder))
             or bool(misnamed_overrides(case.folder, case.family, vendor)))
 
 
@@ -521,13 +554,18 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
         found.problem(display_path(path), message)
     if is_present(case.vendor_file(vendor.name)):
         try:
-            resolve_case_config(case, vendor=vendor.name, run_overrides=[], hardware=vendor.manifest.hardware)
+            resolve_case_config(case, vendor=vendor.name, run_overrides=[], hardware=vendor.manifest.hardware,
+                                vendor_folder=vendor.folder)
             used.append(f"overrides {case.vendor_file(vendor.name).name}")
         except FlagperfError as exc:
             found.add_error(exc)
-    folder = adaptation_folder(case.folder, vendor.name)
+    try:
+        folder = adaptation_folder(case.folder, vendor.name, vendor.folder)
+    except ConfigError as exc:  # in both places: neither is read
+        found.add_error(exc)
+        return used
     hardware = str(vendor.manifest.hardware)
-    # A link as the folder is read_adaptation's to judge (it must stay inside the case); its entries are not listed.
+    # A link as the folder is read_adaptation's to judge (it must stay inside its root); its entries are not listed.
     for entry in sorted(folder.iterdir()) if folder.is_dir() and not folder.is_symlink() else []:
         problem = (scale_file_problem(entry.name, case.family, vendor.name, hardware)
                    or stray_entry_problem(entry, case.family, vendor.name))
@@ -538,16 +576,17 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
         if scale:
             sizes = {"nnodes": int(scale.group(2)), "nproc_per_node": int(scale.group(3))}
             try:
-                resolve_case_config(case, vendor=vendor.name, run_overrides=[(str(entry), sizes)], hardware=hardware)
+                resolve_case_config(case, vendor=vendor.name, run_overrides=[(str(entry), sizes)], hardware=hardware,
+                                    vendor_folder=vendor.folder)
                 used.append(f"scale {entry.name}")
             except FlagperfError as exc:
                 found.add_error(exc)
-    problems = adaptation_problems(case.folder, case.family, vendor.name)
+    problems = adaptation_problems(case.folder, case.family, vendor.name, vendor.folder)
     for problem in problems:  # every part's, not only the first a run would stop at
         found.add_problem(str(problem))
     if problems:
         return used
-    adaptation = read_adaptation(case.folder, case.name, case.family, vendor.name)
+    adaptation = read_adaptation(case.folder, case.name, case.family, vendor.name, vendor.folder)
     if adaptation is not None and not adaptation.empty:
         extern = f"extern {','.join(adaptation.hooks)} (read, not run)"
         used += [p for p, present in (("environment file", adaptation.env), ("requirements", adaptation.requirements),

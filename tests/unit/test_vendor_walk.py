@@ -5,6 +5,7 @@ reads them; and the mistakes a vendor coming from FlagPerf makes are each one pr
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -496,3 +497,66 @@ def test_a_dockerfile_of_another_framework_is_checked_and_said_to_be_built_only_
     assert f"{dockerfile}: built only for a case a FlagPerf host.yaml maps to framework paddle (CASES: {{<case>: " \
            "paddle}); every other run (an inventory, a test_conf.py) builds container.dockerfile " \
            "(pytorch/Dockerfile)" in found.notes, found.notes
+
+
+def test_a_vendor_kept_outside_the_project_keeps_its_case_files_in_its_own_folder(walk: Path, tmp_path: Path
+                                                                                  ) -> None:
+    """`vendor new --into DIR` makes a vendor of its own repository, but its adaptations had to go into the case
+    folders (a case's vendor/<vendor>/), so a vendor could not keep its work in one place. Its folder's
+    cases/<family>/<case>/ holds the same files: vendor check, validate and the plan read them (a run's rounds read
+    them through the same place, tests/integration/test_vendor_adaptation.py and test_vendor_hosts.py), and the
+    source digest covers them; both places at once are refused in one line, and a folder of no case is named."""
+    from flagperf.config.plan import plan_run
+    from flagperf.results.provenance import source_digest
+
+    vendor = walk / "vendors" / "acme"
+    kept = vendor / "cases" / "training" / "walk-mlp"
+    write(kept / "config_acmex1x1.yaml", "lr: 0.08\n")
+    env = write(kept / "environment_variables.sh", "export ACME_TUNING=fast\n")
+    hooks = write(kept / "extern" / "hooks.py", "def on_step(ctx, step):\n    pass\n")
+    found = check_vendor_folder(vendor, monitor_seconds=1)
+    assert found.problems == []
+    assert "adaptation of walk-mlp: scale config_acmex1x1.yaml; environment file; extern on_step (read, not run)" \
+        in found.passed, found.passed
+    assert not any(note.startswith("no case is adapted") for note in found.notes), found.notes
+    for path, kind in ((env, "vendor acme's adaptation of walk-mlp (in its folder)"),
+                       (hooks, "vendor acme's adaptation of walk-mlp (in its folder)"),
+                       (kept / "config_acmex1x1.yaml", "training scale overrides of walk-mlp (vendor acme's folder)")):
+        checked = flagperf("validate", str(path))
+        assert checked.returncode == 0 and kind in " ".join(checked.stdout.split()), checked.stdout + checked.stderr
+    plan = plan_run(cases=["walk-mlp"], vendor="acme", results_dir=tmp_path / "results")
+    assert plan.cases[0].config["lr"] == 0.08 and plan.cases[0].origins["lr"] == str(kept / "config_acmex1x1.yaml")
+    assert plan.cases[0].vendor_folder == str(kept)
+    before = source_digest(vendor="acme", cases=plan.case_folders)
+    env.write_text("export ACME_TUNING=slow\n")
+    assert source_digest(vendor="acme", cases=plan.case_folders) != before
+
+    # A file read by a run is checked as a run reads it, here too.
+    env.write_text("source /opt/acme/env.sh\n")
+    assert f"{env}: line 1: not an assignment" in "\n".join(check_vendor_folder(vendor, monitor_seconds=1).problems)
+    case_yaml = walk / "cases" / "training" / "walk-mlp" / "case.yaml"
+    refused = flagperf("validate", str(case_yaml))
+    assert refused.returncode == 2 and f"{env}: line 1: not an assignment" in refused.stderr, refused.stderr
+    env.write_text("export ACME_TUNING=fast\n")
+
+    # Both places: a run would read one and silently drop the other's files.
+    write(walk / "cases" / "training" / "walk-mlp" / "vendor" / "acme" / "config_acmex1x2.yaml", "lr: 0.07\n")
+    both = (f"vendor acme's files of case walk-mlp are also in {walk}/cases/training/walk-mlp/vendor/acme: keep them "
+            "in one")
+    problems = check_vendor_folder(vendor, monitor_seconds=1).problems
+    assert problems == [f"{kept}: {both} of the two places (a run reads one)"], problems
+    with pytest.raises(ConfigError, match=re.escape(both)):
+        plan_run(cases=["walk-mlp"], vendor="acme", results_dir=tmp_path / "results")
+    refused = flagperf("validate", str(env))
+    assert refused.returncode == 2 and both in refused.stderr and len(refused.stderr.splitlines()) == 1
+    shutil.rmtree(walk / "cases" / "training" / "walk-mlp" / "vendor")
+
+    # A folder no run reads: a misspelt case, a case under another family.
+    write(vendor / "cases" / "training" / "walk-mpl" / "environment_variables.sh", "export A=1\n")
+    write(vendor / "cases" / "base" / "walk-mlp" / "environment_variables.sh", "export A=1\n")
+    problems = check_vendor_folder(vendor, monitor_seconds=1).problems
+    assert any(problem.startswith(f"{vendor}/cases/training/walk-mpl: never read: unknown training case 'walk-mpl' "
+                                  "(did you mean walk-mlp? known: ") for problem in problems), problems
+    assert f"{vendor}/cases/base/walk-mlp: never read: walk-mlp is a training case: its folder here is " \
+           "cases/training/walk-mlp/" in problems, problems
+    assert len(problems) == 2, problems
