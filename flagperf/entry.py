@@ -155,7 +155,7 @@ def run_inference(job: Job, case: CaseDef, config: InferenceConfig, vendor: Vend
     # Exported models and engines stay on this host, outside the round folder that is copied into the
     # results (a Llama-7B ONNX file is 27 GB); result.json records where they are, for exist_*_path reuse.
     artifacts = default_work_root() / "inference-artifacts" / job.run_id / job.case / f"round{job.round}"
-    hooks = load_hooks(read_adaptation(case.folder, case.name, case.family, vendor.name))
+    hooks = load_hooks(read_adaptation(case.folder, case.name, case.family, vendor.name, vendor.folder))
     run = InferenceRun(case_name=case.name, module=hooked_module(case.module, hooks, hooks_called), config=config,
                        vendor=vendor.name, spec=spec, device=device,
                        shares_host_memory=vendor.manifest.shares_host_memory, out_dir=out_dir,
@@ -372,7 +372,7 @@ def run_job(job: Job, out_dir: Path, slot: DeviceSlot | None = None, job_file: P
             on = f"{device}, device {slot.index}: {slot.label}" if slot is not None else device
             log.info("case %s round %d on %s (%s), attempt %d", job.case, job.round, job.host, on, job.attempt)
             log.info("host allocator: %s", allocator)
-            adaptation = read_adaptation(case.folder, case.name, case.family, vendor.name)
+            adaptation = read_adaptation(case.folder, case.name, case.family, vendor.name, vendor.folder)
             if adaptation is not None:  # the vendor guide's adaptation points, applied before the case starts
                 adapted = Applied(adaptation).record()  # recorded also when applying it fails (masked)
                 applied = apply_adaptation(adaptation, out_dir, cache_root(out_dir),

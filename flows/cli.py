@@ -961,24 +961,67 @@ def _validate_file(path: Path) -> str:
     return kind
 
 
+def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.Match[str] | None) -> str:
+    """A file of a vendor folder's cases/<family>/<case>/ (``kept``: the vendor folder, family, case), where a vendor
+    kept outside the project keeps its files of a case: read as a run of that vendor reads it."""
+    from flagperf.config import adaptation
+    from flagperf.config.cases import available_cases, load_case, resolve_case_config
+    from flagperf.config.vendorlayout import misplaced_adaptation_file, scale_file_problem, vendor_case_problem
+    from flagperf.config.vendors import MANIFEST, load_vendor_manifest
+
+    home, family, name = kept
+    folder = home / adaptation.VENDOR_CASES_FOLDER / family / name
+    known = available_cases()
+    problem = vendor_case_problem(family, name, known)
+    if problem:
+        raise ConfigError(display_path(folder), None, problem)
+    case = load_case(name, known)
+    manifest = load_vendor_manifest(home / MANIFEST)
+    if scale and path.parent == folder:
+        problem = scale_file_problem(path.name, family, manifest.name, str(manifest.hardware))
+        if problem:
+            raise ConfigError(display_path(path), None, problem)
+        sizes = {"nnodes": int(scale.group(2)), "nproc_per_node": int(scale.group(3))}
+        resolve_case_config(case, vendor=manifest.name, run_overrides=[(str(path), sizes)], hardware=scale.group(1),
+                            vendor_folder=home)
+        return f"training scale overrides of {name} (vendor {manifest.name}'s folder)"
+    if path.name in (adaptation.ENV_FILE, adaptation.REQUIREMENTS_FILE, adaptation.EXTERN_HOOKS_FILE,
+                     adaptation.CSRC_SETUP):
+        misplaced = misplaced_adaptation_file(path, folder, shown_from=home)
+        if misplaced:
+            raise ConfigError(display_path(path), None, misplaced)
+        adaptation.read_adaptation(case.folder, name, case.family, manifest.name, home)
+        return f"vendor {manifest.name}'s adaptation of {name} (in its folder)"
+    raise ConfigError(display_path(path), None, f"not a file `flagperf validate` reads: a vendor's folder of a case "
+                      f"holds {adaptation.ENV_FILE}, {adaptation.REQUIREMENTS_FILE}, {adaptation.CSRC_FOLDER}/"
+                      f"{adaptation.CSRC_SETUP}, {adaptation.EXTERN_FOLDER}/{adaptation.EXTERN_HOOKS_FILE} and "
+                      "config_<hw>x<nnodes>x<nproc>.yaml|.py (validate one of those)")
+
+
 def _check_file(path: Path, notes: list[str]) -> str:
     # Each kind of file imports its own checks (the planner, FlagPerf training's reader: only where they are used).
     from flagperf.config.cases import load_case, load_case_manifest, resolve_case_config
+    from flagperf.config.vendorlayout import vendor_cases_entry
     from flagperf.config.vendors import MANIFEST as VENDOR_MANIFEST
     from flagperf.config.vendors import available_vendors, load_vendor, load_vendor_manifest
 
     if not os.path.lexists(path):  # a file named by where it would be read from (vendor/<v>.yaml) is no file
         raise ConfigError(display_path(path), None, "file not found")
     if path.name == "case.yaml":
-        from flagperf.config.adaptation import read_adaptation
+        from flagperf.config.adaptation import VENDOR_CASES_FOLDER, read_adaptation
+        from flagperf.config.files import is_present
 
         manifest = load_case_manifest(path)
         case = load_case(manifest.name, {manifest.name: path.parent})
         resolve_case_config(case, vendor="", run_overrides=[])  # the defaults alone must be valid
         vendors = path.parent / "vendor"
-        for folder in sorted(vendors.iterdir()) if vendors.is_dir() else []:  # each vendor's adaptation, read
-            if folder.is_dir() or folder.is_symlink():
-                read_adaptation(case.folder, case.name, case.family, folder.name)
+        adapting = {folder.name for folder in (vendors.iterdir() if vendors.is_dir() else [])
+                    if folder.is_dir() or folder.is_symlink()}
+        # and each vendor that keeps its files of the case in its own folder (cases/<family>/<case>/)
+        adapting |= {name for name, home in available_vendors().items()
+                     if is_present(home / VENDOR_CASES_FOLDER / case.family / case.name)}
+        for name in sorted(adapting):  # each vendor's adaptation, read
+            read_adaptation(case.folder, case.name, case.family, name)
         return "case"
     inference = _validate_inference_file(path)
     if inference:
@@ -998,14 +1041,19 @@ def _check_file(path: Path, notes: list[str]) -> str:
         case = load_case(manifest.name, {manifest.name: case_dir})
         resolve_case_config(case, vendor=path.stem, run_overrides=[])
         return f"vendor overrides of {manifest.name}"
-    if path.name == "config_common.py" and path.parent.parent.name == "vendor" and (
-            path.parent.parent.parent / "case.yaml").is_file():  # read only through the scale files beside it
+    if path.name == "config_common.py" and ((path.parent.parent.name == "vendor" and (
+            path.parent.parent.parent / "case.yaml").is_file()) or vendor_cases_entry(path.parent)):
+        # read only through the scale files beside it
         beside = sorted(p for p in path.parent.glob("config_*.py") if re.fullmatch(r"config_.+x\d+x\d+\.py", p.name))
         if not beside:
             raise ConfigError(display_path(path), None, "never read: no config_<hw>x<nnodes>x<nproc>.py beside it "
                                                         "(it is read through their `from config_common import *`)")
         return "; ".join(_check_file(scale_path, notes) for scale_path in beside) + ", with config_common.py"
     scale = re.fullmatch(r"config_([A-Za-z0-9_.-]+)x(\d+)x(\d+)\.(yaml|py)", path.name)
+    kept = vendor_cases_entry(path.parent) or vendor_cases_entry(path.parent.parent) \
+        or vendor_cases_entry(path.parent.parent.parent)  # a file of a vendor's own folder of a case
+    if kept is not None:
+        return _check_vendor_kept_file(path, kept, scale)
     if scale and path.parent.parent.name == "vendor" and (path.parent.parent.parent / "case.yaml").is_file():
         case_dir = path.parent.parent.parent
         manifest = load_case_manifest(case_dir / "case.yaml")

@@ -1,6 +1,7 @@
 """A vendor's adaptation of a case, after FlagPerf's vendor guide, in this project's layout.
 
-    cases/<family>/<case>/vendor/<vendor>/
+    cases/<family>/<case>/vendor/<vendor>/     in the case (or, the same files, in the vendor's own folder:
+                                               <vendor folder>/cases/<family>/<case>/; never in both)
       environment_variables.sh   ``export NAME=value`` / ``NAME=value`` lines, read (never run by a shell)
       requirements.txt           pip-installed before the case starts (into a cache per image and host)
       csrc/setup.py              operator sources, built and installed before the case starts (once per content)
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from flagperf.config.files import given_name, hash_file, inside, is_present, read_config_text, regular_file
+from flagperf.config.vendors import available_vendors
 from flagperf.config.yamlio import MAX_KEY, MAX_TEXT
 from flagperf.errors import ConfigError
 from flagperf.paths import display_path
@@ -78,6 +80,15 @@ EXTERN_HOOKS: dict[str, dict[str, str]] = {
     },
 }
 
+# What the family's driver checks of a hook's result each time a round calls it: reading the file cannot tell (the
+# class a make_optimizer returns is known only once it has run), and nothing that checks a file runs it, so
+# `flagperf vendor check` names these as not checked rather than passing them.
+RUN_TIME_CHECKS: dict[str, str] = {
+    "wrap_model": "the model it returns keeps the case's parameter count, shapes and initial weights",
+    "make_optimizer": "the optimizer it returns is an instance of exactly the class the case asks for, holding "
+                      "exactly the case's parameters",
+}
+
 # What extern/ code may not name: loading weights (the initial checkpoint) or building data (the data set).
 FORBIDDEN_NAMES = {
     "load_state_dict": "loads weights: the initial checkpoint is not the vendor's to change",
@@ -125,8 +136,63 @@ class Adaptation:
                 "extern": display_path(self.extern) if self.extern else None, "hooks": list(self.hooks)}
 
 
-def adaptation_folder(case_folder: Path, vendor: str) -> Path:
-    return case_folder / "vendor" / vendor
+# A vendor kept in its own repository (`flagperf vendor new --into DIR`, found through FLAGPERF_VENDOR_PATH) keeps
+# its adaptations there too: <vendor folder>/cases/<family>/<case>/ holds what cases/<family>/<case>/vendor/<vendor>/
+# would, so that adapting a case never needs a change to the project (nor to a case repository's).
+VENDOR_CASES_FOLDER = "cases"
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a vendor's files of one case are: ``folder``, which may not lead out of ``root`` (``what`` in errors)."""
+
+    folder: Path
+    root: Path
+    what: str
+
+    @property
+    def present(self) -> bool:
+        """A folder, or a link (where it leads is checked when it is read); a file of that name is no folder."""
+        return is_present(self.folder) and (self.folder.is_dir() or self.folder.is_symlink())
+
+    def checked(self) -> Path:
+        """The folder, refused when it (a link, or a link on the way to it) leads out of its root."""
+        inside(self.root, self.folder.relative_to(self.root), given_name(self.folder), None, self.what)
+        return self.folder
+
+    def file(self, name: str) -> Path:
+        """A file of the folder, refused when a link leads it out of the folder's root."""
+        path = self.folder / name
+        inside(self.root, path.relative_to(self.root), given_name(path), None, self.what)
+        return path
+
+
+def adaptation_places(case_folder: Path, vendor: str, vendor_folder: Path | None = None) -> list[Place]:
+    """The two places a vendor's files of the case may be: the case's vendor/<vendor>/, and the vendor folder's
+    cases/<family>/<case>/ (``vendor_folder``; by default the one `--vendor <vendor>` finds, as a run finds it)."""
+    places = [Place(case_folder / "vendor" / vendor, case_folder, "the case folder")]
+    home = vendor_folder if vendor_folder is not None else available_vendors().get(vendor)
+    if home is not None:
+        places.append(Place(home / VENDOR_CASES_FOLDER / case_folder.parent.name / case_folder.name, home,
+                            "the vendor folder"))
+    return places
+
+
+def adaptation_place(case_folder: Path, vendor: str, vendor_folder: Path | None = None) -> Place:
+    """The place a run reads the vendor's files of the case from: the one that is there (the case's when neither
+    is). Both there is refused: the files of one would be silently ignored."""
+    places = adaptation_places(case_folder, vendor, vendor_folder)
+    present = [place for place in places if place.present]
+    if len(present) > 1:
+        raise ConfigError(given_name(present[1].folder), None, f"vendor {vendor}'s files of case {case_folder.name} "
+                          f"are also in {given_name(present[0].folder)}: keep them in one of the two places (a run "
+                          "reads one)")
+    return present[0] if present else places[0]
+
+
+def adaptation_folder(case_folder: Path, vendor: str, vendor_folder: Path | None = None) -> Path:
+    """The folder of the vendor's files of the case a run reads (adaptation_place)."""
+    return adaptation_place(case_folder, vendor, vendor_folder).folder
 
 
 def parse_env_file(path: Path) -> dict[str, str]:
@@ -413,13 +479,14 @@ def _forbidden(node: ast.AST) -> str | None:
     return None
 
 
-def read_adaptation(case_folder: Path, case: str, family: str, vendor: str) -> Adaptation | None:
+def read_adaptation(case_folder: Path, case: str, family: str, vendor: str, vendor_folder: Path | None = None
+                    ) -> Adaptation | None:
     """The vendor's adaptation of the case, checked; None when the vendor has none. Raises at the first
-    problem (adaptation_problems names all of them)."""
-    folder = adaptation_folder(case_folder, vendor)
-    if not is_present(folder) or not (folder.is_dir() or folder.is_symlink()):
+    problem (adaptation_problems names all of them). ``vendor_folder``: the vendor's (adaptation_places)."""
+    place = adaptation_place(case_folder, vendor, vendor_folder)
+    if not place.present:
         return None  # no folder (vendor/<vendor>.yaml is the vendor's overrides file, not an adaptation)
-    inside(case_folder, folder.relative_to(case_folder), given_name(folder), None, "the case folder")
+    folder = place.checked()
     env, requirements, csrc, extern = _read_env(folder), _read_requirements(folder), _read_csrc(folder), \
         _read_extern(folder)
     if not (env or is_present(folder / ENV_FILE) or requirements or csrc or is_present(folder / EXTERN_FOLDER)):
@@ -429,16 +496,17 @@ def read_adaptation(case_folder: Path, case: str, family: str, vendor: str) -> A
                       csrc=csrc, extern=extern, hooks=hooks)
 
 
-def adaptation_problems(case_folder: Path, family: str, vendor: str) -> list[ConfigError]:
+def adaptation_problems(case_folder: Path, family: str, vendor: str, vendor_folder: Path | None = None
+                        ) -> list[ConfigError]:
     """Every problem of the vendor's adaptation of the case, each part checked on its own (read_adaptation
     stops at the first): `flagperf vendor check` names them all in one go."""
-    folder = adaptation_folder(case_folder, vendor)
-    if not is_present(folder) or not (folder.is_dir() or folder.is_symlink()):
-        return []
     try:
-        inside(case_folder, folder.relative_to(case_folder), given_name(folder), None, "the case folder")
+        place = adaptation_place(case_folder, vendor, vendor_folder)
+        if not place.present:
+            return []
+        folder = place.checked()
     except ConfigError as exc:
-        return [exc]  # a folder leading out: nothing in it is read
+        return [exc]  # in two places, or a folder leading out: nothing in it is read
     problems = []
     for part in _PARTS:
         try:

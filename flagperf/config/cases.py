@@ -26,10 +26,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError, field_validator
 
+from flagperf.config.adaptation import adaptation_place
 from flagperf.config.casecode import code_runs, read_case_module
 from flagperf.config.engines import INFERENCE_ENGINES, declared_options
 from flagperf.config.files import given_name, inside, is_present, read_config_text, regular_file
-from flagperf.config.flagperf_keys import flagperf_key_hint
 from flagperf.config.inferencekeys import refuse_keys_not_read
 from flagperf.config.models import (
     CASE_FOLDER,
@@ -43,6 +43,7 @@ from flagperf.config.models import (
     load_model,
     merge_vendor_overrides,
     pydantic_error_to_config_error,
+    unknown_key_problem,
     vendor_key_problem,
 )
 from flagperf.config.pyliterals import read_literal_file
@@ -228,11 +229,6 @@ def load_case(name: str, cases: dict[str, Path] | None = None) -> CaseDef:
     return CaseDef(manifest=load_case_manifest(folder / MANIFEST), folder=folder)
 
 
-def scale_file(case: CaseDef, vendor: str, hardware: str, nnodes: int, nproc: int) -> Path:
-    """A training vendor's settings for one scale, named as FlagPerf names them."""
-    return case.folder / "vendor" / vendor / f"config_{hardware}x{nnodes}x{nproc}.yaml"
-
-
 # FlagPerf's vendor scale files begin with ``from config_common import *``: the settings of every scale of the
 # case, in config_common.py beside them; read (never run) from the scale file's own folder.
 SCALE_COMMON = "config_common"
@@ -241,9 +237,8 @@ SCALE_COMMON = "config_common"
 def _scale_key_problem(case: CaseDef, merged: MergedConfig, key: str) -> str | None:
     """Why a scale file (or the config_common.py it imports) may not set ``key``; None: it may."""
     if key not in merged.values:  # before the mutable rule: a key the case lacks is not an immutable one
-        hint = flagperf_key_hint(key, frozenset(merged.values))
-        return f"unknown key ({hint})" if hint else "unknown key"
-    return vendor_key_problem(key, merged.parameters, case.manifest.mutable)
+        return unknown_key_problem(key, case.manifest.configurations, case.manifest.mutable)
+    return vendor_key_problem(key, case.manifest.configurations, merged.parameters, case.manifest.mutable)
 
 
 def _set_by_vendor(merged: MergedConfig, key: str, value: Any, source: str) -> None:
@@ -254,7 +249,7 @@ def _set_by_vendor(merged: MergedConfig, key: str, value: Any, source: str) -> N
 
 
 def _apply_scale_file(case: CaseDef, merged: MergedConfig, vendor: str, hardware: str,
-                      run_overrides: list[tuple[str, dict[str, Any]]]) -> None:
+                      run_overrides: list[tuple[str, dict[str, Any]]], vendor_folder: Path | None = None) -> None:
     """Training: vendor/<vendor>/config_<hw>x<nnodes>x<nproc>.yaml (or FlagPerf's .py form of it, literal
     assignments only, with the config_common.py it may import) for the scale this run uses, between the vendor's
     general file and the run overrides; the same mutable-only rule applies."""
@@ -264,7 +259,8 @@ def _apply_scale_file(case: CaseDef, merged: MergedConfig, vendor: str, hardware
     nnodes, nproc = final.get("nnodes"), final.get("nproc_per_node")
     if not isinstance(nnodes, int) or not isinstance(nproc, int):
         return
-    path = scale_file(case, vendor, hardware, nnodes, nproc)
+    place = adaptation_place(case.folder, vendor, vendor_folder)
+    path = place.folder / f"config_{hardware}x{nnodes}x{nproc}.yaml"
     python_form = path.with_suffix(".py")  # FlagPerf's own form of the file, read without running it
     if is_present(python_form):
         if is_present(path):
@@ -272,7 +268,7 @@ def _apply_scale_file(case: CaseDef, merged: MergedConfig, vendor: str, hardware
         path = python_form
     elif not is_present(path):
         return
-    _case_file(case.folder, str(path.relative_to(case.folder)))
+    place.file(path.name)
     source = display_path(path)
     common: dict[str, Any] = {}
     if path.suffix == ".py":
@@ -363,10 +359,13 @@ def _apply_run_overrides(case: CaseDef, vendor: str, merged: MergedConfig,
 
 
 def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[str, dict[str, Any]]],
-                        hardware: str | None = None, files_are_local: bool = True) -> MergedConfig:
+                        hardware: str | None = None, files_are_local: bool = True,
+                        vendor_folder: Path | None = None) -> MergedConfig:
     """Defaults -> vendor file -> (training) the vendor's file for this scale -> run overrides, then
     validated by the case's own Config model. files_are_local: the cases run on this machine, so the files
-    a config names (exist_onnx_path ...) can be checked here; on remote hosts the case checks them there."""
+    a config names (exist_onnx_path ...) can be checked here; on remote hosts the case checks them there.
+    vendor_folder: the vendor's folder, whose cases/<family>/<case>/ may hold its scale files (by default the one
+    `--vendor <vendor>` finds)."""
     vendor_path = case.vendor_file(vendor)
     present = bool(vendor) and is_present(vendor_path)
     if present:
@@ -386,7 +385,7 @@ def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[st
         merged = merge({})  # the case's defaults, so that the scale file is still read against them
     if case.family == "training":
         try:
-            _apply_scale_file(case, merged, vendor, hardware or vendor, run_overrides)
+            _apply_scale_file(case, merged, vendor, hardware or vendor, run_overrides, vendor_folder)
         except ConfigError as exc:
             vendor_refused.append(exc)
     if vendor_refused:

@@ -21,6 +21,7 @@ from typing import Any, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from flagperf.config.flagperf_keys import flagperf_key_hint
 from flagperf.config.yamlio import load_yaml_mapping, parse_yaml_text
 from flagperf.errors import LISTED_IN_FULL, ConfigError, gathered, nearest, unknown_name, validation_message
 from flagperf.paths import NAME_PATTERN, display_path
@@ -277,11 +278,31 @@ class MergedConfig:
     run_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def vendor_key_problem(key: str, parameters: Iterable[str], mutable: list[str] | None) -> str | None:
+def unknown_key_problem(key: str, configurations: Iterable[str], mutable: list[str] | None = None) -> str:
+    """A vendor file's key the case does not have: most often a misspelling or FlagPerf's name of a key, so the
+    line says what was likely meant (FlagPerf's name mapped, else the nearest keys), else what a vendor may set."""
+    known = sorted(set(configurations))
+    renamed = flagperf_key_hint(key, frozenset(known))
+    if renamed:
+        return f"unknown key ({renamed})"
+    close = nearest(key, known)
+    if close:
+        return f"unknown key (did you mean {' or '.join(close)}?)"
+    settable = known if mutable is None else sorted(mutable)
+    if mutable is not None:
+        return f"unknown key (a vendor may change: {', '.join(settable)})"
+    return f"unknown key (known: {', '.join(settable)})" if 0 < len(settable) <= LISTED_IN_FULL else "unknown key"
+
+
+def vendor_key_problem(key: str, configurations: Iterable[str], parameters: Iterable[str],
+                       mutable: list[str] | None) -> str | None:
     """Why a vendor file may not set ``key`` (None: it may): one wording for a case's settings file and its
-    training scale files, naming the keys a vendor may change."""
+    training scale files. A key the case does not have is unknown (named as such, not as immutable) where the
+    case lists what a vendor may change; without the list a new key is the case's Config's to judge."""
     if key in parameters:
         return "is a case parameter; parameters are not vendor-overridable"
+    if mutable is not None and key not in configurations:
+        return unknown_key_problem(key, configurations, mutable)
     if mutable is not None and key not in mutable:
         return f"is not in the case's mutable list ({', '.join(mutable)}); a vendor may change only those"
     return None
@@ -305,7 +326,7 @@ def merge_vendor_overrides(
     merged = MergedConfig(values=values, origins=origins, parameters=frozenset(parameters))
     refused: list[ConfigError] = []  # every key refused, not the first only: a vendor fixes the file in one go
     for key, value in overrides.items():
-        problem = vendor_key_problem(key, parameters, mutable)
+        problem = vendor_key_problem(key, configurations, parameters, mutable)
         if problem:
             refused.append(ConfigError(vendor_source, key, problem))
             continue

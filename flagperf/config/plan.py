@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from flagperf.config.adaptation import read_adaptation
+from flagperf.config.adaptation import adaptation_place, read_adaptation
 from flagperf.config.cases import (
     MANIFEST,
     CaseDef,
@@ -61,6 +61,10 @@ class CasePlan(BaseModel):
     vendor_new_keys: list[str]
     timeout_s: float
     max_retries: int
+    vendor_folder: str | None = Field(
+        default=None, description="the folder of the vendor's files of the case that was read (scale files, the "
+                                  "adaptation): the case's vendor/<vendor>/ or the vendor folder's cases/<family>/"
+                                  "<case>/; None when the vendor has none")
 
 
 class RunPlan(BaseModel):
@@ -209,7 +213,7 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
         try:
             defs[name] = load_case(name, known)
             # the vendor's adaptation of the case, read (never run) before anything starts
-            read_adaptation(defs[name].folder, name, defs[name].family, resolved_vendor.name)
+            read_adaptation(defs[name].folder, name, defs[name].family, resolved_vendor.name, resolved_vendor.folder)
         except ConfigError as exc:
             problems.append(exc)
             defs.pop(name, None)
@@ -249,7 +253,9 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
     for name in names:
         try:
             _name_endpoint(name, defs[name], layers[name], inventory_endpoints or {}, inventory_source)
-            merged = resolve_case_config(defs[name], vendor, layers[name], hardware, files_are_local=files_are_local)
+            merged = resolve_case_config(defs[name], vendor, layers[name], hardware, files_are_local=files_are_local,
+                                         vendor_folder=resolved_vendor.folder)
+            place = adaptation_place(defs[name].folder, vendor, resolved_vendor.folder)
         except ConfigError as exc:  # each case's findings, every case: a suite's problems are all said at once
             problems += [_where_in_suite(finding, suite_source, name, suite_overrides) for finding in [exc, *exc.more]]
             continue
@@ -259,6 +265,7 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
             vendor_changes={k: list(v) for k, v in merged.vendor_changes.items()},
             vendor_new_keys=merged.vendor_new_keys,
             timeout_s=float(merged.values["timeout_s"]), max_retries=int(merged.values["max_retries"]),
+            vendor_folder=display_path(place.folder) if place.present else None,
         ))
     problems += _endpoints_on_hosts(plans, hosts or [], inventory_source)
     if problems:

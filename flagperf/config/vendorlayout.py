@@ -6,6 +6,8 @@ that silently ignores them. Used by `flagperf vendor check` and `flagperf valida
     cases/inference/<case>/vendor/<vendor>_configurations.yaml overrides (inference: FlagPerf's name)
     cases/<family>/<case>/vendor/<vendor>/                     the adaptation (flagperf.config.adaptation)
       config_<hw>x<nnodes>x<nproc>.yaml|.py                    training only; <hw> is vendor.yaml's hardware
+    <vendor folder>/cases/<family>/<case>/                     the same files, kept in the vendor's own folder
+                                                               (never in both places)
 """
 
 from __future__ import annotations
@@ -20,10 +22,17 @@ from flagperf.config.adaptation import (
     EXTERN_FOLDER,
     EXTERN_HOOKS_FILE,
     REQUIREMENTS_FILE,
+    VENDOR_CASES_FOLDER,
 )
+from flagperf.config.cases import INFERENCE_FILES
+from flagperf.config.cases import MANIFEST as CASE_MANIFEST
+from flagperf.config.files import given_name
+from flagperf.config.vendors import MANIFEST as VENDOR_MANIFEST
+from flagperf.errors import unknown_name
 
 SCALE_FILE = re.compile(r"config_([A-Za-z0-9_.-]+)x(\d+)x(\d+)\.(yaml|py)")
 ADAPTATION_ENTRIES = (ENV_FILE, REQUIREMENTS_FILE, CSRC_FOLDER, EXTERN_FOLDER)
+CASE_FILES = (CASE_MANIFEST, INFERENCE_FILES[0])  # what makes a folder a case
 FLAGPERF_CONFIG_FOLDER = "config"  # FlagPerf's <vendor>/<model>-<framework>/config/: its files go one level up here
 
 
@@ -65,24 +74,50 @@ def scale_file_problem(name: str, family: str, vendor: str, hardware: str) -> st
 
 
 def stray_entry_problem(entry: Path, family: str, vendor: str) -> str | None:
-    """An entry of vendor/<vendor>/ that no run reads, when it looks like one a vendor meant to be read."""
+    """An entry of the vendor's folder of a case (vendor/<vendor>/, or the vendor folder's cases/<family>/<case>/)
+    that no run reads, when it looks like one a vendor meant to be read."""
+    home = given_name(entry.parent)
     if entry.name == FLAGPERF_CONFIG_FOLDER and entry.is_dir():
         return (f"never read: FlagPerf's config/ folder is not used here; {ENV_FILE}, {REQUIREMENTS_FILE} and "
-                f"config_<hw>x<nnodes>x<nproc>.yaml go directly in vendor/{vendor}/")
+                f"config_<hw>x<nnodes>x<nproc>.yaml go directly in {home}/")
     if entry.name in (f"{vendor}_requirements.txt", "requirements.sh", "env.sh", "environment_variables.txt"):
         return f"never read: the names read here are {ENV_FILE} and {REQUIREMENTS_FILE}"
     if entry.name in (CSRC_SETUP, EXTERN_HOOKS_FILE):
-        home = CSRC_FOLDER if entry.name == CSRC_SETUP else EXTERN_FOLDER
-        return f"never read: {entry.name} goes in vendor/{vendor}/{home}/"
+        sub = CSRC_FOLDER if entry.name == CSRC_SETUP else EXTERN_FOLDER
+        return f"never read: {entry.name} goes in {home}/{sub}/"
     return None
 
 
-def misplaced_adaptation_file(path: Path, adaptation: Path) -> str | None:
-    """A file `flagperf validate` was given inside a vendor's case folder, but not where a run reads it."""
+def misplaced_adaptation_file(path: Path, adaptation: Path, shown_from: Path | None = None) -> str | None:
+    """A file `flagperf validate` was given inside a vendor's case folder, but not where a run reads it.
+    ``shown_from``: the folder the message names the right place from (the case's, by default)."""
     expected = {ENV_FILE: adaptation / ENV_FILE, REQUIREMENTS_FILE: adaptation / REQUIREMENTS_FILE,
                 CSRC_SETUP: adaptation / CSRC_FOLDER / CSRC_SETUP,
                 EXTERN_HOOKS_FILE: adaptation / EXTERN_FOLDER / EXTERN_HOOKS_FILE}.get(path.name)
     if expected is None or path.parent.resolve() == expected.parent.resolve():
         return None
-    where = expected.relative_to(adaptation.parent)
-    return f"never read: a run reads vendor/{where} (FlagPerf's config/ folder is not used here)"
+    where = expected.relative_to(shown_from or adaptation.parent.parent)
+    return f"never read: a run reads {where} (FlagPerf's config/ folder is not used here)"
+
+
+def vendor_cases_entry(path: Path) -> tuple[Path, str, str] | None:
+    """(vendor folder, family, case) when ``path`` is a vendor folder's cases/<family>/<case>/ (the folder beside
+    cases/ holds vendor.yaml), else None: the place a vendor kept outside the project keeps its files of a case."""
+    vendor = path.parent.parent.parent
+    if path.parent.parent.name != VENDOR_CASES_FOLDER or not (vendor / VENDOR_MANIFEST).is_file() \
+            or any((path / name).exists() for name in CASE_FILES):  # a case folder itself is not one
+        return None
+    return vendor, path.parent.name, path.name
+
+
+def vendor_case_problem(family: str, name: str, cases: dict[str, Path]) -> str | None:
+    """Why a vendor folder's cases/<family>/<name>/ is never read (None: it is the case ``name``'s, of ``family``):
+    no case has the name (the nearest named), or the case is of another family. ``cases``: name -> case folder."""
+    home = cases.get(name)
+    if home is None:
+        same = [case for case, folder in cases.items() if folder.parent.name == family]
+        return "never read: " + unknown_name(f"{family} case", name, same or cases, "flagperf list cases")
+    if home.parent.name != family:
+        return (f"never read: {name} is a {home.parent.name} case: its folder here is {VENDOR_CASES_FOLDER}/"
+                f"{home.parent.name}/{name}/")
+    return None

@@ -5,6 +5,7 @@ A vendor folder holds:
   spec.py                ``spec_table(settings: dict) -> SpecTable``: peaks with their sources
   <monitor>.py           monitor scripts (``--out FILE --interval S --pid-file F --max-seconds N``)
   <framework>/Dockerfile the image the cases run in, when a container engine is used
+  cases/<family>/<case>/ the vendor's files of a case, when kept here (flagperf.config.adaptation)
 Adding a vendor is adding a folder; nothing in the engine names a vendor.
 """
 
@@ -30,7 +31,7 @@ from flagperf.config.models import (
     load_model,
     pydantic_error_to_config_error,
 )
-from flagperf.errors import ConfigError, SpecSettingError, missing_extra, unknown_name
+from flagperf.errors import ConfigError, SpecSettingError, missing_extra, nearest, unknown_name
 from flagperf.paths import PROJECT_ROOT, display_path, vendor_roots
 from flagperf.results.schema import Peak, SpecTable
 
@@ -283,10 +284,13 @@ _UNIT_SCALES = (
 def peak_problem(key: str, peak: Peak) -> str | None:
     """Why a spec table's figure for ``key`` would give a wrong or silently missing ratio, or None: a unit other
     than the one the cases measure ``key`` in (no ratio or MFU is formed across units), a value that is no
-    positive figure, a value without its source. A key no case reads is `vendor check`'s to name."""
+    positive figure, a value without its source, a key no case reads (a misspelt key's figure would silently give
+    no ratio: the case looks its own key up)."""
     unit = PEAK_UNITS.get(key)
     if unit is None:
-        return None
+        close = nearest(key, PEAK_UNITS)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        return f"not a key any case reads ({hint}known: {', '.join(sorted(PEAK_UNITS))})"
     if peak.unit != unit:
         hint = ""
         for scales in _UNIT_SCALES:

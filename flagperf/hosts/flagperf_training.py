@@ -21,8 +21,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from flagperf.config.adaptation import adaptation_folder
 from flagperf.config.cases import available_cases, load_case
-from flagperf.config.files import is_present
+from flagperf.config.files import given_name, is_present
 from flagperf.config.models import check_name
 from flagperf.config.pyliterals import LiteralFile, read_literal_file
 from flagperf.config.vendors import load_vendor
@@ -281,13 +282,14 @@ def _cases(test: LiteralFile, vendor: str, host_count: int) -> list[_CaseEntry]:
         case = load_case(mapped.case, known)
         notes: list[str] = []
         if case_hardware != hardware:
+            folder = adaptation_folder(case.folder, vendor)  # the case's vendor/<vendor>/ or the vendor's own folder
             for suffix in (".yaml", ".py"):
-                named = case.folder / "vendor" / vendor / f"config_{case_hardware}x{nnodes}x{nproc}{suffix}"
+                named = folder / f"config_{case_hardware}x{nnodes}x{nproc}{suffix}"
                 if is_present(named):
                     raise ConfigError(where, f"CASES.{key}", f"{display_path(named)} would not be read: vendor "
                                       f"{vendor}'s scale files are config_{hardware}x<nnodes>x<nproc> (its vendor.yaml "
                                       "hardware)")
-            notes.append(f"{where}: CASES.{key}: hardware {case_hardware}: the scale file read is vendor/{vendor}/"
+            notes.append(f"{where}: CASES.{key}: hardware {case_hardware}: the scale file read is {given_name(folder)}/"
                          f"config_{hardware}x{nnodes}x{nproc} (vendor {vendor}'s hardware name), where present")
         if framework.split("_")[0] != "pytorch":
             notes.append(f"{where}: CASES.{key}: framework {framework} is not used: {mapped.case} is this project's "

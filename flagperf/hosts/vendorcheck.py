@@ -5,7 +5,8 @@ folder, one line per finding.
                  whether `--vendor <name>` finds this folder
   device         torch knows torch_device and, where the device is present, has what the cases call
   image          the Dockerfile, an install step (a RUN line or FlagPerf's <framework>_install.sh) and every file
-                 the Dockerfile copies are there
+                 the Dockerfile copies are there; so for every other <framework>/Dockerfile, with a note that only a
+                 FlagPerf host.yaml naming its framework builds it
   monitors       each is run for a few seconds here, as a round runs it: a header, samples with a timestamp, a
                  vendor script's per-device figures in a `devices` list (utilisation and memory; power and
                  temperature recommended), a footer; a monitor whose tool is missing says why and is reported as
@@ -15,9 +16,10 @@ folder, one line per finding.
                  built; datasheets.yaml entries (the convention of the shipped vendors) each with a source
   engines        the families whose cases need an engine folder of the vendor (inference, operation, generate)
   adaptations    every case's files of this vendor, read as a run reads them: the overrides file, the training
-                 scale files, the vendor/<vendor>/ folder with the forbidden-change checks
-                 (flagperf.config.adaptation); files a run would never read (FlagPerf's config/ folder, a scale
-                 file of another <hw>, an overrides file of the wrong name) are problems
+                 scale files, the vendor/<vendor>/ folder (or the vendor folder's cases/<family>/<case>/) with the
+                 forbidden-change checks (flagperf.config.adaptation); files a run would never read (FlagPerf's
+                 config/ folder, a scale file of another <hw>, an overrides file of the wrong name, a folder of the
+                 vendor's cases/ that is no case's) are problems; what only a run checks (a hook's result) a note
 """
 
 from __future__ import annotations
@@ -44,21 +46,25 @@ from flagperf.config.adaptation import (
     EXTERN_FOLDER,
     EXTERN_HOOKS_FILE,
     REQUIREMENTS_FILE,
+    RUN_TIME_CHECKS,
+    VENDOR_CASES_FOLDER,
     adaptation_folder,
+    adaptation_places,
     adaptation_problems,
     read_adaptation,
 )
 from flagperf.config.casecode import case_code_not_run
 from flagperf.config.cases import CaseDef, available_cases, load_case, resolve_case_config
 from flagperf.config.engines import ENGINE_MANIFEST, INFERENCE_ENGINES
-from flagperf.config.files import is_present, read_config_text, regular_file
-from flagperf.config.models import PEAK_KEYS, load_model, pydantic_error_to_config_error
+from flagperf.config.files import given_name, is_present, read_config_text, regular_file
+from flagperf.config.models import load_model, pydantic_error_to_config_error
 from flagperf.config.vendorlayout import (
     SCALE_FILE,
     misnamed_overrides,
     overrides_name,
     scale_file_problem,
     stray_entry_problem,
+    vendor_case_problem,
 )
 from flagperf.config.vendors import (
     MANIFEST,
@@ -73,7 +79,7 @@ from flagperf.config.yamlio import parse_yaml_text
 from flagperf.errors import ConfigError, FlagperfError, findings, left_out_line, unknown_name
 from flagperf.hosts.container_policy import vendor_container_problems
 from flagperf.hosts.vendorscaffold import TODO
-from flagperf.paths import PROJECT_ROOT, display_path
+from flagperf.paths import PROJECT_ROOT, display_path, skipped_in_source
 from flagperf.results.schema import SpecTable
 
 MONITOR_SECONDS = 3.0
@@ -234,7 +240,22 @@ def _check_container(vendor: Vendor, found: Findings) -> None:
 
 
 def _check_image(vendor: Vendor, found: Findings) -> None:
-    dockerfile = vendor.folder / vendor.manifest.container.dockerfile
+    """The default framework's Dockerfile (container.dockerfile), and every other <framework>/Dockerfile: FlagPerf
+    allows one per framework, but only a FlagPerf host.yaml's CASES (<case>: <framework>) chooses one; every other
+    run builds the default, so another is said to be unused by them rather than silently never built."""
+    default = vendor.folder / vendor.manifest.container.dockerfile
+    _check_dockerfile(default, found)
+    for other in sorted(vendor.folder.glob("*/Dockerfile")):
+        if other == Path(os.path.normpath(default)) or skipped_in_source(other.parent.name):
+            continue
+        framework = other.parent.name
+        found.notes.append(f"{display_path(other)}: built only for a case a FlagPerf host.yaml maps to framework "
+                           f"{framework} (CASES: {{<case>: {framework}}}); every other run (an inventory, a "
+                           f"test_conf.py) builds container.dockerfile ({vendor.manifest.container.dockerfile})")
+        _check_dockerfile(other, found)
+
+
+def _check_dockerfile(dockerfile: Path, found: Findings) -> None:
     where = display_path(dockerfile)
     try:  # a regular file when the manifest was read; bounded and never blocking if it changed since
         text = read_config_text(dockerfile, what="a Dockerfile")
@@ -414,8 +435,7 @@ def _check_peaks(vendor: Vendor, found: Findings) -> None:
         return
     wrong = 0
     for key, peak in table.peaks.items():
-        problem = (f"not a key any case reads (known: {', '.join(sorted(PEAK_KEYS))})" if key not in PEAK_KEYS
-                   else peak_problem(key, peak))  # what a run refuses, each said here at once
+        problem = peak_problem(key, peak)  # what a run refuses, each said here at once
         if problem is None and peak.value is not None and peak.source.lstrip().startswith(TODO):
             # The scaffold's DATASHEET left as written: the figure would be published with a placeholder source.
             problem = (f"{peak.value:g} {peak.unit} with the template's source ({peak.source[:60]!r}): name the "
@@ -471,17 +491,19 @@ def _check_adaptations(vendor: Vendor, found: Findings) -> None:
                 found.add_error(exc)
                 continue
             families.add(case.family)
-            adapted = adapted or has_vendor_files(case, vendor.name)
+            adapted = adapted or has_vendor_files(case, vendor.name, vendor.folder)
             used = _check_case(vendor, case, found)
             if used:
                 found.passed.append(f"adaptation of {name}: {'; '.join(used)}")
+    _check_vendor_cases(vendor, cases, found)
     if not adapted:  # where a new vendor's case files go, said once (docs/vendor-guide.md, section 2)
         found.notes.append(f"no case is adapted for {vendor.name} yet: a case's settings go in cases/<family>/<case>/"
                            f"vendor/{overrides_name('training', vendor.name)} (inference: "
                            f"{overrides_name('inference', vendor.name)}), a training scale's in vendor/{vendor.name}/"
                            f"config_{vendor.manifest.hardware}x<nnodes>x<nproc>.yaml, and {ENV_FILE}, "
                            f"{REQUIREMENTS_FILE}, {CSRC_FOLDER}/{CSRC_SETUP}, {EXTERN_FOLDER}/{EXTERN_HOOKS_FILE} "
-                           f"in vendor/{vendor.name}/ (docs/vendor-guide.md, section 2)")
+                           f"in vendor/{vendor.name}/, or those of vendor/{vendor.name}/ in this folder's "
+                           f"{VENDOR_CASES_FOLDER}/<family>/<case>/ (docs/vendor-guide.md, section 2)")
     for note in dict.fromkeys(warnings):  # a new key's warning, when that key is also a problem, is said once
         file_and_key = ": ".join(note.split(": ")[:2]) + ":"
         if not any(problem.startswith(file_and_key) for problem in found.problems):
@@ -492,9 +514,36 @@ def _check_adaptations(vendor: Vendor, found: Findings) -> None:
                                f" {family} cases cannot run with this vendor (start from vendor_images/cpu/{sub}/)")
 
 
-def has_vendor_files(case: CaseDef, vendor: str) -> bool:
-    """Whether the case has a file or folder of this vendor under vendor/ (read or not: a misnamed one counts)."""
-    return (is_present(case.vendor_file(vendor)) or is_present(adaptation_folder(case.folder, vendor))
+def _check_vendor_cases(vendor: Vendor, cases: dict[str, Path], found: Findings) -> None:
+    """The vendor folder's cases/<family>/<case>/ folders that no run reads: one of a case that does not exist, or
+    under another family than the case's (a misspelt name would otherwise leave the case silently unadapted)."""
+    root = vendor.folder / VENDOR_CASES_FOLDER
+    if not is_present(root):
+        return
+    if not root.is_dir():
+        found.problem(display_path(root), f"never read: {VENDOR_CASES_FOLDER}/ is a folder of <family>/<case>/ "
+                                          "folders (the vendor's files of each case)")
+        return
+    for family in sorted(root.iterdir()):
+        if skipped_in_source(family.name) or (family.is_file() and family.name.startswith("README")):
+            continue
+        if not family.is_dir():
+            found.problem(given_name(family), f"never read: {VENDOR_CASES_FOLDER}/ holds <family>/<case>/ folders")
+            continue
+        for folder in sorted(family.iterdir()):
+            if skipped_in_source(folder.name) or (folder.is_file() and folder.name.startswith("README")):
+                continue
+            problem = (vendor_case_problem(family.name, folder.name, cases) if folder.is_dir() else
+                       f"never read: {VENDOR_CASES_FOLDER}/{family.name}/ holds a folder per case")
+            if problem:
+                found.problem(given_name(folder), problem)
+
+
+def has_vendor_files(case: CaseDef, vendor: str, vendor_folder: Path | None = None) -> bool:
+    """Whether the case has a file or folder of this vendor under vendor/, or the vendor folder has the case's
+    (read or not: a misnamed one counts)."""
+    return (is_present(case.vendor_file(vendor))
+            or any(is_present(place.folder) for place in adaptation_places(case.folder, vendor, vendor_folder))
             or bool(misnamed_overrides(case.folder, case.family, vendor)))
 
 
@@ -505,13 +554,18 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
         found.problem(display_path(path), message)
     if is_present(case.vendor_file(vendor.name)):
         try:
-            resolve_case_config(case, vendor=vendor.name, run_overrides=[], hardware=vendor.manifest.hardware)
+            resolve_case_config(case, vendor=vendor.name, run_overrides=[], hardware=vendor.manifest.hardware,
+                                vendor_folder=vendor.folder)
             used.append(f"overrides {case.vendor_file(vendor.name).name}")
         except FlagperfError as exc:
             found.add_error(exc)
-    folder = adaptation_folder(case.folder, vendor.name)
+    try:
+        folder = adaptation_folder(case.folder, vendor.name, vendor.folder)
+    except ConfigError as exc:  # in both places: neither is read
+        found.add_error(exc)
+        return used
     hardware = str(vendor.manifest.hardware)
-    # A link as the folder is read_adaptation's to judge (it must stay inside the case); its entries are not listed.
+    # A link as the folder is read_adaptation's to judge (it must stay inside its root); its entries are not listed.
     for entry in sorted(folder.iterdir()) if folder.is_dir() and not folder.is_symlink() else []:
         problem = (scale_file_problem(entry.name, case.family, vendor.name, hardware)
                    or stray_entry_problem(entry, case.family, vendor.name))
@@ -522,20 +576,27 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
         if scale:
             sizes = {"nnodes": int(scale.group(2)), "nproc_per_node": int(scale.group(3))}
             try:
-                resolve_case_config(case, vendor=vendor.name, run_overrides=[(str(entry), sizes)], hardware=hardware)
+                resolve_case_config(case, vendor=vendor.name, run_overrides=[(str(entry), sizes)], hardware=hardware,
+                                    vendor_folder=vendor.folder)
                 used.append(f"scale {entry.name}")
             except FlagperfError as exc:
                 found.add_error(exc)
-    problems = adaptation_problems(case.folder, case.family, vendor.name)
+    problems = adaptation_problems(case.folder, case.family, vendor.name, vendor.folder)
     for problem in problems:  # every part's, not only the first a run would stop at
         found.add_problem(str(problem))
     if problems:
         return used
-    adaptation = read_adaptation(case.folder, case.name, case.family, vendor.name)
+    adaptation = read_adaptation(case.folder, case.name, case.family, vendor.name, vendor.folder)
     if adaptation is not None and not adaptation.empty:
+        extern = f"extern {','.join(adaptation.hooks)} (read, not run)"
         used += [p for p, present in (("environment file", adaptation.env), ("requirements", adaptation.requirements),
-                                      ("csrc", adaptation.csrc), ("extern " + ",".join(adaptation.hooks),
-                                                                  adaptation.extern)) if present]
+                                      ("csrc", adaptation.csrc), (extern, adaptation.extern)) if present]
+    if adaptation is not None and adaptation.extern is not None:
+        hooks_file = display_path(adaptation.extern / EXTERN_HOOKS_FILE)
+        for hook in adaptation.hooks:
+            if hook in RUN_TIME_CHECKS:  # what only a run can see: said, not passed
+                found.notes.append(f"{hooks_file}: {hook}: checked when a round calls it, not here (checking a file "
+                                   f"never runs it): {RUN_TIME_CHECKS[hook]}")
     return used
 
 

@@ -189,6 +189,10 @@ FlagPerf's `<model>-<framework>/` folder of a vendor is, for each case, inside t
       csrc/setup.py              operators, built before the case starts
       extern/hooks.py            the case's extension points ({hooks})
 
+A vendor kept in its own repository (outside the project) may keep the files of cases/<family>/<case>/vendor/{name}/
+in this folder instead, as cases/<family>/<case>/ here (e.g. cases/training/<case>/extern/hooks.py): never in both
+places for one case (refused). The settings files above stay in the case's vendor/ folder.
+
 Inference cases run through an engine of this folder: engines/<engine>/engine.yaml (start from
 vendor_images/cpu/engines/). `flagperf vendor check {name}` reads every file of this vendor in the cases.
 """

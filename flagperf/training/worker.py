@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         torch.get_device_module(device_type).set_device(local_rank)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    hooks = load_hooks(read_adaptation(case.folder, case.name, case.family, vendor.name))
+    hooks = load_hooks(read_adaptation(case.folder, case.name, case.family, vendor.name, vendor.folder))
     backend = "gloo" if device_type == "cpu" else "nccl"
     if "setup_distributed" in hooks:  # the vendor's collective library (the backend's name only)
         backend = str(hooks["setup_distributed"](device_type, backend))

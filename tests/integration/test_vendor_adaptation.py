@@ -68,15 +68,27 @@ def test_every_adaptation_point_reaches_the_case_and_is_recorded(adapted_case: P
     assert json.loads((run_dir / "summary.json").read_text())["counts"]["success"] == 2
 
 
-def test_a_failed_csrc_build_fails_the_round_naming_it(adapted_case: Path, tmp_path: Path) -> None:
-    source = tmp_path / "cases" / "training" / "adapted-mlp" / "vendor" / "testvendor" / "csrc" / "tinyop.c"
+def test_a_failed_csrc_build_fails_the_round_naming_it(adapted_case: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The adaptation kept in the vendor's own folder (cases/<family>/<case>/ there, as a vendor of its own
+    repository keeps it): the plan and the round read it from there, and the failure names the file there."""
+    vendors = tmp_path / "vendors"
+    shutil.copytree(FIXTURE / "vendors", vendors)
+    kept = vendors / "testvendor" / "cases" / "training" / "adapted-mlp"
+    kept.parent.mkdir(parents=True)
+    shutil.move(tmp_path / "cases" / "training" / "adapted-mlp" / "vendor" / "testvendor", kept)
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(vendors))
+    source = kept / "csrc" / "tinyop.c"
     source.write_text(source.read_text() + "\nthis is not C;\n")
     state, run_dir = run_evaluate(adapted_case, cases=["adapted-mlp"], vendor="testvendor")
     assert state.is_failed()
+    assert json.loads((run_dir / "plan.json").read_text())["cases"][0]["vendor_folder"] == str(kept)
     folder = run_dir / "adapted-mlp" / "round1" / "localhost_noderank0"
     result = read_result(folder / "result.json")
     assert result.status == "failed" and result.failure.kind == "user"
     message = result.failure.message
-    assert "csrc/setup.py: build failed" in message and "adaptation_csrc_build.log" in message, message
+    assert f"{kept}/csrc/setup.py: build failed" in message and "adaptation_csrc_build.log" in message, message
     assert "\n" not in message
+    assert result.provenance.adaptation is not None and result.provenance.adaptation["folder"] == str(kept)
+    assert result.provenance.adaptation["env"]["TESTVENDOR_MODE"] == "fast"
     assert "error" in (folder / "adaptation_csrc_build.log").read_text().lower()

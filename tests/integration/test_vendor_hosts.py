@@ -62,8 +62,14 @@ def test_a_scaffolded_vendor_runs_in_its_image_on_a_docker_host_and_an_ssh_host(
     # A spec setting: each round records the vendor.yaml it came from, as the round found the folder.
     manifest["spec_settings"] = {"clock_ghz": 2.5}
     (folder / "vendor.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
+    # Its adaptation of the digits case, kept in its own repository too (cases/<family>/<case>/ of its folder): the
+    # rounds' containers read it from the vendor's mount.
+    adapted = folder / "cases" / "training" / "digits-mlp"
+    adapted.mkdir(parents=True)
+    (adapted / "environment_variables.sh").write_text("export ACME_TUNING=fast\n")
     found = check_vendor_folder(folder, monitor_seconds=1.0)
     assert found.problems == [], found.problems
+    assert "adaptation of digits-mlp: environment file" in found.passed, found.passed
     monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(vendors))
 
     env = {"FLAGPERF_CASE_PATH": str(deployed / "tests" / "fixtures" / "cases"),
@@ -83,6 +89,8 @@ def test_a_scaffolded_vendor_runs_in_its_image_on_a_docker_host_and_an_ssh_host(
                                   inventory=str(inventory))
     assert state.is_completed(), state.message
     plan = read_plan(run_dir)
+    assert {case.name: case.vendor_folder for case in plan.cases} == {"computation-FP32": None,
+                                                                      "digits-mlp": str(adapted)}
     # The code every round ran, as the plan and a process here see it (the vendor at its path on this machine),
     # whatever path the round's container had it at.
     assert plan.source_digest == source_digest(vendor="acme", cases=plan.case_folders) and plan.source_digest
@@ -117,6 +125,9 @@ def test_a_scaffolded_vendor_runs_in_its_image_on_a_docker_host_and_an_ssh_host(
             assert result.provenance.source_digest == plan.source_digest
         digits = read_result(run_dir / "digits-mlp" / "round1" / f"{host.name}_noderank0" / "result.json")
         assert digits.convergence is not None and digits.convergence.converged
+        adaptation = digits.provenance.adaptation
+        assert adaptation is not None and adaptation["env_applied"] == {"ACME_TUNING": "fast"}, adaptation
+        assert adaptation["folder"] == "/flagperf-search/vendor/0/acme/cases/training/digits-mlp", adaptation
     # One engine behind both hosts: one image for the same inputs, built at most once.
     assert len(images) == 1, images
     statuses = [read_result(run_dir / "computation-FP32" / "round1" / f"{h.name}_noderank0" / "result.json")

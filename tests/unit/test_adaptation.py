@@ -366,3 +366,25 @@ def test_a_failed_csrc_build_names_its_cause_not_pips_last_hint(
     assert re.search(cause, message) and "hint:" not in message and "\n" not in message, message
     last = (tmp_path / "round" / CSRC_LOG).read_text().strip().splitlines()[-1].strip()
     assert not re.search(cause, last), last  # what the line quoted: pip's closing words
+
+
+def test_an_adaptation_in_the_vendors_own_folder_is_read_and_may_not_lead_out_of_it(tmp_path: Path) -> None:
+    """<vendor folder>/cases/<family>/<case>/ holds what the case's vendor/<vendor>/ would (a vendor kept in its
+    own repository); a link on the way to it that leads out of the vendor folder is refused, as one out of the
+    case folder is for the case's own place."""
+    case = tmp_path / "cases" / "training" / "mlp"
+    case.mkdir(parents=True)
+    vendor = tmp_path / "vendors" / "acme"
+    kept = vendor / "cases" / "training" / "mlp"
+    kept.mkdir(parents=True)
+    env_file(kept, "export ACME=1\n")
+    adaptation = read_adaptation(case, "mlp", "training", "acme", vendor)
+    assert adaptation is not None and adaptation.folder == kept and adaptation.env == {"ACME": "1"}
+    assert read_adaptation(case, "mlp", "training", "acme") is None  # no vendor of that name is found by it
+    outside = tmp_path / "elsewhere"
+    (vendor / "cases").rename(outside)
+    (vendor / "cases").symlink_to(outside)
+    with pytest.raises(ConfigError) as info:
+        read_adaptation(case, "mlp", "training", "acme", vendor)
+    assert str(info.value) == (f"{vendor}/cases/training/mlp: 'cases/training/mlp' is outside the vendor folder (a "
+                               f"link to {outside}/training/mlp): it must stay inside the vendor folder")

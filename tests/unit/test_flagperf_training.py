@@ -52,7 +52,7 @@ def test_flagperf_files_load_with_their_meaning() -> None:
     notes = "\n".join(inv.notes)
     for said in ("cluster_conf.py:7: HOSTS_PORTS is not used", "test_conf.py:40: CLEAR_CACHES is not used",
                  "test_conf.py:24: PIP_SOURCE is not used", "framework megatron_core060 is not used",
-                 "hardware A100: the scale file read is vendor/nvidia/config_nvidiax1x8",
+                 "hardware A100: the scale file read is cases/training/resnet50/vendor/nvidia/config_nvidiax1x8",
                  "/raid/dataset/llama3_8b_pretrain/ is mounted, not read",
                  "a single-node case (resnet50) runs on every host"):
         assert said in notes, notes

@@ -5,6 +5,7 @@ reads them; and the mistakes a vendor coming from FlagPerf makes are each one pr
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -235,7 +236,7 @@ def test_every_problem_of_a_case_adaptation_is_named_at_once_and_once(walk: Path
     write(adapted / "requirements.txt", "--extra-index-url https://pypi.acme.example/simple\nacme-ops\n")
     write(adapted / "extern" / "hooks.py", "def on_steps(ctx, step):\n    pass\n")
     problems = check_vendor_folder(walk / "vendors" / "acme", monitor_seconds=1).problems
-    expected = ["walk-mlp/vendor/acme.yaml: hidden: is not in the case's mutable list",
+    expected = ["walk-mlp/vendor/acme.yaml: hidden: unknown key (a vendor may change: ",
                 "acme/environment_variables.sh: line 2: not an assignment",
                 "acme/requirements.txt: line 1: --extra-index-url (another index) is not read here",
                 "acme/extern/hooks.py: line 1: on_steps is not an extension point of the training family"]
@@ -408,7 +409,9 @@ def test_every_refused_line_of_an_overrides_or_scale_file_is_named_at_once(walk:
     scale = write(cases / "training" / "walk-mlp" / "vendor" / "acme" / "config_acmex1x1.py",
                   "lr = 0.05\nmax_epochs = 3\nnproc_per_node = 2\nbatch_size = 64\n")
     problems = check_vendor_folder(walk / "vendors" / "acme", monitor_seconds=1).problems
-    expected = [f"{overrides}: hidden: is not in the case's mutable list",
+    # A key the case does not have is unknown, named as such (not "not mutable", which sent a vendor looking for a
+    # key to unlock); a key the case has is not mutable.
+    expected = [f"{overrides}: hidden: unknown key (a vendor may change: batch_size, cpu_threads, log_freq, lr, ",
                 f"{overrides}: seed: is a case parameter",
                 f"{scale}: lr: sets the value it already has (0.05); remove the line",
                 f"{scale}: max_epochs: is not in the case's mutable list",
@@ -421,3 +424,139 @@ def test_every_refused_line_of_an_overrides_or_scale_file_is_named_at_once(walk:
     assert checked.returncode == 2, checked
     errors = [line.removeprefix("error ") for line in checked.stderr.splitlines() if line.startswith("error ")]
     assert len(errors) == 3 and all(e.startswith(line) for e, line in zip(errors, expected[2:], strict=True)), errors
+
+
+def test_a_key_the_case_does_not_have_is_unknown_not_immutable(walk: Path, tmp_path: Path) -> None:
+    """A vendor file's typo was told "not in the case's mutable list", which sent a vendor looking for a way to
+    unlock a key that does not exist; the scale file said "unknown key" for the same. Both say unknown key with
+    what was likely meant, and "not mutable" only for a key the case has."""
+    from flagperf.config.plan import plan_run
+
+    adapted = walk / "cases" / "training" / "walk-mlp" / "vendor"
+    overrides = write(adapted / "acme.yaml", "lrr: 0.1\nmax_epochs: 2\n")
+    scale = write(adapted / "acme" / "config_acmex1x1.yaml", "batch_sise: 8\n")
+    expected = [f"{overrides}: lrr: unknown key (did you mean lr?)",
+                f"{overrides}: max_epochs: is not in the case's mutable list",
+                f"{scale}: batch_sise: unknown key (did you mean batch_size?)"]
+    problems = check_vendor_folder(walk / "vendors" / "acme", monitor_seconds=1).problems
+    for line in expected:
+        assert sum(problem.startswith(line) for problem in problems) == 1, (line, problems)
+    assert len(problems) == len(expected), problems
+    with pytest.raises(ConfigError) as refused:
+        plan_run(cases=["walk-mlp"], vendor="acme", results_dir=tmp_path / "results")
+    said = [str(refused.value), *map(str, refused.value.more)]
+    assert [line for line in said if "unknown key" in line] == [expected[0], expected[2]], said
+
+
+def test_a_misspelt_peak_key_is_refused_by_the_run_as_by_the_check(walk: Path) -> None:
+    """vendor check named a key no case reads, but a run took the table: the case looked its own key up and found
+    none, so its ratio was silently missing. Now both refuse it, in the same line."""
+    from flagperf.config.vendors import load_vendor
+
+    vendor = walk / "vendors" / "acme"
+    (vendor / "spec.py").write_text(
+        "def spec_table(settings):\n    source = 'XC-100 datasheet, table 2'\n"
+        "    return {'device': 'XC-100', 'peaks': {'fp32': {'value': 60.0, 'unit': 'TFLOPS', 'source': source},\n"
+        "                                          'bf_16': {'value': 120.0, 'unit': 'TFLOPS', 'source': source}}}\n")
+    line = f"{vendor / 'spec.py'}: peaks.bf_16: not a key any case reads (did you mean bf16 or fp16? known: "
+    problems = check_vendor_folder(vendor, monitor_seconds=1).problems
+    assert len(problems) == 1 and problems[0].replace(" peaks.", ": peaks.", 1).startswith(line), problems
+    with pytest.raises(ConfigError) as refused:
+        load_vendor("acme").spec_table()
+    assert str(refused.value).startswith(line) and "\n" not in str(refused.value)
+
+
+def test_what_vendor_check_cannot_see_of_a_hook_is_a_note_not_an_ok(walk: Path) -> None:
+    """make_optimizer returning another class than the case's was "ok" at vendor check and refused only when a
+    round ran it: which class a hook returns is known only once it has run, and checking a file never runs it
+    (the hook file below would leave a mark if it were imported)."""
+    vendor = walk / "vendors" / "acme"
+    mark = walk / "imported"
+    write(walk / "cases" / "training" / "walk-mlp" / "vendor" / "acme" / "extern" / "hooks.py",
+          f"import pathlib\nimport torch\npathlib.Path({str(mark)!r}).write_text('run')\n\n\n"
+          "def make_optimizer(cls, params, kwargs, ctx):\n    return torch.optim.SGD(params, lr=0.1)\n")
+    found = check_vendor_folder(vendor, monitor_seconds=1)
+    assert found.problems == [] and not mark.exists()
+    assert "adaptation of walk-mlp: extern make_optimizer (read, not run)" in found.passed, found.passed
+    hooks = walk / "cases" / "training" / "walk-mlp" / "vendor" / "acme" / "extern" / "hooks.py"
+    assert f"{hooks}: make_optimizer: checked when a round calls it, not here (checking a file never runs it): the " \
+           "optimizer it returns is an instance of exactly the class the case asks for, holding exactly the case's " \
+           "parameters" in found.notes, found.notes
+
+
+def test_a_dockerfile_of_another_framework_is_checked_and_said_to_be_built_only_when_named(walk: Path) -> None:
+    """FlagPerf allows a Dockerfile per framework; only the default one (container.dockerfile) was checked, and
+    nothing said that another is built only for a case a FlagPerf host.yaml maps to its framework."""
+    vendor = walk / "vendors" / "acme"
+    write(vendor / "paddle" / "Dockerfile", "FROM python:3.11-slim\nCOPY paddle_install.sh /opt/\n")
+    found = check_vendor_folder(vendor, monitor_seconds=1)
+    dockerfile = vendor / "paddle" / "Dockerfile"
+    assert found.problems == [f"{dockerfile}: no install step (a RUN line, or FlagPerf's <framework>_install.sh "
+                              "beside it)", f"{dockerfile}: line 2: copies paddle_install.sh, which is not in "
+                              f"{vendor / 'paddle'}"], found.problems
+    assert f"{dockerfile}: built only for a case a FlagPerf host.yaml maps to framework paddle (CASES: {{<case>: " \
+           "paddle}); every other run (an inventory, a test_conf.py) builds container.dockerfile " \
+           "(pytorch/Dockerfile)" in found.notes, found.notes
+
+
+def test_a_vendor_kept_outside_the_project_keeps_its_case_files_in_its_own_folder(walk: Path, tmp_path: Path
+                                                                                  ) -> None:
+    """`vendor new --into DIR` makes a vendor of its own repository, but its adaptations had to go into the case
+    folders (a case's vendor/<vendor>/), so a vendor could not keep its work in one place. Its folder's
+    cases/<family>/<case>/ holds the same files: vendor check, validate and the plan read them (a run's rounds read
+    them through the same place, tests/integration/test_vendor_adaptation.py and test_vendor_hosts.py), and the
+    source digest covers them; both places at once are refused in one line, and a folder of no case is named."""
+    from flagperf.config.plan import plan_run
+    from flagperf.results.provenance import source_digest
+
+    vendor = walk / "vendors" / "acme"
+    kept = vendor / "cases" / "training" / "walk-mlp"
+    write(kept / "config_acmex1x1.yaml", "lr: 0.08\n")
+    env = write(kept / "environment_variables.sh", "export ACME_TUNING=fast\n")
+    hooks = write(kept / "extern" / "hooks.py", "def on_step(ctx, step):\n    pass\n")
+    found = check_vendor_folder(vendor, monitor_seconds=1)
+    assert found.problems == []
+    assert "adaptation of walk-mlp: scale config_acmex1x1.yaml; environment file; extern on_step (read, not run)" \
+        in found.passed, found.passed
+    assert not any(note.startswith("no case is adapted") for note in found.notes), found.notes
+    for path, kind in ((env, "vendor acme's adaptation of walk-mlp (in its folder)"),
+                       (hooks, "vendor acme's adaptation of walk-mlp (in its folder)"),
+                       (kept / "config_acmex1x1.yaml", "training scale overrides of walk-mlp (vendor acme's folder)")):
+        checked = flagperf("validate", str(path))
+        assert checked.returncode == 0 and kind in " ".join(checked.stdout.split()), checked.stdout + checked.stderr
+    plan = plan_run(cases=["walk-mlp"], vendor="acme", results_dir=tmp_path / "results")
+    assert plan.cases[0].config["lr"] == 0.08 and plan.cases[0].origins["lr"] == str(kept / "config_acmex1x1.yaml")
+    assert plan.cases[0].vendor_folder == str(kept)
+    before = source_digest(vendor="acme", cases=plan.case_folders)
+    env.write_text("export ACME_TUNING=slow\n")
+    assert source_digest(vendor="acme", cases=plan.case_folders) != before
+
+    # A file read by a run is checked as a run reads it, here too.
+    env.write_text("source /opt/acme/env.sh\n")
+    assert f"{env}: line 1: not an assignment" in "\n".join(check_vendor_folder(vendor, monitor_seconds=1).problems)
+    case_yaml = walk / "cases" / "training" / "walk-mlp" / "case.yaml"
+    refused = flagperf("validate", str(case_yaml))
+    assert refused.returncode == 2 and f"{env}: line 1: not an assignment" in refused.stderr, refused.stderr
+    env.write_text("export ACME_TUNING=fast\n")
+
+    # Both places: a run would read one and silently drop the other's files.
+    write(walk / "cases" / "training" / "walk-mlp" / "vendor" / "acme" / "config_acmex1x2.yaml", "lr: 0.07\n")
+    both = (f"vendor acme's files of case walk-mlp are also in {walk}/cases/training/walk-mlp/vendor/acme: keep them "
+            "in one")
+    problems = check_vendor_folder(vendor, monitor_seconds=1).problems
+    assert problems == [f"{kept}: {both} of the two places (a run reads one)"], problems
+    with pytest.raises(ConfigError, match=re.escape(both)):
+        plan_run(cases=["walk-mlp"], vendor="acme", results_dir=tmp_path / "results")
+    refused = flagperf("validate", str(env))
+    assert refused.returncode == 2 and both in refused.stderr and len(refused.stderr.splitlines()) == 1
+    shutil.rmtree(walk / "cases" / "training" / "walk-mlp" / "vendor")
+
+    # A folder no run reads: a misspelt case, a case under another family.
+    write(vendor / "cases" / "training" / "walk-mpl" / "environment_variables.sh", "export A=1\n")
+    write(vendor / "cases" / "base" / "walk-mlp" / "environment_variables.sh", "export A=1\n")
+    problems = check_vendor_folder(vendor, monitor_seconds=1).problems
+    assert any(problem.startswith(f"{vendor}/cases/training/walk-mpl: never read: unknown training case 'walk-mpl' "
+                                  "(did you mean walk-mlp? known: ") for problem in problems), problems
+    assert f"{vendor}/cases/base/walk-mlp: never read: walk-mlp is a training case: its folder here is " \
+           "cases/training/walk-mlp/" in problems, problems
+    assert len(problems) == 2, problems
