@@ -524,7 +524,8 @@ def _exactly(value: Any, keys: tuple[str, ...], where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"{where}: not an object")
     if set(value) != set(keys):
-        raise ValueError(f"{where}: has the keys {', '.join(sorted(value)) or 'none'}, not {', '.join(keys)}")
+        raise ValueError(f"{where}: has the keys {', '.join(sorted(value)) or 'none'}, not exactly "
+                         f"{', '.join(keys)}")
     return value
 
 

@@ -258,7 +258,8 @@ def test_what_an_interrupted_start_saved_is_put_back_only_where_the_deploy_chang
 
 
 @pytest.mark.parametrize(("change", "key"), [
-    (lambda e: e.pop("database"), "the file: has the keys deployments, saved_at, not database, saved_at, deployments"),
+    (lambda e: e.pop("database"), "the file: has the keys deployments, saved_at, not exactly database, saved_at, "
+                                     "deployments"),
     (lambda e: e["deployments"]["d1"].pop("paused"), "deployments.d1: has the keys"),
     (lambda e: e["deployments"]["d1"].update(paused="false"), "deployments.d1.paused: not true or false"),
     (lambda e: e["deployments"]["d1"]["schedules"][0].pop("schedule"), "deployments.d1.schedules[0]: has the keys"),
