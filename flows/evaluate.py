@@ -619,7 +619,8 @@ def run_node(spec: HostSpec, parameters: dict[str, Any]) -> RoundResult:
                   host=spec.name, node_rank=parameters["node_rank"], vendor=plan.vendor.name, config=case.config,
                   config_origins=case.origins, run_overrides=case.run_overrides, command=parameters["command"],
                   image=parameters["image"] or {}, run_cases=plan.case_folders)
-        result = job.failed_result(failure, round_probe(Path(parameters["run_dir"]), spec.name))
+        result = job.failed_result(failure, round_probe(Path(parameters["run_dir"]), spec.name,
+                                                        (parameters["image"] or {}).get("framework")))
         try:
             write_result(dest / RESULT_FILE, result)
         except OSError as exc:

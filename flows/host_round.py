@@ -9,10 +9,11 @@ the same tasks either way, nested under the evaluation in the UI.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import Flow, flow, get_run_logger
 from prefect.states import Completed, Failed, State
 
 from flagperf.config.job import Job
@@ -41,12 +42,25 @@ CONTROLLER_LIBRARIES = ("prefect", "pandas")
 MONITOR_SLACK_S = 300
 
 
-@flow(name="host-round", flow_run_name="{case}/round{round_no}@{host[name]}", log_prints=True,
-      validate_parameters=True)
+class RoundFlow(Flow[Any, State[dict[str, Any]]]):
+    """host-round's flow. Its ``probe`` parameter is gone (the round reads the probe from the run folder), but a
+    run made before keeps it among its stored parameters, and Prefect refuses a parameter the flow lacks
+    (SignatureMismatchError) when the UI retries that run: the flow still takes it, and ignores it. A run made
+    now stores no ``probe`` (None is left out), so the Parameters tab never shows it."""
+
+    def serialize_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
+        serialized = super().serialize_parameters(parameters)
+        if serialized.get("probe") is None:
+            serialized.pop("probe", None)
+        return serialized
+
+
+@partial(RoundFlow, name="host-round", flow_run_name="{case}/round{round_no}@{host[name]}", log_prints=True,
+         validate_parameters=True)
 def host_round(run_dir: str, case: str, round_no: int, host: dict[str, Any], node_rank: int = 0,
                nnodes: int = 1, master_addr: str = "127.0.0.1", master_port: int | None = None,
                image: dict[str, Any] | None = None, monitor_interval_s: float = 1.0, command: str | None = None,
-               on_host: bool = False) -> State[dict[str, Any]]:
+               on_host: bool = False, probe: Any = None) -> State[dict[str, Any]]:
     """Run node ``node_rank`` of ``case`` round ``round_no`` on ``host`` and collect it into ``run_dir``.
 
     on_host: this flow runs on the host itself (dispatched to its worker), so the host is local here and
@@ -54,6 +68,8 @@ def host_round(run_dir: str, case: str, round_no: int, host: dict[str, Any], nod
     and a retry of the evaluation runs it again), Completed otherwise; the round's result is the state's
     data and is in its result.json either way. What the healthcheck found on the host (its probe, which a
     failed round records) is read from the run folder, not passed: see round_probe.
+
+    probe: deprecated and ignored (a run made before it was dropped still passes it when retried: RoundFlow).
     """
     spec = host_spec(host)  # the real values, when this process loaded them
     plan = read_plan(Path(run_dir))
@@ -61,8 +77,8 @@ def host_round(run_dir: str, case: str, round_no: int, host: dict[str, Any], nod
     target = open_host(spec, on_host=on_host)
     if image is None or on_host:  # dispatched: make sure the image exists on this host's engine
         image = build_image(target, spec, plan.vendor, plan.run_id, framework=(image or {}).get("framework"))
-    probe = round_probe(Path(run_dir), spec.name)
-    result = node_round(target, spec, plan, Path(run_dir), case_plan, round_no, image, probe, monitor_interval_s,
+    host_probe = round_probe(Path(run_dir), spec.name, image.get("framework"))
+    result = node_round(target, spec, plan, Path(run_dir), case_plan, round_no, image, host_probe, monitor_interval_s,
                         command, node_rank=node_rank, nnodes=nnodes, master_addr=master_addr,
                         master_port=master_port)
     return round_state(result)

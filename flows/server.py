@@ -25,10 +25,12 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.error import URLError
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 from urllib.request import urlopen
 
 import psutil
@@ -333,10 +335,19 @@ def deployments_in_project(pool: str | None = None) -> dict[str, Any]:
     return project
 
 
-def deploy_command(api_url: str, results_root: Path) -> str:
-    """The one command that creates the deployments by hand (what `--no-deploy` leaves to the admin)."""
-    return (f"cd {shlex.quote(str(PROJECT_ROOT))} && PREFECT_API_URL={api_url} "
-            f"{RESULTS_DIR_ENV}={shlex.quote(str(results_root))} prefect --no-prompt deploy --all")
+def deploy_command(api_url: str, results_root: Path, pool: str) -> str:
+    """The one command that creates the deployments by hand (what `--no-deploy` leaves to the admin), on ``pool``, in
+    a subshell (the caller's shell keeps its folder and environment). `prefect deploy --all` ignores --pool (Prefect
+    applies command-line options to one deployment at a time): on a pool other than prefect.yaml's, one
+    `prefect deploy --name NAME --pool POOL` per deployment."""
+    specs = deployments_in_project()["deployments"]
+    if all((spec.get("work_pool") or {}).get("name") == pool for spec in specs):
+        deploys = "prefect --no-prompt deploy --all"
+    else:
+        deploys = " && ".join(f"prefect --no-prompt deploy --name {shlex.quote(spec['name'])} "
+                              f"--pool {shlex.quote(pool)}" for spec in specs)
+    return (f"(cd {shlex.quote(str(PROJECT_ROOT))} && export PREFECT_API_URL={shlex.quote(api_url)} "
+            f"{RESULTS_DIR_ENV}={shlex.quote(str(results_root))} && {deploys})")
 
 
 def api_headers(api_url: str, auth_string: str | None) -> dict[str, str]:
@@ -410,13 +421,59 @@ def as_in_project(schedules: list[dict[str, Any]], project: list[dict[str, Any]]
     return True
 
 
+def _matching(schedules: list[dict[str, Any]], wanted: list[dict[str, Any]], project: list[dict[str, Any]]
+              ) -> bool:
+    """Whether ``schedules`` (a deployment's now, as _schedules gives them) are made of ``wanted`` ones (exactly)
+    and prefect.yaml's (``project``), each used once: what a put-back of ``wanted`` over prefect.yaml's leaves where
+    it was cut midway (see _put_schedules). None at all is such a state too (a put-back of the code before, which
+    deleted first, cut after the deletes)."""
+    wanted, project = list(wanted), list(project)
+    for have in schedules:
+        if have in wanted:
+            wanted.remove(have)
+            continue
+        given = next((given for given in project if as_in_project([have], [given])), None)
+        if given is None:
+            return False
+        project.remove(given)
+    return True
+
+
+def _put_schedules(http: Any, deployment_id: str, now: list[dict[str, Any]], wanted: list[dict[str, Any]]) -> None:
+    """Make a deployment's schedules ``wanted``: those it lacks are made first, the ones it has beyond them deleted
+    after, so a cut at any point (a SIGKILL) leaves it with the wanted ones, never with none (the next start
+    recognises that state: _matching). One it has already is kept; one whose slug (unique per deployment) an old
+    one holds is changed in place. Done again after a cut, it finishes the work."""
+    left = list(now)
+    missing = []
+    for schedule in wanted:
+        have = next((have for have in left if {k: have.get(k) for k in SCHEDULE_FIELDS} == schedule), None)
+        if have is not None:
+            left.remove(have)
+        else:
+            missing.append(schedule)
+    new = []
+    for schedule in missing:
+        holder = next((have for have in left if schedule["slug"] and have.get("slug") == schedule["slug"]), None)
+        if holder is not None:
+            http.patch(f"/deployments/{deployment_id}/schedules/{holder['id']}", json=schedule).raise_for_status()
+            left.remove(holder)
+        else:
+            new.append(schedule)
+    if new:
+        http.post(f"/deployments/{deployment_id}/schedules", json=new).raise_for_status()
+    for schedule in left:
+        http.delete(f"/deployments/{deployment_id}/schedules/{schedule['id']}").raise_for_status()
+
+
 def restore_set_by_users(http: Any, before: dict[str, dict[str, Any]], begun: dict[str, str] | None = None
                          ) -> list[str]:
     """Put back what users had set (see set_by_users) where making the deployments again changed it to
     prefect.yaml's; one line per deployment whose schedule prefect.yaml would have changed. A deployment whose
     schedules (or pause) are neither as before nor prefect.yaml's was changed in the UI while the deployments were
     made: it is left so (a line says so). ``begun``: the deployments a try cut midway had begun to put back (their
-    schedules deleted, perhaps not made again), with their lines, which the next try finishes whatever it finds."""
+    schedules partly made, partly not yet deleted), with their lines, which the next try finishes whatever it
+    finds."""
     begun = {} if begun is None else begun
     left: dict[str, str] = {}
     for deployment_id, kept in before.items():
@@ -430,10 +487,7 @@ def restore_set_by_users(http: Any, before: dict[str, dict[str, Any]], begun: di
                 begun.setdefault(deployment_id, f"{kept['name']}: kept the schedule set in the UI "
                                                 f"({describe_schedules(kept['schedules'])}), not prefect.yaml's "
                                                 f"({describe_schedules(_schedules(now))})")
-                for schedule in now.get("schedules") or []:
-                    http.delete(f"/deployments/{deployment_id}/schedules/{schedule['id']}").raise_for_status()
-                if kept["schedules"]:
-                    http.post(f"/deployments/{deployment_id}/schedules", json=kept["schedules"]).raise_for_status()
+                _put_schedules(http, deployment_id, now.get("schedules") or [], kept["schedules"])
             else:
                 left[deployment_id] = (f"{kept['name']}: left the schedule as it is now "
                                        f"({describe_schedules(_schedules(now))}): changed in the UI while the "
@@ -445,36 +499,135 @@ def restore_set_by_users(http: Any, before: dict[str, dict[str, Any]], begun: di
 
 # What users had set on the deployments (see set_by_users), saved in the server's --log-dir while `prefect deploy`
 # runs, and removed once it is put back: a start killed outright meanwhile (SIGKILL, a power cut) leaves it for the
-# next start to put back. Deployment ids, names, schedules and pause: nothing secret.
+# next start to put back. The database it was read from (host, port and name: never a user or password), when, and
+# the deployments' ids, names, schedules and pause: nothing secret.
 SAVED_SETTINGS = "schedules-set-by-users.json"
+SET_ASIDE = ".ignored"  # a saved file that is not this database's is renamed so, not applied
 
 
-def read_saved_settings(path: Path) -> dict[str, dict[str, Any]]:
-    """What a start that was cut while it made the deployments had saved (see SAVED_SETTINGS), by deployment id;
-    {} where it left none. A file that is not what was saved is one line naming it."""
-    if not path.is_file():
-        return {}
+@dataclass(frozen=True)
+class SavedSettings:
+    database: str
+    saved_at: str
+    deployments: dict[str, dict[str, Any]]
+
+
+def database_identity(url: str) -> str:
+    """The database a URL names, as the saved file records it: host, port and name (not the user, nor a password)."""
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    host = parts.hostname or query.get("host") or "localhost"
+    return f"{host}:{parts.port or 5432}/{parts.path.lstrip('/')}"
+
+
+def _exactly(value: Any, keys: tuple[str, ...], where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: not an object")
+    if set(value) != set(keys):
+        raise ValueError(f"{where}: has the keys {', '.join(sorted(value)) or 'none'}, not exactly "
+                         f"{', '.join(keys)}")
+    return value
+
+
+def _saved_schedule(value: Any, where: str) -> dict[str, Any]:
+    """One saved schedule, checked as strictly as it was written: exactly SCHEDULE_FIELDS, JSON true or false where
+    a flag is (the string "false" is true to Python), and a schedule Prefect's server takes."""
+    from prefect.server.schemas.actions import DeploymentScheduleCreate
+    from pydantic import ValidationError
+
+    schedule = _exactly(value, SCHEDULE_FIELDS, where)
+    if not isinstance(schedule["active"], bool):
+        raise ValueError(f"{where}.active: not true or false")
+    if not isinstance(schedule["schedule"], dict) or not isinstance(schedule["schedule"].get("day_or", True), bool):
+        raise ValueError(f"{where}.schedule: not an object whose day_or is true or false")
+    if not isinstance(schedule["parameters"], dict):
+        raise ValueError(f"{where}.parameters: not an object")
+    if schedule["slug"] is not None and not isinstance(schedule["slug"], str):
+        raise ValueError(f"{where}.slug: not a string or null")
+    runs = schedule["max_scheduled_runs"]
+    if runs is not None and (isinstance(runs, bool) or not isinstance(runs, int)):
+        raise ValueError(f"{where}.max_scheduled_runs: not a whole number or null")
     try:
-        entries = read_json_file(path, what="what users set on the deployments")["deployments"]
-        return {str(i): {"name": str(e["name"]), "schedules": [dict(s) for s in e["schedules"]],
-                         "paused": bool(e["paused"])} for i, e in entries.items()}
-    except (FlagperfError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        DeploymentScheduleCreate.model_validate(schedule)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        raise ValueError(f"{where}.schedule: not a schedule Prefect takes ({error['loc'][-1]}: {error['msg']})"
+                         ) from None
+    return schedule
+
+
+def read_saved_settings(path: Path) -> SavedSettings | None:
+    """What a start that was cut while it made the deployments had saved (see SAVED_SETTINGS); None where it left
+    none. A file that is not exactly what was saved is one line naming it and the key."""
+    if not path.is_file():
+        return None
+    try:
+        saved = _exactly(read_json_file(path, what="what users set on the deployments"),
+                         ("database", "saved_at", "deployments"), "the file")
+        if not isinstance(saved["database"], str) or not isinstance(saved["saved_at"], str):
+            raise ValueError("database, saved_at: not strings")
+        if not isinstance(saved["deployments"], dict):
+            raise ValueError("deployments: not an object")
+        deployments = {}
+        for deployment_id, value in saved["deployments"].items():
+            where = f"deployments.{deployment_id}"
+            entry = _exactly(value, ("name", "schedules", "paused"), where)
+            if not isinstance(entry["name"], str):
+                raise ValueError(f"{where}.name: not a string")
+            if not isinstance(entry["paused"], bool):
+                raise ValueError(f"{where}.paused: not true or false")
+            if not isinstance(entry["schedules"], list):
+                raise ValueError(f"{where}.schedules: not a list")
+            deployments[deployment_id] = {"name": entry["name"], "paused": entry["paused"], "schedules": [
+                _saved_schedule(s, f"{where}.schedules[{n}]") for n, s in enumerate(entry["schedules"])]}
+    except (FlagperfError, ValueError) as exc:
         raise RuntimeError(f"{path}: not what an interrupted start saved of the deployments' schedules ({_said(exc)})"
                            "; remove it to start (what users had set before that start is then not put back)"
                            ) from None
+    return SavedSettings(saved["database"], saved["saved_at"], deployments)
+
+
+def saved_for_this_start(path: Path, saved: SavedSettings | None, database: str,
+                         now: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The deployments of ``saved`` (read from ``path``) that this start puts back: all of them where it was saved on
+    this ``database`` and names the deployments as they are ``now`` (by id, see set_by_users); else none, with a line
+    saying why, and the file renamed (SET_ASIDE) so that it is neither applied nor lost. A leftover of another
+    database or of deployments made again since would put back what belongs elsewhere."""
+    if saved is None:
+        return {}
+    renamed = [f"{name} (now {now[i]['name']})" for i, e in saved.deployments.items()
+               if i in now and (name := e["name"]) != now[i]["name"]]
+    if saved.database == database and not renamed:
+        if any(i in now for i in saved.deployments):
+            print(f"schedules: putting back what users had set, from {path} (saved at {saved.saved_at} by a start "
+                  "cut while it made the deployments)", flush=True)
+        return saved.deployments
+    why = (f"it was saved on database {saved.database}, not this one ({database})" if saved.database != database
+           else f"the deployments it names by id are named otherwise now: {', '.join(renamed)}")
+    aside = path.with_name(path.name + SET_ASIDE)
+    try:
+        os.replace(path, aside)
+        moved = f"renamed {aside.name}"
+    except OSError as exc:
+        moved = f"it could not be renamed ({exc.strerror or exc}) and is replaced"
+    print(f"schedules: not putting back what {path} holds (saved at {saved.saved_at}): {why}; {moved}", flush=True)
+    return {}
 
 
 def with_saved_settings(before: dict[str, dict[str, Any]], saved: dict[str, dict[str, Any]]
                         ) -> dict[str, dict[str, Any]]:
     """``before`` (set_by_users, read now) with what a cut start saved: a deployment that has prefect.yaml's
-    schedules now (the cut `prefect deploy` gave it those) gets the saved ones; one that has others was changed in
-    the UI since, and keeps them. Its pause likewise."""
+    schedules now (the cut `prefect deploy` gave it those), or the saved ones and prefect.yaml's, or some or none
+    of the saved ones (a put-back cut midway: _put_schedules, or the code before it), gets the saved ones; one that
+    has others was changed in the UI since, and keeps them. Its pause likewise."""
     merged = {}
     for deployment_id, now in before.items():
         kept = saved.get(deployment_id)
         entry = dict(now)
         if kept is not None:
-            if now["schedules"] != kept["schedules"] and as_in_project(now["schedules"], now["project_schedules"]):
+            if now["schedules"] != kept["schedules"] and (
+                    as_in_project(now["schedules"], now["project_schedules"])
+                    or _matching(now["schedules"], kept["schedules"], now["project_schedules"])):
                 entry["schedules"] = kept["schedules"]
             if now["paused"] != kept["paused"] and now["paused"] == now["project_paused"]:
                 entry["paused"] = kept["paused"]
@@ -482,14 +635,17 @@ def with_saved_settings(before: dict[str, dict[str, Any]], saved: dict[str, dict
     return merged
 
 
-def save_settings(path: Path, before: dict[str, dict[str, Any]]) -> None:
-    """``before`` in ``path``, whole or not at all, before `prefect deploy` may change what it holds; no file when
+def save_settings(path: Path, before: dict[str, dict[str, Any]], database: str) -> None:
+    """``before`` in ``path``, whole or not at all (and durably: it is what a power cut must not lose), with the
+    ``database`` it was read from and the time, before `prefect deploy` may change what it holds; no file when
     there is nothing to put back."""
     if not before:
         path.unlink(missing_ok=True)
         return
     try:
-        write_json_atomic(path, {"deployments": {i: {k: e[k] for k in ("name", "schedules", "paused")}
+        write_json_atomic(path, {"database": database,
+                                 "saved_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                                 "deployments": {i: {k: e[k] for k in ("name", "schedules", "paused")}
                                                  for i, e in before.items()}})
     except OSError as exc:  # nothing made yet: better not made than made with what users set lost to a crash
         raise RuntimeError(f"cannot save what users set on the deployments to {path} ({exc.strerror or exc}) "
@@ -549,13 +705,28 @@ def put_back_set_by_users(api_url: str, auth: dict[str, str], before: dict[str, 
     return with_retries(api_url, auth, lambda http: restore_set_by_users(http, before, begun), timeout_s, attempts)
 
 
+def _not_back(exc: Exception, before: dict[str, dict[str, Any]], saved_path: Path) -> str:
+    """What a failed put-back of ``before`` (saved in ``saved_path``) left, and the way on. The server refusing it
+    (a 4xx other than busy) would refuse it again at every start, which puts it back from the file: remove it."""
+    import httpx
+
+    names = ", ".join(sorted({entry["name"] for entry in before.values()}))
+    status = exc.response.status_code if isinstance(exc, httpx.HTTPStatusError) else None
+    if status is not None and 400 <= status < 500 and status not in BUSY:
+        return (f"what users set on {names} (schedules, pause) is not back: the server refused it ({_said(exc)}), and "
+                f"would at every start, which puts it back from {saved_path}: remove that file to start (what it "
+                "holds is then not put back; check the schedules in the UI)")
+    return (f"what users set on {names} (schedules, pause) may not be back ({_said(exc)}): the next start puts it "
+            f"back from {saved_path}, or check them in the UI")
+
+
 def _said(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def create_deployments(api_url: str, client_env: dict[str, str], results_root: Path, pool: str,
-                       credentials: Credentials | None, log_dir: Path, stopping: list[int] | None = None
-                       ) -> tuple[list[str], list[str], list[str]] | None:
+                       credentials: Credentials | None, log_dir: Path, stopping: list[int] | None = None, *,
+                       database: str) -> tuple[list[str], list[str], list[str]] | None:
     """The deployments of prefect.yaml on the server's pool, made as `prefect deploy --all` makes them (its form
     schemas read with the results folder's default in the environment); then the user-facing ones get the served
     results folder in their job variables, so a worker elsewhere runs them with it too. A deployment that existed
@@ -569,24 +740,25 @@ def create_deployments(api_url: str, client_env: dict[str, str], results_root: P
     given prefect.yaml's schedule to some that had their users': what users had set is put back all the same
     (the next start would take prefect.yaml's for theirs), and the next start makes them all again. Killed
     outright meanwhile, it cannot put anything back: what users had set is saved in ``log_dir`` first
-    (SAVED_SETTINGS), and the next start puts it back from there."""
+    (SAVED_SETTINGS), and the next start on the same ``database`` (database_identity) puts it back from there."""
     import httpx
     import yaml
 
     stopping = [] if stopping is None else stopping
     project = deployments_in_project(pool)
-    by_hand = f"by hand: {deploy_command(api_url, results_root)}"
+    by_hand = f"by hand: {deploy_command(api_url, results_root, pool)}"
     user_specs = [spec for spec in project["deployments"] if "internal" not in (spec.get("tags") or [])]
     saved_path = log_dir / SAVED_SETTINGS
     saved = read_saved_settings(saved_path)
     try:
         auth = api_headers(api_url, credentials.auth_string if credentials else None)
         refuse_other_pools(api_url, auth, pool)
-        before = with_saved_settings(with_retries(api_url, auth, lambda http: set_by_users(http, user_specs)), saved)
+        now = with_retries(api_url, auth, lambda http: set_by_users(http, user_specs))
     except httpx.HTTPError as exc:  # nothing made yet: the one line, and how to make them by hand
         raise RuntimeError(f"reading the deployments' schedules before making them failed ({_said(exc)}); "
                            f"{by_hand}") from None
-    save_settings(saved_path, before)
+    before = with_saved_settings(now, saved_for_this_start(saved_path, saved, database, now))
+    save_settings(saved_path, before, database)
     restored = False
     try:
         with tempfile.TemporaryDirectory(prefix="flagperf-deploy-") as folder:
@@ -622,10 +794,7 @@ def create_deployments(api_url: str, client_env: dict[str, str], results_root: P
         try:
             kept = put_back_set_by_users(api_url, auth, before)
         except httpx.HTTPError as exc:  # made again by hand, they would take prefect.yaml's schedules once more
-            names = ", ".join(sorted({entry["name"] for entry in before.values()}))
-            raise RuntimeError(f"the deployments are made, but what users set on {names} (schedules, pause) may not "
-                               f"be back ({_said(exc)}): the next start puts it back from {saved_path}, or check "
-                               "them in the UI") from None
+            raise RuntimeError(f"the deployments are made, but {_not_back(exc, before, saved_path)}") from None
         saved_path.unlink(missing_ok=True)
         return user, internal, kept
     finally:
@@ -634,9 +803,7 @@ def create_deployments(api_url: str, client_env: dict[str, str], results_root: P
                 put_back_set_by_users(api_url, auth, before, timeout_s=10)
                 saved_path.unlink(missing_ok=True)
             except httpx.HTTPError as exc:
-                names = ", ".join(sorted({entry["name"] for entry in before.values()}))
-                print(f"schedules: what users set on {names} (schedules, pause) may not be back ({_said(exc)}); "
-                      f"the next start puts it back from {saved_path}", flush=True)
+                print(f"schedules: {_not_back(exc, before, saved_path)}", flush=True)
 
 
 def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_dir: Path, *,
@@ -715,14 +882,14 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
         client_env.pop(CLIENT_AUTH_ENV, None)
         if credentials is not None:
             client_env[CLIENT_AUTH_ENV] = credentials.auth_string
-        if deploy:  # before the pool is made: a refused start leaves nothing on the database it shares
-            import httpx
+        # Before the pool is made: a refused start leaves nothing on the database it shares. With --no-deploy too:
+        # its worker would poll a pool the deployments are not on, and the deploy it prints would take them over.
+        import httpx
 
-            try:
-                refuse_other_pools(api_url, api_headers(api_url, credentials.auth_string if credentials else None),
-                                   pool)
-            except httpx.HTTPError as exc:
-                raise RuntimeError(f"reading the deployments before making them failed ({_said(exc)})") from None
+        try:
+            refuse_other_pools(api_url, api_headers(api_url, credentials.auth_string if credentials else None), pool)
+        except httpx.HTTPError as exc:
+            raise RuntimeError(f"reading the deployments before making them failed ({_said(exc)})") from None
         # Watched too: killed meanwhile, this command would leave it retrying a server that is gone. One API call:
         # the pool is there or not (a signal stops the command at once), and the next start makes it with
         # --overwrite either way.
@@ -741,7 +908,8 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
                     env=client_env, stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True))
             print(f"worker: pool {pool!r}, running flows from {PROJECT_ROOT}", flush=True)
         if deploy:
-            made = create_deployments(api_url, client_env, results_root, pool, credentials, log_dir, stopping)
+            made = create_deployments(api_url, client_env, results_root, pool, credentials, log_dir, stopping,
+                                      database=database_identity(database_url))
             if made is None:  # a signal while they were made
                 return 128 + stopping[0]
             user, internal, kept = made
@@ -750,8 +918,8 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
             for line in kept:
                 print(f"schedules: {line}", flush=True)
         else:
-            print(f"deployments: not created (--no-deploy); to create them: {deploy_command(api_url, results_root)}",
-                  flush=True)
+            print(f"deployments: not created (--no-deploy); to create them: "
+                  f"{deploy_command(api_url, results_root, pool)}", flush=True)
         if stopping:
             return 128 + stopping[0]
         auth_hint = f" and {CLIENT_AUTH_ENV}=user:password" if credentials is not None else ""

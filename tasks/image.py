@@ -22,12 +22,10 @@ from flagperf.hosts.docker import (
     image_tag,
 )
 from flagperf.hosts.fleet import runtime_for
-from flagperf.hosts.health import PROBE_TIMEOUT_S, health_file, image_probe_check, log_check
+from flagperf.hosts.health import PROBE_TIMEOUT_S, image_probe_check, log_check, record_image_probe
 from flagperf.hosts.inventory import HostSpec, mask_values
 from flagperf.hosts.local import Host
 from flagperf.paths import display_path
-from flagperf.results.bounded import read_json_file
-from flagperf.results.schema import write_json_atomic
 
 
 @task(name="build_image", task_run_name="build_image[{host.name}]", cache_policy=NONE)
@@ -78,20 +76,15 @@ def probe_image(host: Host, spec: HostSpec, vendor: Vendor, run_id: str, image: 
                 cases: list[str] | None = None) -> dict[str, Any]:
     """The healthcheck's accelerator check where the cases run: the probe inside the vendor image, with the
     rounds' device requests and options (and mounts: ``cases``, the run's case folders, are checked on the host
-    before any round). Recorded in hosts/<name>.health.json; raises naming the host."""
+    before any round). Recorded in hosts/<name>.health.json, under the image's framework (a host's images are
+    probed at once: record_image_probe); raises naming the host."""
     logger = get_run_logger()
     runtime = runtime_for(host, spec, vendor, image, run_id, cases or ())
     assert isinstance(runtime, DockerRuntime)
     result, lines = runtime.run_probe(host, vendor.name, spec.host_spec_settings(), timeout_s=PROBE_TIMEOUT_S)
     check, probe = image_probe_check(lines, result.exit_code, result.timed_out, image["tag"], image["dockerfile"])
     log_check(logger, host.name, check)
-    path = health_file(run_dir, host.name)
-    report = read_json_file(path, what="a host's health report") if path.is_file() else {"host": host.name,
-                                                                                        "checks": []}
-    report["checks"].append(check.__dict__)
-    report["ok"] = all(c["ok"] for c in report["checks"])
-    report["image_probe"] = probe
-    write_json_atomic(path, report)
+    record_image_probe(run_dir, host.name, image["framework"], check, probe)
     if not check.ok:
         raise InfrastructureFailure(f"host {host.name}: {check.name}: {check.detail}")
     assert probe is not None

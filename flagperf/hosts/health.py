@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -11,15 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from flagperf.config.vendors import Vendor
-from flagperf.errors import ConfigError, InfrastructureFailure
+from flagperf.errors import ConfigError, FlagperfError, InfrastructureFailure
 from flagperf.hosts.docker import engine_client
 from flagperf.hosts.inventory import HostSpec
 from flagperf.hosts.local import Host
 from flagperf.hosts.probe import probe_command
 from flagperf.hosts.slurm import SlurmHost, check_cluster
 from flagperf.hosts.ssh import SshError, SshHost
+from flagperf.paths import display_path
 from flagperf.results.bounded import read_json_file
+from flagperf.results.schema import write_json_atomic
 
+log = logging.getLogger(__name__)
 MIN_FREE_BYTES = 1 << 30
 MAX_CLOCK_SKEW_S = 2.0
 PROBE_TIMEOUT_S = 120.0
@@ -61,15 +66,70 @@ def with_image_probe(probe: dict[str, Any] | None, image_probe: dict[str, Any] |
     return {**(probe or {}), **{k: v for k, v in image_probe.items() if k != "host"}}
 
 
-def round_probe(run_dir: Path, host: str) -> dict[str, Any] | None:
-    """What the run's healthcheck found on ``host`` (see with_image_probe), read from its health report in the run
-    folder; None where there is none. A round reads it there rather than taking it as a flow parameter: the UI
-    would show the whole probe among the round's parameters, and a retried round reads it again all the same."""
+IMAGE_PROBES = "image_probes"  # a health report's probes inside the host's images, by framework
+# What a failed round's result takes from a probe (Job.failed_result), each of the type it must be.
+PROBE_FIELDS: dict[str, type | tuple[type, ...]] = {"device": (str, type(None)), "python": str, "libraries": dict,
+                                                    "host": dict}
+_REPORT_LOCKS: dict[Path, threading.Lock] = {}
+_REPORT_LOCKS_LOCK = threading.Lock()
+
+
+def _probe_problem(name: str, probe: Any) -> str | None:
+    if probe is None:
+        return None
+    if not isinstance(probe, dict):
+        return f"{name}: not an object"
+    wrong = [key for key, kind in PROBE_FIELDS.items() if key in probe and not isinstance(probe[key], kind)]
+    return f"{name}.{wrong[0]}: not a{'n object' if PROBE_FIELDS[wrong[0]] is dict else ' string'}" if wrong else None
+
+
+def round_probe(run_dir: Path, host: str, framework: str | None = None) -> dict[str, Any] | None:
+    """What the run's healthcheck found on ``host``, with the probe inside its image of the round's ``framework``
+    (see with_image_probe), read from its health report in the run folder; None where there is none. A round reads
+    it there rather than taking it as a flow parameter: the UI would show the whole probe among the round's
+    parameters, and a retried round reads it again all the same.
+
+    A report that cannot be read (too large, not JSON, not what the healthcheck writes) is a warning and None: the
+    probe is only what a failed round records of the host, and one bad file must not fail the round, nor the
+    evaluation (which reads it again for a round that left no result)."""
     path = health_file(run_dir, host)
     if not path.is_file():
         return None
-    report = read_json_file(path, what="a host's health report")
-    return with_image_probe(report.get("probe"), report.get("image_probe"))
+    try:
+        report = read_json_file(path, what="a host's health report")
+        if not isinstance(report, dict):
+            raise ValueError(f"{display_path(path)}: not an object")
+        images = report.get(IMAGE_PROBES, {})
+        if not isinstance(images, dict):
+            raise ValueError(f"{display_path(path)}: {IMAGE_PROBES}: not an object")
+        probe, image_probe = report.get("probe"), images.get(framework) if framework is not None else None
+        problem = (_probe_problem("probe", probe)
+                   or _probe_problem(f"{IMAGE_PROBES}.{framework}", image_probe))
+        if problem:
+            raise ValueError(f"{display_path(path)}: {problem}")
+    except (FlagperfError, ValueError) as exc:
+        log.warning("host %s: its health report is unreadable (%s); its rounds record no probe of the host", host,
+                    exc)
+        return None
+    return with_image_probe(probe, image_probe)
+
+
+def record_image_probe(run_dir: Path, host: str, framework: str, check: Check, probe: dict[str, Any] | None
+                       ) -> None:
+    """Add the check of the probe inside ``host``'s image of ``framework`` to its health report, and the probe
+    under that framework (the rounds of each framework read their own: round_probe). The host's images are probed
+    at once, each in a thread of this process: the report is read, changed and written again by one at a time,
+    or one would write over what another had added."""
+    path = health_file(run_dir, host)
+    with _REPORT_LOCKS_LOCK:
+        lock = _REPORT_LOCKS.setdefault(path, threading.Lock())
+    with lock:
+        report = read_json_file(path, what="a host's health report") if path.is_file() else {"host": host,
+                                                                                            "checks": []}
+        report["checks"].append(check.__dict__)
+        report["ok"] = all(c["ok"] for c in report["checks"])
+        report[IMAGE_PROBES] = {**(report.get(IMAGE_PROBES) or {}), framework: probe}
+        write_json_atomic(path, report)
 
 
 def check_host(host: Host, spec: HostSpec, vendor: Vendor, log_path: Path,

@@ -5,6 +5,7 @@ results/<run-id>/<case>/round<N>/<host>_noderank<K>/result.json   (FlagPerf's la
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -405,6 +406,23 @@ def atomic_path(path: Path) -> Iterator[Path]:
             with suppress(OSError):
                 folder.rmdir()
         raise
+    # The new name (and the folders made for it) on disk too: until its folder is flushed, a power cut can leave
+    # the old file, or none, though the data was flushed. The deepest first: each is then an entry of the next.
+    for folder in dict.fromkeys([path.parent, *(f.parent for f in made)]):
+        sync_folder(folder)
+
+
+def sync_folder(folder: Path) -> None:
+    """Flush ``folder``'s entries to disk (a name renamed or made in it); a file system that cannot flush a folder
+    (EINVAL: some network and FUSE ones) is left to its own guarantees."""
+    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
 
 
 def folder_problem(folder: Path) -> str | None:

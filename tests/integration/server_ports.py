@@ -5,16 +5,21 @@ as the server reports it) and is made again on fresh ports when a port was taken
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import os
 import re
 import socket
 import subprocess
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 
 import httpx
+import psutil
 
 TAKEN = "already in use"  # uvicorn's, `prefect server start`'s and `flagperf server`'s words, lower-cased
 
@@ -70,28 +75,71 @@ def session_pool(prefix: str) -> str:
 
 
 SESSION_POOL = re.compile(r"flagperf-[a-z]+-(?P<pid>\d+)")
+DEFAULT_POOL = "flagperf"  # prefect.yaml's: the team-server tutorial's server (its page's command) is on it
+
+
+def _default_pool_lock() -> Path:
+    """The lock a session holds while its server serves the default pool on the test database (one per database:
+    the sessions of this machine that share it share the file)."""
+    digest = hashlib.sha256(os.environ["FLAGPERF_TEST_POSTGRES_URL"].encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"flagperf-test-default-pool-{digest}.lock"
+
+
+@contextlib.contextmanager
+def default_pool_in_use() -> Iterator[None]:
+    """Held (shared) while this session's server serves the default pool: no session clears its deployments
+    meanwhile (clear_deployments_of_other_pools). The lock goes with the process, however it ends."""
+    with open(_default_pool_lock(), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def default_pool_unused() -> Iterator[bool]:
+    """Whether no session's server serves the default pool now; while this is held (exclusively), none starts to."""
+    with open(_default_pool_lock(), "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def pool_ended(pool: str, default_unused: bool) -> bool:
+    """Whether the server that made deployments on ``pool`` has provably ended: a session's pool whose session
+    (pid) is gone, or is this one (its servers are stopped by the time it starts another); the default pool where
+    no session serves it (``default_unused``: default_pool_unused). Any other pool is no test's: never cleared."""
+    if pool == DEFAULT_POOL:
+        return default_unused
+    session = SESSION_POOL.fullmatch(pool)
+    if session is None:
+        return False
+    return int(session["pid"]) == os.getpid() or not psutil.pid_exists(int(session["pid"]))
 
 
 def clear_deployments_of_other_pools(pool: str) -> None:
     """Delete, on the shared test database (FLAGPERF_TEST_POSTGRES_URL), the deployments of prefect.yaml that the
     servers of ended sessions, or earlier ones of this session (stopped by now), left on a pool other than
     ``pool``: `flagperf server` refuses to take over another pool's (flows.server.refuse_other_pools). Those of a
-    session still running (another pytest) are left: the refusal then says whose they are."""
+    server still running (another pytest's, the tutorial's of any session) are left: the refusal then says whose
+    they are."""
     import asyncio
 
     import asyncpg
-    import psutil
 
     from flows.server import deployments_in_project
 
     specs = deployments_in_project()["deployments"]
     names, entrypoints = [s["name"] for s in specs], [s["entrypoint"] for s in specs]
 
-    def ended(owner: str) -> bool:
-        session = SESSION_POOL.fullmatch(owner)
-        return session is None or int(session["pid"]) == os.getpid() or not psutil.pid_exists(int(session["pid"]))
-
-    async def clear() -> None:
+    async def clear(default_unused: bool) -> None:
         dsn = os.environ["FLAGPERF_TEST_POSTGRES_URL"].replace("postgresql+asyncpg://", "postgresql://")
         conn = await asyncpg.connect(dsn)
         try:
@@ -99,7 +147,7 @@ def clear_deployments_of_other_pools(pool: str) -> None:
                 "select d.id, p.name as pool from deployment d join work_queue q on q.id = d.work_queue_id "
                 "join work_pool p on p.id = q.work_pool_id where d.name = any($1::text[]) "
                 "and d.entrypoint = any($2::text[])", names, entrypoints)
-            stale = [row["id"] for row in rows if row["pool"] != pool and ended(row["pool"])]
+            stale = [row["id"] for row in rows if row["pool"] != pool and pool_ended(row["pool"], default_unused)]
             if stale:
                 await conn.execute("delete from deployment where id = any($1::uuid[])", stale)
         except asyncpg.UndefinedTableError:  # no server has used the database yet
@@ -107,7 +155,8 @@ def clear_deployments_of_other_pools(pool: str) -> None:
         finally:
             await conn.close()
 
-    asyncio.run(clear())
+    with default_pool_unused() as unused:  # held while they are deleted: no tutorial server starts meanwhile
+        asyncio.run(clear(unused))
 
 
 def database_pool() -> str:

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import LogFilter, LogFilterTaskRunId
@@ -260,7 +261,11 @@ def test_what_users_set_on_the_nightly_in_the_ui_survives_a_restart_of_the_serve
     nightly: the deploy is stopped and what users set is put back before the server stops (the next start
     would take prefect.yaml's schedule for theirs). And where the start was killed outright then (SIGKILL): what
     users set was saved in its logs folder before the deploy began, and the next start puts it back from there.
-    A server of another work pool on the same database is refused, naming --pool, and changes nothing."""
+    So also where that next start is itself cut while it puts them back (after its first change): what it puts
+    back is made before what it replaces is deleted, so the nightly is never left without its schedules, and the
+    start after that recognises the state and puts back the same. A server of another work pool on the same
+    database is refused, naming --pool, and changes nothing; the deploy command it prints (`--no-deploy`, "by
+    hand:") makes them on its own pool, and then a server of the first pool is refused in turn."""
     import threading
 
     from held_deploy import holding_env, running, wait_held
@@ -269,15 +274,28 @@ def test_what_users_set_on_the_nightly_in_the_ui_survives_a_restart_of_the_serve
     from prefect_api import nightly_schedule
 
     from flagperf.errors import ConfigError
-    from flows.server import SAVED_SETTINGS, create_deployments
+    from flows.server import (
+        SAVED_SETTINGS,
+        api_headers,
+        create_deployments,
+        deploy_command,
+        deployments_in_project,
+        read_saved_settings,
+        restore_set_by_users,
+        saved_for_this_start,
+        set_by_users,
+        with_saved_settings,
+    )
 
     api = PREFECT_API_URL.value()
+    database = "the session's test server"
     env = {**os.environ, "PREFECT_API_URL": api, "PWD": str(ROOT)}
     created = prefect_cli("work-pool", "create", "flagperf", "--type", "process", "--overwrite", env=env)
     assert created.returncode == 0, created.stdout + created.stderr
 
     def deploy() -> list[str]:
-        _user, _internal, kept = create_deployments(api, env, tmp_path / "results", "flagperf", None, tmp_path)
+        _user, _internal, kept = create_deployments(api, env, tmp_path / "results", "flagperf", None, tmp_path,
+                                                    database=database)
         return kept
 
     deploy()
@@ -317,7 +335,7 @@ def test_what_users_set_on_the_nightly_in_the_ui_survives_a_restart_of_the_serve
     thread.start()
     try:
         assert create_deployments(api, {**env, **held}, tmp_path / "results", "flagperf", None, tmp_path,
-                                  stopping) is None
+                                  stopping, database=database) is None
     finally:
         returned.set()
         thread.join(timeout=120)
@@ -344,7 +362,7 @@ def test_what_users_set_on_the_nightly_in_the_ui_survives_a_restart_of_the_serve
         "import os, sys\nfrom pathlib import Path\nfrom flagperf.site.auth import Credentials\n"
         "from flows.server import create_deployments\n"
         f"create_deployments({api!r}, dict(os.environ), Path({str(tmp_path / 'results')!r}), 'flagperf', "
-        f"Credentials('lab:{password}', 'a test'), Path({str(tmp_path)!r}))\n")],
+        f"Credentials('lab:{password}', 'a test'), Path({str(tmp_path)!r}), database={database!r})\n")],
         cwd=ROOT, env={**env, **held})
     try:
         deploy_pid = wait_held(marker, lambda: starting.poll() is None)
@@ -364,6 +382,45 @@ def test_what_users_set_on_the_nightly_in_the_ui_survives_a_restart_of_the_serve
         time.sleep(0.2)
     assert saved.is_file()
 
+    # The next start, cut (as by a SIGKILL) just after its first change while it puts back what the file holds:
+    # the nightly has the saved schedules beside prefect.yaml's (it had none: the old put-back deleted first).
+    class Cut(Exception):
+        pass
+
+    class CutAfterTheFirstChange:
+        def __init__(self, http: httpx.Client) -> None:
+            self.http, self.changes = http, 0
+
+        def get(self, *args: object, **kwargs: object) -> httpx.Response:
+            return self.http.get(*args, **kwargs)
+
+        def change(self, method: str, *args: object, **kwargs: object) -> httpx.Response:
+            if self.changes:
+                raise Cut
+            self.changes += 1
+            return getattr(self.http, method)(*args, **kwargs)
+
+        def post(self, *args: object, **kwargs: object) -> httpx.Response:
+            return self.change("post", *args, **kwargs)
+
+        def patch(self, *args: object, **kwargs: object) -> httpx.Response:
+            return self.change("patch", *args, **kwargs)
+
+        def delete(self, *args: object, **kwargs: object) -> httpx.Response:
+            return self.change("delete", *args, **kwargs)
+
+    user_specs = [spec for spec in deployments_in_project("flagperf")["deployments"] if spec["name"] == "nightly"]
+    with httpx.Client(base_url=api, headers=api_headers(api, None), timeout=30) as http:
+        now = set_by_users(http, user_specs)
+        before = with_saved_settings(now, saved_for_this_start(saved, read_saved_settings(saved), database, now))
+        with pytest.raises(Cut):
+            restore_set_by_users(CutAfterTheFirstChange(http), before)
+    with get_client(sync_client=True) as client:
+        nightly = client.read_deployment_by_name("nightly-regression/nightly")
+        cut = sorted((s.schedule.cron, s.schedule.timezone, s.active, s.parameters) for s in nightly.schedules)
+    assert [s for s in cut if s in set_in_ui] == set_in_ui and len(cut) == len(set_in_ui) + 1, cut
+    assert saved.is_file()
+
     kept = deploy()  # the next start
     assert not saved.exists()
     with get_client(sync_client=True) as client:
@@ -378,7 +435,7 @@ def test_what_users_set_on_the_nightly_in_the_ui_survives_a_restart_of_the_serve
     # A server of another pool on this database: refused before it changes anything (Prefect names deployments
     # per flow, so it would take these over).
     with pytest.raises(ConfigError) as refused:
-        create_deployments(api, env, tmp_path / "results", "flagperf-other", None, tmp_path)
+        create_deployments(api, env, tmp_path / "results", "flagperf-other", None, tmp_path, database=database)
     assert str(refused.value).startswith("--pool flagperf-other: the deployments evaluate, host-round, "
                                          "host-healthcheck, nightly on this database are on work pool 'flagperf'"), \
         str(refused.value)
@@ -393,9 +450,30 @@ def test_what_users_set_on_the_nightly_in_the_ui_survives_a_restart_of_the_serve
         # which keep what users set (the tests that follow make the pool again).
         client.delete_work_pool("flagperf")
     assert create_deployments(api, env, tmp_path / "results", "flagperf-other", None, tmp_path,
-                              [signal.SIGINT]) is None  # not refused; stopped before `prefect deploy`
+                              [signal.SIGINT], database=database) is None  # not refused; stopped before the deploy
     with get_client(sync_client=True) as client:
         nightly = client.read_deployment_by_name("nightly-regression/nightly")
         assert sorted((s.schedule.cron, s.schedule.timezone, s.active, s.parameters)
                       for s in nightly.schedules) == set_in_ui
         client.resume_deployment(nightly.id)  # the shared server's nightly, as it was
+
+    # The deploy a server of that pool prints to be run by hand makes them on its pool (`prefect deploy --all`
+    # ignores --pool: they landed on 'flagperf', and the server's next start was refused, blaming a server that
+    # did not exist); a server of the first pool is then refused in turn.
+    created = prefect_cli("work-pool", "create", "flagperf-other", "--type", "process", "--overwrite", env=env)
+    assert created.returncode == 0, created.stdout + created.stderr
+    by_hand = subprocess.run(["bash", "-c", deploy_command(api, tmp_path / "results", "flagperf-other")], env={
+        **env, "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])},
+        capture_output=True, text=True, timeout=600)
+    assert by_hand.returncode == 0, by_hand.stdout[-3000:] + by_hand.stderr[-3000:]
+    with get_client(sync_client=True) as client:
+        pools = {name: client.read_deployment_by_name(name).work_pool_name for name in (
+            "evaluate/evaluate", "nightly-regression/nightly", "host-round/host-round",
+            "host-healthcheck/host-healthcheck")}
+    assert set(pools.values()) == {"flagperf-other"}, pools
+    with pytest.raises(ConfigError) as refused:
+        create_deployments(api, env, tmp_path / "results", "flagperf", None, tmp_path, database=database)
+    assert "on work pool 'flagperf-other'" in str(refused.value) and "start it with --pool flagperf-other" in str(
+        refused.value)
+    with get_client(sync_client=True) as client:
+        client.delete_work_pool("flagperf-other")  # the tests that follow make theirs

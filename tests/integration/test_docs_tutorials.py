@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from server_ports import clear_deployments_of_other_pools
+from server_ports import DEFAULT_POOL, clear_deployments_of_other_pools, default_pool_in_use, session_pool
 
 from flows.server import watched
 
@@ -83,7 +83,17 @@ def _run_server_tutorial(script: str, folder: Path, env: dict[str, str], tmp_pat
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
     env = {**env, "HOME": str(home), "DATABASE_URL": url}
-    clear_deployments_of_other_pools("flagperf")  # the page's server is on the default pool
+    with default_pool_in_use():  # the page's server is on the default pool: no session clears it meanwhile
+        clear_deployments_of_other_pools(DEFAULT_POOL)
+        done = _run_ported(script, folder, env)
+    # What it left on the default pool, for the session pools' servers (refused by deployments of another pool),
+    # unless another session's tutorial server serves that pool now.
+    clear_deployments_of_other_pools(session_pool("flagperf-test"))
+    return done
+
+
+def _run_ported(script: str, folder: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The script on this test's ports in place of the page's, again on other ports when one was taken."""
     for _ in range(3):
         # In one pass, whole numbers only: a port given for 4200 may itself contain 4201.
         ports = dict(zip(TUTORIAL_PORTS, _os_ports(len(TUTORIAL_PORTS)), strict=True))

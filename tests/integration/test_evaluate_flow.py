@@ -175,6 +175,27 @@ def test_failures_are_retried_only_when_the_infrastructure_failed(flagperf_env: 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["counts"] == {"rounds": 4, "success": 1, "unsupported": 1, "failed": 2}
 
+    # A host-round run made before its `probe` parameter was dropped stores it; retried from the UI, a worker runs
+    # it with those parameters (here in this process, as a worker's engine does: Prefect refused any parameter the
+    # flow lacked). And the host's health report has become unreadable: the round reads no probe, with a warning,
+    # rather than failing before it starts (outside its catch-all), and the evaluation with it. The case still
+    # fails as it does, with its result recorded.
+    from prefect.flow_engine import run_flow
+
+    from flows.host_round import host_round
+
+    (user_round,) = [r for r in rounds if r.name == "user-error/round1@localhost"]
+    (run_dir / "hosts" / "localhost.health.json").write_text('["not a report"]')
+    with get_client(sync_client=True) as client:
+        before_the_change = client.create_flow_run(host_round, name="user-error/round2@localhost", parameters={
+            **user_round.parameters, "round_no": 2, "probe": probe})
+    retried = run_flow(host_round, flow_run=before_the_change, return_type="state")
+    assert retried.is_failed() and "not a power of two" in retried.message, retried
+    result = read_result(run_dir / "user-error" / "round2" / "localhost_noderank0" / "result.json")
+    assert result.status == "failed" and result.failure.kind == "user"
+    warnings = [m for level, m in flow_run_logs(before_the_change.id) if level == 30]
+    assert [m for m in warnings if m.startswith("host localhost: its health report is unreadable (")], warnings
+
 
 def test_bad_config_fails_before_any_task(flagperf_env: Path) -> None:
     state, run_dir = run_evaluate(flagperf_env, cases=["computation-FP32"], overrides=["m=-5"])

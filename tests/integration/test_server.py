@@ -21,7 +21,14 @@ import psutil
 import pytest
 from held_deploy import holding_env, running, wait_held
 from prefect_api import assert_schedule_gets_runs
-from server_ports import database_pool, online_since, start_on_os_ports
+from server_ports import (
+    database_pool,
+    default_pool_in_use,
+    default_pool_unused,
+    online_since,
+    pool_ended,
+    start_on_os_ports,
+)
 from site_probe import basic, plant, probe, request
 
 from flows.server import api_headers
@@ -238,3 +245,28 @@ def test_a_killed_server_command_leaves_no_server(tmp_path: Path) -> None:
             if c.status() != psutil.STATUS_ZOMBIE:
                 left.append((c.pid, c.ppid(), os.getpgid(c.pid), c.cmdline()))
     assert not left, left  # pid, parent, group and command of each: which watcher let it go
+
+
+def test_the_session_clears_only_the_deployments_of_servers_that_provably_ended() -> None:
+    """The servers of a session share the test database with other sessions': before its servers start, a session
+    clears what ended ones left on their pools (a server of another pool is refused). It took any pool not named
+    like a session's for ended, the tutorial's `flagperf` too, so a concurrent session's tutorial server lost its
+    deployments. Now: a session's pool whose process is gone, or this session's own; the default pool only while
+    no session's server holds it (its lock); any other pool never."""
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        assert not pool_ended(f"flagperf-test-{live.pid}", True)
+    finally:
+        live.kill()
+        live.wait(timeout=60)
+    assert pool_ended(f"flagperf-test-{live.pid}", False)  # gone (and reaped)
+    assert pool_ended(f"flagperf-test-{os.getpid()}", False)
+    assert not pool_ended("lab", True) and not pool_ended("flagperf-other", True)
+    assert not pool_ended("flagperf", False) and pool_ended("flagperf", True)
+    with default_pool_unused() as unused:
+        assert unused
+    # a tutorial's server on the default pool, in this session or another
+    with default_pool_in_use(), default_pool_unused() as unused:
+        assert not unused
+    with default_pool_unused() as unused:
+        assert unused

@@ -99,3 +99,68 @@ def test_a_slurm_container_images_bad_case_folder_fails_the_healthcheck_once_bef
     detail = report.checks[0].detail
     assert "hosts.0.env.FLAGPERF_CASE_PATH" in detail and "outside its" in detail and "\n" not in detail, detail
     assert report.probe is None
+
+
+def _report(run_dir: Path, host: str, text: str) -> Path:
+    from flagperf.hosts.health import health_file
+
+    path = health_file(run_dir, host)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ("{not json", "not valid JSON"),
+    ('["a list"]', "not an object"),
+    ('{"probe": "a string"}', "probe: not an object"),
+    ('{"probe": {"libraries": ["torch"]}}', "probe.libraries: not an object"),
+    ('{"probe": {"device": 3}}', "probe.device: not a string"),
+    ('{"probe": {}, "image_probes": []}', "image_probes: not an object"),
+    ('{"probe": {}, "image_probes": {"pytorch": {"host": "x"}}}', "image_probes.pytorch.host: not an object"),
+    (None, "is at most 67108864 bytes"),
+], ids=["not-json", "a-list", "probe-string", "libraries-list", "device-number", "image-probes-list",
+        "image-host-string", "too-large"])
+def test_an_unreadable_health_report_is_a_warning_and_no_probe(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                                text: str | None, why: str) -> None:
+    """round_probe is read as a round starts, outside the round's own catch-all, and again by the evaluation for a
+    round that left no result: a report it cannot read raised there, and ended the evaluation. Now it warns,
+    naming the host and why, and the round records no probe (only a failed round records one)."""
+    import os
+
+    from flagperf.hosts.health import round_probe
+    from flagperf.results.bounded import MAX_RECORD_BYTES
+
+    path = _report(tmp_path, "h1", text or "{}")
+    if text is None:  # too large: sparse, a byte past the limit
+        os.truncate(path, MAX_RECORD_BYTES + 1)
+    with caplog.at_level(logging.WARNING, logger="flagperf.hosts.health"):
+        assert round_probe(tmp_path, "h1", "pytorch") is None
+    (record,) = [r for r in caplog.records if r.name == "flagperf.hosts.health"]
+    assert record.levelno == logging.WARNING and record.getMessage().startswith(
+        "host h1: its health report is unreadable (") and why in record.getMessage(), record.getMessage()
+
+
+def test_each_framework_s_rounds_read_the_probe_in_their_own_image(tmp_path: Path) -> None:
+    """A host's images (one per framework its cases use) are probed at once, each adding its check and probe to
+    the host's health report: they were read, changed and written by each at once (the last writer's alone was
+    kept) under one key (a round of one framework read another's image). Now one at a time, by framework."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from flagperf.hosts.health import record_image_probe, round_probe
+
+    _report(tmp_path, "h1", '{"host": "h1", "ok": true, "checks": [{"name": "ssh", "ok": true, "detail": ""}], '
+                            '"probe": {"host": {"cpu": "x86"}, "device": "cpu", "python": "3.11"}}')
+    frameworks = [f"framework{n}" for n in range(12)]
+    with ThreadPoolExecutor(max_workers=len(frameworks)) as pool:
+        list(pool.map(lambda f: record_image_probe(tmp_path, "h1", f, Check("accelerators in image", True, f),
+                                                   {"device": f"device-of-{f}", "host": {"ignored": True}}),
+                      frameworks))
+    for framework in frameworks:
+        probe = round_probe(tmp_path, "h1", framework)
+        assert probe == {"host": {"cpu": "x86"}, "device": f"device-of-{framework}", "python": "3.11"}
+    import json
+
+    report = json.loads((tmp_path / "hosts" / "h1.health.json").read_text())
+    assert sorted(c["detail"] for c in report["checks"][1:]) == sorted(frameworks) and report["ok"]
+    assert round_probe(tmp_path, "h1", None) == report["probe"]  # a round of no image: the host's own

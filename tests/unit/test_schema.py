@@ -79,3 +79,26 @@ def test_a_failed_atomic_write_leaves_a_folder_another_writer_made_meanwhile(tmp
         raise OSError(28, "No space left on device", str(tmp))
     monkeypatch.undo()
     assert (tmp_path / "round1").is_dir() and list((tmp_path / "round1").iterdir()) == []
+
+
+def test_an_atomic_write_flushes_its_folder_after_the_rename(tmp_path, monkeypatch) -> None:
+    """Whole or not at all, and still there after a power cut (what `flagperf server` saves of the schedules users
+    set is only worth that): the data is flushed before the rename, and after it the folder that holds the new
+    name, and each folder made for it in its parent. Until then the rename may be lost though the data is not."""
+    import os
+    import stat
+
+    real = os.fsync
+    synced: list[tuple[int, bool]] = []
+    target = tmp_path / "made" / "deeper" / "x.json"
+
+    def noted(fd: int) -> None:
+        status = os.fstat(fd)
+        if stat.S_ISDIR(status.st_mode):
+            synced.append((status.st_ino, target.exists()))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", noted)
+    schema.write_json_atomic(target, {"a": 1})
+    folders = [target.parent, target.parent.parent, tmp_path]
+    assert [(folder.stat().st_ino, True) for folder in folders] == synced

@@ -225,41 +225,145 @@ def test_serve_outside_the_main_thread_is_stopped_by_its_caller(tmp_path: Path, 
 
 def test_what_an_interrupted_start_saved_is_put_back_only_where_the_deploy_changed_it(tmp_path: Path) -> None:
     """What users had set, saved by a start killed while it made the deployments, against what the deployments
-    have when the next start reads them: prefect.yaml's (the killed deploy gave them that) gets the saved back;
-    anything else was changed in the UI since, and stays. A saved file that is not one is one line naming it."""
+    have when the next start reads them: prefect.yaml's (the killed deploy gave them that), or what a put-back cut
+    midway leaves (the saved ones beside prefect.yaml's, some or none of the saved ones: the old put-back deleted
+    first) gets the saved back; anything else was changed in the UI since, and stays."""
     from flows.server import SAVED_SETTINGS, read_saved_settings, save_settings, with_saved_settings
 
     project = [{"cron": "0 2 * * *", "timezone": "{{ server-timezone.stdout }}", "active": True}]
     as_in_yaml = [{"schedule": {"cron": "0 2 * * *", "timezone": "UTC"}, "active": True, "parameters": {},
                    "slug": None, "max_scheduled_runs": None}]
-    users = [{**as_in_yaml[0], "schedule": {"cron": "30 3 * * *", "timezone": "Europe/Berlin"}}]
+    users = [{**as_in_yaml[0], "schedule": {"cron": "30 3 * * *", "timezone": "Europe/Berlin"}},
+             {**as_in_yaml[0], "schedule": {"cron": "0 12 * * 6", "timezone": "UTC"}, "active": False}]
     since = [{**as_in_yaml[0], "schedule": {"cron": "0 4 * * *", "timezone": "UTC"}}]
     path = tmp_path / SAVED_SETTINGS
     save_settings(path, {"d1": {"name": "nightly", "schedules": users, "paused": True, "project_schedules": project,
-                                "project_paused": False}})
+                                "project_paused": False}}, "db-host:5432/prefect")
     saved = read_saved_settings(path)
-    assert saved == {"d1": {"name": "nightly", "schedules": users, "paused": True}}
+    assert saved is not None and saved.database == "db-host:5432/prefect" and saved.saved_at
+    assert saved.deployments == {"d1": {"name": "nightly", "schedules": users, "paused": True}}
 
     def now(schedules: list[dict], paused: bool) -> dict[str, dict]:
         return {"d1": {"name": "nightly", "schedules": schedules, "paused": paused, "project_schedules": project,
                        "project_paused": False}}
 
-    assert with_saved_settings(now(as_in_yaml, False), saved) == now(users, True)
-    assert with_saved_settings(now(since, True), saved) == now(since, True)
+    assert with_saved_settings(now(as_in_yaml, False), saved.deployments) == now(users, True)
+    for cut in ([], users[:1], users[1:], [*users, *as_in_yaml], [as_in_yaml[0], users[0]]):
+        assert with_saved_settings(now(cut, False), saved.deployments) == now(users, True), cut
+    for changed in (since, [*users, *since], [*users, *users]):
+        assert with_saved_settings(now(changed, True), saved.deployments) == now(changed, True), changed
     assert with_saved_settings(now(as_in_yaml, False), {}) == now(as_in_yaml, False)
-    save_settings(path, {})
-    assert not path.exists() and read_saved_settings(path) == {}
+    save_settings(path, {}, "db-host:5432/prefect")
+    assert not path.exists() and read_saved_settings(path) is None
 
-    path.write_text('{"deployments": {"d1": {"name": "nightly"}}}', encoding="utf-8")
+
+@pytest.mark.parametrize(("change", "key"), [
+    (lambda e: e.pop("database"), "the file: has the keys deployments, saved_at, not exactly database, saved_at, "
+                                     "deployments"),
+    (lambda e: e["deployments"]["d1"].pop("paused"), "deployments.d1: has the keys"),
+    (lambda e: e["deployments"]["d1"].update(paused="false"), "deployments.d1.paused: not true or false"),
+    (lambda e: e["deployments"]["d1"]["schedules"][0].pop("schedule"), "deployments.d1.schedules[0]: has the keys"),
+    (lambda e: e["deployments"]["d1"]["schedules"][0].update(active="false"),
+     "deployments.d1.schedules[0].active: not true or false"),
+    (lambda e: e["deployments"]["d1"]["schedules"][0].update(max_scheduled_runs="5"),
+     "deployments.d1.schedules[0].max_scheduled_runs: not a whole number or null"),
+    (lambda e: e["deployments"]["d1"]["schedules"][0].update(schedule={"crn": "0 2 * * *"}),
+     "deployments.d1.schedules[0].schedule: not a schedule Prefect takes"),
+    (lambda e: e["deployments"]["d1"]["schedules"][0]["schedule"].update(day_or="false"),
+     "deployments.d1.schedules[0].schedule: not an object whose day_or is true or false"),
+])
+def test_a_saved_file_that_is_not_what_was_saved_is_one_line_naming_it_and_the_key(tmp_path: Path, change,
+                                                                                   key: str) -> None:
+    """Every field of the saved file, as strictly as it was written (a string "false" is true to Python, and a
+    schedule without its `schedule` ended the start with a KeyError traceback): one line naming the file and the
+    key, and saying that removing it lets the server start."""
+    import json
+
+    from flows.server import SAVED_SETTINGS, read_saved_settings
+
+    entry = {"database": "db:5432/prefect", "saved_at": "2026-11-26T00:00:00+00:00", "deployments": {"d1": {
+        "name": "nightly", "paused": True, "schedules": [{
+            "schedule": {"cron": "30 3 * * *", "timezone": "Europe/Berlin", "day_or": True}, "active": True,
+            "parameters": {}, "slug": None, "max_scheduled_runs": None}]}}}
+    path = tmp_path / SAVED_SETTINGS
+    path.write_text(json.dumps(entry), encoding="utf-8")
+    assert read_saved_settings(path) is not None  # as written, it is read
+    change(entry)
+    path.write_text(json.dumps(entry), encoding="utf-8")
     with pytest.raises(RuntimeError) as info:
         read_saved_settings(path)
-    assert str(info.value).startswith(f"{path}: not what an interrupted start saved") and "\n" not in str(info.value)
+    said = str(info.value)
+    assert said.startswith(f"{path}: not what an interrupted start saved of the deployments' schedules ({key}")
+    assert "remove it to start" in said and "\n" not in said, said
+
+
+def test_a_saved_file_of_another_database_or_deployments_is_set_aside_not_applied(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A leftover file is applied on the database it was saved on, to the deployments it names (by id and name);
+    one saved on another database, or naming the deployments otherwise, is said in one line and renamed, not put
+    back (it would put back what belongs elsewhere)."""
+    from flows.server import SAVED_SETTINGS, SET_ASIDE, read_saved_settings, save_settings, saved_for_this_start
+
+    schedules = [{"schedule": {"cron": "30 3 * * *", "timezone": "Europe/Berlin"}, "active": True, "parameters": {},
+                  "slug": None, "max_scheduled_runs": None}]
+    path = tmp_path / SAVED_SETTINGS
+    now = {"d1": {"name": "nightly", "schedules": [], "paused": False, "project_schedules": [],
+                  "project_paused": False}}
+
+    def saved_on(database: str, name: str = "nightly"):
+        save_settings(path, {"d1": {**now["d1"], "name": name, "schedules": schedules}}, database)
+        return read_saved_settings(path)
+
+    assert saved_for_this_start(path, saved_on("db:5432/prefect"), "db:5432/prefect", now) == {
+        "d1": {"name": "nightly", "schedules": schedules, "paused": False}}
+    assert capsys.readouterr().out.startswith(f"schedules: putting back what users had set, from {path} (saved at ")
+    assert path.is_file()  # removed once put back, not before
+
+    for on, name, why in (("other:5432/prefect", "nightly", "it was saved on database other:5432/prefect, not this "
+                                                             "one (db:5432/prefect)"),
+                          ("db:5432/prefect", "evaluate", "the deployments it names by id are named otherwise now: "
+                                                          "evaluate (now nightly)")):
+        saved = saved_on(on, name)
+        assert saved_for_this_start(path, saved, "db:5432/prefect", now) == {}
+        (line,) = capsys.readouterr().out.splitlines()
+        assert line == (f"schedules: not putting back what {path} holds (saved at {saved.saved_at}): {why}; renamed "
+                        f"{SAVED_SETTINGS}{SET_ASIDE}")
+        assert not path.exists() and (tmp_path / f"{SAVED_SETTINGS}{SET_ASIDE}").is_file()
+
+
+def test_the_saved_database_is_its_host_port_and_name_never_its_user_or_password() -> None:
+    from flows.server import database_identity
+
+    assert database_identity("postgresql+asyncpg://lab:secret@db.lab:6543/prefect") == "db.lab:6543/prefect"
+    assert database_identity("postgresql+asyncpg://lab@127.0.0.1/prefect") == "127.0.0.1:5432/prefect"
+    assert database_identity("postgresql+asyncpg://lab@/prefect?host=/run/postgresql") == "/run/postgresql:5432/prefect"
+
+
+def test_the_by_hand_deploy_command_puts_the_deployments_on_the_server_s_pool() -> None:
+    """`prefect deploy --all` ignores --pool (Prefect applies command-line options to one deployment at a time): the
+    command printed for --no-deploy and in every "by hand:" error deploys each one with --pool where the server's
+    pool is not prefect.yaml's (a by-hand deploy landed on 'flagperf', and the next start was refused). It runs in a
+    subshell: the reader's shell keeps its folder and environment. (tests/integration/test_deployments.py runs it.)"""
+    import shlex
+
+    from flows.server import deploy_command, deployments_in_project
+
+    names = [spec["name"] for spec in deployments_in_project()["deployments"]]
+    plain = deploy_command("http://127.0.0.1:4200/api", Path("/data/results"), "flagperf")
+    assert plain.startswith("(cd ") and plain.endswith("&& prefect --no-prompt deploy --all)")
+    other = deploy_command("http://127.0.0.1:4200/api", Path("/data/results"), "lab 2")
+    words = shlex.split(other.strip("()"))
+    deploys = [words[i + 4:i + 7] for i, word in enumerate(words) if words[i:i + 4] == ["prefect", "--no-prompt",
+                                                                                      "deploy", "--name"]]
+    assert [d[0] for d in deploys] == names and all(d[1:] == ["--pool", "lab 2"] for d in deploys), other
+    assert "--all" not in words and "FLAGPERF_RESULTS_DIR=/data/results" in words
 
 
 @contextlib.contextmanager
-def deployments_api(filter_answers: list[int], deployment: dict):
-    """A stand-in for the Prefect API's deployment reads, on a real local HTTP server: CSRF off, and
-    /deployments/filter answering each status of ``filter_answers`` in turn (then 200) with ``deployment``."""
+def deployments_api(filter_answers: list[int], deployment: dict, port: int = 0):
+    """A stand-in for the Prefect API's deployment reads, on a real local HTTP server (on ``port``, 0: any): CSRF
+    off, /deployments/filter answering each status of ``filter_answers`` in turn (then 200) with ``deployment``,
+    and any other change refused (422), as Prefect refuses one it cannot take."""
     import http.server
     import json
     import threading
@@ -290,13 +394,16 @@ def deployments_api(filter_answers: list[int], deployment: dict):
 
         def do_POST(self) -> None:
             seen.append(f"POST {self.path}")
-            wanted = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            wanted = json.loads(self.rfile.read(int(self.headers["Content-Length"] or 0)) or b"null")
+            if self.path != "/api/deployments/filter":
+                self.answer(422, {"detail": "not taken"})
+                return
             status = answers.pop(0) if answers else 200
             names = wanted["deployments"]["name"]["any_"]
             self.answer(status, [deployment] if status == 200 and deployment["name"] in names else
                         ([] if status == 200 else {"detail": "busy"}))
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -324,7 +431,7 @@ def test_the_first_read_of_what_users_set_is_tried_again_while_the_server_is_bus
 
     with deployments_api([503], a_nightly()) as (api, seen):
         assert create_deployments(api, dict(os.environ), tmp_path / "results", "pool", None, tmp_path,
-                                  [signal.SIGINT]) is None
+                                  [signal.SIGINT], database="db:5432/prefect") is None
     filters = [s for s in seen if s.startswith("POST /api/deployments/filter")]
     assert len(filters) >= 3  # evaluate's and nightly's, the first of them twice (503, then 200)
     assert "GET /api/deployments/d-nightly" in seen  # read back as the stopped start puts back what users set
@@ -334,10 +441,66 @@ def test_an_api_error_while_the_deployments_are_made_is_one_line_saying_how_by_h
     from flows.server import create_deployments, deploy_command
 
     with deployments_api([500], a_nightly()) as (api, _seen), pytest.raises(RuntimeError) as info:
-        create_deployments(api, dict(os.environ), tmp_path / "results", "pool", None, tmp_path, [signal.SIGINT])
+        create_deployments(api, dict(os.environ), tmp_path / "results", "pool", None, tmp_path, [signal.SIGINT],
+                           database="db:5432/prefect")
     said = str(info.value)
     assert said.startswith("reading the deployments' schedules before making them failed (Server error '500")
-    assert said.endswith(f"; by hand: {deploy_command(api, tmp_path / 'results')}") and "\n" not in said
+    assert said.endswith(f"; by hand: {deploy_command(api, tmp_path / 'results', 'pool')}") and "\n" not in said
+
+
+def test_a_put_back_the_server_refuses_names_the_saved_file_to_remove(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """What a cut start saved is put back by every start from its file: where the server refuses it (a 4xx), each
+    start would fail alike; the line names the file and says to remove it (it said the next start puts it back).
+    Here the nightly has prefect.yaml's schedule, the file a user's, and the stand-in refuses every change."""
+    from flows.server import SAVED_SETTINGS, create_deployments, save_settings
+
+    nightly = {**a_nightly(), "paused": False, "schedules": [{
+        "id": "s1", "schedule": {"cron": "0 2 * * *", "timezone": "UTC"}, "active": True, "parameters": {},
+        "slug": None, "max_scheduled_runs": None}]}
+    users = [{"schedule": {"cron": "30 3 * * *", "timezone": "Europe/Berlin"}, "active": True, "parameters": {},
+              "slug": None, "max_scheduled_runs": None}]
+    save_settings(tmp_path / SAVED_SETTINGS, {"d-nightly": {"name": "nightly", "schedules": users, "paused": False}},
+                  "db:5432/prefect")
+    with deployments_api([], nightly) as (api, seen):
+        assert create_deployments(api, dict(os.environ), tmp_path / "results", "pool", None, tmp_path,
+                                  [signal.SIGINT], database="db:5432/prefect") is None
+    assert "POST /api/deployments/d-nightly/schedules" in seen  # the put-back, refused
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith("schedules: what users set on nightly (schedules, pause) is not back: the server refused "
+                           "it (Client error '422")
+    assert line.endswith(f"which puts it back from {tmp_path / SAVED_SETTINGS}: remove that file to start (what it "
+                         "holds is then not put back; check the schedules in the UI)")
+    assert (tmp_path / SAVED_SETTINGS).is_file()
+
+
+def test_a_no_deploy_server_on_another_pool_is_refused_before_it_makes_its_pool(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`flagperf server --no-deploy` on a database whose deployments are on another pool: refused as a server that
+    makes them is (the docs said so; it started, its worker polling a pool the deployments are not on, and the
+    deploy it printed took them over), before it makes its pool. The stand-in API answers on the server's port (the
+    Prefect server started there finds it taken and ends)."""
+    import socket
+
+    from flagperf.errors import ConfigError
+    from flows import server
+
+    monkeypatch.setattr(server, "wait_healthy", lambda *args, **kwargs: None)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    with deployments_api([], {**a_nightly(), "work_pool_name": "flagperf"}, port) as (_api, seen):
+        try:
+            with pytest.raises(ConfigError) as info:
+                server.serve("postgresql+asyncpg://lab@127.0.0.1:5432/none", "127.0.0.1", port, "lab2", False,
+                             tmp_path / "logs", results_dir=tmp_path / "results", results_port=0, deploy=False)
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+    assert str(info.value).startswith("--pool lab2: the deployments nightly on this database are on work pool "
+                                      "'flagperf', another server's"), str(info.value)
+    assert not [request for request in seen if "work_pools" in request]
 
 
 def test_schedules_are_prefect_yamls_where_every_field_it_states_matches() -> None:
