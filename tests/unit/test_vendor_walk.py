@@ -437,6 +437,21 @@ def test_every_refused_line_of_an_overrides_or_scale_file_is_named_at_once(walk:
     assert len(errors) == 3 and all(e.startswith(line) for e, line in zip(errors, expected[2:], strict=True)), errors
 
 
+def test_a_scale_file_is_checked_against_the_overrides_file_keys_accepted(walk: Path) -> None:
+    """One refused line in the overrides file had the scale file checked against the bare defaults, the valid
+    lines dropped: a scale file's line setting lr back to the default after the overrides changed it was told
+    "sets the value it already has; remove the line". The accepted lines stay merged."""
+    adapted = walk / "cases" / "training" / "walk-mlp" / "vendor"
+    overrides = write(adapted / "acme.yaml", "seed: 1\nlr: 0.1\nnproc_per_node: 2\n")
+    scale = write(adapted / "acme" / "config_acmex1x2.yaml", "lr: 0.05\nbatch_size: 16\n")
+    problems = check_vendor_folder(walk / "vendors" / "acme", monitor_seconds=1).problems
+    expected = [f"{overrides}: seed: is a case parameter",
+                f"{scale}: batch_size: sets the value it already has (16); remove the line"]
+    for line in expected:
+        assert sum(problem.startswith(line) for problem in problems) == 1, (line, problems)
+    assert len(problems) == len(expected), problems
+
+
 def test_a_key_the_case_does_not_have_is_unknown_not_immutable(walk: Path, tmp_path: Path) -> None:
     """A vendor file's typo was told "not in the case's mutable list", which sent a vendor looking for a way to
     unlock a key that does not exist; the scale file said "unknown key" for the same. Both say unknown key with
