@@ -364,6 +364,12 @@ def misnamed_monitor(device: str) -> str:
     ("{'index': 0, 'util_percent': 35.0, 'mem_used_bytes': 1359 * 2**30, 'mem_total_bytes': 24105 * 2**20, "
      "'power_w': 120.5, 'temp_c': 55}",
      ["mem_used_bytes above mem_total_bytes: the two in different units? both are bytes"], None),
+    # Other figures in the analysis's units (AMD's HBM temperature, a power limit) are no misnaming of temp_c and
+    # power_w: renaming them would report the wrong figure. A power in another unit still is one.
+    ("{'index': 0, 'util_percent': 35.0, 'mem_used_bytes': 2**30, 'temp_mem_c': 60, 'power_limit_w': 300.0, "
+     "'power_mw': 120500}", [],
+     "recommended power_w, temp_c not reported here; it writes power_mw, which no part of the analysis reads: name "
+     "the figure power_w (in watts)"),
 ])
 def test_a_monitor_field_by_another_name_or_in_another_unit_is_named(
         tmp_path: Path, device: str, problems: list[str], note: str | None) -> None:
