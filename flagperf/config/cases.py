@@ -372,17 +372,13 @@ def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[st
         _case_file(case.folder, str(vendor_path.relative_to(case.folder)))
     vendor_overrides = load_yaml_mapping(vendor_path) if present else {}
 
-    def merge(overrides: dict[str, Any]) -> MergedConfig:
-        return merge_vendor_overrides(case.manifest.configurations, case.manifest.parameters, overrides,
-                                      defaults_source=display_path(case.manifest_path),
-                                      vendor_source=display_path(vendor_path), mutable=case.manifest.mutable)
-
     vendor_refused: list[ConfigError] = []  # the vendor's two files' findings together, fixed in one go
-    try:
-        merged = merge(vendor_overrides)
-    except ConfigError as exc:
-        vendor_refused.append(exc)
-        merged = merge({})  # the case's defaults, so that the scale file is still read against them
+    # The keys refused are set aside, the others merged: the scale file is read against what the vendor file
+    # does set (its nproc_per_node picks the scale file; a key it adds is known there), not bare defaults.
+    merged = merge_vendor_overrides(case.manifest.configurations, case.manifest.parameters, vendor_overrides,
+                                    defaults_source=display_path(case.manifest_path),
+                                    vendor_source=display_path(vendor_path), mutable=case.manifest.mutable,
+                                    refused_into=vendor_refused)
     if case.family == "training":
         try:
             _apply_scale_file(case, merged, vendor, hardware or vendor, run_overrides, vendor_folder)

@@ -316,8 +316,11 @@ def merge_vendor_overrides(
     defaults_source: str,
     vendor_source: str,
     mutable: list[str] | None = None,
+    refused_into: list[ConfigError] | None = None,
 ) -> MergedConfig:
-    """Apply a vendor file to a case's defaults under FlagPerf's rules (see the module docstring)."""
+    """Apply a vendor file to a case's defaults under FlagPerf's rules (see the module docstring). The keys
+    refused are raised together, or, given ``refused_into``, put there and the config merged from the keys
+    accepted returned (so that what is read after the vendor file is checked against what it does set)."""
     clash = sorted(set(configurations) & set(parameters))
     if clash:
         raise ConfigError(defaults_source, clash[0], "defined both as a configuration and as a parameter")
@@ -345,7 +348,9 @@ def merge_vendor_overrides(
             merged.vendor_changes[key] = (configurations[key], value)
         values[key] = value
         origins[key] = vendor_source
-    if refused:
+    if refused_into is not None:
+        refused_into += refused
+    elif refused:
         raise gathered(refused)
     return merged
 

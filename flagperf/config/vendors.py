@@ -277,32 +277,42 @@ _UNIT_SCALES = (
     {"FLOPS": 1.0, "GFLOPS": 1e9, "TFLOPS": 1e12, "PFLOPS": 1e15, "OPS": 1.0, "GOPS": 1e9, "TOPS": 1e12,
      "POPS": 1e15},
     {"MB/s": 1e6, "GB/s": 1e9, "TB/s": 1e12, "MiB/s": 2.0**20, "GiB/s": 2.0**30, "TiB/s": 2.0**40},
-    {"MB": 1e6, "GB": 1e9, "TB": 1e12, "MiB": 2.0**20, "GiB": 2.0**30, "TiB": 2.0**40},
 )
+# Sizes are not converted: a datasheet's "GB" of device memory (HBM, GDDR) is a binary size (an H100 "80GB"
+# exposes about 79 GiB, an H200 "141 GB" about 139), so 80 GB taken as 10^9 bytes, 74.5 GiB, would put the
+# measured capacity at 106% of the peak. The device's own total is the figure.
+_SIZE_UNITS = ("B", "KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB")
+SIZE_ADVICE = ("give the total the device reports, in GiB (its bytes / 2^30, e.g. from the runtime's memory "
+               "query); a datasheet's \"GB\" of device memory is usually GiB already")
 
 
 def peak_problem(key: str, peak: Peak) -> str | None:
     """Why a spec table's figure for ``key`` would give a wrong or silently missing ratio, or None: a unit other
     than the one the cases measure ``key`` in (no ratio or MFU is formed across units), a value that is no
-    positive figure, a value without its source, a key no case reads (a misspelt key's figure would silently give
-    no ratio: the case looks its own key up)."""
+    positive figure, a value without its source, a key no case reads (a misspelt key's figure would
+    silently give no ratio: the case looks its own key up). A null value gives no ratio whatever its unit, so
+    only a value's unit is checked."""
     unit = PEAK_UNITS.get(key)
     if unit is None:
         close = nearest(key, PEAK_UNITS)
         hint = f"did you mean {' or '.join(close)}? " if close else ""
         return f"not a key any case reads ({hint}known: {', '.join(sorted(PEAK_UNITS))})"
+    value = peak.value
+    if value is None:
+        return None
     if peak.unit != unit:
-        hint = ""
+        advice = f"give the figure in {unit}"
+        if peak.unit in _SIZE_UNITS and unit in _SIZE_UNITS:
+            advice = SIZE_ADVICE
         for scales in _UNIT_SCALES:
-            if peak.unit in scales and unit in scales and peak.value is not None:
-                converted = peak.value * scales[peak.unit] / scales[unit]
-                hint = f" ({peak.value:g} {peak.unit} is {converted:.6g} {unit})"
+            if peak.unit in scales and unit in scales:
+                advice += f" ({value:g} {peak.unit} is {value * scales[peak.unit] / scales[unit]:.6g} {unit})"
         return (f"unit {peak.unit!r}, but cases measure {key} in {unit} (a ratio or MFU is formed in one unit only): "
-                f"give the figure in {unit}{hint}")
-    if peak.value is not None and peak.value <= 0:
-        return f"{peak.value:g} {unit} is no peak: a positive figure, or null where it is not known"
-    if peak.value is not None and not peak.source.strip():
-        return f"{peak.value:g} {unit} without a source (the datasheet and table, or how it was derived)"
+                f"{advice}")
+    if value <= 0:  # NaN and infinity the schema refuses (allow_inf_nan=False) before this
+        return f"{value:g} {unit} is no peak: a positive figure, or null where it is not known"
+    if not peak.source.strip():
+        return f"{value:g} {unit} without a source (the datasheet and table, or how it was derived)"
     return None
 
 

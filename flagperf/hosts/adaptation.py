@@ -158,24 +158,29 @@ def _cached(cache: Path, kind: str, digest: str, round_log: Path, build: Any, wh
     return target, record
 
 
-# A compiler's own diagnostic ("ops.c:3:1: error: unknown type name 'x'"): the first names the cause.
-COMPILER_ERROR = re.compile(r"^\S+:\d+(:\d+)?: (fatal )?error: ")
+# A compiler's own diagnostic, gcc's "ops.c:3:1: error: unknown type name 'x'" or nvcc's "ops.cu(3): error:
+# identifier "x" is undefined": the first names the cause.
+COMPILER_ERROR = re.compile(r"^\S+(:\d+(:\d+)?:|\(\d+\):) (fatal |catastrophic )?error\b")
 ERROR_LINE = re.compile(r"\berror\b", re.I)
+# The last line of a Python traceback ("ModuleNotFoundError: No module named 'torch'" from a setup.py): its
+# exception's name holds "Error" within a word, which ERROR_LINE does not match.
+EXCEPTION_LINE = re.compile(r"^[\w.]+(Error|Exception): ")
 # pip's wrappers around a failed build, printed after the cause: "hint: See above for output from the failure",
-# "error: legacy-install-failure", "ERROR: Could not build wheels for x", "╰─> x", "[end of output]". They name
-# no cause.
-PIP_WRAPPER = re.compile(r"^(hint|note):|^error: [a-z-]+-(failure|error|for-install)$"
+# "error: legacy-install-failure", "error: metadata-generation-failed", "ERROR: Could not build wheels for x",
+# "╰─> x", "[end of output]". They name no cause.
+PIP_WRAPPER = re.compile(r"^(hint|note):|^error: [a-z-]+-(failure|failed|error|for-install)$"
                          r"|^ERROR: (Failed (building|to build)|Could not build wheels)|^Failed to build"
                          r"|^[×╰│]|^\[end of output\]|^[─-]+$")
 
 
 def _last_line(log: Path) -> str:
-    """The log's line that says why: a compiler's first diagnostic, else the last error line pip did not wrap
-    around it (a missing compiler, "No matching distribution found for ..."), else the last line."""
+    """The log's line that says why: a compiler's first diagnostic, else the last error or exception line pip did
+    not wrap around it (a missing compiler, "No matching distribution found for ...", a setup.py's
+    "ModuleNotFoundError: ..."), else the last line."""
     lines = [line.strip() for line in log.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
     telling = (next((line for line in lines if COMPILER_ERROR.match(line)), None)
-               or next((line for line in reversed(lines) if ERROR_LINE.search(line) and not PIP_WRAPPER.search(line)),
-                       None)
+               or next((line for line in reversed(lines) if (ERROR_LINE.search(line) or EXCEPTION_LINE.match(line))
+                        and not PIP_WRAPPER.search(line)), None)
                or (lines[-1] if lines else "(empty)"))
     return telling[:300]
 

@@ -372,7 +372,11 @@ def _misnamed(key: str, devices: list[dict[str, Any]]) -> str:
     the analysis reads ``key`` only, so `temperature` or `mem_used_mb` would be dropped from every report."""
     stem, meaning = FIELD_MEANING[key]
     known = {*REQUIRED_FIELDS, *RECOMMENDED_FIELDS}
-    named = sorted({f for d in devices for f in d if f.startswith(stem) and f not in known})
+    # A field already in one of the analysis's units is another figure, named on purpose (AMD's temp_mem_c, the
+    # HBM's temperature beside the hotspot's; power_limit_w): renaming it to ``key`` would report the wrong figure.
+    suffixes = tuple("_" + field.rsplit("_", 1)[1] for field in known)
+    named = sorted({f for d in devices for f in d if f.startswith(stem) and f not in known
+                    and not f.endswith(suffixes)})
     return (f"; it writes {', '.join(named)}, which no part of the analysis reads: name the figure {key} "
             f"(in {meaning})") if named else ""
 

@@ -83,7 +83,7 @@ PEAK_FIGURES = {
     "fp8": "GEMM, dense",
     "int8": "GEMM, dense, in TOPS",
     "memory_bandwidth": "the datasheet's figure (a copy of N bytes counts 2N, read + write)",
-    "memory_capacity": "device memory in GiB (2^30 bytes): an 80 GB part is 74.5 GiB",
+    "memory_capacity": "the device's total as it reports it, bytes / 2^30 (a datasheet GB of it is GiB)",
     "h2d_bandwidth": "host to device, one direction (PCIe Gen5 x16: 64)",
     "d2h_bandwidth": "device to host, one direction",
     "p2p_bandwidth": "device to device on one host, one direction (half a bidirectional)",

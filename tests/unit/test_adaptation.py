@@ -335,21 +335,25 @@ PyMODINIT_FUNC PyInit_xin_ops(void) { return PyModule_Create(&module); }
 """
 
 
-@pytest.mark.parametrize(("source", "compiler", "cause"), [
-    (OPS_C + "this is not C;\n", None, r"ops\.c:5:\d+: error: "),
+@pytest.mark.parametrize(("source", "compiler", "setup_import", "cause"), [
+    (OPS_C + "this is not C;\n", None, "", r"ops\.c:5:\d+: error: "),
     # An image without a compiler (a minimal base): the cause is the compiler setuptools could not start.
-    (OPS_C, "/nonexistent/xin-cc", r"error: \[Errno 2\] No such file or directory: '/nonexistent/xin-cc'$"),
-])
-def test_a_failed_csrc_build_names_its_cause_not_pips_last_hint(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, compiler: str | None, cause: str) -> None:
+    (OPS_C, "/nonexistent/xin-cc", "", r"error: \[Errno 2\] No such file or directory: '/nonexistent/xin-cc'$"),
+    # A setup.py importing what the image lacks (torch, for its cpp_extension): pip's "error:
+    # metadata-generation-failed" was quoted, not the traceback's last line.
+    (OPS_C, None, "import xin_missing_torch\n", r"ModuleNotFoundError: No module named 'xin_missing_torch'$"),
+], ids=["compiler-diagnostic", "no-compiler", "setup-import"])
+def test_a_failed_csrc_build_names_its_cause_not_pips_last_hint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               source: str, compiler: str | None, setup_import: str,
+                                                               cause: str) -> None:
     """A real pip build of csrc/ that fails: the round's one line quoted pip's closing words ("hint: See above for
     output from the failure", "ERROR: Could not build wheels for ..."), which name no cause; it now quotes the
-    compiler's first diagnostic or the compiler that could not be started."""
+    compiler's first diagnostic, the compiler that could not be started or the setup.py's exception."""
     from flagperf.hosts.adaptation import CSRC_LOG, apply_adaptation
 
     csrc = tmp_path / "case" / "vendor" / "v" / "csrc"
     csrc.mkdir(parents=True)
-    (csrc / "setup.py").write_text("from setuptools import Extension, setup\n"
+    (csrc / "setup.py").write_text(setup_import + "from setuptools import Extension, setup\n"
                                    "setup(name='xin-ops', version='0.1',\n"
                                    "      ext_modules=[Extension('xin_ops', ['ops.c'])])\n")
     (csrc / "ops.c").write_text(source)
@@ -366,6 +370,39 @@ def test_a_failed_csrc_build_names_its_cause_not_pips_last_hint(
     assert re.search(cause, message) and "hint:" not in message and "\n" not in message, message
     last = (tmp_path / "round" / CSRC_LOG).read_text().strip().splitlines()[-1].strip()
     assert not re.search(cause, last), last  # what the line quoted: pip's closing words
+
+
+PIP_CLOSING = ("  note: This error originates from a subprocess, and is likely not a problem with pip.\n"
+               "  ERROR: Failed building wheel for xin-ops\n")
+
+
+@pytest.mark.parametrize(("log", "cause"), [
+    # nvcc's diagnostics name the line in parentheses; setuptools' "error: command ... failed" came after them.
+    ("  building 'xin_ops' extension\n  /usr/local/cuda/bin/nvcc -c ops.cu -o build/ops.o\n"
+     "  ops.cu(3): error: identifier \"undefined_thing\" is undefined\n\n"
+     "  1 error detected in the compilation of \"ops.cu\".\n"
+     "  error: command '/usr/local/cuda/bin/nvcc' failed with exit code 2\n  [end of output]\n" + PIP_CLOSING,
+     'ops.cu(3): error: identifier "undefined_thing" is undefined'),
+    # A traceback's exception line: "RuntimeError" holds "Error" inside a word, and pip's "status 'error'" and
+    # "error: metadata-generation-failed" come after it.
+    ("  Preparing metadata (pyproject.toml): finished with status 'error'\n  error: subprocess-exited-with-error\n"
+     "      Traceback (most recent call last):\n        File \"<string>\", line 4, in <module>\n"
+     "      RuntimeError: CUDA_HOME is unset: nvcc not found\n      [end of output]\n"
+     "error: metadata-generation-failed\n\u00d7 Encountered error while generating package metadata.\n"
+     "note: This is an issue with the package mentioned above, not pip.\nhint: See above for details.\n",
+     "RuntimeError: CUDA_HOME is unset: nvcc not found"),
+    ("  error: subprocess-exited-with-error\n      ImportError: libcudart.so.12: cannot open shared object file\n"
+     "      [end of output]\nerror: metadata-generation-failed\n",
+     "ImportError: libcudart.so.12: cannot open shared object file"),
+], ids=["nvcc", "traceback", "metadata-generation-failed"])
+def test_the_failed_builds_line_is_its_cause(tmp_path: Path, log: str, cause: str) -> None:
+    """Log shapes no compiler here writes (nvcc) or that vary with the setup.py: the line a failed build's error
+    quotes is the cause, not setuptools' or pip's wrapper after it."""
+    from flagperf.hosts.adaptation import _last_line
+
+    path = tmp_path / "build.log"
+    path.write_text(log, encoding="utf-8")
+    assert _last_line(path) == cause
 
 
 def test_an_adaptation_in_the_vendors_own_folder_is_read_and_may_not_lead_out_of_it(tmp_path: Path) -> None:
