@@ -290,6 +290,10 @@ def unknown_key_problem(key: str, configurations: Iterable[str], mutable: list[s
         return f"unknown key (did you mean {' or '.join(close)}?)"
     settable = known if mutable is None else sorted(mutable)
     if mutable is not None:
+        if not settable:
+            return "unknown key (a vendor may change none of this case's keys)"
+        if len(settable) > LISTED_IN_FULL:
+            return "unknown key"
         return f"unknown key (a vendor may change: {', '.join(settable)})"
     return f"unknown key (known: {', '.join(settable)})" if 0 < len(settable) <= LISTED_IN_FULL else "unknown key"
 

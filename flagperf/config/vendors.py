@@ -264,6 +264,8 @@ class Vendor(BaseModel):
         except ValidationError as exc:  # the vendor's module returned a table of the wrong form: its file, its key
             raise pydantic_error_to_config_error(exc, f"{where} spec_table()") from None
         for key, peak in checked.peaks.items():
+            if peak.value is None and key not in PEAK_UNITS:
+                continue  # a placeholder (a precision no case measures yet) costs a run no figure; check names it
             problem = peak_problem(key, peak)
             if problem:
                 raise ConfigError(where, f"peaks.{key}", problem)

@@ -498,6 +498,30 @@ def test_a_misspelt_peak_key_is_refused_by_the_run_as_by_the_check(walk: Path) -
     assert str(refused.value).startswith(line) and "\n" not in str(refused.value)
 
 
+def test_a_peak_key_no_case_reads_with_no_figure_does_not_stop_a_run(walk: Path) -> None:
+    """A precision no case measures yet (fp4), listed without a figure, loses no ratio: it stopped every run of an
+    external vendor once unknown keys were refused at run time. vendor check still names it (a misspelt key
+    would silently lose its figure once filled in)."""
+    from flagperf.config.vendors import load_vendor
+
+    vendor = walk / "vendors" / "acme"
+    (vendor / "spec.py").write_text(
+        "def spec_table(settings):\n    source = 'XC-100 datasheet, table 2'\n"
+        "    return {'device': 'XC-100', 'peaks': {'fp32': {'value': 60.0, 'unit': 'TFLOPS', 'source': source},\n"
+        "                                          'fp4': {'value': None, 'unit': 'TFLOPS', 'source': ''}}}\n")
+    problems = check_vendor_folder(vendor, monitor_seconds=1).problems
+    assert len(problems) == 1 and "peaks.fp4: not a key any case reads" in problems[0], problems
+    assert "fp4" in load_vendor("acme").spec_table().peaks
+
+
+def test_an_unknown_key_of_a_case_whose_keys_are_all_fixed_says_so() -> None:
+    from flagperf.config.models import unknown_key_problem
+
+    assert unknown_key_problem("zzz", ["lr", "seed"], mutable=[]) == \
+        "unknown key (a vendor may change none of this case's keys)"
+    assert unknown_key_problem("zzz", ["lr"], mutable=[f"key{i}" for i in range(40)]) == "unknown key"
+
+
 def test_what_vendor_check_cannot_see_of_a_hook_is_a_note_not_an_ok(walk: Path) -> None:
     """make_optimizer returning another class than the case's was "ok" at vendor check and refused only when a
     round ran it: which class a hook returns is known only once it has run, and checking a file never runs it
