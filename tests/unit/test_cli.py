@@ -454,3 +454,20 @@ def test_a_run_id_that_is_taken_is_refused_naming_run_id_also_when_another_run_c
         assert_clean_failure(result)
         (line,) = error_lines(result.output)
         assert line.startswith(f"error: {said}"), line
+
+
+
+def test_a_run_that_fails_between_its_claim_and_its_flow_gives_its_run_folder_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restored_process_state: None) -> None:
+    """The run folder is claimed once the input is good; what fails after that and before the run begins (here
+    the live view's module cannot be imported) gives it back, and the results folder made for it: one line, and
+    the same `--run-id` again is not refused as taken by an empty folder left behind."""
+    monkeypatch.setitem(sys.modules, "flows.evaluate", None)
+    monkeypatch.setitem(sys.modules, "flows.progress", None)  # importing it now raises ImportError
+    results = tmp_path / "nested" / "results"
+    for _ in range(2):
+        result = invoke("run", "--cases", "computation-FP32", "--results", str(results), "--run-id", "again")
+        assert_clean_failure(result, 1)
+        (line,) = error_lines(result.output)
+        assert line.startswith("error: the evaluation could not run: ModuleNotFoundError: "), result.output
+        assert not (tmp_path / "nested").exists()
