@@ -32,12 +32,12 @@ from typer.core import TyperGroup
 # and `validate` start without pandas, paramiko or the report's Markdown (bench/cli_startup.py measures it).
 from flagperf.errors import ConfigError, FlagperfError, findings, left_out_line
 from flagperf.paths import (
-    NAME_PATTERN,
     StartFolderGone,
     display_path,
     outermost_missing,
     pin_search_paths,
     remove_made,
+    run_id_problem,
 )
 from flagperf.stopping import STOP_NOW_AT, put_back, stop_now, take
 from flagperf.stopping import reset as reset_signals_taken
@@ -352,9 +352,8 @@ def run(
                                                       host_config or test_conf)
             if retry and (results.resolve() != retry.parent.resolve() or not (retry / PLAN_FILE).is_file()):
                 raise ConfigError("--retry", None, f"{retry}: not a run folder of {results} (no {PLAN_FILE} there)")
-            if run_id is not None and not NAME_PATTERN.match(run_id):  # never a path out of the results folder
-                raise ConfigError("--run-id", None, f"{run_id!r} is not a valid name (letters, digits, '.', '_', "
-                                                    "'-'; not starting with '.', '_' or '-')")
+            if run_id is not None and (problem := run_id_problem(run_id)):  # nor a name the folder uses itself
+                raise ConfigError("--run-id", None, problem)
             if run_id is not None and retry is None and os.path.lexists(results / run_id):
                 raise ConfigError("--run-id", None, _run_id_taken(run_id, results))
             plan = plan_run(suite=suite, cases=case_list, vendor=vendor, rounds=rounds, sets=set_ or [],

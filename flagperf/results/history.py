@@ -73,6 +73,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from flagperf.errors import ConfigError, require
+from flagperf.paths import HISTORY_FILE, SQLITE_JOURNALS
 from flagperf.results.bounded import read_json_file
 from flagperf.results.summary import WITHIN_ROUND, load_results, summarize
 
@@ -111,7 +112,7 @@ figures = Table(
 
 def resolved_url(url: str | None = None, results_dir: str | Path = "results") -> str:
     """The history's URL: ``url``, else FLAGPERF_HISTORY_URL, else history.sqlite in the results folder."""
-    return url or os.environ.get(DEFAULT_URL_ENV) or f"sqlite:///{Path(results_dir).resolve() / 'history.sqlite'}"
+    return url or os.environ.get(DEFAULT_URL_ENV) or f"sqlite:///{Path(results_dir).resolve() / HISTORY_FILE}"
 
 
 def sqlite_files(url: str | None = None, results_dir: str | Path = "results") -> list[Path]:
@@ -123,7 +124,7 @@ def sqlite_files(url: str | None = None, results_dir: str | Path = "results") ->
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
         return []
     database = Path(parsed.database)
-    return [database, *(database.with_name(database.name + suffix) for suffix in ("-journal", "-wal", "-shm"))]
+    return [database, *(database.with_name(database.name + suffix) for suffix in SQLITE_JOURNALS)]
 
 
 def recorded_runs(engine: Engine) -> int:

@@ -447,7 +447,11 @@ def test_a_run_id_that_is_taken_is_refused_naming_run_id_also_when_another_run_c
                                           "never overwritten"], result.output
     assert sorted(fresh.rglob("*")) == [fresh / "same", fresh / "same" / "plan.json"]  # the other run's, as it was
 
+    own = "is a name the results folder gives its own files (history.sqlite and its journals, trends.csv, "
     for args, said in ((["--run-id", "../out"], "--run-id: '../out' is not a valid name"),
+                       (["--run-id", "r" * 129], f"--run-id: {'r' * 40!r}... is too long: 129 characters, at most 128"),
+                       *((["--run-id", name], f"--run-id: {name!r} {own}") for name in (
+                           "history.sqlite", "history.sqlite-wal", "trends.csv", "nightly-smoke.json", "server")),
                        (["--run-id", "a", "--retry", str(results / "b")],
                         "--run-id a: a retry continues its run folder's id (b)")):
         result = invoke("run", "--cases", "computation-FP32", "--results", str(results), *args)
