@@ -281,16 +281,21 @@ def test_help_list_and_validate_do_not_import_what_they_do_not_use() -> None:
         assert code in (0, None) and imported == [], (args, code, imported, done.stderr[-2000:])
 
 
-# Every suite of the project (base-spec kernels, operation), and case.yaml files of the kernels' and drivers'
-# families.
+# Every suite of the project (base-spec kernels, operation), case.yaml files of the kernels' and drivers' families,
+# and every training and inference case's (whose code takes its config base and data path type from
+# flagperf.training.config, not from the driver or the data loaders, which import torch).
 KERNELS_VALIDATED = ["deployments/suites/smoke.yaml", "deployments/suites/base.yaml",
                      "deployments/suites/operation.yaml", "cases/base/computation-FP8/case.yaml",
-                     "cases/base/interconnect-MPI_intraserver/case.yaml", "cases/generate/tiny-llama-serve/case.yaml"]
+                     "cases/base/interconnect-MPI_intraserver/case.yaml", "cases/generate/tiny-llama-serve/case.yaml",
+                     *sorted(str(p.relative_to(PROJECT_ROOT)) for p in [
+                         *PROJECT_ROOT.glob("cases/training/*/case.yaml"),
+                         *PROJECT_ROOT.glob("cases/inference/*/configurations.yaml")])]
 
 
 def test_validate_runs_where_torch_cannot_be_imported() -> None:
-    """A controller without torch (or with a broken one) validates suites and case.yaml files of the kernels: each
-    kernel imports torch where it runs, not where its Config is read."""
+    """A controller without torch (or with a broken one) validates suites and case.yaml files of the kernels and of
+    every family: each kernel and driver imports torch where it runs, not where its Config is read."""
+    assert len(KERNELS_VALIDATED) == 6 + 4 + 5, KERNELS_VALIDATED
     script = ("import sys\nsys.modules['torch'] = None  # `import torch` raises ModuleNotFoundError\n"
               "from flows.cli import app\napp(sys.argv[1:], prog_name='flagperf')\n")
     done = subprocess.run([sys.executable, "-c", script, "validate", *KERNELS_VALIDATED], cwd=PROJECT_ROOT,
