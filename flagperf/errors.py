@@ -73,12 +73,13 @@ def validation_message(error: Mapping[str, Any]) -> str:
     return str(error.get("msg", "")).removeprefix("Value error, ").removeprefix("Assertion failed, ")
 
 
-def nearest(name: str, names: Iterable[str]) -> list[str]:
-    """The names a typo of ``name`` most likely meant, best first; a name differing only in letter case alone."""
+def nearest(name: str, names: Iterable[str], cutoff: float = 0.6) -> list[str]:
+    """The names a typo of ``name`` most likely meant, best first; a name differing only in letter case alone.
+    ``cutoff``: how alike (difflib's ratio) a name must be; higher where a match decides what a file is."""
     folded = {known.casefold(): known for known in names}
     if name.casefold() in folded:
         return [folded[name.casefold()]]
-    return [folded[match] for match in difflib.get_close_matches(name.casefold(), list(folded), n=3, cutoff=0.6)]
+    return [folded[match] for match in difflib.get_close_matches(name.casefold(), list(folded), n=3, cutoff=cutoff)]
 
 
 def unknown_name(kind: str, name: str, known: Iterable[str], listed_by: str | None = None) -> str:

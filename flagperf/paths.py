@@ -16,7 +16,34 @@ PROJECT_ROOT = Path(os.environ.get("FLAGPERF_HOME", Path(__file__).resolve().par
 RESULTS_URL_ENV, RESULTS_ROOT_ENV = "FLAGPERF_RESULTS_URL", "FLAGPERF_RESULTS_ROOT"
 RESULTS_DIR_ENV = "FLAGPERF_RESULTS_DIR"  # the folder runs started from a server write to (its site serves it)
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")  # \Z: "$" would let a trailing newline through
+MAX_NAME_LENGTH = 128  # a case's, suite's, host's or run's name; the history's columns hold this many
+# \Z: "$" would let a trailing newline through
+NAME_PATTERN = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9_.-]{{0,{MAX_NAME_LENGTH - 1}}}\Z")
+
+# The names a results folder gives its own files, beside its run folders: the nightly history (a SQLite file and its
+# journals), the trend table, each suite's latest verdict, and `flagperf server`'s logs folder (its default).
+HISTORY_FILE = "history.sqlite"
+SQLITE_JOURNALS = ("-journal", "-wal", "-shm")
+TREND_FILE = "trends.csv"
+VERDICT_FILE = re.compile(r"^nightly-.*\.json\Z", re.IGNORECASE)  # flagperf.config.night.verdict_file_name
+SERVER_LOGS = "server"
+RESULTS_FOLDER_FILES = frozenset({HISTORY_FILE, *(HISTORY_FILE + j for j in SQLITE_JOURNALS), TREND_FILE,
+                                  SERVER_LOGS})
+
+
+def run_id_problem(run_id: str) -> str | None:
+    """Why ``run_id`` cannot name a run folder of a results folder (None: it can): one wording for `flagperf run
+    --run-id`, a night's run_id and a plan's. A run folder is never a path out of the results folder, nor one of
+    the names the folder gives its own files (compared without case: a case-insensitive disk holds one of both)."""
+    if len(run_id) > MAX_NAME_LENGTH:
+        return f"{run_id[:40]!r}... is too long: {len(run_id)} characters, at most {MAX_NAME_LENGTH}"
+    if not NAME_PATTERN.match(run_id):
+        return (f"{run_id!r} is not a valid name (letters, digits, '.', '_', '-'; not starting with '.', '_' or "
+                f"'-'; at most {MAX_NAME_LENGTH} characters)")
+    if run_id.casefold() in RESULTS_FOLDER_FILES or VERDICT_FILE.match(run_id):
+        return (f"{run_id!r} is a name the results folder gives its own files ({HISTORY_FILE} and its journals, "
+                f"{TREND_FILE}, nightly-<suite>.json, {SERVER_LOGS}/); choose another")
+    return None
 
 
 # What a source folder holds that is none of the code a round runs, by name: a dot-file or dot-folder (.git, a .venv,

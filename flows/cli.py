@@ -32,12 +32,12 @@ from typer.core import TyperGroup
 # and `validate` start without pandas, paramiko or the report's Markdown (bench/cli_startup.py measures it).
 from flagperf.errors import ConfigError, FlagperfError, findings, left_out_line
 from flagperf.paths import (
-    NAME_PATTERN,
     StartFolderGone,
     display_path,
     outermost_missing,
     pin_search_paths,
     remove_made,
+    run_id_problem,
 )
 from flagperf.stopping import STOP_NOW_AT, put_back, stop_now, take
 from flagperf.stopping import reset as reset_signals_taken
@@ -352,9 +352,8 @@ def run(
                                                       host_config or test_conf)
             if retry and (results.resolve() != retry.parent.resolve() or not (retry / PLAN_FILE).is_file()):
                 raise ConfigError("--retry", None, f"{retry}: not a run folder of {results} (no {PLAN_FILE} there)")
-            if run_id is not None and not NAME_PATTERN.match(run_id):  # never a path out of the results folder
-                raise ConfigError("--run-id", None, f"{run_id!r} is not a valid name (letters, digits, '.', '_', "
-                                                    "'-'; not starting with '.', '_' or '-')")
+            if run_id is not None and (problem := run_id_problem(run_id)):  # nor a name the folder uses itself
+                raise ConfigError("--run-id", None, problem)
             if run_id is not None and retry is None and os.path.lexists(results / run_id):
                 raise ConfigError("--run-id", None, _run_id_taken(run_id, results))
             plan = plan_run(suite=suite, cases=case_list, vendor=vendor, rounds=rounds, sets=set_ or [],
@@ -376,31 +375,37 @@ def run(
         raise _fail(str(exc)) from None
     except KeyboardInterrupt as exc:  # Ctrl-C while the input is checked (the probe takes seconds): nothing started
         raise _fail("interrupted before anything started", _interrupt().exit_code(exc)) from None
-    for note in [*inv.notes, *warnings]:
-        err_console.print(f"[yellow]note[/] {escape(note)}", highlight=False, soft_wrap=True)
-    console.print(f"[bold]run {plan.run_id}[/]: {len(plan.cases)} cases x {plan.rounds} rounds, vendor "
-                  f"{plan.vendor.name}" + (f", suite {plan.suite}" if plan.suite else "")
-                  + f", {len(inv.hosts)} host(s) from {inv.source}")
     run_dir = plan.run_dir
-    _prepare_prefect_environment(verbose)
-    from flows.progress import Progress, RunFolderLog, live_view
-    from flows.server import TemporaryServer, configured_api_url
+    try:  # the run folder is claimed: until the run begins, whatever stops it gives the folder back
+        for note in [*inv.notes, *warnings]:
+            err_console.print(f"[yellow]note[/] {escape(note)}", highlight=False, soft_wrap=True)
+        console.print(f"[bold]run {plan.run_id}[/]: {len(plan.cases)} cases x {plan.rounds} rounds, vendor "
+                      f"{plan.vendor.name}" + (f", suite {plan.suite}" if plan.suite else "")
+                      + f", {len(inv.hosts)} host(s) from {inv.source}")
+        _prepare_prefect_environment(verbose)
+        from flows.progress import Progress, RunFolderLog, live_view
+        from flows.server import TemporaryServer, configured_api_url
 
-    if configured_api_url() is not None:  # a team server: its sign-in from the credentials file, if not set
-        from flagperf.site.auth import use_client_credentials
+        if configured_api_url() is not None:  # a team server: its sign-in from the credentials file, if not set
+            from flagperf.site.auth import use_client_credentials
 
-        try:
             use_client_credentials()
-        except FlagperfError as exc:
-            _release(run_dir, retry)  # nothing began: the claimed run folder and a results folder made go again
-            remove_made(results, made)
+        progress = Progress(plan, [spec.name for spec in inv.hosts], run_dir)
+        handlers = [RunFolderLog(run_dir), progress]
+    except BaseException as exc:
+        # Else the empty folder stays, and every later `--run-id ID` is refused as taken.
+        _release(run_dir, retry)
+        remove_made(results, made)
+        if isinstance(exc, FlagperfError):
             raise _fail(str(exc)) from None
+        if isinstance(exc, Exception):
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            raise _fail(f"the evaluation could not run: {type(exc).__name__}: {first}", EXIT_FAILED) from None
+        raise
 
     server: TemporaryServer | None = None
     outcome: BaseException | None = None
-    progress = Progress(plan, [spec.name for spec in inv.hosts], run_dir)
     root = logging.getLogger()
-    handlers = [RunFolderLog(run_dir), progress]
     state = None
     try:
         interrupt.arm()
@@ -468,10 +473,12 @@ def run(
     if not (run_dir / SUMMARY_JSON).is_file():
         message = state.message or "the evaluation stopped before its summary"
         if message.startswith(BAD_INPUT):  # found by the flow before any round ran (e.g. a size that cannot fit)
-            _remove_rejected_run(run_dir, results, made)
+            if retry is None:  # this run's own folder; a retried run's is the earlier attempts' too, kept as it was
+                _remove_rejected_run(run_dir, results, made)
             raise _fail(message.removeprefix(BAD_INPUT))
         if not (run_dir / PLAN_FILE).is_file():  # stopped before it planned: nothing to see there
             _release(run_dir, retry)
+            remove_made(results, made)
             raise _fail(message, EXIT_FAILED)
         raise _fail(f"{message} (see {run_dir})", EXIT_FAILED)
     summary = read_summary_json(run_dir)
@@ -560,8 +567,8 @@ def _release(run_dir: Path, retry: Path | None) -> None:
 
 
 def _remove_rejected_run(run_dir: Path, results: Path, made: Path | None) -> None:
-    """A run refused as bad input by the flow (a size no host can hold) leaves no run folder behind: it holds
-    nothing measured (its name was new to this invocation), only the plan and the healthcheck."""
+    """A new run refused as bad input by the flow (a size no host can hold) leaves no run folder behind: it holds
+    nothing measured (this invocation claimed it empty), only the plan and the healthcheck. Never a retry's."""
     shutil.rmtree(run_dir, ignore_errors=True)
     remove_made(results, made)
 

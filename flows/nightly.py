@@ -54,7 +54,7 @@ from flagperf.config.night import (
 )
 from flagperf.config.plan import PLAN_FILE, read_plan
 from flagperf.errors import EXIT_UNSUPPORTED, EXIT_USER_ERROR, ConfigError, FlagperfError
-from flagperf.paths import NAME_PATTERN, outermost_missing, remove_made
+from flagperf.paths import TREND_FILE, outermost_missing, remove_made, run_id_problem
 from flagperf.results.history import (
     Verdict,
     check_history,
@@ -66,7 +66,7 @@ from flagperf.results.history import (
 )
 from flagperf.results.schema import write_json_atomic
 from flagperf.results.summary import SUMMARY_JSON
-from flagperf.site.trends import TREND_FILE, write_trend_file
+from flagperf.site.trends import write_trend_file
 from flagperf.stopping import signals_noted
 from flows.evaluate import (
     BAD_INPUT,
@@ -357,13 +357,14 @@ def nightly_regression(
         sigma: A figure regresses when it is worse than its baseline (the median of those runs) by more than
             this many times their spread (and by at least 1 %).
         run_id: The night's run folder in the results folder (letters, digits, '.', '_', '-'; a folder that exists
-            is refused). Empty: a new one, run<UTC start time>-<random>; `flagperf nightly` names it before the
-            night starts, to read back this night's verdict and never another's.
+            is refused, as are the names the results folder gives its own files: history.sqlite, trends.csv ...).
+            Empty: a new one, run<UTC start time>-<random>; `flagperf nightly` names it before the night starts, to
+            read back this night's verdict and never another's.
     """
     results_dir = results_dir or default_results_dir()
     history = history_url or None
-    if run_id and (not NAME_PATTERN.match(run_id) or run_id.startswith(".")):  # never a path out of the folder
-        return failed(f"{BAD_INPUT}run_id: {run_id!r} is not a valid name (letters, digits, '.', '_', '-')")
+    if run_id and (problem := run_id_problem(run_id)):  # never a path out of the folder, nor a name it uses itself
+        return failed(f"{BAD_INPUT}run_id: {problem}")
     # Only what this night made is ever removed again: the results folder (if it was not there) and its run folder.
     made_results, made = outermost_missing(Path(results_dir)), False
     try:  # a bad URL is said before a night of measuring, not after; a SQLite history is made when it records

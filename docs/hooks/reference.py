@@ -89,7 +89,7 @@ def _models() -> list[tuple[str, str, type[BaseModel], bool]]:
     from flagperf.hosts import inventory
     from flagperf.inference.config import InferenceConfig
     from flagperf.measure.casekit import TimedCaseConfig
-    from flagperf.training.driver import TrainingConfig
+    from flagperf.training.config import TrainingConfig
 
     models: list[tuple[str, str, type[BaseModel], bool]] = [
         ("Suite", "deployments/suites/<name>.yaml", SuiteFile, False),

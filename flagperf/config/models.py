@@ -255,15 +255,21 @@ class SuiteFile(StrictModel):
         return value
 
 
+# The keys that make a file a suite: its own, which no other file of the project has at its top (every engine.yaml,
+# toolkit.yaml and mkdocs.yml has a name and a description, so those two tell nothing).
+SUITE_MARKS = ("cases", "rounds", "overrides")
+
+
 def looks_like_suite(data: dict[str, Any]) -> bool:
     """Whether a YAML mapping is meant as a suite: it has ``cases``, or (without an inventory's ``hosts`` or any
-    of FlagPerf host.yaml's upper-case keys) another key of a suite, or a key a typo away from one (``case:``).
-    Read as a suite, a file with a misspelt key says which key, not that it is no kind of file."""
+    of FlagPerf host.yaml's upper-case keys) ``rounds``, ``overrides`` or a key a typo away from one of the three
+    (``case:``). Read as a suite, a file with a misspelt key says which key, not that it is no kind of file. The
+    typo is a close one (a toolkit.yaml's ``provides`` is not ``overrides``)."""
     if "cases" in data:
         return True
     if "hosts" in data or any(str(key).isupper() for key in data):
         return False
-    return any(nearest(str(key), SuiteFile.model_fields) for key in data)
+    return any(nearest(str(key), SUITE_MARKS, cutoff=0.8) for key in data)
 
 
 @dataclass

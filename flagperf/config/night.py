@@ -51,7 +51,8 @@ SIGMA = Bound(0, 100, above_low=True)  # the baseline's spreads a figure may mov
 
 
 def verdict_file_name(suite: str) -> str:
-    """nightly-<suite>.json: the latest night's verdict, in the results folder (and a copy in its run folder)."""
+    """nightly-<suite>.json: the latest night's verdict, in the results folder (and a copy in its run folder); no run
+    id takes such a name (flagperf.paths.run_id_problem)."""
     return f"nightly-{suite}.json"
 
 

@@ -37,6 +37,7 @@ from flagperf.paths import (
     case_roots,
     display_path,
     pin_search_paths,
+    run_id_problem,
     search_path_folders,
     suite_roots,
 )
@@ -273,8 +274,8 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
 
     log_vendor_changes(resolved_vendor.name, plans)
     run_id = run_id or new_run_id()
-    if not NAME_PATTERN.match(run_id):
-        raise ConfigError("--run-id", None, f"{run_id!r} is not a valid name")
+    if problem := run_id_problem(run_id):
+        raise ConfigError("--run-id", None, problem)
     run_dir = Path(results_dir) / run_id
     revision, dirty = git_revision()
     # The code the run's rounds will record: the project's, and its vendor's and cases' on the search paths.

@@ -73,6 +73,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from flagperf.errors import ConfigError, require
+from flagperf.paths import HISTORY_FILE, SQLITE_JOURNALS
 from flagperf.results.bounded import read_json_file
 from flagperf.results.summary import WITHIN_ROUND, load_results, summarize
 
@@ -111,7 +112,7 @@ figures = Table(
 
 def resolved_url(url: str | None = None, results_dir: str | Path = "results") -> str:
     """The history's URL: ``url``, else FLAGPERF_HISTORY_URL, else history.sqlite in the results folder."""
-    return url or os.environ.get(DEFAULT_URL_ENV) or f"sqlite:///{Path(results_dir).resolve() / 'history.sqlite'}"
+    return url or os.environ.get(DEFAULT_URL_ENV) or f"sqlite:///{Path(results_dir).resolve() / HISTORY_FILE}"
 
 
 def sqlite_files(url: str | None = None, results_dir: str | Path = "results") -> list[Path]:
@@ -123,7 +124,7 @@ def sqlite_files(url: str | None = None, results_dir: str | Path = "results") ->
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
         return []
     database = Path(parsed.database)
-    return [database, *(database.with_name(database.name + suffix) for suffix in ("-journal", "-wal", "-shm"))]
+    return [database, *(database.with_name(database.name + suffix) for suffix in SQLITE_JOURNALS)]
 
 
 def recorded_runs(engine: Engine) -> int:
@@ -147,14 +148,20 @@ def _checked_url(url: str | None, results_dir: str | Path) -> str:
 
 def check_history(url: str | None = None, results_dir: str | Path = "results") -> None:
     """The history a night will write, checked before the night without writing one: a bad URL is a ConfigError;
-    a database server, or a SQLite file that is there, is opened as the night will open it (SQLAlchemyError or
-    OSError where it cannot be). A SQLite file not there yet is not made (the night makes it when it records, so a
-    night refused before then leaves none): only where it would be made is checked, the nearest folder there of
-    its path, which must be a folder this user can write (else an OSError naming it)."""
-    _checked_url(url, results_dir)
+    a database server, or a SQLite file that is there, is opened and read (SQLAlchemyError or OSError where it cannot
+    be), never changed: its tables are made, or an earlier version's given their new columns, when a night records,
+    so a night refused before then leaves it as it was. A SQLite file not there yet is not made (the night makes it
+    when it records, so a night refused before then leaves none): only where it would be made is checked, the
+    nearest folder there of its path, which must be a folder this user can write (else an OSError naming it)."""
+    url_checked = _checked_url(url, results_dir)
     files = sqlite_files(url, results_dir)
     if not files or os.path.lexists(files[0]):
-        history_engine(url, results_dir).dispose()
+        engine = _engine(url_checked)
+        try:
+            with engine.connect() as conn:  # a file that is no database, a server that refuses the user: said now
+                inspect(conn).get_table_names()
+        finally:
+            engine.dispose()
         return
     there = next(folder for folder in files[0].parents if os.path.lexists(folder))
     if not there.is_dir():
@@ -164,9 +171,19 @@ def check_history(url: str | None = None, results_dir: str | Path = "results") -
 
 
 def history_engine(url: str | None = None, results_dir: str | Path = "results") -> Engine:
+    """The history, made where it is not yet and given the tables and columns of this version (a night recording,
+    the readers of the history)."""
     url = _checked_url(url, results_dir)
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    engine = _engine(url)
+    metadata.create_all(engine)
+    _add_new_columns(engine)
+    return engine
+
+
+def _engine(url: str) -> Engine:
+    """An engine for the history at ``url`` (checked), with this project's driver; nothing is made or changed."""
     for spelling in ("postgresql+asyncpg://", "postgresql://", "postgres://"):  # the driver this project installs
         if url.startswith(spelling):
             url = "postgresql+psycopg://" + url.removeprefix(spelling)
@@ -180,8 +197,6 @@ def history_engine(url: str | None = None, results_dir: str | Path = "results") 
                                                "or sqlite:///path") from None
     if engine.dialect.name == "postgresql":
         event.listen(engine, "connect", _bounded_lock_wait)
-    metadata.create_all(engine)
-    _add_new_columns(engine)
     return engine
 
 

@@ -468,14 +468,19 @@ def run_progress(run_dir: Path, results: list[RoundResult]) -> dict[str, Any]:
 
 def _planned_as(rounds: int, hosts_per_case: list[int]) -> str:
     """What the planned count multiplies, where it is more than the rounds: a round of a case on each of its hosts is
-    a record of its own, so 2 rounds on 2 hosts plan 4 ('2 rounds × 2 hosts'); '' for one case on one host."""
+    a record of its own, so 2 rounds on 2 hosts plan 4 ('2 rounds × 2 hosts'); '' for one case on one host. Cases on
+    different numbers of hosts (an nnodes case on fewer) are grouped by it: '2 rounds × (2 cases × 3 hosts + 1 case
+    × 2 hosts)' plans 16, the product of what it says."""
     cases, hosts = len(hosts_per_case), set(hosts_per_case)
     if cases <= 1 and hosts <= {1}:
         return ""
+    of_rounds = f"{rounds} round{'s' if rounds != 1 else ''}"
+    if len(hosts) > 1:
+        groups = [f"{n} case{'s' if n != 1 else ''} × {h} host{'s' if h != 1 else ''}"
+                  for h in sorted(hosts, reverse=True) for n in [hosts_per_case.count(h)]]
+        return f"{of_rounds} × ({' + '.join(groups)})"
     parts = [f"{cases} cases"] if cases > 1 else []
-    parts.append(f"{rounds} round{'s' if rounds != 1 else ''}")
-    if len(hosts) > 1:  # an nnodes case on fewer hosts than the others: their sum, which the product holds
-        return f"{rounds} round{'s' if rounds != 1 else ''} × {sum(hosts_per_case)} hosts of the {cases} cases"
+    parts.append(of_rounds)
     if max(hosts) > 1:
         parts.append(f"{max(hosts)} hosts")
     return " × ".join(parts)

@@ -14,11 +14,10 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine
 
+from flagperf.paths import HISTORY_FILE
 from flagperf.results.history import INTERRUPTED, TrendPoint, history_engine, trend_table
 from flagperf.results.schema import atomic_path
 
-HISTORY_FILE = "history.sqlite"
-TREND_FILE = "trends.csv"
 NO_MATPLOTLIB = "plot not drawn: matplotlib is not installed on the server (pip install matplotlib)"
 
 

@@ -29,54 +29,23 @@ import resource
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
-from pydantic import Field
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
 from flagperf.errors import CaseUserError
-from flagperf.measure.casekit import CaseConfig
 from flagperf.measure.device import device_module, synchronize
 from flagperf.measure.perflog import format_line
 from flagperf.results.metrics import TransformerFlops, model_flops_utilisation
+from flagperf.training.config import TrainingConfig as TrainingConfig  # its old place: case code imports it here
 
 FINISHED_KEYS = ("e2e_time", "training_throughput", "throughput_unit", "converged", "target_metric",
                  "target", "final_metric", "raw_train_time", "init_time", "epochs", "steps", "extra")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 T = TypeVar("T")
-
-
-class TrainingConfig(CaseConfig):
-    """Keys of every training case (values in case.yaml)."""
-
-    nnodes: int = Field(ge=1, le=1024)
-    nproc_per_node: int = Field(ge=1, le=64)
-    max_epochs: int = Field(ge=1)
-    log_freq: int = Field(ge=1, description="a STEP_END event every log_freq steps (and at step 1); the loss "
-                                            "is read back to the host only then")
-    master_port: int = Field(ge=1024, le=65535)
-    seed: int
-    target_metric: str = Field(description="the evaluation metric convergence is judged on")
-    target: float
-    target_mode: Literal["max", "min"] = "max"
-    target_unit: str = Field(default="", max_length=40, description="the target metric's unit, as its figure "
-                             "final_<target_metric> states it: fraction for an accuracy (0 to 1); '' for none")
-    precision: Literal["fp32", "bf16", "fp16"] = Field(
-        default="fp32", description="autocast dtype (fp32 weights and optimizer state stay, fp16 adds a grad "
-                                    "scaler); also the peak MFU is taken against")
-    parallel: Literal["ddp", "fsdp"] = Field(
-        default="ddp", description="several processes: DDP (a replica each) or FSDP2 fully_shard (parameters, "
-                                   "gradients and optimizer state sharded; per block, then the root)")
-    compile: bool = Field(default=False, description="torch.compile the wrapped model")
-    activation_checkpointing: bool = Field(default=False, description="recompute activations in backward")
-    warmup_steps: int = Field(default=0, ge=0, description="steps before the timed region (compilation, "
-                                                           "autotuning); 0 = every step is timed, as FlagPerf")
-    max_steps: int | None = Field(default=None, ge=1, description="stop training after this many steps")
-    cpu_threads: int | None = Field(default=None, ge=1, le=1024, description=(
-        "torch threads per process on the cpu vendor; null = this process's share of the usable cores"))
 
 
 def peak_memory_bytes(device: torch.device) -> tuple[int, str]:

@@ -15,7 +15,10 @@ import yaml
 from prefect.settings import PREFECT_API_URL
 from prefect_api import run_evaluate
 
+from flagperf.config.plan import PLAN_FILE, plan_run
+from flagperf.hosts.inventory import load_inventory
 from flagperf.paths import PROJECT_ROOT
+from flagperf.results.schema import round_dir
 from tests.testbed.bed import Testbed, deploy_project, make_testbed_fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_server")]
@@ -68,3 +71,20 @@ def test_a_size_an_ssh_host_cannot_hold_leaves_no_run_folder(tmp_path: Path, tes
     assert_refused(done, "--set: main_memory-bandwidth.size_mib", f"on host {host.name}")
     assert "host(s) from" in done.stdout  # this one did start: the host could only be judged by the flow
     assert not (tmp_path / "results").exists()
+
+    # A retry refused so (the same work, on a host that cannot hold it) leaves the run it retried as it was: its
+    # completed rounds are not this invocation's to remove.
+    run_dir = tmp_path / "results" / "earlier"
+    planned = plan_run(cases=["main_memory-bandwidth"], sets=[TOO_BIG], results_dir=run_dir.parent, run_id=run_dir.name,
+                       hosts=[spec.model_dump(mode="json") for spec in load_inventory(inventory).hosts])
+    kept = round_dir(run_dir, "main_memory-bandwidth", 1, host.name) / "result.json"
+    kept.parent.mkdir(parents=True)
+    kept.write_text('{"an earlier attempt": "measured"}', encoding="utf-8")
+    (run_dir / PLAN_FILE).write_text(planned.model_dump_json(), encoding="utf-8")
+    before = {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()}
+    done = flagperf_run("--inventory", str(inventory), "--cases", "main_memory-bandwidth", "--set", TOO_BIG,
+                        "--retry", str(run_dir))
+    assert_refused(done, "--set: main_memory-bandwidth.size_mib", f"on host {host.name}")
+    assert "host(s) from" in done.stdout  # refused by the flow, as above, not before it
+    for path, data in before.items():  # the plan is written again by the retry (its flow run's), the same work
+        assert path.is_file() and (path.name == PLAN_FILE or path.read_bytes() == data), path

@@ -101,12 +101,12 @@ def test_a_full_results_disk_loses_nothing_and_a_retry_recovers(
     assert not (work / run_dir.name).exists()  # everything collected: the host's copy is gone
 
 
-def flagperf_run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    """`flagperf run` as a user starts it: its own temporary Prefect server, the fixture cases on the case
-    path, the host's work root under tmp_path."""
+def flagperf_run(args: list[str], tmp_path: Path, api_url: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`flagperf run` as a user starts it: its own temporary Prefect server (or the one at ``api_url``), the
+    fixture cases on the case path, the host's work root under tmp_path."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(FLAGPERF_CASE_PATH=str(FIXTURE_CASES), FLAGPERF_WORK_ROOT=str(tmp_path / "work"),
-               PREFECT_HOME=str(tmp_path / "prefect-home"))
+               PREFECT_HOME=str(tmp_path / "prefect-home"), **({"PREFECT_API_URL": api_url} if api_url else {}))
     return subprocess.run([sys.executable, "-m", "flows.cli", "run", *args], cwd=PROJECT_ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
 
@@ -169,3 +169,18 @@ def test_flagperf_run_on_a_full_results_disk_refuses_in_one_line_and_leaves_noth
                                        "device"]
         assert "Traceback" not in done.stdout
         assert [p for p in disk.rglob("*") if p.is_file()] == [ballast]  # no run folder, no 0-byte file
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_a_results_disk_that_fills_before_the_flow_plans_leaves_nothing(tmp_path: Path) -> None:
+    """A disk out of inodes once the run folder is claimed (another job took the last one): `flagperf run`'s check
+    wrote there, the flow cannot write its plan. One line, exit 1, and the run folder and the results folders
+    made for it go again, as for any run that did not begin."""
+    with mounted_tmpfs(tmp_path / "disk", "size=4m,nr_inodes=4") as disk:  # the root, nested, results, the run
+        done = flagperf_run(["--cases", "computation-FP32", "--results", str(disk / "nested" / "results"),
+                             "--run-id", "first"], tmp_path, PREFECT_API_URL.value())
+        assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+        (line,) = _lines(done.stderr)
+        assert line.startswith(f"error: cannot write {disk / 'nested' / 'results' / 'first'}/"), line
+        assert line.endswith(": No space left on device") and "Traceback" not in done.stdout, line
+        assert list(disk.iterdir()) == []

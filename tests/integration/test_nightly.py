@@ -90,6 +90,8 @@ def test_nightly_flags_a_regression_and_emits_an_event(flagperf_env: Path, tmp_p
 @pytest.mark.parametrize(("field", "value", "said"), [
     ("history_url", "not a url", "history_url: not a database URL"),
     ("run_id", "../elsewhere", "run_id: '../elsewhere' is not a valid name"),  # never a folder out of results
+    ("run_id", "History.sqlite-wal", "run_id: 'History.sqlite-wal' is a name the results folder gives its own files"),
+    ("run_id", "n" * 129, f"run_id: {'n' * 40!r}... is too long: 129 characters, at most 128"),
 ])
 def test_a_bad_history_url_or_run_id_is_said_before_a_night_of_measuring(flagperf_env: Path, field: str, value: str,
                                                                          said: str) -> None:

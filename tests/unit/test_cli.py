@@ -281,16 +281,21 @@ def test_help_list_and_validate_do_not_import_what_they_do_not_use() -> None:
         assert code in (0, None) and imported == [], (args, code, imported, done.stderr[-2000:])
 
 
-# Every suite of the project (base-spec kernels, operation), and case.yaml files of the kernels' and drivers'
-# families.
+# Every suite of the project (base-spec kernels, operation), case.yaml files of the kernels' and drivers' families,
+# and every training and inference case's (whose code takes its config base and data path type from
+# flagperf.training.config, not from the driver or the data loaders, which import torch).
 KERNELS_VALIDATED = ["deployments/suites/smoke.yaml", "deployments/suites/base.yaml",
                      "deployments/suites/operation.yaml", "cases/base/computation-FP8/case.yaml",
-                     "cases/base/interconnect-MPI_intraserver/case.yaml", "cases/generate/tiny-llama-serve/case.yaml"]
+                     "cases/base/interconnect-MPI_intraserver/case.yaml", "cases/generate/tiny-llama-serve/case.yaml",
+                     *sorted(str(p.relative_to(PROJECT_ROOT)) for p in [
+                         *PROJECT_ROOT.glob("cases/training/*/case.yaml"),
+                         *PROJECT_ROOT.glob("cases/inference/*/configurations.yaml")])]
 
 
 def test_validate_runs_where_torch_cannot_be_imported() -> None:
-    """A controller without torch (or with a broken one) validates suites and case.yaml files of the kernels: each
-    kernel imports torch where it runs, not where its Config is read."""
+    """A controller without torch (or with a broken one) validates suites and case.yaml files of the kernels and of
+    every family: each kernel and driver imports torch where it runs, not where its Config is read."""
+    assert len(KERNELS_VALIDATED) == 6 + 4 + 5, KERNELS_VALIDATED
     script = ("import sys\nsys.modules['torch'] = None  # `import torch` raises ModuleNotFoundError\n"
               "from flows.cli import app\napp(sys.argv[1:], prog_name='flagperf')\n")
     done = subprocess.run([sys.executable, "-c", script, "validate", *KERNELS_VALIDATED], cwd=PROJECT_ROOT,
@@ -447,10 +452,31 @@ def test_a_run_id_that_is_taken_is_refused_naming_run_id_also_when_another_run_c
                                           "never overwritten"], result.output
     assert sorted(fresh.rglob("*")) == [fresh / "same", fresh / "same" / "plan.json"]  # the other run's, as it was
 
+    own = "is a name the results folder gives its own files (history.sqlite and its journals, trends.csv, "
     for args, said in ((["--run-id", "../out"], "--run-id: '../out' is not a valid name"),
+                       (["--run-id", "r" * 129], f"--run-id: {'r' * 40!r}... is too long: 129 characters, at most 128"),
+                       *((["--run-id", name], f"--run-id: {name!r} {own}") for name in (
+                           "history.sqlite", "history.sqlite-wal", "trends.csv", "nightly-smoke.json", "server")),
                        (["--run-id", "a", "--retry", str(results / "b")],
                         "--run-id a: a retry continues its run folder's id (b)")):
         result = invoke("run", "--cases", "computation-FP32", "--results", str(results), *args)
         assert_clean_failure(result)
         (line,) = error_lines(result.output)
         assert line.startswith(f"error: {said}"), line
+
+
+
+def test_a_run_that_fails_between_its_claim_and_its_flow_gives_its_run_folder_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restored_process_state: None) -> None:
+    """The run folder is claimed once the input is good; what fails after that and before the run begins (here
+    the live view's module cannot be imported) gives it back, and the results folder made for it: one line, and
+    the same `--run-id` again is not refused as taken by an empty folder left behind."""
+    monkeypatch.setitem(sys.modules, "flows.evaluate", None)
+    monkeypatch.setitem(sys.modules, "flows.progress", None)  # importing it now raises ImportError
+    results = tmp_path / "nested" / "results"
+    for _ in range(2):
+        result = invoke("run", "--cases", "computation-FP32", "--results", str(results), "--run-id", "again")
+        assert_clean_failure(result, 1)
+        (line,) = error_lines(result.output)
+        assert line.startswith("error: the evaluation could not run: ModuleNotFoundError: "), result.output
+        assert not (tmp_path / "nested").exists()

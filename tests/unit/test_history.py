@@ -324,6 +324,39 @@ def test_a_nights_history_is_checked_before_it_begins_without_making_one(tmp_pat
         open_history(night(tmp_path / "results", "not a url"))
 
 
+def test_checking_a_nights_history_changes_none_that_is_there(history) -> None:
+    """The check before a night reads a history that is there (a SQLite file, a team's database) and changes
+    nothing: an empty one gets no tables, an earlier version's no new column, until a night records (a night
+    refused after the check changed an older history's schema)."""
+    from sqlalchemy import inspect, text
+
+    from flagperf.results.history import check_history
+
+    engine = history
+    url = engine.url.render_as_string(hide_password=False)
+    path = Path(engine.url.database) if engine.dialect.name == "sqlite" else None
+
+    def tables() -> dict[str, set[str]]:
+        with engine.connect() as conn:
+            look = inspect(conn)
+            return {name: {c["name"] for c in look.get_columns(name)} for name in look.get_table_names()
+                    if name in metadata.tables}  # the team's database holds other tables too (the test server's)
+
+    metadata.drop_all(engine)
+    check_history(url)
+    assert tables() == {}
+    metadata.create_all(engine)  # an earlier version's history: figures without the workload and config columns
+    with engine.begin() as conn:
+        for column in ("workload", "config"):
+            conn.execute(text(f'ALTER TABLE figures DROP COLUMN "{column}"'))
+    before, data = tables(), path.read_bytes() if path else None
+    assert "workload" not in before["figures"]
+    check_history(url)
+    assert tables() == before and (path is None or path.read_bytes() == data)
+    history_engine(url).dispose()  # the night, as it records: the new columns now
+    assert {"workload", "config"} <= tables()["figures"]
+
+
 def test_an_interrupted_night_is_shown_as_one_never_a_baseline_nor_a_failure(seeded) -> None:
     """The owner reading the trends tells a night the operator stopped from a failed one and from one that never
     ran: it is there, with its run id and what stopped it, and the next night is judged as if it were not."""

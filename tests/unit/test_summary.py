@@ -300,10 +300,18 @@ def test_the_planned_rounds_of_a_multi_host_run_say_they_count_each_host(tmp_pat
     plan["cases"] += [{"name": "train", "config": {"nnodes": 2}}, {"name": "alone", "config": {"nnodes": 1}}]
     (run / "plan.json").write_text(json.dumps(plan), encoding="utf-8")
     assert run_progress(run, [])["planned_as"] == "3 cases × 2 rounds × 2 hosts"
+    # Several cases on several hosts, one of them on fewer (nnodes 2 of 3 hosts): grouped by their hosts, and what
+    # the line says multiplies to the count (it said '2 rounds × 8 hosts of the 3 cases' of 3 hosts).
     plan["hosts"].append({"name": "h3"})
     (run / "plan.json").write_text(json.dumps(plan), encoding="utf-8")
     progress = run_progress(run, [])
-    assert (progress["planned"], progress["planned_as"]) == (16, "2 rounds × 8 hosts of the 3 cases")
+    assert (progress["planned"], progress["planned_as"]) == (16, "2 rounds × (2 cases × 3 hosts + 1 case × 2 hosts)")
+    plan["hosts"].append({"name": "h4"})
+    plan["cases"] += [{"name": "wide", "config": {"nnodes": 3}}, {"name": "more", "config": {"nnodes": 1}}]
+    (run / "plan.json").write_text(json.dumps({**plan, "rounds": 1}), encoding="utf-8")
+    progress = run_progress(run, [])
+    assert (progress["planned"], progress["planned_as"]) == (
+        1 * (3 * 4 + 1 * 3 + 1 * 2), "1 round × (3 cases × 4 hosts + 1 case × 3 hosts + 1 case × 2 hosts)")
     # One case on one host: the rounds alone, as before.
     put(tmp_path / "one", "computation-FP32", 1, metrics=[gemm(1.0)])
     (tmp_path / "one" / "plan.json").write_text(json.dumps({**plan, "rounds": 1, "hosts": [],

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from flagperf.config.models import SuiteFile, pydantic_error_to_config_error
 from flagperf.errors import ConfigError
+from flagperf.paths import PROJECT_ROOT, display_path
 from flows.cli import app
 
 runner = CliRunner()
@@ -156,8 +157,8 @@ endpoints:
 
 
 def test_a_suite_that_misspells_cases_is_checked_as_a_suite(tmp_path: Path) -> None:
-    """A suite is known by its other keys too (name, rounds, overrides ... or a key a typo away from one): its
-    misspelt key is said with the key meant, not that the file is no kind of file."""
+    """A suite is known by its other keys too (rounds, overrides ... or a key a typo away from one): its misspelt
+    key is said with the key meant, not that the file is no kind of file."""
     suite = write(tmp_path / "s8.yaml", "name: s8\ncase: [computation-FP32]\nrounds: 1\n")
     assert errors("validate", str(suite)) == [f"error {suite}: case: unknown key (did you mean cases?)"]
     alone = write(tmp_path / "s9.yaml", "case: [computation-FP32]\n")  # the typo alone tells it
@@ -165,8 +166,26 @@ def test_a_suite_that_misspells_cases_is_checked_as_a_suite(tmp_path: Path) -> N
     assert errors("run", "--suite", str(suite)) == [f"error: {suite}: case: unknown key (did you mean cases?)"]
     # An inventory, and FlagPerf's host.yaml (upper-case keys), are not taken for a suite by a key like one.
     host_yaml = write(tmp_path / "host.yaml", "HOST: ['127.0.0.1']\nCASES: {}\n")
-    assert errors("validate", str(host_yaml)) == [f"error {host_yaml}: not a case.yaml, vendor/<vendor>.yaml, "
-                                                  "vendor.yaml, suite, inventory or host.yaml file"]
+    assert errors("validate", str(host_yaml)) == [f"error {host_yaml}: {NOT_A_KNOWN_FILE}"]
+
+
+NOT_A_KNOWN_FILE = "not a case.yaml, vendor/<vendor>.yaml, vendor.yaml, suite, inventory or host.yaml file"
+
+
+def test_a_file_with_a_name_and_a_description_is_not_taken_for_a_suite(tmp_path: Path) -> None:
+    """Every engine.yaml and toolkit.yaml of the plug-ins, and mkdocs.yml, have a name and a description (or keys
+    like them: site_name): none is a suite, nor is a toolkit's ``provides`` a typo of ``overrides``. validate says
+    what it says of any file it does not know, without a suite's findings; --inventory says the inventory's."""
+    plugins = sorted([*PROJECT_ROOT.glob("vendor_images/*/*/*/engine.yaml"),
+                      *PROJECT_ROOT.glob("vendor_images/*/toolkits/*/toolkit.yaml")])
+    assert {p.name for p in plugins} == {"engine.yaml", "toolkit.yaml"}, plugins
+    for path in [*plugins, PROJECT_ROOT / "mkdocs.yml"]:
+        assert errors("validate", str(path)) == [f"error {display_path(path)}: {NOT_A_KNOWN_FILE}"]
+    engine = PROJECT_ROOT / "vendor_images" / "cpu" / "operation" / "native" / "engine.yaml"
+    assert errors("run", "--inventory", str(engine))[0] == (
+        f"error: {display_path(engine)}: name: unknown key (known: vendor, master_port, defaults, hosts, endpoints)")
+    own = write(tmp_path / "plugin.yaml", "name: x\ndescription: y\nprovides: [z]\n")
+    assert errors("validate", str(own)) == [f"error {own}: {NOT_A_KNOWN_FILE}"]
 
 
 def test_a_suite_where_an_inventory_goes_and_the_other_way_round_is_named(tmp_path: Path) -> None:

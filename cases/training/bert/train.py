@@ -10,8 +10,9 @@ from pydantic import Field, model_validator
 from torch.utils.data import TensorDataset
 from transformers import BertConfig, BertForMaskedLM
 
-from flagperf.training.data import LocalPath, counting_sequences, token_windows
-from flagperf.training.driver import TrainingConfig, TrainingContext
+from flagperf.training.config import LocalPath, TrainingConfig
+from flagperf.training.data import counting_sequences, token_windows
+from flagperf.training.driver import TrainingContext
 from flagperf.training.shapes import BERT_PRESETS, BertShape, matmul_parameters, resolve_shape
 
 IGNORE = -100  # positions the loss skips

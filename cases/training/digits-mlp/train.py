@@ -6,8 +6,9 @@ import torch
 from pydantic import Field
 from torch.utils.data import TensorDataset
 
+from flagperf.training.config import TrainingConfig
 from flagperf.training.data import digits_split
-from flagperf.training.driver import TrainingConfig, TrainingContext
+from flagperf.training.driver import TrainingContext
 
 
 class Config(TrainingConfig):

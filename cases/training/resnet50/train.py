@@ -17,8 +17,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import ResNetConfig, ResNetForImageClassification
 
 from flagperf.errors import CaseUserError
+from flagperf.training.config import TrainingConfig
 from flagperf.training.data import ImageFolder
-from flagperf.training.driver import TrainingConfig, TrainingContext
+from flagperf.training.driver import TrainingContext
 from flagperf.training.shapes import RESNET_PRESETS, ResNetShape, resolve_shape
 
 SYNTHETIC_CLASSES = 1000

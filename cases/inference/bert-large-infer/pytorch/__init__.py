@@ -19,7 +19,8 @@ from flagperf.inference.config import InferenceConfig
 from flagperf.inference.data import SyntheticDataset, loader
 from flagperf.inference.engines import InferenceEngine
 from flagperf.inference.hf import Logits, build
-from flagperf.training.data import LocalPath, token_windows
+from flagperf.training.config import LocalPath
+from flagperf.training.data import token_windows
 
 ACCURACY = "mlm_accuracy"
 MASK_ID = 103  # [MASK] in BERT's vocabulary

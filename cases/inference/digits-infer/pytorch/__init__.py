@@ -13,7 +13,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from flagperf.inference.config import InferenceConfig
 from flagperf.inference.data import loader, top1
 from flagperf.inference.engines import InferenceEngine
-from flagperf.training.data import LocalPath, digits_split
+from flagperf.training.config import LocalPath
+from flagperf.training.data import digits_split
 
 ACCURACY = "top1"
 

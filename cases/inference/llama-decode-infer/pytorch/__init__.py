@@ -22,7 +22,8 @@ from flagperf.inference.config import InferenceConfig
 from flagperf.inference.data import SyntheticDataset, loader
 from flagperf.inference.engines import InferenceEngine
 from flagperf.inference.hf import Logits, build, kv_cache_name
-from flagperf.training.data import LocalPath, token_windows
+from flagperf.training.config import LocalPath
+from flagperf.training.data import token_windows
 
 ACCURACY = None  # decoding speed is the figure of merit; see README.md
 # The ONNX export (TorchScript tracing) of transformers 5: without a padding mask it leaves causality to SDPA's

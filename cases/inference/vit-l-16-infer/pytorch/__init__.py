@@ -14,7 +14,7 @@ from flagperf.inference.config import InferenceConfig
 from flagperf.inference.data import ImageFolderDataset, SyntheticDataset, loader, top1
 from flagperf.inference.engines import InferenceEngine
 from flagperf.inference.hf import Logits, build, export_image_classifier
-from flagperf.training.data import LocalPath
+from flagperf.training.config import LocalPath
 
 ACCURACY = "top1"
 
