@@ -465,6 +465,22 @@ def test_outputs_are_counted_off_the_event_loop_that_reads_the_streams(refusing:
     assert len(counted_on) == 6 and loop_thread not in counted_on and len(set(counted_on)) == 1
 
 
+def send_token_stream(handler: http.server.BaseHTTPRequestHandler, tokens: int) -> None:
+    """An OpenAI-style chunked SSE answer of ``tokens`` tokens, up to and with its [DONE] event (the caller ends
+    the body: at once, or late)."""
+    events = [{"choices": [{"index": 0, "delta": {"content": f"t{i + 1} "}, "finish_reason": None}]}
+              for i in range(tokens)]
+    events += [{"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
+               {"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": tokens}}]
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/event-stream")
+    handler.send_header("Transfer-Encoding", "chunked")
+    handler.end_headers()
+    for data in [*(json.dumps(e) for e in events), "[DONE]"]:
+        chunk = f"data: {data}\n\n".encode()
+        handler.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+
+
 class KeepAliveEndpoint(http.server.BaseHTTPRequestHandler):
     """HTTP/1.1 with its connections kept alive, as uvicorn (vLLM's, SGLang's server) streams: chunked, each event a
     chunk, ``[DONE]`` last and the response's end (the empty chunk) in a write of its own. It answers the first request
@@ -485,18 +501,7 @@ class KeepAliveEndpoint(http.server.BaseHTTPRequestHandler):
             self.dropped.append(time.time())
             self.close_connection = True
             return
-        tokens = int(asked["max_tokens"])
-        events = [{"choices": [{"index": 0, "delta": {"content": f"t{i + 1} "}, "finish_reason": None}]}
-                  for i in range(tokens)]
-        events += [{"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
-                   {"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": tokens}}]
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        for data in [*(json.dumps(e) for e in events), "[DONE]"]:
-            chunk = f"data: {data}\n\n".encode()
-            self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+        send_token_stream(self, int(asked["max_tokens"]))
         self.wfile.write(b"0\r\n\r\n")
 
     def log_message(self, *args: object) -> None:
@@ -614,18 +619,7 @@ class HeldEndEndpoint(http.server.BaseHTTPRequestHandler):
         with self.lock:
             number = len(self.arrived)
             self.arrived.append(number)
-        tokens = int(asked["max_tokens"])
-        events = [{"choices": [{"index": 0, "delta": {"content": f"t{i + 1} "}, "finish_reason": None}]}
-                  for i in range(tokens)]
-        events += [{"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
-                   {"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": tokens}}]
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        for data in [*(json.dumps(e) for e in events), "[DONE]"]:
-            chunk = f"data: {data}\n\n".encode()
-            self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+        send_token_stream(self, int(asked["max_tokens"]))
         self.wfile.flush()
         deadline = time.monotonic() + 60
         while (number in self.until_next or self.hold_all) and time.monotonic() < deadline \
