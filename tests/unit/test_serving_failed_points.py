@@ -5,6 +5,7 @@ shown so in the report; a partly failed point reports its failed count and share
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import threading
@@ -70,17 +71,26 @@ class RefusingEndpoint(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def refusing() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RefusingEndpoint)  # the port from the OS
+@contextlib.contextmanager
+def served_by(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A local HTTP server of ``handler`` in a thread (the port from the OS), by its base URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        thread.join()
+        server.server_close()
+
+
+@pytest.fixture
+def refusing() -> Iterator[str]:
     RefusingEndpoint.arrived.clear()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    thread.join()
-    server.server_close()
+    with served_by(RefusingEndpoint) as url:
+        yield url
 
 
 
@@ -515,20 +525,13 @@ def test_a_request_the_server_dropped_on_a_kept_alive_connection_is_sent_again_o
     timed from its first send: the time the server held the request before it dropped it (failed_try_s) is part of
     its TTFT and E2EL, so a server that took a request, worked on it and dropped it is not flattered. It is not a
     failed request."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), KeepAliveEndpoint)  # the port from the OS
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
     KeepAliveEndpoint.dropped.clear()
     KeepAliveEndpoint.work_s = 0.3
     try:
-        plan = _endpoint_plan(f"http://127.0.0.1:{server.server_address[1]}", tmp_path, "requests=4")
-        out = run_first_round(plan, tmp_path / "round")
+        with served_by(KeepAliveEndpoint) as url:
+            out = run_first_round(_endpoint_plan(url, tmp_path, "requests=4"), tmp_path / "round")
     finally:
         KeepAliveEndpoint.work_s = 0.0
-        server.shutdown()
-        thread.join()
-        server.server_close()
     # c1's one connection answers its first request and drops its second, which is sent again on a fresh connection;
     # the third opens a new one, and its fourth is dropped and sent again too.
     timed = sorted((r for r in read_records(out / REQUESTS_FILE) if r.phase == "timed"), key=lambda r: r.seq)
@@ -581,17 +584,9 @@ def test_a_request_that_fails_on_a_connection_it_opened_is_not_sent_again() -> N
                                     count_tokens=None))
         return run.records
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), DroppingEndpoint)  # the port from the OS
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
     DroppingEndpoint.arrived.clear()
-    try:
-        dropped, = one_request(f"http://127.0.0.1:{server.server_address[1]}")
-    finally:
-        server.shutdown()
-        thread.join()
-        server.server_close()
+    with served_by(DroppingEndpoint) as url:
+        dropped, = one_request(url)
     assert (dropped.error or "").startswith("RemoteProtocolError") and dropped.reconnected_after is None
     assert len(DroppingEndpoint.arrived) == 1
     with socket.socket() as bound:  # bound, never listening: a connection to it is refused
@@ -639,18 +634,14 @@ class HeldEndEndpoint(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def held_end() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), HeldEndEndpoint)  # the port from the OS
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
     HeldEndEndpoint.arrived.clear()
     HeldEndEndpoint.ended_after_next.clear()
     HeldEndEndpoint.release.clear()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    HeldEndEndpoint.release.set()
-    server.shutdown()
-    thread.join()
-    server.server_close()
+    with served_by(HeldEndEndpoint) as url:
+        try:
+            yield url
+        finally:
+            HeldEndEndpoint.release.set()  # before the shutdown, which waits for the held answers
 
 
 def test_the_read_after_done_is_outside_the_requests_time_limit_and_holds_no_slot(
