@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -253,6 +254,18 @@ def test_a_lasting_server_schedules_the_nightly(tmp_path: Path) -> None:
     assert "bulk DML" not in out, out[-3000:]
 
 
+def set_nightly_as_deployed(client: Any) -> None:
+    """What `prefect deploy` does to the nightly first: prefect.yaml's schedule in place of the one set, resumed."""
+    from prefect.client.schemas.schedules import CronSchedule
+    from prefect_api import nightly_schedule
+
+    nightly = client.read_deployment_by_name("nightly-regression/nightly")
+    for schedule in nightly.schedules:
+        client.delete_deployment_schedule(nightly.id, schedule.id)
+    client.create_deployment_schedules(nightly.id, [(CronSchedule(**nightly_schedule()), True)])
+    client.resume_deployment(nightly.id)
+
+
 def test_what_users_set_on_the_nightly_in_the_ui_survives_a_restart_of_the_server(tmp_path: Path) -> None:
     """`flagperf server` makes the deployments on every start: a nightly moved to 03:30 Berlin with other
     parameters, one schedule switched off, the deployment paused (as the UI does them) stay so, and the banner's
@@ -271,7 +284,6 @@ def test_what_users_set_on_the_nightly_in_the_ui_survives_a_restart_of_the_serve
     from held_deploy import holding_env, running, wait_held
     from prefect.client.schemas.schedules import CronSchedule
     from prefect.settings import PREFECT_API_URL
-    from prefect_api import nightly_schedule
 
     from flagperf.errors import ConfigError
     from flows.server import (
@@ -319,11 +331,7 @@ def test_what_users_set_on_the_nightly_in_the_ui_survives_a_restart_of_the_serve
         try:
             deploys.append(wait_held(marker, lambda: not returned.is_set()))
             with get_client(sync_client=True) as client:
-                nightly = client.read_deployment_by_name("nightly-regression/nightly")
-                for schedule in nightly.schedules:
-                    client.delete_deployment_schedule(nightly.id, schedule.id)
-                client.create_deployment_schedules(nightly.id, [(CronSchedule(**nightly_schedule()), True)])
-                client.resume_deployment(nightly.id)
+                set_nightly_as_deployed(client)
                 # and meanwhile a user gives evaluate a schedule in the UI: not prefect.yaml's, nor as before
                 evaluate = client.read_deployment_by_name("evaluate/evaluate")
                 client.create_deployment_schedules(evaluate.id, [(CronSchedule(cron="0 5 * * 1", timezone="UTC"),
@@ -368,11 +376,7 @@ def test_what_users_set_on_the_nightly_in_the_ui_survives_a_restart_of_the_serve
         deploy_pid = wait_held(marker, lambda: starting.poll() is None)
         assert saved.is_file() and password not in saved.read_text()  # saved before the deploy began
         with get_client(sync_client=True) as client:
-            nightly = client.read_deployment_by_name("nightly-regression/nightly")
-            for schedule in nightly.schedules:
-                client.delete_deployment_schedule(nightly.id, schedule.id)
-            client.create_deployment_schedules(nightly.id, [(CronSchedule(**nightly_schedule()), True)])
-            client.resume_deployment(nightly.id)
+            set_nightly_as_deployed(client)
     finally:
         starting.kill()
         starting.wait(timeout=60)
