@@ -71,7 +71,8 @@ class Operator:
     dtypes: tuple[str, ...] = FLOATING
     description: str = ""
     # Bytes of its inputs and output as allocated, where the call is given more than it touches (embedding's
-    # whole table, index_select's and gather's whole source); None: the bytes it moves.
+    # whole table, index_select's and gather's whole source, rotary's cos and sin tables); None: the bytes it
+    # moves.
     count_allocated: Callable[[Dims, int], int] | None = None
 
     def allocated_bytes(self, dims: Dims, element_bytes: int) -> int:
@@ -166,8 +167,10 @@ def _inverse_sqrt(key: str) -> Callable[[Dims], float]:
 
 OPERATORS: dict[str, Operator] = {op.name: op for op in (
     Operator(
-        "mm", "gemm", ("M", "N", "K"), "compute", "e*(M*K + K*N) + e_out*M*N (fp8: e 1, e_out 2 (bf16 out))",
-        lambda d, e: e * (d["M"] * d["K"] + d["K"] * d["N"]) + (2 if e == 1 else e) * d["M"] * d["N"],
+        "mm", "gemm", ("M", "N", "K"), "compute",
+        "e*(M*K + K*N) + e_out*M*N (fp8: e 1, e_out 2 (bf16 out), + 8 for the two fp32 scales)",
+        lambda d, e: e * (d["M"] * d["K"] + d["K"] * d["N"]) + (2 if e == 1 else e) * d["M"] * d["N"]
+        + (2 * 4 if e == 1 else 0),
         lambda m, b, s: {"M": b * s, "N": m.intermediate, "K": m.hidden}, _gemm_inputs, "native_mm",
         GEMM_FLOPS, lambda d: 2 * d["M"] * d["N"] * d["K"], _sqrt("K"), (*FLOATING, FP8),
         "the MLP's up projection: (tokens x hidden) @ (hidden x intermediate); fp8 through torch._scaled_mm"),
@@ -277,10 +280,13 @@ OPERATORS: dict[str, Operator] = {op.name: op for op in (
         "native_cross_entropy", description="the language-model loss over the vocabulary, mean over tokens"),
     Operator(
         "rotary", "rotary", ("T", "H", "KVH", "D", "S"), "memory",
-        "e*2*T*D*(H + KVH) + e*S*D + 8*T (q, k read and written; the cos and sin tables; positions)",
-        lambda d, e: e * 2 * d["T"] * d["D"] * (d["H"] + d["KVH"]) + e * d["S"] * d["D"] + INDEX_BYTES * d["T"],
+        "e*2*T*D*(H + KVH) + e*T*D + 8*T (q, k read and written; a cos and a sin row of D/2 read per token, at its "
+        "position; positions)",
+        lambda d, e: e * 2 * d["T"] * d["D"] * (d["H"] + d["KVH"]) + e * d["T"] * d["D"] + INDEX_BYTES * d["T"],
         lambda m, b, s: {"T": b * s, "H": m.heads, "KVH": m.kv_heads, "D": m.head_dim, "S": s},
-        _rotary_inputs, "native_rotary", description="rotary position embedding on q and k (halves rotated)"),
+        _rotary_inputs, "native_rotary", description="rotary position embedding on q and k (halves rotated)",
+        count_allocated=lambda d, e: e * 2 * d["T"] * d["D"] * (d["H"] + d["KVH"]) + e * d["S"] * d["D"]
+        + INDEX_BYTES * d["T"]),
 )}
 
 
