@@ -11,6 +11,7 @@ from flagperf.config.memory import MemoryNeed
 from flagperf.config.models import CaseConfig
 from flagperf.errors import validation_message
 from flagperf.operation.operators import ELEMENT_BYTES, FP8, MAX_DIM, OPERATORS, Dims, ModelShape, Operator, shape_label
+from flagperf.operation.shape_sets import SHAPE_SETS
 from flagperf.training.shapes import BERT_PRESETS, LLAMA_PRESETS
 
 # The model shapes operators are sized from: the project's one table of Llama and BERT shapes.
@@ -40,7 +41,8 @@ class PlannedPoint:
     dtype: str
     dims: Dims
     source: str
-    model: ModelShape | None = None  # the model the shape came from; None: given
+    model: ModelShape | None = None  # the model the shape came from; None: given or from a shape set
+    shape_set: str | None = None  # the named shape set it came from (shape_sets)
 
 
 class ModelSizes(BaseModel):
@@ -101,6 +103,9 @@ class OperationConfig(CaseConfig):
     batch_sizes: list[int] = Field(default_factory=lambda: [1], max_length=MAX_LIST,
                                    description="with seq_lens: the token grid")
     seq_lens: list[int] = Field(default_factory=lambda: [128], max_length=MAX_LIST)
+    shape_sets: list[str] = Field(
+        default_factory=list, description="named shape sets of flagperf/operation/shape_sets.py (flaggems-core: "
+                                          "FlagGems' core benchmark shapes), each operator's shapes in it")
     shapes: dict[str, list[dict[str, Any]]] = Field(
         default_factory=dict, description="operator -> shapes given by the user ({dimension: size})")
     implementations: list[str] | None = Field(
@@ -155,6 +160,16 @@ class OperationConfig(CaseConfig):
             raise ValueError("a model is listed twice")
         return models
 
+    @field_validator("shape_sets")
+    @classmethod
+    def _shape_sets(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if name not in SHAPE_SETS:
+                raise ValueError(f"unknown shape set {name!r} (known: {', '.join(SHAPE_SETS)})")
+        if len(set(value)) != len(value):
+            raise ValueError("a shape set is listed twice")
+        return value
+
     @field_validator("batch_sizes", "seq_lens")
     @classmethod
     def _sizes(cls, value: list[int]) -> list[int]:
@@ -207,8 +222,9 @@ class OperationConfig(CaseConfig):
     def _consistent(self) -> OperationConfig:
         if self.max_iters < self.min_iters:
             raise ValueError(f"max_iters ({self.max_iters}) must be at least min_iters ({self.min_iters})")
-        if not self.models and not self.shapes:
-            raise ValueError("give model shapes (models) or shapes of your own (shapes): there is nothing to measure")
+        if not self.models and not self.shapes and not self.shape_sets:
+            raise ValueError("give model shapes (models), a named shape set (shape_sets) or shapes of your own "
+                             "(shapes): there is nothing to measure")
         # a point's warm-up, its timed loop and its host loop (up to rep_s worth again)
         if self.warmup_s + 2 * self.rep_s >= self.timeout_s:
             raise ValueError(f"warmup_s + 2 x rep_s (the timed iterations, then the host's loop of as many calls "
@@ -228,7 +244,9 @@ class OperationConfig(CaseConfig):
         worst = max(points, key=lambda p: p.op.allocated_bytes(p.dims, ELEMENT_BYTES[p.dtype]))
         need = worst.op.allocated_bytes(worst.dims, ELEMENT_BYTES[worst.dtype])
         keys: tuple[str, ...] = ("batch_sizes", "seq_lens", "models")
-        if worst.model is None:
+        if worst.shape_set is not None:
+            keys = ("shape_sets",)
+        elif worst.model is None:
             keys = ("shapes",)
         elif 2 * worst.op.allocated_bytes(worst.op.from_model(worst.model, 1, 1), ELEMENT_BYTES[worst.dtype]) > need:
             keys = ("models",)  # the model's own tensor (an embedding table) is most of it: no batch makes it fit
@@ -252,22 +270,24 @@ class OperationConfig(CaseConfig):
 
 
 def plan_points(config: OperationConfig) -> list[PlannedPoint]:
-    """Operators x dtypes x shapes: from the model shapes x batch sizes x sequence lengths, then the user's;
-    a shape met twice is measured once (the first source is kept)."""
+    """Operators x dtypes x shapes: from the model shapes x batch sizes x sequence lengths, then the named shape
+    sets, then the user's; a shape met twice is measured once (the first source is kept)."""
     planned: list[PlannedPoint] = []
     seen: set[tuple[str, str, tuple[tuple[str, int], ...]]] = set()
     for name in config.operators:
         op = OPERATORS[name]
-        shapes: list[tuple[Dims, str, ModelShape | None]] = [
-            (op.from_model(shape, b, s), f"{shape.name} b{b} s{s}", shape)
+        shapes: list[tuple[Dims, str, ModelShape | None, str | None]] = [
+            (op.from_model(shape, b, s), f"{shape.name} b{b} s{s}", shape, None)
             for shape in map(model_shape, config.models) for b in config.batch_sizes for s in config.seq_lens]
-        shapes += [({d: int(dims[d]) for d in op.dims}, "given", None) for dims in config.shapes.get(name, [])]
+        shapes += [(dict(dims), source, None, set_name) for set_name in config.shape_sets
+                   for dims, source in SHAPE_SETS[set_name].get(name, [])]
+        shapes += [({d: int(dims[d]) for d in op.dims}, "given", None, None) for dims in config.shapes.get(name, [])]
         for dtype in config.dtypes:
             if dtype not in op.dtypes:
                 continue
-            for dims, source, model in shapes:
+            for dims, source, model, set_name in shapes:
                 key = (name, dtype, tuple(dims.items()))
                 if key not in seen:
                     seen.add(key)
-                    planned.append(PlannedPoint(op, dtype, dims, source, model))
+                    planned.append(PlannedPoint(op, dtype, dims, source, model, set_name))
     return planned
