@@ -7,7 +7,14 @@ before it is timed, through the family's own driver (flagperf.operation.driver.r
     python bench/operation_gpu.py --quick       # CPU dry run: the same plumbing at the tiny model's shapes,
                                                 # fp32; flaggems is skipped there, saying why
     options: --out DIR (where the records go), --budget-s S (no new operator once S have passed),
-             --dtypes bf16,fp16 (a subset), --with-compile (torch.compile as a third implementation)
+             --dtypes bf16,fp16 (a subset), --operators mm,softmax (a subset), --with-compile (torch.compile
+             as a third implementation)
+
+Each point has two latencies, both from the family's own timer (flagperf.operation.timer), the same for every
+implementation: the device clock's median over calls timed alone after a cache flush, and the host latency
+(FlagPerf's cputime: the host clock's wall time per call of calls back to back, one synchronisation at the
+end), which includes what the device clock leaves out, a library's Python wrapper and dispatch. The record has
+a geometric-mean speed-up against native of each.
 
 Operator by operator (one run_operation call each), the records (operation_gpu[_quick].json and .md in --out)
 are rewritten after every operator, so a run stopped by its time limit keeps what it measured. Each record
@@ -65,16 +72,31 @@ def settings(quick: bool, dtypes: list[str], implementations: list[str], operato
         "timeout_s": 600.0, "max_retries": 0})
 
 
+def _geomean(values: list[float]) -> float | None:
+    return math.exp(statistics.fmean(math.log(x) for x in values)) if values else None
+
+
 def geomeans(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per dtype and implementation, over the points both it and native passed: the geometric mean of native's
+    latency / its latency, of the device clock's medians and of the host latencies."""
     native = {(p["operator"], p["dtype"], json.dumps(p["shape"])): p for p in points
               if p["implementation"] == "native" and p["status"] == "passed"}
     groups: dict[tuple[str, str], list[float]] = {}
+    hosts: dict[tuple[str, str], list[float]] = {}
     for p in points:
         base = native.get((p["operator"], p["dtype"], json.dumps(p["shape"])))
         if p["implementation"] != "native" and p["status"] == "passed" and base:
-            groups.setdefault((p["dtype"], p["implementation"]), []).append(base["latency_s"] / p["latency_s"])
-    return [{"dtype": d, "implementation": i, "points": len(v),
-             "geomean": math.exp(statistics.fmean(math.log(x) for x in v))} for (d, i), v in sorted(groups.items())]
+            key = (p["dtype"], p["implementation"])
+            groups.setdefault(key, []).append(base["latency_s"] / p["latency_s"])
+            if base.get("host_latency_s") and p.get("host_latency_s"):
+                hosts.setdefault(key, []).append(base["host_latency_s"] / p["host_latency_s"])
+    return [{"dtype": d, "implementation": i, "points": len(v), "geomean": _geomean(v),
+             "host_points": len(hosts.get((d, i), [])), "host_geomean": _geomean(hosts.get((d, i), []))}
+            for (d, i), v in sorted(groups.items())]
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.4g}"
 
 
 def markdown(record: dict[str, Any]) -> str:
@@ -89,21 +111,23 @@ def markdown(record: dict[str, Any]) -> str:
              f"- timing: {record.get('timing', '-')}", f"- cache: {record.get('flush', '-')}",
              "- implementations: " + "; ".join(f"{k}: {v}" for k, v in record.get("described", {}).items()), ""]
     if record["geomeans"]:
-        lines += ["| dtype | implementation | geomean speed-up against native | points |", "|---|---|---|---|"]
-        lines += [f"| {g['dtype']} | {g['implementation']} | {g['geomean']:.3f} | {g['points']} |"
-                  for g in record["geomeans"]]
+        lines += ["| dtype | implementation | geomean speed-up against native (device clock) | points | "
+                  "geomean host speed-up (cputime) | host points |", "|---|---|---|---|---|---|"]
+        lines += [f"| {g['dtype']} | {g['implementation']} | {g['geomean']:.3f} | {g['points']} | "
+                  f"{'-' if g.get('host_geomean') is None else format(g['host_geomean'], '.3f')} | "
+                  f"{g.get('host_points', 0)} |" for g in record["geomeans"]]
         lines.append("")
-    lines += ["| operator | dtype | shape | implementation | status | latency ms | figure | % of peak | "
-              "% of roofline | error |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["| operator | dtype | shape | implementation | status | latency ms | host ms | figure | % of peak | "
+              "% of roofline | error |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in record["points"]:
-        latency = "-" if p["latency_s"] is None else f"{p['latency_s'] * 1e3:.4g}"
+        latency, host = _ms(p["latency_s"]), _ms(p.get("host_latency_s"))
         figure = "-" if p["value"] is None else f"{p['value']:.4g} {p['unit']}"
         ratio = "-" if p.get("ratio") is None else f"{100 * p['ratio']:.1f}%"
         roof = "-" if p["roofline"] is None else f"{100 * p['roofline']:.1f}%"
         shape = "x".join(f"{k}{v}" for k, v in p["shape"].items())
         error = (p["error"] or "").replace("|", "\\|")
         lines.append(f"| {p['operator']} | {p['dtype']} | {shape} | {p['implementation']} | {p['status']} | "
-                     f"{latency} | {figure} | {ratio} | {roof} | {error} |")
+                     f"{latency} | {host} | {figure} | {ratio} | {roof} | {error} |")
     if record.get("error"):
         lines += ["", f"**Stopped**: {record['error']}"]
     return "\n".join(lines) + "\n"
@@ -119,8 +143,13 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--budget-s", type=float, default=420.0)
     parser.add_argument("--dtypes", default=None)
+    parser.add_argument("--operators", default=None, help="a comma-separated subset (default: every operator)")
     parser.add_argument("--with-compile", action="store_true")
     args = parser.parse_args()
+    operators = args.operators.split(",") if args.operators else list(OPERATORS)
+    unknown = [name for name in operators if name not in OPERATORS]
+    if unknown:
+        parser.error(f"--operators: unknown {', '.join(unknown)} (known: {', '.join(OPERATORS)})")
     cuda = torch.cuda.is_available() and not args.quick
     vendor = "nvidia"  # its operation folder holds native, compile and flaggems
     device = torch.device("cuda" if cuda else "cpu")
@@ -137,7 +166,7 @@ def main() -> int:
         "dtypes": dtypes, "implementations": implementations, "points": [], "geomeans": []}
     write(args.out, record)
     failed = 0
-    for operator in OPERATORS:
+    for operator in operators:
         if time.perf_counter() - STARTED > args.budget_s:
             record["error"] = f"budget of {args.budget_s:.0f} s spent before {operator}"
             break
@@ -148,7 +177,8 @@ def main() -> int:
             outcome = run_operation(config, vendor, spec, device)
         except Exception as exc:  # one operator's crash is recorded; the others still run
             record["points"].append({"operator": operator, "dtype": ",".join(config.dtypes), "shape": {},
-                                     "implementation": "-", "status": "failed", "latency_s": None, "value": None,
+                                     "implementation": "-", "status": "failed", "latency_s": None,
+                                     "host_latency_s": None, "value": None,
                                      "unit": None, "roofline": None, "error": f"{type(exc).__name__}: {exc}"})
             failed += 1
             continue
@@ -163,12 +193,15 @@ def main() -> int:
         write(args.out, record)
         print(f"{operator}: " + ", ".join(f"{p.implementation} {p.dtype} {p.status}"
                                           + (f" {p.latency_s * 1e3:.3g} ms" if p.latency_s else "")
+                                          + (f" (host {p.host_latency_s * 1e3:.3g} ms)" if p.host_latency_s else "")
                                           for p in outcome.report.points), flush=True)
     record["state"] = "finished" if "error" not in record else "stopped"
     record["total_s"] = time.perf_counter() - STARTED
     write(args.out, record)
     for g in record["geomeans"]:
-        print(f"geomean speed-up {g['implementation']} {g['dtype']}: {g['geomean']:.3f} over {g['points']} points")
+        host = (f"; host {g['host_geomean']:.3f} over {g['host_points']}" if g["host_geomean"] is not None else "")
+        print(f"geomean speed-up {g['implementation']} {g['dtype']}: {g['geomean']:.3f} over {g['points']} points"
+              + host)
     print(f"{failed} failed point(s); records in {args.out}")
     return 1 if (failed and cuda) else 0
 
