@@ -64,7 +64,12 @@ def compute_reference(fn: Callable[..., Any], inputs: Sequence[Any], dtype: torc
     return Reference(outputs=outputs, description=f"{name} on {device.type}")
 
 
-def compare(output: Any, reference: Reference, rtol: float, atol: float) -> Verdict:
+Locate = Callable[[int, tuple[int, ...]], list[int]]  # (output number, index in what was compared) -> index
+
+
+def compare(output: Any, reference: Reference, rtol: float, atol: float, locate: Locate | None = None) -> Verdict:
+    """``locate``: where an index of the compared tensors lies in the operator's output (a sample of it is
+    compared), so that the worst element is named where it is."""
     try:
         outputs = as_list(output)
     except TypeError as exc:
@@ -90,9 +95,10 @@ def compare(output: Any, reference: Reference, rtol: float, atol: float) -> Verd
         if count:
             flat = int(torch.argmax((diff - allowed).masked_fill(nonfinite, float("inf")).flatten()))
             index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(ref.shape)))
+            where = locate(i, index) if locate is not None else list(index)
             return Verdict(
                 f"wrong result: {which}{count} of {ref.numel()} elements outside |out - ref| <= atol + rtol*|ref| "
-                f"(rtol {rtol:.3g}, atol {atol:.3g}); worst at {list(index)}: got {float(got.flatten()[flat]):.9g}, "
+                f"(rtol {rtol:.3g}, atol {atol:.3g}); worst at {where}: got {float(got.flatten()[flat]):.9g}, "
                 f"expected {float(ref.flatten()[flat]):.9g} (|out - ref| {float(diff.flatten()[flat]):.3g}, "
                 f"allowed {float(allowed.flatten()[flat]):.3g}; reference {reference.description})",
                 worst_abs, worst_rel)

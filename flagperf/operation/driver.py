@@ -21,10 +21,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from flagperf.config.memory import USABLE_SHARE
 from flagperf.errors import CaseUserError
 from flagperf.measure.casekit import comparable_ratio
-from flagperf.measure.device import synchronize
+from flagperf.measure.device import device_clock, device_module, synchronize
 from flagperf.operation.check import (
     REFERENCE_CPU,
     Reference,
+    Verdict,
     compare,
     compute_reference,
     point_atol,
@@ -49,6 +50,7 @@ from flagperf.operation.operators import (
     reference_for,
     shape_label,
 )
+from flagperf.operation.sampled import NoSample, Sample, host_sample
 from flagperf.operation.timer import (
     NEAR_FLOOR_SHARE,
     CacheFlush,
@@ -73,6 +75,19 @@ class OperationOutcome:
     report: OperationReport
     measured_seconds: float
     failure: str | None = None  # nothing passed: why
+
+
+@dataclass(frozen=True)
+class HostSample:
+    """A large point's float64 host reference of a sample of its output, or why there is none."""
+
+    sample: Sample | None
+    reference: Reference | None
+    statement: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.statement and self.reference is not None:
+            object.__setattr__(self, "statement", self.reference.description)
 
 
 @dataclass
@@ -160,7 +175,12 @@ def roofline_is_estimate(spec: SpecTable, dtype: str, flops: int | None) -> bool
 
 def point_metric(name: str, point: PlannedPoint, spec: SpecTable, latencies: list[float], median: float,
                  p10: float, p90: float, window: tuple[float, float], warmup_calls: int | None = None,
-                 host_latency: float | None = None) -> tuple[Metric, float, str]:
+                 host_latency: float | None = None, energy: tuple[tuple[float, float], int] | None = None
+                 ) -> tuple[Metric, float, str]:
+    """``energy``: the window the monitors' energy is taken over and the calls in it (the host loop's: the calls
+    and nothing else), which become the metric's ``window`` and ``work`` (energy per work = energy over the
+    window / work); without it the timed loop's, whose flushes (and the CPU's rewarm calls) would be charged
+    to the calls."""
     flops, nbytes = counted(point.op, point.dims, point.dtype)
     compute = point.op.bound == "compute"
     work, unit = (float(flops or 0), "TFLOPS") if compute else (float(nbytes), "GB/s")
@@ -177,8 +197,10 @@ def point_metric(name: str, point: PlannedPoint, spec: SpecTable, latencies: lis
              f"±{iteration_spread(median, p10, p90):.1%}) over {len(latencies)} iterations"
              + (f" after {warmup_calls} warm-up calls" if warmup_calls is not None else "")
              + (f"; host {host_latency * 1e3:.4g} ms per call back to back" if host_latency is not None else "")
+             + (f"; energy window: the {energy[1]} calls of the host loop (back to back, no flush)" if energy else "")
              + f"; shape {shape_label(point.dims)} ({point.source})",
-        window=list(window), work=work * len(latencies) / scale, statistic="rate@median")
+        window=list(energy[0] if energy else window), work=work * (energy[1] if energy else len(latencies)) / scale,
+        statistic="rate@median")
     return metric, work, unit
 
 
@@ -214,7 +236,7 @@ def rewarm_fits(point: PlannedPoint, available: int) -> bool:
 
 
 def _free(device: torch.device) -> None:
-    module = torch.get_device_module(device.type) if device.type != "cpu" else None
+    module = device_module(device)  # None: the host's own memory, which has no cache of its own to empty
     if module is not None and hasattr(module, "empty_cache"):
         module.empty_cache()
 
@@ -268,8 +290,11 @@ class PointRunner:
                 recorded = aten_ops(native, inputs)
             small = sum(t.numel() for t in inputs) <= self.config.reference_cpu_max_elements
             ref_device = REFERENCE_CPU if small else self.device
-            ref_dtype = reference_dtype(point.dtype, ref_device.type == "cpu", self.device_has_fp64)
+            # the host's own processor (a device without a device module) computes in float64 like the host
+            on_host = small or device_module(self.device) is None
+            ref_dtype = reference_dtype(point.dtype, on_host, self.device_has_fp64)
             reference = compute_reference(reference_for(point.op, point.dtype), inputs, ref_dtype, ref_device)
+            sampled = None if small else self._host_sample(point, inputs)
         except RuntimeError as exc:  # out of memory included: said, and the round goes on
             _free(self.device)
             self._skip_all(point, ("does not fit in memory: " if _is_oom(exc) else "cannot be set up: ")
@@ -278,16 +303,45 @@ class PointRunner:
         tolerance = self.config.tolerance(point.dtype)
         tolerance["atol"] = point_atol(tolerance["atol"], point.op.error_scale(point.dims), point.dtype)
         for name, impl in self.impls.ready.items():
-            self._run_one(point, name, impl, inputs, native, recorded, reference, tolerance)
+            self._run_one(point, name, impl, inputs, native, recorded, reference, tolerance, sampled)
         for name, why in self.impls.absent.items():
             self._record(point, name, "skipped", why)
-        del inputs, reference
+        del inputs, reference, sampled
         _free(self.device)
 
+    def _host_sample(self, point: PlannedPoint, inputs: list[Any]) -> HostSample:
+        """A large point's float64 reference on the host for a sample of its output (flagperf.operation.sampled):
+        its device reference is the device's own kernels. Where there is none, the point says why."""
+        try:
+            sample = host_sample(point.op, point.dtype, inputs, self.config.seed)
+            return HostSample(sample, sample.reference())
+        except NoSample as exc:
+            return HostSample(None, None, f"none: {exc}")
+        except RuntimeError as exc:  # no host memory for it, a dtype the host cannot copy: said, the point goes on
+            log.warning("%s %s %s: no float64 host sample (%s)", point.op.name, point.dtype,
+                        shape_label(point.dims), _first_line(exc))
+            return HostSample(None, None, f"none: {_first_line(exc)}")
+
     def _run_one(self, point: PlannedPoint, name: str, impl: OperatorImplementation, inputs: list[Any],
-                 native: Callable[..., Any], recorded: list[str], reference: Reference, tolerance: dict[str, float]
-                 ) -> None:
-        common: dict[str, Any] = {"reference": reference.description, "tolerance": tolerance, "aten_ops": recorded}
+                 native: Callable[..., Any], recorded: list[str], reference: Reference, tolerance: dict[str, float],
+                 sampled: HostSample | None = None) -> None:
+        common: dict[str, Any] = {"reference": reference.description, "tolerance": tolerance, "aten_ops": recorded,
+                                  "reference_sample": sampled.statement if sampled else None}
+        rtol, atol = tolerance["rtol"], tolerance["atol"]
+
+        def verify(output: Any) -> Verdict:
+            """Against the reference, then (a large point) against the host's float64 sample of it."""
+            verdict = compare(output, reference, rtol, atol)
+            if verdict.error or sampled is None or sampled.sample is None or sampled.reference is None:
+                return verdict
+            on_host = compare(sampled.sample.pick(output), sampled.reference, rtol, atol, sampled.sample.locate)
+            errors = [e for e in (verdict.max_abs_error, on_host.max_abs_error) if e is not None]
+            relative = [e for e in (verdict.max_rel_error, on_host.max_rel_error) if e is not None]
+            return Verdict(on_host.error, max(errors) if errors else None, max(relative) if relative else None)
+
+        def check_timed(output: Any) -> str | None:
+            return verify(output).error
+
         why = impl.unavailable(point.op, point.dtype, recorded)
         if why:
             self._record(point, name, "skipped", why, **common)
@@ -305,7 +359,7 @@ class PointRunner:
                 with impl.scope():
                     output = call()
                     synchronize(self.device)
-                verdict = compare(output, reference, tolerance["rtol"], tolerance["atol"])
+                verdict = verify(output)
                 del output
                 common.update(max_abs_error=verdict.max_abs_error, max_rel_error=verdict.max_rel_error)
                 if verdict.error:
@@ -323,7 +377,7 @@ class PointRunner:
                     try:
                         with impl.scope():
                             timed = time_call(call, self.device, self.options, self.flush,
-                                              rewarm if copies is not None else None)
+                                              rewarm if copies is not None else None, check_timed)
                     except Exception as exc:
                         if copies is None or not _is_oom(exc):
                             raise
@@ -336,16 +390,21 @@ class PointRunner:
                                     _first_line(exc))
                         common["rewarmed"] = False
                         with impl.scope():
-                            timed = time_call(call, self.device, self.options, self.flush, None)
+                            timed = time_call(call, self.device, self.options, self.flush, None, check_timed)
                     if timed.rewarm_dropped:  # a call far longer than its flush: nothing for the rewarm to change
                         common["rewarmed"] = None
                     del copies
+                    if timed.check_error:  # the call that was timed is not the call that was checked
+                        replay = " (a device graph's replay)" if timed.graphs else ""
+                        status, error = "failed", (f"the last timed iteration's output{replay} is wrong though the "
+                                                   f"first call's was right: {timed.check_error}")
         except Exception as exc:  # an implementation's error fails its point, not the round
             _free(self.device)
             status = "skipped" if _is_oom(exc) else "failed"
             error = ("does not fit in memory: " if _is_oom(exc) else "") + _first_line(exc)
         wrote = self._restore_inputs(point, inputs)
-        if wrote and status is None:
+        # a write into the inputs is also why its timed output is wrong: the write is said, the cause
+        if wrote and (status is None or (timed is not None and timed.check_error)):
             status, error = "failed", f"{wrote}: its timed calls ran on other data than the call that was checked"
         elif wrote:
             error = f"{error}; and it {wrote}"
@@ -406,8 +465,9 @@ class PointRunner:
         """A passed point from its timing: the figure at the median, its spread, roofline and clock floor."""
         metric_name = f"{point.op.name}:{point.dtype}:{shape_label(point.dims)}@{name}"
         median, p10, p90 = timed.median, timed.p10, timed.p90
+        energy = (timed.host_window, timed.host_calls) if timed.host_window else None
         metric, _, unit = point_metric(metric_name, point, self.spec, timed.latencies, median, p10, p90,
-                                       timed.window, timed.warmup_calls, timed.host_latency)
+                                       timed.window, timed.warmup_calls, timed.host_latency, energy)
         low, high = timed.median_interval or (None, None)
         flops, nbytes = counted(point.op, point.dims, point.dtype)
         share, basis = roofline(self.spec, point.op, point.dtype, flops, nbytes, median)
@@ -441,9 +501,10 @@ def run_operation(config: OperationConfig, vendor: str, spec: SpecTable, device:
     for point in planned:
         runner.run(point)
     graphs = ("off (cuda_graphs: false)" if not config.cuda_graphs
-              else graph_support(device) or "each timed call replayed from a device graph captured once")
+              else graph_support(device) or "each timed call replayed from a device graph captured once; the "
+              "last replay's output is checked as the first call's was")
     report = OperationReport(
-        timing=(f"{'device events' if device.type != 'cpu' else 'host clock (the CPU is the device)'}: warm-up "
+        timing=(f"{device_clock(device).name}: warm-up "
                 f"{config.warmup_s:g} s by time (each call waited for"
                 f"{', after a cache flush' if config.flush_cache else ''}), then rep_s {config.rep_s:g} s worth "
                 f"of iterations ({config.min_iters} to {config.max_iters}; one iteration as estimated in the "
@@ -452,7 +513,9 @@ def run_operation(config: OperationConfig, vendor: str, spec: SpecTable, device:
                 "95% confidence interval the order statistics of its iterations (ranks from Binomial(n, 1/2)); "
                 "its host latency is the host clock's wall time per call of as many calls back to back (at most "
                 "rep_s worth by the median; the call itself, no flush, no graph, one synchronisation at the end: "
-                "FlagPerf's cputime, dispatch included); its clock "
+                "FlagPerf's cputime, dispatch included), and that loop's window, the calls and nothing else, is "
+                "the point's energy window (its metric's window and work); the last timed iteration's output (a "
+                "graph's replay where graphs are on) is checked as the first call's was; its clock "
                 f"floor is the median the clock measures for an empty interval, and a point whose floor is over "
                 f"{NEAR_FLOOR_SHARE:.0%} of its median latency is marked (its figure includes up to that much of the "
                 "timer's own cost)"),

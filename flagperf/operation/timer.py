@@ -6,7 +6,10 @@ device graph (option, where the device has graphs); median and p10/p90 over the 
 it measures for an empty interval, beside which a call too short to time shows. Then the host's time per call:
 the same number of calls back to back, with no flush and one synchronisation at the end, on the host clock
 (FlagPerf's ``cputime``), which includes what the device clock leaves out: the Python wrapper and dispatch before
-each kernel (a flush queued before each timed call hides them on an accelerator)."""
+each kernel (a flush queued before each timed call hides them on an accelerator); that loop's window is the
+point's energy window, the calls and nothing else (no flush, no rewarm). The last timed iteration's output (a
+graph's replay where graphs are on) is handed to the caller's check: the call that was timed is the call that
+was checked, not only the first one."""
 
 from __future__ import annotations
 
@@ -50,7 +53,9 @@ class Timed:
     clock_floor: float = 0.0  # the median the clock measures between two marks with nothing between them
     host_latency: float | None = None  # host wall time per call of host_calls back-to-back calls
     host_calls: int = 0
+    host_window: tuple[float, float] | None = None  # epoch seconds of the host loop: the calls and nothing else
     rewarm_dropped: bool = False  # a rewarm was given and left out: the call is over REWARM_SLOW_CALL x the flush
+    check_error: str | None = None  # what the check found wrong in the last timed iteration's output
 
     @property
     def median_interval(self) -> tuple[float, float] | None:
@@ -185,6 +190,8 @@ def graph_support(device: torch.device) -> str | None:
 
 
 def _graphed(call: Callable[[], Any], device: torch.device) -> Callable[[], Any]:
+    """A replay of ``call`` captured once, returning the output the capture allocated (each replay writes its
+    result there), so that what a replay computed is what gets checked."""
     module = device_module(device)
     assert module is not None
     stream = module.Stream()
@@ -194,9 +201,14 @@ def _graphed(call: Callable[[], Any], device: torch.device) -> Callable[[], Any]
     module.current_stream().wait_stream(stream)
     graph = module.CUDAGraph()
     with module.graph(graph):
-        call()
+        static = call()
     synchronize(device)
-    return graph.replay
+
+    def replay() -> Any:
+        graph.replay()
+        return static
+
+    return replay
 
 
 def _flushed(flush: Callable[[], None] | None, rewarm: Callable[[], Any] | None) -> Any:
@@ -208,7 +220,8 @@ def _flushed(flush: Callable[[], None] | None, rewarm: Callable[[], Any] | None)
 
 
 def time_call(call: Callable[[], Any], device: torch.device, options: TimingOptions,
-              flush: Callable[[], None] | None, rewarm: Callable[[], Any] | None = None) -> Timed:
+              flush: Callable[[], None] | None, rewarm: Callable[[], Any] | None = None,
+              check: Callable[[Any], str | None] | None = None) -> Timed:
     """Warm ``call`` up for options.warmup_s (each call waited for, so the estimate is the device's time), then
     time rep_s worth of iterations (between min_iters and max_iters), each between two clock marks. With a
     flush, the warm-up flushes before each call too (as Triton's do_bench estimates), so that the estimate is
@@ -220,11 +233,16 @@ def time_call(call: Callable[[], Any], device: torch.device, options: TimingOpti
     A call over REWARM_SLOW_CALL x its flush (the first warm-up call's) drops the rewarm: it would double each
     iteration for a difference lost in the call (Timed.rewarm_dropped).
 
+    ``check``: called with the last timed iteration's output (a graph's replay: the output its capture
+    allocated) once the device is done; what it returns is Timed.check_error. The call that was checked first
+    is not always the one timed: a graph replays what it captured, a library may cache or switch kernels.
+
     Then the host's time: as many calls of ``call`` itself (never a graph's replay, which skips the host's
     work) back to back, at most rep_s worth of them by the timed median (at least one), no flush, one
     synchronisation at the end; the wall time over the count. On an accelerator the larger of the host's cost
     per call and the device's time (the host queues ahead); on the CPU, where the device's clock is the host's,
-    the same calls with their caches warm."""
+    the same calls with their caches warm. That loop's epoch window (Timed.host_window) holds the calls and
+    nothing else: the energy per call is taken over it."""
     started = time.perf_counter()
     calls = 0
     dropped = False
@@ -255,24 +273,31 @@ def time_call(call: Callable[[], Any], device: torch.device, options: TimingOpti
     marks: list[tuple[Any, Any]] = []
     synchronize(device)
     epoch_start = time.time()
+    output: Any = None
     for _ in range(iterations):
+        output = None  # the last iteration's output is freed before the flush, as before the next call
         held = _flushed(flush, rewarm)
         begin = clock.mark()
-        step()
+        output = step()
         marks.append((begin, clock.mark()))
         del held  # freed only now: the timed call's output went elsewhere than the rewarm's
     synchronize(device)
     epoch_end = time.time()
+    check_error = check(output) if check is not None else None
+    del output
     latencies = [clock.seconds(begin, end) for begin, end in marks]
     if any(t <= 0 for t in latencies):
         raise RuntimeError(f"{clock.name} measured a non-positive time for a call: too coarse for this operator")
     # rep_s worth by the timed median: a slow point's host loop must not take as long again as its timed one
     host_calls = min(iterations, max(1, math.ceil(options.rep_s / percentile(latencies, 50))))
+    synchronize(device)  # the check's work done: the host loop's window starts with the device idle
+    host_epoch = time.time()
     host_started = time.perf_counter()
     for _ in range(host_calls):
         call()
     synchronize(device)
-    host_latency = (time.perf_counter() - host_started) / host_calls
+    host_elapsed = time.perf_counter() - host_started
     return Timed(latencies=latencies, window=(epoch_start, epoch_end), graphs=graphs, warmup_calls=calls,
-                 clock_floor=clock_floor(clock, device), host_latency=host_latency, host_calls=host_calls,
-                 rewarm_dropped=dropped)
+                 clock_floor=clock_floor(clock, device), host_latency=host_elapsed / host_calls,
+                 host_calls=host_calls, host_window=(host_epoch, host_epoch + host_elapsed), rewarm_dropped=dropped,
+                 check_error=check_error)

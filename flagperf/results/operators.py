@@ -193,22 +193,27 @@ def collect_points(run_dir: Path) -> list[PointFigures]:
 
 def method_lines(results: Iterable[RoundResult]) -> list[str]:
     """How each operation case was measured, as its rounds' result.json state it: the clock, warm-up and
-    iterations, the cache flush, device graphs, each implementation (with its library's version), and why
-    points have no share of the roofline. Rounds that state something differently (hosts with other caches)
-    each add their wording."""
+    iterations, the cache flush, device graphs, each implementation (with its library's version), what the
+    points were checked against, and why points have no share of the roofline. Rounds that state something
+    differently (hosts with other caches) each add their wording."""
     cases: dict[str, dict[str, dict[str, None]]] = {}
+    checked: dict[str, dict[str, int]] = {}  # case -> what its points were checked against -> points
     for result in results:
         if result.family != FAMILY or result.operation is None:
             continue
         op = result.operation
         found = cases.setdefault(result.case, {"timing": {}, "flush": {}, "graphs": {}, "impls": {}, "roofline": {},
                                                "iterations": {}, "warmup": {}})
+        against = checked.setdefault(result.case, {})
         found["timing"][op.timing] = None
         found["flush"][op.flush] = None
         found["graphs"][op.graphs] = None
         for name, text in op.implementations.items():
             found["impls"][f"{name}: {text}"] = None
         for point in op.points:
+            if point.reference and point.status != "skipped":
+                kind = _checked_against(point.reference, point.reference_sample)
+                against[kind] = against.get(kind, 0) + 1
             if point.status == "passed" and point.roofline is None and point.roofline_basis:
                 found["roofline"][point.roofline_basis] = None
             if point.status == "passed":
@@ -224,8 +229,21 @@ def method_lines(results: Iterable[RoundResult]) -> list[str]:
                      f"{md_text('; '.join(found['flush']))}; device graphs: {md_text('; '.join(found['graphs']))}"
                      f"{counts}")
         lines += [f"  - {md_text(impl)}" for impl in found["impls"]]
+        if checked[case]:
+            lines.append("  - checked against: " + "; ".join(
+                f"{md_text(kind)} ({count} point-implementation pair{'s' if count != 1 else ''})"
+                for kind, count in checked[case].items()))
         lines += [f"  - % of roofline not computed: {md_text(why)}" for why in found["roofline"]]
     return [*lines, ""] if lines else []
+
+
+def _checked_against(reference: str, sample: str | None) -> str:
+    """A point's references in a few words: the whole one, and a large point's float64 host sample or why none."""
+    if sample is None:
+        return reference
+    if sample.startswith("none"):
+        return f"{reference}, no host sample ({sample.removeprefix('none: ')})"
+    return f"{reference} and a float64 host sample of the output"
 
 
 def _count_range(counts: list[int]) -> str:

@@ -239,7 +239,8 @@ class OperatorPoint(_Model):
     group: str
     dtype: str
     shape: dict[str, int]
-    source: str = Field(description="where the shape came from: '<model preset> b<batch> s<seq>' or 'given'")
+    source: str = Field(description="where the shape came from: '<model preset> b<batch> s<seq>', '<shape set> "
+                        "<its source>' (flaggems-core BlasBenchmark [2, 384, 384, 384]) or 'given'")
     implementation: str
     status: Literal["passed", "failed", "skipped"]
     error: str | None = Field(default=None, description="failed: the wrong result or the exception; skipped: why")
@@ -277,6 +278,10 @@ class OperatorPoint(_Model):
     roofline_estimated: bool = Field(default=False, description="the roofline uses a peak that is an estimate (a "
                                      "lower bound of the real one): the share is an upper estimate")
     reference: str | None = Field(default=None, description="how the reference was computed (dtype, device)")
+    reference_sample: str | None = Field(default=None, description="a point over reference_cpu_max_elements, "
+                                         "whose reference is the device's own kernels: the float64 host reference "
+                                         "of a sample of its output it was also held to (which elements), or 'none: "
+                                         "why'; null for a point whose reference is float64 on the host already")
     max_abs_error: float | None = None
     max_rel_error: float | None = None
     tolerance: dict[str, float] | None = Field(default=None, description="rtol, atol (atol scaled for the shape)")

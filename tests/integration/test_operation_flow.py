@@ -24,7 +24,7 @@ def test_an_operation_case_runs_through_the_evaluation(flagperf_env: Path, monke
     run_id = f"run-operation-{time.time_ns()}"
     state = evaluate(cases=["op-norm"], overrides=["dtypes=[fp32, bf16]", "implementations=[native, planted-wrong]",
                                                    "seq_lens=[16]", "rep_s=0.001", "min_iters=2", "max_iters=3",
-                                                   "flush_cache=false"],
+                                                   "flush_cache=false", "op-norm.reference_cpu_max_elements=0"],
                      results_dir=str(flagperf_env), run_id=run_id, return_state=True)
     assert state.is_completed(), state.message
     run_dir = flagperf_env / run_id
@@ -35,6 +35,11 @@ def test_an_operation_case_runs_through_the_evaluation(flagperf_env: Path, monke
     assert [p.status for p in by_impl["native"]] == ["passed"] * 4  # layer_norm, rms_norm x fp32, bf16
     assert all(p.status == "failed" and "wrong result" in (p.error or "") for p in by_impl["planted-wrong"])
     assert sorted(m.name for m in result.metrics) == sorted(p.metric for p in by_impl["native"])
+    # every point over reference_cpu_max_elements: also held to a float64 host sample, which the record states;
+    # each figure's energy window is its host loop's calls
+    assert all(p.reference_sample and p.reference_sample.startswith("float64 on cpu at ")
+               for p in result.operation.points), [p.reference_sample for p in result.operation.points]
+    assert all("energy window: the " in (m.note or "") for m in result.metrics)
     report = (run_dir / "report.md").read_text(encoding="utf-8")
     # The headline: a row per operator; every point in its operator's table, the failed ones FAILED.
     assert "| op-norm | rms_norm | GB/s | native, planted-wrong | 2 (fp32, bf16) | 2 of 4; **2 FAILED** | " \
@@ -45,3 +50,5 @@ def test_an_operation_case_runs_through_the_evaluation(flagperf_env: Path, monke
     # each passed cell has the host's time per call beside the device clock's (docs/operation.md, Timing)
     assert all(p.host_latency_s for p in by_impl["native"]) and section.count(" · host ") == 2
     assert "@planted-wrong: wrong result:" in section
+    assert "checked against: float64 on cpu and a float64 host sample of the output (8 point-implementation " \
+           "pairs)" in report
