@@ -339,9 +339,6 @@ class PointRunner:
             relative = [e for e in (verdict.max_rel_error, on_host.max_rel_error) if e is not None]
             return Verdict(on_host.error, max(errors) if errors else None, max(relative) if relative else None)
 
-        def check_timed(output: Any) -> str | None:
-            return verify(output).error
-
         why = impl.unavailable(point.op, point.dtype, recorded)
         if why:
             self._record(point, name, "skipped", why, **common)
@@ -349,6 +346,8 @@ class PointRunner:
         status: str | None = None  # None: passed, timed
         error: str | None = None
         timed: Timed | None = None
+        timed_error: str | None = None  # what the last timed iteration's output has wrong
+        last: list[Any] = []  # the last timed iteration's output, handed back by the timer
         try:
             with torch.no_grad():
                 fn = impl.prepare(point.op, point.dtype, native)
@@ -377,7 +376,7 @@ class PointRunner:
                     try:
                         with impl.scope():
                             timed = time_call(call, self.device, self.options, self.flush,
-                                              rewarm if copies is not None else None, check_timed)
+                                              rewarm if copies is not None else None, last)
                     except Exception as exc:
                         if copies is None or not _is_oom(exc):
                             raise
@@ -390,21 +389,24 @@ class PointRunner:
                                     _first_line(exc))
                         common["rewarmed"] = False
                         with impl.scope():
-                            timed = time_call(call, self.device, self.options, self.flush, None, check_timed)
+                            timed = time_call(call, self.device, self.options, self.flush, None, last)
                     if timed.rewarm_dropped:  # a call far longer than its flush: nothing for the rewarm to change
                         common["rewarmed"] = None
                     del copies
-                    if timed.check_error:  # the call that was timed is not the call that was checked
-                        replay = " (a device graph's replay)" if timed.graphs else ""
-                        status, error = "failed", (f"the last timed iteration's output{replay} is wrong though the "
-                                                   f"first call's was right: {timed.check_error}")
+                # the call that was timed is the call that is checked, outside the scope as the first was (a
+                # library patching torch's operators must not compute its own comparison)
+                timed_error = verify(last.pop()).error if last else None
+                if timed_error and timed is not None:
+                    replay = " (a device graph's replay)" if timed.graphs else ""
+                    status, error = "failed", (f"the last timed iteration's output{replay} is wrong though the "
+                                               f"first call's was right: {timed_error}")
         except Exception as exc:  # an implementation's error fails its point, not the round
             _free(self.device)
             status = "skipped" if _is_oom(exc) else "failed"
             error = ("does not fit in memory: " if _is_oom(exc) else "") + _first_line(exc)
         wrote = self._restore_inputs(point, inputs)
         # a write into the inputs is also why its timed output is wrong: the write is said, the cause
-        if wrote and (status is None or (timed is not None and timed.check_error)):
+        if wrote and (status is None or timed_error):
             status, error = "failed", f"{wrote}: its timed calls ran on other data than the call that was checked"
         elif wrote:
             error = f"{error}; and it {wrote}"

@@ -8,8 +8,8 @@ the same number of calls back to back, with no flush and one synchronisation at 
 (FlagPerf's ``cputime``), which includes what the device clock leaves out: the Python wrapper and dispatch before
 each kernel (a flush queued before each timed call hides them on an accelerator); that loop's window is the
 point's energy window, the calls and nothing else (no flush, no rewarm). The last timed iteration's output (a
-graph's replay where graphs are on) is handed to the caller's check: the call that was timed is the call that
-was checked, not only the first one."""
+graph's replay where graphs are on) is handed back for the caller to check: the call that was timed is the
+call that was checked, not only the first one."""
 
 from __future__ import annotations
 
@@ -55,7 +55,6 @@ class Timed:
     host_calls: int = 0
     host_window: tuple[float, float] | None = None  # epoch seconds of the host loop: the calls and nothing else
     rewarm_dropped: bool = False  # a rewarm was given and left out: the call is over REWARM_SLOW_CALL x the flush
-    check_error: str | None = None  # what the check found wrong in the last timed iteration's output
 
     @property
     def median_interval(self) -> tuple[float, float] | None:
@@ -221,7 +220,7 @@ def _flushed(flush: Callable[[], None] | None, rewarm: Callable[[], Any] | None)
 
 def time_call(call: Callable[[], Any], device: torch.device, options: TimingOptions,
               flush: Callable[[], None] | None, rewarm: Callable[[], Any] | None = None,
-              check: Callable[[Any], str | None] | None = None) -> Timed:
+              last_output: list[Any] | None = None) -> Timed:
     """Warm ``call`` up for options.warmup_s (each call waited for, so the estimate is the device's time), then
     time rep_s worth of iterations (between min_iters and max_iters), each between two clock marks. With a
     flush, the warm-up flushes before each call too (as Triton's do_bench estimates), so that the estimate is
@@ -233,9 +232,10 @@ def time_call(call: Callable[[], Any], device: torch.device, options: TimingOpti
     A call over REWARM_SLOW_CALL x its flush (the first warm-up call's) drops the rewarm: it would double each
     iteration for a difference lost in the call (Timed.rewarm_dropped).
 
-    ``check``: called with the last timed iteration's output (a graph's replay: the output its capture
-    allocated) once the device is done; what it returns is Timed.check_error. The call that was checked first
-    is not always the one timed: a graph replays what it captured, a library may cache or switch kernels.
+    ``last_output``: the last timed iteration's output (a graph's replay: the output its capture allocated) is
+    appended to it once the device is done, for the caller to check (outside any scope the call ran in). The
+    call that was checked first is not always the one timed: a graph replays what it captured, a library may
+    cache or switch kernels.
 
     Then the host's time: as many calls of ``call`` itself (never a graph's replay, which skips the host's
     work) back to back, at most rep_s worth of them by the timed median (at least one), no flush, one
@@ -283,14 +283,14 @@ def time_call(call: Callable[[], Any], device: torch.device, options: TimingOpti
         del held  # freed only now: the timed call's output went elsewhere than the rewarm's
     synchronize(device)
     epoch_end = time.time()
-    check_error = check(output) if check is not None else None
+    if last_output is not None:
+        last_output.append(output)
     del output
     latencies = [clock.seconds(begin, end) for begin, end in marks]
     if any(t <= 0 for t in latencies):
         raise RuntimeError(f"{clock.name} measured a non-positive time for a call: too coarse for this operator")
     # rep_s worth by the timed median: a slow point's host loop must not take as long again as its timed one
     host_calls = min(iterations, max(1, math.ceil(options.rep_s / percentile(latencies, 50))))
-    synchronize(device)  # the check's work done: the host loop's window starts with the device idle
     host_epoch = time.time()
     host_started = time.perf_counter()
     for _ in range(host_calls):
@@ -299,5 +299,4 @@ def time_call(call: Callable[[], Any], device: torch.device, options: TimingOpti
     host_elapsed = time.perf_counter() - host_started
     return Timed(latencies=latencies, window=(epoch_start, epoch_end), graphs=graphs, warmup_calls=calls,
                  clock_floor=clock_floor(clock, device), host_latency=host_elapsed / host_calls,
-                 host_calls=host_calls, host_window=(host_epoch, host_epoch + host_elapsed), rewarm_dropped=dropped,
-                 check_error=check_error)
+                 host_calls=host_calls, host_window=(host_epoch, host_epoch + host_elapsed), rewarm_dropped=dropped)

@@ -210,23 +210,41 @@ def test_the_timed_calls_output_is_checked_not_only_the_first_calls(cpu_spec: Sp
     assert not [m for m in runner.metrics if m.name.endswith("@stale")]
 
 
-def test_the_check_gets_the_output_of_the_last_timed_iteration() -> None:
-    """time_call hands its check the last timed step's output (a graph's replay returns the output its capture
-    allocated, so the same path checks a replay), after the device is done, before the host loop."""
+def test_the_timer_hands_back_the_output_of_the_last_timed_iteration() -> None:
+    """time_call hands back the last timed step's output (a graph's replay returns the output its capture
+    allocated, so the same path hands back a replay's), not the host loop's."""
     count = [0]
-    seen: list[int] = []
+    last: list[Any] = []
 
     def call() -> int:
         count[0] += 1
         return count[0]
 
-    def check(output: Any) -> str | None:
-        seen.append(output)
-        return "off" if output > 1 else None
+    timed = time_call(call, CPU, TimingOptions(0.001, 10.0, 4, 4, False, True), None, last_output=last)
+    assert last == [timed.warmup_calls + 4]
+    assert count[0] == timed.warmup_calls + 4 + timed.host_calls
 
-    timed = time_call(call, CPU, TimingOptions(0.001, 10.0, 4, 4, False, True), None, check=check)
-    assert seen == [timed.warmup_calls + 4] and timed.check_error == "off"
-    assert count[0] == timed.warmup_calls + 4 + timed.host_calls  # the host loop's calls came after the check
+
+def test_the_timed_output_is_compared_outside_the_implementations_scope(cpu_spec: SpecTable) -> None:
+    """A library that patches torch's operators does it in its scope (FlagGems' use_gems), which is around its
+    calls, never around the comparison: there a wrong subtraction kernel of its own would hide its own wrong
+    output. Here the scope's subtraction returns zeros: the wrong timed output is still found."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class ZeroSubtraction(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            return torch.zeros_like(out) if func is torch.ops.aten.sub.Tensor else out
+
+    def stale(output: Any, call: int) -> Any:
+        return output if call == 1 else _last_element_off(output, call)
+
+    patched = _implementation(stale)
+    patched.scope = ZeroSubtraction  # type: ignore[method-assign]
+    runner = _run(config(operators=["mul"]), cpu_spec, {"patched": patched})
+    (point,) = runner.points
+    assert point.status == "failed" and point.error.startswith("the last timed iteration's output is wrong"), \
+        point.error
 
 
 # ------------------------------------------------------------------ energy: the calls and nothing else
