@@ -83,11 +83,7 @@ class HostSample:
 
     sample: Sample | None
     reference: Reference | None
-    statement: str = ""
-
-    def __post_init__(self) -> None:
-        if not self.statement and self.reference is not None:
-            object.__setattr__(self, "statement", self.reference.description)
+    statement: str  # the point's reference_sample: which elements, or "none: why"
 
 
 @dataclass
@@ -314,7 +310,8 @@ class PointRunner:
         its device reference is the device's own kernels. Where there is none, the point says why."""
         try:
             sample = host_sample(point.op, point.dtype, inputs, self.config.seed)
-            return HostSample(sample, sample.reference())
+            reference = sample.reference()
+            return HostSample(sample, reference, reference.description)
         except NoSample as exc:
             return HostSample(None, None, f"none: {exc}")
         except RuntimeError as exc:  # no host memory for it, a dtype the host cannot copy: said, the point goes on
