@@ -144,6 +144,21 @@ def test_the_form_explains_itself_and_offers_the_folders() -> None:
     assert set(props["vendor"]["enum"]) == {"auto", *available_vendors()}
 
 
+def test_the_host_round_form_has_no_probe_and_an_old_run_s_probe_is_still_taken() -> None:
+    """host-round's `probe` is read from the run folder now: the deployment's form and schema, as `prefect deploy`
+    makes them from the flow it loads, do not offer it (users filled it); a run made before, retried with it among
+    its parameters, is still taken (Prefect checks them against the function, which keeps it)."""
+    from prefect.flows import load_flow_from_entrypoint
+    from prefect.utilities.callables import parameter_schema
+
+    flow = load_flow_from_entrypoint(f"{PROJECT_ROOT / 'flows' / 'host_round.py'}:host_round")
+    form = parameter_schema(flow).model_dump()
+    assert "probe" not in form["properties"] and {"run_dir", "case", "round_no", "host"} <= set(form["properties"])
+    assert "probe" not in flow.parameters.properties
+    old_run = {"run_dir": "/r", "case": "c", "round_no": 1, "host": {"name": "h1"}, "probe": {"device": "X1"}}
+    assert flow.validate_parameters(old_run)["probe"] == {"device": "X1"}
+
+
 def test_a_server_stopped_while_it_starts_stops_what_it_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     """Ctrl-C before the Prefect server answers (delivered in this process as serve begins to wait for it): the
