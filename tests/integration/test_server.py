@@ -22,6 +22,7 @@ import pytest
 from held_deploy import holding_env, running, wait_held
 from prefect_api import assert_schedule_gets_runs
 from server_ports import (
+    clear_what_ended_servers_left,
     database_pool,
     default_pool_in_use,
     default_pool_unused,
@@ -141,6 +142,19 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
         assert httpx.get(f"{site}/", headers=signed_in, timeout=10).status_code == 200
         # The server really stores in PostgreSQL: the pool is a row there.
         assert pool in pools_in_postgres()  # other tests of the session may add their pools
+        # The pool an ended session's server made goes (a developer's database gained one per session); this
+        # session's, and a pool no test made, stay.
+        ended = subprocess.Popen([sys.executable, "-c", "pass"])
+        ended.wait(timeout=60)
+        for made in (f"flagperf-test-{ended.pid}", f"lab-{os.getpid()}"):
+            assert httpx.post(f"{api}/work_pools/", json={"name": made, "type": "process"}, headers=changes,
+                              timeout=10).status_code == 201
+        clear_what_ended_servers_left(pool)
+        assert httpx.get(f"{api}/work_pools/flagperf-test-{ended.pid}", headers=signed_in, timeout=10
+                         ).status_code == 404
+        for kept in (pool, f"lab-{os.getpid()}"):
+            assert httpx.get(f"{api}/work_pools/{kept}", headers=signed_in, timeout=10).status_code == 200, kept
+        httpx.delete(f"{api}/work_pools/lab-{os.getpid()}", headers=changes, timeout=10).raise_for_status()
         # The UI in a browser asks this endpoint where the API is (this server, not port 4200) and whether to
         # show its login page.
         settings = httpx.get(f"http://127.0.0.1:{port}/ui-settings", timeout=10).json()
