@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import json
 import os
 import shlex
 import shutil
@@ -335,19 +336,37 @@ def deployments_in_project(pool: str | None = None) -> dict[str, Any]:
     return project
 
 
-def deploy_command(api_url: str, results_root: Path, pool: str) -> str:
-    """The one command that creates the deployments by hand (what `--no-deploy` leaves to the admin), on ``pool``, in
-    a subshell (the caller's shell keeps its folder and environment). `prefect deploy --all` ignores --pool (Prefect
-    applies command-line options to one deployment at a time): on a pool other than prefect.yaml's, one
-    `prefect deploy --name NAME --pool POOL` per deployment."""
-    specs = deployments_in_project()["deployments"]
-    if all((spec.get("work_pool") or {}).get("name") == pool for spec in specs):
-        deploys = "prefect --no-prompt deploy --all"
-    else:
-        deploys = " && ".join(f"prefect --no-prompt deploy --name {shlex.quote(spec['name'])} "
-                              f"--pool {shlex.quote(pool)}" for spec in specs)
-    return (f"(cd {shlex.quote(str(PROJECT_ROOT))} && export PREFECT_API_URL={shlex.quote(api_url)} "
-            f"{RESULTS_DIR_ENV}={shlex.quote(str(results_root))} && {deploys})")
+def is_internal(spec: dict[str, Any]) -> bool:
+    """Whether a deployment of prefect.yaml is an internal one (evaluate dispatches it), not one users start."""
+    return "internal" in (spec.get("tags") or [])
+
+
+def served_job_variables(variables: dict[str, Any] | None, results_root: Path) -> dict[str, Any]:
+    """A user-facing deployment's job variables with the served results folder in their environment, so that a
+    run started from its form writes where the results site reads, on whichever worker of the pool runs it."""
+    variables = dict(variables or {})
+    variables["env"] = {**(variables.get("env") or {}), RESULTS_DIR_ENV: str(results_root)}
+    return variables
+
+
+def deploy_command(api_url: str, results_root: Path, pool: str, credentials: Credentials | None = None) -> str:
+    """The one command that makes the deployments by hand as the server makes them (what `--no-deploy` leaves to the
+    admin, and every failed deploy offers), in a subshell (the caller's shell keeps its folder and environment):
+    signed in from where the server's sign-in came (``credentials``: its variable or file by name, never the value),
+    each deployment on ``pool`` (`prefect deploy --all` ignores --pool: Prefect applies command-line options to one
+    deployment at a time), the user-facing ones with the served results folder in their job variables."""
+    deploys = []
+    for spec in deployments_in_project(pool)["deployments"]:
+        words = ["prefect", "--no-prompt", "deploy", "--name", spec["name"], "--pool", pool]
+        if not is_internal(spec):
+            # --job-variable replaces prefect.yaml's job variables, so all of them go with it; as a JSON object,
+            # each '=' escaped (Prefect reads KEY=VALUE first, and a JSON text with '=' in it would be taken so)
+            variables = served_job_variables((spec.get("work_pool") or {}).get("job_variables"), results_root)
+            words += ["--job-variable", json.dumps(variables).replace("=", "\\u003d")]
+        deploys.append(shlex.join(words))
+    sign_in = f"{CLIENT_AUTH_ENV}={credentials.in_shell()} && export {CLIENT_AUTH_ENV} && " if credentials else ""
+    return (f"(cd {shlex.quote(str(PROJECT_ROOT))} && export PREFECT_API_URL={shlex.quote(api_url)} && {sign_in}"
+            f"{' && '.join(deploys)})")
 
 
 def api_headers(api_url: str, auth_string: str | None) -> dict[str, str]:
@@ -746,8 +765,8 @@ def create_deployments(api_url: str, client_env: dict[str, str], results_root: P
 
     stopping = [] if stopping is None else stopping
     project = deployments_in_project(pool)
-    by_hand = f"by hand: {deploy_command(api_url, results_root, pool)}"
-    user_specs = [spec for spec in project["deployments"] if "internal" not in (spec.get("tags") or [])]
+    by_hand = f"by hand: {deploy_command(api_url, results_root, pool, credentials)}"
+    user_specs = [spec for spec in project["deployments"] if not is_internal(spec)]
     saved_path = log_dir / SAVED_SETTINGS
     saved = read_saved_settings(saved_path)
     try:
@@ -780,8 +799,7 @@ def create_deployments(api_url: str, client_env: dict[str, str], results_root: P
         def served_results_folder(http: Any) -> None:  # the same job variables again on a retry
             for spec in user_specs:
                 for deployment in _deployments_named(http, spec):
-                    variables = dict(deployment.get("job_variables") or {})
-                    variables["env"] = {**(variables.get("env") or {}), RESULTS_DIR_ENV: str(results_root)}
+                    variables = served_job_variables(deployment.get("job_variables"), results_root)
                     http.patch(f"/deployments/{deployment['id']}",
                                json={"job_variables": variables}).raise_for_status()
 
@@ -919,7 +937,7 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
                 print(f"schedules: {line}", flush=True)
         else:
             print(f"deployments: not created (--no-deploy); to create them: "
-                  f"{deploy_command(api_url, results_root, pool)}", flush=True)
+                  f"{deploy_command(api_url, results_root, pool, credentials)}", flush=True)
         if stopping:
             return 128 + stopping[0]
         auth_hint = f" and {CLIENT_AUTH_ENV}=user:password" if credentials is not None else ""

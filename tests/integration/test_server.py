@@ -32,7 +32,8 @@ from server_ports import (
 )
 from site_probe import basic, plant, probe, request
 
-from flows.server import api_headers
+from flagperf.site.auth import Credentials
+from flows.server import api_headers, deploy_command
 from tests.unit.childio import Lines, output_of
 
 # In CI the database must be there (.ci/run makes it): a skip there would hide a broken set-up.
@@ -174,8 +175,30 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
             assert deployments[name]["job_variables"]["env"]["FLAGPERF_RESULTS_DIR"] == str(results.resolve())
         assert "deployments: evaluate, nightly (start these)" in lines.text()
         assert probe(results_port, planted, signed_in) == []
-        # Its scheduler works on this database: a deployment with the nightly's schedule gets its runs.
-        assert_schedule_gets_runs(api, headers=changes)
+        # The deploy it offers to be run by hand (--no-deploy, a failed deploy) signs in from the same file, named,
+        # and gives the forms the served results folder: followed literally in a shell without the sign-in, it
+        # makes them so (it failed, unsigned, or left a results folder set before). Meanwhile (in the background):
+        # its scheduler works on this database: a deployment with the nightly's schedule gets its runs.
+        evaluate = deployments["evaluate"]
+        httpx.patch(f"{api}/deployments/{evaluate['id']}", headers=changes, timeout=10, json={"job_variables": {
+            "env": {**evaluate["job_variables"]["env"], "FLAGPERF_RESULTS_DIR": "/elsewhere"}}}).raise_for_status()
+        command = deploy_command(api, results.resolve(), pool, Credentials(f"lab:{password}", str(auth_file)))
+        assert password not in command and str(auth_file) in command
+        by_hand = subprocess.Popen(["bash", "-c", command], env={
+            **env, "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            assert_schedule_gets_runs(api, headers=changes)
+            said, _ = by_hand.communicate(timeout=600)
+        finally:
+            if by_hand.poll() is None:
+                by_hand.kill()
+                by_hand.wait(timeout=60)
+        assert by_hand.returncode == 0 and password not in said, said[-3000:]
+        for name in ("evaluate", "nightly"):
+            made = httpx.get(f"{api}/deployments/{deployments[name]['id']}", headers=signed_in, timeout=10).json()
+            assert made["job_variables"]["env"]["FLAGPERF_RESULTS_DIR"] == str(results.resolve()), made
+            assert made["work_pool_name"] == pool, made
         children = psutil.Process(proc.pid).children(recursive=True)
         # The sign-in is in no command line (ps shows every user those); the processes' environment has it.
         assert children and not [c.cmdline() for c in children if password in " ".join(c.cmdline())]
