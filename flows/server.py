@@ -314,13 +314,35 @@ def serve_site(root: Path, host: str, port: int, credentials: Credentials | None
     return SiteServer(create_app(root, credentials, history_url, ui_url), host, port)
 
 
-def server_credentials(host: str, auth_file: Path | None) -> Credentials | None:
-    """The sign-in for a server on ``host``: required beyond loopback (anyone who reaches the port could start
-    any deployment, that is run code on the worker), optional on loopback (one person on this machine)."""
+def beyond_loopback(host: str, public_urls: dict[str, str | None] | None = None) -> tuple[str, str] | None:
+    """The option that opens a server beyond this machine, and its value: a --host that is not loopback, or an
+    address for browsers (--public-url, --results-public-url) on another host, which says a proxy forwards to it
+    from the network (the server listening on loopback then serves every machine that reaches the proxy)."""
+    if not is_loopback(host):
+        return "--host", host
+    for option, url in (public_urls or {}).items():
+        if not url:
+            continue
+        try:
+            name = urlsplit(url).hostname or ""
+        except ValueError:  # not an address one can tell: taken as one of the network
+            name = ""
+        if not is_loopback(name):
+            return option, url
+    return None
+
+
+def server_credentials(host: str, auth_file: Path | None,
+                       public_urls: dict[str, str | None] | None = None) -> Credentials | None:
+    """The sign-in for a server on ``host`` whose browsers use ``public_urls`` (by option): required beyond
+    loopback (anyone who reaches the port, or the proxy in front of it, could start any deployment, that is run
+    code on the worker), optional on loopback (one person on this machine)."""
     credentials = find_credentials(auth_file)
-    if credentials is None and not is_loopback(host):
-        raise ConfigError("--host", None, f"{host} opens the server beyond this machine, which needs a sign-in: "
-                                          f"{how_to_set()}")
+    opened = beyond_loopback(host, public_urls)
+    if credentials is None and opened is not None:
+        option, value = opened
+        raise ConfigError(option, None, f"{value} opens the server beyond this machine, which needs a sign-in: "
+                                        f"{how_to_set()}")
     return credentials
 
 
@@ -843,8 +865,9 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
                            "another thread, give flows.server.serve a stopping list and append a signal number to "
                            "it to stop the server")
     stopping = [] if stopping is None else stopping
-    if credentials is None and not is_loopback(host):
-        raise ConfigError("--host", None, f"{host} needs a sign-in: {how_to_set()}")
+    opened = beyond_loopback(host, {"--public-url": public_url, "--results-public-url": results_public_url})
+    if credentials is None and opened is not None:
+        raise ConfigError(opened[0], None, f"{opened[1]} needs a sign-in: {how_to_set()}")
     api_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}/api"
     base = public_base(host, port, public_url)
     results_root = (results_dir if results_dir.is_absolute() else PROJECT_ROOT / results_dir).resolve()

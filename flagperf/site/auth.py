@@ -122,6 +122,12 @@ def check_auth_string(value: str, source: str) -> str:
                                         "a password)")
     if "\n" in value or "\r" in value:
         raise ConfigError(source, None, "must hold one line user:password, and nothing else")
+    # Prefect's server compares the sign-in as a str, which hmac refuses beyond ASCII: every API call would fail
+    # with 500.
+    if not value.isascii() or not value.isprintable():
+        raise ConfigError(source, None, "must hold printable ASCII characters only (Prefect's server fails every "
+                                        "call for another); make the password with python -c 'import secrets; "
+                                        "print(secrets.token_urlsafe(24))'")
     if len(password) < MIN_PASSWORD:
         raise ConfigError(source, None, f"the password is shorter than {MIN_PASSWORD} characters; make a long one, "
                                         "e.g. python -c 'import secrets; print(secrets.token_urlsafe(24))'")
