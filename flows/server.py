@@ -86,8 +86,15 @@ def public_base(host: str, port: int, public_url: str | None = None) -> str:
     machine's name, which teammates can resolve; 127.0.0.1 could only ever mean their own machine)."""
     if public_url:
         return public_url.rstrip("/")
-    name = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
+    name = machine_name() if host in ("0.0.0.0", "::", "") else host
     return f"http://{f'[{name}]' if ':' in name else name}:{port}"
+
+
+def machine_name() -> str:
+    """This machine's name as teammates resolve it: its FQDN, or its host name where the FQDN is only 'localhost'
+    (/etc/hosts mapping the host name to 127.0.0.1 first: the UI would send every browser to its own machine)."""
+    names = [socket.getfqdn(), socket.gethostname()]
+    return next((n for n in names if n and not is_loopback(n) and n.split(".")[0] != "localhost"), names[0])
 
 
 def watched(argv: list[str], pass_fds: tuple[int, ...] = ()) -> list[str]:
