@@ -69,8 +69,9 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
     """On a port other than Prefect's 4200, with a sign-in from a 0600 file: the API, the UI's settings and the
     results site answer 401 without it and 200 with it; the worker signs in (it comes online); the deployments
     are made by the server, the internal ones tagged so, the user-facing ones with the served results folder in
-    their environment; the site gives nothing away (the probe); SIGTERM stops everything it started; the
-    password appears in no output or log."""
+    their environment; the deploy it offers to be run by hand does the same, signed in; what ended test sessions
+    left is cleared; the site gives nothing away (the probe); SIGTERM stops everything it started; the password
+    appears in no output or log."""
     results = tmp_path / "results"
     results.mkdir()
     planted = plant(results)
