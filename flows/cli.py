@@ -931,9 +931,13 @@ def server(
     with _if_interrupted(nothing_started):
         from flows.server import DATABASE_URL_ENV, check_database_url, serve, server_credentials
 
+        for option, address in (("--public-url", public_url), ("--results-public-url", results_public_url)):
+            if address is not None and not re.fullmatch(r"https?://[^/\s]+/?", address):
+                raise _fail(f"{option} {address}: give scheme, host and port only, e.g. http://perf-lab:4200")
         try:
             url = check_database_url(database_url or os.environ.get(DATABASE_URL_ENV))
-            credentials = server_credentials(host, auth_file)
+            credentials = server_credentials(host, auth_file, {"--public-url": public_url,
+                                                               "--results-public-url": results_public_url})
         except FlagperfError as exc:
             raise _fail(str(exc)) from None
         for option, value in (("--port", port), ("--results-port", results_port)):
@@ -941,9 +945,6 @@ def server(
                 raise _fail(f"{option} {value}: not a port number")
         if results_port == port:
             raise _fail(f"--results-port {results_port}: the server already uses it")
-        for option, address in (("--public-url", public_url), ("--results-public-url", results_public_url)):
-            if address is not None and not re.fullmatch(r"https?://[^/\s]+/?", address):
-                raise _fail(f"{option} {address}: give scheme, host and port only, e.g. http://perf-lab:4200")
         try:
             code = serve(url, host, port, pool, worker, log_dir, results_dir=results, results_port=results_port,
                          public_url=public_url, results_public_url=results_public_url, credentials=credentials,

@@ -9,12 +9,15 @@ the same tasks either way, nested under the evaluation in the UI.
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from prefect import Flow, flow, get_run_logger
 from prefect.states import Completed, Failed, State
+from prefect.utilities.callables import parameter_schema
 
 from flagperf.config.job import Job
 from flagperf.config.plan import CasePlan, RunPlan, read_plan
@@ -40,13 +43,24 @@ route_core_logs()
 CONTROLLER_LIBRARIES = ("prefect", "pandas")
 # A monitor outlives the round's worst case by this much at most, whatever happens to the controller.
 MONITOR_SLACK_S = 300
+HIDDEN_PARAMETERS = ("probe",)  # taken from runs made before it was dropped, offered to no one
 
 
 class RoundFlow(Flow[Any, State[dict[str, Any]]]):
     """host-round's flow. Its ``probe`` parameter is gone (the round reads the probe from the run folder), but a
     run made before keeps it among its stored parameters, and Prefect refuses a parameter the flow lacks
-    (SignatureMismatchError) when the UI retries that run: the flow still takes it, and ignores it. A run made
-    now stores no ``probe`` (None is left out), so the Parameters tab never shows it."""
+    (SignatureMismatchError) when the UI retries that run: the flow still takes it, and ignores it. Nothing else
+    shows it: the deployment's form and schema are made without it (the signature Prefect reads for them leaves
+    it out; the parameters are still checked against the function's own), and a run made now stores no ``probe``
+    (None is left out), so the Parameters tab never shows it."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        super().__init__(fn, *args, **kwargs)
+        signature = inspect.signature(fn)
+        # inspect.signature(flow) and so `prefect deploy`'s schema read this, not fn's (it stops the unwrapping)
+        self.__signature__ = signature.replace(parameters=[
+            p for name, p in signature.parameters.items() if name not in HIDDEN_PARAMETERS])
+        self.parameters = parameter_schema(self)
 
     def serialize_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
         serialized = super().serialize_parameters(parameters)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import json
 import os
 import shlex
 import shutil
@@ -85,8 +86,15 @@ def public_base(host: str, port: int, public_url: str | None = None) -> str:
     machine's name, which teammates can resolve; 127.0.0.1 could only ever mean their own machine)."""
     if public_url:
         return public_url.rstrip("/")
-    name = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
+    name = machine_name() if host in ("0.0.0.0", "::", "") else host
     return f"http://{f'[{name}]' if ':' in name else name}:{port}"
+
+
+def machine_name() -> str:
+    """This machine's name as teammates resolve it: its FQDN, or its host name where the FQDN is only 'localhost'
+    (/etc/hosts mapping the host name to 127.0.0.1 first: the UI would send every browser to its own machine)."""
+    names = [socket.getfqdn(), socket.gethostname()]
+    return next((n for n in names if n and not is_loopback(n) and n.split(".")[0] != "localhost"), names[0])
 
 
 def watched(argv: list[str], pass_fds: tuple[int, ...] = ()) -> list[str]:
@@ -313,13 +321,35 @@ def serve_site(root: Path, host: str, port: int, credentials: Credentials | None
     return SiteServer(create_app(root, credentials, history_url, ui_url), host, port)
 
 
-def server_credentials(host: str, auth_file: Path | None) -> Credentials | None:
-    """The sign-in for a server on ``host``: required beyond loopback (anyone who reaches the port could start
-    any deployment, that is run code on the worker), optional on loopback (one person on this machine)."""
+def beyond_loopback(host: str, public_urls: dict[str, str | None] | None = None) -> tuple[str, str] | None:
+    """The option that opens a server beyond this machine, and its value: a --host that is not loopback, or an
+    address for browsers (--public-url, --results-public-url) on another host, which says a proxy forwards to it
+    from the network (the server listening on loopback then serves every machine that reaches the proxy)."""
+    if not is_loopback(host):
+        return "--host", host
+    for option, url in (public_urls or {}).items():
+        if not url:
+            continue
+        try:
+            name = urlsplit(url).hostname or ""
+        except ValueError:  # not an address one can tell: taken as one of the network
+            name = ""
+        if not is_loopback(name):
+            return option, url
+    return None
+
+
+def server_credentials(host: str, auth_file: Path | None,
+                       public_urls: dict[str, str | None] | None = None) -> Credentials | None:
+    """The sign-in for a server on ``host`` whose browsers use ``public_urls`` (by option): required beyond
+    loopback (anyone who reaches the port, or the proxy in front of it, could start any deployment, that is run
+    code on the worker), optional on loopback (one person on this machine)."""
     credentials = find_credentials(auth_file)
-    if credentials is None and not is_loopback(host):
-        raise ConfigError("--host", None, f"{host} opens the server beyond this machine, which needs a sign-in: "
-                                          f"{how_to_set()}")
+    opened = beyond_loopback(host, public_urls)
+    if credentials is None and opened is not None:
+        option, value = opened
+        raise ConfigError(option, None, f"{value} opens the server beyond this machine, which needs a sign-in: "
+                                        f"{how_to_set()}")
     return credentials
 
 
@@ -335,19 +365,37 @@ def deployments_in_project(pool: str | None = None) -> dict[str, Any]:
     return project
 
 
-def deploy_command(api_url: str, results_root: Path, pool: str) -> str:
-    """The one command that creates the deployments by hand (what `--no-deploy` leaves to the admin), on ``pool``, in
-    a subshell (the caller's shell keeps its folder and environment). `prefect deploy --all` ignores --pool (Prefect
-    applies command-line options to one deployment at a time): on a pool other than prefect.yaml's, one
-    `prefect deploy --name NAME --pool POOL` per deployment."""
-    specs = deployments_in_project()["deployments"]
-    if all((spec.get("work_pool") or {}).get("name") == pool for spec in specs):
-        deploys = "prefect --no-prompt deploy --all"
-    else:
-        deploys = " && ".join(f"prefect --no-prompt deploy --name {shlex.quote(spec['name'])} "
-                              f"--pool {shlex.quote(pool)}" for spec in specs)
-    return (f"(cd {shlex.quote(str(PROJECT_ROOT))} && export PREFECT_API_URL={shlex.quote(api_url)} "
-            f"{RESULTS_DIR_ENV}={shlex.quote(str(results_root))} && {deploys})")
+def is_internal(spec: dict[str, Any]) -> bool:
+    """Whether a deployment of prefect.yaml is an internal one (evaluate dispatches it), not one users start."""
+    return "internal" in (spec.get("tags") or [])
+
+
+def served_job_variables(variables: dict[str, Any] | None, results_root: Path) -> dict[str, Any]:
+    """A user-facing deployment's job variables with the served results folder in their environment, so that a
+    run started from its form writes where the results site reads, on whichever worker of the pool runs it."""
+    variables = dict(variables or {})
+    variables["env"] = {**(variables.get("env") or {}), RESULTS_DIR_ENV: str(results_root)}
+    return variables
+
+
+def deploy_command(api_url: str, results_root: Path, pool: str, credentials: Credentials | None = None) -> str:
+    """The one command that makes the deployments by hand as the server makes them (what `--no-deploy` leaves to the
+    admin, and every failed deploy offers), in a subshell (the caller's shell keeps its folder and environment):
+    signed in from where the server's sign-in came (``credentials``: its variable or file by name, never the value),
+    each deployment on ``pool`` (`prefect deploy --all` ignores --pool: Prefect applies command-line options to one
+    deployment at a time), the user-facing ones with the served results folder in their job variables."""
+    deploys = []
+    for spec in deployments_in_project(pool)["deployments"]:
+        words = ["prefect", "--no-prompt", "deploy", "--name", spec["name"], "--pool", pool]
+        if not is_internal(spec):
+            # --job-variable replaces prefect.yaml's job variables, so all of them go with it; as a JSON object,
+            # each '=' escaped (Prefect reads KEY=VALUE first, and a JSON text with '=' in it would be taken so)
+            variables = served_job_variables((spec.get("work_pool") or {}).get("job_variables"), results_root)
+            words += ["--job-variable", json.dumps(variables).replace("=", "\\u003d")]
+        deploys.append(shlex.join(words))
+    sign_in = f"{CLIENT_AUTH_ENV}={credentials.in_shell()} && export {CLIENT_AUTH_ENV} && " if credentials else ""
+    return (f"(cd {shlex.quote(str(PROJECT_ROOT))} && export PREFECT_API_URL={shlex.quote(api_url)} && {sign_in}"
+            f"{' && '.join(deploys)})")
 
 
 def api_headers(api_url: str, auth_string: str | None) -> dict[str, str]:
@@ -746,8 +794,8 @@ def create_deployments(api_url: str, client_env: dict[str, str], results_root: P
 
     stopping = [] if stopping is None else stopping
     project = deployments_in_project(pool)
-    by_hand = f"by hand: {deploy_command(api_url, results_root, pool)}"
-    user_specs = [spec for spec in project["deployments"] if "internal" not in (spec.get("tags") or [])]
+    by_hand = f"by hand: {deploy_command(api_url, results_root, pool, credentials)}"
+    user_specs = [spec for spec in project["deployments"] if not is_internal(spec)]
     saved_path = log_dir / SAVED_SETTINGS
     saved = read_saved_settings(saved_path)
     try:
@@ -780,8 +828,7 @@ def create_deployments(api_url: str, client_env: dict[str, str], results_root: P
         def served_results_folder(http: Any) -> None:  # the same job variables again on a retry
             for spec in user_specs:
                 for deployment in _deployments_named(http, spec):
-                    variables = dict(deployment.get("job_variables") or {})
-                    variables["env"] = {**(variables.get("env") or {}), RESULTS_DIR_ENV: str(results_root)}
+                    variables = served_job_variables(deployment.get("job_variables"), results_root)
                     http.patch(f"/deployments/{deployment['id']}",
                                json={"job_variables": variables}).raise_for_status()
 
@@ -825,8 +872,9 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
                            "another thread, give flows.server.serve a stopping list and append a signal number to "
                            "it to stop the server")
     stopping = [] if stopping is None else stopping
-    if credentials is None and not is_loopback(host):
-        raise ConfigError("--host", None, f"{host} needs a sign-in: {how_to_set()}")
+    opened = beyond_loopback(host, {"--public-url": public_url, "--results-public-url": results_public_url})
+    if credentials is None and opened is not None:
+        raise ConfigError(opened[0], None, f"{opened[1]} needs a sign-in: {how_to_set()}")
     api_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}/api"
     base = public_base(host, port, public_url)
     results_root = (results_dir if results_dir.is_absolute() else PROJECT_ROOT / results_dir).resolve()
@@ -919,7 +967,7 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
                 print(f"schedules: {line}", flush=True)
         else:
             print(f"deployments: not created (--no-deploy); to create them: "
-                  f"{deploy_command(api_url, results_root, pool)}", flush=True)
+                  f"{deploy_command(api_url, results_root, pool, credentials)}", flush=True)
         if stopping:
             return 128 + stopping[0]
         auth_hint = f" and {CLIENT_AUTH_ENV}=user:password" if credentials is not None else ""

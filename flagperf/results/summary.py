@@ -754,11 +754,12 @@ def render_markdown(summary: RunSummary, plots: list[tuple[str, Path]] | str | N
         git = (ctx.get("git_revision") or "unknown")[:12] + (" (modified)" if ctx.get("git_dirty") else "")
         if ctx.get("source_digest"):
             git += f", source {ctx['source_digest']}"
-        lines += [f"- vendor **{ctx['vendor']}**, device {ctx.get('device') or 'unknown'}, "
-                  f"hosts {', '.join(ctx['hosts'])}",
-                  f"- engine {ctx.get('engine_version') or 'unknown'} at git {git}; python "
-                  f"{ctx.get('python') or 'unknown'}, torch {ctx.get('torch') or 'unknown'}, prefect "
-                  f"{ctx.get('prefect') or '-'}; image {ctx.get('image') or 'not recorded'}"
+        # what a probe or a case reported (a device's name), shown as text, never as markup or a link
+        lines += [f"- vendor **{md_text(ctx['vendor'])}**, device {md_text(ctx.get('device') or 'unknown')}, "
+                  f"hosts {md_text(', '.join(ctx['hosts']))}",
+                  f"- engine {md_text(ctx.get('engine_version') or 'unknown')} at git {md_text(git)}; python "
+                  f"{md_text(ctx.get('python') or 'unknown')}, torch {md_text(ctx.get('torch') or 'unknown')}, "
+                  f"prefect {md_text(ctx.get('prefect') or '-')}; image {md_text(ctx.get('image') or 'not recorded')}"
                   + (f" ({md_text(ctx['image_reason'])})" if ctx.get("image_reason") else ""),
                   f"- command: `{(ctx.get('command') or '-').replace('`', chr(39))}`"]
     progress = summary.progress

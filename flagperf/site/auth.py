@@ -15,6 +15,7 @@ import base64
 import binascii
 import hmac
 import os
+import shlex
 import stat
 import time
 from collections import OrderedDict
@@ -29,6 +30,7 @@ AUTH_FILE_ENV = "FLAGPERF_AUTH_FILE"
 SERVER_AUTH_ENV = "PREFECT_SERVER_API_AUTH_STRING"
 CLIENT_AUTH_ENV = "PREFECT_API_AUTH_STRING"
 MIN_PASSWORD = 12
+TR_LINE_ENDS = r"'\r\n'"  # tr's escapes, for a printed command that stays one line
 HOW_TO_SET = (f"put user:password in {{default}} (chmod 600), or export {SERVER_AUTH_ENV}=user:password "
               f"(see docs/team-server.md)")
 
@@ -68,6 +70,14 @@ class Credentials:
         except (binascii.Error, ValueError):
             return False
         return hmac.compare_digest(given, self.auth_string.encode("utf-8"))
+
+    def in_shell(self) -> str:
+        """A POSIX shell word that expands to the credentials from where they came (the variable, the file) and
+        holds neither them nor anything of them: what a command printed for the admin to run (flows.server's
+        deploy_command) signs in with. Unset or unreadable there, the command stops at it."""
+        if self.source in (SERVER_AUTH_ENV, CLIENT_AUTH_ENV):
+            return f'"${{{self.source}:?set {self.source} to user:password as for the server}}"'
+        return f'"$(tr -d {TR_LINE_ENDS} < {shlex.quote(os.path.abspath(self.source))})"'
 
 
 class SignInThrottle:
@@ -112,6 +122,12 @@ def check_auth_string(value: str, source: str) -> str:
                                         "a password)")
     if "\n" in value or "\r" in value:
         raise ConfigError(source, None, "must hold one line user:password, and nothing else")
+    # Prefect's server compares the sign-in as a str, which hmac refuses beyond ASCII: every API call would fail
+    # with 500.
+    if not value.isascii() or not value.isprintable():
+        raise ConfigError(source, None, "must hold printable ASCII characters only (Prefect's server fails every "
+                                        "call for another); make the password with python -c 'import secrets; "
+                                        "print(secrets.token_urlsafe(24))'")
     if len(password) < MIN_PASSWORD:
         raise ConfigError(source, None, f"the password is shorter than {MIN_PASSWORD} characters; make a long one, "
                                         "e.g. python -c 'import secrets; print(secrets.token_urlsafe(24))'")

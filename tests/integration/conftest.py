@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,3 +31,15 @@ def flagperf_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     monkeypatch.setenv("FLAGPERF_CASE_PATH", str(FIXTURE_CASES))
     monkeypatch.setenv("FLAGPERF_WORK_ROOT", str(tmp_path / "work"))
     return tmp_path / "results"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The work pool this session's `flagperf server`s used on the shared test database, and their deployments, go
+    with the session (its servers are stopped by now): a developer's database keeps no pool per test session."""
+    import server_ports
+
+    if server_ports.SESSION_USED:
+        try:
+            server_ports.clear_what_ended_servers_left(None)
+        except Exception as exc:  # best effort (the next session clears it): never the session's verdict
+            print(f"\nthe test database keeps work pool {server_ports.SESSION_USED[0]}: {exc}", file=sys.stderr)

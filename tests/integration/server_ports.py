@@ -124,12 +124,14 @@ def pool_ended(pool: str, default_unused: bool) -> bool:
     return int(session["pid"]) == os.getpid() or not psutil.pid_exists(int(session["pid"]))
 
 
-def clear_deployments_of_other_pools(pool: str) -> None:
-    """Delete, on the shared test database (FLAGPERF_TEST_POSTGRES_URL), the deployments of prefect.yaml that the
-    servers of ended sessions, or earlier ones of this session (stopped by now), left on a pool other than
-    ``pool``: `flagperf server` refuses to take over another pool's (flows.server.refuse_other_pools). Those of a
-    server still running (another pytest's, the tutorial's of any session) are left: the refusal then says whose
-    they are."""
+def clear_what_ended_servers_left(pool: str | None) -> None:
+    """Delete, on the shared test database (FLAGPERF_TEST_POSTGRES_URL), what the servers of ended sessions, or
+    earlier ones of this session (stopped by now), left there: the deployments of prefect.yaml they made on a pool
+    other than ``pool`` (`flagperf server` refuses to take over another pool's: flows.server.refuse_other_pools), and
+    the sessions' own work pools (with their queues and workers), so that a developer's database does not gain a pool
+    per test session. ``pool`` (this session's, in use) is kept; None at the end of the session: its own goes too.
+    Those of a server still running (another pytest's, the tutorial's of any session) are left: the refusal then
+    says whose they are. The default pool (prefect.yaml's, the tutorial's) is one row, remade by its server: kept."""
     import asyncio
 
     import asyncpg
@@ -150,6 +152,11 @@ def clear_deployments_of_other_pools(pool: str) -> None:
             stale = [row["id"] for row in rows if row["pool"] != pool and pool_ended(row["pool"], default_unused)]
             if stale:
                 await conn.execute("delete from deployment where id = any($1::uuid[])", stale)
+            pools = [row["name"] for row in await conn.fetch("select name from work_pool")]
+            ended = [name for name in pools if name != pool and SESSION_POOL.fullmatch(name)
+                     and pool_ended(name, default_unused)]
+            if ended:  # its queues and workers with it (cascade), as Prefect deletes a pool
+                await conn.execute("delete from work_pool where name = any($1::text[])", ended)
         except asyncpg.UndefinedTableError:  # no server has used the database yet
             pass
         finally:
@@ -159,12 +166,17 @@ def clear_deployments_of_other_pools(pool: str) -> None:
         asyncio.run(clear(unused))
 
 
+SESSION_USED: list[str] = []  # the pool database_pool gave this session, once it did: its end clears it
+
+
 def database_pool() -> str:
     """The work pool of every `flagperf server` this session starts on the shared test database: one for them all
-    (servers on one database serve one pool: flows.server.refuse_other_pools), with what ended sessions left on
-    theirs cleared first."""
+    (servers on one database serve one pool: flows.server.refuse_other_pools), with what ended sessions left
+    cleared first; the session's end clears it too (conftest.py)."""
     pool = session_pool("flagperf-test")
-    clear_deployments_of_other_pools(pool)
+    clear_what_ended_servers_left(pool)
+    if pool not in SESSION_USED:
+        SESSION_USED.append(pool)
     return pool
 
 

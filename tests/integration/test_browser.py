@@ -345,6 +345,29 @@ def test_sign_in_evaluate_from_the_form_fail_retry_report_site_trend_and_schedul
         assert "02:00 AM every day" in page.inner_text("body")
         page.screenshot(path=SHOTS / "10-nightly-upcoming.png", full_page=True)
 
+    # After runs through the worker (started from a form, failed, retried from the UI): the sign-in, which the
+    # worker and its flow runs hold in their environment, is in no record of them: not in the database (flow
+    # runs, parameters, logs, events, artifacts), the run folders (plan, results, reports) or the server's logs.
+    assert secret_found(team_server) == []
+
+
+def secret_found(server: Server) -> list[str]:
+    """Where the server's password, or the Basic header made of it, appears: the database (all of it, as pg_dump
+    writes it), the files of the results folder and of the logs folders beside it."""
+    import base64
+
+    secrets = [server.password.encode(),
+               base64.b64encode(f"{server.user}:{server.password}".encode())]
+    dsn = os.environ["FLAGPERF_TEST_POSTGRES_URL"].replace("postgresql+asyncpg://", "postgresql://")
+    assert shutil.which("pg_dump"), "no pg_dump to read the database with (apt-get install postgresql-client)"
+    dump = subprocess.run(["pg_dump", "--data-only", dsn], capture_output=True, timeout=300)
+    assert dump.returncode == 0, dump.stderr.decode(errors="replace")
+    found = ["the database" for secret in secrets if secret in dump.stdout]
+    for path in [*server.results.rglob("*"), *server.results.parent.glob("logs-*/**/*")]:
+        if path.is_file() and not path.is_symlink() and any(s in path.read_bytes() for s in secrets):
+            found.append(str(path))
+    return found
+
 
 def test_default_ui_sign_in_evaluate_from_the_form_and_read_the_round_s_log(team_server: Server) -> None:
     """What a lab member does first, in the UI Prefect opens by default (the newer one, under /v2): sign in, find

@@ -93,6 +93,8 @@ def test_deploy_all_then_run_through_a_worker(flagperf_env: Path, tmp_path: Path
     assert nightly_form["results_dir"]["default"] == "" and "results_dir" not in (nightly.parameters or {})
     for deployment in internal:
         assert deployment.description.startswith("Internal") and "internal" in deployment.tags
+    # host-round's form has no `probe`: the round reads it from the run folder (a run made before still passes it)
+    assert "probe" not in internal[0].parameter_openapi_schema["properties"], internal[0].parameter_openapi_schema
 
     worker = subprocess.Popen(watched([sys.executable, "-m", "prefect", "worker", "start", "--pool", "flagperf",
                                        "--limit", "1"]), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
@@ -475,6 +477,13 @@ def test_what_users_set_on_the_nightly_in_the_ui_survives_a_restart_of_the_serve
             "evaluate/evaluate", "nightly-regression/nightly", "host-round/host-round",
             "host-healthcheck/host-healthcheck")}
     assert set(pools.values()) == {"flagperf-other"}, pools
+    # with the served results folder in the user-facing ones' job variables, as the server gives it (it was only
+    # exported to the deploy, which no run sees), beside prefect.yaml's own
+    with get_client(sync_client=True) as client:
+        for name in ("evaluate/evaluate", "nightly-regression/nightly"):
+            env_of_runs = client.read_deployment_by_name(name).job_variables["env"]
+            assert env_of_runs["FLAGPERF_RESULTS_DIR"] == str(tmp_path / "results"), (name, env_of_runs)
+            assert env_of_runs["PREFECT_LOGGING_EXTRA_LOGGERS"] == "flagperf", (name, env_of_runs)
     with pytest.raises(ConfigError) as refused:
         create_deployments(api, env, tmp_path / "results", "flagperf", None, tmp_path, database=database)
     assert "on work pool 'flagperf-other'" in str(refused.value) and "start it with --pool flagperf-other" in str(

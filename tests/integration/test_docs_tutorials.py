@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from server_ports import DEFAULT_POOL, clear_deployments_of_other_pools, default_pool_in_use, session_pool
+from server_ports import DEFAULT_POOL, clear_what_ended_servers_left, default_pool_in_use, session_pool
 
 from flows.server import watched
 
@@ -84,11 +84,11 @@ def _run_server_tutorial(script: str, folder: Path, env: dict[str, str], tmp_pat
     home.mkdir(mode=0o700)
     env = {**env, "HOME": str(home), "DATABASE_URL": url}
     with default_pool_in_use():  # the page's server is on the default pool: no session clears it meanwhile
-        clear_deployments_of_other_pools(DEFAULT_POOL)
+        clear_what_ended_servers_left(DEFAULT_POOL)
         done = _run_ported(script, folder, env)
     # What it left on the default pool, for the session pools' servers (refused by deployments of another pool),
     # unless another session's tutorial server serves that pool now.
-    clear_deployments_of_other_pools(session_pool("flagperf-test"))
+    clear_what_ended_servers_left(session_pool("flagperf-test"))
     return done
 
 

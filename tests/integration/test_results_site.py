@@ -189,6 +189,12 @@ def test_credentials_come_from_a_private_file_outside_the_project(tmp_path: Path
     with pytest.raises(ConfigError, match="shorter than 12") as error:
         read_auth_file(short)
     assert "lab:short" not in str(error.value)  # the message names the file, never its text
+    # Beyond printable ASCII, Prefect's server answers every call 500 (its compare refuses such a str): refused here.
+    for odd in ("lab:pässwort-long-enough", "lab:tab\tin-the-password-1234"):
+        short.write_text(odd + "\n", encoding="utf-8")
+        with pytest.raises(ConfigError, match="printable ASCII") as error:
+            read_auth_file(short)
+        assert odd.split(":")[1] not in str(error.value)
     inside = PROJECT_ROOT / f".auth-test-{os.getpid()}"
     inside.write_text(secret, encoding="utf-8")
     try:
@@ -215,8 +221,15 @@ def test_beyond_loopback_the_server_needs_a_sign_in(no_credentials_around: Path,
     for host in ("0.0.0.0", "::", "perf-lab", "10.1.2.3"):
         with pytest.raises(ConfigError, match="needs a sign-in"):
             server_credentials(host, None)
+    # On loopback behind a proxy that the network reaches (an address for browsers on another host): the same.
+    assert server_credentials("127.0.0.1", None, {"--public-url": "http://localhost:4200"}) is None
+    for option, url in (("--public-url", "https://perf-lab.example.org"), ("--results-public-url", "http://10.1.2.3:81")):
+        with pytest.raises(ConfigError, match=f"^{option}: {re.escape(url)} opens the server beyond this machine, "
+                                              "which needs a sign-in"):
+            server_credentials("127.0.0.1", None, {"--public-url": None, option: url})
     monkeypatch.setenv("PREFECT_SERVER_API_AUTH_STRING", "lab:correct-horse-battery-staple")
     assert server_credentials("0.0.0.0", None).source == "PREFECT_SERVER_API_AUTH_STRING"
+    assert server_credentials("127.0.0.1", None, {"--public-url": "https://perf-lab.example.org"}) is not None
     # The command: one line, exit 2, before anything starts.
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_SERVER_API_AUTH_STRING"}
     said = subprocess.run([sys.executable, "-m", "flows.cli", "server", "--host", "0.0.0.0", "--database-url",

@@ -22,6 +22,7 @@ import pytest
 from held_deploy import holding_env, running, wait_held
 from prefect_api import assert_schedule_gets_runs
 from server_ports import (
+    clear_what_ended_servers_left,
     database_pool,
     default_pool_in_use,
     default_pool_unused,
@@ -31,7 +32,8 @@ from server_ports import (
 )
 from site_probe import basic, plant, probe, request
 
-from flows.server import api_headers
+from flagperf.site.auth import Credentials
+from flows.server import api_headers, deploy_command
 from tests.unit.childio import Lines, output_of
 
 # In CI the database must be there (.ci/run makes it): a skip there would hide a broken set-up.
@@ -67,8 +69,9 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
     """On a port other than Prefect's 4200, with a sign-in from a 0600 file: the API, the UI's settings and the
     results site answer 401 without it and 200 with it; the worker signs in (it comes online); the deployments
     are made by the server, the internal ones tagged so, the user-facing ones with the served results folder in
-    their environment; the site gives nothing away (the probe); SIGTERM stops everything it started; the
-    password appears in no output or log."""
+    their environment; the deploy it offers to be run by hand does the same, signed in; what ended test sessions
+    left is cleared; the site gives nothing away (the probe); SIGTERM stops everything it started; the password
+    appears in no output or log."""
     results = tmp_path / "results"
     results.mkdir()
     planted = plant(results)
@@ -141,6 +144,19 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
         assert httpx.get(f"{site}/", headers=signed_in, timeout=10).status_code == 200
         # The server really stores in PostgreSQL: the pool is a row there.
         assert pool in pools_in_postgres()  # other tests of the session may add their pools
+        # The pool an ended session's server made goes (a developer's database gained one per session); this
+        # session's, and a pool no test made, stay.
+        ended = subprocess.Popen([sys.executable, "-c", "pass"])
+        ended.wait(timeout=60)
+        for made in (f"flagperf-test-{ended.pid}", f"lab-{os.getpid()}"):
+            assert httpx.post(f"{api}/work_pools/", json={"name": made, "type": "process"}, headers=changes,
+                              timeout=10).status_code == 201
+        clear_what_ended_servers_left(pool)
+        assert httpx.get(f"{api}/work_pools/flagperf-test-{ended.pid}", headers=signed_in, timeout=10
+                         ).status_code == 404
+        for kept in (pool, f"lab-{os.getpid()}"):
+            assert httpx.get(f"{api}/work_pools/{kept}", headers=signed_in, timeout=10).status_code == 200, kept
+        httpx.delete(f"{api}/work_pools/lab-{os.getpid()}", headers=changes, timeout=10).raise_for_status()
         # The UI in a browser asks this endpoint where the API is (this server, not port 4200) and whether to
         # show its login page.
         settings = httpx.get(f"http://127.0.0.1:{port}/ui-settings", timeout=10).json()
@@ -160,8 +176,30 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
             assert deployments[name]["job_variables"]["env"]["FLAGPERF_RESULTS_DIR"] == str(results.resolve())
         assert "deployments: evaluate, nightly (start these)" in lines.text()
         assert probe(results_port, planted, signed_in) == []
-        # Its scheduler works on this database: a deployment with the nightly's schedule gets its runs.
-        assert_schedule_gets_runs(api, headers=changes)
+        # The deploy it offers to be run by hand (--no-deploy, a failed deploy) signs in from the same file, named,
+        # and gives the forms the served results folder: followed literally in a shell without the sign-in, it
+        # makes them so (it failed, unsigned, or left a results folder set before). Meanwhile (in the background):
+        # its scheduler works on this database: a deployment with the nightly's schedule gets its runs.
+        evaluate = deployments["evaluate"]
+        httpx.patch(f"{api}/deployments/{evaluate['id']}", headers=changes, timeout=10, json={"job_variables": {
+            "env": {**evaluate["job_variables"]["env"], "FLAGPERF_RESULTS_DIR": "/elsewhere"}}}).raise_for_status()
+        command = deploy_command(api, results.resolve(), pool, Credentials(f"lab:{password}", str(auth_file)))
+        assert password not in command and str(auth_file) in command
+        by_hand = subprocess.Popen(["bash", "-c", command], env={
+            **env, "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            assert_schedule_gets_runs(api, headers=changes)
+            said, _ = by_hand.communicate(timeout=600)
+        finally:
+            if by_hand.poll() is None:
+                by_hand.kill()
+                by_hand.wait(timeout=60)
+        assert by_hand.returncode == 0 and password not in said, said[-3000:]
+        for name in ("evaluate", "nightly"):
+            made = httpx.get(f"{api}/deployments/{deployments[name]['id']}", headers=signed_in, timeout=10).json()
+            assert made["job_variables"]["env"]["FLAGPERF_RESULTS_DIR"] == str(results.resolve()), made
+            assert made["work_pool_name"] == pool, made
         children = psutil.Process(proc.pid).children(recursive=True)
         # The sign-in is in no command line (ps shows every user those); the processes' environment has it.
         assert children and not [c.cmdline() for c in children if password in " ".join(c.cmdline())]

@@ -179,9 +179,9 @@ HOSTILE_LINKS = ["[a](javascript:alert(1))", "[b](JaVaScRiPt:alert(2))", "[c]( j
 
 @pytest.mark.parametrize("link", HOSTILE_LINKS)
 def test_links_in_case_text_are_inert_in_the_report_and_its_artifact(tmp_path: Path, link: str) -> None:
-    """A failure message, a warning and a metric name are the case's text: whatever link syntax they hold is
-    shown as text in report.md (and so in the Prefect artifact made from it) and is no live link in
-    report.html."""
+    """A failure message, a warning, a metric name and the device's name (a probe's, or a case's) are text the
+    run does not control: whatever link syntax they hold is shown as text in report.md (and so in the Prefect
+    artifact made from it) and is no live link in report.html."""
     import markdown
 
     from flagperf.results.markup import markdown_to_html, md_text
@@ -191,7 +191,7 @@ def test_links_in_case_text_are_inert_in_the_report_and_its_artifact(tmp_path: P
     now = datetime.now(timezone.utc)
     bad = RoundResult(run_id="run-x", case="evil", family="base", round=1, host="h1", node_rank=0, vendor="cpu",
                       status="failed", started_at=now, finished_at=now, duration_s=0.0, measured_seconds=0.0,
-                      config={}, failure={"kind": "user", "message": f"see {link} for details"})
+                      config={}, failure={"kind": "user", "message": f"see {link} for details"}, device=f"X1 {link}")
     write_result(run / "evil" / "round1" / "h1_noderank0" / "result.json", bad)
     summary, paths = build_report(run)
     page = paths["html"].read_text()
@@ -200,6 +200,7 @@ def test_links_in_case_text_are_inert_in_the_report_and_its_artifact(tmp_path: P
     # The Markdown itself holds no link syntax from the case: any renderer (Prefect's UI too) shows text.
     artifact = render_markdown(summary, monitor_table=False)
     assert md_text(" ".join(link.splitlines())) in artifact
+    assert f"device {md_text('X1 ' + ' '.join(link.splitlines()))}, hosts h1" in artifact
     assert "<a " not in markdown.markdown(artifact.split("## Plots")[0], extensions=["tables"])
     # The renderer keeps what a report needs: http(s) links and relative images.
     assert markdown_to_html("[ok](https://example.org/x) ![p](plots/a.png)") == (

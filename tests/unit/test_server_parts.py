@@ -102,8 +102,15 @@ def test_a_step_is_not_started_after_a_signal(tmp_path: Path) -> None:
 
 
 def test_public_base() -> None:
+    import socket
+    from urllib.parse import urlsplit
+
     assert public_base("127.0.0.1", 4310) == "http://127.0.0.1:4310"
     assert public_base("0.0.0.0", 4310).endswith(":4310") and "0.0.0.0" not in public_base("0.0.0.0", 4310)
+    # Every interface: the name teammates reach, never 'localhost' (which getfqdn gives where /etc/hosts maps the
+    # host name to 127.0.0.1 first), where this machine has a name of its own.
+    if not socket.gethostname().startswith("localhost"):
+        assert not urlsplit(public_base("0.0.0.0", 4310)).hostname.startswith("localhost")
     assert public_base("0.0.0.0", 4310, "http://perf-lab:80/") == "http://perf-lab:80"
 
 
@@ -142,6 +149,21 @@ def test_the_form_explains_itself_and_offers_the_folders() -> None:
     assert set(props["suite"]["enum"]) == set(available_suites())
     assert set(props["cases"]["items"]["enum"]) == set(available_cases())
     assert set(props["vendor"]["enum"]) == {"auto", *available_vendors()}
+
+
+def test_the_host_round_form_has_no_probe_and_an_old_run_s_probe_is_still_taken() -> None:
+    """host-round's `probe` is read from the run folder now: the deployment's form and schema, as `prefect deploy`
+    makes them from the flow it loads, do not offer it (users filled it); a run made before, retried with it among
+    its parameters, is still taken (Prefect checks them against the function, which keeps it)."""
+    from prefect.flows import load_flow_from_entrypoint
+    from prefect.utilities.callables import parameter_schema
+
+    flow = load_flow_from_entrypoint(f"{PROJECT_ROOT / 'flows' / 'host_round.py'}:host_round")
+    form = parameter_schema(flow).model_dump()
+    assert "probe" not in form["properties"] and {"run_dir", "case", "round_no", "host"} <= set(form["properties"])
+    assert "probe" not in flow.parameters.properties
+    old_run = {"run_dir": "/r", "case": "c", "round_no": 1, "host": {"name": "h1"}, "probe": {"device": "X1"}}
+    assert flow.validate_parameters(old_run)["probe"] == {"device": "X1"}
 
 
 def test_a_server_stopped_while_it_starts_stops_what_it_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -341,22 +363,70 @@ def test_the_saved_database_is_its_host_port_and_name_never_its_user_or_password
 
 def test_the_by_hand_deploy_command_puts_the_deployments_on_the_server_s_pool() -> None:
     """`prefect deploy --all` ignores --pool (Prefect applies command-line options to one deployment at a time): the
-    command printed for --no-deploy and in every "by hand:" error deploys each one with --pool where the server's
-    pool is not prefect.yaml's (a by-hand deploy landed on 'flagperf', and the next start was refused). It runs in a
-    subshell: the reader's shell keeps its folder and environment. (tests/integration/test_deployments.py runs it.)"""
+    command printed for --no-deploy and in every "by hand:" error deploys each one with --pool (a by-hand deploy
+    landed on 'flagperf', and the next start was refused). The user-facing ones get the served results folder in
+    their job variables, as the server gives it (prefect.yaml's own kept: --job-variable replaces them); it was only
+    exported to the deploy, which no run sees. It runs in a subshell: the reader's shell keeps its folder and
+    environment. (tests/integration/test_deployments.py and test_server.py run it.)"""
+    import json
     import shlex
 
     from flows.server import deploy_command, deployments_in_project
 
-    names = [spec["name"] for spec in deployments_in_project()["deployments"]]
-    plain = deploy_command("http://127.0.0.1:4200/api", Path("/data/results"), "flagperf")
-    assert plain.startswith("(cd ") and plain.endswith("&& prefect --no-prompt deploy --all)")
-    other = deploy_command("http://127.0.0.1:4200/api", Path("/data/results"), "lab 2")
-    words = shlex.split(other.strip("()"))
-    deploys = [words[i + 4:i + 7] for i, word in enumerate(words) if words[i:i + 4] == ["prefect", "--no-prompt",
-                                                                                      "deploy", "--name"]]
-    assert [d[0] for d in deploys] == names and all(d[1:] == ["--pool", "lab 2"] for d in deploys), other
-    assert "--all" not in words and "FLAGPERF_RESULTS_DIR=/data/results" in words
+    specs = deployments_in_project()["deployments"]
+    for pool in ("flagperf", "lab 2"):
+        command = deploy_command("http://127.0.0.1:4200/api", Path("/data/re=sults"), pool)
+        assert command.startswith("(cd ") and command.endswith(")")
+        steps = " ".join(shlex.quote(w) for w in shlex.split(command[1:-1])).split(" '&&' ")
+        deploys = [shlex.split(step)[4:] for step in steps if step.startswith("prefect --no-prompt deploy --name ")]
+        assert [d[0] for d in deploys] == [spec["name"] for spec in specs] and "--all" not in command, command
+        for spec, deploy in zip(specs, deploys, strict=True):
+            assert deploy[1:3] == ["--pool", pool], deploy
+            if "internal" in spec.get("tags", []):
+                assert deploy[3:] == [], deploy
+                continue
+            assert deploy[3] == "--job-variable" and "=" not in deploy[4], deploy  # Prefect reads KEY=VALUE first
+            variables = json.loads(deploy[4])
+            assert variables["env"] == {**spec["work_pool"]["job_variables"]["env"],
+                                        "FLAGPERF_RESULTS_DIR": "/data/re=sults"}, variables
+
+
+def test_the_by_hand_deploy_command_signs_in_from_where_the_server_s_sign_in_came(tmp_path: Path) -> None:
+    """Against a signed-in server the by-hand command signs in as the server does: from the same file or variable,
+    named, never the value (the command is printed, and a command line shows in every process list); where that is
+    missing it stops with the shell's one line, before any deploy. (test_server.py runs it on a signed-in server.)"""
+    import shlex
+
+    from flagperf.site.auth import Credentials
+    from flows.server import deploy_command
+
+    secret = "lab:not-in-the-command-4242"
+    auth_file = tmp_path / "it is auth"
+    auth_file.write_text(secret + "\r\n", encoding="utf-8")
+    seen = tmp_path / "seen"
+    # A `prefect` that says what it was given: the sign-in, as the real one reads it from its environment.
+    fake = tmp_path / "bin" / "prefect"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$PREFECT_API_AUTH_STRING" >> {seen}\n', encoding="utf-8")
+    fake.chmod(0o755)
+    env = {"PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}", "HOME": str(tmp_path)}
+    by_file = Credentials(secret, str(auth_file))
+    by_variable = Credentials(secret, "PREFECT_SERVER_API_AUTH_STRING")
+    for credentials, named, environ in ((by_file, shlex.quote(str(auth_file)), {}),
+                                        (by_variable, "${PREFECT_SERVER_API_AUTH_STRING:?", {
+                                            "PREFECT_SERVER_API_AUTH_STRING": secret})):
+        command = deploy_command("http://127.0.0.1:4200/api", tmp_path / "results", "flagperf", credentials)
+        assert "not-in-the-command" not in command and named in command, command
+        seen.unlink(missing_ok=True)
+        ran = subprocess.run(["sh", "-c", command], env={**env, **environ}, capture_output=True, text=True, timeout=60)
+        assert ran.returncode == 0, ran.stderr
+        assert seen.read_text().splitlines() == [secret] * 4  # each deploy signed in
+        seen.unlink()
+        # the file gone, the variable not set: one line from the shell, and no deploy
+        missing = subprocess.run(["sh", "-c", command.replace(str(auth_file), str(tmp_path / "gone"))], env=env,
+                                 capture_output=True, text=True, timeout=60)
+        assert missing.returncode != 0 and not seen.exists(), missing.stderr
+        assert len(missing.stderr.strip().splitlines()) == 1, missing.stderr
 
 
 @contextlib.contextmanager
