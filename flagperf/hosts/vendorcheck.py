@@ -586,8 +586,8 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
             except FlagperfError as exc:
                 found.add_error(exc)
     problems = adaptation_problems(case.folder, case.family, vendor.name, vendor.folder)
-    for problem in problems:  # every part's, not only the first a run would stop at
-        found.add_problem(str(problem))
+    for problem in problems:  # every part's, not only the first a run would stop at; each part's findings
+        found.add_error(problem)
     if problems:
         return used
     adaptation = read_adaptation(case.folder, case.name, case.family, vendor.name, vendor.folder)

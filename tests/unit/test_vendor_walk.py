@@ -234,12 +234,15 @@ def test_every_problem_of_a_case_adaptation_is_named_at_once_and_once(walk: Path
     write(adapted / "config_acmex1x2.yaml", "lr: 0.07\n")
     write(adapted / "environment_variables.sh", "export ACME_TUNING=fast\nsource /opt/acme/env.sh\n")
     write(adapted / "requirements.txt", "--extra-index-url https://pypi.acme.example/simple\nacme-ops\n")
-    write(adapted / "extern" / "hooks.py", "def on_steps(ctx, step):\n    pass\n")
+    # Two hooks a round could not use: each named, not the first only.
+    write(adapted / "extern" / "hooks.py", "from acme_ops import wrap_model\ndef on_step(ctx):\n    pass\n")
     problems = check_vendor_folder(walk / "vendors" / "acme", monitor_seconds=1).problems
     expected = ["walk-mlp/vendor/acme.yaml: hidden: unknown key (a vendor may change: ",
                 "acme/environment_variables.sh: line 2: not an assignment",
                 "acme/requirements.txt: line 1: --extra-index-url (another index) is not read here",
-                "acme/extern/hooks.py: line 1: on_steps is not an extension point of the training family"]
+                "acme/extern/hooks.py: line 1: wrap_model: imported: a hook is a def at the top of hooks.py",
+                "acme/extern/hooks.py: line 2: on_step: def on_step(ctx) takes 1 argument(s), but a round calls it "
+                "as on_step(ctx, step)"]
     for line in expected:
         assert sum(line in problem for problem in problems) == 1, (line, problems)
     assert len(problems) == len(expected), problems
