@@ -30,7 +30,7 @@ from typer.core import TyperGroup
 
 # Only what every command needs is imported here: each command imports the rest itself, so that `--help`, `list`
 # and `validate` start without pandas, paramiko or the report's Markdown (bench/cli_startup.py measures it).
-from flagperf.errors import ConfigError, FlagperfError, findings, left_out_line
+from flagperf.errors import ConfigError, FlagperfError, findings, gathered, left_out_line
 from flagperf.paths import (
     StartFolderGone,
     display_path,
@@ -968,12 +968,28 @@ def _validate_file(path: Path) -> str:
     return kind
 
 
+def _refuse_shadowed(path: Path, folder: Path, name: str) -> None:
+    """``path``, a file of the vendor folder ``folder``, when another folder of the same name shadows it: read by
+    no run, so said rather than passed."""
+    from flagperf.config.vendors import shadowed_by, shadowed_message
+
+    winner = shadowed_by(folder, name)
+    if winner is not None:
+        raise ConfigError(display_path(path), None, "never read: " + shadowed_message(folder, winner, name))
+
+
 def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.Match[str] | None) -> str:
     """A file of a vendor folder's cases/<family>/<case>/ (``kept``: the vendor folder, family, case), where a vendor
     kept outside the project keeps its files of a case: read as a run of that vendor reads it."""
     from flagperf.config import adaptation
     from flagperf.config.cases import available_cases, load_case, resolve_case_config
-    from flagperf.config.vendorlayout import misplaced_adaptation_file, scale_file_problem, vendor_case_problem
+    from flagperf.config.vendorlayout import (
+        misnamed_overrides,
+        misplaced_adaptation_file,
+        overrides_name,
+        scale_file_problem,
+        vendor_case_problem,
+    )
     from flagperf.config.vendors import MANIFEST, load_vendor_manifest
 
     home, family, name = kept
@@ -984,6 +1000,18 @@ def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.M
         raise ConfigError(display_path(folder), None, problem)
     case = load_case(name, known)
     manifest = load_vendor_manifest(home / MANIFEST)
+    _refuse_shadowed(path, home, manifest.name)
+    links = adaptation.absolute_links(home, folder)
+    if links:  # each link one line; a run would find it only in a container, once the round starts
+        raise gathered(links)
+    if path.parent == folder and path.name.endswith((".yaml", ".yml")) and not scale:
+        misnamed = dict(misnamed_overrides(case.folder, family, manifest.name, home))
+        if path in misnamed:
+            raise ConfigError(display_path(path), None, misnamed[path])
+        if path.name == overrides_name(family, manifest.name):
+            resolve_case_config(case, vendor=manifest.name, run_overrides=[], hardware=manifest.hardware,
+                                vendor_folder=home)
+            return f"vendor overrides of {name} (vendor {manifest.name}'s folder)"
     if scale and path.parent == folder:
         problem = scale_file_problem(path.name, family, manifest.name, str(manifest.hardware))
         if problem:
@@ -1000,8 +1028,9 @@ def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.M
         adaptation.read_adaptation(case.folder, name, case.family, manifest.name, home)
         return f"vendor {manifest.name}'s adaptation of {name} (in its folder)"
     raise ConfigError(display_path(path), None, f"not a file `flagperf validate` reads: a vendor's folder of a case "
-                      f"holds {adaptation.ENV_FILE}, {adaptation.REQUIREMENTS_FILE}, {adaptation.CSRC_FOLDER}/"
-                      f"{adaptation.CSRC_SETUP}, {adaptation.EXTERN_FOLDER}/{adaptation.EXTERN_HOOKS_FILE} and "
+                      f"holds {overrides_name(family, manifest.name)}, {adaptation.ENV_FILE}, "
+                      f"{adaptation.REQUIREMENTS_FILE}, {adaptation.CSRC_FOLDER}/{adaptation.CSRC_SETUP}, "
+                      f"{adaptation.EXTERN_FOLDER}/{adaptation.EXTERN_HOOKS_FILE} and "
                       "config_<hw>x<nnodes>x<nproc>.yaml|.py (validate one of those)")
 
 
@@ -1093,7 +1122,8 @@ def _check_file(path: Path, notes: list[str]) -> str:
             adaptation.read_adaptation(case_dir, manifest.name, manifest.family, adapted.name)
             return f"vendor {adapted.name}'s adaptation of {manifest.name}"
     if path.name == VENDOR_MANIFEST:
-        load_vendor_manifest(path)
+        manifest = load_vendor_manifest(path)
+        _refuse_shadowed(path, path.parent, manifest.name)
         return "vendor"
     if path.suffix == ".py":  # FlagPerf training's test_conf.py, or its cluster_conf.py: checked together
         from flagperf.config.plan import plan_run

@@ -32,7 +32,7 @@ from flagperf.config.files import given_name, hash_file, inside, is_present, rea
 from flagperf.config.vendors import available_vendors
 from flagperf.config.yamlio import MAX_KEY, MAX_TEXT
 from flagperf.errors import ConfigError, gathered, nearest
-from flagperf.paths import display_path
+from flagperf.paths import display_path, skipped_file, skipped_folder
 
 ENV_FILE = "environment_variables.sh"
 REQUIREMENTS_FILE = "requirements.txt"
@@ -201,6 +201,60 @@ def adaptation_place(case_folder: Path, vendor: str, vendor_folder: Path | None 
 def adaptation_folder(case_folder: Path, vendor: str, vendor_folder: Path | None = None) -> Path:
     """The folder of the vendor's files of the case a run reads (adaptation_place)."""
     return adaptation_place(case_folder, vendor, vendor_folder).folder
+
+
+def absolute_links(vendor_folder: Path, case: Path | None = None) -> list[ConfigError]:
+    """The links of the vendor folder's cases/ whose target is an absolute path, each one line naming it; with
+    ``case`` (a folder of cases/<family>/), only those on the way to it and in it. Such a link works where it was
+    made alone: a clone of the vendor's repository, a host's deployed copy and a round's container (which has the
+    vendor folder under /flagperf-search/) have the folder at another path, so the run that reads it finds
+    nothing there (a container round says so only once it starts). A relative link inside the folder travels, and
+    the folders it leads to are looked through too (once each); a link out of the folder is read_adaptation's to
+    refuse. What the source digest skips (a .venv, __pycache__: paths.walk_source's rule) is skipped."""
+    root = vendor_folder / VENDOR_CASES_FOLDER
+    home = os.path.realpath(vendor_folder)
+    problems: list[ConfigError] = []
+    seen: set[str] = set()
+    pending = [root]
+    while pending:
+        path = pending.pop()
+        if case is not None and not (path == case or path in case.parents or case in path.parents):
+            continue
+        try:
+            target = os.readlink(path) if path.is_symlink() else None
+            real = os.path.realpath(path)
+            listing = sorted(os.listdir(path)) if path.is_dir() else []
+        except OSError:  # unreadable, or gone: reading the adaptation says so
+            continue
+        if target is not None and os.path.isabs(target):
+            problems.append(ConfigError(given_name(path), None, f"links to {target} by its absolute path: where "
+                                        "the vendor folder is at another path (a clone of it, a host's copy, a "
+                                        "round's container) it leads nowhere; make the link relative, to a file "
+                                        "inside the vendor folder, or copy the file"))
+        if not listing or real in seen or not (real == home or real.startswith(home + os.sep)):
+            continue
+        seen.add(real)
+        pending += [path / name for name in reversed(listing)
+                    if not (skipped_folder(str(path), name) if (path / name).is_dir() else skipped_file(name))]
+    return problems
+
+
+def overrides_file(case_folder: Path, file_name: str, vendor: str, vendor_folder: Path | None = None) -> Path:
+    """The vendor's settings file of the case a run reads (``file_name``: vendor/<vendor>.yaml's name, an inference
+    case's <vendor>_configurations.yaml): the case's vendor/<file_name>, or the same name in the vendor folder's
+    cases/<family>/<case>/ (adaptation_places), whichever is there; the case's when neither is. Both there is
+    refused, as for the folder: a run would read one and silently drop the other's settings. Not read here."""
+    places = adaptation_places(case_folder, vendor, vendor_folder)
+    own = case_folder / "vendor" / file_name
+    kept = places[1].folder / file_name if len(places) > 1 else None
+    if kept is None or not is_present(kept):
+        inside(case_folder, own.relative_to(case_folder), given_name(own), None, "the case folder")
+        return own
+    if is_present(own):
+        raise ConfigError(given_name(kept), None, f"vendor {vendor}'s settings of case {case_folder.name} are also in "
+                          f"{given_name(own)}: keep them in one of the two places (a run reads one)")
+    places[1].file(file_name)  # no link out of the vendor folder
+    return kept
 
 
 def parse_env_file(path: Path) -> dict[str, str]:

@@ -6,8 +6,9 @@ that silently ignores them. Used by `flagperf vendor check` and `flagperf valida
     cases/inference/<case>/vendor/<vendor>_configurations.yaml overrides (inference: FlagPerf's name)
     cases/<family>/<case>/vendor/<vendor>/                     the adaptation (flagperf.config.adaptation)
       config_<hw>x<nnodes>x<nproc>.yaml|.py                    training only; <hw> is vendor.yaml's hardware
-    <vendor folder>/cases/<family>/<case>/                     the same files, kept in the vendor's own folder
-                                                               (never in both places)
+    <vendor folder>/cases/<family>/<case>/                     the same files (the overrides by the same name
+                                                               beside the adaptation's), kept in the vendor's own
+                                                               folder (never one file in both places)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from flagperf.config.adaptation import (
     EXTERN_HOOKS_FILE,
     REQUIREMENTS_FILE,
     VENDOR_CASES_FOLDER,
+    adaptation_places,
 )
 from flagperf.config.cases import INFERENCE_FILES
 from flagperf.config.cases import MANIFEST as CASE_MANIFEST
@@ -47,14 +49,20 @@ def overrides_vendor(file_name: str) -> str:
     return stem.removesuffix("_configurations")
 
 
-def misnamed_overrides(case_folder: Path, family: str, vendor: str) -> list[tuple[Path, str]]:
-    """Files of vendor/ that look like this vendor's overrides but are not the name a run reads."""
+def misnamed_overrides(case_folder: Path, family: str, vendor: str, vendor_folder: Path | None = None
+                       ) -> list[tuple[Path, str]]:
+    """Files of the case's vendor/, or of the vendor folder's cases/<family>/<case>/ (``vendor_folder``; by default
+    the one `--vendor <vendor>` finds), that look like this vendor's overrides but are not the name a run reads."""
     right = overrides_name(family, vendor)
     found = []
-    for name in (f"{vendor}.yaml", f"{vendor}.yml", f"{vendor}_configurations.yaml", f"{vendor}_configurations.yml"):
-        path = case_folder / "vendor" / name
-        if name != right and (path.is_file() or path.is_symlink()):
-            found.append((path, f"never read: the vendor overrides of {family} cases are vendor/{right}"))
+    places = adaptation_places(case_folder, vendor, vendor_folder)
+    for folder, shown in ((case_folder / "vendor", f"vendor/{right}"),
+                          *((place.folder, f"{right} in {given_name(place.folder)}") for place in places[1:])):
+        for name in (f"{vendor}.yaml", f"{vendor}.yml", f"{vendor}_configurations.yaml",
+                     f"{vendor}_configurations.yml"):
+            path = folder / name
+            if name != right and (path.is_file() or path.is_symlink()):
+                found.append((path, f"never read: the vendor overrides of {family} cases are {shown}"))
     return found
 
 
