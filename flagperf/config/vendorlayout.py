@@ -96,6 +96,37 @@ def stray_entry_problem(entry: Path, family: str, vendor: str) -> str | None:
     return None
 
 
+FLAGPERF_IMAGE_FOLDER = "docker_image"  # FlagPerf's <vendor>/docker_image/<framework>/: here <vendor>/<framework>/
+FLAGPERF_CASE_PARTS = (FLAGPERF_CONFIG_FOLDER, CSRC_FOLDER, EXTERN_FOLDER)  # what its <model>-<framework>/ holds
+
+
+def flagperf_vendor_entry_problem(entry: Path, vendor: str, dockerfile: str, monitor_scripts: set[str],
+                                  cases: dict[str, Path]) -> str | None:
+    """Why an entry at the top of a vendor folder, laid out as FlagPerf's training/<vendor>/ is, is never read here
+    (None: nothing to say): its docker_image/<framework>/ (the image is built from <framework>/Dockerfile), its
+    <vendor>_monitor.py (a monitor runs only when vendor.yaml's monitors lists it, and takes other arguments), its
+    <model>-<framework>/ folders of config/, csrc/ and extern/ (a case's files go in cases/<family>/<case>/). A
+    vendor who copied its FlagPerf folder would otherwise see each silently ignored. ``cases``: name -> folder."""
+    if entry.name == FLAGPERF_IMAGE_FOLDER and entry.is_dir():
+        return (f"never read: FlagPerf's {FLAGPERF_IMAGE_FOLDER}/ folder is not used here: the image is built from "
+                f"<framework>/Dockerfile beside vendor.yaml (container.dockerfile: {dockerfile}); move "
+                f"{FLAGPERF_IMAGE_FOLDER}/<framework>/ up one level")
+    if entry.name == f"{vendor}_monitor.py" and entry.name not in monitor_scripts:
+        return ("never run: FlagPerf's <vendor>_monitor.py is a monitor here only once vendor.yaml lists it "
+                f"(monitors: [{{name: {vendor}, script: {entry.name}}}]), and a monitor here takes --out FILE "
+                "--interval S --max-seconds N --pid-file F --parent-pid P, not -o start|stop and -l (the monitor "
+                f"`flagperf vendor new` writes, monitor_{vendor}.py, is the template)")
+    if entry.is_dir() and any((entry / part).is_dir() for part in FLAGPERF_CASE_PARTS):
+        model = entry.name.rsplit("-", 1)[0]  # FlagPerf's <model>-<framework>
+        home = cases.get(model)
+        where = (f"{VENDOR_CASES_FOLDER}/{home.parent.name}/{model}/" if home is not None
+                 else f"{VENDOR_CASES_FOLDER}/<family>/<case>/")
+        return (f"never read: FlagPerf's <model>-<framework>/ folder is not used here: a case's files go in {where} "
+                f"of this folder ({ENV_FILE} and {REQUIREMENTS_FILE} directly there, no {FLAGPERF_CONFIG_FOLDER}/; "
+                f"{CSRC_FOLDER}/ and {EXTERN_FOLDER}/ beside them)")
+    return None
+
+
 def misplaced_adaptation_file(path: Path, adaptation: Path, shown_from: Path | None = None) -> str | None:
     """A file `flagperf validate` was given inside a vendor's case folder, but not where a run reads it.
     ``shown_from``: the folder the message names the right place from (the case's, by default)."""

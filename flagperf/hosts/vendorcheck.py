@@ -19,7 +19,9 @@ folder, one line per finding.
                  scale files, the vendor/<vendor>/ folder (or the vendor folder's cases/<family>/<case>/) with the
                  forbidden-change checks (flagperf.config.adaptation); files a run would never read (FlagPerf's
                  config/ folder, a scale file of another <hw>, an overrides file of the wrong name, a folder of the
-                 vendor's cases/ that is no case's) are problems; what only a run checks (a hook's result) a note
+                 vendor's cases/ that is no case's, FlagPerf's docker_image/, <vendor>_monitor.py and
+                 <model>-<framework>/ at the top of the vendor folder) are problems; what only a run checks (a hook's
+                 result) a note
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from flagperf.config.files import given_name, is_present, read_config_text, regu
 from flagperf.config.models import load_model, pydantic_error_to_config_error
 from flagperf.config.vendorlayout import (
     SCALE_FILE,
+    flagperf_vendor_entry_problem,
     misnamed_overrides,
     overrides_name,
     scale_file_problem,
@@ -536,7 +539,15 @@ def _check_adaptations(vendor: Vendor, found: Findings) -> None:
 
 def _check_vendor_cases(vendor: Vendor, cases: dict[str, Path], found: Findings) -> None:
     """The vendor folder's cases/<family>/<case>/ folders that no run reads: one of a case that does not exist, or
-    under another family than the case's (a misspelt name would otherwise leave the case silently unadapted)."""
+    under another family than the case's (a misspelt name would otherwise leave the case silently unadapted); and
+    the entries of the vendor folder laid out as FlagPerf's, which no run reads either."""
+    monitors = {str(entry.script) for entry in vendor.manifest.monitors if entry.script is not None}
+    for entry in sorted(vendor.folder.iterdir()):  # FlagPerf's layout of the vendor folder, copied as it was
+        if not skipped_in_source(entry.name):
+            problem = flagperf_vendor_entry_problem(entry, vendor.name, vendor.manifest.container.dockerfile,
+                                                    monitors, cases)
+            if problem:
+                found.problem(given_name(entry), problem)
     root = vendor.folder / VENDOR_CASES_FOLDER
     if not is_present(root):
         return

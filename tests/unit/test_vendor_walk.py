@@ -127,8 +127,19 @@ def test_each_typical_mistake_is_one_problem_line(walk: Path) -> None:
     adapted = cases / "training" / "walk-mlp" / "vendor" / "acme"
     write(adapted / "config" / "environment_variables.sh", "export ACME_LAUNCH_BLOCKING=0\n")
     write(adapted / "config_AX1x1x1.yaml", "lr: 0.08\n")
+    # FlagPerf's own layout of the vendor folder, copied as it was: each part was silently never read.
+    write(vendor / "docker_image" / "pytorch" / "Dockerfile", "FROM python:3.11\nRUN bash pytorch_install.sh\n")
+    write(vendor / "acme_monitor.py", "import argparse\n")
+    write(vendor / "walk-mlp-pytorch" / "config" / "environment_variables.sh", "export ACME_LAUNCH_BLOCKING=0\n")
     found = check_vendor_folder(vendor, monitor_seconds=1)
     expected = [
+        "acme/docker_image: never read: FlagPerf's docker_image/ folder is not used here: the image is built from "
+        "<framework>/Dockerfile beside vendor.yaml (container.dockerfile: pytorch/Dockerfile)",
+        "acme/acme_monitor.py: never run: FlagPerf's <vendor>_monitor.py is a monitor here only once vendor.yaml "
+        "lists it (monitors: [{name: acme, script: acme_monitor.py}])",
+        "acme/walk-mlp-pytorch: never read: FlagPerf's <model>-<framework>/ folder is not used here: a case's files "
+        "go in cases/training/walk-mlp/ of this folder (environment_variables.sh and requirements.txt directly there, "
+        "no config/",
         "vendor.yaml: shares_host_memory: false, but torch.cpu has no mem_get_info()",
         "monitor_acme.py): no sample has a devices list",
         "spec.py peaks.fp64_tflops: not a key any case reads",
