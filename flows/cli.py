@@ -1286,10 +1286,17 @@ def vendor_new(name: Annotated[str, typer.Argument(help="the vendor's name (its 
     from flagperf.config.vendors import MANIFEST as VENDOR_MANIFEST
     from flagperf.config.vendors import available_vendors
     from flagperf.hosts.vendorscaffold import write_vendor_folder
-    from flagperf.paths import PROJECT_ROOT
+    from flagperf.paths import PROJECT_ROOT, vendor_roots
 
     root = into if into is not None else PROJECT_ROOT / "vendor_images"
     there_before = (root / name).exists() or (root / name).is_symlink()  # refused: never written over
+    own = vendor_roots()[0] / name
+    if into is not None and not there_before and (own / VENDOR_MANIFEST).is_file() \
+            and own.resolve() != (root / name).resolve():
+        # The project's vendor_images/ comes first on the search path: a folder of its name elsewhere is never read.
+        raise _fail(f"vendor new: {name} is the project's vendor ({display_path(own)}), which --vendor {name} always "
+                    "finds first: a folder of that name elsewhere would never be read; choose another name (nothing "
+                    "was written)")
 
     def said() -> str:  # written whole (renamed into place), or not at all
         whole = root / name
@@ -1305,7 +1312,9 @@ def vendor_new(name: Annotated[str, typer.Argument(help="the vendor's name (its 
     with _if_interrupted(said):
         found = available_vendors().get(name)
         where = "" if found is not None and found.resolve() == folder.resolve() else (
-            f"; put {escape(display_path(folder.parent))} on FLAGPERF_VENDOR_PATH so that --vendor {name} finds it")
+            f"; put {escape(display_path(folder.parent))} on FLAGPERF_VENDOR_PATH so that --vendor {name} finds it"
+            + (f" (before {escape(display_path(found.parent))}: --vendor {name} now finds "
+               f"{escape(display_path(found))})" if found is not None else ""))
         console.print(f"wrote {escape(display_path(folder))}{where}; next: fill in what is marked TODO (README.md "
                       f"says where a case's files go), then `flagperf vendor check {escape(display_path(folder))}` "
                       "(docs/vendor-guide.md)", highlight=False, soft_wrap=True)

@@ -97,6 +97,13 @@ def test_the_scaffold_passes_vendor_check_and_validate_as_written(tmp_path: Path
     assert checked.returncode == 0 and "(vendor)" in checked.stdout, checked.stderr
     again = flagperf("vendor", "new", "acme", "--into", str(tmp_path))
     assert again.returncode == 2 and "already exists; nothing was written" in again.stderr
+    # A name the project's vendor_images/ has: always found first there, so a folder of it elsewhere is never read
+    # (it was written, and the next step said the search path would find it).
+    taken = flagperf("vendor", "new", "cpu", "--into", str(tmp_path))
+    assert taken.returncode == 2 and not (tmp_path / "cpu").exists(), taken.stdout + taken.stderr
+    assert taken.stderr.strip() == ("error: vendor new: cpu is the project's vendor (vendor_images/cpu), which "
+                                    "--vendor cpu always finds first: a folder of that name elsewhere would never be "
+                                    "read; choose another name (nothing was written)"), taken.stderr
 
 
 def test_a_base_an_inference_and_a_training_adaptation_are_read_as_a_run_reads_them(walk: Path) -> None:
