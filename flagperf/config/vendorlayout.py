@@ -93,6 +93,9 @@ def stray_entry_problem(entry: Path, family: str, vendor: str) -> str | None:
     if entry.name in (CSRC_SETUP, EXTERN_HOOKS_FILE):
         sub = CSRC_FOLDER if entry.name == CSRC_SETUP else EXTERN_FOLDER
         return f"never read: {entry.name} goes in {home}/{sub}/"
+    if entry.parent.parent.name == "vendor" and entry.name == overrides_name(family, vendor):
+        # read in the vendor folder's cases/<family>/<case>/, but in the case the settings file is beside vendor/<v>/
+        return f"never read: the settings file of a case goes in its vendor/ folder, as vendor/{entry.name}"
     return None
 
 

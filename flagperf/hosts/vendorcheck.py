@@ -586,8 +586,8 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
     for path, message in misnamed_overrides(case.folder, case.family, vendor.name, vendor.folder):
         found.problem(display_path(path), message)
     name = case.vendor_file(vendor.name).name
-    if is_present(case.vendor_file(vendor.name)) or any(is_present(place.folder / name) for place in
-                                                        adaptation_places(case.folder, vendor.name, vendor.folder)):
+    kept = adaptation_places(case.folder, vendor.name, vendor.folder)[1:]  # the vendor folder's, by the same name
+    if is_present(case.vendor_file(vendor.name)) or any(is_present(place.folder / name) for place in kept):
         try:
             resolve_case_config(case, vendor=vendor.name, run_overrides=[], hardware=vendor.manifest.hardware,
                                 vendor_folder=vendor.folder)

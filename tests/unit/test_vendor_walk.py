@@ -134,6 +134,7 @@ def test_each_typical_mistake_is_one_problem_line(walk: Path) -> None:
     adapted = cases / "training" / "walk-mlp" / "vendor" / "acme"
     write(adapted / "config" / "environment_variables.sh", "export ACME_LAUNCH_BLOCKING=0\n")
     write(adapted / "config_AX1x1x1.yaml", "lr: 0.08\n")
+    write(adapted / "acme.yaml", "lr: 0.08\n")  # read in the vendor folder's cases/, not in the case's vendor/acme/
     # FlagPerf's own layout of the vendor folder, copied as it was: each part was silently never read.
     write(vendor / "docker_image" / "pytorch" / "Dockerfile", "FROM python:3.11\nRUN bash pytorch_install.sh\n")
     write(vendor / "acme_monitor.py", "import argparse\n")
@@ -156,6 +157,8 @@ def test_each_typical_mistake_is_one_problem_line(walk: Path) -> None:
         "walk-infer/vendor/acme_configurations.yaml: hidden: is a case parameter",
         "walk-mlp/vendor/acme/config: never read: FlagPerf's config/ folder is not used here",
         "walk-mlp/vendor/acme/config_AX1x1x1.yaml: never read: <hw> 'AX1' is not vendor acme's hardware 'acme'",
+        "walk-mlp/vendor/acme/acme.yaml: never read: the settings file of a case goes in its vendor/ folder, as "
+        "vendor/acme.yaml",
     ]
     for line in expected:
         assert sum(line in problem for problem in found.problems) == 1, (line, found.problems)
