@@ -374,10 +374,12 @@ def run_job(job: Job, out_dir: Path, slot: DeviceSlot | None = None, job_file: P
             log.info("host allocator: %s", allocator)
             adaptation = read_adaptation(case.folder, case.name, case.family, vendor.name, vendor.folder)
             if adaptation is not None:  # the vendor guide's adaptation points, applied before the case starts
-                adapted = Applied(adaptation).record()  # recorded also when applying it fails (masked)
-                applied = apply_adaptation(adaptation, out_dir, cache_root(out_dir),
-                                           image_id=job.image.get("image_id"))
-                adapted = applied.record()
+                applied = Applied(adaptation)
+                try:
+                    apply_adaptation(adaptation, out_dir, cache_root(out_dir), image_id=job.image.get("image_id"),
+                                     applied=applied)
+                finally:  # recorded also when applying it fails: what was applied by then (secrets masked)
+                    adapted = applied.record()
                 log.info("vendor adaptation %s: env %s, installs %s, hooks %s", adapted["folder"],
                          sorted(applied.env) or "-", {k: v["status"] for k, v in applied.installs.items()} or "-",
                          list(adaptation.hooks) or "-")

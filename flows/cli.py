@@ -30,7 +30,7 @@ from typer.core import TyperGroup
 
 # Only what every command needs is imported here: each command imports the rest itself, so that `--help`, `list`
 # and `validate` start without pandas, paramiko or the report's Markdown (bench/cli_startup.py measures it).
-from flagperf.errors import ConfigError, FlagperfError, findings, left_out_line
+from flagperf.errors import ConfigError, FlagperfError, findings, gathered, left_out_line
 from flagperf.paths import (
     StartFolderGone,
     display_path,
@@ -969,12 +969,28 @@ def _validate_file(path: Path) -> str:
     return kind
 
 
+def _refuse_shadowed(path: Path, folder: Path, name: str) -> None:
+    """``path``, a file of the vendor folder ``folder``, when another folder of the same name shadows it: read by
+    no run, so said rather than passed."""
+    from flagperf.config.vendors import shadowed_by, shadowed_message
+
+    winner = shadowed_by(folder, name)
+    if winner is not None:
+        raise ConfigError(display_path(path), None, "never read: " + shadowed_message(folder, winner, name))
+
+
 def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.Match[str] | None) -> str:
     """A file of a vendor folder's cases/<family>/<case>/ (``kept``: the vendor folder, family, case), where a vendor
     kept outside the project keeps its files of a case: read as a run of that vendor reads it."""
     from flagperf.config import adaptation
     from flagperf.config.cases import available_cases, load_case, resolve_case_config
-    from flagperf.config.vendorlayout import misplaced_adaptation_file, scale_file_problem, vendor_case_problem
+    from flagperf.config.vendorlayout import (
+        misnamed_overrides,
+        misplaced_adaptation_file,
+        overrides_name,
+        scale_file_problem,
+        vendor_case_problem,
+    )
     from flagperf.config.vendors import MANIFEST, load_vendor_manifest
 
     home, family, name = kept
@@ -985,6 +1001,18 @@ def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.M
         raise ConfigError(display_path(folder), None, problem)
     case = load_case(name, known)
     manifest = load_vendor_manifest(home / MANIFEST)
+    _refuse_shadowed(path, home, manifest.name)
+    links = adaptation.absolute_links(home, folder)
+    if links:  # each link one line; a run would find it only in a container, once the round starts
+        raise gathered(links)
+    if path.parent == folder and path.name.endswith((".yaml", ".yml")) and not scale:
+        misnamed = dict(misnamed_overrides(case.folder, family, manifest.name, home))
+        if path in misnamed:
+            raise ConfigError(display_path(path), None, misnamed[path])
+        if path.name == overrides_name(family, manifest.name):
+            resolve_case_config(case, vendor=manifest.name, run_overrides=[], hardware=manifest.hardware,
+                                vendor_folder=home)
+            return f"vendor overrides of {name} (vendor {manifest.name}'s folder)"
     if scale and path.parent == folder:
         problem = scale_file_problem(path.name, family, manifest.name, str(manifest.hardware))
         if problem:
@@ -1001,8 +1029,9 @@ def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.M
         adaptation.read_adaptation(case.folder, name, case.family, manifest.name, home)
         return f"vendor {manifest.name}'s adaptation of {name} (in its folder)"
     raise ConfigError(display_path(path), None, f"not a file `flagperf validate` reads: a vendor's folder of a case "
-                      f"holds {adaptation.ENV_FILE}, {adaptation.REQUIREMENTS_FILE}, {adaptation.CSRC_FOLDER}/"
-                      f"{adaptation.CSRC_SETUP}, {adaptation.EXTERN_FOLDER}/{adaptation.EXTERN_HOOKS_FILE} and "
+                      f"holds {overrides_name(family, manifest.name)}, {adaptation.ENV_FILE}, "
+                      f"{adaptation.REQUIREMENTS_FILE}, {adaptation.CSRC_FOLDER}/{adaptation.CSRC_SETUP}, "
+                      f"{adaptation.EXTERN_FOLDER}/{adaptation.EXTERN_HOOKS_FILE} and "
                       "config_<hw>x<nnodes>x<nproc>.yaml|.py (validate one of those)")
 
 
@@ -1094,7 +1123,8 @@ def _check_file(path: Path, notes: list[str]) -> str:
             adaptation.read_adaptation(case_dir, manifest.name, manifest.family, adapted.name)
             return f"vendor {adapted.name}'s adaptation of {manifest.name}"
     if path.name == VENDOR_MANIFEST:
-        load_vendor_manifest(path)
+        manifest = load_vendor_manifest(path)
+        _refuse_shadowed(path, path.parent, manifest.name)
         return "vendor"
     if path.suffix == ".py":  # FlagPerf training's test_conf.py, or its cluster_conf.py: checked together
         from flagperf.config.plan import plan_run
@@ -1257,10 +1287,17 @@ def vendor_new(name: Annotated[str, typer.Argument(help="the vendor's name (its 
     from flagperf.config.vendors import MANIFEST as VENDOR_MANIFEST
     from flagperf.config.vendors import available_vendors
     from flagperf.hosts.vendorscaffold import write_vendor_folder
-    from flagperf.paths import PROJECT_ROOT
+    from flagperf.paths import PROJECT_ROOT, vendor_roots
 
     root = into if into is not None else PROJECT_ROOT / "vendor_images"
     there_before = (root / name).exists() or (root / name).is_symlink()  # refused: never written over
+    own = vendor_roots()[0] / name
+    if into is not None and not there_before and (own / VENDOR_MANIFEST).is_file() \
+            and own.resolve() != (root / name).resolve():
+        # The project's vendor_images/ comes first on the search path: a folder of its name elsewhere is never read.
+        raise _fail(f"vendor new: {name} is the project's vendor ({display_path(own)}), which --vendor {name} always "
+                    "finds first: a folder of that name elsewhere would never be read; choose another name (nothing "
+                    "was written)")
 
     def said() -> str:  # written whole (renamed into place), or not at all
         whole = root / name
@@ -1276,7 +1313,9 @@ def vendor_new(name: Annotated[str, typer.Argument(help="the vendor's name (its 
     with _if_interrupted(said):
         found = available_vendors().get(name)
         where = "" if found is not None and found.resolve() == folder.resolve() else (
-            f"; put {escape(display_path(folder.parent))} on FLAGPERF_VENDOR_PATH so that --vendor {name} finds it")
+            f"; put {escape(display_path(folder.parent))} on FLAGPERF_VENDOR_PATH so that --vendor {name} finds it"
+            + (f" (before {escape(display_path(found.parent))}: --vendor {name} now finds "
+               f"{escape(display_path(found))})" if found is not None else ""))
         console.print(f"wrote {escape(display_path(folder))}{where}; next: fill in what is marked TODO (README.md "
                       f"says where a case's files go), then `flagperf vendor check {escape(display_path(folder))}` "
                       "(docs/vendor-guide.md)", highlight=False, soft_wrap=True)

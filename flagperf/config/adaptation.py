@@ -31,8 +31,8 @@ from typing import Any
 from flagperf.config.files import given_name, hash_file, inside, is_present, read_config_text, regular_file
 from flagperf.config.vendors import available_vendors
 from flagperf.config.yamlio import MAX_KEY, MAX_TEXT
-from flagperf.errors import ConfigError
-from flagperf.paths import display_path
+from flagperf.errors import ConfigError, gathered, nearest
+from flagperf.paths import display_path, skipped_file, skipped_folder
 
 ENV_FILE = "environment_variables.sh"
 REQUIREMENTS_FILE = "requirements.txt"
@@ -78,6 +78,14 @@ EXTERN_HOOKS: dict[str, dict[str, str]] = {
         "engine_forward": "engine_forward(standard, engine, inputs) -> (outputs, seconds): around the case's "
                           "engine forward",
     },
+}
+
+# The arguments each hook is called with, in order (positionally: a hook may name them as it likes), as the
+# family's driver calls it; EXTERN_HOOKS' descriptions show the same (tests/unit/test_adaptation.py holds them equal).
+HOOK_PARAMETERS: dict[str, tuple[str, ...]] = {
+    "wrap_model": ("model", "ctx"), "make_optimizer": ("cls", "params", "kwargs", "ctx"),
+    "setup_distributed": ("device_type", "backend"), "on_step": ("ctx", "step"),
+    "model_forward": ("standard", "model", "inputs"), "engine_forward": ("standard", "engine", "inputs"),
 }
 
 # What the family's driver checks of a hook's result each time a round calls it: reading the file cannot tell (the
@@ -193,6 +201,60 @@ def adaptation_place(case_folder: Path, vendor: str, vendor_folder: Path | None 
 def adaptation_folder(case_folder: Path, vendor: str, vendor_folder: Path | None = None) -> Path:
     """The folder of the vendor's files of the case a run reads (adaptation_place)."""
     return adaptation_place(case_folder, vendor, vendor_folder).folder
+
+
+def absolute_links(vendor_folder: Path, case: Path | None = None) -> list[ConfigError]:
+    """The links of the vendor folder's cases/ whose target is an absolute path, each one line naming it; with
+    ``case`` (a folder of cases/<family>/), only those on the way to it and in it. Such a link works where it was
+    made alone: a clone of the vendor's repository, a host's deployed copy and a round's container (which has the
+    vendor folder under /flagperf-search/) have the folder at another path, so the run that reads it finds
+    nothing there (a container round says so only once it starts). A relative link inside the folder travels, and
+    the folders it leads to are looked through too (once each); a link out of the folder is read_adaptation's to
+    refuse. What the source digest skips (a .venv, __pycache__: paths.walk_source's rule) is skipped."""
+    root = vendor_folder / VENDOR_CASES_FOLDER
+    home = os.path.realpath(vendor_folder)
+    problems: list[ConfigError] = []
+    seen: set[str] = set()
+    pending = [root]
+    while pending:
+        path = pending.pop()
+        if case is not None and not (path == case or path in case.parents or case in path.parents):
+            continue
+        try:
+            target = os.readlink(path) if path.is_symlink() else None
+            real = os.path.realpath(path)
+            listing = sorted(os.listdir(path)) if path.is_dir() else []
+        except OSError:  # unreadable, or gone: reading the adaptation says so
+            continue
+        if target is not None and os.path.isabs(target):
+            problems.append(ConfigError(given_name(path), None, f"links to {target} by its absolute path: where "
+                                        "the vendor folder is at another path (a clone of it, a host's copy, a "
+                                        "round's container) it leads nowhere; make the link relative, to a file "
+                                        "inside the vendor folder, or copy the file"))
+        if not listing or real in seen or not (real == home or real.startswith(home + os.sep)):
+            continue
+        seen.add(real)
+        pending += [path / name for name in reversed(listing)
+                    if not (skipped_folder(str(path), name) if (path / name).is_dir() else skipped_file(name))]
+    return problems
+
+
+def overrides_file(case_folder: Path, file_name: str, vendor: str, vendor_folder: Path | None = None) -> Path:
+    """The vendor's settings file of the case a run reads (``file_name``: vendor/<vendor>.yaml's name, an inference
+    case's <vendor>_configurations.yaml): the case's vendor/<file_name>, or the same name in the vendor folder's
+    cases/<family>/<case>/ (adaptation_places), whichever is there; the case's when neither is. Both there is
+    refused, as for the folder: a run would read one and silently drop the other's settings. Not read here."""
+    places = adaptation_places(case_folder, vendor, vendor_folder)
+    own = case_folder / "vendor" / file_name
+    kept = places[1].folder / file_name if len(places) > 1 else None
+    if kept is None or not is_present(kept):
+        inside(case_folder, own.relative_to(case_folder), given_name(own), None, "the case folder")
+        return own
+    if is_present(own):
+        raise ConfigError(given_name(kept), None, f"vendor {vendor}'s settings of case {case_folder.name} are also in "
+                          f"{given_name(own)}: keep them in one of the two places (a run reads one)")
+    places[1].file(file_name)  # no link out of the vendor folder
+    return kept
 
 
 def parse_env_file(path: Path) -> dict[str, str]:
@@ -431,7 +493,8 @@ def _python_files(folder: Path) -> Iterator[Path]:
 
 def check_extern(folder: Path, family: str) -> tuple[str, ...]:
     """extern/'s hooks (the public functions of hooks.py), checked without running anything: each is a named
-    extension point of the family, and no file of extern/ names what loads weights or builds data."""
+    extension point of the family, defined by a ``def`` at the top of hooks.py that takes the arguments a round
+    calls it with, and no file of extern/ names what loads weights or builds data. Every hook's finding at once."""
     known = EXTERN_HOOKS.get(family)
     if known is None:
         raise ConfigError(display_path(folder), None, f"the {family} family has no extension points "
@@ -444,17 +507,83 @@ def check_extern(folder: Path, family: str) -> tuple[str, ...]:
             if problem:
                 raise ConfigError(display_path(path), f"line {getattr(node, 'lineno', '?')}", problem)
     tree = trees.get(hooks_file) or _parse(hooks_file)
-    hooks = []
+    source = display_path(hooks_file)
+    defined: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}  # the last def of a name is the one imported
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and not node.name.startswith("_"):
             if node.name not in known:
-                raise ConfigError(display_path(hooks_file), f"line {node.lineno}",
-                                  f"{node.name} is not an extension point of the {family} family (known: "
+                close = nearest(node.name, known)
+                hint = f"did you mean {' or '.join(close)}? " if close else ""
+                raise ConfigError(source, f"line {node.lineno}",
+                                  f"{node.name} is not an extension point of the {family} family ({hint}known: "
                                   f"{', '.join(sorted(known))}; a helper's name starts with _)")
-            hooks.append(node.name)
-    if not hooks:
-        raise ConfigError(display_path(hooks_file), None, f"defines no hook (known: {', '.join(sorted(known))})")
-    return tuple(hooks)
+            defined[node.name] = node
+    problems = [ConfigError(source, f"line {line}", f"{name}: {why}")
+                for name, (line, why) in _hooks_not_defined(tree, known, defined).items()]
+    for name, node in defined.items():
+        why = _signature_problem(node)
+        if why:
+            problems.append(ConfigError(source, f"line {node.lineno}", f"{name}: {why}"))
+    if problems:
+        raise gathered(problems)
+    if not defined:
+        raise ConfigError(source, None, f"defines no hook (known: {', '.join(sorted(known))})")
+    return tuple(defined)
+
+
+def _hooks_not_defined(tree: ast.Module, known: Mapping[str, str], defined: Mapping[str, ast.AST]
+                       ) -> dict[str, tuple[int, str]]:
+    """Extension points hooks.py binds other than by a ``def`` at its top (imported, assigned, a class, a def inside
+    an if or try): name -> (line, why). A run takes only the top-level defs as hooks (the file is read, never run,
+    to know them), so such a hook would silently never be called."""
+    found: dict[str, tuple[int, str]] = {}
+
+    def note(name: str, line: int, how: str) -> None:
+        if name in known and name not in defined and name not in found:
+            found[name] = (line, f"{how}: a hook is a def at the top of hooks.py (a run reads the file, never runs "
+                                 f"it, to find its hooks), so this one would never be called; write `def "
+                                 f"{name}({', '.join(HOOK_PARAMETERS[name])}):` there (it may call what it "
+                                 "imports)")
+
+    for node in tree.body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            for alias in node.names:
+                note(alias.asname or alias.name.partition(".")[0], node.lineno, "imported")
+        elif isinstance(node, ast.ClassDef):
+            note(node.name, node.lineno, "a class")
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for name in ast.walk(target):
+                    if isinstance(name, ast.Name):
+                        note(name.id, node.lineno, "assigned")
+        elif isinstance(node, ast.If | ast.Try | ast.With | ast.For | ast.While):
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.FunctionDef | ast.AsyncFunctionDef):
+                    note(inner.name, inner.lineno, f"defined inside an `{type(node).__name__.lower()}` block")
+    return found
+
+
+def _signature_problem(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
+    """Why a round's call of the hook (HOOK_PARAMETERS' arguments, positionally) would fail or misuse it, or None."""
+    expected = HOOK_PARAMETERS[node.name]
+    call = f"a round calls it as {node.name}({', '.join(expected)}), with {len(expected)} argument(s)"
+    if isinstance(node, ast.AsyncFunctionDef):
+        return f"async def: {call} and uses what it returns, which would be a coroutine"
+    args = node.args
+    positional = [*args.posonlyargs, *args.args]
+    required = len(positional) - len(args.defaults)
+    written = ast.unparse(args)
+    if required > len(expected):
+        return f"def {node.name}({written}) needs {required} argument(s), but {call}"
+    if len(positional) < len(expected) and args.vararg is None:
+        return f"def {node.name}({written}) takes {len(positional)} argument(s), but {call}"
+    keyword_only = [arg.arg for arg, default in zip(args.kwonlyargs, args.kw_defaults, strict=True)
+                    if default is None]
+    if keyword_only:
+        return (f"def {node.name}({written}) needs the keyword argument(s) {', '.join(keyword_only)}, but {call} "
+                "and no keyword")
+    return None
 
 
 def _parse(path: Path) -> ast.Module:

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError, field_validator
 
-from flagperf.config.adaptation import adaptation_place
+from flagperf.config.adaptation import adaptation_place, overrides_file
 from flagperf.config.casecode import code_runs, read_case_module
 from flagperf.config.engines import INFERENCE_ENGINES, declared_options
 from flagperf.config.files import given_name, inside, is_present, read_config_text, regular_file
@@ -91,9 +91,15 @@ class CaseDef:
         return self.folder / (INFERENCE_FILES[0] if self.family == "inference" else MANIFEST)
 
     def vendor_file(self, vendor: str) -> Path:
+        """The vendor's settings file in the case's own vendor/ folder (overrides_file: the one a run reads)."""
         if self.family == "inference":  # FlagPerf's name for an inference vendor's overrides
             return self.folder / "vendor" / f"{vendor}_configurations.yaml"
         return self.folder / "vendor" / f"{vendor}.yaml"
+
+    def overrides_file(self, vendor: str, vendor_folder: Path | None = None) -> Path:
+        """The vendor's settings file a run reads: vendor_file, or the same name in the vendor folder's
+        cases/<family>/<case>/ (a vendor kept in its own repository); both there is refused."""
+        return overrides_file(self.folder, self.vendor_file(vendor).name, vendor, vendor_folder)
 
     @cached_property
     def module(self) -> ModuleType:
@@ -364,12 +370,10 @@ def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[st
     """Defaults -> vendor file -> (training) the vendor's file for this scale -> run overrides, then
     validated by the case's own Config model. files_are_local: the cases run on this machine, so the files
     a config names (exist_onnx_path ...) can be checked here; on remote hosts the case checks them there.
-    vendor_folder: the vendor's folder, whose cases/<family>/<case>/ may hold its scale files (by default the one
-    `--vendor <vendor>` finds)."""
-    vendor_path = case.vendor_file(vendor)
+    vendor_folder: the vendor's folder, whose cases/<family>/<case>/ may hold its settings and scale files (by default
+    the one `--vendor <vendor>` finds)."""
+    vendor_path = case.overrides_file(vendor, vendor_folder) if vendor else case.vendor_file(vendor)
     present = bool(vendor) and is_present(vendor_path)
-    if present:
-        _case_file(case.folder, str(vendor_path.relative_to(case.folder)))
     vendor_overrides = load_yaml_mapping(vendor_path) if present else {}
 
     vendor_refused: list[ConfigError] = []  # the vendor's two files' findings together, fixed in one go

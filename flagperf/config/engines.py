@@ -1,7 +1,8 @@
 """Engine plug-ins, for every family that has them (inference compilers, generate engines): one folder each,
-vendor_images/<vendor>/<family folder>/<engine>/, holding engine.yaml (the manifest below, which a family
-may extend with its own keys) and the engine's code: a ``file:`` inside the folder, or a shared ``module:``
-of the family. The family owns its contract class; this module finds, checks and imports engines."""
+vendor_images/<vendor>/<family folder>/<engine>/ (engine_roots: which folders of the vendor), holding engine.yaml (the
+manifest below, which a family may extend with its own keys) and the engine's code: a ``file:`` inside the folder,
+or a shared ``module:`` of the family. The family owns its contract class; this module finds, checks and imports
+engines."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from typing import ClassVar, TypeVar
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from flagperf.config.casecode import CodeNotRun, code_runs
-from flagperf.config.files import given_name, inside, regular_file
+from flagperf.config.files import given_name, inside, is_present, regular_file
 from flagperf.config.models import StrictModel, check_name, load_model
-from flagperf.config.vendors import import_file
+from flagperf.config.vendors import MANIFEST, available_vendors, import_file, vendor_folders
 from flagperf.config.yamlio import load_yaml_mapping
 from flagperf.errors import CaseUserError, ConfigError, MissingExtra, extra_for
 from flagperf.paths import display_path, vendor_roots
@@ -69,10 +70,22 @@ ManifestT = TypeVar("ManifestT", bound=EngineManifest)
 ContractT = TypeVar("ContractT", bound=type)
 
 
+def engine_roots(vendor: str) -> list[Path]:
+    """The folders whose engines are the vendor's, in search order: its own (the first folder of the name with a
+    vendor.yaml, the one `--vendor` uses), and each folder of the name without a vendor.yaml, which only adds
+    engines (a lab's own operation library for a shipped vendor, docs/operation.md). A folder of the name further on
+    with a vendor.yaml of its own is another copy of the vendor, shadowed whole as everything else of it is: its
+    engines are not the vendor's (`vendor check` and a missing engine's line name it)."""
+    home = available_vendors().get(vendor)
+    return [root / vendor for root in vendor_roots()
+            if root / vendor == home or ((root / vendor).is_dir() and not is_present(root / vendor / MANIFEST))]
+
+
 def engine_folders(vendor: str, family_folder: str) -> dict[str, Path]:
+    """Engine name -> folder, over engine_roots (the first of a name wins)."""
     found: dict[str, Path] = {}
-    for root in vendor_roots():
-        for manifest in sorted((root / vendor / family_folder).glob(f"*/{ENGINE_MANIFEST}")):
+    for root in engine_roots(vendor):
+        for manifest in sorted((root / family_folder).glob(f"*/{ENGINE_MANIFEST}")):
             found.setdefault(manifest.parent.name, manifest.parent)
     return found
 
@@ -95,9 +108,14 @@ def load_engine_manifest(vendor: str, name: str, family_folder: str, model: type
     engines = engine_folders(vendor, family_folder)
     if name not in engines:
         known = ", ".join(sorted(engines)) or "none"
-        home = next((root / vendor for root in vendor_roots() if (root / vendor).is_dir()), None)  # maybe not ours
-        where = display_path(home / family_folder) if home else f"vendor_images/{vendor}/{family_folder}"
-        raise ConfigError(source, key, f"unknown {key} {name!r} for vendor {vendor} (engines in {where}/: {known})")
+        folders = vendor_folders(vendor)
+        where = display_path(folders[0] / family_folder) if folders else f"vendor_images/{vendor}/{family_folder}"
+        shadowed = next((folder / family_folder / name for folder in folders[1:]
+                         if is_present(folder / family_folder / name / ENGINE_MANIFEST)), None)
+        hint = (f"; {display_path(shadowed)} is never read: {display_path(folders[0])} comes first on the search "
+                "path and shadows its folder") if shadowed else ""
+        raise ConfigError(source, key, f"unknown {key} {name!r} for vendor {vendor} (engines in {where}/: "
+                                       f"{known}){hint}")
     folder = engines[name]
     _check_engine_folder(folder)
     manifest_source = display_path(folder / ENGINE_MANIFEST)

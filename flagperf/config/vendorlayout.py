@@ -6,8 +6,9 @@ that silently ignores them. Used by `flagperf vendor check` and `flagperf valida
     cases/inference/<case>/vendor/<vendor>_configurations.yaml overrides (inference: FlagPerf's name)
     cases/<family>/<case>/vendor/<vendor>/                     the adaptation (flagperf.config.adaptation)
       config_<hw>x<nnodes>x<nproc>.yaml|.py                    training only; <hw> is vendor.yaml's hardware
-    <vendor folder>/cases/<family>/<case>/                     the same files, kept in the vendor's own folder
-                                                               (never in both places)
+    <vendor folder>/cases/<family>/<case>/                     the same files (the overrides by the same name
+                                                               beside the adaptation's), kept in the vendor's own
+                                                               folder (never one file in both places)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from flagperf.config.adaptation import (
     EXTERN_HOOKS_FILE,
     REQUIREMENTS_FILE,
     VENDOR_CASES_FOLDER,
+    adaptation_places,
 )
 from flagperf.config.cases import INFERENCE_FILES
 from flagperf.config.cases import MANIFEST as CASE_MANIFEST
@@ -47,14 +49,20 @@ def overrides_vendor(file_name: str) -> str:
     return stem.removesuffix("_configurations")
 
 
-def misnamed_overrides(case_folder: Path, family: str, vendor: str) -> list[tuple[Path, str]]:
-    """Files of vendor/ that look like this vendor's overrides but are not the name a run reads."""
+def misnamed_overrides(case_folder: Path, family: str, vendor: str, vendor_folder: Path | None = None
+                       ) -> list[tuple[Path, str]]:
+    """Files of the case's vendor/, or of the vendor folder's cases/<family>/<case>/ (``vendor_folder``; by default
+    the one `--vendor <vendor>` finds), that look like this vendor's overrides but are not the name a run reads."""
     right = overrides_name(family, vendor)
     found = []
-    for name in (f"{vendor}.yaml", f"{vendor}.yml", f"{vendor}_configurations.yaml", f"{vendor}_configurations.yml"):
-        path = case_folder / "vendor" / name
-        if name != right and (path.is_file() or path.is_symlink()):
-            found.append((path, f"never read: the vendor overrides of {family} cases are vendor/{right}"))
+    places = adaptation_places(case_folder, vendor, vendor_folder)
+    for folder, shown in ((case_folder / "vendor", f"vendor/{right}"),
+                          *((place.folder, f"{right} in {given_name(place.folder)}") for place in places[1:])):
+        for name in (f"{vendor}.yaml", f"{vendor}.yml", f"{vendor}_configurations.yaml",
+                     f"{vendor}_configurations.yml"):
+            path = folder / name
+            if name != right and (path.is_file() or path.is_symlink()):
+                found.append((path, f"never read: the vendor overrides of {family} cases are {shown}"))
     return found
 
 
@@ -85,6 +93,40 @@ def stray_entry_problem(entry: Path, family: str, vendor: str) -> str | None:
     if entry.name in (CSRC_SETUP, EXTERN_HOOKS_FILE):
         sub = CSRC_FOLDER if entry.name == CSRC_SETUP else EXTERN_FOLDER
         return f"never read: {entry.name} goes in {home}/{sub}/"
+    if entry.parent.parent.name == "vendor" and entry.name == overrides_name(family, vendor):
+        # read in the vendor folder's cases/<family>/<case>/, but in the case the settings file is beside vendor/<v>/
+        return f"never read: the settings file of a case goes in its vendor/ folder, as vendor/{entry.name}"
+    return None
+
+
+FLAGPERF_IMAGE_FOLDER = "docker_image"  # FlagPerf's <vendor>/docker_image/<framework>/: here <vendor>/<framework>/
+FLAGPERF_CASE_PARTS = (FLAGPERF_CONFIG_FOLDER, CSRC_FOLDER, EXTERN_FOLDER)  # what its <model>-<framework>/ holds
+
+
+def flagperf_vendor_entry_problem(entry: Path, vendor: str, dockerfile: str, monitor_scripts: set[str],
+                                  cases: dict[str, Path]) -> str | None:
+    """Why an entry at the top of a vendor folder, laid out as FlagPerf's training/<vendor>/ is, is never read here
+    (None: nothing to say): its docker_image/<framework>/ (the image is built from <framework>/Dockerfile), its
+    <vendor>_monitor.py (a monitor runs only when vendor.yaml's monitors lists it, and takes other arguments), its
+    <model>-<framework>/ folders of config/, csrc/ and extern/ (a case's files go in cases/<family>/<case>/). A
+    vendor who copied its FlagPerf folder would otherwise see each silently ignored. ``cases``: name -> folder."""
+    if entry.name == FLAGPERF_IMAGE_FOLDER and entry.is_dir():
+        return (f"never read: FlagPerf's {FLAGPERF_IMAGE_FOLDER}/ folder is not used here: the image is built from "
+                f"<framework>/Dockerfile beside vendor.yaml (container.dockerfile: {dockerfile}); move "
+                f"{FLAGPERF_IMAGE_FOLDER}/<framework>/ up one level")
+    if entry.name == f"{vendor}_monitor.py" and entry.name not in monitor_scripts:
+        return ("never run: FlagPerf's <vendor>_monitor.py is a monitor here only once vendor.yaml lists it "
+                f"(monitors: [{{name: {vendor}, script: {entry.name}}}]), and a monitor here takes --out FILE "
+                "--interval S --max-seconds N --pid-file F --parent-pid P, not -o start|stop and -l (the monitor "
+                f"`flagperf vendor new` writes, monitor_{vendor}.py, is the template)")
+    if entry.is_dir() and any((entry / part).is_dir() for part in FLAGPERF_CASE_PARTS):
+        model = entry.name.rsplit("-", 1)[0]  # FlagPerf's <model>-<framework>
+        home = cases.get(model)
+        where = (f"{VENDOR_CASES_FOLDER}/{home.parent.name}/{model}/" if home is not None
+                 else f"{VENDOR_CASES_FOLDER}/<family>/<case>/")
+        return (f"never read: FlagPerf's <model>-<framework>/ folder is not used here: a case's files go in {where} "
+                f"of this folder ({ENV_FILE} and {REQUIREMENTS_FILE} directly there, no {FLAGPERF_CONFIG_FOLDER}/; "
+                f"{CSRC_FOLDER}/ and {EXTERN_FOLDER}/ beside them)")
     return None
 
 

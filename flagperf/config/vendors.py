@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from flagperf.config.casecode import CodeNotRun, code_runs
-from flagperf.config.files import given_name, inside, regular_file
+from flagperf.config.files import given_name, inside, is_present, regular_file
 from flagperf.config.models import (
     PEAK_UNITS,
     StrictModel,
@@ -366,13 +366,43 @@ def _check_inside(folder: Path, rel: str, source: str, key: str) -> None:
     regular_file(folder, rel, source, key, "the vendor folder")
 
 
+def vendor_folders(name: str) -> list[Path]:
+    """Every folder of vendor ``name`` on the search path, in its order: the first is the one `--vendor <name>`
+    uses (everything of the vendor comes from it: manifest, engines, toolkits, case files); the others are
+    shadowed by it, never read."""
+    return [root / name for root in vendor_roots() if is_present(root / name / MANIFEST)]
+
+
 def available_vendors() -> dict[str, Path]:
+    """Vendor name -> the folder `--vendor <name>` uses: the first of that name on the search path."""
     found: dict[str, Path] = {}
     for root in vendor_roots():
         if root.is_dir():
             for manifest in sorted(root.glob(f"*/{MANIFEST}")):
                 found.setdefault(manifest.parent.name, manifest.parent)
     return found
+
+
+SEARCH_ORDER = "vendor_images/, then FLAGPERF_VENDOR_PATH in order"
+
+
+def shadowed_by(folder: Path, name: str | None = None) -> Path | None:
+    """The folder `--vendor <name>` uses instead of ``folder`` (a vendor folder, ``name`` its vendor's, by default
+    its folder's name), or None when it uses ``folder`` or finds no vendor of the name."""
+    known = available_vendors().get(name or folder.name)
+    if known is None or known.resolve() == folder.resolve():
+        return None
+    return known
+
+
+def shadowed_message(folder: Path, winner: Path, name: str) -> str:
+    """What `vendor check` and `validate` say of a vendor folder ``winner`` shadows: which, why, and what to do."""
+    if winner.parent.resolve() == vendor_roots()[0].resolve():
+        fix = "rename this vendor: the project's vendor_images/ always comes first"
+    else:
+        fix = f"list {folder.parent} before {winner.parent} on FLAGPERF_VENDOR_PATH, or rename this vendor"
+    return (f"shadowed by {display_path(winner)}: --vendor {name} reads the first folder of the name "
+            f"({SEARCH_ORDER}), nothing of this one; {fix}")
 
 
 def load_vendor(name: str) -> Vendor:

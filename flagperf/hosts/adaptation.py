@@ -90,10 +90,12 @@ def runtime_key() -> str:
     return f"{sys.executable}|{sys.version}|{sys.platform}|{os.uname().machine}"
 
 
-def apply_adaptation(adaptation: Adaptation, round_dir: Path, cache: Path, image_id: str | None = None) -> Applied:
+def apply_adaptation(adaptation: Adaptation, round_dir: Path, cache: Path, image_id: str | None = None,
+                     applied: Applied | None = None) -> Applied:
     """Apply the environment file, then requirements.txt, then csrc/ (it may need the requirements), to this
-    process's environment and sys.path; the case's own processes inherit both."""
-    applied = Applied(adaptation)
+    process's environment and sys.path; the case's own processes inherit both. ``applied``: filled in as each step
+    is done, so that when a later one fails the round's record still says what was applied (env_applied)."""
+    applied = applied if applied is not None else Applied(adaptation)
     applied.env = expand_env(adaptation.env, os.environ)
     os.environ.update(applied.env)
     key = f"{runtime_key()}|{image_id or ''}"

@@ -19,7 +19,9 @@ folder, one line per finding.
                  scale files, the vendor/<vendor>/ folder (or the vendor folder's cases/<family>/<case>/) with the
                  forbidden-change checks (flagperf.config.adaptation); files a run would never read (FlagPerf's
                  config/ folder, a scale file of another <hw>, an overrides file of the wrong name, a folder of the
-                 vendor's cases/ that is no case's) are problems; what only a run checks (a hook's result) a note
+                 vendor's cases/ that is no case's, FlagPerf's docker_image/, <vendor>_monitor.py and
+                 <model>-<framework>/ at the top of the vendor folder) are problems; what only a run checks (a hook's
+                 result) a note
 """
 
 from __future__ import annotations
@@ -48,18 +50,20 @@ from flagperf.config.adaptation import (
     REQUIREMENTS_FILE,
     RUN_TIME_CHECKS,
     VENDOR_CASES_FOLDER,
-    adaptation_folder,
+    absolute_links,
+    adaptation_place,
     adaptation_places,
     adaptation_problems,
     read_adaptation,
 )
 from flagperf.config.casecode import case_code_not_run
 from flagperf.config.cases import CaseDef, available_cases, load_case, resolve_case_config
-from flagperf.config.engines import ENGINE_MANIFEST, INFERENCE_ENGINES
+from flagperf.config.engines import ENGINE_MANIFEST, INFERENCE_ENGINES, engine_roots
 from flagperf.config.files import given_name, is_present, read_config_text, regular_file
 from flagperf.config.models import load_model, pydantic_error_to_config_error
 from flagperf.config.vendorlayout import (
     SCALE_FILE,
+    flagperf_vendor_entry_problem,
     misnamed_overrides,
     overrides_name,
     scale_file_problem,
@@ -68,12 +72,16 @@ from flagperf.config.vendorlayout import (
 )
 from flagperf.config.vendors import (
     MANIFEST,
+    SEARCH_ORDER,
     Vendor,
     VendorManifest,
     available_vendors,
     import_file,
     load_vendor_manifest,
     peak_problem,
+    shadowed_by,
+    shadowed_message,
+    vendor_folders,
 )
 from flagperf.config.yamlio import parse_yaml_text
 from flagperf.errors import ConfigError, FlagperfError, findings, left_out_line, unknown_name
@@ -182,14 +190,25 @@ def _other_missing_files(folder: Path, first: str) -> list[str]:
 
 
 def _check_found_by_name(vendor: Vendor, found: Findings) -> None:
-    """`--vendor <name>` finds vendor_images/<name> and FLAGPERF_VENDOR_PATH's folders, the first of a name."""
+    """`--vendor <name>` finds vendor_images/<name> and FLAGPERF_VENDOR_PATH's folders, the first of a name; every
+    other folder of the name is shadowed by it whole (its engines, toolkits and case files too)."""
     known = available_vendors().get(vendor.name)
     if known is None:
         found.notes.append(f"--vendor {vendor.name} does not find this folder: add {vendor.folder.parent} to "
                            "FLAGPERF_VENDOR_PATH (or put the folder under vendor_images/)")
-    elif known.resolve() != vendor.folder.resolve():
-        found.problems.append(f"--vendor {vendor.name} finds {display_path(known)}, not this folder: the name is "
-                              "taken (vendor_images/ comes first, then FLAGPERF_VENDOR_PATH in order)")
+        return
+    winner = shadowed_by(vendor.folder, vendor.name)
+    if winner is not None:
+        found.problems.append(f"{display_path(vendor.folder)}: {shadowed_message(vendor.folder, winner, vendor.name)}")
+        return
+    for other in vendor_folders(vendor.name)[1:]:  # what a vendor might think still counts
+        found.notes.append(f"{display_path(other)} is shadowed by this folder: --vendor {vendor.name} reads this one "
+                           f"({SEARCH_ORDER}), nothing of that one (its engines and case files neither)")
+    for other in engine_roots(vendor.name):  # a folder of the name without a vendor.yaml adds engines
+        if other.resolve() != vendor.folder.resolve():
+            found.notes.append(f"{display_path(other)}: a folder of vendor {vendor.name} without a {MANIFEST}: its "
+                               "engines join this folder's (where both have an engine of a name, the first on the "
+                               "search path is used)")
 
 
 def _check_device(vendor: Vendor, found: Findings) -> None:
@@ -506,8 +525,8 @@ def _check_adaptations(vendor: Vendor, found: Findings) -> None:
                            f"{overrides_name('inference', vendor.name)}), a training scale's in vendor/{vendor.name}/"
                            f"config_{vendor.manifest.hardware}x<nnodes>x<nproc>.yaml, and {ENV_FILE}, "
                            f"{REQUIREMENTS_FILE}, {CSRC_FOLDER}/{CSRC_SETUP}, {EXTERN_FOLDER}/{EXTERN_HOOKS_FILE} "
-                           f"in vendor/{vendor.name}/, or those of vendor/{vendor.name}/ in this folder's "
-                           f"{VENDOR_CASES_FOLDER}/<family>/<case>/ (docs/vendor-guide.md, section 2)")
+                           f"in vendor/{vendor.name}/, or all of them (the settings file by the same name) in this "
+                           f"folder's {VENDOR_CASES_FOLDER}/<family>/<case>/ (docs/vendor-guide.md, section 2)")
     for note in dict.fromkeys(warnings):  # a new key's warning, when that key is also a problem, is said once
         file_and_key = ": ".join(note.split(": ")[:2]) + ":"
         if not any(problem.startswith(file_and_key) for problem in found.problems):
@@ -520,10 +539,20 @@ def _check_adaptations(vendor: Vendor, found: Findings) -> None:
 
 def _check_vendor_cases(vendor: Vendor, cases: dict[str, Path], found: Findings) -> None:
     """The vendor folder's cases/<family>/<case>/ folders that no run reads: one of a case that does not exist, or
-    under another family than the case's (a misspelt name would otherwise leave the case silently unadapted)."""
+    under another family than the case's (a misspelt name would otherwise leave the case silently unadapted); and
+    the entries of the vendor folder laid out as FlagPerf's, which no run reads either."""
+    monitors = {str(entry.script) for entry in vendor.manifest.monitors if entry.script is not None}
+    for entry in sorted(vendor.folder.iterdir()):  # FlagPerf's layout of the vendor folder, copied as it was
+        if not skipped_in_source(entry.name):
+            problem = flagperf_vendor_entry_problem(entry, vendor.name, vendor.manifest.container.dockerfile,
+                                                    monitors, cases)
+            if problem:
+                found.problem(given_name(entry), problem)
     root = vendor.folder / VENDOR_CASES_FOLDER
     if not is_present(root):
         return
+    for link in absolute_links(vendor.folder):
+        found.add_error(link)
     if not root.is_dir():
         found.problem(display_path(root), f"never read: {VENDOR_CASES_FOLDER}/ is a folder of <family>/<case>/ "
                                           "folders (the vendor's files of each case)")
@@ -548,29 +577,37 @@ def has_vendor_files(case: CaseDef, vendor: str, vendor_folder: Path | None = No
     (read or not: a misnamed one counts)."""
     return (is_present(case.vendor_file(vendor))
             or any(is_present(place.folder) for place in adaptation_places(case.folder, vendor, vendor_folder))
-            or bool(misnamed_overrides(case.folder, case.family, vendor)))
+            or bool(misnamed_overrides(case.folder, case.family, vendor, vendor_folder)))
 
 
 def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
     """This vendor's files of one case, each read as a run of the vendor reads it; what was read."""
     used: list[str] = []
-    for path, message in misnamed_overrides(case.folder, case.family, vendor.name):
+    for path, message in misnamed_overrides(case.folder, case.family, vendor.name, vendor.folder):
         found.problem(display_path(path), message)
-    if is_present(case.vendor_file(vendor.name)):
+    name = case.vendor_file(vendor.name).name
+    kept = adaptation_places(case.folder, vendor.name, vendor.folder)[1:]  # the vendor folder's, by the same name
+    if is_present(case.vendor_file(vendor.name)) or any(is_present(place.folder / name) for place in kept):
         try:
             resolve_case_config(case, vendor=vendor.name, run_overrides=[], hardware=vendor.manifest.hardware,
                                 vendor_folder=vendor.folder)
-            used.append(f"overrides {case.vendor_file(vendor.name).name}")
+            used.append(f"overrides {name}")
         except FlagperfError as exc:
             found.add_error(exc)
     try:
-        folder = adaptation_folder(case.folder, vendor.name, vendor.folder)
+        place = adaptation_place(case.folder, vendor.name, vendor.folder)
     except ConfigError as exc:  # in both places: neither is read
         found.add_error(exc)
         return used
+    folder = place.folder
     hardware = str(vendor.manifest.hardware)
-    # A link as the folder is read_adaptation's to judge (it must stay inside its root); its entries are not listed.
-    for entry in sorted(folder.iterdir()) if folder.is_dir() and not folder.is_symlink() else []:
+    # A link as the folder is listed where it stays inside its root, as a run reads it (one leading out is
+    # adaptation_problems' to name: nothing in it is read).
+    try:
+        listed = place.present and folder.is_dir() and place.checked() is not None
+    except ConfigError:
+        listed = False
+    for entry in sorted(folder.iterdir()) if listed else []:
         problem = (scale_file_problem(entry.name, case.family, vendor.name, hardware)
                    or stray_entry_problem(entry, case.family, vendor.name))
         if problem:
@@ -586,8 +623,8 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
             except FlagperfError as exc:
                 found.add_error(exc)
     problems = adaptation_problems(case.folder, case.family, vendor.name, vendor.folder)
-    for problem in problems:  # every part's, not only the first a run would stop at
-        found.add_problem(str(problem))
+    for problem in problems:  # every part's, not only the first a run would stop at; each part's findings
+        found.add_error(problem)
     if problems:
         return used
     adaptation = read_adaptation(case.folder, case.name, case.family, vendor.name, vendor.folder)

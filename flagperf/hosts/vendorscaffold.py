@@ -190,8 +190,10 @@ FlagPerf's `<model>-<framework>/` folder of a vendor is, for each case, inside t
       extern/hooks.py            the case's extension points ({hooks})
 
 A vendor kept in its own repository (outside the project) may keep the files of cases/<family>/<case>/vendor/{name}/
-in this folder instead, as cases/<family>/<case>/ here (e.g. cases/training/<case>/extern/hooks.py): never in both
-places for one case (refused). The settings files above stay in the case's vendor/ folder.
+in this folder instead, as cases/<family>/<case>/ here (e.g. cases/training/<case>/extern/hooks.py), and the
+settings file by the same name beside them (cases/training/<case>/{name}.yaml, cases/inference/<case>/
+{name}_configurations.yaml): never one of them in both places (refused). Link within this folder by relative paths
+only (a clone of it, or a container, has the folder elsewhere).
 
 Inference cases run through an engine of this folder: engines/<engine>/engine.yaml (start from
 vendor_images/cpu/engines/). `flagperf vendor check {name}` reads every file of this vendor in the cases.

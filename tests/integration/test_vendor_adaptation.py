@@ -71,18 +71,25 @@ def test_every_adaptation_point_reaches_the_case_and_is_recorded(adapted_case: P
 def test_a_failed_csrc_build_fails_the_round_naming_it(adapted_case: Path, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The adaptation kept in the vendor's own folder (cases/<family>/<case>/ there, as a vendor of its own
-    repository keeps it): the plan and the round read it from there, and the failure names the file there."""
+    repository keeps it), its settings file too: the plan and the round read them from there, and the failure
+    names the file there. The failed round's record says what was applied before the build failed: the
+    environment (a secret masked) and the requirements' install; env_applied was empty."""
     vendors = tmp_path / "vendors"
     shutil.copytree(FIXTURE / "vendors", vendors)
     kept = vendors / "testvendor" / "cases" / "training" / "adapted-mlp"
     kept.parent.mkdir(parents=True)
     shutil.move(tmp_path / "cases" / "training" / "adapted-mlp" / "vendor" / "testvendor", kept)
+    (kept / "testvendor.yaml").write_text("timeout_s: 600\n")
+    with (kept / "environment_variables.sh").open("a") as env:
+        env.write("TESTVENDOR_TOKEN=not-for-the-record\n")
     monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(vendors))
     source = kept / "csrc" / "tinyop.c"
     source.write_text(source.read_text() + "\nthis is not C;\n")
     state, run_dir = run_evaluate(adapted_case, cases=["adapted-mlp"], vendor="testvendor")
     assert state.is_failed()
-    assert json.loads((run_dir / "plan.json").read_text())["cases"][0]["vendor_folder"] == str(kept)
+    planned = json.loads((run_dir / "plan.json").read_text())["cases"][0]
+    assert planned["vendor_folder"] == str(kept)
+    assert planned["config"]["timeout_s"] == 600 and planned["origins"]["timeout_s"] == str(kept / "testvendor.yaml")
     folder = run_dir / "adapted-mlp" / "round1" / "localhost_noderank0"
     result = read_result(folder / "result.json")
     assert result.status == "failed" and result.failure.kind == "user"
@@ -91,4 +98,8 @@ def test_a_failed_csrc_build_fails_the_round_naming_it(adapted_case: Path, tmp_p
     assert "\n" not in message
     assert result.provenance.adaptation is not None and result.provenance.adaptation["folder"] == str(kept)
     assert result.provenance.adaptation["env"]["TESTVENDOR_MODE"] == "fast"
+    assert result.provenance.adaptation["env_applied"] == {"TESTVENDOR_MODE": "fast", "TESTVENDOR_PATHS":
+                                                           "/opt/testvendor/lib:fast", "TESTVENDOR_TOKEN": "<masked>"}
+    assert result.provenance.adaptation["installs"]["requirements"]["status"] in ("built", "cached")
+    assert "not-for-the-record" not in (folder / "result.json").read_text()
     assert "error" in (folder / "adaptation_csrc_build.log").read_text().lower()

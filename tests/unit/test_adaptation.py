@@ -179,6 +179,8 @@ def test_the_content_key_reads_files_in_pieces_with_the_same_digest(tmp_path: Pa
     ("import torch\ndef wrap_model(model, ctx):\n    torch.load('w.pt')\n    return model\n", "line 3: torch.load"),
     ("from torch.utils.data import DataLoader\ndef on_step(ctx, step):\n    pass\n", "line 1: DataLoader"),
     ("def build_dataset(config):\n    return None\n", "line 1: build_dataset is not an extension point"),
+    ("def wrap_modle(model, ctx):\n    return model\n", "line 1: wrap_modle is not an extension point of the "
+                                                         "training family (did you mean wrap_model? known: "),
     ("def _helper():\n    pass\n", "defines no hook"),
     ("def wrap_model(model, ctx)\n    return model\n", "invalid Python"),
 ])
@@ -189,6 +191,68 @@ def test_extern_code_that_would_change_what_is_forbidden_is_refused(tmp_path: Pa
     with pytest.raises(ConfigError) as info:
         check_extern(extern, "training")
     assert why in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+
+BAD_HOOKS = """\
+import os
+from acme.fused import on_step
+if os.environ.get("ACME_FUSED"):
+    def make_optimizer(cls, params, kwargs, ctx):
+        return cls(params, **kwargs)
+def wrap_model(model):
+    return model
+async def setup_distributed(device_type, backend):
+    return backend
+"""
+
+
+def test_a_hook_a_round_could_not_call_is_named_with_its_function_all_at_once(tmp_path: Path) -> None:
+    """hooks.py is read, never imported: a hook bound other than by a top-level def (imported, defined inside an if)
+    was silently never called, and one of the wrong parameters failed only inside a round, with a TypeError. Each is
+    now one line naming the file, the line and the function, all of them at once."""
+    from flagperf.errors import findings
+
+    extern = tmp_path / "extern"
+    extern.mkdir()
+    hooks = extern / "hooks.py"
+    hooks.write_text(BAD_HOOKS, encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        check_extern(extern, "training")
+    lines = [str(finding) for finding in findings(info.value)]
+    never = ": a hook is a def at the top of hooks.py (a run reads the file, never runs it, to find its hooks), so " \
+            "this one would never be called; write `def "
+    assert lines == [
+        f"{hooks}: line 2: on_step: imported{never}on_step(ctx, step):` there (it may call what it imports)",
+        f"{hooks}: line 4: make_optimizer: defined inside an `if` block{never}make_optimizer(cls, params, kwargs, "
+        "ctx):` there (it may call what it imports)",
+        f"{hooks}: line 6: wrap_model: def wrap_model(model) takes 1 argument(s), but a round calls it as "
+        "wrap_model(model, ctx), with 2 argument(s)",
+        f"{hooks}: line 8: setup_distributed: async def: a round calls it as setup_distributed(device_type, backend), "
+        "with 2 argument(s) and uses what it returns, which would be a coroutine",
+    ], lines
+    for code, why in (("def on_step(ctx, step, extra):\n    pass\n", "needs 3 argument(s), but a round calls it as "
+                                                                     "on_step(ctx, step), with 2"),
+                      ("def on_step(ctx, step, *, mode):\n    pass\n", "needs the keyword argument(s) mode"),
+                      ("def engine_forward(engine, inputs):\n    pass\n", "a round calls it as "
+                                                                           "engine_forward(standard, engine, inputs)")):
+        hooks.write_text(code, encoding="utf-8")
+        with pytest.raises(ConfigError, match=re.escape(why)):
+            check_extern(extern, "inference" if "engine" in code else "training")
+    # A round calls hooks positionally: other names, defaults, *args and keywords with defaults all take the call.
+    hooks.write_text("def wrap_model(m, c, scale=1.0, *, fuse=True):\n    return m\n"
+                     "def on_step(*args):\n    pass\n"
+                     "def make_optimizer(cls, params, kwargs, ctx, /):\n    return cls(params, **kwargs)\n",
+                     encoding="utf-8")
+    assert check_extern(extern, "training") == ("wrap_model", "on_step", "make_optimizer")
+
+
+def test_each_hook_signature_is_the_one_its_description_shows() -> None:
+    from flagperf.config.adaptation import EXTERN_HOOKS, HOOK_PARAMETERS
+
+    described = {name: text for points in EXTERN_HOOKS.values() for name, text in points.items()}
+    assert described.keys() == HOOK_PARAMETERS.keys()
+    for name, parameters in HOOK_PARAMETERS.items():
+        assert described[name].startswith(f"{name}({', '.join(parameters)}) -> "), name
 
 
 def test_extern_of_a_family_without_extension_points_is_refused(tmp_path: Path) -> None:

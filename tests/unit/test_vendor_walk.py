@@ -97,6 +97,13 @@ def test_the_scaffold_passes_vendor_check_and_validate_as_written(tmp_path: Path
     assert checked.returncode == 0 and "(vendor)" in checked.stdout, checked.stderr
     again = flagperf("vendor", "new", "acme", "--into", str(tmp_path))
     assert again.returncode == 2 and "already exists; nothing was written" in again.stderr
+    # A name the project's vendor_images/ has: always found first there, so a folder of it elsewhere is never read
+    # (it was written, and the next step said the search path would find it).
+    taken = flagperf("vendor", "new", "cpu", "--into", str(tmp_path))
+    assert taken.returncode == 2 and not (tmp_path / "cpu").exists(), taken.stdout + taken.stderr
+    assert taken.stderr.strip() == ("error: vendor new: cpu is the project's vendor (vendor_images/cpu), which "
+                                    "--vendor cpu always finds first: a folder of that name elsewhere would never be "
+                                    "read; choose another name (nothing was written)"), taken.stderr
 
 
 def test_a_base_an_inference_and_a_training_adaptation_are_read_as_a_run_reads_them(walk: Path) -> None:
@@ -127,8 +134,20 @@ def test_each_typical_mistake_is_one_problem_line(walk: Path) -> None:
     adapted = cases / "training" / "walk-mlp" / "vendor" / "acme"
     write(adapted / "config" / "environment_variables.sh", "export ACME_LAUNCH_BLOCKING=0\n")
     write(adapted / "config_AX1x1x1.yaml", "lr: 0.08\n")
+    write(adapted / "acme.yaml", "lr: 0.08\n")  # read in the vendor folder's cases/, not in the case's vendor/acme/
+    # FlagPerf's own layout of the vendor folder, copied as it was: each part was silently never read.
+    write(vendor / "docker_image" / "pytorch" / "Dockerfile", "FROM python:3.11\nRUN bash pytorch_install.sh\n")
+    write(vendor / "acme_monitor.py", "import argparse\n")
+    write(vendor / "walk-mlp-pytorch" / "config" / "environment_variables.sh", "export ACME_LAUNCH_BLOCKING=0\n")
     found = check_vendor_folder(vendor, monitor_seconds=1)
     expected = [
+        "acme/docker_image: never read: FlagPerf's docker_image/ folder is not used here: the image is built from "
+        "<framework>/Dockerfile beside vendor.yaml (container.dockerfile: pytorch/Dockerfile)",
+        "acme/acme_monitor.py: never run: FlagPerf's <vendor>_monitor.py is a monitor here only once vendor.yaml "
+        "lists it (monitors: [{name: acme, script: acme_monitor.py}])",
+        "acme/walk-mlp-pytorch: never read: FlagPerf's <model>-<framework>/ folder is not used here: a case's files "
+        "go in cases/training/walk-mlp/ of this folder (environment_variables.sh and requirements.txt directly there, "
+        "no config/",
         "vendor.yaml: shares_host_memory: false, but torch.cpu has no mem_get_info()",
         "monitor_acme.py): no sample has a devices list",
         "spec.py peaks.fp64_tflops: not a key any case reads",
@@ -138,6 +157,8 @@ def test_each_typical_mistake_is_one_problem_line(walk: Path) -> None:
         "walk-infer/vendor/acme_configurations.yaml: hidden: is a case parameter",
         "walk-mlp/vendor/acme/config: never read: FlagPerf's config/ folder is not used here",
         "walk-mlp/vendor/acme/config_AX1x1x1.yaml: never read: <hw> 'AX1' is not vendor acme's hardware 'acme'",
+        "walk-mlp/vendor/acme/acme.yaml: never read: the settings file of a case goes in its vendor/ folder, as "
+        "vendor/acme.yaml",
     ]
     for line in expected:
         assert sum(line in problem for problem in found.problems) == 1, (line, found.problems)
@@ -234,12 +255,15 @@ def test_every_problem_of_a_case_adaptation_is_named_at_once_and_once(walk: Path
     write(adapted / "config_acmex1x2.yaml", "lr: 0.07\n")
     write(adapted / "environment_variables.sh", "export ACME_TUNING=fast\nsource /opt/acme/env.sh\n")
     write(adapted / "requirements.txt", "--extra-index-url https://pypi.acme.example/simple\nacme-ops\n")
-    write(adapted / "extern" / "hooks.py", "def on_steps(ctx, step):\n    pass\n")
+    # Two hooks a round could not use: each named, not the first only.
+    write(adapted / "extern" / "hooks.py", "from acme_ops import wrap_model\ndef on_step(ctx):\n    pass\n")
     problems = check_vendor_folder(walk / "vendors" / "acme", monitor_seconds=1).problems
     expected = ["walk-mlp/vendor/acme.yaml: hidden: unknown key (a vendor may change: ",
                 "acme/environment_variables.sh: line 2: not an assignment",
                 "acme/requirements.txt: line 1: --extra-index-url (another index) is not read here",
-                "acme/extern/hooks.py: line 1: on_steps is not an extension point of the training family"]
+                "acme/extern/hooks.py: line 1: wrap_model: imported: a hook is a def at the top of hooks.py",
+                "acme/extern/hooks.py: line 2: on_step: def on_step(ctx) takes 1 argument(s), but a round calls it "
+                "as on_step(ctx, step)"]
     for line in expected:
         assert sum(line in problem for problem in problems) == 1, (line, problems)
     assert len(problems) == len(expected), problems
@@ -616,3 +640,131 @@ def test_a_vendor_kept_outside_the_project_keeps_its_case_files_in_its_own_folde
     assert f"{vendor}/cases/base/walk-mlp: never read: walk-mlp is a training case: its folder here is " \
            "cases/training/walk-mlp/" in problems, problems
     assert len(problems) == 2, problems
+
+
+def test_a_vendor_kept_outside_keeps_its_settings_files_in_its_own_folder_too(walk: Path, tmp_path: Path) -> None:
+    """The settings files (vendor/<vendor>.yaml, an inference case's vendor/<vendor>_configurations.yaml) had to stay
+    in the case's vendor/ folder while the rest of the case's files could be kept in the vendor's own repository:
+    <vendor folder>/cases/<family>/<case>/ now holds them by the same name, read by vendor check, validate and the
+    plan; one file in both places is refused in one line naming the two, and a misnamed one is named."""
+    from flagperf.config.plan import plan_run
+
+    vendor, cases = walk / "vendors" / "acme", walk / "cases"
+    kept = vendor / "cases"
+    gemm = write(kept / "base" / "walk-gemm" / "acme.yaml", "m: 1024\n")
+    infer = write(kept / "inference" / "walk-infer" / "acme_configurations.yaml", "batch_size: 64\n")
+    mlp = write(kept / "training" / "walk-mlp" / "acme.yaml", "timeout_s: 900\n")
+    write(kept / "training" / "walk-mlp" / "config_acmex1x1.yaml", "lr: 0.08\n")
+    found = check_vendor_folder(vendor, monitor_seconds=1)
+    assert found.problems == [], found.problems
+    for line in ("adaptation of walk-gemm: overrides acme.yaml", "adaptation of walk-infer: overrides "
+                 "acme_configurations.yaml", "adaptation of walk-mlp: overrides acme.yaml; scale config_acmex1x1.yaml"):
+        assert line in found.passed, found.passed
+    plan = plan_run(cases=["walk-gemm", "walk-mlp"], vendor="acme", results_dir=tmp_path / "results")
+    origins = {case.name: case.origins for case in plan.cases}
+    assert origins["walk-gemm"]["m"] == str(gemm) and origins["walk-mlp"]["timeout_s"] == str(mlp), origins
+    assert origins["walk-mlp"]["lr"] == str(kept / "training" / "walk-mlp" / "config_acmex1x1.yaml")
+    checked = flagperf("validate", str(gemm), str(infer), str(mlp))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    said = " ".join(checked.stdout.split())
+    for case in ("walk-gemm", "walk-infer", "walk-mlp"):
+        assert f"(vendor overrides of {case} (vendor acme's folder))" in said, said
+
+    # One file in both places: a run would read one and silently drop the other's settings.
+    write(cases / "base" / "walk-gemm" / "vendor" / "acme.yaml", "m: 2048\n")
+    both = (f"{gemm}: vendor acme's settings of case walk-gemm are also in {cases}/base/walk-gemm/vendor/acme.yaml: "
+            "keep them in one of the two places (a run reads one)")
+    assert check_vendor_folder(vendor, monitor_seconds=1).problems == [both]
+    with pytest.raises(ConfigError, match=re.escape(both)):
+        plan_run(cases=["walk-gemm"], vendor="acme", results_dir=tmp_path / "results")
+    refused = flagperf("validate", str(gemm), str(cases / "base" / "walk-gemm" / "vendor" / "acme.yaml"))
+    assert refused.returncode == 2 and refused.stderr.splitlines() == [f"error {both}"] * 2, refused.stderr
+    (cases / "base" / "walk-gemm" / "vendor" / "acme.yaml").unlink()
+
+    # An inference case's settings by the training name: never read, named where it is.
+    wrong = write(kept / "inference" / "walk-infer" / "acme.yaml", "batch_size: 32\n")
+    expected = (f"{wrong}: never read: the vendor overrides of inference cases are acme_configurations.yaml in "
+                f"{kept / 'inference' / 'walk-infer'}")
+    assert check_vendor_folder(vendor, monitor_seconds=1).problems == [expected]
+    refused = flagperf("validate", str(wrong))
+    assert refused.returncode == 2 and refused.stderr.strip() == f"error {expected}", refused.stderr
+
+
+def test_a_shadowed_vendor_folder_is_said_to_be_and_lends_no_engine(walk: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two folders of one vendor (each with its vendor.yaml) on the search path: `--vendor acme` reads the first
+    whole. Its engines were merged with the later one's (an engine the first lacked came from a copy of the vendor
+    nothing else of the run read), and `flagperf validate` passed the later folder's files, which no run reads. Now
+    the later copy lends no engine, the missing engine's line names it, and vendor check and validate say which
+    folder shadows which. A folder of the name without a vendor.yaml still adds its engines (a lab's own library
+    for a vendor, docs/operation.md), and vendor check says so."""
+    from flagperf.config.engines import engine_folders
+
+    later = walk / "vendors" / "acme"
+    first = write_vendor_folder(tmp_path / "first", "acme")  # no engines/
+    extension = tmp_path / "lab" / "acme" / "engines" / "onnxruntime"
+    shutil.copytree(later / "engines" / "onnxruntime", extension)
+    lab = str(tmp_path / "lab")
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", os.pathsep.join([str(tmp_path / "first"), str(walk / "vendors"), lab]))
+    assert engine_folders("acme", "engines") == {"onnxruntime": extension}
+    assert f"{extension.parent.parent}: a folder of vendor acme without a vendor.yaml: its engines join this " \
+           "folder's (where both have an engine of a name, the first on the search path is used)" in \
+           check_vendor_folder(first, monitor_seconds=1).notes
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", os.pathsep.join([str(tmp_path / "first"), str(walk / "vendors")]))
+    assert engine_folders("acme", "engines") == {}
+    write(walk / "cases" / "inference" / "walk-infer" / "vendor" / "acme_configurations.yaml", "batch_size: 64\n")
+    found = check_vendor_folder(first, monitor_seconds=1)
+    order = "vendor_images/, then FLAGPERF_VENDOR_PATH in order"
+    assert any(problem.endswith(f"unknown compiler 'onnxruntime' for vendor acme (engines in {first / 'engines'}/: "
+                                f"none); {later / 'engines' / 'onnxruntime'} is never read: {first} comes first on the "
+                                "search path and shadows its folder") for problem in found.problems), found.problems
+    assert f"{later} is shadowed by this folder: --vendor acme reads this one ({order}), nothing of that one (its " \
+           "engines and case files neither)" in found.notes, found.notes
+    shadowed = (f"shadowed by {first}: --vendor acme reads the first folder of the name ({order}), nothing of this "
+                f"one; list {walk / 'vendors'} before {tmp_path / 'first'} on FLAGPERF_VENDOR_PATH, or rename this "
+                "vendor")
+    assert f"{later}: {shadowed}" in check_vendor_folder(later, monitor_seconds=1).problems
+    kept = write(later / "cases" / "training" / "walk-mlp" / "environment_variables.sh", "export A=1\n")
+    checked = flagperf("validate", str(later / MANIFEST), str(kept), str(first / MANIFEST))
+    assert checked.returncode == 2, checked.stdout + checked.stderr
+    errors = checked.stderr.splitlines()
+    assert len(errors) == 2, errors  # each one line (cut at 500 characters where this test's paths are long)
+    for path, error in zip((later / MANIFEST, kept), errors, strict=True):
+        assert f"error {path}: never read: {shadowed}".startswith(error.removesuffix("...")), error
+    assert f"ok    {first / MANIFEST} (vendor)" in checked.stdout, checked.stdout
+
+
+def test_an_absolute_link_in_the_vendors_cases_is_refused_by_check_and_validate(walk: Path) -> None:
+    """A link in the vendor folder's cases/ to a place in the folder by its absolute path stays inside the folder
+    here, so nothing refused it until a round's container (which has the folder at another path) found it dangling.
+    vendor check and validate now name the link in one line; a relative link inside the folder passes."""
+    vendor = walk / "vendors" / "acme"
+    shared = vendor / "adaptations" / "mlp"  # one adaptation the vendor links in as the case's
+    env = write(shared / "environment_variables.sh", "export ACME_TUNING=fast\n")
+    link = vendor / "cases" / "training" / "walk-mlp"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(shared)
+    found = check_vendor_folder(vendor, monitor_seconds=1)
+    line = (f"{link}: links to {shared} by its absolute path: where the vendor folder is at another path (a clone of "
+            "it, a host's copy, a round's container) it leads nowhere; make the link relative, to a file inside the "
+            "vendor folder, or copy the file")
+    assert found.problems == [line], found.problems
+    refused = flagperf("validate", str(link / env.name))
+    assert refused.returncode == 2 and refused.stderr.strip() == f"error {line}", refused.stderr
+    # Linked relatively, the folder is looked through: a file in it linked by its absolute path is named as well.
+    link.unlink()
+    link.symlink_to(os.path.relpath(shared, link.parent))
+    scale = write(shared / "config_acmex1x2.yaml", "lr: 0.07\n")
+    (shared / "config_acmex1x1.yaml").symlink_to(scale)
+    found = check_vendor_folder(vendor, monitor_seconds=1)
+    assert found.problems == [f"{link / 'config_acmex1x1.yaml'}: links to {scale} by its absolute path: where the "
+                              "vendor folder is at another path (a clone of it, a host's copy, a round's container) it "
+                              "leads nowhere; make the link relative, to a file inside the vendor folder, or copy the "
+                              "file"], found.problems
+    (shared / "config_acmex1x1.yaml").unlink()
+    (shared / "config_acmex1x1.yaml").symlink_to(scale.name)
+    found = check_vendor_folder(vendor, monitor_seconds=1)
+    assert found.problems == [] and "adaptation of walk-mlp: scale config_acmex1x1.yaml; scale config_acmex1x2.yaml; " \
+                                    "environment file" in found.passed, found.passed
+    checked = flagperf("validate", str(link / env.name))
+    assert checked.returncode == 0, checked.stderr
