@@ -8,7 +8,8 @@ before it is timed, through the family's own driver (flagperf.operation.driver.r
                                                 # fp32; flaggems is skipped there, saying why
     options: --out DIR (where the records go), --budget-s S (no new operator once S have passed),
              --dtypes bf16,fp16 (a subset), --operators mm,softmax (a subset), --with-compile (torch.compile
-             as a third implementation)
+             as a third implementation), --cuda-graphs (time replays of a graph captured once, the case key
+             cuda_graphs: each point's last replay is checked; the record's graphs line says how it went)
 
 Each point has two latencies, both from the family's own timer (flagperf.operation.timer), the same for every
 implementation: the device clock's median over calls timed alone after a cache flush, and the host latency
@@ -60,7 +61,8 @@ def version(name: str) -> str:
         return f"fails to import: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
-def settings(quick: bool, dtypes: list[str], implementations: list[str], operator: str) -> OperationConfig:
+def settings(quick: bool, dtypes: list[str], implementations: list[str], operator: str, graphs: bool = False
+             ) -> OperationConfig:
     shape = {"models": ["tiny"], "batch_sizes": [1], "seq_lens": [32]} if quick else \
         {"models": ["llama-3-8b"], "batch_sizes": [1], "seq_lens": [2048]}
     wanted = [d for d in dtypes if d in OPERATORS[operator].dtypes]
@@ -68,7 +70,7 @@ def settings(quick: bool, dtypes: list[str], implementations: list[str], operato
         "operators": [operator], "dtypes": wanted, **shape, "implementations": implementations,
         "warmup_s": 0.01 if quick else 0.05, "rep_s": 0.01 if quick else 0.1,
         "min_iters": 3 if quick else 10, "max_iters": 10 if quick else 1000,
-        "flush_cache": not quick, "cuda_graphs": False, "reference_cpu_max_elements": 1 << 20,
+        "flush_cache": not quick, "cuda_graphs": graphs, "reference_cpu_max_elements": 1 << 20,
         "timeout_s": 600.0, "max_retries": 0})
 
 
@@ -109,6 +111,7 @@ def markdown(record: dict[str, Any]) -> str:
              f"triton {m['triton']}, flag_gems {m['flag_gems']}",
              f"- shapes: {record['shapes']}; dtypes {', '.join(record['dtypes'])}",
              f"- timing: {record.get('timing', '-')}", f"- cache: {record.get('flush', '-')}",
+             f"- graphs: {record.get('graphs', '-')}",
              "- implementations: " + "; ".join(f"{k}: {v}" for k, v in record.get("described", {}).items()), ""]
     if record["geomeans"]:
         lines += ["| dtype | implementation | geomean speed-up against native (device clock) | points | "
@@ -145,6 +148,7 @@ def main() -> int:
     parser.add_argument("--dtypes", default=None)
     parser.add_argument("--operators", default=None, help="a comma-separated subset (default: every operator)")
     parser.add_argument("--with-compile", action="store_true")
+    parser.add_argument("--cuda-graphs", action="store_true", help="time replays of a graph captured once")
     args = parser.parse_args()
     operators = args.operators.split(",") if args.operators else list(OPERATORS)
     unknown = [name for name in operators if name not in OPERATORS]
@@ -163,14 +167,15 @@ def main() -> int:
         "machine": {"device": spec.device, "host": host_info(), "python": platform.python_version(),
                     "torch": torch.__version__, "triton": version("triton"), "flag_gems": version("flag_gems")},
         "shapes": "tiny b1 s32 (CPU dry run)" if args.quick else "llama-3-8b b1 s2048",
-        "dtypes": dtypes, "implementations": implementations, "points": [], "geomeans": []}
+        "dtypes": dtypes, "implementations": implementations, "cuda_graphs": args.cuda_graphs, "points": [],
+        "geomeans": []}
     write(args.out, record)
     failed = 0
     for operator in operators:
         if time.perf_counter() - STARTED > args.budget_s:
             record["error"] = f"budget of {args.budget_s:.0f} s spent before {operator}"
             break
-        config = settings(args.quick, dtypes, implementations, operator)
+        config = settings(args.quick, dtypes, implementations, operator, args.cuda_graphs)
         if not config.dtypes:
             continue
         try:
@@ -186,7 +191,7 @@ def main() -> int:
         for p in outcome.report.points:
             record["points"].append({**p.model_dump(mode="json"), "ratio": ratios.get(p.metric or "")})
             failed += p.status == "failed"
-        record.update(timing=outcome.report.timing, flush=outcome.report.flush,
+        record.update(timing=outcome.report.timing, flush=outcome.report.flush, graphs=outcome.report.graphs,
                       described=outcome.report.implementations)
         record["geomeans"] = geomeans(record["points"])
         record["total_s"] = time.perf_counter() - STARTED

@@ -58,7 +58,8 @@ from flagperf.operation.timer import (
     TimingOptions,
     graph_support,
     iteration_spread,
-    time_call,
+    time_host,
+    time_iterations,
 )
 from flagperf.results.metrics import coefficient_of_variation
 from flagperf.results.schema import Metric, OperationReport, OperatorPoint, Peak, SpecTable
@@ -173,10 +174,10 @@ def point_metric(name: str, point: PlannedPoint, spec: SpecTable, latencies: lis
                  p10: float, p90: float, window: tuple[float, float], warmup_calls: int | None = None,
                  host_latency: float | None = None, energy: tuple[tuple[float, float], int] | None = None
                  ) -> tuple[Metric, float, str]:
-    """``energy``: the window the monitors' energy is taken over and the calls in it (the host loop's: the calls
-    and nothing else), which become the metric's ``window`` and ``work`` (energy per work = energy over the
-    window / work); without it the timed loop's, whose flushes (and the CPU's rewarm calls) would be charged
-    to the calls."""
+    """``window``: the timed iterations' (the metric's ``window``, with their work in ``work``: what the figure,
+    the chip's state and the timeline are of). ``energy``: the window energy per work is taken over and the calls
+    in it (the host loop's: the calls and nothing else), which become the metric's ``energy_window`` and
+    ``energy_work``; the timed loop's flushes (and the CPU's rewarm calls) would be charged to the calls."""
     flops, nbytes = counted(point.op, point.dims, point.dtype)
     compute = point.op.bound == "compute"
     work, unit = (float(flops or 0), "TFLOPS") if compute else (float(nbytes), "GB/s")
@@ -193,9 +194,13 @@ def point_metric(name: str, point: PlannedPoint, spec: SpecTable, latencies: lis
              f"±{iteration_spread(median, p10, p90):.1%}) over {len(latencies)} iterations"
              + (f" after {warmup_calls} warm-up calls" if warmup_calls is not None else "")
              + (f"; host {host_latency * 1e3:.4g} ms per call back to back" if host_latency is not None else "")
-             + (f"; energy window: the {energy[1]} calls of the host loop (back to back, no flush)" if energy else "")
+             + (f"; window and work: the {len(latencies)} timed iterations (cache flushes between them); energy "
+                f"per work over energy_window, the {energy[1]} calls of the host loop (back to back, no flush), / "
+                "their work" if energy else "")
              + f"; shape {shape_label(point.dims)} ({point.source})",
-        window=list(energy[0] if energy else window), work=work * (energy[1] if energy else len(latencies)) / scale,
+        window=list(window), work=work * len(latencies) / scale,
+        energy_window=list(energy[0]) if energy else None,
+        energy_work=work * energy[1] / scale if energy else None,
         statistic="rate@median")
     return metric, work, unit
 
@@ -205,6 +210,10 @@ def _first_line(exc: BaseException) -> str:
     line = text[0] if text else ""
     line = f"{type(exc).__name__}: {line}" if line else type(exc).__name__
     return line if len(line) <= 400 else line[:397] + "..."
+
+
+def _larger(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else max(a, b)
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -240,9 +249,12 @@ def _free(device: torch.device) -> None:
 class PointRunner:
     """Runs the points of a round, one point's inputs and reference at a time."""
 
-    def __init__(self, config: OperationConfig, spec: SpecTable, device: torch.device, impls: Implementations
-                 ) -> None:
+    def __init__(self, config: OperationConfig, spec: SpecTable, device: torch.device, impls: Implementations,
+                 device_is_host: bool | None = None) -> None:
+        """``device_is_host``: the device is the host's own processor, so every reference is float64 on the host
+        and no point needs a host sample of its output; None asks the device (no torch device module: the CPU)."""
         self.config = config
+        self.device_is_host = device_module(device) is None if device_is_host is None else device_is_host
         self.spec = spec
         self.device = device
         self.impls = impls
@@ -286,11 +298,12 @@ class PointRunner:
                 recorded = aten_ops(native, inputs)
             small = sum(t.numel() for t in inputs) <= self.config.reference_cpu_max_elements
             ref_device = REFERENCE_CPU if small else self.device
-            # the host's own processor (a device without a device module) computes in float64 like the host
-            on_host = small or device_module(self.device) is None
+            # the host's own processor computes the whole reference in float64, as the host does a small point's:
+            # a sample of it on the host again would check nothing more
+            on_host = small or self.device_is_host
             ref_dtype = reference_dtype(point.dtype, on_host, self.device_has_fp64)
             reference = compute_reference(reference_for(point.op, point.dtype), inputs, ref_dtype, ref_device)
-            sampled = None if small else self._host_sample(point, inputs)
+            sampled = None if on_host else self._host_sample(point, inputs)
         except RuntimeError as exc:  # out of memory included: said, and the round goes on
             _free(self.device)
             self._skip_all(point, ("does not fit in memory: " if _is_oom(exc) else "cannot be set up: ")
@@ -361,43 +374,26 @@ class PointRunner:
                 if verdict.error:
                     status, error = "failed", verdict.error
                 else:
-                    copies = self._rewarm_inputs(point)
-                    if copies is not None:
-                        common["rewarmed"] = True
-                    elif self.flush is not None and self.flush.rewarm:
-                        common["rewarmed"] = False
-
-                    def rewarm() -> Any:
-                        return fn(*copies)  # type: ignore[misc]
-
-                    try:
+                    timed = self._time_iterations(point, name, impl, fn, call, common, last)
+                    # the call that was timed is the call that is checked: before the host loop calls again (an
+                    # output buffer reused, a CUDA graph tree's output overwritten by the next run), and outside the
+                    # scope as the first was (a library patching torch's operators must not compute its own
+                    # comparison)
+                    checked = verify(last.pop()) if last else None
+                    last.clear()
+                    if checked is not None:  # the point's errors: the larger over the two outputs checked
+                        common.update(max_abs_error=_larger(verdict.max_abs_error, checked.max_abs_error),
+                                      max_rel_error=_larger(verdict.max_rel_error, checked.max_rel_error))
+                    if checked is not None and checked.error:
+                        timed_error = checked.error
+                        replay = " (a device graph's replay)" if timed.graphs else ""
+                        status, error = "failed", (f"the last timed iteration's output{replay} is wrong though the "
+                                                   f"first call's was right: {timed_error}")
+                    else:
                         with impl.scope():
-                            timed = time_call(call, self.device, self.options, self.flush,
-                                              rewarm if copies is not None else None, last)
-                    except Exception as exc:
-                        if copies is None or not _is_oom(exc):
-                            raise
-                        # the rewarm's output (held over the timed call) is what did not fit: the point is
-                        # timed without the rewarm, and says so, rather than skipped
-                        copies = None
-                        _free(self.device)
-                        log.warning("%s %s %s @%s: timed without the call that rewarms the host's caches after each "
-                                    "flush (%s)", point.op.name, point.dtype, shape_label(point.dims), name,
-                                    _first_line(exc))
-                        common["rewarmed"] = False
-                        with impl.scope():
-                            timed = time_call(call, self.device, self.options, self.flush, None, last)
-                    if timed.rewarm_dropped:  # a call far longer than its flush: nothing for the rewarm to change
-                        common["rewarmed"] = None
-                    del copies
-                # the call that was timed is the call that is checked, outside the scope as the first was (a
-                # library patching torch's operators must not compute its own comparison)
-                timed_error = verify(last.pop()).error if last else None
-                if timed_error and timed is not None:
-                    replay = " (a device graph's replay)" if timed.graphs else ""
-                    status, error = "failed", (f"the last timed iteration's output{replay} is wrong though the "
-                                               f"first call's was right: {timed_error}")
+                            timed = time_host(call, self.device, self.options, timed)
         except Exception as exc:  # an implementation's error fails its point, not the round
+            last.clear()
             _free(self.device)
             status = "skipped" if _is_oom(exc) else "failed"
             error = ("does not fit in memory: " if _is_oom(exc) else "") + _first_line(exc)
@@ -411,6 +407,44 @@ class PointRunner:
             self._record(point, name, status or "failed", error, **common)
             return
         self.record_timed(point, name, timed, common)
+
+    def _time_iterations(self, point: PlannedPoint, name: str, impl: OperatorImplementation,
+                         fn: Callable[..., Any], call: Callable[[], Any], common: dict[str, Any], last: list[Any]
+                         ) -> Timed:
+        """The timed phase in the implementation's scope, the CPU's rewarm where it fits; an out-of-memory error
+        with the rewarm is retried without it (said on the point and in the log) rather than skipped."""
+        copies = self._rewarm_inputs(point)
+        if copies is not None:
+            common["rewarmed"] = True
+        elif self.flush is not None and self.flush.rewarm:
+            common["rewarmed"] = False
+
+        def rewarm() -> Any:
+            return fn(*copies)  # type: ignore[misc]
+
+        failed: str | None = None
+        try:
+            with impl.scope():
+                timed = time_iterations(call, self.device, self.options, self.flush,
+                                        rewarm if copies is not None else None, last)
+        except Exception as exc:
+            if copies is None or not _is_oom(exc):
+                raise
+            failed = _first_line(exc)
+        if failed is not None:
+            # retried here, past the except block: its exception's traceback held the timer's frame, and with it
+            # the output and the rewarm's output that did not fit, through the retry
+            copies = None
+            last.clear()
+            _free(self.device)
+            log.warning("%s %s %s @%s: timed without the call that rewarms the host's caches after each flush (%s)",
+                        point.op.name, point.dtype, shape_label(point.dims), name, failed)
+            common["rewarmed"] = False
+            with impl.scope():
+                timed = time_iterations(call, self.device, self.options, self.flush, None, last)
+        if timed.rewarm_dropped:  # a call far longer than its flush: nothing for the rewarm to change
+            common["rewarmed"] = None
+        return timed
 
     def _rewarm_inputs(self, point: PlannedPoint) -> list[Any] | None:
         """A copy of the point's inputs (made again, seeded: the same values elsewhere in memory) for the call
@@ -510,11 +544,12 @@ def run_operation(config: OperationConfig, vendor: str, spec: SpecTable, device:
                 "warm-up), each call timed alone; the figure is at the median latency, p10 and p90 over the "
                 "iterations; a point's spread (±) is (p90 - p10) / (2 x median) of its iterations, the median's "
                 "95% confidence interval the order statistics of its iterations (ranks from Binomial(n, 1/2)); "
-                "its host latency is the host clock's wall time per call of as many calls back to back (at most "
-                "rep_s worth by the median; the call itself, no flush, no graph, one synchronisation at the end: "
-                "FlagPerf's cputime, dispatch included), and that loop's window, the calls and nothing else, is "
-                "the point's energy window (its metric's window and work); the last timed iteration's output (a "
-                "graph's replay where graphs are on) is checked as the first call's was; its clock "
+                "the last timed iteration's output (a graph's replay where graphs are on) is checked as the first "
+                "call's was, before any other call; then its host latency is the host clock's wall time per call "
+                "of as many calls back to back (at most rep_s worth by the median; the call itself, no flush, no "
+                "graph, one synchronisation at the end: FlagPerf's cputime, dispatch included); the metric's "
+                "window and work are the timed iterations', its energy_window and energy_work the host loop's, "
+                "the calls and nothing else, which energy per work is taken over; its clock "
                 f"floor is the median the clock measures for an empty interval, and a point whose floor is over "
                 f"{NEAR_FLOOR_SHARE:.0%} of its median latency is marked (its figure includes up to that much of the "
                 "timer's own cost)"),

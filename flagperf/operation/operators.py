@@ -72,7 +72,7 @@ class Operator:
     description: str = ""
     # Bytes of its inputs and output as allocated, where the call is given more than it touches (embedding's
     # whole table, index_select's and gather's whole source, rotary's cos and sin tables); None: the bytes it
-    # moves.
+    # counts (count_bytes: an indexed read counts a row per index read, docs/operation.md).
     count_allocated: Callable[[Dims, int], int] | None = None
 
     def allocated_bytes(self, dims: Dims, element_bytes: int) -> int:
@@ -248,7 +248,8 @@ OPERATORS: dict[str, Operator] = {op.name: op for op in (
         lambda m, b, s: _tokens(m, b, s, m.intermediate), _two_rows, "native_mul", description="SwiGLU's gate x up"),
     Operator(
         "embedding", "embedding-index", ("V", "C", "T"), "memory",
-        "8*T + e*2*T*C (indices read, T rows read and written; the rest of the table is not touched)",
+        "8*T + e*2*T*C (indices read, T rows read and written, one per index read; the rest of the table is not "
+        "touched)",
         lambda d, e: INDEX_BYTES * d["T"] + e * 2 * d["T"] * d["C"],
         lambda m, b, s: {"V": m.vocab, "C": m.hidden, "T": b * s},
         lambda d, dt, dev, g: [_randint(d["V"], (d["T"],), dev, g), _randn((d["V"], d["C"]), dt, dev, g)],
@@ -281,7 +282,7 @@ OPERATORS: dict[str, Operator] = {op.name: op for op in (
     Operator(
         "rotary", "rotary", ("T", "H", "KVH", "D", "S"), "memory",
         "e*2*T*D*(H + KVH) + e*T*D + 8*T (q, k read and written; a cos and a sin row of D/2 read per token, at its "
-        "position; positions)",
+        "position, one per index read: positions repeating every S tokens count again; positions)",
         lambda d, e: e * 2 * d["T"] * d["D"] * (d["H"] + d["KVH"]) + e * d["T"] * d["D"] + INDEX_BYTES * d["T"],
         lambda m, b, s: {"T": b * s, "H": m.heads, "KVH": m.kv_heads, "D": m.head_dim, "S": s},
         _rotary_inputs, "native_rotary", description="rotary position embedding on q and k (halves rotated)",

@@ -14,6 +14,7 @@ on the host where it has at most MAX_ELEMENTS elements, and otherwise has no sam
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -96,8 +97,10 @@ def spread(n: int, k: int, gen: torch.Generator) -> list[int]:
         return list(range(n))
     if k <= 2:
         return [0, n - 1][:k]
-    middle = (torch.randperm(n - 2, generator=gen)[: k - 2] + 1).tolist()
-    return sorted({0, n - 1, *middle})
+    # k - 2 distinct draws of the middle in O(k) memory (random.sample indexes the range; a permutation of n, as
+    # torch.randperm makes, would take 8n bytes at dimensions up to 2^31), seeded from ``gen``
+    rng = random.Random(int(torch.randint(0, 2**62, (1,), generator=gen)))
+    return sorted({0, n - 1, *rng.sample(range(1, n - 1), k - 2)})
 
 
 def windows(n: int, gen: torch.Generator) -> list[int]:

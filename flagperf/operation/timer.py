@@ -3,20 +3,22 @@ then each iteration timed on its own with the device's clock (flagperf.measure.d
 accelerator, the host clock on the CPU), the cache emptied before each (option), the call replayed from a
 device graph (option, where the device has graphs); median and p10/p90 over the iterations, their spread
 (p90 - p10) / (2 x median), the median's 95% confidence interval (order statistics), and the clock's floor: what
-it measures for an empty interval, beside which a call too short to time shows. Then the host's time per call:
-the same number of calls back to back, with no flush and one synchronisation at the end, on the host clock
-(FlagPerf's ``cputime``), which includes what the device clock leaves out: the Python wrapper and dispatch before
-each kernel (a flush queued before each timed call hides them on an accelerator); that loop's window is the
-point's energy window, the calls and nothing else (no flush, no rewarm). The last timed iteration's output (a
-graph's replay where graphs are on) is handed back for the caller to check: the call that was timed is the
-call that was checked, not only the first one."""
+it measures for an empty interval, beside which a call too short to time shows (time_iterations). The last timed
+iteration's output (a graph's replay where graphs are on) is handed back for the caller to check before anything
+else runs: the call that was timed is the call that was checked, not only the first one.
+
+Then, a phase of its own (time_host), the host's time per call: the same number of calls back to back, with no
+flush and one synchronisation at the end, on the host clock (FlagPerf's ``cputime``), which includes what the
+device clock leaves out: the Python wrapper and dispatch before each kernel (a flush queued before each timed
+call hides them on an accelerator). That loop's window holds the calls and nothing else (no flush, no rewarm):
+the point's energy per call is taken over it."""
 
 from __future__ import annotations
 
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -218,9 +220,9 @@ def _flushed(flush: Callable[[], None] | None, rewarm: Callable[[], Any] | None)
     return rewarm() if rewarm is not None else None
 
 
-def time_call(call: Callable[[], Any], device: torch.device, options: TimingOptions,
-              flush: Callable[[], None] | None, rewarm: Callable[[], Any] | None = None,
-              last_output: list[Any] | None = None) -> Timed:
+def time_iterations(call: Callable[[], Any], device: torch.device, options: TimingOptions,
+                    flush: Callable[[], None] | None, rewarm: Callable[[], Any] | None = None,
+                    last_output: list[Any] | None = None) -> Timed:
     """Warm ``call`` up for options.warmup_s (each call waited for, so the estimate is the device's time), then
     time rep_s worth of iterations (between min_iters and max_iters), each between two clock marks. With a
     flush, the warm-up flushes before each call too (as Triton's do_bench estimates), so that the estimate is
@@ -233,16 +235,11 @@ def time_call(call: Callable[[], Any], device: torch.device, options: TimingOpti
     iteration for a difference lost in the call (Timed.rewarm_dropped).
 
     ``last_output``: the last timed iteration's output (a graph's replay: the output its capture allocated) is
-    appended to it once the device is done, for the caller to check (outside any scope the call ran in). The
-    call that was checked first is not always the one timed: a graph replays what it captured, a library may
-    cache or switch kernels.
-
-    Then the host's time: as many calls of ``call`` itself (never a graph's replay, which skips the host's
-    work) back to back, at most rep_s worth of them by the timed median (at least one), no flush, one
-    synchronisation at the end; the wall time over the count. On an accelerator the larger of the host's cost
-    per call and the device's time (the host queues ahead); on the CPU, where the device's clock is the host's,
-    the same calls with their caches warm. That loop's epoch window (Timed.host_window) holds the calls and
-    nothing else: the energy per call is taken over it."""
+    appended to it once the device is done, and no call of ``call`` follows here, so that the caller checks it
+    before the host phase (time_host) calls again: an implementation that reuses its output buffer (a cached
+    ``out``, torch.compile's CUDA graph trees, whose stale outputs raise when read) must be checked on the call
+    that was timed. The call that was checked first is not always the one timed: a graph replays what it
+    captured, a library may cache or switch kernels. The Timed has no host figures: time_host adds them."""
     started = time.perf_counter()
     calls = 0
     dropped = False
@@ -289,14 +286,32 @@ def time_call(call: Callable[[], Any], device: torch.device, options: TimingOpti
     latencies = [clock.seconds(begin, end) for begin, end in marks]
     if any(t <= 0 for t in latencies):
         raise RuntimeError(f"{clock.name} measured a non-positive time for a call: too coarse for this operator")
+    return Timed(latencies=latencies, window=(epoch_start, epoch_end), graphs=graphs, warmup_calls=calls,
+                 clock_floor=clock_floor(clock, device), rewarm_dropped=dropped)
+
+
+def time_host(call: Callable[[], Any], device: torch.device, options: TimingOptions, timed: Timed) -> Timed:
+    """The host's time per call, added to ``timed``: as many calls of ``call`` itself (never a graph's replay,
+    which skips the host's work) back to back as were timed, at most rep_s worth by the timed median (at least
+    one), no flush, one synchronisation at the end; the wall time over the count. On an accelerator the larger of
+    the host's cost per call and the device's time (the host queues ahead); on the CPU, where the device's clock
+    is the host's, the same calls with their caches warm. That loop's epoch window (Timed.host_window) holds the
+    calls and nothing else: the energy per call is taken over it."""
     # rep_s worth by the timed median: a slow point's host loop must not take as long again as its timed one
-    host_calls = min(iterations, max(1, math.ceil(options.rep_s / percentile(latencies, 50))))
+    host_calls = min(len(timed.latencies), max(1, math.ceil(options.rep_s / timed.median)))
+    synchronize(device)
     host_epoch = time.time()
     host_started = time.perf_counter()
     for _ in range(host_calls):
         call()
     synchronize(device)
     host_elapsed = time.perf_counter() - host_started
-    return Timed(latencies=latencies, window=(epoch_start, epoch_end), graphs=graphs, warmup_calls=calls,
-                 clock_floor=clock_floor(clock, device), host_latency=host_elapsed / host_calls,
-                 host_calls=host_calls, host_window=(host_epoch, host_epoch + host_elapsed), rewarm_dropped=dropped)
+    return replace(timed, host_latency=host_elapsed / host_calls, host_calls=host_calls,
+                   host_window=(host_epoch, host_epoch + host_elapsed))
+
+
+def time_call(call: Callable[[], Any], device: torch.device, options: TimingOptions,
+              flush: Callable[[], None] | None, rewarm: Callable[[], Any] | None = None) -> Timed:
+    """Both phases, with no output to check between them (the driver runs them apart: it checks the last timed
+    output in between)."""
+    return time_host(call, device, options, time_iterations(call, device, options, flush, rewarm))

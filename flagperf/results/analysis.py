@@ -157,11 +157,59 @@ class WindowStats:
 ENERGY_PREFERENCE = ("accelerators", "cpu packages", "whole system")
 
 
+def _device_columns(df: pd.DataFrame) -> list[str]:
+    return sorted({c.split(".", 1)[0] for c in df.columns if c.startswith("dev")})
+
+
+def _power_sources(df: pd.DataFrame) -> list[tuple[str, str]]:
+    """(power column, energy source group) of one monitor's samples."""
+    return [*((f"{dev}.power_w", "accelerators") for dev in _device_columns(df)), ("power_w", "whole system")]
+
+
+def _add_energies(energies: dict[str, float], samples: dict[str, int], df: pd.DataFrame, t0: float, t1: float
+                  ) -> None:
+    """Add one monitor's joules over [t0, t1] to ``energies`` per source group (a counter's difference, else power
+    integrated), and to ``samples`` the fewest samples inside [t0, t1] of a column a group's figure came from:
+    under 2, the figure is interpolated from samples around the window, their interval's average power."""
+    sources = [(f"{dev}.energy_j", f"{dev}.power_w", "accelerators") for dev in _device_columns(df)]
+    sources += [("energy_j", None, "cpu packages"), (None, "power_w", "whole system")]
+    t = df["t"].to_numpy(dtype=float)
+    for counter_name, power_name, group in sources:
+        joules, inside = None, 0
+        for name, measure in ((counter_name, counter_delta), (power_name, integrate_power)):
+            if joules is None and name and (col := _column(df, name)) is not None:
+                times = t[col.index]
+                joules = measure(times, col.to_numpy(dtype=float), t0, t1)
+                inside = int(((times >= t0) & (times <= t1)).sum())
+        if joules is not None:
+            energies[group] = energies.get(group, 0.0) + joules
+            samples[group] = min(samples.get(group, inside), inside)
+
+
+@dataclass(frozen=True)
+class WindowEnergy:
+    joules: float | None
+    source: str | None  # ENERGY_PREFERENCE's group the figure is of
+    samples: int  # the fewest samples inside the window of a column the figure came from
+
+
+def window_energy(monitors: list[MonitorSeries], window: tuple[float, float]) -> WindowEnergy:
+    """The energy over ``window`` alone, from the preferred source (as window_stats takes it)."""
+    energies: dict[str, float] = {}
+    samples: dict[str, int] = {}
+    for mon in monitors:
+        if not mon.samples.empty:
+            _add_energies(energies, samples, mon.samples, window[0], window[1])
+    group = next((g for g in ENERGY_PREFERENCE if g in energies), None)
+    return WindowEnergy(energies[group], group, samples[group]) if group else WindowEnergy(None, None, 0)
+
+
 def window_stats(monitors: list[MonitorSeries], window: tuple[float, float] | None) -> WindowStats:
     """Power, energy, utilisation and memory for one timed region (or the whole round without one)."""
     values: dict[str, float | str | None] = {}
     notes: list[str] = []
     energies: dict[str, float] = {}
+    samples: dict[str, int] = {}
     powers: dict[str, tuple[float, float]] = {}
     for mon in monitors:
         df = mon.samples
@@ -188,25 +236,15 @@ def window_stats(monitors: list[MonitorSeries], window: tuple[float, float] | No
             col = _column(in_window, name)
             if col is not None and len(col):
                 values[f"{name}_{how}"] = float(col.mean() if how == "mean" else col.max())
-        device_cols = sorted({c.split(".", 1)[0] for c in df.columns if c.startswith("dev")})
-        for dev in device_cols:
+        for dev in _device_columns(df):
             for name, how in (("util_percent", "mean"), ("mem_used_bytes", "max"), ("mem_total_bytes", "max"),
                               ("temp_c", "max")):
                 col = _column(in_window, f"{dev}.{name}")
                 if col is not None and len(col):
                     values[f"{dev}.{name}_{how}"] = float(col.mean() if how == "mean" else col.max())
-        sources = [(f"{dev}.energy_j", f"{dev}.power_w", "accelerators") for dev in device_cols]
-        sources += [("energy_j", None, "cpu packages"), (None, "power_w", "whole system")]
-        t = df["t"].to_numpy(dtype=float)
-        for counter_name, power_name, group in sources:
-            joules = None
-            if counter_name and (col := _column(df, counter_name)) is not None:
-                joules = counter_delta(t[col.index], col.to_numpy(dtype=float), t0, t1)
-            if joules is None and power_name and (col := _column(df, power_name)) is not None:
-                joules = integrate_power(t[col.index], col.to_numpy(dtype=float), t0, t1)
-            if joules is not None:
-                energies[group] = energies.get(group, 0.0) + joules
-            if power_name and (col := _column(in_window, power_name)) is not None and len(col):
+        _add_energies(energies, samples, df, t0, t1)
+        for power_name, group in _power_sources(df):
+            if (col := _column(in_window, power_name)) is not None and len(col):
                 mean, peak = powers.get(group, (0.0, 0.0))
                 powers[group] = (mean + float(col.mean()), peak + float(col.max()))
         for key, reason in mon.unavailable().items():
@@ -216,6 +254,7 @@ def window_stats(monitors: list[MonitorSeries], window: tuple[float, float] | No
             duration = (window[1] - window[0]) if window else None
             values["energy_j"] = energies[group]
             values["energy_source"] = group
+            values["energy_samples"] = samples[group]
             if duration:
                 values["power_avg_w"] = energies[group] / duration
             if group in powers:

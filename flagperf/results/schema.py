@@ -150,16 +150,23 @@ class Metric(_Model):
                                   "flagperf.results.metrics.STATISTICS (rate, rate@median, mean, single, loadgen; "
                                   "docs/results.md, Conventions); None in records written before it was stated")
     note: str | None = None
-    window: list[float] | None = Field(default=None, description="[start, end] epoch seconds of the timed region, "
-                                       "which the monitors' energy is taken over (operation: the host loop's calls "
-                                       "back to back, no cache flush in it)")
+    window: list[float] | None = Field(default=None, description="[start, end] epoch seconds of the timed region "
+                                       "(what the monitors' power, utilisation and chip state beside the figure are "
+                                       "taken over)")
     mfu: float | None = Field(default=None, description="model FLOP/s (flops per item x items/s) / peak FLOP/s "
                                                        "of the precision used")
     mfu_peak_key: str | None = Field(default=None, description="spec-table key of the peak MFU is taken against")
     mfu_peak: Peak | None = Field(default=None, description="that peak: value, unit and source (the report shows "
                                                             "it beside the MFU)")
-    work: float | None = Field(default=None, description="total work in `window`, in unit x seconds (a `rate` is "
-                               "work / measured_seconds; energy per work is the energy over `window` / work)")
+    work: float | None = Field(default=None, description="total work in the timed region, in unit x seconds "
+                               "(a `rate` is work / measured_seconds; without `energy_window`, energy per work is "
+                               "the energy over `window` / work)")
+    energy_window: list[float] | None = Field(default=None, description="[start, end] epoch seconds that energy per "
+                                              "work is taken over where that is not `window` (operation: the host "
+                                              "loop, the point's calls back to back with no cache flush); None: "
+                                              "`window`")
+    energy_work: float | None = Field(default=None, description="the work done in `energy_window`, in unit x "
+                                      "seconds: energy per work is the energy over `energy_window` / energy_work")
     warning: str | None = Field(default=None, description="why a reader should not take the figure plainly "
                                                           "(the report shows it beside the figure)")
     search: ShapeSearch | None = Field(default=None, description="max-achievable figures: the shape search")

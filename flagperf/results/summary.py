@@ -20,9 +20,11 @@ from pydantic import ValidationError
 from flagperf.errors import FlagperfError, validation_message
 from flagperf.results.analysis import (
     MonitorSeries,
+    WindowEnergy,
     WindowStats,
     energy_per_work,
     read_monitors,
+    window_energy,
     window_stats,
     work_unit,
 )
@@ -67,8 +69,10 @@ PLAN_JSON = "plan.json"
 INTERRUPTED_FILE = "interrupted.json"  # written by the controller when a run is stopped by a signal
 RETRIES_DIR = "retries"  # failed rounds of earlier attempts of the same flow run, set aside for a retry
 
+# energy_per_work_samples: of the energy source, inside the window energy per work is over (under 2: interpolated)
 MONITOR_COLUMNS = ["power_avg_w", "power_max_w", "energy_j", "energy_source", "energy_per_work",
-                   "energy_per_work_unit", "cpu_percent_mean", "mem_used_bytes_max", "mem_total_bytes",
+                   "energy_per_work_unit", "energy_per_work_samples", "cpu_percent_mean", "mem_used_bytes_max",
+                   "mem_total_bytes",
                    "case_rss_bytes_max", "case_pss_bytes_max", "case_uss_bytes_max",
                    "accel_util_percent_mean", "accel_mem_used_bytes_max",
                    "accel_mem_total_bytes"]
@@ -138,18 +142,23 @@ def load_results(run_dir: Path) -> tuple[list[tuple[Path, RoundResult]], list[st
     return results, problems
 
 
-def _monitor_columns(stats: WindowStats, metric: Metric | None) -> dict[str, Any]:
+def _monitor_columns(stats: WindowStats, metric: Metric | None, own: WindowEnergy | None = None) -> dict[str, Any]:
+    """``own``: the energy over the metric's energy_window, which its energy per work is taken over in place of
+    the timed region's (operation: the host loop)."""
     v = stats.values
     accel_util = [x for k, x in v.items() if k.endswith(".util_percent_mean") and isinstance(x, float)]
     accel_mem = [x for k, x in v.items() if k.endswith(".mem_used_bytes_max") and isinstance(x, float)]
     accel_total = [x for k, x in v.items() if k.endswith(".mem_total_bytes_max") and isinstance(x, float)]
     energy = v.get("energy_j")
+    per_work, work, samples = energy, metric.work if metric else None, v.get("energy_samples")
+    if own is not None and metric is not None:
+        per_work, work, samples = own.joules, metric.energy_work, own.samples
     return {
         "power_avg_w": v.get("power_avg_w"), "power_max_w": v.get("power_max_w"), "energy_j": energy,
         "energy_source": v.get("energy_source"),
-        "energy_per_work": energy_per_work(energy if isinstance(energy, float) else None,
-                                           metric.work if metric else None),
-        "energy_per_work_unit": f"J/{work_unit(metric.unit)}" if metric and energy is not None else None,
+        "energy_per_work": energy_per_work(per_work if isinstance(per_work, float) else None, work),
+        "energy_per_work_unit": f"J/{work_unit(metric.unit)}" if metric and per_work is not None else None,
+        "energy_per_work_samples": samples if per_work is not None else None,
         "cpu_percent_mean": v.get("cpu_percent_mean"), "mem_used_bytes_max": v.get("mem_used_bytes_max"),
         "mem_total_bytes": v.get("mem_total_bytes"),
         "accel_mem_total_bytes": max(accel_total) if accel_total else None,
@@ -191,9 +200,16 @@ def _rows(results: list[tuple[Path, RoundResult]], notes: MonitorNotes) -> pd.Da
         if not r.metrics:
             stats = window_stats(monitors, None)
             rows.append({**base, **_monitor_columns(stats, None)})
+        short: list[float] = []  # the energy windows of this round with under 2 samples inside
+        own_windows = 0
         for m in r.metrics:
             seen = monitors if m.device is None else for_device(monitors, m.device)
             stats = window_stats(seen, tuple(m.window) if m.window else None)  # type: ignore[arg-type]
+            own = window_energy(seen, (m.energy_window[0], m.energy_window[1])) if m.energy_window else None
+            if own is not None and own.joules is not None:
+                own_windows += 1
+                if own.samples < 2:
+                    short.append(m.energy_window[1] - m.energy_window[0])  # type: ignore[index]
             rows.append({**base, "device_index": m.device, "device_uuid": device_uuid(monitors, m.device),
                          "metric": m.name, "value": m.value, "unit": m.unit, "p50": m.p50, "mfu": m.mfu,
                          "cv_chunks": m.cv, "peak": m.peak.value if m.peak else None,
@@ -205,13 +221,20 @@ def _rows(results: list[tuple[Path, RoundResult]], notes: MonitorNotes) -> pd.Da
                          "peak_bound_reason": m.peak.bound_reason if m.peak else None,
                          "mfu_peak": _mfu_peak(m), "mfu_peak_bound": m.mfu_peak.bound if m.mfu_peak else None,
                          "warning": m.warning,
-                         **_monitor_columns(stats, m), "note": m.note,
+                         **_monitor_columns(stats, m, own), "note": m.note,
                          "search": m.search.model_dump_json() if m.search else None,
                          **window_columns(seen, m.window)})
             for note in stats.notes:
                 _note(notes, note, r)
+        if short:
+            _note(notes, f"energy per work of {len(short)} of {own_windows} figures (energy_per_work_samples under 2) "
+                         f"rests on fewer than 2 monitor samples inside its energy window ({min(short):.3g} s at the "
+                         "shortest; operation: the point's host loop): the energy there is interpolated between the "
+                         "samples around it, their interval's average power, not the window's own; sample faster "
+                         "(--monitor-interval, down to 0.1 s) or raise rep_s", r)
     frame = pd.DataFrame(rows, columns=ROW_COLUMNS)
     frame["device_index"] = frame["device_index"].astype("Int64")  # an index, not a float; empty where one device
+    frame["energy_per_work_samples"] = frame["energy_per_work_samples"].astype("Int64")  # a count, not a float
     return frame
 
 

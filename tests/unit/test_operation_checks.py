@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from flagperf.operation.impls import ImplEnv, OperatorImplementation
 from flagperf.operation.operators import OPERATORS, counted, make_inputs
 from flagperf.operation.sampled import NoSample, host_sample
 from flagperf.operation.shape_sets import SHAPE_SETS
-from flagperf.operation.timer import CacheFlush, TimingOptions, time_call
+from flagperf.operation.timer import CacheFlush, TimingOptions, time_call, time_host, time_iterations
 from flagperf.results.schema import SpecTable
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,8 +80,11 @@ def _last_element_off(output: Any, _: int) -> Any:
     return tuple(wrong) if isinstance(output, tuple) else wrong[0]
 
 
-def _run(cfg: OperationConfig, spec: SpecTable, impls: dict[str, OperatorImplementation]) -> PointRunner:
-    runner = PointRunner(cfg, spec, CPU, Implementations(ready=impls))
+def _run(cfg: OperationConfig, spec: SpecTable, impls: dict[str, OperatorImplementation],
+         device_is_host: bool | None = None) -> PointRunner:
+    """``device_is_host=False``: the CPU as an accelerator would be run, its large points' reference computed
+    "on the device" (float32 for all but fp32) and held to a host sample (the CPU's own need none)."""
+    runner = PointRunner(cfg, spec, CPU, Implementations(ready=impls), device_is_host)
     for point in plan_points(cfg):
         runner.run(point)
     return runner
@@ -105,7 +109,7 @@ def test_a_bug_the_device_reference_shares_is_caught_by_the_host_float64_sample(
     operators = ["mm", "bmm", "softmax", "sum", "gelu", "cat", "embedding", "index_select", "gather", "rotary",
                  "scaled_dot_product_attention"]
     cfg = config(operators=operators, reference_cpu_max_elements=0)
-    runner = _run(cfg, cpu_spec, {"shared": _implementation(_last_element_off)})
+    runner = _run(cfg, cpu_spec, {"shared": _implementation(_last_element_off)}, device_is_host=False)
     points = {p.operator: p for p in runner.points}
     assert set(points) == set(operators)
     for p in points.values():
@@ -124,7 +128,7 @@ def test_a_bug_the_device_reference_shares_is_caught_by_the_host_float64_sample(
     # without the shared bug the same implementation fails against the reference itself, and native passes both
     monkeypatch.setattr(driver, "reference_for", real)
     runner = _run(cfg, cpu_spec, {"native": _implementation(lambda out, _: out),
-                                  "shared": _implementation(_last_element_off)})
+                                  "shared": _implementation(_last_element_off)}, device_is_host=False)
     by = {(p.operator, p.implementation): p for p in runner.points}
     assert all(by[(op, "native")].status == "passed" for op in operators)
     assert "reference float64 on cpu)" in by[("mm", "shared")].error  # the whole reference's line
@@ -134,6 +138,17 @@ def test_a_small_point_has_the_whole_float64_host_reference_and_no_sample(cpu_sp
     runner = _run(config(operators=["softmax"]), cpu_spec, {"native": _implementation(lambda out, _: out)})
     (point,) = runner.points
     assert point.status == "passed" and point.reference == "float64 on cpu" and point.reference_sample is None
+
+
+def test_on_the_cpu_a_large_point_has_the_whole_float64_reference_and_no_redundant_sample(cpu_spec: SpecTable
+                                                                                        ) -> None:
+    """The CPU is the host: a large point's reference is float64 on the host already, so a sample of it
+    computed on the host again checks nothing more; the record said 'float64 on cpu and a float64 host sample'
+    where the schema says null."""
+    runner = _run(config(operators=["softmax", "mm"], reference_cpu_max_elements=0), cpu_spec,
+                  {"native": _implementation(lambda out, _: out)})
+    assert [(p.status, p.reference, p.reference_sample) for p in runner.points] == \
+        [("passed", "float64 on cpu", None)] * 2
 
 
 def test_the_report_says_what_the_points_were_checked_against() -> None:
@@ -188,6 +203,29 @@ def test_the_sample_takes_the_first_and_last_rows_and_windows_of_columns(monkeyp
         host_sample(OPERATORS["cross_entropy"], "fp32", logits, 0)
 
 
+def test_the_sample_of_a_huge_dimension_is_drawn_without_a_permutation_of_it(monkeypatch: pytest.MonkeyPatch
+                                                                             ) -> None:
+    """A dimension goes up to 2^31 - 1: a permutation of it to draw 14 rows (torch.randperm) took 16 GiB of host
+    memory. The draw takes memory for the rows alone, and the same seed draws the same rows."""
+
+    def no_permutation(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(f"a permutation of {args[0]} drawn")
+
+    monkeypatch.setattr(torch, "randperm", no_permutation)
+    n = 2**31 - 1
+
+    def draw(seed: int) -> list[int]:
+        gen = torch.Generator()
+        gen.manual_seed(seed)
+        return sampled.spread(n, sampled.ROWS, gen)
+
+    rows = draw(5)
+    assert len(rows) == sampled.ROWS and rows == sorted(set(rows)) and rows[0] == 0 and rows[-1] == n - 1
+    assert rows == draw(5) and rows != draw(6)
+    gen = torch.Generator()
+    assert sampled.spread(5, 16, gen) == [0, 1, 2, 3, 4] and sampled.spread(5, 2, gen) == [0, 4]
+
+
 # ------------------------------------------------------------------ the timed calls' output is checked
 
 
@@ -207,12 +245,66 @@ def test_the_timed_calls_output_is_checked_not_only_the_first_calls(cpu_spec: Sp
         assert point.status == "failed" and point.metric is None
         assert point.error.startswith("the last timed iteration's output is wrong though the first call's was "
                                       "right: wrong result: 1 of "), point.error
+        # the errors beside `failed` are the wrong output's (its last element off by 1), not the first call's
+        assert point.max_abs_error == pytest.approx(1.0, rel=1e-3), point.max_abs_error
+        assert by[(op, "native")].max_abs_error < 1e-3
     assert not [m for m in runner.metrics if m.name.endswith("@stale")]
 
 
+def test_the_timed_output_is_checked_before_the_host_loop_calls_again(cpu_spec: SpecTable) -> None:
+    """An implementation whose next call writes over its previous output's memory (a reused output buffer, a
+    CUDA graph tree's next run; a graph tree's stale output even raises when read) is right on every call it
+    returns. Its last timed output was checked after the host loop's calls had overwritten it, which failed a
+    correct implementation: it is checked before them."""
+
+    class Overwritten(OperatorImplementation):
+        def prepare(self, op: Any, dtype: str, native: Any) -> Any:
+            previous: list[torch.Tensor] = []
+
+            def fn(*inputs: Any) -> Any:
+                for out in previous:  # the memory the last output lies in, taken by this run
+                    out.fill_(float("nan"))
+                previous[:] = [native(*inputs)]
+                return previous[0]
+            return fn
+
+    runner = _run(config(operators=["add"], min_iters=4, max_iters=4),
+                  cpu_spec, {"overwritten": Overwritten(ImplEnv(device=CPU, log=logging.getLogger("test")))})
+    (point,) = runner.points
+    assert point.status == "passed" and point.host_latency_s is not None, point.error
+
+
+def test_the_retry_without_the_rewarm_does_not_hold_the_outputs_that_did_not_fit(cpu_spec: SpecTable) -> None:
+    """Out of memory with the CPU's rewarm: the point is timed again without it. The retry ran inside the except
+    block, whose exception's traceback held the timer's frame and in it the rewarm's output: the memory that had
+    not fitted stayed taken through the retry. No output of before is alive when the retry calls."""
+    refs: list[weakref.ref[torch.Tensor]] = []
+    alive_at_retry: list[int] = []
+
+    class OutOfMemoryOnce(OperatorImplementation):
+        def prepare(self, op: Any, dtype: str, native: Any) -> Any:
+            def fn(*inputs: Any) -> Any:
+                number = len(refs) + 1  # 1: the check, 2: the first rewarm, 3: the call after it
+                if number == 3:
+                    refs.append(weakref.ref(torch.empty(0)))  # counted, never alive
+                    raise RuntimeError("out of memory (allocating the timed call's output)")
+                if number == 4:  # the retry's first call
+                    alive_at_retry.append(sum(ref() is not None for ref in refs))
+                out = native(*inputs)
+                refs.append(weakref.ref(out))
+                return out
+            return fn
+
+    runner = _run(config(operators=["add"], flush_cache=True), cpu_spec,
+                  {"oom": OutOfMemoryOnce(ImplEnv(device=CPU, log=logging.getLogger("test")))})
+    (point,) = runner.points
+    assert point.status == "passed" and point.rewarmed is False, point.error
+    assert alive_at_retry == [0]
+
+
 def test_the_timer_hands_back_the_output_of_the_last_timed_iteration() -> None:
-    """time_call hands back the last timed step's output (a graph's replay returns the output its capture
-    allocated, so the same path hands back a replay's), not the host loop's."""
+    """time_iterations hands back the last timed step's output (a graph's replay returns the output its capture
+    allocated, so the same path hands back a replay's) and calls nothing after it; time_host's loop comes apart."""
     count = [0]
     last: list[Any] = []
 
@@ -220,9 +312,12 @@ def test_the_timer_hands_back_the_output_of_the_last_timed_iteration() -> None:
         count[0] += 1
         return count[0]
 
-    timed = time_call(call, CPU, TimingOptions(0.001, 10.0, 4, 4, False, True), None, last_output=last)
-    assert last == [timed.warmup_calls + 4]
-    assert count[0] == timed.warmup_calls + 4 + timed.host_calls
+    options = TimingOptions(0.001, 10.0, 4, 4, False, True)
+    timed = time_iterations(call, CPU, options, None, last_output=last)
+    assert last == [timed.warmup_calls + 4] == count and timed.host_latency is None and timed.host_calls == 0
+    hosted = time_host(call, CPU, options, timed)
+    assert count[0] == timed.warmup_calls + 4 + hosted.host_calls and hosted.host_calls == 4
+    assert hosted.latencies == timed.latencies and hosted.host_latency is not None
 
 
 def test_the_timed_output_is_compared_outside_the_implementations_scope(cpu_spec: SpecTable) -> None:
@@ -252,9 +347,11 @@ def test_the_timed_output_is_compared_outside_the_implementations_scope(cpu_spec
 
 def test_the_energy_window_holds_the_calls_and_no_flush(monkeypatch: pytest.MonkeyPatch, cpu_spec: SpecTable
                                                         ) -> None:
-    """Energy per work is the monitors' energy over the metric's window / its work. The window was the timed
-    loop's, whose cache flushes (and on the CPU, the rewarm calls) took most of it and were charged to the
-    calls. It is now the host loop's: the calls back to back and nothing else, and the work is theirs."""
+    """Energy per work was the monitors' energy over the timed loop's window / its work, whose cache flushes (and on
+    the CPU, the rewarm calls) took most of it and were charged to the calls. It is taken over the metric's
+    energy_window, the host loop's (the calls back to back and nothing else) / energy_work, theirs; window and work
+    stay the timed iterations' (what the figure, the chip's state and the timeline are of: rate = work /
+    measured_seconds)."""
     flushed: list[float] = []
     real = CacheFlush.__call__
 
@@ -269,12 +366,61 @@ def test_the_energy_window_holds_the_calls_and_no_flush(monkeypatch: pytest.Monk
     runner.run(planned)
     (point,), (metric,) = runner.points, runner.metrics
     assert point.status == "passed" and len(flushed) >= 5
-    start, end = metric.window
-    assert start < end and not [t for t in flushed if start <= t <= end], (metric.window, flushed)
+    assert metric.energy_window is not None
+    start, end = metric.energy_window
+    assert start < end and not [t for t in flushed if start <= t <= end], (metric.energy_window, flushed)
+    timed_start, timed_end = metric.window
+    assert len([t for t in flushed if timed_start <= t <= timed_end]) == 4 and timed_end <= start
     _, nbytes = counted(planned.op, planned.dims, planned.dtype)
-    calls = max(1, min(4, math.ceil(cfg.rep_s / point.latency_s)))  # the host loop's count (timer.time_call)
-    assert metric.work == pytest.approx(nbytes * calls / 1e9)
-    assert f"energy window: the {calls} calls of the host loop" in metric.note
+    calls = max(1, min(4, math.ceil(cfg.rep_s / point.latency_s)))  # the host loop's count (timer.time_host)
+    assert metric.energy_work == pytest.approx(nbytes * calls / 1e9)
+    assert metric.work == pytest.approx(nbytes * 4 / 1e9) and metric.iterations == 4
+    assert (f"window and work: the 4 timed iterations (cache flushes between them); energy per work over "
+            f"energy_window, the {calls} calls of the host loop (back to back, no flush), / their work") in metric.note
+
+
+def test_energy_per_work_is_over_the_energy_window_and_too_few_samples_in_it_are_said(tmp_path: Path) -> None:
+    """The run summary: power and energy beside the figure over its window (the timed iterations), energy per
+    work over energy_window / energy_work; each row gives the samples inside the window energy per work is over,
+    and a round whose energy windows hold fewer than 2 says how many figures that is."""
+    from datetime import datetime, timezone
+
+    from flagperf.results.schema import Metric, RoundResult, write_result
+    from flagperf.results.summary import summarize
+
+    t0 = 1_800_000_000.0
+    now = datetime.now(timezone.utc)
+    # 100 W from t0 to t0 + 10, then 400 W: a counter sampled every second (a tenth of a second from t0 + 10)
+    samples = [{"t": t0 + i, "energy_j": 100.0 * i} for i in range(11)]
+    samples += [{"t": t0 + 10 + i / 10, "energy_j": 1000.0 + 40.0 * i} for i in range(1, 21)]
+    metrics = [Metric(name="wide", value=1.0, unit="GB/s", window=[t0 + 1, t0 + 5], work=8.0,
+                      energy_window=[t0 + 6, t0 + 8], energy_work=2.0),  # 200 J / 2 GB; 3 samples inside
+               Metric(name="narrow", value=1.0, unit="GB/s", window=[t0 + 1, t0 + 5], work=8.0,
+                      energy_window=[t0 + 2.25, t0 + 2.5], energy_work=0.5),  # 25 J, interpolated: 0 inside
+               Metric(name="fast", value=1.0, unit="GB/s", window=[t0 + 1, t0 + 5], work=8.0,
+                      energy_window=[t0 + 11, t0 + 11.5], energy_work=1.0),  # 200 J; 6 samples inside
+               Metric(name="plain", value=1.0, unit="GB/s", window=[t0 + 1, t0 + 5], work=8.0)]
+    folder = tmp_path / "run-e" / "op" / "round1" / "h1_noderank0"
+    write_result(folder / "result.json", RoundResult(
+        run_id="run-e", case="op", family="operation", round=1, host="h1", node_rank=0, vendor="cpu",
+        status="success", started_at=now, finished_at=now, duration_s=1.0, measured_seconds=1.0, metrics=metrics,
+        config={}))
+    (folder / "monitor_system.jsonl").write_text("\n".join(
+        [json.dumps({"type": "header", "monitor": "system", "interval_s": 1.0})]
+        + [json.dumps({"type": "sample", **s}) for s in samples]) + "\n")
+    summary = summarize(tmp_path / "run-e")
+    rows = {r["metric"]: r for r in summary.rows.to_dict("records")}
+    assert {name: rows[name]["energy_j"] for name in rows} == pytest.approx({name: 400.0 for name in rows})
+    assert rows["wide"]["energy_per_work"] == pytest.approx(100.0)  # 200 J / 2 GB, not 400 J / 8 GB
+    assert rows["narrow"]["energy_per_work"] == pytest.approx(50.0)
+    assert rows["fast"]["energy_per_work"] == pytest.approx(200.0)
+    assert rows["plain"]["energy_per_work"] == pytest.approx(50.0)  # no energy_window: over window / work
+    assert {name: rows[name]["energy_per_work_samples"] for name in rows} == \
+        {"wide": 3, "narrow": 0, "fast": 6, "plain": 5}
+    (note,) = [n for n in summary.monitor_notes if "energy window" in n]
+    assert note.startswith("op round 1 on h1: energy per work of 1 of 3 figures (energy_per_work_samples under 2) "
+                           "rests on fewer than 2 monitor samples inside its energy window (0.25 s at the shortest;"), \
+        note
 
 
 def test_the_host_window_encloses_the_host_loops_calls_and_no_flush() -> None:
@@ -306,6 +452,11 @@ def test_rotary_counts_the_cos_and_sin_rows_its_tokens_read_not_the_whole_table(
     assert embedding == 8 + 2 * 2 * 64  # the same convention: the rows the indices name, read once each
     # fp8 mm reads its two fp32 scales too
     assert counted(OPERATORS["mm"], {"M": 2, "N": 3, "K": 4}, "fp8")[1] == 8 + 12 + 2 * 6 + 8
+    # rotary's positions repeat every S tokens (FlagGems' T = 4S): each index read counts its row, as the docs say
+    dims = {"T": 512, "H": 8, "KVH": 1, "D": 64, "S": 128}
+    assert counted(rotary, dims, "fp16")[1] == 2 * 2 * 512 * 64 * 9 + 2 * 512 * 64 + 8 * 512
+    docs = " ".join((ROOT / "docs" / "operation.md").read_text(encoding="utf-8").split())
+    assert "counts **one row (or element) per index read**" in docs and "counted so (FlagGems' RopeBenchmark" in docs
     for name, op in OPERATORS.items():  # every formula as the docs write it, operator by operator
         assert name in (ROOT / "docs" / "operation.md").read_text(encoding="utf-8")
         assert op.formula().startswith(("FLOPs = ", "FLOPs not counted"))
@@ -398,10 +549,13 @@ def test_the_gpu_bench_records_the_host_latency_beside_the_device_clocks(tmp_pat
     """The bench's --quick dry run on this CPU: every point has the host latency (FlagPerf's cputime, the engine's
     own timer), in the record and the table; the geometric mean of the host speed-ups beside the device clock's."""
     done = subprocess.run([sys.executable, "bench/operation_gpu.py", "--quick", "--operators", "add,rms_norm",
-                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          check=False)
+                           "--cuda-graphs", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     record = json.loads((tmp_path / "operation_gpu_quick.json").read_text())
+    # --cuda-graphs asks the case key; the CPU has none, which the record says
+    assert record["cuda_graphs"] is True and record["graphs"].startswith("the CPU has no device graphs")
+    assert f"- graphs: {record['graphs']}" in (tmp_path / "operation_gpu_quick.md").read_text()
     native = [p for p in record["points"] if p["implementation"] == "native"]
     assert [p["operator"] for p in native] == ["add", "rms_norm"] and record["state"] == "finished"
     assert all(p["status"] == "passed" and p["host_latency_s"] > 0 for p in native)

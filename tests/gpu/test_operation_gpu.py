@@ -1,0 +1,92 @@
+"""The operation family's graph path on a real CUDA device (skipped without one). With cuda_graphs each timed
+call is a replay of a graph captured once, and the last replay's output is checked like the first call's: an
+implementation whose captured work is not what it does eagerly fails its point, correct ones pass. And an
+implementation whose outputs the next call overwrites (torch.compile's CUDA graph trees, whose stale outputs raise
+when read) passes: its last timed output is checked before the host loop calls it again.
+
+    python -m pytest tests/gpu/test_operation_gpu.py -q
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+import torch
+
+from flagperf.config.vendors import load_vendor
+from flagperf.operation.config import OperationConfig, plan_points
+from flagperf.operation.driver import Implementations, PointRunner
+from flagperf.operation.impls import ImplEnv, OperatorImplementation
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible to torch")]
+
+CUDA = torch.device("cuda")
+ENV = ImplEnv(device=CUDA, log=logging.getLogger("test"))
+
+
+def config(**changes: Any) -> OperationConfig:
+    values: dict[str, Any] = dict(operators=["add", "softmax"], dtypes=["fp32"], models=["tiny"], batch_sizes=[1],
+                                  seq_lens=[16], implementations=["native"], warmup_s=0.01, rep_s=0.01,
+                                  min_iters=4, max_iters=20, flush_cache=True, cuda_graphs=True,
+                                  reference_cpu_max_elements=1 << 22, timeout_s=600, max_retries=0)
+    values.update(changes)
+    return OperationConfig.model_validate(values)
+
+
+def run(cfg: OperationConfig, impls: dict[str, OperatorImplementation]) -> PointRunner:
+    runner = PointRunner(cfg, load_vendor("nvidia").spec_table(), CUDA, Implementations(ready=impls))
+    for point in plan_points(cfg):
+        runner.run(point)
+    return runner
+
+
+class Eager(OperatorImplementation):
+    """The native call as it is."""
+
+    def prepare(self, op: Any, dtype: str, native: Any) -> Any:
+        return native
+
+
+class CaptureDiffers(OperatorImplementation):
+    """Right when called, wrong in what a graph captures of it: a path taken only under capture (here it zeroes
+    the output's last row), so every replay differs from the call that was checked first."""
+
+    def prepare(self, op: Any, dtype: str, native: Any) -> Any:
+        def fn(*inputs: Any) -> Any:
+            out = native(*inputs)
+            if torch.cuda.is_current_stream_capturing():
+                out[-1].zero_()
+            return out
+        return fn
+
+
+def test_a_replay_that_differs_from_the_checked_call_fails_and_a_right_one_passes() -> None:
+    runner = run(config(), {"native": Eager(ENV), "capture_differs": CaptureDiffers(ENV)})
+    by = {(p.operator, p.implementation): p for p in runner.points}
+    for op in ("add", "softmax"):
+        native = by[(op, "native")]
+        assert native.status == "passed" and native.host_latency_s is not None, native.error
+        wrong = by[(op, "capture_differs")]
+        assert wrong.status == "failed" and wrong.error.startswith(
+            "the last timed iteration's output (a device graph's replay) is wrong though the first call's was "
+            "right: wrong result: "), wrong.error
+        assert wrong.max_abs_error is not None and wrong.max_abs_error > native.max_abs_error
+    assert sorted(m.name.rsplit("@", 1)[1] for m in runner.metrics) == ["native", "native"]
+
+
+class GraphTrees(OperatorImplementation):
+    """torch.compile's reduce-overhead mode: CUDA graph trees, whose next run overwrites the last run's outputs
+    (reading one then raises)."""
+
+    def prepare(self, op: Any, dtype: str, native: Any) -> Any:
+        return torch.compile(native, mode="reduce-overhead", dynamic=False, fullgraph=True)
+
+
+def test_graph_trees_are_checked_on_their_last_timed_output_before_the_host_loop() -> None:
+    pytest.importorskip("triton")
+    runner = run(config(operators=["add"], cuda_graphs=False), {"graph_trees": GraphTrees(ENV)})
+    (point,) = runner.points
+    assert point.status == "passed" and point.host_latency_s is not None, point.error
