@@ -732,27 +732,72 @@ def test_a_half_round_left_on_the_host_gives_its_prompt_positions_before_it_is_r
     assert _sent(stage / "attempt1") == [3, 4, 5]
 
 
-def test_an_endpoint_case_is_refused_on_an_inventory_of_several_hosts(tmp_path: Path) -> None:
-    """A case runs on every host of the inventory at once: an endpoint would be loaded by every host together, each
-    point measured under all their requests. Refused before anything runs, in one line naming the inventory's hosts
-    key; one host, or several for a case with no endpoint, are fine."""
+def test_an_endpoint_case_runs_on_the_one_host_its_endpoint_names_of_several(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A single-node case runs on every host of the inventory at once: an endpoint would be loaded by every host
+    together, each point measured under all their requests. So an endpoint names the host that sends its load,
+    ``client_host``, and its case runs there alone (the rounds the plan counts, and the run's, are that host's): in the
+    inventory's entry, checked when the inventory is read, or in the case's own settings, checked with the plan. Where
+    the inventory has several hosts and the endpoint names none, or names one it does not have, the run is refused
+    before anything runs, in one line naming the file and the key to write; one host needs no name."""
+    import yaml
+
+    from flagperf.config.cases import load_case
     from flagperf.errors import ConfigError
+    from flagperf.hosts.inventory import build_inventory
+    from flagperf.results.schema import node_groups
+    from flagperf.results.summary import run_progress
 
-    endpoints = {"lab": {"base_url": "http://10.0.0.5:8000", "model": "m"}}
+    lab = {"base_url": "http://10.0.0.5:8000", "model": "m"}
 
-    def plan(hosts: list[str], *sets: str) -> RunPlan:
-        return plan_run(cases=["tiny-llama-serve"], sets=list(sets), results_dir=tmp_path / "results",
+    def plan(hosts: list[str], endpoints: dict[str, dict[str, object]], *sets: str, case: str = "tiny-llama-serve",
+             rounds: int = 1) -> RunPlan:
+        return plan_run(cases=[case], sets=list(sets), results_dir=tmp_path / "results",
                         hosts=[{"name": name} for name in hosts], inventory_endpoints=endpoints,
-                        inventory_source="inventory.yaml")
+                        inventory_source="inventory.yaml", rounds=rounds)
 
-    with pytest.raises(ConfigError) as refused:
-        plan(["h1", "h2"], "endpoint=lab")
-    assert (refused.value.source, refused.value.key) == ("inventory.yaml", "hosts")
-    assert "2 hosts (h1, h2), and case tiny-llama-serve loads an endpoint (endpoint: inventory.yaml endpoints.lab)" \
-        in str(refused.value)
-    assert "\n" not in str(refused.value) and str(refused.value).endswith("with an inventory of one host")
-    assert plan(["h1"], "endpoint=lab").cases[0].config["endpoint"]["base_url"] == "http://10.0.0.5:8000"
-    assert plan(["h1", "h2"]).cases[0].config["endpoint"] is None
+    def refused(*args: object, **kwargs: object) -> ConfigError:
+        with pytest.raises(ConfigError) as caught:
+            plan(*args, **kwargs)  # type: ignore[arg-type]
+        assert "\n" not in str(caught.value)
+        return caught.value
+
+    error = refused(["h1", "h2"], {"lab": lab}, "endpoint=lab")
+    assert (error.source, error.key) == ("inventory.yaml", "endpoints.lab.client_host")
+    assert str(error) == ("inventory.yaml: endpoints.lab.client_host: not given, and the inventory (inventory.yaml) "
+                          "has 2 hosts (h1, h2): case tiny-llama-serve would load its endpoint from every one at once, "
+                          "each point measured under every host's requests, not the load its label says; name the one "
+                          "host that sends the load (client_host: h1)")
+    error = refused(["h1", "h2"], {"lab": {**lab, "client_host": "h3"}}, "endpoint=lab")
+    assert (error.source, error.key) == ("inventory.yaml", "endpoints.lab.client_host")
+    assert "'h3' names no host of the inventory (inventory.yaml: 2 hosts (h1, h2))" in str(error)
+
+    chosen = plan(["h1", "h2", "h3"], {"lab": {**lab, "client_host": "h2"}}, "endpoint=lab", rounds=2)
+    assert node_groups(chosen.cases[0].config, ["h1", "h2", "h3"]) == [["h2"]]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "plan.json").write_text(chosen.model_dump_json(), encoding="utf-8")
+    assert run_progress(run, [])["planned"] == 2  # 2 rounds on h2, not on every host
+    assert plan(["h1"], {"lab": lab}, "endpoint=lab").cases[0].config["endpoint"]["client_host"] is None
+    assert plan(["h1", "h2"], {"lab": lab}).cases[0].config["endpoint"] is None  # no endpoint: every host
+
+    # The case's own settings: the key is named in its case.yaml.
+    manifest = yaml.safe_load(load_case("tiny-llama-serve").folder.joinpath("case.yaml").read_text())
+    folder = tmp_path / "cases" / "generate" / "own-endpoint"
+    folder.mkdir(parents=True)
+    manifest["configurations"]["endpoint"] = {**lab, "client_host": "h9"}
+    (folder / "case.yaml").write_text(yaml.safe_dump({**manifest, "name": "own-endpoint"}), encoding="utf-8")
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(tmp_path / "cases"))
+    error = refused(["h1", "h2"], {}, case="own-endpoint")
+    assert (error.source.rsplit("/", 1)[-1], error.key) == ("case.yaml", "configurations.endpoint.client_host")
+
+    # The inventory's entries are checked when it is read (flagperf validate too), whether a case names them or not.
+    with pytest.raises(ConfigError) as caught:
+        build_inventory({"hosts": [{"name": "h1"}, {"name": "h2"}],
+                         "endpoints": {"lab": {**lab, "client_host": "h9"}}}, "inventory.yaml", tmp_path)
+    assert (caught.value.key, str(caught.value)) == (
+        "endpoints.lab.client_host", "inventory.yaml: endpoints.lab.client_host: 'h9' names no host of the inventory "
+                                     "(h1, h2)")
 
 
 def test_an_endpoints_prompt_files_are_streams_by_their_text_and_sharegpt_positions_are_its_conversations(
