@@ -24,6 +24,14 @@ from flagperf.generate.loadgen import REQUESTS_FILE, read_records
 from flagperf.generate.serve import SERVING_FILE
 from flagperf.hosts.inventory import host_spec
 from flagperf.hosts.local import LocalHost
+from flagperf.results.prompt_positions import (
+    RUN_POSITIONS_DIR,
+    Reservation,
+    positions_taken,
+    recover,
+    reservations,
+    reserve,
+)
 from flagperf.results.schema import read_result, round_dir
 from flagperf.results.serving import FAILED_FLAG_FRACTION, ServingPoint, serving_markdown, serving_points
 
@@ -718,18 +726,147 @@ def test_a_half_round_left_on_the_host_gives_its_prompt_positions_before_it_is_r
     plan = _endpoint_plan(refusing, tmp_path, "requests=2")
     cp = plan.cases[0]
     host = LocalHost(work_root=tmp_path / "work")
+    run = tmp_path / "run"
+    run.mkdir()
     stage = stage_folder(host.work_root, plan.run_id, cp.name, 1, "localhost")
-    job = round_job(plan, tmp_path / "run", cp, 1, "localhost", host_spec({"name": "localhost"}), {}, None)
+    job = round_job(plan, run, cp, 1, "localhost", host_spec({"name": "localhost"}), {}, None)
+    reserved = reserve(run, Reservation(case=cp.name, round=1, host="localhost", attempts=cp.max_retries + 1,
+                                        config=cp.config))  # as the controller does before it dispatches the round
     (stage / "attempt1").mkdir(parents=True)
     assert run_job(job, stage / "attempt1") == 0
     (stage / "attempt1" / "result.json").unlink()  # killed before its result: nothing to collect
     assert leftover_result(host, stage, cp.max_retries + 1) is None
     stream = json.loads((stage / "attempt1" / PROMPT_POSITIONS).read_text())["stream"]
-    cleared = cleared_stage(host, stage, job, cp.max_retries + 1)
-    assert not stage.exists() and cleared.prompt_positions == {stream: 3}
+    job = round_job(plan, run, cp, 1, "localhost", host_spec({"name": "localhost"}), {}, None)  # the retry's
+    assert [r.id for r in job.prompt_reservations] == [reserved.id]
+    cleared = cleared_stage(host, stage, job, cp.max_retries + 1, run, reserved)
+    assert not stage.exists() and cleared.prompt_positions == {stream: 3} and cleared.prompt_reservations == []
+    # Its records are kept in the run folder, and its reservation, which they stand for, is closed.
+    assert sorted(p.name.split("-")[0] for p in (run / RUN_POSITIONS_DIR).iterdir()) == ["collected", "recovered"]
+    assert positions_taken(run) == {stream: 3} and reservations(run) == []
     (stage / "attempt1").mkdir(parents=True)
     assert run_job(cleared, stage / "attempt1") == 0
     assert _sent(stage / "attempt1") == [3, 4, 5]
+
+
+def test_a_round_dispatched_but_never_collected_holds_its_prompts_by_its_reservation(
+        refusing: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The controller writes a round's reservation into the run folder before it dispatches the round at an endpoint:
+    a round interrupted before its files were collected (its folder on the host removed, or the host lost) leaves the
+    run folder no record of the prompts it sent, only that reservation. The rounds after it start after the most it may
+    have sent, worked out from where it started (its own job's positions and the reservations it started after, one
+    closed since included), in their own stream only; they say which reservations they passed, and serving.json keeps
+    them. A reservation of another stream (another seed) moves nothing, and a later round does not pay for a lost one
+    twice."""
+    from flows.host_round import cleared_stage, round_reservation
+    from tasks.collect import stage_folder
+
+    RefusingEndpoint.refuse = set()
+    plan = _endpoint_plan(refusing, tmp_path, "requests=2", rounds=3)
+    cp = plan.cases[0]
+    run = tmp_path / "run"
+    run.mkdir()
+    host = LocalHost(work_root=tmp_path / "work")
+    spec = host_spec({"name": "localhost"})
+    other = _endpoint_plan(refusing, tmp_path, "requests=2", "seed=1")
+    elsewhere = reserve(run, round_reservation(round_job(other, run, other.cases[0], 1, "h2", spec, {}, None), 1))
+
+    def dispatched(round_no: int, code: int = 0) -> tuple[Job, Reservation, Path]:
+        """The round's job and reservation as the controller makes them, run on the host into its folder there."""
+        job = round_job(plan, run, cp, round_no, "localhost", spec, {}, None)
+        reservation = reserve(run, round_reservation(job, cp.max_retries + 1))
+        stage = stage_folder(host.work_root, plan.run_id, cp.name, round_no, "localhost")
+        (stage / "attempt1").mkdir(parents=True)
+        assert run_job(job, stage / "attempt1") == code
+        return job, reservation, stage
+
+    RefusingEndpoint.refuse = {0}  # round 1 ends at its check, short of what it planned (and reserved)
+    _, first, stage1 = dispatched(1, EXIT_USER_ERROR)  # interrupted: its folder stays on the host, without a result
+    (stage1 / "attempt1" / "result.json").unlink()
+    RefusingEndpoint.refuse = set()
+    job2, second, stage2 = dispatched(2)  # interrupted too, and its folder there removed (a clean-up)
+    assert (_sent(stage1 / "attempt1"), _sent(stage2 / "attempt1")) == ([0], [3, 4, 5])
+    assert second.after == [elsewhere.id, first.id] == [r.id for r in job2.prompt_reservations]
+    host.remove_tree(stage2)
+    assert positions_taken(run) == {}
+
+    # The retry: round 1's folder is found, its records kept and its reservation closed; round 2's stays open, and its
+    # start is worked out from the closed one.
+    job = round_job(plan, run, cp, 1, "localhost", spec, {}, None)
+    job = cleared_stage(host, stage1, job, cp.max_retries + 1, run, first)
+    assert [(r.id, r.open) for r in job.prompt_reservations] == [(elsewhere.id, True), (first.id, False),
+                                                                 (second.id, True)]
+    caplog.clear()
+    out = round_dir(run, cp.name, 1, "localhost")
+    out.mkdir(parents=True)
+    assert run_job(job, out) == 0
+    assert _sent(out) == [6, 7, 8]
+    assert ("after the most that 1 round(s) the controller dispatched there, and whose records the run folder does "
+            "not hold (interrupted before they were collected), may have sent: their reservations "
+            f"{RUN_POSITIONS_DIR}/reserved-{second.id}.json") in caplog.text
+    assert json.loads((out / SERVING_FILE).read_text())["prompt_set"]["after_reservations"] == [second.where]
+    assert _run_round(plan, run, 2) == 0  # after round 1's record, which lies past the lost round's reach
+    assert _sent(round_dir(run, cp.name, 2, "localhost")) == [9, 10, 11]
+
+
+def test_a_reservation_is_written_whole_or_not_at_all_on_a_full_disk(tmp_path: Path) -> None:
+    """A results folder that is full refuses a reservation (and a half round's records) with an OSError, and keeps
+    nothing of it: no half-written file, no temporary one. A later reader finds none."""
+    import errno
+
+    from tests.unit.mounts import fill_to_the_last_block, mounted_tmpfs
+
+    with mounted_tmpfs(tmp_path / "full", "size=256k") as run:
+        (run / RUN_POSITIONS_DIR).mkdir()
+        fill_to_the_last_block(run)
+        config = {"endpoint": {"base_url": "http://10.0.0.5:8000", "model": "m"}, "note": "x" * 8192}
+        with pytest.raises(OSError) as full:
+            reserve(run, Reservation(case="c", round=1, host="h", attempts=1, config=config))
+        assert full.value.errno == errno.ENOSPC
+        with pytest.raises(OSError):
+            recover(run, ['{"stream": "s", "first": 0, "reserved": 9, "end": null}' + " " * 8192])
+        assert list((run / RUN_POSITIONS_DIR).iterdir()) == [] and reservations(run) == []
+
+
+def test_an_endpoints_synthetic_prompt_stream_is_its_tokenizer_wherever_its_folder_lies(
+        refusing: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Synthetic prompts are decided by the seed, input_len, the vocabulary and the tokenizer, not by the folder that
+    holds it: one tokenizer named by a relative path, copied to another folder, or reached through a link is one
+    stream (each round starts after the one before), and so is one whose chat template alone differs (the template
+    decides what is sent around a prompt, not the prompt). Another tokenizer (a token made special, which the prompts
+    leave out) is a stream of its own, from position 0."""
+    import shutil
+
+    from flagperf.generate.models import model_config, word_tokenizer
+
+    RefusingEndpoint.refuse = set()
+
+    def folder(name: str, template: str | None = None, special: list[str] | None = None) -> Path:
+        made = tmp_path / name
+        model_config("tiny", None).save_pretrained(made)
+        tokenizer = word_tokenizer(512)
+        if template is not None:
+            tokenizer.chat_template = template
+        if special:
+            tokenizer.add_special_tokens({"additional_special_tokens": special})
+        tokenizer.save_pretrained(made)
+        return made
+
+    original = folder("tok")
+    shutil.copytree(original, tmp_path / "copies" / "tok")
+    (tmp_path / "tok-link").symlink_to(original)
+    folder("tok-templated", template="{{ messages[0]['content'] }} ...")
+    folder("tok-other", special=["t5"])
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    firsts = []
+    for round_no, path in enumerate(["tok", str(tmp_path / "copies" / "tok"), str(tmp_path / "tok-link"),
+                                     "tok-templated", "tok-other"], 1):
+        plan = _endpoint_plan(refusing, tmp_path, "requests=2", f"checkpoint_path={path}", rounds=5)
+        assert _run_round(plan, run, round_no) == 0
+        out = round_dir(run, plan.cases[0].name, round_no, "localhost")
+        firsts.append(json.loads((out / SERVING_FILE).read_text())["prompt_set"]["first_position"])
+    assert firsts == [0, 3, 6, 9, 0]
 
 
 def test_an_endpoint_case_runs_on_the_one_host_its_endpoint_names_of_several(tmp_path: Path,
