@@ -781,7 +781,10 @@ def prompt_set(config: GenerateConfig, prompts: ServingPromptSet, tokens: Tokens
                             "words (no tokenizer: outputs counted as output chunks)",
             "set_size": len(prompts), "first_index": prompts.index_at(0), "first_position": prompts.first_position,
             "making_seconds": round(prompts.seconds, 3),
-            "requests_planned": planned, "each_sent_once": planned is not None and planned <= len(prompts)}
+            "requests_planned": planned,
+            # nor, at an endpoint, one its earlier rounds sent (a file read round and round by the run)
+            "each_sent_once": planned is not None and planned <= len(prompts) and not (
+                isinstance(prompts, FilePrompts) and prompts.resends(planned))}
 
 
 def stream_key(config: GenerateConfig, file_digest: str | None = None, tokenizer: str | None = None,
@@ -988,7 +991,8 @@ def client_settings(config: GenerateConfig, spec: ServerSpec) -> dict[str, Any]:
             "request_timeout_s": config.request_timeout_s, "seed": config.seed,
             "prompts_per_phase": "each phase of each point its own prompts, in order from where the last phase's "
                                  "ended (none resent while the prompt set lasts); at an endpoint, a round after every "
-                                 "prompt the run's earlier rounds and attempts sent there (prompt_positions.json)",
+                                 "prompt the run's earlier rounds and attempts sent there (prompt_positions.json), "
+                                 "and after the most rounds never collected may have sent (their reservations)",
             "connections": "one client per point, its connections kept open from the warm-up to the timed requests; "
                            f"one idle for {KEEPALIVE_S:g} s closed (below uvicorn's 5 s) and opened again; a response "
                            f"read to its end after its [DONE] (at most {DRAIN_S:g} s, outside the request's time and "

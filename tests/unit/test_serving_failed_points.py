@@ -996,3 +996,9 @@ def test_an_endpoints_prompt_files_are_streams_by_their_text_and_sharegpt_positi
     assert round_of("sg-long")[0] == [0, 1, 2]  # conversations 0, 1, 2: every one is short enough
     sent, ledger = round_of("sg-short")
     assert sent == [4, 5, 7] and (ledger["first"], ledger["end"]) == (3, 8)  # the short ones after conversation 2
+    # file-a's six prompts are spent (by file-a and file-c): its round 2 resends three, and says so from the start
+    first = json.loads((round_dir(run_dir, "file-a", 1, "localhost") / SERVING_FILE).read_text())["prompt_set"]
+    assert _run_round(plan, run_dir, 2, "file-a") == 0
+    again = json.loads((round_dir(run_dir, "file-a", 2, "localhost") / SERVING_FILE).read_text())["prompt_set"]
+    assert _sent(round_dir(run_dir, "file-a", 2, "localhost")) == [0, 1, 2]
+    assert (first["each_sent_once"], again["each_sent_once"], again["repeated_requests"]) == (True, False, 2)
