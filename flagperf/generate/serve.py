@@ -15,7 +15,8 @@ the OpenAI HTTP API, point by point.
      set holds one prompt per request the round plans, made as the load reaches them, and where a file has fewer
      prompts than that, the resent ones are counted per point and said in the point's warning. An endpoint lives
      across rounds: a round there starts after every prompt the run's earlier rounds, attempts and retries sent it
-     (the Job's prompt_positions, from their prompt_positions.json: flagperf.results.prompt_positions)
+     (the Job's prompt_positions, from their prompt_positions.json: flagperf.results.prompt_positions), and after the
+     most that rounds dispatched but never collected may have sent (the Job's prompt_reservations: stream_start)
   5. the server stopped (its whole process group), also on failure
 
 Files in the round folder: requests.jsonl, server.log, server_metrics/, serving.json (the points: label,
