@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -51,6 +51,7 @@ from flagperf.measure.fanout import DeviceSlot, device_spread, enter_device, hos
 from flagperf.measure.hostmemory import host_allocator, keep_freed_host_memory
 from flagperf.measure.perflog import parse_file
 from flagperf.measure.timing import TimingPlan
+from flagperf.results.prompt_positions import Reservation
 from flagperf.results.provenance import engine_info, host_info, library_versions
 from flagperf.results.schema import (
     RESULT_FILE,
@@ -198,15 +199,18 @@ def _counted(name: str, function: Callable[..., Any], called: list[str] | None) 
 
 
 def run_generate(config: GenerateConfig, vendor: Vendor, spec: SpecTable, out_dir: Path, round_number: int = 1,
-                 attempt: int = 1, positions: dict[str, int] | None = None, earlier_attempts: int = 0) -> Outcome:
+                 attempt: int = 1, positions: dict[str, int] | None = None, earlier_attempts: int = 0,
+                 reservations: Sequence[Reservation] = ()) -> Outcome:
     """LLM serving (flagperf.generate): every point of the case (a batch engine's concurrency levels, or a
     server's concurrency levels and request rates), timed per token; at an endpoint the prompts start at
-    ``positions`` (the Job's prompt_positions), after every prompt the run's earlier rounds and attempts sent there."""
+    ``positions`` (the Job's prompt_positions), after every prompt the run's earlier rounds and attempts sent there,
+    and after what the ``reservations`` (the Job's prompt_reservations) of rounds never collected may have sent."""
     from flagperf.generate.driver import run_generate as drive
 
     device = torch.device(vendor.manifest.torch_device)
     try:
-        result = drive(config, vendor.name, spec, device, out_dir, round_number, attempt, positions, earlier_attempts)
+        result = drive(config, vendor.name, spec, device, out_dir, round_number, attempt, positions, earlier_attempts,
+                       reservations)
     except RuntimeError as exc:
         classified = classify_runtime_error(exc)
         if classified is exc:
@@ -396,7 +400,7 @@ def run_job(job: Job, out_dir: Path, slot: DeviceSlot | None = None, job_file: P
                 outcome = run_inference(job, case, config, vendor, spec, out_dir, called)
             elif case.family == "generate":  # its modules need transformers (the generate extra): imported there
                 outcome = run_generate(config, vendor, spec, out_dir, job.round, job.attempt, job.prompt_positions,
-                                       job.earlier_attempts)
+                                       job.earlier_attempts, job.prompt_reservations)
             elif case.family == "operation":
                 outcome = run_operation(config, vendor, spec)
             else:

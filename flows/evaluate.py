@@ -63,6 +63,7 @@ from flagperf.results.schema import (
     RESULTS_UNWRITABLE,
     Failure,
     RoundResult,
+    node_groups,
     read_result,
     round_dir,
     write_json_atomic,
@@ -544,13 +545,6 @@ def check_images(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: RunPl
         assert image_probe is not None
         merged[name] = with_image_probe(probes.get(name), image_probe)  # as the rounds read it: round_probe
     return merged
-
-
-def node_groups(config: dict[str, Any], names: list[str]) -> list[list[str]]:
-    """A single-node case runs on every host on its own; an nnodes-node case on the first nnodes hosts
-    together (FlagPerf: HOSTS[0] is the master)."""
-    nnodes = int(config.get("nnodes", 1))
-    return [names[:nnodes]] if nnodes > 1 else [[name] for name in names]
 
 
 def group_round(group: list[str], specs: dict[str, HostSpec], plan: RunPlan, run_dir: Path, case: str,

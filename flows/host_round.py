@@ -9,6 +9,7 @@ the same tasks either way, nested under the evaluation in the UI.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Callable
 from functools import partial
@@ -27,13 +28,23 @@ from flagperf.hosts.fleet import open_host, runtime_for
 from flagperf.hosts.health import HealthReport, round_probe
 from flagperf.hosts.inventory import HostSpec, host_spec
 from flagperf.hosts.local import Host
-from flagperf.results.prompt_positions import positions_taken
+from flagperf.results.prompt_positions import (
+    RUN_POSITIONS_DIR,
+    Reservation,
+    close,
+    merged,
+    positions_taken,
+    recover,
+    reservations,
+    reserve,
+    taken_end,
+)
 from flagperf.results.provenance import library_versions
-from flagperf.results.schema import RESULT_FILE, Failure, RoundResult, round_dir, write_result
+from flagperf.results.schema import RESULT_FILE, RESULTS_UNWRITABLE, Failure, RoundResult, round_dir, write_result
 from flagperf.results.summary import RETRIES_DIR
 from flows.logs import route_core_logs
 from tasks.collect import collect_logs, leftover_result, stage_folder
-from tasks.container import THEN, attempt_positions, host_disk_full, run_case
+from tasks.container import THEN, attempt_records, host_disk_full, run_case
 from tasks.healthcheck import healthcheck
 from tasks.image import build_image
 from tasks.monitor import start_monitors, stop_monitors
@@ -142,13 +153,32 @@ def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: C
     label = f"{case.name}/round{round_no}@{host.name}" + (f"#node{node_rank}" if nnodes > 1 else "")
     monitors: list[Any] = []
     failure: Failure | None = None
-    if host.exists(stage_dir):
-        leftover = leftover_result(host, stage_dir, case.max_retries + 1)
-        if leftover is not None:  # measured by an earlier attempt of this flow run, never stored: collect it
-            get_run_logger().info("%s: collecting the round an earlier attempt measured (%s) from %s", label,
-                                  leftover.status, stage_dir)
-            return _collect(host, stage_dir, run_dir, case, round_no, node_rank, job, None, probe, label)
-        job = cleared_stage(host, stage_dir, job, case.max_retries + 1)
+    # The reservation of an earlier flow run's attempt at this round whose folder is still on the host: that folder's
+    # records stand for it once they are in the run folder.
+    earlier = own_reservation(job, host.name, node_rank)
+    reserved: Reservation | None = None
+    try:
+        if host.exists(stage_dir):
+            leftover = leftover_result(host, stage_dir, case.max_retries + 1)
+            if leftover is not None:  # measured by an earlier attempt of this flow run, never stored: collect it
+                get_run_logger().info("%s: collecting the round an earlier attempt measured (%s) from %s", label,
+                                      leftover.status, stage_dir)
+                result = _collect(host, stage_dir, run_dir, case, round_no, node_rank, job, None, probe, label)
+                _close_if_stored(host, stage_dir, run_dir, case.name, round_no, node_rank, earlier)
+                return result
+            job = cleared_stage(host, stage_dir, job, case.max_retries + 1, run_dir, earlier)
+        if at_endpoint(case):  # written before the round is sent, so that a retry knows of it whatever happens
+            try:
+                reserved = reserve(run_dir, round_reservation(job, case.max_retries + 1))
+            except OSError as exc:
+                raise RunFolderRefused(exc) from exc
+    except RunFolderRefused as refused:  # nothing is sent that a retry could not know of
+        failure = Failure(kind="infrastructure", message=(
+            f"{round_label(case.name, round_no, host.name)}: {RESULTS_UNWRITABLE} ({run_dir / RUN_POSITIONS_DIR}: "
+            f"{refused}): the round's prompt positions at its endpoint could not be recorded, so it was not run"))
+        get_run_logger().error("%s", failure.message)
+        return _stored(job.failed_result(failure, probe), round_dir(run_dir, case.name, round_no, host.name,
+                                                                     node_rank), label)
     try:
         runtime = runtime_for(host, spec, plan.vendor, image, plan.run_id, plan.case_folders)
         monitors = start_monitors(host, plan.vendor, stage_dir, monitor_interval_s, monitor_budget, label)
@@ -168,7 +198,62 @@ def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: C
             failure = failure.model_copy(update={
                 "message": f"{round_label(case.name, round_no, host.name)}: {full}{THEN}{failure.message}"})
             get_run_logger().error("%s: %s", label, full)
-    return _collect(host, stage_dir, run_dir, case, round_no, node_rank, job, failure, probe, label)
+    result = _collect(host, stage_dir, run_dir, case, round_no, node_rank, job, failure, probe, label)
+    _close_if_stored(host, stage_dir, run_dir, case.name, round_no, node_rank, reserved)
+    return result
+
+
+class RunFolderRefused(Exception):
+    """The run folder refused a record of prompt positions (full, read-only): the round is not sent."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error.strerror or str(error) or type(error).__name__)
+
+
+def at_endpoint(case: CasePlan) -> bool:
+    """A case that loads a running endpoint (its prompts must never reach the endpoint twice in the run)."""
+    return case.family == "generate" and isinstance(case.config.get("endpoint"), dict)
+
+
+def round_reservation(job: Job, attempts: int) -> Reservation:
+    """The reservation of the round ``job`` runs (its ``attempts`` at most): its case and configuration, and what
+    decides where it starts (the job's prompt positions, and the open reservations it starts after)."""
+    return Reservation(case=job.case, round=job.round, host=job.host, node_rank=job.node_rank, attempts=attempts,
+                       config=job.config, positions=job.prompt_positions,
+                       after=[r.id for r in job.prompt_reservations if r.open])
+
+
+def own_reservation(job: Job, host: str, node_rank: int) -> Reservation | None:
+    """The newest open reservation of this very round among the job's: the one its folder on the host, if any,
+    belongs to (the flow run that made a newer one would have cleared or collected that folder before making it)."""
+    own = [r for r in job.prompt_reservations if r.open and r.same_round(job.case, job.round, host, node_rank)]
+    return own[-1] if own else None
+
+
+def _close_if_stored(host: Host, stage_dir: Path, run_dir: Path, case: str, round_no: int, node_rank: int,
+                     reservation: Reservation | None) -> None:
+    """The round's reservation is closed once its folder, with its records of prompt positions, is stored in the run
+    folder and gone from the host (a collection that failed keeps both, and the reservation open)."""
+    if reservation is None:
+        return
+    try:
+        stored = (round_dir(run_dir, case, round_no, host.name, node_rank) / RESULT_FILE).is_file() and \
+            not host.exists(stage_dir)
+    except Exception:  # a host that cannot say: the reservation stays (later rounds only start further on)
+        return
+    if stored:
+        with contextlib.suppress(OSError):
+            close(run_dir, reservation)
+
+
+def _stored(result: RoundResult, dest: Path, label: str) -> RoundResult:
+    """A result written to the round's folder, if the results folder takes it."""
+    try:
+        if not (dest / RESULT_FILE).exists():
+            write_result(dest / RESULT_FILE, result)
+    except OSError as exc:
+        get_run_logger().error("%s: cannot write %s: %s", label, dest / RESULT_FILE, exc.strerror or exc)
+    return result
 
 
 def round_job(plan: RunPlan, run_dir: Path, case: CasePlan, round_no: int, host: str, spec: HostSpec,
@@ -184,15 +269,30 @@ def round_job(plan: RunPlan, run_dir: Path, case: CasePlan, round_no: int, host:
                controller_libraries=library_versions(CONTROLLER_LIBRARIES), spec_settings=spec.host_spec_settings(),
                run_cases=plan.case_folders, earlier_attempts=earlier_attempts(run_dir, case.name, round_no, host,
                                                                                node_rank),
-               prompt_positions=positions_taken(run_dir))
+               prompt_positions=positions_taken(run_dir) if at_endpoint(case) else {},
+               prompt_reservations=reservations(run_dir) if at_endpoint(case) else [])
 
 
-def cleared_stage(host: Host, stage_dir: Path, job: Job, attempts: int) -> Job:
+def cleared_stage(host: Host, stage_dir: Path, job: Job, attempts: int, run_dir: Path | None = None,
+                  reservation: Reservation | None = None) -> Job:
     """A half round an interrupted attempt of this flow run left on the host (no result to collect), removed (attempt
     folders would mix); returns ``job`` with the prompt positions its attempts (up to ``attempts``) took at endpoints
-    (their prompt_positions.json), which the endpoint's prefix cache may hold though the run folder never got them."""
-    job = job.model_copy(update={"prompt_positions": attempt_positions(host, stage_dir, attempts + 1,
-                                                                       job.prompt_positions)})
+    (their prompt_positions.json), which the endpoint's prefix cache may hold though the run folder never got them.
+    Those records are kept in ``run_dir`` first (prompt_positions/recovered-*.json), durably; then the ``reservation``
+    the half round was dispatched under is closed: its records say what it took."""
+    records = attempt_records(host, stage_dir, attempts + 1)
+    job = job.model_copy(update={"prompt_positions": merged(job.prompt_positions, records)})
+    if run_dir is not None:
+        try:
+            recover(run_dir, [text for _, text in records if taken_end(text) is not None])
+        except OSError as exc:  # a full results folder: the reservation, and the folder on the host, stay
+            raise RunFolderRefused(exc) from exc
+        if reservation is not None:
+            try:
+                close(run_dir, reservation)
+            except OSError as exc:
+                raise RunFolderRefused(exc) from exc
+            job = job.model_copy(update={"prompt_reservations": reservations(run_dir)})
     host.remove_tree(stage_dir)
     return job
 
@@ -213,13 +313,7 @@ def _collect(host: Host, stage_dir: Path, run_dir: Path, case: CasePlan, round_n
         return collected.result()
     # Even the collection failed: the round still gets a result saying so (on disk if the disk takes it).
     message = f"{round_label(case.name, round_no, host.name)}: collecting the round's files failed: {collected.message}"
-    result = job.failed_result(Failure(kind="infrastructure", message=message), probe)
-    try:
-        if not (dest / RESULT_FILE).exists():
-            write_result(dest / RESULT_FILE, result)
-    except OSError as exc:
-        get_run_logger().error("%s: cannot write %s: %s", label, dest / RESULT_FILE, exc.strerror or exc)
-    return result
+    return _stored(job.failed_result(Failure(kind="infrastructure", message=message), probe), dest, label)
 
 
 def failure_of(outcome: object) -> Failure | None:

@@ -66,6 +66,12 @@ def attempt_positions(host: Host, stage_dir: Path, attempt: int, positions: dict
     on the host (their prompt_positions.json: an attempt killed mid-point left what it reserved), so that attempt K
     sends none of the prompts attempts 1 to K-1 sent. A record that cannot be read is passed over, with a warning
     (flagperf.results.prompt_positions.passed_over: its prompts may be sent again)."""
+    return merged(positions, attempt_records(host, stage_dir, attempt))
+
+
+def attempt_records(host: Host, stage_dir: Path, attempt: int) -> list[tuple[str, str]]:
+    """(where, text) of the prompt_positions.json of this round's attempts before ``attempt`` on the host; one that
+    cannot be read is passed over, with a warning."""
     records = []
     for earlier in range(1, attempt):
         path = stage_dir / f"attempt{earlier}" / PROMPT_POSITIONS
@@ -75,7 +81,7 @@ def attempt_positions(host: Host, stage_dir: Path, attempt: int, positions: dict
                 records.append((where, host.read_text(path, MAX_POSITIONS_BYTES)))
         except (OSError, ValueError) as exc:
             passed_over(where, f"cannot be read: {exc}")
-    return merged(positions, records)
+    return records
 
 
 def relay(logger: Any, line: str) -> None:

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
-from flagperf.config.models import HIDDEN_INPUT
+from flagperf.config.models import HIDDEN_INPUT, check_name
 
 REFERENCE = re.compile(r"^\$\{[A-Za-z_][A-Za-z0-9_]*\}$")  # ${NAME}: read from the environment where the load runs
 
@@ -61,6 +61,8 @@ class Endpoint(BaseModel):
                                                           "runs in (a host's inventory env may set it)")
     devices: int = Field(default=1, ge=1, le=1_000_000, description="accelerators behind the endpoint "
                                                                     "(per-device figures)")
+    client_host: str | None = Field(default=None, description="the inventory's host that sends the load (the "
+                                                              "benchmark client); needed where it has several hosts")
 
     @field_validator("base_url", mode="before")
     @classmethod
@@ -69,6 +71,11 @@ class Endpoint(BaseModel):
         if problem:
             raise _refused(problem)
         return str(value).rstrip("/")
+
+    @field_validator("client_host")
+    @classmethod
+    def _host_name(cls, value: str | None) -> str | None:
+        return value if value is None else check_name(value, "host name")
 
     @field_validator("api_key", mode="before")
     @classmethod

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from flagperf.config.vendors import HostSpecSettings, Vendor, load_vendor
-from flagperf.results.prompt_positions import MAX_POSITION
+from flagperf.results.prompt_positions import MAX_POSITION, Reservation
 from flagperf.results.provenance import engine_info, library_versions
 from flagperf.results.schema import Failure, Provenance, RoundResult
 
@@ -37,6 +37,10 @@ class Job(BaseModel):
         default_factory=dict, description="for each prompt stream at an endpoint, the position after every prompt "
                                           "the run's earlier rounds and attempts took there (their "
                                           "prompt_positions.json): a round at that endpoint starts there")
+    prompt_reservations: list[Reservation] = Field(
+        default_factory=list, description="rounds at endpoints the controller dispatched whose records the run folder "
+                                          "does not hold (prompt_positions/reserved-*.json): a round at an endpoint "
+                                          "also starts after the most each one of its own stream may have taken")
     config: dict[str, Any]
     config_origins: dict[str, str]
     run_overrides: dict[str, dict[str, Any]]

@@ -368,19 +368,38 @@ def _name_endpoint(case_name: str, case: Any, layers: list[tuple[str, dict[str, 
 
 def _endpoints_on_hosts(plans: list[CasePlan], hosts: list[dict[str, Any]], inventory_source: str
                         ) -> list[ConfigError]:
-    """A case that loads an endpoint, refused where the inventory has several hosts. A case runs on every host at once
-    (flows.evaluate.node_groups), and one endpoint loaded by every host at once is measured under all their loads: a
-    point labelled 4 in flight has 4 per host there, its latencies are of that load, and each host's prompts meet the
-    others' in the endpoint's prefix cache. Positions kept apart per host would keep the prompts apart, not the
-    loads; the endpoint's own measurement is one host's."""
-    if len(hosts) < 2:
-        return []
-    names = ", ".join(str(h.get("name")) for h in hosts)
-    return [ConfigError(inventory_source, "hosts", f"{len(hosts)} hosts ({names}), and case {plan.name} loads an "
-                        f"endpoint (endpoint: {plan.origins.get('endpoint', 'its config')}), which every host would "
-                        "load at once, each point measured under every host's requests, not the load its label says; "
-                        "run a case with an endpoint with an inventory of one host")
-            for plan in plans if plan.config.get("endpoint") is not None]
+    """A case that loads an endpoint runs on one host: its endpoint's ``client_host``, which must name a host of the
+    inventory; without one, only on an inventory of one host. A single-node case runs on every host at once
+    (flagperf.results.schema.node_groups), and one endpoint loaded by every host at once is measured under all their
+    loads: a point labelled 4 in flight has 4 per host there, its latencies are of that load, and each host's prompts
+    meet the others' in the endpoint's prefix cache. Positions kept apart per host would keep the prompts apart, not
+    the loads; the endpoint's own measurement is one host's. Each error names where ``client_host`` is to be written:
+    the inventory's endpoint entry, or the case's own ``endpoint`` settings."""
+    names = [str(h.get("name")) for h in hosts]
+    problems = []
+    for plan in plans:
+        endpoint = plan.config.get("endpoint")
+        if not isinstance(endpoint, dict):
+            continue
+        origin = plan.origins.get("endpoint", plan.name)
+        if origin.startswith(f"{inventory_source} endpoints."):  # the inventory's entry, by its name
+            source, key = inventory_source, f"{origin.removeprefix(f'{inventory_source} ')}.client_host"
+        else:  # the case's own settings, keyed as _name_endpoint keys them where they are written
+            source = origin
+            key = {"--set": f"{plan.name}.endpoint.client_host"}.get(origin, "endpoint.client_host")
+            if origin.endswith(f"/{MANIFEST}") or origin == MANIFEST:
+                key = "configurations.endpoint.client_host"
+        client = endpoint.get("client_host")
+        listed = f"{len(names)} host{'s' if len(names) != 1 else ''} ({', '.join(names)})"
+        if client is not None and names and client not in names:
+            problems.append(ConfigError(source, key, f"{client!r} names no host of the inventory ({inventory_source}: "
+                                                     f"{listed}); case {plan.name} loads the endpoint from it"))
+        elif client is None and len(names) > 1:
+            problems.append(ConfigError(source, key, f"not given, and the inventory ({inventory_source}) has "
+                                        f"{listed}: case {plan.name} would load its endpoint from every one at once, "
+                                        "each point measured under every host's requests, not the load its label "
+                                        f"says; name the one host that sends the load (client_host: {names[0]})"))
+    return problems
 
 
 def log_vendor_changes(vendor: str, plans: list[CasePlan]) -> None:

@@ -210,7 +210,7 @@ class GenerateConfig(CaseConfig):
             return value
         if value is not None and not isinstance(value, dict | Endpoint):  # not quoted: it may hold a secret
             raise PydanticCustomError(HIDDEN_INPUT, "must be the settings of an endpoint (base_url, model, api_key, "
-                                      "devices), or the name of one the inventory lists")
+                                      "devices, client_host), or the name of one the inventory lists")
         return handler(value)
 
     @field_validator("concurrency")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from flagperf.generate.prompts import (
     tokenizer_for,
 )
 from flagperf.results.metrics import TransformerFlops
+from flagperf.results.prompt_positions import Reservation
 from flagperf.results.schema import Failure, Metric, SpecTable
 
 Config = GenerateConfig
@@ -112,15 +114,17 @@ def run_level(engine: GenerateEngine, config: GenerateConfig, prompts: PromptSet
 
 def run_generate(config: GenerateConfig, vendor: str, spec: SpecTable, device: torch.device, work_dir: Path,
                  round_number: int = 1, attempt: int = 1, positions: dict[str, int] | None = None,
-                 earlier_attempts: int = 0) -> GenerateOutcome:
+                 earlier_attempts: int = 0, reservations: Sequence[Reservation] = ()) -> GenerateOutcome:
     """The round: a serving engine's (at an endpoint its prompts start at ``positions``, after every prompt the run's
-    earlier rounds and attempts sent there), or a batch engine's levels."""
+    earlier rounds and attempts sent there, and after what the ``reservations`` of uncollected rounds may have sent),
+    or a batch engine's levels."""
     engine_def = load_engine(vendor, config.engine)
     config.check_engine(engine_def.manifest, {}, engine_def.source)
     if engine_def.server is not None:
         from flagperf.generate.serve import run_serving
 
-        served = run_serving(config, engine_def, device, work_dir, round_number, attempt, positions, earlier_attempts)
+        served = run_serving(config, engine_def, device, work_dir, round_number, attempt, positions, earlier_attempts,
+                             reservations)
         return GenerateOutcome(metrics=served.metrics, measured_seconds=served.measured_seconds,
                                prompts=served.prompts, outputs={}, failure=served.failure)
     engine_cls = engine_def.engine_class()  # a missing package fails here, before any work

@@ -15,7 +15,8 @@ the OpenAI HTTP API, point by point.
      set holds one prompt per request the round plans, made as the load reaches them, and where a file has fewer
      prompts than that, the resent ones are counted per point and said in the point's warning. An endpoint lives
      across rounds: a round there starts after every prompt the run's earlier rounds, attempts and retries sent it
-     (the Job's prompt_positions, from their prompt_positions.json: flagperf.results.prompt_positions)
+     (the Job's prompt_positions, from their prompt_positions.json: flagperf.results.prompt_positions), and after the
+     most that rounds dispatched but never collected may have sent (the Job's prompt_reservations: stream_start)
   5. the server stopped (its whole process group), also on failure
 
 Files in the round folder: requests.jsonl, server.log, server_metrics/, serving.json (the points: label,
@@ -46,10 +47,12 @@ from typing import Any, overload
 
 import httpx
 import torch
+from pydantic import ValidationError
 
 from flagperf.config.endpoints import Endpoint
 from flagperf.config.engines import missing_requirements
-from flagperf.errors import CaseUserError, MissingExtra, extra_for
+from flagperf.config.models import CASE_FOLDER
+from flagperf.errors import CaseUserError, FlagperfError, MissingExtra, extra_for
 from flagperf.generate.config import GenerateConfig
 from flagperf.generate.engines import EngineDef
 from flagperf.generate.loadgen import (
@@ -85,7 +88,12 @@ from flagperf.generate.server import (
     scrape_metrics,
     start_server,
 )
-from flagperf.results.prompt_positions import PROMPT_POSITIONS, write_positions
+from flagperf.results.prompt_positions import (
+    PROMPT_POSITIONS,
+    Reservation,
+    passed_over,
+    write_positions,
+)
 from flagperf.results.schema import Failure, Metric, atomic_path
 
 SERVING_FILE = "serving.json"
@@ -118,6 +126,8 @@ class Tokens:
 
     def __init__(self, folder: Path | None) -> None:
         self.tokenizer: Any = None
+        self.folder = folder
+        self._digest: str | None = None
         if folder is not None and any((folder / name).is_file() for name in
                                       ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
             from transformers import AutoTokenizer
@@ -142,6 +152,16 @@ class Tokens:
 
     def counter(self) -> TokenCounter | None:
         return self.count if self.tokenizer is not None else None
+
+    def digest(self) -> str | None:
+        """The SHA-256 of the files the tokenizer was read from (tokenizer_digest), None without a tokenizer: what,
+        with the vocabulary's size, decides the synthetic prompts' text, wherever the folder lies and however it is
+        named (a copy, a link, a relative path)."""
+        if self.tokenizer is None or self.folder is None:
+            return None
+        if self._digest is None:
+            self._digest = tokenizer_digest(self.folder, self.tokenizer)
+        return self._digest
 
     def clone(self) -> Tokens:
         """The same counts from a tokenizer of its own: for a worker thread that makes prompts, while a phase's counting
@@ -238,6 +258,34 @@ class Tokens:
         if self.tokenizer is None or not rows:
             return [self.text(ids) for ids in rows]
         return [str(text) for text in self.tokenizer.batch_decode(rows, skip_special_tokens=True)]
+
+
+# The files a tokenizer reads beside its own (the class's vocab_files_names: tokenizer.json, tokenizer.model, ...).
+TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+
+
+def tokenizer_digest(folder: Path, tokenizer: Any) -> str:
+    """"sha256:..." over the tokenizer's files in ``folder`` that are there (TOKENIZER_FILES and its class's
+    vocab_files_names), by name and content. A JSON file counts by its content, not its layout (keys sorted, no
+    whitespace), and without a chat template (tokenizer_config.json's ``chat_template``): the template decides what
+    is sent around a prompt, never the prompt's text. Weights and the model's config are not read."""
+    names = set(TOKENIZER_FILES) | {name for name in (getattr(tokenizer, "vocab_files_names", None) or {}).values()
+                                    if isinstance(name, str)}
+    digest = hashlib.sha256()
+    for name in sorted(names):
+        path = folder / name
+        if "/" in name or not path.is_file():
+            continue
+        data = path.read_bytes()
+        if name.endswith(".json"):
+            with contextlib.suppress(ValueError, RecursionError):
+                parsed = json.loads(data)
+                if isinstance(parsed, dict):
+                    parsed.pop("chat_template", None)
+                data = json.dumps(parsed, sort_keys=True, separators=(",", ":")).encode("utf-8")
+        digest.update(f"{name}\0{len(data)}\0".encode())
+        digest.update(data)
+    return "sha256:" + digest.hexdigest()
 
 
 CHECKED_PROMPTS = 256  # prompts counted through the template in full before its constant overhead is trusted
@@ -734,17 +782,22 @@ def prompt_set(config: GenerateConfig, prompts: ServingPromptSet, tokens: Tokens
                             "words (no tokenizer: outputs counted as output chunks)",
             "set_size": len(prompts), "first_index": prompts.index_at(0), "first_position": prompts.first_position,
             "making_seconds": round(prompts.seconds, 3),
-            "requests_planned": planned, "each_sent_once": planned is not None and planned <= len(prompts)}
+            "requests_planned": planned,
+            # nor, at an endpoint, one its earlier rounds sent (a file read round and round by the run)
+            "each_sent_once": planned is not None and planned <= len(prompts) and not (
+                isinstance(prompts, FilePrompts) and prompts.resends(planned))}
 
 
-def stream_key(config: GenerateConfig, file_digest: str | None = None) -> str:
+def stream_key(config: GenerateConfig, file_digest: str | None = None, tokenizer: str | None = None,
+               vocab: int | None = None) -> str:
     """The prompt stream an endpoint round sends (prompt_positions.json's ``stream``): the endpoint, the model and the
-    API, and what gives the prompts: a prompts or ShareGPT file by ``file_digest``, the digest of its text
+    API, and what decides the prompts: a prompts or ShareGPT file by ``file_digest``, the digest of its text
     (PromptFile.digest; a file's positions are its entries, whatever the case's length filter, tokenizer or the path
-    that names it); synthetic prompts by the seed, ``input_len``, the preset (its vocabulary, where no tokenizer
-    folder gives one) and the tokenizer. Rounds, or cases, with the same stream send the same prompt at the same
-    position, so each starts after every position the run took before it; a stream of other prompts has positions of
-    its own."""
+    that names it); synthetic prompts by the seed, ``input_len``, the vocabulary's size (``vocab``; by default the
+    checkpoint's or the preset's) and ``tokenizer``, the digest of the tokenizer's files (Tokens.digest; None: no
+    tokenizer, the prompts are words), never the folder's path. Rounds, or cases, with the same stream send the same
+    prompt at the same position, so each starts after every position the run took before it; a stream of other prompts
+    has positions of its own."""
     assert isinstance(config.endpoint, Endpoint)
     source: dict[str, Any]
     if config.sharegpt_path is not None or config.prompts_path is not None:
@@ -752,10 +805,156 @@ def stream_key(config: GenerateConfig, file_digest: str | None = None) -> str:
             raise ValueError("a file's stream is keyed by its digest")
         source = {"sharegpt" if config.sharegpt_path is not None else "file": file_digest}
     else:
-        source = {"synthetic": {"seed": config.seed, "input_len": config.input_len, "model": config.model,
-                                "tokenizer": config.checkpoint_path}}
+        if vocab is None:
+            vocab = int(model_config(config.model, config.checkpoint_path).vocab_size)
+        source = {"synthetic": {"seed": config.seed, "input_len": config.input_len, "vocab": vocab,
+                                "tokenizer": tokenizer}}
     return json.dumps({"endpoint": config.endpoint.base_url, "model": config.endpoint.model, "api": config.api,
                        **source}, sort_keys=True)
+
+
+@dataclass
+class PromptSource:
+    """What gives a round its prompts: a prompts or ShareGPT file as read (``listed``), or the seed's synthetic
+    sequence; the words that describe it (``head``); and at an endpoint, the stream they are positions of."""
+
+    config: GenerateConfig
+    tokens: Tokens
+    vocab: int
+    listed: PromptFile | None
+    head: str
+    stream: str | None
+
+    def prompt_set(self, start: int, planned: int | None) -> ServingPromptSet:
+        """The round's set from stream position ``start``: the file's prompts from there, read round and round; or one
+        synthetic prompt per request the round plans (MAX_SYNTHETIC at most, and for duration_s points), made as the
+        load reaches them."""
+        if self.listed is not None:
+            return FilePrompts(self.listed.prompts, start, self.listed.entries)
+        size = min(MAX_SYNTHETIC, planned or MAX_SYNTHETIC)
+        # duration_s: made in a worker thread as the load runs (PromptMaker), with a tokenizer of its own
+        tokens = self.tokens.clone() if self.config.duration_s is not None else self.tokens
+        return SyntheticPrompts(self.config, tokens, self.vocab, size, start)
+
+
+def vocab_size(config: GenerateConfig) -> int:
+    """The vocabulary synthetic prompts are drawn from: the checkpoint's or the preset's (0 for neither: an endpoint's
+    model named by the endpoint alone, whose prompts then come from a file)."""
+    if config.checkpoint_path or config.model in PRESETS:
+        return int(model_config(config.model, config.checkpoint_path).vocab_size)
+    return 0
+
+
+def prompt_source(config: GenerateConfig, tokens: Tokens, vocab: int) -> PromptSource:
+    """The round's prompt source: its file read (and checked) here, before any server starts."""
+    listed: PromptFile | None = None
+    if config.sharegpt_path is not None:
+        listed = sharegpt_file(str(config.data_file("sharegpt_path")), tokens, config.input_len,
+                               config.max_new_tokens, config.api)
+        head = f"{config.sharegpt_path}: {len(listed.prompts)} conversations"
+    elif config.prompts_path is not None:
+        listed = file_serving_prompts(config, tokens)
+        head = f"{config.prompts_path}: {len(listed.prompts)} prompts"
+    else:
+        head = f"synthetic prompts (seed {config.seed})"
+    stream = None
+    if isinstance(config.endpoint, Endpoint):
+        stream = stream_key(config, listed.digest if listed is not None else None, tokens.digest(), vocab)
+    return PromptSource(config, tokens, vocab, listed, head, stream)
+
+
+def reserved_end(source: PromptSource, config: GenerateConfig, start: int, attempts: int) -> int:
+    """The position after the most a round of ``config`` (a reservation's) may have taken of ``source``'s stream from
+    ``start``, in ``attempts`` attempts, each starting after what the one before reserved: per attempt, synthetic, its
+    set's size; a file, the positions its planned requests reach (a ShareGPT conversation the filter leaves out is
+    passed over) and the RESERVE_AHEAD a request may reserve past them; a file's duration_s round, whose count is not
+    known, at least a whole reading of the file (every entry may have been sent)."""
+    planned = requests_planned(config, 1)  # an endpoint's check sends the first prompt
+    end = start
+    for _ in range(attempts):
+        if source.listed is None:
+            end += min(MAX_SYNTHETIC, planned or MAX_SYNTHETIC)
+            continue
+        taken = FilePrompts(source.listed.prompts, end, source.listed.entries)
+        end = (taken.taken(planned + RESERVE_AHEAD) if planned is not None
+               else max(taken.taken(len(taken) + RESERVE_AHEAD), end + source.listed.entries))
+    return end
+
+
+def source_identity(config: GenerateConfig) -> tuple[Any, ...]:
+    """What makes two configurations' prompt sources one (the same stream and the same length filter) without reading
+    a file: the endpoint, the API, the tokenizer's folder, the file (resolved), the seed, input_len, the preset."""
+    assert isinstance(config.endpoint, Endpoint)
+    files = tuple(str(config.data_file(key)) if getattr(config, key) is not None else None
+                  for key in ("prompts_path", "sharegpt_path"))
+    checkpoint = str(Path(config.checkpoint_path).resolve()) if config.checkpoint_path else None
+    return (config.endpoint.base_url, config.endpoint.model, config.api, checkpoint, files, config.seed,
+            config.input_len, None if checkpoint else config.model)
+
+
+def stream_start(source: PromptSource, positions: dict[str, int], reserved: Sequence[Reservation]
+                 ) -> tuple[int, list[str]]:
+    """Where an endpoint round starts in its stream: after every position the run folder's records say was taken
+    (``positions``, the Job's), and after the most each open reservation of the same stream may have taken (a round the
+    controller dispatched whose records it never got: Job.prompt_reservations). A reservation's round started where
+    its own job said (its ``positions``, and the reservations it started after, closed ones too), worked out the same
+    way; it may have taken what its planned requests reach from there, in each of its attempts (reserved_end). Returns
+    the start and the open reservations it passed (their files)."""
+    stream = source.stream
+    assert stream is not None
+    by_id = {r.id: r for r in reserved}
+    mine = source_identity(source.config)
+    sources: dict[str, PromptSource] = {}
+    ends: dict[str, int | None] = {}  # a reservation's end in this stream; None: another stream, or not known
+
+    def source_of(reservation: Reservation) -> tuple[PromptSource, GenerateConfig] | None:
+        try:
+            from flagperf.config.cases import load_case
+
+            config = GenerateConfig.model_validate(reservation.config,
+                                                   context={CASE_FOLDER: load_case(reservation.case).folder})
+            if not isinstance(config.endpoint, Endpoint) or (config.endpoint.base_url, config.endpoint.model,
+                                                             config.api) != mine[:3]:
+                return None  # another endpoint, or another API there: another stream
+            identity = source_identity(config)
+            if identity == mine:
+                return source, config
+            key = json.dumps(identity, default=str)
+            if key not in sources:
+                folder = Path(config.checkpoint_path).resolve() if config.checkpoint_path else None
+                sources[key] = prompt_source(config, Tokens(folder), vocab_size(config))
+            return sources[key], config
+        except (FlagperfError, ValidationError, OSError, ValueError) as exc:
+            passed_over(reservation.where, "its round's prompts cannot be worked out here: "
+                                           f"{' '.join(str(exc).split())[:300]}")
+            return None
+
+    def end_of(reservation: Reservation) -> int | None:
+        if reservation.id in ends:
+            return ends[reservation.id]
+        ends[reservation.id] = None  # while it is worked out (ids only point back in time: no loop in a run's own)
+        found = source_of(reservation)
+        if found is None or found[0].stream != stream:
+            return None
+        begin = reservation.positions.get(stream, 0)
+        for earlier in reservation.after:
+            if earlier not in by_id:  # unreadable (warned): what the run folder's records say instead
+                begin = max(begin, positions.get(stream, 0))
+                continue
+            end = end_of(by_id[earlier])
+            if end is not None:
+                begin = max(begin, end)
+        ends[reservation.id] = reserved_end(found[0], found[1], begin, reservation.attempts)
+        return ends[reservation.id]
+
+    start = positions.get(stream, 0)
+    passed: list[str] = []
+    for reservation in reserved:
+        end = end_of(reservation) if reservation.open else None
+        if end is not None and end > start:
+            start = end
+            passed.append(reservation.where)
+    return start, passed
 
 
 def timed_ahead(config: GenerateConfig, load: Load, warm: PhaseRun | None) -> int:
@@ -793,7 +992,8 @@ def client_settings(config: GenerateConfig, spec: ServerSpec) -> dict[str, Any]:
             "request_timeout_s": config.request_timeout_s, "seed": config.seed,
             "prompts_per_phase": "each phase of each point its own prompts, in order from where the last phase's "
                                  "ended (none resent while the prompt set lasts); at an endpoint, a round after every "
-                                 "prompt the run's earlier rounds and attempts sent there (prompt_positions.json)",
+                                 "prompt the run's earlier rounds and attempts sent there (prompt_positions.json), "
+                                 "and after the most rounds never collected may have sent (their reservations)",
             "connections": "one client per point, its connections kept open from the warm-up to the timed requests; "
                            f"one idle for {KEEPALIVE_S:g} s closed (below uvicorn's 5 s) and opened again; a response "
                            f"read to its end after its [DONE] (at most {DRAIN_S:g} s, outside the request's time and "
@@ -869,10 +1069,11 @@ def write_json(path: Path, data: Any) -> None:
 
 def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device, out_dir: Path,
                 round_number: int = 1, attempt: int = 1, positions: dict[str, int] | None = None,
-                earlier_attempts: int = 0) -> ServingOutcome:
+                earlier_attempts: int = 0, reservations: Sequence[Reservation] = ()) -> ServingOutcome:
     """The round (its ``attempt``; ``earlier_attempts`` of it by earlier flow runs of the run, which a retry of the run
     runs again). At an endpoint its prompts start at ``positions``' entry for its stream (stream_key): after every
-    prompt the run's earlier rounds and attempts sent there (flagperf.results.prompt_positions)."""
+    prompt the run's earlier rounds and attempts sent there (flagperf.results.prompt_positions), and after the most each
+    of the ``reservations`` of its stream may have sent (rounds dispatched whose records the run folder lacks)."""
     spec = engine.server
     assert spec is not None
     if isinstance(config.endpoint, str):  # the plan puts the inventory's entry in its place; a job without it
@@ -882,46 +1083,27 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
         check_requirements(engine)
     folder = model_folder(config, device) if config.endpoint is None or config.checkpoint_path else None
     tokens = Tokens(folder)
-    vocab = int(model_config(config.model, config.checkpoint_path).vocab_size) if (
-        config.checkpoint_path or config.model in PRESETS) else 0
     # The readiness request (a server that loads its model at the first one) or the endpoint's check sends the
     # first prompt: the points start after it, so that no timed request resends it.
     first_prompt = 1 if config.endpoint is not None or spec.ready_request else 0
     planned = requests_planned(config, first_prompt)
+    source = prompt_source(config, tokens, vocab_size(config))
     # A server the round starts is new each round: every round sends the same prompts (a repeat of the measurement).
-    at_endpoint = config.endpoint is not None
-    stream: str | None = None
-    start = 0
-    prompts: ServingPromptSet
-    if config.sharegpt_path is not None or config.prompts_path is not None:
-        if config.sharegpt_path is not None:
-            listed = sharegpt_file(str(config.data_file("sharegpt_path")), tokens, config.input_len,
-                                   config.max_new_tokens, config.api)
-            head = f"{config.sharegpt_path}: {len(listed.prompts)} conversations"
-        else:
-            listed = file_serving_prompts(config, tokens)
-            head = f"{config.prompts_path}: {len(listed.prompts)} prompts"
-        if at_endpoint:
-            stream = stream_key(config, listed.digest)
-            start = (positions or {}).get(stream, 0)
-        prompts = FilePrompts(listed.prompts, start, listed.entries)
-    else:
-        if at_endpoint:
-            stream = stream_key(config)
-            start = (positions or {}).get(stream, 0)
-        # One prompt per request the round plans, made as the load reaches them; the count is no part of the
-        # description, which compares workloads across runs.
-        size = min(MAX_SYNTHETIC, planned or MAX_SYNTHETIC)
-        # duration_s: made in a worker thread as the load runs (PromptMaker), with a tokenizer of its own
-        prompts = SyntheticPrompts(config, tokens.clone() if config.duration_s is not None else tokens, vocab, size,
-                                   start)
-        head = f"synthetic prompts (seed {config.seed})"
+    stream, head = source.stream, source.head
+    start, passed = stream_start(source, positions or {}, reservations) if stream is not None else (0, [])
+    prompts = source.prompt_set(start, planned)
     prompts.ensure(max(first_prompt, 1))  # a tokenizer that cannot make them fails before the server starts
     if planned is not None and planned > len(prompts):
         log.warning("the round sends %d requests and the prompt set has %d prompts: past the end, prompts are sent "
                     "again (a server's prefix cache may serve them; each point's warning counts its resent ones)",
                     planned, len(prompts))
-    if stream is not None and (attempt > 1 or earlier_attempts):
+    if passed:
+        log.warning("round %d at an endpoint, attempt %d: its prompts start at position %d of its prompt stream "
+                    "(prompt %d), after the most that %d round(s) the controller dispatched there, and whose records "
+                    "the run folder does not hold (interrupted before they were collected), may have sent: their "
+                    "reservations %s", round_number, attempt, start, prompts.index_at(0), len(passed),
+                    ", ".join(passed))
+    elif stream is not None and (attempt > 1 or earlier_attempts):
         log.warning("round %d at an endpoint, attempt %d%s: its prompts start at position %d of its prompt stream "
                     "(prompt %d), after every prompt the run's earlier rounds and attempts sent there (the endpoint's "
                     "prefix cache may hold those)", round_number, attempt,
@@ -939,7 +1121,9 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
     summary: dict[str, Any] = {
         "engine": engine.manifest.name, "api": config.api, "devices": config.devices, "slo": config.slo.model_dump(),
         "prompts": describe_prompts(head, prompts.made, config.api),
-        "prompt_set": prompt_set(config, prompts, tokens, planned), "model": model_record(config, folder),
+        "prompt_set": {**prompt_set(config, prompts, tokens, planned), "stream": stream,
+                       "after_reservations": passed},
+        "model": model_record(config, folder),
         "client": client_settings(config, spec), "points": []}
     try:
         if config.endpoint is None:
@@ -1122,7 +1306,8 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
 
     def save() -> None:  # serving.json, with the prompts made so far; the positions the round took, to the cursor
         summary["prompts"] = describe_prompts(head, prompts.made, config.api)
-        summary["prompt_set"] = {**prompt_set(config, prompts, tokens, planned), "repeated_requests": repeated_total,
+        summary["prompt_set"] = {**summary["prompt_set"], **prompt_set(config, prompts, tokens, planned),
+                                 "repeated_requests": repeated_total,
                                  "positions_taken": prompts.taken(cursor) - prompts.first_position,
                                  "input_tokens_server": _spread(server_prompt_tokens) if server_prompt_tokens else None}
         summary["reconnects"] = reconnects

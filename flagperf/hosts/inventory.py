@@ -368,7 +368,8 @@ class InventoryFile(StrictModel):
     hosts: list[dict[str, Any]] = Field(min_length=1)
     endpoints: dict[str, Any] = Field(
         default_factory=dict, description="running OpenAI-compatible servers a serving case names (endpoint: NAME): "
-                                          "base_url, model, api_key (a ${NAME} reference only), devices")
+                                          "base_url, model, api_key (a ${NAME} reference only), devices, "
+                                          "client_host (the host that sends the load)")
 
 
 @dataclass(frozen=True)
@@ -607,6 +608,11 @@ def build_inventory(data: dict[str, Any], source: str, base: Path) -> Inventory:
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ConfigError(source, "hosts", f"host names must be unique: {', '.join(duplicates)}")
+    for name, entry in parsed.endpoints.items():  # checked above: a mapping that is an Endpoint
+        client = entry.get("client_host")
+        if client is not None and client not in names:
+            raise ConfigError(source, f"endpoints.{name}.client_host", f"{client!r} names no host of the inventory "
+                              f"({', '.join(names)})")
     for i, spec in zip(entries, hosts, strict=True):
         _check_ssh_files(spec, source, f"hosts.{i}.")
         if spec.agent is None:  # the controller starts this host's cases: its references must resolve here
@@ -677,7 +683,8 @@ def _check_endpoint(name: str, entry: Any, source: str) -> None:
     except ValueError as exc:
         raise ConfigError(source, f"endpoints.{name}", str(exc)) from None
     if not isinstance(entry, dict):  # not quoted: a URL with a password written in its place is still one
-        raise ConfigError(source, f"endpoints.{name}", "must be a mapping (base_url, model, api_key, devices)")
+        raise ConfigError(source, f"endpoints.{name}", "must be a mapping (base_url, model, api_key, devices, "
+                                                       "client_host)")
     try:  # here, not only when a case names it: a literal key must not sit in an inventory unnoticed
         Endpoint.model_validate(entry)
     except ValidationError as exc:

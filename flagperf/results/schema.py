@@ -393,6 +393,19 @@ def round_dir(run_dir: Path, case: str, round_no: int, host: str, node_rank: int
     return run_dir / case / f"round{round_no}" / f"{host}_noderank{node_rank}"
 
 
+def node_groups(config: dict[str, Any], names: list[str]) -> list[list[str]]:
+    """The hosts of the inventory (``names``, in its order) a case's round runs on, in groups, each group's hosts
+    together: a single-node case on every host on its own; an nnodes-node case on the first nnodes hosts together
+    (FlagPerf: HOSTS[0] is the master); a case that loads an endpoint on its ``endpoint.client_host`` alone, where it
+    names one (the plan refuses one that names no host, and an endpoint case on several hosts without one)."""
+    endpoint = config.get("endpoint")
+    client = endpoint.get("client_host") if isinstance(endpoint, dict) else None
+    if client is not None and client in names:
+        return [[client]]
+    nnodes = int(config.get("nnodes", 1))
+    return [names[:nnodes]] if nnodes > 1 else [[name] for name in names]
+
+
 @contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
     """A temporary name beside ``path`` to write to; on success it is flushed to disk and renamed over

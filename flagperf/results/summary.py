@@ -46,6 +46,7 @@ from flagperf.results.schema import (
     UPPER_ESTIMATE,
     Metric,
     RoundResult,
+    node_groups,
     read_result,
     write_json_atomic,
     write_text_atomic,
@@ -448,7 +449,8 @@ def render_convergence(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def run_progress(run_dir: Path, results: list[RoundResult]) -> dict[str, Any]:
-    """Rounds planned (from plan.json: cases x rounds x hosts, an nnodes case on its first nnodes hosts), done
+    """Rounds planned (from plan.json: cases x rounds x hosts, an nnodes case on its first nnodes hosts, an endpoint's
+    case on its client host: flagperf.results.schema.node_groups), done
     and not started, and the interruption if the run was stopped: a report of a stopped run says what it
     covers instead of reading as a small complete run."""
     planned: list[tuple[str, int, str, int]] = []
@@ -457,8 +459,7 @@ def run_progress(run_dir: Path, results: list[RoundResult]) -> dict[str, Any]:
         plan = read_json_file(run_dir / PLAN_JSON, what="a run's plan")  # bounded; a FIFO is refused, not read
         hosts = [h["name"] for h in plan.get("hosts") or []] or ["local"]
         for case in plan["cases"]:
-            nnodes = int((case.get("config") or {}).get("nnodes", 1))
-            groups = [hosts[:nnodes]] if nnodes > 1 else [[h] for h in hosts]
+            groups = node_groups(case.get("config") or {}, hosts)
             hosts_per_case.append(sum(len(group) for group in groups))
             for round_no in range(1, int(plan["rounds"]) + 1):
                 planned += [(case["name"], round_no, host, rank) for group in groups

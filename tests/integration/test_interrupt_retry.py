@@ -9,15 +9,18 @@ on a timer."""
 from __future__ import annotations
 
 import csv
+import http.server
 import json
 import os
 import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar
 
 import psutil
 import pytest
@@ -316,3 +319,102 @@ def test_ctrl_c_while_a_night_measures_records_it_as_interrupted(tmp_path: Path,
     verdict = json.loads((results / "nightly-waiting.json").read_text(encoding="utf-8"))
     assert (verdict["run_id"], verdict["state"], verdict["exit_code"], verdict["verdicts"]) == (
         run_dir.name, "Interrupted", 128 + signal.SIGINT, [])
+
+
+class HoldingEndpoint(http.server.BaseHTTPRequestHandler):
+    """An OpenAI-style endpoint that streams ``max_tokens`` words for every chat request and remembers each one's
+    prompt, in the order they arrive; the one numbered ``hold`` (from 0) it holds, unanswered, until ``release``:
+    a round then stays mid-point for as long as a test needs."""
+
+    prompts: ClassVar[list[str]] = []
+    hold: ClassVar[int] = -1
+    held = threading.Event()
+    release = threading.Event()
+    lock = threading.Lock()
+
+    def do_POST(self) -> None:  # http.server calls it by this name
+        asked = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        with self.lock:
+            number = len(self.prompts)
+            self.prompts.append(asked["messages"][0]["content"])
+        if number == self.hold:
+            self.held.set()
+            self.release.wait()
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()  # HTTP/1.0: the stream ends when the connection closes
+        tokens = int(asked["max_tokens"])
+        events = [{"choices": [{"index": 0, "delta": {"content": f"t{i + 1} "}, "finish_reason": None}]}
+                  for i in range(tokens)]
+        events += [{"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
+                   {"choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": tokens}}]
+        for event in events:
+            self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+        self.wfile.write(b"data: [DONE]\n\n")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.usefixtures("prefect_server")  # the session's: no temporary server to start
+def test_ctrl_c_mid_round_at_an_endpoint_and_its_retry_send_no_prompt_twice(tmp_path: Path) -> None:
+    """An endpoint keeps every prompt it was sent in its prefix cache. Ctrl-C while a round there is mid-point (the
+    endpoint holds its third request): the interrupted run's clean-up removes the half round from the host, so no
+    record of the prompts it sent reaches the run folder; what does is the reservation the controller wrote before it
+    dispatched the round. `--retry` runs the round again after the most that reservation allows, and the endpoint
+    never gets one prompt twice across the two runs; the retry's round says which reservation it passed, and closes
+    its own once stored."""
+    from prefect.settings import PREFECT_API_URL
+
+    from flagperf.results.prompt_positions import CLOSED, OPEN, RUN_POSITIONS_DIR
+
+    HoldingEndpoint.prompts.clear()
+    HoldingEndpoint.hold = 2  # the check is request 0: the second of the point's four timed requests is held
+    HoldingEndpoint.held.clear()
+    HoldingEndpoint.release.clear()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), HoldingEndpoint)  # the port from the OS
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    inventory, results = tmp_path / "inventory.yaml", tmp_path / "results"
+    inventory.write_text(json.dumps({"hosts": [{"name": "localhost"}], "endpoints": {"lab": {
+        "base_url": f"http://127.0.0.1:{server.server_address[1]}", "model": "m"}}}), encoding="utf-8")
+    args = ["run", "--cases", "tiny-llama-serve", "--inventory", str(inventory), "--rounds", "1", "--results",
+            str(results), "--run-id", "held-endpoint", *[word for value in (
+                "endpoint=lab", "concurrency=[1]", "request_rates=[]", "requests=4", "warmup_requests=0",
+                "input_len=8", "max_new_tokens=2") for word in ("--set", value)]]
+    api_url = PREFECT_API_URL.value()
+    try:
+        out = ctrl_c_once(flagperf(args, tmp_path, api_url), HoldingEndpoint.held.is_set)
+        run_dir = results / "held-endpoint"
+        interrupted_in_one_line(out, run_dir)
+        records_are_whole(run_dir)
+        sent_before = list(HoldingEndpoint.prompts)
+        assert len(sent_before) == 3  # the check, the first timed request, the held one
+        # Nothing of the half round is left on the host or in the run folder but the round's reservation.
+        assert list((tmp_path / "work").rglob("prompt_positions.json")) == []
+        assert list(run_dir.rglob("prompt_positions.json")) == []
+        reserved = list((run_dir / RUN_POSITIONS_DIR).glob(f"{OPEN}*.json"))
+        HoldingEndpoint.release.set()
+
+        retry = flagperf([*args, "--retry", str(run_dir)], tmp_path, api_url)
+        out, _ = retry.communicate(timeout=900)
+        assert retry.returncode == 0, out
+    finally:
+        HoldingEndpoint.release.set()
+        server.shutdown()
+        thread.join()
+        server.server_close()
+    prompts = HoldingEndpoint.prompts
+    assert len(prompts) == 3 + 5 and len(set(prompts)) == len(prompts), prompts  # no prompt sent twice
+    assert len(reserved) == 1, reserved
+    stored = run_dir / "tiny-llama-serve" / "round1" / "localhost_noderank0"
+    assert read_result(stored / RESULT_FILE).status == "success"
+    assert "after the most that 1 round(s) the controller dispatched there" in (stored / "case.log").read_text()
+    serving = json.loads((stored / "serving.json").read_text(encoding="utf-8"))
+    assert serving["prompt_set"]["after_reservations"] == [f"{RUN_POSITIONS_DIR}/{reserved[0].name}"]
+    assert serving["prompt_set"]["first_position"] == 5  # the interrupted round's check and 4 timed requests
+    # The interrupted round's reservation stays open (its records never came); the retry's round's is closed.
+    assert reserved[0].is_file() and len(list((run_dir / RUN_POSITIONS_DIR).glob(f"{CLOSED}*.json"))) == 1
+    records_are_whole(run_dir)

@@ -24,6 +24,14 @@ from flagperf.generate.loadgen import REQUESTS_FILE, read_records
 from flagperf.generate.serve import SERVING_FILE
 from flagperf.hosts.inventory import host_spec
 from flagperf.hosts.local import LocalHost
+from flagperf.results.prompt_positions import (
+    RUN_POSITIONS_DIR,
+    Reservation,
+    positions_taken,
+    recover,
+    reservations,
+    reserve,
+)
 from flagperf.results.schema import read_result, round_dir
 from flagperf.results.serving import FAILED_FLAG_FRACTION, ServingPoint, serving_markdown, serving_points
 
@@ -718,41 +726,215 @@ def test_a_half_round_left_on_the_host_gives_its_prompt_positions_before_it_is_r
     plan = _endpoint_plan(refusing, tmp_path, "requests=2")
     cp = plan.cases[0]
     host = LocalHost(work_root=tmp_path / "work")
+    run = tmp_path / "run"
+    run.mkdir()
     stage = stage_folder(host.work_root, plan.run_id, cp.name, 1, "localhost")
-    job = round_job(plan, tmp_path / "run", cp, 1, "localhost", host_spec({"name": "localhost"}), {}, None)
+    job = round_job(plan, run, cp, 1, "localhost", host_spec({"name": "localhost"}), {}, None)
+    reserved = reserve(run, Reservation(case=cp.name, round=1, host="localhost", attempts=cp.max_retries + 1,
+                                        config=cp.config))  # as the controller does before it dispatches the round
     (stage / "attempt1").mkdir(parents=True)
     assert run_job(job, stage / "attempt1") == 0
     (stage / "attempt1" / "result.json").unlink()  # killed before its result: nothing to collect
     assert leftover_result(host, stage, cp.max_retries + 1) is None
     stream = json.loads((stage / "attempt1" / PROMPT_POSITIONS).read_text())["stream"]
-    cleared = cleared_stage(host, stage, job, cp.max_retries + 1)
-    assert not stage.exists() and cleared.prompt_positions == {stream: 3}
+    job = round_job(plan, run, cp, 1, "localhost", host_spec({"name": "localhost"}), {}, None)  # the retry's
+    assert [r.id for r in job.prompt_reservations] == [reserved.id]
+    cleared = cleared_stage(host, stage, job, cp.max_retries + 1, run, reserved)
+    assert not stage.exists() and cleared.prompt_positions == {stream: 3} and cleared.prompt_reservations == []
+    # Its records are kept in the run folder, and its reservation, which they stand for, is closed.
+    assert sorted(p.name.split("-")[0] for p in (run / RUN_POSITIONS_DIR).iterdir()) == ["collected", "recovered"]
+    assert positions_taken(run) == {stream: 3} and reservations(run) == []
     (stage / "attempt1").mkdir(parents=True)
     assert run_job(cleared, stage / "attempt1") == 0
     assert _sent(stage / "attempt1") == [3, 4, 5]
 
 
-def test_an_endpoint_case_is_refused_on_an_inventory_of_several_hosts(tmp_path: Path) -> None:
-    """A case runs on every host of the inventory at once: an endpoint would be loaded by every host together, each
-    point measured under all their requests. Refused before anything runs, in one line naming the inventory's hosts
-    key; one host, or several for a case with no endpoint, are fine."""
+def test_a_round_dispatched_but_never_collected_holds_its_prompts_by_its_reservation(
+        refusing: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The controller writes a round's reservation into the run folder before it dispatches the round at an endpoint:
+    a round interrupted before its files were collected (its folder on the host removed, or the host lost) leaves the
+    run folder no record of the prompts it sent, only that reservation. The rounds after it start after the most it may
+    have sent, worked out from where it started (its own job's positions and the reservations it started after, one
+    closed since included), in their own stream only; they say which reservations they passed, and serving.json keeps
+    them. A reservation of another stream (another seed) moves nothing, and a later round does not pay for a lost one
+    twice."""
+    from flows.host_round import cleared_stage, round_reservation
+    from tasks.collect import stage_folder
+
+    RefusingEndpoint.refuse = set()
+    plan = _endpoint_plan(refusing, tmp_path, "requests=2", rounds=3)
+    cp = plan.cases[0]
+    run = tmp_path / "run"
+    run.mkdir()
+    host = LocalHost(work_root=tmp_path / "work")
+    spec = host_spec({"name": "localhost"})
+    other = _endpoint_plan(refusing, tmp_path, "requests=2", "seed=1")
+    elsewhere = reserve(run, round_reservation(round_job(other, run, other.cases[0], 1, "h2", spec, {}, None), 1))
+
+    def dispatched(round_no: int, code: int = 0) -> tuple[Job, Reservation, Path]:
+        """The round's job and reservation as the controller makes them, run on the host into its folder there."""
+        job = round_job(plan, run, cp, round_no, "localhost", spec, {}, None)
+        reservation = reserve(run, round_reservation(job, cp.max_retries + 1))
+        stage = stage_folder(host.work_root, plan.run_id, cp.name, round_no, "localhost")
+        (stage / "attempt1").mkdir(parents=True)
+        assert run_job(job, stage / "attempt1") == code
+        return job, reservation, stage
+
+    RefusingEndpoint.refuse = {0}  # round 1 ends at its check, short of what it planned (and reserved)
+    _, first, stage1 = dispatched(1, EXIT_USER_ERROR)  # interrupted: its folder stays on the host, without a result
+    (stage1 / "attempt1" / "result.json").unlink()
+    RefusingEndpoint.refuse = set()
+    job2, second, stage2 = dispatched(2)  # interrupted too, and its folder there removed (a clean-up)
+    assert (_sent(stage1 / "attempt1"), _sent(stage2 / "attempt1")) == ([0], [3, 4, 5])
+    assert second.after == [elsewhere.id, first.id] == [r.id for r in job2.prompt_reservations]
+    host.remove_tree(stage2)
+    assert positions_taken(run) == {}
+
+    # The retry: round 1's folder is found, its records kept and its reservation closed; round 2's stays open, and its
+    # start is worked out from the closed one.
+    job = round_job(plan, run, cp, 1, "localhost", spec, {}, None)
+    job = cleared_stage(host, stage1, job, cp.max_retries + 1, run, first)
+    assert [(r.id, r.open) for r in job.prompt_reservations] == [(elsewhere.id, True), (first.id, False),
+                                                                 (second.id, True)]
+    caplog.clear()
+    out = round_dir(run, cp.name, 1, "localhost")
+    out.mkdir(parents=True)
+    assert run_job(job, out) == 0
+    assert _sent(out) == [6, 7, 8]
+    assert ("after the most that 1 round(s) the controller dispatched there, and whose records the run folder does "
+            "not hold (interrupted before they were collected), may have sent: their reservations "
+            f"{RUN_POSITIONS_DIR}/reserved-{second.id}.json") in caplog.text
+    assert json.loads((out / SERVING_FILE).read_text())["prompt_set"]["after_reservations"] == [second.where]
+    assert _run_round(plan, run, 2) == 0  # after round 1's record, which lies past the lost round's reach
+    assert _sent(round_dir(run, cp.name, 2, "localhost")) == [9, 10, 11]
+
+
+def test_a_reservation_is_written_whole_or_not_at_all_on_a_full_disk(tmp_path: Path) -> None:
+    """A results folder that is full refuses a reservation (and a half round's records) with an OSError, and keeps
+    nothing of it: no half-written file, no temporary one. A later reader finds none."""
+    import errno
+
+    from tests.unit.mounts import fill_to_the_last_block, mounted_tmpfs
+
+    with mounted_tmpfs(tmp_path / "full", "size=256k") as run:
+        (run / RUN_POSITIONS_DIR).mkdir()
+        fill_to_the_last_block(run)
+        config = {"endpoint": {"base_url": "http://10.0.0.5:8000", "model": "m"}, "note": "x" * 8192}
+        with pytest.raises(OSError) as full:
+            reserve(run, Reservation(case="c", round=1, host="h", attempts=1, config=config))
+        assert full.value.errno == errno.ENOSPC
+        with pytest.raises(OSError):
+            recover(run, ['{"stream": "s", "first": 0, "reserved": 9, "end": null}' + " " * 8192])
+        assert list((run / RUN_POSITIONS_DIR).iterdir()) == [] and reservations(run) == []
+
+
+def test_an_endpoints_synthetic_prompt_stream_is_its_tokenizer_wherever_its_folder_lies(
+        refusing: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Synthetic prompts are decided by the seed, input_len, the vocabulary and the tokenizer, not by the folder that
+    holds it: one tokenizer named by a relative path, copied to another folder, or reached through a link is one
+    stream (each round starts after the one before), and so is one whose chat template alone differs (the template
+    decides what is sent around a prompt, not the prompt). Another tokenizer (a token made special, which the prompts
+    leave out) is a stream of its own, from position 0."""
+    import shutil
+
+    from flagperf.generate.models import model_config, word_tokenizer
+
+    RefusingEndpoint.refuse = set()
+
+    def folder(name: str, template: str | None = None, special: list[str] | None = None) -> Path:
+        made = tmp_path / name
+        model_config("tiny", None).save_pretrained(made)
+        tokenizer = word_tokenizer(512)
+        if template is not None:
+            tokenizer.chat_template = template
+        if special:
+            tokenizer.add_special_tokens({"additional_special_tokens": special})
+        tokenizer.save_pretrained(made)
+        return made
+
+    original = folder("tok")
+    shutil.copytree(original, tmp_path / "copies" / "tok")
+    (tmp_path / "tok-link").symlink_to(original)
+    folder("tok-templated", template="{{ messages[0]['content'] }} ...")
+    folder("tok-other", special=["t5"])
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    firsts = []
+    for round_no, path in enumerate(["tok", str(tmp_path / "copies" / "tok"), str(tmp_path / "tok-link"),
+                                     "tok-templated", "tok-other"], 1):
+        plan = _endpoint_plan(refusing, tmp_path, "requests=2", f"checkpoint_path={path}", rounds=5)
+        assert _run_round(plan, run, round_no) == 0
+        out = round_dir(run, plan.cases[0].name, round_no, "localhost")
+        firsts.append(json.loads((out / SERVING_FILE).read_text())["prompt_set"]["first_position"])
+    assert firsts == [0, 3, 6, 9, 0]
+
+
+def test_an_endpoint_case_runs_on_the_one_host_its_endpoint_names_of_several(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A single-node case runs on every host of the inventory at once: an endpoint would be loaded by every host
+    together, each point measured under all their requests. So an endpoint names the host that sends its load,
+    ``client_host``, and its case runs there alone (the rounds the plan counts, and the run's, are that host's): in the
+    inventory's entry, checked when the inventory is read, or in the case's own settings, checked with the plan. Where
+    the inventory has several hosts and the endpoint names none, or names one it does not have, the run is refused
+    before anything runs, in one line naming the file and the key to write; one host needs no name."""
+    import yaml
+
+    from flagperf.config.cases import load_case
     from flagperf.errors import ConfigError
+    from flagperf.hosts.inventory import build_inventory
+    from flagperf.results.schema import node_groups
+    from flagperf.results.summary import run_progress
 
-    endpoints = {"lab": {"base_url": "http://10.0.0.5:8000", "model": "m"}}
+    lab = {"base_url": "http://10.0.0.5:8000", "model": "m"}
 
-    def plan(hosts: list[str], *sets: str) -> RunPlan:
-        return plan_run(cases=["tiny-llama-serve"], sets=list(sets), results_dir=tmp_path / "results",
+    def plan(hosts: list[str], endpoints: dict[str, dict[str, object]], *sets: str, case: str = "tiny-llama-serve",
+             rounds: int = 1) -> RunPlan:
+        return plan_run(cases=[case], sets=list(sets), results_dir=tmp_path / "results",
                         hosts=[{"name": name} for name in hosts], inventory_endpoints=endpoints,
-                        inventory_source="inventory.yaml")
+                        inventory_source="inventory.yaml", rounds=rounds)
 
-    with pytest.raises(ConfigError) as refused:
-        plan(["h1", "h2"], "endpoint=lab")
-    assert (refused.value.source, refused.value.key) == ("inventory.yaml", "hosts")
-    assert "2 hosts (h1, h2), and case tiny-llama-serve loads an endpoint (endpoint: inventory.yaml endpoints.lab)" \
-        in str(refused.value)
-    assert "\n" not in str(refused.value) and str(refused.value).endswith("with an inventory of one host")
-    assert plan(["h1"], "endpoint=lab").cases[0].config["endpoint"]["base_url"] == "http://10.0.0.5:8000"
-    assert plan(["h1", "h2"]).cases[0].config["endpoint"] is None
+    def refused(*args: object, **kwargs: object) -> ConfigError:
+        with pytest.raises(ConfigError) as caught:
+            plan(*args, **kwargs)  # type: ignore[arg-type]
+        assert "\n" not in str(caught.value)
+        return caught.value
+
+    error = refused(["h1", "h2"], {"lab": lab}, "endpoint=lab")
+    assert (error.source, error.key) == ("inventory.yaml", "endpoints.lab.client_host")
+    assert str(error) == ("inventory.yaml: endpoints.lab.client_host: not given, and the inventory (inventory.yaml) "
+                          "has 2 hosts (h1, h2): case tiny-llama-serve would load its endpoint from every one at once, "
+                          "each point measured under every host's requests, not the load its label says; name the one "
+                          "host that sends the load (client_host: h1)")
+    error = refused(["h1", "h2"], {"lab": {**lab, "client_host": "h3"}}, "endpoint=lab")
+    assert (error.source, error.key) == ("inventory.yaml", "endpoints.lab.client_host")
+    assert "'h3' names no host of the inventory (inventory.yaml: 2 hosts (h1, h2))" in str(error)
+
+    chosen = plan(["h1", "h2", "h3"], {"lab": {**lab, "client_host": "h2"}}, "endpoint=lab", rounds=2)
+    assert node_groups(chosen.cases[0].config, ["h1", "h2", "h3"]) == [["h2"]]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "plan.json").write_text(chosen.model_dump_json(), encoding="utf-8")
+    assert run_progress(run, [])["planned"] == 2  # 2 rounds on h2, not on every host
+    assert plan(["h1"], {"lab": lab}, "endpoint=lab").cases[0].config["endpoint"]["client_host"] is None
+    assert plan(["h1", "h2"], {"lab": lab}).cases[0].config["endpoint"] is None  # no endpoint: every host
+
+    # The case's own settings: the key is named in its case.yaml.
+    manifest = yaml.safe_load(load_case("tiny-llama-serve").folder.joinpath("case.yaml").read_text())
+    folder = tmp_path / "cases" / "generate" / "own-endpoint"
+    folder.mkdir(parents=True)
+    manifest["configurations"]["endpoint"] = {**lab, "client_host": "h9"}
+    (folder / "case.yaml").write_text(yaml.safe_dump({**manifest, "name": "own-endpoint"}), encoding="utf-8")
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(tmp_path / "cases"))
+    error = refused(["h1", "h2"], {}, case="own-endpoint")
+    assert (error.source.rsplit("/", 1)[-1], error.key) == ("case.yaml", "configurations.endpoint.client_host")
+
+    # The inventory's entries are checked when it is read (flagperf validate too), whether a case names them or not.
+    with pytest.raises(ConfigError) as caught:
+        build_inventory({"hosts": [{"name": "h1"}, {"name": "h2"}],
+                         "endpoints": {"lab": {**lab, "client_host": "h9"}}}, "inventory.yaml", tmp_path)
+    assert (caught.value.key, str(caught.value)) == (
+        "endpoints.lab.client_host", "inventory.yaml: endpoints.lab.client_host: 'h9' names no host of the inventory "
+                                     "(h1, h2)")
 
 
 def test_an_endpoints_prompt_files_are_streams_by_their_text_and_sharegpt_positions_are_its_conversations(
@@ -814,3 +996,9 @@ def test_an_endpoints_prompt_files_are_streams_by_their_text_and_sharegpt_positi
     assert round_of("sg-long")[0] == [0, 1, 2]  # conversations 0, 1, 2: every one is short enough
     sent, ledger = round_of("sg-short")
     assert sent == [4, 5, 7] and (ledger["first"], ledger["end"]) == (3, 8)  # the short ones after conversation 2
+    # file-a's six prompts are spent (by file-a and file-c): its round 2 resends three, and says so from the start
+    first = json.loads((round_dir(run_dir, "file-a", 1, "localhost") / SERVING_FILE).read_text())["prompt_set"]
+    assert _run_round(plan, run_dir, 2, "file-a") == 0
+    again = json.loads((round_dir(run_dir, "file-a", 2, "localhost") / SERVING_FILE).read_text())["prompt_set"]
+    assert _sent(round_dir(run_dir, "file-a", 2, "localhost")) == [0, 1, 2]
+    assert (first["each_sent_once"], again["each_sent_once"], again["repeated_requests"]) == (True, False, 2)
