@@ -153,17 +153,25 @@ def test_the_form_explains_itself_and_offers_the_folders() -> None:
 
 def test_the_host_round_form_has_no_probe_and_an_old_run_s_probe_is_still_taken() -> None:
     """host-round's `probe` is read from the run folder now: the deployment's form and schema, as `prefect deploy`
-    makes them from the flow it loads, do not offer it (users filled it); a run made before, retried with it among
-    its parameters, is still taken (Prefect checks them against the function, which keeps it)."""
+    makes them from the flow it loads, are the function's as Prefect makes them, every parameter typed as there
+    (host and image were left untyped), without `probe` (users filled it); so too for a copy made by with_options
+    (a plain Flow, which offered it again). A run made before, retried with it among its parameters, is still taken
+    (Prefect checks them against the function, which keeps it); a run made now stores none."""
     from prefect.flows import load_flow_from_entrypoint
     from prefect.utilities.callables import parameter_schema
 
     flow = load_flow_from_entrypoint(f"{PROJECT_ROOT / 'flows' / 'host_round.py'}:host_round")
-    form = parameter_schema(flow).model_dump()
-    assert "probe" not in form["properties"] and {"run_dir", "case", "round_no", "host"} <= set(form["properties"])
-    assert "probe" not in flow.parameters.properties
-    old_run = {"run_dir": "/r", "case": "c", "round_no": 1, "host": {"name": "h1"}, "probe": {"device": "X1"}}
-    assert flow.validate_parameters(old_run)["probe"] == {"device": "X1"}
+    whole = parameter_schema(flow.fn).model_dump()
+    assert "probe" in whole["properties"] and whole["properties"]["host"].get("type") == "object", whole
+    del whole["properties"]["probe"]
+    copy = flow.with_options(name="host-round-copy", retries=1)
+    assert copy.name == "host-round-copy" and copy.retries == 1
+    for made in (flow, copy):
+        assert parameter_schema(made).model_dump() == whole
+        assert made.parameters.model_dump() == whole
+        old_run = {"run_dir": "/r", "case": "c", "round_no": 1, "host": {"name": "h1"}, "probe": {"device": "X1"}}
+        assert made.validate_parameters(old_run)["probe"] == {"device": "X1"}
+        assert "probe" not in made.serialize_parameters({**old_run, "probe": None})
 
 
 def test_a_server_stopped_while_it_starts_stops_what_it_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
