@@ -636,3 +636,31 @@ def test_a_third_signal_while_the_server_stops_ends_it_at_once(tmp_path: Path) -
         if asked.is_file() and asked.read_text():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(asked.read_text()), signal.SIGKILL)
+
+
+def test_the_session_s_pool_is_cleared_after_its_servers_are_stopped_also_on_ctrl_c(tmp_path: Path) -> None:
+    """The integration tests' session end clears the session's work pool (tests/integration/conftest.py): only once
+    the fixtures are torn down, the servers they started stopped. On Ctrl-C pytest tears them down in its own
+    pytest_sessionfinish, which ran after the clearing: a live server's pool was deleted under it."""
+    (tmp_path / "conftest.py").write_text(
+        "import pytest\n"
+        "import server_ports\n"
+        "from tests.integration.conftest import pytest_sessionfinish  # noqa: F401 (the hook, as it is)\n"
+        f"SAID = {str(tmp_path / 'said')!r}\n"
+        "def note(what):\n"
+        "    with open(SAID, 'a') as said:\n"
+        "        said.write(what + '\\n')\n"
+        "server_ports.clear_what_ended_servers_left = lambda pool: note('cleared')\n"
+        "@pytest.fixture(scope='module')\n"
+        "def live_server():\n"
+        "    server_ports.SESSION_USED.append('flagperf-test-1')\n"
+        "    yield\n"
+        "    note('stopped')\n", encoding="utf-8")
+    (tmp_path / "test_interrupted.py").write_text(
+        "def test_interrupted(live_server):\n    raise KeyboardInterrupt\n", encoding="utf-8")
+    ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300, env={
+                             **os.environ, "PYTHONPATH": os.pathsep.join(
+                                 [str(PROJECT_ROOT / "tests" / "integration"), str(PROJECT_ROOT)])})
+    assert ran.returncode == 2, ran.stdout + ran.stderr  # interrupted
+    assert (tmp_path / "said").read_text().splitlines() == ["stopped", "cleared"], ran.stdout
