@@ -71,13 +71,18 @@ class Credentials:
             return False
         return hmac.compare_digest(given, self.auth_string.encode("utf-8"))
 
-    def in_shell(self) -> str:
-        """A POSIX shell word that expands to the credentials from where they came (the variable, the file) and
-        holds neither them nor anything of them: what a command printed for the admin to run (flows.server's
-        deploy_command) signs in with. Unset or unreadable there, the command stops at it."""
+    def exported_in_shell(self, name: str) -> str:
+        """POSIX shell that sets and exports ``name`` to the credentials from where they came (the variable, the
+        file), its line ends taken off as the server takes them off, and holds neither them nor anything of them:
+        what a command printed for the admin to run (flows.server's deploy_command) signs in with. Unset, empty or
+        unreadable there, the command stops at it with the shell's one line."""
         if self.source in (SERVER_AUTH_ENV, CLIENT_AUTH_ENV):
-            return f'"${{{self.source}:?set {self.source} to user:password as for the server}}"'
-        return f'"$(tr -d {TR_LINE_ENDS} < {shlex.quote(os.path.abspath(self.source))})"'
+            # checked apart: in a pipeline the shell's error would end only its side, and the value be empty
+            value = (f': "${{{self.source}:?set {self.source} to user:password as for the server}}" && '
+                     f'{name}="$(printf %s "${self.source}" | tr -d {TR_LINE_ENDS})"')
+        else:
+            value = f'{name}="$(tr -d {TR_LINE_ENDS} < {shlex.quote(os.path.abspath(self.source))})"'
+        return f"{value} && export {name}"
 
 
 class SignInThrottle:

@@ -35,7 +35,7 @@ from server_ports import (
 from site_probe import basic, plant, probe, request
 
 from flagperf.site.auth import Credentials
-from flows.server import api_headers, deploy_command
+from flows.server import api_headers, database_identity, deploy_command
 from tests.unit.childio import Lines, output_of
 
 # In CI the database must be there (.ci/run makes it): a skip there would hide a broken set-up.
@@ -191,7 +191,9 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
         evaluate = deployments["evaluate"]
         httpx.patch(f"{api}/deployments/{evaluate['id']}", headers=changes, timeout=10, json={"job_variables": {
             "env": {**evaluate["job_variables"]["env"], "FLAGPERF_RESULTS_DIR": "/elsewhere"}}}).raise_for_status()
-        command = deploy_command(api, results.resolve(), pool, Credentials(f"lab:{password}", str(auth_file)))
+        command = deploy_command(api, results.resolve(), pool, Credentials(f"lab:{password}", str(auth_file)),
+                                 log_dir=tmp_path / f"logs-{port}",
+                                 database=database_identity(os.environ["FLAGPERF_TEST_POSTGRES_URL"]))
         assert password not in command and str(auth_file) in command
         by_hand = subprocess.Popen(["bash", "-c", command], env={
             **env, "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])},

@@ -369,40 +369,38 @@ def test_the_saved_database_is_its_host_port_and_name_never_its_user_or_password
     assert database_identity("postgresql+asyncpg://lab@/prefect?host=/run/postgresql") == "/run/postgresql:5432/prefect"
 
 
-def test_the_by_hand_deploy_command_puts_the_deployments_on_the_server_s_pool() -> None:
-    """`prefect deploy --all` ignores --pool (Prefect applies command-line options to one deployment at a time): the
-    command printed for --no-deploy and in every "by hand:" error deploys each one with --pool (a by-hand deploy
-    landed on 'flagperf', and the next start was refused). The user-facing ones get the served results folder in
-    their job variables, as the server gives it (prefect.yaml's own kept: --job-variable replaces them); it was only
-    exported to the deploy, which no run sees. It runs in a subshell: the reader's shell keeps its folder and
-    environment. (tests/integration/test_deployments.py and test_server.py run it.)"""
-    import json
+def test_the_by_hand_deploy_command_is_the_server_s_own_deploy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    """The command printed for --no-deploy and in every "by hand:" error runs the server's own deploy
+    (`python -m flows.server deploy`: create_deployments), not `prefect deploy`, which put the nightly's schedule and
+    pause back to prefect.yaml's: so it keeps what users set in the UI, saving it first in the server's logs folder
+    (absolute: the command runs in the project) with the server's database, as a start does; each deployment on the
+    server's pool with the served results folder. It runs in a subshell: the reader's shell keeps its folder and
+    environment. (tests/integration/test_deployments.py and test_server.py run it against a real server.)"""
     import shlex
 
-    from flows.server import deploy_command, deployments_in_project
+    from flows import server
 
-    specs = deployments_in_project()["deployments"]
+    monkeypatch.chdir(tmp_path)
     for pool in ("flagperf", "lab 2"):
-        command = deploy_command("http://127.0.0.1:4200/api", Path("/data/re=sults"), pool)
-        assert command.startswith("(cd ") and command.endswith(")")
-        steps = " ".join(shlex.quote(w) for w in shlex.split(command[1:-1])).split(" '&&' ")
-        deploys = [shlex.split(step)[4:] for step in steps if step.startswith("prefect --no-prompt deploy --name ")]
-        assert [d[0] for d in deploys] == [spec["name"] for spec in specs] and "--all" not in command, command
-        for spec, deploy in zip(specs, deploys, strict=True):
-            assert deploy[1:3] == ["--pool", pool], deploy
-            if "internal" in spec.get("tags", []):
-                assert deploy[3:] == [], deploy
-                continue
-            assert deploy[3] == "--job-variable" and "=" not in deploy[4], deploy  # Prefect reads KEY=VALUE first
-            variables = json.loads(deploy[4])
-            assert variables["env"] == {**spec["work_pool"]["job_variables"]["env"],
-                                        "FLAGPERF_RESULTS_DIR": "/data/re=sults"}, variables
+        command = server.deploy_command("http://127.0.0.1:4200/api", Path("/data/re=sults"), pool,
+                                        log_dir=Path("logs"), database="db:5432/prefect")
+        assert command.startswith(f"(cd {shlex.quote(str(PROJECT_ROOT))} && ") and command.endswith(")"), command
+        words = shlex.split(command[1:-1].split(" && ", 1)[1])
+        assert words == [sys.executable, "-m", "flows.server", "deploy", "--api-url", "http://127.0.0.1:4200/api",
+                         "--pool", pool, "--results", "/data/re=sults", "--log-dir", str(tmp_path / "logs"),
+                         "--database", "db:5432/prefect"], words
+        assert "prefect deploy" not in command and "--no-prompt" not in command
 
 
 def test_the_by_hand_deploy_command_signs_in_from_where_the_server_s_sign_in_came(tmp_path: Path) -> None:
     """Against a signed-in server the by-hand command signs in as the server does: from the same file or variable,
-    named, never the value (the command is printed, and a command line shows in every process list); where that is
-    missing it stops with the shell's one line, before any deploy. (test_server.py runs it on a signed-in server.)"""
+    named, never the value (the command is printed, and a command line shows in every process list), its line ends
+    taken off as the server takes them off (a variable's were passed on as they were); where that is missing it
+    stops with the shell's one line, before any request. Here the stand-in API has the nightly on another server's
+    pool: the server's own deploy refuses to take it over, in one line, before it makes anything (`prefect deploy`
+    took it over). (test_server.py runs it on a signed-in server.)"""
+    import base64
     import shlex
 
     from flagperf.site.auth import Credentials
@@ -411,37 +409,40 @@ def test_the_by_hand_deploy_command_signs_in_from_where_the_server_s_sign_in_cam
     secret = "lab:not-in-the-command-4242"
     auth_file = tmp_path / "it is auth"
     auth_file.write_text(secret + "\r\n", encoding="utf-8")
-    seen = tmp_path / "seen"
-    # A `prefect` that says what it was given: the sign-in, as the real one reads it from its environment.
-    fake = tmp_path / "bin" / "prefect"
-    fake.parent.mkdir()
-    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$PREFECT_API_AUTH_STRING" >> {seen}\n', encoding="utf-8")
-    fake.chmod(0o755)
-    env = {"PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}", "HOME": str(tmp_path)}
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
     by_file = Credentials(secret, str(auth_file))
     by_variable = Credentials(secret, "PREFECT_SERVER_API_AUTH_STRING")
     for credentials, named, environ in ((by_file, shlex.quote(str(auth_file)), {}),
                                         (by_variable, "${PREFECT_SERVER_API_AUTH_STRING:?", {
-                                            "PREFECT_SERVER_API_AUTH_STRING": secret})):
-        command = deploy_command("http://127.0.0.1:4200/api", tmp_path / "results", "flagperf", credentials)
-        assert "not-in-the-command" not in command and named in command, command
-        seen.unlink(missing_ok=True)
-        ran = subprocess.run(["sh", "-c", command], env={**env, **environ}, capture_output=True, text=True, timeout=60)
-        assert ran.returncode == 0, ran.stderr
-        assert seen.read_text().splitlines() == [secret] * 4  # each deploy signed in
-        seen.unlink()
-        # the file gone, the variable not set: one line from the shell, and no deploy
-        missing = subprocess.run(["sh", "-c", command.replace(str(auth_file), str(tmp_path / "gone"))], env=env,
-                                 capture_output=True, text=True, timeout=60)
-        assert missing.returncode != 0 and not seen.exists(), missing.stderr
-        assert len(missing.stderr.strip().splitlines()) == 1, missing.stderr
+                                            "PREFECT_SERVER_API_AUTH_STRING": secret + "\r\n"})):
+        signed: list[str | None] = []
+        with deployments_api([], {**a_nightly(), "work_pool_name": "flagperf"}, signed=signed) as (api, seen):
+            command = deploy_command(api, tmp_path / "results", "lab2", credentials, log_dir=tmp_path / "logs",
+                                     database="db:5432/prefect")
+            assert "not-in-the-command" not in command and named in command, command
+            ran = subprocess.run(["sh", "-c", command], env={**env, **environ}, capture_output=True, text=True,
+                                 timeout=300)
+            assert ran.returncode == 2, ran.stdout + ran.stderr
+            (line,) = ran.stderr.splitlines()
+            assert line.startswith("error: --pool lab2: the deployments nightly on this database are on work pool "
+                                   "'flagperf', another server's"), line
+            assert seen and signed == [f"Basic {base64.b64encode(secret.encode()).decode()}"] * len(seen), signed
+            assert not [request for request in seen if not request.startswith(("GET ", "POST /api/deployments/filter"))]
+            # the file gone, the variable not set: one line from the shell, and no request
+            seen.clear()
+            missing = subprocess.run(["sh", "-c", command.replace(str(auth_file), str(tmp_path / "gone"))], env=env,
+                                     capture_output=True, text=True, timeout=60)
+            assert missing.returncode != 0 and not seen, missing.stderr
+            assert len(missing.stderr.strip().splitlines()) == 1, missing.stderr
 
 
 @contextlib.contextmanager
-def deployments_api(filter_answers: list[int], deployment: dict, port: int = 0):
+def deployments_api(filter_answers: list[int], deployment: dict, port: int = 0,
+                    signed: list[str | None] | None = None):
     """A stand-in for the Prefect API's deployment reads, on a real local HTTP server (on ``port``, 0: any): CSRF
     off, /deployments/filter answering each status of ``filter_answers`` in turn (then 200) with ``deployment``,
-    and any other change refused (422), as Prefect refuses one it cannot take."""
+    and any other change refused (422), as Prefect refuses one it cannot take. ``signed``: gets each request's
+    Authorization header."""
     import http.server
     import json
     import threading
@@ -463,6 +464,8 @@ def deployments_api(filter_answers: list[int], deployment: dict, port: int = 0):
 
         def do_GET(self) -> None:
             seen.append(f"GET {self.path}")
+            if signed is not None:
+                signed.append(self.headers.get("Authorization"))
             if self.path.startswith("/api/csrf-token"):
                 self.answer(422, {"detail": "CSRF protection is disabled."})
             elif self.path == f"/api/deployments/{deployment['id']}":
@@ -472,6 +475,8 @@ def deployments_api(filter_answers: list[int], deployment: dict, port: int = 0):
 
         def do_POST(self) -> None:
             seen.append(f"POST {self.path}")
+            if signed is not None:
+                signed.append(self.headers.get("Authorization"))
             wanted = json.loads(self.rfile.read(int(self.headers["Content-Length"] or 0)) or b"null")
             if self.path != "/api/deployments/filter":
                 self.answer(422, {"detail": "not taken"})
@@ -523,7 +528,8 @@ def test_an_api_error_while_the_deployments_are_made_is_one_line_saying_how_by_h
                            database="db:5432/prefect")
     said = str(info.value)
     assert said.startswith("reading the deployments' schedules before making them failed (Server error '500")
-    assert said.endswith(f"; by hand: {deploy_command(api, tmp_path / 'results', 'pool')}") and "\n" not in said
+    by_hand = deploy_command(api, tmp_path / "results", "pool", log_dir=tmp_path, database="db:5432/prefect")
+    assert said.endswith(f"; by hand: {by_hand}") and "\n" not in said
 
 
 def test_a_put_back_the_server_refuses_names_the_saved_file_to_remove(tmp_path: Path,
