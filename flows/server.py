@@ -81,20 +81,79 @@ def check_database_url(url: str | None) -> str:
     return url
 
 
+WILDCARDS = ("0.0.0.0", "::", "")  # --host values that listen on every interface
+
+
+def url_host(host: str) -> str:
+    """``host`` as it goes into a URL: an IPv6 address in brackets (http://::1:4200 is no URL)."""
+    host = host.strip("[]")
+    return f"[{host}]" if ":" in host else host
+
+
 def public_base(host: str, port: int, public_url: str | None = None) -> str:
-    """The address browsers use: --public-url, else the listening address (a wildcard one becomes this
-    machine's name, which teammates can resolve; 127.0.0.1 could only ever mean their own machine)."""
+    """The address browsers use: --public-url, else the listening address (a wildcard one becomes this machine's
+    address as teammates reach it, see machine_address; 127.0.0.1 could only ever mean their own machine)."""
     if public_url:
         return public_url.rstrip("/")
-    name = machine_name() if host in ("0.0.0.0", "::", "") else host
-    return f"http://{f'[{name}]' if ':' in name else name}:{port}"
+    name = machine_address()[0] if host in WILDCARDS else host
+    return f"http://{url_host(name)}:{port}"
 
 
-def machine_name() -> str:
-    """This machine's name as teammates resolve it: its FQDN, or its host name where the FQDN is only 'localhost'
-    (/etc/hosts mapping the host name to 127.0.0.1 first: the UI would send every browser to its own machine)."""
-    names = [socket.getfqdn(), socket.gethostname()]
-    return next((n for n in names if n and not is_loopback(n) and n.split(".")[0] != "localhost"), names[0])
+def local_api_url(host: str, port: int) -> str:
+    """Where this machine's processes (the worker, the deploy) reach the API of a server listening on ``host``."""
+    return f"http://{'127.0.0.1' if host in WILDCARDS else url_host(host)}:{port}/api"
+
+
+def results_base_for(base: str, results_port: int, results_public_url: str | None = None) -> str:
+    """The results site's address for browsers: --results-public-url, else the UI's host (``base``) on its port."""
+    if results_public_url:
+        return results_public_url.rstrip("/")
+    return f"{urlsplit(base).scheme}://{url_host(urlsplit(base).hostname or '')}:{results_port}"
+
+
+def address_advice(host: str, port: int, public_url: str | None) -> str | None:
+    """The banner's line where the UI's address is a guess (a wildcard --host on a machine without a full name:
+    machine_address), None where it is not."""
+    if host not in WILDCARDS or public_url:
+        return None
+    name, guessed = machine_address()
+    if guessed is None:
+        return None
+    return (f"address: {name} is a guess ({guessed}); if teammates cannot open the UI, restart with --public-url "
+            f"http://NAME:{port} (NAME as they reach this machine)")
+
+
+def default_route_address() -> str | None:
+    """The address of the interface this machine reaches the network by (its default route), None without one. A
+    UDP socket's connect only picks the route: nothing is sent (to documentation addresses, RFC 5737 and 3849)."""
+    for family, target in ((socket.AF_INET, "192.0.2.1"), (socket.AF_INET6, "2001:db8::1")):
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as probe:
+                probe.connect((target, 9))
+                address = str(probe.getsockname()[0])
+        except OSError:
+            continue
+        if not is_loopback(address) and address not in WILDCARDS:
+            return address
+    return None
+
+
+def machine_address() -> tuple[str, str | None]:
+    """This machine as teammates reach it, and None, or why that is a guess: its FQDN; where it has none (only a
+    short host name, or only 'localhost': /etc/hosts mapping the host name to 127.0.0.1 first, which would send
+    every browser to its own machine), the address of its default route's interface, else the short name, else
+    'localhost'."""
+    fqdn, host = socket.getfqdn(), socket.gethostname()
+    names = [n for n in (fqdn, host) if n and not is_loopback(n)]
+    full = next((n for n in names if "." in n.strip(".")), None)
+    if full is not None:
+        return full, None
+    why = (f"its host name {names[0]!r} has no domain" if names else
+           f"its names ({', '.join(sorted({fqdn, host} - {''})) or 'none'}) are loopback")
+    address = default_route_address()
+    if address is not None:
+        return address, f"{why}; used the address of its default route"
+    return (names[0], why) if names else ("localhost", why)
 
 
 def watched(argv: list[str], pass_fds: tuple[int, ...] = ()) -> list[str]:
@@ -943,13 +1002,12 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
     opened = beyond_loopback(host, {"--public-url": public_url, "--results-public-url": results_public_url})
     if credentials is None and opened is not None:
         raise ConfigError(opened[0], None, f"{opened[1]} needs a sign-in: {how_to_set()}")
-    api_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}/api"
+    api_url = local_api_url(host, port)
     base = public_base(host, port, public_url)
     results_root = (results_dir if results_dir.is_absolute() else PROJECT_ROOT / results_dir).resolve()
     if results_port is None:
         results_port = port + 1 if port < 65535 else port - 1
-    results_base = (results_public_url.rstrip("/") if results_public_url
-                    else f"{urlsplit(base).scheme}://{urlsplit(base).hostname}:{results_port}")
+    results_base = results_base_for(base, results_port, results_public_url)
     log_dir.mkdir(parents=True, exist_ok=True)
     # The UI asks /ui-settings where the API is; without this it would point every browser at port 4200.
     env = {k: v for k, v in os.environ.items() if k != CLIENT_AUTH_ENV}
@@ -969,7 +1027,7 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
     try:
         site = serve_site(results_root, host, results_port, credentials, os.environ.get(HISTORY_URL_ENV), base)
     except OSError as exc:
-        raise RuntimeError(f"cannot serve the results site on {host}:{results_port}: {exc.strerror or exc} "
+        raise RuntimeError(f"cannot serve the results site on {url_host(host)}:{results_port}: {exc.strerror or exc} "
                            f"(choose another --results-port)") from None
     with (log_dir / "server.log").open("ab") as server_log:
         server = subprocess.Popen(watched([sys.executable, "-m", "prefect", "server", "start", "--host", host,
@@ -982,6 +1040,9 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
         if stopping:
             return 128 + stopping[0]
         print(f"server: UI at {base} (API {base}/api), database {urlsplit(database_url).hostname}", flush=True)
+        advice = address_advice(host, port, public_url)
+        if advice is not None:
+            print(advice, flush=True)
         if credentials is not None:
             print(f"sign-in: on, user {credentials.user!r} (from {credentials.source}); the results site asks the "
                   f"same", flush=True)

@@ -192,13 +192,29 @@ def use_client_credentials() -> Credentials | None:
     return found
 
 
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (a --host value) is reachable from this machine only."""
-    import ipaddress
+# Names of this machine only, whatever the resolver says (RFC 6761 for localhost and *.localhost; the others are
+# what distributions' /etc/hosts give loopback). A trailing dot (the root) is the same name.
+LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
 
-    if host == "localhost":
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a --host value, or a URL's host) is reachable from this machine only: a loopback name, or
+    a loopback address in any form a URL or the resolver takes (127.1, 0x7f.0.0.1, [::1], ::ffff:127.0.0.1)."""
+    import ipaddress
+    import socket
+
+    name = host.strip("[]").lower()
+    bare = name[:-1] if name.endswith(".") else name
+    if bare in LOOPBACK_NAMES or bare.endswith(".localhost"):
         return True
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        address = ipaddress.ip_address(name)
     except ValueError:
-        return False  # a name: it may resolve to any interface
+        try:  # the shorthand forms of IPv4 (127.1, octal, hex), as inet_aton, browsers and curl read them
+            if not name or not set(name) <= set("0123456789abcdefx."):
+                return False
+            address = ipaddress.ip_address(socket.inet_aton(name))
+        except (OSError, ValueError):
+            return False  # a name: it may resolve to any interface
+    mapped = getattr(address, "ipv4_mapped", None)
+    return bool(address.is_loopback or (mapped is not None and mapped.is_loopback))

@@ -101,17 +101,65 @@ def test_a_step_is_not_started_after_a_signal(tmp_path: Path) -> None:
     assert not (tmp_path / "ran").exists()
 
 
-def test_public_base() -> None:
+@pytest.mark.parametrize(("fqdn", "hostname", "route", "base", "guess"), [
+    ("perf-lab.example.org", "perf-lab", "10.1.2.3", "http://perf-lab.example.org:4310", None),
+    # /etc/hosts maps the host name to 127.0.0.1 first: getfqdn says 'localhost'; the host name has a domain
+    ("localhost", "perf-lab.example.org", "10.1.2.3", "http://perf-lab.example.org:4310", None),
+    # a short name only: the default route's address (a short name resolves only in the same DNS domain), said
+    ("perf-lab", "perf-lab", "10.1.2.3", "http://10.1.2.3:4310", "its host name 'perf-lab' has no domain; used the "
+                                                                 "address of its default route"),
+    ("localhost", "perf-lab", "fd00::5", "http://[fd00::5]:4310", "its host name 'perf-lab' has no domain"),
+    ("perf-lab", "perf-lab", None, "http://perf-lab:4310", "its host name 'perf-lab' has no domain"),
+    # every name loopback: never silently 'localhost' (every browser would open its own machine)
+    ("localhost", "localhost.localdomain", "10.1.2.3", "http://10.1.2.3:4310", "its names (localhost, "
+                                                                               "localhost.localdomain) are loopback"),
+    ("localhost.", "localhost", None, "http://localhost:4310", "its names (localhost, localhost.) are loopback"),
+])
+def test_the_ui_s_address_on_every_interface_is_the_machine_s_full_name_else_a_guess_said(
+        monkeypatch: pytest.MonkeyPatch, fqdn: str, hostname: str, route: str | None, base: str,
+        guess: str | None) -> None:
+    """--host 0.0.0.0 without --public-url: the UI's address (and the results site's, the reports' links) names this
+    machine by its FQDN; without one (a short name only, or only loopback names) it is a guess (the default route's
+    address, else the short name, else localhost), and the banner says so in one line with the way out
+    (--public-url); it gave a short name, or localhost, without a word."""
     import socket
     from urllib.parse import urlsplit
 
-    assert public_base("127.0.0.1", 4310) == "http://127.0.0.1:4310"
-    assert public_base("0.0.0.0", 4310).endswith(":4310") and "0.0.0.0" not in public_base("0.0.0.0", 4310)
-    # Every interface: the name teammates reach, never 'localhost' (which getfqdn gives where /etc/hosts maps the
-    # host name to 127.0.0.1 first), where this machine has a name of its own.
-    if not socket.gethostname().startswith("localhost"):
-        assert not urlsplit(public_base("0.0.0.0", 4310)).hostname.startswith("localhost")
+    from flows import server
+
+    monkeypatch.setattr(socket, "getfqdn", lambda *args: fqdn)
+    monkeypatch.setattr(socket, "gethostname", lambda: hostname)
+    monkeypatch.setattr(server, "default_route_address", lambda: route)
+    for wildcard in ("0.0.0.0", "::"):
+        assert public_base(wildcard, 4310) == base
+        advice = server.address_advice(wildcard, 4310, None)
+        if guess is None:
+            assert advice is None
+        else:
+            name = urlsplit(base).hostname
+            assert advice is not None and advice.startswith(f"address: {name} is a guess ({guess}"), advice
+            assert advice.endswith("restart with --public-url http://NAME:4310 (NAME as they reach this machine)")
+        assert server.address_advice(wildcard, 4310, "http://perf-lab:80") is None
     assert public_base("0.0.0.0", 4310, "http://perf-lab:80/") == "http://perf-lab:80"
+    assert public_base("127.0.0.1", 4310) == "http://127.0.0.1:4310"
+    assert server.address_advice("127.0.0.1", 4310, None) is None
+
+
+def test_urls_made_from_an_ipv6_host_bracket_it() -> None:
+    """--host ::1: the worker's API address, the UI's and the results site's are URLs (http://::1:4200/api is
+    none: the worker could not reach the server)."""
+    from urllib.parse import urlsplit
+
+    from flows.server import local_api_url, results_base_for
+
+    assert local_api_url("::1", 4200) == "http://[::1]:4200/api" and urlsplit(local_api_url("::1", 4200)).port == 4200
+    assert local_api_url("[::1]", 4200) == "http://[::1]:4200/api"
+    assert local_api_url("0.0.0.0", 4200) == local_api_url("::", 4200) == "http://127.0.0.1:4200/api"
+    assert local_api_url("127.0.0.1", 4200) == "http://127.0.0.1:4200/api"
+    assert public_base("::1", 4200) == "http://[::1]:4200"
+    assert results_base_for("http://[::1]:4200", 4201) == "http://[::1]:4201"
+    assert results_base_for("http://perf-lab:4200", 4201) == "http://perf-lab:4201"
+    assert results_base_for("http://perf-lab:4200", 4201, "https://results.lab/") == "https://results.lab"
 
 
 def test_configured_api_url_reads_the_environment_then_the_active_profile(tmp_path: Path,
