@@ -1054,7 +1054,7 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
         client_env = client_environment(api_url, results_root, credentials, ui_url=base,
                                         results_url=f"{results_base}/runs")
         # Before the pool is made: a refused start leaves nothing on the database it shares. With --no-deploy too:
-        # its worker would poll a pool the deployments are not on, and the deploy it prints would take them over.
+        # its worker would poll a pool the deployments are not on (the deploy it prints refuses alike).
         import httpx
 
         try:
@@ -1125,7 +1125,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["deploy"]:
         return deploy_by_hand(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m flows.server",
-                                     description="run COMMAND until PID (its owner) is gone")
+                                     description="run COMMAND until PID (its owner) is gone",
+                                     epilog="python -m flows.server deploy --help: the deployments, made by hand")
     parser.add_argument("--watch-parent", type=int, required=True, metavar="PID")
     parser.add_argument("--pass-fd", type=int, action="append", default=[], metavar="FD",
                         help="a file descriptor the command inherits (a listening socket)")
