@@ -63,15 +63,27 @@ class RoundFlow(Flow[Any, State[dict[str, Any]]]):
     (SignatureMismatchError) when the UI retries that run: the flow still takes it, and ignores it. Nothing else
     shows it: the deployment's form and schema are made without it (the signature Prefect reads for them leaves
     it out; the parameters are still checked against the function's own), and a run made now stores no ``probe``
-    (None is left out), so the Parameters tab never shows it."""
+    (None is left out), so the Parameters tab never shows it. A copy made by ``with_options`` is one too (Prefect's
+    makes a plain Flow, which would offer ``probe`` again)."""
 
     def __init__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         super().__init__(fn, *args, **kwargs)
-        signature = inspect.signature(fn)
+        self._hide_parameters()
+
+    def _hide_parameters(self) -> None:
+        # eval_str: this module's annotations are strings (from __future__ import annotations), and the schema
+        # Prefect makes from a signature of strings leaves those it cannot read untyped (host, image)
+        signature = inspect.signature(self.fn, eval_str=True)
         # inspect.signature(flow) and so `prefect deploy`'s schema read this, not fn's (it stops the unwrapping)
         self.__signature__ = signature.replace(parameters=[
             p for name, p in signature.parameters.items() if name not in HIDDEN_PARAMETERS])
         self.parameters = parameter_schema(self)
+
+    def with_options(self, *args: Any, **kwargs: Any) -> RoundFlow:
+        made = super().with_options(*args, **kwargs)
+        made.__class__ = type(self)  # Prefect's copy is a plain Flow: the same fields, this class's behaviour
+        made._hide_parameters()
+        return made
 
     def serialize_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
         serialized = super().serialize_parameters(parameters)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
-import json
 import os
 import shlex
 import shutil
@@ -49,6 +48,7 @@ from flagperf.site.auth import (
     CLIENT_AUTH_ENV,
     SERVER_AUTH_ENV,
     Credentials,
+    check_auth_string,
     find_credentials,
     how_to_set,
     is_loopback,
@@ -81,20 +81,79 @@ def check_database_url(url: str | None) -> str:
     return url
 
 
+WILDCARDS = ("0.0.0.0", "::", "")  # --host values that listen on every interface
+
+
+def url_host(host: str) -> str:
+    """``host`` as it goes into a URL: an IPv6 address in brackets (http://::1:4200 is no URL)."""
+    host = host.strip("[]")
+    return f"[{host}]" if ":" in host else host
+
+
 def public_base(host: str, port: int, public_url: str | None = None) -> str:
-    """The address browsers use: --public-url, else the listening address (a wildcard one becomes this
-    machine's name, which teammates can resolve; 127.0.0.1 could only ever mean their own machine)."""
+    """The address browsers use: --public-url, else the listening address (a wildcard one becomes this machine's
+    address as teammates reach it, see machine_address; 127.0.0.1 could only ever mean their own machine)."""
     if public_url:
         return public_url.rstrip("/")
-    name = machine_name() if host in ("0.0.0.0", "::", "") else host
-    return f"http://{f'[{name}]' if ':' in name else name}:{port}"
+    name = machine_address()[0] if host in WILDCARDS else host
+    return f"http://{url_host(name)}:{port}"
 
 
-def machine_name() -> str:
-    """This machine's name as teammates resolve it: its FQDN, or its host name where the FQDN is only 'localhost'
-    (/etc/hosts mapping the host name to 127.0.0.1 first: the UI would send every browser to its own machine)."""
-    names = [socket.getfqdn(), socket.gethostname()]
-    return next((n for n in names if n and not is_loopback(n) and n.split(".")[0] != "localhost"), names[0])
+def local_api_url(host: str, port: int) -> str:
+    """Where this machine's processes (the worker, the deploy) reach the API of a server listening on ``host``."""
+    return f"http://{'127.0.0.1' if host in WILDCARDS else url_host(host)}:{port}/api"
+
+
+def results_base_for(base: str, results_port: int, results_public_url: str | None = None) -> str:
+    """The results site's address for browsers: --results-public-url, else the UI's host (``base``) on its port."""
+    if results_public_url:
+        return results_public_url.rstrip("/")
+    return f"{urlsplit(base).scheme}://{url_host(urlsplit(base).hostname or '')}:{results_port}"
+
+
+def address_advice(host: str, port: int, public_url: str | None) -> str | None:
+    """The banner's line where the UI's address is a guess (a wildcard --host on a machine without a full name:
+    machine_address), None where it is not."""
+    if host not in WILDCARDS or public_url:
+        return None
+    name, guessed = machine_address()
+    if guessed is None:
+        return None
+    return (f"address: {name} is a guess ({guessed}); if teammates cannot open the UI, restart with --public-url "
+            f"http://NAME:{port} (NAME as they reach this machine)")
+
+
+def default_route_address() -> str | None:
+    """The address of the interface this machine reaches the network by (its default route), None without one. A
+    UDP socket's connect only picks the route: nothing is sent (to documentation addresses, RFC 5737 and 3849)."""
+    for family, target in ((socket.AF_INET, "192.0.2.1"), (socket.AF_INET6, "2001:db8::1")):
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as probe:
+                probe.connect((target, 9))
+                address = str(probe.getsockname()[0])
+        except OSError:
+            continue
+        if not is_loopback(address) and address not in WILDCARDS:
+            return address
+    return None
+
+
+def machine_address() -> tuple[str, str | None]:
+    """This machine as teammates reach it, and None, or why that is a guess: its FQDN; where it has none (only a
+    short host name, or only 'localhost': /etc/hosts mapping the host name to 127.0.0.1 first, which would send
+    every browser to its own machine), the address of its default route's interface, else the short name, else
+    'localhost'."""
+    fqdn, host = socket.getfqdn(), socket.gethostname()
+    names = [n for n in (fqdn, host) if n and not is_loopback(n)]
+    full = next((n for n in names if "." in n.strip(".")), None)
+    if full is not None:
+        return full, None
+    why = (f"its host name {names[0]!r} has no domain" if names else
+           f"its names ({', '.join(sorted({fqdn, host} - {''})) or 'none'}) are loopback")
+    address = default_route_address()
+    if address is not None:
+        return address, f"{why}; used the address of its default route"
+    return (names[0], why) if names else ("localhost", why)
 
 
 def watched(argv: list[str], pass_fds: tuple[int, ...] = ()) -> list[str]:
@@ -378,24 +437,36 @@ def served_job_variables(variables: dict[str, Any] | None, results_root: Path) -
     return variables
 
 
-def deploy_command(api_url: str, results_root: Path, pool: str, credentials: Credentials | None = None) -> str:
-    """The one command that makes the deployments by hand as the server makes them (what `--no-deploy` leaves to the
-    admin, and every failed deploy offers), in a subshell (the caller's shell keeps its folder and environment):
-    signed in from where the server's sign-in came (``credentials``: its variable or file by name, never the value),
-    each deployment on ``pool`` (`prefect deploy --all` ignores --pool: Prefect applies command-line options to one
-    deployment at a time), the user-facing ones with the served results folder in their job variables."""
-    deploys = []
-    for spec in deployments_in_project(pool)["deployments"]:
-        words = ["prefect", "--no-prompt", "deploy", "--name", spec["name"], "--pool", pool]
-        if not is_internal(spec):
-            # --job-variable replaces prefect.yaml's job variables, so all of them go with it; as a JSON object,
-            # each '=' escaped (Prefect reads KEY=VALUE first, and a JSON text with '=' in it would be taken so)
-            variables = served_job_variables((spec.get("work_pool") or {}).get("job_variables"), results_root)
-            words += ["--job-variable", json.dumps(variables).replace("=", "\\u003d")]
-        deploys.append(shlex.join(words))
-    sign_in = f"{CLIENT_AUTH_ENV}={credentials.in_shell()} && export {CLIENT_AUTH_ENV} && " if credentials else ""
-    return (f"(cd {shlex.quote(str(PROJECT_ROOT))} && export PREFECT_API_URL={shlex.quote(api_url)} && {sign_in}"
-            f"{' && '.join(deploys)})")
+def deploy_command(api_url: str, results_root: Path, pool: str, credentials: Credentials | None = None, *,
+                   log_dir: Path, database: str) -> str:
+    """The one command that makes the deployments by hand (what `--no-deploy` leaves to the admin, and every failed
+    deploy offers): ``python -m flows.server deploy``, which runs the server's own create_deployments, so the
+    deployments are made as the server makes them, what users set in the UI (schedules, pause) kept, saved first in
+    ``log_dir`` (the server's: its next start puts back what a cut deploy saved there) with the ``database`` it was
+    read from (database_identity). In a subshell (the caller's shell keeps its folder and environment), signed in
+    from where the server's sign-in came (``credentials``: its variable or file by name, never the value)."""
+    sign_in = f"{credentials.exported_in_shell(CLIENT_AUTH_ENV)} && " if credentials else ""
+    words = [sys.executable, "-m", "flows.server", "deploy", "--api-url", api_url, "--pool", pool,
+             "--results", str(results_root), "--log-dir", str(log_dir.resolve()), "--database", database]
+    return f"(cd {shlex.quote(str(PROJECT_ROOT))} && {sign_in}{shlex.join(words)})"
+
+
+def client_environment(api_url: str, results_root: Path, credentials: Credentials | None,
+                       ui_url: str | None = None, results_url: str | None = None) -> dict[str, str]:
+    """The environment of the server's clients (its worker, their flow runs and cases, `prefect deploy`): this
+    process's without the database's credentials or the server's sign-in (only the server needs them), pointed at
+    the server at ``api_url``, signed in with ``credentials``, the served results folder the forms' default."""
+    env = {k: v for k, v in os.environ.items() if k not in (*DATABASE_SECRETS, SERVER_AUTH_ENV, CLIENT_AUTH_ENV)}
+    env.update(PREFECT_API_URL=api_url, PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PREFECT_LOGGING_EXTRA_LOGGERS="flagperf",
+               **{RESULTS_ROOT_ENV: str(results_root), RESULTS_DIR_ENV: str(results_root)})
+    if ui_url is not None:
+        env["PREFECT_UI_URL"] = ui_url
+    if results_url is not None:
+        env[RESULTS_URL_ENV] = results_url
+    if credentials is not None:
+        env[CLIENT_AUTH_ENV] = credentials.auth_string
+    return env
 
 
 def api_headers(api_url: str, auth_string: str | None) -> dict[str, str]:
@@ -774,7 +845,7 @@ def _said(exc: BaseException) -> str:
 
 def create_deployments(api_url: str, client_env: dict[str, str], results_root: Path, pool: str,
                        credentials: Credentials | None, log_dir: Path, stopping: list[int] | None = None, *,
-                       database: str) -> tuple[list[str], list[str], list[str]] | None:
+                       database: str, way_on: str | None = None) -> tuple[list[str], list[str], list[str]] | None:
     """The deployments of prefect.yaml on the server's pool, made as `prefect deploy --all` makes them (its form
     schemas read with the results folder's default in the environment); then the user-facing ones get the served
     results folder in their job variables, so a worker elsewhere runs them with it too. A deployment that existed
@@ -786,7 +857,8 @@ def create_deployments(api_url: str, client_env: dict[str, str], results_root: P
 
     Stopped, failed or timed out midway, `prefect deploy` may have made some deployments and not others, and
     given prefect.yaml's schedule to some that had their users': what users had set is put back all the same
-    (the next start would take prefect.yaml's for theirs), and the next start makes them all again. Killed
+    (the next start would take prefect.yaml's for theirs), and the next start makes them all again. ``way_on``:
+    what its errors say to do then (default: the command that makes them by hand, deploy_command). Killed
     outright meanwhile, it cannot put anything back: what users had set is saved in ``log_dir`` first
     (SAVED_SETTINGS), and the next start on the same ``database`` (database_identity) puts it back from there."""
     import httpx
@@ -794,7 +866,8 @@ def create_deployments(api_url: str, client_env: dict[str, str], results_root: P
 
     stopping = [] if stopping is None else stopping
     project = deployments_in_project(pool)
-    by_hand = f"by hand: {deploy_command(api_url, results_root, pool, credentials)}"
+    by_hand = way_on or "by hand: " + deploy_command(api_url, results_root, pool, credentials, log_dir=log_dir,
+                                                     database=database)
     user_specs = [spec for spec in project["deployments"] if not is_internal(spec)]
     saved_path = log_dir / SAVED_SETTINGS
     saved = read_saved_settings(saved_path)
@@ -853,6 +926,60 @@ def create_deployments(api_url: str, client_env: dict[str, str], results_root: P
                 print(f"schedules: {_not_back(exc, before, saved_path)}", flush=True)
 
 
+def say_deployments(user: list[str], internal: list[str], kept: list[str]) -> None:
+    print(f"deployments: {', '.join(user)} (start these); internal, tagged so: {', '.join(internal)} "
+          f"(dispatched by evaluate)", flush=True)
+    for line in kept:
+        print(f"schedules: {line}", flush=True)
+
+
+def deploy_by_hand(argv: list[str]) -> int:
+    """``python -m flows.server deploy``: the deployments made on a running server as `flagperf server` makes them
+    (create_deployments), for the command deploy_command prints. Signed in with PREFECT_API_AUTH_STRING (the command
+    sets it from where the server's sign-in came). Exit 0 made, 1 failed, 2 refused (another server's pool, a wrong
+    sign-in), 128 + the signal that stopped it (what users set put back all the same)."""
+    parser = argparse.ArgumentParser(prog="python -m flows.server deploy", description=(
+        "make the deployments of prefect.yaml on a running `flagperf server` as it makes them, keeping what users "
+        "set in the UI (the command its banner prints with --no-deploy)"))
+    parser.add_argument("--api-url", required=True, help="the server's API, e.g. http://127.0.0.1:4200/api")
+    parser.add_argument("--pool", required=True, help="the server's work pool")
+    parser.add_argument("--results", type=Path, required=True, help="the results folder the server serves")
+    parser.add_argument("--log-dir", type=Path, required=True, help="the server's --log-dir")
+    parser.add_argument("--database", required=True, help="the server's database as host:port/name")
+    args = parser.parse_args(argv)
+    stopping: list[int] = []
+
+    def noted(signum: int, _frame: object) -> None:
+        stopping.append(signum)
+        if len(stopping) >= STOP_NOW_AT:
+            stop_now(signum, "what users set on the deployments may not be back: the server's next start puts it "
+                             f"back from {args.log_dir / SAVED_SETTINGS}")
+
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, noted)
+    try:
+        value = os.environ.get(CLIENT_AUTH_ENV)
+        credentials = Credentials(check_auth_string(value, CLIENT_AUTH_ENV), CLIENT_AUTH_ENV) if value else None
+        results_root = args.results.resolve()
+        args.log_dir.mkdir(parents=True, exist_ok=True)
+        made = create_deployments(args.api_url, client_environment(args.api_url, results_root, credentials),
+                                  results_root, args.pool, credentials, args.log_dir, stopping,
+                                  database=args.database, way_on="fix that and run the same command again")
+    except FlagperfError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except (RuntimeError, OSError) as exc:
+        said = f"{exc.filename}: {exc.strerror}" if isinstance(exc, OSError) and exc.strerror else str(exc)
+        print(f"error: {said} (logs in {args.log_dir})", file=sys.stderr, flush=True)
+        return 1
+    if made is None:
+        print(f"interrupted by {signal.Signals(stopping[0]).name}: what users set on the deployments is put back; "
+              "run the command again to make them all", file=sys.stderr, flush=True)
+        return 128 + stopping[0]
+    say_deployments(*made)
+    return 0
+
+
 def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_dir: Path, *,
           results_dir: Path = Path("results"), results_port: int | None = None,
           public_url: str | None = None, results_public_url: str | None = None,
@@ -875,13 +1002,12 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
     opened = beyond_loopback(host, {"--public-url": public_url, "--results-public-url": results_public_url})
     if credentials is None and opened is not None:
         raise ConfigError(opened[0], None, f"{opened[1]} needs a sign-in: {how_to_set()}")
-    api_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}/api"
+    api_url = local_api_url(host, port)
     base = public_base(host, port, public_url)
     results_root = (results_dir if results_dir.is_absolute() else PROJECT_ROOT / results_dir).resolve()
     if results_port is None:
         results_port = port + 1 if port < 65535 else port - 1
-    results_base = (results_public_url.rstrip("/") if results_public_url
-                    else f"{urlsplit(base).scheme}://{urlsplit(base).hostname}:{results_port}")
+    results_base = results_base_for(base, results_port, results_public_url)
     log_dir.mkdir(parents=True, exist_ok=True)
     # The UI asks /ui-settings where the API is; without this it would point every browser at port 4200.
     env = {k: v for k, v in os.environ.items() if k != CLIENT_AUTH_ENV}
@@ -901,7 +1027,7 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
     try:
         site = serve_site(results_root, host, results_port, credentials, os.environ.get(HISTORY_URL_ENV), base)
     except OSError as exc:
-        raise RuntimeError(f"cannot serve the results site on {host}:{results_port}: {exc.strerror or exc} "
+        raise RuntimeError(f"cannot serve the results site on {url_host(host)}:{results_port}: {exc.strerror or exc} "
                            f"(choose another --results-port)") from None
     with (log_dir / "server.log").open("ab") as server_log:
         server = subprocess.Popen(watched([sys.executable, "-m", "prefect", "server", "start", "--host", host,
@@ -914,6 +1040,9 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
         if stopping:
             return 128 + stopping[0]
         print(f"server: UI at {base} (API {base}/api), database {urlsplit(database_url).hostname}", flush=True)
+        advice = address_advice(host, port, public_url)
+        if advice is not None:
+            print(advice, flush=True)
         if credentials is not None:
             print(f"sign-in: on, user {credentials.user!r} (from {credentials.source}); the results site asks the "
                   f"same", flush=True)
@@ -922,16 +1051,10 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
                   f"needs one: {how_to_set()}", flush=True)
         print(f"results: {results_root} at {results_base}/ (runs, reports, compare, trends; read-only)", flush=True)
         # The worker, its flow runs and their cases get no database credentials: only the server needs them.
-        client_env = {k: v for k, v in os.environ.items() if k not in (*DATABASE_SECRETS, SERVER_AUTH_ENV)}
-        client_env.update(PREFECT_API_URL=api_url, PREFECT_SERVER_ANALYTICS_ENABLED="false",
-                          PREFECT_LOGGING_EXTRA_LOGGERS="flagperf", PREFECT_UI_URL=base,
-                          **{RESULTS_URL_ENV: f"{results_base}/runs", RESULTS_ROOT_ENV: str(results_root),
-                             RESULTS_DIR_ENV: str(results_root)})
-        client_env.pop(CLIENT_AUTH_ENV, None)
-        if credentials is not None:
-            client_env[CLIENT_AUTH_ENV] = credentials.auth_string
+        client_env = client_environment(api_url, results_root, credentials, ui_url=base,
+                                        results_url=f"{results_base}/runs")
         # Before the pool is made: a refused start leaves nothing on the database it shares. With --no-deploy too:
-        # its worker would poll a pool the deployments are not on, and the deploy it prints would take them over.
+        # its worker would poll a pool the deployments are not on (the deploy it prints refuses alike).
         import httpx
 
         try:
@@ -960,14 +1083,11 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
                                       database=database_identity(database_url))
             if made is None:  # a signal while they were made
                 return 128 + stopping[0]
-            user, internal, kept = made
-            print(f"deployments: {', '.join(user)} (start these); internal, tagged so: {', '.join(internal)} "
-                  f"(dispatched by evaluate)", flush=True)
-            for line in kept:
-                print(f"schedules: {line}", flush=True)
+            say_deployments(*made)
         else:
-            print(f"deployments: not created (--no-deploy); to create them: "
-                  f"{deploy_command(api_url, results_root, pool, credentials)}", flush=True)
+            command = deploy_command(api_url, results_root, pool, credentials, log_dir=log_dir,
+                                     database=database_identity(database_url))
+            print(f"deployments: not created (--no-deploy); to create them: {command}", flush=True)
         if stopping:
             return 128 + stopping[0]
         auth_hint = f" and {CLIENT_AUTH_ENV}=user:password" if credentials is not None else ""
@@ -1001,8 +1121,12 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["deploy"]:
+        return deploy_by_hand(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m flows.server",
-                                     description="run COMMAND until PID (its owner) is gone")
+                                     description="run COMMAND until PID (its owner) is gone",
+                                     epilog="python -m flows.server deploy --help: the deployments, made by hand")
     parser.add_argument("--watch-parent", type=int, required=True, metavar="PID")
     parser.add_argument("--pass-fd", type=int, action="append", default=[], metavar="FD",
                         help="a file descriptor the command inherits (a listening socket)")

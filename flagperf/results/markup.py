@@ -14,9 +14,11 @@ from markdown.extensions import Extension
 from markdown.treeprocessors import Treeprocessor
 
 # Markdown's punctuation that makes links and images ([ ]), code, emphasis, raw HTML or table cells. md_text's
-# text never starts a line, so '#' and '>' make no heading or quote there; '_' within a word (metric names) is
-# no emphasis; ( ) ! make nothing without [ ].
+# text never starts a line, so '#' and '>' make no heading or quote there; ( ) ! make nothing without [ ].
 MARKDOWN_SPECIAL = re.compile(r"([\\`*\[\]|])")
+# '_' makes emphasis at a word's edge (_x_, __init__), never between two letters or digits (metric names such as
+# tokens_per_s, in Python-Markdown and CommonMark alike): escaped there only, so that those read as written.
+EDGE_UNDERSCORE = re.compile(r"(?<![^\W_])_|_(?![^\W_])")
 SAFE_SCHEMES = ("http", "https")
 SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
 IGNORED_IN_URLS = re.compile(r"[\x00-\x20\x7f]")  # browsers drop these inside a URL ("java\tscript:")
@@ -25,7 +27,8 @@ IGNORED_IN_URLS = re.compile(r"[\x00-\x20\x7f]")  # browsers drop these inside a
 def md_text(value: object) -> str:
     """``value`` as Markdown that shows exactly that text, on one line. '<' becomes an entity, which every
     Markdown renderer shows as '<' (a backslash before it is no escape in Python-Markdown)."""
-    return MARKDOWN_SPECIAL.sub(r"\\\1", " ".join(str(value).splitlines())).replace("<", "&lt;")
+    text = MARKDOWN_SPECIAL.sub(r"\\\1", " ".join(str(value).splitlines()))
+    return EDGE_UNDERSCORE.sub(r"\\_", text).replace("<", "&lt;")
 
 
 def number(value: float | None, digits: int = 4) -> str:

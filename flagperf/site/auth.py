@@ -71,13 +71,18 @@ class Credentials:
             return False
         return hmac.compare_digest(given, self.auth_string.encode("utf-8"))
 
-    def in_shell(self) -> str:
-        """A POSIX shell word that expands to the credentials from where they came (the variable, the file) and
-        holds neither them nor anything of them: what a command printed for the admin to run (flows.server's
-        deploy_command) signs in with. Unset or unreadable there, the command stops at it."""
+    def exported_in_shell(self, name: str) -> str:
+        """POSIX shell that sets and exports ``name`` to the credentials from where they came (the variable, the
+        file), its line ends taken off as the server takes them off, and holds neither them nor anything of them:
+        what a command printed for the admin to run (flows.server's deploy_command) signs in with. Unset, empty or
+        unreadable there, the command stops at it with the shell's one line."""
         if self.source in (SERVER_AUTH_ENV, CLIENT_AUTH_ENV):
-            return f'"${{{self.source}:?set {self.source} to user:password as for the server}}"'
-        return f'"$(tr -d {TR_LINE_ENDS} < {shlex.quote(os.path.abspath(self.source))})"'
+            # checked apart: in a pipeline the shell's error would end only its side, and the value be empty
+            value = (f': "${{{self.source}:?set {self.source} to user:password as for the server}}" && '
+                     f'{name}="$(printf %s "${self.source}" | tr -d {TR_LINE_ENDS})"')
+        else:
+            value = f'{name}="$(tr -d {TR_LINE_ENDS} < {shlex.quote(os.path.abspath(self.source))})"'
+        return f"{value} && export {name}"
 
 
 class SignInThrottle:
@@ -187,13 +192,29 @@ def use_client_credentials() -> Credentials | None:
     return found
 
 
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (a --host value) is reachable from this machine only."""
-    import ipaddress
+# Names of this machine only, whatever the resolver says (RFC 6761 for localhost and *.localhost; the others are
+# what distributions' /etc/hosts give loopback). A trailing dot (the root) is the same name.
+LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
 
-    if host == "localhost":
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a --host value, or a URL's host) is reachable from this machine only: a loopback name, or
+    a loopback address in any form a URL or the resolver takes (127.1, 0x7f.0.0.1, [::1], ::ffff:127.0.0.1)."""
+    import ipaddress
+    import socket
+
+    name = host.strip("[]").lower()
+    bare = name[:-1] if name.endswith(".") else name
+    if bare in LOOPBACK_NAMES or bare.endswith(".localhost"):
         return True
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        address = ipaddress.ip_address(name)
     except ValueError:
-        return False  # a name: it may resolve to any interface
+        try:  # the shorthand forms of IPv4 (127.1, octal, hex), as inet_aton, browsers and curl read them
+            if not name or not set(name) <= set("0123456789abcdefx."):
+                return False
+            address = ipaddress.ip_address(socket.inet_aton(name))
+        except (OSError, ValueError):
+            return False  # a name: it may resolve to any interface
+    mapped = getattr(address, "ipv4_mapped", None)
+    return bool(address.is_loopback or (mapped is not None and mapped.is_loopback))

@@ -33,9 +33,11 @@ def flagperf_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return tmp_path / "results"
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's own, which tears down the fixtures an interrupt left (a server)
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """The work pool this session's `flagperf server`s used on the shared test database, and their deployments, go
-    with the session (its servers are stopped by now): a developer's database keeps no pool per test session."""
+    with the session (its servers are stopped by now, also on Ctrl-C: this runs after the fixtures' teardown): a
+    developer's database keeps no pool per test session."""
     import server_ports
 
     if server_ports.SESSION_USED:

@@ -9,17 +9,19 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import queue
 import re
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
-import psutil
 
 TAKEN = "already in use"  # uvicorn's, `prefect server start`'s and `flagperf server`'s words, lower-cased
 
@@ -67,14 +69,86 @@ def start_on_os_ports(start: Callable[[int, int], subprocess.Popen], home: Path,
     raise AssertionError(f"ports taken at each of {tries} starts: {said[-3000:]}")
 
 
-def session_pool(prefix: str) -> str:
-    """A work pool of this test session only. The servers of a session share one database with those of earlier
-    sessions; a worker an earlier, killed session left behind polls its own pool, so it cannot take this
-    session's flow runs."""
-    return f"{prefix}-{os.getpid()}"
+SESSION_PREFIX = "flagperf-test"
+# A session's pool: the prefix, its pid, and a number where a session elsewhere (another machine or pid namespace on
+# the same database) holds the name. Nothing else: a pool someone made by hand (flagperf-lab-2) is never a session's.
+SESSION_POOL = re.compile(rf"{re.escape(SESSION_PREFIX)}-\d+(?:-\d+)?")
 
 
-SESSION_POOL = re.compile(r"flagperf-[a-z]+-(?P<pid>\d+)")
+def pool_key(pool: str) -> int:
+    """The PostgreSQL advisory lock (a bigint) a test session holds on ``pool`` while it lives."""
+    return int.from_bytes(hashlib.sha256(f"flagperf test session pool {pool}".encode()).digest()[:8], "big",
+                          signed=True)
+
+
+def _dsn() -> str:
+    return os.environ["FLAGPERF_TEST_POSTGRES_URL"].replace("postgresql+asyncpg://", "postgresql://")
+
+
+class PoolLock:
+    """A connection to the test database that holds ``pool``'s advisory lock (pool_key) until released or the
+    process ends, however (PostgreSQL drops a session's locks with its connection): what says, to every session on
+    the database wherever it runs, that the pool's session lives. ``held``: False where another holds it already."""
+
+    def __init__(self, pool: str, limit_s: float = 120.0) -> None:
+        import asyncio
+
+        self.pool = pool
+        self._answer: queue.Queue[bool | BaseException] = queue.Queue()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._release: asyncio.Event | None = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._hold()), name=f"lock {pool}", daemon=True)
+        self._thread.start()
+        answer = self._answer.get(timeout=limit_s)
+        if isinstance(answer, BaseException):
+            raise answer
+        self.held = answer
+
+    async def _hold(self) -> None:
+        import asyncio
+
+        import asyncpg
+
+        try:
+            conn = await asyncpg.connect(_dsn())
+        except BaseException as exc:  # said in the thread that waits for it
+            self._answer.put(exc)
+            return
+        try:
+            self._loop, self._release = asyncio.get_running_loop(), asyncio.Event()
+            held = bool(await conn.fetchval("select pg_try_advisory_lock($1)", pool_key(self.pool)))
+            self._answer.put(held)
+            if held:
+                await self._release.wait()
+        except BaseException as exc:
+            self._answer.put(exc)
+        finally:
+            await conn.close()
+
+    def release(self) -> None:
+        if self._loop is not None and self._release is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._release.set)
+        self._thread.join(timeout=60)
+
+
+_SESSION_LOCK: list[PoolLock] = []  # this session's, once it took one
+
+
+def session_pool() -> str:
+    """The work pool of this test session only, its lock held from now on (PoolLock). The servers of a session share
+    one database with those of earlier and concurrent sessions; a worker an earlier, killed session left behind
+    polls its own pool, so it cannot take this session's flow runs."""
+    if not _SESSION_LOCK:
+        for name in (f"{SESSION_PREFIX}-{os.getpid()}", *(f"{SESSION_PREFIX}-{os.getpid()}-{n}" for n in range(1, 20))):
+            lock = PoolLock(name)
+            if lock.held:
+                _SESSION_LOCK.append(lock)
+                break
+        else:
+            raise AssertionError(f"sessions elsewhere on the test database hold every pool name of {name}'s kind")
+    return _SESSION_LOCK[0].pool
+
+
 DEFAULT_POOL = "flagperf"  # prefect.yaml's: the team-server tutorial's server (its page's command) is on it
 
 
@@ -112,16 +186,34 @@ def default_pool_unused() -> Iterator[bool]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def pool_ended(pool: str, default_unused: bool) -> bool:
-    """Whether the server that made deployments on ``pool`` has provably ended: a session's pool whose session
-    (pid) is gone, or is this one (its servers are stopped by the time it starts another); the default pool where
-    no session serves it (``default_unused``: default_pool_unused). Any other pool is no test's: never cleared."""
+async def _ended(conn: Any, pool: str, default_unused: bool) -> bool:
+    """Whether the server that made deployments on ``pool`` has provably ended: this session's pool (its servers are
+    stopped by the time it starts another, or clears at its end); another session's whose lock (PoolLock) no session
+    holds: ``conn`` takes it then, and keeps it while what the pool's session left is deleted; the default pool
+    where no session serves it (``default_unused``: default_pool_unused). Any other pool is no test's: never."""
     if pool == DEFAULT_POOL:
         return default_unused
-    session = SESSION_POOL.fullmatch(pool)
-    if session is None:
+    if SESSION_POOL.fullmatch(pool) is None:
         return False
-    return int(session["pid"]) == os.getpid() or not psutil.pid_exists(int(session["pid"]))
+    if _SESSION_LOCK and pool == _SESSION_LOCK[0].pool:
+        return True
+    return bool(await conn.fetchval("select pg_try_advisory_lock($1)", pool_key(pool)))
+
+
+def pool_ended(pool: str, default_unused: bool) -> bool:
+    """_ended, asked on a connection of its own (any lock it takes goes with it)."""
+    import asyncio
+
+    import asyncpg
+
+    async def ask() -> bool:
+        conn = await asyncpg.connect(_dsn())
+        try:
+            return await _ended(conn, pool, default_unused)
+        finally:
+            await conn.close()
+
+    return asyncio.run(ask())
 
 
 def clear_what_ended_servers_left(pool: str | None) -> None:
@@ -142,19 +234,19 @@ def clear_what_ended_servers_left(pool: str | None) -> None:
     names, entrypoints = [s["name"] for s in specs], [s["entrypoint"] for s in specs]
 
     async def clear(default_unused: bool) -> None:
-        dsn = os.environ["FLAGPERF_TEST_POSTGRES_URL"].replace("postgresql+asyncpg://", "postgresql://")
-        conn = await asyncpg.connect(dsn)
+        conn = await asyncpg.connect(_dsn())  # closed at the end: the locks _ended took go with it
         try:
             rows = await conn.fetch(
                 "select d.id, p.name as pool from deployment d join work_queue q on q.id = d.work_queue_id "
                 "join work_pool p on p.id = q.work_pool_id where d.name = any($1::text[]) "
                 "and d.entrypoint = any($2::text[])", names, entrypoints)
-            stale = [row["id"] for row in rows if row["pool"] != pool and pool_ended(row["pool"], default_unused)]
+            stale = [row["id"] for row in rows
+                     if row["pool"] != pool and await _ended(conn, row["pool"], default_unused)]
             if stale:
                 await conn.execute("delete from deployment where id = any($1::uuid[])", stale)
             pools = [row["name"] for row in await conn.fetch("select name from work_pool")]
             ended = [name for name in pools if name != pool and SESSION_POOL.fullmatch(name)
-                     and pool_ended(name, default_unused)]
+                     and await _ended(conn, name, default_unused)]
             if ended:  # its queues and workers with it (cascade), as Prefect deletes a pool
                 await conn.execute("delete from work_pool where name = any($1::text[])", ended)
         except asyncpg.UndefinedTableError:  # no server has used the database yet
@@ -173,7 +265,7 @@ def database_pool() -> str:
     """The work pool of every `flagperf server` this session starts on the shared test database: one for them all
     (servers on one database serve one pool: flows.server.refuse_other_pools), with what ended sessions left
     cleared first; the session's end clears it too (conftest.py)."""
-    pool = session_pool("flagperf-test")
+    pool = session_pool()
     clear_what_ended_servers_left(pool)
     if pool not in SESSION_USED:
         SESSION_USED.append(pool)

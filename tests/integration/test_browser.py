@@ -353,7 +353,9 @@ def test_sign_in_evaluate_from_the_form_fail_retry_report_site_trend_and_schedul
 
 def secret_found(server: Server) -> list[str]:
     """Where the server's password, or the Basic header made of it, appears: the database (all of it, as pg_dump
-    writes it), the files of the results folder and of the logs folders beside it."""
+    writes it), the files of the results folder and of the folders beside it that the server, the worker and the
+    rounds write: the logs folders, PREFECT_HOME (Prefect's own files: profiles, its local result storage) and the
+    work root (the rounds' staging folders on the host). Not the sign-in's own file (secrets/)."""
     import base64
 
     secrets = [server.password.encode(),
@@ -363,7 +365,11 @@ def secret_found(server: Server) -> list[str]:
     dump = subprocess.run(["pg_dump", "--data-only", dsn], capture_output=True, timeout=300)
     assert dump.returncode == 0, dump.stderr.decode(errors="replace")
     found = ["the database" for secret in secrets if secret in dump.stdout]
-    for path in [*server.results.rglob("*"), *server.results.parent.glob("logs-*/**/*")]:
+    beside = server.results.parent
+    written = [server.results, *beside.glob("logs-*"), beside / "prefect-home", beside / "work"]
+    # each one searched is there, as the fixture named it (the work root: once a round staged there)
+    assert all(folder.is_dir() for folder in written[:-1]) and len(written) > 3, written
+    for path in [path for folder in written for path in folder.rglob("*")]:
         if path.is_file() and not path.is_symlink() and any(s in path.read_bytes() for s in secrets):
             found.append(str(path))
     return found

@@ -93,8 +93,10 @@ def test_deploy_all_then_run_through_a_worker(flagperf_env: Path, tmp_path: Path
     assert nightly_form["results_dir"]["default"] == "" and "results_dir" not in (nightly.parameters or {})
     for deployment in internal:
         assert deployment.description.startswith("Internal") and "internal" in deployment.tags
-    # host-round's form has no `probe`: the round reads it from the run folder (a run made before still passes it)
-    assert "probe" not in internal[0].parameter_openapi_schema["properties"], internal[0].parameter_openapi_schema
+    # host-round's form has no `probe`: the round reads it from the run folder (a run made before still passes it);
+    # its other fields keep their types (host and image were untyped)
+    round_form = internal[0].parameter_openapi_schema["properties"]
+    assert "probe" not in round_form and round_form["host"].get("type") == "object", round_form
 
     worker = subprocess.Popen(watched([sys.executable, "-m", "prefect", "worker", "start", "--pool", "flagperf",
                                        "--limit", "1"]), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
@@ -465,18 +467,25 @@ def test_what_users_set_on_the_nightly_in_the_ui_survives_a_restart_of_the_serve
 
     # The deploy a server of that pool prints to be run by hand makes them on its pool (`prefect deploy --all`
     # ignores --pool: they landed on 'flagperf', and the server's next start was refused, blaming a server that
-    # did not exist); a server of the first pool is then refused in turn.
+    # did not exist), keeping what users set on the nightly as the server does (plain `prefect deploy` put
+    # prefect.yaml's schedule back); a server of the first pool is then refused in turn.
     created = prefect_cli("work-pool", "create", "flagperf-other", "--type", "process", "--overwrite", env=env)
     assert created.returncode == 0, created.stdout + created.stderr
-    by_hand = subprocess.run(["bash", "-c", deploy_command(api, tmp_path / "results", "flagperf-other")], env={
-        **env, "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])},
-        capture_output=True, text=True, timeout=600)
+    by_hand = subprocess.run(["bash", "-c", deploy_command(api, tmp_path / "results", "flagperf-other",
+                                                           log_dir=tmp_path / "by-hand", database=database)],
+                             env=env, capture_output=True, text=True, timeout=600)
     assert by_hand.returncode == 0, by_hand.stdout[-3000:] + by_hand.stderr[-3000:]
+    assert "nightly: kept the schedule set in the UI (" in by_hand.stdout, by_hand.stdout
+    assert not (tmp_path / "by-hand" / SAVED_SETTINGS).exists()  # saved while it deployed, removed once put back
     with get_client(sync_client=True) as client:
         pools = {name: client.read_deployment_by_name(name).work_pool_name for name in (
             "evaluate/evaluate", "nightly-regression/nightly", "host-round/host-round",
             "host-healthcheck/host-healthcheck")}
     assert set(pools.values()) == {"flagperf-other"}, pools
+    with get_client(sync_client=True) as client:
+        nightly = client.read_deployment_by_name("nightly-regression/nightly")
+        assert sorted((s.schedule.cron, s.schedule.timezone, s.active, s.parameters)
+                      for s in nightly.schedules) == set_in_ui
     # with the served results folder in the user-facing ones' job variables, as the server gives it (it was only
     # exported to the deploy, which no run sees), beside prefect.yaml's own
     with get_client(sync_client=True) as client:

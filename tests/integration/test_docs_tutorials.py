@@ -88,7 +88,7 @@ def _run_server_tutorial(script: str, folder: Path, env: dict[str, str], tmp_pat
         done = _run_ported(script, folder, env)
     # What it left on the default pool, for the session pools' servers (refused by deployments of another pool),
     # unless another session's tutorial server serves that pool now.
-    clear_what_ended_servers_left(session_pool("flagperf-test"))
+    clear_what_ended_servers_left(session_pool())
     return done
 
 

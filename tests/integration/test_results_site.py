@@ -223,6 +223,9 @@ def test_beyond_loopback_the_server_needs_a_sign_in(no_credentials_around: Path,
             server_credentials(host, None)
     # On loopback behind a proxy that the network reaches (an address for browsers on another host): the same.
     assert server_credentials("127.0.0.1", None, {"--public-url": "http://localhost:4200"}) is None
+    # loopback however it is written (these were refused a start without a sign-in)
+    assert server_credentials("127.1", None, {"--public-url": "http://localhost.:4200",
+                                              "--results-public-url": "http://[::ffff:127.0.0.1]:81"}) is None
     for option, url in (("--public-url", "https://perf-lab.example.org"), ("--results-public-url", "http://10.1.2.3:81")):
         with pytest.raises(ConfigError, match=f"^{option}: {re.escape(url)} opens the server beyond this machine, "
                                               "which needs a sign-in"):

@@ -22,18 +22,20 @@ import pytest
 from held_deploy import holding_env, running, wait_held
 from prefect_api import assert_schedule_gets_runs
 from server_ports import (
+    PoolLock,
     clear_what_ended_servers_left,
     database_pool,
     default_pool_in_use,
     default_pool_unused,
     online_since,
     pool_ended,
+    session_pool,
     start_on_os_ports,
 )
 from site_probe import basic, plant, probe, request
 
 from flagperf.site.auth import Credentials
-from flows.server import api_headers, deploy_command
+from flows.server import api_headers, database_identity, deploy_command
 from tests.unit.childio import Lines, output_of
 
 # In CI the database must be there (.ci/run makes it): a skip there would hide a broken set-up.
@@ -145,18 +147,24 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
         # The server really stores in PostgreSQL: the pool is a row there.
         assert pool in pools_in_postgres()  # other tests of the session may add their pools
         # The pool an ended session's server made goes (a developer's database gained one per session); this
-        # session's, and a pool no test made, stay.
-        ended = subprocess.Popen([sys.executable, "-c", "pass"])
-        ended.wait(timeout=60)
-        for made in (f"flagperf-test-{ended.pid}", f"lab-{os.getpid()}"):
-            assert httpx.post(f"{api}/work_pools/", json={"name": made, "type": "process"}, headers=changes,
-                              timeout=10).status_code == 201
-        clear_what_ended_servers_left(pool)
-        assert httpx.get(f"{api}/work_pools/flagperf-test-{ended.pid}", headers=signed_in, timeout=10
-                         ).status_code == 404
-        for kept in (pool, f"lab-{os.getpid()}"):
-            assert httpx.get(f"{api}/work_pools/{kept}", headers=signed_in, timeout=10).status_code == 200, kept
-        httpx.delete(f"{api}/work_pools/lab-{os.getpid()}", headers=changes, timeout=10).raise_for_status()
+        # session's, a live session's elsewhere (another machine or pid namespace on this database: its pid means
+        # nothing here; it holds its pool's lock), and pools made by hand (also flagperf-lab-N), stay.
+        gone, elsewhere = (f"flagperf-test-{ended_pid()}" for _ in range(2))
+        live_elsewhere = PoolLock(elsewhere)
+        assert live_elsewhere.held
+        hand_made = (f"lab-{os.getpid()}", f"flagperf-lab-{os.getpid()}")
+        try:
+            for made in (gone, elsewhere, *hand_made):
+                assert httpx.post(f"{api}/work_pools/", json={"name": made, "type": "process"}, headers=changes,
+                                  timeout=10).status_code == 201
+            clear_what_ended_servers_left(pool)
+            assert httpx.get(f"{api}/work_pools/{gone}", headers=signed_in, timeout=10).status_code == 404
+            for kept in (pool, elsewhere, *hand_made):
+                assert httpx.get(f"{api}/work_pools/{kept}", headers=signed_in, timeout=10).status_code == 200, kept
+        finally:
+            live_elsewhere.release()
+            for made in (elsewhere, *hand_made):
+                httpx.delete(f"{api}/work_pools/{made}", headers=changes, timeout=10)
         # The UI in a browser asks this endpoint where the API is (this server, not port 4200) and whether to
         # show its login page.
         settings = httpx.get(f"http://127.0.0.1:{port}/ui-settings", timeout=10).json()
@@ -183,7 +191,9 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
         evaluate = deployments["evaluate"]
         httpx.patch(f"{api}/deployments/{evaluate['id']}", headers=changes, timeout=10, json={"job_variables": {
             "env": {**evaluate["job_variables"]["env"], "FLAGPERF_RESULTS_DIR": "/elsewhere"}}}).raise_for_status()
-        command = deploy_command(api, results.resolve(), pool, Credentials(f"lab:{password}", str(auth_file)))
+        command = deploy_command(api, results.resolve(), pool, Credentials(f"lab:{password}", str(auth_file)),
+                                 log_dir=tmp_path / f"logs-{port}",
+                                 database=database_identity(os.environ["FLAGPERF_TEST_POSTGRES_URL"]))
         assert password not in command and str(auth_file) in command
         by_hand = subprocess.Popen(["bash", "-c", command], env={
             **env, "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])},
@@ -285,21 +295,33 @@ def test_a_killed_server_command_leaves_no_server(tmp_path: Path) -> None:
     assert not left, left  # pid, parent, group and command of each: which watcher let it go
 
 
+def ended_pid() -> int:
+    """The pid of a process that has ended (and been reaped): no process here has it."""
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait(timeout=60)
+    return ended.pid
+
+
 def test_the_session_clears_only_the_deployments_of_servers_that_provably_ended() -> None:
     """The servers of a session share the test database with other sessions': before its servers start, a session
     clears what ended ones left on their pools (a server of another pool is refused). It took any pool not named
     like a session's for ended, the tutorial's `flagperf` too, so a concurrent session's tutorial server lost its
-    deployments. Now: a session's pool whose process is gone, or this session's own; the default pool only while
-    no session's server holds it (its lock); any other pool never."""
-    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    deployments; then a session's pool whose pid was gone here, so a live session on another machine or in another
+    pid namespace lost its pool, and a pool made by hand named like one (flagperf-lab-2) was taken for a session's.
+    Now: a session's pool (flagperf-test-N) whose lock no session holds (PoolLock: the session holds it while it
+    lives, wherever it runs), or this session's own; the default pool only while no session's server holds it (its
+    lock); any other pool never."""
+    elsewhere = f"flagperf-test-{ended_pid()}"
+    lock = PoolLock(elsewhere)
     try:
-        assert not pool_ended(f"flagperf-test-{live.pid}", True)
+        assert lock.held and not PoolLock(elsewhere).held  # one session per pool
+        assert not pool_ended(elsewhere, True)
     finally:
-        live.kill()
-        live.wait(timeout=60)
-    assert pool_ended(f"flagperf-test-{live.pid}", False)  # gone (and reaped)
-    assert pool_ended(f"flagperf-test-{os.getpid()}", False)
+        lock.release()
+    assert pool_ended(elsewhere, False)  # its session is gone
+    assert pool_ended(session_pool(), False)  # this session's own (its servers are stopped when it clears)
     assert not pool_ended("lab", True) and not pool_ended("flagperf-other", True)
+    assert not pool_ended(f"flagperf-lab-{ended_pid()}", True) and not pool_ended("flagperf-test", True)
     assert not pool_ended("flagperf", False) and pool_ended("flagperf", True)
     with default_pool_unused() as unused:
         assert unused

@@ -207,6 +207,20 @@ def test_links_in_case_text_are_inert_in_the_report_and_its_artifact(tmp_path: P
         '<p><a href="https://example.org/x">ok</a> <img alt="p" src="plots/a.png" /></p>')
 
 
+def test_case_text_makes_no_emphasis_and_a_metric_name_reads_as_written() -> None:
+    """Text a case or a probe controls (a device named __init__, a message with _this_ or *that*) shows as written in
+    report.md and the artifact (it came out in italics or bold, its underscores gone); a name with '_' between
+    letters (tokens_per_s), which no renderer takes for emphasis, is left unescaped, so report.md reads as written."""
+    import markdown
+
+    from flagperf.results.markup import md_text
+
+    text = "__init__ on _dev_ says *that* and **this**, a__b_ x_ at tokens_per_s"
+    html = markdown.markdown(md_text(text))
+    assert html == f"<p>{text}</p>" and "<em>" not in html and "<strong>" not in html, html
+    assert md_text("tokens_per_s") == "tokens_per_s" and md_text("snake_case_name") == "snake_case_name"
+
+
 def test_a_host_without_matplotlib_gets_its_report_without_plots(tmp_path: Path) -> None:
     """A lean GPU image may lack matplotlib: the figures and the report are still written, and the report says
     why it has no plots. Run in a fresh interpreter in which `import matplotlib` fails."""

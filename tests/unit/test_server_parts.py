@@ -101,17 +101,65 @@ def test_a_step_is_not_started_after_a_signal(tmp_path: Path) -> None:
     assert not (tmp_path / "ran").exists()
 
 
-def test_public_base() -> None:
+@pytest.mark.parametrize(("fqdn", "hostname", "route", "base", "guess"), [
+    ("perf-lab.example.org", "perf-lab", "10.1.2.3", "http://perf-lab.example.org:4310", None),
+    # /etc/hosts maps the host name to 127.0.0.1 first: getfqdn says 'localhost'; the host name has a domain
+    ("localhost", "perf-lab.example.org", "10.1.2.3", "http://perf-lab.example.org:4310", None),
+    # a short name only: the default route's address (a short name resolves only in the same DNS domain), said
+    ("perf-lab", "perf-lab", "10.1.2.3", "http://10.1.2.3:4310", "its host name 'perf-lab' has no domain; used the "
+                                                                 "address of its default route"),
+    ("localhost", "perf-lab", "fd00::5", "http://[fd00::5]:4310", "its host name 'perf-lab' has no domain"),
+    ("perf-lab", "perf-lab", None, "http://perf-lab:4310", "its host name 'perf-lab' has no domain"),
+    # every name loopback: never silently 'localhost' (every browser would open its own machine)
+    ("localhost", "localhost.localdomain", "10.1.2.3", "http://10.1.2.3:4310", "its names (localhost, "
+                                                                               "localhost.localdomain) are loopback"),
+    ("localhost.", "localhost", None, "http://localhost:4310", "its names (localhost, localhost.) are loopback"),
+])
+def test_the_ui_s_address_on_every_interface_is_the_machine_s_full_name_else_a_guess_said(
+        monkeypatch: pytest.MonkeyPatch, fqdn: str, hostname: str, route: str | None, base: str,
+        guess: str | None) -> None:
+    """--host 0.0.0.0 without --public-url: the UI's address (and the results site's, the reports' links) names this
+    machine by its FQDN; without one (a short name only, or only loopback names) it is a guess (the default route's
+    address, else the short name, else localhost), and the banner says so in one line with the way out
+    (--public-url); it gave a short name, or localhost, without a word."""
     import socket
     from urllib.parse import urlsplit
 
-    assert public_base("127.0.0.1", 4310) == "http://127.0.0.1:4310"
-    assert public_base("0.0.0.0", 4310).endswith(":4310") and "0.0.0.0" not in public_base("0.0.0.0", 4310)
-    # Every interface: the name teammates reach, never 'localhost' (which getfqdn gives where /etc/hosts maps the
-    # host name to 127.0.0.1 first), where this machine has a name of its own.
-    if not socket.gethostname().startswith("localhost"):
-        assert not urlsplit(public_base("0.0.0.0", 4310)).hostname.startswith("localhost")
+    from flows import server
+
+    monkeypatch.setattr(socket, "getfqdn", lambda *args: fqdn)
+    monkeypatch.setattr(socket, "gethostname", lambda: hostname)
+    monkeypatch.setattr(server, "default_route_address", lambda: route)
+    for wildcard in ("0.0.0.0", "::"):
+        assert public_base(wildcard, 4310) == base
+        advice = server.address_advice(wildcard, 4310, None)
+        if guess is None:
+            assert advice is None
+        else:
+            name = urlsplit(base).hostname
+            assert advice is not None and advice.startswith(f"address: {name} is a guess ({guess}"), advice
+            assert advice.endswith("restart with --public-url http://NAME:4310 (NAME as they reach this machine)")
+        assert server.address_advice(wildcard, 4310, "http://perf-lab:80") is None
     assert public_base("0.0.0.0", 4310, "http://perf-lab:80/") == "http://perf-lab:80"
+    assert public_base("127.0.0.1", 4310) == "http://127.0.0.1:4310"
+    assert server.address_advice("127.0.0.1", 4310, None) is None
+
+
+def test_urls_made_from_an_ipv6_host_bracket_it() -> None:
+    """--host ::1: the worker's API address, the UI's and the results site's are URLs (http://::1:4200/api is
+    none: the worker could not reach the server)."""
+    from urllib.parse import urlsplit
+
+    from flows.server import local_api_url, results_base_for
+
+    assert local_api_url("::1", 4200) == "http://[::1]:4200/api" and urlsplit(local_api_url("::1", 4200)).port == 4200
+    assert local_api_url("[::1]", 4200) == "http://[::1]:4200/api"
+    assert local_api_url("0.0.0.0", 4200) == local_api_url("::", 4200) == "http://127.0.0.1:4200/api"
+    assert local_api_url("127.0.0.1", 4200) == "http://127.0.0.1:4200/api"
+    assert public_base("::1", 4200) == "http://[::1]:4200"
+    assert results_base_for("http://[::1]:4200", 4201) == "http://[::1]:4201"
+    assert results_base_for("http://perf-lab:4200", 4201) == "http://perf-lab:4201"
+    assert results_base_for("http://perf-lab:4200", 4201, "https://results.lab/") == "https://results.lab"
 
 
 def test_configured_api_url_reads_the_environment_then_the_active_profile(tmp_path: Path,
@@ -153,17 +201,25 @@ def test_the_form_explains_itself_and_offers_the_folders() -> None:
 
 def test_the_host_round_form_has_no_probe_and_an_old_run_s_probe_is_still_taken() -> None:
     """host-round's `probe` is read from the run folder now: the deployment's form and schema, as `prefect deploy`
-    makes them from the flow it loads, do not offer it (users filled it); a run made before, retried with it among
-    its parameters, is still taken (Prefect checks them against the function, which keeps it)."""
+    makes them from the flow it loads, are the function's as Prefect makes them, every parameter typed as there
+    (host and image were left untyped), without `probe` (users filled it); so too for a copy made by with_options
+    (a plain Flow, which offered it again). A run made before, retried with it among its parameters, is still taken
+    (Prefect checks them against the function, which keeps it); a run made now stores none."""
     from prefect.flows import load_flow_from_entrypoint
     from prefect.utilities.callables import parameter_schema
 
     flow = load_flow_from_entrypoint(f"{PROJECT_ROOT / 'flows' / 'host_round.py'}:host_round")
-    form = parameter_schema(flow).model_dump()
-    assert "probe" not in form["properties"] and {"run_dir", "case", "round_no", "host"} <= set(form["properties"])
-    assert "probe" not in flow.parameters.properties
-    old_run = {"run_dir": "/r", "case": "c", "round_no": 1, "host": {"name": "h1"}, "probe": {"device": "X1"}}
-    assert flow.validate_parameters(old_run)["probe"] == {"device": "X1"}
+    whole = parameter_schema(flow.fn).model_dump()
+    assert "probe" in whole["properties"] and whole["properties"]["host"].get("type") == "object", whole
+    del whole["properties"]["probe"]
+    copy = flow.with_options(name="host-round-copy", retries=1)
+    assert copy.name == "host-round-copy" and copy.retries == 1
+    for made in (flow, copy):
+        assert parameter_schema(made).model_dump() == whole
+        assert made.parameters.model_dump() == whole
+        old_run = {"run_dir": "/r", "case": "c", "round_no": 1, "host": {"name": "h1"}, "probe": {"device": "X1"}}
+        assert made.validate_parameters(old_run)["probe"] == {"device": "X1"}
+        assert "probe" not in made.serialize_parameters({**old_run, "probe": None})
 
 
 def test_a_server_stopped_while_it_starts_stops_what_it_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -361,40 +417,38 @@ def test_the_saved_database_is_its_host_port_and_name_never_its_user_or_password
     assert database_identity("postgresql+asyncpg://lab@/prefect?host=/run/postgresql") == "/run/postgresql:5432/prefect"
 
 
-def test_the_by_hand_deploy_command_puts_the_deployments_on_the_server_s_pool() -> None:
-    """`prefect deploy --all` ignores --pool (Prefect applies command-line options to one deployment at a time): the
-    command printed for --no-deploy and in every "by hand:" error deploys each one with --pool (a by-hand deploy
-    landed on 'flagperf', and the next start was refused). The user-facing ones get the served results folder in
-    their job variables, as the server gives it (prefect.yaml's own kept: --job-variable replaces them); it was only
-    exported to the deploy, which no run sees. It runs in a subshell: the reader's shell keeps its folder and
-    environment. (tests/integration/test_deployments.py and test_server.py run it.)"""
-    import json
+def test_the_by_hand_deploy_command_is_the_server_s_own_deploy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    """The command printed for --no-deploy and in every "by hand:" error runs the server's own deploy
+    (`python -m flows.server deploy`: create_deployments), not `prefect deploy`, which put the nightly's schedule and
+    pause back to prefect.yaml's: so it keeps what users set in the UI, saving it first in the server's logs folder
+    (absolute: the command runs in the project) with the server's database, as a start does; each deployment on the
+    server's pool with the served results folder. It runs in a subshell: the reader's shell keeps its folder and
+    environment. (tests/integration/test_deployments.py and test_server.py run it against a real server.)"""
     import shlex
 
-    from flows.server import deploy_command, deployments_in_project
+    from flows import server
 
-    specs = deployments_in_project()["deployments"]
+    monkeypatch.chdir(tmp_path)
     for pool in ("flagperf", "lab 2"):
-        command = deploy_command("http://127.0.0.1:4200/api", Path("/data/re=sults"), pool)
-        assert command.startswith("(cd ") and command.endswith(")")
-        steps = " ".join(shlex.quote(w) for w in shlex.split(command[1:-1])).split(" '&&' ")
-        deploys = [shlex.split(step)[4:] for step in steps if step.startswith("prefect --no-prompt deploy --name ")]
-        assert [d[0] for d in deploys] == [spec["name"] for spec in specs] and "--all" not in command, command
-        for spec, deploy in zip(specs, deploys, strict=True):
-            assert deploy[1:3] == ["--pool", pool], deploy
-            if "internal" in spec.get("tags", []):
-                assert deploy[3:] == [], deploy
-                continue
-            assert deploy[3] == "--job-variable" and "=" not in deploy[4], deploy  # Prefect reads KEY=VALUE first
-            variables = json.loads(deploy[4])
-            assert variables["env"] == {**spec["work_pool"]["job_variables"]["env"],
-                                        "FLAGPERF_RESULTS_DIR": "/data/re=sults"}, variables
+        command = server.deploy_command("http://127.0.0.1:4200/api", Path("/data/re=sults"), pool,
+                                        log_dir=Path("logs"), database="db:5432/prefect")
+        assert command.startswith(f"(cd {shlex.quote(str(PROJECT_ROOT))} && ") and command.endswith(")"), command
+        words = shlex.split(command[1:-1].split(" && ", 1)[1])
+        assert words == [sys.executable, "-m", "flows.server", "deploy", "--api-url", "http://127.0.0.1:4200/api",
+                         "--pool", pool, "--results", "/data/re=sults", "--log-dir", str(tmp_path / "logs"),
+                         "--database", "db:5432/prefect"], words
+        assert "prefect deploy" not in command and "--no-prompt" not in command
 
 
 def test_the_by_hand_deploy_command_signs_in_from_where_the_server_s_sign_in_came(tmp_path: Path) -> None:
     """Against a signed-in server the by-hand command signs in as the server does: from the same file or variable,
-    named, never the value (the command is printed, and a command line shows in every process list); where that is
-    missing it stops with the shell's one line, before any deploy. (test_server.py runs it on a signed-in server.)"""
+    named, never the value (the command is printed, and a command line shows in every process list), its line ends
+    taken off as the server takes them off (a variable's were passed on as they were); where that is missing it
+    stops with the shell's one line, before any request. Here the stand-in API has the nightly on another server's
+    pool: the server's own deploy refuses to take it over, in one line, before it makes anything (`prefect deploy`
+    took it over). (test_server.py runs it on a signed-in server.)"""
+    import base64
     import shlex
 
     from flagperf.site.auth import Credentials
@@ -403,37 +457,40 @@ def test_the_by_hand_deploy_command_signs_in_from_where_the_server_s_sign_in_cam
     secret = "lab:not-in-the-command-4242"
     auth_file = tmp_path / "it is auth"
     auth_file.write_text(secret + "\r\n", encoding="utf-8")
-    seen = tmp_path / "seen"
-    # A `prefect` that says what it was given: the sign-in, as the real one reads it from its environment.
-    fake = tmp_path / "bin" / "prefect"
-    fake.parent.mkdir()
-    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$PREFECT_API_AUTH_STRING" >> {seen}\n', encoding="utf-8")
-    fake.chmod(0o755)
-    env = {"PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}", "HOME": str(tmp_path)}
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
     by_file = Credentials(secret, str(auth_file))
     by_variable = Credentials(secret, "PREFECT_SERVER_API_AUTH_STRING")
     for credentials, named, environ in ((by_file, shlex.quote(str(auth_file)), {}),
                                         (by_variable, "${PREFECT_SERVER_API_AUTH_STRING:?", {
-                                            "PREFECT_SERVER_API_AUTH_STRING": secret})):
-        command = deploy_command("http://127.0.0.1:4200/api", tmp_path / "results", "flagperf", credentials)
-        assert "not-in-the-command" not in command and named in command, command
-        seen.unlink(missing_ok=True)
-        ran = subprocess.run(["sh", "-c", command], env={**env, **environ}, capture_output=True, text=True, timeout=60)
-        assert ran.returncode == 0, ran.stderr
-        assert seen.read_text().splitlines() == [secret] * 4  # each deploy signed in
-        seen.unlink()
-        # the file gone, the variable not set: one line from the shell, and no deploy
-        missing = subprocess.run(["sh", "-c", command.replace(str(auth_file), str(tmp_path / "gone"))], env=env,
-                                 capture_output=True, text=True, timeout=60)
-        assert missing.returncode != 0 and not seen.exists(), missing.stderr
-        assert len(missing.stderr.strip().splitlines()) == 1, missing.stderr
+                                            "PREFECT_SERVER_API_AUTH_STRING": secret + "\r\n"})):
+        signed: list[str | None] = []
+        with deployments_api([], {**a_nightly(), "work_pool_name": "flagperf"}, signed=signed) as (api, seen):
+            command = deploy_command(api, tmp_path / "results", "lab2", credentials, log_dir=tmp_path / "logs",
+                                     database="db:5432/prefect")
+            assert "not-in-the-command" not in command and named in command, command
+            ran = subprocess.run(["sh", "-c", command], env={**env, **environ}, capture_output=True, text=True,
+                                 timeout=300)
+            assert ran.returncode == 2, ran.stdout + ran.stderr
+            (line,) = ran.stderr.splitlines()
+            assert line.startswith("error: --pool lab2: the deployments nightly on this database are on work pool "
+                                   "'flagperf', another server's"), line
+            assert seen and signed == [f"Basic {base64.b64encode(secret.encode()).decode()}"] * len(seen), signed
+            assert not [request for request in seen if not request.startswith(("GET ", "POST /api/deployments/filter"))]
+            # the file gone, the variable not set: one line from the shell, and no request
+            seen.clear()
+            missing = subprocess.run(["sh", "-c", command.replace(str(auth_file), str(tmp_path / "gone"))], env=env,
+                                     capture_output=True, text=True, timeout=60)
+            assert missing.returncode != 0 and not seen, missing.stderr
+            assert len(missing.stderr.strip().splitlines()) == 1, missing.stderr
 
 
 @contextlib.contextmanager
-def deployments_api(filter_answers: list[int], deployment: dict, port: int = 0):
+def deployments_api(filter_answers: list[int], deployment: dict, port: int = 0,
+                    signed: list[str | None] | None = None):
     """A stand-in for the Prefect API's deployment reads, on a real local HTTP server (on ``port``, 0: any): CSRF
     off, /deployments/filter answering each status of ``filter_answers`` in turn (then 200) with ``deployment``,
-    and any other change refused (422), as Prefect refuses one it cannot take."""
+    and any other change refused (422), as Prefect refuses one it cannot take. ``signed``: gets each request's
+    Authorization header."""
     import http.server
     import json
     import threading
@@ -455,6 +512,8 @@ def deployments_api(filter_answers: list[int], deployment: dict, port: int = 0):
 
         def do_GET(self) -> None:
             seen.append(f"GET {self.path}")
+            if signed is not None:
+                signed.append(self.headers.get("Authorization"))
             if self.path.startswith("/api/csrf-token"):
                 self.answer(422, {"detail": "CSRF protection is disabled."})
             elif self.path == f"/api/deployments/{deployment['id']}":
@@ -464,6 +523,8 @@ def deployments_api(filter_answers: list[int], deployment: dict, port: int = 0):
 
         def do_POST(self) -> None:
             seen.append(f"POST {self.path}")
+            if signed is not None:
+                signed.append(self.headers.get("Authorization"))
             wanted = json.loads(self.rfile.read(int(self.headers["Content-Length"] or 0)) or b"null")
             if self.path != "/api/deployments/filter":
                 self.answer(422, {"detail": "not taken"})
@@ -515,7 +576,8 @@ def test_an_api_error_while_the_deployments_are_made_is_one_line_saying_how_by_h
                            database="db:5432/prefect")
     said = str(info.value)
     assert said.startswith("reading the deployments' schedules before making them failed (Server error '500")
-    assert said.endswith(f"; by hand: {deploy_command(api, tmp_path / 'results', 'pool')}") and "\n" not in said
+    by_hand = deploy_command(api, tmp_path / "results", "pool", log_dir=tmp_path, database="db:5432/prefect")
+    assert said.endswith(f"; by hand: {by_hand}") and "\n" not in said
 
 
 def test_a_put_back_the_server_refuses_names_the_saved_file_to_remove(tmp_path: Path,
@@ -628,3 +690,31 @@ def test_a_third_signal_while_the_server_stops_ends_it_at_once(tmp_path: Path) -
         if asked.is_file() and asked.read_text():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(asked.read_text()), signal.SIGKILL)
+
+
+def test_the_session_s_pool_is_cleared_after_its_servers_are_stopped_also_on_ctrl_c(tmp_path: Path) -> None:
+    """The integration tests' session end clears the session's work pool (tests/integration/conftest.py): only once
+    the fixtures are torn down, the servers they started stopped. On Ctrl-C pytest tears them down in its own
+    pytest_sessionfinish, which ran after the clearing: a live server's pool was deleted under it."""
+    (tmp_path / "conftest.py").write_text(
+        "import pytest\n"
+        "import server_ports\n"
+        "from tests.integration.conftest import pytest_sessionfinish  # noqa: F401 (the hook, as it is)\n"
+        f"SAID = {str(tmp_path / 'said')!r}\n"
+        "def note(what):\n"
+        "    with open(SAID, 'a') as said:\n"
+        "        said.write(what + '\\n')\n"
+        "server_ports.clear_what_ended_servers_left = lambda pool: note('cleared')\n"
+        "@pytest.fixture(scope='module')\n"
+        "def live_server():\n"
+        "    server_ports.SESSION_USED.append('flagperf-test-1')\n"
+        "    yield\n"
+        "    note('stopped')\n", encoding="utf-8")
+    (tmp_path / "test_interrupted.py").write_text(
+        "def test_interrupted(live_server):\n    raise KeyboardInterrupt\n", encoding="utf-8")
+    ran = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300, env={
+                             **os.environ, "PYTHONPATH": os.pathsep.join(
+                                 [str(PROJECT_ROOT / "tests" / "integration"), str(PROJECT_ROOT)])})
+    assert ran.returncode == 2, ran.stdout + ran.stderr  # interrupted
+    assert (tmp_path / "said").read_text().splitlines() == ["stopped", "cleared"], ran.stdout

@@ -36,3 +36,24 @@ def test_the_table_of_clients_stays_bounded() -> None:
         throttle.failed(f"10.0.0.{n}")
     locked = [n for n in range(10) if throttle.wait_s(f"10.0.0.{n}") > 0]
     assert locked == [7, 8, 9]
+
+
+def test_loopback_is_recognised_in_every_form_and_a_lookalike_is_not() -> None:
+    """Whether a --host, or a --public-url's host, is this machine only (a server beyond it needs a sign-in): the
+    names and address forms that mean loopback whatever they are spelt as (a server behind a proxy at
+    http://localhost.:4200, or 127.1, was refused a start without a sign-in), and nothing that only looks like one
+    (a name that resolves anywhere, another address, the wildcards)."""
+    from urllib.parse import urlsplit
+
+    from flagperf.site.auth import is_loopback
+
+    for host in ("localhost", "LocalHost", "localhost.", "localhost.localdomain", "localhost.localdomain.",
+                 "perf.localhost", "ip6-localhost", "127.0.0.1", "127.1", "127.0.1", "127.255.255.254", "0x7f.1",
+                 "2130706433", "::1", "[::1]", "0:0:0:0:0:0:0:1", "::ffff:127.0.0.1", "[::ffff:127.0.0.9]"):
+        assert is_loopback(host), host
+    for host in ("perf-lab", "perf-lab.example.org", "localhost.example.org", "localhostx", "127.0.0.1.nip.io",
+                 "10.1.2.3", "1", "0.0.0.0", "::", "", "fe80::1", "::ffff:10.1.2.3", "0x0a.1", "128.0.0.1"):
+        assert not is_loopback(host), host
+    for url in ("http://localhost.:4200", "http://127.1:4200", "http://[::ffff:127.0.0.1]:4200",
+                "http://LOCALHOST.localdomain:4200/"):
+        assert is_loopback(urlsplit(url).hostname or ""), url
