@@ -37,6 +37,9 @@ class Job(BaseModel):
         default_factory=dict, description="for each prompt stream at an endpoint, the position after every prompt "
                                           "the run's earlier rounds and attempts took there (their "
                                           "prompt_positions.json): a round at that endpoint starts there")
+    monitor_interval_s: float | None = Field(
+        default=None, gt=0, description="seconds between the samples of the monitors watching this round (flagperf "
+                                        "run's --monitor-interval); None: no monitors, or not known to the round")
     config: dict[str, Any]
     config_origins: dict[str, str]
     run_overrides: dict[str, dict[str, Any]]
