@@ -226,11 +226,13 @@ def run_generate(config: GenerateConfig, vendor: Vendor, spec: SpecTable, out_di
     return Outcome(metrics=result.metrics, measured=result.measured_seconds)
 
 
-def run_operation(config: CaseConfig, vendor: Vendor, spec: SpecTable) -> Outcome:
-    """Operators x dtypes x shapes (flagperf.operation), each implementation checked before it is timed."""
+def run_operation(config: CaseConfig, vendor: Vendor, spec: SpecTable, job: Job) -> Outcome:
+    """Operators x dtypes x shapes (flagperf.operation), each implementation checked before it is timed; the job's
+    monitor interval is the unit of the case's energy loop (energy_intervals)."""
     from flagperf.operation.driver import run_operation as drive
 
-    result = drive(config, vendor.name, spec, torch.device(vendor.manifest.torch_device))  # type: ignore[arg-type]
+    result = drive(config, vendor.name, spec, torch.device(vendor.manifest.torch_device),  # type: ignore[arg-type]
+                   job.monitor_interval_s, job.config_origins.get("energy_intervals", job.case))
     failure = Failure(kind="user", message=result.failure) if result.failure else None
     return Outcome(metrics=result.metrics, measured=result.measured_seconds, operation=result.report,
                    failure=failure, exit_code=EXIT_USER_ERROR if failure else EXIT_OK)
@@ -402,7 +404,7 @@ def run_job(job: Job, out_dir: Path, slot: DeviceSlot | None = None, job_file: P
                 outcome = run_generate(config, vendor, spec, out_dir, job.round, job.attempt, job.prompt_positions,
                                        job.earlier_attempts, job.prompt_reservations)
             elif case.family == "operation":
-                outcome = run_operation(config, vendor, spec)
+                outcome = run_operation(config, vendor, spec, job)
             else:
                 outcome = run_base(case, config, vendor, spec, job, out_dir)
             if slot is not None:

@@ -160,7 +160,8 @@ def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: C
     becomes that round's failed result; the other rounds and the analysis still run."""
     stage_dir = stage_folder(host.work_root, plan.run_id, case.name, round_no, host.name, node_rank)
     job = round_job(plan, run_dir, case, round_no, host.name, spec, image, command, node_rank=node_rank,
-                    nnodes=nnodes, master_addr=master_addr, master_port=master_port)
+                    nnodes=nnodes, master_addr=master_addr, master_port=master_port,
+                    monitor_interval_s=monitor_interval_s if plan.vendor.manifest.monitors else None)
     monitor_budget = case.timeout_s * (case.max_retries + 1) + MONITOR_SLACK_S
     label = f"{case.name}/round{round_no}@{host.name}" + (f"#node{node_rank}" if nnodes > 1 else "")
     monitors: list[Any] = []
@@ -270,14 +271,17 @@ def _stored(result: RoundResult, dest: Path, label: str) -> RoundResult:
 
 def round_job(plan: RunPlan, run_dir: Path, case: CasePlan, round_no: int, host: str, spec: HostSpec,
               image: dict[str, Any], command: str | None, *, node_rank: int = 0, nnodes: int = 1,
-              master_addr: str = "127.0.0.1", master_port: int | None = None) -> Job:
+              master_addr: str = "127.0.0.1", master_port: int | None = None, monitor_interval_s: float | None = None
+              ) -> Job:
     """The round's job, with what the run folder says of the run so far: the attempts earlier flow runs made of this
     round (a retry of the run runs it again), and where the prompt streams at endpoints stand (an endpoint's prefix
-    cache keeps every prompt the run's earlier rounds and attempts sent it: flagperf.results.prompt_positions)."""
+    cache keeps every prompt the run's earlier rounds and attempts sent it: flagperf.results.prompt_positions).
+    ``monitor_interval_s``: the round's monitors' sampling interval, which a case may size a loop by (operation's
+    energy_intervals)."""
     return Job(run_id=plan.run_id, case=case.name, family=case.family, round=round_no, host=host,
                node_rank=node_rank, nnodes=nnodes, master_addr=master_addr, master_port=master_port,
-               vendor=plan.vendor.name, config=case.config, config_origins=case.origins,
-               run_overrides=case.run_overrides, command=command, image=image,
+               monitor_interval_s=monitor_interval_s, vendor=plan.vendor.name, config=case.config,
+               config_origins=case.origins, run_overrides=case.run_overrides, command=command, image=image,
                controller_libraries=library_versions(CONTROLLER_LIBRARIES), spec_settings=spec.host_spec_settings(),
                run_cases=plan.case_folders, earlier_attempts=earlier_attempts(run_dir, case.name, round_no, host,
                                                                                node_rank),

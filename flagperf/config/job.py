@@ -41,6 +41,9 @@ class Job(BaseModel):
         default_factory=list, description="rounds at endpoints the controller dispatched whose records the run folder "
                                           "does not hold (prompt_positions/reserved-*.json): a round at an endpoint "
                                           "also starts after the most each one of its own stream may have taken")
+    monitor_interval_s: float | None = Field(
+        default=None, gt=0, description="seconds between the samples of the monitors watching this round (flagperf "
+                                        "run's --monitor-interval); None: no monitors, or not known to the round")
     config: dict[str, Any]
     config_origins: dict[str, str]
     run_overrides: dict[str, dict[str, Any]]

@@ -25,6 +25,10 @@ MODEL_SHAPES: dict[str, ModelShape] = {
 # Models, batch sizes and sequence lengths multiply into points, each timed for a while: a grid is a few dozen.
 MAX_LIST = 64
 
+# energy_intervals: 0 (no energy loop) or at least 3 monitor intervals, so that the loop holds 2 samples or more of
+# the energy source with some jitter in the sampling; at most 100, a point's energy loop is not a soak test.
+ENERGY_MIN_INTERVALS, ENERGY_MAX_INTERVALS = 3, 100
+
 # Per dtype: rtol, and atol before the operator's scale for the shape (sqrt of a GEMM's K, say). Outputs in
 # half precision are rounded to 11 (fp16) or 8 (bf16) significant bits, which bounds what rtol can ask.
 DEFAULT_TOLERANCES: dict[str, dict[str, float]] = {
@@ -117,6 +121,11 @@ class OperationConfig(CaseConfig):
     max_iters: int = Field(ge=1)
     flush_cache: bool = Field(description="write a buffer twice the last-level cache between timed iterations")
     cuda_graphs: bool = Field(description="time graph replays of the call where the device has graphs")
+    energy_intervals: int = Field(
+        default=0, description=f"0: no energy loop (energy per work over the host loop, rarely long enough to hold "
+                               f"2 monitor samples); {ENERGY_MIN_INTERVALS} to {ENERGY_MAX_INTERVALS}: after the host "
+                               "loop, each passed point's calls back to back for this many of the monitors' sampling "
+                               "intervals, energy per work taken over that loop")
     reference_cpu_max_elements: int = Field(
         ge=0, description="points with at most this many input elements get a float64 reference on the host CPU; "
                           "larger ones a float32 (float64 for fp32 points) reference on the device")
@@ -209,6 +218,14 @@ class OperationConfig(CaseConfig):
         unknown = sorted(set(value) - set(DEFAULT_TOLERANCES))
         if unknown:
             raise ValueError(f"unknown dtype {unknown[0]!r} (dtypes: {', '.join(DEFAULT_TOLERANCES)})")
+        return value
+
+    @field_validator("energy_intervals")
+    @classmethod
+    def _energy_intervals(cls, value: int) -> int:
+        if value != 0 and not ENERGY_MIN_INTERVALS <= value <= ENERGY_MAX_INTERVALS:
+            raise ValueError(f"must be 0 (no energy loop) or {ENERGY_MIN_INTERVALS} to {ENERGY_MAX_INTERVALS} monitor "
+                             f"intervals (got {value}): a shorter loop may hold fewer than 2 monitor samples")
         return value
 
     @field_validator("implementations")

@@ -58,6 +58,7 @@ from flagperf.operation.timer import (
     TimingOptions,
     graph_support,
     iteration_spread,
+    time_energy,
     time_host,
     time_iterations,
 )
@@ -170,14 +171,24 @@ def roofline_is_estimate(spec: SpecTable, dtype: str, flops: int | None) -> bool
     return any(peak is not None and peak.estimated for peak in used)
 
 
+@dataclass(frozen=True)
+class EnergyLoop:
+    """The loop a point's energy per work is taken over: its epoch window, its calls and what it was."""
+
+    window: tuple[float, float]
+    calls: int
+    what: str  # "the host loop", "the energy loop (... s: energy_intervals ...)"
+
+
 def point_metric(name: str, point: PlannedPoint, spec: SpecTable, latencies: list[float], median: float,
                  p10: float, p90: float, window: tuple[float, float], warmup_calls: int | None = None,
-                 host_latency: float | None = None, energy: tuple[tuple[float, float], int] | None = None
-                 ) -> tuple[Metric, float, str]:
+                 host_latency: float | None = None, energy: EnergyLoop | None = None,
+                 energy_absent: str | None = None, note: str | None = None) -> tuple[Metric, float, str]:
     """``window``: the timed iterations' (the metric's ``window``, with their work in ``work``: what the figure,
-    the chip's state and the timeline are of). ``energy``: the window energy per work is taken over and the calls
-    in it (the host loop's: the calls and nothing else), which become the metric's ``energy_window`` and
-    ``energy_work``; the timed loop's flushes (and the CPU's rewarm calls) would be charged to the calls."""
+    the chip's state and the timeline are of). ``energy``: the loop energy per work is taken over (the energy loop
+    or the host loop: the calls and nothing else), which becomes the metric's ``energy_window`` and
+    ``energy_work``; the timed loop's flushes (and the CPU's rewarm calls) would be charged to the calls. Without
+    one, ``energy_absent`` says why (energy_per_work_absent)."""
     flops, nbytes = counted(point.op, point.dims, point.dtype)
     compute = point.op.bound == "compute"
     work, unit = (float(flops or 0), "TFLOPS") if compute else (float(nbytes), "GB/s")
@@ -195,12 +206,14 @@ def point_metric(name: str, point: PlannedPoint, spec: SpecTable, latencies: lis
              + (f" after {warmup_calls} warm-up calls" if warmup_calls is not None else "")
              + (f"; host {host_latency * 1e3:.4g} ms per call back to back" if host_latency is not None else "")
              + (f"; window and work: the {len(latencies)} timed iterations (cache flushes between them); energy "
-                f"per work over energy_window, the {energy[1]} calls of the host loop (back to back, no flush), / "
+                f"per work over energy_window, the {energy.calls} calls of {energy.what} (back to back, no flush), / "
                 "their work" if energy else "")
+             + (f"; {note}" if note else "")
              + f"; shape {shape_label(point.dims)} ({point.source})",
         window=list(window), work=work * len(latencies) / scale,
-        energy_window=list(energy[0]) if energy else None,
-        energy_work=work * energy[1] / scale if energy else None,
+        energy_window=list(energy.window) if energy else None,
+        energy_work=work * energy.calls / scale if energy else None,
+        energy_per_work_absent=None if energy else energy_absent,
         statistic="rate@median")
     return metric, work, unit
 
@@ -250,10 +263,15 @@ class PointRunner:
     """Runs the points of a round, one point's inputs and reference at a time."""
 
     def __init__(self, config: OperationConfig, spec: SpecTable, device: torch.device, impls: Implementations,
-                 device_is_host: bool | None = None) -> None:
+                 device_is_host: bool | None = None, monitor_interval_s: float | None = None) -> None:
         """``device_is_host``: the device is the host's own processor, so every reference is float64 on the host
-        and no point needs a host sample of its output; None asks the device (no torch device module: the CPU)."""
+        and no point needs a host sample of its output; None asks the device (no torch device module: the CPU).
+        ``monitor_interval_s``: the monitors' sampling interval in this round (the Job's), which the energy loop
+        lasts config.energy_intervals of; None: not known here, no energy loop (energy_loop says so)."""
         self.config = config
+        self.energy_s = (config.energy_intervals * monitor_interval_s
+                         if config.energy_intervals and monitor_interval_s else None)
+        self.energy_loop = energy_description(config, monitor_interval_s)
         self.device_is_host = device_module(device) is None if device_is_host is None else device_is_host
         self.spec = spec
         self.device = device
@@ -390,8 +408,7 @@ class PointRunner:
                         status, error = "failed", (f"the last timed iteration's output{replay} is wrong though the "
                                                    f"first call's was right: {timed_error}")
                     else:
-                        with impl.scope():
-                            timed = time_host(call, self.device, self.options, timed)
+                        timed = self._host_phases(point, name, impl, call, timed, common)
         except Exception as exc:  # an implementation's error fails its point, not the round
             last.clear()
             _free(self.device)
@@ -407,6 +424,33 @@ class PointRunner:
             self._record(point, name, status or "failed", error, **common)
             return
         self.record_timed(point, name, timed, common)
+
+    def _host_phases(self, point: PlannedPoint, name: str, impl: OperatorImplementation, call: Callable[[], Any],
+                     timed: Timed, common: dict[str, Any]) -> Timed:
+        """The host loop, then the energy loop where there is one, in the implementation's scope. Out of memory in
+        either keeps the point, which passed its checks and was timed: its figure stands, without what the loop
+        would have given (said in common["note"], the log and the metric)."""
+        failed: str | None = None
+        try:
+            with impl.scope():
+                timed = time_host(call, self.device, self.options, timed)
+                if self.energy_s is not None:
+                    timed = time_energy(call, self.device, self.energy_s, timed)
+        except Exception as exc:
+            if not _is_oom(exc):
+                raise
+            failed = _first_line(exc)
+        if failed is None:
+            return timed
+        _free(self.device)  # past the except block: its traceback held the loop's outputs
+        if timed.host_latency is None:
+            common["note"] = (f"the host loop ran out of memory ({failed}): no host latency, and no energy per work "
+                              "(no loop of the calls alone ran)")
+        else:
+            common["note"] = (f"the energy loop ran out of memory ({failed}): energy per work over the host loop "
+                              "instead")
+        log.warning("%s %s %s @%s: %s", point.op.name, point.dtype, shape_label(point.dims), name, common["note"])
+        return timed
 
     def _time_iterations(self, point: PlannedPoint, name: str, impl: OperatorImplementation,
                          fn: Callable[..., Any], call: Callable[[], Any], common: dict[str, Any], last: list[Any]
@@ -498,9 +542,16 @@ class PointRunner:
         """A passed point from its timing: the figure at the median, its spread, roofline and clock floor."""
         metric_name = f"{point.op.name}:{point.dtype}:{shape_label(point.dims)}@{name}"
         median, p10, p90 = timed.median, timed.p10, timed.p90
-        energy = (timed.host_window, timed.host_calls) if timed.host_window else None
+        energy = None
+        if timed.energy_window is not None:
+            energy = EnergyLoop(timed.energy_window, timed.energy_calls, f"the energy loop ({self.energy_loop})")
+        elif timed.host_window is not None:
+            energy = EnergyLoop(timed.host_window, timed.host_calls, "the host loop")
+        note = common.get("note")
         metric, _, unit = point_metric(metric_name, point, self.spec, timed.latencies, median, p10, p90,
-                                       timed.window, timed.warmup_calls, timed.host_latency, energy)
+                                       timed.window, timed.warmup_calls, timed.host_latency, energy,
+                                       "operation: its host loop ran out of memory, so no loop of its calls alone "
+                                       "ran (the timed iterations' window holds the cache flushes)", note)
         low, high = timed.median_interval or (None, None)
         flops, nbytes = counted(point.op, point.dims, point.dtype)
         share, basis = roofline(self.spec, point.op, point.dtype, flops, nbytes, median)
@@ -526,11 +577,44 @@ class PointRunner:
                         timed.clock_floor * 1e6, 100 * NEAR_FLOOR_SHARE)
 
 
-def run_operation(config: OperationConfig, vendor: str, spec: SpecTable, device: torch.device) -> OperationOutcome:
+def energy_description(config: OperationConfig, monitor_interval_s: float | None) -> str:
+    """The energy loop of a round in words (OperationReport.energy), or why there is none."""
+    if not config.energy_intervals:
+        return ("off (energy_intervals: 0): energy per work over the host loop, which lasts rep_s at most and so "
+                "rarely holds the 2 monitor samples a figure needs")
+    if not monitor_interval_s:
+        return (f"not run: energy_intervals {config.energy_intervals} is in monitor intervals, and this round was not "
+                "told the monitors' interval (a round of flagperf run is; no monitors, no energy); energy per work "
+                "over the host loop")
+    return (f"{config.energy_intervals * monitor_interval_s:.3g} s: energy_intervals {config.energy_intervals} x "
+            f"the monitors' {monitor_interval_s:g} s interval")
+
+
+def check_energy_loop(config: OperationConfig, monitor_interval_s: float | None, origin: str | None = None) -> None:
+    """A point's warm-up, timed and host loops and energy loop must stay well below timeout_s, as the config holds
+    the first three (OperationConfig._consistent): the energy loop's length is known only with the interval."""
+    if not config.energy_intervals or not monitor_interval_s:
+        return
+    energy_s = config.energy_intervals * monitor_interval_s
+    if config.warmup_s + 2 * config.rep_s + energy_s >= config.timeout_s:
+        where = f"{origin}: " if origin else ""
+        raise CaseUserError(f"{where}energy_intervals: {config.energy_intervals} x the monitors' "
+                            f"{monitor_interval_s:g} s interval = {energy_s:g} s per point, with warmup_s + 2 x rep_s, "
+                            f"must be well below timeout_s ({config.timeout_s:g}): fewer intervals, a shorter "
+                            "--monitor-interval or a longer timeout_s")
+
+
+def run_operation(config: OperationConfig, vendor: str, spec: SpecTable, device: torch.device,
+                  monitor_interval_s: float | None = None, energy_origin: str | None = None) -> OperationOutcome:
+    """``monitor_interval_s``: the monitors' sampling interval in this round (the Job's), the energy loop's unit;
+    ``energy_origin``: the file energy_intervals came from, for an error about it."""
+    check_energy_loop(config, monitor_interval_s, energy_origin)
     impls = load_implementations(config, vendor, device)
     planned = plan_points(config)
     log.info("%d points (operators x dtypes x shapes) x implementations %s", len(planned), ", ".join(impls.ready))
-    runner = PointRunner(config, spec, device, impls)
+    runner = PointRunner(config, spec, device, impls, monitor_interval_s=monitor_interval_s)
+    if config.energy_intervals and not monitor_interval_s:
+        log.warning("energy loop %s", runner.energy_loop)
     for point in planned:
         runner.run(point)
     graphs = ("off (cuda_graphs: false)" if not config.cuda_graphs
@@ -548,13 +632,15 @@ def run_operation(config: OperationConfig, vendor: str, spec: SpecTable, device:
                 "call's was, before any other call; then its host latency is the host clock's wall time per call "
                 "of as many calls back to back (at most rep_s worth by the median; the call itself, no flush, no "
                 "graph, one synchronisation at the end: FlagPerf's cputime, dispatch included); the metric's "
-                "window and work are the timed iterations', its energy_window and energy_work the host loop's, "
-                "the calls and nothing else, which energy per work is taken over; its clock "
+                "window and work are the timed iterations', its energy_window and energy_work the energy loop's "
+                "where one ran (energy), else the host loop's, the calls and nothing else, which energy per work "
+                "is taken over; its clock "
                 f"floor is the median the clock measures for an empty interval, and a point whose floor is over "
                 f"{NEAR_FLOOR_SHARE:.0%} of its median latency is marked (its figure includes up to that much of the "
                 "timer's own cost)"),
         flush=runner.flush.description if runner.flush else "off (flush_cache: false)",
         graphs=graphs,
+        energy=runner.energy_loop,
         counting={name: OPERATORS[name].formula() for name in config.operators},
         tolerances={dtype: config.tolerance(dtype) for dtype in config.dtypes},
         implementations=impls.described,

@@ -10,8 +10,11 @@ else runs: the call that was timed is the call that was checked, not only the fi
 Then, a phase of its own (time_host), the host's time per call: the same number of calls back to back, with no
 flush and one synchronisation at the end, on the host clock (FlagPerf's ``cputime``), which includes what the
 device clock leaves out: the Python wrapper and dispatch before each kernel (a flush queued before each timed
-call hides them on an accelerator). That loop's window holds the calls and nothing else (no flush, no rewarm):
-the point's energy per call is taken over it."""
+call hides them on an accelerator). That loop's window holds the calls and nothing else (no flush, no rewarm),
+but lasts rep_s at most (capped by max_iters), under one monitor interval: where the case asks for it
+(energy_intervals), a third phase (time_energy) calls back to back for a given number of seconds, several monitor
+intervals, whatever max_iters says, and the point's energy per call is taken over that loop, which has the
+monitors' samples inside it."""
 
 from __future__ import annotations
 
@@ -56,6 +59,8 @@ class Timed:
     host_latency: float | None = None  # host wall time per call of host_calls back-to-back calls
     host_calls: int = 0
     host_window: tuple[float, float] | None = None  # epoch seconds of the host loop: the calls and nothing else
+    energy_calls: int = 0
+    energy_window: tuple[float, float] | None = None  # epoch seconds of the energy loop (time_energy)
     rewarm_dropped: bool = False  # a rewarm was given and left out: the call is over REWARM_SLOW_CALL x the flush
 
     @property
@@ -308,6 +313,24 @@ def time_host(call: Callable[[], Any], device: torch.device, options: TimingOpti
     host_elapsed = time.perf_counter() - host_started
     return replace(timed, host_latency=host_elapsed / host_calls, host_calls=host_calls,
                    host_window=(host_epoch, host_epoch + host_elapsed))
+
+
+def time_energy(call: Callable[[], Any], device: torch.device, seconds: float, timed: Timed) -> Timed:
+    """The energy loop, added to ``timed``: calls of ``call`` back to back until ``seconds`` have passed on the host
+    clock (at least one; no count cap: it must outlast several monitor intervals whatever the call takes), then one
+    synchronisation, so the device's last queued calls end inside the window too. A clock read per call (tens of ns)
+    rather than a count from the host latency: a count would miss the length where the rate changes (a clock that
+    boosts or throttles under sustained load, which is what this loop is there to see)."""
+    synchronize(device)
+    epoch = time.time()
+    started = time.perf_counter()
+    calls = 0
+    while calls == 0 or time.perf_counter() - started < seconds:
+        call()
+        calls += 1
+    synchronize(device)
+    elapsed = time.perf_counter() - started
+    return replace(timed, energy_calls=calls, energy_window=(epoch, epoch + elapsed))
 
 
 def time_call(call: Callable[[], Any], device: torch.device, options: TimingOptions,

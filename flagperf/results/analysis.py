@@ -12,7 +12,6 @@ Accelerator energy is preferred over the CPU packages' energy, which is preferre
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,15 +165,19 @@ def _power_sources(df: pd.DataFrame) -> list[tuple[str, str]]:
     return [*((f"{dev}.power_w", "accelerators") for dev in _device_columns(df)), ("power_w", "whole system")]
 
 
+def _energy_columns(df: pd.DataFrame) -> list[tuple[str | None, str | None, str]]:
+    """(energy counter column, power column, ENERGY_PREFERENCE group) of one monitor's samples."""
+    return [*((f"{dev}.energy_j", f"{dev}.power_w", "accelerators") for dev in _device_columns(df)),
+            ("energy_j", None, "cpu packages"), (None, "power_w", "whole system")]
+
+
 def _add_energies(energies: dict[str, float], samples: dict[str, int], df: pd.DataFrame, t0: float, t1: float
                   ) -> None:
     """Add one monitor's joules over [t0, t1] to ``energies`` per source group (a counter's difference, else power
     integrated), and to ``samples`` the fewest samples inside [t0, t1] of a column a group's figure came from:
     under 2, the figure is interpolated from samples around the window, their interval's average power."""
-    sources = [(f"{dev}.energy_j", f"{dev}.power_w", "accelerators") for dev in _device_columns(df)]
-    sources += [("energy_j", None, "cpu packages"), (None, "power_w", "whole system")]
     t = df["t"].to_numpy(dtype=float)
-    for counter_name, power_name, group in sources:
+    for counter_name, power_name, group in _energy_columns(df):
         joules, inside = None, 0
         for name, measure in ((counter_name, counter_delta), (power_name, integrate_power)):
             if joules is None and name and (col := _column(df, name)) is not None:
@@ -188,20 +191,62 @@ def _add_energies(energies: dict[str, float], samples: dict[str, int], df: pd.Da
 
 @dataclass(frozen=True)
 class WindowEnergy:
-    joules: float | None
-    source: str | None  # ENERGY_PREFERENCE's group the figure is of
-    samples: int  # the fewest samples inside the window of a column the figure came from
+    """The energy over a window, for energy per work: None where it would not rest on the window's own samples."""
+
+    joules: float | None  # None: no source, fewer than 2 samples inside, or samples that do not cover the window
+    source: str | None  # the ENERGY_PREFERENCE group the figure is of (None: no column of any)
+    samples: int  # the fewest samples inside the window of a column the figure is taken from
+    covered: bool  # every such column has samples at or before the window's start and at or after its end
 
 
-def window_energy(monitors: list[MonitorSeries], window: tuple[float, float]) -> WindowEnergy:
-    """The energy over ``window`` alone, from the preferred source (as window_stats takes it)."""
-    energies: dict[str, float] = {}
-    samples: dict[str, int] = {}
+def _column_energy(times: np.ndarray, values: np.ndarray, counter: bool, t0: float, t1: float, steady: bool
+                   ) -> tuple[float | None, int, bool]:
+    """(joules over [t0, t1] or None, samples inside, covered) of one column. Under 2 samples inside, None: the
+    energy would be interpolated between samples around the window, their interval's average power. ``steady``
+    (a loop of the same call back to back): the mean power between the first and last samples inside x the
+    window's length, so that no sample from outside it (another point's set-up, the flushed timed loop) enters."""
+    inside = (times >= t0) & (times <= t1)
+    count = int(inside.sum())
+    covered = bool(len(times)) and times[0] <= t0 and times[-1] >= t1
+    if count < 2:
+        return None, count, covered
+    if steady:
+        ts, vs = times[inside], values[inside]
+        span = float(ts[-1] - ts[0])
+        if span <= 0:
+            return None, count, covered
+        joules = float(vs[-1] - vs[0]) if counter else float(np.sum((vs[1:] + vs[:-1]) / 2 * np.diff(ts)))
+        return joules / span * (t1 - t0), count, covered
+    measure = counter_delta if counter else integrate_power
+    return measure(times, values, t0, t1), count, covered
+
+
+def window_energy(monitors: list[MonitorSeries], window: tuple[float, float], prefer: str | None = None,
+                  steady: bool = False) -> WindowEnergy:
+    """The energy over ``window`` for energy per work, from ``prefer``'s source where the monitors have it (the
+    source the energy beside the figure is of), else the preferred one (ENERGY_PREFERENCE). Every column of the
+    source must have 2 samples or more inside the window (and, unless ``steady``, samples around it): else no
+    figure, with the count and the coverage for saying why."""
+    t0, t1 = window
+    found: dict[str, list[tuple[float | None, int, bool]]] = {}
     for mon in monitors:
-        if not mon.samples.empty:
-            _add_energies(energies, samples, mon.samples, window[0], window[1])
-    group = next((g for g in ENERGY_PREFERENCE if g in energies), None)
-    return WindowEnergy(energies[group], group, samples[group]) if group else WindowEnergy(None, None, 0)
+        df = mon.samples
+        if df.empty:
+            continue
+        t = df["t"].to_numpy(dtype=float)
+        for counter_name, power_name, group in _energy_columns(df):
+            for name, counter in ((counter_name, True), (power_name, False)):
+                if name and (col := _column(df, name)) is not None:  # a counter where there is one
+                    found.setdefault(group, []).append(
+                        _column_energy(t[col.index], col.to_numpy(dtype=float), counter, t0, t1, steady))
+                    break
+    group = prefer if prefer in found else next((g for g in ENERGY_PREFERENCE if g in found), None)
+    if group is None:
+        return WindowEnergy(None, None, 0, False)
+    columns = found[group]
+    parts = [joules for joules, _, _ in columns]
+    joules = sum(parts) if all(p is not None for p in parts) else None  # type: ignore[misc]
+    return WindowEnergy(joules, group, min(n for _, n, _ in columns), all(c for _, _, c in columns))
 
 
 def window_stats(monitors: list[MonitorSeries], window: tuple[float, float] | None) -> WindowStats:
@@ -272,9 +317,3 @@ def work_unit(rate_unit: str) -> str:
     if rate_unit.endswith("PS"):
         return rate_unit[:-1]
     return f"{rate_unit}*s"
-
-
-def energy_per_work(energy_j: float | None, work: float | None) -> float | None:
-    if energy_j is None or not work or math.isnan(work):
-        return None
-    return energy_j / work

@@ -203,11 +203,13 @@ def method_lines(results: Iterable[RoundResult]) -> list[str]:
             continue
         op = result.operation
         found = cases.setdefault(result.case, {"timing": {}, "flush": {}, "graphs": {}, "impls": {}, "roofline": {},
-                                               "iterations": {}, "warmup": {}})
+                                               "iterations": {}, "warmup": {}, "energy": {}, "notes": {}})
         against = checked.setdefault(result.case, {})
         found["timing"][op.timing] = None
         found["flush"][op.flush] = None
         found["graphs"][op.graphs] = None
+        if op.energy:
+            found["energy"][op.energy] = None
         for name, text in op.implementations.items():
             found["impls"][f"{name}: {text}"] = None
         for point in op.points:
@@ -216,6 +218,9 @@ def method_lines(results: Iterable[RoundResult]) -> list[str]:
                 against[kind] = against.get(kind, 0) + 1
             if point.status == "passed" and point.roofline is None and point.roofline_basis:
                 found["roofline"][point.roofline_basis] = None
+            if point.status == "passed" and point.note:  # what a passed point lacks (its host loop ran out of memory)
+                shape = "x".join(f"{k}{v}" for k, v in point.shape.items())
+                found["notes"][f"{point.operator} {point.dtype} {shape} @{point.implementation}: {point.note}"] = None
             if point.status == "passed":
                 found["iterations"][point.iterations] = None
                 if point.warmup_calls:
@@ -227,13 +232,15 @@ def method_lines(results: Iterable[RoundResult]) -> list[str]:
                          if found[key])
         lines.append(f"- **{md_text(case)}**: timing: {md_text('; '.join(found['timing']))}; cache flush: "
                      f"{md_text('; '.join(found['flush']))}; device graphs: {md_text('; '.join(found['graphs']))}"
-                     f"{counts}")
+                     + (f"; energy loop: {md_text('; '.join(found['energy']))}" if found["energy"] else "")
+                     + counts)
         lines += [f"  - {md_text(impl)}" for impl in found["impls"]]
         if checked[case]:
             lines.append("  - checked against: " + "; ".join(
                 f"{md_text(kind)} ({count} point-implementation pair{'s' if count != 1 else ''})"
                 for kind, count in checked[case].items()))
         lines += [f"  - % of roofline not computed: {md_text(why)}" for why in found["roofline"]]
+        lines += [f"  - {md_text(note)}" for note in found["notes"]]
     return [*lines, ""] if lines else []
 
 

@@ -162,11 +162,15 @@ class Metric(_Model):
                                "(a `rate` is work / measured_seconds; without `energy_window`, energy per work is "
                                "the energy over `window` / work)")
     energy_window: list[float] | None = Field(default=None, description="[start, end] epoch seconds that energy per "
-                                              "work is taken over where that is not `window` (operation: the host "
-                                              "loop, the point's calls back to back with no cache flush); None: "
-                                              "`window`")
-    energy_work: float | None = Field(default=None, description="the work done in `energy_window`, in unit x "
+                                              "work is taken over where that is not `window`: a loop of the same "
+                                              "call back to back at a steady rate (operation: the energy loop, else "
+                                              "the host loop, with no cache flush), whose energy is its mean power "
+                                              "between the samples inside it x its length; None: `window`")
+    energy_work: float | None = Field(default=None, ge=0, description="the work done in `energy_window`, in unit x "
                                       "seconds: energy per work is the energy over `energy_window` / energy_work")
+    energy_per_work_absent: str | None = Field(default=None, description="why the figure has no energy per work "
+                                               "whatever the monitors sampled (operation: no loop of the point's "
+                                               "calls alone ran)")
     warning: str | None = Field(default=None, description="why a reader should not take the figure plainly "
                                                           "(the report shows it beside the figure)")
     search: ShapeSearch | None = Field(default=None, description="max-achievable figures: the shape search")
@@ -177,6 +181,12 @@ class Metric(_Model):
     def _known_statistic(self) -> Metric:
         if self.statistic is not None and self.statistic not in STATISTICS:
             raise ValueError(f"statistic {self.statistic!r} is none of {', '.join(STATISTICS)}")
+        for name in ("window", "energy_window"):  # read as (start, end) by the analysis
+            span = getattr(self, name)
+            if span is not None and (len(span) != 2 or span[0] > span[1]):
+                raise ValueError(f"{name} must be [start, end] with start <= end, got {span}")
+        if (self.energy_window is None) != (self.energy_work is None):
+            raise ValueError("energy_window and energy_work go together (the work done in that window)")
         return self
 
 
@@ -295,6 +305,8 @@ class OperatorPoint(_Model):
     max_rel_error: float | None = None
     tolerance: dict[str, float] | None = Field(default=None, description="rtol, atol (atol scaled for the shape)")
     aten_ops: list[str] = Field(default_factory=list, description="the aten operators the native call dispatches")
+    note: str | None = Field(default=None, description="a passed point: what it lacks and why (its host loop ran out "
+                             "of memory: no host latency, no energy per work)")
 
 
 class OperationReport(_Model):
@@ -303,6 +315,9 @@ class OperationReport(_Model):
     timing: str = Field(description="the clock, warm-up, iterations and statistics")
     flush: str = Field(description="what was done between iterations to empty the cache, or why nothing was")
     graphs: str = Field(description="CUDA-graph replay, or why not")
+    energy: str | None = Field(default=None, description="the energy loop energy per work is taken over (its "
+                               "length: energy_intervals x the monitors' interval), or why none ran; None in records "
+                               "written before it existed")
     counting: dict[str, str] = Field(description="operator -> FLOP and byte counting formulas")
     tolerances: dict[str, dict[str, float]] = Field(description="dtype -> rtol, atol (before the shape's scale)")
     implementations: dict[str, str] = Field(default_factory=dict, description="name -> engine folder, or why absent")

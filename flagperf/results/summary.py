@@ -22,7 +22,6 @@ from flagperf.results.analysis import (
     MonitorSeries,
     WindowEnergy,
     WindowStats,
-    energy_per_work,
     read_monitors,
     window_energy,
     window_stats,
@@ -70,9 +69,11 @@ PLAN_JSON = "plan.json"
 INTERRUPTED_FILE = "interrupted.json"  # written by the controller when a run is stopped by a signal
 RETRIES_DIR = "retries"  # failed rounds of earlier attempts of the same flow run, set aside for a retry
 
-# energy_per_work_samples: of the energy source, inside the window energy per work is over (under 2: interpolated)
+# energy_per_work_samples: of the energy source, inside the window energy per work is over (2 or more, else no
+# figure); energy_per_work_note: why a row with work has none
 MONITOR_COLUMNS = ["power_avg_w", "power_max_w", "energy_j", "energy_source", "energy_per_work",
-                   "energy_per_work_unit", "energy_per_work_samples", "cpu_percent_mean", "mem_used_bytes_max",
+                   "energy_per_work_unit", "energy_per_work_samples", "energy_per_work_note", "cpu_percent_mean",
+                   "mem_used_bytes_max",
                    "mem_total_bytes",
                    "case_rss_bytes_max", "case_pss_bytes_max", "case_uss_bytes_max",
                    "accel_util_percent_mean", "accel_mem_used_bytes_max",
@@ -143,23 +144,73 @@ def load_results(run_dir: Path) -> tuple[list[tuple[Path, RoundResult]], list[st
     return results, problems
 
 
-def _monitor_columns(stats: WindowStats, metric: Metric | None, own: WindowEnergy | None = None) -> dict[str, Any]:
-    """``own``: the energy over the metric's energy_window, which its energy per work is taken over in place of
-    the timed region's (operation: the host loop)."""
+@dataclass(frozen=True)
+class PerWork:
+    """A row's energy per work, or why it has none (``why``: its energy_per_work_note; ``kind`` groups the rows of a
+    round for its monitor note: "few" samples, "uncovered" window, "absent": the metric has no loop to take it over)."""
+
+    value: float | None = None
+    unit: str | None = None
+    source: str | None = None
+    samples: int | None = None
+    why: str | None = None
+    kind: str | None = None
+    length: float | None = None  # the window's seconds ("few")
+
+
+def per_work(stats: WindowStats, metric: Metric, seen: list[MonitorSeries]) -> PerWork:
+    """Energy per work of ``metric``: the monitors' energy over its energy_window / energy_work where it has one
+    (operation: a loop of the point's calls back to back; the mean power between the samples inside it, so none
+    from outside enters), else over its window / work, from the source the energy beside it is of. None where that
+    would not rest on the window's own samples (fewer than 2 inside: the energy would be interpolated, the average
+    power of the interval around it) or where the monitors do not cover it, each with the reason."""
+    own = metric.energy_window is not None
+    work = metric.energy_work if own else metric.work
+    which = "energy window" if own else "timed region"
+    if metric.energy_per_work_absent:
+        return PerWork(why=metric.energy_per_work_absent, kind="absent")
+    if not work or math.isnan(work):
+        return PerWork()
+    window = metric.energy_window if own else metric.window
+    source = stats.values.get("energy_source")
+    prefer = source if isinstance(source, str) else None
+    if window is None:  # no timed region: the whole round's energy, as beside the figure
+        joules, samples = stats.values.get("energy_j"), stats.values.get("energy_samples")
+        energy = WindowEnergy(joules if isinstance(joules, float) else None, prefer,
+                              int(samples) if isinstance(samples, int | float) else 0, True)
+        if energy.samples < 2:
+            energy = replace(energy, joules=None)
+    else:
+        energy = window_energy(seen, (window[0], window[1]), prefer, own)
+    if energy.source is None:  # no power or energy source: the round's notes say so
+        return PerWork()
+    if energy.joules is not None:
+        return PerWork(energy.joules / work, f"J/{work_unit(metric.unit)}", energy.source, energy.samples)
+    length = (window[1] - window[0]) if window else None
+    if not energy.covered:  # the samples do not reach it: how many lie inside says nothing of the window
+        return PerWork(source=energy.source, kind="uncovered",
+                       why=f"the monitors' {energy.source} samples do not cover the {which} (a monitor started late "
+                           "or stopped early)")
+    return PerWork(source=energy.source, kind="few", length=length,
+                   why=f"{energy.samples} sample(s) of the {energy.source} energy inside the "
+                       f"{f'{length:.3g} s ' if length is not None else ''}{which}, 2 needed"
+                       + ("; operation: set energy_intervals" if own else ""))
+
+
+def _monitor_columns(stats: WindowStats, work: PerWork | None = None) -> dict[str, Any]:
+    """``work``: the row's energy per work (per_work); its source is the energy's beside it, or where the window
+    beside the figure has none, the only one there is."""
     v = stats.values
     accel_util = [x for k, x in v.items() if k.endswith(".util_percent_mean") and isinstance(x, float)]
     accel_mem = [x for k, x in v.items() if k.endswith(".mem_used_bytes_max") and isinstance(x, float)]
     accel_total = [x for k, x in v.items() if k.endswith(".mem_total_bytes_max") and isinstance(x, float)]
-    energy = v.get("energy_j")
-    per_work, work, samples = energy, metric.work if metric else None, v.get("energy_samples")
-    if own is not None and metric is not None:
-        per_work, work, samples = own.joules, metric.energy_work, own.samples
+    work = work or PerWork()
     return {
-        "power_avg_w": v.get("power_avg_w"), "power_max_w": v.get("power_max_w"), "energy_j": energy,
-        "energy_source": v.get("energy_source"),
-        "energy_per_work": energy_per_work(per_work if isinstance(per_work, float) else None, work),
-        "energy_per_work_unit": f"J/{work_unit(metric.unit)}" if metric and per_work is not None else None,
-        "energy_per_work_samples": samples if per_work is not None else None,
+        "power_avg_w": v.get("power_avg_w"), "power_max_w": v.get("power_max_w"), "energy_j": v.get("energy_j"),
+        "energy_source": v.get("energy_source") or (work.source if work.value is not None else None),
+        "energy_per_work": work.value, "energy_per_work_unit": work.unit,
+        "energy_per_work_samples": work.samples if work.value is not None else None,
+        "energy_per_work_note": work.why,
         "cpu_percent_mean": v.get("cpu_percent_mean"), "mem_used_bytes_max": v.get("mem_used_bytes_max"),
         "mem_total_bytes": v.get("mem_total_bytes"),
         "accel_mem_total_bytes": max(accel_total) if accel_total else None,
@@ -168,6 +219,31 @@ def _monitor_columns(stats: WindowStats, metric: Metric | None, own: WindowEnerg
         "accel_util_percent_mean": sum(accel_util) / len(accel_util) if accel_util else None,
         "accel_mem_used_bytes_max": max(accel_mem) if accel_mem else None,
     }
+
+
+def _per_work_notes(notes: MonitorNotes, r: RoundResult, works: list[PerWork]) -> None:
+    """The round's figures left without energy per work, counted by why (each row's energy_per_work_note says it)."""
+    asked = [w for w in works if w.value is not None or w.kind]
+    few = [w for w in works if w.kind == "few"]
+    if few:
+        shortest = min((w.length for w in few if w.length is not None), default=None)
+        _note(notes, f"energy per work of {len(few)} of {len(asked)} figures left out (energy_per_work_note): fewer "
+                     "than 2 samples of the energy source inside the window it is over"
+                     + (f" ({shortest:.3g} s at the shortest)" if shortest is not None else "")
+                     + ", whose energy would be the average power of the interval around it, not the window's own; "
+                       "operation: set the case's energy_intervals (a loop of each point's calls over that many "
+                       "monitor intervals); elsewhere sample faster (--monitor-interval, down to 0.1 s)", r)
+    uncovered = [w for w in works if w.kind == "uncovered"]
+    if uncovered:
+        _note(notes, f"energy per work of {len(uncovered)} of {len(asked)} figures left out (energy_per_work_note): "
+                     "the monitors' samples do not cover the window it is over (a monitor that started late or "
+                     "stopped early)", r)
+    absent: dict[str, int] = {}
+    for w in works:
+        if w.kind == "absent" and w.why:
+            absent[w.why] = absent.get(w.why, 0) + 1
+    for why, count in absent.items():
+        _note(notes, f"energy per work of {count} of {len(asked)} figures left out: {why}", r)
 
 
 # A monitor's note, and the rounds it came from: (case, host) -> round numbers, each in the order first seen.
@@ -200,17 +276,12 @@ def _rows(results: list[tuple[Path, RoundResult]], notes: MonitorNotes) -> pd.Da
             _note(notes, "no monitor file", r)
         if not r.metrics:
             stats = window_stats(monitors, None)
-            rows.append({**base, **_monitor_columns(stats, None)})
-        short: list[float] = []  # the energy windows of this round with under 2 samples inside
-        own_windows = 0
+            rows.append({**base, **_monitor_columns(stats)})
+        works: list[PerWork] = []
         for m in r.metrics:
             seen = monitors if m.device is None else for_device(monitors, m.device)
             stats = window_stats(seen, tuple(m.window) if m.window else None)  # type: ignore[arg-type]
-            own = window_energy(seen, (m.energy_window[0], m.energy_window[1])) if m.energy_window else None
-            if own is not None and own.joules is not None:
-                own_windows += 1
-                if own.samples < 2:
-                    short.append(m.energy_window[1] - m.energy_window[0])  # type: ignore[index]
+            works.append(per_work(stats, m, seen))
             rows.append({**base, "device_index": m.device, "device_uuid": device_uuid(monitors, m.device),
                          "metric": m.name, "value": m.value, "unit": m.unit, "p50": m.p50, "mfu": m.mfu,
                          "cv_chunks": m.cv, "peak": m.peak.value if m.peak else None,
@@ -222,17 +293,12 @@ def _rows(results: list[tuple[Path, RoundResult]], notes: MonitorNotes) -> pd.Da
                          "peak_bound_reason": m.peak.bound_reason if m.peak else None,
                          "mfu_peak": _mfu_peak(m), "mfu_peak_bound": m.mfu_peak.bound if m.mfu_peak else None,
                          "warning": m.warning,
-                         **_monitor_columns(stats, m, own), "note": m.note,
+                         **_monitor_columns(stats, works[-1]), "note": m.note,
                          "search": m.search.model_dump_json() if m.search else None,
                          **window_columns(seen, m.window)})
             for note in stats.notes:
                 _note(notes, note, r)
-        if short:
-            _note(notes, f"energy per work of {len(short)} of {own_windows} figures (energy_per_work_samples under 2) "
-                         f"rests on fewer than 2 monitor samples inside its energy window ({min(short):.3g} s at the "
-                         "shortest; operation: the point's host loop): the energy there is interpolated between the "
-                         "samples around it, their interval's average power, not the window's own; sample faster "
-                         "(--monitor-interval, down to 0.1 s) or raise rep_s", r)
+        _per_work_notes(notes, r, works)
     frame = pd.DataFrame(rows, columns=ROW_COLUMNS)
     frame["device_index"] = frame["device_index"].astype("Int64")  # an index, not a float; empty where one device
     frame["energy_per_work_samples"] = frame["energy_per_work_samples"].astype("Int64")  # a count, not a float

@@ -1,8 +1,9 @@
 """The operation family's graph path on a real CUDA device (skipped without one). With cuda_graphs each timed
 call is a replay of a graph captured once, and the last replay's output is checked like the first call's: an
-implementation whose captured work is not what it does eagerly fails its point, correct ones pass. And an
-implementation whose outputs the next call overwrites (torch.compile's CUDA graph trees, whose stale outputs raise
-when read) passes: its last timed output is checked before the host loop calls it again.
+implementation whose captured work is not what it does eagerly fails its point, correct ones pass. An
+implementation whose next call changes the memory of its last output (a reused output buffer; torch.compile's CUDA
+graph trees overwrite theirs) passes: its last timed output is checked before the host loop calls it again. And
+torch.compile's graph trees run through the timer (their stale outputs raise where torch checks for them).
 
     python -m pytest tests/gpu/test_operation_gpu.py -q
 """
@@ -77,15 +78,42 @@ def test_a_replay_that_differs_from_the_checked_call_fails_and_a_right_one_passe
     assert sorted(m.name.rsplit("@", 1)[1] for m in runner.metrics) == ["native", "native"]
 
 
+class Overwritten(OperatorImplementation):
+    """Right on every call it returns, and its next call writes NaN over the memory of the output before (the
+    device's stream, as a graph tree's next run writes where the last run's output lay): an output checked after
+    another call reads NaN, whatever the torch version does with graph trees' stale outputs."""
+
+    def prepare(self, op: Any, dtype: str, native: Any) -> Any:
+        previous: list[torch.Tensor] = []
+
+        def fn(*inputs: Any) -> Any:
+            for out in previous:
+                out.fill_(float("nan"))
+            previous[:] = [native(*inputs)]
+            return previous[0]
+        return fn
+
+
+def test_the_last_timed_output_is_checked_before_the_host_loop_overwrites_it() -> None:
+    """Checked after the host loop's calls, the last timed output held their NaN and a right implementation
+    failed; checked between the timed phase and the host loop, it passes, with its host latency."""
+    runner = run(config(operators=["add"], cuda_graphs=False), {"overwritten": Overwritten(ENV)})
+    (point,) = runner.points
+    assert point.status == "passed" and point.host_latency_s is not None, point.error
+
+
 class GraphTrees(OperatorImplementation):
     """torch.compile's reduce-overhead mode: CUDA graph trees, whose next run overwrites the last run's outputs
-    (reading one then raises)."""
+    (reading one then raises, on the torch versions that check)."""
 
     def prepare(self, op: Any, dtype: str, native: Any) -> Any:
         return torch.compile(native, mode="reduce-overhead", dynamic=False, fullgraph=True)
 
 
-def test_graph_trees_are_checked_on_their_last_timed_output_before_the_host_loop() -> None:
+def test_graph_trees_run_through_the_timer() -> None:
+    """The checks, the timed phase and the host loop with CUDA graph trees: the point passes with both latencies.
+    (Same inputs: their next run writes the same values, so the check's order is what
+    test_the_last_timed_output_is_checked_before_the_host_loop_overwrites_it tells apart.)"""
     pytest.importorskip("triton")
     runner = run(config(operators=["add"], cuda_graphs=False), {"graph_trees": GraphTrees(ENV)})
     (point,) = runner.points

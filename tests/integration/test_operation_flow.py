@@ -24,8 +24,9 @@ def test_an_operation_case_runs_through_the_evaluation(flagperf_env: Path, monke
     run_id = f"run-operation-{time.time_ns()}"
     state = evaluate(cases=["op-norm"], overrides=["dtypes=[fp32, bf16]", "implementations=[native, planted-wrong]",
                                                    "seq_lens=[16]", "rep_s=0.001", "min_iters=2", "max_iters=3",
-                                                   "flush_cache=false", "op-norm.reference_cpu_max_elements=0"],
-                     results_dir=str(flagperf_env), run_id=run_id, return_state=True)
+                                                   "flush_cache=false", "op-norm.reference_cpu_max_elements=0",
+                                                   "energy_intervals=3"],
+                     results_dir=str(flagperf_env), run_id=run_id, monitor_interval_s=0.1, return_state=True)
     assert state.is_completed(), state.message
     run_dir = flagperf_env / run_id
     result = read_result(run_dir / "op-norm" / "round1" / "localhost_noderank0" / "result.json")
@@ -37,11 +38,14 @@ def test_an_operation_case_runs_through_the_evaluation(flagperf_env: Path, monke
     assert sorted(m.name for m in result.metrics) == sorted(p.metric for p in by_impl["native"])
     # every point over reference_cpu_max_elements: on the CPU, the host itself, its whole reference is float64 on
     # the host, so no host sample of it is made again (an accelerator's large points are held to one);
-    # each figure's energy per work is over its host loop's calls, its window the timed iterations before them
+    # each figure's energy per work is over its energy loop, 3 of the monitors' intervals the round was told
+    # (--monitor-interval, through the job), its window the timed iterations before it
     assert all(p.reference == "float64 on cpu" and p.reference_sample is None
                for p in result.operation.points), [(p.reference, p.reference_sample) for p in result.operation.points]
-    assert all("energy per work over energy_window, the " in (m.note or "") and m.energy_window and m.window
-               and m.window[1] <= m.energy_window[0] for m in result.metrics)
+    assert result.operation.energy == "0.3 s: energy_intervals 3 x the monitors' 0.1 s interval"
+    assert all("calls of the energy loop (0.3 s: energy_intervals 3 x the monitors' 0.1 s interval)" in (m.note or "")
+               and m.energy_window and m.window and m.window[1] <= m.energy_window[0]
+               and m.energy_window[1] - m.energy_window[0] >= 0.3 for m in result.metrics)
     report = (run_dir / "report.md").read_text(encoding="utf-8")
     # The headline: a row per operator; every point in its operator's table, the failed ones FAILED.
     assert "| op-norm | rms_norm | GB/s | native, planted-wrong | 2 (fp32, bf16) | 2 of 4; **2 FAILED** | " \
@@ -53,3 +57,4 @@ def test_an_operation_case_runs_through_the_evaluation(flagperf_env: Path, monke
     assert all(p.host_latency_s for p in by_impl["native"]) and section.count(" · host ") == 2
     assert "@planted-wrong: wrong result:" in section
     assert "checked against: float64 on cpu (8 point-implementation pairs)" in report
+    assert "; energy loop: 0.3 s: energy_intervals 3 x the monitors' 0.1 s interval;" in report

@@ -5,6 +5,7 @@ device plug-in's contract in place of device names, and bench/operation_gpu.py's
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -13,10 +14,12 @@ import subprocess
 import sys
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 import torch
 from pydantic import ValidationError
@@ -24,7 +27,7 @@ from pydantic import ValidationError
 from flagperf.config.models import pydantic_error_to_config_error
 from flagperf.config.plan import plan_run
 from flagperf.config.vendors import load_vendor
-from flagperf.errors import ConfigError
+from flagperf.errors import CaseUserError, ConfigError
 from flagperf.hosts.capacity import check_capacity
 from flagperf.operation import driver, sampled
 from flagperf.operation.config import OperationConfig, plan_points
@@ -34,7 +37,8 @@ from flagperf.operation.operators import OPERATORS, counted, make_inputs
 from flagperf.operation.sampled import NoSample, host_sample
 from flagperf.operation.shape_sets import SHAPE_SETS
 from flagperf.operation.timer import CacheFlush, TimingOptions, time_call, time_host, time_iterations
-from flagperf.results.schema import SpecTable
+from flagperf.results.operators import method_lines
+from flagperf.results.schema import OperationReport, RoundResult, SpecTable
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
@@ -379,48 +383,252 @@ def test_the_energy_window_holds_the_calls_and_no_flush(monkeypatch: pytest.Monk
             f"energy_window, the {calls} calls of the host loop (back to back, no flush), / their work") in metric.note
 
 
-def test_energy_per_work_is_over_the_energy_window_and_too_few_samples_in_it_are_said(tmp_path: Path) -> None:
-    """The run summary: power and energy beside the figure over its window (the timed iterations), energy per
-    work over energy_window / energy_work; each row gives the samples inside the window energy per work is over,
-    and a round whose energy windows hold fewer than 2 says how many figures that is."""
-    from datetime import datetime, timezone
+def test_the_energy_loop_lasts_the_monitor_intervals_asked_whatever_max_iters(
+        monkeypatch: pytest.MonkeyPatch, cpu_spec: SpecTable, tmp_path: Path) -> None:
+    """The host loop is capped by max_iters and rep_s: a few ms, under one monitor interval even at the fastest
+    (0.1 s), so its energy per work was the interpolated power of the interval around it. energy_intervals asks for
+    a loop of the calls back to back over that many of the monitors' intervals (the round is told the interval),
+    with no count cap and no flush, which energy per work is taken over: samples every interval, at any phase,
+    put 2 or more inside it. Without the interval the round says it ran none."""
+    flushed: list[float] = []
+    real = CacheFlush.__call__
 
-    from flagperf.results.schema import Metric, RoundResult, write_result
+    def recorded(self: CacheFlush) -> None:
+        real(self)
+        flushed.append(time.time())
+
+    monkeypatch.setattr(CacheFlush, "__call__", recorded)
+    cfg = config(operators=["add"], flush_cache=True, min_iters=2, max_iters=3, energy_intervals=3)
+    outcome = driver.run_operation(cfg, "cpu", cpu_spec, CPU, monitor_interval_s=0.1)
+    (point,), (metric,) = outcome.report.points, outcome.metrics
+    assert point.status == "passed" and point.host_latency_s is not None and point.note is None, point.error
+    assert outcome.report.energy == "0.3 s: energy_intervals 3 x the monitors' 0.1 s interval"
+    found = re.search(r"energy per work over energy_window, the (\d+) calls of the energy loop \(0\.3 s: "
+                      r"energy_intervals 3 x the monitors' 0\.1 s interval\) \(back to back, no flush\), / their "
+                      r"work", metric.note or "")
+    assert found, metric.note
+    calls = int(found.group(1))
+    assert metric.energy_window is not None and metric.energy_work is not None
+    start, end = metric.energy_window
+    assert end - start >= 0.3 and metric.window[1] <= start and not [t for t in flushed if start <= t <= end]
+    assert calls > cfg.max_iters and metric.energy_work == pytest.approx(point.bytes * calls / 1e9)
+    assert metric.work == pytest.approx(point.bytes * point.iterations / 1e9)  # the timed iterations', as before
+    # a counter every 0.1 s at an arbitrary phase, 50 W: the figure rests on the samples inside the loop
+    samples = [{"t": start - 1.0 + 0.037 + i / 10, "energy_j": 5.0 * i} for i in range(int((end - start) * 10) + 21)]
+    (row,) = _summarized(tmp_path, [metric], {"system": samples}).rows.to_dict("records")
+    assert row["energy_per_work_samples"] >= 2 and pd.isna(row["energy_per_work_note"])
+    assert row["energy_per_work"] == pytest.approx(50.0 * (end - start) / metric.energy_work)
+    (line, *_) = method_lines([_round(outcome.report)])
+    assert "; energy loop: 0.3 s: energy_intervals 3 x the monitors' 0.1 s interval" in line, line
+    # not told the interval (a round run outside flagperf run): no energy loop, said; the host loop's window
+    untold = driver.run_operation(cfg, "cpu", cpu_spec, CPU)
+    assert untold.report.energy.startswith("not run: energy_intervals 3 is in monitor intervals, and this round "
+                                           "was not told the monitors' interval")
+    assert "calls of the host loop (back to back, no flush)" in (untold.metrics[0].note or "")
+
+
+def test_energy_intervals_is_checked_and_a_loop_past_the_timeout_is_one_line(cpu_spec: SpecTable) -> None:
+    for value, message in ((2, "must be 0 (no energy loop) or 3 to 100 monitor intervals (got 2): a shorter loop "
+                                "may hold fewer than 2 monitor samples"),
+                           (101, "(got 101)"), (True, "valid integer")):
+        with pytest.raises(ValidationError) as caught:
+            config(energy_intervals=value)
+        error = pydantic_error_to_config_error(caught.value, "cases/operation/op-elementwise/case.yaml")
+        assert "\n" not in str(error) and message in str(error) and error.key == "energy_intervals", str(error)
+    assert config().energy_intervals == 0  # off unless asked: CI's rounds and the shipped cases run none
+    with pytest.raises(CaseUserError) as info:
+        driver.run_operation(config(energy_intervals=10, timeout_s=20), "cpu", cpu_spec, CPU, monitor_interval_s=2.0,
+                             energy_origin="my.yaml")
+    assert str(info.value) == ("my.yaml: energy_intervals: 10 x the monitors' 2 s interval = 20 s per point, with "
+                               "warmup_s + 2 x rep_s, must be well below timeout_s (20): fewer intervals, a shorter "
+                               "--monitor-interval or a longer timeout_s")
+
+
+def _round(report: OperationReport) -> RoundResult:
+    now = datetime.now(timezone.utc)
+    return RoundResult(run_id="run-r", case="op", family="operation", round=1, host="h1", node_rank=0, vendor="cpu",
+                       status="success", started_at=now, finished_at=now, duration_s=1.0, measured_seconds=1.0,
+                       config={}, operation=report)
+
+
+class _OutOfMemoryInHostPhases(OperatorImplementation):
+    """Runs out of memory in the host phases (its third scope: the check, the timed phase, then the host and energy
+    loops) from the call numbered ``from_call`` of that scope on."""
+
+    def __init__(self, from_call: int) -> None:
+        super().__init__(ImplEnv(device=CPU, log=logging.getLogger("test")))
+        self.from_call = from_call
+        self.scopes = 0
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        self.scopes += 1
+        yield
+
+    def prepare(self, op: Any, dtype: str, native: Any) -> Any:
+        calls = [0]
+
+        def fn(*inputs: Any) -> Any:
+            if self.scopes == 3:
+                calls[0] += 1
+                if calls[0] >= self.from_call:
+                    raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            return native(*inputs)
+        return fn
+
+
+def test_out_of_memory_in_the_host_loop_keeps_the_passed_point_without_its_host_figures(cpu_spec: SpecTable
+                                                                                         ) -> None:
+    """A point checked and timed, whose host loop then ran out of memory, was skipped as "does not fit in memory":
+    its figure was lost. It is recorded with no host latency and a note, its metric with no energy per work (no
+    loop of its calls alone ran) and saying why; the energy loop running out keeps the host loop's."""
+    cfg = config(operators=["add"], min_iters=3, max_iters=3, rep_s=1.0, energy_intervals=3)
+    runner = PointRunner(cfg, cpu_spec, CPU, Implementations(ready={"host": _OutOfMemoryInHostPhases(1),
+                                                                    "energy": _OutOfMemoryInHostPhases(4)}),
+                         monitor_interval_s=0.1)
+    (planned,) = plan_points(cfg)
+    runner.run(planned)
+    by = {p.implementation: p for p in runner.points}
+    metrics = {m.name.rsplit("@", 1)[1]: m for m in runner.metrics}
+    host, energy = by["host"], by["energy"]
+    assert host.status == "passed" and host.latency_s and host.host_latency_s is None, host.error
+    assert host.note == ("the host loop ran out of memory (RuntimeError: CUDA out of memory. Tried to allocate 2.00 "
+                         "GiB): no host latency, and no energy per work (no loop of the calls alone ran)")
+    assert metrics["host"].energy_window is None and metrics["host"].energy_per_work_absent.startswith(
+        "operation: its host loop ran out of memory")
+    assert host.note in (metrics["host"].note or "")
+    assert energy.status == "passed" and energy.host_latency_s is not None, energy.error
+    assert energy.note.startswith("the energy loop ran out of memory (") and energy.note.endswith(
+        "): energy per work over the host loop instead")
+    assert "the 3 calls of the host loop (back to back" in (metrics["energy"].note or "")
+    assert metrics["energy"].energy_per_work_absent is None
+    # the report's lines on how the case was measured say which points lack what
+    lines = method_lines([_round(OperationReport(timing="-", flush="-", graphs="-", counting={}, tolerances={},
+                                                 points=runner.points))])
+    assert "  - add fp32 R16xC128 @host: the host loop ran out of memory (RuntimeError: CUDA out of memory. Tried " \
+           "to allocate 2.00 GiB): no host latency, and no energy per work (no loop of the calls alone ran)" in lines
+
+
+T0 = 1_800_000_000.0
+
+
+def _summarized(tmp_path: Path, metrics: list[Any], monitors: dict[str, list[dict[str, Any]]]) -> Any:
+    """summarize() of one round of ``metrics`` with these monitors' samples beside it."""
+    from flagperf.results.schema import write_result
     from flagperf.results.summary import summarize
 
-    t0 = 1_800_000_000.0
     now = datetime.now(timezone.utc)
-    # 100 W from t0 to t0 + 10, then 400 W: a counter sampled every second (a tenth of a second from t0 + 10)
-    samples = [{"t": t0 + i, "energy_j": 100.0 * i} for i in range(11)]
-    samples += [{"t": t0 + 10 + i / 10, "energy_j": 1000.0 + 40.0 * i} for i in range(1, 21)]
-    metrics = [Metric(name="wide", value=1.0, unit="GB/s", window=[t0 + 1, t0 + 5], work=8.0,
-                      energy_window=[t0 + 6, t0 + 8], energy_work=2.0),  # 200 J / 2 GB; 3 samples inside
-               Metric(name="narrow", value=1.0, unit="GB/s", window=[t0 + 1, t0 + 5], work=8.0,
-                      energy_window=[t0 + 2.25, t0 + 2.5], energy_work=0.5),  # 25 J, interpolated: 0 inside
-               Metric(name="fast", value=1.0, unit="GB/s", window=[t0 + 1, t0 + 5], work=8.0,
-                      energy_window=[t0 + 11, t0 + 11.5], energy_work=1.0),  # 200 J; 6 samples inside
-               Metric(name="plain", value=1.0, unit="GB/s", window=[t0 + 1, t0 + 5], work=8.0)]
     folder = tmp_path / "run-e" / "op" / "round1" / "h1_noderank0"
     write_result(folder / "result.json", RoundResult(
         run_id="run-e", case="op", family="operation", round=1, host="h1", node_rank=0, vendor="cpu",
         status="success", started_at=now, finished_at=now, duration_s=1.0, measured_seconds=1.0, metrics=metrics,
         config={}))
-    (folder / "monitor_system.jsonl").write_text("\n".join(
-        [json.dumps({"type": "header", "monitor": "system", "interval_s": 1.0})]
-        + [json.dumps({"type": "sample", **s}) for s in samples]) + "\n")
-    summary = summarize(tmp_path / "run-e")
+    for name, samples in monitors.items():
+        (folder / f"monitor_{name}.jsonl").write_text("\n".join(
+            [json.dumps({"type": "header", "monitor": name, "interval_s": 1.0})]
+            + [json.dumps({"type": "sample", **s}) for s in samples]) + "\n")
+    return summarize(tmp_path / "run-e")
+
+
+def test_energy_per_work_rests_on_two_samples_inside_its_window_or_is_left_out_saying_why(tmp_path: Path) -> None:
+    """Energy per work over energy_window / energy_work (operation's loop), else window / work. Under 2 samples of
+    the energy source inside that window, the energy was interpolated between samples around it (the interval's
+    average power: the flushed timed loop, the next point's set-up) and published: now it is left out, each row
+    saying why (energy_per_work_note) and the round's notes counting them. A window the samples do not reach is
+    said too (it vanished silently). Over an energy_window (calls back to back at a steady rate) the figure is the
+    mean power between the samples inside it, none from outside; the sample count and the unit go with a figure
+    only (a row without work had them)."""
+    from flagperf.results.schema import Metric
+
+    # 100 W from T0 to T0 + 10, then 400 W: a counter sampled every second, then every tenth of a second to T0 + 12
+    samples = [{"t": T0 + i, "energy_j": 100.0 * i} for i in range(11)]
+    samples += [{"t": T0 + 10 + i / 10, "energy_j": 1000.0 + 40.0 * i} for i in range(1, 21)]
+
+    def metric(name: str, **fields: Any) -> Metric:
+        return Metric(name=name, value=1.0, unit="GB/s", **{"window": [T0 + 1, T0 + 5], "work": 8.0, **fields})
+
+    summary = _summarized(tmp_path, [
+        metric("wide", energy_window=[T0 + 6, T0 + 8], energy_work=2.0),  # 200 J / 2 GB; 3 samples inside
+        metric("narrow", energy_window=[T0 + 2.25, T0 + 2.5], energy_work=0.5),  # none inside
+        # 400 W between its first and last samples inside (T0 + 10 to + 10.5); interpolated, its first half second
+        # would be the 100 W before it: 270 J, not 420 J
+        metric("edge", energy_window=[T0 + 9.5, T0 + 10.55], energy_work=1.05),
+        metric("late", energy_window=[T0 + 20, T0 + 21], energy_work=1.0),  # after the last sample
+        metric("plain"),  # no energy_window: over window / work, 400 J / 8 GB
+        metric("short", window=[T0 + 3.2, T0 + 3.7], work=1.0),  # a timed region between two samples
+        metric("no-work", work=None)], {"system": samples})
     rows = {r["metric"]: r for r in summary.rows.to_dict("records")}
-    assert {name: rows[name]["energy_j"] for name in rows} == pytest.approx({name: 400.0 for name in rows})
-    assert rows["wide"]["energy_per_work"] == pytest.approx(100.0)  # 200 J / 2 GB, not 400 J / 8 GB
-    assert rows["narrow"]["energy_per_work"] == pytest.approx(50.0)
-    assert rows["fast"]["energy_per_work"] == pytest.approx(200.0)
-    assert rows["plain"]["energy_per_work"] == pytest.approx(50.0)  # no energy_window: over window / work
-    assert {name: rows[name]["energy_per_work_samples"] for name in rows} == \
-        {"wide": 3, "narrow": 0, "fast": 6, "plain": 5}
-    (note,) = [n for n in summary.monitor_notes if "energy window" in n]
-    assert note.startswith("op round 1 on h1: energy per work of 1 of 3 figures (energy_per_work_samples under 2) "
-                           "rests on fewer than 2 monitor samples inside its energy window (0.25 s at the shortest;"), \
-        note
+
+    def column(name: str) -> dict[str, Any]:
+        return {metric: None if pd.isna(row[name]) else row[name] for metric, row in rows.items()}
+
+    assert column("energy_per_work") == pytest.approx({"wide": 100.0, "narrow": None, "edge": 400.0, "late": None,
+                                                       "plain": 50.0, "short": None, "no-work": None})
+    assert column("energy_per_work_samples") == {"wide": 3, "narrow": None, "edge": 6, "late": None, "plain": 5,
+                                                 "short": None, "no-work": None}
+    assert column("energy_per_work_unit") == {"wide": "J/GB", "narrow": None, "edge": "J/GB", "late": None,
+                                              "plain": "J/GB", "short": None, "no-work": None}
+    assert column("energy_per_work_note") == {
+        "wide": None, "edge": None, "plain": None, "no-work": None,
+        "narrow": "0 sample(s) of the cpu packages energy inside the 0.25 s energy window, 2 needed; operation: set "
+                  "energy_intervals",
+        "late": "the monitors' cpu packages samples do not cover the energy window (a monitor started late or "
+                "stopped early)",
+        "short": "0 sample(s) of the cpu packages energy inside the 0.5 s timed region, 2 needed"}
+    notes = [n for n in summary.monitor_notes if "energy per work" in n]
+    assert notes == [
+        "op round 1 on h1: energy per work of 2 of 6 figures left out (energy_per_work_note): fewer than 2 samples of "
+        "the energy source inside the window it is over (0.25 s at the shortest), whose energy would be the average "
+        "power of the interval around it, not the window's own; operation: set the case's energy_intervals (a loop of "
+        "each point's calls over that many monitor intervals); elsewhere sample faster (--monitor-interval, down to "
+        "0.1 s)",
+        "op round 1 on h1: energy per work of 1 of 6 figures left out (energy_per_work_note): the monitors' samples "
+        "do not cover the window it is over (a monitor that started late or stopped early)"], notes
+
+
+def test_energy_per_work_is_of_the_source_the_energy_beside_it_names(tmp_path: Path) -> None:
+    """energy_source names where energy_j (over the timed region) came from; energy per work over the energy window
+    took the most preferred source there, which could be another (an accelerator monitor that started late), so the
+    row named one source and gave the other's figure. It is of the source energy_source names."""
+    from flagperf.results.schema import Metric
+
+    packages = [{"t": T0 + i, "energy_j": 50.0 * i} for i in range(11)]  # 50 W, every second
+    accelerator = [{"t": T0 + 5.5 + i / 10, "devices": [{"index": 0, "power_w": 300.0}]} for i in range(30)]
+    summary = _summarized(tmp_path, [
+        Metric(name="m", value=1.0, unit="GB/s", window=[T0 + 1, T0 + 5], work=8.0, energy_window=[T0 + 6, T0 + 8],
+               energy_work=2.0)], {"system": packages, "nvidia": accelerator})
+    (row,) = summary.rows.to_dict("records")
+    assert row["energy_source"] == "cpu packages" and row["energy_j"] == pytest.approx(200.0)
+    assert row["energy_per_work"] == pytest.approx(50.0)  # 100 J / 2 GB, not the accelerator's 600 J / 2 GB
+
+
+def test_a_window_that_is_not_start_then_end_makes_the_result_unreadable_not_the_summary_crash(tmp_path: Path
+                                                                                                ) -> None:
+    """The analysis reads window and energy_window as (start, end): a record with one number in it raised
+    IndexError in the summary, and an end before its start gave a negative energy. Both are unreadable results,
+    one line each naming the key; energy_window without energy_work (or the other way) too."""
+    from flagperf.results.schema import Metric
+    from flagperf.results.summary import summarize
+
+    now = datetime.now(timezone.utc)
+    good = RoundResult(run_id="run-w", case="op", family="operation", round=1, host="h1", node_rank=0, vendor="cpu",
+                       status="success", started_at=now, finished_at=now, duration_s=1.0, measured_seconds=1.0,
+                       metrics=[Metric(name="m", value=1.0, unit="GB/s", window=[T0, T0 + 1], work=1.0)], config={})
+    record = json.loads(good.model_dump_json())
+    broken = {"h1": {"energy_window": [T0], "energy_work": 1.0}, "h2": {"window": [T0 + 1, T0]},
+              "h3": {"energy_window": [T0, T0 + 1, T0 + 2], "energy_work": 1.0},
+              "h4": {"energy_window": [T0, T0 + 1]}, "h5": {}}
+    for host, fields in broken.items():
+        folder = tmp_path / "run-w" / "op" / "round1" / f"{host}_noderank0"
+        folder.mkdir(parents=True)
+        (folder / "result.json").write_text(json.dumps({**record, "host": host,
+                                                         "metrics": [{**record["metrics"][0], **fields}]}))
+    summary = summarize(tmp_path / "run-w")
+    assert list(summary.rows["host"]) == ["h5"]
+    assert len(summary.problems) == 4 and all("unreadable result (metrics.0: " in p for p in summary.problems)
+    assert "energy_window must be [start, end] with start <= end, got [" in summary.problems[0]
+    assert "window must be [start, end] with start <= end, got [" in summary.problems[1]
+    assert "energy_window and energy_work go together" in summary.problems[3]
 
 
 def test_the_host_window_encloses_the_host_loops_calls_and_no_flush() -> None:
