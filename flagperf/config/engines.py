@@ -110,12 +110,16 @@ def load_engine_manifest(vendor: str, name: str, family_folder: str, model: type
         known = ", ".join(sorted(engines)) or "none"
         folders = vendor_folders(vendor)
         where = display_path(folders[0] / family_folder) if folders else f"vendor_images/{vendor}/{family_folder}"
-        shadowed = next((folder / family_folder / name for folder in folders[1:]
+        shadowed = next((folder for folder in folders[1:]
                          if is_present(folder / family_folder / name / ENGINE_MANIFEST)), None)
-        hint = (f"; {display_path(shadowed)} is never read: {display_path(folders[0])} comes first on the search "
-                "path and shadows its folder") if shadowed else ""
-        raise ConfigError(source, key, f"unknown {key} {name!r} for vendor {vendor} (engines in {where}/: "
-                                       f"{known}){hint}")
+        if shadowed is None:
+            raise ConfigError(source, key, f"unknown {key} {name!r} for vendor {vendor} (engines in {where}/: {known})")
+        # The hint first, each path once: a line is cut at MAX_LINE, and the source, the shadowed copy and the
+        # vendor's folder are each a long path where a vendor keeps its folder outside the project.
+        raise ConfigError(source, key, f"unknown {key} {name!r} for vendor {vendor}: {display_path(shadowed)} has it "
+                                       f"({family_folder}/{name}/) but is never read: {display_path(folders[0])} comes "
+                                       f"first on the search path and shadows it (engines in its {family_folder}/: "
+                                       f"{known})")
     folder = engines[name]
     _check_engine_folder(folder)
     manifest_source = display_path(folder / ENGINE_MANIFEST)

@@ -16,7 +16,7 @@ import pytest
 from flagperf.config.adaptation import EXTERN_HOOKS
 from flagperf.config.models import PEAK_UNITS
 from flagperf.config.vendors import MANIFEST, load_vendor_manifest
-from flagperf.errors import ConfigError
+from flagperf.errors import MAX_LINE, ConfigError
 from flagperf.hosts.vendorcheck import ENGINE_FOLDERS, check_vendor_folder
 from flagperf.hosts.vendorscaffold import PEAK_FIGURES, write_vendor_folder
 from flagperf.paths import PROJECT_ROOT
@@ -715,9 +715,14 @@ def test_a_shadowed_vendor_folder_is_said_to_be_and_lends_no_engine(walk: Path, 
     write(walk / "cases" / "inference" / "walk-infer" / "vendor" / "acme_configurations.yaml", "batch_size: 64\n")
     found = check_vendor_folder(first, monitor_seconds=1)
     order = "vendor_images/, then FLAGPERF_VENDOR_PATH in order"
-    assert any(problem.endswith(f"unknown compiler 'onnxruntime' for vendor acme (engines in {first / 'engines'}/: "
-                                f"none); {later / 'engines' / 'onnxruntime'} is never read: {first} comes first on the "
-                                "search path and shadows its folder") for problem in found.problems), found.problems
+    # The hint comes first and names each folder once: the line holds it whatever the temporary folder's length
+    # (the line is cut at MAX_LINE; four full paths once cut the hint off under pytest's default basetemp).
+    expected = (f"{walk / 'cases' / 'inference' / 'walk-infer' / 'configurations.yaml'}: compiler: unknown compiler "
+                f"'onnxruntime' for vendor acme: {later} has it (engines/onnxruntime/) but is never read: {first} "
+                "comes first on the search path and shadows it (engines in its engines/: none)")
+    unknown = [problem for problem in found.problems if "unknown compiler 'onnxruntime'" in problem]
+    assert len(unknown) == 1 and expected.startswith(unknown[0].removesuffix("...")), (expected, found.problems)
+    assert f"{later} has it" in unknown[0] and len(unknown[0]) <= MAX_LINE
     assert f"{later} is shadowed by this folder: --vendor acme reads this one ({order}), nothing of that one (its " \
            "engines and case files neither)" in found.notes, found.notes
     shadowed = (f"shadowed by {first}: --vendor acme reads the first folder of the name ({order}), nothing of this "
