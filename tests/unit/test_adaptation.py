@@ -391,6 +391,25 @@ def test_secrets_are_masked_in_the_record(tmp_path: Path) -> None:
     assert "from-the-host" not in str(record) and "hf_written" not in str(record)
 
 
+
+def test_a_secret_is_masked_however_it_reaches_a_value(tmp_path: Path) -> None:
+    """Secrecy is decided in file order, on the value as applied too and through every line on: the host's index URL
+    with its password copied (MIRROR=$PIP_INDEX_URL: neither name nor written value says so), a host's token copied
+    and that copy copied again (B=x$A, C=${B}/y) were each recorded in the clear. A literal dollar ('$HF_TOKEN'
+    single-quoted) refers to nothing and stays as it is."""
+    from flagperf.config.adaptation import Adaptation
+    from flagperf.hosts.adaptation import Applied
+    from flagperf.hosts.inventory import MASK
+
+    values = parse_env_file(env_file(tmp_path, "MIRROR=$PIP_INDEX_URL\nA=$HF_TOKEN\nB=x$A\nC=${B}/y\n"
+                                               "LITERAL='$HF_TOKEN'\nMODE=fast\nUSES_MODE=$MODE-1\n"))
+    host = {"PIP_INDEX_URL": "https://bob:hunter2@mirror.example/simple", "HF_TOKEN": "hf_from_the_host"}
+    record = Applied(Adaptation("c", "training", "v", tmp_path, env=values), env=expand_env(values, host)).record()
+    masked = {"MIRROR": MASK, "A": MASK, "B": MASK, "C": MASK}
+    assert record["env"] == {**masked, "LITERAL": "$$HF_TOKEN", "MODE": "fast", "USES_MODE": "$MODE-1"}
+    assert record["env_applied"] == {**masked, "LITERAL": "$HF_TOKEN", "MODE": "fast", "USES_MODE": "fast-1"}
+    assert "hunter2" not in str(record) and "hf_from_the_host" not in str(record)
+
 OPS_C = """\
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
