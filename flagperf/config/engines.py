@@ -17,10 +17,10 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from flagperf.config.casecode import CodeNotRun, code_runs
 from flagperf.config.files import given_name, inside, is_present, regular_file
 from flagperf.config.models import StrictModel, check_name, load_model
-from flagperf.config.vendors import MANIFEST, available_vendors, import_file, vendor_folders
+from flagperf.config.vendors import first_with_manifest, import_file, vendor_folders, vendor_search
 from flagperf.config.yamlio import load_yaml_mapping
 from flagperf.errors import CaseUserError, ConfigError, MissingExtra, extra_for
-from flagperf.paths import display_path, vendor_roots
+from flagperf.paths import display_path
 
 ENGINE_MANIFEST = "engine.yaml"
 INFERENCE_ENGINES = "engines"  # vendor_images/<vendor>/engines/<compiler>/: the inference family's compilers
@@ -76,9 +76,9 @@ def engine_roots(vendor: str) -> list[Path]:
     engines (a lab's own operation library for a shipped vendor, docs/operation.md). A folder of the name further on
     with a vendor.yaml of its own is another copy of the vendor, shadowed whole as everything else of it is: its
     engines are not the vendor's (`vendor check` and a missing engine's line name it)."""
-    home = available_vendors().get(vendor)
-    return [root / vendor for root in vendor_roots()
-            if root / vendor == home or ((root / vendor).is_dir() and not is_present(root / vendor / MANIFEST))]
+    folders = vendor_search(vendor).get(vendor, [])
+    home = first_with_manifest(folders)
+    return [folder for folder, manifest in folders if folder == home or not manifest]
 
 
 def engine_folders(vendor: str, family_folder: str) -> dict[str, Path]:

@@ -134,7 +134,7 @@ class Findings:
 def resolve_vendor_argument(given: Path) -> Path:
     """A folder as given; a bare name that is no folder here is the vendor --vendor would find by that name
     (vendor_images/, FLAGPERF_VENDOR_PATH), so `flagperf vendor check acme` checks what a run would use."""
-    if (given / MANIFEST).exists() or len(given.parts) != 1:
+    if is_present(given / MANIFEST) or len(given.parts) != 1:
         return given
     vendors = available_vendors()
     if given.name in vendors:
@@ -147,7 +147,7 @@ def resolve_vendor_argument(given: Path) -> Path:
 
 def check_vendor_folder(folder: Path, monitor_seconds: float = MONITOR_SECONDS) -> Findings:
     """Raises ConfigError when the folder is not a vendor folder at all (the user's error)."""
-    if not (folder / MANIFEST).exists():
+    if not is_present(folder / MANIFEST):  # a dangling link is the vendor's (vendor_search): loading it says so
         raise ConfigError(str(folder), None, f"not a vendor folder (no {MANIFEST})")
     found = Findings()
     try:
