@@ -23,7 +23,7 @@ import re
 import shlex
 import stat
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -203,19 +203,20 @@ def adaptation_folder(case_folder: Path, vendor: str, vendor_folder: Path | None
     return adaptation_place(case_folder, vendor, vendor_folder).folder
 
 
-def absolute_links(vendor_folder: Path, case: Path | None = None) -> list[ConfigError]:
-    """The links of the vendor folder's cases/ whose target is an absolute path, each one line naming it; with
-    ``case`` (a folder of cases/<family>/), only those on the way to it and in it. Such a link works where it was
+def absolute_links(vendor_folder: Path, case: Path | None = None, parts: Sequence[str] = (VENDOR_CASES_FOLDER,)
+                   ) -> list[ConfigError]:
+    """The links of the vendor folder's cases/ (``parts``: those of its folders, such as its engine folders) whose
+    target is an absolute path, each one line naming it; with ``case`` (a folder of cases/<family>/), only those on
+    the way to it and in it. Such a link works where it was
     made alone: a clone of the vendor's repository, a host's deployed copy and a round's container (which has the
     vendor folder under /flagperf-search/) have the folder at another path, so the run that reads it finds
     nothing there (a container round says so only once it starts). A relative link inside the folder travels, and
     the folders it leads to are looked through too (once each); a link out of the folder is read_adaptation's to
     refuse. What the source digest skips (a .venv, __pycache__: paths.walk_source's rule) is skipped."""
-    root = vendor_folder / VENDOR_CASES_FOLDER
     home = os.path.realpath(vendor_folder)
     problems: list[ConfigError] = []
     seen: set[str] = set()
-    pending = [root]
+    pending = [vendor_folder / part for part in reversed(parts)]
     while pending:
         path = pending.pop()
         if case is not None and not (path == case or path in case.parents or case in path.parents):

@@ -531,10 +531,23 @@ def _check_adaptations(vendor: Vendor, found: Findings) -> None:
         file_and_key = ": ".join(note.split(": ")[:2]) + ":"
         if not any(problem.startswith(file_and_key) for problem in found.problems):
             found.notes.append(note)
+    _check_engine_links(vendor, found)
     for family, sub in sorted(ENGINE_FOLDERS.items()):
         if family in families and not any((vendor.folder / sub).glob(f"*/{ENGINE_MANIFEST}")):
             found.notes.append(f"no {family} engines ({display_path(vendor.folder / sub)}/<engine>/{ENGINE_MANIFEST}):"
                                f" {family} cases cannot run with this vendor (start from vendor_images/cpu/{sub}/)")
+
+
+def _check_engine_links(vendor: Vendor, found: Findings) -> None:
+    """A link by an absolute path in the engine folders a round of the vendor reads: this folder's and those of each
+    folder of the name without a vendor.yaml (engine_roots); a round's container has each at another path. A folder
+    `--vendor` does not use (shadowed, or not on the search path): its own alone."""
+    roots = engine_roots(vendor.name)
+    if not any(root.resolve() == vendor.folder.resolve() for root in roots):
+        roots = [vendor.folder]
+    for root in roots:
+        for link in absolute_links(root, parts=sorted(set(ENGINE_FOLDERS.values()))):
+            found.add_error(link)
 
 
 def _check_vendor_cases(vendor: Vendor, cases: dict[str, Path], found: Findings) -> None:

@@ -773,3 +773,24 @@ def test_an_absolute_link_in_the_vendors_cases_is_refused_by_check_and_validate(
                                     "environment file" in found.passed, found.passed
     checked = flagperf("validate", str(link / env.name))
     assert checked.returncode == 0, checked.stderr
+
+
+def test_an_absolute_link_in_an_engine_folder_of_the_vendor_is_named_by_check(walk: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A round reads the engines of the vendor's folder and of every folder of its name without a vendor.yaml (a
+    lab's own engines, wherever on the search path): in a container each is at another path, so a link in them by an
+    absolute path leads nowhere there. vendor check names such a link in each; the container policy refuses it only
+    once a round starts (test_container_policy)."""
+    vendor = walk / "vendors" / "acme"
+    lab = walk / "lab" / "acme" / "engines" / "labrt"
+    shutil.copytree(vendor / "engines" / "onnxruntime", lab)
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", os.pathsep.join([str(walk / "lab"), str(walk / "vendors")]))
+    weights = write(walk / "weights" / "model.onnx", "onnx\n")
+    for engine in (vendor / "engines" / "onnxruntime", lab):
+        (engine / "model.onnx").symlink_to(weights)
+    found = check_vendor_folder(vendor, monitor_seconds=1)
+    for engine in (vendor / "engines" / "onnxruntime", lab):
+        assert f"{engine / 'model.onnx'}: links to {weights} by its absolute path: where the vendor folder is at " \
+               "another path (a clone of it, a host's copy, a round's container) it leads nowhere; make the link " \
+               "relative, to a file inside the vendor folder, or copy the file" in found.problems, found.problems
+    assert len(found.problems) == 2, found.problems
