@@ -207,14 +207,25 @@ def absolute_links(vendor_folder: Path, case: Path | None = None, parts: Sequenc
                    ) -> list[ConfigError]:
     """The links of the vendor folder's cases/ (``parts``: those of its folders, such as its engine folders) whose
     target is an absolute path, each one line naming it; with ``case`` (a folder of cases/<family>/), only those on
-    the way to it and in it. Such a link works where it was
-    made alone: a clone of the vendor's repository, a host's deployed copy and a round's container (which has the
-    vendor folder under /flagperf-search/) have the folder at another path, so the run that reads it finds
-    nothing there (a container round says so only once it starts). A relative link inside the folder travels, and
-    the folders it leads to are looked through too (once each); a link out of the folder is read_adaptation's to
-    refuse. What the source digest skips (a .venv, __pycache__: paths.walk_source's rule) is skipped."""
+    the way to it and in it. Such a link works where it was made alone: a clone of the vendor's repository, a host's
+    deployed copy and a round's container (which has the vendor folder under /flagperf-search/) have the folder at
+    another path, so the run that reads it finds nothing there (a container round says so only once it starts). A
+    relative link inside the folder travels, and the folders it leads to are looked through too (once each); a link
+    out of the folder is read_adaptation's to refuse. What the source digest skips (a .venv, __pycache__:
+    paths.walk_source's rule) is skipped."""
+    return [ConfigError(given_name(path), None, f"links to {target} by its absolute path: where the vendor folder is "
+                        "at another path (a clone of it, a host's copy, a round's container) it leads nowhere; make "
+                        "the link relative, to a file inside the vendor folder, or copy the file")
+            for path, target, _ in walk_linked(vendor_folder, case, parts) if target is not None
+            and os.path.isabs(target)]
+
+
+def walk_linked(vendor_folder: Path, case: Path | None = None, parts: Sequence[str] = (VENDOR_CASES_FOLDER,)
+                ) -> Iterator[tuple[Path, str | None, str]]:
+    """Each path below the vendor folder's ``parts`` as a run reaches it: (the path, its link's target as written or
+    None, where it resolves), relative links inside the vendor folder followed (each place looked through once);
+    ``case``: only on the way to that folder of cases/<family>/ and in it. Skips what the source digest skips."""
     home = os.path.realpath(vendor_folder)
-    problems: list[ConfigError] = []
     seen: set[str] = set()
     pending = [vendor_folder / part for part in reversed(parts)]
     while pending:
@@ -227,17 +238,12 @@ def absolute_links(vendor_folder: Path, case: Path | None = None, parts: Sequenc
             listing = sorted(os.listdir(path)) if path.is_dir() else []
         except OSError:  # unreadable, or gone: reading the adaptation says so
             continue
-        if target is not None and os.path.isabs(target):
-            problems.append(ConfigError(given_name(path), None, f"links to {target} by its absolute path: where "
-                                        "the vendor folder is at another path (a clone of it, a host's copy, a "
-                                        "round's container) it leads nowhere; make the link relative, to a file "
-                                        "inside the vendor folder, or copy the file"))
+        yield path, target, real
         if not listing or real in seen or not (real == home or real.startswith(home + os.sep)):
             continue
         seen.add(real)
         pending += [path / name for name in reversed(listing)
                     if not (skipped_folder(str(path), name) if (path / name).is_dir() else skipped_file(name))]
-    return problems
 
 
 def overrides_file(case_folder: Path, file_name: str, vendor: str, vendor_folder: Path | None = None) -> Path:

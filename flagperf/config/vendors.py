@@ -36,6 +36,7 @@ from flagperf.paths import PROJECT_ROOT, display_path, vendor_roots
 from flagperf.results.schema import Peak, SpecTable
 
 MANIFEST = "vendor.yaml"
+TOOLKITS_FOLDER = "toolkits"  # <vendor folder>/toolkits/<name>/toolkit.yaml (flagperf.basespec.toolkit)
 SETTING_NAME = re.compile(r"[a-z_][a-z0-9_]{0,63}")
 MAX_SETTING_TEXT = 200
 MAX_SETTING_NUMBER = 1e12  # far above any clock, channel count or transfer rate; a typo's exponent is refused

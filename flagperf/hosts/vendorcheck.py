@@ -66,6 +66,7 @@ from flagperf.config.vendorlayout import (
     flagperf_vendor_entry_problem,
     misnamed_overrides,
     overrides_name,
+    read_top_entries,
     scale_file_problem,
     stray_entry_problem,
     vendor_case_problem,
@@ -73,6 +74,7 @@ from flagperf.config.vendorlayout import (
 from flagperf.config.vendors import (
     MANIFEST,
     SEARCH_ORDER,
+    TOOLKITS_FOLDER,
     Vendor,
     VendorManifest,
     available_vendors,
@@ -555,10 +557,11 @@ def _check_vendor_cases(vendor: Vendor, cases: dict[str, Path], found: Findings)
     under another family than the case's (a misspelt name would otherwise leave the case silently unadapted); and
     the entries of the vendor folder laid out as FlagPerf's, which no run reads either."""
     monitors = {str(entry.script) for entry in vendor.manifest.monitors if entry.script is not None}
+    dockerfile = vendor.manifest.container.dockerfile
+    read = read_top_entries(vendor.folder, dockerfile, (*ENGINE_FOLDERS.values(), TOOLKITS_FOLDER))
     for entry in sorted(vendor.folder.iterdir()):  # FlagPerf's layout of the vendor folder, copied as it was
         if not skipped_in_source(entry.name):
-            problem = flagperf_vendor_entry_problem(entry, vendor.name, vendor.manifest.container.dockerfile,
-                                                    monitors, cases)
+            problem = flagperf_vendor_entry_problem(entry, vendor.name, dockerfile, monitors, cases, read)
             if problem:
                 found.problem(given_name(entry), problem)
     root = vendor.folder / VENDOR_CASES_FOLDER

@@ -166,6 +166,35 @@ def test_each_typical_mistake_is_one_problem_line(walk: Path) -> None:
     assert all("\n" not in problem for problem in found.problems)
 
 
+
+def test_a_working_vendor_folder_is_not_taken_for_flagperfs_layout(walk: Path) -> None:
+    """What a run reads is never called FlagPerf's leftover layout: an image built from docker_image/pytorch/Dockerfile
+    (container.dockerfile says so), a build folder whose context holds config/pip.conf, a folder a case's folder in
+    cases/ links to relatively (FlagPerf's <model>-<framework>/config/ kept and linked in), a folder of the vendor's
+    own of another name, and its monitor listed as ./acme_monitor.py: each was reported as never read (or run)."""
+    vendor = walk / "vendors" / "acme"
+    (vendor / "docker_image").mkdir()
+    shutil.move(vendor / "pytorch", vendor / "docker_image" / "pytorch")
+    write(vendor / "docker_image" / "pytorch" / "config" / "pip.conf", "[global]\n")
+    shutil.copytree(vendor / "docker_image" / "pytorch", vendor / "paddle-gpu")  # another framework's build folder
+    shutil.move(vendor / "monitor_acme.py", vendor / "acme_monitor.py")
+    manifest = (vendor / MANIFEST).read_text()
+    (vendor / MANIFEST).write_text(manifest.replace("dockerfile: pytorch/Dockerfile",
+                                                    "dockerfile: docker_image/pytorch/Dockerfile")
+                                   .replace("script: monitor_acme.py", "script: ./acme_monitor.py"))
+    write(vendor / "walk-mlp-pytorch" / "config" / "environment_variables.sh", "export ACME_TUNING=fast\n")
+    kept = vendor / "cases" / "training" / "walk-mlp"
+    kept.parent.mkdir(parents=True)
+    kept.symlink_to("../../walk-mlp-pytorch/config")
+    write(vendor / "tools" / "config" / "settings.yaml", "threads: 4\n")  # the vendor's own
+    found = check_vendor_folder(vendor, monitor_seconds=1)
+    assert found.problems == [], found.problems
+    assert "adaptation of walk-mlp: environment file" in found.passed, found.passed
+    # FlagPerf's layout nothing reads is still named.
+    write(vendor / "bert-pytorch" / "config" / "environment_variables.sh", "export ACME_TUNING=fast\n")
+    assert [problem.split(": ")[:2] for problem in check_vendor_folder(vendor, monitor_seconds=1).problems] == [
+        [str(vendor / "bert-pytorch"), "never read"]]
+
 def test_garbage_from_a_monitor_a_spec_table_of_the_wrong_form_and_a_default_repeated(walk: Path) -> None:
     vendor = walk / "vendors" / "acme"
     (vendor / "monitor_acme.py").write_text("import sys\nopen(sys.argv[sys.argv.index('--out') + 1], 'w')"
