@@ -710,6 +710,19 @@ def test_a_vendor_kept_outside_keeps_its_settings_files_in_its_own_folder_too(wa
     assert refused.returncode == 2 and refused.stderr.splitlines() == [f"error {both}"] * 2, refused.stderr
     (cases / "base" / "walk-gemm" / "vendor" / "acme.yaml").unlink()
 
+    # The case's own vendor/acme/ folder as well as the vendor folder's cases/base/walk-gemm/: a run reads the vendor's
+    # files of the case from one place, so the plan refuses both; validate of the settings file passed (only a
+    # training scale file looked at the two places), now it says what the plan says, as vendor check does.
+    own = write(cases / "base" / "walk-gemm" / "vendor" / "acme" / "environment_variables.sh", "export A=1\n").parent
+    folders = (f"{gemm.parent}: vendor acme's files of case walk-gemm are also in {own}: keep them in one of the two "
+               "places (a run reads one)")
+    with pytest.raises(ConfigError, match=re.escape(folders)):
+        plan_run(cases=["walk-gemm"], vendor="acme", results_dir=tmp_path / "results")
+    assert check_vendor_folder(vendor, monitor_seconds=1).problems == [folders]
+    refused = flagperf("validate", str(gemm))
+    assert refused.returncode == 2 and refused.stderr.strip() == f"error {folders}", refused.stderr
+    shutil.rmtree(own)
+
     # An inference case's settings by the training name: never read, named where it is.
     wrong = write(kept / "inference" / "walk-infer" / "acme.yaml", "batch_size: 32\n")
     expected = (f"{wrong}: never read: the vendor overrides of inference cases are acme_configurations.yaml in "
