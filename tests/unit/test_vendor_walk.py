@@ -242,6 +242,18 @@ def test_validate_refuses_a_file_a_run_would_never_read(walk: Path) -> None:
     assert len(errors) == 4 and all("never read: " in line for line in errors), checked.stderr
     assert "a run reads vendor/acme/environment_variables.sh" in errors[0]
     assert "so a run reads config_acmex1x1.yaml" in errors[1]
+    # A file of the vendor's folder of a case that vendor check names as never read is said to be by validate too,
+    # in the same line (validate gave its generic "not a case.yaml, ..." line for the first three).
+    strays = [write(adapted / "acme.yaml", "lr: 0.08\n"), write(adapted / "env.sh", "export A=1\n"),
+              write(cases / "inference" / "walk-infer" / "vendor" / "acme" / "acme_configurations.yaml",
+                    "batch_size: 64\n"),
+              write(walk / "vendors" / "acme" / "cases" / "base" / "walk-gemm" / "env.sh", "export A=1\n")]
+    problems = check_vendor_folder(walk / "vendors" / "acme", monitor_seconds=1).problems
+    checked = flagperf("validate", *map(str, strays), env=env)
+    assert checked.returncode == 2, checked.stdout
+    for path, error in zip(strays, checked.stderr.splitlines(), strict=True):
+        line = error.removeprefix("error ")
+        assert line.startswith(f"{path}: never read: ") and line in problems, (line, problems)
 
 
 def test_the_engine_folders_are_the_families_own() -> None:
