@@ -47,6 +47,7 @@ from flagperf.config.adaptation import (
     ENV_FILE,
     EXTERN_FOLDER,
     EXTERN_HOOKS_FILE,
+    HOOK_PARAMETERS,
     REQUIREMENTS_FILE,
     RUN_TIME_CHECKS,
     VENDOR_CASES_FOLDER,
@@ -54,6 +55,7 @@ from flagperf.config.adaptation import (
     adaptation_place,
     adaptation_places,
     adaptation_problems,
+    decorated_hooks,
     read_adaptation,
 )
 from flagperf.config.casecode import case_code_not_run
@@ -654,6 +656,10 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
             if hook in RUN_TIME_CHECKS:  # what only a run can see: said, not passed
                 found.notes.append(f"{hooks_file}: {hook}: checked when a round calls it, not here (checking a file "
                                    f"never runs it): {RUN_TIME_CHECKS[hook]}")
+        for hook, line in decorated_hooks(adaptation.extern, case.family).items():
+            found.notes.append(f"{hooks_file}: line {line}: {hook}: decorated, so whether a round can call what the "
+                               f"decorator returns as {hook}({', '.join(HOOK_PARAMETERS[hook])}) is checked when a "
+                               "round loads hooks.py, not here (checking a file never runs it)")
     return used
 
 

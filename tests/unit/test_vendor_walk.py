@@ -595,14 +595,19 @@ def test_what_vendor_check_cannot_see_of_a_hook_is_a_note_not_an_ok(walk: Path) 
     mark = walk / "imported"
     write(walk / "cases" / "training" / "walk-mlp" / "vendor" / "acme" / "extern" / "hooks.py",
           f"import pathlib\nimport torch\npathlib.Path({str(mark)!r}).write_text('run')\n\n\n"
-          "def make_optimizer(cls, params, kwargs, ctx):\n    return torch.optim.SGD(params, lr=0.1)\n")
+          "def make_optimizer(cls, params, kwargs, ctx):\n    return torch.optim.SGD(params, lr=0.1)\n\n\n"
+          "@torch.no_grad()\ndef on_step(step):\n    pass\n")
     found = check_vendor_folder(vendor, monitor_seconds=1)
     assert found.problems == [] and not mark.exists()
-    assert "adaptation of walk-mlp: extern make_optimizer (read, not run)" in found.passed, found.passed
+    assert "adaptation of walk-mlp: extern make_optimizer,on_step (read, not run)" in found.passed, found.passed
     hooks = walk / "cases" / "training" / "walk-mlp" / "vendor" / "acme" / "extern" / "hooks.py"
     assert f"{hooks}: make_optimizer: checked when a round calls it, not here (checking a file never runs it): the " \
            "optimizer it returns is an instance of exactly the class the case asks for, holding exactly the case's " \
            "parameters" in found.notes, found.notes
+    # A decorated hook's arguments are what the decorator returns takes: checked when a round loads it, said so.
+    assert f"{hooks}: line 11: on_step: decorated, so whether a round can call what the decorator returns as " \
+           "on_step(ctx, step) is checked when a round loads hooks.py, not here (checking a file never runs it)" in \
+           found.notes, found.notes
 
 
 def test_a_dockerfile_of_another_framework_is_checked_and_said_to_be_built_only_when_named(walk: Path) -> None:
