@@ -1296,14 +1296,14 @@ def vendor_new(name: Annotated[str, typer.Argument(help="the vendor's name (its 
     """Write a commented vendor folder (vendor.yaml, spec.py, a monitor, pytorch/Dockerfile with its install
     script, README.md) that passes `flagperf vendor check`; fill in what is marked TODO."""
     from flagperf.config.vendors import MANIFEST as VENDOR_MANIFEST
-    from flagperf.config.vendors import available_vendors
+    from flagperf.config.vendors import available_vendors, vendor_folders
     from flagperf.hosts.vendorscaffold import write_vendor_folder
     from flagperf.paths import PROJECT_ROOT, vendor_roots
 
     root = into if into is not None else PROJECT_ROOT / "vendor_images"
     there_before = (root / name).exists() or (root / name).is_symlink()  # refused: never written over
     own = vendor_roots()[0] / name
-    if into is not None and not there_before and (own / VENDOR_MANIFEST).is_file() \
+    if into is not None and not there_before and vendor_folders(name)[:1] == [own] \
             and own.resolve() != (root / name).resolve():
         # The project's vendor_images/ comes first on the search path: a folder of its name elsewhere is never read.
         raise _fail(f"vendor new: {name} is the project's vendor ({display_path(own)}), which --vendor {name} always "
