@@ -989,6 +989,7 @@ def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.M
         misplaced_adaptation_file,
         overrides_name,
         scale_file_problem,
+        stray_entry_problem,
         vendor_case_problem,
     )
     from flagperf.config.vendors import MANIFEST, load_vendor_manifest
@@ -1028,6 +1029,10 @@ def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.M
             raise ConfigError(display_path(path), None, misplaced)
         adaptation.read_adaptation(case.folder, name, case.family, manifest.name, home)
         return f"vendor {manifest.name}'s adaptation of {name} (in its folder)"
+    entry = folder / path.relative_to(folder).parts[0]  # what vendor check names: the entry of the folder
+    stray = stray_entry_problem(entry, family, manifest.name)
+    if stray:
+        raise ConfigError(display_path(entry), None, stray)
     raise ConfigError(display_path(path), None, f"not a file `flagperf validate` reads: a vendor's folder of a case "
                       f"holds {overrides_name(family, manifest.name)}, {adaptation.ENV_FILE}, "
                       f"{adaptation.REQUIREMENTS_FILE}, {adaptation.CSRC_FOLDER}/{adaptation.CSRC_SETUP}, "
@@ -1106,22 +1111,28 @@ def _check_file(path: Path, notes: list[str]) -> str:
         resolve_case_config(case, vendor=path.parent.name, run_overrides=[(str(path), sizes)],
                             hardware=scale.group(1))
         return f"training scale overrides of {manifest.name}"
-    adapted = next((parent for parent in path.parents[:3] if parent.parent.name == "vendor"
-                    and (parent.parent.parent / "case.yaml").is_file()), None)
-    if adapted is not None:
-        from flagperf.config import adaptation
+    from flagperf.config.vendorlayout import CASE_FILES
 
+    adapted = next((parent for parent in path.parents[:3] if parent.parent.name == "vendor"
+                    and any((parent.parent.parent / name).is_file() for name in CASE_FILES)), None)
+    if adapted is not None:  # a file of the case's vendor/<vendor>/ folder (or below it)
+        from flagperf.config import adaptation
+        from flagperf.config.vendorlayout import misplaced_adaptation_file, stray_entry_problem
+
+        case_dir = adapted.parent.parent
+        case = load_case(case_dir.name, {case_dir.name: case_dir})
         if path.name in (adaptation.ENV_FILE, adaptation.REQUIREMENTS_FILE, adaptation.EXTERN_HOOKS_FILE,
                          adaptation.CSRC_SETUP):
-            from flagperf.config.vendorlayout import misplaced_adaptation_file
-
             misplaced = misplaced_adaptation_file(path, adapted)
             if misplaced:
                 raise ConfigError(display_path(path), None, misplaced)
-            case_dir = adapted.parent.parent  # a file of a vendor's adaptation: the whole folder is read
-            manifest = load_case_manifest(case_dir / "case.yaml")
-            adaptation.read_adaptation(case_dir, manifest.name, manifest.family, adapted.name)
-            return f"vendor {adapted.name}'s adaptation of {manifest.name}"
+            # a file of a vendor's adaptation: the whole folder is read
+            adaptation.read_adaptation(case_dir, case.name, case.family, adapted.name)
+            return f"vendor {adapted.name}'s adaptation of {case.name}"
+        entry = adapted / path.relative_to(adapted).parts[0]  # what vendor check names: the entry of the folder
+        stray = stray_entry_problem(entry, case.family, adapted.name)
+        if stray:
+            raise ConfigError(display_path(entry), None, stray)
     if path.name == VENDOR_MANIFEST:
         manifest = load_vendor_manifest(path)
         _refuse_shadowed(path, path.parent, manifest.name)
@@ -1285,14 +1296,14 @@ def vendor_new(name: Annotated[str, typer.Argument(help="the vendor's name (its 
     """Write a commented vendor folder (vendor.yaml, spec.py, a monitor, pytorch/Dockerfile with its install
     script, README.md) that passes `flagperf vendor check`; fill in what is marked TODO."""
     from flagperf.config.vendors import MANIFEST as VENDOR_MANIFEST
-    from flagperf.config.vendors import available_vendors
+    from flagperf.config.vendors import available_vendors, vendor_folders
     from flagperf.hosts.vendorscaffold import write_vendor_folder
     from flagperf.paths import PROJECT_ROOT, vendor_roots
 
     root = into if into is not None else PROJECT_ROOT / "vendor_images"
     there_before = (root / name).exists() or (root / name).is_symlink()  # refused: never written over
     own = vendor_roots()[0] / name
-    if into is not None and not there_before and (own / VENDOR_MANIFEST).is_file() \
+    if into is not None and not there_before and vendor_folders(name)[:1] == [own] \
             and own.resolve() != (root / name).resolve():
         # The project's vendor_images/ comes first on the search path: a folder of its name elsewhere is never read.
         raise _fail(f"vendor new: {name} is the project's vendor ({display_path(own)}), which --vendor {name} always "

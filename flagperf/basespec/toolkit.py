@@ -28,6 +28,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from flagperf.config.files import given_name, inside, regular_file
+from flagperf.config.vendors import TOOLKITS_FOLDER
 from flagperf.config.yamlio import load_yaml_mapping
 from flagperf.errors import CaseUserError, ConfigError, Unsupported
 from flagperf.measure.casekit import CaseContext, TimedCaseConfig
@@ -66,7 +67,7 @@ class ToolkitManifest(BaseModel):
 def find_toolkit(vendor_folder: Path | None, provides: str) -> tuple[Path, ToolkitManifest]:
     if vendor_folder is None:
         raise Unsupported(f"no vendor folder is known to this case, so no toolkit providing {provides!r}")
-    for path in sorted((vendor_folder / "toolkits").glob(f"*/{TOOLKIT_FILE}")):
+    for path in sorted((vendor_folder / TOOLKITS_FOLDER).glob(f"*/{TOOLKIT_FILE}")):
         # Read as any config file (a regular file, no link out of the vendor folder); what it builds stays inside.
         inside(vendor_folder, path.relative_to(vendor_folder), given_name(path), None, "the vendor folder")
         try:
@@ -79,7 +80,7 @@ def find_toolkit(vendor_folder: Path | None, provides: str) -> tuple[Path, Toolk
         if manifest.provides == provides:
             return path.parent, manifest
     raise Unsupported(f"vendor {vendor_folder.name} has no toolkit providing {provides!r} "
-                      f"({vendor_folder.name}/toolkits/*/{TOOLKIT_FILE})")
+                      f"({vendor_folder.name}/{TOOLKITS_FOLDER}/*/{TOOLKIT_FILE})")
 
 
 def cache_root() -> Path:

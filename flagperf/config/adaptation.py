@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import inspect
 import os
 import re
 import shlex
 import stat
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -203,19 +204,31 @@ def adaptation_folder(case_folder: Path, vendor: str, vendor_folder: Path | None
     return adaptation_place(case_folder, vendor, vendor_folder).folder
 
 
-def absolute_links(vendor_folder: Path, case: Path | None = None) -> list[ConfigError]:
-    """The links of the vendor folder's cases/ whose target is an absolute path, each one line naming it; with
-    ``case`` (a folder of cases/<family>/), only those on the way to it and in it. Such a link works where it was
-    made alone: a clone of the vendor's repository, a host's deployed copy and a round's container (which has the
-    vendor folder under /flagperf-search/) have the folder at another path, so the run that reads it finds
-    nothing there (a container round says so only once it starts). A relative link inside the folder travels, and
-    the folders it leads to are looked through too (once each); a link out of the folder is read_adaptation's to
-    refuse. What the source digest skips (a .venv, __pycache__: paths.walk_source's rule) is skipped."""
-    root = vendor_folder / VENDOR_CASES_FOLDER
+def absolute_links(vendor_folder: Path, case: Path | None = None, parts: Sequence[str] = (VENDOR_CASES_FOLDER,)
+                   ) -> list[ConfigError]:
+    """The links of the vendor folder's cases/ (``parts``: those of its folders, such as its engine folders) whose
+    target is an absolute path, each one line naming it; with ``case`` (a folder of cases/<family>/), only those on
+    the way to it and in it. Such a link works where it was made alone: a clone of the vendor's repository, a host's
+    deployed copy and a round's container (which has the vendor folder under /flagperf-search/) have the folder at
+    another path, so the run that reads it finds nothing there (a container round says so only once it starts). A
+    relative link inside the folder travels, and the folders it leads to are looked through too (once each); a link
+    out of the folder is read_adaptation's to refuse. What the source digest skips (a .venv, __pycache__:
+    paths.walk_source's rule) is skipped."""
+    return [ConfigError(given_name(path), None, f"links to {target} by its absolute path: where the vendor folder is "
+                        "at another path (a clone of it, a host's copy, a round's container) it leads nowhere; make "
+                        "the link relative, to a file inside the vendor folder, or copy the file")
+            for path, target, _ in walk_linked(vendor_folder, case, parts) if target is not None
+            and os.path.isabs(target)]
+
+
+def walk_linked(vendor_folder: Path, case: Path | None = None, parts: Sequence[str] = (VENDOR_CASES_FOLDER,)
+                ) -> Iterator[tuple[Path, str | None, str]]:
+    """Each path below the vendor folder's ``parts`` as a run reaches it: (the path, its link's target as written or
+    None, where it resolves), relative links inside the vendor folder followed (each place looked through once);
+    ``case``: only on the way to that folder of cases/<family>/ and in it. Skips what the source digest skips."""
     home = os.path.realpath(vendor_folder)
-    problems: list[ConfigError] = []
     seen: set[str] = set()
-    pending = [root]
+    pending = [vendor_folder / part for part in reversed(parts)]
     while pending:
         path = pending.pop()
         if case is not None and not (path == case or path in case.parents or case in path.parents):
@@ -226,17 +239,12 @@ def absolute_links(vendor_folder: Path, case: Path | None = None) -> list[Config
             listing = sorted(os.listdir(path)) if path.is_dir() else []
         except OSError:  # unreadable, or gone: reading the adaptation says so
             continue
-        if target is not None and os.path.isabs(target):
-            problems.append(ConfigError(given_name(path), None, f"links to {target} by its absolute path: where "
-                                        "the vendor folder is at another path (a clone of it, a host's copy, a "
-                                        "round's container) it leads nowhere; make the link relative, to a file "
-                                        "inside the vendor folder, or copy the file"))
+        yield path, target, real
         if not listing or real in seen or not (real == home or real.startswith(home + os.sep)):
             continue
         seen.add(real)
         pending += [path / name for name in reversed(listing)
                     if not (skipped_folder(str(path), name) if (path / name).is_dir() else skipped_file(name))]
-    return problems
 
 
 def overrides_file(case_folder: Path, file_name: str, vendor: str, vendor_folder: Path | None = None) -> Path:
@@ -493,8 +501,10 @@ def _python_files(folder: Path) -> Iterator[Path]:
 
 def check_extern(folder: Path, family: str) -> tuple[str, ...]:
     """extern/'s hooks (the public functions of hooks.py), checked without running anything: each is a named
-    extension point of the family, defined by a ``def`` at the top of hooks.py that takes the arguments a round
-    calls it with, and no file of extern/ names what loads weights or builds data. Every hook's finding at once."""
+    extension point of the family, bound last by a ``def`` at the top of hooks.py (nothing rebinds or deletes it
+    after) that takes the arguments a round calls it with and returns a value (no async def, no generator), and no
+    file of extern/ names what loads weights or builds data. Every finding at once. A decorated def's signature is
+    the decorator's to make: checked when a round loads the hooks (load_hooks), not here."""
     known = EXTERN_HOOKS.get(family)
     if known is None:
         raise ConfigError(display_path(folder), None, f"the {family} family has no extension points "
@@ -508,60 +518,182 @@ def check_extern(folder: Path, family: str) -> tuple[str, ...]:
                 raise ConfigError(display_path(path), f"line {getattr(node, 'lineno', '?')}", problem)
     tree = trees.get(hooks_file) or _parse(hooks_file)
     source = display_path(hooks_file)
-    defined: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}  # the last def of a name is the one imported
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and not node.name.startswith("_"):
-            if node.name not in known:
-                close = nearest(node.name, known)
-                hint = f"did you mean {' or '.join(close)}? " if close else ""
-                raise ConfigError(source, f"line {node.lineno}",
-                                  f"{node.name} is not an extension point of the {family} family ({hint}known: "
-                                  f"{', '.join(sorted(known))}; a helper's name starts with _)")
-            defined[node.name] = node
-    problems = [ConfigError(source, f"line {line}", f"{name}: {why}")
-                for name, (line, why) in _hooks_not_defined(tree, known, defined).items()]
+    defined, found = _hook_defs(tree, known, family)
     for name, node in defined.items():
-        why = _signature_problem(node)
+        why = None if node.decorator_list else _signature_problem(node)
         if why:
-            problems.append(ConfigError(source, f"line {node.lineno}", f"{name}: {why}"))
-    if problems:
-        raise gathered(problems)
+            found.append((node.lineno, f"{name}: {why}"))
+    if found:
+        raise gathered([ConfigError(source, f"line {line}", message) for line, message in sorted(found)])
     if not defined:
         raise ConfigError(source, None, f"defines no hook (known: {', '.join(sorted(known))})")
     return tuple(defined)
 
 
-def _hooks_not_defined(tree: ast.Module, known: Mapping[str, str], defined: Mapping[str, ast.AST]
-                       ) -> dict[str, tuple[int, str]]:
-    """Extension points hooks.py binds other than by a ``def`` at its top (imported, assigned, a class, a def inside
-    an if or try): name -> (line, why). A run takes only the top-level defs as hooks (the file is read, never run,
-    to know them), so such a hook would silently never be called."""
-    found: dict[str, tuple[int, str]] = {}
+def decorated_hooks(extern: Path, family: str) -> dict[str, int]:
+    """The hooks of extern/hooks.py (checked: check_extern) bound by a decorated def, name -> its line: what a round
+    calls is what the decorator returns, whose signature reading the file cannot know (load_hooks checks it)."""
+    defined, _ = _hook_defs(_parse(extern / EXTERN_HOOKS_FILE), EXTERN_HOOKS.get(family, {}), family)
+    return {name: node.lineno for name, node in defined.items() if node.decorator_list}
 
-    def note(name: str, line: int, how: str) -> None:
-        if name in known and name not in defined and name not in found:
-            found[name] = (line, f"{how}: a hook is a def at the top of hooks.py (a run reads the file, never runs "
-                                 f"it, to find its hooks), so this one would never be called; write `def "
-                                 f"{name}({', '.join(HOOK_PARAMETERS[name])}):` there (it may call what it "
-                                 "imports)")
 
-    for node in tree.body:
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            for alias in node.names:
-                note(alias.asname or alias.name.partition(".")[0], node.lineno, "imported")
+@dataclass(frozen=True)
+class _Binding:
+    """A name bound (or deleted) at hooks.py's module scope: how, and in which block at its top (None: at its top)."""
+
+    name: str
+    line: int
+    how: str
+    block: str | None
+    node: ast.FunctionDef | ast.AsyncFunctionDef | None = None  # a def's
+
+
+# The statements whose blocks run at module scope, as messages name them.
+_BLOCKS: dict[type, str] = {ast.If: "if", ast.For: "for", ast.AsyncFor: "async for", ast.While: "while",
+                            ast.Try: "try", ast.TryStar: "try", ast.With: "with", ast.AsyncWith: "async with",
+                            ast.Match: "match"}
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)  # bodies that bind no module name
+
+
+def _module_bindings(tree: ast.Module) -> list[_Binding]:
+    """Every binding of a name at hooks.py's module scope, in source order: in its statements and in the statement
+    lists of the blocks they hold (if, for, while, try, try/except*, with, match, async for and with), never in a
+    class's or a function's body (a def there binds an attribute or a local, not a name of the module)."""
+    found: list[_Binding] = []
+
+    def targets(node: ast.AST | None, how: str, line: int, block: str | None) -> None:
+        found.extend(_Binding(name.id, line, how, block) for name in _walk_scope(node) if isinstance(name, ast.Name)
+                     and isinstance(name.ctx, ast.Store | ast.Del))
+
+    def walrus(nodes: list[Any], block: str | None) -> None:
+        for node in nodes:
+            found.extend(_Binding(inner.target.id, inner.lineno, "assigned by :=", block)
+                         for inner in _walk_scope(node) if isinstance(inner, ast.NamedExpr))
+
+    def body(statements: list[ast.stmt], block: str | None) -> None:
+        for node in statements:
+            statement(node, block)
+
+    def statement(node: ast.stmt, block: str | None) -> None:
+        inner = block or _BLOCKS.get(type(node))  # the block at the top of hooks.py it lies in
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            walrus([*node.decorator_list, *node.args.defaults, *node.args.kw_defaults], block)
+            found.append(_Binding(node.name, node.lineno, "defined", block, node))
         elif isinstance(node, ast.ClassDef):
-            note(node.name, node.lineno, "a class")
+            walrus([*node.decorator_list, *node.bases], block)
+            found.append(_Binding(node.name, node.lineno, "a class", block))
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            found.extend(_Binding(alias.asname or alias.name.partition(".")[0], node.lineno, "imported", block)
+                         for alias in node.names if alias.name != "*")
         elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                for name in ast.walk(target):
-                    if isinstance(name, ast.Name):
-                        note(name.id, node.lineno, "assigned")
-        elif isinstance(node, ast.If | ast.Try | ast.With | ast.For | ast.While):
-            for inner in ast.walk(node):
-                if isinstance(inner, ast.FunctionDef | ast.AsyncFunctionDef):
-                    note(inner.name, inner.lineno, f"defined inside an `{type(node).__name__.lower()}` block")
+            walrus([node.value], block)
+            if not isinstance(node, ast.AnnAssign) or node.value is not None:  # `x: int` alone binds nothing
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    targets(target, "assigned", node.lineno, block)
+        elif isinstance(node, ast.Delete):
+            for target in node.targets:
+                targets(target, "deleted", node.lineno, block)
+        elif isinstance(node, ast.For | ast.AsyncFor):
+            walrus([node.iter], block)
+            targets(node.target, "a for loop's variable", node.lineno, inner)
+            body(node.body, inner)
+            body(node.orelse, inner)
+        elif isinstance(node, ast.If | ast.While):
+            walrus([node.test], block)
+            body(node.body, inner)
+            body(node.orelse, inner)
+        elif isinstance(node, ast.With | ast.AsyncWith):
+            for item in node.items:
+                walrus([item.context_expr], block)
+                targets(item.optional_vars, "bound by `with ... as`", node.lineno, inner)
+            body(node.body, inner)
+        elif isinstance(node, ast.Try | ast.TryStar):
+            body(node.body, inner)
+            for handler in node.handlers:
+                walrus([handler.type], inner)
+                if handler.name:
+                    found.append(_Binding(handler.name, handler.lineno, "bound by `except ... as`", inner))
+                body(handler.body, inner)
+            body(node.orelse, inner)
+            body(node.finalbody, inner)
+        elif isinstance(node, ast.Match):
+            walrus([node.subject], block)
+            for case in node.cases:
+                found.extend(_Binding(name, case.pattern.lineno, "a case pattern's capture", inner)
+                             for name in _captures(case.pattern))
+                walrus([case.guard], inner)
+                body(case.body, inner)
+        else:  # an expression, a return, raise, assert, global ...: only a := in it binds
+            walrus([node], block)
+
+    body(tree.body, None)
     return found
+
+
+def _walk_scope(node: ast.AST | None) -> Iterator[ast.AST]:
+    """``node`` and what lies in it, not inside a nested scope (a lambda's body binds no name of the module)."""
+    pending = [node] if node is not None else []
+    while pending:
+        current = pending.pop()
+        yield current
+        if not isinstance(current, _SCOPES):
+            pending.extend(ast.iter_child_nodes(current))
+
+
+def _captures(pattern: ast.pattern) -> list[str]:
+    """The names a match statement's case pattern binds."""
+    names = []
+    for node in ast.walk(pattern):
+        name = (node.name if isinstance(node, ast.MatchAs | ast.MatchStar) else
+                node.rest if isinstance(node, ast.MatchMapping) else None)
+        if name:
+            names.append(name)
+    return names
+
+
+def _hook_defs(tree: ast.Module, known: Mapping[str, str], family: str) -> tuple[
+        dict[str, ast.FunctionDef | ast.AsyncFunctionDef], list[tuple[int, str]]]:
+    """hooks.py's hooks, name -> the def a round takes (the extension points bound last by a def at the file's top,
+    in file order), and why each other binding of a hook, and each public def that is no hook, is one a round
+    could not use: (line, message naming it). A run takes only the top-level defs as hooks (the file is read, never
+    run, to know them): a hook bound otherwise (imported, assigned, a class, a def inside an if or try) would
+    silently never be called, and one rebound or deleted after its def would be another object, or none (a
+    traceback as the round loads the hooks)."""
+    bindings = _module_bindings(tree)
+    last = {binding.name: binding for binding in bindings}  # what a run of the file leaves bound
+    found: list[tuple[int, str]] = []
+    named: set[str] = set()
+    for binding in bindings:
+        if binding.node is not None and binding.block is None and binding.name not in known \
+                and not binding.name.startswith("_") and binding.name not in named:
+            named.add(binding.name)
+            close = nearest(binding.name, known)
+            hint = f"did you mean {' or '.join(close)}? " if close else ""
+            found.append((binding.line, f"{binding.name} is not an extension point of the {family} family ({hint}"
+                                        f"known: {', '.join(sorted(known))}; a helper's name starts with _)"))
+    defined: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+    for name, binding in last.items():
+        if name not in known:
+            continue
+        if binding.node is not None and binding.block is None:
+            defined[name] = binding.node
+            continue
+        how = binding.how if binding.block is None else \
+            f"{binding.how} inside {'an' if binding.block[0] in 'aeiou' else 'a'} `{binding.block}` block"
+        before = next((b for b in reversed(bindings) if b.name == name and b.node is not None and b.block is None
+                       and b.line < binding.line), None)
+        if before is not None and binding.how == "deleted":
+            why = (f"{how} after its def at line {before.line}: once hooks.py has run there is no {name}, so a round "
+                   "would fail as it loads the hooks; keep the def, drop the del")
+        elif before is not None:
+            why = (f"{how} after its def at line {before.line}: a round would call what the name is bound to last, "
+                   "not that def; bind it by the def alone")
+        else:
+            why = (f"{how}: a hook is a def at the top of hooks.py (a run reads the file, never runs it, to find its "
+                   f"hooks), so this one would never be called; write `def {name}({', '.join(HOOK_PARAMETERS[name])}):`"
+                   " there (it may call what it imports)")
+        found.append((binding.line, f"{name}: {why}"))
+    return defined, found
 
 
 def _signature_problem(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
@@ -570,6 +702,8 @@ def _signature_problem(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str | No
     call = f"a round calls it as {node.name}({', '.join(expected)}), with {len(expected)} argument(s)"
     if isinstance(node, ast.AsyncFunctionDef):
         return f"async def: {call} and uses what it returns, which would be a coroutine"
+    if any(isinstance(inner, ast.Yield | ast.YieldFrom) for statement in node.body for inner in _walk_scope(statement)):
+        return f"a generator (it yields): {call} and uses what it returns, which would be a generator"
     args = node.args
     positional = [*args.posonlyargs, *args.args]
     required = len(positional) - len(args.defaults)
@@ -717,4 +851,37 @@ def load_hooks(adaptation: Adaptation | None) -> dict[str, Callable[..., Any]]:
     module = import_file(adaptation.extern / EXTERN_HOOKS_FILE,
                          f"flagperf_extern_{adaptation.vendor}_{adaptation.case}".replace("-", "_").replace(".", "_"),
                          family=adaptation.family)
-    return {name: getattr(module, name) for name in adaptation.hooks}
+    hooks: dict[str, Callable[..., Any]] = {}
+    for name in adaptation.hooks:  # what running the file left bound, which reading it cannot see (a decorator's)
+        hook = vars(module).get(name, _UNBOUND)
+        problem = _loaded_hook_problem(name, hook)
+        if problem:
+            raise ConfigError(display_path(adaptation.extern / EXTERN_HOOKS_FILE), None, f"{name}: {problem}")
+        hooks[name] = hook
+    return hooks
+
+
+_UNBOUND = object()
+
+
+def _loaded_hook_problem(name: str, hook: Any) -> str | None:
+    """Why a round could not call the hook hooks.py left bound once it ran (None: it can): gone, not a function, a
+    coroutine or generator function, or a signature that does not take the round's call (a decorator's own, as it
+    is: the function it wraps is not what the round calls)."""
+    call = f"a round calls it as {name}({', '.join(HOOK_PARAMETERS[name])})"
+    if hook is _UNBOUND:
+        return f"not defined once hooks.py has run (it deleted the name as it ran): {call}"
+    if not callable(hook):
+        return f"bound to a {type(hook).__name__}, not a function, once hooks.py has run: {call}"
+    if inspect.iscoroutinefunction(hook) or inspect.isasyncgenfunction(hook):
+        return f"async once hooks.py has run: {call} and uses what it returns, which would be a coroutine"
+    if inspect.isgeneratorfunction(hook):
+        return f"a generator once hooks.py has run: {call} and uses what it returns, which would be a generator"
+    try:
+        inspect.signature(hook, follow_wrapped=False).bind(*HOOK_PARAMETERS[name])
+    except ValueError:  # no signature to read (a builtin's): the call itself says
+        return None
+    except TypeError as exc:
+        return f"its signature once hooks.py has run, {name}{inspect.signature(hook, follow_wrapped=False)}, does " \
+               f"not take the call ({exc}): {call}"
+    return None

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError, field_validator
 
-from flagperf.config.adaptation import adaptation_place, overrides_file
+from flagperf.config.adaptation import Place, adaptation_place, overrides_file
 from flagperf.config.casecode import code_runs, read_case_module
 from flagperf.config.engines import INFERENCE_ENGINES, declared_options
 from flagperf.config.files import given_name, inside, is_present, read_config_text, regular_file
@@ -254,8 +254,8 @@ def _set_by_vendor(merged: MergedConfig, key: str, value: Any, source: str) -> N
     merged.origins[key] = source
 
 
-def _apply_scale_file(case: CaseDef, merged: MergedConfig, vendor: str, hardware: str,
-                      run_overrides: list[tuple[str, dict[str, Any]]], vendor_folder: Path | None = None) -> None:
+def _apply_scale_file(case: CaseDef, merged: MergedConfig, place: Place, hardware: str,
+                      run_overrides: list[tuple[str, dict[str, Any]]]) -> None:
     """Training: vendor/<vendor>/config_<hw>x<nnodes>x<nproc>.yaml (or FlagPerf's .py form of it, literal
     assignments only, with the config_common.py it may import) for the scale this run uses, between the vendor's
     general file and the run overrides; the same mutable-only rule applies."""
@@ -265,7 +265,6 @@ def _apply_scale_file(case: CaseDef, merged: MergedConfig, vendor: str, hardware
     nnodes, nproc = final.get("nnodes"), final.get("nproc_per_node")
     if not isinstance(nnodes, int) or not isinstance(nproc, int):
         return
-    place = adaptation_place(case.folder, vendor, vendor_folder)
     path = place.folder / f"config_{hardware}x{nnodes}x{nproc}.yaml"
     python_form = path.with_suffix(".py")  # FlagPerf's own form of the file, read without running it
     if is_present(python_form):
@@ -373,6 +372,9 @@ def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[st
     vendor_folder: the vendor's folder, whose cases/<family>/<case>/ may hold its settings and scale files (by default
     the one `--vendor <vendor>` finds)."""
     vendor_path = case.overrides_file(vendor, vendor_folder) if vendor else case.vendor_file(vendor)
+    # The place of the vendor's files of the case, as the plan takes it for every family: files in both places are
+    # refused here too, so that validate and vendor check of a settings file say what the run will say.
+    place = adaptation_place(case.folder, vendor, vendor_folder) if vendor else None
     present = bool(vendor) and is_present(vendor_path)
     vendor_overrides = load_yaml_mapping(vendor_path) if present else {}
 
@@ -383,9 +385,9 @@ def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[st
                                     defaults_source=display_path(case.manifest_path),
                                     vendor_source=display_path(vendor_path), mutable=case.manifest.mutable,
                                     refused_into=vendor_refused)
-    if case.family == "training":
+    if case.family == "training" and place is not None:
         try:
-            _apply_scale_file(case, merged, vendor, hardware or vendor, run_overrides, vendor_folder)
+            _apply_scale_file(case, merged, place, hardware or vendor, run_overrides)
         except ConfigError as exc:
             vendor_refused.append(exc)
     if vendor_refused:

@@ -17,10 +17,10 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from flagperf.config.casecode import CodeNotRun, code_runs
 from flagperf.config.files import given_name, inside, is_present, regular_file
 from flagperf.config.models import StrictModel, check_name, load_model
-from flagperf.config.vendors import MANIFEST, available_vendors, import_file, vendor_folders
+from flagperf.config.vendors import first_with_manifest, import_file, vendor_folders, vendor_search
 from flagperf.config.yamlio import load_yaml_mapping
 from flagperf.errors import CaseUserError, ConfigError, MissingExtra, extra_for
-from flagperf.paths import display_path, vendor_roots
+from flagperf.paths import display_path
 
 ENGINE_MANIFEST = "engine.yaml"
 INFERENCE_ENGINES = "engines"  # vendor_images/<vendor>/engines/<compiler>/: the inference family's compilers
@@ -76,9 +76,9 @@ def engine_roots(vendor: str) -> list[Path]:
     engines (a lab's own operation library for a shipped vendor, docs/operation.md). A folder of the name further on
     with a vendor.yaml of its own is another copy of the vendor, shadowed whole as everything else of it is: its
     engines are not the vendor's (`vendor check` and a missing engine's line name it)."""
-    home = available_vendors().get(vendor)
-    return [root / vendor for root in vendor_roots()
-            if root / vendor == home or ((root / vendor).is_dir() and not is_present(root / vendor / MANIFEST))]
+    folders = vendor_search(vendor).get(vendor, [])
+    home = first_with_manifest(folders)
+    return [folder for folder, manifest in folders if folder == home or not manifest]
 
 
 def engine_folders(vendor: str, family_folder: str) -> dict[str, Path]:
@@ -110,12 +110,16 @@ def load_engine_manifest(vendor: str, name: str, family_folder: str, model: type
         known = ", ".join(sorted(engines)) or "none"
         folders = vendor_folders(vendor)
         where = display_path(folders[0] / family_folder) if folders else f"vendor_images/{vendor}/{family_folder}"
-        shadowed = next((folder / family_folder / name for folder in folders[1:]
+        shadowed = next((folder for folder in folders[1:]
                          if is_present(folder / family_folder / name / ENGINE_MANIFEST)), None)
-        hint = (f"; {display_path(shadowed)} is never read: {display_path(folders[0])} comes first on the search "
-                "path and shadows its folder") if shadowed else ""
-        raise ConfigError(source, key, f"unknown {key} {name!r} for vendor {vendor} (engines in {where}/: "
-                                       f"{known}){hint}")
+        if shadowed is None:
+            raise ConfigError(source, key, f"unknown {key} {name!r} for vendor {vendor} (engines in {where}/: {known})")
+        # The hint first, each path once: a line is cut at MAX_LINE, and the source, the shadowed copy and the
+        # vendor's folder are each a long path where a vendor keeps its folder outside the project.
+        raise ConfigError(source, key, f"unknown {key} {name!r} for vendor {vendor}: {display_path(shadowed)} has it "
+                                       f"({family_folder}/{name}/) but is never read: {display_path(folders[0])} comes "
+                                       f"first on the search path and shadows it (engines in its {family_folder}/: "
+                                       f"{known})")
     folder = engines[name]
     _check_engine_folder(folder)
     manifest_source = display_path(folder / ENGINE_MANIFEST)

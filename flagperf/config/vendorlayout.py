@@ -13,8 +13,11 @@ that silently ignores them. Used by `flagperf vendor check` and `flagperf valida
 
 from __future__ import annotations
 
+import os
+import posixpath
 import re
-from pathlib import Path
+from collections.abc import Collection, Iterable
+from pathlib import Path, PurePosixPath
 
 from flagperf.config.adaptation import (
     CSRC_FOLDER,
@@ -25,6 +28,7 @@ from flagperf.config.adaptation import (
     REQUIREMENTS_FILE,
     VENDOR_CASES_FOLDER,
     adaptation_places,
+    walk_linked,
 )
 from flagperf.config.cases import INFERENCE_FILES
 from flagperf.config.cases import MANIFEST as CASE_MANIFEST
@@ -101,25 +105,50 @@ def stray_entry_problem(entry: Path, family: str, vendor: str) -> str | None:
 
 FLAGPERF_IMAGE_FOLDER = "docker_image"  # FlagPerf's <vendor>/docker_image/<framework>/: here <vendor>/<framework>/
 FLAGPERF_CASE_PARTS = (FLAGPERF_CONFIG_FOLDER, CSRC_FOLDER, EXTERN_FOLDER)  # what its <model>-<framework>/ holds
+# FlagPerf's <model>-<framework> (glm-pytorch, llama2_7b-megatron): a folder of another name is the vendor's own.
+FLAGPERF_CASE_FOLDER = re.compile(r".+-[A-Za-z][A-Za-z0-9_]*")
+DOCKERFILE = "Dockerfile"
+
+
+def read_top_entries(folder: Path, dockerfile: str, also: Iterable[str] = ()) -> set[str]:
+    """The names at the top of a vendor folder that a run reads, which no rule of FlagPerf's layout may call never
+    read: container.dockerfile's folder (docker_image/ where it is docker_image/pytorch/Dockerfile), every
+    <folder>/Dockerfile's (the build context of another framework's image, config/ and all), cases/ and every
+    folder a relative link in cases/ leads into (a case's files kept in a folder of their own), and ``also`` (the
+    engine and toolkit folders, by the families' names)."""
+    read = {VENDOR_CASES_FOLDER, *also}
+    top = PurePosixPath(posixpath.normpath(dockerfile)).parts
+    if len(top) > 1:
+        read.add(top[0])
+    read |= {path.parent.name for path in folder.glob(f"*/{DOCKERFILE}")}
+    home = os.path.realpath(folder)
+    read |= {os.path.relpath(real, home).split(os.sep)[0] for _, _, real in walk_linked(folder)
+             if real.startswith(home + os.sep)}
+    return read
 
 
 def flagperf_vendor_entry_problem(entry: Path, vendor: str, dockerfile: str, monitor_scripts: set[str],
-                                  cases: dict[str, Path]) -> str | None:
+                                  cases: dict[str, Path], read: Collection[str]) -> str | None:
     """Why an entry at the top of a vendor folder, laid out as FlagPerf's training/<vendor>/ is, is never read here
     (None: nothing to say): its docker_image/<framework>/ (the image is built from <framework>/Dockerfile), its
-    <vendor>_monitor.py (a monitor runs only when vendor.yaml's monitors lists it, and takes other arguments), its
-    <model>-<framework>/ folders of config/, csrc/ and extern/ (a case's files go in cases/<family>/<case>/). A
-    vendor who copied its FlagPerf folder would otherwise see each silently ignored. ``cases``: name -> folder."""
+    <vendor>_monitor.py (a monitor runs only when vendor.yaml's monitors lists it, and takes other arguments; paths in
+    ``monitor_scripts`` normalised), its <model>-<framework>/ folders of config/, csrc/ and extern/ (a case's files go
+    in cases/<family>/<case>/). A vendor who copied its FlagPerf folder would otherwise see each silently ignored.
+    ``cases``: name -> folder; ``read``: the names a run reads (read_top_entries), never reported."""
+    if entry.name in read:
+        return None
     if entry.name == FLAGPERF_IMAGE_FOLDER and entry.is_dir():
         return (f"never read: FlagPerf's {FLAGPERF_IMAGE_FOLDER}/ folder is not used here: the image is built from "
                 f"<framework>/Dockerfile beside vendor.yaml (container.dockerfile: {dockerfile}); move "
                 f"{FLAGPERF_IMAGE_FOLDER}/<framework>/ up one level")
-    if entry.name == f"{vendor}_monitor.py" and entry.name not in monitor_scripts:
+    if entry.name == f"{vendor}_monitor.py" and entry.name not in {posixpath.normpath(script)
+                                                                   for script in monitor_scripts}:
         return ("never run: FlagPerf's <vendor>_monitor.py is a monitor here only once vendor.yaml lists it "
                 f"(monitors: [{{name: {vendor}, script: {entry.name}}}]), and a monitor here takes --out FILE "
                 "--interval S --max-seconds N --pid-file F --parent-pid P, not -o start|stop and -l (the monitor "
                 f"`flagperf vendor new` writes, monitor_{vendor}.py, is the template)")
-    if entry.is_dir() and any((entry / part).is_dir() for part in FLAGPERF_CASE_PARTS):
+    if FLAGPERF_CASE_FOLDER.fullmatch(entry.name) and entry.is_dir() \
+            and any((entry / part).is_dir() for part in FLAGPERF_CASE_PARTS):
         model = entry.name.rsplit("-", 1)[0]  # FlagPerf's <model>-<framework>
         home = cases.get(model)
         where = (f"{VENDOR_CASES_FOLDER}/{home.parent.name}/{model}/" if home is not None

@@ -36,6 +36,7 @@ from flagperf.paths import PROJECT_ROOT, display_path, vendor_roots
 from flagperf.results.schema import Peak, SpecTable
 
 MANIFEST = "vendor.yaml"
+TOOLKITS_FOLDER = "toolkits"  # <vendor folder>/toolkits/<name>/toolkit.yaml (flagperf.basespec.toolkit)
 SETTING_NAME = re.compile(r"[a-z_][a-z0-9_]{0,63}")
 MAX_SETTING_TEXT = 200
 MAX_SETTING_NUMBER = 1e12  # far above any clock, channel count or transfer rate; a typo's exponent is refused
@@ -366,21 +367,48 @@ def _check_inside(folder: Path, rel: str, source: str, key: str) -> None:
     regular_file(folder, rel, source, key, "the vendor folder")
 
 
+def vendor_search(name: str | None = None) -> dict[str, list[tuple[Path, bool]]]:
+    """Every folder on the vendor search path (of vendor ``name`` alone, when given), by its name, in search order,
+    each with whether it holds a vendor.yaml: a dangling link counts (loading the folder then says what is wrong;
+    skipping it would silently hand the name to a later copy). The one rule of which folder is which (``--vendor``'s,
+    a shadowed copy, a folder that only adds engines) that available_vendors, vendor_folders, shadowed_by and
+    engine_roots all go by. A folder listed twice (by two spellings of its path) is one, at its first place."""
+    found: dict[str, list[tuple[Path, bool]]] = {}
+    seen: set[Path] = set()
+    for root in vendor_roots():
+        if name is not None:
+            children = [root / name]
+        elif root.is_dir():
+            children = sorted(root.iterdir())
+        else:
+            continue
+        for folder in children:
+            if not folder.is_dir():
+                continue
+            real = folder.resolve()
+            if real in seen:
+                continue
+            seen.add(real)
+            found.setdefault(folder.name, []).append((folder, is_present(folder / MANIFEST)))
+    return found
+
+
+def first_with_manifest(folders: list[tuple[Path, bool]]) -> Path | None:
+    """Of a name's folders (vendor_search), the one `--vendor <name>` uses."""
+    return next((folder for folder, manifest in folders if manifest), None)
+
+
 def vendor_folders(name: str) -> list[Path]:
-    """Every folder of vendor ``name`` on the search path, in its order: the first is the one `--vendor <name>`
-    uses (everything of the vendor comes from it: manifest, engines, toolkits, case files); the others are
-    shadowed by it, never read."""
-    return [root / name for root in vendor_roots() if is_present(root / name / MANIFEST)]
+    """Every folder of vendor ``name`` with a vendor.yaml on the search path, in its order (vendor_search): the first
+    is the one `--vendor <name>` uses (everything of the vendor comes from it: manifest, engines, toolkits, case
+    files); the others are shadowed by it, never read."""
+    return [folder for folder, manifest in vendor_search(name).get(name, []) if manifest]
 
 
 def available_vendors() -> dict[str, Path]:
-    """Vendor name -> the folder `--vendor <name>` uses: the first of that name on the search path."""
-    found: dict[str, Path] = {}
-    for root in vendor_roots():
-        if root.is_dir():
-            for manifest in sorted(root.glob(f"*/{MANIFEST}")):
-                found.setdefault(manifest.parent.name, manifest.parent)
-    return found
+    """Vendor name -> the folder `--vendor <name>` uses: the first of that name with a vendor.yaml (vendor_search)."""
+    found = {name: first_with_manifest(folders) for name, folders in vendor_search().items()}
+    return {name: folder for name, folder in sorted(found.items()) if folder is not None}
 
 
 SEARCH_ORDER = "vendor_images/, then FLAGPERF_VENDOR_PATH in order"
@@ -389,7 +417,8 @@ SEARCH_ORDER = "vendor_images/, then FLAGPERF_VENDOR_PATH in order"
 def shadowed_by(folder: Path, name: str | None = None) -> Path | None:
     """The folder `--vendor <name>` uses instead of ``folder`` (a vendor folder, ``name`` its vendor's, by default
     its folder's name), or None when it uses ``folder`` or finds no vendor of the name."""
-    known = available_vendors().get(name or folder.name)
+    folders = vendor_folders(name or folder.name)
+    known = folders[0] if folders else None
     if known is None or known.resolve() == folder.resolve():
         return None
     return known

@@ -52,15 +52,26 @@ class Applied:
     paths: list[str] = field(default_factory=list)
 
     def record(self) -> dict[str, Any]:
-        """The summary with secrets masked: a value whose name says it is one (HF_TOKEN, *_PASSWORD), a URL
-        with a password, and an applied value taken from such a variable of the host ($HF_TOKEN)."""
+        """The summary with secrets masked (secret_names)."""
+        secret = secret_names(self.adaptation.env, self.env)
         written = self.adaptation.env
-        secret = {name for name, value in written.items() if _is_secret(name, value)
-                  or any(_is_secret(ref, self.env.get(ref, "")) for ref in _references(value))}
         return {**self.adaptation.summary(),
                 "env": {name: MASK if name in secret else value for name, value in written.items()},
                 "env_applied": {name: MASK if name in secret else value for name, value in self.env.items()},
                 "installs": self.installs}
+
+
+def secret_names(written: dict[str, str], applied: dict[str, str]) -> set[str]:
+    """The environment file's names whose values are secret, decided in file order (the order they are applied
+    in): a name that says it is one (HF_TOKEN, *_PASSWORD), a value as written or as applied that holds a URL with a
+    password (MIRROR=$PIP_INDEX_URL, the host's index URL with its password), and a name that references a secret
+    one: the host's (A=$HF_TOKEN) or an earlier line's, however many lines on (B=x$A holds the token as A does)."""
+    secret: set[str] = set()
+    for name, value in written.items():
+        if (_is_secret(name, value) or URL_WITH_PASSWORD.search(applied.get(name, ""))
+                or any(ref in secret or SECRET_WORDS.search(ref) for ref in _references(value))):
+            secret.add(name)
+    return secret
 
 
 def _is_secret(name: str, value: str) -> bool:
@@ -68,7 +79,8 @@ def _is_secret(name: str, value: str) -> bool:
 
 
 def _references(value: str) -> list[str]:
-    return [m.group(1) or m.group(2) for m in ENV_REFERENCE.finditer(value)]
+    """The names ``$NAME``/``${NAME}`` a value as written refers to (``$$`` is a literal dollar: expand_env)."""
+    return [m.group(1) or m.group(2) for part in value.split("$$") for m in ENV_REFERENCE.finditer(part)]
 
 
 def cache_root(job_dir: Path) -> Path:

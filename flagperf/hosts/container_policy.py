@@ -20,7 +20,9 @@ Vendor and case folders outside the host's project (FLAGPERF_VENDOR_PATH's <fold
   project, mounted whole at project_root: no link in them may leave the project. A link to a place under one of the
   container's other mounts (a data mount, a -v's target; Slurm's shared_dir and container_mounts) leaves nothing, in
   either; what the source digest skips (paths.walk_source: a venv, node_modules, caches) is not looked at, nor is a
-  name in a folder the round never reads it from (an earlier place on the search path has it). Docker hosts and
+  name in a folder the round never reads it from (an earlier place on the search path has it: of a vendor,
+  a folder with a vendor.yaml shadows a later one with its own, and a folder without one, which only adds engines,
+  is read wherever it lies). Docker hosts and
   Slurm container images get them alike (search_mounts).
 Devices (--device, vendor.yaml container.devices): accelerator and RDMA device files by pattern
 (DEVICE_PATTERNS: InfiniBand/RoCE, which no vendor owns) plus the patterns the vendor folders declare in
@@ -108,13 +110,20 @@ class PathFacts:
     path: str
     kind: str  # folder, file, char-device, socket, other, missing
     links_out: tuple[tuple[str, str, str], ...] = ()
+    dangling: bool = False  # missing, but a link is there (a vendor.yaml that is one still makes a vendor's folder)
+
+    @property
+    def present(self) -> bool:
+        """Something is at the path, a dangling link included (flagperf.config.files.is_present's rule)."""
+        return self.kind != "missing" or self.dangling
 
     @classmethod
     def of(cls, found: Mapping[str, Any]) -> PathFacts:
-        """The facts from a host's answer (describe_paths: JSON)."""
+        """The facts from a host's answer (describe_paths: JSON; a deployment older than ``dangling`` sends none)."""
         return cls(path=found["path"], kind=found["kind"],
                    links_out=tuple((str(below), str(target), str(real))
-                                   for below, target, real in found.get("links_out", ())))
+                                   for below, target, real in found.get("links_out", ())),
+                   dangling=bool(found.get("dangling", False)))
 
 
 # ------------------------------------------------------------------------------------------------ paths
@@ -350,6 +359,7 @@ LINKS_LISTED = 10
 # would mount over an NGC image's /opt/nvidia). SEARCH_MOUNT_ROOT/<kind>/<index>: the index-th folder (from 0) of the
 # host's variable; the run's <vendor> or <family>/<case> of that folder lies below it.
 SEARCH_MOUNT_ROOT = "/flagperf-search"
+VENDOR_MANIFEST = "vendor.yaml"  # flagperf.config.vendors.MANIFEST (test_container_policy holds them equal)
 
 
 @dataclass(frozen=True)
@@ -363,6 +373,9 @@ class SearchPath:
     levels: int
     kind: str  # its folder under SEARCH_MOUNT_ROOT; also what one name on it is, in messages: "vendor"
     own: str  # the project's own folder of this kind, first on the search path (below the project root)
+    # The file that makes a folder of a name the one the round uses, shadowing later ones (a vendor's vendor.yaml:
+    # flagperf.config.vendors.vendor_search); a folder without it is read as well. "": any folder of the name.
+    marker: str = ""
 
     def folder_of(self, source: str) -> str:
         """The search path's folder (as the variable names it) that a mount's source lies in."""
@@ -373,7 +386,8 @@ class SearchPath:
         return f"{SEARCH_MOUNT_ROOT}/{self.kind}/{index}"
 
 
-VENDOR_FOLDERS = SearchPath(VENDOR_PATH_ENV, "vendor folder", levels=1, kind="vendor", own=VENDOR_FOLDER)
+VENDOR_FOLDERS = SearchPath(VENDOR_PATH_ENV, "vendor folder", levels=1, kind="vendor", own=VENDOR_FOLDER,
+                            marker=VENDOR_MANIFEST)
 CASE_FOLDERS = SearchPath(CASE_PATH_ENV, "case folder", levels=2, kind="case", own=CASE_FOLDER)
 
 
@@ -504,12 +518,15 @@ class SearchMounts:
 
     def host_paths(self) -> list[str]:
         """The host paths ``resolved`` needs facts for: the project, its own folders of the run's names, each folder
-        of the variables and each of the run's names in it."""
+        of the variables and each of the run's names in it, and in each of those the file that marks it the name's
+        (SearchPath.marker: whether a vendor folder holds a vendor.yaml)."""
         own = [source for _, _, source in self.own_folders()]
         if not self.entries and not own:
             return []
-        return sorted({self.project_root, *own, *(p for e in self.entries for p in (
-            e.folder, *(f"{e.folder}/{n}" for n in self.names_of(e.path))))})
+        named = [(path, source) for path, _, source in self.own_folders()] + [
+            (e.path, f"{e.folder}/{n}") for e in self.entries for n in self.names_of(e.path)]
+        return sorted({self.project_root, *own, *(e.folder for e in self.entries), *(source for _, source in named),
+                       *(f"{source}/{path.marker}" for path, source in named if path.marker)})
 
     def scan_paths(self) -> list[str]:
         """The host paths whose links ``resolved`` needs too (PathFacts.links_out, of ``tree``'s where they lie in
@@ -523,16 +540,26 @@ class SearchMounts:
         return self.project_root or None
 
     def found_earlier(self, facts: Mapping[str, PathFacts]) -> dict[SearchEntry, set[str]]:
-        """Of each entry, the run's names an earlier place on its search path has (the project's own folder, first,
-        or an earlier entry: a folder there), which the round finds there and never in this entry's folder."""
+        """Of each entry, the run's names the round never reads in its folder: an earlier place on its search path
+        (the project's own folder, first, or an earlier entry) is the name's, and so would this one be. Which folder
+        is a name's goes by the round's own rule (flagperf.config.vendors.vendor_search): a folder, and of a vendor one
+        with a vendor.yaml (SearchPath.marker). A vendor folder without one only adds engines, which the round reads
+        wherever it lies, and hides no later folder of the vendor."""
         earlier: dict[SearchEntry, set[str]] = {}
         for path, names in self.names:
             seen = {name for own_path, name, source in self.own_folders()
-                    if own_path == path and facts[source].kind == "folder"}
+                    if own_path == path and self.is_the_names(path, source, facts)}
             for entry in (e for e in self.entries if e.path == path):
-                earlier[entry] = set(seen)
-                seen |= {name for name in names if facts[f"{entry.folder}/{name}"].kind == "folder"}
+                here = {name for name in names if self.is_the_names(path, f"{entry.folder}/{name}", facts)}
+                earlier[entry] = seen & here
+                seen |= here
         return earlier
+
+    @staticmethod
+    def is_the_names(path: SearchPath, source: str, facts: Mapping[str, PathFacts]) -> bool:
+        """Whether the folder ``source`` (a name in a folder of ``path``) is one the round takes for the name's, so
+        that it shadows later ones: a folder, holding path.marker where the search path has one."""
+        return facts[source].kind == "folder" and (not path.marker or facts[f"{source}/{path.marker}"].present)
 
     def check_own_folders(self, facts: Mapping[str, PathFacts]) -> None:
         """The project's own folders of the run's names as the host has them (``facts``: for host_paths() and

@@ -341,7 +341,8 @@ def _inside(path: str, folder: str) -> bool:
 def describe_paths(paths: list[str], scan: Sequence[str] = (), tree: str | None = None,
                    mounted: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
     """Each path with every symlink resolved, and what it then is: folder, file, char-device, socket, other,
-    missing or inaccessible (the container policy checks what a mount or device really is on its host); of a folder
+    missing (``dangling`` too where the path is a link to nothing) or inaccessible (the container policy checks what a
+    mount or device really is on its host); of a folder
     among ``scan`` also its ``links_out`` (links_leaving: a mount of it elsewhere would leave them dangling), of the
     links that leave ``tree`` where it resolves into that tree (the project: a container has the folder as part of
     it), else of those that leave the folder; a link to a place under one of ``mounted`` (the container's other mount
@@ -360,6 +361,8 @@ def describe_paths(paths: list[str], scan: Sequence[str] = (), tree: str | None 
             kind = ("folder" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else
                     "char-device" if stat.S_ISCHR(mode) else "socket" if stat.S_ISSOCK(mode) else "other")
         described[path] = {"path": real, "kind": kind}
+        if kind == "missing" and os.path.islink(path):  # a file that is a dangling link still counts as there
+            described[path]["dangling"] = True
         if path in scan and kind == "folder":
             within = real_tree is not None and _inside(real, real_tree)
             described[path]["links_out"] = links_leaving(real, tree=tree if within else None, mounted=mounted)

@@ -47,6 +47,7 @@ from flagperf.config.adaptation import (
     ENV_FILE,
     EXTERN_FOLDER,
     EXTERN_HOOKS_FILE,
+    HOOK_PARAMETERS,
     REQUIREMENTS_FILE,
     RUN_TIME_CHECKS,
     VENDOR_CASES_FOLDER,
@@ -54,6 +55,7 @@ from flagperf.config.adaptation import (
     adaptation_place,
     adaptation_places,
     adaptation_problems,
+    decorated_hooks,
     read_adaptation,
 )
 from flagperf.config.casecode import case_code_not_run
@@ -66,6 +68,7 @@ from flagperf.config.vendorlayout import (
     flagperf_vendor_entry_problem,
     misnamed_overrides,
     overrides_name,
+    read_top_entries,
     scale_file_problem,
     stray_entry_problem,
     vendor_case_problem,
@@ -73,6 +76,7 @@ from flagperf.config.vendorlayout import (
 from flagperf.config.vendors import (
     MANIFEST,
     SEARCH_ORDER,
+    TOOLKITS_FOLDER,
     Vendor,
     VendorManifest,
     available_vendors,
@@ -134,7 +138,7 @@ class Findings:
 def resolve_vendor_argument(given: Path) -> Path:
     """A folder as given; a bare name that is no folder here is the vendor --vendor would find by that name
     (vendor_images/, FLAGPERF_VENDOR_PATH), so `flagperf vendor check acme` checks what a run would use."""
-    if (given / MANIFEST).exists() or len(given.parts) != 1:
+    if is_present(given / MANIFEST) or len(given.parts) != 1:
         return given
     vendors = available_vendors()
     if given.name in vendors:
@@ -147,7 +151,7 @@ def resolve_vendor_argument(given: Path) -> Path:
 
 def check_vendor_folder(folder: Path, monitor_seconds: float = MONITOR_SECONDS) -> Findings:
     """Raises ConfigError when the folder is not a vendor folder at all (the user's error)."""
-    if not (folder / MANIFEST).exists():
+    if not is_present(folder / MANIFEST):  # a dangling link is the vendor's (vendor_search): loading it says so
         raise ConfigError(str(folder), None, f"not a vendor folder (no {MANIFEST})")
     found = Findings()
     try:
@@ -531,10 +535,23 @@ def _check_adaptations(vendor: Vendor, found: Findings) -> None:
         file_and_key = ": ".join(note.split(": ")[:2]) + ":"
         if not any(problem.startswith(file_and_key) for problem in found.problems):
             found.notes.append(note)
+    _check_engine_links(vendor, found)
     for family, sub in sorted(ENGINE_FOLDERS.items()):
         if family in families and not any((vendor.folder / sub).glob(f"*/{ENGINE_MANIFEST}")):
             found.notes.append(f"no {family} engines ({display_path(vendor.folder / sub)}/<engine>/{ENGINE_MANIFEST}):"
                                f" {family} cases cannot run with this vendor (start from vendor_images/cpu/{sub}/)")
+
+
+def _check_engine_links(vendor: Vendor, found: Findings) -> None:
+    """A link by an absolute path in the engine folders a round of the vendor reads: this folder's and those of each
+    folder of the name without a vendor.yaml (engine_roots); a round's container has each at another path. A folder
+    `--vendor` does not use (shadowed, or not on the search path): its own alone."""
+    roots = engine_roots(vendor.name)
+    if not any(root.resolve() == vendor.folder.resolve() for root in roots):
+        roots = [vendor.folder]
+    for root in roots:
+        for link in absolute_links(root, parts=sorted(set(ENGINE_FOLDERS.values()))):
+            found.add_error(link)
 
 
 def _check_vendor_cases(vendor: Vendor, cases: dict[str, Path], found: Findings) -> None:
@@ -542,10 +559,11 @@ def _check_vendor_cases(vendor: Vendor, cases: dict[str, Path], found: Findings)
     under another family than the case's (a misspelt name would otherwise leave the case silently unadapted); and
     the entries of the vendor folder laid out as FlagPerf's, which no run reads either."""
     monitors = {str(entry.script) for entry in vendor.manifest.monitors if entry.script is not None}
+    dockerfile = vendor.manifest.container.dockerfile
+    read = read_top_entries(vendor.folder, dockerfile, (*ENGINE_FOLDERS.values(), TOOLKITS_FOLDER))
     for entry in sorted(vendor.folder.iterdir()):  # FlagPerf's layout of the vendor folder, copied as it was
         if not skipped_in_source(entry.name):
-            problem = flagperf_vendor_entry_problem(entry, vendor.name, vendor.manifest.container.dockerfile,
-                                                    monitors, cases)
+            problem = flagperf_vendor_entry_problem(entry, vendor.name, dockerfile, monitors, cases, read)
             if problem:
                 found.problem(given_name(entry), problem)
     root = vendor.folder / VENDOR_CASES_FOLDER
@@ -638,6 +656,10 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
             if hook in RUN_TIME_CHECKS:  # what only a run can see: said, not passed
                 found.notes.append(f"{hooks_file}: {hook}: checked when a round calls it, not here (checking a file "
                                    f"never runs it): {RUN_TIME_CHECKS[hook]}")
+        for hook, line in decorated_hooks(adaptation.extern, case.family).items():
+            found.notes.append(f"{hooks_file}: line {line}: {hook}: decorated, so whether a round can call what the "
+                               f"decorator returns as {hook}({', '.join(HOOK_PARAMETERS[hook])}) is checked when a "
+                               "round loads hooks.py, not here (checking a file never runs it)")
     return used
 
 

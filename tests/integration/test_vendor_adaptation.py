@@ -73,7 +73,10 @@ def test_a_failed_csrc_build_fails_the_round_naming_it(adapted_case: Path, tmp_p
     """The adaptation kept in the vendor's own folder (cases/<family>/<case>/ there, as a vendor of its own
     repository keeps it), its settings file too: the plan and the round read them from there, and the failure
     names the file there. The failed round's record says what was applied before the build failed: the
-    environment (a secret masked) and the requirements' install; env_applied was empty."""
+    environment (a secret masked) and the requirements' install; env_applied was empty. The host's secrets, which its
+    inventory env passes to it, are masked however a line takes them: the index URL with its password copied under
+    a name that says nothing (MIRROR=$PIP_INDEX_URL), and a copy of a copy of the host's token (B=x$A, A=$HF_TOKEN)
+    were each recorded in the clear."""
     vendors = tmp_path / "vendors"
     shutil.copytree(FIXTURE / "vendors", vendors)
     kept = vendors / "testvendor" / "cases" / "training" / "adapted-mlp"
@@ -81,11 +84,18 @@ def test_a_failed_csrc_build_fails_the_round_naming_it(adapted_case: Path, tmp_p
     shutil.move(tmp_path / "cases" / "training" / "adapted-mlp" / "vendor" / "testvendor", kept)
     (kept / "testvendor.yaml").write_text("timeout_s: 600\n")
     with (kept / "environment_variables.sh").open("a") as env:
-        env.write("TESTVENDOR_TOKEN=not-for-the-record\n")
+        env.write("TESTVENDOR_TOKEN=not-for-the-record\nMIRROR=$PIP_INDEX_URL\nTESTVENDOR_A=$HF_TOKEN\n"
+                  "TESTVENDOR_B=x$TESTVENDOR_A\n")
     monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(vendors))
+    # requirements.txt installs with --no-index: the index URL is never used
+    monkeypatch.setenv("FP_TEST_INDEX_URL", "https://bob:hunter2@mirror.invalid/simple")
+    monkeypatch.setenv("FP_TEST_HF_TOKEN", "hf_host_canary")
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(json.dumps({"hosts": [{"name": "localhost", "env": {
+        "PIP_INDEX_URL": "${FP_TEST_INDEX_URL}", "HF_TOKEN": "${FP_TEST_HF_TOKEN}"}}]}), encoding="utf-8")
     source = kept / "csrc" / "tinyop.c"
     source.write_text(source.read_text() + "\nthis is not C;\n")
-    state, run_dir = run_evaluate(adapted_case, cases=["adapted-mlp"], vendor="testvendor")
+    state, run_dir = run_evaluate(adapted_case, cases=["adapted-mlp"], vendor="testvendor", inventory=str(inventory))
     assert state.is_failed()
     planned = json.loads((run_dir / "plan.json").read_text())["cases"][0]
     assert planned["vendor_folder"] == str(kept)
@@ -98,8 +108,10 @@ def test_a_failed_csrc_build_fails_the_round_naming_it(adapted_case: Path, tmp_p
     assert "\n" not in message
     assert result.provenance.adaptation is not None and result.provenance.adaptation["folder"] == str(kept)
     assert result.provenance.adaptation["env"]["TESTVENDOR_MODE"] == "fast"
+    masked = dict.fromkeys(("TESTVENDOR_TOKEN", "MIRROR", "TESTVENDOR_A", "TESTVENDOR_B"), "<masked>")
     assert result.provenance.adaptation["env_applied"] == {"TESTVENDOR_MODE": "fast", "TESTVENDOR_PATHS":
-                                                           "/opt/testvendor/lib:fast", "TESTVENDOR_TOKEN": "<masked>"}
+                                                           "/opt/testvendor/lib:fast", **masked}
     assert result.provenance.adaptation["installs"]["requirements"]["status"] in ("built", "cached")
-    assert "not-for-the-record" not in (folder / "result.json").read_text()
+    recorded = (folder / "result.json").read_text()
+    assert all(secret not in recorded for secret in ("not-for-the-record", "hunter2", "hf_host_canary"))
     assert "error" in (folder / "adaptation_csrc_build.log").read_text().lower()

@@ -246,6 +246,96 @@ def test_a_hook_a_round_could_not_call_is_named_with_its_function_all_at_once(tm
     assert check_extern(extern, "training") == ("wrap_model", "on_step", "make_optimizer")
 
 
+
+NEVER = ": a hook is a def at the top of hooks.py (a run reads the file, never runs it, to find its hooks), so this " \
+        "one would never be called; write `def on_step(ctx, step):` there (it may call what it imports)"
+
+
+@pytest.mark.parametrize(("code", "lines"), [
+    # A def of a hook's name in a class or a function under a top-level block binds no name of the module: it was
+    # taken for a hook defined inside the block.
+    ("import os\nif os.environ.get('X'):\n    class Fused:\n        def on_step(self, ctx, step):\n            pass\n"
+     "try:\n    def _make():\n        def on_step(ctx, step):\n            pass\n        return on_step\n"
+     "except ImportError:\n    pass\ndef wrap_model(model, ctx):\n    return model\n", []),
+    # A decorator makes what a round calls: the def's own arguments are not those (load_hooks checks the result).
+    ("import functools\ndef _fused(fn):\n    @functools.wraps(fn)\n    def run(model, ctx):\n        return fn(model)\n"
+     "    return run\n@_fused\ndef wrap_model(model):\n    return model\n", []),
+    # Blocks the check did not look into: except*, match, async with (the file would not even import).
+    ("try:\n    pass\nexcept* ImportError:\n    def on_step(ctx, step):\n        pass\n",
+     [f"line 4: on_step: defined inside a `try` block{NEVER}"]),
+    ("match 1:\n    case 1:\n        def on_step(ctx, step):\n            pass\n",
+     [f"line 3: on_step: defined inside a `match` block{NEVER}"]),
+    ("async with lock as on_step:\n    pass\n",
+     [f"line 1: on_step: bound by `with ... as` inside an `async with` block{NEVER}"]),
+    # Rebound or deleted after its def: the round called another object, or failed loading the hooks.
+    ("def on_step(ctx, step):\n    pass\ndel on_step\n",
+     ["line 3: on_step: deleted after its def at line 1: once hooks.py has run there is no on_step, so a round would "
+      "fail as it loads the hooks; keep the def, drop the del"]),
+    ("def wrap_model(model, ctx):\n    return model\nif True:\n    wrap_model = None\n",
+     ["line 4: wrap_model: assigned inside an `if` block after its def at line 1: a round would call what the name "
+      "is bound to last, not that def; bind it by the def alone"]),
+    # A generator hook returns a generator, never the model (a generator inside a hook is the hook's own business).
+    ("def on_step(ctx, step):\n    yield step\ndef wrap_model(model, ctx):\n    def parts():\n        yield model\n"
+     "    return model\n",
+     ["line 1: on_step: a generator (it yields): a round calls it as on_step(ctx, step), with 2 argument(s) and uses "
+      "what it returns, which would be a generator"]),
+    # A public def that is no hook is one finding among the others, not the end of the check.
+    ("def build(x):\n    pass\ndef on_step(ctx):\n    pass\n",
+     ["line 1: build is not an extension point of the training family",
+      "line 3: on_step: def on_step(ctx) takes 1 argument(s)"]),
+])
+def test_only_what_a_run_of_hooks_py_leaves_bound_is_a_hook(tmp_path: Path, code: str, lines: list[str]) -> None:
+    """The hooks are what running hooks.py leaves bound, read from the file: its statements and the statement lists
+    of its blocks, in order; every finding at once, each one line naming the file and line."""
+    from flagperf.errors import findings
+
+    extern = tmp_path / "extern"
+    extern.mkdir()
+    (extern / "hooks.py").write_text(code, encoding="utf-8")
+    if not lines:
+        assert check_extern(extern, "training")
+        return
+    with pytest.raises(ConfigError) as info:
+        check_extern(extern, "training")
+    found = [str(finding) for finding in findings(info.value)]
+    assert len(found) == len(lines), found
+    for line, finding in zip(lines, found, strict=True):
+        assert finding.startswith(f"{extern / 'hooks.py'}: {line}"), (line, finding)
+
+
+def test_what_hooks_py_leaves_bound_once_run_is_checked_as_a_round_loads_it(tmp_path: Path) -> None:
+    """What reading the file cannot know is checked when the round imports it, before any hook is called: a
+    decorator's function that does not take the round's call, a name the file removed as it ran. Each is one line
+    naming hooks.py (it was a TypeError inside the round, or an AttributeError traceback at load)."""
+    from flagperf.config.adaptation import Adaptation, decorated_hooks, load_hooks
+
+    extern = tmp_path / "extern"
+    extern.mkdir()
+    hooks = extern / "hooks.py"
+    cases = {
+        "def _one(fn):\n    def run(model):\n        return fn(model, None)\n    return run\n@_one\n"
+        "def wrap_model(model, ctx):\n    return model\n":
+            "wrap_model: its signature once hooks.py has run, wrap_model(model), does not take the call (too many "
+            "positional arguments): a round calls it as wrap_model(model, ctx)",
+        "def on_step(ctx, step):\n    pass\nglobals().pop('on_step')\n":
+            "on_step: not defined once hooks.py has run (it deleted the name as it ran): a round calls it as "
+            "on_step(ctx, step)",
+    }
+    for number, (code, why) in enumerate(cases.items()):
+        hooks.write_text(code, encoding="utf-8")
+        adaptation = Adaptation(f"case{number}", "training", "v", tmp_path, extern=extern,
+                                hooks=check_extern(extern, "training"))
+        with pytest.raises(ConfigError) as info:
+            load_hooks(adaptation)
+        assert str(info.value) == f"{hooks}: {why}", str(info.value)
+    assert decorated_hooks(extern, "training") == {}
+    hooks.write_text("import functools\ndef _timed(fn):\n    @functools.wraps(fn)\n    def run(*args):\n"
+                     "        return fn(*args)\n    return run\n@_timed\ndef on_step(ctx, step):\n    pass\n")
+    assert decorated_hooks(extern, "training") == {"on_step": 8}  # the def's line
+    loaded = load_hooks(Adaptation("timed", "training", "v", tmp_path, extern=extern,
+                                   hooks=check_extern(extern, "training")))
+    assert loaded["on_step"](None, 1) is None
+
 def test_each_hook_signature_is_the_one_its_description_shows() -> None:
     from flagperf.config.adaptation import EXTERN_HOOKS, HOOK_PARAMETERS
 
@@ -390,6 +480,25 @@ def test_secrets_are_masked_in_the_record(tmp_path: Path) -> None:
     assert record["env_applied"] == {"HF_TOKEN": MASK, "MIRROR": MASK, "COPIED": MASK, "MODE": "fast"}
     assert "from-the-host" not in str(record) and "hf_written" not in str(record)
 
+
+
+def test_a_secret_is_masked_however_it_reaches_a_value(tmp_path: Path) -> None:
+    """Secrecy is decided in file order, on the value as applied too and through every line on: the host's index URL
+    with its password copied (MIRROR=$PIP_INDEX_URL: neither name nor written value says so), a host's token copied
+    and that copy copied again (B=x$A, C=${B}/y) were each recorded in the clear. A literal dollar ('$HF_TOKEN'
+    single-quoted) refers to nothing and stays as it is."""
+    from flagperf.config.adaptation import Adaptation
+    from flagperf.hosts.adaptation import Applied
+    from flagperf.hosts.inventory import MASK
+
+    values = parse_env_file(env_file(tmp_path, "MIRROR=$PIP_INDEX_URL\nA=$HF_TOKEN\nB=x$A\nC=${B}/y\n"
+                                               "LITERAL='$HF_TOKEN'\nMODE=fast\nUSES_MODE=$MODE-1\n"))
+    host = {"PIP_INDEX_URL": "https://bob:hunter2@mirror.example/simple", "HF_TOKEN": "hf_from_the_host"}
+    record = Applied(Adaptation("c", "training", "v", tmp_path, env=values), env=expand_env(values, host)).record()
+    masked = {"MIRROR": MASK, "A": MASK, "B": MASK, "C": MASK}
+    assert record["env"] == {**masked, "LITERAL": "$$HF_TOKEN", "MODE": "fast", "USES_MODE": "$MODE-1"}
+    assert record["env_applied"] == {**masked, "LITERAL": "$HF_TOKEN", "MODE": "fast", "USES_MODE": "fast-1"}
+    assert "hunter2" not in str(record) and "hf_from_the_host" not in str(record)
 
 OPS_C = """\
 #define PY_SSIZE_T_CLEAN

@@ -220,10 +220,12 @@ def test_a_search_path_folder_never_hides_what_the_image_has_at_the_hosts_path(t
         {"FLAGPERF_VENDOR_PATH": "/opt:/srv/vendors", "FLAGPERF_CASE_PATH": "/usr/local/lab-cases",
          "OTHER": "/opt"}, "nvidia", ["base/gemm", "training/bert"], "/deploy/flagperf")
     # What the host is asked: the project and its own folders of the run's names, each folder, and the run's
-    # names in it.
+    # names in it (of a vendor's, whether it holds a vendor.yaml).
     assert written.host_paths() == sorted({"/deploy/flagperf", "/deploy/flagperf/vendor_images/nvidia",
+                                           "/deploy/flagperf/vendor_images/nvidia/vendor.yaml",
                                            "/deploy/flagperf/cases/base/gemm", "/deploy/flagperf/cases/training/bert",
-                                           "/opt/nvidia", "/opt", "/srv/vendors/nvidia",
+                                           "/opt/nvidia", "/opt/nvidia/vendor.yaml", "/opt", "/srv/vendors/nvidia",
+                                           "/srv/vendors/nvidia/vendor.yaml",
                                            "/srv/vendors", "/usr/local/lab-cases/base/gemm",
                                            "/usr/local/lab-cases/training/bert", "/usr/local/lab-cases"})
     assert written.all() == [] and written.env == ()  # nothing is decided before the host answers
@@ -585,6 +587,57 @@ def test_a_name_found_earlier_on_the_search_path_is_not_checked_again_where_the_
         settings(f"labcases:{lab}:more", ["base/x"])
     assert f"{lab}/base/x/data.bin links outside its folder" in info.value.message, str(info.value)
 
+
+
+def test_which_vendor_folder_the_round_reads_goes_by_its_vendor_yaml(tmp_path: Path) -> None:
+    """The round takes the first folder of the vendor with a vendor.yaml for the vendor's, and reads every folder of
+    the name without one too (its engines): the link check goes by the same rule, on facts that say whether each
+    folder holds a vendor.yaml. It went by "a folder": a folder of engines alone before the vendor's own hid the
+    vendor's from the check, and one after it was never checked, though the round reads both. A later copy with a
+    vendor.yaml of its own is never read (its links count for nothing); a vendor.yaml that is a dangling link still
+    makes its folder the vendor's (flagperf.config.vendors.vendor_search)."""
+    from flagperf.config.vendors import MANIFEST
+
+    assert container_policy.VENDOR_MANIFEST == MANIFEST
+    project, outside = tmp_path / "flagperf", tmp_path / "outside.bin"
+    (project / "vendor_images").mkdir(parents=True)  # the project's own has no cpu: the search path's first is it
+    outside.write_bytes(b"outside")
+    engines_first, own, copy, engines_after = (tmp_path / name / "cpu" for name in ("lab1", "lab2", "lab3", "lab4"))
+    for folder in (engines_first, own, copy, engines_after):
+        (folder / "operation").mkdir(parents=True)
+    for folder in (own, copy):
+        (folder / "vendor.yaml").write_text("name: cpu\n")
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump({"hosts": [{"name": "a", "address": "h", "runtime": "docker",
+                                               "project_root": str(project), "env": {"FLAGPERF_VENDOR_PATH": ":".join(
+                                                   str(folder.parent) for folder in (engines_first, own, copy,
+                                                                                     engines_after))}}]}))
+    spec = load_inventory(path).hosts[0]
+
+    def settings() -> Any:
+        return checked_on_host(container_settings(load_vendor("cpu"), spec, "img:1", project, []), LocalHost(), spec)
+
+    assert [mount.source for mount in settings().search.all()] == [str(folder) for folder in (
+        engines_first, own, copy, engines_after)]  # each mounted: the container's search path is the host's
+    for folder, read in ((engines_first, True), (own, True), (copy, False), (engines_after, True)):
+        (folder / "data.bin").symlink_to(outside)
+        if read:
+            with pytest.raises(ConfigError) as info:
+                settings()
+            assert info.value.key == "hosts.0.env.FLAGPERF_VENDOR_PATH" and (
+                f"{folder}/data.bin links outside its folder (to {outside})" in info.value.message), str(info.value)
+        else:
+            settings()
+        (folder / "data.bin").unlink()
+    # The vendor's own vendor.yaml a link to nothing: its folder is still the vendor's, the copy still never read.
+    (copy / "data.bin").symlink_to(outside)
+    (own / "vendor.yaml").unlink()
+    (own / "vendor.yaml").symlink_to("gone.yaml")
+    settings()
+    (own / "vendor.yaml").unlink()  # now the copy is the vendor's: its link is refused
+    with pytest.raises(ConfigError) as info:
+        settings()
+    assert f"{copy}/data.bin links outside its folder" in info.value.message, str(info.value)
 
 def test_the_projects_own_folder_resolving_outside_it_is_named_in_one_printable_line(tmp_path: Path) -> None:
     """The project's own case folder, a link out of the project to a folder whose name holds a newline: the error

@@ -16,7 +16,7 @@ import pytest
 from flagperf.config.adaptation import EXTERN_HOOKS
 from flagperf.config.models import PEAK_UNITS
 from flagperf.config.vendors import MANIFEST, load_vendor_manifest
-from flagperf.errors import ConfigError
+from flagperf.errors import MAX_LINE, ConfigError
 from flagperf.hosts.vendorcheck import ENGINE_FOLDERS, check_vendor_folder
 from flagperf.hosts.vendorscaffold import PEAK_FIGURES, write_vendor_folder
 from flagperf.paths import PROJECT_ROOT
@@ -166,6 +166,35 @@ def test_each_typical_mistake_is_one_problem_line(walk: Path) -> None:
     assert all("\n" not in problem for problem in found.problems)
 
 
+
+def test_a_working_vendor_folder_is_not_taken_for_flagperfs_layout(walk: Path) -> None:
+    """What a run reads is never called FlagPerf's leftover layout: an image built from docker_image/pytorch/Dockerfile
+    (container.dockerfile says so), a build folder whose context holds config/pip.conf, a folder a case's folder in
+    cases/ links to relatively (FlagPerf's <model>-<framework>/config/ kept and linked in), a folder of the vendor's
+    own of another name, and its monitor listed as ./acme_monitor.py: each was reported as never read (or run)."""
+    vendor = walk / "vendors" / "acme"
+    (vendor / "docker_image").mkdir()
+    shutil.move(vendor / "pytorch", vendor / "docker_image" / "pytorch")
+    write(vendor / "docker_image" / "pytorch" / "config" / "pip.conf", "[global]\n")
+    shutil.copytree(vendor / "docker_image" / "pytorch", vendor / "paddle-gpu")  # another framework's build folder
+    shutil.move(vendor / "monitor_acme.py", vendor / "acme_monitor.py")
+    manifest = (vendor / MANIFEST).read_text()
+    (vendor / MANIFEST).write_text(manifest.replace("dockerfile: pytorch/Dockerfile",
+                                                    "dockerfile: docker_image/pytorch/Dockerfile")
+                                   .replace("script: monitor_acme.py", "script: ./acme_monitor.py"))
+    write(vendor / "walk-mlp-pytorch" / "config" / "environment_variables.sh", "export ACME_TUNING=fast\n")
+    kept = vendor / "cases" / "training" / "walk-mlp"
+    kept.parent.mkdir(parents=True)
+    kept.symlink_to("../../walk-mlp-pytorch/config")
+    write(vendor / "tools" / "config" / "settings.yaml", "threads: 4\n")  # the vendor's own
+    found = check_vendor_folder(vendor, monitor_seconds=1)
+    assert found.problems == [], found.problems
+    assert "adaptation of walk-mlp: environment file" in found.passed, found.passed
+    # FlagPerf's layout nothing reads is still named.
+    write(vendor / "bert-pytorch" / "config" / "environment_variables.sh", "export ACME_TUNING=fast\n")
+    assert [problem.split(": ")[:2] for problem in check_vendor_folder(vendor, monitor_seconds=1).problems] == [
+        [str(vendor / "bert-pytorch"), "never read"]]
+
 def test_garbage_from_a_monitor_a_spec_table_of_the_wrong_form_and_a_default_repeated(walk: Path) -> None:
     vendor = walk / "vendors" / "acme"
     (vendor / "monitor_acme.py").write_text("import sys\nopen(sys.argv[sys.argv.index('--out') + 1], 'w')"
@@ -213,6 +242,18 @@ def test_validate_refuses_a_file_a_run_would_never_read(walk: Path) -> None:
     assert len(errors) == 4 and all("never read: " in line for line in errors), checked.stderr
     assert "a run reads vendor/acme/environment_variables.sh" in errors[0]
     assert "so a run reads config_acmex1x1.yaml" in errors[1]
+    # A file of the vendor's folder of a case that vendor check names as never read is said to be by validate too,
+    # in the same line (validate gave its generic "not a case.yaml, ..." line for the first three).
+    strays = [write(adapted / "acme.yaml", "lr: 0.08\n"), write(adapted / "env.sh", "export A=1\n"),
+              write(cases / "inference" / "walk-infer" / "vendor" / "acme" / "acme_configurations.yaml",
+                    "batch_size: 64\n"),
+              write(walk / "vendors" / "acme" / "cases" / "base" / "walk-gemm" / "env.sh", "export A=1\n")]
+    problems = check_vendor_folder(walk / "vendors" / "acme", monitor_seconds=1).problems
+    checked = flagperf("validate", *map(str, strays), env=env)
+    assert checked.returncode == 2, checked.stdout
+    for path, error in zip(strays, checked.stderr.splitlines(), strict=True):
+        line = error.removeprefix("error ")
+        assert line.startswith(f"{path}: never read: ") and line in problems, (line, problems)
 
 
 def test_the_engine_folders_are_the_families_own() -> None:
@@ -554,14 +595,19 @@ def test_what_vendor_check_cannot_see_of_a_hook_is_a_note_not_an_ok(walk: Path) 
     mark = walk / "imported"
     write(walk / "cases" / "training" / "walk-mlp" / "vendor" / "acme" / "extern" / "hooks.py",
           f"import pathlib\nimport torch\npathlib.Path({str(mark)!r}).write_text('run')\n\n\n"
-          "def make_optimizer(cls, params, kwargs, ctx):\n    return torch.optim.SGD(params, lr=0.1)\n")
+          "def make_optimizer(cls, params, kwargs, ctx):\n    return torch.optim.SGD(params, lr=0.1)\n\n\n"
+          "@torch.no_grad()\ndef on_step(step):\n    pass\n")
     found = check_vendor_folder(vendor, monitor_seconds=1)
     assert found.problems == [] and not mark.exists()
-    assert "adaptation of walk-mlp: extern make_optimizer (read, not run)" in found.passed, found.passed
+    assert "adaptation of walk-mlp: extern make_optimizer,on_step (read, not run)" in found.passed, found.passed
     hooks = walk / "cases" / "training" / "walk-mlp" / "vendor" / "acme" / "extern" / "hooks.py"
     assert f"{hooks}: make_optimizer: checked when a round calls it, not here (checking a file never runs it): the " \
            "optimizer it returns is an instance of exactly the class the case asks for, holding exactly the case's " \
            "parameters" in found.notes, found.notes
+    # A decorated hook's arguments are what the decorator returns takes: checked when a round loads it, said so.
+    assert f"{hooks}: line 11: on_step: decorated, so whether a round can call what the decorator returns as " \
+           "on_step(ctx, step) is checked when a round loads hooks.py, not here (checking a file never runs it)" in \
+           found.notes, found.notes
 
 
 def test_a_dockerfile_of_another_framework_is_checked_and_said_to_be_built_only_when_named(walk: Path) -> None:
@@ -681,6 +727,19 @@ def test_a_vendor_kept_outside_keeps_its_settings_files_in_its_own_folder_too(wa
     assert refused.returncode == 2 and refused.stderr.splitlines() == [f"error {both}"] * 2, refused.stderr
     (cases / "base" / "walk-gemm" / "vendor" / "acme.yaml").unlink()
 
+    # The case's own vendor/acme/ folder as well as the vendor folder's cases/base/walk-gemm/: a run reads the vendor's
+    # files of the case from one place, so the plan refuses both; validate of the settings file passed (only a
+    # training scale file looked at the two places), now it says what the plan says, as vendor check does.
+    own = write(cases / "base" / "walk-gemm" / "vendor" / "acme" / "environment_variables.sh", "export A=1\n").parent
+    folders = (f"{gemm.parent}: vendor acme's files of case walk-gemm are also in {own}: keep them in one of the two "
+               "places (a run reads one)")
+    with pytest.raises(ConfigError, match=re.escape(folders)):
+        plan_run(cases=["walk-gemm"], vendor="acme", results_dir=tmp_path / "results")
+    assert check_vendor_folder(vendor, monitor_seconds=1).problems == [folders]
+    refused = flagperf("validate", str(gemm))
+    assert refused.returncode == 2 and refused.stderr.strip() == f"error {folders}", refused.stderr
+    shutil.rmtree(own)
+
     # An inference case's settings by the training name: never read, named where it is.
     wrong = write(kept / "inference" / "walk-infer" / "acme.yaml", "batch_size: 32\n")
     expected = (f"{wrong}: never read: the vendor overrides of inference cases are acme_configurations.yaml in "
@@ -715,9 +774,14 @@ def test_a_shadowed_vendor_folder_is_said_to_be_and_lends_no_engine(walk: Path, 
     write(walk / "cases" / "inference" / "walk-infer" / "vendor" / "acme_configurations.yaml", "batch_size: 64\n")
     found = check_vendor_folder(first, monitor_seconds=1)
     order = "vendor_images/, then FLAGPERF_VENDOR_PATH in order"
-    assert any(problem.endswith(f"unknown compiler 'onnxruntime' for vendor acme (engines in {first / 'engines'}/: "
-                                f"none); {later / 'engines' / 'onnxruntime'} is never read: {first} comes first on the "
-                                "search path and shadows its folder") for problem in found.problems), found.problems
+    # The hint comes first and names each folder once: the line holds it whatever the temporary folder's length
+    # (the line is cut at MAX_LINE; four full paths once cut the hint off under pytest's default basetemp).
+    expected = (f"{walk / 'cases' / 'inference' / 'walk-infer' / 'configurations.yaml'}: compiler: unknown compiler "
+                f"'onnxruntime' for vendor acme: {later} has it (engines/onnxruntime/) but is never read: {first} "
+                "comes first on the search path and shadows it (engines in its engines/: none)")
+    unknown = [problem for problem in found.problems if "unknown compiler 'onnxruntime'" in problem]
+    assert len(unknown) == 1 and expected.startswith(unknown[0].removesuffix("...")), (expected, found.problems)
+    assert f"{later} has it" in unknown[0] and len(unknown[0]) <= MAX_LINE
     assert f"{later} is shadowed by this folder: --vendor acme reads this one ({order}), nothing of that one (its " \
            "engines and case files neither)" in found.notes, found.notes
     shadowed = (f"shadowed by {first}: --vendor acme reads the first folder of the name ({order}), nothing of this "
@@ -768,3 +832,24 @@ def test_an_absolute_link_in_the_vendors_cases_is_refused_by_check_and_validate(
                                     "environment file" in found.passed, found.passed
     checked = flagperf("validate", str(link / env.name))
     assert checked.returncode == 0, checked.stderr
+
+
+def test_an_absolute_link_in_an_engine_folder_of_the_vendor_is_named_by_check(walk: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A round reads the engines of the vendor's folder and of every folder of its name without a vendor.yaml (a
+    lab's own engines, wherever on the search path): in a container each is at another path, so a link in them by an
+    absolute path leads nowhere there. vendor check names such a link in each; the container policy refuses it only
+    once a round starts (test_container_policy)."""
+    vendor = walk / "vendors" / "acme"
+    lab = walk / "lab" / "acme" / "engines" / "labrt"
+    shutil.copytree(vendor / "engines" / "onnxruntime", lab)
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", os.pathsep.join([str(walk / "lab"), str(walk / "vendors")]))
+    weights = write(walk / "weights" / "model.onnx", "onnx\n")
+    for engine in (vendor / "engines" / "onnxruntime", lab):
+        (engine / "model.onnx").symlink_to(weights)
+    found = check_vendor_folder(vendor, monitor_seconds=1)
+    for engine in (vendor / "engines" / "onnxruntime", lab):
+        assert f"{engine / 'model.onnx'}: links to {weights} by its absolute path: where the vendor folder is at " \
+               "another path (a clone of it, a host's copy, a round's container) it leads nowhere; make the link " \
+               "relative, to a file inside the vendor folder, or copy the file" in found.problems, found.problems
+    assert len(found.problems) == 2, found.problems

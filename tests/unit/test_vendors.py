@@ -136,6 +136,30 @@ def test_tmp_vendor_loads(vendor_root: Path) -> None:
     assert table.peaks["fp32"].value == 12.5
 
 
+
+def test_which_folder_is_the_vendors_is_one_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder whose vendor.yaml is a dangling link, first on the search path: vendor_folders counted it (the later
+    copy shadowed) while available_vendors' glob skipped it (the later copy used), so a run read the copy vendor
+    check and validate called shadowed. Now every question goes by one search: the first folder is the vendor's,
+    and loading it says its vendor.yaml leads nowhere, rather than silently using another copy. A folder without a
+    vendor.yaml only adds engines, before the vendor's own as after it; a folder listed twice is one."""
+    from flagperf.config.engines import engine_roots
+    from flagperf.config.vendors import shadowed_by, vendor_folders
+
+    broken, copy, lab = tmp_path / "broken", tmp_path / "copy", tmp_path / "lab"
+    (broken / "acme").mkdir(parents=True)
+    (broken / "acme" / "vendor.yaml").symlink_to("gone.yaml")
+    make_vendor(copy)
+    (lab / "acme" / "operation").mkdir(parents=True)
+    (tmp_path / "alias").symlink_to(copy)  # the same folder again
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", ":".join(map(str, (lab, broken, copy, tmp_path / "alias"))))
+    assert available_vendors()["acme"] == broken / "acme"
+    assert vendor_folders("acme") == [broken / "acme", copy / "acme"]
+    assert shadowed_by(copy / "acme") == broken / "acme" and shadowed_by(broken / "acme") is None
+    assert engine_roots("acme") == [lab / "acme", broken / "acme"]
+    with pytest.raises(ConfigError, match=r"broken/acme/vendor\.yaml: a link to nothing"):
+        load_vendor("acme")
+
 def test_spec_table_output_is_validated(vendor_root: Path) -> None:
     make_vendor(vendor_root, spec_settings={"model": "X", "fp32": "fast"})
     # One line naming the vendor's spec module and the figure, as every user error is (no pydantic dump).
