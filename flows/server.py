@@ -48,6 +48,7 @@ from flagperf.site.auth import (
     CLIENT_AUTH_ENV,
     SERVER_AUTH_ENV,
     Credentials,
+    binds_loopback,
     check_auth_string,
     find_credentials,
     how_to_set,
@@ -95,7 +96,7 @@ def public_base(host: str, port: int, public_url: str | None = None) -> str:
     address as teammates reach it, see machine_address; 127.0.0.1 could only ever mean their own machine)."""
     if public_url:
         return public_url.rstrip("/")
-    name = machine_address()[0] if host in WILDCARDS else host
+    name = machine_address(host)[0] if host in WILDCARDS else host
     return f"http://{url_host(name)}:{port}"
 
 
@@ -116,17 +117,19 @@ def address_advice(host: str, port: int, public_url: str | None) -> str | None:
     machine_address), None where it is not."""
     if host not in WILDCARDS or public_url:
         return None
-    name, guessed = machine_address()
+    name, guessed = machine_address(host)
     if guessed is None:
         return None
     return (f"address: {name} is a guess ({guessed}); if teammates cannot open the UI, restart with --public-url "
             f"http://NAME:{port} (NAME as they reach this machine)")
 
 
-def default_route_address() -> str | None:
-    """The address of the interface this machine reaches the network by (its default route), None without one. A
-    UDP socket's connect only picks the route: nothing is sent (to documentation addresses, RFC 5737 and 3849)."""
-    for family, target in ((socket.AF_INET, "192.0.2.1"), (socket.AF_INET6, "2001:db8::1")):
+def default_route_address(ipv6: bool = False) -> str | None:
+    """The address of the interface this machine reaches the network by (its default route), None without one; an
+    IPv6 one only where ``ipv6`` (a server on '::'; one on 0.0.0.0 is not reached by IPv6). A UDP socket's connect
+    only picks the route: nothing is sent (to documentation addresses, RFC 5737 and 3849)."""
+    targets = [(socket.AF_INET, "192.0.2.1")] + ([(socket.AF_INET6, "2001:db8::1")] if ipv6 else [])
+    for family, target in targets:
         try:
             with socket.socket(family, socket.SOCK_DGRAM) as probe:
                 probe.connect((target, 9))
@@ -138,19 +141,44 @@ def default_route_address() -> str | None:
     return None
 
 
-def machine_address() -> tuple[str, str | None]:
-    """This machine as teammates reach it, and None, or why that is a guess: its FQDN; where it has none (only a
-    short host name, or only 'localhost': /etc/hosts mapping the host name to 127.0.0.1 first, which would send
-    every browser to its own machine), the address of its default route's interface, else the short name, else
-    'localhost'."""
-    fqdn, host = socket.getfqdn(), socket.gethostname()
-    names = [n for n in (fqdn, host) if n and not is_loopback(n)]
-    full = next((n for n in names if "." in n.strip(".")), None)
+# Domains of one network segment or of this machine only (RFC 6762 .local, the 'localdomain' of /etc/hosts): a
+# name in them is no name teammates' DNS gives, as a host name without a domain is none.
+LOCAL_DOMAINS = ("local", "localdomain")
+
+
+def _name_problem(name: str) -> str | None:
+    """Why the dotted ``name`` is no address for teammates, None where it may be: in a local-only domain, or not
+    resolving here to a network address (only to loopback, as /etc/hosts' 127.0.1.1 line, or not at all)."""
+    if name.strip(".").rsplit(".", 1)[-1].lower() in LOCAL_DOMAINS:
+        return f"its name {name!r} has no domain beyond this network"
+    try:
+        found = {str(info[4][0]).split("%")[0] for info in socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)}
+    except (OSError, UnicodeError):
+        return f"its name {name!r} does not resolve here"
+    if all(is_loopback(address) for address in found):
+        return f"its name {name!r} resolves here to loopback only"
+    return None
+
+
+def machine_address(host: str = "0.0.0.0") -> tuple[str, str | None]:
+    """This machine as teammates reach it on a server listening on ``host`` (a wildcard), and None, or why that is
+    a guess: its FQDN where it resolves here to a network address; where it has none (only a short host name, a
+    .local or .localdomain one, or only 'localhost': /etc/hosts mapping the host name to 127.0.0.1 first, which
+    would send every browser to its own machine), the address of its default route's interface, else the name,
+    else 'localhost'."""
+    fqdn, name = socket.getfqdn(), socket.gethostname()
+    names = [n for n in (fqdn, name) if n and not is_loopback(n)]
+    dotted = [n for n in names if "." in n.strip(".")]
+    problems = {n: _name_problem(n) for n in dotted}
+    full = next((n for n in dotted if problems[n] is None), None)
     if full is not None:
         return full, None
-    why = (f"its host name {names[0]!r} has no domain" if names else
-           f"its names ({', '.join(sorted({fqdn, host} - {''})) or 'none'}) are loopback")
-    address = default_route_address()
+    if dotted:
+        why = str(problems[dotted[0]])
+    else:
+        why = (f"its host name {names[0]!r} has no domain" if names else
+               f"its names ({', '.join(sorted({fqdn, name} - {''})) or 'none'}) are loopback")
+    address = default_route_address(ipv6=host == "::")
     if address is not None:
         return address, f"{why}; used the address of its default route"
     return (names[0], why) if names else ("localhost", why)
@@ -384,7 +412,7 @@ def beyond_loopback(host: str, public_urls: dict[str, str | None] | None = None)
     """The option that opens a server beyond this machine, and its value: a --host that is not loopback, or an
     address for browsers (--public-url, --results-public-url) on another host, which says a proxy forwards to it
     from the network (the server listening on loopback then serves every machine that reaches the proxy)."""
-    if not is_loopback(host):
+    if not binds_loopback(host):
         return "--host", host
     for option, url in (public_urls or {}).items():
         if not url:

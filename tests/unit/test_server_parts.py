@@ -114,6 +114,15 @@ def test_a_step_is_not_started_after_a_signal(tmp_path: Path) -> None:
     ("localhost", "localhost.localdomain", "10.1.2.3", "http://10.1.2.3:4310", "its names (localhost, "
                                                                                "localhost.localdomain) are loopback"),
     ("localhost.", "localhost", None, "http://localhost:4310", "its names (localhost, localhost.) are loopback"),
+    # a name of this network only, or one this machine does not resolve to a network address: no full name, said
+    ("perf-lab.localdomain", "perf-lab", "10.1.2.3", "http://10.1.2.3:4310",
+     "its name 'perf-lab.localdomain' has no domain beyond this network; used the address of its default route"),
+    ("perf-lab.local", "perf-lab", None, "http://perf-lab.local:4310",
+     "its name 'perf-lab.local' has no domain beyond this network"),
+    ("perf-lab.lan", "perf-lab", "10.1.2.3", "http://10.1.2.3:4310",
+     "its name 'perf-lab.lan' does not resolve here; used the address of its default route"),
+    ("perf-lab.hosts.example.org", "perf-lab", "10.1.2.3", "http://10.1.2.3:4310",
+     "its name 'perf-lab.hosts.example.org' resolves here to loopback only; used the address of its default route"),
 ])
 def test_the_ui_s_address_on_every_interface_is_the_machine_s_full_name_else_a_guess_said(
         monkeypatch: pytest.MonkeyPatch, fqdn: str, hostname: str, route: str | None, base: str,
@@ -129,7 +138,19 @@ def test_the_ui_s_address_on_every_interface_is_the_machine_s_full_name_else_a_g
 
     monkeypatch.setattr(socket, "getfqdn", lambda *args: fqdn)
     monkeypatch.setattr(socket, "gethostname", lambda: hostname)
-    monkeypatch.setattr(server, "default_route_address", lambda: route)
+    monkeypatch.setattr(server, "default_route_address", lambda ipv6=False: route)
+    # The resolver as a LAN's DNS and /etc/hosts answer (Debian's 127.0.1.1 line for the host's own name)
+    answers = {"perf-lab.example.org": "10.1.2.3", "perf-lab.hosts.example.org": "127.0.1.1"}
+    real = socket.getaddrinfo
+
+    def resolve(name: str, *args: object, **kwargs: object) -> list[tuple[object, ...]]:
+        if name in answers:
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (answers[name], 0))]
+        if name.endswith(".lan"):
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
     for wildcard in ("0.0.0.0", "::"):
         assert public_base(wildcard, 4310) == base
         advice = server.address_advice(wildcard, 4310, None)
@@ -143,6 +164,41 @@ def test_the_ui_s_address_on_every_interface_is_the_machine_s_full_name_else_a_g
     assert public_base("0.0.0.0", 4310, "http://perf-lab:80/") == "http://perf-lab:80"
     assert public_base("127.0.0.1", 4310) == "http://127.0.0.1:4310"
     assert server.address_advice("127.0.0.1", 4310, None) is None
+
+
+def test_the_default_route_is_looked_for_over_ipv6_only_for_a_server_on_ipv6(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--host 0.0.0.0 listens on IPv4 only: an IPv6 route's address would be one teammates cannot reach it by."""
+    import socket
+
+    from flows import server
+
+    tried: list[int] = []
+
+    class Probe:
+        def __init__(self, family: int, kind: int) -> None:
+            self.family = family
+
+        def __enter__(self) -> Probe:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def connect(self, target: tuple[str, int]) -> None:
+            tried.append(self.family)
+            if self.family == socket.AF_INET:
+                raise OSError("no IPv4 route")  # an IPv6-only network
+
+        def getsockname(self) -> tuple[str, int]:
+            return ("2001:db8::5", 4)
+
+    monkeypatch.setattr(socket, "getfqdn", lambda *args: "perf-lab")
+    monkeypatch.setattr(socket, "gethostname", lambda: "perf-lab")
+    monkeypatch.setattr(socket, "socket", Probe)
+    assert server.public_base("0.0.0.0", 4310) == "http://perf-lab:4310" and tried == [socket.AF_INET]
+    tried.clear()
+    assert server.public_base("::", 4310) == "http://[2001:db8::5]:4310"
+    assert tried == [socket.AF_INET, socket.AF_INET6]
 
 
 def test_urls_made_from_an_ipv6_host_bracket_it() -> None:
