@@ -867,6 +867,21 @@ def _not_back(exc: Exception, before: dict[str, dict[str, Any]], saved_path: Pat
             f"back from {saved_path}, or check them in the UI")
 
 
+SIGN_IN_REFUSED = (401, 403)
+
+
+def refused_sign_in(exc: Exception, api_url: str, credentials: Credentials | None) -> None:
+    """A 401 or 403 from the server: a sign-in to change (exit 2), in one line naming where it came from, not a
+    failure to try again (exit 1)."""
+    import httpx
+
+    if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code in SIGN_IN_REFUSED:
+        source = credentials.source if credentials is not None else CLIENT_AUTH_ENV
+        said = "refused the sign-in" if credentials is not None else "needs a sign-in, and none was given"
+        raise ConfigError(source, None, f"the server at {api_url} {said} ({exc.response.status_code}); use the "
+                                         "server's (its banner names where it comes from)") from None
+
+
 def _said(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
@@ -904,6 +919,7 @@ def create_deployments(api_url: str, client_env: dict[str, str], results_root: P
         refuse_other_pools(api_url, auth, pool)
         now = with_retries(api_url, auth, lambda http: set_by_users(http, user_specs))
     except httpx.HTTPError as exc:  # nothing made yet: the one line, and how to make them by hand
+        refused_sign_in(exc, api_url, credentials)
         raise RuntimeError(f"reading the deployments' schedules before making them failed ({_said(exc)}); "
                            f"{by_hand}") from None
     before = with_saved_settings(now, saved_for_this_start(saved_path, saved, database, now))
@@ -965,7 +981,7 @@ def deploy_by_hand(argv: list[str]) -> int:
     """``python -m flows.server deploy``: the deployments made on a running server as `flagperf server` makes them
     (create_deployments), for the command deploy_command prints. Signed in with PREFECT_API_AUTH_STRING (the command
     sets it from where the server's sign-in came). Exit 0 made, 1 failed, 2 refused (another server's pool, a wrong
-    sign-in), 128 + the signal that stopped it (what users set put back all the same)."""
+    or missing sign-in: a 401 or 403), 128 + the signal that stopped it (what users set put back all the same)."""
     parser = argparse.ArgumentParser(prog="python -m flows.server deploy", description=(
         "make the deployments of prefect.yaml on a running `flagperf server` as it makes them, keeping what users "
         "set in the UI (the command its banner prints with --no-deploy)"))
@@ -978,10 +994,15 @@ def deploy_by_hand(argv: list[str]) -> int:
     stopping: list[int] = []
 
     def noted(signum: int, _frame: object) -> None:
+        # as the server's: the first stops `prefect deploy` and puts back what users set, a second says a third
+        # stops at once (without putting it back: the next run of this command does, from the saved file)
         stopping.append(signum)
         if len(stopping) >= STOP_NOW_AT:
-            stop_now(signum, "what users set on the deployments may not be back: the server's next start puts it "
-                             f"back from {args.log_dir / SAVED_SETTINGS}")
+            stop_now(signum, "what users set on the deployments may not be back: the next run of this command "
+                             f"puts it back from {args.log_dir / SAVED_SETTINGS} (so does the server's next start "
+                             "where it makes the deployments, without --no-deploy)")
+        elif len(stopping) == STOP_NOW_AT - 1:  # os.write: it may land while this process writes to stderr
+            os.write(2, b"still putting back what users set on the deployments; one more signal stops at once\n")
 
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, noted)

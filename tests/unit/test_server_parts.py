@@ -9,7 +9,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -17,7 +19,7 @@ import pytest
 
 from flagperf.paths import PROJECT_ROOT
 from flows.server import configured_api_url, public_base
-from tests.unit.childio import Lines
+from tests.unit.childio import LINE_DEADLINE_S, Lines
 
 
 def wait_for(predicate, what: str, limit_s: float = 60.0) -> None:
@@ -774,3 +776,74 @@ def test_the_session_s_pool_is_cleared_after_its_servers_are_stopped_also_on_ctr
                                  [str(PROJECT_ROOT / "tests" / "integration"), str(PROJECT_ROOT)])})
     assert ran.returncode == 2, ran.stdout + ran.stderr  # interrupted
     assert (tmp_path / "said").read_text().splitlines() == ["stopped", "cleared"], ran.stdout
+
+
+@contextlib.contextmanager
+def stub_api(status: int, held: threading.Event | None = None) -> Iterator[tuple[str, threading.Event]]:
+    """An HTTP server on loopback answering every request with ``status`` (after ``held`` is set, where given);
+    yields its API URL and an event set once a request came."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    asked = threading.Event()
+
+    class Answer(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.set()
+            if held is not None:
+                held.wait(LINE_DEADLINE_S)
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/api", asked
+    finally:
+        if held is not None:
+            held.set()
+        server.shutdown()
+        server.server_close()
+
+
+def deploy_by_hand_command(api_url: str, tmp_path: Path) -> list[str]:
+    return [sys.executable, "-m", "flows.server", "deploy", "--api-url", api_url, "--pool", "flagperf", "--results",
+            str(tmp_path / "results"), "--log-dir", str(tmp_path / "logs"), "--database", "127.0.0.1:5432/prefect"]
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_the_by_hand_deploy_refused_its_sign_in_exits_2_in_one_line(tmp_path: Path, status: int) -> None:
+    """A wrong sign-in is a setting to change (exit 2, as documented), not a failure to try again (exit 1)."""
+    with stub_api(status) as (api_url, _asked):
+        done = subprocess.run(deploy_by_hand_command(api_url, tmp_path), capture_output=True, text=True,
+                              env={**os.environ, "PREFECT_API_AUTH_STRING": "perf:wrong-password-0123"},
+                              timeout=LINE_DEADLINE_S)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (f"error: PREFECT_API_AUTH_STRING: the server at {api_url} refused the sign-in ({status}); "
+                           "use the server's (its banner names where it comes from)\n")
+
+
+def test_the_by_hand_deploy_says_a_third_signal_stops_it_and_what_puts_back_what_users_set(tmp_path: Path) -> None:
+    """As the server: a second signal says one more stops at once; the third stops it, naming this command's next
+    run as what puts back what users set (a server with --no-deploy never does)."""
+    held = threading.Event()
+    with stub_api(500, held) as (api_url, asked):
+        child = subprocess.Popen(deploy_by_hand_command(api_url, tmp_path), stderr=subprocess.PIPE, text=True,
+                                 env={k: v for k, v in os.environ.items() if k != "PREFECT_API_AUTH_STRING"})
+        try:
+            said = Lines(child.stderr)
+            assert asked.wait(LINE_DEADLINE_S), "the deploy never asked the API"  # its handlers are installed
+            child.send_signal(signal.SIGTERM)
+            child.send_signal(signal.SIGINT)  # another signal: not merged with the pending first
+            assert said.next() == "still putting back what users set on the deployments; one more signal stops " \
+                                  "at once\n"
+            child.send_signal(signal.SIGHUP)
+            rest = said.rest()
+            assert child.wait(LINE_DEADLINE_S) == -signal.SIGHUP
+        finally:
+            child.kill()
+            child.wait()
+    assert "the next run of this command puts it back from " in rest, rest
