@@ -574,6 +574,7 @@ def _remove_rejected_run(run_dir: Path, results: Path, made: Path | None) -> Non
 
 
 def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
+    from flagperf.results.markup import plain
     from flagperf.results.operators import OPERATOR_HEADER, operator_cells
     from flagperf.results.serving import CONSOLE_HEADER, console_rows, serving_points
     from flagperf.results.summary import (
@@ -592,7 +593,8 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
         table.add_column(name, justify="right" if name not in ("case", "metric", "unit") else "left")
     # Generate points get a row each below (every figure is in report.md); a figure of theirs only beside its peak.
     for entry in headline_rows(summary["headline"]):
-        table.add_row(*headline_cells(entry))
+        # Plain text (no Markdown renders here), escaped for rich; the report's bold marks dropped.
+        table.add_row(*[escape(c.replace("**", "")) for c in headline_cells(entry, plain)])
     points = serving_points(run_dir)
     if table.rows or not (summary.get("operators") or points):
         console.print(table)
@@ -605,7 +607,7 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     if summary.get("operators"):  # operation cases: a row per operator, not per point (report.md has them all)
         operators = Table(*OPERATOR_HEADER, title=OPERATORS_INTRO, title_justify="left")
         for entry in summary["operators"]:
-            operators.add_row(*[escape(c.replace("**", "")) for c in operator_cells(entry)],
+            operators.add_row(*[escape(c.replace("**", "")) for c in operator_cells(entry, plain)],
                               style="red" if entry["failed"] else None)
         console.print(operators)
     for entry in summary["not_measured"]:

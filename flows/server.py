@@ -48,6 +48,7 @@ from flagperf.site.auth import (
     CLIENT_AUTH_ENV,
     SERVER_AUTH_ENV,
     Credentials,
+    binds_loopback,
     check_auth_string,
     find_credentials,
     how_to_set,
@@ -95,7 +96,7 @@ def public_base(host: str, port: int, public_url: str | None = None) -> str:
     address as teammates reach it, see machine_address; 127.0.0.1 could only ever mean their own machine)."""
     if public_url:
         return public_url.rstrip("/")
-    name = machine_address()[0] if host in WILDCARDS else host
+    name = machine_address(host)[0] if host in WILDCARDS else host
     return f"http://{url_host(name)}:{port}"
 
 
@@ -116,17 +117,19 @@ def address_advice(host: str, port: int, public_url: str | None) -> str | None:
     machine_address), None where it is not."""
     if host not in WILDCARDS or public_url:
         return None
-    name, guessed = machine_address()
+    name, guessed = machine_address(host)
     if guessed is None:
         return None
     return (f"address: {name} is a guess ({guessed}); if teammates cannot open the UI, restart with --public-url "
             f"http://NAME:{port} (NAME as they reach this machine)")
 
 
-def default_route_address() -> str | None:
-    """The address of the interface this machine reaches the network by (its default route), None without one. A
-    UDP socket's connect only picks the route: nothing is sent (to documentation addresses, RFC 5737 and 3849)."""
-    for family, target in ((socket.AF_INET, "192.0.2.1"), (socket.AF_INET6, "2001:db8::1")):
+def default_route_address(ipv6: bool = False) -> str | None:
+    """The address of the interface this machine reaches the network by (its default route), None without one; an
+    IPv6 one only where ``ipv6`` (a server on '::'; one on 0.0.0.0 is not reached by IPv6). A UDP socket's connect
+    only picks the route: nothing is sent (to documentation addresses, RFC 5737 and 3849)."""
+    targets = [(socket.AF_INET, "192.0.2.1")] + ([(socket.AF_INET6, "2001:db8::1")] if ipv6 else [])
+    for family, target in targets:
         try:
             with socket.socket(family, socket.SOCK_DGRAM) as probe:
                 probe.connect((target, 9))
@@ -138,19 +141,44 @@ def default_route_address() -> str | None:
     return None
 
 
-def machine_address() -> tuple[str, str | None]:
-    """This machine as teammates reach it, and None, or why that is a guess: its FQDN; where it has none (only a
-    short host name, or only 'localhost': /etc/hosts mapping the host name to 127.0.0.1 first, which would send
-    every browser to its own machine), the address of its default route's interface, else the short name, else
-    'localhost'."""
-    fqdn, host = socket.getfqdn(), socket.gethostname()
-    names = [n for n in (fqdn, host) if n and not is_loopback(n)]
-    full = next((n for n in names if "." in n.strip(".")), None)
+# Domains of one network segment or of this machine only (RFC 6762 .local, the 'localdomain' of /etc/hosts): a
+# name in them is no name teammates' DNS gives, as a host name without a domain is none.
+LOCAL_DOMAINS = ("local", "localdomain")
+
+
+def _name_problem(name: str) -> str | None:
+    """Why the dotted ``name`` is no address for teammates, None where it may be: in a local-only domain, or not
+    resolving here to a network address (only to loopback, as /etc/hosts' 127.0.1.1 line, or not at all)."""
+    if name.strip(".").rsplit(".", 1)[-1].lower() in LOCAL_DOMAINS:
+        return f"its name {name!r} has no domain beyond this network"
+    try:
+        found = {str(info[4][0]).split("%")[0] for info in socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)}
+    except (OSError, UnicodeError):
+        return f"its name {name!r} does not resolve here"
+    if all(is_loopback(address) for address in found):
+        return f"its name {name!r} resolves here to loopback only"
+    return None
+
+
+def machine_address(host: str = "0.0.0.0") -> tuple[str, str | None]:
+    """This machine as teammates reach it on a server listening on ``host`` (a wildcard), and None, or why that is
+    a guess: its FQDN where it resolves here to a network address; where it has none (only a short host name, a
+    .local or .localdomain one, or only 'localhost': /etc/hosts mapping the host name to 127.0.0.1 first, which
+    would send every browser to its own machine), the address of its default route's interface, else the name,
+    else 'localhost'."""
+    fqdn, name = socket.getfqdn(), socket.gethostname()
+    names = [n for n in (fqdn, name) if n and not is_loopback(n)]
+    dotted = [n for n in names if "." in n.strip(".")]
+    problems = {n: _name_problem(n) for n in dotted}
+    full = next((n for n in dotted if problems[n] is None), None)
     if full is not None:
         return full, None
-    why = (f"its host name {names[0]!r} has no domain" if names else
-           f"its names ({', '.join(sorted({fqdn, host} - {''})) or 'none'}) are loopback")
-    address = default_route_address()
+    if dotted:
+        why = str(problems[dotted[0]])
+    else:
+        why = (f"its host name {names[0]!r} has no domain" if names else
+               f"its names ({', '.join(sorted({fqdn, name} - {''})) or 'none'}) are loopback")
+    address = default_route_address(ipv6=host == "::")
     if address is not None:
         return address, f"{why}; used the address of its default route"
     return (names[0], why) if names else ("localhost", why)
@@ -384,7 +412,7 @@ def beyond_loopback(host: str, public_urls: dict[str, str | None] | None = None)
     """The option that opens a server beyond this machine, and its value: a --host that is not loopback, or an
     address for browsers (--public-url, --results-public-url) on another host, which says a proxy forwards to it
     from the network (the server listening on loopback then serves every machine that reaches the proxy)."""
-    if not is_loopback(host):
+    if not binds_loopback(host):
         return "--host", host
     for option, url in (public_urls or {}).items():
         if not url:
@@ -839,6 +867,21 @@ def _not_back(exc: Exception, before: dict[str, dict[str, Any]], saved_path: Pat
             f"back from {saved_path}, or check them in the UI")
 
 
+SIGN_IN_REFUSED = (401, 403)
+
+
+def refused_sign_in(exc: Exception, api_url: str, credentials: Credentials | None) -> None:
+    """A 401 or 403 from the server: a sign-in to change (exit 2), in one line naming where it came from, not a
+    failure to try again (exit 1)."""
+    import httpx
+
+    if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code in SIGN_IN_REFUSED:
+        source = credentials.source if credentials is not None else CLIENT_AUTH_ENV
+        said = "refused the sign-in" if credentials is not None else "needs a sign-in, and none was given"
+        raise ConfigError(source, None, f"the server at {api_url} {said} ({exc.response.status_code}); use the "
+                                         "server's (its banner names where it comes from)") from None
+
+
 def _said(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
@@ -876,6 +919,7 @@ def create_deployments(api_url: str, client_env: dict[str, str], results_root: P
         refuse_other_pools(api_url, auth, pool)
         now = with_retries(api_url, auth, lambda http: set_by_users(http, user_specs))
     except httpx.HTTPError as exc:  # nothing made yet: the one line, and how to make them by hand
+        refused_sign_in(exc, api_url, credentials)
         raise RuntimeError(f"reading the deployments' schedules before making them failed ({_said(exc)}); "
                            f"{by_hand}") from None
     before = with_saved_settings(now, saved_for_this_start(saved_path, saved, database, now))
@@ -937,7 +981,7 @@ def deploy_by_hand(argv: list[str]) -> int:
     """``python -m flows.server deploy``: the deployments made on a running server as `flagperf server` makes them
     (create_deployments), for the command deploy_command prints. Signed in with PREFECT_API_AUTH_STRING (the command
     sets it from where the server's sign-in came). Exit 0 made, 1 failed, 2 refused (another server's pool, a wrong
-    sign-in), 128 + the signal that stopped it (what users set put back all the same)."""
+    or missing sign-in: a 401 or 403), 128 + the signal that stopped it (what users set put back all the same)."""
     parser = argparse.ArgumentParser(prog="python -m flows.server deploy", description=(
         "make the deployments of prefect.yaml on a running `flagperf server` as it makes them, keeping what users "
         "set in the UI (the command its banner prints with --no-deploy)"))
@@ -950,10 +994,15 @@ def deploy_by_hand(argv: list[str]) -> int:
     stopping: list[int] = []
 
     def noted(signum: int, _frame: object) -> None:
+        # as the server's: the first stops `prefect deploy` and puts back what users set, a second says a third
+        # stops at once (without putting it back: the next run of this command does, from the saved file)
         stopping.append(signum)
         if len(stopping) >= STOP_NOW_AT:
-            stop_now(signum, "what users set on the deployments may not be back: the server's next start puts it "
-                             f"back from {args.log_dir / SAVED_SETTINGS}")
+            stop_now(signum, "what users set on the deployments may not be back: the next run of this command "
+                             f"puts it back from {args.log_dir / SAVED_SETTINGS} (so does the server's next start "
+                             "where it makes the deployments, without --no-deploy)")
+        elif len(stopping) == STOP_NOW_AT - 1:  # os.write: it may land while this process writes to stderr
+            os.write(2, b"still putting back what users set on the deployments; one more signal stops at once\n")
 
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, noted)

@@ -76,6 +76,8 @@ def analyze(run_dir: Path) -> RunSummary | None:
     for note in summary.monitor_notes:
         logger.info("monitors: %s", note)
     # A serving sweep's figures without a peak are left out (a row per point is in the report artifact below)
+    # md_text cells: the Prefect UI renders a table artifact's string cells as Markdown (prefect-ui-library's
+    # ArtifactDataTable, p-markdown-renderer), so a case's text is escaped here as in report.md.
     table = [dict(zip(HEADLINE_HEADER, headline_cells(e), strict=True)) for e in headline_rows(summary.headline)]
     table += [{"case": e["case"], "metric": "-", "measured": e["status"], "unit": "", "p50": "", "spread (CV)": "",
                "peak": "", "measured/peak": e["message"][:200], "MFU": "", "rounds": f"round {e['round']}"}

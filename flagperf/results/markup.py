@@ -1,5 +1,7 @@
 """Text a case controls (a failure message, a warning, a metric's name) in the reports: shown as it is, never
-as markup. ``md_text`` escapes it where it is put into Markdown (report.md, the Prefect artifacts), and
+as markup. ``md_text`` escapes it where it is put into Markdown (report.md, the Prefect markdown artifacts);
+``plain`` is the same text for where no Markdown renders (the results site, which HTML-escapes, the CLI's
+tables, a Prefect table artifact), and
 ``markdown_to_html`` renders Markdown with no raw HTML and links only to http(s) and relative paths, so that
 a ``javascript:``, ``data:`` or ``vbscript:`` link, however spelt, is shown inert."""
 
@@ -29,6 +31,11 @@ def md_text(value: object) -> str:
     Markdown renderer shows as '<' (a backslash before it is no escape in Python-Markdown)."""
     text = MARKDOWN_SPECIAL.sub(r"\\\1", " ".join(str(value).splitlines()))
     return EDGE_UNDERSCORE.sub(r"\\_", text).replace("<", "&lt;")
+
+
+def plain(value: object) -> str:
+    """``value`` on one line, as written: md_text's counterpart where no Markdown renders."""
+    return " ".join(str(value).splitlines())
 
 
 def number(value: float | None, digits: int = 4) -> str:

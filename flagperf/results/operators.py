@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import statistics
 import textwrap
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -488,8 +488,8 @@ OPERATOR_HEADER = ["case", "operator", "unit", "implementations", "dtype x shape
                    "± per iteration (median, max over points)"]
 
 
-def _speedup_text(impl: str, found: dict[str, Any]) -> str:
-    text = f"{md_text(impl)} " + ("-" if found["geomean"] is None else f"{found['geomean']:.3g}x")
+def _speedup_text(impl: str, found: dict[str, Any], shown: Callable[[object], str] = md_text) -> str:
+    text = f"{shown(impl)} " + ("-" if found["geomean"] is None else f"{found['geomean']:.3g}x")
     if found.get("host_geomean") is not None:
         text += f", host {found['host_geomean']:.3g}x"
         if found.get("host_points") is not None and found["host_points"] != found["points"]:
@@ -508,17 +508,18 @@ def _spread_text(entry: dict[str, Any]) -> str:
     return text + (f"; **{floor} near the clock's floor**" if floor else "")
 
 
-def operator_cells(entry: dict[str, Any]) -> list[str]:
-    """One operator's headline row (an entry of operator_summaries, also as summary.json keeps it)."""
+def operator_cells(entry: dict[str, Any], text: Callable[[object], str] = md_text) -> list[str]:
+    """One operator's headline row (an entry of operator_summaries, also as summary.json keeps it); ``text`` shows
+    what a case controls: md_text in Markdown, markup.plain where none renders (the site, the CLI)."""
     ran = entry["passed"] + entry["failed"]
     correct = f"{entry['passed']} of {ran}" + (f"; **{entry['failed']} FAILED**" if entry["failed"] else "") \
         + (f"; {entry['skipped']} skipped" if entry["skipped"] else "")
-    speedups = ", ".join(_speedup_text(impl, s) for impl, s in entry["speedups"].items()) or "-"
+    speedups = ", ".join(_speedup_text(impl, s, text) for impl, s in entry["speedups"].items()) or "-"
     best = "-" if entry["best_roofline"] is None else \
         f"{_estimate(entry.get('best_roofline_estimated'))}{_pct(entry['best_roofline'])} " \
-        f"({md_text(entry['best_roofline_at'])})"
-    return [md_text(entry["case"]), md_text(entry["operator"]), entry["unit"] or "-",
-            md_text(", ".join(entry["implementations"])), f"{entry['shapes']} ({', '.join(entry['dtypes'])})",
+        f"({text(entry['best_roofline_at'])})"
+    return [text(entry["case"]), text(entry["operator"]), entry["unit"] or "-",
+            text(", ".join(entry["implementations"])), f"{entry['shapes']} ({', '.join(entry['dtypes'])})",
             correct, speedups, best, _spread_text(entry)]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -665,16 +666,18 @@ def fmt_pct(value: float | None) -> str:
     return percent(value)
 
 
-def headline_cells(entry: dict[str, Any]) -> list[str]:
+def headline_cells(entry: dict[str, Any], text: Callable[[object], str] = md_text) -> list[str]:
+    """A headline row's cells; ``text`` shows what a case controls (a metric, a unit): md_text in Markdown,
+    markup.plain where none renders (the site, the CLI, a table artifact)."""
     spread = f"{percent(entry['spread_cv'], sign='±')} ({entry['spread_over']})" if entry["spread_cv"] is not None \
         else "-"
     peak = f"{fmt(entry['peak'])} {entry['peak_unit']}" if entry["peak"] is not None else peak_missing(entry)
     if entry.get("peak_sparse"):
         peak += " (sparse)"
     measured = ("≥ " if entry.get("lower_bound") else "") + fmt(entry["value"])  # a bound by design, said
-    return [entry["case"], md_text(entry["metric"]), measured, unit_cell(entry["unit"]), fmt(entry["p50"]), spread,
-            peak,
-            ratio_cell(entry), mfu_cell(entry.get("mfu"), estimated=bool(entry.get("mfu_estimated"))),
+    return [text(entry["case"]), text(entry["metric"]), measured, unit_cell(entry["unit"], text), fmt(entry["p50"]),
+            spread, peak,
+            ratio_cell(entry, text), mfu_cell(entry.get("mfu"), estimated=bool(entry.get("mfu_estimated"))),
             rounds_cell(entry), entry.get("statistic") or "-"]
 
 
@@ -704,18 +707,18 @@ def peak_missing(entry: dict[str, Any]) -> str:
 NO_UNIT = "(none given)"
 
 
-def unit_cell(unit: Any) -> str:
+def unit_cell(unit: Any, text: Callable[[object], str] = md_text) -> str:
     """A figure's unit as the tables show it; a case that gave none is said to have (a bare number is no figure)."""
-    return md_text(unit) if isinstance(unit, str) and unit else NO_UNIT
+    return text(unit) if isinstance(unit, str) and unit else NO_UNIT
 
 
-def ratio_cell(entry: dict[str, Any]) -> str:
+def ratio_cell(entry: dict[str, Any], text: Callable[[object], str] = md_text) -> str:
     """measured / peak: against an exact peak above 100 % is flagged (the peak is wrong); against an estimated
     one (a lower bound) the ratio is an upper estimate, and above 100 % says the estimate is low, and why."""
     if entry["ratio"] is None:
         return "- (sparse peak: none)" if entry.get("peak_sparse") else "-"
     if entry.get("peak_bound") == "lower":
-        above = (f" (above the estimated peak; a lower bound: {md_text(entry.get('peak_bound_reason') or '')})"
+        above = (f" (above the estimated peak; a lower bound: {text(entry.get('peak_bound_reason') or '')})"
                  if entry.get("above_estimated_peak") else "")
         return UPPER_ESTIMATE + fmt_pct(entry["ratio"]) + above
     return fmt_pct(entry["ratio"]) + (" (above peak!)" if entry["above_peak"] else "")

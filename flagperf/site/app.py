@@ -28,6 +28,7 @@ from flagperf.errors import FlagperfError
 from flagperf.results.compare import HEADER as COMPARE_HEADER
 from flagperf.results.compare import OPERATION_NOTE, SPREAD_NOTE, compare_runs
 from flagperf.results.history import figure_trend, list_series
+from flagperf.results.markup import plain
 from flagperf.results.operators import OPERATOR_HEADER, operator_cells
 from flagperf.results.serving import CONSOLE_HEADER, DIGEST_TITLE, console_rows, serving_points
 from flagperf.results.summary import HEADLINE_HEADER, OPERATORS_INTRO, headline_cells, headline_rows
@@ -135,9 +136,10 @@ def create_app(root: Path, credentials: Credentials | None, history_url: str | N
         info = run_info(folder)
         # The same grouping as report.md: a row per figure, but a row per operator for operation cases and a row
         # per point for serving sweeps (their figures have no peak: tens of "unknown" rows otherwise).
-        headline = [headline_cells(e) for e in headline_rows(info.summary.get("headline") or [])]
+        # Plain text: table_cell HTML-escapes it (md_text's backslashes would show, as in \\_softmax).
+        headline = [headline_cells(e, plain) for e in headline_rows(info.summary.get("headline") or [])]
         serving = console_rows(serving_points(folder))
-        operators = [(operator_cells(e), bool(e.get("failed"))) for e in info.summary.get("operators") or []]
+        operators = [(operator_cells(e, plain), bool(e.get("failed"))) for e in info.summary.get("operators") or []]
         files = [name for name in RUN_FILES if read_served(root, run_id, name) is not None]
         logs = f"{ui_url.rstrip('/')}/runs/flow-run/{info.flow_run_id}" if ui_url and info.flow_run_id else None
         return page("run.html", title=run_id, run=info, logs=logs, header=HEADLINE_HEADER, headline=headline,

@@ -14,8 +14,10 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import ipaddress
 import os
 import shlex
+import socket
 import stat
 import time
 from collections import OrderedDict
@@ -192,29 +194,57 @@ def use_client_credentials() -> Credentials | None:
     return found
 
 
-# Names of this machine only, whatever the resolver says (RFC 6761 for localhost and *.localhost; the others are
-# what distributions' /etc/hosts give loopback). A trailing dot (the root) is the same name.
+# Names of this machine only in a URL (RFC 6761 for localhost and *.localhost; the others are what distributions'
+# /etc/hosts give loopback): a browser on this machine that reaches a proxy by one is on this machine. A trailing dot
+# (the root) is the same name. Never trusted for an address one listens on: see binds_loopback.
 LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
 
 
 def is_loopback(host: str) -> bool:
-    """Whether ``host`` (a --host value, or a URL's host) is reachable from this machine only: a loopback name, or
-    a loopback address in any form a URL or the resolver takes (127.1, 0x7f.0.0.1, [::1], ::ffff:127.0.0.1)."""
-    import ipaddress
-    import socket
-
+    """Whether ``host`` (a URL's host) is reachable from this machine only: a loopback name, or a loopback address
+    in any form a URL or the resolver takes (127.1, 0x7f.0.0.1, [::1], ::ffff:127.0.0.1)."""
     name = host.strip("[]").lower()
     bare = name[:-1] if name.endswith(".") else name
     if bare in LOOPBACK_NAMES or bare.endswith(".localhost"):
         return True
+    literal = _literal_address(name)
+    return literal is not None and _loopback_address(literal)
+
+
+def binds_loopback(host: str) -> bool:
+    """Whether listening on ``host`` (a --host) listens on this machine only: a loopback address in any form,
+    'localhost', or a name every address of which, as this machine's resolver gives them (those the server binds),
+    is loopback. A name the resolver does not map ('localhost.', 'localhost.localdomain' where /etc/hosts lacks it)
+    goes to DNS, which could give a network address: not loopback, so the server asks for a sign-in."""
+    name = host.strip("[]").lower()
+    if name == "localhost":
+        return True
+    literal = _literal_address(name)
+    if literal is not None or not name:
+        return literal is not None and _loopback_address(literal)
     try:
-        address = ipaddress.ip_address(name)
+        found = {str(info[4][0]) for info in socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)}
+    except (OSError, UnicodeError):
+        return False
+    addresses = [_literal_address(a.split("%")[0]) for a in found]  # fe80::1%eth0: the zone is no part of it
+    return bool(addresses) and all(a is not None and _loopback_address(a) for a in addresses)
+
+
+def _literal_address(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``name`` as an address where it is one, in any form (the shorthand forms of IPv4 too: 127.1, octal, hex, as
+    inet_aton, browsers and curl read them); None for a name."""
+    try:
+        return ipaddress.ip_address(name)
     except ValueError:
-        try:  # the shorthand forms of IPv4 (127.1, octal, hex), as inet_aton, browsers and curl read them
-            if not name or not set(name) <= set("0123456789abcdefx."):
-                return False
-            address = ipaddress.ip_address(socket.inet_aton(name))
-        except (OSError, ValueError):
-            return False  # a name: it may resolve to any interface
+        pass
+    if not name or not set(name) <= set("0123456789abcdefx."):
+        return None
+    try:
+        return ipaddress.ip_address(socket.inet_aton(name))
+    except (OSError, ValueError):
+        return None  # a name: it may resolve to any interface
+
+
+def _loopback_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     mapped = getattr(address, "ipv4_mapped", None)
     return bool(address.is_loopback or (mapped is not None and mapped.is_loopback))

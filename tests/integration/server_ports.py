@@ -85,18 +85,33 @@ def _dsn() -> str:
     return os.environ["FLAGPERF_TEST_POSTGRES_URL"].replace("postgresql+asyncpg://", "postgresql://")
 
 
+LOCK_CHECK_S = 30.0  # how often a PoolLock checks that its connection (which holds the lock) is alive
+
+
 class PoolLock:
     """A connection to the test database that holds ``pool``'s advisory lock (pool_key) until released or the
     process ends, however (PostgreSQL drops a session's locks with its connection): what says, to every session on
-    the database wherever it runs, that the pool's session lives. ``held``: False where another holds it already."""
+    the database wherever it runs, that the pool's session lives. ``held``: False where another holds it already.
 
-    def __init__(self, pool: str, limit_s: float = 120.0) -> None:
+    The connection is checked every ``check_s`` (select 1): one that died (the database restarted, a network cut)
+    took the lock with it, and another session would take the pool for an ended one's and delete it under this
+    session's servers. So a dead one is replaced and the lock taken again; where that fails, ``lost`` says why and
+    session_pool() fails from then on. The lock is a session's: FLAGPERF_TEST_POSTGRES_URL must reach PostgreSQL
+    directly (or through a pooler in session mode), never through a transaction pooler (PgBouncer's transaction
+    mode), which would hand the lock's server connection to other clients."""
+
+    def __init__(self, pool: str, limit_s: float = 120.0, check_s: float = LOCK_CHECK_S) -> None:
         import asyncio
 
         self.pool = pool
+        self.check_s = check_s
+        self.lost: str | None = None
+        self.checks = 0  # checks done (for tests: a condition to wait for)
+        self.backend_pid = 0  # the server process of the connection that holds the lock
         self._answer: queue.Queue[bool | BaseException] = queue.Queue()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._release: asyncio.Event | None = None
+        self._wake: asyncio.Event | None = None
+        self._releasing = False
         self._thread = threading.Thread(target=lambda: asyncio.run(self._hold()), name=f"lock {pool}", daemon=True)
         self._thread.start()
         answer = self._answer.get(timeout=limit_s)
@@ -104,30 +119,60 @@ class PoolLock:
             raise answer
         self.held = answer
 
+    async def _take(self) -> tuple[Any, bool]:
+        import asyncpg
+
+        conn = await asyncpg.connect(_dsn(), timeout=60)
+        self.backend_pid = conn.get_server_pid()
+        try:
+            return conn, bool(await conn.fetchval("select pg_try_advisory_lock($1)", pool_key(self.pool), timeout=60))
+        except BaseException:
+            conn.terminate()
+            raise
+
     async def _hold(self) -> None:
         import asyncio
 
-        import asyncpg
-
         try:
-            conn = await asyncpg.connect(_dsn())
+            self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+            conn, held = await self._take()
         except BaseException as exc:  # said in the thread that waits for it
             self._answer.put(exc)
             return
+        self._answer.put(held)
         try:
-            self._loop, self._release = asyncio.get_running_loop(), asyncio.Event()
-            held = bool(await conn.fetchval("select pg_try_advisory_lock($1)", pool_key(self.pool)))
-            self._answer.put(held)
-            if held:
-                await self._release.wait()
-        except BaseException as exc:
-            self._answer.put(exc)
+            while held and not self._releasing:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.check_s)
+                self._wake.clear()
+                if self._releasing:
+                    break
+                try:
+                    await conn.fetchval("select 1", timeout=60)
+                except Exception as exc:  # any failure: the connection, and the lock, are gone
+                    conn.terminate()
+                    try:
+                        conn, held = await self._take()
+                    except Exception as again:
+                        self.lost = f"its connection died ({exc!r}) and a new one failed ({again!r})"
+                        return
+                    if not held:
+                        self.lost = f"its connection died ({exc!r}) and another session took the lock meanwhile"
+                        await conn.close()
+                        return
+                self.checks += 1
         finally:
-            await conn.close()
+            if not conn.is_closed():
+                await conn.close()
+
+    def check(self) -> None:
+        """Check the connection now (tests), not at the next ``check_s``."""
+        if self._loop is not None and self._wake is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._wake.set)
 
     def release(self) -> None:
-        if self._loop is not None and self._release is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._release.set)
+        self._releasing = True
+        self.check()
         self._thread.join(timeout=60)
 
 
@@ -146,7 +191,11 @@ def session_pool() -> str:
                 break
         else:
             raise AssertionError(f"sessions elsewhere on the test database hold every pool name of {name}'s kind")
-    return _SESSION_LOCK[0].pool
+    lock = _SESSION_LOCK[0]
+    if lock.lost is not None:  # another session may have deleted the pool under this one's servers
+        raise AssertionError(f"this session's lock on its pool {lock.pool!r} was lost: {lock.lost}; its servers' "
+                             "deployments may have been cleared by another session; run the tests again")
+    return lock.pool
 
 
 DEFAULT_POOL = "flagperf"  # prefect.yaml's: the team-server tutorial's server (its page's command) is on it

@@ -302,6 +302,68 @@ def ended_pid() -> int:
     return ended.pid
 
 
+def test_a_session_s_pool_lock_outlives_its_connection_or_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The connection that holds a session's pool lock can die (the database restarted, a network cut), and the
+    lock with it: another session then took the pool for an ended one's and deleted it under this session's live
+    servers, and nothing said so. Now the lock checks its connection: a dead one is replaced and the lock taken
+    again; where another took it meanwhile, the session's next pool fails in one line."""
+    import asyncio
+
+    import asyncpg
+    import server_ports
+
+    dsn = os.environ["FLAGPERF_TEST_POSTGRES_URL"].replace("postgresql+asyncpg://", "postgresql://")
+
+    async def sql(query: str, *args: object) -> object:
+        conn = await asyncpg.connect(dsn)
+        try:
+            return await conn.fetchval(query, *args)
+        finally:
+            await conn.close()
+
+    def until(condition: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + 120
+        while not condition():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.2)
+
+    pool = f"flagperf-test-{ended_pid()}"
+    key = server_ports.pool_key(pool)
+    lock = PoolLock(pool, check_s=3600)  # checked by the test only (check), never by the clock
+    other: asyncpg.Connection | None = None
+    try:
+        assert lock.held
+        first = lock.backend_pid
+        assert asyncio.run(sql("select pg_terminate_backend($1)", first))
+        lock.check()
+        until(lambda: lock.checks >= 1 or lock.lost is not None, "the lock never checked its connection")
+        assert lock.lost is None and lock.backend_pid != first
+        assert not asyncio.run(sql("select pg_try_advisory_lock($1)", key))  # held again, by the new connection
+        # Died again, and another session takes the lock before it is taken again: lost, and said.
+        assert asyncio.run(sql("select pg_terminate_backend($1)", lock.backend_pid))
+
+        async def take() -> asyncpg.Connection:
+            conn = await asyncpg.connect(dsn)
+            deadline = time.monotonic() + 120  # until the ended backend has let the lock go
+            while not await conn.fetchval("select pg_try_advisory_lock($1)", key):
+                assert time.monotonic() < deadline, "the lock of a terminated connection was never let go"
+                await asyncio.sleep(0.2)
+            return conn
+
+        loop = asyncio.new_event_loop()
+        other = loop.run_until_complete(take())
+        lock.check()
+        until(lambda: lock.lost is not None, "the lost lock was never noticed")
+        assert "another session took the lock" in str(lock.lost)
+        monkeypatch.setattr(server_ports, "_SESSION_LOCK", [lock])
+        with pytest.raises(AssertionError, match=f"this session's lock on its pool '{pool}' was lost"):
+            server_ports.session_pool()
+        loop.run_until_complete(other.close())
+        loop.close()
+    finally:
+        lock.release()
+
+
 def test_the_session_clears_only_the_deployments_of_servers_that_provably_ended() -> None:
     """The servers of a session share the test database with other sessions': before its servers start, a session
     clears what ended ones left on their pools (a server of another pool is refused). It took any pool not named

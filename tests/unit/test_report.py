@@ -18,12 +18,13 @@ from flows.cli import app
 T0 = 1_800_000_000.0
 
 
-def make_run(root: Path, name: str, values: list[float], case: str = "computation-FP32", unit: str = "TFLOPS") -> Path:
+def make_run(root: Path, name: str, values: list[float], case: str = "computation-FP32", unit: str = "TFLOPS",
+             metric_name: str = "gemm_fp32") -> Path:
     run = root / name
     for rnd, value in enumerate(values, start=1):
         now = datetime.now(timezone.utc)
         peak = Peak(value=1.0, unit="TFLOPS", source="test datasheet")
-        metric = Metric(name="gemm_fp32", value=value, unit=unit, peak=peak, ratio=value,
+        metric = Metric(name=metric_name, value=value, unit=unit, peak=peak, ratio=value,
                         window=[T0 + 1, T0 + 4], work=value * 3)
         result = RoundResult(run_id=name, case=case, family="base", round=rnd, host="h1", node_rank=0,
                              vendor="cpu", status="success", started_at=now, finished_at=now, duration_s=5.0,
@@ -219,6 +220,30 @@ def test_case_text_makes_no_emphasis_and_a_metric_name_reads_as_written() -> Non
     html = markdown.markdown(md_text(text))
     assert html == f"<p>{text}</p>" and "<em>" not in html and "<strong>" not in html, html
     assert md_text("tokens_per_s") == "tokens_per_s" and md_text("snake_case_name") == "snake_case_name"
+
+
+def test_case_text_is_escaped_in_markdown_only(tmp_path: Path) -> None:
+    """md_text's escapes are for Markdown: the run page of the results site (which HTML-escapes) and the CLI's
+    table (no Markdown renders there) show a metric named _softmax as written, report.md escapes it."""
+    from starlette.testclient import TestClient
+
+    from flagperf.results.markup import plain
+    from flagperf.results.operators import operator_cells
+    from flagperf.site.app import create_app
+
+    run = make_run(tmp_path / "results", "run-a", [0.50, 0.52], unit="[x]", metric_name="_softmax")
+    _, paths = build_report(run)
+    assert "| \\_softmax | " in paths["markdown"].read_text()
+    page = TestClient(create_app(tmp_path / "results", None)).get("/runs/run-a/")
+    headline = page.text.split('<table id="headline">')[1].split("</table>")[0]
+    assert "<td>_softmax</td>" in headline and ">[x]</td>" in headline and "\\" not in headline, headline
+    shown = CliRunner().invoke(app, ["report", str(run)], terminal_width=400)
+    assert shown.exit_code == 0, shown.output
+    assert " _softmax " in shown.output and " [x] " in shown.output and "\\" not in shown.output, shown.output
+    entry = {"case": "op_x", "operator": "_softmax", "unit": None, "implementations": ["_fast"], "shapes": 1,
+             "dtypes": ["fp32"], "passed": 1, "failed": 0, "skipped": 0, "speedups": {}, "best_roofline": None}
+    assert operator_cells(entry, plain)[1:4] == ["_softmax", "-", "_fast"]
+    assert operator_cells(entry)[1:4] == ["\\_softmax", "-", "\\_fast"]
 
 
 def test_a_host_without_matplotlib_gets_its_report_without_plots(tmp_path: Path) -> None:

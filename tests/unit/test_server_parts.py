@@ -9,7 +9,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -17,7 +19,7 @@ import pytest
 
 from flagperf.paths import PROJECT_ROOT
 from flows.server import configured_api_url, public_base
-from tests.unit.childio import Lines
+from tests.unit.childio import LINE_DEADLINE_S, Lines
 
 
 def wait_for(predicate, what: str, limit_s: float = 60.0) -> None:
@@ -114,6 +116,15 @@ def test_a_step_is_not_started_after_a_signal(tmp_path: Path) -> None:
     ("localhost", "localhost.localdomain", "10.1.2.3", "http://10.1.2.3:4310", "its names (localhost, "
                                                                                "localhost.localdomain) are loopback"),
     ("localhost.", "localhost", None, "http://localhost:4310", "its names (localhost, localhost.) are loopback"),
+    # a name of this network only, or one this machine does not resolve to a network address: no full name, said
+    ("perf-lab.localdomain", "perf-lab", "10.1.2.3", "http://10.1.2.3:4310",
+     "its name 'perf-lab.localdomain' has no domain beyond this network; used the address of its default route"),
+    ("perf-lab.local", "perf-lab", None, "http://perf-lab.local:4310",
+     "its name 'perf-lab.local' has no domain beyond this network"),
+    ("perf-lab.lan", "perf-lab", "10.1.2.3", "http://10.1.2.3:4310",
+     "its name 'perf-lab.lan' does not resolve here; used the address of its default route"),
+    ("perf-lab.hosts.example.org", "perf-lab", "10.1.2.3", "http://10.1.2.3:4310",
+     "its name 'perf-lab.hosts.example.org' resolves here to loopback only; used the address of its default route"),
 ])
 def test_the_ui_s_address_on_every_interface_is_the_machine_s_full_name_else_a_guess_said(
         monkeypatch: pytest.MonkeyPatch, fqdn: str, hostname: str, route: str | None, base: str,
@@ -129,7 +140,19 @@ def test_the_ui_s_address_on_every_interface_is_the_machine_s_full_name_else_a_g
 
     monkeypatch.setattr(socket, "getfqdn", lambda *args: fqdn)
     monkeypatch.setattr(socket, "gethostname", lambda: hostname)
-    monkeypatch.setattr(server, "default_route_address", lambda: route)
+    monkeypatch.setattr(server, "default_route_address", lambda ipv6=False: route)
+    # The resolver as a LAN's DNS and /etc/hosts answer (Debian's 127.0.1.1 line for the host's own name)
+    answers = {"perf-lab.example.org": "10.1.2.3", "perf-lab.hosts.example.org": "127.0.1.1"}
+    real = socket.getaddrinfo
+
+    def resolve(name: str, *args: object, **kwargs: object) -> list[tuple[object, ...]]:
+        if name in answers:
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (answers[name], 0))]
+        if name.endswith(".lan"):
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
     for wildcard in ("0.0.0.0", "::"):
         assert public_base(wildcard, 4310) == base
         advice = server.address_advice(wildcard, 4310, None)
@@ -143,6 +166,41 @@ def test_the_ui_s_address_on_every_interface_is_the_machine_s_full_name_else_a_g
     assert public_base("0.0.0.0", 4310, "http://perf-lab:80/") == "http://perf-lab:80"
     assert public_base("127.0.0.1", 4310) == "http://127.0.0.1:4310"
     assert server.address_advice("127.0.0.1", 4310, None) is None
+
+
+def test_the_default_route_is_looked_for_over_ipv6_only_for_a_server_on_ipv6(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--host 0.0.0.0 listens on IPv4 only: an IPv6 route's address would be one teammates cannot reach it by."""
+    import socket
+
+    from flows import server
+
+    tried: list[int] = []
+
+    class Probe:
+        def __init__(self, family: int, kind: int) -> None:
+            self.family = family
+
+        def __enter__(self) -> Probe:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def connect(self, target: tuple[str, int]) -> None:
+            tried.append(self.family)
+            if self.family == socket.AF_INET:
+                raise OSError("no IPv4 route")  # an IPv6-only network
+
+        def getsockname(self) -> tuple[str, int]:
+            return ("2001:db8::5", 4)
+
+    monkeypatch.setattr(socket, "getfqdn", lambda *args: "perf-lab")
+    monkeypatch.setattr(socket, "gethostname", lambda: "perf-lab")
+    monkeypatch.setattr(socket, "socket", Probe)
+    assert server.public_base("0.0.0.0", 4310) == "http://perf-lab:4310" and tried == [socket.AF_INET]
+    tried.clear()
+    assert server.public_base("::", 4310) == "http://[2001:db8::5]:4310"
+    assert tried == [socket.AF_INET, socket.AF_INET6]
 
 
 def test_urls_made_from_an_ipv6_host_bracket_it() -> None:
@@ -718,3 +776,74 @@ def test_the_session_s_pool_is_cleared_after_its_servers_are_stopped_also_on_ctr
                                  [str(PROJECT_ROOT / "tests" / "integration"), str(PROJECT_ROOT)])})
     assert ran.returncode == 2, ran.stdout + ran.stderr  # interrupted
     assert (tmp_path / "said").read_text().splitlines() == ["stopped", "cleared"], ran.stdout
+
+
+@contextlib.contextmanager
+def stub_api(status: int, held: threading.Event | None = None) -> Iterator[tuple[str, threading.Event]]:
+    """An HTTP server on loopback answering every request with ``status`` (after ``held`` is set, where given);
+    yields its API URL and an event set once a request came."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    asked = threading.Event()
+
+    class Answer(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.set()
+            if held is not None:
+                held.wait(LINE_DEADLINE_S)
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/api", asked
+    finally:
+        if held is not None:
+            held.set()
+        server.shutdown()
+        server.server_close()
+
+
+def deploy_by_hand_command(api_url: str, tmp_path: Path) -> list[str]:
+    return [sys.executable, "-m", "flows.server", "deploy", "--api-url", api_url, "--pool", "flagperf", "--results",
+            str(tmp_path / "results"), "--log-dir", str(tmp_path / "logs"), "--database", "127.0.0.1:5432/prefect"]
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_the_by_hand_deploy_refused_its_sign_in_exits_2_in_one_line(tmp_path: Path, status: int) -> None:
+    """A wrong sign-in is a setting to change (exit 2, as documented), not a failure to try again (exit 1)."""
+    with stub_api(status) as (api_url, _asked):
+        done = subprocess.run(deploy_by_hand_command(api_url, tmp_path), capture_output=True, text=True,
+                              env={**os.environ, "PREFECT_API_AUTH_STRING": "perf:wrong-password-0123"},
+                              timeout=LINE_DEADLINE_S)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (f"error: PREFECT_API_AUTH_STRING: the server at {api_url} refused the sign-in ({status}); "
+                           "use the server's (its banner names where it comes from)\n")
+
+
+def test_the_by_hand_deploy_says_a_third_signal_stops_it_and_what_puts_back_what_users_set(tmp_path: Path) -> None:
+    """As the server: a second signal says one more stops at once; the third stops it, naming this command's next
+    run as what puts back what users set (a server with --no-deploy never does)."""
+    held = threading.Event()
+    with stub_api(500, held) as (api_url, asked):
+        child = subprocess.Popen(deploy_by_hand_command(api_url, tmp_path), stderr=subprocess.PIPE, text=True,
+                                 env={k: v for k, v in os.environ.items() if k != "PREFECT_API_AUTH_STRING"})
+        try:
+            said = Lines(child.stderr)
+            assert asked.wait(LINE_DEADLINE_S), "the deploy never asked the API"  # its handlers are installed
+            child.send_signal(signal.SIGTERM)
+            child.send_signal(signal.SIGINT)  # another signal: not merged with the pending first
+            assert said.next() == "still putting back what users set on the deployments; one more signal stops " \
+                                  "at once\n"
+            child.send_signal(signal.SIGHUP)
+            rest = said.rest()
+            assert child.wait(LINE_DEADLINE_S) == -signal.SIGHUP
+        finally:
+            child.kill()
+            child.wait()
+    assert "the next run of this command puts it back from " in rest, rest

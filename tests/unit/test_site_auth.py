@@ -3,6 +3,8 @@ a lockout that doubles up to its cap, per client, cleared by a right sign-in, in
 
 from __future__ import annotations
 
+import pytest
+
 from flagperf.site.auth import SignInThrottle
 
 
@@ -57,3 +59,39 @@ def test_loopback_is_recognised_in_every_form_and_a_lookalike_is_not() -> None:
     for url in ("http://localhost.:4200", "http://127.1:4200", "http://[::ffff:127.0.0.1]:4200",
                 "http://LOCALHOST.localdomain:4200/"):
         assert is_loopback(urlsplit(url).hostname or ""), url
+
+
+def test_a_host_to_listen_on_is_loopback_only_where_this_machine_resolves_it_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """--host (what the server binds): a name this machine's resolver does not map goes to DNS, which may answer a
+    network address; such a name (localhost., localhost.localdomain, foo.localhost where /etc/hosts lacks them) is
+    not loopback, so the server needs a sign-in (it listened on the network with none)."""
+    import socket
+
+    from flagperf.site.auth import binds_loopback
+
+    for host in ("localhost", "LOCALHOST", "127.0.0.1", "127.1", "0x7f.1", "::1", "[::1]", "::ffff:127.0.0.1"):
+        assert binds_loopback(host), host
+    for host in ("0.0.0.0", "::", "", "10.1.2.3", "fe80::1", "perf-lab.invalid", "localhost.invalid"):
+        assert not binds_loopback(host), host
+    real = socket.getaddrinfo
+    answers = {"lab-dns.example": ["10.9.8.7"], "both.example": ["127.0.0.1", "10.9.8.7"],
+               "here.example": ["127.0.1.1", "::1"]}
+
+    def resolve(name: str, *args: object, **kwargs: object) -> list[tuple[object, ...]]:
+        for alias in ("localhost.", "localhost.localdomain", "foo.localhost", "ip6-localhost"):
+            answers.setdefault(alias, ["192.0.2.10"])  # what a DNS server may answer for a name /etc/hosts lacks
+        if name not in answers:
+            return real(name, *args, **kwargs)
+        return [(socket.AF_INET6 if ":" in a else socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, 0))
+                for a in answers[name]]
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    for host in ("localhost.", "localhost.localdomain", "foo.localhost", "ip6-localhost", "lab-dns.example",
+                 "both.example"):
+        assert not binds_loopback(host), host
+    assert binds_loopback("here.example") and binds_loopback("localhost")  # every address loopback
+    from flows.server import beyond_loopback
+
+    assert beyond_loopback("localhost.localdomain") == ("--host", "localhost.localdomain")
+    assert beyond_loopback("127.1", {"--public-url": "http://localhost.localdomain:4200"}) is None  # a URL's host
