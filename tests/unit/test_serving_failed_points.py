@@ -884,14 +884,15 @@ def test_an_endpoint_case_runs_on_the_one_host_its_endpoint_names_of_several(tmp
     from flagperf.hosts.inventory import build_inventory
     from flagperf.results.schema import node_groups
     from flagperf.results.summary import run_progress
+    from flows.progress import Progress
 
     lab = {"base_url": "http://10.0.0.5:8000", "model": "m"}
 
     def plan(hosts: list[str], endpoints: dict[str, dict[str, object]], *sets: str, case: str = "tiny-llama-serve",
-             rounds: int = 1) -> RunPlan:
-        return plan_run(cases=[case], sets=list(sets), results_dir=tmp_path / "results",
+             rounds: int = 1, suite: Path | None = None) -> RunPlan:
+        return plan_run(cases=None if suite else [case], sets=list(sets), results_dir=tmp_path / "results",
                         hosts=[{"name": name} for name in hosts], inventory_endpoints=endpoints,
-                        inventory_source="inventory.yaml", rounds=rounds)
+                        inventory_source="inventory.yaml", rounds=rounds, suite=str(suite) if suite else None)
 
     def refused(*args: object, **kwargs: object) -> ConfigError:
         with pytest.raises(ConfigError) as caught:
@@ -915,6 +916,8 @@ def test_an_endpoint_case_runs_on_the_one_host_its_endpoint_names_of_several(tmp
     run.mkdir()
     (run / "plan.json").write_text(chosen.model_dump_json(), encoding="utf-8")
     assert run_progress(run, [])["planned"] == 2  # 2 rounds on h2, not on every host
+    live = Progress(chosen, ["h1", "h2", "h3"], run)  # flagperf run's live view lays them out there too
+    assert list(live.rows) == [("tiny-llama-serve", 1, "h2"), ("tiny-llama-serve", 2, "h2")]
     assert plan(["h1"], {"lab": lab}, "endpoint=lab").cases[0].config["endpoint"]["client_host"] is None
     assert plan(["h1", "h2"], {"lab": lab}).cases[0].config["endpoint"] is None  # no endpoint: every host
 
@@ -927,6 +930,15 @@ def test_an_endpoint_case_runs_on_the_one_host_its_endpoint_names_of_several(tmp
     monkeypatch.setenv("FLAGPERF_CASE_PATH", str(tmp_path / "cases"))
     error = refused(["h1", "h2"], {}, case="own-endpoint")
     assert (error.source.rsplit("/", 1)[-1], error.key) == ("case.yaml", "configurations.endpoint.client_host")
+    # ... or where the name it gives was set: --set, or a suite's overrides (by its path in the file).
+    error = refused(["h1", "h2"], {}, "own-endpoint.endpoint.client_host=h7", case="own-endpoint")
+    assert (error.source, error.key) == ("--set", "own-endpoint.endpoint.client_host") and "'h7'" in str(error)
+    suite = tmp_path / "serve-suite.yaml"
+    for section in ("tiny-llama-serve", "*"):
+        suite.write_text(yaml.safe_dump({"name": "serve-suite", "cases": ["tiny-llama-serve"],
+                                         "overrides": {section: {"endpoint": lab}}}), encoding="utf-8")
+        error = refused(["h1", "h2"], {}, suite=suite)
+        assert (error.source, error.key) == (str(suite), f"overrides.{section}.endpoint.client_host")
 
     # The inventory's entries are checked when it is read (flagperf validate too), whether a case names them or not.
     with pytest.raises(ConfigError) as caught:
