@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
+import logging
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from prefect import Flow, flow, get_run_logger
+from prefect.exceptions import MissingContextError
 from prefect.states import Completed, Failed, State
 from prefect.utilities.callables import parameter_schema
 
-from flagperf.config.job import Job
+from flagperf.config.job import JOB_FILE, Job
 from flagperf.config.plan import CasePlan, RunPlan, read_plan
 from flagperf.config.vendors import Vendor
 from flagperf.errors import InfrastructureFailure, RoundUserFailure
@@ -28,12 +31,17 @@ from flagperf.hosts.fleet import open_host, runtime_for
 from flagperf.hosts.health import HealthReport, round_probe
 from flagperf.hosts.inventory import HostSpec, host_spec
 from flagperf.hosts.local import Host
+from flagperf.results.bounded import read_bounded
 from flagperf.results.prompt_positions import (
     RUN_POSITIONS_DIR,
+    Reach,
     Reservation,
     close,
+    close_passed,
+    keep_reach,
     merged,
     positions_taken,
+    reach_of,
     recover,
     reservations,
     reserve,
@@ -41,10 +49,11 @@ from flagperf.results.prompt_positions import (
 )
 from flagperf.results.provenance import library_versions
 from flagperf.results.schema import RESULT_FILE, RESULTS_UNWRITABLE, Failure, RoundResult, round_dir, write_result
+from flagperf.results.serving import SERVING_FILE
 from flagperf.results.summary import RETRIES_DIR
 from flows.logs import route_core_logs
 from tasks.collect import collect_logs, leftover_result, stage_folder
-from tasks.container import THEN, attempt_records, host_disk_full, run_case
+from tasks.container import THEN, AttemptRecords, attempt_records, host_disk_full, run_case
 from tasks.healthcheck import healthcheck
 from tasks.image import build_image
 from tasks.monitor import start_monitors, stop_monitors
@@ -174,12 +183,15 @@ def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: C
         if host.exists(stage_dir):
             leftover = leftover_result(host, stage_dir, case.max_retries + 1)
             if leftover is not None:  # measured by an earlier attempt of this flow run, never stored: collect it
-                get_run_logger().info("%s: collecting the round an earlier attempt measured (%s) from %s", label,
-                                      leftover.status, stage_dir)
-                result = _collect(host, stage_dir, run_dir, case, round_no, node_rank, job, None, probe, label)
-                _close_if_stored(host, stage_dir, run_dir, case.name, round_no, node_rank, earlier)
+                _log().info("%s: collecting the round an earlier attempt measured (%s) from %s", label,
+                            leftover.status, stage_dir)
+                keep_round_reach(host, stage_dir, run_dir, earlier, label)
+                result, collected = _collect(host, stage_dir, run_dir, case, round_no, node_rank, job, None, probe,
+                                             label)
+                if collected:
+                    after_collection(host, stage_dir, run_dir, case, round_no, node_rank, earlier, label)
                 return result
-            job = cleared_stage(host, stage_dir, job, case.max_retries + 1, run_dir, earlier)
+            job = cleared_stage(host, stage_dir, job, run_dir, earlier)
         if at_endpoint(case):  # written before the round is sent, so that a retry knows of it whatever happens
             try:
                 reserved = reserve(run_dir, round_reservation(job, case.max_retries + 1))
@@ -189,7 +201,12 @@ def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: C
         failure = Failure(kind="infrastructure", message=(
             f"{round_label(case.name, round_no, host.name)}: {RESULTS_UNWRITABLE} ({run_dir / RUN_POSITIONS_DIR}: "
             f"{refused}): the round's prompt positions at its endpoint could not be recorded, so it was not run"))
-        get_run_logger().error("%s", failure.message)
+        _log().error("%s", failure.message)
+        return _stored(job.failed_result(failure, probe), round_dir(run_dir, case.name, round_no, host.name,
+                                                                     node_rank), label)
+    except HalfRoundKept as kept:
+        failure = Failure(kind="infrastructure", message=f"{round_label(case.name, round_no, host.name)}: {kept}")
+        _log().error("%s", failure.message)
         return _stored(job.failed_result(failure, probe), round_dir(run_dir, case.name, round_no, host.name,
                                                                      node_rank), label)
     try:
@@ -205,15 +222,27 @@ def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: C
     finally:
         if monitors:
             stop_monitors(host, monitors, stage_dir, label, return_state=True)
+        # Also when interrupted: what its attempts recorded before they sent says where its prompts lie, which a later
+        # round whose host lacks this one's files could not work out.
+        keep_round_reach(host, stage_dir, run_dir, reserved, label)
     if failure is not None and failure.kind == "infrastructure":
         full = host_disk_full(host, stage_dir)
         if full:  # the cause, before what the case could still say of it (often a traceback's end)
             failure = failure.model_copy(update={
                 "message": f"{round_label(case.name, round_no, host.name)}: {full}{THEN}{failure.message}"})
             get_run_logger().error("%s: %s", label, full)
-    result = _collect(host, stage_dir, run_dir, case, round_no, node_rank, job, failure, probe, label)
-    _close_if_stored(host, stage_dir, run_dir, case.name, round_no, node_rank, reserved)
+    result, collected = _collect(host, stage_dir, run_dir, case, round_no, node_rank, job, failure, probe, label)
+    if collected:
+        after_collection(host, stage_dir, run_dir, case, round_no, node_rank, reserved, label)
     return result
+
+
+def _log() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
+    """The flow run's logger; the module's where there is no run (a round's steps called alone)."""
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(__name__)
 
 
 class RunFolderRefused(Exception):
@@ -221,6 +250,11 @@ class RunFolderRefused(Exception):
 
     def __init__(self, error: OSError) -> None:
         super().__init__(error.strerror or str(error) or type(error).__name__)
+
+
+class HalfRoundKept(Exception):
+    """A half round on the host whose attempts' prompt positions could not all be read, and that no open reservation
+    bounds: kept there, and the round not run (it could resend their prompts)."""
 
 
 def at_endpoint(case: CasePlan) -> bool:
@@ -246,17 +280,68 @@ def own_reservation(job: Job, host: str, node_rank: int) -> Reservation | None:
 def _close_if_stored(host: Host, stage_dir: Path, run_dir: Path, case: str, round_no: int, node_rank: int,
                      reservation: Reservation | None) -> None:
     """The round's reservation is closed once its folder, with its records of prompt positions, is stored in the run
-    folder and gone from the host (a collection that failed keeps both, and the reservation open)."""
+    folder and gone from the host; called only where its collection completed (a collection that failed, or found no
+    folder on a lost host, keeps the reservation open: the round's records are not in the run folder)."""
     if reservation is None:
         return
-    try:
-        stored = (round_dir(run_dir, case, round_no, host.name, node_rank) / RESULT_FILE).is_file() and \
-            not host.exists(stage_dir)
+    dest = round_dir(run_dir, case, round_no, host.name, node_rank)
+    try:  # the host's folder (its job file with it), not only a result the controller wrote for a round it lost
+        stored = (dest / RESULT_FILE).is_file() and (dest / JOB_FILE).is_file() and not host.exists(stage_dir)
     except Exception:  # a host that cannot say: the reservation stays (later rounds only start further on)
         return
     if stored:
         with contextlib.suppress(OSError):
             close(run_dir, reservation)
+
+
+def after_collection(host: Host, stage_dir: Path, run_dir: Path, case: CasePlan, round_no: int, node_rank: int,
+                     reservation: Reservation | None, label: str) -> None:
+    """Once a round's collection completed: its reservation is closed (where its folder is stored), and so is every
+    open reservation whose reach lies within what the run folder's records now say was taken on its stream (the round
+    worked out their reaches: its serving.json; ``close_passed``)."""
+    _close_if_stored(host, stage_dir, run_dir, case.name, round_no, node_rank, reservation)
+    if not at_endpoint(case):
+        return
+    try:
+        closed = close_passed(run_dir, worked_out_reaches(round_dir(run_dir, case.name, round_no, host.name,
+                                                                    node_rank)))
+    except OSError as exc:  # they stay open: later rounds only work them out again
+        _log().warning("%s: the open reservations of prompt positions were not looked at: %s", label,
+                       exc.strerror or exc)
+        return
+    if closed:
+        _log().info("%s: closed %d reservation(s) of rounds never collected, which the run's records now pass: %s",
+                    label, len(closed), ", ".join(r.where for r in closed))
+
+
+def worked_out_reaches(folder: Path) -> dict[str, Reach]:
+    """The reaches of open reservations a stored round at an endpoint worked out, by id (its serving.json's
+    ``prompt_set.reservation_reaches``); none where it has none, or it cannot be read."""
+    try:
+        listed = json.loads(read_bounded(folder / SERVING_FILE))["prompt_set"]["reservation_reaches"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    reaches = {}
+    for item in listed if isinstance(listed, list) else []:
+        with contextlib.suppress(ValueError, KeyError, TypeError):  # ValidationError is a ValueError
+            reaches[str(item["id"])] = Reach(stream=item["stream"], end=item["end"])
+    return reaches
+
+
+def keep_round_reach(host: Host, stage_dir: Path, run_dir: Path, reservation: Reservation | None, label: str) -> None:
+    """Keep the reach of ``reservation``'s round beside it (its attempts' records on the host: their stream and bound),
+    where every attempt's record there is read; best effort (a host gone, a full results folder): without it, later
+    rounds work the reach out from the round's configuration, where their host can."""
+    if reservation is None:
+        return
+    try:
+        found = attempt_records(host, stage_dir)
+        reach = reach_of(text for _, text in found.records) if found.complete else None
+        if reach is not None:
+            keep_reach(run_dir, reservation, reach)
+    except Exception as exc:
+        _log().warning("%s: where its prompts lie is not kept beside its reservation (%s): %s", label,
+                       reservation.where, " ".join(str(exc).split())[:200])
 
 
 def _stored(result: RoundResult, dest: Path, label: str) -> RoundResult:
@@ -265,7 +350,7 @@ def _stored(result: RoundResult, dest: Path, label: str) -> RoundResult:
         if not (dest / RESULT_FILE).exists():
             write_result(dest / RESULT_FILE, result)
     except OSError as exc:
-        get_run_logger().error("%s: cannot write %s: %s", label, dest / RESULT_FILE, exc.strerror or exc)
+        _log().error("%s: cannot write %s: %s", label, dest / RESULT_FILE, exc.strerror or exc)
     return result
 
 
@@ -289,28 +374,43 @@ def round_job(plan: RunPlan, run_dir: Path, case: CasePlan, round_no: int, host:
                prompt_reservations=reservations(run_dir) if at_endpoint(case) else [])
 
 
-def cleared_stage(host: Host, stage_dir: Path, job: Job, attempts: int, run_dir: Path | None = None,
+def cleared_stage(host: Host, stage_dir: Path, job: Job, run_dir: Path | None = None,
                   reservation: Reservation | None = None) -> Job:
     """A half round an interrupted attempt of this flow run left on the host (no result to collect), removed (attempt
-    folders would mix); returns ``job`` with the prompt positions its attempts (up to ``attempts``) took at endpoints
-    (their prompt_positions.json), which the endpoint's prefix cache may hold though the run folder never got them.
-    Those records are kept in ``run_dir`` first (prompt_positions/recovered-*.json), durably; then the ``reservation``
-    the half round was dispatched under is closed: its records say what it took."""
-    records = attempt_records(host, stage_dir, attempts + 1)
-    job = job.model_copy(update={"prompt_positions": merged(job.prompt_positions, records)})
+    folders would mix); returns ``job`` with the prompt positions its attempts (every ``attempt<N>`` folder there)
+    took at endpoints (their prompt_positions.json), which the endpoint's prefix cache may hold though the run folder
+    never got them. Those records are kept in ``run_dir`` first (prompt_positions/recovered-*.json), durably, with the
+    round's reach beside its ``reservation``; the reservation is then closed where every attempt's record was read (its
+    records say what it took). Where one was not, it stays open (a later round starts after the most its round may have
+    taken), and the folder is removed only where it bounds every attempt found there; else the folder stays and the
+    round is not run (HalfRoundKept)."""
+    found = attempt_records(host, stage_dir)
+    job = job.model_copy(update={"prompt_positions": merged(job.prompt_positions, found.records)})
     if run_dir is not None:
         try:
-            recover(run_dir, [text for _, text in records if taken_end(text) is not None])
+            recover(run_dir, [text for _, text in found.records if taken_end(text) is not None])
+            if reservation is not None and found.complete:
+                reach = reach_of(text for _, text in found.records)
+                if reach is not None:
+                    keep_reach(run_dir, reservation, reach)
+                close(run_dir, reservation)
         except OSError as exc:  # a full results folder: the reservation, and the folder on the host, stay
             raise RunFolderRefused(exc) from exc
-        if reservation is not None:
-            try:
-                close(run_dir, reservation)
-            except OSError as exc:
-                raise RunFolderRefused(exc) from exc
-            job = job.model_copy(update={"prompt_reservations": reservations(run_dir)})
+        if not found.complete and not bounds_every_attempt(reservation, found):
+            raise HalfRoundKept(
+                f"the half round an interrupted attempt left in {host.name}:{stage_dir} has attempts whose prompt "
+                f"positions could not be read ({', '.join(found.unread)}), and no open reservation bounds them: it "
+                "is kept there and the round is not run, so that the endpoint is not sent their prompts again; look "
+                "at it, remove it, then retry the run")
+        job = job.model_copy(update={"prompt_reservations": reservations(run_dir)})
     host.remove_tree(stage_dir)
     return job
+
+
+def bounds_every_attempt(reservation: Reservation | None, found: AttemptRecords) -> bool:
+    """``reservation`` (open) covers every attempt found in the round's folder: a later round starts after the most
+    its attempts may have taken, so the folder may go though a record in it could not be read."""
+    return reservation is not None and bool(found.attempts) and max(found.attempts) <= reservation.attempts
 
 
 def earlier_attempts(run_dir: Path, case: str, round_no: int, host: str, node_rank: int) -> int:
@@ -322,14 +422,16 @@ def earlier_attempts(run_dir: Path, case: str, round_no: int, host: str, node_ra
 
 
 def _collect(host: Host, stage_dir: Path, run_dir: Path, case: CasePlan, round_no: int, node_rank: int, job: Job,
-             failure: Failure | None, probe: dict[str, Any] | None, label: str) -> RoundResult:
+             failure: Failure | None, probe: dict[str, Any] | None, label: str) -> tuple[RoundResult, bool]:
+    """The round's result, and whether its collection completed (a failed one, such as a lost host's folder that
+    cannot be found, still gives the round a result saying so)."""
     dest = round_dir(run_dir, case.name, round_no, host.name, node_rank)
     collected = collect_logs(host, stage_dir, dest, job, failure, probe, return_state=True)
     if collected.is_completed():
-        return collected.result()
+        return collected.result(), True
     # Even the collection failed: the round still gets a result saying so (on disk if the disk takes it).
     message = f"{round_label(case.name, round_no, host.name)}: collecting the round's files failed: {collected.message}"
-    return _stored(job.failed_result(Failure(kind="infrastructure", message=message), probe), dest, label)
+    return _stored(job.failed_result(Failure(kind="infrastructure", message=message), probe), dest, label), False
 
 
 def failure_of(outcome: object) -> Failure | None:

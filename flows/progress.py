@@ -25,7 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from flagperf.config.plan import PLAN_FILE
-from flagperf.results.schema import RESULT_FILE, read_result, round_dir
+from flagperf.results.schema import RESULT_FILE, node_groups, read_result, round_dir
 
 CONTROLLER_LOG = "controller.log"  # the full log of a `flagperf run`, in its run folder
 ROUND_TASK = re.compile(r"^(?P<stage>[a-z_]+)\[(?P<case>[^/\]]+)/round(?P<round>\d+)@(?P<host>[^#\]]+)")
@@ -46,12 +46,12 @@ class Progress(logging.Handler):
         self.phase = "starting Prefect"
         self.rows: dict[tuple[str, int, str], dict[str, Any]] = {}
         for case in plan.cases:
-            nnodes = int(case.config.get("nnodes", 1))
-            names = hosts[:nnodes] if nnodes > 1 else hosts
+            groups = node_groups(case.config, hosts)  # the hosts its rounds run on, as the evaluation runs them
             for round_no in range(1, plan.rounds + 1):
-                for rank, host in enumerate(names):
-                    self.rows[(case.name, round_no, host)] = {"stage": "waiting", "since": None, "ended": None,
-                                                              "rank": rank if nnodes > 1 else 0}
+                for group in groups:
+                    for rank, host in enumerate(group):
+                        self.rows[(case.name, round_no, host)] = {"stage": "waiting", "since": None, "ended": None,
+                                                                  "rank": rank}
 
     def emit(self, record: logging.LogRecord) -> None:
         name = getattr(record, "task_run_name", None) or ""

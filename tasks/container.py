@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,9 @@ from flagperf.errors import EXIT_OK, EXIT_UNSUPPORTED, EXIT_USER_ERROR, Infrastr
 from flagperf.hosts.local import CommandResult, Host
 from flagperf.hosts.runtime import PID_FILE, Runtime
 from flagperf.inference.subflows import portable_context
-from flagperf.results.prompt_positions import MAX_POSITIONS_BYTES, PROMPT_POSITIONS, merged, passed_over
+from flagperf.results.prompt_positions import MAX_POSITIONS_BYTES, PROMPT_POSITIONS, merged, passed_over, taken_end
 from flagperf.results.schema import ATTEMPT_FAILURE_FILE, CASE_LOG_FILE, RESULT_FILE, RoundResult, case_log_line
+from tasks.collect import ATTEMPT_DIR
 
 LOG_TAIL_LINES = 15
 # A round that failed where the host's work folder has less than this free failed for want of space: said so
@@ -66,22 +68,58 @@ def attempt_positions(host: Host, stage_dir: Path, attempt: int, positions: dict
     on the host (their prompt_positions.json: an attempt killed mid-point left what it reserved), so that attempt K
     sends none of the prompts attempts 1 to K-1 sent. A record that cannot be read is passed over, with a warning
     (flagperf.results.prompt_positions.passed_over: its prompts may be sent again)."""
-    return merged(positions, attempt_records(host, stage_dir, attempt))
+    return merged(positions, attempt_records(host, stage_dir, attempt).records)
 
 
-def attempt_records(host: Host, stage_dir: Path, attempt: int) -> list[tuple[str, str]]:
-    """(where, text) of the prompt_positions.json of this round's attempts before ``attempt`` on the host; one that
-    cannot be read is passed over, with a warning."""
-    records = []
-    for earlier in range(1, attempt):
-        path = stage_dir / f"attempt{earlier}" / PROMPT_POSITIONS
+@dataclass
+class AttemptRecords:
+    """The prompt_positions.json of a round's attempts on its host: (where, text) of each one read, and where one
+    could not be (the folder's listing, or an attempt's record: passed over, with a warning). An attempt without a
+    record sent nothing at an endpoint (its record is written before its first request)."""
+
+    records: list[tuple[str, str]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    attempts: list[int] = field(default_factory=list)  # the attempt folders looked in
+
+    @property
+    def unread(self) -> list[str]:
+        """Where what an attempt took is not known: skipped, or read and not a record."""
+        return [*self.skipped, *(where for where, text in self.records if taken_end(text) is None)]
+
+    @property
+    def complete(self) -> bool:
+        """Every attempt's record read, and each one a record: what they took is known."""
+        return not self.unread
+
+
+def attempt_records(host: Host, stage_dir: Path, before: int | None = None) -> AttemptRecords:
+    """The records of this round's attempts on the host: those before attempt ``before``; None: of every
+    ``attempt<N>`` folder there (a half round's, whatever numbers its attempts reached). One that cannot be read is
+    passed over, with a warning, and said in ``skipped``."""
+    found = AttemptRecords()
+    if before is None:
+        try:
+            names = host.list_folder(stage_dir)
+        except FileNotFoundError:  # no folder: no attempt ran
+            return found
+        except Exception as exc:  # OSError, or a link to the host that dropped: nothing is known of its attempts
+            where = f"{host.name}:{stage_dir}"
+            passed_over(where, f"cannot be listed: {' '.join(str(exc).split())[:200]}")
+            found.skipped.append(where)
+            return found
+        found.attempts = sorted(int(m.group(1)) for name in names if (m := ATTEMPT_DIR.match(name)))
+    else:
+        found.attempts = list(range(1, before))
+    for number in found.attempts:
+        path = stage_dir / f"attempt{number}" / PROMPT_POSITIONS
         where = f"{host.name}:{path}"
         try:
             if host.exists(path):
-                records.append((where, host.read_text(path, MAX_POSITIONS_BYTES)))
+                found.records.append((where, host.read_text(path, MAX_POSITIONS_BYTES)))
         except (OSError, ValueError) as exc:
             passed_over(where, f"cannot be read: {exc}")
-    return records
+            found.skipped.append(where)
+    return found
 
 
 def relay(logger: Any, line: str) -> None:

@@ -268,7 +268,7 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
             timeout_s=float(merged.values["timeout_s"]), max_retries=int(merged.values["max_retries"]),
             vendor_folder=display_path(place.folder) if place.present else None,
         ))
-    problems += _endpoints_on_hosts(plans, hosts or [], inventory_source)
+    problems += _endpoints_on_hosts(plans, hosts or [], inventory_source, suite_source, suite_overrides)
     if problems:
         raise gathered(problems)
 
@@ -366,39 +366,48 @@ def _name_endpoint(case_name: str, case: Any, layers: list[tuple[str, dict[str, 
     layers.append((f"{inventory_source} endpoints.{value}", {"endpoint": dict(endpoints[value])}))
 
 
-def _endpoints_on_hosts(plans: list[CasePlan], hosts: list[dict[str, Any]], inventory_source: str
+def _endpoints_on_hosts(plans: list[CasePlan], hosts: list[dict[str, Any]], inventory_source: str,
+                        suite_source: str = "", suite_overrides: dict[str, dict[str, Any]] | None = None
                         ) -> list[ConfigError]:
     """A case that loads an endpoint runs on one host: its endpoint's ``client_host``, which must name a host of the
     inventory; without one, only on an inventory of one host. A single-node case runs on every host at once
     (flagperf.results.schema.node_groups), and one endpoint loaded by every host at once is measured under all their
     loads: a point labelled 4 in flight has 4 per host there, its latencies are of that load, and each host's prompts
     meet the others' in the endpoint's prefix cache. Positions kept apart per host would keep the prompts apart, not
-    the loads; the endpoint's own measurement is one host's. Each error names where ``client_host`` is to be written:
-    the inventory's endpoint entry, or the case's own ``endpoint`` settings."""
+    the loads; the endpoint's own measurement is one host's. Each error names where ``client_host`` is to be written,
+    or where the one it names was: the inventory's endpoint entry, the suite file's overrides, --set, or the case's own
+    ``endpoint`` settings."""
     names = [str(h.get("name")) for h in hosts]
     problems = []
     for plan in plans:
         endpoint = plan.config.get("endpoint")
         if not isinstance(endpoint, dict):
             continue
-        origin = plan.origins.get("endpoint", plan.name)
+        client = endpoint.get("client_host")
+        # A name given is where that key was set (a dotted --set of it has an origin of its own); none, where the
+        # endpoint's settings were written.
+        origin = (plan.origins.get("endpoint.client_host") if client is not None else None) or \
+            plan.origins.get("endpoint", plan.name)
         if origin.startswith(f"{inventory_source} endpoints."):  # the inventory's entry, by its name
             source, key = inventory_source, f"{origin.removeprefix(f'{inventory_source} ')}.client_host"
-        else:  # the case's own settings, keyed as _name_endpoint keys them where they are written
-            source = origin
-            key = {"--set": f"{plan.name}.endpoint.client_host"}.get(origin, "endpoint.client_host")
-            if origin.endswith(f"/{MANIFEST}") or origin == MANIFEST:
-                key = "configurations.endpoint.client_host"
-        client = endpoint.get("client_host")
+        elif origin == "--set":
+            source, key = origin, f"{plan.name}.endpoint.client_host"
+        elif origin.endswith(f"/{MANIFEST}") or origin == MANIFEST:
+            source, key = origin, "configurations.endpoint.client_host"
+        else:  # the suite file (routed to its overrides below), or another layer keyed as it is written
+            source, key = origin, "endpoint.client_host"
         listed = f"{len(names)} host{'s' if len(names) != 1 else ''} ({', '.join(names)})"
+        found: ConfigError | None = None
         if client is not None and names and client not in names:
-            problems.append(ConfigError(source, key, f"{client!r} names no host of the inventory ({inventory_source}: "
-                                                     f"{listed}); case {plan.name} loads the endpoint from it"))
+            found = ConfigError(source, key, f"{client!r} names no host of the inventory ({inventory_source}: "
+                                             f"{listed}); case {plan.name} loads the endpoint from it")
         elif client is None and len(names) > 1:
-            problems.append(ConfigError(source, key, f"not given, and the inventory ({inventory_source}) has "
-                                        f"{listed}: case {plan.name} would load its endpoint from every one at once, "
-                                        "each point measured under every host's requests, not the load its label "
-                                        f"says; name the one host that sends the load (client_host: {names[0]})"))
+            found = ConfigError(source, key, f"not given, and the inventory ({inventory_source}) has {listed}: case "
+                                             f"{plan.name} would load its endpoint from every one at once, each point "
+                                             "measured under every host's requests, not the load its label says; name "
+                                             f"the one host that sends the load (client_host: {names[0]})")
+        if found is not None:
+            problems.append(_where_in_suite(found, suite_source, plan.name, suite_overrides or {}))
     return problems
 
 

@@ -300,20 +300,20 @@ class PositionLedger:
     prompt stream it takes, reserved before they are sent (a round killed meanwhile leaves a bound for the next
     attempt), and its end once it ends."""
 
-    def __init__(self, path: Path, stream: str, first: int) -> None:
-        self.path, self.stream, self.first = path, stream, first
+    def __init__(self, path: Path, stream: str, first: int, bound: int | None = None) -> None:
+        self.path, self.stream, self.first, self.bound = path, stream, first, bound
         self.reserved = first
-        write_positions(path, stream, first, first, None)
+        write_positions(path, stream, first, first, None, bound)
 
     def reserve(self, upto: int) -> None:
         """Positions below ``upto`` may be sent from now on."""
         if upto > self.reserved:
             self.reserved = upto
-            write_positions(self.path, self.stream, self.first, upto, None)
+            write_positions(self.path, self.stream, self.first, upto, None, self.bound)
 
     def end(self, upto: int) -> None:
         """The round sent no position from ``upto`` on."""
-        write_positions(self.path, self.stream, self.first, max(self.reserved, upto), upto)
+        write_positions(self.path, self.stream, self.first, max(self.reserved, upto), upto, self.bound)
 
 
 class PromptSequence(Sequence[ServingPrompt]):
@@ -760,15 +760,16 @@ def describe_prompts(head: str, prompts: Sequence[ServingPrompt], api: str) -> s
     return f"{head} of {lengths(counts)} tokens{how}, {lengths([p.output_len for p in prompts])} out"
 
 
-def prompt_set(config: GenerateConfig, prompts: ServingPromptSet, tokens: Tokens, planned: int | None
-               ) -> dict[str, Any]:
+def prompt_set(config: GenerateConfig, prompts: ServingPromptSet, tokens: Tokens, planned: int | None,
+               unknown: Sequence[str] = ()) -> dict[str, Any]:
     """serving.json's record of what was sent: where the prompts came from, how many were made (synthetic: as the load
     reached them) or read, their token lengths (the text's own, and as the server counts the prompt where the client
     can tell), the set's size (what the round sends before it resends one), its first prompt and that prompt's
     position in the stream (an endpoint's round starts after every position the run's earlier rounds and attempts took
     there), and how many requests the round plans (None: duration_s points, not counted before). The run adds
     ``input_tokens_server`` (the server's usage), ``repeated_requests`` (requests that resent a prompt sent to the
-    server before) and ``positions_taken`` (the positions of the stream the round took)."""
+    server before) and ``positions_taken`` (the positions of the stream the round took). ``unknown``: reservations at
+    the endpoint whose round's prompts could not be worked out (stream_start): the round may resend them."""
     source = config.sharegpt_path or config.prompts_path or "synthetic"
     made = prompts.made
     sent = [p.sent_tokens for p in made if p.sent_tokens is not None]
@@ -783,8 +784,9 @@ def prompt_set(config: GenerateConfig, prompts: ServingPromptSet, tokens: Tokens
             "set_size": len(prompts), "first_index": prompts.index_at(0), "first_position": prompts.first_position,
             "making_seconds": round(prompts.seconds, 3),
             "requests_planned": planned,
-            # nor, at an endpoint, one its earlier rounds sent (a file read round and round by the run)
-            "each_sent_once": planned is not None and planned <= len(prompts) and not (
+            # nor, at an endpoint, one its earlier rounds sent (a file read round and round by the run), or may have
+            # (a round dispatched there whose prompts could not be worked out)
+            "each_sent_once": planned is not None and planned <= len(prompts) and not unknown and not (
                 isinstance(prompts, FilePrompts) and prompts.resends(planned))}
 
 
@@ -892,69 +894,109 @@ def source_identity(config: GenerateConfig) -> tuple[Any, ...]:
             config.input_len, None if checkpoint else config.model)
 
 
-def stream_start(source: PromptSource, positions: dict[str, int], reserved: Sequence[Reservation]
-                 ) -> tuple[int, list[str]]:
+@dataclass
+class StreamStart:
+    """Where an endpoint round starts in its stream (stream_start), and what decided it."""
+
+    start: int
+    passed: list[str] = field(default_factory=list)  # the open reservations it starts after (their files)
+    # Open reservations at its endpoint, model and API whose round's prompts cannot be worked out here (their files)
+    unknown: list[str] = field(default_factory=list)
+    # Every open reservation's reach worked out, by id: (its stream, the position after the most it may have taken)
+    reaches: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+
+def stream_start(source: PromptSource, positions: dict[str, int], reserved: Sequence[Reservation]) -> StreamStart:
     """Where an endpoint round starts in its stream: after every position the run folder's records say was taken
     (``positions``, the Job's), and after the most each open reservation of the same stream may have taken (a round the
-    controller dispatched whose records it never got: Job.prompt_reservations). A reservation's round started where
-    its own job said (its ``positions``, and the reservations it started after, closed ones too), worked out the same
-    way; it may have taken what its planned requests reach from there, in each of its attempts (reserved_end). Returns
-    the start and the open reservations it passed (their files)."""
+    controller dispatched whose records it never got: Job.prompt_reservations). That is its reach where the controller
+    kept it (the round's own records: their stream and bound); else it is worked out from the reservation: its round
+    started where its own job said (its ``positions``, and the reservations it started after, closed ones too), worked
+    out the same way, and may have taken what its planned requests reach from there, in each of its attempts
+    (reserved_end). One at this endpoint, model and API whose round's prompts cannot be worked out here (its case or
+    its files missing on this host) is said in ``unknown``: its prompts may be resent."""
     stream = source.stream
     assert stream is not None
     by_id = {r.id: r for r in reserved}
     mine = source_identity(source.config)
     sources: dict[str, PromptSource] = {}
-    ends: dict[str, int | None] = {}  # a reservation's end in this stream; None: another stream, or not known
+    reaches: dict[str, tuple[str, int] | None] = {}  # None: at another endpoint, model or API; or not known
+    unknown: set[str] = set()  # ids at this endpoint, model and API (or where that cannot be told) not known here
+
+    def elsewhere(reservation: Reservation) -> bool:
+        """At another endpoint, model or API, by its configuration as written (one that cannot be read may be here)."""
+        endpoint, api = reservation.config.get("endpoint"), reservation.config.get("api")
+        if not isinstance(endpoint, dict) or not all(isinstance(v, str) for v in (endpoint.get("base_url"),
+                                                                                 endpoint.get("model"), api)):
+            return False
+        return (endpoint["base_url"].rstrip("/"), endpoint["model"], api) != mine[:3]
 
     def source_of(reservation: Reservation) -> tuple[PromptSource, GenerateConfig] | None:
-        try:
-            from flagperf.config.cases import load_case
+        """Its round's prompt source, or None at another endpoint, model or API; raises where it cannot be read."""
+        from flagperf.config.cases import load_case
 
-            config = GenerateConfig.model_validate(reservation.config,
-                                                   context={CASE_FOLDER: load_case(reservation.case).folder})
-            if not isinstance(config.endpoint, Endpoint) or (config.endpoint.base_url, config.endpoint.model,
-                                                             config.api) != mine[:3]:
-                return None  # another endpoint, or another API there: another stream
-            identity = source_identity(config)
-            if identity == mine:
-                return source, config
-            key = json.dumps(identity, default=str)
-            if key not in sources:
-                folder = Path(config.checkpoint_path).resolve() if config.checkpoint_path else None
-                sources[key] = prompt_source(config, Tokens(folder), vocab_size(config))
-            return sources[key], config
+        config = GenerateConfig.model_validate(reservation.config,
+                                               context={CASE_FOLDER: load_case(reservation.case).folder})
+        if not isinstance(config.endpoint, Endpoint) or (config.endpoint.base_url, config.endpoint.model,
+                                                         config.api) != mine[:3]:
+            return None  # another endpoint, or another API there: another stream
+        identity = source_identity(config)
+        if identity == mine:
+            return source, config
+        key = json.dumps(identity, default=str)
+        if key not in sources:
+            folder = Path(config.checkpoint_path).resolve() if config.checkpoint_path else None
+            sources[key] = prompt_source(config, Tokens(folder), vocab_size(config))
+        return sources[key], config
+
+    def reach_of(reservation: Reservation) -> tuple[str, int] | None:
+        if reservation.id in reaches:
+            return reaches[reservation.id]
+        reaches[reservation.id] = None  # while it is worked out (ids only point back in time: no loop in a run's own)
+        if reservation.reach is not None:  # its round's own records say
+            reaches[reservation.id] = (reservation.reach.stream, reservation.reach.end)
+            return reaches[reservation.id]
+        if elsewhere(reservation):
+            return None
+        try:
+            found = source_of(reservation)
         except (FlagperfError, ValidationError, OSError, ValueError) as exc:
             passed_over(reservation.where, "its round's prompts cannot be worked out here: "
                                            f"{' '.join(str(exc).split())[:300]}")
+            unknown.add(reservation.id)
             return None
-
-    def end_of(reservation: Reservation) -> int | None:
-        if reservation.id in ends:
-            return ends[reservation.id]
-        ends[reservation.id] = None  # while it is worked out (ids only point back in time: no loop in a run's own)
-        found = source_of(reservation)
-        if found is None or found[0].stream != stream:
+        if found is None:
             return None
-        begin = reservation.positions.get(stream, 0)
+        own = found[0].stream
+        assert own is not None
+        begin = reservation.positions.get(own, 0)
         for earlier in reservation.after:
             if earlier not in by_id:  # unreadable (warned): what the run folder's records say instead
-                begin = max(begin, positions.get(stream, 0))
+                begin = max(begin, positions.get(own, 0))
                 continue
-            end = end_of(by_id[earlier])
-            if end is not None:
-                begin = max(begin, end)
-        ends[reservation.id] = reserved_end(found[0], found[1], begin, reservation.attempts)
-        return ends[reservation.id]
+            end = reach_of(by_id[earlier])
+            if earlier in unknown:  # where it started is not known either
+                unknown.add(reservation.id)
+                return None
+            if end is not None and end[0] == own:
+                begin = max(begin, end[1])
+        reaches[reservation.id] = (own, reserved_end(found[0], found[1], begin, reservation.attempts))
+        return reaches[reservation.id]
 
-    start = positions.get(stream, 0)
-    passed: list[str] = []
+    begun = StreamStart(positions.get(stream, 0))
     for reservation in reserved:
-        end = end_of(reservation) if reservation.open else None
-        if end is not None and end > start:
-            start = end
-            passed.append(reservation.where)
-    return start, passed
+        if not reservation.open:
+            continue
+        reach = reach_of(reservation)
+        if reach is None:
+            if reservation.id in unknown:
+                begun.unknown.append(reservation.where)
+            continue
+        begun.reaches[reservation.id] = reach
+        if reach[0] == stream and reach[1] > begun.start:
+            begun.start = reach[1]
+            begun.passed.append(reservation.where)
+    return begun
 
 
 def timed_ahead(config: GenerateConfig, load: Load, warm: PhaseRun | None) -> int:
@@ -1090,8 +1132,12 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
     source = prompt_source(config, tokens, vocab_size(config))
     # A server the round starts is new each round: every round sends the same prompts (a repeat of the measurement).
     stream, head = source.stream, source.head
-    start, passed = stream_start(source, positions or {}, reservations) if stream is not None else (0, [])
+    begun = stream_start(source, positions or {}, reservations) if stream is not None else StreamStart(0)
+    start, passed = begun.start, begun.passed
     prompts = source.prompt_set(start, planned)
+    # The most this attempt and the round's later ones may take (max_retries + 1 in all), in its records before any
+    # request: the controller keeps it beside the round's reservation, so that no later round has to work it out.
+    bound = reserved_end(source, config, start, max(1, config.max_retries + 2 - attempt)) if stream else None
     prompts.ensure(max(first_prompt, 1))  # a tokenizer that cannot make them fails before the server starts
     if planned is not None and planned > len(prompts):
         log.warning("the round sends %d requests and the prompt set has %d prompts: past the end, prompts are sent "
@@ -1112,6 +1158,11 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
     elif start:
         log.info("round %d at an endpoint: its prompts start at position %d of its prompt stream (prompt %d), after "
                  "those the run's earlier rounds sent there", round_number, start, prompts.index_at(0))
+    if begun.unknown:
+        log.warning("round %d at an endpoint: %d round(s) the controller dispatched to the same endpoint, model and "
+                    "API, whose records the run folder does not hold, cannot be worked out here (their reservations "
+                    "%s): this round may resend prompts they sent (serving.json: prompt_set.each_sent_once false, "
+                    "unknown_reservations)", round_number, len(begun.unknown), ", ".join(begun.unknown))
     if isinstance(prompts, FilePrompts) and prompts.resends(planned or 0):
         log.warning("the run's earlier rounds and attempts sent the endpoint positions up to %d of this file of %d "
                     "entries, read round and round: this round resends prompts they sent (the endpoint's prefix cache "
@@ -1121,8 +1172,10 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
     summary: dict[str, Any] = {
         "engine": engine.manifest.name, "api": config.api, "devices": config.devices, "slo": config.slo.model_dump(),
         "prompts": describe_prompts(head, prompts.made, config.api),
-        "prompt_set": {**prompt_set(config, prompts, tokens, planned), "stream": stream,
-                       "after_reservations": passed},
+        "prompt_set": {**prompt_set(config, prompts, tokens, planned, begun.unknown), "stream": stream,
+                       "after_reservations": passed, "unknown_reservations": begun.unknown,
+                       "reservation_reaches": [{"id": rid, "stream": reach[0], "end": reach[1]}
+                                               for rid, reach in begun.reaches.items()]},
         "model": model_record(config, folder),
         "client": client_settings(config, spec), "points": []}
     try:
@@ -1162,7 +1215,7 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
                 raise CaseUserError(f"the server answered no request within {config.ready_timeout_s:g} s "
                                     f"(ready_timeout_s; server.ready_request): {error}")
         return _run_points(config, spec, target, server, prompts, references, tokens, out_dir, head, summary,
-                           first_prompt, planned, stream)
+                           first_prompt, planned, stream, bound)
     finally:
         if server is not None:
             server.stop()
@@ -1286,8 +1339,8 @@ def waited_for_prompts(records: list[RequestRecord]) -> str | None:
 
 def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server: ServerProcess | None,
                 prompts: ServingPromptSet, references: dict[int, str], tokens: Tokens, out_dir: Path, head: str,
-                summary: dict[str, Any], first_prompt: int, planned: int | None, stream: str | None
-                ) -> ServingOutcome:
+                summary: dict[str, Any], first_prompt: int, planned: int | None, stream: str | None,
+                bound: int | None = None) -> ServingOutcome:
     metrics: list[Metric] = []
     failed_points: list[str] = []  # one line each: the point and its first error
     measured = 0.0
@@ -1296,7 +1349,7 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
     alive = (lambda: server.exited() is None) if server is not None else (lambda: True)
     cursor = first_prompt  # the position of the next prompt to send: each phase takes its own, in order
     if stream is not None:  # an endpoint: the positions it takes are recorded before they are sent
-        prompts.ledger = PositionLedger(out_dir / PROMPT_POSITIONS, stream, prompts.first_position)
+        prompts.ledger = PositionLedger(out_dir / PROMPT_POSITIONS, stream, prompts.first_position, bound)
         prompts.reserve(first_prompt)
     # Prompts sent so far: those earlier rounds at the endpoint may have sent, then the check's, then the points'.
     sent = prompts.sent_before() | {prompts.index_at(p) for p in range(first_prompt)}
@@ -1306,7 +1359,9 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
 
     def save() -> None:  # serving.json, with the prompts made so far; the positions the round took, to the cursor
         summary["prompts"] = describe_prompts(head, prompts.made, config.api)
-        summary["prompt_set"] = {**summary["prompt_set"], **prompt_set(config, prompts, tokens, planned),
+        summary["prompt_set"] = {**summary["prompt_set"],
+                                 **prompt_set(config, prompts, tokens, planned,
+                                              summary["prompt_set"].get("unknown_reservations", [])),
                                  "repeated_requests": repeated_total,
                                  "positions_taken": prompts.taken(cursor) - prompts.first_position,
                                  "input_tokens_server": _spread(server_prompt_tokens) if server_prompt_tokens else None}

@@ -89,6 +89,10 @@ class Host(ABC):
     def exists(self, remote: Path) -> bool: ...
 
     @abstractmethod
+    def list_folder(self, remote: Path) -> list[str]:
+        """The names in the folder ``remote`` on the host; OSError when it cannot be listed."""
+
+    @abstractmethod
     def read_text(self, remote: Path, max_bytes: int = MAX_RECORD_BYTES) -> str:
         """A regular file on the host as text, read only when it holds at most ``max_bytes`` (a result, a job):
         OSError when it cannot be read, ValueError (one line naming it) when it is larger or not a regular file;
@@ -244,6 +248,9 @@ class LocalHost(Host):
 
     def exists(self, remote: Path) -> bool:
         return remote.exists()
+
+    def list_folder(self, remote: Path) -> list[str]:
+        return os.listdir(remote)
 
     def read_text(self, remote: Path, max_bytes: int = MAX_RECORD_BYTES) -> str:
         return read_bounded(remote, max_bytes).decode("utf-8", errors="replace")

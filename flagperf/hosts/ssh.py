@@ -432,6 +432,10 @@ class SshHost(Host):
                 return False
             return True
 
+    def list_folder(self, remote: Path) -> list[str]:
+        with self._sftp() as sftp:
+            return list(sftp.listdir(str(remote)))
+
     def fetch_tree(self, remote: Path, local: Path) -> dict[str, int]:
         try:
             return self._fetch_tree(remote, local)

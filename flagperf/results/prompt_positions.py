@@ -10,27 +10,34 @@ round; a ShareGPT conversation a case's length filter leaves out keeps its posit
 record,
 ``prompt_positions.json``::
 
-    {"stream": "...", "first": 120, "reserved": 184, "end": 151}
+    {"stream": "...", "first": 120, "reserved": 184, "end": 151, "bound": 440}
 
 first: the round's first position; reserved: positions below it may have been sent (written before they are sent, so
 that a round killed meanwhile leaves a bound); end: the position after the last one it sent, written as the round ends
-(null while it runs, and where it was killed).
+(null while it runs, and where it was killed); bound: the position after the most the round may take in this attempt
+and the ones after it (its planned requests from ``first``: flagperf.generate.serve.reserved_end), written before it
+sends.
 
 That record is on the host until the controller collects the round: a round interrupted before (the controller
 stopped, the host lost, the round's folder there removed) leaves none the run folder has. So the controller first
 writes a **reservation** into the run folder, ``prompt_positions/reserved-<id>.json``, durably, before it dispatches
 the round: the round's case and configuration, how many attempts it may make, and what decided where it starts (its
 job's positions and the reservations it starts after: ``Reservation``). Which stream the round sends and how far it
-may get is known on the host only (a stream is keyed by the digests of files there), so every open reservation goes
-to the next rounds' jobs, and a round there starts after the most each one of its own stream may have taken
-(flagperf.generate.serve.stream_start). Once its round's folder, with its records, is stored in the run folder, a
-reservation is closed (renamed ``collected-<id>.json``: kept, since an open one that started after it is worked out
-from it); the records a half round left on its host are kept in ``prompt_positions/recovered-<id>.json`` (records as
-above) before its folder there is removed and its reservation closed.
+may get is known on the host only (a stream is keyed by the digests of files there), so once the round's attempts end
+(or are interrupted) the controller keeps their stream and bound beside the reservation, ``reach-<id>.json``
+(``Reach``), where it can read every attempt's record. Every open reservation goes to the next rounds' jobs, and a
+round there starts after the most each one of its own stream may have taken: its reach, else worked out from its
+configuration where the host can (flagperf.generate.serve.stream_start). Once its round's folder, with its records, is
+stored in the run folder, a reservation is closed (renamed ``collected-<id>.json``: kept, since an open one that
+started after it is worked out from it); so is one whose reach lies within what the run folder's records say was
+taken on its stream (``close_passed``: a later round started after it). The records a half round left on its host are
+kept in ``prompt_positions/recovered-<id>.json`` (records as above) before its folder there is removed, and its
+reservation closed where every attempt's record was read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -43,6 +50,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from flagperf.results.bounded import read_bounded
+from flagperf.results.schema import atomic_path, sync_folder
 
 PROMPT_POSITIONS = "prompt_positions.json"
 MAX_POSITIONS_BYTES = 64 * 1024  # a record is a few hundred bytes; one larger is not ours
@@ -66,16 +74,27 @@ ROUND_GLOBS = ("*/round*/*_noderank*", "retries/attempt*/*/round*/*_noderank*")
 # The run folder's own records of prompt positions: reservations (before a round is dispatched: open, then closed once
 # its records are stored) and the records of half rounds removed from their hosts.
 RUN_POSITIONS_DIR = "prompt_positions"
-OPEN, CLOSED, RECOVERED = "reserved-", "collected-", "recovered-"
+OPEN, CLOSED, RECOVERED, REACH = "reserved-", "collected-", "recovered-", "reach-"
 MAX_RESERVATION_BYTES = 1 << 20  # a case's configuration and a few names; one larger is not ours
+
+
+class Reach(BaseModel):
+    """Where a reserved round's prompts lie: its stream, and the position after the most it may take there (the
+    largest ``bound`` its attempts' records give, written before they sent)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    stream: str
+    end: int = Field(ge=0, le=MAX_POSITION)
 
 
 class Reservation(BaseModel):
     """A round at an endpoint that the controller dispatched (``prompt_positions/reserved-<id>.json``): its case, its
     configuration as the job has it, how many attempts it may make, and what decided where it started: the job's
     prompt positions and the reservations it started after (``after``, by id). The host works out its stream, its
-    start and the most it may have taken from these (flagperf.generate.serve.stream_start). ``id`` (its file's name)
-    and ``open`` (its records are not in the run folder) are not written in it."""
+    start and the most it may have taken from these (flagperf.generate.serve.stream_start), unless its ``reach`` is
+    known (its round's own records, kept beside it). ``id`` (its file's name), ``open`` (its records are not in the
+    run folder) and ``reach`` are not written in it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -89,6 +108,7 @@ class Reservation(BaseModel):
     after: list[str] = Field(default_factory=list)
     id: str = ""
     open: bool = True
+    reach: Reach | None = None
 
     def same_round(self, case: str, round_no: int, host: str, node_rank: int) -> bool:
         return (self.case, self.round, self.host, self.node_rank) == (case, round_no, host, node_rank)
@@ -98,50 +118,55 @@ class Reservation(BaseModel):
         return f"{RUN_POSITIONS_DIR}/{OPEN if self.open else CLOSED}{self.id}.json"
 
 
-def durable_write(path: Path, text: str) -> None:
-    """``text`` as ``path``, whole or not at all: written to a temporary name beside it, flushed to disk, renamed, and
-    the rename flushed too (the folder), so that what is written is there after the controller is killed or its
-    machine fails. On any failure (a full disk) the temporary file is removed and the error raised."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    try:
-        with open(tmp, "x", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _sync_folder(path.parent)
-
-
-def _sync_folder(folder: Path) -> None:
-    handle = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(handle)
-    finally:
-        os.close(handle)
-
-
 def _new_id() -> str:
     """Ids sort in the order they were made (the reservations are applied in the order the rounds were dispatched)."""
     return f"{time.time_ns():020d}-{secrets.token_hex(4)}"
 
 
+def _write(path: Path, text: str) -> None:
+    """``text`` as ``path``, whole or not at all, durably (flagperf.results.schema.atomic_path: flushed, renamed, the
+    folder flushed, and the folders it made for it too); an OSError (a full disk) leaves no temporary file."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
 def reserve(run_dir: Path, reservation: Reservation) -> Reservation:
     """Write ``reservation`` into the run folder before its round is dispatched; returns it with its id. An OSError (a
     full or read-only results folder) leaves nothing behind: the round must then not be sent."""
-    folder = run_dir / RUN_POSITIONS_DIR
-    folder.mkdir(exist_ok=True)
-    made = reservation.model_copy(update={"id": _new_id(), "open": True})
-    durable_write(folder / f"{OPEN}{made.id}.json", made.model_dump_json(exclude={"id", "open"}) + "\n")
+    made = reservation.model_copy(update={"id": _new_id(), "open": True, "reach": None})
+    path = run_dir / RUN_POSITIONS_DIR / f"{OPEN}{made.id}.json"
+    try:
+        _write(path, made.model_dump_json(exclude={"id", "open", "reach"}) + "\n")
+    except BaseException:  # also where renamed but not flushed: the round is not sent, so nothing is reserved
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
+        raise
     return made
+
+
+def keep_reach(run_dir: Path, reservation: Reservation, reach: Reach) -> None:
+    """Keep where ``reservation``'s round sends (its records' stream and bound) beside it, durably: later rounds read
+    it instead of working it out from the round's configuration (which a host without the round's files cannot)."""
+    _write(run_dir / RUN_POSITIONS_DIR / f"{REACH}{reservation.id}.json", reach.model_dump_json() + "\n")
+
+
+def _read_reach(folder: Path, reservation_id: str) -> Reach | None:
+    path = folder / f"{REACH}{reservation_id}.json"
+    try:
+        return Reach.model_validate_json(read_bounded(path, MAX_POSITIONS_BYTES))
+    except FileNotFoundError:  # not kept: its round's records were not read (yet)
+        return None
+    except (OSError, ValueError) as exc:  # ValidationError is a ValueError
+        log.warning("%s: not read (%s); its round's reach is worked out from its configuration", path,
+                    " ".join(str(getattr(exc, "strerror", None) or exc).split())[:200])
+        return None
 
 
 def _read(path: Path, reservation_id: str, is_open: bool) -> Reservation | None:
     try:
         text = read_bounded(path, MAX_RESERVATION_BYTES)
-        return Reservation.model_validate_json(text).model_copy(update={"id": reservation_id, "open": is_open})
+        return Reservation.model_validate_json(text).model_copy(update={
+            "id": reservation_id, "open": is_open, "reach": _read_reach(path.parent, reservation_id)})
     except FileNotFoundError:  # closed meanwhile
         return None
     except OSError as exc:
@@ -182,24 +207,41 @@ def close(run_dir: Path, reservation: Reservation) -> None:
     open, which only makes later rounds start further on."""
     folder = run_dir / RUN_POSITIONS_DIR
     os.replace(folder / f"{OPEN}{reservation.id}.json", folder / f"{CLOSED}{reservation.id}.json")
-    _sync_folder(folder)
+    sync_folder(folder)
+
+
+def close_passed(run_dir: Path, reaches: dict[str, Reach]) -> list[Reservation]:
+    """Close the open reservations whose reach (kept beside them, else ``reaches``: by id, as a round that started
+    after them worked them out) lies within what the run folder's records say was taken on its stream: every later
+    round starts past it anyway, so it bounds nothing more, and no later round pays for working it out again. Returns
+    those closed (a close that fails leaves one open, which only costs that)."""
+    taken = positions_taken(run_dir)
+    closed = []
+    for reservation in reservations(run_dir):
+        reach = reservation.reach or reaches.get(reservation.id)
+        if reservation.open and reach is not None and taken.get(reach.stream, 0) >= reach.end:
+            with contextlib.suppress(OSError):
+                close(run_dir, reservation)
+                closed.append(reservation)
+    return closed
 
 
 def recover(run_dir: Path, records: Iterable[str]) -> None:
     """Keep the records of a half round about to be removed from its host in the run folder, durably (each record's
     text as read, passed on as it is: a reader checks it)."""
-    folder = run_dir / RUN_POSITIONS_DIR
     for text in records:
-        folder.mkdir(exist_ok=True)
-        durable_write(folder / f"{RECOVERED}{_new_id()}.json", text if text.endswith("\n") else text + "\n")
+        _write(run_dir / RUN_POSITIONS_DIR / f"{RECOVERED}{_new_id()}.json", text.rstrip("\n") + "\n")
 
 
-def write_positions(path: Path, stream: str, first: int, reserved: int, end: int | None) -> None:
+def write_positions(path: Path, stream: str, first: int, reserved: int, end: int | None, bound: int | None = None
+                    ) -> None:
     """The record, replaced whole (a reader sees the old one or the new); not flushed to disk: it is read back after the
     case process ends, not after the host fails, and it may be written while requests are in flight."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({"stream": stream, "first": first, "reserved": reserved, "end": end}) + "\n",
-                   encoding="utf-8")
+    record = {"stream": stream, "first": first, "reserved": reserved, "end": end}
+    if bound is not None:
+        record["bound"] = bound
+    tmp.write_text(json.dumps(record) + "\n", encoding="utf-8")
     os.replace(tmp, path)
 
 
@@ -207,23 +249,45 @@ def is_position(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_POSITION
 
 
-def taken_end(text: str) -> tuple[str, int] | None:
-    """(stream, the position after every one the round took) of a record's text: its end, else (killed, or still
-    running) what it reserved; None for a record that is not one (positions are 0 to MAX_POSITION)."""
+def _record(text: str) -> dict[str, Any] | None:
+    """A record's fields, or None for text that is not one (positions are 0 to MAX_POSITION)."""
     try:
         record = json.loads(text)
     except (ValueError, RecursionError):
         return None
     if not isinstance(record, dict) or not isinstance(record.get("stream"), str):
         return None
-    values = [record.get(key) for key in ("first", "reserved", "end")]
-    if not all(v is None or is_position(v) for v in values):
+    if not all(record.get(key) is None or is_position(record[key]) for key in ("first", "reserved", "end", "bound")):
         return None
-    first, reserved, end = values
+    return record
+
+
+def taken_end(text: str) -> tuple[str, int] | None:
+    """(stream, the position after every one the round took) of a record's text: its end, else (killed, or still
+    running) what it reserved; None for a record that is not one (positions are 0 to MAX_POSITION)."""
+    record = _record(text)
+    if record is None:
+        return None
+    first, reserved, end = (record.get(key) for key in ("first", "reserved", "end"))
     taken = end if end is not None else reserved
     if taken is None:
         return None
     return record["stream"], max(taken, first or 0)
+
+
+def reach_of(texts: Iterable[str]) -> Reach | None:
+    """A round's reach from its attempts' records (each one's ``bound``, and what it took): None where there is none,
+    one is not a record or has no bound (written by an older version), or they name two streams."""
+    streams, ends = set(), []
+    for text in texts:
+        record, took = _record(text), taken_end(text)
+        if record is None or took is None or record.get("bound") is None:
+            return None
+        streams.add(record["stream"])
+        ends.append(max(record["bound"], took[1]))
+    if len(streams) != 1:
+        return None
+    return Reach(stream=streams.pop(), end=max(ends))
 
 
 def merged(positions: dict[str, int], records: Iterable[tuple[str, str]]) -> dict[str, int]:

@@ -396,6 +396,10 @@ def test_a_rounds_output_is_streamed_over_ssh_not_held(tmp_path: Path, testbed: 
         code, out, _ = host.execute(["stat", "-c", "%s", str(log)])
         assert code == 0 and int(out) == lines * line_bytes  # the round's log file on the host has all of it
         assert peak < lines * line_bytes / 10, f"controller allocated {peak} bytes for {lines * line_bytes}"
+        # A folder's names, as a half round's attempt folders are found (tasks.container.attempt_records)
+        assert host.list_folder(log.parent) == ["case.log"]
+        with pytest.raises(FileNotFoundError):
+            host.list_folder(log.parent / "missing")
     finally:
         tracemalloc.stop()
         host.remove_tree(log.parent)

@@ -362,12 +362,13 @@ def test_ctrl_c_mid_round_at_an_endpoint_and_its_retry_send_no_prompt_twice(tmp_
     """An endpoint keeps every prompt it was sent in its prefix cache. Ctrl-C while a round there is mid-point (the
     endpoint holds its third request): the interrupted run's clean-up removes the half round from the host, so no
     record of the prompts it sent reaches the run folder; what does is the reservation the controller wrote before it
-    dispatched the round. `--retry` runs the round again after the most that reservation allows, and the endpoint
-    never gets one prompt twice across the two runs; the retry's round says which reservation it passed, and closes
-    its own once stored."""
+    dispatched the round, and beside it the round's reach (its stream, and the most it may send, which its attempt
+    recorded before it sent). `--retry` runs the round again after that, and the endpoint never gets one prompt twice
+    across the two runs; the retry's round says which reservation it passed, and once stored closes its own, and the
+    interrupted round's, which its records pass."""
     from prefect.settings import PREFECT_API_URL
 
-    from flagperf.results.prompt_positions import CLOSED, OPEN, RUN_POSITIONS_DIR
+    from flagperf.results.prompt_positions import CLOSED, OPEN, REACH, RUN_POSITIONS_DIR
 
     HoldingEndpoint.prompts.clear()
     HoldingEndpoint.hold = 2  # the check is request 0: the second of the point's four timed requests is held
@@ -396,6 +397,9 @@ def test_ctrl_c_mid_round_at_an_endpoint_and_its_retry_send_no_prompt_twice(tmp_
         assert list((tmp_path / "work").rglob("prompt_positions.json")) == []
         assert list(run_dir.rglob("prompt_positions.json")) == []
         reserved = list((run_dir / RUN_POSITIONS_DIR).glob(f"{OPEN}*.json"))
+        # Beside it, where the round's prompts lie, as its attempt wrote before it sent (read as it was interrupted).
+        reach = run_dir / RUN_POSITIONS_DIR / f"{REACH}{reserved[0].name.removeprefix(OPEN)}"
+        assert json.loads(reach.read_text(encoding="utf-8"))["end"] == 5  # the check and 4 timed requests at most
         HoldingEndpoint.release.set()
 
         retry = flagperf([*args, "--retry", str(run_dir)], tmp_path, api_url)
@@ -415,6 +419,8 @@ def test_ctrl_c_mid_round_at_an_endpoint_and_its_retry_send_no_prompt_twice(tmp_
     serving = json.loads((stored / "serving.json").read_text(encoding="utf-8"))
     assert serving["prompt_set"]["after_reservations"] == [f"{RUN_POSITIONS_DIR}/{reserved[0].name}"]
     assert serving["prompt_set"]["first_position"] == 5  # the interrupted round's check and 4 timed requests
-    # The interrupted round's reservation stays open (its records never came); the retry's round's is closed.
-    assert reserved[0].is_file() and len(list((run_dir / RUN_POSITIONS_DIR).glob(f"{CLOSED}*.json"))) == 1
+    # The retry's round's reservation is closed once stored; the interrupted round's (its records never came) too, as
+    # the retry's records pass its reach: no later round works it out again.
+    assert not list((run_dir / RUN_POSITIONS_DIR).glob(f"{OPEN}*.json"))
+    assert len(list((run_dir / RUN_POSITIONS_DIR).glob(f"{CLOSED}*.json"))) == 2
     records_are_whole(run_dir)

@@ -739,10 +739,11 @@ def test_a_half_round_left_on_the_host_gives_its_prompt_positions_before_it_is_r
     stream = json.loads((stage / "attempt1" / PROMPT_POSITIONS).read_text())["stream"]
     job = round_job(plan, run, cp, 1, "localhost", host_spec({"name": "localhost"}), {}, None)  # the retry's
     assert [r.id for r in job.prompt_reservations] == [reserved.id]
-    cleared = cleared_stage(host, stage, job, cp.max_retries + 1, run, reserved)
+    cleared = cleared_stage(host, stage, job, run, reserved)
     assert not stage.exists() and cleared.prompt_positions == {stream: 3} and cleared.prompt_reservations == []
-    # Its records are kept in the run folder, and its reservation, which they stand for, is closed.
-    assert sorted(p.name.split("-")[0] for p in (run / RUN_POSITIONS_DIR).iterdir()) == ["collected", "recovered"]
+    # Its records are kept in the run folder, with its reach beside its reservation, which they stand for, closed.
+    assert sorted(p.name.split("-")[0] for p in (run / RUN_POSITIONS_DIR).iterdir()) == ["collected", "reach",
+                                                                                        "recovered"]
     assert positions_taken(run) == {stream: 3} and reservations(run) == []
     (stage / "attempt1").mkdir(parents=True)
     assert run_job(cleared, stage / "attempt1") == 0
@@ -756,9 +757,11 @@ def test_a_round_dispatched_but_never_collected_holds_its_prompts_by_its_reserva
     run folder no record of the prompts it sent, only that reservation. The rounds after it start after the most it may
     have sent, worked out from where it started (its own job's positions and the reservations it started after, one
     closed since included), in their own stream only; they say which reservations they passed, and serving.json keeps
-    them. A reservation of another stream (another seed) moves nothing, and a later round does not pay for a lost one
-    twice."""
-    from flows.host_round import cleared_stage, round_reservation
+    them, with the reach worked out for each open one. A reservation of another stream (another seed) moves nothing,
+    and a later round does not pay for a lost one twice: once a round whose records pass it is collected, it is
+    closed."""
+    from flagperf.config.job import JOB_FILE
+    from flows.host_round import after_collection, cleared_stage, round_reservation
     from tasks.collect import stage_folder
 
     RefusingEndpoint.refuse = set()
@@ -793,7 +796,7 @@ def test_a_round_dispatched_but_never_collected_holds_its_prompts_by_its_reserva
     # The retry: round 1's folder is found, its records kept and its reservation closed; round 2's stays open, and its
     # start is worked out from the closed one.
     job = round_job(plan, run, cp, 1, "localhost", spec, {}, None)
-    job = cleared_stage(host, stage1, job, cp.max_retries + 1, run, first)
+    job = cleared_stage(host, stage1, job, run, first)
     assert [(r.id, r.open) for r in job.prompt_reservations] == [(elsewhere.id, True), (first.id, False),
                                                                  (second.id, True)]
     caplog.clear()
@@ -804,7 +807,16 @@ def test_a_round_dispatched_but_never_collected_holds_its_prompts_by_its_reserva
     assert ("after the most that 1 round(s) the controller dispatched there, and whose records the run folder does "
             "not hold (interrupted before they were collected), may have sent: their reservations "
             f"{RUN_POSITIONS_DIR}/reserved-{second.id}.json") in caplog.text
-    assert json.loads((out / SERVING_FILE).read_text())["prompt_set"]["after_reservations"] == [second.where]
+    prompt_set = json.loads((out / SERVING_FILE).read_text())["prompt_set"]
+    stream = prompt_set["stream"]
+    assert prompt_set["after_reservations"] == [second.where] and prompt_set["unknown_reservations"] == []
+    reaches = {r["id"]: (r["stream"], r["end"]) for r in prompt_set["reservation_reaches"]}
+    assert reaches[second.id] == (stream, 6) and reaches[elsewhere.id][0] != stream
+    # Collected, round 1's records pass the lost round's reach: its reservation is closed too (no later round works
+    # it out again); the other stream's stays open.
+    (out / JOB_FILE).write_text(job.model_dump_json(), encoding="utf-8")  # as collected from the host
+    after_collection(host, stage1, run, cp, 1, 0, None, "round 1")
+    assert [r.id for r in reservations(run) if r.open] == [elsewhere.id]
     assert _run_round(plan, run, 2) == 0  # after round 1's record, which lies past the lost round's reach
     assert _sent(round_dir(run, cp.name, 2, "localhost")) == [9, 10, 11]
 
@@ -826,6 +838,217 @@ def test_a_reservation_is_written_whole_or_not_at_all_on_a_full_disk(tmp_path: P
         with pytest.raises(OSError):
             recover(run, ['{"stream": "s", "first": 0, "reserved": 9, "end": null}' + " " * 8192])
         assert list((run / RUN_POSITIONS_DIR).iterdir()) == [] and reservations(run) == []
+
+
+def test_a_reservation_is_kept_only_once_flushed_with_the_folder_made_for_it(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reservation's folder, made for the first one, is flushed in the run folder with it (a power cut would
+    otherwise lose the folder, and the reservation in it). Where the rename cannot be flushed (an I/O error: not a file
+    system that cannot flush a folder, which is left to its own guarantees), the reservation is refused and removed: its
+    round is not sent, so it must not hold later rounds back."""
+    import errno
+
+    from flagperf.results import schema
+
+    flushed: list[Path] = []
+    real_sync = schema.sync_folder
+
+    def recording(folder: Path) -> None:
+        flushed.append(Path(folder))
+        real_sync(folder)
+
+    def failing(folder: Path) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    run = tmp_path / "run"
+    run.mkdir()
+    config = {"endpoint": {"base_url": "http://10.0.0.5:8000", "model": "m"}}
+    monkeypatch.setattr(schema, "sync_folder", recording)
+    made = reserve(run, Reservation(case="c", round=1, host="h", attempts=1, config=config))
+    assert {run / RUN_POSITIONS_DIR, run} <= set(flushed)
+    monkeypatch.setattr(schema, "sync_folder", failing)
+    with pytest.raises(OSError):
+        reserve(run, Reservation(case="c", round=2, host="h", attempts=1, config=config))
+    assert reservations(run) == [made] and len(list((run / RUN_POSITIONS_DIR).iterdir())) == 1
+
+
+def test_a_results_folder_that_refuses_a_reservation_stops_the_run_before_the_round_is_sent(refusing: str,
+                                                                                           tmp_path: Path) -> None:
+    """A round at an endpoint whose reservation the results folder refuses (full) is not sent: it fails in one line
+    saying the results folder cannot be written, nothing reaches the endpoint or the host, and the run stops there,
+    saying how to go on."""
+    from flagperf.results.schema import RESULTS_UNWRITABLE
+    from flows.evaluate import ResultsUnwritable, stop_if_results_unwritable
+    from flows.host_round import node_round
+    from tests.unit.mounts import fill_to_the_last_block, mounted_tmpfs
+
+    plan = _endpoint_plan(refusing, tmp_path, "requests=2")
+    host = LocalHost(work_root=tmp_path / "work")
+    with mounted_tmpfs(tmp_path / "full", "size=256k") as run:
+        fill_to_the_last_block(run)
+        result = node_round(host, host_spec({"name": "localhost"}), plan, run, plan.cases[0], 1, {}, None, 1.0,
+                            "flagperf run --cases tiny-llama-serve")
+        assert result.status == "failed" and result.failure is not None
+        assert RESULTS_UNWRITABLE in result.failure.message and "so it was not run" in result.failure.message
+        assert RefusingEndpoint.arrived == [] and not host.work_root.exists()
+        assert reservations(run) == [] and not any((run / RUN_POSITIONS_DIR).glob("*"))
+        with pytest.raises(ResultsUnwritable) as stopped:
+            stop_if_results_unwritable([result], run, "flagperf run --cases tiny-llama-serve")
+    assert f"`flagperf run --cases tiny-llama-serve --retry {run}`" in str(stopped.value)
+
+
+def test_a_reservation_is_closed_once_its_round_is_collected_and_not_for_a_lost_hosts_round(refusing: str,
+                                                                                           tmp_path: Path) -> None:
+    """A round whose host was lost (its collection found no folder there) gets a result saying so from the
+    controller, but the run folder has none of its records: its reservation stays open. A round that is collected
+    closes its own, and the lost round's too once its records pass what that one may have sent (its reach, as the round
+    worked it out: serving.json)."""
+    from flagperf.config.job import JOB_FILE
+    from flagperf.results.schema import RESULT_FILE, Failure, write_result
+    from flows.host_round import after_collection, round_reservation
+    from tasks.collect import stage_folder
+
+    RefusingEndpoint.refuse = set()
+    plan = _endpoint_plan(refusing, tmp_path, "requests=2", rounds=2)
+    cp = plan.cases[0]
+    host = LocalHost(work_root=tmp_path / "work")
+    spec = host_spec({"name": "localhost"})
+    run = tmp_path / "run"
+    run.mkdir()
+    lost_job = round_job(plan, run, cp, 1, "localhost", spec, {}, None)
+    lost = reserve(run, round_reservation(lost_job, cp.max_retries + 1))
+    lost_dir = round_dir(run, cp.name, 1, "localhost")
+    lost_dir.mkdir(parents=True)  # what node_round stores where the collection failed: a result, nothing else
+    write_result(lost_dir / RESULT_FILE, lost_job.failed_result(Failure(
+        kind="infrastructure", message="collecting the round's files failed: ... does not exist"), None))
+    after_collection(host, stage_folder(host.work_root, plan.run_id, cp.name, 1, "localhost"), run, cp, 1, 0, lost,
+                     "round 1")
+    assert [(r.id, r.open) for r in reservations(run)] == [(lost.id, True)]
+
+    job = round_job(plan, run, cp, 2, "localhost", spec, {}, None)
+    own = reserve(run, round_reservation(job, cp.max_retries + 1))
+    out = round_dir(run, cp.name, 2, "localhost")
+    out.mkdir(parents=True)
+    assert run_job(job, out) == 0
+    (out / JOB_FILE).write_text(job.model_dump_json(), encoding="utf-8")  # as collected from the host
+    assert _sent(out) == [3, 4, 5]  # after the lost round's reach
+    after_collection(host, stage_folder(host.work_root, plan.run_id, cp.name, 2, "localhost"), run, cp, 2, 0, own,
+                     "round 2")
+    assert reservations(run) == []
+    assert sorted(p.name.split("-")[0] for p in (run / RUN_POSITIONS_DIR).iterdir()) == ["collected", "collected"]
+
+
+def test_a_half_round_whose_attempts_are_not_all_read_keeps_its_reservation_open(refusing: str,
+                                                                                tmp_path: Path) -> None:
+    """A half round on the host is read whole before it goes: every attempt<N> folder there, also past what
+    max_retries allows now. Where an attempt's record cannot be read (larger than 64 KiB), what it took is not known:
+    the round's reservation stays open, so that the rerun starts after the most the half round may have sent; its folder
+    goes only where that reservation bounds every attempt found there, else it is kept and the round is not run."""
+    from flagperf.results.prompt_positions import MAX_POSITIONS_BYTES, PROMPT_POSITIONS
+    from flows.host_round import HalfRoundKept, cleared_stage, round_reservation
+    from tasks.collect import stage_folder
+
+    RefusingEndpoint.refuse = set()
+    plan = _endpoint_plan(refusing, tmp_path, "requests=2", "max_retries=1")
+    cp = plan.cases[0]
+    host = LocalHost(work_root=tmp_path / "work")
+    spec = host_spec({"name": "localhost"})
+    stage = stage_folder(host.work_root, plan.run_id, cp.name, 1, "localhost")
+    (stage / "attempt1").mkdir(parents=True)
+    assert run_job(round_job(plan, tmp_path / "none", cp, 1, "localhost", spec, {}, None), stage / "attempt1") == 0
+    record = json.loads((stage / "attempt1" / PROMPT_POSITIONS).read_text())
+    assert (record["first"], record["end"], record["bound"]) == (0, 3, 6)  # 2 attempts of 3 prompts may reach 6
+    host.remove_tree(stage)
+    too_large = " " * (MAX_POSITIONS_BYTES + 1)
+
+    def half(name: str, attempts: dict[int, str]) -> tuple[Path, Job, Reservation]:
+        """A run folder whose round 1 was dispatched, and left on the host with these attempts' records."""
+        run = tmp_path / name
+        run.mkdir()
+        job = round_job(plan, run, cp, 1, "localhost", spec, {}, None)
+        reserved = reserve(run, round_reservation(job, cp.max_retries + 1))
+        for number, text in attempts.items():
+            (stage / f"attempt{number}").mkdir(parents=True)
+            (stage / f"attempt{number}" / PROMPT_POSITIONS).write_text(text)
+        return run, round_job(plan, run, cp, 1, "localhost", spec, {}, None), reserved
+
+    # Attempt 1's record cannot be read: the reservation bounds it, so the folder goes and the reservation stays.
+    run, job, reserved = half("unread", {1: too_large})
+    cleared = cleared_stage(host, stage, job, run, reserved)
+    assert not stage.exists() and [(r.id, r.open) for r in cleared.prompt_reservations] == [(reserved.id, True)]
+    out = round_dir(run, cp.name, 1, "localhost")
+    out.mkdir(parents=True)
+    assert run_job(cleared, out) == 0
+    assert _sent(out) == [6, 7, 8]  # after the most its 2 attempts may have sent
+
+    # An attempt past max_retries + 1 (3 of 2) is read too: the reservation closes on what every attempt took.
+    run, job, reserved = half("past", {1: json.dumps(record), 3: json.dumps({**record, "first": 3, "reserved": 6,
+                                                                             "end": 6, "bound": 6})})
+    cleared = cleared_stage(host, stage, job, run, reserved)
+    assert cleared.prompt_positions == {record["stream"]: 6} and reservations(run) == []
+    assert (run / RUN_POSITIONS_DIR / f"collected-{reserved.id}.json").is_file()
+
+    # One past it cannot be read: nothing bounds it, so the folder stays (and the reservation), and the round is not
+    # run.
+    run, job, reserved = half("unbounded", {1: json.dumps(record), 3: too_large})
+    with pytest.raises(HalfRoundKept, match=r"attempt3/prompt_positions\.json"):
+        cleared_stage(host, stage, job, run, reserved)
+    assert (stage / "attempt3").is_dir() and [(r.id, r.open) for r in reservations(run)] == [(reserved.id, True)]
+    assert positions_taken(run) == {record["stream"]: 3}  # attempt 1's record kept
+
+
+def test_a_reservations_reach_is_kept_beside_it_and_read_where_its_files_are_gone(
+        refusing: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Each attempt writes its stream and the most it and the round's later attempts may take before it sends; the
+    controller keeps that beside the round's reservation once its attempts end (also when interrupted). A later round
+    whose host lacks the round's files (its tokenizer moved, or on another client_host) reads it instead of working it
+    out. One whose reach was not kept and that cannot be worked out there is not dropped in silence: the round warns
+    that it may resend its prompts, and serving.json says so (each_sent_once false, unknown_reservations)."""
+    import shutil
+
+    from flagperf.generate.models import model_config, word_tokenizer
+    from flows.host_round import keep_round_reach, round_reservation
+    from tasks.collect import stage_folder
+
+    RefusingEndpoint.refuse = set()
+    tokenizer = tmp_path / "tok"
+    model_config("tiny", None).save_pretrained(tokenizer)
+    word_tokenizer(512).save_pretrained(tokenizer)
+    plan = _endpoint_plan(refusing, tmp_path, "requests=2", f"checkpoint_path={tokenizer}", rounds=3)
+    cp = plan.cases[0]
+    host = LocalHost(work_root=tmp_path / "work")
+    spec = host_spec({"name": "localhost"})
+    run = tmp_path / "run"
+    run.mkdir()
+
+    def interrupted(round_no: int, keep: bool) -> tuple[Reservation, Path]:
+        """The round dispatched and run on the host, then its folder removed there (Ctrl-C's clean-up)."""
+        job = round_job(plan, run, cp, round_no, "localhost", spec, {}, None)
+        reservation = reserve(run, round_reservation(job, cp.max_retries + 1))
+        stage = stage_folder(host.work_root, plan.run_id, cp.name, round_no, "localhost")
+        (stage / "attempt1").mkdir(parents=True)
+        assert run_job(job, stage / "attempt1") == 0
+        if keep:
+            keep_round_reach(host, stage, run, reservation, f"round {round_no}")
+        sent = _sent(stage / "attempt1")
+        host.remove_tree(stage)
+        return reservation, sent
+
+    first, sent = interrupted(1, keep=True)
+    assert sent == [0, 1, 2] and reservations(run)[0].reach is not None
+    assert (run / RUN_POSITIONS_DIR / f"reach-{first.id}.json").is_file()
+    second, sent = interrupted(2, keep=False)
+    assert sent == [3, 4, 5]  # after the first's reach
+    shutil.move(tokenizer, tmp_path / "moved")  # the same tokenizer, elsewhere: the same stream
+    moved = _endpoint_plan(refusing, tmp_path, "requests=2", f"checkpoint_path={tmp_path / 'moved'}", rounds=3)
+    caplog.clear()
+    assert _run_round(moved, run, 3) == 0
+    out = round_dir(run, cp.name, 3, "localhost")
+    prompt_set = json.loads((out / SERVING_FILE).read_text())["prompt_set"]
+    assert prompt_set["first_position"] == 3  # the first round's reach, read: its tokenizer is gone
+    assert prompt_set["unknown_reservations"] == [second.where] and prompt_set["each_sent_once"] is False
+    assert ("1 round(s) the controller dispatched to the same endpoint, model and API, whose records the run folder "
+            f"does not hold, cannot be worked out here (their reservations {second.where})") in caplog.text
 
 
 def test_an_endpoints_synthetic_prompt_stream_is_its_tokenizer_wherever_its_folder_lies(
@@ -884,14 +1107,15 @@ def test_an_endpoint_case_runs_on_the_one_host_its_endpoint_names_of_several(tmp
     from flagperf.hosts.inventory import build_inventory
     from flagperf.results.schema import node_groups
     from flagperf.results.summary import run_progress
+    from flows.progress import Progress
 
     lab = {"base_url": "http://10.0.0.5:8000", "model": "m"}
 
     def plan(hosts: list[str], endpoints: dict[str, dict[str, object]], *sets: str, case: str = "tiny-llama-serve",
-             rounds: int = 1) -> RunPlan:
-        return plan_run(cases=[case], sets=list(sets), results_dir=tmp_path / "results",
+             rounds: int = 1, suite: Path | None = None) -> RunPlan:
+        return plan_run(cases=None if suite else [case], sets=list(sets), results_dir=tmp_path / "results",
                         hosts=[{"name": name} for name in hosts], inventory_endpoints=endpoints,
-                        inventory_source="inventory.yaml", rounds=rounds)
+                        inventory_source="inventory.yaml", rounds=rounds, suite=str(suite) if suite else None)
 
     def refused(*args: object, **kwargs: object) -> ConfigError:
         with pytest.raises(ConfigError) as caught:
@@ -915,6 +1139,8 @@ def test_an_endpoint_case_runs_on_the_one_host_its_endpoint_names_of_several(tmp
     run.mkdir()
     (run / "plan.json").write_text(chosen.model_dump_json(), encoding="utf-8")
     assert run_progress(run, [])["planned"] == 2  # 2 rounds on h2, not on every host
+    live = Progress(chosen, ["h1", "h2", "h3"], run)  # flagperf run's live view lays them out there too
+    assert list(live.rows) == [("tiny-llama-serve", 1, "h2"), ("tiny-llama-serve", 2, "h2")]
     assert plan(["h1"], {"lab": lab}, "endpoint=lab").cases[0].config["endpoint"]["client_host"] is None
     assert plan(["h1", "h2"], {"lab": lab}).cases[0].config["endpoint"] is None  # no endpoint: every host
 
@@ -927,6 +1153,15 @@ def test_an_endpoint_case_runs_on_the_one_host_its_endpoint_names_of_several(tmp
     monkeypatch.setenv("FLAGPERF_CASE_PATH", str(tmp_path / "cases"))
     error = refused(["h1", "h2"], {}, case="own-endpoint")
     assert (error.source.rsplit("/", 1)[-1], error.key) == ("case.yaml", "configurations.endpoint.client_host")
+    # ... or where the name it gives was set: --set, or a suite's overrides (by its path in the file).
+    error = refused(["h1", "h2"], {}, "own-endpoint.endpoint.client_host=h7", case="own-endpoint")
+    assert (error.source, error.key) == ("--set", "own-endpoint.endpoint.client_host") and "'h7'" in str(error)
+    suite = tmp_path / "serve-suite.yaml"
+    for section in ("tiny-llama-serve", "*"):
+        suite.write_text(yaml.safe_dump({"name": "serve-suite", "cases": ["tiny-llama-serve"],
+                                         "overrides": {section: {"endpoint": lab}}}), encoding="utf-8")
+        error = refused(["h1", "h2"], {}, suite=suite)
+        assert (error.source, error.key) == (str(suite), f"overrides.{section}.endpoint.client_host")
 
     # The inventory's entries are checked when it is read (flagperf validate too), whether a case names them or not.
     with pytest.raises(ConfigError) as caught:
