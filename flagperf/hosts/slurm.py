@@ -496,8 +496,8 @@ class SlurmHost(LocalHost):
         if not self.slurm.container_image:
             return None
         try:
-            # A link in a vendor or case folder may lead into the container's other mounts, at the same place there.
-            mounted = [str(self.slurm.shared_dir), *(m.split(":")[1] for m in self.slurm.container_mounts)]
+            # A link in a vendor or case folder may lead into the container's other mounts (SOURCE:TARGET).
+            mounted = [str(self.slurm.shared_dir), *(":".join(m.split(":")[:2]) for m in self.slurm.container_mounts)]
             written = search_mounts(self.environment(), vendor, cases, str(self.project_root), mounted)
             found = self.describe_paths(written.host_paths(), written.scan_paths(), written.tree(), written.mounted)
             search = written.resolved({path: PathFacts.of(fact) for path, fact in found.items()})

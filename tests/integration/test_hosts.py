@@ -187,12 +187,12 @@ def test_two_ssh_hosts_run_their_rounds_in_containers(flagperf_env: Path, tmp_pa
             (case / "data").unlink()
         assert checked_on_host(container_settings(load_vendor("cpu"), spec, "img:1", deployed, ["base/links-out"]),
                                ssh, spec).search.all() == []
-        (case / "data.bin").symlink_to(outside)
+        (case / "ext.so").symlink_to(outside)  # a build output, which the digest leaves out: its link still counts
         with pytest.raises(ConfigError) as info:
             checked_on_host(container_settings(load_vendor("cpu"), spec, "img:1", deployed, ["base/links-out"]), ssh,
                             spec)
         assert info.value.key == "hosts.0.env.FLAGPERF_CASE_PATH" and "\n" not in str(info.value)
-        assert f"on host {spec.name}: FLAGPERF_CASE_PATH case 'base/links-out': {case}/data.bin links outside the " \
+        assert f"on host {spec.name}: FLAGPERF_CASE_PATH case 'base/links-out': {case}/ext.so links outside the " \
             f"project (to {outside}); in a container it would dangle" in info.value.message, str(info.value)
     finally:
         ssh.close()

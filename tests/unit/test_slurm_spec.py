@@ -317,7 +317,8 @@ def test_a_search_path_from_the_controllers_environment_is_named_as_such(tmp_pat
     entry["hosts"][0]["slurm"]["container_mounts"] = [f"{tmp_path / 'vendors'}:/weights:ro"]
     path.write_text(yaml.safe_dump(entry))
     search = SlurmHost(load_inventory(path).hosts[0]).search_mounts("acme")
-    assert search is not None and search.all() == [] and search.mounted == (str(tmp_path / "shared"), "/weights")
+    assert search is not None and search.all() == [] and search.mounted == (str(tmp_path / "shared"),
+                                                                        f"{tmp_path / 'vendors'}:/weights")
 
 
 def test_a_multi_node_jobs_mount_check_runs_on_every_node_outside_the_container(tmp_path: Path) -> None:
