@@ -130,6 +130,25 @@ CASE_PATH_ENV = "FLAGPERF_CASE_PATH"  # case folders outside the project (a lab'
 
 # The project's own case and vendor folders, first on their search paths (below the project root).
 CASE_FOLDER, VENDOR_FOLDER = "cases", "vendor_images"
+# The files that make a folder on a search path a vendor (<root>/<vendor>/), one of its engines
+# (<root>/<vendor>/<family folder>/<engine>/) or a case (<root>/<family>/<case>/; FlagPerf's inference cases by their
+# configurations.yaml): flagperf.config finds each by them, and the source digest counts the copy of a name a run
+# finds so (flagperf.results.provenance), never one an earlier place on the search path hides.
+VENDOR_MANIFEST, ENGINE_MANIFEST, CASE_MANIFEST = "vendor.yaml", "engine.yaml", "case.yaml"
+INFERENCE_FAMILY, INFERENCE_CASE_FILE = "inference", "configurations.yaml"
+
+
+def is_case_folder(folder: Path) -> bool:
+    """Whether <root>/<family>/<case> is a case where case discovery looks for one (flagperf.config.cases)."""
+    return os.path.lexists(folder / CASE_MANIFEST) or (
+        folder.parent.name == INFERENCE_FAMILY and os.path.lexists(folder / INFERENCE_CASE_FILE))
+
+
+def vendor_engines(folder: Path) -> set[str]:
+    """The engines a vendor folder holds, each <family folder>/<engine> (a folder with engine.yaml): a vendor's
+    engines are looked up in every place on the search path that has a folder of its name, not only its own."""
+    return {f"{manifest.parent.parent.name}/{manifest.parent.name}"
+            for manifest in folder.glob(f"*/*/{ENGINE_MANIFEST}")}
 
 
 def case_roots() -> list[Path]:

@@ -19,9 +19,8 @@ from flagperf.config.models import StrictModel, check_name, load_model
 from flagperf.config.vendors import import_file
 from flagperf.config.yamlio import load_yaml_mapping
 from flagperf.errors import CaseUserError, ConfigError, MissingExtra, extra_for
-from flagperf.paths import display_path, vendor_roots
+from flagperf.paths import ENGINE_MANIFEST, display_path, vendor_roots
 
-ENGINE_MANIFEST = "engine.yaml"
 INFERENCE_ENGINES = "engines"  # vendor_images/<vendor>/engines/<compiler>/: the inference family's compilers
 
 

@@ -32,10 +32,10 @@ from flagperf.config.models import (
     pydantic_error_to_config_error,
 )
 from flagperf.errors import ConfigError, SpecSettingError, missing_extra, nearest, unknown_name
-from flagperf.paths import PROJECT_ROOT, display_path, vendor_roots
+from flagperf.paths import PROJECT_ROOT, VENDOR_MANIFEST, display_path, vendor_roots
 from flagperf.results.schema import Peak, SpecTable
 
-MANIFEST = "vendor.yaml"
+MANIFEST = VENDOR_MANIFEST
 SETTING_NAME = re.compile(r"[a-z_][a-z0-9_]{0,63}")
 MAX_SETTING_TEXT = 200
 MAX_SETTING_NUMBER = 1e12  # far above any clock, channel count or transfer rate; a typo's exponent is refused

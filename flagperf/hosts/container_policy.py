@@ -20,7 +20,8 @@ Vendor and case folders outside the host's project (FLAGPERF_VENDOR_PATH's <fold
   project, mounted whole at project_root: no link in them may leave the project. A link to a place under one of the
   container's other mounts (a data mount, a -v's target; Slurm's shared_dir and container_mounts) leaves nothing, in
   either; what the source digest skips (paths.walk_source: a venv, node_modules, caches) is not looked at, nor is a
-  name in a folder the round never reads it from (an earlier place on the search path has it). Docker hosts and
+  case in a folder the round never reads it from (an earlier place on the search path has it; a vendor's later copy
+  is read for the engines the earlier ones lack, so it is looked at). Docker hosts and
   Slurm container images get them alike (search_mounts).
 Devices (--device, vendor.yaml container.devices): accelerator and RDMA device files by pattern
 (DEVICE_PATTERNS: InfiniBand/RoCE, which no vendor owns) plus the patterns the vendor folders declare in
@@ -524,15 +525,18 @@ class SearchMounts:
         return self.project_root or None
 
     def found_earlier(self, facts: Mapping[str, PathFacts]) -> dict[SearchEntry, set[str]]:
-        """Of each entry, the run's names an earlier place on its search path has (the project's own folder, first,
-        or an earlier entry: a folder there), which the round finds there and never in this entry's folder."""
+        """Of each entry, the run's cases an earlier place on its search path has (the project's own folder, first,
+        or an earlier entry: a folder there), which the round finds there and never in this entry's folder. Never a
+        vendor: its engines are looked up in every place holding a folder of its name (flagperf.config.engines), so
+        a later copy is read for an engine the earlier ones lack."""
         earlier: dict[SearchEntry, set[str]] = {}
         for path, names in self.names:
             seen = {name for own_path, name, source in self.own_folders()
-                    if own_path == path and facts[source].kind == "folder"}
+                    if own_path == path and facts[source].kind == "folder"} if path is CASE_FOLDERS else set()
             for entry in (e for e in self.entries if e.path == path):
                 earlier[entry] = set(seen)
-                seen |= {name for name in names if facts[f"{entry.folder}/{name}"].kind == "folder"}
+                if path is CASE_FOLDERS:
+                    seen |= {name for name in names if facts[f"{entry.folder}/{name}"].kind == "folder"}
         return earlier
 
     def check_own_folders(self, facts: Mapping[str, PathFacts]) -> None:
@@ -607,8 +611,9 @@ class SearchMounts:
                                                            path)
                         if found is not None:
                             source = f"{entry.folder}/{name}"
-                            # Mounted all the same (the digest counts it, where it lies, in a container as on the
-                            # host), but one found earlier on the search path is never read: its links do not count.
+                            # Mounted all the same (the container's search path is the host's, so it finds the same
+                            # copy the digest counts), but a case found earlier on the path is never read: its links do
+                            # not count.
                             problem = None if name in earlier[entry] else links_out_problem(source, name,
                                                                                                facts[source], path)
                             if problem:

@@ -570,10 +570,10 @@ def test_a_name_found_earlier_on_the_search_path_is_not_checked_again_where_the_
         (folder / "data.bin").symlink_to(outside)
     path = tmp_path / "inv.yaml"
 
-    def settings(case_path: str, cases: list[str]) -> Any:
+    def settings(case_path: str, cases: list[str], **env: str) -> Any:
         path.write_text(yaml.safe_dump({"hosts": [{"name": "a", "address": "h", "runtime": "docker",
                                                    "project_root": str(project),
-                                                   "env": {"FLAGPERF_CASE_PATH": case_path}}]}))
+                                                   "env": {"FLAGPERF_CASE_PATH": case_path, **env}}]}))
         spec = load_inventory(path).hosts[0]
         return checked_on_host(container_settings(load_vendor("cpu"), spec, "img:1", project, cases), LocalHost(),
                                spec)
@@ -593,6 +593,18 @@ def test_a_name_found_earlier_on_the_search_path_is_not_checked_again_where_the_
     with pytest.raises(ConfigError) as info:
         settings(f"labcases:{lab}:more", ["base/x"])
     assert f"{lab}/base/x/data.bin links outside its folder" in info.value.message, str(info.value)
+    # A vendor's later copy is read for the engines the earlier ones lack (the first place with an engine's name
+    # wins): the project's own vendor_images/cpu first does not spare a lab's cpu/generate/mine its check.
+    (project / "vendor_images" / "cpu").mkdir(parents=True)
+    (project / "vendor_images" / "cpu" / "vendor.yaml").write_text("name: cpu\n")
+    engine = tmp_path / "vendors" / "cpu" / "generate" / "mine"
+    engine.mkdir(parents=True)
+    (engine / "engine.yaml").write_text("name: mine\n")
+    (engine / "engine.py").symlink_to(outside)
+    with pytest.raises(ConfigError) as info:
+        settings("", ["base/y"], FLAGPERF_VENDOR_PATH=str(tmp_path / "vendors"))
+    assert info.value.key == "hosts.0.env.FLAGPERF_VENDOR_PATH" and (
+        f"{engine}/engine.py links outside its folder" in info.value.message), str(info.value)
 
 
 def test_the_projects_own_folder_resolving_outside_it_is_named_in_one_printable_line(tmp_path: Path) -> None:
