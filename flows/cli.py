@@ -32,6 +32,7 @@ from typer.core import TyperGroup
 # and `validate` start without pandas, paramiko or the report's Markdown (bench/cli_startup.py measures it).
 from flagperf.errors import ConfigError, FlagperfError, findings, left_out_line
 from flagperf.paths import (
+    SERVER_LOGS,
     StartFolderGone,
     display_path,
     outermost_missing,
@@ -911,11 +912,14 @@ def server(
     worker: Annotated[bool, typer.Option(help="also start a worker for the pool")] = True,
     deploy: Annotated[bool, typer.Option(help="create the deployments of prefect.yaml (else the banner prints "
                                               "the command)")] = True,
-    log_dir: Annotated[Path, typer.Option(help="where the server and worker write their logs")] = Path(
-        "results/server"),
+    log_dir: Annotated[Path | None, typer.Option(
+        help=f"where the server and worker write their logs (default: {SERVER_LOGS}/ in the --results folder, "
+             "whose site never serves it)")] = None,
 ) -> None:
     """Start a lasting Prefect server on PostgreSQL with a process worker, the deployments and the results site,
     behind one sign-in: the set-up for a team (docs/team-server.md)."""
+    # paths.SERVER_LOGS, the name the results folder keeps for it (no run may take it): one source of truth.
+    log_dir = log_dir if log_dir is not None else results / SERVER_LOGS
     # Until serve installs its own handler: from there a signal stops all it started, in order. The logs folder
     # it makes first goes again (while empty), so that "nothing" is true.
     log_dir_made = [folder for folder in (log_dir, *log_dir.parents) if not folder.exists()]
