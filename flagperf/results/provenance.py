@@ -97,16 +97,12 @@ def search_path_code(root: Path, vendor: str | None, cases: list[str] | None) ->
     anyway); of a vendor, the first place holding its vendor.yaml counts whole, less an engine an earlier place has,
     and each other place only for the engines it holds that no earlier place has (engines are looked up in every
     place with the vendor's folder, the first one of a name wins: flagperf.config.engines)."""
-    covered = [(root / folder).resolve() for folder in SOURCE_FOLDERS]
-
-    def counted(folder: Path) -> bool:
-        return not any(folder.is_relative_to(code) for code in covered)
-
     found: list[Code] = []
     for variable, names in ((VENDOR_PATH_ENV, None if vendor is None else [vendor]), (CASE_PATH_ENV, cases)):
         if names is None:
             for folder in search_path_folders(variable):
-                if counted(folder) and not root.resolve().is_relative_to(folder):  # never the tree a project lies in
+                # never the tree a project lies in
+                if not counted_already(root, folder) and not root.resolve().is_relative_to(folder):
                     found.append(Code(folder, variable))
         elif variable == VENDOR_PATH_ENV:
             found += vendor_code(root, names[0])
@@ -115,18 +111,22 @@ def search_path_code(root: Path, vendor: str | None, cases: list[str] | None) ->
     return found
 
 
+def counted_already(root: Path, place: Path) -> bool:
+    """Whether a search path folder lies within SOURCE_FOLDERS, which the digest counts whole anyway."""
+    return any(place.is_relative_to((root / folder).resolve()) for folder in SOURCE_FOLDERS)
+
+
 def vendor_code(root: Path, vendor: str) -> list[Code]:
     """search_path_code's of a run's vendor."""
     places = [root / VENDOR_FOLDER, *search_path_folders(VENDOR_PATH_ENV)]
     home = next((i for i, place in enumerate(places) if os.path.lexists(place / vendor / VENDOR_MANIFEST)), None)
-    covered = [(root / folder).resolve() for folder in SOURCE_FOLDERS]
     label = f"{VENDOR_PATH_ENV}/{vendor}"
     found: list[Code] = []
     seen: set[str] = set()  # the engines an earlier place has
     for index, place in enumerate(places):
         folder = place / vendor
         engines = vendor_engines(folder)
-        if index and folder.is_dir() and not any(place.is_relative_to(code) for code in covered):
+        if index and folder.is_dir() and not counted_already(root, place):
             if index == home:
                 found.append(Code(folder, label, frozenset(engines & seen)))
             else:
@@ -139,9 +139,8 @@ def case_code(root: Path, cases: list[str]) -> list[Code]:
     """search_path_code's of a run's cases (<family>/<case>)."""
     places = [root / CASE_FOLDER, *search_path_folders(CASE_PATH_ENV)]
     home = {name: next((i for i, place in enumerate(places) if is_case_folder(place / name)), None) for name in cases}
-    covered = [(root / folder).resolve() for folder in SOURCE_FOLDERS]
     return [Code(place / name, f"{CASE_PATH_ENV}/{name}") for index, place in enumerate(places)
-            if index and not any(place.is_relative_to(code) for code in covered)
+            if index and not counted_already(root, place)
             for name in cases if home[name] == index]
 
 
