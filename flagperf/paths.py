@@ -82,14 +82,18 @@ def _raise(error: OSError) -> None:
         raise error
 
 
-def walk_source(folder: str | Path, strict: bool = False) -> Iterator[tuple[str, list[str], list[str]]]:
+def walk_source(folder: str | Path, strict: bool = False, built: bool = False
+                ) -> Iterator[tuple[str, list[str], list[str]]]:
     """os.walk of a source folder without what is none of the code (skipped_folder, skipped_file), in name order:
-    the one walk of the source digest and of the link scan of a folder a container gets, so that both skip the same.
-    A linked folder is listed among the folders, never walked (it may loop). ``strict``: an unreadable folder
-    raises OSError (the digest is then unknown) rather than being passed over; a missing one has no files."""
+    the one walk of the source digest and of the link scan of a folder a container gets, so that both skip the same
+    folders. A linked folder is listed among the folders, never walked (it may loop). ``strict``: an unreadable
+    folder raises OSError (the digest is then unknown) rather than being passed over; a missing one has no files.
+    ``built``: keep the files skipped by their ending (SKIPPED_FILE_ENDINGS): the link scan's walk. The digest
+    leaves a build output out (it is made from the code it counts), but a round loads it all the same (a case's
+    foo.so), so a link by that name that leaves the folder dangles in a container as any other would."""
     for top, folders, files in os.walk(folder, onerror=_raise if strict else None):
         folders[:] = sorted(name for name in folders if not skipped_folder(top, name))
-        files[:] = sorted(name for name in files if not skipped_file(name))
+        files[:] = sorted(name for name in files if not (skipped_in_source(name) if built else skipped_file(name)))
         yield top, folders, files
 
 
@@ -126,6 +130,25 @@ CASE_PATH_ENV = "FLAGPERF_CASE_PATH"  # case folders outside the project (a lab'
 
 # The project's own case and vendor folders, first on their search paths (below the project root).
 CASE_FOLDER, VENDOR_FOLDER = "cases", "vendor_images"
+# The files that make a folder on a search path a vendor (<root>/<vendor>/), one of its engines
+# (<root>/<vendor>/<family folder>/<engine>/) or a case (<root>/<family>/<case>/; FlagPerf's inference cases by their
+# configurations.yaml): flagperf.config finds each by them, and the source digest counts the copy of a name a run
+# finds so (flagperf.results.provenance), never one an earlier place on the search path hides.
+VENDOR_MANIFEST, ENGINE_MANIFEST, CASE_MANIFEST = "vendor.yaml", "engine.yaml", "case.yaml"
+INFERENCE_FAMILY, INFERENCE_CASE_FILE = "inference", "configurations.yaml"
+
+
+def is_case_folder(folder: Path) -> bool:
+    """Whether <root>/<family>/<case> is a case where case discovery looks for one (flagperf.config.cases)."""
+    return os.path.lexists(folder / CASE_MANIFEST) or (
+        folder.parent.name == INFERENCE_FAMILY and os.path.lexists(folder / INFERENCE_CASE_FILE))
+
+
+def vendor_engines(folder: Path) -> set[str]:
+    """The engines a vendor folder holds, each <family folder>/<engine> (a folder with engine.yaml): a vendor's
+    engines are looked up in every place on the search path that has a folder of its name, not only its own."""
+    return {f"{manifest.parent.parent.name}/{manifest.parent.name}"
+            for manifest in folder.glob(f"*/*/{ENGINE_MANIFEST}")}
 
 
 def case_roots() -> list[Path]:

@@ -32,6 +32,7 @@ from typer.core import TyperGroup
 # and `validate` start without pandas, paramiko or the report's Markdown (bench/cli_startup.py measures it).
 from flagperf.errors import ConfigError, FlagperfError, findings, gathered, left_out_line
 from flagperf.paths import (
+    SERVER_LOGS,
     StartFolderGone,
     display_path,
     outermost_missing,
@@ -913,11 +914,14 @@ def server(
     worker: Annotated[bool, typer.Option(help="also start a worker for the pool")] = True,
     deploy: Annotated[bool, typer.Option(help="create the deployments of prefect.yaml (else the banner prints "
                                               "the command)")] = True,
-    log_dir: Annotated[Path, typer.Option(help="where the server and worker write their logs")] = Path(
-        "results/server"),
+    log_dir: Annotated[Path | None, typer.Option(
+        help=f"where the server and worker write their logs (default: {SERVER_LOGS}/ in the --results folder, "
+             "whose site never serves it)")] = None,
 ) -> None:
     """Start a lasting Prefect server on PostgreSQL with a process worker, the deployments and the results site,
     behind one sign-in: the set-up for a team (docs/team-server.md)."""
+    # paths.SERVER_LOGS, the name the results folder keeps for it (no run may take it): one source of truth.
+    log_dir = log_dir if log_dir is not None else results / SERVER_LOGS
     # Until serve installs its own handler: from there a signal stops all it started, in order. The logs folder
     # it makes first goes again (while empty), so that "nothing" is true.
     log_dir_made = [folder for folder in (log_dir, *log_dir.parents) if not folder.exists()]
@@ -1051,6 +1055,9 @@ def _check_file(path: Path, notes: list[str]) -> str:
 
     if not os.path.lexists(path):  # a file named by where it would be read from (vendor/<v>.yaml) is no file
         raise ConfigError(display_path(path), None, "file not found")
+    plugin = _check_plugin_manifest(path)
+    if plugin:
+        return plugin
     if path.name == "case.yaml":
         from flagperf.config.adaptation import VENDOR_CASES_FOLDER, read_adaptation
         from flagperf.config.files import is_present
@@ -1175,8 +1182,41 @@ def _check_file(path: Path, notes: list[str]) -> str:
             with _noted_only():
                 remove_made(folder, _make_results_folder(folder, display_path(path), "FLAGPERF_LOG_PATH"))
         return f"{'FlagPerf host.yaml' if 'HOSTS' in data else 'inventory'}, {len(inv.hosts)} host(s)"
-    raise ConfigError(display_path(path), None, "not a case.yaml, vendor/<vendor>.yaml, vendor.yaml, suite, "
-                                                "inventory or host.yaml file")
+    raise ConfigError(display_path(path), None, "not a case.yaml, vendor/<vendor>.yaml, vendor.yaml, engine.yaml, "
+                                                "toolkit.yaml, suite, inventory or host.yaml file")
+
+
+def _check_plugin_manifest(path: Path) -> str | None:
+    """A vendor's plug-in manifest, checked as a run checks it, importing, building and running nothing: an engine's
+    engine.yaml (<vendor>/<family folder>/<engine>/, by its family's model) or a toolkit's toolkit.yaml
+    (<vendor>/toolkits/<toolkit>/); None for any other file."""
+    from flagperf.basespec.toolkit import TOOLKIT_FILE, load_toolkit_manifest
+    from flagperf.config.engines import ENGINE_MANIFEST, INFERENCE_ENGINES, EngineManifest, checked_engine_manifest
+    from flagperf.generate.engines import ENGINES_FOLDER as GENERATE_ENGINES
+    from flagperf.generate.engines import EngineManifest as GenerateManifest
+    from flagperf.inference.engines import EngineManifest as InferenceManifest
+    from flagperf.operation.manifest import IMPLEMENTATIONS_FOLDER, ImplementationManifest
+
+    where = path.parent.parent
+    if path.name == ENGINE_MANIFEST:
+        # Each family's engine folder and its manifest (the families' own constants and models, none needing torch).
+        families: dict[str, tuple[str, type[EngineManifest]]] = {
+            INFERENCE_ENGINES: ("inference", InferenceManifest), GENERATE_ENGINES: ("generate", GenerateManifest),
+            IMPLEMENTATIONS_FOLDER: ("operation", ImplementationManifest)}
+        if where.name not in families:
+            raise ConfigError(display_path(path), None, f"never read: an engine's {ENGINE_MANIFEST} is <vendor>/"
+                              f"<family folder>/<engine>/{ENGINE_MANIFEST}, its family folder one of "
+                              f"{', '.join(sorted(families))} (this one is in {where.name!r})")
+        family, model = families[where.name]
+        manifest = checked_engine_manifest(path.parent, model)
+        return f"{family} engine {manifest.name} of vendor {where.parent.name}"
+    if path.name == TOOLKIT_FILE:
+        if where.name != "toolkits":
+            raise ConfigError(display_path(path), None, f"never read: a toolkit's {TOOLKIT_FILE} is <vendor>/toolkits/"
+                              f"<toolkit>/{TOOLKIT_FILE} (this one is in {where.name!r})")
+        toolkit = load_toolkit_manifest(path, where.parent)
+        return f"toolkit {toolkit.name} of vendor {where.parent.name}, provides {toolkit.provides}"
+    return None
 
 
 def _validate_inference_file(path: Path) -> str | None:
@@ -1205,9 +1245,10 @@ def _validate_inference_file(path: Path) -> str | None:
 @app.command()
 @_own_handler
 def validate(files: Annotated[list[Path], typer.Argument(help="config files to check")]) -> None:
-    """Check config files (suites, case.yaml, vendor overrides, vendor.yaml, inventories) without running
-    anything: a case's module is read, not imported (its Config is rebuilt from the source; the case's own
-    validators run when it runs), and only regular files inside their folders are read."""
+    """Check config files (suites, case.yaml, vendor overrides, vendor.yaml, an engine's engine.yaml, a toolkit's
+    toolkit.yaml, inventories) without running anything: a case's module is read, not imported (its Config is
+    rebuilt from the source; the case's own validators run when it runs), an engine's module is found, not
+    imported, and only regular files inside their folders are read."""
     from flagperf.config.casecode import case_code_not_run
 
     bad = checked = 0

@@ -23,14 +23,14 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, field_validator
 
 from flagperf.config.files import given_name, inside, regular_file
+from flagperf.config.models import StrictModel, check_name, load_model
 from flagperf.config.vendors import TOOLKITS_FOLDER
-from flagperf.config.yamlio import load_yaml_mapping
-from flagperf.errors import CaseUserError, ConfigError, Unsupported
+from flagperf.errors import CaseUserError, Unsupported
 from flagperf.measure.casekit import CaseContext, TimedCaseConfig
 from flagperf.paths import display_path
 from flagperf.results.metrics import GEMM_CONVENTION, Chunk, gemm_ops
@@ -52,10 +52,12 @@ class Config(TimedCaseConfig):
     fp8_fast_accum: bool = False
 
 
-class ToolkitManifest(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+PROVIDES = get_args(Config.model_fields["provides"].annotation)  # what a toolkit case can ask for
+PRECISIONS = get_args(get_args(Config.model_fields["precisions"].annotation)[0])  # what it asks of one
 
-    name: str
+
+class ToolkitManifest(StrictModel):
+    name: str  # also the built program's file name
     provides: str
     description: str
     requires: list[str] = Field(default_factory=list)
@@ -63,20 +65,45 @@ class ToolkitManifest(BaseModel):
     build: list[str] = Field(min_length=1)
     precisions: dict[str, str]
 
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return check_name(value, "toolkit name")
+
+    @field_validator("provides")
+    @classmethod
+    def _provides(cls, value: str) -> str:  # any other is never found: no case asks for it
+        if value not in PROVIDES:
+            raise ValueError(f"{value!r} is asked for by no toolkit case (they ask for {', '.join(PROVIDES)})")
+        return value
+
+    @field_validator("precisions")
+    @classmethod
+    def _precisions(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(set(value) - set(PRECISIONS))
+        if unknown:
+            raise ValueError(f"{', '.join(map(repr, unknown))}: no toolkit case runs such a precision (they run "
+                             f"{', '.join(PRECISIONS)})")
+        return value
+
+
+def load_toolkit_manifest(path: Path, vendor_folder: Path) -> ToolkitManifest:
+    """<vendor folder>/toolkits/<name>/toolkit.yaml as a run and `flagperf validate` check it, building and running
+    nothing: read as any config file (a regular file, no link out of the vendor folder), every key by the model
+    (ConfigError with every finding, each naming the file and key), and each of ``sources`` a regular file inside
+    the toolkit's folder (what it builds stays inside)."""
+    inside(vendor_folder, path.relative_to(vendor_folder), given_name(path), None, "the vendor folder")
+    manifest = load_model(path, ToolkitManifest)
+    for index, source in enumerate(manifest.sources):
+        regular_file(path.parent, source, display_path(path), f"sources.{index}", "the toolkit folder")
+    return manifest
+
 
 def find_toolkit(vendor_folder: Path | None, provides: str) -> tuple[Path, ToolkitManifest]:
     if vendor_folder is None:
         raise Unsupported(f"no vendor folder is known to this case, so no toolkit providing {provides!r}")
     for path in sorted((vendor_folder / TOOLKITS_FOLDER).glob(f"*/{TOOLKIT_FILE}")):
-        # Read as any config file (a regular file, no link out of the vendor folder); what it builds stays inside.
-        inside(vendor_folder, path.relative_to(vendor_folder), given_name(path), None, "the vendor folder")
-        try:
-            manifest = ToolkitManifest.model_validate(load_yaml_mapping(path))
-        except ValidationError as exc:
-            first = str(exc).splitlines()[0]
-            raise ConfigError(path, None, f"not a valid toolkit manifest: {first}") from None
-        for index, source in enumerate(manifest.sources):
-            regular_file(path.parent, source, display_path(path), f"sources.{index}", "the toolkit folder")
+        manifest = load_toolkit_manifest(path, vendor_folder)
         if manifest.provides == provides:
             return path.parent, manifest
     raise Unsupported(f"vendor {vendor_folder.name} has no toolkit providing {provides!r} "

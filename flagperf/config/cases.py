@@ -50,10 +50,10 @@ from flagperf.config.pyliterals import read_literal_file
 from flagperf.config.vendors import import_file
 from flagperf.config.yamlio import load_yaml_mapping
 from flagperf.errors import ConfigError, gathered, missing_extra, unknown_name
-from flagperf.paths import case_roots, display_path
+from flagperf.paths import CASE_MANIFEST, INFERENCE_CASE_FILE, INFERENCE_FAMILY, case_roots, display_path
 
-MANIFEST = "case.yaml"
-INFERENCE_FILES = ("configurations.yaml", "parameters.yaml")
+MANIFEST = CASE_MANIFEST
+INFERENCE_FILES = (INFERENCE_CASE_FILE, "parameters.yaml")
 INFERENCE_ENTRY = "pytorch/__init__.py"
 INFERENCE_FUNCTIONS = ("build_dataloader", "create_model", "evaluator", "model_forward", "export_model",
                        "engine_forward")
@@ -180,7 +180,7 @@ def available_cases() -> dict[str, Path]:
                 raise ConfigError(display_path(manifest), None,
                                   f"case {name!r} is also defined in {display_path(found[name])}")
             found[name] = manifest.parent
-        for configurations in sorted(root.glob(f"inference/*/{INFERENCE_FILES[0]}")):
+        for configurations in sorted(root.glob(f"{INFERENCE_FAMILY}/*/{INFERENCE_FILES[0]}")):
             name = configurations.parent.name
             if name in found:
                 raise ConfigError(display_path(configurations), None,

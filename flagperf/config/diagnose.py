@@ -12,7 +12,7 @@ from flagperf.config.models import load_model
 from flagperf.errors import ConfigError
 from flagperf.paths import PROJECT_ROOT, display_path
 from flagperf.results.diagnosis import Diagnosis, Rules, diagnose, is_fleet, render_markdown, write_diagnosis
-from flagperf.results.history import figures, history_engine, runs
+from flagperf.results.history import figures, history_found, history_reader, resolved_url, runs
 from flagperf.results.summary import RunSummary, summarize
 
 DEFAULT_RULES = PROJECT_ROOT / "deployments" / "diagnosis" / "rules.yaml"
@@ -48,17 +48,24 @@ def history_medians(summary: RunSummary, results_dir: Path, url: str | None = No
     """(case, metric) -> the median of the last runs in the history with this run's vendor and device
     (this run itself left out)."""
     vendor, device = summary.context.get("vendor"), summary.context.get("device")
-    engine = history_engine(url, results_dir)
+    engine = history_reader(url, results_dir)  # read only: a diagnosis never makes or changes the history
     found: dict[tuple[str, str], float] = {}
-    with engine.connect() as conn:
-        for entry in summary.headline:
-            earlier = conn.execute(
-                select(figures.c.value).join(runs, runs.c.run_id == figures.c.run_id)
-                .where(figures.c.case == entry["case"], figures.c.metric == entry["metric"], runs.c.vendor == vendor,
-                       runs.c.device == device, runs.c.run_id != summary.run_id)
-                .order_by(runs.c.recorded_at.desc()).limit(HISTORY_RUNS)).scalars().all()
-            if earlier:
-                found[(entry["case"], entry["metric"])] = statistics.median(float(v) for v in earlier)
+    if engine is None:
+        return found
+    try:
+        if not history_found(engine, resolved_url(url, results_dir)):
+            return found
+        with engine.connect() as conn:
+            for entry in summary.headline:
+                earlier = conn.execute(
+                    select(figures.c.value).join(runs, runs.c.run_id == figures.c.run_id)
+                    .where(figures.c.case == entry["case"], figures.c.metric == entry["metric"],
+                           runs.c.vendor == vendor, runs.c.device == device, runs.c.run_id != summary.run_id)
+                    .order_by(runs.c.recorded_at.desc()).limit(HISTORY_RUNS)).scalars().all()
+                if earlier:
+                    found[(entry["case"], entry["metric"])] = statistics.median(float(v) for v in earlier)
+    finally:
+        engine.dispose()
     return found
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, TypeVar
@@ -20,9 +21,8 @@ from flagperf.config.models import StrictModel, check_name, load_model
 from flagperf.config.vendors import first_with_manifest, import_file, vendor_folders, vendor_search
 from flagperf.config.yamlio import load_yaml_mapping
 from flagperf.errors import CaseUserError, ConfigError, MissingExtra, extra_for
-from flagperf.paths import display_path
+from flagperf.paths import ENGINE_MANIFEST, display_path
 
-ENGINE_MANIFEST = "engine.yaml"
 INFERENCE_ENGINES = "engines"  # vendor_images/<vendor>/engines/<compiler>/: the inference family's compilers
 
 
@@ -121,16 +121,41 @@ def load_engine_manifest(vendor: str, name: str, family_folder: str, model: type
                                        f"first on the search path and shadows it (engines in its {family_folder}/: "
                                        f"{known})")
     folder = engines[name]
+    return checked_engine_manifest(folder, model), folder
+
+
+def checked_engine_manifest(folder: Path, model: type[ManifestT]) -> ManifestT:
+    """An engine folder's engine.yaml as a run and `flagperf validate` check it, without importing or running
+    anything: every key by ``model`` (ConfigError with every finding, each naming the file and key), the name the
+    folder's, a ``file:`` that stays inside the folder and is a regular file, a ``module:`` that is a module of the
+    project (found by its file, not imported: its package may need a library this machine lacks)."""
     _check_engine_folder(folder)
     manifest_source = display_path(folder / ENGINE_MANIFEST)
     manifest = load_model(folder / ENGINE_MANIFEST, model)
-    if manifest.name != name:
-        raise ConfigError(manifest_source, "name", f"must match the folder name ({name!r})")
+    if manifest.name != folder.name:
+        raise ConfigError(manifest_source, "name", f"must match the folder name ({folder.name!r})")
     if manifest.file is not None:  # '../x.py', an absolute path, a link out of the folder: refused
         regular_file(folder, manifest.file, manifest_source, "file", "the engine's folder")
-    if manifest.module is not None and importlib.util.find_spec(manifest.module) is None:
+    if manifest.module is not None and project_module_file(manifest.module) is None:
         raise ConfigError(manifest_source, "module", f"no module named {manifest.module!r}")
-    return manifest, folder
+    return manifest
+
+
+MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
+
+
+def project_module_file(name: str) -> Path | None:
+    """The file of the project's module ``name`` (flagperf.<...>: a shared engine's module_prefix keeps it so),
+    found in the package's folder without importing anything; None where there is none."""
+    if not MODULE_NAME.match(name) or name.split(".")[0] != "flagperf":
+        return None
+    import flagperf  # already imported: this module is part of it
+
+    path = Path(flagperf.__file__).parent.joinpath(*name.split(".")[1:])
+    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
 
 
 def _check_engine_folder(folder: Path) -> None:

@@ -32,10 +32,10 @@ from flagperf.config.models import (
     pydantic_error_to_config_error,
 )
 from flagperf.errors import ConfigError, SpecSettingError, missing_extra, nearest, unknown_name
-from flagperf.paths import PROJECT_ROOT, display_path, vendor_roots
+from flagperf.paths import PROJECT_ROOT, VENDOR_MANIFEST, display_path, vendor_roots
 from flagperf.results.schema import Peak, SpecTable
 
-MANIFEST = "vendor.yaml"
+MANIFEST = VENDOR_MANIFEST
 TOOLKITS_FOLDER = "toolkits"  # <vendor folder>/toolkits/<name>/toolkit.yaml (flagperf.basespec.toolkit)
 SETTING_NAME = re.compile(r"[a-z_][a-z0-9_]{0,63}")
 MAX_SETTING_TEXT = 200

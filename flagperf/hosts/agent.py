@@ -210,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     described.add_argument("--tree", help="a folder among --scan's that resolves into this tree (the project, which "
                            "a container has at this path) lists the links that leave the tree instead")
     described.add_argument("--mounted", action="append", default=[], help="a place the container has mounted (a "
-                           "data mount): a link to a place under it is not listed")
+                           "data mount): SOURCE:TARGET, or TARGET from the same host path; a link to a place under "
+                           "TARGET is not listed where the container resolves it within its mounts")
     described.add_argument("paths", nargs="*")
     described.set_defaults(func=cmd_describe_paths)
     with_env = sub.add_parser("exec-with-env")

@@ -495,8 +495,9 @@ class SearchMounts:
     names: tuple[tuple[SearchPath, tuple[str, ...]], ...] = ()  # the run's vendor; its cases' <family>/<case>
     project_root: str = ""
     outside: tuple[SearchEntry, ...] = ()  # resolved: the entries that resolve outside the project (mounted)
-    # The container's other mount targets (a docker host's data mounts and -v's, a Slurm entry's shared_dir and
-    # container_mounts): a link in a scanned folder to a place under one leads there in the container too.
+    # The container's other mounts (a docker host's data mounts and -v's, a Slurm entry's shared_dir and
+    # container_mounts), each SOURCE:TARGET, or a TARGET it has from the same host path: a link in a scanned folder
+    # to a place under a target leads there in the container too, where the host resolves it inside the mounts.
     mounted: tuple[str, ...] = ()
 
     def all(self) -> list[Mount]:
@@ -633,8 +634,9 @@ class SearchMounts:
                                                            path)
                         if found is not None:
                             source = f"{entry.folder}/{name}"
-                            # Mounted all the same (the digest counts it, where it lies, in a container as on the
-                            # host), but one found earlier on the search path is never read: its links do not count.
+                            # Mounted all the same (the container's search path is the host's, so it finds the same
+                            # copy the digest counts), but a case found earlier on the path is never read: its links do
+                            # not count.
                             problem = None if name in earlier[entry] else links_out_problem(source, name,
                                                                                                facts[source], path)
                             if problem:
@@ -654,8 +656,9 @@ def search_mounts(values: Mapping[str, str], vendor: str, cases: Sequence[str], 
     """What the run's containers get of a host's search paths (``values``: the host's variables) for its ``vendor``
     and ``cases`` (<family>/<case>), to be ``resolved`` on the host: every folder checked as written, also where no
     name is asked for (PolicyError keyed env.<variable>). Each folder keeps its place in the variable (SearchEntry's
-    index), so the same folder wins a name in the container as on the host. ``mounted``: the container's other mount
-    targets (data mounts; Slurm's shared_dir and container_mounts), where a link in a vendor or case folder may lead.
+    index), so the same folder wins a name in the container as on the host. ``mounted``: the container's other mounts
+    (data mounts; Slurm's shared_dir and container_mounts; SOURCE:TARGET, or TARGET from the same host path), where a
+    link in a vendor or case folder may lead.
     One function for every container runtime: the docker runtime and Slurm's pyxis (srun --container-mounts)."""
     entries: list[SearchEntry] = []
     for path in (VENDOR_FOLDERS, CASE_FOLDERS):
@@ -669,7 +672,7 @@ def search_mounts(values: Mapping[str, str], vendor: str, cases: Sequence[str], 
             raise PolicyError(str(exc), f"env.{path.variable}") from None
     return SearchMounts(entries=tuple(entries), project_root=project_root,
                         names=((VENDOR_FOLDERS, (vendor,)), (CASE_FOLDERS, tuple(cases))),
-                        mounted=tuple(sorted({target for target in mounted if target != "/"})))
+                        mounted=tuple(sorted({entry for entry in mounted if entry.rpartition(":")[2] != "/"})))
 
 
 def resolved_device(value: str, facts: Mapping[str, PathFacts], patterns: Iterable[str], what: str) -> str:

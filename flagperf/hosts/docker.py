@@ -278,7 +278,8 @@ class ContainerSettings:
         return self.search.tree()
 
     def scan_mounted(self) -> tuple[str, ...]:
-        """The container's other mount targets (data mounts, -v's), into which a scanned folder's link may lead."""
+        """The container's other mounts (data mounts, -v's; SOURCE:TARGET), into which a scanned folder's link may
+        lead."""
         return self.search.mounted
 
     def resolved(self, facts: Mapping[str, PathFacts]) -> ContainerSettings:
@@ -330,9 +331,10 @@ def container_settings(vendor: Vendor, spec: HostSpec, image: str, project_root:
     given = spec.runtime_env()
     given.update(resolve_values(extras.env, spec.name, "docker.extra_options"))
     try:
-        # A link in a vendor or case folder may lead into a data mount: the container has it at the same place.
+        # A link in a vendor or case folder may lead into a data mount or a -v's target: SOURCE:TARGET, so that the
+        # host follows it on its way as the container would.
         search = search_mounts(given, vendor.name, cases, str(project_root or spec.project_root or PROJECT_ROOT),
-                               [m.target for m in (*data_mounts, *extras.mounts)])
+                               [f"{m.source}:{m.target}" for m in (*data_mounts, *extras.mounts)])
     except PolicyError as exc:
         raise ConfigError(source, f"{prefix}{exc.key}", str(exc)) from None
     env = {name: value for name, value in given.items() if RUNTIME_READS.match(name)}

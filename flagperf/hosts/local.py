@@ -300,20 +300,24 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = Non
     """The symlinks below ``folder`` (itself resolved) that a copy of it mounted at another path would not follow:
     one whose target is an absolute path, or whose way leaves the folder (a '..' above it, or a link out). Each as
     [its path below the folder, its target as written, where it leads here], the first ``limit`` in path order. A
-    linked folder is checked as a link, never walked (it may loop). What the source digest skips (a venv, .git,
-    __pycache__, build outputs: paths.walk_source, the digest's own walk) is skipped here too: none of it is the
-    code a round runs.
+    linked folder is checked as a link, never walked (it may loop). The folders and names the source digest skips
+    (a venv, .git, __pycache__, a dot-file: paths.walk_source, the digest's own walk) are skipped here too: none of
+    it is the code a round runs; a build output (foo.so) is checked, since a round loads it.
     ``tree``: the folder is mounted as part of that tree, at the tree's path as written (the project, mounted at
     project_root): then only the links that leave the tree count, and an absolute target counts unless it names a
-    place in the tree by that path. ``mounted``: the container's other mount targets (its data mounts, a Slurm
-    entry's shared_dir): a link to a place under one, as the container reads the link, leaves nothing (a case's
-    data -> /datasets/imagenet, where /datasets/imagenet is a data mount)."""
+    place in the tree by that path. ``mounted``: the container's other mounts (its data mounts, a Slurm entry's
+    shared_dir), each SOURCE:TARGET (a host path and where the container has it) or a TARGET the container has
+    from the same host path: a link to a place under a target, as the container reads the link, leaves nothing (a
+    case's data -> /datasets/imagenet, where /datasets/imagenet is a data mount) where the container resolves it
+    there too: every further link on its way (/datasets/imagenet itself a link on the host) must lead to a place the
+    container has (resolved_in_container)."""
     root = os.path.realpath(folder)
     bound = root if tree is None else os.path.realpath(tree)
     at = None if tree is None else os.path.normpath(tree)
-    targets = [os.path.normpath(path) for path in mounted if os.path.normpath(path) != "/"]
+    mounts = [view for view in map(mount_view, mounted) if view[1] != "/"]
+    views = [*mounts, *([(bound, at)] if at is not None else [])]  # and the tree, as a container has it
     found: list[list[str]] = []
-    for top, folders, files in walk_source(root):
+    for top, folders, files in walk_source(root, built=True):
         for name in sorted([*folders, *files]):
             path = os.path.join(top, name)
             if not os.path.islink(path):
@@ -328,9 +332,11 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = Non
             # container, known where the folder is part of the tree (elsewhere it lies under /flagperf-search).
             there = os.path.normpath(target) if os.path.isabs(target) else \
                 None if at is None else os.path.normpath(os.path.join(at, way))
-            if there is not None and any(_inside(there, mount) for mount in targets):
-                continue  # the container has that place mounted: the link leads there as on the host
-            if os.path.isabs(target):
+            if there is not None and any(_inside(there, place) for _, place in mounts):
+                if resolved_in_container(there, views):
+                    continue  # the container has that place mounted: the link leads there as on the host
+                leaves = True
+            elif os.path.isabs(target):
                 leaves = at is None or not _inside(os.path.normpath(target), at)
             else:
                 leaves = way == ".." or way.startswith("../")
@@ -339,6 +345,52 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = Non
                 if len(found) >= limit:
                     return found
     return found
+
+
+def mount_view(entry: str) -> tuple[str, str]:
+    """A --mounted entry as (the host folder the container sees there, resolved here; its path in the container):
+    SOURCE:TARGET, or a TARGET the container has from the same host path (no mount's path holds a ':')."""
+    source, _, target = entry.rpartition(":")
+    return os.path.realpath(source or target), os.path.normpath(target)
+
+
+def resolved_in_container(path: str, views: Sequence[tuple[str, str]], hops: int = 40) -> bool:
+    """Whether ``path`` (absolute, as a container reads it) leads, link by link, only through places the container
+    has: ``views``, (host folder, its path in the container). Each part is looked up on the host in the folder the
+    container has it from, and a link there is followed as the container follows it (an absolute target from the
+    container's root); a part outside every view is the image's, not the host's (False), except a folder on the way
+    to a mount point. What is not there at the end is not there on the host either: not this check's concern."""
+    parts = [part for part in path.split("/") if part]
+    here = "/"
+    while parts:
+        part = parts.pop(0)
+        if part in (".", ""):
+            continue
+        if part == "..":
+            here = os.path.dirname(here)
+            continue
+        step = os.path.join(here, part)
+        view = max((v for v in views if _inside(step, v[1])), key=lambda v: len(v[1]), default=None)
+        if view is None:
+            if any(_inside(target, step) for _, target in views):
+                here = step  # a folder the engine makes for a mount point below it
+                continue
+            return False
+        host = view[0] + step[len(view[1]):]
+        if step != view[1] and os.path.islink(host):  # a mount point itself is the folder its source resolves to
+            hops -= 1
+            if hops < 0:
+                return False  # a loop
+            try:
+                target = os.readlink(host)
+            except OSError:
+                return False
+            parts = [p for p in target.split("/") if p] + parts
+            if target.startswith("/"):
+                here = "/"
+            continue
+        here = step
+    return True
 
 
 def _inside(path: str, folder: str) -> bool:

@@ -12,7 +12,8 @@ operations), and everything that runs on a node runs inside a Slurm job submitte
 
 The controller then watches files on the shared folder (every ``poll_s``) and asks squeue now and then (every
 ``state_poll_s``): a job pending past ``pending_timeout_s`` is cancelled and the round fails naming squeue's
-reason; a job that outlives the case's timeout, or a controller that is interrupted, cancels it (scancel), and
+reason, and so is one whose nodes are still configuring (booting) past ``configuring_timeout_s``, a clock of its
+own; a job that outlives the case's timeout, or a controller that is interrupted, cancels it (scancel), and
 so does ``cancel_jobs`` at the end of every evaluation: nothing is left queued.
 """
 
@@ -67,8 +68,10 @@ END_WAIT_S = 60.0  # after the nodes wrote their exit records, how long the job 
 # no reason at all. A job PENDING past pending_timeout_s with it is given up to REASON_WAIT_S more for a real one
 # (Resources, Priority, ReqNodeNotAvail ...), squeue asked every state_poll_s meanwhile, so that the failure says why
 # it waits, however fast the machine. A CONFIGURING job (its nodes allocated, booting) has no reason either, nor
-# will it get one: it is not waited for.
+# will it get one: it is not waited for. Its time configuring is not pending time: a power-saving cluster boots
+# the nodes it allocated (minutes), which slurm.configuring_timeout_s bounds on a clock of its own.
 NO_REASON = {"", "None"}
+CONFIGURING = "CONFIGURING"
 REASON_WAIT_S = 60.0
 # What a path in pyxis' --container-mounts may not hold: ',' parts the mounts, ':' a mount's fields, and enroot
 # writes each mount as one whitespace-separated fstab line.
@@ -84,10 +87,13 @@ class SlurmJobNeverStarted(FlagperfError):
 
 
 def not_started_why(state: str, reason: str) -> str:
-    """Why a job past slurm.pending_timeout_s has not started, as squeue says, for its failure."""
+    """Why a job past slurm.pending_timeout_s (or, CONFIGURING, slurm.configuring_timeout_s) has not started, as
+    squeue says, for its failure."""
     said = f"squeue reason: {reason}" if reason not in NO_REASON else "squeue reason: none"
-    if state == "CONFIGURING":
-        return f"its nodes are allocated and still configuring (booting, or running a prolog); {said}"
+    if state == CONFIGURING:
+        return (f"its nodes are allocated and still configuring: booting (a power-saving cluster powers them up for "
+                f"the job) or running a prolog; {said}; where nodes boot on demand, give slurm.configuring_timeout_s "
+                "more than their boot takes")
     if state == "PENDING" and reason in NO_REASON:
         return f"{said}, also {REASON_WAIT_S:.0f} s later: slurmctld's scheduler has not looked at the job"
     return said
@@ -173,6 +179,10 @@ class SlurmJob:
     job_id: str = ""
     submitted: float = 0.0
     started: float | None = None
+    # Since when squeue says CONFIGURING (None: it does not), and how long it did so before (a job requeued after
+    # a boot that failed is PENDING again): time configuring is no pending time.
+    configuring_since: float | None = None
+    configured_s: float = 0.0
     ended: threading.Event = field(default_factory=threading.Event)
     end: str | None = None  # why it ended without every node's record
     never_started: bool = False
@@ -288,28 +298,32 @@ class SlurmJob:
                 self.cancel(f"still running after timeout_s = {self.timeout_s:.0f} s")
                 self.finish(f"timed out after {self.timeout_s:.0f} s (timeout_s); Slurm job {self.job_id} cancelled")
                 break
-            pending_too_long = self.started is None and now - self.submitted > spec.pending_timeout_s
-            # squeue at once when the pending timeout passes (the verdict is due), else every state_poll_s, also
-            # while a reason is awaited (its wait's end is a poll of its own).
-            if (pending_too_long and not awaiting_reason) or now >= next_state:
+            too_long = self.started is None and self.waited_too_long(now)
+            # squeue at once when a not-started job's timeout passes (the verdict is due), else every state_poll_s,
+            # also while a reason is awaited (its wait's end is a poll of its own).
+            if (too_long and not awaiting_reason) or now >= next_state:
                 next_state = now + spec.state_poll_s  # the files say more, sooner; squeue is the safety net
                 state, reason = self.state()
                 if state in NOT_STARTED:
-                    reason_due = self.submitted + spec.pending_timeout_s + REASON_WAIT_S
+                    self.count_configuring(state == CONFIGURING, now)
+                    timeout, limit = (("configuring_timeout_s", spec.configuring_timeout_s) if state == CONFIGURING
+                                      else ("pending_timeout_s", spec.pending_timeout_s))
+                    too_long = self.waited_too_long(now)
+                    reason_due = self.submitted + self.configured_s + spec.pending_timeout_s + REASON_WAIT_S
                     # Only a PENDING job without a reason waits for one: slurmctld's scheduler has not looked at it
                     # yet. A CONFIGURING one has its nodes (they boot): squeue gives it no reason, nor will it.
-                    if pending_too_long and state == "PENDING" and reason in NO_REASON and now < reason_due:
+                    if too_long and state == "PENDING" and reason in NO_REASON and now < reason_due:
                         next_state = min(next_state, reason_due)
                         if not awaiting_reason:
                             awaiting_reason = True
                             logger.info("Slurm job %s still %s after %.0f s (slurm.pending_timeout_s) with no reason "
                                         "from squeue yet: waiting up to %.0f s more for one before it is cancelled",
                                         self.job_id, state, spec.pending_timeout_s, REASON_WAIT_S)
-                    elif pending_too_long:
+                    elif too_long:
                         self.never_started = True
-                        self.cancel("pending too long")
-                        self.finish(f"Slurm job {self.job_id} still {state} after {spec.pending_timeout_s:.0f} s "
-                                    f"(slurm.pending_timeout_s; {not_started_why(state, reason)}); cancelled")
+                        self.cancel(f"{state} past slurm.{timeout}")
+                        self.finish(f"Slurm job {self.job_id} still {state} after {limit:.0f} s "
+                                    f"(slurm.{timeout}; {not_started_why(state, reason)}); cancelled")
                         break
                 elif state in ACTIVE:
                     if self.started is None:
@@ -322,6 +336,23 @@ class SlurmJob:
                                 f"{', '.join(missing)} wrote their exit record; {self.output_note(batch_host)}")
                     break
             self.ended.wait(spec.poll_s)
+
+    def waited_too_long(self, now: float) -> bool:
+        """Whether a job that has not started is past its timeout: slurm.configuring_timeout_s since squeue first
+        said CONFIGURING, or else slurm.pending_timeout_s of waiting for nodes since it was submitted (its time
+        configuring left out)."""
+        if self.configuring_since is not None:
+            return now - self.configuring_since > self.spec.configuring_timeout_s
+        return now - self.submitted - self.configured_s > self.spec.pending_timeout_s
+
+    def count_configuring(self, configuring: bool, now: float) -> None:
+        """What squeue said of a not-started job: CONFIGURING starts its configuring clock, anything else (requeued
+        after a boot that failed) stops it, and the time goes to configured_s."""
+        if configuring and self.configuring_since is None:
+            self.configuring_since = now
+        elif not configuring and self.configuring_since is not None:
+            self.configured_s += now - self.configuring_since
+            self.configuring_since = None
 
     def _wait_gone(self) -> None:
         """The nodes are done: let the job leave the queue (its output complete, its nodes free for the next
@@ -496,8 +527,8 @@ class SlurmHost(LocalHost):
         if not self.slurm.container_image:
             return None
         try:
-            # A link in a vendor or case folder may lead into the container's other mounts, at the same place there.
-            mounted = [str(self.slurm.shared_dir), *(m.split(":")[1] for m in self.slurm.container_mounts)]
+            # A link in a vendor or case folder may lead into the container's other mounts (SOURCE:TARGET).
+            mounted = [str(self.slurm.shared_dir), *(":".join(m.split(":")[:2]) for m in self.slurm.container_mounts)]
             written = search_mounts(self.environment(), vendor, cases, str(self.project_root), mounted)
             found = self.describe_paths(written.host_paths(), written.scan_paths(), written.tree(), written.mounted)
             search = written.resolved({path: PathFacts.of(fact) for path, fact in found.items()})

@@ -74,7 +74,12 @@ class SlurmSpec(StrictModel):
     shared_dir: Path = Field(strict=False, description="a folder of yours that the controller and every node see: "
                              "jobs, monitors and results are written there and collected into the run folder")
     pending_timeout_s: float = Field(default=600.0, gt=0, description="a job still pending after this long is "
-                                     "cancelled and the round fails naming squeue's reason")
+                                     "cancelled and the round fails naming squeue's reason (time CONFIGURING, its "
+                                     "nodes allocated and booting, is not counted: see configuring_timeout_s)")
+    configuring_timeout_s: float = Field(default=1800.0, gt=0, description="a job still CONFIGURING (its nodes "
+                                         "allocated and booting, e.g. powered up on demand by a power-saving "
+                                         "cluster, or running a prolog) this long after squeue first said so is "
+                                         "cancelled and the round fails; more than the nodes' boot takes")
     time_slack_s: float = Field(default=300.0, ge=0, description="the job's --time is the case's timeout_s plus "
                                 "this (start-up, container, monitors)")
     poll_s: float = Field(default=1.0, ge=0.1, le=60, description="how often the controller looks at the job's "

@@ -158,6 +158,9 @@ class SshHost(Host):
         except TimeoutError:
             raise SshError(f"host {self.name}: no answer from {self.where()} within "
                            f"{spec.connect_timeout_s:.0f} s (connect_timeout_s)") from None
+        except paramiko.ssh_exception.NoValidConnectionsError as exc:  # its own text starts "[Errno None] ..."
+            why = "; ".join(sorted({error.strerror or str(error) for error in exc.errors.values()}))
+            raise SshError(f"host {self.name}: cannot connect to {self.where()}: {why or exc}") from None
         except (OSError, paramiko.SSHException) as exc:
             raise SshError(f"host {self.name}: cannot connect to {self.where()}: {exc}") from None
         transport = client.get_transport()

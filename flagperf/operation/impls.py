@@ -18,19 +18,15 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
-from flagperf.config.engines import EngineDef, EngineManifest, engine_folders, import_engine, load_engine_manifest
+from flagperf.config.engines import EngineDef, engine_folders, import_engine, load_engine_manifest
+from flagperf.operation.manifest import IMPLEMENTATIONS_FOLDER, ImplementationManifest
 from flagperf.operation.operators import Operator
 
-IMPLEMENTATIONS_FOLDER = "operation"  # vendor_images/<vendor>/operation/<implementation>/
 BASELINE = "native"  # speed-ups are against this implementation
-
-
-class ImplementationManifest(EngineManifest):
-    module_prefix: ClassVar[str] = "flagperf.operation."
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
-from flagperf.errors import ConfigError, require
+from flagperf.errors import ConfigError, FlagperfError, require
 from flagperf.paths import HISTORY_FILE, SQLITE_JOURNALS
 from flagperf.results.bounded import read_json_file
 from flagperf.results.summary import WITHIN_ROUND, load_results, summarize
@@ -171,8 +171,8 @@ def check_history(url: str | None = None, results_dir: str | Path = "results") -
 
 
 def history_engine(url: str | None = None, results_dir: str | Path = "results") -> Engine:
-    """The history, made where it is not yet and given the tables and columns of this version (a night recording,
-    the readers of the history)."""
+    """The history, made where it is not yet and given the tables and columns of this version: the writer's (a night
+    recording it). A reader opens it with history_reader, which makes and changes nothing."""
     url = _checked_url(url, results_dir)
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
@@ -182,8 +182,41 @@ def history_engine(url: str | None = None, results_dir: str | Path = "results") 
     return engine
 
 
-def _engine(url: str) -> Engine:
-    """An engine for the history at ``url`` (checked), with this project's driver; nothing is made or changed."""
+def history_reader(url: str | None = None, results_dir: str | Path = "results") -> Engine | None:
+    """The history opened to read it (the results site's trends, `flagperf diagnose --history`), never made or
+    changed: a SQLite file is opened read-only (None where there is no such file yet), a database server in
+    read-only transactions (its server refuses any write). Before reading, history_found says whether it has its
+    tables yet: only a night that records makes them (history_engine)."""
+    url = _checked_url(url, results_dir)
+    files = sqlite_files(url, results_dir)
+    if files:
+        if files[0].is_symlink() or not files[0].is_file():
+            return None
+        return create_engine(f"sqlite:///file:{files[0].resolve()}?mode=ro&uri=true")
+    return _engine(url, read_only=True)
+
+
+def history_found(engine: Engine, where: str) -> bool:
+    """Whether the history opened by history_reader has its tables (False: none yet); FlagperfError, naming it
+    (``where``: its URL as given) and what it lacks, where an earlier version made them without a column this one
+    reads (the next night's record adds it: a reader changes nothing)."""
+    with engine.connect() as conn:
+        look = inspect(conn)
+        names = set(look.get_table_names())
+        if not names >= set(metadata.tables):
+            return False
+        lacking = [f"{table.name}.{column.name}" for table in metadata.sorted_tables
+                   for have in [{c["name"] for c in look.get_columns(table.name)}]
+                   for column in table.columns if column.name not in have]
+    if lacking:
+        raise FlagperfError(f"the history {where} was made by an earlier version of flagperf and lacks "
+                            f"{', '.join(lacking)}: the next night's record adds them; until then it is not read")
+    return True
+
+
+def _engine(url: str, read_only: bool = False) -> Engine:
+    """An engine for the history at ``url`` (checked), with this project's driver; nothing is made or changed.
+    ``read_only``: every transaction of its sessions is read-only (PostgreSQL refuses a write in one)."""
     for spelling in ("postgresql+asyncpg://", "postgresql://", "postgres://"):  # the driver this project installs
         if url.startswith(spelling):
             url = "postgresql+psycopg://" + url.removeprefix(spelling)
@@ -197,7 +230,19 @@ def _engine(url: str) -> Engine:
                                                "or sqlite:///path") from None
     if engine.dialect.name == "postgresql":
         event.listen(engine, "connect", _bounded_lock_wait)
+        if read_only:
+            event.listen(engine, "connect", _read_only_session)
     return engine
+
+
+def _read_only_session(dbapi_connection: Any, _record: Any) -> None:
+    """A reader's session: its server refuses every write (a table made or altered included)."""
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+        dbapi_connection.commit()  # the SET outlives the connect's implicit transaction
+    finally:
+        cursor.close()
 
 
 PG_CONNECT_TIMEOUT_S = 15

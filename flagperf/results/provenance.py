@@ -12,12 +12,23 @@ import socket
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import psutil
 
 from flagperf import __version__
-from flagperf.paths import CASE_PATH_ENV, PROJECT_ROOT, VENDOR_PATH_ENV, search_path_folders, walk_source
+from flagperf.paths import (
+    CASE_FOLDER,
+    CASE_PATH_ENV,
+    PROJECT_ROOT,
+    VENDOR_FOLDER,
+    VENDOR_MANIFEST,
+    VENDOR_PATH_ENV,
+    is_case_folder,
+    search_path_folders,
+    vendor_engines,
+    walk_source,
+)
 
 CASE_LIBRARIES = ("torch", "numpy", "pydantic", "PyYAML", "psutil")
 # Environment variables that change what a number means (threads, visible devices, math modes).
@@ -50,54 +61,111 @@ def source_digest(root: Path = PROJECT_ROOT, vendor: str | None = None,
     """sha256 of the code that ran, first 16 hex digits: every file of SOURCE_FOLDERS, and of the vendor and case
     folders FLAGPERF_VENDOR_PATH / FLAGPERF_CASE_PATH name beyond them (path and bytes, in path order); None if a
     file cannot be read (the figure is never lost over its label). ``vendor`` and ``cases`` (<family>/<case>): a
-    run's, whose folders alone count of those search path folders (a container gets no others); without them each
-    search path folder counts whole. A search path folder's files are labelled by the variable and their path below
-    its folder, never by where it lies, so a process on the host and a container that has the folder elsewhere
-    (/flagperf-search/...) digest the same code alike. A copy deployed without git (a host's copy, an unpacked tree)
-    is identified by it too, and two trees with the same commit but different local changes are told apart: compute
-    it in a checkout with ``python -c "from flagperf.results.provenance import source_digest; print(source_digest())"``
+    run's, whose folders alone count of those search path folders (a container gets no others), and of each name
+    only the copy the run uses (search_path_code: a copy an earlier place on the search path hides is never read);
+    without them each search path folder counts whole. A search path folder's files are labelled by the variable
+    and their path below its folder, never by where it lies, so a process on the host and a container that has the
+    folder elsewhere (/flagperf-search/...) digest the same code alike. A copy deployed without git (a host's copy,
+    an unpacked tree) is identified by it too, and two trees with the same commit but different local changes are
+    told apart: compute it in a checkout with
+    ``python -c "from flagperf.results.provenance import source_digest; print(source_digest())"``
     (a run whose vendor or cases lie on those variables: ``source_digest(vendor='acme', cases=['base/x'])``).
     What is none of the code is left out (paths.walk_source): build outputs (.so, .o), Python's caches, dot-files and
     dot-folders, node_modules and an installed Python environment (a venv, whatever its name: its packages are
     third-party, built per host, and counted by library_versions instead)."""
-    folders = [(root / folder, folder) for folder in SOURCE_FOLDERS]
+    folders: list[Code] = [Code(root / folder, folder) for folder in SOURCE_FOLDERS]
     if root == PROJECT_ROOT:
         folders += search_path_code(root, vendor, None if cases is None else list(cases))
     return folders_digest(tuple(folders))
 
 
-def search_path_code(root: Path, vendor: str | None, cases: list[str] | None) -> list[tuple[Path, str]]:
-    """(folder, label) of the code the search path variables add to the project's: the run's vendor and case
-    folders in each of their folders (or, without a run, each folder), in search order; a folder that resolves
-    within SOURCE_FOLDERS is counted with them already (a container's search_mounts names such a folder in the
-    project, never mounts it elsewhere: container_policy decides inside/outside from the resolved folder too)."""
-    covered = [(root / folder).resolve() for folder in SOURCE_FOLDERS]
-    found: list[tuple[Path, str]] = []
+class Code(NamedTuple):
+    """A folder the digest counts, its files labelled <label>/<path below it>; ``skip``: folders below it (paths
+    relative to it) that it does not count, since the run finds them in an earlier place on the search path."""
+
+    folder: Path
+    label: str
+    skip: frozenset[str] = frozenset()
+
+
+def search_path_code(root: Path, vendor: str | None, cases: list[str] | None) -> list[Code]:
+    """The code the search path variables add to the project's: of a run, its vendor's and cases' folders in each
+    of their folders, in search order, as the run finds them (or, without a run, each folder whole). A folder that
+    resolves within SOURCE_FOLDERS is counted with them already (a container's search_mounts names such a folder in
+    the project, never mounts it elsewhere: container_policy decides inside/outside from the resolved folder too),
+    but still hides what a later one has. Of a case, the first place holding it counts (a case found twice is refused
+    anyway); of a vendor, the first place holding its vendor.yaml counts whole, less an engine an earlier place has,
+    and each other place without a vendor.yaml only for the engines it holds that no earlier place has (engines are
+    looked up in the vendor's own folder and every folder of its name without a vendor.yaml, the first one of a name
+    wins: flagperf.config.engines.engine_roots); a later copy with its own vendor.yaml is never read."""
+    found: list[Code] = []
     for variable, names in ((VENDOR_PATH_ENV, None if vendor is None else [vendor]), (CASE_PATH_ENV, cases)):
-        for folder in search_path_folders(variable):
-            if any(folder.is_relative_to(code) for code in covered):
-                continue
-            if names is None:
-                if not root.resolve().is_relative_to(folder):  # never the whole tree a project lies in
-                    found.append((folder, variable))
-            else:
-                found += [(folder / name, f"{variable}/{name}") for name in names if (folder / name).is_dir()]
+        if names is None:
+            for folder in search_path_folders(variable):
+                # never the tree a project lies in
+                if not counted_already(root, folder) and not root.resolve().is_relative_to(folder):
+                    found.append(Code(folder, variable))
+        elif variable == VENDOR_PATH_ENV:
+            found += vendor_code(root, names[0])
+        else:
+            found += case_code(root, names)
     return found
 
 
-def folders_digest(folders: tuple[tuple[Path, str], ...]) -> str | None:
-    """The digest of (folder, label) pairs: each folder's files labelled <label>/<path below the folder>. The
-    folders are listed (and each file's size and ctime read) every time, so an edit between two calls in one
-    process (a flow's retry) is seen; the bytes are read again only when a listing changed."""
+def counted_already(root: Path, place: Path) -> bool:
+    """Whether a search path folder lies within SOURCE_FOLDERS, which the digest counts whole anyway."""
+    return any(place.is_relative_to((root / folder).resolve()) for folder in SOURCE_FOLDERS)
+
+
+def vendor_code(root: Path, vendor: str) -> list[Code]:
+    """search_path_code's of a run's vendor."""
+    places = [root / VENDOR_FOLDER, *search_path_folders(VENDOR_PATH_ENV)]
+    home = next((i for i, place in enumerate(places) if os.path.lexists(place / vendor / VENDOR_MANIFEST)), None)
+    label = f"{VENDOR_PATH_ENV}/{vendor}"
+    found: list[Code] = []
+    seen: set[str] = set()  # the engines an earlier place has
+    for index, place in enumerate(places):
+        folder = place / vendor
+        if index != home and os.path.lexists(folder / VENDOR_MANIFEST):
+            continue  # another copy of the vendor, shadowed whole: none of it is read (config.engines.engine_roots)
+        engines = vendor_engines(folder)
+        if index and folder.is_dir() and not counted_already(root, place):
+            if index == home:
+                found.append(Code(folder, label, frozenset(engines & seen)))
+            else:
+                found += [Code(folder / engine, f"{label}/{engine}") for engine in sorted(engines - seen)]
+        seen |= engines
+    return found
+
+
+def case_code(root: Path, cases: list[str]) -> list[Code]:
+    """search_path_code's of a run's cases (<family>/<case>)."""
+    places = [root / CASE_FOLDER, *search_path_folders(CASE_PATH_ENV)]
+    home = {name: next((i for i, place in enumerate(places) if is_case_folder(place / name)), None) for name in cases}
+    return [Code(place / name, f"{CASE_PATH_ENV}/{name}") for index, place in enumerate(places)
+            if index and not counted_already(root, place)
+            for name in cases if home[name] == index]
+
+
+def folders_digest(folders: tuple[tuple[Path, str] | Code, ...]) -> str | None:
+    """The digest of (folder, label) pairs (or Code, with folders it skips): each folder's files labelled
+    <label>/<path below the folder>. The folders are listed (and each file's size and ctime read) every time, so an
+    edit between two calls in one process (a flow's retry) is seen; the bytes are read again only when a listing
+    changed."""
     listing: list[tuple[str, Path | None, int, int]] = []
     try:
-        for folder, label in folders:
+        for entry in folders:
+            folder, label, skip = Code(*entry)
             listing.append((label, None, 0, 0))  # where one folder ends: two folders are not one
             # What the link scan of a container's folders skips too (paths.walk_source): caches, build outputs, an
             # installed environment.
-            files = sorted(path for top, _, names in walk_source(folder, strict=True)
-                           for path in (Path(top, name) for name in names) if path.is_file())
-            for path in files:
+            found: list[Path] = []
+            for top, subfolders, names in walk_source(folder, strict=True):
+                if skip:  # pruned in place: the walk does not go there
+                    subfolders[:] = [name for name in subfolders
+                                     if Path(top, name).relative_to(folder).as_posix() not in skip]
+                found += (path for path in (Path(top, name) for name in names) if path.is_file())
+            for path in sorted(found):
                 stat = path.stat()
                 # ctime: any write, and a chmod that makes an unreadable file readable, changes it
                 listing.append((f"{label}/{path.relative_to(folder).as_posix()}", path, stat.st_size,

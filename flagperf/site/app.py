@@ -182,14 +182,20 @@ def create_app(root: Path, credentials: Credentials | None, history_url: str | N
                     notes=[SPREAD_NOTE, *([OPERATION_NOTE] if per_operator else [])])
 
     def trends(request: Request) -> Response:
-        engine = open_history(root, history_url)
+        try:
+            engine = open_history(root, history_url)
+        except FlagperfError as exc:  # an earlier version's history, which the site does not change
+            return page("message.html", 503, title="Trends", message=str(exc))
         series = list_series(engine) if engine is not None else []
         return page("trends.html", title="Trends", series=series, has_history=engine is not None)
 
     def _figure(request: Request) -> tuple[dict[str, str | None], list[Any]] | None:
         query = request.query_params
         key: dict[str, str | None] = {name: query.get(name) or None for name in ("case", "metric", "vendor", "device")}
-        engine = open_history(root, history_url)
+        try:
+            engine = open_history(root, history_url)
+        except FlagperfError:  # the trends page says why
+            return None
         if engine is None or not key["case"] or not key["metric"]:
             return None
         points = figure_trend(engine, key["case"], key["metric"], key["vendor"], key["device"])  # type: ignore[arg-type]

@@ -9,27 +9,38 @@ reads without the site: write_trend_file (the nightly writes trends.csv next to 
 from __future__ import annotations
 
 import io
+import threading
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine
 
 from flagperf.paths import HISTORY_FILE
-from flagperf.results.history import INTERRUPTED, TrendPoint, history_engine, trend_table
+from flagperf.results.history import INTERRUPTED, TrendPoint, history_found, history_reader, trend_table
 from flagperf.results.schema import atomic_path
 
 NO_MATPLOTLIB = "plot not drawn: matplotlib is not installed on the server (pip install matplotlib)"
 
 
+# One engine (and its pool of connections) per team database the site reads, not one per request. A SQLite file is
+# opened anew each time: it may not be there yet, or be made again.
+_readers: dict[str, Engine] = {}
+_readers_lock = threading.Lock()
+
+
 def open_history(root: Path, url: str | None) -> Engine | None:
     """The history the nightly writes: ``url`` (a team's database) or the results folder's SQLite file, opened
-    read-only; None when there is none yet."""
-    if url:
-        return history_engine(url)
-    path = root / HISTORY_FILE
-    if path.is_symlink() or not path.is_file():
-        return None
-    return create_engine(f"sqlite:///file:{path.resolve()}?mode=ro&uri=true")
+    read-only (history_reader: reading never makes or changes it, only the night that records does); None when
+    there is none yet. FlagperfError where an earlier version made it and no night has recorded since."""
+    if not url:
+        url = f"sqlite:///{root.resolve() / HISTORY_FILE}"
+    with _readers_lock:
+        engine = _readers.get(url) or history_reader(url, root)
+        if engine is None:
+            return None
+        if engine.dialect.name != "sqlite":
+            _readers[url] = engine
+    return engine if history_found(engine, url) else None
 
 
 def matplotlib_figure() -> type | None:

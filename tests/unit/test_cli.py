@@ -20,7 +20,9 @@ runner = CliRunner()
 
 REAL_CONFIG_FILES = sorted(
     [*PROJECT_ROOT.glob("cases/*/*/case.yaml"), *PROJECT_ROOT.glob("cases/*/*/vendor/*.yaml"),
-     *PROJECT_ROOT.glob("deployments/suites/*.yaml"), *PROJECT_ROOT.glob("vendor_images/*/vendor.yaml")]
+     *PROJECT_ROOT.glob("deployments/suites/*.yaml"), *PROJECT_ROOT.glob("vendor_images/*/vendor.yaml"),
+     *PROJECT_ROOT.glob("vendor_images/*/*/*/engine.yaml"),
+     *PROJECT_ROOT.glob("vendor_images/*/toolkits/*/toolkit.yaml")]
 )
 
 
@@ -54,6 +56,11 @@ def test_validate_every_real_config_file() -> None:
     assert len(ok_lines) == len(REAL_CONFIG_FILES)
     assert "(suite)" in result.output and "(vendor)" in result.output and "(case)" in result.output
     assert "(vendor overrides of computation-FP32)" in result.output
+    # every family's engines and the toolkits, each by its own manifest
+    assert "(inference engine onnxruntime of vendor cpu)" in result.output
+    assert "(generate engine vllm-serve of vendor nvidia)" in result.output
+    assert "(operation engine flaggems of vendor nvidia)" in result.output
+    assert "(toolkit cublaslt_gemm of vendor nvidia, provides gemm)" in result.output
 
 
 def test_validate_of_a_file_that_is_not_there_says_so(tmp_path: Path) -> None:
@@ -77,7 +84,7 @@ def test_validate_and_list_do_not_need_the_flow(monkeypatch: pytest.MonkeyPatch)
         ("dup.yaml", "name: x\nname: y\n", "line 2: invalid YAML: duplicate key 'name'"),
         ("broken.yaml", "a: [1\n", "invalid YAML"),
         ("list.yaml", "- 1\n", "top level must be a mapping"),
-        ("other.yaml", "a: 1\n", "vendor.yaml, suite, inventory or host.yaml file"),
+        ("other.yaml", "a: 1\n", "vendor.yaml, engine.yaml, toolkit.yaml, suite, inventory or host.yaml file"),
         ("mine.yaml", "name: notmine\ncases: [computation-FP32]\n", "name: must match the file name"),
         ("suite0.yaml", "name: suite0\ncases: [computation-FP32]\nrounds: 0\n", "rounds"),
     ],
@@ -274,11 +281,85 @@ def test_help_list_and_validate_do_not_import_what_they_do_not_use() -> None:
     # A suite and a case.yaml name the project's kernels and family configs, whose modules are imported for their
     # Config: those import torch where they run, not with the module.
     for args in (["--help"], ["list"], ["validate", "vendor_images/cpu/vendor.yaml",
-                                        "deployments/inventories/example.yaml"], ["validate", *KERNELS_VALIDATED]):
+                                        "deployments/inventories/example.yaml", *PLUGIN_MANIFESTS],
+                 ["validate", *KERNELS_VALIDATED]):
         done = subprocess.run([sys.executable, "-c", script, *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
                               timeout=120, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
         code, imported = json.loads(done.stdout.splitlines()[-1])
         assert code in (0, None) and imported == [], (args, code, imported, done.stderr[-2000:])
+
+
+# A plug-in manifest of each kind (an engine of each family, a toolkit): checked by the family's model, its module
+# found by its file, never imported (the operation family's implementations and flaggems need torch).
+PLUGIN_MANIFESTS = ["vendor_images/nvidia/operation/flaggems/engine.yaml",
+                    "vendor_images/cpu/operation/native/engine.yaml", "vendor_images/nvidia/generate/vllm/engine.yaml",
+                    "vendor_images/cpu/engines/inductor/engine.yaml",
+                    "vendor_images/nvidia/toolkits/cublaslt_gemm/toolkit.yaml"]
+
+
+def test_validate_checks_an_engine_or_toolkit_manifest_strictly_and_runs_nothing(tmp_path: Path) -> None:
+    """`flagperf validate` of a vendor's engine.yaml or toolkit.yaml checks it as a run does, by the family's model
+    (its engine folder says which) or the toolkit model: every finding its own line naming the file and key, an
+    unknown key and a wrong type included; a file: or source outside the folder, a module that is none; a manifest
+    in no folder a run reads it from. Nothing is imported, built or run: the engine's file would write a mark."""
+    vendor = tmp_path / "acme"
+    engine = vendor / "generate" / "fast"
+    engine.mkdir(parents=True)
+    mark = tmp_path / "imported"
+    (engine / "engine.py").write_text(f"open({str(mark)!r}, 'w').close()\n", encoding="utf-8")
+    manifest = engine / "engine.yaml"
+    manifest.write_text("name: fast\ndescription: mine\nfile: engine.py\noptions: [batch]\n", encoding="utf-8")
+    result = invoke("validate", str(manifest))
+    assert result.exit_code == 0 and f"ok    {manifest} (generate engine fast of vendor acme)" in result.output, \
+        result.output
+    assert not mark.exists()
+
+    def findings(text: str, path: Path = manifest) -> list[str]:
+        path.write_text(text, encoding="utf-8")
+        result = invoke("validate", str(path))
+        assert_clean_failure(result)
+        return error_lines(result.output)
+
+    assert findings("name: 5\ndescripton: mine\nfile: engine.py\noptions: batch\n") == [
+        f"error {manifest}: name: Input should be a valid string (got 5)",
+        f"error {manifest}: options: Input should be a valid list (got 'batch')",
+        f"error {manifest}: descripton: unknown key (did you mean description?)"]
+    assert findings("name: other\ndescription: mine\nfile: engine.py\n") == [
+        f"error {manifest}: name: must match the folder name ('fast')"]
+    assert findings("name: fast\ndescription: mine\nmodule: os\n") == [
+        f"error {manifest}: module: must be a shared engine under flagperf.generate. (got 'os')"]
+    assert findings("name: fast\ndescription: mine\nmodule: flagperf.generate.no_such\n") == [
+        f"error {manifest}: module: no module named 'flagperf.generate.no_such'"]
+    (tmp_path / "outside.py").write_text("x = 1\n", encoding="utf-8")
+    [line] = findings("name: fast\ndescription: mine\nfile: ../../../outside.py\n")
+    assert line.startswith(f"error {manifest}: file: ") and "outside" in line, line
+    elsewhere = vendor / "engins" / "fast" / "engine.yaml"  # a misspelt family folder: never read
+    elsewhere.parent.mkdir(parents=True)
+    [line] = findings("name: fast\ndescription: mine\nfile: engine.py\n", elsewhere)
+    assert line.startswith(f"error {elsewhere}: never read: ") and "(this one is in 'engins')" in line, line
+    assert not mark.exists()
+
+    toolkit = vendor / "toolkits" / "fastgemm" / "toolkit.yaml"
+    toolkit.parent.mkdir(parents=True)
+    (toolkit.parent / "gemm.c").write_text("int main(void) { return 0; }\n", encoding="utf-8")
+    assert findings("name: ../fastgemm\nprovides: gemmm\ndescription: x\nsources: [gemm.c, ../../../outside.py]\n"
+                    "build: []\nprecisions: {bf16: bf16, bf61: x}\nrequire: [cc]\n", toolkit) == [
+        f"error {toolkit}: name: toolkit name '../fastgemm' must start with a letter or digit and use only letters, "
+        "digits, '_', '.', '-'",
+        f"error {toolkit}: provides: 'gemmm' is asked for by no toolkit case (they ask for gemm)",
+        f"error {toolkit}: build: List should have at least 1 item after validation, not 0 (got [])",
+        f"error {toolkit}: precisions: 'bf61': no toolkit case runs such a precision (they run bf16, fp16, int8, "
+        "fp8) (got {'bf16': 'bf16', 'bf61': 'x'})",
+        f"error {toolkit}: require: unknown key (did you mean requires?)"]
+    [line] = findings("name: fastgemm\nprovides: gemm\ndescription: x\nsources: [../../../outside.py]\n"
+                      "build: [cc, gemm.c, -o, '{binary}']\nprecisions: {bf16: bf16}\n", toolkit)
+    assert line.startswith(f"error {toolkit}: sources.0: ") and "outside the toolkit folder" in line, line
+    toolkit.write_text("name: fastgemm\nprovides: gemm\ndescription: x\nsources: [gemm.c]\n"
+                       "build: [cc, gemm.c, -o, '{binary}']\nprecisions: {bf16: bf16}\n", encoding="utf-8")
+    result = invoke("validate", str(toolkit))
+    assert result.exit_code == 0 and "(toolkit fastgemm of vendor acme, provides gemm)" in result.output, \
+        result.output
+    assert not list(toolkit.parent.glob("fastgemm*")) and not mark.exists()  # nothing built
 
 
 # Every suite of the project (base-spec kernels, operation), case.yaml files of the kernels' and drivers' families,

@@ -21,7 +21,7 @@ import typer
 from typer.testing import CliRunner
 
 from flagperf.config import plan
-from flagperf.paths import PROJECT_ROOT
+from flagperf.paths import PROJECT_ROOT, SERVER_LOGS
 from flagperf.results import schema
 from flows import cli
 from flows.cli import NOTHING_WRITTEN, app
@@ -334,6 +334,15 @@ def test_server_stopped_once_its_logs_folder_is_made_removes_it(tmp_path: Path, 
     told(invoke("server", "--database-url", "postgresql+asyncpg://lab@127.0.0.1:5432/prefect", "--log-dir",
                 str(log_dir)), sig, "interrupted before the server started; nothing was started")
     assert sent and list(tmp_path.iterdir()) == []
+    # Without --log-dir, the logs go to the --results folder's server/ (paths.SERVER_LOGS, which no run may take and
+    # the site never serves), wherever --results is: the folder made first is that, and it goes too.
+    monkeypatch.undo()
+    made: list[Path] = []
+    sent = signal_at(monkeypatch, Path, "mkdir", sig, when=lambda path, *_a, **_k: made.append(path) is None,
+                     after=True)
+    told(invoke("server", "--database-url", "postgresql+asyncpg://lab@127.0.0.1:5432/prefect", "--results",
+                str(tmp_path / "lab-results")), sig, "interrupted before the server started; nothing was started")
+    assert sent and made[:1] == [tmp_path / "lab-results" / SERVER_LOGS] and list(tmp_path.iterdir()) == [], made
 
 
 @pytest.mark.parametrize("code", [0, 5, 130])

@@ -401,6 +401,15 @@ def test_a_link_that_leaves_a_mounted_search_path_folder_is_refused_before_a_con
     (case / "sub" / ".envrc").symlink_to(outside)
     assert settings().search.all() == [Mount(str(case), "/flagperf-search/case/0/base/x", read_only=True)]
     assert source_digest(vendor="cpu", cases=["base/x"]) == digest
+    # A build output is left out of the digest (it is made from the code), not out of the link check: a round loads
+    # a case's fast.so through its link as any other file.
+    (case / "sub" / "fast.so").symlink_to(outside)
+    assert source_digest(vendor="cpu", cases=["base/x"]) == digest
+    with pytest.raises(ConfigError) as info:
+        settings()
+    assert f"'base/x': {case}/sub/fast.so links outside its folder (to {outside})" in info.value.message, \
+        str(info.value)
+    (case / "sub" / "fast.so").unlink()
     (case / "data.bin").symlink_to(outside)
     with pytest.raises(ConfigError) as info:
         settings()
@@ -563,10 +572,10 @@ def test_a_name_found_earlier_on_the_search_path_is_not_checked_again_where_the_
         (folder / "data.bin").symlink_to(outside)
     path = tmp_path / "inv.yaml"
 
-    def settings(case_path: str, cases: list[str]) -> Any:
+    def settings(case_path: str, cases: list[str], **env: str) -> Any:
         path.write_text(yaml.safe_dump({"hosts": [{"name": "a", "address": "h", "runtime": "docker",
                                                    "project_root": str(project),
-                                                   "env": {"FLAGPERF_CASE_PATH": case_path}}]}))
+                                                   "env": {"FLAGPERF_CASE_PATH": case_path, **env}}]}))
         spec = load_inventory(path).hosts[0]
         return checked_on_host(container_settings(load_vendor("cpu"), spec, "img:1", project, cases), LocalHost(),
                                spec)
@@ -586,6 +595,18 @@ def test_a_name_found_earlier_on_the_search_path_is_not_checked_again_where_the_
     with pytest.raises(ConfigError) as info:
         settings(f"labcases:{lab}:more", ["base/x"])
     assert f"{lab}/base/x/data.bin links outside its folder" in info.value.message, str(info.value)
+    # A vendor's later copy is read for the engines the earlier ones lack (the first place with an engine's name
+    # wins): the project's own vendor_images/cpu first does not spare a lab's cpu/generate/mine its check.
+    (project / "vendor_images" / "cpu").mkdir(parents=True)
+    (project / "vendor_images" / "cpu" / "vendor.yaml").write_text("name: cpu\n")
+    engine = tmp_path / "vendors" / "cpu" / "generate" / "mine"
+    engine.mkdir(parents=True)
+    (engine / "engine.yaml").write_text("name: mine\n")
+    (engine / "engine.py").symlink_to(outside)
+    with pytest.raises(ConfigError) as info:
+        settings("", ["base/y"], FLAGPERF_VENDOR_PATH=str(tmp_path / "vendors"))
+    assert info.value.key == "hosts.0.env.FLAGPERF_VENDOR_PATH" and (
+        f"{engine}/engine.py links outside its folder" in info.value.message), str(info.value)
 
 
 
@@ -713,10 +734,36 @@ def test_a_link_into_a_place_the_container_has_mounted_and_an_installed_environm
         settings(**mounts)
     assert f"{own}/other links outside the project (to {data}/other)" in info.value.message, str(info.value)
     (own / "other").unlink()
+    # Every link on the way counts, not the first only: a link in a data mount to a place the container lacks
+    # dangles there; one to a place under another mount, by the path the container has it at, does not.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (data / "imagenet" / "val").symlink_to(elsewhere)
+    (own / "val").symlink_to(data / "imagenet" / "val")
+    with pytest.raises(ConfigError) as info:
+        settings(**mounts)
+    assert f"the project's case 'base/x': {own}/val links outside the project (to {elsewhere})" in \
+        info.value.message, str(info.value)
+    (data / "imagenet" / "val").unlink()
+    (data / "imagenet" / "val").symlink_to("/datasets/coco")  # the -v's target: the container has it there
+    assert settings(**mounts).search.all() == [Mount(str(labcase), "/flagperf-search/case/0/base/y", read_only=True)]
+    # The -v's source is where the host looks for what the container has at its target: data/coco/val, a link to
+    # ../other, is /datasets/other in the container, which nothing mounts.
+    (data / "coco" / "val").symlink_to("../other")
+    (own / "coco").symlink_to("/datasets/coco/val")
+    with pytest.raises(ConfigError) as info:
+        settings(**mounts)
+    assert f"{own}/coco links outside the project (to /datasets/coco/val)" in info.value.message, str(info.value)
+    (data / "coco" / "val").unlink()
+    assert settings(**mounts).search.all() == [Mount(str(labcase), "/flagperf-search/case/0/base/y", read_only=True)]
+    (own / "coco").unlink()
+    (own / "val").unlink()
     # The agent (an SSH host's answer) gives the same facts with the container's mount targets (--mounted).
     agent = [sys.executable, "-m", "flagperf.hosts.agent", "describe-paths", f"--scan={own}", f"--tree={project}"]
     for mounted, links in (([], [["data", str(data / "imagenet"), str(data / "imagenet")]]),
-                           ([f"--mounted={data}/imagenet"], [])):
+                           ([f"--mounted={data}/imagenet"], []), ([f"--mounted={data}/imagenet:{data}/imagenet"], []),
+                           ([f"--mounted={data}/coco:{data}/imagenet"], []),
+                           ([f"--mounted={tmp_path}/elsewhere:{data}/imagenet"], [])):
         done = subprocess.run([*agent, *mounted, "--", str(own)], capture_output=True, text=True, timeout=60,
                               cwd=PROJECT_ROOT)
         assert done.returncode == 0, done.stderr

@@ -301,6 +301,10 @@ def test_diagnose_run_reads_the_history_baseline(tmp_path: Path) -> None:
     assert sorted(h.host for h in found.failed_hosts) == ["h1", "h2", "h3", "h4"]
     check = found.hosts[0].checks[0]
     assert check.reference == pytest.approx(98.75 * 1.25)
+    # A history that is not there is none to read: the diagnosis makes none (only a night that records does).
+    nowhere = tmp_path / "nowhere"
+    found = diagnose_run(run, rule, history=True, history_url=f"sqlite:///{nowhere / 'history.sqlite'}")
+    assert found.failed_hosts == [] and not nowhere.exists()
 
 
 def test_a_cases_names_in_the_diagnosis_stay_text(tmp_path: Path) -> None:

@@ -164,3 +164,26 @@ def test_each_framework_s_rounds_read_the_probe_in_their_own_image(tmp_path: Pat
     report = json.loads((tmp_path / "hosts" / "h1.health.json").read_text())
     assert sorted(c["detail"] for c in report["checks"][1:]) == sorted(frameworks) and report["ok"]
     assert round_probe(tmp_path, "h1", None) == report["probe"]  # a round of no image: the host's own
+
+
+def test_an_ssh_host_nothing_answers_on_is_one_plain_line(tmp_path: Path) -> None:
+    """A host whose port nothing listens on (sshd down, a wrong port) fails its ssh check in one line saying why, as
+    the system says it: paramiko's own text for it begins with "[Errno None]". The port is held bound, never
+    listened on, so the refusal does not depend on which ports are free."""
+    import socket
+
+    from flagperf.hosts.ssh import SshHost
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+        (tmp_path / "known_hosts").write_text("")
+        (tmp_path / "key").write_text("")  # never read: nothing answers
+        (tmp_path / "key").chmod(0o600)
+        (tmp_path / "inv.yaml").write_text(
+            f"hosts: [{{name: a, address: 127.0.0.1, port: {port}, user: lab, known_hosts: {tmp_path}/known_hosts, "
+            f"key_file: {tmp_path}/key}}]\n")
+        spec = load_inventory(tmp_path / "inv.yaml").hosts[0]
+        report = check_host(SshHost(spec), spec, load_vendor("cpu"), tmp_path / "health.log")
+    assert [(c.name, c.ok, c.detail) for c in report.checks] == [
+        ("ssh", False, f"cannot connect to lab@127.0.0.1:{port}: Connection refused")], report.checks

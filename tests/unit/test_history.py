@@ -357,6 +357,51 @@ def test_checking_a_nights_history_changes_none_that_is_there(history) -> None:
     assert {"workload", "config"} <= tables()["figures"]
 
 
+def test_reading_a_history_makes_and_changes_none(history, tmp_path: Path) -> None:
+    """The results site's trends open the history to read it, and so does `flagperf diagnose --history`: a database
+    without the tables yet reads as no history and gets none, a SQLite URL naming no file makes none, an earlier
+    version's history is said to be one in one line and gets no new column; one of this version is read, and a write
+    through the reader is refused by the database itself. Only a night that records makes or changes it."""
+    from sqlalchemy import inspect, text
+    from sqlalchemy.exc import DBAPIError
+
+    from flagperf.errors import FlagperfError
+    from flagperf.results.history import list_series
+    from flagperf.site.trends import open_history
+
+    engine = history
+    url = engine.url.render_as_string(hide_password=False)
+
+    def tables() -> dict[str, set[str]]:
+        with engine.connect() as conn:
+            look = inspect(conn)
+            return {name: {c["name"] for c in look.get_columns(name)} for name in look.get_table_names()
+                    if name in metadata.tables}  # the team's database holds other tables too (the test server's)
+
+    metadata.drop_all(engine)
+    assert open_history(tmp_path, url) is None and tables() == {}
+    nowhere = tmp_path / "nowhere"
+    assert open_history(tmp_path, f"sqlite:///{nowhere / 'history.sqlite'}") is None and not nowhere.exists()
+    assert open_history(nowhere, None) is None and not nowhere.exists()  # the results folder's own: not there
+    metadata.create_all(engine)  # an earlier version's history: figures without the workload and config columns
+    with engine.begin() as conn:
+        for column in ("workload", "config"):
+            conn.execute(text(f'ALTER TABLE figures DROP COLUMN "{column}"'))
+    before = tables()
+    with pytest.raises(FlagperfError) as info:
+        open_history(tmp_path, url)
+    assert str(info.value) == (f"the history {url} was made by an earlier version of flagperf and lacks "
+                               "figures.workload, figures.config: the next night's record adds them; until then it "
+                               "is not read") and tables() == before
+    history_engine(url).dispose()  # a night records: the new columns now
+    record_run(engine, make_run(tmp_path, "run-now", [100.0, 100.5]), recorded_at=START)
+    reader = open_history(tmp_path, url)
+    assert reader is not None and [s.metric for s in list_series(reader)] == ["gemm_fp32"]
+    with pytest.raises(DBAPIError), reader.begin() as conn:
+        conn.execute(text("CREATE TABLE made_by_a_reader (x INTEGER)"))
+    assert "made_by_a_reader" not in inspect(engine).get_table_names()
+
+
 def test_an_interrupted_night_is_shown_as_one_never_a_baseline_nor_a_failure(seeded) -> None:
     """The owner reading the trends tells a night the operator stopped from a failed one and from one that never
     ran: it is there, with its run id and what stopped it, and the next night is judged as if it were not."""

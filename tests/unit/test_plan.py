@@ -620,6 +620,63 @@ def test_a_rounds_source_digest_is_the_plans_wherever_its_vendor_and_cases_lie(t
     assert digest(vendor="cpu", cases=plan.case_folders) != plan.source_digest
 
 
+def test_the_source_digest_counts_the_copy_of_a_name_a_run_uses_never_one_an_earlier_place_hides(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run finds its vendor in the first place on FLAGPERF_VENDOR_PATH holding its vendor.yaml (the project's
+    vendor_images/ first), each of its engines in the first place holding that engine, and a case in the first place
+    holding its case.yaml: the digest counts those copies, so an edit of a copy a run never reads (a second checkout
+    of the vendor's repository later on the path, an older copy of a case) leaves it as it was, and an edit of what
+    the run reads changes it."""
+    from flagperf.results.provenance import source_digest
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    files = {
+        first / "vendors" / "acme" / "vendor.yaml": "name: acme\n",
+        first / "vendors" / "acme" / "generate" / "a" / "engine.yaml": "name: a\n",
+        # A full second copy: its vendor.yaml, monitor and engine a are hidden by the first's; engine b is its own.
+        second / "vendors" / "acme" / "vendor.yaml": "name: acme\n",
+        second / "vendors" / "acme" / "monitor.py": "# monitor\n",
+        second / "vendors" / "acme" / "generate" / "a" / "engine.yaml": "name: a\n",
+        second / "vendors" / "acme" / "generate" / "b" / "engine.yaml": "name: b\n",
+        # The cpu vendor is the project's own: a copy later on the path is never read but for an engine it adds.
+        second / "vendors" / "cpu" / "vendor.yaml": "name: cpu\n",
+        second / "vendors" / "cpu" / "generate" / "c" / "engine.yaml": "name: c\n",
+        first / "cases" / "base" / "x" / "case.yaml": "name: x\n",
+        second / "cases" / "base" / "x" / "case.yaml": "name: x\n",
+        # y: the first place has a folder of its name but no case there; the second has the case.
+        first / "cases" / "base" / "y" / "notes.txt": "no case\n",
+        second / "cases" / "base" / "y" / "case.yaml": "name: y\n",
+    }
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", f"{first / 'vendors'}:{second / 'vendors'}")
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", f"{first / 'cases'}:{second / 'cases'}")
+
+    def digests() -> tuple[str | None, str | None]:
+        return (source_digest(vendor="acme", cases=["base/x", "base/y"]),
+                source_digest(vendor="cpu", cases=["base/x", "base/y"]))
+
+    before = digests()
+    assert None not in before
+    for hidden in (second / "vendors" / "acme" / "vendor.yaml", second / "vendors" / "acme" / "monitor.py",
+                   second / "vendors" / "acme" / "generate" / "a" / "engine.yaml",
+                   second / "vendors" / "cpu" / "vendor.yaml", second / "cases" / "base" / "x" / "case.yaml",
+                   first / "cases" / "base" / "y" / "notes.txt"):
+        hidden.write_text(hidden.read_text() + "# edited where no run reads it\n")
+        assert digests() == before, hidden
+    for used, changes in ((first / "vendors" / "acme" / "vendor.yaml", (True, False)),
+                          (first / "vendors" / "acme" / "generate" / "a" / "engine.yaml", (True, False)),
+                          (second / "vendors" / "acme" / "generate" / "b" / "engine.yaml", (True, False)),
+                          (second / "vendors" / "cpu" / "generate" / "c" / "engine.yaml", (False, True)),
+                          (first / "cases" / "base" / "x" / "case.yaml", (True, True)),
+                          (second / "cases" / "base" / "y" / "case.yaml", (True, True))):
+        used.write_text(used.read_text() + "# edited\n")
+        after = digests()
+        assert tuple(a != b for a, b in zip(after, before, strict=True)) == changes, used
+        before = after
+
+
 def test_a_relative_search_path_entry_is_the_folder_the_run_started_in_for_every_later_step(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bench_py: str, yaml_writer: Any,
         restored_process_state: None) -> None:

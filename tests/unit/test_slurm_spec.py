@@ -317,7 +317,8 @@ def test_a_search_path_from_the_controllers_environment_is_named_as_such(tmp_pat
     entry["hosts"][0]["slurm"]["container_mounts"] = [f"{tmp_path / 'vendors'}:/weights:ro"]
     path.write_text(yaml.safe_dump(entry))
     search = SlurmHost(load_inventory(path).hosts[0]).search_mounts("acme")
-    assert search is not None and search.all() == [] and search.mounted == (str(tmp_path / "shared"), "/weights")
+    assert search is not None and search.all() == [] and search.mounted == (str(tmp_path / "shared"),
+                                                                        f"{tmp_path / 'vendors'}:/weights")
 
 
 def test_a_multi_node_jobs_mount_check_runs_on_every_node_outside_the_container(tmp_path: Path) -> None:
@@ -485,13 +486,17 @@ def test_a_pending_job_is_cancelled_naming_squeues_reason_once_slurm_gives_one(
     where the controller reads it, though a node ran its batch script, is named with that node and shared_dir."""
     from flagperf.hosts import slurm
     from flagperf.hosts.slurm import Rank, SlurmJob
+    from flagperf.hosts.slurm_node import EXIT_FILE
     from flagperf.hosts.slurm_spec import SlurmSpec
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
+    # squeue's answer RUNNING also writes the node's exit record, as a node whose case ended would.
     for name, body in (("squeue", 'n=$(($(cat "$T/calls" 2>/dev/null || echo 0) + 1)); echo "$n" > "$T/calls"\n'
-                                  'sed -n "$(( n < $(wc -l < "$T/answers") ? n : $(wc -l < "$T/answers") ))p" '
-                                  '"$T/answers"\n'),
+                                  'a=$(sed -n "$(( n < $(wc -l < "$T/answers") ? n : $(wc -l < "$T/answers") ))p" '
+                                  '"$T/answers")\necho "$a"\n'
+                                  f'case "$a" in RUNNING*) echo \'{{"exit_code": 0}}\' > "$T/shared/job/{EXIT_FILE}";; '
+                                  'esac\n'),
                        ("scancel", 'echo "$@" >> "$T/cancelled"\n'),
                        ("scontrol", 'cat "$T/job"\n')):
         (bin_dir / name).write_text(f"#!/bin/bash\n{body}")
@@ -502,10 +507,11 @@ def test_a_pending_job_is_cancelled_naming_squeues_reason_once_slurm_gives_one(
     (shared / "job").mkdir(parents=True)
     spec = SlurmSpec(shared_dir=shared, pending_timeout_s=0.2, poll_s=0.1, state_poll_s=0.5)
 
-    def watched(answers: list[str], job_id: str) -> SlurmJob:
+    def watched(answers: list[str], job_id: str, spec: SlurmSpec = spec) -> SlurmJob:
         (tmp_path / "answers").write_text("".join(f"{a}\n" for a in answers))
         (tmp_path / "calls").unlink(missing_ok=True)
         (tmp_path / "cancelled").unlink(missing_ok=True)
+        (shared / "job" / EXIT_FILE).unlink(missing_ok=True)
         rank = Rank(0, "n1", shared / "job", shared / "job", ["true"], [])
         job = SlurmJob(spec, "flagperf-test", [rank], shared / "job" / f"slurm-{job_id}.out", 60, job_id=job_id,
                        submitted=time.monotonic())
@@ -528,13 +534,28 @@ def test_a_pending_job_is_cancelled_naming_squeues_reason_once_slurm_gives_one(
     job = watched(["PENDING|None"], "45")
     assert job.never_started and "squeue reason: none, also 2 s later" in str(job.end), job.end
     assert int((tmp_path / "calls").read_text()) <= 3 + 1.5 / spec.state_poll_s, (tmp_path / "calls").read_text()
-    # A CONFIGURING job has its nodes (they boot): squeue gives it no reason, and it is cancelled at the pending
-    # timeout saying so, not waited on for a reason, nor said to be unseen by the scheduler.
-    job = watched(["CONFIGURING|None"], "46")
+    # A CONFIGURING job has its nodes (they boot, on a power-saving cluster for minutes): its time configuring is
+    # no pending time, so it is not cancelled at the pending timeout (0.2 s here) but runs once they are up (the
+    # stand-in squeue's RUNNING writes the node's exit record; then the job has left the queue).
+    job = watched(["CONFIGURING|None", "CONFIGURING|None", "CONFIGURING|None", "RUNNING|None", ""], "47")
+    assert not job.never_started and job.end is None and not (tmp_path / "cancelled").exists(), job.end
+    # Past slurm.configuring_timeout_s, a clock of its own from when squeue first said CONFIGURING, it is cancelled
+    # saying so: no reason is waited for (squeue gives none, nor will it), nor is it said to be unseen by the
+    # scheduler.
+    job = watched(["CONFIGURING|None"], "46", spec.model_copy(update={"configuring_timeout_s": 0.2}))
     assert job.never_started and job.end == (
-        "Slurm job 46 still CONFIGURING after 0 s (slurm.pending_timeout_s; its nodes are allocated and still "
-        "configuring (booting, or running a prolog); squeue reason: none); cancelled"), job.end
+        "Slurm job 46 still CONFIGURING after 0 s (slurm.configuring_timeout_s; its nodes are allocated and still "
+        "configuring: booting (a power-saving cluster powers them up for the job) or running a prolog; squeue "
+        "reason: none; where nodes boot on demand, give slurm.configuring_timeout_s more than their boot takes); "
+        "cancelled"), job.end
     assert int((tmp_path / "calls").read_text()) <= 2 and (tmp_path / "cancelled").read_text() == "46\n"
+    # The clocks: pending time stops while the job configures and goes on where Slurm requeues it (a boot failed).
+    clocked = SlurmJob(spec.model_copy(update={"pending_timeout_s": 100.0, "configuring_timeout_s": 50.0}),
+                       "flagperf-test", [], shared / "x.out", 60, job_id="48", submitted=0.0)
+    clocked.count_configuring(True, 90.0)
+    assert not clocked.waited_too_long(139.0) and clocked.waited_too_long(141.0)  # 50 s configuring
+    clocked.count_configuring(False, 130.0)  # requeued: PENDING again, 90 s of pending so far
+    assert not clocked.waited_too_long(139.0) and clocked.waited_too_long(141.0)  # 100 s pending, 40 s configuring
     # Ended, no output where the controller reads it, though node n1 ran the batch script (Slurm: a launch failure).
     (tmp_path / "job").write_text("JobId=44 JobState=FAILED Reason=JobLaunchFailure Dependency=(null) ExitCode=0:53 "
                                   "BatchHost=n1 NodeList=n1\n")
