@@ -548,10 +548,15 @@ class _Binding:
     node: ast.FunctionDef | ast.AsyncFunctionDef | None = None  # a def's
 
 
+# try/except* (ast.TryStar) is Python 3.11's; a container's Python may be 3.10 (NGC 24.xx images).
+_TRIES: tuple[type, ...] = (ast.Try, *((ast.TryStar,) if hasattr(ast, "TryStar") else ()))
 # The statements whose blocks run at module scope, as messages name them.
 _BLOCKS: dict[type, str] = {ast.If: "if", ast.For: "for", ast.AsyncFor: "async for", ast.While: "while",
-                            ast.Try: "try", ast.TryStar: "try", ast.With: "with", ast.AsyncWith: "async with",
+                            **dict.fromkeys(_TRIES, "try"), ast.With: "with", ast.AsyncWith: "async with",
                             ast.Match: "match"}
+# Hooks whose generator is what the round wants: a decoding case's model_forward yields per token (the inference
+# contract consumes a generator), and `yield from standard(...)` is how a hook keeps a context open while it decodes.
+_MAY_YIELD = frozenset({"model_forward"})
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)  # bodies that bind no module name
 
 
@@ -607,7 +612,7 @@ def _module_bindings(tree: ast.Module) -> list[_Binding]:
                 walrus([item.context_expr], block)
                 targets(item.optional_vars, "bound by `with ... as`", node.lineno, inner)
             body(node.body, inner)
-        elif isinstance(node, ast.Try | ast.TryStar):
+        elif isinstance(node, _TRIES):
             body(node.body, inner)
             for handler in node.handlers:
                 walrus([handler.type], inner)
@@ -702,7 +707,8 @@ def _signature_problem(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str | No
     call = f"a round calls it as {node.name}({', '.join(expected)}), with {len(expected)} argument(s)"
     if isinstance(node, ast.AsyncFunctionDef):
         return f"async def: {call} and uses what it returns, which would be a coroutine"
-    if any(isinstance(inner, ast.Yield | ast.YieldFrom) for statement in node.body for inner in _walk_scope(statement)):
+    if node.name not in _MAY_YIELD and any(isinstance(inner, ast.Yield | ast.YieldFrom)
+                                           for statement in node.body for inner in _walk_scope(statement)):
         return f"a generator (it yields): {call} and uses what it returns, which would be a generator"
     args = node.args
     positional = [*args.posonlyargs, *args.args]
@@ -875,7 +881,7 @@ def _loaded_hook_problem(name: str, hook: Any) -> str | None:
         return f"bound to a {type(hook).__name__}, not a function, once hooks.py has run: {call}"
     if inspect.iscoroutinefunction(hook) or inspect.isasyncgenfunction(hook):
         return f"async once hooks.py has run: {call} and uses what it returns, which would be a coroutine"
-    if inspect.isgeneratorfunction(hook):
+    if inspect.isgeneratorfunction(hook) and name not in _MAY_YIELD:
         return f"a generator once hooks.py has run: {call} and uses what it returns, which would be a generator"
     try:
         inspect.signature(hook, follow_wrapped=False).bind(*HOOK_PARAMETERS[name])

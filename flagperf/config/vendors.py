@@ -378,10 +378,11 @@ def vendor_search(name: str | None = None) -> dict[str, list[tuple[Path, bool]]]
     for root in vendor_roots():
         if name is not None:
             children = [root / name]
-        elif root.is_dir():
-            children = sorted(root.iterdir())
         else:
-            continue
+            try:
+                children = sorted(root.iterdir())
+            except OSError:  # not a folder, or one this user cannot list (another user's): no vendor of ours in it
+                continue
         for folder in children:
             if not folder.is_dir():
                 continue

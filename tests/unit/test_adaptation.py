@@ -336,6 +336,35 @@ def test_what_hooks_py_leaves_bound_once_run_is_checked_as_a_round_loads_it(tmp_
                                    hooks=check_extern(extern, "training")))
     assert loaded["on_step"](None, 1) is None
 
+def test_a_decoding_model_forward_may_yield(tmp_path: Path) -> None:
+    """A decoding inference case's model_forward is a generator (the contract consumes one per token), and
+    `yield from standard(...)` is how a hook keeps a context open while it decodes: neither the file's check nor the
+    round's load refuses it (a training hook that yields still is refused, above)."""
+    from flagperf.config.adaptation import Adaptation, load_hooks
+
+    extern = tmp_path / "extern"
+    extern.mkdir()
+    (extern / "hooks.py").write_text("import contextlib\ndef model_forward(standard, model, inputs):\n"
+                                     "    with contextlib.nullcontext():\n        yield from standard(model, inputs)\n",
+                                     encoding="utf-8")
+    hooks = check_extern(extern, "inference")
+    assert "model_forward" in hooks
+    loaded = load_hooks(Adaptation("decode", "inference", "v", tmp_path, extern=extern, hooks=hooks))
+    assert list(loaded["model_forward"](lambda model, inputs: iter([model, inputs]), 1, 2)) == [1, 2]
+
+
+def test_the_hook_check_reads_no_syntax_a_python_3_10_container_lacks() -> None:
+    """try/except* (ast.TryStar) is Python 3.11's: the module must import where ast lacks it (in a process of its
+    own, so that no class of this session is made twice)."""
+    import subprocess
+    import sys
+
+    code = ("import ast; del ast.TryStar\nimport flagperf.config.adaptation as a\n"
+            "assert a._TRIES == (ast.Try,), a._TRIES")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_each_hook_signature_is_the_one_its_description_shows() -> None:
     from flagperf.config.adaptation import EXTERN_HOOKS, HOOK_PARAMETERS
 
