@@ -623,24 +623,28 @@ def test_a_rounds_source_digest_is_the_plans_wherever_its_vendor_and_cases_lie(t
 def test_the_source_digest_counts_the_copy_of_a_name_a_run_uses_never_one_an_earlier_place_hides(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run finds its vendor in the first place on FLAGPERF_VENDOR_PATH holding its vendor.yaml (the project's
-    vendor_images/ first), each of its engines in the first place holding that engine, and a case in the first place
-    holding its case.yaml: the digest counts those copies, so an edit of a copy a run never reads (a second checkout
-    of the vendor's repository later on the path, an older copy of a case) leaves it as it was, and an edit of what
-    the run reads changes it."""
+    vendor_images/ first), each of its engines in the first place holding that engine among the vendor's folder and
+    later folders of its name WITHOUT a vendor.yaml (a later one with its own vendor.yaml is a shadowed copy, never
+    read), and a case in the first place holding its case.yaml: the digest counts those copies, so an edit of a copy a
+    run never reads (a second checkout of the vendor's repository later on the path, an older copy of a case) leaves
+    it as it was, and an edit of what the run reads changes it."""
     from flagperf.results.provenance import source_digest
 
-    first, second = tmp_path / "first", tmp_path / "second"
+    first, second, third = tmp_path / "first", tmp_path / "second", tmp_path / "third"
     files = {
         first / "vendors" / "acme" / "vendor.yaml": "name: acme\n",
         first / "vendors" / "acme" / "generate" / "a" / "engine.yaml": "name: a\n",
-        # A full second copy: its vendor.yaml, monitor and engine a are hidden by the first's; engine b is its own.
+        # A full second copy (its own vendor.yaml): shadowed, never read, engine b of its own included.
         second / "vendors" / "acme" / "vendor.yaml": "name: acme\n",
         second / "vendors" / "acme" / "monitor.py": "# monitor\n",
         second / "vendors" / "acme" / "generate" / "a" / "engine.yaml": "name: a\n",
         second / "vendors" / "acme" / "generate" / "b" / "engine.yaml": "name: b\n",
-        # The cpu vendor is the project's own: a copy later on the path is never read but for an engine it adds.
+        # The cpu vendor is the project's own: a copy later on the path with its own vendor.yaml is never read.
         second / "vendors" / "cpu" / "vendor.yaml": "name: cpu\n",
         second / "vendors" / "cpu" / "generate" / "c" / "engine.yaml": "name: c\n",
+        # Folders without vendor.yaml only add engines to the vendor of their name.
+        third / "vendors" / "acme" / "generate" / "d" / "engine.yaml": "name: d\n",
+        third / "vendors" / "cpu" / "generate" / "e" / "engine.yaml": "name: e\n",
         first / "cases" / "base" / "x" / "case.yaml": "name: x\n",
         second / "cases" / "base" / "x" / "case.yaml": "name: x\n",
         # y: the first place has a folder of its name but no case there; the second has the case.
@@ -650,7 +654,7 @@ def test_the_source_digest_counts_the_copy_of_a_name_a_run_uses_never_one_an_ear
     for path, text in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", f"{first / 'vendors'}:{second / 'vendors'}")
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", f"{first / 'vendors'}:{second / 'vendors'}:{third / 'vendors'}")
     monkeypatch.setenv("FLAGPERF_CASE_PATH", f"{first / 'cases'}:{second / 'cases'}")
 
     def digests() -> tuple[str | None, str | None]:
@@ -661,14 +665,17 @@ def test_the_source_digest_counts_the_copy_of_a_name_a_run_uses_never_one_an_ear
     assert None not in before
     for hidden in (second / "vendors" / "acme" / "vendor.yaml", second / "vendors" / "acme" / "monitor.py",
                    second / "vendors" / "acme" / "generate" / "a" / "engine.yaml",
-                   second / "vendors" / "cpu" / "vendor.yaml", second / "cases" / "base" / "x" / "case.yaml",
+                   second / "vendors" / "acme" / "generate" / "b" / "engine.yaml",
+                   second / "vendors" / "cpu" / "vendor.yaml",
+                   second / "vendors" / "cpu" / "generate" / "c" / "engine.yaml",
+                   second / "cases" / "base" / "x" / "case.yaml",
                    first / "cases" / "base" / "y" / "notes.txt"):
         hidden.write_text(hidden.read_text() + "# edited where no run reads it\n")
         assert digests() == before, hidden
     for used, changes in ((first / "vendors" / "acme" / "vendor.yaml", (True, False)),
                           (first / "vendors" / "acme" / "generate" / "a" / "engine.yaml", (True, False)),
-                          (second / "vendors" / "acme" / "generate" / "b" / "engine.yaml", (True, False)),
-                          (second / "vendors" / "cpu" / "generate" / "c" / "engine.yaml", (False, True)),
+                          (third / "vendors" / "acme" / "generate" / "d" / "engine.yaml", (True, False)),
+                          (third / "vendors" / "cpu" / "generate" / "e" / "engine.yaml", (False, True)),
                           (first / "cases" / "base" / "x" / "case.yaml", (True, True)),
                           (second / "cases" / "base" / "y" / "case.yaml", (True, True))):
         used.write_text(used.read_text() + "# edited\n")
