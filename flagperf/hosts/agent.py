@@ -10,10 +10,10 @@ timeouts and logs on a remote host behave exactly as on the local one (they shar
     python -m flagperf.hosts.agent disk-free PATH                -> {"free": bytes}
     python -m flagperf.hosts.agent keepalive                     -> {"pid": N}, then waits for stdin to close
     python -m flagperf.hosts.agent info                          -> {"uid", "gid", "time", "hostname"}
-    python -m flagperf.hosts.agent describe-paths [--scan=P]... [--tree=ROOT] [--mounted=M]... -- PATH...
+    python -m flagperf.hosts.agent describe-paths [--scan=P]... [--tree=ROOT] [--mounted=T]... [--bind=S:T]... -- P...
         -> {"paths": {PATH: {"path": resolved, "kind"}}}; a folder among the --scan ones also has "links_out" (of
         the tree ROOT, the project a container has at that path, where the folder resolves into it; a link to a
-        place under a --mounted one, the container's other mounts, is none of them)
+        place under a --mounted or --bind one, the container's other mounts, is none of them)
     python -m flagperf.hosts.agent exec-with-env FILE -- ARGV... -> ARGV, with FILE's variables (a JSON object)
         in its environment: a container's start, so that they are in no container config (docker inspect)
 
@@ -171,7 +171,8 @@ def cmd_exec_with_env(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flagperf.hosts.agent")
+    # No abbreviations: a later option must never be read as an older one by an older agent (--bind, --mounted).
+    parser = argparse.ArgumentParser(prog="python -m flagperf.hosts.agent", allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run")
     run.add_argument("--timeout", type=float, required=True)
@@ -209,9 +210,13 @@ def main(argv: list[str] | None = None) -> int:
                            "leave it are listed too (links_out)")
     described.add_argument("--tree", help="a folder among --scan's that resolves into this tree (the project, which "
                            "a container has at this path) lists the links that leave the tree instead")
-    described.add_argument("--mounted", action="append", default=[], help="a place the container has mounted (a "
-                           "data mount): SOURCE:TARGET, or TARGET from the same host path; a link to a place under "
-                           "TARGET is not listed where the container resolves it within its mounts")
+    described.add_argument("--mounted", action="append", default=[], help="a place the container has mounted from "
+                           "the same host path (a data mount): TARGET; a link to a place under TARGET is not listed "
+                           "where the container resolves it within its mounts")
+    # Its own option, not --mounted nor a prefix of it (argparse takes abbreviations): an agent older than it, which
+    # took a --mounted value for one path, refuses it.
+    described.add_argument("--bind", action="append", dest="mounted", help="a place the container has mounted "
+                           "from another host path (a -v): SOURCE:TARGET, as --mounted")
     described.add_argument("paths", nargs="*")
     described.set_defaults(func=cmd_describe_paths)
     with_env = sub.add_parser("exec-with-env")

@@ -348,8 +348,8 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = Non
 
 
 def mount_view(entry: str) -> tuple[str, str]:
-    """A --mounted entry as (the host folder the container sees there, resolved here; its path in the container):
-    SOURCE:TARGET, or a TARGET the container has from the same host path (no mount's path holds a ':')."""
+    """A --mounted/--bind entry as (the host folder the container sees there, resolved here; its path in the
+    container): SOURCE:TARGET, or a TARGET the container has from the same host path (no mount's path holds a ':')."""
     source, _, target = entry.rpartition(":")
     return os.path.realpath(source or target), os.path.normpath(target)
 
@@ -431,9 +431,16 @@ def describe_paths(paths: list[str], scan: Sequence[str] = (), tree: str | None 
 def describe_paths_args(paths: Sequence[str], scan: Sequence[str] = (), tree: str | None = None,
                         mounted: Sequence[str] = ()) -> list[str]:
     """The host agent's describe-paths command for describe_paths' arguments: an option only where it is given, so
-    that a deployment older than an option still answers where it is not needed."""
+    that a deployment older than an option still answers where it is not needed. A mount from the same host path
+    (every data mount) goes as --mounted=TARGET, which every agent reads so; a SOURCE:TARGET pair as --bind, which an
+    agent older than it refuses in argparse (an older --mounted would take the pair for one path)."""
+    options = []
+    for entry in mounted:
+        source, _, target = entry.rpartition(":")
+        same = not source or os.path.normpath(source) == os.path.normpath(target)
+        options.append(f"--mounted={target}" if same else f"--bind={source}:{target}")
     return ["describe-paths", *(f"--scan={folder}" for folder in scan), *([f"--tree={tree}"] if tree else []),
-            *(f"--mounted={target}" for target in mounted), "--", *paths]
+            *options, "--", *paths]
 
 
 def default_work_root() -> Path:

@@ -761,9 +761,9 @@ def test_a_link_into_a_place_the_container_has_mounted_and_an_installed_environm
     # The agent (an SSH host's answer) gives the same facts with the container's mount targets (--mounted).
     agent = [sys.executable, "-m", "flagperf.hosts.agent", "describe-paths", f"--scan={own}", f"--tree={project}"]
     for mounted, links in (([], [["data", str(data / "imagenet"), str(data / "imagenet")]]),
-                           ([f"--mounted={data}/imagenet"], []), ([f"--mounted={data}/imagenet:{data}/imagenet"], []),
-                           ([f"--mounted={data}/coco:{data}/imagenet"], []),
-                           ([f"--mounted={tmp_path}/elsewhere:{data}/imagenet"], [])):
+                           ([f"--mounted={data}/imagenet"], []), ([f"--bind={data}/imagenet:{data}/imagenet"], []),
+                           ([f"--bind={data}/coco:{data}/imagenet"], []),
+                           ([f"--bind={tmp_path}/elsewhere:{data}/imagenet"], [])):
         done = subprocess.run([*agent, *mounted, "--", str(own)], capture_output=True, text=True, timeout=60,
                               cwd=PROJECT_ROOT)
         assert done.returncode == 0, done.stderr
@@ -783,6 +783,23 @@ def test_a_link_into_a_place_the_container_has_mounted_and_an_installed_environm
     (project / "cases" / "base" / "venv").mkdir()
     (project / "cases" / "base" / "venv" / "bench.py").write_text("# a case called venv\n")
     assert folders_digest(((project / "cases", "cases"),)) != digest
+
+
+def test_a_mount_from_another_host_path_goes_to_the_agent_under_an_option_an_older_agent_refuses() -> None:
+    """An agent older than SOURCE:TARGET pairs took a --mounted value for one path (and refused every link into a data
+    mount with a misleading message): a mount from the same path goes as --mounted=TARGET, which every agent reads so,
+    and a pair from another path as --bind (no abbreviation of --mounted, which argparse would take for it), which an
+    older agent refuses in argparse (SshHost: 'deployment is older')."""
+    from flagperf.hosts.local import describe_paths_args
+    from flagperf.hosts.ssh import older_agent
+
+    assert describe_paths_args(["/p"], mounted=["/data/imagenet:/data/imagenet", "/data/coco/:/data/coco",
+                                                "/data/x"]) == \
+        ["describe-paths", "--mounted=/data/imagenet", "--mounted=/data/coco", "--mounted=/data/x", "--", "/p"]
+    assert describe_paths_args(["/p"], mounted=["/data/coco:/datasets/coco"]) == \
+        ["describe-paths", "--bind=/data/coco:/datasets/coco", "--", "/p"]
+    assert older_agent("describe-paths", "agent.py: error: unrecognized arguments: --bind=/data/coco:/datasets/coco") \
+        == "describe-paths does not know --bind"
 
 
 def test_an_older_host_agents_refusal_names_what_it_lacks() -> None:
