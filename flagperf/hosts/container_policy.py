@@ -43,7 +43,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 from typing import Any
 
-from flagperf.paths import CASE_FOLDER, CASE_PATH_ENV, VENDOR_FOLDER, VENDOR_PATH_ENV, printable
+from flagperf.paths import (
+    CASE_FOLDER,
+    CASE_MANIFEST,
+    CASE_PATH_ENV,
+    INFERENCE_CASE_FILE,
+    INFERENCE_FAMILY,
+    VENDOR_FOLDER,
+    VENDOR_PATH_ENV,
+    printable,
+)
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")  # \Z: "$" would let a trailing newline through
 # Where benchmark data, weights and results folders usually live on accelerator hosts.
@@ -373,13 +382,20 @@ class SearchPath:
     levels: int
     kind: str  # its folder under SEARCH_MOUNT_ROOT; also what one name on it is, in messages: "vendor"
     own: str  # the project's own folder of this kind, first on the search path (below the project root)
-    # The file that makes a folder of a name the one the round uses, shadowing later ones (a vendor's vendor.yaml:
-    # flagperf.config.vendors.vendor_search); a folder without it is read as well. "": any folder of the name.
-    marker: str = ""
+    # The files that make a folder of a name the one the round uses, shadowing later ones, any one of them (a vendor's
+    # vendor.yaml: flagperf.config.vendors.vendor_search; a case's case.yaml: flagperf.paths.is_case_folder).
+    markers: tuple[str, ...] = ()
+    # (family, file): one more such file for a name of that family (an inference case's configurations.yaml).
+    family_markers: tuple[tuple[str, str], ...] = ()
 
     def folder_of(self, source: str) -> str:
         """The search path's folder (as the variable names it) that a mount's source lies in."""
         return source.rsplit("/", self.levels)[0] or "/"
+
+    def markers_of(self, name: str) -> tuple[str, ...]:
+        """The files of which one makes a folder of ``name`` the name's (SearchPath.markers)."""
+        family = name.split("/", 1)[0]
+        return (*self.markers, *(file for of, file in self.family_markers if of == family))
 
     def in_container(self, index: int) -> str:
         """Where a container finds the index-th folder (from 0) of the host's variable."""
@@ -387,8 +403,10 @@ class SearchPath:
 
 
 VENDOR_FOLDERS = SearchPath(VENDOR_PATH_ENV, "vendor folder", levels=1, kind="vendor", own=VENDOR_FOLDER,
-                            marker=VENDOR_MANIFEST)
-CASE_FOLDERS = SearchPath(CASE_PATH_ENV, "case folder", levels=2, kind="case", own=CASE_FOLDER)
+                            markers=(VENDOR_MANIFEST,))
+# By flagperf.paths.is_case_folder's rule: case lookup and the source digest take a folder for a case by these.
+CASE_FOLDERS = SearchPath(CASE_PATH_ENV, "case folder", levels=2, kind="case", own=CASE_FOLDER,
+                          markers=(CASE_MANIFEST,), family_markers=((INFERENCE_FAMILY, INFERENCE_CASE_FILE),))
 
 
 def search_path_folder(folder: str, path: SearchPath) -> str:
@@ -519,15 +537,15 @@ class SearchMounts:
 
     def host_paths(self) -> list[str]:
         """The host paths ``resolved`` needs facts for: the project, its own folders of the run's names, each folder
-        of the variables and each of the run's names in it, and in each of those the file that marks it the name's
-        (SearchPath.marker: whether a vendor folder holds a vendor.yaml)."""
+        of the variables and each of the run's names in it, and in each of those the files that mark it the name's
+        (SearchPath.markers: whether a vendor folder holds a vendor.yaml, a case folder a case.yaml)."""
         own = [source for _, _, source in self.own_folders()]
         if not self.entries and not own:
             return []
-        named = [(path, source) for path, _, source in self.own_folders()] + [
-            (e.path, f"{e.folder}/{n}") for e in self.entries for n in self.names_of(e.path)]
-        return sorted({self.project_root, *own, *(e.folder for e in self.entries), *(source for _, source in named),
-                       *(f"{source}/{path.marker}" for path, source in named if path.marker)})
+        named = self.own_folders() + [
+            (e.path, n, f"{e.folder}/{n}") for e in self.entries for n in self.names_of(e.path)]
+        return sorted({self.project_root, *own, *(e.folder for e in self.entries), *(source for _, _, source in named),
+                       *(f"{source}/{marker}" for path, name, source in named for marker in path.markers_of(name))})
 
     def scan_paths(self) -> list[str]:
         """The host paths whose links ``resolved`` needs too (PathFacts.links_out, of ``tree``'s where they lie in
@@ -543,24 +561,27 @@ class SearchMounts:
     def found_earlier(self, facts: Mapping[str, PathFacts]) -> dict[SearchEntry, set[str]]:
         """Of each entry, the run's names the round never reads in its folder: an earlier place on its search path
         (the project's own folder, first, or an earlier entry) is the name's, and so would this one be. Which folder
-        is a name's goes by the round's own rule (flagperf.config.vendors.vendor_search): a folder, and of a vendor one
-        with a vendor.yaml (SearchPath.marker). A vendor folder without one only adds engines, which the round reads
-        wherever it lies, and hides no later folder of the vendor."""
+        is a name's goes by the round's own rule (flagperf.config.vendors.vendor_search, flagperf.paths.is_case_folder):
+        a folder holding one of its SearchPath.markers (a vendor's vendor.yaml, a case's case.yaml). A vendor folder
+        without one only adds engines, which the round reads wherever it lies, and hides no later folder of the
+        vendor; a case folder without one is no case, and hides none."""
         earlier: dict[SearchEntry, set[str]] = {}
         for path, names in self.names:
             seen = {name for own_path, name, source in self.own_folders()
-                    if own_path == path and self.is_the_names(path, source, facts)}
+                    if own_path == path and self.is_the_names(path, name, source, facts)}
             for entry in (e for e in self.entries if e.path == path):
-                here = {name for name in names if self.is_the_names(path, f"{entry.folder}/{name}", facts)}
+                here = {name for name in names if self.is_the_names(path, name, f"{entry.folder}/{name}", facts)}
                 earlier[entry] = seen & here
                 seen |= here
         return earlier
 
     @staticmethod
-    def is_the_names(path: SearchPath, source: str, facts: Mapping[str, PathFacts]) -> bool:
-        """Whether the folder ``source`` (a name in a folder of ``path``) is one the round takes for the name's, so
-        that it shadows later ones: a folder, holding path.marker where the search path has one."""
-        return facts[source].kind == "folder" and (not path.marker or facts[f"{source}/{path.marker}"].present)
+    def is_the_names(path: SearchPath, name: str, source: str, facts: Mapping[str, PathFacts]) -> bool:
+        """Whether the folder ``source`` (``name`` in a folder of ``path``) is one the round takes for the name's, so
+        that it shadows later ones: a folder, holding one of path.markers_of(name) where the search path has them."""
+        markers = path.markers_of(name)
+        return facts[source].kind == "folder" and (
+            not markers or any(facts[f"{source}/{marker}"].present for marker in markers))
 
     def check_own_folders(self, facts: Mapping[str, PathFacts]) -> None:
         """The project's own folders of the run's names as the host has them (``facts``: for host_paths() and

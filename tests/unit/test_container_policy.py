@@ -224,9 +224,13 @@ def test_a_search_path_folder_never_hides_what_the_image_has_at_the_hosts_path(t
     assert written.host_paths() == sorted({"/deploy/flagperf", "/deploy/flagperf/vendor_images/nvidia",
                                            "/deploy/flagperf/vendor_images/nvidia/vendor.yaml",
                                            "/deploy/flagperf/cases/base/gemm", "/deploy/flagperf/cases/training/bert",
+                                           "/deploy/flagperf/cases/base/gemm/case.yaml",
+                                           "/deploy/flagperf/cases/training/bert/case.yaml",
                                            "/opt/nvidia", "/opt/nvidia/vendor.yaml", "/opt", "/srv/vendors/nvidia",
                                            "/srv/vendors/nvidia/vendor.yaml",
                                            "/srv/vendors", "/usr/local/lab-cases/base/gemm",
+                                           "/usr/local/lab-cases/base/gemm/case.yaml",
+                                           "/usr/local/lab-cases/training/bert/case.yaml",
                                            "/usr/local/lab-cases/training/bert", "/usr/local/lab-cases"})
     assert written.all() == [] and written.env == ()  # nothing is decided before the host answers
     search = written.resolved(as_written(written.host_paths()))
@@ -561,13 +565,16 @@ def test_a_name_found_earlier_on_the_search_path_is_not_checked_again_where_the_
     """The round finds a case in the first place its search path has it (the project's own cases/, then the
     variable's folders in order): the same <family>/<case> in a later folder is never read, in a container as on
     the host, so a link out in it refuses nothing, for a folder in the project and one outside it (mounted all the
-    same, so that the container's folders are the host's). Where no earlier place has it, the link is refused."""
+    same, so that the container's folders are the host's). Where no earlier place has it, the link is refused.
+    A folder of the name is the case where it holds a case.yaml (an inference case: or configurations.yaml), as case
+    lookup and the source digest take it (flagperf.paths.is_case_folder): one without is no case and hides none."""
     project, lab = tmp_path / "flagperf", tmp_path / "lab"
     outside = tmp_path / "outside.bin"
     outside.write_bytes(b"outside")
     for folder in (project / "cases" / "base" / "x", project / "labcases" / "base" / "x",
                    project / "more" / "base" / "x", project / "more" / "base" / "y", lab / "base" / "x"):
         folder.mkdir(parents=True)
+        (folder / "case.yaml").write_text("name: x\n")
     for folder in (project / "labcases" / "base" / "x", project / "more" / "base" / "x", lab / "base" / "x"):
         (folder / "data.bin").symlink_to(outside)
     path = tmp_path / "inv.yaml"
@@ -583,6 +590,11 @@ def test_a_name_found_earlier_on_the_search_path_is_not_checked_again_where_the_
     # base/x: the project's own cases/ has it first; base/y in more/, which no earlier place has.
     found = settings(f"labcases:{lab}:more", ["base/x", "base/y"])
     assert found.search.all() == [Mount(str(lab / "base" / "x"), "/flagperf-search/case/1/base/x", read_only=True)]
+    # The project's own folder of the name without its case.yaml is no case: labcases/ has it first.
+    (project / "cases" / "base" / "x" / "case.yaml").unlink()
+    with pytest.raises(ConfigError) as info:
+        settings(f"labcases:{lab}:more", ["base/x"])
+    assert f"{project}/labcases/base/x/data.bin links outside the project" in info.value.message, str(info.value)
     (project / "cases" / "base" / "x").rmdir()  # now labcases/ has it first: its link counts, more/'s does not
     with pytest.raises(ConfigError) as info:
         settings(f"labcases:{lab}:more", ["base/x"])
@@ -591,10 +603,22 @@ def test_a_name_found_earlier_on_the_search_path_is_not_checked_again_where_the_
     (project / "labcases" / "base" / "x" / "data.bin").unlink()
     assert settings(f"labcases:{lab}:more", ["base/x"]).search.all() == [
         Mount(str(lab / "base" / "x"), "/flagperf-search/case/1/base/x", read_only=True)]
-    (project / "labcases" / "base" / "x").rmdir()  # the lab has it first now: its link would dangle
+    # Without its case.yaml labcases/'s is no case: the lab has it first now, and its link would dangle.
+    (project / "labcases" / "base" / "x" / "case.yaml").unlink()
     with pytest.raises(ConfigError) as info:
         settings(f"labcases:{lab}:more", ["base/x"])
     assert f"{lab}/base/x/data.bin links outside its folder" in info.value.message, str(info.value)
+    # An inference case is one by its configurations.yaml as well: an earlier one hides the lab's.
+    for folder in (project / "cases" / "inference" / "x", lab / "inference" / "x"):
+        folder.mkdir(parents=True)
+    (lab / "inference" / "x" / "data.bin").symlink_to(outside)
+    (lab / "inference" / "x" / "configurations.yaml").write_text("{}\n")
+    with pytest.raises(ConfigError) as info:
+        settings(str(lab), ["inference/x"])
+    assert f"{lab}/inference/x/data.bin links outside its folder" in info.value.message, str(info.value)
+    (project / "cases" / "inference" / "x" / "configurations.yaml").write_text("{}\n")
+    assert settings(str(lab), ["inference/x"]).search.all() == [
+        Mount(str(lab / "inference" / "x"), "/flagperf-search/case/0/inference/x", read_only=True)]
     # A vendor's later copy is read for the engines the earlier ones lack (the first place with an engine's name
     # wins): the project's own vendor_images/cpu first does not spare a lab's cpu/generate/mine its check.
     (project / "vendor_images" / "cpu").mkdir(parents=True)
