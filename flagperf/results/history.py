@@ -42,6 +42,7 @@ import hashlib
 import json
 import math
 import os
+import sqlite3
 import statistics
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -71,6 +72,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.pool import NullPool
 
 from flagperf.errors import ConfigError, FlagperfError, require
 from flagperf.paths import HISTORY_FILE, SQLITE_JOURNALS
@@ -192,7 +194,10 @@ def history_reader(url: str | None = None, results_dir: str | Path = "results") 
     if files:
         if files[0].is_symlink() or not files[0].is_file():
             return None
-        return create_engine(f"sqlite:///file:{files[0].resolve()}?mode=ro&uri=true")
+        # A file: URI built by pathlib (percent-encoded): a '#' or '%' in the path written into the URL as it is
+        # would end its name there ('#') or be decoded ('%41'), and SQLite would make another file, read-write.
+        uri = f"{files[0].resolve().as_uri()}?mode=ro"
+        return create_engine("sqlite://", creator=lambda: sqlite3.connect(uri, uri=True), poolclass=NullPool)
     return _engine(url, read_only=True)
 
 

@@ -402,6 +402,30 @@ def test_reading_a_history_makes_and_changes_none(history, tmp_path: Path) -> No
     assert "made_by_a_reader" not in inspect(engine).get_table_names()
 
 
+def test_a_sqlite_history_whose_path_holds_a_hash_or_a_percent_is_read_as_it_is_and_only_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader opens the SQLite file read-only by a file: URI: a '#' in its path (which ends a URI's path) or a
+    '%41' (which a URI decodes to 'A') is the file's name as it is, never another file made read-write beside it."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import DBAPIError
+
+    from flagperf.results.history import history_reader, list_series
+
+    monkeypatch.delenv("FLAGPERF_HISTORY_URL", raising=False)  # the results folder's own history
+    results = tmp_path / "night #1 %41"
+    results.mkdir()
+    made = history_engine(f"sqlite:///{results / 'history.sqlite'}")
+    record_run(made, make_run(tmp_path, "run-now", [100.0, 100.5]), recorded_at=START)
+    made.dispose()
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    reader = history_reader(None, results)
+    assert reader is not None and [s.metric for s in list_series(reader)] == ["gemm_fp32"]
+    with pytest.raises(DBAPIError), reader.begin() as conn:
+        conn.execute(text("CREATE TABLE made_by_a_reader (x INTEGER)"))
+    reader.dispose()
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
 def test_an_interrupted_night_is_shown_as_one_never_a_baseline_nor_a_failure(seeded) -> None:
     """The owner reading the trends tells a night the operator stopped from a failed one and from one that never
     ran: it is there, with its run id and what stopped it, and the next night is judged as if it were not."""
