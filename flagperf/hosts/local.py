@@ -330,10 +330,13 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = Non
             real = os.path.realpath(path)
             # Where the container looks: an absolute target as written; a relative one from the link's place in the
             # container, known where the folder is part of the tree (elsewhere it lies under /flagperf-search).
-            there = os.path.normpath(target) if os.path.isabs(target) else \
-                None if at is None else os.path.normpath(os.path.join(at, way))
-            if there is not None and any(_inside(there, place) for _, place in mounts):
-                if resolved_in_container(there, views):
+            # As written ('..' kept): a '..' after a link goes up from where the link leads, not lexically, so the
+            # container's way is followed on the raw path (esc/../x, esc a link out of the mounts, leaves them).
+            raw = target if os.path.isabs(target) else \
+                None if at is None else os.path.join(at, os.path.dirname(os.path.relpath(path, bound)), target)
+            there = None if raw is None else os.path.normpath(raw)
+            if raw is not None and there is not None and any(_inside(there, place) for _, place in mounts):
+                if resolved_in_container(raw, views):
                     continue  # the container has that place mounted: the link leads there as on the host
                 leaves = True
             elif os.path.isabs(target):

@@ -809,6 +809,22 @@ def test_a_link_into_a_place_the_container_has_mounted_and_an_installed_environm
     assert folders_digest(((project / "cases", "cases"),)) != digest
 
 
+def test_a_dot_dot_after_a_link_into_a_mount_goes_up_from_where_the_link_leads(tmp_path: Path) -> None:
+    """A link to /data/imagenet/esc/../x, where /data/imagenet is mounted and esc a link to a place no mount has:
+    the container follows esc before the '..' (as the host does), so it leads out of the mounts and dangles there;
+    read lexically (/data/imagenet/x) it passed."""
+    from flagperf.hosts.local import links_leaving
+
+    data, elsewhere, case = tmp_path / "data", tmp_path / "elsewhere", tmp_path / "case"
+    for folder in (data / "imagenet" / "x", elsewhere / "deep", elsewhere / "x", case):
+        folder.mkdir(parents=True)
+    (data / "imagenet" / "esc").symlink_to(elsewhere / "deep")
+    (case / "val").symlink_to(f"{data}/imagenet/esc/../x")
+    (case / "train").symlink_to(f"{data}/imagenet/x/../x")  # no link on the way: in the mount
+    assert links_leaving(str(case), mounted=[f"{data}/imagenet"]) == [
+        ["val", f"{data}/imagenet/esc/../x", str(elsewhere / "x")]]
+
+
 def test_a_mount_from_another_host_path_goes_to_the_agent_under_an_option_an_older_agent_refuses() -> None:
     """An agent older than SOURCE:TARGET pairs took a --mounted value for one path (and refused every link into a data
     mount with a misleading message): a mount from the same path goes as --mounted=TARGET, which every agent reads so,
