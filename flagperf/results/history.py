@@ -236,18 +236,11 @@ def _engine(url: str, read_only: bool = False) -> Engine:
     if engine.dialect.name == "postgresql":
         event.listen(engine, "connect", _bounded_lock_wait)
         if read_only:
-            event.listen(engine, "connect", _read_only_session)
+            # Each transaction BEGIN READ ONLY (psycopg's read_only, reset when the connection goes back to the
+            # pool): its server refuses every write, a table made or altered included. Never a session setting,
+            # which a pooler (PgBouncer) would hand on with the server connection to a writer.
+            return engine.execution_options(postgresql_readonly=True)
     return engine
-
-
-def _read_only_session(dbapi_connection: Any, _record: Any) -> None:
-    """A reader's session: its server refuses every write (a table made or altered included)."""
-    cursor = dbapi_connection.cursor()
-    try:
-        cursor.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
-        dbapi_connection.commit()  # the SET outlives the connect's implicit transaction
-    finally:
-        cursor.close()
 
 
 PG_CONNECT_TIMEOUT_S = 15

@@ -400,6 +400,10 @@ def test_reading_a_history_makes_and_changes_none(history, tmp_path: Path) -> No
     with pytest.raises(DBAPIError), reader.begin() as conn:
         conn.execute(text("CREATE TABLE made_by_a_reader (x INTEGER)"))
     assert "made_by_a_reader" not in inspect(engine).get_table_names()
+    if engine.dialect.name == "postgresql":  # read-only by transaction, never the session's default: a pooler
+        with reader.connect() as conn:     # (PgBouncer) would hand a session's on to a writer
+            assert conn.exec_driver_sql("SHOW transaction_read_only").scalar() == "on"
+            assert conn.exec_driver_sql("SHOW default_transaction_read_only").scalar() == "off"
 
 
 def test_a_sqlite_history_whose_path_holds_a_hash_or_a_percent_is_read_as_it_is_and_only_read(
