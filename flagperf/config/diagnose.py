@@ -7,12 +7,13 @@ import statistics
 from pathlib import Path
 
 from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
 
 from flagperf.config.models import load_model
 from flagperf.errors import ConfigError
 from flagperf.paths import PROJECT_ROOT, display_path
 from flagperf.results.diagnosis import Diagnosis, Rules, diagnose, is_fleet, render_markdown, write_diagnosis
-from flagperf.results.history import figures, history_found, history_reader, resolved_url, runs
+from flagperf.results.history import figures, history_found, history_reader, resolved_url, runs, unreadable
 from flagperf.results.summary import RunSummary, summarize
 
 DEFAULT_RULES = PROJECT_ROOT / "deployments" / "diagnosis" / "rules.yaml"
@@ -52,8 +53,9 @@ def history_medians(summary: RunSummary, results_dir: Path, url: str | None = No
     found: dict[tuple[str, str], float] = {}
     if engine is None:
         return found
+    where = resolved_url(url, results_dir)
     try:
-        if not history_found(engine, resolved_url(url, results_dir)):
+        if not history_found(engine, where):
             return found
         with engine.connect() as conn:
             for entry in summary.headline:
@@ -64,6 +66,8 @@ def history_medians(summary: RunSummary, results_dir: Path, url: str | None = No
                     .order_by(runs.c.recorded_at.desc()).limit(HISTORY_RUNS)).scalars().all()
                 if earlier:
                     found[(entry["case"], entry["metric"])] = statistics.median(float(v) for v in earlier)
+    except SQLAlchemyError as exc:  # one line (the CLI's error), no traceback
+        raise unreadable(exc, where) from None
     finally:
         engine.dispose()
     return found

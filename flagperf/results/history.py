@@ -71,7 +71,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
 from flagperf.errors import ConfigError, FlagperfError, require
@@ -199,6 +199,14 @@ def history_reader(url: str | None = None, results_dir: str | Path = "results") 
         uri = f"{files[0].resolve().as_uri()}?mode=ro"
         return create_engine("sqlite://", creator=lambda: sqlite3.connect(uri, uri=True), poolclass=NullPool)
     return _engine(url, read_only=True)
+
+
+def unreadable(exc: SQLAlchemyError, where: str) -> FlagperfError:
+    """The error, in one line naming the history, for a history that cannot be read (its server refuses or is not
+    there, a SQLite file that is no database): the driver's first line, never SQLAlchemy's statement dump."""
+    cause = getattr(exc, "orig", None) or exc
+    line = next((part.strip() for part in str(cause).splitlines() if part.strip()), type(cause).__name__)
+    return FlagperfError(f"the history {where} cannot be read: {line}")
 
 
 def history_found(engine: Engine, where: str) -> bool:

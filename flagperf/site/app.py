@@ -19,15 +19,17 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader
 from markupsafe import Markup, escape
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from flagperf.errors import FlagperfError
+from flagperf.paths import HISTORY_FILE
 from flagperf.results.compare import HEADER as COMPARE_HEADER
 from flagperf.results.compare import OPERATION_NOTE, SPREAD_NOTE, compare_runs
-from flagperf.results.history import figure_trend, list_series
+from flagperf.results.history import figure_trend, list_series, unreadable
 from flagperf.results.markup import plain
 from flagperf.results.operators import OPERATOR_HEADER, operator_cells
 from flagperf.results.serving import CONSOLE_HEADER, DIGEST_TITLE, console_rows, serving_points
@@ -181,12 +183,16 @@ def create_app(root: Path, credentials: Credentials | None, history_url: str | N
                     choices=choices, a=a, b=b, header=COMPARE_HEADER, rows=rows, error=error,
                     notes=[SPREAD_NOTE, *([OPERATION_NOTE] if per_operator else [])])
 
+    where = history_url or str(root / HISTORY_FILE)
+
     def trends(request: Request) -> Response:
         try:
             engine = open_history(root, history_url)
+            series = list_series(engine) if engine is not None else []
+        except SQLAlchemyError as exc:  # its server refuses or is not there, a file that is no database: say so
+            return page("message.html", 503, title="Trends", message=str(unreadable(exc, where)))
         except FlagperfError as exc:  # an earlier version's history, which the site does not change
             return page("message.html", 503, title="Trends", message=str(exc))
-        series = list_series(engine) if engine is not None else []
         return page("trends.html", title="Trends", series=series, has_history=engine is not None)
 
     def _figure(request: Request) -> tuple[dict[str, str | None], list[Any]] | None:
@@ -194,11 +200,12 @@ def create_app(root: Path, credentials: Credentials | None, history_url: str | N
         key: dict[str, str | None] = {name: query.get(name) or None for name in ("case", "metric", "vendor", "device")}
         try:
             engine = open_history(root, history_url)
-        except FlagperfError:  # the trends page says why
+            if engine is None or not key["case"] or not key["metric"]:
+                return None
+            points = figure_trend(engine, key["case"], key["metric"], key["vendor"],  # type: ignore[arg-type]
+                                  key["device"])
+        except (FlagperfError, SQLAlchemyError):  # the trends page says why
             return None
-        if engine is None or not key["case"] or not key["metric"]:
-            return None
-        points = figure_trend(engine, key["case"], key["metric"], key["vendor"], key["device"])  # type: ignore[arg-type]
         return (key, points) if points else None
 
     def figure(request: Request) -> Response:

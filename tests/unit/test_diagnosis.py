@@ -307,6 +307,32 @@ def test_diagnose_run_reads_the_history_baseline(tmp_path: Path) -> None:
     assert found.failed_hosts == [] and not nowhere.exists()
 
 
+def test_a_history_that_cannot_be_read_is_one_line_on_the_console_and_a_page_on_the_site(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A history file that is no database (or a server that refuses): `diagnose --history` says so in one line naming
+    it, no traceback, and the site's trends page says so too (503), where both failed with SQLAlchemy's error."""
+    from starlette.testclient import TestClient
+
+    from flagperf.site.app import create_app
+
+    monkeypatch.delenv("FLAGPERF_HISTORY_URL", raising=False)
+    run = fleet_run(tmp_path)
+    broken = tmp_path / "history.sqlite"  # the run folder's results folder's own
+    broken.write_bytes(b"not a database, but a file of that name\n" * 100)
+    done = CliRunner().invoke(app, ["diagnose", str(run), "--history"])
+    said = " ".join(done.output.split())
+    assert done.exit_code == 2 and f"the history sqlite:///{broken} cannot be read: file is not a database" in said, \
+        done.output
+    assert done.exception is None or isinstance(done.exception, SystemExit)
+    for path in ("/trends", "/trends/figure?case=x&metric=y"):
+        page = TestClient(create_app(tmp_path, None), raise_server_exceptions=False).get(path)
+        if path == "/trends":
+            assert page.status_code == 503 and f"the history {broken} cannot be read: file is not a database" in \
+                page.text, page.text
+        else:
+            assert page.status_code == 404, page.text
+
+
 def test_a_cases_names_in_the_diagnosis_stay_text(tmp_path: Path) -> None:
     """A metric name and unit come from a case's code: in diagnosis.md (and the report's section) a '|' or a
     newline in them opens no table cell and breaks no row, and '<' starts no HTML."""
