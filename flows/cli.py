@@ -1196,6 +1196,7 @@ def _check_plugin_manifest(path: Path) -> str | None:
     from flagperf.generate.engines import EngineManifest as GenerateManifest
     from flagperf.inference.engines import EngineManifest as InferenceManifest
     from flagperf.operation.manifest import IMPLEMENTATIONS_FOLDER, ImplementationManifest
+    from flagperf.paths import VENDOR_MANIFEST
 
     where = path.parent.parent
     if path.name == ENGINE_MANIFEST:
@@ -1207,6 +1208,8 @@ def _check_plugin_manifest(path: Path) -> str | None:
             raise ConfigError(display_path(path), None, f"never read: an engine's {ENGINE_MANIFEST} is <vendor>/"
                               f"<family folder>/<engine>/{ENGINE_MANIFEST}, its family folder one of "
                               f"{', '.join(sorted(families))} (this one is in {where.name!r})")
+        if os.path.lexists(where.parent / VENDOR_MANIFEST):  # a copy of the vendor, shadowed or the one read; a
+            _refuse_shadowed(path, where.parent, where.parent.name)  # folder without vendor.yaml only adds engines
         family, model = families[where.name]
         manifest = checked_engine_manifest(path.parent, model)
         return f"{family} engine {manifest.name} of vendor {where.parent.name}"
@@ -1214,6 +1217,11 @@ def _check_plugin_manifest(path: Path) -> str | None:
         if where.name != "toolkits":
             raise ConfigError(display_path(path), None, f"never read: a toolkit's {TOOLKIT_FILE} is <vendor>/toolkits/"
                               f"<toolkit>/{TOOLKIT_FILE} (this one is in {where.name!r})")
+        if not os.path.lexists(where.parent / VENDOR_MANIFEST):  # find_toolkit looks in the vendor's own folder only
+            raise ConfigError(display_path(path), None, f"never read: a run reads toolkits from its vendor's own "
+                              f"folder, the first of the name with a {VENDOR_MANIFEST}; {display_path(where.parent)} "
+                              f"has none (a folder without one only adds engines): move the toolkit there")
+        _refuse_shadowed(path, where.parent, where.parent.name)
         toolkit = load_toolkit_manifest(path, where.parent)
         return f"toolkit {toolkit.name} of vendor {where.parent.name}, provides {toolkit.provides}"
     return None

@@ -305,6 +305,7 @@ def test_validate_checks_an_engine_or_toolkit_manifest_strictly_and_runs_nothing
     vendor = tmp_path / "acme"
     engine = vendor / "generate" / "fast"
     engine.mkdir(parents=True)
+    (vendor / "vendor.yaml").write_text("name: acme\n", encoding="utf-8")  # its own folder: toolkits are read there
     mark = tmp_path / "imported"
     (engine / "engine.py").write_text(f"open({str(mark)!r}, 'w').close()\n", encoding="utf-8")
     manifest = engine / "engine.yaml"
@@ -360,6 +361,45 @@ def test_validate_checks_an_engine_or_toolkit_manifest_strictly_and_runs_nothing
     assert result.exit_code == 0 and "(toolkit fastgemm of vendor acme, provides gemm)" in result.output, \
         result.output
     assert not list(toolkit.parent.glob("fastgemm*")) and not mark.exists()  # nothing built
+
+
+def test_validate_says_never_read_of_a_plugin_manifest_no_run_reads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run reads a vendor from the first folder of its name with a vendor.yaml, engines also from later folders of
+    the name without one, and toolkits only from its own folder: `validate` of an engine.yaml or a toolkit.yaml in a
+    later copy with its own vendor.yaml (shadowed), or of a toolkit.yaml in a folder without one, says it is never
+    read, where it said ok; an engine in a folder without vendor.yaml is read, and passes."""
+    first, second, third = (tmp_path / name / "acme" for name in ("first", "second", "third"))
+    toolkit_text = ("name: fastgemm\nprovides: gemm\ndescription: x\nsources: [gemm.c]\n"
+                    "build: [cc, gemm.c, -o, '{binary}']\nprecisions: {bf16: bf16}\n")
+    for vendor in (first, second, third):
+        (vendor / "generate" / "fast").mkdir(parents=True)
+        (vendor / "generate" / "fast" / "engine.py").write_text("x = 1\n", encoding="utf-8")
+        (vendor / "generate" / "fast" / "engine.yaml").write_text("name: fast\ndescription: mine\nfile: engine.py\n",
+                                                                  encoding="utf-8")
+        (vendor / "toolkits" / "fastgemm").mkdir(parents=True)
+        (vendor / "toolkits" / "fastgemm" / "gemm.c").write_text("int main(void) { return 0; }\n")
+        (vendor / "toolkits" / "fastgemm" / "toolkit.yaml").write_text(toolkit_text, encoding="utf-8")
+    for vendor in (first, second):
+        (vendor / "vendor.yaml").write_text("name: acme\n", encoding="utf-8")
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", ":".join(str(v.parent) for v in (first, second, third)))
+    for path in (first / "generate" / "fast" / "engine.yaml", first / "toolkits" / "fastgemm" / "toolkit.yaml",
+                 third / "generate" / "fast" / "engine.yaml"):
+        result = invoke("validate", str(path))
+        assert result.exit_code == 0 and f"ok    {path}" in result.output, result.output
+    for path in (second / "generate" / "fast" / "engine.yaml", second / "toolkits" / "fastgemm" / "toolkit.yaml"):
+        result = invoke("validate", str(path))
+        assert_clean_failure(result)
+        [line] = error_lines(result.output)
+        assert line.startswith(f"error {path}: never read: shadowed by {first}: --vendor acme reads the first "
+                               "folder"), line
+    path = third / "toolkits" / "fastgemm" / "toolkit.yaml"
+    result = invoke("validate", str(path))
+    assert_clean_failure(result)
+    assert error_lines(result.output) == [
+        f"error {path}: never read: a run reads toolkits from its vendor's own folder, the first of the name with a "
+        f"vendor.yaml; {third} has none (a folder without one only adds engines): move the toolkit there"], \
+        result.output
 
 
 # Every suite of the project (base-spec kernels, operation), case.yaml files of the kernels' and drivers' families,
