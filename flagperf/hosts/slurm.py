@@ -338,11 +338,11 @@ class SlurmJob:
             self.ended.wait(spec.poll_s)
 
     def waited_too_long(self, now: float) -> bool:
-        """Whether a job that has not started is past its timeout: slurm.configuring_timeout_s since squeue first
-        said CONFIGURING, or else slurm.pending_timeout_s of waiting for nodes since it was submitted (its time
-        configuring left out)."""
+        """Whether a job that has not started is past its timeout: slurm.configuring_timeout_s of configuring in all
+        (every time squeue said CONFIGURING: a requeue after a boot that failed does not start it again), or else
+        slurm.pending_timeout_s of waiting for nodes since it was submitted (its time configuring left out)."""
         if self.configuring_since is not None:
-            return now - self.configuring_since > self.spec.configuring_timeout_s
+            return self.configured_s + now - self.configuring_since > self.spec.configuring_timeout_s
         return now - self.submitted - self.configured_s > self.spec.pending_timeout_s
 
     def count_configuring(self, configuring: bool, now: float) -> None:

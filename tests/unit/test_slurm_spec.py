@@ -556,6 +556,14 @@ def test_a_pending_job_is_cancelled_naming_squeues_reason_once_slurm_gives_one(
     assert not clocked.waited_too_long(139.0) and clocked.waited_too_long(141.0)  # 50 s configuring
     clocked.count_configuring(False, 130.0)  # requeued: PENDING again, 90 s of pending so far
     assert not clocked.waited_too_long(139.0) and clocked.waited_too_long(141.0)  # 100 s pending, 40 s configuring
+    # Configuring again after a requeue: its clock goes on from the earlier episodes', never starts again (a boot
+    # that fails each time would otherwise be retried for ever).
+    clocked = SlurmJob(spec.model_copy(update={"pending_timeout_s": 1000.0, "configuring_timeout_s": 50.0}),
+                       "flagperf-test", [], shared / "x.out", 60, job_id="49", submitted=0.0)
+    clocked.count_configuring(True, 10.0)
+    clocked.count_configuring(False, 40.0)  # 30 s configuring, requeued
+    clocked.count_configuring(True, 100.0)
+    assert not clocked.waited_too_long(119.0) and clocked.waited_too_long(121.0)  # 30 + 21 s configuring
     # Ended, no output where the controller reads it, though node n1 ran the batch script (Slurm: a launch failure).
     (tmp_path / "job").write_text("JobId=44 JobState=FAILED Reason=JobLaunchFailure Dependency=(null) ExitCode=0:53 "
                                   "BatchHost=n1 NodeList=n1\n")
