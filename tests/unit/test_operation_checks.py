@@ -39,18 +39,15 @@ from flagperf.operation.shape_sets import SHAPE_SETS
 from flagperf.operation.timer import CacheFlush, TimingOptions, time_call, time_host, time_iterations
 from flagperf.results.operators import method_lines
 from flagperf.results.schema import OperationReport, RoundResult, SpecTable
+from tests.unit.test_operation import config as operation_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
 
 
 def config(**changes: Any) -> OperationConfig:
-    values: dict[str, Any] = dict(operators=["add"], dtypes=["fp32"], models=["tiny"], batch_sizes=[1],
-                                  seq_lens=[16], implementations=["native"], warmup_s=0.001, rep_s=0.001,
-                                  min_iters=2, max_iters=3, flush_cache=False, cuda_graphs=False,
-                                  reference_cpu_max_elements=1 << 22, timeout_s=600, max_retries=0)
-    values.update(changes)
-    return OperationConfig.model_validate(values)
+    """test_operation's small fast config, of one operator unless told."""
+    return operation_config(**{"operators": ["add"], **changes})
 
 
 @pytest.fixture(scope="module")
