@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import Engine, func, select
 
 from flagperf.results.history import check_run, history_engine, metadata, record_run
 from flagperf.results.schema import Metric, RoundResult, write_result
@@ -67,6 +67,17 @@ def verdict_for(engine, tmp_path: Path, run_id: str, values: list[float], **kw):
     record_run(engine, make_run(tmp_path, run_id, values), recorded_at=START + timedelta(days=30))
     (verdict,) = check_run(engine, run_id, **kw)
     return verdict
+
+
+def history_tables(engine: Engine) -> dict[str, set[str]]:
+    """The history's tables in ``engine``'s database, each with its columns (the team's database holds other tables
+    too: the test server's)."""
+    from sqlalchemy import inspect
+
+    with engine.connect() as conn:
+        look = inspect(conn)
+        return {name: {c["name"] for c in look.get_columns(name)} for name in look.get_table_names()
+                if name in metadata.tables}
 
 
 def test_a_true_five_percent_drop_is_a_regression(seeded) -> None:
@@ -328,7 +339,7 @@ def test_checking_a_nights_history_changes_none_that_is_there(history) -> None:
     """The check before a night reads a history that is there (a SQLite file, a team's database) and changes
     nothing: an empty one gets no tables, an earlier version's no new column, until a night records (a night
     refused after the check changed an older history's schema)."""
-    from sqlalchemy import inspect, text
+    from sqlalchemy import text
 
     from flagperf.results.history import check_history
 
@@ -337,10 +348,7 @@ def test_checking_a_nights_history_changes_none_that_is_there(history) -> None:
     path = Path(engine.url.database) if engine.dialect.name == "sqlite" else None
 
     def tables() -> dict[str, set[str]]:
-        with engine.connect() as conn:
-            look = inspect(conn)
-            return {name: {c["name"] for c in look.get_columns(name)} for name in look.get_table_names()
-                    if name in metadata.tables}  # the team's database holds other tables too (the test server's)
+        return history_tables(engine)
 
     metadata.drop_all(engine)
     check_history(url)
@@ -373,10 +381,7 @@ def test_reading_a_history_makes_and_changes_none(history, tmp_path: Path) -> No
     url = engine.url.render_as_string(hide_password=False)
 
     def tables() -> dict[str, set[str]]:
-        with engine.connect() as conn:
-            look = inspect(conn)
-            return {name: {c["name"] for c in look.get_columns(name)} for name in look.get_table_names()
-                    if name in metadata.tables}  # the team's database holds other tables too (the test server's)
+        return history_tables(engine)
 
     metadata.drop_all(engine)
     assert open_history(tmp_path, url) is None and tables() == {}

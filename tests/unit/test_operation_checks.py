@@ -346,13 +346,8 @@ def test_the_timed_output_is_compared_outside_the_implementations_scope(cpu_spec
 # ------------------------------------------------------------------ energy: the calls and nothing else
 
 
-def test_the_energy_window_holds_the_calls_and_no_flush(monkeypatch: pytest.MonkeyPatch, cpu_spec: SpecTable
-                                                        ) -> None:
-    """Energy per work was the monitors' energy over the timed loop's window / its work, whose cache flushes (and on
-    the CPU, the rewarm calls) took most of it and were charged to the calls. It is taken over the metric's
-    energy_window, the host loop's (the calls back to back and nothing else) / energy_work, theirs; window and work
-    stay the timed iterations' (what the figure, the chip's state and the timeline are of: rate = work /
-    measured_seconds)."""
+def flush_times(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The wall-clock time of each cache flush from now on (appended as each one ends)."""
     flushed: list[float] = []
     real = CacheFlush.__call__
 
@@ -361,6 +356,17 @@ def test_the_energy_window_holds_the_calls_and_no_flush(monkeypatch: pytest.Monk
         flushed.append(time.time())
 
     monkeypatch.setattr(CacheFlush, "__call__", recorded)
+    return flushed
+
+
+def test_the_energy_window_holds_the_calls_and_no_flush(monkeypatch: pytest.MonkeyPatch, cpu_spec: SpecTable
+                                                        ) -> None:
+    """Energy per work was the monitors' energy over the timed loop's window / its work, whose cache flushes (and on
+    the CPU, the rewarm calls) took most of it and were charged to the calls. It is taken over the metric's
+    energy_window, the host loop's (the calls back to back and nothing else) / energy_work, theirs; window and work
+    stay the timed iterations' (what the figure, the chip's state and the timeline are of: rate = work /
+    measured_seconds)."""
+    flushed = flush_times(monkeypatch)
     cfg = config(operators=["add"], flush_cache=True, min_iters=4, max_iters=4)
     runner = PointRunner(cfg, cpu_spec, CPU, load_implementations(cfg, "cpu", CPU))
     (planned,) = plan_points(cfg)
@@ -387,14 +393,7 @@ def test_the_energy_loop_lasts_the_monitor_intervals_asked_whatever_max_iters(
     a loop of the calls back to back over that many of the monitors' intervals (the round is told the interval),
     with no count cap and no flush, which energy per work is taken over: samples every interval, at any phase,
     put 2 or more inside it. Without the interval the round says it ran none."""
-    flushed: list[float] = []
-    real = CacheFlush.__call__
-
-    def recorded(self: CacheFlush) -> None:
-        real(self)
-        flushed.append(time.time())
-
-    monkeypatch.setattr(CacheFlush, "__call__", recorded)
+    flushed = flush_times(monkeypatch)
     cfg = config(operators=["add"], flush_cache=True, min_iters=2, max_iters=3, energy_intervals=3)
     outcome = driver.run_operation(cfg, "cpu", cpu_spec, CPU, monitor_interval_s=0.1)
     (point,), (metric,) = outcome.report.points, outcome.metrics
