@@ -112,6 +112,31 @@ def results_base_for(base: str, results_port: int, results_public_url: str | Non
     return f"{urlsplit(base).scheme}://{url_host(urlsplit(base).hostname or '')}:{results_port}"
 
 
+def server_names(host: str, public_urls: list[str | None]) -> list[str]:
+    """The names a server listening on ``host`` answers to (the Host header of its requests; any other is refused:
+    DNS rebinding protection, flagperf.site.front): ``host`` itself, the hosts of ``public_urls`` (a proxy passes
+    the browser's Host on), loopback's on a loopback or wildcard ``host`` (this machine's clients, see
+    local_api_url), and on a wildcard one this machine's names and the addresses of its interfaces. An IPv6
+    address in brackets, as a Host header has it."""
+    names = set() if host in WILDCARDS else {host}
+    names.update(urlsplit(url).hostname or "" for url in public_urls if url)
+    if host in WILDCARDS or binds_loopback(host):
+        names.update(("localhost", "127.0.0.1", "::1"))
+    if host in WILDCARDS:
+        names.update((socket.getfqdn(), socket.gethostname(), machine_address(host)[0]))
+        names.update(str(a.address).split("%")[0] for addresses in psutil.net_if_addrs().values()
+                     for a in addresses if a.family in (socket.AF_INET, socket.AF_INET6))
+    return sorted(url_host(name).lower() for name in names if name)
+
+
+def own_origins(names: list[str], port: int, public_urls: list[str | None]) -> list[str]:
+    """The origins of a server's pages (CORS: the only ones allowed to call its API from a browser): its names on
+    its port over HTTP, and the public URLs' (a TLS proxy's https://...)."""
+    origins = {f"http://{name}:{port}" for name in names}
+    origins.update(f"{urlsplit(url).scheme}://{urlsplit(url).netloc}" for url in public_urls if url)
+    return sorted(origins)
+
+
 def address_advice(host: str, port: int, public_url: str | None) -> str | None:
     """The banner's line where the UI's address is a guess (a wildcard --host on a machine without a full name:
     machine_address), None where it is not."""
@@ -399,13 +424,15 @@ class SiteServer:
 
 
 def serve_site(root: Path, host: str, port: int, credentials: Credentials | None,
-               history_url: str | None = None, ui_url: str | None = None) -> SiteServer:
+               history_url: str | None = None, ui_url: str | None = None, *,
+               names: list[str] | None = None) -> SiteServer:
     """The results site for ``root``: GET and HEAD only, behind ``credentials`` when given; its run pages link
-    their flow runs in the Prefect UI at ``ui_url``."""
+    their flow runs in the Prefect UI at ``ui_url``. ``names``: the only Host names it answers (server_names);
+    None: any."""
     from flagperf.site.app import create_app
 
     root.mkdir(parents=True, exist_ok=True)
-    return SiteServer(create_app(root, credentials, history_url, ui_url), host, port)
+    return SiteServer(create_app(root, credentials, history_url, ui_url, names=names), host, port)
 
 
 def beyond_loopback(host: str, public_urls: dict[str, str | None] | None = None) -> tuple[str, str] | None:
@@ -1074,13 +1101,18 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
     from flagperf.results.history import DEFAULT_URL_ENV as HISTORY_URL_ENV  # pandas: only where the site runs
 
     try:
-        site = serve_site(results_root, host, results_port, credentials, os.environ.get(HISTORY_URL_ENV), base)
+        site = serve_site(results_root, host, results_port, credentials, os.environ.get(HISTORY_URL_ENV), base,
+                          names=server_names(host, [results_base]))
     except OSError as exc:
         raise RuntimeError(f"cannot serve the results site on {url_host(host)}:{results_port}: {exc.strerror or exc} "
                            f"(choose another --results-port)") from None
+    # Prefect's app behind our front (flows.team_app): requests that name the server otherwise refused, CORS for
+    # its own origins only (Prefect allows any), frame protection, a malformed sign-in a 401.
+    names = server_names(host, [base])
+    env["PREFECT_SERVER_CORS_ALLOWED_ORIGINS"] = ",".join(own_origins(names, port, [base]))
     with (log_dir / "server.log").open("ab") as server_log:
-        server = subprocess.Popen(watched([sys.executable, "-m", "prefect", "server", "start", "--host", host,
-                                           "--port", str(port)]), env=env, stdout=server_log,
+        server = subprocess.Popen(watched([sys.executable, "-m", "flows.team_app", "--host", host, "--port", str(port),
+                                           *(f"--name={name}" for name in names)]), env=env, stdout=server_log,
                                   stderr=subprocess.STDOUT, start_new_session=True)
     processes = [server]
     up = False

@@ -36,6 +36,7 @@ from flagperf.results.serving import CONSOLE_HEADER, DIGEST_TITLE, console_rows,
 from flagperf.results.summary import HEADLINE_HEADER, OPERATORS_INTRO, headline_cells, headline_rows
 from flagperf.site import trends as drawing
 from flagperf.site.auth import Credentials, SignInThrottle
+from flagperf.site.front import HostCheck
 from flagperf.site.runs import PLOT_TYPES, PLOTS, RUN_FILES, list_runs, plot_names, read_served, run_folder, run_info
 from flagperf.site.trends import NO_MATPLOTLIB, open_history, trend_png
 
@@ -46,6 +47,7 @@ SECURITY_HEADERS = [
     (b"content-security-policy", b"default-src 'none'; img-src 'self'; style-src 'unsafe-inline'; "
                                  b"form-action 'self'; base-uri 'none'; frame-ancestors 'none'"),
     (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),  # frame-ancestors' older spelling, for browsers that know only this one
     (b"referrer-policy", b"same-origin"),
     (b"cache-control", b"no-store"),
 ]
@@ -67,9 +69,11 @@ class Guard:
     names in X-Forwarded-For (uvicorn trusts those headers from 127.0.0.1 only); behind a proxy that says the
     browser spoke TLS (X-Forwarded-Proto: https), answers also get Strict-Transport-Security."""
 
-    def __init__(self, app: ASGIApp, credentials: Credentials | None, throttle: SignInThrottle | None = None) -> None:
+    def __init__(self, app: ASGIApp, credentials: Credentials | None, throttle: SignInThrottle | None = None,
+                 names: list[str] | None = None) -> None:
         self.app, self.credentials = app, credentials
         self.throttle = throttle or SignInThrottle()
+        self.hosts = HostCheck(names) if names is not None else None
 
     async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Any]],
                        send: Callable[[Any], Awaitable[None]]) -> None:
@@ -83,6 +87,10 @@ class Guard:
                 message["headers"] = [*message.get("headers", []), *headers]
             await send(message)
 
+        refused = await self.hosts.refused(scope) if self.hosts is not None else None
+        if refused is not None:  # a page of another site that its DNS pointed here: before any sign-in is tried
+            await PlainTextResponse(refused, status_code=400)(scope, receive, send_with_headers)
+            return
         if self.credentials is not None:
             client = (scope.get("client") or ("unknown", 0))[0]
             wait = self.throttle.wait_s(client)
@@ -114,9 +122,10 @@ def preselected(choices: list[str], a: str | None, b: str | None) -> tuple[str |
 
 
 def create_app(root: Path, credentials: Credentials | None, history_url: str | None = None,
-               ui_url: str | None = None) -> ASGIApp:
+               ui_url: str | None = None, *, names: list[str] | None = None) -> ASGIApp:
     """The site for the results folder ``root``; ``credentials`` None only on a loopback address. ``ui_url``: the
-    Prefect UI's address, where a run page links the flow run that made the run (its logs)."""
+    Prefect UI's address, where a run page links the flow run that made the run (its logs). ``names``: the only
+    Host names it answers (DNS rebinding protection); None: any."""
     root = root.resolve()
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True, trim_blocks=True, lstrip_blocks=True)
     env.filters["cell"] = table_cell
@@ -243,7 +252,7 @@ def create_app(root: Path, credentials: Credentials | None, history_url: str | N
         return not_found("nothing here")
 
     app.add_exception_handler(404, missing)
-    return Guard(app, credentials)
+    return Guard(app, credentials, names=names)
 
 
 BOLD = re.compile(r"\*\*(.+?)\*\*")

@@ -6,7 +6,9 @@ deployments/postgres/test-database.sh prints them; .ci/run sets them up."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import http.client
 import os
 import signal
 import subprocess
@@ -65,6 +67,64 @@ def pools_in_postgres() -> list[str]:
             await conn.close()
 
     return asyncio.run(query())
+
+
+def raw_answer(port: int, target: str, headers: dict[str, str | bytes], method: str = "GET",
+               body: bytes | None = None) -> http.client.HTTPResponse:
+    """The request with its headers byte for byte (a Host of our choosing, a header beyond ASCII), read whole."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.putrequest(method, target, skip_host="Host" in headers, skip_accept_encoding=True)
+        for name, value in {**headers, "Content-Length": str(len(body or b""))}.items():
+            conn.putheader(name, value)
+        conn.endheaders(body)
+        answer = conn.getresponse()
+        answer.read()
+        return answer
+    finally:
+        conn.close()
+
+
+def assert_front(port: int, results_port: int, signed_in: dict[str, str], server_log: Path) -> None:
+    """What stands in front of the Prefect server (flows.team_app) and the results site, as a browser and an
+    attacker's page meet it: a Host that is not the server's (DNS rebinding: a page of evil.example whose name now
+    points here) is refused with one line, before any sign-in; CORS allows the server's own origin, not any; every
+    answer forbids framing and sniffing; a sign-in that is not ASCII is a 401, not a 500 with a traceback."""
+    own = f"127.0.0.1:{port}"
+    for server_port, target in ((port, "/api/health"), (port, "/"), (port, "/ui-settings"),
+                                (port, "/api/flows/filter"), (results_port, "/")):
+        for host in ("evil.example", f"evil.example:{server_port}", "127.0.0.1.evil.example"):
+            answer = raw_answer(server_port, target, {"Host": host, **signed_in})
+            assert answer.status == 400, (server_port, target, host, answer.status)
+        body = request(server_port, target, {"Host": "evil.example", **signed_in})[1].decode()
+        assert body.count("\n") == 1 and "DNS rebinding protection" in body, body
+    for server_port, host in ((port, "localhost"), (port, own), (port, "[::1]"), (results_port, "localhost")):
+        assert raw_answer(server_port, "/api/health" if server_port == port else "/",
+                          {"Host": host, **signed_in}).status == 200, host
+    # CORS: Prefect's `*` let any site's page read the API with a sign-in its script knows; now only the server's
+    for origin, allowed in ((f"http://{own}", True), ("http://evil.example", False), ("null", False)):
+        preflight = httpx.options(f"http://{own}/api/flows/filter", timeout=10, headers={
+            "Origin": origin, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type"})
+        said = preflight.headers.get("access-control-allow-origin")
+        assert (said == origin) if allowed else (preflight.status_code == 400 and said != "*"), (origin, said)
+        plain = httpx.get(f"http://{own}/api/health", headers={"Origin": origin}, timeout=10)
+        assert plain.headers.get("access-control-allow-origin") == (origin if allowed else None), origin
+    for server_port, target, headers in ((port, "/", {}), (port, "/api/health", {}), (port, "/api/admin/settings", {}),
+                                         (port, "/api/admin/settings", signed_in), (port, "/nowhere", {}),
+                                         (results_port, "/", signed_in), (results_port, "/", {})):
+        answer = raw_answer(server_port, target, headers)
+        policies = " ".join(v for k, v in answer.getheaders() if k.lower() == "content-security-policy")
+        assert answer.getheader("X-Frame-Options") == "DENY", (server_port, target, answer.getheaders())
+        assert "frame-ancestors 'none'" in policies and answer.getheader("X-Content-Type-Options") == "nosniff"
+    before = server_log.read_bytes() if server_log.is_file() else b""
+    non_ascii = "Basic " + base64.b64encode("lab:pässwort-long-enough".encode()).decode()
+    for header in (non_ascii, b"Basic \xe9t\xe9", "Basic !!!not-base64", "Basic", "Bearer x y"):
+        for method, target in (("GET", "/api/admin/settings"), ("POST", "/api/flows/filter")):
+            answer = raw_answer(port, target, {"Authorization": header}, method, b"{}")
+            assert answer.status == 401, (header, target, answer.status)
+    said = (server_log.read_bytes() if server_log.is_file() else b"")[len(before):]
+    assert b"Traceback" not in said and b"Exception in ASGI" not in said, said[-2000:]
 
 
 def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path: Path) -> None:
@@ -140,6 +200,7 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
                 status, body = request(port, target, {}, method, b"{}" if method != "GET" else None)
                 assert status in (401, 403) and password.encode() not in body, (method, target, status)
         assert request(port, "/api/health")[0] == 200  # says nothing but "true"
+        assert_front(port, results_port, signed_in, tmp_path / f"logs-{port}" / "server.log")
         assert password not in httpx.get(f"http://127.0.0.1:{port}/ui-settings", timeout=10).text
         site = f"http://127.0.0.1:{results_port}"
         assert httpx.get(f"{site}/", timeout=10).status_code == 401

@@ -1,0 +1,56 @@
+"""The team server's Prefect server, as `prefect server start` runs it in the foreground (Prefect's app with its UI
+and services, on uvicorn, with the same settings: keep-alive, websocket pings, log level; graceful stop on
+SIGTERM), but behind flagperf.site.front.Front: only requests naming the server by its own names, frame
+protection, a malformed sign-in refused with 401. Started by flows.server.serve:
+
+    python -m flows.team_app --host HOST --port PORT --name NAME [--name NAME ...]
+
+The sign-in and the allowed CORS origins come from Prefect's own settings (PREFECT_SERVER_API_AUTH_STRING,
+PREFECT_SERVER_CORS_ALLOWED_ORIGINS), in the environment only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from flagperf.site.front import ASGIApp, Front
+
+
+def create_app(names: list[str]) -> ASGIApp:
+    """Prefect's app (create_app, final, with its services and UI, as `prefect server start` makes it) in Front."""
+    import prefect.settings
+    from prefect.server.api.server import create_app as prefect_app
+
+    signed_in = prefect.settings.PREFECT_SERVER_API_AUTH_STRING.value() is not None
+    return Front(prefect_app(final=True), names, signed_in)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.team_app",
+                                     description="the Prefect server of `flagperf server`, behind its front")
+    parser.add_argument("--host", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--name", action="append", default=[], help="a name the server answers to (Host header)")
+    args = parser.parse_args(argv)
+    import uvicorn
+    from prefect.settings import (
+        PREFECT_SERVER_API_KEEPALIVE_TIMEOUT,
+        PREFECT_SERVER_API_WEBSOCKET_PING_INTERVAL,
+        PREFECT_SERVER_API_WEBSOCKET_PING_TIMEOUT,
+        PREFECT_SERVER_LOGGING_LEVEL,
+    )
+
+    print(f"flagperf team server: Prefect's server and UI on {args.host}:{args.port}, answering to "
+          f"{', '.join(args.name)} (any other Host is refused: DNS rebinding protection)", flush=True)
+    # What `prefect server start` passes uvicorn (prefect.cli._server_utils._run_in_foreground, one worker).
+    uvicorn.run(app=create_app(args.name), host=args.host, port=args.port,
+                timeout_keep_alive=PREFECT_SERVER_API_KEEPALIVE_TIMEOUT.value(),
+                ws_ping_interval=PREFECT_SERVER_API_WEBSOCKET_PING_INTERVAL.value(),
+                ws_ping_timeout=PREFECT_SERVER_API_WEBSOCKET_PING_TIMEOUT.value(),
+                log_level=str(PREFECT_SERVER_LOGGING_LEVEL.value()).lower())
+    return 0  # uvicorn ends a stop by a signal by raising that signal again, once shut down (as Prefect's)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
