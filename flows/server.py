@@ -1140,7 +1140,8 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
 
         try:
             refuse_other_pools(api_url, api_headers(api_url, credentials.auth_string if credentials else None), pool)
-        except httpx.HTTPError as exc:
+        except httpx.HTTPError as exc:  # a 401 or 403: the sign-in to change, in the one line the deploy says it
+            refused_sign_in(exc, api_url, credentials)
             raise RuntimeError(f"reading the deployments before making them failed ({_said(exc)})") from None
         # Watched too: killed meanwhile, this command would leave it retrying a server that is gone. One API call:
         # the pool is there or not (a signal stops the command at once), and the next start makes it with

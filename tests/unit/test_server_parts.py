@@ -826,6 +826,39 @@ def test_the_by_hand_deploy_refused_its_sign_in_exits_2_in_one_line(tmp_path: Pa
                            "use the server's (its banner names where it comes from)\n")
 
 
+@pytest.mark.parametrize("credentials", [None, "lab:wrong-password-0123"])
+def test_a_server_whose_sign_in_is_refused_before_its_pool_is_made_says_so_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, credentials: str | None) -> None:
+    """serve's check for deployments on other pools, refused the sign-in (401: the API that answers on its port is
+    not its own, or has another sign-in): the one line of a refused sign-in, a setting to change (ConfigError:
+    `flagperf server` exits 2), as the deploy says it; it was a RuntimeError (exit 1) quoting httpx's words."""
+    from flagperf.errors import ConfigError
+    from flagperf.site.auth import Credentials
+    from flows import server
+
+    monkeypatch.setattr(server, "wait_healthy", lambda *args, **kwargs: None)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    with stub_api(401) as (api_url, asked):
+        port = int(api_url.rsplit(":", 1)[1].split("/")[0])  # the Prefect server started there finds it taken
+        try:
+            with pytest.raises(ConfigError) as info:
+                server.serve("postgresql+asyncpg://lab@127.0.0.1:5432/none", "127.0.0.1", port, "pool", False,
+                             tmp_path / "logs", results_dir=tmp_path / "results", results_port=0,
+                             credentials=Credentials(credentials, "/etc/lab-auth") if credentials else None)
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+    assert asked.is_set()
+    said = str(info.value)
+    assert "\n" not in said and "Client error" not in said, said
+    if credentials:
+        assert said == (f"/etc/lab-auth: the server at {api_url} refused the sign-in (401); use the server's (its "
+                        "banner names where it comes from)")
+    else:
+        assert said.startswith(f"PREFECT_API_AUTH_STRING: the server at {api_url} needs a sign-in, and none was "
+                               "given (401)"), said
+
+
 def test_the_by_hand_deploy_says_a_third_signal_stops_it_and_what_puts_back_what_users_set(tmp_path: Path) -> None:
     """As the server: a second signal says one more stops at once; the third stops it, naming this command's next
     run as what puts back what users set (a server with --no-deploy never does)."""
