@@ -86,6 +86,9 @@ def _dsn() -> str:
 
 
 LOCK_CHECK_S = 30.0  # how often a PoolLock checks that its connection (which holds the lock) is alive
+# How long a PoolLock whose connection died tries to connect again (a database restarting takes a while), and its
+# waits between tries: doubling from the first, at most the last.
+RECONNECT_S, RECONNECT_FIRST_WAIT_S, RECONNECT_MAX_WAIT_S = 300.0, 0.5, 15.0
 
 
 class PoolLock:
@@ -95,18 +98,26 @@ class PoolLock:
 
     The connection is checked every ``check_s`` (select 1): one that died (the database restarted, a network cut)
     took the lock with it, and another session would take the pool for an ended one's and delete it under this
-    session's servers. So a dead one is replaced and the lock taken again; where that fails, ``lost`` says why and
-    session_pool() fails from then on. The lock is a session's: FLAGPERF_TEST_POSTGRES_URL must reach PostgreSQL
-    directly (or through a pooler in session mode), never through a transaction pooler (PgBouncer's transaction
-    mode), which would hand the lock's server connection to other clients."""
+    session's servers. So a dead one is replaced and the lock taken again, the connection tried again with waits
+    that double (``first_wait_s`` up to ``max_wait_s``) for up to ``reconnect_s``: a restart of the database takes
+    longer than one try. Where that fails, or another session took the lock meanwhile, ``lost`` says why, one line
+    on stderr says so at once, and session_pool() fails from then on. The lock is a session's:
+    FLAGPERF_TEST_POSTGRES_URL must reach PostgreSQL directly (or through a pooler in session mode), never through a
+    transaction pooler (PgBouncer's transaction mode), which would hand the lock's server connection to other
+    clients."""
 
-    def __init__(self, pool: str, limit_s: float = 120.0, check_s: float = LOCK_CHECK_S) -> None:
+    def __init__(self, pool: str, limit_s: float = 120.0, check_s: float = LOCK_CHECK_S,
+                 reconnect_s: float = RECONNECT_S, first_wait_s: float = RECONNECT_FIRST_WAIT_S,
+                 max_wait_s: float = RECONNECT_MAX_WAIT_S) -> None:
         import asyncio
 
         self.pool = pool
         self.check_s = check_s
+        self.reconnect_s, self.first_wait_s, self.max_wait_s = reconnect_s, first_wait_s, max_wait_s
+        self.dsn = _dsn()  # where it connects (tests point it elsewhere for a while: a database that is away)
         self.lost: str | None = None
         self.checks = 0  # checks done (for tests: a condition to wait for)
+        self.failed_tries = 0  # tries to connect again that failed, in all (for tests: a condition to wait for)
         self.backend_pid = 0  # the server process of the connection that holds the lock
         self._answer: queue.Queue[bool | BaseException] = queue.Queue()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -122,7 +133,7 @@ class PoolLock:
     async def _take(self) -> tuple[Any, bool]:
         import asyncpg
 
-        conn = await asyncpg.connect(_dsn(), timeout=60)
+        conn = await asyncpg.connect(self.dsn, timeout=60)
         self.backend_pid = conn.get_server_pid()
         try:
             return conn, bool(await conn.fetchval("select pg_try_advisory_lock($1)", pool_key(self.pool), timeout=60))
@@ -151,19 +162,46 @@ class PoolLock:
                     await conn.fetchval("select 1", timeout=60)
                 except Exception as exc:  # any failure: the connection, and the lock, are gone
                     conn.terminate()
-                    try:
-                        conn, held = await self._take()
-                    except Exception as again:
-                        self.lost = f"its connection died ({exc!r}) and a new one failed ({again!r})"
+                    taken = await self._take_again(exc)
+                    if taken is None:
                         return
+                    conn, held = taken
                     if not held:
-                        self.lost = f"its connection died ({exc!r}) and another session took the lock meanwhile"
+                        self._lose(f"its connection died ({exc!r}) and another session took the lock meanwhile")
                         await conn.close()
                         return
                 self.checks += 1
         finally:
             if not conn.is_closed():
                 await conn.close()
+
+    async def _take_again(self, died: Exception) -> tuple[Any, bool] | None:
+        """A new connection and the lock's state on it, tried with waits that double for up to ``reconnect_s``;
+        None (and the lock lost) where none came, or where it is released meanwhile."""
+        import asyncio
+        import time
+
+        deadline, wait, tries = time.monotonic() + self.reconnect_s, self.first_wait_s, 0
+        while not self._releasing:
+            tries += 1
+            try:
+                return await self._take()
+            except Exception as again:
+                self.failed_tries += 1
+                if time.monotonic() + wait > deadline:
+                    self._lose(f"its connection died ({died!r}) and no new one came within {self.reconnect_s:.0f} s "
+                               f"({tries} tries; the last: {again!r})")
+                    return None
+            await asyncio.sleep(wait)  # not woken by check(): a database that is away is given its time
+            wait = min(wait * 2, self.max_wait_s)
+        return None
+
+    def _lose(self, why: str) -> None:
+        import sys
+
+        self.lost = why
+        print(f"test session: lost the lock on work pool {self.pool!r}: {why}; its deployments may be cleared by "
+              "another session", file=sys.__stderr__, flush=True)
 
     def check(self) -> None:
         """Check the connection now (tests), not at the next ``check_s``."""

@@ -14,9 +14,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import psutil
@@ -363,11 +364,14 @@ def ended_pid() -> int:
     return ended.pid
 
 
-def test_a_session_s_pool_lock_outlives_its_connection_or_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_session_s_pool_lock_outlives_its_connection_or_fails_loudly(monkeypatch: pytest.MonkeyPatch,
+                                                                       capfd: pytest.CaptureFixture[str]) -> None:
     """The connection that holds a session's pool lock can die (the database restarted, a network cut), and the
     lock with it: another session then took the pool for an ended one's and deleted it under this session's live
     servers, and nothing said so. Now the lock checks its connection: a dead one is replaced and the lock taken
-    again; where another took it meanwhile, the session's next pool fails in one line."""
+    again, tried again while the database is away (it gave up after one failed try) for a bounded time; where
+    another took it meanwhile, or no connection came in time, one line says so at once and the session's next pool
+    fails in one line."""
     import asyncio
 
     import asyncpg
@@ -400,6 +404,17 @@ def test_a_session_s_pool_lock_outlives_its_connection_or_fails_loudly(monkeypat
         until(lambda: lock.checks >= 1 or lock.lost is not None, "the lock never checked its connection")
         assert lock.lost is None and lock.backend_pid != first
         assert not asyncio.run(sql("select pg_try_advisory_lock($1)", key))  # held again, by the new connection
+        # Died while the database is away (its address refuses connections for a while): tried again until it is
+        # back, the lock then held again.
+        with away() as elsewhere:
+            lock.dsn, second = elsewhere, lock.backend_pid
+            assert asyncio.run(sql("select pg_terminate_backend($1)", second))
+            lock.check()
+            until(lambda: lock.failed_tries >= 2 or lock.lost is not None, "the lock never tried again")
+            lock.dsn = dsn
+        until(lambda: lock.backend_pid != second or lock.lost is not None, "the lock never connected again")
+        assert lock.lost is None
+        assert not asyncio.run(sql("select pg_try_advisory_lock($1)", key))
         # Died again, and another session takes the lock before it is taken again: lost, and said.
         assert asyncio.run(sql("select pg_terminate_backend($1)", lock.backend_pid))
 
@@ -423,6 +438,35 @@ def test_a_session_s_pool_lock_outlives_its_connection_or_fails_loudly(monkeypat
         loop.close()
     finally:
         lock.release()
+    said = capfd.readouterr().err.splitlines()
+    assert [line for line in said if "lost the lock" in line] == [
+        f"test session: lost the lock on work pool '{pool}': {lock.lost}; its deployments may be cleared by another "
+        "session"]
+    # Away for longer than it tries: lost, and said, in a bounded time.
+    briefly = PoolLock(f"flagperf-test-{ended_pid()}", check_s=3600, reconnect_s=2, first_wait_s=0.1)
+    try:
+        with away() as elsewhere:
+            briefly.dsn = elsewhere
+            assert asyncio.run(sql("select pg_terminate_backend($1)", briefly.backend_pid))
+            briefly.check()
+            until(lambda: briefly.lost is not None, "the lock never gave up")
+        assert "no new one came within 2 s" in str(briefly.lost) and briefly.failed_tries >= 2, briefly.lost
+        assert f"lost the lock on work pool '{briefly.pool}'" in capfd.readouterr().err
+    finally:
+        briefly.release()
+
+
+@contextlib.contextmanager
+def away() -> Iterator[str]:
+    """The test database's address as it is while it is away: a port bound and not listening (refused at once)."""
+    import socket
+
+    dsn = os.environ["FLAGPERF_TEST_POSTGRES_URL"].replace("postgresql+asyncpg://", "postgresql://")
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        parts = urlsplit(dsn)
+        user = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
+        yield parts._replace(netloc=f"{user}127.0.0.1:{closed.getsockname()[1]}").geturl()
 
 
 def test_the_session_clears_only_the_deployments_of_servers_that_provably_ended() -> None:
