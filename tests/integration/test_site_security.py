@@ -92,6 +92,7 @@ def test_every_route_every_method_and_spelling_asks_for_the_sign_in(site: tuple[
                     assert answer.status == 401, (method, spelled, headers, answer.status)
                     assert answer.getheader("WWW-Authenticate", "").startswith("Basic")
                     assert "default-src 'none'" in answer.getheader("Content-Security-Policy", "")
+                    assert answer.getheader("X-Frame-Options") == "DENY"
                     checked += 1
     assert checked > 1000
 

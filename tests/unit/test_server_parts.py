@@ -220,6 +220,29 @@ def test_urls_made_from_an_ipv6_host_bracket_it() -> None:
     assert results_base_for("http://perf-lab:4200", 4201, "https://results.lab/") == "https://results.lab"
 
 
+def test_a_server_answers_to_its_own_names_only() -> None:
+    """The Host names the team server answers (any other is refused: DNS rebinding protection): the bound host,
+    the public URL's, loopback's where this machine's clients reach it by loopback, and on a wildcard bind this
+    machine's names and interface addresses; its CORS origins are those names on its port and the public URL's."""
+    import socket
+
+    import psutil
+
+    from flows.server import own_origins, server_names
+
+    loopback = server_names("127.0.0.1", ["https://perf-lab.example.org"])
+    assert set(loopback) == {"127.0.0.1", "localhost", "[::1]", "perf-lab.example.org"}
+    assert server_names("::1", [None]) == ["127.0.0.1", "[::1]", "localhost"]
+    assert server_names("10.1.2.3", ["http://10.1.2.3:4200"]) == ["10.1.2.3"]  # not loopback: not its names
+    everywhere = set(server_names("0.0.0.0", ["http://perf-lab:4200"]))
+    addresses = {a.address for found in psutil.net_if_addrs().values() for a in found if a.family == socket.AF_INET}
+    assert {"localhost", "127.0.0.1", "perf-lab", socket.gethostname().lower(), *addresses} <= everywhere
+    assert "evil.example" not in everywhere and "*" not in everywhere
+    assert own_origins(loopback, 4200, ["https://perf-lab.example.org/"]) == [
+        "http://127.0.0.1:4200", "http://[::1]:4200", "http://localhost:4200", "http://perf-lab.example.org:4200",
+        "https://perf-lab.example.org"]
+
+
 def test_configured_api_url_reads_the_environment_then_the_active_profile(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
