@@ -177,6 +177,63 @@ def test_the_report_says_what_the_points_were_checked_against() -> None:
             "(cross_entropy's output is one mean) (1 point-implementation pair)") in method_lines([result])
 
 
+def test_each_point_in_the_report_says_what_it_was_checked_against(tmp_path: Path) -> None:
+    """The operator tables said how a point was timed but not what its output was checked against: an operator
+    engineer could not tell a point held to a float64 host sample from one held to the device's own kernels alone.
+    Each dtype x shape row says it (the whole reference, the host sample's elements, or no sample with a numbered
+    reason under the table), the operator's headline row (report, Prefect artifact, site) counts the kinds with the
+    reasons, and summary.json keeps both per point."""
+    from flagperf.results.markup import plain
+    from flagperf.results.operators import (
+        OPERATOR_HEADER,
+        collect_points,
+        operation_markdown,
+        operator_cells,
+        operator_summaries,
+    )
+    from flagperf.results.schema import OperatorPoint, write_result
+
+    sample = "float64 on cpu at 1024 of 5504 output elements (16 of 16 rows x 64 of 344 columns)"
+
+    def point(operator: str, shape: int, impl: str, reference: str | None, reference_sample: str | None,
+              status: str = "passed") -> OperatorPoint:
+        return OperatorPoint(operator=operator, group="g", dtype="bf16", shape={"M": shape}, source="given",
+                             implementation=impl, status=status, reference=reference,
+                             reference_sample=reference_sample, latency_s=1e-3, value=1.0, unit="GB/s")
+
+    why = "cross_entropy's output is one mean over all 8 rows"
+    points = [point("mm", 1, "native", "float64 on cpu", None), point("mm", 1, "fast", "float64 on cpu", None),
+              point("mm", 2, "native", "float32 on cuda", sample), point("mm", 2, "fast", "float32 on cuda", sample,
+                                                                         "failed"),
+              point("cross_entropy", 3, "native", "float32 on cuda", f"none: {why}"),
+              point("mm", 4, "native", None, None, "skipped")]
+    now = datetime.now(timezone.utc)
+    write_result(tmp_path / "op" / "round1" / "h1_noderank0" / "result.json", RoundResult(
+        run_id="r", case="op", family="operation", round=1, host="h1", node_rank=0, vendor="nvidia",
+        status="success", started_at=now, finished_at=now, duration_s=1.0, measured_seconds=1.0, metrics=[],
+        config={}, operation=OperationReport(timing="t", flush="f", graphs="g", counting={}, tolerances={},
+                                             points=points)))
+    text = "\n".join(operation_markdown(tmp_path))
+    assert "| dtype | shape (from) | checked against | native | fast | fast vs native |" in text
+    assert "| bf16 | M1 (given) | float64 on cpu, whole output | " in text
+    assert ("| bf16 | M2 (given) | float32 on cuda + float64 host sample: 1024 of 5504 output elements (16 of 16 "
+            "rows x 64 of 344 columns) | ") in text
+    assert "| bf16 | M3 (given) | float32 on cuda only, no host sample [1] | " in text
+    assert f"- [1] no float64 host sample: {why}" in text
+    assert "| bf16 | M4 (given) | - | skipped |" in text  # skipped before a reference was computed
+    entries = {e["operator"]: e for e in operator_summaries(collect_points(tmp_path))}
+    column = OPERATOR_HEADER.index("checked against (point-implementation pairs)")
+    assert operator_cells(entries["mm"], plain)[column] == ("float64 on cpu, whole output: 2; float32 on cuda + "
+                                                            "float64 host sample: 2")
+    assert operator_cells(entries["cross_entropy"], plain)[column] == \
+        f"float32 on cuda only, no host sample ({why}): 1"
+    assert operator_cells({**entries["mm"], "checked": None})[column] == "-"  # a summary.json from before
+    kept = {(p["shape"], p["implementation"]): p for p in entries["mm"]["points"]}
+    assert kept[("M2", "fast")]["reference"] == "float32 on cuda" and kept[("M2", "fast")]["reference_sample"] == \
+        sample
+    assert kept[("M1", "native")]["reference_sample"] is None
+
+
 def test_the_sample_takes_the_first_and_last_rows_and_windows_of_columns(monkeypatch: pytest.MonkeyPatch) -> None:
     inputs = make_inputs(OPERATORS["mm"], {"M": 100, "N": 1000, "K": 8}, "fp32", CPU, seed=0)
     sample = host_sample(OPERATORS["mm"], "fp32", inputs, seed=3)
@@ -421,6 +478,8 @@ def test_the_energy_loop_lasts_the_monitor_intervals_asked_whatever_max_iters(
     assert untold.report.energy.startswith("not run: energy_intervals 3 is in monitor intervals, and this round "
                                            "was not told the monitors' interval")
     assert "calls of the host loop (back to back, no flush)" in (untold.metrics[0].note or "")
+    # the metric says its energy_window is the energy loop (a note on too few samples then says it ran)
+    assert metric.energy_intervals == 3 and untold.metrics[0].energy_intervals is None
 
 
 def test_energy_intervals_is_checked_and_a_loop_past_the_timeout_is_one_line(cpu_spec: SpecTable) -> None:
@@ -580,6 +639,36 @@ def test_energy_per_work_rests_on_two_samples_inside_its_window_or_is_left_out_s
         "0.1 s)",
         "op round 1 on h1: energy per work of 1 of 6 figures left out (energy_per_work_note): the monitors' samples "
         "do not cover the window it is over (a monitor that started late or stopped early)"], notes
+
+
+def test_too_few_samples_in_an_energy_loop_that_ran_says_so_and_does_not_ask_for_energy_intervals(
+        tmp_path: Path) -> None:
+    """Too few samples inside operation's energy window said "set energy_intervals" even where energy_intervals was
+    set and the energy loop ran: the note says the loop ran and how many samples it held, and asks for a longer loop
+    or a shorter monitor interval; over the host loop it still asks for energy_intervals."""
+    from flagperf.results.schema import Metric
+
+    samples = [{"t": T0 + i, "energy_j": 100.0 * i} for i in range(11)]  # every second: a slow energy source
+    summary = _summarized(tmp_path, [
+        Metric(name="loop", value=1.0, unit="GB/s", window=[T0 + 1, T0 + 2], work=1.0,
+               energy_window=[T0 + 2.1, T0 + 3.05], energy_work=1.0, energy_intervals=3),  # 1 sample inside
+        Metric(name="host", value=1.0, unit="GB/s", window=[T0 + 1, T0 + 2], work=1.0,
+               energy_window=[T0 + 4.1, T0 + 4.2], energy_work=1.0)], {"system": samples})
+    rows = {r["metric"]: r for r in summary.rows.to_dict("records")}
+    assert rows["loop"]["energy_per_work_note"] == (
+        "1 sample(s) of the cpu packages energy inside the 0.95 s energy window, 2 needed; operation: the energy loop "
+        "ran (energy_intervals 3) and held 1 sample(s): a longer loop (more energy_intervals) or a shorter "
+        "--monitor-interval")
+    assert rows["host"]["energy_per_work_note"].endswith("2 needed; operation: set energy_intervals")
+    notes = [n for n in summary.monitor_notes if "energy per work" in n]
+    assert len(notes) == 2 and notes[0].endswith("operation: set the case's energy_intervals (a loop of each point's "
+                                                 "calls over that many monitor intervals); elsewhere sample faster "
+                                                 "(--monitor-interval, down to 0.1 s)"), notes
+    assert notes[1] == (
+        "op round 1 on h1: energy per work of 1 of 2 figures left out (energy_per_work_note): operation's energy loop "
+        "ran (energy_intervals) and still held fewer than 2 samples of the energy source (0.95 s at the shortest) (its "
+        "samples further apart than the monitors' interval): a longer loop (more energy_intervals) or a shorter "
+        "--monitor-interval"), notes
 
 
 def test_energy_per_work_is_of_the_source_the_energy_beside_it_names(tmp_path: Path) -> None:
