@@ -253,12 +253,44 @@ def test_the_sample_takes_the_first_and_last_rows_and_windows_of_columns(monkeyp
     whole = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
     (got,) = attention.reference().outputs
     assert torch.allclose(got, attention.pick(whole)[0], rtol=1e-12, atol=1e-12)
-    # cross_entropy's one mean is computed whole on the host where small enough, else said to have no sample
+    # cross_entropy's one mean is computed whole on the host where small enough (test_cross_entropy_...: larger)
     logits = make_inputs(OPERATORS["cross_entropy"], {"R": 4, "V": 50}, "fp32", CPU, seed=0)
     assert host_sample(OPERATORS["cross_entropy"], "fp32", logits, 0).what == "1 of 1 output elements"
+
+
+def test_cross_entropy_past_one_host_copy_is_checked_whole_in_float64_from_blocks_of_rows(
+        monkeypatch: pytest.MonkeyPatch, cpu_spec: SpecTable) -> None:
+    """cross_entropy over 2^24 logits (a vocabulary of 128k at 2k tokens) had no host check at all: its one mean
+    depends on every row. It is computed on the host in float64 from blocks of rows copied off one at a time, so a
+    bug the device's reference shares is caught there too; past what the host streams through, the point says why
+    it has none. (Sizes shrunk: a host copy of 100 logits, a stream of 500.)"""
     monkeypatch.setattr(sampled, "MAX_ELEMENTS", 100)
-    with pytest.raises(NoSample, match="one mean over all 4 rows"):
-        host_sample(OPERATORS["cross_entropy"], "fp32", logits, 0)
+    monkeypatch.setattr(sampled, "STREAM_MAX_ELEMENTS", 500)
+    op = OPERATORS["cross_entropy"]
+    logits, target = make_inputs(op, {"R": 7, "V": 40}, "bf16", CPU, seed=0)
+    sample = host_sample(op, "bf16", [logits, target], 0)
+    assert sample.what == "1 of 1 output elements (the mean over all 7 rows, from blocks of 2 rows copied off)"
+    (ref,) = sample.reference().outputs
+    whole = torch.nn.functional.cross_entropy(logits.double(), target)
+    assert ref.dtype == torch.float64 and ref.shape == () and torch.allclose(ref, whole, rtol=1e-12, atol=1e-12)
+    big = make_inputs(op, {"R": 13, "V": 40}, "bf16", CPU, seed=0)  # 520 logits
+    with pytest.raises(NoSample, match=r"one mean over all 13 rows, which depends on every one of its 520 logits "
+                                        r"\(a sample of rows would check no part of it\), and those are over the 500"):
+        host_sample(op, "bf16", big, 0)
+
+    # through the round: the device's reference shares the implementation's bug (off by 0.01); the host's finds it
+    real = driver.reference_for
+    monkeypatch.setattr(driver, "reference_for",
+                        lambda o, d: (lambda *inputs: real(o, d)(*inputs) + 0.01))
+    cfg = config(operators=["cross_entropy"], dtypes=["fp32"], models=[], shapes={"cross_entropy": [
+        {"R": 7, "V": 40}, {"R": 13, "V": 40}]}, reference_cpu_max_elements=0)
+    runner = _run(cfg, cpu_spec, {"shared": _implementation(lambda out, _: out + 0.01)}, device_is_host=False)
+    streamed, too_big = runner.points
+    assert streamed.status == "failed" and streamed.reference_sample == (
+        "float64 on cpu at 1 of 1 output elements (the mean over all 7 rows, from blocks of 2 rows copied off)")
+    assert "reference float64 on cpu at 1 of 1 output elements" in streamed.error, streamed.error
+    assert too_big.status == "passed" and too_big.reference_sample.startswith(  # its device reference alone
+        "none: cross_entropy's output is one mean over all 13 rows, which depends on every one of its 520 logits")
 
 
 def test_the_sample_of_a_huge_dimension_is_drawn_without_a_permutation_of_it(monkeypatch: pytest.MonkeyPatch
