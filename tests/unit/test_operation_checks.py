@@ -870,14 +870,24 @@ def test_the_operation_family_never_branches_on_a_device_name() -> None:
 # ------------------------------------------------------------------ bench/operation_gpu.py
 
 
-def test_the_gpu_bench_records_the_host_latency_beside_the_device_clocks(tmp_path: Path) -> None:
+def test_the_gpu_bench_records_the_host_latency_beside_the_device_clocks(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """The bench's --quick dry run on this CPU: every point has the host latency (FlagPerf's cputime, the engine's
-    own timer), in the record and the table; the geometric mean of the host speed-ups beside the device clock's."""
+    own timer), in the record and the table; the geometric mean of the host speed-ups beside the device clock's.
+    With --energy-intervals the vendor's monitors sample around it at --monitor-interval and each passed point's
+    energy loop runs (the bench passed no interval, so a GPU session never ran one): its energy per work, or why
+    none (this CPU has no energy source), is in the record and the table."""
     done = subprocess.run([sys.executable, "bench/operation_gpu.py", "--quick", "--operators", "add,rms_norm",
-                           "--cuda-graphs", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, check=False)
+                           "--cuda-graphs", "--energy-intervals", "3", "--monitor-interval", "0.1", "--out",
+                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     record = json.loads((tmp_path / "operation_gpu_quick.json").read_text())
+    assert record["energy"] == "0.3 s: energy_intervals 3 x the monitors' 0.1 s interval"
+    assert record["monitors"]["system"]["exit"] == 0 and record["monitors"]["system"]["samples"] >= 2
+    for p in record["points"]:
+        if p["status"] == "passed":
+            assert p["energy_per_work"] is not None or p["energy_per_work_note"], p
+    assert "| % of roofline | energy per work | error |" in (tmp_path / "operation_gpu_quick.md").read_text()
     # --cuda-graphs asks the case key; the CPU has none, which the record says
     assert record["cuda_graphs"] is True and record["graphs"].startswith("the CPU has no device graphs")
     assert f"- graphs: {record['graphs']}" in (tmp_path / "operation_gpu_quick.md").read_text()
@@ -892,7 +902,37 @@ def test_the_gpu_bench_records_the_host_latency_beside_the_device_clocks(tmp_pat
     assert bad.returncode == 2 and "--operators: unknown nope" in bad.stderr
 
     sys.path.insert(0, str(ROOT))
-    from bench.operation_gpu import geomeans, markdown
+    from bench import operation_gpu
+    from bench.operation_gpu import Monitors, geomeans, markdown
+
+    # a wrong energy loop is one line before anything runs
+    for argv, message in ((["--energy-intervals", "2"], "--energy-intervals: 0 or 3 to 100 (got 2)"),
+                          (["--energy-intervals", "100", "--monitor-interval", "6"],
+                           "--energy-intervals: energy_intervals: 100 x the monitors' 6 s interval = 600 s per point")):
+        monkeypatch.setattr(sys, "argv", ["operation_gpu.py", "--quick", *argv])
+        with pytest.raises(SystemExit) as stopped:
+            operation_gpu.main()
+        error = capsys.readouterr().err.strip().splitlines()[-1]
+        assert stopped.value.code == 2 and message in error, error
+    # energy per work over each point's energy loop, from the monitors' samples as a run's summary takes it
+    from flagperf.operation.driver import OperationOutcome
+    from flagperf.results.schema import Metric
+
+    samples = tmp_path / "monitor_system.jsonl"
+    samples.write_text("\n".join([json.dumps({"type": "header", "monitor": "system", "interval_s": 0.1})] + [
+        json.dumps({"type": "sample", "t": T0 + i / 10, "energy_j": 5.0 * i}) for i in range(40)]) + "\n")
+    monitors = Monitors.__new__(Monitors)  # its files planted: this CPU has no energy counter
+    monitors.paths, monitors.procs = {"system": samples}, {}
+    found = monitors.energy(OperationOutcome(metrics=[
+        Metric(name="held", value=1.0, unit="GB/s", window=[T0, T0 + 1], work=1.0, energy_window=[T0 + 1.05, T0 + 1.5],
+               energy_work=2.0, energy_intervals=3),  # 50 W x 0.45 s / 2 GB
+        Metric(name="short", value=1.0, unit="GB/s", window=[T0, T0 + 1], work=1.0,
+               energy_window=[T0 + 2.01, T0 + 2.09], energy_work=1.0, energy_intervals=3)],
+        report=OperationReport(timing="t", flush="f", graphs="g", counting={}, tolerances={}), measured_seconds=1.0))
+    assert found["held"]["energy_per_work"] == pytest.approx(50.0 * 0.45 / 2.0)
+    assert found["held"]["energy_per_work_unit"] == "J/GB" and found["held"]["energy_per_work_samples"] == 5
+    assert found["short"]["energy_per_work"] is None and "the energy loop ran (energy_intervals 3) and held 0 " \
+        "sample(s)" in found["short"]["energy_per_work_note"]
 
     def point(impl: str, shape: int, latency: float, host: float | None) -> dict[str, Any]:
         return {"operator": "add", "dtype": "bf16", "shape": {"R": shape}, "implementation": impl,
