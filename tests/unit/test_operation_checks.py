@@ -867,6 +867,33 @@ def test_the_operation_family_never_branches_on_a_device_name() -> None:
     assert not found, "\n".join(found)
 
 
+def test_compile_mode_is_the_cases_choice_checked_in_one_line_and_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.compile's mode was fixed at its default: a lab could not time reduce-overhead (CUDA graphs) or
+    max-autotune. The case's compile_mode reaches torch.compile and the implementation's line in the record; a
+    mode torch does not have is one line naming the file and the key."""
+    with pytest.raises(ValidationError) as caught:
+        config(compile_mode="fastest")
+    error = pydantic_error_to_config_error(caught.value, "cases/operation/op-gemm/case.yaml")
+    assert "\n" not in str(error) and error.key == "compile_mode", str(error)
+    assert "cases/operation/op-gemm/case.yaml" in str(error) and "'max-autotune'" in str(error), str(error)
+    assert config().compile_mode == "default"
+
+    modes: list[Any] = []
+    real = torch.compile
+
+    def compile_spy(fn: Any, **kwargs: Any) -> Any:
+        modes.append(kwargs.get("mode"))
+        return real(fn, **kwargs)  # compiled lazily: on a first call, which none makes here
+
+    monkeypatch.setattr(torch, "compile", compile_spy)
+    op = OPERATORS["add"]
+    for mode, passed in (("default", None), ("reduce-overhead", "reduce-overhead"), ("max-autotune", "max-autotune")):
+        impls = load_implementations(config(compile_mode=mode, implementations=["compile"]), "cpu", CPU)
+        impls.ready["compile"].prepare(op, "fp32", op.native)
+        assert modes[-1] == passed
+        assert f"fullgraph, mode {mode}), torch " in impls.described["compile"], impls.described
+
+
 # ------------------------------------------------------------------ bench/operation_gpu.py
 
 
