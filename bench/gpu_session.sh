@@ -173,9 +173,10 @@ run_part() {  # run_part PART SECONDS: the part's benches, their limits summing 
       ;;
     operators)
       # Operator by operator until the budget (a dry run takes every operator, whatever this machine's speed);
-      # Triton compiles each FlagGems kernel on its first call (the correctness check, untimed).
+      # Triton compiles each FlagGems kernel on its first call (the correctness check, untimed). Each passed
+      # point's energy loop (3 x 0.1 s, the monitors around the bench) gives its energy per work.
       step operators "$s" "$py" bench/operation_gpu.py "${q[@]}" --budget-s "$([ $quick = 1 ] && echo 1200 || echo $(( s - 60 )))" \
-        --out "$out"
+        --energy-intervals 3 --monitor-interval 0.1 --out "$out"
       ;;
   esac
 }

@@ -9,7 +9,11 @@ before it is timed, through the family's own driver (flagperf.operation.driver.r
     options: --out DIR (where the records go), --budget-s S (no new operator once S have passed),
              --dtypes bf16,fp16 (a subset), --operators mm,softmax (a subset), --with-compile (torch.compile
              as a third implementation), --cuda-graphs (time replays of a graph captured once, the case key
-             cuda_graphs: each point's last replay is checked; the record's graphs line says how it went)
+             cuda_graphs: each point's last replay is checked; the record's graphs line says how it went),
+             --energy-intervals N --monitor-interval S (the case key energy_intervals: the vendor's monitors
+             sample every S s around the run, each passed point's calls run back to back for N x S s after its
+             timing, and its energy per work is taken over that loop as a run's summary takes it: 2 samples of
+             the energy source inside it or no figure, the point saying why)
 
 Each point has two latencies, both from the family's own timer (flagperf.operation.timer), the same for every
 implementation: the device clock's median over calls timed alone after a cache flush, and the host latency
@@ -30,9 +34,13 @@ import argparse
 import importlib.util
 import json
 import math
+import os
 import platform
+import signal
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -46,10 +54,14 @@ import torch  # noqa: E402
 
 from bench.paired import write_record  # noqa: E402
 from flagperf.config.vendors import load_vendor  # noqa: E402
-from flagperf.operation.config import OperationConfig  # noqa: E402
-from flagperf.operation.driver import run_operation  # noqa: E402
+from flagperf.errors import CaseUserError  # noqa: E402
+from flagperf.hosts.runtime import PID_FILE  # noqa: E402
+from flagperf.operation.config import ENERGY_MAX_INTERVALS, ENERGY_MIN_INTERVALS, OperationConfig  # noqa: E402
+from flagperf.operation.driver import OperationOutcome, check_energy_loop, run_operation  # noqa: E402
 from flagperf.operation.operators import OPERATORS  # noqa: E402
+from flagperf.results.analysis import read_monitor, window_stats  # noqa: E402
 from flagperf.results.provenance import code_identity, host_info  # noqa: E402
+from flagperf.results.summary import per_work  # noqa: E402
 
 
 def version(name: str) -> str:
@@ -61,8 +73,8 @@ def version(name: str) -> str:
         return f"fails to import: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
-def settings(quick: bool, dtypes: list[str], implementations: list[str], operator: str, graphs: bool = False
-             ) -> OperationConfig:
+def settings(quick: bool, dtypes: list[str], implementations: list[str], operator: str, graphs: bool = False,
+             energy_intervals: int = 0) -> OperationConfig:
     shape = {"models": ["tiny"], "batch_sizes": [1], "seq_lens": [32]} if quick else \
         {"models": ["llama-3-8b"], "batch_sizes": [1], "seq_lens": [2048]}
     wanted = [d for d in dtypes if d in OPERATORS[operator].dtypes]
@@ -71,7 +83,97 @@ def settings(quick: bool, dtypes: list[str], implementations: list[str], operato
         "warmup_s": 0.01 if quick else 0.05, "rep_s": 0.01 if quick else 0.1,
         "min_iters": 3 if quick else 10, "max_iters": 10 if quick else 1000,
         "flush_cache": not quick, "cuda_graphs": graphs, "reference_cpu_max_elements": 1 << 20,
-        "timeout_s": 600.0, "max_retries": 0})
+        "energy_intervals": energy_intervals, "timeout_s": 600.0, "max_retries": 0})
+
+
+class Monitors:
+    """The vendor's monitors sampling every ``interval_s`` into ``folder``, started as a host round starts them
+    (pid file, interval, parent): the energy loop is N of their intervals, so they must sample at that one."""
+
+    def __init__(self, vendor: str, folder: Path, interval_s: float) -> None:
+        loaded = load_vendor(vendor)
+        (folder / PID_FILE).write_text(str(os.getpid()), encoding="utf-8")
+        self.paths = {m.name: folder / f"monitor_{m.name}.jsonl" for m in loaded.manifest.monitors}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        for m in loaded.manifest.monitors:
+            with (folder / f"monitor_{m.name}.log").open("wb") as errors:
+                self.procs[m.name] = subprocess.Popen(
+                    [*loaded.monitor_command(m, sys.executable), "--out", str(self.paths[m.name]), "--interval",
+                     str(interval_s), "--pid-file", str(folder / PID_FILE), "--max-seconds", "3600", "--parent-pid",
+                     str(os.getpid())], stdout=subprocess.DEVNULL, stderr=errors, cwd=ROOT, env=env)
+
+    def wait_sampling(self, timeout_s: float = 60.0) -> None:
+        """Until every monitor has written a sample (or exited): their start-up never overlaps a point."""
+        deadline = time.monotonic() + timeout_s
+        pending = dict(self.paths)
+        while pending and time.monotonic() < deadline:
+            for name, path in list(pending.items()):
+                if self.procs[name].poll() is not None or (path.exists() and '"type": "sample"' in path.read_text()):
+                    del pending[name]
+            time.sleep(0.05)
+
+    def wait_past(self, t: float, timeout_s: float = 30.0) -> None:
+        """Until every running monitor has a sample after epoch ``t``: a window its samples do not yet reach would
+        read as one the monitors do not cover."""
+        deadline = time.monotonic() + timeout_s
+        pending = dict(self.paths)
+        while pending and time.monotonic() < deadline:
+            for name, path in list(pending.items()):
+                proc = self.procs.get(name)
+                if proc is None or proc.poll() is not None or _last_sample_t(path) > t:
+                    del pending[name]
+            time.sleep(0.05)
+
+    def stop(self) -> dict[str, Any]:
+        """Each monitor's exit code and samples written: one that could not run is recorded, not fatal."""
+        out: dict[str, Any] = {}
+        for name, proc in self.procs.items():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            try:
+                code: int | None = proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = proc.wait()
+            path = self.paths[name]
+            text = path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+            out[name] = {"exit": code, "samples": text.count('"type": "sample"')}
+        return out
+
+    def energy(self, outcome: OperationOutcome) -> dict[str, dict[str, Any]]:
+        """metric name -> its energy per work over its energy_window (the energy loop), as a run's summary takes it
+        (flagperf.results.summary.per_work: 2 samples of the source inside the window or none, saying why)."""
+        ends = [m.energy_window[1] for m in outcome.metrics if m.energy_window]
+        if ends:
+            self.wait_past(max(ends))
+        seen = [read_monitor(path) for path in self.paths.values() if path.exists()]
+        found: dict[str, dict[str, Any]] = {}
+        for metric in outcome.metrics:
+            window = (metric.window[0], metric.window[1]) if metric.window else None
+            work = per_work(window_stats(seen, window), metric, seen)
+            why = work.why or (None if work.value is not None else "no power or energy source in the monitors' "
+                               "samples (" + ", ".join(self.paths) + ")")
+            found[metric.name] = {"energy_per_work": work.value, "energy_per_work_unit": work.unit,
+                                  "energy_per_work_samples": work.samples if work.value is not None else None,
+                                  "energy_source": work.source, "energy_per_work_note": why}
+        return found
+
+
+def _last_sample_t(path: Path) -> float:
+    """The epoch time of a monitor file's last sample line (0 where none is written yet)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return 0.0
+    for line in reversed(lines):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a line being written
+        if row.get("type") == "sample" and isinstance(row.get("t"), int | float):
+            return float(row["t"])
+    return 0.0
 
 
 def _geomean(values: list[float]) -> float | None:
@@ -111,7 +213,8 @@ def markdown(record: dict[str, Any]) -> str:
              f"triton {m['triton']}, flag_gems {m['flag_gems']}",
              f"- shapes: {record['shapes']}; dtypes {', '.join(record['dtypes'])}",
              f"- timing: {record.get('timing', '-')}", f"- cache: {record.get('flush', '-')}",
-             f"- graphs: {record.get('graphs', '-')}",
+             f"- graphs: {record.get('graphs', '-')}", f"- energy loop: {record.get('energy', '-')}"
+             + (f"; monitors: {record['monitors']}" if record.get("monitors") else ""),
              "- implementations: " + "; ".join(f"{k}: {v}" for k, v in record.get("described", {}).items()), ""]
     if record["geomeans"]:
         lines += ["| dtype | implementation | geomean speed-up against native (device clock) | points | "
@@ -121,7 +224,7 @@ def markdown(record: dict[str, Any]) -> str:
                   f"{g.get('host_points', 0)} |" for g in record["geomeans"]]
         lines.append("")
     lines += ["| operator | dtype | shape | implementation | status | latency ms | host ms | figure | % of peak | "
-              "% of roofline | error |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "% of roofline | energy per work | error |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in record["points"]:
         latency, host = _ms(p["latency_s"]), _ms(p.get("host_latency_s"))
         figure = "-" if p["value"] is None else f"{p['value']:.4g} {p['unit']}"
@@ -130,10 +233,18 @@ def markdown(record: dict[str, Any]) -> str:
         shape = "x".join(f"{k}{v}" for k, v in p["shape"].items())
         error = (p["error"] or "").replace("|", "\\|")
         lines.append(f"| {p['operator']} | {p['dtype']} | {shape} | {p['implementation']} | {p['status']} | "
-                     f"{latency} | {host} | {figure} | {ratio} | {roof} | {error} |")
+                     f"{latency} | {host} | {figure} | {ratio} | {roof} | {_energy(p)} | {error} |")
     if record.get("error"):
         lines += ["", f"**Stopped**: {record['error']}"]
     return "\n".join(lines) + "\n"
+
+
+def _energy(point: dict[str, Any]) -> str:
+    """A point's energy per work with its samples, or why it has none ("-": no energy loop asked)."""
+    if point.get("energy_per_work") is not None:
+        return (f"{point['energy_per_work']:.4g} {point['energy_per_work_unit']} "
+                f"({point['energy_per_work_samples']} samples of {point['energy_source']})")
+    return (point.get("energy_per_work_note") or "-").replace("|", "\\|")
 
 
 def write(folder: Path, record: dict[str, Any]) -> None:
@@ -149,11 +260,28 @@ def main() -> int:
     parser.add_argument("--operators", default=None, help="a comma-separated subset (default: every operator)")
     parser.add_argument("--with-compile", action="store_true")
     parser.add_argument("--cuda-graphs", action="store_true", help="time replays of a graph captured once")
+    parser.add_argument("--energy-intervals", type=int, default=0,
+                        help=f"0 (default): no energy loop; {ENERGY_MIN_INTERVALS} to {ENERGY_MAX_INTERVALS}: each "
+                             "passed point's calls back to back for this many monitor intervals, energy per work over "
+                             "them (the vendor's monitors run around the bench)")
+    parser.add_argument("--monitor-interval", type=float, default=0.1,
+                        help="the monitors' sampling interval in seconds with --energy-intervals (default 0.1)")
     args = parser.parse_args()
     operators = args.operators.split(",") if args.operators else list(OPERATORS)
     unknown = [name for name in operators if name not in OPERATORS]
     if unknown:
         parser.error(f"--operators: unknown {', '.join(unknown)} (known: {', '.join(OPERATORS)})")
+    if args.energy_intervals and not ENERGY_MIN_INTERVALS <= args.energy_intervals <= ENERGY_MAX_INTERVALS:
+        parser.error(f"--energy-intervals: 0 or {ENERGY_MIN_INTERVALS} to {ENERGY_MAX_INTERVALS} (got "
+                     f"{args.energy_intervals}): a shorter loop may hold fewer than 2 monitor samples")
+    if not 0.01 <= args.monitor_interval <= 60:
+        parser.error(f"--monitor-interval: 0.01 to 60 seconds (got {args.monitor_interval:g})")
+    if args.energy_intervals:
+        try:  # the loop with a point's warm-up and timing must stay well inside the case's timeout
+            check_energy_loop(settings(args.quick, ["fp32"], ["native"], "add", False, args.energy_intervals),
+                              args.monitor_interval, "--energy-intervals")
+        except CaseUserError as exc:
+            parser.error(str(exc))
     cuda = torch.cuda.is_available() and not args.quick
     vendor = "nvidia"  # its operation folder holds native, compile and flaggems
     device = torch.device("cuda" if cuda else "cpu")
@@ -167,39 +295,21 @@ def main() -> int:
         "machine": {"device": spec.device, "host": host_info(), "python": platform.python_version(),
                     "torch": torch.__version__, "triton": version("triton"), "flag_gems": version("flag_gems")},
         "shapes": "tiny b1 s32 (CPU dry run)" if args.quick else "llama-3-8b b1 s2048",
-        "dtypes": dtypes, "implementations": implementations, "cuda_graphs": args.cuda_graphs, "points": [],
+        "dtypes": dtypes, "implementations": implementations, "cuda_graphs": args.cuda_graphs,
+        "energy_intervals": args.energy_intervals,
+        "monitor_interval_s": args.monitor_interval if args.energy_intervals else None, "points": [],
         "geomeans": []}
     write(args.out, record)
-    failed = 0
-    for operator in operators:
-        if time.perf_counter() - STARTED > args.budget_s:
-            record["error"] = f"budget of {args.budget_s:.0f} s spent before {operator}"
-            break
-        config = settings(args.quick, dtypes, implementations, operator, args.cuda_graphs)
-        if not config.dtypes:
-            continue
+    with tempfile.TemporaryDirectory(prefix="operation-gpu-monitors-") as folder:
+        monitors = None
+        if args.energy_intervals:  # monitors sampling before the first point, as around a host's round
+            monitors = Monitors("nvidia" if cuda else "cpu", Path(folder), args.monitor_interval)
+            monitors.wait_sampling()
         try:
-            outcome = run_operation(config, vendor, spec, device)
-        except Exception as exc:  # one operator's crash is recorded; the others still run
-            record["points"].append({"operator": operator, "dtype": ",".join(config.dtypes), "shape": {},
-                                     "implementation": "-", "status": "failed", "latency_s": None,
-                                     "host_latency_s": None, "value": None,
-                                     "unit": None, "roofline": None, "error": f"{type(exc).__name__}: {exc}"})
-            failed += 1
-            continue
-        ratios = {m.name: m.ratio for m in outcome.metrics}
-        for p in outcome.report.points:
-            record["points"].append({**p.model_dump(mode="json"), "ratio": ratios.get(p.metric or "")})
-            failed += p.status == "failed"
-        record.update(timing=outcome.report.timing, flush=outcome.report.flush, graphs=outcome.report.graphs,
-                      described=outcome.report.implementations)
-        record["geomeans"] = geomeans(record["points"])
-        record["total_s"] = time.perf_counter() - STARTED
-        write(args.out, record)
-        print(f"{operator}: " + ", ".join(f"{p.implementation} {p.dtype} {p.status}"
-                                          + (f" {p.latency_s * 1e3:.3g} ms" if p.latency_s else "")
-                                          + (f" (host {p.host_latency_s * 1e3:.3g} ms)" if p.host_latency_s else "")
-                                          for p in outcome.report.points), flush=True)
+            failed = measure(args, operators, dtypes, implementations, vendor, spec, device, record, monitors)
+        finally:
+            if monitors is not None:
+                record["monitors"] = monitors.stop()
     record["state"] = "finished" if "error" not in record else "stopped"
     record["total_s"] = time.perf_counter() - STARTED
     write(args.out, record)
@@ -209,6 +319,45 @@ def main() -> int:
               + host)
     print(f"{failed} failed point(s); records in {args.out}")
     return 1 if (failed and cuda) else 0
+
+
+def measure(args: argparse.Namespace, operators: list[str], dtypes: list[str], implementations: list[str],
+            vendor: str, spec: Any, device: torch.device, record: dict[str, Any], monitors: Monitors | None) -> int:
+    """Operator by operator into ``record`` (written after each); the failed points' count."""
+    failed = 0
+    for operator in operators:
+        if time.perf_counter() - STARTED > args.budget_s:
+            record["error"] = f"budget of {args.budget_s:.0f} s spent before {operator}"
+            break
+        config = settings(args.quick, dtypes, implementations, operator, args.cuda_graphs, args.energy_intervals)
+        if not config.dtypes:
+            continue
+        try:
+            outcome = run_operation(config, vendor, spec, device,
+                                    monitor_interval_s=args.monitor_interval if monitors is not None else None)
+        except Exception as exc:  # one operator's crash is recorded; the others still run
+            record["points"].append({"operator": operator, "dtype": ",".join(config.dtypes), "shape": {},
+                                     "implementation": "-", "status": "failed", "latency_s": None,
+                                     "host_latency_s": None, "value": None,
+                                     "unit": None, "roofline": None, "error": f"{type(exc).__name__}: {exc}"})
+            failed += 1
+            continue
+        ratios = {m.name: m.ratio for m in outcome.metrics}
+        energy = monitors.energy(outcome) if monitors is not None else {}
+        for p in outcome.report.points:
+            record["points"].append({**p.model_dump(mode="json"), "ratio": ratios.get(p.metric or ""),
+                                     **energy.get(p.metric or "", {})})
+            failed += p.status == "failed"
+        record.update(timing=outcome.report.timing, flush=outcome.report.flush, graphs=outcome.report.graphs,
+                      energy=outcome.report.energy, described=outcome.report.implementations)
+        record["geomeans"] = geomeans(record["points"])
+        record["total_s"] = time.perf_counter() - STARTED
+        write(args.out, record)
+        print(f"{operator}: " + ", ".join(f"{p.implementation} {p.dtype} {p.status}"
+                                          + (f" {p.latency_s * 1e3:.3g} ms" if p.latency_s else "")
+                                          + (f" (host {p.host_latency_s * 1e3:.3g} ms)" if p.host_latency_s else "")
+                                          for p in outcome.report.points), flush=True)
+    return failed
 
 
 if __name__ == "__main__":

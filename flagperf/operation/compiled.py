@@ -27,7 +27,7 @@ def _raise_recompile_limit() -> None:
 
 
 class Implementation(OperatorImplementation):
-    """torch.compile (TorchInductor), static shapes"""
+    """torch.compile (TorchInductor), static shapes, in the case's compile_mode"""
 
     def __init__(self, env: ImplEnv) -> None:
         super().__init__(env)
@@ -36,8 +36,10 @@ class Implementation(OperatorImplementation):
 
     def prepare(self, op: Operator, dtype: str, native: Callable[..., Any]) -> Callable[..., Any]:
         if native not in self.compiled:
-            self.compiled[native] = torch.compile(native, dynamic=False, fullgraph=True)
+            mode = None if self.env.compile_mode == "default" else self.env.compile_mode  # None: torch's default
+            self.compiled[native] = torch.compile(native, dynamic=False, fullgraph=True, mode=mode)
         return self.compiled[native]
 
     def describe(self) -> str:
-        return f"torch.compile (TorchInductor, static shapes, fullgraph), torch {torch.__version__}"
+        return (f"torch.compile (TorchInductor, static shapes, fullgraph, mode {self.env.compile_mode}), torch "
+                f"{torch.__version__}")

@@ -126,6 +126,10 @@ class OperationConfig(CaseConfig):
                                f"2 monitor samples); {ENERGY_MIN_INTERVALS} to {ENERGY_MAX_INTERVALS}: after the host "
                                "loop, each passed point's calls back to back for this many of the monitors' sampling "
                                "intervals, energy per work taken over that loop")
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = Field(
+        default="default", description="torch.compile's mode for an implementation that compiles (compile): default, "
+                                       "reduce-overhead (CUDA graphs where the device has them) or max-autotune "
+                                       "(Triton's kernel search: minutes of compiling per shape)")
     reference_cpu_max_elements: int = Field(
         ge=0, description="points with at most this many input elements get a float64 reference on the host CPU; "
                           "larger ones a float32 (float64 for fp32 points) reference on the device")

@@ -98,7 +98,7 @@ class Implementations:
 def load_implementations(config: OperationConfig, vendor: str, device: torch.device) -> Implementations:
     """The implementations to compare; one whose packages are missing on this host is absent, saying why."""
     found = Implementations()
-    env = ImplEnv(device=device, log=log)
+    env = ImplEnv(device=device, log=log, compile_mode=config.compile_mode)
     for name in config.implementations or vendor_implementations(vendor):
         definition = load_implementation(vendor, name)
         try:
@@ -178,6 +178,7 @@ class EnergyLoop:
     window: tuple[float, float]
     calls: int
     what: str  # "the host loop", "the energy loop (... s: energy_intervals ...)"
+    intervals: int | None = None  # the energy loop: energy_intervals (the monitor intervals it was asked to last)
 
 
 def point_metric(name: str, point: PlannedPoint, spec: SpecTable, latencies: list[float], median: float,
@@ -213,6 +214,7 @@ def point_metric(name: str, point: PlannedPoint, spec: SpecTable, latencies: lis
         window=list(window), work=work * len(latencies) / scale,
         energy_window=list(energy.window) if energy else None,
         energy_work=work * energy.calls / scale if energy else None,
+        energy_intervals=energy.intervals if energy else None,
         energy_per_work_absent=None if energy else energy_absent,
         statistic="rate@median")
     return metric, work, unit
@@ -544,7 +546,8 @@ class PointRunner:
         median, p10, p90 = timed.median, timed.p10, timed.p90
         energy = None
         if timed.energy_window is not None:
-            energy = EnergyLoop(timed.energy_window, timed.energy_calls, f"the energy loop ({self.energy_loop})")
+            energy = EnergyLoop(timed.energy_window, timed.energy_calls, f"the energy loop ({self.energy_loop})",
+                                self.config.energy_intervals)
         elif timed.host_window is not None:
             energy = EnergyLoop(timed.host_window, timed.host_calls, "the host loop")
         note = common.get("note")

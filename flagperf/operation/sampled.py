@@ -9,7 +9,8 @@ read on the host and its rows copied one by one).
 Each operator's sample says which inputs and which elements of its output: the first and last row and
 column are always in it (a kernel's tail block is where a bound is wrong), the others drawn with the point's
 seed. An operator whose output depends on all of its input at once (cross_entropy's mean) is computed whole
-on the host where it has at most MAX_ELEMENTS elements, and otherwise has no sample, which the point says.
+on the host: from one copy where it has at most MAX_ELEMENTS elements, else from blocks of rows copied off one at
+a time, up to STREAM_MAX_ELEMENTS; past that it has no sample, which the point says.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ WINDOW = 16  # sampled columns come in windows of contiguous ones: the first, th
 WINDOWS = 4
 HEADS = 2  # of a batch or head dimension: the first and the last
 MAX_ELEMENTS = 1 << 24  # of one input copied to the host (a float64 copy of 128 MiB at most)
+# cross_entropy's logits the host reads block by block for its one mean (a float64 pass of a few seconds at most)
+STREAM_MAX_ELEMENTS = 1 << 30
 
 Axes = dict[int, list[int]]  # dimension -> the indices taken of it (in order; repeats allowed)
 
@@ -223,13 +226,35 @@ def _sample(op: Operator, dtype: str, inputs: list[torch.Tensor], gen: torch.Gen
                  torch.arange(len(rows), dtype=torch.int64)], natives.native_rotary, [{0: rows}, {0: rows}],
                 [tuple(q.shape), tuple(k.shape)], {0: "tokens"})
     if name == "cross_entropy":
-        logits, _ = inputs
-        if logits.numel() > MAX_ELEMENTS:
-            raise NoSample(f"cross_entropy's output is one mean over all {logits.shape[0]} rows (no part of it "
-                           f"comes from some rows), and its {logits.numel()} logits are over the {MAX_ELEMENTS} a "
-                           "host copy takes")
-        return [host(t, {}) for t in inputs], op.native, [{}], [()], {}
+        logits, target = inputs
+        if logits.numel() <= MAX_ELEMENTS:
+            return [host(t, {}) for t in inputs], op.native, [{}], [()], {}
+        return [], _streamed_cross_entropy(logits, target), [{}], [()], {}
     raise NoSample(f"no host sample is defined for {name}")
+
+
+def _streamed_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """cross_entropy's one mean over every row, computed on the host in float64 from blocks of rows copied off the
+    device one at a time (each within MAX_ELEMENTS): its value depends on every logit, so no sample of rows can
+    check it, and the whole of them in one host copy would pass MAX_ELEMENTS. Up to STREAM_MAX_ELEMENTS logits
+    (the host's float64 pass over them takes seconds); past that there is none, said (NoSample)."""
+    rows, vocab = logits.shape
+    if logits.numel() > STREAM_MAX_ELEMENTS:
+        raise NoSample(f"cross_entropy's output is one mean over all {rows} rows, which depends on every one of its "
+                       f"{logits.numel()} logits (a sample of rows would check no part of it), and those are over the "
+                       f"{STREAM_MAX_ELEMENTS} the host computes in float64 block by block (the point's reference is "
+                       "the device's own kernels alone)")
+    block = max(1, MAX_ELEMENTS // vocab)
+
+    def mean_loss() -> torch.Tensor:
+        total = torch.zeros((), dtype=torch.float64)
+        for start in range(0, rows, block):
+            length = min(block, rows - start)
+            total += F.cross_entropy(host(logits.narrow(0, start, length), {}),
+                                     host(target.narrow(0, start, length), {}), reduction="sum")
+        return total / rows
+
+    return mean_loss
 
 
 class NoSample(Exception):
@@ -242,6 +267,9 @@ def host_sample(op: Operator, dtype: str, inputs: list[torch.Tensor], seed: int)
     gen.manual_seed(seed)
     host_inputs, fn, axes, sizes, names = _sample(op, dtype, inputs, gen)
     what = "; ".join(_describe(a, s, names) for a, s in zip(axes, sizes, strict=True))
+    if op.name == "cross_entropy" and inputs[0].numel() > MAX_ELEMENTS:  # streamed: how, as a sample says which
+        rows, vocab = inputs[0].shape
+        what += f" (the mean over all {rows} rows, from blocks of {max(1, MAX_ELEMENTS // vocab)} rows copied off)"
     if dtype == FP8:
         what += " (dequantised)"
     return Sample(inputs=host_inputs, fn=fn, axes=axes, sizes=sizes, what=what)

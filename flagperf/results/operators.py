@@ -96,6 +96,7 @@ class PointFigures:
     without_rewarm: bool = False  # some round timed it without the CPU's rewarm after each flush (no memory)
     max_abs_error: float | None = None
     reference: str | None = None
+    reference_sample: str | None = None  # a large point's float64 host sample (which elements), or "none: why"
     formula: str | None = None  # the operator's FLOP and byte counting, as the round stated it
     by_round: dict[RoundKey, RoundFigure] = field(default_factory=dict)  # the rounds that passed it
     metric: str | None = None  # its metric's name among the rounds' metrics
@@ -253,6 +254,48 @@ def _checked_against(reference: str, sample: str | None) -> str:
     return f"{reference} and a float64 host sample of the output"
 
 
+HOST_SAMPLE_PREFIX = "float64 on cpu at "  # flagperf.operation.sampled: Sample.reference's description
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What one point was checked against, compactly (a point's reference and reference_sample): ``kind`` groups
+    points in the operator's headline, ``elements`` the host sample's elements, ``why`` why it has none."""
+
+    kind: str  # "float64 on cpu, whole output", "float32 on cuda + float64 host sample", "float32 on cuda only"
+    elements: str | None = None  # "1024 of 29360128 output elements (16 of 2048 rows x 64 of 14336 columns)"
+    why: str | None = None  # no host sample: why
+
+
+def checked(reference: str | None, sample: str | None) -> Checked | None:
+    """None: the point states no reference (skipped before one was computed, or a record from before)."""
+    if not reference:
+        return None
+    if sample is None:  # the reference covers every element; float64 on the host where it is a small point
+        return Checked(f"{reference}, whole output")
+    if sample.startswith("none"):
+        return Checked(f"{reference} only, no host sample", why=sample.removeprefix("none").lstrip(": ") or None)
+    return Checked(f"{reference} + float64 host sample", elements=sample.removeprefix(HOST_SAMPLE_PREFIX))
+
+
+def checked_counts(points: Iterable[PointFigures]) -> dict[str, int]:
+    """What the points that ran were checked against, in a few words each (with why a host sample is missing),
+    and how many point-implementation pairs: the operator's headline and summary.json's ``checked``."""
+    counts: dict[str, int] = {}
+    for p in points:
+        found = checked(p.reference, p.reference_sample) if p.status != "skipped" else None
+        if found is not None:
+            label = found.kind + (f" ({found.why})" if found.why else "")
+            counts[label] = counts.get(label, 0) + 1
+    return counts
+
+
+def checked_text(counts: dict[str, int] | None, text: Callable[[object], str] = md_text) -> str:
+    if not counts:
+        return "-"  # nothing ran, or a summary.json written before it was kept
+    return "; ".join(f"{text(label)}: {count}" for label, count in counts.items())
+
+
 def _count_range(counts: list[int]) -> str:
     low, high = min(counts), max(counts)
     return str(low) if low == high else f"{low} to {high}"
@@ -304,7 +347,9 @@ def points_of(results: Iterable[RoundResult]) -> list[PointFigures]:
                     entry.roofline_estimated = entry.roofline_estimated or p.roofline_estimated
             if p.max_abs_error is not None:
                 entry.max_abs_error = max(entry.max_abs_error or 0.0, p.max_abs_error)
-            entry.reference = p.reference or entry.reference
+            if p.reference:  # a skipped point (no form of the operator) still states it; fp8 skipped on all none
+                entry.reference = p.reference
+                entry.reference_sample = p.reference_sample
     return list(figures.values())
 
 
@@ -445,6 +490,7 @@ def operator_summaries(collected: list[PointFigures]) -> list[dict[str, Any]]:
             "iteration_spread": statistics.median(spreads) if spreads else None,
             "iteration_spread_max": max(spreads) if spreads else None,
             "near_clock_floor": sum(p.near_clock_floor for p in points if p.status == "passed"),
+            "checked": checked_counts(points),
             "conventions": SUMMARY_CONVENTIONS,
             "points": [point_json(p, index) for p in points]})
     return entries
@@ -467,6 +513,10 @@ SUMMARY_CONVENTIONS = {
     "host_speedup": "native's host_latency_s / this implementation's, over the rounds both passed",
     "without_rewarm": "some round timed the point without the call after each flush that rewarms the host's "
                       "caches (the CPU; no memory for its copy of the inputs): its figure is of a colder call",
+    "reference": "what the output was checked against, whole (dtype, device); a large point's is the device's own "
+                 "kernels",
+    "reference_sample": "a large point's float64 host reference of a sample of its output (which elements), or "
+                        "'none: why'; null where the reference is the whole output's in float64 on the host",
 }
 
 
@@ -480,12 +530,13 @@ def point_json(point: PointFigures, index: dict[tuple[str, ...], PointFigures]) 
             "rounds": len(point.by_round), "without_rewarm": point.without_rewarm,
             "speedup": None if native else speedup(point, index),
             "speedup_uncertainty": None if native else speedup_uncertainty(point, index),
-            "host_speedup": None if native else speedup(point, index, host=True)}
+            "host_speedup": None if native else speedup(point, index, host=True),
+            "reference": point.reference, "reference_sample": point.reference_sample}
 
 
 OPERATOR_HEADER = ["case", "operator", "unit", "implementations", "dtype x shape", "correct",
                    "geomean speed-up vs native, device clock, host (points in it of those run)", "best % of roofline",
-                   "± per iteration (median, max over points)"]
+                   "checked against (point-implementation pairs)", "± per iteration (median, max over points)"]
 
 
 def _speedup_text(impl: str, found: dict[str, Any], shown: Callable[[object], str] = md_text) -> str:
@@ -520,7 +571,7 @@ def operator_cells(entry: dict[str, Any], text: Callable[[object], str] = md_tex
         f"({text(entry['best_roofline_at'])})"
     return [text(entry["case"]), text(entry["operator"]), entry["unit"] or "-",
             text(", ".join(entry["implementations"])), f"{entry['shapes']} ({', '.join(entry['dtypes'])})",
-            correct, speedups, best, _spread_text(entry)]
+            correct, speedups, best, checked_text(entry.get("checked"), text), _spread_text(entry)]
 
 
 def operator_table(entries: list[dict[str, Any]]) -> list[str]:
@@ -625,6 +676,21 @@ def point_cell(point: PointFigures | None, base: dict[str, tuple[str, float]]) -
     return " · ".join(parts)
 
 
+def _checked_cell(points: list[PointFigures], reasons: dict[str, int]) -> str:
+    """What a dtype x shape's output was checked against (the same for each implementation: one reference per
+    point): the whole reference, and a large point's float64 host sample with its elements, or a numbered note
+    (under the table, ``reasons``) saying why it has none."""
+    found = next((c for p in points if (c := checked(p.reference, p.reference_sample)) is not None), None)
+    if found is None:
+        return "-"
+    if found.elements:
+        return f"{md_text(found.kind)}: {md_text(found.elements)}"
+    if found.why:
+        number = reasons.setdefault(found.why, len(reasons) + 1)
+        return f"{md_text(found.kind)} [{number}]"
+    return md_text(found.kind)
+
+
 def _within_noise(ratio: float, point: PointFigures, index: dict[tuple[str, ...], PointFigures]) -> str:
     """' (within ±x%)' where a speed-up is inside its uncertainty (speedup_uncertainty): no change to read. A
     record without the medians' intervals (written before them, or under 6 iterations) falls back, as compare
@@ -662,13 +728,15 @@ def operator_section(case: str, operator: str, points: list[PointFigures], index
     formula = next((p.formula for p in points if p.formula), None)
     if formula:
         lines += [f"Counting: {md_text(formula)}", ""]
-    header = ["dtype", "shape (from)"]
+    header = ["dtype", "shape (from)", "checked against"]
     for impl in impls:
         header += [md_text(impl)] if impl == BASELINE else [md_text(impl), f"{md_text(impl)} vs native"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     rows = list(dict.fromkeys((p.dtype, p.shape, p.source) for p in points))
+    reasons: dict[str, int] = {}  # why a point has no host sample -> its footnote's number
     for dtype, shape, source in rows:
-        cells = [dtype, f"{shape} ({md_text(source)})"]
+        here = [p for p in points if (p.dtype, p.shape) == (dtype, shape)]
+        cells = [dtype, f"{shape} ({md_text(source)})", _checked_cell(here, reasons)]
         for impl in impls:
             point = index.get((case, operator, dtype, shape, impl))
             cells.append(point_cell(point, base))
@@ -676,6 +744,9 @@ def operator_section(case: str, operator: str, points: list[PointFigures], index
                 cells.append(speedup_cell(point, index))
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
+    if reasons:
+        lines += [f"- [{number}] no float64 host sample: {md_text(why)}" for why, number in reasons.items()]
+        lines.append("")
     failed = [p for p in points if p.status == "failed"]
     if failed:
         lines += [f"- **FAILED** {p.dtype} {p.shape} @{md_text(p.implementation)}: "

@@ -168,6 +168,9 @@ class Metric(_Model):
                                               "between the samples inside it x its length; None: `window`")
     energy_work: float | None = Field(default=None, ge=0, description="the work done in `energy_window`, in unit x "
                                       "seconds: energy per work is the energy over `energy_window` / energy_work")
+    energy_intervals: int | None = Field(default=None, ge=1, description="operation: `energy_window` is the energy "
+                                         "loop, asked to last this many of the monitors' sampling intervals (the "
+                                         "case's energy_intervals); None: the host loop, or no loop of its own")
     energy_per_work_absent: str | None = Field(default=None, description="why the figure has no energy per work "
                                                "whatever the monitors sampled (operation: no loop of the point's "
                                                "calls alone ran)")

@@ -148,7 +148,8 @@ def load_results(run_dir: Path) -> tuple[list[tuple[Path, RoundResult]], list[st
 @dataclass(frozen=True)
 class PerWork:
     """A row's energy per work, or why it has none (``why``: its energy_per_work_note; ``kind`` groups the rows of a
-    round for its monitor note: "few" samples, "uncovered" window, "absent": the metric has no loop to take it over)."""
+    round for its monitor note: "few" samples, "few-loop": few though operation's energy loop ran, "uncovered" window,
+    "absent": the metric has no loop to take it over)."""
 
     value: float | None = None
     unit: str | None = None
@@ -192,10 +193,15 @@ def per_work(stats: WindowStats, metric: Metric, seen: list[MonitorSeries]) -> P
         return PerWork(source=energy.source, kind="uncovered",
                        why=f"the monitors' {energy.source} samples do not cover the {which} (a monitor started late "
                            "or stopped early)")
+    why = (f"{energy.samples} sample(s) of the {energy.source} energy inside the "
+           f"{f'{length:.3g} s ' if length is not None else ''}{which}, 2 needed")
+    if own and metric.energy_intervals:  # the energy loop ran: setting energy_intervals again changes nothing
+        return PerWork(source=energy.source, kind="few-loop", length=length,
+                       why=f"{why}; operation: the energy loop ran (energy_intervals {metric.energy_intervals}) and "
+                           f"held {energy.samples} sample(s): a longer loop (more energy_intervals) or a "
+                           "shorter --monitor-interval")
     return PerWork(source=energy.source, kind="few", length=length,
-                   why=f"{energy.samples} sample(s) of the {energy.source} energy inside the "
-                       f"{f'{length:.3g} s ' if length is not None else ''}{which}, 2 needed"
-                       + ("; operation: set energy_intervals" if own else ""))
+                   why=why + ("; operation: set energy_intervals" if own else ""))
 
 
 def _monitor_columns(stats: WindowStats, work: PerWork | None = None) -> dict[str, Any]:
@@ -234,6 +240,14 @@ def _per_work_notes(notes: MonitorNotes, r: RoundResult, works: list[PerWork]) -
                      + ", whose energy would be the average power of the interval around it, not the window's own; "
                        "operation: set the case's energy_intervals (a loop of each point's calls over that many "
                        "monitor intervals); elsewhere sample faster (--monitor-interval, down to 0.1 s)", r)
+    looped = [w for w in works if w.kind == "few-loop"]
+    if looped:
+        shortest = min((w.length for w in looped if w.length is not None), default=None)
+        _note(notes, f"energy per work of {len(looped)} of {len(asked)} figures left out (energy_per_work_note): "
+                     "operation's energy loop ran (energy_intervals) and still held fewer than 2 samples of the energy "
+                     "source" + (f" ({shortest:.3g} s at the shortest)" if shortest is not None else "")
+                     + " (its samples further apart than the monitors' interval): a longer loop (more "
+                       "energy_intervals) or a shorter --monitor-interval", r)
     uncovered = [w for w in works if w.kind == "uncovered"]
     if uncovered:
         _note(notes, f"energy per work of {len(uncovered)} of {len(asked)} figures left out (energy_per_work_note): "

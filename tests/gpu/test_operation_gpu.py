@@ -4,6 +4,7 @@ implementation whose captured work is not what it does eagerly fails its point, 
 implementation whose next call changes the memory of its last output (a reused output buffer; torch.compile's CUDA
 graph trees overwrite theirs) passes: its last timed output is checked before the host loop calls it again. And
 torch.compile's graph trees run through the timer (their stale outputs raise where torch checks for them).
+cross_entropy past one host copy (2^24 logits) is held to its float64 mean computed on the host block by block.
 
     python -m pytest tests/gpu/test_operation_gpu.py -q
 """
@@ -118,3 +119,22 @@ def test_graph_trees_run_through_the_timer() -> None:
     runner = run(config(operators=["add"], cuda_graphs=False), {"graph_trees": GraphTrees(ENV)})
     (point,) = runner.points
     assert point.status == "passed" and point.host_latency_s is not None, point.error
+
+
+def test_cross_entropy_past_one_host_copy_is_held_to_the_float64_mean_from_blocks_of_rows() -> None:
+    """20.5M logits (160 tokens x a 128k vocabulary), over the 2^24 one host copy takes: the device's float32
+    reference and the host's float64 mean from blocks of rows; native passes both, an implementation off by 1% fails
+    against them."""
+
+    class OffByOnePercent(OperatorImplementation):
+        def prepare(self, op: Any, dtype: str, native: Any) -> Any:
+            return lambda *inputs: native(*inputs) * 1.01
+
+    cfg = config(operators=["cross_entropy"], models=[], shapes={"cross_entropy": [{"R": 160, "V": 128256}]},
+                 reference_cpu_max_elements=0, cuda_graphs=False)
+    runner = run(cfg, {"native": Eager(ENV), "off": OffByOnePercent(ENV)})
+    by = {p.implementation: p for p in runner.points}
+    assert by["native"].status == "passed", by["native"].error
+    assert by["native"].reference_sample == ("float64 on cpu at 1 of 1 output elements (the mean over all 160 rows, "
+                                             "from blocks of 130 rows copied off)")
+    assert by["off"].status == "failed", by["off"].error

@@ -177,6 +177,63 @@ def test_the_report_says_what_the_points_were_checked_against() -> None:
             "(cross_entropy's output is one mean) (1 point-implementation pair)") in method_lines([result])
 
 
+def test_each_point_in_the_report_says_what_it_was_checked_against(tmp_path: Path) -> None:
+    """The operator tables said how a point was timed but not what its output was checked against: an operator
+    engineer could not tell a point held to a float64 host sample from one held to the device's own kernels alone.
+    Each dtype x shape row says it (the whole reference, the host sample's elements, or no sample with a numbered
+    reason under the table), the operator's headline row (report, Prefect artifact, site) counts the kinds with the
+    reasons, and summary.json keeps both per point."""
+    from flagperf.results.markup import plain
+    from flagperf.results.operators import (
+        OPERATOR_HEADER,
+        collect_points,
+        operation_markdown,
+        operator_cells,
+        operator_summaries,
+    )
+    from flagperf.results.schema import OperatorPoint, write_result
+
+    sample = "float64 on cpu at 1024 of 5504 output elements (16 of 16 rows x 64 of 344 columns)"
+
+    def point(operator: str, shape: int, impl: str, reference: str | None, reference_sample: str | None,
+              status: str = "passed") -> OperatorPoint:
+        return OperatorPoint(operator=operator, group="g", dtype="bf16", shape={"M": shape}, source="given",
+                             implementation=impl, status=status, reference=reference,
+                             reference_sample=reference_sample, latency_s=1e-3, value=1.0, unit="GB/s")
+
+    why = "cross_entropy's output is one mean over all 8 rows"
+    points = [point("mm", 1, "native", "float64 on cpu", None), point("mm", 1, "fast", "float64 on cpu", None),
+              point("mm", 2, "native", "float32 on cuda", sample), point("mm", 2, "fast", "float32 on cuda", sample,
+                                                                         "failed"),
+              point("cross_entropy", 3, "native", "float32 on cuda", f"none: {why}"),
+              point("mm", 4, "native", None, None, "skipped")]
+    now = datetime.now(timezone.utc)
+    write_result(tmp_path / "op" / "round1" / "h1_noderank0" / "result.json", RoundResult(
+        run_id="r", case="op", family="operation", round=1, host="h1", node_rank=0, vendor="nvidia",
+        status="success", started_at=now, finished_at=now, duration_s=1.0, measured_seconds=1.0, metrics=[],
+        config={}, operation=OperationReport(timing="t", flush="f", graphs="g", counting={}, tolerances={},
+                                             points=points)))
+    text = "\n".join(operation_markdown(tmp_path))
+    assert "| dtype | shape (from) | checked against | native | fast | fast vs native |" in text
+    assert "| bf16 | M1 (given) | float64 on cpu, whole output | " in text
+    assert ("| bf16 | M2 (given) | float32 on cuda + float64 host sample: 1024 of 5504 output elements (16 of 16 "
+            "rows x 64 of 344 columns) | ") in text
+    assert "| bf16 | M3 (given) | float32 on cuda only, no host sample [1] | " in text
+    assert f"- [1] no float64 host sample: {why}" in text
+    assert "| bf16 | M4 (given) | - | skipped |" in text  # skipped before a reference was computed
+    entries = {e["operator"]: e for e in operator_summaries(collect_points(tmp_path))}
+    column = OPERATOR_HEADER.index("checked against (point-implementation pairs)")
+    assert operator_cells(entries["mm"], plain)[column] == ("float64 on cpu, whole output: 2; float32 on cuda + "
+                                                            "float64 host sample: 2")
+    assert operator_cells(entries["cross_entropy"], plain)[column] == \
+        f"float32 on cuda only, no host sample ({why}): 1"
+    assert operator_cells({**entries["mm"], "checked": None})[column] == "-"  # a summary.json from before
+    kept = {(p["shape"], p["implementation"]): p for p in entries["mm"]["points"]}
+    assert kept[("M2", "fast")]["reference"] == "float32 on cuda" and kept[("M2", "fast")]["reference_sample"] == \
+        sample
+    assert kept[("M1", "native")]["reference_sample"] is None
+
+
 def test_the_sample_takes_the_first_and_last_rows_and_windows_of_columns(monkeypatch: pytest.MonkeyPatch) -> None:
     inputs = make_inputs(OPERATORS["mm"], {"M": 100, "N": 1000, "K": 8}, "fp32", CPU, seed=0)
     sample = host_sample(OPERATORS["mm"], "fp32", inputs, seed=3)
@@ -196,12 +253,44 @@ def test_the_sample_takes_the_first_and_last_rows_and_windows_of_columns(monkeyp
     whole = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
     (got,) = attention.reference().outputs
     assert torch.allclose(got, attention.pick(whole)[0], rtol=1e-12, atol=1e-12)
-    # cross_entropy's one mean is computed whole on the host where small enough, else said to have no sample
+    # cross_entropy's one mean is computed whole on the host where small enough (test_cross_entropy_...: larger)
     logits = make_inputs(OPERATORS["cross_entropy"], {"R": 4, "V": 50}, "fp32", CPU, seed=0)
     assert host_sample(OPERATORS["cross_entropy"], "fp32", logits, 0).what == "1 of 1 output elements"
+
+
+def test_cross_entropy_past_one_host_copy_is_checked_whole_in_float64_from_blocks_of_rows(
+        monkeypatch: pytest.MonkeyPatch, cpu_spec: SpecTable) -> None:
+    """cross_entropy over 2^24 logits (a vocabulary of 128k at 2k tokens) had no host check at all: its one mean
+    depends on every row. It is computed on the host in float64 from blocks of rows copied off one at a time, so a
+    bug the device's reference shares is caught there too; past what the host streams through, the point says why
+    it has none. (Sizes shrunk: a host copy of 100 logits, a stream of 500.)"""
     monkeypatch.setattr(sampled, "MAX_ELEMENTS", 100)
-    with pytest.raises(NoSample, match="one mean over all 4 rows"):
-        host_sample(OPERATORS["cross_entropy"], "fp32", logits, 0)
+    monkeypatch.setattr(sampled, "STREAM_MAX_ELEMENTS", 500)
+    op = OPERATORS["cross_entropy"]
+    logits, target = make_inputs(op, {"R": 7, "V": 40}, "bf16", CPU, seed=0)
+    sample = host_sample(op, "bf16", [logits, target], 0)
+    assert sample.what == "1 of 1 output elements (the mean over all 7 rows, from blocks of 2 rows copied off)"
+    (ref,) = sample.reference().outputs
+    whole = torch.nn.functional.cross_entropy(logits.double(), target)
+    assert ref.dtype == torch.float64 and ref.shape == () and torch.allclose(ref, whole, rtol=1e-12, atol=1e-12)
+    big = make_inputs(op, {"R": 13, "V": 40}, "bf16", CPU, seed=0)  # 520 logits
+    with pytest.raises(NoSample, match=r"one mean over all 13 rows, which depends on every one of its 520 logits "
+                                        r"\(a sample of rows would check no part of it\), and those are over the 500"):
+        host_sample(op, "bf16", big, 0)
+
+    # through the round: the device's reference shares the implementation's bug (off by 0.01); the host's finds it
+    real = driver.reference_for
+    monkeypatch.setattr(driver, "reference_for",
+                        lambda o, d: (lambda *inputs: real(o, d)(*inputs) + 0.01))
+    cfg = config(operators=["cross_entropy"], dtypes=["fp32"], models=[], shapes={"cross_entropy": [
+        {"R": 7, "V": 40}, {"R": 13, "V": 40}]}, reference_cpu_max_elements=0)
+    runner = _run(cfg, cpu_spec, {"shared": _implementation(lambda out, _: out + 0.01)}, device_is_host=False)
+    streamed, too_big = runner.points
+    assert streamed.status == "failed" and streamed.reference_sample == (
+        "float64 on cpu at 1 of 1 output elements (the mean over all 7 rows, from blocks of 2 rows copied off)")
+    assert "reference float64 on cpu at 1 of 1 output elements" in streamed.error, streamed.error
+    assert too_big.status == "passed" and too_big.reference_sample.startswith(  # its device reference alone
+        "none: cross_entropy's output is one mean over all 13 rows, which depends on every one of its 520 logits")
 
 
 def test_the_sample_of_a_huge_dimension_is_drawn_without_a_permutation_of_it(monkeypatch: pytest.MonkeyPatch
@@ -421,6 +510,8 @@ def test_the_energy_loop_lasts_the_monitor_intervals_asked_whatever_max_iters(
     assert untold.report.energy.startswith("not run: energy_intervals 3 is in monitor intervals, and this round "
                                            "was not told the monitors' interval")
     assert "calls of the host loop (back to back, no flush)" in (untold.metrics[0].note or "")
+    # the metric says its energy_window is the energy loop (a note on too few samples then says it ran)
+    assert metric.energy_intervals == 3 and untold.metrics[0].energy_intervals is None
 
 
 def test_energy_intervals_is_checked_and_a_loop_past_the_timeout_is_one_line(cpu_spec: SpecTable) -> None:
@@ -580,6 +671,36 @@ def test_energy_per_work_rests_on_two_samples_inside_its_window_or_is_left_out_s
         "0.1 s)",
         "op round 1 on h1: energy per work of 1 of 6 figures left out (energy_per_work_note): the monitors' samples "
         "do not cover the window it is over (a monitor that started late or stopped early)"], notes
+
+
+def test_too_few_samples_in_an_energy_loop_that_ran_says_so_and_does_not_ask_for_energy_intervals(
+        tmp_path: Path) -> None:
+    """Too few samples inside operation's energy window said "set energy_intervals" even where energy_intervals was
+    set and the energy loop ran: the note says the loop ran and how many samples it held, and asks for a longer loop
+    or a shorter monitor interval; over the host loop it still asks for energy_intervals."""
+    from flagperf.results.schema import Metric
+
+    samples = [{"t": T0 + i, "energy_j": 100.0 * i} for i in range(11)]  # every second: a slow energy source
+    summary = _summarized(tmp_path, [
+        Metric(name="loop", value=1.0, unit="GB/s", window=[T0 + 1, T0 + 2], work=1.0,
+               energy_window=[T0 + 2.1, T0 + 3.05], energy_work=1.0, energy_intervals=3),  # 1 sample inside
+        Metric(name="host", value=1.0, unit="GB/s", window=[T0 + 1, T0 + 2], work=1.0,
+               energy_window=[T0 + 4.1, T0 + 4.2], energy_work=1.0)], {"system": samples})
+    rows = {r["metric"]: r for r in summary.rows.to_dict("records")}
+    assert rows["loop"]["energy_per_work_note"] == (
+        "1 sample(s) of the cpu packages energy inside the 0.95 s energy window, 2 needed; operation: the energy loop "
+        "ran (energy_intervals 3) and held 1 sample(s): a longer loop (more energy_intervals) or a shorter "
+        "--monitor-interval")
+    assert rows["host"]["energy_per_work_note"].endswith("2 needed; operation: set energy_intervals")
+    notes = [n for n in summary.monitor_notes if "energy per work" in n]
+    assert len(notes) == 2 and notes[0].endswith("operation: set the case's energy_intervals (a loop of each point's "
+                                                 "calls over that many monitor intervals); elsewhere sample faster "
+                                                 "(--monitor-interval, down to 0.1 s)"), notes
+    assert notes[1] == (
+        "op round 1 on h1: energy per work of 1 of 2 figures left out (energy_per_work_note): operation's energy loop "
+        "ran (energy_intervals) and still held fewer than 2 samples of the energy source (0.95 s at the shortest) (its "
+        "samples further apart than the monitors' interval): a longer loop (more energy_intervals) or a shorter "
+        "--monitor-interval"), notes
 
 
 def test_energy_per_work_is_of_the_source_the_energy_beside_it_names(tmp_path: Path) -> None:
@@ -746,17 +867,54 @@ def test_the_operation_family_never_branches_on_a_device_name() -> None:
     assert not found, "\n".join(found)
 
 
+def test_compile_mode_is_the_cases_choice_checked_in_one_line_and_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.compile's mode was fixed at its default: a lab could not time reduce-overhead (CUDA graphs) or
+    max-autotune. The case's compile_mode reaches torch.compile and the implementation's line in the record; a
+    mode torch does not have is one line naming the file and the key."""
+    with pytest.raises(ValidationError) as caught:
+        config(compile_mode="fastest")
+    error = pydantic_error_to_config_error(caught.value, "cases/operation/op-gemm/case.yaml")
+    assert "\n" not in str(error) and error.key == "compile_mode", str(error)
+    assert "cases/operation/op-gemm/case.yaml" in str(error) and "'max-autotune'" in str(error), str(error)
+    assert config().compile_mode == "default"
+
+    modes: list[Any] = []
+    real = torch.compile
+
+    def compile_spy(fn: Any, **kwargs: Any) -> Any:
+        modes.append(kwargs.get("mode"))
+        return real(fn, **kwargs)  # compiled lazily: on a first call, which none makes here
+
+    monkeypatch.setattr(torch, "compile", compile_spy)
+    op = OPERATORS["add"]
+    for mode, passed in (("default", None), ("reduce-overhead", "reduce-overhead"), ("max-autotune", "max-autotune")):
+        impls = load_implementations(config(compile_mode=mode, implementations=["compile"]), "cpu", CPU)
+        impls.ready["compile"].prepare(op, "fp32", op.native)
+        assert modes[-1] == passed
+        assert f"fullgraph, mode {mode}), torch " in impls.described["compile"], impls.described
+
+
 # ------------------------------------------------------------------ bench/operation_gpu.py
 
 
-def test_the_gpu_bench_records_the_host_latency_beside_the_device_clocks(tmp_path: Path) -> None:
+def test_the_gpu_bench_records_the_host_latency_beside_the_device_clocks(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """The bench's --quick dry run on this CPU: every point has the host latency (FlagPerf's cputime, the engine's
-    own timer), in the record and the table; the geometric mean of the host speed-ups beside the device clock's."""
+    own timer), in the record and the table; the geometric mean of the host speed-ups beside the device clock's.
+    With --energy-intervals the vendor's monitors sample around it at --monitor-interval and each passed point's
+    energy loop runs (the bench passed no interval, so a GPU session never ran one): its energy per work, or why
+    none (this CPU has no energy source), is in the record and the table."""
     done = subprocess.run([sys.executable, "bench/operation_gpu.py", "--quick", "--operators", "add,rms_norm",
-                           "--cuda-graphs", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, check=False)
+                           "--cuda-graphs", "--energy-intervals", "3", "--monitor-interval", "0.1", "--out",
+                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     record = json.loads((tmp_path / "operation_gpu_quick.json").read_text())
+    assert record["energy"] == "0.3 s: energy_intervals 3 x the monitors' 0.1 s interval"
+    assert record["monitors"]["system"]["exit"] == 0 and record["monitors"]["system"]["samples"] >= 2
+    for p in record["points"]:
+        if p["status"] == "passed":
+            assert p["energy_per_work"] is not None or p["energy_per_work_note"], p
+    assert "| % of roofline | energy per work | error |" in (tmp_path / "operation_gpu_quick.md").read_text()
     # --cuda-graphs asks the case key; the CPU has none, which the record says
     assert record["cuda_graphs"] is True and record["graphs"].startswith("the CPU has no device graphs")
     assert f"- graphs: {record['graphs']}" in (tmp_path / "operation_gpu_quick.md").read_text()
@@ -771,7 +929,37 @@ def test_the_gpu_bench_records_the_host_latency_beside_the_device_clocks(tmp_pat
     assert bad.returncode == 2 and "--operators: unknown nope" in bad.stderr
 
     sys.path.insert(0, str(ROOT))
-    from bench.operation_gpu import geomeans, markdown
+    from bench import operation_gpu
+    from bench.operation_gpu import Monitors, geomeans, markdown
+
+    # a wrong energy loop is one line before anything runs
+    for argv, message in ((["--energy-intervals", "2"], "--energy-intervals: 0 or 3 to 100 (got 2)"),
+                          (["--energy-intervals", "100", "--monitor-interval", "6"],
+                           "--energy-intervals: energy_intervals: 100 x the monitors' 6 s interval = 600 s per point")):
+        monkeypatch.setattr(sys, "argv", ["operation_gpu.py", "--quick", *argv])
+        with pytest.raises(SystemExit) as stopped:
+            operation_gpu.main()
+        error = capsys.readouterr().err.strip().splitlines()[-1]
+        assert stopped.value.code == 2 and message in error, error
+    # energy per work over each point's energy loop, from the monitors' samples as a run's summary takes it
+    from flagperf.operation.driver import OperationOutcome
+    from flagperf.results.schema import Metric
+
+    samples = tmp_path / "monitor_system.jsonl"
+    samples.write_text("\n".join([json.dumps({"type": "header", "monitor": "system", "interval_s": 0.1})] + [
+        json.dumps({"type": "sample", "t": T0 + i / 10, "energy_j": 5.0 * i}) for i in range(40)]) + "\n")
+    monitors = Monitors.__new__(Monitors)  # its files planted: this CPU has no energy counter
+    monitors.paths, monitors.procs = {"system": samples}, {}
+    found = monitors.energy(OperationOutcome(metrics=[
+        Metric(name="held", value=1.0, unit="GB/s", window=[T0, T0 + 1], work=1.0, energy_window=[T0 + 1.05, T0 + 1.5],
+               energy_work=2.0, energy_intervals=3),  # 50 W x 0.45 s / 2 GB
+        Metric(name="short", value=1.0, unit="GB/s", window=[T0, T0 + 1], work=1.0,
+               energy_window=[T0 + 2.01, T0 + 2.09], energy_work=1.0, energy_intervals=3)],
+        report=OperationReport(timing="t", flush="f", graphs="g", counting={}, tolerances={}), measured_seconds=1.0))
+    assert found["held"]["energy_per_work"] == pytest.approx(50.0 * 0.45 / 2.0)
+    assert found["held"]["energy_per_work_unit"] == "J/GB" and found["held"]["energy_per_work_samples"] == 5
+    assert found["short"]["energy_per_work"] is None and "the energy loop ran (energy_intervals 3) and held 0 " \
+        "sample(s)" in found["short"]["energy_per_work_note"]
 
     def point(impl: str, shape: int, latency: float, host: float | None) -> dict[str, Any]:
         return {"operator": "add", "dtype": "bf16", "shape": {"R": shape}, "implementation": impl,

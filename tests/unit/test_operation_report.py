@@ -67,7 +67,7 @@ def record_passed(runner: PointRunner, point: PlannedPoint, impl: str, latency: 
     runner.metrics.append(metric)
     runner._record(point, impl, "passed", metric=name, latency_s=latency, latency_p10_s=latencies[0],
                    latency_p90_s=latencies[-1], iterations=3, flops=flops, bytes=nbytes, value=metric.value,
-                   unit=unit, roofline=share, roofline_basis=basis, max_abs_error=1e-6)
+                   unit=unit, roofline=share, roofline_basis=basis, max_abs_error=1e-6, reference="float64 on cpu")
 
 
 def write_operation_run(run_dir: Path, spec: SpecTable, slower: str | None = None, newly_wrong: str | None = None,
@@ -94,7 +94,7 @@ def write_operation_run(run_dir: Path, spec: SpecTable, slower: str | None = Non
                 elif key == WRONG or (key == BROKEN and first) or (
                         key == (newly_wrong, "fp32", "flaggems") and first):
                     error = "RuntimeError: boom" if key == BROKEN else WRONG_ERROR
-                    runner._record(point, impl, "failed", error, max_abs_error=0.5)
+                    runner._record(point, impl, "failed", error, max_abs_error=0.5, reference="float64 on cpu")
                 else:
                     slow = 2.0 if impl == "flaggems" and point.op.name == slower else 1.0
                     record_passed(runner, point, impl, native / speed * slow)
@@ -178,7 +178,8 @@ def test_the_headline_has_one_row_per_operator(full_run: tuple[Path, dict[str, i
     assert softmax[5] == "32 of 36; **4 FAILED**"
     assert softmax[6] == "compile 2x (12 of 12), flaggems 1.25x (8 of 12; **4 FAILED**)"
     # Every point's iterations at 0.99, 1 and 1.01 of its median: ±1% (the p10-p90 spread) everywhere.
-    assert mm[8] == "±1.0% (max ±1.0%)"
+    assert mm[8] == "float64 on cpu, whole output: 36"  # what the pairs that ran were checked against
+    assert mm[9] == "±1.0% (max ±1.0%)"
     gelu = by_name["gelu"]
     assert gelu[5] == "36 of 36" and gelu[2] == "GB/s" and re.fullmatch(r"\d+\.\d% \(compile \w+ .+\)", gelu[7])
     summary_rows = sum(int(row[5].split(" of ")[0]) for row in operators)
@@ -200,13 +201,15 @@ def test_every_point_is_in_its_operators_table_and_failures_show(full_run: tuple
         table = table_after(report, f"### {case} / {name} ({unit})")
         rows += len(table)
         for row in table:
-            assert len(row) == 2 + 1 + 2 * 2  # dtype, shape, native, compile and its speed-up, flaggems and its
+            # dtype, shape, checked against, native, compile and its speed-up, flaggems and its
+            assert len(row) == 3 + 1 + 2 * 2
+            assert row[2] == ("-" if row[0] == FP8 else "float64 on cpu, whole output")  # fp8: skipped, none
             failed_cells += row.count("**FAILED**")
             if row[0] != FP8 and "**FAILED**" not in row:
-                assert "% roofline" in row[2] and f" {unit} · " in row[2]
+                assert "% roofline" in row[3] and f" {unit} · " in row[3]
                 # fp32 TFLOPS against the same run's measured GEMM (the base round's gemm_fp32)
-                assert ("% of measured" in row[2]) == (unit == "TFLOPS" and row[0] == "fp32")
-                assert row[4] == "2x" and row[6] == "1.25x"
+                assert ("% of measured" in row[3]) == (unit == "TFLOPS" and row[0] == "fp32")
+                assert row[5] == "2x" and row[7] == "1.25x"
     assert rows == counts["points"]
     assert failed_cells == counts["failed"] == 1 + 4
     assert "- **FAILED** fp32 M" in report and "@compile: RuntimeError: boom" in report

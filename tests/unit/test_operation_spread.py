@@ -141,7 +141,7 @@ def test_the_report_shows_each_points_spread_the_rounds_and_the_clock_floor(tmp_
     write_run(run_dir, [{"native": latencies(2e-3, 0.95, 1.05), "fast": latencies(1e-3, 0.98, 1.02)}])
     text = "\n".join(operation_markdown(run_dir))
     # A share under 0.05 % keeps its digits (it printed as 0.0%, read as nothing).
-    assert "| fp32 | R16xC128 (tiny b1 s16) | 0.01229 GB/s · 2 ms ±5.0% · 0.012% roofline | " \
+    assert "| fp32 | R16xC128 (tiny b1 s16) | - | 0.01229 GB/s · 2 ms ±5.0% · 0.012% roofline | " \
            "0.02458 GB/s · 1 ms ±2.0% · 0.025% roofline | 2x |" in text
     assert "- **op-elementwise**: timing: t; cache flush: f; device graphs: g; timed iterations per point: 20; " \
            "warm-up calls per point: 5\n" in text
