@@ -1142,6 +1142,14 @@ def test_an_endpoint_case_runs_on_the_one_host_its_endpoint_names_of_several(tmp
     live = Progress(chosen, ["h1", "h2", "h3"], run)  # flagperf run's live view lays them out there too
     assert list(live.rows) == [("tiny-llama-serve", 1, "h2"), ("tiny-llama-serve", 2, "h2")]
     assert plan(["h1"], {"lab": lab}, "endpoint=lab").cases[0].config["endpoint"]["client_host"] is None
+    # --set sets the named entry's client_host (before or after the name, for every case or one), checked the same way.
+    for sets in (("endpoint=lab", "endpoint.client_host=h3"), ("endpoint.client_host=h3", "endpoint=lab"),
+                 ("endpoint=lab", "tiny-llama-serve.endpoint.client_host=h3")):
+        moved = plan(["h1", "h2", "h3"], {"lab": {**lab, "client_host": "h2"}}, *sets).cases[0]
+        assert (moved.config["endpoint"]["client_host"], moved.origins["endpoint.client_host"]) == ("h3", "--set")
+        assert moved.config["endpoint"]["base_url"] == lab["base_url"]
+    error = refused(["h1", "h2"], {"lab": {**lab, "client_host": "h2"}}, "endpoint=lab", "endpoint.client_host=h9")
+    assert (error.source, error.key) == ("--set", "tiny-llama-serve.endpoint.client_host") and "'h9'" in str(error)
     assert plan(["h1", "h2"], {"lab": lab}).cases[0].config["endpoint"] is None  # no endpoint: every host
 
     # The case's own settings: the key is named in its case.yaml.
