@@ -58,6 +58,7 @@ from flagperf.hosts.slurm import cancel_jobs
 from flagperf.paths import RESULTS_DIR_ENV, RESULTS_ROOT_ENV
 from flagperf.results.bounded import read_json_file
 from flagperf.results.schema import (
+    HALF_ROUND_KEPT_AT,
     KEPT_ON_HOST,
     RESULT_FILE,
     RESULTS_UNWRITABLE,
@@ -71,7 +72,14 @@ from flagperf.results.schema import (
 )
 from flagperf.results.summary import INTERRUPTED_FILE, RETRIES_DIR
 from flagperf.stopping import signals_noted
-from flows.host_round import host_healthcheck, host_round, round_outcome
+from flows.host_round import (
+    at_endpoint,
+    host_healthcheck,
+    host_round,
+    round_logger,
+    round_outcome,
+    secure_half_round,
+)
 from flows.logs import route_core_logs
 from tasks.analyze import analyze
 from tasks.collect import STORE_ERRNOS, holds_result, leftover_result, stage_folder
@@ -312,7 +320,17 @@ def failed_line(failed: list[RoundResult], total: int, command: str | None, run_
     if any(r.failure and KEPT_ON_HOST in r.failure.message for r in failed):
         line += (f"; to collect the rounds kept on their hosts (and run only the failed others again): "
                  f"{how_to_retry(command, run_dir)}")
+    halves = half_rounds_kept(failed)
+    if halves:  # the round's own reason may be cut short above: where it lies is said whole
+        line += (f"; kept on the host{'s' if len(halves) > 1 else ''}, for you to look at and remove before a retry "
+                 f"(their prompt positions could not all be read): {', '.join(halves)}")
     return line
+
+
+def half_rounds_kept(results: list[RoundResult]) -> list[str]:
+    """Where the half rounds that ``results`` kept on their hosts lie (HOST:FOLDER; flows.host_round.HalfRoundKept)."""
+    return [r.failure.message.rpartition(f"{HALF_ROUND_KEPT_AT} ")[2] for r in results
+            if r.failure and HALF_ROUND_KEPT_AT in r.failure.message]
 
 
 RUN_STOPPED = "; stopped after "  # the message of a run that stopped before its last round, and why
@@ -357,9 +375,14 @@ def clean_work_roots(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: R
     stored here: a collection that failed said so, and a round folder that still holds a result was never
     read back (collecting removes it), whatever stopped it (a crashed subflow, an interrupt). Those stay
     until a retry collects them. Returns the kept rounds that a retry collects rather than runs again
-    (measured: [case, round, host, node rank]), for the report of an interrupted run."""
-    logger = get_run_logger()
+    (measured: [case, round, host, node rank]), for the report of an interrupted run.
+
+    A half round at an endpoint (interrupted before it was collected) has its records kept in the run folder before
+    its folder goes (flows.host_round.secure_half_round); where they cannot be, the folder stays, said in one line,
+    and so does one kept for the lab to look at (HalfRoundKept)."""
+    logger = round_logger()
     failed_collections = {r.host for r in results if r.failure and KEPT_ON_HOST in r.failure.message}
+    looked_at = half_rounds_kept(results)
     measured: list[list[Any]] = []
     for name, host in hosts.items():
         if specs[name].agent is not None:
@@ -374,10 +397,41 @@ def clean_work_roots(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: R
                 logger.warning("kept %s on %s: it holds rounds not yet collected%s", run_root, name,
                                f" ({', '.join(str(k.relative_to(run_root)) for k in kept)})" if kept else "")
                 continue
+            halves = [where for where in looked_at if where.startswith(f"{name}:")]
+            for case, round_no, rank, stage in half_rounds(host, name, plan, list(specs)):
+                if f"{name}:{stage}" in halves:  # kept already, said by its round
+                    continue
+                why = secure_half_round(host, stage, plan.run_dir, case.name, round_no, rank)
+                if why is not None:
+                    logger.warning("kept the half round %s:%s: %s; look at it, remove it, then retry the run", name,
+                                   stage, why)
+                    halves.append(f"{name}:{stage}")
+            if halves:
+                logger.warning("kept %s on %s: it holds half round(s) to look at (%s)", run_root, name,
+                               ", ".join(halves))
+                continue
             host.remove_tree(run_root)
         except Exception as exc:  # a host gone mid-run: clean-up must not hide why the run ended
             logger.warning("could not clean %s on %s: %s", run_root, name, exc)
     return measured
+
+
+def half_rounds(host: Host, name: str, plan: RunPlan, names: list[str]) -> list[tuple[CasePlan, int, int, Path]]:
+    """The folders on ``host`` of rounds at endpoints that were dispatched and neither stored nor measured (an
+    interrupted attempt's), each with its case, round and node rank: the prompts they sent are known from their
+    records only."""
+    found = []
+    for case in plan.cases:
+        if not at_endpoint(case):
+            continue
+        ranks = [group.index(name) for group in node_groups(case.config, names) if name in group]
+        for round_no in range(1, plan.rounds + 1):
+            for rank in ranks:
+                stage = stage_folder(host.work_root, plan.run_id, case.name, round_no, name, rank)
+                stored = round_dir(plan.run_dir, case.name, round_no, name, rank) / RESULT_FILE
+                if host.exists(stage) and not stored.is_file():
+                    found.append((case, round_no, rank, stage))
+    return found
 
 
 def uncollected_rounds(host: Host, name: str, plan: RunPlan, names: list[str]

@@ -48,7 +48,15 @@ from flagperf.results.prompt_positions import (
     taken_end,
 )
 from flagperf.results.provenance import library_versions
-from flagperf.results.schema import RESULT_FILE, RESULTS_UNWRITABLE, Failure, RoundResult, round_dir, write_result
+from flagperf.results.schema import (
+    HALF_ROUND_KEPT_AT,
+    RESULT_FILE,
+    RESULTS_UNWRITABLE,
+    Failure,
+    RoundResult,
+    round_dir,
+    write_result,
+)
 from flagperf.results.serving import SERVING_FILE
 from flagperf.results.summary import RETRIES_DIR
 from flows.logs import route_core_logs
@@ -183,9 +191,9 @@ def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: C
         if host.exists(stage_dir):
             leftover = leftover_result(host, stage_dir, case.max_retries + 1)
             if leftover is not None:  # measured by an earlier attempt of this flow run, never stored: collect it
-                _log().info("%s: collecting the round an earlier attempt measured (%s) from %s", label,
-                            leftover.status, stage_dir)
-                keep_round_reach(host, stage_dir, run_dir, earlier, label)
+                round_logger().info("%s: collecting the round an earlier attempt measured (%s) from %s", label,
+                                    leftover.status, stage_dir)
+                keep_round_reach(host, stage_dir, run_dir, earlier, label, ended=True)
                 result, collected = _collect(host, stage_dir, run_dir, case, round_no, node_rank, job, None, probe,
                                              label)
                 if collected:
@@ -201,12 +209,12 @@ def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: C
         failure = Failure(kind="infrastructure", message=(
             f"{round_label(case.name, round_no, host.name)}: {RESULTS_UNWRITABLE} ({run_dir / RUN_POSITIONS_DIR}: "
             f"{refused}): the round's prompt positions at its endpoint could not be recorded, so it was not run"))
-        _log().error("%s", failure.message)
+        round_logger().error("%s", failure.message)
         return _stored(job.failed_result(failure, probe), round_dir(run_dir, case.name, round_no, host.name,
                                                                      node_rank), label)
     except HalfRoundKept as kept:
         failure = Failure(kind="infrastructure", message=f"{round_label(case.name, round_no, host.name)}: {kept}")
-        _log().error("%s", failure.message)
+        round_logger().error("%s", failure.message)
         return _stored(job.failed_result(failure, probe), round_dir(run_dir, case.name, round_no, host.name,
                                                                      node_rank), label)
     try:
@@ -223,8 +231,9 @@ def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: C
         if monitors:
             stop_monitors(host, monitors, stage_dir, label, return_state=True)
         # Also when interrupted: what its attempts recorded before they sent says where its prompts lie, which a later
-        # round whose host lacks this one's files could not work out.
-        keep_round_reach(host, stage_dir, run_dir, reserved, label)
+        # round whose host lacks this one's files could not work out. run_case has returned or raised, so its case
+        # process has ended (killed where interrupted): what they took is final.
+        keep_round_reach(host, stage_dir, run_dir, reserved, label, ended=True)
     if failure is not None and failure.kind == "infrastructure":
         full = host_disk_full(host, stage_dir)
         if full:  # the cause, before what the case could still say of it (often a traceback's end)
@@ -237,7 +246,7 @@ def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: C
     return result
 
 
-def _log() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
+def round_logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
     """The flow run's logger; the module's where there is no run (a round's steps called alone)."""
     try:
         return get_run_logger()
@@ -306,12 +315,12 @@ def after_collection(host: Host, stage_dir: Path, run_dir: Path, case: CasePlan,
         closed = close_passed(run_dir, worked_out_reaches(round_dir(run_dir, case.name, round_no, host.name,
                                                                     node_rank)))
     except OSError as exc:  # they stay open: later rounds only work them out again
-        _log().warning("%s: the open reservations of prompt positions were not looked at: %s", label,
-                       exc.strerror or exc)
+        round_logger().warning("%s: the open reservations of prompt positions were not looked at: %s", label,
+                               exc.strerror or exc)
         return
     if closed:
-        _log().info("%s: closed %d reservation(s) of rounds never collected, which the run's records now pass: %s",
-                    label, len(closed), ", ".join(r.where for r in closed))
+        round_logger().info("%s: closed %d reservation(s) of rounds never collected, which the run's records now "
+                            "pass: %s", label, len(closed), ", ".join(r.where for r in closed))
 
 
 def worked_out_reaches(folder: Path) -> dict[str, Reach]:
@@ -328,20 +337,22 @@ def worked_out_reaches(folder: Path) -> dict[str, Reach]:
     return reaches
 
 
-def keep_round_reach(host: Host, stage_dir: Path, run_dir: Path, reservation: Reservation | None, label: str) -> None:
-    """Keep the reach of ``reservation``'s round beside it (its attempts' records on the host: their stream and bound),
-    where every attempt's record there is read; best effort (a host gone, a full results folder): without it, later
-    rounds work the reach out from the round's configuration, where their host can."""
+def keep_round_reach(host: Host, stage_dir: Path, run_dir: Path, reservation: Reservation | None, label: str,
+                     ended: bool = False) -> None:
+    """Keep the reach of ``reservation``'s round beside it (its attempts' records on the host: their stream and bound,
+    and what they took where they have all ended: ``ended``), where every attempt's record there is read; best effort
+    (a host gone, a full results folder): without it, later rounds work the reach out from the round's configuration,
+    where their host can."""
     if reservation is None:
         return
     try:
         found = attempt_records(host, stage_dir)
-        reach = reach_of(text for _, text in found.records) if found.complete else None
+        reach = reach_of((text for _, text in found.records), ended) if found.complete else None
         if reach is not None:
             keep_reach(run_dir, reservation, reach)
     except Exception as exc:
-        _log().warning("%s: where its prompts lie is not kept beside its reservation (%s): %s", label,
-                       reservation.where, " ".join(str(exc).split())[:200])
+        round_logger().warning("%s: where its prompts lie is not kept beside its reservation (%s): %s", label,
+                               reservation.where, " ".join(str(exc).split())[:200])
 
 
 def _stored(result: RoundResult, dest: Path, label: str) -> RoundResult:
@@ -350,7 +361,7 @@ def _stored(result: RoundResult, dest: Path, label: str) -> RoundResult:
         if not (dest / RESULT_FILE).exists():
             write_result(dest / RESULT_FILE, result)
     except OSError as exc:
-        _log().error("%s: cannot write %s: %s", label, dest / RESULT_FILE, exc.strerror or exc)
+        round_logger().error("%s: cannot write %s: %s", label, dest / RESULT_FILE, exc.strerror or exc)
     return result
 
 
@@ -401,10 +412,36 @@ def cleared_stage(host: Host, stage_dir: Path, job: Job, run_dir: Path | None = 
                 f"the half round an interrupted attempt left in {host.name}:{stage_dir} has attempts whose prompt "
                 f"positions could not be read ({', '.join(found.unread)}), and no open reservation bounds them: it "
                 "is kept there and the round is not run, so that the endpoint is not sent their prompts again; look "
-                "at it, remove it, then retry the run")
+                f"at it, remove it, then retry the run; {HALF_ROUND_KEPT_AT} {host.name}:{stage_dir}")
         job = job.model_copy(update={"prompt_reservations": reservations(run_dir)})
     host.remove_tree(stage_dir)
     return job
+
+
+def secure_half_round(host: Host, stage_dir: Path, run_dir: Path, case: str, round_no: int, node_rank: int
+                      ) -> str | None:
+    """Before the run's clean-up removes a half round from the host (a round interrupted before it was collected:
+    Ctrl-C, a crashed subflow), its records go into the run folder: its attempts' prompt_positions.json
+    (prompt_positions/recovered-*.json) and, where none is kept yet, its reach beside its open reservation (the bound
+    only: the round's case process may still be stopping). Returns why the folder must stay instead (its records could
+    not be kept, or not all read and no open reservation bounds them), None where it may go."""
+    found = attempt_records(host, stage_dir)
+    if not found.attempts and not found.skipped:  # no attempt began: nothing was sent
+        return None
+    own = [r for r in reservations(run_dir) if r.open and r.same_round(case, round_no, host.name, node_rank)]
+    reservation = own[-1] if own else None
+    try:
+        recover(run_dir, [text for _, text in found.records if taken_end(text) is not None])
+        if reservation is not None and reservation.reach is None and found.complete:
+            reach = reach_of(text for _, text in found.records)
+            if reach is not None:
+                keep_reach(run_dir, reservation, reach)
+    except OSError as exc:
+        return f"its prompt positions could not be kept in {run_dir / RUN_POSITIONS_DIR}: {exc.strerror or exc}"
+    if not found.complete and not bounds_every_attempt(reservation, found):
+        return (f"its attempts' prompt positions could not all be read ({', '.join(found.unread)}) and no open "
+                "reservation bounds them")
+    return None
 
 
 def bounds_every_attempt(reservation: Reservation | None, found: AttemptRecords) -> bool:

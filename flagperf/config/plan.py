@@ -348,11 +348,14 @@ def _where_in_suite(error: ConfigError, suite_source: str, case_name: str,
 def _name_endpoint(case_name: str, case: Any, layers: list[tuple[str, dict[str, Any]]],
                    endpoints: dict[str, dict[str, Any]], inventory_source: str) -> None:
     """A case's ``endpoint: NAME`` (the last layer that sets it, else its default) names a running server of the
-    inventory: that entry is its value from here on, with the inventory as its origin."""
+    inventory: that entry is its value from there on, with the inventory as its origin. A dotted key set after the
+    name (``--set endpoint.client_host=h2``, also in the same layer as the name) is set in that entry, checked as the
+    entry's own keys are."""
     source, value = display_path(case.manifest_path), case.manifest.configurations.get("endpoint")
-    for layer_source, values in layers:
+    at = -1  # the layer that names it; -1: the case's own default
+    for index, (layer_source, values) in enumerate(layers):
         if "endpoint" in values:
-            source, value = layer_source, values["endpoint"]
+            source, value, at = layer_source, values["endpoint"], index
     if not isinstance(value, str):
         return
     if value not in endpoints:
@@ -363,7 +366,15 @@ def _name_endpoint(case_name: str, case: Any, layers: list[tuple[str, dict[str, 
         elif source == display_path(case.manifest_path) and case.manifest_path.name == MANIFEST:
             key = "configurations.endpoint"  # by its path in case.yaml, as the case's other keys there
         raise ConfigError(source, key, f"{value!r} names no endpoint of the inventory ({inventory_source}: {known})")
-    layers.append((f"{inventory_source} endpoints.{value}", {"endpoint": dict(endpoints[value])}))
+    entry = (f"{inventory_source} endpoints.{value}", {"endpoint": dict(endpoints[value])})
+    if at < 0:
+        layers.insert(0, entry)
+        return
+    layer_source, values = layers[at]
+    # The naming layer's own dotted endpoint keys go after the entry, so that they set its keys.
+    dotted = {key: v for key, v in values.items() if key.startswith("endpoint.")}
+    layers[at:at + 1] = [(layer_source, {key: v for key, v in values.items() if key not in dotted}), entry,
+                         *([(layer_source, dotted)] if dotted else [])]
 
 
 def _endpoints_on_hosts(plans: list[CasePlan], hosts: list[dict[str, Any]], inventory_source: str,

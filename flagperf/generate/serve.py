@@ -910,7 +910,8 @@ def stream_start(source: PromptSource, positions: dict[str, int], reserved: Sequ
     """Where an endpoint round starts in its stream: after every position the run folder's records say was taken
     (``positions``, the Job's), and after the most each open reservation of the same stream may have taken (a round the
     controller dispatched whose records it never got: Job.prompt_reservations). That is its reach where the controller
-    kept it (the round's own records: their stream and bound); else it is worked out from the reservation: its round
+    kept it (the round's own records: their stream, and what its attempts took where they had all ended when read,
+    else their bound); else it is worked out from the reservation: its round
     started where its own job said (its ``positions``, and the reservations it started after, closed ones too), worked
     out the same way, and may have taken what its planned requests reach from there, in each of its attempts
     (reserved_end). One at this endpoint, model and API whose round's prompts cannot be worked out here (its case or
@@ -953,8 +954,8 @@ def stream_start(source: PromptSource, positions: dict[str, int], reserved: Sequ
         if reservation.id in reaches:
             return reaches[reservation.id]
         reaches[reservation.id] = None  # while it is worked out (ids only point back in time: no loop in a run's own)
-        if reservation.reach is not None:  # its round's own records say
-            reaches[reservation.id] = (reservation.reach.stream, reservation.reach.end)
+        if reservation.reach is not None:  # its round's own records say: what it took where known, else its bound
+            reaches[reservation.id] = (reservation.reach.stream, reservation.reach.upto)
             return reaches[reservation.id]
         if elsewhere(reservation):
             return None

@@ -26,7 +26,8 @@ job's positions and the reservations it starts after: ``Reservation``). Which st
 may get is known on the host only (a stream is keyed by the digests of files there), so once the round's attempts end
 (or are interrupted) the controller keeps their stream and bound beside the reservation, ``reach-<id>.json``
 (``Reach``), where it can read every attempt's record. Every open reservation goes to the next rounds' jobs, and a
-round there starts after the most each one of its own stream may have taken: its reach, else worked out from its
+round there starts after each one of its own stream: after what its attempts took where its reach says (their records
+read once they had all ended), else after the most they may have taken: its reach's bound, else worked out from its
 configuration where the host can (flagperf.generate.serve.stream_start). Once its round's folder, with its records, is
 stored in the run folder, a reservation is closed (renamed ``collected-<id>.json``: kept, since an open one that
 started after it is worked out from it); so is one whose reach lies within what the run folder's records say was
@@ -79,13 +80,22 @@ MAX_RESERVATION_BYTES = 1 << 20  # a case's configuration and a few names; one l
 
 
 class Reach(BaseModel):
-    """Where a reserved round's prompts lie: its stream, and the position after the most it may take there (the
-    largest ``bound`` its attempts' records give, written before they sent)."""
+    """Where a reserved round's prompts lie: its stream, the position after the most it may take there (``end``: the
+    largest ``bound`` its attempts' records give, written before they sent), and, where its attempts had all ended when
+    their records were read (no attempt of it sends any more), the position after every one they took (``taken``: each
+    one's end, else what it reserved). A later round starts after ``taken`` where it is known (``upto``), else after
+    ``end``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     stream: str
     end: int = Field(ge=0, le=MAX_POSITION)
+    taken: int | None = Field(default=None, ge=0, le=MAX_POSITION)
+
+    @property
+    def upto(self) -> int:
+        """Where a later round of its stream starts at the earliest: what it took where known, else its bound."""
+        return self.taken if self.taken is not None else self.end
 
 
 class Reservation(BaseModel):
@@ -219,7 +229,7 @@ def close_passed(run_dir: Path, reaches: dict[str, Reach]) -> list[Reservation]:
     closed = []
     for reservation in reservations(run_dir):
         reach = reservation.reach or reaches.get(reservation.id)
-        if reservation.open and reach is not None and taken.get(reach.stream, 0) >= reach.end:
+        if reservation.open and reach is not None and taken.get(reach.stream, 0) >= reach.upto:
             with contextlib.suppress(OSError):
                 close(run_dir, reservation)
                 closed.append(reservation)
@@ -275,19 +285,21 @@ def taken_end(text: str) -> tuple[str, int] | None:
     return record["stream"], max(taken, first or 0)
 
 
-def reach_of(texts: Iterable[str]) -> Reach | None:
-    """A round's reach from its attempts' records (each one's ``bound``, and what it took): None where there is none,
-    one is not a record or has no bound (written by an older version), or they name two streams."""
-    streams, ends = set(), []
+def reach_of(texts: Iterable[str], ended: bool = False) -> Reach | None:
+    """A round's reach from its attempts' records (each one's ``bound``, and what it took; ``ended``: its attempts have
+    all ended, so what they took is its ``taken``): None where there is none, one is not a record or has no bound
+    (written by an older version), or they name two streams."""
+    streams, ends, took_ends = set(), [], []
     for text in texts:
         record, took = _record(text), taken_end(text)
         if record is None or took is None or record.get("bound") is None:
             return None
         streams.add(record["stream"])
         ends.append(max(record["bound"], took[1]))
+        took_ends.append(took[1])
     if len(streams) != 1:
         return None
-    return Reach(stream=streams.pop(), end=max(ends))
+    return Reach(stream=streams.pop(), end=max(ends), taken=max(took_ends) if ended else None)
 
 
 def merged(positions: dict[str, int], records: Iterable[tuple[str, str]]) -> dict[str, int]:

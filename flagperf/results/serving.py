@@ -300,6 +300,38 @@ def round_setup(folder: Path) -> dict[str, Any]:
     return {k: v for k, v in data.items() if k != "points"} if isinstance(data, dict) else {}
 
 
+PROMPTS_HEADER = ["case", "round", "host", "prompt stream positions", "first prompt", "requests planned",
+                  "each sent once", "resent requests"]
+
+
+def _position(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def round_prompts(run_dir: Path, loaded: Iterable[tuple[Path, Any]] | None = None) -> list[list[str]]:
+    """A row per round of the run's generate cases (every round, not the first only): which prompts it sent, from its
+    serving.json's prompt_set: the positions of its prompt stream it took (first to last), the prompt at its first
+    (synthetic: the seed's sequence; a file: its entry), its planned requests, whether each was sent once, and how
+    many resent a prompt. Rounds without a prompt_set (a failed round, an older record) are left out."""
+    rows = []
+    rounds = _round_folders(run_dir) if loaded is None else ((f, r) for f, r in loaded if r.family == FAMILY)
+    for folder, result in rounds:
+        recorded = round_setup(folder).get("prompt_set")
+        if not isinstance(recorded, dict):
+            continue
+        first, taken = _position(recorded.get("first_position")), _position(recorded.get("positions_taken"))
+        span = "-" if first is None else (f"{first} to {first + taken - 1}" if taken else f"from {first}")
+        once = recorded.get("each_sent_once")
+        host = result.host + (f" (node rank {result.node_rank})" if result.node_rank else "")
+        index, planned, resent = (_position(recorded.get(key)) for key in (
+            "first_index", "requests_planned", "repeated_requests"))
+        rows.append([md_text(result.case), str(result.round), md_text(host), span,
+                     "-" if index is None else str(index), "-" if planned is None else str(planned),
+                     "-" if not isinstance(once, bool) else ("yes" if once else "no"),
+                     "-" if resent is None else str(resent)])
+    return sorted(rows, key=lambda r: (r[0], int(r[1]), r[2]))
+
+
 def _mean(values: Iterable[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return statistics.fmean(present) if present else None
@@ -581,6 +613,11 @@ def serving_markdown(run_dir: Path, rows: pd.DataFrame | None) -> list[str]:
          _goodput(p), _verdict(p), _mfu(p), _num(p.energy_per_token_j), _quality(p), _rounds(p)] for p in points])]
     lines += ["", *_table(LATENCY_HEADER, [[*_where(p), _triple(p, "ttft_s"), _triple(p, "tpot_s"),
                                             _triple(p, "itl_s"), _triple(p, "e2el_s")] for p in points])]
+    sent = round_prompts(run_dir)
+    if sent:  # the prompts line above is the first round's; an endpoint's rounds each send others
+        lines += ["", "The prompts each round sent (the positions of its prompt stream it took: at an endpoint, each "
+                      "round starts after those the run's earlier rounds took; a resent request's prompt may have "
+                      "been served from the server's prefix cache):", "", *_table(PROMPTS_HEADER, sent)]
     scraped = [p for p in points if p.server]
     if scraped:
         lines += ["", "The server's own figures (its Prometheus counters and histograms, after the point minus "

@@ -360,15 +360,16 @@ class HoldingEndpoint(http.server.BaseHTTPRequestHandler):
 @pytest.mark.usefixtures("prefect_server")  # the session's: no temporary server to start
 def test_ctrl_c_mid_round_at_an_endpoint_and_its_retry_send_no_prompt_twice(tmp_path: Path) -> None:
     """An endpoint keeps every prompt it was sent in its prefix cache. Ctrl-C while a round there is mid-point (the
-    endpoint holds its third request): the interrupted run's clean-up removes the half round from the host, so no
-    record of the prompts it sent reaches the run folder; what does is the reservation the controller wrote before it
-    dispatched the round, and beside it the round's reach (its stream, and the most it may send, which its attempt
-    recorded before it sent). `--retry` runs the round again after that, and the endpoint never gets one prompt twice
-    across the two runs; the retry's round says which reservation it passed, and once stored closes its own, and the
-    interrupted round's, which its records pass."""
+    endpoint holds its third request): the interrupted run's clean-up removes the half round from the host, but only
+    once its attempt's record is in the run folder (prompt_positions/recovered-*.json), beside the reservation the
+    controller wrote before it dispatched the round and the round's reach: its stream, the most its 2 attempts may
+    send (recorded before it sent), and, its attempt having ended, what it took. `--retry` runs the round again after
+    what it took, not after the most it could have sent, and the endpoint never gets one prompt twice across the two
+    runs; the retry's round says which reservation it passed, and once stored closes its own, and the interrupted
+    round's, which its records pass."""
     from prefect.settings import PREFECT_API_URL
 
-    from flagperf.results.prompt_positions import CLOSED, OPEN, REACH, RUN_POSITIONS_DIR
+    from flagperf.results.prompt_positions import CLOSED, OPEN, REACH, RECOVERED, RUN_POSITIONS_DIR
 
     HoldingEndpoint.prompts.clear()
     HoldingEndpoint.hold = 2  # the check is request 0: the second of the point's four timed requests is held
@@ -384,7 +385,7 @@ def test_ctrl_c_mid_round_at_an_endpoint_and_its_retry_send_no_prompt_twice(tmp_
     args = ["run", "--cases", "tiny-llama-serve", "--inventory", str(inventory), "--rounds", "1", "--results",
             str(results), "--run-id", "held-endpoint", *[word for value in (
                 "endpoint=lab", "concurrency=[1]", "request_rates=[]", "requests=4", "warmup_requests=0",
-                "input_len=8", "max_new_tokens=2") for word in ("--set", value)]]
+                "input_len=8", "max_new_tokens=2", "max_retries=1") for word in ("--set", value)]]
     api_url = PREFECT_API_URL.value()
     try:
         out = ctrl_c_once(flagperf(args, tmp_path, api_url), HoldingEndpoint.held.is_set)
@@ -393,13 +394,17 @@ def test_ctrl_c_mid_round_at_an_endpoint_and_its_retry_send_no_prompt_twice(tmp_
         records_are_whole(run_dir)
         sent_before = list(HoldingEndpoint.prompts)
         assert len(sent_before) == 3  # the check, the first timed request, the held one
-        # Nothing of the half round is left on the host or in the run folder but the round's reservation.
+        # Nothing of the half round is left on the host; its attempt's record is in the run folder.
         assert list((tmp_path / "work").rglob("prompt_positions.json")) == []
         assert list(run_dir.rglob("prompt_positions.json")) == []
+        (recovered,) = (run_dir / RUN_POSITIONS_DIR).glob(f"{RECOVERED}*.json")
+        kept = json.loads(recovered.read_text(encoding="utf-8"))
+        assert (kept["first"], kept["reserved"], kept["end"], kept["bound"]) == (0, 5, None, 10)
         reserved = list((run_dir / RUN_POSITIONS_DIR).glob(f"{OPEN}*.json"))
-        # Beside it, where the round's prompts lie, as its attempt wrote before it sent (read as it was interrupted).
+        # Beside the reservation, where the round's prompts lie: the most its 2 attempts may take, as its attempt wrote
+        # before it sent, and what it took (the check and 4 timed requests), read once it had ended.
         reach = run_dir / RUN_POSITIONS_DIR / f"{REACH}{reserved[0].name.removeprefix(OPEN)}"
-        assert json.loads(reach.read_text(encoding="utf-8"))["end"] == 5  # the check and 4 timed requests at most
+        assert json.loads(reach.read_text(encoding="utf-8")) == {"stream": kept["stream"], "end": 10, "taken": 5}
         HoldingEndpoint.release.set()
 
         retry = flagperf([*args, "--retry", str(run_dir)], tmp_path, api_url)
@@ -415,10 +420,14 @@ def test_ctrl_c_mid_round_at_an_endpoint_and_its_retry_send_no_prompt_twice(tmp_
     assert len(reserved) == 1, reserved
     stored = run_dir / "tiny-llama-serve" / "round1" / "localhost_noderank0"
     assert read_result(stored / RESULT_FILE).status == "success"
-    assert "after the most that 1 round(s) the controller dispatched there" in (stored / "case.log").read_text()
+    assert "its prompts start at position 5 of its prompt stream" in (stored / "case.log").read_text()
     serving = json.loads((stored / "serving.json").read_text(encoding="utf-8"))
-    assert serving["prompt_set"]["after_reservations"] == [f"{RUN_POSITIONS_DIR}/{reserved[0].name}"]
-    assert serving["prompt_set"]["first_position"] == 5  # the interrupted round's check and 4 timed requests
+    # After what the interrupted round took (its check and 4 timed requests: its record, and its reach), not after the
+    # most its 2 attempts could have sent (10); its reservation then passes nothing further.
+    assert serving["prompt_set"]["first_position"] == 5
+    assert serving["prompt_set"]["after_reservations"] == []
+    assert serving["prompt_set"]["reservation_reaches"] == [
+        {"id": reserved[0].name.removeprefix(OPEN).removesuffix(".json"), "stream": kept["stream"], "end": 5}]
     # The retry's round's reservation is closed once stored; the interrupted round's (its records never came) too, as
     # the retry's records pass its reach: no later round works it out again.
     assert not list((run_dir / RUN_POSITIONS_DIR).glob(f"{OPEN}*.json"))

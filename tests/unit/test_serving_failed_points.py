@@ -401,6 +401,11 @@ def test_a_retry_of_the_run_sends_none_of_the_prompts_its_earlier_flow_runs_sent
     assert _sent(round_dir(run_dir, plan.cases[0].name, 1, "localhost")) == [6, 7, 8]
     assert ("round 1 at an endpoint, attempt 1 (a retry of the run: 1 earlier attempt(s) of this round): its prompts "
             "start at position 6 of its prompt stream (prompt 6)") in caplog.text
+    # The report says which prompts each round sent, not the first round's alone.
+    report = "\n".join(serving_markdown(run_dir, None))
+    assert [line for line in report.splitlines() if line.startswith("| tiny-llama-serve | ")][-2:] == [
+        "| tiny-llama-serve | 1 | localhost | 6 to 8 | 6 | 3 | yes | 0 |",
+        "| tiny-llama-serve | 2 | localhost | 3 to 5 | 3 | 3 | yes | 0 |"], report
 
 
 def test_a_prompts_files_rounds_for_duration_s_start_after_the_prompts_earlier_rounds_used(
@@ -938,13 +943,15 @@ def test_a_reservation_is_closed_once_its_round_is_collected_and_not_for_a_lost_
     assert sorted(p.name.split("-")[0] for p in (run / RUN_POSITIONS_DIR).iterdir()) == ["collected", "collected"]
 
 
-def test_a_half_round_whose_attempts_are_not_all_read_keeps_its_reservation_open(refusing: str,
-                                                                                tmp_path: Path) -> None:
+def test_a_half_round_whose_attempts_are_not_all_read_keeps_its_reservation_open(
+        refusing: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A half round on the host is read whole before it goes: every attempt<N> folder there, also past what
     max_retries allows now. Where an attempt's record cannot be read (larger than 64 KiB), what it took is not known:
     the round's reservation stays open, so that the rerun starts after the most the half round may have sent; its folder
     goes only where that reservation bounds every attempt found there, else it is kept and the round is not run."""
-    from flagperf.results.prompt_positions import MAX_POSITIONS_BYTES, PROMPT_POSITIONS
+    from flagperf.results.prompt_positions import MAX_POSITIONS_BYTES, PROMPT_POSITIONS, Reach
+    from flagperf.results.schema import Failure
+    from flows.evaluate import clean_work_roots, failed_line
     from flows.host_round import HalfRoundKept, cleared_stage, round_reservation
     from tasks.collect import stage_folder
 
@@ -963,8 +970,8 @@ def test_a_half_round_whose_attempts_are_not_all_read_keeps_its_reservation_open
 
     def half(name: str, attempts: dict[int, str]) -> tuple[Path, Job, Reservation]:
         """A run folder whose round 1 was dispatched, and left on the host with these attempts' records."""
-        run = tmp_path / name
-        run.mkdir()
+        run = tmp_path / name / plan.run_id  # the plan's run folder where its results folder is tmp_path / name
+        run.mkdir(parents=True)
         job = round_job(plan, run, cp, 1, "localhost", spec, {}, None)
         reserved = reserve(run, round_reservation(job, cp.max_retries + 1))
         for number, text in attempts.items():
@@ -991,10 +998,36 @@ def test_a_half_round_whose_attempts_are_not_all_read_keeps_its_reservation_open
     # One past it cannot be read: nothing bounds it, so the folder stays (and the reservation), and the round is not
     # run.
     run, job, reserved = half("unbounded", {1: json.dumps(record), 3: too_large})
-    with pytest.raises(HalfRoundKept, match=r"attempt3/prompt_positions\.json"):
+    with pytest.raises(HalfRoundKept, match=r"attempt3/prompt_positions\.json") as caught:
         cleared_stage(host, stage, job, run, reserved)
     assert (stage / "attempt3").is_dir() and [(r.id, r.open) for r in reservations(run)] == [(reserved.id, True)]
     assert positions_taken(run) == {record["stream"]: 3}  # attempt 1's record kept
+    # The run's clean-up keeps it too (its round's failed result says where), and the run's final line says where.
+    hosts, specs = {"localhost": host}, {"localhost": spec}
+    kept = job.failed_result(Failure(kind="infrastructure", message=f"{cp.name} round 1 on localhost: {caught.value}"),
+                             None)
+    clean_work_roots(hosts, specs, plan.model_copy(update={"results_dir": str(tmp_path / "unbounded")}), [kept])
+    assert (stage / "attempt3").is_dir()
+    line = failed_line([kept], 1, f"flagperf run --cases {cp.name}", run)
+    assert line.endswith(f"could not all be read): localhost:{stage}") and "\n" not in line
+    host.remove_tree(stage)
+
+    # A round interrupted mid-attempt (Ctrl-C) has no result on the host: the clean-up keeps its records in the run
+    # folder, and its reach (the bound: its case process may still be stopping) beside its reservation, before the
+    # folder goes; where they cannot all be read and nothing bounds them, the folder stays, said in one line.
+    halfway = {**record, "reserved": 2, "end": None}
+    run, job, reserved = half("interrupted", {1: json.dumps(halfway)})
+    clean_work_roots(hosts, specs, plan.model_copy(update={"results_dir": str(tmp_path / "interrupted")}), [])
+    assert not stage.exists() and positions_taken(run) == {record["stream"]: 2}
+    assert [(r.id, r.open, r.reach) for r in reservations(run)] == [
+        (reserved.id, True, Reach(stream=record["stream"], end=6))]
+    run, job, reserved = half("lost", {1: json.dumps(halfway), 3: too_large})
+    caplog.clear()
+    clean_work_roots(hosts, specs, plan.model_copy(update={"results_dir": str(tmp_path / "lost")}), [])
+    assert (stage / "attempt3").is_dir() and positions_taken(run) == {record["stream"]: 2}
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("kept the half round")]
+    assert len(said) == 1 and said[0].startswith(f"kept the half round localhost:{stage}: its attempts' prompt "
+                                                 "positions could not all be read") and "\n" not in said[0], said
 
 
 def test_a_reservations_reach_is_kept_beside_it_and_read_where_its_files_are_gone(
@@ -1142,6 +1175,14 @@ def test_an_endpoint_case_runs_on_the_one_host_its_endpoint_names_of_several(tmp
     live = Progress(chosen, ["h1", "h2", "h3"], run)  # flagperf run's live view lays them out there too
     assert list(live.rows) == [("tiny-llama-serve", 1, "h2"), ("tiny-llama-serve", 2, "h2")]
     assert plan(["h1"], {"lab": lab}, "endpoint=lab").cases[0].config["endpoint"]["client_host"] is None
+    # --set sets the named entry's client_host (before or after the name, for every case or one), checked the same way.
+    for sets in (("endpoint=lab", "endpoint.client_host=h3"), ("endpoint.client_host=h3", "endpoint=lab"),
+                 ("endpoint=lab", "tiny-llama-serve.endpoint.client_host=h3")):
+        moved = plan(["h1", "h2", "h3"], {"lab": {**lab, "client_host": "h2"}}, *sets).cases[0]
+        assert (moved.config["endpoint"]["client_host"], moved.origins["endpoint.client_host"]) == ("h3", "--set")
+        assert moved.config["endpoint"]["base_url"] == lab["base_url"]
+    error = refused(["h1", "h2"], {"lab": {**lab, "client_host": "h2"}}, "endpoint=lab", "endpoint.client_host=h9")
+    assert (error.source, error.key) == ("--set", "tiny-llama-serve.endpoint.client_host") and "'h9'" in str(error)
     assert plan(["h1", "h2"], {"lab": lab}).cases[0].config["endpoint"] is None  # no endpoint: every host
 
     # The case's own settings: the key is named in its case.yaml.
