@@ -510,23 +510,34 @@ def check_extern(folder: Path, family: str) -> tuple[str, ...]:
         raise ConfigError(display_path(folder), None, f"the {family} family has no extension points "
                                                       f"(extern/ is for: {', '.join(sorted(EXTERN_HOOKS))})")
     hooks_file = regular_file(folder, EXTERN_HOOKS_FILE, display_path(folder), None, "the extern folder")
-    trees = {path.resolve(): _parse(path) for path in _python_files(folder)}
-    for path, tree in trees.items():
-        for node in ast.walk(tree):
-            problem = _forbidden(node)
-            if problem:
-                raise ConfigError(display_path(path), f"line {getattr(node, 'lineno', '?')}", problem)
-    tree = trees.get(hooks_file) or _parse(hooks_file)
+    # Every file's findings together, as the hooks' are: a vendor fixes extern/ in one go, not a name per check.
+    problems: list[ConfigError] = []
+    trees: dict[Path, ast.Module | None] = {}  # None: not Python (said among the problems)
+    for path in _python_files(folder):
+        try:
+            trees[path.resolve()] = tree = _parse(path)
+        except ConfigError as exc:
+            problems.append(exc)
+            trees[path.resolve()] = None
+            continue
+        forbidden = {(getattr(node, "lineno", 0), problem) for node in ast.walk(tree)
+                     if (problem := _forbidden(node)) is not None}
+        problems += [ConfigError(display_path(path), f"line {line}" if line else None, problem)
+                     for line, problem in sorted(forbidden)]
+    if hooks_file.resolve() in trees and trees[hooks_file.resolve()] is None:
+        raise gathered(problems)  # no hooks to read in it
+    tree = trees.get(hooks_file.resolve()) or _parse(hooks_file)
     source = display_path(hooks_file)
     defined, found = _hook_defs(tree, known, family)
     for name, node in defined.items():
         why = None if node.decorator_list else _signature_problem(node)
         if why:
             found.append((node.lineno, f"{name}: {why}"))
-    if found:
-        raise gathered([ConfigError(source, f"line {line}", message) for line, message in sorted(found)])
-    if not defined:
-        raise ConfigError(source, None, f"defines no hook (known: {', '.join(sorted(known))})")
+    problems += [ConfigError(source, f"line {line}", message) for line, message in sorted(found)]
+    if not defined and not found:
+        problems.append(ConfigError(source, None, f"defines no hook (known: {', '.join(sorted(known))})"))
+    if problems:
+        raise gathered(problems)
     return tuple(defined)
 
 
