@@ -1177,8 +1177,13 @@ def _check_file(path: Path, notes: list[str]) -> str:
         if stray:
             raise ConfigError(display_path(entry), None, stray)
     if path.name == VENDOR_MANIFEST:
+        from flagperf.config.adaptation import vendor_folder_links
+
         manifest = load_vendor_manifest(path)
         _refuse_shadowed(path, path.parent, manifest.name)
+        links = vendor_folder_links(path.parent)
+        if links:  # each one line; a run would meet it only in a round's container, which has the folder elsewhere
+            raise gathered(links)
         return "vendor"
     if path.suffix == ".py":  # FlagPerf training's test_conf.py, or its cluster_conf.py: checked together
         from flagperf.config.plan import plan_run
@@ -1225,6 +1230,7 @@ def _check_plugin_manifest(path: Path) -> str | None:
     engine.yaml (<vendor>/<family folder>/<engine>/, by its family's model) or a toolkit's toolkit.yaml
     (<vendor>/toolkits/<toolkit>/); None for any other file."""
     from flagperf.basespec.toolkit import TOOLKIT_FILE, load_toolkit_manifest
+    from flagperf.config.adaptation import absolute_links
     from flagperf.config.engines import ENGINE_MANIFEST, INFERENCE_ENGINES, EngineManifest, checked_engine_manifest
     from flagperf.generate.engines import ENGINES_FOLDER as GENERATE_ENGINES
     from flagperf.generate.engines import EngineManifest as GenerateManifest
@@ -1246,6 +1252,9 @@ def _check_plugin_manifest(path: Path) -> str | None:
             _refuse_shadowed(path, where.parent, where.parent.name)  # folder without vendor.yaml only adds engines
         family, model = families[where.name]
         manifest = checked_engine_manifest(path.parent, model)
+        links = absolute_links(where.parent, parts=[f"{where.name}/{path.parent.name}"])
+        if links:  # as a vendor.yaml's check: a round's container has the engine folder at another path
+            raise gathered(links)
         return f"{family} engine {manifest.name} of vendor {where.parent.name}"
     if path.name == TOOLKIT_FILE:
         if where.name != "toolkits":
@@ -1257,6 +1266,9 @@ def _check_plugin_manifest(path: Path) -> str | None:
                               f"has none (a folder without one only adds engines): move the toolkit there")
         _refuse_shadowed(path, where.parent, where.parent.name)
         toolkit = load_toolkit_manifest(path, where.parent)
+        links = absolute_links(where.parent, parts=[f"{where.name}/{path.parent.name}"])
+        if links:  # as an engine's
+            raise gathered(links)
         return f"toolkit {toolkit.name} of vendor {where.parent.name}, provides {toolkit.provides}"
     return None
 

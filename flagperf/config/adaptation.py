@@ -221,6 +221,19 @@ def absolute_links(vendor_folder: Path, case: Path | None = None, parts: Sequenc
             and os.path.isabs(target)]
 
 
+def vendor_folder_links(vendor_folder: Path) -> list[ConfigError]:
+    """absolute_links of the whole vendor folder (its monitor scripts, spec module, Dockerfile's files, toolkits, any
+    file beside them, as well as cases/ and the engine folders): a round's container has all of it, at another
+    path. What the source digest skips is skipped (a vendor repository's .venv links to its Python by its absolute
+    path, and no round reads it)."""
+    try:
+        names = sorted(os.listdir(vendor_folder))
+    except OSError:  # not a folder to list: loading its vendor.yaml says so
+        return []
+    return absolute_links(vendor_folder, parts=[name for name in names if not (
+        skipped_folder(str(vendor_folder), name) if (vendor_folder / name).is_dir() else skipped_file(name))])
+
+
 def walk_linked(vendor_folder: Path, case: Path | None = None, parts: Sequence[str] = (VENDOR_CASES_FOLDER,)
                 ) -> Iterator[tuple[Path, str | None, str]]:
     """Each path below the vendor folder's ``parts`` as a run reaches it: (the path, its link's target as written or

@@ -896,3 +896,42 @@ def test_validate_of_a_case_yaml_reads_each_vendors_settings_file_where_a_run_re
     code, lines = validate_lines(gemm)
     assert code == 2 and lines == [f"error {wrong}: never read: the vendor overrides of base cases are "
                                    "vendor/acme.yaml"], lines
+
+
+def test_an_absolute_link_anywhere_in_the_vendor_folder_is_named_by_check_and_validate(walk: Path) -> None:
+    """Only the vendor folder's cases/ and engine folders were scanned for links by an absolute path: one elsewhere
+    (a monitor script, a module the spec imports) passed vendor check and validate and dangled in a round's container,
+    which has the whole folder at another path. Each is now named by both, in the same words; a relative link and a
+    .venv's links (no round reads it) pass."""
+    vendor = walk / "vendors" / "acme"
+    monitor = vendor / "monitor_acme.py"
+    real = vendor / "tools" / "monitor_acme.py"
+    real.parent.mkdir()
+    monitor.rename(real)
+    monitor.symlink_to(real)  # inside the folder here, so vendor.yaml's own check of the script passes
+    helper = write(walk / "acme-sdk" / "peaks.py", "PEAKS = {}\n")
+    (vendor / "tools" / "peaks.py").symlink_to(helper)
+    engine = vendor / "engines" / "onnxruntime"
+    (engine / "model.onnx").symlink_to(helper)
+    venv = vendor / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").symlink_to(sys.executable)
+
+    def line(link: Path, target: Path) -> str:
+        return (f"{link}: links to {target} by its absolute path: where the vendor folder is at another path (a clone "
+                "of it, a host's copy, a round's container) it leads nowhere; make the link relative, to a file "
+                "inside the vendor folder, or copy the file")
+
+    expected = [line(engine / "model.onnx", helper), line(monitor, real), line(vendor / "tools" / "peaks.py", helper)]
+    found = check_vendor_folder(vendor, monitor_seconds=1)
+    assert sorted(found.problems) == sorted(expected), found.problems
+    code, lines = validate_lines(vendor / MANIFEST, engine / "engine.yaml")
+    assert code == 2 and lines == [f"error {text}" for text in [*expected, expected[0]]], lines
+    monitor.unlink()
+    monitor.symlink_to(os.path.relpath(real, monitor.parent))
+    for copied in (vendor / "tools" / "peaks.py", engine / "model.onnx"):  # copied in instead
+        copied.unlink()
+        shutil.copy(helper, copied)
+    assert check_vendor_folder(vendor, monitor_seconds=1).problems == []
+    code, lines = validate_lines(vendor / MANIFEST, engine / "engine.yaml")
+    assert code == 0, lines
