@@ -230,6 +230,9 @@ def vendor_folder_links(vendor_folder: Path) -> list[ConfigError]:
         names = sorted(os.listdir(vendor_folder))
     except OSError:  # not a folder to list: loading its vendor.yaml says so
         return []
+    # cases/ first: a link reached through it is named as a case's file is, as a run of the case reaches it (and
+    # as validate of that file names it), though the folder it lies in sorts before cases/.
+    names.sort(key=lambda name: name != VENDOR_CASES_FOLDER)
     return absolute_links(vendor_folder, parts=[name for name in names if not (
         skipped_folder(str(vendor_folder), name) if (vendor_folder / name).is_dir() else skipped_file(name))])
 
