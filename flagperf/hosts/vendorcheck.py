@@ -552,7 +552,7 @@ def _check_engine_links(vendor: Vendor, found: Findings) -> None:
     without a vendor.yaml (engine_roots); a round's container has each at another path. The vendor's own folder is
     scanned whole (vendor_folder_links)."""
     for root in engine_roots(vendor.name):
-        if root.resolve() != vendor.folder.resolve():  # the vendor's own folder is scanned whole (_check_vendor_cases)
+        if root.resolve() != vendor.folder.resolve():  # the vendor's own is scanned whole (check_vendor_folder)
             for link in absolute_links(root, parts=sorted(set(ENGINE_FOLDERS.values()))):
                 found.add_error(link)
 
