@@ -44,6 +44,7 @@ from flagperf.stopping import STOP_NOW_AT, put_back, stop_now, take
 from flagperf.stopping import reset as reset_signals_taken
 
 if TYPE_CHECKING:
+    from flagperf.config.cases import CaseDef
     from flagperf.hosts.inventory import Inventory
 
 EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNSUPPORTED_ONLY = 1, 2, 3
@@ -1046,6 +1047,49 @@ def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.M
                       "config_<hw>x<nnodes>x<nproc>.yaml|.py (validate one of those)")
 
 
+def _check_case_vendors(case: CaseDef) -> None:
+    """Each vendor's files of the case as a run with `--vendor <it>` reads them: its settings file (vendor/<vendor>.yaml
+    or <vendor>_configurations.yaml, or the same name in the vendor folder's cases/<family>/<case>/), the training
+    scale file of the case's default scale, and its adaptation folder; every vendor's findings at once. Read, never
+    imported nor run (the .py scale files are read as literals)."""
+    from flagperf.config.adaptation import VENDOR_CASES_FOLDER, read_adaptation
+    from flagperf.config.cases import resolve_case_config
+    from flagperf.config.files import is_present
+    from flagperf.config.vendorlayout import misnamed_overrides, overrides_vendor
+    from flagperf.config.vendors import MANIFEST as VENDOR_MANIFEST
+    from flagperf.config.vendors import available_vendors, load_vendor_manifest
+
+    adapting: set[str] = set()
+    vendors = case.folder / "vendor"
+    for entry in sorted(vendors.iterdir()) if vendors.is_dir() else []:
+        if entry.is_dir():
+            adapting.add(entry.name)  # its vendor/<vendor>/ folder
+        elif entry.name.endswith((".yaml", ".yml")) or entry.is_symlink():  # its settings file, by any of its names
+            adapting.add(overrides_vendor(entry.name))
+    homes = available_vendors()
+    # and each vendor that keeps its files of the case in its own folder (cases/<family>/<case>/)
+    adapting |= {name for name, home in homes.items()
+                 if is_present(home / VENDOR_CASES_FOLDER / case.family / case.name)}
+    problems: list[ConfigError] = []
+    for name in sorted(adapting):
+        hardware = None  # the vendor's <hw> picks its scale file, as in a run; without its manifest, its name
+        if name in homes:
+            with suppress(FlagperfError):  # a broken vendor.yaml is that file's error (validate it), not the case's
+                hardware = str(load_vendor_manifest(homes[name] / VENDOR_MANIFEST).hardware)
+        problems += [ConfigError(display_path(file), None, why)
+                     for file, why in misnamed_overrides(case.folder, case.family, name)]  # never read
+        try:
+            resolve_case_config(case, vendor=name, run_overrides=[], hardware=hardware)
+        except ConfigError as exc:
+            problems.append(exc)
+        try:
+            read_adaptation(case.folder, case.name, case.family, name)
+        except ConfigError as exc:
+            problems.append(exc)
+    if problems:
+        raise gathered(problems)
+
+
 def _check_file(path: Path, notes: list[str]) -> str:
     # Each kind of file imports its own checks (the planner, FlagPerf training's reader: only where they are used).
     from flagperf.config.cases import load_case, load_case_manifest, resolve_case_config
@@ -1059,20 +1103,10 @@ def _check_file(path: Path, notes: list[str]) -> str:
     if plugin:
         return plugin
     if path.name == "case.yaml":
-        from flagperf.config.adaptation import VENDOR_CASES_FOLDER, read_adaptation
-        from flagperf.config.files import is_present
-
         manifest = load_case_manifest(path)
         case = load_case(manifest.name, {manifest.name: path.parent})
         resolve_case_config(case, vendor="", run_overrides=[])  # the defaults alone must be valid
-        vendors = path.parent / "vendor"
-        adapting = {folder.name for folder in (vendors.iterdir() if vendors.is_dir() else [])
-                    if folder.is_dir() or folder.is_symlink()}
-        # and each vendor that keeps its files of the case in its own folder (cases/<family>/<case>/)
-        adapting |= {name for name, home in available_vendors().items()
-                     if is_present(home / VENDOR_CASES_FOLDER / case.family / case.name)}
-        for name in sorted(adapting):  # each vendor's adaptation, read
-            read_adaptation(case.folder, case.name, case.family, name)
+        _check_case_vendors(case)
         return "case"
     inference = _validate_inference_file(path)
     if inference:
@@ -1143,8 +1177,13 @@ def _check_file(path: Path, notes: list[str]) -> str:
         if stray:
             raise ConfigError(display_path(entry), None, stray)
     if path.name == VENDOR_MANIFEST:
+        from flagperf.config.adaptation import vendor_folder_links
+
         manifest = load_vendor_manifest(path)
         _refuse_shadowed(path, path.parent, manifest.name)
+        links = vendor_folder_links(path.parent)
+        if links:  # each one line; a run would meet it only in a round's container, which has the folder elsewhere
+            raise gathered(links)
         return "vendor"
     if path.suffix == ".py":  # FlagPerf training's test_conf.py, or its cluster_conf.py: checked together
         from flagperf.config.plan import plan_run
@@ -1191,6 +1230,7 @@ def _check_plugin_manifest(path: Path) -> str | None:
     engine.yaml (<vendor>/<family folder>/<engine>/, by its family's model) or a toolkit's toolkit.yaml
     (<vendor>/toolkits/<toolkit>/); None for any other file."""
     from flagperf.basespec.toolkit import TOOLKIT_FILE, load_toolkit_manifest
+    from flagperf.config.adaptation import absolute_links
     from flagperf.config.engines import ENGINE_MANIFEST, INFERENCE_ENGINES, EngineManifest, checked_engine_manifest
     from flagperf.generate.engines import ENGINES_FOLDER as GENERATE_ENGINES
     from flagperf.generate.engines import EngineManifest as GenerateManifest
@@ -1212,6 +1252,9 @@ def _check_plugin_manifest(path: Path) -> str | None:
             _refuse_shadowed(path, where.parent, where.parent.name)  # folder without vendor.yaml only adds engines
         family, model = families[where.name]
         manifest = checked_engine_manifest(path.parent, model)
+        links = absolute_links(where.parent, parts=[f"{where.name}/{path.parent.name}"])
+        if links:  # as a vendor.yaml's check: a round's container has the engine folder at another path
+            raise gathered(links)
         return f"{family} engine {manifest.name} of vendor {where.parent.name}"
     if path.name == TOOLKIT_FILE:
         if where.name != "toolkits":
@@ -1223,6 +1266,9 @@ def _check_plugin_manifest(path: Path) -> str | None:
                               f"has none (a folder without one only adds engines): move the toolkit there")
         _refuse_shadowed(path, where.parent, where.parent.name)
         toolkit = load_toolkit_manifest(path, where.parent)
+        links = absolute_links(where.parent, parts=[f"{where.name}/{path.parent.name}"])
+        if links:  # as an engine's
+            raise gathered(links)
         return f"toolkit {toolkit.name} of vendor {where.parent.name}, provides {toolkit.provides}"
     return None
 

@@ -221,6 +221,22 @@ def absolute_links(vendor_folder: Path, case: Path | None = None, parts: Sequenc
             and os.path.isabs(target)]
 
 
+def vendor_folder_links(vendor_folder: Path) -> list[ConfigError]:
+    """absolute_links of the whole vendor folder (its monitor scripts, spec module, Dockerfile's files, toolkits, any
+    file beside them, as well as cases/ and the engine folders): a round's container has all of it, at another
+    path. What the source digest skips is skipped (a vendor repository's .venv links to its Python by its absolute
+    path, and no round reads it)."""
+    try:
+        names = sorted(os.listdir(vendor_folder))
+    except OSError:  # not a folder to list: loading its vendor.yaml says so
+        return []
+    # cases/ first: a link reached through it is named as a case's file is, as a run of the case reaches it (and
+    # as validate of that file names it), though the folder it lies in sorts before cases/.
+    names.sort(key=lambda name: name != VENDOR_CASES_FOLDER)
+    return absolute_links(vendor_folder, parts=[name for name in names if not (
+        skipped_folder(str(vendor_folder), name) if (vendor_folder / name).is_dir() else skipped_file(name))])
+
+
 def walk_linked(vendor_folder: Path, case: Path | None = None, parts: Sequence[str] = (VENDOR_CASES_FOLDER,)
                 ) -> Iterator[tuple[Path, str | None, str]]:
     """Each path below the vendor folder's ``parts`` as a run reaches it: (the path, its link's target as written or
@@ -510,23 +526,34 @@ def check_extern(folder: Path, family: str) -> tuple[str, ...]:
         raise ConfigError(display_path(folder), None, f"the {family} family has no extension points "
                                                       f"(extern/ is for: {', '.join(sorted(EXTERN_HOOKS))})")
     hooks_file = regular_file(folder, EXTERN_HOOKS_FILE, display_path(folder), None, "the extern folder")
-    trees = {path.resolve(): _parse(path) for path in _python_files(folder)}
-    for path, tree in trees.items():
-        for node in ast.walk(tree):
-            problem = _forbidden(node)
-            if problem:
-                raise ConfigError(display_path(path), f"line {getattr(node, 'lineno', '?')}", problem)
-    tree = trees.get(hooks_file) or _parse(hooks_file)
+    # Every file's findings together, as the hooks' are: a vendor fixes extern/ in one go, not a name per check.
+    problems: list[ConfigError] = []
+    trees: dict[Path, ast.Module | None] = {}  # None: not Python (said among the problems)
+    for path in _python_files(folder):
+        try:
+            trees[path.resolve()] = tree = _parse(path)
+        except ConfigError as exc:
+            problems.append(exc)
+            trees[path.resolve()] = None
+            continue
+        forbidden = {(getattr(node, "lineno", 0), problem) for node in ast.walk(tree)
+                     if (problem := _forbidden(node)) is not None}
+        problems += [ConfigError(display_path(path), f"line {line}" if line else None, problem)
+                     for line, problem in sorted(forbidden)]
+    if hooks_file.resolve() in trees and trees[hooks_file.resolve()] is None:
+        raise gathered(problems)  # no hooks to read in it
+    tree = trees.get(hooks_file.resolve()) or _parse(hooks_file)
     source = display_path(hooks_file)
     defined, found = _hook_defs(tree, known, family)
     for name, node in defined.items():
         why = None if node.decorator_list else _signature_problem(node)
         if why:
             found.append((node.lineno, f"{name}: {why}"))
-    if found:
-        raise gathered([ConfigError(source, f"line {line}", message) for line, message in sorted(found)])
-    if not defined:
-        raise ConfigError(source, None, f"defines no hook (known: {', '.join(sorted(known))})")
+    problems += [ConfigError(source, f"line {line}", message) for line, message in sorted(found)]
+    if not defined and not found:
+        problems.append(ConfigError(source, None, f"defines no hook (known: {', '.join(sorted(known))})"))
+    if problems:
+        raise gathered(problems)
     return tuple(defined)
 
 

@@ -41,6 +41,7 @@ from flagperf.hosts.inventory import (
     parse_container_options,
     project_root_problem,
     split_address,
+    visible_env_note,
 )
 from flagperf.paths import display_path
 
@@ -130,6 +131,8 @@ def load_training_conf(test_conf: Path, cluster_conf: Path | None = None) -> Inv
             raise ConfigError(test.where("ACCE_VISIBLE_DEVICE_ENV_NAME"), "ACCE_VISIBLE_DEVICE_ENV_NAME",
                               f"{visible_env!r} is not a variable name")
         defaults["visible_devices_env"] = visible_env
+    visible_note = visible_env_note(vendor, visible_env, test.where("ACCE_VISIBLE_DEVICE_ENV_NAME")) \
+        if isinstance(visible_env, str) else None
     for key, target in (("SHM_SIZE", "shm_size"), ("FLAGPERF_PATH", "project_root")):
         value = test.values.get(key)
         if value is not None and value != "":
@@ -169,7 +172,7 @@ def load_training_conf(test_conf: Path, cluster_conf: Path | None = None) -> Inv
         raise ConfigError(test.where("CASES"), "CASES", f"every case runs the same number of rounds here ({listed}): "
                                                         "give the cases with another repeat in another test_conf.py")
     overrides: dict[str, Any] = {}
-    notes: list[str] = []
+    notes: list[str] = [visible_note] if visible_note else []
     for entry in cases:
         overrides.update({f"{entry.case}.{key}": value for key, value in entry.overrides.items()})
         notes += entry.notes

@@ -41,7 +41,7 @@ from flagperf.config.vendors import (
     spec_settings_problem,
 )
 from flagperf.config.yamlio import load_yaml_mapping
-from flagperf.errors import ConfigError, gathered, unknown_name
+from flagperf.errors import ConfigError, FlagperfError, gathered, unknown_name
 from flagperf.hosts.container_policy import (
     ENV_NAME,
     PolicyError,
@@ -52,7 +52,7 @@ from flagperf.hosts.container_policy import (
     parse_data_mount,
 )
 from flagperf.hosts.slurm_spec import PATH_REFUSED, SlurmSpec, slurm_entry_problem, slurm_slots
-from flagperf.paths import PROJECT_ROOT, display_path
+from flagperf.paths import PROJECT_ROOT, VENDOR_MANIFEST, display_path
 
 REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")  # ${NAME}: a value taken from the environment
 MASK = "<masked>"  # what a literal value looks like wherever a spec is written down
@@ -710,6 +710,28 @@ def check_vendor(name: str, source: str, key: str) -> None:
         raise ConfigError(source, key, unknown_name("vendor", name, known, "flagperf list vendors"))
 
 
+def visible_env_note(vendor: str, given: str, where: str) -> str | None:
+    """FlagPerf's ACCE_VISIBLE_DEVICE_ENV_NAME (``given``, written at ``where``) against the vendor's
+    container.visible_devices_env: a round narrows each of its devices with the vendor's variable (measure.fanout),
+    the FlagPerf file's only names the one a host's visible_devices sets, which neither FlagPerf file can set; so a
+    name that differs is said, in one line, rather than silently not used. None when they agree (or the vendor's
+    vendor.yaml does not load: the run says why)."""
+    try:
+        vendor_def = load_vendor(vendor)
+    except FlagperfError:
+        return None
+    theirs = vendor_def.manifest.container.visible_devices_env
+    if theirs == given:
+        return None
+    manifest = display_path(vendor_def.folder / VENDOR_MANIFEST)
+    if theirs is None:
+        return (f"{where}: ACCE_VISIBLE_DEVICE_ENV_NAME: {given}, but vendor {vendor} names no visible-devices variable"
+                f" ({manifest}: container.visible_devices_env): a round does not narrow each device by {given}; "
+                f"add `visible_devices_env: {given}` under container: there")
+    return (f"{where}: ACCE_VISIBLE_DEVICE_ENV_NAME: {given}, but vendor {vendor}'s is {theirs} ({manifest}: "
+            f"container.visible_devices_env): a round narrows each device by {theirs}; give the same name in both")
+
+
 def inference_case(name: str, known: dict[str, Path], source: str, key: str) -> str:
     """The inference case a FlagPerf inference host.yaml names: FlagPerf's name (resnet50, bertLarge, vit_l_16)
     or this project's (resnet50-infer), never a case of another family with the same name."""
@@ -816,6 +838,9 @@ def host_yaml_inventory(data: dict[str, Any], source: str, base: Path) -> Invent
     defaults: dict[str, Any] = {"port": port("SSH_PORT", 22), "runtime": "docker", "docker": docker}
     if visible_env is not None:
         defaults["visible_devices_env"] = str(visible_env)
+        differs = visible_env_note(vendor, str(visible_env), source)
+        if differs:
+            notes.append(differs)
     if data.get("SHM_SIZE"):
         defaults["shm_size"] = str(data["SHM_SIZE"]).lower()
     if data.get("FLAGPERF_PATH"):

@@ -15,6 +15,8 @@ folder, one line per finding.
                  a case reads), else not checkable here; a table of the wrong form is a problem wherever it is
                  built; datasheets.yaml entries (the convention of the shipped vendors) each with a source
   engines        the families whose cases need an engine folder of the vendor (inference, operation, generate)
+  links          a link anywhere in the vendor folder (a monitor script, a file of cases/ or of an engine, ...)
+                 whose target is an absolute path: a round's container has the folder at another path
   adaptations    every case's files of this vendor, read as a run reads them: the overrides file, the training
                  scale files, the vendor/<vendor>/ folder (or the vendor folder's cases/<family>/<case>/) with the
                  forbidden-change checks (flagperf.config.adaptation); files a run would never read (FlagPerf's
@@ -57,6 +59,7 @@ from flagperf.config.adaptation import (
     adaptation_problems,
     decorated_hooks,
     read_adaptation,
+    vendor_folder_links,
 )
 from flagperf.config.casecode import case_code_not_run
 from flagperf.config.cases import CaseDef, available_cases, load_case, resolve_case_config
@@ -172,6 +175,8 @@ def check_vendor_folder(folder: Path, monitor_seconds: float = MONITOR_SECONDS) 
                        monitor_seconds, found, device_monitor=entry.script is not None)
     _check_peaks(vendor, found)
     _check_adaptations(vendor, found)
+    for link in vendor_folder_links(vendor.folder):  # all of the folder is in a round's container, at another path
+        found.add_error(link)
     return found
 
 
@@ -543,15 +548,13 @@ def _check_adaptations(vendor: Vendor, found: Findings) -> None:
 
 
 def _check_engine_links(vendor: Vendor, found: Findings) -> None:
-    """A link by an absolute path in the engine folders a round of the vendor reads: this folder's and those of each
-    folder of the name without a vendor.yaml (engine_roots); a round's container has each at another path. A folder
-    `--vendor` does not use (shadowed, or not on the search path): its own alone."""
-    roots = engine_roots(vendor.name)
-    if not any(root.resolve() == vendor.folder.resolve() for root in roots):
-        roots = [vendor.folder]
-    for root in roots:
-        for link in absolute_links(root, parts=sorted(set(ENGINE_FOLDERS.values()))):
-            found.add_error(link)
+    """A link by an absolute path in the engine folders a round of the vendor reads from each folder of the name
+    without a vendor.yaml (engine_roots); a round's container has each at another path. The vendor's own folder is
+    scanned whole (vendor_folder_links)."""
+    for root in engine_roots(vendor.name):
+        if root.resolve() != vendor.folder.resolve():  # the vendor's own is scanned whole (check_vendor_folder)
+            for link in absolute_links(root, parts=sorted(set(ENGINE_FOLDERS.values()))):
+                found.add_error(link)
 
 
 def _check_vendor_cases(vendor: Vendor, cases: dict[str, Path], found: Findings) -> None:
@@ -569,8 +572,6 @@ def _check_vendor_cases(vendor: Vendor, cases: dict[str, Path], found: Findings)
     root = vendor.folder / VENDOR_CASES_FOLDER
     if not is_present(root):
         return
-    for link in absolute_links(vendor.folder):
-        found.add_error(link)
     if not root.is_dir():
         found.problem(display_path(root), f"never read: {VENDOR_CASES_FOLDER}/ is a folder of <family>/<case>/ "
                                           "folders (the vendor's files of each case)")

@@ -193,6 +193,37 @@ def test_extern_code_that_would_change_what_is_forbidden_is_refused(tmp_path: Pa
     assert why in str(info.value) and "\n" not in str(info.value), str(info.value)
 
 
+def test_every_forbidden_name_of_every_extern_file_is_named_at_once(tmp_path: Path) -> None:
+    """check_extern stopped at the first forbidden name of the first file: a vendor fixed one, ran the check again,
+    met the next. Every one is now named at once, as the hooks' own findings are: file, line and name each, the
+    hooks' findings with them, and a file that is no Python among them."""
+    from flagperf.errors import findings
+
+    extern = tmp_path / "extern"
+    (extern / "kernels").mkdir(parents=True)
+    hooks = extern / "hooks.py"
+    hooks.write_text("import torch\nfrom torch.utils.data import DataLoader\ndef wrap_model(model, ctx):\n"
+                     "    model.load_state_dict(torch.load('w.pt'))\n    return model\ndef on_step(ctx):\n    pass\n",
+                     encoding="utf-8")
+    loader = extern / "kernels" / "loader.py"
+    loader.write_text("def fetch(path):\n    return from_pretrained(path)\n", encoding="utf-8")
+    broken = extern / "kernels" / "broken.py"
+    broken.write_text("def f(:\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        check_extern(extern, "training")
+    lines = [str(finding) for finding in findings(info.value)]
+    assert lines == [
+        f"{hooks}: line 2: DataLoader: builds a data loader: the data set is not the vendor's to change",
+        f"{hooks}: line 4: load_state_dict: loads weights: the initial checkpoint is not the vendor's to change",
+        f"{hooks}: line 4: torch.load loads weights: the initial checkpoint is not the vendor's to change",
+        f"{broken}: line 1: invalid Python: " + lines[3].partition("invalid Python: ")[2],  # the parser's words
+        f"{loader}: line 2: from_pretrained: loads pretrained weights: the initial checkpoint is not the vendor's to "
+        "change",
+        f"{hooks}: line 6: on_step: def on_step(ctx) takes 1 argument(s), but a round calls it as on_step(ctx, step), "
+        "with 2 argument(s)",
+    ], lines
+
+
 BAD_HOOKS = """\
 import os
 from acme.fused import on_step

@@ -439,3 +439,30 @@ def test_validate_reads_the_python_files_without_running_them(tmp_path: Path, ma
     result = CliRunner().invoke(app, ["validate", str(scale)])
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.exit_code == 2 and len(lines) == 1 and "config_cpux1x2.py:1: an import of os" in lines[0]
+
+
+def test_acce_visible_device_env_name_is_held_to_the_vendors_visible_devices_env(tmp_path: Path) -> None:
+    """FlagPerf's ACCE_VISIBLE_DEVICE_ENV_NAME (test_conf.py, host.yaml) was carried into the hosts as the name a
+    host's visible_devices sets, which neither file can set, while a round narrows each device by the vendor's
+    container.visible_devices_env: a name that differed was silently not used. Now each reader says so in one line
+    naming the file, the key and the vendor.yaml; the same name says nothing."""
+    from flagperf.hosts.inventory import load_inventory
+
+    cases = '{"digits-mlp:pytorch:cpu:1:1:1": "/mnt"}'
+    same = write_confs(tmp_path / "same", cases, vendor="nvidia", test_extra="ACCE_VISIBLE_DEVICE_ENV_NAME = "
+                                                                             "'CUDA_VISIBLE_DEVICES'\n")
+    assert not [note for note in load_training_conf(same).notes if "ACCE_VISIBLE" in note]
+    other = write_confs(tmp_path / "other", cases, vendor="nvidia", test_extra="ACCE_VISIBLE_DEVICE_ENV_NAME = "
+                                                                               "'MLU_VISIBLE_DEVICES'\n")
+    said = [note for note in load_training_conf(other).notes if "ACCE_VISIBLE" in note]
+    assert said == [f"{other}:4: ACCE_VISIBLE_DEVICE_ENV_NAME: MLU_VISIBLE_DEVICES, but vendor nvidia's is "
+                    f"CUDA_VISIBLE_DEVICES (vendor_images/nvidia/vendor.yaml: container.visible_devices_env): a round "
+                    "narrows each device by CUDA_VISIBLE_DEVICES; give the same name in both"], said
+    host_yaml = tmp_path / "host.yaml"
+    host_yaml.write_text("VENDOR: cpu\nHOSTS: [h]\nCASES: {computation-FP32: pytorch}\n"
+                         "ACCE_VISIBLE_DEVICE_ENV_NAME: CUDA_VISIBLE_DEVICES\n", encoding="utf-8")
+    said = [note for note in load_inventory(host_yaml).notes if "ACCE_VISIBLE" in note]
+    assert said == [f"{host_yaml}: ACCE_VISIBLE_DEVICE_ENV_NAME: CUDA_VISIBLE_DEVICES, but vendor cpu names no "
+                    "visible-devices variable (vendor_images/cpu/vendor.yaml: container.visible_devices_env): a round "
+                    "does not narrow each device by CUDA_VISIBLE_DEVICES; add `visible_devices_env: "
+                    "CUDA_VISIBLE_DEVICES` under container: there"], said

@@ -62,12 +62,13 @@ def test_problems_are_one_line_each(broken_vendor: Path) -> None:
     assert "--max-seconds 1`: no device tool" in problems
     assert "datasheets.yaml: entry 0: no source" in problems
     assert "extern/hooks.py: line 4: load_state_dict: loads weights" in problems
-    assert len(found.problems) == 4 and all("\n" not in p for p in found.problems)
+    assert "extern/hooks.py: line 4: torch.load loads weights" in problems  # every forbidden name, not the first
+    assert len(found.problems) == 5 and all("\n" not in p for p in found.problems)
 
 
 def test_exit_codes(broken_vendor: Path, tmp_path: Path) -> None:
     bad = flagperf("vendor", "check", str(broken_vendor))
-    assert bad.returncode == 1 and bad.stdout.count("problem ") == 4, bad.stdout + bad.stderr
+    assert bad.returncode == 1 and bad.stdout.count("problem ") == 5, bad.stdout + bad.stderr
     missing = flagperf("vendor", "check", str(tmp_path / "nowhere"))
     assert missing.returncode == 2 and "not a vendor folder" in missing.stderr
 

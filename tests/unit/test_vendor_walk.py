@@ -853,3 +853,85 @@ def test_an_absolute_link_in_an_engine_folder_of_the_vendor_is_named_by_check(wa
                "another path (a clone of it, a host's copy, a round's container) it leads nowhere; make the link " \
                "relative, to a file inside the vendor folder, or copy the file" in found.problems, found.problems
     assert len(found.problems) == 2, found.problems
+
+
+def validate_lines(*paths: Path) -> tuple[int, list[str]]:
+    """`flagperf validate` in this process (no interpreter started): its exit code and its lines, each joined."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    result = CliRunner().invoke(app, ["validate", *map(str, paths)])
+    assert "Traceback" not in result.output, result.output
+    return result.exit_code, [" ".join(line.split()) for line in result.output.splitlines()]
+
+
+def test_validate_of_a_case_yaml_reads_each_vendors_settings_file_where_a_run_reads_it(walk: Path) -> None:
+    """validate of a case.yaml read each vendor's adaptation folder but not its settings file (vendor/<vendor>.yaml,
+    or the same name in the vendor folder's cases/<family>/<case>/): a wrong key there passed until the run. Now each
+    is read as a run of that vendor reads it, every finding one line naming the file and key, and never run."""
+    cases, vendor = walk / "cases", walk / "vendors" / "acme"
+    gemm = cases / "base" / "walk-gemm" / "case.yaml"
+    own = write(gemm.parent / "vendor" / "acme.yaml", "M: 1024\n")
+    other = write(gemm.parent / "vendor" / "other.yaml", "warmup_iter: -5\n")  # a vendor not installed here
+    mlp = cases / "training" / "walk-mlp" / "case.yaml"
+    kept = write(vendor / "cases" / "training" / "walk-mlp" / "acme.yaml", "timeout_s: 900\nlr: 0.1\nbogus: 1\n")
+    scale = write(kept.parent / "config_acmex1x1.py", "batch_size = 8\nimport os\n")  # a run reads, never runs, it
+    code, lines = validate_lines(gemm, mlp)
+    assert code == 2, lines
+    assert f"error {own}: M: unknown key (did you mean m?)" in lines, lines
+    assert any(line.startswith(f"error {other}: warmup_iter: ") for line in lines), lines
+    assert any(line.startswith(f"error {kept}: bogus: unknown key") for line in lines), lines
+    assert f"error {scale}:2: an import of os: only top-level NAME = literal assignments are read (this file is " \
+           "never run)" in lines, lines
+    assert len(lines) == 4, lines
+    own.write_text("m: 1024\n")
+    other.unlink()
+    kept.write_text("timeout_s: 900\n")
+    scale.write_text("batch_size = 8\n")
+    code, lines = validate_lines(gemm, mlp)
+    assert code == 0 and lines == [f"ok {gemm} (case)", f"ok {mlp} (case)"], lines
+    # A settings file by a name no run reads is said so too.
+    wrong = write(gemm.parent / "vendor" / "acme_configurations.yaml", "m: 512\n")
+    code, lines = validate_lines(gemm)
+    assert code == 2 and lines == [f"error {wrong}: never read: the vendor overrides of base cases are "
+                                   "vendor/acme.yaml"], lines
+
+
+def test_an_absolute_link_anywhere_in_the_vendor_folder_is_named_by_check_and_validate(walk: Path) -> None:
+    """Only the vendor folder's cases/ and engine folders were scanned for links by an absolute path: one elsewhere
+    (a monitor script, a module the spec imports) passed vendor check and validate and dangled in a round's container,
+    which has the whole folder at another path. Each is now named by both, in the same words; a relative link and a
+    .venv's links (no round reads it) pass."""
+    vendor = walk / "vendors" / "acme"
+    monitor = vendor / "monitor_acme.py"
+    real = vendor / "tools" / "monitor_acme.py"
+    real.parent.mkdir()
+    monitor.rename(real)
+    monitor.symlink_to(real)  # inside the folder here, so vendor.yaml's own check of the script passes
+    helper = write(walk / "acme-sdk" / "peaks.py", "PEAKS = {}\n")
+    (vendor / "tools" / "peaks.py").symlink_to(helper)
+    engine = vendor / "engines" / "onnxruntime"
+    (engine / "model.onnx").symlink_to(helper)
+    venv = vendor / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").symlink_to(sys.executable)
+
+    def line(link: Path, target: Path) -> str:
+        return (f"{link}: links to {target} by its absolute path: where the vendor folder is at another path (a clone "
+                "of it, a host's copy, a round's container) it leads nowhere; make the link relative, to a file "
+                "inside the vendor folder, or copy the file")
+
+    expected = [line(engine / "model.onnx", helper), line(monitor, real), line(vendor / "tools" / "peaks.py", helper)]
+    found = check_vendor_folder(vendor, monitor_seconds=1)
+    assert sorted(found.problems) == sorted(expected), found.problems
+    code, lines = validate_lines(vendor / MANIFEST, engine / "engine.yaml")
+    assert code == 2 and lines == [f"error {text}" for text in [*expected, expected[0]]], lines
+    monitor.unlink()
+    monitor.symlink_to(os.path.relpath(real, monitor.parent))
+    for copied in (vendor / "tools" / "peaks.py", engine / "model.onnx"):  # copied in instead
+        copied.unlink()
+        shutil.copy(helper, copied)
+    assert check_vendor_folder(vendor, monitor_seconds=1).problems == []
+    code, lines = validate_lines(vendor / MANIFEST, engine / "engine.yaml")
+    assert code == 0, lines
