@@ -127,6 +127,22 @@ def test_validate_vendor_override_equal_to_default(tmp_path: Path, make_case) ->
         f"error {vendor_file}: size: overrides the default with the same value (8); remove the line"]
 
 
+def test_a_long_path_loses_its_middle_never_the_advice(tmp_path: Path, make_case) -> None:
+    """A line too long for one line (a lab's deep path) is shortened in the path, not at the end, where the
+    message says what to do."""
+    import shutil
+
+    deep = tmp_path / ("lab-folder-" * 20) / ("configs-" * 25) / ("x" * 200) / "mycase"
+    shutil.copytree(make_case("mycase", vendor="size: 8\n"), deep)
+    result = invoke("validate", str(deep / "vendor" / "cpu.yaml"))
+    assert_clean_failure(result)
+    [line] = error_lines(result.output)
+    assert len(str(deep)) > 500 and len(line) <= 520
+    assert line.startswith(f"error {str(tmp_path)[:20]}"), line
+    assert line.endswith("/mycase/vendor/cpu.yaml: size: overrides the default with the same value (8); remove the "
+                         "line"), line
+
+
 def test_validate_vendor_override_with_yml_suffix(tmp_path: Path, make_case) -> None:
     folder = make_case("mycase")
     vendor_file = folder / "vendor" / "cpu.yml"
