@@ -132,7 +132,7 @@ def test_a_long_path_loses_its_middle_never_the_advice(tmp_path: Path, make_case
     message says what to do."""
     import shutil
 
-    deep = tmp_path / ("lab-folder-" * 20) / ("configs-" * 25) / ("x" * 200) / "mycase"
+    deep = tmp_path / ("lab-folder-" * 20) / ("configs-" * 25) / ("x" * 200) / "base" / "mycase"
     shutil.copytree(make_case("mycase", vendor="size: 8\n"), deep)
     result = invoke("validate", str(deep / "vendor" / "cpu.yaml"))
     assert_clean_failure(result)
@@ -141,6 +141,11 @@ def test_a_long_path_loses_its_middle_never_the_advice(tmp_path: Path, make_case
     assert line.startswith(f"error {str(tmp_path)[:20]}"), line
     assert line.endswith("/mycase/vendor/cpu.yaml: size: overrides the default with the same value (8); remove the "
                          "line"), line
+    # Many short words (a long list in a message): the line's middle goes, its start and its end stay.
+    from flagperf.errors import ConfigError
+
+    said = str(ConfigError("lab.yaml", "hosts", " ".join(["h1,"] * 400) + " remove the duplicates"))
+    assert len(said) <= 500 and said.startswith("lab.yaml: hosts: h1, ") and said.endswith(" remove the duplicates")
 
 
 def test_validate_vendor_override_with_yml_suffix(tmp_path: Path, make_case) -> None:
@@ -407,8 +412,10 @@ def test_validate_says_never_read_of_a_plugin_manifest_no_run_reads(
         result = invoke("validate", str(path))
         assert_clean_failure(result)
         [line] = error_lines(result.output)
-        assert line.startswith(f"error {path}: never read: shadowed by {first}: --vendor acme reads the first "
-                               "folder"), line
+        # a long line (four paths): the paths after the file named lose their middles, never the advice
+        assert line.startswith(f"error {path}: never read: shadowed by ") and len(line) <= 520, line
+        assert "/first/acme: --vendor acme reads the first folder" in line, line
+        assert line.endswith("/first on FLAGPERF_VENDOR_PATH, or rename this vendor"), line
     path = third / "toolkits" / "fastgemm" / "toolkit.yaml"
     result = invoke("validate", str(path))
     assert_clean_failure(result)
