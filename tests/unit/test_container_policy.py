@@ -825,6 +825,43 @@ def test_a_dot_dot_after_a_link_into_a_mount_goes_up_from_where_the_link_leads(t
         ["val", f"{data}/imagenet/esc/../x", str(elsewhere / "x")]]
 
 
+def test_a_link_whose_first_hop_stays_in_the_project_is_followed_into_a_mount_as_the_container_would(
+        tmp_path: Path) -> None:
+    """A case folder's link to a place in the project (data -> ../../../shared/imagenet) that is itself a link to a data
+    mount leads, hop by hop, where the container has that mount: no link out (it was refused, on the safe side). A
+    link whose way leaves every place the container has at some hop is still refused: to a folder nothing mounts, or
+    into a mount and out of it again. A lab's folder mounted alone goes by the same rule."""
+    from flagperf.hosts.local import describe_paths, links_leaving
+
+    project, data, elsewhere, lab = (tmp_path / name for name in ("flagperf", "data", "elsewhere", "lab"))
+    case, labcase = project / "cases" / "base" / "x", lab / "base" / "y"
+    for folder in (case, labcase / "sub", project / "shared", data / "imagenet", elsewhere):
+        folder.mkdir(parents=True)
+    (project / "shared" / "imagenet").symlink_to(data / "imagenet")
+    (case / "data").symlink_to("../../../shared/imagenet")
+    (case / "train").symlink_to(f"{project}/shared/imagenet/train")  # by the project's path, as the container has it
+    mounted = [str(data / "imagenet")]
+    assert links_leaving(str(case), tree=str(project), mounted=mounted) == []
+    assert describe_paths([str(case)], scan=[str(case)], tree=str(project), mounted=mounted)[str(case)][
+        "links_out"] == []  # the host's answer (the agent's describe-paths)
+    assert [link[0] for link in links_leaving(str(case), tree=str(project))] == ["data", "train"]  # nothing mounted
+    # Escapes: a hop to a place no mount has, directly or out of a mount again.
+    (project / "shared" / "out").symlink_to(elsewhere)
+    (data / "imagenet" / "esc").symlink_to(elsewhere)
+    (case / "out").symlink_to("../../../shared/out")
+    (case / "through").symlink_to("../../../shared/imagenet/esc")
+    assert links_leaving(str(case), tree=str(project), mounted=mounted) == [
+        ["out", "../../../shared/out", str(elsewhere)], ["through", "../../../shared/imagenet/esc", str(elsewhere)]]
+    # A lab's case folder, mounted alone (no tree): its own link to the mount, and one through it.
+    (labcase / "sub" / "imagenet").symlink_to(data / "imagenet")
+    (labcase / "data").symlink_to("sub/imagenet")
+    (labcase / "out").symlink_to("sub/out")
+    (labcase / "sub" / "out").symlink_to(elsewhere)
+    assert links_leaving(str(labcase), mounted=mounted) == [
+        ["out", "sub/out", str(elsewhere)], ["sub/out", str(elsewhere), str(elsewhere)]]
+    assert [link[0] for link in links_leaving(str(labcase))] == ["data", "out", "sub/imagenet", "sub/out"]
+
+
 def test_a_mount_from_another_host_path_goes_to_the_agent_under_an_option_an_older_agent_refuses() -> None:
     """An agent older than SOURCE:TARGET pairs took a --mounted value for one path (and refused every link into a data
     mount with a misleading message): a mount from the same path goes as --mounted=TARGET, which every agent reads so,
