@@ -26,8 +26,36 @@ class ConfigError(FlagperfError):
         self.more: list[ConfigError] = []
         self.left_out = 0  # findings found beyond those in ``more`` (MAX_FINDINGS), counted, not listed
         where = f"{self.source}: {key}" if key else self.source
-        line = " ".join(f"{where}: {message}".split())  # one line, whatever a message quoted
-        super().__init__(line if len(line) <= MAX_LINE else line[:MAX_LINE - 3] + "...")
+        super().__init__(one_line(message, lead=f"{where}:"))
+
+
+SHORTEST_PART = 40  # a long path or value is shortened to no less than this (its start and its end stay)
+ELLIPSIS = "..."
+
+
+def one_line(text: str, limit: int = MAX_LINE, lead: str = "") -> str:
+    """``lead`` and ``text`` as one line of at most ``limit`` characters. A line too long loses the middles of its
+    longest words (a deep path keeps its start and its file's name), those of ``lead`` (the file and key an error
+    names) last, and only where that is not enough the middle of the line: its end, where a message says what to
+    do, is never cut."""
+    lead_words = lead.split()
+    words = [*lead_words, *text.split()]
+    excess = len(" ".join(words)) - limit
+    for first in (len(lead_words), 0):  # the message's words, then the lead's too
+        while excess > 0:
+            longest = max(range(first, len(words)), key=lambda i: len(words[i]), default=None)
+            if longest is None or len(words[longest]) <= SHORTEST_PART + len(ELLIPSIS):
+                break  # shortening it would not shorten the line
+            word = words[longest]
+            keep = max(SHORTEST_PART, len(word) - excess - len(ELLIPSIS))
+            head = keep // 3  # the end of a path (its file's name) says more than its start
+            words[longest] = word[:head] + ELLIPSIS + word[len(word) - (keep - head):]
+            excess -= len(word) - len(words[longest])
+    line = " ".join(words)
+    if len(line) <= limit:
+        return line
+    head = (limit - len(ELLIPSIS) - 2) // 2
+    return f"{line[:head]} {ELLIPSIS} {line[len(line) - (limit - head - len(ELLIPSIS) - 2):]}"
 
 
 MAX_FINDINGS = 20  # findings of one check listed at most (a list of a thousand bad items is not a thousand lines)

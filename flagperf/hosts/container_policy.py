@@ -387,6 +387,9 @@ class SearchPath:
     markers: tuple[str, ...] = ()
     # (family, file): one more such file for a name of that family (an inference case's configurations.yaml).
     family_markers: tuple[tuple[str, str], ...] = ()
+    # Whether the round reads a folder of the name without any marker: a vendor's (its engines), never a case's
+    # (no case: case lookup passes it by).
+    unmarked_read: bool = False
 
     def folder_of(self, source: str) -> str:
         """The search path's folder (as the variable names it) that a mount's source lies in."""
@@ -403,7 +406,7 @@ class SearchPath:
 
 
 VENDOR_FOLDERS = SearchPath(VENDOR_PATH_ENV, "vendor folder", levels=1, kind="vendor", own=VENDOR_FOLDER,
-                            markers=(VENDOR_MANIFEST,))
+                            markers=(VENDOR_MANIFEST,), unmarked_read=True)
 # By flagperf.paths.is_case_folder's rule: case lookup and the source digest take a folder for a case by these.
 CASE_FOLDERS = SearchPath(CASE_PATH_ENV, "case folder", levels=2, kind="case", own=CASE_FOLDER,
                           markers=(CASE_MANIFEST,), family_markers=((INFERENCE_FAMILY, INFERENCE_CASE_FILE),))
@@ -583,6 +586,13 @@ class SearchMounts:
         return facts[source].kind == "folder" and (
             not markers or any(facts[f"{source}/{marker}"].present for marker in markers))
 
+    @classmethod
+    def is_read(cls, path: SearchPath, name: str, source: str, facts: Mapping[str, PathFacts]) -> bool:
+        """Whether the round reads anything of the folder ``source`` (``name`` in a folder of ``path``) where no
+        earlier place has the name: a vendor's folder (its engines, with or without vendor.yaml); a case's only
+        with its case.yaml (is_the_names): a folder without one is no case, and its links are none of the run's."""
+        return facts[source].kind == "folder" and (path.unmarked_read or cls.is_the_names(path, name, source, facts))
+
     def check_own_folders(self, facts: Mapping[str, PathFacts]) -> None:
         """The project's own folders of the run's names as the host has them (``facts``: for host_paths() and
         scan_paths()): in the project, and without a link that leaves it (in a container, which has the project
@@ -591,7 +601,7 @@ class SearchMounts:
         real_root = facts[root].path
         for path, name, source in self.own_folders():
             found = facts[source]
-            if found.kind != "folder":
+            if not self.is_read(path, name, source, facts):
                 continue  # the run's name is elsewhere on the search path
             if not is_under(found.path, real_root):
                 raise PolicyError(f"the project's {path.kind} {name!r}: {printable(source)} (it resolves to "
@@ -635,8 +645,8 @@ class SearchMounts:
                         posixpath.join(root, entry.written))
                     seen = entry.written if written == there else there
                     for name in names:  # a link out of the project below it: the container would not find it
-                        if name in earlier[entry]:
-                            continue  # found earlier on the search path: the round never reads this one
+                        if name in earlier[entry] or not self.is_read(path, name, f"{entry.folder}/{name}", facts):
+                            continue  # found earlier on the search path, or no case: the round never reads this one
                         source = f"{entry.folder}/{name}"
                         found = facts[source]
                         if found.kind == "folder" and not is_under(found.path, real_root):
@@ -658,8 +668,8 @@ class SearchMounts:
                             # Mounted all the same (the container's search path is the host's, so it finds the same
                             # copy the digest counts), but a case found earlier on the path is never read: its links do
                             # not count.
-                            problem = None if name in earlier[entry] else links_out_problem(source, name,
-                                                                                               facts[source], path)
+                            problem = None if name in earlier[entry] or not self.is_read(path, name, source, facts) \
+                                else links_out_problem(source, name, facts[source], path)
                             if problem:
                                 raise PolicyError(problem)
                             mounts.append((path, found))

@@ -310,7 +310,9 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = Non
     from the same host path: a link to a place under a target, as the container reads the link, leaves nothing (a
     case's data -> /datasets/imagenet, where /datasets/imagenet is a data mount) where the container resolves it
     there too: every further link on its way (/datasets/imagenet itself a link on the host) must lead to a place the
-    container has (resolved_in_container)."""
+    container has (resolved_in_container). So must a link whose first hop stays in the folder (or the tree) and
+    whose way then leaves it by a further link (shared/ds, itself a link to a data mount): it is followed hop by hop
+    as the container reads each, and counts only where one leads out of every place the container has."""
     root = os.path.realpath(folder)
     bound = root if tree is None else os.path.realpath(tree)
     at = None if tree is None else os.path.normpath(tree)
@@ -343,11 +345,29 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = Non
                 leaves = at is None or not _inside(os.path.normpath(target), at)
             else:
                 leaves = way == ".." or way.startswith("../")
-            if leaves or not _inside(real, bound):
+            if not leaves and not _inside(real, bound):
+                # Its first hop stays in the folder (or tree), a later link leads on (project/shared/ds ->
+                # /datasets/imagenet): followed hop by hop as the container would, it may land in a mount.
+                leaves = not resolved_in_container(_in_container(path, target, bound, at), [*views, *(
+                    [(bound, SCANNED_AT)] if at is None else [])])
+            if leaves:
                 found.append([os.path.relpath(path, root), target, real])
                 if len(found) >= limit:
                     return found
     return found
+
+
+# Where links_leaving takes a folder mounted alone to lie in a container (its real place, under /flagperf-search, is
+# the caller's): as deep as none of those, so a '..' climbing out of it never reaches a mount the real one would not.
+SCANNED_AT = "/.flagperf-scanned/1/2/3/4/5/6/7/8"
+
+
+def _in_container(link: str, target: str, bound: str, at: str | None) -> str:
+    """Where ``link`` (below ``bound``, which a container has at ``at``, or at SCANNED_AT) leads as the container
+    reads it: an absolute target as written, a relative one from the link's place there ('..' kept)."""
+    if os.path.isabs(target):
+        return target
+    return os.path.join(at or SCANNED_AT, os.path.dirname(os.path.relpath(link, bound)), target)
 
 
 def mount_view(entry: str) -> tuple[str, str]:

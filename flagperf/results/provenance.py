@@ -63,7 +63,8 @@ def source_digest(root: Path = PROJECT_ROOT, vendor: str | None = None,
     file cannot be read (the figure is never lost over its label). ``vendor`` and ``cases`` (<family>/<case>): a
     run's, whose folders alone count of those search path folders (a container gets no others), and of each name
     only the copy the run uses (search_path_code: a copy an earlier place on the search path hides is never read);
-    without them each search path folder counts whole. A search path folder's files are labelled by the variable
+    without them, those of every vendor and case a run could name, each by the same rule (source_code lists
+    them). A search path folder's files are labelled by the variable
     and their path below its folder, never by where it lies, so a process on the host and a container that has the
     folder elsewhere (/flagperf-search/...) digest the same code alike. A copy deployed without git (a host's copy,
     an unpacked tree) is identified by it too, and two trees with the same commit but different local changes are
@@ -90,7 +91,8 @@ class Code(NamedTuple):
 
 def search_path_code(root: Path, vendor: str | None, cases: list[str] | None) -> list[Code]:
     """The code the search path variables add to the project's: of a run, its vendor's and cases' folders in each
-    of their folders, in search order, as the run finds them (or, without a run, each folder whole). A folder that
+    of their folders, in search order, as the run finds them; without a run, the same for every vendor and case a
+    run could name (the union of what any run reads: a copy no run reads counts in neither). A folder that
     resolves within SOURCE_FOLDERS is counted with them already (a container's search_mounts names such a folder in
     the project, never mounts it elsewhere: container_policy decides inside/outside from the resolved folder too),
     but still hides what a later one has. Of a case, the first place holding it counts (a case found twice is refused
@@ -98,18 +100,35 @@ def search_path_code(root: Path, vendor: str | None, cases: list[str] | None) ->
     and each other place without a vendor.yaml only for the engines it holds that no earlier place has (engines are
     looked up in the vendor's own folder and every folder of its name without a vendor.yaml, the first one of a name
     wins: flagperf.config.engines.engine_roots); a later copy with its own vendor.yaml is never read."""
-    found: list[Code] = []
-    for variable, names in ((VENDOR_PATH_ENV, None if vendor is None else [vendor]), (CASE_PATH_ENV, cases)):
-        if names is None:
-            for folder in search_path_folders(variable):
-                # never the tree a project lies in
-                if not counted_already(root, folder) and not root.resolve().is_relative_to(folder):
-                    found.append(Code(folder, variable))
-        elif variable == VENDOR_PATH_ENV:
-            found += vendor_code(root, names[0])
-        else:
-            found += case_code(root, names)
-    return found
+    vendor_places = [root / VENDOR_FOLDER, *search_path_folders(VENDOR_PATH_ENV)]
+    vendors = [vendor] if vendor is not None else sorted(
+        {folder.name for place in vendor_places for folder in _listed(place, "*")})
+    found = [code for name in vendors for code in vendor_code(root, name)]
+    if cases is None:
+        cases = sorted({folder.relative_to(place).as_posix() for place in search_path_folders(CASE_PATH_ENV)
+                        for folder in _listed(place, "*/*") if is_case_folder(folder)})
+    return found + case_code(root, cases)
+
+
+def _listed(place: Path, pattern: str) -> list[Path]:
+    """The folders ``pattern`` finds in ``place``; none where it cannot be listed (not a folder, another user's):
+    no run finds a vendor or case there either."""
+    try:
+        return [path for path in place.glob(pattern) if path.is_dir()]
+    except OSError:
+        return []
+
+
+def source_code(root: Path = PROJECT_ROOT, vendor: str | None = None,
+                cases: Sequence[str] | None = None) -> dict[str, str]:
+    """What the source digest of the same arguments counts beyond SOURCE_FOLDERS: label (as its files are labelled
+    in the digest) -> the folder counted, with the engines an earlier place has left out of it. A plan records it,
+    so a lab sees which copy of each vendor, engine and case on its search paths a run's digest stands for."""
+    if root != PROJECT_ROOT:
+        return {}
+    return {code.label: str(code.folder) + (f" (less {', '.join(sorted(code.skip))}: an earlier place's)"
+                                            if code.skip else "")
+            for code in search_path_code(root, vendor, None if cases is None else list(cases))}
 
 
 def counted_already(root: Path, place: Path) -> bool:
@@ -196,7 +215,9 @@ def code_identity() -> str:
     source digest, which also names a copy without git."""
     revision, dirty = git_revision()
     git = f"git {revision[:12]}{' (modified)' if dirty else ''}" if revision else "no git checkout"
-    return f"{git}, source {source_digest() or 'unreadable'}"
+    counted = source_code()
+    where = f" (with {'; '.join(f'{label} from {folder}' for label, folder in counted.items())})" if counted else ""
+    return f"{git}, source {source_digest() or 'unreadable'}{where}"
 
 
 def library_versions(names: tuple[str, ...] = CASE_LIBRARIES) -> dict[str, str]:

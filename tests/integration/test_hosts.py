@@ -170,6 +170,8 @@ def test_two_ssh_hosts_run_their_rounds_in_containers(flagperf_env: Path, tmp_pa
     ssh = SshHost(spec)
     try:
         case.mkdir(mode=0o755)
+        (case / "case.yaml").write_text("name: links-out\n")  # a case: a folder without one is none (not checked)
+        (case / "case.yaml").chmod(0o644)
         (case / "same.py").symlink_to("../sleepy/bench.py")  # out of its folder, in the project: fine
         outside.write_bytes(b"outside")
         outside.chmod(0o644)
@@ -528,7 +530,7 @@ def test_a_container_killed_mid_round_is_retried_and_the_others_kept(flagperf_en
     import docker
 
     engine = docker.from_env()
-    run_id = f"run-kill-{time.time_ns()}"
+    run_id = f"run-kill-{uuid.uuid4().hex[:12]}"  # this session's: the engine is shared with other sessions
     host = testbed.hosts[0]
     marker = f"/tmp/flagperf-work-{host.user}/{run_id}/killed-once.marker"
     lab_cases = deployed.with_name(f"{deployed.name}-lab-cases")
@@ -544,8 +546,10 @@ def test_a_container_killed_mid_round_is_retried_and_the_others_kept(flagperf_en
     def kill_first_container() -> None:
         deadline = time.time() + 240
         while time.time() < deadline and not killed:
+            # This run's round alone (its job folder, the label, holds the run id): another session on the same
+            # engine may run this test at the same time, and its container is not ours to kill.
             for container in engine.containers.list(filters={"label": "org.flagperf.job"}):
-                if "killed-once" in container.labels["org.flagperf.job"] and \
+                if f"/{run_id}/killed-once/" in container.labels.get("org.flagperf.job", "") and \
                         b"waiting to be killed" in container.logs():
                     container.kill()
                     killed.append(container.name)

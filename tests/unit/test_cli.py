@@ -127,6 +127,27 @@ def test_validate_vendor_override_equal_to_default(tmp_path: Path, make_case) ->
         f"error {vendor_file}: size: overrides the default with the same value (8); remove the line"]
 
 
+def test_a_long_path_loses_its_middle_never_the_advice(tmp_path: Path, make_case) -> None:
+    """A line too long for one line (a lab's deep path) is shortened in the path, not at the end, where the
+    message says what to do."""
+    import shutil
+
+    deep = tmp_path / ("lab-folder-" * 20) / ("configs-" * 25) / ("x" * 200) / "base" / "mycase"
+    shutil.copytree(make_case("mycase", vendor="size: 8\n"), deep)
+    result = invoke("validate", str(deep / "vendor" / "cpu.yaml"))
+    assert_clean_failure(result)
+    [line] = error_lines(result.output)
+    assert len(str(deep)) > 500 and len(line) <= 520
+    assert line.startswith(f"error {str(tmp_path)[:20]}"), line
+    assert line.endswith("/mycase/vendor/cpu.yaml: size: overrides the default with the same value (8); remove the "
+                         "line"), line
+    # Many short words (a long list in a message): the line's middle goes, its start and its end stay.
+    from flagperf.errors import ConfigError
+
+    said = str(ConfigError("lab.yaml", "hosts", " ".join(["h1,"] * 400) + " remove the duplicates"))
+    assert len(said) <= 500 and said.startswith("lab.yaml: hosts: h1, ") and said.endswith(" remove the duplicates")
+
+
 def test_validate_vendor_override_with_yml_suffix(tmp_path: Path, make_case) -> None:
     folder = make_case("mycase")
     vendor_file = folder / "vendor" / "cpu.yml"
@@ -391,8 +412,10 @@ def test_validate_says_never_read_of_a_plugin_manifest_no_run_reads(
         result = invoke("validate", str(path))
         assert_clean_failure(result)
         [line] = error_lines(result.output)
-        assert line.startswith(f"error {path}: never read: shadowed by {first}: --vendor acme reads the first "
-                               "folder"), line
+        # a long line (four paths): the paths after the file named lose their middles, never the advice
+        assert line.startswith(f"error {path}: never read: shadowed by ") and len(line) <= 520, line
+        assert "/first/acme: --vendor acme reads the first folder" in line, line
+        assert line.endswith("/first on FLAGPERF_VENDOR_PATH, or rename this vendor"), line
     path = third / "toolkits" / "fastgemm" / "toolkit.yaml"
     result = invoke("validate", str(path))
     assert_clean_failure(result)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -497,6 +498,8 @@ def test_a_link_that_leaves_the_project_from_a_case_or_vendor_folder_in_it_is_re
     own, lab = real / "cases" / "base" / "x", real / "labcases" / "base" / "y"
     for folder in (own, lab, real / "common"):
         folder.mkdir(parents=True)
+    for folder in (own, lab):  # a case (a folder of the name without one is none, and none of the run's)
+        (folder / "case.yaml").write_text(f"name: {folder.name}\n")
     (real / "common" / "util.py").write_text("# shared in the project\n")
     (own / "util.py").symlink_to("../../../common/util.py")  # out of its folder, in the project: fine
     (lab / "util.py").symlink_to(project / "common" / "util.py")  # absolute, by project_root: the container has it
@@ -539,8 +542,8 @@ def test_a_link_that_leaves_the_project_from_a_case_or_vendor_folder_in_it_is_re
     assert settings().search.all() == []
     # The project's own case folder itself a link out of the project: the container would have a dangling link.
     (tmp_path / "lab-x").mkdir()
-    (own / "util.py").unlink()
-    own.rmdir()
+    (tmp_path / "lab-x" / "case.yaml").write_text("name: x\n")
+    shutil.rmtree(own)
     own.symlink_to(tmp_path / "lab-x")
     with pytest.raises(ConfigError) as info:
         settings()
@@ -634,6 +637,44 @@ def test_a_name_found_earlier_on_the_search_path_is_not_checked_again_where_the_
 
 
 
+def test_a_case_folder_without_its_case_yaml_is_no_case_and_its_links_are_not_checked(tmp_path: Path) -> None:
+    """A folder of a case's name without case.yaml (a leftover holding data links) is no case: case lookup passes it
+    by, so the round reads nothing of it, in the project's own cases/ as in a search path folder; its link out
+    refuses nothing (it did, for the project's own). A vendor folder without vendor.yaml is still read (its
+    engines) and checked."""
+    project, lab, outside = tmp_path / "flagperf", tmp_path / "lab", tmp_path / "outside.bin"
+    outside.write_bytes(b"outside")
+    leftovers = (project / "cases" / "base" / "x", project / "labcases" / "base" / "x")
+    for folder in (*leftovers, lab / "base" / "x"):
+        folder.mkdir(parents=True)
+    for folder in leftovers:
+        (folder / "data.bin").symlink_to(outside)
+    (lab / "base" / "x" / "case.yaml").write_text("name: x\n")
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump({"hosts": [{"name": "a", "address": "h", "runtime": "docker",
+                                               "project_root": str(project),
+                                               "env": {"FLAGPERF_CASE_PATH": f"labcases:{lab}"}}]}))
+    spec = load_inventory(path).hosts[0]
+
+    def settings() -> Any:
+        return checked_on_host(container_settings(load_vendor("cpu"), spec, "img:1", project, ["base/x"]),
+                               LocalHost(), spec)
+
+    assert settings().search.all() == [Mount(str(lab / "base" / "x"), "/flagperf-search/case/1/base/x",
+                                             read_only=True)]
+    (project / "cases" / "base" / "x" / "case.yaml").write_text("name: x\n")  # now it is the case: checked
+    with pytest.raises(ConfigError) as info:
+        settings()
+    assert info.value.key == "hosts.0.project_root" and (
+        f"{project}/cases/base/x/data.bin links outside the project" in info.value.message), str(info.value)
+    (project / "vendor_images" / "cpu").mkdir(parents=True)  # engines alone, no vendor.yaml: read, so checked
+    (project / "vendor_images" / "cpu" / "data.bin").symlink_to(outside)
+    (project / "cases" / "base" / "x" / "case.yaml").unlink()
+    with pytest.raises(ConfigError) as info:
+        settings()
+    assert f"{project}/vendor_images/cpu/data.bin links outside the project" in info.value.message, str(info.value)
+
+
 def test_which_vendor_folder_the_round_reads_goes_by_its_vendor_yaml(tmp_path: Path) -> None:
     """The round takes the first folder of the vendor with a vendor.yaml for the vendor's, and reads every folder of
     the name without one too (its engines): the link check goes by the same rule, on facts that say whether each
@@ -691,6 +732,7 @@ def test_the_projects_own_folder_resolving_outside_it_is_named_in_one_printable_
     (project / "cases" / "base").mkdir(parents=True)
     odd = tmp_path / "two\nlines"
     odd.mkdir()
+    (odd / "case.yaml").write_text("name: x\n")
     (project / "cases" / "base" / "x").symlink_to(odd)
     path = tmp_path / "inv.yaml"
     path.write_text(yaml.safe_dump({"hosts": [{"name": "a", "address": "h", "runtime": "docker",
@@ -719,6 +761,8 @@ def test_a_link_into_a_place_the_container_has_mounted_and_an_installed_environm
     own, labcase = project / "cases" / "base" / "x", lab / "base" / "y"
     for folder in (own, labcase, data / "imagenet", data / "coco", data / "other"):
         folder.mkdir(parents=True)
+    for folder in (own, labcase):
+        (folder / "case.yaml").write_text(f"name: {folder.name}\n")
     (own / "bench.py").write_text("# the case\n")
     (own / "data").symlink_to(data / "imagenet")
     (labcase / "data").symlink_to(data / "imagenet" / "train")
@@ -823,6 +867,43 @@ def test_a_dot_dot_after_a_link_into_a_mount_goes_up_from_where_the_link_leads(t
     (case / "train").symlink_to(f"{data}/imagenet/x/../x")  # no link on the way: in the mount
     assert links_leaving(str(case), mounted=[f"{data}/imagenet"]) == [
         ["val", f"{data}/imagenet/esc/../x", str(elsewhere / "x")]]
+
+
+def test_a_link_whose_first_hop_stays_in_the_project_is_followed_into_a_mount_as_the_container_would(
+        tmp_path: Path) -> None:
+    """A case folder's link to a place in the project (data -> ../../../shared/imagenet) that is itself a link to a data
+    mount leads, hop by hop, where the container has that mount: no link out (it was refused, on the safe side). A
+    link whose way leaves every place the container has at some hop is still refused: to a folder nothing mounts, or
+    into a mount and out of it again. A lab's folder mounted alone goes by the same rule."""
+    from flagperf.hosts.local import describe_paths, links_leaving
+
+    project, data, elsewhere, lab = (tmp_path / name for name in ("flagperf", "data", "elsewhere", "lab"))
+    case, labcase = project / "cases" / "base" / "x", lab / "base" / "y"
+    for folder in (case, labcase / "sub", project / "shared", data / "imagenet", elsewhere):
+        folder.mkdir(parents=True)
+    (project / "shared" / "imagenet").symlink_to(data / "imagenet")
+    (case / "data").symlink_to("../../../shared/imagenet")
+    (case / "train").symlink_to(f"{project}/shared/imagenet/train")  # by the project's path, as the container has it
+    mounted = [str(data / "imagenet")]
+    assert links_leaving(str(case), tree=str(project), mounted=mounted) == []
+    assert describe_paths([str(case)], scan=[str(case)], tree=str(project), mounted=mounted)[str(case)][
+        "links_out"] == []  # the host's answer (the agent's describe-paths)
+    assert [link[0] for link in links_leaving(str(case), tree=str(project))] == ["data", "train"]  # nothing mounted
+    # Escapes: a hop to a place no mount has, directly or out of a mount again.
+    (project / "shared" / "out").symlink_to(elsewhere)
+    (data / "imagenet" / "esc").symlink_to(elsewhere)
+    (case / "out").symlink_to("../../../shared/out")
+    (case / "through").symlink_to("../../../shared/imagenet/esc")
+    assert links_leaving(str(case), tree=str(project), mounted=mounted) == [
+        ["out", "../../../shared/out", str(elsewhere)], ["through", "../../../shared/imagenet/esc", str(elsewhere)]]
+    # A lab's case folder, mounted alone (no tree): its own link to the mount, and one through it.
+    (labcase / "sub" / "imagenet").symlink_to(data / "imagenet")
+    (labcase / "data").symlink_to("sub/imagenet")
+    (labcase / "out").symlink_to("sub/out")
+    (labcase / "sub" / "out").symlink_to(elsewhere)
+    assert links_leaving(str(labcase), mounted=mounted) == [
+        ["out", "sub/out", str(elsewhere)], ["sub/out", str(elsewhere), str(elsewhere)]]
+    assert [link[0] for link in links_leaving(str(labcase))] == ["data", "out", "sub/imagenet", "sub/out"]
 
 
 def test_a_mount_from_another_host_path_goes_to_the_agent_under_an_option_an_older_agent_refuses() -> None:

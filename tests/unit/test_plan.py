@@ -587,6 +587,9 @@ def test_a_rounds_source_digest_is_the_plans_wherever_its_vendor_and_cases_lie(t
                                                      "env-check.absent="], results_dir=tmp_path / "results")
     assert plan.case_folders == ["base/env-check", f"base/{FP32}"]
     assert plan.source_digest == digest(vendor="cpu", cases=plan.case_folders)
+    assert plan.source_code == {  # what it counted, for a lab to see: the run's own, not the vendor beside them
+        "FLAGPERF_VENDOR_PATH/cpu/generate/mine": str(engine.parent),
+        "FLAGPERF_CASE_PATH/base/env-check": str(lab / "cases" / "base" / "env-check")}
     # A container's view: the run's vendor and case alone, elsewhere.
     seen = tmp_path / "flagperf-search"
     shutil.copytree(lab / "vendors" / "cpu", seen / "vendor" / "0" / "cpu")
@@ -604,7 +607,7 @@ def test_a_rounds_source_digest_is_the_plans_wherever_its_vendor_and_cases_lie(t
     assert result.status == "success", result.failure
     assert result.provenance is not None and result.provenance.source_digest == plan.source_digest
     assert job.failed_result(result.failure, None).provenance.source_digest == plan.source_digest  # a lost round's
-    # Beside the run's: not counted (the whole folder is, where no run is named).
+    # Beside the run's: not counted (the other vendor is where no run is named: a run could name it).
     monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(lab / "vendors"))
     monkeypatch.setenv("FLAGPERF_CASE_PATH", str(lab / "cases"))
     whole = digest()
@@ -627,8 +630,9 @@ def test_the_source_digest_counts_the_copy_of_a_name_a_run_uses_never_one_an_ear
     later folders of its name WITHOUT a vendor.yaml (a later one with its own vendor.yaml is a shadowed copy, never
     read), and a case in the first place holding its case.yaml: the digest counts those copies, so an edit of a copy a
     run never reads (a second checkout of the vendor's repository later on the path, an older copy of a case) leaves
-    it as it was, and an edit of what the run reads changes it."""
-    from flagperf.results.provenance import source_digest
+    it as it was, and an edit of what the run reads changes it. The digest of no run (every vendor and case a run could
+    name) goes by the same rule, and source_code says which copies were counted."""
+    from flagperf.results.provenance import source_code, source_digest
 
     first, second, third = tmp_path / "first", tmp_path / "second", tmp_path / "third"
     files = {
@@ -657,9 +661,10 @@ def test_the_source_digest_counts_the_copy_of_a_name_a_run_uses_never_one_an_ear
     monkeypatch.setenv("FLAGPERF_VENDOR_PATH", f"{first / 'vendors'}:{second / 'vendors'}:{third / 'vendors'}")
     monkeypatch.setenv("FLAGPERF_CASE_PATH", f"{first / 'cases'}:{second / 'cases'}")
 
-    def digests() -> tuple[str | None, str | None]:
+    def digests() -> tuple[str | None, str | None, str | None]:
+        # the whole digest (no run named: a lab's own record of its code) goes by the same rule as a run's
         return (source_digest(vendor="acme", cases=["base/x", "base/y"]),
-                source_digest(vendor="cpu", cases=["base/x", "base/y"]))
+                source_digest(vendor="cpu", cases=["base/x", "base/y"]), source_digest())
 
     before = digests()
     assert None not in before
@@ -672,16 +677,24 @@ def test_the_source_digest_counts_the_copy_of_a_name_a_run_uses_never_one_an_ear
                    first / "cases" / "base" / "y" / "notes.txt"):
         hidden.write_text(hidden.read_text() + "# edited where no run reads it\n")
         assert digests() == before, hidden
-    for used, changes in ((first / "vendors" / "acme" / "vendor.yaml", (True, False)),
-                          (first / "vendors" / "acme" / "generate" / "a" / "engine.yaml", (True, False)),
-                          (third / "vendors" / "acme" / "generate" / "d" / "engine.yaml", (True, False)),
-                          (third / "vendors" / "cpu" / "generate" / "e" / "engine.yaml", (False, True)),
-                          (first / "cases" / "base" / "x" / "case.yaml", (True, True)),
-                          (second / "cases" / "base" / "y" / "case.yaml", (True, True))):
+    for used, changes in ((first / "vendors" / "acme" / "vendor.yaml", (True, False, True)),
+                          (first / "vendors" / "acme" / "generate" / "a" / "engine.yaml", (True, False, True)),
+                          (third / "vendors" / "acme" / "generate" / "d" / "engine.yaml", (True, False, True)),
+                          (third / "vendors" / "cpu" / "generate" / "e" / "engine.yaml", (False, True, True)),
+                          (first / "cases" / "base" / "x" / "case.yaml", (True, True, True)),
+                          (second / "cases" / "base" / "y" / "case.yaml", (True, True, True))):
         used.write_text(used.read_text() + "# edited\n")
         after = digests()
         assert tuple(a != b for a, b in zip(after, before, strict=True)) == changes, used
         before = after
+    # What was counted, by label, for a lab to see (a plan records its run's): the copies read, none shadowed.
+    assert source_code(vendor="acme", cases=["base/x"]) == {
+        "FLAGPERF_VENDOR_PATH/acme": str(first / "vendors" / "acme"),
+        "FLAGPERF_VENDOR_PATH/acme/generate/d": str(third / "vendors" / "acme" / "generate" / "d"),
+        "FLAGPERF_CASE_PATH/base/x": str(first / "cases" / "base" / "x")}
+    assert source_code() == {
+        **source_code(vendor="acme", cases=["base/x", "base/y"]),
+        "FLAGPERF_VENDOR_PATH/cpu/generate/e": str(third / "vendors" / "cpu" / "generate" / "e")}
 
 
 def test_a_relative_search_path_entry_is_the_folder_the_run_started_in_for_every_later_step(
