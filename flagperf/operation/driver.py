@@ -98,7 +98,7 @@ class Implementations:
 def load_implementations(config: OperationConfig, vendor: str, device: torch.device) -> Implementations:
     """The implementations to compare; one whose packages are missing on this host is absent, saying why."""
     found = Implementations()
-    env = ImplEnv(device=device, log=log, compile_mode=config.compile_mode)
+    env = ImplEnv(device=device, log=log, inductor_mode=config.inductor_mode)
     for name in config.implementations or vendor_implementations(vendor):
         definition = load_implementation(vendor, name)
         try:

@@ -867,16 +867,34 @@ def test_the_operation_family_never_branches_on_a_device_name() -> None:
     assert not found, "\n".join(found)
 
 
-def test_compile_mode_is_the_cases_choice_checked_in_one_line_and_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_inductor_mode_is_the_cases_choice_checked_in_one_line_and_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch.compile's mode was fixed at its default: a lab could not time reduce-overhead (CUDA graphs) or
-    max-autotune. The case's compile_mode reaches torch.compile and the implementation's line in the record; a
-    mode torch does not have is one line naming the file and the key."""
-    with pytest.raises(ValidationError) as caught:
-        config(compile_mode="fastest")
-    error = pydantic_error_to_config_error(caught.value, "cases/operation/op-gemm/case.yaml")
-    assert "\n" not in str(error) and error.key == "compile_mode", str(error)
-    assert "cases/operation/op-gemm/case.yaml" in str(error) and "'max-autotune'" in str(error), str(error)
-    assert config().compile_mode == "default"
+    max-autotune. The case's inductor_mode (the inference family's key and values, max-autotune-no-cudagraphs among
+    them) reaches torch.compile and the implementation's line in the record, which says where a mode's CUDA graphs
+    copy the inputs on every call and that the CPU has none; a mode torch does not have, a graph mode inside
+    cuda_graphs: true (a nested capture) and a mode no listed implementation compiles with are one line each naming
+    the file and the key."""
+    from flagperf.inference.inductor import Options
+    from flagperf.measure.inductor_modes import graphs_phrase
+
+    assert OperationConfig.model_fields["inductor_mode"].annotation == Options.model_fields["inductor_mode"].annotation
+    for changes, message in (
+            ({"inductor_mode": "fastest"}, "'max-autotune-no-cudagraphs'"),
+            ({"inductor_mode": "reduce-overhead", "cuda_graphs": True}, "reduce-overhead compiles into CUDA graphs, "
+             "and cuda_graphs: true would capture those inside a graph of its own (a nested capture)"),
+            ({"inductor_mode": "max-autotune-no-cudagraphs", "implementations": ["native"]},
+             "max-autotune-no-cudagraphs is torch.compile's mode for the compile implementation, which "
+             "implementations (native) leaves out")):
+        with pytest.raises(ValidationError) as caught:
+            config(**changes)
+        error = pydantic_error_to_config_error(caught.value, "cases/operation/op-gemm/case.yaml")
+        assert "\n" not in str(error) and error.key == "inductor_mode", str(error)
+        assert str(error).startswith("cases/operation/op-gemm/case.yaml: inductor_mode: ") and message in str(error), \
+            str(error)
+    assert config().inductor_mode == "default"
+    assert config(inductor_mode="max-autotune-no-cudagraphs", cuda_graphs=True, implementations=["native", "compile"]
+                  ).cuda_graphs  # no graphs of its own
+    assert config(inductor_mode="max-autotune", implementations=None).implementations is None  # compile among all
 
     modes: list[Any] = []
     real = torch.compile
@@ -887,11 +905,17 @@ def test_compile_mode_is_the_cases_choice_checked_in_one_line_and_recorded(monke
 
     monkeypatch.setattr(torch, "compile", compile_spy)
     op = OPERATORS["add"]
-    for mode, passed in (("default", None), ("reduce-overhead", "reduce-overhead"), ("max-autotune", "max-autotune")):
-        impls = load_implementations(config(compile_mode=mode, implementations=["compile"]), "cpu", CPU)
+    for mode, passed, graphs in (("default", None, ""), ("reduce-overhead", "reduce-overhead",
+                                                         " (no CUDA graphs on cpu)"),
+                                 ("max-autotune", "max-autotune", " (no CUDA graphs on cpu)"),
+                                 ("max-autotune-no-cudagraphs", "max-autotune-no-cudagraphs", "")):
+        impls = load_implementations(config(inductor_mode=mode, implementations=["compile"]), "cpu", CPU)
         impls.ready["compile"].prepare(op, "fp32", op.native)
         assert modes[-1] == passed
-        assert f"fullgraph, mode {mode}), torch " in impls.described["compile"], impls.described
+        assert f"fullgraph, mode {mode}{graphs}), torch " in impls.described["compile"], impls.described
+    # on CUDA a graph mode's line says the graphs and the input copies each call makes (no device here to run one)
+    assert graphs_phrase("reduce-overhead", "cuda").startswith("; CUDA graphs: each call first copies its inputs")
+    assert graphs_phrase("max-autotune-no-cudagraphs", "cuda") == ""
 
 
 # ------------------------------------------------------------------ bench/operation_gpu.py
