@@ -936,8 +936,10 @@ def test_the_gpu_bench_records_the_host_latency_beside_the_device_clocks(
     assert record["energy"] == "0.3 s: energy_intervals 3 x the monitors' 0.1 s interval"
     assert record["monitors"]["system"]["exit"] == 0 and record["monitors"]["system"]["samples"] >= 2
     for p in record["points"]:
-        if p["status"] == "passed":
-            assert p["energy_per_work"] is not None or p["energy_per_work_note"], p
+        if p["status"] == "passed" and p["energy_per_work"] is None:  # this CPU: no energy counter to read
+            assert p["energy_per_work_note"] == "no power or energy source in the monitors' samples (system)", p
+        elif p["status"] == "passed":  # a host whose monitor reads one: over the loop's own samples
+            assert p["energy_per_work_samples"] >= 2 and p["energy_per_work_note"] is None, p
     assert "| % of roofline | energy per work | error |" in (tmp_path / "operation_gpu_quick.md").read_text()
     # --cuda-graphs asks the case key; the CPU has none, which the record says
     assert record["cuda_graphs"] is True and record["graphs"].startswith("the CPU has no device graphs")
@@ -956,8 +958,13 @@ def test_the_gpu_bench_records_the_host_latency_beside_the_device_clocks(
     from bench import operation_gpu
     from bench.operation_gpu import Monitors, geomeans, markdown
 
-    # a wrong energy loop is one line before anything runs
+    # a wrong energy loop is one line before anything runs; the monitors refuse an interval under 0.1 s, and they run
+    # only for the energy loop
     for argv, message in ((["--energy-intervals", "2"], "--energy-intervals: 0 or 3 to 100 (got 2)"),
+                          (["--energy-intervals", "3", "--monitor-interval", "0.05"],
+                           "--monitor-interval: 0.1 to 60 seconds (got 0.05)"),
+                          (["--monitor-interval", "0.5"], "--monitor-interval: the monitors run only with "
+                                                          "--energy-intervals"),
                           (["--energy-intervals", "100", "--monitor-interval", "6"],
                            "--energy-intervals: energy_intervals: 100 x the monitors' 6 s interval = 600 s per point")):
         monkeypatch.setattr(sys, "argv", ["operation_gpu.py", "--quick", *argv])
@@ -984,6 +991,38 @@ def test_the_gpu_bench_records_the_host_latency_beside_the_device_clocks(
     assert found["held"]["energy_per_work_unit"] == "J/GB" and found["held"]["energy_per_work_samples"] == 5
     assert found["short"]["energy_per_work"] is None and "the energy loop ran (energy_intervals 3) and held 0 " \
         "sample(s)" in found["short"]["energy_per_work_note"]
+    # a figure with no work counted (0) has no energy per work for that reason, not for want of a source
+    report = OperationReport(timing="t", flush="f", graphs="g", counting={}, tolerances={})
+    nothing = monitors.energy(OperationOutcome(metrics=[Metric(name="zero", value=0.0, unit="GB/s", window=[T0, T0 + 1],
+                                                               work=0.0)], report=report, measured_seconds=1.0))
+    assert nothing["zero"]["energy_per_work_note"] == "no work counted for it (0.0): energy per work has nothing to " \
+        "divide by"
+    # a monitor that exited non-zero before its first sample: its exit code and the tail of its log, not "no source"
+    broken = Monitors.__new__(Monitors)
+    broken.paths, broken.logs = {"system": tmp_path / "broken.jsonl"}, {"system": tmp_path / "broken.log"}
+    with broken.logs["system"].open("wb") as log:
+        broken.procs = {"system": subprocess.Popen([sys.executable, "-c", "import sys; print('starting', file=sys."
+                                                    "stderr); sys.exit('no counter readable')"], stderr=log)}
+    broken.procs["system"].wait(timeout=60)
+    note = broken.energy(OperationOutcome(metrics=[Metric(name="m", value=1.0, unit="GB/s", window=[T0, T0 + 1],
+                                                          work=1.0)], report=report, measured_seconds=1.0))
+    assert note["m"]["energy_per_work_note"] == "monitor system exited 1 with 0 samples (starting no counter readable)"
+    # a failure while the monitors start (a second one that cannot, or the wait for their first samples) stops the
+    # ones started: both are inside main's try; the monitors run past a budget over an hour
+    seen: list[Monitors] = []
+
+    def wait_fails(self: Monitors, timeout_s: float = 60.0) -> None:
+        seen.append(self)
+        raise RuntimeError("a monitor could not start")
+
+    monkeypatch.setattr(Monitors, "wait_sampling", wait_fails)
+    monkeypatch.setattr(sys, "argv", ["operation_gpu.py", "--quick", "--operators", "add", "--energy-intervals", "3",
+                                      "--budget-s", "4000", "--out", str(tmp_path / "stopped")])
+    with pytest.raises(RuntimeError, match="a monitor could not start"):
+        operation_gpu.main()
+    (proc,) = seen[0].procs.values()
+    assert proc.poll() is not None, "a monitor left running"
+    assert proc.args[proc.args.index("--max-seconds") + 1] == "4600"
 
     def point(impl: str, shape: int, latency: float, host: float | None) -> dict[str, Any]:
         return {"operator": "add", "dtype": "bf16", "shape": {"R": shape}, "implementation": impl,
@@ -997,3 +1036,8 @@ def test_the_gpu_bench_records_the_host_latency_beside_the_device_clocks(
     assert row["host_geomean"] == pytest.approx(0.5) and row["host_points"] == 1  # native's second has none
     text = markdown({**record, "geomeans": [row], "points": points})
     assert "| bf16 | flaggems | 1.000 | 2 | 0.500 | 1 |" in text
+    # a cell's newlines would end the table's row: each cell is one line
+    broken_row = {**points[0], "status": "failed", "error": "RuntimeError: first line\nsecond | line"}
+    text = markdown({**record, "geomeans": [], "points": [broken_row]})
+    (row_line,) = [line for line in text.splitlines() if line.startswith("| add |")]
+    assert row_line.endswith("| RuntimeError: first line second \\| line |"), row_line
