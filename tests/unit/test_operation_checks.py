@@ -153,28 +153,44 @@ def test_on_the_cpu_a_large_point_has_the_whole_float64_reference_and_no_redunda
 
 
 def test_the_report_says_what_the_points_were_checked_against() -> None:
+    """The method lines' "checked against" counted each round's points under labels of their own, while the
+    operator's headline counted points merged over rounds under other labels: the same words, two counts. Both are
+    checked_counts now: by kind (the reasons are the operator table's footnotes), each point-implementation pair
+    once whatever its rounds; rounds that checked a point differently say so instead of the last one winning."""
     from datetime import datetime, timezone
 
-    from flagperf.results.operators import method_lines
+    from flagperf.results.operators import checked_counts, method_lines, points_of
     from flagperf.results.schema import OperationReport, OperatorPoint, RoundResult
 
-    def point(reference: str, sample: str | None, status: str = "passed") -> OperatorPoint:
-        return OperatorPoint(operator="mm", group="gemm", dtype="bf16", shape={"M": 1}, source="given",
+    def point(m: int, reference: str, sample: str | None, status: str = "passed") -> OperatorPoint:
+        return OperatorPoint(operator="mm", group="gemm", dtype="bf16", shape={"M": m}, source="given",
                              implementation="native", status=status, reference=reference, reference_sample=sample)
 
-    points = [point("float64 on cpu", None), point("float32 on cuda", "float64 on cpu at 4 of 9 output elements"),
-              point("float32 on cuda", "float64 on cpu at 4 of 9 output elements", "failed"),
-              point("float32 on cuda", "none: cross_entropy's output is one mean"),
-              point("float32 on cuda", "float64 on cpu at 1 of 1 output elements", "skipped")]
-    now = datetime.now(timezone.utc)
-    result = RoundResult(run_id="r", case="op-gemm", family="operation", round=1, host="h", node_rank=0,
-                         vendor="nvidia", status="success", started_at=now, finished_at=now, duration_s=1.0,
-                         measured_seconds=1.0, metrics=[], config={},
-                         operation=OperationReport(timing="t", flush="f", graphs="g", counting={}, tolerances={},
-                                                   points=points))
-    assert ("  - checked against: float64 on cpu (1 point-implementation pair); float32 on cuda and a float64 "
-            "host sample of the output (2 point-implementation pairs); float32 on cuda, no host sample "
-            "(cross_entropy's output is one mean) (1 point-implementation pair)") in method_lines([result])
+    def result(number: int, points: list[OperatorPoint]) -> RoundResult:
+        now = datetime.now(timezone.utc)
+        return RoundResult(run_id="r", case="op-gemm", family="operation", round=number, host="h", node_rank=0,
+                           vendor="nvidia", status="success", started_at=now, finished_at=now, duration_s=1.0,
+                           measured_seconds=1.0, metrics=[], config={},
+                           operation=OperationReport(timing="t", flush="f", graphs="g", counting={}, tolerances={},
+                                                     points=points))
+
+    sample = "float64 on cpu at 4 of 9 output elements"
+    first = [point(1, "float64 on cpu", None), point(2, "float32 on cuda", sample),
+             point(3, "float32 on cuda", sample, "failed"),
+             point(4, "float32 on cuda", "none: cross_entropy's output is one mean over all 4 rows"),
+             point(5, "float32 on cuda", "none: cross_entropy's output is one mean over all 5 rows"),
+             point(6, "float32 on cuda", "float64 on cpu at 1 of 1 output elements", "skipped"),
+             point(7, "float32 on cuda", sample)]
+    second = [*first[:6], point(7, "float32 on cuda", "none: the host sample ran out of memory")]
+    results = [result(1, first), result(2, second)]
+    assert ("  - checked against: float64 on cpu, whole output (1 point-implementation pair); float32 on cuda + "
+            "float64 host sample (2 point-implementation pairs); float32 on cuda only, no host sample (2 "
+            "point-implementation pairs); rounds differ: float32 on cuda + float64 host sample / float32 on cuda "
+            "only, no host sample (1 point-implementation pair)") in method_lines(results)
+    assert checked_counts(points_of(results)) == {
+        "float64 on cpu, whole output": 1, "float32 on cuda + float64 host sample": 2,
+        "float32 on cuda only, no host sample": 2,
+        "rounds differ: float32 on cuda + float64 host sample / float32 on cuda only, no host sample": 1}
 
 
 def test_each_point_in_the_report_says_what_it_was_checked_against(tmp_path: Path) -> None:
@@ -225,8 +241,7 @@ def test_each_point_in_the_report_says_what_it_was_checked_against(tmp_path: Pat
     column = OPERATOR_HEADER.index("checked against (point-implementation pairs)")
     assert operator_cells(entries["mm"], plain)[column] == ("float64 on cpu, whole output: 2; float32 on cuda + "
                                                             "float64 host sample: 2")
-    assert operator_cells(entries["cross_entropy"], plain)[column] == \
-        f"float32 on cuda only, no host sample ({why}): 1"
+    assert operator_cells(entries["cross_entropy"], plain)[column] == "float32 on cuda only, no host sample: 1"
     assert operator_cells({**entries["mm"], "checked": None})[column] == "-"  # a summary.json from before
     kept = {(p["shape"], p["implementation"]): p for p in entries["mm"]["points"]}
     assert kept[("M2", "fast")]["reference"] == "float32 on cuda" and kept[("M2", "fast")]["reference_sample"] == \
