@@ -288,6 +288,22 @@ def test_cross_entropy_past_one_host_copy_is_checked_whole_in_float64_from_block
     (ref,) = sample.reference().outputs
     whole = torch.nn.functional.cross_entropy(logits.double(), target)
     assert ref.dtype == torch.float64 and ref.shape == () and torch.allclose(ref, whole, rtol=1e-12, atol=1e-12)
+    # the mean is over the targets not ignored (ignore_index, as the native call's), counted block by block
+    target[[0, 3, 4]] = -100
+    (ignored,) = host_sample(op, "bf16", [logits, target], 0).reference().outputs
+    assert torch.allclose(ignored, torch.nn.functional.cross_entropy(logits.double(), target), rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(ignored, torch.nn.functional.cross_entropy(logits.double(), target, reduction="sum") / 7)
+    # the sample keeps the host's value, not the device's inputs (held across every implementation of the point)
+    alive = weakref.ref(logits)
+    kept = host_sample(op, "bf16", [logits, target], 0)
+    del logits, target
+    assert alive() is None, "the sample holds the point's logits"
+    assert kept.reference().outputs[0] == ignored
+    # a vocabulary over one host copy (blocks are whole rows): no sample, said, rather than copies past the limit
+    monkeypatch.setattr(sampled, "MAX_ELEMENTS", 30)
+    with pytest.raises(NoSample, match=r"one row of them \(40\) is over the 30 logits of one host copy"):
+        host_sample(op, "bf16", make_inputs(op, {"R": 7, "V": 40}, "bf16", CPU, seed=0), 0)
+    monkeypatch.setattr(sampled, "MAX_ELEMENTS", 100)
     big = make_inputs(op, {"R": 13, "V": 40}, "bf16", CPU, seed=0)  # 520 logits
     with pytest.raises(NoSample, match=r"one mean over all 13 rows, which depends on every one of its 520 logits "
                                         r"\(a sample of rows would check no part of it\), and those are over the 500"):
