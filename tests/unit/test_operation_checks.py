@@ -542,7 +542,8 @@ def test_the_energy_loop_lasts_the_monitor_intervals_asked_whatever_max_iters(
                                            "was not told the monitors' interval")
     assert "calls of the host loop (back to back, no flush)" in (untold.metrics[0].note or "")
     # the metric says its energy_window is the energy loop (a note on too few samples then says it ran)
-    assert metric.energy_intervals == 3 and untold.metrics[0].energy_intervals is None
+    assert metric.energy_intervals == 3 and metric.energy_loop_ran is True
+    assert (untold.metrics[0].energy_intervals, untold.metrics[0].energy_loop_ran) == (3, False)
 
 
 def test_energy_intervals_is_checked_and_a_loop_past_the_timeout_is_one_line(cpu_spec: SpecTable) -> None:
@@ -620,6 +621,8 @@ def test_out_of_memory_in_the_host_loop_keeps_the_passed_point_without_its_host_
         "): energy per work over the host loop instead")
     assert "the 3 calls of the host loop (back to back" in (metrics["energy"].note or "")
     assert metrics["energy"].energy_per_work_absent is None
+    # the case's energy_intervals rides with the figure, with whether its loop ran (a summary then never asks for it)
+    assert (metrics["energy"].energy_intervals, metrics["energy"].energy_loop_ran) == (3, False)
     # the report's lines on how the case was measured say which points lack what
     lines = method_lines([_round(OperationReport(timing="-", flush="-", graphs="-", counting={}, tolerances={},
                                                  points=runner.points))])
@@ -716,19 +719,30 @@ def test_too_few_samples_in_an_energy_loop_that_ran_says_so_and_does_not_ask_for
         Metric(name="loop", value=1.0, unit="GB/s", window=[T0 + 1, T0 + 2], work=1.0,
                energy_window=[T0 + 2.1, T0 + 3.05], energy_work=1.0, energy_intervals=3),  # 1 sample inside
         Metric(name="host", value=1.0, unit="GB/s", window=[T0 + 1, T0 + 2], work=1.0,
-               energy_window=[T0 + 4.1, T0 + 4.2], energy_work=1.0)], {"system": samples})
+               energy_window=[T0 + 4.1, T0 + 4.2], energy_work=1.0),
+        # energy_intervals set, but its loop did not run (out of memory): over the host loop, and not asked to set it
+        Metric(name="fell", value=1.0, unit="GB/s", window=[T0 + 1, T0 + 2], work=1.0,
+               energy_window=[T0 + 5.1, T0 + 5.2], energy_work=1.0, energy_intervals=3, energy_loop_ran=False)],
+        {"system": samples})
     rows = {r["metric"]: r for r in summary.rows.to_dict("records")}
     assert rows["loop"]["energy_per_work_note"] == (
         "1 sample(s) of the cpu packages energy inside the 0.95 s energy window, 2 needed; operation: the energy loop "
         "ran (energy_intervals 3) and held 1 sample(s): a longer loop (more energy_intervals) or a shorter "
         "--monitor-interval")
     assert rows["host"]["energy_per_work_note"].endswith("2 needed; operation: set energy_intervals")
+    assert rows["fell"]["energy_per_work_note"].endswith("2 needed; operation: over the host loop, the energy loop "
+                                                         "(energy_intervals 3) having not run for it (the point's note "
+                                                         "says why)")
     notes = [n for n in summary.monitor_notes if "energy per work" in n]
+    assert "op round 1 on h1: energy per work of 1 of 3 figures left out (energy_per_work_note): fewer than 2 " \
+           "samples of the energy source inside the host loop they fell back to, their energy loop " \
+           "(energy_intervals) not having run (each point's note says why)" in notes, notes
+    notes.remove(next(n for n in notes if "fell back" in n))
     assert len(notes) == 2 and notes[0].endswith("operation: set the case's energy_intervals (a loop of each point's "
                                                  "calls over that many monitor intervals); elsewhere sample faster "
                                                  "(--monitor-interval, down to 0.1 s)"), notes
     assert notes[1] == (
-        "op round 1 on h1: energy per work of 1 of 2 figures left out (energy_per_work_note): operation's energy loop "
+        "op round 1 on h1: energy per work of 1 of 3 figures left out (energy_per_work_note): operation's energy loop "
         "ran (energy_intervals) and still held fewer than 2 samples of the energy source (0.95 s at the shortest) (its "
         "samples further apart than the monitors' interval): a longer loop (more energy_intervals) or a shorter "
         "--monitor-interval"), notes
