@@ -56,10 +56,12 @@ from bench.paired import write_record  # noqa: E402
 from flagperf.config.vendors import load_vendor  # noqa: E402
 from flagperf.errors import CaseUserError  # noqa: E402
 from flagperf.hosts.runtime import PID_FILE  # noqa: E402
+from flagperf.monitoring import MAX_RATE_HZ  # noqa: E402
 from flagperf.operation.config import ENERGY_MAX_INTERVALS, ENERGY_MIN_INTERVALS, OperationConfig  # noqa: E402
 from flagperf.operation.driver import OperationOutcome, check_energy_loop, run_operation  # noqa: E402
 from flagperf.operation.operators import OPERATORS  # noqa: E402
 from flagperf.results.analysis import read_monitor, window_stats  # noqa: E402
+from flagperf.results.markup import md_text  # noqa: E402
 from flagperf.results.provenance import code_identity, host_info  # noqa: E402
 from flagperf.results.summary import per_work  # noqa: E402
 
@@ -88,20 +90,40 @@ def settings(quick: bool, dtypes: list[str], implementations: list[str], operato
 
 class Monitors:
     """The vendor's monitors sampling every ``interval_s`` into ``folder``, started as a host round starts them
-    (pid file, interval, parent): the energy loop is N of their intervals, so they must sample at that one."""
+    (pid file, interval, parent): the energy loop is N of their intervals, so they must sample at that one. They
+    run for up to ``max_seconds`` (past the bench's budget: a monitor that stops early leaves the last operators'
+    energy loops uncovered). Made without processes; ``start`` starts them, so that a failed start inside the
+    caller's try is still stopped by its ``stop``."""
 
-    def __init__(self, vendor: str, folder: Path, interval_s: float) -> None:
-        loaded = load_vendor(vendor)
-        (folder / PID_FILE).write_text(str(os.getpid()), encoding="utf-8")
-        self.paths = {m.name: folder / f"monitor_{m.name}.jsonl" for m in loaded.manifest.monitors}
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    def __init__(self, vendor: str, folder: Path, interval_s: float, max_seconds: float = 3600.0) -> None:
+        self.loaded = load_vendor(vendor)
+        self.folder, self.interval_s, self.max_seconds = folder, interval_s, max_seconds
+        self.paths = {m.name: folder / f"monitor_{m.name}.jsonl" for m in self.loaded.manifest.monitors}
+        self.logs = {m.name: folder / f"monitor_{m.name}.log" for m in self.loaded.manifest.monitors}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        for m in loaded.manifest.monitors:
-            with (folder / f"monitor_{m.name}.log").open("wb") as errors:
+
+    def start(self) -> None:
+        (self.folder / PID_FILE).write_text(str(os.getpid()), encoding="utf-8")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        for m in self.loaded.manifest.monitors:
+            with self.logs[m.name].open("wb") as errors:
                 self.procs[m.name] = subprocess.Popen(
-                    [*loaded.monitor_command(m, sys.executable), "--out", str(self.paths[m.name]), "--interval",
-                     str(interval_s), "--pid-file", str(folder / PID_FILE), "--max-seconds", "3600", "--parent-pid",
-                     str(os.getpid())], stdout=subprocess.DEVNULL, stderr=errors, cwd=ROOT, env=env)
+                    [*self.loaded.monitor_command(m, sys.executable), "--out", str(self.paths[m.name]), "--interval",
+                     str(self.interval_s), "--pid-file", str(self.folder / PID_FILE), "--max-seconds",
+                     f"{self.max_seconds:g}", "--parent-pid", str(os.getpid())],
+                    stdout=subprocess.DEVNULL, stderr=errors, cwd=ROOT, env=env)
+
+    def failed(self) -> list[str]:
+        """Each monitor that exited non-zero without a sample: its exit code and the tail of its log."""
+        out = []
+        for name, proc in self.procs.items():
+            code = proc.poll()
+            path = self.paths[name]
+            if code and not (path.exists() and '"type": "sample"' in path.read_text(errors="replace")):
+                log = self.logs[name].read_text(encoding="utf-8", errors="replace") if self.logs[name].exists() else ""
+                tail = " ".join(log.strip().splitlines()[-3:])[-300:] or "no output"
+                out.append(f"monitor {name} exited {code} with 0 samples ({tail})")
+        return out
 
     def wait_sampling(self, timeout_s: float = 60.0) -> None:
         """Until every monitor has written a sample (or exited): their start-up never overlaps a point."""
@@ -148,12 +170,20 @@ class Monitors:
         if ends:
             self.wait_past(max(ends))
         seen = [read_monitor(path) for path in self.paths.values() if path.exists()]
+        failed = self.failed()
         found: dict[str, dict[str, Any]] = {}
         for metric in outcome.metrics:
             window = (metric.window[0], metric.window[1]) if metric.window else None
             work = per_work(window_stats(seen, window), metric, seen)
-            why = work.why or (None if work.value is not None else "no power or energy source in the monitors' "
-                               "samples (" + ", ".join(self.paths) + ")")
+            counted = metric.energy_work if metric.energy_window is not None else metric.work
+            why = work.why
+            if why is None and work.value is None:
+                if not counted or math.isnan(counted):  # per_work leaves it out: nothing to divide by
+                    why = f"no work counted for it ({counted}): energy per work has nothing to divide by"
+                elif failed:
+                    why = "; ".join(failed)
+                else:
+                    why = "no power or energy source in the monitors' samples (" + ", ".join(self.paths) + ")"
             found[metric.name] = {"energy_per_work": work.value, "energy_per_work_unit": work.unit,
                                   "energy_per_work_samples": work.samples if work.value is not None else None,
                                   "energy_source": work.source, "energy_per_work_note": why}
@@ -231,9 +261,9 @@ def markdown(record: dict[str, Any]) -> str:
         ratio = "-" if p.get("ratio") is None else f"{100 * p['ratio']:.1f}%"
         roof = "-" if p["roofline"] is None else f"{100 * p['roofline']:.1f}%"
         shape = "x".join(f"{k}{v}" for k, v in p["shape"].items())
-        error = (p["error"] or "").replace("|", "\\|")
-        lines.append(f"| {p['operator']} | {p['dtype']} | {shape} | {p['implementation']} | {p['status']} | "
-                     f"{latency} | {host} | {figure} | {ratio} | {roof} | {_energy(p)} | {error} |")
+        lines.append(f"| {md_text(p['operator'])} | {p['dtype']} | {md_text(shape)} | {md_text(p['implementation'])} | "
+                     f"{p['status']} | {latency} | {host} | {md_text(figure)} | {ratio} | {roof} | {_energy(p)} | "
+                     f"{md_text(p['error'] or '')} |")
     if record.get("error"):
         lines += ["", f"**Stopped**: {record['error']}"]
     return "\n".join(lines) + "\n"
@@ -244,7 +274,7 @@ def _energy(point: dict[str, Any]) -> str:
     if point.get("energy_per_work") is not None:
         return (f"{point['energy_per_work']:.4g} {point['energy_per_work_unit']} "
                 f"({point['energy_per_work_samples']} samples of {point['energy_source']})")
-    return (point.get("energy_per_work_note") or "-").replace("|", "\\|")
+    return md_text(point.get("energy_per_work_note") or "-")
 
 
 def write(folder: Path, record: dict[str, Any]) -> None:
@@ -264,8 +294,9 @@ def main() -> int:
                         help=f"0 (default): no energy loop; {ENERGY_MIN_INTERVALS} to {ENERGY_MAX_INTERVALS}: each "
                              "passed point's calls back to back for this many monitor intervals, energy per work over "
                              "them (the vendor's monitors run around the bench)")
-    parser.add_argument("--monitor-interval", type=float, default=0.1,
-                        help="the monitors' sampling interval in seconds with --energy-intervals (default 0.1)")
+    parser.add_argument("--monitor-interval", type=float, default=None,
+                        help=f"the monitors' sampling interval in seconds with --energy-intervals, {1 / MAX_RATE_HZ:g} "
+                             f"to 60 (default {1 / MAX_RATE_HZ:g})")
     args = parser.parse_args()
     operators = args.operators.split(",") if args.operators else list(OPERATORS)
     unknown = [name for name in operators if name not in OPERATORS]
@@ -274,8 +305,12 @@ def main() -> int:
     if args.energy_intervals and not ENERGY_MIN_INTERVALS <= args.energy_intervals <= ENERGY_MAX_INTERVALS:
         parser.error(f"--energy-intervals: 0 or {ENERGY_MIN_INTERVALS} to {ENERGY_MAX_INTERVALS} (got "
                      f"{args.energy_intervals}): a shorter loop may hold fewer than 2 monitor samples")
-    if not 0.01 <= args.monitor_interval <= 60:
-        parser.error(f"--monitor-interval: 0.01 to 60 seconds (got {args.monitor_interval:g})")
+    if args.monitor_interval is not None and not args.energy_intervals:
+        parser.error("--monitor-interval: the monitors run only with --energy-intervals (their interval is its unit)")
+    if args.monitor_interval is None:
+        args.monitor_interval = 1 / MAX_RATE_HZ
+    if not 1 / MAX_RATE_HZ <= args.monitor_interval <= 60:  # as the monitors themselves and `flagperf run` take it
+        parser.error(f"--monitor-interval: {1 / MAX_RATE_HZ:g} to 60 seconds (got {args.monitor_interval:g})")
     if args.energy_intervals:
         try:  # the loop with a point's warm-up and timing must stay well inside the case's timeout
             check_energy_loop(settings(args.quick, ["fp32"], ["native"], "add", False, args.energy_intervals),
@@ -303,9 +338,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="operation-gpu-monitors-") as folder:
         monitors = None
         if args.energy_intervals:  # monitors sampling before the first point, as around a host's round
-            monitors = Monitors("nvidia" if cuda else "cpu", Path(folder), args.monitor_interval)
-            monitors.wait_sampling()
+            monitors = Monitors("nvidia" if cuda else "cpu", Path(folder), args.monitor_interval,
+                                max(3600.0, args.budget_s + 600))
         try:
+            if monitors is not None:  # inside the try: a monitor that fails to start stops the ones started
+                monitors.start()
+                monitors.wait_sampling()
             failed = measure(args, operators, dtypes, implementations, vendor, spec, device, record, monitors)
         finally:
             if monitors is not None:

@@ -3,7 +3,8 @@
 The vendor folders point here (engines/inductor/engine.yaml: ``module: flagperf.inference.inductor``), so
 the cpu and nvidia engines are one implementation. Options (keys of the case config, a vendor file may set
 them):
-  inductor_mode            torch.compile's mode: default, reduce-overhead (CUDA graphs), max-autotune (kernel
+  inductor_mode            torch.compile's mode (flagperf.measure.inductor_modes, the same key and values as the
+                           operation family's): default, reduce-overhead (CUDA graphs), max-autotune (kernel
                            search + CUDA graphs), max-autotune-no-cudagraphs
   inductor_channels_last   channels-last memory format for a model with 2-D convolutions (null: on for such a
                            model on an accelerator); the input's layout change is compiled into the graph
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from pydantic import Field
@@ -22,13 +23,11 @@ from flagperf.errors import CaseUserError
 from flagperf.inference.config import InferenceConfig
 from flagperf.inference.engines import EngineEnv, EngineOptions, InferenceEngine
 from flagperf.measure.device import synchronize
-
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+from flagperf.measure.inductor_modes import INDUCTOR_MODE_HELP, InductorMode, uses_cuda_graphs
 
 
 class Options(EngineOptions):
-    inductor_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
-        default="default", description="torch.compile's mode")
+    inductor_mode: InductorMode = Field(default="default", description=INDUCTOR_MODE_HELP)
     inductor_channels_last: bool | None = Field(default=None, description="channels-last convolutions; null: "
                                                 "on for a model with Conv2d layers on an accelerator")
 
@@ -68,7 +67,7 @@ class Engine(InferenceEngine):
         self.channels_last = channels_last
         if channels_last:
             model = ChannelsLast(model.to(memory_format=torch.channels_last))
-        self.cuda_graphs = self.options.inductor_mode in CUDA_GRAPH_MODES and env.device.type == "cuda"
+        self.cuda_graphs = uses_cuda_graphs(self.options.inductor_mode, env.device.type)
         self.compiled = torch.compile(model, backend="inductor", mode=self.options.inductor_mode, dynamic=False)
         self.module = self.compiled
         self.compiled_shapes: set[tuple[Any, ...]] = set()  # (shape, dtype) of each input the model was run on

@@ -1,5 +1,12 @@
 """The operator through torch.compile (TorchInductor by default): one compiled function per operator, so the
-points of a round share its compiled code where the shapes allow; a compile happens in the correctness call."""
+points of a round share its compiled code where the shapes allow; a compile happens in the correctness call.
+
+In a graph mode (inductor_mode reduce-overhead or max-autotune, flagperf.measure.inductor_modes) on CUDA the
+compiled code replays as a CUDA graph on static input buffers: each call first copies the point's inputs into
+them, so its latency (and a memory-bound operator's GB/s) covers those copies and the kernels; the record's
+implementation line says so. The inputs are not marked static (torch._dynamo.mark_static_address): a round
+replaces a point's inputs after a call that wrote into them, and a graph bound to the old addresses would then
+read freed memory or re-record."""
 
 from __future__ import annotations
 
@@ -8,6 +15,7 @@ from typing import Any
 
 import torch
 
+from flagperf.measure.inductor_modes import graphs_phrase
 from flagperf.operation.impls import ImplEnv, OperatorImplementation
 from flagperf.operation.operators import Operator
 
@@ -27,7 +35,7 @@ def _raise_recompile_limit() -> None:
 
 
 class Implementation(OperatorImplementation):
-    """torch.compile (TorchInductor), static shapes, in the case's compile_mode"""
+    """torch.compile (TorchInductor), static shapes, in the case's inductor_mode"""
 
     def __init__(self, env: ImplEnv) -> None:
         super().__init__(env)
@@ -36,10 +44,10 @@ class Implementation(OperatorImplementation):
 
     def prepare(self, op: Operator, dtype: str, native: Callable[..., Any]) -> Callable[..., Any]:
         if native not in self.compiled:
-            mode = None if self.env.compile_mode == "default" else self.env.compile_mode  # None: torch's default
+            mode = None if self.env.inductor_mode == "default" else self.env.inductor_mode  # None: torch's default
             self.compiled[native] = torch.compile(native, dynamic=False, fullgraph=True, mode=mode)
         return self.compiled[native]
 
     def describe(self) -> str:
-        return (f"torch.compile (TorchInductor, static shapes, fullgraph, mode {self.env.compile_mode}), torch "
-                f"{torch.__version__}")
+        return (f"torch.compile (TorchInductor, static shapes, fullgraph, mode {self.env.inductor_mode}"
+                f"{graphs_phrase(self.env.inductor_mode, self.env.device.type)}), torch {torch.__version__}")

@@ -6,10 +6,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from flagperf.config.memory import MemoryNeed
-from flagperf.config.models import CaseConfig
+from flagperf.config.models import HIDDEN_INPUT, KEY_OF_MODEL_ERROR, CaseConfig
 from flagperf.errors import validation_message
+from flagperf.measure.inductor_modes import CUDA_GRAPH_MODES, INDUCTOR_MODE_HELP, InductorMode
 from flagperf.operation.operators import ELEMENT_BYTES, FP8, MAX_DIM, OPERATORS, Dims, ModelShape, Operator, shape_label
 from flagperf.operation.shape_sets import SHAPE_SETS
 from flagperf.training.shapes import BERT_PRESETS, LLAMA_PRESETS
@@ -24,6 +26,9 @@ MODEL_SHAPES: dict[str, ModelShape] = {
 
 # Models, batch sizes and sequence lengths multiply into points, each timed for a while: a grid is a few dozen.
 MAX_LIST = 64
+
+# The implementation folder that compiles (vendor_images/<vendor>/operation/compile/): inductor_mode is its setting.
+COMPILE_IMPLEMENTATION = "compile"
 
 # energy_intervals: 0 (no energy loop) or at least 3 monitor intervals, so that the loop holds 2 samples or more of
 # the energy source with some jitter in the sampling; at most 100, a point's energy loop is not a soak test.
@@ -95,6 +100,11 @@ class Tolerance(BaseModel):
         return self
 
 
+def _about(key: str, message: str) -> PydanticCustomError:
+    """A rule between keys, broken: its one line names ``key`` (and the file it came from)."""
+    return PydanticCustomError(HIDDEN_INPUT, message, {KEY_OF_MODEL_ERROR: key})
+
+
 class OperationConfig(CaseConfig):
     family: ClassVar[str] = "operation"
 
@@ -126,10 +136,11 @@ class OperationConfig(CaseConfig):
                                f"2 monitor samples); {ENERGY_MIN_INTERVALS} to {ENERGY_MAX_INTERVALS}: after the host "
                                "loop, each passed point's calls back to back for this many of the monitors' sampling "
                                "intervals, energy per work taken over that loop")
-    compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = Field(
-        default="default", description="torch.compile's mode for an implementation that compiles (compile): default, "
-                                       "reduce-overhead (CUDA graphs where the device has them) or max-autotune "
-                                       "(Triton's kernel search: minutes of compiling per shape)")
+    inductor_mode: InductorMode = Field(
+        default="default", description=f"{INDUCTOR_MODE_HELP}, for the implementation that compiles (compile); the "
+                                       "kernel search takes minutes of compiling per shape, and a CUDA graph copies "
+                                       "a call's inputs into its static buffers on every call, which the timing "
+                                       "includes")
     reference_cpu_max_elements: int = Field(
         ge=0, description="points with at most this many input elements get a float64 reference on the host CPU; "
                           "larger ones a float32 (float64 for fp32 points) reference on the device")
@@ -250,6 +261,15 @@ class OperationConfig(CaseConfig):
         if self.warmup_s + 2 * self.rep_s >= self.timeout_s:
             raise ValueError(f"warmup_s + 2 x rep_s (the timed iterations, then the host's loop of as many calls "
                              f"back to back) must be well below timeout_s ({self.timeout_s:g})")
+        if self.inductor_mode in CUDA_GRAPH_MODES and self.cuda_graphs:
+            raise _about("inductor_mode", f"{self.inductor_mode} compiles into CUDA graphs, and cuda_graphs: true "
+                         "would capture those inside a graph of its own (a nested capture): set cuda_graphs: false "
+                         "or inductor_mode: max-autotune-no-cudagraphs (or default)")
+        if (self.inductor_mode != "default" and self.implementations is not None
+                and COMPILE_IMPLEMENTATION not in self.implementations):
+            raise _about("inductor_mode", f"{self.inductor_mode} is torch.compile's mode for the "
+                         f"{COMPILE_IMPLEMENTATION} implementation, which implementations "
+                         f"({', '.join(self.implementations)}) leaves out: it would change nothing")
         return self
 
     def memory_need(self) -> MemoryNeed | None:

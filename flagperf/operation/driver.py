@@ -98,7 +98,7 @@ class Implementations:
 def load_implementations(config: OperationConfig, vendor: str, device: torch.device) -> Implementations:
     """The implementations to compare; one whose packages are missing on this host is absent, saying why."""
     found = Implementations()
-    env = ImplEnv(device=device, log=log, compile_mode=config.compile_mode)
+    env = ImplEnv(device=device, log=log, inductor_mode=config.inductor_mode)
     for name in config.implementations or vendor_implementations(vendor):
         definition = load_implementation(vendor, name)
         try:
@@ -184,12 +184,14 @@ class EnergyLoop:
 def point_metric(name: str, point: PlannedPoint, spec: SpecTable, latencies: list[float], median: float,
                  p10: float, p90: float, window: tuple[float, float], warmup_calls: int | None = None,
                  host_latency: float | None = None, energy: EnergyLoop | None = None,
-                 energy_absent: str | None = None, note: str | None = None) -> tuple[Metric, float, str]:
+                 energy_absent: str | None = None, note: str | None = None, energy_intervals: int = 0
+                 ) -> tuple[Metric, float, str]:
     """``window``: the timed iterations' (the metric's ``window``, with their work in ``work``: what the figure,
     the chip's state and the timeline are of). ``energy``: the loop energy per work is taken over (the energy loop
     or the host loop: the calls and nothing else), which becomes the metric's ``energy_window`` and
     ``energy_work``; the timed loop's flushes (and the CPU's rewarm calls) would be charged to the calls. Without
-    one, ``energy_absent`` says why (energy_per_work_absent)."""
+    one, ``energy_absent`` says why (energy_per_work_absent). ``energy_intervals``: the case's, carried with
+    whether its loop ran for this figure, so that a figure over the host loop instead is not told to set it."""
     flops, nbytes = counted(point.op, point.dims, point.dtype)
     compute = point.op.bound == "compute"
     work, unit = (float(flops or 0), "TFLOPS") if compute else (float(nbytes), "GB/s")
@@ -214,7 +216,8 @@ def point_metric(name: str, point: PlannedPoint, spec: SpecTable, latencies: lis
         window=list(window), work=work * len(latencies) / scale,
         energy_window=list(energy.window) if energy else None,
         energy_work=work * energy.calls / scale if energy else None,
-        energy_intervals=energy.intervals if energy else None,
+        energy_intervals=energy_intervals or None,
+        energy_loop_ran=bool(energy and energy.intervals) if energy_intervals else None,
         energy_per_work_absent=None if energy else energy_absent,
         statistic="rate@median")
     return metric, work, unit
@@ -554,7 +557,8 @@ class PointRunner:
         metric, _, unit = point_metric(metric_name, point, self.spec, timed.latencies, median, p10, p90,
                                        timed.window, timed.warmup_calls, timed.host_latency, energy,
                                        "operation: its host loop ran out of memory, so no loop of its calls alone "
-                                       "ran (the timed iterations' window holds the cache flushes)", note)
+                                       "ran (the timed iterations' window holds the cache flushes)", note,
+                                       self.config.energy_intervals)
         low, high = timed.median_interval or (None, None)
         flops, nbytes = counted(point.op, point.dims, point.dtype)
         share, basis = roofline(self.spec, point.op, point.dtype, flops, nbytes, median)

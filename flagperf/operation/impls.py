@@ -33,7 +33,7 @@ BASELINE = "native"  # speed-ups are against this implementation
 class ImplEnv:
     device: torch.device
     log: logging.Logger
-    compile_mode: str = "default"  # the case's compile_mode: torch.compile's mode, for an implementation that compiles
+    inductor_mode: str = "default"  # the case's inductor_mode: torch.compile's mode, for the one that compiles
 
 
 class OperatorImplementation(ABC):

@@ -102,8 +102,13 @@ def native_cat(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.cat((a, b), dim=0)
 
 
+# cross_entropy's options, one dict for the native call and the host's streamed float64 mean (sampled.py): its
+# denominator is the count of targets not ignored, as the mean's is.
+CROSS_ENTROPY_KWARGS: dict[str, int] = {"ignore_index": -100}
+
+
 def native_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits, target)
+    return F.cross_entropy(logits, target, **CROSS_ENTROPY_KWARGS)
 
 
 def native_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor

@@ -10,7 +10,8 @@ Each operator's sample says which inputs and which elements of its output: the f
 column are always in it (a kernel's tail block is where a bound is wrong), the others drawn with the point's
 seed. An operator whose output depends on all of its input at once (cross_entropy's mean) is computed whole
 on the host: from one copy where it has at most MAX_ELEMENTS elements, else from blocks of rows copied off one at
-a time, up to STREAM_MAX_ELEMENTS; past that it has no sample, which the point says.
+a time (computed when the sample is made: the sample keeps the host's value, not the device's inputs), up to
+STREAM_MAX_ELEMENTS and while one row fits a copy; past either it has no sample, which the point says.
 """
 
 from __future__ import annotations
@@ -228,33 +229,47 @@ def _sample(op: Operator, dtype: str, inputs: list[torch.Tensor], gen: torch.Gen
     if name == "cross_entropy":
         logits, target = inputs
         if logits.numel() <= MAX_ELEMENTS:
-            return [host(t, {}) for t in inputs], op.native, [{}], [()], {}
-        return [], _streamed_cross_entropy(logits, target), [{}], [()], {}
+            return [host(t, {}) for t in inputs], natives.native_cross_entropy, [{}], [()], {}
+        mean = _streamed_cross_entropy(logits, target)  # now: a closure would hold the device's inputs
+
+        def streamed() -> torch.Tensor:
+            return mean
+
+        return [], streamed, [{}], [()], {}
     raise NoSample(f"no host sample is defined for {name}")
 
 
-def _streamed_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> Callable[[], torch.Tensor]:
+def _block_rows(rows: int, vocab: int) -> int:
+    """cross_entropy's rows per block the host copies off (within MAX_ELEMENTS); NoSample where even one row of
+    logits is over it, or all of them over STREAM_MAX_ELEMENTS, saying which."""
+    why = (f"cross_entropy's output is one mean over all {rows} rows, which depends on every one of its "
+           f"{rows * vocab} logits (a sample of rows would check no part of it), and ")
+    if rows * vocab > STREAM_MAX_ELEMENTS:
+        raise NoSample(f"{why}those are over the {STREAM_MAX_ELEMENTS} the host computes in float64 block by block "
+                       "(the point's reference is the device's own kernels alone)")
+    if vocab > MAX_ELEMENTS:
+        raise NoSample(f"{why}one row of them ({vocab}) is over the {MAX_ELEMENTS} logits of one host copy, the "
+                       "blocks being whole rows (the point's reference is the device's own kernels alone)")
+    return max(1, MAX_ELEMENTS // vocab)
+
+
+def _streamed_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """cross_entropy's one mean over every row, computed on the host in float64 from blocks of rows copied off the
     device one at a time (each within MAX_ELEMENTS): its value depends on every logit, so no sample of rows can
-    check it, and the whole of them in one host copy would pass MAX_ELEMENTS. Up to STREAM_MAX_ELEMENTS logits
-    (the host's float64 pass over them takes seconds); past that there is none, said (NoSample)."""
+    check it, and the whole of them in one host copy would pass MAX_ELEMENTS. The sum of each block's losses over
+    the count of its targets not ignored, with the native call's options (natives.CROSS_ENTROPY_KWARGS)."""
     rows, vocab = logits.shape
-    if logits.numel() > STREAM_MAX_ELEMENTS:
-        raise NoSample(f"cross_entropy's output is one mean over all {rows} rows, which depends on every one of its "
-                       f"{logits.numel()} logits (a sample of rows would check no part of it), and those are over the "
-                       f"{STREAM_MAX_ELEMENTS} the host computes in float64 block by block (the point's reference is "
-                       "the device's own kernels alone)")
-    block = max(1, MAX_ELEMENTS // vocab)
-
-    def mean_loss() -> torch.Tensor:
-        total = torch.zeros((), dtype=torch.float64)
-        for start in range(0, rows, block):
-            length = min(block, rows - start)
-            total += F.cross_entropy(host(logits.narrow(0, start, length), {}),
-                                     host(target.narrow(0, start, length), {}), reduction="sum")
-        return total / rows
-
-    return mean_loss
+    block = _block_rows(rows, vocab)
+    ignore_index = natives.CROSS_ENTROPY_KWARGS["ignore_index"]
+    total = torch.zeros((), dtype=torch.float64)
+    counted = 0
+    for start in range(0, rows, block):
+        length = min(block, rows - start)
+        targets = host(target.narrow(0, start, length), {})
+        total += F.cross_entropy(host(logits.narrow(0, start, length), {}), targets, reduction="sum",
+                                 **natives.CROSS_ENTROPY_KWARGS)
+        counted += int((targets != ignore_index).sum())
+    return total / counted  # no target counted: NaN, as the native mean
 
 
 class NoSample(Exception):
@@ -269,7 +284,7 @@ def host_sample(op: Operator, dtype: str, inputs: list[torch.Tensor], seed: int)
     what = "; ".join(_describe(a, s, names) for a, s in zip(axes, sizes, strict=True))
     if op.name == "cross_entropy" and inputs[0].numel() > MAX_ELEMENTS:  # streamed: how, as a sample says which
         rows, vocab = inputs[0].shape
-        what += f" (the mean over all {rows} rows, from blocks of {max(1, MAX_ELEMENTS // vocab)} rows copied off)"
+        what += f" (the mean over all {rows} rows, from blocks of {_block_rows(rows, vocab)} rows copied off)"
     if dtype == FP8:
         what += " (dequantised)"
     return Sample(inputs=host_inputs, fn=fn, axes=axes, sizes=sizes, what=what)

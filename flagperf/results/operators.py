@@ -97,6 +97,8 @@ class PointFigures:
     max_abs_error: float | None = None
     reference: str | None = None
     reference_sample: str | None = None  # a large point's float64 host sample (which elements), or "none: why"
+    references: list[tuple[str, str | None]] = field(default_factory=list)  # each distinct (reference, sample) of
+    # the rounds that state one, in the order met: more than one where rounds checked the point differently
     formula: str | None = None  # the operator's FLOP and byte counting, as the round stated it
     by_round: dict[RoundKey, RoundFigure] = field(default_factory=dict)  # the rounds that passed it
     metric: str | None = None  # its metric's name among the rounds' metrics
@@ -197,15 +199,14 @@ def method_lines(results: Iterable[RoundResult]) -> list[str]:
     iterations, the cache flush, device graphs, each implementation (with its library's version), what the
     points were checked against, and why points have no share of the roofline. Rounds that state something
     differently (hosts with other caches) each add their wording."""
+    results = list(results)
     cases: dict[str, dict[str, dict[str, None]]] = {}
-    checked: dict[str, dict[str, int]] = {}  # case -> what its points were checked against -> points
     for result in results:
         if result.family != FAMILY or result.operation is None:
             continue
         op = result.operation
         found = cases.setdefault(result.case, {"timing": {}, "flush": {}, "graphs": {}, "impls": {}, "roofline": {},
                                                "iterations": {}, "warmup": {}, "energy": {}, "notes": {}})
-        against = checked.setdefault(result.case, {})
         found["timing"][op.timing] = None
         found["flush"][op.flush] = None
         found["graphs"][op.graphs] = None
@@ -214,9 +215,6 @@ def method_lines(results: Iterable[RoundResult]) -> list[str]:
         for name, text in op.implementations.items():
             found["impls"][f"{name}: {text}"] = None
         for point in op.points:
-            if point.reference and point.status != "skipped":
-                kind = _checked_against(point.reference, point.reference_sample)
-                against[kind] = against.get(kind, 0) + 1
             if point.status == "passed" and point.roofline is None and point.roofline_basis:
                 found["roofline"][point.roofline_basis] = None
             if point.status == "passed" and point.note:  # what a passed point lacks (its host loop ran out of memory)
@@ -226,6 +224,12 @@ def method_lines(results: Iterable[RoundResult]) -> list[str]:
                 found["iterations"][point.iterations] = None
                 if point.warmup_calls:
                     found["warmup"][point.warmup_calls] = None
+    # the same count as each operator's headline: per point and implementation, its rounds merged
+    against: dict[str, dict[str, int]] = {}
+    for figure in points_of(results):
+        counts = against.setdefault(figure.case, {})
+        for kind, count in checked_counts([figure]).items():
+            counts[kind] = counts.get(kind, 0) + count
     lines = []
     for case, found in cases.items():
         counts = "".join(f"; {what} per point: {_count_range(list(found[key]))}"
@@ -236,22 +240,13 @@ def method_lines(results: Iterable[RoundResult]) -> list[str]:
                      + (f"; energy loop: {md_text('; '.join(found['energy']))}" if found["energy"] else "")
                      + counts)
         lines += [f"  - {md_text(impl)}" for impl in found["impls"]]
-        if checked[case]:
+        if against.get(case):
             lines.append("  - checked against: " + "; ".join(
                 f"{md_text(kind)} ({count} point-implementation pair{'s' if count != 1 else ''})"
-                for kind, count in checked[case].items()))
+                for kind, count in against[case].items()))
         lines += [f"  - % of roofline not computed: {md_text(why)}" for why in found["roofline"]]
         lines += [f"  - {md_text(note)}" for note in found["notes"]]
     return [*lines, ""] if lines else []
-
-
-def _checked_against(reference: str, sample: str | None) -> str:
-    """A point's references in a few words: the whole one, and a large point's float64 host sample or why none."""
-    if sample is None:
-        return reference
-    if sample.startswith("none"):
-        return f"{reference}, no host sample ({sample.removeprefix('none: ')})"
-    return f"{reference} and a float64 host sample of the output"
 
 
 HOST_SAMPLE_PREFIX = "float64 on cpu at "  # flagperf.operation.sampled: Sample.reference's description
@@ -278,15 +273,25 @@ def checked(reference: str | None, sample: str | None) -> Checked | None:
     return Checked(f"{reference} + float64 host sample", elements=sample.removeprefix(HOST_SAMPLE_PREFIX))
 
 
+def point_checked(point: PointFigures) -> Checked | None:
+    """What a point was checked against over its rounds: where they checked it differently (another code's sample,
+    a round whose host sample failed), each kind, said as such rather than the last round's."""
+    kinds = list(dict.fromkeys(c for pair in point.references if (c := checked(*pair)) is not None))
+    if len(kinds) > 1:
+        return Checked("rounds differ: " + " / ".join(dict.fromkeys(c.kind for c in kinds)))
+    return kinds[0] if kinds else checked(point.reference, point.reference_sample)
+
+
 def checked_counts(points: Iterable[PointFigures]) -> dict[str, int]:
-    """What the points that ran were checked against, in a few words each (with why a host sample is missing),
-    and how many point-implementation pairs: the operator's headline and summary.json's ``checked``."""
+    """What the points that ran were checked against, by kind alone (why a host sample is missing is the operator
+    table's footnote: a reason carries the shape's sizes, one label per shape), and how many point-implementation
+    pairs, each once whatever its rounds: the operator's headline, summary.json's ``checked`` and the report's
+    method lines."""
     counts: dict[str, int] = {}
     for p in points:
-        found = checked(p.reference, p.reference_sample) if p.status != "skipped" else None
+        found = point_checked(p) if p.status != "skipped" else None
         if found is not None:
-            label = found.kind + (f" ({found.why})" if found.why else "")
-            counts[label] = counts.get(label, 0) + 1
+            counts[found.kind] = counts.get(found.kind, 0) + 1
     return counts
 
 
@@ -350,6 +355,8 @@ def points_of(results: Iterable[RoundResult]) -> list[PointFigures]:
             if p.reference:  # a skipped point (no form of the operator) still states it; fp8 skipped on all none
                 entry.reference = p.reference
                 entry.reference_sample = p.reference_sample
+                if (p.reference, p.reference_sample) not in entry.references:
+                    entry.references.append((p.reference, p.reference_sample))
     return list(figures.values())
 
 
@@ -680,7 +687,7 @@ def _checked_cell(points: list[PointFigures], reasons: dict[str, int]) -> str:
     """What a dtype x shape's output was checked against (the same for each implementation: one reference per
     point): the whole reference, and a large point's float64 host sample with its elements, or a numbered note
     (under the table, ``reasons``) saying why it has none."""
-    found = next((c for p in points if (c := checked(p.reference, p.reference_sample)) is not None), None)
+    found = next((c for p in points if (c := point_checked(p)) is not None), None)
     if found is None:
         return "-"
     if found.elements:

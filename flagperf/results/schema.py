@@ -171,9 +171,14 @@ class Metric(_Model):
                                               "between the samples inside it x its length; None: `window`")
     energy_work: float | None = Field(default=None, ge=0, description="the work done in `energy_window`, in unit x "
                                       "seconds: energy per work is the energy over `energy_window` / energy_work")
-    energy_intervals: int | None = Field(default=None, ge=1, description="operation: `energy_window` is the energy "
-                                         "loop, asked to last this many of the monitors' sampling intervals (the "
-                                         "case's energy_intervals); None: the host loop, or no loop of its own")
+    energy_intervals: int | None = Field(default=None, ge=1, description="operation: the case's energy_intervals "
+                                         "(the energy loop asked to last this many of the monitors' sampling "
+                                         "intervals); None: no energy loop asked")
+    energy_loop_ran: bool | None = Field(default=None, description="operation, with energy_intervals: whether this "
+                                         "figure's energy loop ran (`energy_window` is it); False: it did not (out of "
+                                         "memory, no monitor interval), `energy_window` is the host loop's or none; "
+                                         "None: not said (a record from before: energy_intervals was set only where "
+                                         "it ran)")
     energy_per_work_absent: str | None = Field(default=None, description="why the figure has no energy per work "
                                                "whatever the monitors sampled (operation: no loop of the point's "
                                                "calls alone ran)")

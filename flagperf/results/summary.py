@@ -195,6 +195,10 @@ def per_work(stats: WindowStats, metric: Metric, seen: list[MonitorSeries]) -> P
                            "or stopped early)")
     why = (f"{energy.samples} sample(s) of the {energy.source} energy inside the "
            f"{f'{length:.3g} s ' if length is not None else ''}{which}, 2 needed")
+    if own and metric.energy_intervals and metric.energy_loop_ran is False:  # asked, but over the host loop
+        return PerWork(source=energy.source, kind="few-host", length=length,
+                       why=f"{why}; operation: over the host loop, the energy loop (energy_intervals "
+                           f"{metric.energy_intervals}) having not run for it (the point's note says why)")
     if own and metric.energy_intervals:  # the energy loop ran: setting energy_intervals again changes nothing
         return PerWork(source=energy.source, kind="few-loop", length=length,
                        why=f"{why}; operation: the energy loop ran (energy_intervals {metric.energy_intervals}) and "
@@ -248,6 +252,11 @@ def _per_work_notes(notes: MonitorNotes, r: RoundResult, works: list[PerWork]) -
                      "source" + (f" ({shortest:.3g} s at the shortest)" if shortest is not None else "")
                      + " (its samples further apart than the monitors' interval): a longer loop (more "
                        "energy_intervals) or a shorter --monitor-interval", r)
+    fallen = [w for w in works if w.kind == "few-host"]
+    if fallen:
+        _note(notes, f"energy per work of {len(fallen)} of {len(asked)} figures left out (energy_per_work_note): "
+                     "fewer than 2 samples of the energy source inside the host loop they fell back to, their energy "
+                     "loop (energy_intervals) not having run (each point's note says why)", r)
     uncovered = [w for w in works if w.kind == "uncovered"]
     if uncovered:
         _note(notes, f"energy per work of {len(uncovered)} of {len(asked)} figures left out (energy_per_work_note): "

@@ -153,28 +153,44 @@ def test_on_the_cpu_a_large_point_has_the_whole_float64_reference_and_no_redunda
 
 
 def test_the_report_says_what_the_points_were_checked_against() -> None:
+    """The method lines' "checked against" counted each round's points under labels of their own, while the
+    operator's headline counted points merged over rounds under other labels: the same words, two counts. Both are
+    checked_counts now: by kind (the reasons are the operator table's footnotes), each point-implementation pair
+    once whatever its rounds; rounds that checked a point differently say so instead of the last one winning."""
     from datetime import datetime, timezone
 
-    from flagperf.results.operators import method_lines
+    from flagperf.results.operators import checked_counts, method_lines, points_of
     from flagperf.results.schema import OperationReport, OperatorPoint, RoundResult
 
-    def point(reference: str, sample: str | None, status: str = "passed") -> OperatorPoint:
-        return OperatorPoint(operator="mm", group="gemm", dtype="bf16", shape={"M": 1}, source="given",
+    def point(m: int, reference: str, sample: str | None, status: str = "passed") -> OperatorPoint:
+        return OperatorPoint(operator="mm", group="gemm", dtype="bf16", shape={"M": m}, source="given",
                              implementation="native", status=status, reference=reference, reference_sample=sample)
 
-    points = [point("float64 on cpu", None), point("float32 on cuda", "float64 on cpu at 4 of 9 output elements"),
-              point("float32 on cuda", "float64 on cpu at 4 of 9 output elements", "failed"),
-              point("float32 on cuda", "none: cross_entropy's output is one mean"),
-              point("float32 on cuda", "float64 on cpu at 1 of 1 output elements", "skipped")]
-    now = datetime.now(timezone.utc)
-    result = RoundResult(run_id="r", case="op-gemm", family="operation", round=1, host="h", node_rank=0,
-                         vendor="nvidia", status="success", started_at=now, finished_at=now, duration_s=1.0,
-                         measured_seconds=1.0, metrics=[], config={},
-                         operation=OperationReport(timing="t", flush="f", graphs="g", counting={}, tolerances={},
-                                                   points=points))
-    assert ("  - checked against: float64 on cpu (1 point-implementation pair); float32 on cuda and a float64 "
-            "host sample of the output (2 point-implementation pairs); float32 on cuda, no host sample "
-            "(cross_entropy's output is one mean) (1 point-implementation pair)") in method_lines([result])
+    def result(number: int, points: list[OperatorPoint]) -> RoundResult:
+        now = datetime.now(timezone.utc)
+        return RoundResult(run_id="r", case="op-gemm", family="operation", round=number, host="h", node_rank=0,
+                           vendor="nvidia", status="success", started_at=now, finished_at=now, duration_s=1.0,
+                           measured_seconds=1.0, metrics=[], config={},
+                           operation=OperationReport(timing="t", flush="f", graphs="g", counting={}, tolerances={},
+                                                     points=points))
+
+    sample = "float64 on cpu at 4 of 9 output elements"
+    first = [point(1, "float64 on cpu", None), point(2, "float32 on cuda", sample),
+             point(3, "float32 on cuda", sample, "failed"),
+             point(4, "float32 on cuda", "none: cross_entropy's output is one mean over all 4 rows"),
+             point(5, "float32 on cuda", "none: cross_entropy's output is one mean over all 5 rows"),
+             point(6, "float32 on cuda", "float64 on cpu at 1 of 1 output elements", "skipped"),
+             point(7, "float32 on cuda", sample)]
+    second = [*first[:6], point(7, "float32 on cuda", "none: the host sample ran out of memory")]
+    results = [result(1, first), result(2, second)]
+    assert ("  - checked against: float64 on cpu, whole output (1 point-implementation pair); float32 on cuda + "
+            "float64 host sample (2 point-implementation pairs); float32 on cuda only, no host sample (2 "
+            "point-implementation pairs); rounds differ: float32 on cuda + float64 host sample / float32 on cuda "
+            "only, no host sample (1 point-implementation pair)") in method_lines(results)
+    assert checked_counts(points_of(results)) == {
+        "float64 on cpu, whole output": 1, "float32 on cuda + float64 host sample": 2,
+        "float32 on cuda only, no host sample": 2,
+        "rounds differ: float32 on cuda + float64 host sample / float32 on cuda only, no host sample": 1}
 
 
 def test_each_point_in_the_report_says_what_it_was_checked_against(tmp_path: Path) -> None:
@@ -225,8 +241,7 @@ def test_each_point_in_the_report_says_what_it_was_checked_against(tmp_path: Pat
     column = OPERATOR_HEADER.index("checked against (point-implementation pairs)")
     assert operator_cells(entries["mm"], plain)[column] == ("float64 on cpu, whole output: 2; float32 on cuda + "
                                                             "float64 host sample: 2")
-    assert operator_cells(entries["cross_entropy"], plain)[column] == \
-        f"float32 on cuda only, no host sample ({why}): 1"
+    assert operator_cells(entries["cross_entropy"], plain)[column] == "float32 on cuda only, no host sample: 1"
     assert operator_cells({**entries["mm"], "checked": None})[column] == "-"  # a summary.json from before
     kept = {(p["shape"], p["implementation"]): p for p in entries["mm"]["points"]}
     assert kept[("M2", "fast")]["reference"] == "float32 on cuda" and kept[("M2", "fast")]["reference_sample"] == \
@@ -273,6 +288,22 @@ def test_cross_entropy_past_one_host_copy_is_checked_whole_in_float64_from_block
     (ref,) = sample.reference().outputs
     whole = torch.nn.functional.cross_entropy(logits.double(), target)
     assert ref.dtype == torch.float64 and ref.shape == () and torch.allclose(ref, whole, rtol=1e-12, atol=1e-12)
+    # the mean is over the targets not ignored (ignore_index, as the native call's), counted block by block
+    target[[0, 3, 4]] = -100
+    (ignored,) = host_sample(op, "bf16", [logits, target], 0).reference().outputs
+    assert torch.allclose(ignored, torch.nn.functional.cross_entropy(logits.double(), target), rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(ignored, torch.nn.functional.cross_entropy(logits.double(), target, reduction="sum") / 7)
+    # the sample keeps the host's value, not the device's inputs (held across every implementation of the point)
+    alive = weakref.ref(logits)
+    kept = host_sample(op, "bf16", [logits, target], 0)
+    del logits, target
+    assert alive() is None, "the sample holds the point's logits"
+    assert kept.reference().outputs[0] == ignored
+    # a vocabulary over one host copy (blocks are whole rows): no sample, said, rather than copies past the limit
+    monkeypatch.setattr(sampled, "MAX_ELEMENTS", 30)
+    with pytest.raises(NoSample, match=r"one row of them \(40\) is over the 30 logits of one host copy"):
+        host_sample(op, "bf16", make_inputs(op, {"R": 7, "V": 40}, "bf16", CPU, seed=0), 0)
+    monkeypatch.setattr(sampled, "MAX_ELEMENTS", 100)
     big = make_inputs(op, {"R": 13, "V": 40}, "bf16", CPU, seed=0)  # 520 logits
     with pytest.raises(NoSample, match=r"one mean over all 13 rows, which depends on every one of its 520 logits "
                                         r"\(a sample of rows would check no part of it\), and those are over the 500"):
@@ -511,7 +542,8 @@ def test_the_energy_loop_lasts_the_monitor_intervals_asked_whatever_max_iters(
                                            "was not told the monitors' interval")
     assert "calls of the host loop (back to back, no flush)" in (untold.metrics[0].note or "")
     # the metric says its energy_window is the energy loop (a note on too few samples then says it ran)
-    assert metric.energy_intervals == 3 and untold.metrics[0].energy_intervals is None
+    assert metric.energy_intervals == 3 and metric.energy_loop_ran is True
+    assert (untold.metrics[0].energy_intervals, untold.metrics[0].energy_loop_ran) == (3, False)
 
 
 def test_energy_intervals_is_checked_and_a_loop_past_the_timeout_is_one_line(cpu_spec: SpecTable) -> None:
@@ -589,6 +621,8 @@ def test_out_of_memory_in_the_host_loop_keeps_the_passed_point_without_its_host_
         "): energy per work over the host loop instead")
     assert "the 3 calls of the host loop (back to back" in (metrics["energy"].note or "")
     assert metrics["energy"].energy_per_work_absent is None
+    # the case's energy_intervals rides with the figure, with whether its loop ran (a summary then never asks for it)
+    assert (metrics["energy"].energy_intervals, metrics["energy"].energy_loop_ran) == (3, False)
     # the report's lines on how the case was measured say which points lack what
     lines = method_lines([_round(OperationReport(timing="-", flush="-", graphs="-", counting={}, tolerances={},
                                                  points=runner.points))])
@@ -685,19 +719,30 @@ def test_too_few_samples_in_an_energy_loop_that_ran_says_so_and_does_not_ask_for
         Metric(name="loop", value=1.0, unit="GB/s", window=[T0 + 1, T0 + 2], work=1.0,
                energy_window=[T0 + 2.1, T0 + 3.05], energy_work=1.0, energy_intervals=3),  # 1 sample inside
         Metric(name="host", value=1.0, unit="GB/s", window=[T0 + 1, T0 + 2], work=1.0,
-               energy_window=[T0 + 4.1, T0 + 4.2], energy_work=1.0)], {"system": samples})
+               energy_window=[T0 + 4.1, T0 + 4.2], energy_work=1.0),
+        # energy_intervals set, but its loop did not run (out of memory): over the host loop, and not asked to set it
+        Metric(name="fell", value=1.0, unit="GB/s", window=[T0 + 1, T0 + 2], work=1.0,
+               energy_window=[T0 + 5.1, T0 + 5.2], energy_work=1.0, energy_intervals=3, energy_loop_ran=False)],
+        {"system": samples})
     rows = {r["metric"]: r for r in summary.rows.to_dict("records")}
     assert rows["loop"]["energy_per_work_note"] == (
         "1 sample(s) of the cpu packages energy inside the 0.95 s energy window, 2 needed; operation: the energy loop "
         "ran (energy_intervals 3) and held 1 sample(s): a longer loop (more energy_intervals) or a shorter "
         "--monitor-interval")
     assert rows["host"]["energy_per_work_note"].endswith("2 needed; operation: set energy_intervals")
+    assert rows["fell"]["energy_per_work_note"].endswith("2 needed; operation: over the host loop, the energy loop "
+                                                         "(energy_intervals 3) having not run for it (the point's note "
+                                                         "says why)")
     notes = [n for n in summary.monitor_notes if "energy per work" in n]
+    assert "op round 1 on h1: energy per work of 1 of 3 figures left out (energy_per_work_note): fewer than 2 " \
+           "samples of the energy source inside the host loop they fell back to, their energy loop " \
+           "(energy_intervals) not having run (each point's note says why)" in notes, notes
+    notes.remove(next(n for n in notes if "fell back" in n))
     assert len(notes) == 2 and notes[0].endswith("operation: set the case's energy_intervals (a loop of each point's "
                                                  "calls over that many monitor intervals); elsewhere sample faster "
                                                  "(--monitor-interval, down to 0.1 s)"), notes
     assert notes[1] == (
-        "op round 1 on h1: energy per work of 1 of 2 figures left out (energy_per_work_note): operation's energy loop "
+        "op round 1 on h1: energy per work of 1 of 3 figures left out (energy_per_work_note): operation's energy loop "
         "ran (energy_intervals) and still held fewer than 2 samples of the energy source (0.95 s at the shortest) (its "
         "samples further apart than the monitors' interval): a longer loop (more energy_intervals) or a shorter "
         "--monitor-interval"), notes
@@ -867,16 +912,34 @@ def test_the_operation_family_never_branches_on_a_device_name() -> None:
     assert not found, "\n".join(found)
 
 
-def test_compile_mode_is_the_cases_choice_checked_in_one_line_and_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_inductor_mode_is_the_cases_choice_checked_in_one_line_and_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch.compile's mode was fixed at its default: a lab could not time reduce-overhead (CUDA graphs) or
-    max-autotune. The case's compile_mode reaches torch.compile and the implementation's line in the record; a
-    mode torch does not have is one line naming the file and the key."""
-    with pytest.raises(ValidationError) as caught:
-        config(compile_mode="fastest")
-    error = pydantic_error_to_config_error(caught.value, "cases/operation/op-gemm/case.yaml")
-    assert "\n" not in str(error) and error.key == "compile_mode", str(error)
-    assert "cases/operation/op-gemm/case.yaml" in str(error) and "'max-autotune'" in str(error), str(error)
-    assert config().compile_mode == "default"
+    max-autotune. The case's inductor_mode (the inference family's key and values, max-autotune-no-cudagraphs among
+    them) reaches torch.compile and the implementation's line in the record, which says where a mode's CUDA graphs
+    copy the inputs on every call and that the CPU has none; a mode torch does not have, a graph mode inside
+    cuda_graphs: true (a nested capture) and a mode no listed implementation compiles with are one line each naming
+    the file and the key."""
+    from flagperf.inference.inductor import Options
+    from flagperf.measure.inductor_modes import graphs_phrase
+
+    assert OperationConfig.model_fields["inductor_mode"].annotation == Options.model_fields["inductor_mode"].annotation
+    for changes, message in (
+            ({"inductor_mode": "fastest"}, "'max-autotune-no-cudagraphs'"),
+            ({"inductor_mode": "reduce-overhead", "cuda_graphs": True}, "reduce-overhead compiles into CUDA graphs, "
+             "and cuda_graphs: true would capture those inside a graph of its own (a nested capture)"),
+            ({"inductor_mode": "max-autotune-no-cudagraphs", "implementations": ["native"]},
+             "max-autotune-no-cudagraphs is torch.compile's mode for the compile implementation, which "
+             "implementations (native) leaves out")):
+        with pytest.raises(ValidationError) as caught:
+            config(**changes)
+        error = pydantic_error_to_config_error(caught.value, "cases/operation/op-gemm/case.yaml")
+        assert "\n" not in str(error) and error.key == "inductor_mode", str(error)
+        assert str(error).startswith("cases/operation/op-gemm/case.yaml: inductor_mode: ") and message in str(error), \
+            str(error)
+    assert config().inductor_mode == "default"
+    assert config(inductor_mode="max-autotune-no-cudagraphs", cuda_graphs=True, implementations=["native", "compile"]
+                  ).cuda_graphs  # no graphs of its own
+    assert config(inductor_mode="max-autotune", implementations=None).implementations is None  # compile among all
 
     modes: list[Any] = []
     real = torch.compile
@@ -887,11 +950,17 @@ def test_compile_mode_is_the_cases_choice_checked_in_one_line_and_recorded(monke
 
     monkeypatch.setattr(torch, "compile", compile_spy)
     op = OPERATORS["add"]
-    for mode, passed in (("default", None), ("reduce-overhead", "reduce-overhead"), ("max-autotune", "max-autotune")):
-        impls = load_implementations(config(compile_mode=mode, implementations=["compile"]), "cpu", CPU)
+    for mode, passed, graphs in (("default", None, ""), ("reduce-overhead", "reduce-overhead",
+                                                         " (no CUDA graphs on cpu)"),
+                                 ("max-autotune", "max-autotune", " (no CUDA graphs on cpu)"),
+                                 ("max-autotune-no-cudagraphs", "max-autotune-no-cudagraphs", "")):
+        impls = load_implementations(config(inductor_mode=mode, implementations=["compile"]), "cpu", CPU)
         impls.ready["compile"].prepare(op, "fp32", op.native)
         assert modes[-1] == passed
-        assert f"fullgraph, mode {mode}), torch " in impls.described["compile"], impls.described
+        assert f"fullgraph, mode {mode}{graphs}), torch " in impls.described["compile"], impls.described
+    # on CUDA a graph mode's line says the graphs and the input copies each call makes (no device here to run one)
+    assert graphs_phrase("reduce-overhead", "cuda").startswith("; CUDA graphs: each call first copies its inputs")
+    assert graphs_phrase("max-autotune-no-cudagraphs", "cuda") == ""
 
 
 # ------------------------------------------------------------------ bench/operation_gpu.py
@@ -912,8 +981,10 @@ def test_the_gpu_bench_records_the_host_latency_beside_the_device_clocks(
     assert record["energy"] == "0.3 s: energy_intervals 3 x the monitors' 0.1 s interval"
     assert record["monitors"]["system"]["exit"] == 0 and record["monitors"]["system"]["samples"] >= 2
     for p in record["points"]:
-        if p["status"] == "passed":
-            assert p["energy_per_work"] is not None or p["energy_per_work_note"], p
+        if p["status"] == "passed" and p["energy_per_work"] is None:  # this CPU: no energy counter to read
+            assert p["energy_per_work_note"] == "no power or energy source in the monitors' samples (system)", p
+        elif p["status"] == "passed":  # a host whose monitor reads one: over the loop's own samples
+            assert p["energy_per_work_samples"] >= 2 and p["energy_per_work_note"] is None, p
     assert "| % of roofline | energy per work | error |" in (tmp_path / "operation_gpu_quick.md").read_text()
     # --cuda-graphs asks the case key; the CPU has none, which the record says
     assert record["cuda_graphs"] is True and record["graphs"].startswith("the CPU has no device graphs")
@@ -932,8 +1003,13 @@ def test_the_gpu_bench_records_the_host_latency_beside_the_device_clocks(
     from bench import operation_gpu
     from bench.operation_gpu import Monitors, geomeans, markdown
 
-    # a wrong energy loop is one line before anything runs
+    # a wrong energy loop is one line before anything runs; the monitors refuse an interval under 0.1 s, and they run
+    # only for the energy loop
     for argv, message in ((["--energy-intervals", "2"], "--energy-intervals: 0 or 3 to 100 (got 2)"),
+                          (["--energy-intervals", "3", "--monitor-interval", "0.05"],
+                           "--monitor-interval: 0.1 to 60 seconds (got 0.05)"),
+                          (["--monitor-interval", "0.5"], "--monitor-interval: the monitors run only with "
+                                                          "--energy-intervals"),
                           (["--energy-intervals", "100", "--monitor-interval", "6"],
                            "--energy-intervals: energy_intervals: 100 x the monitors' 6 s interval = 600 s per point")):
         monkeypatch.setattr(sys, "argv", ["operation_gpu.py", "--quick", *argv])
@@ -960,6 +1036,38 @@ def test_the_gpu_bench_records_the_host_latency_beside_the_device_clocks(
     assert found["held"]["energy_per_work_unit"] == "J/GB" and found["held"]["energy_per_work_samples"] == 5
     assert found["short"]["energy_per_work"] is None and "the energy loop ran (energy_intervals 3) and held 0 " \
         "sample(s)" in found["short"]["energy_per_work_note"]
+    # a figure with no work counted (0) has no energy per work for that reason, not for want of a source
+    report = OperationReport(timing="t", flush="f", graphs="g", counting={}, tolerances={})
+    nothing = monitors.energy(OperationOutcome(metrics=[Metric(name="zero", value=0.0, unit="GB/s", window=[T0, T0 + 1],
+                                                               work=0.0)], report=report, measured_seconds=1.0))
+    assert nothing["zero"]["energy_per_work_note"] == "no work counted for it (0.0): energy per work has nothing to " \
+        "divide by"
+    # a monitor that exited non-zero before its first sample: its exit code and the tail of its log, not "no source"
+    broken = Monitors.__new__(Monitors)
+    broken.paths, broken.logs = {"system": tmp_path / "broken.jsonl"}, {"system": tmp_path / "broken.log"}
+    with broken.logs["system"].open("wb") as log:
+        broken.procs = {"system": subprocess.Popen([sys.executable, "-c", "import sys; print('starting', file=sys."
+                                                    "stderr); sys.exit('no counter readable')"], stderr=log)}
+    broken.procs["system"].wait(timeout=60)
+    note = broken.energy(OperationOutcome(metrics=[Metric(name="m", value=1.0, unit="GB/s", window=[T0, T0 + 1],
+                                                          work=1.0)], report=report, measured_seconds=1.0))
+    assert note["m"]["energy_per_work_note"] == "monitor system exited 1 with 0 samples (starting no counter readable)"
+    # a failure while the monitors start (a second one that cannot, or the wait for their first samples) stops the
+    # ones started: both are inside main's try; the monitors run past a budget over an hour
+    seen: list[Monitors] = []
+
+    def wait_fails(self: Monitors, timeout_s: float = 60.0) -> None:
+        seen.append(self)
+        raise RuntimeError("a monitor could not start")
+
+    monkeypatch.setattr(Monitors, "wait_sampling", wait_fails)
+    monkeypatch.setattr(sys, "argv", ["operation_gpu.py", "--quick", "--operators", "add", "--energy-intervals", "3",
+                                      "--budget-s", "4000", "--out", str(tmp_path / "stopped")])
+    with pytest.raises(RuntimeError, match="a monitor could not start"):
+        operation_gpu.main()
+    (proc,) = seen[0].procs.values()
+    assert proc.poll() is not None, "a monitor left running"
+    assert proc.args[proc.args.index("--max-seconds") + 1] == "4600"
 
     def point(impl: str, shape: int, latency: float, host: float | None) -> dict[str, Any]:
         return {"operator": "add", "dtype": "bf16", "shape": {"R": shape}, "implementation": impl,
@@ -973,3 +1081,8 @@ def test_the_gpu_bench_records_the_host_latency_beside_the_device_clocks(
     assert row["host_geomean"] == pytest.approx(0.5) and row["host_points"] == 1  # native's second has none
     text = markdown({**record, "geomeans": [row], "points": points})
     assert "| bf16 | flaggems | 1.000 | 2 | 0.500 | 1 |" in text
+    # a cell's newlines would end the table's row: each cell is one line
+    broken_row = {**points[0], "status": "failed", "error": "RuntimeError: first line\nsecond | line"}
+    text = markdown({**record, "geomeans": [], "points": [broken_row]})
+    (row_line,) = [line for line in text.splitlines() if line.startswith("| add |")]
+    assert row_line.endswith("| RuntimeError: first line second \\| line |"), row_line
