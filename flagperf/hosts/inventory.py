@@ -714,20 +714,17 @@ def visible_env_note(vendor: str, given: str, where: str) -> str | None:
     """FlagPerf's ACCE_VISIBLE_DEVICE_ENV_NAME (``given``, written at ``where``) against the vendor's
     container.visible_devices_env: a round narrows each of its devices with the vendor's variable (measure.fanout),
     the FlagPerf file's only names the one a host's visible_devices sets, which neither FlagPerf file can set; so a
-    name that differs is said, in one line, rather than silently not used. None when they agree (or the vendor's
-    vendor.yaml does not load: the run says why)."""
+    name that differs is said, in one line, rather than silently not used. None when they agree, when the vendor
+    names no such variable (it has no devices a round narrows: nothing to agree with), or when its vendor.yaml does
+    not load (the run says why)."""
     try:
         vendor_def = load_vendor(vendor)
     except FlagperfError:
         return None
     theirs = vendor_def.manifest.container.visible_devices_env
-    if theirs == given:
+    if theirs is None or theirs == given:  # None: no devices to narrow (the host CPU), so nothing to agree with
         return None
     manifest = display_path(vendor_def.folder / VENDOR_MANIFEST)
-    if theirs is None:
-        return (f"{where}: ACCE_VISIBLE_DEVICE_ENV_NAME: {given}, but vendor {vendor} names no visible-devices variable"
-                f" ({manifest}: container.visible_devices_env): a round does not narrow each device by {given}; "
-                f"add `visible_devices_env: {given}` under container: there")
     return (f"{where}: ACCE_VISIBLE_DEVICE_ENV_NAME: {given}, but vendor {vendor}'s is {theirs} ({manifest}: "
             f"container.visible_devices_env): a round narrows each device by {theirs}; give the same name in both")
 

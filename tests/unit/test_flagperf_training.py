@@ -458,11 +458,11 @@ def test_acce_visible_device_env_name_is_held_to_the_vendors_visible_devices_env
     assert said == [f"{other}:4: ACCE_VISIBLE_DEVICE_ENV_NAME: MLU_VISIBLE_DEVICES, but vendor nvidia's is "
                     f"CUDA_VISIBLE_DEVICES (vendor_images/nvidia/vendor.yaml: container.visible_devices_env): a round "
                     "narrows each device by CUDA_VISIBLE_DEVICES; give the same name in both"], said
+    # A vendor with no visible-devices variable has no devices a round narrows (the host CPU): FlagPerf's name, as
+    # the project's own example inventory keeps it, is nothing to advise on (it was told to add the CUDA name).
     host_yaml = tmp_path / "host.yaml"
     host_yaml.write_text("VENDOR: cpu\nHOSTS: [h]\nCASES: {computation-FP32: pytorch}\n"
                          "ACCE_VISIBLE_DEVICE_ENV_NAME: CUDA_VISIBLE_DEVICES\n", encoding="utf-8")
-    said = [note for note in load_inventory(host_yaml).notes if "ACCE_VISIBLE" in note]
-    assert said == [f"{host_yaml}: ACCE_VISIBLE_DEVICE_ENV_NAME: CUDA_VISIBLE_DEVICES, but vendor cpu names no "
-                    "visible-devices variable (vendor_images/cpu/vendor.yaml: container.visible_devices_env): a round "
-                    "does not narrow each device by CUDA_VISIBLE_DEVICES; add `visible_devices_env: "
-                    "CUDA_VISIBLE_DEVICES` under container: there"], said
+    assert not [note for note in load_inventory(host_yaml).notes if "ACCE_VISIBLE" in note]
+    example = PROJECT_ROOT / "deployments" / "inventories" / "flagperf-host.yaml"
+    assert not [note for note in load_inventory(example).notes if "ACCE_VISIBLE" in note]
