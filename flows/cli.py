@@ -1047,45 +1047,74 @@ def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.M
                       "config_<hw>x<nnodes>x<nproc>.yaml|.py (validate one of those)")
 
 
-def _check_case_vendors(case: CaseDef) -> None:
+def _check_case_vendors(case: CaseDef, notes: list[str]) -> None:
     """Each vendor's files of the case as a run with `--vendor <it>` reads them: its settings file (vendor/<vendor>.yaml
     or <vendor>_configurations.yaml, or the same name in the vendor folder's cases/<family>/<case>/), the training
-    scale file of the case's default scale, and its adaptation folder; every vendor's findings at once. Read, never
-    imported nor run (the .py scale files are read as literals)."""
-    from flagperf.config.adaptation import VENDOR_CASES_FOLDER, read_adaptation
+    scale file of the case's default scale, and its adaptation folder, listed by vendor check's rules (every scale
+    file read); every vendor's findings at once. Read, never imported nor run (the .py scale files are read as
+    literals). A vendor not installed here has its files read all the same, but not its engines (none to look up)."""
+    from flagperf.config.adaptation import VENDOR_CASES_FOLDER, adaptation_place, read_adaptation
     from flagperf.config.cases import resolve_case_config
     from flagperf.config.files import is_present
-    from flagperf.config.vendorlayout import misnamed_overrides, overrides_vendor
+    from flagperf.config.models import check_name
+    from flagperf.config.vendorlayout import adaptation_listing, misnamed_overrides, overrides_vendor
     from flagperf.config.vendors import MANIFEST as VENDOR_MANIFEST
     from flagperf.config.vendors import available_vendors, load_vendor_manifest
+    from flagperf.paths import skipped_in_source
 
+    problems: list[ConfigError] = []
     adapting: set[str] = set()
     vendors = case.folder / "vendor"
-    for entry in sorted(vendors.iterdir()) if vendors.is_dir() else []:
+    try:
+        entries = sorted(vendors.iterdir()) if vendors.is_dir() else []
+    except OSError as exc:
+        entries = []
+        problems.append(ConfigError(display_path(vendors), None, f"cannot be listed: {exc.strerror}"))
+    for entry in entries:
+        # An editor's lock link (.#nvidia.yaml), macOS's ._cpu.yaml, .ipynb_checkpoints/: none of the case's files,
+        # by the source digest's rule; a run never looks for them.
+        if skipped_in_source(entry.name):
+            continue
         if entry.is_dir():
-            adapting.add(entry.name)  # its vendor/<vendor>/ folder
+            name = entry.name  # its vendor/<vendor>/ folder
         elif entry.name.endswith((".yaml", ".yml")) or entry.is_symlink():  # its settings file, by any of its names
-            adapting.add(overrides_vendor(entry.name))
+            name = overrides_vendor(entry.name)
+        else:
+            continue
+        try:
+            check_name(name, "vendor")
+        except ValueError as exc:
+            problems.append(ConfigError(display_path(entry), None, f"never read: not a vendor name ({exc})"))
+            continue
+        adapting.add(name)
     homes = available_vendors()
     # and each vendor that keeps its files of the case in its own folder (cases/<family>/<case>/)
     adapting |= {name for name, home in homes.items()
                  if is_present(home / VENDOR_CASES_FOLDER / case.family / case.name)}
-    problems: list[ConfigError] = []
     for name in sorted(adapting):
         hardware = None  # the vendor's <hw> picks its scale file, as in a run; without its manifest, its name
         if name in homes:
             with suppress(FlagperfError):  # a broken vendor.yaml is that file's error (validate it), not the case's
                 hardware = str(load_vendor_manifest(homes[name] / VENDOR_MANIFEST).hardware)
+        else:
+            notes.append(f"{display_path(case.manifest_path)}: vendor {name} is not installed here (flagperf list "
+                         "vendors): its files of the case are read, its engines and implementations not checked")
         problems += [ConfigError(display_path(file), None, why)
                      for file, why in misnamed_overrides(case.folder, case.family, name)]  # never read
         try:
-            resolve_case_config(case, vendor=name, run_overrides=[], hardware=hardware)
+            resolve_case_config(case, vendor=name, run_overrides=[], hardware=hardware, check_vendor=name in homes)
         except ConfigError as exc:
             problems.append(exc)
         try:
             read_adaptation(case.folder, case.name, case.family, name)
         except ConfigError as exc:
             problems.append(exc)
+        if hardware is not None:  # an installed vendor's folder of the case, listed as vendor check lists it
+            try:
+                place = adaptation_place(case.folder, name)
+            except ConfigError:  # in both places: resolve_case_config said so
+                continue
+            problems += adaptation_listing(case, name, hardware, place, homes[name])[1]
     if problems:
         raise gathered(problems)
 
@@ -1106,7 +1135,7 @@ def _check_file(path: Path, notes: list[str]) -> str:
         manifest = load_case_manifest(path)
         case = load_case(manifest.name, {manifest.name: path.parent})
         resolve_case_config(case, vendor="", run_overrides=[])  # the defaults alone must be valid
-        _check_case_vendors(case)
+        _check_case_vendors(case, notes)
         return "case"
     inference = _validate_inference_file(path)
     if inference:

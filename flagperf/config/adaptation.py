@@ -33,7 +33,7 @@ from flagperf.config.files import given_name, hash_file, inside, is_present, rea
 from flagperf.config.vendors import available_vendors
 from flagperf.config.yamlio import MAX_KEY, MAX_TEXT
 from flagperf.errors import ConfigError, gathered, nearest
-from flagperf.paths import display_path, skipped_file, skipped_folder
+from flagperf.paths import display_path, skipped_folder, skipped_in_source
 
 ENV_FILE = "environment_variables.sh"
 REQUIREMENTS_FILE = "requirements.txt"
@@ -204,8 +204,8 @@ def adaptation_folder(case_folder: Path, vendor: str, vendor_folder: Path | None
     return adaptation_place(case_folder, vendor, vendor_folder).folder
 
 
-def absolute_links(vendor_folder: Path, case: Path | None = None, parts: Sequence[str] = (VENDOR_CASES_FOLDER,)
-                   ) -> list[ConfigError]:
+def absolute_links(vendor_folder: Path, case: Path | None = None, parts: Sequence[str] = (VENDOR_CASES_FOLDER,),
+                   notes: list[str] | None = None) -> list[ConfigError]:
     """The links of the vendor folder's cases/ (``parts``: those of its folders, such as its engine folders) whose
     target is an absolute path, each one line naming it; with ``case`` (a folder of cases/<family>/), only those on
     the way to it and in it. Such a link works where it was made alone: a clone of the vendor's repository, a host's
@@ -213,15 +213,15 @@ def absolute_links(vendor_folder: Path, case: Path | None = None, parts: Sequenc
     another path, so the run that reads it finds nothing there (a container round says so only once it starts). A
     relative link inside the folder travels, and the folders it leads to are looked through too (once each); a link
     out of the folder is read_adaptation's to refuse. What the source digest skips (a .venv, __pycache__:
-    paths.walk_source's rule) is skipped."""
+    paths.walk_source's rule, built=True) is skipped. ``notes``: where a walk cut short (walk_linked) is said."""
     return [ConfigError(given_name(path), None, f"links to {target} by its absolute path: where the vendor folder is "
                         "at another path (a clone of it, a host's copy, a round's container) it leads nowhere; make "
                         "the link relative, to a file inside the vendor folder, or copy the file")
-            for path, target, _ in walk_linked(vendor_folder, case, parts) if target is not None
+            for path, target, _ in walk_linked(vendor_folder, case, parts, notes) if target is not None
             and os.path.isabs(target)]
 
 
-def vendor_folder_links(vendor_folder: Path) -> list[ConfigError]:
+def vendor_folder_links(vendor_folder: Path, notes: list[str] | None = None) -> list[ConfigError]:
     """absolute_links of the whole vendor folder (its monitor scripts, spec module, Dockerfile's files, toolkits, any
     file beside them, as well as cases/ and the engine folders): a round's container has all of it, at another
     path. What the source digest skips is skipped (a vendor repository's .venv links to its Python by its absolute
@@ -233,34 +233,58 @@ def vendor_folder_links(vendor_folder: Path) -> list[ConfigError]:
     # cases/ first: a link reached through it is named as a case's file is, as a run of the case reaches it (and
     # as validate of that file names it), though the folder it lies in sorts before cases/.
     names.sort(key=lambda name: name != VENDOR_CASES_FOLDER)
-    return absolute_links(vendor_folder, parts=[name for name in names if not (
-        skipped_folder(str(vendor_folder), name) if (vendor_folder / name).is_dir() else skipped_file(name))])
+    return absolute_links(vendor_folder, parts=[name for name in names if not _not_walked(vendor_folder, name)],
+                          notes=notes)
 
 
-def walk_linked(vendor_folder: Path, case: Path | None = None, parts: Sequence[str] = (VENDOR_CASES_FOLDER,)
-                ) -> Iterator[tuple[Path, str | None, str]]:
+# How many paths walk_linked looks at before it stops: a vendor folder holding (or linking in) a data set would
+# otherwise be walked file by file on every check.
+LINK_WALK_LIMIT = 50_000
+
+
+def _not_walked(parent: Path, name: str) -> bool:
+    """What the link walk passes over: the one rule of the run's link scan (paths.walk_source with built=True:
+    hosts.local.links_leaving), so that a link the run refuses (a build output, foo.so, that a round loads) is named
+    by vendor check and validate too, and one it passes (a .venv's) by neither."""
+    return skipped_folder(str(parent), name) if (parent / name).is_dir() else skipped_in_source(name)
+
+
+def walk_linked(vendor_folder: Path, case: Path | None = None, parts: Sequence[str] = (VENDOR_CASES_FOLDER,),
+                notes: list[str] | None = None) -> Iterator[tuple[Path, str | None, str]]:
     """Each path below the vendor folder's ``parts`` as a run reaches it: (the path, its link's target as written or
     None, where it resolves), relative links inside the vendor folder followed (each place looked through once);
-    ``case``: only on the way to that folder of cases/<family>/ and in it. Skips what the source digest skips."""
+    ``case``: only on the way to that folder of cases/<family>/ and in it. Skips what the run's link scan skips
+    (_not_walked). Stops after LINK_WALK_LIMIT paths, said in ``notes`` (one line)."""
     home = os.path.realpath(vendor_folder)
-    seen: set[str] = set()
+    # The folder itself is walked by its parts: a link back to it (cases/x -> ../..) is named once, as itself, and
+    # never walked again under a path made of it.
+    seen: set[str] = {home}
     pending = [vendor_folder / part for part in reversed(parts)]
+    walked = 0
     while pending:
         path = pending.pop()
         if case is not None and not (path == case or path in case.parents or case in path.parents):
             continue
+        walked += 1
+        if walked > LINK_WALK_LIMIT:
+            if notes is not None:
+                notes.append(f"{display_path(vendor_folder)}: its links were looked through for the first "
+                             f"{LINK_WALK_LIMIT} paths only (a data set in the folder?); keep data out of it")
+            return
         try:
             target = os.readlink(path) if path.is_symlink() else None
             real = os.path.realpath(path)
-            listing = sorted(os.listdir(path)) if path.is_dir() else []
-        except OSError:  # unreadable, or gone: reading the adaptation says so
+        except OSError:  # gone meanwhile
             continue
-        yield path, target, real
-        if not listing or real in seen or not (real == home or real.startswith(home + os.sep)):
+        yield path, target, real  # a link to a folder that cannot be listed (or no longer exists) is named as well
+        if real in seen or not (real == home or real.startswith(home + os.sep)) or not os.path.isdir(path):
             continue
         seen.add(real)
-        pending += [path / name for name in reversed(listing)
-                    if not (skipped_folder(str(path), name) if (path / name).is_dir() else skipped_file(name))]
+        try:
+            listing = sorted(os.listdir(path))
+        except OSError:  # unreadable: reading the adaptation says so
+            continue
+        pending += [path / name for name in reversed(listing) if not _not_walked(path, name)]
 
 
 def overrides_file(case_folder: Path, file_name: str, vendor: str, vendor_folder: Path | None = None) -> Path:
@@ -512,7 +536,8 @@ def _identity(info: os.stat_result) -> tuple[int, int]:
 
 
 def _python_files(folder: Path) -> Iterator[Path]:
-    yield from sorted(p for p in folder.rglob("*.py") if p.is_file())
+    # A file by its own name before a link to it, so that check_extern names each file's findings by that name.
+    yield from sorted((p for p in folder.rglob("*.py") if p.is_file()), key=lambda p: (p.is_symlink(), p))
 
 
 def check_extern(folder: Path, family: str) -> tuple[str, ...]:
@@ -530,6 +555,8 @@ def check_extern(folder: Path, family: str) -> tuple[str, ...]:
     problems: list[ConfigError] = []
     trees: dict[Path, ast.Module | None] = {}  # None: not Python (said among the problems)
     for path in _python_files(folder):
+        if path.resolve() in trees:  # a link to a file already read (hooks.py -> impl.py): its findings said once
+            continue
         try:
             trees[path.resolve()] = tree = _parse(path)
         except ConfigError as exc:

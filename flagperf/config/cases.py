@@ -365,12 +365,13 @@ def _apply_run_overrides(case: CaseDef, vendor: str, merged: MergedConfig,
 
 def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[str, dict[str, Any]]],
                         hardware: str | None = None, files_are_local: bool = True,
-                        vendor_folder: Path | None = None) -> MergedConfig:
+                        vendor_folder: Path | None = None, check_vendor: bool = True) -> MergedConfig:
     """Defaults -> vendor file -> (training) the vendor's file for this scale -> run overrides, then
     validated by the case's own Config model. files_are_local: the cases run on this machine, so the files
     a config names (exist_onnx_path ...) can be checked here; on remote hosts the case checks them there.
     vendor_folder: the vendor's folder, whose cases/<family>/<case>/ may hold its settings and scale files (by default
-    the one `--vendor <vendor>` finds)."""
+    the one `--vendor <vendor>` finds). check_vendor=False: the vendor's files are read, but what only the vendor's
+    installed folder can say (its engines, its implementations) is not looked up (a vendor not installed here)."""
     vendor_path = case.overrides_file(vendor, vendor_folder) if vendor else case.vendor_file(vendor)
     # The place of the vendor's files of the case, as the plan takes it for every family: files in both places are
     # refused here too, so that validate and vendor check of a settings file say what the run will say.
@@ -407,7 +408,8 @@ def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[st
     if refused:
         raise gathered(refused)
     try:
-        model.check_for_vendor(merged.origins, display_path(case.manifest_path), vendor or None, files_are_local)
+        model.check_for_vendor(merged.origins, display_path(case.manifest_path),
+                               (vendor or None) if check_vendor else None, files_are_local)
     except ConfigError as exc:
         raise _keyed_in_manifest(case, exc) from None
     merged.values = model.model_dump(mode="json")

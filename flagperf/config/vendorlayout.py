@@ -27,14 +27,16 @@ from flagperf.config.adaptation import (
     EXTERN_HOOKS_FILE,
     REQUIREMENTS_FILE,
     VENDOR_CASES_FOLDER,
+    Place,
     adaptation_places,
     walk_linked,
 )
-from flagperf.config.cases import INFERENCE_FILES
+from flagperf.config.cases import INFERENCE_FILES, CaseDef, resolve_case_config
 from flagperf.config.cases import MANIFEST as CASE_MANIFEST
 from flagperf.config.files import given_name
 from flagperf.config.vendors import MANIFEST as VENDOR_MANIFEST
-from flagperf.errors import unknown_name
+from flagperf.errors import ConfigError, FlagperfError, unknown_name
+from flagperf.paths import display_path
 
 SCALE_FILE = re.compile(r"config_([A-Za-z0-9_.-]+)x(\d+)x(\d+)\.(yaml|py)")
 ADAPTATION_ENTRIES = (ENV_FILE, REQUIREMENTS_FILE, CSRC_FOLDER, EXTERN_FOLDER)
@@ -101,6 +103,44 @@ def stray_entry_problem(entry: Path, family: str, vendor: str) -> str | None:
         # read in the vendor folder's cases/<family>/<case>/, but in the case the settings file is beside vendor/<v>/
         return f"never read: the settings file of a case goes in its vendor/ folder, as vendor/{entry.name}"
     return None
+
+
+def adaptation_listing(case: CaseDef, vendor: str, hardware: str, place: Place,
+                       vendor_folder: Path | None = None) -> tuple[list[str], list[ConfigError]]:
+    """The entries of the vendor's folder of the case (``place``: adaptation_place's) by the rules a run lists it
+    with: an entry no run reads (a scale file of another <hw> or family, FlagPerf's config/, a misnamed file:
+    scale_file_problem, stray_entry_problem) is a finding, and each scale file is read as a run of that scale reads
+    it. Returns (the scale files read, every finding). The one listing of `vendor check` and of `flagperf validate`
+    of a case.yaml, so that the two cannot disagree about a file."""
+    read: list[str] = []
+    problems: list[ConfigError] = []
+    # A link as the folder is listed where it stays inside its root, as a run reads it (one leading out is
+    # adaptation_problems' to name: nothing in it is read).
+    try:
+        listed = place.present and place.folder.is_dir() and place.checked() is not None
+        entries = sorted(place.folder.iterdir()) if listed else []
+    except ConfigError:
+        entries = []
+    except OSError as exc:  # unreadable: reading the adaptation names it too
+        return read, [ConfigError(display_path(place.folder), None, f"cannot be listed: {exc.strerror}")]
+    for entry in entries:
+        problem = (scale_file_problem(entry.name, case.family, vendor, hardware)
+                   or stray_entry_problem(entry, case.family, vendor))
+        if problem:
+            problems.append(ConfigError(display_path(entry), None, problem))
+            continue
+        scale = SCALE_FILE.fullmatch(entry.name)
+        if scale:
+            sizes = {"nnodes": int(scale.group(2)), "nproc_per_node": int(scale.group(3))}
+            try:
+                resolve_case_config(case, vendor=vendor, run_overrides=[(str(entry), sizes)], hardware=hardware,
+                                    vendor_folder=vendor_folder)
+                read.append(entry.name)
+            except ConfigError as exc:
+                problems.append(exc)
+            except FlagperfError as exc:  # not a file's finding: said as this file's
+                problems.append(ConfigError(display_path(entry), None, str(exc)))
+    return read, problems
 
 
 FLAGPERF_IMAGE_FOLDER = "docker_image"  # FlagPerf's <vendor>/docker_image/<framework>/: here <vendor>/<framework>/

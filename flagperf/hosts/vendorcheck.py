@@ -67,13 +67,11 @@ from flagperf.config.engines import ENGINE_MANIFEST, INFERENCE_ENGINES, engine_r
 from flagperf.config.files import given_name, is_present, read_config_text, regular_file
 from flagperf.config.models import load_model, pydantic_error_to_config_error
 from flagperf.config.vendorlayout import (
-    SCALE_FILE,
+    adaptation_listing,
     flagperf_vendor_entry_problem,
     misnamed_overrides,
     overrides_name,
     read_top_entries,
-    scale_file_problem,
-    stray_entry_problem,
     vendor_case_problem,
 )
 from flagperf.config.vendors import (
@@ -175,7 +173,8 @@ def check_vendor_folder(folder: Path, monitor_seconds: float = MONITOR_SECONDS) 
                        monitor_seconds, found, device_monitor=entry.script is not None)
     _check_peaks(vendor, found)
     _check_adaptations(vendor, found)
-    for link in vendor_folder_links(vendor.folder):  # all of the folder is in a round's container, at another path
+    # All of the folder is in a round's container, at another path.
+    for link in vendor_folder_links(vendor.folder, found.notes):
         found.add_error(link)
     return found
 
@@ -550,10 +549,15 @@ def _check_adaptations(vendor: Vendor, found: Findings) -> None:
 def _check_engine_links(vendor: Vendor, found: Findings) -> None:
     """A link by an absolute path in the engine folders a round of the vendor reads from each folder of the name
     without a vendor.yaml (engine_roots); a round's container has each at another path. The vendor's own folder is
-    scanned whole (vendor_folder_links)."""
-    for root in engine_roots(vendor.name):
-        if root.resolve() != vendor.folder.resolve():  # the vendor's own is scanned whole (check_vendor_folder)
-            for link in absolute_links(root, parts=sorted(set(ENGINE_FOLDERS.values()))):
+    scanned whole (vendor_folder_links). A folder `--vendor` does not use (shadowed, or not on the search path) lends
+    nothing to the others: its own alone, never the engine folders of the folder a run uses."""
+    own = vendor.folder.resolve()
+    roots = engine_roots(vendor.name)
+    if not any(root.resolve() == own for root in roots):
+        return
+    for root in roots:
+        if root.resolve() != own:
+            for link in absolute_links(root, parts=sorted(set(ENGINE_FOLDERS.values())), notes=found.notes):
                 found.add_error(link)
 
 
@@ -618,29 +622,10 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
     except ConfigError as exc:  # in both places: neither is read
         found.add_error(exc)
         return used
-    folder = place.folder
-    hardware = str(vendor.manifest.hardware)
-    # A link as the folder is listed where it stays inside its root, as a run reads it (one leading out is
-    # adaptation_problems' to name: nothing in it is read).
-    try:
-        listed = place.present and folder.is_dir() and place.checked() is not None
-    except ConfigError:
-        listed = False
-    for entry in sorted(folder.iterdir()) if listed else []:
-        problem = (scale_file_problem(entry.name, case.family, vendor.name, hardware)
-                   or stray_entry_problem(entry, case.family, vendor.name))
-        if problem:
-            found.problem(display_path(entry), problem)
-            continue
-        scale = SCALE_FILE.fullmatch(entry.name)
-        if scale:
-            sizes = {"nnodes": int(scale.group(2)), "nproc_per_node": int(scale.group(3))}
-            try:
-                resolve_case_config(case, vendor=vendor.name, run_overrides=[(str(entry), sizes)], hardware=hardware,
-                                    vendor_folder=vendor.folder)
-                used.append(f"scale {entry.name}")
-            except FlagperfError as exc:
-                found.add_error(exc)
+    scales, problems = adaptation_listing(case, vendor.name, str(vendor.manifest.hardware), place, vendor.folder)
+    for error in problems:
+        found.add_error(error)
+    used += [f"scale {name}" for name in scales]
     problems = adaptation_problems(case.folder, case.family, vendor.name, vendor.folder)
     for problem in problems:  # every part's, not only the first a run would stop at; each part's findings
         found.add_error(problem)

@@ -658,3 +658,21 @@ def test_an_adaptation_in_the_vendors_own_folder_is_read_and_may_not_lead_out_of
         read_adaptation(case, "mlp", "training", "acme", vendor)
     assert str(info.value) == (f"{vendor}/cases/training/mlp: 'cases/training/mlp' is outside the vendor folder (a "
                                f"link to {outside}/training/mlp): it must stay inside the vendor folder")
+
+
+def test_a_link_in_extern_to_a_file_of_it_does_not_repeat_its_findings(tmp_path: Path) -> None:
+    """A link in extern/ to one of its files (kernels/alias.py -> ../hooks.py) had the file's findings named twice,
+    once under the link's name. Each file is read once, named by its own name."""
+    from flagperf.errors import findings
+
+    extern = tmp_path / "extern"
+    (extern / "kernels").mkdir(parents=True)
+    hooks = extern / "hooks.py"
+    hooks.write_text("import torch\ndef wrap_model(model, ctx):\n    return torch.load('w.pt')\n", encoding="utf-8")
+    (extern / "kernels" / "alias.py").symlink_to(os.path.join("..", "hooks.py"))
+    (extern / "a_first.py").symlink_to("hooks.py")  # sorts before hooks.py: still named by hooks.py
+    with pytest.raises(ConfigError) as info:
+        check_extern(extern, "training")
+    lines = [str(finding) for finding in findings(info.value)]
+    assert lines == [f"{hooks}: line 3: torch.load loads weights: the initial checkpoint is not the vendor's to "
+                     "change"], lines

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -935,3 +936,160 @@ def test_an_absolute_link_anywhere_in_the_vendor_folder_is_named_by_check_and_va
     assert check_vendor_folder(vendor, monitor_seconds=1).problems == []
     code, lines = validate_lines(vendor / MANIFEST, engine / "engine.yaml")
     assert code == 0, lines
+
+
+def test_validate_reads_a_vendor_not_installed_here_without_its_engines(walk: Path) -> None:
+    """A generate case's settings for a vendor not installed here (vendor/kunlunxin.yaml) failed validate of the
+    case.yaml: the engine the case names was looked up among that vendor's engines (none here) and blamed on
+    case.yaml: configurations.engine. Its file is now read as strictly as ever, its engines not looked up, and a note
+    says so."""
+    gen = walk / "cases" / "generate" / "walk-gen"
+    shutil.copytree(PROJECT_ROOT / "cases" / "generate" / "tiny-llama-generate", gen,
+                    ignore=shutil.ignore_patterns("vendor", "__pycache__"))
+    manifest = gen / "case.yaml"
+    manifest.write_text(manifest.read_text().replace("name: tiny-llama-generate", "name: walk-gen"))
+    absent = write(gen / "vendor" / "kunlunxin.yaml", "requests: 4\n")
+    code, lines = validate_lines(manifest)
+    assert code == 0 and f"ok {manifest} (case)" in lines, lines
+    assert f"note {manifest}: vendor kunlunxin is not installed here (flagperf list vendors): its files of the case " \
+           "are read, its engines and implementations not checked" in lines, lines
+    absent.write_text("requests: 4\nbogus: 1\n")  # still read strictly
+    code, lines = validate_lines(manifest)
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error {absent}: bogus: unknown key"), lines
+
+
+def test_validate_passes_over_hidden_entries_of_vendor_and_names_one_that_is_no_vendor(
+        walk: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every entry of a case's vendor/ was taken for a vendor: an editor's lock link (.#acme.yaml), macOS's
+    ._acme.yaml, a notebook's .ipynb_checkpoints/ each made an error of their own. They are passed over, as the
+    source digest passes them; a name that is no vendor's is said never read; an unreadable vendor/ is one line."""
+    gemm = walk / "cases" / "base" / "walk-gemm"
+    vendor = gemm / "vendor"
+    write(vendor / "acme.yaml", "m: 1024\n")
+    (vendor / ".#acme.yaml").symlink_to("root@host.4242:1700000000")  # emacs's lock: a link to nowhere
+    write(vendor / "._acme.yaml", "\x00\x05\x16\x07")  # AppleDouble: not text
+    write(vendor / ".ipynb_checkpoints" / "acme-checkpoint.yaml", "m: 3\n")
+    code, lines = validate_lines(gemm / "case.yaml")
+    assert code == 0 and lines == [f"ok {gemm / 'case.yaml'} (case)"], lines
+    odd = write(vendor / "my vendor.yaml", "m: 1\n")
+    code, lines = validate_lines(gemm / "case.yaml")
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error {odd}: never read: not a vendor name"), lines
+    odd.unlink()
+    real_iterdir = Path.iterdir
+
+    def unreadable(self: Path) -> Iterator[Path]:  # as a folder without read permission (the tests run as root)
+        if self == vendor:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_iterdir(self)
+
+    monkeypatch.setattr(Path, "iterdir", unreadable)
+    code, lines = validate_lines(gemm / "case.yaml")
+    assert code == 2 and lines == [f"error {vendor}: cannot be listed: Permission denied"], lines
+
+
+def test_validate_of_a_case_yaml_lists_the_vendors_folder_as_vendor_check_does(walk: Path) -> None:
+    """validate of a case.yaml read the default scale file alone and passed a scale file of another <hw> or FlagPerf's
+    config/ folder, which vendor check names never read; a non-default scale file's wrong key passed validate too.
+    Both now list the folder by one function: the same lines."""
+    mlp = walk / "cases" / "training" / "walk-mlp"
+    folder = mlp / "vendor" / "acme"
+    other_hw = write(folder / "config_a100x1x1.yaml", "lr: 0.1\n")
+    flagperf_config = write(folder / "config" / "config_acmex1x1.py", "lr = 0.1\n").parent
+    scale = write(folder / "config_acmex1x2.yaml", "lr: 0.1\nbogus: 1\n")
+    found = check_vendor_folder(walk / "vendors" / "acme", monitor_seconds=1)
+    code, lines = validate_lines(mlp / "case.yaml")
+    assert code == 2, lines
+    errors = [line.removeprefix("error ") for line in lines]
+    for path in (other_hw, flagperf_config, scale):
+        said = [problem for problem in found.problems if problem.startswith(f"{path}: ")]
+        assert said and all(" ".join(line.split()) in errors for line in said), (path, found.problems, errors)
+    assert sorted(errors) == sorted(" ".join(problem.split()) for problem in found.problems), (errors, found.problems)
+
+
+def test_a_build_output_linked_by_its_absolute_path_is_named_as_the_run_refuses_it(walk: Path) -> None:
+    """vendor check and validate passed over foo.so (as the source digest does), while the run's link scan of the
+    mounted folder checks build outputs (a round loads them) and refused the round. One rule now: the .so link is
+    named by both, before the round; a .venv's links by neither."""
+    from flagperf.hosts.local import links_leaving
+
+    vendor = walk / "vendors" / "acme"
+    lib = write(walk / "acme-sdk" / "libacme.so", "ELF\n")
+    engine = vendor / "engines" / "onnxruntime"
+    (engine / "libacme.so").symlink_to(lib)
+    venv = vendor / ".venv" / "lib"
+    venv.mkdir(parents=True)
+    (venv / "libpython.so").symlink_to(lib)
+    line = (f"{engine / 'libacme.so'}: links to {lib} by its absolute path: where the vendor folder is at another "
+            "path (a clone of it, a host's copy, a round's container) it leads nowhere; make the link relative, to a "
+            "file inside the vendor folder, or copy the file")
+    assert check_vendor_folder(vendor, monitor_seconds=1).problems == [line]
+    code, lines = validate_lines(engine / "engine.yaml")
+    assert code == 2 and lines == [f"error {line}"], lines
+    assert [leaving[0] for leaving in links_leaving(str(vendor))] == ["engines/onnxruntime/libacme.so"]
+
+
+def test_a_link_to_an_unlistable_folder_and_one_back_to_the_vendor_folder_are_each_named_once(
+        walk: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An absolute link to a folder that could not be listed (unreadable, a stale mount) was never named: the walk
+    read the link and listed its folder in one step and passed over both on the error. A relative link back to the
+    vendor folder walked it again, naming each link in it a second time under a path made of the link."""
+    import flagperf.config.adaptation as adaptation
+
+    vendor = walk / "vendors" / "acme"
+    locked = walk / "locked-sdk"
+    locked.mkdir()
+    (vendor / "sdk").symlink_to(locked)
+    real_listdir = os.listdir
+
+    def unreadable(path: str | os.PathLike[str] = ".") -> list[str]:  # as a folder without read permission (root)
+        if os.path.realpath(path) == str(locked):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_listdir(path)
+
+    monkeypatch.setattr(adaptation.os, "listdir", unreadable)
+    loop = vendor / "cases" / "training" / "back"
+    loop.parent.mkdir(parents=True)
+    loop.symlink_to(os.path.join("..", ".."))
+    helper = write(walk / "acme-sdk" / "peaks.py", "PEAKS = {}\n")
+    (vendor / "tools").mkdir()
+    (vendor / "tools" / "peaks.py").symlink_to(helper)
+    found = check_vendor_folder(vendor, monitor_seconds=1)
+    linked = [problem for problem in found.problems if "by its absolute path" in problem]
+    assert linked == [f"{link}: links to {target} by its absolute path: where the vendor folder is at another path (a "
+                      "clone of it, a host's copy, a round's container) it leads nowhere; make the link relative, to a "
+                      "file inside the vendor folder, or copy the file"
+                      for link, target in ((vendor / "sdk", locked), (vendor / "tools" / "peaks.py", helper))
+                      ], found.problems
+
+
+def test_vendor_check_of_a_shadowed_folder_names_its_own_links_alone(walk: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """vendor check of a folder `--vendor` does not use scanned the engine folders of the one it does use and named
+    that folder's links as this one's problems."""
+    later = walk / "vendors" / "acme"
+    first = write_vendor_folder(tmp_path / "first", "acme")
+    shutil.copytree(later / "engines" / "onnxruntime", first / "engines" / "onnxruntime")
+    weights = write(walk / "weights" / "model.onnx", "onnx\n")
+    (first / "engines" / "onnxruntime" / "model.onnx").symlink_to(weights)
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", os.pathsep.join([str(tmp_path / "first"), str(walk / "vendors")]))
+    assert not [problem for problem in check_vendor_folder(later, monitor_seconds=1).problems
+                if "by its absolute path" in problem]
+    assert [problem for problem in check_vendor_folder(first, monitor_seconds=1).problems
+            if "by its absolute path" in problem] == [
+        f"{first / 'engines' / 'onnxruntime' / 'model.onnx'}: links to {weights} by its absolute path: where the "
+        "vendor folder is at another path (a clone of it, a host's copy, a round's container) it leads nowhere; make "
+        "the link relative, to a file inside the vendor folder, or copy the file"]
+
+
+def test_the_link_walk_stops_at_its_bound_with_a_note(walk: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A data set kept in (or linked into) the vendor folder was walked file by file on every check. The walk stops
+    after LINK_WALK_LIMIT paths, said in one note."""
+    import flagperf.config.adaptation as adaptation
+
+    vendor = walk / "vendors" / "acme"
+    for index in range(20):
+        write(vendor / "data" / f"part-{index:02}.bin", "x")
+    monkeypatch.setattr(adaptation, "LINK_WALK_LIMIT", 10)
+    found = check_vendor_folder(vendor, monitor_seconds=1)
+    assert f"{vendor}: its links were looked through for the first 10 paths only (a data set in the folder?); keep " \
+           "data out of it" in found.notes, found.notes
