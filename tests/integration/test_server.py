@@ -489,7 +489,7 @@ def test_a_session_s_pool_lock_outlives_its_connection_or_fails_loudly(monkeypat
         assert asyncio.run(sql("select pg_terminate_backend($1)", first))
         lock.check()
         until(lambda: lock.checks >= 1 or lock.lost is not None, "the lock never checked its connection")
-        assert lock.lost is None and lock.backend_pid != first
+        assert lock.lost is None and lock.backend_pid != first and lock.retaken == 1
         assert not asyncio.run(sql("select pg_try_advisory_lock($1)", key))  # held again, by the new connection
         # Died while the database is away (its address refuses connections for a while): tried again until it is
         # back, the lock then held again.
@@ -499,8 +499,9 @@ def test_a_session_s_pool_lock_outlives_its_connection_or_fails_loudly(monkeypat
             lock.check()
             until(lambda: lock.failed_tries >= 2 or lock.lost is not None, "the lock never tried again")
             lock.dsn = dsn
-        until(lambda: lock.backend_pid != second or lock.lost is not None, "the lock never connected again")
-        assert lock.lost is None
+        # (retaken counts once the lock is known held on the new connection; its backend is set before)
+        until(lambda: lock.retaken >= 2 or lock.lost is not None, "the lock never connected again")
+        assert lock.lost is None and lock.backend_pid != second
         assert not asyncio.run(sql("select pg_try_advisory_lock($1)", key))
         # Died again, and another session takes the lock before it is taken again: lost, and said.
         assert asyncio.run(sql("select pg_terminate_backend($1)", lock.backend_pid))
@@ -529,7 +530,27 @@ def test_a_session_s_pool_lock_outlives_its_connection_or_fails_loudly(monkeypat
     assert [line for line in said if "lost the lock" in line] == [
         f"test session: lost the lock on work pool '{pool}': {lock.lost}; its deployments may be cleared by another "
         "session"]
-    # Away for longer than it tries: lost, and said, in a bounded time.
+    # Away while another session held the lock and cleared the pool (taken for an ended session's): held again on a
+    # new connection, but lost, and said.
+    cleared = PoolLock(f"flagperf-test-{ended_pid()}", check_s=3600)
+    try:
+        asyncio.run(sql("insert into work_pool (name, type) values ($1, 'process') returning id", cleared.pool))
+        cleared.check()
+        until(lambda: cleared.checks >= 1, "the lock never checked its pool")
+        with away() as elsewhere:
+            cleared.dsn = elsewhere
+            assert asyncio.run(sql("select pg_terminate_backend($1)", cleared.backend_pid))
+            cleared.check()
+            until(lambda: cleared.failed_tries >= 1 or cleared.lost is not None, "the lock never tried again")
+            asyncio.run(sql("delete from work_pool where name = $1 returning name", cleared.pool))
+            cleared.dsn = dsn
+        until(lambda: cleared.lost is not None, "the cleared pool was never noticed")
+        assert "its pool was cleared meanwhile" in cleared.lost, cleared.lost
+        assert f"lost the lock on work pool '{cleared.pool}'" in capfd.readouterr().err
+    finally:
+        cleared.release()
+        asyncio.run(sql("delete from work_pool where name = $1 returning name", cleared.pool))
+    # Away for longer than it tries: lost, and said, in a bounded time; released meanwhile, at once.
     briefly = PoolLock(f"flagperf-test-{ended_pid()}", check_s=3600, reconnect_s=2, first_wait_s=0.1)
     try:
         with away() as elsewhere:
@@ -541,6 +562,15 @@ def test_a_session_s_pool_lock_outlives_its_connection_or_fails_loudly(monkeypat
         assert f"lost the lock on work pool '{briefly.pool}'" in capfd.readouterr().err
     finally:
         briefly.release()
+    waiting = PoolLock(f"flagperf-test-{ended_pid()}", check_s=3600, reconnect_s=7200, first_wait_s=3600,
+                       max_wait_s=3600)
+    with away() as elsewhere:
+        waiting.dsn = elsewhere
+        assert asyncio.run(sql("select pg_terminate_backend($1)", waiting.backend_pid))
+        waiting.check()
+        until(lambda: waiting.failed_tries >= 1, "the lock never tried again")
+        waiting.release()  # in its hour-long wait between tries: ended at once (it slept it out, up to 60 s)
+    assert not waiting._thread.is_alive() and waiting.lost is None
 
 
 @contextlib.contextmanager
