@@ -897,3 +897,68 @@ def test_the_by_hand_deploy_says_a_third_signal_stops_it_and_what_puts_back_what
             child.kill()
             child.wait()
     assert "the next run of this command puts it back from " in rest, rest
+
+
+def test_origins_are_as_browsers_send_them_and_the_operator_s_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A browser's Origin has the host in lower case and no default port or userinfo: a --public-url written
+    otherwise allowed none of its pages. --server-name adds a name (and its origin); origins an operator set in
+    PREFECT_SERVER_CORS_ALLOWED_ORIGINS are kept (they were overwritten without a word), "*" refused in one line."""
+    from flagperf.errors import ConfigError
+    from flows.server import allowed_origins, own_origins, server_names
+
+    assert own_origins(["perf-lab"], 80, ["HTTPS://Admin:pw@Perf-Lab.Example.org:443/"]) == [
+        "http://perf-lab", "https://perf-lab.example.org"]
+    names = server_names("127.0.0.1", [None], ["Perf-Lab", "perf-lab.example.org"])
+    assert {"perf-lab", "perf-lab.example.org"} <= set(names)
+    monkeypatch.setenv("PREFECT_SERVER_CORS_ALLOWED_ORIGINS", "https://Dashboards.lab:443, http://tools.lab:8080")
+    merged = allowed_origins(names, 4200, [None])
+    assert {"https://dashboards.lab", "http://tools.lab:8080", "http://perf-lab:4200"} <= set(merged)
+    monkeypatch.setenv("PREFECT_SERVER_CORS_ALLOWED_ORIGINS", "http://tools.lab,*")
+    with pytest.raises(ConfigError, match=r"^PREFECT_SERVER_CORS_ALLOWED_ORIGINS: '\*' lets a page of any site"):
+        allowed_origins(names, 4200, [None])
+
+
+def test_the_front_refuses_a_sign_in_given_twice_and_changes_from_other_origins() -> None:
+    """Starlette (Prefect's check) reads the first Authorization header; the front read the last, so a malformed
+    first one behind a good last one reached Prefect (a 500 with a traceback). A change from a page of another
+    origin is refused (403, one line); reading, a preflight, and a request without an Origin pass."""
+    import asyncio
+    import base64
+
+    from flagperf.site.front import Front
+
+    reached: list[str] = []
+
+    async def app(scope: dict, receive: object, send: object) -> None:
+        reached.append(scope["method"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
+        await send({"type": "http.response.body", "body": b""})  # type: ignore[operator]
+
+    front = Front(app, ["127.0.0.1"], signed_in=True, origins=["http://127.0.0.1:4200"])
+
+    def status(method: str, headers: list[tuple[bytes, bytes]]) -> tuple[int, bytes]:
+        said: list[dict] = []
+
+        async def send(message: dict) -> None:
+            said.append(message)
+
+        async def receive() -> dict:
+            return {"type": "http.request", "body": b""}
+
+        scope = {"type": "http", "method": method, "path": "/api/flows/filter", "headers": [
+            (b"host", b"127.0.0.1:4200"), *headers]}
+        asyncio.run(front(scope, receive, send))
+        return said[0]["status"], said[1]["body"]
+
+    good = (b"authorization", b"Basic " + base64.b64encode(b"lab:pw-long-enough"))
+    bad = (b"authorization", b"Basic " + base64.b64encode("lab:pässwort".encode()))
+    assert status("GET", [bad, good])[0] == 401 and status("GET", [good, good])[0] == 401
+    assert status("GET", [good])[0] == 200
+    refused, said = status("POST", [good, (b"origin", b"http://evil.example")])
+    assert refused == 403 and said.count(b"\n") == 1 and b"another site" in said
+    assert status("POST", [good, (b"origin", b"null")])[0] == 403
+    assert status("POST", [good, (b"Origin", b"HTTP://127.0.0.1:4200")])[0] == 200
+    assert status("POST", [good])[0] == 200  # Prefect's clients send no Origin
+    for method in ("GET", "HEAD", "OPTIONS"):
+        assert status(method, [good, (b"origin", b"http://evil.example")])[0] == 200, method
+    assert reached == ["GET", "POST", "POST", "GET", "HEAD", "OPTIONS"]
