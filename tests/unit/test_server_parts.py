@@ -691,22 +691,18 @@ def test_a_no_deploy_server_on_another_pool_is_refused_before_it_makes_its_pool(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`flagperf server --no-deploy` on a database whose deployments are on another pool: refused as a server that
     makes them is (the docs said so; it started, its worker polling a pool the deployments are not on, and the
-    deploy it printed took them over), before it makes its pool. The stand-in API answers on the server's port (the
-    Prefect server started there finds it taken and ends)."""
-    import socket
-
+    deploy it printed took them over), before it makes its pool. The stand-in API answers where serve's clients
+    reach its server (the server it starts, on a port the OS chooses, is stopped unasked)."""
     from flagperf.errors import ConfigError
     from flows import server
 
     monkeypatch.setattr(server, "wait_healthy", lambda *args, **kwargs: None)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    with deployments_api([], {**a_nightly(), "work_pool_name": "flagperf"}, port) as (_api, seen):
+    with deployments_api([], {**a_nightly(), "work_pool_name": "flagperf"}) as (api, seen):
+        monkeypatch.setattr(server, "local_api_url", lambda host, port: api)
         try:
             with pytest.raises(ConfigError) as info:
-                server.serve("postgresql+asyncpg://lab@127.0.0.1:5432/none", "127.0.0.1", port, "lab2", False,
+                server.serve("postgresql+asyncpg://lab@127.0.0.1:5432/none", "127.0.0.1", 0, "lab2", False,
                              tmp_path / "logs", results_dir=tmp_path / "results", results_port=0, deploy=False)
         finally:
             for sig, handler in handlers.items():
