@@ -918,6 +918,10 @@ def server(
     log_dir: Annotated[Path | None, typer.Option(
         help=f"where the server and worker write their logs (default: {SERVER_LOGS}/ in the --results folder, "
              "whose site never serves it)")] = None,
+    server_name: Annotated[list[str] | None, typer.Option(
+        "--server-name", metavar="NAME",
+        help="another name browsers reach the server by (a DNS alias; repeatable): besides --host's, "
+             "--public-url's and this machine's, the only names it answers")] = None,
 ) -> None:
     """Start a lasting Prefect server on PostgreSQL with a process worker, the deployments and the results site,
     behind one sign-in: the set-up for a team (docs/team-server.md)."""
@@ -952,10 +956,13 @@ def server(
                 raise _fail(f"{option} {value}: not a port number")
         if results_port == port:
             raise _fail(f"--results-port {results_port}: the server already uses it")
+        for name in server_name or ():
+            if not re.fullmatch(r"[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]", name):
+                raise _fail(f"--server-name {name}: give a host name or address only, e.g. perf-lab.example.org")
         try:
             code = serve(url, host, port, pool, worker, log_dir, results_dir=results, results_port=results_port,
                          public_url=public_url, results_public_url=results_public_url, credentials=credentials,
-                         deploy=deploy)
+                         deploy=deploy, extra_names=tuple(server_name or ()))
         except FlagperfError as exc:  # a setting to change (another server's --pool on this database)
             raise _fail(str(exc)) from None
         except RuntimeError as exc:

@@ -112,13 +112,14 @@ def results_base_for(base: str, results_port: int, results_public_url: str | Non
     return f"{urlsplit(base).scheme}://{url_host(urlsplit(base).hostname or '')}:{results_port}"
 
 
-def server_names(host: str, public_urls: list[str | None]) -> list[str]:
+def server_names(host: str, public_urls: list[str | None], extra: list[str] | tuple[str, ...] = ()) -> list[str]:
     """The names a server listening on ``host`` answers to (the Host header of its requests; any other is refused:
     DNS rebinding protection, flagperf.site.front): ``host`` itself, the hosts of ``public_urls`` (a proxy passes
     the browser's Host on), loopback's on a loopback or wildcard ``host`` (this machine's clients, see
-    local_api_url), and on a wildcard one this machine's names and the addresses of its interfaces. An IPv6
-    address in brackets, as a Host header has it."""
+    local_api_url), on a wildcard one this machine's names and the addresses of its interfaces, and the ``extra``
+    ones an operator names (--server-name: a DNS alias). An IPv6 address in brackets, as a Host header has it."""
     names = set() if host in WILDCARDS else {host}
+    names.update(name.strip() for name in extra)
     names.update(urlsplit(url).hostname or "" for url in public_urls if url)
     if host in WILDCARDS or binds_loopback(host):
         names.update(("localhost", "127.0.0.1", "::1"))
@@ -132,9 +133,26 @@ def server_names(host: str, public_urls: list[str | None]) -> list[str]:
 def own_origins(names: list[str], port: int, public_urls: list[str | None]) -> list[str]:
     """The origins of a server's pages (CORS: the only ones allowed to call its API from a browser): its names on
     its port over HTTP, and the public URLs' (a TLS proxy's https://...)."""
-    origins = {f"http://{name}:{port}" for name in names}
-    origins.update(f"{urlsplit(url).scheme}://{urlsplit(url).netloc}" for url in public_urls if url)
+    from flagperf.site.front import origin_of
+
+    origins = {origin_of(f"http://{name}:{port}") for name in names}
+    origins.update(origin_of(url) for url in public_urls if url)
     return sorted(origins)
+
+
+CORS_ENV = "PREFECT_SERVER_CORS_ALLOWED_ORIGINS"
+
+
+def allowed_origins(names: list[str], port: int, public_urls: list[str | None]) -> list[str]:
+    """own_origins and those the operator set in PREFECT_SERVER_CORS_ALLOWED_ORIGINS (kept: a page of theirs that
+    uses the API); "*" there, any site's page, is refused (a ConfigError naming it)."""
+    from flagperf.site.front import origin_of
+
+    set_by_operator = [origin.strip() for origin in os.environ.get(CORS_ENV, "").split(",") if origin.strip()]
+    if "*" in set_by_operator:
+        raise ConfigError(CORS_ENV, None, "'*' lets a page of any site use the API and its websockets; name the "
+                                          "origins instead (the server's own are allowed already)")
+    return sorted({*own_origins(names, port, public_urls), *(origin_of(o) for o in set_by_operator)})
 
 
 def address_advice(host: str, port: int, public_url: str | None) -> str | None:
@@ -1059,12 +1077,14 @@ def deploy_by_hand(argv: list[str]) -> int:
 def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_dir: Path, *,
           results_dir: Path = Path("results"), results_port: int | None = None,
           public_url: str | None = None, results_public_url: str | None = None,
-          credentials: Credentials | None = None, deploy: bool = True, stopping: list[int] | None = None) -> int:
+          credentials: Credentials | None = None, deploy: bool = True, stopping: list[int] | None = None,
+          extra_names: tuple[str, ...] = ()) -> int:
     """Start the server (and a worker), the deployments and the results site, wait until interrupted, stop all.
     ``credentials`` None only on a loopback ``host`` (see server_credentials). Returns an exit code: 0 once
     stopped by a signal after it was up (the way to end it: it says so), 1 when a process of it failed, 128 +
     the signal when a signal stopped it while it started (everything it had started is stopped, the commands that
-    make the work pool and the deployments at once: see run_step).
+    make the work pool and the deployments at once: see run_step). ``extra_names``: more names the server and the
+    site answer to (--server-name), besides server_names'.
 
     ``stopping``: the signals that stop it, noted by its handlers of SIGTERM, SIGHUP and SIGINT. Signal handlers
     exist in the main thread only: called in another thread, it installs none, and its caller stops it by
@@ -1084,6 +1104,8 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
     if results_port is None:
         results_port = port + 1 if port < 65535 else port - 1
     results_base = results_base_for(base, results_port, results_public_url)
+    names = server_names(host, [base], extra_names)
+    origins = allowed_origins(names, port, [base])  # before anything starts: a "*" there is refused
     log_dir.mkdir(parents=True, exist_ok=True)
     # The UI asks /ui-settings where the API is; without this it would point every browser at port 4200.
     env = {k: v for k, v in os.environ.items() if k != CLIENT_AUTH_ENV}
@@ -1100,20 +1122,31 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
         signal.signal(sig, lambda signum, _frame: stopping.append(signum))
     from flagperf.results.history import DEFAULT_URL_ENV as HISTORY_URL_ENV  # pandas: only where the site runs
 
+    # Bound here and handed to the server (as `prefect server start` checks the port first): on a port another
+    # server holds, that one's /health would pass for this one's, and its 401 read as a wrong sign-in.
+    try:
+        listening = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    except OSError as exc:
+        raise ConfigError(f"--port {port}", None, f"cannot listen on {url_host(host)}:{port}: "
+                                                  f"{os.strerror(exc.errno) if exc.errno else exc}; choose another "
+                                                  "--port") from None
     try:
         site = serve_site(results_root, host, results_port, credentials, os.environ.get(HISTORY_URL_ENV), base,
-                          names=server_names(host, [results_base]))
+                          names=server_names(host, [results_base], extra_names))
     except OSError as exc:
+        listening.close()
         raise RuntimeError(f"cannot serve the results site on {url_host(host)}:{results_port}: {exc.strerror or exc} "
                            f"(choose another --results-port)") from None
     # Prefect's app behind our front (flows.team_app): requests that name the server otherwise refused, CORS for
-    # its own origins only (Prefect allows any), frame protection, a malformed sign-in a 401.
-    names = server_names(host, [base])
-    env["PREFECT_SERVER_CORS_ALLOWED_ORIGINS"] = ",".join(own_origins(names, port, [base]))
-    with (log_dir / "server.log").open("ab") as server_log:
+    # its own origins only (Prefect allows any) and those the operator set, pages of other origins kept from
+    # changes and websockets, frame protection, a malformed sign-in a 401.
+    env[CORS_ENV] = ",".join(origins)
+    fd = listening.fileno()
+    with (log_dir / "server.log").open("ab") as server_log, listening:  # the server holds it from here
         server = subprocess.Popen(watched([sys.executable, "-m", "flows.team_app", "--host", host, "--port", str(port),
-                                           *(f"--name={name}" for name in names)]), env=env, stdout=server_log,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
+                                           "--fd", str(fd), *(f"--name={name}" for name in names)], pass_fds=(fd,)),
+                                  env=env, stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True,
+                                  pass_fds=(fd,))
     processes = [server]
     up = False
     try:
@@ -1140,8 +1173,13 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
 
         try:
             refuse_other_pools(api_url, api_headers(api_url, credentials.auth_string if credentials else None), pool)
-        except httpx.HTTPError as exc:  # a 401 or 403: the sign-in to change, in the one line the deploy says it
-            refused_sign_in(exc, api_url, credentials)
+        except httpx.HTTPError as exc:
+            # The client signs in with the server's own sign-in: a 401 or 403 is another server's answer
+            if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code in SIGN_IN_REFUSED:
+                raise ConfigError(f"--port {port}", None, f"the API on port {port} is not this server's (it "
+                                                          f"refused this server's sign-in, "
+                                                          f"{exc.response.status_code}); choose another "
+                                                          "--port") from None
             raise RuntimeError(f"reading the deployments before making them failed ({_said(exc)})") from None
         # Watched too: killed meanwhile, this command would leave it retrying a server that is gone. One API call:
         # the pool is there or not (a signal stops the command at once), and the next start makes it with

@@ -1,9 +1,13 @@
 """The team server's Prefect server, as `prefect server start` runs it in the foreground (Prefect's app with its UI
 and services, on uvicorn, with the same settings: keep-alive, websocket pings, log level; graceful stop on
 SIGTERM), but behind flagperf.site.front.Front: only requests naming the server by its own names, frame
-protection, a malformed sign-in refused with 401. Started by flows.server.serve:
+protection, a page of another site kept from changing anything or opening a websocket, a malformed sign-in
+refused with 401. Started by flows.server.serve:
 
-    python -m flows.team_app --host HOST --port PORT --name NAME [--name NAME ...]
+    python -m flows.team_app --host HOST --port PORT --fd FD --name NAME [--name NAME ...]
+
+FD: the listening socket, bound by serve (a port another server holds fails there, naming --port, instead of
+that server's /health being taken for this one's).
 
 The sign-in and the allowed CORS origins come from Prefect's own settings (PREFECT_SERVER_API_AUTH_STRING,
 PREFECT_SERVER_CORS_ALLOWED_ORIGINS), in the environment only.
@@ -23,7 +27,10 @@ def create_app(names: list[str]) -> ASGIApp:
     from prefect.server.api.server import create_app as prefect_app
 
     signed_in = prefect.settings.PREFECT_SERVER_API_AUTH_STRING.value() is not None
-    return Front(prefect_app(final=True), names, signed_in)
+    # The pages CORS lets call the API are the only ones that may change anything or open a websocket (neither
+    # is kept from another site by CORS): one list, Prefect's setting, which flows.server.serve sets.
+    origins = prefect.settings.PREFECT_SERVER_CORS_ALLOWED_ORIGINS.value().split(",")
+    return Front(prefect_app(final=True), names, signed_in, origins)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
                                      description="the Prefect server of `flagperf server`, behind its front")
     parser.add_argument("--host", required=True)
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--fd", type=int, default=None, help="the listening socket, bound already (HOST and PORT "
+                                                             "are then only said)")
     parser.add_argument("--name", action="append", default=[], help="a name the server answers to (Host header)")
     args = parser.parse_args(argv)
     import uvicorn
@@ -44,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"flagperf team server: Prefect's server and UI on {args.host}:{args.port}, answering to "
           f"{', '.join(args.name)} (any other Host is refused: DNS rebinding protection)", flush=True)
     # What `prefect server start` passes uvicorn (prefect.cli._server_utils._run_in_foreground, one worker).
-    uvicorn.run(app=create_app(args.name), host=args.host, port=args.port,
+    where = {"fd": args.fd} if args.fd is not None else {"host": args.host, "port": args.port}
+    uvicorn.run(app=create_app(args.name), **where,
                 timeout_keep_alive=PREFECT_SERVER_API_KEEPALIVE_TIMEOUT.value(),
                 ws_ping_interval=PREFECT_SERVER_API_WEBSOCKET_PING_INTERVAL.value(),
                 ws_ping_timeout=PREFECT_SERVER_API_WEBSOCKET_PING_TIMEOUT.value(),

@@ -26,7 +26,9 @@ def portable_context() -> dict[str, Any]:
 
     Prefect's serialize_context carries live objects (the parent Flow and Task); the case process gets
     stand-ins for those. The task run context is left out: a subflow nests through the flow run context.
-    Secrets (an API key) are masked rather than written into a file on the host.
+    Secrets (an API key, a sign-in) are left out, not masked: a case never gets the sign-in (a file on the host),
+    and a masked one ("**********") would be sent as if it were one; without it, a signed-in API refuses the case
+    (_api_unreachable), whose steps then run as plain functions.
     """
     from prefect.context import SettingsContext, serialize_context
     from pydantic_core import to_jsonable_python
@@ -34,12 +36,22 @@ def portable_context() -> dict[str, Any]:
     context = serialize_context()
     settings = SettingsContext.get()
     if settings is not None:
-        context["settings_context"] = settings.serialize(include_secrets=False)
+        context["settings_context"] = _without_secrets(settings.serialize(include_secrets=False))
     context.pop("task_run_context", None)
     flow_run = context.get("flow_run_context") or {}
     flow = flow_run.pop("flow", None)
     flow_run["flow_name"] = getattr(flow, "name", None)
     return to_jsonable_python(context, fallback=str)
+
+
+def _without_secrets(value: Any) -> Any:
+    """``value`` (serialized settings) without the secrets in it (masked SecretStr values, at any depth)."""
+    from pydantic import SecretBytes, SecretStr
+
+    if isinstance(value, dict):
+        return {key: _without_secrets(item) for key, item in value.items()
+                if not isinstance(item, (SecretStr, SecretBytes))}
+    return value
 
 
 def _prefect_unusable(context: dict[str, Any] | None) -> str | None:
@@ -78,7 +90,12 @@ def _api_unreachable() -> str | None:
     try:
         with get_client(sync_client=True) as client:
             problem = client.api_healthcheck()
+            if problem is None:  # /health needs no sign-in; this does, as every call of the steps' flows
+                client.api_version()
     except Exception as exc:  # a missing URL, a refused connection: reported, never fatal
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+        if status in (401, 403):
+            return (f"the Prefect API at {url} refused the sign-in ({status}); a case process is never given it")
         problem = exc
     if problem is None:
         return None

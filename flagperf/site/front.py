@@ -1,7 +1,9 @@
 """What stands in front of the team server's web apps (the Prefect server's and the results site): an answer only
 for requests that name the server by one of its own names (a DNS rebinding page names the attacker's domain),
-frame and sniffing protection on every answer, and a malformed Basic sign-in refused with 401 (Prefect's server
-fails with a 500 and a traceback on one that decodes to non-ASCII text)."""
+frame and sniffing protection on every answer, a page of another site (its Origin header) kept from changing
+anything or opening a websocket (browsers apply CORS to neither: a form's POST is sent, a websocket opened, whatever
+the answer says), and a malformed Basic sign-in refused with 401 (Prefect's server fails with a 500 and a traceback
+on one that decodes to non-ASCII text, or on a websocket's sign-in message that is not ASCII)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import binascii
 import json
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
@@ -26,6 +29,8 @@ FRAME_HEADERS = [
     (b"x-content-type-options", b"nosniff"),
 ]
 REBINDING = "DNS rebinding protection"
+FOREIGN = "a page of another site (its Origin) may not change anything here nor open a websocket"
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")  # OPTIONS: a CORS preflight, which the CORS middleware answers
 
 
 async def _passed(scope: Scope, receive: Receive, send: Send) -> None:
@@ -75,13 +80,57 @@ def malformed_basic(value: bytes | None) -> bool:
         return True
 
 
+def origin_of(url: str) -> str:
+    """An origin as a browser's Origin header says it: scheme and host in lower case, no default port, no
+    userinfo or path ("http://Lab:80/x" is "http://lab")."""
+    parts = urlsplit(url.strip())
+    scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    host = f"[{host}]" if ":" in host else host
+    default = {"http": 80, "https": 443}.get(scheme)
+    return f"{scheme}://{host}" + (f":{port}" if port is not None and port != default else "")
+
+
+def authorizations(scope: Scope) -> list[bytes]:
+    """Every Authorization header of a request (Starlette reads the first, a check that read the last one would
+    let a malformed first one through)."""
+    return [value for name, value in scope.get("headers") or [] if name.lower() == b"authorization"]
+
+
+def bad_auth_message(text: str) -> bool:
+    """Whether a websocket's first message is a sign-in whose token Prefect's check cannot compare (not ASCII
+    text: its hmac.compare_digest raises, a traceback in the server's log)."""
+    try:
+        message = json.loads(text)
+    except ValueError:
+        return False
+    if not isinstance(message, dict) or message.get("type") != "auth" or message.get("token") is None:
+        return False
+    token = message["token"]
+    return not (isinstance(token, str) and token.isascii())
+
+
 class Front:
     """The Prefect server's app behind the checks of this module. ``names``: the server's own (HostCheck);
     ``signed_in``: whether the server asks for a sign-in (only then is a malformed one refused: without one,
-    Prefect ignores the header)."""
+    Prefect ignores the header); ``origins``: the pages allowed to change things and open websockets (the CORS
+    origins; "*": any). A request without an Origin (Prefect's clients, its workers, curl) is not a page's."""
 
-    def __init__(self, app: ASGIApp, names: Iterable[str], signed_in: bool) -> None:
+    def __init__(self, app: ASGIApp, names: Iterable[str], signed_in: bool, origins: Iterable[str] = ()) -> None:
         self.app, self.hosts, self.signed_in = app, HostCheck(names), signed_in
+        origins = [origin for origin in origins if origin.strip()]
+        self.any_origin = "*" in (origin.strip() for origin in origins)
+        self.origins = {origin_of(origin) for origin in origins if origin.strip() != "*"}
+
+    def foreign(self, scope: Scope) -> bool:
+        """Whether the request comes from a page whose origin is not allowed (no Origin: not a page's)."""
+        given = [value for name, value in scope.get("headers") or [] if name.lower() == b"origin"]
+        if not given or self.any_origin:
+            return False
+        return len(given) > 1 or origin_of(given[0].decode("latin-1")) not in self.origins
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):  # lifespan: Prefect's services start and stop with it
@@ -89,10 +138,11 @@ class Front:
             return
         refused = await self.hosts.refused(scope)
         if scope["type"] == "websocket":
-            if refused is not None:
-                await send({"type": "websocket.close", "code": 1008, "reason": REBINDING})
+            if refused is not None or self.foreign(scope):
+                await send({"type": "websocket.close", "code": 1008,
+                            "reason": REBINDING if refused is not None else FOREIGN})
                 return
-            await self.app(scope, receive, send)
+            await self.app(scope, self._checked_sign_in(receive) if self.signed_in else receive, send)
             return
 
         async def with_headers(message: Any) -> None:
@@ -103,11 +153,35 @@ class Front:
         if refused is not None:
             await answer(with_headers, 400, refused.encode(), b"text/plain; charset=utf-8")
             return
-        if self.signed_in and malformed_basic(dict(scope.get("headers") or []).get(b"authorization")):
+        if scope.get("method", "GET") not in SAFE_METHODS and self.foreign(scope):
+            await answer(with_headers, 403, f"{FOREIGN}\n".encode(), b"text/plain; charset=utf-8")
+            return
+        given = authorizations(scope)
+        if self.signed_in and (len(given) > 1 or any(malformed_basic(value) for value in given)):
             await answer(with_headers, 401, json.dumps({"exception_message": "Unauthorized"}).encode(),
                          b"application/json")
             return
         await self.app(scope, receive, with_headers)
+
+
+    @staticmethod
+    def _checked_sign_in(receive: Receive) -> Receive:
+        """``receive`` with a first message that is a sign-in Prefect cannot compare made one without a token,
+        which Prefect refuses (1008) as any wrong one."""
+        first = [True]
+
+        async def checked() -> Any:
+            message = await receive()
+            if first[0] and message.get("type") == "websocket.receive":
+                first[0] = False
+                text = message.get("text")
+                if text is None and message.get("bytes") is not None:
+                    text = message["bytes"].decode("utf-8", "replace")
+                if text is not None and bad_auth_message(text):
+                    message = {**message, "text": json.dumps({"type": "auth", "token": None}), "bytes": None}
+            return message
+
+        return checked
 
 
 async def answer(send: Send, status: int, body: bytes, content_type: bytes) -> None:

@@ -100,7 +100,8 @@ class PoolLock:
     took the lock with it, and another session would take the pool for an ended one's and delete it under this
     session's servers. So a dead one is replaced and the lock taken again, the connection tried again with waits
     that double (``first_wait_s`` up to ``max_wait_s``) for up to ``reconnect_s``: a restart of the database takes
-    longer than one try. Where that fails, or another session took the lock meanwhile, ``lost`` says why, one line
+    longer than one try. Where that fails, or another session took the lock meanwhile (or held it meanwhile and
+    cleared the pool: its row seen at the last check is gone), ``lost`` says why, one line
     on stderr says so at once, and session_pool() fails from then on. The lock is a session's:
     FLAGPERF_TEST_POSTGRES_URL must reach PostgreSQL directly (or through a pooler in session mode), never through a
     transaction pooler (PgBouncer's transaction mode), which would hand the lock's server connection to other
@@ -119,6 +120,9 @@ class PoolLock:
         self.checks = 0  # checks done (for tests: a condition to wait for)
         self.failed_tries = 0  # tries to connect again that failed, in all (for tests: a condition to wait for)
         self.backend_pid = 0  # the server process of the connection that holds the lock
+        self.retaken = 0  # times the lock was held again on a new connection (for tests: a condition to wait for)
+        self._pool_id: Any = None  # the pool's row at the last check (None: not made yet)
+        self._released: Any = None  # an asyncio.Event set by release(): a wait between tries ends at once
         self._answer: queue.Queue[bool | BaseException] = queue.Queue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
@@ -130,10 +134,10 @@ class PoolLock:
             raise answer
         self.held = answer
 
-    async def _take(self) -> tuple[Any, bool]:
+    async def _take(self, timeout_s: float = 60.0) -> tuple[Any, bool]:
         import asyncpg
 
-        conn = await asyncpg.connect(self.dsn, timeout=60)
+        conn = await asyncpg.connect(self.dsn, timeout=timeout_s)
         self.backend_pid = conn.get_server_pid()
         try:
             return conn, bool(await conn.fetchval("select pg_try_advisory_lock($1)", pool_key(self.pool), timeout=60))
@@ -145,7 +149,7 @@ class PoolLock:
         import asyncio
 
         try:
-            self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+            self._loop, self._wake, self._released = asyncio.get_running_loop(), asyncio.Event(), asyncio.Event()
             conn, held = await self._take()
         except BaseException as exc:  # said in the thread that waits for it
             self._answer.put(exc)
@@ -170,10 +174,27 @@ class PoolLock:
                         self._lose(f"its connection died ({exc!r}) and another session took the lock meanwhile")
                         await conn.close()
                         return
+                    # Held again, but another session may have held it meanwhile and taken the pool for an ended
+                    # session's: its row (the one seen at the last check; remade, it would be another) is gone.
+                    if self._pool_id is not None and await self._pool_row(conn) != self._pool_id:
+                        self._lose(f"its connection died ({exc!r}) and its pool was cleared meanwhile")
+                        await conn.close()
+                        return
+                    self.retaken += 1
+                self._pool_id = await self._pool_row(conn)
                 self.checks += 1
         finally:
             if not conn.is_closed():
                 await conn.close()
+
+    async def _pool_row(self, conn: Any) -> Any:
+        """The id of the pool's row, None where there is none (or no server has used the database yet)."""
+        import asyncpg
+
+        try:
+            return await conn.fetchval("select id from work_pool where name = $1", self.pool, timeout=60)
+        except asyncpg.UndefinedTableError:
+            return None
 
     async def _take_again(self, died: Exception) -> tuple[Any, bool] | None:
         """A new connection and the lock's state on it, tried with waits that double for up to ``reconnect_s``;
@@ -184,15 +205,17 @@ class PoolLock:
         deadline, wait, tries = time.monotonic() + self.reconnect_s, self.first_wait_s, 0
         while not self._releasing:
             tries += 1
-            try:
-                return await self._take()
+            try:  # bounded by what is left (at least a short try): release() waits for this
+                return await self._take(max(5.0, min(30.0, deadline - time.monotonic())))
             except Exception as again:
                 self.failed_tries += 1
                 if time.monotonic() + wait > deadline:
                     self._lose(f"its connection died ({died!r}) and no new one came within {self.reconnect_s:.0f} s "
                                f"({tries} tries; the last: {again!r})")
                     return None
-            await asyncio.sleep(wait)  # not woken by check(): a database that is away is given its time
+            # Not woken by check(): a database that is away is given its time; release() ends the wait at once.
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._released.wait(), wait)
             wait = min(wait * 2, self.max_wait_s)
         return None
 
@@ -210,6 +233,9 @@ class PoolLock:
 
     def release(self) -> None:
         self._releasing = True
+        if self._loop is not None and self._released is not None and self._thread.is_alive():
+            with contextlib.suppress(RuntimeError):  # its loop ended meanwhile
+                self._loop.call_soon_threadsafe(self._released.set)
         self.check()
         self._thread.join(timeout=60)
 

@@ -223,8 +223,9 @@ def test_a_host_whose_worker_is_down_fails_healthcheck_in_bounded_time(flagperf_
 
 
 def test_a_lasting_server_schedules_the_nightly(tmp_path: Path) -> None:
-    """The scheduler runs only in a lasting server (`prefect server start`, as `flagperf server` starts it),
-    not in the tests' temporary one: start one on SQLite and check the nightly's schedule produces runs."""
+    """The scheduler runs only in a lasting server (`prefect server start`; `flagperf server` runs Prefect's same
+    app with its services, behind its front, flows/team_app.py), not in the tests' temporary one: start one on
+    SQLite and check the nightly's schedule produces runs."""
     from datetime import datetime, timezone
     from zoneinfo import ZoneInfo
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import http.client
+import json
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -70,17 +72,19 @@ def pools_in_postgres() -> list[str]:
     return asyncio.run(query())
 
 
-def raw_answer(port: int, target: str, headers: dict[str, str | bytes], method: str = "GET",
-               body: bytes | None = None) -> http.client.HTTPResponse:
-    """The request with its headers byte for byte (a Host of our choosing, a header beyond ASCII), read whole."""
+def raw_answer(port: int, target: str, headers: dict[str, str | bytes] | list[tuple[str, str | bytes]],
+               method: str = "GET", body: bytes | None = None) -> http.client.HTTPResponse:
+    """The request with its headers byte for byte (a Host of our choosing, a header beyond ASCII, one header twice:
+    a list of pairs), read whole; its body in ``.body``."""
+    pairs = list(headers.items()) if isinstance(headers, dict) else list(headers)
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
-        conn.putrequest(method, target, skip_host="Host" in headers, skip_accept_encoding=True)
-        for name, value in {**headers, "Content-Length": str(len(body or b""))}.items():
+        conn.putrequest(method, target, skip_host=any(name == "Host" for name, _ in pairs), skip_accept_encoding=True)
+        for name, value in [*pairs, ("Content-Length", str(len(body or b"")))]:
             conn.putheader(name, value)
         conn.endheaders(body)
         answer = conn.getresponse()
-        answer.read()
+        answer.body = answer.read()  # type: ignore[attr-defined]
         return answer
     finally:
         conn.close()
@@ -89,8 +93,10 @@ def raw_answer(port: int, target: str, headers: dict[str, str | bytes], method: 
 def assert_front(port: int, results_port: int, signed_in: dict[str, str], server_log: Path) -> None:
     """What stands in front of the Prefect server (flows.team_app) and the results site, as a browser and an
     attacker's page meet it: a Host that is not the server's (DNS rebinding: a page of evil.example whose name now
-    points here) is refused with one line, before any sign-in; CORS allows the server's own origin, not any; every
-    answer forbids framing and sniffing; a sign-in that is not ASCII is a 401, not a 500 with a traceback."""
+    points here) is refused with one line, before any sign-in; CORS allows the server's own origin, not any; a page
+    of another origin can neither change anything nor open a websocket (CORS covers neither); every answer forbids
+    framing and sniffing; a sign-in that is not ASCII, or given twice, is a 401, not a 500 with a traceback (over a
+    websocket too)."""
     own = f"127.0.0.1:{port}"
     for server_port, target in ((port, "/api/health"), (port, "/"), (port, "/ui-settings"),
                                 (port, "/api/flows/filter"), (results_port, "/")):
@@ -124,8 +130,88 @@ def assert_front(port: int, results_port: int, signed_in: dict[str, str], server
         for method, target in (("GET", "/api/admin/settings"), ("POST", "/api/flows/filter")):
             answer = raw_answer(port, target, {"Authorization": header}, method, b"{}")
             assert answer.status == 401, (header, target, answer.status)
+            # twice, the good one last (Starlette reads the first: a check that read the last let it through)
+            twice = [("Authorization", header), ("Authorization", signed_in["Authorization"])]
+            assert raw_answer(port, target, twice, method, b"{}").status == 401, (header, target)
+    assert raw_answer(port, "/api/admin/settings", [("Authorization", signed_in["Authorization"])] * 2).status == 401
+    # A page of another site: browsers apply CORS neither to a form's POST nor to a websocket. A change from it is
+    # refused in one line; the server's own pages and clients without an Origin (Prefect's) are not.
+    for origin, foreign in (("http://evil.example", True), ("null", True), (f"http://{own}", False), (None, False)):
+        from_page = {**signed_in, **({"Origin": origin} if origin else {})}
+        answer = raw_answer(port, "/api/flows/filter", from_page, "POST", b"{}")
+        said = answer.body.decode(errors="replace")  # type: ignore[attr-defined]
+        assert (answer.status == 403 and said.count("\n") == 1 and "another site" in said) if foreign else (
+            "another site" not in said), (origin, answer.status, said)
+        assert raw_answer(port, "/api/admin/settings", from_page).status == 200, origin  # reading: CORS's part
+        assert_websocket(port, signed_in, origin, accepted=not foreign)
     said = (server_log.read_bytes() if server_log.is_file() else b"")[len(before):]
     assert b"Traceback" not in said and b"Exception in ASGI" not in said, said[-2000:]
+
+
+CONTROLLER = """
+import json, sys
+from prefect import flow
+from flagperf.inference.subflows import portable_context
+
+@flow(name="controller-context", persist_result=False)
+def controller() -> dict:
+    return portable_context()
+
+print(json.dumps(controller()))
+"""
+CASE = """
+import json, sys
+from flagperf.inference.subflows import _api_unreachable, _hydrated
+
+with _hydrated(json.loads(sys.stdin.read())):
+    print(_api_unreachable())
+"""
+
+
+def assert_case_falls_back(api: str, auth: str, env: dict[str, str], home: Path) -> None:
+    """A case process against a signed-in server: it is never given the sign-in (the controller's context carries
+    none, not a masked one, which was sent as if it were the sign-in), and its steps then run as plain functions
+    (the reason its runner names); it probed /health only, open without a sign-in, and its case flow failed with
+    a 401."""
+    base = {**env, "PREFECT_HOME": str(home), "PREFECT_API_URL": api}
+    made = subprocess.run([sys.executable, "-c", CONTROLLER], cwd=ROOT, env={**base, "PREFECT_API_AUTH_STRING": auth},
+                          capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr[-3000:]
+    context = made.stdout.strip().splitlines()[-1]
+    assert auth not in context and "*****" not in context, context[:2000]
+    case = subprocess.run([sys.executable, "-c", CASE], cwd=ROOT, env=base, input=context, capture_output=True,
+                          text=True, timeout=300)
+    assert case.returncode == 0, case.stderr[-3000:]
+    assert case.stdout.strip().splitlines()[-1] == (f"the Prefect API at {api} refused the sign-in (401); a case "
+                                                    "process is never given it"), case.stdout + case.stderr[-2000:]
+
+
+def assert_websocket(port: int, signed_in: dict[str, str], origin: str | None, accepted: bool) -> None:
+    """A websocket to the events Prefect takes in (they can trigger automations) from a page of ``origin`` (None:
+    Prefect's clients, which send no Origin): refused at the handshake, or accepted and signed in as Prefect's
+    clients sign in; then a sign-in message that is not ASCII is refused (1008), not a traceback in the log."""
+    from websockets.exceptions import ConnectionClosed, InvalidStatus
+    from websockets.sync.client import connect
+    from websockets.typing import Origin, Subprotocol
+
+    auth = base64.b64decode(signed_in["Authorization"].split()[1]).decode()
+    url = f"ws://127.0.0.1:{port}/api/events/in"
+    options: dict[str, Any] = {"origin": Origin(origin) if origin else None, "open_timeout": 30,
+                               "subprotocols": [Subprotocol("prefect")]}
+    if not accepted:
+        with pytest.raises(InvalidStatus) as refused:
+            connect(url, **options).close()
+        assert refused.value.response.status_code == 403, origin
+        return
+    for token, answered in ((auth, True), ("lab:pässwort", False)):
+        with connect(url, **options) as socket:
+            socket.send(json.dumps({"type": "auth", "token": token}))
+            if answered:
+                assert json.loads(socket.recv(timeout=30)) == {"type": "auth_success"}, origin
+            else:
+                with pytest.raises(ConnectionClosed) as closed:
+                    socket.recv(timeout=30)
+                assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008, origin
 
 
 def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path: Path) -> None:
@@ -202,6 +288,7 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
                 assert status in (401, 403) and password.encode() not in body, (method, target, status)
         assert request(port, "/api/health")[0] == 200  # says nothing but "true"
         assert_front(port, results_port, signed_in, tmp_path / f"logs-{port}" / "server.log")
+        assert_case_falls_back(api, f"lab:{password}", env, tmp_path / "case")
         assert password not in httpx.get(f"http://127.0.0.1:{port}/ui-settings", timeout=10).text
         site = f"http://127.0.0.1:{results_port}"
         assert httpx.get(f"{site}/", timeout=10).status_code == 401
@@ -402,7 +489,7 @@ def test_a_session_s_pool_lock_outlives_its_connection_or_fails_loudly(monkeypat
         assert asyncio.run(sql("select pg_terminate_backend($1)", first))
         lock.check()
         until(lambda: lock.checks >= 1 or lock.lost is not None, "the lock never checked its connection")
-        assert lock.lost is None and lock.backend_pid != first
+        assert lock.lost is None and lock.backend_pid != first and lock.retaken == 1
         assert not asyncio.run(sql("select pg_try_advisory_lock($1)", key))  # held again, by the new connection
         # Died while the database is away (its address refuses connections for a while): tried again until it is
         # back, the lock then held again.
@@ -412,8 +499,9 @@ def test_a_session_s_pool_lock_outlives_its_connection_or_fails_loudly(monkeypat
             lock.check()
             until(lambda: lock.failed_tries >= 2 or lock.lost is not None, "the lock never tried again")
             lock.dsn = dsn
-        until(lambda: lock.backend_pid != second or lock.lost is not None, "the lock never connected again")
-        assert lock.lost is None
+        # (retaken counts once the lock is known held on the new connection; its backend is set before)
+        until(lambda: lock.retaken >= 2 or lock.lost is not None, "the lock never connected again")
+        assert lock.lost is None and lock.backend_pid != second
         assert not asyncio.run(sql("select pg_try_advisory_lock($1)", key))
         # Died again, and another session takes the lock before it is taken again: lost, and said.
         assert asyncio.run(sql("select pg_terminate_backend($1)", lock.backend_pid))
@@ -442,7 +530,27 @@ def test_a_session_s_pool_lock_outlives_its_connection_or_fails_loudly(monkeypat
     assert [line for line in said if "lost the lock" in line] == [
         f"test session: lost the lock on work pool '{pool}': {lock.lost}; its deployments may be cleared by another "
         "session"]
-    # Away for longer than it tries: lost, and said, in a bounded time.
+    # Away while another session held the lock and cleared the pool (taken for an ended session's): held again on a
+    # new connection, but lost, and said.
+    cleared = PoolLock(f"flagperf-test-{ended_pid()}", check_s=3600)
+    try:
+        asyncio.run(sql("insert into work_pool (name, type) values ($1, 'process') returning id", cleared.pool))
+        cleared.check()
+        until(lambda: cleared.checks >= 1, "the lock never checked its pool")
+        with away() as elsewhere:
+            cleared.dsn = elsewhere
+            assert asyncio.run(sql("select pg_terminate_backend($1)", cleared.backend_pid))
+            cleared.check()
+            until(lambda: cleared.failed_tries >= 1 or cleared.lost is not None, "the lock never tried again")
+            asyncio.run(sql("delete from work_pool where name = $1 returning name", cleared.pool))
+            cleared.dsn = dsn
+        until(lambda: cleared.lost is not None, "the cleared pool was never noticed")
+        assert "its pool was cleared meanwhile" in cleared.lost, cleared.lost
+        assert f"lost the lock on work pool '{cleared.pool}'" in capfd.readouterr().err
+    finally:
+        cleared.release()
+        asyncio.run(sql("delete from work_pool where name = $1 returning name", cleared.pool))
+    # Away for longer than it tries: lost, and said, in a bounded time; released meanwhile, at once.
     briefly = PoolLock(f"flagperf-test-{ended_pid()}", check_s=3600, reconnect_s=2, first_wait_s=0.1)
     try:
         with away() as elsewhere:
@@ -454,6 +562,15 @@ def test_a_session_s_pool_lock_outlives_its_connection_or_fails_loudly(monkeypat
         assert f"lost the lock on work pool '{briefly.pool}'" in capfd.readouterr().err
     finally:
         briefly.release()
+    waiting = PoolLock(f"flagperf-test-{ended_pid()}", check_s=3600, reconnect_s=7200, first_wait_s=3600,
+                       max_wait_s=3600)
+    with away() as elsewhere:
+        waiting.dsn = elsewhere
+        assert asyncio.run(sql("select pg_terminate_backend($1)", waiting.backend_pid))
+        waiting.check()
+        until(lambda: waiting.failed_tries >= 1, "the lock never tried again")
+        waiting.release()  # in its hour-long wait between tries: ended at once (it slept it out, up to 60 s)
+    assert not waiting._thread.is_alive() and waiting.lost is None
 
 
 @contextlib.contextmanager

@@ -624,3 +624,16 @@ def test_a_run_that_fails_between_its_claim_and_its_flow_gives_its_run_folder_ba
         (line,) = error_lines(result.output)
         assert line.startswith("error: the evaluation could not run: ModuleNotFoundError: "), result.output
         assert not (tmp_path / "nested").exists()
+
+
+def test_server_name_is_a_name_only(tmp_path: Path) -> None:
+    """--server-name adds a Host the server answers to: a URL or anything with a path is one line, before anything
+    starts (its logs folder is not made)."""
+    logs = tmp_path / "logs"
+    result = runner.invoke(app, ["server", "--database-url", "postgresql+asyncpg://lab@127.0.0.1:5432/none",
+                                 "--server-name", "perf-lab", "--server-name", "http://evil.example/x",
+                                 "--log-dir", str(logs)])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines()[-1] == ("error: --server-name http://evil.example/x: give a host name or "
+                                                      "address only, e.g. perf-lab.example.org")
+    assert not logs.exists()

@@ -691,22 +691,18 @@ def test_a_no_deploy_server_on_another_pool_is_refused_before_it_makes_its_pool(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`flagperf server --no-deploy` on a database whose deployments are on another pool: refused as a server that
     makes them is (the docs said so; it started, its worker polling a pool the deployments are not on, and the
-    deploy it printed took them over), before it makes its pool. The stand-in API answers on the server's port (the
-    Prefect server started there finds it taken and ends)."""
-    import socket
-
+    deploy it printed took them over), before it makes its pool. The stand-in API answers where serve's clients
+    reach its server (the server it starts, on a port the OS chooses, is stopped unasked)."""
     from flagperf.errors import ConfigError
     from flows import server
 
     monkeypatch.setattr(server, "wait_healthy", lambda *args, **kwargs: None)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    with deployments_api([], {**a_nightly(), "work_pool_name": "flagperf"}, port) as (_api, seen):
+    with deployments_api([], {**a_nightly(), "work_pool_name": "flagperf"}) as (api, seen):
+        monkeypatch.setattr(server, "local_api_url", lambda host, port: api)
         try:
             with pytest.raises(ConfigError) as info:
-                server.serve("postgresql+asyncpg://lab@127.0.0.1:5432/none", "127.0.0.1", port, "lab2", False,
+                server.serve("postgresql+asyncpg://lab@127.0.0.1:5432/none", "127.0.0.1", 0, "lab2", False,
                              tmp_path / "logs", results_dir=tmp_path / "results", results_port=0, deploy=False)
         finally:
             for sig, handler in handlers.items():
@@ -850,16 +846,16 @@ def test_the_by_hand_deploy_refused_its_sign_in_exits_2_in_one_line(tmp_path: Pa
 
 
 @pytest.mark.parametrize("credentials", [None, "lab:wrong-password-0123"])
-def test_a_server_whose_sign_in_is_refused_before_its_pool_is_made_says_so_in_one_line(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, credentials: str | None) -> None:
-    """serve's check for deployments on other pools, refused the sign-in (401: the API that answers on its port is
-    not its own, or has another sign-in): the one line of a refused sign-in, a setting to change (ConfigError:
-    `flagperf server` exits 2), as the deploy says it; it was a RuntimeError (exit 1) quoting httpx's words."""
+def test_a_server_on_a_port_another_server_holds_names_the_port_in_one_line(
+        tmp_path: Path, credentials: str | None) -> None:
+    """Another server answers on serve's port: its launcher failed to bind, but the other's /health passed for its
+    own, and the other's 401 was blamed on the sign-in (serve signs in with the server's own). Now serve binds the
+    port before it starts anything (as `prefect server start` checks it): one line naming --port (ConfigError:
+    `flagperf server` exits 2), nothing asked of the other server."""
     from flagperf.errors import ConfigError
     from flagperf.site.auth import Credentials
     from flows import server
 
-    monkeypatch.setattr(server, "wait_healthy", lambda *args, **kwargs: None)
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     with stub_api(401) as (api_url, asked):
         port = int(api_url.rsplit(":", 1)[1].split("/")[0])  # the Prefect server started there finds it taken
@@ -871,15 +867,9 @@ def test_a_server_whose_sign_in_is_refused_before_its_pool_is_made_says_so_in_on
         finally:
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
-    assert asked.is_set()
-    said = str(info.value)
-    assert "\n" not in said and "Client error" not in said, said
-    if credentials:
-        assert said == (f"/etc/lab-auth: the server at {api_url} refused the sign-in (401); use the server's (its "
-                        "banner names where it comes from)")
-    else:
-        assert said.startswith(f"PREFECT_API_AUTH_STRING: the server at {api_url} needs a sign-in, and none was "
-                               "given (401)"), said
+    assert not asked.is_set()
+    assert str(info.value) == (f"--port {port}: cannot listen on 127.0.0.1:{port}: Address already in use; choose "
+                               "another --port")
 
 
 def test_the_by_hand_deploy_says_a_third_signal_stops_it_and_what_puts_back_what_users_set(tmp_path: Path) -> None:
@@ -903,3 +893,68 @@ def test_the_by_hand_deploy_says_a_third_signal_stops_it_and_what_puts_back_what
             child.kill()
             child.wait()
     assert "the next run of this command puts it back from " in rest, rest
+
+
+def test_origins_are_as_browsers_send_them_and_the_operator_s_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A browser's Origin has the host in lower case and no default port or userinfo: a --public-url written
+    otherwise allowed none of its pages. --server-name adds a name (and its origin); origins an operator set in
+    PREFECT_SERVER_CORS_ALLOWED_ORIGINS are kept (they were overwritten without a word), "*" refused in one line."""
+    from flagperf.errors import ConfigError
+    from flows.server import allowed_origins, own_origins, server_names
+
+    assert own_origins(["perf-lab"], 80, ["HTTPS://Admin:pw@Perf-Lab.Example.org:443/"]) == [
+        "http://perf-lab", "https://perf-lab.example.org"]
+    names = server_names("127.0.0.1", [None], ["Perf-Lab", "perf-lab.example.org"])
+    assert {"perf-lab", "perf-lab.example.org"} <= set(names)
+    monkeypatch.setenv("PREFECT_SERVER_CORS_ALLOWED_ORIGINS", "https://Dashboards.lab:443, http://tools.lab:8080")
+    merged = allowed_origins(names, 4200, [None])
+    assert {"https://dashboards.lab", "http://tools.lab:8080", "http://perf-lab:4200"} <= set(merged)
+    monkeypatch.setenv("PREFECT_SERVER_CORS_ALLOWED_ORIGINS", "http://tools.lab,*")
+    with pytest.raises(ConfigError, match=r"^PREFECT_SERVER_CORS_ALLOWED_ORIGINS: '\*' lets a page of any site"):
+        allowed_origins(names, 4200, [None])
+
+
+def test_the_front_refuses_a_sign_in_given_twice_and_changes_from_other_origins() -> None:
+    """Starlette (Prefect's check) reads the first Authorization header; the front read the last, so a malformed
+    first one behind a good last one reached Prefect (a 500 with a traceback). A change from a page of another
+    origin is refused (403, one line); reading, a preflight, and a request without an Origin pass."""
+    import asyncio
+    import base64
+
+    from flagperf.site.front import Front
+
+    reached: list[str] = []
+
+    async def app(scope: dict, receive: object, send: object) -> None:
+        reached.append(scope["method"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
+        await send({"type": "http.response.body", "body": b""})  # type: ignore[operator]
+
+    front = Front(app, ["127.0.0.1"], signed_in=True, origins=["http://127.0.0.1:4200"])
+
+    def status(method: str, headers: list[tuple[bytes, bytes]]) -> tuple[int, bytes]:
+        said: list[dict] = []
+
+        async def send(message: dict) -> None:
+            said.append(message)
+
+        async def receive() -> dict:
+            return {"type": "http.request", "body": b""}
+
+        scope = {"type": "http", "method": method, "path": "/api/flows/filter", "headers": [
+            (b"host", b"127.0.0.1:4200"), *headers]}
+        asyncio.run(front(scope, receive, send))
+        return said[0]["status"], said[1]["body"]
+
+    good = (b"authorization", b"Basic " + base64.b64encode(b"lab:pw-long-enough"))
+    bad = (b"authorization", b"Basic " + base64.b64encode("lab:pässwort".encode()))
+    assert status("GET", [bad, good])[0] == 401 and status("GET", [good, good])[0] == 401
+    assert status("GET", [good])[0] == 200
+    refused, said = status("POST", [good, (b"origin", b"http://evil.example")])
+    assert refused == 403 and said.count(b"\n") == 1 and b"another site" in said
+    assert status("POST", [good, (b"origin", b"null")])[0] == 403
+    assert status("POST", [good, (b"Origin", b"HTTP://127.0.0.1:4200")])[0] == 200
+    assert status("POST", [good])[0] == 200  # Prefect's clients send no Origin
+    for method in ("GET", "HEAD", "OPTIONS"):
+        assert status(method, [good, (b"origin", b"http://evil.example")])[0] == 200, method
+    assert reached == ["GET", "POST", "POST", "GET", "HEAD", "OPTIONS"]
