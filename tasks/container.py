@@ -63,19 +63,29 @@ def run_case(host: Host, runtime: Runtime, job: Job, stage_dir: Path, timeout_s:
     job_dir = stage_dir / f"attempt{attempt}"
     host.write_text(job_dir / JOB_FILE, job.model_dump_json(indent=2))
     logger.info("attempt %d: %s runtime, timeout %.0f s", attempt, runtime.name, timeout_s)
-    outcome = runtime.run_entry(host, job_dir, timeout_s, on_line=lambda line: relay(logger, line),
-                                pid_file=stage_dir / PID_FILE)
+    try:
+        outcome = runtime.run_entry(host, job_dir, timeout_s, on_line=lambda line: relay(logger, line),
+                                    pid_file=stage_dir / PID_FILE)
+    except BaseException:  # interrupted: a local case process killed and seen to end has ended all the same
+        if (code := host.ended_when_interrupted(job_dir / CASE_LOG_FILE)) is not None:
+            seen_ended(host, job_dir, code)
+        raise
     if outcome.exit_code is not None and not outcome.link:
-        # Its runtime saw the case process end: what its record of prompt positions says it took is final. Nothing is
-        # written where the link was lost, a container could not be removed, or the run was interrupted (raised above).
-        with contextlib.suppress(Exception):  # best effort: without it, later rounds start after its bound
-            host.write_text(job_dir / ENDED_FILE, json.dumps({"exit_code": outcome.exit_code}) + "\n")
+        seen_ended(host, job_dir, outcome.exit_code)
     try:
         return verdict(host, job, job_dir, outcome, timeout_s)
     except InfrastructureFailure as exc:  # retried: the attempt's folder says why (the report reads it)
         with contextlib.suppress(Exception):  # best effort: the failure itself is what matters here
             host.write_text(job_dir / ATTEMPT_FAILURE_FILE, f"{exc}\n")
         raise
+
+
+def seen_ended(host: Host, job_dir: Path, exit_code: int) -> None:
+    """The attempt's runtime saw its case process end (an exit code, and no word of a lost link): what its record of
+    prompt positions says it took is final (flagperf.results.prompt_positions.ENDED_FILE). Never written where the link
+    was lost, a container could not be removed, or a remote case was interrupted: it may still be sending."""
+    with contextlib.suppress(Exception):  # best effort: without it, later rounds start after its bound
+        host.write_text(job_dir / ENDED_FILE, json.dumps({"exit_code": exit_code}) + "\n")
 
 
 def attempt_positions(host: Host, stage_dir: Path, attempt: int, positions: dict[str, int]) -> dict[str, int]:
