@@ -332,7 +332,8 @@ def worked_out_reaches(folder: Path) -> dict[str, Reach]:
     reaches = {}
     for item in listed if isinstance(listed, list) else []:
         with contextlib.suppress(ValueError, KeyError, TypeError):  # ValidationError is a ValueError
-            reaches[str(item["id"])] = Reach(stream=item["stream"], end=item["end"])
+            # "upto": where the round started after it (an older serving.json: "end", which held that too)
+            reaches[str(item["id"])] = Reach(stream=item["stream"], end=item["upto"] if "upto" in item else item["end"])
     return reaches
 
 

@@ -902,7 +902,8 @@ class StreamStart:
     passed: list[str] = field(default_factory=list)  # the open reservations it starts after (their files)
     # Open reservations at its endpoint, model and API whose round's prompts cannot be worked out here (their files)
     unknown: list[str] = field(default_factory=list)
-    # Every open reservation's reach worked out, by id: (its stream, the position after the most it may have taken)
+    # Every open reservation's reach worked out, by id: (its stream, where a later round starts after it: what it took
+    # where known, else the position after the most it may have taken)
     reaches: dict[str, tuple[str, int]] = field(default_factory=dict)
 
 
@@ -1182,7 +1183,7 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
         "prompts": describe_prompts(head, prompts.made, config.api),
         "prompt_set": {**prompt_set(config, prompts, tokens, planned, begun.unknown), "stream": stream,
                        "after_reservations": passed, "unknown_reservations": begun.unknown,
-                       "reservation_reaches": [{"id": rid, "stream": reach[0], "end": reach[1]}
+                       "reservation_reaches": [{"id": rid, "stream": reach[0], "upto": reach[1]}
                                                for rid, reach in begun.reaches.items()]},
         "model": model_record(config, folder),
         "client": client_settings(config, spec), "points": []}

@@ -427,7 +427,7 @@ def test_ctrl_c_mid_round_at_an_endpoint_and_its_retry_send_no_prompt_twice(tmp_
     assert serving["prompt_set"]["first_position"] == 5
     assert serving["prompt_set"]["after_reservations"] == []
     assert serving["prompt_set"]["reservation_reaches"] == [
-        {"id": reserved[0].name.removeprefix(OPEN).removesuffix(".json"), "stream": kept["stream"], "end": 5}]
+        {"id": reserved[0].name.removeprefix(OPEN).removesuffix(".json"), "stream": kept["stream"], "upto": 5}]
     # The retry's round's reservation is closed once stored; the interrupted round's (its records never came) too, as
     # the retry's records pass its reach: no later round works it out again.
     assert not list((run_dir / RUN_POSITIONS_DIR).glob(f"{OPEN}*.json"))

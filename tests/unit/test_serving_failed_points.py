@@ -816,7 +816,7 @@ def test_a_round_dispatched_but_never_collected_holds_its_prompts_by_its_reserva
     prompt_set = json.loads((out / SERVING_FILE).read_text())["prompt_set"]
     stream = prompt_set["stream"]
     assert prompt_set["after_reservations"] == [second.where] and prompt_set["unknown_reservations"] == []
-    reaches = {r["id"]: (r["stream"], r["end"]) for r in prompt_set["reservation_reaches"]}
+    reaches = {r["id"]: (r["stream"], r["upto"]) for r in prompt_set["reservation_reaches"]}
     assert reaches[second.id] == (stream, 6) and reaches[elsewhere.id][0] != stream
     # Collected, round 1's records pass the lost round's reach: its reservation is closed too (no later round works
     # it out again); the other stream's stays open.
@@ -1125,6 +1125,55 @@ def test_what_an_attempt_took_counts_only_where_its_runtime_saw_it_end(refusing:
         assert _sent(out) == [0, 1, 2] and (reach.end, reach.taken) == (9, 3)
         assert (out / ENDED_FILE).is_file()
     assert not stage_folder(host.work_root, plan.run_id, cp.name, 1, "localhost").exists()
+
+
+def test_a_later_reservation_is_worked_out_from_where_its_round_started_not_from_what_an_earlier_one_took(
+        refusing: str, tmp_path: Path) -> None:
+    """Round 2 was dispatched while round 1's reach was not known: it started after the most round 1 may take (its
+    bound). Round 1's reach, with what it took, is kept only later; round 3, working out round 2's reservation (its
+    reach never kept), starts it where it started (round 1's bound), not after what round 1 took, so it resends none
+    of round 2's prompts."""
+    import shutil
+
+    from flagperf.results.prompt_positions import close
+    from flows.host_round import keep_round_reach, round_reservation
+    from tasks.collect import stage_folder
+    from tasks.container import seen_ended
+
+    RefusingEndpoint.refuse = set()
+    plan = _endpoint_plan(refusing, tmp_path, "requests=2", "max_retries=2", rounds=3)
+    cp = plan.cases[0]
+    host = LocalHost(work_root=tmp_path / "work")
+    spec = host_spec({"name": "localhost"})
+    run = tmp_path / "run"
+    run.mkdir()
+
+    def attempt(round_no: int, number: int, job: Job) -> list[int]:
+        stage = stage_folder(host.work_root, plan.run_id, cp.name, round_no, "localhost")
+        job = job.model_copy(update={"attempt": number, "prompt_positions": attempt_positions(
+            host, stage, number, job.prompt_positions)})
+        (stage / f"attempt{number}").mkdir(parents=True)
+        assert run_job(job, stage / f"attempt{number}") == 0
+        seen_ended(host, stage / f"attempt{number}", 0)
+        return _sent(stage / f"attempt{number}")
+
+    job1 = round_job(plan, run, cp, 1, "localhost", spec, {}, None)
+    first = reserve(run, round_reservation(job1, cp.max_retries + 1))
+    assert attempt(1, 1, job1) == [0, 1, 2]  # its bound: 3 attempts of 3 prompts, 9
+    job2 = round_job(plan, run, cp, 2, "localhost", spec, {}, None)  # round 1's reach not kept (yet)
+    reserve(run, round_reservation(job2, cp.max_retries + 1))
+    sent2 = attempt(2, 1, job2) + attempt(2, 2, job2)  # its first attempt failed after it sent (infrastructure)
+    assert sent2 == [9, 10, 11, 12, 13, 14]
+    host.remove_tree(stage_folder(host.work_root, plan.run_id, cp.name, 2, "localhost"))  # lost: no reach kept
+    # Round 1 is collected later (a retry): its reach, with what it took, is kept, and its reservation closed.
+    stage1 = stage_folder(host.work_root, plan.run_id, cp.name, 1, "localhost")
+    keep_round_reach(host, stage1, run, first, "round 1")
+    assert [(r.reach.end, r.reach.taken) for r in reservations(run) if r.id == first.id and r.reach] == [(9, 3)]
+    shutil.copytree(stage1 / "attempt1", round_dir(run, cp.name, 1, "localhost"))
+    close(run, first)
+    assert _run_round(plan, run, 3) == 0
+    sent3 = _sent(round_dir(run, cp.name, 3, "localhost"))
+    assert sent3[0] == 9 + 9 and not set(sent3) & set(sent2), (sent2, sent3)
 
 
 def test_an_endpoints_synthetic_prompt_stream_is_its_tokenizer_wherever_its_folder_lies(
