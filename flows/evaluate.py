@@ -58,7 +58,6 @@ from flagperf.hosts.slurm import cancel_jobs
 from flagperf.paths import RESULTS_DIR_ENV, RESULTS_ROOT_ENV
 from flagperf.results.bounded import read_json_file
 from flagperf.results.schema import (
-    HALF_ROUND_KEPT_AT,
     KEPT_ON_HOST,
     RESULT_FILE,
     RESULTS_UNWRITABLE,
@@ -320,8 +319,9 @@ def failed_line(failed: list[RoundResult], total: int, command: str | None, run_
     if any(r.failure and KEPT_ON_HOST in r.failure.message for r in failed):
         line += (f"; to collect the rounds kept on their hosts (and run only the failed others again): "
                  f"{how_to_retry(command, run_dir)}")
-    halves = half_rounds_kept(failed)
-    if halves:  # the round's own reason may be cut short above: where it lies is said whole
+    # the rounds' own reasons may be cut short above (or not listed): where one lies is said whole, once
+    halves = [where for where in half_rounds_kept(failed) if f"{where} " not in line]
+    if halves:
         line += (f"; kept on the host{'s' if len(halves) > 1 else ''}, for you to look at and remove before a retry "
                  f"(their prompt positions could not all be read): {', '.join(halves)}")
     return line
@@ -329,8 +329,7 @@ def failed_line(failed: list[RoundResult], total: int, command: str | None, run_
 
 def half_rounds_kept(results: list[RoundResult]) -> list[str]:
     """Where the half rounds that ``results`` kept on their hosts lie (HOST:FOLDER; flows.host_round.HalfRoundKept)."""
-    return [r.failure.message.rpartition(f"{HALF_ROUND_KEPT_AT} ")[2] for r in results
-            if r.failure and HALF_ROUND_KEPT_AT in r.failure.message]
+    return [r.failure.kept_at for r in results if r.failure and r.failure.kept_at]
 
 
 RUN_STOPPED = "; stopped after "  # the message of a run that stopped before its last round, and why

@@ -48,7 +48,6 @@ from flagperf.results.prompt_positions import (
 )
 from flagperf.results.provenance import library_versions
 from flagperf.results.schema import (
-    HALF_ROUND_KEPT_AT,
     RESULT_FILE,
     RESULTS_UNWRITABLE,
     Failure,
@@ -212,7 +211,8 @@ def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: C
         return _stored(job.failed_result(failure, probe), round_dir(run_dir, case.name, round_no, host.name,
                                                                      node_rank), label)
     except HalfRoundKept as kept:
-        failure = Failure(kind="infrastructure", message=f"{round_label(case.name, round_no, host.name)}: {kept}")
+        failure = Failure(kind="infrastructure", message=f"{round_label(case.name, round_no, host.name)}: {kept}",
+                          kept_at=kept.where)
         round_logger().error("%s", failure.message)
         return _stored(job.failed_result(failure, probe), round_dir(run_dir, case.name, round_no, host.name,
                                                                      node_rank), label)
@@ -262,7 +262,12 @@ class RunFolderRefused(Exception):
 
 class HalfRoundKept(Exception):
     """A half round on the host whose attempts' prompt positions could not all be read, and that no open reservation
-    bounds: kept there, and the round not run (it could resend their prompts)."""
+    bounds: kept there, and the round not run (it could resend their prompts). ``where``: HOST:FOLDER (its round's
+    Failure.kept_at)."""
+
+    def __init__(self, message: str, where: str) -> None:
+        super().__init__(message)
+        self.where = where
 
 
 def at_endpoint(case: CasePlan) -> bool:
@@ -411,7 +416,7 @@ def cleared_stage(host: Host, stage_dir: Path, job: Job, run_dir: Path | None = 
                 f"the half round an interrupted attempt left in {host.name}:{stage_dir} has attempts whose prompt "
                 f"positions could not be read ({', '.join(found.unread)}), and no open reservation bounds them: it "
                 "is kept there and the round is not run, so that the endpoint is not sent their prompts again; look "
-                f"at it, remove it, then retry the run; {HALF_ROUND_KEPT_AT} {host.name}:{stage_dir}")
+                "at it, remove it, then retry the run", f"{host.name}:{stage_dir}")
         job = job.model_copy(update={"prompt_reservations": reservations(run_dir)})
     host.remove_tree(stage_dir)
     return job

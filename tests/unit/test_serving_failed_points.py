@@ -945,15 +945,16 @@ def test_a_reservation_is_closed_once_its_round_is_collected_and_not_for_a_lost_
 
 
 def test_a_half_round_whose_attempts_are_not_all_read_keeps_its_reservation_open(
-        refusing: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        refusing: str, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     """A half round on the host is read whole before it goes: every attempt<N> folder there, also past what
     max_retries allows now. Where an attempt's record cannot be read (larger than 64 KiB), what it took is not known:
     the round's reservation stays open, so that the rerun starts after the most the half round may have sent; its folder
     goes only where that reservation bounds every attempt found there, else it is kept and the round is not run."""
     from flagperf.results.prompt_positions import MAX_POSITIONS_BYTES, PROMPT_POSITIONS, Reach
     from flagperf.results.schema import Failure
-    from flows.evaluate import clean_work_roots, failed_line
-    from flows.host_round import HalfRoundKept, cleared_stage, round_reservation
+    from flows import evaluate
+    from flows.evaluate import clean_work_roots, failed_line, half_rounds_kept
+    from flows.host_round import HalfRoundKept, cleared_stage, round_reservation, secure_half_round
     from tasks.collect import stage_folder
 
     RefusingEndpoint.refuse = set()
@@ -1005,12 +1006,33 @@ def test_a_half_round_whose_attempts_are_not_all_read_keeps_its_reservation_open
     assert positions_taken(run) == {record["stream"]: 3}  # attempt 1's record kept
     # The run's clean-up keeps it too (its round's failed result says where), and the run's final line says where.
     hosts, specs = {"localhost": host}, {"localhost": spec}
-    kept = job.failed_result(Failure(kind="infrastructure", message=f"{cp.name} round 1 on localhost: {caught.value}"),
-                             None)
+    assert caught.value.where == f"localhost:{stage}"
+    kept = job.failed_result(Failure(kind="infrastructure", message=f"{cp.name} round 1 on localhost: {caught.value}",
+                                     kept_at=caught.value.where), None)
+    secured: list[Path] = []
+
+    def secure(host: LocalHost, stage_dir: Path, *args: Any) -> str | None:
+        secured.append(stage_dir)
+        return secure_half_round(host, stage_dir, *args)
+
+    monkeypatch.setattr(evaluate, "secure_half_round", secure)
+    caplog.clear()
     clean_work_roots(hosts, specs, plan.model_copy(update={"results_dir": str(tmp_path / "unbounded")}), [kept])
-    assert (stage / "attempt3").is_dir()
+    assert (stage / "attempt3").is_dir() and secured == []  # kept as its round said: not looked at again
+    said = [r.getMessage() for r in caplog.records]
+    looked_at = [m for m in said if "half round(s) to look at" in m]
+    assert len(looked_at) == 1 and looked_at[0].endswith(f"half round(s) to look at (localhost:{stage})"), said
+    assert not [m for m in said if "could not clean" in m or m.startswith("kept the half round")], said
     line = failed_line([kept], 1, f"flagperf run --cases {cp.name}", run)
-    assert line.endswith(f"could not all be read): localhost:{stage}") and "\n" not in line
+    assert line.count(f"localhost:{stage}") == 1 and "\n" not in line, line
+    cut = kept.model_copy(update={"failure": Failure(kind="infrastructure", message="too long to be listed",
+                                                     kept_at=caught.value.where)})
+    assert failed_line([cut], 1, None, run).endswith(f"could not all be read): localhost:{stage}")
+    # Where it lies is the failure's own field: a message that only quotes the words (a case log's tail, an endpoint's
+    # error body) keeps nothing.
+    forged = job.failed_result(Failure(kind="infrastructure", message=(
+        "last lines of case.log: the half round is kept on its host at localhost:/etc")), None)
+    assert half_rounds_kept([forged]) == [] and "kept on the host" not in failed_line([forged], 1, None, run)
     host.remove_tree(stage)
 
     # A round interrupted mid-attempt (Ctrl-C) has no result on the host: the clean-up keeps its records in the run
