@@ -57,6 +57,7 @@ from flagperf.hosts.local import Host
 from flagperf.hosts.slurm import cancel_jobs
 from flagperf.paths import RESULTS_DIR_ENV, RESULTS_ROOT_ENV
 from flagperf.results.bounded import read_json_file
+from flagperf.results.prompt_positions import reservations
 from flagperf.results.schema import (
     KEPT_ON_HOST,
     RESULT_FILE,
@@ -418,19 +419,41 @@ def clean_work_roots(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: R
 def half_rounds(host: Host, name: str, plan: RunPlan, names: list[str]) -> list[tuple[CasePlan, int, int, Path]]:
     """The folders on ``host`` of rounds at endpoints that were dispatched and neither stored nor measured (an
     interrupted attempt's), each with its case, round and node rank: the prompts they sent are known from their
-    records only."""
+    records only. One whose round still has an open reservation is one whatever the run folder holds for it: a
+    failed result the controller wrote itself (a crashed subflow's, a refused reservation's) holds none of its records.
+    The host's folders are listed, a level at a time, not asked after one by one (one call each on an SSH host)."""
+    endpoint_cases = [case for case in plan.cases if at_endpoint(case)]
+    if not endpoint_cases:
+        return []
+    run_root = host.work_root / plan.run_id
+    present = listing(host, run_root)
+    if not present:
+        return []
+    open_rounds = {(r.case, r.round, r.host, r.node_rank) for r in reservations(plan.run_dir) if r.open}
     found = []
-    for case in plan.cases:
-        if not at_endpoint(case):
+    for case in endpoint_cases:
+        if case.name not in present:
             continue
         ranks = [group.index(name) for group in node_groups(case.config, names) if name in group]
+        rounds = listing(host, run_root / case.name)
         for round_no in range(1, plan.rounds + 1):
+            if f"round{round_no}" not in rounds:
+                continue
+            here = listing(host, run_root / case.name / f"round{round_no}")
             for rank in ranks:
                 stage = stage_folder(host.work_root, plan.run_id, case.name, round_no, name, rank)
                 stored = round_dir(plan.run_dir, case.name, round_no, name, rank) / RESULT_FILE
-                if host.exists(stage) and not stored.is_file():
+                if stage.name in here and ((case.name, round_no, name, rank) in open_rounds or not stored.is_file()):
                     found.append((case, round_no, rank, stage))
     return found
+
+
+def listing(host: Host, folder: Path) -> set[str]:
+    """The names in ``folder`` on the host; none where it does not exist."""
+    try:
+        return set(host.list_folder(folder))
+    except FileNotFoundError:
+        return set()
 
 
 def uncollected_rounds(host: Host, name: str, plan: RunPlan, names: list[str]

@@ -951,7 +951,7 @@ def test_a_half_round_whose_attempts_are_not_all_read_keeps_its_reservation_open
     the round's reservation stays open, so that the rerun starts after the most the half round may have sent; its folder
     goes only where that reservation bounds every attempt found there, else it is kept and the round is not run."""
     from flagperf.results.prompt_positions import MAX_POSITIONS_BYTES, PROMPT_POSITIONS, Reach
-    from flagperf.results.schema import Failure
+    from flagperf.results.schema import RESULT_FILE, Failure, write_result
     from flows import evaluate
     from flows.evaluate import clean_work_roots, failed_line, half_rounds_kept
     from flows.host_round import HalfRoundKept, cleared_stage, round_reservation, secure_half_round
@@ -1044,6 +1044,14 @@ def test_a_half_round_whose_attempts_are_not_all_read_keeps_its_reservation_open
     assert not stage.exists() and positions_taken(run) == {record["stream"]: 2}
     assert [(r.id, r.open, r.reach) for r in reservations(run)] == [
         (reserved.id, True, Reach(stream=record["stream"], end=6, taken=6))]  # no end seen: its bound
+    # A round whose subflow crashed has a failed result the controller wrote itself, with none of its records: while
+    # its reservation is open its folder on the host is a half round all the same, secured before it goes.
+    run, job, reserved = half("crashed", {1: json.dumps(halfway)})
+    out = round_dir(run, cp.name, 1, "localhost")
+    write_result(out / RESULT_FILE, job.failed_result(Failure(kind="infrastructure", message="crashed"), None))
+    secured.clear()
+    clean_work_roots(hosts, specs, plan.model_copy(update={"results_dir": str(tmp_path / "crashed")}), [])
+    assert secured == [stage] and not stage.exists() and positions_taken(run) == {record["stream"]: 2}
     run, job, reserved = half("lost", {1: json.dumps(halfway), 3: too_large})
     caplog.clear()
     clean_work_roots(hosts, specs, plan.model_copy(update={"results_dir": str(tmp_path / "lost")}), [])
