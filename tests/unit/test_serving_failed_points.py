@@ -1299,12 +1299,22 @@ def test_an_endpoint_case_runs_on_the_one_host_its_endpoint_names_of_several(tmp
     assert plan(["h1"], {"lab": lab}, "endpoint=lab").cases[0].config["endpoint"]["client_host"] is None
     # --set sets the named entry's client_host (before or after the name, for every case or one), checked the same way.
     for sets in (("endpoint=lab", "endpoint.client_host=h3"), ("endpoint.client_host=h3", "endpoint=lab"),
-                 ("endpoint=lab", "tiny-llama-serve.endpoint.client_host=h3")):
+                 ("endpoint=lab", "tiny-llama-serve.endpoint.client_host=h3"),
+                 ("tiny-llama-serve.endpoint.client_host=h3", "tiny-llama-serve.endpoint=lab"),
+                 ("tiny-llama-serve.endpoint.client_host=h3", "endpoint=lab"),
+                 ("endpoint.client_host=h3", "tiny-llama-serve.endpoint=lab")):
         moved = plan(["h1", "h2", "h3"], {"lab": {**lab, "client_host": "h2"}}, *sets).cases[0]
         assert (moved.config["endpoint"]["client_host"], moved.origins["endpoint.client_host"]) == ("h3", "--set")
         assert moved.config["endpoint"]["base_url"] == lab["base_url"]
     error = refused(["h1", "h2"], {"lab": {**lab, "client_host": "h2"}}, "endpoint=lab", "endpoint.client_host=h9")
     assert (error.source, error.key) == ("--set", "tiny-llama-serve.endpoint.client_host") and "'h9'" in str(error)
+    # Its other keys are the inventory's: set on a named endpoint they would repoint it while its origin says
+    # inventory.yaml. Refused in one line, whichever comes first.
+    for sets, key in ((("endpoint=lab", "endpoint.base_url=http://elsewhere:1"), "endpoint.base_url"),
+                      (("tiny-llama-serve.endpoint.model=other", "tiny-llama-serve.endpoint=lab"), "endpoint.model")):
+        error = refused(["h1"], {"lab": lab}, *sets)
+        assert (error.source, error.key) == ("--set", f"tiny-llama-serve.{key}")
+        assert "only its client_host and devices may be set here" in str(error), error
     assert plan(["h1", "h2"], {"lab": lab}).cases[0].config["endpoint"] is None  # no endpoint: every host
 
     # The case's own settings: the key is named in its case.yaml.
