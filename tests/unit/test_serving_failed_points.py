@@ -407,6 +407,13 @@ def test_a_retry_of_the_run_sends_none_of_the_prompts_its_earlier_flow_runs_sent
     assert [line for line in report.splitlines() if line.startswith("| tiny-llama-serve | ")][-2:] == [
         "| tiny-llama-serve | 1 | localhost | 6 to 8 | 6 | 3 | yes | 0 |",
         "| tiny-llama-serve | 2 | localhost | 3 to 5 | 3 | 3 | yes | 0 |"], report
+    # A round that took no position (its points failed before they sent) says where it would have started.
+    serving_file = round_dir(run_dir, plan.cases[0].name, 2, "localhost") / SERVING_FILE
+    serving = json.loads(serving_file.read_text())
+    serving["prompt_set"]["positions_taken"] = 0
+    serving_file.write_text(json.dumps(serving))
+    assert "| tiny-llama-serve | 2 | localhost | none (at 3) | 3 | 3 | yes | 0 |" in "\n".join(
+        serving_markdown(run_dir, None))
 
 
 def test_a_prompts_files_rounds_for_duration_s_start_after_the_prompts_earlier_rounds_used(
