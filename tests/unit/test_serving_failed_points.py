@@ -6,7 +6,6 @@ shown so in the report; a partly failed point reports its failed count and share
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import http.server
 import json
 import threading
@@ -24,7 +23,7 @@ from flagperf.errors import EXIT_USER_ERROR
 from flagperf.generate.loadgen import REQUESTS_FILE, read_records
 from flagperf.generate.serve import SERVING_FILE
 from flagperf.hosts.inventory import host_spec
-from flagperf.hosts.local import CommandResult, LocalHost
+from flagperf.hosts.local import LocalHost
 from flagperf.results.prompt_positions import (
     RUN_POSITIONS_DIR,
     Reservation,
@@ -1120,48 +1119,6 @@ def test_a_reservations_reach_is_kept_beside_it_and_read_where_its_files_are_gon
     assert prompt_set["unknown_reservations"] == [second.where] and prompt_set["each_sent_once"] is False
     assert ("1 round(s) the controller dispatched to the same endpoint, model and API, whose records the run folder "
             f"does not hold, cannot be worked out here (their reservations {second.where})") in caplog.text
-
-
-class LinkLostOnce(LocalHost):
-    """A host whose link drops as its first command ends: the case ran and sent, but its end was not seen (as an SSH
-    session that closed without an exit status, or a container engine that stopped answering)."""
-
-    def run(self, argv: list[str], **kwargs: Any) -> CommandResult:
-        outcome = super().run(argv, **kwargs)
-        if getattr(self, "lost", False):
-            return outcome
-        self.lost = True
-        return dataclasses.replace(outcome, exit_code=None, link="the link to the host dropped")
-
-
-@pytest.mark.parametrize("lost", [False, True], ids=["seen-ended", "link-lost"])
-def test_what_an_attempt_took_counts_only_where_its_runtime_saw_it_end(refusing: str, tmp_path: Path,
-                                                                       lost: bool) -> None:
-    """A round's reach, kept beside its reservation, says what its attempts took only for those whose runtime saw the
-    case process end (an exit code, and no word of a lost link); an attempt whose end was not seen may still be
-    sending, so its bound counts for it."""
-    from flagperf.results.prompt_positions import ENDED_FILE, Reach
-    from flows.host_round import node_round
-    from tasks.collect import stage_folder
-
-    RefusingEndpoint.refuse = set()
-    plan = _endpoint_plan(refusing, tmp_path, "requests=2", "max_retries=2")
-    cp = plan.cases[0]
-    host = (LinkLostOnce if lost else LocalHost)(work_root=tmp_path / "work")
-    run = tmp_path / "run"
-    run.mkdir()
-    result = node_round(host, host_spec({"name": "localhost"}), plan, run, cp, 1, {}, None, 1.0, None)
-    assert result.status == "success", result.failure
-    out = round_dir(run, cp.name, 1, "localhost")
-    [kept] = (run / RUN_POSITIONS_DIR).glob("reach-*.json")
-    reach = Reach.model_validate_json(kept.read_text())
-    if lost:  # attempt 1 (its link lost after it took 0-2) may still send up to its bound; attempt 2 took 3-5
-        assert _sent(out) == [3, 4, 5] and (reach.end, reach.taken) == (9, 9)
-        assert not (out / "attempts" / "attempt1" / ENDED_FILE).exists() and (out / ENDED_FILE).is_file()
-    else:  # its one attempt ended, seen: what it took counts
-        assert _sent(out) == [0, 1, 2] and (reach.end, reach.taken) == (9, 3)
-        assert (out / ENDED_FILE).is_file()
-    assert not stage_folder(host.work_root, plan.run_id, cp.name, 1, "localhost").exists()
 
 
 def test_a_later_reservation_is_worked_out_from_where_its_round_started_not_from_what_an_earlier_one_took(
