@@ -57,8 +57,8 @@ from flagperf.hosts.local import Host
 from flagperf.hosts.slurm import cancel_jobs
 from flagperf.paths import RESULTS_DIR_ENV, RESULTS_ROOT_ENV
 from flagperf.results.bounded import read_json_file
+from flagperf.results.prompt_positions import reservations
 from flagperf.results.schema import (
-    HALF_ROUND_KEPT_AT,
     KEPT_ON_HOST,
     RESULT_FILE,
     RESULTS_UNWRITABLE,
@@ -320,8 +320,9 @@ def failed_line(failed: list[RoundResult], total: int, command: str | None, run_
     if any(r.failure and KEPT_ON_HOST in r.failure.message for r in failed):
         line += (f"; to collect the rounds kept on their hosts (and run only the failed others again): "
                  f"{how_to_retry(command, run_dir)}")
-    halves = half_rounds_kept(failed)
-    if halves:  # the round's own reason may be cut short above: where it lies is said whole
+    # the rounds' own reasons may be cut short above (or not listed): where one lies is said whole, once
+    halves = [where for where in half_rounds_kept(failed) if f"{where} " not in line]
+    if halves:
         line += (f"; kept on the host{'s' if len(halves) > 1 else ''}, for you to look at and remove before a retry "
                  f"(their prompt positions could not all be read): {', '.join(halves)}")
     return line
@@ -329,8 +330,7 @@ def failed_line(failed: list[RoundResult], total: int, command: str | None, run_
 
 def half_rounds_kept(results: list[RoundResult]) -> list[str]:
     """Where the half rounds that ``results`` kept on their hosts lie (HOST:FOLDER; flows.host_round.HalfRoundKept)."""
-    return [r.failure.message.rpartition(f"{HALF_ROUND_KEPT_AT} ")[2] for r in results
-            if r.failure and HALF_ROUND_KEPT_AT in r.failure.message]
+    return [r.failure.kept_at for r in results if r.failure and r.failure.kept_at]
 
 
 RUN_STOPPED = "; stopped after "  # the message of a run that stopped before its last round, and why
@@ -419,19 +419,41 @@ def clean_work_roots(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: R
 def half_rounds(host: Host, name: str, plan: RunPlan, names: list[str]) -> list[tuple[CasePlan, int, int, Path]]:
     """The folders on ``host`` of rounds at endpoints that were dispatched and neither stored nor measured (an
     interrupted attempt's), each with its case, round and node rank: the prompts they sent are known from their
-    records only."""
+    records only. One whose round still has an open reservation is one whatever the run folder holds for it: a
+    failed result the controller wrote itself (a crashed subflow's, a refused reservation's) holds none of its records.
+    The host's folders are listed, a level at a time, not asked after one by one (one call each on an SSH host)."""
+    endpoint_cases = [case for case in plan.cases if at_endpoint(case)]
+    if not endpoint_cases:
+        return []
+    run_root = host.work_root / plan.run_id
+    present = listing(host, run_root)
+    if not present:
+        return []
+    open_rounds = {(r.case, r.round, r.host, r.node_rank) for r in reservations(plan.run_dir) if r.open}
     found = []
-    for case in plan.cases:
-        if not at_endpoint(case):
+    for case in endpoint_cases:
+        if case.name not in present:
             continue
         ranks = [group.index(name) for group in node_groups(case.config, names) if name in group]
+        rounds = listing(host, run_root / case.name)
         for round_no in range(1, plan.rounds + 1):
+            if f"round{round_no}" not in rounds:
+                continue
+            here = listing(host, run_root / case.name / f"round{round_no}")
             for rank in ranks:
                 stage = stage_folder(host.work_root, plan.run_id, case.name, round_no, name, rank)
                 stored = round_dir(plan.run_dir, case.name, round_no, name, rank) / RESULT_FILE
-                if host.exists(stage) and not stored.is_file():
+                if stage.name in here and ((case.name, round_no, name, rank) in open_rounds or not stored.is_file()):
                     found.append((case, round_no, rank, stage))
     return found
+
+
+def listing(host: Host, folder: Path) -> set[str]:
+    """The names in ``folder`` on the host; none where it does not exist."""
+    try:
+        return set(host.list_folder(folder))
+    except FileNotFoundError:
+        return set()
 
 
 def uncollected_rounds(host: Host, name: str, plan: RunPlan, names: list[str]

@@ -41,7 +41,6 @@ from flagperf.results.prompt_positions import (
     keep_reach,
     merged,
     positions_taken,
-    reach_of,
     recover,
     reservations,
     reserve,
@@ -49,7 +48,6 @@ from flagperf.results.prompt_positions import (
 )
 from flagperf.results.provenance import library_versions
 from flagperf.results.schema import (
-    HALF_ROUND_KEPT_AT,
     RESULT_FILE,
     RESULTS_UNWRITABLE,
     Failure,
@@ -193,7 +191,7 @@ def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: C
             if leftover is not None:  # measured by an earlier attempt of this flow run, never stored: collect it
                 round_logger().info("%s: collecting the round an earlier attempt measured (%s) from %s", label,
                                     leftover.status, stage_dir)
-                keep_round_reach(host, stage_dir, run_dir, earlier, label, ended=True)
+                keep_round_reach(host, stage_dir, run_dir, earlier, label)
                 result, collected = _collect(host, stage_dir, run_dir, case, round_no, node_rank, job, None, probe,
                                              label)
                 if collected:
@@ -213,7 +211,8 @@ def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: C
         return _stored(job.failed_result(failure, probe), round_dir(run_dir, case.name, round_no, host.name,
                                                                      node_rank), label)
     except HalfRoundKept as kept:
-        failure = Failure(kind="infrastructure", message=f"{round_label(case.name, round_no, host.name)}: {kept}")
+        failure = Failure(kind="infrastructure", message=f"{round_label(case.name, round_no, host.name)}: {kept}",
+                          kept_at=kept.where)
         round_logger().error("%s", failure.message)
         return _stored(job.failed_result(failure, probe), round_dir(run_dir, case.name, round_no, host.name,
                                                                      node_rank), label)
@@ -231,9 +230,9 @@ def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: C
         if monitors:
             stop_monitors(host, monitors, stage_dir, label, return_state=True)
         # Also when interrupted: what its attempts recorded before they sent says where its prompts lie, which a later
-        # round whose host lacks this one's files could not work out. run_case has returned or raised, so its case
-        # process has ended (killed where interrupted): what they took is final.
-        keep_round_reach(host, stage_dir, run_dir, reserved, label, ended=True)
+        # round whose host lacks this one's files could not work out. What an attempt took counts only where its
+        # runtime saw its case process end (its ENDED_FILE); else its bound does (it may still be sending).
+        keep_round_reach(host, stage_dir, run_dir, reserved, label)
     if failure is not None and failure.kind == "infrastructure":
         full = host_disk_full(host, stage_dir)
         if full:  # the cause, before what the case could still say of it (often a traceback's end)
@@ -263,7 +262,12 @@ class RunFolderRefused(Exception):
 
 class HalfRoundKept(Exception):
     """A half round on the host whose attempts' prompt positions could not all be read, and that no open reservation
-    bounds: kept there, and the round not run (it could resend their prompts)."""
+    bounds: kept there, and the round not run (it could resend their prompts). ``where``: HOST:FOLDER (its round's
+    Failure.kept_at)."""
+
+    def __init__(self, message: str, where: str) -> None:
+        super().__init__(message)
+        self.where = where
 
 
 def at_endpoint(case: CasePlan) -> bool:
@@ -333,21 +337,21 @@ def worked_out_reaches(folder: Path) -> dict[str, Reach]:
     reaches = {}
     for item in listed if isinstance(listed, list) else []:
         with contextlib.suppress(ValueError, KeyError, TypeError):  # ValidationError is a ValueError
-            reaches[str(item["id"])] = Reach(stream=item["stream"], end=item["end"])
+            # "upto": where the round started after it (an older serving.json: "end", which held that too)
+            reaches[str(item["id"])] = Reach(stream=item["stream"], end=item["upto"] if "upto" in item else item["end"])
     return reaches
 
 
-def keep_round_reach(host: Host, stage_dir: Path, run_dir: Path, reservation: Reservation | None, label: str,
-                     ended: bool = False) -> None:
+def keep_round_reach(host: Host, stage_dir: Path, run_dir: Path, reservation: Reservation | None, label: str) -> None:
     """Keep the reach of ``reservation``'s round beside it (its attempts' records on the host: their stream and bound,
-    and what they took where they have all ended: ``ended``), where every attempt's record there is read; best effort
-    (a host gone, a full results folder): without it, later rounds work the reach out from the round's configuration,
-    where their host can."""
+    and what those whose runtime saw them end took), where every attempt's record there is read; best effort (a host
+    gone, a full results folder): without it, later rounds work the reach out from the round's configuration, where
+    their host can."""
     if reservation is None:
         return
     try:
         found = attempt_records(host, stage_dir)
-        reach = reach_of((text for _, text in found.records), ended) if found.complete else None
+        reach = found.reach() if found.complete else None
         if reach is not None:
             keep_reach(run_dir, reservation, reach)
     except Exception as exc:
@@ -401,7 +405,7 @@ def cleared_stage(host: Host, stage_dir: Path, job: Job, run_dir: Path | None = 
         try:
             recover(run_dir, [text for _, text in found.records if taken_end(text) is not None])
             if reservation is not None and found.complete:
-                reach = reach_of(text for _, text in found.records)
+                reach = found.reach()
                 if reach is not None:
                     keep_reach(run_dir, reservation, reach)
                 close(run_dir, reservation)
@@ -412,7 +416,7 @@ def cleared_stage(host: Host, stage_dir: Path, job: Job, run_dir: Path | None = 
                 f"the half round an interrupted attempt left in {host.name}:{stage_dir} has attempts whose prompt "
                 f"positions could not be read ({', '.join(found.unread)}), and no open reservation bounds them: it "
                 "is kept there and the round is not run, so that the endpoint is not sent their prompts again; look "
-                f"at it, remove it, then retry the run; {HALF_ROUND_KEPT_AT} {host.name}:{stage_dir}")
+                "at it, remove it, then retry the run", f"{host.name}:{stage_dir}")
         job = job.model_copy(update={"prompt_reservations": reservations(run_dir)})
     host.remove_tree(stage_dir)
     return job
@@ -422,8 +426,9 @@ def secure_half_round(host: Host, stage_dir: Path, run_dir: Path, case: str, rou
                       ) -> str | None:
     """Before the run's clean-up removes a half round from the host (a round interrupted before it was collected:
     Ctrl-C, a crashed subflow), its records go into the run folder: its attempts' prompt_positions.json
-    (prompt_positions/recovered-*.json) and, where none is kept yet, its reach beside its open reservation (the bound
-    only: the round's case process may still be stopping). Returns why the folder must stay instead (its records could
+    (prompt_positions/recovered-*.json) and, where none is kept yet, its reach beside its open reservation (what an
+    attempt took only where its runtime saw it end, ENDED_FILE; the attempt that was interrupted has none: its case
+    process may still be stopping, so its bound counts). Returns why the folder must stay instead (its records could
     not be kept, or not all read and no open reservation bounds them), None where it may go."""
     found = attempt_records(host, stage_dir)
     if not found.attempts and not found.skipped:  # no attempt began: nothing was sent
@@ -433,7 +438,7 @@ def secure_half_round(host: Host, stage_dir: Path, run_dir: Path, case: str, rou
     try:
         recover(run_dir, [text for _, text in found.records if taken_end(text) is not None])
         if reservation is not None and reservation.reach is None and found.complete:
-            reach = reach_of(text for _, text in found.records)
+            reach = found.reach()
             if reach is not None:
                 keep_reach(run_dir, reservation, reach)
     except OSError as exc:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,16 @@ from flagperf.errors import EXIT_OK, EXIT_UNSUPPORTED, EXIT_USER_ERROR, Infrastr
 from flagperf.hosts.local import CommandResult, Host
 from flagperf.hosts.runtime import PID_FILE, Runtime
 from flagperf.inference.subflows import portable_context
-from flagperf.results.prompt_positions import MAX_POSITIONS_BYTES, PROMPT_POSITIONS, merged, passed_over, taken_end
+from flagperf.results.prompt_positions import (
+    ENDED_FILE,
+    MAX_POSITIONS_BYTES,
+    PROMPT_POSITIONS,
+    Reach,
+    merged,
+    passed_over,
+    reach_of,
+    taken_end,
+)
 from flagperf.results.schema import ATTEMPT_FAILURE_FILE, CASE_LOG_FILE, RESULT_FILE, RoundResult, case_log_line
 from tasks.collect import ATTEMPT_DIR
 
@@ -53,14 +63,29 @@ def run_case(host: Host, runtime: Runtime, job: Job, stage_dir: Path, timeout_s:
     job_dir = stage_dir / f"attempt{attempt}"
     host.write_text(job_dir / JOB_FILE, job.model_dump_json(indent=2))
     logger.info("attempt %d: %s runtime, timeout %.0f s", attempt, runtime.name, timeout_s)
-    outcome = runtime.run_entry(host, job_dir, timeout_s, on_line=lambda line: relay(logger, line),
-                                pid_file=stage_dir / PID_FILE)
+    try:
+        outcome = runtime.run_entry(host, job_dir, timeout_s, on_line=lambda line: relay(logger, line),
+                                    pid_file=stage_dir / PID_FILE)
+    except BaseException:  # interrupted: a local case process killed and seen to end has ended all the same
+        if (code := host.ended_when_interrupted(job_dir / CASE_LOG_FILE)) is not None:
+            seen_ended(host, job_dir, code)
+        raise
+    if outcome.exit_code is not None and not outcome.link:
+        seen_ended(host, job_dir, outcome.exit_code)
     try:
         return verdict(host, job, job_dir, outcome, timeout_s)
     except InfrastructureFailure as exc:  # retried: the attempt's folder says why (the report reads it)
         with contextlib.suppress(Exception):  # best effort: the failure itself is what matters here
             host.write_text(job_dir / ATTEMPT_FAILURE_FILE, f"{exc}\n")
         raise
+
+
+def seen_ended(host: Host, job_dir: Path, exit_code: int) -> None:
+    """The attempt's runtime saw its case process end (an exit code, and no word of a lost link): what its record of
+    prompt positions says it took is final (flagperf.results.prompt_positions.ENDED_FILE). Never written where the link
+    was lost, a container could not be removed, or a remote case was interrupted: it may still be sending."""
+    with contextlib.suppress(Exception):  # best effort: without it, later rounds start after its bound
+        host.write_text(job_dir / ENDED_FILE, json.dumps({"exit_code": exit_code}) + "\n")
 
 
 def attempt_positions(host: Host, stage_dir: Path, attempt: int, positions: dict[str, int]) -> dict[str, int]:
@@ -80,6 +105,12 @@ class AttemptRecords:
     records: list[tuple[str, str]] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     attempts: list[int] = field(default_factory=list)  # the attempt folders looked in
+    ended: set[str] = field(default_factory=set)  # the records (where) of attempts whose runtime saw them end
+
+    def reach(self) -> Reach | None:
+        """The round's reach from these records (flagperf.results.prompt_positions.reach_of): what attempts known to
+        have ended took, the bound of the others."""
+        return reach_of((text, where in self.ended) for where, text in self.records)
 
     @property
     def unread(self) -> list[str]:
@@ -116,6 +147,8 @@ def attempt_records(host: Host, stage_dir: Path, before: int | None = None) -> A
         try:
             if host.exists(path):
                 found.records.append((where, host.read_text(path, MAX_POSITIONS_BYTES)))
+                if host.exists(path.with_name(ENDED_FILE)):
+                    found.ended.add(where)
         except (OSError, ValueError) as exc:
             passed_over(where, f"cannot be read: {exc}")
             found.skipped.append(where)

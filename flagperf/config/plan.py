@@ -351,6 +351,11 @@ def _where_in_suite(error: ConfigError, suite_source: str, case_name: str,
     return error
 
 
+# The keys of a named endpoint (the inventory's) that a case's settings may set: where its load is sent from, and the
+# accelerators behind it.
+NAMED_ENDPOINT_KEYS = ("client_host", "devices")
+
+
 def _name_endpoint(case_name: str, case: Any, layers: list[tuple[str, dict[str, Any]]],
                    endpoints: dict[str, dict[str, Any]], inventory_source: str) -> None:
     """A case's ``endpoint: NAME`` (the last layer that sets it, else its default) names a running server of the
@@ -373,14 +378,25 @@ def _name_endpoint(case_name: str, case: Any, layers: list[tuple[str, dict[str, 
             key = "configurations.endpoint"  # by its path in case.yaml, as the case's other keys there
         raise ConfigError(source, key, f"{value!r} names no endpoint of the inventory ({inventory_source}: {known})")
     entry = (f"{inventory_source} endpoints.{value}", {"endpoint": dict(endpoints[value])})
-    if at < 0:
-        layers.insert(0, entry)
-        return
-    layer_source, values = layers[at]
-    # The naming layer's own dotted endpoint keys go after the entry, so that they set its keys.
-    dotted = {key: v for key, v in values.items() if key.startswith("endpoint.")}
-    layers[at:at + 1] = [(layer_source, {key: v for key, v in values.items() if key not in dotted}), entry,
-                         *([(layer_source, dotted)] if dotted else [])]
+    # Dotted endpoint keys of --set (for every case or this one, before or after the name: order does not matter) and
+    # of the naming layer set the entry's keys: those before it go right after it. Only its client_host and devices
+    # may be set so (where the load is sent from, what is behind it): its base_url, model or key set elsewhere would
+    # repoint the inventory's endpoint while its origin still names the inventory.
+    moved: list[tuple[str, dict[str, Any]]] = []
+    for index, (layer_source, values) in enumerate(layers):
+        if layer_source != "--set" and index != at:
+            continue
+        dotted = {key: v for key, v in values.items() if key.startswith("endpoint.")}
+        for key in dotted:
+            if key.removeprefix("endpoint.") not in NAMED_ENDPOINT_KEYS:
+                raise ConfigError(layer_source, f"{case_name}.{key}" if layer_source == "--set" else key,
+                                  f"endpoint {value!r} is the inventory's ({inventory_source} endpoints.{value}): only "
+                                  f"its {' and '.join(NAMED_ENDPOINT_KEYS)} may be set here; change it there, or give "
+                                  "the case an endpoint of its own")
+        if dotted and index <= at:  # before the entry: moved after it (those after it already set its keys)
+            layers[index] = (layer_source, {key: v for key, v in values.items() if key not in dotted})
+            moved.append((layer_source, dotted))
+    layers[at + 1:at + 1] = [entry, *moved]
 
 
 def _endpoints_on_hosts(plans: list[CasePlan], hosts: list[dict[str, Any]], inventory_source: str,

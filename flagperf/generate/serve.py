@@ -902,7 +902,8 @@ class StreamStart:
     passed: list[str] = field(default_factory=list)  # the open reservations it starts after (their files)
     # Open reservations at its endpoint, model and API whose round's prompts cannot be worked out here (their files)
     unknown: list[str] = field(default_factory=list)
-    # Every open reservation's reach worked out, by id: (its stream, the position after the most it may have taken)
+    # Every open reservation's reach worked out, by id: (its stream, where a later round starts after it: what it took
+    # where known, else the position after the most it may have taken)
     reaches: dict[str, tuple[str, int]] = field(default_factory=dict)
 
 
@@ -921,7 +922,10 @@ def stream_start(source: PromptSource, positions: dict[str, int], reserved: Sequ
     by_id = {r.id: r for r in reserved}
     mine = source_identity(source.config)
     sources: dict[str, PromptSource] = {}
-    reaches: dict[str, tuple[str, int] | None] = {}  # None: at another endpoint, model or API; or not known
+    # By id: (stream, bound, upto): the bound (where a reservation that started after it started: its round was
+    # dispatched before this one's taken may have been known) and upto (where this round starts: taken where known).
+    # None: at another endpoint, model or API; or not known.
+    reaches: dict[str, tuple[str, int, int] | None] = {}
     unknown: set[str] = set()  # ids at this endpoint, model and API (or where that cannot be told) not known here
 
     def elsewhere(reservation: Reservation) -> bool:
@@ -950,12 +954,13 @@ def stream_start(source: PromptSource, positions: dict[str, int], reserved: Sequ
             sources[key] = prompt_source(config, Tokens(folder), vocab_size(config))
         return sources[key], config
 
-    def reach_of(reservation: Reservation) -> tuple[str, int] | None:
+    def reach_of(reservation: Reservation) -> tuple[str, int, int] | None:
         if reservation.id in reaches:
             return reaches[reservation.id]
         reaches[reservation.id] = None  # while it is worked out (ids only point back in time: no loop in a run's own)
-        if reservation.reach is not None:  # its round's own records say: what it took where known, else its bound
-            reaches[reservation.id] = (reservation.reach.stream, reservation.reach.upto)
+        if reservation.reach is not None:  # its round's own records say: its bound, and what it took where known
+            reach = reservation.reach
+            reaches[reservation.id] = (reach.stream, reach.end, reach.upto)
             return reaches[reservation.id]
         if elsewhere(reservation):
             return None
@@ -979,9 +984,12 @@ def stream_start(source: PromptSource, positions: dict[str, int], reserved: Sequ
             if earlier in unknown:  # where it started is not known either
                 unknown.add(reservation.id)
                 return None
+            # its bound, not what it took: that may have become known only after this round was dispatched, and
+            # this round then started after the bound
             if end is not None and end[0] == own:
                 begin = max(begin, end[1])
-        reaches[reservation.id] = (own, reserved_end(found[0], found[1], begin, reservation.attempts))
+        bound = reserved_end(found[0], found[1], begin, reservation.attempts)
+        reaches[reservation.id] = (own, bound, bound)
         return reaches[reservation.id]
 
     begun = StreamStart(positions.get(stream, 0))
@@ -993,9 +1001,9 @@ def stream_start(source: PromptSource, positions: dict[str, int], reserved: Sequ
             if reservation.id in unknown:
                 begun.unknown.append(reservation.where)
             continue
-        begun.reaches[reservation.id] = reach
-        if reach[0] == stream and reach[1] > begun.start:
-            begun.start = reach[1]
+        begun.reaches[reservation.id] = (reach[0], reach[2])
+        if reach[0] == stream and reach[2] > begun.start:
+            begun.start = reach[2]
             begun.passed.append(reservation.where)
     return begun
 
@@ -1175,7 +1183,7 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
         "prompts": describe_prompts(head, prompts.made, config.api),
         "prompt_set": {**prompt_set(config, prompts, tokens, planned, begun.unknown), "stream": stream,
                        "after_reservations": passed, "unknown_reservations": begun.unknown,
-                       "reservation_reaches": [{"id": rid, "stream": reach[0], "end": reach[1]}
+                       "reservation_reaches": [{"id": rid, "stream": reach[0], "upto": reach[1]}
                                                for rid, reach in begun.reaches.items()]},
         "model": model_record(config, folder),
         "client": client_settings(config, spec), "points": []}

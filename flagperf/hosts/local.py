@@ -62,6 +62,12 @@ class Host(ABC):
     def run(self, argv: list[str], *, timeout: float, log_path: Path | None = None,
             on_line: LineSink | None = None, pid_file: Path | None = None) -> CommandResult: ...
 
+    def ended_when_interrupted(self, log_path: Path) -> int | None:
+        """The exit code of the command ``run`` was running with ``log_path`` when it was interrupted (it raised), where
+        this host saw that command end before it raised; None where it did not (a remote host: its command may still
+        be stopping there)."""
+        return None
+
     @abstractmethod
     def spawn(self, argv: list[str], *, log_path: Path) -> BackgroundProcess: ...
 
@@ -159,9 +165,13 @@ class LocalHost(Host):
         self.project_root = PROJECT_ROOT
         self.python = sys.executable
         self.work_root = (work_root or default_work_root()).resolve()
+        self._interrupted_ends: dict[Path, int] = {}  # by log_path: commands run() saw end as it was interrupted
 
     def __repr__(self) -> str:
         return f"LocalHost({self.name!r})"
+
+    def ended_when_interrupted(self, log_path: Path) -> int | None:
+        return self._interrupted_ends.get(log_path)
 
     def run(self, argv: list[str], *, timeout: float, log_path: Path | None = None,
             on_line: LineSink | None = None, pid_file: Path | None = None) -> CommandResult:
@@ -191,7 +201,9 @@ class LocalHost(Host):
                 timed_out = True
                 _kill_group(proc, grace_s=5.0)
             except BaseException:  # interrupted, or we failed: the case must not run on unobserved
-                _kill_group(proc, grace_s=5.0)
+                code = _kill_group(proc, grace_s=5.0)
+                if code is not None and log_path is not None:  # seen to end: ended_when_interrupted says so
+                    self._interrupted_ends[log_path] = code
                 raise
             reader.join(timeout=10)
             return CommandResult(argv, proc.returncode, timed_out, time.monotonic() - start)

@@ -26,9 +26,10 @@ job's positions and the reservations it starts after: ``Reservation``). Which st
 may get is known on the host only (a stream is keyed by the digests of files there), so once the round's attempts end
 (or are interrupted) the controller keeps their stream and bound beside the reservation, ``reach-<id>.json``
 (``Reach``), where it can read every attempt's record. Every open reservation goes to the next rounds' jobs, and a
-round there starts after each one of its own stream: after what its attempts took where its reach says (their records
-read once they had all ended), else after the most they may have taken: its reach's bound, else worked out from its
-configuration where the host can (flagperf.generate.serve.stream_start). Once its round's folder, with its records, is
+round there starts after each one of its own stream: after what its attempts took where its reach says (of each attempt
+whose case process its runtime saw end, ``ENDED_FILE``; of any other, its bound: it may still be sending), else after
+the most they may have taken: worked out from its configuration where the host can
+(flagperf.generate.serve.stream_start). Once its round's folder, with its records, is
 stored in the run folder, a reservation is closed (renamed ``collected-<id>.json``: kept, since an open one that
 started after it is worked out from it); so is one whose reach lies within what the run folder's records say was
 taken on its stream (``close_passed``: a later round started after it). The records a half round left on its host are
@@ -54,6 +55,9 @@ from flagperf.results.bounded import read_bounded
 from flagperf.results.schema import atomic_path, sync_folder
 
 PROMPT_POSITIONS = "prompt_positions.json"
+# In an attempt's folder on the host, written by the controller once the attempt's runtime saw its case process end (an
+# exit code, and no word of a lost link): only then is what its record says it took final (``reach_of``).
+ENDED_FILE = "ended.json"
 MAX_POSITIONS_BYTES = 64 * 1024  # a record is a few hundred bytes; one larger is not ours
 # A position past this is no run's: 10^12 prompts is a million requests a second for eleven days. A record that says
 # more is not ours (a round would start there, and a synthetic stream draws every prompt before its start).
@@ -81,10 +85,10 @@ MAX_RESERVATION_BYTES = 1 << 20  # a case's configuration and a few names; one l
 
 class Reach(BaseModel):
     """Where a reserved round's prompts lie: its stream, the position after the most it may take there (``end``: the
-    largest ``bound`` its attempts' records give, written before they sent), and, where its attempts had all ended when
-    their records were read (no attempt of it sends any more), the position after every one they took (``taken``: each
-    one's end, else what it reserved). A later round starts after ``taken`` where it is known (``upto``), else after
-    ``end``."""
+    largest ``bound`` its attempts' records give, written before they sent), and the position after every one they
+    took (``taken``: of each attempt whose case process its runtime saw end, its end, else what it reserved; of any
+    other, its bound: it may still be sending). A later round starts after ``taken`` where it is known (``upto``), else
+    after ``end``; a later reservation's own start is worked out from ``end`` (where that round started)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -285,21 +289,23 @@ def taken_end(text: str) -> tuple[str, int] | None:
     return record["stream"], max(taken, first or 0)
 
 
-def reach_of(texts: Iterable[str], ended: bool = False) -> Reach | None:
-    """A round's reach from its attempts' records (each one's ``bound``, and what it took; ``ended``: its attempts have
-    all ended, so what they took is its ``taken``): None where there is none, one is not a record or has no bound
+def reach_of(attempts: Iterable[tuple[str, bool]]) -> Reach | None:
+    """A round's reach from its attempts' records, each as (its text, whether its case process is known to have ended:
+    its runtime saw it end, ``ENDED_FILE``): each one's ``bound``, and its ``taken``: what each attempt known to have
+    ended took, the bound of each one not known to have (it may still be sending: a link that dropped, a container
+    not removed, a job cancelled but not yet gone). None where there is none, one is not a record or has no bound
     (written by an older version), or they name two streams."""
     streams, ends, took_ends = set(), [], []
-    for text in texts:
+    for text, ended in attempts:
         record, took = _record(text), taken_end(text)
         if record is None or took is None or record.get("bound") is None:
             return None
         streams.add(record["stream"])
         ends.append(max(record["bound"], took[1]))
-        took_ends.append(took[1])
+        took_ends.append(took[1] if ended else ends[-1])
     if len(streams) != 1:
         return None
-    return Reach(stream=streams.pop(), end=max(ends), taken=max(took_ends) if ended else None)
+    return Reach(stream=streams.pop(), end=max(ends), taken=max(took_ends))
 
 
 def merged(positions: dict[str, int], records: Iterable[tuple[str, str]]) -> dict[str, int]:

@@ -66,9 +66,6 @@ ATTEMPT_FAILURE_FILE = "failure.txt"  # in an attempt's folder: why that attempt
 # host's copy of a round it could not collect (a retry collects it from there).
 RESULTS_UNWRITABLE = "the results folder cannot be written"
 KEPT_ON_HOST = "its files are kept on the host at"
-# A half round on the host whose prompt positions could not all be read (flows.host_round.HalfRoundKept): its folder
-# is kept there, also by the run's clean-up, for the lab to look at; the message ends with where.
-HALF_ROUND_KEPT_AT = "the half round is kept on its host at"
 
 
 class _Model(BaseModel):
@@ -204,6 +201,10 @@ class Metric(_Model):
 class Failure(_Model):
     kind: Literal["infrastructure", "user", "unsupported"]
     message: str
+    # HOST:FOLDER of a half round the controller kept on its host for the lab to look at (flows.host_round
+    # .HalfRoundKept): the run's clean-up leaves it there. A field of its own, never read out of the message, which may
+    # quote a case log or an endpoint's answer.
+    kept_at: str | None = None
 
 
 class Convergence(_Model):

@@ -320,7 +320,9 @@ def round_prompts(run_dir: Path, loaded: Iterable[tuple[Path, Any]] | None = Non
         if not isinstance(recorded, dict):
             continue
         first, taken = _position(recorded.get("first_position")), _position(recorded.get("positions_taken"))
-        span = "-" if first is None else (f"{first} to {first + taken - 1}" if taken else f"from {first}")
+        # none taken (a round whose every point failed before it sent): where it would have started
+        span = "-" if first is None else (f"{first} to {first + taken - 1}" if taken else
+                                          f"none (at {first})" if taken == 0 else f"from {first}")
         once = recorded.get("each_sent_once")
         host = result.host + (f" (node rank {result.node_rank})" if result.node_rank else "")
         index, planned, resent = (_position(recorded.get(key)) for key in (
@@ -568,9 +570,12 @@ def _server_cells(p: ServingPoint) -> list[str]:
             *(pair(p.server.get(what), p.figure(what), 1e3) for what in ("ttft_s", "tpot_s", "e2el_s"))]
 
 
-def serving_markdown(run_dir: Path, rows: pd.DataFrame | None) -> list[str]:
-    """The report section for generate cases; nothing when the run has none."""
-    points = serving_points(run_dir, rows)
+def serving_markdown(run_dir: Path, rows: pd.DataFrame | None, loaded: Iterable[tuple[Path, Any]] | None = None
+                     ) -> list[str]:
+    """The report section for generate cases; nothing when the run has none. loaded: the run's (round folder, result)
+    pairs where the caller has read them already (else they are read here, once)."""
+    loaded = list(_round_folders(run_dir) if loaded is None else loaded)
+    points = serving_points(run_dir, rows, loaded)
     if not points:
         return []
     lines = ["## LLM serving (generate)", "",
@@ -613,7 +618,7 @@ def serving_markdown(run_dir: Path, rows: pd.DataFrame | None) -> list[str]:
          _goodput(p), _verdict(p), _mfu(p), _num(p.energy_per_token_j), _quality(p), _rounds(p)] for p in points])]
     lines += ["", *_table(LATENCY_HEADER, [[*_where(p), _triple(p, "ttft_s"), _triple(p, "tpot_s"),
                                             _triple(p, "itl_s"), _triple(p, "e2el_s")] for p in points])]
-    sent = round_prompts(run_dir)
+    sent = round_prompts(run_dir, loaded)
     if sent:  # the prompts line above is the first round's; an endpoint's rounds each send others
         lines += ["", "The prompts each round sent (the positions of its prompt stream it took: at an endpoint, each "
                       "round starts after those the run's earlier rounds took; a resent request's prompt may have "

@@ -9,6 +9,7 @@ on a timer."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import http.server
 import json
 import os
@@ -20,11 +21,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import psutil
 import pytest
 
+from flagperf.hosts.local import CommandResult, LocalHost
 from flagperf.results.schema import RESULT_FILE, read_result
 from flagperf.results.summary import REPORT_MD, SUMMARY_JSON
 from tests.unit.childio import Lines, output_of
@@ -427,9 +429,55 @@ def test_ctrl_c_mid_round_at_an_endpoint_and_its_retry_send_no_prompt_twice(tmp_
     assert serving["prompt_set"]["first_position"] == 5
     assert serving["prompt_set"]["after_reservations"] == []
     assert serving["prompt_set"]["reservation_reaches"] == [
-        {"id": reserved[0].name.removeprefix(OPEN).removesuffix(".json"), "stream": kept["stream"], "end": 5}]
+        {"id": reserved[0].name.removeprefix(OPEN).removesuffix(".json"), "stream": kept["stream"], "upto": 5}]
     # The retry's round's reservation is closed once stored; the interrupted round's (its records never came) too, as
     # the retry's records pass its reach: no later round works it out again.
     assert not list((run_dir / RUN_POSITIONS_DIR).glob(f"{OPEN}*.json"))
     assert len(list((run_dir / RUN_POSITIONS_DIR).glob(f"{CLOSED}*.json"))) == 2
     records_are_whole(run_dir)
+
+
+class LinkLostOnce(LocalHost):
+    """A host whose link drops as its first command ends: the case ran and sent, but its end was not seen (as an SSH
+    session that closed without an exit status, or a container engine that stopped answering)."""
+
+    def run(self, argv: list[str], **kwargs: Any) -> CommandResult:
+        outcome = super().run(argv, **kwargs)
+        if getattr(self, "lost", False):
+            return outcome
+        self.lost = True
+        return dataclasses.replace(outcome, exit_code=None, link="the link to the host dropped")
+
+
+@pytest.mark.usefixtures("prefect_server")  # the session's: run_case is a task
+@pytest.mark.parametrize("lost", [False, True], ids=["seen-ended", "link-lost"])
+def test_what_an_attempt_took_counts_only_where_its_runtime_saw_it_end(tmp_path: Path, lost: bool) -> None:
+    """A round's reach, kept beside its reservation, says what its attempts took only for those whose runtime saw the
+    case process end (an exit code, and no word of a lost link); an attempt whose end was not seen may still be
+    sending, so its bound counts for it."""
+    from flagperf.hosts.inventory import host_spec
+    from flagperf.results.prompt_positions import ENDED_FILE, RUN_POSITIONS_DIR, Reach
+    from flagperf.results.schema import round_dir
+    from flows.host_round import node_round
+    from tasks.collect import stage_folder
+    from tests.unit.test_serving_failed_points import RefusingEndpoint, _endpoint_plan, _sent, served_by
+
+    RefusingEndpoint.refuse = set()
+    host = (LinkLostOnce if lost else LocalHost)(work_root=tmp_path / "work")
+    run = tmp_path / "run"
+    run.mkdir()
+    with served_by(RefusingEndpoint) as url:
+        plan = _endpoint_plan(url, tmp_path, "requests=2", "max_retries=2")
+        cp = plan.cases[0]
+        result = node_round(host, host_spec({"name": "localhost"}), plan, run, cp, 1, {}, None, 1.0, None)
+    assert result.status == "success", result.failure
+    out = round_dir(run, cp.name, 1, "localhost")
+    [kept] = (run / RUN_POSITIONS_DIR).glob("reach-*.json")
+    reach = Reach.model_validate_json(kept.read_text())
+    if lost:  # attempt 1 (its link lost after it took 0-2) may still send up to its bound; attempt 2 took 3-5
+        assert _sent(out) == [3, 4, 5] and (reach.end, reach.taken) == (9, 9)
+        assert not (out / "attempts" / "attempt1" / ENDED_FILE).exists() and (out / ENDED_FILE).is_file()
+    else:  # its one attempt ended, seen: what it took counts
+        assert _sent(out) == [0, 1, 2] and (reach.end, reach.taken) == (9, 3)
+        assert (out / ENDED_FILE).is_file()
+    assert not stage_folder(host.work_root, plan.run_id, cp.name, 1, "localhost").exists()

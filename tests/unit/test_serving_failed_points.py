@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 
@@ -406,6 +406,13 @@ def test_a_retry_of_the_run_sends_none_of_the_prompts_its_earlier_flow_runs_sent
     assert [line for line in report.splitlines() if line.startswith("| tiny-llama-serve | ")][-2:] == [
         "| tiny-llama-serve | 1 | localhost | 6 to 8 | 6 | 3 | yes | 0 |",
         "| tiny-llama-serve | 2 | localhost | 3 to 5 | 3 | 3 | yes | 0 |"], report
+    # A round that took no position (its points failed before they sent) says where it would have started.
+    serving_file = round_dir(run_dir, plan.cases[0].name, 2, "localhost") / SERVING_FILE
+    serving = json.loads(serving_file.read_text())
+    serving["prompt_set"]["positions_taken"] = 0
+    serving_file.write_text(json.dumps(serving))
+    assert "| tiny-llama-serve | 2 | localhost | none (at 3) | 3 | 3 | yes | 0 |" in "\n".join(
+        serving_markdown(run_dir, None))
 
 
 def test_a_prompts_files_rounds_for_duration_s_start_after_the_prompts_earlier_rounds_used(
@@ -815,7 +822,7 @@ def test_a_round_dispatched_but_never_collected_holds_its_prompts_by_its_reserva
     prompt_set = json.loads((out / SERVING_FILE).read_text())["prompt_set"]
     stream = prompt_set["stream"]
     assert prompt_set["after_reservations"] == [second.where] and prompt_set["unknown_reservations"] == []
-    reaches = {r["id"]: (r["stream"], r["end"]) for r in prompt_set["reservation_reaches"]}
+    reaches = {r["id"]: (r["stream"], r["upto"]) for r in prompt_set["reservation_reaches"]}
     assert reaches[second.id] == (stream, 6) and reaches[elsewhere.id][0] != stream
     # Collected, round 1's records pass the lost round's reach: its reservation is closed too (no later round works
     # it out again); the other stream's stays open.
@@ -944,15 +951,16 @@ def test_a_reservation_is_closed_once_its_round_is_collected_and_not_for_a_lost_
 
 
 def test_a_half_round_whose_attempts_are_not_all_read_keeps_its_reservation_open(
-        refusing: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        refusing: str, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     """A half round on the host is read whole before it goes: every attempt<N> folder there, also past what
     max_retries allows now. Where an attempt's record cannot be read (larger than 64 KiB), what it took is not known:
     the round's reservation stays open, so that the rerun starts after the most the half round may have sent; its folder
     goes only where that reservation bounds every attempt found there, else it is kept and the round is not run."""
     from flagperf.results.prompt_positions import MAX_POSITIONS_BYTES, PROMPT_POSITIONS, Reach
-    from flagperf.results.schema import Failure
-    from flows.evaluate import clean_work_roots, failed_line
-    from flows.host_round import HalfRoundKept, cleared_stage, round_reservation
+    from flagperf.results.schema import RESULT_FILE, Failure, write_result
+    from flows import evaluate
+    from flows.evaluate import clean_work_roots, failed_line, half_rounds_kept
+    from flows.host_round import HalfRoundKept, cleared_stage, round_reservation, secure_half_round
     from tasks.collect import stage_folder
 
     RefusingEndpoint.refuse = set()
@@ -1004,12 +1012,33 @@ def test_a_half_round_whose_attempts_are_not_all_read_keeps_its_reservation_open
     assert positions_taken(run) == {record["stream"]: 3}  # attempt 1's record kept
     # The run's clean-up keeps it too (its round's failed result says where), and the run's final line says where.
     hosts, specs = {"localhost": host}, {"localhost": spec}
-    kept = job.failed_result(Failure(kind="infrastructure", message=f"{cp.name} round 1 on localhost: {caught.value}"),
-                             None)
+    assert caught.value.where == f"localhost:{stage}"
+    kept = job.failed_result(Failure(kind="infrastructure", message=f"{cp.name} round 1 on localhost: {caught.value}",
+                                     kept_at=caught.value.where), None)
+    secured: list[Path] = []
+
+    def secure(host: LocalHost, stage_dir: Path, *args: Any) -> str | None:
+        secured.append(stage_dir)
+        return secure_half_round(host, stage_dir, *args)
+
+    monkeypatch.setattr(evaluate, "secure_half_round", secure)
+    caplog.clear()
     clean_work_roots(hosts, specs, plan.model_copy(update={"results_dir": str(tmp_path / "unbounded")}), [kept])
-    assert (stage / "attempt3").is_dir()
+    assert (stage / "attempt3").is_dir() and secured == []  # kept as its round said: not looked at again
+    said = [r.getMessage() for r in caplog.records]
+    looked_at = [m for m in said if "half round(s) to look at" in m]
+    assert len(looked_at) == 1 and looked_at[0].endswith(f"half round(s) to look at (localhost:{stage})"), said
+    assert not [m for m in said if "could not clean" in m or m.startswith("kept the half round")], said
     line = failed_line([kept], 1, f"flagperf run --cases {cp.name}", run)
-    assert line.endswith(f"could not all be read): localhost:{stage}") and "\n" not in line
+    assert line.count(f"localhost:{stage}") == 1 and "\n" not in line, line
+    cut = kept.model_copy(update={"failure": Failure(kind="infrastructure", message="too long to be listed",
+                                                     kept_at=caught.value.where)})
+    assert failed_line([cut], 1, None, run).endswith(f"could not all be read): localhost:{stage}")
+    # Where it lies is the failure's own field: a message that only quotes the words (a case log's tail, an endpoint's
+    # error body) keeps nothing.
+    forged = job.failed_result(Failure(kind="infrastructure", message=(
+        "last lines of case.log: the half round is kept on its host at localhost:/etc")), None)
+    assert half_rounds_kept([forged]) == [] and "kept on the host" not in failed_line([forged], 1, None, run)
     host.remove_tree(stage)
 
     # A round interrupted mid-attempt (Ctrl-C) has no result on the host: the clean-up keeps its records in the run
@@ -1020,7 +1049,15 @@ def test_a_half_round_whose_attempts_are_not_all_read_keeps_its_reservation_open
     clean_work_roots(hosts, specs, plan.model_copy(update={"results_dir": str(tmp_path / "interrupted")}), [])
     assert not stage.exists() and positions_taken(run) == {record["stream"]: 2}
     assert [(r.id, r.open, r.reach) for r in reservations(run)] == [
-        (reserved.id, True, Reach(stream=record["stream"], end=6))]
+        (reserved.id, True, Reach(stream=record["stream"], end=6, taken=6))]  # no end seen: its bound
+    # A round whose subflow crashed has a failed result the controller wrote itself, with none of its records: while
+    # its reservation is open its folder on the host is a half round all the same, secured before it goes.
+    run, job, reserved = half("crashed", {1: json.dumps(halfway)})
+    out = round_dir(run, cp.name, 1, "localhost")
+    write_result(out / RESULT_FILE, job.failed_result(Failure(kind="infrastructure", message="crashed"), None))
+    secured.clear()
+    clean_work_roots(hosts, specs, plan.model_copy(update={"results_dir": str(tmp_path / "crashed")}), [])
+    assert secured == [stage] and not stage.exists() and positions_taken(run) == {record["stream"]: 2}
     run, job, reserved = half("lost", {1: json.dumps(halfway), 3: too_large})
     caplog.clear()
     clean_work_roots(hosts, specs, plan.model_copy(update={"results_dir": str(tmp_path / "lost")}), [])
@@ -1082,6 +1119,55 @@ def test_a_reservations_reach_is_kept_beside_it_and_read_where_its_files_are_gon
     assert prompt_set["unknown_reservations"] == [second.where] and prompt_set["each_sent_once"] is False
     assert ("1 round(s) the controller dispatched to the same endpoint, model and API, whose records the run folder "
             f"does not hold, cannot be worked out here (their reservations {second.where})") in caplog.text
+
+
+def test_a_later_reservation_is_worked_out_from_where_its_round_started_not_from_what_an_earlier_one_took(
+        refusing: str, tmp_path: Path) -> None:
+    """Round 2 was dispatched while round 1's reach was not known: it started after the most round 1 may take (its
+    bound). Round 1's reach, with what it took, is kept only later; round 3, working out round 2's reservation (its
+    reach never kept), starts it where it started (round 1's bound), not after what round 1 took, so it resends none
+    of round 2's prompts."""
+    import shutil
+
+    from flagperf.results.prompt_positions import close
+    from flows.host_round import keep_round_reach, round_reservation
+    from tasks.collect import stage_folder
+    from tasks.container import seen_ended
+
+    RefusingEndpoint.refuse = set()
+    plan = _endpoint_plan(refusing, tmp_path, "requests=2", "max_retries=2", rounds=3)
+    cp = plan.cases[0]
+    host = LocalHost(work_root=tmp_path / "work")
+    spec = host_spec({"name": "localhost"})
+    run = tmp_path / "run"
+    run.mkdir()
+
+    def attempt(round_no: int, number: int, job: Job) -> list[int]:
+        stage = stage_folder(host.work_root, plan.run_id, cp.name, round_no, "localhost")
+        job = job.model_copy(update={"attempt": number, "prompt_positions": attempt_positions(
+            host, stage, number, job.prompt_positions)})
+        (stage / f"attempt{number}").mkdir(parents=True)
+        assert run_job(job, stage / f"attempt{number}") == 0
+        seen_ended(host, stage / f"attempt{number}", 0)
+        return _sent(stage / f"attempt{number}")
+
+    job1 = round_job(plan, run, cp, 1, "localhost", spec, {}, None)
+    first = reserve(run, round_reservation(job1, cp.max_retries + 1))
+    assert attempt(1, 1, job1) == [0, 1, 2]  # its bound: 3 attempts of 3 prompts, 9
+    job2 = round_job(plan, run, cp, 2, "localhost", spec, {}, None)  # round 1's reach not kept (yet)
+    reserve(run, round_reservation(job2, cp.max_retries + 1))
+    sent2 = attempt(2, 1, job2) + attempt(2, 2, job2)  # its first attempt failed after it sent (infrastructure)
+    assert sent2 == [9, 10, 11, 12, 13, 14]
+    host.remove_tree(stage_folder(host.work_root, plan.run_id, cp.name, 2, "localhost"))  # lost: no reach kept
+    # Round 1 is collected later (a retry): its reach, with what it took, is kept, and its reservation closed.
+    stage1 = stage_folder(host.work_root, plan.run_id, cp.name, 1, "localhost")
+    keep_round_reach(host, stage1, run, first, "round 1")
+    assert [(r.reach.end, r.reach.taken) for r in reservations(run) if r.id == first.id and r.reach] == [(9, 3)]
+    shutil.copytree(stage1 / "attempt1", round_dir(run, cp.name, 1, "localhost"))
+    close(run, first)
+    assert _run_round(plan, run, 3) == 0
+    sent3 = _sent(round_dir(run, cp.name, 3, "localhost"))
+    assert sent3[0] == 9 + 9 and not set(sent3) & set(sent2), (sent2, sent3)
 
 
 def test_an_endpoints_synthetic_prompt_stream_is_its_tokenizer_wherever_its_folder_lies(
@@ -1177,12 +1263,22 @@ def test_an_endpoint_case_runs_on_the_one_host_its_endpoint_names_of_several(tmp
     assert plan(["h1"], {"lab": lab}, "endpoint=lab").cases[0].config["endpoint"]["client_host"] is None
     # --set sets the named entry's client_host (before or after the name, for every case or one), checked the same way.
     for sets in (("endpoint=lab", "endpoint.client_host=h3"), ("endpoint.client_host=h3", "endpoint=lab"),
-                 ("endpoint=lab", "tiny-llama-serve.endpoint.client_host=h3")):
+                 ("endpoint=lab", "tiny-llama-serve.endpoint.client_host=h3"),
+                 ("tiny-llama-serve.endpoint.client_host=h3", "tiny-llama-serve.endpoint=lab"),
+                 ("tiny-llama-serve.endpoint.client_host=h3", "endpoint=lab"),
+                 ("endpoint.client_host=h3", "tiny-llama-serve.endpoint=lab")):
         moved = plan(["h1", "h2", "h3"], {"lab": {**lab, "client_host": "h2"}}, *sets).cases[0]
         assert (moved.config["endpoint"]["client_host"], moved.origins["endpoint.client_host"]) == ("h3", "--set")
         assert moved.config["endpoint"]["base_url"] == lab["base_url"]
     error = refused(["h1", "h2"], {"lab": {**lab, "client_host": "h2"}}, "endpoint=lab", "endpoint.client_host=h9")
     assert (error.source, error.key) == ("--set", "tiny-llama-serve.endpoint.client_host") and "'h9'" in str(error)
+    # Its other keys are the inventory's: set on a named endpoint they would repoint it while its origin says
+    # inventory.yaml. Refused in one line, whichever comes first.
+    for sets, key in ((("endpoint=lab", "endpoint.base_url=http://elsewhere:1"), "endpoint.base_url"),
+                      (("tiny-llama-serve.endpoint.model=other", "tiny-llama-serve.endpoint=lab"), "endpoint.model")):
+        error = refused(["h1"], {"lab": lab}, *sets)
+        assert (error.source, error.key) == ("--set", f"tiny-llama-serve.{key}")
+        assert "only its client_host and devices may be set here" in str(error), error
     assert plan(["h1", "h2"], {"lab": lab}).cases[0].config["endpoint"] is None  # no endpoint: every host
 
     # The case's own settings: the key is named in its case.yaml.
