@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from flagperf.config.models import pydantic_error_to_config_error
 from flagperf.config.plan import plan_run
 from flagperf.config.vendors import load_vendor
+from flagperf.config.yamlio import load_yaml_mapping
 from flagperf.errors import CaseUserError, ConfigError
 from flagperf.hosts.capacity import check_capacity
 from flagperf.operation import driver, sampled
@@ -961,6 +962,19 @@ def test_inductor_mode_is_the_cases_choice_checked_in_one_line_and_recorded(monk
     # on CUDA a graph mode's line says the graphs and the input copies each call makes (no device here to run one)
     assert graphs_phrase("reduce-overhead", "cuda").startswith("; CUDA graphs: each call first copies its inputs")
     assert graphs_phrase("max-autotune-no-cudagraphs", "cuda") == ""
+
+
+def test_every_key_of_the_operation_config_is_settable_in_every_shipped_case() -> None:
+    """A run override may set only the keys a case.yaml lists (flagperf.config.cases.settable_keys): a key the
+    Config has but the shipped case.yaml left out (inductor_mode) was refused by `--set` for every case."""
+    for path in sorted((ROOT / "cases" / "operation").glob("*/case.yaml")):
+        listed = set(load_yaml_mapping(path)["configurations"])
+        assert set(OperationConfig.model_fields) <= listed, (path.parent.name,
+                                                              set(OperationConfig.model_fields) - listed)
+    plan = plan_run(cases=["op-gemm"], vendor="nvidia", results_dir="/nonexistent-results",
+                    sets=["inductor_mode=max-autotune-no-cudagraphs"])
+    assert plan.cases[0].config["inductor_mode"] == "max-autotune-no-cudagraphs"
+    assert plan.cases[0].origins["inductor_mode"] == "--set"
 
 
 # ------------------------------------------------------------------ bench/operation_gpu.py
