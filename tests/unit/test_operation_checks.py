@@ -160,7 +160,7 @@ def test_the_report_says_what_the_points_were_checked_against() -> None:
     once whatever its rounds; rounds that checked a point differently say so instead of the last one winning."""
     from datetime import datetime, timezone
 
-    from flagperf.results.operators import checked_counts, method_lines, points_of
+    from flagperf.results.operators import Checked, checked_counts, method_lines, point_checked, points_of
     from flagperf.results.schema import OperationReport, OperatorPoint, RoundResult
 
     def point(m: int, reference: str, sample: str | None, status: str = "passed") -> OperatorPoint:
@@ -183,15 +183,28 @@ def test_the_report_says_what_the_points_were_checked_against() -> None:
              point(6, "float32 on cuda", "float64 on cpu at 1 of 1 output elements", "skipped"),
              point(7, "float32 on cuda", sample)]
     second = [*first[:6], point(7, "float32 on cuda", "none: the host sample ran out of memory")]
+    # the same kind for another reason in each round is no difference: the first round's reason is its footnote's;
+    # a round that skipped a point checked nothing, whatever its record states
+    first += [point(8, "float32 on cuda", "none: the host sample ran out of memory"),
+              point(9, "float32 on cuda", sample)]
+    second += [point(8, "float32 on cuda", "none: the host sample's copy failed"),
+               point(9, "float64 on cpu", "none: no bf16 form on this device", "skipped")]
     results = [result(1, first), result(2, second)]
     assert ("  - checked against: float64 on cpu, whole output (1 point-implementation pair); float32 on cuda + "
-            "float64 host sample (2 point-implementation pairs); float32 on cuda only, no host sample (2 "
+            "float64 host sample (3 point-implementation pairs); float32 on cuda only, no host sample (3 "
             "point-implementation pairs); rounds differ: float32 on cuda + float64 host sample / float32 on cuda "
             "only, no host sample (1 point-implementation pair)") in method_lines(results)
-    assert checked_counts(points_of(results)) == {
-        "float64 on cpu, whole output": 1, "float32 on cuda + float64 host sample": 2,
-        "float32 on cuda only, no host sample": 2,
+    merged = points_of(results)
+    assert checked_counts(merged) == {
+        "float64 on cpu, whole output": 1, "float32 on cuda + float64 host sample": 3,
+        "float32 on cuda only, no host sample": 3,
         "rounds differ: float32 on cuda + float64 host sample / float32 on cuda only, no host sample": 1}
+    by_shape = {p.shape: p for p in merged}
+    assert point_checked(by_shape["M8"]) == Checked("float32 on cuda only, no host sample",
+                                                    why="the host sample ran out of memory")
+    assert point_checked(by_shape["M9"]) == Checked("float32 on cuda + float64 host sample",
+                                                    elements="4 of 9 output elements")
+    assert (by_shape["M9"].reference, by_shape["M9"].reference_sample) == ("float32 on cuda", sample)
 
 
 def test_each_point_in_the_report_says_what_it_was_checked_against(tmp_path: Path) -> None:
