@@ -37,6 +37,8 @@ def _raise_recompile_limit() -> None:
 class Implementation(OperatorImplementation):
     """torch.compile (TorchInductor), static shapes, in the case's inductor_mode"""
 
+    reads_inductor_mode = True
+
     def __init__(self, env: ImplEnv) -> None:
         super().__init__(env)
         _raise_recompile_limit()

@@ -111,6 +111,10 @@ def load_implementations(config: OperationConfig, vendor: str, device: torch.dev
         found.described[name] = f"{found.ready[name].describe()} ({definition.source})"
     if not found.ready:
         raise CaseUserError("no implementation can run here: " + "; ".join(found.absent.values()))
+    if config.inductor_mode != "default" and not any(impl.reads_inductor_mode for impl in found.ready.values()):
+        raise CaseUserError(f"inductor_mode: {config.inductor_mode} is torch.compile's mode, and none of the "
+                            f"implementations loaded here ({', '.join(found.ready)}) compiles with it: it would "
+                            "change nothing (set inductor_mode: default, or list one that compiles, such as compile)")
     return found
 
 

@@ -931,8 +931,8 @@ def test_inductor_mode_is_the_cases_choice_checked_in_one_line_and_recorded(monk
     max-autotune. The case's inductor_mode (the inference family's key and values, max-autotune-no-cudagraphs among
     them) reaches torch.compile and the implementation's line in the record, which says where a mode's CUDA graphs
     copy the inputs on every call and that the CPU has none; a mode torch does not have, a graph mode inside
-    cuda_graphs: true (a nested capture) and a mode no listed implementation compiles with are one line each naming
-    the file and the key."""
+    cuda_graphs: true (a nested capture) are one line each naming the file and the key; a mode no loaded implementation
+    reads (OperatorImplementation.reads_inductor_mode) is one line naming the key."""
     from flagperf.inference.inductor import Options
     from flagperf.measure.inductor_modes import graphs_phrase
 
@@ -940,10 +940,7 @@ def test_inductor_mode_is_the_cases_choice_checked_in_one_line_and_recorded(monk
     for changes, message in (
             ({"inductor_mode": "fastest"}, "'max-autotune-no-cudagraphs'"),
             ({"inductor_mode": "reduce-overhead", "cuda_graphs": True}, "reduce-overhead compiles into CUDA graphs, "
-             "and cuda_graphs: true would capture those inside a graph of its own (a nested capture)"),
-            ({"inductor_mode": "max-autotune-no-cudagraphs", "implementations": ["native"]},
-             "max-autotune-no-cudagraphs is torch.compile's mode for the compile implementation, which "
-             "implementations (native) leaves out")):
+             "and cuda_graphs: true would capture those inside a graph of its own (a nested capture)")):
         with pytest.raises(ValidationError) as caught:
             config(**changes)
         error = pydantic_error_to_config_error(caught.value, "cases/operation/op-gemm/case.yaml")
@@ -954,6 +951,17 @@ def test_inductor_mode_is_the_cases_choice_checked_in_one_line_and_recorded(monk
     assert config(inductor_mode="max-autotune-no-cudagraphs", cuda_graphs=True, implementations=["native", "compile"]
                   ).cuda_graphs  # no graphs of its own
     assert config(inductor_mode="max-autotune", implementations=None).implementations is None  # compile among all
+    # a mode no loaded implementation reads is refused where they load, by what each class reads, not its folder's
+    # name (a vendor's folder of another name may compile; one named compile need not)
+    with pytest.raises(CaseUserError) as refused:
+        load_implementations(config(inductor_mode="max-autotune-no-cudagraphs", implementations=["native"]), "cpu",
+                             CPU)
+    assert str(refused.value).startswith("inductor_mode: max-autotune-no-cudagraphs is torch.compile's mode, and "
+                                         "none of the implementations loaded here (native) compiles with it"), \
+        str(refused.value)
+    loaded = load_implementations(config(inductor_mode="max-autotune-no-cudagraphs", implementations=None), "cpu", CPU)
+    assert [n for n, impl in loaded.ready.items() if impl.reads_inductor_mode] == ["compile"]
+    assert load_implementations(config(implementations=["native"]), "cpu", CPU).ready  # default: nothing to read it
 
     modes: list[Any] = []
     real = torch.compile
