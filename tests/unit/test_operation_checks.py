@@ -1016,8 +1016,12 @@ def test_the_gpu_bench_records_the_host_latency_beside_the_device_clocks(
     assert record["energy"] == "0.3 s: energy_intervals 3 x the monitors' 0.1 s interval"
     assert record["monitors"]["system"]["exit"] == 0 and record["monitors"]["system"]["samples"] >= 2
     for p in record["points"]:
-        if p["status"] == "passed" and p["energy_per_work"] is None:  # this CPU: no energy counter to read
-            assert p["energy_per_work_note"] == "no power or energy source in the monitors' samples (system)", p
+        if p["status"] == "passed" and p["energy_per_work"] is None:
+            # this CPU: no energy counter to read; or one the system monitor reads (RAPL) that a 0.3 s loop on a
+            # loaded host caught once only, which the note says
+            assert p["energy_per_work_note"] == "no power or energy source in the monitors' samples (system)" or (
+                "; operation: the energy loop ran (energy_intervals 3) and held 1 sample(s)"
+                in p["energy_per_work_note"]), p
         elif p["status"] == "passed":  # a host whose monitor reads one: over the loop's own samples
             assert p["energy_per_work_samples"] >= 2 and p["energy_per_work_note"] is None, p
     assert "| % of roofline | energy per work | error |" in (tmp_path / "operation_gpu_quick.md").read_text()
@@ -1087,8 +1091,17 @@ def test_the_gpu_bench_records_the_host_latency_beside_the_device_clocks(
     note = broken.energy(OperationOutcome(metrics=[Metric(name="m", value=1.0, unit="GB/s", window=[T0, T0 + 1],
                                                           work=1.0)], report=report, measured_seconds=1.0))
     assert note["m"]["energy_per_work_note"] == "monitor system exited 1 with 0 samples (starting no counter readable)"
+    # a vendor's monitor may write its JSON without spaces: its samples are samples (the run's own reader's)
+    compact = Monitors.__new__(Monitors)
+    compact.paths, compact.logs = {"own": tmp_path / "compact.jsonl"}, {"own": tmp_path / "compact.log"}
+    compact.paths["own"].write_text('{"type":"header","monitor":"own"}\n' + "".join(
+        f'{{"type":"sample","t":{T0 + i}}}\n' for i in range(3)))
+    compact.procs = {"own": subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])}
+    compact.procs["own"].wait(timeout=60)
+    assert compact.failed() == [] and compact.stop() == {"own": {"exit": 3, "samples": 3}}
     # a failure while the monitors start (a second one that cannot, or the wait for their first samples) stops the
-    # ones started: both are inside main's try; the monitors run past a budget over an hour
+    # ones started: both are inside main's try; the monitors keep their own long limit (energy loops run past the
+    # budget), ended by the parent's exit, the pid file and stop
     seen: list[Monitors] = []
 
     def wait_fails(self: Monitors, timeout_s: float = 60.0) -> None:
@@ -1102,7 +1115,7 @@ def test_the_gpu_bench_records_the_host_latency_beside_the_device_clocks(
         operation_gpu.main()
     (proc,) = seen[0].procs.values()
     assert proc.poll() is not None, "a monitor left running"
-    assert proc.args[proc.args.index("--max-seconds") + 1] == "4600"
+    assert "--max-seconds" not in proc.args and "--parent-pid" in proc.args
 
     def point(impl: str, shape: int, latency: float, host: float | None) -> dict[str, Any]:
         return {"operator": "add", "dtype": "bf16", "shape": {"R": shape}, "implementation": impl,
