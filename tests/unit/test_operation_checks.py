@@ -745,12 +745,14 @@ def test_too_few_samples_in_an_energy_loop_that_ran_says_so_and_does_not_ask_for
         "--monitor-interval")
     assert rows["host"]["energy_per_work_note"].endswith("2 needed; operation: set energy_intervals")
     assert rows["fell"]["energy_per_work_note"].endswith("2 needed; operation: over the host loop, the energy loop "
-                                                         "(energy_intervals 3) having not run for it (the point's note "
-                                                         "says why)")
+                                                         "(energy_intervals 3) having not run for it (the point's "
+                                                         "note, or the round's energy loop line where the round was "
+                                                         "not told the monitors' interval, says why)")
     notes = [n for n in summary.monitor_notes if "energy per work" in n]
     assert "op round 1 on h1: energy per work of 1 of 3 figures left out (energy_per_work_note): fewer than 2 " \
            "samples of the energy source inside the host loop they fell back to, their energy loop " \
-           "(energy_intervals) not having run (each point's note says why)" in notes, notes
+           "(energy_intervals) not having run (each point's note, or the round's energy loop line where the round " \
+           "was not told the monitors' interval, says why)" in notes, notes
     notes.remove(next(n for n in notes if "fell back" in n))
     assert len(notes) == 2 and notes[0].endswith("operation: set the case's energy_intervals (a loop of each point's "
                                                  "calls over that many monitor intervals); elsewhere sample faster "
