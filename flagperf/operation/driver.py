@@ -343,6 +343,8 @@ class PointRunner:
         for name, why in self.impls.absent.items():
             self._record(point, name, "skipped", why)
         del inputs, reference, sampled
+        for impl in self.impls.ready.values():
+            impl.point_done()
         _free(self.device)
 
     def _host_sample(self, point: PlannedPoint, inputs: list[Any]) -> HostSample:

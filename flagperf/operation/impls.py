@@ -58,6 +58,11 @@ class OperatorImplementation(ABC):
         """Entered around the point's calls (correctness call, warm-up, timed iterations)."""
         yield
 
+    def point_done(self) -> None:
+        """Called once a point's calls are all made and its inputs and outputs released: state kept per point (a
+        compiled function's CUDA graphs) can go, so that a round's memory does not grow point by point."""
+        return None
+
     def describe(self) -> str:
         """A line for the report: what this implementation is, with its library's version."""
         return type(self).__doc__.strip().splitlines()[0] if type(self).__doc__ else type(self).__name__

@@ -987,6 +987,41 @@ def test_inductor_mode_is_the_cases_choice_checked_in_one_line_and_recorded(monk
     assert graphs_phrase("max-autotune-no-cudagraphs", "cuda") == ""
 
 
+def test_a_graph_modes_cuda_graph_trees_are_reset_after_each_point(cpu_spec: SpecTable,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA graph trees keep every point's graphs and their memory pool until reset, and a round's shapes never
+    recur: the pool grew point by point. Each implementation hears when a point is done (point_done, after its
+    calls and records); compile resets the trees there in a mode that makes them on CUDA, and nowhere else."""
+    import torch._inductor.cudagraph_trees as trees
+
+    from flagperf.operation.compiled import Implementation as Compiled
+
+    done: list[int] = []
+
+    class Counting(OperatorImplementation):
+        def prepare(self, op: Any, dtype: str, native: Any) -> Any:
+            return native
+
+        def point_done(self) -> None:
+            done.append(len(runner.points))  # once the point's record is made
+
+    cfg = config(operators=["add", "softmax"])
+    runner = PointRunner(cfg, cpu_spec, CPU, Implementations(ready={"counting": Counting(
+        ImplEnv(device=CPU, log=logging.getLogger("test")))}))
+    for point in plan_points(cfg):
+        runner.run(point)
+    assert done == [1, 2] and all(p.status == "passed" for p in runner.points)
+
+    resets: list[bool] = []
+    monkeypatch.setattr(trees, "reset_cudagraph_trees", lambda: resets.append(True))
+    for device, mode, expected in (("cuda", "reduce-overhead", 1), ("cuda", "max-autotune", 1), ("cuda", "default", 0),
+                                   ("cuda", "max-autotune-no-cudagraphs", 0), ("cpu", "reduce-overhead", 0)):
+        resets.clear()
+        # made, not run: the device need not be here for what point_done does
+        Compiled(ImplEnv(device=torch.device(device), log=logging.getLogger("test"), inductor_mode=mode)).point_done()
+        assert len(resets) == expected, (device, mode)
+
+
 def test_every_key_of_the_operation_config_is_settable_in_every_shipped_case() -> None:
     """A run override may set only the keys a case.yaml lists (flagperf.config.cases.settable_keys): a key the
     Config has but the shipped case.yaml left out (inductor_mode) was refused by `--set` for every case."""
