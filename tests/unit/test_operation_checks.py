@@ -1025,10 +1025,17 @@ def test_a_graph_modes_cuda_graph_trees_are_reset_after_each_point(cpu_spec: Spe
 def test_every_key_of_the_operation_config_is_settable_in_every_shipped_case() -> None:
     """A run override may set only the keys a case.yaml lists (flagperf.config.cases.settable_keys): a key the
     Config has but the shipped case.yaml left out (inductor_mode) was refused by `--set` for every case."""
+    from flagperf.measure.inductor_modes import INDUCTOR_MODES
+
+    assert INDUCTOR_MODES == ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
     for path in sorted((ROOT / "cases" / "operation").glob("*/case.yaml")):
         listed = set(load_yaml_mapping(path)["configurations"])
         assert set(OperationConfig.model_fields) <= listed, (path.parent.name,
                                                               set(OperationConfig.model_fields) - listed)
+        # the line's comment names the values a user may give
+        text = path.read_text(encoding="utf-8")
+        comment = text[text.index("  inductor_mode:"):].split("\n  reference_cpu_max_elements")[0]
+        assert all(re.search(rf"\b{re.escape(mode)}(,|$|\s)", comment) for mode in INDUCTOR_MODES), comment
     plan = plan_run(cases=["op-gemm"], vendor="nvidia", results_dir="/nonexistent-results",
                     sets=["inductor_mode=max-autotune-no-cudagraphs"])
     assert plan.cases[0].config["inductor_mode"] == "max-autotune-no-cudagraphs"
