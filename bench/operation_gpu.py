@@ -91,13 +91,14 @@ def settings(quick: bool, dtypes: list[str], implementations: list[str], operato
 class Monitors:
     """The vendor's monitors sampling every ``interval_s`` into ``folder``, started as a host round starts them
     (pid file, interval, parent): the energy loop is N of their intervals, so they must sample at that one. They
-    run for up to ``max_seconds`` (past the bench's budget: a monitor that stops early leaves the last operators'
-    energy loops uncovered). Made without processes; ``start`` starts them, so that a failed start inside the
+    keep their own long limit, as a round's do (energy loops run past the bench's budget, and a monitor that stops
+    early leaves the last operators' uncovered): the parent's exit, the pid file and ``stop`` end them. Made without
+    processes; ``start`` starts them, so that a failed start inside the
     caller's try is still stopped by its ``stop``."""
 
-    def __init__(self, vendor: str, folder: Path, interval_s: float, max_seconds: float = 3600.0) -> None:
+    def __init__(self, vendor: str, folder: Path, interval_s: float) -> None:
         self.loaded = load_vendor(vendor)
-        self.folder, self.interval_s, self.max_seconds = folder, interval_s, max_seconds
+        self.folder, self.interval_s = folder, interval_s
         self.paths = {m.name: folder / f"monitor_{m.name}.jsonl" for m in self.loaded.manifest.monitors}
         self.logs = {m.name: folder / f"monitor_{m.name}.log" for m in self.loaded.manifest.monitors}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -109,8 +110,8 @@ class Monitors:
             with self.logs[m.name].open("wb") as errors:
                 self.procs[m.name] = subprocess.Popen(
                     [*self.loaded.monitor_command(m, sys.executable), "--out", str(self.paths[m.name]), "--interval",
-                     str(self.interval_s), "--pid-file", str(self.folder / PID_FILE), "--max-seconds",
-                     f"{self.max_seconds:g}", "--parent-pid", str(os.getpid())],
+                     str(self.interval_s), "--pid-file", str(self.folder / PID_FILE), "--parent-pid",
+                     str(os.getpid())],
                     stdout=subprocess.DEVNULL, stderr=errors, cwd=ROOT, env=env)
 
     def failed(self) -> list[str]:
@@ -118,8 +119,7 @@ class Monitors:
         out = []
         for name, proc in self.procs.items():
             code = proc.poll()
-            path = self.paths[name]
-            if code and not (path.exists() and '"type": "sample"' in path.read_text(errors="replace")):
+            if code and not _samples(self.paths[name]):
                 log = self.logs[name].read_text(encoding="utf-8", errors="replace") if self.logs[name].exists() else ""
                 tail = " ".join(log.strip().splitlines()[-3:])[-300:] or "no output"
                 out.append(f"monitor {name} exited {code} with 0 samples ({tail})")
@@ -131,7 +131,7 @@ class Monitors:
         pending = dict(self.paths)
         while pending and time.monotonic() < deadline:
             for name, path in list(pending.items()):
-                if self.procs[name].poll() is not None or (path.exists() and '"type": "sample"' in path.read_text()):
+                if self.procs[name].poll() is not None or _samples(path):
                     del pending[name]
             time.sleep(0.05)
 
@@ -158,9 +158,7 @@ class Monitors:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 code = proc.wait()
-            path = self.paths[name]
-            text = path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
-            out[name] = {"exit": code, "samples": text.count('"type": "sample"')}
+            out[name] = {"exit": code, "samples": _samples(self.paths[name])}
         return out
 
     def energy(self, outcome: OperationOutcome) -> dict[str, dict[str, Any]]:
@@ -188,6 +186,12 @@ class Monitors:
                                   "energy_per_work_samples": work.samples if work.value is not None else None,
                                   "energy_source": work.source, "energy_per_work_note": why}
         return found
+
+
+def _samples(path: Path) -> int:
+    """The samples a monitor's file holds, read as a run's analysis reads them (any JSON spacing a vendor's monitor
+    writes; a line being written is no sample)."""
+    return len(read_monitor(path).samples)
 
 
 def _last_sample_t(path: Path) -> float:
@@ -338,8 +342,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="operation-gpu-monitors-") as folder:
         monitors = None
         if args.energy_intervals:  # monitors sampling before the first point, as around a host's round
-            monitors = Monitors("nvidia" if cuda else "cpu", Path(folder), args.monitor_interval,
-                                max(3600.0, args.budget_s + 600))
+            monitors = Monitors("nvidia" if cuda else "cpu", Path(folder), args.monitor_interval)
         try:
             if monitors is not None:  # inside the try: a monitor that fails to start stops the ones started
                 monitors.start()

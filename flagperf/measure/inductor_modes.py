@@ -3,10 +3,10 @@ that compiles with TorchInductor (inference's inductor engine, operation's compi
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 InductorMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
-INDUCTOR_MODES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+INDUCTOR_MODES: tuple[str, ...] = get_args(InductorMode)  # the same values, to list or iterate
 # The modes whose compiled function runs as a CUDA graph where the device is CUDA (torch._inductor.list_mode_options:
 # triton.cudagraphs). A graph replays on static input buffers: each call first copies its inputs into them, so a
 # timed call includes those copies.

@@ -10,12 +10,13 @@ read freed memory or re-record."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from flagperf.measure.inductor_modes import graphs_phrase
+from flagperf.measure.inductor_modes import graphs_phrase, uses_cuda_graphs
 from flagperf.operation.impls import ImplEnv, OperatorImplementation
 from flagperf.operation.operators import Operator
 
@@ -37,6 +38,8 @@ def _raise_recompile_limit() -> None:
 class Implementation(OperatorImplementation):
     """torch.compile (TorchInductor), static shapes, in the case's inductor_mode"""
 
+    reads_inductor_mode = True
+
     def __init__(self, env: ImplEnv) -> None:
         super().__init__(env)
         _raise_recompile_limit()
@@ -47,6 +50,19 @@ class Implementation(OperatorImplementation):
             mode = None if self.env.inductor_mode == "default" else self.env.inductor_mode  # None: torch's default
             self.compiled[native] = torch.compile(native, dynamic=False, fullgraph=True, mode=mode)
         return self.compiled[native]
+
+    def point_done(self) -> None:
+        """A graph mode's CUDA graph trees hold each point's graphs and their memory pool until reset: without it the
+        pool grows point by point (shapes never recur in a round). Where torch has no such reset, nothing."""
+        if not uses_cuda_graphs(self.env.inductor_mode, self.env.device.type):
+            return
+        try:
+            trees = importlib.import_module("torch._inductor.cudagraph_trees")
+        except ImportError:
+            return
+        reset = getattr(trees, "reset_cudagraph_trees", None)
+        if reset is not None:
+            reset()
 
     def describe(self) -> str:
         return (f"torch.compile (TorchInductor, static shapes, fullgraph, mode {self.env.inductor_mode}"

@@ -27,9 +27,6 @@ MODEL_SHAPES: dict[str, ModelShape] = {
 # Models, batch sizes and sequence lengths multiply into points, each timed for a while: a grid is a few dozen.
 MAX_LIST = 64
 
-# The implementation folder that compiles (vendor_images/<vendor>/operation/compile/): inductor_mode is its setting.
-COMPILE_IMPLEMENTATION = "compile"
-
 # energy_intervals: 0 (no energy loop) or at least 3 monitor intervals, so that the loop holds 2 samples or more of
 # the energy source with some jitter in the sampling; at most 100, a point's energy loop is not a soak test.
 ENERGY_MIN_INTERVALS, ENERGY_MAX_INTERVALS = 3, 100
@@ -265,11 +262,8 @@ class OperationConfig(CaseConfig):
             raise _about("inductor_mode", f"{self.inductor_mode} compiles into CUDA graphs, and cuda_graphs: true "
                          "would capture those inside a graph of its own (a nested capture): set cuda_graphs: false "
                          "or inductor_mode: max-autotune-no-cudagraphs (or default)")
-        if (self.inductor_mode != "default" and self.implementations is not None
-                and COMPILE_IMPLEMENTATION not in self.implementations):
-            raise _about("inductor_mode", f"{self.inductor_mode} is torch.compile's mode for the "
-                         f"{COMPILE_IMPLEMENTATION} implementation, which implementations "
-                         f"({', '.join(self.implementations)}) leaves out: it would change nothing")
+        # a mode no implementation reads is refused where they are loaded (driver.load_implementations): which
+        # folder reads it is its class's fact (reads_inductor_mode), not its name's
         return self
 
     def memory_need(self) -> MemoryNeed | None:

@@ -111,6 +111,10 @@ def load_implementations(config: OperationConfig, vendor: str, device: torch.dev
         found.described[name] = f"{found.ready[name].describe()} ({definition.source})"
     if not found.ready:
         raise CaseUserError("no implementation can run here: " + "; ".join(found.absent.values()))
+    if config.inductor_mode != "default" and not any(impl.reads_inductor_mode for impl in found.ready.values()):
+        raise CaseUserError(f"inductor_mode: {config.inductor_mode} is torch.compile's mode, and none of the "
+                            f"implementations loaded here ({', '.join(found.ready)}) compiles with it: it would "
+                            "change nothing (set inductor_mode: default, or list one that compiles, such as compile)")
     return found
 
 
@@ -178,7 +182,7 @@ class EnergyLoop:
     window: tuple[float, float]
     calls: int
     what: str  # "the host loop", "the energy loop (... s: energy_intervals ...)"
-    intervals: int | None = None  # the energy loop: energy_intervals (the monitor intervals it was asked to last)
+    energy_loop: bool = False  # the energy loop (the case's energy_intervals), not the host loop
 
 
 def point_metric(name: str, point: PlannedPoint, spec: SpecTable, latencies: list[float], median: float,
@@ -217,7 +221,7 @@ def point_metric(name: str, point: PlannedPoint, spec: SpecTable, latencies: lis
         energy_window=list(energy.window) if energy else None,
         energy_work=work * energy.calls / scale if energy else None,
         energy_intervals=energy_intervals or None,
-        energy_loop_ran=bool(energy and energy.intervals) if energy_intervals else None,
+        energy_loop_ran=bool(energy and energy.energy_loop) if energy_intervals else None,
         energy_per_work_absent=None if energy else energy_absent,
         statistic="rate@median")
     return metric, work, unit
@@ -339,6 +343,8 @@ class PointRunner:
         for name, why in self.impls.absent.items():
             self._record(point, name, "skipped", why)
         del inputs, reference, sampled
+        for impl in self.impls.ready.values():
+            impl.point_done()
         _free(self.device)
 
     def _host_sample(self, point: PlannedPoint, inputs: list[Any]) -> HostSample:
@@ -550,7 +556,7 @@ class PointRunner:
         energy = None
         if timed.energy_window is not None:
             energy = EnergyLoop(timed.energy_window, timed.energy_calls, f"the energy loop ({self.energy_loop})",
-                                self.config.energy_intervals)
+                                energy_loop=True)
         elif timed.host_window is not None:
             energy = EnergyLoop(timed.host_window, timed.host_calls, "the host loop")
         note = common.get("note")

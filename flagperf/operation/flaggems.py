@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from collections.abc import Callable, Iterator
+import inspect
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from flagperf.operation.impls import ImplEnv, OperatorImplementation
+from flagperf.operation.natives import CROSS_ENTROPY_KWARGS
 from flagperf.operation.operators import Operator
 
 
@@ -22,11 +24,28 @@ def _flag_gems() -> Any:
     folder's `requires` names the package to install when it is missing."""
     return importlib.import_module("flag_gems")
 
+def _takes(fn: Callable[..., Any], names: Iterable[str]) -> bool:
+    """Whether ``fn`` accepts these keyword arguments (by name, or through **kwargs)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: pass nothing it may refuse
+        return False
+    return any(p.kind is p.VAR_KEYWORD for p in params.values()) or all(n in params for n in names)
+
+
+def _cross_entropy(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """FlagGems' loss with the native call's options (ignore_index), where its signature takes them: the same
+    mean over the targets not ignored as the native call and the host's reference."""
+    if not _takes(fn, CROSS_ENTROPY_KWARGS):
+        return fn
+    return lambda logits, target: fn(logits, target, **CROSS_ENTROPY_KWARGS)
+
+
 # Operators FlagGems has a function of its own for, called directly (with the native call's arguments).
 DIRECT = {
     "scaled_dot_product_attention": ("flag_gems.ops", "scaled_dot_product_attention",
                                      lambda fn: lambda q, k, v: fn(q, k, v, is_causal=True)),
-    "cross_entropy": ("flag_gems.fused", "cross_entropy_loss", lambda fn: fn),
+    "cross_entropy": ("flag_gems.fused", "cross_entropy_loss", _cross_entropy),
     "rotary": ("flag_gems.fused", "apply_rotary_pos_emb", lambda fn: fn),
 }
 

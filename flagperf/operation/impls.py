@@ -18,7 +18,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -37,6 +37,10 @@ class ImplEnv:
 
 
 class OperatorImplementation(ABC):
+    # Whether it reads the case's inductor_mode (ImplEnv.inductor_mode): a mode other than default with no loaded
+    # implementation that reads it would change nothing, and is refused (driver.load_implementations).
+    reads_inductor_mode: ClassVar[bool] = False
+
     def __init__(self, env: ImplEnv) -> None:
         self.env = env
 
@@ -53,6 +57,11 @@ class OperatorImplementation(ABC):
     def scope(self) -> Iterator[None]:
         """Entered around the point's calls (correctness call, warm-up, timed iterations)."""
         yield
+
+    def point_done(self) -> None:
+        """Called once a point's calls are all made and its inputs and outputs released: state kept per point (a
+        compiled function's CUDA graphs) can go, so that a round's memory does not grow point by point."""
+        return None
 
     def describe(self) -> str:
         """A line for the report: what this implementation is, with its library's version."""

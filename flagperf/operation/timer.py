@@ -242,8 +242,10 @@ def time_iterations(call: Callable[[], Any], device: torch.device, options: Timi
     ``last_output``: the last timed iteration's output (a graph's replay: the output its capture allocated) is
     appended to it once the device is done, and no call of ``call`` follows here, so that the caller checks it
     before the host phase (time_host) calls again: an implementation that reuses its output buffer (a cached
-    ``out``, torch.compile's CUDA graph trees, whose stale outputs raise when read) must be checked on the call
-    that was timed. The call that was checked first is not always the one timed: a graph replays what it
+    ``out``; torch.compile's CUDA graph trees, whose next replay overwrites the last one's output in place: torch
+    2.13 hands back the same cached tensor, so a stale read does not raise but silently reads the newer values,
+    and this call order is the protection) must be checked on the call that was timed. The call that was checked
+    first is not always the one timed: a graph replays what it
     captured, a library may cache or switch kernels. The Timed has no host figures: time_host adds them."""
     started = time.perf_counter()
     calls = 0

@@ -276,10 +276,11 @@ def checked(reference: str | None, sample: str | None) -> Checked | None:
 def point_checked(point: PointFigures) -> Checked | None:
     """What a point was checked against over its rounds: where they checked it differently (another code's sample,
     a round whose host sample failed), each kind, said as such rather than the last round's."""
-    kinds = list(dict.fromkeys(c for pair in point.references if (c := checked(*pair)) is not None))
-    if len(kinds) > 1:
-        return Checked("rounds differ: " + " / ".join(dict.fromkeys(c.kind for c in kinds)))
-    return kinds[0] if kinds else checked(point.reference, point.reference_sample)
+    found = [c for pair in point.references if (c := checked(*pair)) is not None]
+    kinds = list(dict.fromkeys(c.kind for c in found))
+    if len(kinds) > 1:  # by kind alone: the same kind with another reason (a shape's sizes) is no difference
+        return Checked("rounds differ: " + " / ".join(kinds))
+    return found[0] if found else checked(point.reference, point.reference_sample)  # its reason to the footnote
 
 
 def checked_counts(points: Iterable[PointFigures]) -> dict[str, int]:
@@ -352,10 +353,12 @@ def points_of(results: Iterable[RoundResult]) -> list[PointFigures]:
                     entry.roofline_estimated = entry.roofline_estimated or p.roofline_estimated
             if p.max_abs_error is not None:
                 entry.max_abs_error = max(entry.max_abs_error or 0.0, p.max_abs_error)
-            if p.reference:  # a skipped point (no form of the operator) still states it; fp8 skipped on all none
+            # a skipped point (no form of the operator) still states it; fp8 skipped on all none. A round that skipped
+            # the point checked nothing: its reference neither replaces a checking round's nor differs from it.
+            if p.reference and (p.status != "skipped" or not entry.references):
                 entry.reference = p.reference
                 entry.reference_sample = p.reference_sample
-                if (p.reference, p.reference_sample) not in entry.references:
+                if p.status != "skipped" and (p.reference, p.reference_sample) not in entry.references:
                     entry.references.append((p.reference, p.reference_sample))
     return list(figures.values())
 

@@ -198,7 +198,8 @@ def per_work(stats: WindowStats, metric: Metric, seen: list[MonitorSeries]) -> P
     if own and metric.energy_intervals and metric.energy_loop_ran is False:  # asked, but over the host loop
         return PerWork(source=energy.source, kind="few-host", length=length,
                        why=f"{why}; operation: over the host loop, the energy loop (energy_intervals "
-                           f"{metric.energy_intervals}) having not run for it (the point's note says why)")
+                           f"{metric.energy_intervals}) having not run for it (the point's note, or the round's "
+                           "energy loop line where the round was not told the monitors' interval, says why)")
     if own and metric.energy_intervals:  # the energy loop ran: setting energy_intervals again changes nothing
         return PerWork(source=energy.source, kind="few-loop", length=length,
                        why=f"{why}; operation: the energy loop ran (energy_intervals {metric.energy_intervals}) and "
@@ -256,7 +257,8 @@ def _per_work_notes(notes: MonitorNotes, r: RoundResult, works: list[PerWork]) -
     if fallen:
         _note(notes, f"energy per work of {len(fallen)} of {len(asked)} figures left out (energy_per_work_note): "
                      "fewer than 2 samples of the energy source inside the host loop they fell back to, their energy "
-                     "loop (energy_intervals) not having run (each point's note says why)", r)
+                     "loop (energy_intervals) not having run (each point's note, or the round's energy loop line where "
+                     "the round was not told the monitors' interval, says why)", r)
     uncovered = [w for w in works if w.kind == "uncovered"]
     if uncovered:
         _note(notes, f"energy per work of {len(uncovered)} of {len(asked)} figures left out (energy_per_work_note): "

@@ -164,6 +164,33 @@ def test_flaggems_without_its_package_skips_its_points_saying_so(cpu_spec: SpecT
     assert "not available" in outcome.report.implementations["flaggems"]
 
 
+def test_flaggems_cross_entropy_gets_the_native_calls_options_where_it_takes_them() -> None:
+    """FlagGems' cross_entropy_loss was called with the logits and targets alone, while the native call and the
+    host's mean use ignore_index (natives.CROSS_ENTROPY_KWARGS): the options reach it where its signature takes
+    them (by name or **kwargs), and nothing it would refuse where it does not."""
+    from flagperf.operation.flaggems import DIRECT
+    from flagperf.operation.natives import CROSS_ENTROPY_KWARGS
+
+    adapt = DIRECT["cross_entropy"][2]
+    calls: list[dict[str, Any]] = []
+
+    def gems_like(input: Any, target: Any, weight: Any = None, reduction: str = "mean", ignore_index: int = 7,
+                  label_smoothing: float = 0.0) -> str:  # a default other than the native call's: passed or not
+        calls.append({"ignore_index": ignore_index})
+        return "loss"
+
+    def with_kwargs(input: Any, target: Any, **kwargs: Any) -> str:
+        calls.append(kwargs)
+        return "loss"
+
+    def bare(input: Any, target: Any) -> str:
+        calls.append({})
+        return "loss"
+
+    assert [adapt(fn)("logits", "target") for fn in (gems_like, with_kwargs, bare)] == ["loss"] * 3
+    assert calls == [CROSS_ENTROPY_KWARGS, CROSS_ENTROPY_KWARGS, {}]
+
+
 def test_fp8_on_this_cpu_is_skipped_with_the_spec_tables_reason(cpu_spec: SpecTable) -> None:
     outcome = run_operation(config(operators=["mm", "add"], dtypes=["fp32", "fp8"]), "cpu", cpu_spec, CPU)
     fp8 = [p for p in outcome.report.points if p.dtype == "fp8"]

@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from flagperf.config.models import pydantic_error_to_config_error
 from flagperf.config.plan import plan_run
 from flagperf.config.vendors import load_vendor
+from flagperf.config.yamlio import load_yaml_mapping
 from flagperf.errors import CaseUserError, ConfigError
 from flagperf.hosts.capacity import check_capacity
 from flagperf.operation import driver, sampled
@@ -159,7 +160,7 @@ def test_the_report_says_what_the_points_were_checked_against() -> None:
     once whatever its rounds; rounds that checked a point differently say so instead of the last one winning."""
     from datetime import datetime, timezone
 
-    from flagperf.results.operators import checked_counts, method_lines, points_of
+    from flagperf.results.operators import Checked, checked_counts, method_lines, point_checked, points_of
     from flagperf.results.schema import OperationReport, OperatorPoint, RoundResult
 
     def point(m: int, reference: str, sample: str | None, status: str = "passed") -> OperatorPoint:
@@ -182,15 +183,28 @@ def test_the_report_says_what_the_points_were_checked_against() -> None:
              point(6, "float32 on cuda", "float64 on cpu at 1 of 1 output elements", "skipped"),
              point(7, "float32 on cuda", sample)]
     second = [*first[:6], point(7, "float32 on cuda", "none: the host sample ran out of memory")]
+    # the same kind for another reason in each round is no difference: the first round's reason is its footnote's;
+    # a round that skipped a point checked nothing, whatever its record states
+    first += [point(8, "float32 on cuda", "none: the host sample ran out of memory"),
+              point(9, "float32 on cuda", sample)]
+    second += [point(8, "float32 on cuda", "none: the host sample's copy failed"),
+               point(9, "float64 on cpu", "none: no bf16 form on this device", "skipped")]
     results = [result(1, first), result(2, second)]
     assert ("  - checked against: float64 on cpu, whole output (1 point-implementation pair); float32 on cuda + "
-            "float64 host sample (2 point-implementation pairs); float32 on cuda only, no host sample (2 "
+            "float64 host sample (3 point-implementation pairs); float32 on cuda only, no host sample (3 "
             "point-implementation pairs); rounds differ: float32 on cuda + float64 host sample / float32 on cuda "
             "only, no host sample (1 point-implementation pair)") in method_lines(results)
-    assert checked_counts(points_of(results)) == {
-        "float64 on cpu, whole output": 1, "float32 on cuda + float64 host sample": 2,
-        "float32 on cuda only, no host sample": 2,
+    merged = points_of(results)
+    assert checked_counts(merged) == {
+        "float64 on cpu, whole output": 1, "float32 on cuda + float64 host sample": 3,
+        "float32 on cuda only, no host sample": 3,
         "rounds differ: float32 on cuda + float64 host sample / float32 on cuda only, no host sample": 1}
+    by_shape = {p.shape: p for p in merged}
+    assert point_checked(by_shape["M8"]) == Checked("float32 on cuda only, no host sample",
+                                                    why="the host sample ran out of memory")
+    assert point_checked(by_shape["M9"]) == Checked("float32 on cuda + float64 host sample",
+                                                    elements="4 of 9 output elements")
+    assert (by_shape["M9"].reference, by_shape["M9"].reference_sample) == ("float32 on cuda", sample)
 
 
 def test_each_point_in_the_report_says_what_it_was_checked_against(tmp_path: Path) -> None:
@@ -731,12 +745,14 @@ def test_too_few_samples_in_an_energy_loop_that_ran_says_so_and_does_not_ask_for
         "--monitor-interval")
     assert rows["host"]["energy_per_work_note"].endswith("2 needed; operation: set energy_intervals")
     assert rows["fell"]["energy_per_work_note"].endswith("2 needed; operation: over the host loop, the energy loop "
-                                                         "(energy_intervals 3) having not run for it (the point's note "
-                                                         "says why)")
+                                                         "(energy_intervals 3) having not run for it (the point's "
+                                                         "note, or the round's energy loop line where the round was "
+                                                         "not told the monitors' interval, says why)")
     notes = [n for n in summary.monitor_notes if "energy per work" in n]
     assert "op round 1 on h1: energy per work of 1 of 3 figures left out (energy_per_work_note): fewer than 2 " \
            "samples of the energy source inside the host loop they fell back to, their energy loop " \
-           "(energy_intervals) not having run (each point's note says why)" in notes, notes
+           "(energy_intervals) not having run (each point's note, or the round's energy loop line where the round " \
+           "was not told the monitors' interval, says why)" in notes, notes
     notes.remove(next(n for n in notes if "fell back" in n))
     assert len(notes) == 2 and notes[0].endswith("operation: set the case's energy_intervals (a loop of each point's "
                                                  "calls over that many monitor intervals); elsewhere sample faster "
@@ -917,8 +933,8 @@ def test_inductor_mode_is_the_cases_choice_checked_in_one_line_and_recorded(monk
     max-autotune. The case's inductor_mode (the inference family's key and values, max-autotune-no-cudagraphs among
     them) reaches torch.compile and the implementation's line in the record, which says where a mode's CUDA graphs
     copy the inputs on every call and that the CPU has none; a mode torch does not have, a graph mode inside
-    cuda_graphs: true (a nested capture) and a mode no listed implementation compiles with are one line each naming
-    the file and the key."""
+    cuda_graphs: true (a nested capture) are one line each naming the file and the key; a mode no loaded implementation
+    reads (OperatorImplementation.reads_inductor_mode) is one line naming the key."""
     from flagperf.inference.inductor import Options
     from flagperf.measure.inductor_modes import graphs_phrase
 
@@ -926,10 +942,7 @@ def test_inductor_mode_is_the_cases_choice_checked_in_one_line_and_recorded(monk
     for changes, message in (
             ({"inductor_mode": "fastest"}, "'max-autotune-no-cudagraphs'"),
             ({"inductor_mode": "reduce-overhead", "cuda_graphs": True}, "reduce-overhead compiles into CUDA graphs, "
-             "and cuda_graphs: true would capture those inside a graph of its own (a nested capture)"),
-            ({"inductor_mode": "max-autotune-no-cudagraphs", "implementations": ["native"]},
-             "max-autotune-no-cudagraphs is torch.compile's mode for the compile implementation, which "
-             "implementations (native) leaves out")):
+             "and cuda_graphs: true would capture those inside a graph of its own (a nested capture)")):
         with pytest.raises(ValidationError) as caught:
             config(**changes)
         error = pydantic_error_to_config_error(caught.value, "cases/operation/op-gemm/case.yaml")
@@ -940,6 +953,17 @@ def test_inductor_mode_is_the_cases_choice_checked_in_one_line_and_recorded(monk
     assert config(inductor_mode="max-autotune-no-cudagraphs", cuda_graphs=True, implementations=["native", "compile"]
                   ).cuda_graphs  # no graphs of its own
     assert config(inductor_mode="max-autotune", implementations=None).implementations is None  # compile among all
+    # a mode no loaded implementation reads is refused where they load, by what each class reads, not its folder's
+    # name (a vendor's folder of another name may compile; one named compile need not)
+    with pytest.raises(CaseUserError) as refused:
+        load_implementations(config(inductor_mode="max-autotune-no-cudagraphs", implementations=["native"]), "cpu",
+                             CPU)
+    assert str(refused.value).startswith("inductor_mode: max-autotune-no-cudagraphs is torch.compile's mode, and "
+                                         "none of the implementations loaded here (native) compiles with it"), \
+        str(refused.value)
+    loaded = load_implementations(config(inductor_mode="max-autotune-no-cudagraphs", implementations=None), "cpu", CPU)
+    assert [n for n, impl in loaded.ready.items() if impl.reads_inductor_mode] == ["compile"]
+    assert load_implementations(config(implementations=["native"]), "cpu", CPU).ready  # default: nothing to read it
 
     modes: list[Any] = []
     real = torch.compile
@@ -963,6 +987,61 @@ def test_inductor_mode_is_the_cases_choice_checked_in_one_line_and_recorded(monk
     assert graphs_phrase("max-autotune-no-cudagraphs", "cuda") == ""
 
 
+def test_a_graph_modes_cuda_graph_trees_are_reset_after_each_point(cpu_spec: SpecTable,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA graph trees keep every point's graphs and their memory pool until reset, and a round's shapes never
+    recur: the pool grew point by point. Each implementation hears when a point is done (point_done, after its
+    calls and records); compile resets the trees there in a mode that makes them on CUDA, and nowhere else."""
+    import torch._inductor.cudagraph_trees as trees
+
+    from flagperf.operation.compiled import Implementation as Compiled
+
+    done: list[int] = []
+
+    class Counting(OperatorImplementation):
+        def prepare(self, op: Any, dtype: str, native: Any) -> Any:
+            return native
+
+        def point_done(self) -> None:
+            done.append(len(runner.points))  # once the point's record is made
+
+    cfg = config(operators=["add", "softmax"])
+    runner = PointRunner(cfg, cpu_spec, CPU, Implementations(ready={"counting": Counting(
+        ImplEnv(device=CPU, log=logging.getLogger("test")))}))
+    for point in plan_points(cfg):
+        runner.run(point)
+    assert done == [1, 2] and all(p.status == "passed" for p in runner.points)
+
+    resets: list[bool] = []
+    monkeypatch.setattr(trees, "reset_cudagraph_trees", lambda: resets.append(True))
+    for device, mode, expected in (("cuda", "reduce-overhead", 1), ("cuda", "max-autotune", 1), ("cuda", "default", 0),
+                                   ("cuda", "max-autotune-no-cudagraphs", 0), ("cpu", "reduce-overhead", 0)):
+        resets.clear()
+        # made, not run: the device need not be here for what point_done does
+        Compiled(ImplEnv(device=torch.device(device), log=logging.getLogger("test"), inductor_mode=mode)).point_done()
+        assert len(resets) == expected, (device, mode)
+
+
+def test_every_key_of_the_operation_config_is_settable_in_every_shipped_case() -> None:
+    """A run override may set only the keys a case.yaml lists (flagperf.config.cases.settable_keys): a key the
+    Config has but the shipped case.yaml left out (inductor_mode) was refused by `--set` for every case."""
+    from flagperf.measure.inductor_modes import INDUCTOR_MODES
+
+    assert INDUCTOR_MODES == ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+    for path in sorted((ROOT / "cases" / "operation").glob("*/case.yaml")):
+        listed = set(load_yaml_mapping(path)["configurations"])
+        assert set(OperationConfig.model_fields) <= listed, (path.parent.name,
+                                                              set(OperationConfig.model_fields) - listed)
+        # the line's comment names the values a user may give
+        text = path.read_text(encoding="utf-8")
+        comment = text[text.index("  inductor_mode:"):].split("\n  reference_cpu_max_elements")[0]
+        assert all(re.search(rf"\b{re.escape(mode)}(,|$|\s)", comment) for mode in INDUCTOR_MODES), comment
+    plan = plan_run(cases=["op-gemm"], vendor="nvidia", results_dir="/nonexistent-results",
+                    sets=["inductor_mode=max-autotune-no-cudagraphs"])
+    assert plan.cases[0].config["inductor_mode"] == "max-autotune-no-cudagraphs"
+    assert plan.cases[0].origins["inductor_mode"] == "--set"
+
+
 # ------------------------------------------------------------------ bench/operation_gpu.py
 
 
@@ -981,8 +1060,12 @@ def test_the_gpu_bench_records_the_host_latency_beside_the_device_clocks(
     assert record["energy"] == "0.3 s: energy_intervals 3 x the monitors' 0.1 s interval"
     assert record["monitors"]["system"]["exit"] == 0 and record["monitors"]["system"]["samples"] >= 2
     for p in record["points"]:
-        if p["status"] == "passed" and p["energy_per_work"] is None:  # this CPU: no energy counter to read
-            assert p["energy_per_work_note"] == "no power or energy source in the monitors' samples (system)", p
+        if p["status"] == "passed" and p["energy_per_work"] is None:
+            # this CPU: no energy counter to read; or one the system monitor reads (RAPL) that a 0.3 s loop on a
+            # loaded host caught once only, which the note says
+            assert p["energy_per_work_note"] == "no power or energy source in the monitors' samples (system)" or (
+                "; operation: the energy loop ran (energy_intervals 3) and held 1 sample(s)"
+                in p["energy_per_work_note"]), p
         elif p["status"] == "passed":  # a host whose monitor reads one: over the loop's own samples
             assert p["energy_per_work_samples"] >= 2 and p["energy_per_work_note"] is None, p
     assert "| % of roofline | energy per work | error |" in (tmp_path / "operation_gpu_quick.md").read_text()
@@ -1052,8 +1135,17 @@ def test_the_gpu_bench_records_the_host_latency_beside_the_device_clocks(
     note = broken.energy(OperationOutcome(metrics=[Metric(name="m", value=1.0, unit="GB/s", window=[T0, T0 + 1],
                                                           work=1.0)], report=report, measured_seconds=1.0))
     assert note["m"]["energy_per_work_note"] == "monitor system exited 1 with 0 samples (starting no counter readable)"
+    # a vendor's monitor may write its JSON without spaces: its samples are samples (the run's own reader's)
+    compact = Monitors.__new__(Monitors)
+    compact.paths, compact.logs = {"own": tmp_path / "compact.jsonl"}, {"own": tmp_path / "compact.log"}
+    compact.paths["own"].write_text('{"type":"header","monitor":"own"}\n' + "".join(
+        f'{{"type":"sample","t":{T0 + i}}}\n' for i in range(3)))
+    compact.procs = {"own": subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])}
+    compact.procs["own"].wait(timeout=60)
+    assert compact.failed() == [] and compact.stop() == {"own": {"exit": 3, "samples": 3}}
     # a failure while the monitors start (a second one that cannot, or the wait for their first samples) stops the
-    # ones started: both are inside main's try; the monitors run past a budget over an hour
+    # ones started: both are inside main's try; the monitors keep their own long limit (energy loops run past the
+    # budget), ended by the parent's exit, the pid file and stop
     seen: list[Monitors] = []
 
     def wait_fails(self: Monitors, timeout_s: float = 60.0) -> None:
@@ -1067,7 +1159,7 @@ def test_the_gpu_bench_records_the_host_latency_beside_the_device_clocks(
         operation_gpu.main()
     (proc,) = seen[0].procs.values()
     assert proc.poll() is not None, "a monitor left running"
-    assert proc.args[proc.args.index("--max-seconds") + 1] == "4600"
+    assert "--max-seconds" not in proc.args and "--parent-pid" in proc.args
 
     def point(impl: str, shape: int, latency: float, host: float | None) -> dict[str, Any]:
         return {"operator": "add", "dtype": "bf16", "shape": {"R": shape}, "implementation": impl,
