@@ -6,8 +6,6 @@ import difflib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from flagperf.paths import printable
-
 MAX_LINE = 500  # an error line stays readable, whatever value it quotes
 LISTED_IN_FULL = 12  # more known names than this: the error says which command lists them (the line would be cut)
 
@@ -29,6 +27,21 @@ class ConfigError(FlagperfError):
         self.left_out = 0  # findings found beyond those in ``more`` (MAX_FINDINGS), counted, not listed
         where = f"{self.source}: {key}" if key else self.source
         super().__init__(one_line(message, lead=f"{where}:"))
+
+
+def printable(text: str) -> str:
+    """``text`` (a file name from a folder scan, here or on another host) fit for a one-line message and for any JSON
+    encoder: a byte that is no UTF-8 (a lone surrogate, as Python reads such a name) as \\xNN, a newline or other
+    control character escaped as Python writes it (\\n), the rest as it is."""
+    shown = []
+    for char in text:
+        if char.isprintable():
+            shown.append(char)
+        elif "\udc80" <= char <= "\udcff":  # surrogateescape's: the byte the name holds
+            shown.append(f"\\x{ord(char) - 0xDC00:02x}")
+        else:
+            shown.append(char.encode("unicode_escape").decode("ascii"))
+    return "".join(shown)
 
 
 SHORTEST_PART = 40  # a long path or value is shortened to no less than this (its start and its end stay)
