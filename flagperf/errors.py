@@ -29,31 +29,83 @@ class ConfigError(FlagperfError):
         super().__init__(one_line(message, lead=f"{where}:"))
 
 
+def printable(text: str) -> str:
+    """``text`` (a file name from a folder scan, here or on another host) fit for a one-line message and for any JSON
+    encoder: a byte that is no UTF-8 (a lone surrogate, as Python reads such a name) as \\xNN, a newline or other
+    control character escaped as Python writes it (\\n), the rest as it is."""
+    shown = []
+    for char in text:
+        if char.isprintable():
+            shown.append(char)
+        elif "\udc80" <= char <= "\udcff":  # surrogateescape's: the byte the name holds
+            shown.append(f"\\x{ord(char) - 0xDC00:02x}")
+        else:
+            shown.append(char.encode("unicode_escape").decode("ascii"))
+    return "".join(shown)
+
+
 SHORTEST_PART = 40  # a long path or value is shortened to no less than this (its start and its end stay)
 ELLIPSIS = "..."
 
 
 def one_line(text: str, limit: int = MAX_LINE, lead: str = "") -> str:
-    """``lead`` and ``text`` as one line of at most ``limit`` characters. A line too long loses the middles of its
-    longest words (a deep path keeps its start and its file's name), those of ``lead`` (the file and key an error
-    names) last, and only where that is not enough the middle of the line: its end, where a message says what to
-    do, is never cut."""
-    lead_words = lead.split()
-    words = [*lead_words, *text.split()]
-    excess = len(" ".join(words)) - limit
-    for first in (len(lead_words), 0):  # the message's words, then the lead's too
-        while excess > 0:
-            longest = max(range(first, len(words)), key=lambda i: len(words[i]), default=None)
+    """``lead`` and ``text`` as one line of at most ``limit`` characters, each word printable (a control character
+    escaped: paths.printable). A line too long loses, in this order and only as far as it must: the middles of the
+    message's longest words (a deep path keeps its start and its file's name), except those of its last clause
+    (after its final ';' or ':', where it says what to do: a command it suggests stays copyable); those of ``lead``
+    (the file and key an error names) where the lead alone takes more than half the line; the middle of the message
+    between the lead and that last clause; the middles of the last clause's longest words; those of the lead; and
+    only where none of it is enough, the middle of the line. Its end is never cut."""
+    lead_words = [printable(word) for word in lead.split()]
+    message = [printable(word) for word in text.split()]
+    clause = max((i + 1 for i, word in enumerate(message) if word.endswith((";", ":"))), default=len(message))
+    words = [*lead_words, *message]
+    lead_end, body_end = len(lead_words), len(lead_words) + clause
+    body, tail, lead_part = range(lead_end, body_end), range(body_end, len(words)), range(lead_end)
+
+    def excess() -> int:
+        return len(" ".join(words)) - limit
+
+    def shorten(indexes: range) -> None:
+        """The longest of these words lose their middles until the line fits or none is worth shortening."""
+        while excess() > 0:
+            longest = max(indexes, key=lambda i: len(words[i]), default=None)
             if longest is None or len(words[longest]) <= SHORTEST_PART + len(ELLIPSIS):
-                break  # shortening it would not shorten the line
+                return  # shortening it would not shorten the line
             word = words[longest]
-            keep = max(SHORTEST_PART, len(word) - excess - len(ELLIPSIS))
+            keep = max(SHORTEST_PART, len(word) - excess() - len(ELLIPSIS))
             head = keep // 3  # the end of a path (its file's name) says more than its start
             words[longest] = word[:head] + ELLIPSIS + word[len(word) - (keep - head):]
-            excess -= len(word) - len(words[longest])
+
+    def middle_cut() -> str | None:
+        """The line with the middle of the message before its last clause cut, the lead and that clause whole."""
+        kept = " ".join(words[:lead_end]), " ".join(words[lead_end:body_end]), " ".join(words[body_end:])
+        room = limit - len(kept[0]) - len(kept[2]) - (kept[0] != "") - (kept[2] != "")
+        if room < SHORTEST_PART + len(ELLIPSIS) + 2 or len(kept[1]) <= room:
+            return None  # too little of the message would be left to say anything, or cutting it is not enough
+        head = (room - len(ELLIPSIS) - 2) // 2
+        end = kept[1][len(kept[1]) - (room - head - len(ELLIPSIS) - 2):]
+        cut = f"{kept[1][:head].rstrip()} {ELLIPSIS} {end.lstrip()}"
+        return " ".join(part for part in (kept[0], cut, kept[2]) if part)
+
+    shorten(body)
+    lead_long = len(" ".join(words[:lead_end])) > limit // 2
+    if lead_long:
+        shorten(lead_part)
+    if excess() <= 0:
+        return " ".join(words)
+    cut = middle_cut()
+    if cut is not None:
+        return cut
+    shorten(tail)
+    if not lead_long:
+        shorten(lead_part)
     line = " ".join(words)
     if len(line) <= limit:
         return line
+    cut = middle_cut()
+    if cut is not None:
+        return cut
     head = (limit - len(ELLIPSIS) - 2) // 2
     return f"{line[:head]} {ELLIPSIS} {line[len(line) - (limit - head - len(ELLIPSIS) - 2):]}"
 
@@ -64,11 +116,13 @@ MAX_FINDINGS = 20  # findings of one check listed at most (a list of a thousand 
 def gathered(errors: Iterable[ConfigError]) -> ConfigError:
     """Several findings as one error: the first, carrying the others (and theirs) in ``more``, each once."""
     flat: list[ConfigError] = []
+    seen: set[tuple[str, str | None, str]] = set()  # by what it says, not its line: two long lines may read alike
     left_out = 0  # what the errors gathered had already left out (cut at MAX_FINDINGS themselves)
     for error in errors:
         left_out += getattr(error, "left_out", 0)
         for finding in (error, *error.more):
-            if str(finding) not in {str(seen) for seen in flat}:
+            if finding_key(finding) not in seen:
+                seen.add(finding_key(finding))
                 flat.append(finding)
     if not flat:
         raise ValueError("gathered() needs at least one error")
@@ -78,6 +132,13 @@ def gathered(errors: Iterable[ConfigError]) -> ConfigError:
     for finding in first.more:
         finding.more, finding.left_out = [], 0
     return first
+
+
+def finding_key(error: FlagperfError) -> tuple[str, str | None, str]:
+    """What tells one finding from another: its file, key and message (a ConfigError's), else its line."""
+    if isinstance(error, ConfigError):
+        return error.source, error.key, error.message
+    return type(error).__name__, None, str(error)
 
 
 def left_out_line(error: FlagperfError) -> str | None:

@@ -97,21 +97,6 @@ def walk_source(folder: str | Path, strict: bool = False, built: bool = False
         yield top, folders, files
 
 
-def printable(text: str) -> str:
-    """``text`` (a file name from a folder scan, here or on another host) fit for a one-line message and for any JSON
-    encoder: a byte that is no UTF-8 (a lone surrogate, as Python reads such a name) as \\xNN, a newline or other
-    control character escaped as Python writes it (\\n), the rest as it is."""
-    shown = []
-    for char in text:
-        if char.isprintable():
-            shown.append(char)
-        elif "\udc80" <= char <= "\udcff":  # surrogateescape's: the byte the name holds
-            shown.append(f"\\x{ord(char) - 0xDC00:02x}")
-        else:
-            shown.append(char.encode("unicode_escape").decode("ascii"))
-    return "".join(shown)
-
-
 def search_path_folders(env_var: str) -> list[Path]:
     """The extra folders ``env_var`` names (os.pathsep separated), in order. The controller makes a relative entry
     absolute once, from the folder it was started in (pin_search_paths), before anything reads it; one still

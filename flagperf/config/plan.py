@@ -32,6 +32,7 @@ from flagperf.errors import ConfigError, gathered, nearest, unknown_name, valida
 from flagperf.paths import (
     CASE_PATH_ENV,
     NAME_PATTERN,
+    PROJECT_ROOT,
     VENDOR_PATH_ENV,
     StartFolderGone,
     case_roots,
@@ -42,7 +43,7 @@ from flagperf.paths import (
     suite_roots,
 )
 from flagperf.results.bounded import MAX_RECORD_BYTES
-from flagperf.results.provenance import git_revision, source_code, source_digest
+from flagperf.results.provenance import git_revision, search_path_code, source_code, source_digest
 
 DEFAULT_SUITE = "smoke"
 PLAN_FILE = "plan.json"
@@ -82,10 +83,12 @@ class RunPlan(BaseModel):
     git_revision: str | None = Field(default=None, description="the engine's commit; a retry must run the same code")
     source_digest: str | None = Field(default=None, description="sha256 of the engine's code (also without git); "
                                       "a retry must run the same")
-    source_code: dict[str, str] = Field(
+    # dict[str, str]: a plan of an older version (the folder, with the engines skipped said in words)
+    source_code: dict[str, dict[str, Any] | str] = Field(
         default_factory=dict, description="what source_digest counts beyond the project's code folders: each "
         "vendor, engine and case folder found on FLAGPERF_VENDOR_PATH / FLAGPERF_CASE_PATH, by its label in the digest "
-        "(the variable and its name), with the copy counted (the one the run reads, never a shadowed one)")
+        "(the variable and its name), with the copy counted (the one the run reads, never a shadowed one): "
+        "{folder, skip: the engines below it an earlier place has, left out}")
     hosts: list[dict[str, Any]] = Field(default_factory=list, description="the inventory's hosts, as used")
     search_paths: dict[str, list[str]] = Field(
         default_factory=dict, description="the controller's FLAGPERF_VENDOR_PATH / FLAGPERF_CASE_PATH folders the "
@@ -284,11 +287,12 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
     revision, dirty = git_revision()
     # The code the run's rounds will record: the project's, and its vendor's and cases' on the search paths.
     folders = [f"{p.family}/{p.name}" for p in plans]
-    digest = source_digest(vendor=resolved_vendor.name, cases=folders)
+    code = search_path_code(PROJECT_ROOT, resolved_vendor.name, folders)  # one scan for the digest and its list
+    digest = source_digest(vendor=resolved_vendor.name, cases=folders, code=code)
     plan = RunPlan(run_id=run_id, suite=suite_name, vendor=resolved_vendor, rounds=rounds or suite_rounds, cases=plans,
                    results_dir=str(results_dir), set_overrides=sets, flow_run_id=flow_run_id,
                    git_revision=f"{revision}{'+modified' if dirty else ''}" if revision else None,
-                   source_digest=digest, source_code=source_code(vendor=resolved_vendor.name, cases=folders),
+                   source_digest=digest, source_code=source_code(code=code),
                    hosts=list(hosts or []), search_paths=searched())
     # An empty folder holds nothing to overwrite: the nightly claims its run folder (mkdir) before its evaluation.
     if run_dir.exists() and not _is_empty_folder(run_dir) and not _is_resumable(run_dir, plan, resume):

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 from typing import Any
 
+from flagperf.errors import printable
 from flagperf.paths import (
     CASE_FOLDER,
     CASE_MANIFEST,
@@ -51,7 +52,6 @@ from flagperf.paths import (
     INFERENCE_FAMILY,
     VENDOR_FOLDER,
     VENDOR_PATH_ENV,
-    printable,
 )
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")  # \Z: "$" would let a trailing newline through

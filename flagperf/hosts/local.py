@@ -357,11 +357,13 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = Non
                 leaves = at is None or not _inside(os.path.normpath(target), at)
             else:
                 leaves = way == ".." or way.startswith("../")
-            if not leaves and not _inside(real, bound):
-                # Its first hop stays in the folder (or tree), a later link leads on (project/shared/ds ->
-                # /datasets/imagenet): followed hop by hop as the container would, it may land in a mount.
+            if not leaves:
+                # Its first hop stays in the folder (or tree); a later link may lead on, out (project/shared/ds ->
+                # /datasets/imagenet, where it may land in a mount) or back in by the host's own path of a tree the
+                # container has elsewhere (shared/x -> /real/shared/y, project_root /opt a link to /real): followed
+                # hop by hop as the container would, every time (where it ends on the host proves nothing).
                 leaves = not resolved_in_container(_in_container(path, target, bound, at), [*views, *(
-                    [(bound, SCANNED_AT)] if at is None else [])])
+                    [(bound, SCANNED_AT)] if at is None else [])], alone=SCANNED_AT if at is None else None)
             if leaves:
                 found.append([os.path.relpath(path, root), target, real])
                 if len(found) >= limit:
@@ -389,26 +391,35 @@ def mount_view(entry: str) -> tuple[str, str]:
     return os.path.realpath(source or target), os.path.normpath(target)
 
 
-def resolved_in_container(path: str, views: Sequence[tuple[str, str]], hops: int = 40) -> bool:
+def resolved_in_container(path: str, views: Sequence[tuple[str, str]], hops: int = 40,
+                          alone: str | None = None) -> bool:
     """Whether ``path`` (absolute, as a container reads it) leads, link by link, only through places the container
-    has: ``views``, (host folder, its path in the container). Each part is looked up on the host in the folder the
-    container has it from, and a link there is followed as the container follows it (an absolute target from the
-    container's root); a part outside every view is the image's, not the host's (False), except a folder on the way
-    to a mount point. What is not there at the end is not there on the host either: not this check's concern."""
+    has and ends in one: ``views``, (host folder, its path in the container). Each part is looked up on the host in
+    the folder the container has it from, and a link there is followed as the container follows it (an absolute
+    target from the container's root); a part outside every view is the image's, not the host's (False), except a
+    folder on the way to a mount point, and only on the way: ending there (a '..' up from a mount), the host reads
+    the real folder with all it holds, the container an empty one the engine made. ``alone``: the view target that
+    stands in for a folder mounted alone (SCANNED_AT): ``path`` starts in it, and a '..' above it, or a way back
+    into it by name from above, is refused (the container has it elsewhere). What is not there at the end is not
+    there on the host either: not this check's concern."""
     parts = [part for part in path.split("/") if part]
     here = "/"
+    if alone is not None and _inside(os.path.normpath(path), alone):  # the walk starts in the stand-in, not above it
+        parts, here = parts[len([part for part in alone.split("/") if part]):], alone
     while parts:
         part = parts.pop(0)
         if part in (".", ""):
             continue
         if part == "..":
+            if alone is not None and here == alone:
+                return False  # above the folder mounted alone: the container's parents there are not the host's
             here = os.path.dirname(here)
             continue
         step = os.path.join(here, part)
         view = max((v for v in views if _inside(step, v[1])), key=lambda v: len(v[1]), default=None)
         if view is None:
-            if any(_inside(target, step) for _, target in views):
-                here = step  # a folder the engine makes for a mount point below it
+            if any(_inside(target, step) for _, target in views if target != alone):
+                here = step  # a folder the engine makes for a mount point below it: a step on the way, never an end
                 continue
             return False
         host = view[0] + step[len(view[1]):]
@@ -425,7 +436,7 @@ def resolved_in_container(path: str, views: Sequence[tuple[str, str]], hops: int
                 here = "/"
             continue
         here = step
-    return True
+    return any(_inside(here, target) for _, target in views)
 
 
 def _inside(path: str, folder: str) -> bool:

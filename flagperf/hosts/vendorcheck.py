@@ -89,7 +89,7 @@ from flagperf.config.vendors import (
     vendor_folders,
 )
 from flagperf.config.yamlio import parse_yaml_text
-from flagperf.errors import ConfigError, FlagperfError, findings, left_out_line, unknown_name
+from flagperf.errors import ConfigError, FlagperfError, finding_key, findings, left_out_line, one_line, unknown_name
 from flagperf.hosts.container_policy import vendor_container_problems
 from flagperf.hosts.vendorscaffold import TODO
 from flagperf.paths import PROJECT_ROOT, display_path, skipped_in_source
@@ -118,6 +118,7 @@ class Findings:
     not_checkable: list[str] = field(default_factory=list)
     passed: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    seen: set[tuple[str, str | None, str]] = field(default_factory=set)  # the errors' findings added (finding_key)
 
     def problem(self, where: str, what: str) -> None:
         self.add_problem(f"{where}: {what}")
@@ -130,10 +131,13 @@ class Findings:
     def add_error(self, error: FlagperfError) -> None:
         """Each finding an error gathered (every refused key of a file, not its first only), each once."""
         for finding in findings(error):
-            self.add_problem(str(finding))
+            if finding_key(finding) not in self.seen:  # by what it says: two long lines may be shortened alike
+                self.seen.add(finding_key(finding))
+                self.problems.append(str(finding))
         more = left_out_line(error)
         if more:
-            self.add_problem(f"{str(error).split(': ', 1)[0]}: {more}")
+            source = getattr(error, "source", None)
+            self.add_problem(more if source is None else one_line(more, lead=f"{source}:"))
 
 
 def resolve_vendor_argument(given: Path) -> Path:

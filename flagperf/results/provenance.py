@@ -52,12 +52,13 @@ def git_revision() -> tuple[str | None, bool | None]:
     return rev or None, bool(status.strip())
 
 
-# What decides a figure: the engine, its flows, the cases and the vendor plug-ins (not docs, tests or bench).
-SOURCE_FOLDERS = ("flagperf", "flows", "cases", "vendor_images")
+# What decides a figure: the engine, its flows and the tasks they run (every package pyproject.toml installs), the
+# cases and the vendor plug-ins (not docs, tests or bench).
+SOURCE_FOLDERS = ("flagperf", "flows", "tasks", "cases", "vendor_images")
 
 
-def source_digest(root: Path = PROJECT_ROOT, vendor: str | None = None,
-                  cases: Sequence[str] | None = None) -> str | None:
+def source_digest(root: Path = PROJECT_ROOT, vendor: str | None = None, cases: Sequence[str] | None = None,
+                  code: Sequence[Code] | None = None) -> str | None:
     """sha256 of the code that ran, first 16 hex digits: every file of SOURCE_FOLDERS, and of the vendor and case
     folders FLAGPERF_VENDOR_PATH / FLAGPERF_CASE_PATH name beyond them (path and bytes, in path order); None if a
     file cannot be read (the figure is never lost over its label). ``vendor`` and ``cases`` (<family>/<case>): a
@@ -73,10 +74,12 @@ def source_digest(root: Path = PROJECT_ROOT, vendor: str | None = None,
     (a run whose vendor or cases lie on those variables: ``source_digest(vendor='acme', cases=['base/x'])``).
     What is none of the code is left out (paths.walk_source): build outputs (.so, .o), Python's caches, dot-files and
     dot-folders, node_modules and an installed Python environment (a venv, whatever its name: its packages are
-    third-party, built per host, and counted by library_versions instead)."""
+    third-party, built per host, and counted by library_versions instead).
+    ``code``: search_path_code's answer for the same arguments, where the caller has it (source_code reports the
+    same scan, so the two never disagree)."""
     folders: list[Code] = [Code(root / folder, folder) for folder in SOURCE_FOLDERS]
     if root == PROJECT_ROOT:
-        folders += search_path_code(root, vendor, None if cases is None else list(cases))
+        folders += search_path_code(root, vendor, None if cases is None else list(cases)) if code is None else code
     return folders_digest(tuple(folders))
 
 
@@ -119,16 +122,17 @@ def _listed(place: Path, pattern: str) -> list[Path]:
         return []
 
 
-def source_code(root: Path = PROJECT_ROOT, vendor: str | None = None,
-                cases: Sequence[str] | None = None) -> dict[str, str]:
+def source_code(root: Path = PROJECT_ROOT, vendor: str | None = None, cases: Sequence[str] | None = None,
+                code: Sequence[Code] | None = None) -> dict[str, dict[str, Any]]:
     """What the source digest of the same arguments counts beyond SOURCE_FOLDERS: label (as its files are labelled
-    in the digest) -> the folder counted, with the engines an earlier place has left out of it. A plan records it,
-    so a lab sees which copy of each vendor, engine and case on its search paths a run's digest stands for."""
+    in the digest) -> {"folder": the folder counted, "skip": the engines below it an earlier place has, left out}.
+    A plan records it, so a lab sees which copy of each vendor, engine and case on its search paths a run's digest
+    stands for. ``code``: as source_digest's."""
     if root != PROJECT_ROOT:
         return {}
-    return {code.label: str(code.folder) + (f" (less {', '.join(sorted(code.skip))}: an earlier place's)"
-                                            if code.skip else "")
-            for code in search_path_code(root, vendor, None if cases is None else list(cases))}
+    if code is None:
+        code = search_path_code(root, vendor, None if cases is None else list(cases))
+    return {each.label: {"folder": str(each.folder), "skip": sorted(each.skip)} for each in code}
 
 
 def counted_already(root: Path, place: Path) -> bool:
@@ -140,6 +144,8 @@ def vendor_code(root: Path, vendor: str) -> list[Code]:
     """search_path_code's of a run's vendor."""
     places = [root / VENDOR_FOLDER, *search_path_folders(VENDOR_PATH_ENV)]
     home = next((i for i, place in enumerate(places) if os.path.lexists(place / vendor / VENDOR_MANIFEST)), None)
+    if home is None:
+        return []  # no vendor of the name: no run reads its engines either (a run needs its vendor.yaml)
     label = f"{VENDOR_PATH_ENV}/{vendor}"
     found: list[Code] = []
     seen: set[str] = set()  # the engines an earlier place has
@@ -210,14 +216,19 @@ def listing_digest(listing: tuple[tuple[str, Path | None, int, int], ...]) -> st
     return f"sha256:{digest.hexdigest()[:16]}"
 
 
-def code_identity() -> str:
+def code_identity(paths: bool = False) -> str:
     """The code that ran, in one phrase for a record: its commit (and whether it was modified) and its
-    source digest, which also names a copy without git."""
+    source digest, which also names a copy without git, with the labels of the search path folders it counts
+    (FLAGPERF_VENDOR_PATH/acme). ``paths``: where each lies too; off by default, since a record may be committed
+    and a lab's paths are none of its readers' business."""
     revision, dirty = git_revision()
     git = f"git {revision[:12]}{' (modified)' if dirty else ''}" if revision else "no git checkout"
-    counted = source_code()
-    where = f" (with {'; '.join(f'{label} from {folder}' for label, folder in counted.items())})" if counted else ""
-    return f"{git}, source {source_digest() or 'unreadable'}{where}"
+    code = search_path_code(PROJECT_ROOT, None, None)
+    counted = source_code(code=code)
+    where = "; ".join(label + (f" from {each['folder']}" if paths else "")
+                      + (f" less {', '.join(each['skip'])}" if each["skip"] else "")
+                      for label, each in counted.items())
+    return f"{git}, source {source_digest(code=code) or 'unreadable'}{f' (with {where})' if where else ''}"
 
 
 def library_versions(names: tuple[str, ...] = CASE_LIBRARIES) -> dict[str, str]:

@@ -412,10 +412,12 @@ def test_validate_says_never_read_of_a_plugin_manifest_no_run_reads(
         result = invoke("validate", str(path))
         assert_clean_failure(result)
         [line] = error_lines(result.output)
-        # a long line (four paths): the paths after the file named lose their middles, never the advice
+        # a long line (four paths): the path after the file named loses its middle, never the file named nor the
+        # advice, whose paths stay whole (copyable)
         assert line.startswith(f"error {path}: never read: shadowed by ") and len(line) <= 520, line
         assert "/first/acme: --vendor acme reads the first folder" in line, line
-        assert line.endswith("/first on FLAGPERF_VENDOR_PATH, or rename this vendor"), line
+        assert line.endswith(f"; list {second.parent} before {first.parent} on FLAGPERF_VENDOR_PATH, or rename this "
+                             "vendor"), line
     path = third / "toolkits" / "fastgemm" / "toolkit.yaml"
     result = invoke("validate", str(path))
     assert_clean_failure(result)

@@ -904,6 +904,51 @@ def test_a_link_whose_first_hop_stays_in_the_project_is_followed_into_a_mount_as
     assert links_leaving(str(labcase), mounted=mounted) == [
         ["out", "sub/out", str(elsewhere)], ["sub/out", str(elsewhere), str(elsewhere)]]
     assert [link[0] for link in links_leaving(str(labcase))] == ["data", "out", "sub/imagenet", "sub/out"]
+    for link in ("out", "sub/out"):
+        (labcase / link).unlink()
+    # A '..' up from a mount ends in the folder the engine makes for its mount point: the host reads the real parent
+    # with all it holds, the container an empty folder. Through the project, through a lab's folder, and through a
+    # link in the mount (/data/imagenet/up -> ../..).
+    (case / "parent").symlink_to("../../../shared/imagenet/..")
+    (labcase / "parent").symlink_to("sub/imagenet/..")
+    (data / "imagenet" / "up").symlink_to("../..")
+    (case / "above").symlink_to(f"{data}/imagenet/up")
+    assert links_leaving(str(case), tree=str(project), mounted=mounted) == [
+        ["above", f"{data}/imagenet/up", str(tmp_path)], ["out", "../../../shared/out", str(elsewhere)],
+        ["parent", "../../../shared/imagenet/..", str(data)],
+        ["through", "../../../shared/imagenet/esc", str(elsewhere)]]
+    assert links_leaving(str(labcase), mounted=mounted) == [["parent", "sub/imagenet/..", str(data)]]
+    # The stand-in path of a folder mounted alone is no place to climb out of and back into by its name: a link in a
+    # skipped dot-folder that goes up past the folder and down again (.h/up -> ../../../7/8/f).
+    (labcase / "parent").unlink()
+    (labcase / ".h").mkdir()
+    (labcase / ".h" / "up").symlink_to("../f")  # up to the folder, not above it
+    (labcase / "f").write_text("x\n")
+    (labcase / "x").symlink_to(".h/up")
+    assert links_leaving(str(labcase), mounted=mounted) == []
+    (labcase / ".h" / "up").unlink()
+    (labcase / ".h" / "up").symlink_to("../../../7/8/f")  # the stand-in's last parts: lab/7/8/f on the host
+    assert links_leaving(str(labcase), mounted=mounted) == [["x", ".h/up", str(lab / "7" / "8" / "f")]]
+
+
+def test_a_later_hop_back_into_the_project_by_the_hosts_own_path_is_followed(tmp_path: Path) -> None:
+    """project_root written as a link (/opt/flagperf -> /real/flagperf): a case's data -> ../../../shared/x, where
+    shared/x is a link to /real/flagperf/shared/other, ends in the project on the host, but a container has the
+    project at /opt/flagperf only, so there the link dangles: every link whose first hop stays in is followed hop by
+    hop, not only one that ends outside the project on the host."""
+    from flagperf.hosts.local import links_leaving
+
+    real, written = tmp_path / "real", tmp_path / "opt"
+    case = real / "cases" / "base" / "x"
+    for folder in (case, real / "shared" / "other"):
+        folder.mkdir(parents=True)
+    written.symlink_to(real)
+    (real / "shared" / "x").symlink_to(real / "shared" / "other")  # by the host's own path
+    (real / "shared" / "y").symlink_to(written / "shared" / "other")  # by the path the container has
+    (case / "data").symlink_to("../../../shared/x")
+    (case / "train").symlink_to("../../../shared/y")
+    assert links_leaving(str(case), tree=str(written)) == [
+        ["data", "../../../shared/x", str(real / "shared" / "other")]]
 
 
 def test_a_mount_from_another_host_path_goes_to_the_agent_under_an_option_an_older_agent_refuses() -> None:

@@ -511,6 +511,19 @@ def test_a_retry_with_another_vendor_is_other_work(tmp_path: Path, monkeypatch: 
     assert "\n" not in str(err.value)
 
 
+def test_every_package_the_project_installs_is_counted_by_the_source_digest() -> None:
+    """The packages pyproject.toml installs (flows import tasks/) are code a round runs: each is among the digest's
+    folders (tasks/ was not: an edit of a task left the digest as it was)."""
+    import tomllib
+
+    from flagperf.results.provenance import SOURCE_FOLDERS
+
+    found = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    packages = {pattern.removesuffix("*").removesuffix(".") for pattern in found["include"]}
+    assert packages and packages <= set(SOURCE_FOLDERS), packages - set(SOURCE_FOLDERS)
+    assert all((PROJECT_ROOT / package / "__init__.py").is_file() for package in packages)
+
+
 def test_the_source_digest_follows_the_code_and_nothing_else(tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A copy deployed without git is identified by its code: any file of the code folders changes it,
@@ -588,8 +601,8 @@ def test_a_rounds_source_digest_is_the_plans_wherever_its_vendor_and_cases_lie(t
     assert plan.case_folders == ["base/env-check", f"base/{FP32}"]
     assert plan.source_digest == digest(vendor="cpu", cases=plan.case_folders)
     assert plan.source_code == {  # what it counted, for a lab to see: the run's own, not the vendor beside them
-        "FLAGPERF_VENDOR_PATH/cpu/generate/mine": str(engine.parent),
-        "FLAGPERF_CASE_PATH/base/env-check": str(lab / "cases" / "base" / "env-check")}
+        "FLAGPERF_VENDOR_PATH/cpu/generate/mine": {"folder": str(engine.parent), "skip": []},
+        "FLAGPERF_CASE_PATH/base/env-check": {"folder": str(lab / "cases" / "base" / "env-check"), "skip": []}}
     # A container's view: the run's vendor and case alone, elsewhere.
     seen = tmp_path / "flagperf-search"
     shutil.copytree(lab / "vendors" / "cpu", seen / "vendor" / "0" / "cpu")
@@ -632,7 +645,7 @@ def test_the_source_digest_counts_the_copy_of_a_name_a_run_uses_never_one_an_ear
     run never reads (a second checkout of the vendor's repository later on the path, an older copy of a case) leaves
     it as it was, and an edit of what the run reads changes it. The digest of no run (every vendor and case a run could
     name) goes by the same rule, and source_code says which copies were counted."""
-    from flagperf.results.provenance import source_code, source_digest
+    from flagperf.results.provenance import code_identity, source_code, source_digest
 
     first, second, third = tmp_path / "first", tmp_path / "second", tmp_path / "third"
     files = {
@@ -649,6 +662,8 @@ def test_the_source_digest_counts_the_copy_of_a_name_a_run_uses_never_one_an_ear
         # Folders without vendor.yaml only add engines to the vendor of their name.
         third / "vendors" / "acme" / "generate" / "d" / "engine.yaml": "name: d\n",
         third / "vendors" / "cpu" / "generate" / "e" / "engine.yaml": "name: e\n",
+        # No vendor.yaml of the name anywhere: no run can name it, so none of it counts.
+        third / "vendors" / "zed" / "generate" / "f" / "engine.yaml": "name: f\n",
         first / "cases" / "base" / "x" / "case.yaml": "name: x\n",
         second / "cases" / "base" / "x" / "case.yaml": "name: x\n",
         # y: the first place has a folder of its name but no case there; the second has the case.
@@ -674,7 +689,8 @@ def test_the_source_digest_counts_the_copy_of_a_name_a_run_uses_never_one_an_ear
                    second / "vendors" / "cpu" / "vendor.yaml",
                    second / "vendors" / "cpu" / "generate" / "c" / "engine.yaml",
                    second / "cases" / "base" / "x" / "case.yaml",
-                   first / "cases" / "base" / "y" / "notes.txt"):
+                   first / "cases" / "base" / "y" / "notes.txt",
+                   third / "vendors" / "zed" / "generate" / "f" / "engine.yaml"):
         hidden.write_text(hidden.read_text() + "# edited where no run reads it\n")
         assert digests() == before, hidden
     for used, changes in ((first / "vendors" / "acme" / "vendor.yaml", (True, False, True)),
@@ -689,12 +705,23 @@ def test_the_source_digest_counts_the_copy_of_a_name_a_run_uses_never_one_an_ear
         before = after
     # What was counted, by label, for a lab to see (a plan records its run's): the copies read, none shadowed.
     assert source_code(vendor="acme", cases=["base/x"]) == {
-        "FLAGPERF_VENDOR_PATH/acme": str(first / "vendors" / "acme"),
-        "FLAGPERF_VENDOR_PATH/acme/generate/d": str(third / "vendors" / "acme" / "generate" / "d"),
-        "FLAGPERF_CASE_PATH/base/x": str(first / "cases" / "base" / "x")}
+        "FLAGPERF_VENDOR_PATH/acme": {"folder": str(first / "vendors" / "acme"), "skip": []},
+        "FLAGPERF_VENDOR_PATH/acme/generate/d": {"folder": str(third / "vendors" / "acme" / "generate" / "d"),
+                                                 "skip": []},
+        "FLAGPERF_CASE_PATH/base/x": {"folder": str(first / "cases" / "base" / "x"), "skip": []}}
     assert source_code() == {
         **source_code(vendor="acme", cases=["base/x", "base/y"]),
-        "FLAGPERF_VENDOR_PATH/cpu/generate/e": str(third / "vendors" / "cpu" / "generate" / "e")}
+        "FLAGPERF_VENDOR_PATH/cpu/generate/e": {"folder": str(third / "vendors" / "cpu" / "generate" / "e"),
+                                                "skip": []}}
+    # A benchmark record (committed) names the folders counted by label; where they lie only when asked.
+    assert "FLAGPERF_VENDOR_PATH/acme/generate/d" in code_identity() and str(tmp_path) not in code_identity()
+    assert str(third / "vendors" / "acme" / "generate" / "d") in code_identity(paths=True)
+    # An engine an earlier place without vendor.yaml has is left out of the vendor's own folder, said by name.
+    (third / "vendors" / "acme" / "generate" / "a").mkdir()
+    (third / "vendors" / "acme" / "generate" / "a" / "engine.yaml").write_text("name: a\n")
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", f"{third / 'vendors'}:{first / 'vendors'}")
+    assert source_code(vendor="acme", cases=[])["FLAGPERF_VENDOR_PATH/acme"] == {
+        "folder": str(first / "vendors" / "acme"), "skip": ["generate/a"]}
 
 
 def test_a_relative_search_path_entry_is_the_folder_the_run_started_in_for_every_later_step(

@@ -129,3 +129,20 @@ def test_a_dockerfile_without_a_base_is_a_problem(tmp_path: Path) -> None:
     _check_image(Vendor(manifest=load_vendor_manifest(folder / MANIFEST), location=str(folder)), found)
     assert found.problems == [f"{display_path(dockerfile)}: no FROM line: the build has no base image (the vendor's "
                               "PyTorch image)"]
+
+
+def test_an_errors_findings_are_told_apart_by_what_they_say_and_the_count_names_the_file() -> None:
+    """Two findings whose lines shorten alike (different files deep in a lab) are two problems, not one; the count
+    of findings left out names the error's file from its own field, not from its line cut at the first ': ' (a
+    folder named 'a: b' gave 'a')."""
+    from flagperf.errors import MAX_FINDINGS, ConfigError, gathered
+
+    first, second = (ConfigError(f"/lab/{'configs/' * 40}{name}/{'configs/' * 40}case.yaml", "size", "too big")
+                     for name in ("one", "two"))
+    found = Findings()
+    found.add_error(gathered([first, second]))
+    assert found.problems == [str(first), str(second)] and str(first) == str(second)
+    source = "/lab/a: b/vendor.yaml"
+    found = Findings()
+    found.add_error(gathered([ConfigError(source, f"k{i}", "bad") for i in range(MAX_FINDINGS + 2)]))
+    assert found.problems[-1] == f"{source}: ... and 2 more findings (not listed: fix these and check again)"

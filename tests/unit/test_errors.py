@@ -1,0 +1,53 @@
+"""One-line errors: how a line too long is shortened, and findings gathered each once."""
+
+from __future__ import annotations
+
+from flagperf.errors import MAX_LINE, ConfigError, gathered, one_line
+
+
+def test_the_lead_stays_whole_where_the_middle_of_the_message_can_go_instead() -> None:
+    """A lead (the file an error is about) of less than half the line is never shortened while cutting the middle of
+    the message is enough: its middle was cut, though the file's path is what the user needs whole."""
+    lead = "/lab/" + "configs/" * 20 + "base/mycase/vendor/cpu.yaml: size:"
+    said = one_line(" ".join(["h1,"] * 200) + " remove the duplicates", lead=lead)
+    assert len(said) <= MAX_LINE and said.startswith(f"{lead} h1, h1,") and " ... " in said, said
+    assert said.endswith(" remove the duplicates"), said
+    # A lead longer than half the line loses its middle (its start and its file's name stay).
+    lead = "/lab/" + "configs/" * 60 + "base/mycase/vendor/cpu.yaml: size:"
+    said = one_line("overrides the default with the same value (8); remove the line", lead=lead)
+    assert len(said) <= MAX_LINE and said.startswith("/lab/configs/") and "..." in said.split()[0], said
+    assert said.endswith("/mycase/vendor/cpu.yaml: size: overrides the default with the same value (8); remove the "
+                         "line"), said
+
+
+def test_a_path_in_the_advice_stays_whole_while_the_rest_can_be_shortened() -> None:
+    """The last clause (after the final ';' or ':') says what to do, often a command with a path: its words are
+    shortened only where the rest of the line cannot give enough; the longest word anywhere went first."""
+    advice = f"list /lab/{'vendors-' * 30}second before /lab/first on FLAGPERF_VENDOR_PATH, or rename this vendor"
+    said = one_line(f"shadowed by /lab/{'vendors-' * 28}first/acme: nothing of this one is read; {advice}",
+                    lead="/lab/second/acme/vendor.yaml:")
+    assert len(said) <= MAX_LINE and said.endswith(f"; {advice}"), said
+    assert said.startswith("/lab/second/acme/vendor.yaml: shadowed by /lab/vendors-") and "..." in said, said
+    # Where nothing else is left to shorten, the advice's paths lose their middles: the line still fits.
+    said = one_line(f"do this: run flagperf validate /lab/{'x' * 600}/case.yaml", lead="f.yaml:")
+    assert len(said) <= MAX_LINE and said.startswith("f.yaml: do this: run flagperf validate /lab/xxx"), said
+    assert said.endswith("xxx/case.yaml"), said
+
+
+def test_control_characters_in_a_line_are_escaped() -> None:
+    """A file name or value with an escape sequence, a NUL, a backspace or DEL prints as text, never raw (a name
+    from a folder scan could rewrite the terminal's line)."""
+    said = one_line("bad name \x1b[31mred\x00 \x08 \x7f", lead="f\x1b.yaml:")
+    assert said == "f\\x1b.yaml: bad name \\x1b[31mred\\x00 \\x08 \\x7f", said
+    assert str(ConfigError("a\x07.yaml", "k", "no\x1b")) == "a\\x07.yaml: k: no\\x1b"
+
+
+def test_findings_whose_shortened_lines_read_alike_are_kept_apart() -> None:
+    """Two findings of different files whose lines are shortened to the same text are two findings: gathered() kept
+    the first only (it compared the shortened lines)."""
+    first, second = (ConfigError(f"/lab/{'configs/' * 40}{name}/{'configs/' * 40}case.yaml", "size", "too big")
+                     for name in ("one", "two"))
+    assert str(first) == str(second)  # the same line once shortened
+    assert gathered([first, second]).more == [second]
+    again = ConfigError(first.source, "size", "too big")
+    assert gathered([ConfigError(first.source, "size", "too big"), again]).more == []  # the same finding: once
