@@ -140,7 +140,7 @@ def own_origins(names: list[str], port: int, public_urls: list[str | None]) -> l
 
     origins = {origin_of(f"http://{name}:{port}") for name in names}
     origins.update(origin_of(url) for url in public_urls if url)
-    return sorted(origins)
+    return sorted(origins - {""})
 
 
 CORS_ENV = "PREFECT_SERVER_CORS_ALLOWED_ORIGINS"
@@ -186,7 +186,7 @@ def allowed_origins(names: list[str], port: int, public_urls: list[str | None]) 
             raise ConfigError(env_name, None, "'*' lets a page of any site use the API and its websockets; name the "
                                               "origins instead (the server's own are allowed already)")
         set_by_operator += given
-    return sorted({*own_origins(names, port, public_urls), *(origin_of(o) for o in set_by_operator)})
+    return sorted({*own_origins(names, port, public_urls), *(origin_of(o) for o in set_by_operator)} - {""})
 
 
 def address_advice(host: str, port: int, public_url: str | None) -> str | None:

@@ -82,13 +82,14 @@ def malformed_basic(value: bytes | None) -> bool:
 
 def origin_of(url: str) -> str:
     """An origin as a browser's Origin header says it: scheme and host in lower case, no default port, no
-    userinfo or path ("http://Lab:80/x" is "http://lab")."""
+    userinfo or path ("http://Lab:80/x" is "http://lab"); "" (which matches no origin) where the port does not
+    parse."""
     parts = urlsplit(url.strip())
     scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
     try:
         port = parts.port
-    except ValueError:  # no origin a browser sends: matched by none
-        return f"invalid origin {url!r}"
+    except ValueError:  # no origin a browser sends: matched by none (Front.foreign)
+        return ""
     host = f"[{host}]" if ":" in host else host
     default = {"http": 80, "https": 443}.get(scheme)
     return f"{scheme}://{host}" + (f":{port}" if port is not None and port != default else "")
@@ -129,14 +130,15 @@ class Front:
         origins = [origin.strip() for origin in origins if origin.strip()]
         if "*" in origins:
             raise ValueError("the origin '*' would let a page of any site change things and open websockets")
-        self.origins = {origin_of(origin) for origin in origins}
+        self.origins = {origin_of(origin) for origin in origins} - {""}
 
     def foreign(self, scope: Scope) -> bool:
         """Whether the request comes from a page whose origin is not allowed (no Origin: not a page's)."""
         given = [value for name, value in scope.get("headers") or [] if name.lower() == b"origin"]
         if not given:
             return False
-        return len(given) > 1 or origin_of(given[0].decode("latin-1")) not in self.origins
+        origin = origin_of(given[0].decode("latin-1"))
+        return len(given) > 1 or not origin or origin not in self.origins
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):  # lifespan: Prefect's services start and stop with it
