@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import errno
 import os
 import shlex
 import shutil
@@ -58,7 +59,9 @@ from flagperf.stopping import STOP_NOW_AT, stop_now
 
 DATABASE_URL_ENV = "PREFECT_API_DATABASE_CONNECTION_URL"
 HEALTH_TIMEOUT_S = 180.0
-DATABASE_SECRETS = (DATABASE_URL_ENV, "PGPASSWORD", "PGPASSFILE")
+# Every name Prefect reads the database's URL and password from (prefect_env_names; a unit test keeps this in step).
+DATABASE_SECRETS = (DATABASE_URL_ENV, "PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_PASSWORD",
+                    "PREFECT_SERVER_DATABASE_PASSWORD", "PGPASSWORD", "PGPASSFILE")
 WATCH_POLL_S = 0.5
 WATCH_GRACE_S = 10.0
 T = TypeVar("T")
@@ -137,22 +140,53 @@ def own_origins(names: list[str], port: int, public_urls: list[str | None]) -> l
 
     origins = {origin_of(f"http://{name}:{port}") for name in names}
     origins.update(origin_of(url) for url in public_urls if url)
-    return sorted(origins)
+    return sorted(origins - {""})
 
 
 CORS_ENV = "PREFECT_SERVER_CORS_ALLOWED_ORIGINS"
+CSRF_ENV = "PREFECT_SERVER_CSRF_PROTECTION_ENABLED"
+
+
+def prefect_env_names(name: str) -> list[str]:
+    """Every environment variable Prefect reads the setting ``name`` (one of its PREFECT_... names) from, in the
+    order it looks (the first one set wins: PREFECT_SERVER_API_CORS_ALLOWED_ORIGINS before
+    PREFECT_SERVER_CORS_ALLOWED_ORIGINS), from its settings models (the field's validation aliases)."""
+    import prefect.settings
+    from prefect.settings.models.root import Settings
+
+    model: Any = Settings
+    *path, last = getattr(prefect.settings, name).accessor.split(".")
+    for part in path:
+        model = model.model_fields[part].annotation
+    choices = getattr(model.model_fields[last].validation_alias, "choices", [])
+    names = [choice.upper() for choice in choices if isinstance(choice, str)]
+    return list(dict.fromkeys([*names, f"{model.model_config.get('env_prefix', '')}{last}".upper(), name]))
+
+
+def with_prefect_settings(env: dict[str, str], settings: dict[str, str]) -> dict[str, str]:
+    """``env`` with each of ``settings`` (Prefect's names) set to its value under that name and every other name of
+    it removed: an operator's alias that Prefect reads first would otherwise win over what serve means."""
+    env = dict(env)
+    for name, value in settings.items():
+        for alias in prefect_env_names(name):
+            env.pop(alias, None)
+        env[name] = value
+    return env
 
 
 def allowed_origins(names: list[str], port: int, public_urls: list[str | None]) -> list[str]:
-    """own_origins and those the operator set in PREFECT_SERVER_CORS_ALLOWED_ORIGINS (kept: a page of theirs that
-    uses the API); "*" there, any site's page, is refused (a ConfigError naming it)."""
+    """own_origins and those the operator set in PREFECT_SERVER_CORS_ALLOWED_ORIGINS or its alias (kept: a page of
+    theirs that uses the API); "*" in either, any site's page, is refused (a ConfigError naming it)."""
     from flagperf.site.front import origin_of
 
-    set_by_operator = [origin.strip() for origin in os.environ.get(CORS_ENV, "").split(",") if origin.strip()]
-    if "*" in set_by_operator:
-        raise ConfigError(CORS_ENV, None, "'*' lets a page of any site use the API and its websockets; name the "
-                                          "origins instead (the server's own are allowed already)")
-    return sorted({*own_origins(names, port, public_urls), *(origin_of(o) for o in set_by_operator)})
+    set_by_operator = []
+    for env_name in prefect_env_names(CORS_ENV):
+        given = [origin.strip() for origin in os.environ.get(env_name, "").split(",") if origin.strip()]
+        if "*" in given:
+            raise ConfigError(env_name, None, "'*' lets a page of any site use the API and its websockets; name the "
+                                              "origins instead (the server's own are allowed already)")
+        set_by_operator += given
+    return sorted({*own_origins(names, port, public_urls), *(origin_of(o) for o in set_by_operator)} - {""})
 
 
 def address_advice(host: str, port: int, public_url: str | None) -> str | None:
@@ -242,6 +276,9 @@ def watch_parent(parent: int, argv: list[str], pass_fds: tuple[int, ...] = ()) -
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # before the command exists: none is lost
         signal.signal(sig, lambda signum, _frame: stopping.append(signum))
     child = subprocess.Popen(argv, pass_fds=pass_fds)  # same group: a signal to the group (see _stop) reaches both
+    for fd in pass_fds:  # the command has its copy: this one would keep a listening socket accepting once it stops
+        with contextlib.suppress(OSError):
+            os.close(fd)
     while child.poll() is None and not stopping and os.getppid() == parent:
         time.sleep(WATCH_POLL_S)
     # The command's processes, listed before any is signalled: one that moved to a group or session of its own
@@ -1074,6 +1111,27 @@ def deploy_by_hand(argv: list[str]) -> int:
     return 0
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host`` (an address or name; "::" also takes IPv4 where the system can) and
+    ``port`` (0: any free one), or a ConfigError naming --port where the port is taken or not allowed, --host
+    otherwise (a name that does not resolve, an address not on this machine)."""
+    try:
+        found = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ConfigError(f"--host {host}", None, f"cannot listen on {host!r}: {exc.strerror}") from None
+    family, _type, _proto, _name, address = found[0]
+    try:
+        if host == "::" and socket.has_dualstack_ipv6():  # 127.0.0.1 (this machine's clients) reaches it too
+            return socket.create_server(address, family=socket.AF_INET6, dualstack_ipv6=True)
+        return socket.create_server(address, family=family)
+    except OSError as exc:
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+            raise ConfigError(f"--port {port}", None, f"cannot listen on {url_host(host)}:{port}: {why}; choose "
+                                                      "another --port") from None
+        raise ConfigError(f"--host {host}", None, f"cannot listen on {url_host(host)}:{port}: {why}") from None
+
+
 def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_dir: Path, *,
           results_dir: Path = Path("results"), results_port: int | None = None,
           public_url: str | None = None, results_public_url: str | None = None,
@@ -1095,58 +1153,61 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
                            "another thread, give flows.server.serve a stopping list and append a signal number to "
                            "it to stop the server")
     stopping = [] if stopping is None else stopping
+    host = host.strip("[]")  # --host [::1], as in a URL
     opened = beyond_loopback(host, {"--public-url": public_url, "--results-public-url": results_public_url})
     if credentials is None and opened is not None:
         raise ConfigError(opened[0], None, f"{opened[1]} needs a sign-in: {how_to_set()}")
-    api_url = local_api_url(host, port)
-    base = public_base(host, port, public_url)
-    results_root = (results_dir if results_dir.is_absolute() else PROJECT_ROOT / results_dir).resolve()
-    if results_port is None:
-        results_port = port + 1 if port < 65535 else port - 1
-    results_base = results_base_for(base, results_port, results_public_url)
-    names = server_names(host, [base], extra_names)
-    origins = allowed_origins(names, port, [base])  # before anything starts: a "*" there is refused
-    log_dir.mkdir(parents=True, exist_ok=True)
-    # The UI asks /ui-settings where the API is; without this it would point every browser at port 4200.
-    env = {k: v for k, v in os.environ.items() if k != CLIENT_AUTH_ENV}
-    env.update({DATABASE_URL_ENV: database_url, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                "PREFECT_UI_API_URL": f"{base}/api", "PREFECT_UI_URL": base})
-    env.pop(SERVER_AUTH_ENV, None)
-    if credentials is not None:  # the environment only: a command line shows in every process list
-        env[SERVER_AUTH_ENV] = credentials.auth_string
-    # A change to the API (start a run, edit a deployment) needs a token only a page of the UI can read: a page
-    # of another site cannot make a browser that holds the sign-in (a proxy's Basic prompt) change anything.
-    # Prefect's UI and clients fetch the token themselves.
-    env["PREFECT_SERVER_CSRF_PROTECTION_ENABLED"] = "true"
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT) if main_thread else ():
-        signal.signal(sig, lambda signum, _frame: stopping.append(signum))
-    from flagperf.results.history import DEFAULT_URL_ENV as HISTORY_URL_ENV  # pandas: only where the site runs
-
     # Bound here and handed to the server (as `prefect server start` checks the port first): on a port another
     # server holds, that one's /health would pass for this one's, and its 401 read as a wrong sign-in.
-    try:
-        listening = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
-    except OSError as exc:
-        raise ConfigError(f"--port {port}", None, f"cannot listen on {url_host(host)}:{port}: "
-                                                  f"{os.strerror(exc.errno) if exc.errno else exc}; choose another "
-                                                  "--port") from None
-    try:
-        site = serve_site(results_root, host, results_port, credentials, os.environ.get(HISTORY_URL_ENV), base,
-                          names=server_names(host, [results_base], extra_names))
-    except OSError as exc:
-        listening.close()
-        raise RuntimeError(f"cannot serve the results site on {url_host(host)}:{results_port}: {exc.strerror or exc} "
-                           f"(choose another --results-port)") from None
-    # Prefect's app behind our front (flows.team_app): requests that name the server otherwise refused, CORS for
-    # its own origins only (Prefect allows any) and those the operator set, pages of other origins kept from
-    # changes and websockets, frame protection, a malformed sign-in a 401.
-    env[CORS_ENV] = ",".join(origins)
-    fd = listening.fileno()
-    with (log_dir / "server.log").open("ab") as server_log, listening:  # the server holds it from here
-        server = subprocess.Popen(watched([sys.executable, "-m", "flows.team_app", "--host", host, "--port", str(port),
-                                           "--fd", str(fd), *(f"--name={name}" for name in names)], pass_fds=(fd,)),
-                                  env=env, stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True,
-                                  pass_fds=(fd,))
+    listening = listen(host, port)
+    with contextlib.ExitStack() as on_error:  # emptied once the server holds the socket: until then, closed
+        on_error.callback(listening.close)
+        port = listening.getsockname()[1]  # --port 0: the one the OS chose, in every URL, name and origin
+        api_url = local_api_url(host, port)
+        base = public_base(host, port, public_url)
+        results_root = (results_dir if results_dir.is_absolute() else PROJECT_ROOT / results_dir).resolve()
+        if results_port is None:
+            results_port = port + 1 if port < 65535 else port - 1
+        results_base = results_base_for(base, results_port, results_public_url)
+        names = server_names(host, [base], extra_names)
+        origins = allowed_origins(names, port, [base])  # before anything starts: a "*" there is refused
+        log_dir.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if k not in (CLIENT_AUTH_ENV, SERVER_AUTH_ENV)}
+        if credentials is not None:  # the environment only: a command line shows in every process list
+            env[SERVER_AUTH_ENV] = credentials.auth_string
+        # What serve means, each under the one name it sets, every alias of it removed (an operator's alias that
+        # Prefect reads first would win). The UI asks /ui-settings where the API is (else port 4200). A change to
+        # the API (start a run, edit a deployment) needs a token only a page of the UI can read: a page of another
+        # site cannot make a browser that holds the sign-in (a proxy's Basic prompt) change anything; Prefect's UI
+        # and clients fetch the token themselves. CORS: the server's own origins and the operator's (Prefect
+        # allows any).
+        env = with_prefect_settings(env, {DATABASE_URL_ENV: database_url, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                                          "PREFECT_UI_API_URL": f"{base}/api", "PREFECT_UI_URL": base,
+                                          CSRF_ENV: "true", CORS_ENV: ",".join(origins)})
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT) if main_thread else ():
+            signal.signal(sig, lambda signum, _frame: stopping.append(signum))
+        from flagperf.results.history import DEFAULT_URL_ENV as HISTORY_URL_ENV  # pandas: only where the site runs
+
+        try:
+            site = serve_site(results_root, host, results_port, credentials, os.environ.get(HISTORY_URL_ENV), base,
+                              names=server_names(host, [results_base], extra_names))
+        except OSError as exc:
+            raise RuntimeError(f"cannot serve the results site on {url_host(host)}:{results_port}: "
+                               f"{exc.strerror or exc} (choose another --results-port)") from None
+        on_error.callback(site.stop)
+        # Prefect's app behind our front (flows.team_app): requests that name the server otherwise refused, CORS for
+        # its own origins only and those the operator set, pages of other origins kept from changes and websockets
+        # (the same origins, given to it here), frame protection, a malformed sign-in a 401.
+        fd = listening.fileno()
+        with (log_dir / "server.log").open("ab") as server_log:
+            server = subprocess.Popen(watched([sys.executable, "-m", "flows.team_app", "--host", host,
+                                               "--port", str(port), "--fd", str(fd),
+                                               *(f"--name={name}" for name in names),
+                                               *(f"--origin={origin}" for origin in origins)], pass_fds=(fd,)),
+                                      env=env, stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True,
+                                      pass_fds=(fd,))
+        on_error.pop_all()
+    listening.close()  # the server holds it from here
     processes = [server]
     up = False
     try:

@@ -4,32 +4,34 @@ SIGTERM), but behind flagperf.site.front.Front: only requests naming the server 
 protection, a page of another site kept from changing anything or opening a websocket, a malformed sign-in
 refused with 401. Started by flows.server.serve:
 
-    python -m flows.team_app --host HOST --port PORT --fd FD --name NAME [--name NAME ...]
+    python -m flows.team_app --host HOST --port PORT --fd FD --name NAME [--name NAME ...] --origin ORIGIN [...]
 
 FD: the listening socket, bound by serve (a port another server holds fails there, naming --port, instead of
-that server's /health being taken for this one's).
+that server's /health being taken for this one's). ORIGIN: a page allowed to change things and open websockets
+(serve's allowed_origins, which it also sets as Prefect's CORS origins); never "*".
 
-The sign-in and the allowed CORS origins come from Prefect's own settings (PREFECT_SERVER_API_AUTH_STRING,
-PREFECT_SERVER_CORS_ALLOWED_ORIGINS), in the environment only.
+The sign-in comes from Prefect's own setting (PREFECT_SERVER_API_AUTH_STRING), in the environment only.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import socket
 import sys
 
 from flagperf.site.front import ASGIApp, Front
 
 
-def create_app(names: list[str]) -> ASGIApp:
-    """Prefect's app (create_app, final, with its services and UI, as `prefect server start` makes it) in Front."""
+def create_app(names: list[str], origins: list[str]) -> ASGIApp:
+    """Prefect's app (create_app, final, with its services and UI, as `prefect server start` makes it) in Front.
+    ``origins``: given by serve itself, not read back from Prefect's settings (whose alias an operator's
+    environment could set to "*")."""
     import prefect.settings
     from prefect.server.api.server import create_app as prefect_app
 
     signed_in = prefect.settings.PREFECT_SERVER_API_AUTH_STRING.value() is not None
-    # The pages CORS lets call the API are the only ones that may change anything or open a websocket (neither
-    # is kept from another site by CORS): one list, Prefect's setting, which flows.server.serve sets.
-    origins = prefect.settings.PREFECT_SERVER_CORS_ALLOWED_ORIGINS.value().split(",")
     return Front(prefect_app(final=True), names, signed_in, origins)
 
 
@@ -41,7 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fd", type=int, default=None, help="the listening socket, bound already (HOST and PORT "
                                                              "are then only said)")
     parser.add_argument("--name", action="append", default=[], help="a name the server answers to (Host header)")
+    parser.add_argument("--origin", action="append", default=[], help="a page's origin allowed to change things and "
+                                                                      "open websockets (never '*')")
     args = parser.parse_args(argv)
+    if "*" in (origin.strip() for origin in args.origin):
+        parser.error("--origin '*' would let a page of any site use the API and its websockets")
     import uvicorn
     from prefect.settings import (
         PREFECT_SERVER_API_KEEPALIVE_TIMEOUT,
@@ -54,12 +60,31 @@ def main(argv: list[str] | None = None) -> int:
           f"{', '.join(args.name)} (any other Host is refused: DNS rebinding protection)", flush=True)
     # What `prefect server start` passes uvicorn (prefect.cli._server_utils._run_in_foreground, one worker).
     where = {"fd": args.fd} if args.fd is not None else {"host": args.host, "port": args.port}
-    uvicorn.run(app=create_app(args.name), **where,
-                timeout_keep_alive=PREFECT_SERVER_API_KEEPALIVE_TIMEOUT.value(),
-                ws_ping_interval=PREFECT_SERVER_API_WEBSOCKET_PING_INTERVAL.value(),
-                ws_ping_timeout=PREFECT_SERVER_API_WEBSOCKET_PING_TIMEOUT.value(),
-                log_level=str(PREFECT_SERVER_LOGGING_LEVEL.value()).lower())
-    return 0  # uvicorn ends a stop by a signal by raising that signal again, once shut down (as Prefect's)
+    config = uvicorn.Config(app=create_app(args.name, args.origin), **where,
+                            timeout_keep_alive=PREFECT_SERVER_API_KEEPALIVE_TIMEOUT.value(),
+                            ws_ping_interval=PREFECT_SERVER_API_WEBSOCKET_PING_INTERVAL.value(),
+                            ws_ping_timeout=PREFECT_SERVER_API_WEBSOCKET_PING_TIMEOUT.value(),
+                            log_level=str(PREFECT_SERVER_LOGGING_LEVEL.value()).lower())
+
+    class Server(uvicorn.Server):
+        """uvicorn's server that, once it listens on its own copy of --fd (socket.fromfd), closes the inherited
+        one: left open, a graceful stop would leave the port accepting connections nobody answers (they hang
+        instead of being refused)."""
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.config.fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(self.config.fd)
+
+    server = Server(config)
+    with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run
+        server.run()
+    # uvicorn ends a stop by a signal by raising that signal again, once shut down (as Prefect's)
+    return 0 if server.started else STARTUP_FAILURE
+
+
+STARTUP_FAILURE = 3  # uvicorn.run's exit code for a server that never started
 
 
 if __name__ == "__main__":

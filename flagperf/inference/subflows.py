@@ -26,22 +26,39 @@ def portable_context() -> dict[str, Any]:
 
     Prefect's serialize_context carries live objects (the parent Flow and Task); the case process gets
     stand-ins for those. The task run context is left out: a subflow nests through the flow run context.
-    Secrets (an API key, a sign-in) are left out, not masked: a case never gets the sign-in (a file on the host),
-    and a masked one ("**********") would be sent as if it were one; without it, a signed-in API refuses the case
-    (_api_unreachable), whose steps then run as plain functions.
+    Secrets are left out, not masked: a case never gets the sign-in (a file on the host), and a masked one
+    ("**********") would be sent as if it were one; without it, a signed-in API refuses the case
+    (_api_unreachable), whose steps then run as plain functions. Left out with them, as they hold secrets in
+    plain text: the active profile's settings (`prefect config set PREFECT_API_AUTH_STRING=...` puts the sign-in
+    there; its name and source stay), the client's custom headers (a proxy's sign-in), and the flow run's result
+    store (its storage block's configuration: the steps persist no results).
     """
-    from prefect.context import SettingsContext, serialize_context
+    from prefect.context import FlowRunContext, SettingsContext, serialize_context
     from pydantic_core import to_jsonable_python
 
     context = serialize_context()
     settings = SettingsContext.get()
-    if settings is not None:
-        context["settings_context"] = _without_secrets(settings.serialize(include_secrets=False))
+    context["settings_context"] = _portable_settings(settings.serialize(include_secrets=False)) if settings else {}
     context.pop("task_run_context", None)
-    flow_run = context.get("flow_run_context") or {}
-    flow = flow_run.pop("flow", None)
-    flow_run["flow_name"] = getattr(flow, "name", None)
+    engine = FlowRunContext.get()  # serialize_context's includes secrets: made again without them
+    flow_run = engine.serialize(include_secrets=False) if engine is not None else {}
+    if flow_run:
+        flow_run["result_store"] = {}
+        flow_run["flow_name"] = getattr(flow_run.pop("flow", None), "name", None)
+    context["flow_run_context"] = flow_run
     return to_jsonable_python(context, fallback=str)
+
+
+def _portable_settings(serialized: dict[str, Any]) -> dict[str, Any]:
+    """A serialized SettingsContext without what holds secrets (see portable_context)."""
+    serialized = _without_secrets(serialized)
+    profile = serialized.get("profile")
+    if isinstance(profile, dict):
+        serialized["profile"] = {**profile, "settings": {}}
+    client = (serialized.get("settings") or {}).get("client")
+    if isinstance(client, dict):
+        client.pop("custom_headers", None)
+    return serialized
 
 
 def _without_secrets(value: Any) -> Any:

@@ -82,13 +82,14 @@ def malformed_basic(value: bytes | None) -> bool:
 
 def origin_of(url: str) -> str:
     """An origin as a browser's Origin header says it: scheme and host in lower case, no default port, no
-    userinfo or path ("http://Lab:80/x" is "http://lab")."""
+    userinfo or path ("http://Lab:80/x" is "http://lab"); "" (which matches no origin) where the port does not
+    parse."""
     parts = urlsplit(url.strip())
     scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
     try:
         port = parts.port
-    except ValueError:
-        port = None
+    except ValueError:  # no origin a browser sends: matched by none (Front.foreign)
+        return ""
     host = f"[{host}]" if ":" in host else host
     default = {"http": 80, "https": 443}.get(scheme)
     return f"{scheme}://{host}" + (f":{port}" if port is not None and port != default else "")
@@ -100,37 +101,44 @@ def authorizations(scope: Scope) -> list[bytes]:
     return [value for name, value in scope.get("headers") or [] if name.lower() == b"authorization"]
 
 
-def bad_auth_message(text: str) -> bool:
-    """Whether a websocket's first message is a sign-in whose token Prefect's check cannot compare (not ASCII
-    text: its hmac.compare_digest raises, a traceback in the server's log)."""
+def first_message_ok(message: Any) -> bool:
+    """Whether a websocket's first message is one Prefect's check reads without a traceback: a text frame holding
+    a JSON object whose token is missing, null or ASCII text (its hmac.compare_digest raises on any other, its
+    json.loads on a binary frame or non-JSON text, its .get on a list or string)."""
+    text = message.get("text")
+    if not isinstance(text, str):
+        return False
     try:
-        message = json.loads(text)
+        parsed = json.loads(text)
     except ValueError:
         return False
-    if not isinstance(message, dict) or message.get("type") != "auth" or message.get("token") is None:
+    if not isinstance(parsed, dict):
         return False
-    token = message["token"]
-    return not (isinstance(token, str) and token.isascii())
+    token = parsed.get("token")
+    return token is None or (isinstance(token, str) and token.isascii())
 
 
 class Front:
     """The Prefect server's app behind the checks of this module. ``names``: the server's own (HostCheck);
     ``signed_in``: whether the server asks for a sign-in (only then is a malformed one refused: without one,
     Prefect ignores the header); ``origins``: the pages allowed to change things and open websockets (the CORS
-    origins; "*": any). A request without an Origin (Prefect's clients, its workers, curl) is not a page's."""
+    origins; "*", any site's page, is refused: a ValueError). A request without an Origin (Prefect's clients, its
+    workers, curl) is not a page's."""
 
     def __init__(self, app: ASGIApp, names: Iterable[str], signed_in: bool, origins: Iterable[str] = ()) -> None:
         self.app, self.hosts, self.signed_in = app, HostCheck(names), signed_in
-        origins = [origin for origin in origins if origin.strip()]
-        self.any_origin = "*" in (origin.strip() for origin in origins)
-        self.origins = {origin_of(origin) for origin in origins if origin.strip() != "*"}
+        origins = [origin.strip() for origin in origins if origin.strip()]
+        if "*" in origins:
+            raise ValueError("the origin '*' would let a page of any site change things and open websockets")
+        self.origins = {origin_of(origin) for origin in origins} - {""}
 
     def foreign(self, scope: Scope) -> bool:
         """Whether the request comes from a page whose origin is not allowed (no Origin: not a page's)."""
         given = [value for name, value in scope.get("headers") or [] if name.lower() == b"origin"]
-        if not given or self.any_origin:
+        if not given:
             return False
-        return len(given) > 1 or origin_of(given[0].decode("latin-1")) not in self.origins
+        origin = origin_of(given[0].decode("latin-1"))
+        return len(given) > 1 or not origin or origin not in self.origins
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):  # lifespan: Prefect's services start and stop with it
@@ -142,7 +150,7 @@ class Front:
                 await send({"type": "websocket.close", "code": 1008,
                             "reason": REBINDING if refused is not None else FOREIGN})
                 return
-            await self.app(scope, self._checked_sign_in(receive) if self.signed_in else receive, send)
+            await self.app(scope, self._checked_first(receive), send)
             return
 
         async def with_headers(message: Any) -> None:
@@ -163,22 +171,18 @@ class Front:
             return
         await self.app(scope, receive, with_headers)
 
-
     @staticmethod
-    def _checked_sign_in(receive: Receive) -> Receive:
-        """``receive`` with a first message that is a sign-in Prefect cannot compare made one without a token,
-        which Prefect refuses (1008) as any wrong one."""
+    def _checked_first(receive: Receive) -> Receive:
+        """``receive`` with a first message Prefect cannot read without a traceback (first_message_ok) made an
+        invalid one, which Prefect refuses (1008) as any wrong one; with or without a sign-in."""
         first = [True]
 
         async def checked() -> Any:
             message = await receive()
             if first[0] and message.get("type") == "websocket.receive":
                 first[0] = False
-                text = message.get("text")
-                if text is None and message.get("bytes") is not None:
-                    text = message["bytes"].decode("utf-8", "replace")
-                if text is not None and bad_auth_message(text):
-                    message = {**message, "text": json.dumps({"type": "auth", "token": None}), "bytes": None}
+                if not first_message_ok(message):
+                    message = {"type": "websocket.receive", "text": json.dumps({"type": "invalid"}), "bytes": None}
             return message
 
         return checked

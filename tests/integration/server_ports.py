@@ -164,6 +164,7 @@ class PoolLock:
                     break
                 try:
                     await conn.fetchval("select 1", timeout=60)
+                    self._pool_id = await self._pool_row(conn)
                 except Exception as exc:  # any failure: the connection, and the lock, are gone
                     conn.terminate()
                     taken = await self._take_again(exc)
@@ -181,8 +182,10 @@ class PoolLock:
                         await conn.close()
                         return
                     self.retaken += 1
-                self._pool_id = await self._pool_row(conn)
+                    self._pool_id = await self._pool_row(conn)
                 self.checks += 1
+        except Exception as exc:  # anything else ends the hold: never silently (the lock goes with the connection)
+            self._lose(f"checking it failed ({exc!r})")
         finally:
             if not conn.is_closed():
                 await conn.close()

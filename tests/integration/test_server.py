@@ -571,6 +571,20 @@ def test_a_session_s_pool_lock_outlives_its_connection_or_fails_loudly(monkeypat
         until(lambda: waiting.failed_tries >= 1, "the lock never tried again")
         waiting.release()  # in its hour-long wait between tries: ended at once (it slept it out, up to 60 s)
     assert not waiting._thread.is_alive() and waiting.lost is None
+    # Any other failure of a check (here the database refuses the pool's query) ends the hold: said, never silent
+    # (it ended the thread, the lock released with its connection, lost None).
+    failing = PoolLock(f"flagperf-test-{ended_pid()}", check_s=3600)
+    try:
+        async def refused(conn: asyncpg.Connection) -> object:
+            return await conn.fetchval("select 1 / 0")
+
+        failing._pool_row = refused  # type: ignore[method-assign]
+        failing.check()
+        until(lambda: not failing._thread.is_alive(), "the failing check never ended the hold")
+        assert "checking it failed (DivisionByZeroError" in str(failing.lost), failing.lost
+        assert f"lost the lock on work pool '{failing.pool}'" in capfd.readouterr().err
+    finally:
+        failing.release()
 
 
 @contextlib.contextmanager

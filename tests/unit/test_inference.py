@@ -1345,3 +1345,48 @@ def test_the_engines_accuracy_is_stated_against_the_eager_models() -> None:
     assert checked.warning is None
     _, flagged = pipeline._with_accuracy_reference(Run, [eager, far])  # type: ignore[arg-type]
     assert "differs from the eager model's 0.9000 by -0.1000" in str(flagged.warning)
+
+
+def test_the_job_s_prefect_context_carries_no_secret_of_the_profile_headers_or_result_store() -> None:
+    """job.json got the sign-in through the active Prefect profile (serialized as it is: `prefect config set
+    PREFECT_API_AUTH_STRING=...` puts it there), a proxy's sign-in in the client's custom headers, and the result
+    store's block configuration with its secrets (serialize_context includes them). Now none of them: the profile
+    keeps its name, the flow run its own and its result store nothing (the steps persist no results)."""
+    import json
+    import uuid
+
+    from prefect import flow
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.context import FlowRunContext, use_profile
+    from prefect.filesystems import SMB
+    from prefect.results import ResultStore
+    from prefect.settings import (
+        PREFECT_API_AUTH_STRING,
+        PREFECT_API_KEY,
+        PREFECT_CLIENT_CUSTOM_HEADERS,
+        Profile,
+    )
+
+    from flagperf.inference.subflows import portable_context
+
+    @flow(name="evaluate")
+    def evaluate() -> None:
+        return None
+
+    secrets = ["lab:sign-in-secret", "pnu_key_secret", "proxy-header-secret", "smb-password-secret"]
+    profile = Profile(name="lab", settings={PREFECT_API_AUTH_STRING: secrets[0], PREFECT_API_KEY: secrets[1],
+                                            PREFECT_CLIENT_CUSTOM_HEADERS: {"X-Proxy-Auth": secrets[2]}})
+    with use_profile(profile, override_environment_variables=True, include_current_context=False):
+        store = ResultStore(result_storage=SMB(share_path="/share", smb_host="nas", smb_username="lab",
+                                               smb_password=secrets[3]))
+        with FlowRunContext(flow=evaluate, flow_run=FlowRun(flow_id=uuid.uuid4(), name="round-1"),
+                            client=SyncPrefectClient("http://127.0.0.1:9/api"), task_runner=evaluate.task_runner,
+                            result_store=store, parameters={}, detached=True):
+            context = portable_context()
+    text = json.dumps(context)
+    assert [secret for secret in secrets if secret in text] == []
+    assert context["settings_context"]["profile"] == {"name": "lab", "settings": {}}
+    assert context["flow_run_context"]["flow_name"] == "evaluate"
+    assert context["flow_run_context"]["flow_run"]["name"] == "round-1"
+    assert context["flow_run_context"]["result_store"] == {}

@@ -317,20 +317,32 @@ def test_a_server_stopped_while_it_starts_stops_what_it_started(tmp_path: Path, 
     real, started = server.wait_healthy, []
 
     def interrupted_at_start(api_url: str, proc: subprocess.Popen[bytes], stopping: list[int], **limits: float) -> None:
-        started.append(proc)
+        started.append((proc, psutil.Process(proc.pid).environ(), psutil.Process(proc.pid).cmdline()))
         signal.pthread_kill(threading.get_ident(), signal.SIGINT)  # serve's handler notes it, here and now
         real(api_url, proc, stopping, **limits)
 
     monkeypatch.setattr(server, "wait_healthy", interrupted_at_start)
+    # An operator's aliases of what serve sets (Prefect reads them first): the server gets serve's only.
+    monkeypatch.setenv("PREFECT_SERVER_API_CORS_ALLOWED_ORIGINS", "http://tools.lab")
+    monkeypatch.setenv("PREFECT_SERVER_API_CSRF_PROTECTION_ENABLED", "false")
+    monkeypatch.setenv("PREFECT_SERVER_DATABASE_CONNECTION_URL", "sqlite+aiosqlite:///elsewhere.db")
     try:
-        code = server.serve("postgresql+asyncpg://lab@127.0.0.1:5432/none", "127.0.0.1", 4200, "pool", True,
+        code = server.serve("postgresql+asyncpg://lab@127.0.0.1:5432/none", "127.0.0.1", 0, "pool", True,
                             tmp_path / "logs", results_dir=tmp_path / "results", results_port=0)  # 0: any free port
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
     assert code == 128 + signal.SIGINT
-    (proc,) = started
+    ((proc, env, command),) = started
     assert proc.poll() is not None
+    assert not {"PREFECT_SERVER_API_CORS_ALLOWED_ORIGINS", "PREFECT_SERVER_API_CSRF_PROTECTION_ENABLED",
+                "PREFECT_SERVER_DATABASE_CONNECTION_URL"} & set(env)
+    assert env["PREFECT_SERVER_CSRF_PROTECTION_ENABLED"] == "true"
+    assert env["PREFECT_API_DATABASE_CONNECTION_URL"] == "postgresql+asyncpg://lab@127.0.0.1:5432/none"
+    port = command[command.index("--port") + 1]  # --port 0: the port the OS chose, in its URLs and origins too
+    assert port != "0" and f"--origin=http://127.0.0.1:{port}" in command and "--origin=http://tools.lab" in command
+    assert env["PREFECT_SERVER_CORS_ALLOWED_ORIGINS"].split(",") == [
+        arg.split("=", 1)[1] for arg in command if arg.startswith("--origin=")]
     assert "server: UI at" not in capsys.readouterr().out
 
 
@@ -958,3 +970,170 @@ def test_the_front_refuses_a_sign_in_given_twice_and_changes_from_other_origins(
     for method in ("GET", "HEAD", "OPTIONS"):
         assert status(method, [good, (b"origin", b"http://evil.example")])[0] == 200, method
     assert reached == ["GET", "POST", "POST", "GET", "HEAD", "OPTIONS"]
+
+
+def test_every_name_of_a_setting_serve_sets_is_the_operator_s_only_through_serve(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prefect reads PREFECT_SERVER_API_CORS_ALLOWED_ORIGINS before PREFECT_SERVER_CORS_ALLOWED_ORIGINS (and alike
+    for CSRF protection and the database URL); serve refused '*' and set only the second name, copying the rest of
+    the environment: an operator's '*' under the first turned off every Origin check. Now '*' under either is
+    refused, naming it; every alias of what serve sets is removed and the one it means set; the database URL under
+    any name never reaches a client."""
+    from flagperf.errors import ConfigError
+    from flows import server
+
+    assert server.prefect_env_names(server.CORS_ENV) == ["PREFECT_SERVER_API_CORS_ALLOWED_ORIGINS",
+                                                         "PREFECT_SERVER_CORS_ALLOWED_ORIGINS"]
+    monkeypatch.setenv("PREFECT_SERVER_API_CORS_ALLOWED_ORIGINS", "http://tools.lab, *")
+    with pytest.raises(ConfigError, match=r"^PREFECT_SERVER_API_CORS_ALLOWED_ORIGINS: '\*' lets a page of any site"):
+        server.allowed_origins(["lab"], 4200, [None])
+    monkeypatch.setenv("PREFECT_SERVER_API_CORS_ALLOWED_ORIGINS", "http://tools.lab:8080")
+    assert "http://tools.lab:8080" in server.allowed_origins(["lab"], 4200, [None])
+    given = {"PREFECT_SERVER_API_CORS_ALLOWED_ORIGINS": "*", "PREFECT_SERVER_API_CSRF_PROTECTION_ENABLED": "false",
+             "PREFECT_SERVER_DATABASE_CONNECTION_URL": "sqlite+aiosqlite:///elsewhere.db", "HOME": "/home/lab"}
+    made = server.with_prefect_settings(given, {server.CORS_ENV: "http://lab:4200", server.CSRF_ENV: "true",
+                                                server.DATABASE_URL_ENV: "postgresql+asyncpg://db/prefect"})
+    assert made == {"PREFECT_SERVER_CORS_ALLOWED_ORIGINS": "http://lab:4200", "HOME": "/home/lab",
+                    "PREFECT_SERVER_CSRF_PROTECTION_ENABLED": "true",
+                    "PREFECT_API_DATABASE_CONNECTION_URL": "postgresql+asyncpg://db/prefect"}
+    secrets = {*server.prefect_env_names(server.DATABASE_URL_ENV),
+               *server.prefect_env_names("PREFECT_API_DATABASE_PASSWORD")}
+    assert secrets <= set(server.DATABASE_SECRETS)
+    for name in secrets:
+        monkeypatch.setenv(name, "postgresql+asyncpg://lab@db/prefect")
+    assert not secrets & set(server.client_environment("http://127.0.0.1:4200/api", Path("/r"), None))
+
+
+def test_the_front_allows_no_origin_of_every_site_and_no_origin_with_a_port_that_does_not_parse() -> None:
+    """'*' in the front's origins turned off every Origin check; now the front refuses it (and so does its
+    launcher, given the origins by serve). An origin whose port does not parse matched one allowed alike."""
+    import asyncio
+
+    from flagperf.site.front import Front, origin_of
+    from flows import team_app
+
+    async def app(scope: dict, receive: object, send: object) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
+        await send({"type": "http.response.body", "body": b""})  # type: ignore[operator]
+
+    with pytest.raises(ValueError, match="any site"):
+        Front(app, ["lab"], signed_in=False, origins=["http://lab:4200", " * "])
+    with pytest.raises(SystemExit) as refused:
+        team_app.main(["--host", "lab", "--port", "4200", "--origin", "http://lab:4200", "--origin", "*"])
+    assert refused.value.code == 2
+    assert origin_of("http://lab:99999") == "" and origin_of("http://lab:4200") == "http://lab:4200"
+    front = Front(app, ["lab"], signed_in=False, origins=["http://lab:99999", "http://lab:4200"])
+    said: list[dict] = []
+
+    async def send(message: dict) -> None:
+        said.append(message)
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b""}
+
+    for origin, status in ((b"http://lab:99999", 403), (b"http://lab:4200", 200)):
+        said.clear()
+        asyncio.run(front({"type": "http", "method": "POST", "path": "/api/x",
+                           "headers": [(b"host", b"lab:4200"), (b"origin", origin)]}, receive, send))
+        assert said[0]["status"] == status, origin
+
+
+@pytest.mark.parametrize("signed_in", [True, False])
+def test_a_websocket_s_first_message_reaches_prefect_only_as_one_it_reads(signed_in: bool) -> None:
+    """A binary frame, a JSON list or string, non-JSON text, a token that is not ASCII text, as a websocket's first
+    message, each put a traceback in server.log (the front rewrote only a non-ASCII token, and only with a
+    sign-in). Now any first message but a text frame holding a JSON object whose token is missing, null or ASCII
+    text reaches Prefect as an invalid one (which it refuses, 1008); later messages pass as they are."""
+    import asyncio
+    import json
+
+    from flagperf.site.front import Front
+
+    reached: list[dict] = []
+
+    async def app(scope: dict, receive: object, send: object) -> None:
+        reached.append(await receive())  # type: ignore[operator]
+        reached.append(await receive())  # type: ignore[operator]
+
+    front = Front(app, ["lab"], signed_in=signed_in, origins=["http://lab:4200"])
+    invalid = {"type": "websocket.receive", "text": json.dumps({"type": "invalid"}), "bytes": None}
+    later = {"type": "websocket.receive", "bytes": b"\xff"}
+    cases = [
+        ({"type": "websocket.receive", "bytes": json.dumps({"type": "auth", "token": "t"}).encode()}, False),
+        ({"type": "websocket.receive", "text": "[1, 2]"}, False),
+        ({"type": "websocket.receive", "text": '"auth"'}, False),
+        ({"type": "websocket.receive", "text": "not json"}, False),
+        ({"type": "websocket.receive", "text": json.dumps({"type": "auth", "token": "pässwort"})}, False),
+        ({"type": "websocket.receive", "text": json.dumps({"type": "auth", "token": 12})}, False),
+        ({"type": "websocket.receive", "text": json.dumps({"type": "auth", "token": "lab:pw"})}, True),
+        ({"type": "websocket.receive", "text": json.dumps({"type": "auth", "token": None})}, True),
+        ({"type": "websocket.receive", "text": json.dumps({"type": "filter"})}, True),
+    ]
+    for first, passes in cases:
+        reached.clear()
+        queued = [first, later]
+
+        async def receive() -> dict:
+            return queued.pop(0)  # noqa: B023 (called within this iteration only)
+
+        async def send(message: dict) -> None:
+            raise AssertionError(f"the front answered itself: {message}")
+
+        asyncio.run(front({"type": "websocket", "path": "/api/events/out", "headers": [(b"host", b"lab:4200")]},
+                          receive, send))
+        assert reached == [first if passes else invalid, later], first
+
+
+def test_listening_names_the_option_at_fault_and_takes_the_port_the_os_chose() -> None:
+    """serve's bind said 'choose another --port' for any error, a name that does not resolve included (as
+    strerror None), and --host :: took IPv6 only (127.0.0.1, where serve's clients go, refused). Now the error
+    names --host, its resolver's words, or --port where the port is taken; '::' takes IPv4 too; port 0 is
+    the one the OS chose."""
+    import socket
+
+    from flagperf.errors import ConfigError
+    from flows.server import listen
+
+    with pytest.raises(ConfigError, match=r"^--host no-such-host\.invalid: cannot listen on 'no-such-host\.invalid': "
+                                          r"[A-Z]\w.*[^)]$"):
+        listen("no-such-host.invalid", 0)
+    with pytest.raises(ConfigError) as not_here:
+        listen("192.0.2.1", 0)  # TEST-NET-1: an address of no interface here
+    assert str(not_here.value) == "--host 192.0.2.1: cannot listen on 192.0.2.1:0: Cannot assign requested address"
+    with listen("127.0.0.1", 0) as taken:
+        port = taken.getsockname()[1]
+        assert port != 0
+        with pytest.raises(ConfigError, match=rf"^--port {port}: .*Address already in use; choose another --port$"):
+            listen("127.0.0.1", port)
+    if socket.has_dualstack_ipv6():
+        with listen("::", 0) as every, socket.create_connection(("127.0.0.1", every.getsockname()[1]), timeout=30):
+            pass
+
+
+def test_the_watcher_keeps_no_copy_of_the_listening_socket_it_hands_on(tmp_path: Path) -> None:
+    """The watcher kept the listening socket it handed to the server: once the server closed its own (a graceful
+    stop), the port still accepted connections that nobody answered. Now the watcher closes its copy once the
+    command has it: the command's closing it is the port's."""
+    import socket
+
+    from flows.server import watched
+
+    listening = socket.create_server(("127.0.0.1", 0))
+    port, fd = listening.getsockname()[1], listening.fileno()
+    code = f"import os, sys, time; os.close({fd}); print('closed', flush=True); time.sleep(600)"
+    child = subprocess.Popen(watched([sys.executable, "-c", code], pass_fds=(fd,)), cwd=PROJECT_ROOT,
+                             stdout=subprocess.PIPE, text=True, pass_fds=(fd,), start_new_session=True)
+    listening.close()
+    try:
+        assert Lines(child.stdout).next() == "closed\n"
+        deadline = time.monotonic() + LINE_DEADLINE_S
+        while True:  # the watcher closes its copy just after it started the command
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=5).close()
+            except ConnectionRefusedError:
+                break
+            assert time.monotonic() < deadline, "the port still accepts: the watcher holds the socket"
+            time.sleep(0.1)
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
