@@ -952,9 +952,9 @@ def test_validate_reads_a_vendor_not_installed_here_without_its_engines(walk: Pa
     code, lines = validate_lines(manifest)
     assert code == 0 and f"ok {manifest} (case)" in lines, lines
     assert f"note {manifest}: vendor kunlunxin is not installed here (flagperf list vendors): its settings file and " \
-           "every scale file of its folder of the case are read, each scale file with its own <hw> (its vendor.yaml's " \
-           "hardware is not known here); not checked: what needs its vendor folder (its engines, implementations and " \
-           "toolkits)" in lines, lines
+           "every scale file of its folder of the case are read, each scale file with its own <hw> (its " \
+           "vendor.yaml's hardware is not known here); not checked: what needs its vendor folder (its engines, " \
+           "implementations and toolkits)" in lines, lines
     absent.write_text("requests: 4\nbogus: 1\n")  # still read strictly
     code, lines = validate_lines(manifest)
     assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error {absent}: bogus: unknown key"), lines
