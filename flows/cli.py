@@ -1059,32 +1059,33 @@ def _check_case_vendors(case: CaseDef, notes: list[str]) -> None:
     or <vendor>_configurations.yaml, or the same name in the vendor folder's cases/<family>/<case>/), the training
     scale file of the case's default scale, and its adaptation folder, listed by vendor check's rules (every scale
     file read); every vendor's findings at once. Read, never imported nor run (the .py scale files are read as
-    literals). A vendor not installed here has its files read all the same, but not its engines (none to look up)."""
-    from flagperf.config.adaptation import VENDOR_CASES_FOLDER, adaptation_place, read_adaptation
-    from flagperf.config.cases import resolve_case_config
+    literals). A vendor not installed here has its files read all the same, but without what needs its vendor.yaml
+    (its <hw>: each scale file is read with its own) and its engines (check_vendor=False)."""
+    from flagperf.config.adaptation import VENDOR_CASES_FOLDER
     from flagperf.config.files import is_present
     from flagperf.config.models import check_name
-    from flagperf.config.vendorlayout import adaptation_listing, misnamed_overrides, overrides_vendor
-    from flagperf.config.vendors import MANIFEST as VENDOR_MANIFEST
-    from flagperf.config.vendors import available_vendors, load_vendor_manifest
+    from flagperf.config.vendorlayout import overrides_vendor
+    from flagperf.config.vendors import available_vendors
     from flagperf.paths import skipped_in_source
 
     problems: list[ConfigError] = []
     adapting: set[str] = set()
     vendors = case.folder / "vendor"
+    unlisted = False
     try:
-        entries = sorted(vendors.iterdir()) if vendors.is_dir() else []
+        entries = sorted(vendors.iterdir()) if os.path.isdir(vendors) else []
     except OSError as exc:
-        entries = []
-        problems.append(ConfigError(display_path(vendors), None, f"cannot be listed: {exc.strerror}"))
+        entries, unlisted = [], True
+        problems.append(ConfigError(display_path(vendors), None, f"cannot be listed: {exc.strerror or exc}"))
     for entry in entries:
         # An editor's lock link (.#nvidia.yaml), macOS's ._cpu.yaml, .ipynb_checkpoints/: none of the case's files,
         # by the source digest's rule; a run never looks for them.
         if skipped_in_source(entry.name):
             continue
-        if entry.is_dir():
+        # os.path's, not Path's: a vendor/ that can be listed but not entered makes Path.is_dir raise
+        if os.path.isdir(entry):
             name = entry.name  # its vendor/<vendor>/ folder
-        elif entry.name.endswith((".yaml", ".yml")) or entry.is_symlink():  # its settings file, by any of its names
+        elif entry.name.endswith((".yaml", ".yml")) or os.path.islink(entry):  # its settings file, by any name
             name = overrides_vendor(entry.name)
         else:
             continue
@@ -1099,31 +1100,54 @@ def _check_case_vendors(case: CaseDef, notes: list[str]) -> None:
     adapting |= {name for name, home in homes.items()
                  if is_present(home / VENDOR_CASES_FOLDER / case.family / case.name)}
     for name in sorted(adapting):
-        hardware = None  # the vendor's <hw> picks its scale file, as in a run; without its manifest, its name
-        if name in homes:
-            with suppress(FlagperfError):  # a broken vendor.yaml is that file's error (validate it), not the case's
-                hardware = str(load_vendor_manifest(homes[name] / VENDOR_MANIFEST).hardware)
-        else:
-            notes.append(f"{display_path(case.manifest_path)}: vendor {name} is not installed here (flagperf list "
-                         "vendors): its files of the case are read, its engines and implementations not checked")
-        problems += [ConfigError(display_path(file), None, why)
-                     for file, why in misnamed_overrides(case.folder, case.family, name)]  # never read
         try:
-            resolve_case_config(case, vendor=name, run_overrides=[], hardware=hardware, check_vendor=name in homes)
-        except ConfigError as exc:
-            problems.append(exc)
-        try:
-            read_adaptation(case.folder, case.name, case.family, name)
-        except ConfigError as exc:
-            problems.append(exc)
-        if hardware is not None:  # an installed vendor's folder of the case, listed as vendor check lists it
-            try:
-                place = adaptation_place(case.folder, name)
-            except ConfigError:  # in both places: resolve_case_config said so
-                continue
-            problems += adaptation_listing(case, name, hardware, place, homes[name])[1]
+            problems += _case_vendor_problems(case, name, homes, notes)
+        except OSError as exc:  # a file or folder on the way that cannot be read (its mode): one line naming it
+            where = Path(os.fsdecode(exc.filename)) if exc.filename is not None else vendors
+            if not unlisted or vendors not in where.parents:  # an unlistable vendor/ is said once, above
+                problems.append(ConfigError(display_path(where), None, f"cannot be read: {exc.strerror or exc}"))
     if problems:
         raise gathered(problems)
+
+
+def _case_vendor_problems(case: CaseDef, name: str, homes: dict[str, Path], notes: list[str]) -> list[ConfigError]:
+    """What _check_case_vendors finds in one vendor's files of the case; ``homes``: the vendors installed here."""
+    from flagperf.config.adaptation import adaptation_place, read_adaptation
+    from flagperf.config.cases import resolve_case_config
+    from flagperf.config.vendorlayout import adaptation_listing, misnamed_overrides
+    from flagperf.config.vendors import MANIFEST as VENDOR_MANIFEST
+    from flagperf.config.vendors import load_vendor_manifest
+    from flagperf.errors import nearest
+
+    installed = name in homes
+    hardware = None  # the vendor's <hw> picks its scale file, as in a run; without its manifest, its name
+    if installed:
+        with suppress(FlagperfError):  # a broken vendor.yaml is that file's error (validate it), not the case's
+            hardware = str(load_vendor_manifest(homes[name] / VENDOR_MANIFEST).hardware)
+    else:
+        close = nearest(name, homes)
+        typo = f"; did you mean {' or '.join(close)}?" if close else ""
+        notes.append(f"{display_path(case.manifest_path)}: vendor {name} is not installed here (flagperf list "
+                     "vendors): its settings file and every scale file of its folder of the case are read, each "
+                     "scale file with its own <hw> (its vendor.yaml's hardware is not known here); not checked: "
+                     f"what needs its vendor folder (its engines, implementations and toolkits){typo}")
+    problems: list[ConfigError] = [ConfigError(display_path(file), None, why)
+                                   for file, why in misnamed_overrides(case.folder, case.family, name)]  # never read
+    try:
+        resolve_case_config(case, vendor=name, run_overrides=[], hardware=hardware, check_vendor=installed)
+    except ConfigError as exc:
+        problems.append(exc)
+    try:
+        read_adaptation(case.folder, case.name, case.family, name)
+    except ConfigError as exc:
+        problems.append(exc)
+    if installed and hardware is None:  # its vendor.yaml is broken: that file's error, its <hw> unknown
+        return problems
+    try:  # the vendor's folder of the case, listed as vendor check lists it
+        place = adaptation_place(case.folder, name)
+    except ConfigError:  # in both places: resolve_case_config said so
+        return problems
+    return problems + adaptation_listing(case, name, hardware, place, homes.get(name), check_vendor=installed)[1]
 
 
 def _check_file(path: Path, notes: list[str]) -> str:

@@ -205,27 +205,37 @@ def adaptation_folder(case_folder: Path, vendor: str, vendor_folder: Path | None
 
 
 def absolute_links(vendor_folder: Path, case: Path | None = None, parts: Sequence[str] = (VENDOR_CASES_FOLDER,),
-                   notes: list[str] | None = None) -> list[ConfigError]:
+                   not_checked: list[str] | None = None) -> list[ConfigError]:
     """The links of the vendor folder's cases/ (``parts``: those of its folders, such as its engine folders) whose
     target is an absolute path, each one line naming it; with ``case`` (a folder of cases/<family>/), only those on
     the way to it and in it. Such a link works where it was made alone: a clone of the vendor's repository, a host's
     deployed copy and a round's container (which has the vendor folder under /flagperf-search/) have the folder at
     another path, so the run that reads it finds nothing there (a container round says so only once it starts). A
     relative link inside the folder travels, and the folders it leads to are looked through too (once each); a link
-    out of the folder is read_adaptation's to refuse. What the source digest skips (a .venv, __pycache__:
-    paths.walk_source's rule, built=True) is skipped. ``notes``: where a walk cut short (walk_linked) is said."""
-    return [ConfigError(given_name(path), None, f"links to {target} by its absolute path: where the vendor folder is "
-                        "at another path (a clone of it, a host's copy, a round's container) it leads nowhere; make "
-                        "the link relative, to a file inside the vendor folder, or copy the file")
-            for path, target, _ in walk_linked(vendor_folder, case, parts, notes) if target is not None
-            and os.path.isabs(target)]
+    out of the folder is read_adaptation's to refuse. What the run's link scan skips (a .venv, __pycache__, a folder
+    holding a Python environment: _not_walked; a build output such as foo.so is looked at) is skipped. A walk cut
+    short at LINK_WALK_LIMIT did not look at everything, so it is never clean: its line goes in ``not_checked``
+    (vendor check's "not checkable here"), or, without one, is a finding of its own."""
+    cut: list[str] = []
+    found = [ConfigError(given_name(path), None, f"links to {target} by its absolute path: where the vendor folder is "
+                         "at another path (a clone of it, a host's copy, a round's container) it leads nowhere; make "
+                         "the link relative, to a file inside the vendor folder, or copy the file")
+             for path, target, _ in walk_linked(vendor_folder, case, parts, cut) if target is not None
+             and os.path.isabs(target)]
+    for line in cut:
+        if not_checked is None:
+            found.append(ConfigError(display_path(vendor_folder), None,
+                                     line.removeprefix(f"{display_path(vendor_folder)}: ")))
+        elif line not in not_checked:
+            not_checked.append(line)
+    return found
 
 
-def vendor_folder_links(vendor_folder: Path, notes: list[str] | None = None) -> list[ConfigError]:
+def vendor_folder_links(vendor_folder: Path, not_checked: list[str] | None = None) -> list[ConfigError]:
     """absolute_links of the whole vendor folder (its monitor scripts, spec module, Dockerfile's files, toolkits, any
     file beside them, as well as cases/ and the engine folders): a round's container has all of it, at another
-    path. What the source digest skips is skipped (a vendor repository's .venv links to its Python by its absolute
-    path, and no round reads it)."""
+    path. What the run's link scan skips is skipped (a vendor repository's .venv links to its Python by its absolute
+    path, and no round reads it); ``not_checked`` as absolute_links'."""
     try:
         names = sorted(os.listdir(vendor_folder))
     except OSError:  # not a folder to list: loading its vendor.yaml says so
@@ -234,7 +244,7 @@ def vendor_folder_links(vendor_folder: Path, notes: list[str] | None = None) -> 
     # as validate of that file names it), though the folder it lies in sorts before cases/.
     names.sort(key=lambda name: name != VENDOR_CASES_FOLDER)
     return absolute_links(vendor_folder, parts=[name for name in names if not _not_walked(vendor_folder, name)],
-                          notes=notes)
+                          not_checked=not_checked)
 
 
 # How many paths walk_linked looks at before it stops: a vendor folder holding (or linking in) a data set would
@@ -245,16 +255,28 @@ LINK_WALK_LIMIT = 50_000
 def _not_walked(parent: Path, name: str) -> bool:
     """What the link walk passes over: the one rule of the run's link scan (paths.walk_source with built=True:
     hosts.local.links_leaving), so that a link the run refuses (a build output, foo.so, that a round loads) is named
-    by vendor check and validate too, and one it passes (a .venv's) by neither."""
-    return skipped_folder(str(parent), name) if (parent / name).is_dir() else skipped_in_source(name)
+    by vendor check and validate too, and one it passes (a .venv's) by neither. os.path.isdir, not Path.is_dir: a
+    folder that can be listed but not entered raises PermissionError on the latter."""
+    return skipped_folder(str(parent), name) if os.path.isdir(parent / name) else skipped_in_source(name)
+
+
+def _skipped_place(home: str, real: str) -> bool:
+    """Whether ``real`` (a folder inside ``home``, reached by a relative link) lies where the run's link scan never
+    goes: under a part it skips by name (tools/env -> ../.venv) or in a folder holding a Python environment. The
+    run never walks a linked folder, so the links there are none of its findings; nor are they here."""
+    parts = os.path.relpath(real, home).split(os.sep)
+    if any(skipped_in_source(part) for part in parts):
+        return True
+    return any(skipped_folder(os.path.join(home, *parts[:depth]), parts[depth]) for depth in range(len(parts)))
 
 
 def walk_linked(vendor_folder: Path, case: Path | None = None, parts: Sequence[str] = (VENDOR_CASES_FOLDER,),
-                notes: list[str] | None = None) -> Iterator[tuple[Path, str | None, str]]:
+                cut: list[str] | None = None) -> Iterator[tuple[Path, str | None, str]]:
     """Each path below the vendor folder's ``parts`` as a run reaches it: (the path, its link's target as written or
-    None, where it resolves), relative links inside the vendor folder followed (each place looked through once);
-    ``case``: only on the way to that folder of cases/<family>/ and in it. Skips what the run's link scan skips
-    (_not_walked). Stops after LINK_WALK_LIMIT paths, said in ``notes`` (one line)."""
+    None, where it resolves), relative links inside the vendor folder followed (each place looked through once,
+    none the run's link scan skips: _skipped_place); ``case``: only on the way to that folder of cases/<family>/
+    and in it. Skips what the run's link scan skips (_not_walked). Stops after LINK_WALK_LIMIT paths, said in
+    ``cut`` (one line, once): a caller that gives none cannot tell a cut walk from a whole one."""
     home = os.path.realpath(vendor_folder)
     # The folder itself is walked by its parts: a link back to it (cases/x -> ../..) is named once, as itself, and
     # never walked again under a path made of it.
@@ -267,12 +289,13 @@ def walk_linked(vendor_folder: Path, case: Path | None = None, parts: Sequence[s
             continue
         walked += 1
         if walked > LINK_WALK_LIMIT:
-            if notes is not None:
-                notes.append(f"{display_path(vendor_folder)}: its links were looked through for the first "
-                             f"{LINK_WALK_LIMIT} paths only (a data set in the folder?); keep data out of it")
+            line = (f"{display_path(vendor_folder)}: its links were looked through for the first {LINK_WALK_LIMIT} "
+                    "paths only, the rest not checked (a data set in the folder?); keep data out of it")
+            if cut is not None and line not in cut:
+                cut.append(line)
             return
         try:
-            target = os.readlink(path) if path.is_symlink() else None
+            target = os.readlink(path) if os.path.islink(path) else None
             real = os.path.realpath(path)
         except OSError:  # gone meanwhile
             continue
@@ -280,6 +303,8 @@ def walk_linked(vendor_folder: Path, case: Path | None = None, parts: Sequence[s
         if real in seen or not (real == home or real.startswith(home + os.sep)) or not os.path.isdir(path):
             continue
         seen.add(real)
+        if target is not None and _skipped_place(home, real):
+            continue
         try:
             listing = sorted(os.listdir(path))
         except OSError:  # unreadable: reading the adaptation says so

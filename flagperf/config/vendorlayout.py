@@ -72,15 +72,16 @@ def misnamed_overrides(case_folder: Path, family: str, vendor: str, vendor_folde
     return found
 
 
-def scale_file_problem(name: str, family: str, vendor: str, hardware: str) -> str | None:
-    """What is wrong with a scale file's name in vendor/<vendor>/ (None: a run of this vendor reads it)."""
+def scale_file_problem(name: str, family: str, vendor: str, hardware: str | None) -> str | None:
+    """What is wrong with a scale file's name in vendor/<vendor>/ (None: a run of this vendor reads it).
+    ``hardware`` None: the vendor's <hw> is not known here (not installed), so any <hw> passes."""
     match = SCALE_FILE.fullmatch(name)
     if match is None:
         return None
     if family != "training":
         return (f"never read: only training cases read scale files; the settings of {family} cases go in "
                 f"vendor/{overrides_name(family, vendor)}")
-    if match.group(1) != hardware:
+    if hardware is not None and match.group(1) != hardware:
         return (f"never read: <hw> {match.group(1)!r} is not vendor {vendor}'s hardware {hardware!r} (vendor.yaml "
                 f"hardware, the vendor name when absent), so a run reads config_{hardware}x{match.group(2)}x"
                 f"{match.group(3)}.{match.group(4)}")
@@ -105,24 +106,30 @@ def stray_entry_problem(entry: Path, family: str, vendor: str) -> str | None:
     return None
 
 
-def adaptation_listing(case: CaseDef, vendor: str, hardware: str, place: Place,
-                       vendor_folder: Path | None = None) -> tuple[list[str], list[ConfigError]]:
+def adaptation_listing(case: CaseDef, vendor: str, hardware: str | None, place: Place,
+                       vendor_folder: Path | None = None, check_vendor: bool = True
+                       ) -> tuple[list[str], list[ConfigError]]:
     """The entries of the vendor's folder of the case (``place``: adaptation_place's) by the rules a run lists it
     with: an entry no run reads (a scale file of another <hw> or family, FlagPerf's config/, a misnamed file:
     scale_file_problem, stray_entry_problem) is a finding, and each scale file is read as a run of that scale reads
     it. Returns (the scale files read, every finding). The one listing of `vendor check` and of `flagperf validate`
-    of a case.yaml, so that the two cannot disagree about a file."""
+    of a case.yaml, so that the two cannot disagree about a file. ``hardware`` None with ``check_vendor`` False: a
+    vendor not installed here, whose <hw> is unknown: each scale file is read with its own <hw>, without the
+    vendor's engines (resolve_case_config's check_vendor)."""
     read: list[str] = []
     problems: list[ConfigError] = []
     # A link as the folder is listed where it stays inside its root, as a run reads it (one leading out is
     # adaptation_problems' to name: nothing in it is read).
     try:
-        listed = place.present and place.folder.is_dir() and place.checked() is not None
-        entries = sorted(place.folder.iterdir()) if listed else []
+        if not (place.present and os.path.isdir(place.folder)):
+            return read, problems
+        place.checked()
     except ConfigError:
-        entries = []
-    except OSError as exc:  # unreadable: reading the adaptation names it too
-        return read, [ConfigError(display_path(place.folder), None, f"cannot be listed: {exc.strerror}")]
+        return read, problems
+    try:
+        entries = sorted(place.folder.iterdir())
+    except OSError as exc:  # unreadable: one line, naming the folder
+        return read, [ConfigError(display_path(place.folder), None, f"cannot be listed: {exc.strerror or exc}")]
     for entry in entries:
         problem = (scale_file_problem(entry.name, case.family, vendor, hardware)
                    or stray_entry_problem(entry, case.family, vendor))
@@ -133,8 +140,9 @@ def adaptation_listing(case: CaseDef, vendor: str, hardware: str, place: Place,
         if scale:
             sizes = {"nnodes": int(scale.group(2)), "nproc_per_node": int(scale.group(3))}
             try:
-                resolve_case_config(case, vendor=vendor, run_overrides=[(str(entry), sizes)], hardware=hardware,
-                                    vendor_folder=vendor_folder)
+                resolve_case_config(case, vendor=vendor, run_overrides=[(str(entry), sizes)],
+                                    hardware=hardware if hardware is not None else scale.group(1),
+                                    vendor_folder=vendor_folder, check_vendor=check_vendor)
                 read.append(entry.name)
             except ConfigError as exc:
                 problems.append(exc)
@@ -150,19 +158,21 @@ FLAGPERF_CASE_FOLDER = re.compile(r".+-[A-Za-z][A-Za-z0-9_]*")
 DOCKERFILE = "Dockerfile"
 
 
-def read_top_entries(folder: Path, dockerfile: str, also: Iterable[str] = ()) -> set[str]:
+def read_top_entries(folder: Path, dockerfile: str, also: Iterable[str] = (), cut: list[str] | None = None
+                     ) -> set[str]:
     """The names at the top of a vendor folder that a run reads, which no rule of FlagPerf's layout may call never
     read: container.dockerfile's folder (docker_image/ where it is docker_image/pytorch/Dockerfile), every
     <folder>/Dockerfile's (the build context of another framework's image, config/ and all), cases/ and every
     folder a relative link in cases/ leads into (a case's files kept in a folder of their own), and ``also`` (the
-    engine and toolkit folders, by the families' names)."""
+    engine and toolkit folders, by the families' names). ``cut``: walk_linked's, where the walk of cases/ stopped
+    short (a folder a link there leads into may then be missing from the names)."""
     read = {VENDOR_CASES_FOLDER, *also}
     top = PurePosixPath(posixpath.normpath(dockerfile)).parts
     if len(top) > 1:
         read.add(top[0])
     read |= {path.parent.name for path in folder.glob(f"*/{DOCKERFILE}")}
     home = os.path.realpath(folder)
-    read |= {os.path.relpath(real, home).split(os.sep)[0] for _, _, real in walk_linked(folder)
+    read |= {os.path.relpath(real, home).split(os.sep)[0] for _, _, real in walk_linked(folder, cut=cut)
              if real.startswith(home + os.sep)}
     return read
 

@@ -715,16 +715,22 @@ def visible_env_note(vendor: str, given: str, where: str) -> str | None:
     container.visible_devices_env: a round narrows each of its devices with the vendor's variable (measure.fanout),
     the FlagPerf file's only names the one a host's visible_devices sets, which neither FlagPerf file can set; so a
     name that differs is said, in one line, rather than silently not used. None when they agree, when the vendor
-    names no such variable (it has no devices a round narrows: nothing to agree with), or when its vendor.yaml does
-    not load (the run says why)."""
+    has no devices a round narrows by a variable (torch_device cpu, or logical_devices: its devices are the host's
+    cores, pinned, not named by a variable), or when its vendor.yaml does not load (the run says why)."""
     try:
         vendor_def = load_vendor(vendor)
     except FlagperfError:
         return None
-    theirs = vendor_def.manifest.container.visible_devices_env
-    if theirs is None or theirs == given:  # None: no devices to narrow (the host CPU), so nothing to agree with
+    manifest_def = vendor_def.manifest
+    theirs = manifest_def.container.visible_devices_env
+    if theirs == given or (theirs is None and (manifest_def.torch_device == "cpu"
+                                               or manifest_def.logical_devices is not None)):
         return None
     manifest = display_path(vendor_def.folder / VENDOR_MANIFEST)
+    if theirs is None:  # a device vendor that names no variable: its rounds narrow nothing, though FlagPerf did
+        return (f"{where}: ACCE_VISIBLE_DEVICE_ENV_NAME: {given}, but vendor {vendor} names no visible-devices variable"
+                f" ({manifest}: container.visible_devices_env): a round does not narrow each device by {given}; "
+                f"add `visible_devices_env: {given}` under container: there")
     return (f"{where}: ACCE_VISIBLE_DEVICE_ENV_NAME: {given}, but vendor {vendor}'s is {theirs} ({manifest}: "
             f"container.visible_devices_env): a round narrows each device by {theirs}; give the same name in both")
 

@@ -178,7 +178,7 @@ def check_vendor_folder(folder: Path, monitor_seconds: float = MONITOR_SECONDS) 
     _check_peaks(vendor, found)
     _check_adaptations(vendor, found)
     # All of the folder is in a round's container, at another path.
-    for link in vendor_folder_links(vendor.folder, found.notes):
+    for link in vendor_folder_links(vendor.folder, found.not_checkable):
         found.add_error(link)
     return found
 
@@ -561,7 +561,8 @@ def _check_engine_links(vendor: Vendor, found: Findings) -> None:
         return
     for root in roots:
         if root.resolve() != own:
-            for link in absolute_links(root, parts=sorted(set(ENGINE_FOLDERS.values())), notes=found.notes):
+            for link in absolute_links(root, parts=sorted(set(ENGINE_FOLDERS.values())),
+                                       not_checked=found.not_checkable):
                 found.add_error(link)
 
 
@@ -571,7 +572,8 @@ def _check_vendor_cases(vendor: Vendor, cases: dict[str, Path], found: Findings)
     the entries of the vendor folder laid out as FlagPerf's, which no run reads either."""
     monitors = {str(entry.script) for entry in vendor.manifest.monitors if entry.script is not None}
     dockerfile = vendor.manifest.container.dockerfile
-    read = read_top_entries(vendor.folder, dockerfile, (*ENGINE_FOLDERS.values(), TOOLKITS_FOLDER))
+    read = read_top_entries(vendor.folder, dockerfile, (*ENGINE_FOLDERS.values(), TOOLKITS_FOLDER),
+                            found.not_checkable)  # a cut walk: the line vendor_folder_links says too, once
     for entry in sorted(vendor.folder.iterdir()):  # FlagPerf's layout of the vendor folder, copied as it was
         if not skipped_in_source(entry.name):
             problem = flagperf_vendor_entry_problem(entry, vendor.name, dockerfile, monitors, cases, read)

@@ -466,3 +466,17 @@ def test_acce_visible_device_env_name_is_held_to_the_vendors_visible_devices_env
     assert not [note for note in load_inventory(host_yaml).notes if "ACCE_VISIBLE" in note]
     example = PROJECT_ROOT / "deployments" / "inventories" / "flagperf-host.yaml"
     assert not [note for note in load_inventory(example).notes if "ACCE_VISIBLE" in note]
+    # A vendor whose devices are a chip's (torch_device xpu) and that names no variable: its rounds narrow nothing
+    # by FlagPerf's name, so it is told to add it (the note was silenced for every vendor without one).
+    from flagperf.hosts.vendorscaffold import write_vendor_folder
+
+    vendor = write_vendor_folder(tmp_path / "vendors", "acme")
+    manifest = vendor / "vendor.yaml"
+    manifest.write_text(manifest.read_text().replace("torch_device: cpu", "torch_device: xpu"), encoding="utf-8")
+    host_yaml.write_text("VENDOR: acme\nHOSTS: [h]\nCASES: {computation-FP32: pytorch}\n"
+                         "ACCE_VISIBLE_DEVICE_ENV_NAME: XPU_VISIBLE_DEVICES\n", encoding="utf-8")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FLAGPERF_VENDOR_PATH", str(tmp_path / "vendors"))
+        said = [note for note in load_inventory(host_yaml).notes if "ACCE_VISIBLE" in note]
+    assert len(said) == 1 and "vendor acme names no visible-devices variable" in said[0] \
+        and "add `visible_devices_env: XPU_VISIBLE_DEVICES` under container: there" in said[0], said

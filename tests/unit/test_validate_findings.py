@@ -267,3 +267,15 @@ def test_findings_beyond_those_listed_are_counted(tmp_path: Path) -> None:
     assert lines[-1] == f"error {suite}: ... and 5 more findings (not listed: fix these and check again)"
     assert len(errors("validate", str(write(tmp_path / "s11.yaml", "name: s11\ncases: [computation-FP32]\n"
                                              "overrides: {stray: {}}\n")))) == 1  # none left out: no such line
+
+
+def test_gathered_counts_what_a_copy_left_out_once() -> None:
+    """An error gathered twice (the overrides file read again with each scale file) had its copies' left_out added
+    up: validate said "... and 15 more findings" where vendor check said "... and 5 more"."""
+    from flagperf.errors import MAX_FINDINGS, gathered
+
+    def cut() -> ConfigError:
+        return gathered([ConfigError("a.yaml", f"k{index}", "unknown key") for index in range(MAX_FINDINGS + 5)])
+
+    error = gathered([cut(), cut(), cut()])
+    assert len(error.more) == MAX_FINDINGS - 1 and error.left_out == 5, error.left_out
