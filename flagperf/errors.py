@@ -119,7 +119,7 @@ def gathered(errors: Iterable[ConfigError]) -> ConfigError:
     seen: set[tuple[str, str | None, str]] = set()  # by what it says, not its line: two long lines may read alike
     left_out = 0  # what the errors gathered had already left out (cut at MAX_FINDINGS themselves)
     for error in errors:
-        if str(error) not in {str(seen) for seen in flat}:  # a copy of an error already gathered left out the same
+        if finding_key(error) not in seen:  # a copy of an error already gathered left out the same
             left_out += getattr(error, "left_out", 0)
         for finding in (error, *error.more):
             if finding_key(finding) not in seen:
