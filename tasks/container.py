@@ -106,6 +106,7 @@ class AttemptRecords:
     skipped: list[str] = field(default_factory=list)
     attempts: list[int] = field(default_factory=list)  # the attempt folders looked in
     ended: set[str] = field(default_factory=set)  # the records (where) of attempts whose runtime saw them end
+    ended_attempts: set[int] = field(default_factory=set)  # the attempt folders with an ENDED_FILE, record or not
 
     def reach(self) -> Reach | None:
         """The round's reach from these records (flagperf.results.prompt_positions.reach_of): what attempts known to
@@ -121,6 +122,12 @@ class AttemptRecords:
     def complete(self) -> bool:
         """Every attempt's record read, and each one a record: what they took is known."""
         return not self.unread
+
+    @property
+    def all_ended(self) -> bool:
+        """Every attempt folder found has its ENDED_FILE (and none was passed over): none may still be sending, so
+        what their records say they took is final and the round's reservation may close."""
+        return bool(self.attempts) and not self.skipped and set(self.attempts) <= self.ended_attempts
 
 
 def attempt_records(host: Host, stage_dir: Path, before: int | None = None) -> AttemptRecords:
@@ -145,9 +152,11 @@ def attempt_records(host: Host, stage_dir: Path, before: int | None = None) -> A
         path = stage_dir / f"attempt{number}" / PROMPT_POSITIONS
         where = f"{host.name}:{path}"
         try:
+            if host.exists(path.with_name(ENDED_FILE)):
+                found.ended_attempts.add(number)
             if host.exists(path):
                 found.records.append((where, host.read_text(path, MAX_POSITIONS_BYTES)))
-                if host.exists(path.with_name(ENDED_FILE)):
+                if number in found.ended_attempts:
                     found.ended.add(where)
         except (OSError, ValueError) as exc:
             passed_over(where, f"cannot be read: {exc}")

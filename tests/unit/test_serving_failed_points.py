@@ -733,6 +733,7 @@ def test_a_half_round_left_on_the_host_gives_its_prompt_positions_before_it_is_r
     from flagperf.results.prompt_positions import PROMPT_POSITIONS
     from flows.host_round import cleared_stage
     from tasks.collect import leftover_result, stage_folder
+    from tasks.container import seen_ended
 
     RefusingEndpoint.refuse = set()
     plan = _endpoint_plan(refusing, tmp_path, "requests=2")
@@ -746,6 +747,7 @@ def test_a_half_round_left_on_the_host_gives_its_prompt_positions_before_it_is_r
                                         config=cp.config))  # as the controller does before it dispatches the round
     (stage / "attempt1").mkdir(parents=True)
     assert run_job(job, stage / "attempt1") == 0
+    seen_ended(host, stage / "attempt1", 0)  # its runtime saw it end: what its record says it took is final
     (stage / "attempt1" / "result.json").unlink()  # killed before its result: nothing to collect
     assert leftover_result(host, stage, cp.max_retries + 1) is None
     stream = json.loads((stage / "attempt1" / PROMPT_POSITIONS).read_text())["stream"]
@@ -775,6 +777,7 @@ def test_a_round_dispatched_but_never_collected_holds_its_prompts_by_its_reserva
     from flagperf.config.job import JOB_FILE
     from flows.host_round import after_collection, cleared_stage, round_reservation
     from tasks.collect import stage_folder
+    from tasks.container import seen_ended
 
     RefusingEndpoint.refuse = set()
     plan = _endpoint_plan(refusing, tmp_path, "requests=2", rounds=3)
@@ -793,6 +796,7 @@ def test_a_round_dispatched_but_never_collected_holds_its_prompts_by_its_reserva
         stage = stage_folder(host.work_root, plan.run_id, cp.name, round_no, "localhost")
         (stage / "attempt1").mkdir(parents=True)
         assert run_job(job, stage / "attempt1") == code
+        seen_ended(host, stage / "attempt1", code)
         return job, reservation, stage
 
     RefusingEndpoint.refuse = {0}  # round 1 ends at its check, short of what it planned (and reserved)
@@ -919,6 +923,7 @@ def test_a_reservation_is_closed_once_its_round_is_collected_and_not_for_a_lost_
     from flagperf.results.schema import RESULT_FILE, Failure, write_result
     from flows.host_round import after_collection, round_reservation
     from tasks.collect import stage_folder
+    from tasks.container import seen_ended
 
     RefusingEndpoint.refuse = set()
     plan = _endpoint_plan(refusing, tmp_path, "requests=2", rounds=2)
@@ -943,6 +948,7 @@ def test_a_reservation_is_closed_once_its_round_is_collected_and_not_for_a_lost_
     out.mkdir(parents=True)
     assert run_job(job, out) == 0
     (out / JOB_FILE).write_text(job.model_dump_json(), encoding="utf-8")  # as collected from the host
+    seen_ended(host, out, 0)  # its runtime saw it end (collected with it)
     assert _sent(out) == [3, 4, 5]  # after the lost round's reach
     after_collection(host, stage_folder(host.work_root, plan.run_id, cp.name, 2, "localhost"), run, cp, 2, 0, own,
                      "round 2")
@@ -962,6 +968,7 @@ def test_a_half_round_whose_attempts_are_not_all_read_keeps_its_reservation_open
     from flows.evaluate import clean_work_roots, failed_line, half_rounds_kept
     from flows.host_round import HalfRoundKept, cleared_stage, round_reservation, secure_half_round
     from tasks.collect import stage_folder
+    from tasks.container import seen_ended
 
     RefusingEndpoint.refuse = set()
     plan = _endpoint_plan(refusing, tmp_path, "requests=2", "max_retries=1")
@@ -976,7 +983,7 @@ def test_a_half_round_whose_attempts_are_not_all_read_keeps_its_reservation_open
     host.remove_tree(stage)
     too_large = " " * (MAX_POSITIONS_BYTES + 1)
 
-    def half(name: str, attempts: dict[int, str]) -> tuple[Path, Job, Reservation]:
+    def half(name: str, attempts: dict[int, str], ended: tuple[int, ...] = ()) -> tuple[Path, Job, Reservation]:
         """A run folder whose round 1 was dispatched, and left on the host with these attempts' records."""
         run = tmp_path / name / plan.run_id  # the plan's run folder where its results folder is tmp_path / name
         run.mkdir(parents=True)
@@ -985,6 +992,8 @@ def test_a_half_round_whose_attempts_are_not_all_read_keeps_its_reservation_open
         for number, text in attempts.items():
             (stage / f"attempt{number}").mkdir(parents=True)
             (stage / f"attempt{number}" / PROMPT_POSITIONS).write_text(text)
+            if number in ended:
+                seen_ended(host, stage / f"attempt{number}", 0)
         return run, round_job(plan, run, cp, 1, "localhost", spec, {}, None), reserved
 
     # Attempt 1's record cannot be read: the reservation bounds it, so the folder goes and the reservation stays.
@@ -997,8 +1006,8 @@ def test_a_half_round_whose_attempts_are_not_all_read_keeps_its_reservation_open
     assert _sent(out) == [6, 7, 8]  # after the most its 2 attempts may have sent
 
     # An attempt past max_retries + 1 (3 of 2) is read too: the reservation closes on what every attempt took.
-    run, job, reserved = half("past", {1: json.dumps(record), 3: json.dumps({**record, "first": 3, "reserved": 6,
-                                                                             "end": 6, "bound": 6})})
+    past = {1: json.dumps(record), 3: json.dumps({**record, "first": 3, "reserved": 6, "end": 6, "bound": 6})}
+    run, job, reserved = half("past", past, ended=(1, 3))
     cleared = cleared_stage(host, stage, job, run, reserved)
     assert cleared.prompt_positions == {record["stream"]: 6} and reservations(run) == []
     assert (run / RUN_POSITIONS_DIR / f"collected-{reserved.id}.json").is_file()
