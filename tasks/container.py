@@ -91,9 +91,12 @@ def seen_ended(host: Host, job_dir: Path, exit_code: int) -> None:
 def attempt_positions(host: Host, stage_dir: Path, attempt: int, positions: dict[str, int]) -> dict[str, int]:
     """The run's prompt positions at endpoints (Job.prompt_positions) with those this round's earlier attempts took
     on the host (their prompt_positions.json: an attempt killed mid-point left what it reserved), so that attempt K
-    sends none of the prompts attempts 1 to K-1 sent. A record that cannot be read is passed over, with a warning
+    sends none of the prompts attempts 1 to K-1 sent: of an attempt whose runtime did not see it end (it may still be
+    sending), after its own share of the round's bound (its record's attempt_bound). A record that cannot be read is
+    passed over, with a warning
     (flagperf.results.prompt_positions.passed_over: its prompts may be sent again)."""
-    return merged(positions, attempt_records(host, stage_dir, attempt).records)
+    found = attempt_records(host, stage_dir, attempt)
+    return merged(positions, found.records, found.ended)
 
 
 @dataclass

@@ -300,20 +300,23 @@ class PositionLedger:
     prompt stream it takes, reserved before they are sent (a round killed meanwhile leaves a bound for the next
     attempt), and its end once it ends."""
 
-    def __init__(self, path: Path, stream: str, first: int, bound: int | None = None) -> None:
+    def __init__(self, path: Path, stream: str, first: int, bound: int | None = None,
+                 attempt_bound: int | None = None) -> None:
         self.path, self.stream, self.first, self.bound = path, stream, first, bound
+        self.attempt_bound = attempt_bound
         self.reserved = first
-        write_positions(path, stream, first, first, None, bound)
+        write_positions(path, stream, first, first, None, bound, attempt_bound)
 
     def reserve(self, upto: int) -> None:
         """Positions below ``upto`` may be sent from now on."""
         if upto > self.reserved:
             self.reserved = upto
-            write_positions(self.path, self.stream, self.first, upto, None, self.bound)
+            write_positions(self.path, self.stream, self.first, upto, None, self.bound, self.attempt_bound)
 
     def end(self, upto: int) -> None:
         """The round sent no position from ``upto`` on."""
-        write_positions(self.path, self.stream, self.first, max(self.reserved, upto), upto, self.bound)
+        write_positions(self.path, self.stream, self.first, max(self.reserved, upto), upto, self.bound,
+                        self.attempt_bound)
 
 
 class PromptSequence(Sequence[ServingPrompt]):
@@ -1147,6 +1150,8 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
     # The most this attempt and the round's later ones may take (max_retries + 1 in all), in its records before any
     # request: the controller keeps it beside the round's reservation, so that no later round has to work it out.
     bound = reserved_end(source, config, start, max(1, config.max_retries + 2 - attempt)) if stream else None
+    # This attempt's own share of it: a retry starts after it where this attempt's end was not seen (it may still send)
+    attempt_bound = reserved_end(source, config, start, 1) if stream else None
     prompts.ensure(max(first_prompt, 1))  # a tokenizer that cannot make them fails before the server starts
     if planned is not None and planned > len(prompts):
         log.warning("the round sends %d requests and the prompt set has %d prompts: past the end, prompts are sent "
@@ -1224,7 +1229,7 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
                 raise CaseUserError(f"the server answered no request within {config.ready_timeout_s:g} s "
                                     f"(ready_timeout_s; server.ready_request): {error}")
         return _run_points(config, spec, target, server, prompts, references, tokens, out_dir, head, summary,
-                           first_prompt, planned, stream, bound)
+                           first_prompt, planned, stream, bound, attempt_bound)
     finally:
         if server is not None:
             server.stop()
@@ -1349,7 +1354,7 @@ def waited_for_prompts(records: list[RequestRecord]) -> str | None:
 def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server: ServerProcess | None,
                 prompts: ServingPromptSet, references: dict[int, str], tokens: Tokens, out_dir: Path, head: str,
                 summary: dict[str, Any], first_prompt: int, planned: int | None, stream: str | None,
-                bound: int | None = None) -> ServingOutcome:
+                bound: int | None = None, attempt_bound: int | None = None) -> ServingOutcome:
     metrics: list[Metric] = []
     failed_points: list[str] = []  # one line each: the point and its first error
     measured = 0.0
@@ -1358,7 +1363,8 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
     alive = (lambda: server.exited() is None) if server is not None else (lambda: True)
     cursor = first_prompt  # the position of the next prompt to send: each phase takes its own, in order
     if stream is not None:  # an endpoint: the positions it takes are recorded before they are sent
-        prompts.ledger = PositionLedger(out_dir / PROMPT_POSITIONS, stream, prompts.first_position, bound)
+        prompts.ledger = PositionLedger(out_dir / PROMPT_POSITIONS, stream, prompts.first_position, bound,
+                                        attempt_bound)
         prompts.reserve(first_prompt)
     # Prompts sent so far: those earlier rounds at the endpoint may have sent, then the check's, then the points'.
     sent = prompts.sent_before() | {prompts.index_at(p) for p in range(first_prompt)}

@@ -10,13 +10,14 @@ round; a ShareGPT conversation a case's length filter leaves out keeps its posit
 record,
 ``prompt_positions.json``::
 
-    {"stream": "...", "first": 120, "reserved": 184, "end": 151, "bound": 440}
+    {"stream": "...", "first": 120, "reserved": 184, "end": 151, "bound": 440, "attempt_bound": 230}
 
 first: the round's first position; reserved: positions below it may have been sent (written before they are sent, so
 that a round killed meanwhile leaves a bound); end: the position after the last one it sent, written as the round ends
 (null while it runs, and where it was killed); bound: the position after the most the round may take in this attempt
 and the ones after it (its planned requests from ``first``: flagperf.generate.serve.reserved_end), written before it
-sends.
+sends; attempt_bound: the same for this attempt alone (a retry in the round starts after it where this attempt's end
+was not seen: it may still be sending).
 
 That record is on the host until the controller collects the round: a round interrupted before (the controller
 stopped, the host lost, the round's folder there removed) leaves none the run folder has. So the controller first
@@ -247,14 +248,16 @@ def recover(run_dir: Path, records: Iterable[str]) -> None:
         _write(run_dir / RUN_POSITIONS_DIR / f"{RECOVERED}{_new_id()}.json", text.rstrip("\n") + "\n")
 
 
-def write_positions(path: Path, stream: str, first: int, reserved: int, end: int | None, bound: int | None = None
-                    ) -> None:
+def write_positions(path: Path, stream: str, first: int, reserved: int, end: int | None, bound: int | None = None,
+                    attempt_bound: int | None = None) -> None:
     """The record, replaced whole (a reader sees the old one or the new); not flushed to disk: it is read back after the
     case process ends, not after the host fails, and it may be written while requests are in flight."""
     tmp = path.with_name(f".{path.name}.tmp")
     record = {"stream": stream, "first": first, "reserved": reserved, "end": end}
     if bound is not None:
         record["bound"] = bound
+    if attempt_bound is not None:
+        record["attempt_bound"] = attempt_bound
     tmp.write_text(json.dumps(record) + "\n", encoding="utf-8")
     os.replace(tmp, path)
 
@@ -271,7 +274,8 @@ def _record(text: str) -> dict[str, Any] | None:
         return None
     if not isinstance(record, dict) or not isinstance(record.get("stream"), str):
         return None
-    if not all(record.get(key) is None or is_position(record[key]) for key in ("first", "reserved", "end", "bound")):
+    if not all(record.get(key) is None or is_position(record[key]) for key in ("first", "reserved", "end", "bound",
+                                                                              "attempt_bound")):
         return None
     return record
 
@@ -308,9 +312,12 @@ def reach_of(attempts: Iterable[tuple[str, bool]]) -> Reach | None:
     return Reach(stream=streams.pop(), end=max(ends), taken=max(took_ends))
 
 
-def merged(positions: dict[str, int], records: Iterable[tuple[str, str]]) -> dict[str, int]:
+def merged(positions: dict[str, int], records: Iterable[tuple[str, str]], ended: set[str] | None = None
+           ) -> dict[str, int]:
     """``positions`` with each record's end (``taken_end``) where it is further on; ``records``: (where it was read,
-    its text). One that is not a record is passed over, with a warning."""
+    its text). With ``ended`` (the records, by where, of attempts whose runtime saw them end), a record not among them
+    counts for its ``attempt_bound`` (else its ``bound``) where that is further on: its attempt may still be sending
+    past what it says. One that is not a record is passed over, with a warning."""
     out = dict(positions)
     for where, text in records:
         found = taken_end(text)
@@ -318,6 +325,10 @@ def merged(positions: dict[str, int], records: Iterable[tuple[str, str]]) -> dic
             passed_over(where, f"not a record of prompt positions (positions are 0 to {MAX_POSITION})")
             continue
         stream, end = found
+        if ended is not None and where not in ended:
+            record = _record(text) or {}
+            share = record.get("attempt_bound", record.get("bound"))
+            end = max(end, share if share is not None else end)
         out[stream] = max(out.get(stream, 0), end)
     return out
 

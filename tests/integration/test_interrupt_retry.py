@@ -439,13 +439,19 @@ def test_ctrl_c_mid_round_at_an_endpoint_and_its_retry_send_no_prompt_twice(tmp_
 
 class LinkLostOnce(LocalHost):
     """A host whose link drops as its first command ends: the case ran and sent, but its end was not seen (as an SSH
-    session that closed without an exit status, or a container engine that stopped answering)."""
+    session that closed without an exit status, or a container engine that stopped answering). Its record of prompt
+    positions is left as it was read mid-send (its check sent, its end not written): what the retry finds of an
+    attempt still sending."""
 
     def run(self, argv: list[str], **kwargs: Any) -> CommandResult:
+        from flagperf.results.prompt_positions import PROMPT_POSITIONS
+
         outcome = super().run(argv, **kwargs)
         if getattr(self, "lost", False):
             return outcome
         self.lost = True
+        record = kwargs["log_path"].with_name(PROMPT_POSITIONS)
+        record.write_text(json.dumps({**json.loads(record.read_text()), "reserved": 1, "end": None}))
         return dataclasses.replace(outcome, exit_code=None, link="the link to the host dropped")
 
 
@@ -482,8 +488,11 @@ def test_what_an_attempt_took_counts_only_where_its_runtime_saw_it_end(tmp_path:
             assert _sent(out) == [0, 1, 2] and (reach.end, reach.taken) == (9, 3)
             assert (out / ENDED_FILE).is_file() and (len(opened), len(closed)) == (0, 1), (opened, closed)
             return
-        # attempt 1 (its link lost after it took 0-2) may still send up to its bound; attempt 2 took 3-5
+        # attempt 1 (its link lost, its record read mid-send) may still send up to its bound: attempt 2 starts after
+        # its own share of it (3), not after what its record said then (1), and the round's reach after the bound
         assert _sent(out) == [3, 4, 5] and (reach.end, reach.taken) == (9, 9)
+        first = json.loads((out / "attempts" / "attempt1" / "prompt_positions.json").read_text())
+        assert (first["bound"], first["attempt_bound"]) == (9, 3)
         assert not (out / "attempts" / "attempt1" / ENDED_FILE).exists() and (out / ENDED_FILE).is_file()
         # Stored, but attempt 1's end was not seen: its reservation stays open, and round 2 starts after its bound.
         assert (len(opened), len(closed)) == (1, 0), (opened, closed)
