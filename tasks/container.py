@@ -110,11 +110,17 @@ class AttemptRecords:
     attempts: list[int] = field(default_factory=list)  # the attempt folders looked in
     ended: set[str] = field(default_factory=set)  # the records (where) of attempts whose runtime saw them end
     ended_attempts: set[int] = field(default_factory=set)  # the attempt folders with an ENDED_FILE, record or not
+    recorded: set[int] = field(default_factory=set)  # the attempt folders with a record read
 
     def reach(self) -> Reach | None:
         """The round's reach from these records (flagperf.results.prompt_positions.reach_of): what attempts known to
         have ended took, the bound of the others."""
-        return reach_of((text, where in self.ended) for where, text in self.records)
+        reach = reach_of((text, where in self.ended) for where, text in self.records)
+        if reach is not None and set(self.attempts) - self.recorded - self.ended_attempts:
+            # an attempt with neither a record nor an end seen: its record may not have been written yet when read
+            # (or lost with its folder), and it may be sending: nothing is known to be final below the bound
+            return reach.model_copy(update={"taken": reach.end})
+        return reach
 
     @property
     def unread(self) -> list[str]:
@@ -159,6 +165,7 @@ def attempt_records(host: Host, stage_dir: Path, before: int | None = None) -> A
                 found.ended_attempts.add(number)
             if host.exists(path):
                 found.records.append((where, host.read_text(path, MAX_POSITIONS_BYTES)))
+                found.recorded.add(number)
                 if number in found.ended_attempts:
                     found.ended.add(where)
         except (OSError, ValueError) as exc:

@@ -1383,3 +1383,22 @@ def test_an_endpoints_prompt_files_are_streams_by_their_text_and_sharegpt_positi
     again = json.loads((round_dir(run_dir, "file-a", 2, "localhost") / SERVING_FILE).read_text())["prompt_set"]
     assert _sent(round_dir(run_dir, "file-a", 2, "localhost")) == [0, 1, 2]
     assert (first["each_sent_once"], again["each_sent_once"], again["repeated_requests"]) == (True, False, 2)
+
+
+def test_an_attempt_with_neither_a_record_nor_a_seen_end_leaves_the_rounds_reach_at_its_bound(tmp_path: Path) -> None:
+    """An attempt folder with no record of prompt positions and no ended.json may belong to an attempt still starting
+    (its record not written yet when read) or sending: the round's reach counts its bound, not what the others took."""
+    from flagperf.results.prompt_positions import PROMPT_POSITIONS
+    from tasks.container import attempt_records, seen_ended
+
+    host = LocalHost(work_root=tmp_path)
+    stage = tmp_path / "stage"
+    (stage / "attempt1").mkdir(parents=True)
+    (stage / "attempt1" / PROMPT_POSITIONS).write_text(json.dumps(
+        {"stream": "s", "first": 0, "reserved": 3, "end": 3, "bound": 9, "attempt_bound": 3}))
+    seen_ended(host, stage / "attempt1", 0)
+    assert attempt_records(host, stage).reach().taken == 3
+    (stage / "attempt2").mkdir()
+    assert attempt_records(host, stage).reach().taken == 9
+    seen_ended(host, stage / "attempt2", 1)  # ended before it wrote a record: it sent nothing
+    assert attempt_records(host, stage).reach().taken == 3
