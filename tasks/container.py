@@ -61,6 +61,9 @@ def run_case(host: Host, runtime: Runtime, job: Job, stage_dir: Path, timeout_s:
                                  "prompt_positions": attempt_positions(host, stage_dir, attempt, job.prompt_positions),
                                  "prefect_context": portable_context() if job.family == "inference" else None})
     job_dir = stage_dir / f"attempt{attempt}"
+    # Whatever an earlier attempt under this name left (its ended.json, its record of prompt positions) is not this
+    # attempt's: an old ended.json would make this one's record count as final while it may still be sending
+    host.remove_tree(job_dir)
     host.write_text(job_dir / JOB_FILE, job.model_dump_json(indent=2))
     logger.info("attempt %d: %s runtime, timeout %.0f s", attempt, runtime.name, timeout_s)
     try:
