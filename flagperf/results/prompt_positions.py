@@ -96,6 +96,9 @@ class Reach(BaseModel):
     stream: str
     end: int = Field(ge=0, le=MAX_POSITION)
     taken: int | None = Field(default=None, ge=0, le=MAX_POSITION)
+    # Its taken trusts only attempts seen to end (ENDED_FILE). One kept by an older version lacks it: its taken trusted
+    # every attempt's record, so it is read as unknown (a later round starts after its end)
+    ended_checked: bool = False
 
     @property
     def upto(self) -> int:
@@ -168,7 +171,8 @@ def keep_reach(run_dir: Path, reservation: Reservation, reach: Reach) -> None:
 def _read_reach(folder: Path, reservation_id: str) -> Reach | None:
     path = folder / f"{REACH}{reservation_id}.json"
     try:
-        return Reach.model_validate_json(read_bounded(path, MAX_POSITIONS_BYTES))
+        reach = Reach.model_validate_json(read_bounded(path, MAX_POSITIONS_BYTES))
+        return reach if reach.ended_checked else reach.model_copy(update={"taken": None})
     except FileNotFoundError:  # not kept: its round's records were not read (yet)
         return None
     except (OSError, ValueError) as exc:  # ValidationError is a ValueError
@@ -309,7 +313,7 @@ def reach_of(attempts: Iterable[tuple[str, bool]]) -> Reach | None:
         took_ends.append(took[1] if ended else ends[-1])
     if len(streams) != 1:
         return None
-    return Reach(stream=streams.pop(), end=max(ends), taken=max(took_ends))
+    return Reach(stream=streams.pop(), end=max(ends), taken=max(took_ends), ended_checked=True)
 
 
 def merged(positions: dict[str, int], records: Iterable[tuple[str, str]], ended: set[str] | None = None

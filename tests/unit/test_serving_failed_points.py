@@ -1058,7 +1058,7 @@ def test_a_half_round_whose_attempts_are_not_all_read_keeps_its_reservation_open
     clean_work_roots(hosts, specs, plan.model_copy(update={"results_dir": str(tmp_path / "interrupted")}), [])
     assert not stage.exists() and positions_taken(run) == {record["stream"]: 2}
     assert [(r.id, r.open, r.reach) for r in reservations(run)] == [
-        (reserved.id, True, Reach(stream=record["stream"], end=6, taken=6))]  # no end seen: its bound
+        (reserved.id, True, Reach(stream=record["stream"], end=6, taken=6, ended_checked=True))]  # no end seen
     # A round whose subflow crashed has a failed result the controller wrote itself, with none of its records: while
     # its reservation is open its folder on the host is a half round all the same, secured before it goes.
     run, job, reserved = half("crashed", {1: json.dumps(halfway)})
@@ -1402,3 +1402,16 @@ def test_an_attempt_with_neither_a_record_nor_a_seen_end_leaves_the_rounds_reach
     assert attempt_records(host, stage).reach().taken == 9
     seen_ended(host, stage / "attempt2", 1)  # ended before it wrote a record: it sent nothing
     assert attempt_records(host, stage).reach().taken == 3
+
+
+def test_a_reach_kept_by_an_older_version_is_read_without_what_it_took(tmp_path: Path) -> None:
+    """A reach file written before what an attempt took counted only where its end was seen (no ended_checked) may
+    trust an attempt still sending: read as its bound alone."""
+    from flagperf.results.prompt_positions import Reach, keep_reach
+
+    run = tmp_path / "run"
+    reserved = reserve(run, Reservation(case="c", round=1, host="h", attempts=3, config={}))
+    keep_reach(run, reserved, Reach(stream="s", end=9, taken=3, ended_checked=True))
+    assert [r.reach.upto for r in reservations(run)] == [3]
+    (run / RUN_POSITIONS_DIR / f"reach-{reserved.id}.json").write_text('{"stream": "s", "end": 9, "taken": 3}\n')
+    assert [(r.reach.taken, r.reach.upto) for r in reservations(run)] == [(None, 9)]
