@@ -35,8 +35,10 @@ from flagperf.results.bounded import read_bounded
 from flagperf.results.prompt_positions import (
     ENDED_FILE,
     RUN_POSITIONS_DIR,
+    WORKED_OUT,
     Reach,
     Reservation,
+    SeenReach,
     close,
     close_passed,
     keep_reach,
@@ -279,9 +281,11 @@ def at_endpoint(case: CasePlan) -> bool:
 def round_reservation(job: Job, attempts: int) -> Reservation:
     """The reservation of the round ``job`` runs (its ``attempts`` at most): its case and configuration, and what
     decides where it starts (the job's prompt positions, and the open reservations it starts after)."""
+    after = [r for r in job.prompt_reservations if r.open]
     return Reservation(case=job.case, round=job.round, host=job.host, node_rank=job.node_rank, attempts=attempts,
-                       config=job.config, positions=job.prompt_positions,
-                       after=[r.id for r in job.prompt_reservations if r.open])
+                       config=job.config, positions=job.prompt_positions, after=[r.id for r in after],
+                       seen={r.id: SeenReach(stream=r.reach.stream, upto=r.reach.upto) if r.reach is not None
+                             else WORKED_OUT for r in after})
 
 
 def own_reservation(job: Job, host: str, node_rank: int) -> Reservation | None:

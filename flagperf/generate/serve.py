@@ -91,6 +91,7 @@ from flagperf.generate.server import (
 from flagperf.results.prompt_positions import (
     PROMPT_POSITIONS,
     Reservation,
+    SeenReach,
     passed_over,
     write_positions,
 )
@@ -929,6 +930,7 @@ def stream_start(source: PromptSource, positions: dict[str, int], reserved: Sequ
     # dispatched before this one's taken may have been known) and upto (where this round starts: taken where known).
     # None: at another endpoint, model or API; or not known.
     reaches: dict[str, tuple[str, int, int] | None] = {}
+    configured: dict[str, tuple[str, int, int] | None] = {}  # the same, worked out from configurations alone
     unknown: set[str] = set()  # ids at this endpoint, model and API (or where that cannot be told) not known here
 
     def elsewhere(reservation: Reservation) -> bool:
@@ -960,11 +962,18 @@ def stream_start(source: PromptSource, positions: dict[str, int], reserved: Sequ
     def reach_of(reservation: Reservation) -> tuple[str, int, int] | None:
         if reservation.id in reaches:
             return reaches[reservation.id]
-        reaches[reservation.id] = None  # while it is worked out (ids only point back in time: no loop in a run's own)
         if reservation.reach is not None:  # its round's own records say: its bound, and what it took where known
             reach = reservation.reach
             reaches[reservation.id] = (reach.stream, reach.end, reach.upto)
             return reaches[reservation.id]
+        return worked_out(reservation)
+
+    def worked_out(reservation: Reservation) -> tuple[str, int, int] | None:
+        """Its reach from its configuration, from where its round started (what its job saw of the reservations it
+        started after; of one it worked out, that worked out again, and no lower than its kept bound)."""
+        if reservation.id in configured:
+            return configured[reservation.id]
+        configured[reservation.id] = None  # while worked out (ids only point back in time: no loop in a run's own)
         if elsewhere(reservation):
             return None
         try:
@@ -980,20 +989,27 @@ def stream_start(source: PromptSource, positions: dict[str, int], reserved: Sequ
         assert own is not None
         begin = reservation.positions.get(own, 0)
         for earlier in reservation.after:
+            seen = reservation.seen.get(earlier)
+            if isinstance(seen, SeenReach):  # its job read that one's kept reach: its round started after it
+                if seen.stream == own:
+                    begin = max(begin, seen.upto)
+                continue
             if earlier not in by_id:  # unreadable (warned): what the run folder's records say instead
                 begin = max(begin, positions.get(own, 0))
                 continue
-            end = reach_of(by_id[earlier])
+            # Its job worked it out from its configuration (or a reservation from before ``seen`` was written): worked
+            # out again, and no lower than its bound kept since (not what it took: that became known only later)
+            end = worked_out(by_id[earlier])
             if earlier in unknown:  # where it started is not known either
                 unknown.add(reservation.id)
                 return None
-            # its bound, not what it took: that may have become known only after this round was dispatched, and
-            # this round then started after the bound
-            if end is not None and end[0] == own:
-                begin = max(begin, end[1])
+            kept = by_id[earlier].reach
+            for reach in (end, (kept.stream, kept.end) if kept is not None else None):
+                if reach is not None and reach[0] == own:
+                    begin = max(begin, reach[1])
         bound = reserved_end(found[0], found[1], begin, reservation.attempts)
-        reaches[reservation.id] = (own, bound, bound)
-        return reaches[reservation.id]
+        configured[reservation.id] = (own, bound, bound)
+        return configured[reservation.id]
 
     begun = StreamStart(positions.get(stream, 0))
     for reservation in reserved:

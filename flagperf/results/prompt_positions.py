@@ -48,7 +48,7 @@ import secrets
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -106,6 +106,19 @@ class Reach(BaseModel):
         return self.taken if self.taken is not None else self.end
 
 
+class SeenReach(BaseModel):
+    """What a round's job saw of a reservation it started after: that reservation's kept reach (its stream, and where
+    the round started after it: ``Reach.upto``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    stream: str
+    upto: int = Field(ge=0, le=MAX_POSITION)
+
+
+WORKED_OUT = "worked out"  # a round's job had no kept reach of a reservation it started after: it worked it out
+
+
 class Reservation(BaseModel):
     """A round at an endpoint that the controller dispatched (``prompt_positions/reserved-<id>.json``): its case, its
     configuration as the job has it, how many attempts it may make, and what decided where it started: the job's
@@ -124,6 +137,9 @@ class Reservation(BaseModel):
     config: dict[str, Any]
     positions: dict[str, Annotated[int, Field(ge=0, le=MAX_POSITION)]] = Field(default_factory=dict)
     after: list[str] = Field(default_factory=list)
+    # By id (of ``after``): what the round's job saw of each (its kept reach), or WORKED_OUT (it worked it out from
+    # its configuration): where the round started is worked out from this, never from a reach kept only later
+    seen: dict[str, SeenReach | Literal["worked out"]] = Field(default_factory=dict)
     id: str = ""
     open: bool = True
     reach: Reach | None = None

@@ -1415,3 +1415,33 @@ def test_a_reach_kept_by_an_older_version_is_read_without_what_it_took(tmp_path:
     assert [r.reach.upto for r in reservations(run)] == [3]
     (run / RUN_POSITIONS_DIR / f"reach-{reserved.id}.json").write_text('{"stream": "s", "end": 9, "taken": 3}\n')
     assert [(r.reach.taken, r.reach.upto) for r in reservations(run)] == [(None, 9)]
+
+
+def test_a_reservation_is_worked_out_from_what_its_job_saw_of_those_it_started_after(tmp_path: Path) -> None:
+    """Z's reach is kept (its bound 5) only after A was dispatched: A's job worked Z out from its configuration (3
+    attempts of 3 prompts: 9), so A started there, not at Z's kept bound; B and C after A and B likewise. A round after
+    C starts after C's bound worked out from that chain (36), not from Z's kept bound (32). Where a job saw a kept reach
+    (its upto), its round started right after it."""
+    from flagperf.config.cases import load_case
+    from flagperf.config.models import CASE_FOLDER
+    from flagperf.generate.config import GenerateConfig
+    from flagperf.generate.serve import Tokens, prompt_source, stream_start, vocab_size
+    from flagperf.results.prompt_positions import WORKED_OUT, Reach, SeenReach
+
+    plan = _endpoint_plan("http://127.0.0.1:9", tmp_path, "requests=2", "max_retries=2")
+    cp = plan.cases[0]
+    config = GenerateConfig.model_validate(cp.config, context={CASE_FOLDER: load_case(cp.name).folder})
+    source = prompt_source(config, Tokens(None), vocab_size(config))
+    stream = source.stream
+    assert stream is not None
+
+    def reservation(rid: str, after: str | None, seen: SeenReach | str = WORKED_OUT, reach: Reach | None = None
+                    ) -> Reservation:
+        return Reservation(case=cp.name, round=1, host="h", attempts=3, config=cp.config, id=rid, reach=reach,
+                           after=[after] if after else [], seen={after: seen} if after else {})
+
+    z = reservation("1", None, reach=Reach(stream=stream, end=5, taken=3, ended_checked=True))
+    chain = [z, reservation("2", "1"), reservation("3", "2"), reservation("4", "3")]
+    assert stream_start(source, {}, chain).start == 36
+    # A's job saw Z's kept reach: A started after its upto (3), and may reach 3 + 9
+    assert stream_start(source, {}, [z, reservation("2", "1", SeenReach(stream=stream, upto=3))]).start == 12
