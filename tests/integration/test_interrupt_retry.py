@@ -406,7 +406,8 @@ def test_ctrl_c_mid_round_at_an_endpoint_and_its_retry_send_no_prompt_twice(tmp_
         # Beside the reservation, where the round's prompts lie: the most its 2 attempts may take, as its attempt wrote
         # before it sent, and what it took (the check and 4 timed requests), read once it had ended.
         reach = run_dir / RUN_POSITIONS_DIR / f"{REACH}{reserved[0].name.removeprefix(OPEN)}"
-        assert json.loads(reach.read_text(encoding="utf-8")) == {"stream": kept["stream"], "end": 10, "taken": 5}
+        assert json.loads(reach.read_text(encoding="utf-8")) == {"stream": kept["stream"], "end": 10, "taken": 5,
+                                                                     "ended_checked": True}
         HoldingEndpoint.release.set()
 
         retry = flagperf([*args, "--retry", str(run_dir)], tmp_path, api_url)
