@@ -33,9 +33,12 @@ from flagperf.hosts.inventory import HostSpec, host_spec
 from flagperf.hosts.local import Host
 from flagperf.results.bounded import read_bounded
 from flagperf.results.prompt_positions import (
+    ENDED_FILE,
     RUN_POSITIONS_DIR,
+    WORKED_OUT,
     Reach,
     Reservation,
+    SeenReach,
     close,
     close_passed,
     keep_reach,
@@ -278,9 +281,11 @@ def at_endpoint(case: CasePlan) -> bool:
 def round_reservation(job: Job, attempts: int) -> Reservation:
     """The reservation of the round ``job`` runs (its ``attempts`` at most): its case and configuration, and what
     decides where it starts (the job's prompt positions, and the open reservations it starts after)."""
+    after = [r for r in job.prompt_reservations if r.open]
     return Reservation(case=job.case, round=job.round, host=job.host, node_rank=job.node_rank, attempts=attempts,
-                       config=job.config, positions=job.prompt_positions,
-                       after=[r.id for r in job.prompt_reservations if r.open])
+                       config=job.config, positions=job.prompt_positions, after=[r.id for r in after],
+                       seen={r.id: SeenReach(stream=r.reach.stream, upto=r.reach.upto) if r.reach is not None
+                             else WORKED_OUT for r in after})
 
 
 def own_reservation(job: Job, host: str, node_rank: int) -> Reservation | None:
@@ -293,16 +298,21 @@ def own_reservation(job: Job, host: str, node_rank: int) -> Reservation | None:
 def _close_if_stored(host: Host, stage_dir: Path, run_dir: Path, case: str, round_no: int, node_rank: int,
                      reservation: Reservation | None) -> None:
     """The round's reservation is closed once its folder, with its records of prompt positions, is stored in the run
-    folder and gone from the host; called only where its collection completed (a collection that failed, or found no
-    folder on a lost host, keeps the reservation open: the round's records are not in the run folder)."""
+    folder and gone from the host, and every attempt in it has its ENDED_FILE; called only where its collection
+    completed (a collection that failed, or found no folder on a lost host, keeps the reservation open: the round's
+    records are not in the run folder). An attempt whose end its runtime did not see may still be sending past what its
+    stored record says: the reservation stays open (its kept reach holds later rounds back) until the run's records
+    pass its bound (close_passed)."""
     if reservation is None:
         return
     dest = round_dir(run_dir, case, round_no, host.name, node_rank)
     try:  # the host's folder (its job file with it), not only a result the controller wrote for a round it lost
         stored = (dest / RESULT_FILE).is_file() and (dest / JOB_FILE).is_file() and not host.exists(stage_dir)
+        ended = (dest / ENDED_FILE).is_file() and all((earlier / ENDED_FILE).is_file()
+                                                       for earlier in dest.glob("attempts/attempt*"))
     except Exception:  # a host that cannot say: the reservation stays (later rounds only start further on)
         return
-    if stored:
+    if stored and ended:
         with contextlib.suppress(OSError):
             close(run_dir, reservation)
 
@@ -395,10 +405,10 @@ def cleared_stage(host: Host, stage_dir: Path, job: Job, run_dir: Path | None = 
     folders would mix); returns ``job`` with the prompt positions its attempts (every ``attempt<N>`` folder there)
     took at endpoints (their prompt_positions.json), which the endpoint's prefix cache may hold though the run folder
     never got them. Those records are kept in ``run_dir`` first (prompt_positions/recovered-*.json), durably, with the
-    round's reach beside its ``reservation``; the reservation is then closed where every attempt's record was read (its
-    records say what it took). Where one was not, it stays open (a later round starts after the most its round may have
-    taken), and the folder is removed only where it bounds every attempt found there; else the folder stays and the
-    round is not run (HalfRoundKept)."""
+    round's reach beside its ``reservation``; the reservation is then closed where every attempt's record was read and
+    every attempt's runtime saw it end (ENDED_FILE: its records say what it took). Else it stays open (a later round
+    starts after the most its round may have taken), and where a record was not read the folder is removed only where
+    it bounds every attempt found there; else the folder stays and the round is not run (HalfRoundKept)."""
     found = attempt_records(host, stage_dir)
     job = job.model_copy(update={"prompt_positions": merged(job.prompt_positions, found.records)})
     if run_dir is not None:
@@ -408,7 +418,8 @@ def cleared_stage(host: Host, stage_dir: Path, job: Job, run_dir: Path | None = 
                 reach = found.reach()
                 if reach is not None:
                     keep_reach(run_dir, reservation, reach)
-                close(run_dir, reservation)
+                if found.all_ended:  # else one may still be sending: its kept reach holds later rounds back
+                    close(run_dir, reservation)
         except OSError as exc:  # a full results folder: the reservation, and the folder on the host, stay
             raise RunFolderRefused(exc) from exc
         if not found.complete and not bounds_every_attempt(reservation, found):

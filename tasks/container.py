@@ -61,6 +61,9 @@ def run_case(host: Host, runtime: Runtime, job: Job, stage_dir: Path, timeout_s:
                                  "prompt_positions": attempt_positions(host, stage_dir, attempt, job.prompt_positions),
                                  "prefect_context": portable_context() if job.family == "inference" else None})
     job_dir = stage_dir / f"attempt{attempt}"
+    # Whatever an earlier attempt under this name left (its ended.json, its record of prompt positions) is not this
+    # attempt's: an old ended.json would make this one's record count as final while it may still be sending
+    host.remove_tree(job_dir)
     host.write_text(job_dir / JOB_FILE, job.model_dump_json(indent=2))
     logger.info("attempt %d: %s runtime, timeout %.0f s", attempt, runtime.name, timeout_s)
     try:
@@ -91,9 +94,12 @@ def seen_ended(host: Host, job_dir: Path, exit_code: int) -> None:
 def attempt_positions(host: Host, stage_dir: Path, attempt: int, positions: dict[str, int]) -> dict[str, int]:
     """The run's prompt positions at endpoints (Job.prompt_positions) with those this round's earlier attempts took
     on the host (their prompt_positions.json: an attempt killed mid-point left what it reserved), so that attempt K
-    sends none of the prompts attempts 1 to K-1 sent. A record that cannot be read is passed over, with a warning
+    sends none of the prompts attempts 1 to K-1 sent: of an attempt whose runtime did not see it end (it may still be
+    sending), after its own share of the round's bound (its record's attempt_bound). A record that cannot be read is
+    passed over, with a warning
     (flagperf.results.prompt_positions.passed_over: its prompts may be sent again)."""
-    return merged(positions, attempt_records(host, stage_dir, attempt).records)
+    found = attempt_records(host, stage_dir, attempt)
+    return merged(positions, found.records, found.ended)
 
 
 @dataclass
@@ -106,11 +112,18 @@ class AttemptRecords:
     skipped: list[str] = field(default_factory=list)
     attempts: list[int] = field(default_factory=list)  # the attempt folders looked in
     ended: set[str] = field(default_factory=set)  # the records (where) of attempts whose runtime saw them end
+    ended_attempts: set[int] = field(default_factory=set)  # the attempt folders with an ENDED_FILE, record or not
+    recorded: set[int] = field(default_factory=set)  # the attempt folders with a record read
 
     def reach(self) -> Reach | None:
         """The round's reach from these records (flagperf.results.prompt_positions.reach_of): what attempts known to
         have ended took, the bound of the others."""
-        return reach_of((text, where in self.ended) for where, text in self.records)
+        reach = reach_of((text, where in self.ended) for where, text in self.records)
+        if reach is not None and set(self.attempts) - self.recorded - self.ended_attempts:
+            # an attempt with neither a record nor an end seen: its record may not have been written yet when read
+            # (or lost with its folder), and it may be sending: nothing is known to be final below the bound
+            return reach.model_copy(update={"taken": reach.end})
+        return reach
 
     @property
     def unread(self) -> list[str]:
@@ -121,6 +134,12 @@ class AttemptRecords:
     def complete(self) -> bool:
         """Every attempt's record read, and each one a record: what they took is known."""
         return not self.unread
+
+    @property
+    def all_ended(self) -> bool:
+        """Every attempt folder found has its ENDED_FILE (and none was passed over): none may still be sending, so
+        what their records say they took is final and the round's reservation may close."""
+        return bool(self.attempts) and not self.skipped and set(self.attempts) <= self.ended_attempts
 
 
 def attempt_records(host: Host, stage_dir: Path, before: int | None = None) -> AttemptRecords:
@@ -145,9 +164,12 @@ def attempt_records(host: Host, stage_dir: Path, before: int | None = None) -> A
         path = stage_dir / f"attempt{number}" / PROMPT_POSITIONS
         where = f"{host.name}:{path}"
         try:
+            if host.exists(path.with_name(ENDED_FILE)):
+                found.ended_attempts.add(number)
             if host.exists(path):
                 found.records.append((where, host.read_text(path, MAX_POSITIONS_BYTES)))
-                if host.exists(path.with_name(ENDED_FILE)):
+                found.recorded.add(number)
+                if number in found.ended_attempts:
                     found.ended.add(where)
         except (OSError, ValueError) as exc:
             passed_over(where, f"cannot be read: {exc}")

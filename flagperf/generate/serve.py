@@ -91,6 +91,7 @@ from flagperf.generate.server import (
 from flagperf.results.prompt_positions import (
     PROMPT_POSITIONS,
     Reservation,
+    SeenReach,
     passed_over,
     write_positions,
 )
@@ -300,20 +301,23 @@ class PositionLedger:
     prompt stream it takes, reserved before they are sent (a round killed meanwhile leaves a bound for the next
     attempt), and its end once it ends."""
 
-    def __init__(self, path: Path, stream: str, first: int, bound: int | None = None) -> None:
+    def __init__(self, path: Path, stream: str, first: int, bound: int | None = None,
+                 attempt_bound: int | None = None) -> None:
         self.path, self.stream, self.first, self.bound = path, stream, first, bound
+        self.attempt_bound = attempt_bound
         self.reserved = first
-        write_positions(path, stream, first, first, None, bound)
+        write_positions(path, stream, first, first, None, bound, attempt_bound)
 
     def reserve(self, upto: int) -> None:
         """Positions below ``upto`` may be sent from now on."""
         if upto > self.reserved:
             self.reserved = upto
-            write_positions(self.path, self.stream, self.first, upto, None, self.bound)
+            write_positions(self.path, self.stream, self.first, upto, None, self.bound, self.attempt_bound)
 
     def end(self, upto: int) -> None:
         """The round sent no position from ``upto`` on."""
-        write_positions(self.path, self.stream, self.first, max(self.reserved, upto), upto, self.bound)
+        write_positions(self.path, self.stream, self.first, max(self.reserved, upto), upto, self.bound,
+                        self.attempt_bound)
 
 
 class PromptSequence(Sequence[ServingPrompt]):
@@ -926,6 +930,7 @@ def stream_start(source: PromptSource, positions: dict[str, int], reserved: Sequ
     # dispatched before this one's taken may have been known) and upto (where this round starts: taken where known).
     # None: at another endpoint, model or API; or not known.
     reaches: dict[str, tuple[str, int, int] | None] = {}
+    configured: dict[str, tuple[str, int, int] | None] = {}  # the same, worked out from configurations alone
     unknown: set[str] = set()  # ids at this endpoint, model and API (or where that cannot be told) not known here
 
     def elsewhere(reservation: Reservation) -> bool:
@@ -957,11 +962,18 @@ def stream_start(source: PromptSource, positions: dict[str, int], reserved: Sequ
     def reach_of(reservation: Reservation) -> tuple[str, int, int] | None:
         if reservation.id in reaches:
             return reaches[reservation.id]
-        reaches[reservation.id] = None  # while it is worked out (ids only point back in time: no loop in a run's own)
         if reservation.reach is not None:  # its round's own records say: its bound, and what it took where known
             reach = reservation.reach
             reaches[reservation.id] = (reach.stream, reach.end, reach.upto)
             return reaches[reservation.id]
+        return worked_out(reservation)
+
+    def worked_out(reservation: Reservation) -> tuple[str, int, int] | None:
+        """Its reach from its configuration, from where its round started (what its job saw of the reservations it
+        started after; of one it worked out, that worked out again, and no lower than its kept bound)."""
+        if reservation.id in configured:
+            return configured[reservation.id]
+        configured[reservation.id] = None  # while worked out (ids only point back in time: no loop in a run's own)
         if elsewhere(reservation):
             return None
         try:
@@ -977,20 +989,27 @@ def stream_start(source: PromptSource, positions: dict[str, int], reserved: Sequ
         assert own is not None
         begin = reservation.positions.get(own, 0)
         for earlier in reservation.after:
+            seen = reservation.seen.get(earlier)
+            if isinstance(seen, SeenReach):  # its job read that one's kept reach: its round started after it
+                if seen.stream == own:
+                    begin = max(begin, seen.upto)
+                continue
             if earlier not in by_id:  # unreadable (warned): what the run folder's records say instead
                 begin = max(begin, positions.get(own, 0))
                 continue
-            end = reach_of(by_id[earlier])
+            # Its job worked it out from its configuration (or a reservation from before ``seen`` was written): worked
+            # out again, and no lower than its bound kept since (not what it took: that became known only later)
+            end = worked_out(by_id[earlier])
             if earlier in unknown:  # where it started is not known either
                 unknown.add(reservation.id)
                 return None
-            # its bound, not what it took: that may have become known only after this round was dispatched, and
-            # this round then started after the bound
-            if end is not None and end[0] == own:
-                begin = max(begin, end[1])
+            kept = by_id[earlier].reach
+            for reach in (end, (kept.stream, kept.end) if kept is not None else None):
+                if reach is not None and reach[0] == own:
+                    begin = max(begin, reach[1])
         bound = reserved_end(found[0], found[1], begin, reservation.attempts)
-        reaches[reservation.id] = (own, bound, bound)
-        return reaches[reservation.id]
+        configured[reservation.id] = (own, bound, bound)
+        return configured[reservation.id]
 
     begun = StreamStart(positions.get(stream, 0))
     for reservation in reserved:
@@ -1147,6 +1166,8 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
     # The most this attempt and the round's later ones may take (max_retries + 1 in all), in its records before any
     # request: the controller keeps it beside the round's reservation, so that no later round has to work it out.
     bound = reserved_end(source, config, start, max(1, config.max_retries + 2 - attempt)) if stream else None
+    # This attempt's own share of it: a retry starts after it where this attempt's end was not seen (it may still send)
+    attempt_bound = reserved_end(source, config, start, 1) if stream else None
     prompts.ensure(max(first_prompt, 1))  # a tokenizer that cannot make them fails before the server starts
     if planned is not None and planned > len(prompts):
         log.warning("the round sends %d requests and the prompt set has %d prompts: past the end, prompts are sent "
@@ -1224,7 +1245,7 @@ def run_serving(config: GenerateConfig, engine: EngineDef, device: torch.device,
                 raise CaseUserError(f"the server answered no request within {config.ready_timeout_s:g} s "
                                     f"(ready_timeout_s; server.ready_request): {error}")
         return _run_points(config, spec, target, server, prompts, references, tokens, out_dir, head, summary,
-                           first_prompt, planned, stream, bound)
+                           first_prompt, planned, stream, bound, attempt_bound)
     finally:
         if server is not None:
             server.stop()
@@ -1349,7 +1370,7 @@ def waited_for_prompts(records: list[RequestRecord]) -> str | None:
 def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server: ServerProcess | None,
                 prompts: ServingPromptSet, references: dict[int, str], tokens: Tokens, out_dir: Path, head: str,
                 summary: dict[str, Any], first_prompt: int, planned: int | None, stream: str | None,
-                bound: int | None = None) -> ServingOutcome:
+                bound: int | None = None, attempt_bound: int | None = None) -> ServingOutcome:
     metrics: list[Metric] = []
     failed_points: list[str] = []  # one line each: the point and its first error
     measured = 0.0
@@ -1358,7 +1379,8 @@ def _run_points(config: GenerateConfig, spec: ServerSpec, target: Target, server
     alive = (lambda: server.exited() is None) if server is not None else (lambda: True)
     cursor = first_prompt  # the position of the next prompt to send: each phase takes its own, in order
     if stream is not None:  # an endpoint: the positions it takes are recorded before they are sent
-        prompts.ledger = PositionLedger(out_dir / PROMPT_POSITIONS, stream, prompts.first_position, bound)
+        prompts.ledger = PositionLedger(out_dir / PROMPT_POSITIONS, stream, prompts.first_position, bound,
+                                        attempt_bound)
         prompts.reserve(first_prompt)
     # Prompts sent so far: those earlier rounds at the endpoint may have sent, then the check's, then the points'.
     sent = prompts.sent_before() | {prompts.index_at(p) for p in range(first_prompt)}

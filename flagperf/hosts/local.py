@@ -171,10 +171,13 @@ class LocalHost(Host):
         return f"LocalHost({self.name!r})"
 
     def ended_when_interrupted(self, log_path: Path) -> int | None:
-        return self._interrupted_ends.get(log_path)
+        # read once: a later command at the same log path (a rerun of the round) must not inherit this one's end
+        return self._interrupted_ends.pop(log_path, None)
 
     def run(self, argv: list[str], *, timeout: float, log_path: Path | None = None,
             on_line: LineSink | None = None, pid_file: Path | None = None) -> CommandResult:
+        if log_path is not None:  # an end seen of an earlier command at this log path is not this one's
+            self._interrupted_ends.pop(log_path, None)
         start = time.monotonic()
         logger.info("starting %s (timeout %.0f s)", shlex.join(argv), timeout)
         log: IO[str] | None = None

@@ -193,7 +193,9 @@ class SlurmJob:
     def submit(self, script: Path, env: dict[str, str], chdir: Path, nodelist: list[str] | None) -> None:
         spec = self.spec
         minutes = max(1, math.ceil((self.timeout_s + spec.time_slack_s) / 60))
-        argv = ["sbatch", "--parsable", f"--job-name={self.name}", f"--nodes={len(self.ranks)}",
+        # --no-requeue: a node failure must not rerun the case from the same job.json (its prompts would reach an
+        # endpoint again, and the controller already counts the attempt lost and retries it itself)
+        argv = ["sbatch", "--parsable", "--no-requeue", f"--job-name={self.name}", f"--nodes={len(self.ranks)}",
                 "--ntasks-per-node=1", f"--time={minutes}", f"--output={self.output}", f"--chdir={chdir}",
                 "--export=ALL"]
         for option, value in (("partition", spec.partition), ("account", spec.account), ("qos", spec.qos),

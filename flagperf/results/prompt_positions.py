@@ -10,13 +10,14 @@ round; a ShareGPT conversation a case's length filter leaves out keeps its posit
 record,
 ``prompt_positions.json``::
 
-    {"stream": "...", "first": 120, "reserved": 184, "end": 151, "bound": 440}
+    {"stream": "...", "first": 120, "reserved": 184, "end": 151, "bound": 440, "attempt_bound": 230}
 
 first: the round's first position; reserved: positions below it may have been sent (written before they are sent, so
 that a round killed meanwhile leaves a bound); end: the position after the last one it sent, written as the round ends
 (null while it runs, and where it was killed); bound: the position after the most the round may take in this attempt
 and the ones after it (its planned requests from ``first``: flagperf.generate.serve.reserved_end), written before it
-sends.
+sends; attempt_bound: the same for this attempt alone (a retry in the round starts after it where this attempt's end
+was not seen: it may still be sending).
 
 That record is on the host until the controller collects the round: a round interrupted before (the controller
 stopped, the host lost, the round's folder there removed) leaves none the run folder has. So the controller first
@@ -47,7 +48,7 @@ import secrets
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -95,11 +96,27 @@ class Reach(BaseModel):
     stream: str
     end: int = Field(ge=0, le=MAX_POSITION)
     taken: int | None = Field(default=None, ge=0, le=MAX_POSITION)
+    # Its taken trusts only attempts seen to end (ENDED_FILE). One kept by an older version lacks it: its taken trusted
+    # every attempt's record, so it is read as unknown (a later round starts after its end)
+    ended_checked: bool = False
 
     @property
     def upto(self) -> int:
         """Where a later round of its stream starts at the earliest: what it took where known, else its bound."""
         return self.taken if self.taken is not None else self.end
+
+
+class SeenReach(BaseModel):
+    """What a round's job saw of a reservation it started after: that reservation's kept reach (its stream, and where
+    the round started after it: ``Reach.upto``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    stream: str
+    upto: int = Field(ge=0, le=MAX_POSITION)
+
+
+WORKED_OUT = "worked out"  # a round's job had no kept reach of a reservation it started after: it worked it out
 
 
 class Reservation(BaseModel):
@@ -120,6 +137,9 @@ class Reservation(BaseModel):
     config: dict[str, Any]
     positions: dict[str, Annotated[int, Field(ge=0, le=MAX_POSITION)]] = Field(default_factory=dict)
     after: list[str] = Field(default_factory=list)
+    # By id (of ``after``): what the round's job saw of each (its kept reach), or WORKED_OUT (it worked it out from
+    # its configuration): where the round started is worked out from this, never from a reach kept only later
+    seen: dict[str, SeenReach | Literal["worked out"]] = Field(default_factory=dict)
     id: str = ""
     open: bool = True
     reach: Reach | None = None
@@ -167,7 +187,8 @@ def keep_reach(run_dir: Path, reservation: Reservation, reach: Reach) -> None:
 def _read_reach(folder: Path, reservation_id: str) -> Reach | None:
     path = folder / f"{REACH}{reservation_id}.json"
     try:
-        return Reach.model_validate_json(read_bounded(path, MAX_POSITIONS_BYTES))
+        reach = Reach.model_validate_json(read_bounded(path, MAX_POSITIONS_BYTES))
+        return reach if reach.ended_checked else reach.model_copy(update={"taken": None})
     except FileNotFoundError:  # not kept: its round's records were not read (yet)
         return None
     except (OSError, ValueError) as exc:  # ValidationError is a ValueError
@@ -247,14 +268,16 @@ def recover(run_dir: Path, records: Iterable[str]) -> None:
         _write(run_dir / RUN_POSITIONS_DIR / f"{RECOVERED}{_new_id()}.json", text.rstrip("\n") + "\n")
 
 
-def write_positions(path: Path, stream: str, first: int, reserved: int, end: int | None, bound: int | None = None
-                    ) -> None:
+def write_positions(path: Path, stream: str, first: int, reserved: int, end: int | None, bound: int | None = None,
+                    attempt_bound: int | None = None) -> None:
     """The record, replaced whole (a reader sees the old one or the new); not flushed to disk: it is read back after the
     case process ends, not after the host fails, and it may be written while requests are in flight."""
     tmp = path.with_name(f".{path.name}.tmp")
     record = {"stream": stream, "first": first, "reserved": reserved, "end": end}
     if bound is not None:
         record["bound"] = bound
+    if attempt_bound is not None:
+        record["attempt_bound"] = attempt_bound
     tmp.write_text(json.dumps(record) + "\n", encoding="utf-8")
     os.replace(tmp, path)
 
@@ -271,7 +294,8 @@ def _record(text: str) -> dict[str, Any] | None:
         return None
     if not isinstance(record, dict) or not isinstance(record.get("stream"), str):
         return None
-    if not all(record.get(key) is None or is_position(record[key]) for key in ("first", "reserved", "end", "bound")):
+    if not all(record.get(key) is None or is_position(record[key]) for key in ("first", "reserved", "end", "bound",
+                                                                              "attempt_bound")):
         return None
     return record
 
@@ -305,12 +329,15 @@ def reach_of(attempts: Iterable[tuple[str, bool]]) -> Reach | None:
         took_ends.append(took[1] if ended else ends[-1])
     if len(streams) != 1:
         return None
-    return Reach(stream=streams.pop(), end=max(ends), taken=max(took_ends))
+    return Reach(stream=streams.pop(), end=max(ends), taken=max(took_ends), ended_checked=True)
 
 
-def merged(positions: dict[str, int], records: Iterable[tuple[str, str]]) -> dict[str, int]:
+def merged(positions: dict[str, int], records: Iterable[tuple[str, str]], ended: set[str] | None = None
+           ) -> dict[str, int]:
     """``positions`` with each record's end (``taken_end``) where it is further on; ``records``: (where it was read,
-    its text). One that is not a record is passed over, with a warning."""
+    its text). With ``ended`` (the records, by where, of attempts whose runtime saw them end), a record not among them
+    counts for its ``attempt_bound`` (else its ``bound``) where that is further on: its attempt may still be sending
+    past what it says. One that is not a record is passed over, with a warning."""
     out = dict(positions)
     for where, text in records:
         found = taken_end(text)
@@ -318,6 +345,10 @@ def merged(positions: dict[str, int], records: Iterable[tuple[str, str]]) -> dic
             passed_over(where, f"not a record of prompt positions (positions are 0 to {MAX_POSITION})")
             continue
         stream, end = found
+        if ended is not None and where not in ended:
+            record = _record(text) or {}
+            share = record.get("attempt_bound", record.get("bound"))
+            end = max(end, share if share is not None else end)
         out[stream] = max(out.get(stream, 0), end)
     return out
 

@@ -406,7 +406,8 @@ def test_ctrl_c_mid_round_at_an_endpoint_and_its_retry_send_no_prompt_twice(tmp_
         # Beside the reservation, where the round's prompts lie: the most its 2 attempts may take, as its attempt wrote
         # before it sent, and what it took (the check and 4 timed requests), read once it had ended.
         reach = run_dir / RUN_POSITIONS_DIR / f"{REACH}{reserved[0].name.removeprefix(OPEN)}"
-        assert json.loads(reach.read_text(encoding="utf-8")) == {"stream": kept["stream"], "end": 10, "taken": 5}
+        assert json.loads(reach.read_text(encoding="utf-8")) == {"stream": kept["stream"], "end": 10, "taken": 5,
+                                                                     "ended_checked": True}
         HoldingEndpoint.release.set()
 
         retry = flagperf([*args, "--retry", str(run_dir)], tmp_path, api_url)
@@ -439,13 +440,19 @@ def test_ctrl_c_mid_round_at_an_endpoint_and_its_retry_send_no_prompt_twice(tmp_
 
 class LinkLostOnce(LocalHost):
     """A host whose link drops as its first command ends: the case ran and sent, but its end was not seen (as an SSH
-    session that closed without an exit status, or a container engine that stopped answering)."""
+    session that closed without an exit status, or a container engine that stopped answering). Its record of prompt
+    positions is left as it was read mid-send (its check sent, its end not written): what the retry finds of an
+    attempt still sending."""
 
     def run(self, argv: list[str], **kwargs: Any) -> CommandResult:
+        from flagperf.results.prompt_positions import PROMPT_POSITIONS
+
         outcome = super().run(argv, **kwargs)
         if getattr(self, "lost", False):
             return outcome
         self.lost = True
+        record = kwargs["log_path"].with_name(PROMPT_POSITIONS)
+        record.write_text(json.dumps({**json.loads(record.read_text()), "reserved": 1, "end": None}))
         return dataclasses.replace(outcome, exit_code=None, link="the link to the host dropped")
 
 
@@ -454,9 +461,10 @@ class LinkLostOnce(LocalHost):
 def test_what_an_attempt_took_counts_only_where_its_runtime_saw_it_end(tmp_path: Path, lost: bool) -> None:
     """A round's reach, kept beside its reservation, says what its attempts took only for those whose runtime saw the
     case process end (an exit code, and no word of a lost link); an attempt whose end was not seen may still be
-    sending, so its bound counts for it."""
+    sending, so its bound counts for it, and the round's reservation stays open once its folder is stored (its reach
+    holds round 2 back: the stored record of that attempt need not be final)."""
     from flagperf.hosts.inventory import host_spec
-    from flagperf.results.prompt_positions import ENDED_FILE, RUN_POSITIONS_DIR, Reach
+    from flagperf.results.prompt_positions import CLOSED, ENDED_FILE, OPEN, RUN_POSITIONS_DIR, Reach
     from flagperf.results.schema import round_dir
     from flows.host_round import node_round
     from tasks.collect import stage_folder
@@ -467,17 +475,28 @@ def test_what_an_attempt_took_counts_only_where_its_runtime_saw_it_end(tmp_path:
     run = tmp_path / "run"
     run.mkdir()
     with served_by(RefusingEndpoint) as url:
-        plan = _endpoint_plan(url, tmp_path, "requests=2", "max_retries=2")
+        plan = _endpoint_plan(url, tmp_path, "requests=2", "max_retries=2", rounds=2)
         cp = plan.cases[0]
-        result = node_round(host, host_spec({"name": "localhost"}), plan, run, cp, 1, {}, None, 1.0, None)
-    assert result.status == "success", result.failure
-    out = round_dir(run, cp.name, 1, "localhost")
-    [kept] = (run / RUN_POSITIONS_DIR).glob("reach-*.json")
-    reach = Reach.model_validate_json(kept.read_text())
-    if lost:  # attempt 1 (its link lost after it took 0-2) may still send up to its bound; attempt 2 took 3-5
+        spec = host_spec({"name": "localhost"})
+        result = node_round(host, spec, plan, run, cp, 1, {}, None, 1.0, None)
+        assert result.status == "success", result.failure
+        out = round_dir(run, cp.name, 1, "localhost")
+        [kept] = (run / RUN_POSITIONS_DIR).glob("reach-*.json")
+        reach = Reach.model_validate_json(kept.read_text())
+        opened, closed = ([p.name for p in (run / RUN_POSITIONS_DIR).glob(f"{kind}*.json")] for kind in (OPEN, CLOSED))
+        assert not stage_folder(host.work_root, plan.run_id, cp.name, 1, "localhost").exists()
+        if not lost:  # its one attempt ended, seen: what it took counts, and its stored records are final
+            assert _sent(out) == [0, 1, 2] and (reach.end, reach.taken) == (9, 3)
+            assert (out / ENDED_FILE).is_file() and (len(opened), len(closed)) == (0, 1), (opened, closed)
+            return
+        # attempt 1 (its link lost, its record read mid-send) may still send up to its bound: attempt 2 starts after
+        # its own share of it (3), not after what its record said then (1), and the round's reach after the bound
         assert _sent(out) == [3, 4, 5] and (reach.end, reach.taken) == (9, 9)
+        first = json.loads((out / "attempts" / "attempt1" / "prompt_positions.json").read_text())
+        assert (first["bound"], first["attempt_bound"]) == (9, 3)
         assert not (out / "attempts" / "attempt1" / ENDED_FILE).exists() and (out / ENDED_FILE).is_file()
-    else:  # its one attempt ended, seen: what it took counts
-        assert _sent(out) == [0, 1, 2] and (reach.end, reach.taken) == (9, 3)
-        assert (out / ENDED_FILE).is_file()
-    assert not stage_folder(host.work_root, plan.run_id, cp.name, 1, "localhost").exists()
+        # Stored, but attempt 1's end was not seen: its reservation stays open, and round 2 starts after its bound.
+        assert (len(opened), len(closed)) == (1, 0), (opened, closed)
+        second = node_round(host, spec, plan, run, cp, 2, {}, None, 1.0, None)
+    assert second.status == "success", second.failure
+    assert _sent(round_dir(run, cp.name, 2, "localhost")) == [9, 10, 11]

@@ -134,3 +134,23 @@ def test_a_run_whose_round_stayed_on_its_host_says_how_to_collect_it(tmp_path: P
     assert line.endswith(f"to collect the rounds kept on their hosts (and run only the failed others again): "
                          f"`flagperf run --cases c --retry {tmp_path}`") and "\n" not in line
     assert "--retry" not in failed_line([failed("the case crashed")], 2, "flagperf run --cases c", tmp_path)
+
+
+def test_an_end_seen_as_a_command_was_interrupted_is_said_once_and_never_for_a_later_command(tmp_path: Path) -> None:
+    """LocalHost.ended_when_interrupted: the end of a command that run() saw end as it was interrupted is said once,
+    and a later command at the same log path (a rerun) starts with none: an old end must not make a later attempt's
+    record count as final (ended.json) while it may still be sending."""
+    import sys
+
+    from flagperf.hosts.local import LocalHost
+
+    host = LocalHost(work_root=tmp_path)
+    log = tmp_path / "attempt1" / "case.log"
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    with pytest.raises(FileNotFoundError):  # its pid file cannot be written: run() stops the command and raises
+        host.run(sleeper, timeout=60, log_path=log, pid_file=tmp_path / "missing" / "pid")
+    assert host.ended_when_interrupted(log) is not None and host.ended_when_interrupted(log) is None
+    with pytest.raises(FileNotFoundError):
+        host.run(sleeper, timeout=60, log_path=log, pid_file=tmp_path / "missing" / "pid")
+    assert host.run([sys.executable, "-c", "pass"], timeout=60, log_path=log).exit_code == 0
+    assert host.ended_when_interrupted(log) is None

@@ -733,6 +733,7 @@ def test_a_half_round_left_on_the_host_gives_its_prompt_positions_before_it_is_r
     from flagperf.results.prompt_positions import PROMPT_POSITIONS
     from flows.host_round import cleared_stage
     from tasks.collect import leftover_result, stage_folder
+    from tasks.container import seen_ended
 
     RefusingEndpoint.refuse = set()
     plan = _endpoint_plan(refusing, tmp_path, "requests=2")
@@ -746,6 +747,7 @@ def test_a_half_round_left_on_the_host_gives_its_prompt_positions_before_it_is_r
                                         config=cp.config))  # as the controller does before it dispatches the round
     (stage / "attempt1").mkdir(parents=True)
     assert run_job(job, stage / "attempt1") == 0
+    seen_ended(host, stage / "attempt1", 0)  # its runtime saw it end: what its record says it took is final
     (stage / "attempt1" / "result.json").unlink()  # killed before its result: nothing to collect
     assert leftover_result(host, stage, cp.max_retries + 1) is None
     stream = json.loads((stage / "attempt1" / PROMPT_POSITIONS).read_text())["stream"]
@@ -775,6 +777,7 @@ def test_a_round_dispatched_but_never_collected_holds_its_prompts_by_its_reserva
     from flagperf.config.job import JOB_FILE
     from flows.host_round import after_collection, cleared_stage, round_reservation
     from tasks.collect import stage_folder
+    from tasks.container import seen_ended
 
     RefusingEndpoint.refuse = set()
     plan = _endpoint_plan(refusing, tmp_path, "requests=2", rounds=3)
@@ -793,6 +796,7 @@ def test_a_round_dispatched_but_never_collected_holds_its_prompts_by_its_reserva
         stage = stage_folder(host.work_root, plan.run_id, cp.name, round_no, "localhost")
         (stage / "attempt1").mkdir(parents=True)
         assert run_job(job, stage / "attempt1") == code
+        seen_ended(host, stage / "attempt1", code)
         return job, reservation, stage
 
     RefusingEndpoint.refuse = {0}  # round 1 ends at its check, short of what it planned (and reserved)
@@ -919,6 +923,7 @@ def test_a_reservation_is_closed_once_its_round_is_collected_and_not_for_a_lost_
     from flagperf.results.schema import RESULT_FILE, Failure, write_result
     from flows.host_round import after_collection, round_reservation
     from tasks.collect import stage_folder
+    from tasks.container import seen_ended
 
     RefusingEndpoint.refuse = set()
     plan = _endpoint_plan(refusing, tmp_path, "requests=2", rounds=2)
@@ -943,6 +948,7 @@ def test_a_reservation_is_closed_once_its_round_is_collected_and_not_for_a_lost_
     out.mkdir(parents=True)
     assert run_job(job, out) == 0
     (out / JOB_FILE).write_text(job.model_dump_json(), encoding="utf-8")  # as collected from the host
+    seen_ended(host, out, 0)  # its runtime saw it end (collected with it)
     assert _sent(out) == [3, 4, 5]  # after the lost round's reach
     after_collection(host, stage_folder(host.work_root, plan.run_id, cp.name, 2, "localhost"), run, cp, 2, 0, own,
                      "round 2")
@@ -962,6 +968,7 @@ def test_a_half_round_whose_attempts_are_not_all_read_keeps_its_reservation_open
     from flows.evaluate import clean_work_roots, failed_line, half_rounds_kept
     from flows.host_round import HalfRoundKept, cleared_stage, round_reservation, secure_half_round
     from tasks.collect import stage_folder
+    from tasks.container import seen_ended
 
     RefusingEndpoint.refuse = set()
     plan = _endpoint_plan(refusing, tmp_path, "requests=2", "max_retries=1")
@@ -976,7 +983,7 @@ def test_a_half_round_whose_attempts_are_not_all_read_keeps_its_reservation_open
     host.remove_tree(stage)
     too_large = " " * (MAX_POSITIONS_BYTES + 1)
 
-    def half(name: str, attempts: dict[int, str]) -> tuple[Path, Job, Reservation]:
+    def half(name: str, attempts: dict[int, str], ended: tuple[int, ...] = ()) -> tuple[Path, Job, Reservation]:
         """A run folder whose round 1 was dispatched, and left on the host with these attempts' records."""
         run = tmp_path / name / plan.run_id  # the plan's run folder where its results folder is tmp_path / name
         run.mkdir(parents=True)
@@ -985,6 +992,8 @@ def test_a_half_round_whose_attempts_are_not_all_read_keeps_its_reservation_open
         for number, text in attempts.items():
             (stage / f"attempt{number}").mkdir(parents=True)
             (stage / f"attempt{number}" / PROMPT_POSITIONS).write_text(text)
+            if number in ended:
+                seen_ended(host, stage / f"attempt{number}", 0)
         return run, round_job(plan, run, cp, 1, "localhost", spec, {}, None), reserved
 
     # Attempt 1's record cannot be read: the reservation bounds it, so the folder goes and the reservation stays.
@@ -997,8 +1006,8 @@ def test_a_half_round_whose_attempts_are_not_all_read_keeps_its_reservation_open
     assert _sent(out) == [6, 7, 8]  # after the most its 2 attempts may have sent
 
     # An attempt past max_retries + 1 (3 of 2) is read too: the reservation closes on what every attempt took.
-    run, job, reserved = half("past", {1: json.dumps(record), 3: json.dumps({**record, "first": 3, "reserved": 6,
-                                                                             "end": 6, "bound": 6})})
+    past = {1: json.dumps(record), 3: json.dumps({**record, "first": 3, "reserved": 6, "end": 6, "bound": 6})}
+    run, job, reserved = half("past", past, ended=(1, 3))
     cleared = cleared_stage(host, stage, job, run, reserved)
     assert cleared.prompt_positions == {record["stream"]: 6} and reservations(run) == []
     assert (run / RUN_POSITIONS_DIR / f"collected-{reserved.id}.json").is_file()
@@ -1049,7 +1058,7 @@ def test_a_half_round_whose_attempts_are_not_all_read_keeps_its_reservation_open
     clean_work_roots(hosts, specs, plan.model_copy(update={"results_dir": str(tmp_path / "interrupted")}), [])
     assert not stage.exists() and positions_taken(run) == {record["stream"]: 2}
     assert [(r.id, r.open, r.reach) for r in reservations(run)] == [
-        (reserved.id, True, Reach(stream=record["stream"], end=6, taken=6))]  # no end seen: its bound
+        (reserved.id, True, Reach(stream=record["stream"], end=6, taken=6, ended_checked=True))]  # no end seen
     # A round whose subflow crashed has a failed result the controller wrote itself, with none of its records: while
     # its reservation is open its folder on the host is a half round all the same, secured before it goes.
     run, job, reserved = half("crashed", {1: json.dumps(halfway)})
@@ -1374,3 +1383,65 @@ def test_an_endpoints_prompt_files_are_streams_by_their_text_and_sharegpt_positi
     again = json.loads((round_dir(run_dir, "file-a", 2, "localhost") / SERVING_FILE).read_text())["prompt_set"]
     assert _sent(round_dir(run_dir, "file-a", 2, "localhost")) == [0, 1, 2]
     assert (first["each_sent_once"], again["each_sent_once"], again["repeated_requests"]) == (True, False, 2)
+
+
+def test_an_attempt_with_neither_a_record_nor_a_seen_end_leaves_the_rounds_reach_at_its_bound(tmp_path: Path) -> None:
+    """An attempt folder with no record of prompt positions and no ended.json may belong to an attempt still starting
+    (its record not written yet when read) or sending: the round's reach counts its bound, not what the others took."""
+    from flagperf.results.prompt_positions import PROMPT_POSITIONS
+    from tasks.container import attempt_records, seen_ended
+
+    host = LocalHost(work_root=tmp_path)
+    stage = tmp_path / "stage"
+    (stage / "attempt1").mkdir(parents=True)
+    (stage / "attempt1" / PROMPT_POSITIONS).write_text(json.dumps(
+        {"stream": "s", "first": 0, "reserved": 3, "end": 3, "bound": 9, "attempt_bound": 3}))
+    seen_ended(host, stage / "attempt1", 0)
+    assert attempt_records(host, stage).reach().taken == 3
+    (stage / "attempt2").mkdir()
+    assert attempt_records(host, stage).reach().taken == 9
+    seen_ended(host, stage / "attempt2", 1)  # ended before it wrote a record: it sent nothing
+    assert attempt_records(host, stage).reach().taken == 3
+
+
+def test_a_reach_kept_by_an_older_version_is_read_without_what_it_took(tmp_path: Path) -> None:
+    """A reach file written before what an attempt took counted only where its end was seen (no ended_checked) may
+    trust an attempt still sending: read as its bound alone."""
+    from flagperf.results.prompt_positions import Reach, keep_reach
+
+    run = tmp_path / "run"
+    reserved = reserve(run, Reservation(case="c", round=1, host="h", attempts=3, config={}))
+    keep_reach(run, reserved, Reach(stream="s", end=9, taken=3, ended_checked=True))
+    assert [r.reach.upto for r in reservations(run)] == [3]
+    (run / RUN_POSITIONS_DIR / f"reach-{reserved.id}.json").write_text('{"stream": "s", "end": 9, "taken": 3}\n')
+    assert [(r.reach.taken, r.reach.upto) for r in reservations(run)] == [(None, 9)]
+
+
+def test_a_reservation_is_worked_out_from_what_its_job_saw_of_those_it_started_after(tmp_path: Path) -> None:
+    """Z's reach is kept (its bound 5) only after A was dispatched: A's job worked Z out from its configuration (3
+    attempts of 3 prompts: 9), so A started there, not at Z's kept bound; B and C after A and B likewise. A round after
+    C starts after C's bound worked out from that chain (36), not from Z's kept bound (32). Where a job saw a kept reach
+    (its upto), its round started right after it."""
+    from flagperf.config.cases import load_case
+    from flagperf.config.models import CASE_FOLDER
+    from flagperf.generate.config import GenerateConfig
+    from flagperf.generate.serve import Tokens, prompt_source, stream_start, vocab_size
+    from flagperf.results.prompt_positions import WORKED_OUT, Reach, SeenReach
+
+    plan = _endpoint_plan("http://127.0.0.1:9", tmp_path, "requests=2", "max_retries=2")
+    cp = plan.cases[0]
+    config = GenerateConfig.model_validate(cp.config, context={CASE_FOLDER: load_case(cp.name).folder})
+    source = prompt_source(config, Tokens(None), vocab_size(config))
+    stream = source.stream
+    assert stream is not None
+
+    def reservation(rid: str, after: str | None, seen: SeenReach | str = WORKED_OUT, reach: Reach | None = None
+                    ) -> Reservation:
+        return Reservation(case=cp.name, round=1, host="h", attempts=3, config=cp.config, id=rid, reach=reach,
+                           after=[after] if after else [], seen={after: seen} if after else {})
+
+    z = reservation("1", None, reach=Reach(stream=stream, end=5, taken=3, ended_checked=True))
+    chain = [z, reservation("2", "1"), reservation("3", "2"), reservation("4", "3")]
+    assert stream_start(source, {}, chain).start == 36
+    # A's job saw Z's kept reach: A started after its upto (3), and may reach 3 + 9
+    assert stream_start(source, {}, [z, reservation("2", "1", SeenReach(stream=stream, upto=3))]).start == 12

@@ -575,3 +575,27 @@ def test_a_pending_job_is_cancelled_naming_squeues_reason_once_slurm_gives_one(
     # With its output there, the output is quoted as before.
     (shared / "job" / "slurm-44.out").write_text("oops\n")
     assert watched([""], "44").end.endswith("exit record; last lines of slurm-44.out: oops")
+
+
+def test_a_job_is_submitted_never_to_be_requeued(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slurm requeues a batch job whose node failed, by default: it would run the case again from the same job.json
+    (resending its prompts to an endpoint) while the controller retries the attempt itself. sbatch is told not to."""
+    from flagperf.hosts import slurm
+    from flagperf.hosts.slurm import Rank, SlurmJob
+    from flagperf.hosts.slurm_spec import SlurmSpec
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text('#!/bin/bash\nprintf "%s\\n" "$@" > "$T/argv"\necho "7;cluster"\n')
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("T", str(tmp_path))
+    shared = tmp_path / "shared"
+    (shared / "job").mkdir(parents=True)
+    rank = Rank(0, "n1", shared / "job", shared / "job", ["true"], [])
+    job = SlurmJob(SlurmSpec(shared_dir=shared), "flagperf-test", [rank], shared / "job" / "slurm-%j.out", 60)
+    try:
+        job.submit(shared / "job" / "batch.sh", {}, shared / "job", None)
+    finally:
+        slurm._live_jobs.discard(job)  # never a real job: nothing to cancel at exit
+    assert job.job_id == "7" and "--no-requeue" in (tmp_path / "argv").read_text().splitlines()
