@@ -138,8 +138,9 @@ class AttemptRecords:
     @property
     def all_ended(self) -> bool:
         """Every attempt folder found has its ENDED_FILE (and none was passed over): none may still be sending, so
-        what their records say they took is final and the round's reservation may close."""
-        return bool(self.attempts) and not self.skipped and set(self.attempts) <= self.ended_attempts
+        what their records say they took is final and the round's reservation may close. A stage folder with no
+        attempt folder sent nothing (a case runs only from the job.json run_case writes into its attempt folder)."""
+        return not self.skipped and set(self.attempts) <= self.ended_attempts
 
 
 def attempt_records(host: Host, stage_dir: Path, before: int | None = None) -> AttemptRecords:

@@ -1445,3 +1445,22 @@ def test_a_reservation_is_worked_out_from_what_its_job_saw_of_those_it_started_a
     assert stream_start(source, {}, chain).start == 36
     # A's job saw Z's kept reach: A started after its upto (3), and may reach 3 + 9
     assert stream_start(source, {}, [z, reservation("2", "1", SeenReach(stream=stream, upto=3))]).start == 12
+
+
+def test_a_stage_folder_without_an_attempt_lets_its_reservation_close_and_an_unended_attempt_does_not(
+        tmp_path: Path) -> None:
+    """A round interrupted after its stage folder was made (the monitors' start) and before run_case wrote its first
+    attempt's job.json sent nothing: its reservation may close (it was kept open, so every later round on the stream
+    started after its whole bound). An attempt folder whose runtime was not seen to end keeps it open; once its
+    ENDED_FILE is there, it closes."""
+    from flagperf.results.prompt_positions import ENDED_FILE
+    from tasks.container import attempt_records
+
+    host = LocalHost()
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    assert attempt_records(host, stage).all_ended
+    (stage / "attempt1").mkdir()
+    assert not attempt_records(host, stage).all_ended
+    (stage / "attempt1" / ENDED_FILE).write_text("{}")
+    assert attempt_records(host, stage).all_ended
