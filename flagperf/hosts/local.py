@@ -400,7 +400,8 @@ def resolved_in_container(path: str, views: Sequence[tuple[str, str]], hops: int
     folder on the way to a mount point, and only on the way: ending there (a '..' up from a mount), the host reads
     the real folder with all it holds, the container an empty one the engine made. ``alone``: the view target that
     stands in for a folder mounted alone (SCANNED_AT): ``path`` starts in it, and a '..' above it, or a way back
-    into it by name from above, is refused (the container has it elsewhere). What is not there at the end is not
+    into it by name from above, is refused (the container has it elsewhere); so is a '..' from a mount point whose
+    parent the host reads elsewhere (_up_alike). What is not there at the end is not
     there on the host either: not this check's concern."""
     parts = [part for part in path.split("/") if part]
     here = "/"
@@ -413,6 +414,8 @@ def resolved_in_container(path: str, views: Sequence[tuple[str, str]], hops: int
         if part == "..":
             if alone is not None and here == alone:
                 return False  # above the folder mounted alone: the container's parents there are not the host's
+            if not _up_alike(here, views):
+                return False
             here = os.path.dirname(here)
             continue
         step = os.path.join(here, part)
@@ -437,6 +440,23 @@ def resolved_in_container(path: str, views: Sequence[tuple[str, str]], hops: int
             continue
         here = step
     return any(_inside(here, target) for _, target in views)
+
+
+def _up_alike(here: str, views: Sequence[tuple[str, str]]) -> bool:
+    """Whether a '..' from ``here`` (a folder as the container reads it) leads the host, reading the same link, to the
+    folder the container's parent stands for. The container goes up lexically from a mount point (or from a folder
+    the engine made for one); the host goes up from where that path resolves: /datasets/imagenet, mounted from the
+    same path and a link to /nfs/imagenet on the host, has /datasets above it in the container but /nfs on the host,
+    so /datasets/imagenet/../coco is /datasets/coco in one and /nfs/coco in the other. Below a mount point the folder
+    is a real one in the mount's source (links on the way were followed): its parent is the same in both."""
+    if here == "/":
+        return True
+    source = next((host for host, target in views if target == here), None)
+    if source is None:
+        if any(_inside(here, target) for _, target in views):
+            return True
+        source = os.path.realpath(here)  # a folder on the way to a mount point: the host's own, resolved
+    return os.path.dirname(source) == os.path.realpath(os.path.dirname(here))
 
 
 def _inside(path: str, folder: str) -> bool:

@@ -982,3 +982,47 @@ def test_an_older_host_agents_refusal_names_what_it_lacks() -> None:
         assert done.returncode == ARGPARSE_EXIT, done
         assert older_agent(argv[0], done.stderr.strip().splitlines()[-1]) == said, done.stderr
     assert older_agent("describe-paths", "PermissionError: [Errno 13] Permission denied: '/x'") is None
+
+
+def test_a_dot_dot_up_from_a_mount_point_is_refused_where_the_host_goes_up_elsewhere(tmp_path: Path) -> None:
+    """The container goes up from a mount point lexically, the host from where that path resolves: with
+    /datasets/imagenet a link to /nfs/imagenet (mounted from the same path) and /datasets/coco mounted too, a link to
+    /datasets/imagenet/../coco/f is /datasets/coco/f in the container but /nfs/coco/f on the host; with
+    project_root /opt a link to /r/real, a case's ../../../../data/f (and shared/up -> ../../data/f on the way) is
+    /data/f in the container but /r/data/f on the host. Where the parents agree the link passes."""
+    from flagperf.hosts.local import links_leaving
+
+    nfs, datasets, case = tmp_path / "nfs", tmp_path / "datasets", tmp_path / "proj" / "cases" / "base" / "x"
+    for folder in (nfs / "imagenet", nfs / "coco", datasets / "coco", case, tmp_path / "ds"):
+        folder.mkdir(parents=True)
+    (datasets / "imagenet").symlink_to(nfs / "imagenet")
+    (case / "abs").symlink_to(f"{datasets}/imagenet/../coco/f")
+    mounted = [str(datasets / "imagenet"), str(datasets / "coco")]
+    assert links_leaving(str(case), tree=str(tmp_path / "proj"), mounted=mounted) == [
+        ["abs", f"{datasets}/imagenet/../coco/f", str(nfs / "coco" / "f")]]
+    # A folder the engine makes on the way to a mount point, a link on the host: the same.
+    (tmp_path / "moved" / "in" / "coco").mkdir(parents=True)
+    (tmp_path / "via").symlink_to(tmp_path / "moved" / "in")  # the host goes up to moved, the container to tmp_path
+    (case / "abs").unlink()
+    (case / "abs").symlink_to(f"{tmp_path}/via/../ds/f")
+    assert links_leaving(str(case), tree=str(tmp_path / "proj"), mounted=[f"{tmp_path}/via/coco",
+                                                                           str(tmp_path / "ds")]) == [
+        ["abs", f"{tmp_path}/via/../ds/f", str(tmp_path / "moved" / "ds" / "f")]]
+    # Where the host's parent is the container's (the mount point a real folder): no link out.
+    (datasets / "imagenet").unlink()
+    (datasets / "imagenet").mkdir()
+    (case / "abs").unlink()
+    (case / "abs").symlink_to(f"{datasets}/imagenet/../coco/f")
+    assert links_leaving(str(case), tree=str(tmp_path / "proj"), mounted=mounted) == []
+
+    real, written, data = tmp_path / "r" / "real", tmp_path / "opt", tmp_path / "data"
+    own = real / "cases" / "base" / "x"
+    for folder in (own, real / "shared", data, tmp_path / "r" / "data"):
+        folder.mkdir(parents=True)
+    written.symlink_to(real)
+    (own / "rel").symlink_to("../../../../data/f")
+    (real / "shared" / "up").symlink_to("../../data/f")
+    (own / "via").symlink_to("../../../shared/up")
+    host_side = str(tmp_path / "r" / "data" / "f")
+    assert links_leaving(str(own), tree=str(written), mounted=[str(data)]) == [
+        ["rel", "../../../../data/f", host_side], ["via", "../../../shared/up", host_side]]
