@@ -703,7 +703,8 @@ def search_mounts(values: Mapping[str, str], vendor: str, cases: Sequence[str], 
             raise PolicyError(str(exc), f"env.{path.variable}") from None
     return SearchMounts(entries=tuple(entries), project_root=project_root,
                         names=((VENDOR_FOLDERS, (vendor,)), (CASE_FOLDERS, tuple(cases))),
-                        mounted=tuple(sorted({entry for entry in mounted if entry.rpartition(":")[2] != "/"})))
+                        mounted=tuple(sorted({entry for entry in mounted  # '//' is the root too (mount_target)
+                                              if posixpath.normpath(entry.rpartition(":")[2]).lstrip("/")})))
 
 
 def resolved_device(value: str, facts: Mapping[str, PathFacts], patterns: Iterable[str], what: str) -> str:

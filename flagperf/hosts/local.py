@@ -388,7 +388,13 @@ def mount_view(entry: str) -> tuple[str, str]:
     """A --mounted/--bind entry as (the host folder the container sees there, resolved here; its path in the
     container): SOURCE:TARGET, or a TARGET the container has from the same host path (no mount's path holds a ':')."""
     source, _, target = entry.rpartition(":")
-    return os.path.realpath(source or target), os.path.normpath(target)
+    return os.path.realpath(source or target), mount_target(target)
+
+
+def mount_target(target: str) -> str:
+    """A mount's path in the container, normalised: normpath keeps a leading '//' ('//' is not '/' to POSIX), which
+    no folder's path starts with, so a mount at '//' would stand for the container's root yet match no '/' check."""
+    return "/" + os.path.normpath(target).lstrip("/")
 
 
 def resolved_in_container(path: str, views: Sequence[tuple[str, str]], hops: int = 40,

@@ -1026,3 +1026,20 @@ def test_a_dot_dot_up_from_a_mount_point_is_refused_where_the_host_goes_up_elsew
     host_side = str(tmp_path / "r" / "data" / "f")
     assert links_leaving(str(own), tree=str(written), mounted=[str(data)]) == [
         ["rel", "../../../../data/f", host_side], ["via", "../../../shared/up", host_side]]
+
+
+def test_a_mount_at_a_doubled_slash_is_the_root_and_stands_for_no_place_a_link_may_lead(tmp_path: Path) -> None:
+    """normpath keeps a leading '//' (POSIX lets it mean something else than '/'): a mount whose container path is
+    '//' (or '//data') is normalised like any other, so a mount at the root counts as none, and every absolute link
+    is still checked; '//data' is /data."""
+    from flagperf.hosts.local import links_leaving, mount_view
+
+    lab, data = tmp_path / "lab", tmp_path / "data"
+    lab.mkdir()
+    data.mkdir()
+    (lab / "pw").symlink_to("/etc/passwd")
+    for mounted in ([f"{data}://"], ["//"], [f"{data}:///"]):
+        assert links_leaving(str(lab), mounted=mounted) == [["pw", "/etc/passwd", "/etc/passwd"]], mounted
+    assert mount_view(f"{data}://data") == (str(data), "/data")
+    assert container_policy.search_mounts({}, "cpu", [], "/p", mounted=[f"{data}://", "/x", f"{data}:/"]).mounted \
+        == ("/x",)

@@ -57,6 +57,11 @@ def test_a_node_count_becomes_numbered_slots_and_one_node_keeps_the_name(tmp_pat
     ({"qos": "$(touch marker)"}, "hosts.0.slurm.qos", "not a Slurm name"),
     ({"container_mounts": ["/a\n#SBATCH --uid=0:/b"]}, "hosts.0.slurm.container_mounts", "expected /SRC:/DST"),
     ({"shared_dir": "/tmp/s\r#SBATCH --uid=0"}, "hosts.0.slurm.shared_dir", "control characters"),
+    ({"container_mounts": ["/data://"]}, "hosts.0.slurm.container_mounts", "'/data://': a mount of or over the file "
+                                                                            "system's root '/' is refused"),
+    ({"container_mounts": ["/data:/x/.."]}, "hosts.0.slurm.container_mounts",
+     "'/data:/x/..': its container path '/x/..' must be an absolute path without '..'"),
+    ({"container_mounts": ["/data/../etc:/x:ro"]}, "hosts.0.slurm.container_mounts", "its host path '/data/../etc'"),
     ({"time_slack_s": float("inf")}, "hosts.0.slurm.time_slack_s", "finite number"),
 ])
 def test_a_bad_value_is_refused_in_one_line_naming_the_key(tmp_path: Path, slurm: dict[str, Any], key: str,
