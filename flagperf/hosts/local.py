@@ -350,7 +350,7 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = Non
                 None if at is None else os.path.join(at, os.path.dirname(os.path.relpath(path, bound)), target)
             there = None if raw is None else os.path.normpath(raw)
             if raw is not None and there is not None and any(_inside(there, place) for _, place in mounts):
-                if resolved_in_container(raw, views):
+                if resolved_in_container(raw, views, hops=LINKS_FOLLOWED - 1):  # the link itself was the first
                     continue  # the container has that place mounted: the link leads there as on the host
                 leaves = True
             elif os.path.isabs(target):
@@ -363,13 +363,17 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = Non
                 # container has elsewhere (shared/x -> /real/shared/y, project_root /opt a link to /real): followed
                 # hop by hop as the container would, every time (where it ends on the host proves nothing).
                 leaves = not resolved_in_container(_in_container(path, target, bound, at), [*views, *(
-                    [(bound, SCANNED_AT)] if at is None else [])], alone=SCANNED_AT if at is None else None)
+                    [(bound, SCANNED_AT)] if at is None else [])], hops=LINKS_FOLLOWED - 1,
+                    alone=SCANNED_AT if at is None else None)
             if leaves:
                 found.append([os.path.relpath(path, root), target, real])
                 if len(found) >= limit:
                     return found
     return found
 
+
+# How many symlinks Linux follows in one path lookup (MAXSYMLINKS) before it fails with ELOOP.
+LINKS_FOLLOWED = 40
 
 # Where links_leaving takes a folder mounted alone to lie in a container (its real place, under /flagperf-search, is
 # the caller's): as deep as none of those, so a '..' climbing out of it never reaches a mount the real one would not.
@@ -397,7 +401,7 @@ def mount_target(target: str) -> str:
     return "/" + os.path.normpath(target).lstrip("/")
 
 
-def resolved_in_container(path: str, views: Sequence[tuple[str, str]], hops: int = 40,
+def resolved_in_container(path: str, views: Sequence[tuple[str, str]], hops: int = LINKS_FOLLOWED,
                           alone: str | None = None) -> bool:
     """Whether ``path`` (absolute, as a container reads it) leads, link by link, only through places the container
     has and ends in one: ``views``, (host folder, its path in the container). Each part is looked up on the host in

@@ -3,6 +3,7 @@ accelerator and RDMA devices by pattern plus a vendor's own. Each hole the old d
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -1043,3 +1044,32 @@ def test_a_mount_at_a_doubled_slash_is_the_root_and_stands_for_no_place_a_link_m
     assert mount_view(f"{data}://data") == (str(data), "/data")
     assert container_policy.search_mounts({}, "cpu", [], "/p", mounted=[f"{data}://", "/x", f"{data}:/"]).mounted \
         == ("/x",)
+
+
+@pytest.mark.parametrize("links", [40, 41])
+def test_a_chain_of_links_counts_the_scanned_link_against_the_kernels_forty(tmp_path: Path, links: int) -> None:
+    """Linux follows 40 links in one lookup (ELOOP after): a chain of 40, the scanned link included, opens; one of 41
+    does not, on the host as in a container, so the check refuses it. In the folder itself (mounted alone) and
+    into a mount."""
+    from flagperf.hosts.local import links_leaving
+
+    lab, data = tmp_path / "lab", tmp_path / "data"
+    for folder in (lab, data):
+        (folder / ".c").mkdir(parents=True)
+        (folder / "f").write_text("x\n")
+        previous = "../f"
+        for i in range(links - 1):  # in a dot-folder, which the check does not scan itself
+            (folder / ".c" / f"l{i}").symlink_to(previous)
+            previous = f"l{i}"
+    (lab / "start").symlink_to(f".c/{previous}")
+    (lab / "mounted").symlink_to(f"{data}/.c/{previous}")
+    opens = []
+    for name in ("mounted", "start"):
+        try:
+            opens.append((lab / name).read_text() == "x\n")
+        except OSError as exc:
+            assert exc.errno == errno.ELOOP, exc
+            opens.append(False)
+    assert opens == [links <= 40] * 2
+    assert [link[0] for link in links_leaving(str(lab), mounted=[str(data)])] == \
+        ([] if links <= 40 else ["mounted", "start"])
