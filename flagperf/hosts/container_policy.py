@@ -229,6 +229,19 @@ def parse_volume(value: str, roots: Iterable[str]) -> Mount:
                  options=tuple(o for o in options if o not in ("ro", "rw")))
 
 
+def mount_target_problem(target: str, project_root: str) -> str | None:
+    """Why a (clean) container path may not take a data mount or a -v, or None: the root, or a place in what FlagPerf
+    mounts itself, the project (read-only, at project_root) or the run's vendor and case folders (under
+    SEARCH_MOUNT_ROOT): a mount there would put other files in place of the code a round runs."""
+    if target == "/":
+        return "the container's root"
+    for place, what in ((posixpath.normpath(project_root), "the project"), (SEARCH_MOUNT_ROOT, "FlagPerf's folder of "
+                                                                            "the run's vendor and case folders")):
+        if is_under(target, place):
+            return f"{'in ' if target != place else ''}{what} ({place}), whose code a mount there would replace"
+    return None
+
+
 # ---------------------------------------------------------------------------------------------- devices
 
 def device_allowed(path: str, patterns: Iterable[str]) -> bool:

@@ -1073,3 +1073,38 @@ def test_a_chain_of_links_counts_the_scanned_link_against_the_kernels_forty(tmp_
     assert opens == [links <= 40] * 2
     assert [link[0] for link in links_leaving(str(lab), mounted=[str(data)])] == \
         ([] if links <= 40 else ["mounted", "start"])
+
+
+@pytest.mark.parametrize(("docker", "key", "words"), [
+    ({"data_mounts": ["/data/proj"]}, "hosts.0.docker.data_mounts.0", "data mount '/data/proj' is refused: it is the "
+                                                                      "project (/data/proj)"),
+    ({"data_mounts": ["/data/x", "/data/proj/cases:rw"]}, "hosts.0.docker.data_mounts.1",
+     "data mount '/data/proj/cases' is refused: it is in the project (/data/proj)"),
+    ({"extra_options": "-v /data/x:/data/proj/cases/base"}, "hosts.0.docker.extra_options",
+     "-v container path '/data/proj/cases/base' is refused: it is in the project (/data/proj)"),
+    ({"extra_options": "-v /data/x:/flagperf-search/case/0:ro"}, "hosts.0.docker.extra_options",
+     "-v container path '/flagperf-search/case/0' is refused: it is in FlagPerf's folder of the run's vendor and "
+     "case folders (/flagperf-search)"),
+    ({"extra_options": "-v /data/x:/flagperf-search"}, "hosts.0.docker.extra_options", "it is FlagPerf's folder"),
+    ({"extra_options": "-v /data/x://"}, "hosts.0.docker.extra_options", "it is the container's root"),
+])
+def test_a_mount_over_the_project_or_the_search_folders_is_refused(tmp_path: Path, docker: dict[str, object],
+                                                                   key: str, words: str) -> None:
+    """The container has the project read-only at project_root and the run's vendor and case folders under
+    /flagperf-search: a data mount or a -v whose container path is one of those, or in one, would put other files
+    in place of the code a round runs (a data mount has its host path there too: then read-write)."""
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump({"hosts": [{"name": "a", "address": "h", "runtime": "docker",
+                                               "project_root": "/data/proj", "docker": docker}]}))
+    spec = load_inventory(path).hosts[0]
+    with pytest.raises(ConfigError) as info:
+        container_settings(load_vendor("cpu"), spec, "img:1")
+    assert info.value.key == key and words in info.value.message and "\n" not in str(info.value), str(info.value)
+    assert str(info.value).startswith(f"{path}: {key}: "), str(info.value)
+    # Beside it: a mount like any other.
+    path.write_text(yaml.safe_dump({"hosts": [{"name": "a", "address": "h", "runtime": "docker",
+                                               "project_root": "/data/proj", "docker": {
+                                                   "data_mounts": ["/data/projects"],
+                                                   "extra_options": "-v /data/x:/flagperf-searched"}}]}))
+    assert [m.target for m in container_settings(load_vendor("cpu"), load_inventory(path).hosts[0], "img:1")
+            .extra_mounts] == ["/flagperf-searched"]
