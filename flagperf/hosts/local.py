@@ -436,7 +436,10 @@ def resolved_in_container(path: str, views: Sequence[tuple[str, str]], hops: int
                 continue
             return False
         host = view[0] + step[len(view[1]):]
-        if step != view[1] and os.path.islink(host):  # a mount point itself is the folder its source resolves to
+        link = step != view[1] and _is_link(host)  # a mount point itself is the folder its source resolves to
+        if link is None:
+            return False  # unreadable here: whether the way goes on elsewhere is unknown
+        if link:
             hops -= 1
             if hops < 0:
                 return False  # a loop
@@ -450,6 +453,17 @@ def resolved_in_container(path: str, views: Sequence[tuple[str, str]], hops: int
             continue
         here = step
     return any(_inside(here, target) for _, target in views)
+
+
+def _is_link(path: str) -> bool | None:
+    """Whether ``path`` is a symlink: False where nothing is there, None where the host cannot tell (EACCES on a
+    folder on the way: os.path.islink says False, and the check would read on past a link it never saw)."""
+    try:
+        return stat.S_ISLNK(os.lstat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:
+        return None
 
 
 def _up_alike(here: str, views: Sequence[tuple[str, str]]) -> bool:

@@ -1108,3 +1108,16 @@ def test_a_mount_over_the_project_or_the_search_folders_is_refused(tmp_path: Pat
                                                    "extra_options": "-v /data/x:/flagperf-searched"}}]}))
     assert [m.target for m in container_settings(load_vendor("cpu"), load_inventory(path).hosts[0], "img:1")
             .extra_mounts] == ["/flagperf-searched"]
+
+
+def test_a_step_the_host_cannot_look_at_is_refused_not_taken_for_no_link(tmp_path: Path) -> None:
+    """Where lstat fails for another reason than nothing being there (EACCES on a folder on the way; here, as root
+    can read everything, a name longer than NAME_MAX), whether the way goes on by a link is unknown: refused.
+    os.path.islink said False, and the walk read on as if the place were a plain folder."""
+    from flagperf.hosts.local import resolved_in_container
+
+    data = tmp_path / "data"
+    data.mkdir()
+    views = [(str(data), "/data")]
+    assert resolved_in_container("/data/missing/x", views)  # not there: not this check's concern
+    assert not resolved_in_container(f"/data/{'n' * 300}/x", views)
