@@ -120,6 +120,7 @@ class PathFacts:
     kind: str  # folder, file, char-device, socket, other, missing
     links_out: tuple[tuple[str, str, str], ...] = ()
     dangling: bool = False  # missing, but a link is there (a vendor.yaml that is one still makes a vendor's folder)
+    loops: tuple[str, ...] = ()  # of links_out, those that end in a loop of links (ELOOP): no place to name
 
     @property
     def present(self) -> bool:
@@ -132,7 +133,8 @@ class PathFacts:
         return cls(path=found["path"], kind=found["kind"],
                    links_out=tuple((str(below), str(target), str(real))
                                    for below, target, real in found.get("links_out", ())),
-                   dangling=bool(found.get("dangling", False)))
+                   dangling=bool(found.get("dangling", False)),
+                   loops=tuple(str(below) for below in found.get("loops", ())))
 
 
 # ------------------------------------------------------------------------------------------------ paths
@@ -480,6 +482,13 @@ def links_out_problem(source: str, name: str, found: PathFacts, path: SearchPath
     # Names as the host's folder holds them: a newline or a byte that is no UTF-8 would break the one line (and
     # a lone surrogate the JSON of a Prefect state), so each is shown escaped.
     file = printable(f"{source}/{below}")
+    others_count = len(found.links_out) - 1
+    others = (f" (and {others_count}{'+' if len(found.links_out) >= LINKS_LISTED else ''} more such link(s))"
+              if others_count else "")
+    if below in found.loops:  # where it "leads" is a link on the way, not a place: neither out nor back in
+        return (f"{label or path.variable} {path.kind} {name!r}: {file} is a loop of links (to {printable(target)}; "
+                f"or a chain of more than the 40 links Linux follows): it opens nowhere, here or in a "
+                f"container{others}: make it lead to the file")
     if project is not None:
         mounted, real_root = project
         if not is_under(real, real_root):
@@ -498,8 +507,6 @@ def links_out_problem(source: str, name: str, found: PathFacts, path: SearchPath
         else:
             how = f"links out of its folder and back (to {printable(target)})"
         into = "the folder"
-    more = len(found.links_out) - 1
-    others = f" (and {more}{'+' if len(found.links_out) >= LINKS_LISTED else ''} more such link(s))" if more else ""
     return (f"{label or path.variable} {path.kind} {name!r}: {file} {how}; in a container it would dangle{others}: "
             f"copy the file into {into}, or make the link relative and inside it")
 

@@ -3,6 +3,7 @@ through this interface, so the SSH host later is a second implementation, not a 
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -515,7 +516,19 @@ def describe_paths(paths: list[str], scan: Sequence[str] = (), tree: str | None 
         if path in scan and kind == "folder":
             within = real_tree is not None and _inside(real, real_tree)
             described[path]["links_out"] = links_leaving(real, tree=tree if within else None, mounted=mounted)
+            loops = [below for below, _, _ in described[path]["links_out"] if _loops(os.path.join(real, below))]
+            if loops:  # a key of its own: an older controller reads the rest as before
+                described[path]["loops"] = loops
     return described
+
+
+def _loops(link: str) -> bool:
+    """Whether opening ``link`` fails with ELOOP: a loop of links, or a chain longer than the kernel follows."""
+    try:
+        os.stat(link)
+    except OSError as exc:
+        return exc.errno == errno.ELOOP
+    return False
 
 
 def describe_paths_args(paths: Sequence[str], scan: Sequence[str] = (), tree: str | None = None,

@@ -1121,3 +1121,24 @@ def test_a_step_the_host_cannot_look_at_is_refused_not_taken_for_no_link(tmp_pat
     views = [(str(data), "/data")]
     assert resolved_in_container("/data/missing/x", views)  # not there: not this check's concern
     assert not resolved_in_container(f"/data/{'n' * 300}/x", views)
+
+
+def test_a_loop_of_links_is_named_as_one_not_as_a_link_out_and_back(tmp_path: Path) -> None:
+    """a -> b -> a leads nowhere: its resolved path is a link in the folder, which read as 'links out of its folder
+    and back'. The host's facts list it among the loops (a key of its own, which an older controller ignores), and
+    the message says what it is; a chain longer than the kernel's 40 opens nowhere either."""
+    from flagperf.hosts.local import describe_paths
+
+    case = tmp_path / "lab" / "base" / "x"
+    case.mkdir(parents=True)
+    (case / "a").symlink_to("b")
+    (case / "b").symlink_to("a")
+    found = describe_paths([str(case)], scan=[str(case)])[str(case)]
+    assert found["loops"] == ["a", "b"] and json.loads(json.dumps(found)) == found
+    facts = PathFacts.of(found)
+    problem = container_policy.links_out_problem(str(case), "base/x", facts, container_policy.CASE_FOLDERS)
+    assert problem == (f"FLAGPERF_CASE_PATH case 'base/x': {case}/a is a loop of links (to b; or a chain of "
+                       "more than the 40 links Linux follows): it opens nowhere, here or in a container (and 1 more "
+                       "such link(s)): make it lead to the file"), problem
+    # An older agent's facts (no loops key) read as before.
+    assert PathFacts.of({k: v for k, v in found.items() if k != "loops"}).loops == ()
