@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -25,22 +26,36 @@ class ConfigError(FlagperfError):
         self.message = message
         self.more: list[ConfigError] = []
         self.left_out = 0  # findings found beyond those in ``more`` (MAX_FINDINGS), counted, not listed
-        where = f"{self.source}: {key}" if key else self.source
+        where = f"{printable(self.source)}: {printable(key)}" if key else printable(self.source)  # names, as written
         super().__init__(one_line(message, lead=f"{where}:"))
+
+
+# What a line may not show raw: line and paragraph separators (a new line to some terminals and editors) and the
+# bidi overrides and isolates (they reorder what follows, so a name could read as another: U+202E).
+UNSAFE = frozenset("\u2028\u2029\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
 def printable(text: str) -> str:
     """``text`` (a file name from a folder scan, here or on another host) fit for a one-line message and for any JSON
-    encoder: a byte that is no UTF-8 (a lone surrogate, as Python reads such a name) as \\xNN, a newline or other
-    control character escaped as Python writes it (\\n), the rest as it is."""
+    encoder, and read back unambiguously: a byte that is no UTF-8 (a lone surrogate, as Python reads such a name) as
+    \\xNN, a control character (a newline, a tab, ESC) or another character that could break or reorder the line
+    (UNSAFE) escaped as Python writes it (\\n, \\u202e), a backslash doubled (so that a name holding a backslash and
+    an n is not read as one holding a newline); the rest as it is, format characters a name may hold (a zero-width
+    joiner, a soft hyphen) and spaces other than ' ' included."""
+    return _escaped(text, backslash=True)
+
+
+def _escaped(text: str, backslash: bool) -> str:
     shown = []
     for char in text:
-        if char.isprintable():
-            shown.append(char)
+        if char == "\\":
+            shown.append("\\\\" if backslash else char)
         elif "\udc80" <= char <= "\udcff":  # surrogateescape's: the byte the name holds
             shown.append(f"\\x{ord(char) - 0xDC00:02x}")
+        elif char in UNSAFE or unicodedata.category(char) in ("Cc", "Cs"):
+            shown.append(char.encode("unicode_escape", "backslashreplace").decode("ascii"))
         else:
-            shown.append(char.encode("unicode_escape").decode("ascii"))
+            shown.append(char)
     return "".join(shown)
 
 
@@ -56,15 +71,20 @@ def one_line(text: str, limit: int = MAX_LINE, lead: str = "") -> str:
     (the file and key an error names) where the lead alone takes more than half the line; the middle of the message
     between the lead and that last clause; the middles of the last clause's longest words; those of the lead; and
     only where none of it is enough, the middle of the line. Its end is never cut."""
-    lead_words = [printable(word) for word in lead.split()]
-    message = [printable(word) for word in text.split()]
+    # Words are what ' ' parts: any other space, a tab or a newline is part of a word, escaped there (a name holding
+    # one is shown as it is, never as another name with a plain space), and two spaces stay two. A backslash is left
+    # as it is: a message's names come escaped by printable already (or by repr), and escaping again would double it.
+    lead_words = [_escaped(word, backslash=False) for word in lead.strip(" ").split(" ")] if lead.strip(" ") else []
+    message = [_escaped(word, backslash=False) for word in text.strip(" ").split(" ")] if text.strip(" ") else []
     clause = max((i + 1 for i, word in enumerate(message) if word.endswith((";", ":"))), default=len(message))
     words = [*lead_words, *message]
     lead_end, body_end = len(lead_words), len(lead_words) + clause
     body, tail, lead_part = range(lead_end, body_end), range(body_end, len(words)), range(lead_end)
 
+    length = [sum(map(len, words)) + max(len(words) - 1, 0)]  # the line's, kept as words change: no join per step
+
     def excess() -> int:
-        return len(" ".join(words)) - limit
+        return length[0] - limit
 
     def shorten(indexes: range) -> None:
         """The longest of these words lose their middles until the line fits or none is worth shortening."""
@@ -76,6 +96,7 @@ def one_line(text: str, limit: int = MAX_LINE, lead: str = "") -> str:
             keep = max(SHORTEST_PART, len(word) - excess() - len(ELLIPSIS))
             head = keep // 3  # the end of a path (its file's name) says more than its start
             words[longest] = word[:head] + ELLIPSIS + word[len(word) - (keep - head):]
+            length[0] += len(words[longest]) - len(word)
 
     def middle_cut() -> str | None:
         """The line with the middle of the message before its last clause cut, the lead and that clause whole."""

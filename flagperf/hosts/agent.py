@@ -13,7 +13,8 @@ timeouts and logs on a remote host behave exactly as on the local one (they shar
     python -m flagperf.hosts.agent describe-paths [--scan=P]... [--tree=ROOT] [--mounted=T]... [--bind=S:T]... -- P...
         -> {"paths": {PATH: {"path": resolved, "kind"}}}; a folder among the --scan ones also has "links_out" (of
         the tree ROOT, the project a container has at that path, where the folder resolves into it; a link to a
-        place under a --mounted or --bind one, the container's other mounts, is none of them)
+        place under a --mounted or --bind one, the container's other mounts, is none of them), and "loops" where
+        some of those open nowhere (ELOOP)
     python -m flagperf.hosts.agent exec-with-env FILE -- ARGV... -> ARGV, with FILE's variables (a JSON object)
         in its environment: a container's start, so that they are in no container config (docker inspect)
 

@@ -120,6 +120,7 @@ class PathFacts:
     kind: str  # folder, file, char-device, socket, other, missing
     links_out: tuple[tuple[str, str, str], ...] = ()
     dangling: bool = False  # missing, but a link is there (a vendor.yaml that is one still makes a vendor's folder)
+    loops: tuple[str, ...] = ()  # of links_out, those that end in a loop of links (ELOOP): no place to name
 
     @property
     def present(self) -> bool:
@@ -132,7 +133,8 @@ class PathFacts:
         return cls(path=found["path"], kind=found["kind"],
                    links_out=tuple((str(below), str(target), str(real))
                                    for below, target, real in found.get("links_out", ())),
-                   dangling=bool(found.get("dangling", False)))
+                   dangling=bool(found.get("dangling", False)),
+                   loops=tuple(str(below) for below in found.get("loops", ())))
 
 
 # ------------------------------------------------------------------------------------------------ paths
@@ -227,6 +229,19 @@ def parse_volume(value: str, roots: Iterable[str]) -> Mount:
         raise PolicyError(f"-v {value!r}: ro and rw both given")
     return Mount(source, target, read_only="rw" not in options,
                  options=tuple(o for o in options if o not in ("ro", "rw")))
+
+
+def mount_target_problem(target: str, project_root: str) -> str | None:
+    """Why a (clean) container path may not take a data mount or a -v, or None: the root, or a place in what FlagPerf
+    mounts itself, the project (read-only, at project_root) or the run's vendor and case folders (under
+    SEARCH_MOUNT_ROOT): a mount there would put other files in place of the code a round runs."""
+    if target == "/":
+        return "the container's root"
+    for place, what in ((posixpath.normpath(project_root), "the project"), (SEARCH_MOUNT_ROOT, "FlagPerf's folder of "
+                                                                            "the run's vendor and case folders")):
+        if is_under(target, place):
+            return f"{'in ' if target != place else ''}{what} ({place}), whose code a mount there would replace"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- devices
@@ -467,6 +482,13 @@ def links_out_problem(source: str, name: str, found: PathFacts, path: SearchPath
     # Names as the host's folder holds them: a newline or a byte that is no UTF-8 would break the one line (and
     # a lone surrogate the JSON of a Prefect state), so each is shown escaped.
     file = printable(f"{source}/{below}")
+    others_count = len(found.links_out) - 1
+    others = (f" (and {others_count}{'+' if len(found.links_out) >= LINKS_LISTED else ''} more such link(s))"
+              if others_count else "")
+    if below in found.loops:  # where it "leads" is a link on the way, not a place: neither out nor back in
+        return (f"{label or path.variable} {path.kind} {name!r}: {file} is a loop of links (to {printable(target)}; "
+                f"or a chain of more than the 40 links Linux follows): it opens nowhere, here or in a "
+                f"container{others}: make it lead to the file")
     if project is not None:
         mounted, real_root = project
         if not is_under(real, real_root):
@@ -485,8 +507,6 @@ def links_out_problem(source: str, name: str, found: PathFacts, path: SearchPath
         else:
             how = f"links out of its folder and back (to {printable(target)})"
         into = "the folder"
-    more = len(found.links_out) - 1
-    others = f" (and {more}{'+' if len(found.links_out) >= LINKS_LISTED else ''} more such link(s))" if more else ""
     return (f"{label or path.variable} {path.kind} {name!r}: {file} {how}; in a container it would dangle{others}: "
             f"copy the file into {into}, or make the link relative and inside it")
 
@@ -703,7 +723,8 @@ def search_mounts(values: Mapping[str, str], vendor: str, cases: Sequence[str], 
             raise PolicyError(str(exc), f"env.{path.variable}") from None
     return SearchMounts(entries=tuple(entries), project_root=project_root,
                         names=((VENDOR_FOLDERS, (vendor,)), (CASE_FOLDERS, tuple(cases))),
-                        mounted=tuple(sorted({entry for entry in mounted if entry.rpartition(":")[2] != "/"})))
+                        mounted=tuple(sorted({entry for entry in mounted  # '//' is the root too (mount_target)
+                                              if posixpath.normpath(entry.rpartition(":")[2]).lstrip("/")})))
 
 
 def resolved_device(value: str, facts: Mapping[str, PathFacts], patterns: Iterable[str], what: str) -> str:

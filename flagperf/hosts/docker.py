@@ -36,6 +36,7 @@ from flagperf.hosts.container_policy import (
     PolicyError,
     SearchMounts,
     device_host_path,
+    mount_target_problem,
     parse_container_options,
     parse_data_mount,
     resolved_device,
@@ -328,12 +329,23 @@ def container_settings(vendor: Vendor, spec: HostSpec, image: str, project_root:
             data_mounts.append(parse_data_mount(entry, roots))
         except PolicyError as exc:
             raise ConfigError(source, f"{prefix}docker.data_mounts.{i}", str(exc)) from None
+    project = str(project_root or spec.project_root or PROJECT_ROOT)
+    for i, mount in enumerate(data_mounts):
+        problem = mount_target_problem(mount.target, project)
+        if problem:
+            raise ConfigError(source, f"{prefix}docker.data_mounts.{i}",
+                              f"data mount {mount.target!r} is refused: it is {problem}")
+    for mount in extras.mounts:
+        problem = mount_target_problem(mount.target, project)
+        if problem:
+            raise ConfigError(source, f"{prefix}docker.extra_options",
+                              f"-v container path {mount.target!r} is refused: it is {problem}")
     given = spec.runtime_env()
     given.update(resolve_values(extras.env, spec.name, "docker.extra_options"))
     try:
         # A link in a vendor or case folder may lead into a data mount or a -v's target: SOURCE:TARGET, so that the
         # host follows it on its way as the container would.
-        search = search_mounts(given, vendor.name, cases, str(project_root or spec.project_root or PROJECT_ROOT),
+        search = search_mounts(given, vendor.name, cases, project,
                                [f"{m.source}:{m.target}" for m in (*data_mounts, *extras.mounts)])
     except PolicyError as exc:
         raise ConfigError(source, f"{prefix}{exc.key}", str(exc)) from None

@@ -48,6 +48,8 @@ from flagperf.hosts.container_policy import (
     allowed_roots,
     check_data_roots,
     check_device,
+    clean_path,
+    mount_target_problem,
     parse_container_options,
     parse_data_mount,
 )
@@ -314,6 +316,11 @@ class HostSpec(StrictModel):
                 raise ValueError("a Slurm entry needs a slurm: section, and runs its jobs itself (no transport, "
                                  "runtime: docker or agent; slurm.container_image runs cases in a container)")
             object.__setattr__(self, "transport", "slurm")
+            for mount in self.slurm.container_mounts:  # as a docker host's data mounts and -v (container_settings)
+                problem = mount_target_problem(clean_path(mount.split(":")[1], "container path"),
+                                               str(self.project_root or PROJECT_ROOT))
+                if problem:
+                    raise ValueError(f"slurm.container_mounts: {mount!r} is refused: its container path is {problem}")
         if self.transport is None:
             object.__setattr__(self, "transport", "local" if self.address in LOCAL_ADDRESSES else "ssh")
         if self.docker.engine is None:

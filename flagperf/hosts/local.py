@@ -3,6 +3,7 @@ through this interface, so the SSH host later is a second implementation, not a 
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -353,7 +354,7 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = Non
                 None if at is None else os.path.join(at, os.path.dirname(os.path.relpath(path, bound)), target)
             there = None if raw is None else os.path.normpath(raw)
             if raw is not None and there is not None and any(_inside(there, place) for _, place in mounts):
-                if resolved_in_container(raw, views):
+                if resolved_in_container(raw, views, hops=LINKS_FOLLOWED - 1):  # the link itself was the first
                     continue  # the container has that place mounted: the link leads there as on the host
                 leaves = True
             elif os.path.isabs(target):
@@ -366,13 +367,17 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = Non
                 # container has elsewhere (shared/x -> /real/shared/y, project_root /opt a link to /real): followed
                 # hop by hop as the container would, every time (where it ends on the host proves nothing).
                 leaves = not resolved_in_container(_in_container(path, target, bound, at), [*views, *(
-                    [(bound, SCANNED_AT)] if at is None else [])], alone=SCANNED_AT if at is None else None)
+                    [(bound, SCANNED_AT)] if at is None else [])], hops=LINKS_FOLLOWED - 1,
+                    alone=SCANNED_AT if at is None else None)
             if leaves:
                 found.append([os.path.relpath(path, root), target, real])
                 if len(found) >= limit:
                     return found
     return found
 
+
+# How many symlinks Linux follows in one path lookup (MAXSYMLINKS) before it fails with ELOOP.
+LINKS_FOLLOWED = 40
 
 # Where links_leaving takes a folder mounted alone to lie in a container (its real place, under /flagperf-search, is
 # the caller's): as deep as none of those, so a '..' climbing out of it never reaches a mount the real one would not.
@@ -391,10 +396,16 @@ def mount_view(entry: str) -> tuple[str, str]:
     """A --mounted/--bind entry as (the host folder the container sees there, resolved here; its path in the
     container): SOURCE:TARGET, or a TARGET the container has from the same host path (no mount's path holds a ':')."""
     source, _, target = entry.rpartition(":")
-    return os.path.realpath(source or target), os.path.normpath(target)
+    return os.path.realpath(source or target), mount_target(target)
 
 
-def resolved_in_container(path: str, views: Sequence[tuple[str, str]], hops: int = 40,
+def mount_target(target: str) -> str:
+    """A mount's path in the container, normalised: normpath keeps a leading '//' ('//' is not '/' to POSIX), which
+    no folder's path starts with, so a mount at '//' would stand for the container's root yet match no '/' check."""
+    return "/" + os.path.normpath(target).lstrip("/")
+
+
+def resolved_in_container(path: str, views: Sequence[tuple[str, str]], hops: int = LINKS_FOLLOWED,
                           alone: str | None = None) -> bool:
     """Whether ``path`` (absolute, as a container reads it) leads, link by link, only through places the container
     has and ends in one: ``views``, (host folder, its path in the container). Each part is looked up on the host in
@@ -403,7 +414,8 @@ def resolved_in_container(path: str, views: Sequence[tuple[str, str]], hops: int
     folder on the way to a mount point, and only on the way: ending there (a '..' up from a mount), the host reads
     the real folder with all it holds, the container an empty one the engine made. ``alone``: the view target that
     stands in for a folder mounted alone (SCANNED_AT): ``path`` starts in it, and a '..' above it, or a way back
-    into it by name from above, is refused (the container has it elsewhere). What is not there at the end is not
+    into it by name from above, is refused (the container has it elsewhere); so is a '..' from a mount point whose
+    parent the host reads elsewhere (_up_alike). What is not there at the end is not
     there on the host either: not this check's concern."""
     parts = [part for part in path.split("/") if part]
     here = "/"
@@ -416,6 +428,8 @@ def resolved_in_container(path: str, views: Sequence[tuple[str, str]], hops: int
         if part == "..":
             if alone is not None and here == alone:
                 return False  # above the folder mounted alone: the container's parents there are not the host's
+            if not _up_alike(here, views):
+                return False
             here = os.path.dirname(here)
             continue
         step = os.path.join(here, part)
@@ -426,7 +440,10 @@ def resolved_in_container(path: str, views: Sequence[tuple[str, str]], hops: int
                 continue
             return False
         host = view[0] + step[len(view[1]):]
-        if step != view[1] and os.path.islink(host):  # a mount point itself is the folder its source resolves to
+        link = step != view[1] and _is_link(host)  # a mount point itself is the folder its source resolves to
+        if link is None:
+            return False  # unreadable here: whether the way goes on elsewhere is unknown
+        if link:
             hops -= 1
             if hops < 0:
                 return False  # a loop
@@ -440,6 +457,34 @@ def resolved_in_container(path: str, views: Sequence[tuple[str, str]], hops: int
             continue
         here = step
     return any(_inside(here, target) for _, target in views)
+
+
+def _is_link(path: str) -> bool | None:
+    """Whether ``path`` is a symlink: False where nothing is there, None where the host cannot tell (EACCES on a
+    folder on the way: os.path.islink says False, and the check would read on past a link it never saw)."""
+    try:
+        return stat.S_ISLNK(os.lstat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:
+        return None
+
+
+def _up_alike(here: str, views: Sequence[tuple[str, str]]) -> bool:
+    """Whether a '..' from ``here`` (a folder as the container reads it) leads the host, reading the same link, to the
+    folder the container's parent stands for. The container goes up lexically from a mount point (or from a folder
+    the engine made for one); the host goes up from where that path resolves: /datasets/imagenet, mounted from the
+    same path and a link to /nfs/imagenet on the host, has /datasets above it in the container but /nfs on the host,
+    so /datasets/imagenet/../coco is /datasets/coco in one and /nfs/coco in the other. Below a mount point the folder
+    is a real one in the mount's source (links on the way were followed): its parent is the same in both."""
+    if here == "/":
+        return True
+    source = next((host for host, target in views if target == here), None)
+    if source is None:
+        if any(_inside(here, target) for _, target in views):
+            return True
+        source = os.path.realpath(here)  # a folder on the way to a mount point: the host's own, resolved
+    return os.path.dirname(source) == os.path.realpath(os.path.dirname(here))
 
 
 def _inside(path: str, folder: str) -> bool:
@@ -474,7 +519,19 @@ def describe_paths(paths: list[str], scan: Sequence[str] = (), tree: str | None 
         if path in scan and kind == "folder":
             within = real_tree is not None and _inside(real, real_tree)
             described[path]["links_out"] = links_leaving(real, tree=tree if within else None, mounted=mounted)
+            loops = [below for below, _, _ in described[path]["links_out"] if _loops(os.path.join(real, below))]
+            if loops:  # a key of its own: an older controller reads the rest as before
+                described[path]["loops"] = loops
     return described
+
+
+def _loops(link: str) -> bool:
+    """Whether opening ``link`` fails with ELOOP: a loop of links, or a chain longer than the kernel follows."""
+    try:
+        os.stat(link)
+    except OSError as exc:
+        return exc.errno == errno.ELOOP
+    return False
 
 
 def describe_paths_args(paths: Sequence[str], scan: Sequence[str] = (), tree: str | None = None,

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from flagperf.config.models import StrictModel
+from flagperf.hosts.container_policy import PolicyError, clean_path
 
 # What Slurm names look like (partitions, accounts, QOS, nodes): no spaces, quotes, commas or a leading '-'.
 SLURM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
@@ -136,6 +137,13 @@ class SlurmSpec(StrictModel):
             if len(parts) not in (2, 3) or not all(p.startswith("/") for p in parts[:2]) or "," in mount \
                     or (len(parts) == 3 and parts[2] not in ("ro", "rw")) or re.search(r"[\s\x00-\x1f\x7f]", mount):
                 raise ValueError(f"{mount!r}: expected /SRC:/DST[:ro|rw]")
+            try:  # the rule of every mount's paths (-v, data mounts): no '..', and no mount over the root
+                source = clean_path(parts[0], f"{mount!r}: its host path")
+                target = clean_path(parts[1], f"{mount!r}: its container path")
+            except PolicyError as exc:
+                raise ValueError(str(exc)) from None
+            if "/" in (source, target):
+                raise ValueError(f"{mount!r}: a mount of or over the file system's root '/' is refused")
         return value
 
     @field_validator("shared_dir")

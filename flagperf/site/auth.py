@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from flagperf.errors import ConfigError
+from flagperf.errors import ConfigError, printable
 from flagperf.paths import PROJECT_ROOT
 
 AUTH_FILE_ENV = "FLAGPERF_AUTH_FILE"
@@ -154,13 +154,15 @@ def read_auth_file(path: Path) -> Credentials:
     if not stat.S_ISREG(info.st_mode):
         raise ConfigError(where, None, "is not a regular file")
     if info.st_mode & 0o077:
-        raise ConfigError(where, None, f"mode {stat.S_IMODE(info.st_mode):04o} lets others read it; chmod 600 {path}")
+        raise ConfigError(where, None, f"mode {stat.S_IMODE(info.st_mode):04o} lets others read it; chmod 600 "
+                                       f"{printable(shlex.quote(str(path)))}")  # copyable, whatever the name holds
     if info.st_uid != os.geteuid():
         raise ConfigError(where, None, "belongs to another user; the server's own user must own it (chmod 600)")
     resolved = path.resolve()
     if resolved.is_relative_to(PROJECT_ROOT):
-        raise ConfigError(where, None, f"lies inside the project ({PROJECT_ROOT}), where it could be committed or "
-                                       f"served; keep it elsewhere, e.g. {default_auth_file()}")
+        raise ConfigError(where, None, f"lies inside the project ({printable(str(PROJECT_ROOT))}), where it could be "
+                                       f"committed or served; keep it elsewhere, e.g. "
+                                       f"{printable(str(default_auth_file()))}")
     try:
         text = resolved.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

@@ -3,6 +3,7 @@ accelerator and RDMA devices by pattern plus a vendor's own. Each hole the old d
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -982,3 +983,162 @@ def test_an_older_host_agents_refusal_names_what_it_lacks() -> None:
         assert done.returncode == ARGPARSE_EXIT, done
         assert older_agent(argv[0], done.stderr.strip().splitlines()[-1]) == said, done.stderr
     assert older_agent("describe-paths", "PermissionError: [Errno 13] Permission denied: '/x'") is None
+
+
+def test_a_dot_dot_up_from_a_mount_point_is_refused_where_the_host_goes_up_elsewhere(tmp_path: Path) -> None:
+    """The container goes up from a mount point lexically, the host from where that path resolves: with
+    /datasets/imagenet a link to /nfs/imagenet (mounted from the same path) and /datasets/coco mounted too, a link to
+    /datasets/imagenet/../coco/f is /datasets/coco/f in the container but /nfs/coco/f on the host; with
+    project_root /opt a link to /r/real, a case's ../../../../data/f (and shared/up -> ../../data/f on the way) is
+    /data/f in the container but /r/data/f on the host. Where the parents agree the link passes."""
+    from flagperf.hosts.local import links_leaving
+
+    nfs, datasets, case = tmp_path / "nfs", tmp_path / "datasets", tmp_path / "proj" / "cases" / "base" / "x"
+    for folder in (nfs / "imagenet", nfs / "coco", datasets / "coco", case, tmp_path / "ds"):
+        folder.mkdir(parents=True)
+    (datasets / "imagenet").symlink_to(nfs / "imagenet")
+    (case / "abs").symlink_to(f"{datasets}/imagenet/../coco/f")
+    mounted = [str(datasets / "imagenet"), str(datasets / "coco")]
+    assert links_leaving(str(case), tree=str(tmp_path / "proj"), mounted=mounted) == [
+        ["abs", f"{datasets}/imagenet/../coco/f", str(nfs / "coco" / "f")]]
+    # A folder the engine makes on the way to a mount point, a link on the host: the same.
+    (tmp_path / "moved" / "in" / "coco").mkdir(parents=True)
+    (tmp_path / "via").symlink_to(tmp_path / "moved" / "in")  # the host goes up to moved, the container to tmp_path
+    (case / "abs").unlink()
+    (case / "abs").symlink_to(f"{tmp_path}/via/../ds/f")
+    assert links_leaving(str(case), tree=str(tmp_path / "proj"), mounted=[f"{tmp_path}/via/coco",
+                                                                           str(tmp_path / "ds")]) == [
+        ["abs", f"{tmp_path}/via/../ds/f", str(tmp_path / "moved" / "ds" / "f")]]
+    # Where the host's parent is the container's (the mount point a real folder): no link out.
+    (datasets / "imagenet").unlink()
+    (datasets / "imagenet").mkdir()
+    (case / "abs").unlink()
+    (case / "abs").symlink_to(f"{datasets}/imagenet/../coco/f")
+    assert links_leaving(str(case), tree=str(tmp_path / "proj"), mounted=mounted) == []
+
+    real, written, data = tmp_path / "r" / "real", tmp_path / "opt", tmp_path / "data"
+    own = real / "cases" / "base" / "x"
+    for folder in (own, real / "shared", data, tmp_path / "r" / "data"):
+        folder.mkdir(parents=True)
+    written.symlink_to(real)
+    (own / "rel").symlink_to("../../../../data/f")
+    (real / "shared" / "up").symlink_to("../../data/f")
+    (own / "via").symlink_to("../../../shared/up")
+    host_side = str(tmp_path / "r" / "data" / "f")
+    assert links_leaving(str(own), tree=str(written), mounted=[str(data)]) == [
+        ["rel", "../../../../data/f", host_side], ["via", "../../../shared/up", host_side]]
+
+
+def test_a_mount_at_a_doubled_slash_is_the_root_and_stands_for_no_place_a_link_may_lead(tmp_path: Path) -> None:
+    """normpath keeps a leading '//' (POSIX lets it mean something else than '/'): a mount whose container path is
+    '//' (or '//data') is normalised like any other, so a mount at the root counts as none, and every absolute link
+    is still checked; '//data' is /data."""
+    from flagperf.hosts.local import links_leaving, mount_view
+
+    lab, data = tmp_path / "lab", tmp_path / "data"
+    lab.mkdir()
+    data.mkdir()
+    (lab / "pw").symlink_to("/etc/passwd")
+    for mounted in ([f"{data}://"], ["//"], [f"{data}:///"]):
+        assert links_leaving(str(lab), mounted=mounted) == [["pw", "/etc/passwd", "/etc/passwd"]], mounted
+    assert mount_view(f"{data}://data") == (str(data), "/data")
+    assert container_policy.search_mounts({}, "cpu", [], "/p", mounted=[f"{data}://", "/x", f"{data}:/"]).mounted \
+        == ("/x",)
+
+
+@pytest.mark.parametrize("links", [40, 41])
+def test_a_chain_of_links_counts_the_scanned_link_against_the_kernels_forty(tmp_path: Path, links: int) -> None:
+    """Linux follows 40 links in one lookup (ELOOP after): a chain of 40, the scanned link included, opens; one of 41
+    does not, on the host as in a container, so the check refuses it. In the folder itself (mounted alone) and
+    into a mount."""
+    from flagperf.hosts.local import links_leaving
+
+    lab, data = tmp_path / "lab", tmp_path / "data"
+    for folder in (lab, data):
+        (folder / ".c").mkdir(parents=True)
+        (folder / "f").write_text("x\n")
+        previous = "../f"
+        for i in range(links - 1):  # in a dot-folder, which the check does not scan itself
+            (folder / ".c" / f"l{i}").symlink_to(previous)
+            previous = f"l{i}"
+    (lab / "start").symlink_to(f".c/{previous}")
+    (lab / "mounted").symlink_to(f"{data}/.c/{previous}")
+    opens = []
+    for name in ("mounted", "start"):
+        try:
+            opens.append((lab / name).read_text() == "x\n")
+        except OSError as exc:
+            assert exc.errno == errno.ELOOP, exc
+            opens.append(False)
+    assert opens == [links <= 40] * 2
+    assert [link[0] for link in links_leaving(str(lab), mounted=[str(data)])] == \
+        ([] if links <= 40 else ["mounted", "start"])
+
+
+@pytest.mark.parametrize(("docker", "key", "words"), [
+    ({"data_mounts": ["/data/proj"]}, "hosts.0.docker.data_mounts.0", "data mount '/data/proj' is refused: it is the "
+                                                                      "project (/data/proj)"),
+    ({"data_mounts": ["/data/x", "/data/proj/cases:rw"]}, "hosts.0.docker.data_mounts.1",
+     "data mount '/data/proj/cases' is refused: it is in the project (/data/proj)"),
+    ({"extra_options": "-v /data/x:/data/proj/cases/base"}, "hosts.0.docker.extra_options",
+     "-v container path '/data/proj/cases/base' is refused: it is in the project (/data/proj)"),
+    ({"extra_options": "-v /data/x:/flagperf-search/case/0:ro"}, "hosts.0.docker.extra_options",
+     "-v container path '/flagperf-search/case/0' is refused: it is in FlagPerf's folder of the run's vendor and "
+     "case folders (/flagperf-search)"),
+    ({"extra_options": "-v /data/x:/flagperf-search"}, "hosts.0.docker.extra_options", "it is FlagPerf's folder"),
+    ({"extra_options": "-v /data/x://"}, "hosts.0.docker.extra_options", "it is the container's root"),
+])
+def test_a_mount_over_the_project_or_the_search_folders_is_refused(tmp_path: Path, docker: dict[str, object],
+                                                                   key: str, words: str) -> None:
+    """The container has the project read-only at project_root and the run's vendor and case folders under
+    /flagperf-search: a data mount or a -v whose container path is one of those, or in one, would put other files
+    in place of the code a round runs (a data mount has its host path there too: then read-write)."""
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump({"hosts": [{"name": "a", "address": "h", "runtime": "docker",
+                                               "project_root": "/data/proj", "docker": docker}]}))
+    spec = load_inventory(path).hosts[0]
+    with pytest.raises(ConfigError) as info:
+        container_settings(load_vendor("cpu"), spec, "img:1")
+    assert info.value.key == key and words in info.value.message and "\n" not in str(info.value), str(info.value)
+    assert str(info.value).startswith(f"{path}: {key}: "), str(info.value)
+    # Beside it: a mount like any other.
+    path.write_text(yaml.safe_dump({"hosts": [{"name": "a", "address": "h", "runtime": "docker",
+                                               "project_root": "/data/proj", "docker": {
+                                                   "data_mounts": ["/data/projects"],
+                                                   "extra_options": "-v /data/x:/flagperf-searched"}}]}))
+    assert [m.target for m in container_settings(load_vendor("cpu"), load_inventory(path).hosts[0], "img:1")
+            .extra_mounts] == ["/flagperf-searched"]
+
+
+def test_a_step_the_host_cannot_look_at_is_refused_not_taken_for_no_link(tmp_path: Path) -> None:
+    """Where lstat fails for another reason than nothing being there (EACCES on a folder on the way; here, as root
+    can read everything, a name longer than NAME_MAX), whether the way goes on by a link is unknown: refused.
+    os.path.islink said False, and the walk read on as if the place were a plain folder."""
+    from flagperf.hosts.local import resolved_in_container
+
+    data = tmp_path / "data"
+    data.mkdir()
+    views = [(str(data), "/data")]
+    assert resolved_in_container("/data/missing/x", views)  # not there: not this check's concern
+    assert not resolved_in_container(f"/data/{'n' * 300}/x", views)
+
+
+def test_a_loop_of_links_is_named_as_one_not_as_a_link_out_and_back(tmp_path: Path) -> None:
+    """a -> b -> a leads nowhere: its resolved path is a link in the folder, which read as 'links out of its folder
+    and back'. The host's facts list it among the loops (a key of its own, which an older controller ignores), and
+    the message says what it is; a chain longer than the kernel's 40 opens nowhere either."""
+    from flagperf.hosts.local import describe_paths
+
+    case = tmp_path / "lab" / "base" / "x"
+    case.mkdir(parents=True)
+    (case / "a").symlink_to("b")
+    (case / "b").symlink_to("a")
+    found = describe_paths([str(case)], scan=[str(case)])[str(case)]
+    assert found["loops"] == ["a", "b"] and json.loads(json.dumps(found)) == found
+    facts = PathFacts.of(found)
+    problem = container_policy.links_out_problem(str(case), "base/x", facts, container_policy.CASE_FOLDERS)
+    assert problem == (f"FLAGPERF_CASE_PATH case 'base/x': {case}/a is a loop of links (to b; or a chain of "
+                       "more than the 40 links Linux follows): it opens nowhere, here or in a container (and 1 more "
+                       "such link(s)): make it lead to the file"), problem
+    # An older agent's facts (no loops key) read as before.
+    assert PathFacts.of({k: v for k, v in found.items() if k != "loops"}).loops == ()

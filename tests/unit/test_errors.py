@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flagperf.errors import MAX_LINE, ConfigError, gathered, one_line
+from flagperf.errors import MAX_LINE, ConfigError, gathered, one_line, printable
 
 
 def test_the_lead_stays_whole_where_the_middle_of_the_message_can_go_instead() -> None:
@@ -51,3 +51,29 @@ def test_findings_whose_shortened_lines_read_alike_are_kept_apart() -> None:
     assert gathered([first, second]).more == [second]
     again = ConfigError(first.source, "size", "too big")
     assert gathered([ConfigError(first.source, "size", "too big"), again]).more == []  # the same finding: once
+
+
+def test_a_names_whitespace_is_shown_as_it_is_never_as_one_plain_space() -> None:
+    """Words are what ' ' parts: a tab or a newline in a file name is escaped where it is (\\t, \\n), a no-break
+    space stays one, two spaces stay two; each was shown as one plain space, a different, valid-looking path."""
+    said = one_line("missing: /d/a\tb /d/a\nb /d/a\u00a0b '/d/a  b'", lead="f.yaml:")
+    assert said == "f.yaml: missing: /d/a\\tb /d/a\\nb /d/a\u00a0b '/d/a  b'", said
+    assert one_line("  padded  ") == "padded"
+
+
+def test_printable_escapes_what_breaks_or_reorders_a_line_and_a_backslash_and_keeps_what_a_name_may_hold() -> None:
+    """Control characters, lone surrogates (a byte that is no UTF-8 as \\xNN), line and paragraph separators and
+    bidi overrides and isolates are escaped, and a backslash is doubled, so that a name holding a backslash and an n
+    is not read as one holding a newline; format characters valid in a name (a right-to-left mark, a zero-width
+    joiner, a soft hyphen) are kept, as is a no-break space. One_line, which takes names printable already, does not
+    double a backslash again."""
+    kept = "r\u200fz\u200dj\u00adh\u00a0n\u00e9"
+    assert printable(kept) == kept
+    assert printable("a\\nb") == "a\\\\nb" and printable("a\nb") == "a\\nb"
+    for char, shown in (("\u202e", "\\u202e"), ("\u2066", "\\u2066"), ("\u2069", "\\u2069"), ("\u2028", "\\u2028"),
+                        ("\u2029", "\\u2029"), ("\x85", "\\x85"), ("\ud800", "\\ud800"), ("\udcff", "\\xff"),
+                        ("\t", "\\t"), ("\x7f", "\\x7f")):
+        assert printable(f"a{char}b") == f"a{shown}b", char
+    assert one_line(f"{printable('a' + chr(92) + 'n')} gone") == "a\\\\n gone"
+    assert str(ConfigError("x.yaml", None, f"{printable('/d/a' + chr(10) + 'b')} is missing")) == \
+        "x.yaml: /d/a\\nb is missing"

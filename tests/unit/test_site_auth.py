@@ -3,6 +3,8 @@ a lockout that doubles up to its cap, per client, cleared by a right sign-in, in
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from flagperf.site.auth import SignInThrottle
@@ -95,3 +97,20 @@ def test_a_host_to_listen_on_is_loopback_only_where_this_machine_resolves_it_so(
 
     assert beyond_loopback("localhost.localdomain") == ("--host", "localhost.localdomain")
     assert beyond_loopback("127.1", {"--public-url": "http://localhost.localdomain:4200"}) is None  # a URL's host
+
+
+def test_a_credentials_files_advice_names_it_copyably_whatever_its_name_holds(tmp_path: Path) -> None:
+    """The chmod the error suggests is a command to copy: the file's path shell-quoted and escaped (a space or a
+    newline in a folder's name was shown as a plain space, a command for another file)."""
+    from flagperf.errors import ConfigError
+    from flagperf.site.auth import read_auth_file
+
+    folder = tmp_path / "my  conf\tdir\nx"
+    folder.mkdir()
+    path = folder / "server-auth"
+    path.write_text("user:long-enough-password-1234\n")
+    path.chmod(0o644)
+    with pytest.raises(ConfigError) as info:
+        read_auth_file(path)
+    shown = f"{tmp_path}/my  conf\\tdir\\nx/server-auth"
+    assert str(info.value) == f"{shown}: mode 0644 lets others read it; chmod 600 '{shown}'", str(info.value)

@@ -20,6 +20,7 @@ from flagperf.hosts.container_policy import Mount
 from flagperf.hosts.inventory import load_inventory
 from flagperf.hosts.slurm import SUMMARY_LINES, SlurmHost, batch_script, gres_missing, output_summary, parse_gres
 from flagperf.hosts.slurm_node import my_rank
+from flagperf.paths import PROJECT_ROOT
 
 
 def write(tmp_path: Path, **slurm: Any) -> Path:
@@ -57,6 +58,15 @@ def test_a_node_count_becomes_numbered_slots_and_one_node_keeps_the_name(tmp_pat
     ({"qos": "$(touch marker)"}, "hosts.0.slurm.qos", "not a Slurm name"),
     ({"container_mounts": ["/a\n#SBATCH --uid=0:/b"]}, "hosts.0.slurm.container_mounts", "expected /SRC:/DST"),
     ({"shared_dir": "/tmp/s\r#SBATCH --uid=0"}, "hosts.0.slurm.shared_dir", "control characters"),
+    ({"container_mounts": ["/data://"]}, "hosts.0.slurm.container_mounts", "'/data://': a mount of or over the file "
+                                                                            "system's root '/' is refused"),
+    ({"container_mounts": ["/data:/x/.."]}, "hosts.0.slurm.container_mounts",
+     "'/data:/x/..': its container path '/x/..' must be an absolute path without '..'"),
+    ({"container_mounts": ["/data/../etc:/x:ro"]}, "hosts.0.slurm.container_mounts", "its host path '/data/../etc'"),
+    ({"container_mounts": [f"/data:{PROJECT_ROOT}/cases:ro"]}, "hosts.0",  # project_root: the controller's
+     f"slurm.container_mounts: '/data:{PROJECT_ROOT}/cases:ro' is refused: its container path is in the project"),
+    ({"container_mounts": ["/data:/flagperf-search"]}, "hosts.0", "its container path is FlagPerf's folder of the "
+                                                                  "run's vendor and case folders"),
     ({"time_slack_s": float("inf")}, "hosts.0.slurm.time_slack_s", "finite number"),
 ])
 def test_a_bad_value_is_refused_in_one_line_naming_the_key(tmp_path: Path, slurm: dict[str, Any], key: str,
