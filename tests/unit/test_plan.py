@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,11 @@ from flagperf.config.cases import available_cases, load_case
 from flagperf.config.plan import available_suites, find_suite, new_run_id, plan_run
 from flagperf.errors import ConfigError
 from flagperf.paths import NAME_PATTERN, PROJECT_ROOT
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pytest brings tomli on 3.10
+    import tomli as tomllib
 
 FP32 = "computation-FP32"
 FP32_CASE = "cases/base/computation-FP32/case.yaml"
@@ -514,8 +520,6 @@ def test_a_retry_with_another_vendor_is_other_work(tmp_path: Path, monkeypatch: 
 def test_every_package_the_project_installs_is_counted_by_the_source_digest() -> None:
     """The packages pyproject.toml installs (flows import tasks/) are code a round runs: each is among the digest's
     folders (tasks/ was not: an edit of a task left the digest as it was)."""
-    import tomllib
-
     from flagperf.results.provenance import SOURCE_FOLDERS
 
     found = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
