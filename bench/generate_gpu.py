@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib.util
-import json
 import logging
 import math
 import os
@@ -36,7 +35,6 @@ import platform
 import shlex
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
+from bench.monitors import VendorMonitors  # noqa: E402
 from bench.paired import write_record  # noqa: E402
 from flagperf.config.job import Job  # noqa: E402
 from flagperf.config.plan import CasePlan, plan_run  # noqa: E402
@@ -63,7 +62,6 @@ from flagperf.generate.driver import load_prompts  # noqa: E402
 from flagperf.generate.hf import generation_config, left_pad  # noqa: E402
 from flagperf.generate.metrics import level_name  # noqa: E402
 from flagperf.generate.models import build_model  # noqa: E402
-from flagperf.hosts.runtime import PID_FILE  # noqa: E402
 from flagperf.measure.hostmemory import keep_freed_host_memory  # noqa: E402
 from flagperf.results.provenance import code_identity, host_info  # noqa: E402
 from flagperf.results.schema import read_result  # noqa: E402
@@ -166,68 +164,13 @@ class Device:
 # --- A: the engine ------------------------------------------------------------------------------------------
 
 
-class Monitors:
-    """The vendor's monitors, started as a host round starts them (pid file, interval, parent)."""
+class Monitors(VendorMonitors):
+    """The vendor's monitors every MONITOR_INTERVAL_S (a host round's default), for at most an hour, started when
+    made."""
 
     def __init__(self, vendor: str, folder: Path) -> None:
-        loaded = load_vendor(vendor)
-        (folder / PID_FILE).write_text(str(os.getpid()), encoding="utf-8")
-        self.paths = {m.name: folder / f"monitor_{m.name}.jsonl" for m in loaded.manifest.monitors}
-        # The project importable by the monitors as by this script, from wherever it was started.
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        for m in loaded.manifest.monitors:
-            with (folder / f"monitor_{m.name}.log").open("wb") as errors:
-                self.procs[m.name] = subprocess.Popen(
-                    [*loaded.monitor_command(m, sys.executable), "--out", str(self.paths[m.name]),
-                     "--interval", str(MONITOR_INTERVAL_S), "--pid-file", str(folder / PID_FILE),
-                     "--max-seconds", "3600", "--parent-pid", str(os.getpid())],
-                    stdout=subprocess.DEVNULL, stderr=errors, cwd=ROOT, env=env)
-
-    def wait_sampling(self, timeout_s: float = 60.0) -> None:
-        """Until every monitor has written its first sample (or exited): on a host the case process takes
-        seconds to start after its monitors, so their own start-up never overlaps the round's work."""
-        deadline = time.monotonic() + timeout_s
-        pending = dict(self.paths)
-        while pending and time.monotonic() < deadline:
-            for name, path in list(pending.items()):
-                if self.procs[name].poll() is not None or sample_written(path):
-                    del pending[name]
-            time.sleep(0.05)
-
-    def stop(self) -> dict[str, Any]:
-        """Each monitor's exit and sample count (its footer): a monitor that could not run (a missing NVML
-        library) is recorded, not fatal."""
-        out: dict[str, Any] = {}
-        for name, proc in self.procs.items():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-            try:
-                code: int | None = proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                code = proc.wait()
-            out[name] = {"exit": code, "samples": footer_samples(self.paths[name])}
-            if out[name]["samples"] is None:
-                log_path = self.paths[name].with_name(f"monitor_{name}.log")
-                lines = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
-                out[name]["error"] = lines[-1] if lines else "no footer, no output"
-        return out
-
-
-def sample_written(path: Path) -> bool:
-    try:
-        return '"type": "sample"' in path.read_text(encoding="utf-8")
-    except OSError:
-        return False
-
-
-def footer_samples(path: Path) -> int | None:
-    try:
-        last = json.loads(path.read_text(encoding="utf-8").splitlines()[-1])
-    except (OSError, IndexError, ValueError):
-        return None
-    return last.get("samples") if last.get("type") == "footer" else None
+        super().__init__(vendor, folder, MONITOR_INTERVAL_S, max_seconds=3600)
+        self.start()
 
 
 def engine_round(plan: CasePlan, run_id: str, vendor: str, folder: Path, number: int, levels: list[int],
@@ -395,7 +338,7 @@ def markdown(record: dict[str, Any]) -> str:
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for p in record["pairs"]:
             mem = {side: "-" if v is None else f"{v / 2**20:.0f} MiB" for side, v in p["device_memory_before"].items()}
-            mons = ", ".join(f"{k} {v['samples']} samples" if v["samples"] is not None
+            mons = ", ".join(f"{k} {v['samples']} samples" if v["samples"]
                              else f"{k} failed ({v.get('error', '')})" for k, v in p["monitors"].items())
             for c, e in p["engine"].items():
                 b = p["bare"][c]

@@ -34,11 +34,8 @@ import argparse
 import importlib.util
 import json
 import math
-import os
 import platform
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,10 +49,10 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from bench.monitors import VendorMonitors  # noqa: E402
 from bench.paired import write_record  # noqa: E402
 from flagperf.config.vendors import load_vendor  # noqa: E402
 from flagperf.errors import CaseUserError  # noqa: E402
-from flagperf.hosts.runtime import PID_FILE  # noqa: E402
 from flagperf.monitoring import MAX_RATE_HZ  # noqa: E402
 from flagperf.operation.config import ENERGY_MAX_INTERVALS, ENERGY_MIN_INTERVALS, OperationConfig  # noqa: E402
 from flagperf.operation.driver import OperationOutcome, check_energy_loop, run_operation  # noqa: E402
@@ -88,78 +85,10 @@ def settings(quick: bool, dtypes: list[str], implementations: list[str], operato
         "energy_intervals": energy_intervals, "timeout_s": 600.0, "max_retries": 0})
 
 
-class Monitors:
-    """The vendor's monitors sampling every ``interval_s`` into ``folder``, started as a host round starts them
-    (pid file, interval, parent): the energy loop is N of their intervals, so they must sample at that one. They
-    keep their own long limit, as a round's do (energy loops run past the bench's budget, and a monitor that stops
-    early leaves the last operators' uncovered): the parent's exit, the pid file and ``stop`` end them. Made without
-    processes; ``start`` starts them, so that a failed start inside the
-    caller's try is still stopped by its ``stop``."""
-
-    def __init__(self, vendor: str, folder: Path, interval_s: float) -> None:
-        self.loaded = load_vendor(vendor)
-        self.folder, self.interval_s = folder, interval_s
-        self.paths = {m.name: folder / f"monitor_{m.name}.jsonl" for m in self.loaded.manifest.monitors}
-        self.logs = {m.name: folder / f"monitor_{m.name}.log" for m in self.loaded.manifest.monitors}
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self) -> None:
-        (self.folder / PID_FILE).write_text(str(os.getpid()), encoding="utf-8")
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-        for m in self.loaded.manifest.monitors:
-            with self.logs[m.name].open("wb") as errors:
-                self.procs[m.name] = subprocess.Popen(
-                    [*self.loaded.monitor_command(m, sys.executable), "--out", str(self.paths[m.name]), "--interval",
-                     str(self.interval_s), "--pid-file", str(self.folder / PID_FILE), "--parent-pid",
-                     str(os.getpid())],
-                    stdout=subprocess.DEVNULL, stderr=errors, cwd=ROOT, env=env)
-
-    def failed(self) -> list[str]:
-        """Each monitor that exited non-zero without a sample: its exit code and the tail of its log."""
-        out = []
-        for name, proc in self.procs.items():
-            code = proc.poll()
-            if code and not _samples(self.paths[name]):
-                log = self.logs[name].read_text(encoding="utf-8", errors="replace") if self.logs[name].exists() else ""
-                tail = " ".join(log.strip().splitlines()[-3:])[-300:] or "no output"
-                out.append(f"monitor {name} exited {code} with 0 samples ({tail})")
-        return out
-
-    def wait_sampling(self, timeout_s: float = 60.0) -> None:
-        """Until every monitor has written a sample (or exited): their start-up never overlaps a point."""
-        deadline = time.monotonic() + timeout_s
-        pending = dict(self.paths)
-        while pending and time.monotonic() < deadline:
-            for name, path in list(pending.items()):
-                if self.procs[name].poll() is not None or _samples(path):
-                    del pending[name]
-            time.sleep(0.05)
-
-    def wait_past(self, t: float, timeout_s: float = 30.0) -> None:
-        """Until every running monitor has a sample after epoch ``t``: a window its samples do not yet reach would
-        read as one the monitors do not cover."""
-        deadline = time.monotonic() + timeout_s
-        pending = dict(self.paths)
-        while pending and time.monotonic() < deadline:
-            for name, path in list(pending.items()):
-                proc = self.procs.get(name)
-                if proc is None or proc.poll() is not None or _last_sample_t(path) > t:
-                    del pending[name]
-            time.sleep(0.05)
-
-    def stop(self) -> dict[str, Any]:
-        """Each monitor's exit code and samples written: one that could not run is recorded, not fatal."""
-        out: dict[str, Any] = {}
-        for name, proc in self.procs.items():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-            try:
-                code: int | None = proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                code = proc.wait()
-            out[name] = {"exit": code, "samples": _samples(self.paths[name])}
-        return out
+class Monitors(VendorMonitors):
+    """The vendor's monitors sampling every ``interval_s`` (the energy loop is N of their intervals, so they must
+    sample at that one), keeping their own long limit as a round's do: energy loops run past the bench's budget,
+    and a monitor that stopped early would leave the last operators' figures uncovered."""
 
     def energy(self, outcome: OperationOutcome) -> dict[str, dict[str, Any]]:
         """metric name -> its energy per work over its energy_window (the energy loop), as a run's summary takes it
@@ -186,28 +115,6 @@ class Monitors:
                                   "energy_per_work_samples": work.samples if work.value is not None else None,
                                   "energy_source": work.source, "energy_per_work_note": why}
         return found
-
-
-def _samples(path: Path) -> int:
-    """The samples a monitor's file holds, read as a run's analysis reads them (any JSON spacing a vendor's monitor
-    writes; a line being written is no sample)."""
-    return len(read_monitor(path).samples)
-
-
-def _last_sample_t(path: Path) -> float:
-    """The epoch time of a monitor file's last sample line (0 where none is written yet)."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return 0.0
-    for line in reversed(lines):
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue  # a line being written
-        if row.get("type") == "sample" and isinstance(row.get("t"), int | float):
-            return float(row["t"])
-    return 0.0
 
 
 def _geomean(values: list[float]) -> float | None:
