@@ -1,7 +1,8 @@
 """The server path, end to end, with whatever packages the running interpreter has (.ci/newest-in-range runs it
 in a fresh venv holding the newest releases within pyproject.toml's ranges):
 
-a real `prefect server start` (SQLite in a temporary folder, on a port the OS gives), a process work pool,
+a real Prefect server as `flagperf server` runs it (flows.team_app; SQLite in a temporary folder, on a port the
+OS gives), a process work pool,
 `prefect --no-prompt deploy --all` from the repository root (prefect.yaml), a worker, and one evaluate run of
 the smoke suite through its deployment (`prefect deployment run evaluate/evaluate`), as the README tells a
 team to do it. Exits 1, naming the step and showing its output and the server's log, if any step fails or
@@ -72,7 +73,9 @@ def healthy(api_url: str) -> bool:
 
 
 def start_server(folder: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str, Path]:
-    """`prefect server start` (as `flagperf server` runs it) on SQLite; returns once /api/health answers."""
+    """Prefect's server as `flagperf server` runs it (flows.team_app: Prefect's app, services and UI behind the
+    front that checks Host and Origin) on SQLite; returns once /api/health answers. The launcher builds on Prefect's
+    create_app and uvicorn's settings, which the newest releases in range may change."""
     for attempt in range(1, PORT_ATTEMPTS + 1):
         port = free_port()
         api_url = f"http://127.0.0.1:{port}/api"
@@ -80,8 +83,9 @@ def start_server(folder: Path, env: dict[str, str]) -> tuple[subprocess.Popen[by
         server_env = {**env, "PREFECT_UI_ENABLED": "false",
                       "PREFECT_SERVER_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{folder / 'prefect.db'}"}
         with log.open("wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                                     "--port", str(port)], cwd=folder, env=server_env, stdout=out,
+            proc = subprocess.Popen([sys.executable, "-m", "flows.team_app", "--host", "127.0.0.1", "--port",
+                                     str(port), "--name", "127.0.0.1", "--name", "localhost", "--origin",
+                                     f"http://127.0.0.1:{port}"], cwd=folder, env=server_env, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S
         while proc.poll() is None and time.monotonic() < deadline and not healthy(api_url):
