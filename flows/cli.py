@@ -93,7 +93,8 @@ class _OneLineErrors(TyperGroup):
 
 
 app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="AI-hardware evaluation engine (FlagPerf's base specs, inference and training cases) as "
+                  help="AI-hardware evaluation engine (FlagPerf's base specs, inference, training, LLM serving and "
+                       "operator cases) as "
                        "Prefect workflows: run it here or on an inventory of hosts, read measured vs peak with "
                        "power, energy and provenance, compare runs, serve it to a team.")
 # Piped or captured output has no terminal width; keep the summary table readable there too.
