@@ -79,3 +79,90 @@ def test_cli_reference_lists_every_command_and_option() -> None:
 def test_commands_in_reads_bash_blocks() -> None:
     text = "x\n```bash\n# a comment\nflagperf run \\\n  --suite smoke   # why\nls\n```\n```yaml\nno: 1\n```\n"
     assert _hooks().commands_in(text) == ["flagperf run --suite smoke", "ls"]
+
+
+def _flagperf_uses(markdown: str) -> list[str]:
+    """Every `flagperf ...` a page shows: inline code spans outside fenced blocks, and the commands of its ```bash
+    blocks, each cut at the first shell separator and with `$(...)` taken out (their options are another
+    program's)."""
+    spans = re.findall(r"`(flagperf [^`]+)`", re.sub(r"```.*?```", "", markdown, flags=re.S))
+    spans += [line[line.index("flagperf "):] for line in _hooks().commands_in(markdown) if "flagperf " in line]
+    return [re.split(r"\s(?:\||&&|\|\||;|>|2>|<)\s", re.sub(r"\$\([^)]*\)", "", span))[0] for span in spans]
+
+
+def _stale_flagperf_uses(markdown: str) -> list[str]:
+    """A command or option of `flagperf` that a page shows and the CLI does not have (`--help` is every one's)."""
+    import typer
+
+    from flows.cli import app
+
+    root, stale = typer.main.get_command(app), []
+    for use in _flagperf_uses(markdown):
+        words, command, path = use.split()[1:], root, ["flagperf"]
+        while words and words[0] in getattr(command, "commands", {}):
+            path.append(words[0])
+            command = command.commands[words.pop(0)]
+        if getattr(command, "commands", None) and words and not words[0].startswith("-"):
+            stale.append(f"`{use}`: {' '.join(path)} has no command {words[0]}")
+            continue
+        known = {"--help", *(opt for param in command.params for opt in [*param.opts, *param.secondary_opts])}
+        stale += [f"`{use}`: {' '.join(path)} has no option {opt}"
+                  for opt in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", use) if opt not in known]
+    return stale
+
+
+def _stale_set_keys(markdown: str, configuration: str, cases: set[str]) -> list[str]:
+    """A `--set [CASE.]KEY=` whose KEY is in no configuration (the generated reference lists every key of every
+    model and case), unless the page itself declares it (a tutorial's engine adds its own option)."""
+    stale = []
+    for dotted in re.findall(r"--set[ =]['\"]?([A-Za-z0-9_.*-]+)=", markdown):
+        parts = dotted.split(".")
+        key = parts[1] if parts[0] in cases and len(parts) > 1 else parts[0]
+        if key.isupper() or f"| `{key}` |" in configuration or re.search(rf"^\s*{re.escape(key)}\s*:", markdown, re.M):
+            continue
+        stale.append(f"--set {dotted}=: no configuration has the key {key}")
+    return stale
+
+
+def _pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def test_every_flagperf_command_and_option_the_docs_show_exists() -> None:
+    stale = [f"{page.relative_to(ROOT)}: {line}" for page in _pages()
+             for line in _stale_flagperf_uses(page.read_text())]
+    assert not stale, "\n".join(stale)
+    # The check itself: a renamed option, an unknown command, in a span or a bash block, are caught; another
+    # program's options (after a pipe, inside $(...)) are not flagperf's.
+    sample = ("`flagperf run --compile-mode x`, `flagperf vendor inspect X`, `flagperf server --server-name a`\n"
+              "```bash\nflagperf compare $(ls --sort=time results | head -n 2) --out x.md | grep --count B\n```\n")
+    assert _stale_flagperf_uses(sample) == [
+        "`flagperf run --compile-mode x`: flagperf run has no option --compile-mode",
+        "`flagperf vendor inspect X`: flagperf vendor has no command inspect"]
+
+
+def test_every_set_key_the_docs_show_is_a_configuration_key() -> None:
+    configuration = _hooks().configuration_page()
+    cases = {folder.name for folder in (ROOT / "cases").glob("*/*") if folder.is_dir()}
+    stale = [f"{page.relative_to(ROOT)}: {line}" for page in _pages()
+             for line in _stale_set_keys(page.read_text(), configuration, cases)]
+    assert not stale, "\n".join(stale)
+    # operators' compile_mode became inductor_mode: a page that still sets the old key is caught.
+    assert _stale_set_keys("`--set op-gemm.compile_mode=max-autotune`", configuration, cases) == [
+        "--set op-gemm.compile_mode=: no configuration has the key compile_mode"]
+    assert _stale_set_keys("`--set op-gemm.inductor_mode=max-autotune`", configuration, cases) == []
+
+
+def test_every_family_is_named_where_the_families_are_listed() -> None:
+    """A family folder of cases/ that the concepts page, or the README's list of family pages, leaves out is one a
+    newcomer never hears of (the operation family was missing from both)."""
+    concepts = (ROOT / "docs" / "concepts.md").read_text()
+    families_row = next(line for line in concepts.splitlines() if line.startswith("| **family** |"))
+    readme = (ROOT / "README.md").read_text()
+    pages = {"base": "docs/families/base.md", "inference": "docs/families/inference.md",
+             "training": "docs/families/training.md", "generate": "docs/families/generate.md",
+             "operation": "docs/operation.md"}
+    for family in sorted(folder.name for folder in (ROOT / "cases").iterdir() if folder.is_dir()):
+        assert f"`{family}`" in families_row, f"docs/concepts.md's family row does not name {family}"
+        assert family in pages, f"cases/{family}/: which page documents this family? (add it to this test)"
+        assert f"]({pages[family]})" in readme, f"README.md does not link {pages[family]}, the {family} family's page"
