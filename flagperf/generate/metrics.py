@@ -21,9 +21,11 @@ from dataclasses import dataclass
 
 from flagperf.generate.engines import RequestTrace
 from flagperf.results.metrics import (
+    LATENCY_PERCENTILES,
     LatencyStats,
     TransformerFlops,
     latency_stats,
+    latency_tail,
     model_flops_utilisation,
     percentile,
 )
@@ -39,7 +41,7 @@ ARRIVAL = ("arrival: the request handed to the engine (with its batch, or servin
            "perf_counter in the case process")
 LEVEL_TIME = ("the level's timed wall time (host perf_counter, from handing its first requests to the engine to the "
               "engine returning its last ones)")
-PERCENTILES = "p50/p90/p99 linear-interpolated between closest ranks (numpy's default)"
+PERCENTILES = LATENCY_PERCENTILES
 CONVENTIONS = {
     "output_tokens_per_s": f"output tokens of the level's timed requests (each exactly max_new_tokens) / {LEVEL_TIME}",
     "tokens_per_s_per_user": f"per request: output tokens / (last token - arrival), the engine's E2EL; {ARRIVAL}; "
@@ -110,7 +112,7 @@ def level_stats(concurrency: int, traces: list[RequestTrace], seconds: float) ->
 
 
 def _latency(name: str, what: str, stats: LatencyStats, seconds: float, note: str) -> Metric:
-    return Metric(name=name, value=stats.mean, unit="s", p50=stats.p50, p90=stats.p90, p99=stats.p99,
+    return Metric(name=name, value=stats.mean, unit="s", **latency_tail(stats),
                   iterations=stats.count, measured_seconds=seconds, note=note, statistic="mean",
                   convention=CONVENTIONS[what])
 

@@ -13,7 +13,7 @@ figure below is one Metric of result.json; docs/serving.md repeats the table.
                                     is slow), p50, p90 over requests; no p99 (a rate's p99 is its fastest 1 %)
   interactivity                     1 / mean TPOT (tokens/s one user sees while decoding; InferenceX's axis)
   requests_per_s                    successful requests / the point's duration
-  ttft_s  tpot_s  itl_s  e2el_s     mean, p50, p90, p99 (seconds) over successful requests:
+  ttft_s  tpot_s  itl_s  e2el_s     mean, p50, p90, p95, p99, std (seconds) over successful requests:
                                     TTFT = first output chunk - send; E2EL = end of stream - send;
                                     TPOT = (E2EL - TTFT) / (output tokens - 1), requests of >= 2 tokens;
                                     ITL = every gap between consecutive output chunks, pooled (an output
@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from flagperf.generate.loadgen import RequestRecord
-from flagperf.results.metrics import LatencyStats, latency_stats, percentile
+from flagperf.results.metrics import LATENCY_PERCENTILES, LatencyStats, latency_stats, latency_tail, percentile
 from flagperf.results.schema import Metric
 from flagperf.results.serving import FAILED_FLAG_FRACTION
 
@@ -69,7 +69,7 @@ DURATION = "the point's duration: its first send to its last stream end (client 
 # server that took the request, worked on it and dropped it is not flattered by the time it lost).
 RESENT = ("a request whose kept-alive connection the server closed before any response was sent once more on a fresh "
           "connection, and is timed from its first send, the failed try included")
-PERCENTILES = "p50/p90/p99 linear-interpolated between closest ranks (numpy's default)"
+PERCENTILES = LATENCY_PERCENTILES
 FAILED = ("a request fails on an HTTP status other than 200, a transport error or request_timeout_s, an error event, "
           "an event with none of choices, usage and error, or a stream that ends without a finish_reason or with "
           "finish_reason abort or error")
@@ -222,7 +222,7 @@ def point_stats(label: str, records: list[RequestRecord], seconds: float, slo: S
 
 
 def _latency(name: str, what: str, stats: LatencyStats, seconds: float, note: str) -> Metric:
-    return Metric(name=name, value=stats.mean, unit="s", p50=stats.p50, p90=stats.p90, p99=stats.p99,
+    return Metric(name=name, value=stats.mean, unit="s", **latency_tail(stats),
                   iterations=stats.count, measured_seconds=seconds, note=note, statistic="mean",
                   convention=CONVENTIONS[what])
 

@@ -33,7 +33,7 @@ import torch
 from flagperf.inference.config import InferenceConfig
 from flagperf.measure.casekit import CaseContext
 from flagperf.measure.device import Clock, HostClock
-from flagperf.results.metrics import Chunk, latency_stats, mean_median_disagreement, percentile
+from flagperf.results.metrics import Chunk, latency_stats, latency_tail, mean_median_disagreement, percentile
 from flagperf.results.schema import Metric
 
 Batch = tuple[Any, Any]  # (inputs: a tensor or a list of tensors, labels for the evaluator)
@@ -406,7 +406,7 @@ def _latency_metric(name: str, seconds: Sequence[float], window: tuple[float, fl
     (a few slow batches, as for a throughput headline)."""
     lat = latency_stats(seconds)
     warning = mean_median_disagreement(lat.mean * 1e3, percentile(seconds, 10) * 1e3, lat.p50 * 1e3, lat.p90 * 1e3)
-    return Metric(name=name, value=lat.mean * 1e3, unit="ms", p50=lat.p50 * 1e3, p90=lat.p90 * 1e3,
-                  p95=lat.p95 * 1e3, p99=lat.p99 * 1e3, std=lat.std * 1e3, iterations=lat.count, chunks=lat.count,
-                  measured_seconds=sum(seconds), window=list(window), note=f"mean; {note}", statistic="mean",
+    return Metric(name=name, value=lat.mean * 1e3, unit="ms", **latency_tail(lat, 1e3), iterations=lat.count,
+                  chunks=lat.count, measured_seconds=sum(seconds), window=list(window), note=f"mean; {note}",
+                  statistic="mean",
                   warning=warning.replace("headline", "mean (ms)", 1) if warning else None)

@@ -116,6 +116,18 @@ class LatencyStats:
     std: float = 0.0  # sample standard deviation; 0 for a single value
 
 
+# The tail every latency metric records, in every family (inference in ms, generate and serving in s): one set, so
+# a p95 or a spread is never missing from one family's latency and present in another's.
+LATENCY_PERCENTILES = ("p50/p90/p95/p99 linear-interpolated between closest ranks (numpy's default); std the sample "
+                       "standard deviation")
+
+
+def latency_tail(stats: LatencyStats, scale: float = 1.0) -> dict[str, float]:
+    """The percentiles and spread of a latency metric (Metric fields), in seconds times ``scale``."""
+    return {"p50": stats.p50 * scale, "p90": stats.p90 * scale, "p95": stats.p95 * scale,
+            "p99": stats.p99 * scale, "std": stats.std * scale}
+
+
 def latency_stats(seconds: Sequence[float]) -> LatencyStats:
     if not seconds:
         raise ValueError("no latencies")

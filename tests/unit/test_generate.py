@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,13 @@ def test_batch_figures_state_their_convention_and_where_a_serving_engines_differ
         assert "a batch engine's" in SERVING[what], what
         assert metrics[what].convention != SERVING[what]
     assert "last token - arrival" in metrics["tokens_per_s_per_user"].convention
+    # A latency records the same tail as in every family (inference's too): p95 and the spread are never missing.
+    for what in ("ttft_s", "tpot_s", "itl_s", "e2el_s"):
+        m = metrics[what]
+        assert m.p95 is not None and m.std is not None, what
+        assert m.p50 <= m.p90 <= m.p95 <= m.p99, what
+        assert "p95" in m.convention and "p95" in SERVING[what], what
+    assert metrics["itl_s"].std == pytest.approx(statistics.stdev([0.1, 0.2, 0.3]))
     assert "E2EL" in SERVING["tokens_per_s_per_user"] and "end of the response stream" in SERVING["e2el_s"]
 
 

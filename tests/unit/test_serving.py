@@ -11,6 +11,7 @@ import contextlib
 import http.server
 import json
 import socket
+import statistics
 import sys
 import threading
 import time
@@ -109,6 +110,9 @@ def test_goodput_counts_a_request_only_when_every_slo_holds() -> None:
     assert (m["output_tokens_per_s@c2"].warning or "").endswith(
         "1 failed, 1 truncated of 6 requests; the first failed: HTTP 500: boom")  # what to look at first
     assert m["ttft_s@c2"].p50 == pytest.approx(0.2)
+    ttfts = sorted(r.ttft_s for r in records if r.ok)
+    assert m["ttft_s@c2"].p95 == pytest.approx(ttfts[3] + 0.8 * (ttfts[4] - ttfts[3]))  # the tail inference records
+    assert m["ttft_s@c2"].std == pytest.approx(statistics.stdev(ttfts))
     tpots = sorted([0.05, 0.05, 0.15, 0.1, 0.05])
     assert m["tpot_s@c2"].value == pytest.approx(sum(tpots) / 5)
     assert m["interactivity@c2"].value == pytest.approx(5 / sum(tpots))
