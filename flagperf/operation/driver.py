@@ -38,6 +38,7 @@ from flagperf.operation.impls import (
     load_implementation,
     vendor_implementations,
 )
+from flagperf.operation.manifest import INDUCTOR_MODE
 from flagperf.operation.operators import (
     ELEMENT_BYTES,
     FP8,
@@ -107,10 +108,16 @@ def load_implementations(config: OperationConfig, vendor: str, device: torch.dev
             found.absent[name] = str(exc)
             found.described[name] = f"not available: {exc}"
             continue
+        if cls.reads_inductor_mode != (INDUCTOR_MODE in definition.manifest.options):
+            # the plan read the manifest, the host the class: where they differ, the plan's check meant nothing
+            listed = "does not list" if cls.reads_inductor_mode else "lists"
+            raise CaseUserError(f"{definition.source}: options: {listed} {INDUCTOR_MODE}, and its class sets "
+                                f"reads_inductor_mode = {cls.reads_inductor_mode}: make the two agree")
         found.ready[name] = cls(env)
         found.described[name] = f"{found.ready[name].describe()} ({definition.source})"
     if not found.ready:
         raise CaseUserError("no implementation can run here: " + "; ".join(found.absent.values()))
+    # a backstop of the plan's check (OperationConfig.check_for_vendor), on the classes loaded here
     if config.inductor_mode != "default" and not any(impl.reads_inductor_mode for impl in found.ready.values()):
         raise CaseUserError(f"inductor_mode: {config.inductor_mode} is torch.compile's mode, and none of the "
                             f"implementations loaded here ({', '.join(found.ready)}) compiles with it: it would "

@@ -38,6 +38,7 @@ from flagperf.operation.operators import OPERATORS, counted, make_inputs
 from flagperf.operation.sampled import NoSample, host_sample
 from flagperf.operation.shape_sets import SHAPE_SETS
 from flagperf.operation.timer import CacheFlush, TimingOptions, time_call, time_host, time_iterations
+from flagperf.paths import display_path
 from flagperf.results.operators import method_lines
 from flagperf.results.schema import OperationReport, RoundResult, SpecTable
 from tests.unit.test_operation import config as operation_config
@@ -985,6 +986,81 @@ def test_inductor_mode_is_the_cases_choice_checked_in_one_line_and_recorded(monk
     # on CUDA a graph mode's line says the graphs and the input copies each call makes (no device here to run one)
     assert graphs_phrase("reduce-overhead", "cuda").startswith("; CUDA graphs: each call first copies its inputs")
     assert graphs_phrase("max-autotune-no-cudagraphs", "cuda") == ""
+
+
+def test_a_mode_no_compared_implementation_reads_is_refused_by_the_plan_and_validate(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A non-default inductor_mode with no implementation that reads it was refused only once the implementations
+    loaded on the host (their classes' reads_inductor_mode), after the plan had sent the round. Each implementation
+    folder's engine.yaml declares the keys it reads (options: [inductor_mode]), read without importing it: the plan
+    and `flagperf validate` refuse such a mode in one line naming the file and key; the host's check stays, and a
+    class that disagrees with its manifest is one line naming the manifest and key."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    for vendor, sets, source in (
+            ("cpu", ["inductor_mode=max-autotune", "implementations=[native]"], "--set"),
+            ("nvidia", ["inductor_mode=reduce-overhead", "implementations=[native,flaggems]"], "--set")):
+        with pytest.raises(ConfigError) as refused:
+            plan_run(cases=["op-gemm"], vendor=vendor, results_dir="/nonexistent-results", sets=sets)
+        assert "\n" not in str(refused.value) and refused.value.key == "inductor_mode", str(refused.value)
+        assert str(refused.value).startswith(f"{source}: inductor_mode: ") \
+            and "reads it (their engine.yaml lists no inductor_mode under options)" in str(refused.value), \
+            str(refused.value)
+    for vendor, sets in (("cpu", ["inductor_mode=max-autotune", "implementations=[native,compile]"]),
+                         ("nvidia", ["inductor_mode=max-autotune"])):  # null: every folder, compile among them
+        plan_run(cases=["op-gemm"], vendor=vendor, results_dir="/nonexistent-results", sets=sets)
+
+    case = tmp_path / "operation" / "op-gemm"
+    (case / "vendor").mkdir(parents=True)
+    text = (ROOT / "cases" / "operation" / "op-gemm" / "case.yaml").read_text(encoding="utf-8")
+    (case / "case.yaml").write_text(text.replace("  inductor_mode: default", "  inductor_mode: max-autotune")
+                                    .replace("  implementations: null", "  implementations: [native]"))
+    (case / "vendor" / "cpu.yaml").write_text("implementations: [native, compile]\n")  # cpu's own choice reads it
+    (case / "vendor" / "nvidia.yaml").write_text("implementations: [flaggems]\n")
+    shown = display_path(case)
+    done = CliRunner().invoke(app, ["validate", str(case / "case.yaml"), str(case / "vendor" / "cpu.yaml"),
+                                    str(case / "vendor" / "nvidia.yaml")])
+    refusal = (f"error {shown}/case.yaml: configurations.inductor_mode: max-autotune is torch.compile's mode, and "
+               "none of the implementations compared ({}) reads it (their engine.yaml lists no inductor_mode under "
+               "options): it would change nothing (set inductor_mode: default, or list one that compiles, such as "
+               "compile)")
+    # the defaults (native, in every vendor installed), then nvidia's flaggems; cpu's choice has compile
+    assert done.exit_code != 0 and [line for line in done.output.splitlines() if line.startswith("error")] == [
+        refusal.format("native"), refusal.format("flaggems of vendor nvidia")], done.output
+    assert f"ok    {shown}/vendor/cpu.yaml" in done.output, done.output
+
+    # the host's backstop: a class that disagrees with its folder's declaration is refused where it loads
+    from flagperf.operation.compiled import Implementation as Compiled
+
+    monkeypatch.setattr(Compiled, "reads_inductor_mode", False)
+    with pytest.raises(CaseUserError) as disagrees:
+        load_implementations(config(implementations=["compile"]), "cpu", CPU)
+    assert str(disagrees.value) == ("vendor_images/cpu/operation/compile/engine.yaml: options: lists inductor_mode, "
+                                    "and its class sets reads_inductor_mode = False: make the two agree")
+
+
+def test_every_shipped_implementations_declaration_matches_its_class() -> None:
+    """The plan reads an implementation's engine.yaml (options), the host its class (reads_inductor_mode): for
+    every shipped folder of every vendor the two say the same, and compile is one that reads the mode."""
+    import importlib
+
+    from flagperf.config.engines import checked_engine_manifest, engine_folders
+    from flagperf.config.vendors import available_vendors
+    from flagperf.operation.manifest import IMPLEMENTATIONS_FOLDER, INDUCTOR_MODE, ImplementationManifest
+
+    seen = []
+    for vendor in available_vendors():
+        for name, folder in engine_folders(vendor, IMPLEMENTATIONS_FOLDER).items():
+            manifest = checked_engine_manifest(folder, ImplementationManifest)
+            assert manifest.module is not None, folder  # the shipped ones are shared modules
+            # the module, not implementation_class: that one needs the library (flag_gems) installed
+            cls = importlib.import_module(manifest.module).Implementation
+            assert cls.reads_inductor_mode == (INDUCTOR_MODE in manifest.options), folder
+            seen.append((vendor, name, cls.reads_inductor_mode))
+    assert ("cpu", "compile", True) in seen and ("nvidia", "compile", True) in seen \
+        and ("nvidia", "flaggems", False) in seen and ("cpu", "native", False) in seen, seen
 
 
 def test_a_graph_modes_cuda_graph_trees_are_reset_after_each_point(cpu_spec: SpecTable,
