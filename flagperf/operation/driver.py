@@ -64,7 +64,7 @@ from flagperf.operation.timer import (
     time_iterations,
 )
 from flagperf.results.metrics import coefficient_of_variation
-from flagperf.results.schema import Metric, OperationReport, OperatorPoint, Peak, SpecTable
+from flagperf.results.schema import NO_SAMPLE_SEPARATOR, Metric, OperationReport, OperatorPoint, Peak, SpecTable
 
 Config = OperationConfig
 SCALE = {"TFLOPS": 1e12, "GB/s": 1e9}
@@ -78,6 +78,9 @@ class OperationOutcome:
     report: OperationReport
     measured_seconds: float
     failure: str | None = None  # nothing passed: why
+
+
+HOST_FAILED = "the host could not compute it"  # a host sample that failed (memory, a dtype), in the headline's words
 
 
 @dataclass(frozen=True)
@@ -366,7 +369,7 @@ class PointRunner:
         except RuntimeError as exc:  # no host memory for it, a dtype the host cannot copy: said, the point goes on
             log.warning("%s %s %s: no float64 host sample (%s)", point.op.name, point.dtype,
                         shape_label(point.dims), _first_line(exc))
-            return HostSample(None, None, f"none: {_first_line(exc)}")
+            return HostSample(None, None, f"none: {HOST_FAILED}{NO_SAMPLE_SEPARATOR}{_first_line(exc)}")
 
     def _run_one(self, point: PlannedPoint, name: str, impl: OperatorImplementation, inputs: list[Any],
                  native: Callable[..., Any], recorded: list[str], reference: Reference, tolerance: dict[str, float],

@@ -6,6 +6,7 @@ device plug-in's contract in place of device names, and bench/operation_gpu.py's
 from __future__ import annotations
 
 import contextlib
+import html
 import json
 import logging
 import math
@@ -256,7 +257,8 @@ def test_each_point_in_the_report_says_what_it_was_checked_against(tmp_path: Pat
     column = OPERATOR_HEADER.index("checked against (point-implementation pairs)")
     assert operator_cells(entries["mm"], plain)[column] == ("float64 on cpu, whole output: 2; float32 on cuda + "
                                                             "float64 host sample: 2")
-    assert operator_cells(entries["cross_entropy"], plain)[column] == "float32 on cuda only, no host sample: 1"
+    assert operator_cells(entries["cross_entropy"], plain)[column] == (  # a record from before the reason's words
+        "float32 on cuda only, no host sample: 1 (cross_entropy's output is one mean over all N rows: 1)")
     assert operator_cells({**entries["mm"], "checked": None})[column] == "-"  # a summary.json from before
     kept = {(p["shape"], p["implementation"]): p for p in entries["mm"]["points"]}
     assert kept[("M2", "fast")]["reference"] == "float32 on cuda" and kept[("M2", "fast")]["reference_sample"] == \
@@ -336,7 +338,66 @@ def test_cross_entropy_past_one_host_copy_is_checked_whole_in_float64_from_block
         "float64 on cpu at 1 of 1 output elements (the mean over all 7 rows, from blocks of 2 rows copied off)")
     assert "reference float64 on cpu at 1 of 1 output elements" in streamed.error, streamed.error
     assert too_big.status == "passed" and too_big.reference_sample.startswith(  # its device reference alone
-        "none: cross_entropy's output is one mean over all 13 rows, which depends on every one of its 520 logits")
+        "none: too many logits for the host's float64 pass; cross_entropy's output is one mean over all 13 rows, "
+        "which depends on every one of its 520 logits")
+
+
+def test_the_headline_counts_why_points_have_no_host_sample_in_the_same_words_everywhere(tmp_path: Path) -> None:
+    """The operator's headline (report.md, the terminal summary, the site) counted the points without a host sample
+    but no longer said why (only report.md's footnotes and summary.json did: a reason carried the shape's sizes).
+    Each reason now has a few words the same for every shape, before its full text; the headline counts the pairs
+    per reason in those words, one function's, in all three places, and summary.json keeps the counts."""
+    from starlette.testclient import TestClient
+    from typer.testing import CliRunner
+
+    from flagperf.results.operators import OPERATOR_HEADER, no_sample_reason
+    from flagperf.results.schema import OperatorPoint, write_result
+    from flagperf.site.app import create_app
+    from flows.cli import app
+
+    many = "too many logits for the host's float64 pass"
+    with pytest.raises(NoSample) as raised:
+        sampled._block_rows(1 << 20, 1 << 17)  # 2^37 logits
+    assert raised.value.reason == many and str(raised.value).startswith(f"{many}; cross_entropy's output is one ")
+
+    def point(rows: int, impl: str, sample: str) -> OperatorPoint:
+        return OperatorPoint(operator="cross_entropy", group="loss", dtype="bf16", shape={"R": rows, "V": 128256},
+                             source="given", implementation=impl, status="passed", reference="float32 on cuda",
+                             reference_sample=sample, latency_s=1e-3, value=1.0, unit="GB/s")
+
+    def full(rows: int) -> str:
+        return f"none: {many}; cross_entropy's output is one mean over all {rows} rows, which depends on every logit"
+
+    failed = f"none: {driver.HOST_FAILED}; CUDA out of memory. Tried to allocate 2.00 GiB"
+    points = [point(rows, impl, full(rows)) for rows in (4096, 16384) for impl in ("native", "fast")]
+    points += [point(512, impl, failed) for impl in ("native", "fast")]
+    run = tmp_path / "run1"
+    now = datetime.now(timezone.utc)
+    write_result(run / "op-loss" / "round1" / "h1_noderank0" / "result.json", RoundResult(
+        run_id="run1", case="op-loss", family="operation", round=1, host="h1", node_rank=0, vendor="nvidia",
+        status="success", started_at=now, finished_at=now, duration_s=1.0, measured_seconds=1.0, metrics=[],
+        config={}, operation=OperationReport(timing="t", flush="f", graphs="g", counting={}, tolerances={},
+                                             points=points)))
+    done = CliRunner().invoke(app, ["report", str(run)], env={"COLUMNS": "400"})
+    assert done.exit_code == 0, done.output
+    words = f"float32 on cuda only, no host sample: 6 ({many}: 4, {driver.HOST_FAILED}: 2)"
+    report = (run / "report.md").read_text(encoding="utf-8")
+    headline = next(line for line in report.splitlines() if line.startswith("| op-loss | cross_entropy |"))
+    column = OPERATOR_HEADER.index("checked against (point-implementation pairs)")
+    assert headline.split(" | ")[column].replace("\\", "") == words, headline  # md_text's escapes dropped
+    # the terminal's table wraps a cell over its lines: the column's pieces, joined
+    cell = " ".join(line.split("│")[column + 1].strip() for line in done.output.splitlines()
+                    if line.startswith("│") and line.count("│") == len(OPERATOR_HEADER) + 1)
+    assert cell == words, done.output
+    page = TestClient(create_app(tmp_path, None)).get("/runs/run1")
+    assert page.status_code == 200 and f"<td>{words}</td>" in html.unescape(page.text), page.text
+    (entry,) = json.loads((run / "summary.json").read_text())["operators"]
+    assert entry["no_sample"] == {"float32 on cuda only, no host sample": {many: 4, driver.HOST_FAILED: 2}}
+    # the footnotes keep each shape's full reason, its first words the headline's
+    assert f"- [1] no float64 host sample: {full(4096).removeprefix('none: ')}" in report.replace("\\", ""), report
+    # a record from before the reason had its own part: its first clause, the sizes as N (one count, not one a shape)
+    assert no_sample_reason("cross_entropy's output is one mean over all 4096 rows, which depends on every one of "
+                            "its 525336576 logits") == "cross_entropy's output is one mean over all N rows"
 
 
 def test_the_sample_of_a_huge_dimension_is_drawn_without_a_permutation_of_it(monkeypatch: pytest.MonkeyPatch
