@@ -8,10 +8,18 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from flagperf.config.engines import declared_options
 from flagperf.config.memory import MemoryNeed
 from flagperf.config.models import HIDDEN_INPUT, KEY_OF_MODEL_ERROR, CaseConfig
-from flagperf.errors import validation_message
+from flagperf.config.vendors import available_vendors
+from flagperf.errors import ConfigError, validation_message
 from flagperf.measure.inductor_modes import CUDA_GRAPH_MODES, INDUCTOR_MODE_HELP, InductorMode
+from flagperf.operation.manifest import (
+    IMPLEMENTATIONS_FOLDER,
+    INDUCTOR_MODE,
+    checked_implementations,
+    implementation_names,
+)
 from flagperf.operation.operators import ELEMENT_BYTES, FP8, MAX_DIM, OPERATORS, Dims, ModelShape, Operator, shape_label
 from flagperf.operation.shape_sets import SHAPE_SETS
 from flagperf.training.shapes import BERT_PRESETS, LLAMA_PRESETS
@@ -262,8 +270,8 @@ class OperationConfig(CaseConfig):
             raise _about("inductor_mode", f"{self.inductor_mode} compiles into CUDA graphs, and cuda_graphs: true "
                          "would capture those inside a graph of its own (a nested capture): set cuda_graphs: false "
                          "or inductor_mode: max-autotune-no-cudagraphs (or default)")
-        # a mode no implementation reads is refused where they are loaded (driver.load_implementations): which
-        # folder reads it is its class's fact (reads_inductor_mode), not its name's
+        # a mode none of the implementations reads is refused with the vendor (check_for_vendor): which folder
+        # reads it is its engine.yaml's fact (options), not its name's
         return self
 
     def memory_need(self) -> MemoryNeed | None:
@@ -296,12 +304,29 @@ class OperationConfig(CaseConfig):
 
     def check_for_vendor(self, origins: dict[str, str], source: str, vendor: str | None,
                          files_are_local: bool) -> None:
-        """Each implementation named is a folder of the vendor (its packages are checked on the host)."""
-        if vendor and self.implementations is not None:
-            from flagperf.operation.impls import load_implementation
-
-            for name in self.implementations:
-                load_implementation(vendor, name, origins.get("implementations", source))
+        """Each implementation named is a folder of the vendor (its packages are checked on the host), and a mode
+        other than default is read by one of those compared (engine.yaml's options; the host checks the classes
+        again, driver.load_implementations). Without a vendor (`flagperf validate` on a case's defaults) the
+        implementations named are looked up in every vendor installed here."""
+        given = origins.get("implementations", source)
+        if vendor:
+            names = self.implementations if self.implementations is not None else implementation_names(vendor)
+            manifests = checked_implementations(vendor, names, given)
+            readers = {name for name, m in manifests.items() if INDUCTOR_MODE in m.options}
+        elif self.implementations is not None and self.inductor_mode != "default":
+            names = self.implementations
+            declared = [declared_options(v, IMPLEMENTATIONS_FOLDER) for v in available_vendors()]
+            if not all(any(name in found for found in declared) for name in names):
+                return  # one of them is no installed vendor's: whether it reads the mode is known with the vendor
+            readers = {name for found in declared for name in names if INDUCTOR_MODE in found.get(name, set())}
+        else:
+            return
+        if self.inductor_mode != "default" and not readers:
+            raise ConfigError(origins.get(INDUCTOR_MODE, source), INDUCTOR_MODE,
+                              f"{self.inductor_mode} is torch.compile's mode, and none of the implementations "
+                              f"compared ({', '.join(names) or 'none'}{f' of vendor {vendor}' if vendor else ''}) "
+                              f"reads it (their engine.yaml lists no {INDUCTOR_MODE} under options): it would change "
+                              "nothing (set inductor_mode: default, or list one that compiles, such as compile)")
 
 
 def plan_points(config: OperationConfig) -> list[PlannedPoint]:

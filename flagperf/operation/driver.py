@@ -38,6 +38,7 @@ from flagperf.operation.impls import (
     load_implementation,
     vendor_implementations,
 )
+from flagperf.operation.manifest import INDUCTOR_MODE
 from flagperf.operation.operators import (
     ELEMENT_BYTES,
     FP8,
@@ -63,7 +64,7 @@ from flagperf.operation.timer import (
     time_iterations,
 )
 from flagperf.results.metrics import coefficient_of_variation
-from flagperf.results.schema import Metric, OperationReport, OperatorPoint, Peak, SpecTable
+from flagperf.results.schema import NO_SAMPLE_SEPARATOR, Metric, OperationReport, OperatorPoint, Peak, SpecTable
 
 Config = OperationConfig
 SCALE = {"TFLOPS": 1e12, "GB/s": 1e9}
@@ -77,6 +78,9 @@ class OperationOutcome:
     report: OperationReport
     measured_seconds: float
     failure: str | None = None  # nothing passed: why
+
+
+HOST_FAILED = "the host could not compute it"  # a host sample that failed (memory, a dtype), in the headline's words
 
 
 @dataclass(frozen=True)
@@ -107,10 +111,16 @@ def load_implementations(config: OperationConfig, vendor: str, device: torch.dev
             found.absent[name] = str(exc)
             found.described[name] = f"not available: {exc}"
             continue
+        if cls.reads_inductor_mode != (INDUCTOR_MODE in definition.manifest.options):
+            # the plan read the manifest, the host the class: where they differ, the plan's check meant nothing
+            listed = "does not list" if cls.reads_inductor_mode else "lists"
+            raise CaseUserError(f"{definition.source}: options: {listed} {INDUCTOR_MODE}, and its class sets "
+                                f"reads_inductor_mode = {cls.reads_inductor_mode}: make the two agree")
         found.ready[name] = cls(env)
         found.described[name] = f"{found.ready[name].describe()} ({definition.source})"
     if not found.ready:
         raise CaseUserError("no implementation can run here: " + "; ".join(found.absent.values()))
+    # a backstop of the plan's check (OperationConfig.check_for_vendor), on the classes loaded here
     if config.inductor_mode != "default" and not any(impl.reads_inductor_mode for impl in found.ready.values()):
         raise CaseUserError(f"inductor_mode: {config.inductor_mode} is torch.compile's mode, and none of the "
                             f"implementations loaded here ({', '.join(found.ready)}) compiles with it: it would "
@@ -359,7 +369,7 @@ class PointRunner:
         except RuntimeError as exc:  # no host memory for it, a dtype the host cannot copy: said, the point goes on
             log.warning("%s %s %s: no float64 host sample (%s)", point.op.name, point.dtype,
                         shape_label(point.dims), _first_line(exc))
-            return HostSample(None, None, f"none: {_first_line(exc)}")
+            return HostSample(None, None, f"none: {HOST_FAILED}{NO_SAMPLE_SEPARATOR}{_first_line(exc)}")
 
     def _run_one(self, point: PlannedPoint, name: str, impl: OperatorImplementation, inputs: list[Any],
                  native: Callable[..., Any], recorded: list[str], reference: Reference, tolerance: dict[str, float],

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from flagperf.operation import natives
 from flagperf.operation.check import REFERENCE_CPU, Reference, as_list, compute_reference
 from flagperf.operation.operators import FP8, Operator, reference_for
+from flagperf.results.schema import NO_SAMPLE_SEPARATOR
 
 ROWS = 16  # sampled rows (or batches x heads x rows): the first, the last and others drawn with the seed
 WINDOW = 16  # sampled columns come in windows of contiguous ones: the first, the last and two drawn
@@ -236,7 +237,7 @@ def _sample(op: Operator, dtype: str, inputs: list[torch.Tensor], gen: torch.Gen
             return mean
 
         return [], streamed, [{}], [()], {}
-    raise NoSample(f"no host sample is defined for {name}")
+    raise NoSample(f"none defined for {name}", f"no host sample is defined for {name}")
 
 
 def _block_rows(rows: int, vocab: int) -> int:
@@ -245,10 +246,12 @@ def _block_rows(rows: int, vocab: int) -> int:
     why = (f"cross_entropy's output is one mean over all {rows} rows, which depends on every one of its "
            f"{rows * vocab} logits (a sample of rows would check no part of it), and ")
     if rows * vocab > STREAM_MAX_ELEMENTS:
-        raise NoSample(f"{why}those are over the {STREAM_MAX_ELEMENTS} the host computes in float64 block by block "
+        raise NoSample("too many logits for the host's float64 pass",
+                       f"{why}those are over the {STREAM_MAX_ELEMENTS} the host computes in float64 block by block "
                        "(the point's reference is the device's own kernels alone)")
     if vocab > MAX_ELEMENTS:
-        raise NoSample(f"{why}one row of them ({vocab}) is over the {MAX_ELEMENTS} logits of one host copy, the "
+        raise NoSample("one row of logits over a host copy",
+                       f"{why}one row of them ({vocab}) is over the {MAX_ELEMENTS} logits of one host copy, the "
                        "blocks being whole rows (the point's reference is the device's own kernels alone)")
     return max(1, MAX_ELEMENTS // vocab)
 
@@ -273,7 +276,12 @@ def _streamed_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch
 
 
 class NoSample(Exception):
-    """The operator (or this size of it) has no host sample: why."""
+    """The operator (or this size of it) has no host sample: why, in a few words the same for every shape
+    (``reason``: what the operator's headline counts) and then in full, with the shape's sizes."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        self.reason = reason
+        super().__init__(f"{reason}{NO_SAMPLE_SEPARATOR}{detail}")
 
 
 def host_sample(op: Operator, dtype: str, inputs: list[torch.Tensor], seed: int) -> Sample:

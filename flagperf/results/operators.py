@@ -13,6 +13,7 @@ Its uncertainty (speedup_uncertainty) is that of the medians, never one iteratio
 from __future__ import annotations
 
 import math
+import re
 import statistics
 import textwrap
 from collections.abc import Callable, Iterable
@@ -25,7 +26,7 @@ import pandas as pd
 from flagperf.results.markup import md_text, number, percent
 from flagperf.results.metrics import coefficient_of_variation
 from flagperf.results.plotting import save_png
-from flagperf.results.schema import RESULT_FILE, UPPER_ESTIMATE, RoundResult, read_result
+from flagperf.results.schema import NO_SAMPLE_SEPARATOR, RESULT_FILE, UPPER_ESTIMATE, RoundResult, read_result
 
 FAMILY = "operation"
 BASELINE = "native"
@@ -296,10 +297,40 @@ def checked_counts(points: Iterable[PointFigures]) -> dict[str, int]:
     return counts
 
 
-def checked_text(counts: dict[str, int] | None, text: Callable[[object], str] = md_text) -> str:
+def no_sample_reason(why: str) -> str:
+    """Why a point has no host sample, in a few words the same for every shape (the part of its reference_sample
+    before NO_SAMPLE_SEPARATOR): what the operator's headline counts, its footnote's first words. A record from
+    before it had that part says its reason with the shape's sizes: its first clause, the numbers as N."""
+    if NO_SAMPLE_SEPARATOR in why:
+        return why.split(NO_SAMPLE_SEPARATOR, 1)[0]
+    return re.sub(r"\d+(\.\d+)?", "N", why.split(", ")[0])
+
+
+def no_sample_counts(points: Iterable[PointFigures]) -> dict[str, dict[str, int]]:
+    """Of the point-implementation pairs checked_counts counts, those without a host sample: kind -> short reason
+    (no_sample_reason) -> pairs; summary.json's ``no_sample``, shown in the headline by checked_text."""
+    counts: dict[str, dict[str, int]] = {}
+    for p in points:
+        found = point_checked(p) if p.status != "skipped" else None
+        if found is not None and found.why:
+            reasons = counts.setdefault(found.kind, {})
+            reason = no_sample_reason(found.why)
+            reasons[reason] = reasons.get(reason, 0) + 1
+    return counts
+
+
+def checked_text(counts: dict[str, int] | None, text: Callable[[object], str] = md_text,
+                 reasons: dict[str, dict[str, int]] | None = None) -> str:
+    """An operator's "checked against" in its headline (report.md, the site, the terminal summary): each kind's
+    pairs and, for a kind without a host sample, how many for each reason (``reasons``: no_sample_counts)."""
     if not counts:
         return "-"  # nothing ran, or a summary.json written before it was kept
-    return "; ".join(f"{text(label)}: {count}" for label, count in counts.items())
+    parts = []
+    for label, count in counts.items():
+        why = (reasons or {}).get(label)
+        parts.append(f"{text(label)}: {count}"
+                     + (" (" + ", ".join(f"{text(reason)}: {n}" for reason, n in why.items()) + ")" if why else ""))
+    return "; ".join(parts)
 
 
 def _count_range(counts: list[int]) -> str:
@@ -500,7 +531,7 @@ def operator_summaries(collected: list[PointFigures]) -> list[dict[str, Any]]:
             "iteration_spread": statistics.median(spreads) if spreads else None,
             "iteration_spread_max": max(spreads) if spreads else None,
             "near_clock_floor": sum(p.near_clock_floor for p in points if p.status == "passed"),
-            "checked": checked_counts(points),
+            "checked": checked_counts(points), "no_sample": no_sample_counts(points),
             "conventions": SUMMARY_CONVENTIONS,
             "points": [point_json(p, index) for p in points]})
     return entries
@@ -581,7 +612,8 @@ def operator_cells(entry: dict[str, Any], text: Callable[[object], str] = md_tex
         f"({text(entry['best_roofline_at'])})"
     return [text(entry["case"]), text(entry["operator"]), entry["unit"] or "-",
             text(", ".join(entry["implementations"])), f"{entry['shapes']} ({', '.join(entry['dtypes'])})",
-            correct, speedups, best, checked_text(entry.get("checked"), text), _spread_text(entry)]
+            correct, speedups, best, checked_text(entry.get("checked"), text, entry.get("no_sample")),
+            _spread_text(entry)]
 
 
 def operator_table(entries: list[dict[str, Any]]) -> list[str]:

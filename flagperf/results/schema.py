@@ -262,6 +262,11 @@ class InferenceReport(_Model):
     data_path: str | None = Field(default=None, description="how batches reached the device")
 
 
+# A point's reference_sample without a host sample: "none: <reason>; <why>", the reason a few words the same for
+# every shape (what an operator's headline counts: flagperf.results.operators.no_sample_reason), why in full.
+NO_SAMPLE_SEPARATOR = "; "
+
+
 class OperatorPoint(_Model):
     """One operator x dtype x shape x implementation of an operation round (flagperf.operation). A point that
     failed its correctness check has the error and no figure; a skipped one says why it did not run."""
@@ -312,7 +317,8 @@ class OperatorPoint(_Model):
     reference_sample: str | None = Field(default=None, description="a point over reference_cpu_max_elements, "
                                          "whose reference is the device's own kernels: the float64 host reference "
                                          "of a sample of its output it was also held to (which elements), or 'none: "
-                                         "why'; null for a point whose reference is float64 on the host already")
+                                         "reason; why' (reason: a few words, the same for every shape; why: in "
+                                         "full); null for a point whose reference is float64 on the host already")
     max_abs_error: float | None = None
     max_rel_error: float | None = None
     tolerance: dict[str, float] | None = Field(default=None, description="rtol, atol (atol scaled for the shape)")

@@ -6,6 +6,7 @@ device plug-in's contract in place of device names, and bench/operation_gpu.py's
 from __future__ import annotations
 
 import contextlib
+import html
 import json
 import logging
 import math
@@ -38,6 +39,7 @@ from flagperf.operation.operators import OPERATORS, counted, make_inputs
 from flagperf.operation.sampled import NoSample, host_sample
 from flagperf.operation.shape_sets import SHAPE_SETS
 from flagperf.operation.timer import CacheFlush, TimingOptions, time_call, time_host, time_iterations
+from flagperf.paths import display_path
 from flagperf.results.operators import method_lines
 from flagperf.results.schema import OperationReport, RoundResult, SpecTable
 from tests.unit.test_operation import config as operation_config
@@ -255,7 +257,8 @@ def test_each_point_in_the_report_says_what_it_was_checked_against(tmp_path: Pat
     column = OPERATOR_HEADER.index("checked against (point-implementation pairs)")
     assert operator_cells(entries["mm"], plain)[column] == ("float64 on cpu, whole output: 2; float32 on cuda + "
                                                             "float64 host sample: 2")
-    assert operator_cells(entries["cross_entropy"], plain)[column] == "float32 on cuda only, no host sample: 1"
+    assert operator_cells(entries["cross_entropy"], plain)[column] == (  # a record from before the reason's words
+        "float32 on cuda only, no host sample: 1 (cross_entropy's output is one mean over all N rows: 1)")
     assert operator_cells({**entries["mm"], "checked": None})[column] == "-"  # a summary.json from before
     kept = {(p["shape"], p["implementation"]): p for p in entries["mm"]["points"]}
     assert kept[("M2", "fast")]["reference"] == "float32 on cuda" and kept[("M2", "fast")]["reference_sample"] == \
@@ -335,7 +338,66 @@ def test_cross_entropy_past_one_host_copy_is_checked_whole_in_float64_from_block
         "float64 on cpu at 1 of 1 output elements (the mean over all 7 rows, from blocks of 2 rows copied off)")
     assert "reference float64 on cpu at 1 of 1 output elements" in streamed.error, streamed.error
     assert too_big.status == "passed" and too_big.reference_sample.startswith(  # its device reference alone
-        "none: cross_entropy's output is one mean over all 13 rows, which depends on every one of its 520 logits")
+        "none: too many logits for the host's float64 pass; cross_entropy's output is one mean over all 13 rows, "
+        "which depends on every one of its 520 logits")
+
+
+def test_the_headline_counts_why_points_have_no_host_sample_in_the_same_words_everywhere(tmp_path: Path) -> None:
+    """The operator's headline (report.md, the terminal summary, the site) counted the points without a host sample
+    but no longer said why (only report.md's footnotes and summary.json did: a reason carried the shape's sizes).
+    Each reason now has a few words the same for every shape, before its full text; the headline counts the pairs
+    per reason in those words, one function's, in all three places, and summary.json keeps the counts."""
+    from starlette.testclient import TestClient
+    from typer.testing import CliRunner
+
+    from flagperf.results.operators import OPERATOR_HEADER, no_sample_reason
+    from flagperf.results.schema import OperatorPoint, write_result
+    from flagperf.site.app import create_app
+    from flows.cli import app
+
+    many = "too many logits for the host's float64 pass"
+    with pytest.raises(NoSample) as raised:
+        sampled._block_rows(1 << 20, 1 << 17)  # 2^37 logits
+    assert raised.value.reason == many and str(raised.value).startswith(f"{many}; cross_entropy's output is one ")
+
+    def point(rows: int, impl: str, sample: str) -> OperatorPoint:
+        return OperatorPoint(operator="cross_entropy", group="loss", dtype="bf16", shape={"R": rows, "V": 128256},
+                             source="given", implementation=impl, status="passed", reference="float32 on cuda",
+                             reference_sample=sample, latency_s=1e-3, value=1.0, unit="GB/s")
+
+    def full(rows: int) -> str:
+        return f"none: {many}; cross_entropy's output is one mean over all {rows} rows, which depends on every logit"
+
+    failed = f"none: {driver.HOST_FAILED}; CUDA out of memory. Tried to allocate 2.00 GiB"
+    points = [point(rows, impl, full(rows)) for rows in (4096, 16384) for impl in ("native", "fast")]
+    points += [point(512, impl, failed) for impl in ("native", "fast")]
+    run = tmp_path / "run1"
+    now = datetime.now(timezone.utc)
+    write_result(run / "op-loss" / "round1" / "h1_noderank0" / "result.json", RoundResult(
+        run_id="run1", case="op-loss", family="operation", round=1, host="h1", node_rank=0, vendor="nvidia",
+        status="success", started_at=now, finished_at=now, duration_s=1.0, measured_seconds=1.0, metrics=[],
+        config={}, operation=OperationReport(timing="t", flush="f", graphs="g", counting={}, tolerances={},
+                                             points=points)))
+    done = CliRunner().invoke(app, ["report", str(run)], env={"COLUMNS": "400"})
+    assert done.exit_code == 0, done.output
+    words = f"float32 on cuda only, no host sample: 6 ({many}: 4, {driver.HOST_FAILED}: 2)"
+    report = (run / "report.md").read_text(encoding="utf-8")
+    headline = next(line for line in report.splitlines() if line.startswith("| op-loss | cross_entropy |"))
+    column = OPERATOR_HEADER.index("checked against (point-implementation pairs)")
+    assert headline.split(" | ")[column].replace("\\", "") == words, headline  # md_text's escapes dropped
+    # the terminal's table wraps a cell over its lines: the column's pieces, joined
+    cell = " ".join(line.split("│")[column + 1].strip() for line in done.output.splitlines()
+                    if line.startswith("│") and line.count("│") == len(OPERATOR_HEADER) + 1)
+    assert cell == words, done.output
+    page = TestClient(create_app(tmp_path, None)).get("/runs/run1")
+    assert page.status_code == 200 and f"<td>{words}</td>" in html.unescape(page.text), page.text
+    (entry,) = json.loads((run / "summary.json").read_text())["operators"]
+    assert entry["no_sample"] == {"float32 on cuda only, no host sample": {many: 4, driver.HOST_FAILED: 2}}
+    # the footnotes keep each shape's full reason, its first words the headline's
+    assert f"- [1] no float64 host sample: {full(4096).removeprefix('none: ')}" in report.replace("\\", ""), report
+    # a record from before the reason had its own part: its first clause, the sizes as N (one count, not one a shape)
+    assert no_sample_reason("cross_entropy's output is one mean over all 4096 rows, which depends on every one of "
+                            "its 525336576 logits") == "cross_entropy's output is one mean over all N rows"
 
 
 def test_the_sample_of_a_huge_dimension_is_drawn_without_a_permutation_of_it(monkeypatch: pytest.MonkeyPatch
@@ -985,6 +1047,81 @@ def test_inductor_mode_is_the_cases_choice_checked_in_one_line_and_recorded(monk
     # on CUDA a graph mode's line says the graphs and the input copies each call makes (no device here to run one)
     assert graphs_phrase("reduce-overhead", "cuda").startswith("; CUDA graphs: each call first copies its inputs")
     assert graphs_phrase("max-autotune-no-cudagraphs", "cuda") == ""
+
+
+def test_a_mode_no_compared_implementation_reads_is_refused_by_the_plan_and_validate(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A non-default inductor_mode with no implementation that reads it was refused only once the implementations
+    loaded on the host (their classes' reads_inductor_mode), after the plan had sent the round. Each implementation
+    folder's engine.yaml declares the keys it reads (options: [inductor_mode]), read without importing it: the plan
+    and `flagperf validate` refuse such a mode in one line naming the file and key; the host's check stays, and a
+    class that disagrees with its manifest is one line naming the manifest and key."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    for vendor, sets, source in (
+            ("cpu", ["inductor_mode=max-autotune", "implementations=[native]"], "--set"),
+            ("nvidia", ["inductor_mode=reduce-overhead", "implementations=[native,flaggems]"], "--set")):
+        with pytest.raises(ConfigError) as refused:
+            plan_run(cases=["op-gemm"], vendor=vendor, results_dir="/nonexistent-results", sets=sets)
+        assert "\n" not in str(refused.value) and refused.value.key == "inductor_mode", str(refused.value)
+        assert str(refused.value).startswith(f"{source}: inductor_mode: ") \
+            and "reads it (their engine.yaml lists no inductor_mode under options)" in str(refused.value), \
+            str(refused.value)
+    for vendor, sets in (("cpu", ["inductor_mode=max-autotune", "implementations=[native,compile]"]),
+                         ("nvidia", ["inductor_mode=max-autotune"])):  # null: every folder, compile among them
+        plan_run(cases=["op-gemm"], vendor=vendor, results_dir="/nonexistent-results", sets=sets)
+
+    case = tmp_path / "operation" / "op-gemm"
+    (case / "vendor").mkdir(parents=True)
+    text = (ROOT / "cases" / "operation" / "op-gemm" / "case.yaml").read_text(encoding="utf-8")
+    (case / "case.yaml").write_text(text.replace("  inductor_mode: default", "  inductor_mode: max-autotune")
+                                    .replace("  implementations: null", "  implementations: [native]"))
+    (case / "vendor" / "cpu.yaml").write_text("implementations: [native, compile]\n")  # cpu's own choice reads it
+    (case / "vendor" / "nvidia.yaml").write_text("implementations: [flaggems]\n")
+    shown = display_path(case)
+    done = CliRunner().invoke(app, ["validate", str(case / "case.yaml"), str(case / "vendor" / "cpu.yaml"),
+                                    str(case / "vendor" / "nvidia.yaml")])
+    refusal = (f"error {shown}/case.yaml: configurations.inductor_mode: max-autotune is torch.compile's mode, and "
+               "none of the implementations compared ({}) reads it (their engine.yaml lists no inductor_mode under "
+               "options): it would change nothing (set inductor_mode: default, or list one that compiles, such as "
+               "compile)")
+    # the defaults (native, in every vendor installed), then nvidia's flaggems; cpu's choice has compile
+    assert done.exit_code != 0 and [line for line in done.output.splitlines() if line.startswith("error")] == [
+        refusal.format("native"), refusal.format("flaggems of vendor nvidia")], done.output
+    assert f"ok    {shown}/vendor/cpu.yaml" in done.output, done.output
+
+    # the host's backstop: a class that disagrees with its folder's declaration is refused where it loads
+    from flagperf.operation.compiled import Implementation as Compiled
+
+    monkeypatch.setattr(Compiled, "reads_inductor_mode", False)
+    with pytest.raises(CaseUserError) as disagrees:
+        load_implementations(config(implementations=["compile"]), "cpu", CPU)
+    assert str(disagrees.value) == ("vendor_images/cpu/operation/compile/engine.yaml: options: lists inductor_mode, "
+                                    "and its class sets reads_inductor_mode = False: make the two agree")
+
+
+def test_every_shipped_implementations_declaration_matches_its_class() -> None:
+    """The plan reads an implementation's engine.yaml (options), the host its class (reads_inductor_mode): for
+    every shipped folder of every vendor the two say the same, and compile is one that reads the mode."""
+    import importlib
+
+    from flagperf.config.engines import checked_engine_manifest, engine_folders
+    from flagperf.config.vendors import available_vendors
+    from flagperf.operation.manifest import IMPLEMENTATIONS_FOLDER, INDUCTOR_MODE, ImplementationManifest
+
+    seen = []
+    for vendor in available_vendors():
+        for name, folder in engine_folders(vendor, IMPLEMENTATIONS_FOLDER).items():
+            manifest = checked_engine_manifest(folder, ImplementationManifest)
+            assert manifest.module is not None, folder  # the shipped ones are shared modules
+            # the module, not implementation_class: that one needs the library (flag_gems) installed
+            cls = importlib.import_module(manifest.module).Implementation
+            assert cls.reads_inductor_mode == (INDUCTOR_MODE in manifest.options), folder
+            seen.append((vendor, name, cls.reads_inductor_mode))
+    assert ("cpu", "compile", True) in seen and ("nvidia", "compile", True) in seen \
+        and ("nvidia", "flaggems", False) in seen and ("cpu", "native", False) in seen, seen
 
 
 def test_a_graph_modes_cuda_graph_trees_are_reset_after_each_point(cpu_spec: SpecTable,
