@@ -462,12 +462,16 @@ class SiteServer:
     def __init__(self, app: Any, host: str, port: int) -> None:
         import uvicorn
 
+        from flagperf.site import served
+        from flagperf.site.app import SECURITY_HEADERS
+
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.socket = socket.create_server((host, port), family=family)
         self.port = int(self.socket.getsockname()[1])
-        # log_config None: uvicorn leaves this process's logging alone; no access log (a line per plot).
-        self.server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",
-                                                    log_level="warning", timeout_graceful_shutdown=3))
+        # log_config None: uvicorn leaves this process's logging alone; no access log (a line per plot). The site's
+        # headers on uvicorn's own answers too (a malformed request's 400).
+        self.server = uvicorn.Server(served.config(app, SECURITY_HEADERS, log_config=None, access_log=False,
+                                                   lifespan="off", log_level="warning", timeout_graceful_shutdown=3))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]},
                                        name="results-site", daemon=True)
         self.thread.start()

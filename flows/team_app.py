@@ -21,7 +21,8 @@ import os
 import socket
 import sys
 
-from flagperf.site.front import ASGIApp, Front
+from flagperf.site import served
+from flagperf.site.front import FRAME_HEADERS, ASGIApp, Front
 
 
 def create_app(names: list[str], origins: list[str]) -> ASGIApp:
@@ -58,9 +59,10 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"flagperf team server: Prefect's server and UI on {args.host}:{args.port}, answering to "
           f"{', '.join(args.name)} (any other Host is refused: DNS rebinding protection)", flush=True)
-    # What `prefect server start` passes uvicorn (prefect.cli._server_utils._run_in_foreground, one worker).
+    # What `prefect server start` passes uvicorn (prefect.cli._server_utils._run_in_foreground, one worker), and
+    # the frame headers on uvicorn's own answers too (a malformed request's 400, a refused websocket handshake).
     where = {"fd": args.fd} if args.fd is not None else {"host": args.host, "port": args.port}
-    config = uvicorn.Config(app=create_app(args.name, args.origin), **where,
+    config = served.config(create_app(args.name, args.origin), FRAME_HEADERS, **where,
                             timeout_keep_alive=PREFECT_SERVER_API_KEEPALIVE_TIMEOUT.value(),
                             ws_ping_interval=PREFECT_SERVER_API_WEBSOCKET_PING_INTERVAL.value(),
                             ws_ping_timeout=PREFECT_SERVER_API_WEBSOCKET_PING_TIMEOUT.value(),

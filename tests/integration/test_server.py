@@ -37,7 +37,7 @@ from server_ports import (
     session_pool,
     start_on_os_ports,
 )
-from site_probe import basic, plant, probe, request
+from site_probe import assert_own_answers_carry, basic, plant, probe, request
 
 from flagperf.site.auth import Credentials
 from flows.server import api_headers, database_identity, deploy_command
@@ -90,6 +90,10 @@ def raw_answer(port: int, target: str, headers: dict[str, str | bytes] | list[tu
         conn.close()
 
 
+FRAMING = {"X-Frame-Options": "DENY", "Content-Security-Policy": "frame-ancestors 'none'",
+           "X-Content-Type-Options": "nosniff"}
+
+
 def assert_front(port: int, results_port: int, signed_in: dict[str, str], server_log: Path) -> None:
     """What stands in front of the Prefect server (flows.team_app) and the results site, as a browser and an
     attacker's page meet it: a Host that is not the server's (DNS rebinding: a page of evil.example whose name now
@@ -124,6 +128,10 @@ def assert_front(port: int, results_port: int, signed_in: dict[str, str], server
         policies = " ".join(v for k, v in answer.getheaders() if k.lower() == "content-security-policy")
         assert answer.getheader("X-Frame-Options") == "DENY", (server_port, target, answer.getheaders())
         assert "frame-ancestors 'none'" in policies and answer.getheader("X-Content-Type-Options") == "nosniff"
+        assert len(answer.headers.get_all("X-Frame-Options") or []) == 1, answer.getheaders()
+    # uvicorn's own answers (a request that is no HTTP, a broken websocket handshake) too
+    for server_port in (port, results_port):
+        assert_own_answers_carry(server_port, FRAMING)
     before = server_log.read_bytes() if server_log.is_file() else b""
     non_ascii = "Basic " + base64.b64encode("lab:pässwort-long-enough".encode()).decode()
     for header in (non_ascii, b"Basic \xe9t\xe9", "Basic !!!not-base64", "Basic", "Bearer x y"):
@@ -202,6 +210,8 @@ def assert_websocket(port: int, signed_in: dict[str, str], origin: str | None, a
         with pytest.raises(InvalidStatus) as refused:
             connect(url, **options).close()
         assert refused.value.response.status_code == 403, origin
+        for name, part in FRAMING.items():  # uvicorn writes that 403 (the app closed the socket): framed too
+            assert part in refused.value.response.headers.get(name, ""), (name, refused.value.response.headers)
         return
     for token, answered in ((auth, True), ("lab:pässwort", False)):
         with connect(url, **options) as socket:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from site_probe import basic, make_run
+from site_probe import assert_own_answers_carry, basic, make_run
 
 from flagperf.site.auth import Credentials, SignInThrottle
 from flows.server import SiteServer, serve_site
@@ -95,6 +95,19 @@ def test_every_route_every_method_and_spelling_asks_for_the_sign_in(site: tuple[
                     assert answer.getheader("X-Frame-Options") == "DENY"
                     checked += 1
     assert checked > 1000
+
+
+def test_uvicorns_own_answers_carry_the_security_headers(site: tuple[SiteServer, Path]) -> None:
+    """A request uvicorn refuses itself (no HTTP, a broken websocket handshake) gets the site's headers as every
+    answer of the app does, and an answer of the app names each once (not again by uvicorn)."""
+    server, _root = site
+    wanted = {"Content-Security-Policy": "default-src 'none'", "X-Frame-Options": "DENY",
+              "X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"}
+    assert_own_answers_carry(server.port, wanted)
+    answer = send(server.port, "/", basic(AUTH))
+    assert answer.status == 200
+    for name in wanted:
+        assert len(answer.headers.get_all(name) or []) == 1, (name, answer.getheaders())
 
 
 def test_wrong_sign_ins_are_throttled_per_client(site: tuple[SiteServer, Path]) -> None:
