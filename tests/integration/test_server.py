@@ -90,6 +90,7 @@ def raw_answer(port: int, target: str, headers: dict[str, str | bytes] | list[tu
         conn.close()
 
 
+ALIAS = "https://perf-lab.example.org"  # a second --public-url: a TLS proxy's name for the server
 FRAMING = {"X-Frame-Options": "DENY", "Content-Security-Policy": "frame-ancestors 'none'",
            "X-Content-Type-Options": "nosniff"}
 
@@ -109,11 +110,13 @@ def assert_front(port: int, results_port: int, signed_in: dict[str, str], server
             assert answer.status == 400, (server_port, target, host, answer.status)
         body = request(server_port, target, {"Host": "evil.example", **signed_in})[1].decode()
         assert body.count("\n") == 1 and "DNS rebinding protection" in body, body
-    for server_port, host in ((port, "localhost"), (port, own), (port, "[::1]"), (results_port, "localhost")):
+    alias = urlsplit(ALIAS).hostname
+    for server_port, host in ((port, "localhost"), (port, own), (port, "[::1]"), (results_port, "localhost"),
+                              (port, alias), (results_port, alias)):
         assert raw_answer(server_port, "/api/health" if server_port == port else "/",
                           {"Host": host, **signed_in}).status == 200, host
     # CORS: Prefect's `*` let any site's page read the API with a sign-in its script knows; now only the server's
-    for origin, allowed in ((f"http://{own}", True), ("http://evil.example", False), ("null", False)):
+    for origin, allowed in ((f"http://{own}", True), (ALIAS, True), ("http://evil.example", False), ("null", False)):
         preflight = httpx.options(f"http://{own}/api/flows/filter", timeout=10, headers={
             "Origin": origin, "Access-Control-Request-Method": "POST",
             "Access-Control-Request-Headers": "authorization,content-type"})
@@ -144,7 +147,8 @@ def assert_front(port: int, results_port: int, signed_in: dict[str, str], server
     assert raw_answer(port, "/api/admin/settings", [("Authorization", signed_in["Authorization"])] * 2).status == 401
     # A page of another site: browsers apply CORS neither to a form's POST nor to a websocket. A change from it is
     # refused in one line; the server's own pages and clients without an Origin (Prefect's) are not.
-    for origin, foreign in (("http://evil.example", True), ("null", True), (f"http://{own}", False), (None, False)):
+    for origin, foreign in (("http://evil.example", True), ("null", True), (f"http://{own}", False), (ALIAS, False),
+                            (None, False)):
         from_page = {**signed_in, **({"Origin": origin} if origin else {})}
         answer = raw_answer(port, "/api/flows/filter", from_page, "POST", b"{}")
         said = answer.body.decode(errors="replace")  # type: ignore[attr-defined]
@@ -250,7 +254,9 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
         return subprocess.Popen([sys.executable, "-m", "flows.cli", "server", "--database-url",
                                  os.environ["FLAGPERF_TEST_POSTGRES_URL"], "--port", str(port), "--pool",
                                  pool, "--results", str(results), "--results-port", str(results_port),
-                                 "--auth-file", str(auth_file), "--log-dir", str(tmp_path / f"logs-{port}")],
+                                 "--auth-file", str(auth_file), "--log-dir", str(tmp_path / f"logs-{port}"),
+                                 # the first as the default would be (the banner, the UI's API); then a TLS alias
+                                 "--public-url", f"http://127.0.0.1:{port}", "--public-url", ALIAS],
                                 cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     started = datetime.now(timezone.utc)
