@@ -126,11 +126,20 @@ def server_names(host: str, public_urls: list[str | None], extra: list[str] | tu
     names.update(urlsplit(url).hostname or "" for url in public_urls if url)
     if host in WILDCARDS or binds_loopback(host):
         names.update(("localhost", "127.0.0.1", "::1"))
-    if host in WILDCARDS:
-        names.update((socket.getfqdn(), socket.gethostname(), machine_address(host)[0]))
-        names.update(str(a.address).split("%")[0] for addresses in psutil.net_if_addrs().values()
-                     for a in addresses if a.family in (socket.AF_INET, socket.AF_INET6))
+    if host in WILDCARDS:  # read again where a Host misses (an address DHCP gave since): see rereads_names
+        from flagperf.site.front import machine_names
+
+        names.update((machine_address(host)[0], *machine_names()))
     return sorted(url_host(name).lower() for name in names if name)
+
+
+def rereads_names(host: str) -> Callable[[], list[str]] | None:
+    """What the server and the site listening on ``host`` read their names from again where a request's Host is
+    not one of them (flagperf.site.front.HostCheck): on a wildcard ``host``, this machine's names and addresses as
+    they are then (a new interface, an address DHCP changed); elsewhere nothing (the names are the options')."""
+    from flagperf.site.front import machine_names
+
+    return machine_names if host in WILDCARDS else None
 
 
 def own_origins(names: list[str], port: int, public_urls: list[str | None]) -> list[str]:
@@ -484,14 +493,15 @@ class SiteServer:
 
 def serve_site(root: Path, host: str, port: int, credentials: Credentials | None,
                history_url: str | None = None, ui_url: str | None = None, *,
-               names: list[str] | None = None) -> SiteServer:
+               names: list[str] | None = None, reread_names: Callable[[], list[str]] | None = None) -> SiteServer:
     """The results site for ``root``: GET and HEAD only, behind ``credentials`` when given; its run pages link
     their flow runs in the Prefect UI at ``ui_url``. ``names``: the only Host names it answers (server_names);
-    None: any."""
+    None: any; ``reread_names``: where more of them are read on a miss (rereads_names)."""
     from flagperf.site.app import create_app
 
     root.mkdir(parents=True, exist_ok=True)
-    return SiteServer(create_app(root, credentials, history_url, ui_url, names=names), host, port)
+    return SiteServer(create_app(root, credentials, history_url, ui_url, names=names, reread_names=reread_names),
+                      host, port)
 
 
 def beyond_loopback(host: str, public_urls: Mapping[str, str | Sequence[str] | None] | None = None
@@ -1199,7 +1209,8 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
 
         try:
             site = serve_site(results_root, host, results_port, credentials, os.environ.get(HISTORY_URL_ENV), base,
-                              names=server_names(host, [results_base, *aliases], extra_names))
+                              names=server_names(host, [results_base, *aliases], extra_names),
+                              reread_names=rereads_names(host))
         except OSError as exc:
             raise RuntimeError(f"cannot serve the results site on {url_host(host)}:{results_port}: "
                                f"{exc.strerror or exc} (choose another --results-port)") from None
@@ -1212,7 +1223,8 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
             server = subprocess.Popen(watched([sys.executable, "-m", "flows.team_app", "--host", host,
                                                "--port", str(port), "--fd", str(fd),
                                                *(f"--name={name}" for name in names),
-                                               *(f"--origin={origin}" for origin in origins)], pass_fds=(fd,)),
+                                               *(f"--origin={origin}" for origin in origins),
+                                               *(["--reread-names"] if rereads_names(host) else [])], pass_fds=(fd,)),
                                       env=env, stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True,
                                       pass_fds=(fd,))
         on_error.pop_all()

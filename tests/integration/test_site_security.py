@@ -110,6 +110,45 @@ def test_uvicorns_own_answers_carry_the_security_headers(site: tuple[SiteServer,
         assert len(answer.headers.get_all(name) or []) == 1, (name, answer.getheaders())
 
 
+def test_an_address_the_machine_got_since_it_started_is_its_own_read_again_at_most_every_few_seconds(
+        tmp_path: Path) -> None:
+    """A server on every interface answers to this machine's addresses: one it got since it started (DHCP, a new
+    interface) was refused as another site's. Now a Host that misses has the names read again, at most once per
+    REREAD_EVERY_S of the check's clock (injected: no sleeping), before it is refused; a name read nowhere stays
+    refused, and asking with it again and again reads nothing more."""
+    from flagperf.site.front import REREAD_EVERY_S
+
+    interfaces: list[str] = []
+    reads: list[int] = []
+
+    def reread() -> list[str]:
+        reads.append(1)
+        return list(interfaces)
+
+    server = serve_site(tmp_path / "results", "127.0.0.1", 0, Credentials(AUTH, "test"), names=["127.0.0.1"],
+                        reread_names=reread)
+    try:
+        clock = Clock()
+        server.server.config.app.hosts.clock = clock
+
+        def status(host: str) -> int:
+            return send(server.port, "/", {**basic(AUTH), "Host": host}).status
+
+        assert status(f"127.0.0.1:{server.port}") == 200 and reads == []  # a Host that matches reads nothing
+        assert status("10.9.8.7") == 400 and len(reads) == 1  # not (yet) an address of this machine
+        interfaces.append("10.9.8.7")  # DHCP gives it now
+        assert status("10.9.8.7") == 400 and len(reads) == 1  # read a moment ago: not again yet
+        clock.now += REREAD_EVERY_S
+        assert status("10.9.8.7:80") == 200 and len(reads) == 2
+        assert status("10.9.8.7") == 200 and len(reads) == 2  # known from here on
+        clock.now += REREAD_EVERY_S
+        for _ in range(5):  # another site's name: read once, then refused without reading again
+            assert status("evil.example") == 400
+        assert len(reads) == 3
+    finally:
+        server.stop()
+
+
 def test_wrong_sign_ins_are_throttled_per_client(site: tuple[SiteServer, Path]) -> None:
     server, _root = site
     clock = Clock()
