@@ -1012,6 +1012,22 @@ def test_a_page_of_an_address_the_server_got_since_it_started_may_change_things(
     assert status(b"10.9.8.7:4200", b"http://evil.example", "websocket") == 1008
 
 
+def test_the_temporary_server_of_a_run_listens_on_loopback_only() -> None:
+    """`flagperf run`'s temporary server has no sign-in (docs/team.md): that holds only while nothing beyond this
+    machine reaches it, so it listens on 127.0.0.1 and its API address says so."""
+    import shutil
+
+    from flows.server import TemporaryServer
+
+    server = TemporaryServer()
+    try:
+        assert server.socket.getsockname()[0] == "127.0.0.1"
+        assert server.api_url == f"http://127.0.0.1:{server.port}/api"
+    finally:
+        server.socket.close()
+        shutil.rmtree(server.folder, ignore_errors=True)
+
+
 def test_every_name_of_a_setting_serve_sets_is_the_operator_s_only_through_serve(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Prefect reads PREFECT_SERVER_API_CORS_ALLOWED_ORIGINS before PREFECT_SERVER_CORS_ALLOWED_ORIGINS (and alike
