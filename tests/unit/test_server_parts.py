@@ -979,11 +979,14 @@ def test_a_page_of_an_address_the_server_got_since_it_started_may_change_things(
     site's still is not, with that Host too."""
     import asyncio
 
-    from flagperf.site.front import Front
+    from flagperf.site.front import Front, machine_names
+    from flows import team_app
     from flows.server import rereads_names
 
     assert rereads_names("127.0.0.1") is None and rereads_names("10.1.2.3") is None
-    assert rereads_names("0.0.0.0") is not None and rereads_names("::") is not None
+    assert rereads_names("0.0.0.0") is machine_names and rereads_names("::") is machine_names
+    # serve passes --reread-names to the Prefect server's launcher on a wildcard --host
+    assert team_app.create_app(["lab"], [], reread_names=True).hosts.reread is machine_names  # type: ignore[attr-defined]
 
     async def app(scope: dict, receive: object, send: object) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
