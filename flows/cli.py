@@ -21,6 +21,7 @@ from contextlib import contextmanager, nullcontext, suppress
 from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
+from urllib.parse import urlsplit
 
 import typer
 from rich.console import Console
@@ -900,8 +901,10 @@ def server(
     host: Annotated[str, typer.Option(help="address the server listens on (0.0.0.0: every interface, which "
                                            "needs a sign-in: see --auth-file)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port of the API and UI")] = 4200,
-    public_url: Annotated[str | None, typer.Option(
-        help="the address browsers use, e.g. http://perf-lab:4200 (default: from --host and --port)")] = None,
+    public_url: Annotated[list[str] | None, typer.Option(
+        help="the address browsers use, e.g. http://perf-lab:4200 (default: from --host and --port); repeatable: "
+             "the first is the one the banner and the UI use, each one more (a TLS alias behind a proxy, "
+             "https://perf-lab.example.org) is a name and an origin the server also answers")] = None,
     results: Annotated[Path, typer.Option(help="results folder the worker's runs write to, shown on the results "
                                                "site so reports open from the UI")] = Path("results"),
     results_port: Annotated[int | None, typer.Option(help="port of the results site (default: --port + 1)")] = None,
@@ -943,8 +946,9 @@ def server(
     with _if_interrupted(nothing_started):
         from flows.server import DATABASE_URL_ENV, check_database_url, serve, server_credentials
 
-        for option, address in (("--public-url", public_url), ("--results-public-url", results_public_url)):
-            if address is not None and not re.fullmatch(r"https?://[^/\s]+/?", address):
+        for option, address in [*(("--public-url", url) for url in public_url or ()),
+                                ("--results-public-url", results_public_url)]:
+            if address is not None and not _scheme_host_port(address):
                 raise _fail(f"{option} {address}: give scheme, host and port only, e.g. http://perf-lab:4200")
         try:
             url = check_database_url(database_url or os.environ.get(DATABASE_URL_ENV))
@@ -962,7 +966,8 @@ def server(
                 raise _fail(f"--server-name {name}: give a host name or address only, e.g. perf-lab.example.org")
         try:
             code = serve(url, host, port, pool, worker, log_dir, results_dir=results, results_port=results_port,
-                         public_url=public_url, results_public_url=results_public_url, credentials=credentials,
+                         public_urls=tuple(public_url or ()), results_public_url=results_public_url,
+                         credentials=credentials,
                          deploy=deploy, extra_names=tuple(server_name or ()))
         except FlagperfError as exc:  # a setting to change (another server's --pool on this database)
             raise _fail(str(exc)) from None
@@ -971,6 +976,18 @@ def server(
     if code > 128:
         raise _fail(f"interrupted while the server started; all it had started is stopped (logs in {log_dir})", code)
     raise typer.Exit(code)
+
+
+def _scheme_host_port(url: str) -> bool:
+    """Whether ``url`` is http(s)://HOST[:PORT][/] and nothing more: a host, a port that parses, no user or path."""
+    if not re.fullmatch(r"https?://[^/\s@]+/?", url):
+        return False
+    parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018 (raises on a port that is no number or out of range)
+    except ValueError:
+        return False
+    return bool(parts.hostname)
 
 
 def _validate_file(path: Path) -> str:

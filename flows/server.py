@@ -25,7 +25,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -126,11 +126,20 @@ def server_names(host: str, public_urls: list[str | None], extra: list[str] | tu
     names.update(urlsplit(url).hostname or "" for url in public_urls if url)
     if host in WILDCARDS or binds_loopback(host):
         names.update(("localhost", "127.0.0.1", "::1"))
-    if host in WILDCARDS:
-        names.update((socket.getfqdn(), socket.gethostname(), machine_address(host)[0]))
-        names.update(str(a.address).split("%")[0] for addresses in psutil.net_if_addrs().values()
-                     for a in addresses if a.family in (socket.AF_INET, socket.AF_INET6))
+    if host in WILDCARDS:  # read again where a Host misses (an address DHCP gave since): see rereads_names
+        from flagperf.site.front import machine_names
+
+        names.update((machine_address(host)[0], *machine_names()))
     return sorted(url_host(name).lower() for name in names if name)
+
+
+def rereads_names(host: str) -> Callable[[], list[str]] | None:
+    """What the server and the site listening on ``host`` read their names from again where a request's Host is
+    not one of them (flagperf.site.front.HostCheck): on a wildcard ``host``, this machine's names and addresses as
+    they are then (a new interface, an address DHCP changed); elsewhere nothing (the names are the options')."""
+    from flagperf.site.front import machine_names
+
+    return machine_names if host in WILDCARDS else None
 
 
 def own_origins(names: list[str], port: int, public_urls: list[str | None]) -> list[str]:
@@ -462,12 +471,16 @@ class SiteServer:
     def __init__(self, app: Any, host: str, port: int) -> None:
         import uvicorn
 
+        from flagperf.site import served
+        from flagperf.site.app import SECURITY_HEADERS
+
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.socket = socket.create_server((host, port), family=family)
         self.port = int(self.socket.getsockname()[1])
-        # log_config None: uvicorn leaves this process's logging alone; no access log (a line per plot).
-        self.server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",
-                                                    log_level="warning", timeout_graceful_shutdown=3))
+        # log_config None: uvicorn leaves this process's logging alone; no access log (a line per plot). The site's
+        # headers on uvicorn's own answers too (a malformed request's 400).
+        self.server = uvicorn.Server(served.config(app, SECURITY_HEADERS, log_config=None, access_log=False,
+                                                   lifespan="off", log_level="warning", timeout_graceful_shutdown=3))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]},
                                        name="results-site", daemon=True)
         self.thread.start()
@@ -480,36 +493,38 @@ class SiteServer:
 
 def serve_site(root: Path, host: str, port: int, credentials: Credentials | None,
                history_url: str | None = None, ui_url: str | None = None, *,
-               names: list[str] | None = None) -> SiteServer:
+               names: list[str] | None = None, reread_names: Callable[[], list[str]] | None = None) -> SiteServer:
     """The results site for ``root``: GET and HEAD only, behind ``credentials`` when given; its run pages link
     their flow runs in the Prefect UI at ``ui_url``. ``names``: the only Host names it answers (server_names);
-    None: any."""
+    None: any; ``reread_names``: where more of them are read on a miss (rereads_names)."""
     from flagperf.site.app import create_app
 
     root.mkdir(parents=True, exist_ok=True)
-    return SiteServer(create_app(root, credentials, history_url, ui_url, names=names), host, port)
+    return SiteServer(create_app(root, credentials, history_url, ui_url, names=names, reread_names=reread_names),
+                      host, port)
 
 
-def beyond_loopback(host: str, public_urls: dict[str, str | None] | None = None) -> tuple[str, str] | None:
+def beyond_loopback(host: str, public_urls: Mapping[str, str | Sequence[str] | None] | None = None
+                    ) -> tuple[str, str] | None:
     """The option that opens a server beyond this machine, and its value: a --host that is not loopback, or an
-    address for browsers (--public-url, --results-public-url) on another host, which says a proxy forwards to it
-    from the network (the server listening on loopback then serves every machine that reaches the proxy)."""
+    address for browsers (--public-url, --results-public-url: one or several) on another host, which says a proxy
+    forwards to it from the network (the server listening on loopback then serves every machine that reaches the
+    proxy)."""
     if not binds_loopback(host):
         return "--host", host
-    for option, url in (public_urls or {}).items():
-        if not url:
-            continue
-        try:
-            name = urlsplit(url).hostname or ""
-        except ValueError:  # not an address one can tell: taken as one of the network
-            name = ""
-        if not is_loopback(name):
-            return option, url
+    for option, given in (public_urls or {}).items():
+        for url in [given] if isinstance(given, str) else given or ():
+            try:
+                name = urlsplit(url).hostname or ""
+            except ValueError:  # not an address one can tell: taken as one of the network
+                name = ""
+            if not is_loopback(name):
+                return option, url
     return None
 
 
 def server_credentials(host: str, auth_file: Path | None,
-                       public_urls: dict[str, str | None] | None = None) -> Credentials | None:
+                       public_urls: Mapping[str, str | Sequence[str] | None] | None = None) -> Credentials | None:
     """The sign-in for a server on ``host`` whose browsers use ``public_urls`` (by option): required beyond
     loopback (anyone who reaches the port, or the proxy in front of it, could start any deployment, that is run
     code on the worker), optional on loopback (one person on this machine)."""
@@ -1134,15 +1149,17 @@ def listen(host: str, port: int) -> socket.socket:
 
 def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_dir: Path, *,
           results_dir: Path = Path("results"), results_port: int | None = None,
-          public_url: str | None = None, results_public_url: str | None = None,
+          public_urls: Sequence[str] = (), results_public_url: str | None = None,
           credentials: Credentials | None = None, deploy: bool = True, stopping: list[int] | None = None,
           extra_names: tuple[str, ...] = ()) -> int:
     """Start the server (and a worker), the deployments and the results site, wait until interrupted, stop all.
     ``credentials`` None only on a loopback ``host`` (see server_credentials). Returns an exit code: 0 once
     stopped by a signal after it was up (the way to end it: it says so), 1 when a process of it failed, 128 +
     the signal when a signal stopped it while it started (everything it had started is stopped, the commands that
-    make the work pool and the deployments at once: see run_step). ``extra_names``: more names the server and the
-    site answer to (--server-name), besides server_names'.
+    make the work pool and the deployments at once: see run_step). ``public_urls`` (--public-url, repeatable):
+    the addresses browsers use, the first the one the banner says and the UI's API address; each adds its host to
+    the names the server and the site answer to and its origin to the allowed ones (a TLS alias behind a proxy).
+    ``extra_names``: more names the server and the site answer to (--server-name), besides server_names'.
 
     ``stopping``: the signals that stop it, noted by its handlers of SIGTERM, SIGHUP and SIGINT. Signal handlers
     exist in the main thread only: called in another thread, it installs none, and its caller stops it by
@@ -1154,7 +1171,9 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
                            "it to stop the server")
     stopping = [] if stopping is None else stopping
     host = host.strip("[]")  # --host [::1], as in a URL
-    opened = beyond_loopback(host, {"--public-url": public_url, "--results-public-url": results_public_url})
+    given = [url.rstrip("/") for url in public_urls]
+    public_url, aliases = (given[0] if given else None), given[1:]
+    opened = beyond_loopback(host, {"--public-url": public_urls, "--results-public-url": results_public_url})
     if credentials is None and opened is not None:
         raise ConfigError(opened[0], None, f"{opened[1]} needs a sign-in: {how_to_set()}")
     # Bound here and handed to the server (as `prefect server start` checks the port first): on a port another
@@ -1169,8 +1188,8 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
         if results_port is None:
             results_port = port + 1 if port < 65535 else port - 1
         results_base = results_base_for(base, results_port, results_public_url)
-        names = server_names(host, [base], extra_names)
-        origins = allowed_origins(names, port, [base])  # before anything starts: a "*" there is refused
+        names = server_names(host, [base, *aliases], extra_names)
+        origins = allowed_origins(names, port, [base, *aliases])  # before anything starts: a "*" there is refused
         log_dir.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if k not in (CLIENT_AUTH_ENV, SERVER_AUTH_ENV)}
         if credentials is not None:  # the environment only: a command line shows in every process list
@@ -1190,7 +1209,8 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
 
         try:
             site = serve_site(results_root, host, results_port, credentials, os.environ.get(HISTORY_URL_ENV), base,
-                              names=server_names(host, [results_base], extra_names))
+                              names=server_names(host, [results_base, *aliases], extra_names),
+                              reread_names=rereads_names(host))
         except OSError as exc:
             raise RuntimeError(f"cannot serve the results site on {url_host(host)}:{results_port}: "
                                f"{exc.strerror or exc} (choose another --results-port)") from None
@@ -1203,7 +1223,8 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
             server = subprocess.Popen(watched([sys.executable, "-m", "flows.team_app", "--host", host,
                                                "--port", str(port), "--fd", str(fd),
                                                *(f"--name={name}" for name in names),
-                                               *(f"--origin={origin}" for origin in origins)], pass_fds=(fd,)),
+                                               *(f"--origin={origin}" for origin in origins),
+                                               *(["--reread-names"] if rereads_names(host) else [])], pass_fds=(fd,)),
                                       env=env, stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True,
                                       pass_fds=(fd,))
         on_error.pop_all()

@@ -21,18 +21,20 @@ import os
 import socket
 import sys
 
-from flagperf.site.front import ASGIApp, Front
+from flagperf.site import served
+from flagperf.site.front import FRAME_HEADERS, ASGIApp, Front, machine_names
 
 
-def create_app(names: list[str], origins: list[str]) -> ASGIApp:
+def create_app(names: list[str], origins: list[str], reread_names: bool = False) -> ASGIApp:
     """Prefect's app (create_app, final, with its services and UI, as `prefect server start` makes it) in Front.
     ``origins``: given by serve itself, not read back from Prefect's settings (whose alias an operator's
-    environment could set to "*")."""
+    environment could set to "*"). ``reread_names``: a Host that misses has this machine's names and addresses
+    read again (a server on every interface: an address it got since it started is its own)."""
     import prefect.settings
     from prefect.server.api.server import create_app as prefect_app
 
     signed_in = prefect.settings.PREFECT_SERVER_API_AUTH_STRING.value() is not None
-    return Front(prefect_app(final=True), names, signed_in, origins)
+    return Front(prefect_app(final=True), names, signed_in, origins, machine_names if reread_names else None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", action="append", default=[], help="a name the server answers to (Host header)")
     parser.add_argument("--origin", action="append", default=[], help="a page's origin allowed to change things and "
                                                                       "open websockets (never '*')")
+    parser.add_argument("--reread-names", action="store_true",
+                        help="a Host that is none of the names has this machine's names and addresses read again "
+                             "(at most every few seconds) before it is refused: for a server on every interface")
     args = parser.parse_args(argv)
     if "*" in (origin.strip() for origin in args.origin):
         parser.error("--origin '*' would let a page of any site use the API and its websockets")
@@ -58,9 +63,10 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"flagperf team server: Prefect's server and UI on {args.host}:{args.port}, answering to "
           f"{', '.join(args.name)} (any other Host is refused: DNS rebinding protection)", flush=True)
-    # What `prefect server start` passes uvicorn (prefect.cli._server_utils._run_in_foreground, one worker).
+    # What `prefect server start` passes uvicorn (prefect.cli._server_utils._run_in_foreground, one worker), and
+    # the frame headers on uvicorn's own answers too (a malformed request's 400, a refused websocket handshake).
     where = {"fd": args.fd} if args.fd is not None else {"host": args.host, "port": args.port}
-    config = uvicorn.Config(app=create_app(args.name, args.origin), **where,
+    config = served.config(create_app(args.name, args.origin, args.reread_names), FRAME_HEADERS, **where,
                             timeout_keep_alive=PREFECT_SERVER_API_KEEPALIVE_TIMEOUT.value(),
                             ws_ping_interval=PREFECT_SERVER_API_WEBSOCKET_PING_INTERVAL.value(),
                             ws_ping_timeout=PREFECT_SERVER_API_WEBSOCKET_PING_TIMEOUT.value(),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -70,10 +70,10 @@ class Guard:
     browser spoke TLS (X-Forwarded-Proto: https), answers also get Strict-Transport-Security."""
 
     def __init__(self, app: ASGIApp, credentials: Credentials | None, throttle: SignInThrottle | None = None,
-                 names: list[str] | None = None) -> None:
+                 names: list[str] | None = None, reread_names: Callable[[], Iterable[str]] | None = None) -> None:
         self.app, self.credentials = app, credentials
         self.throttle = throttle or SignInThrottle()
-        self.hosts = HostCheck(names) if names is not None else None
+        self.hosts = HostCheck(names, reread_names) if names is not None else None
 
     async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Any]],
                        send: Callable[[Any], Awaitable[None]]) -> None:
@@ -122,10 +122,12 @@ def preselected(choices: list[str], a: str | None, b: str | None) -> tuple[str |
 
 
 def create_app(root: Path, credentials: Credentials | None, history_url: str | None = None,
-               ui_url: str | None = None, *, names: list[str] | None = None) -> ASGIApp:
+               ui_url: str | None = None, *, names: list[str] | None = None,
+               reread_names: Callable[[], Iterable[str]] | None = None) -> ASGIApp:
     """The site for the results folder ``root``; ``credentials`` None only on a loopback address. ``ui_url``: the
     Prefect UI's address, where a run page links the flow run that made the run (its logs). ``names``: the only
-    Host names it answers (DNS rebinding protection); None: any."""
+    Host names it answers (DNS rebinding protection); None: any; ``reread_names``: where more are read where a
+    Host misses (HostCheck)."""
     root = root.resolve()
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True, trim_blocks=True, lstrip_blocks=True)
     env.filters["cell"] = table_cell
@@ -252,7 +254,7 @@ def create_app(root: Path, credentials: Credentials | None, history_url: str | N
         return not_found("nothing here")
 
     app.add_exception_handler(404, missing)
-    return Guard(app, credentials, names=names)
+    return Guard(app, credentials, names=names, reread_names=reread_names)
 
 
 BOLD = re.compile(r"\*\*(.+?)\*\*")

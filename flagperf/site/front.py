@@ -10,6 +10,8 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import socket
+import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -31,6 +33,9 @@ FRAME_HEADERS = [
 REBINDING = "DNS rebinding protection"
 FOREIGN = "a page of another site (its Origin) may not change anything here nor open a websocket"
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")  # OPTIONS: a CORS preflight, which the CORS middleware answers
+# How often, at most, a Host that is not one of the names has the names read again (reread): a request naming
+# another site must not make the server list its interfaces at the attacker's pace.
+REREAD_EVERY_S = 10.0
 
 
 async def _passed(scope: Scope, receive: Receive, send: Send) -> None:
@@ -45,20 +50,55 @@ async def _nothing() -> Any:
     return {"type": "http.disconnect"}
 
 
+def bracketed(name: str) -> str:
+    """``name`` as a Host header has it: an IPv6 address in brackets."""
+    name = name.strip("[]")
+    return f"[{name}]" if ":" in name else name
+
+
+def machine_names() -> list[str]:
+    """This machine's names and the addresses of its interfaces, as they are now (an address DHCP changed, an
+    interface added since the server started), as Host headers name them."""
+    import psutil
+
+    names = {socket.getfqdn(), socket.gethostname()}
+    names.update(str(a.address).split("%")[0] for addresses in psutil.net_if_addrs().values()
+                 for a in addresses if a.family in (socket.AF_INET, socket.AF_INET6))
+    return sorted(bracketed(name).lower() for name in names if name)
+
+
 class HostCheck:
     """Whether a request's Host header is one of ``names`` (host names or addresses, an IPv6 one in brackets, any
-    port), decided by Starlette's TrustedHostMiddleware (its parsing of the header, its matching)."""
+    port), decided by Starlette's TrustedHostMiddleware (its parsing of the header, its matching). ``reread``
+    (machine_names, for a server on every interface): where a Host is not one of them, the names it gives are
+    added (read again at most every ``every_s`` seconds of ``clock``) before the Host is refused: an address the
+    machine got since the server started is its own."""
 
-    def __init__(self, names: Iterable[str]) -> None:
+    def __init__(self, names: Iterable[str], reread: Callable[[], Iterable[str]] | None = None,
+                 clock: Callable[[], float] = time.monotonic, every_s: float = REREAD_EVERY_S) -> None:
+        self.reread, self.clock, self.every_s = reread, clock, every_s
+        self.read_at: float | None = None
+        self._use(names)
+
+    def _use(self, names: Iterable[str]) -> None:
         self.names = sorted({name.lower() for name in names if name})
         self._check = TrustedHostMiddleware(_passed, allowed_hosts=self.names, www_redirect=False)
 
-    async def refused(self, scope: Scope) -> str | None:
-        """None where the Host is one of the names, else the one line to answer (400)."""
+    async def _matches(self, scope: Scope) -> bool:
         probe = {**scope, "type": "http"}  # a websocket's handshake is checked as a request
         await self._check(probe, _nothing, _discard)
-        if probe.get("flagperf.host_ok"):
+        return bool(probe.get("flagperf.host_ok"))
+
+    async def refused(self, scope: Scope) -> str | None:
+        """None where the Host is one of the names, else the one line to answer (400)."""
+        if await self._matches(scope):
             return None
+        now = self.clock()
+        if self.reread is not None and (self.read_at is None or now - self.read_at >= self.every_s):
+            self.read_at = now
+            self._use([*self.names, *self.reread()])
+            if await self._matches(scope):
+                return None
         given = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
         return (f"{REBINDING}: Host {given!r} is not one of this server's names; open it by the address its "
                 "banner shows\n")
@@ -95,6 +135,17 @@ def origin_of(url: str) -> str:
     return f"{scheme}://{host}" + (f":{port}" if port is not None and port != default else "")
 
 
+def own_origin(scope: Scope) -> str:
+    """The origin of a request's own address (its scheme and Host): that of the server's pages under that name;
+    "" (matching none) without exactly one Host."""
+    hosts = [value for name, value in scope.get("headers") or [] if name.lower() == b"host"]
+    if len(hosts) != 1:
+        return ""
+    scheme = str(scope.get("scheme") or "http")
+    scheme = {"ws": "http", "wss": "https"}.get(scheme, scheme)  # a websocket's handshake: its page's scheme
+    return origin_of(f"{scheme}://{hosts[0].decode('latin-1')}")
+
+
 def authorizations(scope: Scope) -> list[bytes]:
     """Every Authorization header of a request (Starlette reads the first, a check that read the last one would
     let a malformed first one through)."""
@@ -122,11 +173,13 @@ class Front:
     """The Prefect server's app behind the checks of this module. ``names``: the server's own (HostCheck);
     ``signed_in``: whether the server asks for a sign-in (only then is a malformed one refused: without one,
     Prefect ignores the header); ``origins``: the pages allowed to change things and open websockets (the CORS
-    origins; "*", any site's page, is refused: a ValueError). A request without an Origin (Prefect's clients, its
-    workers, curl) is not a page's."""
+    origins; "*", any site's page, is refused: a ValueError), besides the request's own (a page the server served
+    under the Host it accepted: also an address it got since it started, see HostCheck's ``reread``). A request
+    without an Origin (Prefect's clients, its workers, curl) is not a page's."""
 
-    def __init__(self, app: ASGIApp, names: Iterable[str], signed_in: bool, origins: Iterable[str] = ()) -> None:
-        self.app, self.hosts, self.signed_in = app, HostCheck(names), signed_in
+    def __init__(self, app: ASGIApp, names: Iterable[str], signed_in: bool, origins: Iterable[str] = (),
+                 reread: Callable[[], Iterable[str]] | None = None) -> None:
+        self.app, self.hosts, self.signed_in = app, HostCheck(names, reread), signed_in
         origins = [origin.strip() for origin in origins if origin.strip()]
         if "*" in origins:
             raise ValueError("the origin '*' would let a page of any site change things and open websockets")
@@ -138,7 +191,7 @@ class Front:
         if not given:
             return False
         origin = origin_of(given[0].decode("latin-1"))
-        return len(given) > 1 or not origin or origin not in self.origins
+        return len(given) > 1 or not origin or origin not in (self.origins | {own_origin(scope)})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):  # lifespan: Prefect's services start and stop with it

@@ -152,3 +152,37 @@ def probe(port: int, planted: Planted, auth: dict[str, str] | None) -> list[str]
     if sqlite3.connect(planted.root / "history.sqlite").execute("select count(*) from runs").fetchone()[0] != history:
         findings.append("the history changed")
     return findings
+
+
+# What uvicorn answers by itself, before any app sees the request: a request line that is no HTTP (h11's 400), a
+# websocket handshake without its key (400) or of a version it does not speak (426).
+MALFORMED = (b"NOT HTTP AT ALL\r\n\r\n",
+             b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+             b"Sec-WebSocket-Version: 13\r\n\r\n",
+             b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+             b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 99\r\n\r\n")
+
+
+def raw_exchange(port: int, data: bytes) -> tuple[int, list[tuple[str, str]]]:
+    """``data`` sent as it is over a socket; the answer's status and headers, read until the server closes."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+        conn.sendall(data)
+        said = b""
+        while b"\r\n\r\n" not in said and (chunk := conn.recv(65536)):
+            said += chunk
+    head = said.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+    assert head[0].startswith("HTTP/1.1 "), said[:300]
+    pairs = [line.split(":", 1) for line in head[1:]]
+    return int(head[0].split()[1]), [(name.strip().lower(), value.strip()) for name, value in pairs]
+
+
+def assert_own_answers_carry(port: int, wanted: dict[str, str]) -> None:
+    """uvicorn's own answers to MALFORMED requests carry each of ``wanted`` (header: a part of its value) once."""
+    for data in MALFORMED:
+        status, headers = raw_exchange(port, data)
+        assert status in (400, 426), (data, status)
+        for name, part in wanted.items():
+            values = [value for key, value in headers if key == name.lower()]
+            assert len(values) == 1 and part in values[0], (data, name, headers)

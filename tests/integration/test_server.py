@@ -37,7 +37,7 @@ from server_ports import (
     session_pool,
     start_on_os_ports,
 )
-from site_probe import basic, plant, probe, request
+from site_probe import assert_own_answers_carry, basic, plant, probe, request
 
 from flagperf.site.auth import Credentials
 from flows.server import api_headers, database_identity, deploy_command
@@ -90,6 +90,11 @@ def raw_answer(port: int, target: str, headers: dict[str, str | bytes] | list[tu
         conn.close()
 
 
+ALIAS = "https://perf-lab.example.org"  # a second --public-url: a TLS proxy's name for the server
+FRAMING = {"X-Frame-Options": "DENY", "Content-Security-Policy": "frame-ancestors 'none'",
+           "X-Content-Type-Options": "nosniff"}
+
+
 def assert_front(port: int, results_port: int, signed_in: dict[str, str], server_log: Path) -> None:
     """What stands in front of the Prefect server (flows.team_app) and the results site, as a browser and an
     attacker's page meet it: a Host that is not the server's (DNS rebinding: a page of evil.example whose name now
@@ -105,11 +110,13 @@ def assert_front(port: int, results_port: int, signed_in: dict[str, str], server
             assert answer.status == 400, (server_port, target, host, answer.status)
         body = request(server_port, target, {"Host": "evil.example", **signed_in})[1].decode()
         assert body.count("\n") == 1 and "DNS rebinding protection" in body, body
-    for server_port, host in ((port, "localhost"), (port, own), (port, "[::1]"), (results_port, "localhost")):
+    alias = urlsplit(ALIAS).hostname
+    for server_port, host in ((port, "localhost"), (port, own), (port, "[::1]"), (results_port, "localhost"),
+                              (port, alias), (results_port, alias)):
         assert raw_answer(server_port, "/api/health" if server_port == port else "/",
                           {"Host": host, **signed_in}).status == 200, host
     # CORS: Prefect's `*` let any site's page read the API with a sign-in its script knows; now only the server's
-    for origin, allowed in ((f"http://{own}", True), ("http://evil.example", False), ("null", False)):
+    for origin, allowed in ((f"http://{own}", True), (ALIAS, True), ("http://evil.example", False), ("null", False)):
         preflight = httpx.options(f"http://{own}/api/flows/filter", timeout=10, headers={
             "Origin": origin, "Access-Control-Request-Method": "POST",
             "Access-Control-Request-Headers": "authorization,content-type"})
@@ -124,6 +131,10 @@ def assert_front(port: int, results_port: int, signed_in: dict[str, str], server
         policies = " ".join(v for k, v in answer.getheaders() if k.lower() == "content-security-policy")
         assert answer.getheader("X-Frame-Options") == "DENY", (server_port, target, answer.getheaders())
         assert "frame-ancestors 'none'" in policies and answer.getheader("X-Content-Type-Options") == "nosniff"
+        assert len(answer.headers.get_all("X-Frame-Options") or []) == 1, answer.getheaders()
+    # uvicorn's own answers (a request that is no HTTP, a broken websocket handshake) too
+    for server_port in (port, results_port):
+        assert_own_answers_carry(server_port, FRAMING)
     before = server_log.read_bytes() if server_log.is_file() else b""
     non_ascii = "Basic " + base64.b64encode("lab:pässwort-long-enough".encode()).decode()
     for header in (non_ascii, b"Basic \xe9t\xe9", "Basic !!!not-base64", "Basic", "Bearer x y"):
@@ -136,7 +147,8 @@ def assert_front(port: int, results_port: int, signed_in: dict[str, str], server
     assert raw_answer(port, "/api/admin/settings", [("Authorization", signed_in["Authorization"])] * 2).status == 401
     # A page of another site: browsers apply CORS neither to a form's POST nor to a websocket. A change from it is
     # refused in one line; the server's own pages and clients without an Origin (Prefect's) are not.
-    for origin, foreign in (("http://evil.example", True), ("null", True), (f"http://{own}", False), (None, False)):
+    for origin, foreign in (("http://evil.example", True), ("null", True), (f"http://{own}", False), (ALIAS, False),
+                            (None, False)):
         from_page = {**signed_in, **({"Origin": origin} if origin else {})}
         answer = raw_answer(port, "/api/flows/filter", from_page, "POST", b"{}")
         said = answer.body.decode(errors="replace")  # type: ignore[attr-defined]
@@ -202,6 +214,8 @@ def assert_websocket(port: int, signed_in: dict[str, str], origin: str | None, a
         with pytest.raises(InvalidStatus) as refused:
             connect(url, **options).close()
         assert refused.value.response.status_code == 403, origin
+        for name, part in FRAMING.items():  # uvicorn writes that 403 (the app closed the socket): framed too
+            assert part in refused.value.response.headers.get(name, ""), (name, refused.value.response.headers)
         return
     for token, answered in ((auth, True), ("lab:pässwort", False)):
         with connect(url, **options) as socket:
@@ -240,7 +254,9 @@ def test_server_on_postgres_with_a_worker_sign_in_deployments_and_site(tmp_path:
         return subprocess.Popen([sys.executable, "-m", "flows.cli", "server", "--database-url",
                                  os.environ["FLAGPERF_TEST_POSTGRES_URL"], "--port", str(port), "--pool",
                                  pool, "--results", str(results), "--results-port", str(results_port),
-                                 "--auth-file", str(auth_file), "--log-dir", str(tmp_path / f"logs-{port}")],
+                                 "--auth-file", str(auth_file), "--log-dir", str(tmp_path / f"logs-{port}"),
+                                 # the first as the default would be (the banner, the UI's API); then a TLS alias
+                                 "--public-url", f"http://127.0.0.1:{port}", "--public-url", ALIAS],
                                 cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     started = datetime.now(timezone.utc)

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from site_probe import basic, make_run
+from site_probe import assert_own_answers_carry, basic, make_run
 
 from flagperf.site.auth import Credentials, SignInThrottle
 from flows.server import SiteServer, serve_site
@@ -95,6 +95,58 @@ def test_every_route_every_method_and_spelling_asks_for_the_sign_in(site: tuple[
                     assert answer.getheader("X-Frame-Options") == "DENY"
                     checked += 1
     assert checked > 1000
+
+
+def test_uvicorns_own_answers_carry_the_security_headers(site: tuple[SiteServer, Path]) -> None:
+    """A request uvicorn refuses itself (no HTTP, a broken websocket handshake) gets the site's headers as every
+    answer of the app does, and an answer of the app names each once (not again by uvicorn)."""
+    server, _root = site
+    wanted = {"Content-Security-Policy": "default-src 'none'", "X-Frame-Options": "DENY",
+              "X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"}
+    assert_own_answers_carry(server.port, wanted)
+    answer = send(server.port, "/", basic(AUTH))
+    assert answer.status == 200
+    for name in wanted:
+        assert len(answer.headers.get_all(name) or []) == 1, (name, answer.getheaders())
+
+
+def test_an_address_the_machine_got_since_it_started_is_its_own_read_again_at_most_every_few_seconds(
+        tmp_path: Path) -> None:
+    """A server on every interface answers to this machine's addresses: one it got since it started (DHCP, a new
+    interface) was refused as another site's. Now a Host that misses has the names read again, at most once per
+    REREAD_EVERY_S of the check's clock (injected: no sleeping), before it is refused; a name read nowhere stays
+    refused, and asking with it again and again reads nothing more."""
+    from flagperf.site.front import REREAD_EVERY_S
+
+    interfaces: list[str] = []
+    reads: list[int] = []
+
+    def reread() -> list[str]:
+        reads.append(1)
+        return list(interfaces)
+
+    server = serve_site(tmp_path / "results", "127.0.0.1", 0, Credentials(AUTH, "test"), names=["127.0.0.1"],
+                        reread_names=reread)
+    try:
+        clock = Clock()
+        server.server.config.app.hosts.clock = clock
+
+        def status(host: str) -> int:
+            return send(server.port, "/", {**basic(AUTH), "Host": host}).status
+
+        assert status(f"127.0.0.1:{server.port}") == 200 and reads == []  # a Host that matches reads nothing
+        assert status("10.9.8.7") == 400 and len(reads) == 1  # not (yet) an address of this machine
+        interfaces.append("10.9.8.7")  # DHCP gives it now
+        assert status("10.9.8.7") == 400 and len(reads) == 1  # read a moment ago: not again yet
+        clock.now += REREAD_EVERY_S
+        assert status("10.9.8.7:80") == 200 and len(reads) == 2
+        assert status("10.9.8.7") == 200 and len(reads) == 2  # known from here on
+        clock.now += REREAD_EVERY_S
+        for _ in range(5):  # another site's name: read once, then refused without reading again
+            assert status("evil.example") == 400
+        assert len(reads) == 3
+    finally:
+        server.stop()
 
 
 def test_wrong_sign_ins_are_throttled_per_client(site: tuple[SiteServer, Path]) -> None:

@@ -628,6 +628,20 @@ def test_a_run_that_fails_between_its_claim_and_its_flow_gives_its_run_folder_ba
         assert not (tmp_path / "nested").exists()
 
 
+@pytest.mark.parametrize("bad", ["https://perf-lab.example.org/ui", "https://perf-lab.example.org:99999",
+                                 "https://lab:pw@perf-lab.example.org", "perf-lab.example.org", "https://:4200"])
+def test_every_public_url_is_checked_naming_the_option(tmp_path: Path, bad: str) -> None:
+    """--public-url is repeatable (a TLS alias behind a proxy beside the first): each one is checked, not only the
+    last, in one line naming the option, before anything starts."""
+    logs = tmp_path / "logs"
+    result = runner.invoke(app, ["server", "--database-url", "postgresql+asyncpg://lab@127.0.0.1:5432/none",
+                                 "--public-url", bad, "--public-url", "http://perf-lab:4200", "--log-dir", str(logs)])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines()[-1] == (f"error: --public-url {bad}: give scheme, host and port only, "
+                                                      "e.g. http://perf-lab:4200")
+    assert not logs.exists()
+
+
 def test_server_name_is_a_name_only(tmp_path: Path) -> None:
     """--server-name adds a Host the server answers to: a URL or anything with a path is one line, before anything
     starts (its logs folder is not made)."""

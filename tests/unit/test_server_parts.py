@@ -972,6 +972,65 @@ def test_the_front_refuses_a_sign_in_given_twice_and_changes_from_other_origins(
     assert reached == ["GET", "POST", "POST", "GET", "HEAD", "OPTIONS"]
 
 
+def test_a_page_of_an_address_the_server_got_since_it_started_may_change_things() -> None:
+    """On every interface, a page the server served under an address it got since it started (read again on a
+    Host that missed) names that address in its Origin, which is in no list made at start: its changes were
+    refused as another site's. A page's own origin (its scheme and the Host accepted) is the server's; another
+    site's still is not, with that Host too."""
+    import asyncio
+
+    from flagperf.site.front import Front, machine_names
+    from flows import team_app
+    from flows.server import rereads_names
+
+    assert rereads_names("127.0.0.1") is None and rereads_names("10.1.2.3") is None
+    assert rereads_names("0.0.0.0") is machine_names and rereads_names("::") is machine_names
+    # serve passes --reread-names to the Prefect server's launcher on a wildcard --host
+    assert team_app.create_app(["lab"], [], reread_names=True).hosts.reread is machine_names  # type: ignore[attr-defined]
+
+    async def app(scope: dict, receive: object, send: object) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
+        await send({"type": "http.response.body", "body": b""})  # type: ignore[operator]
+
+    front = Front(app, ["127.0.0.1"], signed_in=False, origins=["http://127.0.0.1:4200"],
+                  reread=lambda: ["10.9.8.7"])
+
+    def status(host: bytes, origin: bytes, kind: str = "http") -> int:
+        said: list[dict] = []
+
+        async def send(message: dict) -> None:
+            said.append(message)
+
+        async def receive() -> dict:
+            return {"type": "http.request", "body": b""}
+
+        scope = {"type": kind, "method": "POST", "scheme": "ws" if kind == "websocket" else "http",
+                 "path": "/api/flows/filter", "headers": [(b"host", host), (b"origin", origin)]}
+        asyncio.run(front(scope, receive, send))
+        return said[0].get("status", said[0].get("code", 0))
+
+    assert status(b"10.9.8.7:4200", b"http://10.9.8.7:4200") == 200
+    assert status(b"10.9.8.7:4200", b"http://evil.example") == 403
+    assert status(b"10.9.8.7:4200", b"http://10.9.8.7:4300") == 403  # another port: another origin
+    assert status(b"10.9.8.7:4200", b"http://evil.example", "websocket") == 1008
+
+
+def test_the_temporary_server_of_a_run_listens_on_loopback_only() -> None:
+    """`flagperf run`'s temporary server has no sign-in (docs/team.md): that holds only while nothing beyond this
+    machine reaches it, so it listens on 127.0.0.1 and its API address says so."""
+    import shutil
+
+    from flows.server import TemporaryServer
+
+    server = TemporaryServer()
+    try:
+        assert server.socket.getsockname()[0] == "127.0.0.1"
+        assert server.api_url == f"http://127.0.0.1:{server.port}/api"
+    finally:
+        server.socket.close()
+        shutil.rmtree(server.folder, ignore_errors=True)
+
+
 def test_every_name_of_a_setting_serve_sets_is_the_operator_s_only_through_serve(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Prefect reads PREFECT_SERVER_API_CORS_ALLOWED_ORIGINS before PREFECT_SERVER_CORS_ALLOWED_ORIGINS (and alike
