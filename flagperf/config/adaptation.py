@@ -25,6 +25,8 @@ import shlex
 import stat
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -223,6 +225,8 @@ def absolute_links(vendor_folder: Path, case: Path | None = None, parts: Sequenc
              for path, target, _ in walk_linked(vendor_folder, case, parts, cut) if target is not None
              and os.path.isabs(target)]
     for line in cut:
+        if not _first_said(line):  # one check of several scans (validate of several files): said by the first
+            continue
         if not_checked is None:
             found.append(ConfigError(display_path(vendor_folder), None,
                                      line.removeprefix(f"{display_path(vendor_folder)}: ")))
@@ -245,6 +249,39 @@ def vendor_folder_links(vendor_folder: Path, not_checked: list[str] | None = Non
     names.sort(key=lambda name: name != VENDOR_CASES_FOLDER)
     return absolute_links(vendor_folder, parts=[name for name in names if not _not_walked(vendor_folder, name)],
                           not_checked=not_checked)
+
+
+# The walk-limit lines said so far in one check (one_cut_line_per_check); None outside one.
+_CUT_SAID: ContextVar[set[str] | None] = ContextVar("flagperf_cut_said", default=None)
+
+
+@contextmanager
+def one_cut_line_per_check() -> Iterator[None]:
+    """Within it, a folder's walk that stopped at LINK_WALK_LIMIT is said once (absolute_links' line), however many
+    scans of the folder stop (`flagperf validate` of its vendor.yaml, an engine.yaml and a case's file each scan it):
+    one fact about one folder, not one per file."""
+    token = _CUT_SAID.set(set())
+    try:
+        yield
+    finally:
+        _CUT_SAID.reset(token)
+
+
+def _first_said(line: str) -> bool:
+    """Whether ``line`` (a walk-limit line) is said for the first time in this check; always, outside one."""
+    said = _CUT_SAID.get()
+    if said is None:
+        return True
+    if line in said:
+        return False
+    said.add(line)
+    return True
+
+
+def _cut_line(folder: Path) -> str:
+    """What a walk of ``folder`` stopped at LINK_WALK_LIMIT says, as ``FOLDER: why``."""
+    return (f"{display_path(folder)}: its links were looked through for the first {LINK_WALK_LIMIT} paths only, the "
+            "rest not checked (a data set in the folder?); keep data out of it")
 
 
 # How many paths walk_linked looks at before it stops: a vendor folder holding (or linking in) a data set would
@@ -289,8 +326,7 @@ def walk_linked(vendor_folder: Path, case: Path | None = None, parts: Sequence[s
             continue
         walked += 1
         if walked > LINK_WALK_LIMIT:
-            line = (f"{display_path(vendor_folder)}: its links were looked through for the first {LINK_WALK_LIMIT} "
-                    "paths only, the rest not checked (a data set in the folder?); keep data out of it")
+            line = _cut_line(vendor_folder)
             if cut is not None and line not in cut:
                 cut.append(line)
             return

@@ -1105,6 +1105,12 @@ def test_the_link_walk_stops_at_its_bound_and_never_says_clean(walk: Path, monke
     assert found.not_checkable.count(cut) == 1, found.not_checkable
     code, lines = validate_lines(vendor / MANIFEST)
     assert code == 2 and f"error {cut}" in lines, lines
+    # One check, several scans of the folder (vendor.yaml's, the engine's, each stopped by the data in the engine):
+    # the line is said once, by the first file, not once per file.
+    for index in range(12):
+        write(vendor / "engines" / "onnxruntime" / "data" / f"part-{index:02}.bin", "x")
+    code, lines = validate_lines(vendor / MANIFEST, vendor / "engines" / "onnxruntime" / "engine.yaml")
+    assert code == 2 and lines.count(f"error {cut}") == 1, lines
     write(vendor / "cases" / "base" / "x" / "data" / "a.bin", "x")
     for index in range(12):
         write(vendor / "cases" / "base" / "x" / f"part-{index:02}.bin", "x")
