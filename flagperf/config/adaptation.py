@@ -596,9 +596,49 @@ def _identity(info: os.stat_result) -> tuple[int, int]:
     return info.st_dev, info.st_ino
 
 
-def _python_files(folder: Path) -> Iterator[Path]:
-    # A file by its own name before a link to it, so that check_extern names each file's findings by that name.
-    yield from sorted((p for p in folder.rglob("*.py") if p.is_file()), key=lambda p: (p.is_symlink(), p))
+def _python_files(folder: Path, problems: list[ConfigError]) -> list[Path]:
+    """extern/'s Python files, links followed as a round's import and the build's copy follow them (Path.rglob passes
+    over a linked folder, so a file in one went unread): a folder that holds itself through a link is not walked
+    again (a loop), and the walk stops after LINK_WALK_LIMIT paths. A link that leads out of extern/ is a problem in
+    ``problems`` (files.inside's words, as _check_tree's), and not followed; so is a walk cut short (said once per
+    check: one_cut_line_per_check). A file by its own name comes before a link to it (or one in a linked folder), so
+    that check_extern names each file's findings by that name."""
+    root = os.path.realpath(folder)
+    found: list[Path] = []
+    pending: list[tuple[Path, tuple[str, ...]]] = [(folder, (root,))]  # a folder, and the folders that hold it
+    walked = 0
+    while pending:
+        current, holders = pending.pop()
+        try:
+            names = sorted(os.listdir(current))
+        except OSError:  # unreadable: _check_tree says so
+            continue
+        for name in names:
+            walked += 1
+            if walked > LINK_WALK_LIMIT:
+                line = _cut_line(folder)
+                if _first_said(line):
+                    problems.append(ConfigError(display_path(folder), None, line.split(": ", 1)[1]))
+                return sorted(found, key=lambda p: (_linked(p, folder, root), p))
+            path = current / name
+            real = os.path.realpath(path)
+            if os.path.islink(path) and not (real == root or real.startswith(root + os.sep)):
+                try:
+                    inside(folder, path.relative_to(folder), given_name(path), None, "the extern folder")
+                except ConfigError as exc:
+                    problems.append(exc)
+                continue
+            if os.path.isdir(path):
+                if real not in holders:
+                    pending.append((path, (*holders, real)))
+            elif name.endswith(".py") and os.path.isfile(path):
+                found.append(path)
+    return sorted(found, key=lambda p: (_linked(p, folder, root), p))
+
+
+def _linked(path: Path, folder: Path, root: str) -> bool:
+    """Whether ``path`` (below ``folder``, which resolves to ``root``) is reached through a link."""
+    return os.path.realpath(path) != os.path.join(root, *path.relative_to(folder).parts)
 
 
 def check_extern(folder: Path, family: str) -> tuple[str, ...]:
@@ -615,7 +655,7 @@ def check_extern(folder: Path, family: str) -> tuple[str, ...]:
     # Every file's findings together, as the hooks' are: a vendor fixes extern/ in one go, not a name per check.
     problems: list[ConfigError] = []
     trees: dict[Path, ast.Module | None] = {}  # None: not Python (said among the problems)
-    for path in _python_files(folder):
+    for path in _python_files(folder, problems):
         if path.resolve() in trees:  # a link to a file already read (hooks.py -> impl.py): its findings said once
             continue
         try:
