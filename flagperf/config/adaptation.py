@@ -116,6 +116,7 @@ FORBIDDEN_CALLS = {("torch", "load"): "torch.load loads weights: the initial che
 # PREFECT_*: a case's own flow runs report to the run's server with its key, which a vendor may not redirect.
 RESERVED_ENV = re.compile(r"^(FLAGPERF_.*|PREFECT_.*|PYTHONPATH|PYTHONHOME|PYTHONUNBUFFERED)$")
 MAX_ENV_NAMES = 512  # far above any vendor's; an environment of millions of names would not start a process
+_SOURCED = re.compile(r"^(?:source|\.)\s+\S")  # `source /opt/sdk/set_env.sh`, `. ./env.sh`
 _ASSIGNMENT = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 ENV_REFERENCE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 _UNQUOTED_UNSAFE = set(" \t;&|<>()`\\'\"*?[]~#!")
@@ -381,6 +382,10 @@ def parse_env_file(path: Path) -> dict[str, str]:
         if control is not None:  # a NUL cannot be in an environment; an escape sequence would rewrite a log
             raise ConfigError(source, f"line {number}", f"holds the control character {control!r}")
         match = _ASSIGNMENT.match(line)
+        if match is None and _SOURCED.match(line):  # FlagPerf sources the file, so its vendors' files often do this
+            raise ConfigError(source, f"line {number}", "sources another script, which is never run here (the file "
+                              "is read as data): put the toolkit's environment in the image (ENV lines of the "
+                              "Dockerfile), or copy its `export NAME=value` lines into this file")
         if match is None:
             raise ConfigError(source, f"line {number}", "not an assignment (only `export NAME=value` or "
                                                         "`NAME=value` lines are read; the file is never run)")
