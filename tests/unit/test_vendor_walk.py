@@ -301,7 +301,7 @@ def test_every_problem_of_a_case_adaptation_is_named_at_once_and_once(walk: Path
     write(adapted / "extern" / "hooks.py", "from acme_ops import wrap_model\ndef on_step(ctx):\n    pass\n")
     problems = check_vendor_folder(walk / "vendors" / "acme", monitor_seconds=1).problems
     expected = ["walk-mlp/vendor/acme.yaml: hidden: unknown key (a vendor may change: ",
-                "acme/environment_variables.sh: line 2: not an assignment",
+                "acme/environment_variables.sh: line 2: sources another script",
                 "acme/requirements.txt: line 1: --extra-index-url (another index) is not read here",
                 "acme/extern/hooks.py: line 1: wrap_model: imported: a hook is a def at the top of hooks.py",
                 "acme/extern/hooks.py: line 2: on_step: def on_step(ctx) takes 1 argument(s), but a round calls it "
@@ -659,7 +659,7 @@ def test_a_vendor_kept_outside_the_project_keeps_its_case_files_in_its_own_folde
     assert source_digest(vendor="acme", cases=plan.case_folders) != before
 
     # A file read by a run is checked as a run reads it, here too.
-    env.write_text("source /opt/acme/env.sh\n")
+    env.write_text("ulimit -n 65536\n")
     assert f"{env}: line 1: not an assignment" in "\n".join(check_vendor_folder(vendor, monitor_seconds=1).problems)
     case_yaml = walk / "cases" / "training" / "walk-mlp" / "case.yaml"
     refused = flagperf("validate", str(case_yaml))
