@@ -1256,10 +1256,12 @@ def _check_file(path: Path, notes: list[str]) -> str:
             raise ConfigError(display_path(entry), None, stray)
     if path.name == VENDOR_MANIFEST:
         from flagperf.config.adaptation import vendor_folder_links
+        from flagperf.hosts.vendorcheck import links_out_of_vendor_folder
 
         manifest = load_vendor_manifest(path)
         _refuse_shadowed(path, path.parent, manifest.name)
-        links = vendor_folder_links(path.parent)
+        # By an absolute path, or relative and out of the folder (the round's own scan of it refuses those).
+        links = vendor_folder_links(path.parent) + links_out_of_vendor_folder(path.parent)
         if links:  # each one line; a run would meet it only in a round's container, which has the folder elsewhere
             raise gathered(links)
         return "vendor"
@@ -1317,6 +1319,8 @@ def _check_plugin_manifest(path: Path) -> str | None:
     from flagperf.paths import VENDOR_MANIFEST
 
     where = path.parent.parent
+    if path.name in (ENGINE_MANIFEST, TOOLKIT_FILE):  # the round's link scan (imported where it is used)
+        from flagperf.hosts.vendorcheck import links_out_of_vendor_folder
     if path.name == ENGINE_MANIFEST:
         # Each family's engine folder and its manifest (the families' own constants and models, none needing torch).
         families: dict[str, tuple[str, type[EngineManifest]]] = {
@@ -1330,7 +1334,8 @@ def _check_plugin_manifest(path: Path) -> str | None:
             _refuse_shadowed(path, where.parent, where.parent.name)  # folder without vendor.yaml only adds engines
         family, model = families[where.name]
         manifest = checked_engine_manifest(path.parent, model)
-        links = absolute_links(where.parent, parts=[f"{where.name}/{path.parent.name}"])
+        links = absolute_links(where.parent, parts=[f"{where.name}/{path.parent.name}"]) + \
+            links_out_of_vendor_folder(where.parent, f"{where.name}/{path.parent.name}")
         if links:  # as a vendor.yaml's check: a round's container has the engine folder at another path
             raise gathered(links)
         return f"{family} engine {manifest.name} of vendor {where.parent.name}"
@@ -1344,7 +1349,8 @@ def _check_plugin_manifest(path: Path) -> str | None:
                               f"has none (a folder without one only adds engines): move the toolkit there")
         _refuse_shadowed(path, where.parent, where.parent.name)
         toolkit = load_toolkit_manifest(path, where.parent)
-        links = absolute_links(where.parent, parts=[f"{where.name}/{path.parent.name}"])
+        links = absolute_links(where.parent, parts=[f"{where.name}/{path.parent.name}"]) + \
+            links_out_of_vendor_folder(where.parent, f"{where.name}/{path.parent.name}")
         if links:  # as an engine's
             raise gathered(links)
         return f"toolkit {toolkit.name} of vendor {where.parent.name}, provides {toolkit.provides}"
@@ -1381,11 +1387,14 @@ def validate(files: Annotated[list[Path], typer.Argument(help="config files to c
     toolkit.yaml, inventories) without running anything: a case's module is read, not imported (its Config is
     rebuilt from the source; the case's own validators run when it runs), an engine's module is found, not
     imported, and only regular files inside their folders are read."""
+    from flagperf.config.adaptation import one_cut_line_per_check
     from flagperf.config.casecode import case_code_not_run
 
     bad = checked = 0
-    # Also between files (as one's line is printed): the count is of the files checked so far.
-    with _if_interrupted(lambda: f"interrupted after checking {checked} of {len(files)} files; nothing was written"):
+    # Also between files (as one's line is printed): the count is of the files checked so far. A vendor folder whose
+    # link walk stops short is said so once, by the first file whose check walks it.
+    with _if_interrupted(lambda: f"interrupted after checking {checked} of {len(files)} files; nothing was written"), \
+            one_cut_line_per_check():
         for path in files:
             try:
                 with case_code_not_run():

@@ -25,6 +25,8 @@ import shlex
 import stat
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,6 +116,7 @@ FORBIDDEN_CALLS = {("torch", "load"): "torch.load loads weights: the initial che
 # PREFECT_*: a case's own flow runs report to the run's server with its key, which a vendor may not redirect.
 RESERVED_ENV = re.compile(r"^(FLAGPERF_.*|PREFECT_.*|PYTHONPATH|PYTHONHOME|PYTHONUNBUFFERED)$")
 MAX_ENV_NAMES = 512  # far above any vendor's; an environment of millions of names would not start a process
+_SOURCED = re.compile(r"^(?:source|\.)\s+\S")  # `source /opt/sdk/set_env.sh`, `. ./env.sh`
 _ASSIGNMENT = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 ENV_REFERENCE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 _UNQUOTED_UNSAFE = set(" \t;&|<>()`\\'\"*?[]~#!")
@@ -223,6 +226,8 @@ def absolute_links(vendor_folder: Path, case: Path | None = None, parts: Sequenc
              for path, target, _ in walk_linked(vendor_folder, case, parts, cut) if target is not None
              and os.path.isabs(target)]
     for line in cut:
+        if not _first_said(line):  # one check of several scans (validate of several files): said by the first
+            continue
         if not_checked is None:
             found.append(ConfigError(display_path(vendor_folder), None,
                                      line.removeprefix(f"{display_path(vendor_folder)}: ")))
@@ -245,6 +250,39 @@ def vendor_folder_links(vendor_folder: Path, not_checked: list[str] | None = Non
     names.sort(key=lambda name: name != VENDOR_CASES_FOLDER)
     return absolute_links(vendor_folder, parts=[name for name in names if not _not_walked(vendor_folder, name)],
                           not_checked=not_checked)
+
+
+# The walk-limit lines said so far in one check (one_cut_line_per_check); None outside one.
+_CUT_SAID: ContextVar[set[str] | None] = ContextVar("flagperf_cut_said", default=None)
+
+
+@contextmanager
+def one_cut_line_per_check() -> Iterator[None]:
+    """Within it, a folder's walk that stopped at LINK_WALK_LIMIT is said once (absolute_links' line), however many
+    scans of the folder stop (`flagperf validate` of its vendor.yaml, an engine.yaml and a case's file each scan it):
+    one fact about one folder, not one per file."""
+    token = _CUT_SAID.set(set())
+    try:
+        yield
+    finally:
+        _CUT_SAID.reset(token)
+
+
+def _first_said(line: str) -> bool:
+    """Whether ``line`` (a walk-limit line) is said for the first time in this check; always, outside one."""
+    said = _CUT_SAID.get()
+    if said is None:
+        return True
+    if line in said:
+        return False
+    said.add(line)
+    return True
+
+
+def _cut_line(folder: Path) -> str:
+    """What a walk of ``folder`` stopped at LINK_WALK_LIMIT says, as ``FOLDER: why``."""
+    return (f"{display_path(folder)}: its links were looked through for the first {LINK_WALK_LIMIT} paths only, the "
+            "rest not checked (a data set in the folder?); keep data out of it")
 
 
 # How many paths walk_linked looks at before it stops: a vendor folder holding (or linking in) a data set would
@@ -289,8 +327,7 @@ def walk_linked(vendor_folder: Path, case: Path | None = None, parts: Sequence[s
             continue
         walked += 1
         if walked > LINK_WALK_LIMIT:
-            line = (f"{display_path(vendor_folder)}: its links were looked through for the first {LINK_WALK_LIMIT} "
-                    "paths only, the rest not checked (a data set in the folder?); keep data out of it")
+            line = _cut_line(vendor_folder)
             if cut is not None and line not in cut:
                 cut.append(line)
             return
@@ -345,6 +382,10 @@ def parse_env_file(path: Path) -> dict[str, str]:
         if control is not None:  # a NUL cannot be in an environment; an escape sequence would rewrite a log
             raise ConfigError(source, f"line {number}", f"holds the control character {control!r}")
         match = _ASSIGNMENT.match(line)
+        if match is None and _SOURCED.match(line):  # FlagPerf sources the file, so its vendors' files often do this
+            raise ConfigError(source, f"line {number}", "sources another script, which is never run here (the file "
+                              "is read as data): put the toolkit's environment in the image (ENV lines of the "
+                              "Dockerfile), or copy its `export NAME=value` lines into this file")
         if match is None:
             raise ConfigError(source, f"line {number}", "not an assignment (only `export NAME=value` or "
                                                         "`NAME=value` lines are read; the file is never run)")
@@ -560,9 +601,49 @@ def _identity(info: os.stat_result) -> tuple[int, int]:
     return info.st_dev, info.st_ino
 
 
-def _python_files(folder: Path) -> Iterator[Path]:
-    # A file by its own name before a link to it, so that check_extern names each file's findings by that name.
-    yield from sorted((p for p in folder.rglob("*.py") if p.is_file()), key=lambda p: (p.is_symlink(), p))
+def _python_files(folder: Path, problems: list[ConfigError]) -> list[Path]:
+    """extern/'s Python files, links followed as a round's import and the build's copy follow them (Path.rglob passes
+    over a linked folder, so a file in one went unread): a folder that holds itself through a link is not walked
+    again (a loop), and the walk stops after LINK_WALK_LIMIT paths. A link that leads out of extern/ is a problem in
+    ``problems`` (files.inside's words, as _check_tree's), and not followed; so is a walk cut short (said once per
+    check: one_cut_line_per_check). A file by its own name comes before a link to it (or one in a linked folder), so
+    that check_extern names each file's findings by that name."""
+    root = os.path.realpath(folder)
+    found: list[Path] = []
+    pending: list[tuple[Path, tuple[str, ...]]] = [(folder, (root,))]  # a folder, and the folders that hold it
+    walked = 0
+    while pending:
+        current, holders = pending.pop()
+        try:
+            names = sorted(os.listdir(current))
+        except OSError:  # unreadable: _check_tree says so
+            continue
+        for name in names:
+            walked += 1
+            if walked > LINK_WALK_LIMIT:
+                line = _cut_line(folder)
+                if _first_said(line):
+                    problems.append(ConfigError(display_path(folder), None, line.split(": ", 1)[1]))
+                return sorted(found, key=lambda p: (_linked(p, folder, root), p))
+            path = current / name
+            real = os.path.realpath(path)
+            if os.path.islink(path) and not (real == root or real.startswith(root + os.sep)):
+                try:
+                    inside(folder, path.relative_to(folder), given_name(path), None, "the extern folder")
+                except ConfigError as exc:
+                    problems.append(exc)
+                continue
+            if os.path.isdir(path):
+                if real not in holders:
+                    pending.append((path, (*holders, real)))
+            elif name.endswith(".py") and os.path.isfile(path):
+                found.append(path)
+    return sorted(found, key=lambda p: (_linked(p, folder, root), p))
+
+
+def _linked(path: Path, folder: Path, root: str) -> bool:
+    """Whether ``path`` (below ``folder``, which resolves to ``root``) is reached through a link."""
+    return os.path.realpath(path) != os.path.join(root, *path.relative_to(folder).parts)
 
 
 def check_extern(folder: Path, family: str) -> tuple[str, ...]:
@@ -579,7 +660,7 @@ def check_extern(folder: Path, family: str) -> tuple[str, ...]:
     # Every file's findings together, as the hooks' are: a vendor fixes extern/ in one go, not a name per check.
     problems: list[ConfigError] = []
     trees: dict[Path, ast.Module | None] = {}  # None: not Python (said among the problems)
-    for path in _python_files(folder):
+    for path in _python_files(folder, problems):
         if path.resolve() in trees:  # a link to a file already read (hooks.py -> impl.py): its findings said once
             continue
         try:

@@ -485,10 +485,20 @@ def links_out_problem(source: str, name: str, found: PathFacts, path: SearchPath
     others_count = len(found.links_out) - 1
     others = (f" (and {others_count}{'+' if len(found.links_out) >= LINKS_LISTED else ''} more such link(s))"
               if others_count else "")
-    if below in found.loops:  # where it "leads" is a link on the way, not a place: neither out nor back in
-        return (f"{label or path.variable} {path.kind} {name!r}: {file} is a loop of links (to {printable(target)}; "
-                f"or a chain of more than the 40 links Linux follows): it opens nowhere, here or in a "
-                f"container{others}: make it lead to the file")
+    return f"{label or path.variable} {path.kind} {name!r}: {file} " + leaving_link_words(
+        target, real, found.path, below in found.loops, project, others)
+
+
+def leaving_link_words(target: str, real: str, folder: str, loops: bool, project: tuple[str, str] | None = None,
+                       others: str = "", what: str | None = None) -> str:
+    """How a link that leaves its folder (one of PathFacts.links_out: ``target`` as written, ``real`` where it leads
+    on the host; ``folder``: the scanned folder, resolved) fails in a container, and what to do, after the link's
+    name: the run's words (links_out_problem), and vendor check's and validate's, which name it before a round.
+    ``loops``: it ends in a loop of links (PathFacts.loops); ``project``: as links_out_problem's; ``what``: how the
+    words name the folder ("the vendor folder"; "its folder" by default)."""
+    if loops:  # where it "leads" is a link on the way, not a place: neither out nor back in
+        return (f"is a loop of links (to {printable(target)}; or a chain of more than the 40 links Linux follows): it "
+                f"opens nowhere, here or in a container{others}: make it lead to the file")
     if project is not None:
         mounted, real_root = project
         if not is_under(real, real_root):
@@ -500,15 +510,16 @@ def links_out_problem(source: str, name: str, found: PathFacts, path: SearchPath
             how = f"links out of the project and back (to {printable(target)})"
         into = "the project"
     else:
-        if not is_under(real, found.path):
-            how = f"links outside its folder (to {printable(real)})"
+        if not is_under(real, folder):
+            how = f"links outside {what or 'its folder'} (to {printable(real)})"
         elif target.startswith("/"):
-            how = f"links to {printable(target)} by its path on this host, where a container does not have the folder"
+            how = (f"links to {printable(target)} by its path on this host, where a container does not have "
+                   f"{what or 'the folder'}")
         else:
-            how = f"links out of its folder and back (to {printable(target)})"
-        into = "the folder"
-    return (f"{label or path.variable} {path.kind} {name!r}: {file} {how}; in a container it would dangle{others}: "
-            f"copy the file into {into}, or make the link relative and inside it")
+            how = f"links out of {what or 'its folder'} and back (to {printable(target)})"
+        into = what or "the folder"
+    return f"{how}; in a container it would dangle{others}: copy the file into {into}, or make the link relative " \
+           "and inside it"
 
 
 @dataclass(frozen=True)

@@ -492,14 +492,15 @@ def _inside(path: str, folder: str) -> bool:
 
 
 def describe_paths(paths: list[str], scan: Sequence[str] = (), tree: str | None = None,
-                   mounted: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+                   mounted: Sequence[str] = (), limit: int = LINKS_LISTED) -> dict[str, dict[str, Any]]:
     """Each path with every symlink resolved, and what it then is: folder, file, char-device, socket, other,
     missing (``dangling`` too where the path is a link to nothing) or inaccessible (the container policy checks what a
     mount or device really is on its host); of a folder
     among ``scan`` also its ``links_out`` (links_leaving: a mount of it elsewhere would leave them dangling), of the
     links that leave ``tree`` where it resolves into that tree (the project: a container has the folder as part of
     it), else of those that leave the folder; a link to a place under one of ``mounted`` (the container's other mount
-    targets) is none of them."""
+    targets) is none of them. ``limit``: how many such links of a folder, as links_leaving's (vendor check names
+    every one; a round's error the first)."""
     described: dict[str, dict[str, Any]] = {}
     real_tree = os.path.realpath(tree) if tree is not None else None
     for path in paths:
@@ -518,7 +519,8 @@ def describe_paths(paths: list[str], scan: Sequence[str] = (), tree: str | None 
             described[path]["dangling"] = True
         if path in scan and kind == "folder":
             within = real_tree is not None and _inside(real, real_tree)
-            described[path]["links_out"] = links_leaving(real, tree=tree if within else None, mounted=mounted)
+            described[path]["links_out"] = links_leaving(real, limit, tree=tree if within else None,
+                                                           mounted=mounted)
             loops = [below for below, _, _ in described[path]["links_out"] if _loops(os.path.join(real, below))]
             if loops:  # a key of its own: an older controller reads the rest as before
                 described[path]["loops"] = loops

@@ -16,7 +16,8 @@ folder, one line per finding.
                  built; datasheets.yaml entries (the convention of the shipped vendors) each with a source
   engines        the families whose cases need an engine folder of the vendor (inference, operation, generate)
   links          a link anywhere in the vendor folder (a monitor script, a file of cases/ or of an engine, ...)
-                 whose target is an absolute path: a round's container has the folder at another path
+                 whose target is an absolute path: a round's container has the folder at another path; and a
+                 relative one that leads out of the folder, by the round's own link scan (hosts.local.describe_paths)
   adaptations    every case's files of this vendor, read as a run reads them: the overrides file, the training
                  scale files, the vendor/<vendor>/ folder (or the vendor folder's cases/<family>/<case>/) with the
                  forbidden-change checks (flagperf.config.adaptation); files a run would never read (FlagPerf's
@@ -90,7 +91,8 @@ from flagperf.config.vendors import (
 )
 from flagperf.config.yamlio import parse_yaml_text
 from flagperf.errors import ConfigError, FlagperfError, finding_key, findings, left_out_line, one_line, unknown_name
-from flagperf.hosts.container_policy import vendor_container_problems
+from flagperf.hosts.container_policy import PathFacts, leaving_link_words, vendor_container_problems
+from flagperf.hosts.local import describe_paths
 from flagperf.hosts.vendorscaffold import TODO
 from flagperf.paths import PROJECT_ROOT, display_path, skipped_in_source
 from flagperf.results.schema import SpecTable
@@ -180,7 +182,48 @@ def check_vendor_folder(folder: Path, monitor_seconds: float = MONITOR_SECONDS) 
     # All of the folder is in a round's container, at another path.
     for link in vendor_folder_links(vendor.folder, found.not_checkable):
         found.add_error(link)
+    for path, link in _leaving_links(vendor.folder):
+        if not _named_as_outside(path, vendor.folder, found.problems):
+            found.add_error(link)
     return found
+
+
+def _named_as_outside(link: Path, folder: Path, problems: list[str]) -> bool:
+    """Whether a check that reads a file through ``link`` (the adaptation's files, vendor.yaml's, csrc/ and extern/)
+    already named it as leading out of its folder (files.inside's words: "SOURCE: 'PATH' is outside ..."), the source
+    being the link, a folder it lies in, or vendor.yaml: then the round's rule would name the same link twice."""
+    named = [(link, "")] + [(above, os.path.relpath(link, above)) for above in link.parents
+                            if above == folder or folder in above.parents]
+    named.append((folder / MANIFEST, os.path.relpath(link, folder)))
+    return any(line.startswith(f"{given_name(source)}: ") and "is outside" in line
+               and (not rel or f"'{rel}'" in line or f"'{rel}/" in line) for source, rel in named for line in problems)
+
+
+# How many links out of the vendor folder vendor check and validate name, each its own line (a round names the
+# first): far above a vendor's, and bounded, as a folder of thousands of them would be a data set's.
+LINKS_NAMED = 100
+
+
+def links_out_of_vendor_folder(folder: Path, under: str | None = None) -> list[ConfigError]:
+    """Each link of the vendor folder that a round refuses before it starts, by the round's own scan of it
+    (hosts.local.describe_paths, as the host runs it: the folder alone, or as part of the project where it lies in
+    it, which a container has whole), whose target is relative: one line each naming the link and where it leads. One
+    by its absolute path is absolute_links' (every one, in the project too: a clone has the folder elsewhere).
+    ``under``: only those below that part of the folder (an engine's, a case's)."""
+    return [error for path, error in _leaving_links(folder)
+            if under is None or path == folder / under or folder / under in path.parents]
+
+
+def _leaving_links(folder: Path) -> list[tuple[Path, ConfigError]]:
+    """links_out_of_vendor_folder's, each with the link's path."""
+    written = str(folder)
+    facts = PathFacts.of(describe_paths([written], scan=[written], tree=str(PROJECT_ROOT), limit=LINKS_NAMED)[written])
+    real_root = os.path.realpath(PROJECT_ROOT)
+    project = (str(PROJECT_ROOT), real_root) if facts.path == real_root or facts.path.startswith(real_root + os.sep) \
+        else None
+    return [(folder / below, ConfigError(given_name(folder / below), None, leaving_link_words(
+        target, real, facts.path, below in facts.loops, project, what="the vendor folder")))
+        for below, target, real in facts.links_out if not os.path.isabs(target)]
 
 
 def _other_missing_files(folder: Path, first: str) -> list[str]:

@@ -40,7 +40,7 @@ def test_the_environment_file_is_read_as_data(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("line", "why"), [
-    ("source /opt/vendor/env.sh", "not an assignment"),
+    ("source /opt/vendor/env.sh", "sources another script"),
     ("export A=$(cat /etc/passwd)", "shell syntax"),
     ("A=`id`", "shell syntax"),
     ('A="$(id)"', "nothing is run"),
@@ -48,6 +48,9 @@ def test_the_environment_file_is_read_as_data(tmp_path: Path) -> None:
     ("A=${B:-x}", "only $NAME and ${NAME}"),
     ("PYTHONPATH=/x", "set by the engine"),
     ("f() { echo; }", "not an assignment"),
+    # FlagPerf sources the file, and its vendors' files source their toolkit's script: said where that goes instead.
+    ("source /usr/local/corex/set_env.sh", "put the toolkit's environment in the image (ENV lines of the Dockerfile)"),
+    (". ./env.sh", "sources another script, which is never run here"),
 ])
 def test_anything_but_an_assignment_is_refused_naming_file_and_line(tmp_path: Path, line: str, why: str) -> None:
     path = env_file(tmp_path, f"export OK=1\n{line}\n")
@@ -676,3 +679,50 @@ def test_a_link_in_extern_to_a_file_of_it_does_not_repeat_its_findings(tmp_path:
     lines = [str(finding) for finding in findings(info.value)]
     assert lines == [f"{hooks}: line 3: torch.load loads weights: the initial checkpoint is not the vendor's to "
                      "change"], lines
+
+
+def test_extern_files_in_a_linked_folder_are_read_and_a_link_out_is_refused(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """check_extern read extern/'s files by Path.rglob, which passes over a linked folder: a forbidden name in a file
+    a round imports through extern/lib -> ../shared went unnamed, and so did the link out of extern/. Links are now
+    followed inside extern/ (a loop of them walked once), one leading out is refused, and the walk is bounded."""
+    import flagperf.config.adaptation as adaptation
+    from flagperf.errors import findings
+
+    vendor = tmp_path / "vendor" / "acme"
+    extern = vendor / "extern"
+    (extern / "kernels").mkdir(parents=True)
+    (extern / "hooks.py").write_text("def on_step(ctx, step):\n    return None\n", encoding="utf-8")
+    loader = extern / "kernels" / "loader.py"
+    loader.write_text("from torch.utils.data import DataLoader\n", encoding="utf-8")
+    (extern / "fused").symlink_to("kernels")  # the same files by another name: said once, by their own
+    (extern / "kernels" / "back").symlink_to("..")  # a loop
+    shared = vendor / "shared"
+    shared.mkdir()
+    (shared / "weights.py").write_text("def get(m, p):\n    m.load_state_dict(p)\n", encoding="utf-8")
+    (extern / "lib").symlink_to(os.path.join("..", "shared"))
+
+    def lines() -> list[str]:
+        with pytest.raises(ConfigError) as info:
+            check_extern(extern, "training")
+        return [str(finding) for finding in findings(info.value)]
+
+    assert lines() == [
+        f"{extern / 'lib'}: 'lib' is outside the extern folder (a link to {shared}): it must stay inside the extern "
+        "folder",
+        f"{loader}: line 1: DataLoader: builds a data loader: the data set is not the vendor's to change"]
+    (extern / "lib").unlink()
+    (extern / "kernels" / "shared").symlink_to(os.path.join("..", "lib-real"))
+    real = extern / "lib-real"
+    real.mkdir()
+    (real / "weights.py").write_text((shared / "weights.py").read_text(encoding="utf-8"), encoding="utf-8")
+    (extern / "hooks.py").write_text("from lib_real import weights\n\ndef on_step(ctx, step):\n    return None\n",
+                                     encoding="utf-8")
+    (extern / "lib").symlink_to("lib-real")  # inside extern/: followed, its file read once, by its own name
+    assert lines() == [
+        f"{loader}: line 1: DataLoader: builds a data loader: the data set is not the vendor's to change",
+        f"{real / 'weights.py'}: line 2: load_state_dict: loads weights: the initial checkpoint is not the vendor's to "
+        "change"]
+    monkeypatch.setattr(adaptation, "LINK_WALK_LIMIT", 3)
+    assert f"{extern}: its links were looked through for the first 3 paths only, the rest not checked (a data set " \
+           "in the folder?); keep data out of it" in lines()

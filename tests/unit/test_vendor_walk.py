@@ -301,7 +301,7 @@ def test_every_problem_of_a_case_adaptation_is_named_at_once_and_once(walk: Path
     write(adapted / "extern" / "hooks.py", "from acme_ops import wrap_model\ndef on_step(ctx):\n    pass\n")
     problems = check_vendor_folder(walk / "vendors" / "acme", monitor_seconds=1).problems
     expected = ["walk-mlp/vendor/acme.yaml: hidden: unknown key (a vendor may change: ",
-                "acme/environment_variables.sh: line 2: not an assignment",
+                "acme/environment_variables.sh: line 2: sources another script",
                 "acme/requirements.txt: line 1: --extra-index-url (another index) is not read here",
                 "acme/extern/hooks.py: line 1: wrap_model: imported: a hook is a def at the top of hooks.py",
                 "acme/extern/hooks.py: line 2: on_step: def on_step(ctx) takes 1 argument(s), but a round calls it "
@@ -659,7 +659,7 @@ def test_a_vendor_kept_outside_the_project_keeps_its_case_files_in_its_own_folde
     assert source_digest(vendor="acme", cases=plan.case_folders) != before
 
     # A file read by a run is checked as a run reads it, here too.
-    env.write_text("source /opt/acme/env.sh\n")
+    env.write_text("ulimit -n 65536\n")
     assert f"{env}: line 1: not an assignment" in "\n".join(check_vendor_folder(vendor, monitor_seconds=1).problems)
     case_yaml = walk / "cases" / "training" / "walk-mlp" / "case.yaml"
     refused = flagperf("validate", str(case_yaml))
@@ -1105,6 +1105,12 @@ def test_the_link_walk_stops_at_its_bound_and_never_says_clean(walk: Path, monke
     assert found.not_checkable.count(cut) == 1, found.not_checkable
     code, lines = validate_lines(vendor / MANIFEST)
     assert code == 2 and f"error {cut}" in lines, lines
+    # One check, several scans of the folder (vendor.yaml's, the engine's, each stopped by the data in the engine):
+    # the line is said once, by the first file, not once per file.
+    for index in range(12):
+        write(vendor / "engines" / "onnxruntime" / "data" / f"part-{index:02}.bin", "x")
+    code, lines = validate_lines(vendor / MANIFEST, vendor / "engines" / "onnxruntime" / "engine.yaml")
+    assert code == 2 and lines.count(f"error {cut}") == 1, lines
     write(vendor / "cases" / "base" / "x" / "data" / "a.bin", "x")
     for index in range(12):
         write(vendor / "cases" / "base" / "x" / f"part-{index:02}.bin", "x")
@@ -1197,3 +1203,60 @@ def test_the_link_walk_passes_a_folder_it_cannot_enter_and_a_link_into_a_skipped
     _unenterable(monkeypatch, locked, listable=True)
     found = check_vendor_folder(vendor, monitor_seconds=1)
     assert not [line for line in found.problems if "absolute path" in line], found.problems
+
+
+def test_a_relative_link_out_of_the_vendor_folder_is_named_by_check_and_validate_as_the_run_refuses_it(
+        walk: Path) -> None:
+    """A relative link that leads out of the vendor folder from a file neither cases/ nor vendor.yaml names (a helper
+    module, an engine's file, a stray note beside a case's files) passed vendor check and validate: only a round's own
+    link scan of the folder (hosts.local.describe_paths) refused it. The check now runs that scan: one line per link,
+    naming it and where it leads; a link the adaptation's reading already named is not named again."""
+    from flagperf.hosts.local import links_leaving
+
+    vendor = walk / "vendors" / "acme"
+    sdk = walk / "acme-sdk"
+    helper = write(sdk / "peaks.py", "PEAKS = {}\n")
+    env = write(sdk / "env.sh", "export ACME_TUNING=fast\n")
+    (vendor / "tools").mkdir()
+    tool = vendor / "tools" / "peaks.py"
+    tool.symlink_to(os.path.relpath(helper, tool.parent))
+    engine = vendor / "engines" / "onnxruntime"
+    model = engine / "model.onnx"
+    model.symlink_to(os.path.relpath(helper, engine))
+    case = vendor / "cases" / "training" / "walk-mlp"
+    case.mkdir(parents=True)
+    (case / "environment_variables.sh").symlink_to(os.path.relpath(env, case))  # read: the adaptation names it
+    (case / "notes.txt").symlink_to(os.path.relpath(env, case))  # read by nothing, refused by the round all the same
+    (vendor / "loop-a").symlink_to("loop-b")
+    (vendor / "loop-b").symlink_to("loop-a")
+
+    def out(link: Path, real: Path) -> str:
+        return (f"{link}: links outside the vendor folder (to {real}); in a container it would dangle: copy the file "
+                "into the vendor folder, or make the link relative and inside it")
+
+    def loop(link: Path, target: str) -> str:
+        return (f"{link}: is a loop of links (to {target}; or a chain of more than the 40 links Linux follows): it "
+                "opens nowhere, here or in a container: make it lead to the file")
+
+    assert sorted(below for below, _, _ in links_leaving(str(vendor), limit=100)) == [
+        "cases/training/walk-mlp/environment_variables.sh", "cases/training/walk-mlp/notes.txt",
+        "engines/onnxruntime/model.onnx", "loop-a", "loop-b", "tools/peaks.py"]
+    found = check_vendor_folder(vendor, monitor_seconds=1)
+    leaving = [out(case / "notes.txt", env), out(model, helper), loop(vendor / "loop-a", "loop-b"),
+               loop(vendor / "loop-b", "loop-a"), out(tool, helper)]
+    assert sorted(line for line in found.problems if "is outside" not in line) == sorted(leaving), found.problems
+    assert [line for line in found.problems if "is outside" in line] == [
+        f"{case}: 'environment_variables.sh' is outside the vendor's case folder (a link to {env}): it must stay "
+        "inside the vendor's case folder"], found.problems
+    code, lines = validate_lines(vendor / MANIFEST, engine / "engine.yaml")
+    assert code == 2, lines
+    assert sorted(lines) == sorted(f"error {line}" for line in [
+        *leaving, out(case / "environment_variables.sh", env), out(model, helper)]), lines
+    for link in (tool, model, case / "notes.txt", case / "environment_variables.sh", vendor / "loop-a",
+                 vendor / "loop-b"):
+        link.unlink()
+    shutil.copy(helper, tool)
+    (case / "notes.txt").symlink_to(os.path.relpath(tool, case))  # relative and inside: it travels
+    assert check_vendor_folder(vendor, monitor_seconds=1).problems == []
+    code, lines = validate_lines(vendor / MANIFEST, engine / "engine.yaml")
+    assert code == 0, lines
