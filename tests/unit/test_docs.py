@@ -111,14 +111,40 @@ def _stale_flagperf_uses(markdown: str) -> list[str]:
     return stale
 
 
+def _yaml_keys(markdown: str) -> set[str]:
+    """The keys a page declares in the YAML it shows (its ```yaml blocks and the YAML files its heredocs write):
+    each `key:` (also in a flow mapping) and each name of an engine.yaml's `options: [...]`."""
+    texts = re.findall(r"```ya?ml\n(.*?)```", markdown, flags=re.S)
+    texts += [body for opening, delimiter, body in re.findall(
+        r"^([^\n]*<<-?\s*['\"]?(\w+)['\"]?[^\n]*)\n(.*?)^\s*\2\s*$", markdown, flags=re.S | re.M)
+        if delimiter == "YAML" or re.search(r"\.ya?ml\b", opening)]
+    keys = set()
+    for text in texts:
+        keys.update(re.findall(r"^\s*(?:-\s+)?([A-Za-z_][\w-]*)\s*:", text, flags=re.M))
+        keys.update(re.findall(r"[{,]\s*([A-Za-z_][\w-]*)\s*:", text))
+        for listed in re.findall(r"\boptions:\s*\[([^\]]*)\]", text):
+            keys.update(name.strip(" '\"") for name in listed.split(","))
+    return keys
+
+
 def _stale_set_keys(markdown: str, configuration: str, cases: set[str]) -> list[str]:
     """A `--set [CASE.]KEY=` whose KEY is in no configuration (the generated reference lists every key of every
-    model and case), unless the page itself declares it (a tutorial's engine adds its own option)."""
-    stale = []
+    model and case), unless the YAML the page shows declares it (a tutorial's engine adds its own option). CASE is
+    the longest case name that prefixes it, as `flagperf run` reads it (case names hold dots: llama3.2-1b-generate),
+    among the cases of cases/ and those the page itself writes (its `<case>/case.yaml`); `*.` is every case."""
+    from flagperf.config.models import parse_set_override
+    from flagperf.errors import ConfigError
+
+    names = sorted(cases | set(re.findall(r"([\w.-]+)/case\.ya?ml", markdown)))
+    declared, stale = _yaml_keys(markdown), []
     for dotted in re.findall(r"--set[ =]['\"]?([A-Za-z0-9_.*-]+)=", markdown):
-        parts = dotted.split(".")
-        key = parts[1] if parts[0] in cases and len(parts) > 1 else parts[0]
-        if key.isupper() or f"| `{key}` |" in configuration or re.search(rf"^\s*{re.escape(key)}\s*:", markdown, re.M):
+        try:
+            override = parse_set_override(f"{dotted.removeprefix('*.')}=", names)
+        except ConfigError as exc:
+            stale.append(f"--set {dotted}=: {exc.message}")
+            continue
+        key = override.key.split(".")[0]  # slo.ttft_s: the key is slo, a mapping
+        if key.isupper() or f"| `{key}` |" in configuration or key in declared:
             continue
         stale.append(f"--set {dotted}=: no configuration has the key {key}")
     return stale
@@ -151,6 +177,18 @@ def test_every_set_key_the_docs_show_is_a_configuration_key() -> None:
     assert _stale_set_keys("`--set op-gemm.compile_mode=max-autotune`", configuration, cases) == [
         "--set op-gemm.compile_mode=: no configuration has the key compile_mode"]
     assert _stale_set_keys("`--set op-gemm.inductor_mode=max-autotune`", configuration, cases) == []
+    # A case name holds dots; `*.` is every case; a case the page writes is a case; its YAML declares its keys,
+    # a `key:` elsewhere on the page (prose, Python) does not.
+    assert _stale_set_keys("`--set llama3.2-1b-generate.max_new_tokens=8`, `--set '*.repeat=2'`",
+                           configuration, cases) == []
+    assert _stale_set_keys("`--set qwen2.5-7b-generate.max_new_tokens_x=8`", configuration, cases) == [
+        "--set qwen2.5-7b-generate.max_new_tokens_x=: no configuration has the key max_new_tokens_x"]
+    tutorial = ("```bash\ncat > my-cases/base/my-case/case.yaml <<'YAML'\nname: my-case\nsize_mib: 4\nYAML\n```\n"
+                "`--set my-case.size_mib=8`, `--set my-case.sizes_mib=8`\n```python\nclass C:\n    stride: int\n```\n"
+                "`--set stride=2`\n")
+    assert _stale_set_keys(tutorial, configuration, cases) == [
+        "--set my-case.sizes_mib=: no configuration has the key sizes_mib",
+        "--set stride=: no configuration has the key stride"]
 
 
 def test_every_family_is_named_where_the_families_are_listed() -> None:
