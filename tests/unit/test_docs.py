@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -76,38 +77,78 @@ def test_cli_reference_lists_every_command_and_option() -> None:
     walk(root, ["flagperf"])
 
 
-def test_commands_in_reads_bash_blocks() -> None:
-    text = "x\n```bash\n# a comment\nflagperf run \\\n  --suite smoke   # why\nls\n```\n```yaml\nno: 1\n```\n"
-    assert _hooks().commands_in(text) == ["flagperf run --suite smoke", "ls"]
+def test_commands_in_reads_shell_blocks() -> None:
+    text = ("x\n```bash\n# a comment\nflagperf run \\\n  --suite smoke   # why\nls\n```\n```yaml\nno: 1\n```\n"
+            "```sh\ncat > f.yaml <<'YAML'\nflagperf: not a command\nYAML\nflagperf ls\n```\n"
+            "```console\n$ flagperf server \\\n  --port 1\nflagperf output\n```\n")
+    assert _hooks().commands_in(text) == ["flagperf run --suite smoke", "ls", "cat > f.yaml <<'YAML'", "flagperf ls",
+                                          "flagperf server --port 1"]
 
 
-def _flagperf_uses(markdown: str) -> list[str]:
-    """Every `flagperf ...` a page shows: inline code spans outside fenced blocks, and the commands of its ```bash
-    blocks, each cut at the first shell separator and with `$(...)` taken out (their options are another
-    program's)."""
-    spans = re.findall(r"`(flagperf [^`]+)`", re.sub(r"```.*?```", "", markdown, flags=re.S))
-    spans += [line[line.index("flagperf "):] for line in _hooks().commands_in(markdown) if "flagperf " in line]
-    return [re.split(r"\s(?:\||&&|\|\||;|>|2>|<)\s", re.sub(r"\$\([^)]*\)", "", span))[0] for span in spans]
+def _shell_commands(line: str) -> list[list[str]]:
+    """A command line's commands, each as its words: split at `;`, `&&`, `||`, `|`, `&` (spaces or none; not
+    inside quotes), with `$(...)` taken out (its options are another program's) and leading `NAME=value`s."""
+    lexer = shlex.shlex(re.sub(r"\$\([^)]*\)", "", line), posix=True, punctuation_chars=";&|")
+    lexer.whitespace_split, lexer.commenters = True, ""
+    try:
+        words = list(lexer)
+    except ValueError:  # an unclosed quote (prose in a span): words as written
+        words = line.split()
+    commands: list[list[str]] = [[]]
+    for word in words:
+        redirect = word == "&" and commands[-1][-1:] and commands[-1][-1].endswith((">", "<"))  # 2>&1
+        if word and set(word) <= set(";&|") and not redirect:
+            commands.append([])
+        elif commands[-1] or not re.fullmatch(r"[A-Za-z_]\w*=.*", word):
+            commands[-1].append(word)
+    return [command for command in commands if command]
+
+
+def _flagperf_uses(markdown: str) -> list[list[str]]:
+    """Every `flagperf ...` a page shows, as its words: each command that starts with flagperf, in an inline code
+    span outside fenced blocks or on a command line of a shell block."""
+    lines = [span.replace("\\|", " ")  # a table's `[--baseline RUN \| --history]`: alternatives, not a pipe
+             for span in re.findall(r"`([^`\n]*flagperf[^`\n]*)`", re.sub(r"```.*?```", "", markdown, flags=re.S))]
+    lines += _hooks().commands_in(markdown)
+    return [command for line in lines for command in _shell_commands(line) if command[0] == "flagperf"]
+
+
+def _placeholder(word: str) -> bool:
+    """COMMAND, ..., <name>: a word that stands for what the reader puts there."""
+    return word.isupper() or "..." in word or "…" in word or word.startswith("<")
 
 
 def _stale_flagperf_uses(markdown: str) -> list[str]:
-    """A command or option of `flagperf` that a page shows and the CLI does not have (`--help` is every one's)."""
+    """A command or option of `flagperf` that a page shows and the CLI does not have (`--help` is every one's).
+    An option's value (`--set engine_args=--enforce-eager`) is not an option; a placeholder command is not read."""
     import typer
 
     from flows.cli import app
 
     root, stale = typer.main.get_command(app), []
     for use in _flagperf_uses(markdown):
-        words, command, path = use.split()[1:], root, ["flagperf"]
+        shown, words, command, path = " ".join(use), use[1:], root, ["flagperf"]
         while words and words[0] in getattr(command, "commands", {}):
             path.append(words[0])
             command = command.commands[words.pop(0)]
         if getattr(command, "commands", None) and words and not words[0].startswith("-"):
-            stale.append(f"`{use}`: {' '.join(path)} has no command {words[0]}")
+            if not _placeholder(words[0]):
+                stale.append(f"`{shown}`: {' '.join(path)} has no command {words[0]}")
             continue
-        known = {"--help", *(opt for param in command.params for opt in [*param.opts, *param.secondary_opts])}
-        stale += [f"`{use}`: {' '.join(path)} has no option {opt}"
-                  for opt in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", use) if opt not in known]
+        options = {opt: param for param in command.params for opt in [*param.opts, *param.secondary_opts]}
+        while words:
+            word = words.pop(0).removeprefix("[").removesuffix("]")  # [--out FILE]: a synopsis's optional part
+            if word == "--":
+                break
+            if not re.fullmatch(r"--[a-z][a-z0-9-]*(=.*)?", word):
+                continue
+            name = word.split("=", 1)[0]
+            if name == "--help":
+                continue
+            if name not in options:
+                stale.append(f"`{shown}`: {' '.join(path)} has no option {name}")
+            elif "=" not in word and not getattr(options[name], "is_flag", False) and words:
+                words.pop(0)  # the option's value
     return stale
 
 
@@ -158,13 +199,25 @@ def test_every_flagperf_command_and_option_the_docs_show_exists() -> None:
     stale = [f"{page.relative_to(ROOT)}: {line}" for page in _pages()
              for line in _stale_flagperf_uses(page.read_text())]
     assert not stale, "\n".join(stale)
-    # The check itself: a renamed option, an unknown command, in a span or a bash block, are caught; another
-    # program's options (after a pipe, inside $(...)) are not flagperf's.
+    # The check itself: a renamed option, an unknown command, in a span or a shell block, every command of a line
+    # (separators with or without spaces), are caught; another program's options (after a pipe, inside $(...)),
+    # another program's word flagperf, an option's value and a placeholder are not flagperf's.
     sample = ("`flagperf run --compile-mode x`, `flagperf vendor inspect X`, `flagperf server --server-name a`\n"
-              "```bash\nflagperf compare $(ls --sort=time results | head -n 2) --out x.md | grep --count B\n```\n")
+              "```bash\nflagperf compare $(ls --sort=time results | head -n 2) --out x.md | grep --count B\n"
+              "createdb -O flagperf prefect; docker exec flagperf list --all\n"
+              "flagperf run --set engine_args=--enforce-eager --set 'x=--y' && flagperf COMMAND --help\n"
+              "flagperf list cases&&flagperf list cases --sorted;flagperf diagnose r|flagperf vendor lst\n```\n"
+              "```sh\nPREFECT_API_URL=x flagperf server --servername a 2>&1 | tee --append log\n```\n"
+              "`flagperf ...`, `flagperf run ... --suite smoke`, `flagperf compare A B [--output F]`\n"
+              "| `flagperf diagnose RUN [--baseline RUN \\| --histories]` |\n")
     assert _stale_flagperf_uses(sample) == [
         "`flagperf run --compile-mode x`: flagperf run has no option --compile-mode",
-        "`flagperf vendor inspect X`: flagperf vendor has no command inspect"]
+        "`flagperf vendor inspect X`: flagperf vendor has no command inspect",
+        "`flagperf compare A B [--output F]`: flagperf compare has no option --output",
+        "`flagperf diagnose RUN [--baseline RUN --histories]`: flagperf diagnose has no option --histories",
+        "`flagperf list cases --sorted`: flagperf list has no option --sorted",
+        "`flagperf vendor lst`: flagperf vendor has no command lst",
+        "`flagperf server --servername a 2> & 1`: flagperf server has no option --servername"]
 
 
 def test_every_set_key_the_docs_show_is_a_configuration_key() -> None:
