@@ -25,7 +25,7 @@ def _hooks():
 
 
 def test_readme_fits_two_screens_and_starts_with_the_two_commands() -> None:
-    lines = (ROOT / "README.md").read_text().splitlines()
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(lines) <= README_LINES, f"README.md has {len(lines)} lines; the rest belongs in docs/"
     first_block = re.search(r"```bash\n(.*?)```", "\n".join(lines), re.S)
     assert first_block and first_block.group(1).splitlines()[0].startswith("pip install -c constraints.txt -e . &&")
@@ -197,7 +197,7 @@ def _pages() -> list[Path]:
 
 def test_every_flagperf_command_and_option_the_docs_show_exists() -> None:
     stale = [f"{page.relative_to(ROOT)}: {line}" for page in _pages()
-             for line in _stale_flagperf_uses(page.read_text())]
+             for line in _stale_flagperf_uses(page.read_text(encoding="utf-8"))]
     assert not stale, "\n".join(stale)
     # The check itself: a renamed option, an unknown command, in a span or a shell block, every command of a line
     # (separators with or without spaces), are caught; another program's options (after a pipe, inside $(...)),
@@ -224,7 +224,7 @@ def test_every_set_key_the_docs_show_is_a_configuration_key() -> None:
     configuration = _hooks().configuration_page()
     cases = {folder.name for folder in (ROOT / "cases").glob("*/*") if folder.is_dir()}
     stale = [f"{page.relative_to(ROOT)}: {line}" for page in _pages()
-             for line in _stale_set_keys(page.read_text(), configuration, cases)]
+             for line in _stale_set_keys(page.read_text(encoding="utf-8"), configuration, cases)]
     assert not stale, "\n".join(stale)
     # operators' compile_mode became inductor_mode: a page that still sets the old key is caught.
     assert _stale_set_keys("`--set op-gemm.compile_mode=max-autotune`", configuration, cases) == [
@@ -247,9 +247,9 @@ def test_every_set_key_the_docs_show_is_a_configuration_key() -> None:
 def test_every_family_is_named_where_the_families_are_listed() -> None:
     """A family folder of cases/ that the concepts page, or the README's list of family pages, leaves out is one a
     newcomer never hears of (the operation family was missing from both)."""
-    concepts = (ROOT / "docs" / "concepts.md").read_text()
+    concepts = (ROOT / "docs" / "concepts.md").read_text(encoding="utf-8")
     families_row = next(line for line in concepts.splitlines() if line.startswith("| **family** |"))
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
     pages = {"base": "docs/families/base.md", "inference": "docs/families/inference.md",
              "training": "docs/families/training.md", "generate": "docs/families/generate.md",
              "operation": "docs/operation.md"}
