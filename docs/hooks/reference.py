@@ -226,11 +226,20 @@ def on_files(files: Any, config: Any) -> Any:
 
 
 def commands_in(markdown: str) -> list[str]:
-    """The shell commands of a page's ```bash blocks (comments and continuation lines joined)."""
+    """The shell commands of a page's ```bash, ```sh, ```shell and ```console blocks (comments and continuation
+    lines joined; a heredoc's body is a file's text, not commands; in a console block only the `$ ` lines are
+    commands, the rest is their output)."""
     commands = []
-    for block in re.findall(r"```bash\n(.*?)```", markdown, flags=re.S):
-        pending = ""
+    for language, block in re.findall(r"```(bash|sh|shell|console)\n(.*?)```", markdown, flags=re.S):
+        pending, heredoc = "", None
         for line in block.splitlines():
+            if heredoc is not None:
+                heredoc = None if line.strip() == heredoc else heredoc
+                continue
+            if language == "console" and not pending:
+                if not line.startswith("$ "):
+                    continue
+                line = line[2:]
             line = pending + line
             pending = ""
             if line.endswith("\\"):
@@ -239,4 +248,6 @@ def commands_in(markdown: str) -> list[str]:
             line = re.sub(r"\s+#\s.*$", "", line).strip()
             if line and not line.startswith("#"):
                 commands.append(" ".join(line.split()))
+                opened = re.search(r"(?<!<)<<-?\s*['\"]?(\w+)['\"]?", line)  # not a <<< here-string
+                heredoc = opened.group(1) if opened else None
     return commands

@@ -116,8 +116,9 @@ class LatencyStats:
     std: float = 0.0  # sample standard deviation; 0 for a single value
 
 
-# The tail every latency metric records, in every family (inference in ms, generate and serving in s): one set, so
-# a p95 or a spread is never missing from one family's latency and present in another's.
+# The tail every mean-latency metric records (inference in ms, generate and serving in s): one set, so a p95 or a
+# spread is never missing from one family's latency and present in another's. Operation's latencies are medians
+# with p10/p90 (its own statistic), not this.
 LATENCY_PERCENTILES = ("p50/p90/p95/p99 linear-interpolated between closest ranks (numpy's default); std the sample "
                        "standard deviation")
 
