@@ -485,6 +485,10 @@ def links_out_problem(source: str, name: str, found: PathFacts, path: SearchPath
     others_count = len(found.links_out) - 1
     others = (f" (and {others_count}{'+' if len(found.links_out) >= LINKS_LISTED else ''} more such link(s))"
               if others_count else "")
+    if not target:  # links_leaving could not look (EACCES): no link has an empty target
+        return (f"{label or path.variable} {path.kind} {name!r}: {file} cannot be looked at on this host (permission "
+                f"denied): whether it holds a link that would dangle in a container is unknown{others}: make the "
+                f"folder readable and enterable (chmod a+rX) by the user the host runs as")
     if below in found.loops:  # where it "leads" is a link on the way, not a place: neither out nor back in
         return (f"{label or path.variable} {path.kind} {name!r}: {file} is a loop of links (to {printable(target)}; "
                 f"or a chain of more than the 40 links Linux follows): it opens nowhere, here or in a "

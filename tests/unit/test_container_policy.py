@@ -1142,3 +1142,49 @@ def test_a_loop_of_links_is_named_as_one_not_as_a_link_out_and_back(tmp_path: Pa
                        "such link(s)): make it lead to the file"), problem
     # An older agent's facts (no loops key) read as before.
     assert PathFacts.of({k: v for k, v in found.items() if k != "loops"}).loops == ()
+
+
+def _without_dac_override() -> list[str] | None:
+    """A prefix that runs a command as this root without the capabilities that let root pass file permissions
+    (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH): a real EACCES, from the same interpreter (/root's pyenv stays readable
+    by its owner, uid 0, where the user nobody could not run it). None where that cannot be had (not root, no
+    setpriv, or a container that may not change its bounding set)."""
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None:
+        return None
+    prefix = [setpriv, "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search"]
+    probe = subprocess.run([*prefix, "true"], capture_output=True, check=False)
+    return prefix if probe.returncode == 0 else None
+
+
+def test_a_link_in_a_folder_listed_but_not_entered_is_named_not_passed(tmp_path: Path) -> None:
+    """A folder of mode 644 (listed, not entered) or 000: os.path.islink of a link in it said False (EACCES on lstat)
+    and the scan passed it; the 000 one was not listed and passed whole. Each is now a finding naming the path, in
+    one line, from the host agent run for real without root's override of file permissions."""
+    prefix = _without_dac_override()
+    if prefix is None:
+        pytest.skip("needs root and setpriv to drop CAP_DAC_OVERRIDE for a real EACCES")
+    lab = tmp_path / "lab"
+    case = lab / "base" / "x"
+    (case / "listed").mkdir(parents=True)
+    (case / "listed" / "out").symlink_to("/etc/passwd")
+    (case / "closed").mkdir()
+    (case / "closed" / "out").symlink_to("/etc/passwd")
+    (case / "fine.py").write_text("")
+    (case / "listed").chmod(0o644)
+    (case / "closed").chmod(0o000)
+    answer = subprocess.run([*prefix, sys.executable, "-m", "flagperf.hosts.agent", "describe-paths",
+                             f"--scan={case}", "--", str(case)], capture_output=True, text=True, check=False,
+                            env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    assert answer.returncode == 0, answer.stderr
+    found = json.loads(answer.stdout)["paths"][str(case)]
+    assert found["links_out"] == [["closed", "", str(case / "closed")],
+                                  ["listed/out", "", str(case / "listed" / "out")]], found
+    problem = container_policy.links_out_problem(str(lab / "base" / "x"), "base/x", PathFacts.of(found),
+                                                 container_policy.CASE_FOLDERS)
+    assert problem == (f"FLAGPERF_CASE_PATH case 'base/x': {case}/closed cannot be looked at on this host "
+                       "(permission denied): whether it holds a link that would dangle in a container is unknown "
+                       "(and 1 more such link(s)): make the folder readable and enterable (chmod a+rX) by the user "
+                       "the host runs as"), problem
+    (case / "listed").chmod(0o755)
+    (case / "closed").chmod(0o755)
