@@ -1110,6 +1110,36 @@ def test_a_mount_over_the_project_or_the_search_folders_is_refused(tmp_path: Pat
             .extra_mounts] == ["/flagperf-searched"]
 
 
+@pytest.mark.parametrize(("docker", "work_root", "key", "words"), [
+    ({"data_mounts": ["/data/work/run-1"]}, None, "hosts.0.docker.data_mounts.0",
+     "data mount '/data/work/run-1' is refused: it is in the host's work root (/data/work), where the job's scratch "
+     "folder and the adaptation cache are mounted"),
+    ({"extra_options": "-v /data/x:/data/work"}, None, "hosts.0.docker.extra_options",
+     "-v container path '/data/work' is refused: it is the host's work root (/data/work)"),
+    ({"extra_options": "-v /data/x:/srv/fp/adaptation-cache"}, "/srv/fp", "hosts.0.docker.extra_options",
+     "-v container path '/srv/fp/adaptation-cache' is refused: it is in the host's work root (/srv/fp)"),
+    ({"extra_options": "-v /data/env.json:/run/flagperf-env.json:ro"}, None, "hosts.0.docker.extra_options",
+     "-v container path '/run/flagperf-env.json' is refused: it is the file FlagPerf hands the container's private "
+     "variables in (/run/flagperf-env.json)"),
+])
+def test_a_mount_over_the_scratch_the_cache_or_the_env_file_is_refused(tmp_path: Path, docker: dict[str, object],
+                                                                       work_root: str | None, key: str,
+                                                                       words: str) -> None:
+    """A round's container has the job's scratch folder (<work root>/<run>) and the adaptation cache
+    (<work root>/<cache>) at their host paths, read-write, and its private variables in /run/flagperf-env.json: a
+    data mount or a -v there replaced what the round writes and reads back. The work root is the inventory's
+    work_root, or the host's own (``work_root``: what runtime_for passes, the host's default)."""
+    path = tmp_path / "inv.yaml"
+    written = {"work_root": "/data/work"} if work_root is None else {}  # else the host's default: the entry names none
+    path.write_text(yaml.safe_dump({"hosts": [{"name": "a", "address": "h", "runtime": "docker", **written,
+                                               "docker": docker}]}))
+    spec = load_inventory(path).hosts[0]
+    with pytest.raises(ConfigError) as info:
+        container_settings(load_vendor("cpu"), spec, "img:1", work_root=Path(work_root) if work_root else None)
+    assert info.value.key == key and words in info.value.message and "\n" not in str(info.value), str(info.value)
+    assert str(info.value).startswith(f"{path}: {key}: "), str(info.value)
+
+
 def test_a_step_the_host_cannot_look_at_is_refused_not_taken_for_no_link(tmp_path: Path) -> None:
     """Where lstat fails for another reason than nothing being there (EACCES on a folder on the way; here, as root
     can read everything, a name longer than NAME_MAX), whether the way goes on by a link is unknown: refused.
