@@ -55,6 +55,9 @@ logger = logging.getLogger("flagperf.hosts.docker")
 BUILD_TIMEOUT_S = 3600
 API_TIMEOUT_S = 120
 LABEL = "org.flagperf"
+# A value the controller labels every container it starts with (org.flagperf.owner): whoever shares an engine (a test
+# bed, a lab's deployments) can find and remove its own containers, and only those.
+OWNER_ENV = "FLAGPERF_CONTAINER_OWNER"
 # Variables the container runtime itself reads from a container's config (device selection): these stay there.
 RUNTIME_READS = re.compile(r"^(NVIDIA_[A-Z0-9_]*|[A-Z0-9_]*_VISIBLE_DEVICES)$")
 
@@ -459,7 +462,8 @@ class DockerRuntime(Runtime):
                 privileged=s.privileged, devices=s.devices or None, group_add=s.group_add or None,
                 device_requests=[DeviceRequest(**r) for r in s.device_requests] or None,
                 ulimits=[Ulimit(name=name, soft=value, hard=value) for name, value in s.ulimits.items()] or None,
-                mounts=mounts, volumes=volumes or None, labels={**labels, f"{LABEL}.host": host.name})
+                mounts=mounts, volumes=volumes or None, labels={**labels, f"{LABEL}.host": host.name, **(
+                    {f"{LABEL}.owner": os.environ[OWNER_ENV]} if os.environ.get(OWNER_ENV) else {})})
             container.start()
             running = True
             container.reload()
