@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import suppress
 from pathlib import Path
 
@@ -82,16 +82,17 @@ def _raise(error: OSError) -> None:
         raise error
 
 
-def walk_source(folder: str | Path, strict: bool = False, built: bool = False
-                ) -> Iterator[tuple[str, list[str], list[str]]]:
+def walk_source(folder: str | Path, strict: bool = False, built: bool = False,
+                onerror: Callable[[OSError], None] | None = None) -> Iterator[tuple[str, list[str], list[str]]]:
     """os.walk of a source folder without what is none of the code (skipped_folder, skipped_file), in name order:
     the one walk of the source digest and of the link scan of a folder a container gets, so that both skip the same
     folders. A linked folder is listed among the folders, never walked (it may loop). ``strict``: an unreadable
     folder raises OSError (the digest is then unknown) rather than being passed over; a missing one has no files.
     ``built``: keep the files skipped by their ending (SKIPPED_FILE_ENDINGS): the link scan's walk. The digest
     leaves a build output out (it is made from the code it counts), but a round loads it all the same (a case's
-    foo.so), so a link by that name that leaves the folder dangles in a container as any other would."""
-    for top, folders, files in os.walk(folder, onerror=_raise if strict else None):
+    foo.so), so a link by that name that leaves the folder dangles in a container as any other would.
+    ``onerror``: where not ``strict``, told of each folder that cannot be listed (the link scan names it)."""
+    for top, folders, files in os.walk(folder, onerror=_raise if strict else onerror):
         folders[:] = sorted(name for name in folders if not skipped_folder(top, name))
         files[:] = sorted(name for name in files if not (skipped_in_source(name) if built else skipped_file(name)))
         yield top, folders, files

@@ -231,16 +231,27 @@ def parse_volume(value: str, roots: Iterable[str]) -> Mount:
                  options=tuple(o for o in options if o not in ("ro", "rw")))
 
 
-def mount_target_problem(target: str, project_root: str) -> str | None:
-    """Why a (clean) container path may not take a data mount or a -v, or None: the root, or a place in what FlagPerf
-    mounts itself, the project (read-only, at project_root) or the run's vendor and case folders (under
-    SEARCH_MOUNT_ROOT): a mount there would put other files in place of the code a round runs."""
+def mount_target_problem(target: str, project_root: str, work_root: str | None = None,
+                         work_what: str = "the host's work root") -> str | None:
+    """Why a (clean) container path may not take a data mount, a -v or a Slurm container_mounts entry, or None: the
+    root, or a place in what FlagPerf mounts itself, the project (read-only, at project_root), the run's vendor and
+    case folders (under SEARCH_MOUNT_ROOT), the file the round hands the container its private environment in
+    (ENV_FILE_IN_CONTAINER), and ``work_root`` (a docker host's work root, a Slurm entry's shared_dir: the job's
+    scratch folder, the adaptation cache and the env file's host side, each mounted at its host path): a mount there
+    would put other files in place of the code a round runs or of what the round writes and reads back."""
     if target == "/":
         return "the container's root"
-    for place, what in ((posixpath.normpath(project_root), "the project"), (SEARCH_MOUNT_ROOT, "FlagPerf's folder of "
-                                                                            "the run's vendor and case folders")):
+    places = [(posixpath.normpath(project_root), "the project", "whose code a mount there would replace"),
+              (SEARCH_MOUNT_ROOT, "FlagPerf's folder of the run's vendor and case folders",
+               "whose code a mount there would replace"),
+              (ENV_FILE_IN_CONTAINER, "the file FlagPerf hands the container's private variables in",
+               "which a mount there would replace")]
+    if work_root is not None:
+        places.append((posixpath.normpath(work_root), work_what, "where the job's scratch folder and the adaptation "
+                       "cache are mounted, which a mount there would replace"))
+    for place, what, why in places:
         if is_under(target, place):
-            return f"{'in ' if target != place else ''}{what} ({place}), whose code a mount there would replace"
+            return f"{'in ' if target != place else ''}{what} ({place}), {why}"
     return None
 
 
@@ -383,6 +394,9 @@ LINKS_LISTED = 10
 # would mount over an NGC image's /opt/nvidia). SEARCH_MOUNT_ROOT/<kind>/<index>: the index-th folder (from 0) of the
 # host's variable; the run's <vendor> or <family>/<case> of that folder lies below it.
 SEARCH_MOUNT_ROOT = "/flagperf-search"
+# Where a container finds the inventory's variables (a 0600 file of the host's, mounted read-only): not in its
+# config, which ``docker inspect`` shows to everyone who may use the host's engine.
+ENV_FILE_IN_CONTAINER = "/run/flagperf-env.json"
 VENDOR_MANIFEST = "vendor.yaml"  # flagperf.config.vendors.MANIFEST (test_container_policy holds them equal)
 
 
@@ -495,7 +509,12 @@ def leaving_link_words(target: str, real: str, folder: str, loops: bool, project
     on the host; ``folder``: the scanned folder, resolved) fails in a container, and what to do, after the link's
     name: the run's words (links_out_problem), and vendor check's and validate's, which name it before a round.
     ``loops``: it ends in a loop of links (PathFacts.loops); ``project``: as links_out_problem's; ``what``: how the
-    words name the folder ("the vendor folder"; "its folder" by default)."""
+    words name the folder ("the vendor folder"; "its folder" by default). An empty ``target``: links_leaving could
+    not look there (EACCES), as no link has an empty target."""
+    if not target:
+        return (f"cannot be looked at on this host (permission denied): whether it holds a link that would dangle "
+                f"in a container is unknown{others}: make the folder readable and enterable (chmod a+rX) by the "
+                f"user the host runs as")
     if loops:  # where it "leads" is a link on the way, not a place: neither out nor back in
         return (f"is a loop of links (to {printable(target)}; or a chain of more than the 40 links Linux follows): it "
                 f"opens nowhere, here or in a container{others}: make it lead to the file")

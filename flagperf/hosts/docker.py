@@ -31,6 +31,7 @@ from flagperf.config.vendors import HostSpecSettings, Vendor
 from flagperf.errors import ConfigError
 from flagperf.hosts.adaptation import CACHE_FOLDER as ADAPTATION_CACHE
 from flagperf.hosts.container_policy import (
+    ENV_FILE_IN_CONTAINER,
     Mount,
     PathFacts,
     PolicyError,
@@ -54,9 +55,9 @@ logger = logging.getLogger("flagperf.hosts.docker")
 BUILD_TIMEOUT_S = 3600
 API_TIMEOUT_S = 120
 LABEL = "org.flagperf"
-# Where a container finds the inventory's variables (a 0600 file of the host's, mounted read-only): not in its
-# config, which ``docker inspect`` shows to everyone who may use the host's engine.
-ENV_FILE_IN_CONTAINER = "/run/flagperf-env.json"
+# A value the controller labels every container it starts with (org.flagperf.owner): whoever shares an engine (a test
+# bed, a lab's deployments) can find and remove its own containers, and only those.
+OWNER_ENV = "FLAGPERF_CONTAINER_OWNER"
 # Variables the container runtime itself reads from a container's config (device selection): these stay there.
 RUNTIME_READS = re.compile(r"^(NVIDIA_[A-Z0-9_]*|[A-Z0-9_]*_VISIBLE_DEVICES)$")
 
@@ -310,11 +311,13 @@ class ContainerSettings:
 
 
 def container_settings(vendor: Vendor, spec: HostSpec, image: str, project_root: Path | None = None,
-                       cases: Sequence[str] = ()) -> ContainerSettings:
+                       cases: Sequence[str] = (), work_root: Path | None = None) -> ContainerSettings:
     """The container a host's rounds run in, as the inventory and the vendor file ask, checked by the container
     policy as written (ConfigError naming the file and key); ``resolved`` checks it again on the host.
     ``project_root``: the host's deployment (spec.project_root when not given), which every container sees;
-    ``cases``: the run's case folders, <family>/<case> (RunPlan.case_folders), found on the host's case path."""
+    ``cases``: the run's case folders, <family>/<case> (RunPlan.case_folders), found on the host's case path;
+    ``work_root``: the host's work root (spec.work_root when not given), where a round's container has its scratch
+    folder and the adaptation cache: no data mount or -v may lie there."""
     options = vendor.manifest.container
     roots = spec.docker.allowed_roots()
     patterns = tuple(options.device_patterns)
@@ -330,13 +333,14 @@ def container_settings(vendor: Vendor, spec: HostSpec, image: str, project_root:
         except PolicyError as exc:
             raise ConfigError(source, f"{prefix}docker.data_mounts.{i}", str(exc)) from None
     project = str(project_root or spec.project_root or PROJECT_ROOT)
+    work = work_root or spec.work_root
     for i, mount in enumerate(data_mounts):
-        problem = mount_target_problem(mount.target, project)
+        problem = mount_target_problem(mount.target, project, None if work is None else str(work))
         if problem:
             raise ConfigError(source, f"{prefix}docker.data_mounts.{i}",
                               f"data mount {mount.target!r} is refused: it is {problem}")
     for mount in extras.mounts:
-        problem = mount_target_problem(mount.target, project)
+        problem = mount_target_problem(mount.target, project, None if work is None else str(work))
         if problem:
             raise ConfigError(source, f"{prefix}docker.extra_options",
                               f"-v container path {mount.target!r} is refused: it is {problem}")
@@ -458,7 +462,8 @@ class DockerRuntime(Runtime):
                 privileged=s.privileged, devices=s.devices or None, group_add=s.group_add or None,
                 device_requests=[DeviceRequest(**r) for r in s.device_requests] or None,
                 ulimits=[Ulimit(name=name, soft=value, hard=value) for name, value in s.ulimits.items()] or None,
-                mounts=mounts, volumes=volumes or None, labels={**labels, f"{LABEL}.host": host.name})
+                mounts=mounts, volumes=volumes or None, labels={**labels, f"{LABEL}.host": host.name, **(
+                    {f"{LABEL}.owner": os.environ[OWNER_ENV]} if os.environ.get(OWNER_ENV) else {})})
             container.start()
             running = True
             container.reload()

@@ -70,8 +70,8 @@ def runtime_for(host: Host, spec: HostSpec, vendor: Vendor, image: dict[str, Any
         return SlurmRuntime(host.search_mounts(vendor.name, cases) if isinstance(host, SlurmHost) else None)
     if spec.runtime == "process":
         return ProcessRuntime()
-    settings = checked_on_host(container_settings(vendor, spec, image["tag"], host.project_root, cases), host,
-                               spec)
+    settings = checked_on_host(container_settings(vendor, spec, image["tag"], host.project_root, cases,
+                                                   host.work_root), host, spec)
     return DockerRuntime(settings, client_factory=partial(engine_client, host, spec), user=host_user(host),
                          scratch_root=host.work_root / run_id)
 

@@ -318,7 +318,8 @@ class HostSpec(StrictModel):
             object.__setattr__(self, "transport", "slurm")
             for mount in self.slurm.container_mounts:  # as a docker host's data mounts and -v (container_settings)
                 problem = mount_target_problem(clean_path(mount.split(":")[1], "container path"),
-                                               str(self.project_root or PROJECT_ROOT))
+                                               str(self.project_root or PROJECT_ROOT), str(self.slurm.shared_dir),
+                                               "slurm.shared_dir")
                 if problem:
                     raise ValueError(f"slurm.container_mounts: {mount!r} is refused: its container path is {problem}")
         if self.transport is None:

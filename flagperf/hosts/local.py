@@ -328,21 +328,40 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = Non
     there too: every further link on its way (/datasets/imagenet itself a link on the host) must lead to a place the
     container has (resolved_in_container). So must a link whose first hop stays in the folder (or the tree) and
     whose way then leaves it by a further link (shared/ds, itself a link to a data mount): it is followed hop by hop
-    as the container reads each, and counts only where one leads out of every place the container has."""
+    as the container reads each, and counts only where one leads out of every place the container has. A name the
+    host cannot look at (EACCES: a folder listed but not entered) or a folder it cannot list counts too, with ""
+    as its target (no link has an empty one): whether a link there leaves is unknown."""
     root = os.path.realpath(folder)
     bound = root if tree is None else os.path.realpath(tree)
     at = None if tree is None else os.path.normpath(tree)
     mounts = [view for view in map(mount_view, mounted) if view[1] != "/"]
     views = [*mounts, *([(bound, at)] if at is not None else [])]  # and the tree, as a container has it
     found: list[list[str]] = []
-    for top, folders, files in walk_source(root, built=True):
+
+    def unlisted(error: OSError) -> None:  # a folder that cannot be listed: what is in it is unknown
+        if isinstance(error, (FileNotFoundError, NotADirectoryError)) or error.filename is None:
+            return
+        below = os.path.relpath(os.fsdecode(error.filename), root)
+        if [below, "", os.fsdecode(error.filename)] not in found:  # its own name may have been found already
+            found.append([below, "", os.fsdecode(error.filename)])
+
+    for top, folders, files in walk_source(root, built=True, onerror=unlisted):
+        if len(found) >= limit:
+            return found[:limit]
         for name in sorted([*folders, *files]):
             path = os.path.join(top, name)
-            if not os.path.islink(path):
-                continue
+            # lstat, not os.path.islink: that says False where the folder is listed but cannot be entered (EACCES),
+            # and a link there would pass unseen. What cannot be looked at is a finding (its target unknown: "").
             try:
+                if not stat.S_ISLNK(os.lstat(path).st_mode):
+                    continue
                 target = os.readlink(path)
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # gone meanwhile
             except OSError:
+                found.append([os.path.relpath(path, root), "", path])
+                if len(found) >= limit:
+                    return found
                 continue
             way = os.path.normpath(os.path.join(os.path.dirname(os.path.relpath(path, bound)), target))
             real = os.path.realpath(path)

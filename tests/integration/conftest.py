@@ -12,6 +12,20 @@ import pytest
 FIXTURE_CASES = Path(__file__).resolve().parents[1] / "fixtures" / "cases"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Every container this session starts carries the test bed's owner label (FLAGPERF_CONTAINER_OWNER, read by
+    the controller and so by every flow and CLI it starts): up.sh removes what a killed session left of those, and
+    never another's containers on a shared engine."""
+    from tests.testbed.bed import load_testbed
+
+    try:
+        bed = load_testbed()
+    except ValueError:  # a broken bed: the tests that need it say so
+        return
+    if bed is not None and bed.container_owner:
+        os.environ.setdefault("FLAGPERF_CONTAINER_OWNER", bed.container_owner)
+
+
 @pytest.fixture(scope="session")
 def prefect_server() -> Iterator[None]:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")

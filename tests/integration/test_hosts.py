@@ -522,12 +522,14 @@ def test_accept_new_host_key_records_it_and_a_changed_key_is_always_refused(tmp_
 
 
 def test_a_container_killed_mid_round_is_retried_and_the_others_kept(flagperf_env: Path, tmp_path: Path,
-        testbed: Testbed, deployed: Path, request: pytest.FixtureRequest) -> None:
+        testbed: Testbed, deployed: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Also: the killed case is a lab's own, in a case folder outside the host's deployment (its
     FLAGPERF_CASE_PATH): its containers get that case's folder as a read-only mount of its own, under
     /flagperf-search, and every round records the plan's source digest (the case counts by its name, not by
-    where the container had it)."""
+    where the container had it). Its containers carry the controller's FLAGPERF_CONTAINER_OWNER as a label."""
     import docker
+
+    from flagperf.hosts.docker import LABEL, OWNER_ENV
 
     engine = docker.from_env()
     run_id = f"run-kill-{uuid.uuid4().hex[:12]}"  # this session's: the engine is shared with other sessions
@@ -542,6 +544,10 @@ def test_a_container_killed_mid_round_is_retried_and_the_others_kept(flagperf_en
     inventory = write_inventory(tmp_path, [host_entry(testbed, 0, deployed, env={"FLAGPERF_CASE_PATH": str(lab_cases)},
                                                       **docker_options(testbed, "local"))])
     killed: list[str] = []
+    owners: list[str | None] = []
+    # The bed's own (up.sh removes that owner's leftovers), else this run's: every container carries it.
+    owner = os.environ.get(OWNER_ENV) or run_id
+    monkeypatch.setenv(OWNER_ENV, owner)
 
     def kill_first_container() -> None:
         deadline = time.time() + 240
@@ -553,6 +559,7 @@ def test_a_container_killed_mid_round_is_retried_and_the_others_kept(flagperf_en
                         b"waiting to be killed" in container.logs():
                     container.kill()
                     killed.append(container.name)
+                    owners.append(container.labels.get(f"{LABEL}.owner"))
             time.sleep(0.5)
 
     killer = threading.Thread(target=kill_first_container, daemon=True)
@@ -564,6 +571,7 @@ def test_a_container_killed_mid_round_is_retried_and_the_others_kept(flagperf_en
                          f"killed-once.marker={marker}", *(f"computation-FP32.{o}" for o in FAST)])
     killer.join(timeout=1)
     assert killed, "the first attempt's container never showed up"
+    assert owners == [owner], owners
     assert state.is_completed(), state.message
     run_dir = flagperf_env / run_id
     folder = run_dir / "killed-once" / "round1" / f"{host.name}_noderank0"

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,14 @@ from tests.unit.childio import output_of
 pytestmark = [pytest.mark.integration]
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["min_duration_s=0.3", "warmup_iters=0", "min_iters=2"]
+# This session's own names on the shared cluster: its entries (and so its jobs, flagperf-<entry>-...) and its drain
+# reason carry it, so that another test session on the same bed neither finds this one's jobs nor this one its.
+SESSION = f"s{uuid.uuid4().hex[:8]}"
+
+
+def named(entry: str) -> str:
+    """An inventory entry's name for this session: its jobs are named after it."""
+    return f"{entry}-{SESSION}"
 
 
 @pytest.fixture(scope="module")
@@ -46,11 +55,12 @@ def deployed(cluster: tuple[Testbed, SlurmBed], tmp_path_factory: pytest.TempPat
 
 
 def inventory(tmp_path: Path, bed: Testbed, root: Path, name: str, **slurm: Any) -> str:
-    """One Slurm entry on the test bed's partition; its shared folder is under tmp_path (every node sees it)."""
+    """One Slurm entry, named(name), on the test bed's partition; its shared folder is under tmp_path (every node
+    sees it)."""
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o700, exist_ok=True)
     assert bed.slurm is not None
-    entry = {"name": name, "python": bed.hosts[0].python, "project_root": str(root),
+    entry = {"name": named(name), "python": bed.hosts[0].python, "project_root": str(root),
              "env": {"FLAGPERF_CASE_PATH": str(root / "tests" / "fixtures" / "cases")},
              "slurm": {"partition": bed.slurm.partition, "shared_dir": str(shared), "poll_s": 0.5, **slurm}}
     path = tmp_path / "inventory.yaml"
@@ -81,7 +91,7 @@ def test_a_case_on_each_node_and_a_two_node_case_in_one_job(flagperf_env: Path, 
     runs = task_runs(state.state_details.flow_run_id)
     digest = read_plan(run_dir).source_digest
     for node in nodes:
-        slot = f"pair-{node}"
+        slot = f"{named('pair')}-{node}"
         folder = run_dir / "computation-FP32" / "round1" / f"{slot}_noderank0"
         result = read_result(folder / "result.json")
         assert result.status == "success" and result.metrics[0].value > 0
@@ -102,7 +112,7 @@ def test_a_case_on_each_node_and_a_two_node_case_in_one_job(flagperf_env: Path, 
 
     job_ids = set()
     for rank, node in enumerate(nodes):
-        folder = run_dir / "digits-mlp" / "round1" / f"pair-{node}_noderank{rank}"
+        folder = run_dir / "digits-mlp" / "round1" / f"{named('pair')}-{node}_noderank{rank}"
         result = read_result(folder / "result.json")
         assert result.status == "success" and result.node_rank == rank
         assert result.convergence is not None and result.convergence.converged
@@ -114,7 +124,7 @@ def test_a_case_on_each_node_and_a_two_node_case_in_one_job(flagperf_env: Path, 
         assert job["master_port"] == 20000 + int(started["job_id"]) % 5000
         assert (folder / f"rank{rank}.out.log").is_file()
     assert len(job_ids) == 1  # one job, not one per node
-    assert queued("flagperf-pair-") == []
+    assert queued(f"flagperf-{named('pair')}-") == []
     assert not (tmp_path / "shared" / run_dir.name).exists()  # collected, then cleaned from the shared folder
 
 
@@ -122,24 +132,27 @@ def test_a_drained_node_fails_the_healthcheck_naming_it(flagperf_env: Path, tmp_
                                                         cluster: tuple[Testbed, SlurmBed], deployed: Path) -> None:
     bed, slurm = cluster
     node = slurm.node_names[1]
-    subprocess.run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=flagperf_test_drain"],
-                   check=True, timeout=60)
+    reason = f"flagperf_test_drain_{SESSION}"
     try:
+        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"],
+                       check=True, timeout=60)
         state, run_dir = run_evaluate(flagperf_env, cases=["computation-FP32"], rounds=1, overrides=FAST,
                                       inventory=inventory(tmp_path, bed, deployed, "drained",
                                                           nodelist=slurm.node_names[:2]))
-    finally:
-        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=True, timeout=60)
+    finally:  # the node back to the cluster, unless it is no longer this session's drain (another's since)
+        if f"Reason={reason}" in subprocess.run(["scontrol", "-o", "show", "node", node], capture_output=True,
+                                                text=True, timeout=60).stdout:
+            subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=True, timeout=60)
     assert state.is_failed()
     with pytest.raises(InfrastructureFailure) as info:
         state.result()
     message = str(info.value)
     assert "\n" not in message
-    assert f"host drained-{node}: node: {node} is " in message and "DRAIN" in message, message
-    assert "flagperf_test_drain" in message and "State=RESUME" in message, message
-    assert f"host drained-{slurm.node_names[0]}:" not in message
+    assert f"host {named('drained')}-{node}: node: {node} is " in message and "DRAIN" in message, message
+    assert reason in message and "State=RESUME" in message, message
+    assert f"host {named('drained')}-{slurm.node_names[0]}:" not in message
     assert not (run_dir / "computation-FP32").exists()
-    assert queued("flagperf-drained-") == []
+    assert queued(f"flagperf-{named('drained')}-") == []
 
 
 @pytest.fixture
@@ -147,8 +160,9 @@ def node_taken(cluster: tuple[Testbed, SlurmBed]) -> Iterator[str]:
     """The last node held by a job of its own (exclusive) for the length of a test."""
     _, slurm = cluster
     node = slurm.node_names[-1]
-    job = subprocess.run(["sbatch", "--parsable", "--exclusive", f"--nodelist={node}", "--job-name=flagperf-blocker",
-                          f"--partition={slurm.partition}", "--output=/dev/null", "--wrap", "sleep 600"],
+    job = subprocess.run(["sbatch", "--parsable", "--exclusive", f"--nodelist={node}",
+                          f"--job-name=flagperf-blocker-{SESSION}", f"--partition={slurm.partition}",
+                          "--output=/dev/null", "--wrap", "sleep 600"],
                          capture_output=True, text=True, timeout=60, check=True).stdout.strip()
     try:
         deadline = time.monotonic() + 120
@@ -177,7 +191,7 @@ def test_a_job_that_cannot_start_fails_naming_squeues_reason(flagperf_env: Path,
     # long after 3 s that takes on a loaded machine (tests/unit/test_slurm_spec.py makes the late reason happen).
     found = re.search(r"still PENDING after 3 s \(slurm\.pending_timeout_s; squeue reason: (\w+)\); cancelled", message)
     assert found and found.group(1) in ("Resources", "Priority"), message
-    assert queued("flagperf-waits") == []
+    assert queued(f"flagperf-{named('waits')}-") == []
 
 
 def test_a_run_stopped_mid_round_cancels_its_job(tmp_path: Path, cluster: tuple[Testbed, SlurmBed],
@@ -204,7 +218,7 @@ def test_a_run_stopped_mid_round_cancels_its_job(tmp_path: Path, cluster: tuple[
                                                       ".json"))
             time.sleep(0.5)
         job_id = json.loads(started[0].read_text())["job_id"]
-        assert [line.split()[0] for line in queued("flagperf-stopped-")] == [job_id]
+        assert [line.split()[0] for line in queued(f"flagperf-{named('stopped')}-")] == [job_id]
         # The node writes its start record before it starts the case: wait for the case's process too.
         on_node: list[psutil.Process] = []
         while not any("flagperf.entry" in " ".join(_cmdline(p)) for p in on_node):
@@ -224,7 +238,7 @@ def test_a_run_stopped_mid_round_cancels_its_job(tmp_path: Path, cluster: tuple[
                                    text=True, timeout=60).stdout.strip()) not in ("CANCELLED", ""):
         assert state == "COMPLETING" and time.monotonic() < deadline, (state, out)
         time.sleep(0.5)
-    assert queued("flagperf-stopped-") == [], out
+    assert queued(f"flagperf-{named('stopped')}-") == [], out
     _, alive = psutil.wait_procs(on_node, timeout=60)
     assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == [], "the job's processes outlived it"
     (run_dir,) = results.iterdir()
@@ -253,7 +267,7 @@ def test_hostile_words_reach_no_sbatch_directive_and_a_refused_entry_submits_not
     result = SlurmHost(spec).run(["true", f"x\n#SBATCH --error={injected}\n"], timeout=120)
     assert not injected.exists()
     assert (result.exit_code, result.timed_out) == (0, False)
-    assert queued("flagperf-inert") == []
+    assert queued(f"flagperf-{named('inert')}-") == []
 
     entry = yaml.safe_load(path.read_text())
     entry["hosts"][0]["slurm"]["partition"] = f"{slurm.partition}\n#SBATCH --error={injected}"
@@ -264,7 +278,7 @@ def test_hostile_words_reach_no_sbatch_directive_and_a_refused_entry_submits_not
                            "computation-FP32", "--results", str(tmp_path / "results")], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert done.returncode == 2 and "hosts.0.slurm.partition: " in done.stderr, done.stderr
-    assert queued("flagperf-inert") == [] and not injected.exists() and not (tmp_path / "results").exists()
+    assert queued(f"flagperf-{named('inert')}-") == [] and not injected.exists() and not (tmp_path / "results").exists()
 
 
 def test_a_partition_the_cluster_lacks_is_named_with_those_it_has(tmp_path: Path,
@@ -344,7 +358,7 @@ def test_a_two_node_jobs_mount_check_runs_on_each_node_and_names_it(tmp_path: Pa
     for rank, failure in failures.items():
         message = str(failure)
         assert isinstance(failure, SlurmError) and "\n" not in message, message
-        assert message.startswith(f"digits-mlp round 1 on mounts-{nodes[rank]}: Slurm job "), message
+        assert message.startswith(f"digits-mlp round 1 on {named('mounts')}-{nodes[rank]}: Slurm job "), message
         assert "ExitCode 96:0" in message, message
         for name in nodes:
             assert (f"flagperf-job: FLAGPERF_VENDOR_PATH's vendor folder {vendors}/cpu is missing or a link elsewhere "
@@ -355,4 +369,4 @@ def test_a_two_node_jobs_mount_check_runs_on_each_node_and_names_it(tmp_path: Pa
             "wrote there, is missing or another file): its records would be lost, the job stops" in message, message
         assert (tmp_path / "shared" / "run1" / f"noderank{rank}" / ATTEMPT_FAILURE_FILE).read_text() == f"{message}\n"
     assert not list(tmp_path.rglob("marker")) and not (ROOT / "marker").exists()
-    assert queued("flagperf-mounts-") == []
+    assert queued(f"flagperf-{named('mounts')}-") == []

@@ -65,6 +65,9 @@ class Testbed:
     docker_host: str
     bridge_address: str
     slurm: SlurmBed | None = None
+    # The label value (org.flagperf.owner) of this bed's containers: up.sh removes the leftovers carrying it, and only
+    # those; "" for a bed written before it had one.
+    container_owner: str = ""
 
     def ssh_argv(self, host: TestbedHost, *remote: str) -> list[str]:
         return host.ssh_argv(self.known_hosts, *remote)
@@ -91,7 +94,7 @@ def load_testbed(path: Path | None = None) -> Testbed | None:
                        docker_host=doc["docker_host"], bridge_address=doc["bridge_address"],
                        slurm=SlurmBed(partition=slurm["partition"], shared_dir=slurm["shared_dir"], conf=slurm["conf"],
                                       nodes=tuple((n["name"], n["address"]) for n in slurm["nodes"]))
-                       if slurm else None)
+                       if slurm else None, container_owner=str(doc.get("container_owner", "")))
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{path} is not a test bed description ({exc!r}); rerun {UP_COMMAND} as root") from exc
 

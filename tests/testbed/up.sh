@@ -80,11 +80,17 @@ if ! timeout 20 docker info >/dev/null 2>&1; then
   [ -n "$ready" ] || { tail -n 20 "$STATE/dockerd.log" >&2; die "dockerd not ready after 60 s; see $STATE/dockerd.log"; }
 fi
 [ "$(stat -c %G "$DOCKER_SOCK")" = docker ] || die "$DOCKER_SOCK belongs to group $(stat -c %G "$DOCKER_SOCK"), not docker: fpagent cannot use it (restart dockerd with --group docker)"
-# Containers a killed earlier test run left behind (rounds and probes carry org.flagperf labels): the
-# tests assert that none is left, so they must start from none.
-for label in org.flagperf.job org.flagperf.probe; do
-  docker ps -aq --filter "label=$label" | xargs -r docker rm -f >/dev/null
-done
+# This bed's containers carry org.flagperf.owner=$OWNER (the tests set FLAGPERF_CONTAINER_OWNER from
+# testbed.json): made once, kept across runs, so a later up.sh knows the leftovers of an earlier one.
+if [ ! -s "$STATE/owner" ]; then
+  printf 'flagperf-testbed-%s\n' "$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')" >"$STATE/owner.tmp"
+  mv "$STATE/owner.tmp" "$STATE/owner"
+fi
+OWNER=$(cat "$STATE/owner")
+[[ "$OWNER" =~ ^flagperf-testbed-[0-9a-f]{16}$ ]] || die "$STATE/owner holds '$OWNER', not an owner up.sh made (remove it)"
+# Rounds and probes a killed earlier test run left on this bed (the tests start from none of theirs). Only this
+# bed's: the engine may be shared with other flagperf deployments, whose containers are none of ours.
+docker ps -aq --filter "label=org.flagperf.owner=$OWNER" | xargs -r docker rm -f >/dev/null
 step_done dockerd
 
 # 3. The pinned packages: the engine's in-container code needs exactly the project's pins --------------
@@ -468,10 +474,10 @@ step_done slurm
 
 # 9. Advertise the bed ---------------------------------------------------------------------------------
 "$PY" - "$STATE/testbed.json" "$N" "$NET_PREFIX" "$AGENT" "$KEY" "$KNOWN_HOSTS" "$IMAGE" "$DOCKER_HOST" \
-    "$BRIDGE_ADDR" "$HOST_PY" "$SLURM_NODES" "$SLURM_PARTITION" "$SLURM_SHARED" "$SLURM_CONF" <<'EOF'
+    "$BRIDGE_ADDR" "$HOST_PY" "$SLURM_NODES" "$SLURM_PARTITION" "$SLURM_SHARED" "$SLURM_CONF" "$OWNER" <<'EOF'
 import json, os, sys
 (path, n, prefix, user, key, known_hosts, image, docker_host, bridge, python, slurm_nodes, partition, shared,
- slurm_conf) = sys.argv[1:]
+ slurm_conf, owner) = sys.argv[1:]
 doc = {
     "hosts": [{"name": f"h{i}", "address": f"{prefix}.{10 + i}", "port": 22, "user": user, "key_file": key,
                "netns": f"fp-h{i}", "python": python} for i in range(1, int(n) + 1)],
@@ -479,6 +485,7 @@ doc = {
     "base_image": image,
     "docker_host": docker_host,
     "bridge_address": bridge,
+    "container_owner": owner,
     "slurm": {"partition": partition, "shared_dir": shared, "conf": slurm_conf,
               "nodes": [{"name": f"h{i}", "address": f"{prefix}.{10 + i}"} for i in range(1, int(slurm_nodes) + 1)]},
 }

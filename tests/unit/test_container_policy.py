@@ -1110,6 +1110,36 @@ def test_a_mount_over_the_project_or_the_search_folders_is_refused(tmp_path: Pat
             .extra_mounts] == ["/flagperf-searched"]
 
 
+@pytest.mark.parametrize(("docker", "work_root", "key", "words"), [
+    ({"data_mounts": ["/data/work/run-1"]}, None, "hosts.0.docker.data_mounts.0",
+     "data mount '/data/work/run-1' is refused: it is in the host's work root (/data/work), where the job's scratch "
+     "folder and the adaptation cache are mounted"),
+    ({"extra_options": "-v /data/x:/data/work"}, None, "hosts.0.docker.extra_options",
+     "-v container path '/data/work' is refused: it is the host's work root (/data/work)"),
+    ({"extra_options": "-v /data/x:/srv/fp/adaptation-cache"}, "/srv/fp", "hosts.0.docker.extra_options",
+     "-v container path '/srv/fp/adaptation-cache' is refused: it is in the host's work root (/srv/fp)"),
+    ({"extra_options": "-v /data/env.json:/run/flagperf-env.json:ro"}, None, "hosts.0.docker.extra_options",
+     "-v container path '/run/flagperf-env.json' is refused: it is the file FlagPerf hands the container's private "
+     "variables in (/run/flagperf-env.json)"),
+])
+def test_a_mount_over_the_scratch_the_cache_or_the_env_file_is_refused(tmp_path: Path, docker: dict[str, object],
+                                                                       work_root: str | None, key: str,
+                                                                       words: str) -> None:
+    """A round's container has the job's scratch folder (<work root>/<run>) and the adaptation cache
+    (<work root>/<cache>) at their host paths, read-write, and its private variables in /run/flagperf-env.json: a
+    data mount or a -v there replaced what the round writes and reads back. The work root is the inventory's
+    work_root, or the host's own (``work_root``: what runtime_for passes, the host's default)."""
+    path = tmp_path / "inv.yaml"
+    written = {"work_root": "/data/work"} if work_root is None else {}  # else the host's default: the entry names none
+    path.write_text(yaml.safe_dump({"hosts": [{"name": "a", "address": "h", "runtime": "docker", **written,
+                                               "docker": docker}]}))
+    spec = load_inventory(path).hosts[0]
+    with pytest.raises(ConfigError) as info:
+        container_settings(load_vendor("cpu"), spec, "img:1", work_root=Path(work_root) if work_root else None)
+    assert info.value.key == key and words in info.value.message and "\n" not in str(info.value), str(info.value)
+    assert str(info.value).startswith(f"{path}: {key}: "), str(info.value)
+
+
 def test_a_step_the_host_cannot_look_at_is_refused_not_taken_for_no_link(tmp_path: Path) -> None:
     """Where lstat fails for another reason than nothing being there (EACCES on a folder on the way; here, as root
     can read everything, a name longer than NAME_MAX), whether the way goes on by a link is unknown: refused.
@@ -1142,3 +1172,49 @@ def test_a_loop_of_links_is_named_as_one_not_as_a_link_out_and_back(tmp_path: Pa
                        "such link(s)): make it lead to the file"), problem
     # An older agent's facts (no loops key) read as before.
     assert PathFacts.of({k: v for k, v in found.items() if k != "loops"}).loops == ()
+
+
+def _without_dac_override() -> list[str] | None:
+    """A prefix that runs a command as this root without the capabilities that let root pass file permissions
+    (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH): a real EACCES, from the same interpreter (/root's pyenv stays readable
+    by its owner, uid 0, where the user nobody could not run it). None where that cannot be had (not root, no
+    setpriv, or a container that may not change its bounding set)."""
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None:
+        return None
+    prefix = [setpriv, "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search"]
+    probe = subprocess.run([*prefix, "true"], capture_output=True, check=False)
+    return prefix if probe.returncode == 0 else None
+
+
+def test_a_link_in_a_folder_listed_but_not_entered_is_named_not_passed(tmp_path: Path) -> None:
+    """A folder of mode 644 (listed, not entered) or 000: os.path.islink of a link in it said False (EACCES on lstat)
+    and the scan passed it; the 000 one was not listed and passed whole. Each is now a finding naming the path, in
+    one line, from the host agent run for real without root's override of file permissions."""
+    prefix = _without_dac_override()
+    if prefix is None:
+        pytest.skip("needs root and setpriv to drop CAP_DAC_OVERRIDE for a real EACCES")
+    lab = tmp_path / "lab"
+    case = lab / "base" / "x"
+    (case / "listed").mkdir(parents=True)
+    (case / "listed" / "out").symlink_to("/etc/passwd")
+    (case / "closed").mkdir()
+    (case / "closed" / "out").symlink_to("/etc/passwd")
+    (case / "fine.py").write_text("")
+    (case / "listed").chmod(0o644)
+    (case / "closed").chmod(0o000)
+    answer = subprocess.run([*prefix, sys.executable, "-m", "flagperf.hosts.agent", "describe-paths",
+                             f"--scan={case}", "--", str(case)], capture_output=True, text=True, check=False,
+                            env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    assert answer.returncode == 0, answer.stderr
+    found = json.loads(answer.stdout)["paths"][str(case)]
+    assert found["links_out"] == [["closed", "", str(case / "closed")],
+                                  ["listed/out", "", str(case / "listed" / "out")]], found
+    problem = container_policy.links_out_problem(str(lab / "base" / "x"), "base/x", PathFacts.of(found),
+                                                 container_policy.CASE_FOLDERS)
+    assert problem == (f"FLAGPERF_CASE_PATH case 'base/x': {case}/closed cannot be looked at on this host "
+                       "(permission denied): whether it holds a link that would dangle in a container is unknown "
+                       "(and 1 more such link(s)): make the folder readable and enterable (chmod a+rX) by the user "
+                       "the host runs as"), problem
+    (case / "listed").chmod(0o755)
+    (case / "closed").chmod(0o755)

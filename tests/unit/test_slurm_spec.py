@@ -67,6 +67,11 @@ def test_a_node_count_becomes_numbered_slots_and_one_node_keeps_the_name(tmp_pat
      f"slurm.container_mounts: '/data:{PROJECT_ROOT}/cases:ro' is refused: its container path is in the project"),
     ({"container_mounts": ["/data:/flagperf-search"]}, "hosts.0", "its container path is FlagPerf's folder of the "
                                                                   "run's vendor and case folders"),
+    ({"shared_dir": "/shared", "container_mounts": ["/data:/shared/fp/run-1"]}, "hosts.0",  # the job's own folder
+     "slurm.container_mounts: '/data:/shared/fp/run-1' is refused: its container path is in slurm.shared_dir "
+     "(/shared), where the job's scratch folder and the adaptation cache are mounted"),
+    ({"shared_dir": "/shared", "container_mounts": ["/data:/shared:ro"]}, "hosts.0", "its container path is "
+                                                                                     "slurm.shared_dir (/shared)"),
     ({"time_slack_s": float("inf")}, "hosts.0.slurm.time_slack_s", "finite number"),
 ])
 def test_a_bad_value_is_refused_in_one_line_naming_the_key(tmp_path: Path, slurm: dict[str, Any], key: str,
