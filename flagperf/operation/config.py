@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from flagperf.config.engines import declared_options
+from flagperf.config.engines import checked_engine_manifest, engine_folders
 from flagperf.config.memory import MemoryNeed
 from flagperf.config.models import HIDDEN_INPUT, KEY_OF_MODEL_ERROR, CaseConfig
 from flagperf.config.vendors import available_vendors
@@ -17,6 +17,7 @@ from flagperf.measure.inductor_modes import CUDA_GRAPH_MODES, INDUCTOR_MODE_HELP
 from flagperf.operation.manifest import (
     IMPLEMENTATIONS_FOLDER,
     INDUCTOR_MODE,
+    ImplementationManifest,
     checked_implementations,
     implementation_names,
 )
@@ -313,12 +314,16 @@ class OperationConfig(CaseConfig):
             names = self.implementations if self.implementations is not None else implementation_names(vendor)
             manifests = checked_implementations(vendor, names, given)
             readers = {name for name, m in manifests.items() if INDUCTOR_MODE in m.options}
-        elif self.implementations is not None and self.inductor_mode != "default":
+        elif self.implementations is not None:
             names = self.implementations
-            declared = [declared_options(v, IMPLEMENTATIONS_FOLDER) for v in available_vendors()]
+            # each folder named, checked as the plan checks it: a broken engine.yaml is that file's error (its key),
+            # never taken as a manifest without options and blamed on the case's inductor_mode
+            declared = [{name: checked_engine_manifest(folders[name], ImplementationManifest)
+                         for name in names if name in folders}
+                        for folders in (engine_folders(v, IMPLEMENTATIONS_FOLDER) for v in available_vendors())]
             if not all(any(name in found for found in declared) for name in names):
                 return  # one of them is no installed vendor's: whether it reads the mode is known with the vendor
-            readers = {name for found in declared for name in names if INDUCTOR_MODE in found.get(name, set())}
+            readers = {name for found in declared for name, m in found.items() if INDUCTOR_MODE in m.options}
         else:
             return
         if self.inductor_mode != "default" and not readers:

@@ -1102,6 +1102,41 @@ def test_a_mode_no_compared_implementation_reads_is_refused_by_the_plan_and_vali
                                     "and its class sets reads_inductor_mode = False: make the two agree")
 
 
+def test_validate_without_a_vendor_checks_each_named_manifest_and_blames_it_not_the_case(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`flagperf validate case.yaml` (no vendor) read an implementation's options leniently: a string, [42] or null
+    was taken as no options and the case's inductor_mode blamed; an unknown key or an option no implementation
+    may list passed. Each folder named is now checked as the plan checks it: one line naming its engine.yaml."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    acme = tmp_path / "vendors" / "acme"
+    acme.mkdir(parents=True)
+    (acme / "vendor.yaml").write_text((ROOT / "vendor_images" / "cpu" / "vendor.yaml").read_text(encoding="utf-8")
+                                      .replace("name: cpu", "name: acme", 1))
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(acme.parent))
+    case = tmp_path / "operation" / "op-gemm"
+    case.mkdir(parents=True)
+    text = (ROOT / "cases" / "operation" / "op-gemm" / "case.yaml").read_text(encoding="utf-8")
+    (case / "case.yaml").write_text(text.replace("  inductor_mode: default", "  inductor_mode: max-autotune")
+                                    .replace("  implementations: null", "  implementations: [comp]"))
+    folder = acme / "operation" / "comp"
+    folder.mkdir(parents=True)
+    base = "name: comp\ndescription: compiled\nmodule: flagperf.operation.compiled\n"
+    for extra, key in (("options: inductor_mode\n", "options"), ("options: [42]\n", "options"),
+                       ("options: null\n", "options"), ("options: [inductor_mode]\nspeed: 3\n", "speed"),
+                       ("options: [inductor_mode, cuda_graphs]\n", "options")):
+        (folder / "engine.yaml").write_text(base + extra)
+        done = CliRunner().invoke(app, ["validate", str(case / "case.yaml")])
+        errors = [line for line in done.output.splitlines() if line.startswith("error")]
+        assert done.exit_code != 0 and len(errors) == 1 \
+            and errors[0].startswith(f"error {display_path(folder / 'engine.yaml')}: {key}"), (extra, done.output)
+    (folder / "engine.yaml").write_text(base + "options: [inductor_mode]\n")
+    done = CliRunner().invoke(app, ["validate", str(case / "case.yaml")])
+    assert done.exit_code == 0, done.output
+
+
 def test_every_shipped_implementations_declaration_matches_its_class() -> None:
     """The plan reads an implementation's engine.yaml (options), the host its class (reads_inductor_mode): for
     every shipped folder of every vendor the two say the same, and compile is one that reads the mode."""
