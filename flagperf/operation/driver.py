@@ -114,8 +114,13 @@ def load_implementations(config: OperationConfig, vendor: str, device: torch.dev
         if cls.reads_inductor_mode != (INDUCTOR_MODE in definition.manifest.options):
             # the plan read the manifest, the host the class: where they differ, the plan's check meant nothing
             listed = "does not list" if cls.reads_inductor_mode else "lists"
-            raise CaseUserError(f"{definition.source}: options: {listed} {INDUCTOR_MODE}, and its class sets "
-                                f"reads_inductor_mode = {cls.reads_inductor_mode}: make the two agree")
+            disagreement = (f"{definition.source}: options: {listed} {INDUCTOR_MODE}, and its class sets "
+                            f"reads_inductor_mode = {cls.reads_inductor_mode}: make the two agree")
+            if config.inductor_mode != "default":
+                raise CaseUserError(disagreement)
+            # in the default mode the plan's check has nothing to refuse: an implementation written before
+            # engine.yaml declared options still runs, told once what to fix
+            log.warning("%s", disagreement)
         found.ready[name] = cls(env)
         found.described[name] = f"{found.ready[name].describe()} ({definition.source})"
     if not found.ready:

@@ -1050,7 +1050,7 @@ def test_inductor_mode_is_the_cases_choice_checked_in_one_line_and_recorded(monk
 
 
 def test_a_mode_no_compared_implementation_reads_is_refused_by_the_plan_and_validate(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """A non-default inductor_mode with no implementation that reads it was refused only once the implementations
     loaded on the host (their classes' reads_inductor_mode), after the plan had sent the round. Each implementation
     folder's engine.yaml declares the keys it reads (options: [inductor_mode]), read without importing it: the plan
@@ -1096,10 +1096,16 @@ def test_a_mode_no_compared_implementation_reads_is_refused_by_the_plan_and_vali
     from flagperf.operation.compiled import Implementation as Compiled
 
     monkeypatch.setattr(Compiled, "reads_inductor_mode", False)
+    disagreement = ("vendor_images/cpu/operation/compile/engine.yaml: options: lists inductor_mode, and its class "
+                    "sets reads_inductor_mode = False: make the two agree")
     with pytest.raises(CaseUserError) as disagrees:
-        load_implementations(config(implementations=["compile"]), "cpu", CPU)
-    assert str(disagrees.value) == ("vendor_images/cpu/operation/compile/engine.yaml: options: lists inductor_mode, "
-                                    "and its class sets reads_inductor_mode = False: make the two agree")
+        load_implementations(config(inductor_mode="max-autotune", implementations=["compile"]), "cpu", CPU)
+    assert str(disagrees.value) == disagreement
+    # in the default mode nothing depends on it: an implementation written to the old docs still runs, told once
+    with caplog.at_level(logging.WARNING, logger=driver.log.name):
+        loaded = load_implementations(config(implementations=["compile"]), "cpu", CPU)
+    assert list(loaded.ready) == ["compile"]
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [disagreement]
 
 
 def test_validate_without_a_vendor_checks_each_named_manifest_and_blames_it_not_the_case(
