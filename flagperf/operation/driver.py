@@ -64,7 +64,15 @@ from flagperf.operation.timer import (
     time_iterations,
 )
 from flagperf.results.metrics import coefficient_of_variation
-from flagperf.results.schema import NO_SAMPLE_SEPARATOR, Metric, OperationReport, OperatorPoint, Peak, SpecTable
+from flagperf.results.schema import (
+    HOST_FAILED,
+    NO_SAMPLE_SEPARATOR,
+    Metric,
+    OperationReport,
+    OperatorPoint,
+    Peak,
+    SpecTable,
+)
 
 Config = OperationConfig
 SCALE = {"TFLOPS": 1e12, "GB/s": 1e9}
@@ -80,7 +88,6 @@ class OperationOutcome:
     failure: str | None = None  # nothing passed: why
 
 
-HOST_FAILED = "the host could not compute it"  # a host sample that failed (memory, a dtype), in the headline's words
 
 
 @dataclass(frozen=True)

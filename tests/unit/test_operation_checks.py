@@ -233,7 +233,10 @@ def test_each_point_in_the_report_says_what_it_was_checked_against(tmp_path: Pat
                              implementation=impl, status=status, reference=reference,
                              reference_sample=reference_sample, latency_s=1e-3, value=1.0, unit="GB/s")
 
-    why = "cross_entropy's output is one mean over all 8 rows"
+    # a record from before the short reasons: cross_entropy's full text, its sizes in it
+    why = ("cross_entropy's output is one mean over all 8 rows, which depends on every one of its 1026048 logits (a "
+           "sample of rows would check no part of it), and those are over the 4294967296 the host computes in float64 "
+           "block by block (the point's reference is the device's own kernels alone)")
     points = [point("mm", 1, "native", "float64 on cpu", None), point("mm", 1, "fast", "float64 on cpu", None),
               point("mm", 2, "native", "float32 on cuda", sample), point("mm", 2, "fast", "float32 on cuda", sample,
                                                                          "failed"),
@@ -258,7 +261,7 @@ def test_each_point_in_the_report_says_what_it_was_checked_against(tmp_path: Pat
     assert operator_cells(entries["mm"], plain)[column] == ("float64 on cpu, whole output: 2; float32 on cuda + "
                                                             "float64 host sample: 2")
     assert operator_cells(entries["cross_entropy"], plain)[column] == (  # a record from before the reason's words
-        "float32 on cuda only, no host sample: 1 (cross_entropy's output is one mean over all N rows: 1)")
+        "float32 on cuda only, no host sample: 1 (too many logits for the host's float64 pass: 1)")
     assert operator_cells({**entries["mm"], "checked": None})[column] == "-"  # a summary.json from before
     kept = {(p["shape"], p["implementation"]): p for p in entries["mm"]["points"]}
     assert kept[("M2", "fast")]["reference"] == "float32 on cuda" and kept[("M2", "fast")]["reference_sample"] == \
@@ -395,9 +398,20 @@ def test_the_headline_counts_why_points_have_no_host_sample_in_the_same_words_ev
     assert entry["no_sample"] == {"float32 on cuda only, no host sample": {many: 4, driver.HOST_FAILED: 2}}
     # the footnotes keep each shape's full reason, its first words the headline's
     assert f"- [1] no float64 host sample: {full(4096).removeprefix('none: ')}" in report.replace("\\", ""), report
-    # a record from before the reason had its own part: its first clause, the sizes as N (one count, not one a shape)
-    assert no_sample_reason("cross_entropy's output is one mean over all 4096 rows, which depends on every one of "
-                            "its 525336576 logits") == "cross_entropy's output is one mean over all N rows"
+    # a record from before the reason had its own part: the short reason its words name, else its first clause, the
+    # sizes as N (one count, not one a shape); "; " inside an older text is no short reason
+    preamble = ("cross_entropy's output is one mean over all 4096 rows, which depends on every one of its 525336576 "
+                "logits (a sample of rows would check no part of it), and ")
+    assert no_sample_reason(f"{preamble}those are over the 4294967296 the host computes in float64 block by block "
+                            "(the point's reference is the device's own kernels alone)") == many
+    assert no_sample_reason(f"{preamble}one row of them (300000) is over the 268435456 logits of one host copy, the "
+                            "blocks being whole rows (the point's reference is the device's own kernels alone)") \
+        == "one row of logits over a host copy"
+    assert no_sample_reason("CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 11.17 GiB total capacity; "
+                            "10.53 GiB already allocated)") == ("CUDA out of memory. Tried to allocate N MiB (GPU N; "
+                                                                "N GiB total capacity; N GiB already allocated)")
+    assert no_sample_reason("none defined for fp8_gemm; no host sample is defined for fp8_gemm") == \
+        "none defined for fp8_gemm"
 
 
 def test_the_sample_of_a_huge_dimension_is_drawn_without_a_permutation_of_it(monkeypatch: pytest.MonkeyPatch
