@@ -327,11 +327,22 @@ class OperationConfig(CaseConfig):
         else:
             return
         if self.inductor_mode != "default" and not readers:
-            raise ConfigError(origins.get(INDUCTOR_MODE, source), INDUCTOR_MODE,
+            compared = f"{', '.join(names) or 'none'}{f' of vendor {vendor}' if vendor else ''}"
+            order = list(origins)  # in the order the layers set them (resolve_case_config)
+            chosen, mode = origins.get("implementations"), origins.get(INDUCTOR_MODE)
+            if chosen is not None and chosen != mode and (mode is None or order.index("implementations")
+                                                          > order.index(INDUCTOR_MODE)):
+                # the implementations were chosen after the mode (a vendor's file, --set): that choice is the change
+                raise ConfigError(chosen, "implementations",
+                                  f"none of {compared} reads {INDUCTOR_MODE}: {self.inductor_mode} (from "
+                                  f"{mode or source}; their engine.yaml lists no {INDUCTOR_MODE} under options): the "
+                                  "mode would change nothing (list one that compiles, such as compile, or set "
+                                  "inductor_mode: default)")
+            raise ConfigError(mode or source, INDUCTOR_MODE,
                               f"{self.inductor_mode} is torch.compile's mode, and none of the implementations "
-                              f"compared ({', '.join(names) or 'none'}{f' of vendor {vendor}' if vendor else ''}) "
-                              f"reads it (their engine.yaml lists no {INDUCTOR_MODE} under options): it would change "
-                              "nothing (set inductor_mode: default, or list one that compiles, such as compile)")
+                              f"compared ({compared}) reads it (their engine.yaml lists no {INDUCTOR_MODE} under "
+                              "options): it would change nothing (set inductor_mode: default, or list one that "
+                              "compiles, such as compile)")
 
 
 def plan_points(config: OperationConfig) -> list[PlannedPoint]:

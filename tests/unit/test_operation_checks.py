@@ -1101,9 +1101,24 @@ def test_a_mode_no_compared_implementation_reads_is_refused_by_the_plan_and_vali
                "none of the implementations compared ({}) reads it (their engine.yaml lists no inductor_mode under "
                "options): it would change nothing (set inductor_mode: default, or list one that compiles, such as "
                "compile)")
-    # the defaults (native, in every vendor installed), then nvidia's flaggems; cpu's choice has compile
+    # the defaults (native, in every vendor installed), then nvidia's flaggems, chosen after the mode: nvidia.yaml's
+    # implementations are named, not the case's mode; cpu's choice has compile
     assert done.exit_code != 0 and [line for line in done.output.splitlines() if line.startswith("error")] == [
-        refusal.format("native"), refusal.format("flaggems of vendor nvidia")], done.output
+        refusal.format("native"),
+        f"error {shown}/vendor/nvidia.yaml: implementations: none of flaggems of vendor nvidia reads inductor_mode: "
+        f"max-autotune (from {shown}/case.yaml; their engine.yaml lists no inductor_mode under options): the mode "
+        "would change nothing (list one that compiles, such as compile, or set inductor_mode: default)"], done.output
+    # the key set last is named: --set implementations after the case's mode, the mode's own --set after a choice
+    own = tmp_path / "cases" / "operation" / "op-gemm-compiled"
+    own.mkdir(parents=True)
+    (own / "case.yaml").write_text(text.replace("name: op-gemm", "name: op-gemm-compiled", 1)
+                                   .replace("  inductor_mode: default", "  inductor_mode: max-autotune"))
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(own.parent.parent))
+    for sets, key in ((["implementations=[native]"], "implementations"),
+                      (["inductor_mode=max-autotune", "implementations=[native]"], "inductor_mode")):
+        with pytest.raises(ConfigError) as refused:
+            plan_run(cases=["op-gemm-compiled"], vendor="cpu", results_dir="/nonexistent-results", sets=sets)
+        assert str(refused.value).startswith(f"--set: {key}: "), str(refused.value)
     assert f"ok    {shown}/vendor/cpu.yaml" in done.output, done.output
 
     # the host's backstop: a class that disagrees with its folder's declaration is refused where it loads
