@@ -263,14 +263,14 @@ def _streamed_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch
     the count of its targets not ignored, with the native call's options (natives.CROSS_ENTROPY_KWARGS)."""
     rows, vocab = logits.shape
     block = _block_rows(rows, vocab)
-    ignore_index = natives.CROSS_ENTROPY_KWARGS["ignore_index"]
+    ignore_index = int(natives.CROSS_ENTROPY_KWARGS["ignore_index"])
+    by_block = {**natives.CROSS_ENTROPY_KWARGS, "reduction": "sum"}  # each block's sum; the mean is taken below
     total = torch.zeros((), dtype=torch.float64)
     counted = 0
     for start in range(0, rows, block):
         length = min(block, rows - start)
         targets = host(target.narrow(0, start, length), {})
-        total += F.cross_entropy(host(logits.narrow(0, start, length), {}), targets, reduction="sum",
-                                 **natives.CROSS_ENTROPY_KWARGS)
+        total += F.cross_entropy(host(logits.narrow(0, start, length), {}), targets, **by_block)
         counted += int((targets != ignore_index).sum())
     return total / counted  # no target counted: NaN, as the native mean
 
