@@ -409,7 +409,9 @@ def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[st
         raise gathered(refused)
     try:
         model.check_for_vendor(_origins_in_order(merged, display_path(vendor_path)), display_path(case.manifest_path),
-                               (vendor or None) if check_vendor else None, files_are_local)
+                               (vendor or None) if check_vendor else None, files_are_local,
+                               # a vendor not installed here: its engines are its own folder's, if one is known
+                               None if check_vendor or not vendor else [vendor_folder] if vendor_folder else [])
     except ConfigError as exc:
         raise _keyed_in_manifest(case, exc) from None
     merged.values = model.model_dump(mode="json")

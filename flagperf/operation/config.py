@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -23,6 +24,7 @@ from flagperf.operation.manifest import (
 )
 from flagperf.operation.operators import ELEMENT_BYTES, FP8, MAX_DIM, OPERATORS, Dims, ModelShape, Operator, shape_label
 from flagperf.operation.shape_sets import SHAPE_SETS
+from flagperf.paths import ENGINE_MANIFEST
 from flagperf.training.shapes import BERT_PRESETS, LLAMA_PRESETS
 
 # The model shapes operators are sized from: the project's one table of Llama and BERT shapes.
@@ -304,7 +306,7 @@ class OperationConfig(CaseConfig):
         return {**DEFAULT_TOLERANCES[dtype], **overrides}
 
     def check_for_vendor(self, origins: dict[str, str], source: str, vendor: str | None,
-                         files_are_local: bool) -> None:
+                         files_are_local: bool, engine_roots: list[Path] | None = None) -> None:
         """Each implementation named is a folder of the vendor (its packages are checked on the host), and a mode
         other than default is read by one of those compared (engine.yaml's options; the host checks the classes
         again, driver.load_implementations). Without a vendor (`flagperf validate` on a case's defaults) the
@@ -318,11 +320,14 @@ class OperationConfig(CaseConfig):
             names = self.implementations
             # each folder named, checked as the plan checks it: a broken engine.yaml is that file's error (its key),
             # never taken as a manifest without options and blamed on the case's inductor_mode
+            # a vendor not installed here is judged by its own folder alone, never by another vendor's of the name
+            roots = ([engine_folders(v, IMPLEMENTATIONS_FOLDER) for v in available_vendors()] if engine_roots is None
+                     else [{m.parent.name: m.parent for m in sorted((root / IMPLEMENTATIONS_FOLDER).glob(
+                         f"*/{ENGINE_MANIFEST}"))} for root in engine_roots])
             declared = [{name: checked_engine_manifest(folders[name], ImplementationManifest)
-                         for name in names if name in folders}
-                        for folders in (engine_folders(v, IMPLEMENTATIONS_FOLDER) for v in available_vendors())]
+                         for name in names if name in folders} for folders in roots]
             if not all(any(name in found for found in declared) for name in names):
-                return  # one of them is no installed vendor's: whether it reads the mode is known with the vendor
+                return  # one of them is in no folder read here: whether it reads the mode is known with the vendor
             readers = {name for found in declared for name, m in found.items() if INDUCTOR_MODE in m.options}
         else:
             return

@@ -1121,6 +1121,15 @@ def test_a_mode_no_compared_implementation_reads_is_refused_by_the_plan_and_vali
         assert str(refused.value).startswith(f"--set: {key}: "), str(refused.value)
     assert f"ok    {shown}/vendor/cpu.yaml" in done.output, done.output
 
+    # a vendor not installed here (acme) is judged by no installed vendor's folder of the same name: its native
+    # may compile; what its folder declares is known with the vendor
+    (case / "case.yaml").write_text(text.replace("  inductor_mode: default", "  inductor_mode: max-autotune"))
+    for name in ("cpu", "nvidia"):
+        (case / "vendor" / f"{name}.yaml").unlink()
+    (case / "vendor" / "acme.yaml").write_text("implementations: [native]\n")
+    done = CliRunner().invoke(app, ["validate", str(case / "case.yaml")])
+    assert done.exit_code == 0 and "vendor acme is not installed here" in done.output, done.output
+
     # the host's backstop: a class that disagrees with its folder's declaration is refused where it loads
     from flagperf.operation.compiled import Implementation as Compiled
 
