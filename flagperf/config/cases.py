@@ -408,12 +408,30 @@ def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[st
     if refused:
         raise gathered(refused)
     try:
-        model.check_for_vendor(merged.origins, display_path(case.manifest_path),
-                               (vendor or None) if check_vendor else None, files_are_local)
+        model.check_for_vendor(_origins_in_order(merged, display_path(vendor_path)), display_path(case.manifest_path),
+                               (vendor or None) if check_vendor else None, files_are_local,
+                               # a vendor not installed here: its engines are its own folder's, if one is known
+                               None if check_vendor or not vendor else [vendor_folder] if vendor_folder else [])
     except ConfigError as exc:
         raise _keyed_in_manifest(case, exc) from None
     merged.values = model.model_dump(mode="json")
     return merged
+
+
+def _origins_in_order(merged: MergedConfig, vendor_source: str) -> dict[str, str]:
+    """The origins in the order their layers set them (the defaults, the vendor file, its scale file, each run
+    override in turn): a check of two keys names the one set last, the change that made them disagree."""
+    runs = list(merged.run_overrides)
+
+    def layer(item: tuple[str, str]) -> int:
+        key, origin = item
+        if key in merged.run_overrides.get(origin, {}):
+            return 3 + runs.index(origin)
+        if key in merged.vendor_changes or key in merged.vendor_new_keys:
+            return 1 if origin == vendor_source else 2
+        return 0
+
+    return dict(sorted(merged.origins.items(), key=layer))  # stable: a layer's keys keep their order
 
 
 def _keyed_in_manifest(case: CaseDef, error: ConfigError) -> ConfigError:

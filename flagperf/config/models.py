@@ -502,7 +502,9 @@ class CaseConfig(BaseModel):
     max_retries: int = Field(ge=0, le=10, description="retries after an infrastructure failure")
 
     def check_for_vendor(self, origins: dict[str, str], source: str, vendor: str | None,
-                         files_are_local: bool) -> None:
+                         files_are_local: bool, engine_roots: list[Path] | None = None) -> None:
         """Checks beyond the fields, made by the plan before anything runs; vendor is None when
-        `flagperf validate` checks a case's defaults. Nothing to check here; families override it."""
+        `flagperf validate` checks a case's defaults, or a vendor's files where that vendor is not installed here:
+        then ``engine_roots`` lists the folders its engines may be read from (its own folder, or none known), where
+        None (a case's defaults) means every installed vendor's. Nothing to check here; families override it."""
         return None

@@ -295,7 +295,7 @@ class GenerateConfig(CaseConfig):
         return self
 
     def check_for_vendor(self, origins: dict[str, str], source: str, vendor: str | None,
-                         files_are_local: bool) -> None:
+                         files_are_local: bool, engine_roots: list[Path] | None = None) -> None:
         """The engine names a folder of the vendor (its Python package is checked on the host, in the round);
         the serving keys need a serving engine, and its API."""
         slowest = min(self.request_rates, default=None)

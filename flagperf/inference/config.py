@@ -133,7 +133,7 @@ class InferenceConfig(CaseConfig):
     artifact_neutral_keys: ClassVar[frozenset[str]] = frozenset()
 
     def check_for_vendor(self, origins: dict[str, str], source: str, vendor: str | None,
-                         files_are_local: bool) -> None:
+                         files_are_local: bool, engine_roots: list[Path] | None = None) -> None:
         """The toggles and the engine they name, checked before anything runs (again in the case process).
         Without a vendor (`flagperf validate` on a case's defaults) there are no engines to check."""
         check_toggles(self, origins, source)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from flagperf.config.engines import declared_options
+from flagperf.config.engines import checked_engine_manifest, engine_folders
 from flagperf.config.memory import MemoryNeed
 from flagperf.config.models import HIDDEN_INPUT, KEY_OF_MODEL_ERROR, CaseConfig
 from flagperf.config.vendors import available_vendors
@@ -17,11 +18,13 @@ from flagperf.measure.inductor_modes import CUDA_GRAPH_MODES, INDUCTOR_MODE_HELP
 from flagperf.operation.manifest import (
     IMPLEMENTATIONS_FOLDER,
     INDUCTOR_MODE,
+    ImplementationManifest,
     checked_implementations,
     implementation_names,
 )
 from flagperf.operation.operators import ELEMENT_BYTES, FP8, MAX_DIM, OPERATORS, Dims, ModelShape, Operator, shape_label
 from flagperf.operation.shape_sets import SHAPE_SETS
+from flagperf.paths import ENGINE_MANIFEST
 from flagperf.training.shapes import BERT_PRESETS, LLAMA_PRESETS
 
 # The model shapes operators are sized from: the project's one table of Llama and BERT shapes.
@@ -303,7 +306,7 @@ class OperationConfig(CaseConfig):
         return {**DEFAULT_TOLERANCES[dtype], **overrides}
 
     def check_for_vendor(self, origins: dict[str, str], source: str, vendor: str | None,
-                         files_are_local: bool) -> None:
+                         files_are_local: bool, engine_roots: list[Path] | None = None) -> None:
         """Each implementation named is a folder of the vendor (its packages are checked on the host), and a mode
         other than default is read by one of those compared (engine.yaml's options; the host checks the classes
         again, driver.load_implementations). Without a vendor (`flagperf validate` on a case's defaults) the
@@ -313,20 +316,38 @@ class OperationConfig(CaseConfig):
             names = self.implementations if self.implementations is not None else implementation_names(vendor)
             manifests = checked_implementations(vendor, names, given)
             readers = {name for name, m in manifests.items() if INDUCTOR_MODE in m.options}
-        elif self.implementations is not None and self.inductor_mode != "default":
+        elif self.implementations is not None:
             names = self.implementations
-            declared = [declared_options(v, IMPLEMENTATIONS_FOLDER) for v in available_vendors()]
+            # each folder named, checked as the plan checks it: a broken engine.yaml is that file's error (its key),
+            # never taken as a manifest without options and blamed on the case's inductor_mode
+            # a vendor not installed here is judged by its own folder alone, never by another vendor's of the name
+            roots = ([engine_folders(v, IMPLEMENTATIONS_FOLDER) for v in available_vendors()] if engine_roots is None
+                     else [{m.parent.name: m.parent for m in sorted((root / IMPLEMENTATIONS_FOLDER).glob(
+                         f"*/{ENGINE_MANIFEST}"))} for root in engine_roots])
+            declared = [{name: checked_engine_manifest(folders[name], ImplementationManifest)
+                         for name in names if name in folders} for folders in roots]
             if not all(any(name in found for found in declared) for name in names):
-                return  # one of them is no installed vendor's: whether it reads the mode is known with the vendor
-            readers = {name for found in declared for name in names if INDUCTOR_MODE in found.get(name, set())}
+                return  # one of them is in no folder read here: whether it reads the mode is known with the vendor
+            readers = {name for found in declared for name, m in found.items() if INDUCTOR_MODE in m.options}
         else:
             return
         if self.inductor_mode != "default" and not readers:
-            raise ConfigError(origins.get(INDUCTOR_MODE, source), INDUCTOR_MODE,
+            compared = f"{', '.join(names) or 'none'}{f' of vendor {vendor}' if vendor else ''}"
+            order = list(origins)  # in the order the layers set them (resolve_case_config)
+            chosen, mode = origins.get("implementations"), origins.get(INDUCTOR_MODE)
+            if chosen is not None and chosen != mode and (mode is None or order.index("implementations")
+                                                          > order.index(INDUCTOR_MODE)):
+                # the implementations were chosen after the mode (a vendor's file, --set): that choice is the change
+                raise ConfigError(chosen, "implementations",
+                                  f"none of {compared} reads {INDUCTOR_MODE}: {self.inductor_mode} (from "
+                                  f"{mode or source}; their engine.yaml lists no {INDUCTOR_MODE} under options): the "
+                                  "mode would change nothing (list one that compiles, such as compile, or set "
+                                  "inductor_mode: default)")
+            raise ConfigError(mode or source, INDUCTOR_MODE,
                               f"{self.inductor_mode} is torch.compile's mode, and none of the implementations "
-                              f"compared ({', '.join(names) or 'none'}{f' of vendor {vendor}' if vendor else ''}) "
-                              f"reads it (their engine.yaml lists no {INDUCTOR_MODE} under options): it would change "
-                              "nothing (set inductor_mode: default, or list one that compiles, such as compile)")
+                              f"compared ({compared}) reads it (their engine.yaml lists no {INDUCTOR_MODE} under "
+                              "options): it would change nothing (set inductor_mode: default, or list one that "
+                              "compiles, such as compile)")
 
 
 def plan_points(config: OperationConfig) -> list[PlannedPoint]:

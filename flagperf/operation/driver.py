@@ -64,7 +64,15 @@ from flagperf.operation.timer import (
     time_iterations,
 )
 from flagperf.results.metrics import coefficient_of_variation
-from flagperf.results.schema import NO_SAMPLE_SEPARATOR, Metric, OperationReport, OperatorPoint, Peak, SpecTable
+from flagperf.results.schema import (
+    HOST_FAILED,
+    NO_SAMPLE_SEPARATOR,
+    Metric,
+    OperationReport,
+    OperatorPoint,
+    Peak,
+    SpecTable,
+)
 
 Config = OperationConfig
 SCALE = {"TFLOPS": 1e12, "GB/s": 1e9}
@@ -80,7 +88,6 @@ class OperationOutcome:
     failure: str | None = None  # nothing passed: why
 
 
-HOST_FAILED = "the host could not compute it"  # a host sample that failed (memory, a dtype), in the headline's words
 
 
 @dataclass(frozen=True)
@@ -114,8 +121,13 @@ def load_implementations(config: OperationConfig, vendor: str, device: torch.dev
         if cls.reads_inductor_mode != (INDUCTOR_MODE in definition.manifest.options):
             # the plan read the manifest, the host the class: where they differ, the plan's check meant nothing
             listed = "does not list" if cls.reads_inductor_mode else "lists"
-            raise CaseUserError(f"{definition.source}: options: {listed} {INDUCTOR_MODE}, and its class sets "
-                                f"reads_inductor_mode = {cls.reads_inductor_mode}: make the two agree")
+            disagreement = (f"{definition.source}: options: {listed} {INDUCTOR_MODE}, and its class sets "
+                            f"reads_inductor_mode = {cls.reads_inductor_mode}: make the two agree")
+            if config.inductor_mode != "default":
+                raise CaseUserError(disagreement)
+            # in the default mode the plan's check has nothing to refuse: an implementation written before
+            # engine.yaml declared options still runs, told once what to fix
+            log.warning("%s", disagreement)
         found.ready[name] = cls(env)
         found.described[name] = f"{found.ready[name].describe()} ({definition.source})"
     if not found.ready:

@@ -34,8 +34,9 @@ def _takes(fn: Callable[..., Any], names: Iterable[str]) -> bool:
 
 
 def _cross_entropy(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """FlagGems' loss with the native call's options (ignore_index), where its signature takes them: the same
-    mean over the targets not ignored as the native call and the host's reference."""
+    """FlagGems' loss with the native call's options (reduction, ignore_index, label_smoothing: each given, not left
+    to FlagGems' defaults), where its signature takes them: the same mean over the targets not ignored as the native
+    call and the host's reference."""
     if not _takes(fn, CROSS_ENTROPY_KWARGS):
         return fn
     return lambda logits, target: fn(logits, target, **CROSS_ENTROPY_KWARGS)

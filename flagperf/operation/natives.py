@@ -102,9 +102,12 @@ def native_cat(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.cat((a, b), dim=0)
 
 
-# cross_entropy's options, one dict for the native call and the host's streamed float64 mean (sampled.py): its
-# denominator is the count of targets not ignored, as the mean's is.
-CROSS_ENTROPY_KWARGS: dict[str, int] = {"ignore_index": -100}
+# cross_entropy's options, one dict for the native call, FlagGems' (flaggems.py) and the host's streamed float64 mean
+# (sampled.py, which sums each block): its denominator is the count of targets not ignored, as the mean's is. Each is
+# given, defaults included, so that a library changing a default cannot change what is measured; the names are
+# those of torch's F.cross_entropy and FlagGems' cross_entropy_loss alike.
+CROSS_ENTROPY_KWARGS: dict[str, int | float | str] = {"reduction": "mean", "ignore_index": -100,
+                                                      "label_smoothing": 0.0}
 
 
 def native_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

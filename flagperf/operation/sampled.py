@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from flagperf.operation import natives
 from flagperf.operation.check import REFERENCE_CPU, Reference, as_list, compute_reference
 from flagperf.operation.operators import FP8, Operator, reference_for
-from flagperf.results.schema import NO_SAMPLE_SEPARATOR
+from flagperf.results.schema import NO_SAMPLE_SEPARATOR, NONE_DEFINED, ROW_OVER_HOST_COPY, TOO_MANY_LOGITS
 
 ROWS = 16  # sampled rows (or batches x heads x rows): the first, the last and others drawn with the seed
 WINDOW = 16  # sampled columns come in windows of contiguous ones: the first, the last and two drawn
@@ -237,7 +237,7 @@ def _sample(op: Operator, dtype: str, inputs: list[torch.Tensor], gen: torch.Gen
             return mean
 
         return [], streamed, [{}], [()], {}
-    raise NoSample(f"none defined for {name}", f"no host sample is defined for {name}")
+    raise NoSample(f"{NONE_DEFINED}{name}", f"no host sample is defined for {name}")
 
 
 def _block_rows(rows: int, vocab: int) -> int:
@@ -246,11 +246,11 @@ def _block_rows(rows: int, vocab: int) -> int:
     why = (f"cross_entropy's output is one mean over all {rows} rows, which depends on every one of its "
            f"{rows * vocab} logits (a sample of rows would check no part of it), and ")
     if rows * vocab > STREAM_MAX_ELEMENTS:
-        raise NoSample("too many logits for the host's float64 pass",
+        raise NoSample(TOO_MANY_LOGITS,
                        f"{why}those are over the {STREAM_MAX_ELEMENTS} the host computes in float64 block by block "
                        "(the point's reference is the device's own kernels alone)")
     if vocab > MAX_ELEMENTS:
-        raise NoSample("one row of logits over a host copy",
+        raise NoSample(ROW_OVER_HOST_COPY,
                        f"{why}one row of them ({vocab}) is over the {MAX_ELEMENTS} logits of one host copy, the "
                        "blocks being whole rows (the point's reference is the device's own kernels alone)")
     return max(1, MAX_ELEMENTS // vocab)
@@ -263,14 +263,14 @@ def _streamed_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch
     the count of its targets not ignored, with the native call's options (natives.CROSS_ENTROPY_KWARGS)."""
     rows, vocab = logits.shape
     block = _block_rows(rows, vocab)
-    ignore_index = natives.CROSS_ENTROPY_KWARGS["ignore_index"]
+    ignore_index = int(natives.CROSS_ENTROPY_KWARGS["ignore_index"])
+    by_block = {**natives.CROSS_ENTROPY_KWARGS, "reduction": "sum"}  # each block's sum; the mean is taken below
     total = torch.zeros((), dtype=torch.float64)
     counted = 0
     for start in range(0, rows, block):
         length = min(block, rows - start)
         targets = host(target.narrow(0, start, length), {})
-        total += F.cross_entropy(host(logits.narrow(0, start, length), {}), targets, reduction="sum",
-                                 **natives.CROSS_ENTROPY_KWARGS)
+        total += F.cross_entropy(host(logits.narrow(0, start, length), {}), targets, **by_block)
         counted += int((targets != ignore_index).sum())
     return total / counted  # no target counted: NaN, as the native mean
 

@@ -26,7 +26,16 @@ import pandas as pd
 from flagperf.results.markup import md_text, number, percent
 from flagperf.results.metrics import coefficient_of_variation
 from flagperf.results.plotting import save_png
-from flagperf.results.schema import NO_SAMPLE_SEPARATOR, RESULT_FILE, UPPER_ESTIMATE, RoundResult, read_result
+from flagperf.results.schema import (
+    NO_SAMPLE_SEPARATOR,
+    RESULT_FILE,
+    ROW_OVER_HOST_COPY,
+    TOO_MANY_LOGITS,
+    UPPER_ESTIMATE,
+    RoundResult,
+    is_no_sample_reason,
+    read_result,
+)
 
 FAMILY = "operation"
 BASELINE = "native"
@@ -300,10 +309,19 @@ def checked_counts(points: Iterable[PointFigures]) -> dict[str, int]:
 def no_sample_reason(why: str) -> str:
     """Why a point has no host sample, in a few words the same for every shape (the part of its reference_sample
     before NO_SAMPLE_SEPARATOR): what the operator's headline counts, its footnote's first words. A record from
-    before it had that part says its reason with the shape's sizes: its first clause, the numbers as N."""
-    if NO_SAMPLE_SEPARATOR in why:
-        return why.split(NO_SAMPLE_SEPARATOR, 1)[0]
-    return re.sub(r"\d+(\.\d+)?", "N", why.split(", ")[0])
+    before it had that part says its reason with the shape's sizes: the short reason its words name, else its first
+    clause; the numbers as N either way. The new form is known by its reason, not by the separator alone: an older
+    reason may hold "; " itself (a CUDA out-of-memory text's "(GPU 0; 11.17 GiB ...")."""
+    reason, separator, _ = why.partition(NO_SAMPLE_SEPARATOR)
+    if not (separator and is_no_sample_reason(reason)):
+        # cross_entropy's two older texts share their first clause: their own words tell them apart
+        reason = next((short for words, short in OLDER_REASONS if words in why), why.split(", ")[0])
+    return NUMBER.sub("N", reason)
+
+
+# An older record's cross_entropy text (before the short reasons) -> its short reason, by its distinguishing words
+OLDER_REASONS = (("those are over the", TOO_MANY_LOGITS), ("one row of them", ROW_OVER_HOST_COPY))
+NUMBER = re.compile(r"(?<![\w.])\d+(\.\d+)?")  # a size, not a word's digits (fp8, float64)
 
 
 def no_sample_counts(points: Iterable[PointFigures]) -> dict[str, dict[str, int]]:

@@ -265,6 +265,16 @@ class InferenceReport(_Model):
 # A point's reference_sample without a host sample: "none: <reason>; <why>", the reason a few words the same for
 # every shape (what an operator's headline counts: flagperf.results.operators.no_sample_reason), why in full.
 NO_SAMPLE_SEPARATOR = "; "
+# The reasons a point has no host sample, in those few words (the reason part is one of them, nothing else):
+HOST_FAILED = "the host could not compute it"  # a host sample that failed (memory, a dtype)
+TOO_MANY_LOGITS = "too many logits for the host's float64 pass"  # cross_entropy past the streamed pass
+ROW_OVER_HOST_COPY = "one row of logits over a host copy"  # cross_entropy whose one row is over a host copy
+NONE_DEFINED = "none defined for "  # + the operator's name: an operator without a host sample
+
+
+def is_no_sample_reason(text: str) -> bool:
+    """Whether ``text`` is one of the short reasons above (and not the start of an older record's full text)."""
+    return text in (HOST_FAILED, TOO_MANY_LOGITS, ROW_OVER_HOST_COPY) or text.startswith(NONE_DEFINED)
 
 
 class OperatorPoint(_Model):

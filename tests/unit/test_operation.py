@@ -174,9 +174,10 @@ def test_flaggems_cross_entropy_gets_the_native_calls_options_where_it_takes_the
     adapt = DIRECT["cross_entropy"][2]
     calls: list[dict[str, Any]] = []
 
-    def gems_like(input: Any, target: Any, weight: Any = None, reduction: str = "mean", ignore_index: int = 7,
-                  label_smoothing: float = 0.0) -> str:  # a default other than the native call's: passed or not
-        calls.append({"ignore_index": ignore_index})
+    # FlagGems 5.0.2's signature, every default other than the native call's: each option is passed, none left to it
+    def gems_like(inp: Any, target: Any, weight: Any = None, reduction: str = "sum", ignore_index: int = 7,
+                  label_smoothing: float = 0.1) -> str:
+        calls.append({"reduction": reduction, "ignore_index": ignore_index, "label_smoothing": label_smoothing})
         return "loss"
 
     def with_kwargs(input: Any, target: Any, **kwargs: Any) -> str:
@@ -189,6 +190,12 @@ def test_flaggems_cross_entropy_gets_the_native_calls_options_where_it_takes_the
 
     assert [adapt(fn)("logits", "target") for fn in (gems_like, with_kwargs, bare)] == ["loss"] * 3
     assert calls == [CROSS_ENTROPY_KWARGS, CROSS_ENTROPY_KWARGS, {}]
+    assert CROSS_ENTROPY_KWARGS == {"reduction": "mean", "ignore_index": -100, "label_smoothing": 0.0}
+    import inspect
+
+    import torch.nn.functional as F
+
+    assert set(CROSS_ENTROPY_KWARGS) <= set(inspect.signature(F.cross_entropy).parameters)  # torch's names too
 
 
 def test_fp8_on_this_cpu_is_skipped_with_the_spec_tables_reason(cpu_spec: SpecTable) -> None:

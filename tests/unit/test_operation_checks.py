@@ -233,7 +233,10 @@ def test_each_point_in_the_report_says_what_it_was_checked_against(tmp_path: Pat
                              implementation=impl, status=status, reference=reference,
                              reference_sample=reference_sample, latency_s=1e-3, value=1.0, unit="GB/s")
 
-    why = "cross_entropy's output is one mean over all 8 rows"
+    # a record from before the short reasons: cross_entropy's full text, its sizes in it
+    why = ("cross_entropy's output is one mean over all 8 rows, which depends on every one of its 1026048 logits (a "
+           "sample of rows would check no part of it), and those are over the 4294967296 the host computes in float64 "
+           "block by block (the point's reference is the device's own kernels alone)")
     points = [point("mm", 1, "native", "float64 on cpu", None), point("mm", 1, "fast", "float64 on cpu", None),
               point("mm", 2, "native", "float32 on cuda", sample), point("mm", 2, "fast", "float32 on cuda", sample,
                                                                          "failed"),
@@ -258,7 +261,7 @@ def test_each_point_in_the_report_says_what_it_was_checked_against(tmp_path: Pat
     assert operator_cells(entries["mm"], plain)[column] == ("float64 on cpu, whole output: 2; float32 on cuda + "
                                                             "float64 host sample: 2")
     assert operator_cells(entries["cross_entropy"], plain)[column] == (  # a record from before the reason's words
-        "float32 on cuda only, no host sample: 1 (cross_entropy's output is one mean over all N rows: 1)")
+        "float32 on cuda only, no host sample: 1 (too many logits for the host's float64 pass: 1)")
     assert operator_cells({**entries["mm"], "checked": None})[column] == "-"  # a summary.json from before
     kept = {(p["shape"], p["implementation"]): p for p in entries["mm"]["points"]}
     assert kept[("M2", "fast")]["reference"] == "float32 on cuda" and kept[("M2", "fast")]["reference_sample"] == \
@@ -395,9 +398,20 @@ def test_the_headline_counts_why_points_have_no_host_sample_in_the_same_words_ev
     assert entry["no_sample"] == {"float32 on cuda only, no host sample": {many: 4, driver.HOST_FAILED: 2}}
     # the footnotes keep each shape's full reason, its first words the headline's
     assert f"- [1] no float64 host sample: {full(4096).removeprefix('none: ')}" in report.replace("\\", ""), report
-    # a record from before the reason had its own part: its first clause, the sizes as N (one count, not one a shape)
-    assert no_sample_reason("cross_entropy's output is one mean over all 4096 rows, which depends on every one of "
-                            "its 525336576 logits") == "cross_entropy's output is one mean over all N rows"
+    # a record from before the reason had its own part: the short reason its words name, else its first clause, the
+    # sizes as N (one count, not one a shape); "; " inside an older text is no short reason
+    preamble = ("cross_entropy's output is one mean over all 4096 rows, which depends on every one of its 525336576 "
+                "logits (a sample of rows would check no part of it), and ")
+    assert no_sample_reason(f"{preamble}those are over the 4294967296 the host computes in float64 block by block "
+                            "(the point's reference is the device's own kernels alone)") == many
+    assert no_sample_reason(f"{preamble}one row of them (300000) is over the 268435456 logits of one host copy, the "
+                            "blocks being whole rows (the point's reference is the device's own kernels alone)") \
+        == "one row of logits over a host copy"
+    assert no_sample_reason("CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 11.17 GiB total capacity; "
+                            "10.53 GiB already allocated)") == ("CUDA out of memory. Tried to allocate N MiB (GPU N; "
+                                                                "N GiB total capacity; N GiB already allocated)")
+    assert no_sample_reason("none defined for fp8_gemm; no host sample is defined for fp8_gemm") == \
+        "none defined for fp8_gemm"
 
 
 def test_the_sample_of_a_huge_dimension_is_drawn_without_a_permutation_of_it(monkeypatch: pytest.MonkeyPatch
@@ -1050,7 +1064,7 @@ def test_inductor_mode_is_the_cases_choice_checked_in_one_line_and_recorded(monk
 
 
 def test_a_mode_no_compared_implementation_reads_is_refused_by_the_plan_and_validate(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """A non-default inductor_mode with no implementation that reads it was refused only once the implementations
     loaded on the host (their classes' reads_inductor_mode), after the plan had sent the round. Each implementation
     folder's engine.yaml declares the keys it reads (options: [inductor_mode]), read without importing it: the plan
@@ -1087,19 +1101,84 @@ def test_a_mode_no_compared_implementation_reads_is_refused_by_the_plan_and_vali
                "none of the implementations compared ({}) reads it (their engine.yaml lists no inductor_mode under "
                "options): it would change nothing (set inductor_mode: default, or list one that compiles, such as "
                "compile)")
-    # the defaults (native, in every vendor installed), then nvidia's flaggems; cpu's choice has compile
+    # the defaults (native, in every vendor installed), then nvidia's flaggems, chosen after the mode: nvidia.yaml's
+    # implementations are named, not the case's mode; cpu's choice has compile
     assert done.exit_code != 0 and [line for line in done.output.splitlines() if line.startswith("error")] == [
-        refusal.format("native"), refusal.format("flaggems of vendor nvidia")], done.output
+        refusal.format("native"),
+        f"error {shown}/vendor/nvidia.yaml: implementations: none of flaggems of vendor nvidia reads inductor_mode: "
+        f"max-autotune (from {shown}/case.yaml; their engine.yaml lists no inductor_mode under options): the mode "
+        "would change nothing (list one that compiles, such as compile, or set inductor_mode: default)"], done.output
+    # the key set last is named: --set implementations after the case's mode, the mode's own --set after a choice
+    own = tmp_path / "cases" / "operation" / "op-gemm-compiled"
+    own.mkdir(parents=True)
+    (own / "case.yaml").write_text(text.replace("name: op-gemm", "name: op-gemm-compiled", 1)
+                                   .replace("  inductor_mode: default", "  inductor_mode: max-autotune"))
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(own.parent.parent))
+    for sets, key in ((["implementations=[native]"], "implementations"),
+                      (["inductor_mode=max-autotune", "implementations=[native]"], "inductor_mode")):
+        with pytest.raises(ConfigError) as refused:
+            plan_run(cases=["op-gemm-compiled"], vendor="cpu", results_dir="/nonexistent-results", sets=sets)
+        assert str(refused.value).startswith(f"--set: {key}: "), str(refused.value)
     assert f"ok    {shown}/vendor/cpu.yaml" in done.output, done.output
+
+    # a vendor not installed here (acme) is judged by no installed vendor's folder of the same name: its native
+    # may compile; what its folder declares is known with the vendor
+    (case / "case.yaml").write_text(text.replace("  inductor_mode: default", "  inductor_mode: max-autotune"))
+    for name in ("cpu", "nvidia"):
+        (case / "vendor" / f"{name}.yaml").unlink()
+    (case / "vendor" / "acme.yaml").write_text("implementations: [native]\n")
+    done = CliRunner().invoke(app, ["validate", str(case / "case.yaml")])
+    assert done.exit_code == 0 and "vendor acme is not installed here" in done.output, done.output
 
     # the host's backstop: a class that disagrees with its folder's declaration is refused where it loads
     from flagperf.operation.compiled import Implementation as Compiled
 
     monkeypatch.setattr(Compiled, "reads_inductor_mode", False)
+    disagreement = ("vendor_images/cpu/operation/compile/engine.yaml: options: lists inductor_mode, and its class "
+                    "sets reads_inductor_mode = False: make the two agree")
     with pytest.raises(CaseUserError) as disagrees:
-        load_implementations(config(implementations=["compile"]), "cpu", CPU)
-    assert str(disagrees.value) == ("vendor_images/cpu/operation/compile/engine.yaml: options: lists inductor_mode, "
-                                    "and its class sets reads_inductor_mode = False: make the two agree")
+        load_implementations(config(inductor_mode="max-autotune", implementations=["compile"]), "cpu", CPU)
+    assert str(disagrees.value) == disagreement
+    # in the default mode nothing depends on it: an implementation written to the old docs still runs, told once
+    with caplog.at_level(logging.WARNING, logger=driver.log.name):
+        loaded = load_implementations(config(implementations=["compile"]), "cpu", CPU)
+    assert list(loaded.ready) == ["compile"]
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [disagreement]
+
+
+def test_validate_without_a_vendor_checks_each_named_manifest_and_blames_it_not_the_case(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`flagperf validate case.yaml` (no vendor) read an implementation's options leniently: a string, [42] or null
+    was taken as no options and the case's inductor_mode blamed; an unknown key or an option no implementation
+    may list passed. Each folder named is now checked as the plan checks it: one line naming its engine.yaml."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    acme = tmp_path / "vendors" / "acme"
+    acme.mkdir(parents=True)
+    (acme / "vendor.yaml").write_text((ROOT / "vendor_images" / "cpu" / "vendor.yaml").read_text(encoding="utf-8")
+                                      .replace("name: cpu", "name: acme", 1))
+    monkeypatch.setenv("FLAGPERF_VENDOR_PATH", str(acme.parent))
+    case = tmp_path / "operation" / "op-gemm"
+    case.mkdir(parents=True)
+    text = (ROOT / "cases" / "operation" / "op-gemm" / "case.yaml").read_text(encoding="utf-8")
+    (case / "case.yaml").write_text(text.replace("  inductor_mode: default", "  inductor_mode: max-autotune")
+                                    .replace("  implementations: null", "  implementations: [comp]"))
+    folder = acme / "operation" / "comp"
+    folder.mkdir(parents=True)
+    base = "name: comp\ndescription: compiled\nmodule: flagperf.operation.compiled\n"
+    for extra, key in (("options: inductor_mode\n", "options"), ("options: [42]\n", "options"),
+                       ("options: null\n", "options"), ("options: [inductor_mode]\nspeed: 3\n", "speed"),
+                       ("options: [inductor_mode, cuda_graphs]\n", "options")):
+        (folder / "engine.yaml").write_text(base + extra)
+        done = CliRunner().invoke(app, ["validate", str(case / "case.yaml")])
+        errors = [line for line in done.output.splitlines() if line.startswith("error")]
+        assert done.exit_code != 0 and len(errors) == 1 \
+            and errors[0].startswith(f"error {display_path(folder / 'engine.yaml')}: {key}"), (extra, done.output)
+    (folder / "engine.yaml").write_text(base + "options: [inductor_mode]\n")
+    done = CliRunner().invoke(app, ["validate", str(case / "case.yaml")])
+    assert done.exit_code == 0, done.output
 
 
 def test_every_shipped_implementations_declaration_matches_its_class() -> None:
