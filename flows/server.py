@@ -136,10 +136,11 @@ def server_names(host: str, public_urls: list[str | None], extra: list[str] | tu
 def rereads_names(host: str) -> Callable[[], list[str]] | None:
     """What the server and the site listening on ``host`` read their names from again where a request's Host is
     not one of them (flagperf.site.front.HostCheck): on a wildcard ``host``, this machine's names and addresses as
-    they are then (a new interface, an address DHCP changed); elsewhere nothing (the names are the options')."""
-    from flagperf.site.front import machine_names
+    they are then (a new interface, an address DHCP changed); elsewhere nothing (the names are the options').
+    Addresses only: names from DNS are read at start (server_names), never on a request (its event loop waits)."""
+    from flagperf.site.front import interface_addresses
 
-    return machine_names if host in WILDCARDS else None
+    return interface_addresses if host in WILDCARDS else None
 
 
 def own_origins(names: list[str], port: int, public_urls: list[str | None]) -> list[str]:

@@ -22,19 +22,19 @@ import socket
 import sys
 
 from flagperf.site import served
-from flagperf.site.front import FRAME_HEADERS, ASGIApp, Front, machine_names
+from flagperf.site.front import FRAME_HEADERS, ASGIApp, Front, interface_addresses
 
 
 def create_app(names: list[str], origins: list[str], reread_names: bool = False) -> ASGIApp:
     """Prefect's app (create_app, final, with its services and UI, as `prefect server start` makes it) in Front.
     ``origins``: given by serve itself, not read back from Prefect's settings (whose alias an operator's
-    environment could set to "*"). ``reread_names``: a Host that misses has this machine's names and addresses
-    read again (a server on every interface: an address it got since it started is its own)."""
+    environment could set to "*"). ``reread_names``: a Host that misses has the addresses of this machine's
+    interfaces read again (a server on every interface: an address it got since it started is its own; no DNS)."""
     import prefect.settings
     from prefect.server.api.server import create_app as prefect_app
 
     signed_in = prefect.settings.PREFECT_SERVER_API_AUTH_STRING.value() is not None
-    return Front(prefect_app(final=True), names, signed_in, origins, machine_names if reread_names else None)
+    return Front(prefect_app(final=True), names, signed_in, origins, interface_addresses if reread_names else None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,8 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--origin", action="append", default=[], help="a page's origin allowed to change things and "
                                                                       "open websockets (never '*')")
     parser.add_argument("--reread-names", action="store_true",
-                        help="a Host that is none of the names has this machine's names and addresses read again "
-                             "(at most every few seconds) before it is refused: for a server on every interface")
+                        help="a Host that is none of the names has the addresses of this machine's interfaces "
+                             "read again (at most every few seconds, no DNS) before it is refused: for a server on "
+                             "every interface")
     args = parser.parse_args(argv)
     if "*" in (origin.strip() for origin in args.origin):
         parser.error("--origin '*' would let a page of any site use the API and its websockets")

@@ -56,21 +56,28 @@ def bracketed(name: str) -> str:
     return f"[{name}]" if ":" in name else name
 
 
-def machine_names() -> list[str]:
-    """This machine's names and the addresses of its interfaces, as they are now (an address DHCP changed, an
-    interface added since the server started), as Host headers name them."""
+def interface_addresses() -> list[str]:
+    """The addresses of this machine's interfaces as they are now (an address DHCP changed, an interface added since
+    the server started), as Host headers name them: what a Host that misses has read again (HostCheck's reread).
+    No DNS: a lookup on a slow resolver would stall the server's event loop, at any stranger's request."""
     import psutil
 
-    names = {socket.getfqdn(), socket.gethostname()}
-    names.update(str(a.address).split("%")[0] for addresses in psutil.net_if_addrs().values()
-                 for a in addresses if a.family in (socket.AF_INET, socket.AF_INET6))
-    return sorted(bracketed(name).lower() for name in names if name)
+    return sorted({bracketed(str(a.address).split("%")[0]).lower()
+                   for addresses in psutil.net_if_addrs().values()
+                   for a in addresses if a.family in (socket.AF_INET, socket.AF_INET6)})
+
+
+def machine_names() -> list[str]:
+    """This machine's names (its host name and the one DNS gives for it) and the addresses of its interfaces, as
+    Host headers name them: read once, at start (a DNS lookup may take seconds)."""
+    names = {socket.getfqdn(), socket.gethostname()} - {""}
+    return sorted({*(bracketed(name).lower() for name in names), *interface_addresses()})
 
 
 class HostCheck:
     """Whether a request's Host header is one of ``names`` (host names or addresses, an IPv6 one in brackets, any
     port), decided by Starlette's TrustedHostMiddleware (its parsing of the header, its matching). ``reread``
-    (machine_names, for a server on every interface): where a Host is not one of them, the names it gives are
+    (interface_addresses, for a server on every interface): where a Host is not one of them, the names it gives are
     added (read again at most every ``every_s`` seconds of ``clock``) before the Host is refused: an address the
     machine got since the server started is its own."""
 

@@ -979,14 +979,14 @@ def test_a_page_of_an_address_the_server_got_since_it_started_may_change_things(
     site's still is not, with that Host too."""
     import asyncio
 
-    from flagperf.site.front import Front, machine_names
+    from flagperf.site.front import Front, interface_addresses
     from flows import team_app
     from flows.server import rereads_names
 
     assert rereads_names("127.0.0.1") is None and rereads_names("10.1.2.3") is None
-    assert rereads_names("0.0.0.0") is machine_names and rereads_names("::") is machine_names
+    assert rereads_names("0.0.0.0") is interface_addresses and rereads_names("::") is interface_addresses
     # serve passes --reread-names to the Prefect server's launcher on a wildcard --host
-    assert team_app.create_app(["lab"], [], reread_names=True).hosts.reread is machine_names  # type: ignore[attr-defined]
+    assert team_app.create_app(["lab"], [], reread_names=True).hosts.reread is interface_addresses  # type: ignore[attr-defined]
 
     async def app(scope: dict, receive: object, send: object) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
@@ -1013,6 +1013,35 @@ def test_a_page_of_an_address_the_server_got_since_it_started_may_change_things(
     assert status(b"10.9.8.7:4200", b"http://evil.example") == 403
     assert status(b"10.9.8.7:4200", b"http://10.9.8.7:4300") == 403  # another port: another origin
     assert status(b"10.9.8.7:4200", b"http://evil.example", "websocket") == 1008
+
+
+def test_a_host_that_misses_has_addresses_read_again_without_any_dns_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Host that is none of the names had machine_names read again, socket.getfqdn included: a DNS lookup inside
+    the server's event loop, at any stranger's request (once per 10 s), stalling every client on a slow resolver,
+    and whatever reverse DNS said then added to the names. Now a miss reads the interfaces' addresses only (names
+    from DNS are read at start), for the Prefect server's front and the results site alike."""
+    import asyncio
+    import socket
+
+    from flagperf.site.front import HostCheck
+    from flows.server import rereads_names
+
+    looked_up: list[str] = []
+
+    def lookup(name: str) -> object:
+        def refused(*args: object, **kwargs: object) -> None:
+            looked_up.append(name)
+            raise OSError(f"{name}: no DNS on a request")
+        return refused
+
+    for name in ("getfqdn", "gethostbyaddr", "gethostbyname", "gethostbyname_ex", "getaddrinfo", "getnameinfo"):
+        monkeypatch.setattr(socket, name, lookup(name))
+    reread = rereads_names("0.0.0.0")
+    assert reread is not None and "127.0.0.1" in reread()
+    hosts = HostCheck(["lab"], reread)
+    scope = {"type": "http", "headers": [(b"host", b"127.0.0.1:4200")]}
+    assert asyncio.run(hosts.refused(scope)) is None  # loopback's address, read again on the miss
+    assert looked_up == []
 
 
 def test_the_temporary_server_of_a_run_listens_on_loopback_only() -> None:
