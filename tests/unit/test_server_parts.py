@@ -989,13 +989,16 @@ def test_a_page_of_an_address_the_server_got_since_it_started_may_change_things(
     assert team_app.create_app(["lab"], [], reread_names=True).hosts.reread is interface_addresses  # type: ignore[attr-defined]
 
     async def app(scope: dict, receive: object, send: object) -> None:
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.accept"})  # type: ignore[operator]
+            return
         await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
         await send({"type": "http.response.body", "body": b""})  # type: ignore[operator]
 
     front = Front(app, ["127.0.0.1"], signed_in=False, origins=["http://127.0.0.1:4200"],
                   reread=lambda: ["10.9.8.7"])
 
-    def status(host: bytes, origin: bytes, kind: str = "http") -> int:
+    def status(host: bytes, origin: bytes, kind: str = "http", to: Front = front, scheme: str = "http") -> object:
         said: list[dict] = []
 
         async def send(message: dict) -> None:
@@ -1004,15 +1007,61 @@ def test_a_page_of_an_address_the_server_got_since_it_started_may_change_things(
         async def receive() -> dict:
             return {"type": "http.request", "body": b""}
 
-        scope = {"type": kind, "method": "POST", "scheme": "ws" if kind == "websocket" else "http",
+        scope = {"type": kind, "method": "POST", "scheme": {"http": "ws", "https": "wss"}[scheme]
+                 if kind == "websocket" else scheme, "server": ("10.9.8.7", 4200),
                  "path": "/api/flows/filter", "headers": [(b"host", host), (b"origin", origin)]}
-        asyncio.run(front(scope, receive, send))
-        return said[0].get("status", said[0].get("code", 0))
+        asyncio.run(to(scope, receive, send))
+        return said[0].get("status", said[0].get("code", said[0]["type"]))
 
     assert status(b"10.9.8.7:4200", b"http://10.9.8.7:4200") == 200
+    assert status(b"10.9.8.7:4200", b"http://10.9.8.7:4200", "websocket") == "websocket.accept"
     assert status(b"10.9.8.7:4200", b"http://evil.example") == 403
     assert status(b"10.9.8.7:4200", b"http://10.9.8.7:4300") == 403  # another port: another origin
     assert status(b"10.9.8.7:4200", b"http://evil.example", "websocket") == 1008
+    # the re-read address, but not on the port the server listens on (a proxy there: its page is no page of ours)
+    assert status(b"10.9.8.7:8080", b"http://10.9.8.7:8080") == 403
+    assert status(b"10.9.8.7", b"http://10.9.8.7", "websocket") == 1008
+
+
+def test_a_page_at_http_alias_is_not_the_server_s_where_its_public_url_is_https() -> None:
+    """The request's own origin (the scheme uvicorn saw and its Host) counted as the server's for any Host: behind
+    a TLS proxy that uvicorn does not trust for X-Forwarded-Proto, uvicorn sees http, so a page at http://alias (or
+    http://alias:8080) could change things and open websockets where only https://alias, the configured public
+    URL, may. Now the own origin holds only for an address read again since the start, on the server's port."""
+    import asyncio
+
+    from flagperf.site.front import Front
+
+    async def app(scope: dict, receive: object, send: object) -> None:
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.accept"})  # type: ignore[operator]
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
+        await send({"type": "http.response.body", "body": b""})  # type: ignore[operator]
+
+    front = Front(app, ["127.0.0.1", "alias"], signed_in=False, origins=["https://alias", "http://127.0.0.1:4200"])
+
+    def said(kind: str, host: bytes, origin: bytes) -> object:
+        messages: list[dict] = []
+
+        async def send(message: dict) -> None:
+            messages.append(message)
+
+        async def receive() -> dict:
+            return {"type": "http.request", "body": b""}
+
+        scope = {"type": kind, "method": "POST", "scheme": "ws" if kind == "websocket" else "http",
+                 "server": ("127.0.0.1", 4200), "path": "/api/flows/filter",
+                 "headers": [(b"host", host), (b"origin", origin)]}
+        asyncio.run(front(scope, receive, send))
+        return messages[0].get("status", messages[0].get("code", messages[0]["type"]))
+
+    for host, origin in ((b"alias", b"http://alias"), (b"alias:8080", b"http://alias:8080"),
+                         (b"alias:4200", b"http://alias:4200")):
+        assert said("websocket", host, origin) == 1008, origin
+        assert said("http", host, origin) == 403, origin
+    assert said("websocket", b"alias", b"https://alias") == "websocket.accept"
+    assert said("http", b"alias", b"https://alias") == 200
 
 
 def test_a_host_that_misses_has_addresses_read_again_without_any_dns_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
