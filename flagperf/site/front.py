@@ -38,6 +38,12 @@ SAFE_METHODS = ("GET", "HEAD", "OPTIONS")  # OPTIONS: a CORS preflight, which th
 REREAD_EVERY_S = 10.0
 
 
+def missing(have: Any, headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The ``headers`` whose name is not among ``have``'s (pairs of names and values, bytes or text)."""
+    named = {(name.encode("latin-1") if isinstance(name, str) else bytes(name)).lower() for name, _ in have}
+    return [(name, value) for name, value in headers if name.lower() not in named]
+
+
 async def _passed(scope: Scope, receive: Receive, send: Send) -> None:
     scope["flagperf.host_ok"] = True
 
@@ -231,8 +237,9 @@ class Front:
             return
 
         async def with_headers(message: Any) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *FRAME_HEADERS]
+            if message["type"] == "http.response.start":  # only those the answer lacks: none named twice
+                have = list(message.get("headers", []))
+                message["headers"] = [*have, *missing(have, FRAME_HEADERS)]
             await send(message)
 
         if refused is not None:

@@ -1023,6 +1023,34 @@ def test_a_page_of_an_address_the_server_got_since_it_started_may_change_things(
     assert status(b"10.9.8.7", b"http://10.9.8.7", "websocket") == 1008
 
 
+def test_the_front_adds_only_the_frame_headers_an_answer_lacks() -> None:
+    """The front appended its frame headers to every answer: one of the app's that set X-Frame-Options already
+    went out with two (browsers may then ignore both). Now only those the answer does not name are added, as
+    served.py does for uvicorn's own answers."""
+    import asyncio
+
+    from flagperf.site.front import FRAME_HEADERS, Front
+
+    async def app(scope: dict, receive: object, send: object) -> None:
+        await send({"type": "http.response.start", "status": 200,  # type: ignore[operator]
+                    "headers": [(b"X-Frame-Options", b"SAMEORIGIN"), (b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b""})  # type: ignore[operator]
+
+    said: list[dict] = []
+
+    async def send(message: dict) -> None:
+        said.append(message)
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b""}
+
+    asyncio.run(Front(app, ["lab"], signed_in=False)({"type": "http", "method": "GET", "path": "/",
+                                                       "headers": [(b"host", b"lab:4200")]}, receive, send))
+    names = [name.lower() for name, _ in said[0]["headers"]]
+    assert names.count(b"x-frame-options") == 1 and (b"X-Frame-Options", b"SAMEORIGIN") in said[0]["headers"]
+    assert all(names.count(name) == 1 for name, _ in FRAME_HEADERS)
+
+
 def test_a_page_at_http_alias_is_not_the_server_s_where_its_public_url_is_https() -> None:
     """The request's own origin (the scheme uvicorn saw and its Host) counted as the server's for any Host: behind
     a TLS proxy that uvicorn does not trust for X-Forwarded-Proto, uvicorn sees http, so a page at http://alias (or
