@@ -427,13 +427,9 @@ class TemporaryServer:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, stopping: list[int]) -> str:
-        import importlib.util
-
         if "prefect" in sys.modules:  # its settings were read at import: the caller's PREFECT_API_URL would not count
             raise RuntimeError("prefect was imported before the temporary server started; its flows would run on "
                                "an ephemeral server of their own")
-        spec = importlib.util.find_spec("prefect")  # where prefect is, without importing it
-        assert spec is not None and spec.origin is not None
         env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
                "PREFECT__SERVER_FINAL": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                DATABASE_URL_ENV: f"sqlite+aiosqlite:///{self.folder / 'prefect.db'}"}
@@ -442,8 +438,10 @@ class TemporaryServer:
         with self.log_path.open("ab") as log:
             fd = self.socket.fileno()
             self.proc = subprocess.Popen(watched(
-                [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(spec.origin).parent.parent), "--factory",
-                 "prefect.server.api.server:create_app", "--fd", str(fd),
+                # Prefect's app behind the Host check of the team server's (flows.team_app.temporary_app)
+                # (its folder first: a `flows` folder in the current one is not it)
+                [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(__file__).resolve().parent.parent),
+                 "--factory", "flows.team_app:temporary_app", "--fd", str(fd),
                  "--log-level", "error", "--lifespan", "on", "--timeout-graceful-shutdown", "3"], pass_fds=(fd,)),
                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(fd,))
         wait_healthy(self.api_url, self.proc, stopping, float(os.environ.get(
