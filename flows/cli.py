@@ -21,7 +21,6 @@ from contextlib import contextmanager, nullcontext, suppress
 from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
-from urllib.parse import urlsplit
 
 import typer
 from rich.console import Console
@@ -978,16 +977,29 @@ def server(
     raise typer.Exit(code)
 
 
+_LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+# http(s)://, a DNS name (a trailing dot allowed: localhost.), an IPv4 address or an IPv6 one in brackets, an
+# optional port, an optional "/" and nothing more (no user, path, query, fragment, backslash).
+_PUBLIC_URL = re.compile(rf"https?://(?P<host>(?:{_LABEL}\.)*{_LABEL}\.?|\[(?P<ipv6>[0-9a-f:.]+)\])"
+                         r"(?::(?P<port>[0-9]{1,5}))?/?", re.IGNORECASE)
+
+
 def _scheme_host_port(url: str) -> bool:
-    """Whether ``url`` is http(s)://HOST[:PORT][/] and nothing more: a host, a port that parses, no user or path."""
-    if not re.fullmatch(r"https?://[^/\s@]+/?", url):
+    """Whether ``url`` is http(s)://HOST[:PORT][/] and nothing more: HOST a DNS name, an IPv4 address or an IPv6 one
+    in brackets, PORT 1-65535."""
+    import ipaddress
+
+    found = _PUBLIC_URL.fullmatch(url)
+    if found is None or not 1 <= int(found["port"] or 80) <= 65535:
         return False
-    parts = urlsplit(url)
     try:
-        parts.port  # noqa: B018 (raises on a port that is no number or out of range)
+        if found["ipv6"] is not None:
+            ipaddress.IPv6Address(found["ipv6"])
+        elif found["host"].rstrip(".").rsplit(".", 1)[-1].isdigit():  # numbers last: an IPv4 address, no name
+            ipaddress.IPv4Address(found["host"].rstrip("."))
     except ValueError:
         return False
-    return bool(parts.hostname)
+    return True
 
 
 def _validate_file(path: Path) -> str:

@@ -136,10 +136,11 @@ def server_names(host: str, public_urls: list[str | None], extra: list[str] | tu
 def rereads_names(host: str) -> Callable[[], list[str]] | None:
     """What the server and the site listening on ``host`` read their names from again where a request's Host is
     not one of them (flagperf.site.front.HostCheck): on a wildcard ``host``, this machine's names and addresses as
-    they are then (a new interface, an address DHCP changed); elsewhere nothing (the names are the options')."""
-    from flagperf.site.front import machine_names
+    they are then (a new interface, an address DHCP changed); elsewhere nothing (the names are the options').
+    Addresses only: names from DNS are read at start (server_names), never on a request (its event loop waits)."""
+    from flagperf.site.front import interface_addresses
 
-    return machine_names if host in WILDCARDS else None
+    return interface_addresses if host in WILDCARDS else None
 
 
 def own_origins(names: list[str], port: int, public_urls: list[str | None]) -> list[str]:
@@ -426,13 +427,9 @@ class TemporaryServer:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, stopping: list[int]) -> str:
-        import importlib.util
-
         if "prefect" in sys.modules:  # its settings were read at import: the caller's PREFECT_API_URL would not count
             raise RuntimeError("prefect was imported before the temporary server started; its flows would run on "
                                "an ephemeral server of their own")
-        spec = importlib.util.find_spec("prefect")  # where prefect is, without importing it
-        assert spec is not None and spec.origin is not None
         env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
                "PREFECT__SERVER_FINAL": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                DATABASE_URL_ENV: f"sqlite+aiosqlite:///{self.folder / 'prefect.db'}"}
@@ -441,8 +438,10 @@ class TemporaryServer:
         with self.log_path.open("ab") as log:
             fd = self.socket.fileno()
             self.proc = subprocess.Popen(watched(
-                [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(spec.origin).parent.parent), "--factory",
-                 "prefect.server.api.server:create_app", "--fd", str(fd),
+                # Prefect's app behind the Host check of the team server's (flows.team_app.temporary_app)
+                # (its folder first: a `flows` folder in the current one is not it)
+                [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(__file__).resolve().parent.parent),
+                 "--factory", "flows.team_app:temporary_app", "--fd", str(fd),
                  "--log-level", "error", "--lifespan", "on", "--timeout-graceful-shutdown", "3"], pass_fds=(fd,)),
                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(fd,))
         wait_healthy(self.api_url, self.proc, stopping, float(os.environ.get(

@@ -22,19 +22,31 @@ import socket
 import sys
 
 from flagperf.site import served
-from flagperf.site.front import FRAME_HEADERS, ASGIApp, Front, machine_names
+from flagperf.site.front import FRAME_HEADERS, ASGIApp, Front, interface_addresses
 
 
 def create_app(names: list[str], origins: list[str], reread_names: bool = False) -> ASGIApp:
     """Prefect's app (create_app, final, with its services and UI, as `prefect server start` makes it) in Front.
     ``origins``: given by serve itself, not read back from Prefect's settings (whose alias an operator's
-    environment could set to "*"). ``reread_names``: a Host that misses has this machine's names and addresses
-    read again (a server on every interface: an address it got since it started is its own)."""
+    environment could set to "*"). ``reread_names``: a Host that misses has the addresses of this machine's
+    interfaces read again (a server on every interface: an address it got since it started is its own; no DNS)."""
     import prefect.settings
     from prefect.server.api.server import create_app as prefect_app
 
     signed_in = prefect.settings.PREFECT_SERVER_API_AUTH_STRING.value() is not None
-    return Front(prefect_app(final=True), names, signed_in, origins, machine_names if reread_names else None)
+    return Front(prefect_app(final=True), names, signed_in, origins, interface_addresses if reread_names else None)
+
+
+LOOPBACK_NAMES = ["127.0.0.1", "localhost", "[::1]"]
+
+
+def temporary_app() -> ASGIApp:
+    """`flagperf run`'s temporary server (flows.server.TemporaryServer, uvicorn's --factory): Prefect's API with no
+    sign-in on loopback, behind Front: a page of another site whose DNS name was pointed at 127.0.0.1 (DNS
+    rebinding) names that site in its Host and is refused, as on the team server; a page's change is refused."""
+    from prefect.server.api.server import create_app as prefect_app
+
+    return Front(prefect_app(), LOOPBACK_NAMES, signed_in=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,8 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--origin", action="append", default=[], help="a page's origin allowed to change things and "
                                                                       "open websockets (never '*')")
     parser.add_argument("--reread-names", action="store_true",
-                        help="a Host that is none of the names has this machine's names and addresses read again "
-                             "(at most every few seconds) before it is refused: for a server on every interface")
+                        help="a Host that is none of the names has the addresses of this machine's interfaces "
+                             "read again (at most every few seconds, no DNS) before it is refused: for a server on "
+                             "every interface")
     args = parser.parse_args(argv)
     if "*" in (origin.strip() for origin in args.origin):
         parser.error("--origin '*' would let a page of any site use the API and its websockets")

@@ -38,6 +38,12 @@ SAFE_METHODS = ("GET", "HEAD", "OPTIONS")  # OPTIONS: a CORS preflight, which th
 REREAD_EVERY_S = 10.0
 
 
+def missing(have: Any, headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The ``headers`` whose name is not among ``have``'s (pairs of names and values, bytes or text)."""
+    named = {(name.encode("latin-1") if isinstance(name, str) else bytes(name)).lower() for name, _ in have}
+    return [(name, value) for name, value in headers if name.lower() not in named]
+
+
 async def _passed(scope: Scope, receive: Receive, send: Send) -> None:
     scope["flagperf.host_ok"] = True
 
@@ -56,21 +62,28 @@ def bracketed(name: str) -> str:
     return f"[{name}]" if ":" in name else name
 
 
-def machine_names() -> list[str]:
-    """This machine's names and the addresses of its interfaces, as they are now (an address DHCP changed, an
-    interface added since the server started), as Host headers name them."""
+def interface_addresses() -> list[str]:
+    """The addresses of this machine's interfaces as they are now (an address DHCP changed, an interface added since
+    the server started), as Host headers name them: what a Host that misses has read again (HostCheck's reread).
+    No DNS: a lookup on a slow resolver would stall the server's event loop, at any stranger's request."""
     import psutil
 
-    names = {socket.getfqdn(), socket.gethostname()}
-    names.update(str(a.address).split("%")[0] for addresses in psutil.net_if_addrs().values()
-                 for a in addresses if a.family in (socket.AF_INET, socket.AF_INET6))
-    return sorted(bracketed(name).lower() for name in names if name)
+    return sorted({bracketed(str(a.address).split("%")[0]).lower()
+                   for addresses in psutil.net_if_addrs().values()
+                   for a in addresses if a.family in (socket.AF_INET, socket.AF_INET6)})
+
+
+def machine_names() -> list[str]:
+    """This machine's names (its host name and the one DNS gives for it) and the addresses of its interfaces, as
+    Host headers name them: read once, at start (a DNS lookup may take seconds)."""
+    names = {socket.getfqdn(), socket.gethostname()} - {""}
+    return sorted({*(bracketed(name).lower() for name in names), *interface_addresses()})
 
 
 class HostCheck:
     """Whether a request's Host header is one of ``names`` (host names or addresses, an IPv6 one in brackets, any
     port), decided by Starlette's TrustedHostMiddleware (its parsing of the header, its matching). ``reread``
-    (machine_names, for a server on every interface): where a Host is not one of them, the names it gives are
+    (interface_addresses, for a server on every interface): where a Host is not one of them, the names it gives are
     added (read again at most every ``every_s`` seconds of ``clock``) before the Host is refused: an address the
     machine got since the server started is its own."""
 
@@ -79,6 +92,12 @@ class HostCheck:
         self.reread, self.clock, self.every_s = reread, clock, every_s
         self.read_at: float | None = None
         self._use(names)
+        self.given = set(self.names)
+
+    @property
+    def added(self) -> set[str]:
+        """The names ``reread`` added: addresses this machine got since the server started."""
+        return set(self.names) - self.given
 
     def _use(self, names: Iterable[str]) -> None:
         self.names = sorted({name.lower() for name in names if name})
@@ -135,15 +154,26 @@ def origin_of(url: str) -> str:
     return f"{scheme}://{host}" + (f":{port}" if port is not None and port != default else "")
 
 
-def own_origin(scope: Scope) -> str:
-    """The origin of a request's own address (its scheme and Host): that of the server's pages under that name;
-    "" (matching none) without exactly one Host."""
+def own_origin(scope: Scope, addresses: Iterable[str]) -> str:
+    """The origin of a page the server served under one of ``addresses`` (those HostCheck's reread added, in no
+    list made at start) on the port it listens on: the request's scheme and Host; "" (matching none) for any other
+    Host, or without exactly one. Not for the configured names: behind a TLS proxy uvicorn sees http, and a page
+    at http://alias would pass for the https://alias the operator named."""
     hosts = [value for name, value in scope.get("headers") or [] if name.lower() == b"host"]
-    if len(hosts) != 1:
+    server = scope.get("server") or (None, None)
+    if len(hosts) != 1 or server[1] is None:
         return ""
     scheme = str(scope.get("scheme") or "http")
     scheme = {"ws": "http", "wss": "https"}.get(scheme, scheme)  # a websocket's handshake: its page's scheme
-    return origin_of(f"{scheme}://{hosts[0].decode('latin-1')}")
+    origin = origin_of(f"{scheme}://{hosts[0].decode('latin-1')}")
+    parts = urlsplit(origin)
+    try:
+        port = parts.port or {"http": 80, "https": 443}.get(scheme)
+    except ValueError:
+        return ""
+    if not origin or port != server[1] or bracketed(parts.hostname or "") not in set(addresses):
+        return ""
+    return origin
 
 
 def authorizations(scope: Scope) -> list[bytes]:
@@ -173,8 +203,8 @@ class Front:
     """The Prefect server's app behind the checks of this module. ``names``: the server's own (HostCheck);
     ``signed_in``: whether the server asks for a sign-in (only then is a malformed one refused: without one,
     Prefect ignores the header); ``origins``: the pages allowed to change things and open websockets (the CORS
-    origins; "*", any site's page, is refused: a ValueError), besides the request's own (a page the server served
-    under the Host it accepted: also an address it got since it started, see HostCheck's ``reread``). A request
+    origins; "*", any site's page, is refused: a ValueError), besides that of a page the server served under an
+    address it got since it started (HostCheck's ``reread``) on the port it listens on (own_origin). A request
     without an Origin (Prefect's clients, its workers, curl) is not a page's."""
 
     def __init__(self, app: ASGIApp, names: Iterable[str], signed_in: bool, origins: Iterable[str] = (),
@@ -191,7 +221,7 @@ class Front:
         if not given:
             return False
         origin = origin_of(given[0].decode("latin-1"))
-        return len(given) > 1 or not origin or origin not in (self.origins | {own_origin(scope)})
+        return len(given) > 1 or not origin or origin not in (self.origins | {own_origin(scope, self.hosts.added)})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):  # lifespan: Prefect's services start and stop with it
@@ -207,8 +237,9 @@ class Front:
             return
 
         async def with_headers(message: Any) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *FRAME_HEADERS]
+            if message["type"] == "http.response.start":  # only those the answer lacks: none named twice
+                have = list(message.get("headers", []))
+                message["headers"] = [*have, *missing(have, FRAME_HEADERS)]
             await send(message)
 
         if refused is not None:

@@ -17,13 +17,9 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
+from flagperf.site.front import missing
+
 Headers = Sequence[tuple[bytes, bytes]]
-
-
-def missing(have: Any, headers: Headers) -> list[tuple[bytes, bytes]]:
-    """The ``headers`` whose name is not among ``have``'s (pairs of names and values, bytes or text)."""
-    named = {(name.encode("latin-1") if isinstance(name, str) else bytes(name)).lower() for name, _ in have}
-    return [(name, value) for name, value in headers if name.lower() not in named]
 
 
 def protocols(headers: Headers) -> tuple[type[H11Protocol], type[WebSocketsSansIOProtocol]]:

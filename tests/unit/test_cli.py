@@ -629,7 +629,11 @@ def test_a_run_that_fails_between_its_claim_and_its_flow_gives_its_run_folder_ba
 
 
 @pytest.mark.parametrize("bad", ["https://perf-lab.example.org/ui", "https://perf-lab.example.org:99999",
-                                 "https://lab:pw@perf-lab.example.org", "perf-lab.example.org", "https://:4200"])
+                                 "https://lab:pw@perf-lab.example.org", "perf-lab.example.org", "https://:4200",
+                                 # a traceback (urlsplit's ValueError) before; the rest were taken
+                                 "http://[::1", "http://x:4200?q", "http://x:4200#f", "http://x\\y:4200",
+                                 "http://[::1]x:80", "http://x:0", "http://999.1.2.3:4200", "ftp://x:4200",
+                                 "http://x:4200//", "http://-x:4200", "http://[fe80::1%eth0]:4200"])
 def test_every_public_url_is_checked_naming_the_option(tmp_path: Path, bad: str) -> None:
     """--public-url is repeatable (a TLS alias behind a proxy beside the first): each one is checked, not only the
     last, in one line naming the option, before anything starts."""
@@ -640,6 +644,14 @@ def test_every_public_url_is_checked_naming_the_option(tmp_path: Path, bad: str)
     assert result.output.strip().splitlines()[-1] == (f"error: --public-url {bad}: give scheme, host and port only, "
                                                       "e.g. http://perf-lab:4200")
     assert not logs.exists()
+
+
+@pytest.mark.parametrize("good", ["http://perf-lab:4200", "https://perf-lab.example.org/", "http://[::1]:4200",
+                                  "http://10.1.2.3", "http://localhost.:4200", "HTTPS://Perf-Lab.Example.org:65535"])
+def test_a_public_url_of_scheme_host_and_port_passes_its_check(good: str) -> None:
+    from flows.cli import _scheme_host_port
+
+    assert _scheme_host_port(good)
 
 
 def test_server_name_is_a_name_only(tmp_path: Path) -> None:

@@ -97,6 +97,9 @@ KNOWN_BROKEN = {
     "fastapi": ["0.151.0", "0.154.0", "0.155.0"],  # 422 on prefect 3.8's workers/filter: `prefect deploy` fails
     "sqlalchemy": ["2.1.0"],  # prefect 3.8's scheduler: "Can't evaluate bulk DML statement"
     "prefect": ["3.9.0"],  # needs a newer certifi than some registries carry
+    # flagperf/site/served.py runs Prefect's websockets on uvicorn's sans-I/O protocol, which sends no keepalive
+    # pings before 0.44.0 (a dead client's socket stays open), nor a clean close frame before 0.39
+    "uvicorn": ["0.35.0", "0.38.0", "0.43.0"],
 }
 
 

@@ -979,23 +979,26 @@ def test_a_page_of_an_address_the_server_got_since_it_started_may_change_things(
     site's still is not, with that Host too."""
     import asyncio
 
-    from flagperf.site.front import Front, machine_names
+    from flagperf.site.front import Front, interface_addresses
     from flows import team_app
     from flows.server import rereads_names
 
     assert rereads_names("127.0.0.1") is None and rereads_names("10.1.2.3") is None
-    assert rereads_names("0.0.0.0") is machine_names and rereads_names("::") is machine_names
+    assert rereads_names("0.0.0.0") is interface_addresses and rereads_names("::") is interface_addresses
     # serve passes --reread-names to the Prefect server's launcher on a wildcard --host
-    assert team_app.create_app(["lab"], [], reread_names=True).hosts.reread is machine_names  # type: ignore[attr-defined]
+    assert team_app.create_app(["lab"], [], reread_names=True).hosts.reread is interface_addresses  # type: ignore[attr-defined]
 
     async def app(scope: dict, receive: object, send: object) -> None:
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.accept"})  # type: ignore[operator]
+            return
         await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
         await send({"type": "http.response.body", "body": b""})  # type: ignore[operator]
 
     front = Front(app, ["127.0.0.1"], signed_in=False, origins=["http://127.0.0.1:4200"],
                   reread=lambda: ["10.9.8.7"])
 
-    def status(host: bytes, origin: bytes, kind: str = "http") -> int:
+    def status(host: bytes, origin: bytes, kind: str = "http", to: Front = front, scheme: str = "http") -> object:
         said: list[dict] = []
 
         async def send(message: dict) -> None:
@@ -1004,15 +1007,118 @@ def test_a_page_of_an_address_the_server_got_since_it_started_may_change_things(
         async def receive() -> dict:
             return {"type": "http.request", "body": b""}
 
-        scope = {"type": kind, "method": "POST", "scheme": "ws" if kind == "websocket" else "http",
+        scope = {"type": kind, "method": "POST", "scheme": {"http": "ws", "https": "wss"}[scheme]
+                 if kind == "websocket" else scheme, "server": ("10.9.8.7", 4200),
                  "path": "/api/flows/filter", "headers": [(b"host", host), (b"origin", origin)]}
-        asyncio.run(front(scope, receive, send))
-        return said[0].get("status", said[0].get("code", 0))
+        asyncio.run(to(scope, receive, send))
+        return said[0].get("status", said[0].get("code", said[0]["type"]))
 
     assert status(b"10.9.8.7:4200", b"http://10.9.8.7:4200") == 200
+    assert status(b"10.9.8.7:4200", b"http://10.9.8.7:4200", "websocket") == "websocket.accept"
     assert status(b"10.9.8.7:4200", b"http://evil.example") == 403
     assert status(b"10.9.8.7:4200", b"http://10.9.8.7:4300") == 403  # another port: another origin
     assert status(b"10.9.8.7:4200", b"http://evil.example", "websocket") == 1008
+    # the re-read address, but not on the port the server listens on (a proxy there: its page is no page of ours)
+    assert status(b"10.9.8.7:8080", b"http://10.9.8.7:8080") == 403
+    assert status(b"10.9.8.7", b"http://10.9.8.7", "websocket") == 1008
+
+
+def test_the_front_adds_only_the_frame_headers_an_answer_lacks() -> None:
+    """The front appended its frame headers to every answer: one of the app's that set X-Frame-Options already
+    went out with two (browsers may then ignore both). Now only those the answer does not name are added, as
+    served.py does for uvicorn's own answers."""
+    import asyncio
+
+    from flagperf.site.front import FRAME_HEADERS, Front
+
+    async def app(scope: dict, receive: object, send: object) -> None:
+        await send({"type": "http.response.start", "status": 200,  # type: ignore[operator]
+                    "headers": [(b"X-Frame-Options", b"SAMEORIGIN"), (b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b""})  # type: ignore[operator]
+
+    said: list[dict] = []
+
+    async def send(message: dict) -> None:
+        said.append(message)
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b""}
+
+    asyncio.run(Front(app, ["lab"], signed_in=False)({"type": "http", "method": "GET", "path": "/",
+                                                       "headers": [(b"host", b"lab:4200")]}, receive, send))
+    names = [name.lower() for name, _ in said[0]["headers"]]
+    assert names.count(b"x-frame-options") == 1 and (b"X-Frame-Options", b"SAMEORIGIN") in said[0]["headers"]
+    assert all(names.count(name) == 1 for name, _ in FRAME_HEADERS)
+
+
+def test_a_page_at_http_alias_is_not_the_server_s_where_its_public_url_is_https() -> None:
+    """The request's own origin (the scheme uvicorn saw and its Host) counted as the server's for any Host: behind
+    a TLS proxy that uvicorn does not trust for X-Forwarded-Proto, uvicorn sees http, so a page at http://alias (or
+    http://alias:8080) could change things and open websockets where only https://alias, the configured public
+    URL, may. Now the own origin holds only for an address read again since the start, on the server's port."""
+    import asyncio
+
+    from flagperf.site.front import Front
+
+    async def app(scope: dict, receive: object, send: object) -> None:
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.accept"})  # type: ignore[operator]
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
+        await send({"type": "http.response.body", "body": b""})  # type: ignore[operator]
+
+    front = Front(app, ["127.0.0.1", "alias"], signed_in=False, origins=["https://alias", "http://127.0.0.1:4200"])
+
+    def said(kind: str, host: bytes, origin: bytes) -> object:
+        messages: list[dict] = []
+
+        async def send(message: dict) -> None:
+            messages.append(message)
+
+        async def receive() -> dict:
+            return {"type": "http.request", "body": b""}
+
+        scope = {"type": kind, "method": "POST", "scheme": "ws" if kind == "websocket" else "http",
+                 "server": ("127.0.0.1", 4200), "path": "/api/flows/filter",
+                 "headers": [(b"host", host), (b"origin", origin)]}
+        asyncio.run(front(scope, receive, send))
+        return messages[0].get("status", messages[0].get("code", messages[0]["type"]))
+
+    for host, origin in ((b"alias", b"http://alias"), (b"alias:8080", b"http://alias:8080"),
+                         (b"alias:4200", b"http://alias:4200")):
+        assert said("websocket", host, origin) == 1008, origin
+        assert said("http", host, origin) == 403, origin
+    assert said("websocket", b"alias", b"https://alias") == "websocket.accept"
+    assert said("http", b"alias", b"https://alias") == 200
+
+
+def test_a_host_that_misses_has_addresses_read_again_without_any_dns_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Host that is none of the names had machine_names read again, socket.getfqdn included: a DNS lookup inside
+    the server's event loop, at any stranger's request (once per 10 s), stalling every client on a slow resolver,
+    and whatever reverse DNS said then added to the names. Now a miss reads the interfaces' addresses only (names
+    from DNS are read at start), for the Prefect server's front and the results site alike."""
+    import asyncio
+    import socket
+
+    from flagperf.site.front import HostCheck
+    from flows.server import rereads_names
+
+    looked_up: list[str] = []
+
+    def lookup(name: str) -> object:
+        def refused(*args: object, **kwargs: object) -> None:
+            looked_up.append(name)
+            raise OSError(f"{name}: no DNS on a request")
+        return refused
+
+    for name in ("getfqdn", "gethostbyaddr", "gethostbyname", "gethostbyname_ex", "getaddrinfo", "getnameinfo"):
+        monkeypatch.setattr(socket, name, lookup(name))
+    reread = rereads_names("0.0.0.0")
+    assert reread is not None and "127.0.0.1" in reread()
+    hosts = HostCheck(["lab"], reread)
+    scope = {"type": "http", "headers": [(b"host", b"127.0.0.1:4200")]}
+    assert asyncio.run(hosts.refused(scope)) is None  # loopback's address, read again on the miss
+    assert looked_up == []
 
 
 def test_the_temporary_server_of_a_run_listens_on_loopback_only() -> None:
@@ -1029,6 +1135,38 @@ def test_the_temporary_server_of_a_run_listens_on_loopback_only() -> None:
     finally:
         server.socket.close()
         shutil.rmtree(server.folder, ignore_errors=True)
+
+
+TEMPORARY_SERVER_HOSTS = """
+import http.client, json, sys
+from flows.server import TemporaryServer
+
+server = TemporaryServer()
+try:
+    server.start([])
+    said = {}
+    for host in ("127.0.0.1", "localhost", "evil.example"):
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        connection.request("GET", "/api/health", headers={"Host": f"{host}:{server.port}"})
+        said[host] = connection.getresponse().status
+        connection.close()
+    print(json.dumps(said))
+finally:
+    server.stop()
+"""
+
+
+def test_the_temporary_server_of_a_run_answers_only_to_loopback_names() -> None:
+    """`flagperf run`'s temporary server (no sign-in, on 127.0.0.1) answered any Host: a page of another site whose
+    DNS name was pointed at 127.0.0.1 (DNS rebinding) could use its API during a run. Now it is behind the team
+    server's front: only loopback's names are answered. (A process of its own: prefect must not be imported.)"""
+    import json
+
+    ROOT = Path(__file__).resolve().parents[2]  # this checkout's flows, whatever FLAGPERF_HOME says
+    done = subprocess.run([sys.executable, "-c", TEMPORARY_SERVER_HOSTS], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == {"127.0.0.1": 200, "localhost": 200, "evil.example": 400}
 
 
 def test_every_name_of_a_setting_serve_sets_is_the_operator_s_only_through_serve(
