@@ -12,6 +12,7 @@ host-round deployment on its own work queue; the others are driven from here, ov
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -28,11 +29,11 @@ from typing import Annotated, Any, TypeVar
 from uuid import UUID
 
 from prefect import flow, get_run_logger
-from prefect.client.orchestration import get_client
+from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.runtime import deployment, flow_run
-from prefect.states import Cancelled, Completed, Failed, State
+from prefect.states import Cancelled, Cancelling, Completed, Failed, State
 from pydantic import Field
 
 from flagperf.config.cases import available_cases
@@ -55,7 +56,7 @@ from flagperf.hosts.health import check_results_disk, health_file, round_probe, 
 from flagperf.hosts.inventory import HostSpec
 from flagperf.hosts.local import Host
 from flagperf.hosts.slurm import cancel_jobs
-from flagperf.hosts.threads import HOST_THREADS, HostThreads
+from flagperf.hosts.threads import HOST_THREADS, HostThreads, RoundsStopped, stop_requested
 from flagperf.paths import RESULTS_DIR_ENV, RESULTS_ROOT_ENV
 from flagperf.results.bounded import read_json_file
 from flagperf.results.prompt_positions import reservations
@@ -762,26 +763,49 @@ def wait_for_agent(spec: HostSpec, flow_run_id: UUID, deployment_name: str) -> F
     worker that is down fails the host in minutes, not after the round's whole budget, and the run is
     cancelled so it cannot start later), then for it to end (``agent.timeout_s``, counted from dispatch)."""
     assert spec.agent is not None
-    started = time.monotonic()
     with get_client(sync_client=True) as client:
+        try:
+            return _wait_for_agent(client, spec, flow_run_id, deployment_name)
+        except BaseException as exc:  # Ctrl-C, a cancelled evaluation, its stop: the dispatched run must not go on
+            if isinstance(exc, Exception) and not isinstance(exc, RoundsStopped):
+                raise
+            with contextlib.suppress(Exception):  # best effort: the interrupt itself is what matters here
+                why = "the evaluation that dispatched it was interrupted"
+                state = client.read_flow_run(flow_run_id).state
+                # not yet picked up: cancelled outright; running: Cancelling, on which its worker ends the process
+                waiting = state is None or state.is_scheduled() or state.is_pending()
+                client.set_flow_run_state(flow_run_id, Cancelled(message=why) if waiting else Cancelling(message=why),
+                                          force=True)
+                round_logger().warning("cancelling %s run %s on host %s: the evaluation was interrupted",
+                                       deployment_name, flow_run_id, spec.name)
+            raise
+
+
+def _wait_for_agent(client: SyncPrefectClient, spec: HostSpec, flow_run_id: UUID, deployment_name: str) -> FlowRun:
+    assert spec.agent is not None
+    started = time.monotonic()
+    run = client.read_flow_run(flow_run_id)
+    while run.state is None or run.state.is_scheduled() or run.state.is_pending():
+        if stop_requested():
+            raise RoundsStopped(f"the run is stopping: host {spec.name}'s {deployment_name} run is cancelled")
+        waited = time.monotonic() - started
+        if waited > spec.agent.start_timeout_s:
+            client.set_flow_run_state(flow_run_id, Cancelled(message="no worker picked it up"), force=True)
+            raise InfrastructureFailure(
+                f"host {spec.name}: no worker on work queue {spec.queue} picked up {deployment_name} within "
+                f"{spec.agent.start_timeout_s:.0f} s (start one on the host: prefect worker start --pool "
+                f"flagperf --work-queue {spec.queue})")
+        time.sleep(AGENT_POLL_S)
         run = client.read_flow_run(flow_run_id)
-        while run.state is None or run.state.is_scheduled() or run.state.is_pending():
-            waited = time.monotonic() - started
-            if waited > spec.agent.start_timeout_s:
-                client.set_flow_run_state(flow_run_id, Cancelled(message="no worker picked it up"), force=True)
-                raise InfrastructureFailure(
-                    f"host {spec.name}: no worker on work queue {spec.queue} picked up {deployment_name} within "
-                    f"{spec.agent.start_timeout_s:.0f} s (start one on the host: prefect worker start --pool "
-                    f"flagperf --work-queue {spec.queue})")
-            time.sleep(AGENT_POLL_S)
-            run = client.read_flow_run(flow_run_id)
-        while not run.state.is_final():
-            if time.monotonic() - started > spec.agent.timeout_s:
-                client.set_flow_run_state(flow_run_id, Cancelled(message="agent.timeout_s exceeded"), force=True)
-                raise InfrastructureFailure(f"host {spec.name}: {deployment_name} run {run.name} did not end "
-                                            f"within agent.timeout_s = {spec.agent.timeout_s:.0f} s")
-            time.sleep(AGENT_POLL_S)
-            run = client.read_flow_run(flow_run_id)
+    while not run.state.is_final():
+        if stop_requested():
+            raise RoundsStopped(f"the run is stopping: host {spec.name}'s {deployment_name} run is cancelled")
+        if time.monotonic() - started > spec.agent.timeout_s:
+            client.set_flow_run_state(flow_run_id, Cancelled(message="agent.timeout_s exceeded"), force=True)
+            raise InfrastructureFailure(f"host {spec.name}: {deployment_name} run {run.name} did not end "
+                                        f"within agent.timeout_s = {spec.agent.timeout_s:.0f} s")
+        time.sleep(AGENT_POLL_S)
+        run = client.read_flow_run(flow_run_id)
     return run
 
 
