@@ -12,6 +12,7 @@ host-round deployment on its own work queue; the others are driven from here, ov
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -28,11 +29,11 @@ from typing import Annotated, Any, TypeVar
 from uuid import UUID
 
 from prefect import flow, get_run_logger
-from prefect.client.orchestration import get_client
+from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.runtime import deployment, flow_run
-from prefect.states import Cancelled, Completed, Failed, State
+from prefect.states import Cancelled, Cancelling, Completed, Failed, State
 from pydantic import Field
 
 from flagperf.config.cases import available_cases
@@ -55,6 +56,7 @@ from flagperf.hosts.health import check_results_disk, health_file, round_probe, 
 from flagperf.hosts.inventory import HostSpec
 from flagperf.hosts.local import Host
 from flagperf.hosts.slurm import cancel_jobs
+from flagperf.hosts.threads import HOST_THREADS, HostThreads, RoundsStopped, stop_requested
 from flagperf.paths import RESULTS_DIR_ENV, RESULTS_ROOT_ENV
 from flagperf.results.bounded import read_json_file
 from flagperf.results.prompt_positions import reservations
@@ -266,17 +268,20 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
     # ended, and a retry that completes the run is not "interrupted".
     set_aside(run_dir, run_dir / INTERRUPTED_FILE)
     clean_up = ExitStack()  # after an interrupt: further signals only noted until the report is written
+    threads = HostThreads()
+    threads_token = HOST_THREADS.set(threads)
     try:
         for case in plan.cases:
             framework = inv.frameworks.get(case.name)
             for round_no in range(1, plan.rounds + 1):
                 running = [case.name, round_no]
                 calls: list[Callable[[], list[RoundResult]]] = []
-                for group in node_groups(case.config, list(specs)):
+                groups = node_groups(case.config, list(specs))
+                for group in groups:
                     calls.append(partial(group_round, group, specs, plan, run_dir, case.name, round_no,
                                          {name: images[(name, framework)] for name in group},
                                          monitor_interval_s, command, inv.master_port))
-                for group_results in run_concurrently(calls):
+                for group_results in run_concurrently(calls, groups):
                     results.extend(group_results)
                 stop_if_results_unwritable(results, run_dir, command)
     except BaseException as exc:
@@ -292,6 +297,11 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
     finally:
         with clean_up:
             cancel_jobs()  # Slurm jobs still running (an interrupt) stop before their folders are cleaned
+            HOST_THREADS.reset(threads_token)
+            if interruption is not None or threads.busy():  # rounds may still run in other threads
+                left = stop_host_threads(threads)
+                # fresh connections (the closed ones refuse); a host a thread still drives is not touched
+                hosts = {name: open_host(specs[name]) for name in specs if name not in left}
             measured = clean_work_roots(hosts, specs, plan, results)
             if interruption is not None and measured:  # finished on a host, not yet collected: not lost, say so
                 try:
@@ -522,23 +532,47 @@ def evaluate_form(
                             results_dir or default_results_dir(), None, monitor_interval_s, None, False, form=True)
 
 
-def run_concurrently(calls: list[Callable[[], T]]) -> list[T]:
+def run_concurrently(calls: list[Callable[[], T]], hosts: list[list[str]] | None = None) -> list[T]:
     """Run the calls at once, each in its own copy of the flow's context (so their tasks and subflows
-    belong to this flow run), and return their results in order.
+    belong to this flow run), and return their results in order. ``hosts``: the hosts each call drives; inside
+    an evaluation's rounds (HOST_THREADS) each live call is counted against them, for the clean-up.
 
-    If this thread is interrupted (Ctrl-C, a cancelled flow run), it stops waiting at once: the caller's
-    cleanup closes the hosts' connections, which ends the remote commands the threads are waiting on."""
+    If this thread is interrupted (Ctrl-C, a cancelled flow run), it stops waiting at once, after telling the
+    threads to stop (nothing new starts on a host, a local command ends): the caller's clean-up then closes the
+    hosts' connections, which ends the remote commands, and waits for the threads (stop_host_threads)."""
+    threads = HOST_THREADS.get()
+    if threads is not None and hosts is not None:
+        calls = [partial(threads.run, names, call) for names, call in zip(hosts, calls, strict=True)]
     if len(calls) <= 1:
         return [call() for call in calls]
     pool = ThreadPoolExecutor(max_workers=min(len(calls), MAX_PARALLEL_HOSTS), thread_name_prefix="host")
     try:
         futures = [pool.submit(copy_context().run, call) for call in calls]
         results = [future.result() for future in futures]
-    except BaseException:
+    except BaseException as exc:
+        if threads is not None and not isinstance(exc, Exception):
+            threads.stop()
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown()
     return results
+
+
+HOST_THREADS_GRACE_S = 120.0  # how long an interrupted run waits for its hosts' threads to end before cleaning
+
+
+def stop_host_threads(threads: HostThreads, grace_s: float = HOST_THREADS_GRACE_S) -> set[str]:
+    """After an interrupt (or a round that raised while others ran): stop the hosts' threads, close the hosts'
+    connections (ending the commands they wait on; a closed SshHost never reconnects), and wait for them, at most
+    ``grace_s``. Returns the hosts a thread still drives, named in one warning line: those are not cleaned."""
+    threads.stop()
+    close_hosts()
+    busy = threads.wait(grace_s)
+    if busy:
+        round_logger().warning("left the run's folder on %s as it is: a round's thread still drives it after %.0f s "
+                               "(%s)", ", ".join(sorted(busy)), grace_s,
+                               "; ".join(f"{host}: {', '.join(names)}" for host, names in sorted(busy.items())))
+    return set(busy)
 
 
 def check_hosts(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: RunPlan, run_dir: Path
@@ -652,7 +686,7 @@ def group_round(group: list[str], specs: dict[str, HostSpec], plan: RunPlan, run
                       "master_addr": master_address(master), "master_port": master_port if nnodes > 1 else None,
                       "image": images[name], "monitor_interval_s": monitor_interval_s, "command": command}
         calls.append(partial(run_node, specs[name], parameters))
-    return run_concurrently(calls)
+    return run_concurrently(calls, [[name] for name in group])
 
 
 def run_node(spec: HostSpec, parameters: dict[str, Any]) -> RoundResult:
@@ -729,26 +763,49 @@ def wait_for_agent(spec: HostSpec, flow_run_id: UUID, deployment_name: str) -> F
     worker that is down fails the host in minutes, not after the round's whole budget, and the run is
     cancelled so it cannot start later), then for it to end (``agent.timeout_s``, counted from dispatch)."""
     assert spec.agent is not None
-    started = time.monotonic()
     with get_client(sync_client=True) as client:
+        try:
+            return _wait_for_agent(client, spec, flow_run_id, deployment_name)
+        except BaseException as exc:  # Ctrl-C, a cancelled evaluation, its stop: the dispatched run must not go on
+            if isinstance(exc, Exception) and not isinstance(exc, RoundsStopped):
+                raise
+            with contextlib.suppress(Exception):  # best effort: the interrupt itself is what matters here
+                why = "the evaluation that dispatched it was interrupted"
+                state = client.read_flow_run(flow_run_id).state
+                # not yet picked up: cancelled outright; running: Cancelling, on which its worker ends the process
+                waiting = state is None or state.is_scheduled() or state.is_pending()
+                client.set_flow_run_state(flow_run_id, Cancelled(message=why) if waiting else Cancelling(message=why),
+                                          force=True)
+                round_logger().warning("cancelling %s run %s on host %s: the evaluation was interrupted",
+                                       deployment_name, flow_run_id, spec.name)
+            raise
+
+
+def _wait_for_agent(client: SyncPrefectClient, spec: HostSpec, flow_run_id: UUID, deployment_name: str) -> FlowRun:
+    assert spec.agent is not None
+    started = time.monotonic()
+    run = client.read_flow_run(flow_run_id)
+    while run.state is None or run.state.is_scheduled() or run.state.is_pending():
+        if stop_requested():
+            raise RoundsStopped(f"the run is stopping: host {spec.name}'s {deployment_name} run is cancelled")
+        waited = time.monotonic() - started
+        if waited > spec.agent.start_timeout_s:
+            client.set_flow_run_state(flow_run_id, Cancelled(message="no worker picked it up"), force=True)
+            raise InfrastructureFailure(
+                f"host {spec.name}: no worker on work queue {spec.queue} picked up {deployment_name} within "
+                f"{spec.agent.start_timeout_s:.0f} s (start one on the host: prefect worker start --pool "
+                f"flagperf --work-queue {spec.queue})")
+        time.sleep(AGENT_POLL_S)
         run = client.read_flow_run(flow_run_id)
-        while run.state is None or run.state.is_scheduled() or run.state.is_pending():
-            waited = time.monotonic() - started
-            if waited > spec.agent.start_timeout_s:
-                client.set_flow_run_state(flow_run_id, Cancelled(message="no worker picked it up"), force=True)
-                raise InfrastructureFailure(
-                    f"host {spec.name}: no worker on work queue {spec.queue} picked up {deployment_name} within "
-                    f"{spec.agent.start_timeout_s:.0f} s (start one on the host: prefect worker start --pool "
-                    f"flagperf --work-queue {spec.queue})")
-            time.sleep(AGENT_POLL_S)
-            run = client.read_flow_run(flow_run_id)
-        while not run.state.is_final():
-            if time.monotonic() - started > spec.agent.timeout_s:
-                client.set_flow_run_state(flow_run_id, Cancelled(message="agent.timeout_s exceeded"), force=True)
-                raise InfrastructureFailure(f"host {spec.name}: {deployment_name} run {run.name} did not end "
-                                            f"within agent.timeout_s = {spec.agent.timeout_s:.0f} s")
-            time.sleep(AGENT_POLL_S)
-            run = client.read_flow_run(flow_run_id)
+    while not run.state.is_final():
+        if stop_requested():
+            raise RoundsStopped(f"the run is stopping: host {spec.name}'s {deployment_name} run is cancelled")
+        if time.monotonic() - started > spec.agent.timeout_s:
+            client.set_flow_run_state(flow_run_id, Cancelled(message="agent.timeout_s exceeded"), force=True)
+            raise InfrastructureFailure(f"host {spec.name}: {deployment_name} run {run.name} did not end "
+                                        f"within agent.timeout_s = {spec.agent.timeout_s:.0f} s")
+        time.sleep(AGENT_POLL_S)
+        run = client.read_flow_run(flow_run_id)
     return run
 
 

@@ -18,6 +18,7 @@ from flagperf.hosts.local import Host, LocalHost, describe_paths
 from flagperf.hosts.runtime import ProcessRuntime, Runtime
 from flagperf.hosts.slurm import SlurmHost, SlurmRuntime, cancel_jobs
 from flagperf.hosts.ssh import SshHost
+from flagperf.hosts.threads import RoundsStopped, stop_requested
 
 _connections: dict[str, SshHost] = {}
 _connections_lock = threading.Lock()
@@ -25,7 +26,10 @@ _connections_lock = threading.Lock()
 
 def open_host(spec: HostSpec, on_host: bool = False) -> Host:
     """The host as the controller reaches it; ``on_host``: we are running on that host (its agent).
-    SSH hosts are shared per entry within the process: every round of a run reuses one connection."""
+    SSH hosts are shared per entry within the process: every round of a run reuses one connection. A thread of an
+    evaluation that is stopping opens none (RoundsStopped): the controller is about to clean the hosts."""
+    if stop_requested():
+        raise RoundsStopped(f"the run is stopping: host {spec.name} is not opened again")
     if spec.slurm is not None and not on_host:  # jobs on a cluster; files on its shared folder
         return SlurmHost(spec)
     if spec.transport == "local" or on_host:

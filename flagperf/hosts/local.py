@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from flagperf.hosts.container_policy import LINKS_LISTED
+from flagperf.hosts.threads import RoundsStopped, stop_requested
 from flagperf.paths import NAME_PATTERN, PROJECT_ROOT, walk_source
 from flagperf.results.bounded import MAX_RECORD_BYTES, read_bounded, read_end
 
@@ -200,7 +201,7 @@ class LocalHost(Host):
                     pid_file.write_text(str(proc.pid))
                 reader = threading.Thread(target=_pump, args=(proc.stdout, log, on_line), daemon=True)
                 reader.start()
-                proc.wait(timeout=timeout)
+                wait_unless_stopped(proc, start + timeout)
             except subprocess.TimeoutExpired:
                 timed_out = True
                 _kill_group(proc, grace_s=5.0)
@@ -608,6 +609,24 @@ def copy_bytes(src: IO[bytes], dst: IO[bytes], count: int, chunk: int = 1 << 20)
             return
         dst.write(data)
         count -= len(data)
+
+
+STOP_POLL_S = 0.5  # how often a command's wait looks whether the evaluation is stopping
+
+
+def wait_unless_stopped(proc: subprocess.Popen[str], deadline: float) -> None:
+    """Wait for ``proc`` until the monotonic ``deadline`` (TimeoutExpired then); RoundsStopped as soon as the
+    evaluation is stopping (an interrupt): the case runs in its own session, so a Ctrl-C never reaches it, and the
+    thread that waits on it must end before the controller cleans the host."""
+    while True:
+        try:
+            proc.wait(timeout=max(0.0, min(STOP_POLL_S, deadline - time.monotonic())))
+            return
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                raise
+            if stop_requested():
+                raise RoundsStopped(f"the run is stopping: {proc.args[0]} was ended") from None
 
 
 def _pump(stream: IO[str] | None, log: IO[str] | None, on_line: LineSink | None) -> None:

@@ -107,6 +107,7 @@ class SshHost(Host):
         self._client: paramiko.SSHClient | None = None
         self._lock = threading.Lock()
         self._keepalive: tuple[paramiko.Channel, int] | None = None
+        self._closed = False  # close() is final: a thread still driving the host must not reconnect behind it
 
     def __repr__(self) -> str:
         return f"SshHost({self.name!r}, {self.spec.ssh_user()}@{self.address}:{self.spec.port})"
@@ -125,6 +126,9 @@ class SshHost(Host):
 
     def client(self) -> paramiko.SSHClient:
         with self._lock:
+            if self._closed:
+                raise SshError(f"host {self.name}: its connection was closed (the run is stopping or has ended); "
+                               "not connecting again")
             transport = self._client.get_transport() if self._client else None
             if self._client is not None and transport is not None and transport.is_active():
                 return self._client
@@ -170,7 +174,10 @@ class SshHost(Host):
         return client
 
     def close(self) -> None:
+        """End the connection and every command on it (the host's agent stops what a closed channel ran); final:
+        every later call is an SshError, never a new connection (open_host gives a new SshHost for new work)."""
         with self._lock:
+            self._closed = True
             if self._keepalive is not None:
                 self._keepalive[0].close()
                 self._keepalive = None

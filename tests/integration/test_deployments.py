@@ -500,3 +500,53 @@ def test_what_users_set_on_the_nightly_in_the_ui_survives_a_restart_of_the_serve
         refused.value)
     with get_client(sync_client=True) as client:
         client.delete_work_pool("flagperf-other")  # the tests that follow make theirs
+
+
+@pytest.mark.parametrize("picked_up", [False, True], ids=["waiting", "running"])
+def test_an_interrupted_evaluation_cancels_the_host_rounds_it_dispatched(picked_up: bool) -> None:
+    """Ctrl-C (or a cancelled evaluation) while a host's worker has, or has not yet picked up, a run the evaluation
+    dispatched: the thread waiting on it cancels it (Cancelled when still waiting; Cancelling when running, on which
+    its worker ends it) instead of leaving it to run, or start later, unobserved."""
+    import threading
+
+    from prefect import flow
+    from prefect.states import Running, Scheduled
+
+    from flagperf.hosts.inventory import HostSpec
+    from flagperf.hosts.threads import HOST_THREADS, HostThreads, RoundsStopped
+    from flows.evaluate import wait_for_agent
+
+    @flow(name="dispatched-round")
+    def dispatched_round() -> None: ...
+
+    spec = HostSpec.model_validate({"name": "far", "address": "localhost", "agent": {"start_timeout_s": 600}})
+    with get_client(sync_client=True) as client:
+        run = client.create_flow_run(dispatched_round, state=Scheduled())
+        if picked_up:
+            client.set_flow_run_state(run.id, Running(), force=True)
+    threads = HostThreads()
+    outcome: list[BaseException | None] = []
+
+    def round_thread() -> None:
+        token = HOST_THREADS.set(threads)
+        try:
+            threads.run(["far"], lambda: wait_for_agent(spec, run.id, "host-round/host-round"))
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+        finally:
+            HOST_THREADS.reset(token)
+
+    thread = threading.Thread(target=round_thread)
+    thread.start()
+    deadline = time.monotonic() + 120  # a guard against a hang, not a timing assumption
+    while not threads.busy() and thread.is_alive():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    threads.stop()
+    thread.join(120)
+    assert not thread.is_alive() and isinstance(outcome[0], RoundsStopped), outcome
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(run.id).state
+    assert state is not None and state.type.value == ("CANCELLING" if picked_up else "CANCELLED"), state
+    assert "interrupted" in (state.message or "")

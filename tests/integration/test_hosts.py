@@ -470,6 +470,52 @@ def test_a_session_that_ends_mid_command_says_the_connection_dropped(testbed: Te
         host.close()
 
 
+def test_a_host_closed_mid_command_ends_it_and_never_reconnects(testbed: Testbed, deployed: Path) -> None:
+    """What an interrupted controller does to an SSH host whose round still runs in another thread: close() ends the
+    command on the host, and the thread's next call is a clear SshError, not a silent new connection."""
+    import threading
+
+    from flagperf.hosts.inventory import HostSpec
+    from flagperf.hosts.ssh import SshError, SshHost
+
+    entry = host_entry(testbed, 1, deployed)
+    host = SshHost(HostSpec.model_validate({**entry, "key_file": Path(entry["key_file"]),
+                                            "known_hosts": Path(entry["known_hosts"]), "project_root": deployed}))
+    marker = f"closed-{uuid.uuid4().hex}"
+    ready = threading.Event()
+    outcome: list[BaseException | None] = []
+
+    def round_thread() -> None:
+        try:
+            program = f"import time\nprint('ready', flush=True)\ntime.sleep(300)  # {marker}"
+            host.run([testbed.hosts[1].python, "-c", program], timeout=300,
+                     log_path=host.work_root / marker / "case.log",
+                     on_line=lambda line: ready.set() if line == "ready" else None)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=round_thread)
+    thread.start()
+    try:
+        assert ready.wait(300), "the command never started"
+        host.close()
+        thread.join(300)
+        assert not thread.is_alive() and outcome and isinstance(outcome[0], SshError), outcome
+        with pytest.raises(SshError, match=rf"host {host.name}: its connection was closed .* not connecting again"):
+            host.exists(host.work_root)
+        again = SshHost(host.spec)  # a new host object (open_host's after close_hosts) connects as usual
+        deadline = time.monotonic() + 120
+        while marker in again.execute(["ps", "-eo", "args"])[1] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert marker not in again.execute(["ps", "-eo", "args"])[1], "the command outlived its closed connection"
+        again.remove_tree(host.work_root / marker)
+        again.close()
+    finally:
+        host.close()
+        thread.join(10)
+
+
 def test_an_unknown_host_key_is_refused(flagperf_env: Path, tmp_path: Path,
         testbed: Testbed, deployed: Path) -> None:
     empty = tmp_path / "known_hosts"

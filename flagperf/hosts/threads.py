@@ -1,0 +1,76 @@
+"""The threads that drive hosts for one evaluation, and the hosts each drives.
+
+After an interrupt the controller stops them (no new round starts; a local command is ended; the SSH channels are
+closed by the caller), waits for them, and then cleans only the hosts that no thread still drives: a folder removed
+under a round that still runs would lose its records, or be written again half.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
+from typing import TypeVar
+
+from flagperf.errors import FlagperfError
+
+T = TypeVar("T")
+
+
+class RoundsStopped(FlagperfError):
+    """The evaluation is stopping (an interrupt): a host's thread starts nothing more."""
+
+
+class HostThreads:
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._driving: dict[object, tuple[threading.Thread, tuple[str, ...]]] = {}
+        self._stopping = threading.Event()
+
+    def run(self, hosts: Sequence[str], call: Callable[[], T]) -> T:
+        """``call`` in this thread, counted as driving ``hosts`` until it returns; refused once stopping."""
+        token = object()  # one entry per call: a thread may run a nested call for the same hosts
+        with self._changed:
+            if self._stopping.is_set():
+                raise RoundsStopped(f"the run is stopping: nothing more starts on {', '.join(hosts)}")
+            self._driving[token] = (threading.current_thread(), tuple(hosts))
+        try:
+            return call()
+        finally:
+            with self._changed:
+                del self._driving[token]
+                self._changed.notify_all()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def busy(self) -> dict[str, list[str]]:
+        """The hosts some thread still drives, each with those threads' names."""
+        with self._changed:
+            found: dict[str, list[str]] = {}
+            for thread, hosts in self._driving.values():
+                for host in hosts:
+                    found.setdefault(host, [])
+                    if thread.name not in found[host]:
+                        found[host].append(thread.name)
+            return found
+
+    def wait(self, timeout_s: float) -> dict[str, list[str]]:
+        """Wait (at most ``timeout_s``) until no thread drives a host; the hosts still driven (busy())."""
+        with self._changed:
+            self._changed.wait_for(lambda: not self._driving, timeout=timeout_s)
+        return self.busy()
+
+
+# The current evaluation's threads: set by the evaluation, inherited by the threads it starts (copy_context).
+HOST_THREADS: ContextVar[HostThreads | None] = ContextVar("flagperf_host_threads", default=None)
+
+
+def stop_requested() -> bool:
+    """Whether the evaluation this thread works for is stopping: a long wait checks it to end early."""
+    threads = HOST_THREADS.get()
+    return threads is not None and threads.stopping

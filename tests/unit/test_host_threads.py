@@ -1,0 +1,93 @@
+"""Ctrl-C while several hosts' rounds run in their threads: the threads are told to stop (a local command ends, no
+new host is opened), the controller waits for them, and a host whose thread still runs is named and left alone.
+Real threads, real local commands; every phase is reached on a condition, never on a timer."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from flagperf.hosts.fleet import open_host
+from flagperf.hosts.inventory import HostSpec
+from flagperf.hosts.local import LocalHost
+from flagperf.hosts.threads import HOST_THREADS, HostThreads, RoundsStopped
+from flows.evaluate import run_concurrently, stop_host_threads
+
+DEADLINE_S = 120  # a guard against a hang, not a timing assumption
+
+
+def wait_until(condition: object, what: str) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"{what}: not within {DEADLINE_S} s"
+        time.sleep(0.05)
+
+
+def test_ctrl_c_stops_the_hosts_threads_and_names_the_one_that_still_runs(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    hosts = {name: LocalHost(name=name, work_root=tmp_path / name) for name in ("a", "b")}
+    release = threading.Event()
+    entered = threading.Event()
+    ended: dict[str, BaseException | None] = {}
+
+    def local_round(host: LocalHost) -> None:
+        started = host.work_root / "started"
+        program = (f"import os, time, pathlib; pathlib.Path({str(started)!r}).write_text(str(os.getpid())); "
+                   "time.sleep(600)")
+        try:
+            host.run([sys.executable, "-c", program], timeout=600, log_path=host.work_root / "case.log")
+            ended[host.name] = None
+        except BaseException as exc:
+            ended[host.name] = exc
+            raise
+        finally:
+            # what a round does after its command: open its host again (stopping: refused)
+            try:
+                open_host(HostSpec.model_validate({"name": host.name, "transport": "local"}))
+            except RoundsStopped as exc:
+                ended[f"{host.name} reopened"] = exc
+
+    def stuck_round() -> None:  # a thread that does not look at the stop (a call blocked elsewhere)
+        entered.set()
+        release.wait()
+
+    def interrupt_once_running() -> None:
+        wait_until(lambda: entered.is_set() and all((h.work_root / "started").is_file() for h in hosts.values()),
+                   "the rounds start")
+        # Ctrl-C: a real SIGINT to the main thread (interrupt_main would not wake its blocked wait)
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    threads = HostThreads()
+    token = HOST_THREADS.set(threads)
+    interrupter = threading.Thread(target=interrupt_once_running)
+    interrupter.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_concurrently([lambda: local_round(hosts["a"]), lambda: local_round(hosts["b"]), stuck_round],
+                             [["a"], ["b"], ["stuck"]])
+        interrupter.join()
+        pids = [int((h.work_root / "started").read_text()) for h in hosts.values()]
+        # the local commands end (killed by their threads), and with them the threads driving a and b
+        wait_until(lambda: set(threads.busy()) == {"stuck"}, "the threads of a and b end")
+        assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+        assert all(isinstance(ended[name], RoundsStopped) for name in ("a", "b")), ended
+        assert all(isinstance(ended[f"{name} reopened"], RoundsStopped) for name in ("a", "b")), ended
+        # nothing new starts on a host once stopping
+        with pytest.raises(RoundsStopped):
+            threads.run(["c"], lambda: None)
+        with caplog.at_level(logging.WARNING):
+            left = stop_host_threads(threads, grace_s=0.2)  # "stuck" never ends before release: the grace is moot
+        assert left == {"stuck"}
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and "left the run's folder on stuck as it is" in warnings[0], warnings
+    finally:
+        release.set()
+        HOST_THREADS.reset(token)
+    wait_until(lambda: not threads.busy(), "the stuck thread ends once released")
