@@ -977,7 +977,7 @@ def server(
     raise typer.Exit(code)
 
 
-_LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+_LABEL = r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"  # "_": internal names (my_host) browsers reach
 # http(s)://, a DNS name (a trailing dot allowed: localhost.), an IPv4 address or an IPv6 one in brackets, an
 # optional port, an optional "/" and nothing more (no user, path, query, fragment, backslash).
 _PUBLIC_URL = re.compile(rf"https?://(?P<host>(?:{_LABEL}\.)*{_LABEL}\.?|\[(?P<ipv6>[0-9a-f:.]+)\])"

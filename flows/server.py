@@ -271,6 +271,11 @@ def machine_address(host: str = "0.0.0.0") -> tuple[str, str | None]:
     return (names[0], why) if names else ("localhost", why)
 
 
+# Where the server processes start: `python -m flows.server` puts its working folder first on the import path, so
+# a user's own `flows` package in theirs (a common Prefect project layout) would be imported instead of this one.
+CODE_ROOT = Path(__file__).resolve().parent.parent
+
+
 def watched(argv: list[str], pass_fds: tuple[int, ...] = ()) -> list[str]:
     """``argv`` run under a watcher that ends it (its whole process group) once this process is gone. The file
     descriptors in ``pass_fds`` (which the watcher must be given too) are handed on to ``argv``."""
@@ -443,7 +448,7 @@ class TemporaryServer:
                 [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(__file__).resolve().parent.parent),
                  "--factory", "flows.team_app:temporary_app", "--fd", str(fd),
                  "--log-level", "error", "--lifespan", "on", "--timeout-graceful-shutdown", "3"], pass_fds=(fd,)),
-                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(fd,))
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(fd,), cwd=CODE_ROOT)
         wait_healthy(self.api_url, self.proc, stopping, float(os.environ.get(
             "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", HEALTH_TIMEOUT_S)))
         return self.api_url
@@ -1225,7 +1230,7 @@ def serve(database_url: str, host: str, port: int, pool: str, worker: bool, log_
                                                *(f"--origin={origin}" for origin in origins),
                                                *(["--reread-names"] if rereads_names(host) else [])], pass_fds=(fd,)),
                                       env=env, stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True,
-                                      pass_fds=(fd,))
+                                      pass_fds=(fd,), cwd=CODE_ROOT)
         on_error.pop_all()
     listening.close()  # the server holds it from here
     processes = [server]

@@ -647,7 +647,8 @@ def test_every_public_url_is_checked_naming_the_option(tmp_path: Path, bad: str)
 
 
 @pytest.mark.parametrize("good", ["http://perf-lab:4200", "https://perf-lab.example.org/", "http://[::1]:4200",
-                                  "http://10.1.2.3", "http://localhost.:4200", "HTTPS://Perf-Lab.Example.org:65535"])
+                                  "http://10.1.2.3", "http://localhost.:4200", "HTTPS://Perf-Lab.Example.org:65535",
+                                  "http://my_host:4200", "https://xn--bcher-kva.example"])
 def test_a_public_url_of_scheme_host_and_port_passes_its_check(good: str) -> None:
     from flows.cli import _scheme_host_port
 
