@@ -321,7 +321,9 @@ def no_sample_reason(why: str) -> str:
 
 # An older record's cross_entropy text (before the short reasons) -> its short reason, by its distinguishing words
 OLDER_REASONS = (("those are over the", TOO_MANY_LOGITS), ("one row of them", ROW_OVER_HOST_COPY))
-NUMBER = re.compile(r"(?<![\w.])\d+(\.\d+)?")  # a size, not a word's digits (fp8, float64)
+# A size (4096, 2.5, 3.1.0, each side of 4096x128256) or an address (0x7f3a...), not a word's digits (fp8_gemm,
+# bf16, float64, M4096xN4096): a number after a letter other than the x of a product is part of a name
+NUMBER = re.compile(r"(?<![\w.])0x[0-9a-fA-F]+|(?<![0-9A-Za-wyz_.])\d+(?:\.\d+)*")
 
 
 def no_sample_counts(points: Iterable[PointFigures]) -> dict[str, dict[str, int]]:
