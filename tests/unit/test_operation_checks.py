@@ -1402,3 +1402,47 @@ def test_the_gpu_bench_records_the_host_latency_beside_the_device_clocks(
     text = markdown({**record, "geomeans": [], "points": [broken_row]})
     (row_line,) = [line for line in text.splitlines() if line.startswith("| add |")]
     assert row_line.endswith("| RuntimeError: first line second \\| line |"), row_line
+
+
+def _reason_text(node: Any, module: Any) -> str:
+    """A NoSample's reason argument as raised: its constants and module-level names read, a name known only when
+    it is raised (the operator's) stood for by a word."""
+    import ast
+
+    if isinstance(node, ast.Constant):
+        return str(node.value)
+    if isinstance(node, ast.Name) and hasattr(module, node.id):
+        return str(getattr(module, node.id))
+    if isinstance(node, ast.FormattedValue):
+        return _reason_text(node.value, module)
+    if isinstance(node, ast.JoinedStr):
+        return "".join(_reason_text(part, module) for part in node.values)
+    return "gemm"
+
+
+def test_every_reason_a_point_has_no_host_sample_is_a_short_reason() -> None:
+    """no_sample_reason takes a record whose reason is_no_sample_reason does not know for an older one (its words
+    guessed from its full text): a new reason raised without being added there would be counted under a label of
+    its own words, silently. Every NoSample raised in flagperf (read from the source: each one, not only those a
+    test reaches) and the driver's failed host sample carry a reason it knows."""
+    import ast
+    import importlib
+
+    from flagperf.paths import PROJECT_ROOT
+    from flagperf.results.schema import HOST_FAILED, is_no_sample_reason
+
+    assert is_no_sample_reason(HOST_FAILED)
+    reasons: list[str] = []
+    for path in sorted((PROJECT_ROOT / "flagperf").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
+                 and isinstance(node.func, ast.Name) and node.func.id == "NoSample"]
+        if not calls:
+            continue
+        module = importlib.import_module(".".join(path.relative_to(PROJECT_ROOT).with_suffix("").parts))
+        for call in calls:
+            given = call.args[0] if call.args else next(k.value for k in call.keywords if k.arg == "reason")
+            reason = _reason_text(given, module)
+            assert is_no_sample_reason(reason), f"{display_path(path)}: line {call.lineno}: {reason!r}"
+            reasons.append(reason)
+    assert len(reasons) >= 3, reasons  # the three of sampled.py at least: the walk found them
