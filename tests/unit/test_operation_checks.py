@@ -1083,8 +1083,8 @@ def test_a_mode_no_compared_implementation_reads_is_refused_by_the_plan_and_vali
     from flows.cli import app
 
     for vendor, sets, source in (
-            ("cpu", ["inductor_mode=max-autotune", "implementations=[native]"], "--set"),
-            ("nvidia", ["inductor_mode=reduce-overhead", "implementations=[native,flaggems]"], "--set")):
+            ("cpu", ["implementations=[native]", "inductor_mode=max-autotune"], "--set"),
+            ("nvidia", ["implementations=[native,flaggems]", "inductor_mode=reduce-overhead"], "--set")):
         with pytest.raises(ConfigError) as refused:
             plan_run(cases=["op-gemm"], vendor=vendor, results_dir="/nonexistent-results", sets=sets)
         assert "\n" not in str(refused.value) and refused.value.key == "inductor_mode", str(refused.value)
@@ -1116,14 +1116,23 @@ def test_a_mode_no_compared_implementation_reads_is_refused_by_the_plan_and_vali
         f"error {shown}/vendor/nvidia.yaml: implementations: none of flaggems of vendor nvidia reads inductor_mode: "
         f"max-autotune (from {shown}/case.yaml; their engine.yaml lists no inductor_mode under options): the mode "
         "would change nothing (list one that compiles, such as compile, or set inductor_mode: default)"], done.output
-    # the key set last is named: --set implementations after the case's mode, the mode's own --set after a choice
+    # the key set last is named: --set implementations after the case's mode; within --set, the one given later; a
+    # case's own --set (its layer after the general one) after a general --set, whatever their order on the line
     own = tmp_path / "cases" / "operation" / "op-gemm-compiled"
     own.mkdir(parents=True)
     (own / "case.yaml").write_text(text.replace("name: op-gemm", "name: op-gemm-compiled", 1)
                                    .replace("  inductor_mode: default", "  inductor_mode: max-autotune"))
     monkeypatch.setenv("FLAGPERF_CASE_PATH", str(own.parent.parent))
     for sets, key in ((["implementations=[native]"], "implementations"),
-                      (["inductor_mode=max-autotune", "implementations=[native]"], "inductor_mode")):
+                      (["implementations=[native]", "inductor_mode=max-autotune"], "inductor_mode"),
+                      (["inductor_mode=max-autotune", "implementations=[native]"], "implementations"),
+                      (["inductor_mode=max-autotune", "op-gemm-compiled.implementations=[native]"], "implementations"),
+                      (["op-gemm-compiled.implementations=[native]", "inductor_mode=max-autotune"], "implementations"),
+                      (["op-gemm-compiled.implementations=[native]", "op-gemm-compiled.inductor_mode=reduce-overhead"],
+                       "inductor_mode"),
+                      # set again: its last place counts
+                      (["inductor_mode=max-autotune", "implementations=[native]", "inductor_mode=reduce-overhead"],
+                       "inductor_mode")):
         with pytest.raises(ConfigError) as refused:
             plan_run(cases=["op-gemm-compiled"], vendor="cpu", results_dir="/nonexistent-results", sets=sets)
         assert str(refused.value).startswith(f"--set: {key}: "), str(refused.value)
