@@ -1156,11 +1156,15 @@ def test_a_mode_no_compared_implementation_reads_is_refused_by_the_plan_and_vali
     with pytest.raises(CaseUserError) as disagrees:
         load_implementations(config(inductor_mode="max-autotune", implementations=["compile"]), "cpu", CPU)
     assert str(disagrees.value) == disagreement
-    # in the default mode nothing depends on it: an implementation written to the old docs still runs, told once
+    # in the default mode nothing depends on it: an implementation written to the old docs still runs, told in the
+    # task log and in the round's record (result.json's implementations), where a lab reading results sees it
     with caplog.at_level(logging.WARNING, logger=driver.log.name):
         loaded = load_implementations(config(implementations=["compile"]), "cpu", CPU)
     assert list(loaded.ready) == ["compile"]
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [disagreement]
+    assert loaded.described["compile"].endswith(f"(vendor_images/cpu/operation/compile/engine.yaml); warning: "
+                                                f"{disagreement}"), \
+        loaded.described
 
 
 def test_validate_without_a_vendor_checks_each_named_manifest_and_blames_it_not_the_case(
