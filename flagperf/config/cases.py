@@ -359,7 +359,9 @@ def _apply_run_overrides(case: CaseDef, vendor: str, merged: MergedConfig,
             raise ConfigError(source, key, f"an option of engine {readers}, not read by compiler {compiler}")
         merged.values[key] = value
         merged.origins[key] = source
-        merged.run_overrides.setdefault(source, {})[key] = value
+        layer = merged.run_overrides.setdefault(source, {})
+        layer.pop(key, None)  # set again: now the source's last key, as apply_run_overrides keeps them
+        layer[key] = value
     return refused
 
 
@@ -420,16 +422,18 @@ def resolve_case_config(case: CaseDef, vendor: str, run_overrides: list[tuple[st
 
 def _origins_in_order(merged: MergedConfig, vendor_source: str) -> dict[str, str]:
     """The origins in the order their layers set them (the defaults, the vendor file, its scale file, each run
-    override in turn): a check of two keys names the one set last, the change that made them disagree."""
+    override in turn): a check of two keys names the one set last, the change that made them disagree. Two keys of
+    one run source (--set, a suite) are in the order it set them: a case's own --set (overrides.<case>) after the
+    general one (overrides.*), its layer coming later."""
     runs = list(merged.run_overrides)
 
-    def layer(item: tuple[str, str]) -> int:
+    def layer(item: tuple[str, str]) -> tuple[int, int]:
         key, origin = item
         if key in merged.run_overrides.get(origin, {}):
-            return 3 + runs.index(origin)
+            return 3 + runs.index(origin), list(merged.run_overrides[origin]).index(key)
         if key in merged.vendor_changes or key in merged.vendor_new_keys:
-            return 1 if origin == vendor_source else 2
-        return 0
+            return (1 if origin == vendor_source else 2), 0
+        return 0, 0
 
     return dict(sorted(merged.origins.items(), key=layer))  # stable: a layer's keys keep their order
 

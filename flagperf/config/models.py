@@ -390,7 +390,9 @@ def apply_run_overrides(merged: MergedConfig, overrides: dict[str, Any], source:
         else:
             merged.values[key] = value
         merged.origins[key] = source
-        merged.run_overrides.setdefault(source, {})[key] = value
+        layer = merged.run_overrides.setdefault(source, {})
+        layer.pop(key, None)  # set again: now the source's last key (a check of two keys names the one set last)
+        layer[key] = value
     if refused:
         raise gathered(refused)
 

@@ -245,7 +245,11 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
         for case_name in names:
             if only == case_name or (not only and bare in defs[case_name].manifest.configurations):
                 layers[case_name].append((inventory_source, {bare: value}))
-    general = {o.key: o.value for o in parsed if o.case is None}
+    general: dict[str, Any] = {}
+    for override in parsed:
+        if override.case is None:  # a key given again takes its last place (a check of two keys names the later)
+            general.pop(override.key, None)
+            general[override.key] = override.value
     spread, refused = _spread(general, "--set", "", configurable)
     if refused:
         raise gathered([*problems, *refused])

@@ -658,11 +658,14 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
     for path, message in misnamed_overrides(case.folder, case.family, vendor.name, vendor.folder):
         found.problem(display_path(path), message)
     name = case.vendor_file(vendor.name).name
+    # a folder --vendor does not find (not installed, shadowed): its own engines judge its cases, not the installed
+    known = available_vendors().get(vendor.name)
+    installed = known is not None and known.resolve() == vendor.folder.resolve()
     kept = adaptation_places(case.folder, vendor.name, vendor.folder)[1:]  # the vendor folder's, by the same name
     if is_present(case.vendor_file(vendor.name)) or any(is_present(place.folder / name) for place in kept):
         try:
             resolve_case_config(case, vendor=vendor.name, run_overrides=[], hardware=vendor.manifest.hardware,
-                                vendor_folder=vendor.folder)
+                                vendor_folder=vendor.folder, check_vendor=installed)
             used.append(f"overrides {name}")
         except FlagperfError as exc:
             found.add_error(exc)
@@ -671,7 +674,8 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
     except ConfigError as exc:  # in both places: neither is read
         found.add_error(exc)
         return used
-    scales, problems = adaptation_listing(case, vendor.name, str(vendor.manifest.hardware), place, vendor.folder)
+    scales, problems = adaptation_listing(case, vendor.name, str(vendor.manifest.hardware), place, vendor.folder,
+                                          check_vendor=installed)
     for error in problems:
         found.add_error(error)
     used += [f"scale {name}" for name in scales]

@@ -335,9 +335,9 @@ class OperationConfig(CaseConfig):
             compared = f"{', '.join(names) or 'none'}{f' of vendor {vendor}' if vendor else ''}"
             order = list(origins)  # in the order the layers set them (resolve_case_config)
             chosen, mode = origins.get("implementations"), origins.get(INDUCTOR_MODE)
-            if chosen is not None and chosen != mode and (mode is None or order.index("implementations")
-                                                          > order.index(INDUCTOR_MODE)):
-                # the implementations were chosen after the mode (a vendor's file, --set): that choice is the change
+            if chosen is not None and (mode is None or order.index("implementations") > order.index(INDUCTOR_MODE)):
+                # the implementations were chosen after the mode (a vendor's file, --set, a case's own --set after
+                # the general one): that choice is the change
                 raise ConfigError(chosen, "implementations",
                                   f"none of {compared} reads {INDUCTOR_MODE}: {self.inductor_mode} (from "
                                   f"{mode or source}; their engine.yaml lists no {INDUCTOR_MODE} under options): the "

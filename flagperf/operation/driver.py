@@ -118,6 +118,7 @@ def load_implementations(config: OperationConfig, vendor: str, device: torch.dev
             found.absent[name] = str(exc)
             found.described[name] = f"not available: {exc}"
             continue
+        warning = ""
         if cls.reads_inductor_mode != (INDUCTOR_MODE in definition.manifest.options):
             # the plan read the manifest, the host the class: where they differ, the plan's check meant nothing
             listed = "does not list" if cls.reads_inductor_mode else "lists"
@@ -126,10 +127,11 @@ def load_implementations(config: OperationConfig, vendor: str, device: torch.dev
             if config.inductor_mode != "default":
                 raise CaseUserError(disagreement)
             # in the default mode the plan's check has nothing to refuse: an implementation written before
-            # engine.yaml declared options still runs, told once what to fix
+            # engine.yaml declared options still runs, told what to fix in the task log and the round's record
             log.warning("%s", disagreement)
+            warning = f"; warning: {disagreement}"
         found.ready[name] = cls(env)
-        found.described[name] = f"{found.ready[name].describe()} ({definition.source})"
+        found.described[name] = f"{found.ready[name].describe()} ({definition.source}){warning}"
     if not found.ready:
         raise CaseUserError("no implementation can run here: " + "; ".join(found.absent.values()))
     # a backstop of the plan's check (OperationConfig.check_for_vendor), on the classes loaded here

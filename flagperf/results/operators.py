@@ -28,6 +28,7 @@ from flagperf.results.metrics import coefficient_of_variation
 from flagperf.results.plotting import save_png
 from flagperf.results.schema import (
     NO_SAMPLE_SEPARATOR,
+    NONE_DEFINED,
     RESULT_FILE,
     ROW_OVER_HOST_COPY,
     TOO_MANY_LOGITS,
@@ -315,13 +316,19 @@ def no_sample_reason(why: str) -> str:
     reason, separator, _ = why.partition(NO_SAMPLE_SEPARATOR)
     if not (separator and is_no_sample_reason(reason)):
         # cross_entropy's two older texts share their first clause: their own words tell them apart
-        reason = next((short for words, short in OLDER_REASONS if words in why), why.split(", ")[0])
+        none_defined = OLDER_NONE_DEFINED.match(why)
+        reason = (f"{NONE_DEFINED}{none_defined.group(1)}" if none_defined else
+                  next((short for words, short in OLDER_REASONS if words in why), why.split(", ")[0]))
     return NUMBER.sub("N", reason)
 
 
 # An older record's cross_entropy text (before the short reasons) -> its short reason, by its distinguishing words
 OLDER_REASONS = (("those are over the", TOO_MANY_LOGITS), ("one row of them", ROW_OVER_HOST_COPY))
-NUMBER = re.compile(r"(?<![\w.])\d+(\.\d+)?")  # a size, not a word's digits (fp8, float64)
+# An older record of an operator without a host sample: its full text alone, the operator's name in it
+OLDER_NONE_DEFINED = re.compile(r"no host sample is defined for (\w+)")
+# A size (4096, 2.5, 3.1.0, each side of 4096x128256) or an address (0x7f3a...), not a word's digits (fp8_gemm,
+# bf16, float64, M4096xN4096): a number after a letter other than the x of a product is part of a name
+NUMBER = re.compile(r"(?<![\w.])0x[0-9a-fA-F]+|(?<![0-9A-Za-wyz_.])\d+(?:\.\d+)*")
 
 
 def no_sample_counts(points: Iterable[PointFigures]) -> dict[str, dict[str, int]]:

@@ -412,6 +412,14 @@ def test_the_headline_counts_why_points_have_no_host_sample_in_the_same_words_ev
                                                                 "N GiB total capacity; N GiB already allocated)")
     assert no_sample_reason("none defined for fp8_gemm; no host sample is defined for fp8_gemm") == \
         "none defined for fp8_gemm"
+    # the oldest record of an operator without a host sample counts with the new ones of that operator
+    assert no_sample_reason("no host sample is defined for fp8_gemm") == "none defined for fp8_gemm"
+    # each size of a product and an address are numbers; a name's digits (fp8_gemm, bf16, float64, M4096) are not
+    assert no_sample_reason("mat1 and mat2 shapes cannot be multiplied (4096x128256 and 160x4096)") == \
+        "mat1 and mat2 shapes cannot be multiplied (NxN and NxN)"
+    assert no_sample_reason("bad pointer 0x7f3a9c000000 from triton 3.1.0") == "bad pointer N from triton N"
+    assert no_sample_reason("fp8_gemm in bf16 over float64 at M4096xN4096") == \
+        "fp8_gemm in bf16 over float64 at M4096xN4096"
 
 
 def test_the_sample_of_a_huge_dimension_is_drawn_without_a_permutation_of_it(monkeypatch: pytest.MonkeyPatch
@@ -1075,8 +1083,8 @@ def test_a_mode_no_compared_implementation_reads_is_refused_by_the_plan_and_vali
     from flows.cli import app
 
     for vendor, sets, source in (
-            ("cpu", ["inductor_mode=max-autotune", "implementations=[native]"], "--set"),
-            ("nvidia", ["inductor_mode=reduce-overhead", "implementations=[native,flaggems]"], "--set")):
+            ("cpu", ["implementations=[native]", "inductor_mode=max-autotune"], "--set"),
+            ("nvidia", ["implementations=[native,flaggems]", "inductor_mode=reduce-overhead"], "--set")):
         with pytest.raises(ConfigError) as refused:
             plan_run(cases=["op-gemm"], vendor=vendor, results_dir="/nonexistent-results", sets=sets)
         assert "\n" not in str(refused.value) and refused.value.key == "inductor_mode", str(refused.value)
@@ -1108,14 +1116,23 @@ def test_a_mode_no_compared_implementation_reads_is_refused_by_the_plan_and_vali
         f"error {shown}/vendor/nvidia.yaml: implementations: none of flaggems of vendor nvidia reads inductor_mode: "
         f"max-autotune (from {shown}/case.yaml; their engine.yaml lists no inductor_mode under options): the mode "
         "would change nothing (list one that compiles, such as compile, or set inductor_mode: default)"], done.output
-    # the key set last is named: --set implementations after the case's mode, the mode's own --set after a choice
+    # the key set last is named: --set implementations after the case's mode; within --set, the one given later; a
+    # case's own --set (its layer after the general one) after a general --set, whatever their order on the line
     own = tmp_path / "cases" / "operation" / "op-gemm-compiled"
     own.mkdir(parents=True)
     (own / "case.yaml").write_text(text.replace("name: op-gemm", "name: op-gemm-compiled", 1)
                                    .replace("  inductor_mode: default", "  inductor_mode: max-autotune"))
     monkeypatch.setenv("FLAGPERF_CASE_PATH", str(own.parent.parent))
     for sets, key in ((["implementations=[native]"], "implementations"),
-                      (["inductor_mode=max-autotune", "implementations=[native]"], "inductor_mode")):
+                      (["implementations=[native]", "inductor_mode=max-autotune"], "inductor_mode"),
+                      (["inductor_mode=max-autotune", "implementations=[native]"], "implementations"),
+                      (["inductor_mode=max-autotune", "op-gemm-compiled.implementations=[native]"], "implementations"),
+                      (["op-gemm-compiled.implementations=[native]", "inductor_mode=max-autotune"], "implementations"),
+                      (["op-gemm-compiled.implementations=[native]", "op-gemm-compiled.inductor_mode=reduce-overhead"],
+                       "inductor_mode"),
+                      # set again: its last place counts
+                      (["inductor_mode=max-autotune", "implementations=[native]", "inductor_mode=reduce-overhead"],
+                       "inductor_mode")):
         with pytest.raises(ConfigError) as refused:
             plan_run(cases=["op-gemm-compiled"], vendor="cpu", results_dir="/nonexistent-results", sets=sets)
         assert str(refused.value).startswith(f"--set: {key}: "), str(refused.value)
@@ -1139,11 +1156,15 @@ def test_a_mode_no_compared_implementation_reads_is_refused_by_the_plan_and_vali
     with pytest.raises(CaseUserError) as disagrees:
         load_implementations(config(inductor_mode="max-autotune", implementations=["compile"]), "cpu", CPU)
     assert str(disagrees.value) == disagreement
-    # in the default mode nothing depends on it: an implementation written to the old docs still runs, told once
+    # in the default mode nothing depends on it: an implementation written to the old docs still runs, told in the
+    # task log and in the round's record (result.json's implementations), where a lab reading results sees it
     with caplog.at_level(logging.WARNING, logger=driver.log.name):
         loaded = load_implementations(config(implementations=["compile"]), "cpu", CPU)
     assert list(loaded.ready) == ["compile"]
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [disagreement]
+    assert loaded.described["compile"].endswith(f"(vendor_images/cpu/operation/compile/engine.yaml); warning: "
+                                                f"{disagreement}"), \
+        loaded.described
 
 
 def test_validate_without_a_vendor_checks_each_named_manifest_and_blames_it_not_the_case(
@@ -1394,3 +1415,47 @@ def test_the_gpu_bench_records_the_host_latency_beside_the_device_clocks(
     text = markdown({**record, "geomeans": [], "points": [broken_row]})
     (row_line,) = [line for line in text.splitlines() if line.startswith("| add |")]
     assert row_line.endswith("| RuntimeError: first line second \\| line |"), row_line
+
+
+def _reason_text(node: Any, module: Any) -> str:
+    """A NoSample's reason argument as raised: its constants and module-level names read, a name known only when
+    it is raised (the operator's) stood for by a word."""
+    import ast
+
+    if isinstance(node, ast.Constant):
+        return str(node.value)
+    if isinstance(node, ast.Name) and hasattr(module, node.id):
+        return str(getattr(module, node.id))
+    if isinstance(node, ast.FormattedValue):
+        return _reason_text(node.value, module)
+    if isinstance(node, ast.JoinedStr):
+        return "".join(_reason_text(part, module) for part in node.values)
+    return "gemm"
+
+
+def test_every_reason_a_point_has_no_host_sample_is_a_short_reason() -> None:
+    """no_sample_reason takes a record whose reason is_no_sample_reason does not know for an older one (its words
+    guessed from its full text): a new reason raised without being added there would be counted under a label of
+    its own words, silently. Every NoSample raised in flagperf (read from the source: each one, not only those a
+    test reaches) and the driver's failed host sample carry a reason it knows."""
+    import ast
+    import importlib
+
+    from flagperf.paths import PROJECT_ROOT
+    from flagperf.results.schema import HOST_FAILED, is_no_sample_reason
+
+    assert is_no_sample_reason(HOST_FAILED)
+    reasons: list[str] = []
+    for path in sorted((PROJECT_ROOT / "flagperf").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
+                 and isinstance(node.func, ast.Name) and node.func.id == "NoSample"]
+        if not calls:
+            continue
+        module = importlib.import_module(".".join(path.relative_to(PROJECT_ROOT).with_suffix("").parts))
+        for call in calls:
+            given = call.args[0] if call.args else next(k.value for k in call.keywords if k.arg == "reason")
+            reason = _reason_text(given, module)
+            assert is_no_sample_reason(reason), f"{display_path(path)}: line {call.lineno}: {reason!r}"
+            reasons.append(reason)
+    assert len(reasons) >= 3, reasons  # the three of sampled.py at least: the walk found them

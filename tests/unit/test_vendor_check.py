@@ -146,3 +146,38 @@ def test_an_errors_findings_are_told_apart_by_what_they_say_and_the_count_names_
     found = Findings()
     found.add_error(gathered([ConfigError(source, f"k{i}", "bad") for i in range(MAX_FINDINGS + 2)]))
     assert found.problems[-1] == f"{source}: ... and 2 more findings (not listed: fix these and check again)"
+
+
+def test_a_folder_not_installed_here_is_judged_by_its_own_implementations(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`vendor check <folder>` of a vendor not installed here (or shadowed) read the case's implementations
+    against the installed vendor of the name: acme's own operation/comp was "unknown", and whether comp reads
+    inductor_mode was never asked of acme's engine.yaml. The folder's own implementations are read now."""
+    from flagperf.config.cases import load_case
+    from flagperf.hosts.vendorcheck import _check_case
+
+    folder = tmp_path / "vendors" / "acme"
+    shutil.copytree(PROJECT_ROOT / "vendor_images" / "cpu", folder)
+    (folder / MANIFEST).write_text((folder / MANIFEST).read_text().replace("name: cpu", "name: acme", 1))
+    comp = folder / "operation" / "comp"
+    comp.mkdir()
+    (comp / "engine.yaml").write_text("name: comp\ndescription: compiled\nmodule: flagperf.operation.compiled\n"
+                                      "options: [inductor_mode]\n")
+    case_folder = tmp_path / "cases" / "operation" / "op-gemm"
+    (case_folder / "vendor").mkdir(parents=True)
+    text = (PROJECT_ROOT / "cases" / "operation" / "op-gemm" / "case.yaml").read_text()
+    (case_folder / "case.yaml").write_text(text.replace("  inductor_mode: default", "  inductor_mode: max-autotune"))
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(case_folder.parent.parent))
+    vendor = Vendor(manifest=load_vendor_manifest(folder / MANIFEST), location=str(folder))
+    case = load_case("op-gemm", {"op-gemm": case_folder})
+    for chosen, problem in (("[comp]", None),
+                            # acme's native does not compile: the mode would change nothing, said of acme.yaml
+                            ("[native]", "implementations: none of native")):
+        (case_folder / "vendor" / "acme.yaml").write_text(f"implementations: {chosen}\n")
+        found = Findings()
+        used = _check_case(vendor, case, found)
+        if problem is None:
+            assert used == ["overrides acme.yaml"] and found.problems == [], found.problems
+        else:
+            assert len(found.problems) == 1 and problem in found.problems[0] and "acme.yaml" in found.problems[0], \
+                found.problems
