@@ -207,23 +207,32 @@ LINKS_NAMED = 100
 def links_out_of_vendor_folder(folder: Path, under: str | None = None) -> list[ConfigError]:
     """Each link of the vendor folder that a round refuses before it starts, by the round's own scan of it
     (hosts.local.describe_paths, as the host runs it: the folder alone, or as part of the project where it lies in
-    it, which a container has whole), whose target is relative: one line each naming the link and where it leads. One
-    by its absolute path is absolute_links' (every one, in the project too: a clone has the folder elsewhere).
-    ``under``: only those below that part of the folder (an engine's, a case's)."""
-    return [error for path, error in _leaving_links(folder)
-            if under is None or path == folder / under or folder / under in path.parents]
+    it, which a container has whole), whose target is relative: one line each naming the link and where it leads,
+    the first LINKS_NAMED, then one line saying there are more. One by its absolute path is absolute_links' (every
+    one, in the project too: a clone has the folder elsewhere). ``under``: only those below that part of the folder
+    (an engine's, a case's) and on the way to it: the scan walks that part alone, so links elsewhere in the folder
+    never use up the count."""
+    return [error for _, error in _leaving_links(folder, under)]
 
 
-def _leaving_links(folder: Path) -> list[tuple[Path, ConfigError]]:
-    """links_out_of_vendor_folder's, each with the link's path."""
+def _leaving_links(folder: Path, under: str | None = None) -> list[tuple[Path, ConfigError]]:
+    """links_out_of_vendor_folder's, each with the link's path (the line saying there are more: ``under``'s)."""
     written = str(folder)
-    facts = PathFacts.of(describe_paths([written], scan=[written], tree=str(PROJECT_ROOT), limit=LINKS_NAMED)[written])
+    # One more than named: that one says the list goes on, as the round's "(and N+ more)" does.
+    facts = PathFacts.of(describe_paths([written], scan=[written], tree=str(PROJECT_ROOT), limit=LINKS_NAMED + 1,
+                                        only=under)[written])
     real_root = os.path.realpath(PROJECT_ROOT)
     project = (str(PROJECT_ROOT), real_root) if facts.path == real_root or facts.path.startswith(real_root + os.sep) \
         else None
-    return [(folder / below, ConfigError(given_name(folder / below), None, leaving_link_words(
+    found = [(folder / below, ConfigError(given_name(folder / below), None, leaving_link_words(
         target, real, facts.path, below in facts.loops, project, what="the vendor folder")))
-        for below, target, real in facts.links_out if not os.path.isabs(target)]
+        for below, target, real in facts.links_out[:LINKS_NAMED] if not os.path.isabs(target)]
+    if len(facts.links_out) > LINKS_NAMED:
+        scanned = folder if under is None else folder / under
+        found.append((scanned, ConfigError(given_name(scanned), None, f"(and 1+ more links that leave the vendor "
+                                           f"folder, not listed: only the first {LINKS_NAMED} are named; fix these "
+                                           "and check again)")))
+    return found
 
 
 def _other_missing_files(folder: Path, first: str) -> list[str]:

@@ -1260,3 +1260,28 @@ def test_a_relative_link_out_of_the_vendor_folder_is_named_by_check_and_validate
     assert check_vendor_folder(vendor, monitor_seconds=1).problems == []
     code, lines = validate_lines(vendor / MANIFEST, engine / "engine.yaml")
     assert code == 0, lines
+
+
+def test_an_engines_link_out_is_named_past_a_hundred_others_and_the_rest_is_said_to_go_on(walk: Path) -> None:
+    """validate of an engine.yaml scanned the whole vendor folder for the first LINKS_NAMED links out of it and kept
+    the engine's: with as many earlier in walk order (aaa/), the engine's own link out was never seen and validate said
+    ok while the round refused it; vendor check dropped the rest without a word. The engine's folder alone is scanned
+    now, and a line says when there are more than named."""
+    from flagperf.hosts.vendorcheck import LINKS_NAMED
+
+    vendor = walk / "vendors" / "acme"
+    helper = write(walk / "acme-sdk" / "peaks.py", "PEAKS = {}\n")
+    many = vendor / "aaa"
+    many.mkdir()
+    for index in range(LINKS_NAMED + 1):
+        (many / f"l{index:03}.py").symlink_to(os.path.relpath(helper, many))
+    engine = vendor / "engines" / "onnxruntime"
+    (engine / "model.onnx").symlink_to(os.path.relpath(helper, engine))
+    line = (f"{engine / 'model.onnx'}: links outside the vendor folder (to {helper}); in a container it would dangle: "
+            "copy the file into the vendor folder, or make the link relative and inside it")
+    code, lines = validate_lines(engine / "engine.yaml")
+    assert code == 2 and lines == [f"error {line}"], lines
+    more = (f"{vendor}: (and 1+ more links that leave the vendor folder, not listed: only the first {LINKS_NAMED} are "
+            "named; fix these and check again)")
+    problems = check_vendor_folder(vendor, monitor_seconds=1).problems
+    assert more in problems and len([p for p in problems if "links outside" in p]) == LINKS_NAMED, problems
