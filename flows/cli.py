@@ -1387,7 +1387,7 @@ def validate(files: Annotated[list[Path], typer.Argument(help="config files to c
     toolkit.yaml, inventories) without running anything: a case's module is read, not imported (its Config is
     rebuilt from the source; the case's own validators run when it runs), an engine's module is found, not
     imported, and only regular files inside their folders are read."""
-    from flagperf.config.adaptation import one_cut_line_per_check
+    from flagperf.config.adaptation import next_checked_file, one_cut_line_per_check
     from flagperf.config.casecode import case_code_not_run
 
     bad = checked = 0
@@ -1396,6 +1396,7 @@ def validate(files: Annotated[list[Path], typer.Argument(help="config files to c
     with _if_interrupted(lambda: f"interrupted after checking {checked} of {len(files)} files; nothing was written"), \
             one_cut_line_per_check():
         for path in files:
+            next_checked_file()
             try:
                 with case_code_not_run():
                     kind = _validate_file(path)

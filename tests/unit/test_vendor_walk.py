@@ -1109,8 +1109,12 @@ def test_the_link_walk_stops_at_its_bound_and_never_says_clean(walk: Path, monke
     # the line is said once, by the first file, not once per file.
     for index in range(12):
         write(vendor / "engines" / "onnxruntime" / "data" / f"part-{index:02}.bin", "x")
-    code, lines = validate_lines(vendor / MANIFEST, vendor / "engines" / "onnxruntime" / "engine.yaml")
+    engine = vendor / "engines" / "onnxruntime"
+    code, lines = validate_lines(vendor / MANIFEST, engine / "engine.yaml")
     assert code == 2 and lines.count(f"error {cut}") == 1, lines
+    # The engine's own walk was cut too (a walk of its folder alone): never ok, pointed at the line above.
+    assert not [line for line in lines if line.startswith("ok")], lines
+    assert f"error {engine}: the walk of {vendor} was cut at 10 paths (see above): not checked whole" in lines, lines
     write(vendor / "cases" / "base" / "x" / "data" / "a.bin", "x")
     for index in range(12):
         write(vendor / "cases" / "base" / "x" / f"part-{index:02}.bin", "x")
