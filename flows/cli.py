@@ -1025,6 +1025,7 @@ def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.M
         vendor_case_problem,
     )
     from flagperf.config.vendors import MANIFEST, load_vendor_manifest
+    from flagperf.hosts.vendorcheck import links_out_of_vendor_folder  # the round's link scan
 
     home, family, name = kept
     folder = home / adaptation.VENDOR_CASES_FOLDER / family / name
@@ -1035,7 +1036,9 @@ def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.M
     case = load_case(name, known)
     manifest = load_vendor_manifest(home / MANIFEST)
     _refuse_shadowed(path, home, manifest.name)
-    links = adaptation.absolute_links(home, folder)
+    # By an absolute path, or relative and out of the vendor folder (the round's scan of it refuses those too).
+    links = adaptation.absolute_links(home, folder) + links_out_of_vendor_folder(
+        home, f"{adaptation.VENDOR_CASES_FOLDER}/{family}/{name}")
     if links:  # each link one line; a run would find it only in a container, once the round starts
         raise gathered(links)
     if path.parent == folder and path.name.endswith((".yaml", ".yml")) and not scale:

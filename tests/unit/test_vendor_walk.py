@@ -1289,3 +1289,20 @@ def test_an_engines_link_out_is_named_past_a_hundred_others_and_the_rest_is_said
             "named; fix these and check again)")
     problems = check_vendor_folder(vendor, monitor_seconds=1).problems
     assert more in problems and len([p for p in problems if "links outside" in p]) == LINKS_NAMED, problems
+
+
+def test_validate_of_a_case_file_kept_in_the_vendor_folder_names_a_relative_link_out_of_it(walk: Path) -> None:
+    """validate of a file of the vendor folder's cases/<family>/<case>/ looked for links by an absolute path only: a
+    relative one beside it that leads out of the vendor folder (notes.txt -> ../../../../sdk/env.sh), which the
+    round's scan refuses, let it say ok. The round's scan of the case's folder now runs too."""
+    vendor = walk / "vendors" / "acme"
+    case = vendor / "cases" / "training" / "walk-mlp"
+    settings = write(case / "acme.yaml", "lr: 0.1\n")
+    env = write(walk / "vendors" / "sdk" / "env.sh", "export ACME_TUNING=fast\n")
+    code, lines = validate_lines(settings)
+    assert code == 0, lines
+    (case / "notes.txt").symlink_to(os.path.relpath(env, case))
+    code, lines = validate_lines(settings)
+    assert code == 2 and lines == [
+        f"error {case / 'notes.txt'}: links outside the vendor folder (to {env}); in a container it would dangle: copy "
+        "the file into the vendor folder, or make the link relative and inside it"], lines
