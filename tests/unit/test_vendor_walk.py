@@ -1306,3 +1306,25 @@ def test_validate_of_a_case_file_kept_in_the_vendor_folder_names_a_relative_link
     assert code == 2 and lines == [
         f"error {case / 'notes.txt'}: links outside the vendor folder (to {env}); in a container it would dangle: copy "
         "the file into the vendor folder, or make the link relative and inside it"], lines
+
+
+def test_a_relative_link_out_of_the_project_says_an_inventory_may_mount_its_place(
+        walk: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check, which has no inventory, refuses a relative link out of the project that a round whose inventory
+    mounts the place (a data mount) lets pass: its line said it would dangle, no more. It now says when it would not;
+    a link out of a vendor folder outside the project (mounted alone, never at a data mount's path) says nothing of
+    the kind."""
+    import flagperf.hosts.vendorcheck as vendorcheck
+
+    vendor = walk / "vendors" / "acme"
+    data = walk.parent / f"{walk.name}-datasets" / "x"
+    data.mkdir(parents=True)
+    (vendor / "data").symlink_to(os.path.relpath(data, vendor))
+    alone = vendorcheck.links_out_of_vendor_folder(vendor)
+    assert [error.message for error in alone] == [
+        f"links outside the vendor folder (to {data}); in a container it would dangle: copy the file into the vendor "
+        "folder, or make the link relative and inside it"]
+    monkeypatch.setattr(vendorcheck, "PROJECT_ROOT", walk)  # the vendor folder as one inside the project
+    assert [error.message for error in vendorcheck.links_out_of_vendor_folder(vendor)] == [
+        f"links outside the project (to {data}); in a container it would dangle unless an inventory mounts that "
+        "place: copy the file into the project, or make the link relative and inside it"]
