@@ -1328,3 +1328,25 @@ def test_a_relative_link_out_of_the_project_says_an_inventory_may_mount_its_plac
     assert [error.message for error in vendorcheck.links_out_of_vendor_folder(vendor)] == [
         f"links outside the project (to {data}); in a container it would dangle unless an inventory mounts that "
         "place: copy the file into the project, or make the link relative and inside it"]
+
+
+@pytest.mark.parametrize("options", ["acme_threads", "[acme_threads, 4]", "null"],
+                         ids=["a-string", "a-number-in-it", "null"])
+def test_a_bad_options_of_an_inference_engine_is_one_line_naming_it(walk: Path, options: str) -> None:
+    """An inference engine's engine.yaml was read loosely for its options (to know the keys a vendor file may set,
+    before any engine loads; the case runs another engine): a string or null taken for no options, a number taken
+    as its text, silently. A vendor file setting the engine's key was then refused as an unknown key of the case,
+    blaming the wrong file. The read is now as strict as the manifest's own: one line naming the engine.yaml and
+    options."""
+    engines = walk / "vendors" / "acme" / "engines"
+    shutil.copytree(engines / "onnxruntime", engines / "acmert")
+    engine = engines / "acmert" / "engine.yaml"
+    text = engine.read_text().replace("name: onnxruntime", "name: acmert")
+    engine.write_text(re.sub(r"(?m)^options:.*$", "options: [acme_threads]", text))
+    settings = write(walk / "cases" / "inference" / "walk-infer" / "vendor" / "acme_configurations.yaml",
+                     "acme_threads: 2\n")
+    code, lines = validate_lines(settings)
+    assert code == 0, lines
+    engine.write_text(re.sub(r"(?m)^options:.*$", f"options: {options}", text))
+    code, lines = validate_lines(settings)
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error {engine}: options"), lines
