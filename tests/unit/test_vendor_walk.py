@@ -1350,3 +1350,24 @@ def test_a_bad_options_of_an_inference_engine_is_one_line_naming_it(walk: Path, 
     engine.write_text(re.sub(r"(?m)^options:.*$", f"options: {options}", text))
     code, lines = validate_lines(settings)
     assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error {engine}: options"), lines
+
+
+def test_vendor_check_notes_the_scales_the_guide_asks_for_that_a_case_lacks(walk: Path) -> None:
+    """The vendor guide asks for 1x1, 1x8 and 2x8 runs; a case with its 1x1 scale file and no other passed vendor check
+    without a word, and its 1x8 run read the case's and the vendor's settings alone. One note per case now names the
+    scale files it lacks (a note: a run without one is not wrong); none once all three are there."""
+    folder = walk / "vendors" / "acme" / "cases" / "training" / "walk-mlp"
+    vendor = walk / "vendors" / "acme"
+    write(folder / "config_acmex1x1.yaml", "lr: 0.1\n")
+
+    def noted() -> list[str]:
+        notes = check_vendor_folder(vendor, monitor_seconds=1).notes
+        return [note for note in notes if "the vendor guide asks" in note]
+
+    tail = (" (.yaml or .py): the vendor guide asks for 1x1, 1x8 and 2x8 runs, and a run at a scale without its file "
+            "reads the case's and the vendor's settings alone (docs/vendor-guide.md, section 2)")
+    assert noted() == [f"{folder}: has config_acmex1x1 but no config_acmex1x8 or config_acmex2x8{tail}"]
+    write(folder / "config_acmex1x8.yaml", "lr: 0.1\nbogus: 1\n")  # there, if refused: its problem is said
+    assert noted() == [f"{folder}: has config_acmex1x1 but no config_acmex2x8{tail}"]
+    write(folder / "config_acmex2x8.yaml", "lr: 0.1\n")
+    assert noted() == []
