@@ -1037,6 +1037,7 @@ def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.M
         vendor_case_problem,
     )
     from flagperf.config.vendors import MANIFEST, load_vendor_manifest
+    from flagperf.hosts.vendorcheck import links_out_of_vendor_folder  # the round's link scan
 
     home, family, name = kept
     folder = home / adaptation.VENDOR_CASES_FOLDER / family / name
@@ -1047,7 +1048,9 @@ def _check_vendor_kept_file(path: Path, kept: tuple[Path, str, str], scale: re.M
     case = load_case(name, known)
     manifest = load_vendor_manifest(home / MANIFEST)
     _refuse_shadowed(path, home, manifest.name)
-    links = adaptation.absolute_links(home, folder)
+    # By an absolute path, or relative and out of the vendor folder (the round's scan of it refuses those too).
+    links = adaptation.absolute_links(home, folder) + links_out_of_vendor_folder(
+        home, f"{adaptation.VENDOR_CASES_FOLDER}/{family}/{name}")
     if links:  # each link one line; a run would find it only in a container, once the round starts
         raise gathered(links)
     if path.parent == folder and path.name.endswith((".yaml", ".yml")) and not scale:
@@ -1399,7 +1402,7 @@ def validate(files: Annotated[list[Path], typer.Argument(help="config files to c
     toolkit.yaml, inventories) without running anything: a case's module is read, not imported (its Config is
     rebuilt from the source; the case's own validators run when it runs), an engine's module is found, not
     imported, and only regular files inside their folders are read."""
-    from flagperf.config.adaptation import one_cut_line_per_check
+    from flagperf.config.adaptation import next_checked_file, one_cut_line_per_check
     from flagperf.config.casecode import case_code_not_run
 
     bad = checked = 0
@@ -1408,6 +1411,7 @@ def validate(files: Annotated[list[Path], typer.Argument(help="config files to c
     with _if_interrupted(lambda: f"interrupted after checking {checked} of {len(files)} files; nothing was written"), \
             one_cut_line_per_check():
         for path in files:
+            next_checked_file()
             try:
                 with case_code_not_run():
                     kind = _validate_file(path)

@@ -226,12 +226,15 @@ def absolute_links(vendor_folder: Path, case: Path | None = None, parts: Sequenc
              for path, target, _ in walk_linked(vendor_folder, case, parts, cut) if target is not None
              and os.path.isabs(target)]
     for line in cut:
-        if not _first_said(line):  # one check of several scans (validate of several files): said by the first
+        first = _first_said(line)  # one check of several scans (validate of several files): said in full once
+        if first is None:
             continue
-        if not_checked is None:
+        if not_checked is None:  # a later file's walk (of its engine, its case) was cut too: never clean
+            walked = case if case is not None else vendor_folder / parts[0] if len(parts) == 1 else vendor_folder
             found.append(ConfigError(display_path(vendor_folder), None,
-                                     line.removeprefix(f"{display_path(vendor_folder)}: ")))
-        elif line not in not_checked:
+                                     line.removeprefix(f"{display_path(vendor_folder)}: ")) if first else
+                         ConfigError(display_path(walked), None, _cut_again(vendor_folder)))
+        elif first and line not in not_checked:
             not_checked.append(line)
     return found
 
@@ -252,31 +255,55 @@ def vendor_folder_links(vendor_folder: Path, not_checked: list[str] | None = Non
                           not_checked=not_checked)
 
 
+@dataclass
+class _CutLines:
+    """The walk-limit lines said so far in one check, each with the number of the file whose check said it."""
+
+    said: dict[str, int] = field(default_factory=dict)
+    file: int = 0
+
+
 # The walk-limit lines said so far in one check (one_cut_line_per_check); None outside one.
-_CUT_SAID: ContextVar[set[str] | None] = ContextVar("flagperf_cut_said", default=None)
+_CUT_SAID: ContextVar[_CutLines | None] = ContextVar("flagperf_cut_said", default=None)
 
 
 @contextmanager
 def one_cut_line_per_check() -> Iterator[None]:
-    """Within it, a folder's walk that stopped at LINK_WALK_LIMIT is said once (absolute_links' line), however many
-    scans of the folder stop (`flagperf validate` of its vendor.yaml, an engine.yaml and a case's file each scan it):
-    one fact about one folder, not one per file."""
-    token = _CUT_SAID.set(set())
+    """Within it, a folder's walk that stopped at LINK_WALK_LIMIT is said in full once (absolute_links' line),
+    however many scans of the folder stop (`flagperf validate` of its vendor.yaml, an engine.yaml and a case's file
+    each scan it): one fact about one folder, not one per file. A later file (next_checked_file) whose walk was cut
+    too gets a short line pointing at it: its own walk (an engine's folder, a case's) was not whole either, so the file
+    is never ok."""
+    token = _CUT_SAID.set(_CutLines())
     try:
         yield
     finally:
         _CUT_SAID.reset(token)
 
 
-def _first_said(line: str) -> bool:
-    """Whether ``line`` (a walk-limit line) is said for the first time in this check; always, outside one."""
-    said = _CUT_SAID.get()
-    if said is None:
+def next_checked_file() -> None:
+    """Within one_cut_line_per_check: what follows is the check of another file."""
+    lines = _CUT_SAID.get()
+    if lines is not None:
+        lines.file += 1
+
+
+def _first_said(line: str) -> bool | None:
+    """Whether ``line`` (a walk-limit line) is said for the first time in this check (always, outside one): True;
+    False where an earlier file's check said it; None where this file's check said it already."""
+    lines = _CUT_SAID.get()
+    if lines is None:
         return True
-    if line in said:
-        return False
-    said.add(line)
+    if line in lines.said:
+        return None if lines.said[line] == lines.file else False
+    lines.said[line] = lines.file
     return True
+
+
+def _cut_again(vendor_folder: Path) -> str:
+    """absolute_links' short line for a walk cut again in a later file's check (its full line is said above)."""
+    return (f"the walk of {display_path(vendor_folder)} was cut at {LINK_WALK_LIMIT:,} paths (see above): not checked "
+            "whole")
 
 
 def _cut_line(folder: Path) -> str:
@@ -622,8 +649,10 @@ def _python_files(folder: Path, problems: list[ConfigError]) -> list[Path]:
             walked += 1
             if walked > LINK_WALK_LIMIT:
                 line = _cut_line(folder)
-                if _first_said(line):
-                    problems.append(ConfigError(display_path(folder), None, line.split(": ", 1)[1]))
+                first = _first_said(line)
+                if first is not None:  # a later file's check: its walk was not whole either
+                    problems.append(ConfigError(display_path(folder), None,
+                                                line.split(": ", 1)[1] if first else _cut_again(folder)))
                 return sorted(found, key=lambda p: (_linked(p, folder, root), p))
             path = current / name
             real = os.path.realpath(path)

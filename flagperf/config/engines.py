@@ -19,7 +19,6 @@ from flagperf.config.casecode import CodeNotRun, code_runs
 from flagperf.config.files import given_name, inside, is_present, regular_file
 from flagperf.config.models import StrictModel, check_name, load_model
 from flagperf.config.vendors import first_with_manifest, import_file, vendor_folders, vendor_search
-from flagperf.config.yamlio import load_yaml_mapping
 from flagperf.errors import CaseUserError, ConfigError, MissingExtra, extra_for
 from flagperf.paths import ENGINE_MANIFEST, display_path
 
@@ -90,14 +89,25 @@ def engine_folders(vendor: str, family_folder: str) -> dict[str, Path]:
     return found
 
 
+class DeclaredOptions(StrictModel):
+    """The one key of an engine.yaml read before its engine loads: ``options``, by EngineManifest's own rule (a list
+    of strings, strict), its other keys left to the family's model when the engine loads."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
+
+    options: list[str] = Field(default_factory=list)
+
+
 def declared_options(vendor: str, family_folder: str) -> dict[str, set[str]]:
     """Each of the vendor's engines' ``options`` (engine.yaml), read without importing the engine (its
-    library may not be installed on the controller); the manifest is checked when the engine loads."""
+    library may not be installed on the controller) and as strictly as the manifest is read when the engine loads
+    (load_model: one line naming the file and ``options``), not loosely (a bad ``options`` silently taken for none
+    would make a vendor file's engine key unknown, or a run's provenance miss it); the rest of the manifest is
+    checked when the engine loads."""
     found: dict[str, set[str]] = {}
     for name, folder in engine_folders(vendor, family_folder).items():
         _check_engine_folder(folder)
-        options = load_yaml_mapping(folder / ENGINE_MANIFEST).get("options") or []
-        found[name] = {str(key) for key in options} if isinstance(options, list) else set()
+        found[name] = set(load_model(folder / ENGINE_MANIFEST, DeclaredOptions).options)
     return found
 
 

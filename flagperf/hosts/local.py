@@ -313,7 +313,7 @@ def allowed_environment(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = None,
-                  mounted: Sequence[str] = ()) -> list[list[str]]:
+                  mounted: Sequence[str] = (), only: str | None = None) -> list[list[str]]:
     """The symlinks below ``folder`` (itself resolved) that a copy of it mounted at another path would not follow:
     one whose target is an absolute path, or whose way leaves the folder (a '..' above it, or a link out). Each as
     [its path below the folder, its target as written, where it leads here], the first ``limit`` in path order. A
@@ -331,8 +331,12 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = Non
     whose way then leaves it by a further link (shared/ds, itself a link to a data mount): it is followed hop by hop
     as the container reads each, and counts only where one leads out of every place the container has. A name the
     host cannot look at (EACCES: a folder listed but not entered) or a folder it cannot list counts too, with ""
-    as its target (no link has an empty one): whether a link there leaves is unknown."""
+    as its target (no link has an empty one): whether a link there leaves is unknown. ``only``: a part of the folder
+    (engines/onnxruntime) whose links alone are wanted, those on the way to it included, each still judged as the
+    folder's (a link to elsewhere in the folder stays in): the walk enters nothing else, so ``limit`` is not spent on
+    the rest of the folder."""
     root = os.path.realpath(folder)
+    steps = () if only is None else tuple(part for part in os.path.normpath(only).split(os.sep) if part != ".")
     bound = root if tree is None else os.path.realpath(tree)
     at = None if tree is None else os.path.normpath(tree)
     mounts = [view for view in map(mount_view, mounted) if view[1] != "/"]
@@ -349,7 +353,12 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = Non
     for top, folders, files in walk_source(root, built=True, onerror=unlisted):
         if len(found) >= limit:
             return found[:limit]
-        for name in sorted([*folders, *files]):
+        names = sorted([*folders, *files])
+        depth = 0 if top == root else len(os.path.relpath(top, root).split(os.sep))
+        if depth < len(steps):  # above ``only``: the next step on the way to it alone (os.walk enters what is left)
+            folders[:] = [name for name in folders if name == steps[depth]]
+            names = [name for name in names if name == steps[depth]]
+        for name in names:
             path = os.path.join(top, name)
             # lstat, not os.path.islink: that says False where the folder is listed but cannot be entered (EACCES),
             # and a link there would pass unseen. What cannot be looked at is a finding (its target unknown: "").
@@ -512,7 +521,8 @@ def _inside(path: str, folder: str) -> bool:
 
 
 def describe_paths(paths: list[str], scan: Sequence[str] = (), tree: str | None = None,
-                   mounted: Sequence[str] = (), limit: int = LINKS_LISTED) -> dict[str, dict[str, Any]]:
+                   mounted: Sequence[str] = (), limit: int = LINKS_LISTED, only: str | None = None
+                   ) -> dict[str, dict[str, Any]]:
     """Each path with every symlink resolved, and what it then is: folder, file, char-device, socket, other,
     missing (``dangling`` too where the path is a link to nothing) or inaccessible (the container policy checks what a
     mount or device really is on its host); of a folder
@@ -520,7 +530,7 @@ def describe_paths(paths: list[str], scan: Sequence[str] = (), tree: str | None 
     links that leave ``tree`` where it resolves into that tree (the project: a container has the folder as part of
     it), else of those that leave the folder; a link to a place under one of ``mounted`` (the container's other mount
     targets) is none of them. ``limit``: how many such links of a folder, as links_leaving's (vendor check names
-    every one; a round's error the first)."""
+    every one; a round's error the first); ``only``: as links_leaving's (vendor check of one engine's folder)."""
     described: dict[str, dict[str, Any]] = {}
     real_tree = os.path.realpath(tree) if tree is not None else None
     for path in paths:
@@ -540,7 +550,7 @@ def describe_paths(paths: list[str], scan: Sequence[str] = (), tree: str | None 
         if path in scan and kind == "folder":
             within = real_tree is not None and _inside(real, real_tree)
             described[path]["links_out"] = links_leaving(real, limit, tree=tree if within else None,
-                                                           mounted=mounted)
+                                                           mounted=mounted, only=only)
             loops = [below for below, _, _ in described[path]["links_out"] if _loops(os.path.join(real, below))]
             if loops:  # a key of its own: an older controller reads the rest as before
                 described[path]["loops"] = loops

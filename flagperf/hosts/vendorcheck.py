@@ -68,6 +68,7 @@ from flagperf.config.engines import ENGINE_MANIFEST, INFERENCE_ENGINES, engine_r
 from flagperf.config.files import given_name, is_present, read_config_text, regular_file
 from flagperf.config.models import load_model, pydantic_error_to_config_error
 from flagperf.config.vendorlayout import (
+    SCALE_FILE,
     adaptation_listing,
     flagperf_vendor_entry_problem,
     misnamed_overrides,
@@ -91,7 +92,7 @@ from flagperf.config.vendors import (
 )
 from flagperf.config.yamlio import parse_yaml_text
 from flagperf.errors import ConfigError, FlagperfError, finding_key, findings, left_out_line, one_line, unknown_name
-from flagperf.hosts.container_policy import PathFacts, leaving_link_words, vendor_container_problems
+from flagperf.hosts.container_policy import PathFacts, is_under, leaving_link_words, vendor_container_problems
 from flagperf.hosts.local import describe_paths
 from flagperf.hosts.vendorscaffold import TODO
 from flagperf.paths import PROJECT_ROOT, display_path, skipped_in_source
@@ -207,23 +208,39 @@ LINKS_NAMED = 100
 def links_out_of_vendor_folder(folder: Path, under: str | None = None) -> list[ConfigError]:
     """Each link of the vendor folder that a round refuses before it starts, by the round's own scan of it
     (hosts.local.describe_paths, as the host runs it: the folder alone, or as part of the project where it lies in
-    it, which a container has whole), whose target is relative: one line each naming the link and where it leads. One
-    by its absolute path is absolute_links' (every one, in the project too: a clone has the folder elsewhere).
-    ``under``: only those below that part of the folder (an engine's, a case's)."""
-    return [error for path, error in _leaving_links(folder)
-            if under is None or path == folder / under or folder / under in path.parents]
+    it, which a container has whole), whose target is relative: one line each naming the link and where it leads,
+    the first LINKS_NAMED, then one line saying there are more. One by its absolute path is absolute_links' (every
+    one, in the project too: a clone has the folder elsewhere). ``under``: only those below that part of the folder
+    (an engine's, a case's) and on the way to it: the scan walks that part alone, so links elsewhere in the folder
+    never use up the count."""
+    return [error for _, error in _leaving_links(folder, under)]
 
 
-def _leaving_links(folder: Path) -> list[tuple[Path, ConfigError]]:
-    """links_out_of_vendor_folder's, each with the link's path."""
+# A relative link out of the project may land in a round's data mount, which the round lets pass; the check has no
+# inventory to know (docs/vendor-guide.md).
+_UNLESS_MOUNTED = " unless an inventory mounts that place"
+
+
+def _leaving_links(folder: Path, under: str | None = None) -> list[tuple[Path, ConfigError]]:
+    """links_out_of_vendor_folder's, each with the link's path (the line saying there are more: ``under``'s)."""
     written = str(folder)
-    facts = PathFacts.of(describe_paths([written], scan=[written], tree=str(PROJECT_ROOT), limit=LINKS_NAMED)[written])
+    # One more than named: that one says the list goes on, as the round's "(and N+ more)" does.
+    facts = PathFacts.of(describe_paths([written], scan=[written], tree=str(PROJECT_ROOT), limit=LINKS_NAMED + 1,
+                                        only=under)[written])
     real_root = os.path.realpath(PROJECT_ROOT)
     project = (str(PROJECT_ROOT), real_root) if facts.path == real_root or facts.path.startswith(real_root + os.sep) \
         else None
-    return [(folder / below, ConfigError(given_name(folder / below), None, leaving_link_words(
-        target, real, facts.path, below in facts.loops, project, what="the vendor folder")))
-        for below, target, real in facts.links_out if not os.path.isabs(target)]
+    found = [(folder / below, ConfigError(given_name(folder / below), None, leaving_link_words(
+        target, real, facts.path, below in facts.loops, project, what="the vendor folder",
+        others=_UNLESS_MOUNTED if project is not None and target and below not in facts.loops
+        and not is_under(real, project[1]) else "")))
+        for below, target, real in facts.links_out[:LINKS_NAMED] if not os.path.isabs(target)]
+    if len(facts.links_out) > LINKS_NAMED:
+        scanned = folder if under is None else folder / under
+        found.append((scanned, ConfigError(given_name(scanned), None, f"(and 1+ more links that leave the vendor "
+                                           f"folder, not listed: only the first {LINKS_NAMED} are named; fix these "
+                                           "and check again)")))
+    return found
 
 
 def _other_missing_files(folder: Path, first: str) -> list[str]:
@@ -679,6 +696,7 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
     for error in problems:
         found.add_error(error)
     used += [f"scale {name}" for name in scales]
+    _note_missing_scales(place.folder, str(vendor.manifest.hardware), scales, problems, found)
     problems = adaptation_problems(case.folder, case.family, vendor.name, vendor.folder)
     for problem in problems:  # every part's, not only the first a run would stop at; each part's findings
         found.add_error(problem)
@@ -700,6 +718,28 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
                                f"decorator returns as {hook}({', '.join(HOOK_PARAMETERS[hook])}) is checked when a "
                                "round loads hooks.py, not here (checking a file never runs it)")
     return used
+
+
+# The scales the vendor guide asks a case's results for (FlagPerf's 1x1, 1x8 and 2x8 runs): (nnodes, nproc_per_node).
+GUIDE_SCALES = ((1, 1), (1, 8), (2, 8))
+
+
+def _note_missing_scales(folder: Path, hardware: str, read: list[str], refused: list[ConfigError],
+                         found: Findings) -> None:
+    """One note for a case whose folder has the 1x1 scale file of the vendor's <hw> but not each of the others the
+    guide asks for: not an error (a run at that scale reads the case's and the vendor's settings alone), but a
+    vendor porting FlagPerf's three runs would otherwise find out at the run. A scale file there but refused
+    (adaptation_listing's finding) counts as there: its problem is said already."""
+    names = [*read, *(Path(error.source).name for error in refused if isinstance(error, ConfigError))]
+    sizes = {(int(match.group(2)), int(match.group(3))) for match in map(SCALE_FILE.fullmatch, names)
+             if match and match.group(1) == hardware}
+    if (1, 1) not in sizes:
+        return
+    lacking = [f"config_{hardware}x{nnodes}x{nproc}" for nnodes, nproc in GUIDE_SCALES if (nnodes, nproc) not in sizes]
+    if lacking:
+        found.notes.append(f"{display_path(folder)}: has config_{hardware}x1x1 but no {' or '.join(lacking)} (.yaml or "
+                           ".py): the vendor guide asks for 1x1, 1x8 and 2x8 runs, and a run at a scale without its "
+                           "file reads the case's and the vendor's settings alone (docs/vendor-guide.md, section 2)")
 
 
 def summary_lines(found: Findings) -> list[tuple[str, str]]:

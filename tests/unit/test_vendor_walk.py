@@ -1109,8 +1109,12 @@ def test_the_link_walk_stops_at_its_bound_and_never_says_clean(walk: Path, monke
     # the line is said once, by the first file, not once per file.
     for index in range(12):
         write(vendor / "engines" / "onnxruntime" / "data" / f"part-{index:02}.bin", "x")
-    code, lines = validate_lines(vendor / MANIFEST, vendor / "engines" / "onnxruntime" / "engine.yaml")
+    engine = vendor / "engines" / "onnxruntime"
+    code, lines = validate_lines(vendor / MANIFEST, engine / "engine.yaml")
     assert code == 2 and lines.count(f"error {cut}") == 1, lines
+    # The engine's own walk was cut too (a walk of its folder alone): never ok, pointed at the line above.
+    assert not [line for line in lines if line.startswith("ok")], lines
+    assert f"error {engine}: the walk of {vendor} was cut at 10 paths (see above): not checked whole" in lines, lines
     write(vendor / "cases" / "base" / "x" / "data" / "a.bin", "x")
     for index in range(12):
         write(vendor / "cases" / "base" / "x" / f"part-{index:02}.bin", "x")
@@ -1260,3 +1264,110 @@ def test_a_relative_link_out_of_the_vendor_folder_is_named_by_check_and_validate
     assert check_vendor_folder(vendor, monitor_seconds=1).problems == []
     code, lines = validate_lines(vendor / MANIFEST, engine / "engine.yaml")
     assert code == 0, lines
+
+
+def test_an_engines_link_out_is_named_past_a_hundred_others_and_the_rest_is_said_to_go_on(walk: Path) -> None:
+    """validate of an engine.yaml scanned the whole vendor folder for the first LINKS_NAMED links out of it and kept
+    the engine's: with as many earlier in walk order (aaa/), the engine's own link out was never seen and validate said
+    ok while the round refused it; vendor check dropped the rest without a word. The engine's folder alone is scanned
+    now, and a line says when there are more than named."""
+    from flagperf.hosts.vendorcheck import LINKS_NAMED
+
+    vendor = walk / "vendors" / "acme"
+    helper = write(walk / "acme-sdk" / "peaks.py", "PEAKS = {}\n")
+    many = vendor / "aaa"
+    many.mkdir()
+    for index in range(LINKS_NAMED + 1):
+        (many / f"l{index:03}.py").symlink_to(os.path.relpath(helper, many))
+    engine = vendor / "engines" / "onnxruntime"
+    (engine / "model.onnx").symlink_to(os.path.relpath(helper, engine))
+    line = (f"{engine / 'model.onnx'}: links outside the vendor folder (to {helper}); in a container it would dangle: "
+            "copy the file into the vendor folder, or make the link relative and inside it")
+    code, lines = validate_lines(engine / "engine.yaml")
+    assert code == 2 and lines == [f"error {line}"], lines
+    more = (f"{vendor}: (and 1+ more links that leave the vendor folder, not listed: only the first {LINKS_NAMED} are "
+            "named; fix these and check again)")
+    problems = check_vendor_folder(vendor, monitor_seconds=1).problems
+    assert more in problems and len([p for p in problems if "links outside" in p]) == LINKS_NAMED, problems
+
+
+def test_validate_of_a_case_file_kept_in_the_vendor_folder_names_a_relative_link_out_of_it(walk: Path) -> None:
+    """validate of a file of the vendor folder's cases/<family>/<case>/ looked for links by an absolute path only: a
+    relative one beside it that leads out of the vendor folder (notes.txt -> ../../../../sdk/env.sh), which the
+    round's scan refuses, let it say ok. The round's scan of the case's folder now runs too."""
+    vendor = walk / "vendors" / "acme"
+    case = vendor / "cases" / "training" / "walk-mlp"
+    settings = write(case / "acme.yaml", "lr: 0.1\n")
+    env = write(walk / "vendors" / "sdk" / "env.sh", "export ACME_TUNING=fast\n")
+    code, lines = validate_lines(settings)
+    assert code == 0, lines
+    (case / "notes.txt").symlink_to(os.path.relpath(env, case))
+    code, lines = validate_lines(settings)
+    assert code == 2 and lines == [
+        f"error {case / 'notes.txt'}: links outside the vendor folder (to {env}); in a container it would dangle: copy "
+        "the file into the vendor folder, or make the link relative and inside it"], lines
+
+
+def test_a_relative_link_out_of_the_project_says_an_inventory_may_mount_its_place(
+        walk: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check, which has no inventory, refuses a relative link out of the project that a round whose inventory
+    mounts the place (a data mount) lets pass: its line said it would dangle, no more. It now says when it would not;
+    a link out of a vendor folder outside the project (mounted alone, never at a data mount's path) says nothing of
+    the kind."""
+    import flagperf.hosts.vendorcheck as vendorcheck
+
+    vendor = walk / "vendors" / "acme"
+    data = walk.parent / f"{walk.name}-datasets" / "x"
+    data.mkdir(parents=True)
+    (vendor / "data").symlink_to(os.path.relpath(data, vendor))
+    alone = vendorcheck.links_out_of_vendor_folder(vendor)
+    assert [error.message for error in alone] == [
+        f"links outside the vendor folder (to {data}); in a container it would dangle: copy the file into the vendor "
+        "folder, or make the link relative and inside it"]
+    monkeypatch.setattr(vendorcheck, "PROJECT_ROOT", walk)  # the vendor folder as one inside the project
+    assert [error.message for error in vendorcheck.links_out_of_vendor_folder(vendor)] == [
+        f"links outside the project (to {data}); in a container it would dangle unless an inventory mounts that "
+        "place: copy the file into the project, or make the link relative and inside it"]
+
+
+@pytest.mark.parametrize("options", ["acme_threads", "[acme_threads, 4]", "null"],
+                         ids=["a-string", "a-number-in-it", "null"])
+def test_a_bad_options_of_an_inference_engine_is_one_line_naming_it(walk: Path, options: str) -> None:
+    """An inference engine's engine.yaml was read loosely for its options (to know the keys a vendor file may set,
+    before any engine loads; the case runs another engine): a string or null taken for no options, a number taken
+    as its text, silently. A vendor file setting the engine's key was then refused as an unknown key of the case,
+    blaming the wrong file. The read is now as strict as the manifest's own: one line naming the engine.yaml and
+    options."""
+    engines = walk / "vendors" / "acme" / "engines"
+    shutil.copytree(engines / "onnxruntime", engines / "acmert")
+    engine = engines / "acmert" / "engine.yaml"
+    text = engine.read_text().replace("name: onnxruntime", "name: acmert")
+    engine.write_text(re.sub(r"(?m)^options:.*$", "options: [acme_threads]", text))
+    settings = write(walk / "cases" / "inference" / "walk-infer" / "vendor" / "acme_configurations.yaml",
+                     "acme_threads: 2\n")
+    code, lines = validate_lines(settings)
+    assert code == 0, lines
+    engine.write_text(re.sub(r"(?m)^options:.*$", f"options: {options}", text))
+    code, lines = validate_lines(settings)
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error {engine}: options"), lines
+
+
+def test_vendor_check_notes_the_scales_the_guide_asks_for_that_a_case_lacks(walk: Path) -> None:
+    """The vendor guide asks for 1x1, 1x8 and 2x8 runs; a case with its 1x1 scale file and no other passed vendor check
+    without a word, and its 1x8 run read the case's and the vendor's settings alone. One note per case now names the
+    scale files it lacks (a note: a run without one is not wrong); none once all three are there."""
+    folder = walk / "vendors" / "acme" / "cases" / "training" / "walk-mlp"
+    vendor = walk / "vendors" / "acme"
+    write(folder / "config_acmex1x1.yaml", "lr: 0.1\n")
+
+    def noted() -> list[str]:
+        notes = check_vendor_folder(vendor, monitor_seconds=1).notes
+        return [note for note in notes if "the vendor guide asks" in note]
+
+    tail = (" (.yaml or .py): the vendor guide asks for 1x1, 1x8 and 2x8 runs, and a run at a scale without its file "
+            "reads the case's and the vendor's settings alone (docs/vendor-guide.md, section 2)")
+    assert noted() == [f"{folder}: has config_acmex1x1 but no config_acmex1x8 or config_acmex2x8{tail}"]
+    write(folder / "config_acmex1x8.yaml", "lr: 0.1\nbogus: 1\n")  # there, if refused: its problem is said
+    assert noted() == [f"{folder}: has config_acmex1x1 but no config_acmex2x8{tail}"]
+    write(folder / "config_acmex2x8.yaml", "lr: 0.1\n")
+    assert noted() == []
