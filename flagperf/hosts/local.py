@@ -342,7 +342,8 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = Non
         if isinstance(error, (FileNotFoundError, NotADirectoryError)) or error.filename is None:
             return
         below = os.path.relpath(os.fsdecode(error.filename), root)
-        if [below, "", os.fsdecode(error.filename)] not in found:  # its own name may have been found already
+        # its own name may have been found already (not entered: lstat of it failed in its parent's listing)
+        if len(found) < limit and [below, "", os.fsdecode(error.filename)] not in found:
             found.append([below, "", os.fsdecode(error.filename)])
 
     for top, folders, files in walk_source(root, built=True, onerror=unlisted):
@@ -392,7 +393,7 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = Non
                 found.append([os.path.relpath(path, root), target, real])
                 if len(found) >= limit:
                     return found
-    return found
+    return found[:limit]
 
 
 # How many symlinks Linux follows in one path lookup (MAXSYMLINKS) before it fails with ELOOP.

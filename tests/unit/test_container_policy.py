@@ -1218,3 +1218,31 @@ def test_a_link_in_a_folder_listed_but_not_entered_is_named_not_passed(tmp_path:
                        "the host runs as"), problem
     (case / "listed").chmod(0o755)
     (case / "closed").chmod(0o755)
+
+
+def _links_leaving_without_override(prefix: list[str], folder: Path, limit: int) -> list[list[str]]:
+    """links_leaving run for real without root's override of file permissions (a real EACCES)."""
+    code = ("import json, sys; from flagperf.hosts.local import links_leaving; "
+            "print(json.dumps(links_leaving(sys.argv[1], limit=int(sys.argv[2]))))")
+    answer = subprocess.run([*prefix, sys.executable, "-c", code, str(folder), str(limit)], capture_output=True,
+                            text=True, check=False, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    assert answer.returncode == 0, answer.stderr
+    return json.loads(answer.stdout)
+
+
+def test_links_leaving_names_no_more_unlistable_folders_than_its_limit(tmp_path: Path) -> None:
+    """15 folders of mode 000 with limit 10: the folders it could not list were added past the limit (15)."""
+    prefix = _without_dac_override()
+    if prefix is None:
+        pytest.skip("needs root and setpriv to drop CAP_DAC_OVERRIDE for a real EACCES")
+    case = tmp_path / "case"
+    for i in range(15):
+        (case / f"d{i:02}").mkdir(parents=True)
+        (case / f"d{i:02}").chmod(0o000)
+    try:
+        found = _links_leaving_without_override(prefix, case, 10)
+    finally:
+        for i in range(15):
+            (case / f"d{i:02}").chmod(0o755)
+    assert [below for below, _, _ in found] == [f"d{i:02}" for i in range(10)], found
+
