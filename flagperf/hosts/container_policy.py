@@ -495,7 +495,7 @@ def links_out_problem(source: str, name: str, found: PathFacts, path: SearchPath
     below, target, real = found.links_out[0]
     # Names as the host's folder holds them: a newline or a byte that is no UTF-8 would break the one line (and
     # a lone surrogate the JSON of a Prefect state), so each is shown escaped.
-    file = printable(f"{source}/{below}")
+    file = printable(source if below == "." else f"{source}/{below}")  # ".": the folder itself was not listable
     others_count = len(found.links_out) - 1
     others = (f" (and {others_count}{'+' if len(found.links_out) >= LINKS_LISTED else ''} more such link(s))"
               if others_count else "")

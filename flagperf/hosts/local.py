@@ -330,7 +330,8 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = Non
     whose way then leaves it by a further link (shared/ds, itself a link to a data mount): it is followed hop by hop
     as the container reads each, and counts only where one leads out of every place the container has. A name the
     host cannot look at (EACCES: a folder listed but not entered) or a folder it cannot list counts too, with ""
-    as its target (no link has an empty one): whether a link there leaves is unknown."""
+    as its target (no link has an empty one): whether a link there leaves is unknown. The scanned folder itself,
+    where it cannot be listed, is named "." (relpath's name of it)."""
     root = os.path.realpath(folder)
     bound = root if tree is None else os.path.realpath(tree)
     at = None if tree is None else os.path.normpath(tree)

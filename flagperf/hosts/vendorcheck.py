@@ -182,7 +182,7 @@ def check_vendor_folder(folder: Path, monitor_seconds: float = MONITOR_SECONDS) 
     # All of the folder is in a round's container, at another path.
     for link in vendor_folder_links(vendor.folder, found.not_checkable):
         found.add_error(link)
-    for path, link in _leaving_links(vendor.folder):
+    for path, link, _ in _leaving_links(vendor.folder):
         if not _named_as_outside(path, vendor.folder, found.problems):
             found.add_error(link)
     return found
@@ -209,20 +209,25 @@ def links_out_of_vendor_folder(folder: Path, under: str | None = None) -> list[C
     (hosts.local.describe_paths, as the host runs it: the folder alone, or as part of the project where it lies in
     it, which a container has whole), whose target is relative: one line each naming the link and where it leads. One
     by its absolute path is absolute_links' (every one, in the project too: a clone has the folder elsewhere).
-    ``under``: only those below that part of the folder (an engine's, a case's)."""
-    return [error for path, error in _leaving_links(folder)
-            if under is None or path == folder / under or folder / under in path.parents]
+    ``under``: only those below that part of the folder (an engine's, a case's), and a folder on the way to it that
+    could not be listed (the vendor folder itself included): what is under it is unknown."""
+    if under is None:
+        return [error for _, error, _ in _leaving_links(folder)]
+    part = folder / under
+    return [error for path, error, unread in _leaving_links(folder)
+            if path == part or part in path.parents or (unread and path in part.parents)]
 
 
-def _leaving_links(folder: Path) -> list[tuple[Path, ConfigError]]:
-    """links_out_of_vendor_folder's, each with the link's path."""
+def _leaving_links(folder: Path) -> list[tuple[Path, ConfigError, bool]]:
+    """links_out_of_vendor_folder's, each with the link's path (the folder itself where it could not be listed: its
+    finding's "." ) and whether it is a place the scan could not look at (its target "")."""
     written = str(folder)
     facts = PathFacts.of(describe_paths([written], scan=[written], tree=str(PROJECT_ROOT), limit=LINKS_NAMED)[written])
     real_root = os.path.realpath(PROJECT_ROOT)
     project = (str(PROJECT_ROOT), real_root) if facts.path == real_root or facts.path.startswith(real_root + os.sep) \
         else None
     return [(folder / below, ConfigError(given_name(folder / below), None, leaving_link_words(
-        target, real, facts.path, below in facts.loops, project, what="the vendor folder")))
+        target, real, facts.path, below in facts.loops, project, what="the vendor folder")), not target)
         for below, target, real in facts.links_out if not os.path.isabs(target)]
 
 

@@ -1246,3 +1246,30 @@ def test_links_leaving_names_no_more_unlistable_folders_than_its_limit(tmp_path:
             (case / f"d{i:02}").chmod(0o755)
     assert [below for below, _, _ in found] == [f"d{i:02}" for i in range(10)], found
 
+
+def test_an_unlistable_scanned_folder_is_named_as_itself(tmp_path: Path) -> None:
+    """A scanned folder that cannot be listed was named '<folder>/.' in the run's error, and vendor check's filter
+    by engine or case (folder/'.' is the folder) dropped it: what is in the folder is unknown, for every part."""
+    prefix = _without_dac_override()
+    if prefix is None:
+        pytest.skip("needs root and setpriv to drop CAP_DAC_OVERRIDE for a real EACCES")
+    case = tmp_path / "base" / "x"
+    (case / "cases" / "y").mkdir(parents=True)
+    case.chmod(0o000)
+    try:
+        found = _links_leaving_without_override(prefix, case, 10)
+        code = ("import sys; from pathlib import Path; "
+                "from flagperf.hosts.vendorcheck import links_out_of_vendor_folder; "
+                "print('\\n'.join(str(e) for e in links_out_of_vendor_folder(Path(sys.argv[1]), 'cases/y')))")
+        vendor = subprocess.run([*prefix, sys.executable, "-c", code, str(case)], capture_output=True, text=True,
+                                check=False, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    finally:
+        case.chmod(0o755)
+    assert found == [[".", "", str(case)]], found
+    problem = container_policy.links_out_problem(str(case), "base/x", PathFacts.of({
+        "path": str(case), "kind": "folder", "links_out": found}), container_policy.CASE_FOLDERS)
+    assert problem is not None and problem.startswith(
+        f"FLAGPERF_CASE_PATH case 'base/x': {case} cannot be looked at on this host (permission denied)"), problem
+    assert vendor.returncode == 0, vendor.stderr
+    assert vendor.stdout.startswith(f"{case}: ") and "cannot be looked at" in vendor.stdout, vendor.stdout
+
