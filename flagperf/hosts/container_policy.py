@@ -510,11 +510,16 @@ def leaving_link_words(target: str, real: str, folder: str, loops: bool, project
     name: the run's words (links_out_problem), and vendor check's and validate's, which name it before a round.
     ``loops``: it ends in a loop of links (PathFacts.loops); ``project``: as links_out_problem's; ``what``: how the
     words name the folder ("the vendor folder"; "its folder" by default). An empty ``target``: links_leaving could
-    not look there (EACCES), as no link has an empty target."""
+    not look there, as no link has an empty target; ``real`` is then the error (local.unreadable_reason, 'EIO:
+    Input/output error'), or the path from an agent older than it, which only saw EACCES there."""
     if not target:
-        return (f"cannot be looked at on this host (permission denied): whether it holds a link that would dangle "
-                f"in a container is unknown{others}: make the folder readable and enterable (chmod a+rX) by the "
-                f"user the host runs as")
+        name, _, reason = real.partition(": ")
+        if real.startswith("/") or name in ("EACCES", "EPERM"):
+            return (f"cannot be looked at on this host (permission denied): whether it holds a link that would "
+                    f"dangle in a container is unknown{others}: make the folder readable and enterable (chmod a+rX) "
+                    f"by the user the host runs as")
+        return (f"could not be read on this host: {reason or name}: whether it holds a link that would dangle in a "
+                f"container is unknown{others}: check the file system there and run again")
     if loops:  # where it "leads" is a link on the way, not a place: neither out nor back in
         return (f"is a loop of links (to {printable(target)}; or a chain of more than the 40 links Linux follows): it "
                 f"opens nowhere, here or in a container{others}: make it lead to the file")

@@ -1208,8 +1208,8 @@ def test_a_link_in_a_folder_listed_but_not_entered_is_named_not_passed(tmp_path:
                             env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
     assert answer.returncode == 0, answer.stderr
     found = json.loads(answer.stdout)["paths"][str(case)]
-    assert found["links_out"] == [["closed", "", str(case / "closed")],
-                                  ["listed/out", "", str(case / "listed" / "out")]], found
+    assert found["links_out"] == [["closed", "", "EACCES: Permission denied"],
+                                  ["listed/out", "", "EACCES: Permission denied"]], found
     problem = container_policy.links_out_problem(str(lab / "base" / "x"), "base/x", PathFacts.of(found),
                                                  container_policy.CASE_FOLDERS)
     assert problem == (f"FLAGPERF_CASE_PATH case 'base/x': {case}/closed cannot be looked at on this host "
@@ -1265,7 +1265,7 @@ def test_an_unlistable_scanned_folder_is_named_as_itself(tmp_path: Path) -> None
                                 check=False, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
     finally:
         case.chmod(0o755)
-    assert found == [[".", "", str(case)]], found
+    assert found == [[".", "", "EACCES: Permission denied"]], found
     problem = container_policy.links_out_problem(str(case), "base/x", PathFacts.of({
         "path": str(case), "kind": "folder", "links_out": found}), container_policy.CASE_FOLDERS)
     assert problem is not None and problem.startswith(
@@ -1273,3 +1273,25 @@ def test_an_unlistable_scanned_folder_is_named_as_itself(tmp_path: Path) -> None
     assert vendor.returncode == 0, vendor.stderr
     assert vendor.stdout.startswith(f"{case}: ") and "cannot be looked at" in vendor.stdout, vendor.stdout
 
+
+@pytest.mark.parametrize(("real", "words"), [
+    ("EACCES: Permission denied", "(permission denied): whether it holds a link that would dangle in a container is "
+     "unknown: make the folder readable and enterable (chmod a+rX) by the user the host runs as"),
+    ("EPERM: Operation not permitted", "(permission denied)"),
+    ("/lab/case/closed", "(permission denied)"),  # an agent older than the error's field: it only saw EACCES
+    ("EIO: Input/output error", "could not be read on this host: Input/output error: whether it holds a link that "
+     "would dangle in a container is unknown: check the file system there and run again"),
+    ("ESTALE: Stale file handle", "could not be read on this host: Stale file handle"),
+])
+def test_a_place_links_leaving_could_not_look_at_is_worded_by_its_error(real: str, words: str) -> None:
+    """Every error was worded 'permission denied ... chmod a+rX', wrong advice for an EIO or a stale NFS handle."""
+    line = container_policy.leaving_link_words("", real, "/lab/case", False)
+    assert words in line, line
+    assert ("chmod" in line) == (words.startswith("(permission denied)")), line
+
+
+def test_the_error_of_a_place_not_looked_at_is_its_errno_name_and_text() -> None:
+    from flagperf.hosts.local import unreadable_reason
+
+    assert unreadable_reason(OSError(errno.EIO, "Input/output error", "/x")) == "EIO: Input/output error"
+    assert unreadable_reason(PermissionError(errno.EACCES, "Permission denied")) == "EACCES: Permission denied"
