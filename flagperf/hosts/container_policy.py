@@ -241,18 +241,25 @@ def mount_target_problem(target: str, project_root: str, work_root: str | None =
     would put other files in place of the code a round runs or of what the round writes and reads back."""
     if target == "/":
         return "the container's root"
-    places = [(posixpath.normpath(project_root), "the project", "whose code a mount there would replace"),
+    places = [(_normalised(project_root), "the project", "whose code a mount there would replace"),
               (SEARCH_MOUNT_ROOT, "FlagPerf's folder of the run's vendor and case folders",
                "whose code a mount there would replace"),
               (ENV_FILE_IN_CONTAINER, "the file FlagPerf hands the container's private variables in",
                "which a mount there would replace")]
     if work_root is not None:
-        places.append((posixpath.normpath(work_root), work_what, "where the job's scratch folder and the adaptation "
+        places.append((_normalised(work_root), work_what, "where the job's scratch folder and the adaptation "
                        "cache are mounted, which a mount there would replace"))
     for place, what, why in places:
         if is_under(target, place):
             return f"{'in ' if target != place else ''}{what} ({place}), {why}"
     return None
+
+
+def _normalised(path: str) -> str:
+    """``path`` as clean_path writes a target (posixpath.normpath keeps a leading '//', which is_under then compares
+    as written: a work root given as //data/work refused no mount at /data/work/x)."""
+    normal = posixpath.normpath(path)
+    return "/" + normal.lstrip("/") if normal.startswith("/") else normal
 
 
 # ---------------------------------------------------------------------------------------------- devices

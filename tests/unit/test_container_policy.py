@@ -1295,3 +1295,13 @@ def test_the_error_of_a_place_not_looked_at_is_its_errno_name_and_text() -> None
 
     assert unreadable_reason(OSError(errno.EIO, "Input/output error", "/x")) == "EIO: Input/output error"
     assert unreadable_reason(PermissionError(errno.EACCES, "Permission denied")) == "EACCES: Permission denied"
+
+
+@pytest.mark.parametrize("work_root", ["//data/work", "/data//work/", "/data/./work"])
+@pytest.mark.parametrize("project_root", ["//opt/flagperf", "/opt/flagperf"])
+def test_a_work_root_or_project_written_with_extra_slashes_still_refuses_a_mount_in_it(work_root: str,
+                                                                                      project_root: str) -> None:
+    """posixpath.normpath keeps a leading '//': a work root written //data/work refused no mount at /data/work/x."""
+    assert container_policy.mount_target_problem("/data/work/x", project_root, work_root) is not None
+    assert container_policy.mount_target_problem("/opt/flagperf/x", project_root, work_root) is not None
+    assert container_policy.mount_target_problem("/data/other", project_root, work_root) is None
