@@ -1305,3 +1305,17 @@ def test_a_work_root_or_project_written_with_extra_slashes_still_refuses_a_mount
     assert container_policy.mount_target_problem("/data/work/x", project_root, work_root) is not None
     assert container_policy.mount_target_problem("/opt/flagperf/x", project_root, work_root) is not None
     assert container_policy.mount_target_problem("/data/other", project_root, work_root) is None
+
+
+def test_containers_carry_the_owner_label_only_where_an_owner_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flagperf.hosts.docker import owner_labels
+
+    monkeypatch.delenv("FLAGPERF_CONTAINER_OWNER", raising=False)
+    assert owner_labels() == {}
+    monkeypatch.setenv("FLAGPERF_CONTAINER_OWNER", "")
+    assert owner_labels() == {}
+    monkeypatch.setenv("FLAGPERF_CONTAINER_OWNER", "flagperf-testbed-0123456789abcdef.4242")
+    assert owner_labels() == {"org.flagperf.owner": "flagperf-testbed-0123456789abcdef.4242"}
+    monkeypatch.setenv("FLAGPERF_CONTAINER_OWNER", "two\nlines")
+    with pytest.raises(ConfigError, match=r"^FLAGPERF_CONTAINER_OWNER: 'two\\nlines' is not a container owner"):
+        owner_labels()
