@@ -1319,3 +1319,15 @@ def test_containers_carry_the_owner_label_only_where_an_owner_is_set(monkeypatch
     monkeypatch.setenv("FLAGPERF_CONTAINER_OWNER", "two\nlines")
     with pytest.raises(ConfigError, match=r"^FLAGPERF_CONTAINER_OWNER: 'two\\nlines' is not a container owner"):
         owner_labels()
+
+
+def test_a_test_bed_path_that_is_no_file_leaves_the_session_running(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """FLAGPERF_TESTBED naming a folder: IsADirectoryError left the integration conftest's pytest_configure and the
+    whole session (unit tests included) ended in an INTERNALERROR."""
+    from tests.integration import conftest
+
+    monkeypatch.setenv("FLAGPERF_TESTBED", str(tmp_path))
+    monkeypatch.setenv("FLAGPERF_CONTAINER_OWNER", "before")
+    conftest.pytest_configure(None)  # type: ignore[arg-type]  # it reads no option
+    assert os.environ["FLAGPERF_CONTAINER_OWNER"] == "before"
