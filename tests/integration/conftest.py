@@ -23,7 +23,9 @@ def pytest_configure(config: pytest.Config) -> None:
     except (ValueError, OSError):  # a broken bed (FLAGPERF_TESTBED a folder, unreadable): the tests that need it
         return  # say so; the others (unit tests in the same session) run
     if bed is not None and bed.container_owner:
-        os.environ.setdefault("FLAGPERF_CONTAINER_OWNER", bed.container_owner)
+        # assigned: a lab's own exported value would label this session's containers as the lab's, and up.sh
+        # would never remove what a killed session left
+        os.environ["FLAGPERF_CONTAINER_OWNER"] = bed.container_owner
 
 
 @pytest.fixture(scope="session")

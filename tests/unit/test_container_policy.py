@@ -1331,3 +1331,16 @@ def test_a_test_bed_path_that_is_no_file_leaves_the_session_running(tmp_path: Pa
     monkeypatch.setenv("FLAGPERF_CONTAINER_OWNER", "before")
     conftest.pytest_configure(None)  # type: ignore[arg-type]  # it reads no option
     assert os.environ["FLAGPERF_CONTAINER_OWNER"] == "before"
+
+
+def test_the_test_sessions_containers_carry_the_beds_owner_not_a_lab_value(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.integration import conftest
+
+    bed = {"hosts": [], "known_hosts": "", "base_image": "img", "docker_host": "unix:///x", "bridge_address": "x",
+           "container_owner": "flagperf-testbed-0123456789abcdef"}
+    (tmp_path / "testbed.json").write_text(json.dumps(bed))
+    monkeypatch.setenv("FLAGPERF_TESTBED", str(tmp_path / "testbed.json"))
+    monkeypatch.setenv("FLAGPERF_CONTAINER_OWNER", "the-lab")  # a lab's own, exported in the shell
+    conftest.pytest_configure(None)  # type: ignore[arg-type]
+    assert os.environ["FLAGPERF_CONTAINER_OWNER"] == "flagperf-testbed-0123456789abcdef"
