@@ -365,6 +365,9 @@ def run(
                             inventory_endpoints=inv.endpoints,
                             run_id=retry.name if retry else run_id, resume=retry is not None)
             check_capacity_here(plan, inv.hosts)  # before any server starts
+            from flagperf.hosts.docker import owner_labels
+
+            owner_labels()  # a FLAGPERF_CONTAINER_OWNER no container can carry: said now, not at a round's start
         interrupt = _interrupt()
         interrupt.disarm()  # from here a signal is noted, and raised once the run can be stopped in order
         made = _make_results_folder(results, *results_source)

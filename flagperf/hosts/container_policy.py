@@ -241,18 +241,25 @@ def mount_target_problem(target: str, project_root: str, work_root: str | None =
     would put other files in place of the code a round runs or of what the round writes and reads back."""
     if target == "/":
         return "the container's root"
-    places = [(posixpath.normpath(project_root), "the project", "whose code a mount there would replace"),
+    places = [(_normalised(project_root), "the project", "whose code a mount there would replace"),
               (SEARCH_MOUNT_ROOT, "FlagPerf's folder of the run's vendor and case folders",
                "whose code a mount there would replace"),
               (ENV_FILE_IN_CONTAINER, "the file FlagPerf hands the container's private variables in",
                "which a mount there would replace")]
     if work_root is not None:
-        places.append((posixpath.normpath(work_root), work_what, "where the job's scratch folder and the adaptation "
+        places.append((_normalised(work_root), work_what, "where the job's scratch folder and the adaptation "
                        "cache are mounted, which a mount there would replace"))
     for place, what, why in places:
         if is_under(target, place):
             return f"{'in ' if target != place else ''}{what} ({place}), {why}"
     return None
+
+
+def _normalised(path: str) -> str:
+    """``path`` as clean_path writes a target (posixpath.normpath keeps a leading '//', which is_under then compares
+    as written: a work root given as //data/work refused no mount at /data/work/x)."""
+    normal = posixpath.normpath(path)
+    return "/" + normal.lstrip("/") if normal.startswith("/") else normal
 
 
 # ---------------------------------------------------------------------------------------------- devices
@@ -495,7 +502,7 @@ def links_out_problem(source: str, name: str, found: PathFacts, path: SearchPath
     below, target, real = found.links_out[0]
     # Names as the host's folder holds them: a newline or a byte that is no UTF-8 would break the one line (and
     # a lone surrogate the JSON of a Prefect state), so each is shown escaped.
-    file = printable(f"{source}/{below}")
+    file = printable(source if below == "." else f"{source}/{below}")  # ".": the folder itself was not listable
     others_count = len(found.links_out) - 1
     others = (f" (and {others_count}{'+' if len(found.links_out) >= LINKS_LISTED else ''} more such link(s))"
               if others_count else "")
@@ -510,11 +517,16 @@ def leaving_link_words(target: str, real: str, folder: str, loops: bool, project
     name: the run's words (links_out_problem), and vendor check's and validate's, which name it before a round.
     ``loops``: it ends in a loop of links (PathFacts.loops); ``project``: as links_out_problem's; ``what``: how the
     words name the folder ("the vendor folder"; "its folder" by default). An empty ``target``: links_leaving could
-    not look there (EACCES), as no link has an empty target."""
+    not look there, as no link has an empty target; ``real`` is then the error (local.unreadable_reason, 'EIO:
+    Input/output error'), or the path from an agent older than it, which only saw EACCES there."""
     if not target:
-        return (f"cannot be looked at on this host (permission denied): whether it holds a link that would dangle "
-                f"in a container is unknown{others}: make the folder readable and enterable (chmod a+rX) by the "
-                f"user the host runs as")
+        name, _, reason = real.partition(": ")
+        if real.startswith("/") or name in ("EACCES", "EPERM"):
+            return (f"cannot be looked at on this host (permission denied): whether it holds a link that would "
+                    f"dangle in a container is unknown{others}: make the folder readable and enterable (chmod a+rX) "
+                    f"by the user the host runs as")
+        return (f"could not be read on this host: {reason or name}: whether it holds a link that would dangle in a "
+                f"container is unknown{others}: check the file system there and run again")
     if loops:  # where it "leads" is a link on the way, not a place: neither out nor back in
         return (f"is a loop of links (to {printable(target)}; or a chain of more than the 40 links Linux follows): it "
                 f"opens nowhere, here or in a container{others}: make it lead to the file")

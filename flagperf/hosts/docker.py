@@ -58,6 +58,20 @@ LABEL = "org.flagperf"
 # A value the controller labels every container it starts with (org.flagperf.owner): whoever shares an engine (a test
 # bed, a lab's deployments) can find and remove its own containers, and only those.
 OWNER_ENV = "FLAGPERF_CONTAINER_OWNER"
+OWNER_VALUE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+
+
+def owner_labels() -> dict[str, str]:
+    """The owner label of every container the controller starts ({} where FLAGPERF_CONTAINER_OWNER is unset or
+    empty); ConfigError naming the variable where its value is no label a `docker ps --filter` finds by (a space, a
+    '=', a newline) or is longer than 128 characters. The run command checks it before anything starts."""
+    value = os.environ.get(OWNER_ENV, "")
+    if not value:
+        return {}
+    if not OWNER_VALUE.fullmatch(value):
+        raise ConfigError(OWNER_ENV, None, f"{value[:64]!r} is not a container owner value (1 to 128 of A-Z, a-z, "
+                                           "0-9, '_', '.', '-')")
+    return {f"{LABEL}.owner": value}
 # Variables the container runtime itself reads from a container's config (device selection): these stay there.
 RUNTIME_READS = re.compile(r"^(NVIDIA_[A-Z0-9_]*|[A-Z0-9_]*_VISIBLE_DEVICES)$")
 
@@ -462,8 +476,7 @@ class DockerRuntime(Runtime):
                 privileged=s.privileged, devices=s.devices or None, group_add=s.group_add or None,
                 device_requests=[DeviceRequest(**r) for r in s.device_requests] or None,
                 ulimits=[Ulimit(name=name, soft=value, hard=value) for name, value in s.ulimits.items()] or None,
-                mounts=mounts, volumes=volumes or None, labels={**labels, f"{LABEL}.host": host.name, **(
-                    {f"{LABEL}.owner": os.environ[OWNER_ENV]} if os.environ.get(OWNER_ENV) else {})})
+                mounts=mounts, volumes=volumes or None, labels={**labels, f"{LABEL}.host": host.name, **owner_labels()})
             container.start()
             running = True
             container.reload()

@@ -331,10 +331,12 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = Non
     whose way then leaves it by a further link (shared/ds, itself a link to a data mount): it is followed hop by hop
     as the container reads each, and counts only where one leads out of every place the container has. A name the
     host cannot look at (EACCES: a folder listed but not entered) or a folder it cannot list counts too, with ""
-    as its target (no link has an empty one): whether a link there leaves is unknown. ``only``: a part of the folder
-    (engines/onnxruntime) whose links alone are wanted, those on the way to it included, each still judged as the
-    folder's (a link to elsewhere in the folder stays in): the walk enters nothing else, so ``limit`` is not spent on
-    the rest of the folder."""
+    as its target (no link has an empty one) and the error in place of where it leads (unreadable_reason): whether
+    a link there leaves is unknown. The scanned folder itself, where it cannot be listed, is named "." (relpath's
+    name of it). ``only``: a part of the folder (engines/onnxruntime) whose links alone are wanted, those on the way
+    to it included (and a folder on the way that cannot be listed), each still judged as the folder's (a link to
+    elsewhere in the folder stays in): the walk enters nothing else, so ``limit`` is not spent on the rest of the
+    folder."""
     root = os.path.realpath(folder)
     steps = () if only is None else tuple(part for part in os.path.normpath(only).split(os.sep) if part != ".")
     bound = root if tree is None else os.path.realpath(tree)
@@ -347,8 +349,9 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = Non
         if isinstance(error, (FileNotFoundError, NotADirectoryError)) or error.filename is None:
             return
         below = os.path.relpath(os.fsdecode(error.filename), root)
-        if [below, "", os.fsdecode(error.filename)] not in found:  # its own name may have been found already
-            found.append([below, "", os.fsdecode(error.filename)])
+        # its own name may have been found already (not entered: lstat of it failed in its parent's listing)
+        if len(found) < limit and not any(known[:2] == [below, ""] for known in found):
+            found.append([below, "", unreadable_reason(error)])
 
     for top, folders, files in walk_source(root, built=True, onerror=unlisted):
         if len(found) >= limit:
@@ -368,8 +371,8 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = Non
                 target = os.readlink(path)
             except (FileNotFoundError, NotADirectoryError):
                 continue  # gone meanwhile
-            except OSError:
-                found.append([os.path.relpath(path, root), "", path])
+            except OSError as error:
+                found.append([os.path.relpath(path, root), "", unreadable_reason(error)])
                 if len(found) >= limit:
                     return found
                 continue
@@ -402,7 +405,16 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = Non
                 found.append([os.path.relpath(path, root), target, real])
                 if len(found) >= limit:
                     return found
-    return found
+    return found[:limit]
+
+
+def unreadable_reason(error: OSError) -> str:
+    """A links_leaving finding's third field where the path could not be looked at (its target ""): the error as
+    'ENAME: strerror' (EACCES: Permission denied; EIO: Input/output error), which the controller words the advice by
+    (container_policy.leaving_link_words). An agent older than it sent the path there (starting with '/'): an
+    older controller reads no field of such a finding but its name, and so refuses it either way."""
+    name = errno.errorcode.get(error.errno or 0, "EUNKNOWN")
+    return f"{name}: {error.strerror or os.strerror(error.errno or 0)}"
 
 
 # How many symlinks Linux follows in one path lookup (MAXSYMLINKS) before it fails with ELOOP.

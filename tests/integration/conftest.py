@@ -13,17 +13,22 @@ FIXTURE_CASES = Path(__file__).resolve().parents[1] / "fixtures" / "cases"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Every container this session starts carries the test bed's owner label (FLAGPERF_CONTAINER_OWNER, read by
-    the controller and so by every flow and CLI it starts): up.sh removes what a killed session left of those, and
-    never another's containers on a shared engine."""
+    """Every container this session starts carries the test bed's owner label with this session's pid
+    (FLAGPERF_CONTAINER_OWNER, read by the controller and so by every flow and CLI it starts): up.sh removes what a
+    killed session left of those (stopped, or its session gone), never a live session's running ones, and never
+    another owner's containers on a shared engine."""
     from tests.testbed.bed import load_testbed
 
     try:
         bed = load_testbed()
-    except ValueError:  # a broken bed: the tests that need it say so
-        return
+    except (ValueError, OSError):  # a broken bed (FLAGPERF_TESTBED a folder, unreadable): the tests that need it
+        return  # say so; the others (unit tests in the same session) run
     if bed is not None and bed.container_owner:
-        os.environ.setdefault("FLAGPERF_CONTAINER_OWNER", bed.container_owner)
+        # assigned: a lab's own exported value would label this session's containers as the lab's, and up.sh
+        # would never remove what a killed session left
+        # <bed owner>.<this session's pid>: up.sh removes a running one only once that process is gone, so a
+        # second session on the same bed does not take the first one's containers away mid-round
+        os.environ["FLAGPERF_CONTAINER_OWNER"] = f"{bed.container_owner}.{os.getpid()}"
 
 
 @pytest.fixture(scope="session")

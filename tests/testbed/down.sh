@@ -83,6 +83,14 @@ rm -f "$STATE/known_hosts"
 [ -n "$all" ] || { log "kept dockerd and $IMAGE (down.sh --all removes them)"; exit 0; }
 
 if timeout 20 docker info >/dev/null 2>&1; then
+  # the owner value goes with $STATE: its containers (labelled <owner> or <owner>.<pid>) would be no one's after
+  owner=$(cat "$STATE/owner" 2>/dev/null) || owner=
+  if [[ "$owner" =~ ^flagperf-testbed-[0-9a-f]{16}$ ]]; then
+    timeout 60 docker ps -a --filter label=org.flagperf.owner \
+        --format '{{.ID}} {{.State}} {{.Label "org.flagperf.owner"}}' \
+      | bash "$(dirname "${BASH_SOURCE[0]}")/leftovers.sh" "$owner" --all | xargs -r timeout 300 docker rm -f >/dev/null
+    log "removed the containers of owner $owner"
+  fi
   if timeout 30 docker image inspect "$IMAGE" >/dev/null 2>&1; then
     timeout 300 docker rmi "$IMAGE" >/dev/null || die "cannot remove $IMAGE (a container still uses it?)"
     log "removed $IMAGE"

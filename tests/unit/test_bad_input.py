@@ -129,6 +129,17 @@ def test_results_folder_that_cannot_be_written(tmp_path: Path) -> None:
     assert "is a file" in fail("run", "--host-config", str(host_yaml), key="FLAGPERF_LOG_PATH")
 
 
+@pytest.mark.parametrize("value", ["lab one", "a=b", "x" * 129])
+def test_a_container_owner_no_label_can_carry_is_refused_before_the_run(tmp_path: Path, value: str,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """FLAGPERF_CONTAINER_OWNER went into every container's label as it was: a space or '=' made a label no
+    `docker ps --filter` finds by. It is now refused at plan time, one line naming the variable; nothing is made."""
+    monkeypatch.setenv("FLAGPERF_CONTAINER_OWNER", value)
+    results = tmp_path / "results"
+    fail("run", "--cases", "computation-FP32", "--results", str(results), key="FLAGPERF_CONTAINER_OWNER: ")
+    assert not results.exists()
+
+
 @pytest.fixture
 def read_only_folder(tmp_path: Path) -> Iterator[Path]:
     with mounted_tmpfs(tmp_path / "ro", "ro,size=1m") as folder:

@@ -1208,8 +1208,8 @@ def test_a_link_in_a_folder_listed_but_not_entered_is_named_not_passed(tmp_path:
                             env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
     assert answer.returncode == 0, answer.stderr
     found = json.loads(answer.stdout)["paths"][str(case)]
-    assert found["links_out"] == [["closed", "", str(case / "closed")],
-                                  ["listed/out", "", str(case / "listed" / "out")]], found
+    assert found["links_out"] == [["closed", "", "EACCES: Permission denied"],
+                                  ["listed/out", "", "EACCES: Permission denied"]], found
     problem = container_policy.links_out_problem(str(lab / "base" / "x"), "base/x", PathFacts.of(found),
                                                  container_policy.CASE_FOLDERS)
     assert problem == (f"FLAGPERF_CASE_PATH case 'base/x': {case}/closed cannot be looked at on this host "
@@ -1218,3 +1218,145 @@ def test_a_link_in_a_folder_listed_but_not_entered_is_named_not_passed(tmp_path:
                        "the host runs as"), problem
     (case / "listed").chmod(0o755)
     (case / "closed").chmod(0o755)
+
+
+def _links_leaving_without_override(prefix: list[str], folder: Path, limit: int) -> list[list[str]]:
+    """links_leaving run for real without root's override of file permissions (a real EACCES)."""
+    code = ("import json, sys; from flagperf.hosts.local import links_leaving; "
+            "print(json.dumps(links_leaving(sys.argv[1], limit=int(sys.argv[2]))))")
+    answer = subprocess.run([*prefix, sys.executable, "-c", code, str(folder), str(limit)], capture_output=True,
+                            text=True, check=False, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    assert answer.returncode == 0, answer.stderr
+    return json.loads(answer.stdout)
+
+
+def test_links_leaving_names_no_more_unlistable_folders_than_its_limit(tmp_path: Path) -> None:
+    """15 folders of mode 000 with limit 10: the folders it could not list were added past the limit (15)."""
+    prefix = _without_dac_override()
+    if prefix is None:
+        pytest.skip("needs root and setpriv to drop CAP_DAC_OVERRIDE for a real EACCES")
+    case = tmp_path / "case"
+    for i in range(15):
+        (case / f"d{i:02}").mkdir(parents=True)
+        (case / f"d{i:02}").chmod(0o000)
+    try:
+        found = _links_leaving_without_override(prefix, case, 10)
+    finally:
+        for i in range(15):
+            (case / f"d{i:02}").chmod(0o755)
+    assert [below for below, _, _ in found] == [f"d{i:02}" for i in range(10)], found
+
+
+def test_an_unlistable_scanned_folder_is_named_as_itself(tmp_path: Path) -> None:
+    """A scanned folder that cannot be listed was named '<folder>/.' in the run's error, and vendor check's filter
+    by engine or case (folder/'.' is the folder) dropped it: what is in the folder is unknown, for every part."""
+    prefix = _without_dac_override()
+    if prefix is None:
+        pytest.skip("needs root and setpriv to drop CAP_DAC_OVERRIDE for a real EACCES")
+    case = tmp_path / "base" / "x"
+    (case / "cases" / "y").mkdir(parents=True)
+    case.chmod(0o000)
+    try:
+        found = _links_leaving_without_override(prefix, case, 10)
+        code = ("import sys; from pathlib import Path; "
+                "from flagperf.hosts.vendorcheck import links_out_of_vendor_folder; "
+                "print('\\n'.join(str(e) for e in links_out_of_vendor_folder(Path(sys.argv[1]), 'cases/y')))")
+        vendor = subprocess.run([*prefix, sys.executable, "-c", code, str(case)], capture_output=True, text=True,
+                                check=False, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    finally:
+        case.chmod(0o755)
+    assert found == [[".", "", "EACCES: Permission denied"]], found
+    problem = container_policy.links_out_problem(str(case), "base/x", PathFacts.of({
+        "path": str(case), "kind": "folder", "links_out": found}), container_policy.CASE_FOLDERS)
+    assert problem is not None and problem.startswith(
+        f"FLAGPERF_CASE_PATH case 'base/x': {case} cannot be looked at on this host (permission denied)"), problem
+    assert vendor.returncode == 0, vendor.stderr
+    assert vendor.stdout.startswith(f"{case}: ") and "cannot be looked at" in vendor.stdout, vendor.stdout
+
+
+@pytest.mark.parametrize(("real", "words"), [
+    ("EACCES: Permission denied", "(permission denied): whether it holds a link that would dangle in a container is "
+     "unknown: make the folder readable and enterable (chmod a+rX) by the user the host runs as"),
+    ("EPERM: Operation not permitted", "(permission denied)"),
+    ("/lab/case/closed", "(permission denied)"),  # an agent older than the error's field: it only saw EACCES
+    ("EIO: Input/output error", "could not be read on this host: Input/output error: whether it holds a link that "
+     "would dangle in a container is unknown: check the file system there and run again"),
+    ("ESTALE: Stale file handle", "could not be read on this host: Stale file handle"),
+])
+def test_a_place_links_leaving_could_not_look_at_is_worded_by_its_error(real: str, words: str) -> None:
+    """Every error was worded 'permission denied ... chmod a+rX', wrong advice for an EIO or a stale NFS handle."""
+    line = container_policy.leaving_link_words("", real, "/lab/case", False)
+    assert words in line, line
+    assert ("chmod" in line) == (words.startswith("(permission denied)")), line
+
+
+def test_the_error_of_a_place_not_looked_at_is_its_errno_name_and_text() -> None:
+    from flagperf.hosts.local import unreadable_reason
+
+    assert unreadable_reason(OSError(errno.EIO, "Input/output error", "/x")) == "EIO: Input/output error"
+    assert unreadable_reason(PermissionError(errno.EACCES, "Permission denied")) == "EACCES: Permission denied"
+
+
+@pytest.mark.parametrize("work_root", ["//data/work", "/data//work/", "/data/./work"])
+@pytest.mark.parametrize("project_root", ["//opt/flagperf", "/opt/flagperf"])
+def test_a_work_root_or_project_written_with_extra_slashes_still_refuses_a_mount_in_it(work_root: str,
+                                                                                      project_root: str) -> None:
+    """posixpath.normpath keeps a leading '//': a work root written //data/work refused no mount at /data/work/x."""
+    assert container_policy.mount_target_problem("/data/work/x", project_root, work_root) is not None
+    assert container_policy.mount_target_problem("/opt/flagperf/x", project_root, work_root) is not None
+    assert container_policy.mount_target_problem("/data/other", project_root, work_root) is None
+
+
+def test_containers_carry_the_owner_label_only_where_an_owner_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flagperf.hosts.docker import owner_labels
+
+    monkeypatch.delenv("FLAGPERF_CONTAINER_OWNER", raising=False)
+    assert owner_labels() == {}
+    monkeypatch.setenv("FLAGPERF_CONTAINER_OWNER", "")
+    assert owner_labels() == {}
+    monkeypatch.setenv("FLAGPERF_CONTAINER_OWNER", "flagperf-testbed-0123456789abcdef.4242")
+    assert owner_labels() == {"org.flagperf.owner": "flagperf-testbed-0123456789abcdef.4242"}
+    monkeypatch.setenv("FLAGPERF_CONTAINER_OWNER", "two\nlines")
+    with pytest.raises(ConfigError, match=r"^FLAGPERF_CONTAINER_OWNER: 'two\\nlines' is not a container owner"):
+        owner_labels()
+
+
+def test_a_test_bed_path_that_is_no_file_leaves_the_session_running(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """FLAGPERF_TESTBED naming a folder: IsADirectoryError left the integration conftest's pytest_configure and the
+    whole session (unit tests included) ended in an INTERNALERROR."""
+    from tests.integration import conftest
+
+    monkeypatch.setenv("FLAGPERF_TESTBED", str(tmp_path))
+    monkeypatch.setenv("FLAGPERF_CONTAINER_OWNER", "before")
+    conftest.pytest_configure(None)  # type: ignore[arg-type]  # it reads no option
+    assert os.environ["FLAGPERF_CONTAINER_OWNER"] == "before"
+
+
+def test_the_test_sessions_containers_carry_the_beds_owner_not_a_lab_value(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.integration import conftest
+
+    bed = {"hosts": [], "known_hosts": "", "base_image": "img", "docker_host": "unix:///x", "bridge_address": "x",
+           "container_owner": "flagperf-testbed-0123456789abcdef"}
+    (tmp_path / "testbed.json").write_text(json.dumps(bed))
+    monkeypatch.setenv("FLAGPERF_TESTBED", str(tmp_path / "testbed.json"))
+    monkeypatch.setenv("FLAGPERF_CONTAINER_OWNER", "the-lab")  # a lab's own, exported in the shell
+    conftest.pytest_configure(None)  # type: ignore[arg-type]
+    assert os.environ["FLAGPERF_CONTAINER_OWNER"] == f"flagperf-testbed-0123456789abcdef.{os.getpid()}"
+
+
+def test_up_removes_only_this_beds_containers_whose_session_is_gone_or_that_stopped() -> None:
+    """up.sh removed every container of the bed's owner: a second session on the bed took the first one's running
+    round away. Now: a stopped one, or one whose session (the label's pid) is gone; --all (down.sh) every one."""
+    script = PROJECT_ROOT / "tests" / "testbed" / "leftovers.sh"
+    owner, live, gone = "flagperf-testbed-00", os.getpid(), 2 ** 22 + 1  # above pid_max's default: no process
+    lines = [f"a1 running {owner}.{live}", f"a2 running {owner}.{gone}", f"a3 exited {owner}.{live}",
+             f"a4 running {owner}", f"a5 created {owner}", f"a6 running {owner}1.{gone}", "a7 exited other",
+             f"a8 running {owner}.x"]
+    picked = subprocess.run(["bash", str(script), owner], input="\n".join(lines) + "\n", capture_output=True,
+                            text=True, check=True).stdout.split()
+    assert picked == ["a2", "a3", "a5", "a8"]
+    every = subprocess.run(["bash", str(script), owner, "--all"], input="\n".join(lines) + "\n",
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert every == ["a1", "a2", "a3", "a4", "a5", "a8"]
