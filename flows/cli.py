@@ -706,8 +706,11 @@ def compare(
     # Bad input is refused before anything is said.
     if out is not None and (problem := _out_file_problem(out, (run_a, run_b))):
         raise _fail(f"--out {out}: {problem}")
-    rows, _ = compare_runs(_run_folder(run_a, "RUN_A"), _run_folder(run_b, "RUN_B"))
-    serving = compare_serving_runs(run_a, run_b)
+    try:
+        rows, _ = compare_runs(_run_folder(run_a, "RUN_A"), _run_folder(run_b, "RUN_B"))
+        serving = compare_serving_runs(run_a, run_b)
+    except FlagperfError as exc:
+        raise _fail(str(exc)) from None
     table = Table(*HEADER, title=f"A = {run_a.name}, B = {run_b.name}", title_justify="left")
     for row in rows:
         cells = row.cells()
@@ -737,6 +740,8 @@ def _out_file_problem(out: Path, runs: tuple[Path, ...] = ()) -> str | None:
     folder = out.parent
     if out.is_dir():
         return "is a folder; give the file to write"
+    if out.exists() and not out.is_file():  # the write renames over it: /dev/full would become a file of ours
+        return "not a regular file (a device, a FIFO or a socket); give a file to write"
     if not folder.is_dir():
         return f"folder {folder} does not exist" if not (folder.exists() or folder.is_symlink()) else \
             f"{folder} is not a folder"

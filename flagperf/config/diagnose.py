@@ -13,7 +13,16 @@ from flagperf.config.models import load_model
 from flagperf.errors import ConfigError
 from flagperf.paths import PROJECT_ROOT, display_path
 from flagperf.results.diagnosis import Diagnosis, Rules, diagnose, is_fleet, render_markdown, write_diagnosis
-from flagperf.results.history import figures, history_found, history_reader, resolved_url, runs, unreadable
+from flagperf.results.history import (
+    figures,
+    history_found,
+    history_reader,
+    not_a_file,
+    resolved_url,
+    runs,
+    sqlite_files,
+    unreadable,
+)
 from flagperf.results.summary import RunSummary, summarize
 
 DEFAULT_RULES = PROJECT_ROOT / "deployments" / "diagnosis" / "rules.yaml"
@@ -49,6 +58,7 @@ def history_medians(summary: RunSummary, results_dir: Path, url: str | None = No
     """(case, metric) -> the median of the last runs in the history with this run's vendor and device
     (this run itself left out)."""
     vendor, device = summary.context.get("vendor"), summary.context.get("device")
+    not_a_file(sqlite_files(url, results_dir), "--history")
     engine = history_reader(url, results_dir)  # read only: a diagnosis never makes or changes the history
     found: dict[tuple[str, str], float] = {}
     if engine is None:

@@ -459,7 +459,12 @@ def parse_set_override(text: str, case_names: list[str]) -> SetOverride:
                                             f"(selected: {', '.join(case_names)})")
         raise ConfigError("--set", lhs, "the key must be a configuration name such as min_duration_s, or a dotted "
                                         "path into a mapping such as slo.ttft_s")
-    value = parse_yaml_text(raw, "--set") if raw.strip() else ""
+    if any("\udc80" <= char <= "\udcff" for char in raw):  # bytes of no UTF-8, as Python reads an argv
+        raise ConfigError("--set", lhs, "the value is not UTF-8 text")
+    try:
+        value = parse_yaml_text(raw, "--set") if raw.strip() else ""
+    except ConfigError as exc:  # the key it was given for, not "line 1" of a one-line value
+        raise ConfigError("--set", lhs, exc.message) from None
     if isinstance(value, dict) or (isinstance(value, list) and any(isinstance(v, dict | list) for v in value)):
         raise ConfigError("--set", lhs, f"the value must be a scalar or a list of scalars; {MAPPINGS_IN_SUITES}")
     return SetOverride(case=case, key=key, value=value, text=text)

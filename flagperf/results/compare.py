@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flagperf.errors import ConfigError
 from flagperf.results.markup import md_text
 from flagperf.results.operators import UNCERTAINTY_METHOD, PointFigures, collect_points, geomean
 from flagperf.results.serving import ServingPoint, serving_points, slo_text
@@ -179,8 +180,19 @@ def render_markdown(a_dir: Path, b_dir: Path, rows: list[Comparison],
     return "\n".join(lines) + "\n"
 
 
+def _every_result_read(summary: RunSummary, run_dir: Path, which: str) -> RunSummary:
+    """A run whose result.json files were all read: a host whose result is cut short or holds a wrong type would
+    drop out of its run's mean unnoticed, and B/A compare a different set of hosts than the runs hold."""
+    if summary.problems:
+        more = f" ({len(summary.problems) - 1} more)" if len(summary.problems) > 1 else ""
+        raise ConfigError(which, None, f"{run_dir}: {summary.problems[0]}{more}; repair or remove it to compare "
+                                       "the run")
+    return summary
+
+
 def compare_runs(a_dir: Path, b_dir: Path) -> tuple[list[Comparison], dict[str, Any]]:
-    a, b = summarize(a_dir), summarize(b_dir)
+    a = _every_result_read(summarize(a_dir), a_dir, "RUN_A")
+    b = _every_result_read(summarize(b_dir), b_dir, "RUN_B")
     rows = compare(a, b) + compare_operations(collect_points(a_dir), collect_points(b_dir))
     return rows, {"a": a.context, "b": b.context}
 

@@ -71,7 +71,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, DatabaseError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
 from flagperf.errors import ConfigError, FlagperfError, require
@@ -139,13 +139,23 @@ def _checked_url(url: str | None, results_dir: str | Path) -> str:
     """The history's URL, refused (ConfigError) where it is none or holds a password."""
     url = resolved_url(url, results_dir)
     try:
-        has_password = make_url(url).password is not None
+        parsed = make_url(url)
     except ArgumentError:
         raise ConfigError("history_url", None, "not a database URL (postgresql+psycopg://user@host/db or "
                                                "sqlite:///path)") from None
-    if has_password:  # a flow parameter is stored by Prefect, and run settings end up in files
+    if parsed.password is not None:  # a flow parameter is stored by Prefect, and run settings end up in files
         raise ConfigError("history_url", None, "holds a password: give it through PGPASSWORD or ~/.pgpass instead")
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:  # else a connection error after the night
+        raise ConfigError("history_url", None, f"port {parsed.port} is out of range (1-65535)")
     return url
+
+
+def not_a_file(files: list[Path], option: str = "history_url") -> None:
+    """A SQLite history (``files``, sqlite_files') that is there but no regular file is refused (ConfigError): a
+    folder is an I/O error to SQLite, a FIFO blocks or fails, /dev/zero reads as an empty database that a night
+    would then write to, and a reader would take any of them for no history at all."""
+    if files and os.path.lexists(files[0]) and not files[0].is_file():
+        raise ConfigError(option, None, f"{files[0]}: not a regular file, so not a SQLite database")
 
 
 def check_history(url: str | None = None, results_dir: str | Path = "results") -> None:
@@ -157,11 +167,16 @@ def check_history(url: str | None = None, results_dir: str | Path = "results") -
     nearest folder there of its path, which must be a folder this user can write (else an OSError naming it)."""
     url_checked = _checked_url(url, results_dir)
     files = sqlite_files(url, results_dir)
+    not_a_file(files)
     if not files or os.path.lexists(files[0]):
         engine = _engine(url_checked)
         try:
             with engine.connect() as conn:  # a file that is no database, a server that refuses the user: said now
                 inspect(conn).get_table_names()
+        except DatabaseError as exc:
+            if files and "not a database" in str(exc.orig):  # a file of the user's given by mistake
+                raise ConfigError("history_url", None, f"{files[0]}: not a SQLite database") from None
+            raise
         finally:
             engine.dispose()
         return

@@ -18,7 +18,6 @@ Interactivity is 1 / mean TPOT (InferenceX's axis), taken from the ``interactivi
 
 from __future__ import annotations
 
-import json
 import re
 import statistics
 from collections.abc import Iterable
@@ -28,7 +27,8 @@ from typing import Any
 
 import pandas as pd
 
-from flagperf.results.bounded import read_bounded
+from flagperf.errors import ConfigError
+from flagperf.results.bounded import read_bounded, read_json_file
 from flagperf.results.markup import md_text, percent
 from flagperf.results.markup import number as figure_text
 from flagperf.results.plotting import save_png
@@ -290,12 +290,9 @@ def serving_levels(run_dir: Path, rows: pd.DataFrame | None = None) -> list[dict
 
 def round_setup(folder: Path) -> dict[str, Any]:
     """The round's serving.json without its points (what was sent, to which server, by which client), or {}."""
-    path = folder / SERVING_FILE
-    try:
-        if path.stat().st_size > SETUP_BYTES:
-            return {}
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
+    try:  # a FIFO there would block the read: only a regular file is opened
+        data = read_json_file(folder / SERVING_FILE, SETUP_BYTES, "a serving.json")
+    except ConfigError:
         return {}
     return {k: v for k, v in data.items() if k != "points"} if isinstance(data, dict) else {}
 
