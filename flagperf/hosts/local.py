@@ -336,76 +336,127 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = Non
     name of it). ``only``: a part of the folder (engines/onnxruntime) whose links alone are wanted, those on the way
     to it included (and a folder on the way that cannot be listed), each still judged as the folder's (a link to
     elsewhere in the folder stays in): the walk enters nothing else, so ``limit`` is not spent on the rest of the
-    folder."""
+    folder. A part reached through a link inside the folder (engines -> real_engines) is walked at its real place,
+    its findings named as the walk of the whole folder names them; one given with '..' or absolute is a ValueError."""
     root = os.path.realpath(folder)
-    steps = () if only is None else tuple(part for part in os.path.normpath(only).split(os.sep) if part != ".")
+    if only is not None and (os.path.isabs(only) or ".." in only.split(os.sep)):
+        raise ValueError(f"links_leaving: only={only!r} is not a part below the folder (absolute, or with '..')")
     bound = root if tree is None else os.path.realpath(tree)
     at = None if tree is None else os.path.normpath(tree)
     mounts = [view for view in map(mount_view, mounted) if view[1] != "/"]
     views = [*mounts, *([(bound, at)] if at is not None else [])]  # and the tree, as a container has it
     found: list[list[str]] = []
+    named: set[str] = set()  # the paths found (a part's way and the part may meet one link twice)
 
     def unlisted(error: OSError) -> None:  # a folder that cannot be listed: what is in it is unknown
         if isinstance(error, (FileNotFoundError, NotADirectoryError)) or error.filename is None:
             return
         below = os.path.relpath(os.fsdecode(error.filename), root)
         # its own name may have been found already (not entered: lstat of it failed in its parent's listing)
-        if len(found) < limit and not any(known[:2] == [below, ""] for known in found):
+        if len(found) < limit and below not in named:
+            named.add(below)
             found.append([below, "", unreadable_reason(error)])
 
-    for top, folders, files in walk_source(root, built=True, onerror=unlisted):
-        if len(found) >= limit:
-            return found[:limit]
-        names = sorted([*folders, *files])
-        depth = 0 if top == root else len(os.path.relpath(top, root).split(os.sep))
-        if depth < len(steps):  # above ``only``: the next step on the way to it alone (os.walk enters what is left)
-            folders[:] = [name for name in folders if name == steps[depth]]
-            names = [name for name in names if name == steps[depth]]
-        for name in names:
-            path = os.path.join(top, name)
-            # lstat, not os.path.islink: that says False where the folder is listed but cannot be entered (EACCES),
-            # and a link there would pass unseen. What cannot be looked at is a finding (its target unknown: "").
-            try:
-                if not stat.S_ISLNK(os.lstat(path).st_mode):
-                    continue
-                target = os.readlink(path)
-            except (FileNotFoundError, NotADirectoryError):
-                continue  # gone meanwhile
-            except OSError as error:
-                found.append([os.path.relpath(path, root), "", unreadable_reason(error)])
-                if len(found) >= limit:
-                    return found
-                continue
-            way = os.path.normpath(os.path.join(os.path.dirname(os.path.relpath(path, bound)), target))
-            real = os.path.realpath(path)
-            # Where the container looks: an absolute target as written; a relative one from the link's place in the
-            # container, known where the folder is part of the tree (elsewhere it lies under /flagperf-search).
-            # As written ('..' kept): a '..' after a link goes up from where the link leads, not lexically, so the
-            # container's way is followed on the raw path (esc/../x, esc a link out of the mounts, leaves them).
-            raw = target if os.path.isabs(target) else \
-                None if at is None else os.path.join(at, os.path.dirname(os.path.relpath(path, bound)), target)
-            there = None if raw is None else os.path.normpath(raw)
-            if raw is not None and there is not None and any(_inside(there, place) for _, place in mounts):
-                if resolved_in_container(raw, views, hops=LINKS_FOLLOWED - 1):  # the link itself was the first
-                    continue  # the container has that place mounted: the link leads there as on the host
-                leaves = True
-            elif os.path.isabs(target):
-                leaves = at is None or not _inside(os.path.normpath(target), at)
-            else:
-                leaves = way == ".." or way.startswith("../")
-            if not leaves:
-                # Its first hop stays in the folder (or tree); a later link may lead on, out (project/shared/ds ->
-                # /datasets/imagenet, where it may land in a mount) or back in by the host's own path of a tree the
-                # container has elsewhere (shared/x -> /real/shared/y, project_root /opt a link to /real): followed
-                # hop by hop as the container would, every time (where it ends on the host proves nothing).
-                leaves = not resolved_in_container(_in_container(path, target, bound, at), [*views, *(
-                    [(bound, SCANNED_AT)] if at is None else [])], hops=LINKS_FOLLOWED - 1,
-                    alone=SCANNED_AT if at is None else None)
-            if leaves:
-                found.append([os.path.relpath(path, root), target, real])
-                if len(found) >= limit:
-                    return found
+    def judge(path: str) -> list[str] | None:
+        """The finding of one name the walk lists, None where it is no link, or one that leaves nothing."""
+        # lstat, not os.path.islink: that says False where the folder is listed but cannot be entered (EACCES),
+        # and a link there would pass unseen. What cannot be looked at is a finding (its target unknown: "").
+        try:
+            if not stat.S_ISLNK(os.lstat(path).st_mode):
+                return None
+            target = os.readlink(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None  # gone meanwhile
+        except OSError as error:
+            return [os.path.relpath(path, root), "", unreadable_reason(error)]
+        way = os.path.normpath(os.path.join(os.path.dirname(os.path.relpath(path, bound)), target))
+        real = os.path.realpath(path)
+        # Where the container looks: an absolute target as written; a relative one from the link's place in the
+        # container, known where the folder is part of the tree (elsewhere it lies under /flagperf-search).
+        # As written ('..' kept): a '..' after a link goes up from where the link leads, not lexically, so the
+        # container's way is followed on the raw path (esc/../x, esc a link out of the mounts, leaves them).
+        raw = target if os.path.isabs(target) else \
+            None if at is None else os.path.join(at, os.path.dirname(os.path.relpath(path, bound)), target)
+        there = None if raw is None else os.path.normpath(raw)
+        if raw is not None and there is not None and any(_inside(there, place) for _, place in mounts):
+            if resolved_in_container(raw, views, hops=LINKS_FOLLOWED - 1):  # the link itself was the first
+                return None  # the container has that place mounted: the link leads there as on the host
+            leaves = True
+        elif os.path.isabs(target):
+            leaves = at is None or not _inside(os.path.normpath(target), at)
+        else:
+            leaves = way == ".." or way.startswith("../")
+        if not leaves:
+            # Its first hop stays in the folder (or tree); a later link may lead on, out (project/shared/ds ->
+            # /datasets/imagenet, where it may land in a mount) or back in by the host's own path of a tree the
+            # container has elsewhere (shared/x -> /real/shared/y, project_root /opt a link to /real): followed
+            # hop by hop as the container would, every time (where it ends on the host proves nothing).
+            leaves = not resolved_in_container(_in_container(path, target, bound, at), [*views, *(
+                [(bound, SCANNED_AT)] if at is None else [])], hops=LINKS_FOLLOWED - 1,
+                alone=SCANNED_AT if at is None else None)
+        return [os.path.relpath(path, root), target, real] if leaves else None
+
+    def scan(steps: Sequence[str]) -> None:
+        """The walk of the folder (``steps``: only the way to that part of it, and the part), adding its findings."""
+        for top, folders, files in walk_source(root, built=True, onerror=unlisted):
+            if len(found) >= limit:
+                return
+            names = sorted([*folders, *files])
+            depth = 0 if top == root else len(os.path.relpath(top, root).split(os.sep))
+            if depth < len(steps):  # above the part: the next step on the way to it alone (os.walk enters the rest)
+                folders[:] = [name for name in folders if name == steps[depth]]
+                names = [name for name in names if name == steps[depth]]
+            for name in names:
+                finding = judge(os.path.join(top, name))
+                if finding is not None and finding[0] not in named:
+                    named.add(finding[0])
+                    found.append(finding)
+                    if len(found) >= limit:
+                        return
+
+    if only is None:
+        scan(())
+        return found[:limit]
+    # The walk enters no link, so a part reached through one (engines -> real_engines, a link inside the folder) is
+    # walked at its real place, under the names the walk of the whole folder gives it; and each link on the way to it
+    # is judged where that walk meets it (a link in a folder it does not enter, or outside the folder, it never does).
+    links, real_part = _way_through(root, os.path.normpath(only))
+    for link in links:
+        if _inside(link, root):
+            scan(os.path.relpath(link, root).split(os.sep))
+    if real_part is not None and _inside(real_part, root):
+        scan(() if real_part == root else os.path.relpath(real_part, root).split(os.sep))
     return found[:limit]
+
+
+def _way_through(root: str, part: str) -> tuple[list[str], str | None]:
+    """The links met on the way from ``root`` (real) to ``part`` below it, as the host opens that path, each by its
+    path with its folder real (so that a walk of ``root`` finds it there), and the real place reached (None: a loop,
+    or a chain longer than Linux follows, reaches nowhere). A name that cannot be looked at is taken as it stands:
+    the walk along it says what it cannot list."""
+    pending = [name for name in reversed(part.split(os.sep))]
+    here, links = root, []
+    while pending:
+        name = pending.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            here = os.path.dirname(here)
+            continue
+        path = os.path.join(here, name)
+        try:
+            target = os.readlink(path) if stat.S_ISLNK(os.lstat(path).st_mode) else None
+        except OSError:
+            target = None
+        if target is None:
+            here = path
+            continue
+        if len(links) >= LINKS_FOLLOWED:
+            return list(dict.fromkeys(links)), None
+        links.append(path)
+        here = "/" if os.path.isabs(target) else here
+        pending.extend(reversed(target.split("/")))
+    return list(dict.fromkeys(links)), here
 
 
 def unreadable_reason(error: OSError) -> str:

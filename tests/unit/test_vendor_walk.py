@@ -1371,3 +1371,49 @@ def test_vendor_check_notes_the_scales_the_guide_asks_for_that_a_case_lacks(walk
     assert noted() == [f"{folder}: has config_acmex1x1 but no config_acmex2x8{tail}"]
     write(folder / "config_acmex2x8.yaml", "lr: 0.1\n")
     assert noted() == []
+
+
+@pytest.mark.parametrize("linked", ["family-folder", "part"], ids=["engines-linked", "engine-linked"])
+def test_a_part_reached_through_a_link_inside_the_vendor_folder_is_scanned_where_it_lies(walk: Path,
+                                                                                         linked: str) -> None:
+    """The scan of one engine's (or case's) part of the vendor folder followed its path step by step, and a step that
+    is a link inside the folder (engines -> real_engines) was judged as a link and never entered, while the round's
+    scan of the whole folder walks the real folder and refuses a link out in it: validate of the engine.yaml (or a
+    case's file) said ok, and the round refused. The part is now scanned at its real place, named as the whole
+    folder's scan names it; a part given with '..' or by an absolute path is refused, not scanned as nothing."""
+    from flagperf.hosts.local import links_leaving
+
+    vendor = walk / "vendors" / "acme"
+    helper = write(walk / "acme-sdk" / "model.onnx", "model\n")
+    case = vendor / "cases" / "training" / "walk-mlp"
+    settings = write(case / "acme.yaml", "lr: 0.1\n")
+    if linked == "family-folder":  # engines -> real_engines, cases -> real_cases
+        for family in ("engines", "cases"):
+            (vendor / family).rename(vendor / f"real_{family}")
+            (vendor / family).symlink_to(f"real_{family}")
+        engine_real = vendor / "real_engines" / "onnxruntime"
+        case_real = vendor / "real_cases" / "training" / "walk-mlp"
+    else:  # engines/onnxruntime -> ../ort, cases/training/walk-mlp -> ../../mlp
+        (vendor / "engines" / "onnxruntime").rename(vendor / "ort")
+        (vendor / "engines" / "onnxruntime").symlink_to(os.path.join("..", "ort"))
+        case.rename(vendor / "mlp")
+        case.symlink_to(os.path.join("..", "..", "mlp"))
+        engine_real, case_real = vendor / "ort", vendor / "mlp"
+    engine, settings = vendor / "engines" / "onnxruntime", case / "acme.yaml"
+    code, lines = validate_lines(engine / "engine.yaml", settings)
+    assert code == 0, lines
+    for real in (engine_real, case_real):
+        (real / "model.onnx").symlink_to(os.path.relpath(helper, real))
+    whole = sorted(below for below, _, _ in links_leaving(str(vendor), limit=100))
+    assert whole == sorted(os.path.relpath(real / "model.onnx", vendor) for real in (engine_real, case_real))
+    for part, real in (("engines/onnxruntime", engine_real), ("cases/training/walk-mlp", case_real)):
+        assert [below for below, _, _ in links_leaving(str(vendor), only=part)] == \
+            [os.path.relpath(real / "model.onnx", vendor)], part
+    code, lines = validate_lines(engine / "engine.yaml", settings)
+    assert code == 2 and sorted(lines) == sorted(
+        f"error {real / 'model.onnx'}: links outside the vendor folder (to {helper}); in a container it would dangle: "
+        "copy the file into the vendor folder, or make the link relative and inside it"
+        for real in (engine_real, case_real)), lines
+    for part in ("engines/../..", "/etc", "../acme"):
+        with pytest.raises(ValueError, match="not a part below the folder"):
+            links_leaving(str(vendor), only=part)
