@@ -28,7 +28,7 @@ from pydantic import BaseModel, ValidationError, field_validator
 
 from flagperf.config.adaptation import Place, adaptation_place, overrides_file
 from flagperf.config.casecode import code_runs, read_case_module
-from flagperf.config.engines import INFERENCE_ENGINES, declared_options
+from flagperf.config.engines import INFERENCE_ENGINES, EngineOptions, declared_options
 from flagperf.config.files import given_name, inside, is_present, read_config_text, regular_file
 from flagperf.config.inferencekeys import refuse_keys_not_read
 from flagperf.config.models import (
@@ -327,34 +327,44 @@ def _fill_model_defaults(case: CaseDef, merged: MergedConfig) -> None:
             merged.origins[name] = source
 
 
-def engine_option_keys(case: CaseDef, vendor: str) -> dict[str, set[str]]:
+def engine_option_keys(case: CaseDef, vendor: str) -> EngineOptions:
     """The keys each of the vendor's engines reads from an inference case's config (engine.yaml options)."""
-    return declared_options(vendor, INFERENCE_ENGINES) if case.family == "inference" else {}
+    return declared_options(vendor, INFERENCE_ENGINES) if case.family == "inference" else EngineOptions({}, {})
 
 
 def settable_keys(case: CaseDef, vendor: str) -> set[str]:
-    """What a run override may set for this case: its configurations, and its engines' options."""
-    return set(case.manifest.configurations).union(*engine_option_keys(case, vendor).values())
+    """What a run override may set for this case: its configurations, and its engines' options (those whose
+    engine.yaml can say them: engine_option_keys(...).refuse_unknown for a key none of them has)."""
+    return set(case.manifest.configurations).union(engine_option_keys(case, vendor).keys())
 
 
 def _apply_run_overrides(case: CaseDef, vendor: str, merged: MergedConfig,
                          run_overrides: list[tuple[str, dict[str, Any]]]) -> list[ConfigError]:
     """Run overrides in order. An engine's option (inductor_mode ...) that is not already a key of the case is
     set once the compiler is known, and only if that compiler reads it. Returns the keys refused (unknown, or
-    a parameter): the others are set, so that the case's Config can say what else is wrong, all at once."""
-    by_engine = engine_option_keys(case, vendor)
-    engine_keys = set().union(*by_engine.values()) - set(merged.values)
+    a parameter): the others are set, so that the case's Config can say what else is wrong, all at once. A broken
+    engine.yaml of the vendor is said where it matters alone: the case's compiler's, or one that may declare a key
+    that is otherwise unknown."""
+    options = engine_option_keys(case, vendor)
+    by_engine = options.by_engine
+    engine_keys = options.keys() - set(merged.values)
     deferred: list[tuple[str, str, Any]] = []
     refused: list[ConfigError] = []
     for source, overrides in run_overrides:
+        for key in overrides:
+            top = key.split(".", 1)[0]
+            if top not in merged.values:
+                options.refuse_unknown(top)
         try:
             apply_run_overrides(merged, {k: v for k, v in overrides.items() if k not in engine_keys}, source)
         except ConfigError as exc:
             refused.append(exc)
         deferred += [(source, k, v) for k, v in overrides.items() if k in engine_keys]
     compiler = merged.values.get("compiler")
+    if case.family == "inference":
+        options.of_engine(None if compiler is None else str(compiler))  # its engine.yaml broken: said here
     for source, key, value in deferred:
-        if key not in by_engine.get(str(compiler), set()):
+        if key not in options.of_engine(str(compiler)):
             readers = ", ".join(sorted(name for name, keys in by_engine.items() if key in keys))
             raise ConfigError(source, key, f"an option of engine {readers}, not read by compiler {compiler}")
         merged.values[key] = value

@@ -19,7 +19,7 @@ from flagperf.config.casecode import CodeNotRun, code_runs
 from flagperf.config.files import given_name, inside, is_present, regular_file
 from flagperf.config.models import StrictModel, check_name, load_model
 from flagperf.config.vendors import first_with_manifest, import_file, vendor_folders, vendor_search
-from flagperf.errors import CaseUserError, ConfigError, MissingExtra, extra_for
+from flagperf.errors import CaseUserError, ConfigError, MissingExtra, extra_for, gathered
 from flagperf.paths import ENGINE_MANIFEST, display_path
 
 INFERENCE_ENGINES = "engines"  # vendor_images/<vendor>/engines/<compiler>/: the inference family's compilers
@@ -98,17 +98,47 @@ class DeclaredOptions(StrictModel):
     options: list[str] = Field(default_factory=list)
 
 
-def declared_options(vendor: str, family_folder: str) -> dict[str, set[str]]:
+@dataclass(frozen=True)
+class EngineOptions:
+    """Each of a vendor's engines' ``options`` (declared_options), and the engines whose engine.yaml cannot say them
+    (``broken``: the error of each). A broken engine the case does not run stops nothing: its error is raised only
+    where it matters, for the case's own engine (of_engine) or for a key no sound engine reads, which may be the
+    broken one's (refuse_unknown)."""
+
+    by_engine: dict[str, set[str]]
+    broken: dict[str, ConfigError]
+
+    def keys(self) -> set[str]:
+        return set().union(*self.by_engine.values())
+
+    def of_engine(self, name: str | None) -> set[str]:
+        """The options of engine ``name``; its error where its engine.yaml is broken."""
+        if name is not None and name in self.broken:
+            raise self.broken[name]
+        return self.by_engine.get(str(name), set())
+
+    def refuse_unknown(self, key: str) -> None:
+        """Where ``key`` would be refused as unknown: the broken engines' errors, as it may be one of theirs."""
+        if self.broken and key not in self.keys():
+            raise gathered(self.broken.values())
+
+
+def declared_options(vendor: str, family_folder: str) -> EngineOptions:
     """Each of the vendor's engines' ``options`` (engine.yaml), read without importing the engine (its
     library may not be installed on the controller) and as strictly as the manifest is read when the engine loads
     (load_model: one line naming the file and ``options``), not loosely (a bad ``options`` silently taken for none
     would make a vendor file's engine key unknown, or a run's provenance miss it); the rest of the manifest is
-    checked when the engine loads."""
+    checked when the engine loads. An engine whose engine.yaml cannot be read so is kept with its error (one broken
+    engine folder must not stop every case of the vendor that runs another)."""
     found: dict[str, set[str]] = {}
+    broken: dict[str, ConfigError] = {}
     for name, folder in engine_folders(vendor, family_folder).items():
-        _check_engine_folder(folder)
-        found[name] = set(load_model(folder / ENGINE_MANIFEST, DeclaredOptions).options)
-    return found
+        try:
+            _check_engine_folder(folder)
+            found[name] = set(load_model(folder / ENGINE_MANIFEST, DeclaredOptions).options)
+        except ConfigError as exc:
+            broken[name] = exc
+    return EngineOptions(found, broken)
 
 
 def load_engine_manifest(vendor: str, name: str, family_folder: str, model: type[ManifestT], source: str,

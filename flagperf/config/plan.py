@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from flagperf.config.cases import (
     MANIFEST,
     CaseDef,
     available_cases,
+    engine_option_keys,
     load_case,
     resolve_case_config,
     settable_keys,
@@ -136,10 +138,12 @@ def find_suite(name_or_path: str) -> Path:
     return suites[name_or_path]
 
 
-def _spread(overrides: dict[str, Any], source: str, key_prefix: str, selected: dict[str, set[str]]
-            ) -> tuple[dict[str, dict[str, Any]], list[ConfigError]]:
+def _spread(overrides: dict[str, Any], source: str, key_prefix: str, selected: dict[str, set[str]],
+            broken: Sequence[ConfigError] = ()) -> tuple[dict[str, dict[str, Any]], list[ConfigError]]:
     """An override for every case: applied where the key exists; a finding if no selected case has it. Every
-    key is looked at (the refused ones are returned, the others spread), so one typo hides no other finding."""
+    key is looked at (the refused ones are returned, the others spread), so one typo hides no other finding.
+    ``broken``: the errors of engine.yaml files that could not say their options: a key no case has may be one of
+    theirs, so those are the finding, not an unknown key."""
     per_case: dict[str, dict[str, Any]] = {}
     refused: list[ConfigError] = []
     for key, value in overrides.items():
@@ -147,6 +151,9 @@ def _spread(overrides: dict[str, Any], source: str, key_prefix: str, selected: d
         targets = [case for case, keys in selected.items() if top in keys]
         if not targets and not_read_message(top):
             refused.append(ConfigError(source, f"{key_prefix}{key}", str(not_read_message(top))))
+            continue
+        if not targets and broken:
+            refused.extend(broken)
             continue
         if not targets:
             keys = sorted(set().union(*selected.values()))
@@ -229,11 +236,15 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
         raise gathered(problems)
 
     configurable = {name: settable_keys(d, vendor) for name, d in defs.items()}
+    # a selected inference case's vendor engine whose engine.yaml is broken: said only for a key no case has
+    broken = list({str(error): error for d in defs.values()
+                   for error in engine_option_keys(d, vendor).broken.values()}.values())
     parsed: list[SetOverride] = [parse_set_override(text, names) for text in sets]
 
     layers: dict[str, list[tuple[str, dict[str, Any]]]] = {name: [] for name in names}
     if suite_overrides:
-        spread, refused = _spread(suite_overrides.get("*", {}), suite_source, "overrides.*.", configurable)
+        spread, refused = _spread(suite_overrides.get("*", {}), suite_source, "overrides.*.", configurable,
+                                 broken)
         problems += refused
         for case_name, values in spread.items():
             layers[case_name].append((suite_source, values))
@@ -250,7 +261,7 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
         if override.case is None:  # a key given again takes its last place (a check of two keys names the later)
             general.pop(override.key, None)
             general[override.key] = override.value
-    spread, refused = _spread(general, "--set", "", configurable)
+    spread, refused = _spread(general, "--set", "", configurable, broken)
     if refused:
         raise gathered([*problems, *refused])
     for case_name, values in spread.items():

@@ -421,7 +421,8 @@ def step_export(run: InferenceRun) -> None:
     if not path.is_file() or path.stat().st_size == 0:
         raise CaseUserError(f"export_model wrote no ONNX file at {path}")
     run.onnx_path = path
-    write_record(path, run.config, run.case_name, "onnx", engine_options(run.vendor), "fp16" if half else "fp32")
+    write_record(path, run.config, run.case_name, "onnx", engine_options(run.vendor, run.config.compiler),
+                 "fp16" if half else "fp32")
     log.info("exported %s (%.1f MiB)", path, path.stat().st_size / 2**20)
 
 
@@ -463,8 +464,8 @@ def step_compile(run: InferenceRun) -> None:
         raise _user_file_error(run, "exist_onnx_path", Path(run.config.exist_onnx_path), exc) from exc
     run.compile_s = time.perf_counter() - started
     if run.engine.engine_file is not None and run.engine.engine_file.is_file():
-        write_record(run.engine.engine_file, run.config, run.case_name, "engine", engine_options(run.vendor),
-                     run.engine.precision)
+        write_record(run.engine.engine_file, run.config, run.case_name, "engine",
+                     engine_options(run.vendor, run.config.compiler), run.engine.precision)
     log.info("compiled in %.2f s (untimed)%s", run.compile_s,
              f", engine file {run.engine.engine_file}" if run.engine.engine_file else "")
 

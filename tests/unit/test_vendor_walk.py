@@ -1332,24 +1332,40 @@ def test_a_relative_link_out_of_the_project_says_an_inventory_may_mount_its_plac
 
 @pytest.mark.parametrize("options", ["acme_threads", "[acme_threads, 4]", "null"],
                          ids=["a-string", "a-number-in-it", "null"])
-def test_a_bad_options_of_an_inference_engine_is_one_line_naming_it(walk: Path, options: str) -> None:
-    """An inference engine's engine.yaml was read loosely for its options (to know the keys a vendor file may set,
-    before any engine loads; the case runs another engine): a string or null taken for no options, a number taken
-    as its text, silently. A vendor file setting the engine's key was then refused as an unknown key of the case,
-    blaming the wrong file. The read is now as strict as the manifest's own: one line naming the engine.yaml and
-    options."""
+def test_a_bad_options_of_an_inference_engine_is_one_line_naming_it_where_it_matters(
+        walk: Path, tmp_path: Path, options: str) -> None:
+    """An inference engine's engine.yaml was read loosely for its options (to know the keys a run may set, before
+    any engine loads): a string or null taken for no options, a number taken as its text, silently; a --set of the
+    engine's key was then refused as an unknown key of the case. The read became as strict as the manifest's own, and
+    then one broken engine.yaml failed every inference case of the vendor, those running another engine too. Its
+    error (one line naming the engine.yaml and options) is now said where it matters: a case whose compiler it is, a
+    key no sound engine has, and validate of the engine.yaml itself."""
+    from flagperf.config.plan import plan_run
+
     engines = walk / "vendors" / "acme" / "engines"
     shutil.copytree(engines / "onnxruntime", engines / "acmert")
     engine = engines / "acmert" / "engine.yaml"
     text = engine.read_text().replace("name: onnxruntime", "name: acmert")
     engine.write_text(re.sub(r"(?m)^options:.*$", "options: [acme_threads]", text))
     settings = write(walk / "cases" / "inference" / "walk-infer" / "vendor" / "acme_configurations.yaml",
-                     "acme_threads: 2\n")
-    code, lines = validate_lines(settings)
-    assert code == 0, lines
+                     "batch_size: 2\n")
+    with pytest.raises(ConfigError, match="an option of engine acmert, not read by compiler onnxruntime"):
+        plan_run(cases=["walk-infer"], vendor="acme", sets=["acme_threads=2"], results_dir=tmp_path / "results")
     engine.write_text(re.sub(r"(?m)^options:.*$", f"options: {options}", text))
+    code, lines = validate_lines(settings)  # the case runs onnxruntime: acmert's folder is none of its concern
+    assert code == 0, lines
+    plan = plan_run(cases=["walk-infer"], vendor="acme", results_dir=tmp_path / "results")
+    assert [case.name for case in plan.cases] == ["walk-infer"]
+    broken = f"{engine}: options"
+    for sets in (["acme_threads=2"], ["compiler=acmert"]):  # a key only acmert may have; acmert itself
+        with pytest.raises(ConfigError) as raised:
+            plan_run(cases=["walk-infer"], vendor="acme", sets=sets, results_dir=tmp_path / "results")
+        assert str(raised.value).startswith(broken), (sets, str(raised.value))
+    settings.write_text("compiler: acmert\n")
     code, lines = validate_lines(settings)
-    assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error {engine}: options"), lines
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error {broken}"), lines
+    code, lines = validate_lines(engine)
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error {broken}"), lines
 
 
 def test_vendor_check_notes_the_scales_the_guide_asks_for_that_a_case_lacks(walk: Path) -> None:
