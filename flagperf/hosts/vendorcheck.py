@@ -696,7 +696,7 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
     for error in problems:
         found.add_error(error)
     used += [f"scale {name}" for name in scales]
-    _note_missing_scales(place.folder, str(vendor.manifest.hardware), scales, problems, found)
+    _note_missing_scales(case.family, place.folder, str(vendor.manifest.hardware), scales, problems, found)
     problems = adaptation_problems(case.folder, case.family, vendor.name, vendor.folder)
     for problem in problems:  # every part's, not only the first a run would stop at; each part's findings
         found.add_error(problem)
@@ -720,26 +720,28 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
     return used
 
 
-# The scales the vendor guide asks a case's results for (FlagPerf's 1x1, 1x8 and 2x8 runs): (nnodes, nproc_per_node).
-GUIDE_SCALES = ((1, 1), (1, 8), (2, 8))
-
-
-def _note_missing_scales(folder: Path, hardware: str, read: list[str], refused: list[ConfigError],
+def _note_missing_scales(family: str, folder: Path, hardware: str, read: list[str], refused: list[ConfigError],
                          found: Findings) -> None:
-    """One note for a case whose folder has the 1x1 scale file of the vendor's <hw> but not each of the others the
-    guide asks for: not an error (a run at that scale reads the case's and the vendor's settings alone), but a
-    vendor porting FlagPerf's three runs would otherwise find out at the run. A scale file there but refused
-    (adaptation_listing's finding) counts as there: its problem is said already."""
+    """One note for a training case (the one family that reads scale files: another's is refused, and said so)
+    whose folder has the 1x1 scale file of the vendor's <hw> but no multi-device one on one node (1xN, N>1) or no
+    two-node one (2xN, N>1), the shapes of FlagPerf's 1x1, 1x8 and 2x8 runs, whatever a node holds: not an error (a
+    run at that scale reads the case's and the vendor's settings alone), but a vendor porting FlagPerf's three runs
+    would otherwise find out at the run. A scale file there but refused (adaptation_listing's finding) counts as
+    there: its problem is said already."""
+    if family != "training":
+        return
     names = [*read, *(Path(error.source).name for error in refused if isinstance(error, ConfigError))]
     sizes = {(int(match.group(2)), int(match.group(3))) for match in map(SCALE_FILE.fullmatch, names)
              if match and match.group(1) == hardware}
     if (1, 1) not in sizes:
         return
-    lacking = [f"config_{hardware}x{nnodes}x{nproc}" for nnodes, nproc in GUIDE_SCALES if (nnodes, nproc) not in sizes]
+    lacking = [shape for nodes, shape in ((1, "1xN"), (2, "2xN"))
+               if not any(nnodes == nodes and nproc > 1 for nnodes, nproc in sizes)]
     if lacking:
-        found.notes.append(f"{display_path(folder)}: has config_{hardware}x1x1 but no {' or '.join(lacking)} (.yaml or "
-                           ".py): the vendor guide asks for 1x1, 1x8 and 2x8 runs, and a run at a scale without its "
-                           "file reads the case's and the vendor's settings alone (docs/vendor-guide.md, section 2)")
+        found.notes.append(f"{display_path(folder)}: has config_{hardware}x1x1 but no {' or '.join(lacking)} (N>1) "
+                           f"scale file (config_{hardware}x<nnodes>x<nproc>.yaml or .py): FlagPerf's guide asks for "
+                           "1x1, 1x8 and 2x8 runs, and a run at a scale without its file reads the case's and the "
+                           "vendor's settings alone (docs/vendor-guide.md, section 2)")
 
 
 def summary_lines(found: Findings) -> list[tuple[str, str]]:

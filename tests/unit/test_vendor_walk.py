@@ -1370,22 +1370,26 @@ def test_a_bad_options_of_an_inference_engine_is_one_line_naming_it_where_it_mat
 
 def test_vendor_check_notes_the_scales_the_guide_asks_for_that_a_case_lacks(walk: Path) -> None:
     """The vendor guide asks for 1x1, 1x8 and 2x8 runs; a case with its 1x1 scale file and no other passed vendor check
-    without a word, and its 1x8 run read the case's and the vendor's settings alone. One note per case now names the
-    scale files it lacks (a note: a run without one is not wrong); none once all three are there."""
+    without a word, and its 1x8 run read the case's and the vendor's settings alone. One note per training case now
+    says which shape it lacks (a node of other than 8 devices counts: 1x4 and 2x4 are the guide's runs there); none
+    once both are there, and none for a case of another family, whose scale file is refused (said beside it)."""
     folder = walk / "vendors" / "acme" / "cases" / "training" / "walk-mlp"
     vendor = walk / "vendors" / "acme"
     write(folder / "config_acmex1x1.yaml", "lr: 0.1\n")
+    infer = write(vendor / "cases" / "inference" / "walk-infer" / "config_acmex1x1.yaml", "batch_size: 2\n")
 
     def noted() -> list[str]:
         notes = check_vendor_folder(vendor, monitor_seconds=1).notes
-        return [note for note in notes if "the vendor guide asks" in note]
+        return [note for note in notes if "guide asks" in note]
 
-    tail = (" (.yaml or .py): the vendor guide asks for 1x1, 1x8 and 2x8 runs, and a run at a scale without its file "
-            "reads the case's and the vendor's settings alone (docs/vendor-guide.md, section 2)")
-    assert noted() == [f"{folder}: has config_acmex1x1 but no config_acmex1x8 or config_acmex2x8{tail}"]
-    write(folder / "config_acmex1x8.yaml", "lr: 0.1\nbogus: 1\n")  # there, if refused: its problem is said
-    assert noted() == [f"{folder}: has config_acmex1x1 but no config_acmex2x8{tail}"]
-    write(folder / "config_acmex2x8.yaml", "lr: 0.1\n")
+    tail = (" (N>1) scale file (config_acmex<nnodes>x<nproc>.yaml or .py): FlagPerf's guide asks for 1x1, 1x8 and 2x8 "
+            "runs, and a run at a scale without its file reads the case's and the vendor's settings alone "
+            "(docs/vendor-guide.md, section 2)")
+    assert noted() == [f"{folder}: has config_acmex1x1 but no 1xN or 2xN{tail}"]
+    assert any(str(infer) in problem for problem in check_vendor_folder(vendor, monitor_seconds=1).problems)
+    write(folder / "config_acmex1x4.yaml", "lr: 0.1\nbogus: 1\n")  # there, if refused: its problem is said
+    assert noted() == [f"{folder}: has config_acmex1x1 but no 2xN{tail}"]
+    write(folder / "config_acmex2x4.yaml", "lr: 0.1\n")
     assert noted() == []
 
 
