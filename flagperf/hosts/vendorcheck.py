@@ -224,9 +224,17 @@ _UNLESS_MOUNTED = " unless an inventory mounts that place"
 def _leaving_links(folder: Path, under: str | None = None) -> list[tuple[Path, ConfigError]]:
     """links_out_of_vendor_folder's, each with the link's path (the line saying there are more: ``under``'s)."""
     written = str(folder)
-    # One more than named: that one says the list goes on, as the round's "(and N+ more)" does.
-    facts = PathFacts.of(describe_paths([written], scan=[written], tree=str(PROJECT_ROOT), limit=LINKS_NAMED + 1,
-                                        only=under)[written])
+    # One more than named: that one says the list goes on, as the round's "(and N+ more)" does. The scan counts the
+    # links by an absolute path too, which absolute_links names: where they filled it, it is looked through further
+    # (a few times at most), so that "more" means more named by neither.
+    limit = LINKS_NAMED + 1
+    for _ in range(3):
+        facts = PathFacts.of(describe_paths([written], scan=[written], tree=str(PROJECT_ROOT), limit=limit,
+                                            only=under)[written])
+        relative = [link for link in facts.links_out if not os.path.isabs(link[1])]
+        if len(facts.links_out) < limit or len(relative) > LINKS_NAMED:
+            break
+        limit = LINKS_NAMED + 1 + len(facts.links_out) - len(relative)
     real_root = os.path.realpath(PROJECT_ROOT)
     project = (str(PROJECT_ROOT), real_root) if facts.path == real_root or facts.path.startswith(real_root + os.sep) \
         else None
@@ -234,12 +242,16 @@ def _leaving_links(folder: Path, under: str | None = None) -> list[tuple[Path, C
         target, real, facts.path, below in facts.loops, project, what="the vendor folder",
         others=_UNLESS_MOUNTED if project is not None and target and below not in facts.loops
         and not is_under(real, project[1]) else "")))
-        for below, target, real in facts.links_out[:LINKS_NAMED] if not os.path.isabs(target)]
-    if len(facts.links_out) > LINKS_NAMED:
-        scanned = folder if under is None else folder / under
+        for below, target, real in relative[:LINKS_NAMED]]
+    scanned = folder if under is None else folder / under
+    if len(relative) > LINKS_NAMED:
         found.append((scanned, ConfigError(given_name(scanned), None, f"(and 1+ more links that leave the vendor "
                                            f"folder, not listed: only the first {LINKS_NAMED} are named; fix these "
                                            "and check again)")))
+    elif len(facts.links_out) >= limit:  # links by an absolute path filled the scan each time: the rest unseen
+        found.append((scanned, ConfigError(given_name(scanned), None, f"(the scan stopped at its first {limit} "
+                                           "links that leave the vendor folder, many by an absolute path: more may "
+                                           "follow; fix these and check again)")))
     return found
 
 

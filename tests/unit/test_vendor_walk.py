@@ -1437,3 +1437,30 @@ def test_a_part_reached_through_a_link_inside_the_vendor_folder_is_scanned_where
     for part in ("engines/../..", "/etc", "../acme"):
         with pytest.raises(ValueError, match="not a part below the folder"):
             links_leaving(str(vendor), only=part)
+
+
+def test_links_by_an_absolute_path_in_the_scan_make_no_more_line(walk: Path) -> None:
+    """The link scan stops at one more than vendor check names, to say the list goes on; links by an absolute path
+    count there too, though absolute_links names them: a hundred relative links out and one absolute made vendor check
+    say "1+ more ... not listed" where every one was named. Only a relative one past the hundred says it now."""
+    from flagperf.hosts.vendorcheck import LINKS_NAMED
+
+    vendor = walk / "vendors" / "acme"
+    helper = write(walk / "acme-sdk" / "peaks.py", "PEAKS = {}\n")
+    many = vendor / "aaa"
+    many.mkdir()
+    (many / "a-absolute.py").symlink_to(helper)
+    for index in range(LINKS_NAMED):
+        (many / f"l{index:03}.py").symlink_to(os.path.relpath(helper, many))
+    problems = check_vendor_folder(vendor, monitor_seconds=1).problems
+    assert [p for p in problems if "more" in p] == [], problems
+    assert len([p for p in problems if "links outside" in p]) == LINKS_NAMED, problems
+    assert [p for p in problems if "by its absolute path" in p] == [
+        f"{many / 'a-absolute.py'}: links to {helper} by its absolute path: where the vendor folder is at another "
+        "path (a clone of it, a host's copy, a round's container) it leads nowhere; make the link relative, to a file "
+        "inside the vendor folder, or copy the file"], problems
+    (many / f"l{LINKS_NAMED:03}.py").symlink_to(os.path.relpath(helper, many))  # a hundred and first: said to go on
+    problems = check_vendor_folder(vendor, monitor_seconds=1).problems
+    assert [p for p in problems if "more" in p] == [
+        f"{vendor}: (and 1+ more links that leave the vendor folder, not listed: only the first {LINKS_NAMED} are "
+        "named; fix these and check again)"], problems
