@@ -1277,6 +1277,13 @@ def _check_file(path: Path, notes: list[str]) -> str:
         stray = stray_entry_problem(entry, case.family, adapted.name)
         if stray:
             raise ConfigError(display_path(entry), None, stray)
+    if path.name == "datasheets.yaml" and (path.parent / VENDOR_MANIFEST).is_file():
+        from flagperf.hosts.vendorcheck import datasheet_findings
+
+        found = datasheet_findings(path.parent)  # read, as vendor check reads it; spec.py, which uses it, is not run
+        if found:
+            raise gathered(found)
+        return "vendor datasheets"
     if path.name == VENDOR_MANIFEST:
         from flagperf.config.adaptation import vendor_folder_links
         from flagperf.hosts.vendorcheck import links_out_of_vendor_folder

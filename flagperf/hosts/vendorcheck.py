@@ -501,18 +501,34 @@ def _implausible(devices: list[dict[str, Any]]) -> list[str]:
     return problems
 
 
+DATASHEETS = "datasheets.yaml"
+
+
+def datasheet_findings(folder: Path) -> list[ConfigError]:
+    """What is wrong with a vendor folder's datasheets.yaml (the shipped vendors' convention, read by their spec.py:
+    a list of entries, each with the source of its figures), read as every config file is (inside the folder,
+    regular, bounded, nesting bounded) and never executed; none where the folder has no such file."""
+    sheets = folder / DATASHEETS
+    if not is_present(sheets):
+        return []
+    try:
+        path = regular_file(folder, sheets.name, display_path(folder), None, "the vendor folder")
+        entries = parse_yaml_text(read_config_text(path), display_path(sheets))
+    except ConfigError as exc:
+        return [exc]
+    if entries is None:
+        return []
+    if not isinstance(entries, list):
+        return [ConfigError(display_path(sheets), None, f"top level must be a list of datasheet entries, got "
+                                                        f"{type(entries).__name__}")]
+    return [ConfigError(display_path(sheets), None, f"entry {i}: no source (where each figure comes from)")
+            for i, entry in enumerate(entries)
+            if not isinstance(entry, dict) or not str(entry.get("source") or "").strip()]
+
+
 def _check_peaks(vendor: Vendor, found: Findings) -> None:
-    sheets = vendor.folder / "datasheets.yaml"
-    entries: Any = []
-    if is_present(sheets):  # read as every config file is: inside the folder, regular, bounded, nesting bounded
-        try:
-            path = regular_file(vendor.folder, sheets.name, display_path(vendor.folder), None, "the vendor folder")
-            entries = parse_yaml_text(read_config_text(path), display_path(sheets)) or []
-        except ConfigError as exc:
-            found.add_error(exc)
-        for i, entry in enumerate(entries if isinstance(entries, list) else []):
-            if not isinstance(entry, dict) or not str(entry.get("source") or "").strip():
-                found.problem(display_path(sheets), f"entry {i}: no source (where each figure comes from)")
+    for error in datasheet_findings(vendor.folder):
+        found.add_error(error)
     spec = vendor.folder / vendor.manifest.spec_module
     where = display_path(spec)
     try:

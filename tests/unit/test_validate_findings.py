@@ -279,3 +279,21 @@ def test_gathered_counts_what_a_copy_left_out_once() -> None:
 
     error = gathered([cut(), cut(), cut()])
     assert len(error.more) == MAX_FINDINGS - 1 and error.left_out == 5, error.left_out
+
+
+def test_a_vendors_datasheets_yaml_is_checked_as_vendor_check_reads_it(tmp_path: Path) -> None:
+    """datasheets.yaml (the shipped vendors' list of datasheet entries, read by their spec.py) was taken for a
+    settings file by validate, and every shipped one refused ("top level must be a mapping, got list"). It is read
+    as vendor check reads it, never by running spec.py: each entry names its source."""
+    for vendor in ("nvidia", "amd"):
+        result = runner.invoke(app, ["validate", str(PROJECT_ROOT / "vendor_images" / vendor / "datasheets.yaml")])
+        assert result.exit_code == 0, result.output
+        assert "(vendor datasheets)" in result.output
+    acme = tmp_path / "acme"
+    write(acme / "vendor.yaml", (PROJECT_ROOT / "vendor_images" / "nvidia" / "vendor.yaml").read_text())
+    sheets = write(acme / "datasheets.yaml", "- names: [Acme X1]\n  bf16: 100\n- names: [Acme X2]\n  source: sheet\n")
+    assert errors("validate", str(sheets)) == [
+        f"error {display_path(sheets)}: entry 0: no source (where each figure comes from)"]
+    write(sheets, "names: [Acme X1]\nsource: sheet\n")
+    assert errors("validate", str(sheets)) == [
+        f"error {display_path(sheets)}: top level must be a list of datasheet entries, got dict"]
