@@ -705,11 +705,15 @@ def run_node(spec: HostSpec, parameters: dict[str, Any]) -> RoundResult:
         if not state.is_completed():
             said = (state.message or "").partition("\n")[0].removeprefix(f"{label}: ")
             problem = f"{label}: host-round ended {state.name}: {said}"
+    except RoundsStopped:  # the evaluation is stopping: the round was stopped while running, not failed
+        raise
     except Exception as exc:  # the subflow or the deployment run failed outright
         problem = f"{label}: host-round failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     try:
         return read_result(dest / RESULT_FILE)
     except (OSError, ValueError):
+        if isinstance(returned, RoundsStopped) or stop_requested():  # stopped while running: no result is written
+            raise RoundsStopped(f"the run is stopping: {label} was stopped while running") from None
         if isinstance(returned, dict) and returned.get("failure"):  # a subflow's failed result it could not store
             return RoundResult.model_validate(returned)
         if problem:
