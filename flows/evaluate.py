@@ -254,11 +254,19 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
     specs = {spec.name: spec for spec in inv.hosts}
     hosts = {spec.name: open_host(spec) for spec in inv.hosts}
 
-    probes = check_hosts(hosts, specs, plan, run_dir)
-    check_capacity(plan, list(hosts), probes)
-    images = build_images(hosts, specs, plan, inv.frameworks)
-    probes = check_images(hosts, specs, plan, run_dir, images, probes)
-    check_capacity(plan, list(hosts), probes)  # again, with the devices the images see
+    # Set before the checks: an interrupt then stops their threads too (a healthcheck dispatched to a host's worker
+    # is cancelled by the thread waiting on it, a local probe ends)
+    threads = HostThreads()
+    threads_token = HOST_THREADS.set(threads)
+    try:
+        probes = check_hosts(hosts, specs, plan, run_dir)
+        check_capacity(plan, list(hosts), probes)
+        images = build_images(hosts, specs, plan, inv.frameworks)
+        probes = check_images(hosts, specs, plan, run_dir, images, probes)
+        check_capacity(plan, list(hosts), probes)  # again, with the devices the images see
+    except BaseException:
+        HOST_THREADS.reset(threads_token)
+        raise
 
     results: list[RoundResult] = []
     running: list[Any] | None = None  # the case round in flight, for the report of an interrupted run
@@ -268,8 +276,6 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
     # ended, and a retry that completes the run is not "interrupted".
     set_aside(run_dir, run_dir / INTERRUPTED_FILE)
     clean_up = ExitStack()  # after an interrupt: further signals only noted until the report is written
-    threads = HostThreads()
-    threads_token = HOST_THREADS.set(threads)
     try:
         for case in plan.cases:
             framework = inv.frameworks.get(case.name)
@@ -595,7 +601,7 @@ def check_hosts(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: RunPla
         report = read_json_file(health_file(run_dir, name), what="a host's health report")  # bounded
         return name, report["probe"], None
 
-    outcomes = run_concurrently([partial(check, name) for name in hosts])
+    outcomes = run_concurrently([partial(check, name) for name in hosts], [[name] for name in hosts])
     problems = [problem for _, _, problem in outcomes if problem]
     if problems:
         raise InfrastructureFailure(f"healthcheck failed, nothing was run: {'; '.join(problems)}")
@@ -626,7 +632,8 @@ def build_images(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: RunPl
         record = build_image(hosts[name], specs[name], plan.vendor, plan.run_id, framework=framework)
         return [(member, record) for member in members]
 
-    built = run_concurrently([partial(build, members) for members in engines.values()])
+    built = run_concurrently([partial(build, members) for members in engines.values()],
+                             [sorted({name for name, _ in members}) for members in engines.values()])
     return {key: record for group in built for key, record in group}
 
 
@@ -646,7 +653,7 @@ def check_images(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: RunPl
         except Exception as exc:
             return name, None, str(exc) or type(exc).__name__
 
-    outcomes = run_concurrently([partial(probe, name, key) for name, key in wanted])
+    outcomes = run_concurrently([partial(probe, name, key) for name, key in wanted], [[name] for name, _ in wanted])
     problems = [problem for _, _, problem in outcomes if problem]
     if problems:
         raise InfrastructureFailure(f"healthcheck failed, nothing was run: {'; '.join(problems)}")

@@ -91,3 +91,30 @@ def test_ctrl_c_stops_the_hosts_threads_and_names_the_one_that_still_runs(
         release.set()
         HOST_THREADS.reset(token)
     wait_until(lambda: not threads.busy(), "the stuck thread ends once released")
+
+
+def test_the_checks_threads_count_as_driving_their_hosts(tmp_path: Path) -> None:
+    """The healthchecks, image builds and image probes run in the hosts' threads too (each named by its hosts): an
+    interrupt stops them as it stops the rounds, and once stopping none starts on a host."""
+    from flagperf.config.plan import plan_run
+    from flows.evaluate import build_images, check_hosts, check_images
+
+    specs = {name: HostSpec.model_validate({"name": name, "transport": "local", "runtime": "process",
+                                            "work_root": str(tmp_path / name)}) for name in ("a", "b")}
+    hosts = {name: open_host(spec) for name, spec in specs.items()}
+    plan = plan_run(cases=["computation-FP32"], results_dir=tmp_path / "results", run_id="run-a")
+    threads = HostThreads()
+    threads.stop()
+    token = HOST_THREADS.set(threads)
+    try:
+        with pytest.raises(RoundsStopped, match="nothing more starts on a"):
+            check_hosts(hosts, specs, plan, plan.run_dir)
+        with pytest.raises(RoundsStopped, match="nothing more starts on a"):
+            build_images(hosts, specs, plan, {})
+        images = {(name, None): {"tag": "flagperf-test:none"} for name in hosts}
+        docker = {name: spec.model_copy(update={"runtime": "docker"}) for name, spec in specs.items()}
+        with pytest.raises(RoundsStopped, match="nothing more starts on a"):
+            check_images(hosts, docker, plan, plan.run_dir, images, {"a": None, "b": None})
+    finally:
+        HOST_THREADS.reset(token)
+    assert not (plan.run_dir / "hosts").exists()  # no healthcheck ran
