@@ -781,15 +781,21 @@ def wait_for_agent(spec: HostSpec, flow_run_id: UUID, deployment_name: str) -> F
             if isinstance(exc, Exception) and not isinstance(exc, RoundsStopped):
                 raise
             with contextlib.suppress(Exception):  # best effort: the interrupt itself is what matters here
-                why = "the evaluation that dispatched it was interrupted"
-                state = client.read_flow_run(flow_run_id).state
-                # not yet picked up: cancelled outright; running: Cancelling, on which its worker ends the process
-                waiting = state is None or state.is_scheduled() or state.is_pending()
-                client.set_flow_run_state(flow_run_id, Cancelled(message=why) if waiting else Cancelling(message=why),
-                                          force=True)
-                round_logger().warning("cancelling %s run %s on host %s: the evaluation was interrupted",
-                                       deployment_name, flow_run_id, spec.name)
+                cancel_dispatched(client, spec, flow_run_id, deployment_name)
             raise
+
+
+def cancel_dispatched(client: SyncPrefectClient, spec: HostSpec, flow_run_id: UUID, deployment_name: str) -> None:
+    """Cancel a run dispatched to a host's worker, the evaluation being interrupted: Cancelled when no worker picked it
+    up yet, Cancelling when it runs (its worker then ends the process); one that has ended is left as it ended."""
+    why = "the evaluation that dispatched it was interrupted"
+    state = client.read_flow_run(flow_run_id).state
+    if state is not None and state.is_final():  # ended already: a forced Cancelling would relabel its outcome
+        return
+    waiting = state is None or state.is_scheduled() or state.is_pending()
+    client.set_flow_run_state(flow_run_id, Cancelled(message=why) if waiting else Cancelling(message=why), force=True)
+    round_logger().warning("cancelling %s run %s on host %s: the evaluation was interrupted", deployment_name,
+                           flow_run_id, spec.name)
 
 
 def _wait_for_agent(client: SyncPrefectClient, spec: HostSpec, flow_run_id: UUID, deployment_name: str) -> FlowRun:
