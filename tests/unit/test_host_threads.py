@@ -4,6 +4,7 @@ Real threads, real local commands; every phase is reached on a condition, never 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import sys
@@ -90,6 +91,10 @@ def test_ctrl_c_stops_the_hosts_threads_and_names_the_one_that_still_runs(
     finally:
         release.set()
         HOST_THREADS.reset(token)
+        for started in (h.work_root / "started" for h in hosts.values()):  # a failed test leaves no sleep(600)
+            if started.is_file() and psutil.pid_exists(pid := int(started.read_text())):
+                with contextlib.suppress(psutil.Error):
+                    psutil.Process(pid).kill()
     wait_until(lambda: not threads.busy(), "the stuck thread ends once released")
 
 
