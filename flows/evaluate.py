@@ -254,11 +254,19 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
     specs = {spec.name: spec for spec in inv.hosts}
     hosts = {spec.name: open_host(spec) for spec in inv.hosts}
 
-    probes = check_hosts(hosts, specs, plan, run_dir)
-    check_capacity(plan, list(hosts), probes)
-    images = build_images(hosts, specs, plan, inv.frameworks)
-    probes = check_images(hosts, specs, plan, run_dir, images, probes)
-    check_capacity(plan, list(hosts), probes)  # again, with the devices the images see
+    # Set before the checks: an interrupt then stops their threads too (a healthcheck dispatched to a host's worker
+    # is cancelled by the thread waiting on it, a local probe ends)
+    threads = HostThreads()
+    threads_token = HOST_THREADS.set(threads)
+    try:
+        probes = check_hosts(hosts, specs, plan, run_dir)
+        check_capacity(plan, list(hosts), probes)
+        images = build_images(hosts, specs, plan, inv.frameworks)
+        probes = check_images(hosts, specs, plan, run_dir, images, probes)
+        check_capacity(plan, list(hosts), probes)  # again, with the devices the images see
+    except BaseException:
+        HOST_THREADS.reset(threads_token)
+        raise
 
     results: list[RoundResult] = []
     running: list[Any] | None = None  # the case round in flight, for the report of an interrupted run
@@ -268,8 +276,6 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
     # ended, and a retry that completes the run is not "interrupted".
     set_aside(run_dir, run_dir / INTERRUPTED_FILE)
     clean_up = ExitStack()  # after an interrupt: further signals only noted until the report is written
-    threads = HostThreads()
-    threads_token = HOST_THREADS.set(threads)
     try:
         for case in plan.cases:
             framework = inv.frameworks.get(case.name)
@@ -595,7 +601,7 @@ def check_hosts(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: RunPla
         report = read_json_file(health_file(run_dir, name), what="a host's health report")  # bounded
         return name, report["probe"], None
 
-    outcomes = run_concurrently([partial(check, name) for name in hosts])
+    outcomes = run_concurrently([partial(check, name) for name in hosts], [[name] for name in hosts])
     problems = [problem for _, _, problem in outcomes if problem]
     if problems:
         raise InfrastructureFailure(f"healthcheck failed, nothing was run: {'; '.join(problems)}")
@@ -626,7 +632,8 @@ def build_images(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: RunPl
         record = build_image(hosts[name], specs[name], plan.vendor, plan.run_id, framework=framework)
         return [(member, record) for member in members]
 
-    built = run_concurrently([partial(build, members) for members in engines.values()])
+    built = run_concurrently([partial(build, members) for members in engines.values()],
+                             [sorted({name for name, _ in members}) for members in engines.values()])
     return {key: record for group in built for key, record in group}
 
 
@@ -646,7 +653,7 @@ def check_images(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: RunPl
         except Exception as exc:
             return name, None, str(exc) or type(exc).__name__
 
-    outcomes = run_concurrently([partial(probe, name, key) for name, key in wanted])
+    outcomes = run_concurrently([partial(probe, name, key) for name, key in wanted], [[name] for name, _ in wanted])
     problems = [problem for _, _, problem in outcomes if problem]
     if problems:
         raise InfrastructureFailure(f"healthcheck failed, nothing was run: {'; '.join(problems)}")
@@ -705,11 +712,15 @@ def run_node(spec: HostSpec, parameters: dict[str, Any]) -> RoundResult:
         if not state.is_completed():
             said = (state.message or "").partition("\n")[0].removeprefix(f"{label}: ")
             problem = f"{label}: host-round ended {state.name}: {said}"
+    except RoundsStopped:  # the evaluation is stopping: the round was stopped while running, not failed
+        raise
     except Exception as exc:  # the subflow or the deployment run failed outright
         problem = f"{label}: host-round failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     try:
         return read_result(dest / RESULT_FILE)
     except (OSError, ValueError):
+        if isinstance(returned, RoundsStopped) or stop_requested():  # stopped while running: no result is written
+            raise RoundsStopped(f"the run is stopping: {label} was stopped while running") from None
         if isinstance(returned, dict) and returned.get("failure"):  # a subflow's failed result it could not store
             return RoundResult.model_validate(returned)
         if problem:
@@ -770,15 +781,21 @@ def wait_for_agent(spec: HostSpec, flow_run_id: UUID, deployment_name: str) -> F
             if isinstance(exc, Exception) and not isinstance(exc, RoundsStopped):
                 raise
             with contextlib.suppress(Exception):  # best effort: the interrupt itself is what matters here
-                why = "the evaluation that dispatched it was interrupted"
-                state = client.read_flow_run(flow_run_id).state
-                # not yet picked up: cancelled outright; running: Cancelling, on which its worker ends the process
-                waiting = state is None or state.is_scheduled() or state.is_pending()
-                client.set_flow_run_state(flow_run_id, Cancelled(message=why) if waiting else Cancelling(message=why),
-                                          force=True)
-                round_logger().warning("cancelling %s run %s on host %s: the evaluation was interrupted",
-                                       deployment_name, flow_run_id, spec.name)
+                cancel_dispatched(client, spec, flow_run_id, deployment_name)
             raise
+
+
+def cancel_dispatched(client: SyncPrefectClient, spec: HostSpec, flow_run_id: UUID, deployment_name: str) -> None:
+    """Cancel a run dispatched to a host's worker, the evaluation being interrupted: Cancelled when no worker picked it
+    up yet, Cancelling when it runs (its worker then ends the process); one that has ended is left as it ended."""
+    why = "the evaluation that dispatched it was interrupted"
+    state = client.read_flow_run(flow_run_id).state
+    if state is not None and state.is_final():  # ended already: a forced Cancelling would relabel its outcome
+        return
+    waiting = state is None or state.is_scheduled() or state.is_pending()
+    client.set_flow_run_state(flow_run_id, Cancelled(message=why) if waiting else Cancelling(message=why), force=True)
+    round_logger().warning("cancelling %s run %s on host %s: the evaluation was interrupted", deployment_name,
+                           flow_run_id, spec.name)
 
 
 def _wait_for_agent(client: SyncPrefectClient, spec: HostSpec, flow_run_id: UUID, deployment_name: str) -> FlowRun:

@@ -31,6 +31,7 @@ from flagperf.hosts.fleet import open_host, runtime_for
 from flagperf.hosts.health import HealthReport, round_probe
 from flagperf.hosts.inventory import HostSpec, host_spec
 from flagperf.hosts.local import Host
+from flagperf.hosts.threads import RoundsStopped
 from flagperf.results.bounded import read_bounded
 from flagperf.results.prompt_positions import (
     ENDED_FILE,
@@ -224,7 +225,12 @@ def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: C
         monitors = start_monitors(host, plan.vendor, stage_dir, monitor_interval_s, monitor_budget, label)
         state = run_case.with_options(retries=case.max_retries)(
             host, runtime, job, stage_dir, case.timeout_s, return_state=True)
-        failure = failure_of(state.result(raise_on_failure=False))
+        outcome = state.result(raise_on_failure=False)
+        if isinstance(outcome, RoundsStopped):  # interrupted, not failed: no result, the report says stopped
+            raise outcome
+        failure = failure_of(outcome)
+    except RoundsStopped:
+        raise
     except Exception as exc:
         failure = Failure(kind="infrastructure", message=f"{round_label(case.name, round_no, host.name)}: "
                                                          f"{type(exc).__name__}: {exc}")

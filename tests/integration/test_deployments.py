@@ -550,3 +550,24 @@ def test_an_interrupted_evaluation_cancels_the_host_rounds_it_dispatched(picked_
         state = client.read_flow_run(run.id).state
     assert state is not None and state.type.value == ("CANCELLING" if picked_up else "CANCELLED"), state
     assert "interrupted" in (state.message or "")
+
+
+def test_an_interrupt_does_not_cancel_a_dispatched_run_that_ended() -> None:
+    """A dispatched run that ended between the waiting thread's last look and the interrupt keeps its final state
+    (a forced Cancelling would turn a completed round into a cancelling one that no worker ever ends)."""
+    from prefect import flow
+    from prefect.states import Completed, Scheduled
+
+    from flagperf.hosts.inventory import HostSpec
+    from flows.evaluate import cancel_dispatched
+
+    @flow(name="dispatched-round")
+    def dispatched_round() -> None: ...
+
+    spec = HostSpec.model_validate({"name": "far", "address": "localhost", "agent": {}})
+    with get_client(sync_client=True) as client:
+        run = client.create_flow_run(dispatched_round, state=Scheduled())
+        client.set_flow_run_state(run.id, Completed(message="measured"), force=True)
+        cancel_dispatched(client, spec, run.id, "host-round/host-round")
+        state = client.read_flow_run(run.id).state
+    assert state is not None and state.is_completed() and state.message == "measured", state

@@ -4,6 +4,7 @@ Real threads, real local commands; every phase is reached on a condition, never 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import sys
@@ -90,4 +91,35 @@ def test_ctrl_c_stops_the_hosts_threads_and_names_the_one_that_still_runs(
     finally:
         release.set()
         HOST_THREADS.reset(token)
+        for started in (h.work_root / "started" for h in hosts.values()):  # a failed test leaves no sleep(600)
+            if started.is_file() and psutil.pid_exists(pid := int(started.read_text())):
+                with contextlib.suppress(psutil.Error):
+                    psutil.Process(pid).kill()
     wait_until(lambda: not threads.busy(), "the stuck thread ends once released")
+
+
+def test_the_checks_threads_count_as_driving_their_hosts(tmp_path: Path) -> None:
+    """The healthchecks, image builds and image probes run in the hosts' threads too (each named by its hosts): an
+    interrupt stops them as it stops the rounds, and once stopping none starts on a host."""
+    from flagperf.config.plan import plan_run
+    from flows.evaluate import build_images, check_hosts, check_images
+
+    specs = {name: HostSpec.model_validate({"name": name, "transport": "local", "runtime": "process",
+                                            "work_root": str(tmp_path / name)}) for name in ("a", "b")}
+    hosts = {name: open_host(spec) for name, spec in specs.items()}
+    plan = plan_run(cases=["computation-FP32"], results_dir=tmp_path / "results", run_id="run-a")
+    threads = HostThreads()
+    threads.stop()
+    token = HOST_THREADS.set(threads)
+    try:
+        with pytest.raises(RoundsStopped, match="nothing more starts on a"):
+            check_hosts(hosts, specs, plan, plan.run_dir)
+        with pytest.raises(RoundsStopped, match="nothing more starts on a"):
+            build_images(hosts, specs, plan, {})
+        images = {(name, None): {"tag": "flagperf-test:none"} for name in hosts}
+        docker = {name: spec.model_copy(update={"runtime": "docker"}) for name, spec in specs.items()}
+        with pytest.raises(RoundsStopped, match="nothing more starts on a"):
+            check_images(hosts, docker, plan, plan.run_dir, images, {"a": None, "b": None})
+    finally:
+        HOST_THREADS.reset(token)
+    assert not (plan.run_dir / "hosts").exists()  # no healthcheck ran
