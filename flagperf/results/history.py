@@ -121,7 +121,7 @@ def sqlite_files(url: str | None = None, results_dir: str | Path = "results") ->
     """The files a SQLite history is kept in (the database and its journals); none for a database server."""
     try:
         parsed = make_url(resolved_url(url, results_dir))
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # ValueError: a port that is no number (_checked_url refuses both)
         return []
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
         return []
@@ -140,7 +140,7 @@ def _checked_url(url: str | None, results_dir: str | Path) -> str:
     url = resolved_url(url, results_dir)
     try:
         parsed = make_url(url)
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # ValueError: a port that is no number; its text could quote the URL
         raise ConfigError("history_url", None, "not a database URL (postgresql+psycopg://user@host/db or "
                                                "sqlite:///path)") from None
     if parsed.password is not None:  # a flow parameter is stored by Prefect, and run settings end up in files

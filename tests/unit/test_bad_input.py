@@ -160,6 +160,26 @@ def test_a_history_url_with_a_password_is_refused() -> None:
     assert "hunter2" not in str(info.value)
 
 
+@pytest.mark.parametrize("url", ["postgresql+psycopg://perf@127.0.0.1:abc/history",
+                                 "postgresql+psycopg://perf:hunter2@127.0.0.1:abc/history"])
+def test_a_history_url_whose_port_is_no_number_is_one_line(url: str, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """make_url raises ValueError (not ArgumentError) for a port that is no number: once a traceback in the
+    nightly's check, diagnose --history and the site; now the bad URL's line, never its password."""
+    from flagperf.errors import ConfigError
+    from flagperf.results.history import check_history, history_reader, sqlite_files
+
+    assert sqlite_files(url, tmp_path) == []
+    for open_it in (check_history, history_reader):
+        with pytest.raises(ConfigError, match=r"^history_url: not a database URL") as info:
+            open_it(url, tmp_path)
+        assert "hunter2" not in str(info.value)
+    run = tmp_path / "run"
+    shutil.copytree(HOSTILE / "fleet-diagnose-run-folder" / "good", run)
+    monkeypatch.setenv("FLAGPERF_HISTORY_URL", url)
+    assert "hunter2" not in fail("diagnose", str(run), "--history", key="not a database URL")
+
+
 def test_aliases_load_up_to_the_bound() -> None:
     """The bound counts values as expanded: 9**5 leaves load (shared, not copied); 9**6 do not."""
     from flagperf.config.yamlio import MAX_EXPANDED_VALUES, parse_yaml_text
