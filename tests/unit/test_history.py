@@ -323,8 +323,16 @@ def test_a_nights_history_is_checked_before_it_begins_without_making_one(tmp_pat
     open_history(earlier)
     assert (tmp_path / "earlier" / "history.sqlite").is_file()
     (tmp_path / "earlier" / "history.sqlite").write_text("not a database\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"^the history \(history.sqlite in --results, the default\): "
+                                          r".*history.sqlite: not a SQLite database$"):
+        open_history(earlier)  # bad input (exit 2), as a bad URL is: the file is the user's mistake; named by
+        # where its URL came from, not an option the user never gave
+    monkeypatch.setenv("FLAGPERF_HISTORY_URL", f"sqlite:///{tmp_path / 'earlier' / 'history.sqlite'}")
+    with pytest.raises(ConfigError, match=r"^FLAGPERF_HISTORY_URL: .*history.sqlite: not a SQLite database$"):
+        open_history(night(tmp_path / "elsewhere"))
     with pytest.raises(ConfigError, match=r"^--history-url: .*history.sqlite: not a SQLite database$"):
-        open_history(earlier)  # bad input (exit 2), as a bad URL is: the file is the user's mistake
+        open_history(night(tmp_path / "elsewhere", f"sqlite:///{tmp_path / 'earlier' / 'history.sqlite'}"))
+    monkeypatch.delenv("FLAGPERF_HISTORY_URL")
 
     (tmp_path / "a-file").write_text("x", encoding="utf-8")
     with pytest.raises(FlagperfError) as info:  # where the results folder would be: nothing can be made below it
