@@ -343,6 +343,38 @@ def test_a_nights_history_is_checked_before_it_begins_without_making_one(tmp_pat
         open_history(night(tmp_path / "results", "not a url"))
 
 
+def test_a_history_that_is_a_link_to_nothing_yet_is_made_at_its_target(tmp_path: Path) -> None:
+    """A history path prepared as a link before the first night (its target not there yet) is a history not there
+    yet, as before the check refused anything but a regular file: checked at its target's folder, made there by the
+    night that records; a diagnosis reads it as none. A link whose target's folder is not there is said."""
+    from flagperf.errors import ConfigError
+    from flagperf.results.history import check_history, link_to_nothing, not_a_file, sqlite_files
+
+    (tmp_path / "store").mkdir()
+    link = tmp_path / "results" / "history.sqlite"
+    link.parent.mkdir()
+    link.symlink_to(tmp_path / "store" / "history.sqlite")
+    assert link_to_nothing(link)
+    check_history(None, link.parent)
+    not_a_file(sqlite_files(None, link.parent), "--history")
+    assert not (tmp_path / "store" / "history.sqlite").exists()  # checked, not made
+    history_engine(None, link.parent).dispose()
+    assert link.is_symlink() and (tmp_path / "store" / "history.sqlite").is_file()  # made at the link's target
+    check_history(None, link.parent)
+
+    elsewhere = tmp_path / "r2" / "history.sqlite"
+    elsewhere.parent.mkdir()
+    elsewhere.symlink_to(tmp_path / "gone" / "history.sqlite")
+    with pytest.raises(FileNotFoundError, match="target cannot be made there"):
+        check_history(None, elsewhere.parent)
+    loop = tmp_path / "r3" / "history.sqlite"
+    loop.parent.mkdir()
+    loop.symlink_to(loop)
+    assert not link_to_nothing(loop)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        check_history(None, loop.parent)
+
+
 def test_checking_a_nights_history_changes_none_that_is_there(history) -> None:
     """The check before a night reads a history that is there (a SQLite file, a team's database) and changes
     nothing: an empty one gets no tables, an earlier version's no new column, until a night records (a night
