@@ -23,7 +23,7 @@ from flagperf.results.history import (
     sqlite_files,
     unreadable,
 )
-from flagperf.results.summary import RunSummary, summarize
+from flagperf.results.summary import RunSummary, every_result_read, summarize
 
 DEFAULT_RULES = PROJECT_ROOT / "deployments" / "diagnosis" / "rules.yaml"
 HISTORY_RUNS = 5  # the history's baseline: the median of this many earlier runs of the same vendor and device
@@ -45,13 +45,8 @@ def run_folder(path: Path, option: str) -> Path:
 
 
 def all_readable(summary: RunSummary, run_dir: Path, option: str) -> RunSummary:
-    """The summary of a run whose every result.json was read: a host whose result is unreadable would drop out
-    of the fleet unnoticed (and the others be judged without it), so the diagnosis is refused, naming the file."""
-    if summary.problems:
-        more = f" ({len(summary.problems) - 1} more)" if len(summary.problems) > 1 else ""
-        raise ConfigError(option, None, f"{run_dir}: {summary.problems[0]}{more}; repair or remove it to diagnose "
-                                        "the run")
-    return summary
+    """The summary of a run whose every result.json was read, else the diagnosis is refused (every_result_read)."""
+    return every_result_read(summary, option, str(run_dir), "repair or remove it to diagnose the run")
 
 
 def history_medians(summary: RunSummary, results_dir: Path, url: str | None = None) -> dict[tuple[str, str], float]:
