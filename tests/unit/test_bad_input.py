@@ -180,6 +180,15 @@ def test_a_history_url_whose_port_is_no_number_is_one_line(url: str, tmp_path: P
     assert "hunter2" not in fail("diagnose", str(run), "--history", key="not a database URL")
 
 
+@pytest.mark.parametrize("value", ["*s3cret", "!s3cret x"])
+def test_a_set_value_that_is_no_yaml_is_not_quoted(value: str) -> None:
+    """YAML's problem text quotes the value (an alias' or a tag's name); a --set value (server_env.*) may be a
+    secret: the line names the key and says what is wrong, with nothing of the value."""
+    line = fail("run", "--cases", "main_memory-bandwidth", "--set", f"server_env.TOKEN={value}",
+                key="--set: server_env.TOKEN: invalid YAML")
+    assert "s3cret" not in line
+
+
 def test_aliases_load_up_to_the_bound() -> None:
     """The bound counts values as expanded: 9**5 leaves load (shared, not copied); 9**6 do not."""
     from flagperf.config.yamlio import MAX_EXPANDED_VALUES, parse_yaml_text
