@@ -15,7 +15,14 @@ from typing import Any
 from flagperf.results.markup import md_text
 from flagperf.results.operators import UNCERTAINTY_METHOD, PointFigures, collect_points, geomean
 from flagperf.results.serving import ServingPoint, serving_points, slo_text
-from flagperf.results.summary import RunSummary, every_result_read, fmt, headline_figures, summarize
+from flagperf.results.summary import (
+    RunSummary,
+    every_result_read,
+    fmt,
+    headline_figures,
+    hosts_left_out,
+    summarize,
+)
 
 
 @dataclass(frozen=True)
@@ -168,8 +175,9 @@ def compare_operations(a: list[PointFigures], b: list[PointFigures]) -> list[Com
 
 
 def render_markdown(a_dir: Path, b_dir: Path, rows: list[Comparison],
-                    serving: list[CurveComparison] | None = None) -> str:
+                    serving: list[CurveComparison] | None = None, left_out: list[str] | None = None) -> str:
     lines = [f"# Comparison: A = {a_dir.name}, B = {b_dir.name}", "", SPREAD_NOTE, ""]
+    lines += [*(md_text(line) for line in left_out or []), *([""] if left_out else [])]
     if any(r.per_operator for r in rows):
         lines += [OPERATION_NOTE, ""]
     lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
@@ -193,7 +201,10 @@ def compare_runs(a_dir: Path, b_dir: Path, *, names: tuple[str, str] = CLI_NAMES
     a = every_result_read(summarize(a_dir), names[0], shown_a, advice)
     b = every_result_read(summarize(b_dir), names[1], shown_b, advice)
     rows = compare(a, b) + compare_operations(collect_points(a_dir), collect_points(b_dir))
-    return rows, {"a": a.context, "b": b.context}
+    # Host rounds neither mean holds (no result.json, a failed round): said, not refused, as diagnose says them
+    left_out = [f"{which}: {line}" for which, run_dir, summary in (("A", a_dir, a), ("B", b_dir, b))
+                if (line := hosts_left_out(run_dir, summary))]
+    return rows, {"a": a.context, "b": b.context, "left_out": left_out}
 
 
 # --- serving curves ---------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -174,6 +175,22 @@ def every_result_read(summary: RunSummary, source: str, where: str | None, advic
         then = "read it with the release that wrote it" if NEWER_RELEASE in first else advice
         raise ConfigError(source, None, f"{where + ': ' if where else ''}{first}{more}; {then}")
     return summary
+
+
+def hosts_left_out(run_dir: Path, summary: RunSummary) -> str | None:
+    """One line naming the host rounds a run's figures leave out, None where none is: a host's round folder with no
+    result.json (the round never finished there, so nothing was collected; an attempt's failure.txt is kept only for
+    a round that was retried), and a result that is no success (failed or unsupported, as its report says). Said by
+    compare and diagnose, which otherwise average or judge the other hosts as though they were all."""
+    found = [f"{folder.name} ({folder.parent.parent.name} {folder.parent.name}: no {RESULT_FILE})"
+             for folder in sorted(run_dir.glob("*/round*/*_noderank*"))
+             if ROUND_FOLDER.fullmatch(folder.name) and folder.is_dir() and not os.path.lexists(folder / RESULT_FILE)]
+    found += [f"{e['host']} ({e['case']} round{e['round']}: {e['status']})" for e in summary.not_measured]
+    if not found:
+        return None
+    more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+    rounds = f"{len(found)} host round{'s' if len(found) > 1 else ''}"
+    return f"{rounds} left out of the figures: {', '.join(found[:5])}{more}"
 
 
 @dataclass(frozen=True)

@@ -179,7 +179,7 @@ def create_app(root: Path, credentials: Credentials | None, history_url: str | N
     def compare(request: Request) -> Response:
         choices = [r.run_id for r in list_runs(root) if r.summary]
         a, b = request.query_params.get("a"), request.query_params.get("b")
-        rows, error, per_operator = None, None, False
+        rows, error, per_operator, left_out = None, None, False, []
         if a and b:
             folder_a, folder_b = run_folder(root, a), run_folder(root, b)
             if folder_a is None or folder_b is None:
@@ -187,16 +187,17 @@ def create_app(root: Path, credentials: Credentials | None, history_url: str | N
             else:
                 try:
                     # Named as the reader knows them (run ids, files under the run), with no advice to act on
-                    compared, _context = compare_runs(folder_a, folder_b, names=(f"run {a}", f"run {b}"),
+                    compared, context = compare_runs(folder_a, folder_b, names=(f"run {a}", f"run {b}"),
                                                       shown=(None, None), advice=SITE_ADVICE)
                     rows = [(c.cells(), c.flagged) for c in compared]
                     per_operator = any(c.per_operator for c in compared)
+                    left_out = context["left_out"]
                 except (OSError, ValueError, FlagperfError) as exc:
                     error = f"cannot compare {a} and {b}: {exc}"
         a, b = preselected(choices, a, b)
         return page("compare.html", 404 if error and error.startswith("no run") else 200, title="Compare",
                     choices=choices, a=a, b=b, header=COMPARE_HEADER, rows=rows, error=error,
-                    notes=[SPREAD_NOTE, *([OPERATION_NOTE] if per_operator else [])])
+                    notes=[*left_out, SPREAD_NOTE, *([OPERATION_NOTE] if per_operator else [])])
 
     where = history_url or str(root / HISTORY_FILE)
 
