@@ -189,6 +189,16 @@ def test_a_set_value_that_is_no_yaml_is_not_quoted(value: str) -> None:
     assert "s3cret" not in line
 
 
+def test_a_history_url_whose_port_is_out_of_range_is_refused_before_the_night(tmp_path: Path) -> None:
+    """Port 99999 made no URL error, only a connection error after the night had measured: refused now."""
+    from flagperf.errors import ConfigError
+    from flagperf.results.history import check_history, history_reader
+
+    for open_it in (check_history, history_reader):
+        with pytest.raises(ConfigError, match=r"^history_url: port 99999 is out of range \(1-65535\)$"):
+            open_it("postgresql+psycopg://perf@127.0.0.1:99999/history", tmp_path)
+
+
 def test_aliases_load_up_to_the_bound() -> None:
     """The bound counts values as expanded: 9**5 leaves load (shared, not copied); 9**6 do not."""
     from flagperf.config.yamlio import MAX_EXPANDED_VALUES, parse_yaml_text

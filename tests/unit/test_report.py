@@ -304,3 +304,17 @@ def test_compare_and_diagnose_say_which_host_rounds_their_figures_leave_out(tmp_
     result = CliRunner().invoke(app, ["diagnose", str(b), "--baseline", str(a)])
     assert "run run-b: 1 host round left out of the figures: h2_noderank0 (computation-FP32 round1: no " \
            "result.json)" in " ".join(result.output.split()), result.output
+
+
+def test_compare_refuses_an_out_that_is_no_regular_file(tmp_path: Path) -> None:
+    """--out is written by renaming over it: a FIFO (or a device) there would become a file of ours. Refused."""
+    import os
+    import stat
+
+    a, b = make_run(tmp_path, "run-a", [1.0, 1.01]), make_run(tmp_path, "run-b", [0.9, 0.91])
+    fifo = tmp_path / "out.md"
+    os.mkfifo(fifo)
+    result = CliRunner().invoke(app, ["compare", str(a), str(b), "--out", str(fifo)])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().startswith(f"error: --out {fifo}: not a regular file"), result.output
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
