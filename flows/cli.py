@@ -707,7 +707,7 @@ def compare(
     if out is not None and (problem := _out_file_problem(out, (run_a, run_b))):
         raise _fail(f"--out {out}: {problem}")
     try:
-        rows, _ = compare_runs(_run_folder(run_a, "RUN_A"), _run_folder(run_b, "RUN_B"))
+        rows, context = compare_runs(_run_folder(run_a, "RUN_A"), _run_folder(run_b, "RUN_B"))
         serving = compare_serving_runs(run_a, run_b)
     except FlagperfError as exc:
         raise _fail(str(exc)) from None
@@ -719,13 +719,15 @@ def compare(
     console.print(table)
     flagged = sum(r.flagged for r in rows)
     console.print(f"{flagged} of {len(rows)} figures differ by more than their spread")
+    for line in context["left_out"]:
+        console.print(escape(line), highlight=False)
     if serving:
         console.print(escape("\n".join(["", *serving_comparison_markdown(serving)])), highlight=False)
     if out is not None:
         try:
             with _if_interrupted(f"interrupted; --out {out} was not written (one there before is as it was)"), \
                     atomic_path(out) as partial:  # whole or not at all
-                partial.write_text(render_markdown(run_a, run_b, rows, serving), encoding="utf-8")
+                partial.write_text(render_markdown(run_a, run_b, rows, serving, context["left_out"]), encoding="utf-8")
         except OSError as exc:
             raise _fail(f"--out {out}: {exc.strerror or exc}") from None
         with _if_interrupted(f"interrupted; --out {out} was written whole"):

@@ -22,8 +22,8 @@ from flagperf.config.plan import available_suites, plan_run
 from flagperf.errors import ConfigError, FlagperfError, unknown_name
 from flagperf.hosts.capacity import check_capacity_here
 from flagperf.hosts.inventory import Inventory, load_inventory, local_inventory
-from flagperf.paths import RESULTS_DIR_ENV, RESULTS_ROOT_ENV
-from flagperf.results.history import Verdict, check_history
+from flagperf.paths import HISTORY_FILE, RESULTS_DIR_ENV, RESULTS_ROOT_ENV
+from flagperf.results.history import DEFAULT_URL_ENV, Verdict, check_history
 from flagperf.stopping import STOP_NOW_AT, stop_now, take
 
 
@@ -100,6 +100,15 @@ def check_night(*, suite: str, vendor: str | None, rounds: int, overrides: list[
                  notes=list(inv.notes))
 
 
+def history_source(night: Night) -> str:
+    """Where the night's history URL came from, for its errors: the option, the environment, or the default."""
+    if night.history_url:
+        return "--history-url"
+    if os.environ.get(DEFAULT_URL_ENV):
+        return DEFAULT_URL_ENV
+    return f"the history ({HISTORY_FILE} in --results, the default)"
+
+
 def open_history(night: Night) -> None:
     """The history the night will write, checked now (flagperf.results.history.check_history): a bad URL
     (ConfigError) or one that cannot be reached or made (FlagperfError) is said before a night of measuring, not
@@ -108,7 +117,7 @@ def open_history(night: Night) -> None:
     try:
         check_history(night.history_url, night.results)
     except ConfigError as exc:
-        raise ConfigError("--history-url", None, exc.message) from None
+        raise ConfigError(history_source(night), None, exc.message) from None
     except (SQLAlchemyError, OSError) as exc:
         first = (str(getattr(exc, "orig", None) or exc).splitlines() or [""])[0]
         raise FlagperfError(f"the history cannot be opened: {type(exc).__name__}: {first}") from None

@@ -23,7 +23,7 @@ from flagperf.results.history import (
     sqlite_files,
     unreadable,
 )
-from flagperf.results.summary import RunSummary, summarize
+from flagperf.results.summary import RunSummary, every_result_read, hosts_left_out, summarize
 
 DEFAULT_RULES = PROJECT_ROOT / "deployments" / "diagnosis" / "rules.yaml"
 HISTORY_RUNS = 5  # the history's baseline: the median of this many earlier runs of the same vendor and device
@@ -45,13 +45,8 @@ def run_folder(path: Path, option: str) -> Path:
 
 
 def all_readable(summary: RunSummary, run_dir: Path, option: str) -> RunSummary:
-    """The summary of a run whose every result.json was read: a host whose result is unreadable would drop out
-    of the fleet unnoticed (and the others be judged without it), so the diagnosis is refused, naming the file."""
-    if summary.problems:
-        more = f" ({len(summary.problems) - 1} more)" if len(summary.problems) > 1 else ""
-        raise ConfigError(option, None, f"{run_dir}: {summary.problems[0]}{more}; repair or remove it to diagnose "
-                                        "the run")
-    return summary
+    """The summary of a run whose every result.json was read, else the diagnosis is refused (every_result_read)."""
+    return every_result_read(summary, option, str(run_dir), "repair or remove it to diagnose the run")
 
 
 def history_medians(summary: RunSummary, results_dir: Path, url: str | None = None) -> dict[tuple[str, str], float]:
@@ -99,17 +94,23 @@ def _diagnose_run(run_dir: Path, rules_file: Path | None, baseline: Path | None,
     run_folder(run_dir, "RUN")
     rules = load_rules(rules_file)
     summary = all_readable(summary or summarize(run_dir), run_dir, "RUN")
+    # Host rounds with no figure (no result.json, a failed round) are judged by no rule: said, as compare says them
+    left_out = [f"run {run_dir.name}: {line}"] if (line := hosts_left_out(run_dir, summary)) else []
     if baseline is not None:
         run_folder(baseline, "--baseline")
-        return diagnose(run_dir, summary.rows, rules, baseline_rows=all_readable(summarize(baseline), baseline,
-                                                                                 "--baseline").rows,
-                        baseline_name=f"run {baseline.name}")
-    if history:
+        base = all_readable(summarize(baseline), baseline, "--baseline")
+        if line := hosts_left_out(baseline, base):
+            left_out.append(f"baseline {baseline.name}: {line}")
+        found = diagnose(run_dir, summary.rows, rules, baseline_rows=base.rows, baseline_name=f"run {baseline.name}")
+    elif history:
         medians = history_medians(summary, run_dir.parent, history_url)
-        return diagnose(run_dir, summary.rows, rules, baseline_medians=medians,
-                        baseline_name=f"history (median of up to {HISTORY_RUNS} earlier runs, "
-                                      f"{len(medians)} figures found)")
-    return diagnose(run_dir, summary.rows, rules)
+        found = diagnose(run_dir, summary.rows, rules, baseline_medians=medians,
+                         baseline_name=f"history (median of up to {HISTORY_RUNS} earlier runs, "
+                                       f"{len(medians)} figures found)")
+    else:
+        found = diagnose(run_dir, summary.rows, rules)
+    found.notes[:0] = left_out
+    return found
 
 
 def rules_source(rules_file: Path | None) -> str:

@@ -439,6 +439,11 @@ def _key_part(part: str) -> bool:
     return bool(part) and part.replace("_", "a").isalnum()
 
 
+SET_YAML_INVALID = ("invalid YAML (the parser's words are not shown: they quote the value, which may be a secret); "
+                    "a value starting with *, &, !, [, { or a quote is read as YAML: quote it whole, as in "
+                    "--set 'key=\"*text\"'")
+
+
 def parse_set_override(text: str, case_names: list[str]) -> SetOverride:
     """Parse ``KEY=VALUE`` or ``CASE.KEY=VALUE``; the value is read as YAML (``2048`` is an int). KEY may be a
     dotted path (``slo.ttft_s``): the part before the first dot is a case only where it names a case of the run
@@ -464,7 +469,9 @@ def parse_set_override(text: str, case_names: list[str]) -> SetOverride:
     try:
         value = parse_yaml_text(raw, "--set") if raw.strip() else ""
     except ConfigError as exc:  # the key it was given for, not "line 1" of a one-line value
-        raise ConfigError("--set", lhs, exc.message) from None
+        # The parser's problem quotes the value (an alias' name, a tag), and a value (server_env.*) may be a secret
+        message = SET_YAML_INVALID if exc.message.startswith("invalid YAML") else exc.message
+        raise ConfigError("--set", lhs, message) from None
     if isinstance(value, dict) or (isinstance(value, list) and any(isinstance(v, dict | list) for v in value)):
         raise ConfigError("--set", lhs, f"the value must be a scalar or a list of scalars; {MAPPINGS_IN_SUITES}")
     return SetOverride(case=case, key=key, value=value, text=text)

@@ -12,11 +12,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flagperf.errors import ConfigError
 from flagperf.results.markup import md_text
 from flagperf.results.operators import UNCERTAINTY_METHOD, PointFigures, collect_points, geomean
 from flagperf.results.serving import ServingPoint, serving_points, slo_text
-from flagperf.results.summary import RunSummary, fmt, headline_figures, summarize
+from flagperf.results.summary import (
+    RunSummary,
+    every_result_read,
+    fmt,
+    headline_figures,
+    hosts_left_out,
+    summarize,
+)
 
 
 @dataclass(frozen=True)
@@ -169,8 +175,9 @@ def compare_operations(a: list[PointFigures], b: list[PointFigures]) -> list[Com
 
 
 def render_markdown(a_dir: Path, b_dir: Path, rows: list[Comparison],
-                    serving: list[CurveComparison] | None = None) -> str:
+                    serving: list[CurveComparison] | None = None, left_out: list[str] | None = None) -> str:
     lines = [f"# Comparison: A = {a_dir.name}, B = {b_dir.name}", "", SPREAD_NOTE, ""]
+    lines += [*(md_text(line) for line in left_out or []), *([""] if left_out else [])]
     if any(r.per_operator for r in rows):
         lines += [OPERATION_NOTE, ""]
     lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
@@ -180,21 +187,24 @@ def render_markdown(a_dir: Path, b_dir: Path, rows: list[Comparison],
     return "\n".join(lines) + "\n"
 
 
-def _every_result_read(summary: RunSummary, run_dir: Path, which: str) -> RunSummary:
-    """A run whose result.json files were all read: a host whose result is cut short or holds a wrong type would
-    drop out of its run's mean unnoticed, and B/A compare a different set of hosts than the runs hold."""
-    if summary.problems:
-        more = f" ({len(summary.problems) - 1} more)" if len(summary.problems) > 1 else ""
-        raise ConfigError(which, None, f"{run_dir}: {summary.problems[0]}{more}; repair or remove it to compare "
-                                       "the run")
-    return summary
+CLI_NAMES = ("RUN_A", "RUN_B")
+CLI_ADVICE = "repair or remove it to compare the run"
 
 
-def compare_runs(a_dir: Path, b_dir: Path) -> tuple[list[Comparison], dict[str, Any]]:
-    a = _every_result_read(summarize(a_dir), a_dir, "RUN_A")
-    b = _every_result_read(summarize(b_dir), b_dir, "RUN_B")
+def compare_runs(a_dir: Path, b_dir: Path, *, names: tuple[str, str] = CLI_NAMES,
+                 shown: tuple[str | None, str | None] | None = None, advice: str = CLI_ADVICE
+                 ) -> tuple[list[Comparison], dict[str, Any]]:
+    """Both runs compared, each refused where a result.json of it is unreadable (every_result_read), named as the
+    caller's user knows it: ``names`` (the CLI's arguments; the site's runs), ``shown`` (the folders as given; the
+    default: a_dir and b_dir; None for one: its file relative to the run alone) and ``advice``."""
+    shown_a, shown_b = shown if shown is not None else (str(a_dir), str(b_dir))
+    a = every_result_read(summarize(a_dir), names[0], shown_a, advice)
+    b = every_result_read(summarize(b_dir), names[1], shown_b, advice)
     rows = compare(a, b) + compare_operations(collect_points(a_dir), collect_points(b_dir))
-    return rows, {"a": a.context, "b": b.context}
+    # Host rounds neither mean holds (no result.json, a failed round): said, not refused, as diagnose says them
+    left_out = [f"{which}: {line}" for which, run_dir, summary in (("A", a_dir, a), ("B", b_dir, b))
+                if (line := hosts_left_out(run_dir, summary))]
+    return rows, {"a": a.context, "b": b.context, "left_out": left_out}
 
 
 # --- serving curves ---------------------------------------------------------------------------------------

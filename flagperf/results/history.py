@@ -121,7 +121,7 @@ def sqlite_files(url: str | None = None, results_dir: str | Path = "results") ->
     """The files a SQLite history is kept in (the database and its journals); none for a database server."""
     try:
         parsed = make_url(resolved_url(url, results_dir))
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # ValueError: a port that is no number (_checked_url refuses both)
         return []
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
         return []
@@ -140,7 +140,7 @@ def _checked_url(url: str | None, results_dir: str | Path) -> str:
     url = resolved_url(url, results_dir)
     try:
         parsed = make_url(url)
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # ValueError: a port that is no number; its text could quote the URL
         raise ConfigError("history_url", None, "not a database URL (postgresql+psycopg://user@host/db or "
                                                "sqlite:///path)") from None
     if parsed.password is not None:  # a flow parameter is stored by Prefect, and run settings end up in files
@@ -154,8 +154,22 @@ def not_a_file(files: list[Path], option: str = "history_url") -> None:
     """A SQLite history (``files``, sqlite_files') that is there but no regular file is refused (ConfigError): a
     folder is an I/O error to SQLite, a FIFO blocks or fails, /dev/zero reads as an empty database that a night
     would then write to, and a reader would take any of them for no history at all."""
-    if files and os.path.lexists(files[0]) and not files[0].is_file():
+    if files and os.path.lexists(files[0]) and not files[0].is_file() and not link_to_nothing(files[0]):
         raise ConfigError(option, None, f"{files[0]}: not a regular file, so not a SQLite database")
+
+
+def link_to_nothing(path: Path) -> bool:
+    """A symbolic link whose target is not there (yet): a history prepared before the first night, whose target
+    SQLite makes as it makes a file that is not there. A loop, or a target that cannot be looked at, is not one."""
+    if not path.is_symlink():
+        return False
+    try:
+        path.stat()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def check_history(url: str | None = None, results_dir: str | Path = "results") -> None:
@@ -164,11 +178,12 @@ def check_history(url: str | None = None, results_dir: str | Path = "results") -
     be), never changed: its tables are made, or an earlier version's given their new columns, when a night records,
     so a night refused before then leaves it as it was. A SQLite file not there yet is not made (the night makes it
     when it records, so a night refused before then leaves none): only where it would be made is checked, the
-    nearest folder there of its path, which must be a folder this user can write (else an OSError naming it)."""
+    nearest folder there of its path, which must be a folder this user can write (else an OSError naming it); for a
+    link to nothing yet (link_to_nothing), its target's folder."""
     url_checked = _checked_url(url, results_dir)
     files = sqlite_files(url, results_dir)
     not_a_file(files)
-    if not files or os.path.lexists(files[0]):
+    if not files or (os.path.lexists(files[0]) and not link_to_nothing(files[0])):
         engine = _engine(url_checked)
         try:
             with engine.connect() as conn:  # a file that is no database, a server that refuses the user: said now
@@ -180,7 +195,13 @@ def check_history(url: str | None = None, results_dir: str | Path = "results") -
         finally:
             engine.dispose()
         return
-    there = next(folder for folder in files[0].parents if os.path.lexists(folder))
+    if link_to_nothing(files[0]):  # SQLite makes the link's target, in its folder, which nothing makes
+        there = Path(os.path.realpath(files[0])).parent
+        if not there.is_dir():
+            raise FileNotFoundError(errno.ENOENT, f"not a folder, so {files[0]}'s target cannot be made there",
+                                    str(there))
+    else:
+        there = next(folder for folder in files[0].parents if os.path.lexists(folder))
     if not there.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, "not a folder, so the history cannot be made below it", str(there))
     if not os.access(there, os.W_OK | os.X_OK):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -18,7 +19,7 @@ from typing import Any
 import pandas as pd
 from pydantic import ValidationError
 
-from flagperf.errors import FlagperfError, validation_message
+from flagperf.errors import ConfigError, FlagperfError, validation_message
 from flagperf.results.analysis import (
     MonitorSeries,
     WindowEnergy,
@@ -136,6 +137,9 @@ def load_results(run_dir: Path) -> tuple[list[tuple[Path, RoundResult]], list[st
         try:
             results.append((path.parent, read_result(path)))
         except ValidationError as exc:  # which key, not "1 validation error for RoundResult"
+            if unknown := newer_fields(exc):
+                problems.append(f"{path.relative_to(run_dir)}: unreadable result ({unknown})")
+                continue
             first = exc.errors()[0]
             where = ".".join(str(part) for part in first["loc"])
             problems.append(f"{path.relative_to(run_dir)}: unreadable result ({where + ': ' if where else ''}"
@@ -143,6 +147,50 @@ def load_results(run_dir: Path) -> tuple[list[tuple[Path, RoundResult]], list[st
         except (OSError, ValueError) as exc:
             problems.append(f"{path.relative_to(run_dir)}: unreadable result ({str(exc).splitlines()[0]})")
     return results, problems
+
+
+NEWER_RELEASE = "written by a newer flagperf?"
+
+
+def newer_fields(exc: ValidationError) -> str | None:
+    """Where a result's only faults are fields this release does not know (result models forbid extra ones), the
+    likely cause, a newer release that wrote it, with the fields (the first 3); None where anything else is wrong."""
+    errors = exc.errors()
+    if not errors or any(e["type"] != "extra_forbidden" for e in errors):
+        return None
+    names = [".".join(str(part) for part in e["loc"]) for e in errors]
+    more = f" ({len(names) - 3} more)" if len(names) > 3 else ""
+    return f"{NEWER_RELEASE} field{'s' if len(names) > 1 else ''} {', '.join(names[:3])}{more} not known to this one"
+
+
+def every_result_read(summary: RunSummary, source: str, where: str | None, advice: str) -> RunSummary:
+    """The summary of a run whose every result.json was read, else a ConfigError naming ``source`` (the run as the
+    caller's user names it) and the first unreadable file (under ``where``, the run's folder as that user knows it;
+    None: the file relative to the run alone) with ``advice``: a host whose result is unreadable would drop out of
+    the run's figures unnoticed (a comparison or a diagnosis over other hosts than the run holds). A result a newer
+    release wrote is said to be one, and not to be repaired."""
+    if summary.problems:
+        first = summary.problems[0]
+        more = f" ({len(summary.problems) - 1} more)" if len(summary.problems) > 1 else ""
+        then = "read it with the release that wrote it" if NEWER_RELEASE in first else advice
+        raise ConfigError(source, None, f"{where + ': ' if where else ''}{first}{more}; {then}")
+    return summary
+
+
+def hosts_left_out(run_dir: Path, summary: RunSummary) -> str | None:
+    """One line naming the host rounds a run's figures leave out, None where none is: a host's round folder with no
+    result.json (the round never finished there, so nothing was collected; an attempt's failure.txt is kept only for
+    a round that was retried), and a result that is no success (failed or unsupported, as its report says). Said by
+    compare and diagnose, which otherwise average or judge the other hosts as though they were all."""
+    found = [f"{folder.name} ({folder.parent.parent.name} {folder.parent.name}: no {RESULT_FILE})"
+             for folder in sorted(run_dir.glob("*/round*/*_noderank*"))
+             if ROUND_FOLDER.fullmatch(folder.name) and folder.is_dir() and not os.path.lexists(folder / RESULT_FILE)]
+    found += [f"{e['host']} ({e['case']} round{e['round']}: {e['status']})" for e in summary.not_measured]
+    if not found:
+        return None
+    more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+    rounds = f"{len(found)} host round{'s' if len(found) > 1 else ''}"
+    return f"{rounds} left out of the figures: {', '.join(found[:5])}{more}"
 
 
 @dataclass(frozen=True)

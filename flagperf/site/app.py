@@ -56,6 +56,8 @@ HSTS = (b"strict-transport-security", b"max-age=31536000")
 # case wrote is shown sandboxed: no script, no forms, no pop-ups, whatever the file holds. (Its origin stays the
 # site's so that the report's plots load with the sign-in; without scripts that gives the file no reach.)
 RUN_FILE_CSP = {"Content-Security-Policy": "sandbox allow-same-origin"}
+# A reader of the site cannot repair a run's files: it says why the run is not compared, not what to do to them.
+SITE_ADVICE = "the run is not compared while a host's result cannot be read"
 
 Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
@@ -177,22 +179,25 @@ def create_app(root: Path, credentials: Credentials | None, history_url: str | N
     def compare(request: Request) -> Response:
         choices = [r.run_id for r in list_runs(root) if r.summary]
         a, b = request.query_params.get("a"), request.query_params.get("b")
-        rows, error, per_operator = None, None, False
+        rows, error, per_operator, left_out = None, None, False, []
         if a and b:
             folder_a, folder_b = run_folder(root, a), run_folder(root, b)
             if folder_a is None or folder_b is None:
                 error = f"no run {a if folder_a is None else b}"
             else:
                 try:
-                    compared, _context = compare_runs(folder_a, folder_b)
+                    # Named as the reader knows them (run ids, files under the run), with no advice to act on
+                    compared, context = compare_runs(folder_a, folder_b, names=(f"run {a}", f"run {b}"),
+                                                      shown=(None, None), advice=SITE_ADVICE)
                     rows = [(c.cells(), c.flagged) for c in compared]
                     per_operator = any(c.per_operator for c in compared)
+                    left_out = context["left_out"]
                 except (OSError, ValueError, FlagperfError) as exc:
                     error = f"cannot compare {a} and {b}: {exc}"
         a, b = preselected(choices, a, b)
         return page("compare.html", 404 if error and error.startswith("no run") else 200, title="Compare",
                     choices=choices, a=a, b=b, header=COMPARE_HEADER, rows=rows, error=error,
-                    notes=[SPREAD_NOTE, *([OPERATION_NOTE] if per_operator else [])])
+                    notes=[*left_out, SPREAD_NOTE, *([OPERATION_NOTE] if per_operator else [])])
 
     where = history_url or str(root / HISTORY_FILE)
 

@@ -6,6 +6,7 @@ file outside the project or the environment, none beyond loopback refused)."""
 from __future__ import annotations
 
 import functools
+import html
 import json
 import os
 import re
@@ -143,6 +144,15 @@ def test_pages_runs_report_compare_and_trends(site: tuple[SiteServer, Path], mon
         compared = http.get("/compare", params={"a": "run-night0", "b": "run-night5"})
         assert compared.status_code == 200 and "DIFFERENT" in compared.text and "0.90" in compared.text
         assert http.get("/compare", params={"a": "run-night0", "b": "run-nope"}).status_code == 404
+        cut = root / "run-cut" / "computation-FP32" / "round1" / "h1_noderank0" / "result.json"
+        cut.parent.mkdir(parents=True)
+        cut.write_text('{"run_id": "run-cut", "case": ', encoding="utf-8")
+        (root / "run-cut" / "plan.json").write_text("{}", encoding="utf-8")  # a run (its plan), cut short since
+        refused = html.unescape(http.get("/compare", params={"a": "run-night0", "b": "run-cut"}).text)
+        # Named as the reader knows it (the run's id, its file under the run); no CLI argument, no server path
+        assert "run run-cut: computation-FP32/round1/h1_noderank0/result.json: unreadable result" in refused
+        assert "the run is not compared while a host's result cannot be read" in refused
+        assert str(root) not in refused and "RUN_B" not in refused and "repair" not in refused
 
         trends = http.get("/trends")
         assert "gemm_fp32" in trends.text

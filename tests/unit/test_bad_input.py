@@ -160,6 +160,45 @@ def test_a_history_url_with_a_password_is_refused() -> None:
     assert "hunter2" not in str(info.value)
 
 
+@pytest.mark.parametrize("url", ["postgresql+psycopg://perf@127.0.0.1:abc/history",
+                                 "postgresql+psycopg://perf:hunter2@127.0.0.1:abc/history"])
+def test_a_history_url_whose_port_is_no_number_is_one_line(url: str, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """make_url raises ValueError (not ArgumentError) for a port that is no number: once a traceback in the
+    nightly's check, diagnose --history and the site; now the bad URL's line, never its password."""
+    from flagperf.errors import ConfigError
+    from flagperf.results.history import check_history, history_reader, sqlite_files
+
+    assert sqlite_files(url, tmp_path) == []
+    for open_it in (check_history, history_reader):
+        with pytest.raises(ConfigError, match=r"^history_url: not a database URL") as info:
+            open_it(url, tmp_path)
+        assert "hunter2" not in str(info.value)
+    run = tmp_path / "run"
+    shutil.copytree(HOSTILE / "fleet-diagnose-run-folder" / "good", run)
+    monkeypatch.setenv("FLAGPERF_HISTORY_URL", url)
+    assert "hunter2" not in fail("diagnose", str(run), "--history", key="not a database URL")
+
+
+@pytest.mark.parametrize("value", ["*s3cret", "!s3cret x"])
+def test_a_set_value_that_is_no_yaml_is_not_quoted(value: str) -> None:
+    """YAML's problem text quotes the value (an alias' or a tag's name); a --set value (server_env.*) may be a
+    secret: the line names the key and says what is wrong, with nothing of the value."""
+    line = fail("run", "--cases", "main_memory-bandwidth", "--set", f"server_env.TOKEN={value}",
+                key="--set: server_env.TOKEN: invalid YAML")
+    assert "s3cret" not in line
+
+
+def test_a_history_url_whose_port_is_out_of_range_is_refused_before_the_night(tmp_path: Path) -> None:
+    """Port 99999 made no URL error, only a connection error after the night had measured: refused now."""
+    from flagperf.errors import ConfigError
+    from flagperf.results.history import check_history, history_reader
+
+    for open_it in (check_history, history_reader):
+        with pytest.raises(ConfigError, match=r"^history_url: port 99999 is out of range \(1-65535\)$"):
+            open_it("postgresql+psycopg://perf@127.0.0.1:99999/history", tmp_path)
+
+
 def test_aliases_load_up_to_the_bound() -> None:
     """The bound counts values as expanded: 9**5 leaves load (shared, not copied); 9**6 do not."""
     from flagperf.config.yamlio import MAX_EXPANDED_VALUES, parse_yaml_text

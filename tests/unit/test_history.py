@@ -323,8 +323,16 @@ def test_a_nights_history_is_checked_before_it_begins_without_making_one(tmp_pat
     open_history(earlier)
     assert (tmp_path / "earlier" / "history.sqlite").is_file()
     (tmp_path / "earlier" / "history.sqlite").write_text("not a database\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"^the history \(history.sqlite in --results, the default\): "
+                                          r".*history.sqlite: not a SQLite database$"):
+        open_history(earlier)  # bad input (exit 2), as a bad URL is: the file is the user's mistake; named by
+        # where its URL came from, not an option the user never gave
+    monkeypatch.setenv("FLAGPERF_HISTORY_URL", f"sqlite:///{tmp_path / 'earlier' / 'history.sqlite'}")
+    with pytest.raises(ConfigError, match=r"^FLAGPERF_HISTORY_URL: .*history.sqlite: not a SQLite database$"):
+        open_history(night(tmp_path / "elsewhere"))
     with pytest.raises(ConfigError, match=r"^--history-url: .*history.sqlite: not a SQLite database$"):
-        open_history(earlier)  # bad input (exit 2), as a bad URL is: the file is the user's mistake
+        open_history(night(tmp_path / "elsewhere", f"sqlite:///{tmp_path / 'earlier' / 'history.sqlite'}"))
+    monkeypatch.delenv("FLAGPERF_HISTORY_URL")
 
     (tmp_path / "a-file").write_text("x", encoding="utf-8")
     with pytest.raises(FlagperfError) as info:  # where the results folder would be: nothing can be made below it
@@ -333,6 +341,38 @@ def test_a_nights_history_is_checked_before_it_begins_without_making_one(tmp_pat
                                f"history cannot be made below it: '{tmp_path / 'a-file'}'")
     with pytest.raises(ConfigError, match=r"^--history-url: not a database URL"):
         open_history(night(tmp_path / "results", "not a url"))
+
+
+def test_a_history_that_is_a_link_to_nothing_yet_is_made_at_its_target(tmp_path: Path) -> None:
+    """A history path prepared as a link before the first night (its target not there yet) is a history not there
+    yet, as before the check refused anything but a regular file: checked at its target's folder, made there by the
+    night that records; a diagnosis reads it as none. A link whose target's folder is not there is said."""
+    from flagperf.errors import ConfigError
+    from flagperf.results.history import check_history, link_to_nothing, not_a_file, sqlite_files
+
+    (tmp_path / "store").mkdir()
+    link = tmp_path / "results" / "history.sqlite"
+    link.parent.mkdir()
+    link.symlink_to(tmp_path / "store" / "history.sqlite")
+    assert link_to_nothing(link)
+    check_history(None, link.parent)
+    not_a_file(sqlite_files(None, link.parent), "--history")
+    assert not (tmp_path / "store" / "history.sqlite").exists()  # checked, not made
+    history_engine(None, link.parent).dispose()
+    assert link.is_symlink() and (tmp_path / "store" / "history.sqlite").is_file()  # made at the link's target
+    check_history(None, link.parent)
+
+    elsewhere = tmp_path / "r2" / "history.sqlite"
+    elsewhere.parent.mkdir()
+    elsewhere.symlink_to(tmp_path / "gone" / "history.sqlite")
+    with pytest.raises(FileNotFoundError, match="target cannot be made there"):
+        check_history(None, elsewhere.parent)
+    loop = tmp_path / "r3" / "history.sqlite"
+    loop.parent.mkdir()
+    loop.symlink_to(loop)
+    assert not link_to_nothing(loop)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        check_history(None, loop.parent)
 
 
 def test_checking_a_nights_history_changes_none_that_is_there(history) -> None:

@@ -264,3 +264,57 @@ def test_a_host_without_matplotlib_gets_its_report_without_plots(tmp_path: Path)
     assert "plots not drawn: matplotlib is not installed" in md
     assert not (run / "plots").exists()
     assert (run / "report.html").is_file()
+
+
+def test_a_result_of_a_newer_release_is_said_to_be_one(tmp_path: Path) -> None:
+    """A result.json with fields this release does not know (result models forbid extra ones) was most likely
+    written by a newer release: said so, naming the fields, by compare and diagnose; not "repair or remove it"."""
+    a, b = make_run(tmp_path, "run-a", [1.0, 1.01]), make_run(tmp_path, "run-b", [0.9, 0.91])
+    path = b / "computation-FP32" / "round1" / "h1_noderank0" / "result.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["energy_budget"], data["metrics"][0]["p999"] = 1.0, 2.0
+    path.write_text(json.dumps(data), encoding="utf-8")
+    for args in (["compare", str(a), str(b)], ["diagnose", str(b)]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2, result.output
+        line = " ".join(result.output.split())
+        assert ("computation-FP32/round1/h1_noderank0/result.json: unreadable result (written by a newer flagperf? "
+                "fields energy_budget, metrics.0.p999 not known to this one); read it with the release that wrote "
+                "it") in line, line
+        assert "repair" not in line
+    data["metrics"][0]["value"] = "fast"  # a fault besides the extra fields: not taken for a newer release
+    path.write_text(json.dumps(data), encoding="utf-8")
+    result = CliRunner().invoke(app, ["compare", str(a), str(b)])
+    assert result.exit_code == 2 and "newer flagperf" not in result.output and "repair or remove it" in result.output
+
+
+def test_compare_and_diagnose_say_which_host_rounds_their_figures_leave_out(tmp_path: Path) -> None:
+    """A host round with no result.json (nothing collected) and one that failed are in neither mean: compare and
+    diagnose say which, in a line, instead of averaging the others as though they were all."""
+    a, b = make_run(tmp_path, "run-a", [1.0, 1.01]), make_run(tmp_path, "run-b", [0.9, 0.91])
+    (b / "computation-FP32" / "round1" / "h2_noderank0").mkdir()
+    (b / "computation-FP32" / "round1" / "h2_noderank0" / "case.log").write_text("started\n", encoding="utf-8")
+    out = tmp_path / "cmp.md"
+    result = CliRunner().invoke(app, ["compare", str(a), str(b), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    said = "B: 1 host round left out of the figures: h2_noderank0 (computation-FP32 round1: no result.json)"
+    assert said in " ".join(result.output.split()) and said in out.read_text(encoding="utf-8")
+    _, context = compare_runs(b, a)
+    assert context["left_out"] == [said.replace("B:", "A:")]
+    result = CliRunner().invoke(app, ["diagnose", str(b), "--baseline", str(a)])
+    assert "run run-b: 1 host round left out of the figures: h2_noderank0 (computation-FP32 round1: no " \
+           "result.json)" in " ".join(result.output.split()), result.output
+
+
+def test_compare_refuses_an_out_that_is_no_regular_file(tmp_path: Path) -> None:
+    """--out is written by renaming over it: a FIFO (or a device) there would become a file of ours. Refused."""
+    import os
+    import stat
+
+    a, b = make_run(tmp_path, "run-a", [1.0, 1.01]), make_run(tmp_path, "run-b", [0.9, 0.91])
+    fifo = tmp_path / "out.md"
+    os.mkfifo(fifo)
+    result = CliRunner().invoke(app, ["compare", str(a), str(b), "--out", str(fifo)])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().startswith(f"error: --out {fifo}: not a regular file"), result.output
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
