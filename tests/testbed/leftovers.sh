@@ -2,8 +2,9 @@
 # The containers of this bed's owner to remove, one id a line, from lines "ID STATE OWNER-LABEL" on stdin (docker ps
 # -a --format '{{.ID}} {{.State}} {{.Label "org.flagperf.owner"}}'). A test session labels its containers
 # OWNER.<its pytest pid> (tests/integration/conftest.py): one of them is a leftover where that process is gone; one
-# of a live session (another on the same bed), in any state, is left alone. ``--all`` (down.sh:
-# the owner value goes with the bed): every one of this owner's. Other owners' containers are never listed.
+# of a live session (another on the same bed) is left alone in any state. One labelled OWNER alone is a leftover (the
+# sessions always add their pid). ``--all`` (down.sh: the owner value goes with the bed): every one of this owner's.
+# Other owners' containers are never listed.
 # Usage: leftovers.sh OWNER [--all]
 set -euo pipefail
 owner=$1
@@ -18,7 +19,7 @@ while read -r id state label; do
     # its session runs: kept whatever its state (one created and not yet started, or exited and not yet read, is
     # that session's round in progress)
     [[ "$pid" =~ ^[0-9]+$ ]] && [ -d "/proc/$pid" ] && continue
-    [ -z "$pid" ] && [ "$state" = running ] && continue  # no session's pid to look at: not known to be a leftover
   fi
+  # one with no pid (the bare owner): no session of this bed labels so (conftest adds its pid), so a leftover
   printf '%s\n' "$id"
 done
