@@ -15,6 +15,8 @@ while read -r id state label; do
     "$owner".*) pid=${label#"$owner".} ;;
     *) continue ;;
   esac
+  # the engine removes it already (a `docker rm -f` of it answers 409, failing the whole removal)
+  [ "$state" = removing ] && continue
   if [ "$all" != --all ]; then
     # its session runs: kept whatever its state (one created and not yet started, or exited and not yet read, is
     # that session's round in progress)

@@ -93,7 +93,8 @@ OWNER=$(cat "$STATE/owner")
 # those only one whose session (the pid in its label, OWNER.<pid>) is gone: another session testing on this bed
 # right now keeps its containers, started or not (leftovers.sh).
 docker ps -a --filter label=org.flagperf.owner --format '{{.ID}} {{.State}} {{.Label "org.flagperf.owner"}}' \
-  | "$HERE/leftovers.sh" "$OWNER" | xargs -r docker rm -f >/dev/null
+  | "$HERE/leftovers.sh" "$OWNER" | xargs -r docker rm -f >/dev/null \
+  || log "not all leftover containers of $OWNER removed (docker ps -a --filter label=org.flagperf.owner lists them)"
 step_done dockerd
 
 # 3. The pinned packages: the engine's in-container code needs exactly the project's pins --------------

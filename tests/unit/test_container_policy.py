@@ -1357,7 +1357,9 @@ def test_up_removes_only_this_beds_containers_whose_session_is_gone_or_that_stop
              f"a4 running {owner}", f"a5 created {owner}", f"a6 running {owner}1.{gone}", "a7 exited other",
              f"a8 running {owner}.x", f"a9 exited {owner}.{gone}",
              # a live session's round between create and start, paused or restarting: still its round
-             f"b1 created {owner}.{live}", f"b2 paused {owner}.{live}", f"b3 restarting {owner}.{live}"]
+             f"b1 created {owner}.{live}", f"b2 paused {owner}.{live}", f"b3 restarting {owner}.{live}",
+             # going already: `docker rm -f` of it fails (409) and took up.sh/down.sh --all down (set -e)
+             f"c1 removing {owner}.{live}", f"c2 removing {owner}.{gone}", f"c3 removing {owner}"]
     picked = subprocess.run(["bash", str(script), owner], input="\n".join(lines) + "\n", capture_output=True,
                             text=True, check=True).stdout.split()
     assert picked == ["a2", "a4", "a5", "a8", "a9"]
