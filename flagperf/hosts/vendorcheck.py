@@ -184,7 +184,8 @@ def check_vendor_folder(folder: Path, monitor_seconds: float = MONITOR_SECONDS) 
     for link in vendor_folder_links(vendor.folder, found.not_checkable):
         found.add_error(link)
     for path, link in _leaving_links(vendor.folder):
-        if not _named_as_outside(path, vendor.folder, found.problems):
+        # the "(and 1+ more ...)" line (no link of its own) is never one another check named
+        if path is None or not _named_as_outside(path, vendor.folder, found.problems):
             found.add_error(link)
     return found
 
@@ -221,8 +222,8 @@ def links_out_of_vendor_folder(folder: Path, under: str | None = None) -> list[C
 _UNLESS_MOUNTED = " unless an inventory mounts that place"
 
 
-def _leaving_links(folder: Path, under: str | None = None) -> list[tuple[Path, ConfigError]]:
-    """links_out_of_vendor_folder's, each with the link's path (the line saying there are more: ``under``'s)."""
+def _leaving_links(folder: Path, under: str | None = None) -> list[tuple[Path | None, ConfigError]]:
+    """links_out_of_vendor_folder's, each with the link's path (the line saying there are more: None)."""
     written = str(folder)
     # One more than named: that one says the list goes on, as the round's "(and N+ more)" does.
     facts = PathFacts.of(describe_paths([written], scan=[written], tree=str(PROJECT_ROOT), limit=LINKS_NAMED + 1,
@@ -230,6 +231,7 @@ def _leaving_links(folder: Path, under: str | None = None) -> list[tuple[Path, C
     real_root = os.path.realpath(PROJECT_ROOT)
     project = (str(PROJECT_ROOT), real_root) if facts.path == real_root or facts.path.startswith(real_root + os.sep) \
         else None
+    found: list[tuple[Path | None, ConfigError]]
     found = [(folder / below, ConfigError(given_name(folder / below), None, leaving_link_words(
         target, real, facts.path, below in facts.loops, project, what="the vendor folder",
         others=_UNLESS_MOUNTED if project is not None and target and below not in facts.loops
@@ -237,9 +239,9 @@ def _leaving_links(folder: Path, under: str | None = None) -> list[tuple[Path, C
         for below, target, real in facts.links_out[:LINKS_NAMED] if not os.path.isabs(target)]
     if len(facts.links_out) > LINKS_NAMED:
         scanned = folder if under is None else folder / under
-        found.append((scanned, ConfigError(given_name(scanned), None, f"(and 1+ more links that leave the vendor "
-                                           f"folder, not listed: only the first {LINKS_NAMED} are named; fix these "
-                                           "and check again)")))
+        found.append((None, ConfigError(given_name(scanned), None, f"(and 1+ more links that leave the vendor "
+                                        f"folder, not listed: only the first {LINKS_NAMED} are named; fix these "
+                                        "and check again)")))
     return found
 
 

@@ -80,8 +80,8 @@ if ! timeout 20 docker info >/dev/null 2>&1; then
   [ -n "$ready" ] || { tail -n 20 "$STATE/dockerd.log" >&2; die "dockerd not ready after 60 s; see $STATE/dockerd.log"; }
 fi
 [ "$(stat -c %G "$DOCKER_SOCK")" = docker ] || die "$DOCKER_SOCK belongs to group $(stat -c %G "$DOCKER_SOCK"), not docker: fpagent cannot use it (restart dockerd with --group docker)"
-# This bed's containers carry org.flagperf.owner=$OWNER (the tests set FLAGPERF_CONTAINER_OWNER from
-# testbed.json): made once, kept across runs, so a later up.sh knows the leftovers of an earlier one.
+# This bed's containers carry org.flagperf.owner=$OWNER.<pid> (each test session sets FLAGPERF_CONTAINER_OWNER
+# from testbed.json's owner and its pid): the owner is made once, kept across runs, so a later up.sh knows the leftovers of an earlier one.
 if [ ! -s "$STATE/owner" ]; then
   printf 'flagperf-testbed-%s\n' "$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')" >"$STATE/owner.tmp"
   mv "$STATE/owner.tmp" "$STATE/owner"

@@ -1291,6 +1291,26 @@ def test_an_engines_link_out_is_named_past_a_hundred_others_and_the_rest_is_said
     assert more in problems and len([p for p in problems if "links outside" in p]) == LINKS_NAMED, problems
 
 
+def test_the_line_that_more_links_leave_is_said_beside_another_finding_on_the_folder(
+        walk: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The "(and 1+ more ...)" line went through the dedupe of links another check named, as if it were a link at the
+    vendor folder's own path: any other check's "<folder>: ... is outside" line hid it."""
+    from flagperf.hosts import vendorcheck
+
+    vendor = walk / "vendors" / "acme"
+    helper = write(walk / "acme-sdk" / "peaks.py", "PEAKS = {}\n")
+    for index in range(vendorcheck.LINKS_NAMED + 1):
+        (vendor / f"l{index:03}.py").symlink_to(os.path.relpath(helper, vendor))
+    words = "'acme' is outside the vendor root (a link to elsewhere): it must stay inside the vendor root"
+    outside = f"{vendor}: {words}"
+    # another check's finding on the folder itself (files.inside's words), as the adaptations' check could make one
+    monkeypatch.setattr(vendorcheck, "_check_adaptations",
+                        lambda _vendor, found: found.add_error(ConfigError(str(vendor), None, words)))
+    problems = check_vendor_folder(vendor, monitor_seconds=1).problems
+    assert outside in problems, problems
+    assert any(p.startswith(f"{vendor}: (and 1+ more links that leave the vendor folder") for p in problems), problems
+
+
 def test_validate_of_a_case_file_kept_in_the_vendor_folder_names_a_relative_link_out_of_it(walk: Path) -> None:
     """validate of a file of the vendor folder's cases/<family>/<case>/ looked for links by an absolute path only: a
     relative one beside it that leads out of the vendor folder (notes.txt -> ../../../../sdk/env.sh), which the
