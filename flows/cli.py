@@ -319,6 +319,7 @@ def run(
     from flagperf.config.plan import PLAN_FILE, new_run_id, plan_run
     from flagperf.config.yamlio import load_yaml_mapping
     from flagperf.hosts.capacity import check_capacity_here
+    from flagperf.hosts.docker import owner_labels
     from flagperf.hosts.flagperf_training import default_cluster_conf, open_inventory
     from flagperf.hosts.inventory import load_inventory, local_inventory
     from flagperf.results.summary import SUMMARY_JSON, read_summary_json
@@ -340,6 +341,9 @@ def run(
         cluster_conf = default_cluster_conf(test_conf)
     # Everything is checked before anything is made: the results folder only once the input is good.
     try:
+        # a FLAGPERF_CONTAINER_OWNER no container can carry: said first (before the local probe), not at a round's
+        # start
+        owner_labels()
         with _held_core_warnings() as warnings:
             if host_config and "HOSTS" not in (given := load_yaml_mapping(host_config)):  # before it is read as one
                 looks = "this looks like a suite file; " if looks_like_suite(given) else ""
@@ -365,9 +369,6 @@ def run(
                             inventory_endpoints=inv.endpoints,
                             run_id=retry.name if retry else run_id, resume=retry is not None)
             check_capacity_here(plan, inv.hosts)  # before any server starts
-            from flagperf.hosts.docker import owner_labels
-
-            owner_labels()  # a FLAGPERF_CONTAINER_OWNER no container can carry: said now, not at a round's start
         interrupt = _interrupt()
         interrupt.disarm()  # from here a signal is noted, and raised once the run can be stopped in order
         made = _make_results_folder(results, *results_source)
@@ -1353,6 +1354,10 @@ def _check_plugin_manifest(path: Path) -> str | None:
     where = path.parent.parent
     if path.name in (ENGINE_MANIFEST, TOOLKIT_FILE):  # the round's link scan (imported where it is used)
         from flagperf.hosts.vendorcheck import links_out_of_vendor_folder
+
+        if ".." in path.parts:  # toolkits/../toolkit.yaml: the folder names it is judged by are not its own
+            raise ConfigError(display_path(path), None, f"give its path without '..': a run reads <vendor>/<family "
+                              f"folder>/<name>/{path.name}, and these folder names are what it is checked by")
     if path.name == ENGINE_MANIFEST:
         # Each family's engine folder and its manifest (the families' own constants and models, none needing torch).
         families: dict[str, tuple[str, type[EngineManifest]]] = {

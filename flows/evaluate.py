@@ -50,6 +50,7 @@ from flagperf.config.plan import (
 from flagperf.config.vendors import available_vendors
 from flagperf.errors import ConfigError, FlagperfError, InfrastructureFailure
 from flagperf.hosts.capacity import check_capacity
+from flagperf.hosts.docker import owner_labels
 from flagperf.hosts.flagperf_training import open_inventory
 from flagperf.hosts.fleet import close_hosts, master_address, open_host
 from flagperf.hosts.health import check_results_disk, health_file, round_probe, with_image_probe
@@ -225,6 +226,9 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
                    monitor_interval_s: float, command: str | None, resume: bool = False,
                    cluster_conf: str | None = None) -> dict[str, Any] | State:
     logger = get_run_logger()
+    # a FLAGPERF_CONTAINER_OWNER (the worker's) no container can carry: bad input now, before the run folder and
+    # the hosts' probes, not at the first round's start
+    owner_labels()
     if not MIN_MONITOR_INTERVAL_S <= monitor_interval_s <= MAX_MONITOR_INTERVAL_S:
         raise ConfigError("monitor_interval_s", None, f"must be between {MIN_MONITOR_INTERVAL_S} and "
                                                       f"{MAX_MONITOR_INTERVAL_S} seconds, got {monitor_interval_s}")

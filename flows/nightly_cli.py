@@ -21,6 +21,7 @@ from flagperf.config.night import BASELINE_RUNS, ROUNDS, SIGMA, new_night_run_id
 from flagperf.config.plan import available_suites, plan_run
 from flagperf.errors import ConfigError, FlagperfError, unknown_name
 from flagperf.hosts.capacity import check_capacity_here
+from flagperf.hosts.docker import owner_labels
 from flagperf.hosts.inventory import Inventory, load_inventory, local_inventory
 from flagperf.paths import HISTORY_FILE, RESULTS_DIR_ENV, RESULTS_ROOT_ENV
 from flagperf.results.history import DEFAULT_URL_ENV, Verdict, check_history
@@ -85,6 +86,7 @@ def check_night(*, suite: str, vendor: str | None, rounds: int, overrides: list[
     """Everything the flow would refuse, refused here without side effects (ConfigError naming the option);
     the history's check opens it where it is there, so it comes after the results folder is made
     (``open_history``)."""
+    owner_labels()  # a FLAGPERF_CONTAINER_OWNER no container can carry: before the local probe, not at a round
     suites = available_suites()
     if suite not in suites:
         raise ConfigError("--suite", None, unknown_name("suite", suite, suites, "flagperf list suites"))

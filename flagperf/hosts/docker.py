@@ -64,7 +64,8 @@ OWNER_VALUE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 def owner_labels() -> dict[str, str]:
     """The owner label of every container the controller starts ({} where FLAGPERF_CONTAINER_OWNER is unset or
     empty); ConfigError naming the variable where its value is no label a `docker ps --filter` finds by (a space, a
-    '=', a newline) or is longer than 128 characters. The run command checks it before anything starts."""
+    '=', a newline) or is longer than 128 characters. `flagperf run`, `flagperf nightly` and the flow's planning
+    check it first, before anything starts."""
     value = os.environ.get(OWNER_ENV, "")
     if not value:
         return {}

@@ -316,10 +316,12 @@ def links_leaving(folder: str, limit: int = LINKS_LISTED, tree: str | None = Non
                   mounted: Sequence[str] = (), only: str | None = None) -> list[list[str]]:
     """The symlinks below ``folder`` (itself resolved) that a copy of it mounted at another path would not follow:
     one whose target is an absolute path, or whose way leaves the folder (a '..' above it, or a link out). Each as
-    [its path below the folder, its target as written, where it leads here], the first ``limit`` in path order. A
-    linked folder is checked as a link, never walked (it may loop). The folders and names the source digest skips
-    (a venv, .git, __pycache__, a dot-file: paths.walk_source, the digest's own walk) are skipped here too: none of
-    it is the code a round runs; a build output (foo.so) is checked, since a round loads it.
+    [its path below the folder, its target as written, where it leads here], the first ``limit`` the walk meets (a
+    folder's names sorted, then what is in its folders; a folder that cannot be listed where the walk tries to
+    enter it: not path order). A linked folder is checked as a link, never walked (it may loop). The folders and
+    names the source digest skips (a venv, .git, __pycache__, a dot-file: paths.walk_source, the digest's own walk)
+    are skipped here too: none of it is the code a round runs; a build output (foo.so) is checked, since a round
+    loads it.
     ``tree``: the folder is mounted as part of that tree, at the tree's path as written (the project, mounted at
     project_root): then only the links that leave the tree count, and an absolute target counts unless it names a
     place in the tree by that path. ``mounted``: the container's other mounts (its data mounts, a Slurm entry's

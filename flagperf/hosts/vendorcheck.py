@@ -184,7 +184,8 @@ def check_vendor_folder(folder: Path, monitor_seconds: float = MONITOR_SECONDS) 
     for link in vendor_folder_links(vendor.folder, found.not_checkable):
         found.add_error(link)
     for path, link in _leaving_links(vendor.folder):
-        if not _named_as_outside(path, vendor.folder, found.problems):
+        # the "(and 1+ more ...)" line (no link of its own) is never one another check named
+        if path is None or not _named_as_outside(path, vendor.folder, found.problems):
             found.add_error(link)
     return found
 
@@ -221,15 +222,17 @@ def links_out_of_vendor_folder(folder: Path, under: str | None = None) -> list[C
 _UNLESS_MOUNTED = " unless an inventory mounts that place"
 
 
-def _leaving_links(folder: Path, under: str | None = None) -> list[tuple[Path, ConfigError]]:
-    """links_out_of_vendor_folder's, each with the link's path (the line saying there are more: ``under``'s)."""
+def _leaving_links(folder: Path, under: str | None = None) -> list[tuple[Path | None, ConfigError]]:
+    """links_out_of_vendor_folder's, each with the link's path (the line saying there are more: None)."""
     written = str(folder)
     # One more than named: that one says the list goes on, as the round's "(and N+ more)" does. The scan counts the
     # links by an absolute path too, which absolute_links names: where they filled it, it is looked through further
     # (a few times at most), so that "more" means more named by neither.
     limit = LINKS_NAMED + 1
+    used = limit
     for _ in range(3):
-        facts = PathFacts.of(describe_paths([written], scan=[written], tree=str(PROJECT_ROOT), limit=limit,
+        used = limit  # the limit of the scan whose facts are kept (the loop raises it after every scan)
+        facts = PathFacts.of(describe_paths([written], scan=[written], tree=str(PROJECT_ROOT), limit=used,
                                             only=under)[written])
         relative = [link for link in facts.links_out if not os.path.isabs(link[1])]
         if len(facts.links_out) < limit or len(relative) > LINKS_NAMED:
@@ -238,20 +241,21 @@ def _leaving_links(folder: Path, under: str | None = None) -> list[tuple[Path, C
     real_root = os.path.realpath(PROJECT_ROOT)
     project = (str(PROJECT_ROOT), real_root) if facts.path == real_root or facts.path.startswith(real_root + os.sep) \
         else None
+    found: list[tuple[Path | None, ConfigError]]
     found = [(folder / below, ConfigError(given_name(folder / below), None, leaving_link_words(
         target, real, facts.path, below in facts.loops, project, what="the vendor folder",
         others=_UNLESS_MOUNTED if project is not None and target and below not in facts.loops
         and not is_under(real, project[1]) else "")))
         for below, target, real in relative[:LINKS_NAMED]]
     scanned = folder if under is None else folder / under
-    if len(relative) > LINKS_NAMED:
-        found.append((scanned, ConfigError(given_name(scanned), None, f"(and 1+ more links that leave the vendor "
-                                           f"folder, not listed: only the first {LINKS_NAMED} are named; fix these "
-                                           "and check again)")))
-    elif len(facts.links_out) >= limit:  # links by an absolute path filled the scan each time: the rest unseen
-        found.append((scanned, ConfigError(given_name(scanned), None, f"(the scan stopped at its first {limit} "
-                                           "links that leave the vendor folder, many by an absolute path: more may "
-                                           "follow; fix these and check again)")))
+    if len(relative) > LINKS_NAMED:  # said beside the links (None: no link of its own, see check_vendor_folder)
+        found.append((None, ConfigError(given_name(scanned), None, f"(and 1+ more links that leave the vendor "
+                                        f"folder, not listed: only the first {LINKS_NAMED} are named; fix these "
+                                        "and check again)")))
+    elif len(facts.links_out) >= used:  # links by an absolute path filled the scan each time: the rest unseen
+        found.append((None, ConfigError(given_name(scanned), None, f"(the scan stopped at its first {used} "
+                                        "links that leave the vendor folder, many by an absolute path: more may "
+                                        "follow; fix these and check again)")))
     return found
 
 

@@ -88,8 +88,9 @@ if timeout 20 docker info >/dev/null 2>&1; then
   if [[ "$owner" =~ ^flagperf-testbed-[0-9a-f]{16}$ ]]; then
     timeout 60 docker ps -a --filter label=org.flagperf.owner \
         --format '{{.ID}} {{.State}} {{.Label "org.flagperf.owner"}}' \
-      | bash "$(dirname "${BASH_SOURCE[0]}")/leftovers.sh" "$owner" --all | xargs -r timeout 300 docker rm -f >/dev/null
-    log "removed the containers of owner $owner"
+      | bash "$(dirname "${BASH_SOURCE[0]}")/leftovers.sh" "$owner" --all | xargs -r timeout 300 docker rm -f >/dev/null \
+      && log "removed the containers of owner $owner" \
+      || log "not all containers of owner $owner removed (docker ps -a --filter label=org.flagperf.owner lists them)"
   fi
   if timeout 30 docker image inspect "$IMAGE" >/dev/null 2>&1; then
     timeout 300 docker rmi "$IMAGE" >/dev/null || die "cannot remove $IMAGE (a container still uses it?)"

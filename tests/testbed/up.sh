@@ -80,8 +80,8 @@ if ! timeout 20 docker info >/dev/null 2>&1; then
   [ -n "$ready" ] || { tail -n 20 "$STATE/dockerd.log" >&2; die "dockerd not ready after 60 s; see $STATE/dockerd.log"; }
 fi
 [ "$(stat -c %G "$DOCKER_SOCK")" = docker ] || die "$DOCKER_SOCK belongs to group $(stat -c %G "$DOCKER_SOCK"), not docker: fpagent cannot use it (restart dockerd with --group docker)"
-# This bed's containers carry org.flagperf.owner=$OWNER (the tests set FLAGPERF_CONTAINER_OWNER from
-# testbed.json): made once, kept across runs, so a later up.sh knows the leftovers of an earlier one.
+# This bed's containers carry org.flagperf.owner=$OWNER.<pid> (each test session sets FLAGPERF_CONTAINER_OWNER
+# from testbed.json's owner and its pid): the owner is made once, kept across runs, so a later up.sh knows the leftovers of an earlier one.
 if [ ! -s "$STATE/owner" ]; then
   printf 'flagperf-testbed-%s\n' "$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')" >"$STATE/owner.tmp"
   mv "$STATE/owner.tmp" "$STATE/owner"
@@ -90,10 +90,11 @@ OWNER=$(cat "$STATE/owner")
 [[ "$OWNER" =~ ^flagperf-testbed-[0-9a-f]{16}$ ]] || die "$STATE/owner holds '$OWNER', not an owner up.sh made (remove it)"
 # Rounds and probes a killed earlier test run left on this bed (the tests start from none of theirs). Only this
 # bed's (the engine may be shared with other flagperf deployments, whose containers are none of ours), and of
-# those only a stopped one or one whose session (the pid in its label, OWNER.<pid>) is gone: another session
-# testing on this bed right now keeps its running containers (leftovers.sh).
+# those only one whose session (the pid in its label, OWNER.<pid>) is gone: another session testing on this bed
+# right now keeps its containers, started or not (leftovers.sh).
 docker ps -a --filter label=org.flagperf.owner --format '{{.ID}} {{.State}} {{.Label "org.flagperf.owner"}}' \
-  | "$HERE/leftovers.sh" "$OWNER" | xargs -r docker rm -f >/dev/null
+  | "$HERE/leftovers.sh" "$OWNER" | xargs -r docker rm -f >/dev/null \
+  || log "not all leftover containers of $OWNER removed (docker ps -a --filter label=org.flagperf.owner lists them)"
 step_done dockerd
 
 # 3. The pinned packages: the engine's in-container code needs exactly the project's pins --------------

@@ -140,6 +140,19 @@ def test_a_container_owner_no_label_can_carry_is_refused_before_the_run(tmp_path
     assert not results.exists()
 
 
+@pytest.mark.parametrize("command", ["run", "nightly"])
+def test_a_bad_container_owner_is_said_first_by_run_and_nightly(tmp_path: Path, command: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The owner value was checked by `run` only after the inventory and the local probe, and by `nightly` not at
+    all (a night of probes and builds before the first round refused it). Now it is the first thing either says."""
+    monkeypatch.setenv("FLAGPERF_CONTAINER_OWNER", "lab one")
+    results = tmp_path / "results"
+    missing = str(tmp_path / "no-inventory.yaml")  # an error of its own, said later than the owner
+    args = ["--cases", "computation-FP32"] if command == "run" else ["--suite", "no-such-suite"]
+    fail(command, *args, "--inventory", missing, "--results", str(results), key="FLAGPERF_CONTAINER_OWNER: ")
+    assert not results.exists()
+
+
 @pytest.fixture
 def read_only_folder(tmp_path: Path) -> Iterator[Path]:
     with mounted_tmpfs(tmp_path / "ro", "ro,size=1m") as folder:

@@ -1348,15 +1348,21 @@ def test_the_test_sessions_containers_carry_the_beds_owner_not_a_lab_value(tmp_p
 
 def test_up_removes_only_this_beds_containers_whose_session_is_gone_or_that_stopped() -> None:
     """up.sh removed every container of the bed's owner: a second session on the bed took the first one's running
-    round away. Now: a stopped one, or one whose session (the label's pid) is gone; --all (down.sh) every one."""
+    round away; then a live session's stopped ones went (one created and not yet started, or exited and not yet
+    read: that round failed or was lost), and a running one with no pid stayed for ever. Now: one whose session (the
+    label's pid) is gone, or with no pid (the sessions always add theirs); --all (down.sh) every one."""
     script = PROJECT_ROOT / "tests" / "testbed" / "leftovers.sh"
     owner, live, gone = "flagperf-testbed-00", os.getpid(), 2 ** 22 + 1  # above pid_max's default: no process
     lines = [f"a1 running {owner}.{live}", f"a2 running {owner}.{gone}", f"a3 exited {owner}.{live}",
              f"a4 running {owner}", f"a5 created {owner}", f"a6 running {owner}1.{gone}", "a7 exited other",
-             f"a8 running {owner}.x"]
+             f"a8 running {owner}.x", f"a9 exited {owner}.{gone}",
+             # a live session's round between create and start, paused or restarting: still its round
+             f"b1 created {owner}.{live}", f"b2 paused {owner}.{live}", f"b3 restarting {owner}.{live}",
+             # going already: `docker rm -f` of it fails (409) and took up.sh/down.sh --all down (set -e)
+             f"c1 removing {owner}.{live}", f"c2 removing {owner}.{gone}", f"c3 removing {owner}"]
     picked = subprocess.run(["bash", str(script), owner], input="\n".join(lines) + "\n", capture_output=True,
                             text=True, check=True).stdout.split()
-    assert picked == ["a2", "a3", "a5", "a8"]
+    assert picked == ["a2", "a4", "a5", "a8", "a9"]
     every = subprocess.run(["bash", str(script), owner, "--all"], input="\n".join(lines) + "\n",
                            capture_output=True, text=True, check=True).stdout.split()
-    assert every == ["a1", "a2", "a3", "a4", "a5", "a8"]
+    assert every == ["a1", "a2", "a3", "a4", "a5", "a8", "a9", "b1", "b2", "b3"]

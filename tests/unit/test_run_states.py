@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from prefect.exceptions import FailedRun
+from prefect.states import State
 
 from flagperf.errors import ConfigError, InfrastructureFailure
 from flagperf.results.schema import Failure, RoundResult
@@ -78,6 +79,23 @@ def test_bad_input_names_the_forms_field(tmp_path: Path) -> None:
     assert form_message(other, str(inventory)) == str(other)
     assert in_form_terms(f"{BAD_INPUT}--set: m: bad") == f"{BAD_INPUT}overrides: m: bad"
     assert in_form_terms(f"{BAD_INPUT}suite.yaml: cases: bad") == f"{BAD_INPUT}suite.yaml: cases: bad"
+
+
+def test_the_flows_planning_refuses_a_bad_container_owner_first(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    """A deployment's, the UI's or the team server's run never checked FLAGPERF_CONTAINER_OWNER (the worker's) before
+    its first round: the probes and builds ran, then every round failed at its start. Now the planning step ends in
+    bad input naming the variable, before the inventory is read or the results folder made."""
+    from flows import evaluate
+
+    monkeypatch.setattr(evaluate, "get_run_logger", lambda: logging.getLogger("test"))  # no flow run around it
+    monkeypatch.setenv("FLAGPERF_CONTAINER_OWNER", "a=b")
+    results = tmp_path / "results"
+    state = evaluate.evaluation_state(None, ["computation-FP32"], None, None, None, str(tmp_path / "no-inventory"),
+                                      str(results), None, 1.0, None, False, form=True)
+    assert isinstance(state, State) and state.is_failed()
+    assert state.message is not None and state.message.startswith(f"{BAD_INPUT}FLAGPERF_CONTAINER_OWNER: 'a=b' ")
+    assert not results.exists()
 
 
 def test_a_form_run_writes_where_the_server_serves(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

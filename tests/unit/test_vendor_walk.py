@@ -1291,6 +1291,26 @@ def test_an_engines_link_out_is_named_past_a_hundred_others_and_the_rest_is_said
     assert more in problems and len([p for p in problems if "links outside" in p]) == LINKS_NAMED, problems
 
 
+def test_the_line_that_more_links_leave_is_said_beside_another_finding_on_the_folder(
+        walk: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The "(and 1+ more ...)" line went through the dedupe of links another check named, as if it were a link at the
+    vendor folder's own path: any other check's "<folder>: ... is outside" line hid it."""
+    from flagperf.hosts import vendorcheck
+
+    vendor = walk / "vendors" / "acme"
+    helper = write(walk / "acme-sdk" / "peaks.py", "PEAKS = {}\n")
+    for index in range(vendorcheck.LINKS_NAMED + 1):
+        (vendor / f"l{index:03}.py").symlink_to(os.path.relpath(helper, vendor))
+    words = "'acme' is outside the vendor root (a link to elsewhere): it must stay inside the vendor root"
+    outside = f"{vendor}: {words}"
+    # another check's finding on the folder itself (files.inside's words), as the adaptations' check could make one
+    monkeypatch.setattr(vendorcheck, "_check_adaptations",
+                        lambda _vendor, found: found.add_error(ConfigError(str(vendor), None, words)))
+    problems = check_vendor_folder(vendor, monitor_seconds=1).problems
+    assert outside in problems, problems
+    assert any(p.startswith(f"{vendor}: (and 1+ more links that leave the vendor folder") for p in problems), problems
+
+
 def test_validate_of_a_case_file_kept_in_the_vendor_folder_names_a_relative_link_out_of_it(walk: Path) -> None:
     """validate of a file of the vendor folder's cases/<family>/<case>/ looked for links by an absolute path only: a
     relative one beside it that leads out of the vendor folder (notes.txt -> ../../../../sdk/env.sh), which the
@@ -1464,3 +1484,34 @@ def test_links_by_an_absolute_path_in_the_scan_make_no_more_line(walk: Path) -> 
     assert [p for p in problems if "more" in p] == [
         f"{vendor}: (and 1+ more links that leave the vendor folder, not listed: only the first {LINKS_NAMED} are "
         "named; fix these and check again)"], problems
+
+
+def test_a_scan_filled_by_absolute_links_says_it_stopped(tmp_path: Path) -> None:
+    """Links by an absolute path (absolute_links names each) fill the scan for relative ones: it is looked through
+    further three times, and where they fill it every time, a line says the scan stopped. The check compared the
+    count with the limit the loop had raised after the last scan, so the line never came and a relative link out
+    behind 400 absolute ones went unsaid."""
+    from flagperf.hosts.vendorcheck import links_out_of_vendor_folder
+
+    vendor = tmp_path / "acme"
+    (vendor / "a").mkdir(parents=True)
+    for i in range(400):
+        (vendor / "a" / f"l{i:04d}").symlink_to("/etc")
+    (vendor / "z").mkdir()
+    (vendor / "z" / "rel").symlink_to("../../elsewhere")
+    said = [str(error) for error in links_out_of_vendor_folder(vendor)]
+    assert len(said) == 1 and "the scan stopped at its first 303 links" in said[0], said
+
+
+def test_validate_of_a_plugin_manifest_by_a_path_with_dotdot_is_one_line(tmp_path: Path) -> None:
+    """toolkits/../toolkit.yaml reached the link scan as only='toolkits/..', which it refuses with a ValueError: a
+    traceback for a path a user typed. Such a path is refused in one line (its folder names are what it is checked
+    by)."""
+    vendor = tmp_path / "acme"
+    (vendor / "toolkits").mkdir(parents=True)
+    shutil.copy(PROJECT_ROOT / "vendor_images" / "cpu" / "vendor.yaml", vendor / "vendor.yaml")
+    (vendor / "toolkit.yaml").write_text("name: x\n", encoding="utf-8")
+    result = subprocess.run([sys.executable, "-m", "flows.cli", "validate", f"{vendor}/toolkits/../toolkit.yaml"],
+                            capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "give its path without '..'" in result.stderr
