@@ -19,7 +19,7 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from contextvars import copy_context
@@ -52,7 +52,7 @@ from flagperf.errors import ConfigError, FlagperfError, InfrastructureFailure
 from flagperf.hosts.capacity import check_capacity
 from flagperf.hosts.docker import owner_labels
 from flagperf.hosts.flagperf_training import open_inventory
-from flagperf.hosts.fleet import close_hosts, master_address, open_host
+from flagperf.hosts.fleet import close_hosts, master_address, open_host, stop_runs
 from flagperf.hosts.health import check_results_disk, health_file, round_probe, with_image_probe
 from flagperf.hosts.inventory import HostSpec
 from flagperf.hosts.local import Host
@@ -309,9 +309,16 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
             cancel_jobs()  # Slurm jobs still running (an interrupt) stop before their folders are cleaned
             HOST_THREADS.reset(threads_token)
             if interruption is not None or threads.busy():  # rounds may still run in other threads
-                left = stop_host_threads(threads)
-                # fresh connections (the closed ones refuse); a host a thread still drives is not touched
-                hosts = {name: open_host(specs[name]) for name in specs if name not in left}
+                fresh: dict[str, Host] = {}
+
+                def stop_idle(idle: set[str]) -> dict[str, str]:
+                    # fresh connections (the closed ones refuse); a host a thread still drives is not touched. Its
+                    # runtime ends what its round lost with the closed connection (a container over SSH)
+                    fresh.update({name: open_host(specs[name]) for name in specs if name in idle})
+                    return stop_runs(fresh, specs, plan.run_id)
+
+                left = stop_host_threads(threads, stop_idle=stop_idle, hosts=list(specs))
+                hosts = {name: host for name, host in fresh.items() if name not in left}
             measured = clean_work_roots(hosts, specs, plan, results)
             if interruption is not None and measured:  # finished on a host, not yet collected: not lost, say so
                 try:
@@ -571,18 +578,25 @@ def run_concurrently(calls: list[Callable[[], T]], hosts: list[list[str]] | None
 HOST_THREADS_GRACE_S = 120.0  # how long an interrupted run waits for its hosts' threads to end before cleaning
 
 
-def stop_host_threads(threads: HostThreads, grace_s: float = HOST_THREADS_GRACE_S) -> set[str]:
+def stop_host_threads(threads: HostThreads, grace_s: float = HOST_THREADS_GRACE_S,
+                      stop_idle: Callable[[set[str]], dict[str, str]] | None = None, hosts: Sequence[str] = ()
+                      ) -> set[str]:
     """After an interrupt (or a round that raised while others ran): stop the hosts' threads, close the hosts'
     connections (ending the commands they wait on; a closed SshHost never reconnects), and wait for them, at most
-    ``grace_s``. Returns the hosts a thread still drives, named in one warning line: those are not cleaned."""
+    ``grace_s``. ``stop_idle``: given the hosts of ``hosts`` that no thread drives any more, ends what their rounds
+    left running there (fleet.stop_runs) and returns where something may still run, with why. Returns the hosts a
+    thread still drives or something may still run on, named in one warning line: those are not cleaned."""
     threads.stop()
     close_hosts()
     busy = threads.wait(grace_s)
-    if busy:
-        round_logger().warning("left the run's folder on %s as it is: a round's thread still drives it after %.0f s "
-                               "(%s)", ", ".join(sorted(busy)), grace_s,
-                               "; ".join(f"{host}: {', '.join(names)}" for host, names in sorted(busy.items())))
-    return set(busy)
+    idle = set(hosts) - set(busy)
+    running = stop_idle(idle) if stop_idle is not None else {}
+    if busy or running:
+        why = [f"{host}: a round's thread still drives it after {grace_s:.0f} s ({', '.join(names)})"
+               for host, names in sorted(busy.items())] + [f"{host}: {said}" for host, said in sorted(running.items())]
+        round_logger().warning("left the run's folder on %s as it is (%s)", ", ".join(sorted({*busy, *running})),
+                               "; ".join(why))
+    return {*busy, *running}
 
 
 def check_hosts(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: RunPlan, run_dir: Path

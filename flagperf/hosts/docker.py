@@ -477,7 +477,8 @@ class DockerRuntime(Runtime):
                 privileged=s.privileged, devices=s.devices or None, group_add=s.group_add or None,
                 device_requests=[DeviceRequest(**r) for r in s.device_requests] or None,
                 ulimits=[Ulimit(name=name, soft=value, hard=value) for name, value in s.ulimits.items()] or None,
-                mounts=mounts, volumes=volumes or None, labels={**labels, f"{LABEL}.host": host.name, **owner_labels()})
+                mounts=mounts, volumes=volumes or None,
+                labels={**labels, f"{LABEL}.host": host.name, f"{LABEL}.run": self.scratch_root.name, **owner_labels()})
             container.start()
             running = True
             container.reload()
@@ -514,6 +515,27 @@ class DockerRuntime(Runtime):
             if env_dir is not None:
                 host.remove_tree(env_dir)
         return CommandResult(argv, exit_code, timed_out, time.monotonic() - started, link), lines
+
+    @classmethod
+    def stop_run(cls, host: Host, spec: HostSpec, run_id: str) -> str | None:
+        """Force-remove the run's containers on ``host`` (labels org.flagperf.run and .host, and the owner's) over a
+        new link: a round whose connection was closed at an interrupt could not remove its own, which would go on
+        writing into the folder the clean-up removes. Why some may still run, or None."""
+        docker = require_docker()
+        wanted = [f"{LABEL}.run={run_id}", f"{LABEL}.host={host.name}",
+                  *(f"{key}={value}" for key, value in owner_labels().items())]
+        try:
+            client = engine_client(host, spec)
+            try:
+                for container in client.containers.list(all=True, filters={"label": wanted}):
+                    with contextlib.suppress(docker.errors.NotFound):  # removed meanwhile (its round's own try)
+                        container.remove(force=True)
+            finally:
+                with contextlib.suppress(Exception):  # closing a link that dropped: nothing to keep
+                    client.close()
+        except (docker.errors.DockerException, *link_errors()) as exc:
+            return f"its containers could not be removed: {_one_line(exc)}"
+        return None
 
     def _wait(self, host: Host, container: Any, deadline: float) -> tuple[Any, int | None, bool, str | None]:
         """Wait for the container to end, killing it at ``deadline``: (the container as last reached, its exit

@@ -66,13 +66,31 @@ def host_user(host: Host) -> str:
     return f"{os.getuid()}:{os.getgid()}"
 
 
+def runtime_class(spec: HostSpec) -> type[Runtime]:
+    if spec.slurm is not None:
+        return SlurmRuntime
+    return ProcessRuntime if spec.runtime == "process" else DockerRuntime
+
+
+def stop_runs(hosts: dict[str, Host], specs: dict[str, HostSpec], run_id: str) -> dict[str, str]:
+    """After an interrupt: each host's runtime ends what the run still has running there (Runtime.stop_run), over
+    the given (fresh) connections. The hosts where something may still run, each with why: not to be cleaned. A
+    host with an agent runs its rounds on its own worker, which cleans them."""
+    left: dict[str, str] = {}
+    for name, host in hosts.items():
+        if specs[name].agent is None and (why := runtime_class(specs[name]).stop_run(host, specs[name], run_id)):
+            left[name] = why
+    return left
+
+
 def runtime_for(host: Host, spec: HostSpec, vendor: Vendor, image: dict[str, Any], run_id: str,
                 cases: Sequence[str] = ()) -> Runtime:
     """``cases``: the run's case folders (RunPlan.case_folders), which its containers get where they lie outside
     the host's project (a docker host's, a Slurm entry's container image's)."""
-    if spec.slurm is not None:
+    kind = runtime_class(spec)
+    if kind is SlurmRuntime:
         return SlurmRuntime(host.search_mounts(vendor.name, cases) if isinstance(host, SlurmHost) else None)
-    if spec.runtime == "process":
+    if kind is ProcessRuntime:
         return ProcessRuntime()
     settings = checked_on_host(container_settings(vendor, spec, image["tag"], host.project_root, cases,
                                                    host.work_root), host, spec)

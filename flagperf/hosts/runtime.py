@@ -5,10 +5,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flagperf.config.job import JOB_FILE
 from flagperf.hosts.local import CommandResult, Host, LineSink
 from flagperf.results.schema import CASE_LOG_FILE
+
+if TYPE_CHECKING:
+    from flagperf.hosts.inventory import HostSpec
 
 PID_FILE = "case.pid"
 
@@ -21,6 +25,14 @@ class Runtime(ABC):
                   pid_file: Path) -> CommandResult:
         """Run ``python -m flagperf.entry --job <job_dir>/job.json``; output goes to <job_dir>/case.log,
         the case's process id to ``pid_file`` (the monitors follow it)."""
+
+    @classmethod
+    def stop_run(cls, host: Host, spec: HostSpec, run_id: str) -> str | None:
+        """After an interrupt, before the run's folder on ``host`` is removed: end what the run still has running
+        there that its rounds' threads may have lost (their connection closed). None when nothing is left; else
+        why it may still run (the folder must then stay). A process ends with its SSH session; a Slurm job is
+        cancelled by cancel_jobs: nothing to do here."""
+        return None
 
 
 class ProcessRuntime(Runtime):

@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -513,6 +514,64 @@ def test_a_host_closed_mid_command_ends_it_and_never_reconnects(testbed: Testbed
         again.close()
     finally:
         host.close()
+        thread.join(10)
+
+
+def test_a_docker_round_over_a_closed_ssh_host_has_its_container_removed_by_the_clean_up(testbed: Testbed,
+        deployed: Path) -> None:
+    """An interrupt closes the SSH host whose engine runs a round's container: the round's thread can no longer
+    reach the engine and ends, leaving the container running. The clean-up (stop_host_threads with the run's
+    stop_idle) removes it over a fresh connection before the host counts as cleanable; the old code's host was
+    cleaned with the container still writing into its folder."""
+    import docker
+
+    from flagperf.hosts.docker import LABEL, ContainerSettings, DockerRuntime, engine_client
+    from flagperf.hosts.fleet import close_hosts, host_user, open_host, stop_runs
+    from flagperf.hosts.inventory import HostSpec
+    from flagperf.hosts.threads import HostThreads
+    from flows.evaluate import stop_host_threads
+
+    entry = host_entry(testbed, 1, deployed, **docker_options(testbed, "ssh"))
+    spec = HostSpec.model_validate({**entry, "key_file": Path(entry["key_file"]),
+                                    "known_hosts": Path(entry["known_hosts"]), "project_root": deployed})
+    run_id = f"run-closed-{uuid.uuid4().hex[:12]}"  # this session's: the engine is shared with other sessions
+    host = open_host(spec)
+    settings = ContainerSettings(image=testbed.base_image, python="python3", shm_size="64m", privileged=False, env={},
+                                 device_requests=[], devices=[], data_mounts=[], extra_mounts=[], ipc_mode=None,
+                                 group_add=[], ulimits={})
+    runtime = DockerRuntime(settings, client_factory=partial(engine_client, host, spec), user=host_user(host),
+                            scratch_root=host.work_root / run_id)
+    engine = docker.from_env()
+    ours = {"label": [f"{LABEL}.run={run_id}"]}
+    threads = HostThreads()
+    outcome: list[Any] = []
+    program = "import time\nprint('ready', flush=True)\ntime.sleep(600)"
+    thread = threading.Thread(target=lambda: outcome.append(threads.run([spec.name], lambda: runtime._run(
+        host, ["python3", "-c", program], f"flagperf-{run_id}", {}, 600, lambda line: None))))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 300
+        while not any(c.status == "running" for c in engine.containers.list(filters=ours)) and \
+                time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert engine.containers.list(filters=ours), "the round's container never started"
+        fresh: dict[str, Any] = {}
+
+        def stop_idle(idle: set[str]) -> dict[str, str]:
+            assert engine.containers.list(filters=ours), "the round's thread removed its container over a closed host"
+            fresh.update({name: open_host(spec) for name in idle})
+            return stop_runs(fresh, {spec.name: spec}, run_id)
+
+        left = stop_host_threads(threads, grace_s=300, stop_idle=stop_idle, hosts=[spec.name])
+        thread.join(300)
+        assert not thread.is_alive() and outcome, "the round's thread did not end when its host was closed"
+        assert outcome[0][0].exit_code is None and "could not be removed" in (outcome[0][0].link or ""), outcome
+        assert fresh and left == set(), left  # the host is cleanable: nothing of the run runs there any more
+        assert engine.containers.list(all=True, filters=ours) == []
+    finally:
+        for container in engine.containers.list(all=True, filters=ours):
+            container.remove(force=True)
+        close_hosts()
         thread.join(10)
 
 
