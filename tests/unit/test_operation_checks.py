@@ -97,6 +97,18 @@ def _run(cfg: OperationConfig, spec: SpecTable, impls: dict[str, OperatorImpleme
 # ------------------------------------------------------------------ a large point's float64 host sample
 
 
+
+def write_operation_round(run: Path, run_id: str, case: str, points: list) -> None:
+    """One successful operation round (round1 of h1) of ``case`` in the run folder ``run``, with these points."""
+    from flagperf.results.schema import OperationReport, RoundResult, write_result
+
+    now = datetime.now(timezone.utc)
+    write_result(run / case / "round1" / "h1_noderank0" / "result.json", RoundResult(
+        run_id=run_id, case=case, family="operation", round=1, host="h1", node_rank=0, vendor="nvidia",
+        status="success", started_at=now, finished_at=now, duration_s=1.0, measured_seconds=1.0, metrics=[],
+        config={}, operation=OperationReport(timing="t", flush="f", graphs="g", counting={}, tolerances={},
+                                             points=points)))
+
 def test_a_bug_the_device_reference_shares_is_caught_by_the_host_float64_sample(
         monkeypatch: pytest.MonkeyPatch, cpu_spec: SpecTable) -> None:
     """A large point's reference runs on the device's own kernels. Where those share the implementation's bug
@@ -223,7 +235,7 @@ def test_each_point_in_the_report_says_what_it_was_checked_against(tmp_path: Pat
         operator_cells,
         operator_summaries,
     )
-    from flagperf.results.schema import OperatorPoint, write_result
+    from flagperf.results.schema import OperatorPoint
 
     sample = "float64 on cpu at 1024 of 5504 output elements (16 of 16 rows x 64 of 344 columns)"
 
@@ -242,12 +254,7 @@ def test_each_point_in_the_report_says_what_it_was_checked_against(tmp_path: Pat
                                                                          "failed"),
               point("cross_entropy", 3, "native", "float32 on cuda", f"none: {why}"),
               point("mm", 4, "native", None, None, "skipped")]
-    now = datetime.now(timezone.utc)
-    write_result(tmp_path / "op" / "round1" / "h1_noderank0" / "result.json", RoundResult(
-        run_id="r", case="op", family="operation", round=1, host="h1", node_rank=0, vendor="nvidia",
-        status="success", started_at=now, finished_at=now, duration_s=1.0, measured_seconds=1.0, metrics=[],
-        config={}, operation=OperationReport(timing="t", flush="f", graphs="g", counting={}, tolerances={},
-                                             points=points)))
+    write_operation_round(tmp_path, "r", "op", points)
     text = "\n".join(operation_markdown(tmp_path))
     assert "| dtype | shape (from) | checked against | native | fast | fast vs native |" in text
     assert "| bf16 | M1 (given) | float64 on cpu, whole output | " in text
@@ -354,7 +361,7 @@ def test_the_headline_counts_why_points_have_no_host_sample_in_the_same_words_ev
     from typer.testing import CliRunner
 
     from flagperf.results.operators import OPERATOR_HEADER, no_sample_reason
-    from flagperf.results.schema import OperatorPoint, write_result
+    from flagperf.results.schema import OperatorPoint
     from flagperf.site.app import create_app
     from flows.cli import app
 
@@ -375,12 +382,7 @@ def test_the_headline_counts_why_points_have_no_host_sample_in_the_same_words_ev
     points = [point(rows, impl, full(rows)) for rows in (4096, 16384) for impl in ("native", "fast")]
     points += [point(512, impl, failed) for impl in ("native", "fast")]
     run = tmp_path / "run1"
-    now = datetime.now(timezone.utc)
-    write_result(run / "op-loss" / "round1" / "h1_noderank0" / "result.json", RoundResult(
-        run_id="run1", case="op-loss", family="operation", round=1, host="h1", node_rank=0, vendor="nvidia",
-        status="success", started_at=now, finished_at=now, duration_s=1.0, measured_seconds=1.0, metrics=[],
-        config={}, operation=OperationReport(timing="t", flush="f", graphs="g", counting={}, tolerances={},
-                                             points=points)))
+    write_operation_round(run, "run1", "op-loss", points)
     done = CliRunner().invoke(app, ["report", str(run)], env={"COLUMNS": "400"})
     assert done.exit_code == 0, done.output
     words = f"float32 on cuda only, no host sample: 6 ({many}: 4, {driver.HOST_FAILED}: 2)"

@@ -31,6 +31,15 @@ def wait_for(predicate, what: str, limit_s: float = 60.0) -> None:
     raise AssertionError(f"gave up waiting for {what}")
 
 
+
+async def accepting_app(scope: dict, receive: object, send: object) -> None:
+    """An app behind a Front that accepts every websocket and answers every request 200: what the front lets by."""
+    if scope["type"] == "websocket":
+        await send({"type": "websocket.accept"})  # type: ignore[operator]
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
+    await send({"type": "http.response.body", "body": b""})  # type: ignore[operator]
+
 def test_a_watched_command_ends_when_its_owner_is_killed_outright(tmp_path: Path) -> None:
     """The owner (a stand-in for `flagperf run`) starts a watched sleeper and is then SIGKILLed: the sleeper,
     a grandchild that no signal of the owner's reaches, must go too."""
@@ -988,12 +997,7 @@ def test_a_page_of_an_address_the_server_got_since_it_started_may_change_things(
     # serve passes --reread-names to the Prefect server's launcher on a wildcard --host
     assert team_app.create_app(["lab"], [], reread_names=True).hosts.reread is interface_addresses  # type: ignore[attr-defined]
 
-    async def app(scope: dict, receive: object, send: object) -> None:
-        if scope["type"] == "websocket":
-            await send({"type": "websocket.accept"})  # type: ignore[operator]
-            return
-        await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
-        await send({"type": "http.response.body", "body": b""})  # type: ignore[operator]
+    app = accepting_app
 
     front = Front(app, ["127.0.0.1"], signed_in=False, origins=["http://127.0.0.1:4200"],
                   reread=lambda: ["10.9.8.7"])
@@ -1060,12 +1064,7 @@ def test_a_page_at_http_alias_is_not_the_server_s_where_its_public_url_is_https(
 
     from flagperf.site.front import Front
 
-    async def app(scope: dict, receive: object, send: object) -> None:
-        if scope["type"] == "websocket":
-            await send({"type": "websocket.accept"})  # type: ignore[operator]
-            return
-        await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
-        await send({"type": "http.response.body", "body": b""})  # type: ignore[operator]
+    app = accepting_app
 
     from flows.server import allowed_origins, server_names
 
