@@ -123,3 +123,39 @@ def test_the_checks_threads_count_as_driving_their_hosts(tmp_path: Path) -> None
     finally:
         HOST_THREADS.reset(token)
     assert not (plan.run_dir / "hosts").exists()  # no healthcheck ran
+
+
+def test_a_round_whose_ssh_channel_the_interrupt_closed_is_stopped_not_failed(tmp_path: Path) -> None:
+    """Ctrl-C closes the SSH hosts' connections: the round's command then fails with an SshError. That is the
+    interrupt's doing, not a failure of the round: it is not retried, it stops (RoundsStopped), and no failed
+    result is written for it."""
+    from flagperf.config.plan import plan_run
+    from flagperf.hosts.ssh import SshError
+    from flagperf.results.schema import RESULT_FILE, round_dir
+    from flows.host_round import node_round
+
+    threads = HostThreads()
+    calls: list[list[str]] = []
+
+    class ClosedByInterrupt(LocalHost):
+        def run(self, argv, *, timeout, log_path=None, on_line=None, pid_file=None):  # type: ignore[no-untyped-def]
+            if pid_file is None:  # not the case's command
+                return super().run(argv, timeout=timeout, log_path=log_path, on_line=on_line)
+            calls.append(argv)
+            threads.stop()  # Ctrl-C arrives, and close_hosts() closes the channel under the command
+            raise SshError("fp-h1: the SSH connection was closed")
+
+    spec = HostSpec.model_validate({"name": "a", "transport": "local", "runtime": "process",
+                                    "work_root": str(tmp_path / "a")})
+    host = ClosedByInterrupt(name="a", work_root=tmp_path / "a")
+    plan = plan_run(cases=["computation-FP32"], results_dir=tmp_path / "results", run_id="run-a")
+    case = plan.cases[0].model_copy(update={"max_retries": 2})
+    token = HOST_THREADS.set(threads)
+    try:
+        with pytest.raises(RoundsStopped) as stopped:
+            node_round(host, spec, plan, plan.run_dir, case, 1, {}, None, 1.0, None)
+    finally:
+        HOST_THREADS.reset(token)
+    assert isinstance(stopped.value.__cause__, SshError)
+    assert len(calls) == 1  # not retried
+    assert not (round_dir(plan.run_dir, case.name, 1, "a", 0) / RESULT_FILE).exists()
