@@ -159,3 +159,42 @@ def test_a_round_whose_ssh_channel_the_interrupt_closed_is_stopped_not_failed(tm
     assert isinstance(stopped.value.__cause__, SshError)
     assert len(calls) == 1  # not retried
     assert not (round_dir(plan.run_dir, case.name, 1, "a", 0) / RESULT_FILE).exists()
+
+
+def test_a_failed_check_stops_the_other_hosts_checks(tmp_path: Path) -> None:
+    """One host's image build fails while another host's still runs: the run's checks stop that one too (its
+    command ends, over SSH by the closed connection) and wait for it, instead of leaving it to run on until its own
+    timeout while the process waits for it at its exit."""
+    from contextvars import copy_context
+
+    from flows.evaluate import stopped_on_failure
+
+    host = LocalHost(name="b", work_root=tmp_path / "b")
+    started = tmp_path / "started"
+    ended: list[BaseException | None] = []
+
+    def long_build() -> None:
+        program = f"import pathlib, time; pathlib.Path({str(started)!r}).write_text('x'); time.sleep(600)"
+        try:
+            host.run([sys.executable, "-c", program], timeout=600, log_path=tmp_path / "build.log")
+            ended.append(None)
+        except BaseException as exc:
+            ended.append(exc)
+
+    def checks() -> None:
+        wait_until(started.is_file, "the other host's build starts")
+        raise RuntimeError("host a: the image build failed")
+
+    threads = HostThreads()
+    token = HOST_THREADS.set(threads)
+    try:
+        other = threading.Thread(target=copy_context().run, args=(threads.run, ["b"], long_build))
+        other.start()
+        with pytest.raises(RuntimeError, match="image build failed"):
+            stopped_on_failure(threads, checks)
+        # returned only once the other host's thread ended: nothing is left to run on at exit
+        assert not threads.busy() and len(ended) == 1 and ended[0] is not None, ended
+        other.join(DEADLINE_S)
+    finally:
+        HOST_THREADS.reset(token)
+        threads.stop()
