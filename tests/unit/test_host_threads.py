@@ -198,3 +198,22 @@ def test_a_failed_check_stops_the_other_hosts_checks(tmp_path: Path) -> None:
     finally:
         HOST_THREADS.reset(token)
         threads.stop()
+
+
+def test_the_clean_up_stops_every_hosts_run_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fleet.stop_runs asks every host's runtime at once: a hung engine costs its timeout once, not once per host
+    (each stop_run here returns only once both have been asked; one after the other, the barrier breaks)."""
+    from flagperf.hosts import fleet
+    from flagperf.hosts.runtime import ProcessRuntime
+
+    both = threading.Barrier(2, timeout=DEADLINE_S)  # a guard: one after the other, it breaks
+
+    def stop_run(cls: type, host: object, spec: HostSpec, run_id: str) -> str | None:
+        both.wait()
+        return f"left on {spec.name}" if spec.name == "b" else None
+
+    monkeypatch.setattr(ProcessRuntime, "stop_run", classmethod(stop_run))
+    specs = {name: HostSpec.model_validate({"name": name, "transport": "local", "runtime": "process",
+                                            "work_root": str(tmp_path / name)}) for name in ("a", "b")}
+    hosts = {name: LocalHost(name=name, work_root=tmp_path / name) for name in specs}
+    assert fleet.stop_runs(hosts, specs, "run-a") == {"b": "left on b"}
