@@ -830,7 +830,9 @@ def cancel_dispatched(client: SyncPrefectClient, spec: HostSpec, flow_run_id: UU
     if state is not None and state.is_final():  # ended already: a forced Cancelling would relabel its outcome
         return
     waiting = state is None or state.is_scheduled() or state.is_pending()
-    client.set_flow_run_state(flow_run_id, Cancelled(message=why) if waiting else Cancelling(message=why), force=True)
+    # Cancelling unforced: the server refuses it on a run that ended since it was read (it would relabel its outcome)
+    client.set_flow_run_state(flow_run_id, Cancelled(message=why) if waiting else Cancelling(message=why),
+                              force=waiting)
     round_logger().warning("cancelling %s run %s on host %s: the evaluation was interrupted", deployment_name,
                            flow_run_id, spec.name)
 
