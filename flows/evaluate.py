@@ -262,12 +262,17 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
     # is cancelled by the thread waiting on it, a local probe ends)
     threads = HostThreads()
     threads_token = HOST_THREADS.set(threads)
-    try:
+
+    def checks() -> dict[tuple[str, str | None], dict[str, Any]]:
         probes = check_hosts(hosts, specs, plan, run_dir)
         check_capacity(plan, list(hosts), probes)
         images = build_images(hosts, specs, plan, inv.frameworks)
         probes = check_images(hosts, specs, plan, run_dir, images, probes)
         check_capacity(plan, list(hosts), probes)  # again, with the devices the images see
+        return images
+
+    try:
+        images = stopped_on_failure(threads, checks)
     except BaseException:
         HOST_THREADS.reset(threads_token)
         raise
@@ -275,12 +280,13 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
     results: list[RoundResult] = []
     running: list[Any] | None = None  # the case round in flight, for the report of an interrupted run
     interruption: dict[str, Any] | None = None
-    # An earlier attempt's interruption, kept beside its set-aside rounds once this attempt runs rounds (not
-    # before: a retry stopped by its checks leaves the run as it was): the report then says how this attempt
-    # ended, and a retry that completes the run is not "interrupted".
-    set_aside(run_dir, run_dir / INTERRUPTED_FILE)
     clean_up = ExitStack()  # after an interrupt: further signals only noted until the report is written
     try:
+        # An earlier attempt's interruption, kept beside its set-aside rounds once this attempt runs rounds (not
+        # before: a retry stopped by its checks leaves the run as it was): the report then says how this attempt
+        # ended, and a retry that completes the run is not "interrupted". Inside the try: if it fails (a full
+        # disk) or is interrupted, the hosts are still closed and the threads' context reset.
+        set_aside(run_dir, run_dir / INTERRUPTED_FILE)
         for case in plan.cases:
             framework = inv.frameworks.get(case.name)
             for round_no in range(1, plan.rounds + 1):
@@ -576,6 +582,19 @@ def run_concurrently(calls: list[Callable[[], T]], hosts: list[list[str]] | None
 
 
 HOST_THREADS_GRACE_S = 120.0  # how long an interrupted run waits for its hosts' threads to end before cleaning
+CHECKS_GRACE_S = 30.0  # how long a run whose checks failed waits for the other hosts' checks it stopped
+
+
+def stopped_on_failure(threads: HostThreads, call: Callable[[], T]) -> T:
+    """``call`` (the run's checks, each host's in its thread); if it raises (a host failed its build, Ctrl-C), the
+    other hosts' threads are stopped and their connections closed (an SSH image build or healthcheck still running
+    ends), and waited for, at most CHECKS_GRACE_S: else the process would wait for them at its exit, up to their
+    own timeouts."""
+    try:
+        return call()
+    except BaseException:
+        stop_host_threads(threads, grace_s=CHECKS_GRACE_S)
+        raise
 
 
 def stop_host_threads(threads: HostThreads, grace_s: float = HOST_THREADS_GRACE_S,
@@ -811,7 +830,9 @@ def cancel_dispatched(client: SyncPrefectClient, spec: HostSpec, flow_run_id: UU
     if state is not None and state.is_final():  # ended already: a forced Cancelling would relabel its outcome
         return
     waiting = state is None or state.is_scheduled() or state.is_pending()
-    client.set_flow_run_state(flow_run_id, Cancelled(message=why) if waiting else Cancelling(message=why), force=True)
+    # Cancelling unforced: the server refuses it on a run that ended since it was read (it would relabel its outcome)
+    client.set_flow_run_state(flow_run_id, Cancelled(message=why) if waiting else Cancelling(message=why),
+                              force=waiting)
     round_logger().warning("cancelling %s run %s on host %s: the evaluation was interrupted", deployment_name,
                            flow_run_id, spec.name)
 

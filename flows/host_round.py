@@ -31,7 +31,7 @@ from flagperf.hosts.fleet import open_host, runtime_for
 from flagperf.hosts.health import HealthReport, round_probe
 from flagperf.hosts.inventory import HostSpec, host_spec
 from flagperf.hosts.local import Host
-from flagperf.hosts.threads import RoundsStopped
+from flagperf.hosts.threads import RoundsStopped, stop_requested
 from flagperf.results.bounded import read_bounded
 from flagperf.results.prompt_positions import (
     ENDED_FILE,
@@ -229,9 +229,13 @@ def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: C
         if isinstance(outcome, RoundsStopped):  # interrupted, not failed: no result, the report says stopped
             raise outcome
         failure = failure_of(outcome)
+        if failure is not None and stop_requested():  # an SSH channel the interrupt closed: stopped, not failed
+            raise RoundsStopped(f"{label}: stopped ({failure.message})") from outcome
     except RoundsStopped:
         raise
     except Exception as exc:
+        if stop_requested():  # what the interrupt broke under it (a closed channel) is no failure of the round
+            raise RoundsStopped(f"{label}: stopped ({type(exc).__name__}: {exc})") from exc
         failure = Failure(kind="infrastructure", message=f"{round_label(case.name, round_no, host.name)}: "
                                                          f"{type(exc).__name__}: {exc}")
         get_run_logger().error("%s", failure.message)

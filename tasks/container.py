@@ -17,6 +17,7 @@ from flagperf.config.job import JOB_FILE, Job
 from flagperf.errors import EXIT_OK, EXIT_UNSUPPORTED, EXIT_USER_ERROR, InfrastructureFailure, RoundUserFailure
 from flagperf.hosts.local import CommandResult, Host
 from flagperf.hosts.runtime import PID_FILE, Runtime
+from flagperf.hosts.threads import stop_requested
 from flagperf.inference.subflows import portable_context
 from flagperf.results.prompt_positions import (
     ENDED_FILE,
@@ -41,7 +42,10 @@ ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # colour codes some librari
 
 
 def is_infrastructure_failure(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> bool:
-    """Retry crashes and timeouts; a user error (bad config, bad input) fails the same way every time."""
+    """Retry crashes and timeouts; a user error (bad config, bad input) fails the same way every time. Never once
+    the evaluation is stopping (an interrupt): what broke is the interrupt's doing, and nothing more starts."""
+    if stop_requested():
+        return False
     try:
         state.result(raise_on_failure=True)
     except InfrastructureFailure:

@@ -54,6 +54,8 @@ from flagperf.results.schema import CASE_LOG_FILE
 logger = logging.getLogger("flagperf.hosts.docker")
 BUILD_TIMEOUT_S = 3600
 API_TIMEOUT_S = 120
+# A clean-up's own calls: a hung engine costs an interrupted run this much per host at most, not API_TIMEOUT_S
+STOP_TIMEOUT_S = 30
 LABEL = "org.flagperf"
 # A value the controller labels every container it starts with (org.flagperf.owner): whoever shares an engine (a test
 # bed, a lab's deployments) can find and remove its own containers, and only those.
@@ -525,11 +527,18 @@ class DockerRuntime(Runtime):
         wanted = [f"{LABEL}.run={run_id}", f"{LABEL}.host={host.name}",
                   *(f"{key}={value}" for key, value in owner_labels().items())]
         try:
-            client = engine_client(host, spec)
+            client = engine_client(host, spec, timeout=STOP_TIMEOUT_S)
             try:
-                for container in client.containers.list(all=True, filters={"label": wanted}):
-                    with contextlib.suppress(docker.errors.NotFound):  # removed meanwhile (its round's own try)
+                # sparse: no inspect of each listed container, which one removed meanwhile would fail (NotFound)
+                for container in client.containers.list(all=True, sparse=True, filters={"label": wanted}):
+                    try:
                         container.remove(force=True)
+                    except docker.errors.NotFound:  # removed meanwhile (its round's own try)
+                        pass
+                    except docker.errors.APIError as exc:
+                        # another removal under way (its round's own): the engine has killed it already (as _remove)
+                        if not (exc.status_code == 409 and "in progress" in _one_line(exc)):
+                            raise
             finally:
                 with contextlib.suppress(Exception):  # closing a link that dropped: nothing to keep
                     client.close()

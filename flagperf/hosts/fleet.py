@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from flagperf.hosts.slurm import SlurmHost, SlurmRuntime, cancel_jobs
 from flagperf.hosts.ssh import SshHost
 from flagperf.hosts.threads import RoundsStopped, stop_requested
 
+STOP_PARALLEL_HOSTS = 16  # stop_runs' threads at most
 _connections: dict[str, SshHost] = {}
 _connections_lock = threading.Lock()
 
@@ -76,11 +78,15 @@ def stop_runs(hosts: dict[str, Host], specs: dict[str, HostSpec], run_id: str) -
     """After an interrupt: each host's runtime ends what the run still has running there (Runtime.stop_run), over
     the given (fresh) connections. The hosts where something may still run, each with why: not to be cleaned. A
     host with an agent runs its rounds on its own worker, which cleans them."""
-    left: dict[str, str] = {}
-    for name, host in hosts.items():
-        if specs[name].agent is None and (why := runtime_class(specs[name]).stop_run(host, specs[name], run_id)):
-            left[name] = why
-    return left
+    def stop(name: str) -> str | None:
+        return runtime_class(specs[name]).stop_run(hosts[name], specs[name], run_id)
+
+    # all hosts at once: a hung engine costs its own timeout once, not once per host
+    names = [name for name in hosts if specs[name].agent is None]
+    with ThreadPoolExecutor(max_workers=max(1, min(len(names), STOP_PARALLEL_HOSTS)),
+                            thread_name_prefix="stop-run") as pool:
+        found = dict(zip(names, pool.map(stop, names), strict=True))
+    return {name: why for name, why in found.items() if why}
 
 
 def runtime_for(host: Host, spec: HostSpec, vendor: Vendor, image: dict[str, Any], run_id: str,

@@ -571,3 +571,34 @@ def test_an_interrupt_does_not_cancel_a_dispatched_run_that_ended() -> None:
         cancel_dispatched(client, spec, run.id, "host-round/host-round")
         state = client.read_flow_run(run.id).state
     assert state is not None and state.is_completed() and state.message == "measured", state
+
+
+def test_an_interrupt_does_not_cancel_a_dispatched_run_that_ended_after_it_was_read() -> None:
+    """The run ends between cancel_dispatched's read (running) and its Cancelling: the server refuses the
+    transition, and the run keeps its final state."""
+    from prefect import flow
+    from prefect.states import Completed, Running, Scheduled
+
+    from flagperf.hosts.inventory import HostSpec
+    from flows.evaluate import cancel_dispatched
+
+    @flow(name="dispatched-round")
+    def dispatched_round() -> None: ...
+
+    spec = HostSpec.model_validate({"name": "far", "address": "localhost", "agent": {}})
+    with get_client(sync_client=True) as client:
+        run = client.create_flow_run(dispatched_round, state=Scheduled())
+        client.set_flow_run_state(run.id, Running(), force=True)
+        seen = client.read_flow_run(run.id)  # what cancel_dispatched reads: still running
+        client.set_flow_run_state(run.id, Completed(message="measured"), force=True)  # then it ends
+
+        class ReadBeforeTheEnd:
+            def __getattr__(self, name: str) -> object:
+                return getattr(client, name)
+
+            def read_flow_run(self, flow_run_id: object) -> object:
+                return seen
+
+        cancel_dispatched(ReadBeforeTheEnd(), spec, run.id, "host-round/host-round")  # type: ignore[arg-type]
+        state = client.read_flow_run(run.id).state
+    assert state is not None and state.is_completed() and state.message == "measured", state

@@ -123,3 +123,97 @@ def test_the_checks_threads_count_as_driving_their_hosts(tmp_path: Path) -> None
     finally:
         HOST_THREADS.reset(token)
     assert not (plan.run_dir / "hosts").exists()  # no healthcheck ran
+
+
+def test_a_round_whose_ssh_channel_the_interrupt_closed_is_stopped_not_failed(tmp_path: Path) -> None:
+    """Ctrl-C closes the SSH hosts' connections: the round's command then fails with an SshError. That is the
+    interrupt's doing, not a failure of the round: it is not retried, it stops (RoundsStopped), and no failed
+    result is written for it."""
+    from flagperf.config.plan import plan_run
+    from flagperf.hosts.ssh import SshError
+    from flagperf.results.schema import RESULT_FILE, round_dir
+    from flows.host_round import node_round
+
+    threads = HostThreads()
+    calls: list[list[str]] = []
+
+    class ClosedByInterrupt(LocalHost):
+        def run(self, argv, *, timeout, log_path=None, on_line=None, pid_file=None):  # type: ignore[no-untyped-def]
+            if pid_file is None:  # not the case's command
+                return super().run(argv, timeout=timeout, log_path=log_path, on_line=on_line)
+            calls.append(argv)
+            threads.stop()  # Ctrl-C arrives, and close_hosts() closes the channel under the command
+            raise SshError("fp-h1: the SSH connection was closed")
+
+    spec = HostSpec.model_validate({"name": "a", "transport": "local", "runtime": "process",
+                                    "work_root": str(tmp_path / "a")})
+    host = ClosedByInterrupt(name="a", work_root=tmp_path / "a")
+    plan = plan_run(cases=["computation-FP32"], results_dir=tmp_path / "results", run_id="run-a")
+    case = plan.cases[0].model_copy(update={"max_retries": 2})
+    token = HOST_THREADS.set(threads)
+    try:
+        with pytest.raises(RoundsStopped) as stopped:
+            node_round(host, spec, plan, plan.run_dir, case, 1, {}, None, 1.0, None)
+    finally:
+        HOST_THREADS.reset(token)
+    assert isinstance(stopped.value.__cause__, SshError)
+    assert len(calls) == 1  # not retried
+    assert not (round_dir(plan.run_dir, case.name, 1, "a", 0) / RESULT_FILE).exists()
+
+
+def test_a_failed_check_stops_the_other_hosts_checks(tmp_path: Path) -> None:
+    """One host's image build fails while another host's still runs: the run's checks stop that one too (its
+    command ends, over SSH by the closed connection) and wait for it, instead of leaving it to run on until its own
+    timeout while the process waits for it at its exit."""
+    from contextvars import copy_context
+
+    from flows.evaluate import stopped_on_failure
+
+    host = LocalHost(name="b", work_root=tmp_path / "b")
+    started = tmp_path / "started"
+    ended: list[BaseException | None] = []
+
+    def long_build() -> None:
+        program = f"import pathlib, time; pathlib.Path({str(started)!r}).write_text('x'); time.sleep(600)"
+        try:
+            host.run([sys.executable, "-c", program], timeout=600, log_path=tmp_path / "build.log")
+            ended.append(None)
+        except BaseException as exc:
+            ended.append(exc)
+
+    def checks() -> None:
+        wait_until(started.is_file, "the other host's build starts")
+        raise RuntimeError("host a: the image build failed")
+
+    threads = HostThreads()
+    token = HOST_THREADS.set(threads)
+    try:
+        other = threading.Thread(target=copy_context().run, args=(threads.run, ["b"], long_build))
+        other.start()
+        with pytest.raises(RuntimeError, match="image build failed"):
+            stopped_on_failure(threads, checks)
+        # returned only once the other host's thread ended: nothing is left to run on at exit
+        assert not threads.busy() and len(ended) == 1 and ended[0] is not None, ended
+        other.join(DEADLINE_S)
+    finally:
+        HOST_THREADS.reset(token)
+        threads.stop()
+
+
+def test_the_clean_up_stops_every_hosts_run_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fleet.stop_runs asks every host's runtime at once: a hung engine costs its timeout once, not once per host
+    (each stop_run here returns only once both have been asked; one after the other, the barrier breaks)."""
+    from flagperf.hosts import fleet
+    from flagperf.hosts.runtime import ProcessRuntime
+
+    both = threading.Barrier(2, timeout=DEADLINE_S)  # a guard: one after the other, it breaks
+
+    def stop_run(cls: type, host: object, spec: HostSpec, run_id: str) -> str | None:
+        both.wait()
+        return f"left on {spec.name}" if spec.name == "b" else None
+
+    monkeypatch.setattr(ProcessRuntime, "stop_run", classmethod(stop_run))
+    specs = {name: HostSpec.model_validate({"name": name, "transport": "local", "runtime": "process",
+                                            "work_root": str(tmp_path / name)}) for name in ("a", "b")}
+    hosts = {name: LocalHost(name=name, work_root=tmp_path / name) for name in specs}
+    assert fleet.stop_runs(hosts, specs, "run-a") == {"b": "left on b"}
