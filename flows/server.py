@@ -445,7 +445,7 @@ class TemporaryServer:
             self.proc = subprocess.Popen(watched(
                 # Prefect's app behind the Host check of the team server's (flows.team_app.temporary_app)
                 # (its folder first: a `flows` folder in the current one is not it)
-                [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(__file__).resolve().parent.parent),
+                [sys.executable, "-m", "uvicorn", "--app-dir", str(CODE_ROOT),
                  "--factory", "flows.team_app:temporary_app", "--fd", str(fd),
                  "--log-level", "error", "--lifespan", "on", "--timeout-graceful-shutdown", "3"], pass_fds=(fd,)),
                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(fd,), cwd=CODE_ROOT)

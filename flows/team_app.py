@@ -37,16 +37,16 @@ def create_app(names: list[str], origins: list[str], reread_names: bool = False)
     return Front(prefect_app(final=True), names, signed_in, origins, interface_addresses if reread_names else None)
 
 
-LOOPBACK_NAMES = ["127.0.0.1", "localhost", "[::1]"]
-
-
 def temporary_app() -> ASGIApp:
     """`flagperf run`'s temporary server (flows.server.TemporaryServer, uvicorn's --factory): Prefect's API with no
     sign-in on loopback, behind Front: a page of another site whose DNS name was pointed at 127.0.0.1 (DNS
     rebinding) names that site in its Host and is refused, as on the team server; a page's change is refused."""
     from prefect.server.api.server import create_app as prefect_app
 
-    return Front(prefect_app(), LOOPBACK_NAMES, signed_in=False)
+    from flows.server import server_names
+
+    # the names a server bound to loopback answers to, as serve's (one list of them)
+    return Front(prefect_app(), server_names("127.0.0.1", []), signed_in=False)
 
 
 def main(argv: list[str] | None = None) -> int:

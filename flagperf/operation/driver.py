@@ -88,8 +88,6 @@ class OperationOutcome:
     failure: str | None = None  # nothing passed: why
 
 
-
-
 @dataclass(frozen=True)
 class HostSample:
     """A large point's float64 host reference of a sample of its output, or why there is none."""

@@ -1203,21 +1203,23 @@ def test_a_link_in_a_folder_listed_but_not_entered_is_named_not_passed(tmp_path:
     (case / "fine.py").write_text("")
     (case / "listed").chmod(0o644)
     (case / "closed").chmod(0o000)
-    answer = subprocess.run([*prefix, sys.executable, "-m", "flagperf.hosts.agent", "describe-paths",
-                             f"--scan={case}", "--", str(case)], capture_output=True, text=True, check=False,
-                            env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
-    assert answer.returncode == 0, answer.stderr
-    found = json.loads(answer.stdout)["paths"][str(case)]
-    assert found["links_out"] == [["closed", "", "EACCES: Permission denied"],
-                                  ["listed/out", "", "EACCES: Permission denied"]], found
-    problem = container_policy.links_out_problem(str(lab / "base" / "x"), "base/x", PathFacts.of(found),
-                                                 container_policy.CASE_FOLDERS)
-    assert problem == (f"FLAGPERF_CASE_PATH case 'base/x': {case}/closed cannot be looked at on this host "
-                       "(permission denied): whether it holds a link that would dangle in a container is unknown "
-                       "(and 1 more such link(s)): make the folder readable and enterable (chmod a+rX) by the user "
-                       "the host runs as"), problem
-    (case / "listed").chmod(0o755)
-    (case / "closed").chmod(0o755)
+    try:
+        answer = subprocess.run([*prefix, sys.executable, "-m", "flagperf.hosts.agent", "describe-paths",
+                                 f"--scan={case}", "--", str(case)], capture_output=True, text=True, check=False,
+                                env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+        assert answer.returncode == 0, answer.stderr
+        found = json.loads(answer.stdout)["paths"][str(case)]
+        assert found["links_out"] == [["closed", "", "EACCES: Permission denied"],
+                                      ["listed/out", "", "EACCES: Permission denied"]], found
+        problem = container_policy.links_out_problem(str(lab / "base" / "x"), "base/x", PathFacts.of(found),
+                                                     container_policy.CASE_FOLDERS)
+        assert problem == (f"FLAGPERF_CASE_PATH case 'base/x': {case}/closed cannot be looked at on this host "
+                           "(permission denied): whether it holds a link that would dangle in a container is unknown "
+                           "(and 1 more such link(s)): make the folder readable and enterable (chmod a+rX) by the user "
+                           "the host runs as"), problem
+    finally:  # tmp_path is removed later: it must be enterable again, whatever the verdict
+        (case / "listed").chmod(0o755)
+        (case / "closed").chmod(0o755)
 
 
 def _links_leaving_without_override(prefix: list[str], folder: Path, limit: int) -> list[list[str]]:
