@@ -79,7 +79,10 @@ def stop_runs(hosts: dict[str, Host], specs: dict[str, HostSpec], run_id: str) -
     the given (fresh) connections. The hosts where something may still run, each with why: not to be cleaned. A
     host with an agent runs its rounds on its own worker, which cleans them."""
     def stop(name: str) -> str | None:
-        return runtime_class(specs[name]).stop_run(hosts[name], specs[name], run_id)
+        try:
+            return runtime_class(specs[name]).stop_run(hosts[name], specs[name], run_id)
+        except Exception as exc:  # one host's surprise must not cost the others their clean-up or the run its report
+            return f"ending what the run left there failed: {type(exc).__name__}: {exc}"
 
     # all hosts at once: a hung engine costs its own timeout once, not once per host
     names = [name for name in hosts if specs[name].agent is None]

@@ -217,3 +217,27 @@ def test_the_clean_up_stops_every_hosts_run_at_once(tmp_path: Path, monkeypatch:
                                             "work_root": str(tmp_path / name)}) for name in ("a", "b")}
     hosts = {name: LocalHost(name=name, work_root=tmp_path / name) for name in specs}
     assert fleet.stop_runs(hosts, specs, "run-a") == {"b": "left on b"}
+
+
+def test_one_hosts_surprise_while_stopping_costs_no_other_host_its_stop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error stop_run does not expect (not the engine's nor an OSError) escaped stop_runs, and with it the
+    evaluation's clean-up: no host cleaned, no report. It is that host's reason to be left; the others are asked."""
+    from flagperf.hosts import fleet
+    from flagperf.hosts.runtime import ProcessRuntime
+
+    asked: list[str] = []
+
+    def stop_run(cls: type, host: object, spec: HostSpec, run_id: str) -> str | None:
+        asked.append(spec.name)
+        if spec.name == "a":
+            raise ImportError("no module named acme_engine")
+        return None
+
+    monkeypatch.setattr(ProcessRuntime, "stop_run", classmethod(stop_run))
+    specs = {name: HostSpec.model_validate({"name": name, "transport": "local", "runtime": "process",
+                                            "work_root": str(tmp_path / name)}) for name in ("a", "b")}
+    hosts = {name: LocalHost(name=name, work_root=tmp_path / name) for name in specs}
+    assert fleet.stop_runs(hosts, specs, "run-a") == {
+        "a": "ending what the run left there failed: ImportError: no module named acme_engine"}
+    assert sorted(asked) == ["a", "b"]
