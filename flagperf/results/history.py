@@ -224,11 +224,13 @@ def history_reader(url: str | None = None, results_dir: str | Path = "results") 
     """The history opened to read it (the results site's trends, `flagperf diagnose --history`), never made or
     changed: a SQLite file is opened read-only (None where there is no such file yet), a database server in
     read-only transactions (its server refuses any write). Before reading, history_found says whether it has its
-    tables yet: only a night that records makes them (history_engine)."""
+    tables yet: only a night that records makes them (history_engine). A SQLite file that is a link (or in a folder
+    that is one) is read at its target, wherever that is: the night writes through the link (a history prepared as
+    one before the first night: link_to_nothing), so its reader reads what it wrote; a link to nothing is none yet."""
     url = _checked_url(url, results_dir)
     files = sqlite_files(url, results_dir)
     if files:
-        if files[0].is_symlink() or not files[0].is_file():
+        if not files[0].is_file():  # follows links: a link to nothing (or a loop) is no history to read
             return None
         # A file: URI built by pathlib (percent-encoded): a '#' or '%' in the path written into the URL as it is
         # would end its name there ('#') or be decoded ('%41'), and SQLite would make another file, read-write.

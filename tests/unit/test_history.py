@@ -346,9 +346,18 @@ def test_a_nights_history_is_checked_before_it_begins_without_making_one(tmp_pat
 def test_a_history_that_is_a_link_to_nothing_yet_is_made_at_its_target(tmp_path: Path) -> None:
     """A history path prepared as a link before the first night (its target not there yet) is a history not there
     yet, as before the check refused anything but a regular file: checked at its target's folder, made there by the
-    night that records; a diagnosis reads it as none. A link whose target's folder is not there is said."""
+    night that records; a diagnosis reads it as none, and once recorded reads it at its target, as the site does.
+    A link whose target's folder is not there is said."""
     from flagperf.errors import ConfigError
-    from flagperf.results.history import check_history, link_to_nothing, not_a_file, sqlite_files
+    from flagperf.results.history import (
+        check_history,
+        history_reader,
+        link_to_nothing,
+        list_series,
+        not_a_file,
+        sqlite_files,
+    )
+    from flagperf.site.trends import open_history
 
     (tmp_path / "store").mkdir()
     link = tmp_path / "results" / "history.sqlite"
@@ -358,9 +367,22 @@ def test_a_history_that_is_a_link_to_nothing_yet_is_made_at_its_target(tmp_path:
     check_history(None, link.parent)
     not_a_file(sqlite_files(None, link.parent), "--history")
     assert not (tmp_path / "store" / "history.sqlite").exists()  # checked, not made
-    history_engine(None, link.parent).dispose()
+    assert history_reader(None, link.parent) is None  # none yet
+    made = history_engine(None, link.parent)
     assert link.is_symlink() and (tmp_path / "store" / "history.sqlite").is_file()  # made at the link's target
     check_history(None, link.parent)
+    record_run(made, make_run(tmp_path, "run-linked", [100.0, 100.5]), recorded_at=START)
+    made.dispose()
+    # Read where the night wrote it (once taken for no history at all): the reader, the site and a diagnosis,
+    # through the linked file and through a results folder that is itself a link.
+    (tmp_path / "linked-results").symlink_to(link.parent)
+    for results in (link.parent, tmp_path / "linked-results"):
+        reader = history_reader(None, results)
+        assert reader is not None and [s.metric for s in list_series(reader)] == ["gemm_fp32"]
+        reader.dispose()
+        site = open_history(results, None)
+        assert site is not None and [s.metric for s in list_series(site)] == ["gemm_fp32"]
+        site.dispose()
 
     elsewhere = tmp_path / "r2" / "history.sqlite"
     elsewhere.parent.mkdir()
