@@ -49,6 +49,7 @@ from flagperf.results.schema import (
     RoundResult,
     node_groups,
     read_result,
+    round_dir,
     write_json_atomic,
     write_text_atomic,
 )
@@ -62,6 +63,7 @@ from flagperf.results.serving import (
 
 SUMMARY_CSV = "summary.csv"
 ROUND_FOLDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*_noderank\d+")
+CASE_FOLDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 SUMMARY_JSON = "summary.json"
 REPORT_MD = "report.md"
 # What a headline's spread is over when it is a single round's own (its timed chunks, an operator point's
@@ -185,6 +187,15 @@ def hosts_left_out(run_dir: Path, summary: RunSummary) -> str | None:
     found = [f"{folder.name} ({folder.parent.parent.name} {folder.parent.name}: no {RESULT_FILE})"
              for folder in sorted(run_dir.glob("*/round*/*_noderank*"))
              if ROUND_FOLDER.fullmatch(folder.name) and folder.is_dir() and not os.path.lexists(folder / RESULT_FILE)]
+    # A round the plan gave a host that never got its folder (never started there: the run stopped, or its case
+    # failed before that host): the glob above cannot see what is not there. Only a plan naming its hosts says so.
+    plan = planned_rounds(run_dir)
+    if plan is not None and plan[3]:
+        found += [f"{host}_noderank{rank} ({case} round{round_no}: no folder, never run there)"
+                  for case, round_no, host, rank in plan[0]
+                  # names as a folder's (a plan.json is a run folder's file: never a path out of the run)
+                  if ROUND_FOLDER.fullmatch(f"{host}_noderank{rank}") and CASE_FOLDER.fullmatch(str(case))
+                  and not os.path.lexists(round_dir(run_dir, case, round_no, host, rank))]
     found += [f"{e['host']} ({e['case']} round{e['round']}: {e['status']})" for e in summary.not_measured]
     if not found:
         return None
@@ -588,16 +599,17 @@ def render_convergence(rows: list[dict[str, Any]]) -> list[str]:
     return [*lines, ""]
 
 
-def run_progress(run_dir: Path, results: list[RoundResult]) -> dict[str, Any]:
-    """Rounds planned (from plan.json: cases x rounds x hosts, an nnodes case on its first nnodes hosts, an endpoint's
-    case on its client host: flagperf.results.schema.node_groups), done
-    and not started, and the interruption if the run was stopped: a report of a stopped run says what it
-    covers instead of reading as a small complete run."""
+def planned_rounds(run_dir: Path) -> tuple[list[tuple[str, int, str, int]], int, list[int], bool] | None:
+    """The host rounds plan.json plans (case, round, host, node rank: cases x rounds x hosts, an nnodes case on its
+    first nnodes hosts, an endpoint's case on its client host: flagperf.results.schema.node_groups), its rounds,
+    the hosts of one round of each case, and whether it names its hosts (else one host "local" is assumed); None
+    where there is no plan, or it is not one."""
     planned: list[tuple[str, int, str, int]] = []
     hosts_per_case: list[int] = []  # the records of one round of each case: its hosts (an nnodes case's nodes)
     try:
         plan = read_json_file(run_dir / PLAN_JSON, what="a run's plan")  # bounded; a FIFO is refused, not read
-        hosts = [h["name"] for h in plan.get("hosts") or []] or ["local"]
+        named = [h["name"] for h in plan.get("hosts") or []]
+        hosts = named or ["local"]
         for case in plan["cases"]:
             groups = node_groups(case.get("config") or {}, hosts)
             hosts_per_case.append(sum(len(group) for group in groups))
@@ -605,10 +617,20 @@ def run_progress(run_dir: Path, results: list[RoundResult]) -> dict[str, Any]:
                 planned += [(case["name"], round_no, host, rank) for group in groups
                             for rank, host in enumerate(group)]
         rounds = int(plan["rounds"])
-    except (FlagperfError, KeyError, TypeError, ValueError, AttributeError):  # no plan, or not one: counts alone
+    except (FlagperfError, KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return planned, rounds, hosts_per_case, bool(named)
+
+
+def run_progress(run_dir: Path, results: list[RoundResult]) -> dict[str, Any]:
+    """Rounds planned (from plan.json: cases x rounds x hosts, an nnodes case on its first nnodes hosts, an endpoint's
+    case on its client host: flagperf.results.schema.node_groups), done
+    and not started, and the interruption if the run was stopped: a report of a stopped run says what it
+    covers instead of reading as a small complete run."""
+    plan = planned_rounds(run_dir)
+    if plan is None or not plan[0]:  # no plan, or not one: counts alone
         return {}
-    if not planned:
-        return {}
+    planned, rounds, hosts_per_case, _ = plan
     done = {(r.case, r.round, r.host, r.node_rank) for r in results}
     try:
         interrupted = read_json_file(run_dir / INTERRUPTED_FILE, what="a run's interruption record")

@@ -289,8 +289,9 @@ def test_a_result_of_a_newer_release_is_said_to_be_one(tmp_path: Path) -> None:
 
 
 def test_compare_and_diagnose_say_which_host_rounds_their_figures_leave_out(tmp_path: Path) -> None:
-    """A host round with no result.json (nothing collected) and one that failed are in neither mean: compare and
-    diagnose say which, in a line, instead of averaging the others as though they were all."""
+    """A host round with no result.json (nothing collected), one planned that never got its folder, and one that
+    failed are in neither mean: compare and diagnose say which, in a line, instead of averaging the others as though
+    they were all."""
     a, b = make_run(tmp_path, "run-a", [1.0, 1.01]), make_run(tmp_path, "run-b", [0.9, 0.91])
     (b / "computation-FP32" / "round1" / "h2_noderank0").mkdir()
     (b / "computation-FP32" / "round1" / "h2_noderank0" / "case.log").write_text("started\n", encoding="utf-8")
@@ -304,6 +305,20 @@ def test_compare_and_diagnose_say_which_host_rounds_their_figures_leave_out(tmp_
     result = CliRunner().invoke(app, ["diagnose", str(b), "--baseline", str(a)])
     assert "run run-b: 1 host round left out of the figures: h2_noderank0 (computation-FP32 round1: no " \
            "result.json)" in " ".join(result.output.split()), result.output
+
+    # Rounds the plan gave a host that never got a folder (the glob saw only folders that are there): named too,
+    # from plan.json; a plan.json's names that are no folder's (a path out of the run) are never looked up.
+    plan = {"rounds": 2, "hosts": [{"name": "h1"}, {"name": "h2"}, {"name": "../../h3"}],
+            "cases": [{"name": "computation-FP32"}, {"name": "../outside"}]}
+    (b / "plan.json").write_text(json.dumps(plan), encoding="utf-8")
+    result = CliRunner().invoke(app, ["compare", str(a), str(b)])
+    assert result.exit_code == 0, result.output
+    assert ("B: 2 host rounds left out of the figures: h2_noderank0 (computation-FP32 round1: no result.json), "
+            "h2_noderank0 (computation-FP32 round2: no folder, never run there)") in " ".join(result.output.split())
+    assert "outside" not in result.output and "h3" not in result.output
+    (a / "plan.json").write_text(json.dumps({"rounds": 2, "cases": [{"name": "computation-FP32"}]}),
+                                 encoding="utf-8")  # no hosts named: which folders it would make is not known
+    assert compare_runs(a, a)[1]["left_out"] == []
 
 
 def test_compare_refuses_an_out_that_is_no_regular_file(tmp_path: Path) -> None:
