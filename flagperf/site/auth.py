@@ -165,8 +165,11 @@ def read_auth_file(path: Path) -> Credentials:
                                        f"{printable(str(default_auth_file()))}")
     try:
         text = resolved.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(where, None, f"cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
+    except UnicodeDecodeError:  # the codec's text would quote a byte of the secret and its place: never shown
+        raise ConfigError(where, None, "is not UTF-8 text; it must hold one line user:password in UTF-8 (saved "
+                                       "as UTF-8, not a legacy code page or UTF-16)") from None
+    except OSError as exc:
+        raise ConfigError(where, None, f"cannot be read: {exc.strerror or exc}") from None
     return Credentials(check_auth_string(text.rstrip("\r\n"), where), where)
 
 

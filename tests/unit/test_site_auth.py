@@ -114,3 +114,20 @@ def test_a_credentials_files_advice_names_it_copyably_whatever_its_name_holds(tm
         read_auth_file(path)
     shown = f"{tmp_path}/my  conf\\tdir\\nx/server-auth"
     assert str(info.value) == f"{shown}: mode 0644 lets others read it; chmod 600 '{shown}'", str(info.value)
+
+
+@pytest.mark.parametrize("body", ["user:pässwörd-long-enough\n".encode("latin-1"),
+                                  "user:long-enough-password\n".encode("utf-16")])
+def test_a_credentials_file_that_is_not_utf8_is_one_line_that_shows_none_of_it(tmp_path: Path, body: bytes) -> None:
+    """A file saved in a legacy code page or as UTF-16 was 'cannot be read: 'utf-8' codec can't decode byte 0xe4
+    in position 6...': a byte of the password and where it lies. Now one line naming the file and what it must be."""
+    from flagperf.errors import ConfigError
+    from flagperf.site.auth import find_credentials
+
+    path = tmp_path / "server-auth"
+    path.write_bytes(body)
+    path.chmod(0o600)
+    with pytest.raises(ConfigError) as info:
+        find_credentials(path)
+    assert str(info.value) == (f"{path}: is not UTF-8 text; it must hold one line user:password in UTF-8 (saved as "
+                               "UTF-8, not a legacy code page or UTF-16)")
