@@ -17,7 +17,7 @@ def pytest_configure(config: pytest.Config) -> None:
     (FLAGPERF_CONTAINER_OWNER, read by the controller and so by every flow and CLI it starts): up.sh removes what a
     killed session left of those (stopped, or its session gone), never a live session's running ones, and never
     another owner's containers on a shared engine."""
-    from tests.testbed.bed import load_testbed
+    from tests.testbed.bed import load_testbed, session_id
 
     try:
         bed = load_testbed()
@@ -26,9 +26,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if bed is not None and bed.container_owner:
         # assigned: a lab's own exported value would label this session's containers as the lab's, and up.sh
         # would never remove what a killed session left
-        # <bed owner>.<this session's pid>: up.sh removes a running one only once that process is gone, so a
-        # second session on the same bed does not take the first one's containers away mid-round
-        os.environ["FLAGPERF_CONTAINER_OWNER"] = f"{bed.container_owner}.{os.getpid()}"
+        # <bed owner>.<this session's pid>.<its start>: up.sh removes a running one only once that process is gone
+        # (or the pid is another's), so a second session on the same bed does not take the first one's containers
+        # away mid-round
+        os.environ["FLAGPERF_CONTAINER_OWNER"] = f"{bed.container_owner}.{session_id()}"
 
 
 @pytest.fixture(scope="session")

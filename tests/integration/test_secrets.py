@@ -265,13 +265,14 @@ def test_a_slurm_entrys_inventory_secrets_reach_the_job_by_a_private_file_not_sb
 
     from flagperf.hosts import slurm
     from flagperf.hosts.inventory import HostSpec
-    from tests.testbed.bed import require_slurm
+    from tests.testbed.bed import require_slurm, slurm_session
 
     bed, cluster = require_slurm(min_nodes=1)
     secret = f"hf-{uuid.uuid4().hex}"
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o700)
-    spec = HostSpec(name="slurmsecrets", python=bed.hosts[0].python, project_root=tmp_path,
+    # the session's tag in its job's name: a killed session's job is cancelled by up.sh, a live one's is not
+    spec = HostSpec(name=f"slurmsecrets-{slurm_session()}", python=bed.hosts[0].python, project_root=tmp_path,
                     env={"HF_TOKEN": secret},
                     slurm={"partition": cluster.partition, "shared_dir": str(shared), "poll_s": 0.2})
     submitted: list[tuple[str, str, list[int]]] = []

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,15 +25,16 @@ from prefect_api import run_evaluate, task_logs, task_runs
 from flagperf.config.plan import read_plan
 from flagperf.errors import InfrastructureFailure
 from flagperf.results.schema import read_result
-from tests.testbed.bed import SlurmBed, Testbed, deploy_project, require_slurm
+from tests.testbed.bed import SlurmBed, Testbed, deploy_project, require_slurm, slurm_session
 from tests.unit.childio import output_of
 
 pytestmark = [pytest.mark.integration]
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["min_duration_s=0.3", "warmup_iters=0", "min_iters=2"]
 # This session's own names on the shared cluster: its entries (and so its jobs, flagperf-<entry>-...) and its drain
-# reason carry it, so that another test session on the same bed neither finds this one's jobs nor this one its.
-SESSION = f"s{uuid.uuid4().hex[:8]}"
+# reason carry it, so that another test session on the same bed neither finds this one's jobs nor this one its, and
+# up.sh cancels the jobs and resumes the nodes only of a session that is gone (sess<pid>t<start>: slurm_session).
+SESSION = slurm_session()
 
 
 def named(entry: str) -> str:

@@ -19,6 +19,22 @@ DEFAULT_PATH = Path("/tmp/flagperf-testbed/testbed.json")
 UP_COMMAND = "tests/testbed/up.sh"
 
 
+def session_id(pid: int | None = None) -> str:
+    """A test session (its pytest process: ``pid``, default this one) as '<pid>.<start>', its start time in clock
+    ticks since boot (/proc/PID/stat field 22): what up.sh's leftovers check (sessions.sh) tells a gone session by,
+    since the pid alone may be another process's by then. Containers carry it in their owner label, Slurm jobs and
+    drain reasons as slurm_session's tag (sess<pid>t<start>)."""
+    pid = os.getpid() if pid is None else pid
+    stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    return f"{pid}.{stat.rpartition(') ')[2].split()[19]}"  # after the command's name, which may hold ') '
+
+
+def slurm_session() -> str:
+    """This session's tag in its Slurm jobs' names and its drain reasons: up.sh cancels a job, or resumes a node,
+    of a session that is gone, never another live session's."""
+    return "sess" + session_id().replace(".", "t")  # letters and digits: whole in any name it is part of
+
+
 @dataclass(frozen=True)
 class TestbedHost:
     __test__ = False  # not a pytest test class

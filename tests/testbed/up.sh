@@ -456,24 +456,43 @@ for i in $(seq "$SLURM_NODES"); do
     nsenter --net="/run/netns/fp-h$i" slurmd -N "h$i" 9>&- || die "slurmd of h$i did not start; see $SLURM_STATE/slurmd-h$i.log"
   fi
 done
-# Jobs a killed test left, nodes a killed test left drained: the tests start from an idle cluster.
-timeout 30 scancel --partition "$SLURM_PARTITION" 2>/dev/null || true
-for i in $(seq "$SLURM_NODES"); do
-  if timeout 10 sinfo -h -n "h$i" -o '%T' | grep -qE 'drain|down|fail'; then
-    timeout 10 scontrol update NodeName="h$i" State=RESUME 2>/dev/null || true
+# Jobs a killed test session left, nodes it left drained: only a gone session's (slurm-leftovers.sh). Another
+# session testing on this bed right now keeps its jobs and the node it drained on purpose.
+timeout 30 squeue -h -p "$SLURM_PARTITION" -o '%i %j' 2>/dev/null | "$HERE/slurm-leftovers.sh" jobs \
+  | xargs -r timeout 30 scancel 2>/dev/null || log "not every Slurm job of a gone test session cancelled (squeue lists them)"
+kept=" "  # nodes a live session drained: not waited for, not checked below
+while read -r verdict node why; do
+  if [ "$verdict" = resume ]; then
+    timeout 10 scontrol update NodeName="$node" State=RESUME 2>/dev/null || true
+  else
+    kept+="$node "; log "Slurm node $node kept drained: $why"
   fi
-done
-idle=
+done < <(timeout 10 sinfo -h -N -p "$SLURM_PARTITION" -o '%N|%T|%E' 2>/dev/null | sort -u | "$HERE/slurm-leftovers.sh" nodes)
+# Every node settled: idle, or running a job that was left (a live session's), or kept drained above. A node
+# whose jobs were cancelled is completing until it is idle.
+settled=
 for _ in $(seq 150); do  # slurmd registers within seconds of starting
   states=$(timeout 10 sinfo -h -N -p "$SLURM_PARTITION" -o '%N %T' 2>/dev/null | sort -u) || states=
-  if [ "$(grep -c ' idle$' <<<"$states")" = "$SLURM_NODES" ]; then idle=1; break; fi
+  idle_nodes=() unsettled=0
+  while read -r node state; do
+    [ -n "$node" ] || continue
+    if [ "$state" = idle ]; then idle_nodes+=("$node")
+    elif [[ ! "$state" =~ ^(mixed|allocated)$ && "$kept" != *" $node "* ]]; then unsettled=$((unsettled + 1)); fi
+  done <<<"$states"
+  if [ "$(grep -c . <<<"$states")" = "$SLURM_NODES" ] && [ "$unsettled" = 0 ]; then settled=1; break; fi
   sleep 0.2
 done
-[ -n "$idle" ] || die "Slurm nodes not idle after 30 s: $(tr '\n' ';' <<<"$states") (logs: $SLURM_STATE/slurmd-h*.log)"
-out=$(timeout 120 srun -p "$SLURM_PARTITION" -N "$SLURM_NODES" --ntasks-per-node=1 --chdir=/ -t 2 \
-      bash -c 'echo "$SLURMD_NODENAME $SLURM_NODEID"' 2>&1) \
-  || die "srun across the $SLURM_NODES Slurm nodes failed: $out"
-[ "$(wc -l <<<"$out")" = "$SLURM_NODES" ] || die "srun across $SLURM_NODES nodes answered: $out"
+[ -n "$settled" ] || die "Slurm nodes not idle after 30 s: $(tr '\n' ';' <<<"$states") (logs: $SLURM_STATE/slurmd-h*.log)"
+# A step on every idle node (a node a live session uses is checked by its use)
+if [ "${#idle_nodes[@]}" -gt 0 ]; then
+  nodes=$(IFS=,; echo "${idle_nodes[*]}")
+  out=$(timeout 120 srun -p "$SLURM_PARTITION" -N "${#idle_nodes[@]}" -w "$nodes" --ntasks-per-node=1 --chdir=/ -t 2 \
+        bash -c 'echo "$SLURMD_NODENAME $SLURM_NODEID"' 2>&1) \
+    || die "srun across the Slurm nodes $nodes failed: $out"
+  [ "$(wc -l <<<"$out")" = "${#idle_nodes[@]}" ] || die "srun across the nodes $nodes answered: $out"
+else
+  log "every Slurm node is in use by a live test session: no step of ours checked them"
+fi
 step_done slurm
 
 # 9. Advertise the bed ---------------------------------------------------------------------------------

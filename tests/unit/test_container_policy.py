@@ -1338,6 +1338,7 @@ def test_a_test_bed_path_that_is_no_file_leaves_the_session_running(tmp_path: Pa
 def test_the_test_sessions_containers_carry_the_beds_owner_not_a_lab_value(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.integration import conftest
+    from tests.testbed.bed import session_id
 
     bed = {"hosts": [], "known_hosts": "", "base_image": "img", "docker_host": "unix:///x", "bridge_address": "x",
            "container_owner": "flagperf-testbed-0123456789abcdef"}
@@ -1345,7 +1346,8 @@ def test_the_test_sessions_containers_carry_the_beds_owner_not_a_lab_value(tmp_p
     monkeypatch.setenv("FLAGPERF_TESTBED", str(tmp_path / "testbed.json"))
     monkeypatch.setenv("FLAGPERF_CONTAINER_OWNER", "the-lab")  # a lab's own, exported in the shell
     conftest.pytest_configure(None)  # type: ignore[arg-type]
-    assert os.environ["FLAGPERF_CONTAINER_OWNER"] == f"flagperf-testbed-0123456789abcdef.{os.getpid()}"
+    assert os.environ["FLAGPERF_CONTAINER_OWNER"] == f"flagperf-testbed-0123456789abcdef.{session_id()}"
+    assert session_id().startswith(f"{os.getpid()}.")
 
 
 def test_up_removes_only_this_beds_containers_whose_session_is_gone_or_that_stopped() -> None:
@@ -1353,6 +1355,8 @@ def test_up_removes_only_this_beds_containers_whose_session_is_gone_or_that_stop
     round away; then a live session's stopped ones went (one created and not yet started, or exited and not yet
     read: that round failed or was lost), and a running one with no pid stayed for ever. Now: one whose session (the
     label's pid) is gone, or with no pid (the sessions always add theirs); --all (down.sh) every one."""
+    from tests.testbed.bed import session_id
+
     script = PROJECT_ROOT / "tests" / "testbed" / "leftovers.sh"
     owner, live, gone = "flagperf-testbed-00", os.getpid(), 2 ** 22 + 1  # above pid_max's default: no process
     lines = [f"a1 running {owner}.{live}", f"a2 running {owner}.{gone}", f"a3 exited {owner}.{live}",
@@ -1362,9 +1366,40 @@ def test_up_removes_only_this_beds_containers_whose_session_is_gone_or_that_stop
              f"b1 created {owner}.{live}", f"b2 paused {owner}.{live}", f"b3 restarting {owner}.{live}",
              # going already: `docker rm -f` of it fails (409) and took up.sh/down.sh --all down (set -e)
              f"c1 removing {owner}.{live}", f"c2 removing {owner}.{gone}", f"c3 removing {owner}"]
+    # A session's label as it is now: its pid and that process's start time; the pid reused by another process
+    # (here: this live one's pid with another start) is a gone session, whose containers stayed for ever.
+    session, start = session_id(), int(session_id().split(".")[1])
+    lines += [f"d1 running {owner}.{session}", f"d2 exited {owner}.{live}.{start + 1}",
+              f"d3 running {owner}.{gone}.{start}", f"d4 created {owner}.{live}.x"]
     picked = subprocess.run(["bash", str(script), owner], input="\n".join(lines) + "\n", capture_output=True,
                             text=True, check=True).stdout.split()
-    assert picked == ["a2", "a4", "a5", "a8", "a9"]
+    assert picked == ["a2", "a4", "a5", "a8", "a9", "d2", "d3", "d4"]
     every = subprocess.run(["bash", str(script), owner, "--all"], input="\n".join(lines) + "\n",
                            capture_output=True, text=True, check=True).stdout.split()
-    assert every == ["a1", "a2", "a3", "a4", "a5", "a8", "a9", "b1", "b2", "b3"]
+    assert every == ["a1", "a2", "a3", "a4", "a5", "a8", "a9", "b1", "b2", "b3", "d1", "d2", "d3", "d4"]
+
+
+def test_up_cancels_only_a_gone_sessions_slurm_jobs_and_resumes_only_nodes_no_live_session_drained() -> None:
+    """up.sh ran `scancel --partition` (every job, a live session's too) and resumed every drained node (one a live
+    session drained on purpose, mid-test). Now: a job or a drain whose session tag (sess<pid>t<start>) names a
+    gone session, or a pid now another process's; a drain of Slurm's own is resumed, an untagged test drain kept."""
+    from tests.testbed.bed import session_id, slurm_session
+
+    script = PROJECT_ROOT / "tests" / "testbed" / "slurm-leftovers.sh"
+    live, gone = slurm_session(), f"sess{2 ** 22 + 1}t5"
+    reused = f"sess{os.getpid()}t{int(session_id().split('.')[1]) + 1}"  # this pid, another process's start
+
+    def leftovers(mode: str, lines: list[str]) -> list[str]:
+        return subprocess.run(["bash", str(script), mode], input="\n".join(lines) + "\n", capture_output=True,
+                              text=True, check=True).stdout.splitlines()
+
+    jobs = [f"11 flagperf-pair-{live}-h1-x", f"12 flagperf-pair-{gone}-h1-x", f"13 flagperf-blocker-{reused}",
+            "14 flagperf-blocker-s1a2b3c4", "15 someone-elses-job", f"16 flagperf-slurmsecrets-{gone}"]
+    assert leftovers("jobs", jobs) == ["12", "13", "16"]
+    nodes = [f"h1|drained|flagperf_test_drain_{live}", f"h2|drained|flagperf_test_drain_{gone}",
+             f"h3|draining|flagperf_test_drain_{reused}", "h4|down|Not responding", "h5|drained|Kill task failed",
+             "h6|drained|flagperf_test_drain_s1a2b3c4", "h7|idle|none", f"h8|mixed|flagperf_test_drain_{gone}"]
+    said = leftovers("nodes", nodes)
+    assert [line.split()[:2] for line in said] == [["keep", "h1"], ["resume", "h2"], ["resume", "h3"],
+                                                   ["resume", "h4"], ["resume", "h5"], ["keep", "h6"]]
+    assert "a live test session's" in said[0] and "resume it by hand" in said[5]
