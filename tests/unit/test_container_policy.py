@@ -1403,3 +1403,31 @@ def test_up_cancels_only_a_gone_sessions_slurm_jobs_and_resumes_only_nodes_no_li
     assert [line.split()[:2] for line in said] == [["keep", "h1"], ["resume", "h2"], ["resume", "h3"],
                                                    ["resume", "h4"], ["resume", "h5"], ["keep", "h6"]]
     assert "a live test session's" in said[0] and "resume it by hand" in said[5]
+
+
+def test_down_sh_dry_run_says_what_it_would_take_down_and_changes_nothing() -> None:
+    """down.sh was only syntax-checked (running it takes down the bed other sessions use). --dry-run walks the same
+    paths over the bed as it is, saying each change ("would: ..."), and makes none; '--all --dry-run' (a dry run
+    given last, which an --all alone would not read) is refused before anything, as any word after the mode."""
+    script = PROJECT_ROOT / "tests" / "testbed" / "down.sh"
+    bed_up = Path("/run/netns/fp-h1").exists()
+    sshd = (Path("/tmp/flagperf-testbed/hosts/h1/sshd.pid").read_text().strip()
+            if Path("/tmp/flagperf-testbed/hosts/h1/sshd.pid").is_file() else None)
+    for refused in (["--all", "--dry-run"], ["--beyond", "1", "--dry-run"], ["--dry-run", "--all", "x"]):
+        done = subprocess.run(["bash", str(script), *refused], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1 and "usage: down.sh [--dry-run] [--all | --beyond K]" in done.stderr, refused
+    every = subprocess.run(["bash", str(script), "--dry-run", "--all"], capture_output=True, text=True, timeout=300)
+    beyond = subprocess.run(["bash", str(script), "--dry-run", "--beyond", "1"], capture_output=True, text=True,
+                            timeout=300)
+    for done in (every, beyond):
+        assert done.returncode == 0, done.stderr
+        assert all(line.startswith("would: ") for line in done.stdout.splitlines()), done.stdout
+        assert all("(dry run: nothing done)" in line for line in done.stderr.splitlines()), done.stderr
+    assert every.stdout.splitlines()[-1] == "would: rm -rf --one-file-system /tmp/flagperf-testbed"
+    if bed_up:  # the live bed: named in full, left as it was
+        assert "would: ip netns delete fp-h1" in every.stdout and "would: ip link delete fpbr0" in every.stdout
+        assert "fp-h1" not in beyond.stdout and "fpbr0" not in beyond.stdout
+        assert Path("/run/netns/fp-h1").exists() and Path("/sys/class/net/fpbr0").exists()
+        if sshd:  # its namespace's processes, the sshd among them, would be stopped; it runs on
+            stops = [line.split()[2:] for line in every.stdout.splitlines() if line.startswith("would: stop ")]
+            assert any(sshd in pids for pids in stops) and Path(f"/proc/{sshd}").exists(), stops
