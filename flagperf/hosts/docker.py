@@ -48,6 +48,7 @@ from flagperf.hosts.inventory import HostSpec, resolve_values, spec_origin
 from flagperf.hosts.local import CommandResult, Host, LineSink
 from flagperf.hosts.probe import probe_command
 from flagperf.hosts.runtime import Runtime
+from flagperf.hosts.threads import HOST_THREADS, HostThreads, RoundsStopped
 from flagperf.paths import PROJECT_ROOT, display_path
 from flagperf.results.schema import CASE_LOG_FILE
 
@@ -548,10 +549,30 @@ class DockerRuntime(Runtime):
 
     def _wait(self, host: Host, container: Any, deadline: float) -> tuple[Any, int | None, bool, str | None]:
         """Wait for the container to end, killing it at ``deadline``: (the container as last reached, its exit
-        code, timed out, what the link said). A wait that ends without the engine's answer (the link to the host's
-        engine dropped, or the wait's own read timeout) is not the container's end: the engine is reached again
-        and asked for the container's state; _Lost when that cannot be done."""
+        code, timed out, what the link said). RoundsStopped when the evaluation stops meanwhile (an interrupt): a
+        watcher kills the container then, so that the wait ends at once rather than at the controller's grace (a
+        local engine's wait is no connection the interrupt closes)."""
+        threads = HOST_THREADS.get()
+        if threads is None:  # no evaluation around it (a round's steps called alone): nothing stops it
+            return self._wait_for(host, [container], deadline)
+        followed = [container]  # the container as last reached: the one the watcher kills
+        ended = threading.Event()
+        threading.Thread(target=_kill_when_stopped, args=(threads, ended, followed), daemon=True,
+                         name=f"stop-{container.name}").start()
+        try:
+            answer = self._wait_for(host, followed, deadline)
+        finally:
+            ended.set()
+        if threads.stopping:  # killed by the watcher (or ended as the stop came): stopped, not the case's end
+            raise RoundsStopped(f"the run is stopping: container {container.name} on {host.name} was ended")
+        return answer
+
+    def _wait_for(self, host: Host, followed: list[Any], deadline: float) -> tuple[Any, int | None, bool, str | None]:
+        """_wait's wait on ``followed[0]``, kept there as reached again. A wait that ends without the engine's
+        answer (the link to the host's engine dropped, or the wait's own read timeout) is not the container's end:
+        the engine is reached again and asked for the container's state; _Lost when that cannot be done."""
         docker = require_docker()
+        container = followed[0]
         link: str | None = None
         for drops in range(MAX_LINK_DROPS + 1):
             try:
@@ -565,7 +586,7 @@ class DockerRuntime(Runtime):
             except link_errors() as exc:
                 said = _one_line(exc)
             overran = time.monotonic() >= deadline
-            container = self._reattach(host, container, said)
+            container = followed[0] = self._reattach(host, container, said)
             state = container.attrs["State"]
             if overran and state.get("Running"):  # the wait's read timeout, the case still running: it overran
                 return self._kill_overran(host, container, link)
@@ -720,6 +741,20 @@ def _oom_killed(container: Any) -> bool:
     except (docker.errors.APIError, *link_errors()):
         return False
     return bool(container.attrs.get("State", {}).get("OOMKilled"))
+
+
+STOP_POLL_S = 0.5  # how often a stop watcher looks whether its container's wait has ended
+
+
+def _kill_when_stopped(threads: HostThreads, ended: threading.Event, followed: list[Any]) -> None:
+    """Kill ``followed[0]`` once the evaluation stops, unless its wait ``ended`` first. Best effort: a link the
+    interrupt closed fails the wait itself, and the run's clean-up (stop_run) removes what is left."""
+    while not ended.is_set():
+        if threads.wait_stopping(STOP_POLL_S):
+            if not ended.is_set():
+                with contextlib.suppress(Exception):  # ended meanwhile (409), or its link is gone
+                    followed[0].kill()
+            return
 
 
 def _stream(container: Any, on_line: LineSink | None, kept: collections.deque[str]) -> None:

@@ -241,3 +241,90 @@ def test_one_hosts_surprise_while_stopping_costs_no_other_host_its_stop(
     assert fleet.stop_runs(hosts, specs, "run-a") == {
         "a": "ending what the run left there failed: ImportError: no module named acme_engine"}
     assert sorted(asked) == ["a", "b"]
+
+
+class EngineContainer:
+    """What a local engine's container is to DockerRuntime._wait: a wait that blocks until the container ends
+    (here: until it is killed; else the wait's read timeout), and a kill. The local engine's wait is no connection
+    the interrupt closes, so only the stop flag can end it early."""
+
+    name = "flagperf-case"
+    short_id = "0123456789ab"
+
+    def __init__(self) -> None:
+        self.killed = threading.Event()
+        self.waiting = threading.Event()
+        self.attrs = {"State": {"Running": True}}
+
+    def wait(self, timeout: float) -> dict[str, int]:
+        import requests
+
+        self.waiting.set()
+        if not self.killed.wait(timeout):
+            raise requests.exceptions.ReadTimeout("read timed out")
+        return {"StatusCode": 137}
+
+    def kill(self) -> None:
+        self.attrs = {"State": {"Running": False, "ExitCode": 137}}
+        self.killed.set()
+
+    def reload(self) -> None:
+        pass
+
+
+def docker_runtime(tmp_path: Path) -> object:
+    from flagperf.hosts.docker import ContainerSettings, DockerRuntime
+
+    settings = ContainerSettings(image="flagperf-test:none", python="python3", shm_size="64m", privileged=False,
+                                 env={}, device_requests=[], devices=[], data_mounts=[], extra_mounts=[],
+                                 ipc_mode=None, group_add=[], ulimits={})
+    return DockerRuntime(settings, client_factory=lambda: None, user=None, scratch_root=tmp_path / "run-a")
+
+
+@pytest.mark.parametrize("stopped_before", [False, True], ids=["stop-while-waiting", "stopped-already"])
+def test_a_docker_rounds_wait_ends_at_the_stop_not_at_the_grace(tmp_path: Path, stopped_before: bool) -> None:
+    """Ctrl-C while a local engine's container runs: its wait ends at once (the container killed, RoundsStopped),
+    where it used to go on until the container's end or the controller's 120 s grace."""
+    from contextvars import copy_context
+
+    host = LocalHost(name="a", work_root=tmp_path / "a")
+    runtime = docker_runtime(tmp_path)
+    container = EngineContainer()
+    threads = HostThreads()
+    if stopped_before:
+        threads.stop()
+    outcome: list[BaseException | object] = []
+
+    def wait() -> None:
+        try:
+            outcome.append(runtime._wait(host, container, time.monotonic() + 3600))  # type: ignore[attr-defined]
+        except BaseException as exc:
+            outcome.append(exc)
+
+    token = HOST_THREADS.set(threads)
+    try:
+        waiter = threading.Thread(target=copy_context().run, args=(wait,))
+        waiter.start()
+    finally:
+        HOST_THREADS.reset(token)
+    wait_until(container.waiting.is_set, "the wait starts")
+    threads.stop()
+    wait_until(lambda: outcome, "the wait ends")  # the old wait went on for the container's whole hour
+    waiter.join(DEADLINE_S)
+    assert container.killed.is_set()
+    assert isinstance(outcome[0], RoundsStopped) and "container flagperf-case on a was ended" in str(outcome[0])
+
+
+def test_a_docker_rounds_wait_outside_a_stop_is_the_containers_own(tmp_path: Path) -> None:
+    """No stop: the wait is the container's, and its watcher kills nothing (it ends with the wait)."""
+    host = LocalHost(name="a", work_root=tmp_path / "a")
+    container = EngineContainer()
+    threading.Timer(0.0, container.killed.set).start()  # the container ends on its own (status 137 here)
+    threads = HostThreads()
+    token = HOST_THREADS.set(threads)
+    try:
+        answer = docker_runtime(tmp_path)._wait(host, container, time.monotonic() + 3600)  # type: ignore[attr-defined]
+    finally:
+        HOST_THREADS.reset(token)
+    assert answer[1:] == (-9, False, None)
+    assert container.attrs["State"]["Running"]  # not killed by the watcher
