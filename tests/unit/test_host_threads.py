@@ -125,14 +125,19 @@ def test_the_checks_threads_count_as_driving_their_hosts(tmp_path: Path) -> None
     assert not (plan.run_dir / "hosts").exists()  # no healthcheck ran
 
 
-def test_a_round_whose_ssh_channel_the_interrupt_closed_is_stopped_not_failed(tmp_path: Path) -> None:
+def test_a_round_whose_ssh_channel_the_interrupt_closed_is_stopped_not_failed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C closes the SSH hosts' connections: the round's command then fails with an SshError. That is the
     interrupt's doing, not a failure of the round: it is not retried, it stops (RoundsStopped), and no failed
-    result is written for it."""
-    from flagperf.config.plan import plan_run
+    result is written for it. Its host-round subflow and run_case task end Cancelled (grey in the UI), not Failed
+    (red), which they did before."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from flagperf.config.plan import PLAN_FILE, plan_run
     from flagperf.hosts.ssh import SshError
     from flagperf.results.schema import RESULT_FILE, round_dir
-    from flows.host_round import node_round
+    from flows import host_round as host_round_module
 
     threads = HostThreads()
     calls: list[list[str]] = []
@@ -148,15 +153,27 @@ def test_a_round_whose_ssh_channel_the_interrupt_closed_is_stopped_not_failed(tm
     spec = HostSpec.model_validate({"name": "a", "transport": "local", "runtime": "process",
                                     "work_root": str(tmp_path / "a")})
     host = ClosedByInterrupt(name="a", work_root=tmp_path / "a")
-    plan = plan_run(cases=["computation-FP32"], results_dir=tmp_path / "results", run_id="run-a")
-    case = plan.cases[0].model_copy(update={"max_retries": 2})
+    monkeypatch.setattr(host_round_module, "open_host", lambda spec, on_host=False: host)
+    plan = plan_run(cases=["computation-FP32"], sets=["max_retries=2"], results_dir=tmp_path / "results",
+                    run_id="run-a")
+    case = plan.cases[0]
+    assert case.max_retries == 2
+    plan.run_dir.mkdir(parents=True)
+    (plan.run_dir / PLAN_FILE).write_text(plan.model_dump_json())  # as the evaluation writes it
     token = HOST_THREADS.set(threads)
     try:
-        with pytest.raises(RoundsStopped) as stopped:
-            node_round(host, spec, plan, plan.run_dir, case, 1, {}, None, 1.0, None)
+        state = host_round_module.host_round(run_dir=str(plan.run_dir), case=case.name, round_no=1,
+                                             host=spec.model_dump(mode="json"), image={}, return_state=True)
     finally:
         HOST_THREADS.reset(token)
-    assert isinstance(stopped.value.__cause__, SshError)
+    assert state.is_cancelled(), state
+    stopped = state.result(raise_on_failure=False)  # what run_node reads back
+    assert isinstance(stopped, RoundsStopped) and isinstance(stopped.__cause__, SshError), stopped
+    assert "round1@a: stopped (SshError: fp-h1: the SSH connection was closed)" in (state.message or ""), state
+    with get_client(sync_client=True) as client:
+        (task_run,) = [run for run in client.read_task_runs(flow_run_filter=FlowRunFilter(
+            id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))) if run.name.startswith("run_case[")]
+    assert task_run.state is not None and task_run.state.is_cancelled(), task_run.state
     assert len(calls) == 1  # not retried
     assert not (round_dir(plan.run_dir, case.name, 1, "a", 0) / RESULT_FILE).exists()
 
