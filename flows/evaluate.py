@@ -12,12 +12,12 @@ host-round deployment on its own work queue; the others are driven from here, ov
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shlex
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +33,7 @@ from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.runtime import deployment, flow_run
+from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 from prefect.states import Cancelled, Cancelling, Completed, Failed, State
 from pydantic import Field
 
@@ -817,9 +818,40 @@ def wait_for_agent(spec: HostSpec, flow_run_id: UUID, deployment_name: str) -> F
         except BaseException as exc:  # Ctrl-C, a cancelled evaluation, its stop: the dispatched run must not go on
             if isinstance(exc, Exception) and not isinstance(exc, RoundsStopped):
                 raise
-            with contextlib.suppress(Exception):  # best effort: the interrupt itself is what matters here
-                cancel_dispatched(client, spec, flow_run_id, deployment_name)
+            cancel_at_interrupt(spec, flow_run_id, deployment_name)
             raise
+
+
+CANCEL_TIMEOUT_S = 5.0  # at an interrupt, each call that cancels a dispatched run: one attempt, this long at most
+CANCEL_DEADLINE_S = 15.0  # and all the calls for one run together
+
+
+def cancel_at_interrupt(spec: HostSpec, flow_run_id: UUID, deployment_name: str,
+                        deadline_s: float = CANCEL_DEADLINE_S) -> None:
+    """cancel_dispatched, bounded: one attempt per call (the client's retries hold a Ctrl-C about a minute per call
+    when the server is down), each at most CANCEL_TIMEOUT_S, all within ``deadline_s``. A run it could not cancel is
+    named in one warning line: it may still run, or start later, on its host."""
+    failed: list[str] = []
+
+    def cancel() -> None:
+        try:
+            with temporary_settings({PREFECT_CLIENT_MAX_RETRIES: 0}), \
+                    get_client(httpx_settings={"timeout": CANCEL_TIMEOUT_S}, sync_client=True) as client:
+                cancel_dispatched(client, spec, flow_run_id, deployment_name)
+        except Exception as exc:
+            failed.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+
+    # A thread of its own: the deadline holds whatever the calls do (the timeout is per phase of a request)
+    worker = threading.Thread(target=copy_context().run, args=(cancel,), daemon=True,
+                              name=f"cancel-{flow_run_id}")
+    worker.start()
+    worker.join(deadline_s)
+    if worker.is_alive():
+        failed.append(f"no answer within {deadline_s:.0f} s")
+    if failed:
+        round_logger().warning("could not cancel %s run %s on host %s (%s): it may still run or start there; "
+                               "cancel it with prefect flow-run cancel %s", deployment_name, flow_run_id,
+                               spec.name, failed[0], flow_run_id)
 
 
 def cancel_dispatched(client: SyncPrefectClient, spec: HostSpec, flow_run_id: UUID, deployment_name: str) -> None:

@@ -345,3 +345,49 @@ def test_a_docker_rounds_wait_outside_a_stop_is_the_containers_own(tmp_path: Pat
         HOST_THREADS.reset(token)
     assert answer[1:] == (-9, False, None)
     assert container.attrs["State"]["Running"]  # not killed by the watcher
+
+
+@pytest.mark.parametrize("server", ["closed", "hangs-up"])
+def test_cancelling_a_dispatched_run_at_an_interrupt_with_the_server_down_names_it_in_one_line(
+        server: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Ctrl-C while a round runs on a host's worker, and the Prefect server does not answer: the cancel is tried
+    once (the client's retries held the interrupt about a minute per call) and the run it could not cancel is
+    named in one warning line, with its host, instead of being passed over in silence."""
+    import socket
+    import uuid
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.evaluate import cancel_at_interrupt
+
+    accepted: list[socket.socket] = []
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    if server == "closed":
+        port = listener.getsockname()[1]
+        listener.close()  # nothing listens there any more: each connection is refused
+    else:  # the server takes the connection and hangs up without an answer (a retryable error for the client)
+        listener.listen(16)
+        port = listener.getsockname()[1]
+
+        def hang_up() -> None:
+            with contextlib.suppress(OSError):
+                while True:
+                    connection, _ = listener.accept()
+                    accepted.append(connection)
+                    connection.close()
+
+        threading.Thread(target=hang_up, daemon=True).start()
+    spec = HostSpec.model_validate({"name": "far", "address": "localhost", "agent": {}})
+    run_id = uuid.uuid4()
+    try:
+        with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{port}/api"}), caplog.at_level(logging.WARNING):
+            cancel_at_interrupt(spec, run_id, "host-round/host-round")
+    finally:
+        listener.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert f"could not cancel host-round/host-round run {run_id} on host far" in warnings[0], warnings
+    assert "no answer within" not in warnings[0], warnings  # the one attempt failed, not the deadline
+    if server == "hangs-up":
+        assert len(accepted) == 1  # one attempt, not the client's retries
