@@ -25,7 +25,7 @@ from contextlib import ExitStack
 from contextvars import copy_context
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 from uuid import UUID
 
 from prefect import flow, get_run_logger
@@ -594,28 +594,36 @@ def stopped_on_failure(threads: HostThreads, call: Callable[[], T]) -> T:
     try:
         return call()
     except BaseException:
-        stop_host_threads(threads, grace_s=CHECKS_GRACE_S)
+        stop_host_threads(threads, grace_s=CHECKS_GRACE_S, phase="checks")
         raise
 
 
 def stop_host_threads(threads: HostThreads, grace_s: float = HOST_THREADS_GRACE_S,
-                      stop_idle: Callable[[set[str]], dict[str, str]] | None = None, hosts: Sequence[str] = ()
-                      ) -> set[str]:
+                      stop_idle: Callable[[set[str]], dict[str, str]] | None = None, hosts: Sequence[str] = (),
+                      phase: Literal["rounds", "checks"] = "rounds") -> set[str]:
     """After an interrupt (or a round that raised while others ran): stop the hosts' threads, close the hosts'
     connections (ending the commands they wait on; a closed SshHost never reconnects), and wait for them, at most
     ``grace_s``. ``stop_idle``: given the hosts of ``hosts`` that no thread drives any more, ends what their rounds
     left running there (fleet.stop_runs) and returns where something may still run, with why. Returns the hosts a
-    thread still drives or something may still run on, named in one warning line: those are not cleaned."""
+    thread still drives or something may still run on, named in one warning line: in the rounds' ``phase`` those
+    are not cleaned; in the checks' (healthchecks, image builds and probes: nothing of them is cleaned after) their
+    checks may run on."""
     threads.stop()
     close_hosts()
     busy = threads.wait(grace_s)
     idle = set(hosts) - set(busy)
     running = stop_idle(idle) if stop_idle is not None else {}
     if busy or running:
-        why = [f"{host}: a round's thread still drives it after {grace_s:.0f} s ({', '.join(names)})"
-               for host, names in sorted(busy.items())] + [f"{host}: {said}" for host, said in sorted(running.items())]
-        round_logger().warning("left the run's folder on %s as it is (%s)", ", ".join(sorted({*busy, *running})),
-                               "; ".join(why))
+        names = ", ".join(sorted({*busy, *running}))
+        doing = "a round's" if phase == "rounds" else "a check's"
+        why = "; ".join([f"{host}: {doing} thread still drives it after {grace_s:.0f} s ({', '.join(threads_of)})"
+                         for host, threads_of in sorted(busy.items())]
+                        + [f"{host}: {said}" for host, said in sorted(running.items())])
+        if phase == "rounds":
+            round_logger().warning("left the run's folder on %s as it is (%s)", names, why)
+        else:
+            round_logger().warning("stopped waiting for the checks on %s (%s): a healthcheck, image build or probe "
+                                   "there may go on until its own timeout", names, why)
     return {*busy, *running}
 
 

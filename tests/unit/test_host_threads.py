@@ -391,3 +391,41 @@ def test_cancelling_a_dispatched_run_at_an_interrupt_with_the_server_down_names_
     assert "no answer within" not in warnings[0], warnings  # the one attempt failed, not the deadline
     if server == "hangs-up":
         assert len(accepted) == 1  # one attempt, not the client's retries
+
+
+def test_a_check_that_outlives_the_stop_is_named_as_a_check(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """One host's check fails while another's does not look at the stop (a call blocked elsewhere): the warning
+    names that host's check, which may run on; not "the run's folder" left as it is, which is the rounds' clean-up
+    (nothing is cleaned after the checks)."""
+    from contextvars import copy_context
+
+    from flows import evaluate
+
+    monkeypatch.setattr(evaluate, "CHECKS_GRACE_S", 0.2)  # the stuck check never ends before release: moot
+    release = threading.Event()
+    entered = threading.Event()
+
+    def stuck_check() -> None:
+        entered.set()
+        release.wait()
+
+    def checks() -> None:
+        wait_until(entered.is_set, "the other host's check starts")
+        raise RuntimeError("host a: the image build failed")
+
+    threads = HostThreads()
+    token = HOST_THREADS.set(threads)
+    other = threading.Thread(target=copy_context().run, args=(threads.run, ["b"], stuck_check))
+    try:
+        other.start()
+        with caplog.at_level(logging.WARNING), pytest.raises(RuntimeError, match="image build failed"):
+            evaluate.stopped_on_failure(threads, checks)
+    finally:
+        release.set()
+        HOST_THREADS.reset(token)
+        other.join(DEADLINE_S)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith("stopped waiting for the checks on b (b: a check's thread still drives it"), warnings
+    assert "may go on until its own timeout" in warnings[0] and "folder" not in warnings[0], warnings
