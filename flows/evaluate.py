@@ -316,16 +316,7 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
             cancel_jobs()  # Slurm jobs still running (an interrupt) stop before their folders are cleaned
             HOST_THREADS.reset(threads_token)
             if interruption is not None or threads.busy():  # rounds may still run in other threads
-                fresh: dict[str, Host] = {}
-
-                def stop_idle(idle: set[str]) -> dict[str, str]:
-                    # fresh connections (the closed ones refuse); a host a thread still drives is not touched. Its
-                    # runtime ends what its round lost with the closed connection (a container over SSH)
-                    fresh.update({name: open_host(specs[name]) for name in specs if name in idle})
-                    return stop_runs(fresh, specs, plan.run_id)
-
-                left = stop_host_threads(threads, stop_idle=stop_idle, hosts=list(specs))
-                hosts = {name: host for name, host in fresh.items() if name not in left}
+                hosts = stopped_hosts(threads, specs, plan.run_id)
             measured = clean_work_roots(hosts, specs, plan, results)
             if interruption is not None and measured:  # finished on a host, not yet collected: not lost, say so
                 try:
@@ -625,6 +616,21 @@ def stop_host_threads(threads: HostThreads, grace_s: float = HOST_THREADS_GRACE_
             round_logger().warning("stopped waiting for the checks on %s (%s): a healthcheck, image build or probe "
                                    "there may go on until its own timeout", names, why)
     return {*busy, *running}
+
+
+def stopped_hosts(threads: HostThreads, specs: dict[str, HostSpec], run_id: str) -> dict[str, Host]:
+    """The rounds stopped (stop_host_threads), the hosts whose run folder may be cleaned, each on a fresh connection
+    (the closed ones refuse): none a thread still drives (not touched), nor one whose runtime could not end what the
+    run left running there (Runtime.stop_run: a container over SSH that its round lost with the closed connection,
+    which would go on writing into the folder)."""
+    fresh: dict[str, Host] = {}
+
+    def stop_idle(idle: set[str]) -> dict[str, str]:
+        fresh.update({name: open_host(specs[name]) for name in specs if name in idle})
+        return stop_runs(fresh, specs, run_id)
+
+    left = stop_host_threads(threads, stop_idle=stop_idle, hosts=list(specs))
+    return {name: host for name, host in fresh.items() if name not in left}
 
 
 def check_hosts(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: RunPlan, run_dir: Path

@@ -537,8 +537,7 @@ class DockerRuntime(Runtime):
                     except docker.errors.NotFound:  # removed meanwhile (its round's own try)
                         pass
                     except docker.errors.APIError as exc:
-                        # another removal under way (its round's own): the engine has killed it already (as _remove)
-                        if not (exc.status_code == 409 and "in progress" in _one_line(exc)):
+                        if not removal_in_progress(exc):  # one under way (its round's own) has killed it already
                             raise
             finally:
                 with contextlib.suppress(Exception):  # closing a link that dropped: nothing to keep
@@ -649,7 +648,7 @@ class DockerRuntime(Runtime):
                 return True
             except docker.errors.APIError as exc:
                 said = _one_line(exc)
-                if exc.status_code == 409 and "in progress" in said:  # the first try's, slower than its link's
+                if removal_in_progress(exc):  # the first try's, slower than its link's
                     if self._removed_meanwhile(container):  # timeout (a large container on vfs): it is killed
                         return True
                     break
@@ -724,6 +723,12 @@ def link_errors() -> tuple[type[BaseException], ...]:
     import requests
 
     return requests.exceptions.RequestException, paramiko.SSHException, OSError, EOFError
+
+
+def removal_in_progress(exc: Any) -> bool:
+    """Whether the engine's answer to a removal (an APIError) says another removal of the container is under way
+    (409): the engine has killed the container already, and that removal goes on."""
+    return exc.status_code == 409 and "in progress" in _one_line(exc)
 
 
 def _one_line(exc: object) -> str:

@@ -429,3 +429,48 @@ def test_a_check_that_outlives_the_stop_is_named_as_a_check(
     assert len(warnings) == 1, warnings
     assert warnings[0].startswith("stopped waiting for the checks on b (b: a check's thread still drives it"), warnings
     assert "may go on until its own timeout" in warnings[0] and "folder" not in warnings[0], warnings
+
+
+def test_a_host_whose_runs_stop_fails_keeps_its_folder_and_is_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The clean-up after an interrupt: a host whose runtime could not end what the run left there (its containers
+    could not be removed) keeps the run's folder (a container may still write into it) and is named; the others'
+    folders are removed."""
+    from flagperf.config.plan import plan_run
+    from flagperf.hosts.runtime import ProcessRuntime
+    from flows.evaluate import clean_work_roots, stopped_hosts
+
+    def stop_run(cls: type, host: object, spec: HostSpec, run_id: str) -> str | None:
+        return "its containers could not be removed: ConnectionError: engine gone" if spec.name == "a" else None
+
+    monkeypatch.setattr(ProcessRuntime, "stop_run", classmethod(stop_run))
+    specs = {name: HostSpec.model_validate({"name": name, "transport": "local", "runtime": "process",
+                                            "work_root": str(tmp_path / name)}) for name in ("a", "b")}
+    plan = plan_run(cases=["computation-FP32"], results_dir=tmp_path / "results", run_id="run-a")
+    for name in specs:
+        (tmp_path / name / plan.run_id).mkdir(parents=True)
+    with caplog.at_level(logging.WARNING):
+        hosts = stopped_hosts(HostThreads(), specs, plan.run_id)
+        clean_work_roots(hosts, specs, plan, [])
+    assert (tmp_path / "a" / plan.run_id).is_dir() and not (tmp_path / "b" / plan.run_id).exists()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["left the run's folder on a as it is (a: its containers could not be removed: "
+                        "ConnectionError: engine gone)"], warnings
+
+
+def test_a_removal_already_in_progress_is_told_from_other_conflicts() -> None:
+    """The engine's 409 for a removal under way (its container killed already) is one case, found by one helper
+    for both the round's removal and the clean-up's; another conflict (or a 500) is not it."""
+    import requests
+    from docker.errors import APIError
+
+    from flagperf.hosts.docker import removal_in_progress
+
+    def answer(status: int, explanation: str) -> APIError:
+        response = requests.Response()
+        response.status_code = status
+        return APIError(f"{status} Client Error", response=response, explanation=explanation)
+
+    assert removal_in_progress(answer(409, "removal of container 0123 is already in progress"))
+    assert not removal_in_progress(answer(409, "container 0123 is not running"))
+    assert not removal_in_progress(answer(500, "removal of container 0123 is already in progress"))
