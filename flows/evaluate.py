@@ -12,12 +12,12 @@ host-round deployment on its own work queue; the others are driven from here, ov
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shlex
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +25,7 @@ from contextlib import ExitStack
 from contextvars import copy_context
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 from uuid import UUID
 
 from prefect import flow, get_run_logger
@@ -33,6 +33,7 @@ from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.runtime import deployment, flow_run
+from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 from prefect.states import Cancelled, Cancelling, Completed, Failed, State
 from pydantic import Field
 
@@ -315,16 +316,7 @@ def run_evaluation(suite: str | None, cases: list[str] | None, vendor: str | Non
             cancel_jobs()  # Slurm jobs still running (an interrupt) stop before their folders are cleaned
             HOST_THREADS.reset(threads_token)
             if interruption is not None or threads.busy():  # rounds may still run in other threads
-                fresh: dict[str, Host] = {}
-
-                def stop_idle(idle: set[str]) -> dict[str, str]:
-                    # fresh connections (the closed ones refuse); a host a thread still drives is not touched. Its
-                    # runtime ends what its round lost with the closed connection (a container over SSH)
-                    fresh.update({name: open_host(specs[name]) for name in specs if name in idle})
-                    return stop_runs(fresh, specs, plan.run_id)
-
-                left = stop_host_threads(threads, stop_idle=stop_idle, hosts=list(specs))
-                hosts = {name: host for name, host in fresh.items() if name not in left}
+                hosts = stopped_hosts(threads, specs, plan.run_id)
             measured = clean_work_roots(hosts, specs, plan, results)
             if interruption is not None and measured:  # finished on a host, not yet collected: not lost, say so
                 try:
@@ -593,29 +585,52 @@ def stopped_on_failure(threads: HostThreads, call: Callable[[], T]) -> T:
     try:
         return call()
     except BaseException:
-        stop_host_threads(threads, grace_s=CHECKS_GRACE_S)
+        stop_host_threads(threads, grace_s=CHECKS_GRACE_S, phase="checks")
         raise
 
 
 def stop_host_threads(threads: HostThreads, grace_s: float = HOST_THREADS_GRACE_S,
-                      stop_idle: Callable[[set[str]], dict[str, str]] | None = None, hosts: Sequence[str] = ()
-                      ) -> set[str]:
+                      stop_idle: Callable[[set[str]], dict[str, str]] | None = None, hosts: Sequence[str] = (),
+                      phase: Literal["rounds", "checks"] = "rounds") -> set[str]:
     """After an interrupt (or a round that raised while others ran): stop the hosts' threads, close the hosts'
     connections (ending the commands they wait on; a closed SshHost never reconnects), and wait for them, at most
     ``grace_s``. ``stop_idle``: given the hosts of ``hosts`` that no thread drives any more, ends what their rounds
     left running there (fleet.stop_runs) and returns where something may still run, with why. Returns the hosts a
-    thread still drives or something may still run on, named in one warning line: those are not cleaned."""
+    thread still drives or something may still run on, named in one warning line: in the rounds' ``phase`` those
+    are not cleaned; in the checks' (healthchecks, image builds and probes: nothing of them is cleaned after) their
+    checks may run on."""
     threads.stop()
     close_hosts()
     busy = threads.wait(grace_s)
     idle = set(hosts) - set(busy)
     running = stop_idle(idle) if stop_idle is not None else {}
     if busy or running:
-        why = [f"{host}: a round's thread still drives it after {grace_s:.0f} s ({', '.join(names)})"
-               for host, names in sorted(busy.items())] + [f"{host}: {said}" for host, said in sorted(running.items())]
-        round_logger().warning("left the run's folder on %s as it is (%s)", ", ".join(sorted({*busy, *running})),
-                               "; ".join(why))
+        names = ", ".join(sorted({*busy, *running}))
+        doing = "a round's" if phase == "rounds" else "a check's"
+        why = "; ".join([f"{host}: {doing} thread still drives it after {grace_s:.0f} s ({', '.join(threads_of)})"
+                         for host, threads_of in sorted(busy.items())]
+                        + [f"{host}: {said}" for host, said in sorted(running.items())])
+        if phase == "rounds":
+            round_logger().warning("left the run's folder on %s as it is (%s)", names, why)
+        else:
+            round_logger().warning("stopped waiting for the checks on %s (%s): a healthcheck, image build or probe "
+                                   "there may go on until its own timeout", names, why)
     return {*busy, *running}
+
+
+def stopped_hosts(threads: HostThreads, specs: dict[str, HostSpec], run_id: str) -> dict[str, Host]:
+    """The rounds stopped (stop_host_threads), the hosts whose run folder may be cleaned, each on a fresh connection
+    (the closed ones refuse): none a thread still drives (not touched), nor one whose runtime could not end what the
+    run left running there (Runtime.stop_run: a container over SSH that its round lost with the closed connection,
+    which would go on writing into the folder)."""
+    fresh: dict[str, Host] = {}
+
+    def stop_idle(idle: set[str]) -> dict[str, str]:
+        fresh.update({name: open_host(specs[name]) for name in specs if name in idle})
+        return stop_runs(fresh, specs, run_id)
+
+    left = stop_host_threads(threads, stop_idle=stop_idle, hosts=list(specs))
+    return {name: host for name, host in fresh.items() if name not in left}
 
 
 def check_hosts(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: RunPlan, run_dir: Path
@@ -817,9 +832,40 @@ def wait_for_agent(spec: HostSpec, flow_run_id: UUID, deployment_name: str) -> F
         except BaseException as exc:  # Ctrl-C, a cancelled evaluation, its stop: the dispatched run must not go on
             if isinstance(exc, Exception) and not isinstance(exc, RoundsStopped):
                 raise
-            with contextlib.suppress(Exception):  # best effort: the interrupt itself is what matters here
-                cancel_dispatched(client, spec, flow_run_id, deployment_name)
+            cancel_at_interrupt(spec, flow_run_id, deployment_name)
             raise
+
+
+CANCEL_TIMEOUT_S = 5.0  # at an interrupt, each call that cancels a dispatched run: one attempt, this long at most
+CANCEL_DEADLINE_S = 15.0  # and all the calls for one run together
+
+
+def cancel_at_interrupt(spec: HostSpec, flow_run_id: UUID, deployment_name: str,
+                        deadline_s: float = CANCEL_DEADLINE_S) -> None:
+    """cancel_dispatched, bounded: one attempt per call (the client's retries hold a Ctrl-C about a minute per call
+    when the server is down), each at most CANCEL_TIMEOUT_S, all within ``deadline_s``. A run it could not cancel is
+    named in one warning line: it may still run, or start later, on its host."""
+    failed: list[str] = []
+
+    def cancel() -> None:
+        try:
+            with temporary_settings({PREFECT_CLIENT_MAX_RETRIES: 0}), \
+                    get_client(httpx_settings={"timeout": CANCEL_TIMEOUT_S}, sync_client=True) as client:
+                cancel_dispatched(client, spec, flow_run_id, deployment_name)
+        except Exception as exc:
+            failed.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+
+    # A thread of its own: the deadline holds whatever the calls do (the timeout is per phase of a request)
+    worker = threading.Thread(target=copy_context().run, args=(cancel,), daemon=True,
+                              name=f"cancel-{flow_run_id}")
+    worker.start()
+    worker.join(deadline_s)
+    if worker.is_alive():
+        failed.append(f"no answer within {deadline_s:.0f} s")
+    if failed:
+        round_logger().warning("could not cancel %s run %s on host %s (%s): it may still run or start there; "
+                               "cancel it with prefect flow-run cancel %s", deployment_name, flow_run_id,
+                               spec.name, failed[0], flow_run_id)
 
 
 def cancel_dispatched(client: SyncPrefectClient, spec: HostSpec, flow_run_id: UUID, deployment_name: str) -> None:

@@ -63,7 +63,7 @@ from flagperf.results.serving import SERVING_FILE
 from flagperf.results.summary import RETRIES_DIR
 from flows.logs import route_core_logs
 from tasks.collect import collect_logs, leftover_result, stage_folder
-from tasks.container import THEN, AttemptRecords, attempt_records, host_disk_full, run_case
+from tasks.container import THEN, AttemptRecords, attempt_records, host_disk_full, run_case, stopped_state
 from tasks.healthcheck import healthcheck
 from tasks.image import build_image
 from tasks.monitor import start_monitors, stop_monitors
@@ -121,22 +121,28 @@ def host_round(run_dir: str, case: str, round_no: int, host: dict[str, Any], nod
 
     on_host: this flow runs on the host itself (dispatched to its worker), so the host is local here and
     run_dir must be the shared results folder. Ends Failed when the round failed (so it shows red in the UI,
-    and a retry of the evaluation runs it again), Completed otherwise; the round's result is the state's
-    data and is in its result.json either way. What the healthcheck found on the host (its probe, which a
-    failed round records) is read from the run folder, not passed: see round_probe.
+    and a retry of the evaluation runs it again), Cancelled when the evaluation's stop ended it, Completed
+    otherwise; the round's result is the state's data and is in its result.json either way. What the
+    healthcheck found on the host (its probe, which a failed round records) is read from the run folder, not
+    passed: see round_probe.
 
     probe: deprecated and ignored (a run made before it was dropped still passes it when retried: RoundFlow).
     """
     spec = host_spec(host)  # the real values, when this process loaded them
     plan = read_plan(Path(run_dir))
     case_plan = next(c for c in plan.cases if c.name == case)
-    target = open_host(spec, on_host=on_host)
-    if image is None or on_host:  # dispatched: make sure the image exists on this host's engine
-        image = build_image(target, spec, plan.vendor, plan.run_id, framework=(image or {}).get("framework"))
-    host_probe = round_probe(Path(run_dir), spec.name, image.get("framework"))
-    result = node_round(target, spec, plan, Path(run_dir), case_plan, round_no, image, host_probe, monitor_interval_s,
-                        command, node_rank=node_rank, nnodes=nnodes, master_addr=master_addr,
-                        master_port=master_port)
+    try:
+        target = open_host(spec, on_host=on_host)
+        if image is None or on_host:  # dispatched: make sure the image exists on this host's engine
+            image = build_image(target, spec, plan.vendor, plan.run_id, framework=(image or {}).get("framework"))
+        host_probe = round_probe(Path(run_dir), spec.name, image.get("framework"))
+        result = node_round(target, spec, plan, Path(run_dir), case_plan, round_no, image, host_probe,
+                            monitor_interval_s, command, node_rank=node_rank, nnodes=nnodes, master_addr=master_addr,
+                            master_port=master_port)
+    except Exception as exc:  # the evaluation's stop: Cancelled (grey in the UI), not Failed (red)
+        if isinstance(exc, RoundsStopped) or stop_requested():
+            return stopped_state(exc, round_label(case, round_no, spec.name))
+        raise
     return round_state(result)
 
 

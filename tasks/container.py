@@ -11,13 +11,13 @@ from prefect import Task, get_run_logger, task
 from prefect.cache_policies import NONE
 from prefect.client.schemas.objects import TaskRun
 from prefect.runtime import task_run as current_task_run
-from prefect.states import State
+from prefect.states import Cancelled, State
 
 from flagperf.config.job import JOB_FILE, Job
 from flagperf.errors import EXIT_OK, EXIT_UNSUPPORTED, EXIT_USER_ERROR, InfrastructureFailure, RoundUserFailure
 from flagperf.hosts.local import CommandResult, Host
 from flagperf.hosts.runtime import PID_FILE, Runtime
-from flagperf.hosts.threads import stop_requested
+from flagperf.hosts.threads import RoundsStopped, stop_requested
 from flagperf.inference.subflows import portable_context
 from flagperf.results.prompt_positions import (
     ENDED_FILE,
@@ -57,8 +57,31 @@ def is_infrastructure_failure(task: Task[..., Any], task_run: TaskRun, state: St
 
 @task(name="run_case", task_run_name="run_case[{job.case}/round{job.round}@{host.name}]", cache_policy=NONE,
       retry_condition_fn=is_infrastructure_failure, retry_delay_seconds=2)
-def run_case(host: Host, runtime: Runtime, job: Job, stage_dir: Path, timeout_s: float) -> RoundResult:
-    """Run one case round on the host and read back its result; raise on failure (see the exit codes)."""
+def run_case(host: Host, runtime: Runtime, job: Job, stage_dir: Path, timeout_s: float
+             ) -> RoundResult | State[Any]:
+    """Run one case round on the host and read back its result; raise on failure (see the exit codes). Ended by
+    the evaluation's stop (an interrupt), or by what the stop broke under it (a closed SSH channel): Cancelled
+    (stopped_state), not Failed, and so never retried."""
+    try:
+        return _run_case(host, runtime, job, stage_dir, timeout_s)
+    except Exception as exc:
+        if isinstance(exc, RoundsStopped) or stop_requested():
+            return stopped_state(exc, f"{job.case}/round{job.round}@{host.name}")
+        raise
+
+
+def stopped_state(exc: BaseException, label: str) -> State[Any]:
+    """The final state of a round's task or flow that the evaluation's stop ended: Cancelled (grey in the UI, where
+    Failed is red; Prefect retries neither flows nor tasks that end Cancelled). Its data is the RoundsStopped, which
+    the caller reads back (state.result(raise_on_failure=False)) as it read a Failed state's exception."""
+    stopped = exc
+    if not isinstance(exc, RoundsStopped):
+        stopped = RoundsStopped(f"{label}: stopped ({type(exc).__name__}: {exc})")
+        stopped.__cause__ = exc
+    return Cancelled(message=str(stopped), data=stopped)
+
+
+def _run_case(host: Host, runtime: Runtime, job: Job, stage_dir: Path, timeout_s: float) -> RoundResult:
     logger = get_run_logger()
     attempt = current_task_run.run_count or 1
     job = job.model_copy(update={"attempt": attempt,

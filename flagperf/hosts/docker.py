@@ -48,6 +48,7 @@ from flagperf.hosts.inventory import HostSpec, resolve_values, spec_origin
 from flagperf.hosts.local import CommandResult, Host, LineSink
 from flagperf.hosts.probe import probe_command
 from flagperf.hosts.runtime import Runtime
+from flagperf.hosts.threads import HOST_THREADS, HostThreads, RoundsStopped
 from flagperf.paths import PROJECT_ROOT, display_path
 from flagperf.results.schema import CASE_LOG_FILE
 
@@ -536,8 +537,7 @@ class DockerRuntime(Runtime):
                     except docker.errors.NotFound:  # removed meanwhile (its round's own try)
                         pass
                     except docker.errors.APIError as exc:
-                        # another removal under way (its round's own): the engine has killed it already (as _remove)
-                        if not (exc.status_code == 409 and "in progress" in _one_line(exc)):
+                        if not removal_in_progress(exc):  # one under way (its round's own) has killed it already
                             raise
             finally:
                 with contextlib.suppress(Exception):  # closing a link that dropped: nothing to keep
@@ -548,10 +548,30 @@ class DockerRuntime(Runtime):
 
     def _wait(self, host: Host, container: Any, deadline: float) -> tuple[Any, int | None, bool, str | None]:
         """Wait for the container to end, killing it at ``deadline``: (the container as last reached, its exit
-        code, timed out, what the link said). A wait that ends without the engine's answer (the link to the host's
-        engine dropped, or the wait's own read timeout) is not the container's end: the engine is reached again
-        and asked for the container's state; _Lost when that cannot be done."""
+        code, timed out, what the link said). RoundsStopped when the evaluation stops meanwhile (an interrupt): a
+        watcher kills the container then, so that the wait ends at once rather than at the controller's grace (a
+        local engine's wait is no connection the interrupt closes)."""
+        threads = HOST_THREADS.get()
+        if threads is None:  # no evaluation around it (a round's steps called alone): nothing stops it
+            return self._wait_for(host, [container], deadline)
+        followed = [container]  # the container as last reached: the one the watcher kills
+        ended = threading.Event()
+        threading.Thread(target=_kill_when_stopped, args=(threads, ended, followed), daemon=True,
+                         name=f"stop-{container.name}").start()
+        try:
+            answer = self._wait_for(host, followed, deadline)
+        finally:
+            ended.set()
+        if threads.stopping:  # killed by the watcher (or ended as the stop came): stopped, not the case's end
+            raise RoundsStopped(f"the run is stopping: container {container.name} on {host.name} was ended")
+        return answer
+
+    def _wait_for(self, host: Host, followed: list[Any], deadline: float) -> tuple[Any, int | None, bool, str | None]:
+        """_wait's wait on ``followed[0]``, kept there as reached again. A wait that ends without the engine's
+        answer (the link to the host's engine dropped, or the wait's own read timeout) is not the container's end:
+        the engine is reached again and asked for the container's state; _Lost when that cannot be done."""
         docker = require_docker()
+        container = followed[0]
         link: str | None = None
         for drops in range(MAX_LINK_DROPS + 1):
             try:
@@ -565,7 +585,7 @@ class DockerRuntime(Runtime):
             except link_errors() as exc:
                 said = _one_line(exc)
             overran = time.monotonic() >= deadline
-            container = self._reattach(host, container, said)
+            container = followed[0] = self._reattach(host, container, said)
             state = container.attrs["State"]
             if overran and state.get("Running"):  # the wait's read timeout, the case still running: it overran
                 return self._kill_overran(host, container, link)
@@ -628,7 +648,7 @@ class DockerRuntime(Runtime):
                 return True
             except docker.errors.APIError as exc:
                 said = _one_line(exc)
-                if exc.status_code == 409 and "in progress" in said:  # the first try's, slower than its link's
+                if removal_in_progress(exc):  # the first try's, slower than its link's
                     if self._removed_meanwhile(container):  # timeout (a large container on vfs): it is killed
                         return True
                     break
@@ -705,6 +725,12 @@ def link_errors() -> tuple[type[BaseException], ...]:
     return requests.exceptions.RequestException, paramiko.SSHException, OSError, EOFError
 
 
+def removal_in_progress(exc: Any) -> bool:
+    """Whether the engine's answer to a removal (an APIError) says another removal of the container is under way
+    (409): the engine has killed the container already, and that removal goes on."""
+    return exc.status_code == 409 and "in progress" in _one_line(exc)
+
+
 def _one_line(exc: object) -> str:
     text = str(exc).strip().splitlines()
     detail = text[0] if text else ""
@@ -720,6 +746,20 @@ def _oom_killed(container: Any) -> bool:
     except (docker.errors.APIError, *link_errors()):
         return False
     return bool(container.attrs.get("State", {}).get("OOMKilled"))
+
+
+STOP_POLL_S = 0.5  # how often a stop watcher looks whether its container's wait has ended
+
+
+def _kill_when_stopped(threads: HostThreads, ended: threading.Event, followed: list[Any]) -> None:
+    """Kill ``followed[0]`` once the evaluation stops, unless its wait ``ended`` first. Best effort: a link the
+    interrupt closed fails the wait itself, and the run's clean-up (stop_run) removes what is left."""
+    while not ended.is_set():
+        if threads.wait_stopping(STOP_POLL_S):
+            if not ended.is_set():
+                with contextlib.suppress(Exception):  # ended meanwhile (409), or its link is gone
+                    followed[0].kill()
+            return
 
 
 def _stream(container: Any, on_line: LineSink | None, kept: collections.deque[str]) -> None:

@@ -48,6 +48,10 @@ class HostThreads:
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
+    def wait_stopping(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) for the stop; whether it came."""
+        return self._stopping.wait(timeout_s)
+
     def busy(self) -> dict[str, list[str]]:
         """The hosts some thread still drives, each with those threads' names."""
         with self._changed:

@@ -125,14 +125,19 @@ def test_the_checks_threads_count_as_driving_their_hosts(tmp_path: Path) -> None
     assert not (plan.run_dir / "hosts").exists()  # no healthcheck ran
 
 
-def test_a_round_whose_ssh_channel_the_interrupt_closed_is_stopped_not_failed(tmp_path: Path) -> None:
+def test_a_round_whose_ssh_channel_the_interrupt_closed_is_stopped_not_failed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C closes the SSH hosts' connections: the round's command then fails with an SshError. That is the
     interrupt's doing, not a failure of the round: it is not retried, it stops (RoundsStopped), and no failed
-    result is written for it."""
-    from flagperf.config.plan import plan_run
+    result is written for it. Its host-round subflow and run_case task end Cancelled (grey in the UI), not Failed
+    (red), which they did before."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from flagperf.config.plan import PLAN_FILE, plan_run
     from flagperf.hosts.ssh import SshError
     from flagperf.results.schema import RESULT_FILE, round_dir
-    from flows.host_round import node_round
+    from flows import host_round as host_round_module
 
     threads = HostThreads()
     calls: list[list[str]] = []
@@ -148,15 +153,27 @@ def test_a_round_whose_ssh_channel_the_interrupt_closed_is_stopped_not_failed(tm
     spec = HostSpec.model_validate({"name": "a", "transport": "local", "runtime": "process",
                                     "work_root": str(tmp_path / "a")})
     host = ClosedByInterrupt(name="a", work_root=tmp_path / "a")
-    plan = plan_run(cases=["computation-FP32"], results_dir=tmp_path / "results", run_id="run-a")
-    case = plan.cases[0].model_copy(update={"max_retries": 2})
+    monkeypatch.setattr(host_round_module, "open_host", lambda spec, on_host=False: host)
+    plan = plan_run(cases=["computation-FP32"], sets=["max_retries=2"], results_dir=tmp_path / "results",
+                    run_id="run-a")
+    case = plan.cases[0]
+    assert case.max_retries == 2
+    plan.run_dir.mkdir(parents=True)
+    (plan.run_dir / PLAN_FILE).write_text(plan.model_dump_json())  # as the evaluation writes it
     token = HOST_THREADS.set(threads)
     try:
-        with pytest.raises(RoundsStopped) as stopped:
-            node_round(host, spec, plan, plan.run_dir, case, 1, {}, None, 1.0, None)
+        state = host_round_module.host_round(run_dir=str(plan.run_dir), case=case.name, round_no=1,
+                                             host=spec.model_dump(mode="json"), image={}, return_state=True)
     finally:
         HOST_THREADS.reset(token)
-    assert isinstance(stopped.value.__cause__, SshError)
+    assert state.is_cancelled(), state
+    stopped = state.result(raise_on_failure=False)  # what run_node reads back
+    assert isinstance(stopped, RoundsStopped) and isinstance(stopped.__cause__, SshError), stopped
+    assert "round1@a: stopped (SshError: fp-h1: the SSH connection was closed)" in (state.message or ""), state
+    with get_client(sync_client=True) as client:
+        (task_run,) = [run for run in client.read_task_runs(flow_run_filter=FlowRunFilter(
+            id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))) if run.name.startswith("run_case[")]
+    assert task_run.state is not None and task_run.state.is_cancelled(), task_run.state
     assert len(calls) == 1  # not retried
     assert not (round_dir(plan.run_dir, case.name, 1, "a", 0) / RESULT_FILE).exists()
 
@@ -241,3 +258,219 @@ def test_one_hosts_surprise_while_stopping_costs_no_other_host_its_stop(
     assert fleet.stop_runs(hosts, specs, "run-a") == {
         "a": "ending what the run left there failed: ImportError: no module named acme_engine"}
     assert sorted(asked) == ["a", "b"]
+
+
+class EngineContainer:
+    """What a local engine's container is to DockerRuntime._wait: a wait that blocks until the container ends
+    (here: until it is killed; else the wait's read timeout), and a kill. The local engine's wait is no connection
+    the interrupt closes, so only the stop flag can end it early."""
+
+    name = "flagperf-case"
+    short_id = "0123456789ab"
+
+    def __init__(self) -> None:
+        self.killed = threading.Event()
+        self.waiting = threading.Event()
+        self.attrs = {"State": {"Running": True}}
+
+    def wait(self, timeout: float) -> dict[str, int]:
+        import requests
+
+        self.waiting.set()
+        if not self.killed.wait(timeout):
+            raise requests.exceptions.ReadTimeout("read timed out")
+        return {"StatusCode": 137}
+
+    def kill(self) -> None:
+        self.attrs = {"State": {"Running": False, "ExitCode": 137}}
+        self.killed.set()
+
+    def reload(self) -> None:
+        pass
+
+
+def docker_runtime(tmp_path: Path) -> object:
+    from flagperf.hosts.docker import ContainerSettings, DockerRuntime
+
+    settings = ContainerSettings(image="flagperf-test:none", python="python3", shm_size="64m", privileged=False,
+                                 env={}, device_requests=[], devices=[], data_mounts=[], extra_mounts=[],
+                                 ipc_mode=None, group_add=[], ulimits={})
+    return DockerRuntime(settings, client_factory=lambda: None, user=None, scratch_root=tmp_path / "run-a")
+
+
+@pytest.mark.parametrize("stopped_before", [False, True], ids=["stop-while-waiting", "stopped-already"])
+def test_a_docker_rounds_wait_ends_at_the_stop_not_at_the_grace(tmp_path: Path, stopped_before: bool) -> None:
+    """Ctrl-C while a local engine's container runs: its wait ends at once (the container killed, RoundsStopped),
+    where it used to go on until the container's end or the controller's 120 s grace."""
+    from contextvars import copy_context
+
+    host = LocalHost(name="a", work_root=tmp_path / "a")
+    runtime = docker_runtime(tmp_path)
+    container = EngineContainer()
+    threads = HostThreads()
+    if stopped_before:
+        threads.stop()
+    outcome: list[BaseException | object] = []
+
+    def wait() -> None:
+        try:
+            outcome.append(runtime._wait(host, container, time.monotonic() + 3600))  # type: ignore[attr-defined]
+        except BaseException as exc:
+            outcome.append(exc)
+
+    token = HOST_THREADS.set(threads)
+    try:
+        waiter = threading.Thread(target=copy_context().run, args=(wait,))
+        waiter.start()
+    finally:
+        HOST_THREADS.reset(token)
+    wait_until(container.waiting.is_set, "the wait starts")
+    threads.stop()
+    wait_until(lambda: outcome, "the wait ends")  # the old wait went on for the container's whole hour
+    waiter.join(DEADLINE_S)
+    assert container.killed.is_set()
+    assert isinstance(outcome[0], RoundsStopped) and "container flagperf-case on a was ended" in str(outcome[0])
+
+
+def test_a_docker_rounds_wait_outside_a_stop_is_the_containers_own(tmp_path: Path) -> None:
+    """No stop: the wait is the container's, and its watcher kills nothing (it ends with the wait)."""
+    host = LocalHost(name="a", work_root=tmp_path / "a")
+    container = EngineContainer()
+    threading.Timer(0.0, container.killed.set).start()  # the container ends on its own (status 137 here)
+    threads = HostThreads()
+    token = HOST_THREADS.set(threads)
+    try:
+        answer = docker_runtime(tmp_path)._wait(host, container, time.monotonic() + 3600)  # type: ignore[attr-defined]
+    finally:
+        HOST_THREADS.reset(token)
+    assert answer[1:] == (-9, False, None)
+    assert container.attrs["State"]["Running"]  # not killed by the watcher
+
+
+@pytest.mark.parametrize("server", ["closed", "hangs-up"])
+def test_cancelling_a_dispatched_run_at_an_interrupt_with_the_server_down_names_it_in_one_line(
+        server: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Ctrl-C while a round runs on a host's worker, and the Prefect server does not answer: the cancel is tried
+    once (the client's retries held the interrupt about a minute per call) and the run it could not cancel is
+    named in one warning line, with its host, instead of being passed over in silence."""
+    import socket
+    import uuid
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.evaluate import cancel_at_interrupt
+
+    accepted: list[socket.socket] = []
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    if server == "closed":
+        port = listener.getsockname()[1]
+        listener.close()  # nothing listens there any more: each connection is refused
+    else:  # the server takes the connection and hangs up without an answer (a retryable error for the client)
+        listener.listen(16)
+        port = listener.getsockname()[1]
+
+        def hang_up() -> None:
+            with contextlib.suppress(OSError):
+                while True:
+                    connection, _ = listener.accept()
+                    accepted.append(connection)
+                    connection.close()
+
+        threading.Thread(target=hang_up, daemon=True).start()
+    spec = HostSpec.model_validate({"name": "far", "address": "localhost", "agent": {}})
+    run_id = uuid.uuid4()
+    try:
+        with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{port}/api"}), caplog.at_level(logging.WARNING):
+            cancel_at_interrupt(spec, run_id, "host-round/host-round")
+    finally:
+        listener.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert f"could not cancel host-round/host-round run {run_id} on host far" in warnings[0], warnings
+    assert "no answer within" not in warnings[0], warnings  # the one attempt failed, not the deadline
+    if server == "hangs-up":
+        assert len(accepted) == 1  # one attempt, not the client's retries
+
+
+def test_a_check_that_outlives_the_stop_is_named_as_a_check(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """One host's check fails while another's does not look at the stop (a call blocked elsewhere): the warning
+    names that host's check, which may run on; not "the run's folder" left as it is, which is the rounds' clean-up
+    (nothing is cleaned after the checks)."""
+    from contextvars import copy_context
+
+    from flows import evaluate
+
+    monkeypatch.setattr(evaluate, "CHECKS_GRACE_S", 0.2)  # the stuck check never ends before release: moot
+    release = threading.Event()
+    entered = threading.Event()
+
+    def stuck_check() -> None:
+        entered.set()
+        release.wait()
+
+    def checks() -> None:
+        wait_until(entered.is_set, "the other host's check starts")
+        raise RuntimeError("host a: the image build failed")
+
+    threads = HostThreads()
+    token = HOST_THREADS.set(threads)
+    other = threading.Thread(target=copy_context().run, args=(threads.run, ["b"], stuck_check))
+    try:
+        other.start()
+        with caplog.at_level(logging.WARNING), pytest.raises(RuntimeError, match="image build failed"):
+            evaluate.stopped_on_failure(threads, checks)
+    finally:
+        release.set()
+        HOST_THREADS.reset(token)
+        other.join(DEADLINE_S)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith("stopped waiting for the checks on b (b: a check's thread still drives it"), warnings
+    assert "may go on until its own timeout" in warnings[0] and "folder" not in warnings[0], warnings
+
+
+def test_a_host_whose_runs_stop_fails_keeps_its_folder_and_is_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The clean-up after an interrupt: a host whose runtime could not end what the run left there (its containers
+    could not be removed) keeps the run's folder (a container may still write into it) and is named; the others'
+    folders are removed."""
+    from flagperf.config.plan import plan_run
+    from flagperf.hosts.runtime import ProcessRuntime
+    from flows.evaluate import clean_work_roots, stopped_hosts
+
+    def stop_run(cls: type, host: object, spec: HostSpec, run_id: str) -> str | None:
+        return "its containers could not be removed: ConnectionError: engine gone" if spec.name == "a" else None
+
+    monkeypatch.setattr(ProcessRuntime, "stop_run", classmethod(stop_run))
+    specs = {name: HostSpec.model_validate({"name": name, "transport": "local", "runtime": "process",
+                                            "work_root": str(tmp_path / name)}) for name in ("a", "b")}
+    plan = plan_run(cases=["computation-FP32"], results_dir=tmp_path / "results", run_id="run-a")
+    for name in specs:
+        (tmp_path / name / plan.run_id).mkdir(parents=True)
+    with caplog.at_level(logging.WARNING):
+        hosts = stopped_hosts(HostThreads(), specs, plan.run_id)
+        clean_work_roots(hosts, specs, plan, [])
+    assert (tmp_path / "a" / plan.run_id).is_dir() and not (tmp_path / "b" / plan.run_id).exists()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["left the run's folder on a as it is (a: its containers could not be removed: "
+                        "ConnectionError: engine gone)"], warnings
+
+
+def test_a_removal_already_in_progress_is_told_from_other_conflicts() -> None:
+    """The engine's 409 for a removal under way (its container killed already) is one case, found by one helper
+    for both the round's removal and the clean-up's; another conflict (or a 500) is not it."""
+    import requests
+    from docker.errors import APIError
+
+    from flagperf.hosts.docker import removal_in_progress
+
+    def answer(status: int, explanation: str) -> APIError:
+        response = requests.Response()
+        response.status_code = status
+        return APIError(f"{status} Client Error", response=response, explanation=explanation)
+
+    assert removal_in_progress(answer(409, "removal of container 0123 is already in progress"))
+    assert not removal_in_progress(answer(409, "container 0123 is not running"))
+    assert not removal_in_progress(answer(500, "removal of container 0123 is already in progress"))
