@@ -492,7 +492,8 @@ def test_what_an_attempt_took_counts_only_where_its_runtime_saw_it_end(tmp_path:
         if not lost:  # its one attempt ended, seen: what it took counts, and its stored records are final
             assert _sent(out) == [0, 1, 2] and (reach.end, reach.taken) == (9, 3)
             assert (out / CONTROLLER_ENDED_FILE).is_file() and (len(opened), len(closed)) == (0, 1), (opened, closed)
-            assert not (host.work_root / ".ended" / plan.run_id).exists()  # its markers went with its folder
+            markers = host.ended_path(stage_folder(host.work_root, plan.run_id, cp.name, 1, "localhost"))
+            assert markers is not None and not markers.exists()  # its markers went with its folder
             return
         # attempt 1 (its link lost, its record read mid-send) may still send up to its bound: attempt 2 starts after
         # its own share of it (3), not after what its record said then (1), and the round's reach after the bound
