@@ -436,6 +436,8 @@ def clean_work_roots(hosts: dict[str, Host], specs: dict[str, HostSpec], plan: R
                                ", ".join(halves))
                 continue
             host.remove_tree(run_root)
+            if (markers := host.ended_path(run_root)) is not None:  # the controller's records of its attempts' ends
+                host.remove_tree(markers)
         except Exception as exc:  # a host gone mid-run: clean-up must not hide why the run ended
             logger.warning("could not clean %s on %s: %s", run_root, name, exc)
     return measured

@@ -34,7 +34,7 @@ from flagperf.hosts.local import Host
 from flagperf.hosts.threads import RoundsStopped, stop_requested
 from flagperf.results.bounded import read_bounded
 from flagperf.results.prompt_positions import (
-    ENDED_FILE,
+    CONTROLLER_ENDED_FILE,
     RUN_POSITIONS_DIR,
     WORKED_OUT,
     Reach,
@@ -250,7 +250,8 @@ def node_round(host: Host, spec: HostSpec, plan: RunPlan, run_dir: Path, case: C
             stop_monitors(host, monitors, stage_dir, label, return_state=True)
         # Also when interrupted: what its attempts recorded before they sent says where its prompts lie, which a later
         # round whose host lacks this one's files could not work out. What an attempt took counts only where its
-        # runtime saw its case process end (its ENDED_FILE); else its bound does (it may still be sending).
+        # runtime saw its case process end (the controller's ended marker); else its bound does (it may still be
+        # sending).
         keep_round_reach(host, stage_dir, run_dir, reserved, label)
     if failure is not None and failure.kind == "infrastructure":
         full = host_disk_full(host, stage_dir)
@@ -314,7 +315,8 @@ def own_reservation(job: Job, host: str, node_rank: int) -> Reservation | None:
 def _close_if_stored(host: Host, stage_dir: Path, run_dir: Path, case: str, round_no: int, node_rank: int,
                      reservation: Reservation | None) -> None:
     """The round's reservation is closed once its folder, with its records of prompt positions, is stored in the run
-    folder and gone from the host, and every attempt in it has its ENDED_FILE; called only where its collection
+    folder and gone from the host, and every attempt in it has the controller's CONTROLLER_ENDED_FILE (collection brings
+    it in; one a case wrote is removed); called only where its collection
     completed (a collection that failed, or found no folder on a lost host, keeps the reservation open: the round's
     records are not in the run folder). An attempt whose end its runtime did not see may still be sending past what its
     stored record says: the reservation stays open (its kept reach holds later rounds back) until the run's records
@@ -324,8 +326,8 @@ def _close_if_stored(host: Host, stage_dir: Path, run_dir: Path, case: str, roun
     dest = round_dir(run_dir, case, round_no, host.name, node_rank)
     try:  # the host's folder (its job file with it), not only a result the controller wrote for a round it lost
         stored = (dest / RESULT_FILE).is_file() and (dest / JOB_FILE).is_file() and not host.exists(stage_dir)
-        ended = (dest / ENDED_FILE).is_file() and all((earlier / ENDED_FILE).is_file()
-                                                       for earlier in dest.glob("attempts/attempt*"))
+        ended = (dest / CONTROLLER_ENDED_FILE).is_file() and all((earlier / CONTROLLER_ENDED_FILE).is_file()
+                                                                  for earlier in dest.glob("attempts/attempt*"))
     except Exception:  # a host that cannot say: the reservation stays (later rounds only start further on)
         return
     if stored and ended:
@@ -422,7 +424,8 @@ def cleared_stage(host: Host, stage_dir: Path, job: Job, run_dir: Path | None = 
     took at endpoints (their prompt_positions.json), which the endpoint's prefix cache may hold though the run folder
     never got them. Those records are kept in ``run_dir`` first (prompt_positions/recovered-*.json), durably, with the
     round's reach beside its ``reservation``; the reservation is then closed where every attempt's record was read and
-    every attempt's runtime saw it end (ENDED_FILE: its records say what it took). Else it stays open (a later round
+    every attempt's runtime saw it end (the controller's ended marker: its records say what it took). Else it stays open
+    (a later round
     starts after the most its round may have taken), and where a record was not read the folder is removed only where
     it bounds every attempt found there; else the folder stays and the round is not run (HalfRoundKept)."""
     found = attempt_records(host, stage_dir)
@@ -446,6 +449,8 @@ def cleared_stage(host: Host, stage_dir: Path, job: Job, run_dir: Path | None = 
                 "at it, remove it, then retry the run", f"{host.name}:{stage_dir}")
         job = job.model_copy(update={"prompt_reservations": reservations(run_dir)})
     host.remove_tree(stage_dir)
+    if (markers := host.ended_path(stage_dir)) is not None:  # its attempts' ends, read above: none is a rerun's
+        host.remove_tree(markers)
     return job
 
 
@@ -454,9 +459,9 @@ def secure_half_round(host: Host, stage_dir: Path, run_dir: Path, case: str, rou
     """Before the run's clean-up removes a half round from the host (a round interrupted before it was collected:
     Ctrl-C, a crashed subflow), its records go into the run folder: its attempts' prompt_positions.json
     (prompt_positions/recovered-*.json) and, where none is kept yet, its reach beside its open reservation (what an
-    attempt took only where its runtime saw it end, ENDED_FILE; the attempt that was interrupted has none: its case
-    process may still be stopping, so its bound counts). Returns why the folder must stay instead (its records could
-    not be kept, or not all read and no open reservation bounds them), None where it may go."""
+    attempt took only where its runtime saw it end, by the controller's ended marker; the attempt that was interrupted
+    has none: its case process may still be stopping, so its bound counts). Returns why the folder must stay instead
+    (its records could not be kept, or not all read and no open reservation bounds them), None where it may go."""
     found = attempt_records(host, stage_dir)
     if not found.attempts and not found.skipped:  # no attempt began: nothing was sent
         return None

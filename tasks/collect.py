@@ -15,6 +15,7 @@ from flagperf.hosts.local import Host
 from flagperf.hosts.runtime import PID_FILE
 from flagperf.measure.perflog import parse_text
 from flagperf.results.bounded import read_bounded, read_end
+from flagperf.results.prompt_positions import CONTROLLER_ENDED_FILE
 from flagperf.results.schema import (
     KEPT_ON_HOST,
     RESULT_FILE,
@@ -31,6 +32,7 @@ ATTEMPT_DIR = re.compile(r"^attempt(\d+)$")
 STORE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
 # How much of a training rank's log is read to say where it stopped: its last PerfLog events are at the end.
 RANK_LOG_END_BYTES = 16 * 1024 * 1024
+MAX_MARKER_BYTES = 4096  # an ended marker is an exit code in JSON
 
 
 def training_progress(folder: Path, max_bytes: int = RANK_LOG_END_BYTES) -> str | None:
@@ -54,6 +56,30 @@ def verify_copy(local: Path, sizes: dict[str, int]) -> None:
         got = copied.stat().st_size if copied.is_file() else None
         if got != size:
             raise OSError(errno.EIO, f"copy of {relative} has {got} bytes, the host's has {size}", str(copied))
+
+
+def bring_ended_markers(host: Host, stage_dir: Path, partial: Path, logger: Any) -> None:
+    """The controller's markers of the round's attempts seen to end (kept on the host outside the round's folder:
+    flagperf.hosts.local.Host.ended_marker) into the copy of each attempt's folder, as CONTROLLER_ENDED_FILE. A file
+    of that name the case left anywhere in the round's folder is removed first, with a warning: only the controller's
+    marker proves that an attempt ended (a forged one would let its prompts be counted as final while it may still be
+    sending). One that cannot be read is left out: its attempt counts as not seen to end (its bound holds)."""
+    for forged in sorted(partial.rglob(CONTROLLER_ENDED_FILE)):
+        logger.warning("%s:%s was not written by the controller: removed from the round's copy, not trusted", host.name,
+                       stage_dir / forged.relative_to(partial))
+        if forged.is_dir() and not forged.is_symlink():
+            shutil.rmtree(forged)
+        else:
+            forged.unlink()
+    for attempt in partial.iterdir():
+        marker = host.ended_marker(stage_dir / attempt.name)
+        if not ATTEMPT_DIR.match(attempt.name) or not attempt.is_dir() or marker is None:
+            continue
+        try:
+            text = host.read_text(marker, MAX_MARKER_BYTES)
+        except (OSError, ValueError):  # none (not seen to end), or unreadable: not proven
+            continue
+        (attempt / CONTROLLER_ENDED_FILE).write_text(text, encoding="utf-8")
 
 
 def stage_folder(work_root: Path, run_id: str, case: str, round_no: int, host: str, node_rank: int = 0) -> Path:
@@ -141,6 +167,7 @@ def collect_logs(host: Host, stage_dir: Path, dest_dir: Path, job: Job, failure:
         raise FileExistsError(f"{dest_dir} already exists; results are never overwritten")
     try:
         verify_copy(partial, host.fetch_tree(stage_dir, partial))
+        bring_ended_markers(host, stage_dir, partial, logger)
         result = _arrange(partial, job, failure, host_probe, logger)
         dest_dir.parent.mkdir(parents=True, exist_ok=True)
         partial.replace(dest_dir)
@@ -156,5 +183,7 @@ def collect_logs(host: Host, stage_dir: Path, dest_dir: Path, job: Job, failure:
         shutil.rmtree(partial, ignore_errors=True)
         raise
     host.remove_tree(stage_dir)
+    if (markers := host.ended_path(stage_dir)) is not None:  # in the copy now
+        host.remove_tree(markers)
     logger.info("collected %s -> %s (%s)", stage_dir, dest_dir, result.status)
     return result

@@ -20,7 +20,6 @@ from flagperf.hosts.runtime import PID_FILE, Runtime
 from flagperf.hosts.threads import RoundsStopped, stop_requested
 from flagperf.inference.subflows import portable_context
 from flagperf.results.prompt_positions import (
-    ENDED_FILE,
     MAX_POSITIONS_BYTES,
     PROMPT_POSITIONS,
     Reach,
@@ -88,8 +87,10 @@ def _run_case(host: Host, runtime: Runtime, job: Job, stage_dir: Path, timeout_s
                                  "prompt_positions": attempt_positions(host, stage_dir, attempt, job.prompt_positions),
                                  "prefect_context": portable_context() if job.family == "inference" else None})
     job_dir = stage_dir / f"attempt{attempt}"
-    # Whatever an earlier attempt under this name left (its ended.json, its record of prompt positions) is not this
-    # attempt's: an old ended.json would make this one's record count as final while it may still be sending
+    # Whatever an earlier attempt under this name left (its ended marker, its record of prompt positions) is not this
+    # attempt's: an old marker would make this one's record count as final while it may still be sending
+    if (marker := host.ended_path(job_dir)) is not None:
+        host.remove_tree(marker)
     host.remove_tree(job_dir)
     host.write_text(job_dir / JOB_FILE, job.model_dump_json(indent=2))
     logger.info("attempt %d: %s runtime, timeout %.0f s", attempt, runtime.name, timeout_s)
@@ -112,10 +113,15 @@ def _run_case(host: Host, runtime: Runtime, job: Job, stage_dir: Path, timeout_s
 
 def seen_ended(host: Host, job_dir: Path, exit_code: int) -> None:
     """The attempt's runtime saw its case process end (an exit code, and no word of a lost link): what its record of
-    prompt positions says it took is final (flagperf.results.prompt_positions.ENDED_FILE). Never written where the link
-    was lost, a container could not be removed, or a remote case was interrupted: it may still be sending."""
+    prompt positions says it took is final. Kept where the case cannot write (flagperf.hosts.local.Host.ended_path),
+    never in the attempt's folder (an ENDED_FILE there, an older version's or a case's, proves nothing); collection
+    brings it in as CONTROLLER_ENDED_FILE. Never written where the link was lost, a container could not be removed, or
+    a remote case was interrupted: it may still be sending."""
+    marker = host.ended_marker(job_dir)
+    if marker is None:  # this host keeps none: the attempt counts as not seen to end (its bound holds)
+        return
     with contextlib.suppress(Exception):  # best effort: without it, later rounds start after its bound
-        host.write_text(job_dir / ENDED_FILE, json.dumps({"exit_code": exit_code}) + "\n")
+        host.write_text(marker, json.dumps({"exit_code": exit_code}) + "\n")
 
 
 def attempt_positions(host: Host, stage_dir: Path, attempt: int, positions: dict[str, int]) -> dict[str, int]:
@@ -139,7 +145,7 @@ class AttemptRecords:
     skipped: list[str] = field(default_factory=list)
     attempts: list[int] = field(default_factory=list)  # the attempt folders looked in
     ended: set[str] = field(default_factory=set)  # the records (where) of attempts whose runtime saw them end
-    ended_attempts: set[int] = field(default_factory=set)  # the attempt folders with an ENDED_FILE, record or not
+    ended_attempts: set[int] = field(default_factory=set)  # the attempts with the controller's marker, record or not
     recorded: set[int] = field(default_factory=set)  # the attempt folders with a record read
 
     def reach(self) -> Reach | None:
@@ -164,9 +170,9 @@ class AttemptRecords:
 
     @property
     def all_ended(self) -> bool:
-        """Every attempt folder found has its ENDED_FILE (and none was passed over): none may still be sending, so
-        what their records say they took is final and the round's reservation may close. A stage folder with no
-        attempt folder sent nothing (a case runs only from the job.json run_case writes into its attempt folder)."""
+        """Every attempt folder found has the controller's ended marker (and none was passed over): none may still be
+        sending, so what their records say they took is final and the round's reservation may close. A stage folder with
+        no attempt folder sent nothing (a case runs only from the job.json run_case writes into its attempt folder)."""
         return not self.skipped and set(self.attempts) <= self.ended_attempts
 
 
@@ -191,8 +197,9 @@ def attempt_records(host: Host, stage_dir: Path, before: int | None = None) -> A
     for number in found.attempts:
         path = stage_dir / f"attempt{number}" / PROMPT_POSITIONS
         where = f"{host.name}:{path}"
+        marker = host.ended_marker(path.parent)
         try:
-            if host.exists(path.with_name(ENDED_FILE)):
+            if marker is not None and host.exists(marker):
                 found.ended_attempts.add(number)
             if host.exists(path):
                 found.records.append((where, host.read_text(path, MAX_POSITIONS_BYTES)))

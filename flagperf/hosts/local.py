@@ -32,6 +32,11 @@ LineSink = Callable[[str], None]
 logger = logging.getLogger("flagperf.hosts.local")
 PARENT_PID_ENV = "FLAGPERF_PARENT_PID"  # the pid of the process that started a case or monitor
 TAIL_BYTES = 64 * 1024  # the end of a log read for its last lines: far more than a few lines take
+# In a host's work root, beside the runs' folders and never in one: the controller's own record of the attempts whose
+# case process their runtime saw end (tasks.container.seen_ended). A round's container gets its run's folder, never
+# the work root (flagperf.hosts.docker), so case code there cannot forge one.
+ENDED_ROOT = ".ended"
+ENDED_MARKER = "ended.json"  # in an attempt's folder under ended_path: the exit code the runtime saw
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,27 @@ class Host(ABC):
     @abstractmethod
     def run(self, argv: list[str], *, timeout: float, log_path: Path | None = None,
             on_line: LineSink | None = None, pid_file: Path | None = None) -> CommandResult: ...
+
+    @property
+    def ended_root(self) -> Path | None:
+        """Where the controller keeps its markers of attempts seen to end on this host (``ended_path``), outside every
+        folder a round's case process or container is given to write: the work root's ENDED_ROOT. A case process run
+        as the host's user (no container) can still reach it: it guards against a case's files, not a hostile
+        process. None: no marker is kept, and no attempt here counts as seen to end."""
+        return self.work_root / ENDED_ROOT
+
+    def ended_path(self, folder: Path) -> Path | None:
+        """The controller's markers of the attempts under ``folder`` (a run's, a round's or an attempt's folder in
+        the work root); None where there is none (no ended_root, a folder outside the work root)."""
+        root = self.ended_root
+        if root is None or not folder.is_relative_to(self.work_root) or folder == self.work_root:
+            return None
+        return root / folder.relative_to(self.work_root)
+
+    def ended_marker(self, job_dir: Path) -> Path | None:
+        """The controller's marker that the attempt in ``job_dir`` was seen to end (tasks.container.seen_ended)."""
+        folder = self.ended_path(job_dir)
+        return None if folder is None else folder / ENDED_MARKER
 
     def ended_when_interrupted(self, log_path: Path) -> int | None:
         """The exit code of the command ``run`` was running with ``log_path`` when it was interrupted (it raised), where

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import json
 import logging
 import math
@@ -482,6 +483,18 @@ class SlurmHost(LocalHost):
 
     def __repr__(self) -> str:
         return f"SlurmHost({self.name!r})"
+
+    @property
+    def ended_root(self) -> Path | None:
+        """The shared folder is mounted whole into a container image's jobs (and written by the nodes): the
+        controller's markers of attempts seen to end are kept in its own state folder instead (XDG_STATE_HOME, else
+        ~/.local/state), one per shared folder; None (no marker: every attempt counts as not seen to end) where
+        that lies in the shared folder or a container mount."""
+        state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+        digest = hashlib.sha256(str(self.work_root).encode()).hexdigest()[:16]
+        root = (state / "flagperf" / "ended" / digest).resolve()
+        mounted = [self.work_root, *(Path(m.split(":")[0]) for m in self.slurm.container_mounts)]
+        return None if any(root.is_relative_to(m.resolve()) for m in mounted) else root
 
     def job_environment(self) -> dict[str, str]:
         """What sbatch gets (--export=ALL of this): the allow-listed environment, without the entry's env. Slurm

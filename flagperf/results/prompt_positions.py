@@ -28,9 +28,9 @@ may get is known on the host only (a stream is keyed by the digests of files the
 (or are interrupted) the controller keeps their stream and bound beside the reservation, ``reach-<id>.json``
 (``Reach``), where it can read every attempt's record. Every open reservation goes to the next rounds' jobs, and a
 round there starts after each one of its own stream: after what its attempts took where its reach says (of each attempt
-whose case process its runtime saw end, ``ENDED_FILE``; of any other, its bound: it may still be sending), else after
-the most they may have taken: worked out from its configuration where the host can
-(flagperf.generate.serve.stream_start). Once its round's folder, with its records, is
+whose case process its runtime saw end, by the controller's own marker, ``CONTROLLER_ENDED_FILE``; of any other, its
+bound: it may still be sending), else after the most they may have taken: worked out from its configuration where the
+host can (flagperf.generate.serve.stream_start). Once its round's folder, with its records, is
 stored in the run folder, a reservation is closed (renamed ``collected-<id>.json``: kept, since an open one that
 started after it is worked out from it); so is one whose reach lies within what the run folder's records say was
 taken on its stream (``close_passed``: a later round started after it). The records a half round left on its host are
@@ -56,8 +56,13 @@ from flagperf.results.bounded import read_bounded
 from flagperf.results.schema import atomic_path, sync_folder
 
 PROMPT_POSITIONS = "prompt_positions.json"
-# In an attempt's folder on the host, written by the controller once the attempt's runtime saw its case process end (an
-# exit code, and no word of a lost link): only then is what its record says it took final (``reach_of``).
+# In a stored attempt's folder: the controller's own record that the attempt's runtime saw its case process end (an
+# exit code, and no word of a lost link): only then is what its record says it took final (``reach_of``). On the host
+# it is kept outside every folder a case can write (flagperf.hosts.local.Host.ended_path), and collection brings it
+# in under this name; one a case wrote into its own folder is removed, never trusted.
+CONTROLLER_ENDED_FILE = "controller-ended.json"
+# What an older version wrote in the attempt's folder itself, where case code (and a container, which gets its run's
+# folder) can write it too: never read as proof that an attempt ended.
 ENDED_FILE = "ended.json"
 MAX_POSITIONS_BYTES = 64 * 1024  # a record is a few hundred bytes; one larger is not ours
 # A position past this is no run's: 10^12 prompts is a million requests a second for eleven days. A record that says
@@ -96,9 +101,11 @@ class Reach(BaseModel):
     stream: str
     end: int = Field(ge=0, le=MAX_POSITION)
     taken: int | None = Field(default=None, ge=0, le=MAX_POSITION)
-    # Its taken trusts only attempts seen to end (ENDED_FILE). One kept by an older version lacks it: its taken trusted
-    # every attempt's record, so it is read as unknown (a later round starts after its end)
+    # Its taken trusts only attempts seen to end. One kept by an older version lacks these: with no ended_checked its
+    # taken trusted every attempt's record; with no ended_by_controller it trusted an ended.json in the attempt's
+    # folder, which case code could have written. Either is read as unknown (a later round starts after its end).
     ended_checked: bool = False
+    ended_by_controller: bool = False
 
     @property
     def upto(self) -> int:
@@ -188,7 +195,8 @@ def _read_reach(folder: Path, reservation_id: str) -> Reach | None:
     path = folder / f"{REACH}{reservation_id}.json"
     try:
         reach = Reach.model_validate_json(read_bounded(path, MAX_POSITIONS_BYTES))
-        return reach if reach.ended_checked else reach.model_copy(update={"taken": None})
+        proven = reach.ended_checked and reach.ended_by_controller
+        return reach if proven else reach.model_copy(update={"taken": None})
     except FileNotFoundError:  # not kept: its round's records were not read (yet)
         return None
     except (OSError, ValueError) as exc:  # ValidationError is a ValueError
@@ -315,10 +323,10 @@ def taken_end(text: str) -> tuple[str, int] | None:
 
 def reach_of(attempts: Iterable[tuple[str, bool]]) -> Reach | None:
     """A round's reach from its attempts' records, each as (its text, whether its case process is known to have ended:
-    its runtime saw it end, ``ENDED_FILE``): each one's ``bound``, and its ``taken``: what each attempt known to have
-    ended took, the bound of each one not known to have (it may still be sending: a link that dropped, a container
-    not removed, a job cancelled but not yet gone). None where there is none, one is not a record or has no bound
-    (written by an older version), or they name two streams."""
+    its runtime saw it end, by the controller's marker): each one's ``bound``, and its ``taken``: what each attempt
+    known to have ended took, the bound of each one not known to have (it may still be sending: a link that dropped, a
+    container not removed, a job cancelled but not yet gone). None where there is none, one is not a record or has no
+    bound (written by an older version), or they name two streams."""
     streams, ends, took_ends = set(), [], []
     for text, ended in attempts:
         record, took = _record(text), taken_end(text)
@@ -329,7 +337,8 @@ def reach_of(attempts: Iterable[tuple[str, bool]]) -> Reach | None:
         took_ends.append(took[1] if ended else ends[-1])
     if len(streams) != 1:
         return None
-    return Reach(stream=streams.pop(), end=max(ends), taken=max(took_ends), ended_checked=True)
+    return Reach(stream=streams.pop(), end=max(ends), taken=max(took_ends), ended_checked=True,
+                 ended_by_controller=True)
 
 
 def merged(positions: dict[str, int], records: Iterable[tuple[str, str]], ended: set[str] | None = None

@@ -407,7 +407,8 @@ def test_ctrl_c_mid_round_at_an_endpoint_and_its_retry_send_no_prompt_twice(tmp_
         # before it sent, and what it took (the check and 4 timed requests), read once it had ended.
         reach = run_dir / RUN_POSITIONS_DIR / f"{REACH}{reserved[0].name.removeprefix(OPEN)}"
         assert json.loads(reach.read_text(encoding="utf-8")) == {"stream": kept["stream"], "end": 10, "taken": 5,
-                                                                     "ended_checked": True}
+                                                                     "ended_checked": True,
+                                                                     "ended_by_controller": True}
         HoldingEndpoint.release.set()
 
         retry = flagperf([*args, "--retry", str(run_dir)], tmp_path, api_url)
@@ -442,10 +443,11 @@ class LinkLostOnce(LocalHost):
     """A host whose link drops as its first command ends: the case ran and sent, but its end was not seen (as an SSH
     session that closed without an exit status, or a container engine that stopped answering). Its record of prompt
     positions is left as it was read mid-send (its check sent, its end not written): what the retry finds of an
-    attempt still sending."""
+    attempt still sending. Its case forged its end, too: an ended.json (where an older version's controller kept it)
+    and a controller-ended.json in its own folder, which must prove nothing."""
 
     def run(self, argv: list[str], **kwargs: Any) -> CommandResult:
-        from flagperf.results.prompt_positions import PROMPT_POSITIONS
+        from flagperf.results.prompt_positions import CONTROLLER_ENDED_FILE, ENDED_FILE, PROMPT_POSITIONS
 
         outcome = super().run(argv, **kwargs)
         if getattr(self, "lost", False):
@@ -453,6 +455,8 @@ class LinkLostOnce(LocalHost):
         self.lost = True
         record = kwargs["log_path"].with_name(PROMPT_POSITIONS)
         record.write_text(json.dumps({**json.loads(record.read_text()), "reserved": 1, "end": None}))
+        for forged in (ENDED_FILE, CONTROLLER_ENDED_FILE):
+            record.with_name(forged).write_text('{"exit_code": 0}\n')
         return dataclasses.replace(outcome, exit_code=None, link="the link to the host dropped")
 
 
@@ -464,7 +468,7 @@ def test_what_an_attempt_took_counts_only_where_its_runtime_saw_it_end(tmp_path:
     sending, so its bound counts for it, and the round's reservation stays open once its folder is stored (its reach
     holds round 2 back: the stored record of that attempt need not be final)."""
     from flagperf.hosts.inventory import host_spec
-    from flagperf.results.prompt_positions import CLOSED, ENDED_FILE, OPEN, RUN_POSITIONS_DIR, Reach
+    from flagperf.results.prompt_positions import CLOSED, CONTROLLER_ENDED_FILE, OPEN, RUN_POSITIONS_DIR, Reach
     from flagperf.results.schema import round_dir
     from flows.host_round import node_round
     from tasks.collect import stage_folder
@@ -487,14 +491,18 @@ def test_what_an_attempt_took_counts_only_where_its_runtime_saw_it_end(tmp_path:
         assert not stage_folder(host.work_root, plan.run_id, cp.name, 1, "localhost").exists()
         if not lost:  # its one attempt ended, seen: what it took counts, and its stored records are final
             assert _sent(out) == [0, 1, 2] and (reach.end, reach.taken) == (9, 3)
-            assert (out / ENDED_FILE).is_file() and (len(opened), len(closed)) == (0, 1), (opened, closed)
+            assert (out / CONTROLLER_ENDED_FILE).is_file() and (len(opened), len(closed)) == (0, 1), (opened, closed)
+            markers = host.ended_path(stage_folder(host.work_root, plan.run_id, cp.name, 1, "localhost"))
+            assert markers is not None and not markers.exists()  # its markers went with its folder
             return
         # attempt 1 (its link lost, its record read mid-send) may still send up to its bound: attempt 2 starts after
         # its own share of it (3), not after what its record said then (1), and the round's reach after the bound
         assert _sent(out) == [3, 4, 5] and (reach.end, reach.taken) == (9, 9)
         first = json.loads((out / "attempts" / "attempt1" / "prompt_positions.json").read_text())
         assert (first["bound"], first["attempt_bound"]) == (9, 3)
-        assert not (out / "attempts" / "attempt1" / ENDED_FILE).exists() and (out / ENDED_FILE).is_file()
+        # the case's forged controller-ended.json is not brought in; attempt 2's end, seen, is
+        assert not (out / "attempts" / "attempt1" / CONTROLLER_ENDED_FILE).exists()
+        assert (out / CONTROLLER_ENDED_FILE).is_file()
         # Stored, but attempt 1's end was not seen: its reservation stays open, and round 2 starts after its bound.
         assert (len(opened), len(closed)) == (1, 0), (opened, closed)
         second = node_round(host, spec, plan, run, cp, 2, {}, None, 1.0, None)

@@ -920,10 +920,10 @@ def test_a_reservation_is_closed_once_its_round_is_collected_and_not_for_a_lost_
     closes its own, and the lost round's too once its records pass what that one may have sent (its reach, as the round
     worked it out: serving.json)."""
     from flagperf.config.job import JOB_FILE
+    from flagperf.results.prompt_positions import CONTROLLER_ENDED_FILE, ENDED_FILE
     from flagperf.results.schema import RESULT_FILE, Failure, write_result
     from flows.host_round import after_collection, round_reservation
     from tasks.collect import stage_folder
-    from tasks.container import seen_ended
 
     RefusingEndpoint.refuse = set()
     plan = _endpoint_plan(refusing, tmp_path, "requests=2", rounds=2)
@@ -948,10 +948,16 @@ def test_a_reservation_is_closed_once_its_round_is_collected_and_not_for_a_lost_
     out.mkdir(parents=True)
     assert run_job(job, out) == 0
     (out / JOB_FILE).write_text(job.model_dump_json(), encoding="utf-8")  # as collected from the host
-    seen_ended(host, out, 0)  # its runtime saw it end (collected with it)
     assert _sent(out) == [3, 4, 5]  # after the lost round's reach
-    after_collection(host, stage_folder(host.work_root, plan.run_id, cp.name, 2, "localhost"), run, cp, 2, 0, own,
-                     "round 2")
+    stage = stage_folder(host.work_root, plan.run_id, cp.name, 2, "localhost")
+    # The case wrote ended.json in its own folder (what an older version's controller wrote there), or even the
+    # controller's file: neither proves its end, so its reservation stays open (its stored record may not be final)
+    (out / ENDED_FILE).write_text('{"exit_code": 0}\n')
+    after_collection(host, stage, run, cp, 2, 0, own, "round 2")
+    assert [r.id for r in reservations(run) if r.open] == [own.id]  # the lost round's closed: its reach is passed
+    # Its runtime saw it end: collection brings the controller's marker in as CONTROLLER_ENDED_FILE
+    (out / CONTROLLER_ENDED_FILE).write_text('{"exit_code": 0}\n')
+    after_collection(host, stage, run, cp, 2, 0, own, "round 2")
     assert reservations(run) == []
     assert sorted(p.name.split("-")[0] for p in (run / RUN_POSITIONS_DIR).iterdir()) == ["collected", "collected"]
 
@@ -1058,7 +1064,8 @@ def test_a_half_round_whose_attempts_are_not_all_read_keeps_its_reservation_open
     clean_work_roots(hosts, specs, plan.model_copy(update={"results_dir": str(tmp_path / "interrupted")}), [])
     assert not stage.exists() and positions_taken(run) == {record["stream"]: 2}
     assert [(r.id, r.open, r.reach) for r in reservations(run)] == [
-        (reserved.id, True, Reach(stream=record["stream"], end=6, taken=6, ended_checked=True))]  # no end seen
+        (reserved.id, True, Reach(stream=record["stream"], end=6, taken=6, ended_checked=True,
+                                  ended_by_controller=True))]  # no end seen
     # A round whose subflow crashed has a failed result the controller wrote itself, with none of its records: while
     # its reservation is open its folder on the host is a half round all the same, secured before it goes.
     run, job, reserved = half("crashed", {1: json.dumps(halfway)})
@@ -1385,8 +1392,41 @@ def test_an_endpoints_prompt_files_are_streams_by_their_text_and_sharegpt_positi
     assert (first["each_sent_once"], again["each_sent_once"], again["repeated_requests"]) == (True, False, 2)
 
 
+def test_collection_brings_the_controllers_ended_markers_in_and_never_one_the_case_wrote(tmp_path: Path) -> None:
+    """Collection puts the controller's marker of each attempt seen to end (kept outside the round's folder) into
+    that attempt's copy as CONTROLLER_ENDED_FILE; a file of that name the case left anywhere in the round's folder is
+    removed from the copy, said in a warning, and an attempt whose end was not seen gets none."""
+    import logging
+
+    from flagperf.results.prompt_positions import CONTROLLER_ENDED_FILE, ENDED_FILE
+    from tasks.collect import bring_ended_markers
+    from tasks.container import seen_ended
+
+    host = LocalHost(work_root=tmp_path / "work")
+    stage = host.work_root / "run" / "c" / "round1" / "localhost_noderank0"
+    copy = tmp_path / "copy"
+    for where in ("attempt1", "attempt2", "attempts/attempt1", "."):
+        (copy / where).mkdir(parents=True, exist_ok=True)
+        (copy / where / CONTROLLER_ENDED_FILE).write_text('{"exit_code": 0}\n')  # what the case forged
+    (copy / "attempt1" / ENDED_FILE).write_text('{"exit_code": 0}\n')
+    seen_ended(host, stage / "attempt2", 3)
+    said: list[str] = []
+
+    class Said(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(record.getMessage())
+
+    logger = logging.getLogger("test.collect")
+    logger.addHandler(Said())
+    bring_ended_markers(host, stage, copy, logger)
+    assert sorted(str(p.relative_to(copy)) for p in copy.rglob(CONTROLLER_ENDED_FILE)) == [
+        f"attempt2/{CONTROLLER_ENDED_FILE}"]
+    assert json.loads((copy / "attempt2" / CONTROLLER_ENDED_FILE).read_text()) == {"exit_code": 3}
+    assert len(said) == 4 and all("not written by the controller" in line for line in said), said
+
+
 def test_an_attempt_with_neither_a_record_nor_a_seen_end_leaves_the_rounds_reach_at_its_bound(tmp_path: Path) -> None:
-    """An attempt folder with no record of prompt positions and no ended.json may belong to an attempt still starting
+    """An attempt folder with no record of prompt positions and no ended marker may belong to an attempt still starting
     (its record not written yet when read) or sending: the round's reach counts its bound, not what the others took."""
     from flagperf.results.prompt_positions import PROMPT_POSITIONS
     from tasks.container import attempt_records, seen_ended
@@ -1405,15 +1445,20 @@ def test_an_attempt_with_neither_a_record_nor_a_seen_end_leaves_the_rounds_reach
 
 
 def test_a_reach_kept_by_an_older_version_is_read_without_what_it_took(tmp_path: Path) -> None:
-    """A reach file written before what an attempt took counted only where its end was seen (no ended_checked) may
-    trust an attempt still sending: read as its bound alone."""
+    """A reach file written before what an attempt took counted only where its end was seen (no ended_checked), or
+    only where the controller's own marker said so (no ended_by_controller), may trust an attempt still sending: read
+    as its bound alone."""
     from flagperf.results.prompt_positions import Reach, keep_reach
 
     run = tmp_path / "run"
     reserved = reserve(run, Reservation(case="c", round=1, host="h", attempts=3, config={}))
-    keep_reach(run, reserved, Reach(stream="s", end=9, taken=3, ended_checked=True))
+    keep_reach(run, reserved, Reach(stream="s", end=9, taken=3, ended_checked=True, ended_by_controller=True))
     assert [r.reach.upto for r in reservations(run)] == [3]
     (run / RUN_POSITIONS_DIR / f"reach-{reserved.id}.json").write_text('{"stream": "s", "end": 9, "taken": 3}\n')
+    assert [(r.reach.taken, r.reach.upto) for r in reservations(run)] == [(None, 9)]
+    # Kept by the version that trusted an ended.json in the attempt's folder, which the case could write: unproven
+    (run / RUN_POSITIONS_DIR / f"reach-{reserved.id}.json").write_text(
+        '{"stream": "s", "end": 9, "taken": 3, "ended_checked": true}\n')
     assert [(r.reach.taken, r.reach.upto) for r in reservations(run)] == [(None, 9)]
 
 
@@ -1452,15 +1497,21 @@ def test_a_stage_folder_without_an_attempt_lets_its_reservation_close_and_an_une
     """A round interrupted after its stage folder was made (the monitors' start) and before run_case wrote its first
     attempt's job.json sent nothing: its reservation may close (it was kept open, so every later round on the stream
     started after its whole bound). An attempt folder whose runtime was not seen to end keeps it open; once its
-    ENDED_FILE is there, it closes."""
-    from flagperf.results.prompt_positions import ENDED_FILE
-    from tasks.container import attempt_records
+    controller's ended marker is there, it closes; an ended.json the case wrote in its own folder (where an older
+    version kept the marker) proves nothing."""
+    from flagperf.results.prompt_positions import CONTROLLER_ENDED_FILE, ENDED_FILE
+    from tasks.container import attempt_records, seen_ended
 
-    host = LocalHost()
-    stage = tmp_path / "stage"
-    stage.mkdir()
+    host = LocalHost(work_root=tmp_path)
+    stage = tmp_path / "run" / "stage"
+    stage.mkdir(parents=True)
     assert attempt_records(host, stage).all_ended
     (stage / "attempt1").mkdir()
     assert not attempt_records(host, stage).all_ended
-    (stage / "attempt1" / ENDED_FILE).write_text("{}")
-    assert attempt_records(host, stage).all_ended
+    for forged in (ENDED_FILE, CONTROLLER_ENDED_FILE):
+        (stage / "attempt1" / forged).write_text('{"exit_code": 0}\n')
+    assert not attempt_records(host, stage).all_ended
+    seen_ended(host, stage / "attempt1", 0)
+    marker = host.ended_marker(stage / "attempt1")
+    assert attempt_records(host, stage).all_ended and marker is not None and marker.is_file()
+    assert not marker.is_relative_to(stage.parent)  # outside the run's folder, which a container gets

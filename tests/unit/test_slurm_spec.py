@@ -131,7 +131,8 @@ def test_gres_as_slurm_writes_it_against_what_is_asked() -> None:
     assert gres_missing("gpu:8", "gpu:4") == "gpu:8 asked, the node has 4"
 
 
-def test_a_container_image_mounts_the_shared_folder_and_the_project(tmp_path: Path) -> None:
+def test_a_container_image_mounts_the_shared_folder_and_the_project(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     (spec,) = load_inventory(write(tmp_path, container_image="nvcr.io#nvidia/pytorch:24.05-py3",
                                    container_mounts=["/data:/data:ro"])).hosts
     host = SlurmHost(spec)
@@ -140,6 +141,13 @@ def test_a_container_image_mounts_the_shared_folder_and_the_project(tmp_path: Pa
         "--container-image=nvcr.io#nvidia/pytorch:24.05-py3",
         f"--container-mounts={shared}:{shared},{host.project_root}:{host.project_root}:ro,/data:/data:ro",
         f"--container-workdir={host.project_root}"]
+    # The controller's markers of attempts seen to end lie in its own state folder, in no mount of the container (the
+    # shared folder is mounted whole); where that folder is in one, none is kept (no attempt counts as ended)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    marker = host.ended_marker(shared / "run" / "c" / "round1" / "h_noderank0" / "attempt1")
+    assert marker is not None and marker.is_relative_to(tmp_path / "state")
+    monkeypatch.setenv("XDG_STATE_HOME", str(shared / "state"))
+    assert host.ended_root is None and host.ended_marker(shared / "run" / "attempt1") is None
     (plain,) = load_inventory(write(tmp_path)).hosts
     assert SlurmHost(plain).container_options() == []
     # A squash file enroot made is named by its absolute path, as pyxis takes it; one that climbs out is refused.
