@@ -511,7 +511,8 @@ DATASHEETS = "datasheets.yaml"
 def datasheet_findings(folder: Path) -> list[ConfigError]:
     """What is wrong with a vendor folder's datasheets.yaml (the shipped vendors' convention, read by their spec.py:
     a list of entries, each with the source of its figures), read as every config file is (inside the folder,
-    regular, bounded, nesting bounded) and never executed; none where the folder has no such file."""
+    regular, bounded, nesting bounded) and never executed; none where the folder has no such file, one where the
+    file lists nothing."""
     sheets = folder / DATASHEETS
     if not is_present(sheets):
         return []
@@ -520,8 +521,11 @@ def datasheet_findings(folder: Path) -> list[ConfigError]:
         entries = parse_yaml_text(read_config_text(path), display_path(sheets))
     except ConfigError as exc:
         return [exc]
-    if entries is None:
-        return []
+    if entries is None or entries == []:
+        # Present, so the vendor's spec.py reads it (an absent one is no finding: the convention is optional), and
+        # it lists nothing: the shipped spec.py stops on it, and a vendor's would find no figure of any device.
+        return [ConfigError(display_path(sheets), None, "lists no datasheet entries (empty, or comments only): a list "
+                            "of entries, each with its source; or remove the file if the vendor's spec.py reads none")]
     if not isinstance(entries, list):
         return [ConfigError(display_path(sheets), None, f"top level must be a list of datasheet entries, got "
                                                         f"{type(entries).__name__}")]

@@ -181,3 +181,23 @@ def test_a_folder_not_installed_here_is_judged_by_its_own_implementations(
         else:
             assert len(found.problems) == 1 and problem in found.problems[0] and "acme.yaml" in found.problems[0], \
                 found.problems
+
+
+@pytest.mark.parametrize("text", ["", "# X1: figures to come\n"], ids=["empty", "comments-only"])
+def test_a_datasheets_yaml_that_lists_nothing_is_a_problem_naming_it(tmp_path: Path, text: str) -> None:
+    """An empty datasheets.yaml (or one of comments only) passed vendor check, and the shipped spec.py that reads it
+    stops on it; one with no file at all is no finding (the convention is the vendor's choice)."""
+    from flagperf.hosts.vendorcheck import _check_peaks
+
+    folder = tmp_path / "testvendor"
+    shutil.copytree(FIXTURE / "vendors" / "testvendor", folder)
+    vendor = Vendor(manifest=load_vendor_manifest(folder / MANIFEST), location=str(folder))
+    absent = Findings()
+    _check_peaks(vendor, absent)
+    assert absent.problems == []
+    (folder / "datasheets.yaml").write_text(text)
+    found = Findings()
+    _check_peaks(vendor, found)
+    assert found.problems == [f"{display_path(folder / 'datasheets.yaml')}: lists no datasheet entries (empty, or "
+                              "comments only): a list of entries, each with its source; or remove the file if the "
+                              "vendor's spec.py reads none"]
