@@ -194,11 +194,12 @@ def _named_as_outside(link: Path, folder: Path, problems: list[str]) -> bool:
     """Whether a check that reads a file through ``link`` (the adaptation's files, vendor.yaml's, csrc/ and extern/)
     already named it as leading out of its folder (files.inside's words: "SOURCE: 'PATH' is outside ..."), the source
     being the link, a folder it lies in, or vendor.yaml: then the round's rule would name the same link twice."""
-    named = [(link, "")] + [(above, os.path.relpath(link, above)) for above in link.parents
-                            if above == folder or folder in above.parents]
-    named.append((folder / MANIFEST, os.path.relpath(link, folder)))
-    return any(line.startswith(f"{given_name(source)}: ") and "is outside" in line
-               and (not rel or f"'{rel}'" in line or f"'{rel}/" in line) for source, rel in named for line in problems)
+    named = dict.fromkeys([(link, ""), *((above, os.path.relpath(link, above)) for above in link.parents
+                                         if above == folder or folder in above.parents),
+                           (folder / MANIFEST, os.path.relpath(link, folder))])
+    outside = [line for line in dict.fromkeys(problems) if "is outside" in line]  # each line once, looked at once
+    return any(line.startswith(f"{given_name(source)}: ") and (not rel or f"'{rel}'" in line or f"'{rel}/" in line)
+               for source, rel in named for line in outside)
 
 
 # How many links out of the vendor folder vendor check and validate name, each its own line (a round names the
