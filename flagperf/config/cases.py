@@ -28,7 +28,7 @@ from pydantic import BaseModel, ValidationError, field_validator
 
 from flagperf.config.adaptation import Place, adaptation_place, overrides_file
 from flagperf.config.casecode import code_runs, read_case_module
-from flagperf.config.engines import INFERENCE_ENGINES, EngineOptions, declared_options
+from flagperf.config.engines import INFERENCE_ENGINES, EngineOptions, declared_options, unless_declared_by
 from flagperf.config.files import given_name, inside, is_present, read_config_text, regular_file
 from flagperf.config.inferencekeys import refuse_keys_not_read
 from flagperf.config.models import (
@@ -350,19 +350,24 @@ def _apply_run_overrides(case: CaseDef, vendor: str, merged: MergedConfig,
     engine_keys = options.keys() - set(merged.values)
     deferred: list[tuple[str, str, Any]] = []
     refused: list[ConfigError] = []
+    unreadable = unless_declared_by(options.broken)
     for source, overrides in run_overrides:
         for key in overrides:
             top = key.split(".", 1)[0]
-            if top not in merged.values:
-                options.refuse_unknown(top)
+            if top not in merged.values:  # first, then the key's own finding (a typo is not hidden behind them)
+                refused[:0] = [error for error in options.may_declare(top) if error not in refused]
         try:
-            apply_run_overrides(merged, {k: v for k, v in overrides.items() if k not in engine_keys}, source)
+            apply_run_overrides(merged, {k: v for k, v in overrides.items() if k not in engine_keys}, source,
+                                unknown_unless=unreadable)
         except ConfigError as exc:
             refused.append(exc)
         deferred += [(source, k, v) for k, v in overrides.items() if k in engine_keys]
     compiler = merged.values.get("compiler")
     if case.family == "inference":
-        options.of_engine(None if compiler is None else str(compiler))  # its engine.yaml broken: said here
+        try:
+            options.of_engine(None if compiler is None else str(compiler))  # its engine.yaml broken: said here
+        except ConfigError as exc:
+            raise gathered([exc, *refused]) from None
     for source, key, value in deferred:
         if key not in options.of_engine(str(compiler)):
             readers = ", ".join(sorted(name for name, keys in by_engine.items() if key in keys))

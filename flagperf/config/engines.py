@@ -19,7 +19,7 @@ from flagperf.config.casecode import CodeNotRun, code_runs
 from flagperf.config.files import given_name, inside, is_present, regular_file
 from flagperf.config.models import StrictModel, check_name, load_model
 from flagperf.config.vendors import first_with_manifest, import_file, vendor_folders, vendor_search
-from flagperf.errors import CaseUserError, ConfigError, MissingExtra, extra_for, gathered
+from flagperf.errors import CaseUserError, ConfigError, MissingExtra, extra_for
 from flagperf.paths import ENGINE_MANIFEST, display_path
 
 INFERENCE_ENGINES = "engines"  # vendor_images/<vendor>/engines/<compiler>/: the inference family's compilers
@@ -103,7 +103,7 @@ class EngineOptions:
     """Each of a vendor's engines' ``options`` (declared_options), and the engines whose engine.yaml cannot say them
     (``broken``: the error of each). A broken engine the case does not run stops nothing: its error is raised only
     where it matters, for the case's own engine (of_engine) or for a key no sound engine reads, which may be the
-    broken one's (refuse_unknown)."""
+    broken one's (may_declare)."""
 
     by_engine: dict[str, set[str]]
     broken: dict[str, ConfigError]
@@ -117,10 +117,20 @@ class EngineOptions:
             raise self.broken[name]
         return self.by_engine.get(str(name), set())
 
-    def refuse_unknown(self, key: str) -> None:
-        """Where ``key`` would be refused as unknown: the broken engines' errors, as it may be one of theirs."""
-        if self.broken and key not in self.keys():
-            raise gathered(self.broken.values())
+    def may_declare(self, key: str) -> list[ConfigError]:
+        """Where ``key`` would be refused as unknown: the broken engines' errors, as it may be one of theirs (said
+        beside the unknown key's own finding, which a typo needs: fixing the engine.yaml alone would not do)."""
+        return list(self.broken.values()) if key not in self.keys() else []
+
+
+def unless_declared_by(broken: dict[str, ConfigError]) -> str:
+    """What an unknown key's line adds where engines cannot say their options ('' where none): the key may be one of
+    theirs, or a typo; their errors are said beside it."""
+    if not broken:
+        return ""
+    names = ", ".join(sorted(broken))
+    return (f", unless engine {names} reads it: {'its' if len(broken) == 1 else 'their'} engine.yaml cannot be read "
+            "(said beside this)")
 
 
 def declared_options(vendor: str, family_folder: str) -> EngineOptions:

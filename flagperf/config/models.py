@@ -370,9 +370,11 @@ def _same_value(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def apply_run_overrides(merged: MergedConfig, overrides: dict[str, Any], source: str) -> None:
+def apply_run_overrides(merged: MergedConfig, overrides: dict[str, Any], source: str, unknown_unless: str = "") -> None:
     """Run-level overrides (suite or --set): only existing configuration keys, never parameters. A dotted key
-    (``slo.ttft_s``, from --set) sets one key inside a mapping; the case's Config then checks that key."""
+    (``slo.ttft_s``, from --set) sets one key inside a mapping; the case's Config then checks that key.
+    ``unknown_unless``: what else an unknown key may be, said in its line (an engine whose engine.yaml cannot say
+    its options)."""
     refused: list[ConfigError] = []  # every key refused, not the first only (a suite's findings are all said)
     for key, value in overrides.items():
         top = key.split(".", 1)[0]
@@ -383,7 +385,8 @@ def apply_run_overrides(merged: MergedConfig, overrides: dict[str, Any], source:
             known = sorted(k for k in merged.values if k not in merged.parameters)
             close = nearest(top, known)  # a typo is the usual cause: the nearest keys say more than all of them
             hint = f"did you mean {' or '.join(close)}?" if close else f"known: {', '.join(known)}"
-            refused.append(ConfigError(source, key, f"unknown key{f' {top!r}' if top != key else ''} ({hint})"))
+            refused.append(ConfigError(source, key, f"unknown key{f' {top!r}' if top != key else ''} ({hint})"
+                                       + unknown_unless))
             continue
         if top != key:
             merged.values[top] = _with_path_set(merged.values[top], key, value, source)

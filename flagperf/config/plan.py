@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from flagperf.config.cases import (
     resolve_case_config,
     settable_keys,
 )
+from flagperf.config.engines import unless_declared_by
 from flagperf.config.files import is_present, read_config_text
 from flagperf.config.inferencekeys import not_read_message
 from flagperf.config.models import SetOverride, load_suite, parse_set_override
@@ -139,11 +140,12 @@ def find_suite(name_or_path: str) -> Path:
 
 
 def _spread(overrides: dict[str, Any], source: str, key_prefix: str, selected: dict[str, set[str]],
-            broken: Sequence[ConfigError] = ()) -> tuple[dict[str, dict[str, Any]], list[ConfigError]]:
+            broken: Mapping[str, ConfigError] | None = None) -> tuple[dict[str, dict[str, Any]], list[ConfigError]]:
     """An override for every case: applied where the key exists; a finding if no selected case has it. Every
     key is looked at (the refused ones are returned, the others spread), so one typo hides no other finding.
-    ``broken``: the errors of engine.yaml files that could not say their options: a key no case has may be one of
-    theirs, so those are the finding, not an unknown key."""
+    ``broken``: engine name -> the error of its engine.yaml, which could not say its options: a key no case has may
+    be one of theirs, so those are said first, and the key's own line (a typo's) after them, not instead."""
+    broken = broken or {}
     per_case: dict[str, dict[str, Any]] = {}
     refused: list[ConfigError] = []
     for key, value in overrides.items():
@@ -152,17 +154,16 @@ def _spread(overrides: dict[str, Any], source: str, key_prefix: str, selected: d
         if not targets and not_read_message(top):
             refused.append(ConfigError(source, f"{key_prefix}{key}", str(not_read_message(top))))
             continue
-        if not targets and broken:
-            refused.extend(broken)
-            continue
         if not targets:
+            refused[:0] = [error for error in broken.values() if error not in refused]
             keys = sorted(set().union(*selected.values()))
             close = nearest(top, keys)
             neither = (f"no selected case is named {top!r} (selected: {', '.join(selected)}), and "
                        if top != key else "")
             refused.append(ConfigError(source, f"{key_prefix}{key}", neither + "no selected case has this key ("
                                        + (f"did you mean {' or '.join(close)}? " if close else "")
-                                       + f"the selected cases have: {', '.join(keys)})"))
+                                       + f"the selected cases have: {', '.join(keys)})"
+                                       + unless_declared_by(dict(broken))))
             continue
         for case in targets:
             per_case.setdefault(case, {})[key] = value
@@ -237,8 +238,7 @@ def plan_run(*, suite: str | None = None, cases: list[str] | None = None, vendor
 
     configurable = {name: settable_keys(d, vendor) for name, d in defs.items()}
     # a selected inference case's vendor engine whose engine.yaml is broken: said only for a key no case has
-    broken = list({str(error): error for d in defs.values()
-                   for error in engine_option_keys(d, vendor).broken.values()}.values())
+    broken = {name: error for d in defs.values() for name, error in engine_option_keys(d, vendor).broken.items()}
     parsed: list[SetOverride] = [parse_set_override(text, names) for text in sets]
 
     layers: dict[str, list[tuple[str, dict[str, Any]]]] = {name: [] for name in names}

@@ -194,11 +194,12 @@ def _named_as_outside(link: Path, folder: Path, problems: list[str]) -> bool:
     """Whether a check that reads a file through ``link`` (the adaptation's files, vendor.yaml's, csrc/ and extern/)
     already named it as leading out of its folder (files.inside's words: "SOURCE: 'PATH' is outside ..."), the source
     being the link, a folder it lies in, or vendor.yaml: then the round's rule would name the same link twice."""
-    named = [(link, "")] + [(above, os.path.relpath(link, above)) for above in link.parents
-                            if above == folder or folder in above.parents]
-    named.append((folder / MANIFEST, os.path.relpath(link, folder)))
-    return any(line.startswith(f"{given_name(source)}: ") and "is outside" in line
-               and (not rel or f"'{rel}'" in line or f"'{rel}/" in line) for source, rel in named for line in problems)
+    named = dict.fromkeys([(link, ""), *((above, os.path.relpath(link, above)) for above in link.parents
+                                         if above == folder or folder in above.parents),
+                           (folder / MANIFEST, os.path.relpath(link, folder))])
+    outside = [line for line in dict.fromkeys(problems) if "is outside" in line]  # each line once, looked at once
+    return any(line.startswith(f"{given_name(source)}: ") and (not rel or f"'{rel}'" in line or f"'{rel}/" in line)
+               for source, rel in named for line in outside)
 
 
 # How many links out of the vendor folder vendor check and validate name, each its own line (a round names the
@@ -384,8 +385,41 @@ def _check_dockerfile(dockerfile: Path, found: Findings) -> None:
     for script in scripts:
         if script not in text:
             found.problem(where, f"{script} is beside the Dockerfile but the Dockerfile never uses it")
-    if not any(where in p for p in found.problems):
+    _check_packages_named(dockerfile, text, scripts, found)
+    if not any(where in p or p.startswith(f"{display_path(context)}/") for p in found.problems):
         found.passed.append(f"image {where}" + (f" with {', '.join(scripts)}" if scripts else ""))
+
+
+# FlagPerf's guide keeps what <framework>_install.sh installs beyond the Dockerfile in packages/ beside it: a path
+# there named by the install script or a RUN line (packages/x.run, ./packages/wheels/), not one of a $VARIABLE.
+PACKAGES_FOLDER = "packages"
+PACKAGE_PATH = re.compile(rf"(?<![\w./$-])(?:\./)?({PACKAGES_FOLDER}/[^\s'\";|&<>()`$]*)")
+
+
+def _check_packages_named(dockerfile: Path, text: str, scripts: list[str], found: Findings) -> None:
+    """Each packages/ path the Dockerfile's RUN lines or its install scripts name is in the build context (the
+    Dockerfile's folder) and stays in it: the build would fail on the host, after the image's base was pulled. A
+    glob (packages/*.whl) needs one match. Links out of packages/ are the vendor folder's link scans' (whole)."""
+    context = dockerfile.parent
+    sources = [(display_path(dockerfile), [line if re.match(r"\s*RUN\s", line) else "" for line in
+                                          text.splitlines()])]
+    for script in scripts:
+        try:
+            sources.append((display_path(context / script), read_config_text(context / script,
+                                                                           what="an install script").splitlines()))
+        except ConfigError as exc:
+            found.add_error(exc)
+    for where, lines in sources:
+        for number, line in enumerate(lines, start=1):
+            for named in dict.fromkeys(PACKAGE_PATH.findall(line.split("#", 1)[0])):
+                path = named.rstrip("/")
+                real = os.path.realpath(context / path)
+                if not is_under(real, os.path.realpath(context)):
+                    found.problem(where, f"line {number}: names {named}, which leads out of {display_path(context)} "
+                                         "(the build sees only its own folder)")
+                elif not (any(context.glob(path)) if re.search(r"[*?\[]", path) else os.path.exists(context / path)):
+                    found.problem(where, f"line {number}: names {named}, which is not in {display_path(context)} "
+                                         f"(FlagPerf's {PACKAGES_FOLDER}/ goes beside the Dockerfile)")
 
 
 def _check_monitor(vendor: Vendor, name: str, command: list[str], seconds: float, found: Findings, *,
@@ -511,7 +545,8 @@ DATASHEETS = "datasheets.yaml"
 def datasheet_findings(folder: Path) -> list[ConfigError]:
     """What is wrong with a vendor folder's datasheets.yaml (the shipped vendors' convention, read by their spec.py:
     a list of entries, each with the source of its figures), read as every config file is (inside the folder,
-    regular, bounded, nesting bounded) and never executed; none where the folder has no such file."""
+    regular, bounded, nesting bounded) and never executed; none where the folder has no such file, one where the
+    file lists nothing."""
     sheets = folder / DATASHEETS
     if not is_present(sheets):
         return []
@@ -520,8 +555,11 @@ def datasheet_findings(folder: Path) -> list[ConfigError]:
         entries = parse_yaml_text(read_config_text(path), display_path(sheets))
     except ConfigError as exc:
         return [exc]
-    if entries is None:
-        return []
+    if entries is None or entries == []:
+        # Present, so the vendor's spec.py reads it (an absent one is no finding: the convention is optional), and
+        # it lists nothing: the shipped spec.py stops on it, and a vendor's would find no figure of any device.
+        return [ConfigError(display_path(sheets), None, "lists no datasheet entries (empty, or comments only): a list "
+                            "of entries, each with its source; or remove the file if the vendor's spec.py reads none")]
     if not isinstance(entries, list):
         return [ConfigError(display_path(sheets), None, f"top level must be a list of datasheet entries, got "
                                                         f"{type(entries).__name__}")]
@@ -729,6 +767,8 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
         found.add_error(error)
     used += [f"scale {name}" for name in scales]
     _note_missing_scales(case.family, place.folder, str(vendor.manifest.hardware), scales, problems, found)
+    if place.present:
+        _check_readme_scales(place.folder, found)
     problems = adaptation_problems(case.folder, case.family, vendor.name, vendor.folder)
     for problem in problems:  # every part's, not only the first a run would stop at; each part's findings
         found.add_error(problem)
@@ -750,6 +790,32 @@ def _check_case(vendor: Vendor, case: CaseDef, found: Findings) -> list[str]:
                                f"decorator returns as {hook}({', '.join(HOOK_PARAMETERS[hook])}) is checked when a "
                                "round loads hooks.py, not here (checking a file never runs it)")
     return used
+
+
+# A scale file's name in a case adaptation's README (FlagPerf's guide: a README per case with its 1x1, 1x8 and 2x8
+# results, "consistent with the code"), as FlagPerf (.py) or this project (.yaml) names it.
+README_SCALE = re.compile(r"(?<![\w.-])config_[A-Za-z0-9_.-]+?x\d+x\d+\.(?:yaml|py)\b")
+
+
+def _check_readme_scales(folder: Path, found: Findings) -> None:
+    """Each scale file a README of the vendor's folder of the case names is there (as .yaml or .py: a README
+    brought from FlagPerf names config_<hw>x1x8.py): results it reports at a scale the folder has no file for were
+    not taken with the settings it ships. Only names are compared; the README is read as text, bounded."""
+    for readme in sorted(folder.glob("README*")):
+        if not readme.is_file():
+            continue
+        try:
+            text = read_config_text(readme, what="a README")
+        except ConfigError as exc:
+            found.add_error(exc)
+            continue
+        for name in dict.fromkeys(README_SCALE.findall(text)):
+            stem = name.rsplit(".", 1)[0]
+            if not any(is_present(folder / f"{stem}.{suffix}") for suffix in ("yaml", "py")):
+                found.problem(display_path(readme), f"names {name}, which {display_path(folder)} does not have "
+                                                    f"({stem}.yaml or .py): the results it reports at that scale are "
+                                                    "not reproducible from the folder; add the file or correct the "
+                                                    "README")
 
 
 def _note_missing_scales(family: str, folder: Path, hardware: str, read: list[str], refused: list[ConfigError],

@@ -181,3 +181,79 @@ def test_a_folder_not_installed_here_is_judged_by_its_own_implementations(
         else:
             assert len(found.problems) == 1 and problem in found.problems[0] and "acme.yaml" in found.problems[0], \
                 found.problems
+
+
+@pytest.mark.parametrize("text", ["", "# X1: figures to come\n"], ids=["empty", "comments-only"])
+def test_a_datasheets_yaml_that_lists_nothing_is_a_problem_naming_it(tmp_path: Path, text: str) -> None:
+    """An empty datasheets.yaml (or one of comments only) passed vendor check, and the shipped spec.py that reads it
+    stops on it; one with no file at all is no finding (the convention is the vendor's choice)."""
+    from flagperf.hosts.vendorcheck import _check_peaks
+
+    folder = tmp_path / "testvendor"
+    shutil.copytree(FIXTURE / "vendors" / "testvendor", folder)
+    vendor = Vendor(manifest=load_vendor_manifest(folder / MANIFEST), location=str(folder))
+    absent = Findings()
+    _check_peaks(vendor, absent)
+    assert absent.problems == []
+    (folder / "datasheets.yaml").write_text(text)
+    found = Findings()
+    _check_peaks(vendor, found)
+    assert found.problems == [f"{display_path(folder / 'datasheets.yaml')}: lists no datasheet entries (empty, or "
+                              "comments only): a list of entries, each with its source; or remove the file if the "
+                              "vendor's spec.py reads none"]
+
+
+def test_the_packages_an_install_step_names_and_the_scales_a_case_readme_names_are_there(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FlagPerf's guide keeps what <framework>_install.sh installs in packages/ beside it, and asks a README per case
+    that matches the code; neither was looked at: a missing package failed the build on the host, a README's 1x8
+    results named a scale file the folder did not ship. Each named path of packages/ is now looked for in the build
+    context (a glob needs a match; one leading out is named so), and each scale file a case adaptation's README
+    names in its folder (.yaml or FlagPerf's .py)."""
+    from flagperf.config.cases import available_cases, load_case
+    from flagperf.hosts.vendorcheck import _check_case
+
+    folder = tmp_path / "testvendor"
+    shutil.copytree(FIXTURE / "vendors" / "testvendor", folder)
+    context = folder / "pytorch"
+    (context / "packages" / "wheels").mkdir(parents=True)
+    (context / "packages" / "wheels" / "acme_torch-1.0-py3-none-any.whl").write_text("wheel\n")
+    (context / "Dockerfile").write_text("FROM scratch\nCOPY install.sh packages /opt/\n"
+                                        "RUN pip install ./packages/wheels/*.whl  # packages/not-this.run\n"
+                                        "RUN sh /opt/install.sh\n")
+    (context / "install.sh").write_text("#!/bin/sh\nsh packages/acme-driver.run --silent\n"
+                                        "pip install packages/../../spec.py \"$PKGS/packages/x\" /opt/packages/y\n")
+    manifest = load_vendor_manifest(folder / MANIFEST)
+    vendor = Vendor(manifest=manifest, location=str(folder))
+    found = Findings()
+    _check_image(vendor, found)
+    script, shown = display_path(context / "install.sh"), display_path(context)
+    assert found.problems == [
+        f"{script}: line 2: names packages/acme-driver.run, which is not in {shown} (FlagPerf's packages/ goes beside "
+        "the Dockerfile)",
+        f"{script}: line 3: names packages/../../spec.py, which leads out of {shown} (the build sees only its own "
+        "folder)"], found.problems
+    assert found.passed == []
+    (context / "packages" / "acme-driver.run").write_text("driver\n")
+    (context / "install.sh").write_text("#!/bin/sh\nsh packages/acme-driver.run --silent\n")
+    fixed = Findings()
+    _check_image(vendor, fixed)
+    assert fixed.problems == [] and fixed.passed == [f"image {display_path(context / 'Dockerfile')} with install.sh"]
+
+    cases = tmp_path / "cases"
+    shutil.copytree(FIXTURE / "cases", cases)
+    monkeypatch.setenv("FLAGPERF_CASE_PATH", str(cases))
+    adapted = cases / "training" / "adapted-mlp" / "vendor" / "testvendor"
+    (adapted / "config_testvendorx1x1.yaml").write_text("{}\n")
+    readme = adapted / "README.md"
+    readme.write_text("| scale | file | samples/s |\n|---|---|---|\n| 1x1 | config_testvendorx1x1.py | 10 |\n"
+                      "| 1x8 | config_testvendorx1x8.py | 80 |\n| 2x8 | `config_testvendorx2x8.yaml` | 150 |\n")
+    case = load_case("adapted-mlp", available_cases())
+    found = Findings()
+    _check_case(vendor, case, found)
+    tail = ("the results it reports at that scale are not reproducible from the folder; add the file or correct the "
+            "README")
+    assert [p for p in found.problems if p.startswith(display_path(readme))] == [
+        f"{display_path(readme)}: names {name}, which {display_path(adapted)} does not have ({stem}.yaml or .py): "
+        f"{tail}" for name, stem in (("config_testvendorx1x8.py", "config_testvendorx1x8"),
+                                     ("config_testvendorx2x8.yaml", "config_testvendorx2x8"))], found.problems

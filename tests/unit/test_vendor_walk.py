@@ -1381,6 +1381,16 @@ def test_a_bad_options_of_an_inference_engine_is_one_line_naming_it_where_it_mat
         with pytest.raises(ConfigError) as raised:
             plan_run(cases=["walk-infer"], vendor="acme", sets=sets, results_dir=tmp_path / "results")
         assert str(raised.value).startswith(broken), (sets, str(raised.value))
+    # A typo of the case's own key was hidden behind the broken engine.yaml (which "may declare it"): fixing that
+    # file alone, the user met the typo on the next try. Both are said, the key's line naming the unread engine.
+    unless = ", unless engine acmert reads it: its engine.yaml cannot be read (said beside this)"
+    for sets, typo in ((["batch_sze=2"], "--set: batch_sze: no selected case has this key (did you mean batch_size?"),
+                       (["walk-infer.batch_sze=2"], "--set: batch_sze: unknown key (did you mean batch_size?)")):
+        with pytest.raises(ConfigError) as raised:
+            plan_run(cases=["walk-infer"], vendor="acme", sets=sets, results_dir=tmp_path / "results")
+        lines = [str(finding) for finding in (raised.value, *raised.value.more)]
+        assert len(lines) == 2 and lines[0].startswith(broken) and lines[1].startswith(typo) \
+            and lines[1].endswith(unless), (sets, lines)
     settings.write_text("compiler: acmert\n")
     code, lines = validate_lines(settings)
     assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error {broken}"), lines
