@@ -1151,10 +1151,13 @@ server = TemporaryServer()
 try:
     server.start([])
     said = {}
-    for host in ("127.0.0.1", "localhost", "evil.example"):
+    other = server.port + 1 if server.port < 65535 else server.port - 1
+    for host, port in (("127.0.0.1", server.port), ("localhost", server.port), ("evil.example", server.port),
+                       ("127.0.0.1", other), ("localhost", None)):
         connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
-        connection.request("GET", "/api/health", headers={"Host": f"{host}:{server.port}"})
-        said[host] = connection.getresponse().status
+        connection.request("GET", "/api/health", headers={"Host": host if port is None else f"{host}:{port}"})
+        said[host if port == server.port else f"{host} on {'another port' if port else 'no port'}"] = \
+            connection.getresponse().status
         connection.close()
     print(json.dumps(said))
 finally:
@@ -1165,14 +1168,17 @@ finally:
 def test_the_temporary_server_of_a_run_answers_only_to_loopback_names() -> None:
     """`flagperf run`'s temporary server (no sign-in, on 127.0.0.1) answered any Host: a page of another site whose
     DNS name was pointed at 127.0.0.1 (DNS rebinding) could use its API during a run. Now it is behind the team
-    server's front: only loopback's names are answered. (A process of its own: prefect must not be imported.)"""
+    server's front: only loopback's names are answered, and only on its own port (a Host naming another port, or
+    none, is refused: its clients name its port). (A process of its own: prefect must not be imported.)"""
     import json
 
     ROOT = Path(__file__).resolve().parents[2]  # this checkout's flows, whatever FLAGPERF_HOME says
     done = subprocess.run([sys.executable, "-c", TEMPORARY_SERVER_HOSTS], capture_output=True, text=True,
                           timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.splitlines()[-1]) == {"127.0.0.1": 200, "localhost": 200, "evil.example": 400}
+    assert json.loads(done.stdout.splitlines()[-1]) == {"127.0.0.1": 200, "localhost": 200, "evil.example": 400,
+                                                        "127.0.0.1 on another port": 400,
+                                                        "localhost on no port": 400}
 
 
 def test_every_name_of_a_setting_serve_sets_is_the_operator_s_only_through_serve(
