@@ -102,7 +102,8 @@ class HostCheck:
     TrustedHostMiddleware (its parsing of the header, its matching). ``reread``
     (interface_addresses, for a server on every interface): where a Host is not one of them, the names it gives are
     added (read again at most every ``every_s`` seconds of ``clock``) before the Host is refused: an address the
-    machine got since the server started is its own."""
+    machine got since the server started is its own. Each read replaces the one before: an address it no longer
+    lists (DHCP gave it to another machine) is dropped; ``names``, those given at start, are always kept."""
 
     def __init__(self, names: Iterable[str], reread: Callable[[], Iterable[str]] | None = None,
                  clock: Callable[[], float] = time.monotonic, every_s: float = REREAD_EVERY_S,
@@ -134,7 +135,7 @@ class HostCheck:
         now = self.clock()
         if self.reread is not None and (self.read_at is None or now - self.read_at >= self.every_s):
             self.read_at = now
-            self._use([*self.names, *self.reread()])
+            self._use([*self.given, *self.reread()])  # the last read's addresses only: a gone one is dropped
             if await self._matches(scope):
                 return self._other_port(scope)
         return (f"{REBINDING}: Host {_given_host(scope)!r} is not one of this server's names; open it by the address "

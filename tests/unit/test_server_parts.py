@@ -1127,6 +1127,29 @@ def test_a_host_that_misses_has_addresses_read_again_without_any_dns_lookup(monk
     assert looked_up == []
 
 
+def test_an_address_a_new_read_of_the_interfaces_lacks_is_dropped_and_the_given_names_kept() -> None:
+    """On every interface, each address a read of the interfaces gave stayed a name of the server for good: one
+    DHCP gave to another machine since kept being answered (a page there could name it). Now each read replaces the
+    one before; the names given at start (the configured, the public ones) are always kept."""
+    import asyncio
+
+    from flagperf.site.front import HostCheck
+
+    now = [0.0]
+    interfaces = [["10.0.0.1"]]
+    hosts = HostCheck(["lab", "10.9.9.9"], lambda: interfaces[0], clock=lambda: now[0], every_s=10.0)
+
+    def refused(host: bytes) -> bool:
+        return asyncio.run(hosts.refused({"type": "http", "headers": [(b"host", host)]})) is not None
+
+    assert not refused(b"10.0.0.1:4200") and hosts.added == {"10.0.0.1"}  # read on the miss, added
+    now[0], interfaces[0] = 20.0, ["10.0.0.2"]
+    assert not refused(b"10.0.0.2:4200") and hosts.added == {"10.0.0.2"}  # the next read lacks 10.0.0.1: dropped
+    now[0] = 21.0  # within every_s of that read: no read again, the miss is refused
+    assert refused(b"10.0.0.1:4200")
+    assert not refused(b"lab:4200") and not refused(b"10.9.9.9:4200")
+
+
 def test_the_temporary_server_of_a_run_listens_on_loopback_only() -> None:
     """`flagperf run`'s temporary server has no sign-in (docs/team.md): that holds only while nothing beyond this
     machine reaches it, so it listens on 127.0.0.1 and its API address says so."""
