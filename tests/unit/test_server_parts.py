@@ -31,6 +31,28 @@ def wait_for(predicate, what: str, limit_s: float = 60.0) -> None:
     raise AssertionError(f"gave up waiting for {what}")
 
 
+def drive(app: object, scope: dict, received: list[dict] | None = None) -> list[dict]:
+    """One request (or websocket) through the ASGI ``app``, as a server would hand it over: the messages the app
+    sent back. ``received``: what it reads, in order (by default one empty request body; then a disconnect)."""
+    import asyncio
+
+    said: list[dict] = []
+    queued = list(received if received is not None else [{"type": "http.request", "body": b""}])
+
+    async def receive() -> dict:
+        return queued.pop(0) if queued else {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        said.append(message)
+
+    asyncio.run(app(scope, receive, send))  # type: ignore[operator]
+    return said
+
+
+def answered(said: list[dict]) -> object:
+    """A request's status, a websocket's close code, or the type of the first message (websocket.accept)."""
+    return said[0].get("status", said[0].get("code", said[0]["type"]))
+
 
 async def accepting_app(scope: dict, receive: object, send: object) -> None:
     """An app behind a Front that accepts every websocket and answers every request 200: what the front lets by."""
@@ -939,7 +961,6 @@ def test_the_front_refuses_a_sign_in_given_twice_and_changes_from_other_origins(
     """Starlette (Prefect's check) reads the first Authorization header; the front read the last, so a malformed
     first one behind a good last one reached Prefect (a 500 with a traceback). A change from a page of another
     origin is refused (403, one line); reading, a preflight, and a request without an Origin pass."""
-    import asyncio
     import base64
 
     from flagperf.site.front import Front
@@ -954,17 +975,8 @@ def test_the_front_refuses_a_sign_in_given_twice_and_changes_from_other_origins(
     front = Front(app, ["127.0.0.1"], signed_in=True, origins=["http://127.0.0.1:4200"])
 
     def status(method: str, headers: list[tuple[bytes, bytes]]) -> tuple[int, bytes]:
-        said: list[dict] = []
-
-        async def send(message: dict) -> None:
-            said.append(message)
-
-        async def receive() -> dict:
-            return {"type": "http.request", "body": b""}
-
-        scope = {"type": "http", "method": method, "path": "/api/flows/filter", "headers": [
-            (b"host", b"127.0.0.1:4200"), *headers]}
-        asyncio.run(front(scope, receive, send))
+        said = drive(front, {"type": "http", "method": method, "path": "/api/flows/filter", "headers": [
+            (b"host", b"127.0.0.1:4200"), *headers]})
         return said[0]["status"], said[1]["body"]
 
     good = (b"authorization", b"Basic " + base64.b64encode(b"lab:pw-long-enough"))
@@ -986,7 +998,6 @@ def test_a_page_of_an_address_the_server_got_since_it_started_may_change_things(
     Host that missed) names that address in its Origin, which is in no list made at start: its changes were
     refused as another site's. A page's own origin (its scheme and the Host accepted) is the server's; another
     site's still is not, with that Host too."""
-    import asyncio
 
     from flagperf.site.front import Front, interface_addresses
     from flows import team_app
@@ -1003,19 +1014,9 @@ def test_a_page_of_an_address_the_server_got_since_it_started_may_change_things(
                   reread=lambda: ["10.9.8.7"])
 
     def status(host: bytes, origin: bytes, kind: str = "http", to: Front = front, scheme: str = "http") -> object:
-        said: list[dict] = []
-
-        async def send(message: dict) -> None:
-            said.append(message)
-
-        async def receive() -> dict:
-            return {"type": "http.request", "body": b""}
-
-        scope = {"type": kind, "method": "POST", "scheme": {"http": "ws", "https": "wss"}[scheme]
-                 if kind == "websocket" else scheme, "server": ("10.9.8.7", 4200),
-                 "path": "/api/flows/filter", "headers": [(b"host", host), (b"origin", origin)]}
-        asyncio.run(to(scope, receive, send))
-        return said[0].get("status", said[0].get("code", said[0]["type"]))
+        return answered(drive(to, {"type": kind, "method": "POST", "scheme": {"http": "ws", "https": "wss"}[scheme]
+                                   if kind == "websocket" else scheme, "server": ("10.9.8.7", 4200),
+                                   "path": "/api/flows/filter", "headers": [(b"host", host), (b"origin", origin)]}))
 
     assert status(b"10.9.8.7:4200", b"http://10.9.8.7:4200") == 200
     assert status(b"10.9.8.7:4200", b"http://10.9.8.7:4200", "websocket") == "websocket.accept"
@@ -1031,7 +1032,6 @@ def test_the_front_adds_only_the_frame_headers_an_answer_lacks() -> None:
     """The front appended its frame headers to every answer: one of the app's that set X-Frame-Options already
     went out with two (browsers may then ignore both). Now only those the answer does not name are added, as
     served.py does for uvicorn's own answers."""
-    import asyncio
 
     from flagperf.site.front import FRAME_HEADERS, Front
 
@@ -1040,16 +1040,8 @@ def test_the_front_adds_only_the_frame_headers_an_answer_lacks() -> None:
                     "headers": [(b"X-Frame-Options", b"SAMEORIGIN"), (b"content-type", b"text/plain")]})
         await send({"type": "http.response.body", "body": b""})  # type: ignore[operator]
 
-    said: list[dict] = []
-
-    async def send(message: dict) -> None:
-        said.append(message)
-
-    async def receive() -> dict:
-        return {"type": "http.request", "body": b""}
-
-    asyncio.run(Front(app, ["lab"], signed_in=False)({"type": "http", "method": "GET", "path": "/",
-                                                       "headers": [(b"host", b"lab:4200")]}, receive, send))
+    said = drive(Front(app, ["lab"], signed_in=False), {"type": "http", "method": "GET", "path": "/",
+                                                          "headers": [(b"host", b"lab:4200")]})
     names = [name.lower() for name, _ in said[0]["headers"]]
     assert names.count(b"x-frame-options") == 1 and (b"X-Frame-Options", b"SAMEORIGIN") in said[0]["headers"]
     assert all(names.count(name) == 1 for name, _ in FRAME_HEADERS)
@@ -1060,7 +1052,6 @@ def test_a_page_at_http_alias_is_not_the_server_s_where_its_public_url_is_https(
     a TLS proxy that uvicorn does not trust for X-Forwarded-Proto, uvicorn sees http, so a page at http://alias (or
     http://alias:8080) could change things and open websockets where only https://alias, the configured public
     URL, may. Now the own origin holds only for an address read again since the start, on the server's port."""
-    import asyncio
 
     from flagperf.site.front import Front
 
@@ -1075,19 +1066,9 @@ def test_a_page_at_http_alias_is_not_the_server_s_where_its_public_url_is_https(
     front = Front(app, names, signed_in=False, origins=allowed_origins(names, 4200, ["https://alias"]))
 
     def said(kind: str, host: bytes, origin: bytes) -> object:
-        messages: list[dict] = []
-
-        async def send(message: dict) -> None:
-            messages.append(message)
-
-        async def receive() -> dict:
-            return {"type": "http.request", "body": b""}
-
-        scope = {"type": kind, "method": "POST", "scheme": "ws" if kind == "websocket" else "http",
-                 "server": ("127.0.0.1", 4200), "path": "/api/flows/filter",
-                 "headers": [(b"host", host), (b"origin", origin)]}
-        asyncio.run(front(scope, receive, send))
-        return messages[0].get("status", messages[0].get("code", messages[0]["type"]))
+        return answered(drive(front, {"type": kind, "method": "POST", "scheme": "ws" if kind == "websocket" else "http",
+                                      "server": ("127.0.0.1", 4200), "path": "/api/flows/filter",
+                                      "headers": [(b"host", host), (b"origin", origin)]}))
 
     for host, origin in ((b"alias", b"http://alias"), (b"alias:8080", b"http://alias:8080")):
         assert said("websocket", host, origin) == 1008, origin
@@ -1239,7 +1220,6 @@ def test_every_name_of_a_setting_serve_sets_is_the_operator_s_only_through_serve
 def test_the_front_allows_no_origin_of_every_site_and_no_origin_with_a_port_that_does_not_parse() -> None:
     """'*' in the front's origins turned off every Origin check; now the front refuses it (and so does its
     launcher, given the origins by serve). An origin whose port does not parse matched one allowed alike."""
-    import asyncio
 
     from flagperf.site.front import Front, origin_of
     from flows import team_app
@@ -1255,18 +1235,9 @@ def test_the_front_allows_no_origin_of_every_site_and_no_origin_with_a_port_that
     assert refused.value.code == 2
     assert origin_of("http://lab:99999") == "" and origin_of("http://lab:4200") == "http://lab:4200"
     front = Front(app, ["lab"], signed_in=False, origins=["http://lab:99999", "http://lab:4200"])
-    said: list[dict] = []
-
-    async def send(message: dict) -> None:
-        said.append(message)
-
-    async def receive() -> dict:
-        return {"type": "http.request", "body": b""}
-
     for origin, status in ((b"http://lab:99999", 403), (b"http://lab:4200", 200)):
-        said.clear()
-        asyncio.run(front({"type": "http", "method": "POST", "path": "/api/x",
-                           "headers": [(b"host", b"lab:4200"), (b"origin", origin)]}, receive, send))
+        said = drive(front, {"type": "http", "method": "POST", "path": "/api/x",
+                             "headers": [(b"host", b"lab:4200"), (b"origin", origin)]})
         assert said[0]["status"] == status, origin
 
 
@@ -1276,7 +1247,6 @@ def test_a_websocket_s_first_message_reaches_prefect_only_as_one_it_reads(signed
     message, each put a traceback in server.log (the front rewrote only a non-ASCII token, and only with a
     sign-in). Now any first message but a text frame holding a JSON object whose token is missing, null or ASCII
     text reaches Prefect as an invalid one (which it refuses, 1008); later messages pass as they are."""
-    import asyncio
     import json
 
     from flagperf.site.front import Front
@@ -1303,16 +1273,9 @@ def test_a_websocket_s_first_message_reaches_prefect_only_as_one_it_reads(signed
     ]
     for first, passes in cases:
         reached.clear()
-        queued = [first, later]
-
-        async def receive() -> dict:
-            return queued.pop(0)  # noqa: B023 (called within this iteration only)
-
-        async def send(message: dict) -> None:
-            raise AssertionError(f"the front answered itself: {message}")
-
-        asyncio.run(front({"type": "websocket", "path": "/api/events/out", "headers": [(b"host", b"lab:4200")]},
-                          receive, send))
+        said = drive(front, {"type": "websocket", "path": "/api/events/out", "headers": [(b"host", b"lab:4200")]},
+                     [first, later])
+        assert said == [], f"the front answered itself: {said}"
         assert reached == [first if passes else invalid, later], first
 
 
